@@ -1,0 +1,1 @@
+"""procsv's inter-process communication: the message schema, its codec and the ZeroMQ transport."""

@@ -1,0 +1,80 @@
+"""ZeroMQ endpoints and socket helpers shared by every procsv process.
+
+Every endpoint is an ``ipc://`` socket file inside the run's private runtime directory (mode 0700,
+created by whoever starts the services). Sockets are created with a short linger and a bounded
+high-water mark; sends from the trainer are non-blocking; every receive is bounded by a timeout
+(:func:`recv` raises :class:`ReceiveTimeout`, never waits forever).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import zmq
+
+from ipc.codec import decode, encode
+from ipc.messages import Message
+
+
+class ReceiveTimeout(TimeoutError):
+    """No message arrived on a socket within the given timeout."""
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """The socket addresses of one run, derived from its runtime directory."""
+
+    runtime_dir: str
+
+    @property
+    def watchdog(self) -> str:
+        """PULL, bound by the watchdog (or by nobody in a plain ``python train.py`` run)."""
+        return f"ipc://{os.path.join(self.runtime_dir, 'watchdog.sock')}"
+
+    @property
+    def checkpoint(self) -> str:
+        """ROUTER, bound by the checkpoint service; the trainer connects a DEALER."""
+        return f"ipc://{os.path.join(self.runtime_dir, 'checkpoint.sock')}"
+
+    @property
+    def summary(self) -> str:
+        """PULL, bound by the summary service; the trainer and checkpoint service PUSH to it."""
+        return f"ipc://{os.path.join(self.runtime_dir, 'summary.sock')}"
+
+
+def make_socket(
+    ctx: zmq.Context, kind: int, *, linger_ms: int = 0, sndhwm: int = 1000, identity: Optional[bytes] = None
+) -> zmq.Socket:
+    """Create a socket with procsv's defaults (bounded linger and queue)."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, linger_ms)
+    sock.setsockopt(zmq.SNDHWM, sndhwm)
+    sock.setsockopt(zmq.RCVHWM, 10000)
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity)
+    return sock
+
+
+def send(sock: zmq.Socket, msg: Message, payload: Sequence[Any] = (), *, block: bool = False,
+         prefix: Sequence[bytes] = ()) -> bool:
+    """Send ``msg``; return False instead of blocking when the peer's queue is full."""
+    frames = [*prefix, *encode(msg, payload)]
+    try:
+        sock.send_multipart(frames, flags=0 if block else zmq.NOBLOCK, copy=False)
+    except zmq.Again:
+        return False
+    return True
+
+
+def recv(sock: zmq.Socket, timeout_ms: int, *, copy: bool = True) -> list[Any]:
+    """Receive one multipart message within ``timeout_ms`` or raise :class:`ReceiveTimeout`."""
+    if not sock.poll(timeout_ms, zmq.POLLIN):
+        raise ReceiveTimeout(f"no message within {timeout_ms} ms")
+    return sock.recv_multipart(copy=copy)
+
+
+def recv_message(sock: zmq.Socket, timeout_ms: int) -> tuple[Message, list[Any]]:
+    """Receive and decode one message within ``timeout_ms``."""
+    return decode(recv(sock, timeout_ms, copy=False))

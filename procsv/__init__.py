@@ -1,0 +1,46 @@
+"""procsv: a fault-tolerant supervisor for long-running TensorFlow 2 training.
+
+What a training program imports: :class:`Supervisor` (the trainer-side API). The ``procsv``
+command (:mod:`procsv.cli`) runs the watchdog. TensorFlow is imported lazily, so that the CLI
+and the watchdog start fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from procsv.errors import (
+    CheckpointError,
+    CorruptCheckpoint,
+    LogdirLocked,
+    ProcsvError,
+    TrainingStopped,
+    UsageError,
+)
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Supervisor", "ManagedSession"):
+        from procsv import supervisor
+
+        return getattr(supervisor, name)
+    if name == "Coordinator":
+        from procsv.coordinator import Coordinator
+
+        return Coordinator
+    raise AttributeError(name)
+
+
+__all__ = [
+    "Supervisor",
+    "ManagedSession",
+    "Coordinator",
+    "ProcsvError",
+    "UsageError",
+    "LogdirLocked",
+    "CheckpointError",
+    "CorruptCheckpoint",
+    "TrainingStopped",
+]

@@ -1,0 +1,125 @@
+"""A TF2 re-creation of ``tf.train.Coordinator``: stop requests, the first error, joining threads.
+
+Runs in the trainer. ``request_stop`` may be called from any thread; a signal handler calls
+:meth:`Coordinator.request_stop_from_signal`, which only sets a flag (no lock is taken inside a
+signal handler, so it cannot deadlock the thread it interrupts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Iterable, Iterator, Optional
+
+from procsv.errors import TrainingStopped
+
+
+def clean_stop_types() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean "the input is exhausted": a clean stop, never re-raised."""
+    import tensorflow as tf
+
+    return (tf.errors.OutOfRangeError, StopIteration, TrainingStopped)
+
+
+class Coordinator:
+    def __init__(self, clean_stop_exception_types: Optional[tuple[type[BaseException], ...]] = None) -> None:
+        self._clean = clean_stop_exception_types if clean_stop_exception_types is not None else clean_stop_types()
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self._signalled: Optional[int] = None
+        self._exc: Optional[BaseException] = None
+        self._threads: list[threading.Thread] = []
+
+    def request_stop(self, ex: Optional[BaseException] = None) -> None:
+        """Ask everyone to stop; the first non-clean exception is kept and re-raised at join."""
+        with self._lock:
+            if ex is not None and self._exc is None and not isinstance(ex, self._clean):
+                self._exc = ex
+            self._event.set()
+
+    def request_stop_from_signal(self, signum: int) -> None:
+        self._signalled = signum
+
+    @property
+    def stop_signal(self) -> Optional[int]:
+        """The signal number that asked for the stop, if a signal did."""
+        return self._signalled
+
+    def should_stop(self) -> bool:
+        if self._signalled is not None and not self._event.is_set():
+            self._event.set()
+        return self._event.is_set()
+
+    def clear_stop(self) -> None:
+        with self._lock:
+            self._exc = None
+            self._signalled = None
+            self._event.clear()
+
+    def wait_for_stop(self, timeout: Optional[float] = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.should_stop():
+            left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            self._event.wait(left)
+        return True
+
+    @contextlib.contextmanager
+    def stop_on_exception(self) -> Iterator[None]:
+        try:
+            yield
+        except BaseException as exc:
+            self.request_stop(exc)
+
+    def register_thread(self, thread: threading.Thread) -> None:
+        with self._lock:
+            self._threads.append(thread)
+
+    def raise_requested_exception(self) -> None:
+        if self._exc is not None:
+            raise self._exc
+
+    @property
+    def exception(self) -> Optional[BaseException]:
+        return self._exc
+
+    def join(self, threads: Optional[Iterable[threading.Thread]] = None, stop_grace_period_secs: float = 120,
+             ignore_live_threads: bool = False) -> None:
+        """Join the registered (and given) threads; re-raise the recorded exception, if any."""
+        with self._lock:
+            all_threads = list(self._threads) + [t for t in (threads or []) if t not in self._threads]
+        deadline = time.monotonic() + stop_grace_period_secs
+        for t in all_threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        alive = [t.name for t in all_threads if t.is_alive()]
+        self.raise_requested_exception()
+        if alive and not ignore_live_threads:
+            raise RuntimeError(f"Coordinator stopped with threads still running: {' '.join(alive)}")
+
+
+class LooperThread(threading.Thread):
+    """Calls ``target`` at fixed-rate boundaries (first call at once) until a stop is requested."""
+
+    def __init__(self, coord: Coordinator, timer_interval_secs: Optional[float], target, args=None, kwargs=None) -> None:
+        super().__init__(daemon=True, name=f"procsv-loop-{getattr(target, '__name__', 'target')}")
+        self._coord = coord
+        self._interval = timer_interval_secs
+        self._target_fn = target
+        self._args = tuple(args or ())
+        self._kwargs = dict(kwargs or {})
+        coord.register_thread(self)
+
+    def run(self) -> None:
+        with self._coord.stop_on_exception():
+            start = time.monotonic()
+            k = 0
+            while not self._coord.should_stop():
+                self._target_fn(*self._args, **self._kwargs)
+                if self._interval is None:
+                    continue
+                k += 1
+                next_at = start + k * self._interval
+                if self._coord.wait_for_stop(max(0.0, next_at - time.monotonic())):
+                    break

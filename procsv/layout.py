@@ -1,0 +1,192 @@
+"""Where everything of a run lives on disk, and how procsv writes files there.
+
+Imported by every process. A logdir looks like this (TensorFlow and TensorBoard files at the top,
+so that plain TF tools work on it; procsv's own bookkeeping under ``.procsv/`` and ``logs/``)::
+
+    <logdir>/checkpoint                        TF checkpoint state file (text proto)
+    <logdir>/model.ckpt-<step>.index|.data-*   TF-native checkpoints
+    <logdir>/events.out.tfevents.*             TensorBoard event files
+    <logdir>/logs/trainer.<attempt>.log        each attempt's stdout+stderr
+    <logdir>/logs/trainer.<attempt>.error.json the child's own traceback, if it failed
+    <logdir>/logs/lifecycle.jsonl              spawned / exited / restarted / committed ...
+    <logdir>/.procsv/status.json               what ``procsv status`` reads
+    <logdir>/.procsv/lock                      flock held by the live launch
+    <logdir>/.procsv/checkpoints/*.json        one manifest per committed checkpoint
+    <logdir>/.procsv/tmp/                      checkpoints being written (cleaned at start)
+
+Everything procsv persists goes through :func:`atomic_write`: write aside, fsync, rename, fsync
+the directory. Readers therefore see either the old or the new file, never a torn one.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from procsv.errors import LogdirLocked, UsageError
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths of one logdir."""
+
+    logdir: str
+
+    @property
+    def meta(self) -> str:
+        return os.path.join(self.logdir, ".procsv")
+
+    @property
+    def logs(self) -> str:
+        return os.path.join(self.logdir, "logs")
+
+    @property
+    def status(self) -> str:
+        return os.path.join(self.meta, "status.json")
+
+    @property
+    def lock(self) -> str:
+        return os.path.join(self.meta, "lock")
+
+    @property
+    def manifests(self) -> str:
+        return os.path.join(self.meta, "checkpoints")
+
+    @property
+    def tmp(self) -> str:
+        return os.path.join(self.meta, "tmp")
+
+    @property
+    def lifecycle(self) -> str:
+        return os.path.join(self.logs, "lifecycle.jsonl")
+
+    @property
+    def state_file(self) -> str:
+        return os.path.join(self.logdir, "checkpoint")
+
+    def attempt_log(self, role: str, attempt: int) -> str:
+        return os.path.join(self.logs, f"{role}.{attempt}.log")
+
+    def error_file(self, role: str, attempt: int) -> str:
+        return os.path.join(self.logs, f"{role}.{attempt}.error.json")
+
+    def create(self) -> None:
+        """Create the logdir and procsv's folders; raise UsageError naming the problem if it cannot."""
+        try:
+            for path in (self.logdir, self.meta, self.logs, self.manifests, self.tmp):
+                os.makedirs(path, exist_ok=True)
+            probe = os.path.join(self.meta, f".write-probe-{os.getpid()}")
+            with open(probe, "wb") as fh:
+                fh.write(b"ok")
+            os.unlink(probe)
+        except OSError as exc:
+            raise UsageError(
+                f"logdir {self.logdir!r} is not writable ({exc.strerror or exc}): "
+                "pass a --logdir you can create and write"
+            ) from None
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a directory so that renames and unlinks in it are durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, data: bytes | str, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically: temp file in the same folder, fsync, rename."""
+    if isinstance(data, str):
+        data = data.encode()
+    folder = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    if durable:
+        fsync_dir(folder)
+
+
+def write_json(path: str, obj: Any, *, durable: bool = True) -> None:
+    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True) + "\n", durable=durable)
+
+
+def read_json(path: str) -> Optional[Any]:
+    """Return the parsed file, or None if it does not exist or is not valid JSON."""
+    try:
+        with open(path, "rb") as fh:
+            return json.loads(fh.read())
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError, IsADirectoryError):
+        return None
+
+
+class LogdirLock:
+    """An exclusive ``flock`` on ``<logdir>/.procsv/lock``, held for a run's lifetime.
+
+    The kernel drops it when the holder dies, so a lock left by a dead launch is simply taken
+    over; a live holder makes :meth:`acquire` raise :class:`LogdirLocked` naming its pid.
+    """
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.layout.lock, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                raise LogdirLocked(
+                    f"logdir {self.layout.logdir!r} is in use by a live procsv run (pid {holder}); "
+                    f"stop it with `procsv stop {self.layout.logdir}` or choose another --logdir"
+                ) from None
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    @staticmethod
+    def holder(layout: Layout) -> Optional[int]:
+        """The pid of the live lock holder, or None if nobody holds it."""
+        try:
+            fd = os.open(layout.lock, os.O_RDWR)
+        except FileNotFoundError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                text = os.pread(fd, 64, 0).decode(errors="replace").strip()
+                return int(text) if text.isdigit() else -1
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)

@@ -1,0 +1,64 @@
+"""Starting procsv's child processes: the argv, environment and log file of each role.
+
+Used by the watchdog (``procsv launch``) and by a :class:`procsv.Supervisor` running without a
+watchdog (plain ``python train.py``), which starts the two services for itself. Each child gets
+its own session (process group), so the watchdog can signal a child and everything it spawned
+with one ``killpg``, and a terminal's Ctrl-C reaches only the watchdog, which turns it into an
+orderly stop. Children arm a parent-death signal themselves (:func:`procsv.child.die_with_parent`).
+
+This is the seam for a pre-warmed trainer: a future spawner can fork trainers from a process
+that has only imported TensorFlow (forking after any TF op deadlocks) behind :func:`spawn`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Mapping, Optional, Sequence
+
+from procsv import child
+
+SERVICE_MODULES = {"checkpoint": "services.checkpoint", "summary": "services.summary"}
+
+
+def child_env(
+    *, role: str, attempt: int, logdir: str, runtime_dir: str, supervised: bool, base: Optional[Mapping[str, str]] = None
+) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.update(
+        {
+            child.ENV_LOGDIR: os.path.abspath(logdir),
+            child.ENV_RUNTIME: runtime_dir,
+            child.ENV_ROLE: role,
+            child.ENV_ATTEMPT: str(attempt),
+            child.ENV_PARENT: str(os.getpid()),
+            child.ENV_WATCHDOG: "1" if supervised else "0",
+        }
+    )
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def service_argv(role: str) -> list[str]:
+    return [sys.executable, "-m", SERVICE_MODULES[role]]
+
+
+def trainer_argv(target: str, args: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "procsv.trainer", target, *args]
+
+
+def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: str, cwd: Optional[str] = None) -> subprocess.Popen:
+    """Start one child in its own session, stdout and stderr appended to ``log_path``."""
+    with open(log_path, "ab", buffering=0) as log:
+        return subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )

@@ -1,0 +1,496 @@
+"""``procsv.Supervisor``: the trainer-side API, modelled on ``tf.compat.v1.train.Supervisor``.
+
+Runs in the trainer process. It restores the newest *valid* committed checkpoint (or
+initializes), hands out a :class:`ManagedSession` whose ``run(step_fn)`` runs one training step,
+and at step boundaries -- never from a thread -- reports progress to the watchdog, answers the
+checkpoint service's save requests with a snapshot, and hands buffered summaries to the summary
+service. Checkpoints and event files are written by those service processes, not by the trainer.
+
+Without ``procsv launch`` (a plain ``python train.py``), the Supervisor starts the two services
+itself as child processes, in a private runtime directory, and stops them when the block ends;
+nothing restarts a crashed trainer then, but running the script again resumes from the latest
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Mapping, Optional
+
+from ipc.messages import CheckpointSetup, Progress, SaveData, SaveRequest, SaveResult, SessionLogEvent, TrainerReady
+from ipc.transport import Endpoints
+from procsv import child, spawn
+from procsv.coordinator import Coordinator, LooperThread
+from procsv.errors import CheckpointError, CorruptCheckpoint, ProcsvError, TrainingStopped, UsageError
+from procsv.layout import Layout, LogdirLock
+from procsv.manifests import list_committed, step_of_prefix, verify
+from procsv.summaries import SummaryBuffer
+from procsv.trainer.channels import TrainerChannels
+from procsv.trainer.snapshot import self_test, snapshot
+
+PROGRESS_EVERY = 0.1  # seconds between Progress messages to the watchdog
+HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the checkpoint service
+
+_steps_completed = 0  # read by the trainer bootstrap to tell a start-up failure from a later one
+
+
+def steps_completed() -> int:
+    """Steps completed by this process (0 means it failed during start-up, if it fails)."""
+    return _steps_completed
+
+
+class Supervisor:
+    """Checkpoints, summaries, restore-on-restart and stop coordination for a TF2 training loop.
+
+    Args mirror ``tf.compat.v1.train.Supervisor``; the TF2-specific ones:
+
+    * ``checkpoint``: what to save -- a ``tf.train.Checkpoint`` or a mapping of names to trackables
+      (model, optimizer, ...). ``None`` disables checkpoints (like ``saver=None`` in TF1).
+    * ``global_step``: an int64 ``tf.Variable``; created if not given. It is saved in the
+      checkpoint as ``global_step`` and advanced by one by every ``session.run(step_fn)``.
+    * ``summary_fn``: called every ``save_summaries_secs`` at a step boundary; returns a mapping of
+      scalar tags to values (the TF2 stand-in for ``summary_op``).
+    * ``save_checkpoint_steps``: also checkpoint every N steps (off by default).
+    * ``max_to_keep`` / ``keep_checkpoint_every_n_hours``: retention, as ``tf.train.Saver``.
+    """
+
+    def __init__(
+        self,
+        logdir: Optional[str] = None,
+        is_chief: bool = True,
+        checkpoint: Any = None,
+        global_step: Any = None,
+        init_fn: Optional[Callable[[Any], None]] = None,
+        save_model_secs: Optional[float] = 600,
+        save_summaries_secs: Optional[float] = 120,
+        recovery_wait_secs: float = 30,
+        stop_grace_secs: float = 120,
+        checkpoint_basename: str = "model.ckpt",
+        max_to_keep: int = 5,
+        keep_checkpoint_every_n_hours: Optional[float] = None,
+        save_checkpoint_steps: Optional[int] = None,
+        summary_fn: Optional[Callable[[], Mapping[str, Any]]] = None,
+    ) -> None:
+        import tensorflow as tf
+
+        self._ctx = child.ChildContext.from_env()
+        launched = self._ctx.layout.logdir if self._ctx else None
+        if logdir is None:
+            logdir = launched
+        if logdir is None:
+            raise UsageError("Supervisor needs a logdir: pass logdir=... or run under `procsv launch --logdir DIR`")
+        if launched and os.path.abspath(logdir) != os.path.abspath(launched):
+            raise UsageError(f"Supervisor(logdir={logdir!r}) differs from the launch's --logdir {launched!r}")
+        if not is_chief:
+            raise UsageError("is_chief=False (worker replicas) is not supported yet; run a single chief")
+        if "/" in checkpoint_basename or not checkpoint_basename:
+            raise UsageError(f"checkpoint_basename {checkpoint_basename!r} must be a plain file name")
+        self.layout = Layout(os.path.abspath(logdir))
+        self.is_chief = is_chief
+        self.save_model_secs = save_model_secs
+        self.save_summaries_secs = save_summaries_secs
+        self.recovery_wait_secs = recovery_wait_secs
+        self.stop_grace_secs = stop_grace_secs
+        self.checkpoint_basename = checkpoint_basename
+        self.max_to_keep = max_to_keep
+        self.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours
+        self.save_checkpoint_steps = save_checkpoint_steps
+        self.init_fn = init_fn
+        self.summary_fn = summary_fn
+        self.coord = Coordinator()
+
+        self.global_step = global_step
+        if checkpoint is not None and not isinstance(checkpoint, tf.train.Checkpoint):
+            if not isinstance(checkpoint, Mapping):
+                raise UsageError("checkpoint must be a tf.train.Checkpoint or a mapping of names to trackables")
+            checkpoint = tf.train.Checkpoint(**checkpoint)
+        if self.global_step is None:
+            existing = getattr(checkpoint, "global_step", None) if checkpoint is not None else None
+            self.global_step = existing if isinstance(existing, tf.Variable) else tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="global_step")
+        if checkpoint is not None and getattr(checkpoint, "global_step", None) is None:
+            checkpoint.global_step = self.global_step
+        self.checkpoint = checkpoint
+        if checkpoint is not None:
+            # restore() creates save_counter; create it now so every snapshot contains it, as save() does
+            _ = checkpoint.save_counter
+            self_test(checkpoint)
+
+        self._step = 0
+        self._restored_from: Optional[str] = None
+        self._channels: Optional[TrainerChannels] = None
+        self._summaries = SummaryBuffer()
+        self._session: Optional[ManagedSession] = None
+        self._own_services: list[Any] = []
+        self._own_runtime: Optional[str] = None
+        self._lock: Optional[LogdirLock] = None
+        self._old_handlers: dict[int, Any] = {}
+        self._in_flight: Optional[int] = None
+        self._pending_save: Optional[str] = None
+        self._last_committed = -1
+        self._first_step_done = False
+        self._last_progress = 0.0
+        self._last_heartbeat = 0.0
+        self._next_summary = 0.0
+        self._rate_mark: tuple[float, int] = (0.0, 0)
+        self._started = False
+
+    # ----------------------------------------------------------------- properties (TF1 names)
+    @property
+    def save_path(self) -> str:
+        return os.path.join(self.layout.logdir, self.checkpoint_basename)
+
+    @property
+    def logdir(self) -> str:
+        return self.layout.logdir
+
+    @property
+    def step(self) -> int:
+        """The step being run inside ``session.run``, else the number of completed steps."""
+        return self._step
+
+    @property
+    def restored_from(self) -> Optional[str]:
+        """The checkpoint prefix this process restored, or None if it initialized."""
+        return self._restored_from
+
+    # ----------------------------------------------------------------- session lifecycle
+    def managed_session(self, master: str = "", config: Any = None, start_standard_services: bool = True,
+                        close_summary_writer: bool = True) -> "_ManagedSessionContext":
+        """Context manager: restore or initialize, yield a :class:`ManagedSession`, stop at exit.
+
+        OutOfRangeError, StopIteration and :class:`TrainingStopped` inside the block are a clean
+        stop and are not re-raised; any other exception is re-raised after the services stopped.
+        """
+        return _ManagedSessionContext(self)
+
+    def prepare_or_wait_for_session(self, master: str = "", config: Any = None, wait_for_checkpoint: bool = False,
+                                    max_wait_secs: float = 7200, start_standard_services: bool = True) -> "ManagedSession":
+        if self._started:
+            assert self._session is not None
+            return self._session
+        self._started = True
+        t0 = time.monotonic()
+        self._install_signal_handlers()
+        endpoints = self._connect_services()
+        self._channels = TrainerChannels(endpoints, supervised=self._ctx is not None and self._ctx.supervised)
+        self._session = ManagedSession(self)
+        skipped = self._restore_or_init()
+        self._step = int(self.global_step.numpy())
+        self._last_committed = self._step if self._restored_from else -1
+        pid = os.getpid()
+        attempt = self._ctx.attempt if self._ctx else 1
+        self._channels.to_watchdog(TrainerReady(pid, attempt, self._step, self._restored_from,
+                                                time.monotonic() - t0, skipped))
+        # TensorBoard discards every event at or after the next step we log: re-run steps don't duplicate
+        self._channels.to_summary(SessionLogEvent("start", self._step + 1))
+        now = time.monotonic()
+        self._send_setup(now)
+        self._rate_mark = (now, self._step)
+        self._next_summary = now + (self.save_summaries_secs or 0)
+        if self._restored_from:
+            print(f"procsv: restored step {self._step} from {os.path.basename(self._restored_from)}", flush=True)
+        return self._session
+
+    def stop(self, threads: Any = None, close_summary_writer: bool = True, ignore_live_threads: bool = False) -> None:
+        """Request a stop, join loops, write the final checkpoint, flush summaries, release all."""
+        self.coord.request_stop()
+        try:
+            self.coord.join(threads, stop_grace_period_secs=self.stop_grace_secs, ignore_live_threads=True)
+        except BaseException:
+            pass  # the block re-raises the recorded exception itself
+        if self._channels is None:
+            self._release()
+            return
+        try:
+            if self.coord.exception is None:
+                self._final_checkpoint()
+            self._flush_summaries(force=True)
+            self._channels.to_summary(SessionLogEvent("stop", self._step))
+        finally:
+            self._release()
+
+    def request_stop(self, ex: Optional[BaseException] = None) -> None:
+        self.coord.request_stop(ex)
+
+    def should_stop(self) -> bool:
+        return self.coord.should_stop()
+
+    def stop_on_exception(self) -> Any:
+        return self.coord.stop_on_exception()
+
+    def wait_for_stop(self) -> None:
+        self.coord.wait_for_stop()
+
+    def loop(self, timer_interval_secs: Optional[float], target: Callable[..., Any], args: Any = None,
+             kwargs: Any = None) -> LooperThread:
+        """Start a thread calling ``target`` every ``timer_interval_secs`` until a stop is requested."""
+        looper = LooperThread(self.coord, timer_interval_secs, target, args, kwargs)
+        looper.start()
+        return looper
+
+    # ----------------------------------------------------------------- summaries
+    def log_scalar(self, tag: str, value: Any, step: Optional[int] = None) -> None:
+        """Log one scalar (non-blocking). Raises TypeError/ValueError here for a bad tag or value."""
+        self._summaries.scalar(tag, value, self._step if step is None else int(step), time.time())
+
+    def log_scalars(self, values: Mapping[str, Any], step: Optional[int] = None) -> None:
+        for tag, value in values.items():
+            self.log_scalar(tag, value, step)
+
+    def summary_computed(self, sess: Any, summary: Any, global_step: Optional[int] = None) -> None:
+        """Log a ``Summary`` proto (or its bytes, or a mapping of scalar tags to values)."""
+        step = self._step if global_step is None else int(global_step)
+        if isinstance(summary, Mapping):
+            self.log_scalars(summary, step)
+        else:
+            self._summaries.proto(summary, step, time.time())
+
+    # ----------------------------------------------------------------- internals
+    def _install_signal_handlers(self) -> None:
+        def on_signal(signum: int, frame: Any) -> None:
+            self.coord.request_stop_from_signal(signum)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._old_handlers[sig] = signal.signal(sig, on_signal)
+        early = child.early_stop_signal()
+        if early is not None:
+            self.coord.request_stop_from_signal(early)
+
+    def _connect_services(self) -> Endpoints:
+        if self._ctx is not None:
+            return self._ctx.endpoints
+        self.layout.create()
+        self._lock = LogdirLock(self.layout)
+        self._lock.acquire()
+        self._own_runtime = tempfile.mkdtemp(prefix="procsv-")
+        for role in ("summary", "checkpoint"):
+            env = spawn.child_env(role=role, attempt=1, logdir=self.layout.logdir, runtime_dir=self._own_runtime,
+                                  supervised=False)
+            self._own_services.append(
+                spawn.spawn(spawn.service_argv(role), env, self.layout.attempt_log(role, 1)))
+        return Endpoints(self._own_runtime)
+
+    def _restore_or_init(self) -> list[str]:
+        import tensorflow as tf
+
+        skipped: list[str] = []
+        if self.checkpoint is None:
+            return skipped
+        committed = list_committed(self.layout)
+        for manifest in reversed(committed):
+            path = manifest.path(self.layout.logdir)
+            try:
+                verify(self.layout, manifest)
+                self._restore(path)
+                break
+            except (CorruptCheckpoint, tf.errors.DataLossError, tf.errors.NotFoundError) as exc:
+                detail = str(exc).splitlines()[0]
+                print(f"procsv: skipping corrupt checkpoint {manifest.prefix} ({detail}); trying an older one",
+                      file=sys.stderr, flush=True)
+                skipped.append(manifest.prefix)
+        else:
+            legacy = tf.train.latest_checkpoint(self.layout.logdir) if not committed else None
+            if legacy:
+                self._restore(legacy)
+            elif self.init_fn is not None:
+                self.init_fn(self._session)
+        return skipped
+
+    def _restore(self, path: str) -> None:
+        status = self.checkpoint.restore(path)
+        try:
+            status.assert_existing_objects_matched()
+        except AssertionError as exc:
+            raise CheckpointError(
+                f"checkpoint {path} does not match this program's state ({str(exc).splitlines()[0]}); "
+                "restore it with the program that wrote it, or use a new --logdir"
+            ) from None
+        self._restored_from = path
+        step = step_of_prefix(path)
+        if step is not None and int(self.global_step.numpy()) != step:
+            self.global_step.assign(step)
+
+    def _send_setup(self, now: float) -> None:
+        assert self._channels is not None
+        if self.checkpoint is None:
+            return
+        self._last_heartbeat = now
+        self._channels.setup(CheckpointSetup(os.getpid(), self.checkpoint_basename, self.save_model_secs,
+                                             self.max_to_keep, self.keep_checkpoint_every_n_hours, self._step))
+
+    def _begin_step(self) -> None:
+        if self.coord.should_stop():
+            raise TrainingStopped("a stop was requested; the training loop should end")
+        self._step += 1
+
+    def _end_step(self) -> None:
+        global _steps_completed
+        self.global_step.assign_add(1)
+        _steps_completed += 1
+        ch = self._channels
+        assert ch is not None
+        now = time.monotonic()
+        if not self._first_step_done or now - self._last_progress >= PROGRESS_EVERY:
+            self._first_step_done = True
+            self._last_progress = now
+            ch.to_watchdog(Progress(os.getpid(), self._step, time.time()))
+        if self.save_summaries_secs and now >= self._next_summary:
+            self._periodic_summaries(now)
+        self._flush_summaries(force=False)
+        if self.checkpoint is not None:
+            if now - self._last_heartbeat >= HEARTBEAT_EVERY:
+                self._send_setup(now)
+            self._handle_checkpoint_messages(ch.poll_checkpoint())
+            if self.save_checkpoint_steps and self._step % self.save_checkpoint_steps == 0:
+                self._pending_save = self._pending_save or "steps"
+            if self._pending_save and self._in_flight is None and self._step > self._last_committed:
+                self._save(self._pending_save)
+
+    def _periodic_summaries(self, now: float) -> None:
+        assert self.save_summaries_secs
+        self._next_summary = now + self.save_summaries_secs
+        t0, s0 = self._rate_mark
+        if now > t0 and self._step > s0:
+            self.log_scalar("global_step/sec", (self._step - s0) / (now - t0))
+        self._rate_mark = (now, self._step)
+        if self.summary_fn is not None:
+            self.log_scalars(self.summary_fn())
+
+    def _flush_summaries(self, force: bool) -> None:
+        assert self._channels is not None
+        batch = self._summaries.take_batch(force)
+        if batch is None:
+            return
+        msg, frames = batch
+        if not self._channels.to_summary(msg, frames):
+            self._summaries.count_dropped(len(msg.scalars) + len(msg.protos))
+
+    def _handle_checkpoint_messages(self, messages: list[Any]) -> None:
+        for msg in messages:
+            if isinstance(msg, SaveRequest):
+                self._pending_save = self._pending_save or msg.reason
+            elif isinstance(msg, SaveResult):
+                self._on_result(msg)
+
+    def _on_result(self, msg: SaveResult) -> None:
+        if msg.step == self._in_flight:
+            self._in_flight = None
+        if msg.ok:
+            self._last_committed = max(self._last_committed, msg.step)
+        else:
+            print(f"procsv: checkpoint at step {msg.step} failed, training goes on: {msg.error}",
+                  file=sys.stderr, flush=True)
+
+    def _save(self, reason: str) -> None:
+        assert self._channels is not None
+        self.checkpoint.save_counter.assign_add(1)
+        specs, frames = snapshot(self.checkpoint)
+        msg = SaveData(self._step, reason, self.checkpoint_basename, specs)
+        if self._channels.send_snapshot(msg, frames):
+            self._in_flight = self._step
+            self._pending_save = None
+
+    def _final_checkpoint(self) -> None:
+        """At a clean end (or a stop request), commit the state of the last completed step."""
+        if self.checkpoint is None or self._channels is None or self._step <= self._last_committed:
+            return
+        deadline = time.monotonic() + self.stop_grace_secs
+        if self._in_flight is not None:
+            result, others = self._channels.wait_save_result(self._in_flight, deadline)
+            if result is not None:
+                self._on_result(result)
+        if self._step <= self._last_committed:
+            return
+        reason = "preempted" if self.coord.stop_signal is not None else "final"
+        self._in_flight = None
+        self._save(reason)
+        result, _ = self._channels.wait_save_result(self._step, deadline)
+        if result is None:
+            print(f"procsv: the {reason} checkpoint at step {self._step} did not commit within "
+                  f"stop_grace_secs={self.stop_grace_secs}; the previous checkpoint is kept",
+                  file=sys.stderr, flush=True)
+            return
+        self._on_result(result)
+        if result.ok:
+            print(f"procsv: {reason} checkpoint committed at step {self._step}", flush=True)
+
+    def _release(self) -> None:
+        if self._channels is not None:
+            self._channels.close()
+            self._channels = None
+        for proc in self._own_services:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self._own_services:
+            try:
+                proc.wait(timeout=self.stop_grace_secs)
+            except Exception:
+                proc.kill()
+                proc.wait()
+        self._own_services = []
+        if self._own_runtime:
+            shutil.rmtree(self._own_runtime, ignore_errors=True)
+            self._own_runtime = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        self._old_handlers = {}
+
+
+class ManagedSession:
+    """What ``managed_session()`` yields. ``run(step_fn, *args)`` runs one training step."""
+
+    def __init__(self, sv: Supervisor) -> None:
+        self._sv = sv
+
+    def run(self, step_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``step_fn(*args, **kwargs)`` as one step, then advance ``global_step`` by one.
+
+        Raises :class:`TrainingStopped` (a clean stop) if a stop was already requested.
+        """
+        sv = self._sv
+        sv._begin_step()
+        try:
+            out = step_fn(*args, **kwargs)
+        except BaseException:
+            sv._step -= 1
+            raise
+        sv._end_step()
+        return out
+
+    def should_stop(self) -> bool:
+        return self._sv.should_stop()
+
+
+class _ManagedSessionContext:
+    def __init__(self, sv: Supervisor) -> None:
+        self._sv = sv
+
+    def __enter__(self) -> ManagedSession:
+        try:
+            return self._sv.prepare_or_wait_for_session()
+        except BaseException:
+            self._sv._release()
+            raise
+
+    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> bool:
+        sv = self._sv
+        if exc is not None:
+            sv.request_stop(exc)
+        sv.stop()
+        if sv.coord.exception is not None and sv.coord.exception is not exc:
+            raise sv.coord.exception
+        if exc is None:
+            return False
+        return sv.coord.exception is None  # clean-stop types are swallowed, anything else re-raised
+
+
+__all__ = ["Supervisor", "ManagedSession", "ProcsvError"]

@@ -1,0 +1,1 @@
+"""Code that runs in the trainer process: its bootstrap, its sockets, its state snapshots."""

@@ -1,0 +1,52 @@
+"""Entry point of the trainer process: ``python -m procsv.trainer TARGET [ARGS...]``.
+
+Runs TARGET (a module name, or a path to a .py file) as ``__main__`` with ARGS as its
+``sys.argv[1:]``, exactly as ``python -m TARGET`` / ``python TARGET`` would. Before that it arms
+the parent-death signal and catches an early SIGTERM; if TARGET raises, it writes the traceback
+to this attempt's error file (the watchdog prints it as the root cause) and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+from procsv import child
+
+
+def main() -> int:
+    child.die_with_parent()
+    child.catch_early_stop()
+    if len(sys.argv) < 2:
+        print("usage: python -m procsv.trainer TARGET [ARGS...]", file=sys.stderr)
+        return 2
+    target, args = sys.argv[1], sys.argv[2:]
+    ctx = child.ChildContext.from_env()
+    is_path = target.endswith(".py") or os.sep in target
+    sys.argv = [os.path.abspath(target) if is_path else target, *args]
+    try:
+        if is_path:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+            runpy.run_path(target, run_name="__main__")
+        else:
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            child.write_error_file(ctx, exc, _phase())
+        raise
+    except BaseException as exc:
+        child.write_error_file(ctx, exc, _phase())
+        raise
+    return 0
+
+
+def _phase() -> str:
+    from procsv.supervisor import steps_completed
+
+    return "startup" if steps_completed() == 0 else "run"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""procsv's service processes: one sub-package per OS process (checkpoint, summary)."""

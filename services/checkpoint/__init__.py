@@ -1,0 +1,1 @@
+"""The checkpoint service process: persists trainer snapshots as TF-native checkpoints."""

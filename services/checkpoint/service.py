@@ -1,0 +1,131 @@
+"""The checkpoint service's event loop: timer, snapshot intake, commit, notifications.
+
+Runs in the checkpoint service process (``python -m services.checkpoint``). It binds the ROUTER
+``checkpoint.sock``; the trainer's DEALER sends :class:`CheckpointSetup` (policy + heartbeat) and
+:class:`SaveData` snapshots, and receives :class:`SaveRequest` (the timer lives here, as
+``save_model_secs``) and :class:`SaveResult`. Results also go to the watchdog and, as a
+``SessionLog CHECKPOINT``, to the summary service. SIGTERM ends the loop after the commit in
+progress, if any.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import Any, Callable, Optional
+
+import zmq
+
+from ipc.codec import ProtocolError, decode
+from ipc.messages import CheckpointSetup, Hello, SaveData, SaveRequest, SaveResult, SessionLogEvent
+from ipc.transport import make_socket, send
+from procsv.child import ChildContext
+from procsv.errors import CheckpointError
+from services.checkpoint.policy import save_due
+from services.checkpoint.store import CheckpointStore, arrays_from_frames
+
+POLL_MS = 100
+
+
+class CheckpointService:
+    def __init__(self, ctx: ChildContext, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ctx = ctx
+        self.clock = clock
+        self.store = CheckpointStore(ctx.layout)
+        self.zctx = zmq.Context.instance()
+        self.router = make_socket(self.zctx, zmq.ROUTER, sndhwm=100)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.router.bind(ctx.endpoints.checkpoint)
+        self.to_watchdog: Optional[zmq.Socket] = None
+        if ctx.supervised:
+            self.to_watchdog = make_socket(self.zctx, zmq.PUSH, linger_ms=1000)
+            self.to_watchdog.connect(ctx.endpoints.watchdog)
+        self.to_summary = make_socket(self.zctx, zmq.PUSH, linger_ms=1000)
+        self.to_summary.connect(ctx.endpoints.summary)
+        self.trainer: Optional[bytes] = None
+        self.setup: Optional[CheckpointSetup] = None
+        self.last_request = clock()
+        self.stopping = False
+
+    def run(self) -> int:
+        for note in self.store.recover():
+            print(f"procsv checkpoint: {note}", flush=True)
+        if self.to_watchdog is not None:
+            send(self.to_watchdog, Hello("checkpoint", os.getpid(), self.ctx.attempt))
+        import tensorflow  # noqa: F401  (paid once, while the trainer is starting too)
+
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+        while not self.stopping:
+            if self.router.poll(POLL_MS, zmq.POLLIN):
+                self._handle(self.router.recv_multipart(copy=False))
+            self._tick()
+        self.router.close(0)
+        return 0
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        self.stopping = True
+
+    def _tick(self) -> None:
+        if self.trainer is None or self.setup is None:
+            return
+        now = self.clock()
+        if save_due(now, self.last_request, self.setup.save_model_secs):
+            self.last_request = now
+            self._reply(SaveRequest("periodic"))
+
+    def _reply(self, msg: Any) -> None:
+        if self.trainer is None:
+            return
+        try:
+            send(self.router, msg, prefix=[self.trainer])
+        except zmq.ZMQError:  # the trainer is gone (unroutable); it will say hello again
+            self.trainer = None
+
+    def _handle(self, frames: list[Any]) -> None:
+        identity = frames[0].bytes
+        try:
+            msg, payload = decode(frames[1:])
+        except ProtocolError as exc:
+            print(f"procsv checkpoint: dropped a malformed message: {exc}", file=sys.stderr, flush=True)
+            return
+        if isinstance(msg, CheckpointSetup):
+            if self.trainer != identity:
+                self.trainer = identity
+                self.last_request = self.clock()  # a (re)started trainer just restored: no save at once
+            self.setup = msg
+        elif isinstance(msg, SaveData):
+            self.trainer = identity
+            self._save(msg, payload)
+
+    def _save(self, msg: SaveData, payload: list[Any]) -> None:
+        import tensorflow as tf
+
+        started = time.monotonic()
+        setup = self.setup
+        try:
+            arrays = arrays_from_frames(msg.tensors, payload, lambda name: tf.dtypes.as_dtype(name).as_numpy_dtype)
+            manifest = self.store.commit(
+                step=msg.step,
+                reason=msg.reason,
+                basename=msg.basename,
+                keys=[t.key for t in msg.tensors],
+                arrays=arrays,
+                max_to_keep=setup.max_to_keep if setup else 5,
+                keep_every_n_hours=setup.keep_checkpoint_every_n_hours if setup else None,
+            )
+            result = SaveResult(msg.step, msg.reason, True, manifest.path(self.ctx.layout.logdir), None,
+                                time.monotonic() - started)
+        except (CheckpointError, OSError, ValueError, tf.errors.OpError) as exc:
+            detail = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            print(f"procsv checkpoint: save at step {msg.step} failed, previous checkpoint kept: {detail}",
+                  file=sys.stderr, flush=True)
+            result = SaveResult(msg.step, msg.reason, False, None, detail, time.monotonic() - started)
+        self.last_request = self.clock()
+        self._reply(result)
+        if self.to_watchdog is not None:
+            send(self.to_watchdog, result)
+        if result.ok and result.path:
+            send(self.to_summary, SessionLogEvent("checkpoint", msg.step, result.path))

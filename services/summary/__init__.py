@@ -1,0 +1,1 @@
+"""The summary service process: writes TensorBoard event files from the trainer's summaries."""
