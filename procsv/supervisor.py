@@ -208,6 +208,7 @@ class Supervisor:
             self._release()
             return
         try:
+            self._channels.to_watchdog(Progress(os.getpid(), self._step, time.time()))
             if self.coord.exception is None:
                 self._final_checkpoint()
             self._flush_summaries(force=True)

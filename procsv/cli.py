@@ -1,0 +1,112 @@
+"""The ``procsv`` command: ``launch`` (the watchdog), ``status`` and ``stop``.
+
+Runs in the user's shell; ``procsv launch`` becomes the watchdog process. Exit codes:
+0 the run succeeded; 1 it failed (the trainer kept failing, or failed at start-up); 2 bad input
+(usage, missing target, unwritable or locked logdir); 128+N it was stopped by signal N after an
+orderly stop (130 for Ctrl-C, 143 for SIGTERM) -- resumable with the same command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from typing import Optional, Sequence
+
+from procsv.errors import LogdirLocked, UsageError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="procsv", description="Fault-tolerant supervisor for TensorFlow training.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    la = sub.add_parser("launch", help="run a training module under the watchdog",
+                        usage="procsv launch TARGET --logdir DIR [options] [-- ARGS...]")
+    la.add_argument("target", metavar="TARGET", help="a module name (procsv.examples.digits) or a path to a .py file")
+    la.add_argument("--logdir", required=True, help="where checkpoints, event files and logs go")
+    la.add_argument("--max-restarts", type=int, default=10,
+                    help="give up after this many trainer failures without a new checkpoint (default 10)")
+    la.add_argument("--stop-grace-secs", type=float, default=120.0,
+                    help="on SIGTERM/SIGINT, how long the trainer may take to checkpoint and exit (default 120)")
+    la.add_argument("--quiet", action="store_true", help="do not echo the trainer's output")
+    st = sub.add_parser("status", help="show the state of a run (live or finished)")
+    st.add_argument("logdir")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    sp = sub.add_parser("stop", help="ask a live run to checkpoint and stop (like SIGTERM to the launch)")
+    sp.add_argument("logdir")
+    sp.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the run to end")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    target_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, target_args = argv[:cut], argv[cut + 1:]
+    args = _parser().parse_args(argv)  # unknown flags: usage and exit 2
+    try:
+        if args.command == "launch":
+            return _launch(args, target_args)
+        if target_args:
+            raise UsageError(f"`procsv {args.command}` takes no arguments after --")
+        if args.command == "status":
+            return _status(args)
+        return _stop(args)
+    except (UsageError, LogdirLocked) as exc:
+        print(f"procsv: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
+    from procsv.watchdog.launcher import LaunchConfig, Watchdog
+
+    if args.max_restarts < 0 or args.stop_grace_secs <= 0:
+        raise UsageError("--max-restarts must be >= 0 and --stop-grace-secs > 0")
+    cfg = LaunchConfig(target=args.target, args=target_args, logdir=args.logdir, max_restarts=args.max_restarts,
+                       stop_grace_secs=args.stop_grace_secs, quiet=args.quiet)
+    return Watchdog(cfg).run()
+
+
+def _status(args: argparse.Namespace) -> int:
+    from procsv.layout import Layout
+    from procsv.status import read_status, render
+
+    layout = Layout(os.path.abspath(args.logdir))
+    status = read_status(layout)
+    if status is None:
+        raise UsageError(f"no procsv run found in {args.logdir!r} (no .procsv/status.json)")
+    if args.json:
+        print(json.dumps(status, indent=1, sort_keys=True))
+    else:
+        print(render(status, args.logdir))
+    return EXIT_OK
+
+
+def _stop(args: argparse.Namespace) -> int:
+    from procsv.layout import Layout, LogdirLock
+
+    layout = Layout(os.path.abspath(args.logdir))
+    pid = LogdirLock.holder(layout)
+    if pid is None:
+        raise UsageError(f"no live procsv run holds {args.logdir!r}")
+    if pid <= 0:
+        raise UsageError(f"the lock of {args.logdir!r} is held but names no pid")
+    os.kill(pid, signal.SIGTERM)
+    print(f"procsv: asked pid {pid} to checkpoint and stop", flush=True)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        if LogdirLock.holder(layout) is None:
+            print("procsv: run stopped", flush=True)
+            return EXIT_OK
+        time.sleep(0.2)
+    print(f"procsv: error: the run did not stop within {args.timeout:g} s", file=sys.stderr)
+    return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

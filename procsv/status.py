@@ -1,0 +1,70 @@
+"""The run's status record: written by the watchdog, read by ``procsv status``.
+
+The watchdog owns ``<logdir>/.procsv/status.json`` (atomic replace on every change, throttled).
+:func:`read_status` is what the CLI shows: the file, corrected by what is true *now* -- the last
+checkpoint comes from the committed manifests, and a run whose watchdog is gone is not reported
+as running.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import psutil
+
+from procsv.layout import Layout, read_json
+from procsv.manifests import list_committed
+
+
+def last_checkpoint(layout: Layout) -> Optional[dict[str, Any]]:
+    committed = list_committed(layout)
+    if not committed:
+        return None
+    m = committed[-1]
+    return {"step": m.step, "path": m.path(layout.logdir)}
+
+
+def pid_alive(pid: Optional[int], create_time: Optional[float] = None) -> bool:
+    """True if ``pid`` runs and, when given, was started at ``create_time`` (not a reused pid)."""
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return create_time is None or abs(proc.create_time() - create_time) < 1.0
+    except psutil.Error:
+        return False
+
+
+def read_status(layout: Layout) -> Optional[dict[str, Any]]:
+    """The status of the run in ``layout``, or None if procsv never ran there."""
+    status = read_json(layout.status)
+    if not isinstance(status, dict):
+        return None
+    status["last_checkpoint"] = last_checkpoint(layout)
+    for proc in status.get("processes", []):
+        proc["alive"] = pid_alive(proc.get("pid"), proc.get("create_time"))
+    watchdog = next((p for p in status.get("processes", []) if p.get("role") == "watchdog"), None)
+    if status.get("state") == "running" and watchdog is not None and not watchdog["alive"]:
+        status["state"] = "failed"
+        status["last_error"] = status.get("last_error") or "the watchdog process died (killed?) without finishing"
+    return status
+
+
+def render(status: dict[str, Any], logdir: str) -> str:
+    """A short human view of a status record."""
+    lines = [f"procsv run in {logdir}: {status.get('state')}"]
+    ck = status.get("last_checkpoint")
+    ck_text = f"step {ck['step']} ({os.path.basename(ck['path'])})" if ck else "none"
+    lines.append(f"  step {status.get('step')}, restarts {status.get('restarts')}, last checkpoint {ck_text}")
+    if status.get("restored_step") is not None:
+        lines.append(f"  trainer restored from step {status['restored_step']}")
+    for p in status.get("processes", []):
+        alive = "alive" if p.get("alive") else "gone"
+        lines.append(f"  {p.get('role', '?'):<11} pid {p.get('pid')!s:<8} {p.get('state', '?'):<10} "
+                     f"restarts {p.get('restarts', 0)}  ({alive})")
+    if status.get("last_error"):
+        lines.append(f"  last error: {status['last_error']}")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""The watchdog process (``procsv launch``): starts, watches and restarts the run's processes."""

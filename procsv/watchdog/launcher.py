@@ -1,0 +1,522 @@
+"""The watchdog: one event loop that starts the run's processes, watches them, restarts them.
+
+Runs in the ``procsv launch`` process. Everything it waits for is a file descriptor in one
+ZeroMQ poller: the PULL socket its children report to, a pidfd per child (readable the moment
+the child dies, so a death is noticed within milliseconds), and a wakeup fd for SIGTERM/SIGINT.
+Decisions (restart or not, how long to wait) come from :mod:`procsv.watchdog.policy`; this
+module only carries them out and records what happened (status.json, logs/lifecycle.jsonl).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import psutil
+import zmq
+
+from ipc.codec import ProtocolError, decode
+from ipc.messages import Hello, Progress, SaveResult, TrainerReady
+from ipc.transport import Endpoints, make_socket
+from procsv import spawn
+from procsv.errors import UsageError
+from procsv.layout import Layout, LogdirLock, read_json, write_json
+from procsv.lifecycle import ProcState, RunState, transition
+from procsv.status import last_checkpoint
+from procsv.watchdog.policy import Action, History, RestartPolicy, TrainerExit, decide
+
+SERVICE_ROLES = ("summary", "checkpoint")
+SERVICE_RESTART_LIMIT = 5  # service crashes within SERVICE_RESTART_WINDOW before the run gives up
+SERVICE_RESTART_WINDOW = 60.0
+STATUS_EVERY = 0.5
+TICK_MS = 100
+
+# stderr lines every TF process prints that say nothing about the user's program
+_NOISE = re.compile(r"^(WARNING: All log messages before absl|[EWI]0000 |.*(cuda|cuInit|oneDNN|TF-TRT|"
+                    r"computation placer|cpu_feature_guard|rebuild TensorFlow with|AVX|Unable to register))")
+
+
+@dataclass
+class LaunchConfig:
+    target: str
+    args: list[str]
+    logdir: str
+    max_restarts: int = 10
+    stop_grace_secs: float = 120.0
+    quiet: bool = False
+    cwd: str = field(default_factory=os.getcwd)
+
+
+@dataclass
+class Child:
+    """One attempt of one role, as the watchdog sees it."""
+
+    role: str
+    attempt: int
+    popen: Any
+    pidfd: int
+    started: float
+    log_path: str
+    state: ProcState = ProcState.STARTING
+    restarts: int = 0
+    create_time: Optional[float] = None
+    first_step_at: Optional[float] = None
+    step: int = 0
+    log_pos: int = 0
+    made_progress: bool = False
+
+    @property
+    def pid(self) -> int:
+        return int(self.popen.pid)
+
+    def set_state(self, new: ProcState) -> None:
+        self.state = transition(self.state, new)  # type: ignore[assignment]
+
+
+def check_target(target: str, cwd: str) -> None:
+    """Raise UsageError if TARGET is neither an existing .py file nor an importable module."""
+    if target.endswith(".py") or os.sep in target:
+        path = os.path.join(cwd, target)
+        if not os.path.isfile(path):
+            raise UsageError(f"training script {target!r} does not exist (looked in {cwd})")
+        return
+    sys.path.insert(0, cwd)
+    try:
+        spec = importlib.util.find_spec(target)
+    except (ImportError, ValueError) as exc:
+        raise UsageError(f"cannot find training module {target!r}: {exc}") from None
+    finally:
+        sys.path.remove(cwd)
+    if spec is None:
+        raise UsageError(f"cannot find training module {target!r} (not importable from {cwd}); "
+                         "pass an importable module name or a path to a .py file")
+
+
+class Watchdog:
+    def __init__(self, cfg: LaunchConfig, policy: Optional[RestartPolicy] = None,
+                 clock: Callable[[], float] = time.monotonic, rng: Optional[random.Random] = None) -> None:
+        self.cfg = cfg
+        self.policy = policy or RestartPolicy(max_restarts=cfg.max_restarts)
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.layout = Layout(os.path.abspath(cfg.logdir))
+        self.lock = LogdirLock(self.layout)
+        self.children: dict[str, Child] = {}
+        self.history = History()
+        self.state = RunState.RUNNING
+        self.step = 0
+        self.restored_step: Optional[int] = None
+        self.last_error: Optional[str] = None
+        self.stop_signal: Optional[int] = None
+        self.stop_deadline: Optional[float] = None
+        self.restart_at: Optional[float] = None
+        self.finishing = False
+        self.service_crashes: list[float] = []
+        self.runtime_dir = ""
+        self.exit_code = 0
+        self._status_dirty = True
+        self._status_at = 0.0
+        self._events: Any = None
+        self.started_wall = time.time()
+
+    # ------------------------------------------------------------------ main
+    def run(self) -> int:
+        check_target(self.cfg.target, self.cfg.cwd)
+        self.layout.create()
+        self.lock.acquire()
+        try:
+            return self._run_locked()
+        finally:
+            self.lock.release()
+
+    def _run_locked(self) -> int:
+        self._events = open(self.layout.lifecycle, "a", buffering=1)
+        self.runtime_dir = tempfile.mkdtemp(prefix="procsv-")  # mode 0700: sockets only we can reach
+        endpoints = Endpoints(self.runtime_dir)
+        zctx = zmq.Context()
+        self.pull = make_socket(zctx, zmq.PULL)
+        self.pull.bind(endpoints.watchdog)
+        self.poller = zmq.Poller()
+        self.poller.register(self.pull, zmq.POLLIN)
+        wake_r, wake_w = socket.socketpair()
+        wake_r.setblocking(False)
+        wake_w.setblocking(False)
+        old_wakeup = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.poller.register(wake_r.fileno(), zmq.POLLIN)
+        self.log("launch", target=self.cfg.target, args=self.cfg.args, pid=os.getpid())
+        self.say(f"procsv: launching {self.cfg.target} {' '.join(self.cfg.args)} in {self.layout.logdir}")
+        try:
+            for role in SERVICE_ROLES:
+                self._spawn(role)
+            self._spawn("trainer")
+            while not self._done():
+                timeout = TICK_MS
+                for sock, _ in self.poller.poll(timeout):
+                    if sock is self.pull:
+                        self._drain_messages()
+                    elif sock == wake_r.fileno():
+                        self._drain_wakeups(wake_r)
+                    else:
+                        self._on_pidfd(sock)
+                self._tick()
+            self._shutdown_services()
+        finally:
+            for child in list(self.children.values()):
+                self._kill_group(child, signal.SIGKILL)
+                self._reap(child)
+            signal.set_wakeup_fd(old_wakeup)
+            for s, h in old.items():
+                signal.signal(s, h)
+            wake_r.close()
+            wake_w.close()
+            self.pull.close(0)
+            zctx.term()
+            shutil.rmtree(self.runtime_dir, ignore_errors=True)
+            self._write_status(force=True)
+            self._events.close()
+        return self.exit_code
+
+    # ------------------------------------------------------------------ spawning
+    def _spawn(self, role: str) -> Child:
+        prev = self.children.get(role)
+        attempt = prev.attempt + 1 if prev else 1
+        env = spawn.child_env(role=role, attempt=attempt, logdir=self.layout.logdir,
+                              runtime_dir=self.runtime_dir, supervised=True)
+        argv = spawn.trainer_argv(self.cfg.target, self.cfg.args) if role == "trainer" else spawn.service_argv(role)
+        log_path = self.layout.attempt_log(role, attempt)
+        popen = spawn.spawn(argv, env, log_path, cwd=self.cfg.cwd)
+        child = Child(role, attempt, popen, os.pidfd_open(popen.pid), self.clock(), log_path)
+        child.restarts = attempt - 1
+        try:
+            child.create_time = psutil.Process(popen.pid).create_time()
+        except psutil.Error:
+            pass
+        self.children[role] = child
+        self.poller.register(child.pidfd, zmq.POLLIN)
+        self.log("spawned", role=role, attempt=attempt, pid=popen.pid)
+        self._status_dirty = True
+        return child
+
+    # ------------------------------------------------------------------ events
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        pass  # handled in the loop, through the wakeup fd
+
+    def _drain_wakeups(self, wake_r: socket.socket) -> None:
+        try:
+            data = wake_r.recv(64)
+        except BlockingIOError:
+            return
+        for signum in data:
+            if signum in (signal.SIGTERM, signal.SIGINT):
+                self._request_stop(signum)
+
+    def _request_stop(self, signum: int) -> None:
+        if self.stop_signal is not None:
+            if signum == signal.SIGINT:  # a second Ctrl-C: stop waiting for the grace period
+                self.say("procsv: second interrupt, killing the run now")
+                self.stop_deadline = self.clock()
+            return
+        self.stop_signal = signum
+        self.stop_deadline = self.clock() + self.cfg.stop_grace_secs
+        name = signal.Signals(signum).name
+        self.log("preempted", signal=name)
+        self.say(f"procsv: {name} received, asking the trainer to checkpoint and stop "
+                 f"(up to {self.cfg.stop_grace_secs:g} s)")
+        self.restart_at = None
+        trainer = self.children.get("trainer")
+        if trainer and trainer.popen.poll() is None:
+            trainer.set_state(ProcState.STOPPING)
+            self._signal(trainer, signal.SIGTERM)
+        self._status_dirty = True
+
+    def _drain_messages(self) -> None:
+        while True:
+            try:
+                frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                msg, _ = decode(frames)
+            except ProtocolError as exc:
+                self.say(f"procsv: ignored a malformed message: {exc}")
+                continue
+            self._on_message(msg)
+
+    def _on_message(self, msg: Any) -> None:
+        if isinstance(msg, Hello):
+            child = self.children.get(msg.role)
+            if child and child.pid == msg.pid and child.state == ProcState.STARTING:
+                child.set_state(ProcState.RUNNING)
+        elif isinstance(msg, TrainerReady):
+            child = self.children.get("trainer")
+            if child and child.pid == msg.pid:
+                self.step = msg.step
+                child.step = msg.step
+                if msg.restored_from:
+                    self.restored_step = msg.step
+                    self.say(f"procsv: trainer attempt {msg.attempt} restored step {msg.step} "
+                             f"from {os.path.basename(msg.restored_from)} in {msg.restore_secs:.2f} s")
+                for prefix in msg.skipped:
+                    self.say(f"procsv: skipped corrupt checkpoint {prefix}")
+                self.log("restored" if msg.restored_from else "initialized", pid=msg.pid, step=msg.step,
+                         path=msg.restored_from, secs=round(msg.restore_secs, 4), skipped=msg.skipped)
+        elif isinstance(msg, Progress):
+            child = self.children.get("trainer")
+            if child and child.pid == msg.pid:
+                if child.first_step_at is None:
+                    child.first_step_at = self.clock()
+                    self.log("first_step", pid=msg.pid, step=msg.step,
+                             secs_since_spawn=round(child.first_step_at - child.started, 3))
+                if child.state == ProcState.STARTING:
+                    child.set_state(ProcState.RUNNING)
+                child.step = msg.step
+                self.step = msg.step
+        elif isinstance(msg, SaveResult):
+            if msg.ok:
+                self.step = max(self.step, msg.step)
+                trainer = self.children.get("trainer")
+                if trainer:
+                    trainer.made_progress = True
+                self.log("checkpoint_committed", step=msg.step, path=msg.path, reason=msg.reason,
+                         secs=round(msg.persist_secs, 4))
+            else:
+                self.log("checkpoint_failed", step=msg.step, error=msg.error)
+                self.say(f"procsv: checkpoint at step {msg.step} failed: {msg.error}")
+        self._status_dirty = True
+
+    def _on_pidfd(self, fd: int) -> None:
+        child = next((c for c in self.children.values() if c.pidfd == fd), None)
+        if child is None:
+            self.poller.unregister(fd)
+            return
+        self._reap(child)
+        code = child.popen.returncode
+        self._drain_messages()  # anything it said before dying (a last checkpoint result)
+        self._tail_log(child)
+        self.log("exited", role=child.role, attempt=child.attempt, pid=child.pid, **_describe(code))
+        if child.role == "trainer":
+            self._on_trainer_exit(child, code)
+        else:
+            self._on_service_exit(child, code)
+        self._status_dirty = True
+
+    def _on_trainer_exit(self, child: Child, code: int) -> None:
+        exit_ = TrainerExit(code, child.first_step_at is not None, child.made_progress, self.stop_signal is not None)
+        child.set_state(ProcState.EXITED if code == 0 else ProcState.FAILED)
+        decision = decide(self.policy, self.history, exit_, self.rng.random())
+        self.history = decision.history
+        if decision.action == Action.FINISH:
+            self.say(f"procsv: trainer finished at step {self.step}")
+            self._finish(RunState.SUCCEEDED, 0)
+        elif decision.action == Action.STOPPED:
+            self.say(f"procsv: trainer stopped at step {self.step} ({_describe_text(code)})")
+            self._finish(RunState.STOPPED, 128 + (self.stop_signal or signal.SIGTERM))
+        else:
+            cause = self._root_cause(child, code)
+            self.last_error = cause.splitlines()[0]
+            if decision.action == Action.GIVE_UP:
+                self.say(f"procsv: giving up: {decision.reason}.\n{cause}", err=True)
+                self.log("gave_up", reason=decision.reason, error=self.last_error)
+                self._finish(RunState.FAILED, 1)
+            else:
+                self.say(f"procsv: {cause.splitlines()[0]}; restarting in {decision.delay:.1f} s "
+                         f"(restart {self.history.restarts})", err=True)
+                self.log("restarting", attempt=child.attempt + 1, delay=round(decision.delay, 3),
+                         error=self.last_error)
+                child.set_state(ProcState.RESTARTING)
+                self.restart_at = self.clock() + decision.delay
+
+    def _on_service_exit(self, child: Child, code: int) -> None:
+        child.set_state(ProcState.EXITED if code == 0 else ProcState.FAILED)
+        if self.finishing:
+            return
+        now = self.clock()
+        self.service_crashes = [t for t in self.service_crashes if now - t < SERVICE_RESTART_WINDOW] + [now]
+        cause = self._root_cause(child, code)
+        if len(self.service_crashes) > SERVICE_RESTART_LIMIT:
+            self.last_error = f"{child.role} service keeps failing: {cause.splitlines()[0]}"
+            self.say(f"procsv: giving up: the {child.role} service failed {len(self.service_crashes)} times "
+                     f"in {SERVICE_RESTART_WINDOW:g} s.\n{cause}", err=True)
+            self._request_stop(signal.SIGTERM)
+            self.exit_code = 1
+            return
+        self.say(f"procsv: {cause.splitlines()[0]}; restarting the {child.role} service", err=True)
+        child.set_state(ProcState.RESTARTING)
+        self._spawn(child.role)
+
+    def _finish(self, state: RunState, code: int) -> None:
+        self.state = transition(self.state, state)  # type: ignore[assignment]
+        self.exit_code = self.exit_code or code
+        self.finishing = True
+        self.log("finished", state=state.value, exit_code=self.exit_code, step=self.step)
+
+    # ------------------------------------------------------------------ timers
+    def _tick(self) -> None:
+        now = self.clock()
+        trainer = self.children.get("trainer")
+        if self.restart_at is not None and now >= self.restart_at and not self.finishing:
+            self.restart_at = None
+            self.log("restarted", attempt=(trainer.attempt + 1) if trainer else 1)
+            self._spawn("trainer")
+        if self.stop_deadline is not None and now >= self.stop_deadline and trainer and trainer.popen.poll() is None:
+            self.say(f"procsv: trainer did not stop within {self.cfg.stop_grace_secs:g} s; killing it")
+            self._kill_group(trainer, signal.SIGKILL)
+            self.stop_deadline = None
+        if self.stop_signal is not None and trainer and trainer.popen.poll() is not None and not self.finishing:
+            # stopped while waiting to restart: nothing is running any more
+            self._finish(RunState.STOPPED, 128 + self.stop_signal)
+        if trainer:
+            self._tail_log(trainer)
+        self._write_status()
+
+    def _done(self) -> bool:
+        return self.finishing
+
+    # ------------------------------------------------------------------ shutdown
+    def _shutdown_services(self) -> None:
+        services = [c for c in self.children.values() if c.role in SERVICE_ROLES and c.popen.poll() is None]
+        for c in services:
+            c.set_state(ProcState.STOPPING)
+            self._signal(c, signal.SIGTERM)
+        deadline = self.clock() + min(self.cfg.stop_grace_secs, 30.0)
+        for c in services:
+            try:
+                c.popen.wait(timeout=max(0.1, deadline - self.clock()))
+            except Exception:
+                self.say(f"procsv: the {c.role} service did not stop in time; killing it")
+                self._kill_group(c, signal.SIGKILL)
+            self._reap(c)
+            self.log("exited", role=c.role, attempt=c.attempt, pid=c.pid, **_describe(c.popen.returncode))
+
+    def _signal(self, child: Child, sig: int) -> None:
+        try:
+            os.kill(child.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _kill_group(self, child: Child, sig: int) -> None:
+        """Signal the child's whole process group (it leads its own session)."""
+        try:
+            os.killpg(child.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _reap(self, child: Child) -> None:
+        if child.popen.returncode is None:
+            try:
+                child.popen.wait(timeout=5)
+            except Exception:
+                self._kill_group(child, signal.SIGKILL)
+                child.popen.wait()
+        self._kill_group(child, signal.SIGKILL)  # anything the child left behind in its group
+        if child.pidfd >= 0:
+            try:
+                self.poller.unregister(child.pidfd)
+            except KeyError:
+                pass
+            os.close(child.pidfd)
+            child.pidfd = -1
+        if child.state in (ProcState.STARTING, ProcState.RUNNING, ProcState.STOPPING):
+            child.set_state(ProcState.EXITED if child.popen.returncode == 0 else ProcState.FAILED)
+
+    # ------------------------------------------------------------------ reporting
+    def _root_cause(self, child: Child, code: int) -> str:
+        """First line: what happened; then the child's own traceback, if it wrote one."""
+        head = f"{child.role} attempt {child.attempt} (pid {child.pid}) {_describe_text(code)}"
+        if child.role == "trainer" and child.first_step_at is None:
+            head += " before completing a step"
+        err = read_json(self.layout.error_file(child.role, child.attempt))
+        if isinstance(err, dict) and err.get("pid") == child.pid:
+            head += f": {err.get('type')}: {err.get('message')}"
+            tb = str(err.get("traceback", "")).rstrip()
+            return f"{head}\n{_indent(tb)}\n  (full log: {child.log_path})"
+        return f"{head}\n  (full log: {child.log_path})"
+
+    def _tail_log(self, child: Child) -> None:
+        if self.cfg.quiet:
+            return
+        try:
+            with open(child.log_path, "rb") as fh:
+                fh.seek(child.log_pos)
+                data = fh.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n")
+        if end < 0:
+            return
+        child.log_pos += end + 1
+        for line in data[:end].decode(errors="replace").splitlines():
+            if line.strip() and not _NOISE.match(line):
+                print(f"[{child.role}.{child.attempt}] {line}", flush=True)
+
+    def say(self, text: str, err: bool = False) -> None:
+        print(text, file=sys.stderr if err else sys.stdout, flush=True)
+
+    def log(self, event: str, **fields: Any) -> None:
+        if self._events is not None:
+            self._events.write(json.dumps({"time": time.time(), "event": event, **fields}) + "\n")
+
+    def status_record(self) -> dict[str, Any]:
+        procs = [{"role": "watchdog", "pid": os.getpid(), "state": "exited" if self.finishing else "running",
+                  "restarts": 0, "create_time": psutil.Process().create_time()}]
+        for role in ("trainer", "checkpoint", "summary"):
+            c = self.children.get(role)
+            if c is not None:
+                procs.append({"role": role, "pid": c.pid, "state": c.state.value, "restarts": c.restarts,
+                              "attempt": c.attempt, "create_time": c.create_time})
+        return {
+            "version": 1,
+            "state": self.state.value,
+            "step": self.step,
+            "restarts": self.history.restarts,
+            "restored_step": self.restored_step,
+            "last_checkpoint": last_checkpoint(self.layout),
+            "last_error": self.last_error,
+            "exit_code": self.exit_code if self.finishing else None,
+            "processes": procs,
+            "target": self.cfg.target,
+            "args": self.cfg.args,
+            "logdir": self.layout.logdir,
+            "started_at": self.started_wall,
+            "updated_at": time.time(),
+        }
+
+    def _write_status(self, force: bool = False) -> None:
+        now = self.clock()
+        if not force and (not self._status_dirty or now - self._status_at < STATUS_EVERY):
+            return
+        self._status_dirty = False
+        self._status_at = now
+        write_json(self.layout.status, self.status_record(), durable=force)
+
+
+def _describe(code: Optional[int]) -> dict[str, Any]:
+    if code is None:
+        return {"code": None}
+    if code < 0:
+        try:
+            return {"signal": signal.Signals(-code).name}
+        except ValueError:
+            return {"signal": str(-code)}
+    return {"code": code}
+
+
+def _describe_text(code: Optional[int]) -> str:
+    d = _describe(code)
+    return f"was killed by {d['signal']}" if "signal" in d else f"exited with code {d.get('code')}"
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  | " + line for line in text.splitlines())

@@ -1,0 +1,87 @@
+"""The watchdog's restart decision, as a pure function of what happened and a random draw.
+
+Runs in the watchdog, but reads no clock and touches no process: :func:`decide` takes the
+history so far and the facts of one trainer exit, and returns what to do and the new history.
+Tests drive it with plain values.
+
+Rules:
+
+* exit code 0 -> finished; any exit while a stop was requested -> stopped.
+* a trainer that dies before completing its first step is a *startup failure*; two in a row mean
+  the program cannot start (bad import, bad arguments): give up, no restart storm.
+* otherwise restart. The first failure after progress restarts at once; each further failure
+  without progress waits ``base * factor**(n-2)`` seconds (capped, with +-``jitter`` spread).
+* progress -- a checkpoint committed since the last (re)start -- resets the failure count, so a
+  run that crashes often but keeps checkpointing goes on for as long as it needs.
+* more than ``max_restarts`` failures without progress: give up.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+
+class Action(str, enum.Enum):
+    FINISH = "finish"
+    STOPPED = "stopped"
+    RESTART = "restart"
+    GIVE_UP = "give_up"
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    max_restarts: int = 10
+    backoff_base: float = 1.0
+    backoff_factor: float = 2.0
+    backoff_cap: float = 30.0
+    jitter: float = 0.1
+    startup_failure_limit: int = 2
+
+
+@dataclass(frozen=True)
+class History:
+    restarts: int = 0  # every restart of the run, for reporting
+    failures_without_progress: int = 0
+    startup_failures_in_a_row: int = 0
+
+
+@dataclass(frozen=True)
+class TrainerExit:
+    code: int  # >= 0 exit status, < 0 killed by signal -code (subprocess's convention)
+    completed_a_step: bool
+    made_progress: bool  # a checkpoint committed since this attempt started
+    stop_requested: bool
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    delay: float
+    reason: str
+    history: History
+
+
+def backoff(policy: RestartPolicy, failures: int, draw: float) -> float:
+    """Delay before restart number ``failures`` (1-based) without progress; ``draw`` in [0, 1)."""
+    if failures <= 1:
+        return 0.0
+    raw = min(policy.backoff_cap, policy.backoff_base * policy.backoff_factor ** (failures - 2))
+    return max(0.0, raw * (1.0 + policy.jitter * (2.0 * draw - 1.0)))
+
+
+def decide(policy: RestartPolicy, history: History, ex: TrainerExit, draw: float) -> Decision:
+    if ex.stop_requested:
+        return Decision(Action.STOPPED, 0.0, "stop requested", history)
+    if ex.code == 0:
+        return Decision(Action.FINISH, 0.0, "trainer finished", history)
+    failures = 1 if ex.made_progress else history.failures_without_progress + 1
+    startup = 0 if ex.completed_a_step else history.startup_failures_in_a_row + 1
+    new = History(history.restarts, failures, startup)
+    if startup >= policy.startup_failure_limit:
+        return Decision(Action.GIVE_UP, 0.0,
+                        f"the trainer failed before its first step {startup} times in a row (start-up failure)", new)
+    if failures > policy.max_restarts:
+        return Decision(Action.GIVE_UP, 0.0,
+                        f"{failures - 1} restarts without a new checkpoint (--max-restarts {policy.max_restarts})", new)
+    return Decision(Action.RESTART, backoff(policy, failures, draw), "trainer failed", replace(new, restarts=history.restarts + 1))
