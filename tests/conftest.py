@@ -1,0 +1,133 @@
+"""Shared helpers for procsv's tests: real processes, bounded waits, leftover-process scans."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Optional
+
+import psutil
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROGRAMS = os.path.join(HERE, "programs")
+REPO = os.path.dirname(HERE)
+
+
+def quiet_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONUNBUFFERED": "1"})
+    env.pop("PROCSV_LOGDIR", None)
+    env.pop("PROCSV_RUNTIME_DIR", None)
+    env.update(extra)
+    return env
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, interval: float = 0.05, what: str = "condition") -> Any:
+    """Poll ``cond`` until it returns something truthy; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def launch(logdir: str, *target_args: str, target: str = "procsv.examples.digits", opts: tuple[str, ...] = (),
+           env: Optional[dict[str, str]] = None, cwd: Optional[str] = None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "procsv", "launch", target, "--logdir", logdir, *opts]
+    if target_args:
+        cmd += ["--", *target_args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env or quiet_env(), cwd=cwd or REPO, start_new_session=True)
+
+
+def status_json(logdir: str) -> Optional[dict[str, Any]]:
+    out = subprocess.run([sys.executable, "-m", "procsv", "status", logdir, "--json"], capture_output=True,
+                         text=True, env=quiet_env(), timeout=30)
+    if out.returncode != 0:
+        return None
+    return json.loads(out.stdout)
+
+
+def raw_status(logdir: str) -> Optional[dict[str, Any]]:
+    try:
+        with open(os.path.join(logdir, ".procsv", "status.json")) as fh:
+            return json.load(fh)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def role_pid(logdir: str, role: str) -> Optional[int]:
+    st = raw_status(logdir)
+    if not st:
+        return None
+    for p in st.get("processes", []):
+        if p["role"] == role:
+            return p["pid"]
+    return None
+
+
+def committed_steps(logdir: str) -> list[int]:
+    folder = os.path.join(logdir, ".procsv", "checkpoints")
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    return sorted(int(n[len("model.ckpt-"):-len(".json")]) for n in names
+                  if n.startswith("model.ckpt-") and n.endswith(".json"))
+
+
+def lifecycle(logdir: str) -> list[dict[str, Any]]:
+    try:
+        with open(os.path.join(logdir, "logs", "lifecycle.jsonl")) as fh:
+            return [json.loads(line) for line in fh if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def run_processes(logdir: str) -> list[psutil.Process]:
+    """Every live process that belongs to the run in ``logdir`` (by environment or command line)."""
+    logdir = os.path.abspath(logdir)
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
+                continue
+            cmdline = proc.info["cmdline"] or []
+            env_logdir = proc.environ().get("PROCSV_LOGDIR")
+        except (psutil.Error, OSError):
+            continue
+        if env_logdir == logdir or any(os.path.abspath(a) == logdir for a in cmdline if a.startswith(("/", "."))):
+            found.append(proc)
+    return found
+
+
+@pytest.fixture
+def logdir(tmp_path):
+    """A fresh logdir; at teardown every process of the run is killed (and the test fails if any was left)."""
+    path = str(tmp_path / "run")
+    yield path
+    leftovers = run_processes(path)
+    for proc in leftovers:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+    assert not leftovers, f"processes of the run were left behind: {[p.pid for p in leftovers]}"
+
+
+def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"launch did not finish in {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
+    return proc.returncode, out, err

@@ -1,0 +1,327 @@
+"""ipc.codec: every message round-trips; every malformed input is refused with ProtocolError."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from ipc import messages as m
+from ipc.codec import ProtocolError, decode, encode
+
+# ----------------------------------------------------------------------------- samples
+
+SAMPLES: list[tuple[str, m.Message, list]] = [
+    ("hello-trainer", m.Hello(role="trainer", pid=4242, attempt=1), []),
+    ("hello-checkpoint", m.Hello(role="checkpoint", pid=17, attempt=3), []),
+    ("ready-fresh", m.TrainerReady(pid=4242, attempt=1, step=0, restored_from=None, restore_secs=0.0), []),
+    (
+        "ready-restored",
+        m.TrainerReady(
+            pid=4243,
+            attempt=2,
+            step=1200,
+            restored_from="/runs/a/model.ckpt-1200",
+            restore_secs=1.75,
+            skipped=["model.ckpt-1300", "model.ckpt-1250"],
+        ),
+        [],
+    ),
+    ("progress", m.Progress(pid=4242, step=981, wall_time=1_700_000_123.456), []),
+    (
+        "setup-timed",
+        m.CheckpointSetup(
+            pid=4242, basename="model.ckpt", save_model_secs=600.0, max_to_keep=5,
+            keep_checkpoint_every_n_hours=2.5, step=0,
+        ),
+        [],
+    ),
+    (
+        "setup-untimed",
+        m.CheckpointSetup(
+            pid=4242, basename="model.ckpt", save_model_secs=None, max_to_keep=0,
+            keep_checkpoint_every_n_hours=None, step=77,
+        ),
+        [],
+    ),
+    ("save-request", m.SaveRequest(reason="timer"), []),
+    (
+        "save-data",
+        m.SaveData(
+            step=1500,
+            reason="timer",
+            basename="model.ckpt",
+            tensors=[
+                m.TensorSpec(key="global_step/.ATTRIBUTES/VARIABLE_VALUE", dtype="int64", shape=[]),
+                m.TensorSpec(key="model/dense/kernel/.ATTRIBUTES/VARIABLE_VALUE", dtype="float32", shape=[64, 10]),
+                m.TensorSpec(key="vocab/.ATTRIBUTES/VARIABLE_VALUE", dtype="string", shape=[3], lengths=[3, 0, 5]),
+            ],
+        ),
+        [b"\x00" * 8, bytes(range(256)) * 10, b"abchello"],
+    ),
+    ("save-data-empty", m.SaveData(step=0, reason="final", basename="model.ckpt", tensors=[]), []),
+    (
+        "save-result-ok",
+        m.SaveResult(step=1500, reason="timer", ok=True, path="/runs/a/model.ckpt-1500", error=None,
+                     persist_secs=0.42),
+        [],
+    ),
+    (
+        "save-result-failed",
+        m.SaveResult(step=1500, reason="final", ok=False, path=None, error="OSError: [Errno 28] No space left",
+                     persist_secs=0.0),
+        [],
+    ),
+    (
+        "summary-batch",
+        m.SummaryBatch(
+            scalars=[["loss", 10, 0.693, 1_700_000_000.5], ["accuracy/train", 10, 0.5, 1_700_000_000.6]],
+            protos=[[10, 1_700_000_000.7], [11, 1_700_000_001.0]],
+            dropped=3,
+        ),
+        [b"\n\x0b\n\x04loss\x15\x00\x00\x80?", b"\n\x03\n\x01x"],
+    ),
+    ("summary-batch-empty", m.SummaryBatch(scalars=[], protos=[]), []),
+    ("session-log-start", m.SessionLogEvent(status="start", step=0), []),
+    ("session-log-checkpoint", m.SessionLogEvent(status="checkpoint", step=1500,
+                                                 checkpoint_path="/runs/a/model.ckpt-1500"), []),
+]
+
+
+def _body(msg: m.Message) -> dict:
+    return json.loads(encode(msg)[0])["body"]
+
+
+def _header(kind, body, v=m.SCHEMA_VERSION) -> bytes:
+    return json.dumps({"v": v, "kind": kind, "body": body}).encode()
+
+
+# ----------------------------------------------------------------------------- round trips
+
+
+def test_samples_cover_every_message_class():
+    assert {type(msg) for _, msg, _ in SAMPLES} == set(m.ALL_MESSAGES)
+
+
+@pytest.mark.parametrize("msg,payload", [(s[1], s[2]) for s in SAMPLES], ids=[s[0] for s in SAMPLES])
+def test_message_round_trips(msg, payload):
+    frames = encode(msg, payload)
+    assert isinstance(frames[0], bytes)
+    assert len(frames) == 1 + len(payload)
+    decoded, got_payload = decode(frames)
+    assert type(decoded) is type(msg)
+    assert decoded == msg
+    assert got_payload == payload
+
+
+def test_payload_frames_are_passed_through_not_copied():
+    payload = [bytearray(b"tensor-bytes"), memoryview(b"proto-bytes")]
+    frames = encode(m.SaveData(step=1, reason="timer", basename="model.ckpt",
+                               tensors=[m.TensorSpec("a", "uint8", [12]), m.TensorSpec("b", "uint8", [11])]), payload)
+    assert frames[1] is payload[0] and frames[2] is payload[1]
+    _, got = decode(frames)
+    assert got[0] is payload[0] and got[1] is payload[1]
+
+
+def test_nested_tensor_specs_decode_as_tensor_spec_objects():
+    _, msg, payload = next(s for s in SAMPLES if s[0] == "save-data")
+    decoded, _ = decode(encode(msg, payload))
+    assert all(isinstance(t, m.TensorSpec) for t in decoded.tensors)
+    assert decoded.tensors[2].lengths == [3, 0, 5]
+    assert decoded.tensors[0].lengths is None
+
+
+def test_header_is_a_json_object_with_version_kind_and_body():
+    header = json.loads(encode(m.SaveRequest(reason="timer"))[0])
+    assert header == {"v": m.SCHEMA_VERSION, "kind": "save_request", "body": {"reason": "timer"}}
+
+
+def test_decode_accepts_zmq_frames_and_memoryviews():
+    zmq = pytest.importorskip("zmq")
+    msg = m.Progress(pid=1, step=2, wall_time=3.5)
+    head, *_ = encode(msg)
+    assert decode([zmq.Frame(head), zmq.Frame(b"x")])[0] == msg
+    assert decode([memoryview(head)])[0] == msg
+    assert decode([bytearray(head)])[0] == msg
+
+
+def test_float_field_accepts_json_integer_and_yields_float():
+    decoded, _ = decode([_header("progress", {"pid": 1, "step": 2, "wall_time": 5})])
+    assert decoded.wall_time == 5.0 and type(decoded.wall_time) is float
+
+
+@pytest.mark.parametrize(
+    "kind,body,field,default",
+    [
+        ("trainer_ready", {"pid": 1, "attempt": 1, "step": 0, "restored_from": None, "restore_secs": 0.0},
+         "skipped", []),
+        ("summary_batch", {"scalars": [], "protos": []}, "dropped", 0),
+        ("session_log", {"status": "stop", "step": 9}, "checkpoint_path", ""),
+    ],
+)
+def test_fields_with_defaults_may_be_omitted(kind, body, field, default):
+    decoded, _ = decode([_header(kind, body)])
+    assert getattr(decoded, field) == default
+
+
+# ----------------------------------------------------------------------------- malformed frames
+
+
+@pytest.mark.parametrize("frames", [[], ()], ids=["list", "tuple"])
+def test_empty_frame_list_is_refused(frames):
+    with pytest.raises(ProtocolError):
+        decode(frames)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [b"not json", b"{", b"", b"\xff\xfe\x00garbage", b'{"v": 1, "kind": "hello",', b"[" * 100_000],
+    ids=["text", "open-brace", "empty", "binary", "truncated", "deeply-nested"],
+)
+def test_non_json_header_is_refused(head):
+    with pytest.raises(ProtocolError):
+        decode([head])
+
+
+@pytest.mark.parametrize("head", [b"[]", b"1", b'"hello"', b"null", b"true"])
+def test_json_header_that_is_not_an_object_is_refused(head):
+    with pytest.raises(ProtocolError, match="not an object"):
+        decode([head])
+
+
+@pytest.mark.parametrize("v", [0, 2, m.SCHEMA_VERSION + 1, "1", None, [1], True], ids=repr)
+def test_wrong_schema_version_is_refused(v):
+    with pytest.raises(ProtocolError, match="version"):
+        decode([_header("save_request", {"reason": "timer"}, v=v)])
+
+
+def test_missing_schema_version_is_refused():
+    with pytest.raises(ProtocolError, match="version"):
+        decode([json.dumps({"kind": "save_request", "body": {"reason": "timer"}}).encode()])
+
+
+@pytest.mark.parametrize("kind", ["nope", "", "Hello", "HELLO", None, 7, ["hello"], {"k": "hello"}], ids=repr)
+def test_unknown_kind_is_refused(kind):
+    with pytest.raises(ProtocolError, match="kind"):
+        decode([_header(kind, {})])
+
+
+def test_missing_kind_is_refused():
+    with pytest.raises(ProtocolError, match="kind"):
+        decode([json.dumps({"v": m.SCHEMA_VERSION, "body": {}}).encode()])
+
+
+@pytest.mark.parametrize("body", [None, [], "reason=timer", 5])
+def test_body_that_is_not_an_object_is_refused(body):
+    with pytest.raises(ProtocolError, match="body"):
+        decode([_header("save_request", body)])
+
+
+def test_missing_body_is_refused():
+    with pytest.raises(ProtocolError, match="body"):
+        decode([json.dumps({"v": m.SCHEMA_VERSION, "kind": "save_request"}).encode()])
+
+
+_REQUIRED = [
+    (name, msg, f.name)
+    for name, msg, _ in SAMPLES
+    for f in dataclasses.fields(msg)
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+]
+
+
+@pytest.mark.parametrize("msg,field", [(r[1], r[2]) for r in _REQUIRED], ids=[f"{r[0]}-{r[2]}" for r in _REQUIRED])
+def test_missing_required_field_is_refused(msg, field):
+    body = _body(msg)
+    del body[field]
+    with pytest.raises(ProtocolError, match=f"missing field '{field}'"):
+        decode([_header(msg.KIND, body)])
+
+
+@pytest.mark.parametrize("msg", [s[1] for s in SAMPLES], ids=[s[0] for s in SAMPLES])
+def test_unknown_extra_field_is_refused(msg):
+    body = _body(msg)
+    body["surprise"] = 1
+    with pytest.raises(ProtocolError, match="surprise"):
+        decode([_header(msg.KIND, body)])
+
+
+def test_unknown_extra_field_in_nested_tensor_spec_is_refused():
+    body = {"step": 1, "reason": "timer", "basename": "model.ckpt",
+            "tensors": [{"key": "a", "dtype": "float32", "shape": [2], "lengths": None, "order": "F"}]}
+    with pytest.raises(ProtocolError, match="order"):
+        decode([_header("save_data", body)])
+
+
+_GOOD_SPEC = {"key": "w", "dtype": "float32", "shape": [2, 3], "lengths": None}
+
+
+def _save_data(*tensors) -> dict:
+    return {"step": 5, "reason": "timer", "basename": "model.ckpt", "tensors": list(tensors)}
+
+
+@pytest.mark.parametrize(
+    "kind,body",
+    [
+        # string where an int is expected
+        ("hello", {"role": "trainer", "pid": "4242", "attempt": 1}),
+        ("progress", {"pid": 1, "step": "10", "wall_time": 1.0}),
+        # bool where an int is expected
+        ("hello", {"role": "trainer", "pid": True, "attempt": 1}),
+        ("checkpoint_setup", {"pid": 1, "basename": "m", "save_model_secs": None, "max_to_keep": False,
+                              "keep_checkpoint_every_n_hours": None, "step": 0}),
+        # float where an int is expected
+        ("progress", {"pid": 1, "step": 10.5, "wall_time": 1.0}),
+        ("summary_batch", {"scalars": [], "protos": [], "dropped": 1.0}),
+        # None for a non-optional field
+        ("summary_batch", {"scalars": [], "protos": [], "dropped": None}),
+        ("session_log", {"status": "stop", "step": 1, "checkpoint_path": None}),
+        # wrong types for float fields (string, bool)
+        ("progress", {"pid": 1, "step": 10, "wall_time": "now"}),
+        ("progress", {"pid": 1, "step": 10, "wall_time": True}),
+        ("checkpoint_setup", {"pid": 1, "basename": "m", "save_model_secs": "600", "max_to_keep": 5,
+                              "keep_checkpoint_every_n_hours": None, "step": 0}),
+        # wrong types for str and bool fields
+        ("hello", {"role": 1, "pid": 1, "attempt": 1}),
+        ("save_result", {"step": 1, "reason": "timer", "ok": 1, "path": None, "error": None, "persist_secs": 0.1}),
+        ("save_result", {"step": 1, "reason": "timer", "ok": "true", "path": None, "error": None,
+                         "persist_secs": 0.1}),
+        ("save_result", {"step": 1, "reason": "timer", "ok": True, "path": 5, "error": None, "persist_secs": 0.1}),
+        # lists: not a list, or items of the wrong type
+        ("trainer_ready", {"pid": 1, "attempt": 1, "step": 0, "restored_from": None, "restore_secs": 0.0,
+                           "skipped": "model.ckpt-5"}),
+        ("trainer_ready", {"pid": 1, "attempt": 1, "step": 0, "restored_from": None, "restore_secs": 0.0,
+                           "skipped": [1, 2]}),
+        ("summary_batch", {"scalars": ["loss", 1, 0.5, 2.0], "protos": []}),
+        ("summary_batch", {"scalars": {"loss": 0.5}, "protos": []}),
+        ("save_data", {"step": 5, "reason": "timer", "basename": "model.ckpt", "tensors": {}}),
+        ("save_data", _save_data("w")),
+        ("save_data", _save_data(_GOOD_SPEC, ["w", "float32", [2, 3]])),
+        # nested TensorSpec with a bad field
+        ("save_data", _save_data({**_GOOD_SPEC, "shape": ["2", "3"]})),
+        ("save_data", _save_data({**_GOOD_SPEC, "shape": [2, True]})),
+        ("save_data", _save_data({**_GOOD_SPEC, "shape": 6})),
+        ("save_data", _save_data({**_GOOD_SPEC, "key": 7})),
+        ("save_data", _save_data({**_GOOD_SPEC, "dtype": None})),
+        ("save_data", _save_data({**_GOOD_SPEC, "lengths": ["3"]})),
+        ("save_data", _save_data({k: v for k, v in _GOOD_SPEC.items() if k != "dtype"})),
+    ],
+    ids=[
+        "str-for-int-pid", "str-for-int-step", "bool-for-int-pid", "bool-for-int-max_to_keep",
+        "float-for-int-step", "float-for-int-dropped", "none-for-int-dropped", "none-for-str-checkpoint_path",
+        "str-for-float", "bool-for-float", "str-for-optional-float", "int-for-str", "int-for-bool",
+        "str-for-bool", "int-for-optional-str", "str-for-list", "int-items-in-str-list", "flat-scalar-row",
+        "dict-for-list-of-lists", "dict-for-tensor-list", "str-for-tensor-spec", "list-for-tensor-spec",
+        "spec-str-shape-items", "spec-bool-shape-item", "spec-int-shape", "spec-int-key", "spec-none-dtype",
+        "spec-str-lengths", "spec-missing-dtype",
+    ],
+)
+def test_wrong_field_type_is_refused(kind, body):
+    with pytest.raises(ProtocolError):
+        decode([_header(kind, body)])
+
+
+def test_wrong_field_type_error_names_the_field():
+    with pytest.raises(ProtocolError, match=r"Hello\.pid"):
+        decode([_header("hello", {"role": "trainer", "pid": "4242", "attempt": 1})])

@@ -1,0 +1,202 @@
+"""End-to-end: `procsv launch` on the built-in example, with real processes and real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import (PROGRAMS, REPO, committed_steps, finish, launch, lifecycle, quiet_env, raw_status,
+                      role_pid, run_processes, status_json, wait_for)
+
+pytestmark = pytest.mark.slow
+
+
+def _restore_with_plain_tf(path: str):
+    """Restore a checkpoint of the digits example with nothing but TensorFlow and Keras."""
+    import keras
+    import tensorflow as tf
+
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
+    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer.build(model.trainable_variables)
+    step = tf.Variable(0, dtype=tf.int64)
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    tf.train.Checkpoint(model=model, optimizer=optimizer, global_step=step).restore(path).assert_consumed()
+    changed = any((b != v.numpy()).any() for b, v in zip(before, model.trainable_variables))
+    return int(step.numpy()), changed
+
+
+def test_example_finishes_and_its_final_checkpoint_restores_with_plain_tf(logdir):
+    import tensorflow as tf
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    proc = launch(logdir, "--steps", "400", "--save-model-secs", "1", "--save-summaries-secs", "1")
+    code, out, err = finish(proc)
+    assert code == 0, err
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest == os.path.join(logdir, "model.ckpt-400")
+    step, changed = _restore_with_plain_tf(latest)
+    assert step == 400 and changed
+    acc = ea.EventAccumulator(logdir, size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    losses = acc.Scalars("loss")
+    assert [e.step for e in losses] == list(range(10, 401, 10))
+    assert losses[-1].value < losses[0].value
+    st = status_json(logdir)
+    assert st["state"] == "succeeded" and st["step"] == 400 and st["restarts"] == 0
+    assert st["last_checkpoint"] == {"step": 400, "path": latest}
+    assert "trainer finished at step 400" in out
+
+
+def test_sigkill_of_the_trainer_restarts_it_from_the_latest_checkpoint(logdir):
+    proc = launch(logdir, "--steps", "2500", "--save-model-secs", "1", "--step-delay", "0.002")
+    try:
+        wait_for(lambda: committed_steps(logdir), 90, what="the first committed checkpoint")
+        victim = role_pid(logdir, "trainer")
+        os.kill(victim, signal.SIGKILL)
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+    st = status_json(logdir)
+    assert st["state"] == "succeeded" and st["restarts"] == 1 and st["step"] == 2500
+    assert st["restored_step"] > 0
+    trainer = next(p for p in st["processes"] if p["role"] == "trainer")
+    assert trainer["pid"] != victim and trainer["restarts"] == 1
+    assert f"restored step {st['restored_step']}" in out
+    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
+        assert f"restored step {st['restored_step']}" in fh.read()
+    events = lifecycle(logdir)
+    killed = [e for e in events if e["event"] == "exited" and e.get("pid") == victim]
+    assert killed and killed[0]["signal"] == "SIGKILL"
+    assert [e["step"] for e in events if e["event"] == "restored"] == [st["restored_step"]]
+
+
+def test_status_json_lists_four_live_processes_with_distinct_pids(logdir):
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01")
+    try:
+        st = wait_for(lambda: (s := status_json(logdir)) and s["step"] > 0 and
+                      sum(p["alive"] for p in s["processes"]) == 4 and s, 90, what="a running status")
+        assert st["state"] == "running"
+        roles = {p["role"]: p for p in st["processes"]}
+        assert set(roles) == {"watchdog", "trainer", "checkpoint", "summary"}
+        assert len({p["pid"] for p in st["processes"]}) == 4
+        assert roles["watchdog"]["pid"] == proc.pid
+        assert all(p["restarts"] == 0 for p in st["processes"])
+        human = subprocess.run([sys.executable, "-m", "procsv", "status", logdir], capture_output=True, text=True,
+                               env=quiet_env(), timeout=30)
+        assert human.returncode == 0 and "running" in human.stdout and "trainer" in human.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        finish(proc)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signal_checkpoints_the_last_step_and_leaves_no_process(logdir, sig):
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.005", "--save-model-secs", "1000")
+    try:
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 20, 90, what="training to start")
+        children = run_processes(logdir)
+        assert len(children) >= 4
+        proc.send_signal(sig)
+    finally:
+        code, out, err = finish(proc)
+    assert code == 128 + sig, err
+    gone = wait_for(lambda: not run_processes(logdir), 5, what="every process of the run to exit")
+    assert gone
+    st = status_json(logdir)
+    assert st["state"] == "stopped"
+    assert committed_steps(logdir)[-1] == st["step"] > 20  # the emergency checkpoint holds the last step
+    assert any(e["event"] == "preempted" for e in lifecycle(logdir))
+    if sig == signal.SIGTERM:  # a later launch resumes from exactly that step
+        saved = st["step"]
+        again = launch(logdir, "--steps", str(saved + 30))
+        code, out, err = finish(again)
+        assert code == 0, err
+        assert f"restored step {saved} " in out
+        assert status_json(logdir)["step"] == saved + 30
+
+
+def test_sigkill_of_the_watchdog_takes_every_process_of_the_run_along(logdir):
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01")
+    try:
+        wait_for(lambda: len(run_processes(logdir)) >= 4 and (raw_status(logdir) or {}).get("step", 0) > 0, 90,
+                 what="four processes")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        wait_for(lambda: not run_processes(logdir), 2.0, interval=0.02, what="no survivors within 2 s")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_a_second_launch_on_a_live_logdir_is_refused(logdir):
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01")
+    try:
+        wait_for(lambda: raw_status(logdir), 60, what="the first launch to start")
+        second = launch(logdir, "--steps", "10")
+        code, out, err = finish(second, timeout=60)
+        assert code == 2
+        assert "in use by a live procsv run" in err and str(proc.pid) in err
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        finish(proc)
+
+
+def test_a_target_that_does_not_exist_is_one_clear_line_and_starts_nothing(logdir):
+    code, out, err = finish(launch(logdir, target="no_such_module.train"), timeout=60)
+    assert code == 2
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and "no_such_module.train" in lines[0] and lines[0].startswith("procsv: error:")
+    assert lifecycle(logdir) == []
+    code, out, err = finish(launch(logdir, target="missing/train.py"), timeout=60)
+    assert code == 2 and "missing/train.py" in err and "does not exist" in err
+
+
+def test_a_target_that_fails_at_import_gives_its_traceback_and_no_restart_loop(logdir):
+    code, out, err = finish(launch(logdir, target=os.path.join(PROGRAMS, "fails_at_import.py")), timeout=120)
+    assert code == 1
+    assert "RuntimeError: boom: the model config is broken" in err
+    assert "start-up failure" in err
+    spawned = [e for e in lifecycle(logdir) if e["event"] == "spawned" and e["role"] == "trainer"]
+    assert 1 <= len(spawned) <= 2
+    import json
+
+    with open(os.path.join(logdir, "logs", "trainer.1.error.json")) as fh:
+        record = json.load(fh)
+    assert record["type"] == "RuntimeError" and record["phase"] == "startup"
+    assert "fails_at_import.py" in record["traceback"]
+    assert status_json(logdir)["state"] == "failed"
+
+
+def test_an_unwritable_logdir_is_a_clear_error_before_anything_starts(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    logdir = str(blocker / "run")
+    code, out, err = finish(launch(logdir), timeout=60)
+    assert code == 2
+    assert "not writable" in err and logdir in err
+    assert not run_processes(logdir)
+
+
+def test_unknown_flags_print_usage():
+    out = subprocess.run([sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", "--logdir", "x",
+                          "--bogus-flag"], capture_output=True, text=True, env=quiet_env(), cwd=REPO, timeout=60)
+    assert out.returncode == 2
+    assert "usage:" in out.stderr and "--bogus-flag" in out.stderr
+
+
+def test_plain_python_run_without_launch_checkpoints_and_resumes(logdir):
+    cmd = [sys.executable, "-m", "procsv.examples.digits", "--logdir", logdir, "--save-model-secs", "1"]
+    first = subprocess.run(cmd + ["--steps", "300"], capture_output=True, text=True, env=quiet_env(), timeout=180)
+    assert first.returncode == 0, first.stderr
+    assert committed_steps(logdir)[-1] == 300
+    second = subprocess.run(cmd + ["--steps", "350"], capture_output=True, text=True, env=quiet_env(), timeout=180)
+    assert second.returncode == 0, second.stderr
+    assert "restored step 300 " in second.stdout
+    assert committed_steps(logdir)[-1] == 350
