@@ -22,19 +22,17 @@ import tempfile
 import time
 from typing import Any, Callable, Mapping, Optional
 
-from ipc.messages import CheckpointSetup, Progress, SaveData, SaveRequest, SaveResult, SessionLogEvent, TrainerReady
+from ipc.messages import Progress, SessionLogEvent, TrainerReady
 from ipc.transport import Endpoints
 from procsv import child, spawn
 from procsv.coordinator import Coordinator, LooperThread
-from procsv.errors import CheckpointError, CorruptCheckpoint, ProcsvError, TrainingStopped, UsageError
+from procsv.errors import ProcsvError, TrainingStopped, UsageError
 from procsv.layout import Layout, LogdirLock
-from procsv.manifests import list_committed, step_of_prefix, verify
 from procsv.summaries import SummaryBuffer
 from procsv.trainer.channels import TrainerChannels
-from procsv.trainer.snapshot import self_test, snapshot
+from procsv.trainer.checkpointing import CheckpointAgent
 
 PROGRESS_EVERY = 0.1  # seconds between Progress messages to the watchdog
-HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the checkpoint service
 
 _steps_completed = 0  # read by the trainer bootstrap to tell a start-up failure from a later one
 
@@ -116,13 +114,14 @@ class Supervisor:
         if checkpoint is not None and getattr(checkpoint, "global_step", None) is None:
             checkpoint.global_step = self.global_step
         self.checkpoint = checkpoint
+        self._ckpt: Optional[CheckpointAgent] = None
         if checkpoint is not None:
-            # restore() creates save_counter; create it now so every snapshot contains it, as save() does
-            _ = checkpoint.save_counter
-            self_test(checkpoint)
+            self._ckpt = CheckpointAgent(
+                checkpoint, self.global_step, self.layout, basename=checkpoint_basename,
+                save_model_secs=save_model_secs, save_checkpoint_steps=save_checkpoint_steps,
+                max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours)
 
         self._step = 0
-        self._restored_from: Optional[str] = None
         self._channels: Optional[TrainerChannels] = None
         self._summaries = SummaryBuffer()
         self._session: Optional[ManagedSession] = None
@@ -130,12 +129,8 @@ class Supervisor:
         self._own_runtime: Optional[str] = None
         self._lock: Optional[LogdirLock] = None
         self._old_handlers: dict[int, Any] = {}
-        self._in_flight: Optional[int] = None
-        self._pending_save: Optional[str] = None
-        self._last_committed = -1
         self._first_step_done = False
         self._last_progress = 0.0
-        self._last_heartbeat = 0.0
         self._next_summary = 0.0
         self._rate_mark: tuple[float, int] = (0.0, 0)
         self._started = False
@@ -157,7 +152,7 @@ class Supervisor:
     @property
     def restored_from(self) -> Optional[str]:
         """The checkpoint prefix this process restored, or None if it initialized."""
-        return self._restored_from
+        return self._ckpt.restored_from if self._ckpt else None
 
     # ----------------------------------------------------------------- session lifecycle
     def managed_session(self, master: str = "", config: Any = None, start_standard_services: bool = True,
@@ -180,21 +175,25 @@ class Supervisor:
         endpoints = self._connect_services()
         self._channels = TrainerChannels(endpoints, supervised=self._ctx is not None and self._ctx.supervised)
         self._session = ManagedSession(self)
-        skipped = self._restore_or_init()
+        skipped: list[str] = []
+        if self._ckpt is not None:
+            skipped = self._ckpt.restore_or_init(self._init)
+        else:
+            self._init()
         self._step = int(self.global_step.numpy())
-        self._last_committed = self._step if self._restored_from else -1
         pid = os.getpid()
         attempt = self._ctx.attempt if self._ctx else 1
-        self._channels.to_watchdog(TrainerReady(pid, attempt, self._step, self._restored_from,
+        self._channels.to_watchdog(TrainerReady(pid, attempt, self._step, self.restored_from,
                                                 time.monotonic() - t0, skipped))
         # TensorBoard discards every event at or after the next step we log: re-run steps don't duplicate
         self._channels.to_summary(SessionLogEvent("start", self._step + 1))
         now = time.monotonic()
-        self._send_setup(now)
+        if self._ckpt is not None:
+            self._ckpt.heartbeat(self._channels, self._step, now)
         self._rate_mark = (now, self._step)
         self._next_summary = now + (self.save_summaries_secs or 0)
-        if self._restored_from:
-            print(f"procsv: restored step {self._step} from {os.path.basename(self._restored_from)}", flush=True)
+        if self.restored_from:
+            print(f"procsv: restored step {self._step} from {os.path.basename(self.restored_from)}", flush=True)
         return self._session
 
     def stop(self, threads: Any = None, close_summary_writer: bool = True, ignore_live_threads: bool = False) -> None:
@@ -209,8 +208,9 @@ class Supervisor:
             return
         try:
             self._channels.to_watchdog(Progress(os.getpid(), self._step, time.time()))
-            if self.coord.exception is None:
-                self._final_checkpoint()
+            if self.coord.exception is None and self._ckpt is not None:
+                reason = "preempted" if self.coord.stop_signal is not None else "final"
+                self._ckpt.final(self._channels, self._step, reason, self.stop_grace_secs)
             self._flush_summaries(force=True)
             self._channels.to_summary(SessionLogEvent("stop", self._step))
         finally:
@@ -277,53 +277,9 @@ class Supervisor:
                 spawn.spawn(spawn.service_argv(role), env, self.layout.attempt_log(role, 1)))
         return Endpoints(self._own_runtime)
 
-    def _restore_or_init(self) -> list[str]:
-        import tensorflow as tf
-
-        skipped: list[str] = []
-        if self.checkpoint is None:
-            return skipped
-        committed = list_committed(self.layout)
-        for manifest in reversed(committed):
-            path = manifest.path(self.layout.logdir)
-            try:
-                verify(self.layout, manifest)
-                self._restore(path)
-                break
-            except (CorruptCheckpoint, tf.errors.DataLossError, tf.errors.NotFoundError) as exc:
-                detail = str(exc).splitlines()[0]
-                print(f"procsv: skipping corrupt checkpoint {manifest.prefix} ({detail}); trying an older one",
-                      file=sys.stderr, flush=True)
-                skipped.append(manifest.prefix)
-        else:
-            legacy = tf.train.latest_checkpoint(self.layout.logdir) if not committed else None
-            if legacy:
-                self._restore(legacy)
-            elif self.init_fn is not None:
-                self.init_fn(self._session)
-        return skipped
-
-    def _restore(self, path: str) -> None:
-        status = self.checkpoint.restore(path)
-        try:
-            status.assert_existing_objects_matched()
-        except AssertionError as exc:
-            raise CheckpointError(
-                f"checkpoint {path} does not match this program's state ({str(exc).splitlines()[0]}); "
-                "restore it with the program that wrote it, or use a new --logdir"
-            ) from None
-        self._restored_from = path
-        step = step_of_prefix(path)
-        if step is not None and int(self.global_step.numpy()) != step:
-            self.global_step.assign(step)
-
-    def _send_setup(self, now: float) -> None:
-        assert self._channels is not None
-        if self.checkpoint is None:
-            return
-        self._last_heartbeat = now
-        self._channels.setup(CheckpointSetup(os.getpid(), self.checkpoint_basename, self.save_model_secs,
-                                             self.max_to_keep, self.keep_checkpoint_every_n_hours, self._step))
+    def _init(self) -> None:
+        if self.init_fn is not None:
+            self.init_fn(self._session)
 
     def _begin_step(self) -> None:
         if self.coord.should_stop():
@@ -344,14 +300,8 @@ class Supervisor:
         if self.save_summaries_secs and now >= self._next_summary:
             self._periodic_summaries(now)
         self._flush_summaries(force=False)
-        if self.checkpoint is not None:
-            if now - self._last_heartbeat >= HEARTBEAT_EVERY:
-                self._send_setup(now)
-            self._handle_checkpoint_messages(ch.poll_checkpoint())
-            if self.save_checkpoint_steps and self._step % self.save_checkpoint_steps == 0:
-                self._pending_save = self._pending_save or "steps"
-            if self._pending_save and self._in_flight is None and self._step > self._last_committed:
-                self._save(self._pending_save)
+        if self._ckpt is not None:
+            self._ckpt.at_step_boundary(ch, self._step, now)
 
     def _periodic_summaries(self, now: float) -> None:
         assert self.save_summaries_secs
@@ -371,55 +321,6 @@ class Supervisor:
         msg, frames = batch
         if not self._channels.to_summary(msg, frames):
             self._summaries.count_dropped(len(msg.scalars) + len(msg.protos))
-
-    def _handle_checkpoint_messages(self, messages: list[Any]) -> None:
-        for msg in messages:
-            if isinstance(msg, SaveRequest):
-                self._pending_save = self._pending_save or msg.reason
-            elif isinstance(msg, SaveResult):
-                self._on_result(msg)
-
-    def _on_result(self, msg: SaveResult) -> None:
-        if msg.step == self._in_flight:
-            self._in_flight = None
-        if msg.ok:
-            self._last_committed = max(self._last_committed, msg.step)
-        else:
-            print(f"procsv: checkpoint at step {msg.step} failed, training goes on: {msg.error}",
-                  file=sys.stderr, flush=True)
-
-    def _save(self, reason: str) -> None:
-        assert self._channels is not None
-        self.checkpoint.save_counter.assign_add(1)
-        specs, frames = snapshot(self.checkpoint)
-        msg = SaveData(self._step, reason, self.checkpoint_basename, specs)
-        if self._channels.send_snapshot(msg, frames):
-            self._in_flight = self._step
-            self._pending_save = None
-
-    def _final_checkpoint(self) -> None:
-        """At a clean end (or a stop request), commit the state of the last completed step."""
-        if self.checkpoint is None or self._channels is None or self._step <= self._last_committed:
-            return
-        deadline = time.monotonic() + self.stop_grace_secs
-        if self._in_flight is not None:
-            result, others = self._channels.wait_save_result(self._in_flight, deadline)
-            if result is not None:
-                self._on_result(result)
-        if self._step <= self._last_committed:
-            return
-        reason = "preempted" if self.coord.stop_signal is not None else "final"
-        self._in_flight = None
-        self._save(reason)
-        result, _ = self._channels.wait_save_result(self._step, deadline)
-        if result is None:
-            print(f"procsv: the {reason} checkpoint at step {self._step} did not commit within "
-                  f"stop_grace_secs={self.stop_grace_secs}; the previous checkpoint is kept",
-                  file=sys.stderr, flush=True)
-            return
-        self._on_result(result)
-        if result.ok:
-            print(f"procsv: {reason} checkpoint committed at step {self._step}", flush=True)
 
     def _release(self) -> None:
         if self._channels is not None:

@@ -1,0 +1,153 @@
+"""The trainer's side of checkpointing: restore at start, snapshots at step boundaries, final save.
+
+Runs in the trainer's main thread, called by :class:`procsv.Supervisor`. It restores the newest
+committed checkpoint whose files pass their checksums (falling back to older ones with one clear
+line each), answers the checkpoint service's :class:`SaveRequest` with a snapshot, keeps at most
+one snapshot in flight (a trigger that arrives meanwhile is remembered and served at the first
+step boundary after the result comes back), and at the end commits the last completed step
+within ``stop_grace_secs``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Callable, Optional
+
+from ipc.messages import CheckpointSetup, SaveData, SaveRequest, SaveResult
+from procsv.errors import CheckpointError, CorruptCheckpoint
+from procsv.layout import Layout
+from procsv.manifests import list_committed, step_of_prefix, verify
+from procsv.trainer.channels import TrainerChannels
+from procsv.trainer.snapshot import self_test, snapshot
+
+HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the checkpoint service
+
+
+class CheckpointAgent:
+    def __init__(self, checkpoint: Any, global_step: Any, layout: Layout, *, basename: str,
+                 save_model_secs: Optional[float], save_checkpoint_steps: Optional[int], max_to_keep: int,
+                 keep_checkpoint_every_n_hours: Optional[float]) -> None:
+        self.checkpoint = checkpoint
+        self.global_step = global_step
+        self.layout = layout
+        self.basename = basename
+        self.save_model_secs = save_model_secs
+        self.save_checkpoint_steps = save_checkpoint_steps
+        self.max_to_keep = max_to_keep
+        self.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours
+        self.restored_from: Optional[str] = None
+        self.last_committed = -1
+        self.in_flight: Optional[int] = None
+        self.pending: Optional[str] = None
+        self.last_heartbeat = 0.0
+        # restore() creates save_counter; create it now so every snapshot contains it, as save() does
+        _ = checkpoint.save_counter
+        self_test(checkpoint)
+
+    # ------------------------------------------------------------------ start
+    def restore_or_init(self, init: Callable[[], None]) -> list[str]:
+        """Restore the newest valid committed checkpoint, else call ``init``; return skipped prefixes."""
+        import tensorflow as tf
+
+        skipped: list[str] = []
+        committed = list_committed(self.layout)
+        for manifest in reversed(committed):
+            try:
+                verify(self.layout, manifest)
+                self._restore(manifest.path(self.layout.logdir))
+                break
+            except (CorruptCheckpoint, tf.errors.DataLossError, tf.errors.NotFoundError) as exc:
+                detail = str(exc).splitlines()[0]
+                print(f"procsv: skipping corrupt checkpoint {manifest.prefix} ({detail}); trying an older one",
+                      file=sys.stderr, flush=True)
+                skipped.append(manifest.prefix)
+        else:
+            legacy = tf.train.latest_checkpoint(self.layout.logdir) if not committed else None
+            if legacy:
+                self._restore(legacy)
+            else:
+                init()
+        if self.restored_from:
+            self.last_committed = int(self.global_step.numpy())
+        return skipped
+
+    def _restore(self, path: str) -> None:
+        status = self.checkpoint.restore(path)
+        try:
+            status.assert_existing_objects_matched()
+        except AssertionError as exc:
+            raise CheckpointError(
+                f"checkpoint {path} does not match this program's state ({str(exc).splitlines()[0]}); "
+                "restore it with the program that wrote it, or use a new --logdir"
+            ) from None
+        self.restored_from = path
+        step = step_of_prefix(path)
+        if step is not None and int(self.global_step.numpy()) != step:
+            self.global_step.assign(step)
+
+    # ------------------------------------------------------------------ during training
+    def heartbeat(self, ch: TrainerChannels, step: int, now: float) -> None:
+        """Tell the checkpoint service our policy (again); it is how a restarted service finds us."""
+        self.last_heartbeat = now
+        ch.setup(CheckpointSetup(os.getpid(), self.basename, self.save_model_secs, self.max_to_keep,
+                                 self.keep_checkpoint_every_n_hours, step))
+
+    def at_step_boundary(self, ch: TrainerChannels, step: int, now: float) -> None:
+        if now - self.last_heartbeat >= HEARTBEAT_EVERY:
+            self.heartbeat(ch, step, now)
+        for msg in ch.poll_checkpoint():
+            if isinstance(msg, SaveRequest):
+                self.pending = self.pending or msg.reason
+            elif isinstance(msg, SaveResult):
+                self._on_result(msg)
+        if self.save_checkpoint_steps and step % self.save_checkpoint_steps == 0:
+            self.pending = self.pending or "steps"
+        if self.pending and self.in_flight is None and step > self.last_committed:
+            self._send(ch, step, self.pending)
+
+    def _on_result(self, msg: SaveResult) -> None:
+        if msg.step == self.in_flight:
+            self.in_flight = None
+        if msg.ok:
+            self.last_committed = max(self.last_committed, msg.step)
+        else:
+            print(f"procsv: checkpoint at step {msg.step} failed, training goes on: {msg.error}",
+                  file=sys.stderr, flush=True)
+
+    def _send(self, ch: TrainerChannels, step: int, reason: str) -> bool:
+        self.checkpoint.save_counter.assign_add(1)
+        specs, frames = snapshot(self.checkpoint)
+        if ch.send_snapshot(SaveData(step, reason, self.basename, specs), frames):
+            self.in_flight = step
+            self.pending = None
+            return True
+        return False
+
+    # ------------------------------------------------------------------ end
+    def final(self, ch: TrainerChannels, step: int, reason: str, grace_secs: float) -> Optional[SaveResult]:
+        """Commit ``step`` (unless it already is) within ``grace_secs``; return the result."""
+        if step <= self.last_committed:
+            return None
+        deadline = time.monotonic() + grace_secs
+        if self.in_flight is not None:
+            result, _ = ch.wait_save_result(self.in_flight, deadline)
+            if result is not None:
+                self._on_result(result)
+            if step <= self.last_committed:
+                return result
+        self.in_flight = None
+        if not self._send(ch, step, reason):
+            print(f"procsv: the {reason} checkpoint at step {step} could not be handed to the checkpoint "
+                  "service (queue full); the previous checkpoint is kept", file=sys.stderr, flush=True)
+            return None
+        result, _ = ch.wait_save_result(step, deadline)
+        if result is None:
+            print(f"procsv: the {reason} checkpoint at step {step} did not commit within "
+                  f"stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
+            return None
+        self._on_result(result)
+        if result.ok:
+            print(f"procsv: {reason} checkpoint committed at step {step}", flush=True)
+        return result
