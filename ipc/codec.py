@@ -42,15 +42,16 @@ def decode(frames: Frames) -> tuple[Message, list[Any]]:
     raw = head.bytes if hasattr(head, "bytes") else bytes(head)
     try:
         obj = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"header is not JSON: {exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ProtocolError(f"header is not JSON: {type(exc).__name__}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("header is not an object")
-    if obj.get("v") != SCHEMA_VERSION:
-        raise ProtocolError(f"schema version {obj.get('v')!r}, expected {SCHEMA_VERSION}")
-    cls = _BY_KIND.get(obj.get("kind"))  # type: ignore[arg-type]
+    version, kind = obj.get("v"), obj.get("kind")
+    if type(version) is not int or version != SCHEMA_VERSION:
+        raise ProtocolError(f"schema version {version!r:.40}, expected {SCHEMA_VERSION}")
+    cls = _BY_KIND.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ProtocolError(f"unknown message kind {obj.get('kind')!r}")
+        raise ProtocolError(f"unknown message kind {kind!r:.60}")
     body = obj.get("body")
     if not isinstance(body, dict):
         raise ProtocolError("body is not an object")

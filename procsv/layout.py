@@ -136,7 +136,7 @@ def read_json(path: str) -> Optional[Any]:
     try:
         with open(path, "rb") as fh:
             return json.loads(fh.read())
-    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError, IsADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, json.JSONDecodeError, UnicodeDecodeError):
         return None
 
 

@@ -60,6 +60,8 @@ class IllegalTransition(ProcsvError):
 
 def transition(current: ProcState | RunState, new: ProcState | RunState) -> ProcState | RunState:
     """Return ``new`` if ``current -> new`` is legal (or a no-op), else raise IllegalTransition."""
+    if type(current) is not type(new):
+        raise IllegalTransition(f"{current!r} -> {new!r} mixes process and run states")
     if current == new:
         return new
     edges = _PROC_EDGES if isinstance(current, ProcState) else _RUN_EDGES

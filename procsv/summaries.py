@@ -23,6 +23,8 @@ def as_float(tag: str, value: Any) -> float:
         raise ValueError(f"summary tag must be a non-empty string, got {tag!r}")
     if hasattr(value, "numpy"):
         value = value.numpy()
+    if isinstance(value, (str, bytes, bytearray)) or getattr(value, "dtype", None) is not None and value.dtype.kind in "SUO":
+        raise TypeError(f"summary {tag!r}: value must be a real number, got {type(value).__name__} {value!r:.60}")
     try:
         if getattr(value, "shape", ()) not in ((), (1,)):
             raise TypeError

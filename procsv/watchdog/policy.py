@@ -66,7 +66,8 @@ def backoff(policy: RestartPolicy, failures: int, draw: float) -> float:
     """Delay before restart number ``failures`` (1-based) without progress; ``draw`` in [0, 1)."""
     if failures <= 1:
         return 0.0
-    raw = min(policy.backoff_cap, policy.backoff_base * policy.backoff_factor ** (failures - 2))
+    exponent = min(failures - 2, 64)  # beyond 2**64 every delay is the cap anyway; no float overflow
+    raw = min(policy.backoff_cap, policy.backoff_base * policy.backoff_factor ** exponent)
     return max(0.0, raw * (1.0 + policy.jitter * (2.0 * draw - 1.0)))
 
 
