@@ -55,12 +55,17 @@ class TrainerReady(Message):
 
 @dataclass(frozen=True)
 class Progress(Message):
-    """The trainer completed ``step`` (sent after the first step, then at most every 100 ms)."""
+    """The trainer completed ``step`` (sent after the first step, then at most every 100 ms).
+
+    ``busy`` names work the trainer does on purpose between steps (``final_checkpoint``):
+    the watchdog's hang clock pauses until the next Progress without it.
+    """
 
     KIND: ClassVar[str] = "progress"
     pid: int
     step: int
     wall_time: float
+    busy: str = ""
 
 
 @dataclass(frozen=True)
