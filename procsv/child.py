@@ -29,6 +29,10 @@ ENV_WATCHDOG = "PROCSV_WATCHDOG"  # "1" when a watchdog supervises this child
 
 _PR_SET_PDEATHSIG = 1
 
+# A trainer that a SIGTERM/SIGINT stopped after committing its emergency checkpoint exits with
+# this code: "my state is saved, restart me" (TensorFlow's PreemptionCheckpointHandler uses 42 too).
+EXIT_PREEMPTED = 42
+
 
 @dataclass(frozen=True)
 class ChildContext:

@@ -1,4 +1,4 @@
-"""The ``procsv`` command: ``launch`` (the watchdog), ``status`` and ``stop``.
+"""The ``procsv`` command: ``launch`` (the watchdog), ``status``, ``stop`` and ``preempt``.
 
 Runs in the user's shell; ``procsv launch`` becomes the watchdog process. Exit codes:
 0 the run succeeded; 1 it failed (the trainer kept failing, or failed at start-up); 2 bad input
@@ -33,9 +33,23 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--stop-grace-secs", type=float, default=120.0,
                     help="on SIGTERM/SIGINT, how long the trainer may take to checkpoint and exit (default 120)")
     la.add_argument("--quiet", action="store_true", help="do not echo the trainer's output")
+    la.add_argument("--hang-timeout", type=float, default=600.0,
+                    help="restart a trainer that completes no step for this long (default 600 s; 0 = off)")
+    la.add_argument("--startup-timeout", type=float, default=1800.0,
+                    help="longer limit for the first step: import, restore, tracing (default 1800 s; 0 = off)")
+    la.add_argument("--hang-grace-secs", type=float, default=10.0,
+                    help="after SIGTERM to a hung trainer, SIGKILL it after this long (default 10 s)")
+    la.add_argument("--chaos", metavar="SPEC", default=None,
+                    help="kill on a schedule for crash testing: every=SECS or random=MIN:MAX, "
+                         "[,target=trainer|checkpoint|summary][,signal=KILL|TERM][,seed=N]")
     st = sub.add_parser("status", help="show the state of a run (live or finished)")
     st.add_argument("logdir")
     st.add_argument("--json", action="store_true", help="machine-readable output")
+    pp = sub.add_parser("preempt", help="simulate a preemption or a crash: signal one process of a live run")
+    pp.add_argument("logdir")
+    pp.add_argument("--signal", default="TERM", choices=["TERM", "KILL", "INT"], help="default TERM")
+    pp.add_argument("--target", default="watchdog", choices=["watchdog", "trainer", "checkpoint", "summary"],
+                    help="default watchdog (the whole job is preempted)")
     sp = sub.add_parser("stop", help="ask a live run to checkpoint and stop (like SIGTERM to the launch)")
     sp.add_argument("logdir")
     sp.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the run to end")
@@ -56,6 +70,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise UsageError(f"`procsv {args.command}` takes no arguments after --")
         if args.command == "status":
             return _status(args)
+        if args.command == "preempt":
+            return _preempt(args)
         return _stop(args)
     except (UsageError, LogdirLocked) as exc:
         print(f"procsv: error: {exc}", file=sys.stderr)
@@ -65,10 +81,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
     from procsv.watchdog.launcher import LaunchConfig, Watchdog
 
-    if args.max_restarts < 0 or args.stop_grace_secs <= 0:
-        raise UsageError("--max-restarts must be >= 0 and --stop-grace-secs > 0")
+    if args.max_restarts < 0 or args.stop_grace_secs <= 0 or args.hang_grace_secs < 0:
+        raise UsageError("--max-restarts and --hang-grace-secs must be >= 0 and --stop-grace-secs > 0")
+    if args.hang_timeout < 0 or args.startup_timeout < 0:
+        raise UsageError("--hang-timeout and --startup-timeout must be >= 0 (0 turns them off)")
+    if args.chaos:
+        from procsv.watchdog.chaos import parse_chaos
+
+        parse_chaos(args.chaos)  # a bad SPEC is a usage error before anything starts
     cfg = LaunchConfig(target=args.target, args=target_args, logdir=args.logdir, max_restarts=args.max_restarts,
-                       stop_grace_secs=args.stop_grace_secs, quiet=args.quiet)
+                       stop_grace_secs=args.stop_grace_secs, quiet=args.quiet, hang_timeout=args.hang_timeout,
+                       startup_timeout=args.startup_timeout, hang_grace_secs=args.hang_grace_secs,
+                       chaos=args.chaos)
     return Watchdog(cfg).run()
 
 
@@ -84,6 +108,22 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(status, indent=1, sort_keys=True))
     else:
         print(render(status, args.logdir))
+    return EXIT_OK
+
+
+def _preempt(args: argparse.Namespace) -> int:
+    from procsv.layout import Layout, LogdirLock
+    from procsv.status import read_status
+
+    layout = Layout(os.path.abspath(args.logdir))
+    if LogdirLock.holder(layout) is None:
+        raise UsageError(f"no live procsv run holds {args.logdir!r}")
+    status = read_status(layout) or {}
+    proc = next((p for p in status.get("processes", []) if p.get("role") == args.target and p.get("alive")), None)
+    if proc is None:
+        raise UsageError(f"the run in {args.logdir!r} has no live {args.target} process right now")
+    os.kill(int(proc["pid"]), getattr(signal, "SIG" + args.signal))
+    print(f"procsv: sent SIG{args.signal} to the {args.target} (pid {proc['pid']})", flush=True)
     return EXIT_OK
 
 

@@ -35,11 +35,17 @@ from procsv.trainer.checkpointing import CheckpointAgent
 PROGRESS_EVERY = 0.1  # seconds between Progress messages to the watchdog
 
 _steps_completed = 0  # read by the trainer bootstrap to tell a start-up failure from a later one
+_stopped_by_signal = False  # read by the trainer bootstrap: a signal-requested stop exits with 42
 
 
 def steps_completed() -> int:
     """Steps completed by this process (0 means it failed during start-up, if it fails)."""
     return _steps_completed
+
+
+def stopped_by_signal() -> bool:
+    """True if a Supervisor in this process stopped because of SIGTERM/SIGINT (state was saved)."""
+    return _stopped_by_signal
 
 
 class Supervisor:
@@ -207,7 +213,10 @@ class Supervisor:
             self._release()
             return
         try:
-            self._channels.to_watchdog(Progress(os.getpid(), self._step, time.time()))
+            global _stopped_by_signal
+            _stopped_by_signal = _stopped_by_signal or self.coord.stop_signal is not None
+            busy = "final_checkpoint" if self.coord.exception is None and self._ckpt is not None else ""
+            self._channels.to_watchdog(Progress(os.getpid(), self._step, time.time(), busy))
             if self.coord.exception is None and self._ckpt is not None:
                 reason = "preempted" if self.coord.stop_signal is not None else "final"
                 self._ckpt.final(self._channels, self._step, reason, self.stop_grace_secs)

@@ -3,7 +3,9 @@
 Runs TARGET (a module name, or a path to a .py file) as ``__main__`` with ARGS as its
 ``sys.argv[1:]``, exactly as ``python -m TARGET`` / ``python TARGET`` would. Before that it arms
 the parent-death signal and catches an early SIGTERM; if TARGET raises, it writes the traceback
-to this attempt's error file (the watchdog prints it as the root cause) and exits non-zero.
+to this attempt's error file (the watchdog prints it as the root cause) and exits non-zero. A run that a SIGTERM/SIGINT stopped
+after its emergency checkpoint exits with :data:`procsv.child.EXIT_PREEMPTED` (42), which the watchdog treats
+as "saved, restart me" unless it asked for the stop itself.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import runpy
 import sys
 
 from procsv import child
+
 
 
 def main() -> int:
@@ -35,11 +38,18 @@ def main() -> int:
     except SystemExit as exc:
         if exc.code not in (0, None):
             child.write_error_file(ctx, exc, _phase())
-        raise
+            raise
+        return _clean_exit_code()
     except BaseException as exc:
         child.write_error_file(ctx, exc, _phase())
         raise
-    return 0
+    return _clean_exit_code()
+
+
+def _clean_exit_code() -> int:
+    from procsv.supervisor import stopped_by_signal
+
+    return child.EXIT_PREEMPTED if stopped_by_signal() else 0
 
 
 def _phase() -> str:

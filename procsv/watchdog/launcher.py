@@ -30,10 +30,14 @@ from ipc.codec import ProtocolError, decode
 from ipc.messages import Hello, Progress, SaveResult, TrainerReady
 from ipc.transport import Endpoints, make_socket
 from procsv import spawn
+from procsv.child import EXIT_PREEMPTED
 from procsv.errors import UsageError
 from procsv.layout import Layout, LogdirLock, read_json, write_json
 from procsv.lifecycle import ProcState, RunState, transition
 from procsv.status import last_checkpoint
+from procsv.watchdog import report
+from procsv.watchdog.chaos import ChaosPlan, parse_chaos
+from procsv.watchdog.hang import HangLimits, hang_reason
 from procsv.watchdog.policy import Action, History, RestartPolicy, TrainerExit, decide
 
 SERVICE_ROLES = ("summary", "checkpoint")
@@ -55,6 +59,10 @@ class LaunchConfig:
     max_restarts: int = 10
     stop_grace_secs: float = 120.0
     quiet: bool = False
+    hang_timeout: float = 600.0
+    startup_timeout: float = 1800.0
+    hang_grace_secs: float = 10.0
+    chaos: Optional[str] = None
     cwd: str = field(default_factory=os.getcwd)
 
 
@@ -75,6 +83,11 @@ class Child:
     step: int = 0
     log_pos: int = 0
     made_progress: bool = False
+    busy: bool = False
+    last_progress_at: Optional[float] = None
+    hang_kill_at: Optional[float] = None
+    hang_cause: str = ""
+    record: Optional[report.AttemptRecord] = None
 
     @property
     def pid(self) -> int:
@@ -129,6 +142,12 @@ class Watchdog:
         self._status_at = 0.0
         self._events: Any = None
         self.started_wall = time.time()
+        self.launch_start = clock()
+        self.limits = HangLimits(cfg.hang_timeout, cfg.startup_timeout)
+        self.chaos: Optional[ChaosPlan] = parse_chaos(cfg.chaos) if cfg.chaos else None
+        self.chaos_rng = random.Random(self.chaos.seed if self.chaos else None)
+        self.chaos_at: Optional[float] = None
+        self.attempts: list[report.AttemptRecord] = []
 
     # ------------------------------------------------------------------ main
     def run(self) -> int:
@@ -185,8 +204,18 @@ class Watchdog:
             zctx.term()
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
             self._write_status(force=True)
+            self._final_report()
             self._events.close()
         return self.exit_code
+
+    def _final_report(self) -> None:
+        summary = report.summarize(self.attempts, self.launch_start, self.clock())
+        try:
+            write_json(os.path.join(self.layout.logs, "report.json"), summary)
+        except OSError:
+            pass
+        if summary["restarts"] or self.chaos is not None:
+            self.say(report.render(summary))
 
     # ------------------------------------------------------------------ spawning
     def _spawn(self, role: str) -> Child:
@@ -205,6 +234,11 @@ class Watchdog:
             pass
         self.children[role] = child
         self.poller.register(child.pidfd, zmq.POLLIN)
+        if role == "trainer":
+            child.record = report.AttemptRecord(attempt, child.started)
+            self.attempts.append(child.record)
+        elif self.chaos is not None and self.chaos.target == role:
+            self.chaos_at = child.started + self.chaos.delay(self.chaos_rng)
         self.log("spawned", role=role, attempt=attempt, pid=popen.pid)
         self._status_dirty = True
         return child
@@ -264,6 +298,9 @@ class Watchdog:
             if child and child.pid == msg.pid:
                 self.step = msg.step
                 child.step = msg.step
+                if child.record is not None:
+                    child.record.ready = self.clock()
+                    child.record.restored_step = child.record.last_step = msg.step
                 if msg.restored_from:
                     self.restored_step = msg.step
                     self.say(f"procsv: trainer attempt {msg.attempt} restored step {msg.step} "
@@ -275,13 +312,23 @@ class Watchdog:
         elif isinstance(msg, Progress):
             child = self.children.get("trainer")
             if child and child.pid == msg.pid:
-                if child.first_step_at is None:
-                    child.first_step_at = self.clock()
+                now = self.clock()
+                if child.first_step_at is None and not msg.busy:
+                    child.first_step_at = now
                     self.log("first_step", pid=msg.pid, step=msg.step,
                              secs_since_spawn=round(child.first_step_at - child.started, 3))
+                    if child.record is not None:
+                        child.record.first_step = now
+                    if self.chaos is not None and self.chaos.target == "trainer":
+                        self.chaos_at = now + self.chaos.delay(self.chaos_rng)
                 if child.state == ProcState.STARTING:
                     child.set_state(ProcState.RUNNING)
                 child.step = msg.step
+                child.busy = bool(msg.busy)
+                child.last_progress_at = now
+                if child.record is not None and not msg.busy:
+                    child.record.last_progress = now
+                    child.record.last_step = msg.step
                 self.step = msg.step
         elif isinstance(msg, SaveResult):
             if msg.ok:
@@ -301,6 +348,8 @@ class Watchdog:
         if child is None:
             self.poller.unregister(fd)
             return
+        if child.record is not None:
+            child.record.ended = self.clock()
         self._reap(child)
         code = child.popen.returncode
         self._drain_messages()  # anything it said before dying (a last checkpoint result)
@@ -313,6 +362,8 @@ class Watchdog:
         self._status_dirty = True
 
     def _on_trainer_exit(self, child: Child, code: int) -> None:
+        if child.record is not None:
+            child.record.cause = child.hang_cause or _describe_text(code)
         exit_ = TrainerExit(code, child.first_step_at is not None, child.made_progress, self.stop_signal is not None)
         child.set_state(ProcState.EXITED if code == 0 else ProcState.FAILED)
         decision = decide(self.policy, self.history, exit_, self.rng.random())
@@ -323,8 +374,15 @@ class Watchdog:
         elif decision.action == Action.STOPPED:
             self.say(f"procsv: trainer stopped at step {self.step} ({_describe_text(code)})")
             self._finish(RunState.STOPPED, 128 + (self.stop_signal or signal.SIGTERM))
+        elif code == EXIT_PREEMPTED and decision.action == Action.RESTART:
+            self.say(f"procsv: trainer attempt {child.attempt} was preempted and saved its state; restarting")
+            self.log("restarting", attempt=child.attempt + 1, delay=0.0, error="preempted")
+            child.set_state(ProcState.RESTARTING)
+            self.restart_at = self.clock()
         else:
             cause = self._root_cause(child, code)
+            if child.hang_cause:
+                cause = f"{cause.splitlines()[0]} ({child.hang_cause})\n" + "\n".join(cause.splitlines()[1:])
             self.last_error = cause.splitlines()[0]
             if decision.action == Action.GIVE_UP:
                 self.say(f"procsv: giving up: {decision.reason}.\n{cause}", err=True)
@@ -377,9 +435,51 @@ class Watchdog:
         if self.stop_signal is not None and trainer and trainer.popen.poll() is not None and not self.finishing:
             # stopped while waiting to restart: nothing is running any more
             self._finish(RunState.STOPPED, 128 + self.stop_signal)
+        if trainer and not self.finishing:
+            self._check_hang(trainer, now)
+            self._chaos_tick(now)
         if trainer:
             self._tail_log(trainer)
         self._write_status()
+
+    def _check_hang(self, trainer: Child, now: float) -> None:
+        if trainer.popen.poll() is not None or self.stop_signal is not None:
+            return
+        if trainer.hang_kill_at is not None:
+            if now >= trainer.hang_kill_at:
+                self.say(f"procsv: hung trainer did not exit within {self.cfg.hang_grace_secs:g} s; killing it")
+                self._kill_group(trainer, signal.SIGKILL)
+                trainer.hang_kill_at = None
+            return
+        if trainer.hang_cause:
+            return
+        reason = hang_reason(now, started=trainer.started, last_progress=trainer.last_progress_at,
+                             busy=trainer.busy, limits=self.limits)
+        if reason is None:
+            return
+        trainer.hang_cause = f"hang: {reason}"
+        self.log("hang_detected", pid=trainer.pid, attempt=trainer.attempt, step=trainer.step, reason=reason)
+        self.say(f"procsv: trainer attempt {trainer.attempt} (pid {trainer.pid}) is hung: {reason}; "
+                 f"sending SIGTERM, SIGKILL in {self.cfg.hang_grace_secs:g} s", err=True)
+        if trainer.record is not None:
+            trainer.record.killed_at = now
+        trainer.set_state(ProcState.STOPPING)
+        self._signal(trainer, signal.SIGTERM)
+        trainer.hang_kill_at = now + self.cfg.hang_grace_secs
+
+    def _chaos_tick(self, now: float) -> None:
+        if self.chaos is None or self.chaos_at is None or now < self.chaos_at or self.stop_signal is not None:
+            return
+        victim = self.children.get(self.chaos.target)
+        self.chaos_at = None
+        if victim is None or victim.popen.poll() is not None or victim.busy:
+            return  # nothing to kill, or the trainer is writing its final checkpoint
+        name = signal.Signals(self.chaos.signal).name
+        self.log("chaos_kill", role=victim.role, pid=victim.pid, signal=name)
+        self.say(f"procsv: chaos: sending {name} to the {victim.role} (pid {victim.pid})")
+        if victim.record is not None:
+            victim.record.killed_at = now
+        self._signal(victim, self.chaos.signal)
 
     def _done(self) -> bool:
         return self.finishing
@@ -484,6 +584,7 @@ class Watchdog:
             "restored_step": self.restored_step,
             "last_checkpoint": last_checkpoint(self.layout),
             "last_error": self.last_error,
+            "goodput": report.goodput(self.attempts, self.launch_start, self.clock()),
             "exit_code": self.exit_code if self.finishing else None,
             "processes": procs,
             "target": self.cfg.target,

@@ -7,6 +7,8 @@ Tests drive it with plain values.
 Rules:
 
 * exit code 0 -> finished; any exit while a stop was requested -> stopped.
+* exit code 42 (:data:`procsv.child.EXIT_PREEMPTED`: the trainer itself got SIGTERM, saved and
+  exited) -> restart at once; it is not a failure.
 * a trainer that dies before completing its first step is a *startup failure*; two in a row mean
   the program cannot start (bad import, bad arguments): give up, no restart storm.
 * otherwise restart. The first failure after progress restarts at once; each further failure
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
+
+from procsv.child import EXIT_PREEMPTED
 
 
 class Action(str, enum.Enum):
@@ -76,6 +80,9 @@ def decide(policy: RestartPolicy, history: History, ex: TrainerExit, draw: float
         return Decision(Action.STOPPED, 0.0, "stop requested", history)
     if ex.code == 0:
         return Decision(Action.FINISH, 0.0, "trainer finished", history)
+    if ex.code == EXIT_PREEMPTED:
+        return Decision(Action.RESTART, 0.0, "trainer was preempted after saving its state",
+                        History(history.restarts + 1, 0, 0))
     failures = 1 if ex.made_progress else history.failures_without_progress + 1
     startup = 0 if ex.completed_a_step else history.startup_failures_in_a_row + 1
     new = History(history.restarts, failures, startup)

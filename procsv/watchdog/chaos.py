@@ -1,0 +1,67 @@
+"""``procsv launch --chaos SPEC``: scheduled kills for unattended crash-and-restart testing.
+
+Runs in the watchdog. SPEC is a comma-separated list of ``key=value``:
+
+* ``every=SECS`` -- kill every SECS seconds, or ``random=MIN:MAX`` -- after a uniformly random
+  delay in [MIN, MAX] seconds (``seed=N`` makes it repeatable);
+* ``target=trainer|checkpoint|summary`` (default trainer); ``signal=KILL|TERM`` (default KILL).
+
+Delays count from the moment the target completed its first step (the trainer) or started (a
+service) after the previous kill, so every attempt gets the same chance to make progress.
+Parsing and scheduling are pure; the watchdog performs the kill.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+from dataclasses import dataclass
+from typing import Optional
+
+from procsv.errors import UsageError
+
+_ROLES = ("trainer", "checkpoint", "summary")
+
+
+@dataclass(frozen=True)
+class ChaosPlan:
+    every: Optional[float]
+    low: float
+    high: float
+    target: str
+    signal: int
+    seed: Optional[int]
+
+    def delay(self, rng: random.Random) -> float:
+        if self.every is not None:
+            return self.every
+        return rng.uniform(self.low, self.high)
+
+
+def parse_chaos(spec: str) -> ChaosPlan:
+    fields: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not value:
+            raise UsageError(f"--chaos: {part!r} is not key=value (e.g. every=30,target=trainer)")
+        fields[key.strip()] = value.strip()
+    unknown = set(fields) - {"every", "random", "target", "signal", "seed"}
+    if unknown:
+        raise UsageError(f"--chaos: unknown key(s) {', '.join(sorted(unknown))}; use every|random|target|signal|seed")
+    if ("every" in fields) == ("random" in fields):
+        raise UsageError("--chaos needs exactly one of every=SECS or random=MIN:MAX")
+    try:
+        every = float(fields["every"]) if "every" in fields else None
+        low, high = (float(x) for x in fields["random"].split(":")) if "random" in fields else (0.0, 0.0)
+        seed = int(fields["seed"]) if "seed" in fields else None
+    except ValueError:
+        raise UsageError(f"--chaos {spec!r}: every, random and seed take numbers (random=MIN:MAX)") from None
+    if (every is not None and every <= 0) or (every is None and not 0 < low <= high):
+        raise UsageError(f"--chaos {spec!r}: delays must be positive and MIN <= MAX")
+    target = fields.get("target", "trainer")
+    if target not in _ROLES:
+        raise UsageError(f"--chaos target must be one of {', '.join(_ROLES)}, not {target!r}")
+    sig_name = fields.get("signal", "KILL").upper().removeprefix("SIG")
+    if sig_name not in ("KILL", "TERM"):
+        raise UsageError(f"--chaos signal must be KILL or TERM, not {fields['signal']!r}")
+    return ChaosPlan(every, low, high, target, getattr(signal, "SIG" + sig_name), seed)

@@ -1,0 +1,55 @@
+"""A tiny training module for watchdog tests: misbehaves on purpose, on chosen attempts.
+
+    --steps N              total steps
+    --step-delay S         sleep per step
+    --hang-at-step K       sleep forever inside step K (on attempts listed by --bad-attempts)
+    --crash-after-commit   exit 1 right after this attempt's first checkpoint commit (bad attempts)
+    --bad-attempts A,B     which attempts misbehave (default: 1); "all" for every attempt
+    --save-steps N         checkpoint every N steps
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import tensorflow as tf
+
+import procsv
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=200)
+p.add_argument("--step-delay", type=float, default=0.01)
+p.add_argument("--hang-at-step", type=int, default=0)
+p.add_argument("--crash-after-commit", action="store_true")
+p.add_argument("--bad-attempts", default="1")
+p.add_argument("--save-steps", type=int, default=None)
+p.add_argument("--save-model-secs", type=float, default=600)
+args = p.parse_args()
+
+attempt = int(os.environ.get("PROCSV_ATTEMPT", "1"))
+bad = args.bad_attempts == "all" or str(attempt) in args.bad_attempts.split(",")
+weights = tf.Variable(tf.zeros([4]))
+sv = procsv.Supervisor(checkpoint={"weights": weights}, save_model_secs=args.save_model_secs,
+                       save_checkpoint_steps=args.save_steps)
+
+
+def step():
+    weights.assign_add(tf.ones([4]))
+    if bad and args.hang_at_step and sv.step == args.hang_at_step:
+        print(f"tiny: hanging in step {sv.step}", flush=True)
+        while True:
+            time.sleep(3600)
+    time.sleep(args.step_delay)
+
+
+with sv.managed_session() as sess:
+    start = sv.step
+    print(f"tiny: attempt {attempt} starts at step {start}", flush=True)
+    while not sv.should_stop() and sv.step < args.steps:
+        sess.run(step)
+        if bad and args.crash_after_commit and sv._ckpt.last_committed > start:
+            print(f"tiny: crashing after the commit of step {sv._ckpt.last_committed}", flush=True)
+            sys.stdout.flush()
+            os._exit(1)
+print(f"tiny: done at step {sv.step}, weights {weights.numpy()[0]:g}", flush=True)

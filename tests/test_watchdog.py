@@ -1,0 +1,121 @@
+"""The watchdog's policies on real processes: hangs, crash loops, services, preemption, chaos."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import (PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, role_pid,
+                      status_json, wait_for)
+
+pytestmark = pytest.mark.slow
+TINY = os.path.join(PROGRAMS, "tiny_train.py")
+
+
+def test_a_hung_trainer_is_detected_and_restarted_within_hang_timeout_plus_1s(logdir):
+    proc = launch(logdir, "--steps", "60", "--hang-at-step", "25", "--step-delay", "0.02", target=TINY,
+                  opts=("--hang-timeout", "2", "--hang-grace-secs", "0.5"))
+    code, out, err = finish(proc)
+    assert code == 0, err
+    events = lifecycle(logdir)
+    hang = [e for e in events if e["event"] == "hang_detected"]
+    # progress is reported at most every 100 ms (5 steps of 20 ms here): the last report precedes step 25
+    assert len(hang) == 1 and 25 - 6 <= hang[0]["step"] < 25
+    respawn = [e for e in events if e["event"] == "spawned" and e["role"] == "trainer" and e["attempt"] == 2]
+    assert respawn
+    # the last progress report of attempt 1 came at the latest when step 24 completed; the trainer
+    # reports progress every 100 ms, so the hang began at most 0.1 s before it was last heard from
+    hung_since = hang[0]["time"] - float(hang[0]["reason"].split("for ")[1].split(" s")[0])
+    assert respawn[0]["time"] - hung_since <= 2 + 1.0
+    assert "is hung" in err
+    st = status_json(logdir)
+    assert st["state"] == "succeeded" and st["restarts"] == 1
+
+
+def test_a_trainer_that_crashes_after_every_checkpoint_keeps_making_progress(logdir):
+    proc = launch(logdir, "--steps", "120", "--save-steps", "20", "--crash-after-commit", "--bad-attempts", "all",
+                  "--step-delay", "0.005", target=TINY, opts=("--max-restarts", "1"))
+    code, out, err = finish(proc, timeout=400)
+    assert code == 0, err  # 5 crashes, each after a commit: progress resets the count, max-restarts 1 is never hit
+    st = status_json(logdir)
+    assert st["state"] == "succeeded" and st["restarts"] >= 4
+    restored = [e["step"] for e in lifecycle(logdir) if e["event"] == "restored"]
+    assert restored == sorted(restored) and len(set(restored)) == len(restored)
+
+
+def test_services_killed_with_sigkill_are_restarted_and_the_trainer_keeps_its_pid(logdir):
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--save-model-secs", "1")
+    try:
+        wait_for(lambda: len(committed_steps(logdir)) >= 1, 90, what="a first checkpoint")
+        trainer = role_pid(logdir, "trainer")
+        for role in ("summary", "checkpoint"):
+            victim = role_pid(logdir, role)
+            os.kill(victim, signal.SIGKILL)
+            wait_for(lambda: (r := role_pid(logdir, role)) and r != victim and
+                     any(p["role"] == role and p["alive"] for p in status_json(logdir)["processes"]), 30,
+                     what=f"a new {role} service")
+        seen = len(committed_steps(logdir))
+        wait_for(lambda: len(committed_steps(logdir)) > seen or committed_steps(logdir)[-1] > 0 and
+                 max(committed_steps(logdir)) > max(committed_steps(logdir)[:seen] or [0]), 60,
+                 what="a checkpoint committed by the restarted checkpoint service")
+        st = status_json(logdir)
+        assert role_pid(logdir, "trainer") == trainer
+        assert {p["role"]: p["restarts"] for p in st["processes"]} == {
+            "watchdog": 0, "trainer": 0, "checkpoint": 1, "summary": 1}
+        assert st["restarts"] == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM
+
+
+def test_procsv_preempt_of_the_trainer_saves_and_restarts_it(logdir):
+    proc = launch(logdir, "--steps", "3000", "--step-delay", "0.004", "--save-model-secs", "1000")
+    try:
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 50, 90, what="training to start")
+        out = subprocess.run([sys.executable, "-m", "procsv", "preempt", logdir, "--target", "trainer"],
+                             capture_output=True, text=True, env=quiet_env(), timeout=30)
+        assert out.returncode == 0, out.stderr
+    finally:
+        code, stdout, err = finish(proc)
+    assert code == 0, err
+    events = lifecycle(logdir)
+    preempted = next(e for e in events if e["event"] == "exited" and e.get("role") == "trainer")
+    assert preempted["code"] == 42
+    saved = [e["step"] for e in events if e["event"] == "checkpoint_committed" and e["reason"] == "preempted"]
+    restored = [e["step"] for e in events if e["event"] == "restored"]
+    assert saved and restored[0] == saved[0]  # nothing lost: the restart resumes at the preempted step
+    st = status_json(logdir)
+    assert st["state"] == "succeeded" and st["restarts"] == 1
+
+
+def test_chaos_kills_on_schedule_and_reports_recovery(logdir):
+    proc = launch(logdir, "--steps", "1500", "--step-delay", "0.004", "--save-model-secs", "1",
+                  opts=("--chaos", "every=4,seed=3"))
+    code, out, err = finish(proc, timeout=400)
+    assert code == 0, err
+    kills = [e for e in lifecycle(logdir) if e["event"] == "chaos_kill"]
+    assert kills and all(k["role"] == "trainer" and k["signal"] == "SIGKILL" for k in kills)
+    assert f"procsv report: {len(kills)} restart(s)" in out
+    import json
+
+    with open(os.path.join(logdir, "logs", "report.json")) as fh:
+        rep = json.load(fh)
+    assert rep["restarts"] == len(kills) == len(rep["recoveries"])
+    for r in rep["recoveries"]:
+        assert 0 <= r["detect_s"] < 1.0 and r["respawn_s"] >= 0 and r["restore_s"] > 0
+        if r["first_step_s"] is not None:
+            assert r["total_s"] >= r["detect_s"] + r["respawn_s"] + r["restore_s"] + r["first_step_s"] - 1e-6
+        else:  # killed after its last step: the restarted attempt restored the final step and had nothing to do
+            assert r is rep["recoveries"][-1] and status_json(logdir)["step"] == 1500
+    assert 0 < rep["goodput"] < 1
+    assert status_json(logdir)["goodput"] == pytest.approx(rep["goodput"], abs=0.1)
+
+
+def test_bad_chaos_spec_is_a_usage_error(logdir):
+    code, out, err = finish(launch(logdir, opts=("--chaos", "every=0")), timeout=60)
+    assert code == 2 and "--chaos" in err and lifecycle(logdir) == []
