@@ -63,6 +63,8 @@ def _to_json(value: Any) -> Any:
         return {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, (list, tuple)):
         return [_to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_json(v) for k, v in value.items()}
     return value
 
 
@@ -102,6 +104,11 @@ def _check(value: Any, tp: Any, where: str) -> Any:
             except ProtocolError as exc:
                 errors.append(str(exc))
         raise ProtocolError(errors[0] if errors else f"{where}: bad value")
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected an object, got {type(value).__name__}")
+        key_tp, val_tp = typing.get_args(tp) or (Any, Any)
+        return {_check(k, key_tp, where): _check(v, val_tp, where) for k, v in value.items()}
     if origin is list:
         if not isinstance(value, list):
             raise ProtocolError(f"{where}: expected a list, got {type(value).__name__}")

@@ -13,6 +13,9 @@ Who sends what (see docs/architecture.md for the full table):
   :class:`SaveData` (+ one frame per tensor) up; :class:`SaveRequest`, :class:`SaveResult` down.
 * trainer / checkpoint service -> summary service (PUSH to ``summary.sock``):
   :class:`SummaryBatch` (+ one frame per serialized proto), :class:`SessionLogEvent`.
+* watchdog <-> zygote (the pre-warmed trainer; length-prefixed frames on a pipe pair, see
+  :mod:`ipc.transport`): :class:`ForkRequest` down; :class:`ZygoteReady`, :class:`ForkReply`,
+  :class:`ChildExit` up.
 """
 
 from __future__ import annotations
@@ -128,17 +131,61 @@ class SaveResult(Message):
 
 
 @dataclass(frozen=True)
+class SummaryItem:
+    """One histogram, image or text summary inside a :class:`SummaryBatch`; its data is one frame.
+
+    ``kind`` is histogram|image|text. The frame holds the raw values, validated by the trainer and
+    turned into a TensorBoard summary by the service: ``histogram``: float64 values (C order) and
+    ``buckets``; ``image``: ``[k, h, w, c]`` pixels of ``dtype`` uint8 or float32 (0..1);
+    ``text``: the UTF-8 JSON list of the strings, ``shape`` their array shape.
+    """
+
+    kind: str
+    tag: str
+    step: int
+    wall_time: float
+    dtype: str
+    shape: list[int]
+    buckets: int = 0
+    description: str = ""
+
+
+@dataclass(frozen=True)
 class SummaryBatch(Message):
     """Trainer -> summary service: buffered summaries.
 
     ``scalars`` rows are ``[tag, step, value, wall_time]``. ``protos`` rows are
     ``[step, wall_time]``, each matched with one frame holding a serialized ``Summary`` proto.
+
+    The trainer's fast path sends scalars as binary columns instead: ``columns`` rows, four frames
+    after the proto frames (tag index into ``tags`` as uint32, step int64, value float64, wall time
+    float64; little-endian), then one frame per entry of ``items``.
+
+    Delivery (see ``services/summary/sessions.py``): ``session`` names the sending trainer process
+    and ``seq`` numbers its batches 1, 2, ... as they are handed to ZeroMQ; the service writes a
+    session's batches only in order and reports the last one written in its ack file. A batch with
+    ``resync_from`` set restates everything not known to be written: the service first writes
+    ``SessionLog START`` at that step (TensorBoard drops the events at or after it), then the batch.
+    ``step``/``mono``/``wall_time`` mark the trainer's progress when sent (the service derives
+    ``global_step/sec`` every ``step_rate_secs``); ``dropped_total`` counts what the session had to
+    drop so far, ``dropped`` what it dropped since its previous batch.
     """
 
     KIND: ClassVar[str] = "summary_batch"
     scalars: list[list]
     protos: list[list]
     dropped: int = 0
+    session: str = ""
+    seq: int = 0
+    resync_from: Optional[int] = None
+    tags: list[str] = field(default_factory=list)
+    columns: int = 0
+    items: list[SummaryItem] = field(default_factory=list)
+    step: int = -1
+    mono: float = 0.0
+    wall_time: float = 0.0
+    step_rate_secs: Optional[float] = None
+    dropped_total: int = 0
 
 
 @dataclass(frozen=True)
@@ -151,6 +198,46 @@ class SessionLogEvent(Message):
     checkpoint_path: str = ""
 
 
+@dataclass(frozen=True)
+class ZygoteReady(Message):
+    """Pre-warmed trainer (zygote) -> watchdog: TensorFlow is imported; forks are cheap now."""
+
+    KIND: ClassVar[str] = "zygote_ready"
+    pid: int
+    import_secs: float
+
+
+@dataclass(frozen=True)
+class ForkRequest(Message):
+    """Watchdog -> zygote: fork a trainer running ``argv`` (procsv.trainer's) with this environment."""
+
+    KIND: ClassVar[str] = "fork_request"
+    attempt: int
+    argv: list[str]
+    env: dict[str, str]
+    log_path: str
+    cwd: str
+
+
+@dataclass(frozen=True)
+class ForkReply(Message):
+    """Zygote -> watchdog: the forked trainer's pid, or why the fork failed."""
+
+    KIND: ClassVar[str] = "fork_reply"
+    attempt: int
+    pid: int
+    error: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class ChildExit(Message):
+    """Zygote -> watchdog: a forked trainer was reaped; ``code`` < 0 means killed by signal -code."""
+
+    KIND: ClassVar[str] = "child_exit"
+    pid: int
+    code: int
+
+
 ALL_MESSAGES: tuple[type[Message], ...] = (
     Hello,
     TrainerReady,
@@ -161,4 +248,8 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     SaveResult,
     SummaryBatch,
     SessionLogEvent,
+    ZygoteReady,
+    ForkRequest,
+    ForkReply,
+    ChildExit,
 )

@@ -86,6 +86,13 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
     ("session-log-start", m.SessionLogEvent(status="start", step=0), []),
     ("session-log-checkpoint", m.SessionLogEvent(status="checkpoint", step=1500,
                                                  checkpoint_path="/runs/a/model.ckpt-1500"), []),
+    ("zygote-ready", m.ZygoteReady(pid=7, import_secs=4.2), []),
+    ("fork-request", m.ForkRequest(attempt=2, argv=["python", "-m", "procsv.trainer", "x"],
+                                   env={"PROCSV_ATTEMPT": "2", "PATH": "/usr/bin"}, log_path="/r/logs/trainer.2.log",
+                                   cwd="/r"), []),
+    ("fork-reply-ok", m.ForkReply(attempt=2, pid=1234), []),
+    ("fork-reply-error", m.ForkReply(attempt=2, pid=0, error="OSError: fork failed"), []),
+    ("child-exit-signal", m.ChildExit(pid=1234, code=-9), []),
 ]
 
 
@@ -325,3 +332,13 @@ def test_wrong_field_type_is_refused(kind, body):
 def test_wrong_field_type_error_names_the_field():
     with pytest.raises(ProtocolError, match=r"Hello\.pid"):
         decode([_header("hello", {"role": "trainer", "pid": "4242", "attempt": 1})])
+
+
+def test_a_dict_field_with_a_non_string_value_is_refused():
+    body = _body(m.ForkRequest(attempt=1, argv=["a"], env={"A": "1"}, log_path="l", cwd="c"))
+    body["env"] = {"A": 1}
+    with pytest.raises(ProtocolError):
+        decode([_header("fork_request", body)])
+    body["env"] = ["A=1"]
+    with pytest.raises(ProtocolError):
+        decode([_header("fork_request", body)])
