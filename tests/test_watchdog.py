@@ -119,3 +119,30 @@ def test_chaos_kills_on_schedule_and_reports_recovery(logdir):
 def test_bad_chaos_spec_is_a_usage_error(logdir):
     code, out, err = finish(launch(logdir, opts=("--chaos", "every=0")), timeout=60)
     assert code == 2 and "--chaos" in err and lifecycle(logdir) == []
+
+
+def _spawned(logdir, role="trainer"):
+    return [e for e in lifecycle(logdir) if e["event"] == "spawned" and e["role"] == role]
+
+
+def test_restarts_fork_from_the_prewarmed_trainer_and_fall_back_to_fresh_if_it_dies(logdir):
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.005", "--save-model-secs", "1")
+    try:
+        wait_for(lambda: committed_steps(logdir), 90, what="a first checkpoint")
+        os.kill(role_pid(logdir, "trainer"), signal.SIGKILL)
+        wait_for(lambda: len(_spawned(logdir)) == 2 and (raw_status(logdir) or {}).get("restarts") == 1, 60,
+                 what="the restart")
+        assert [e["via"] for e in _spawned(logdir)] == ["zygote", "zygote"]
+        wait_for(lambda: any(e["event"] == "first_step" and e["pid"] == _spawned(logdir)[1]["pid"]
+                             for e in lifecycle(logdir)), 60, what="the forked trainer's first step")
+        zygote = (raw_status(logdir) or {})["prewarm"]["pid"]
+        os.kill(zygote, signal.SIGKILL)  # takes its forked trainer along (parent-death signal)
+        wait_for(lambda: len(_spawned(logdir)) == 3, 60, what="a fresh trainer after the zygote died")
+        assert _spawned(logdir)[2]["via"] == "fresh"
+        wait_for(lambda: any(e["event"] == "first_step" and e["pid"] == _spawned(logdir)[2]["pid"]
+                             for e in lifecycle(logdir)), 90, what="the fresh trainer's first step")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    assert "zygote) died" in err

@@ -39,10 +39,12 @@ from procsv.watchdog import report
 from procsv.watchdog.chaos import ChaosPlan, parse_chaos
 from procsv.watchdog.hang import HangLimits, hang_reason
 from procsv.watchdog.policy import Action, History, RestartPolicy, TrainerExit, decide
+from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable, zygote_env
 
 SERVICE_ROLES = ("summary", "checkpoint")
 SERVICE_RESTART_LIMIT = 5  # service crashes within SERVICE_RESTART_WINDOW before the run gives up
 SERVICE_RESTART_WINDOW = 60.0
+ZYGOTE_WAIT = 120.0  # how long the first trainer waits for the zygote before it is spawned fresh
 STATUS_EVERY = 0.5
 TICK_MS = 100
 
@@ -63,6 +65,8 @@ class LaunchConfig:
     startup_timeout: float = 1800.0
     hang_grace_secs: float = 10.0
     chaos: Optional[str] = None
+    prewarm: bool = True
+    preload: list[str] = field(default_factory=list)
     cwd: str = field(default_factory=os.getcwd)
 
 
@@ -148,6 +152,8 @@ class Watchdog:
         self.chaos_rng = random.Random(self.chaos.seed if self.chaos else None)
         self.chaos_at: Optional[float] = None
         self.attempts: list[report.AttemptRecord] = []
+        self.zygote: Optional[Zygote] = None
+        self._dead_zygotes: list[Zygote] = []
 
     # ------------------------------------------------------------------ main
     def run(self) -> int:
@@ -179,7 +185,11 @@ class Watchdog:
         try:
             for role in SERVICE_ROLES:
                 self._spawn(role)
-            self._spawn("trainer")
+            if self.cfg.prewarm:
+                self._start_zygote()
+                self.restart_at = self.clock()  # the first trainer is forked as soon as the zygote is ready
+            else:
+                self._spawn("trainer")
             while not self._done():
                 timeout = TICK_MS
                 for sock, _ in self.poller.poll(timeout):
@@ -187,6 +197,8 @@ class Watchdog:
                         self._drain_messages()
                     elif sock == wake_r.fileno():
                         self._drain_wakeups(wake_r)
+                    elif self.zygote is not None and sock == self.zygote.fd:
+                        self._on_zygote()
                     else:
                         self._on_pidfd(sock)
                 self._tick()
@@ -195,6 +207,9 @@ class Watchdog:
             for child in list(self.children.values()):
                 self._kill_group(child, signal.SIGKILL)
                 self._reap(child)
+            for z in [self.zygote, *self._dead_zygotes]:
+                if z is not None:
+                    z.close()
             signal.set_wakeup_fd(old_wakeup)
             for s, h in old.items():
                 signal.signal(s, h)
@@ -225,7 +240,17 @@ class Watchdog:
                               runtime_dir=self.runtime_dir, supervised=True)
         argv = spawn.trainer_argv(self.cfg.target, self.cfg.args) if role == "trainer" else spawn.service_argv(role)
         log_path = self.layout.attempt_log(role, attempt)
-        popen = spawn.spawn(argv, env, log_path, cwd=self.cfg.cwd)
+        popen: Any = None
+        via = "fresh"
+        if role == "trainer" and self.zygote is not None and self.zygote.ready:
+            try:
+                popen = self.zygote.fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd)
+                via = "zygote"
+            except ZygoteUnavailable as exc:
+                self.say(f"procsv: pre-warmed trainer unavailable ({exc}); starting a fresh one")
+                self._drop_zygote()
+        if popen is None:
+            popen = spawn.spawn(argv, env, log_path, cwd=self.cfg.cwd)
         child = Child(role, attempt, popen, os.pidfd_open(popen.pid), self.clock(), log_path)
         child.restarts = attempt - 1
         try:
@@ -239,9 +264,37 @@ class Watchdog:
             self.attempts.append(child.record)
         elif self.chaos is not None and self.chaos.target == role:
             self.chaos_at = child.started + self.chaos.delay(self.chaos_rng)
-        self.log("spawned", role=role, attempt=attempt, pid=popen.pid)
+        self.log("spawned", role=role, attempt=attempt, pid=popen.pid, via=via)
         self._status_dirty = True
         return child
+
+    def _start_zygote(self) -> None:
+        env = zygote_env(self.layout.logdir, self.runtime_dir)
+        self.zygote = Zygote(env, self.layout.attempt_log("zygote", 1), self.cfg.cwd, self.cfg.preload)
+        self.poller.register(self.zygote.fd, zmq.POLLIN)
+        self.log("spawned", role="zygote", attempt=1, pid=self.zygote.pid)
+
+    def _on_zygote(self) -> None:
+        assert self.zygote is not None
+        was_ready = self.zygote.ready
+        self.zygote.pump()
+        if self.zygote.ready and not was_ready:
+            self.log("zygote_ready", pid=self.zygote.pid, import_secs=round(self.zygote.import_secs or 0, 3))
+        if not self.zygote.alive():
+            self.say("procsv: the pre-warmed trainer (zygote) died; restarts will start fresh trainers", err=True)
+            self._drop_zygote()
+
+    def _drop_zygote(self) -> None:
+        if self.zygote is None:
+            return
+        try:
+            self.poller.unregister(self.zygote.fd)
+        except KeyError:
+            pass
+        self.log("zygote_gone", pid=self.zygote.pid)
+        # forked trainers still need their exit statuses: keep the pipe until they are reaped
+        self._dead_zygotes.append(self.zygote)
+        self.zygote = None
 
     # ------------------------------------------------------------------ events
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -348,13 +401,14 @@ class Watchdog:
         if child is None:
             self.poller.unregister(fd)
             return
+        noticed = time.time()
         if child.record is not None:
             child.record.ended = self.clock()
         self._reap(child)
         code = child.popen.returncode
         self._drain_messages()  # anything it said before dying (a last checkpoint result)
         self._tail_log(child)
-        self.log("exited", role=child.role, attempt=child.attempt, pid=child.pid, **_describe(code))
+        self.log("exited", role=child.role, attempt=child.attempt, pid=child.pid, noticed=noticed, **_describe(code))
         if child.role == "trainer":
             self._on_trainer_exit(child, code)
         else:
@@ -424,15 +478,19 @@ class Watchdog:
     def _tick(self) -> None:
         now = self.clock()
         trainer = self.children.get("trainer")
-        if self.restart_at is not None and now >= self.restart_at and not self.finishing:
+        zygote_warming = (self.zygote is not None and not self.zygote.ready and self.zygote.alive()
+                          and now - self.launch_start < ZYGOTE_WAIT)
+        if self.restart_at is not None and now >= self.restart_at and not self.finishing and not zygote_warming:
             self.restart_at = None
-            self.log("restarted", attempt=(trainer.attempt + 1) if trainer else 1)
+            if trainer:
+                self.log("restarted", attempt=trainer.attempt + 1)
             self._spawn("trainer")
         if self.stop_deadline is not None and now >= self.stop_deadline and trainer and trainer.popen.poll() is None:
             self.say(f"procsv: trainer did not stop within {self.cfg.stop_grace_secs:g} s; killing it")
             self._kill_group(trainer, signal.SIGKILL)
             self.stop_deadline = None
-        if self.stop_signal is not None and trainer and trainer.popen.poll() is not None and not self.finishing:
+        if self.stop_signal is not None and (trainer is None or trainer.popen.poll() is not None) \
+                and not self.finishing:
             # stopped while waiting to restart: nothing is running any more
             self._finish(RunState.STOPPED, 128 + self.stop_signal)
         if trainer and not self.finishing:
@@ -585,6 +643,7 @@ class Watchdog:
             "last_checkpoint": last_checkpoint(self.layout),
             "last_error": self.last_error,
             "goodput": report.goodput(self.attempts, self.launch_start, self.clock()),
+            "prewarm": None if self.zygote is None else {"pid": self.zygote.pid, "ready": self.zygote.ready},
             "exit_code": self.exit_code if self.finishing else None,
             "processes": procs,
             "target": self.cfg.target,

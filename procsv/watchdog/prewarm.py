@@ -1,0 +1,156 @@
+"""The watchdog's side of the pre-warmed trainer: start the zygote, ask it for trainers.
+
+Runs in the watchdog. :class:`Zygote` starts ``python -m procsv.zygote`` with a pair of pipes,
+learns when it is ready (TensorFlow imported), and turns a trainer spawn into a
+:class:`ForkRequest` -- a restart then costs a fork plus the trainer's own set-up instead of a
+fresh interpreter and a TensorFlow import. A forked trainer is the zygote's child, so its exit
+status arrives as a :class:`ChildExit` message; :class:`ForkedProcess` offers the slice of the
+``subprocess.Popen`` interface the watchdog uses (``pid``, ``poll``, ``wait``, ``returncode``).
+If the zygote dies, the watchdog falls back to fresh spawns.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Mapping, Optional, Sequence
+
+from ipc.messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
+from ipc.transport import FramedReader, write_framed
+from procsv import child, spawn
+
+FORK_REPLY_TIMEOUT = 10.0
+
+
+class ZygoteUnavailable(RuntimeError):
+    """The zygote is not ready, or died, or did not answer a fork request in time."""
+
+
+class Zygote:
+    def __init__(self, env: Mapping[str, str], log_path: str, cwd: str, preload: Sequence[str] = ()) -> None:
+        req_r, self._req_w = os.pipe()
+        self._rep_r, rep_w = os.pipe()
+        env = dict(env)
+        env["PROCSV_ZYGOTE_FDS"] = f"{req_r},{rep_w}"
+        env["PROCSV_PRELOAD"] = ",".join(preload)
+        with open(log_path, "ab", buffering=0) as log:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "procsv.zygote"], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(req_r, rep_w))
+        os.close(req_r)
+        os.close(rep_w)
+        self.reader = FramedReader(self._rep_r)
+        self.ready = False
+        self.import_secs: Optional[float] = None
+        self.exits: dict[int, int] = {}
+        self.dead = False
+
+    @property
+    def fd(self) -> int:
+        """Readable when the zygote has something to say (register it in the poller)."""
+        return self._rep_r
+
+    @property
+    def pid(self) -> int:
+        return int(self.popen.pid)
+
+    def pump(self) -> list[Any]:
+        """Read whatever the zygote sent; returns the messages (exits are also recorded)."""
+        if self.dead:
+            return []
+        try:
+            msgs = self.reader.read_available()
+        except EOFError:
+            self.dead = True
+            return []
+        for msg in msgs:
+            if isinstance(msg, ZygoteReady):
+                self.ready = True
+                self.import_secs = msg.import_secs
+            elif isinstance(msg, ChildExit):
+                self.exits[msg.pid] = msg.code
+        return msgs
+
+    def alive(self) -> bool:
+        return not self.dead and self.popen.poll() is None
+
+    def fork(self, attempt: int, target: str, args: Sequence[str], env: Mapping[str, str], log_path: str,
+             cwd: str) -> "ForkedProcess":
+        if not (self.ready and self.alive()):
+            raise ZygoteUnavailable("the zygote is not ready")
+        argv = ["procsv.trainer", target, *args]
+        write_framed(self._req_w, ForkRequest(attempt, argv, dict(env), log_path, cwd))
+        deadline = time.monotonic() + FORK_REPLY_TIMEOUT
+        while time.monotonic() < deadline:
+            self.reader.wait(deadline - time.monotonic())
+            for msg in self.pump():
+                if isinstance(msg, ForkReply) and msg.attempt == attempt:
+                    if msg.error or msg.pid <= 0:
+                        raise ZygoteUnavailable(msg.error or "fork failed")
+                    return ForkedProcess(msg.pid, self)
+            if self.dead:
+                break
+        raise ZygoteUnavailable("the zygote did not answer the fork request")
+
+    def close(self) -> None:
+        for fd in (self._req_w, self._rep_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.popen.wait()
+
+
+class ForkedProcess:
+    """A trainer forked by the zygote, seen through the Popen methods the watchdog uses."""
+
+    def __init__(self, pid: int, zygote: Zygote) -> None:
+        self.pid = pid
+        self.zygote = zygote
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            self.zygote.pump()
+            self._settle()
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = 0.5 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(["trainer"], timeout or 0)
+            self.zygote.reader.wait(min(left, 0.5))
+        assert self.returncode is not None
+        return self.returncode
+
+    def _settle(self) -> None:
+        if self.pid in self.zygote.exits:
+            self.returncode = self.zygote.exits.pop(self.pid)
+        elif not self.zygote.alive() and not _exists(self.pid):
+            self.returncode = -signal.SIGKILL  # died with the zygote (parent-death signal); status lost
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def zygote_env(logdir: str, runtime_dir: str) -> dict[str, str]:
+    env = spawn.child_env(role="zygote", attempt=1, logdir=logdir, runtime_dir=runtime_dir, supervised=True)
+    env.pop(child.ENV_ATTEMPT, None)
+    return env

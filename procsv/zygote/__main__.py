@@ -1,0 +1,137 @@
+"""Entry point and loop of the zygote process: ``python -m procsv.zygote``.
+
+Runs in the zygote, a child of the watchdog. It imports TensorFlow (and procsv's trainer code,
+and any ``PROCSV_PRELOAD`` modules) but never runs a TensorFlow op: a process that has only
+imported TensorFlow can fork children that train normally, whereas forking after any op
+deadlocks the child. When the watchdog sends a :class:`ForkRequest` on its pipe, the zygote forks;
+the child becomes the trainer (new session, its own log file, the attempt's environment) and
+runs ``procsv.trainer`` exactly as a freshly spawned trainer would, minus the ~4 s import. The
+zygote reaps its children and reports each exit status with :class:`ChildExit`.
+
+Control pipe file descriptors come in ``PROCSV_ZYGOTE_FDS="read,write"``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import select
+import signal
+import sys
+import time
+import traceback
+
+from ipc.messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
+from ipc.transport import FramedReader, write_framed
+from procsv import child
+
+ENV_FDS = "PROCSV_ZYGOTE_FDS"
+ENV_PRELOAD = "PROCSV_PRELOAD"
+
+
+def main() -> int:
+    child.die_with_parent()
+    req_fd, rep_fd = (int(x) for x in os.environ[ENV_FDS].split(","))
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the watchdog decides; a terminal ^C is not for us
+    t0 = time.monotonic()
+    import tensorflow  # noqa: F401  (import only: no op may run in this process)
+
+    import procsv.supervisor  # noqa: F401
+    import procsv.trainer.__main__  # noqa: F401
+
+    for name in filter(None, os.environ.get(ENV_PRELOAD, "").split(",")):
+        try:
+            importlib.import_module(name.strip())
+        except Exception as exc:  # a bad preload only costs speed; the trainer imports it itself
+            print(f"procsv zygote: could not preload {name!r}: {exc}", file=sys.stderr, flush=True)
+    write_framed(rep_fd, ZygoteReady(os.getpid(), time.monotonic() - t0))
+
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    reader = FramedReader(req_fd)
+    while True:
+        ready, _, _ = select.select([req_fd, wake_r], [], [], 1.0)
+        if wake_r in ready:
+            try:
+                os.read(wake_r, 512)
+            except BlockingIOError:
+                pass
+        _reap(rep_fd)
+        if req_fd in ready:
+            try:
+                requests = reader.read_available()
+            except EOFError:
+                return 0  # the watchdog is gone or done: our children die with us
+            for req in requests:
+                if isinstance(req, ForkRequest):
+                    _fork(req, req_fd, rep_fd, (wake_r, wake_w))
+
+
+def _reap(rep_fd: int) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        write_framed(rep_fd, ChildExit(pid, code))
+
+
+def _fork(req: ForkRequest, req_fd: int, rep_fd: int, wake: tuple[int, int]) -> None:
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        write_framed(rep_fd, ForkReply(req.attempt, 0, f"fork failed: {exc}"))
+        return
+    if pid:
+        write_framed(rep_fd, ForkReply(req.attempt, pid))
+        return
+    code = 70
+    try:
+        code = _become_trainer(req, (req_fd, rep_fd, *wake))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _become_trainer(req: ForkRequest, inherited: tuple[int, ...]) -> int:
+    """In the forked child: shed the zygote's state, then run procsv.trainer."""
+    os.setsid()
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    for fd in inherited:
+        os.close(fd)
+    log = os.open(req.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.close(null)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    os.environ.clear()
+    os.environ.update(req.env)
+    os.environ[child.ENV_PARENT] = str(os.getppid())
+    os.chdir(req.cwd)
+    from procsv.trainer.__main__ import main as trainer_main
+
+    sys.argv = list(req.argv)
+    return trainer_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
