@@ -82,6 +82,20 @@ class CheckpointSetup(Message):
     max_to_keep: int
     keep_checkpoint_every_n_hours: Optional[float]
     step: int
+    arena: Optional[ArenaRef] = None  # the snapshot memory, so the service can map it ahead of time
+    in_flight: Optional[int] = None  # the step of the snapshot awaiting its SaveResult, if any
+
+
+@dataclass(frozen=True)
+class ArenaRef:
+    """The trainer's shared snapshot memory (a memfd): ``path`` is ``/proc/<pid>/fd/<fd>``.
+
+    ``ino`` tells one memfd from a later one at the same path; ``size`` is its length in bytes.
+    """
+
+    path: str
+    ino: int
+    size: int
 
 
 @dataclass(frozen=True)
@@ -96,25 +110,33 @@ class SaveRequest(Message):
 class TensorSpec:
     """How one tensor travels: its checkpoint key, dtype name and shape.
 
-    Numeric tensors travel as one raw frame (C order). String tensors travel as one frame of
-    concatenated bytes with the element lengths in ``lengths``.
+    Numeric tensors travel as one raw frame (C order), or, when ``offset`` is set, lie at that
+    byte offset of the snapshot memory named by ``SaveData.arena`` (no frame). String tensors
+    travel as one frame of concatenated bytes with the element lengths in ``lengths``; variant
+    tensors (e.g. a tf.data iterator's state) as one frame holding a serialized ``TensorProto``.
     """
 
     key: str
     dtype: str
     shape: list[int]
     lengths: Optional[list[int]] = None
+    offset: Optional[int] = None
 
 
 @dataclass(frozen=True)
 class SaveData(Message):
-    """Trainer -> checkpoint service: a snapshot of the state at ``step``; one frame per tensor."""
+    """Trainer -> checkpoint service: a snapshot of the state at ``step``.
+
+    One frame per tensor without an ``offset``; the others lie in ``arena``, which the trainer
+    leaves untouched until the matching :class:`SaveResult` arrives.
+    """
 
     KIND: ClassVar[str] = "save_data"
     step: int
     reason: str
     basename: str
     tensors: list[TensorSpec]
+    arena: Optional[ArenaRef] = None
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,22 @@
 
 Runs in the trainer's main thread, called by :class:`procsv.Supervisor`. It restores the newest
 committed checkpoint whose files pass their checksums (falling back to older ones with one clear
-line each), answers the checkpoint service's :class:`SaveRequest` with a snapshot, keeps at most
-one snapshot in flight (a trigger that arrives meanwhile is remembered and served at the first
-step boundary after the result comes back), and at the end commits the last completed step
-within ``stop_grace_secs``.
+line each), answers the checkpoint service's :class:`SaveRequest` (the ``save_model_secs`` timer
+lives in the service) and its own every-``save_checkpoint_steps`` trigger with a snapshot, and at
+the end commits the last completed step within ``stop_grace_secs`` (``final`` on a clean finish,
+``preempted`` after SIGTERM/SIGINT).
+
+The loop pays only for the snapshot (:mod:`procsv.trainer.snapshot`: a copy into shared memory
+set up once, right after the restore, and pre-faulted by a low-priority thread); the service
+persists it while training goes on.
+
+**At most one checkpoint is in flight**, because the snapshot memory is reused: the trainer does
+not touch it again until the service's :class:`SaveResult` for that snapshot has arrived. A
+trigger that comes while one is in flight (timer, every-N-steps, several of them) is remembered
+once, not queued, and served at the first step boundary after the result, with the state of that
+step: a checkpoint is never older than needed and the memory never holds two. If the service dies
+with a snapshot in flight, the restarted service says so on the next heartbeat (a ``lost``
+result) and the snapshot is taken again. The final checkpoint first waits for the one in flight.
 """
 
 from __future__ import annotations
@@ -20,7 +32,7 @@ from procsv.errors import CheckpointError, CorruptCheckpoint
 from procsv.layout import Layout
 from procsv.manifests import list_committed, step_of_prefix, verify
 from procsv.trainer.channels import TrainerChannels
-from procsv.trainer.snapshot import self_test, snapshot
+from procsv.trainer.snapshot import SnapshotArena, arena_bytes_needed, self_test, take
 
 HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the checkpoint service
 
@@ -40,8 +52,11 @@ class CheckpointAgent:
         self.restored_from: Optional[str] = None
         self.last_committed = -1
         self.in_flight: Optional[int] = None
+        self.in_flight_reason = ""
         self.pending: Optional[str] = None
         self.last_heartbeat = 0.0
+        self.arena: Optional[SnapshotArena] = None
+        self.last_snapshot_secs = 0.0  # how long the loop was stopped by the last snapshot
         # restore() creates save_counter; create it now so every snapshot contains it, as save() does
         _ = checkpoint.save_counter
         self_test(checkpoint)
@@ -71,7 +86,24 @@ class CheckpointAgent:
                 init()
         if self.restored_from:
             self.last_committed = int(self.global_step.numpy())
+        self._arena_for(arena_bytes_needed(self.checkpoint), background=True)
         return skipped
+
+    def _arena_for(self, nbytes: int, background: bool = False) -> Optional[SnapshotArena]:
+        """The snapshot memory, (re)created when the state has outgrown it (new variables)."""
+        if self.arena is not None and self.arena.size >= nbytes:
+            return self.arena
+        if self.arena is not None:
+            self.arena.close()  # nothing is in flight when we get here: the service has let go
+            self.arena = None
+        try:
+            self.arena = SnapshotArena(nbytes)
+        except OSError as exc:  # no memfd here: snapshots travel as ZeroMQ frames instead
+            print(f"procsv: no shared snapshot memory ({exc}); checkpoints copy through ZeroMQ",
+                  file=sys.stderr, flush=True)
+            return None
+        self.arena.populate(background)
+        return self.arena
 
     def _restore(self, path: str) -> None:
         status = self.checkpoint.restore(path)
@@ -92,7 +124,8 @@ class CheckpointAgent:
         """Tell the checkpoint service our policy (again); it is how a restarted service finds us."""
         self.last_heartbeat = now
         ch.setup(CheckpointSetup(os.getpid(), self.basename, self.save_model_secs, self.max_to_keep,
-                                 self.keep_checkpoint_every_n_hours, step))
+                                 self.keep_checkpoint_every_n_hours, step,
+                                 self.arena.ref() if self.arena is not None else None, self.in_flight))
 
     def at_step_boundary(self, ch: TrainerChannels, step: int, now: float) -> None:
         if now - self.last_heartbeat >= HEARTBEAT_EVERY:
@@ -107,23 +140,36 @@ class CheckpointAgent:
         if self.pending and self.in_flight is None and step > self.last_committed:
             self._send(ch, step, self.pending)
 
+    def request(self, reason: str) -> None:
+        """Checkpoint at the next step boundary (coalesced with any trigger already pending)."""
+        self.pending = self.pending or reason
+
     def _on_result(self, msg: SaveResult) -> None:
-        if msg.step == self.in_flight:
-            self.in_flight = None
+        if msg.step != self.in_flight:
+            return  # an answer to a snapshot we no longer wait for (we gave up on it)
+        self.in_flight = None
         if msg.ok:
             self.last_committed = max(self.last_committed, msg.step)
+        elif msg.reason == "lost":
+            print(f"procsv: the checkpoint service restarted with the snapshot of step {msg.step} in flight; "
+                  "taking it again", file=sys.stderr, flush=True)
+            self.pending = self.pending or self.in_flight_reason
         else:
             print(f"procsv: checkpoint at step {msg.step} failed, training goes on: {msg.error}",
                   file=sys.stderr, flush=True)
 
     def _send(self, ch: TrainerChannels, step: int, reason: str) -> bool:
+        t0 = time.monotonic()
         self.checkpoint.save_counter.assign_add(1)
-        specs, frames = snapshot(self.checkpoint)
-        if ch.send_snapshot(SaveData(step, reason, self.basename, specs), frames):
+        snap = take(self.checkpoint, self._arena_for)
+        arena = self.arena.ref() if self.arena is not None and snap.arena_bytes else None
+        sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena), snap.frames)
+        self.last_snapshot_secs = time.monotonic() - t0
+        if sent:
             self.in_flight = step
+            self.in_flight_reason = reason
             self.pending = None
-            return True
-        return False
+        return sent
 
     # ------------------------------------------------------------------ end
     def final(self, ch: TrainerChannels, step: int, reason: str, grace_secs: float) -> Optional[SaveResult]:
@@ -133,11 +179,13 @@ class CheckpointAgent:
         deadline = time.monotonic() + grace_secs
         if self.in_flight is not None:
             result, _ = ch.wait_save_result(self.in_flight, deadline)
-            if result is not None:
-                self._on_result(result)
+            if result is None:  # the service may still read the snapshot memory: do not overwrite it
+                print(f"procsv: the checkpoint of step {self.in_flight} did not commit within "
+                      f"stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
+                return None
+            self._on_result(result)
             if step <= self.last_committed:
                 return result
-        self.in_flight = None
         if not self._send(ch, step, reason):
             print(f"procsv: the {reason} checkpoint at step {step} could not be handed to the checkpoint "
                   "service (queue full); the previous checkpoint is kept", file=sys.stderr, flush=True)

@@ -6,6 +6,17 @@ Runs in the checkpoint service process (``python -m services.checkpoint``). It b
 ``save_model_secs``) and :class:`SaveResult`. Results also go to the watchdog and, as a
 ``SessionLog CHECKPOINT``, to the summary service. SIGTERM ends the loop after the commit in
 progress, if any.
+
+The service runs at a lower CPU priority (``nice`` +10, ``PROCSV_CHECKPOINT_NICE`` overrides):
+on a machine with few cores its work -- checksums, a few small files -- should come out of the
+training loop's idle time, not its compute time. The bulk of a checkpoint costs it little CPU:
+the numeric tensors are read from the trainer's shared snapshot memory, which this service maps
+(and pre-faults) as soon as a heartbeat names it, and written with ``O_DIRECT``.
+
+Saves are synchronous in this loop, one at a time: the trainer sends a snapshot only when the
+previous one has its :class:`SaveResult`. A heartbeat that names a snapshot in flight which this
+process never received (it died and was restarted meanwhile) is answered with a failed
+``SaveResult`` (reason ``lost``), so the trainer takes that snapshot again at once.
 """
 
 from __future__ import annotations
@@ -23,10 +34,14 @@ from ipc.messages import CheckpointSetup, Hello, SaveData, SaveRequest, SaveResu
 from ipc.transport import make_socket, send
 from procsv.child import ChildContext
 from procsv.errors import CheckpointError
+from services.checkpoint.arena import ArenaCache
 from services.checkpoint.policy import save_due
-from services.checkpoint.store import CheckpointStore, arrays_from_frames
+from services.checkpoint.store import CheckpointStore
+from services.checkpoint.writer import write_snapshot
 
 POLL_MS = 100
+NICE = 10
+NICE_ENV = "PROCSV_CHECKPOINT_NICE"
 
 
 class CheckpointService:
@@ -48,8 +63,14 @@ class CheckpointService:
         self.setup: Optional[CheckpointSetup] = None
         self.last_request = clock()
         self.stopping = False
+        self.arenas = ArenaCache()
+        self.received: set[int] = set()  # steps of the snapshots this process received
 
     def run(self) -> int:
+        try:
+            os.nice(int(os.environ.get(NICE_ENV, NICE)))
+        except (OSError, ValueError):
+            pass
         for note in self.store.recover():
             print(f"procsv checkpoint: {note}", flush=True)
         if self.to_watchdog is not None:
@@ -63,6 +84,7 @@ class CheckpointService:
                 self._handle(self.router.recv_multipart(copy=False))
             self._tick()
         self.router.close(0)
+        self.arenas.drop()
         return 0
 
     def _on_term(self, signum: int, frame: Any) -> None:
@@ -96,8 +118,17 @@ class CheckpointService:
                 self.trainer = identity
                 self.last_request = self.clock()  # a (re)started trainer just restored: no save at once
             self.setup = msg
+            if msg.arena is not None:
+                try:
+                    self.arenas.get(msg.arena).populate()
+                except CheckpointError as exc:
+                    print(f"procsv checkpoint: {exc}", file=sys.stderr, flush=True)
+            if msg.in_flight is not None and msg.in_flight not in self.received:
+                self._reply(SaveResult(msg.in_flight, "lost", False, None,
+                                       "the checkpoint service restarted before this snapshot reached it", 0.0))
         elif isinstance(msg, SaveData):
             self.trainer = identity
+            self.received.add(msg.step)
             self._save(msg, payload)
 
     def _save(self, msg: SaveData, payload: list[Any]) -> None:
@@ -105,14 +136,14 @@ class CheckpointService:
 
         started = time.monotonic()
         setup = self.setup
+        retired: list[Any] = []
         try:
-            arrays = arrays_from_frames(msg.tensors, payload, lambda name: tf.dtypes.as_dtype(name).as_numpy_dtype)
-            manifest = self.store.commit(
+            view = self.arenas.get(msg.arena) if msg.arena is not None else None
+            manifest, retired = self.store.commit(
                 step=msg.step,
                 reason=msg.reason,
                 basename=msg.basename,
-                keys=[t.key for t in msg.tensors],
-                arrays=arrays,
+                write=lambda tmp_prefix: write_snapshot(tmp_prefix, msg, payload, view),
                 max_to_keep=setup.max_to_keep if setup else 5,
                 keep_every_n_hours=setup.keep_checkpoint_every_n_hours if setup else None,
             )
@@ -129,3 +160,7 @@ class CheckpointService:
             send(self.to_watchdog, result)
         if result.ok and result.path:
             send(self.to_summary, SessionLogEvent("checkpoint", msg.step, result.path))
+        try:
+            self.store.delete(retired)  # after the trainer heard: deleting old files is not on its path
+        except OSError as exc:
+            print(f"procsv checkpoint: could not delete retired checkpoints: {exc}", file=sys.stderr, flush=True)

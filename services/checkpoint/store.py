@@ -4,11 +4,14 @@ Runs in the checkpoint service process (the only writer of checkpoints). A commi
 ``<basename>-<step>`` goes through these steps; a crash at any of them leaves the previous
 committed checkpoint as the latest loadable one:
 
-1. ``SaveV2`` + ``MergeV2Checkpoints`` into a fresh folder under ``.procsv/tmp/``; fsync the files.
-2. CRC-32 of every file; an intent record ``.procsv/checkpoints/<prefix>.pending`` (atomic).
+1. the checkpoint's files into a fresh folder under ``.procsv/tmp/``
+   (:mod:`services.checkpoint.writer`); fsync the files.
+2. the checksum of every file (CRC-32C, see :mod:`procsv.manifests`); an intent record
+   ``.procsv/checkpoints/<prefix>.pending`` (atomic).
 3. rename the data file(s), then the index, into the logdir; fsync the logdir.
 4. the manifest ``.procsv/checkpoints/<prefix>.json`` (atomic): **the commit point**.
-5. TF's ``checkpoint`` state file (atomic) naming it as the latest; retention deletes old ones.
+5. TF's ``checkpoint`` state file (atomic) naming it as the latest and the ones retention keeps;
+   the retired ones are deleted afterwards (:meth:`CheckpointStore.delete`), manifest first.
 
 :meth:`CheckpointStore.recover` (at service start) deletes ``.procsv/tmp/*``, rolls back files
 named by a ``.pending`` record that never got its manifest, and rewrites the state file from the
@@ -22,44 +25,34 @@ import shutil
 import signal
 import tempfile
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
-import numpy as np
-
-from ipc.messages import TensorSpec
 from procsv.errors import CheckpointError
 from procsv.layout import Layout, fsync_dir, read_json, write_json
-from procsv.manifests import Manifest, file_crc32, list_committed, manifest_path, write_state_file
+from procsv.manifests import CHECKSUM, Manifest, file_checksum, list_committed, manifest_path, write_state_file
 from services.checkpoint.policy import retention
 
-FAULT_ENV = "PROCSV_FAULT"  # e.g. "checkpoint:after_rename" -- SIGKILLs the service there (tests)
+FAULT_ENV = "PROCSV_FAULT"  # "checkpoint:<point>[:<n>]" -- SIGKILLs the service there (tests only)
+FAULT_POINTS = ("before_data_write", "after_data_write", "before_rename", "after_rename",
+                "before_state_file", "after_state_file")
+_fault_hits: dict[str, int] = {}
 
 
 def fault_point(name: str) -> None:
-    """Die here with SIGKILL if the fault-injection variable names this point (tests only)."""
+    """Die here with SIGKILL if ``PROCSV_FAULT`` names this point (tests only).
+
+    ``checkpoint:<point>:<n>`` fires at the n-th commit (default 1) that reaches the point, and
+    only in the service's first attempt, so that the restarted service runs normally.
+    """
     spec = os.environ.get(FAULT_ENV, "")
-    if spec and spec == f"checkpoint:{name}":
+    if not spec.startswith("checkpoint:") or os.environ.get("PROCSV_ATTEMPT", "1") != "1":
+        return
+    point, _, nth = spec[len("checkpoint:"):].partition(":")
+    if point != name:
+        return
+    _fault_hits[name] = _fault_hits.get(name, 0) + 1
+    if _fault_hits[name] == (int(nth) if nth.isdigit() else 1):
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def arrays_from_frames(specs: Sequence[TensorSpec], frames: Sequence[Any], np_dtype: Callable[[str], Any]) -> list[Any]:
-    """Rebuild numpy arrays (zero-copy for numeric tensors) from the received frames."""
-    if len(specs) != len(frames):
-        raise CheckpointError(f"snapshot has {len(specs)} tensor specs but {len(frames)} frames")
-    arrays = []
-    for spec, frame in zip(specs, frames):
-        buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
-        if spec.lengths is not None:
-            raw = bytes(buf)
-            items, pos = [], 0
-            for n in spec.lengths:
-                items.append(raw[pos:pos + n])
-                pos += n
-            arr = np.array(items, dtype=object).reshape(spec.shape)
-        else:
-            arr = np.frombuffer(buf, dtype=np_dtype(spec.dtype)).reshape(spec.shape)
-        arrays.append(arr)
-    return arrays
 
 
 class CheckpointStore:
@@ -86,7 +79,7 @@ class CheckpointStore:
             if not os.path.exists(manifest_path(self.layout, prefix)):
                 record = read_json(pending) or {}
                 for fname in record.get("files", []):
-                    if isinstance(fname, str) and "/" not in fname:
+                    if isinstance(fname, str) and "/" not in fname and fname.startswith(prefix + "."):
                         try:
                             os.unlink(os.path.join(self.layout.logdir, fname))
                         except FileNotFoundError:
@@ -95,6 +88,7 @@ class CheckpointStore:
             os.unlink(pending)
         fsync_dir(self.layout.manifests)
         fsync_dir(self.layout.logdir)
+        self.last_preserved = _last_preserved(self.layout.state_file) or self.last_preserved
         self._write_state(list_committed(self.layout))
         return notes
 
@@ -104,40 +98,39 @@ class CheckpointStore:
         step: int,
         reason: str,
         basename: str,
-        keys: Sequence[str],
-        arrays: Sequence[Any],
+        write: Callable[[str], dict[str, int]],
         max_to_keep: int,
         keep_every_n_hours: Optional[float],
-    ) -> Manifest:
-        """Persist one snapshot through the full protocol and return its manifest."""
-        import tensorflow as tf
+    ) -> tuple[Manifest, list[Manifest]]:
+        """Persist one checkpoint through the full protocol.
 
+        ``write(tmp_prefix)`` writes the checkpoint's files (step 1) and returns the checksums it
+        already knows, by file name. Returns the manifest and the checkpoints retention retired
+        from the state file: pass them to :meth:`delete` (after telling the trainer).
+        """
         prefix = f"{basename}-{step}"
         existing = read_json(manifest_path(self.layout, prefix))
         done = Manifest.from_json(existing)
         if done is not None:
-            return done  # this step is already committed: never rewrite a committed checkpoint
+            return done, []  # this step is already committed: never rewrite a committed checkpoint
         tmpdir = tempfile.mkdtemp(prefix=prefix + ".", dir=self.layout.tmp)
         try:
             tmp_prefix = os.path.join(tmpdir, prefix)
-            part = tmp_prefix + "_temp/part-00000-of-00001"
-            tf.raw_ops.SaveV2(
-                prefix=part,
-                tensor_names=list(keys),
-                shape_and_slices=[""] * len(keys),
-                tensors=[tf.constant(a) for a in arrays],
-            )
-            tf.raw_ops.MergeV2Checkpoints(
-                checkpoint_prefixes=[part], destination_prefix=tmp_prefix, delete_old_dirs=True
-            )
+            fault_point("before_data_write")
+            known = write(tmp_prefix)
             fault_point("after_data_write")
             names = sorted(n for n in os.listdir(tmpdir) if n.startswith(prefix + "."))
             files: dict[str, dict[str, int]] = {}
             for name in names:
                 path = os.path.join(tmpdir, name)
-                with open(path, "rb") as fh:
-                    os.fsync(fh.fileno())
-                files[name] = {"size": os.path.getsize(path), "crc32": file_crc32(path)}
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                    size = os.fstat(fd).st_size
+                finally:
+                    os.close(fd)
+                crc = known.get(name) if CHECKSUM == "crc32c" else None
+                files[name] = {"size": size, CHECKSUM: crc if crc is not None else file_checksum(path)}
             for name in names:
                 if os.path.exists(os.path.join(self.layout.logdir, name)):
                     raise CheckpointError(
@@ -156,30 +149,51 @@ class CheckpointStore:
             os.unlink(os.path.join(self.layout.manifests, prefix + ".pending"))
             fsync_dir(self.layout.manifests)
             fault_point("before_state_file")
-            self._apply_retention(max_to_keep, keep_every_n_hours)
+            retired = self._apply_retention(max_to_keep, keep_every_n_hours)
             fault_point("after_state_file")
-            return manifest
+            return manifest, retired
         finally:
             shutil.rmtree(tmpdir, ignore_errors=True)
 
-    def _apply_retention(self, max_to_keep: int, keep_every_n_hours: Optional[float]) -> None:
+    def _apply_retention(self, max_to_keep: int, keep_every_n_hours: Optional[float]) -> list[Manifest]:
         plan = retention(list_committed(self.layout), max_to_keep, keep_every_n_hours, self.last_preserved)
         self.last_preserved = plan.last_preserved
         for m in plan.newly_preserved:
             kept = Manifest(m.step, m.prefix, m.files, m.committed_at, "preserved")
             write_json(manifest_path(self.layout, m.prefix), kept.to_json())
         self._write_state(plan.keep)
-        for m in plan.delete:
-            # the manifest goes first: a crash here leaves orphan files, never a manifest without files
-            os.unlink(manifest_path(self.layout, m.prefix))
+        return list(plan.delete)
+
+    def delete(self, retired: Sequence[Manifest]) -> None:
+        """Delete retired checkpoints: the manifest first, so a crash leaves orphan files, never a
+        manifest without files. Only files a manifest names are deleted."""
+        for m in retired:
+            try:
+                os.unlink(manifest_path(self.layout, m.prefix))
+            except FileNotFoundError:
+                continue
             for name in m.files:
+                if "/" in name or not name.startswith(m.prefix + "."):
+                    continue
                 try:
                     os.unlink(os.path.join(self.layout.logdir, name))
                 except FileNotFoundError:
                     pass
-        if plan.delete:
+        if retired:
             fsync_dir(self.layout.manifests)
             fsync_dir(self.layout.logdir)
 
     def _write_state(self, committed: list[Manifest]) -> None:
         write_state_file(self.layout, committed, self.last_preserved)
+
+
+def _last_preserved(state_file: str) -> Optional[float]:
+    """``last_preserved_timestamp`` of an existing state file (so keep_every_n_hours survives restarts)."""
+    try:
+        with open(state_file) as fh:
+            for line in fh:
+                if line.startswith("last_preserved_timestamp:"):
+                    return float(line.split(":", 1)[1])
+    except (OSError, ValueError):
+        return None
+    return None

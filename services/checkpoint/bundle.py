@@ -1,0 +1,239 @@
+"""Writing a TensorFlow tensor bundle (``<prefix>.index`` + ``<prefix>.data-00000-of-00001``).
+
+Runs in the checkpoint service. This is the fast path for numeric tensors that sit in the
+trainer's shared snapshot memory: the data file is that memory written as it is (the tensors lie
+at the offsets the trainer chose), with ``O_DIRECT`` where the filesystem allows it, so the kernel
+sends the pages to the disk without copying them through the page cache (on this kind of
+machine a buffered write of 1 GiB costs about 4 s of CPU in page allocation; the direct write
+about 0.03 s). The index is the LevelDB-style table TensorFlow's ``BundleWriter`` writes, built
+here in Python: a header entry, then one ``BundleEntryProto`` per tensor (dtype, shape, offset,
+size, masked CRC-32C of the bytes), uncompressed blocks with masked CRC-32C trailers, an empty
+metaindex block, an index block and the 48-byte footer. For the same tensors at the same offsets
+the result is byte-identical to ``tf.raw_ops.SaveV2`` (a test checks that).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+from dataclasses import dataclass
+from typing import Sequence
+
+from procsv.manifests import crc32c, crc32c_at, crc32c_combine, mask_crc32c
+
+BLOCK_SIZE = 262144  # tensorflow/core/lib/io/table_options.h
+RESTART_INTERVAL = 16
+TABLE_MAGIC = 0xDB4775248B80FB57
+DIRECT_ALIGN = 4096  # O_DIRECT: buffer address, file offset and length in multiples of this
+WRITE_CHUNK = 256 << 20
+
+
+@dataclass(frozen=True)
+class BundleTensor:
+    """A numeric tensor of ``size`` bytes at ``offset`` in the source memory (and the data file)."""
+
+    key: str
+    dtype_enum: int  # tensorflow DataType
+    shape: tuple[int, ...]
+    offset: int
+    size: int
+
+
+def data_filename(prefix: str, shard: int = 0, num_shards: int = 1) -> str:
+    return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
+
+
+def write_bundle(prefix: str, tensors: Sequence[BundleTensor], base_address: int, source: memoryview,
+                 length: int) -> int:
+    """Write the bundle of ``tensors`` whose bytes are ``source[:length]``; return the data file's CRC-32C.
+
+    ``base_address`` is the address of ``source[0]`` (page aligned for ``O_DIRECT``); ``source``
+    must extend to ``length`` rounded up to :data:`DIRECT_ALIGN`. Both files are fsync'd.
+    """
+    ordered = sorted(tensors, key=lambda t: t.offset)
+    file_crc, pos, crcs = 0, 0, {}
+    for t in ordered:
+        if t.offset < pos or t.offset + t.size > length:
+            raise ValueError(f"tensor {t.key} at [{t.offset}, {t.offset + t.size}) overlaps or exceeds {length}")
+        if t.offset > pos:  # alignment padding between tensors belongs to the file too
+            file_crc = crc32c_combine(file_crc, crc32c_at(base_address + pos, t.offset - pos), t.offset - pos)
+        crcs[t.key] = crc32c_at(base_address + t.offset, t.size)
+        file_crc = crc32c_combine(file_crc, crcs[t.key], t.size)
+        pos = t.offset + t.size
+    if length > pos:
+        file_crc = crc32c_combine(file_crc, crc32c_at(base_address + pos, length - pos), length - pos)
+    _write_data(data_filename(prefix), source, length)
+    _write_small(prefix + ".index", build_index([(t, crcs[t.key]) for t in tensors]))
+    return file_crc
+
+
+def _write_data(path: str, source: memoryview, length: int) -> None:
+    padded = -(-length // DIRECT_ALIGN) * DIRECT_ALIGN
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    direct = getattr(os, "O_DIRECT", 0)
+    try:
+        fd = os.open(path, flags | direct, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL or not direct:
+            raise
+        fd, direct = os.open(path, flags, 0o644), 0  # a filesystem without O_DIRECT
+    try:
+        end = padded if direct else length
+        pos = 0
+        while pos < end:
+            try:
+                pos += os.pwrite(fd, source[pos:min(end, pos + WRITE_CHUNK)], pos)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL or not direct:
+                    raise
+                os.close(fd)  # O_DIRECT refused at write time: start over buffered
+                fd, direct = os.open(path, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)), 0
+                end, pos = length, 0
+        if end != length:
+            os.ftruncate(fd, length)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_small(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        view, pos = memoryview(data), 0
+        while pos < len(data):
+            pos += os.write(fd, view[pos:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------ index table
+def build_index(entries: Sequence[tuple[BundleTensor, int]]) -> bytes:
+    """The ``.index`` table for ``(tensor, crc32c)`` pairs (one data shard)."""
+    from tensorflow.core.protobuf import tensor_bundle_pb2
+
+    header = tensor_bundle_pb2.BundleHeaderProto(num_shards=1, endianness=tensor_bundle_pb2.BundleHeaderProto.LITTLE)
+    header.version.producer = 1  # kTensorBundleVersion; min_consumer 0
+    rows = [(b"", header.SerializeToString())]
+    for t, crc in sorted(entries, key=lambda e: e[0].key.encode()):
+        entry = tensor_bundle_pb2.BundleEntryProto(dtype=t.dtype_enum, shard_id=0, offset=t.offset, size=t.size,
+                                                   crc32c=mask_crc32c(crc))
+        entry.shape.SetInParent()
+        for d in t.shape:
+            entry.shape.dim.add(size=int(d))
+        rows.append((t.key.encode(), entry.SerializeToString()))
+    return TableBuilder().build(rows)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+class _Block:
+    def __init__(self, restart_interval: int) -> None:
+        self.interval = restart_interval
+        self.buf = bytearray()
+        self.restarts = [0]
+        self.counter = 0
+        self.last = b""
+
+    def add(self, key: bytes, value: bytes) -> None:
+        shared = 0
+        if self.counter < self.interval:
+            limit = min(len(self.last), len(key))
+            while shared < limit and self.last[shared] == key[shared]:
+                shared += 1
+        else:
+            self.restarts.append(len(self.buf))
+            self.counter = 0
+        self.buf += _varint(shared) + _varint(len(key) - shared) + _varint(len(value)) + key[shared:] + value
+        self.last = key
+        self.counter += 1
+
+    def size_estimate(self) -> int:
+        return len(self.buf) + 4 * len(self.restarts) + 4
+
+    def empty(self) -> bool:
+        return not self.buf
+
+    def finish(self) -> bytes:
+        return bytes(self.buf) + b"".join(struct.pack("<I", r) for r in self.restarts) + struct.pack(
+            "<I", len(self.restarts))
+
+
+def _shortest_separator(start: bytes, limit: bytes) -> bytes:
+    n = min(len(start), len(limit))
+    i = 0
+    while i < n and start[i] == limit[i]:
+        i += 1
+    if i < n and start[i] < 0xFF and start[i] + 1 < limit[i]:
+        return start[:i] + bytes([start[i] + 1])
+    return start
+
+
+def _short_successor(key: bytes) -> bytes:
+    for i, b in enumerate(key):
+        if b != 0xFF:
+            return key[:i] + bytes([b + 1])
+    return key
+
+
+class TableBuilder:
+    """TensorFlow's ``table::TableBuilder`` with ``kNoCompression`` (tensorflow/core/lib/io)."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.data = _Block(RESTART_INTERVAL)
+        self.index = _Block(1)
+        self.pending: tuple[int, int] | None = None
+        self.last = b""
+        self.count = 0
+
+    def build(self, rows: Sequence[tuple[bytes, bytes]]) -> bytes:
+        for key, value in rows:
+            self._add(key, value)
+        self._flush()
+        meta = self._write_block(_Block(RESTART_INTERVAL))
+        if self.pending is not None:
+            self.index.add(_short_successor(self.last), self._handle(*self.pending))
+            self.pending = None
+        index = self._write_block(self.index)
+        footer = self._handle(*meta) + self._handle(*index)
+        footer += b"\0" * (40 - len(footer)) + struct.pack("<II", TABLE_MAGIC & 0xFFFFFFFF, TABLE_MAGIC >> 32)
+        self.out += footer
+        return bytes(self.out)
+
+    def _add(self, key: bytes, value: bytes) -> None:
+        if self.count and len(key) + len(value) >= 2 * BLOCK_SIZE:
+            self._flush()
+        if self.pending is not None:
+            self.index.add(_shortest_separator(self.last, key), self._handle(*self.pending))
+            self.pending = None
+        self.last = key
+        self.count += 1
+        self.data.add(key, value)
+        if self.data.size_estimate() >= BLOCK_SIZE:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.data.empty():
+            return
+        self.pending = self._write_block(self.data)
+        self.data = _Block(RESTART_INTERVAL)
+
+    def _write_block(self, block: _Block) -> tuple[int, int]:
+        contents = block.finish()
+        handle = (len(self.out), len(contents))
+        trailer_type = b"\0"  # kNoCompression
+        self.out += contents + trailer_type + struct.pack("<I", mask_crc32c(crc32c(contents + trailer_type)))
+        return handle
+
+    @staticmethod
+    def _handle(offset: int, size: int) -> bytes:
+        return _varint(offset) + _varint(size)
