@@ -133,6 +133,14 @@ def test_sigkill_of_the_watchdog_takes_every_process_of_the_run_along(logdir):
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+    assert status_json(logdir)["state"] == "failed"  # its watchdog is gone: not reported as running
+    # the dead launch's lock is stale: a new launch takes it over and resumes
+    saved = committed_steps(logdir)
+    again = launch(logdir, "--steps", str((saved[-1] if saved else 0) + 20))
+    code, out, err = finish(again)
+    assert code == 0, err
+    if saved:
+        assert f"restored step {saved[-1]} " in out
 
 
 def test_a_second_launch_on_a_live_logdir_is_refused(logdir):
@@ -146,6 +154,24 @@ def test_a_second_launch_on_a_live_logdir_is_refused(logdir):
     finally:
         proc.send_signal(signal.SIGTERM)
         finish(proc)
+
+
+def test_procsv_stop_from_another_shell_stops_the_run_in_order(logdir):
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.005")
+    try:
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 10, 90, what="training to start")
+        out = subprocess.run([sys.executable, "-m", "procsv", "stop", logdir], capture_output=True, text=True,
+                             env=quiet_env(), timeout=200)
+        assert out.returncode == 0, out.stderr
+        assert "run stopped" in out.stdout
+    finally:
+        code, stdout, err = finish(proc)
+    assert code == 128 + signal.SIGTERM
+    st = status_json(logdir)
+    assert st["state"] == "stopped" and committed_steps(logdir)[-1] == st["step"]
+    again = subprocess.run([sys.executable, "-m", "procsv", "stop", logdir], capture_output=True, text=True,
+                           env=quiet_env(), timeout=60)
+    assert again.returncode == 2 and "no live procsv run" in again.stderr
 
 
 def test_a_target_that_does_not_exist_is_one_clear_line_and_starts_nothing(logdir):

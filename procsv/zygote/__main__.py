@@ -127,6 +127,9 @@ def _become_trainer(req: ForkRequest, inherited: tuple[int, ...]) -> int:
     os.environ.update(req.env)
     os.environ[child.ENV_PARENT] = str(os.getppid())
     os.chdir(req.cwd)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()  # as in a fresh process: numpy's global generator is not shared across forks
     from procsv.trainer.__main__ import main as trainer_main
 
     sys.argv = list(req.argv)
