@@ -14,12 +14,13 @@ import os
 import runpy
 import sys
 
-from procsv import child
+from procsv import child, deathnotice
 
 
 
 def main() -> int:
     child.die_with_parent()
+    deathnotice.hold_from_env()  # released only on a clean exit: any other death is noticed at once
     child.catch_early_stop()
     if len(sys.argv) < 2:
         print("usage: python -m procsv.trainer TARGET [ARGS...]", file=sys.stderr)
@@ -49,6 +50,7 @@ def main() -> int:
 def _clean_exit_code() -> int:
     from procsv.supervisor import stopped_by_signal
 
+    deathnotice.release()
     return child.EXIT_PREEMPTED if stopped_by_signal() else 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import queue
 import random
 import re
 import shutil
@@ -29,7 +30,7 @@ import zmq
 from ipc.codec import ProtocolError, decode
 from ipc.messages import Hello, Progress, SaveResult, TrainerReady
 from ipc.transport import Endpoints, make_socket
-from procsv import spawn
+from procsv import deathnotice, spawn
 from procsv.child import EXIT_PREEMPTED
 from procsv.errors import UsageError
 from procsv.layout import Layout, LogdirLock, read_json, write_json
@@ -92,6 +93,9 @@ class Child:
     hang_kill_at: Optional[float] = None
     hang_cause: str = ""
     record: Optional[report.AttemptRecord] = None
+    watch: Optional[deathnotice.DeathWatch] = None
+    decided_early: bool = False  # its death notice already triggered the restart decision
+    noticed_wall: Optional[float] = None
 
     @property
     def pid(self) -> int:
@@ -154,6 +158,10 @@ class Watchdog:
         self.attempts: list[report.AttemptRecord] = []
         self.zygote: Optional[Zygote] = None
         self._dead_zygotes: list[Zygote] = []
+        self.dying: list[Child] = []  # trainers whose death was noticed but who are not reaped yet
+        self._notices: "queue.SimpleQueue[tuple[Child, bool, float, float]]" = queue.SimpleQueue()
+        self._notice_r, self._notice_w = os.pipe()
+        os.set_blocking(self._notice_w, False)
 
     # ------------------------------------------------------------------ main
     def run(self) -> int:
@@ -180,6 +188,7 @@ class Watchdog:
         old_wakeup = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         self.poller.register(wake_r.fileno(), zmq.POLLIN)
+        self.poller.register(self._notice_r, zmq.POLLIN)
         self.log("launch", target=self.cfg.target, args=self.cfg.args, pid=os.getpid())
         self.say(f"procsv: launching {self.cfg.target} {' '.join(self.cfg.args)} in {self.layout.logdir}")
         try:
@@ -199,12 +208,14 @@ class Watchdog:
                         self._drain_wakeups(wake_r)
                     elif self.zygote is not None and sock == self.zygote.fd:
                         self._on_zygote()
+                    elif sock == self._notice_r:
+                        self._drain_notices()
                     else:
                         self._on_pidfd(sock)
                 self._tick()
             self._shutdown_services()
         finally:
-            for child in list(self.children.values()):
+            for child in [*self.children.values(), *self.dying]:
                 self._kill_group(child, signal.SIGKILL)
                 self._reap(child)
             for z in [self.zygote, *self._dead_zygotes]:
@@ -242,6 +253,9 @@ class Watchdog:
         log_path = self.layout.attempt_log(role, attempt)
         popen: Any = None
         via = "fresh"
+        mutex = self._death_mutex(attempt) if role == "trainer" else None
+        if mutex is not None:
+            env[deathnotice.ENV_MUTEX] = mutex.path
         if role == "trainer" and self.zygote is not None and self.zygote.ready:
             try:
                 popen = self.zygote.fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd)
@@ -262,11 +276,57 @@ class Watchdog:
         if role == "trainer":
             child.record = report.AttemptRecord(attempt, child.started)
             self.attempts.append(child.record)
+            if mutex is not None:
+                child.watch = deathnotice.DeathWatch(
+                    mutex, alive=lambda: child.pidfd >= 0,
+                    on_event=lambda died, at: self._post_notice(child, died, at))
         elif self.chaos is not None and self.chaos.target == role:
             self.chaos_at = child.started + self.chaos.delay(self.chaos_rng)
         self.log("spawned", role=role, attempt=attempt, pid=popen.pid, via=via)
         self._status_dirty = True
         return child
+
+    def _death_mutex(self, attempt: int) -> Optional[deathnotice.RobustMutex]:
+        try:
+            return deathnotice.RobustMutex(os.path.join(self.runtime_dir, f"trainer.{attempt}.mutex"), create=True)
+        except OSError:
+            return None  # no early notice: the pidfd alone tells of the death
+
+    def _post_notice(self, child: Child, died: bool, at: float) -> None:
+        """Runs in a DeathWatch thread: hand the notice to the main loop."""
+        self._notices.put((child, died, at, time.time()))
+        try:
+            os.write(self._notice_w, b"!")
+        except BlockingIOError:
+            pass
+
+    def _drain_notices(self) -> None:
+        try:
+            os.read(self._notice_r, 4096)
+        except BlockingIOError:
+            pass
+        while not self._notices.empty():
+            child, died, at, wall = self._notices.get()
+            if died and child is self.children.get("trainer") and child.pidfd >= 0:
+                self._on_death_notice(child, at, wall)
+
+    def _on_death_notice(self, child: Child, at: float, wall: float) -> None:
+        """The trainer died holding its mutex (not a clean exit): decide now, reap later."""
+        child.noticed_wall = wall
+        if child.record is not None:
+            child.record.ended = at
+        self.log("death_noticed", role="trainer", attempt=child.attempt, pid=child.pid, noticed=wall)
+        exit_ = TrainerExit(1, child.first_step_at is not None, child.made_progress, self.stop_signal is not None)
+        decision = decide(self.policy, self.history, exit_, self.rng.random())
+        if decision.action != Action.RESTART:
+            return  # giving up or stopping: wait for the exit status to tell the whole story
+        self.history = decision.history
+        child.decided_early = True
+        child.set_state(ProcState.FAILED)
+        child.set_state(ProcState.RESTARTING)
+        self.dying.append(child)
+        self.restart_at = self.clock() + decision.delay
+        self._status_dirty = True
 
     def _start_zygote(self) -> None:
         env = zygote_env(self.layout.logdir, self.runtime_dir)
@@ -323,7 +383,7 @@ class Watchdog:
                  f"(up to {self.cfg.stop_grace_secs:g} s)")
         self.restart_at = None
         trainer = self.children.get("trainer")
-        if trainer and trainer.popen.poll() is None:
+        if trainer and trainer.popen.poll() is None and trainer.state in (ProcState.STARTING, ProcState.RUNNING):
             trainer.set_state(ProcState.STOPPING)
             self._signal(trainer, signal.SIGTERM)
         self._status_dirty = True
@@ -397,19 +457,29 @@ class Watchdog:
         self._status_dirty = True
 
     def _on_pidfd(self, fd: int) -> None:
-        child = next((c for c in self.children.values() if c.pidfd == fd), None)
+        child = next((c for c in [*self.children.values(), *self.dying] if c.pidfd == fd), None)
         if child is None:
             self.poller.unregister(fd)
             return
-        noticed = time.time()
-        if child.record is not None:
+        noticed = child.noticed_wall or time.time()
+        if child.record is not None and child.record.ended is None:
             child.record.ended = self.clock()
+        if child.watch is not None:
+            child.watch.cancel()
         self._reap(child)
         code = child.popen.returncode
         self._drain_messages()  # anything it said before dying (a last checkpoint result)
         self._tail_log(child)
         self.log("exited", role=child.role, attempt=child.attempt, pid=child.pid, noticed=noticed, **_describe(code))
-        if child.role == "trainer":
+        if child.decided_early:
+            self.dying.remove(child)
+            if child.record is not None:
+                child.record.cause = child.hang_cause or _describe_text(code)
+            cause = self._root_cause(child, code)
+            self.last_error = cause.splitlines()[0]
+            self.say(f"procsv: {self.last_error}; restarted (restart {self.history.restarts})", err=True)
+            self.log("restarting", attempt=child.attempt + 1, delay=0.0, error=self.last_error)
+        elif child.role == "trainer":
             self._on_trainer_exit(child, code)
         else:
             self._on_service_exit(child, code)
@@ -501,7 +571,7 @@ class Watchdog:
         self._write_status()
 
     def _check_hang(self, trainer: Child, now: float) -> None:
-        if trainer.popen.poll() is not None or self.stop_signal is not None:
+        if trainer.decided_early or trainer.popen.poll() is not None or self.stop_signal is not None:
             return
         if trainer.hang_kill_at is not None:
             if now >= trainer.hang_kill_at:
@@ -530,7 +600,7 @@ class Watchdog:
             return
         victim = self.children.get(self.chaos.target)
         self.chaos_at = None
-        if victim is None or victim.popen.poll() is not None or victim.busy:
+        if victim is None or victim.decided_early or victim.popen.poll() is not None or victim.busy:
             return  # nothing to kill, or the trainer is writing its final checkpoint
         name = signal.Signals(self.chaos.signal).name
         self.log("chaos_kill", role=victim.role, pid=victim.pid, signal=name)
