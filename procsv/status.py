@@ -3,7 +3,8 @@
 The watchdog owns ``<logdir>/.procsv/status.json`` (atomic replace on every change, throttled).
 :func:`read_status` is what the CLI shows: the file, corrected by what is true *now* -- the last
 checkpoint comes from the committed manifests, and a run whose watchdog is gone is not reported
-as running.
+as running -- plus the summary service's counters from ``<logdir>/.procsv/summary_stats.json``
+(that service writes it; see :func:`summary_stats_path`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,22 @@ def last_checkpoint(layout: Layout) -> Optional[dict[str, Any]]:
     return {"step": m.step, "path": m.path(layout.logdir)}
 
 
+def summary_stats_path(layout: Layout) -> str:
+    """Where the summary service keeps its counters (values written, dropped)."""
+    return os.path.join(layout.meta, "summary_stats.json")
+
+
+def summary_counts(layout: Layout) -> Optional[dict[str, int]]:
+    """``{"written": n, "dropped": n}`` from the summary service's stats file, or None."""
+    stats = read_json(summary_stats_path(layout))
+    if not isinstance(stats, dict):
+        return None
+    try:
+        return {"written": int(stats.get("written", 0)), "dropped": int(stats.get("dropped", 0))}
+    except (TypeError, ValueError):
+        return None
+
+
 def pid_alive(pid: Optional[int], create_time: Optional[float] = None) -> bool:
     """True if ``pid`` runs and, when given, was started at ``create_time`` (not a reused pid)."""
     if not pid:
@@ -44,6 +61,7 @@ def read_status(layout: Layout) -> Optional[dict[str, Any]]:
     if not isinstance(status, dict):
         return None
     status["last_checkpoint"] = last_checkpoint(layout)
+    status["summaries"] = summary_counts(layout)
     for proc in status.get("processes", []):
         proc["alive"] = pid_alive(proc.get("pid"), proc.get("create_time"))
     watchdog = next((p for p in status.get("processes", []) if p.get("role") == "watchdog"), None)
@@ -65,6 +83,9 @@ def render(status: dict[str, Any], logdir: str) -> str:
         alive = "alive" if p.get("alive") else "gone"
         lines.append(f"  {p.get('role', '?'):<11} pid {p.get('pid')!s:<8} {p.get('state', '?'):<10} "
                      f"restarts {p.get('restarts', 0)}  ({alive})")
+    summ = status.get("summaries")
+    if summ:
+        lines.append(f"  summaries: {summ['written']} written, {summ['dropped']} dropped")
     if status.get("last_error"):
         lines.append(f"  last error: {status['last_error']}")
     return "\n".join(lines)

@@ -245,21 +245,45 @@ class Supervisor:
         return looper
 
     # ----------------------------------------------------------------- summaries
+    # Every call validates here (TypeError/ValueError in the caller's frame) and only appends to a
+    # bounded buffer; the hand-off to the summary service happens at step boundaries. ``step``
+    # defaults to the current step (the one running inside ``session.run``, else the last completed).
     def log_scalar(self, tag: str, value: Any, step: Optional[int] = None) -> None:
         """Log one scalar (non-blocking). Raises TypeError/ValueError here for a bad tag or value."""
-        self._summaries.scalar(tag, value, self._step if step is None else int(step), time.time())
+        self._summaries.scalar(tag, value, self._step if step is None else step, time.time())
 
     def log_scalars(self, values: Mapping[str, Any], step: Optional[int] = None) -> None:
-        for tag, value in values.items():
-            self.log_scalar(tag, value, step)
+        """Log several scalars of one step; if any is invalid, none is logged."""
+        self._summaries.scalars(values, self._step if step is None else step, time.time())
+
+    def log_histogram(self, tag: str, values: Any, step: Optional[int] = None, buckets: Optional[int] = None,
+                      description: str = "") -> None:
+        """Log the distribution of ``values`` (any shape), as ``tf.summary.histogram`` (30 buckets)."""
+        self._summaries.histogram(tag, values, self._step if step is None else step, time.time(), buckets,
+                                  description)
+
+    def log_image(self, tag: str, images: Any, step: Optional[int] = None, max_outputs: int = 3,
+                  description: str = "") -> None:
+        """Log images: ``[k, h, w, c]`` (or one ``[h, w, c]``), c in 1-4, uint8 or floats in [0, 1]."""
+        self._summaries.image(tag, images, self._step if step is None else step, time.time(), max_outputs,
+                              description)
+
+    def log_text(self, tag: str, text: Any, step: Optional[int] = None, description: str = "") -> None:
+        """Log a string (or an array of strings), shown by TensorBoard's Text dashboard."""
+        self._summaries.text(tag, text, self._step if step is None else step, time.time(), description)
 
     def summary_computed(self, sess: Any, summary: Any, global_step: Optional[int] = None) -> None:
         """Log a ``Summary`` proto (or its bytes, or a mapping of scalar tags to values)."""
-        step = self._step if global_step is None else int(global_step)
+        step = self._step if global_step is None else global_step
         if isinstance(summary, Mapping):
             self.log_scalars(summary, step)
         else:
             self._summaries.proto(summary, step, time.time())
+
+    @property
+    def summaries_dropped(self) -> int:
+        """Summaries this process had to drop so far (its bounded buffer overflowed while the service lagged)."""
+        return self._summaries.dropped_total
 
     # ----------------------------------------------------------------- internals
     def _install_signal_handlers(self) -> None:
@@ -313,23 +337,33 @@ class Supervisor:
             self._ckpt.at_step_boundary(ch, self._step, now)
 
     def _periodic_summaries(self, now: float) -> None:
+        """Every ``save_summaries_secs``: the user's ``summary_fn``. (``global_step/sec`` is written by the
+        summary service, from the step marks every batch carries: see ``services/summary/sessions.py``.)"""
         assert self.save_summaries_secs
         self._next_summary = now + self.save_summaries_secs
-        t0, s0 = self._rate_mark
-        if now > t0 and self._step > s0:
-            self.log_scalar("global_step/sec", (self._step - s0) / (now - t0))
-        self._rate_mark = (now, self._step)
         if self.summary_fn is not None:
             self.log_scalars(self.summary_fn())
 
     def _flush_summaries(self, force: bool) -> None:
-        assert self._channels is not None
-        batch = self._summaries.take_batch(force)
-        if batch is None:
+        """At a step boundary: hand off what is due (never blocks). ``force`` (at stop): hand off
+        everything and wait, up to ``EXIT_WAIT_SECS``, until the summary service has written it."""
+        sender = getattr(self, "_summary_sender", None)
+        if sender is None:
+            assert self._channels is not None
+            runtime = self._ctx.endpoints.runtime_dir if self._ctx is not None else self._own_runtime
+            # the first call comes from the first step's _end_step, or from stop() if no step ran
+            start = self._step if not force else self._step + 1
+            sender = self._summary_sender = self._summaries.sender(self._channels.to_summary, runtime or "",
+                                                                   self.save_summaries_secs, start)
+        if not force:
+            # while a checkpoint is being committed, send at every boundary: the rows of the steps it
+            # covers must leave this process before a crash could make the restart skip them
+            sender.at_boundary(self._step, urgent=getattr(self._ckpt, "in_flight", None) is not None)
             return
-        msg, frames = batch
-        if not self._channels.to_summary(msg, frames):
-            self._summaries.count_dropped(len(msg.scalars) + len(msg.protos))
+        left = sender.close(self._step, min(sender.EXIT_WAIT_SECS, self.stop_grace_secs))
+        if left:
+            print(f"procsv: {left} summaries were not confirmed written by the summary service at exit",
+                  file=sys.stderr, flush=True)
 
     def _release(self) -> None:
         if self._channels is not None:

@@ -1,11 +1,17 @@
-"""The summary service's loop: receive summary batches, write TensorBoard event files.
+"""The summary service's loop: receive summary batches, write TensorBoard event files, ack them.
 
-Runs in the summary service process (``python -m services.summary``). It binds the PULL socket
-``summary.sock``; the trainer pushes :class:`SummaryBatch` and :class:`SessionLogEvent`, the
-checkpoint service pushes ``SessionLog CHECKPOINT``. Events go through TensorBoard's own
-``EventFileWriter`` (flushed every :data:`FLUSH_SECS` seconds and at exit), in TensorBoard's
-TF-free mode, so this process never imports TensorFlow and starts in well under a second.
-A malformed message is reported and dropped; it never stops the service.
+Runs in the summary service process (``python -m services.summary``); imports no TensorFlow.
+It binds the PULL socket ``summary.sock``: the trainer pushes :class:`SummaryBatch` and
+:class:`SessionLogEvent` (START, STOP), the checkpoint service pushes ``SessionLog CHECKPOINT``.
+
+Each burst of messages becomes one ``os.write`` to this process's own event file
+(:mod:`services.summary.eventfile`); only then are the batches acknowledged, in the ack file
+``<runtime_dir>/summary-ack.json`` the trainer reads, so an acknowledged summary survives a
+crash of this process. What is written is fsynced every :data:`FSYNC_SECS`, at each checkpoint,
+at STOP and at exit. Which batches may be written, and when ``global_step/sec`` is, follows
+:mod:`services.summary.sessions`. Counters (values written, dropped) go to
+``<logdir>/.procsv/summary_stats.json`` for ``procsv status``. A malformed message or item is
+reported and dropped; it never stops the service.
 """
 
 from __future__ import annotations
@@ -14,36 +20,87 @@ import os
 import signal
 import sys
 import time
-import types
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+import numpy as np
 import zmq
+from tensorboard.compat.proto import summary_pb2
 
 from ipc.codec import ProtocolError, decode
 from ipc.messages import Hello, SessionLogEvent, SummaryBatch
 from ipc.transport import make_socket, send
 from procsv.child import ChildContext
+from procsv.layout import read_json, write_json
+from procsv.status import summary_stats_path
+from procsv.summaries import ack_path
+from services.summary import records
+from services.summary.eventfile import EventFile
+from services.summary.render import RenderError, render
+from services.summary.sessions import Sessions, Verdict
 
-FLUSH_SECS = 2.0
+FSYNC_SECS = 2.0  # written events become durable at least this often
+STATS_SECS = 1.0  # summary_stats.json is rewritten at most this often (and at exit)
+DROPS_SECS = 1.0  # the procsv/summaries_dropped summary is written at most this often
 POLL_MS = 200
+BURST_MAX = 256  # messages per write
 DRAIN_SECS = 2.0
+KEEP_SESSIONS = 20  # sessions remembered in the ack and stats files
+DROPPED_TAG = "procsv/summaries_dropped"
 
-# TensorBoard's documented switch to its TF-free stub: keeps TensorFlow out of this process.
-sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+_SESSION_STATUS = {"start": records.START, "stop": records.STOP, "checkpoint": records.CHECKPOINT}
 
-from tensorboard.compat.proto import event_pb2, summary_pb2  # noqa: E402
-from tensorboard.summary.writer.event_file_writer import EventFileWriter  # noqa: E402
 
-_SESSION_STATUS = {
-    "start": event_pb2.SessionLog.START,
-    "stop": event_pb2.SessionLog.STOP,
-    "checkpoint": event_pb2.SessionLog.CHECKPOINT,
-}
+class BadBatch(ValueError):
+    """A batch's frames do not match its header."""
+
+
+def scalar_columns(msg: SummaryBatch, frames: list[Any]) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray,
+                                                                     np.ndarray]:
+    """The batch's scalars as (tags, tag index, steps, values, walls): its JSON rows, then its columns."""
+    tags: list[str] = []
+    index: list[np.ndarray] = []
+    steps: list[np.ndarray] = []
+    values: list[np.ndarray] = []
+    walls: list[np.ndarray] = []
+    if msg.scalars:
+        try:
+            rows = [(str(r[0]), int(r[1]), float(r[2]), float(r[3])) for r in msg.scalars]
+        except (IndexError, TypeError, ValueError) as exc:
+            raise BadBatch(f"malformed scalar row: {exc}") from None
+        table: dict[str, int] = {}
+        index.append(np.array([table.setdefault(r[0], len(table)) for r in rows], dtype=np.int64))
+        tags = list(table)
+        steps.append(np.array([r[1] for r in rows], dtype=np.int64))
+        values.append(np.array([r[2] for r in rows], dtype=np.float64))
+        walls.append(np.array([r[3] for r in rows], dtype=np.float64))
+    if msg.columns:
+        if len(frames) < 4:
+            raise BadBatch(f"{msg.columns} scalar rows announced but {len(frames)} column frames")
+        n = msg.columns
+        cols = []
+        for frame, dtype in zip(frames[:4], ("<u4", "<i8", "<f8", "<f8")):
+            buf = frame.buffer if hasattr(frame, "buffer") else frame
+            arr = np.frombuffer(buf, dtype=dtype)
+            if len(arr) != n:
+                raise BadBatch(f"a scalar column holds {len(arr)} rows, not {n}")
+            cols.append(arr)
+        if n and int(cols[0].max()) >= len(msg.tags):
+            raise BadBatch("a scalar row names a tag index outside the batch's tag table")
+        index.append(cols[0].astype(np.int64) + len(tags))
+        tags = tags + list(msg.tags)
+        steps.append(cols[1])
+        values.append(cols[2])
+        walls.append(cols[3])
+    if not steps:
+        empty_i, empty_f = np.zeros(0, np.int64), np.zeros(0, np.float64)
+        return tags, empty_i, empty_i, empty_f, empty_f
+    return tags, np.concatenate(index), np.concatenate(steps), np.concatenate(values), np.concatenate(walls)
 
 
 class SummaryService:
-    def __init__(self, ctx: ChildContext) -> None:
+    def __init__(self, ctx: ChildContext, clock: Callable[[], float] = time.monotonic) -> None:
         self.ctx = ctx
+        self.clock = clock
         self.zctx = zmq.Context.instance()
         self.pull = make_socket(self.zctx, zmq.PULL)
         self.pull.bind(ctx.endpoints.summary)
@@ -51,69 +108,221 @@ class SummaryService:
         if ctx.supervised:
             self.to_watchdog = make_socket(self.zctx, zmq.PUSH, linger_ms=1000)
             self.to_watchdog.connect(ctx.endpoints.watchdog)
-        self.writer = EventFileWriter(
-            ctx.layout.logdir, max_queue_size=10000, flush_secs=FLUSH_SECS, filename_suffix=f".procsv.{os.getpid()}"
-        )
-        self.dropped_total = 0
+        self.file = EventFile(ctx.layout.logdir, f"procsv-{os.getpid()}")
+        self.ack_path = ack_path(ctx.endpoints.runtime_dir)
+        self.stats_path = summary_stats_path(ctx.layout)
+        self.sessions = Sessions()
+        self.encoder = records.ScalarEncoder()
+        old = read_json(self.stats_path)
+        old = old if isinstance(old, dict) else {}
+        self.written_before = int(old.get("written", 0) or 0)
+        self.by_session: dict[str, int] = dict(old.get("by_session") or {})  # trainer-side drops, cumulative
+        self.service_dropped = int(old.get("service_dropped", 0) or 0)  # malformed items and batches
+        self.written = 0
+        self.drops_written: tuple[int, int] = (0, -1)  # (total, step) of the last dropped-count summary
+        self.drops_pending: Optional[tuple[int, int]] = None  # (step, total) to write once that step is over
         self.stopping = False
+        self._acks_dirty = True
+        self._sync_now = False
+        now = clock()
+        self._next_fsync = now + FSYNC_SECS
+        self._next_stats = now
+        self._next_drops = now
 
+    # ------------------------------------------------------------------ loop
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
+        self._write_acks()
         if self.to_watchdog is not None:
             send(self.to_watchdog, Hello("summary", os.getpid(), self.ctx.attempt))
         while not self.stopping:
             if self.pull.poll(POLL_MS, zmq.POLLIN):
-                self._handle(self.pull.recv_multipart(copy=False))
-        deadline = time.monotonic() + DRAIN_SECS
-        while time.monotonic() < deadline and self.pull.poll(50, zmq.POLLIN):
-            self._handle(self.pull.recv_multipart(copy=False))
-        self.writer.close()  # flushes
+                self._burst()
+            self._tick(self.clock())
+        deadline = self.clock() + DRAIN_SECS
+        while self.clock() < deadline and self.pull.poll(50, zmq.POLLIN):
+            self._burst()
+        out: list[bytes] = []
+        self._flush_drops(out)
+        self.file.write(b"".join(out))
+        self.file.close()
+        self._write_stats(durable=True)
         self.pull.close(0)
         return 0
 
     def _on_term(self, signum: int, frame: Any) -> None:
         self.stopping = True
 
-    def _handle(self, frames: list[Any]) -> None:
+    def _burst(self) -> None:
+        """Handle what has arrived (up to BURST_MAX messages), write it with one os.write, ack it."""
+        out: list[bytes] = []
+        for _ in range(BURST_MAX):
+            try:
+                frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            self._handle(frames, out)
+        self.file.write(b"".join(out))
+        if self._sync_now:
+            self._sync_now = False
+            self.file.sync()
+            self._next_fsync = self.clock() + FSYNC_SECS
+        if self._acks_dirty:
+            self._write_acks()
+
+    def _tick(self, now: float) -> None:
+        if now >= self._next_fsync:
+            self.file.sync()
+            self._next_fsync = now + FSYNC_SECS
+        if now >= self._next_stats:
+            self._write_stats(durable=False)
+
+    # ------------------------------------------------------------------ messages
+    def _handle(self, frames: list[Any], out: list[bytes]) -> None:
         try:
             msg, payload = decode(frames)
         except ProtocolError as exc:
-            print(f"procsv summary: dropped a malformed message: {exc}", file=sys.stderr, flush=True)
+            self._complain(f"dropped a malformed message: {exc}")
             return
         if isinstance(msg, SummaryBatch):
-            self._write_batch(msg, payload)
+            self._batch(msg, payload, out)
         elif isinstance(msg, SessionLogEvent):
             status = _SESSION_STATUS.get(msg.status)
             if status is None:
-                print(f"procsv summary: unknown session status {msg.status!r}", file=sys.stderr, flush=True)
+                self._complain(f"unknown session status {msg.status!r}")
                 return
-            log = event_pb2.SessionLog(status=status, checkpoint_path=msg.checkpoint_path)
-            self.writer.add_event(event_pb2.Event(wall_time=time.time(), step=msg.step, session_log=log))
+            if msg.status == "stop":
+                self._flush_drops(out)  # the trainer is done: its final count
+            out.append(records.frame(records.session_log_event(time.time(), msg.step, status, msg.checkpoint_path)))
             if msg.status in ("checkpoint", "stop"):
-                self.writer.flush()
+                self._sync_now = True
 
-    def _write_batch(self, msg: SummaryBatch, payload: list[Any]) -> None:
-        for row in msg.scalars:
-            try:
-                tag, step, value, wall = str(row[0]), int(row[1]), float(row[2]), float(row[3])
-            except (IndexError, TypeError, ValueError):
-                print(f"procsv summary: dropped a malformed scalar row {row!r:.80}", file=sys.stderr, flush=True)
+    def _batch(self, msg: SummaryBatch, payload: list[Any], out: list[bytes]) -> None:
+        n_protos = len(msg.protos)
+        n_cols = 4 if msg.columns else 0
+        if len(payload) != n_protos + n_cols + len(msg.items):
+            self._complain(f"dropped a batch whose {len(payload)} frames do not match its header")
+            self.service_dropped += len(msg.scalars) + msg.columns + n_protos + len(msg.items)
+            return
+        try:
+            tags, index, steps, values, walls = scalar_columns(msg, payload[n_protos:n_protos + n_cols])
+        except BadBatch as exc:
+            self._complain(f"dropped a batch: {exc}")
+            self.service_dropped += len(msg.scalars) + msg.columns + n_protos + len(msg.items)
+            return
+        decision = self.sessions.admit(msg.session, msg.seq, msg.resync_from)
+        if msg.session:
+            self._acks_dirty = True
+        if decision.verdict != Verdict.WRITE:
+            return
+        if msg.session:
+            self.by_session[msg.session] = max(self.by_session.get(msg.session, 0), msg.dropped_total)
+        else:
+            self.service_dropped += msg.dropped
+        if decision.start_marker is not None:
+            out.append(records.frame(records.session_log_event(time.time(), decision.start_marker, records.START)))
+            if self.drops_written[1] >= decision.start_marker:  # TensorBoard just forgot that point
+                self.drops_written = (-1, decision.start_marker - 1)
+        below = decision.below
+        if below is not None:
+            keep = steps < below
+            index, steps, values, walls = index[keep], steps[keep], values[keep], walls[keep]
+        out.append(self.encoder.records(tags, index, steps, values, walls))
+        self.written += len(steps)
+        for row, frame in zip(msg.protos, payload[:n_protos]):
+            self._proto(row, frame, below, out)
+        for item, frame in zip(msg.items, payload[n_protos + n_cols:]):
+            if below is not None and item.step >= below:
                 continue
-            summ = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)])
-            self.writer.add_event(event_pb2.Event(wall_time=wall, step=step, summary=summ))
-        for row, frame in zip(msg.protos, payload):
             try:
-                summ = summary_pb2.Summary.FromString(frame.bytes if hasattr(frame, "bytes") else bytes(frame))
-                step, wall = int(row[0]), float(row[1])
-            except Exception as exc:  # a protobuf DecodeError or a bad row: drop this one only
-                print(f"procsv summary: dropped a malformed summary proto: {exc}", file=sys.stderr, flush=True)
-                continue
-            self.writer.add_event(event_pb2.Event(wall_time=wall, step=step, summary=summ))
-        if msg.dropped:
-            self.dropped_total += msg.dropped
-            last_step = int(msg.scalars[-1][1]) if msg.scalars else 0
-            summ = summary_pb2.Summary(
-                value=[summary_pb2.Summary.Value(tag="procsv/summaries_dropped", simple_value=self.dropped_total)]
-            )
-            self.writer.add_event(event_pb2.Event(wall_time=time.time(), step=last_step, summary=summ))
+                out.append(records.frame(records.summary_event(item.wall_time, item.step, render(item, frame))))
+                self.written += 1
+            except RenderError as exc:
+                self._complain(f"dropped a summary: {exc}")
+                self.service_dropped += 1
+        if msg.step >= 0 and msg.session == self.sessions.current:
+            self._note_drops(msg.step, out)
+            rate = self.sessions.step_rate(msg.session, msg.mono, msg.step, msg.step_rate_secs)
+            if rate is not None:
+                summary = records.scalar_summary("global_step/sec", rate)
+                out.append(records.frame(records.summary_event(msg.wall_time or time.time(), msg.step, summary)))
+
+    def _proto(self, row: list[Any], frame: Any, below: Optional[int], out: list[bytes]) -> None:
+        data = frame.bytes if hasattr(frame, "bytes") else bytes(frame)
+        try:
+            step, wall = int(row[0]), float(row[1])
+            summary_pb2.Summary.FromString(data)  # refuse garbage here, not in TensorBoard
+        except Exception as exc:  # a protobuf DecodeError or a bad row: drop this one only
+            self._complain(f"dropped a malformed summary proto: {exc}")
+            self.service_dropped += 1
+            return
+        if below is not None and step >= below:
+            return
+        out.append(records.frame(records.summary_event(wall, step, data)))
+        self.written += 1
+
+    # ------------------------------------------------------------------ bookkeeping
+    def dropped(self) -> int:
+        return sum(self.by_session.values()) + self.service_dropped
+
+    def _note_drops(self, step: int, out: list[bytes]) -> None:
+        """Keep the dropped count for ``step``; write the one of an earlier step once that step is over.
+
+        At most one point per DROPS_SECS and never two at one step; each point holds the count as of
+        the end of its step, so the last one written (at the latest at exit) is the final count.
+        """
+        pending = self.drops_pending
+        if pending is not None and step > pending[0] and self.clock() >= self._next_drops:
+            self._emit_drops(pending, out)
+            pending = None
+        total = self.dropped()
+        if pending is None or step >= pending[0]:
+            pending = (step, total)
+        self.drops_pending = pending if pending[1] != self.drops_written[0] else None
+
+    def _flush_drops(self, out: list[bytes]) -> None:
+        """Write the pending count now (the trainer stopped, or this service does)."""
+        if self.drops_pending is not None:
+            self._emit_drops(self.drops_pending, out)
+            self.drops_pending = None
+
+    def _emit_drops(self, point: tuple[int, int], out: list[bytes]) -> None:
+        step, total = point
+        if step <= self.drops_written[1]:
+            return
+        self._next_drops = self.clock() + DROPS_SECS
+        self.drops_written = (total, step)
+        out.append(records.frame(records.summary_event(time.time(), step,
+                                                       records.scalar_summary(DROPPED_TAG, float(total)))))
+
+    def _write_acks(self) -> None:
+        self._acks_dirty = False
+        known = self.sessions.known
+        if len(known) > KEEP_SESSIONS:
+            for name in list(known)[:-KEEP_SESSIONS]:
+                if name != self.sessions.current:
+                    del known[name]
+        write_json(self.ack_path, {"pid": os.getpid(), "sessions": self.sessions.acks()}, durable=False)
+
+    def _write_stats(self, durable: bool) -> None:
+        self._next_stats = self.clock() + STATS_SECS
+        if len(self.by_session) > KEEP_SESSIONS:  # fold the oldest sessions into one number
+            for name in list(self.by_session)[:-KEEP_SESSIONS]:
+                self.service_dropped += self.by_session.pop(name)
+        stats = {
+            "pid": os.getpid(),
+            "written": self.written_before + self.written,
+            "dropped": self.dropped(),
+            "by_session": self.by_session,
+            "service_dropped": self.service_dropped,
+            "file": os.path.basename(self.file.path),
+            "updated_at": time.time(),
+        }
+        try:
+            write_json(self.stats_path, stats, durable=durable)
+        except OSError as exc:
+            self._complain(f"could not write {self.stats_path}: {exc}")
+
+    def _complain(self, text: str) -> None:
+        print(f"procsv summary: {text}", file=sys.stderr, flush=True)

@@ -1,0 +1,110 @@
+"""Histogram, image and text summaries: raw values in, TensorBoard ``Summary`` bytes out.
+
+Runs in the summary service process, so the trainer only validates and copies the values. The
+output is what TensorFlow 2's ``tf.summary.histogram`` / ``image`` / ``text`` write: a tensor
+summary with the plugin's metadata (TensorBoard's own ``metadata`` and ``tensor_util`` modules,
+which need no TensorFlow). Histogram buckets follow TensorBoard's ``histogram_pb`` (equal-width
+buckets from min to max, the max in the last one); PNGs are encoded here with ``zlib``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from typing import Any
+
+import numpy as np
+
+from ipc.messages import SummaryItem
+
+from tensorboard.compat.proto import summary_pb2
+from tensorboard.plugins.histogram import metadata as histogram_metadata
+from tensorboard.plugins.image import metadata as image_metadata
+from tensorboard.plugins.text import metadata as text_metadata
+from tensorboard.util import tensor_util
+
+DEFAULT_BUCKETS = 30  # tf.summary.histogram's default
+
+
+class RenderError(ValueError):
+    """An item's frame does not match its description (a sender bug; the item is dropped)."""
+
+
+def buckets(data: np.ndarray, count: int) -> np.ndarray:
+    """``[count, 3]`` rows of (left edge, right edge, count), as TensorBoard's ``histogram_pb``."""
+    data = data.ravel()
+    if count == 0 or data.size == 0:
+        return np.zeros((count, 3))
+    lo, hi = float(data.min()), float(data.max())
+    if hi == lo:
+        counts = np.zeros(count)
+        counts[-1] = data.size
+        return np.stack([np.full(count, lo), np.full(count, lo), counts], axis=1)
+    width = (hi - lo) / count
+    index = np.minimum(np.floor((data - lo) / width).astype(np.int64), count - 1)
+    counts = np.bincount(index, minlength=count).astype(np.float64)
+    edges = np.linspace(lo, hi, count + 1)
+    return np.stack([edges[:-1], edges[1:], counts], axis=1)
+
+
+def png(image: np.ndarray) -> bytes:
+    """A PNG of an ``[h, w, c]`` uint8 image (c = 1, 2, 3 or 4)."""
+    h, w, c = image.shape
+    color = {1: 0, 2: 4, 3: 2, 4: 6}[c]
+    rows = np.concatenate([np.zeros((h, 1), np.uint8), image.reshape(h, w * c)], axis=1)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", w, h, 8, color, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows.tobytes(), 6)) + \
+        chunk(b"IEND", b"")
+
+
+def to_uint8(pixels: np.ndarray) -> np.ndarray:
+    """``tf.image.convert_image_dtype(x, tf.uint8, saturate=True)`` for float input in [0, 1]."""
+    if pixels.dtype == np.uint8:
+        return pixels
+    return np.clip(pixels.astype(np.float64) * 255.5, 0, 255).astype(np.uint8)
+
+
+def _array(item: SummaryItem, frame: Any) -> np.ndarray:
+    data = frame.buffer if hasattr(frame, "buffer") else frame
+    try:
+        dtype = np.dtype(item.dtype).newbyteorder("<")
+        arr = np.frombuffer(data, dtype=dtype)
+        return arr.reshape(item.shape)
+    except (TypeError, ValueError) as exc:
+        raise RenderError(f"{item.kind} {item.tag!r}: frame does not hold {item.dtype}{item.shape}: {exc}") from None
+
+
+def render(item: SummaryItem, frame: Any) -> bytes:
+    """The serialized ``Summary`` for one item."""
+    if item.kind == "histogram":
+        values = _array(item, frame).astype(np.float64)
+        tensor = tensor_util.make_tensor_proto(buckets(values, item.buckets or DEFAULT_BUCKETS), dtype=np.float64)
+        meta = histogram_metadata.create_summary_metadata(display_name=None, description=item.description)
+    elif item.kind == "image":
+        pixels = _array(item, frame)
+        if pixels.ndim != 4 or pixels.shape[-1] not in (1, 2, 3, 4):
+            raise RenderError(f"image {item.tag!r}: shape {list(pixels.shape)} is not [k, h, w, 1|2|3|4]")
+        images = to_uint8(pixels)
+        k, h, w, _ = images.shape
+        data = [str(w).encode(), str(h).encode()] + [png(images[i]) for i in range(k)]
+        tensor = tensor_util.make_tensor_proto(np.array(data, dtype=object), dtype=np.object_)
+        meta = image_metadata.create_summary_metadata(display_name=None, description=item.description)
+    elif item.kind == "text":
+        raw = frame.bytes if hasattr(frame, "bytes") else bytes(frame)
+        try:
+            strings = json.loads(raw)
+            array = np.array(strings, dtype=object).reshape(item.shape)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RenderError(f"text {item.tag!r}: bad payload: {exc}") from None
+        tensor = tensor_util.make_tensor_proto(array, dtype=np.object_)
+        meta = text_metadata.create_summary_metadata(display_name=None, description=item.description)
+    else:
+        raise RenderError(f"unknown summary kind {item.kind!r}")
+    summary = summary_pb2.Summary()
+    summary.value.add(tag=item.tag, metadata=meta, tensor=tensor)
+    return summary.SerializeToString()

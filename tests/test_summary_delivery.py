@@ -1,0 +1,229 @@
+"""Trainer-side hand-off against a real summary service process: acks, restarts, garbage.
+
+No TensorFlow here: the test process plays the trainer with the real :class:`SummarySender` and
+a real ZeroMQ PUSH socket; the summary service is a real child process that the tests SIGKILL,
+SIGSTOP and restart (as the watchdog would). Event files are read back with TensorBoard's
+``EventAccumulator``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+from tensorboard.backend.event_processing import event_accumulator as ea
+
+from conftest import wait_for
+from ipc.codec import encode
+from ipc.messages import SessionLogEvent, SummaryBatch, SummaryItem
+from ipc.transport import Endpoints, make_socket, send
+from procsv import spawn
+from procsv.layout import Layout, read_json
+from procsv.status import summary_stats_path
+from procsv.summaries import SummaryBuffer, SummarySender, ack_path
+
+SIZES = {ea.SCALARS: 0, ea.TENSORS: 0, ea.HISTOGRAMS: 0, ea.IMAGES: 0}
+
+
+class Run:
+    """A logdir, a runtime dir, the summary service process and a trainer-side sender."""
+
+    def __init__(self, tmp_path: Any, logdir: str) -> None:
+        self.logdir = logdir
+        Layout(logdir).create()
+        self.runtime = str(tmp_path / "rt")
+        os.makedirs(self.runtime, mode=0o700)
+        self.endpoints = Endpoints(self.runtime)
+        self.attempt = 0
+        self.service: subprocess.Popen | None = None
+        self.start_service()
+        self.zctx = zmq.Context()
+        self.push = make_socket(self.zctx, zmq.PUSH, sndhwm=256, linger_ms=3000)  # as TrainerChannels
+        self.push.connect(self.endpoints.summary)
+        self.buffer = SummaryBuffer()
+        self.sender = SummarySender(self.buffer, lambda m, f: send(self.push, m, f), ack_path(self.runtime),
+                                    step_rate_secs=0.5)
+
+    def start_service(self) -> None:
+        self.attempt += 1
+        env = spawn.child_env(role="summary", attempt=self.attempt, logdir=self.logdir, runtime_dir=self.runtime,
+                              supervised=False)
+        self.service = spawn.spawn(spawn.service_argv("summary"), env,
+                                   os.path.join(self.logdir, "logs", f"summary.{self.attempt}.log"))
+        pid = self.service.pid
+        wait_for(lambda: (read_json(ack_path(self.runtime)) or {}).get("pid") == pid, 30, what="the service to be up")
+
+    def stop_service(self) -> int:
+        assert self.service is not None
+        self.service.send_signal(signal.SIGTERM)
+        return self.service.wait(timeout=30)
+
+    def close(self) -> None:
+        self.push.close()
+        self.zctx.term()
+        if self.service is not None and self.service.poll() is None:
+            self.stop_service()
+
+    def service_log(self) -> str:
+        with open(os.path.join(self.logdir, "logs", f"summary.{self.attempt}.log")) as fh:
+            return fh.read()
+
+
+@pytest.fixture
+def run(tmp_path, logdir):
+    r = Run(tmp_path, logdir)
+    yield r
+    r.close()
+
+
+def scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
+    acc = ea.EventAccumulator(logdir, size_guidance=SIZES)
+    acc.Reload()
+    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+
+def train(run: Run, first: int, last: int, per_step: float = 0.0) -> float:
+    """Log loss=step and acc=-step for each step, with a boundary per step; return the slowest boundary (s)."""
+    worst = 0.0
+    for step in range(first, last + 1):
+        run.buffer.scalars({"loss": float(step), "acc": -float(step)}, step, time.time())
+        t0 = time.perf_counter()
+        run.sender.at_boundary(step)
+        worst = max(worst, time.perf_counter() - t0)
+        if per_step:
+            time.sleep(per_step)
+    return worst
+
+
+def assert_every_step_once(logdir: str, first: int, last: int) -> None:
+    got = scalars(logdir)
+    assert got["loss"] == [(s, float(s)) for s in range(first, last + 1)]
+    assert got["acc"] == [(s, -float(s)) for s in range(first, last + 1)]
+
+
+def test_everything_logged_is_written_once_and_acknowledged(run):
+    train(run, 1, 2000)
+    assert run.sender.close(2000, timeout=30) == 0
+    assert_every_step_once(run.logdir, 1, 2000)
+    assert run.stop_service() == 0
+    stats = read_json(summary_stats_path(Layout(run.logdir)))
+    assert stats["written"] == 4000 and stats["dropped"] == 0
+
+
+def test_a_killed_service_loses_nothing_once_restarted(run):
+    train(run, 1, 300, per_step=0.001)
+    os.kill(run.service.pid, signal.SIGKILL)  # mid-run, with batches in flight
+    run.service.wait()
+    worst = train(run, 301, 600, per_step=0.001)  # the service is down: logging goes on
+    assert worst < 0.05, f"a step boundary took {worst * 1000:.1f} ms while the service was down"
+    run.start_service()
+    train(run, 601, 900, per_step=0.001)
+    assert run.sender.close(900, timeout=30) == 0
+    assert run.sender.restatements >= 1
+    assert_every_step_once(run.logdir, 1, 900)
+    files = sorted(f for f in os.listdir(run.logdir) if f.startswith("events.out.tfevents."))
+    assert len(files) == 2
+
+
+def test_a_service_killed_twice_while_hung_loses_nothing(run):
+    train(run, 1, 200)
+    os.kill(run.service.pid, signal.SIGSTOP)  # hung: the socket still takes data, nothing is written
+    worst = train(run, 201, 1200, per_step=0.0005)
+    assert worst < 0.05, f"a step boundary took {worst * 1000:.1f} ms while the service hung"
+    os.kill(run.service.pid, signal.SIGKILL)
+    run.service.wait()
+    run.start_service()
+    train(run, 1201, 1300)
+    os.kill(run.service.pid, signal.SIGKILL)  # again, possibly in the middle of the restatement
+    run.service.wait()
+    run.start_service()
+    train(run, 1301, 1400)
+    assert run.sender.close(1400, timeout=30) == 0
+    assert_every_step_once(run.logdir, 1, 1400)
+
+
+def test_global_step_per_sec_is_written_by_the_service(run):
+    train(run, 1, 400, per_step=0.005)  # about 2 s at step_rate_secs=0.5
+    assert run.sender.close(400, timeout=30) == 0
+    rate = scalars(run.logdir)["global_step/sec"]
+    assert len(rate) >= 2
+    steps = [s for s, _ in rate]
+    assert steps == sorted(set(steps))
+    assert all(20 < v < 250 for _, v in rate), rate  # about 1 / (5 ms + work)
+
+
+def test_histograms_images_text_and_protos_arrive(run):
+    from tensorboard.compat.proto import summary_pb2
+    from tensorboard.util import tensor_util
+
+    run.buffer.histogram("weights", np.arange(100.0), 1, time.time(), buckets=10)
+    run.buffer.image("digits", np.zeros((4, 8, 8, 1), np.float32) + 0.5, 1, time.time(), max_outputs=2)
+    run.buffer.text("note", ["hello", "wörld"], 2, time.time())
+    proto = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag="legacy", simple_value=4.0)])
+    run.buffer.proto(proto, 3, time.time())
+    run.sender.at_boundary(3)
+    assert run.sender.close(3, timeout=30) == 0
+    acc = ea.EventAccumulator(run.logdir, size_guidance=SIZES)
+    acc.Reload()
+    hist = tensor_util.make_ndarray(acc.Tensors("weights")[0].tensor_proto)
+    assert hist.shape == (10, 3) and hist[:, 2].sum() == 100
+    img = tensor_util.make_ndarray(acc.Tensors("digits")[0].tensor_proto)
+    assert img[0] == b"8" and img[1] == b"8" and len(img) == 4  # max_outputs=2
+    assert tensor_util.make_ndarray(acc.Tensors("note")[0].tensor_proto).tolist() == [b"hello", "wörld".encode()]
+    assert [(e.step, e.value) for e in acc.Scalars("legacy")] == [(3, 4.0)]
+
+
+def test_garbage_never_stops_the_service(run):
+    raw = make_socket(run.zctx, zmq.PUSH, linger_ms=1000)
+    raw.connect(run.endpoints.summary)
+    bad_item = SummaryItem("image", "x", 1, 1.0, "uint8", [3, 3])  # not [k, h, w, c]
+    garbage = [
+        [b"not json"],
+        [b'{"v": 1, "kind": "nope", "body": {}}'],
+        encode(SummaryBatch([], [], columns=3, tags=["a"]), [b"\x00" * 12, b"\x00" * 24, b"\x00" * 24]),  # 3 frames
+        encode(SummaryBatch([], [], columns=1, tags=["a"]), [b"\x05\x00\x00\x00", b"\x00" * 8, b"\x00" * 8,
+                                                            b"\x00" * 8]),  # tag index out of range
+        encode(SummaryBatch([["a", "x", 1.0, 1.0]], [])),  # a non-integer step in a JSON row
+        encode(SummaryBatch([], [[1, 1.0]]), [b"\xff\xff\xff"]),  # not a Summary proto
+        encode(SummaryBatch([], [], items=[bad_item]), [bytes(9)]),
+        encode(SessionLogEvent("exploded", 3)),
+    ]
+    for frames in garbage:
+        raw.send_multipart(frames)
+    raw.send_multipart(encode(SummaryBatch([["after", 5, 1.5, 1.0]], [])))
+    wait_for(lambda: "after" in scalars(run.logdir), 30, what="the valid batch after the garbage")
+    assert run.service.poll() is None
+    raw.close()
+    assert run.stop_service() == 0
+    log = run.service_log()
+    assert "Traceback" not in log and log.count("procsv summary: dropped") >= 6
+
+
+def test_the_buffer_is_bounded_while_the_service_is_down(run, monkeypatch):
+    from procsv import summaries
+
+    monkeypatch.setattr(summaries, "BUFFER_MAX", 5000)
+    monkeypatch.setattr(summaries, "WINDOW", 2000)
+    os.kill(run.service.pid, signal.SIGKILL)
+    run.service.wait()
+    train(run, 1, 20_000)  # 40,000 rows, far more than the buffer and the window hold
+    held = run.sender.unconfirmed()
+    assert held <= 5000 + 2000 + summaries.BATCH_MAX
+    dropped = run.buffer.dropped_total
+    assert dropped >= 40_000 - held
+    run.start_service()
+    assert run.sender.close(20_000, timeout=60) == 0
+    assert run.stop_service() == 0  # the end of the run: the final count is written
+    got = scalars(run.logdir)
+    written = len(got["loss"]) + len(got["acc"])
+    assert written + dropped == 40_000  # every row is either written or counted
+    assert [s for s, _ in got["loss"]] == sorted({s for s, _ in got["loss"]})
+    wait_for(lambda: (read_json(summary_stats_path(Layout(run.logdir))) or {}).get("dropped") == dropped, 10,
+             what="the drop count in summary_stats.json")
+    assert got["procsv/summaries_dropped"][-1][1] == dropped
