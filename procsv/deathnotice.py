@@ -50,10 +50,18 @@ class RobustMutex:
         else:
             fd = os.open(path, os.O_RDWR)
         try:
-            self._mm = mmap.mmap(fd, _REGION)
+            # mapped with libc and never unmapped: Python's mmap object would be closed while the
+            # interpreter shuts down, and the kernel cannot mark an unmapped mutex "owner died"
+            lib = _lib()
+            lib.mmap.restype = ctypes.c_void_p
+            lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                 ctypes.c_long]
+            addr = lib.mmap(None, _REGION, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                raise OSError(ctypes.get_errno(), "mmap of the death-notice mutex failed")
         finally:
             os.close(fd)
-        self._addr = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(self._mm)))
+        self._addr = ctypes.c_void_p(addr)
         if create:
             lib = _lib()
             attr = ctypes.create_string_buffer(_ATTR)
@@ -114,6 +122,7 @@ class DeathWatch:
         self._alive = alive
         self._on_event = on_event
         self._cancelled = False
+        self.waiting = False  # True once the trainer holds the mutex and the watch blocks on it
         self.thread = threading.Thread(target=self._run, name="procsv-deathwatch", daemon=True)
         self.thread.start()
 
@@ -135,6 +144,7 @@ class DeathWatch:
             time.sleep(0.002)
         if self._cancelled:
             return
+        self.waiting = True
         rc = self.mutex.lock()
         at = time.monotonic()
         if not self._cancelled:

@@ -1,0 +1,85 @@
+"""procsv.deathnotice with real processes: SIGKILL, a crash and a clean exit of the mutex holder."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from conftest import wait_for
+from procsv import deathnotice
+
+HOLDER = """
+import os, sys, time
+from procsv import deathnotice
+deathnotice.hold_from_env()
+print("held", flush=True)
+mode = sys.argv[1]
+sys.stdin.readline()  # "go": the test's watch is waiting on the mutex now
+if mode == "crash":
+    raise RuntimeError("boom")
+if mode == "clean":
+    deathnotice.release()
+    sys.exit(0)
+time.sleep(60)
+"""
+
+
+def _run(tmp_path, mode: str, kill: bool):
+    path = str(tmp_path / "m")
+    mutex = deathnotice.RobustMutex(path, create=True)
+    env = dict(os.environ, **{deathnotice.ENV_MUTEX: path})
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, mode], env=env, stdout=subprocess.PIPE,
+                            stdin=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    events: list[bool] = []
+    got = threading.Event()
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        watch = deathnotice.DeathWatch(mutex, alive=lambda: proc.poll() is None,
+                                       on_event=lambda died, at: (events.append(died), got.set()))
+        wait_for(lambda: watch.waiting, 10, what="the watch to block on the held mutex")
+        if kill:
+            os.kill(proc.pid, signal.SIGKILL)
+        else:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        assert got.wait(10), "no notice within 10 s"
+        watch.cancel()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    return events
+
+
+def test_sigkill_of_the_holder_is_an_owner_died_notice(tmp_path):
+    assert _run(tmp_path, "sleep", kill=True) == [True]
+
+
+def test_an_uncaught_exception_in_the_holder_is_an_owner_died_notice(tmp_path):
+    assert _run(tmp_path, "crash", kill=False) == [True]
+
+
+def test_a_clean_release_is_not_a_death(tmp_path):
+    assert _run(tmp_path, "clean", kill=False) == [False]
+
+
+def test_a_watch_on_a_process_that_never_takes_the_mutex_ends_when_it_is_gone(tmp_path):
+    mutex = deathnotice.RobustMutex(str(tmp_path / "m"), create=True)
+    events: list[bool] = []
+    alive = threading.Event()
+    alive.set()
+    watch = deathnotice.DeathWatch(mutex, alive=alive.is_set, on_event=lambda died, at: events.append(died))
+    alive.clear()
+    watch.thread.join(5)
+    assert not watch.thread.is_alive() and events == []
+
+
+def test_creating_a_mutex_twice_at_one_path_is_refused(tmp_path):
+    deathnotice.RobustMutex(str(tmp_path / "m"), create=True)
+    with pytest.raises(FileExistsError):
+        deathnotice.RobustMutex(str(tmp_path / "m"), create=True)
