@@ -1,0 +1,88 @@
+"""Pure watchdog decisions with plain numbers: hang limits, chaos specs, the recovery report."""
+
+from __future__ import annotations
+
+import random
+import signal
+
+import pytest
+
+from procsv.errors import UsageError
+from procsv.watchdog.chaos import parse_chaos
+from procsv.watchdog.hang import HangLimits, hang_reason
+from procsv.watchdog.report import AttemptRecord, goodput, recoveries, summarize
+
+LIMITS = HangLimits(hang_timeout=10.0, startup_timeout=60.0)
+
+
+def test_no_first_step_is_judged_by_the_startup_timeout():
+    assert hang_reason(59.0, started=0.0, last_progress=None, busy=False, limits=LIMITS) is None
+    reason = hang_reason(61.0, started=0.0, last_progress=None, busy=False, limits=LIMITS)
+    assert reason and "--startup-timeout 60" in reason
+
+
+def test_after_the_first_step_the_hang_timeout_applies():
+    assert hang_reason(109.0, started=0.0, last_progress=100.0, busy=False, limits=LIMITS) is None
+    reason = hang_reason(110.5, started=0.0, last_progress=100.0, busy=False, limits=LIMITS)
+    assert reason and "10.5 s" in reason and "--hang-timeout 10" in reason
+
+
+def test_a_busy_trainer_is_never_hung():
+    assert hang_reason(1e6, started=0.0, last_progress=1.0, busy=True, limits=LIMITS) is None
+
+
+@pytest.mark.parametrize("limits", [HangLimits(None, None), HangLimits(0, 0)])
+def test_zero_or_none_turns_detection_off(limits):
+    assert hang_reason(1e9, started=0.0, last_progress=None, busy=False, limits=limits) is None
+    assert hang_reason(1e9, started=0.0, last_progress=1.0, busy=False, limits=limits) is None
+
+
+def test_chaos_every_is_a_fixed_delay_and_defaults_to_sigkill_of_the_trainer():
+    plan = parse_chaos("every=30")
+    assert plan.target == "trainer" and plan.signal == signal.SIGKILL
+    assert plan.delay(random.Random(0)) == 30.0
+
+
+def test_chaos_random_is_seeded_and_within_bounds():
+    plan = parse_chaos("random=5:9,seed=4,target=summary,signal=TERM")
+    assert plan.target == "summary" and plan.signal == signal.SIGTERM
+    a = [plan.delay(random.Random(plan.seed)) for _ in range(3)]
+    b = [plan.delay(random.Random(plan.seed)) for _ in range(3)]
+    assert a == b and all(5 <= d <= 9 for d in a)
+
+
+@pytest.mark.parametrize("spec", ["", "every", "every=0", "every=-1", "random=9:5", "random=x:y", "every=3,random=1:2",
+                                  "every=3,target=zygote", "every=3,signal=HUP", "every=3,colour=red", "every=3,seed=x"])
+def test_bad_chaos_specs_are_usage_errors(spec):
+    with pytest.raises(UsageError) as err:
+        parse_chaos(spec)
+    assert "--chaos" in str(err.value)
+
+
+def _attempts():
+    # attempt 1: steps 0->100 between t=10 and t=20, killed at 20.0, noticed 20.001
+    a1 = AttemptRecord(1, spawned=0.0, ready=9.0, restored_step=0, first_step=10.0, last_progress=20.0,
+                       last_step=100, ended=20.001, killed_at=20.0, cause="was killed by SIGKILL")
+    # attempt 2: restored step 80 (20 re-done), first step 21.0, runs to step 180 at t=31
+    a2 = AttemptRecord(2, spawned=20.01, ready=20.5, restored_step=80, first_step=21.0, last_progress=31.0,
+                       last_step=180)
+    return [a1, a2]
+
+
+def test_recovery_breakdown_adds_up():
+    (r,) = recoveries(_attempts())
+    assert r["detect_s"] == pytest.approx(0.001) and r["respawn_s"] == pytest.approx(0.009)
+    assert r["restore_s"] == pytest.approx(0.49) and r["first_step_s"] == pytest.approx(0.5)
+    assert r["total_s"] == pytest.approx(1.0) and r["steps_redone"] == 20
+
+
+def test_goodput_counts_only_kept_steps():
+    # kept: 80 of attempt 1's 100 steps (10 s + one step) and all 100 of attempt 2's (10 s + one step)
+    g = goodput(_attempts(), launch_start=0.0, now=31.0)
+    per1, per2 = 10.0 / 99, 10.0 / 99
+    assert g == pytest.approx(((10 + per1) * 0.8 + (10 + per2)) / 31.0)
+    assert summarize(_attempts(), 0.0, 31.0)["steps_redone"] == 20
+
+
+def test_goodput_is_none_before_any_step():
+    assert goodput([AttemptRecord(1, spawned=0.0)], 0.0, 5.0) is None
