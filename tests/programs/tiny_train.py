@@ -6,6 +6,7 @@
     --crash-after-commit   exit 1 right after this attempt's first checkpoint commit (bad attempts)
     --bad-attempts A,B     which attempts misbehave (default: 1); "all" for every attempt
     --save-steps N         checkpoint every N steps
+    --raise-at-step K      raise --raise-kind (outofrange|stopiteration|value) inside step K
 """
 
 import argparse
@@ -25,16 +26,25 @@ p.add_argument("--crash-after-commit", action="store_true")
 p.add_argument("--bad-attempts", default="1")
 p.add_argument("--save-steps", type=int, default=None)
 p.add_argument("--save-model-secs", type=float, default=600)
+p.add_argument("--raise-at-step", type=int, default=0, help="raise --raise-kind inside this step")
+p.add_argument("--raise-kind", choices=["outofrange", "stopiteration", "value"], default="value")
+p.add_argument("--logdir", default=None, help="for a plain `python tiny_train.py` run")
 args = p.parse_args()
 
 attempt = int(os.environ.get("PROCSV_ATTEMPT", "1"))
 bad = args.bad_attempts == "all" or str(attempt) in args.bad_attempts.split(",")
 weights = tf.Variable(tf.zeros([4]))
-sv = procsv.Supervisor(checkpoint={"weights": weights}, save_model_secs=args.save_model_secs,
+sv = procsv.Supervisor(logdir=args.logdir, checkpoint={"weights": weights}, save_model_secs=args.save_model_secs,
                        save_checkpoint_steps=args.save_steps)
 
 
 def step():
+    if args.raise_at_step and sv.step == args.raise_at_step:
+        if args.raise_kind == "outofrange":
+            raise tf.errors.OutOfRangeError(None, None, "input exhausted")
+        if args.raise_kind == "stopiteration":
+            raise StopIteration
+        raise ValueError(f"bad batch at step {sv.step}")
     weights.assign_add(tf.ones([4]))
     if bad and args.hang_at_step and sv.step == args.hang_at_step:
         print(f"tiny: hanging in step {sv.step}", flush=True)
