@@ -179,9 +179,11 @@ class SummaryBatch(Message):
     ``scalars`` rows are ``[tag, step, value, wall_time]``. ``protos`` rows are
     ``[step, wall_time]``, each matched with one frame holding a serialized ``Summary`` proto.
 
-    The trainer's fast path sends scalars as binary columns instead: ``columns`` rows, four frames
-    after the proto frames (tag index into ``tags`` as uint32, step int64, value float64, wall time
-    float64; little-endian), then one frame per entry of ``items``.
+    The trainer's fast path sends scalars as binary columns instead: ``columns`` rows in one frame
+    after the proto frames, then one frame per entry of ``items``. The columns frame (little-endian):
+    uint32 L, the tag table (a UTF-8 JSON list of strings, L bytes), zero padding to a multiple of 8,
+    then the columns wall time float64[n], value float64[n], step int64[n], tag index uint32[n].
+    (In the JSON header, hundreds of tags or rows would cost the codec more than everything else.)
 
     Delivery (see ``services/summary/sessions.py``): ``session`` names the sending trainer process
     and ``seq`` numbers its batches 1, 2, ... as they are handed to ZeroMQ; the service writes a
@@ -200,7 +202,6 @@ class SummaryBatch(Message):
     session: str = ""
     seq: int = 0
     resync_from: Optional[int] = None
-    tags: list[str] = field(default_factory=list)
     columns: int = 0
     items: list[SummaryItem] = field(default_factory=list)
     step: int = -1

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 from ipc.messages import Message, SummaryBatch, SummaryItem
 
 BATCH_MAX = 512  # rows per message
-FLUSH_EVERY = 0.005  # seconds: a partial batch is sent at least this often (at a step boundary)
+FLUSH_EVERY = 0.1  # seconds: a partial batch is sent at least this often (at a step boundary)
 BUFFER_MAX = 100_000  # rows kept while the summary service is slow; older ones are dropped
 ITEM_BYTES_MAX = 64 << 20  # bytes of histogram/image/text/proto payloads kept, likewise
 WINDOW = 50_000  # rows sent but not yet acknowledged; beyond that, rows wait in the buffer
@@ -340,11 +340,13 @@ def encode_chunk(chunk: Chunk, **header: Any) -> tuple[SummaryBatch, list[Any]]:
     if chunk.rows:
         tags, steps, values, walls = zip(*chunk.rows)
         index = array("I", [table.setdefault(t, len(table)) for t in tags])
-        frames += [index.tobytes(), array("q", steps).tobytes(), array("d", values).tobytes(),
-                   array("d", walls).tobytes()]
+        names = json.dumps(list(table)).encode()
+        pad = b"\0" * (-(4 + len(names)) % 8)
+        frames.append(b"".join((len(names).to_bytes(4, "little"), names, pad, array("d", walls).tobytes(),
+                                array("d", values).tobytes(), array("q", steps).tobytes(), index.tobytes())))
     frames += [data for _, data in chunk.items]
-    batch = SummaryBatch([], [[s, w] for s, w, _ in chunk.protos], chunk.dropped, tags=list(table),
-                         columns=len(chunk.rows), items=[i for i, _ in chunk.items], **header)
+    batch = SummaryBatch([], [[s, w] for s, w, _ in chunk.protos], chunk.dropped, columns=len(chunk.rows),
+                         items=[i for i, _ in chunk.items], **header)
     return batch, frames
 
 

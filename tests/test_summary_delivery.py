@@ -179,6 +179,14 @@ def test_histograms_images_text_and_protos_arrive(run):
     assert [(e.step, e.value) for e in acc.Scalars("legacy")] == [(3, 4.0)]
 
 
+def columns(table: bytes, index: list[int]) -> bytes:
+    """A columns frame (see SummaryBatch) with the given tag table and tag indices."""
+    n = len(index)
+    pad = b"\0" * (-(4 + len(table)) % 8)
+    return (len(table).to_bytes(4, "little") + table + pad + np.zeros(n).tobytes() + np.zeros(n).tobytes()
+            + np.zeros(n, "<i8").tobytes() + np.array(index, "<u4").tobytes())
+
+
 def test_garbage_never_stops_the_service(run):
     raw = make_socket(run.zctx, zmq.PUSH, linger_ms=1000)
     raw.connect(run.endpoints.summary)
@@ -186,9 +194,11 @@ def test_garbage_never_stops_the_service(run):
     garbage = [
         [b"not json"],
         [b'{"v": 1, "kind": "nope", "body": {}}'],
-        encode(SummaryBatch([], [], columns=3, tags=["a"]), [b"\x00" * 12, b"\x00" * 24, b"\x00" * 24]),  # 3 frames
-        encode(SummaryBatch([], [], columns=1, tags=["a"]), [b"\x05\x00\x00\x00", b"\x00" * 8, b"\x00" * 8,
-                                                            b"\x00" * 8]),  # tag index out of range
+        encode(SummaryBatch([], [], columns=3), [columns(b'["a"]', [0, 0])]),  # 2 rows, not 3
+        encode(SummaryBatch([], [], columns=1), [columns(b'["a"]', [5])]),  # tag index out of range
+        encode(SummaryBatch([], [], columns=1), [columns(b'{"a": 1}', [0])]),  # the tag table is no list
+        encode(SummaryBatch([], [], columns=1), [b"\x01"]),  # a truncated frame
+        encode(SummaryBatch([], [], columns=1)),  # no frame at all
         encode(SummaryBatch([["a", "x", 1.0, 1.0]], [])),  # a non-integer step in a JSON row
         encode(SummaryBatch([], [[1, 1.0]]), [b"\xff\xff\xff"]),  # not a Summary proto
         encode(SummaryBatch([], [], items=[bad_item]), [bytes(9)]),
@@ -202,7 +212,7 @@ def test_garbage_never_stops_the_service(run):
     raw.close()
     assert run.stop_service() == 0
     log = run.service_log()
-    assert "Traceback" not in log and log.count("procsv summary: dropped") >= 6
+    assert "Traceback" not in log and log.count("procsv summary: dropped") >= 9
 
 
 def test_the_buffer_is_bounded_while_the_service_is_down(run, monkeypatch):

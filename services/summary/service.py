@@ -16,6 +16,7 @@ reported and dropped; it never stops the service.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -46,12 +47,37 @@ BURST_MAX = 256  # messages per write
 DRAIN_SECS = 2.0
 KEEP_SESSIONS = 20  # sessions remembered in the ack and stats files
 DROPPED_TAG = "procsv/summaries_dropped"
+COLUMN_FRAMES = 1  # the scalar columns of a batch travel in one frame (see SummaryBatch)
 
 _SESSION_STATUS = {"start": records.START, "stop": records.STOP, "checkpoint": records.CHECKPOINT}
 
 
 class BadBatch(ValueError):
     """A batch's frames do not match its header."""
+
+
+def unpack_columns(frame: Any, n: int) -> tuple[list[str], list[np.ndarray]]:
+    """The tag table and the columns [tag index, step, value, wall time] of a columns frame."""
+    buf = memoryview(frame.buffer if hasattr(frame, "buffer") else frame).cast("B")
+    if len(buf) < 4:
+        raise BadBatch("the columns frame is too short")
+    length = int.from_bytes(buf[:4], "little")
+    start = 4 + length + (-(4 + length) % 8)
+    if len(buf) != start + 28 * n:
+        raise BadBatch(f"the columns frame has {len(buf)} bytes, not {start + 28 * n} for {n} rows")
+    try:
+        table = json.loads(bytes(buf[4:4 + length]))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadBatch(f"the tag table is not JSON: {exc}") from None
+    if not isinstance(table, list) or not all(isinstance(t, str) and t for t in table):
+        raise BadBatch("the tag table is not a list of non-empty strings")
+    walls = np.frombuffer(buf, "<f8", n, start)
+    values = np.frombuffer(buf, "<f8", n, start + 8 * n)
+    steps = np.frombuffer(buf, "<i8", n, start + 16 * n)
+    index = np.frombuffer(buf, "<u4", n, start + 24 * n)
+    if n and int(index.max()) >= len(table):
+        raise BadBatch("a scalar row names a tag index outside the batch's tag table")
+    return table, [index, steps, values, walls]
 
 
 def scalar_columns(msg: SummaryBatch, frames: list[Any]) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray,
@@ -74,20 +100,11 @@ def scalar_columns(msg: SummaryBatch, frames: list[Any]) -> tuple[list[str], np.
         values.append(np.array([r[2] for r in rows], dtype=np.float64))
         walls.append(np.array([r[3] for r in rows], dtype=np.float64))
     if msg.columns:
-        if len(frames) < 4:
-            raise BadBatch(f"{msg.columns} scalar rows announced but {len(frames)} column frames")
-        n = msg.columns
-        cols = []
-        for frame, dtype in zip(frames[:4], ("<u4", "<i8", "<f8", "<f8")):
-            buf = frame.buffer if hasattr(frame, "buffer") else frame
-            arr = np.frombuffer(buf, dtype=dtype)
-            if len(arr) != n:
-                raise BadBatch(f"a scalar column holds {len(arr)} rows, not {n}")
-            cols.append(arr)
-        if n and int(cols[0].max()) >= len(msg.tags):
-            raise BadBatch("a scalar row names a tag index outside the batch's tag table")
+        if len(frames) < COLUMN_FRAMES:
+            raise BadBatch(f"{msg.columns} scalar rows announced but no columns frame")
+        table, cols = unpack_columns(frames[0], msg.columns)
         index.append(cols[0].astype(np.int64) + len(tags))
-        tags = tags + list(msg.tags)
+        tags = tags + table
         steps.append(cols[1])
         values.append(cols[2])
         walls.append(cols[3])
@@ -200,7 +217,7 @@ class SummaryService:
 
     def _batch(self, msg: SummaryBatch, payload: list[Any], out: list[bytes]) -> None:
         n_protos = len(msg.protos)
-        n_cols = 4 if msg.columns else 0
+        n_cols = COLUMN_FRAMES if msg.columns else 0
         if len(payload) != n_protos + n_cols + len(msg.items):
             self._complain(f"dropped a batch whose {len(payload)} frames do not match its header")
             self.service_dropped += len(msg.scalars) + msg.columns + n_protos + len(msg.items)

@@ -1,0 +1,267 @@
+"""Benchmark of procsv's summary path, side by side with TensorFlow/TensorBoard, in one run.
+
+Runs in one process (the "trainer") plus the summary service processes it starts:
+
+  (a) trainer-side cost per logged scalar: a real ``procsv.Supervisor`` (its ``log_scalars`` plus
+      the hand-off at step boundaries) vs eager ``tf.summary.scalar`` under a default file writer;
+  (b) end-to-end throughput into event files: the trainer-side buffer and sender against a real
+      summary service, from the first scalar logged to the last one acknowledged as written, then
+      verified by reading the files back with TensorBoard's ``EventAccumulator``; TensorBoard's own
+      ``EventFileWriter`` (one ``simple_value`` event per scalar) as the baseline;
+  (c) step-time overhead of logging 10 scalars every step on the digits example's model, with
+      logging switched on and off in interleaved blocks (medians, so machine noise cancels out).
+
+Prints a table, then the line ``cost_ratio=<x> throughput_per_s=<x> step_overhead=<x>``.
+Usage: ``python scripts/bench_summary.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+import zmq  # noqa: E402
+
+from ipc.transport import Endpoints, make_socket, send  # noqa: E402
+from procsv import spawn  # noqa: E402
+from procsv.layout import Layout, read_json  # noqa: E402
+from procsv.summaries import SummaryBuffer, SummarySender, ack_path  # noqa: E402
+
+TAGS10 = [f"metric/{i}" for i in range(10)]
+
+
+def settle(max_secs: float = 20.0) -> None:
+    """Wait until this process's children are idle (the checkpoint service imports TensorFlow)."""
+    deadline = time.monotonic() + max_secs
+    kids = psutil.Process().children(recursive=True)
+    while time.monotonic() < deadline:
+        busy = sum(p.cpu_percent(interval=0.3) for p in kids if p.is_running())
+        if busy < 10:
+            return
+
+
+def wrap_timer(obj: Any, name: str, acc: list[float]) -> None:
+    """Accumulate the time spent in ``obj.name`` into ``acc[0]``."""
+    inner: Callable[..., Any] = getattr(obj, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            acc[0] += time.perf_counter() - t0
+
+    setattr(obj, name, timed)
+
+
+# ----------------------------------------------------------------------------- (a)
+def cost_per_scalar(tmp: str, steps: int) -> dict[str, float]:
+    import tensorflow as tf
+
+    import procsv
+
+    values = {t: tf.constant(float(i)) for i, t in enumerate(TAGS10)}  # eager scalars, as a step returns them
+    floats = {t: float(i) for i, t in enumerate(TAGS10)}
+    writer = tf.summary.create_file_writer(os.path.join(tmp, "tf-a"))
+    with writer.as_default():
+        for i in range(50):
+            tf.summary.scalar("warm", 1.0, step=i)
+        n_tf = max(200, steps // 10)
+        t0 = time.perf_counter()
+        for i in range(n_tf // 10):
+            for t, v in values.items():
+                tf.summary.scalar(t, v, step=i)
+        tf_tensor = (time.perf_counter() - t0) / n_tf
+        t0 = time.perf_counter()
+        for i in range(n_tf // 10):
+            for t, v in floats.items():
+                tf.summary.scalar(t, v, step=i)
+        tf_float = (time.perf_counter() - t0) / n_tf
+        writer.flush()
+
+    sv = procsv.Supervisor(logdir=os.path.join(tmp, "a"), checkpoint=None, save_summaries_secs=10)
+    out: dict[str, float] = {"tf_tensor": tf_tensor, "tf_float": tf_float}
+    with sv.managed_session() as sess:
+        settle()
+        sess.run(lambda: None)
+        handoff = [0.0]
+        wrap_timer(sv._summary_sender, "at_boundary", handoff)
+        for name, vals in (("procsv_tensor", values), ("procsv_float", floats)):
+            handoff[0] = 0.0
+            spent = 0.0
+            for _ in range(steps):
+                sess.run(lambda: None)
+                t0 = time.perf_counter()
+                sv.log_scalars(vals)
+                spent += time.perf_counter() - t0
+            out[name] = (spent + handoff[0]) / (steps * len(vals))
+    return out
+
+
+# ----------------------------------------------------------------------------- (b)
+def start_service(logdir: str, runtime: str) -> subprocess.Popen:
+    env = spawn.child_env(role="summary", attempt=1, logdir=logdir, runtime_dir=runtime, supervised=False)
+    proc = spawn.spawn(spawn.service_argv("summary"), env, os.path.join(logdir, "logs", "summary.1.log"))
+    deadline = time.monotonic() + 30
+    while (read_json(ack_path(runtime)) or {}).get("pid") != proc.pid:
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError("the summary service did not start")
+        time.sleep(0.05)
+    return proc
+
+
+def read_back(logdir: str) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    acc = ea.EventAccumulator(logdir, size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+
+def throughput(tmp: str, steps: int) -> dict[str, float]:
+    logdir, runtime = os.path.join(tmp, "b"), os.path.join(tmp, "b-rt")
+    Layout(logdir).create()
+    os.makedirs(runtime, mode=0o700)
+    service = start_service(logdir, runtime)
+    zctx = zmq.Context()
+    push = make_socket(zctx, zmq.PUSH, sndhwm=256, linger_ms=3000)
+    push.connect(Endpoints(runtime).summary)
+    buf = SummaryBuffer()
+    sender = SummarySender(buf, lambda m, f: send(push, m, f), ack_path(runtime))
+    row = {t: 0.0 for t in TAGS10}
+    t0 = time.perf_counter()
+    for step in range(1, steps + 1):
+        for i, t in enumerate(TAGS10):
+            row[t] = step + i / 10
+        buf.scalars(row, step, time.time())
+        sender.at_boundary(step)
+    left = sender.close(steps, timeout=120)
+    elapsed = time.perf_counter() - t0
+    service.terminate()
+    service.wait(timeout=30)
+    push.close()
+    zctx.term()
+    got = read_back(logdir)
+    expected = {t: [(s, float(np.float32(s + i / 10))) for s in range(1, steps + 1)] for i, t in enumerate(TAGS10)}
+    ok = left == 0 and all(got.get(t) == expected[t] for t in TAGS10)
+    n = steps * len(TAGS10)
+
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    base_dir = os.path.join(tmp, "b-tb")
+    n_base = max(1000, n // 5)
+    w = EventFileWriter(base_dir, max_queue_size=10000, flush_secs=120)
+    t0 = time.perf_counter()
+    for k in range(n_base):
+        summ = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=TAGS10[k % 10], simple_value=float(k))])
+        w.add_event(event_pb2.Event(wall_time=time.time(), step=k // 10 + 1, summary=summ))
+    w.close()
+    base_elapsed = time.perf_counter() - t0
+    base_ok = sum(len(v) for v in read_back(base_dir).values()) == n_base
+    return {"procsv": n / elapsed, "procsv_ok": float(ok), "n": n, "tb": n_base / base_elapsed,
+            "tb_ok": float(base_ok), "n_tb": n_base}
+
+
+# ----------------------------------------------------------------------------- (c)
+def step_overhead(tmp: str, blocks: int, block_steps: int) -> dict[str, float]:
+    import keras
+    import tensorflow as tf
+
+    import procsv
+    from procsv.examples.digits import batch_indices, load_data
+
+    x_train, y_train, _, _ = load_data(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
+    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def train_step(x: tf.Tensor, y: tf.Tensor) -> dict[str, tf.Tensor]:
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            loss = loss_fn(y, logits)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        acc = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, axis=1), y), tf.float32))
+        norms = [tf.norm(g) for g in grads]  # 4 gradient norms
+        return {"loss": loss, "accuracy": acc, "logits/mean": tf.reduce_mean(logits),
+                "logits/max": tf.reduce_max(logits), "grad/norm0": norms[0], "grad/norm1": norms[1],
+                "grad/norm2": norms[2], "grad/norm3": norms[3], "grad/global": tf.linalg.global_norm(grads),
+                "lr": tf.constant(1e-3)}
+
+    sv = procsv.Supervisor(logdir=os.path.join(tmp, "c"), checkpoint=None, save_summaries_secs=1)
+    per: dict[bool, list[float]] = {True: [], False: []}
+    with sv.managed_session() as sess:
+        settle()
+        step = 0
+
+        def block(log: bool) -> float:
+            nonlocal step
+            t0 = time.perf_counter()
+            for _ in range(block_steps):
+                step += 1
+                idx = batch_indices(0, step, len(x_train), 64)
+                metrics = sess.run(train_step, x_train[idx], y_train[idx])
+                if log:
+                    sv.log_scalars(metrics)
+            return (time.perf_counter() - t0) / block_steps
+
+        block(False)  # trace and warm up
+        block(True)
+        for k in range(blocks):
+            for log in ((True, False) if k % 2 else (False, True)):
+                per[log].append(block(log))
+    on, off = statistics.median(per[True]), statistics.median(per[False])
+    pairs = [a / b - 1 for a, b in zip(per[True], per[False])]
+    return {"on": on, "off": off, "overhead": on / off - 1, "pair_median": statistics.median(pairs),
+            "dropped": float(sv.summaries_dropped)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run, noisier numbers)")
+    args = p.parse_args()
+    tmp = tempfile.mkdtemp(prefix="bench-summary-")
+    try:
+        a = cost_per_scalar(tmp, steps=2000 if args.quick else 20000)
+        b = throughput(tmp, steps=5000 if args.quick else 50000)
+        c = step_overhead(tmp, blocks=6 if args.quick else 30, block_steps=100 if args.quick else 200)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    cost_ratio = a["procsv_tensor"] / a["tf_tensor"]
+    rows = [
+        ("(a) cost per scalar, eager tensor", f"{a['procsv_tensor'] * 1e6:.2f} us", f"{a['tf_tensor'] * 1e6:.0f} us",
+         f"ratio {cost_ratio:.4f} (goal <= 0.02)"),
+        ("(a) cost per scalar, Python float", f"{a['procsv_float'] * 1e6:.2f} us", f"{a['tf_float'] * 1e6:.0f} us",
+         f"ratio {a['procsv_float'] / a['tf_float']:.4f}"),
+        ("(b) end-to-end scalars/s into files", f"{b['procsv']:,.0f}/s", f"{b['tb']:,.0f}/s",
+         f"x{b['procsv'] / b['tb']:.1f}; verified {'yes' if b['procsv_ok'] and b['tb_ok'] else 'NO'} "
+         f"({int(b['n']):,} / {int(b['n_tb']):,} scalars read back) (goal >= 100,000/s)"),
+        ("(c) digits step, 10 scalars/step", f"{c['on'] * 1e3:.3f} ms", f"{c['off'] * 1e3:.3f} ms (no logging)",
+         f"overhead {c['overhead'] * 100:+.2f}% (paired median {c['pair_median'] * 100:+.2f}%) (goal <= 2%)"),
+    ]
+    print(f"{'measurement':<38}{'procsv':>14}{'baseline':>24}   result")
+    print(f"{'':<38}{'':>14}{'(TF / TensorBoard)':>24}")
+    for name, ours, base, result in rows:
+        print(f"{name:<38}{ours:>14}{base:>24}   {result}")
+    print(f"cost_ratio={cost_ratio:.4f} throughput_per_s={b['procsv']:.0f} step_overhead={c['overhead']:.4f}")
+    return 0 if b["procsv_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""End-to-end: TensorBoard logs stay exactly right while `procsv launch` processes are killed.
+
+Real processes and signals on the built-in example, logging loss and accuracy every step; the
+logdir is read back with TensorBoard's ``EventAccumulator`` (purge on, keeping every event).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import statistics
+import time
+
+import pytest
+from tensorboard.backend.event_processing import event_accumulator as ea
+
+from conftest import committed_steps, finish, launch, raw_status, role_pid, status_json, wait_for
+
+pytestmark = pytest.mark.slow
+
+SIZES = {ea.SCALARS: 0, ea.TENSORS: 0, ea.HISTOGRAMS: 0, ea.IMAGES: 0}
+EVERY_STEP = ("loss", "accuracy")  # the example logs these at every step with --log-every-steps 1
+
+
+def read_scalars(logdir: str) -> dict[str, list[ea.ScalarEvent]]:
+    acc = ea.EventAccumulator(logdir, size_guidance=SIZES)  # purge_orphaned_data=True, as TensorBoard
+    acc.Reload()
+    return {tag: acc.Scalars(tag) for tag in acc.Tags()["scalars"]}
+
+
+def assert_one_value_per_step(scalars: dict[str, list[ea.ScalarEvent]], first: int, last: int) -> None:
+    assert set(EVERY_STEP) <= set(scalars), sorted(scalars)
+    for tag, events in scalars.items():
+        steps = [e.step for e in events]
+        assert all(a < b for a, b in zip(steps, steps[1:])), f"{tag}: steps not strictly increasing"
+    for tag in EVERY_STEP:
+        steps = [e.step for e in scalars[tag]]
+        missing = sorted(set(range(first, last + 1)) - set(steps))
+        assert steps == list(range(first, last + 1)), f"{tag}: {len(missing)} steps missing, e.g. {missing[:10]}"
+
+
+def test_three_trainer_sigkills_leave_exactly_one_value_per_step(logdir):
+    rng = random.Random()
+    seed = rng.randrange(1 << 30)
+    rng.seed(seed)
+    proc = launch(logdir, "--steps", "3000", "--log-every-steps", "1", "--save-model-secs", "1",
+                  "--save-summaries-secs", "1", "--step-delay", "0.002")
+    victims = []
+    try:
+        for _ in range(3):
+            before = committed_steps(logdir)[-1:] or [0]
+            pid = wait_for(lambda: role_pid(logdir, "trainer") not in (None, *victims) and
+                           role_pid(logdir, "trainer"), 120, what="a new trainer")
+            wait_for(lambda: (committed_steps(logdir)[-1:] or [0])[0] > before[0], 120,
+                     what="a checkpoint from the new trainer")
+            time.sleep(rng.uniform(0.0, 1.5))  # a random moment: mid-step, mid-send or mid-commit
+            os.kill(pid, signal.SIGKILL)
+            victims.append(pid)
+    finally:
+        code, out, err = finish(proc, timeout=300)
+    assert code == 0, f"seed {seed}\n{err}"
+    st = status_json(logdir)
+    assert st["state"] == "succeeded" and st["restarts"] == 3 and st["step"] == 3000
+    assert_one_value_per_step(read_scalars(logdir), 1, 3000)
+    assert st["summaries"]["dropped"] == 0
+
+
+def _steps_and_walls(events: list[ea.ScalarEvent], t0: float, t1: float) -> list[float]:
+    return [e.wall_time for e in events if t0 <= e.wall_time < t1]
+
+
+def test_killing_the_summary_service_neither_slows_training_nor_loses_summaries(logdir):
+    proc = launch(logdir, "--steps", "100000", "--log-every-steps", "1", "--step-delay", "0.005",
+                  "--save-model-secs", "2", "--save-summaries-secs", "1")
+    try:
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 300, 120, what="training to run")
+        victim = role_pid(logdir, "summary")
+        t_before = time.time()
+        time.sleep(3.0)  # the reference window: service healthy
+        t_down = time.time()
+        os.kill(victim, signal.SIGSTOP)  # first hung (it takes no more data), then dead
+        time.sleep(3.0)
+        os.kill(victim, signal.SIGKILL)
+        new = wait_for(lambda: role_pid(logdir, "summary") not in (None, victim) and role_pid(logdir, "summary"),
+                       60, what="the watchdog to restart the summary service")
+        t_up = time.time()
+        wait_for(lambda: os.path.exists(f"/proc/{new}") and any(
+            f.endswith(f"procsv-{new}") for f in os.listdir(logdir)), 30, what="the new service's event file")
+        time.sleep(2.0)  # what was held back is restated and written meanwhile
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        code, out, err = finish(proc, timeout=180)
+    assert code == 128 + signal.SIGTERM, err
+    st = status_json(logdir)
+    summary = next(p for p in st["processes"] if p["role"] == "summary")
+    assert summary["pid"] == new and summary["restarts"] == 1
+    scalars = read_scalars(logdir)
+    loss = scalars["loss"]
+    first, last = loss[0].step, loss[-1].step
+    assert first == 1 and last >= st["step"] - 1
+    assert_one_value_per_step(scalars, first, last)  # the stated bound: nothing lost, nothing doubled
+    assert st["summaries"]["dropped"] == 0
+
+    # the trainer's own clock (each value's wall time) shows its pace while the service was down
+    healthy = _steps_and_walls(loss, t_before, t_down)
+    down = _steps_and_walls(loss, t_down, t_up)
+    assert len(healthy) > 50 and len(down) > 50, (len(healthy), len(down))
+    med_healthy = statistics.median(b - a for a, b in zip(healthy, healthy[1:]))
+    med_down = statistics.median(b - a for a, b in zip(down, down[1:]))
+    worst_down = max(b - a for a, b in zip(down, down[1:]))
+    rate_healthy = (len(healthy) - 1) / (healthy[-1] - healthy[0])
+    rate_down = (len(down) - 1) / (down[-1] - down[0])
+    print(f"step time median {med_healthy * 1000:.2f} ms healthy, {med_down * 1000:.2f} ms with the service down; "
+          f"rate {rate_healthy:.0f}/s vs {rate_down:.0f}/s; longest step while down {worst_down * 1000:.0f} ms")
+    assert med_down < 1.5 * med_healthy
+    assert rate_down > 0.6 * rate_healthy
+    assert worst_down < 1.0  # no step waited for the service
