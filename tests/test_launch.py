@@ -226,3 +226,31 @@ def test_plain_python_run_without_launch_checkpoints_and_resumes(logdir):
     assert second.returncode == 0, second.stderr
     assert "restored step 300 " in second.stdout
     assert committed_steps(logdir)[-1] == 350
+
+
+def _final_weights(logdir: str):
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(logdir))
+    # model weights are saved once, under the optimizer's _trainable_variables; slots and step too
+    return {k: reader.get_tensor(k) for k in sorted(reader.get_variable_to_shape_map())
+            if "VARIABLE_VALUE" in k and not k.startswith("save_counter")}
+
+
+def test_a_killed_and_resumed_run_ends_with_bit_identical_weights(tmp_path, logdir):
+    args = ("--steps", "1200", "--save-checkpoint-steps", "100", "--save-model-secs", "1000", "--step-delay", "0.003")
+    clean = str(tmp_path / "clean")
+    code, out, err = finish(launch(clean, *args))
+    assert code == 0, err
+    proc = launch(logdir, *args)
+    try:
+        wait_for(lambda: committed_steps(logdir), 90, what="the first checkpoint")
+        os.kill(role_pid(logdir, "trainer"), signal.SIGKILL)
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+    assert status_json(logdir)["restarts"] == 1
+    a, b = _final_weights(clean), _final_weights(logdir)
+    assert a.keys() == b.keys() and len([k for k in a if "_trainable_variables" in k]) == 4
+    for key in a:
+        assert (a[key] == b[key]).all(), f"{key} differs after a kill and resume"
