@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from ipc.messages import Message, SummaryBatch, SummaryItem
 
-BATCH_MAX = 512  # rows per message
+BATCH_MAX = 4096  # rows per message
+ITEMS_MAX = 64  # histograms/images/text/protos per message
 FLUSH_EVERY = 0.1  # seconds: a partial batch is sent at least this often (at a step boundary)
 BUFFER_MAX = 100_000  # rows kept while the summary service is slow; older ones are dropped
 ITEM_BYTES_MAX = 64 << 20  # bytes of histogram/image/text/proto payloads kept, likewise
@@ -58,11 +59,18 @@ def check_tag(tag: Any) -> str:
 def as_float(tag: str, value: Any) -> float:
     """``value`` as a float; TypeError naming the tag for anything but one real number (NaN/inf are kept)."""
     check_tag(tag)
-    if type(value) is float:
-        return value
+    return value if type(value) is float else _real(tag, value)
+
+
+def _real(tag: str, value: Any) -> float:
     original = value
-    if hasattr(value, "numpy"):
-        value = value.numpy()
+    to_numpy = getattr(value, "_numpy", None) or getattr(value, "numpy", None)  # an eager tensor's is cheapest
+    if to_numpy is not None:
+        try:
+            value = to_numpy()
+        except Exception:  # a symbolic tensor (inside tf.function), or a foreign object
+            raise TypeError(f"summary {tag!r}: cannot read the value of {type(original).__name__} here; "
+                            "log eager values, outside tf.function") from None
     kind = getattr(getattr(value, "dtype", None), "kind", "f")
     shape = getattr(value, "shape", ())
     try:
@@ -207,9 +215,11 @@ class SummaryBuffer:
         rows = []
         ok = self._ok_tags
         for tag, value in values.items():
-            if type(value) is not float or tag not in ok:
-                value = as_float(tag, value)
+            if tag not in ok:
+                check_tag(tag)
                 ok.add(tag)
+            if type(value) is not float:
+                value = _real(tag, value)
             rows.append((tag, step, value, wall))
         with self._lock:
             for row in rows:
@@ -278,11 +288,14 @@ class SummaryBuffer:
 
     # ---- hand-off (main thread)
     def due(self, now: float) -> bool:
-        n = len(self)
-        return n >= BATCH_MAX or (n > 0 and now - self._last_flush >= FLUSH_EVERY)
+        n = len(self._rows)
+        m = len(self._protos) + len(self._items)
+        return n >= BATCH_MAX or m >= ITEMS_MAX or (n + m > 0 and now - self._last_flush >= FLUSH_EVERY)
 
-    def take(self, limit: int = BATCH_MAX) -> Chunk:
-        """Up to ``limit`` rows and up to ``limit`` payloads, oldest first, with the drops so far."""
+    def take(self, limit: Optional[int] = None, items: Optional[int] = None) -> Chunk:
+        """Up to ``limit`` rows and ``items`` payloads (BATCH_MAX, ITEMS_MAX), oldest first, with the drops so far."""
+        limit = BATCH_MAX if limit is None else limit
+        n_items = ITEMS_MAX if items is None else items
         with self._lock:
             rows, protos, items = self._rows, self._protos, self._items
             if len(rows) <= limit:
@@ -290,8 +303,8 @@ class SummaryBuffer:
                 rows.clear()
             else:
                 taken = [rows.popleft() for _ in range(limit)]
-            chunk = Chunk(taken, [protos.popleft() for _ in range(min(limit, len(protos)))],
-                          [items.popleft() for _ in range(min(limit, len(items)))], self._dropped)
+            chunk = Chunk(taken, [protos.popleft() for _ in range(min(n_items, len(protos)))],
+                          [items.popleft() for _ in range(min(n_items, len(items)))], self._dropped)
             self._payload_bytes -= sum(len(p[2]) for p in chunk.protos) + sum(len(i[1]) for i in chunk.items)
             self._dropped = 0
             self._last_flush = time.monotonic()
@@ -328,7 +341,7 @@ class SummaryBuffer:
             n = len(self)
             if n == 0 or (not force and n < BATCH_MAX and time.monotonic() - self._last_flush < FLUSH_EVERY):
                 return None
-        chunk = self.take(limit=max(n, 1))
+        chunk = self.take(limit=max(n, 1), items=max(n, 1))
         batch = SummaryBatch([list(r) for r in chunk.rows], [[s, w] for s, w, _ in chunk.protos], chunk.dropped)
         return batch, [data for _, _, data in chunk.protos]
 
@@ -401,21 +414,26 @@ class SummarySender:
         now = clock()
         self._next_poll = now
         self._next_heartbeat = now
+        self._wake = now  # before this, a boundary has nothing to do unless a batch is full or urgent
         self.restatements = 0
 
     # ---- step boundary
     def at_boundary(self, step: int, urgent: bool = False) -> None:
         """Poll acks (rate-limited) and send what is due, within the window; cheap when idle."""
         now = self.clock()
+        buf = self.buffer
+        if now < self._wake and not urgent and len(buf._rows) < BATCH_MAX:
+            return
         if self.inflight and now >= self._next_poll:
             self._next_poll = now + ACK_POLL_EVERY
             self._poll_acks(step)
-        buf = self.buffer
         for _ in range(SENDS_PER_BOUNDARY):
             if self._inflight_rows >= WINDOW or not (buf.due(now) or (urgent and len(buf)) or now >= self._next_heartbeat):
                 break
             if not self._send_next(step, now):
                 break
+        wake = min(buf._last_flush + FLUSH_EVERY, self._next_heartbeat)
+        self._wake = min(wake, self._next_poll) if self.inflight else wake
 
     def _send_next(self, step: int, now: float) -> bool:
         chunk = self.buffer.take()

@@ -156,7 +156,12 @@ def throughput(tmp: str, steps: int) -> dict[str, float]:
     zctx.term()
     got = read_back(logdir)
     expected = {t: [(s, float(np.float32(s + i / 10))) for s in range(1, steps + 1)] for i, t in enumerate(TAGS10)}
-    ok = left == 0 and all(got.get(t) == expected[t] for t in TAGS10)
+    bad = [t for t in TAGS10 if got.get(t) != expected[t]]
+    ok = left == 0 and not bad
+    if not ok:
+        print(f"(b) verification failed: {left} scalars unconfirmed; tags differing: "
+              f"{[(t, len(got.get(t, [])), next((g, e) for g, e in zip(got.get(t, []), expected[t]) if g != e)) for t in bad[:2]]}",
+              file=sys.stderr)
     n = steps * len(TAGS10)
 
     from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -171,7 +176,10 @@ def throughput(tmp: str, steps: int) -> dict[str, float]:
         w.add_event(event_pb2.Event(wall_time=time.time(), step=k // 10 + 1, summary=summ))
     w.close()
     base_elapsed = time.perf_counter() - t0
-    base_ok = sum(len(v) for v in read_back(base_dir).values()) == n_base
+    base_count = sum(len(v) for v in read_back(base_dir).values())
+    base_ok = base_count == n_base
+    if not base_ok:
+        print(f"(b) baseline verification failed: {base_count} of {n_base} scalars read back", file=sys.stderr)
     return {"procsv": n / elapsed, "procsv_ok": float(ok), "n": n, "tb": n_base / base_elapsed,
             "tb_ok": float(base_ok), "n_tb": n_base}
 

@@ -12,6 +12,24 @@ at STOP and at exit. Which batches may be written, and when ``global_step/sec`` 
 :mod:`services.summary.sessions`. Counters (values written, dropped) go to
 ``<logdir>/.procsv/summary_stats.json`` for ``procsv status``. A malformed message or item is
 reported and dropped; it never stops the service.
+
+What a crash costs (the bound the README quotes):
+
+* Killing this service (even SIGKILL, at any moment) loses no summary. The trainer keeps every
+  batch until this service has written it to its event file; the restarted service asks for what
+  it has not acknowledged, and the trainer restates it after a ``SessionLog START`` at the first
+  step concerned, so TensorBoard shows each tag's value at each step exactly once. The trainer
+  never waits: while the service is down or slower than the trainer, summaries wait in the
+  trainer's bounded buffer (100,000 scalars, 64 MiB of other summaries); beyond that the oldest are
+  dropped, counted exactly, and shown in ``procsv status`` and as ``procsv/summaries_dropped``.
+  The only points not restated are this service's own (``global_step/sec``,
+  ``procsv/summaries_dropped``) at steps after the restatement point: at most one each per restart.
+* A crash of the machine loses at most what was written in the last ``FSYNC_SECS`` (2 s): event
+  files are fsynced that often, at each checkpoint, at the trainer's STOP and at exit.
+* Killing the trainer loses the summaries of the steps after its last checkpoint, which the
+  restarted trainer runs and logs again (its START purges the old ones). The summaries of steps up
+  to that checkpoint are handed over at every step boundary while the checkpoint is being
+  committed, before the commit can complete in practice (a commit takes longer than a step).
 """
 
 from __future__ import annotations
