@@ -136,9 +136,29 @@ def _gather(ckpt: Any) -> tuple[list[tuple[str, Any]], bytes]:
         for spec in saveable.specs:
             if spec.slice_spec:
                 raise UnsupportedState(f"{spec.name}: partitioned (sliced) variables are not supported")
-            tensor = spec.tensor() if callable(spec.tensor) else spec.tensor
-            out.append((spec.name, tensor))
+            out.append((spec.name, _read(spec)))
     return out, graph_proto.SerializeToString()
+
+
+def _read(spec: Any) -> Any:
+    """The value a SaveSpec would save. A plain variable is read with one ``ReadVariableOp``.
+
+    TF's own closure runs four eager ops per variable (an is-initialized check, a read, two
+    identities), about 0.5 ms each time: 0.3 s per snapshot for a model with 600 variables.
+    Anything not recognised as that closure goes through the SaveSpec as usual.
+    """
+    fn = getattr(spec, "_tensor", None)
+    if callable(fn) and getattr(fn, "__name__", "") == "_read_variable_closure" and fn.__closure__:
+        import tensorflow as tf
+
+        for cell in fn.__closure__:
+            try:
+                var = cell.cell_contents
+            except ValueError:
+                continue
+            if isinstance(var, tf.Variable) and hasattr(var, "handle") and var.dtype == spec.dtype:
+                return tf.raw_ops.ReadVariableOp(resource=var.handle, dtype=var.dtype)
+    return spec.tensor  # the property calls a callable itself
 
 
 def _layout(tensors: list[tuple[str, Any]]) -> tuple[list[Optional[int]], int]:

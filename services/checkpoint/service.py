@@ -64,7 +64,7 @@ class CheckpointService:
         self.last_request = clock()
         self.stopping = False
         self.arenas = ArenaCache()
-        self.received: set[int] = set()  # steps of the snapshots this process received
+        self.last_received: Optional[int] = None  # the step of the last snapshot this process received
 
     def run(self) -> int:
         try:
@@ -117,18 +117,20 @@ class CheckpointService:
             if self.trainer != identity:
                 self.trainer = identity
                 self.last_request = self.clock()  # a (re)started trainer just restored: no save at once
+                for note in self.store.retire_corrupt_after(msg.step):
+                    print(f"procsv checkpoint: {note}", file=sys.stderr, flush=True)
             self.setup = msg
             if msg.arena is not None:
                 try:
                     self.arenas.get(msg.arena).populate()
                 except CheckpointError as exc:
                     print(f"procsv checkpoint: {exc}", file=sys.stderr, flush=True)
-            if msg.in_flight is not None and msg.in_flight not in self.received:
+            if msg.in_flight is not None and msg.in_flight != self.last_received:
                 self._reply(SaveResult(msg.in_flight, "lost", False, None,
                                        "the checkpoint service restarted before this snapshot reached it", 0.0))
         elif isinstance(msg, SaveData):
             self.trainer = identity
-            self.received.add(msg.step)
+            self.last_received = msg.step
             self._save(msg, payload)
 
     def _save(self, msg: SaveData, payload: list[Any]) -> None:

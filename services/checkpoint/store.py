@@ -27,9 +27,10 @@ import tempfile
 import time
 from typing import Callable, Optional, Sequence
 
-from procsv.errors import CheckpointError
+from procsv.errors import CheckpointError, CorruptCheckpoint
 from procsv.layout import Layout, fsync_dir, read_json, write_json
-from procsv.manifests import CHECKSUM, Manifest, file_checksum, list_committed, manifest_path, write_state_file
+from procsv.manifests import (CHECKSUM, Manifest, file_checksum, list_committed, manifest_path, verify,
+                              write_state_file)
 from services.checkpoint.policy import retention
 
 FAULT_ENV = "PROCSV_FAULT"  # "checkpoint:<point>[:<n>]" -- SIGKILLs the service there (tests only)
@@ -109,10 +110,13 @@ class CheckpointStore:
         from the state file: pass them to :meth:`delete` (after telling the trainer).
         """
         prefix = f"{basename}-{step}"
-        existing = read_json(manifest_path(self.layout, prefix))
-        done = Manifest.from_json(existing)
+        done = Manifest.from_json(read_json(manifest_path(self.layout, prefix)))
         if done is not None:
-            return done, []  # this step is already committed: never rewrite a committed checkpoint
+            try:
+                verify(self.layout, done, full=False)
+                return done, []  # this step is already committed: never rewrite a committed checkpoint
+            except CorruptCheckpoint:
+                self.delete([done])  # damaged since: write it anew
         tmpdir = tempfile.mkdtemp(prefix=prefix + ".", dir=self.layout.tmp)
         try:
             tmp_prefix = os.path.join(tmpdir, prefix)
@@ -130,7 +134,7 @@ class CheckpointStore:
                 finally:
                     os.close(fd)
                 crc = known.get(name) if CHECKSUM == "crc32c" else None
-                files[name] = {"size": size, CHECKSUM: crc if crc is not None else file_checksum(path)}
+                files[name] = {"size": size, CHECKSUM: crc if crc is not None else file_checksum(path, CHECKSUM)}
             for name in names:
                 if os.path.exists(os.path.join(self.layout.logdir, name)):
                     raise CheckpointError(
@@ -163,6 +167,26 @@ class CheckpointStore:
             write_json(manifest_path(self.layout, m.prefix), kept.to_json())
         self._write_state(plan.keep)
         return list(plan.delete)
+
+    def retire_corrupt_after(self, step: int) -> list[str]:
+        """Remove committed checkpoints newer than ``step`` whose files fail verification.
+
+        A (re)started trainer restores the newest checkpoint that verifies, so any newer one it
+        reports past was skipped as corrupt: left in place it would stay "latest" for plain
+        TensorFlow and block a new commit at its step. Newer ones that verify are kept.
+        """
+        notes = []
+        for m in list_committed(self.layout):
+            if m.step <= step:
+                continue
+            try:
+                verify(self.layout, m)
+            except CorruptCheckpoint as exc:
+                self.delete([m])
+                notes.append(f"removed corrupt checkpoint {m.prefix} ({exc})")
+        if notes:
+            self._write_state(list_committed(self.layout))
+        return notes
 
     def delete(self, retired: Sequence[Manifest]) -> None:
         """Delete retired checkpoints: the manifest first, so a crash leaves orphan files, never a

@@ -1,0 +1,110 @@
+"""The checkpoint service's own tensor-bundle writer against TensorFlow's, byte for byte; CRC-32C."""
+
+from __future__ import annotations
+
+import filecmp
+import mmap
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+from procsv import manifests
+from services.checkpoint.bundle import BundleTensor, data_filename, write_bundle
+
+needs_crc32c = pytest.mark.skipif(not manifests.HAVE_CRC32C, reason="google-crc32c is not installed")
+
+
+def _arrays(n_keys: int, key_len: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(7)
+    out: dict[str, np.ndarray] = {
+        "zeta/.ATTRIBUTES/VARIABLE_VALUE": rng.random((30, 7)).astype(np.float32),
+        "a/b": np.asarray(np.int64(42)),
+        "model/layer/kernel": rng.random((3, 4, 5)),
+        "model/layer/bias": np.zeros((0,), np.float32),
+        "flags": np.array([True, False, True]),
+        "half": rng.random(5).astype(np.float16),
+        "u8": rng.integers(0, 255, 9).astype(np.uint8),
+    }
+    for i in range(n_keys):
+        out[f"optimizer/{'x' * key_len}/slot_{i:05d}/m"] = rng.random(i % 13 + 1).astype(np.float32)
+    return out
+
+
+def _lay_out(arrays: dict[str, np.ndarray], align: int) -> tuple[mmap.mmap, np.ndarray, list[BundleTensor], int]:
+    import tensorflow as tf
+
+    total = sum(a.nbytes + align for a in arrays.values())
+    mm = mmap.mmap(-1, max(4096, -(-total // 4096) * 4096))
+    buf = np.frombuffer(mm, np.uint8)
+    buf[:] = 0xAB  # padding between tensors must land in the file and its checksum as it is
+    tensors, pos = [], 0
+    for key, a in arrays.items():
+        pos = -(-pos // align) * align
+        buf[pos:pos + a.nbytes] = a.reshape(-1).view(np.uint8)
+        tensors.append(BundleTensor(key, tf.as_dtype(a.dtype).as_datatype_enum, tuple(a.shape), pos, a.nbytes))
+        pos += a.nbytes
+    return mm, buf, tensors, pos
+
+
+@needs_crc32c
+@pytest.mark.parametrize("n_keys,key_len", [(40, 1), (6000, 60)], ids=["one-block", "many-index-blocks"])
+def test_bundle_is_byte_identical_to_tensorflows_savev2(tmp_path, n_keys, key_len):
+    import tensorflow as tf
+
+    arrays = _arrays(n_keys, key_len)
+    keys = list(arrays)
+    tf_prefix = str(tmp_path / "tf")
+    tf.raw_ops.SaveV2(prefix=tf_prefix, tensor_names=keys, shape_and_slices=[""] * len(keys),
+                      tensors=[tf.constant(arrays[k]) for k in keys])
+    mm, buf, tensors, length = _lay_out(arrays, align=1)
+    mine = str(tmp_path / "mine")
+    crc = write_bundle(mine, tensors, buf.ctypes.data, memoryview(mm), length)
+    assert filecmp.cmp(data_filename(tf_prefix), data_filename(mine), shallow=False)
+    assert filecmp.cmp(tf_prefix + ".index", mine + ".index", shallow=False)
+    assert crc == manifests.file_checksum(data_filename(mine), "crc32c")
+
+
+@needs_crc32c
+def test_aligned_bundle_with_padding_reads_back_and_its_file_checksum_is_exact(tmp_path):
+    import tensorflow as tf
+
+    arrays = _arrays(20, 3)
+    mm, buf, tensors, length = _lay_out(arrays, align=64)
+    prefix = str(tmp_path / "aligned")
+    crc = write_bundle(prefix, tensors, buf.ctypes.data, memoryview(mm), length)
+    assert os.path.getsize(data_filename(prefix)) == length  # O_DIRECT's padded tail is cut off
+    assert crc == manifests.file_checksum(data_filename(prefix), "crc32c")
+    reader = tf.train.load_checkpoint(prefix)
+    for key, a in arrays.items():
+        got = reader.get_tensor(key)
+        assert got.dtype == a.dtype and got.shape == a.shape and np.array_equal(got, a), key
+
+
+def test_overlapping_tensors_are_refused(tmp_path):
+    mm = mmap.mmap(-1, 4096)
+    buf = np.frombuffer(mm, np.uint8)
+    ts = [BundleTensor("a", 1, (4,), 0, 16), BundleTensor("b", 1, (4,), 8, 16)]
+    with pytest.raises(ValueError, match="overlaps"):
+        write_bundle(str(tmp_path / "x"), ts, buf.ctypes.data, memoryview(mm), 24)
+    assert not os.listdir(tmp_path)
+
+
+@needs_crc32c
+def test_crc32c_matches_the_standard_and_combines_without_the_bytes():
+    assert manifests.crc32c(b"123456789") == 0xE3069283
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        a = rng.integers(0, 256, int(rng.integers(0, 3000)), dtype=np.uint8).tobytes()
+        b = rng.integers(0, 256, int(rng.integers(0, 3000)), dtype=np.uint8).tobytes()
+        whole = manifests.crc32c(a + b)
+        assert manifests.crc32c(b, manifests.crc32c(a)) == whole
+        assert manifests.crc32c_combine(manifests.crc32c(a), manifests.crc32c(b), len(b)) == whole
+
+
+def test_file_checksum_crc32_is_zlibs(tmp_path):
+    path = tmp_path / "f"
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    path.write_bytes(data)
+    assert manifests.file_checksum(str(path), "crc32") == zlib.crc32(data)

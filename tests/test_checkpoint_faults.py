@@ -1,0 +1,178 @@
+"""End to end: the checkpoint service killed at every commit step, killed mid-run, corrupt and full disks.
+
+Real processes (``procsv launch`` on the digits example), real signals, real TensorFlow readers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+
+from conftest import (committed_steps, finish, launch, lifecycle, quiet_env, raw_status, role_pid, run_processes,
+                      status_json, wait_for)
+from procsv.layout import Layout
+from procsv.manifests import list_committed, verify
+from services.checkpoint.store import FAULT_POINTS
+
+pytestmark = pytest.mark.slow
+
+
+def _restore_plain(path: str) -> int:
+    """Restore a digits checkpoint with nothing but TensorFlow and Keras; return its global step."""
+    import keras
+    import tensorflow as tf
+
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
+    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer.build(model.trainable_variables)
+    step = tf.Variable(0, dtype=tf.int64)
+    tf.train.Checkpoint(model=model, optimizer=optimizer, global_step=step).restore(path).assert_consumed()
+    return int(step.numpy())
+
+
+def _latest_loads(logdir: str) -> int:
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest is not None, "no checkpoint named by the state file"
+    return _restore_plain(latest)
+
+
+def _all_committed_verify(logdir: str) -> None:
+    layout = Layout(logdir)
+    for m in list_committed(layout):
+        verify(layout, m)
+
+
+def _service_deaths(logdir: str) -> list[dict]:
+    return [e for e in lifecycle(logdir) if e["event"] == "exited" and e.get("role") == "checkpoint"]
+
+
+@pytest.mark.parametrize("point", FAULT_POINTS)
+def test_service_killed_at_each_commit_step_leaves_a_loadable_latest_and_the_run_finishes(logdir, point):
+    env = quiet_env(PROCSV_FAULT=f"checkpoint:{point}:2")  # the second commit: there is a previous one
+    proc = launch(logdir, "--steps", "1200", "--save-model-secs", "0.3", "--step-delay", "0.004", env=env)
+    try:
+        wait_for(lambda: _service_deaths(logdir), 120, what=f"the service to die at {point}")
+        trainer = role_pid(logdir, "trainer")
+        assert _latest_loads(logdir) >= 1  # at once, before the restarted service repairs anything
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+    death = _service_deaths(logdir)[0]
+    assert death["signal"] == "SIGKILL" and death["attempt"] == 1
+    st = status_json(logdir)
+    assert st["state"] == "succeeded" and st["step"] == 1200
+    roles = {p["role"]: p for p in st["processes"]}
+    assert roles["trainer"]["pid"] == trainer and roles["trainer"]["restarts"] == 0
+    assert roles["checkpoint"]["restarts"] == 1
+    assert _latest_loads(logdir) == 1200 == committed_steps(logdir)[-1]
+    _all_committed_verify(logdir)
+    assert os.listdir(os.path.join(logdir, ".procsv", "tmp")) == []
+    leftovers = [n for n in os.listdir(logdir) if n.startswith("model.ckpt-")
+                 and n.split(".")[1].split("-")[1] not in {str(s) for s in committed_steps(logdir)}]
+    assert leftovers == []  # nothing of the interrupted commit stays behind
+
+
+def test_sigkill_of_the_checkpoint_service_restarts_it_and_the_next_checkpoint_commits(logdir):
+    proc = launch(logdir, "--steps", "2500", "--save-model-secs", "0.3", "--step-delay", "0.005")
+    try:
+        wait_for(lambda: committed_steps(logdir), 90, what="the first committed checkpoint")
+        trainer, victim = role_pid(logdir, "trainer"), role_pid(logdir, "checkpoint")
+        os.kill(victim, signal.SIGKILL)
+        before = committed_steps(logdir)[-1]
+        wait_for(lambda: role_pid(logdir, "checkpoint") not in (None, victim), 30, what="a new checkpoint service")
+        wait_for(lambda: committed_steps(logdir)[-1] > before, 90, what="a checkpoint from the new service")
+        assert role_pid(logdir, "trainer") == trainer
+        assert (raw_status(logdir) or {}).get("state") == "running"
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+    st = status_json(logdir)
+    trainer_rec = next(p for p in st["processes"] if p["role"] == "trainer")
+    assert trainer_rec["pid"] == trainer and trainer_rec["restarts"] == 0 and st["step"] == 2500
+    assert _service_deaths(logdir)[0]["signal"] == "SIGKILL"
+    assert _latest_loads(logdir) == 2500
+    _all_committed_verify(logdir)
+
+
+def test_corrupt_newest_checkpoints_fall_back_with_a_clear_line_and_the_run_finishes(logdir):
+    code, out, err = finish(launch(logdir, "--steps", "400", "--save-model-secs", "0.2", "--step-delay", "0.004"))
+    assert code == 0, err
+    steps = committed_steps(logdir)
+    assert len(steps) >= 3, steps
+    newest, second, third = steps[-1], steps[-2], steps[-3]
+    data = os.path.join(logdir, f"model.ckpt-{newest}.data-00000-of-00002")
+    with open(data, "r+b") as fh:  # flip one byte in the middle
+        fh.seek(os.path.getsize(data) // 2)
+        byte = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([byte[0] ^ 0x5A]))
+    index = os.path.join(logdir, f"model.ckpt-{second}.index")
+    os.truncate(index, os.path.getsize(index) // 2)  # "file is too short to be an sstable"
+    code, out, err = finish(launch(logdir, "--steps", "450"))
+    assert code == 0, err
+    assert f"procsv: skipping corrupt checkpoint model.ckpt-{newest} " in out
+    assert f"procsv: skipping corrupt checkpoint model.ckpt-{second} " in out
+    assert f"restored step {third} " in out
+    st = status_json(logdir)
+    assert st["state"] == "succeeded" and st["step"] == 450 and st["restarts"] == 0
+    assert _latest_loads(logdir) == 450
+    assert newest not in committed_steps(logdir) and second not in committed_steps(logdir)  # retired, not latest
+    _all_committed_verify(logdir)
+
+
+def _fill(path: str, leave: int) -> None:
+    st = os.statvfs(os.path.dirname(path))
+    size = st.f_bavail * st.f_frsize - leave
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, max(size, 4096))
+    finally:
+        os.close(fd)
+
+
+def test_a_full_filesystem_fails_the_save_clearly_keeps_the_previous_checkpoint_and_training_goes_on(tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
+    logdir = str(mnt / "run")
+    try:
+        (mnt / "run").mkdir()
+        (mnt / "run" / "notes.txt").write_text("not procsv's")
+        proc = launch(logdir, "--steps", "100000", "--save-model-secs", "0.3", "--step-delay", "0.005")
+        try:
+            wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two committed checkpoints")
+            trainer = role_pid(logdir, "trainer")
+            filler = str(mnt / "filler")
+            _fill(filler, leave=48 << 10)  # small files still fit; a checkpoint (~60 KB of data) does not
+            failed = wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "checkpoint_failed"], 60,
+                              what="a failed save")
+            assert "No space left on device" in failed[0]["error"]
+            kept = committed_steps(logdir)[-1]
+            assert _latest_loads(logdir) == kept  # the previous checkpoint is still the latest, and loads
+            _all_committed_verify(logdir)
+            stepped = (raw_status(logdir) or {}).get("step", 0)
+            wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > stepped + 50, 60, what="training to go on")
+            os.unlink(filler)
+            wait_for(lambda: committed_steps(logdir)[-1] > kept, 60, what="a checkpoint once there is space again")
+            assert role_pid(logdir, "trainer") == trainer
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code, out, err = finish(proc)
+        assert code == 128 + signal.SIGTERM, err
+        assert f"checkpoint at step {failed[0]['step']} failed: " in out + err
+        st = status_json(logdir)
+        assert st["restarts"] == 0 and committed_steps(logdir)[-1] == st["step"]
+        assert _latest_loads(logdir) == st["step"]
+        assert (mnt / "run" / "notes.txt").read_text() == "not procsv's"
+    finally:
+        for p in run_processes(logdir):
+            p.kill()
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
