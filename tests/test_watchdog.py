@@ -40,9 +40,11 @@ def test_a_trainer_that_crashes_after_every_checkpoint_keeps_making_progress(log
     proc = launch(logdir, "--steps", "120", "--save-steps", "20", "--crash-after-commit", "--bad-attempts", "all",
                   "--step-delay", "0.005", target=TINY, opts=("--max-restarts", "1"))
     code, out, err = finish(proc, timeout=400)
-    assert code == 0, err  # 5 crashes, each after a commit: progress resets the count, max-restarts 1 is never hit
+    assert code == 0, err  # a crash after each commit: progress resets the count, max-restarts 1 is never hit
     st = status_json(logdir)
-    assert st["state"] == "succeeded" and st["restarts"] >= 4
+    # how many commits land before the run ends depends on timing; more restarts than
+    # --max-restarts allows in a row is what shows the count was reset by progress
+    assert st["state"] == "succeeded" and st["restarts"] > 1
     restored = [e["step"] for e in lifecycle(logdir) if e["event"] == "restored"]
     assert restored == sorted(restored) and len(set(restored)) == len(restored)
 
