@@ -37,7 +37,7 @@ def test_a_hung_trainer_is_detected_and_restarted_within_hang_timeout_plus_1s(lo
 
 
 def test_a_trainer_that_crashes_after_every_checkpoint_keeps_making_progress(logdir):
-    proc = launch(logdir, "--steps", "120", "--save-steps", "20", "--crash-after-commit", "--bad-attempts", "all",
+    proc = launch(logdir, "--steps", "200", "--save-steps", "20", "--crash-after-commit", "--bad-attempts", "all",
                   "--step-delay", "0.005", target=TINY, opts=("--max-restarts", "1"))
     code, out, err = finish(proc, timeout=400)
     assert code == 0, err  # a crash after each commit: progress resets the count, max-restarts 1 is never hit
