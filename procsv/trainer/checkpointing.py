@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from ipc.messages import CheckpointSetup, SaveData, SaveRequest, SaveResult
+from ipc.messages import CheckpointSetup, Progress, SaveData, SaveRequest, SaveResult
 from procsv.errors import CheckpointError, CorruptCheckpoint
 from procsv.layout import Layout
 from procsv.manifests import list_committed, step_of_prefix, verify
@@ -158,12 +158,15 @@ class CheckpointAgent:
             print(f"procsv: checkpoint at step {msg.step} failed, training goes on: {msg.error}",
                   file=sys.stderr, flush=True)
 
-    def _send(self, ch: TrainerChannels, step: int, reason: str) -> bool:
+    def _send(self, ch: TrainerChannels, step: int, reason: str, busy_after: str = "") -> bool:
         t0 = time.monotonic()
+        # the snapshot is work on purpose, not a hang: the watchdog's hang clock pauses meanwhile
+        ch.to_watchdog(Progress(os.getpid(), step, time.time(), "snapshot"))
         self.checkpoint.save_counter.assign_add(1)
         snap = take(self.checkpoint, self._arena_for)
         arena = self.arena.ref() if self.arena is not None and snap.arena_bytes else None
         sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena), snap.frames)
+        ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))
         self.last_snapshot_secs = time.monotonic() - t0
         if sent:
             self.in_flight = step
@@ -186,7 +189,7 @@ class CheckpointAgent:
             self._on_result(result)
             if step <= self.last_committed:
                 return result
-        if not self._send(ch, step, reason):
+        if not self._send(ch, step, reason, busy_after="final_checkpoint"):
             print(f"procsv: the {reason} checkpoint at step {step} could not be handed to the checkpoint "
                   "service (queue full); the previous checkpoint is kept", file=sys.stderr, flush=True)
             return None
