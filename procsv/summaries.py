@@ -56,6 +56,14 @@ def check_tag(tag: Any) -> str:
     return tag
 
 
+try:
+    import numpy as _np
+
+    _REAL_SCALARS = frozenset(_np.dtype(c).type for c in "?bhilqBHILQefd")
+except ImportError:  # pragma: no cover - numpy comes with TensorFlow
+    _REAL_SCALARS = frozenset()
+
+
 def as_float(tag: str, value: Any) -> float:
     """``value`` as a float; TypeError naming the tag for anything but one real number (NaN/inf are kept)."""
     check_tag(tag)
@@ -71,6 +79,8 @@ def _real(tag: str, value: Any) -> float:
         except Exception:  # a symbolic tensor (inside tf.function), or a foreign object
             raise TypeError(f"summary {tag!r}: cannot read the value of {type(original).__name__} here; "
                             "log eager values, outside tf.function") from None
+        if type(value) in _REAL_SCALARS:
+            return float(value)  # the common case: a scalar tensor gives a NumPy scalar
     kind = getattr(getattr(value, "dtype", None), "kind", "f")
     shape = getattr(value, "shape", ())
     try:
