@@ -138,7 +138,6 @@ class Supervisor:
         self._first_step_done = False
         self._last_progress = 0.0
         self._next_summary = 0.0
-        self._rate_mark: tuple[float, int] = (0.0, 0)
         self._started = False
 
     # ----------------------------------------------------------------- properties (TF1 names)
@@ -196,7 +195,6 @@ class Supervisor:
         now = time.monotonic()
         if self._ckpt is not None:
             self._ckpt.heartbeat(self._channels, self._step, now)
-        self._rate_mark = (now, self._step)
         self._next_summary = now + (self.save_summaries_secs or 0)
         if self.restored_from:
             print(f"procsv: restored step {self._step} from {os.path.basename(self.restored_from)}", flush=True)
@@ -218,6 +216,7 @@ class Supervisor:
             busy = "final_checkpoint" if self.coord.exception is None and self._ckpt is not None else ""
             self._channels.to_watchdog(Progress(os.getpid(), self._step, time.time(), busy))
             if self.coord.exception is None and self._ckpt is not None:
+                self._flush_summaries(force=False, urgent=True)  # hand off before the commit, as at a step
                 reason = "preempted" if self.coord.stop_signal is not None else "final"
                 self._ckpt.final(self._channels, self._step, reason, self.stop_grace_secs)
             self._flush_summaries(force=True)
@@ -317,6 +316,13 @@ class Supervisor:
     def _begin_step(self) -> None:
         if self.coord.should_stop():
             raise TrainingStopped("a stop was requested; the training loop should end")
+        if self._ckpt is not None and self._channels is not None:
+            # checkpoint work for the completed step happens here, before the next one runs: the
+            # state is still that of step ``self._step``, and the summaries the program logged for
+            # it after ``run`` returned are handed off first, so a commit never gets ahead of them
+            if self._ckpt.poll(self._channels, self._step, time.monotonic()):
+                self._flush_summaries(force=False, urgent=True)
+                self._ckpt.snapshot(self._channels, self._step)
         self._step += 1
 
     def _end_step(self) -> None:
@@ -333,8 +339,6 @@ class Supervisor:
         if self.save_summaries_secs and now >= self._next_summary:
             self._periodic_summaries(now)
         self._flush_summaries(force=False)
-        if self._ckpt is not None:
-            self._ckpt.at_step_boundary(ch, self._step, now)
 
     def _periodic_summaries(self, now: float) -> None:
         """Every ``save_summaries_secs``: the user's ``summary_fn``. (``global_step/sec`` is written by the
@@ -344,7 +348,7 @@ class Supervisor:
         if self.summary_fn is not None:
             self.log_scalars(self.summary_fn())
 
-    def _flush_summaries(self, force: bool) -> None:
+    def _flush_summaries(self, force: bool, urgent: bool = False) -> None:
         """At a step boundary: hand off what is due (never blocks). ``force`` (at stop): hand off
         everything and wait, up to ``EXIT_WAIT_SECS``, until the summary service has written it."""
         sender = getattr(self, "_summary_sender", None)
@@ -358,7 +362,7 @@ class Supervisor:
         if not force:
             # while a checkpoint is being committed, send at every boundary: the rows of the steps it
             # covers must leave this process before a crash could make the restart skip them
-            sender.at_boundary(self._step, urgent=getattr(self._ckpt, "in_flight", None) is not None)
+            sender.at_boundary(self._step, urgent=urgent or getattr(self._ckpt, "in_flight", None) is not None)
             return
         left = sender.close(self._step, min(sender.EXIT_WAIT_SECS, self.stop_grace_secs))
         if left:

@@ -127,7 +127,9 @@ class CheckpointAgent:
                                  self.keep_checkpoint_every_n_hours, step,
                                  self.arena.ref() if self.arena is not None else None, self.in_flight))
 
-    def at_step_boundary(self, ch: TrainerChannels, step: int, now: float) -> None:
+    def poll(self, ch: TrainerChannels, step: int, now: float) -> bool:
+        """At a step boundary (``step`` steps completed): heartbeat, read the service's messages,
+        apply the every-N-steps trigger; True if a snapshot of ``step`` is due now."""
         if now - self.last_heartbeat >= HEARTBEAT_EVERY:
             self.heartbeat(ch, step, now)
         for msg in ch.poll_checkpoint():
@@ -137,8 +139,12 @@ class CheckpointAgent:
                 self._on_result(msg)
         if self.save_checkpoint_steps and step % self.save_checkpoint_steps == 0:
             self.pending = self.pending or "steps"
-        if self.pending and self.in_flight is None and step > self.last_committed:
-            self._send(ch, step, self.pending)
+        return bool(self.pending) and self.in_flight is None and step > self.last_committed
+
+    def snapshot(self, ch: TrainerChannels, step: int) -> bool:
+        """Take and send the due snapshot of ``step`` (call only after :meth:`poll` said so)."""
+        assert self.pending is not None
+        return self._send(ch, step, self.pending)
 
     def request(self, reason: str) -> None:
         """Checkpoint at the next step boundary (coalesced with any trigger already pending)."""
