@@ -79,6 +79,11 @@ def render(status: dict[str, Any], logdir: str) -> str:
     lines.append(f"  step {status.get('step')}, restarts {status.get('restarts')}, last checkpoint {ck_text}")
     if status.get("restored_step") is not None:
         lines.append(f"  trainer restored from step {status['restored_step']}")
+    if status.get("goodput") is not None:
+        lines.append(f"  goodput {status['goodput']:.3f} (time on kept steps / wall time)")
+    prewarm = status.get("prewarm")
+    if prewarm:
+        lines.append(f"  pre-warmed trainer pid {prewarm['pid']} ({'ready' if prewarm['ready'] else 'warming up'})")
     for p in status.get("processes", []):
         alive = "alive" if p.get("alive") else "gone"
         lines.append(f"  {p.get('role', '?'):<11} pid {p.get('pid')!s:<8} {p.get('state', '?'):<10} "
