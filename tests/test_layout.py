@@ -14,6 +14,7 @@ import pytest
 
 from procsv.errors import LogdirLocked, UsageError
 from procsv.layout import Layout, LogdirLock, atomic_write, read_json, write_json
+from conftest import wait_for as _wait_for
 
 LOCK_HOLDER = textwrap.dedent(
     """
@@ -27,16 +28,9 @@ LOCK_HOLDER = textwrap.dedent(
 )
 
 
-def wait_for(condition, timeout=10.0, interval=0.01):
-    """Poll ``condition()`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
+
+def wait_for(condition, timeout=10.0):
+    return _wait_for(condition, timeout, interval=0.01)
 
 
 def current_umask() -> int:

@@ -12,20 +12,14 @@ from ipc.codec import decode, encode
 from ipc.messages import SummaryBatch
 from procsv import summaries
 from procsv.summaries import BATCH_MAX, BUFFER_MAX, FLUSH_EVERY, SummaryBuffer, as_float
+from conftest import wait_for as _wait_for
 
 WALL = 1_700_000_000.25
 
 
-def wait_for(condition, timeout=5.0, interval=0.01):
-    """Poll ``condition()`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
+
+def wait_for(condition, timeout=5.0):
+    return _wait_for(condition, timeout, interval=0.01)
 
 
 @pytest.fixture
