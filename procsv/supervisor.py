@@ -355,7 +355,7 @@ class Supervisor:
         if sender is None:
             assert self._channels is not None
             runtime = self._ctx.endpoints.runtime_dir if self._ctx is not None else self._own_runtime
-            # the first call comes from the first step's _end_step, or from stop() if no step ran
+            # the first call comes from the first step's boundary, or from stop() if no step ran
             start = self._step if not force else self._step + 1
             sender = self._summary_sender = self._summaries.sender(self._channels.to_summary, runtime or "",
                                                                    self.save_summaries_secs, start)

@@ -137,7 +137,7 @@ class CheckpointAgent:
                 self.pending = self.pending or msg.reason
             elif isinstance(msg, SaveResult):
                 self._on_result(msg)
-        if self.save_checkpoint_steps and step % self.save_checkpoint_steps == 0:
+        if self.save_checkpoint_steps and step > 0 and step % self.save_checkpoint_steps == 0:
             self.pending = self.pending or "steps"
         return bool(self.pending) and self.in_flight is None and step > self.last_committed
 
