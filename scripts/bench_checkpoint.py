@@ -201,7 +201,7 @@ def bench_size(size_bytes: int, rounds: int, workdir: str) -> Results:
 
         def procsv_save(box: dict[str, float]) -> None:
             agent.request("bench")
-            box["requested_step"] = sv.step + 1
+            box["requested_step"] = sv.step  # snapshotted at the start of the next run: the state of this step
 
         # warm-up: one of each (first saves pay one-time costs: file creation, arena first touch, tracing)
         latencies = []
@@ -232,16 +232,12 @@ def bench_size(size_bytes: int, rounds: int, workdir: str) -> Results:
             res.base.append(Sample(t_base - base_ref, box["secs"], box["secs"], pw.growth_bytes() / res.size_bytes))
             box = {}
             ref1 = run_steps(sess, model, ours_steps)
-            target = sv.step + 1
+            target = sv.step  # the state of this step is snapshotted at the start of the next run
             watch = ManifestWatch(os.path.join(logdir, ".procsv", "checkpoints", f"model.ckpt-{target}.json"))
-            marks: dict[str, float] = {}
-
-            def trigger() -> None:
-                marks["after_first"] = time.perf_counter()
-
             with PeakWatch([os.getpid()] + service) as pw:
                 procsv_save(box)
-                t_ours = run_steps(sess, model, ours_steps, at_first=trigger)
+                started = time.perf_counter()  # the first run call begins with the snapshot
+                t_ours = run_steps(sess, model, ours_steps)
                 growth = pw.growth_bytes()
             snap = agent.last_snapshot_secs
             wait_committed(sess, model, agent, target, 120)
@@ -249,9 +245,8 @@ def bench_size(size_bytes: int, rounds: int, workdir: str) -> Results:
             watch.join(10)
             if watch.seen_at is None:
                 raise SystemExit(f"the procsv checkpoint of step {target} never committed")
-            started = marks["after_first"] - snap
             latency = watch.seen_at - started
-            inside = watch.seen_at <= marks["after_first"] + t_ours
+            inside = watch.seen_at <= started + t_ours
             arena = agent.arena.size if agent.arena is not None else 0
             ours_ref = (ref1 + ref2) / 2
             res.ours.append(Sample(t_ours - ours_ref, snap, latency, (arena + growth) / res.size_bytes))
