@@ -188,17 +188,13 @@ def throughput(tmp: str, steps: int) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- (c)
 def step_overhead(tmp: str, blocks: int, block_steps: int) -> dict[str, float]:
-    import keras
     import tensorflow as tf
 
     import procsv
-    from procsv.examples.digits import batch_indices, load_data
+    from procsv.examples.digits import batch_indices, build_model, load_data
 
     x_train, y_train, _, _ = load_data(0)
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
-    optimizer = keras.optimizers.Adam(1e-3)
-    optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model, optimizer, loss_fn = build_model()
 
     @tf.function
     def train_step(x: tf.Tensor, y: tf.Tensor) -> dict[str, tf.Tensor]:

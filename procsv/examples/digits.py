@@ -49,6 +49,20 @@ def batch_indices(seed: int, step: int, n: int, batch_size: int) -> np.ndarray:
     return np.random.default_rng([seed, step]).integers(0, n, size=batch_size)
 
 
+def build_model() -> tuple:
+    """The 64-64-10 MLP, its Adam optimizer (slots created) and the loss: (model, optimizer, loss_fn)."""
+    import keras
+
+    model = keras.Sequential([
+        keras.Input((64,)),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(10),
+    ])
+    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer.build(model.trainable_variables)
+    return model, optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -62,14 +76,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tf.config.experimental.enable_op_determinism()
     x_train, y_train, x_test, y_test = load_data(args.seed)
 
-    model = keras.Sequential([
-        keras.Input((64,)),
-        keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dense(10),
-    ])
-    optimizer = keras.optimizers.Adam(1e-3)
-    optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model, optimizer, loss_fn = build_model()
 
     @tf.function
     def train_step(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
