@@ -68,6 +68,7 @@ class Run:
         self.push.close()
         self.zctx.term()
         if self.service is not None and self.service.poll() is None:
+            os.kill(self.service.pid, signal.SIGCONT)  # a test that failed while it was SIGSTOPped
             self.stop_service()
 
     def service_log(self) -> str:
@@ -86,6 +87,12 @@ def scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
     acc = ea.EventAccumulator(logdir, size_guidance=SIZES)
     acc.Reload()
     return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+
+# The outage in these tests lasts until the test ends it; scheduling noise on a shared 2-core
+# machine has stalled one boundary for a quarter of a second (seen in CI), so 50 ms was a timing
+# test, not a check of "never waits". 1 s is far below any outage here and far above noise.
+NOT_WAITING = 1.0
 
 
 def train(run: Run, first: int, last: int, per_step: float = 0.0) -> float:
@@ -121,7 +128,9 @@ def test_a_killed_service_loses_nothing_once_restarted(run):
     os.kill(run.service.pid, signal.SIGKILL)  # mid-run, with batches in flight
     run.service.wait()
     worst = train(run, 301, 600, per_step=0.001)  # the service is down: logging goes on
-    assert worst < 0.05, f"a step boundary took {worst * 1000:.1f} ms while the service was down"
+    # a hand-off that waited for the service would wait for the whole outage (it does not end during
+    # this loop); any bound far below that shows it never waits. Per-call cost is bench_summary's job.
+    assert worst < NOT_WAITING, f"a step boundary took {worst * 1000:.1f} ms while the service was down"
     run.start_service()
     train(run, 601, 900, per_step=0.001)
     assert run.sender.close(900, timeout=30) == 0
@@ -135,7 +144,7 @@ def test_a_service_killed_twice_while_hung_loses_nothing(run):
     train(run, 1, 200)
     os.kill(run.service.pid, signal.SIGSTOP)  # hung: the socket still takes data, nothing is written
     worst = train(run, 201, 1200, per_step=0.0005)
-    assert worst < 0.05, f"a step boundary took {worst * 1000:.1f} ms while the service hung"
+    assert worst < NOT_WAITING, f"a step boundary took {worst * 1000:.1f} ms while the service hung"
     os.kill(run.service.pid, signal.SIGKILL)
     run.service.wait()
     run.start_service()
