@@ -1,4 +1,4 @@
-"""Encode and decode :mod:`ipc.messages` to and from ZeroMQ frames, with validation.
+"""Encode and decode :mod:`procsv.ipc.messages` to and from ZeroMQ frames, with validation.
 
 Run in every process. Wire format of one message: frame 0 is a JSON object
 ``{"v": SCHEMA_VERSION, "kind": KIND, "body": {...fields...}}``; frames 1.. are binary payloads
@@ -16,7 +16,7 @@ import typing
 from functools import lru_cache
 from typing import Any, Sequence, Union
 
-from ipc.messages import ALL_MESSAGES, SCHEMA_VERSION, Message
+from procsv.ipc.messages import ALL_MESSAGES, SCHEMA_VERSION, Message
 
 _BY_KIND: dict[str, type[Message]] = {m.KIND: m for m in ALL_MESSAGES}
 
@@ -70,7 +70,7 @@ def _to_json(value: Any) -> Any:
 
 @lru_cache(maxsize=None)
 def _hints(cls: type) -> dict[str, Any]:
-    import ipc.messages as mod
+    import procsv.ipc.messages as mod
 
     return typing.get_type_hints(cls, vars(mod))
 

@@ -1,7 +1,7 @@
 """The one message schema spoken between procsv's processes.
 
 Owned by no process: every process (watchdog, trainer, checkpoint service, summary service)
-imports it. Each message is a frozen dataclass with a ``KIND`` tag; :mod:`ipc.codec` turns it into
+imports it. Each message is a frozen dataclass with a ``KIND`` tag; :mod:`procsv.ipc.codec` turns it into
 ZeroMQ frames (a JSON header, then raw binary frames for tensor or proto payloads). Nothing is
 ever pickled. Bump :data:`SCHEMA_VERSION` whenever a field changes meaning.
 
@@ -14,7 +14,7 @@ Who sends what (see docs/architecture.md for the full table):
 * trainer / checkpoint service -> summary service (PUSH to ``summary.sock``):
   :class:`SummaryBatch` (+ one frame per serialized proto), :class:`SessionLogEvent`.
 * watchdog <-> zygote (the pre-warmed trainer; length-prefixed frames on a pipe pair, see
-  :mod:`ipc.transport`): :class:`ForkRequest` down; :class:`ZygoteReady`, :class:`ForkReply`,
+  :mod:`procsv.ipc.transport`): :class:`ForkRequest` down; :class:`ZygoteReady`, :class:`ForkReply`,
   :class:`ChildExit` up.
 """
 

@@ -16,8 +16,8 @@ from typing import Any, Optional, Sequence
 
 import zmq
 
-from ipc.codec import decode, encode
-from ipc.messages import Message
+from procsv.ipc.codec import decode, encode
+from procsv.ipc.messages import Message
 
 
 class ReceiveTimeout(TimeoutError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from procsv.errors import (
+from procsv.common.errors import (
     CheckpointError,
     CorruptCheckpoint,
     LogdirLocked,
@@ -23,11 +23,11 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name in ("Supervisor", "ManagedSession"):
-        from procsv import supervisor
+        from procsv.trainer import supervisor
 
         return getattr(supervisor, name)
     if name == "Coordinator":
-        from procsv.coordinator import Coordinator
+        from procsv.trainer.coordinator import Coordinator
 
         return Coordinator
     raise AttributeError(name)

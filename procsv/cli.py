@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from procsv.errors import LogdirLocked, UsageError
+from procsv.common.errors import LogdirLocked, UsageError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -102,7 +102,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from procsv.layout import Layout
+    from procsv.common.layout import Layout
     from procsv.status import read_status, render
 
     layout = Layout(os.path.abspath(args.logdir))
@@ -117,7 +117,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _preempt(args: argparse.Namespace) -> int:
-    from procsv.layout import Layout, LogdirLock
+    from procsv.common.layout import Layout, LogdirLock
     from procsv.status import read_status
 
     layout = Layout(os.path.abspath(args.logdir))
@@ -133,7 +133,7 @@ def _preempt(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
-    from procsv.layout import Layout, LogdirLock
+    from procsv.common.layout import Layout, LogdirLock
 
     layout = Layout(os.path.abspath(args.logdir))
     pid = LogdirLock.holder(layout)

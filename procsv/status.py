@@ -4,7 +4,7 @@ The watchdog owns ``<logdir>/.procsv/status.json`` (atomic replace on every chan
 :func:`read_status` is what the CLI shows: the file, corrected by what is true *now* -- the last
 checkpoint comes from the committed manifests, and a run whose watchdog is gone is not reported
 as running -- plus the summary service's counters from ``<logdir>/.procsv/summary_stats.json``
-(that service writes it; see :func:`summary_stats_path`).
+(that service writes it).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any, Optional
 
 import psutil
 
-from procsv.layout import Layout, read_json
-from procsv.manifests import list_committed
+from procsv.common.layout import Layout, read_json
+from procsv.common.manifests import list_committed
 
 
 def last_checkpoint(layout: Layout) -> Optional[dict[str, Any]]:
@@ -26,14 +26,9 @@ def last_checkpoint(layout: Layout) -> Optional[dict[str, Any]]:
     return {"step": m.step, "path": m.path(layout.logdir)}
 
 
-def summary_stats_path(layout: Layout) -> str:
-    """Where the summary service keeps its counters (values written, dropped)."""
-    return os.path.join(layout.meta, "summary_stats.json")
-
-
 def summary_counts(layout: Layout) -> Optional[dict[str, int]]:
     """``{"written": n, "dropped": n}`` from the summary service's stats file, or None."""
-    stats = read_json(summary_stats_path(layout))
+    stats = read_json(layout.summary_stats)
     if not isinstance(stats, dict):
         return None
     try:

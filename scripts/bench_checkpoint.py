@@ -185,7 +185,7 @@ def bench_size(size_bytes: int, rounds: int, workdir: str) -> Results:
     with sv.managed_session() as sess:
         agent = sv._ckpt  # the trainer-side checkpoint agent: the bench triggers saves through it
         assert agent is not None
-        service = [p.pid for p in psutil.Process().children() if "services.checkpoint" in " ".join(p.cmdline())]
+        service = [p.pid for p in psutil.Process().children() if "procsv.services.checkpoint" in " ".join(p.cmdline())]
         run_steps(sess, model, 3)
         step_secs = statistics.median(run_steps(sess, model, 1) for _ in range(5))
         res.step_secs = step_secs

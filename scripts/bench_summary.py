@@ -37,10 +37,10 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import zmq  # noqa: E402
 
-from ipc.transport import Endpoints, make_socket, send  # noqa: E402
-from procsv import spawn  # noqa: E402
-from procsv.layout import Layout, read_json  # noqa: E402
-from procsv.summaries import SummaryBuffer, SummarySender, ack_path  # noqa: E402
+from procsv.ipc.transport import Endpoints, make_socket, send  # noqa: E402
+from procsv.common import spawn  # noqa: E402
+from procsv.common.layout import Layout, RuntimeDir, read_json  # noqa: E402
+from procsv.trainer.summaries import SummaryBuffer, SummarySender  # noqa: E402
 
 TAGS10 = [f"metric/{i}" for i in range(10)]
 
@@ -118,7 +118,7 @@ def start_service(logdir: str, runtime: str) -> subprocess.Popen:
     env = spawn.child_env(role="summary", attempt=1, logdir=logdir, runtime_dir=runtime, supervised=False)
     proc = spawn.spawn(spawn.service_argv("summary"), env, os.path.join(logdir, "logs", "summary.1.log"))
     deadline = time.monotonic() + 30
-    while (read_json(ack_path(runtime)) or {}).get("pid") != proc.pid:
+    while (read_json(RuntimeDir(runtime).summary_ack) or {}).get("pid") != proc.pid:
         if time.monotonic() > deadline or proc.poll() is not None:
             raise RuntimeError("the summary service did not start")
         time.sleep(0.05)
@@ -142,7 +142,7 @@ def throughput(tmp: str, steps: int) -> dict[str, float]:
     push = make_socket(zctx, zmq.PUSH, sndhwm=256, linger_ms=3000)
     push.connect(Endpoints(runtime).summary)
     buf = SummaryBuffer()
-    sender = SummarySender(buf, lambda m, f: send(push, m, f), ack_path(runtime))
+    sender = SummarySender(buf, lambda m, f: send(push, m, f), RuntimeDir(runtime).summary_ack)
     row = {t: 0.0 for t in TAGS10}
     t0 = time.perf_counter()
     for step in range(1, steps + 1):

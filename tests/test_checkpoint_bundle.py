@@ -10,8 +10,8 @@ import zlib
 import numpy as np
 import pytest
 
-from procsv import manifests
-from services.checkpoint.bundle import BundleTensor, data_filename, write_bundle
+from procsv.common import manifests
+from procsv.services.checkpoint.bundle import BundleTensor, data_filename, write_bundle
 
 needs_crc32c = pytest.mark.skipif(not manifests.HAVE_CRC32C, reason="google-crc32c is not installed")
 

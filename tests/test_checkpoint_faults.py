@@ -13,9 +13,9 @@ import pytest
 
 from conftest import (committed_steps, finish, launch, lifecycle, quiet_env, raw_status, role_pid, run_processes,
                       status_json, wait_for)
-from procsv.layout import Layout
-from procsv.manifests import list_committed, verify
-from services.checkpoint.store import FAULT_POINTS
+from procsv.common.layout import Layout
+from procsv.common.manifests import list_committed, verify
+from procsv.services.checkpoint.store import FAULT_POINTS
 
 pytestmark = pytest.mark.slow
 

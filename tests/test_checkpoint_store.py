@@ -11,16 +11,16 @@ import os
 import numpy as np
 import pytest
 
-from ipc.messages import SaveData
-from procsv import manifests
-from procsv.errors import CheckpointError, CorruptCheckpoint
-from procsv.layout import Layout, write_json
-from procsv.manifests import list_committed, verify
-from procsv.trainer.snapshot import SnapshotArena, arena_bytes_needed, take
-from services.checkpoint import store as store_mod
-from services.checkpoint import writer as writer_mod
-from services.checkpoint.arena import ArenaCache
-from services.checkpoint.store import CheckpointStore
+from procsv.ipc.messages import SaveData
+from procsv.common import manifests
+from procsv.common.errors import CheckpointError, CorruptCheckpoint
+from procsv.common.layout import Layout, write_json
+from procsv.common.manifests import list_committed, verify
+from procsv.trainer.snapshot import SnapshotArena, take
+from procsv.services.checkpoint import store as store_mod
+from procsv.services.checkpoint import writer as writer_mod
+from procsv.services.checkpoint.arena import ArenaCache
+from procsv.services.checkpoint.store import CheckpointStore
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""ipc.codec: every message round-trips; every malformed input is refused with ProtocolError."""
+"""procsv.ipc.codec: every message round-trips; every malformed input is refused with ProtocolError."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from ipc import messages as m
-from ipc.codec import ProtocolError, decode, encode
+from procsv.ipc import messages as m
+from procsv.ipc.codec import ProtocolError, decode, encode
 
 # ----------------------------------------------------------------------------- samples
 

@@ -1,4 +1,4 @@
-"""procsv.deathnotice with real processes: SIGKILL, a crash and a clean exit of the mutex holder."""
+"""The death notice (procsv.common.mutex, trainer.deathnotice, watchdog.deathwatch) with real processes: SIGKILL, a crash and a clean exit of the mutex holder."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ import threading
 import pytest
 
 from conftest import wait_for
-from procsv import deathnotice
+from procsv.common.env import DEATH_MUTEX
+from procsv.common.mutex import RobustMutex
+from procsv.watchdog.deathwatch import DeathWatch
 
 HOLDER = """
 import os, sys, time
-from procsv import deathnotice
+from procsv.trainer import deathnotice
 deathnotice.hold_from_env()
 print("held", flush=True)
 mode = sys.argv[1]
@@ -31,15 +33,15 @@ time.sleep(60)
 
 def _run(tmp_path, mode: str, kill: bool):
     path = str(tmp_path / "m")
-    mutex = deathnotice.RobustMutex(path, create=True)
-    env = dict(os.environ, **{deathnotice.ENV_MUTEX: path})
+    mutex = RobustMutex(path, create=True)
+    env = dict(os.environ, **{DEATH_MUTEX: path})
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, mode], env=env, stdout=subprocess.PIPE,
                             stdin=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     events: list[bool] = []
     got = threading.Event()
     try:
         assert proc.stdout.readline().strip() == "held"
-        watch = deathnotice.DeathWatch(mutex, alive=lambda: proc.poll() is None,
+        watch = DeathWatch(mutex, alive=lambda: proc.poll() is None,
                                        on_event=lambda died, at: (events.append(died), got.set()))
         wait_for(lambda: watch.waiting, 10, what="the watch to block on the held mutex")
         if kill:
@@ -69,17 +71,17 @@ def test_a_clean_release_is_not_a_death(tmp_path):
 
 
 def test_a_watch_on_a_process_that_never_takes_the_mutex_ends_when_it_is_gone(tmp_path):
-    mutex = deathnotice.RobustMutex(str(tmp_path / "m"), create=True)
+    mutex = RobustMutex(str(tmp_path / "m"), create=True)
     events: list[bool] = []
     alive = threading.Event()
     alive.set()
-    watch = deathnotice.DeathWatch(mutex, alive=alive.is_set, on_event=lambda died, at: events.append(died))
+    watch = DeathWatch(mutex, alive=alive.is_set, on_event=lambda died, at: events.append(died))
     alive.clear()
     watch.thread.join(5)
     assert not watch.thread.is_alive() and events == []
 
 
 def test_creating_a_mutex_twice_at_one_path_is_refused(tmp_path):
-    deathnotice.RobustMutex(str(tmp_path / "m"), create=True)
+    RobustMutex(str(tmp_path / "m"), create=True)
     with pytest.raises(FileExistsError):
-        deathnotice.RobustMutex(str(tmp_path / "m"), create=True)
+        RobustMutex(str(tmp_path / "m"), create=True)

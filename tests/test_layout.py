@@ -1,4 +1,4 @@
-"""procsv.layout: atomic writes, tolerant JSON reads, logdir creation and the logdir lock."""
+"""procsv.common.layout: atomic writes, tolerant JSON reads, logdir creation and the logdir lock."""
 
 from __future__ import annotations
 
@@ -8,18 +8,17 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
-from procsv.errors import LogdirLocked, UsageError
-from procsv.layout import Layout, LogdirLock, atomic_write, read_json, write_json
+from procsv.common.errors import LogdirLocked, UsageError
+from procsv.common.layout import Layout, LogdirLock, atomic_write, read_json, write_json
 from conftest import wait_for as _wait_for
 
 LOCK_HOLDER = textwrap.dedent(
     """
     import sys, time
-    from procsv.layout import Layout, LogdirLock
+    from procsv.common.layout import Layout, LogdirLock
     lock = LogdirLock(Layout(sys.argv[1]))
     lock.acquire()
     print("locked", flush=True)

@@ -1,4 +1,4 @@
-"""procsv.lifecycle.transition: the legal state changes of a process and of a run."""
+"""procsv.watchdog.lifecycle.transition: the legal state changes of a process and of a run."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from procsv.errors import ProcsvError
-from procsv.lifecycle import IllegalTransition, ProcState, RunState, transition
+from procsv.common.errors import ProcsvError
+from procsv.watchdog.lifecycle import IllegalTransition, ProcState, RunState, transition
 
 P, R = ProcState, RunState
 

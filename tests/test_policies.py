@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from procsv.manifests import Manifest
+from procsv.common.manifests import Manifest
 from procsv.watchdog.policy import Action, History, RestartPolicy, TrainerExit, backoff, decide
-from services.checkpoint.policy import retention, save_due
+from procsv.services.checkpoint.policy import retention, save_due
 
 # ----------------------------------------------------------------------------- restart policy
 

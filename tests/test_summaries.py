@@ -1,4 +1,4 @@
-"""procsv.summaries: call-site validation, batching and drop counting of the trainer's summaries."""
+"""procsv.trainer.summaries: call-site validation, batching and drop counting of the trainer's summaries."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from ipc.codec import decode, encode
-from ipc.messages import SummaryBatch
-from procsv import summaries
-from procsv.summaries import BATCH_MAX, BUFFER_MAX, FLUSH_EVERY, SummaryBuffer, as_float
+from procsv.ipc.codec import decode, encode
+from procsv.ipc.messages import SummaryBatch
+from procsv.trainer import summaries
+from procsv.trainer.summaries import BATCH_MAX, BUFFER_MAX, FLUSH_EVERY, SummaryBuffer, as_float
 from conftest import wait_for as _wait_for
 
 WALL = 1_700_000_000.25

@@ -1,6 +1,6 @@
 """The Supervisor's summary API: validation at the call site, and what reaches TensorBoard.
 
-Fast checks drive :class:`procsv.summaries.SummaryBuffer` directly; one test runs a real
+Fast checks drive :class:`procsv.trainer.summaries.SummaryBuffer` directly; one test runs a real
 Supervisor (plain ``python`` mode: it starts its own summary and checkpoint services) and reads
 the event files back with TensorBoard's ``EventAccumulator``.
 """
@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 
-from procsv.summaries import SummaryBuffer, as_step
+from procsv.trainer.summaries import SummaryBuffer, as_step
 
 WALL = 1_700_000_000.25
 
@@ -111,7 +111,7 @@ def test_a_real_supervisor_refuses_bad_input_at_the_call_and_writes_the_rest(log
         sv.log_image("img", tf.zeros([2, 8, 8, 3]))
         sv.log_text("note", "step one")
         sess.run(lambda: None)
-        service = sv._own_services[0]
+        service = sv._own.processes["summary"]
         assert service.poll() is None  # the service never saw the garbage
     acc = ea.EventAccumulator(logdir, size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})
     acc.Reload()

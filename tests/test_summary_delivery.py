@@ -20,13 +20,13 @@ import zmq
 from tensorboard.backend.event_processing import event_accumulator as ea
 
 from conftest import wait_for
-from ipc.codec import encode
-from ipc.messages import SessionLogEvent, SummaryBatch, SummaryItem
-from ipc.transport import Endpoints, make_socket, send
-from procsv import spawn
-from procsv.layout import Layout, read_json
-from procsv.status import summary_stats_path
-from procsv.summaries import SummaryBuffer, SummarySender, ack_path
+from procsv.ipc.codec import encode
+from procsv.ipc.messages import SessionLogEvent, SummaryBatch, SummaryItem
+from procsv.ipc.transport import Endpoints, make_socket, send
+from procsv.common import spawn
+from procsv.common.layout import Layout, read_json
+from procsv.common.layout import RuntimeDir
+from procsv.trainer.summaries import SummaryBuffer, SummarySender
 
 SIZES = {ea.SCALARS: 0, ea.TENSORS: 0, ea.HISTOGRAMS: 0, ea.IMAGES: 0}
 
@@ -47,7 +47,7 @@ class Run:
         self.push = make_socket(self.zctx, zmq.PUSH, sndhwm=256, linger_ms=3000)  # as TrainerChannels
         self.push.connect(self.endpoints.summary)
         self.buffer = SummaryBuffer()
-        self.sender = SummarySender(self.buffer, lambda m, f: send(self.push, m, f), ack_path(self.runtime),
+        self.sender = SummarySender(self.buffer, lambda m, f: send(self.push, m, f), RuntimeDir(self.runtime).summary_ack,
                                     step_rate_secs=0.5)
 
     def start_service(self) -> None:
@@ -57,7 +57,7 @@ class Run:
         self.service = spawn.spawn(spawn.service_argv("summary"), env,
                                    os.path.join(self.logdir, "logs", f"summary.{self.attempt}.log"))
         pid = self.service.pid
-        wait_for(lambda: (read_json(ack_path(self.runtime)) or {}).get("pid") == pid, 30, what="the service to be up")
+        wait_for(lambda: (read_json(RuntimeDir(self.runtime).summary_ack) or {}).get("pid") == pid, 30, what="the service to be up")
 
     def stop_service(self) -> int:
         assert self.service is not None
@@ -119,7 +119,7 @@ def test_everything_logged_is_written_once_and_acknowledged(run):
     assert run.sender.close(2000, timeout=30) == 0
     assert_every_step_once(run.logdir, 1, 2000)
     assert run.stop_service() == 0
-    stats = read_json(summary_stats_path(Layout(run.logdir)))
+    stats = read_json(Layout(run.logdir).summary_stats)
     assert stats["written"] == 4000 and stats["dropped"] == 0
 
 
@@ -225,7 +225,7 @@ def test_garbage_never_stops_the_service(run):
 
 
 def test_the_buffer_is_bounded_while_the_service_is_down(run, monkeypatch):
-    from procsv import summaries
+    from procsv.trainer import summaries
 
     monkeypatch.setattr(summaries, "BUFFER_MAX", 5000)
     monkeypatch.setattr(summaries, "WINDOW", 2000)
@@ -243,6 +243,6 @@ def test_the_buffer_is_bounded_while_the_service_is_down(run, monkeypatch):
     written = len(got["loss"]) + len(got["acc"])
     assert written + dropped == 40_000  # every row is either written or counted
     assert [s for s, _ in got["loss"]] == sorted({s for s, _ in got["loss"]})
-    wait_for(lambda: (read_json(summary_stats_path(Layout(run.logdir))) or {}).get("dropped") == dropped, 10,
+    wait_for(lambda: (read_json(Layout(run.logdir).summary_stats) or {}).get("dropped") == dropped, 10,
              what="the drop count in summary_stats.json")
     assert got["procsv/summaries_dropped"][-1][1] == dropped

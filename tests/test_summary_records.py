@@ -1,4 +1,4 @@
-"""services.summary.records, eventfile, render, sessions: pure parts of the summary service.
+"""procsv.services.summary.records, eventfile, render, sessions: pure parts of the summary service.
 
 Every hand-encoded record is checked against protobuf's own serializer and read back with
 TensorBoard's reader; the delivery and step-rate rules are driven directly.
@@ -16,11 +16,11 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 from tensorboard.util import tensor_util
 
-from ipc.messages import SummaryItem
-from services.summary import records
-from services.summary.eventfile import EventFile, next_file_name
-from services.summary.render import RenderError, buckets, render
-from services.summary.sessions import Sessions, Verdict
+from procsv.ipc.messages import SummaryItem
+from procsv.services.summary import records
+from procsv.services.summary.eventfile import EventFile, next_file_name
+from procsv.services.summary.render import RenderError, buckets, render
+from procsv.services.summary.sessions import Sessions, Verdict
 
 WALL = 1_700_000_000.25
 
@@ -154,7 +154,7 @@ def test_render_histogram_image_and_text_as_tf2_tensor_summaries():
 
 def test_png_decodes_to_the_same_pixels():
     zlib = pytest.importorskip("zlib")
-    from services.summary.render import png
+    from procsv.services.summary.render import png
 
     img = np.random.default_rng(1).integers(0, 256, size=(5, 7, 3), dtype=np.uint8)
     data = png(img)

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from procsv.errors import UsageError
+from procsv.common.errors import UsageError
 from procsv.watchdog.chaos import parse_chaos
 from procsv.watchdog.hang import HangLimits, hang_reason
 from procsv.watchdog.report import AttemptRecord, goodput, recoveries, summarize

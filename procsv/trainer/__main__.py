@@ -1,11 +1,13 @@
 """Entry point of the trainer process: ``python -m procsv.trainer TARGET [ARGS...]``.
 
-Runs TARGET (a module name, or a path to a .py file) as ``__main__`` with ARGS as its
-``sys.argv[1:]``, exactly as ``python -m TARGET`` / ``python TARGET`` would. Before that it arms
-the parent-death signal and catches an early SIGTERM; if TARGET raises, it writes the traceback
-to this attempt's error file (the watchdog prints it as the root cause) and exits non-zero. A run that a SIGTERM/SIGINT stopped
-after its emergency checkpoint exits with :data:`procsv.child.EXIT_PREEMPTED` (42), which the watchdog treats
-as "saved, restart me" unless it asked for the stop itself.
+Runs in the trainer. Runs TARGET (a module name, or a path to a .py file) as ``__main__`` with
+ARGS as its ``sys.argv[1:]``, exactly as ``python -m TARGET`` / ``python TARGET`` would. Before
+that it arms the parent-death signal, takes the death-notice mutex and catches an early SIGTERM;
+if TARGET raises, it writes the traceback to this attempt's error file (the watchdog prints it as
+the root cause) and exits non-zero. A run that a SIGTERM/SIGINT stopped after its emergency
+checkpoint exits with :data:`procsv.common.bootstrap.EXIT_PREEMPTED` (42), which the watchdog
+treats as "saved, restart me" unless it asked for the stop itself. What the program's
+Supervisors achieved arrives as a value (:mod:`procsv.trainer.outcome`).
 """
 
 from __future__ import annotations
@@ -14,19 +16,19 @@ import os
 import runpy
 import sys
 
-from procsv import child, deathnotice
-
+from procsv.common import bootstrap
+from procsv.trainer import deathnotice, outcome
 
 
 def main() -> int:
-    child.die_with_parent()
+    bootstrap.die_with_parent()
     deathnotice.hold_from_env()  # released only on a clean exit: any other death is noticed at once
-    child.catch_early_stop()
+    outcome.catch_early_stop()
     if len(sys.argv) < 2:
         print("usage: python -m procsv.trainer TARGET [ARGS...]", file=sys.stderr)
         return 2
     target, args = sys.argv[1], sys.argv[2:]
-    ctx = child.ChildContext.from_env()
+    ctx = bootstrap.ChildContext.from_env()
     is_path = target.endswith(".py") or os.sep in target
     sys.argv = [os.path.abspath(target) if is_path else target, *args]
     try:
@@ -38,26 +40,18 @@ def main() -> int:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         if exc.code not in (0, None):
-            child.write_error_file(ctx, exc, _phase())
+            bootstrap.write_error_file(ctx, exc, outcome.collect().phase)
             raise
-        return _clean_exit_code()
+        return _clean_exit()
     except BaseException as exc:
-        child.write_error_file(ctx, exc, _phase())
+        bootstrap.write_error_file(ctx, exc, outcome.collect().phase)
         raise
-    return _clean_exit_code()
+    return _clean_exit()
 
 
-def _clean_exit_code() -> int:
-    from procsv.supervisor import stopped_by_signal
-
+def _clean_exit() -> int:
     deathnotice.release()
-    return child.EXIT_PREEMPTED if stopped_by_signal() else 0
-
-
-def _phase() -> str:
-    from procsv.supervisor import steps_completed
-
-    return "startup" if steps_completed() == 0 else "run"
+    return outcome.collect().clean_exit_code
 
 
 if __name__ == "__main__":

@@ -14,9 +14,9 @@ from typing import Any, Optional, Sequence
 
 import zmq
 
-from ipc.codec import ProtocolError, decode
-from ipc.messages import CheckpointSetup, Message, SaveData, SaveResult
-from ipc.transport import Endpoints, make_socket, send
+from procsv.ipc.codec import ProtocolError, decode
+from procsv.ipc.messages import CheckpointSetup, Message, SaveData, SaveResult
+from procsv.ipc.transport import Endpoints, make_socket, send
 
 
 class TrainerChannels:

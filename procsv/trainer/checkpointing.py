@@ -27,10 +27,10 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from ipc.messages import CheckpointSetup, Progress, SaveData, SaveRequest, SaveResult
-from procsv.errors import CheckpointError, CorruptCheckpoint
-from procsv.layout import Layout
-from procsv.manifests import list_committed, step_of_prefix, verify
+from procsv.ipc.messages import CheckpointSetup, Progress, SaveData, SaveRequest, SaveResult
+from procsv.common.errors import CheckpointError, CorruptCheckpoint
+from procsv.common.layout import Layout
+from procsv.common.manifests import list_committed, step_of_prefix, verify
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.snapshot import SnapshotArena, arena_bytes_needed, self_test, take
 

@@ -30,8 +30,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ipc.messages import ArenaRef, TensorSpec
-from procsv.errors import UnsupportedState
+from procsv.ipc.messages import ArenaRef, TensorSpec
+from procsv.common.errors import UnsupportedState
 
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 ALIGN = 64  # each tensor's offset in the arena (and in the data file): what TF and dlpack expect

@@ -18,7 +18,7 @@ import signal
 from dataclasses import dataclass
 from typing import Optional
 
-from procsv.errors import UsageError
+from procsv.common.errors import UsageError
 
 _ROLES = ("trainer", "checkpoint", "summary")
 

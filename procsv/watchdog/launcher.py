@@ -27,14 +27,18 @@ from typing import Any, Callable, Optional
 import psutil
 import zmq
 
-from ipc.codec import ProtocolError, decode
-from ipc.messages import Hello, Progress, SaveResult, TrainerReady
-from ipc.transport import Endpoints, make_socket
-from procsv import deathnotice, spawn
-from procsv.child import EXIT_PREEMPTED
-from procsv.errors import UsageError
-from procsv.layout import Layout, LogdirLock, read_json, write_json
-from procsv.lifecycle import ProcState, RunState, transition
+from procsv.ipc.codec import ProtocolError, decode
+from procsv.ipc.messages import Hello, Progress, SaveResult, TrainerReady
+from procsv.ipc.transport import Endpoints, make_socket
+from procsv.common import spawn
+from procsv.common.env import DEATH_MUTEX
+from procsv.common.layout import RuntimeDir
+from procsv.common.mutex import RobustMutex
+from procsv.watchdog.deathwatch import DeathWatch
+from procsv.common.bootstrap import EXIT_PREEMPTED
+from procsv.common.errors import UsageError
+from procsv.common.layout import Layout, LogdirLock, read_json, write_json
+from procsv.watchdog.lifecycle import ProcState, RunState, transition
 from procsv.status import last_checkpoint
 from procsv.watchdog import report
 from procsv.watchdog.chaos import ChaosPlan, parse_chaos
@@ -93,7 +97,7 @@ class Child:
     hang_kill_at: Optional[float] = None
     hang_cause: str = ""
     record: Optional[report.AttemptRecord] = None
-    watch: Optional[deathnotice.DeathWatch] = None
+    watch: Optional[DeathWatch] = None
     decided_early: bool = False  # its death notice already triggered the restart decision
     noticed_wall: Optional[float] = None
 
@@ -255,7 +259,7 @@ class Watchdog:
         via = "fresh"
         mutex = self._death_mutex(attempt) if role == "trainer" else None
         if mutex is not None:
-            env[deathnotice.ENV_MUTEX] = mutex.path
+            env[DEATH_MUTEX] = mutex.path
         if role == "trainer" and self.zygote is not None and self.zygote.ready:
             try:
                 popen = self.zygote.fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd)
@@ -277,7 +281,7 @@ class Watchdog:
             child.record = report.AttemptRecord(attempt, child.started)
             self.attempts.append(child.record)
             if mutex is not None:
-                child.watch = deathnotice.DeathWatch(
+                child.watch = DeathWatch(
                     mutex, alive=lambda: child.pidfd >= 0,
                     on_event=lambda died, at: self._post_notice(child, died, at))
         elif self.chaos is not None and self.chaos.target == role:
@@ -286,9 +290,9 @@ class Watchdog:
         self._status_dirty = True
         return child
 
-    def _death_mutex(self, attempt: int) -> Optional[deathnotice.RobustMutex]:
+    def _death_mutex(self, attempt: int) -> Optional[RobustMutex]:
         try:
-            return deathnotice.RobustMutex(os.path.join(self.runtime_dir, f"trainer.{attempt}.mutex"), create=True)
+            return RobustMutex(RuntimeDir(self.runtime_dir).trainer_mutex(attempt), create=True)
         except OSError:
             return None  # no early notice: the pidfd alone tells of the death
 

@@ -18,9 +18,10 @@ import sys
 import time
 from typing import Any, Mapping, Optional, Sequence
 
-from ipc.messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
-from ipc.transport import FramedReader, write_framed
-from procsv import child, spawn
+from procsv.ipc.messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
+from procsv.ipc.transport import FramedReader, write_framed
+from procsv.common import env as envvars
+from procsv.common import spawn
 
 FORK_REPLY_TIMEOUT = 10.0
 
@@ -34,8 +35,8 @@ class Zygote:
         req_r, self._req_w = os.pipe()
         self._rep_r, rep_w = os.pipe()
         env = dict(env)
-        env["PROCSV_ZYGOTE_FDS"] = f"{req_r},{rep_w}"
-        env["PROCSV_PRELOAD"] = ",".join(preload)
+        env[envvars.ZYGOTE_FDS] = f"{req_r},{rep_w}"
+        env[envvars.PRELOAD] = ",".join(preload)
         with open(log_path, "ab", buffering=0) as log:
             self.popen = subprocess.Popen(
                 [sys.executable, "-m", "procsv.zygote"], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
@@ -152,5 +153,5 @@ def _exists(pid: int) -> bool:
 
 def zygote_env(logdir: str, runtime_dir: str) -> dict[str, str]:
     env = spawn.child_env(role="zygote", attempt=1, logdir=logdir, runtime_dir=runtime_dir, supervised=True)
-    env.pop(child.ENV_ATTEMPT, None)
+    env.pop(envvars.ATTEMPT, None)
     return env

@@ -21,26 +21,24 @@ import sys
 import time
 import traceback
 
-from ipc.messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
-from ipc.transport import FramedReader, write_framed
-from procsv import child
+from procsv.ipc.messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
+from procsv.ipc.transport import FramedReader, write_framed
+from procsv.common import bootstrap, env
 
-ENV_FDS = "PROCSV_ZYGOTE_FDS"
-ENV_PRELOAD = "PROCSV_PRELOAD"
 
 
 def main() -> int:
-    child.die_with_parent()
-    req_fd, rep_fd = (int(x) for x in os.environ[ENV_FDS].split(","))
+    bootstrap.die_with_parent()
+    req_fd, rep_fd = (int(x) for x in os.environ[env.ZYGOTE_FDS].split(","))
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the watchdog decides; a terminal ^C is not for us
     t0 = time.monotonic()
     import tensorflow  # noqa: F401  (import only: no op may run in this process)
 
-    import procsv.supervisor  # noqa: F401
+    import procsv.trainer.supervisor  # noqa: F401
     import procsv.trainer.__main__  # noqa: F401
 
-    for name in filter(None, os.environ.get(ENV_PRELOAD, "").split(",")):
+    for name in filter(None, os.environ.get(env.PRELOAD, "").split(",")):
         try:
             importlib.import_module(name.strip())
         except Exception as exc:  # a bad preload only costs speed; the trainer imports it itself
@@ -125,7 +123,7 @@ def _become_trainer(req: ForkRequest, inherited: tuple[int, ...]) -> int:
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     os.environ.clear()
     os.environ.update(req.env)
-    os.environ[child.ENV_PARENT] = str(os.getppid())
+    os.environ[env.PARENT_PID] = str(os.getppid())
     os.chdir(req.cwd)
     np = sys.modules.get("numpy")
     if np is not None:

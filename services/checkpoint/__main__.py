@@ -1,28 +1,17 @@
-"""Entry point of the checkpoint service process: ``python -m services.checkpoint``."""
+"""Entry point of the checkpoint service process: ``python -m procsv.services.checkpoint``."""
 
 from __future__ import annotations
 
-import os
 import sys
 
-from procsv.child import ChildContext, die_with_parent, write_error_file
+from procsv.common.bootstrap import ChildContext, run_service
 
 
-def main() -> int:
-    die_with_parent()
-    ctx = ChildContext.from_env()
-    if ctx is None:
-        print("procsv checkpoint: PROCSV_LOGDIR and PROCSV_RUNTIME_DIR must be set", file=sys.stderr)
-        return 2
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    try:
-        from services.checkpoint.service import CheckpointService
+def _main(ctx: ChildContext) -> int:
+    from procsv.services.checkpoint.service import CheckpointService
 
-        return CheckpointService(ctx).run()
-    except BaseException as exc:
-        write_error_file(ctx, exc, "run")
-        raise
+    return CheckpointService(ctx).run()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_service("checkpoint", _main))

@@ -1,7 +1,7 @@
 """The checkpoint service's mapping of the trainer's snapshot memory.
 
 Runs in the checkpoint service. The trainer names its memfd as ``/proc/<pid>/fd/<fd>`` plus the
-memfd's inode (:class:`ipc.messages.ArenaRef`); this module opens that path, refuses it if the
+memfd's inode (:class:`procsv.ipc.messages.ArenaRef`); this module opens that path, refuses it if the
 inode differs (the trainer replaced its arena, or the pid was reused), maps it, and pre-faults
 the mapping once (``MADV_POPULATE_READ``), so that a save later reads it at memory speed.
 """
@@ -15,8 +15,8 @@ from typing import Optional
 
 import numpy as np
 
-from ipc.messages import ArenaRef
-from procsv.errors import CheckpointError
+from procsv.ipc.messages import ArenaRef
+from procsv.common.errors import CheckpointError
 
 MADV_POPULATE_READ = 22  # Linux 5.14+
 

@@ -20,7 +20,7 @@ import struct
 from dataclasses import dataclass
 from typing import Sequence
 
-from procsv.manifests import crc32c, crc32c_at, crc32c_combine, mask_crc32c
+from procsv.common.manifests import crc32c, crc32c_at, crc32c_combine, mask_crc32c
 
 BLOCK_SIZE = 262144  # tensorflow/core/lib/io/table_options.h
 RESTART_INTERVAL = 16

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from procsv.manifests import Manifest
+from procsv.common.manifests import Manifest
 
 
 def save_due(now: float, last_save: float, save_model_secs: Optional[float]) -> bool:

@@ -1,6 +1,6 @@
 """The checkpoint service's event loop: timer, snapshot intake, commit, notifications.
 
-Runs in the checkpoint service process (``python -m services.checkpoint``). It binds the ROUTER
+Runs in the checkpoint service process (``python -m procsv.services.checkpoint``). It binds the ROUTER
 ``checkpoint.sock``; the trainer's DEALER sends :class:`CheckpointSetup` (policy + heartbeat) and
 :class:`SaveData` snapshots, and receives :class:`SaveRequest` (the timer lives here, as
 ``save_model_secs``) and :class:`SaveResult`. Results also go to the watchdog and, as a
@@ -29,19 +29,20 @@ from typing import Any, Callable, Optional
 
 import zmq
 
-from ipc.codec import ProtocolError, decode
-from ipc.messages import CheckpointSetup, Hello, SaveData, SaveRequest, SaveResult, SessionLogEvent
-from ipc.transport import make_socket, send
-from procsv.child import ChildContext
-from procsv.errors import CheckpointError
-from services.checkpoint.arena import ArenaCache
-from services.checkpoint.policy import save_due
-from services.checkpoint.store import CheckpointStore
-from services.checkpoint.writer import write_snapshot
+from procsv.ipc.codec import ProtocolError, decode
+from procsv.ipc.messages import CheckpointSetup, Hello, SaveData, SaveRequest, SaveResult, SessionLogEvent
+from procsv.ipc.transport import make_socket, send
+from procsv.common import env
+from procsv.common.bootstrap import ChildContext
+from procsv.common.errors import CheckpointError
+from procsv.services.checkpoint.arena import ArenaCache
+from procsv.services.checkpoint.policy import save_due
+from procsv.services.checkpoint.store import CheckpointStore
+from procsv.services.checkpoint.writer import write_snapshot
 
 POLL_MS = 100
 NICE = 10
-NICE_ENV = "PROCSV_CHECKPOINT_NICE"
+NICE_ENV = env.CHECKPOINT_NICE
 
 
 class CheckpointService:

@@ -5,8 +5,8 @@ Runs in the checkpoint service process (the only writer of checkpoints). A commi
 committed checkpoint as the latest loadable one:
 
 1. the checkpoint's files into a fresh folder under ``.procsv/tmp/``
-   (:mod:`services.checkpoint.writer`); fsync the files.
-2. the checksum of every file (CRC-32C, see :mod:`procsv.manifests`); an intent record
+   (:mod:`procsv.services.checkpoint.writer`); fsync the files.
+2. the checksum of every file (CRC-32C, see :mod:`procsv.common.manifests`); an intent record
    ``.procsv/checkpoints/<prefix>.pending`` (atomic).
 3. rename the data file(s), then the index, into the logdir; fsync the logdir.
 4. the manifest ``.procsv/checkpoints/<prefix>.json`` (atomic): **the commit point**.
@@ -27,13 +27,14 @@ import tempfile
 import time
 from typing import Callable, Optional, Sequence
 
-from procsv.errors import CheckpointError, CorruptCheckpoint
-from procsv.layout import Layout, fsync_dir, read_json, write_json
-from procsv.manifests import (CHECKSUM, Manifest, file_checksum, list_committed, manifest_path, verify,
+from procsv.common import env
+from procsv.common.errors import CheckpointError, CorruptCheckpoint
+from procsv.common.layout import Layout, fsync_dir, read_json, write_json
+from procsv.common.manifests import (CHECKSUM, Manifest, file_checksum, list_committed, manifest_path, verify,
                               write_state_file)
-from services.checkpoint.policy import retention
+from procsv.services.checkpoint.policy import retention
 
-FAULT_ENV = "PROCSV_FAULT"  # "checkpoint:<point>[:<n>]" -- SIGKILLs the service there (tests only)
+FAULT_ENV = env.FAULT  # "checkpoint:<point>[:<n>]" -- SIGKILLs the service there (tests only)
 FAULT_POINTS = ("before_data_write", "after_data_write", "before_rename", "after_rename",
                 "before_state_file", "after_state_file")
 _fault_hits: dict[str, int] = {}
@@ -46,7 +47,7 @@ def fault_point(name: str) -> None:
     only in the service's first attempt, so that the restarted service runs normally.
     """
     spec = os.environ.get(FAULT_ENV, "")
-    if not spec.startswith("checkpoint:") or os.environ.get("PROCSV_ATTEMPT", "1") != "1":
+    if not spec.startswith("checkpoint:") or os.environ.get(env.ATTEMPT, "1") != "1":
         return
     point, _, nth = spec[len("checkpoint:"):].partition(":")
     if point != name:

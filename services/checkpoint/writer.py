@@ -5,7 +5,7 @@ commit protocol. A checkpoint is written as two bundles merged into one with Ten
 ``MergeV2Checkpoints`` (which renames data files and writes the merged ``.index``):
 
 * the numeric tensors, straight from the trainer's shared snapshot memory by
-  :mod:`services.checkpoint.bundle` (one ``O_DIRECT`` write, CRC-32C at memory speed, no copy);
+  :mod:`procsv.services.checkpoint.bundle` (one ``O_DIRECT`` write, CRC-32C at memory speed, no copy);
   without the google-crc32c library they go through ``tf.raw_ops.SaveV2`` instead, handed over
   with dlpack (no numpy -> Tensor copy);
 * strings, variants (parsed back with ``tf.io.parse_tensor``) and the object graph, which are
@@ -23,11 +23,11 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ipc.messages import SaveData, TensorSpec
-from procsv.errors import CheckpointError
-from procsv.manifests import HAVE_CRC32C
-from services.checkpoint.arena import ArenaView
-from services.checkpoint.bundle import BundleTensor, data_filename, write_bundle
+from procsv.ipc.messages import SaveData, TensorSpec
+from procsv.common.errors import CheckpointError
+from procsv.common.manifests import HAVE_CRC32C
+from procsv.services.checkpoint.arena import ArenaView
+from procsv.services.checkpoint.bundle import BundleTensor, data_filename, write_bundle
 
 
 def write_snapshot(tmp_prefix: str, msg: SaveData, payload: Sequence[Any], view: Optional[ArenaView]) -> dict[str, int]:

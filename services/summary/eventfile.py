@@ -15,8 +15,8 @@ import socket
 import time
 from typing import Optional
 
-from procsv.layout import fsync_dir
-from services.summary.records import file_version_event, frame
+from procsv.common.layout import fsync_dir
+from procsv.services.summary.records import file_version_event, frame
 
 _STAMP = re.compile(r"^events\.out\.tfevents\.(\d+)\.")
 

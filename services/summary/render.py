@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ipc.messages import SummaryItem
+from procsv.ipc.messages import SummaryItem
 
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.plugins.histogram import metadata as histogram_metadata

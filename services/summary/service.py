@@ -1,15 +1,15 @@
 """The summary service's loop: receive summary batches, write TensorBoard event files, ack them.
 
-Runs in the summary service process (``python -m services.summary``); imports no TensorFlow.
+Runs in the summary service process (``python -m procsv.services.summary``); imports no TensorFlow.
 It binds the PULL socket ``summary.sock``: the trainer pushes :class:`SummaryBatch` and
 :class:`SessionLogEvent` (START, STOP), the checkpoint service pushes ``SessionLog CHECKPOINT``.
 
 Each burst of messages becomes one ``os.write`` to this process's own event file
-(:mod:`services.summary.eventfile`); only then are the batches acknowledged, in the ack file
+(:mod:`procsv.services.summary.eventfile`); only then are the batches acknowledged, in the ack file
 ``<runtime_dir>/summary-ack.json`` the trainer reads, so an acknowledged summary survives a
 crash of this process. What is written is fsynced every :data:`FSYNC_SECS`, at each checkpoint,
 at STOP and at exit. Which batches may be written, and when ``global_step/sec`` is, follows
-:mod:`services.summary.sessions`. Counters (values written, dropped) go to
+:mod:`procsv.services.summary.sessions`. Counters (values written, dropped) go to
 ``<logdir>/.procsv/summary_stats.json`` for ``procsv status``. A malformed message or item is
 reported and dropped; it never stops the service.
 
@@ -45,17 +45,15 @@ import numpy as np
 import zmq
 from tensorboard.compat.proto import summary_pb2
 
-from ipc.codec import ProtocolError, decode
-from ipc.messages import Hello, SessionLogEvent, SummaryBatch
-from ipc.transport import make_socket, send
-from procsv.child import ChildContext
-from procsv.layout import read_json, write_json
-from procsv.status import summary_stats_path
-from procsv.summaries import ack_path
-from services.summary import records
-from services.summary.eventfile import EventFile
-from services.summary.render import RenderError, render
-from services.summary.sessions import Sessions, Verdict
+from procsv.ipc.codec import ProtocolError, decode
+from procsv.ipc.messages import Hello, SessionLogEvent, SummaryBatch
+from procsv.ipc.transport import make_socket, send
+from procsv.common.bootstrap import ChildContext
+from procsv.common.layout import RuntimeDir, read_json, write_json
+from procsv.services.summary import records
+from procsv.services.summary.eventfile import EventFile
+from procsv.services.summary.render import RenderError, render
+from procsv.services.summary.sessions import Sessions, Verdict
 
 FSYNC_SECS = 2.0  # written events become durable at least this often
 STATS_SECS = 1.0  # summary_stats.json is rewritten at most this often (and at exit)
@@ -144,8 +142,8 @@ class SummaryService:
             self.to_watchdog = make_socket(self.zctx, zmq.PUSH, linger_ms=1000)
             self.to_watchdog.connect(ctx.endpoints.watchdog)
         self.file = EventFile(ctx.layout.logdir, f"procsv-{os.getpid()}")
-        self.ack_path = ack_path(ctx.endpoints.runtime_dir)
-        self.stats_path = summary_stats_path(ctx.layout)
+        self.ack_path = RuntimeDir(ctx.endpoints.runtime_dir).summary_ack
+        self.stats_path = ctx.layout.summary_stats
         self.sessions = Sessions()
         self.encoder = records.ScalarEncoder()
         old = read_json(self.stats_path)

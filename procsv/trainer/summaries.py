@@ -22,7 +22,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
-from ipc.messages import Message, SummaryBatch, SummaryItem
+from procsv.common.layout import RuntimeDir
+from procsv.ipc.messages import Message, SummaryBatch, SummaryItem
 
 BATCH_MAX = 4096  # rows per message
 ITEMS_MAX = 64  # histograms/images/text/protos per message
@@ -35,18 +36,7 @@ ACK_POLL_EVERY = 0.01  # seconds between reads of the service's ack file while r
 HEARTBEAT_EVERY = 1.0  # seconds: a (possibly empty) batch at least this often (step marks)
 TAIL_MAX = 4 * BATCH_MAX  # acknowledged rows kept for a restatement of the current step
 
-ACK_FILE = "summary-ack.json"  # in the run's runtime directory; written by the summary service
-
 Row = tuple[str, int, float, float]  # tag, step, value, wall time
-
-
-def ack_path(runtime_dir: str) -> str:
-    """The file in which the summary service acknowledges written batches (read by the trainer).
-
-    JSON ``{"pid": service pid, "sessions": {session: {"written": seq, "resync_after": seq}}}``,
-    replaced atomically after each write.
-    """
-    return os.path.join(runtime_dir, ACK_FILE)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -340,7 +330,7 @@ class SummaryBuffer:
                step_rate_secs: Optional[float], start_step: int) -> "SummarySender":
         """The :class:`SummarySender` that hands this buffer to the summary service of ``runtime_dir``;
         ``start_step`` is the first step of this trainer process (the restored step + 1)."""
-        return SummarySender(self, send, ack_path(runtime_dir), step_rate_secs, start_step)
+        return SummarySender(self, send, RuntimeDir(runtime_dir).summary_ack, step_rate_secs, start_step)
 
     def take_batch(self, force: bool) -> Optional[tuple[SummaryBatch, list[bytes]]]:
         """Everything buffered as one JSON-row batch, or None if it is not time yet (or nothing is buffered).

@@ -4,10 +4,10 @@ Used by the watchdog (``procsv launch``) and by a :class:`procsv.Supervisor` run
 watchdog (plain ``python train.py``), which starts the two services for itself. Each child gets
 its own session (process group), so the watchdog can signal a child and everything it spawned
 with one ``killpg``, and a terminal's Ctrl-C reaches only the watchdog, which turns it into an
-orderly stop. Children arm a parent-death signal themselves (:func:`procsv.child.die_with_parent`).
+orderly stop. Children arm a parent-death signal themselves (:func:`procsv.common.bootstrap.die_with_parent`).
 
-This is the seam for a pre-warmed trainer: a future spawner can fork trainers from a process
-that has only imported TensorFlow (forking after any TF op deadlocks) behind :func:`spawn`.
+Shared by two starters: the watchdog (:mod:`procsv.watchdog.children`) and a standalone Supervisor
+(:mod:`procsv.trainer.standalone`), which runs in the trainer process.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import subprocess
 import sys
 from typing import Mapping, Optional, Sequence
 
-from procsv import child
+from procsv.common import env as envvars
 
-SERVICE_MODULES = {"checkpoint": "services.checkpoint", "summary": "services.summary"}
+SERVICE_MODULES = {"checkpoint": "procsv.services.checkpoint", "summary": "procsv.services.summary"}
 
 
 def child_env(
@@ -28,12 +28,12 @@ def child_env(
     env = dict(os.environ if base is None else base)
     env.update(
         {
-            child.ENV_LOGDIR: os.path.abspath(logdir),
-            child.ENV_RUNTIME: runtime_dir,
-            child.ENV_ROLE: role,
-            child.ENV_ATTEMPT: str(attempt),
-            child.ENV_PARENT: str(os.getpid()),
-            child.ENV_WATCHDOG: "1" if supervised else "0",
+            envvars.LOGDIR: os.path.abspath(logdir),
+            envvars.RUNTIME_DIR: runtime_dir,
+            envvars.ROLE: role,
+            envvars.ATTEMPT: str(attempt),
+            envvars.PARENT_PID: str(os.getpid()),
+            envvars.WATCHDOG: "1" if supervised else "0",
         }
     )
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Iterable, Iterator, Optional
 
-from procsv.errors import TrainingStopped
+from procsv.common.errors import TrainingStopped
 
 
 def clean_stop_types() -> tuple[type[BaseException], ...]:

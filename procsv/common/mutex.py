@@ -1,8 +1,8 @@
-"""Death notice: a robust process-shared mutex that tells the watchdog of a trainer's death at once.
+"""A robust, process-shared pthread mutex: the mechanism behind the trainer's death notice.
 
-Used by two processes: the trainer holds the mutex for its whole life (:func:`hold_from_env`,
-called first thing by ``procsv.trainer``) and releases it only on a clean exit; the watchdog
-waits on it in a thread (:class:`DeathWatch`). When the trainer dies any other way -- SIGKILL, a
+Used by two processes: the trainer holds the mutex for its whole life
+(:mod:`procsv.trainer.deathnotice`, first thing in ``procsv.trainer``) and releases it only on a
+clean exit; the watchdog waits on it in a thread (:mod:`procsv.watchdog.deathwatch`). When the trainer dies any other way -- SIGKILL, a
 crash, an uncaught exception -- the kernel marks the mutex "owner died" and wakes the waiter
 while the dying thread exits, *before* the process's memory is torn down. Measured here: about
 0.2 ms after SIGKILL, whereas the pidfd of a process that imported TensorFlow becomes readable
@@ -16,14 +16,10 @@ to the pidfd alone.
 from __future__ import annotations
 
 import ctypes
-import errno
 import mmap
 import os
-import threading
-import time
-from typing import Callable, Optional
+from typing import Optional
 
-ENV_MUTEX = "PROCSV_DEATH_MUTEX"
 _REGION = 128  # bytes: room for a pthread_mutex_t on every glibc ABI (40 on x86_64, 48 on aarch64)
 _ATTR = 16
 _PTHREAD_PROCESS_SHARED = 1
@@ -81,71 +77,3 @@ class RobustMutex:
 
     def unlock(self) -> int:
         return int(_lib().pthread_mutex_unlock(self._addr))
-
-
-_held: Optional[RobustMutex] = None
-
-
-def hold_from_env() -> None:
-    """In the trainer: take the mutex the watchdog named, if any, for the rest of this process."""
-    global _held
-    path = os.environ.get(ENV_MUTEX)
-    if not path:
-        return
-    try:
-        mutex = RobustMutex(path)
-    except OSError:
-        return  # no notice then; the watchdog still has the pidfd
-    if mutex.lock() in (0, errno.EOWNERDEAD):
-        _held = mutex
-
-
-def release() -> None:
-    """In the trainer, just before a clean exit: the death that follows is not a crash."""
-    global _held
-    if _held is not None:
-        _held.unlock()
-        _held = None
-
-
-class DeathWatch:
-    """In the watchdog: waits (in a thread) until the trainer releases the mutex or dies holding it.
-
-    ``on_event(died, at)`` is called from the thread: ``died`` is True for "owner died" (an
-    unclean death) and False for a clean release; ``at`` is ``time.monotonic()`` of the wake-up.
-    The thread first waits until the trainer holds the mutex (polling ``trylock``), so a trainer
-    that dies before taking it is left to the pidfd; :meth:`cancel` ends that wait.
-    """
-
-    def __init__(self, mutex: RobustMutex, alive: Callable[[], bool], on_event: Callable[[bool, float], None]) -> None:
-        self.mutex = mutex
-        self._alive = alive
-        self._on_event = on_event
-        self._cancelled = False
-        self.waiting = False  # True once the trainer holds the mutex and the watch blocks on it
-        self.thread = threading.Thread(target=self._run, name="procsv-deathwatch", daemon=True)
-        self.thread.start()
-
-    def cancel(self) -> None:
-        self._cancelled = True
-
-    def _run(self) -> None:
-        while not self._cancelled:
-            rc = self.mutex.trylock()
-            if rc == errno.EBUSY:
-                break  # the trainer holds it: now wait for its release or death
-            if rc == errno.EOWNERDEAD:  # it took the mutex and died before we started waiting
-                self._on_event(True, time.monotonic())
-                return
-            if rc == 0:
-                self.mutex.unlock()
-            if not self._alive():
-                return
-            time.sleep(0.002)
-        if self._cancelled:
-            return
-        self.waiting = True
-        rc = self.mutex.lock()
-        at = time.monotonic()
-        if not self._cancelled:
-            self._on_event(rc == errno.EOWNERDEAD, at)

@@ -1,6 +1,6 @@
 """What every child process of a run (trainer, checkpoint service, summary service) does first.
 
-Runs in the child. The watchdog passes the run's coordinates in environment variables; this
+Runs in each child (imported by the trainer, both services and the zygote). The watchdog passes the run's coordinates in environment variables; this
 module reads them, ties the child's life to its parent (Linux parent-death signal, so killing the
 watchdog -- even with SIGKILL -- takes its children along), and records a failure as data: the
 child writes its own traceback to ``logs/<role>.<attempt>.error.json`` (atomically) before dying.
@@ -15,17 +15,12 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
-from ipc.transport import Endpoints
-from procsv.layout import Layout, write_json
+from procsv.common import env
+from procsv.common.layout import Layout, write_json
+from procsv.ipc.transport import Endpoints
 
-ENV_LOGDIR = "PROCSV_LOGDIR"
-ENV_RUNTIME = "PROCSV_RUNTIME_DIR"
-ENV_ROLE = "PROCSV_ROLE"
-ENV_ATTEMPT = "PROCSV_ATTEMPT"
-ENV_PARENT = "PROCSV_PARENT_PID"
-ENV_WATCHDOG = "PROCSV_WATCHDOG"  # "1" when a watchdog supervises this child
 
 _PR_SET_PDEATHSIG = 1
 
@@ -46,40 +41,21 @@ class ChildContext:
 
     @staticmethod
     def from_env() -> Optional["ChildContext"]:
-        logdir, runtime = os.environ.get(ENV_LOGDIR), os.environ.get(ENV_RUNTIME)
+        logdir, runtime = os.environ.get(env.LOGDIR), os.environ.get(env.RUNTIME_DIR)
         if not logdir or not runtime:
             return None
         return ChildContext(
             layout=Layout(logdir),
             endpoints=Endpoints(runtime),
-            role=os.environ.get(ENV_ROLE, "trainer"),
-            attempt=int(os.environ.get(ENV_ATTEMPT, "1")),
-            supervised=os.environ.get(ENV_WATCHDOG) == "1",
+            role=os.environ.get(env.ROLE, "trainer"),
+            attempt=int(os.environ.get(env.ATTEMPT, "1")),
+            supervised=os.environ.get(env.WATCHDOG) == "1",
         )
-
-
-_early_signal: Optional[int] = None
-
-
-def catch_early_stop() -> None:
-    """Remember a SIGTERM/SIGINT that arrives before the Supervisor installs its own handlers."""
-
-    def on_signal(signum: int, frame: object) -> None:
-        global _early_signal
-        _early_signal = signum
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
-
-def early_stop_signal() -> Optional[int]:
-    """The stop signal received before the Supervisor started, if any."""
-    return _early_signal
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """Ask the kernel to send ``sig`` to this process when its parent dies; exit if it already has."""
-    parent = os.environ.get(ENV_PARENT)
+    parent = os.environ.get(env.PARENT_PID)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
@@ -107,3 +83,22 @@ def write_error_file(ctx: Optional[ChildContext], exc: BaseException, phase: str
         write_json(ctx.layout.error_file(ctx.role, ctx.attempt), record)
     except OSError as err:
         print(f"procsv: could not write error file: {err}", file=sys.stderr)
+
+
+def run_service(name: str, main: Callable[[ChildContext], int]) -> int:
+    """The whole bootstrap of a service process: die with the parent, read the context, run ``main``.
+
+    A failure is recorded as this attempt's error file (with the traceback) and re-raised, so the
+    process still exits non-zero and the watchdog prints the child's own traceback.
+    """
+    die_with_parent()
+    ctx = ChildContext.from_env()
+    if ctx is None:
+        print(f"procsv {name}: {env.LOGDIR} and {env.RUNTIME_DIR} must be set", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        return main(ctx)
+    except BaseException as exc:
+        write_error_file(ctx, exc, "run")
+        raise

@@ -9,10 +9,15 @@ so that plain TF tools work on it; procsv's own bookkeeping under ``.procsv/`` a
     <logdir>/logs/trainer.<attempt>.log        each attempt's stdout+stderr
     <logdir>/logs/trainer.<attempt>.error.json the child's own traceback, if it failed
     <logdir>/logs/lifecycle.jsonl              spawned / exited / restarted / committed ...
-    <logdir>/.procsv/status.json               what ``procsv status`` reads
+    <logdir>/.procsv/status.json               what ``procsv status`` reads (the watchdog writes it)
+    <logdir>/.procsv/summary_stats.json        the summary service's counters (written, dropped)
     <logdir>/.procsv/lock                      flock held by the live launch
     <logdir>/.procsv/checkpoints/*.json        one manifest per committed checkpoint
     <logdir>/.procsv/tmp/                      checkpoints being written (cleaned at start)
+
+A run's runtime directory (private, mode 0700, removed at the end) holds what lives only as long
+as the run: the ZeroMQ socket files (:class:`procsv.ipc.transport.Endpoints`), the summary
+service's ack file and one death-notice mutex file per trainer attempt (:class:`RuntimeDir`).
 
 Everything procsv persists goes through :func:`atomic_write`: write aside, fsync, rename, fsync
 the directory. Readers therefore see either the old or the new file, never a torn one.
@@ -28,7 +33,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from procsv.errors import LogdirLocked, UsageError
+from procsv.common.errors import LogdirLocked, UsageError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -51,6 +56,10 @@ class Layout:
     @property
     def status(self) -> str:
         return os.path.join(self.meta, "status.json")
+
+    @property
+    def summary_stats(self) -> str:
+        return os.path.join(self.meta, "summary_stats.json")
 
     @property
     def lock(self) -> str:
@@ -92,6 +101,22 @@ class Layout:
                 f"logdir {self.logdir!r} is not writable ({exc.strerror or exc}): "
                 "pass a --logdir you can create and write"
             ) from None
+
+
+@dataclass(frozen=True)
+class RuntimeDir:
+    """Paths inside a run's private runtime directory (besides the socket files)."""
+
+    path: str
+
+    @property
+    def summary_ack(self) -> str:
+        """The summary service's acknowledgements, read by the trainer."""
+        return os.path.join(self.path, "summary-ack.json")
+
+    def trainer_mutex(self, attempt: int) -> str:
+        """The death-notice mutex of one trainer attempt."""
+        return os.path.join(self.path, f"trainer.{attempt}.mutex")
 
 
 def fsync_dir(path: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 
-from procsv.errors import ProcsvError
+from procsv.common.errors import ProcsvError
 
 
 class ProcState(str, enum.Enum):

@@ -15,38 +15,24 @@ checkpoint.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from typing import Any, Callable, Mapping, Optional
 
-from ipc.messages import Progress, SessionLogEvent, TrainerReady
-from ipc.transport import Endpoints
-from procsv import child, spawn
-from procsv.coordinator import Coordinator, LooperThread
-from procsv.errors import ProcsvError, TrainingStopped, UsageError
-from procsv.layout import Layout, LogdirLock
-from procsv.summaries import SummaryBuffer
+from procsv.ipc.messages import Progress, SessionLogEvent, TrainerReady
+from procsv.ipc.transport import Endpoints
+from procsv.common import bootstrap
+from procsv.common.errors import ProcsvError, TrainingStopped, UsageError
+from procsv.common.layout import Layout
+from procsv.trainer import outcome
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpointing import CheckpointAgent
+from procsv.trainer.coordinator import Coordinator, LooperThread
+from procsv.trainer.standalone import OwnServices
+from procsv.trainer.summaries import SummaryBuffer
 
 PROGRESS_EVERY = 0.1  # seconds between Progress messages to the watchdog
-
-_steps_completed = 0  # read by the trainer bootstrap to tell a start-up failure from a later one
-_stopped_by_signal = False  # read by the trainer bootstrap: a signal-requested stop exits with 42
-
-
-def steps_completed() -> int:
-    """Steps completed by this process (0 means it failed during start-up, if it fails)."""
-    return _steps_completed
-
-
-def stopped_by_signal() -> bool:
-    """True if a Supervisor in this process stopped because of SIGTERM/SIGINT (state was saved)."""
-    return _stopped_by_signal
-
 
 class Supervisor:
     """Checkpoints, summaries, restore-on-restart and stop coordination for a TF2 training loop.
@@ -82,7 +68,7 @@ class Supervisor:
     ) -> None:
         import tensorflow as tf
 
-        self._ctx = child.ChildContext.from_env()
+        self._ctx = bootstrap.ChildContext.from_env()
         launched = self._ctx.layout.logdir if self._ctx else None
         if logdir is None:
             logdir = launched
@@ -131,9 +117,9 @@ class Supervisor:
         self._channels: Optional[TrainerChannels] = None
         self._summaries = SummaryBuffer()
         self._session: Optional[ManagedSession] = None
-        self._own_services: list[Any] = []
-        self._own_runtime: Optional[str] = None
-        self._lock: Optional[LogdirLock] = None
+        self._own: Optional[OwnServices] = None
+        self._steps_completed = 0
+        self._stopped_by_signal = False
         self._old_handlers: dict[int, Any] = {}
         self._first_step_done = False
         self._last_progress = 0.0
@@ -175,6 +161,7 @@ class Supervisor:
             assert self._session is not None
             return self._session
         self._started = True
+        outcome.register(self.outcome)
         t0 = time.monotonic()
         self._install_signal_handlers()
         endpoints = self._connect_services()
@@ -211,8 +198,7 @@ class Supervisor:
             self._release()
             return
         try:
-            global _stopped_by_signal
-            _stopped_by_signal = _stopped_by_signal or self.coord.stop_signal is not None
+            self._stopped_by_signal = self.coord.stop_signal is not None
             busy = "final_checkpoint" if self.coord.exception is None and self._ckpt is not None else ""
             self._channels.to_watchdog(Progress(os.getpid(), self._step, time.time(), busy))
             if self.coord.exception is None and self._ckpt is not None:
@@ -223,6 +209,10 @@ class Supervisor:
             self._channels.to_summary(SessionLogEvent("stop", self._step))
         finally:
             self._release()
+
+    def outcome(self) -> outcome.Outcome:
+        """What this Supervisor achieved so far (the trainer's bootstrap reads it at exit)."""
+        return outcome.Outcome(self._steps_completed, self._stopped_by_signal, 1)
 
     def request_stop(self, ex: Optional[BaseException] = None) -> None:
         self.coord.request_stop(ex)
@@ -291,23 +281,15 @@ class Supervisor:
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._old_handlers[sig] = signal.signal(sig, on_signal)
-        early = child.early_stop_signal()
+        early = outcome.early_stop_signal()
         if early is not None:
             self.coord.request_stop_from_signal(early)
 
     def _connect_services(self) -> Endpoints:
         if self._ctx is not None:
             return self._ctx.endpoints
-        self.layout.create()
-        self._lock = LogdirLock(self.layout)
-        self._lock.acquire()
-        self._own_runtime = tempfile.mkdtemp(prefix="procsv-")
-        for role in ("summary", "checkpoint"):
-            env = spawn.child_env(role=role, attempt=1, logdir=self.layout.logdir, runtime_dir=self._own_runtime,
-                                  supervised=False)
-            self._own_services.append(
-                spawn.spawn(spawn.service_argv(role), env, self.layout.attempt_log(role, 1)))
-        return Endpoints(self._own_runtime)
+        self._own = OwnServices(self.layout)
+        return self._own.start()
 
     def _init(self) -> None:
         if self.init_fn is not None:
@@ -326,9 +308,8 @@ class Supervisor:
         self._step += 1
 
     def _end_step(self) -> None:
-        global _steps_completed
         self.global_step.assign_add(1)
-        _steps_completed += 1
+        self._steps_completed += 1
         ch = self._channels
         assert ch is not None
         now = time.monotonic()
@@ -354,7 +335,7 @@ class Supervisor:
         sender = getattr(self, "_summary_sender", None)
         if sender is None:
             assert self._channels is not None
-            runtime = self._ctx.endpoints.runtime_dir if self._ctx is not None else self._own_runtime
+            runtime = self._ctx.endpoints.runtime_dir if self._ctx is not None else self._own.runtime_dir if self._own else ""
             # the first call comes from the first step's boundary, or from stop() if no step ran
             start = self._step if not force else self._step + 1
             sender = self._summary_sender = self._summaries.sender(self._channels.to_summary, runtime or "",
@@ -373,22 +354,9 @@ class Supervisor:
         if self._channels is not None:
             self._channels.close()
             self._channels = None
-        for proc in self._own_services:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self._own_services:
-            try:
-                proc.wait(timeout=self.stop_grace_secs)
-            except Exception:
-                proc.kill()
-                proc.wait()
-        self._own_services = []
-        if self._own_runtime:
-            shutil.rmtree(self._own_runtime, ignore_errors=True)
-            self._own_runtime = None
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+        if self._own is not None:
+            self._own.release(self.stop_grace_secs)
+            self._own = None
         for sig, handler in self._old_handlers.items():
             signal.signal(sig, handler)
         self._old_handlers = {}

@@ -22,8 +22,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from procsv.errors import CorruptCheckpoint
-from procsv.layout import Layout, atomic_write, read_json
+from procsv.common.errors import CorruptCheckpoint
+from procsv.common.layout import Layout, atomic_write, read_json
 
 MANIFEST_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1: the same fields, CRC-32 only

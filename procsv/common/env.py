@@ -1,0 +1,23 @@
+"""Every ``PROCSV_*`` environment variable, named once.
+
+Imported by every process. The watchdog (or a Supervisor running without one) passes a child its
+coordinates in these variables; the child reads them through :class:`procsv.common.bootstrap.ChildContext`
+or the few helpers below. Nothing else in procsv spells a ``PROCSV_`` literal.
+"""
+
+from __future__ import annotations
+
+LOGDIR = "PROCSV_LOGDIR"  # the run's logdir (absolute)
+RUNTIME_DIR = "PROCSV_RUNTIME_DIR"  # the run's private runtime directory (sockets, mutexes)
+ROLE = "PROCSV_ROLE"  # trainer | checkpoint | summary | zygote
+ATTEMPT = "PROCSV_ATTEMPT"  # 1, 2, ... per role
+PARENT_PID = "PROCSV_PARENT_PID"  # the process the child must die with
+WATCHDOG = "PROCSV_WATCHDOG"  # "1" when a watchdog supervises this child
+DEATH_MUTEX = "PROCSV_DEATH_MUTEX"  # the trainer's death-notice mutex file
+ZYGOTE_FDS = "PROCSV_ZYGOTE_FDS"  # "read,write": the zygote's control pipe
+PRELOAD = "PROCSV_PRELOAD"  # comma-separated modules the zygote imports too
+CHECKPOINT_NICE = "PROCSV_CHECKPOINT_NICE"  # the checkpoint service's nice increment (default 10)
+FAULT = "PROCSV_FAULT"  # "checkpoint:<point>[:<n>]": a fault point for tests (kills the service there)
+
+ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
+       CHECKPOINT_NICE, FAULT)
