@@ -18,13 +18,16 @@ class DeathWatch:
     """In the watchdog: waits (in a thread) until the trainer releases the mutex or dies holding it.
 
     ``on_event(died, at)`` is called from the thread: ``died`` is True for "owner died" (an
-    unclean death) and False for a clean release; ``at`` is ``time.monotonic()`` of the wake-up.
+    unclean death) and False for a clean release; ``at`` is the injected ``clock`` (the watchdog's
+    monotonic clock) read at the wake-up.
     The thread first waits until the trainer holds the mutex (polling ``trylock``), so a trainer
     that dies before taking it is left to the pidfd; :meth:`cancel` ends that wait.
     """
 
-    def __init__(self, mutex: RobustMutex, alive: Callable[[], bool], on_event: Callable[[bool, float], None]) -> None:
+    def __init__(self, mutex: RobustMutex, alive: Callable[[], bool], on_event: Callable[[bool, float], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.mutex = mutex
+        self._clock = clock
         self._alive = alive
         self._on_event = on_event
         self._cancelled = False
@@ -41,7 +44,7 @@ class DeathWatch:
             if rc == errno.EBUSY:
                 break  # the trainer holds it: now wait for its release or death
             if rc == errno.EOWNERDEAD:  # it took the mutex and died before we started waiting
-                self._on_event(True, time.monotonic())
+                self._on_event(True, self._clock())
                 return
             if rc == 0:
                 self.mutex.unlock()
@@ -52,6 +55,6 @@ class DeathWatch:
             return
         self.waiting = True
         rc = self.mutex.lock()
-        at = time.monotonic()
+        at = self._clock()
         if not self._cancelled:
             self._on_event(rc == errno.EOWNERDEAD, at)

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from procsv.ipc.messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
 from procsv.ipc.transport import FramedReader, write_framed
@@ -31,7 +31,11 @@ class ZygoteUnavailable(RuntimeError):
 
 
 class Zygote:
-    def __init__(self, env: Mapping[str, str], log_path: str, cwd: str, preload: Sequence[str] = ()) -> None:
+    """The pre-warmed trainer process and its control pipes (see the module docstring)."""
+
+    def __init__(self, env: Mapping[str, str], log_path: str, cwd: str, preload: Sequence[str] = (),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         req_r, self._req_w = os.pipe()
         self._rep_r, rep_w = os.pipe()
         env = dict(env)
@@ -84,9 +88,9 @@ class Zygote:
             raise ZygoteUnavailable("the zygote is not ready")
         argv = ["procsv.trainer", target, *args]
         write_framed(self._req_w, ForkRequest(attempt, argv, dict(env), log_path, cwd))
-        deadline = time.monotonic() + FORK_REPLY_TIMEOUT
-        while time.monotonic() < deadline:
-            self.reader.wait(deadline - time.monotonic())
+        deadline = self.clock() + FORK_REPLY_TIMEOUT
+        while self.clock() < deadline:
+            self.reader.wait(deadline - self.clock())
             for msg in self.pump():
                 if isinstance(msg, ForkReply) and msg.attempt == attempt:
                     if msg.error or msg.pid <= 0:
@@ -125,9 +129,10 @@ class ForkedProcess:
         return self.returncode
 
     def wait(self, timeout: Optional[float] = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        clock = self.zygote.clock
+        deadline = None if timeout is None else clock() + timeout
         while self.poll() is None:
-            left = 0.5 if deadline is None else deadline - time.monotonic()
+            left = 0.5 if deadline is None else deadline - clock()
             if left <= 0:
                 raise subprocess.TimeoutExpired(["trainer"], timeout or 0)
             self.zygote.reader.wait(min(left, 0.5))

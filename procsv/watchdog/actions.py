@@ -1,0 +1,133 @@
+"""What the watchdog's decision function asks for: one frozen dataclass per kind of action.
+
+Runs in the watchdog. :func:`procsv.watchdog.decide.decide` returns a list of these;
+:class:`procsv.watchdog.executor.Executor` performs them (spawn, signal, kill) and
+:func:`procsv.watchdog.decide.note` records in the :class:`~procsv.watchdog.state.RunView` what
+each one changed, so that deciding again without a new observation asks for nothing new.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Union
+
+from procsv.watchdog.lifecycle import RunState
+from procsv.watchdog.policy import History
+
+
+class Cause(str, enum.Enum):
+    """Why the watchdog signals or kills a child."""
+
+    STOP = "stop"  # the run was asked to stop (SIGTERM/SIGINT, procsv stop)
+    STOP_GRACE = "stop_grace"  # the trainer outlived --stop-grace-secs after the stop request
+    HANG = "hang"  # no progress within --hang-timeout / --startup-timeout
+    CHAOS = "chaos"  # --chaos
+    SHUTDOWN = "shutdown"  # the run is over: the services flush and exit
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """Start the next attempt of ``slot``."""
+
+    slot: str
+    role: str
+
+
+@dataclass(frozen=True)
+class Signal:
+    """Send ``sig`` to the child (the process itself, so a trainer can save first)."""
+
+    slot: str
+    attempt: int
+    sig: int
+    cause: Cause
+    reason: str = ""  # the hang's one-line reason
+
+
+@dataclass(frozen=True)
+class Kill:
+    """SIGKILL the child's whole process group."""
+
+    slot: str
+    attempt: int
+    cause: Cause
+
+
+@dataclass(frozen=True)
+class Restart:
+    """A trainer attempt ended (or died, ``early``: noticed before its exit status): start another."""
+
+    slot: str
+    attempt: int
+    delay: float
+    history: History
+    preempted: bool = False  # it saved its state and asked for a restart (exit code 42)
+    early: bool = False
+
+
+@dataclass(frozen=True)
+class RespawnService:
+    """A service died while the run goes on: start it again at once."""
+
+    slot: str
+    attempt: int
+    crashes: tuple[float, ...]  # the crash times inside the restart window, this one included
+
+
+@dataclass(frozen=True)
+class GiveUpService:
+    """A service keeps dying: stop the run in order, and exit 1."""
+
+    slot: str
+    attempt: int
+    crashes: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Finish:
+    """A trainer attempt's end decides the run: it ``succeeded`` or was ``stopped``."""
+
+    slot: str
+    attempt: int
+    run: RunState
+    exit_code: int
+    history: History
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """The restart policy gives up on the trainer: the run failed."""
+
+    slot: str
+    attempt: int
+    reason: str
+    history: History
+
+
+@dataclass(frozen=True)
+class Settle:
+    """An ended child needs nothing more (a service exiting at the end of the run)."""
+
+    slot: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class ArmChaos:
+    """Schedule the next chaos kill of ``slot``'s current attempt at ``at``."""
+
+    slot: str
+    attempt: int
+    at: float
+
+
+@dataclass(frozen=True)
+class SkipChaos:
+    """The chaos kill is due but its victim is not killable now (gone, or writing its final checkpoint)."""
+
+    slot: str
+
+
+Action = Union[Spawn, Signal, Kill, Restart, RespawnService, GiveUpService, Finish, GiveUp, Settle, ArmChaos,
+               SkipChaos]

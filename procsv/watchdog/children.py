@@ -1,0 +1,111 @@
+"""The watchdog's handles on its child processes: start, signal, kill, reap, read their logs.
+
+Runs in the watchdog. A :class:`ChildProcess` is one attempt of one slot: the process (a
+``subprocess.Popen``, or a :class:`~procsv.watchdog.prewarm.ForkedProcess` forked by the
+pre-warmed trainer), a pidfd that becomes readable the moment it dies, its log file, and for a
+trainer the death-notice watch. Every child leads its own process group, so :meth:`kill_group`
+also takes whatever the child spawned. Effects only: what to do is decided elsewhere
+(:mod:`procsv.watchdog.decide`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from typing import Callable, Optional, Union
+
+import psutil
+
+from procsv.common.mutex import RobustMutex
+from procsv.watchdog.deathwatch import DeathWatch
+from procsv.watchdog.prewarm import ForkedProcess
+
+Process = Union["subprocess.Popen[bytes]", ForkedProcess]
+
+# stderr lines every TF process prints that say nothing about the user's program
+_NOISE = re.compile(r"^(WARNING: All log messages before absl|[EWI]0000 |.*(cuda|cuInit|oneDNN|TF-TRT|"
+                    r"computation placer|cpu_feature_guard|rebuild TensorFlow with|AVX|Unable to register))")
+
+
+class ChildProcess:
+    """One attempt of one slot, as a live process (until :meth:`reap`)."""
+
+    def __init__(self, slot: str, role: str, attempt: int, proc: Process, log_path: str) -> None:
+        self.slot = slot
+        self.role = role
+        self.attempt = attempt
+        self.proc = proc
+        self.log_path = log_path
+        self.pidfd = os.pidfd_open(proc.pid)
+        self.watch: Optional[DeathWatch] = None
+        self.log_pos = 0
+        try:
+            self.create_time: Optional[float] = psutil.Process(proc.pid).create_time()
+        except psutil.Error:
+            self.create_time = None
+
+    @property
+    def pid(self) -> int:
+        return int(self.proc.pid)
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self.proc.returncode
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def send_signal(self, sig: int) -> None:
+        """Signal the process itself (a trainer turns SIGTERM into an orderly stop)."""
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill_group(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the child's whole process group (it leads its own session)."""
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def reap(self, timeout: float = 5.0) -> int:
+        """Wait for the exit status (SIGKILL after ``timeout``), kill what it left in its group, close the pidfd."""
+        if self.watch is not None:
+            self.watch.cancel()
+        if self.proc.returncode is None:
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill_group(signal.SIGKILL)
+                self.proc.wait()
+        self.kill_group(signal.SIGKILL)  # anything the child left behind in its group
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+        code = self.proc.returncode
+        assert code is not None
+        return code
+
+    def new_log_lines(self) -> list[str]:
+        """Complete lines its log gained since the last call, without TensorFlow's start-up noise."""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self.log_pos)
+                data = fh.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n")
+        if end < 0:
+            return []
+        self.log_pos += end + 1
+        return [line for line in data[:end].decode(errors="replace").splitlines()
+                if line.strip() and not _NOISE.match(line)]
+
+
+def watch_death(child: ChildProcess, mutex: RobustMutex, clock: Callable[[], float],
+                on_event: Callable[[bool, float], None]) -> None:
+    """Start the death-notice watch of a trainer on the mutex it was told to hold."""
+    child.watch = DeathWatch(mutex, alive=lambda: child.pidfd >= 0, on_event=on_event, clock=clock)

@@ -1,0 +1,64 @@
+"""``procsv launch``'s configuration: the parsed command line, checked, and the limits it sets.
+
+Runs in the watchdog (and in the CLI, which builds it). :func:`check_target` refuses a TARGET
+that cannot run before anything starts; :meth:`LaunchConfig.limits` is what the decision
+function (:mod:`procsv.watchdog.decide`) is given.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Optional
+
+from procsv.common.errors import UsageError
+from procsv.watchdog.chaos import parse_chaos
+from procsv.watchdog.decide import Limits
+from procsv.watchdog.hang import HangLimits
+from procsv.watchdog.policy import RestartPolicy
+
+
+@dataclass
+class LaunchConfig:
+    """The launch's command line."""
+
+    target: str
+    args: list[str]
+    logdir: str
+    max_restarts: int = 10
+    stop_grace_secs: float = 120.0
+    quiet: bool = False
+    hang_timeout: float = 600.0
+    startup_timeout: float = 1800.0
+    hang_grace_secs: float = 10.0
+    chaos: Optional[str] = None
+    prewarm: bool = True
+    preload: list[str] = field(default_factory=list)
+    cwd: str = field(default_factory=os.getcwd)
+
+    def limits(self) -> Limits:
+        return Limits(restart=RestartPolicy(max_restarts=self.max_restarts),
+                      hang=HangLimits(self.hang_timeout, self.startup_timeout),
+                      stop_grace_secs=self.stop_grace_secs, hang_grace_secs=self.hang_grace_secs,
+                      chaos=parse_chaos(self.chaos) if self.chaos else None)
+
+
+def check_target(target: str, cwd: str) -> None:
+    """Raise UsageError if TARGET is neither an existing .py file nor an importable module."""
+    if target.endswith(".py") or os.sep in target:
+        path = os.path.join(cwd, target)
+        if not os.path.isfile(path):
+            raise UsageError(f"training script {target!r} does not exist (looked in {cwd})")
+        return
+    sys.path.insert(0, cwd)
+    try:
+        spec = importlib.util.find_spec(target)
+    except (ImportError, ValueError) as exc:
+        raise UsageError(f"cannot find training module {target!r}: {exc}") from None
+    finally:
+        sys.path.remove(cwd)
+    if spec is None:
+        raise UsageError(f"cannot find training module {target!r} (not importable from {cwd}); "
+                         "pass an importable module name or a path to a .py file")

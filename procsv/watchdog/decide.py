@@ -1,0 +1,273 @@
+"""The watchdog's one decision function, and the bookkeeping of what each action changed.
+
+Runs in the watchdog, but reads no clock, touches no process and no file:
+:func:`decide` ``(view, now, limits, draw) -> list[Action]`` looks at the observed state
+(:class:`~procsv.watchdog.state.RunView`), the time ``now`` (the watchdog's monotonic clock,
+passed in) and a uniform random ``draw`` in [0, 1) for the backoff jitter, and returns what to
+do. :func:`note` applies an action's consequences to the view. The executor performs an action
+and notes it; deciding again with nothing new observed then returns nothing new. Tests drive
+both with a fake clock and scripted observations (``tests/test_watchdog_decide.py``).
+
+Rules, in the order they are considered:
+
+1. **Ended children.** A trainer attempt that was reaped, or whose death notice arrived, is
+   judged by the restart policy (:func:`procsv.watchdog.policy.decide`): finish, stopped,
+   restart (at once after progress or a preemption, else with backoff), or give up. A death
+   notice alone only ever restarts (any other verdict waits for the exit status, so that it is
+   reported exactly). A service that dies is restarted at once, unless it died more than
+   ``service_restart_limit`` times within ``service_restart_window`` seconds: then the run stops
+   in order and fails. Anything ending after the run's outcome is decided is only settled.
+2. **Stop.** A stop request (SIGTERM/SIGINT) sends SIGTERM to a running trainer; past
+   ``stop_grace_secs`` it is SIGKILLed; once no trainer is left the run is ``stopped``.
+3. **Restart timer.** A pending trainer start happens when due -- but the first one waits up to
+   ``zygote_wait`` seconds for the pre-warmed trainer to be ready.
+4. **Hangs.** A trainer silent beyond its limit (:func:`procsv.watchdog.hang.hang_reason`) gets
+   SIGTERM, then SIGKILL after ``hang_grace_secs``.
+5. **Chaos.** The target is armed once per attempt (after the trainer's first step, or when a
+   service starts) with the next delay of the plan, and signalled when due, never while it is
+   busy with its final checkpoint.
+6. **Shutdown.** Once the outcome is decided, every live child gets SIGTERM, and SIGKILL after
+   ``min(stop_grace_secs, services_grace_secs)``.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from typing import Optional
+
+from procsv.common.bootstrap import EXIT_PREEMPTED
+from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpService, Kill, RespawnService,
+                                     Restart, Settle, Signal, SkipChaos, Spawn)
+from procsv.watchdog.chaos import ChaosPlan
+from procsv.watchdog.hang import HangLimits, hang_reason
+from procsv.watchdog.lifecycle import ProcState, RunState, transition
+from procsv.watchdog.policy import Action as Verdict
+from procsv.watchdog.policy import RestartPolicy, TrainerExit
+from procsv.watchdog.policy import decide as restart_verdict
+from procsv.watchdog.state import TRAINER, ChildView, RunView, ZygoteState
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Everything configurable that the decisions depend on."""
+
+    restart: RestartPolicy = RestartPolicy()
+    hang: HangLimits = HangLimits(600.0, 1800.0)
+    stop_grace_secs: float = 120.0
+    hang_grace_secs: float = 10.0
+    service_restart_limit: int = 5  # service deaths within the window before the run gives up
+    service_restart_window: float = 60.0
+    zygote_wait: float = 120.0  # how long the first trainer waits for the pre-warmed trainer
+    services_grace_secs: float = 30.0  # at the end, how long services may take to flush and exit
+    chaos: Optional[ChaosPlan] = None
+
+
+def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Action]:
+    """What to do now, given what has been observed. Pure: the view is not changed."""
+    actions: list[Action] = []
+    ended = view.unsettled()
+    for child in ended:
+        actions += _judge(view, child, now, limits, draw)
+    if any(isinstance(a, (Finish, GiveUp)) for a in actions):
+        return actions  # the run's outcome is decided; the next round shuts down
+    if view.finishing:
+        return actions + _shutdown(view, now, limits)
+    actions += _stop(view, now)
+    actions += _restart_due(view, now, limits)
+    for trainer in view.trainers():
+        actions += _hang(view, trainer, now, limits)
+    actions += _chaos(view, now, limits)
+    return actions
+
+
+# ------------------------------------------------------------------------------------------ rules
+def _judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: float) -> list[Action]:
+    """Rule 1: an attempt ended (or its death was noticed)."""
+    if view.finishing:
+        return [Settle(child.slot, child.attempt)] if child.reaped else []
+    if child.role != TRAINER:
+        if not child.reaped:
+            return []
+        window = tuple(t for t in view.service_crashes if now - t < limits.service_restart_window) + (now,)
+        if len(window) > limits.service_restart_limit:
+            return [GiveUpService(child.slot, child.attempt, window)]
+        return [RespawnService(child.slot, child.attempt, window)]
+    code = child.exit_code if child.reaped else 1  # a death notice: some unclean death
+    assert code is not None
+    ex = TrainerExit(code, child.first_step_at is not None, child.made_progress, view.stop_signal is not None)
+    verdict = restart_verdict(limits.restart, view.history, ex, draw)
+    if not child.reaped:
+        if verdict.action != Verdict.RESTART:
+            return []  # stopping or giving up: wait for the exit status to tell the whole story
+        return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, early=True)]
+    if verdict.action == Verdict.FINISH:
+        return [Finish(child.slot, child.attempt, RunState.SUCCEEDED, 0, verdict.history)]
+    if verdict.action == Verdict.STOPPED:
+        sig = view.stop_signal or signal.SIGTERM
+        return [Finish(child.slot, child.attempt, RunState.STOPPED, 128 + sig, verdict.history)]
+    if verdict.action == Verdict.GIVE_UP:
+        return [GiveUp(child.slot, child.attempt, verdict.reason, verdict.history)]
+    return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, preempted=code == EXIT_PREEMPTED)]
+
+
+def _stop(view: RunView, now: float) -> list[Action]:
+    """Rule 2: a stop was requested."""
+    if view.stop_signal is None:
+        return []
+    out: list[Action] = []
+    live = [t for t in view.trainers() if t.live]
+    for t in live:
+        if t.state in (ProcState.STARTING, ProcState.RUNNING):
+            out.append(Signal(t.slot, t.attempt, signal.SIGTERM, Cause.STOP))
+        elif view.stop_deadline is not None and now >= view.stop_deadline:
+            out.append(Kill(t.slot, t.attempt, Cause.STOP_GRACE))
+    if not live:  # stopped before a trainer started, or while a restart was pending
+        out.append(Finish(TRAINER, 0, RunState.STOPPED, 128 + view.stop_signal, view.history))
+    return out
+
+
+def _restart_due(view: RunView, now: float, limits: Limits) -> list[Action]:
+    """Rule 3: a pending trainer start."""
+    if view.restart_at is None or now < view.restart_at or view.stop_signal is not None:
+        return []
+    if view.zygote == ZygoteState.WARMING and now - view.launch_start < limits.zygote_wait:
+        return []
+    return [Spawn(TRAINER, TRAINER)]
+
+
+def _hang(view: RunView, t: ChildView, now: float, limits: Limits) -> list[Action]:
+    """Rule 4: a trainer that makes no progress."""
+    if not t.live or view.stop_signal is not None:
+        return []
+    if t.hang_kill_at is not None:
+        return [Kill(t.slot, t.attempt, Cause.HANG)] if now >= t.hang_kill_at else []
+    if t.hang_cause:
+        return []
+    reason = hang_reason(now, started=t.started, last_progress=t.last_progress_at, busy=t.busy, limits=limits.hang)
+    return [] if reason is None else [Signal(t.slot, t.attempt, signal.SIGTERM, Cause.HANG, reason)]
+
+
+def _chaos(view: RunView, now: float, limits: Limits) -> list[Action]:
+    """Rule 5: scheduled kills."""
+    plan = limits.chaos
+    if plan is None or view.stop_signal is not None:
+        return []
+    victim = view.children.get(plan.target)
+    if view.chaos_at is not None:
+        if now < view.chaos_at:
+            return []
+        if victim is None or not victim.live or victim.busy:
+            return [SkipChaos(plan.target)]
+        return [Signal(victim.slot, victim.attempt, plan.signal, Cause.CHAOS)]
+    if victim is None or not victim.live or view.chaos_armed_for == (victim.slot, victim.attempt):
+        return []
+    since = victim.first_step_at if victim.role == TRAINER else victim.started
+    if since is None:
+        return []
+    return [ArmChaos(victim.slot, victim.attempt, since + view.chaos_next_delay)]
+
+
+def _shutdown(view: RunView, now: float, limits: Limits) -> list[Action]:
+    """Rule 6: the outcome is decided; stop whatever still runs."""
+    out: list[Action] = []
+    for c in view.live_children():
+        if not c.live:
+            continue  # noticed dead already: only its reap is missing
+        if c.state in (ProcState.STARTING, ProcState.RUNNING):
+            out.append(Signal(c.slot, c.attempt, signal.SIGTERM, Cause.SHUTDOWN))
+        elif view.services_deadline is not None and now >= view.services_deadline:
+            out.append(Kill(c.slot, c.attempt, Cause.SHUTDOWN))
+    return out
+
+
+# ------------------------------------------------------------------------------------ bookkeeping
+def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
+    """Record in ``view`` what ``action`` changed (the executor performs its effects)."""
+    if isinstance(action, Spawn):
+        if action.role == TRAINER:
+            view.restart_at = None
+        return
+    if isinstance(action, ArmChaos):
+        view.chaos_at, view.chaos_armed_for = action.at, (action.slot, action.attempt)
+        return
+    if isinstance(action, SkipChaos):
+        view.chaos_at = None
+        return
+    child = find(view, action.slot, action.attempt)
+    if isinstance(action, (Finish, GiveUp)):
+        if child is not None:
+            _settle(child)
+        view.history = action.history
+        if isinstance(action, GiveUp) and child is not None:
+            view.last_error = child.headline()
+        run, code = (action.run, action.exit_code) if isinstance(action, Finish) else (RunState.FAILED, 1)
+        view.run = transition(view.run, run)  # type: ignore[assignment]
+        view.exit_code = view.exit_code or code
+        view.finishing = True
+        view.restart_at = None
+        return
+    if child is None:
+        raise KeyError(f"{type(action).__name__}: no attempt {action.attempt} of {action.slot}")
+    if isinstance(action, Signal):
+        if action.cause == Cause.CHAOS:
+            view.chaos_at = None
+            child.signalled_at = now
+        elif action.cause == Cause.HANG:
+            child.hang_cause, child.hang_kill_at, child.signalled_at = f"hang: {action.reason}", \
+                now + limits.hang_grace_secs, now
+            child.set_state(ProcState.STOPPING)
+        else:
+            child.set_state(ProcState.STOPPING)
+            if action.cause == Cause.SHUTDOWN and view.services_deadline is None:
+                view.services_deadline = now + min(limits.stop_grace_secs, limits.services_grace_secs)
+    elif isinstance(action, Kill):
+        if action.cause == Cause.HANG:
+            child.hang_kill_at = None
+        elif action.cause == Cause.STOP_GRACE:
+            view.stop_deadline = None
+    elif isinstance(action, Restart):
+        _settle(child, early=action.early)
+        child.set_state(ProcState.RESTARTING)
+        view.history = action.history
+        view.restart_at = now + action.delay
+        if not action.preempted:
+            view.last_error = child.headline()
+    elif isinstance(action, RespawnService):
+        _settle(child)
+        child.set_state(ProcState.RESTARTING)
+        view.service_crashes = action.crashes
+    elif isinstance(action, GiveUpService):
+        _settle(child)
+        view.service_crashes = action.crashes
+        view.last_error = f"{child.role} service keeps failing: {child.headline()}"
+        view.exit_code = 1
+        request_stop(view, signal.SIGTERM, now, limits.stop_grace_secs)
+    elif isinstance(action, Settle):
+        _settle(child)
+
+
+def request_stop(view: RunView, signum: int, now: float, grace: float) -> None:
+    """A stop request (SIGTERM/SIGINT to the watchdog). A second SIGINT ends the grace period at once."""
+    if view.stop_signal is not None:
+        if signum == signal.SIGINT:
+            view.stop_deadline = now
+        return
+    view.stop_signal = signum
+    view.stop_deadline = now + grace
+    view.restart_at = None
+
+
+def _settle(child: ChildView, early: bool = False) -> None:
+    child.settled = True
+    child.settled_early = early
+    if child.state in (ProcState.STARTING, ProcState.RUNNING, ProcState.STOPPING):
+        child.set_state(ProcState.EXITED if child.exit_code == 0 else ProcState.FAILED)
+
+
+def find(view: RunView, slot: str, attempt: int) -> Optional[ChildView]:
+    """Attempt ``attempt`` of ``slot`` (``None`` for attempt 0: the run ended before any)."""
+    current = view.children.get(slot)
+    if current is not None and current.attempt == attempt:
+        return current
+    return next((c for c in view.attempts if c.slot == slot and c.attempt == attempt), None)

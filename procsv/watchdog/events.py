@@ -1,0 +1,121 @@
+"""``logs/lifecycle.jsonl``: the run's history, one JSON object per line, in one schema.
+
+Runs in the watchdog, the only writer of the file. Every record has ``time`` (wall clock, seconds
+since the epoch) and ``event`` (an :class:`Event`), plus exactly the fields :data:`SCHEMA` lists
+for that event; :meth:`EventLog.write` refuses anything else, so the schema below is the whole
+truth. ``code``/``signal``: an exit status is either ``{"code": n}`` or ``{"signal": "SIGKILL"}``.
+
+=====================  ==========================================================================
+event                  fields
+=====================  ==========================================================================
+launch                 target, args, pid (the watchdog's)
+spawned                role, attempt, pid, via (``fresh`` or ``zygote``)
+zygote_ready           pid, import_secs
+zygote_gone            pid
+initialized            pid, step, path (null), secs, skipped (corrupt checkpoints passed over)
+restored               pid, step, path, secs, skipped
+first_step             pid, step, secs_since_spawn
+checkpoint_committed   step, path, reason, secs
+checkpoint_failed      step, error
+hang_detected          pid, attempt, step, reason
+chaos_kill             role, pid, signal
+preempted              signal (the launch received it: an orderly stop begins)
+death_noticed          role, attempt, pid, noticed (wall time of the death notice)
+exited                 role, attempt, pid, noticed, code | signal
+restarting             attempt (the next one), delay, error
+restarted              attempt (the one being started)
+gave_up                reason, error
+finished               state, exit_code, step
+=====================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import time
+from typing import IO, Any, Callable, Optional
+
+
+class Event(str, enum.Enum):
+    LAUNCH = "launch"
+    SPAWNED = "spawned"
+    ZYGOTE_READY = "zygote_ready"
+    ZYGOTE_GONE = "zygote_gone"
+    INITIALIZED = "initialized"
+    RESTORED = "restored"
+    FIRST_STEP = "first_step"
+    CHECKPOINT_COMMITTED = "checkpoint_committed"
+    CHECKPOINT_FAILED = "checkpoint_failed"
+    HANG_DETECTED = "hang_detected"
+    CHAOS_KILL = "chaos_kill"
+    PREEMPTED = "preempted"
+    DEATH_NOTICED = "death_noticed"
+    EXITED = "exited"
+    RESTARTING = "restarting"
+    RESTARTED = "restarted"
+    GAVE_UP = "gave_up"
+    FINISHED = "finished"
+
+
+_RESTORE = frozenset({"pid", "step", "path", "secs", "skipped"})
+
+SCHEMA: dict[Event, frozenset[str]] = {
+    Event.LAUNCH: frozenset({"target", "args", "pid"}),
+    Event.SPAWNED: frozenset({"role", "attempt", "pid", "via"}),
+    Event.ZYGOTE_READY: frozenset({"pid", "import_secs"}),
+    Event.ZYGOTE_GONE: frozenset({"pid"}),
+    Event.INITIALIZED: _RESTORE,
+    Event.RESTORED: _RESTORE,
+    Event.FIRST_STEP: frozenset({"pid", "step", "secs_since_spawn"}),
+    Event.CHECKPOINT_COMMITTED: frozenset({"step", "path", "reason", "secs"}),
+    Event.CHECKPOINT_FAILED: frozenset({"step", "error"}),
+    Event.HANG_DETECTED: frozenset({"pid", "attempt", "step", "reason"}),
+    Event.CHAOS_KILL: frozenset({"role", "pid", "signal"}),
+    Event.PREEMPTED: frozenset({"signal"}),
+    Event.DEATH_NOTICED: frozenset({"role", "attempt", "pid", "noticed"}),
+    Event.EXITED: frozenset({"role", "attempt", "pid", "noticed", "code|signal"}),
+    Event.RESTARTING: frozenset({"attempt", "delay", "error"}),
+    Event.RESTARTED: frozenset({"attempt"}),
+    Event.GAVE_UP: frozenset({"reason", "error"}),
+    Event.FINISHED: frozenset({"state", "exit_code", "step"}),
+}
+
+
+class SchemaError(ValueError):
+    """A lifecycle record whose fields are not the ones :data:`SCHEMA` lists for its event."""
+
+
+def check(event: Event, fields: dict[str, Any]) -> None:
+    """Raise :class:`SchemaError` unless ``fields`` are exactly the schema's for ``event``."""
+    want = set()
+    for name in SCHEMA[event]:
+        if "|" in name:
+            options = set(name.split("|"))
+            found = options & set(fields)
+            if len(found) != 1:
+                raise SchemaError(f"{event.value}: exactly one of {sorted(options)} is required")
+            want |= found
+        else:
+            want.add(name)
+    if set(fields) != want:
+        raise SchemaError(f"{event.value}: fields {sorted(fields)} are not {sorted(want)}")
+
+
+class EventLog:
+    """Appends checked records to ``lifecycle.jsonl`` (line-buffered: a crash loses at most a line)."""
+
+    def __init__(self, path: str, wall: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self._wall = wall
+        self._fh: Optional[IO[str]] = open(path, "a", buffering=1)
+
+    def write(self, event: Event, **fields: Any) -> None:
+        check(event, fields)
+        if self._fh is not None:
+            self._fh.write(json.dumps({"time": self._wall(), "event": event.value, **fields}) + "\n")
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None

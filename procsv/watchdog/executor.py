@@ -1,0 +1,214 @@
+"""The executor: performs the decision function's actions on real processes.
+
+Runs in the watchdog. For each :mod:`~procsv.watchdog.actions` value it does the effect (start a
+process, from the pre-warmed trainer when it is ready; send a signal; kill a process group),
+records the action's consequences in the view (:func:`procsv.watchdog.decide.note`), and
+reports it (lifecycle event, terminal line). It also owns the live :class:`ChildProcess`
+handles, the pre-warmed trainer and the chaos plan's seeded generator.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+from typing import Callable, Optional
+
+from procsv.common import spawn
+from procsv.common.env import DEATH_MUTEX
+from procsv.common.layout import Layout, RuntimeDir
+from procsv.common.mutex import RobustMutex
+from procsv.watchdog import observe
+from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpService, Kill, RespawnService,
+                                     Restart, Signal, SkipChaos, Spawn)
+from procsv.watchdog.config import LaunchConfig
+from procsv.watchdog.decide import Limits, find, note
+from procsv.watchdog.events import Event
+from procsv.watchdog.children import ChildProcess, watch_death
+from procsv.watchdog.failures import describe
+from procsv.watchdog.observe import Report
+from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable
+from procsv.watchdog.state import TRAINER, RunView, ZygoteState
+
+Sink = Callable[[list[Report]], None]
+
+
+class Executor:
+    """Carries out actions; the only place the watchdog starts or signals a process."""
+
+    def __init__(self, cfg: LaunchConfig, layout: Layout, runtime_dir: str, view: RunView, limits: Limits,
+                 report: Sink, clock: Callable[[], float], register: Callable[[ChildProcess], None],
+                 on_death_notice: Callable[[ChildProcess, bool, float], None],
+                 chaos_rng: Optional[random.Random] = None) -> None:
+        self.cfg = cfg
+        self.layout = layout
+        self.runtime = RuntimeDir(runtime_dir)
+        self.view = view
+        self.limits = limits
+        self.report = report
+        self.clock = clock
+        self._register = register
+        self._on_death_notice = on_death_notice
+        self.handles: dict[tuple[str, int], ChildProcess] = {}
+        self.zygote: Optional[Zygote] = None
+        self.dead_zygotes: list[Zygote] = []  # forked trainers still need their exit statuses
+        self.chaos_rng = chaos_rng or random.Random(limits.chaos.seed if limits.chaos else None)
+        if limits.chaos is not None:
+            view.chaos_next_delay = limits.chaos.delay(self.chaos_rng)
+
+    # ------------------------------------------------------------------ the one entry point
+    def perform(self, action: Action) -> None:
+        now = self.clock()
+        if isinstance(action, Spawn):
+            self._spawn_trainer_slot(action) if action.role == TRAINER else self.spawn(action.slot, action.role)
+            return
+        if isinstance(action, ArmChaos):
+            note(self.view, action, now, self.limits)
+            assert self.limits.chaos is not None
+            self.view.chaos_next_delay = self.limits.chaos.delay(self.chaos_rng)
+            return
+        if isinstance(action, SkipChaos):
+            note(self.view, action, now, self.limits)
+            return
+        child = find(self.view, action.slot, action.attempt)
+        handle = self.handles.get((action.slot, action.attempt))
+        reports: list[Report] = []
+        if isinstance(action, Signal):
+            reports += self._signal_reports(action)
+            if handle is not None:
+                handle.send_signal(action.sig)
+        elif isinstance(action, Kill):
+            reports.append(Report(say=_KILL_LINES[action.cause].format(
+                grace=self.limits.hang_grace_secs if action.cause == Cause.HANG else self.cfg.stop_grace_secs,
+                role=action.slot)))
+            if handle is not None:
+                handle.kill_group(signal.SIGKILL)
+        note(self.view, action, now, self.limits)
+        if isinstance(action, Restart):
+            reports += self._restart_reports(action)
+        elif isinstance(action, RespawnService):
+            assert child is not None
+            reports.append(Report(say=f"procsv: {child.headline()}; restarting the {child.role} service", err=True))
+            self.report(reports)
+            reports = []
+            self.spawn(action.slot, child.role)
+        elif isinstance(action, GiveUpService):
+            assert child is not None
+            reports.append(Report(say=f"procsv: giving up: the {child.role} service failed {len(action.crashes)} "
+                                      f"times in {self.limits.service_restart_window:g} s.\n{child.root_cause()}",
+                                  err=True))
+        elif isinstance(action, GiveUp):
+            assert child is not None
+            reports.append(Report(Event.GAVE_UP, {"reason": action.reason, "error": self.view.last_error},
+                                  say=f"procsv: giving up: {action.reason}.\n{child.root_cause()}", err=True))
+        if isinstance(action, (Finish, GiveUp)):
+            if isinstance(action, Finish) and child is not None:
+                code = child.exit_code
+                line = (f"procsv: trainer finished at step {self.view.step}" if action.run.value == "succeeded"
+                        else f"procsv: trainer stopped at step {self.view.step} ({describe(code)})")
+                reports.append(Report(say=line))
+            reports.append(Report(Event.FINISHED, {"state": self.view.run.value, "exit_code": self.view.exit_code,
+                                                   "step": self.view.step}))
+        self.report(reports)
+
+    # ------------------------------------------------------------------ reports
+    def _signal_reports(self, action: Signal) -> list[Report]:
+        child = find(self.view, action.slot, action.attempt)
+        assert child is not None
+        if action.cause == Cause.HANG:
+            return [Report(Event.HANG_DETECTED, {"pid": child.pid, "attempt": child.attempt, "step": child.step,
+                                                 "reason": action.reason},
+                           say=f"procsv: trainer attempt {child.attempt} (pid {child.pid}) is hung: {action.reason}; "
+                               f"sending SIGTERM, SIGKILL in {self.limits.hang_grace_secs:g} s", err=True)]
+        if action.cause == Cause.CHAOS:
+            name = signal.Signals(action.sig).name
+            return [Report(Event.CHAOS_KILL, {"role": child.role, "pid": child.pid, "signal": name},
+                           say=f"procsv: chaos: sending {name} to the {child.role} (pid {child.pid})")]
+        return []
+
+    def _restart_reports(self, action: Restart) -> list[Report]:
+        child = find(self.view, action.slot, action.attempt)
+        assert child is not None
+        nxt = {"attempt": action.attempt + 1, "delay": round(action.delay, 3)}
+        if action.preempted:
+            return [Report(say=f"procsv: trainer attempt {action.attempt} was preempted and saved its state; "
+                               "restarting"),
+                    Report(Event.RESTARTING, {**nxt, "error": "preempted"})]
+        if action.early:  # how it died is said when it is reaped
+            return [Report(Event.RESTARTING, {**nxt, "error": self.view.last_error})]
+        return [Report(say=f"procsv: {self.view.last_error}; restarting in {action.delay:.1f} s "
+                           f"(restart {self.view.history.restarts})", err=True),
+                Report(Event.RESTARTING, {**nxt, "error": self.view.last_error})]
+
+    # ------------------------------------------------------------------ starting processes
+    def _spawn_trainer_slot(self, action: Spawn) -> None:
+        note(self.view, action, self.clock(), self.limits)
+        prev = self.view.children.get(action.slot)
+        if prev is not None:
+            self.report([Report(Event.RESTARTED, {"attempt": prev.attempt + 1})])
+        self.spawn(action.slot, TRAINER)
+
+    def spawn(self, slot: str, role: str) -> ChildProcess:
+        """Start the next attempt of ``slot`` and add it to the view."""
+        prev = self.view.children.get(slot)
+        attempt = prev.attempt + 1 if prev else 1
+        env = spawn.child_env(role=role, attempt=attempt, logdir=self.layout.logdir, runtime_dir=self.runtime.path,
+                              supervised=True)
+        log_path = self.layout.attempt_log(role, attempt)
+        mutex: Optional[RobustMutex] = None
+        if role == TRAINER:
+            try:
+                mutex = RobustMutex(self.runtime.trainer_mutex(attempt), create=True)
+                env[DEATH_MUTEX] = mutex.path
+            except OSError:
+                mutex = None  # no early notice: the pidfd alone tells of the death
+        proc = None
+        via = "fresh"
+        if role == TRAINER and self.zygote is not None and self.zygote.ready:
+            try:
+                proc = self.zygote.fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd)
+                via = "zygote"
+            except ZygoteUnavailable as exc:
+                self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); starting a fresh one")
+        if proc is None:
+            argv = spawn.trainer_argv(self.cfg.target, self.cfg.args) if role == TRAINER else spawn.service_argv(role)
+            proc = spawn.spawn(argv, env, log_path, cwd=self.cfg.cwd)
+        handle = ChildProcess(slot, role, attempt, proc, log_path)
+        self.handles[(slot, attempt)] = handle
+        self._register(handle)
+        self.report(observe.spawned(self.view, slot, role, attempt, handle.pid, self.clock(), via, handle.create_time))
+        if mutex is not None:
+            watch_death(handle, mutex, self.clock, lambda died, at: self._on_death_notice(handle, died, at))
+        return handle
+
+    def start_zygote(self, env: dict[str, str]) -> Zygote:
+        self.zygote = Zygote(env, self.layout.attempt_log("zygote", 1), self.cfg.cwd, self.cfg.preload, self.clock)
+        self.view.zygote = ZygoteState.WARMING
+        self.report([Report(Event.SPAWNED, {"role": "zygote", "attempt": 1, "pid": self.zygote.pid, "via": "fresh"})])
+        return self.zygote
+
+    def drop_zygote(self, why: str) -> None:
+        """Stop using the pre-warmed trainer; trainers start fresh from now on."""
+        if self.zygote is None:
+            return
+        self.report(observe.zygote_changed(self.view, ZygoteState.LOST, self.zygote.pid, why=why))
+        self.dead_zygotes.append(self.zygote)
+        self.zygote = None
+
+    def close(self) -> None:
+        """SIGKILL and reap whatever still runs (the end of the launch, however it ends)."""
+        for handle in list(self.handles.values()):
+            handle.kill_group(signal.SIGKILL)
+            handle.reap()
+        self.handles.clear()
+        for z in [self.zygote, *self.dead_zygotes]:
+            if z is not None:
+                z.close()
+
+
+_KILL_LINES = {
+    Cause.STOP_GRACE: "procsv: trainer did not stop within {grace:g} s; killing it",
+    Cause.HANG: "procsv: hung trainer did not exit within {grace:g} s; killing it",
+    Cause.SHUTDOWN: "procsv: the {role} process did not stop in time; killing it",
+    Cause.CHAOS: "procsv: chaos: killing the {role}",
+    Cause.STOP: "procsv: killing the {role}",
+}

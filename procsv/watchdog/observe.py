@@ -1,0 +1,168 @@
+"""Observations: what the watchdog hears and sees, turned into state.
+
+Runs in the watchdog. Each function applies one observation -- a child started, a message
+arrived, a death notice, a reaped exit status, a stop signal, the pre-warmed trainer's state --
+to the :class:`~procsv.watchdog.state.RunView`, and returns what is worth recording about it as
+:class:`Report` values (a lifecycle event and/or a line for the terminal), which the watchdog's
+loop writes. No I/O and no clock here: times are passed in.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from procsv.ipc.messages import Hello, Message, Progress, SaveResult, TrainerReady
+from procsv.watchdog.decide import find, request_stop
+from procsv.watchdog.events import Event
+from procsv.watchdog.failures import Failure
+from procsv.watchdog.lifecycle import ProcState
+from procsv.watchdog.state import TRAINER, ChildView, RunView, ZygoteState
+
+
+@dataclass(frozen=True)
+class Report:
+    """Something to record: a lifecycle event (with its fields) and/or a line for the terminal."""
+
+    event: Optional[Event] = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    say: str = ""
+    err: bool = False  # the line goes to stderr
+
+
+def spawned(view: RunView, slot: str, role: str, attempt: int, pid: int, now: float, via: str,
+            create_time: Optional[float] = None) -> list[Report]:
+    child = ChildView(slot, role, attempt, pid, now, create_time=create_time)
+    view.children[slot] = child
+    if role == TRAINER:
+        view.attempts.append(child)
+    return [Report(Event.SPAWNED, {"role": role, "attempt": attempt, "pid": pid, "via": via})]
+
+
+def heard(view: RunView, msg: Message, now: float) -> list[Report]:
+    """A message from a child (stale ones, from an attempt that is not current, change nothing)."""
+    if isinstance(msg, Hello):
+        child = view.children.get(msg.role)
+        if child is not None and child.pid == msg.pid and child.state == ProcState.STARTING:
+            child.set_state(ProcState.RUNNING)
+        return []
+    if isinstance(msg, TrainerReady):
+        return _ready(view, msg, now)
+    if isinstance(msg, Progress):
+        return _progress(view, msg, now)
+    if isinstance(msg, SaveResult):
+        return _saved(view, msg)
+    return []
+
+
+def _plain(value: Any) -> Any:
+    """An enum field's wire value (lifecycle records hold plain strings)."""
+    return getattr(value, "value", value)
+
+
+def _trainer(view: RunView, pid: int) -> Optional[ChildView]:
+    return next((t for t in view.trainers() if t.pid == pid), None)
+
+
+def _ready(view: RunView, msg: TrainerReady, now: float) -> list[Report]:
+    child = _trainer(view, msg.pid)
+    if child is None:
+        return []
+    view.step = child.step = child.restored_step = child.work_step = msg.step
+    child.ready_at = now
+    out = [Report(Event.RESTORED if msg.restored_from else Event.INITIALIZED,
+                  {"pid": msg.pid, "step": msg.step, "path": msg.restored_from, "secs": round(msg.restore_secs, 4),
+                   "skipped": list(msg.skipped)})]
+    if msg.restored_from:
+        view.restored_step = msg.step
+        out.append(Report(say=f"procsv: trainer attempt {msg.attempt} restored step {msg.step} from "
+                              f"{os.path.basename(msg.restored_from)} in {msg.restore_secs:.2f} s"))
+    out += [Report(say=f"procsv: skipped corrupt checkpoint {prefix}") for prefix in msg.skipped]
+    return out
+
+
+def _progress(view: RunView, msg: Progress, now: float) -> list[Report]:
+    child = _trainer(view, msg.pid)
+    if child is None:
+        return []
+    busy = bool(msg.busy)
+    out = []
+    if child.first_step_at is None and not busy:
+        child.first_step_at = now
+        out.append(Report(Event.FIRST_STEP, {"pid": msg.pid, "step": msg.step,
+                                             "secs_since_spawn": round(now - child.started, 3)}))
+    if child.state == ProcState.STARTING:
+        child.set_state(ProcState.RUNNING)
+    child.step = view.step = msg.step
+    child.busy = busy
+    child.last_progress_at = now
+    if not busy:
+        child.last_work_at, child.work_step = now, msg.step
+    return out
+
+
+def _saved(view: RunView, msg: SaveResult) -> list[Report]:
+    if not msg.ok:
+        return [Report(Event.CHECKPOINT_FAILED, {"step": msg.step, "error": msg.error},
+                       say=f"procsv: checkpoint at step {msg.step} failed: {msg.error}")]
+    view.step = max(view.step, msg.step)
+    for t in view.trainers():
+        t.made_progress = True
+    return [Report(Event.CHECKPOINT_COMMITTED, {"step": msg.step, "path": msg.path, "reason": _plain(msg.reason),
+                                                "secs": round(msg.persist_secs, 4)})]
+
+
+def death_noticed(view: RunView, slot: str, attempt: int, at: float, wall: float) -> list[Report]:
+    """The trainer's death notice (its mutex's owner died): an unclean death, before the reap."""
+    child = find(view, slot, attempt)
+    if child is None or child.reaped or child.noticed_dead_at is not None:
+        return []
+    child.noticed_dead_at = at
+    child.noticed_wall = wall
+    child.ended_at = at
+    return [Report(Event.DEATH_NOTICED, {"role": child.role, "attempt": attempt, "pid": child.pid, "noticed": wall})]
+
+
+def reaped(view: RunView, slot: str, attempt: int, failure: Failure, now: float) -> list[Report]:
+    """A child's exit status is known (``failure`` describes it, whatever the code)."""
+    child = find(view, slot, attempt)
+    if child is None or child.reaped:
+        return []
+    child.exit_code = failure.code
+    child.failure = failure
+    if child.ended_at is None:
+        child.ended_at = now
+    noticed = child.noticed_wall if child.noticed_wall is not None else failure.time
+    out = [Report(Event.EXITED, {"role": child.role, "attempt": attempt, "pid": child.pid, "noticed": noticed,
+                                 **failure.fields()})]
+    if child.settled_early:  # restarted on its death notice already: say how it died, now that we know
+        view.last_error = child.headline()
+        out.append(Report(say=f"procsv: {view.last_error}; restarted (restart {view.history.restarts})", err=True))
+    return out
+
+
+def stop_requested(view: RunView, signum: int, now: float, grace: float) -> list[Report]:
+    first = view.stop_signal is None
+    request_stop(view, signum, now, grace)
+    name = signal.Signals(signum).name
+    if first:
+        return [Report(Event.PREEMPTED, {"signal": name},
+                       say=f"procsv: {name} received, asking the trainer to checkpoint and stop (up to {grace:g} s)")]
+    if signum == signal.SIGINT:
+        return [Report(say="procsv: second interrupt, killing the run now")]
+    return []
+
+
+def zygote_changed(view: RunView, state: ZygoteState, pid: int, import_secs: float = 0.0,
+                   why: str = "") -> list[Report]:
+    """The pre-warmed trainer became ready, or was lost (``why``: the line to say, if any)."""
+    if view.zygote == state:
+        return []
+    view.zygote = state
+    if state == ZygoteState.READY:
+        return [Report(Event.ZYGOTE_READY, {"pid": pid, "import_secs": round(import_secs, 3)})]
+    if state == ZygoteState.LOST:
+        return [Report(Event.ZYGOTE_GONE, {"pid": pid}, say=why, err=True)]
+    return []

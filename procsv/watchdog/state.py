@@ -1,0 +1,147 @@
+"""What the watchdog knows about its run: plain data, changed only by observations and actions.
+
+Runs in the watchdog. :class:`RunView` is the whole picture the decision function
+(:func:`procsv.watchdog.decide.decide`) looks at: one :class:`ChildView` per attempt of every
+role, the restart history, the stop request, the timers and the pre-warmed trainer's state.
+Nothing here touches a process, a file or a clock: every time is a number passed in (the
+watchdog's monotonic clock), so tests build and drive a view with plain values.
+
+Slots name the places a process occupies: ``checkpoint``, ``summary`` and one per trainer
+(``trainer`` today; the replicas issue adds ``trainer.1``, ...). Each slot holds its current
+attempt; attempts of trainers are also kept in order in :attr:`RunView.attempts` for the
+recovery report.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional
+
+from procsv.watchdog.failures import Failure
+from procsv.watchdog.lifecycle import ProcState, RunState, transition
+from procsv.watchdog.policy import History
+from procsv.watchdog.report import AttemptRecord
+
+TRAINER = "trainer"
+CHECKPOINT = "checkpoint"
+SUMMARY = "summary"
+SERVICE_ROLES = (SUMMARY, CHECKPOINT)
+
+
+class ZygoteState(str, enum.Enum):
+    """The pre-warmed trainer: ``off`` (--no-prewarm) or ``warming`` -> ``ready``, either -> ``lost``."""
+
+    OFF = "off"
+    WARMING = "warming"
+    READY = "ready"
+    LOST = "lost"
+
+
+@dataclass
+class ChildView:
+    """One attempt of one slot, as the watchdog has observed it."""
+
+    slot: str
+    role: str
+    attempt: int
+    pid: int
+    started: float
+    create_time: Optional[float] = None  # the kernel's start time of the pid (tells a reused pid apart)
+    state: ProcState = ProcState.STARTING
+    # the trainer's own reports
+    ready_at: Optional[float] = None  # state restored (TrainerReady)
+    restored_step: int = 0
+    first_step_at: Optional[float] = None
+    last_progress_at: Optional[float] = None  # any Progress, busy or not: the hang clock
+    last_work_at: Optional[float] = None  # the last Progress of a completed step (not busy)
+    work_step: int = 0  # the step of that Progress (or the restored step before it)
+    step: int = 0
+    busy: bool = False
+    made_progress: bool = False  # a checkpoint committed since this attempt started
+    # what the watchdog did to it
+    signalled_at: Optional[float] = None  # a signal meant to end it was sent (hang, chaos)
+    hang_cause: str = ""
+    hang_kill_at: Optional[float] = None
+    # its end
+    noticed_dead_at: Optional[float] = None  # its death notice (robust mutex "owner died")
+    noticed_wall: Optional[float] = None  # the same moment on the wall clock, for the lifecycle log
+    ended_at: Optional[float] = None
+    exit_code: Optional[int] = None  # set when reaped: >= 0 exit status, < 0 killed by signal -code
+    failure: Optional[Failure] = None
+    settled: bool = False  # the decision about its end has been taken
+    settled_early: bool = False  # ... on the death notice, before the exit status was known
+
+    def set_state(self, new: ProcState) -> None:
+        self.state = transition(self.state, new)  # type: ignore[assignment]
+
+    def headline(self) -> str:
+        """One line on how this attempt ended (its hang, if that was why), for ``last_error``."""
+        if self.failure is None:
+            return f"{self.role} attempt {self.attempt} (pid {self.pid}) died"
+        head = self.failure.headline(before_first_step=self.role == TRAINER and self.first_step_at is None)
+        return f"{head} ({self.hang_cause})" if self.hang_cause else head
+
+    def root_cause(self) -> str:
+        """The headline, the child's own traceback and where its log is."""
+        if self.failure is None:
+            return self.headline()
+        return self.failure.root_cause(before_first_step=self.role == TRAINER and self.first_step_at is None,
+                                       note=self.hang_cause)
+
+    @property
+    def reaped(self) -> bool:
+        return self.exit_code is not None
+
+    @property
+    def live(self) -> bool:
+        """Neither reaped nor given up on after its death notice."""
+        return not self.reaped and not self.settled_early
+
+    def record(self) -> AttemptRecord:
+        """This attempt as the recovery report sees it."""
+        return AttemptRecord(self.attempt, self.started, self.ready_at, self.restored_step, self.first_step_at,
+                             self.last_work_at, self.work_step, self.ended_at, self.signalled_at,
+                             self.hang_cause or (self.failure.describe() if self.failure else ""))
+
+
+@dataclass
+class RunView:
+    """Everything the decision function looks at."""
+
+    launch_start: float
+    zygote: ZygoteState = ZygoteState.OFF
+    children: dict[str, ChildView] = field(default_factory=dict)  # slot -> its current attempt
+    attempts: list[ChildView] = field(default_factory=list)  # every trainer attempt, in order
+    history: History = field(default_factory=History)
+    run: RunState = RunState.RUNNING
+    finishing: bool = False  # the run's outcome is decided; what is left is stopping the services
+    exit_code: int = 0
+    step: int = 0
+    restored_step: Optional[int] = None
+    last_error: Optional[str] = None
+    stop_signal: Optional[int] = None
+    stop_deadline: Optional[float] = None  # SIGKILL the trainer after this (stop grace)
+    services_deadline: Optional[float] = None  # SIGKILL services still running after this (at the end)
+    restart_at: Optional[float] = None  # start the trainer (again) at this time
+    service_crashes: tuple[float, ...] = ()
+    chaos_at: Optional[float] = None  # the next chaos kill
+    chaos_armed_for: Optional[tuple[str, int]] = None  # (slot, attempt) the current schedule targets
+    chaos_next_delay: float = 0.0  # drawn from the plan's seeded generator by the executor
+
+    def trainers(self) -> list[ChildView]:
+        return [c for c in self.children.values() if c.role == TRAINER]
+
+    def services(self) -> list[ChildView]:
+        return [c for c in self.children.values() if c.role != TRAINER]
+
+    def unsettled(self) -> list[ChildView]:
+        """Attempts that ended (or were noticed dead) and await a decision, oldest first."""
+        seen = {id(c) for c in self.attempts}
+        every = self.attempts + [c for c in self.children.values() if id(c) not in seen]
+        return [c for c in every if not c.settled and (c.reaped or c.noticed_dead_at is not None)]
+
+    def live_children(self) -> list[ChildView]:
+        seen = {id(c) for c in self.attempts}
+        every = self.attempts + [c for c in self.children.values() if id(c) not in seen]
+        return [c for c in every if not c.reaped]

@@ -1,0 +1,74 @@
+"""``<logdir>/.procsv/status.json``: the watchdog's record of its run, for ``procsv status``.
+
+Runs in the watchdog, the file's only writer (:mod:`procsv.status` is the reader the CLI uses).
+:func:`status_record` builds the record from the view (pure); :class:`StatusWriter` replaces the
+file atomically, at most every :data:`STATUS_EVERY` seconds while the run goes on (not fsync'd:
+it is rewritten constantly), and once more, durably, at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Optional
+
+import psutil
+
+from procsv.common.layout import Layout, write_json
+from procsv.status import last_checkpoint
+from procsv.watchdog import report
+from procsv.watchdog.config import LaunchConfig
+from procsv.watchdog.state import CHECKPOINT, SUMMARY, TRAINER, RunView
+
+STATUS_EVERY = 0.5  # seconds
+STATUS_VERSION = 1
+
+
+def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, wall: float, started_wall: float,
+                  zygote: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """The status record at ``now`` (monotonic) / ``wall`` (epoch seconds)."""
+    procs: list[dict[str, Any]] = [{"role": "watchdog", "pid": os.getpid(),
+                                    "state": "exited" if view.finishing else "running", "restarts": 0,
+                                    "create_time": psutil.Process().create_time()}]
+    for slot in (TRAINER, CHECKPOINT, SUMMARY):
+        c = view.children.get(slot)
+        if c is not None:
+            procs.append({"role": c.role, "pid": c.pid, "state": c.state.value, "restarts": c.attempt - 1,
+                          "attempt": c.attempt, "create_time": c.create_time})
+    return {
+        "version": STATUS_VERSION,
+        "state": view.run.value,
+        "step": view.step,
+        "restarts": view.history.restarts,
+        "restored_step": view.restored_step,
+        "last_checkpoint": last_checkpoint(layout),
+        "last_error": view.last_error,
+        "goodput": report.goodput([a.record() for a in view.attempts], view.launch_start, now),
+        "prewarm": zygote,
+        "exit_code": view.exit_code if view.finishing else None,
+        "processes": procs,
+        "target": cfg.target,
+        "args": cfg.args,
+        "logdir": layout.logdir,
+        "started_at": started_wall,
+        "updated_at": wall,
+    }
+
+
+class StatusWriter:
+    """Writes the status record when it changed, throttled."""
+
+    def __init__(self, layout: Layout, clock: Callable[[], float], wall: Callable[[], float] = time.time) -> None:
+        self.layout = layout
+        self.clock = clock
+        self.wall = wall
+        self.dirty = True
+        self._at = float("-inf")
+
+    def maybe_write(self, build: Callable[[float, float], dict[str, Any]], force: bool = False) -> None:
+        now = self.clock()
+        if not force and (not self.dirty or now - self._at < STATUS_EVERY):
+            return
+        self.dirty = False
+        self._at = now
+        write_json(self.layout.status, build(now, self.wall()), durable=force)
