@@ -1,0 +1,338 @@
+"""The watchdog's decision function with a fake clock and scripted observations (no process runs).
+
+Each test plays what the watchdog would observe -- spawns, progress, commits, deaths, signals --
+into a :class:`RunView` through the real observation functions, advances a fake monotonic clock,
+and checks the actions :func:`decide` returns. A small simulator stands in for the executor: it
+notes each action in the view (:func:`note`) and turns a ``Spawn`` into a spawned observation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import signal
+from typing import Optional
+
+from procsv.ipc.messages import Hello, Progress, SaveResult, TrainerReady
+from procsv.watchdog import observe
+from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpService, Kill, RespawnService,
+                                     Restart, Settle, Signal, SkipChaos, Spawn)
+from procsv.watchdog.chaos import parse_chaos
+from procsv.watchdog.decide import Limits, decide, note
+from procsv.watchdog.failures import Failure
+from procsv.watchdog.hang import HangLimits
+from procsv.watchdog.lifecycle import ProcState, RunState
+from procsv.watchdog.policy import RestartPolicy
+from procsv.watchdog.state import CHECKPOINT, SUMMARY, TRAINER, RunView, ZygoteState
+
+KILLED = -signal.SIGKILL
+
+
+class Sim:
+    """A fake executor and a fake clock around the real view, observations and decisions."""
+
+    def __init__(self, limits: Optional[Limits] = None, zygote: ZygoteState = ZygoteState.OFF,
+                 chaos_delay: float = 5.0) -> None:
+        self.limits = limits or Limits(hang=HangLimits(None, None))
+        self.now = 0.0
+        self.view = RunView(launch_start=0.0, zygote=zygote)
+        self.view.chaos_next_delay = chaos_delay
+        self.chaos_delay = chaos_delay
+        self._pids = itertools.count(100)
+        for role in (SUMMARY, CHECKPOINT):
+            self.spawn(role, role)
+        self.view.restart_at = 0.0
+        self.log: list[Action] = []
+
+    # -- the executor's part
+    def spawn(self, slot: str, role: str) -> None:
+        prev = self.view.children.get(slot)
+        observe.spawned(self.view, slot, role, prev.attempt + 1 if prev else 1, next(self._pids), self.now, "fresh")
+
+    def tick(self, dt: float = 0.0, draw: float = 0.5) -> list[Action]:
+        self.now += dt
+        actions = decide(self.view, self.now, self.limits, draw)
+        for action in actions:
+            note(self.view, action, self.now, self.limits)
+            if isinstance(action, Spawn):
+                self.spawn(action.slot, action.role)
+            elif isinstance(action, RespawnService):
+                self.spawn(action.slot, action.slot)
+            elif isinstance(action, ArmChaos):
+                self.view.chaos_next_delay = self.chaos_delay
+        self.log += actions
+        return actions
+
+    # -- what the children do
+    @property
+    def trainer(self):  # type: ignore[no-untyped-def]
+        return self.view.children[TRAINER]
+
+    def ready(self, step: int = 0) -> None:
+        t = self.trainer
+        observe.heard(self.view, TrainerReady(t.pid, t.attempt, step, "ckpt" if step else None, 0.1), self.now)
+
+    def progress(self, step: int, busy: str = "") -> None:
+        observe.heard(self.view, Progress(self.trainer.pid, step, 0.0, busy), self.now)
+
+    def commit(self, step: int) -> None:
+        observe.heard(self.view, SaveResult(step, "periodic", True, f"model.ckpt-{step}", None, 0.1), self.now)
+
+    def dies(self, slot: str, code: int) -> None:
+        c = self.view.children[slot]
+        failure = Failure(c.role, c.attempt, c.pid, code, 0.0, "log")
+        observe.reaped(self.view, slot, c.attempt, failure, self.now)
+
+    def notice(self) -> None:
+        t = self.trainer
+        observe.death_noticed(self.view, TRAINER, t.attempt, self.now, 0.0)
+
+    def start_trainer(self, steps: int = 1) -> None:
+        """Spawn (due now), restore, complete ``steps`` steps."""
+        assert any(isinstance(a, Spawn) for a in self.tick())
+        self.ready()
+        for s in range(1, steps + 1):
+            self.progress(s)
+
+
+def of(actions: list[Action], kind: type) -> list[Action]:
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def test_a_run_starts_its_trainer_at_once_without_a_zygote():
+    sim = Sim()
+    assert sim.tick() == [Spawn(TRAINER, TRAINER)]
+    assert sim.tick() == []  # nothing new observed: nothing new to do
+    assert sim.trainer.attempt == 1 and sim.trainer.state == ProcState.STARTING
+
+
+def test_the_first_trainer_waits_for_the_zygote_then_starts_fresh_when_it_is_lost():
+    sim = Sim(zygote=ZygoteState.WARMING)
+    assert sim.tick() == [] and sim.tick(60.0) == []
+    observe.zygote_changed(sim.view, ZygoteState.LOST, 7)
+    assert sim.tick(0.01) == [Spawn(TRAINER, TRAINER)]
+
+
+def test_the_zygote_wait_is_bounded():
+    sim = Sim(zygote=ZygoteState.WARMING)
+    assert sim.tick(119.0) == []
+    assert sim.tick(1.5) == [Spawn(TRAINER, TRAINER)]
+
+
+def test_a_crash_after_progress_restarts_at_once_then_backs_off_exponentially():
+    sim = Sim()
+    sim.start_trainer(steps=5)
+    sim.commit(5)
+    sim.dies(TRAINER, KILLED)
+    restart = of(sim.tick(1.0), Restart)
+    assert len(restart) == 1 and restart[0].delay == 0.0  # progress since the start: no backoff
+    assert sim.tick() == [Spawn(TRAINER, TRAINER)] and sim.trainer.attempt == 2
+    delays = []
+    for _ in range(4):  # now it fails after steps but without a checkpoint: 1 s, 2 s, 4 s, 8 s
+        sim.ready()
+        sim.progress(1)
+        sim.dies(TRAINER, 1)
+        (r,) = of(sim.tick(draw=0.5), Restart)
+        delays.append(r.delay)
+        assert sim.tick(r.delay - 0.01) == []  # not yet
+        assert sim.tick(0.02) == [Spawn(TRAINER, TRAINER)]
+    assert delays == [1.0, 2.0, 4.0, 8.0]
+    assert sim.view.history.restarts == 5
+
+
+def test_a_checkpoint_resets_the_failure_count_so_max_restarts_is_never_hit():
+    sim = Sim(Limits(restart=RestartPolicy(max_restarts=1), hang=HangLimits(None, None)))
+    sim.start_trainer()
+    for k in range(6):
+        sim.commit(10 * (k + 1))
+        sim.dies(TRAINER, KILLED)
+        (r,) = of(sim.tick(), Restart)
+        assert r.delay == 0.0
+        sim.tick()
+        sim.ready(10 * (k + 1))
+        sim.progress(10 * (k + 1) + 1)
+    assert sim.view.run == RunState.RUNNING and sim.view.history.restarts == 6
+
+
+def test_too_many_failures_without_progress_give_up():
+    sim = Sim(Limits(restart=RestartPolicy(max_restarts=2), hang=HangLimits(None, None)))
+    sim.start_trainer()
+    actions: list[Action] = []
+    for _ in range(3):
+        sim.dies(TRAINER, 1)
+        actions = sim.tick(100.0)
+        if of(actions, GiveUp):
+            break
+        sim.tick(100.0)
+        sim.ready()
+        sim.progress(1)
+    (g,) = of(actions, GiveUp)
+    assert "--max-restarts 2" in g.reason
+    assert sim.view.run == RunState.FAILED and sim.view.exit_code == 1 and sim.view.finishing
+
+
+def test_two_deaths_before_a_first_step_are_a_startup_failure():
+    sim = Sim()
+    assert of(sim.tick(), Spawn)
+    sim.dies(TRAINER, 1)
+    (r,) = of(sim.tick(), Restart)
+    sim.tick(r.delay)
+    sim.dies(TRAINER, 1)
+    (g,) = of(sim.tick(), GiveUp)
+    assert "start-up failure" in g.reason and sim.view.exit_code == 1
+
+
+def test_a_death_notice_restarts_before_the_reap_and_the_reap_only_reports():
+    sim = Sim()
+    sim.start_trainer(steps=3)
+    sim.commit(3)
+    first = sim.trainer
+    sim.notice()
+    (r,) = of(sim.tick(), Restart)
+    assert r.early and first.settled_early
+    assert sim.tick() == [Spawn(TRAINER, TRAINER)] and sim.trainer.attempt == 2  # the old one is not reaped yet
+    reports = observe.reaped(sim.view, TRAINER, 1, Failure(TRAINER, 1, first.pid, KILLED, 0.0, "log"), sim.now)
+    assert any("restarted" in r.say for r in reports) and first.exit_code == KILLED
+    assert sim.tick() == []  # the reap decides nothing more
+
+
+def test_a_death_notice_during_a_stop_waits_for_the_exit_status():
+    sim = Sim()
+    sim.start_trainer()
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
+    assert of(sim.tick(), Signal) == [Signal(TRAINER, 1, signal.SIGTERM, Cause.STOP)]
+    sim.notice()
+    assert sim.tick() == []  # a stop is not a restart: the exit status tells how it ended
+    sim.dies(TRAINER, 42)
+    (f,) = of(sim.tick(), Finish)
+    assert f.run == RunState.STOPPED and f.exit_code == 128 + signal.SIGTERM
+
+
+def test_a_preempted_trainer_restarts_at_once_without_counting_a_failure():
+    sim = Sim()
+    sim.start_trainer(steps=2)
+    sim.dies(TRAINER, 42)
+    (r,) = of(sim.tick(), Restart)
+    assert r.preempted and r.delay == 0.0 and sim.view.history.failures_without_progress == 0
+
+
+def test_exit_zero_finishes_the_run_and_the_services_are_stopped_then_killed():
+    sim = Sim(Limits(stop_grace_secs=10.0, hang=HangLimits(None, None)))
+    sim.start_trainer()
+    for role in (SUMMARY, CHECKPOINT):
+        observe.heard(sim.view, Hello(role, sim.view.children[role].pid, 1), sim.now)
+    sim.dies(TRAINER, 0)
+    (f,) = of(sim.tick(), Finish)
+    assert f.run == RunState.SUCCEEDED and sim.view.exit_code == 0
+    stops = sim.tick()
+    assert {(a.slot, a.sig) for a in of(stops, Signal)} == {(SUMMARY, signal.SIGTERM), (CHECKPOINT, signal.SIGTERM)}
+    sim.dies(SUMMARY, 0)
+    assert of(sim.tick(), Settle) == [Settle(SUMMARY, 1)]
+    assert sim.tick(9.9) == []
+    assert sim.tick(0.2) == [Kill(CHECKPOINT, 1, Cause.SHUTDOWN)]  # min(stop grace, 30 s) passed
+
+
+def test_stop_grace_escalates_to_sigkill_and_a_second_interrupt_kills_at_once():
+    sim = Sim(Limits(stop_grace_secs=5.0, hang=HangLimits(None, None)))
+    sim.start_trainer()
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 5.0)
+    assert of(sim.tick(), Signal) == [Signal(TRAINER, 1, signal.SIGTERM, Cause.STOP)]
+    assert sim.tick(4.9) == []
+    assert sim.tick(0.2) == [Kill(TRAINER, 1, Cause.STOP_GRACE)]
+    assert sim.tick(10.0) == []  # killed once
+
+    sim2 = Sim(Limits(stop_grace_secs=100.0, hang=HangLimits(None, None)))
+    sim2.start_trainer()
+    observe.stop_requested(sim2.view, signal.SIGINT, sim2.now, 100.0)
+    sim2.tick()
+    observe.stop_requested(sim2.view, signal.SIGINT, sim2.now + 1, 100.0)
+    assert sim2.tick(1.0) == [Kill(TRAINER, 1, Cause.STOP_GRACE)]
+
+
+def test_a_stop_while_a_restart_is_pending_stops_the_run():
+    sim = Sim()
+    sim.start_trainer()
+    sim.dies(TRAINER, 1)
+    (r,) = of(sim.tick(), Restart)
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
+    (f,) = of(sim.tick(), Finish)
+    assert f.run == RunState.STOPPED and not of(sim.log, Spawn)[1:]
+
+
+def test_hang_escalation_sigterm_then_sigkill_then_a_restart():
+    sim = Sim(Limits(hang=HangLimits(10.0, 60.0), hang_grace_secs=2.0))
+    sim.start_trainer()
+    assert sim.tick(9.0) == []
+    sim.progress(2, busy="final_checkpoint")
+    assert sim.tick(100.0) == []  # busy on purpose: the hang clock pauses
+    sim.progress(3)
+    assert sim.tick(9.0) == []
+    (sig,) = sim.tick(1.5)
+    assert isinstance(sig, Signal) and sig.cause == Cause.HANG and "--hang-timeout 10" in sig.reason
+    assert sim.tick(1.0) == []
+    assert sim.tick(1.1) == [Kill(TRAINER, 1, Cause.HANG)]
+    sim.dies(TRAINER, KILLED)
+    (r,) = of(sim.tick(), Restart)
+    assert "hang" in sim.view.last_error
+
+
+def test_no_first_step_within_the_startup_timeout_is_a_hang():
+    sim = Sim(Limits(hang=HangLimits(10.0, 60.0)))
+    assert of(sim.tick(), Spawn)
+    assert sim.tick(59.0) == []
+    (sig,) = sim.tick(2.0)
+    assert sig.cause == Cause.HANG and "--startup-timeout 60" in sig.reason
+
+
+def test_a_service_crash_loop_gives_up_and_stops_the_run_in_order():
+    sim = Sim(Limits(service_restart_limit=3, service_restart_window=60.0, hang=HangLimits(None, None)))
+    sim.start_trainer()
+    for k in range(3):
+        sim.dies(CHECKPOINT, KILLED)
+        (r,) = of(sim.tick(5.0), RespawnService)
+        assert len(r.crashes) == k + 1
+    assert sim.view.children[CHECKPOINT].attempt == 4
+    sim.dies(CHECKPOINT, KILLED)
+    (g,) = of(sim.tick(5.0), GiveUpService)
+    assert sim.view.exit_code == 1 and sim.view.stop_signal == signal.SIGTERM
+    assert of(sim.tick(), Signal) == [Signal(TRAINER, 1, signal.SIGTERM, Cause.STOP)]
+    sim.dies(TRAINER, 42)
+    (f,) = of(sim.tick(), Finish)
+    assert f.run == RunState.STOPPED and sim.view.exit_code == 1  # the give-up's exit code stands
+
+
+def test_service_crashes_outside_the_window_are_forgotten():
+    sim = Sim(Limits(service_restart_limit=2, service_restart_window=10.0, hang=HangLimits(None, None)))
+    sim.start_trainer()
+    for _ in range(5):
+        sim.dies(SUMMARY, KILLED)
+        assert of(sim.tick(11.0), RespawnService)
+
+
+def test_chaos_arms_after_the_first_step_and_fires_on_schedule_never_on_a_busy_trainer():
+    sim = Sim(Limits(chaos=parse_chaos("every=5"), hang=HangLimits(None, None)), chaos_delay=5.0)
+    assert of(sim.tick(), Spawn)
+    assert sim.tick(3.0) == []  # no first step yet: not armed
+    sim.ready()
+    sim.progress(1)
+    (arm,) = sim.tick(1.0)
+    assert arm == ArmChaos(TRAINER, 1, 3.0 + 5.0)  # five seconds after its first step
+    assert sim.tick(3.9) == []
+    (kill,) = sim.tick(0.2)
+    assert kill == Signal(TRAINER, 1, signal.SIGKILL, Cause.CHAOS)
+    sim.dies(TRAINER, KILLED)
+    sim.tick()
+    sim.tick()
+    sim.ready()
+    sim.progress(1)
+    (arm2,) = sim.tick()
+    assert arm2.attempt == 2
+    sim.progress(2, busy="final_checkpoint")
+    assert sim.tick(6.0) == [SkipChaos(TRAINER)]  # writing its final checkpoint: spared
+
+
+def test_chaos_on_a_service_counts_from_its_start():
+    sim = Sim(Limits(chaos=parse_chaos("every=2,target=checkpoint,signal=TERM"), hang=HangLimits(None, None)),
+              chaos_delay=2.0)
+    actions = sim.tick()
+    assert ArmChaos(CHECKPOINT, 1, 2.0) in actions
+    assert of(sim.tick(2.0), Signal) == [Signal(CHECKPOINT, 1, signal.SIGTERM, Cause.CHAOS)]
