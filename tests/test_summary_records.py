@@ -44,8 +44,11 @@ def read_records(path: str) -> list[event_pb2.Event]:
 
 
 @pytest.mark.parametrize("data", [b"", b"x", b"hello world" * 50, bytes(range(256))])
-def test_masked_crc_matches_tensorboard(data):
-    assert records.masked_crc(data) == masked_crc32c(data)
+def test_record_framing_matches_tensorboard(data):
+    framed = records.frame(data)
+    assert framed[:8] == struct.pack("<Q", len(data)) and framed[12:12 + len(data)] == data
+    assert struct.unpack_from("<I", framed, 8)[0] == masked_crc32c(framed[:8])
+    assert struct.unpack_from("<I", framed, 12 + len(data))[0] == masked_crc32c(data)
 
 
 @pytest.mark.parametrize("n", [1, 127, 128, 300, 2**31, 2**63 - 1, -1, -(2**40)])
