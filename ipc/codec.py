@@ -3,7 +3,8 @@
 Run in every process. Wire format of one message: frame 0 is a JSON object
 ``{"v": SCHEMA_VERSION, "kind": KIND, "body": {...fields...}}``; frames 1.. are binary payloads
 (tensor bytes, serialized protos) whose meaning the message's fields describe. A message that is
-not valid JSON, has an unknown kind or version, or a field of the wrong type raises
+not valid JSON, has an unknown kind or version, a field of the wrong type (checked element by
+element, into nested dataclasses) or an enum field with a value outside its enum raises
 :class:`ProtocolError`; a service drops such a message and keeps running.
 """
 
@@ -13,6 +14,7 @@ import dataclasses
 import json
 import types
 import typing
+from enum import Enum
 from functools import lru_cache
 from typing import Any, Sequence, Union
 
@@ -55,12 +57,15 @@ def decode(frames: Frames) -> tuple[Message, list[Any]]:
     body = obj.get("body")
     if not isinstance(body, dict):
         raise ProtocolError("body is not an object")
-    return _build(cls, body), list(frames[1:])
+    msg: Message = _build(cls, body)
+    return msg, list(frames[1:])
 
 
 def _to_json(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Enum):
+        return value.value
     if isinstance(value, (list, tuple)):
         return [_to_json(v) for v in value]
     if isinstance(value, dict):
@@ -75,7 +80,7 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls, vars(mod))
 
 
-def _build(cls: type, body: dict) -> Any:
+def _build(cls: type, body: dict[str, Any]) -> Any:
     hints = _hints(cls)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
@@ -95,7 +100,7 @@ def _check(value: Any, tp: Any, where: str) -> Any:
         options = typing.get_args(tp)
         if value is None and type(None) in options:
             return None
-        errors = []
+        errors: list[str] = []
         for opt in options:
             if opt is type(None):
                 continue
@@ -107,18 +112,22 @@ def _check(value: Any, tp: Any, where: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ProtocolError(f"{where}: expected an object, got {type(value).__name__}")
-        key_tp, val_tp = typing.get_args(tp) or (Any, Any)
+        key_tp, val_tp = typing.get_args(tp)
         return {_check(k, key_tp, where): _check(v, val_tp, where) for k, v in value.items()}
     if origin is list:
         if not isinstance(value, list):
             raise ProtocolError(f"{where}: expected a list, got {type(value).__name__}")
-        (item_tp,) = typing.get_args(tp) or (Any,)
-        return [_check(v, item_tp, where) for v in value]
-    if tp is Any or tp is list:
-        if tp is list and not isinstance(value, list):
-            raise ProtocolError(f"{where}: expected a list")
-        return value
-    if dataclasses.is_dataclass(tp):
+        (item_tp,) = typing.get_args(tp)
+        return [_check(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        if not isinstance(value, str):
+            raise ProtocolError(f"{where}: expected a string, got {type(value).__name__}")
+        try:
+            return tp(value)
+        except ValueError:
+            raise ProtocolError(f"{where}: {value!r:.40} is not one of "
+                                f"{sorted(str(m.value) for m in tp)}") from None
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ProtocolError(f"{where}: expected an object")
         return _build(tp, value)

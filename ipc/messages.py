@@ -3,7 +3,9 @@
 Owned by no process: every process (watchdog, trainer, checkpoint service, summary service)
 imports it. Each message is a frozen dataclass with a ``KIND`` tag; :mod:`procsv.ipc.codec` turns it into
 ZeroMQ frames (a JSON header, then raw binary frames for tensor or proto payloads). Nothing is
-ever pickled. Bump :data:`SCHEMA_VERSION` whenever a field changes meaning.
+ever pickled. Bump :data:`SCHEMA_VERSION` whenever a field changes meaning. Every field is typed
+(no bare ``list`` or ``Any``) so the codec validates it element by element; a field that takes a
+fixed set of values is a ``str`` enum whose values are what travels on the wire.
 
 Who sends what (see docs/architecture.md for the full table):
 
@@ -11,19 +13,69 @@ Who sends what (see docs/architecture.md for the full table):
   :class:`Progress`, :class:`SaveResult`.
 * trainer <-> checkpoint service (DEALER/ROUTER on ``checkpoint.sock``): :class:`CheckpointSetup`,
   :class:`SaveData` (+ one frame per tensor) up; :class:`SaveRequest`, :class:`SaveResult` down.
-* trainer / checkpoint service -> summary service (PUSH to ``summary.sock``):
-  :class:`SummaryBatch` (+ one frame per serialized proto), :class:`SessionLogEvent`.
+* trainer / checkpoint service <-> summary service (DEALER/ROUTER on ``summary.sock``):
+  :class:`SummaryBatch` (+ its payload frames, see :mod:`procsv.ipc.columns`) and
+  :class:`SessionLogEvent` up; :class:`SummaryAck` down, to the trainer that sent the batches.
 * watchdog <-> zygote (the pre-warmed trainer; length-prefixed frames on a pipe pair, see
-  :mod:`procsv.ipc.transport`): :class:`ForkRequest` down; :class:`ZygoteReady`, :class:`ForkReply`,
+  :mod:`procsv.ipc.pipe`): :class:`ForkRequest` down; :class:`ZygoteReady`, :class:`ForkReply`,
   :class:`ChildExit` up.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import ClassVar, Optional
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: SummaryBatch lost its JSON scalar rows, its protos are ProtoRef; SummaryAck
+
+
+class Role(StrEnum):
+    """Which service or trainer a :class:`Hello` comes from."""
+
+    TRAINER = "trainer"
+    CHECKPOINT = "checkpoint"
+    SUMMARY = "summary"
+
+
+class SaveReason(StrEnum):
+    """Why a checkpoint is taken (:class:`SaveRequest`, :class:`SaveData`) or what became of it.
+
+    ``periodic``: the checkpoint service's ``save_model_secs`` timer; ``steps``: the trainer's
+    every-``save_checkpoint_steps`` trigger; ``final``: the end of training; ``preempted``: the end
+    after SIGTERM/SIGINT; ``lost`` (only in a :class:`SaveResult`): a restarted checkpoint service
+    never received the snapshot in flight.
+    """
+
+    PERIODIC = "periodic"
+    STEPS = "steps"
+    FINAL = "final"
+    PREEMPTED = "preempted"
+    LOST = "lost"
+
+
+class Busy(StrEnum):
+    """What the trainer does on purpose between steps (:attr:`Progress.busy`); ``NONE`` is falsy."""
+
+    NONE = ""
+    SNAPSHOT = "snapshot"
+    FINAL_CHECKPOINT = "final_checkpoint"
+
+
+class SessionStatus(StrEnum):
+    """A ``SessionLog`` status, with TensorBoard's meaning."""
+
+    START = "start"
+    STOP = "stop"
+    CHECKPOINT = "checkpoint"
+
+
+class ItemKind(StrEnum):
+    """The kind of a :class:`SummaryItem`."""
+
+    HISTOGRAM = "histogram"
+    IMAGE = "image"
+    TEXT = "text"
 
 
 @dataclass(frozen=True)
@@ -35,10 +87,10 @@ class Message:
 
 @dataclass(frozen=True)
 class Hello(Message):
-    """A child process is up and connected. ``role`` is trainer|checkpoint|summary."""
+    """A child process is up and connected."""
 
     KIND: ClassVar[str] = "hello"
-    role: str
+    role: Role
     pid: int
     attempt: int
 
@@ -60,15 +112,16 @@ class TrainerReady(Message):
 class Progress(Message):
     """The trainer completed ``step`` (sent after the first step, then at most every 100 ms).
 
-    ``busy`` names work the trainer does on purpose between steps (``final_checkpoint``):
-    the watchdog's hang clock pauses until the next Progress without it.
+    ``busy`` names work the trainer does on purpose between steps (a ``snapshot``, the
+    ``final_checkpoint``): the watchdog's hang clock pauses until the next Progress without it.
+    ``Busy.NONE`` (the default) is the empty string, so ``bool(busy)`` is False when not busy.
     """
 
     KIND: ClassVar[str] = "progress"
     pid: int
     step: int
     wall_time: float
-    busy: str = ""
+    busy: Busy = Busy.NONE
 
 
 @dataclass(frozen=True)
@@ -103,7 +156,7 @@ class SaveRequest(Message):
     """Checkpoint service -> trainer: take a snapshot at your next step boundary."""
 
     KIND: ClassVar[str] = "save_request"
-    reason: str
+    reason: SaveReason
 
 
 @dataclass(frozen=True)
@@ -133,7 +186,7 @@ class SaveData(Message):
 
     KIND: ClassVar[str] = "save_data"
     step: int
-    reason: str
+    reason: SaveReason
     basename: str
     tensors: list[TensorSpec]
     arena: Optional[ArenaRef] = None
@@ -145,7 +198,7 @@ class SaveResult(Message):
 
     KIND: ClassVar[str] = "save_result"
     step: int
-    reason: str
+    reason: SaveReason
     ok: bool
     path: Optional[str]
     error: Optional[str]
@@ -156,13 +209,13 @@ class SaveResult(Message):
 class SummaryItem:
     """One histogram, image or text summary inside a :class:`SummaryBatch`; its data is one frame.
 
-    ``kind`` is histogram|image|text. The frame holds the raw values, validated by the trainer and
-    turned into a TensorBoard summary by the service: ``histogram``: float64 values (C order) and
-    ``buckets``; ``image``: ``[k, h, w, c]`` pixels of ``dtype`` uint8 or float32 (0..1);
-    ``text``: the UTF-8 JSON list of the strings, ``shape`` their array shape.
+    The frame holds the raw values, validated by the trainer and turned into a TensorBoard summary
+    by the service: ``histogram``: float64 values (C order) and ``buckets``; ``image``:
+    ``[k, h, w, c]`` pixels of ``dtype`` uint8 or float32 (0..1); ``text``: the UTF-8 JSON list of
+    the strings, ``shape`` their array shape.
     """
 
-    kind: str
+    kind: ItemKind
     tag: str
     step: int
     wall_time: float
@@ -173,31 +226,34 @@ class SummaryItem:
 
 
 @dataclass(frozen=True)
+class ProtoRef:
+    """The step and wall time of one serialized ``Summary`` proto inside a :class:`SummaryBatch`."""
+
+    step: int
+    wall_time: float
+
+
+@dataclass(frozen=True)
 class SummaryBatch(Message):
     """Trainer -> summary service: buffered summaries.
 
-    ``scalars`` rows are ``[tag, step, value, wall_time]``. ``protos`` rows are
-    ``[step, wall_time]``, each matched with one frame holding a serialized ``Summary`` proto.
-
-    The trainer's fast path sends scalars as binary columns instead: ``columns`` rows in one frame
-    after the proto frames, then one frame per entry of ``items``. The columns frame (little-endian):
-    uint32 L, the tag table (a UTF-8 JSON list of strings, L bytes), zero padding to a multiple of 8,
-    then the columns wall time float64[n], value float64[n], step int64[n], tag index uint32[n].
-    (In the JSON header, hundreds of tags or rows would cost the codec more than everything else.)
+    Frames, in order: one per entry of ``protos`` (a serialized ``Summary`` proto); if ``columns``
+    is not 0, one frame holding that many scalar rows as binary columns (its layout is
+    :mod:`procsv.ipc.columns`'); one per entry of ``items``.
 
     Delivery (see ``services/summary/sessions.py``): ``session`` names the sending trainer process
     and ``seq`` numbers its batches 1, 2, ... as they are handed to ZeroMQ; the service writes a
-    session's batches only in order and reports the last one written in its ack file. A batch with
-    ``resync_from`` set restates everything not known to be written: the service first writes
-    ``SessionLog START`` at that step (TensorBoard drops the events at or after it), then the batch.
-    ``step``/``mono``/``wall_time`` mark the trainer's progress when sent (the service derives
-    ``global_step/sec`` every ``step_rate_secs``); ``dropped_total`` counts what the session had to
-    drop so far, ``dropped`` what it dropped since its previous batch.
+    session's batches only in order and, after each write, answers the sender with a
+    :class:`SummaryAck` naming the last one written. A batch with ``resync_from`` set restates
+    everything not known to be written: the service first writes ``SessionLog START`` at that step
+    (TensorBoard drops the events at or after it), then the batch. ``step``/``mono``/``wall_time``
+    mark the trainer's progress when sent (the service derives ``global_step/sec`` every
+    ``step_rate_secs``); ``dropped_total`` counts what the session had to drop so far, ``dropped``
+    what it dropped since its previous batch.
     """
 
     KIND: ClassVar[str] = "summary_batch"
-    scalars: list[list]
-    protos: list[list]
+    protos: list[ProtoRef] = field(default_factory=list)
     dropped: int = 0
     session: str = ""
     seq: int = 0
@@ -212,11 +268,27 @@ class SummaryBatch(Message):
 
 
 @dataclass(frozen=True)
+class SummaryAck(Message):
+    """Summary service -> the trainer that sent a session's batches: where that session stands.
+
+    Sent after every write that involved a batch of ``session``: ``written`` is the last batch
+    number written to the event file (and so survives a crash of the service); ``resync_after``,
+    if not 0, is the number of a batch the service could not write in order (it never saw the
+    session, or batches were lost): the trainer then restates what it still holds.
+    """
+
+    KIND: ClassVar[str] = "summary_ack"
+    session: str
+    written: int
+    resync_after: int = 0
+
+
+@dataclass(frozen=True)
 class SessionLogEvent(Message):
-    """A ``SessionLog`` record: ``status`` is start|stop|checkpoint (TensorBoard semantics)."""
+    """A ``SessionLog`` record (TensorBoard semantics)."""
 
     KIND: ClassVar[str] = "session_log"
-    status: str
+    status: SessionStatus
     step: int
     checkpoint_path: str = ""
 
@@ -270,6 +342,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     SaveData,
     SaveResult,
     SummaryBatch,
+    SummaryAck,
     SessionLogEvent,
     ZygoteReady,
     ForkRequest,

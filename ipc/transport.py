@@ -2,26 +2,42 @@
 
 Every endpoint is an ``ipc://`` socket file inside the run's private runtime directory (mode 0700,
 created by whoever starts the services). Sockets are created with a short linger and a bounded
-high-water mark; sends from the trainer are non-blocking; every receive is bounded by a timeout
-(:func:`recv` raises :class:`ReceiveTimeout`, never waits forever).
+high-water mark; sends from the trainer are non-blocking. Every receive goes through
+:func:`recv` with a timeout (0 for a non-blocking drain): it raises :class:`ReceiveTimeout`,
+never waits forever. A request whose reply does not come by its deadline raises
+:class:`NoReply` (see ``TrainerChannels.wait_save_result``).
+
+(The watchdog <-> zygote pipe framing lives in :mod:`procsv.ipc.pipe`.)
 """
 
 from __future__ import annotations
 
 import os
-import select
-import struct
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import zmq
 
-from procsv.ipc.codec import decode, encode
+from procsv.ipc.codec import ProtocolError, decode, encode
 from procsv.ipc.messages import Message
+from procsv.ipc.pipe import MAX_PIPE_MESSAGE, FramedReader, write_framed  # re-export  # noqa: F401
+
+__all__ = [
+    "Endpoints", "NoReply", "ReceiveTimeout", "Received", "drain", "make_socket", "recv", "recv_message", "send",
+    "FramedReader", "write_framed", "MAX_PIPE_MESSAGE",
+]
 
 
 class ReceiveTimeout(TimeoutError):
-    """No message arrived on a socket within the given timeout."""
+    """No message arrived on a socket within the given timeout (for a drain: nothing is waiting)."""
+
+
+class NoReply(TimeoutError):
+    """A request got no reply by its deadline: the peer is gone, hung, or too slow.
+
+    Raised by the request side (e.g. ``TrainerChannels.wait_save_result``); you get this, not
+    ``None`` and not :class:`ReceiveTimeout`, which only says that one wait came back empty.
+    """
 
 
 @dataclass(frozen=True)
@@ -42,15 +58,16 @@ class Endpoints:
 
     @property
     def summary(self) -> str:
-        """PULL, bound by the summary service; the trainer and checkpoint service PUSH to it."""
+        """ROUTER, bound by the summary service; the trainer and the checkpoint service connect DEALERs
+        (the service answers a trainer's batches with acks on the same connection)."""
         return f"ipc://{os.path.join(self.runtime_dir, 'summary.sock')}"
 
 
 def make_socket(
-    ctx: zmq.Context, kind: int, *, linger_ms: int = 0, sndhwm: int = 1000, identity: Optional[bytes] = None
-) -> zmq.Socket:
+    ctx: zmq.Context[Any], kind: int, *, linger_ms: int = 0, sndhwm: int = 1000, identity: Optional[bytes] = None
+) -> zmq.Socket[Any]:
     """Create a socket with procsv's defaults (bounded linger and queue)."""
-    sock = ctx.socket(kind)
+    sock: zmq.Socket[Any] = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, linger_ms)
     sock.setsockopt(zmq.SNDHWM, sndhwm)
     sock.setsockopt(zmq.RCVHWM, 10000)
@@ -59,7 +76,7 @@ def make_socket(
     return sock
 
 
-def send(sock: zmq.Socket, msg: Message, payload: Sequence[Any] = (), *, block: bool = False,
+def send(sock: zmq.Socket[Any], msg: Message, payload: Sequence[Any] = (), *, block: bool = False,
          prefix: Sequence[bytes] = ()) -> bool:
     """Send ``msg``; return False instead of blocking when the peer's queue is full."""
     frames = [*prefix, *encode(msg, payload)]
@@ -70,68 +87,54 @@ def send(sock: zmq.Socket, msg: Message, payload: Sequence[Any] = (), *, block: 
     return True
 
 
-def recv(sock: zmq.Socket, timeout_ms: int, *, copy: bool = True) -> list[Any]:
-    """Receive one multipart message within ``timeout_ms`` or raise :class:`ReceiveTimeout`."""
-    if not sock.poll(timeout_ms, zmq.POLLIN):
+def recv(sock: zmq.Socket[Any], timeout_ms: int, *, copy: bool = True) -> list[Any]:
+    """Receive one multipart message within ``timeout_ms`` (0: only if one is waiting) or raise
+    :class:`ReceiveTimeout`. The one place procsv receives from a ZeroMQ socket."""
+    if not sock.poll(max(0, timeout_ms), zmq.POLLIN):
         raise ReceiveTimeout(f"no message within {timeout_ms} ms")
-    return sock.recv_multipart(copy=copy)
+    if copy:
+        return list(sock.recv_multipart())
+    return list(sock.recv_multipart(copy=False))
 
 
-def recv_message(sock: zmq.Socket, timeout_ms: int) -> tuple[Message, list[Any]]:
-    """Receive and decode one message within ``timeout_ms``."""
-    return decode(recv(sock, timeout_ms, copy=False))
+@dataclass(frozen=True)
+class Received:
+    """One decoded message; ``identity`` is the sending peer's (ROUTER sockets only, else None)."""
+
+    msg: Message
+    payload: list[Any]
+    identity: Optional[bytes] = None
 
 
-# ---------------------------------------------------------------------------------------------
-# Length-prefixed messages on a pipe (watchdog <-> zygote). ZeroMQ is deliberately not used there:
-# the zygote forks trainers, and a forked child must not inherit a live ZeroMQ context.
+def recv_message(sock: zmq.Socket[Any], timeout_ms: int, *, routed: bool = False) -> Received:
+    """Receive and decode one message within ``timeout_ms``; ``routed``: ``sock`` is a ROUTER
+    (the first frame names the peer). Raises :class:`ReceiveTimeout`, or :class:`ProtocolError`
+    for a malformed message (which is consumed: the next call reads the next message)."""
+    frames = recv(sock, timeout_ms, copy=False)
+    identity: Optional[bytes] = None
+    if routed:
+        if len(frames) < 2:
+            raise ProtocolError("a routed message without a body")
+        head = frames[0]
+        identity = head.bytes if hasattr(head, "bytes") else bytes(head)
+        frames = frames[1:]
+    msg, payload = decode(frames)
+    return Received(msg, payload, identity)
 
-_LEN = struct.Struct(">I")
-MAX_PIPE_MESSAGE = 16 << 20
 
-
-def write_framed(fd: int, msg: Message) -> None:
-    """Write one message (JSON header only, no payload frames) to a blocking pipe."""
-    data = encode(msg)[0]
-    view = memoryview(_LEN.pack(len(data)) + data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
-class FramedReader:
-    """Reads length-prefixed messages from a non-blocking pipe; EOF raises EOFError."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self._buf = bytearray()
-        os.set_blocking(fd, False)
-
-    def read_available(self) -> list[Message]:
-        """Every complete message readable now (never blocks)."""
-        while True:
-            try:
-                chunk = os.read(self.fd, 1 << 16)
-            except BlockingIOError:
-                break
-            if not chunk:
-                if not self._buf:
-                    raise EOFError("pipe closed")
-                break
-            self._buf += chunk
-        out: list[Message] = []
-        while len(self._buf) >= _LEN.size:
-            (n,) = _LEN.unpack_from(self._buf)
-            if n > MAX_PIPE_MESSAGE:
-                raise EOFError(f"message of {n} bytes on the pipe: stream is corrupt")
-            if len(self._buf) < _LEN.size + n:
-                break
-            data = bytes(self._buf[_LEN.size:_LEN.size + n])
-            del self._buf[:_LEN.size + n]
-            out.append(decode([data])[0])
-        return out
-
-    def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for the pipe to become readable."""
-        ready, _, _ = select.select([self.fd], [], [], max(0.0, timeout))
-        return bool(ready)
+def drain(sock: zmq.Socket[Any], *, first_timeout_ms: int = 0, limit: Optional[int] = None,
+          routed: bool = False) -> Iterator[Received | ProtocolError]:
+    """The messages that are waiting (after waiting up to ``first_timeout_ms`` for the first one),
+    at most ``limit``; a malformed one is yielded as its :class:`ProtocolError` for the caller to
+    report or ignore. Never waits beyond ``first_timeout_ms``."""
+    timeout = first_timeout_ms
+    n = 0
+    while limit is None or n < limit:
+        n += 1
+        try:
+            yield recv_message(sock, timeout, routed=routed)
+        except ReceiveTimeout:
+            return
+        except ProtocolError as exc:
+            yield exc
+        timeout = 0

@@ -39,7 +39,8 @@ import zmq  # noqa: E402
 
 from procsv.ipc.transport import Endpoints, make_socket, send  # noqa: E402
 from procsv.common import spawn  # noqa: E402
-from procsv.common.layout import Layout, RuntimeDir, read_json  # noqa: E402
+from procsv.common.layout import Layout, read_json  # noqa: E402
+from procsv.trainer.channels import read_summary_acks  # noqa: E402
 from procsv.trainer.summaries import SummaryBuffer, SummarySender  # noqa: E402
 
 TAGS10 = [f"metric/{i}" for i in range(10)]
@@ -118,7 +119,7 @@ def start_service(logdir: str, runtime: str) -> subprocess.Popen:
     env = spawn.child_env(role="summary", attempt=1, logdir=logdir, runtime_dir=runtime, supervised=False)
     proc = spawn.spawn(spawn.service_argv("summary"), env, os.path.join(logdir, "logs", "summary.1.log"))
     deadline = time.monotonic() + 30
-    while (read_json(RuntimeDir(runtime).summary_ack) or {}).get("pid") != proc.pid:
+    while (read_json(Layout(logdir).summary_stats) or {}).get("pid") != proc.pid:  # written once it is up
         if time.monotonic() > deadline or proc.poll() is not None:
             raise RuntimeError("the summary service did not start")
         time.sleep(0.05)
@@ -139,10 +140,10 @@ def throughput(tmp: str, steps: int) -> dict[str, float]:
     os.makedirs(runtime, mode=0o700)
     service = start_service(logdir, runtime)
     zctx = zmq.Context()
-    push = make_socket(zctx, zmq.PUSH, sndhwm=256, linger_ms=3000)
+    push = make_socket(zctx, zmq.DEALER, sndhwm=256, linger_ms=3000)  # as TrainerChannels
     push.connect(Endpoints(runtime).summary)
     buf = SummaryBuffer()
-    sender = SummarySender(buf, lambda m, f: send(push, m, f), RuntimeDir(runtime).summary_ack)
+    sender = SummarySender(buf, lambda m, f: send(push, m, f), lambda t: read_summary_acks(push, t))
     row = {t: 0.0 for t in TAGS10}
     t0 = time.perf_counter()
     for step in range(1, steps + 1):

@@ -1,4 +1,4 @@
-"""The checkpoint service's own tensor-bundle writer against TensorFlow's, byte for byte; CRC-32C."""
+"""The checkpoint service's own tensor-bundle writer against TensorFlow's, byte for byte; procsv.common.crc32c."""
 
 from __future__ import annotations
 
@@ -10,10 +10,8 @@ import zlib
 import numpy as np
 import pytest
 
-from procsv.common import manifests
+from procsv.common import crc32c
 from procsv.services.checkpoint.bundle import BundleTensor, data_filename, write_bundle
-
-needs_crc32c = pytest.mark.skipif(not manifests.HAVE_CRC32C, reason="google-crc32c is not installed")
 
 
 def _arrays(n_keys: int, key_len: int) -> dict[str, np.ndarray]:
@@ -48,7 +46,6 @@ def _lay_out(arrays: dict[str, np.ndarray], align: int) -> tuple[mmap.mmap, np.n
     return mm, buf, tensors, pos
 
 
-@needs_crc32c
 @pytest.mark.parametrize("n_keys,key_len", [(40, 1), (6000, 60)], ids=["one-block", "many-index-blocks"])
 def test_bundle_is_byte_identical_to_tensorflows_savev2(tmp_path, n_keys, key_len):
     import tensorflow as tf
@@ -63,10 +60,9 @@ def test_bundle_is_byte_identical_to_tensorflows_savev2(tmp_path, n_keys, key_le
     crc = write_bundle(mine, tensors, buf.ctypes.data, memoryview(mm), length)
     assert filecmp.cmp(data_filename(tf_prefix), data_filename(mine), shallow=False)
     assert filecmp.cmp(tf_prefix + ".index", mine + ".index", shallow=False)
-    assert crc == manifests.file_checksum(data_filename(mine), "crc32c")
+    assert crc == crc32c.file_checksum(data_filename(mine))
 
 
-@needs_crc32c
 def test_aligned_bundle_with_padding_reads_back_and_its_file_checksum_is_exact(tmp_path):
     import tensorflow as tf
 
@@ -75,7 +71,7 @@ def test_aligned_bundle_with_padding_reads_back_and_its_file_checksum_is_exact(t
     prefix = str(tmp_path / "aligned")
     crc = write_bundle(prefix, tensors, buf.ctypes.data, memoryview(mm), length)
     assert os.path.getsize(data_filename(prefix)) == length  # O_DIRECT's padded tail is cut off
-    assert crc == manifests.file_checksum(data_filename(prefix), "crc32c")
+    assert crc == crc32c.file_checksum(data_filename(prefix))
     reader = tf.train.load_checkpoint(prefix)
     for key, a in arrays.items():
         got = reader.get_tensor(key)
@@ -91,20 +87,56 @@ def test_overlapping_tensors_are_refused(tmp_path):
     assert not os.listdir(tmp_path)
 
 
-@needs_crc32c
 def test_crc32c_matches_the_standard_and_combines_without_the_bytes():
-    assert manifests.crc32c(b"123456789") == 0xE3069283
+    assert crc32c.value(b"123456789") == crc32c.CHECK_VALUE == 0xE3069283
     rng = np.random.default_rng(3)
     for _ in range(30):
         a = rng.integers(0, 256, int(rng.integers(0, 3000)), dtype=np.uint8).tobytes()
         b = rng.integers(0, 256, int(rng.integers(0, 3000)), dtype=np.uint8).tobytes()
-        whole = manifests.crc32c(a + b)
-        assert manifests.crc32c(b, manifests.crc32c(a)) == whole
-        assert manifests.crc32c_combine(manifests.crc32c(a), manifests.crc32c(b), len(b)) == whole
+        whole = crc32c.value(a + b)
+        assert crc32c.extend(crc32c.value(a), b) == whole
+        assert crc32c.combine(crc32c.value(a), crc32c.value(b), len(b)) == whole
+        buf = np.frombuffer(b, np.uint8)
+        assert crc32c.extend_at(crc32c.value(a), buf.ctypes.data, buf.size) == whole
+
+
+def test_crc32c_at_an_address_reads_shared_memory_in_place():
+    mm = mmap.mmap(-1, 3 * 4096)
+    buf = np.frombuffer(mm, np.uint8)
+    buf[:] = np.random.default_rng(4).integers(0, 256, buf.size, dtype=np.uint8)
+    assert crc32c.extend_at(0, buf.ctypes.data, buf.size) == crc32c.value(bytes(mm))
+    buf[5000] ^= 0xFF  # the checksum follows the memory, not a copy of it
+    assert crc32c.extend_at(0, buf.ctypes.data, buf.size) == crc32c.value(bytes(mm))
+    assert crc32c.extend_at(123, buf.ctypes.data, 0) == 123
+
+
+def test_public_extend_refuses_a_memoryview_of_shared_memory():
+    """Why procsv.common.crc32c calls the C library by address: google-crc32c's extend() needs a copy."""
+    mm = mmap.mmap(-1, 4096)
+    with pytest.raises(TypeError):
+        crc32c.extend(0, memoryview(mm))  # type: ignore[arg-type]
+
+
+def test_masked_crc_is_tensorflows():
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    for data in (b"", b"x", bytes(range(256)) * 9):
+        assert crc32c.masked(data) == crc32c.mask(crc32c.value(data)) == masked_crc32c(data)
+
+
+def test_file_checksum_is_crc32c_by_default(tmp_path):
+    path = tmp_path / "f"
+    data = os.urandom(9 * 1024 * 1024 + 5)  # more than one read chunk
+    path.write_bytes(data)
+    assert crc32c.file_checksum(str(path)) == crc32c.value(data)
+    assert crc32c.file_checksum(str(tmp_path / "f"), "crc32c") == crc32c.value(data)
+    (tmp_path / "empty").write_bytes(b"")
+    assert crc32c.file_checksum(str(tmp_path / "empty")) == 0
 
 
 def test_file_checksum_crc32_is_zlibs(tmp_path):
+    """The checksum of version-1 manifests, still verified."""
     path = tmp_path / "f"
     data = os.urandom(3 * 1024 * 1024 + 17)
     path.write_bytes(data)
-    assert manifests.file_checksum(str(path), "crc32") == zlib.crc32(data)
+    assert crc32c.file_checksum(str(path), "crc32") == zlib.crc32(data)

@@ -12,12 +12,10 @@ import numpy as np
 import pytest
 
 from procsv.ipc.messages import SaveData
-from procsv.common import manifests
 from procsv.common.errors import CheckpointError, CorruptCheckpoint
 from procsv.common.layout import Layout, write_json
-from procsv.common.manifests import list_committed, verify
+from procsv.common.manifests import Manifest, list_committed, manifest_path, verify
 from procsv.trainer.snapshot import SnapshotArena, take
-from procsv.services.checkpoint import store as store_mod
 from procsv.services.checkpoint import writer as writer_mod
 from procsv.services.checkpoint.arena import ArenaCache
 from procsv.services.checkpoint.store import CheckpointStore
@@ -77,19 +75,7 @@ class Harness:
         return manifest
 
 
-@pytest.fixture(params=["crc32c-direct", "savev2-crc32"])
-def path_kind(request, monkeypatch):
-    """Both writers: the bundle writer with CRC-32C, and the SaveV2 fallback used without google-crc32c."""
-    if request.param == "crc32c-direct":
-        if not manifests.HAVE_CRC32C:
-            pytest.skip("google-crc32c is not installed")
-    else:
-        monkeypatch.setattr(writer_mod, "HAVE_CRC32C", False)
-        monkeypatch.setattr(store_mod, "CHECKSUM", "crc32")
-    return request.param
-
-
-def test_committed_checkpoint_restores_with_plain_tensorflow_including_iterator_and_strings(tmp_path, path_kind):
+def test_committed_checkpoint_restores_with_plain_tensorflow_including_iterator_and_strings(tmp_path):
     import tensorflow as tf
 
     ckpt, state, it = make_state(tf)
@@ -101,11 +87,9 @@ def test_committed_checkpoint_restores_with_plain_tensorflow_including_iterator_
     manifest = h.save(ckpt, 123)
     expected_next = [next(it).numpy().tolist() for _ in range(5)]
     verify(h.layout, manifest)
-    algo = "crc32c" if path_kind == "crc32c-direct" else "crc32"
-    assert all(algo in meta for meta in manifest.files.values())
-    if path_kind == "crc32c-direct":
-        assert sorted(manifest.files) == ["model.ckpt-123.data-00000-of-00002", "model.ckpt-123.data-00001-of-00002",
-                                          "model.ckpt-123.index"]
+    assert all(set(meta) == {"size", "crc32c"} for meta in manifest.files.values())
+    assert sorted(manifest.files) == ["model.ckpt-123.data-00000-of-00002", "model.ckpt-123.data-00001-of-00002",
+                                      "model.ckpt-123.index"]
 
     latest = tf.train.latest_checkpoint(h.layout.logdir)
     assert latest == os.path.join(h.layout.logdir, "model.ckpt-123")
@@ -212,3 +196,29 @@ def test_verify_catches_damage_and_the_service_retires_corrupt_checkpoints_past_
     assert tf.train.latest_checkpoint(h.layout.logdir).endswith("model.ckpt-20")
     h.save(ckpt, 30)  # the step commits again, cleanly
     verify(h.layout, list_committed(h.layout)[-1])
+
+
+def test_version_1_manifests_with_zlib_crc32_are_still_read_and_verified(tmp_path):
+    import zlib
+
+    import tensorflow as tf
+
+    ckpt, _, _ = make_state(tf)
+    h = Harness(str(tmp_path / "run"))
+    new = h.save(ckpt, 7)
+    files = {}
+    for name, meta in new.files.items():
+        with open(os.path.join(h.layout.logdir, name), "rb") as fh:
+            files[name] = {"size": meta["size"], "crc32": zlib.crc32(fh.read())}
+    old = dict(Manifest(7, new.prefix, files, new.committed_at, "test").to_json(), version=1)
+    write_json(manifest_path(h.layout, new.prefix), old)
+    (read,) = list_committed(h.layout)
+    assert read.files == files
+    verify(h.layout, read)
+    data = os.path.join(h.layout.logdir, sorted(n for n in files if ".data-" in n)[0])
+    with open(data, "r+b") as fh:
+        byte = fh.read(1)
+        fh.seek(0)
+        fh.write(bytes([byte[0] ^ 0x01]))
+    with pytest.raises(CorruptCheckpoint, match="fails its CRC-32 check"):
+        verify(h.layout, read)

@@ -29,6 +29,7 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
         [],
     ),
     ("progress", m.Progress(pid=4242, step=981, wall_time=1_700_000_123.456), []),
+    ("progress-busy", m.Progress(pid=4242, step=981, wall_time=1_700_000_123.456, busy=m.Busy.FINAL_CHECKPOINT), []),
     (
         "setup-timed",
         m.CheckpointSetup(
@@ -45,12 +46,12 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
         ),
         [],
     ),
-    ("save-request", m.SaveRequest(reason="timer"), []),
+    ("save-request", m.SaveRequest(reason=m.SaveReason.PERIODIC), []),
     (
         "save-data",
         m.SaveData(
             step=1500,
-            reason="timer",
+            reason=m.SaveReason.PERIODIC,
             basename="model.ckpt",
             tensors=[
                 m.TensorSpec(key="global_step/.ATTRIBUTES/VARIABLE_VALUE", dtype="int64", shape=[]),
@@ -60,31 +61,42 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
         ),
         [b"\x00" * 8, bytes(range(256)) * 10, b"abchello"],
     ),
-    ("save-data-empty", m.SaveData(step=0, reason="final", basename="model.ckpt", tensors=[]), []),
+    ("save-data-empty", m.SaveData(step=0, reason=m.SaveReason.FINAL, basename="model.ckpt", tensors=[]), []),
     (
         "save-result-ok",
-        m.SaveResult(step=1500, reason="timer", ok=True, path="/runs/a/model.ckpt-1500", error=None,
+        m.SaveResult(step=1500, reason=m.SaveReason.STEPS, ok=True, path="/runs/a/model.ckpt-1500", error=None,
                      persist_secs=0.42),
         [],
     ),
     (
         "save-result-failed",
-        m.SaveResult(step=1500, reason="final", ok=False, path=None, error="OSError: [Errno 28] No space left",
+        m.SaveResult(step=1500, reason=m.SaveReason.FINAL, ok=False, path=None, error="OSError: [Errno 28] No space left",
                      persist_secs=0.0),
         [],
     ),
     (
         "summary-batch",
         m.SummaryBatch(
-            scalars=[["loss", 10, 0.693, 1_700_000_000.5], ["accuracy/train", 10, 0.5, 1_700_000_000.6]],
-            protos=[[10, 1_700_000_000.7], [11, 1_700_000_001.0]],
+            protos=[m.ProtoRef(10, 1_700_000_000.7), m.ProtoRef(11, 1_700_000_001.0)],
             dropped=3,
+            session="4242-abcd",
+            seq=7,
+            resync_from=10,
+            columns=2,
+            items=[m.SummaryItem(kind=m.ItemKind.HISTOGRAM, tag="w", step=10, wall_time=1_700_000_000.8,
+                                 dtype="float64", shape=[3], buckets=30)],
+            step=11,
+            mono=12.5,
+            wall_time=1_700_000_001.5,
+            step_rate_secs=120.0,
+            dropped_total=5,
         ),
-        [b"\n\x0b\n\x04loss\x15\x00\x00\x80?", b"\n\x03\n\x01x"],
+        [b"\n\x0b\n\x04loss\x15\x00\x00\x80?", b"\n\x03\n\x01x", b"columns", b"histogram"],
     ),
-    ("summary-batch-empty", m.SummaryBatch(scalars=[], protos=[]), []),
-    ("session-log-start", m.SessionLogEvent(status="start", step=0), []),
-    ("session-log-checkpoint", m.SessionLogEvent(status="checkpoint", step=1500,
+    ("summary-batch-empty", m.SummaryBatch(), []),
+    ("summary-ack", m.SummaryAck(session="4242-abcd", written=7, resync_after=9), []),
+    ("session-log-start", m.SessionLogEvent(status=m.SessionStatus.START, step=0), []),
+    ("session-log-checkpoint", m.SessionLogEvent(status=m.SessionStatus.CHECKPOINT, step=1500,
                                                  checkpoint_path="/runs/a/model.ckpt-1500"), []),
     ("zygote-ready", m.ZygoteReady(pid=7, import_secs=4.2), []),
     ("fork-request", m.ForkRequest(attempt=2, argv=["python", "-m", "procsv.trainer", "x"],
@@ -124,7 +136,7 @@ def test_message_round_trips(msg, payload):
 
 def test_payload_frames_are_passed_through_not_copied():
     payload = [bytearray(b"tensor-bytes"), memoryview(b"proto-bytes")]
-    frames = encode(m.SaveData(step=1, reason="timer", basename="model.ckpt",
+    frames = encode(m.SaveData(step=1, reason=m.SaveReason.PERIODIC, basename="model.ckpt",
                                tensors=[m.TensorSpec("a", "uint8", [12]), m.TensorSpec("b", "uint8", [11])]), payload)
     assert frames[1] is payload[0] and frames[2] is payload[1]
     _, got = decode(frames)
@@ -140,8 +152,8 @@ def test_nested_tensor_specs_decode_as_tensor_spec_objects():
 
 
 def test_header_is_a_json_object_with_version_kind_and_body():
-    header = json.loads(encode(m.SaveRequest(reason="timer"))[0])
-    assert header == {"v": m.SCHEMA_VERSION, "kind": "save_request", "body": {"reason": "timer"}}
+    header = json.loads(encode(m.SaveRequest(reason=m.SaveReason.PERIODIC))[0])
+    assert header == {"v": m.SCHEMA_VERSION, "kind": "save_request", "body": {"reason": "periodic"}}
 
 
 def test_decode_accepts_zmq_frames_and_memoryviews():
@@ -163,7 +175,9 @@ def test_float_field_accepts_json_integer_and_yields_float():
     [
         ("trainer_ready", {"pid": 1, "attempt": 1, "step": 0, "restored_from": None, "restore_secs": 0.0},
          "skipped", []),
-        ("summary_batch", {"scalars": [], "protos": []}, "dropped", 0),
+        ("summary_batch", {"protos": []}, "dropped", 0),
+        ("summary_batch", {}, "protos", []),
+        ("progress", {"pid": 1, "step": 2, "wall_time": 3.0}, "busy", m.Busy.NONE),
         ("session_log", {"status": "stop", "step": 9}, "checkpoint_path", ""),
     ],
 )
@@ -197,15 +211,16 @@ def test_json_header_that_is_not_an_object_is_refused(head):
         decode([head])
 
 
-@pytest.mark.parametrize("v", [0, 2, m.SCHEMA_VERSION + 1, "1", None, [1], True], ids=repr)
+@pytest.mark.parametrize("v", [0, m.SCHEMA_VERSION - 1, m.SCHEMA_VERSION + 1, str(m.SCHEMA_VERSION), None,
+                               [m.SCHEMA_VERSION], True], ids=repr)
 def test_wrong_schema_version_is_refused(v):
     with pytest.raises(ProtocolError, match="version"):
-        decode([_header("save_request", {"reason": "timer"}, v=v)])
+        decode([_header("save_request", {"reason": "periodic"}, v=v)])
 
 
 def test_missing_schema_version_is_refused():
     with pytest.raises(ProtocolError, match="version"):
-        decode([json.dumps({"kind": "save_request", "body": {"reason": "timer"}}).encode()])
+        decode([json.dumps({"kind": "save_request", "body": {"reason": "periodic"}}).encode()])
 
 
 @pytest.mark.parametrize("kind", ["nope", "", "Hello", "HELLO", None, 7, ["hello"], {"k": "hello"}], ids=repr)
@@ -219,7 +234,7 @@ def test_missing_kind_is_refused():
         decode([json.dumps({"v": m.SCHEMA_VERSION, "body": {}}).encode()])
 
 
-@pytest.mark.parametrize("body", [None, [], "reason=timer", 5])
+@pytest.mark.parametrize("body", [None, [], "reason=periodic", 5])
 def test_body_that_is_not_an_object_is_refused(body):
     with pytest.raises(ProtocolError, match="body"):
         decode([_header("save_request", body)])
@@ -255,7 +270,7 @@ def test_unknown_extra_field_is_refused(msg):
 
 
 def test_unknown_extra_field_in_nested_tensor_spec_is_refused():
-    body = {"step": 1, "reason": "timer", "basename": "model.ckpt",
+    body = {"step": 1, "reason": "periodic", "basename": "model.ckpt",
             "tensors": [{"key": "a", "dtype": "float32", "shape": [2], "lengths": None, "order": "F"}]}
     with pytest.raises(ProtocolError, match="order"):
         decode([_header("save_data", body)])
@@ -265,7 +280,7 @@ _GOOD_SPEC = {"key": "w", "dtype": "float32", "shape": [2, 3], "lengths": None}
 
 
 def _save_data(*tensors) -> dict:
-    return {"step": 5, "reason": "timer", "basename": "model.ckpt", "tensors": list(tensors)}
+    return {"step": 5, "reason": "periodic", "basename": "model.ckpt", "tensors": list(tensors)}
 
 
 @pytest.mark.parametrize(
@@ -280,9 +295,9 @@ def _save_data(*tensors) -> dict:
                               "keep_checkpoint_every_n_hours": None, "step": 0}),
         # float where an int is expected
         ("progress", {"pid": 1, "step": 10.5, "wall_time": 1.0}),
-        ("summary_batch", {"scalars": [], "protos": [], "dropped": 1.0}),
+        ("summary_batch", {"protos": [], "dropped": 1.0}),
         # None for a non-optional field
-        ("summary_batch", {"scalars": [], "protos": [], "dropped": None}),
+        ("summary_batch", {"protos": [], "dropped": None}),
         ("session_log", {"status": "stop", "step": 1, "checkpoint_path": None}),
         # wrong types for float fields (string, bool)
         ("progress", {"pid": 1, "step": 10, "wall_time": "now"}),
@@ -291,18 +306,23 @@ def _save_data(*tensors) -> dict:
                               "keep_checkpoint_every_n_hours": None, "step": 0}),
         # wrong types for str and bool fields
         ("hello", {"role": 1, "pid": 1, "attempt": 1}),
-        ("save_result", {"step": 1, "reason": "timer", "ok": 1, "path": None, "error": None, "persist_secs": 0.1}),
-        ("save_result", {"step": 1, "reason": "timer", "ok": "true", "path": None, "error": None,
+        ("save_result", {"step": 1, "reason": "periodic", "ok": 1, "path": None, "error": None, "persist_secs": 0.1}),
+        ("save_result", {"step": 1, "reason": "periodic", "ok": "true", "path": None, "error": None,
                          "persist_secs": 0.1}),
-        ("save_result", {"step": 1, "reason": "timer", "ok": True, "path": 5, "error": None, "persist_secs": 0.1}),
+        ("save_result", {"step": 1, "reason": "periodic", "ok": True, "path": 5, "error": None, "persist_secs": 0.1}),
         # lists: not a list, or items of the wrong type
         ("trainer_ready", {"pid": 1, "attempt": 1, "step": 0, "restored_from": None, "restore_secs": 0.0,
                            "skipped": "model.ckpt-5"}),
         ("trainer_ready", {"pid": 1, "attempt": 1, "step": 0, "restored_from": None, "restore_secs": 0.0,
                            "skipped": [1, 2]}),
-        ("summary_batch", {"scalars": ["loss", 1, 0.5, 2.0], "protos": []}),
-        ("summary_batch", {"scalars": {"loss": 0.5}, "protos": []}),
-        ("save_data", {"step": 5, "reason": "timer", "basename": "model.ckpt", "tensors": {}}),
+        ("summary_batch", {"protos": [10, 2.0]}),
+        ("summary_batch", {"protos": {"step": 10, "wall_time": 2.0}}),
+        ("summary_batch", {"protos": [[10, 2.0]]}),
+        ("summary_batch", {"protos": [{"step": 10, "wall_time": 2.0}, {"step": "10", "wall_time": 2.0}]}),
+        ("summary_batch", {"protos": [{"step": 10}]}),
+        ("summary_batch", {"items": [{"kind": "histogram", "tag": "w", "step": 1, "wall_time": 1.0,
+                                      "dtype": "float64", "shape": [3], "buckets": 1.5}]}),
+        ("save_data", {"step": 5, "reason": "periodic", "basename": "model.ckpt", "tensors": {}}),
         ("save_data", _save_data("w")),
         ("save_data", _save_data(_GOOD_SPEC, ["w", "float32", [2, 3]])),
         # nested TensorSpec with a bad field
@@ -318,8 +338,9 @@ def _save_data(*tensors) -> dict:
         "str-for-int-pid", "str-for-int-step", "bool-for-int-pid", "bool-for-int-max_to_keep",
         "float-for-int-step", "float-for-int-dropped", "none-for-int-dropped", "none-for-str-checkpoint_path",
         "str-for-float", "bool-for-float", "str-for-optional-float", "int-for-str", "int-for-bool",
-        "str-for-bool", "int-for-optional-str", "str-for-list", "int-items-in-str-list", "flat-scalar-row",
-        "dict-for-list-of-lists", "dict-for-tensor-list", "str-for-tensor-spec", "list-for-tensor-spec",
+        "str-for-bool", "int-for-optional-str", "str-for-list", "int-items-in-str-list", "flat-proto-ref",
+        "dict-for-proto-list", "list-for-proto-ref", "str-step-in-second-proto-ref", "proto-ref-missing-wall",
+        "float-buckets-in-item", "dict-for-tensor-list", "str-for-tensor-spec", "list-for-tensor-spec",
         "spec-str-shape-items", "spec-bool-shape-item", "spec-int-shape", "spec-int-key", "spec-none-dtype",
         "spec-str-lengths", "spec-missing-dtype",
     ],
@@ -342,3 +363,95 @@ def test_a_dict_field_with_a_non_string_value_is_refused():
     body["env"] = ["A=1"]
     with pytest.raises(ProtocolError):
         decode([_header("fork_request", body)])
+
+
+def test_a_list_element_error_names_its_index():
+    with pytest.raises(ProtocolError, match=r"SummaryBatch\.protos\[1\]"):
+        decode([_header("summary_batch", {"protos": [{"step": 1, "wall_time": 2.0}, [1, 2.0]]})])
+
+
+# ----------------------------------------------------------------------------- enums
+
+_ENUM_FIELDS = [
+    ("hello", {"pid": 1, "attempt": 1}, "role", m.Role),
+    ("save_request", {}, "reason", m.SaveReason),
+    ("save_result", {"step": 1, "ok": True, "path": None, "error": None, "persist_secs": 0.1}, "reason",
+     m.SaveReason),
+    ("save_data", {"step": 1, "basename": "model.ckpt", "tensors": []}, "reason", m.SaveReason),
+    ("progress", {"pid": 1, "step": 2, "wall_time": 3.0}, "busy", m.Busy),
+    ("session_log", {"step": 1}, "status", m.SessionStatus),
+]
+
+
+@pytest.mark.parametrize("kind,body,field,enum", _ENUM_FIELDS, ids=[f"{k}.{f}" for k, _, f, _ in _ENUM_FIELDS])
+def test_enum_fields_decode_every_member_as_the_enum(kind, body, field, enum):
+    for member in enum:
+        decoded, _ = decode([_header(kind, {**body, field: member.value})])
+        value = getattr(decoded, field)
+        assert value is member and type(value) is enum
+
+
+@pytest.mark.parametrize("kind,body,field,enum", _ENUM_FIELDS, ids=[f"{k}.{f}" for k, _, f, _ in _ENUM_FIELDS])
+@pytest.mark.parametrize("bad", ["exploded", "START", " start", 1, None, True, ["start"]], ids=repr)
+def test_enum_fields_refuse_unknown_values(kind, body, field, enum, bad):
+    with pytest.raises(ProtocolError, match=field):
+        decode([_header(kind, {**body, field: bad})])
+
+
+def test_summary_item_kind_is_validated_in_a_nested_item():
+    item = {"kind": "histogram", "tag": "w", "step": 1, "wall_time": 1.0, "dtype": "float64", "shape": [3]}
+    decoded, _ = decode([_header("summary_batch", {"items": [item]})])
+    assert decoded.items[0].kind is m.ItemKind.HISTOGRAM
+    with pytest.raises(ProtocolError, match="kind"):
+        decode([_header("summary_batch", {"items": [{**item, "kind": "audio"}]})])
+
+
+def test_wire_values_of_the_enums_are_the_old_strings():
+    assert [r.value for r in m.Role] == ["trainer", "checkpoint", "summary"]
+    assert {r.value for r in m.SaveReason} == {"periodic", "steps", "final", "preempted", "lost"}
+    assert [b.value for b in m.Busy] == ["", "snapshot", "final_checkpoint"]
+    assert [s.value for s in m.SessionStatus] == ["start", "stop", "checkpoint"]
+    assert [k.value for k in m.ItemKind] == ["histogram", "image", "text"]
+    assert _body(m.Progress(1, 2, 3.0, m.Busy.SNAPSHOT))["busy"] == "snapshot"
+    assert _body(m.Hello(m.Role.SUMMARY, 1, 1))["role"] == "summary"
+
+
+def test_enum_members_compare_and_print_as_their_strings():
+    """The watchdog compares these fields to plain strings and formats them into messages."""
+    assert m.Role.TRAINER == "trainer" and {"trainer": 1}[m.Role.TRAINER] == 1
+    assert f"{m.SaveReason.PREEMPTED} checkpoint" == "preempted checkpoint"
+    assert str(m.SessionStatus.STOP) == "stop"
+    assert json.dumps({"reason": m.SaveReason.LOST}) == '{"reason": "lost"}'
+
+
+def test_progress_is_not_busy_by_default_and_busy_when_busy():
+    assert not bool(m.Progress(pid=1, step=2, wall_time=3.0).busy)
+    assert not m.Busy.NONE and m.Progress(1, 2, 3.0).busy == ""
+    decoded, _ = decode(encode(m.Progress(pid=1, step=2, wall_time=3.0)))
+    assert not bool(decoded.busy)
+    for busy in (m.Busy.SNAPSHOT, m.Busy.FINAL_CHECKPOINT):
+        decoded, _ = decode(encode(m.Progress(pid=1, step=2, wall_time=3.0, busy=busy)))
+        assert bool(decoded.busy) and decoded.busy == busy
+
+
+def test_every_field_of_every_message_has_a_type_the_codec_checks():
+    """No bare ``list``/``Any``: the codec validates every field, element by element."""
+    import typing
+
+    from procsv.ipc.codec import _hints
+
+    def check(tp, where):
+        origin = typing.get_origin(tp)
+        if origin in (list, dict) or origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+            args = typing.get_args(tp)
+            assert args, f"{where}: {tp!r} has no element type"
+            for a in args:
+                check(a, where)
+            return
+        assert tp is not typing.Any and tp is not list and tp is not dict, f"{where}: untyped {tp!r}"
+        if dataclasses.is_dataclass(tp):
+            for f in dataclasses.fields(tp):
+                check(_hints(tp)[f.name], f"{where}.{f.name}")
+
+    for cls in m.ALL_MESSAGES:
+        check(cls, cls.__name__)

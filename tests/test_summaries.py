@@ -1,31 +1,42 @@
-"""procsv.trainer.summaries: call-site validation, batching and drop counting of the trainer's summaries."""
+"""procsv.trainer.summaries: call-site validation, batching and drop counting of the trainer's summaries,
+and the sender's acks, restatements and heartbeats against a fake service (a fake clock, no sockets)."""
 
 from __future__ import annotations
 
 import math
-import time
+from typing import Any
 
 import numpy as np
 import pytest
 
 from procsv.ipc.codec import decode, encode
-from procsv.ipc.messages import SummaryBatch
-from procsv.trainer import summaries
-from procsv.trainer.summaries import BATCH_MAX, BUFFER_MAX, FLUSH_EVERY, SummaryBuffer, as_float
-from conftest import wait_for as _wait_for
+from procsv.ipc.columns import decode_columns
+from procsv.ipc.messages import ProtoRef, SummaryAck, SummaryBatch
+from procsv.trainer.summaries import (BATCH_MAX, BUFFER_MAX, FLUSH_EVERY, ITEMS_MAX, SummaryBuffer, SummarySender,
+                                      as_float, encode_chunk)
+from procsv.trainer.summaries import sender as sender_mod
 
 WALL = 1_700_000_000.25
+TICK = FLUSH_EVERY * 1.01  # a step boundary per flush interval (and no float rounding at the boundary)
+ACK_POLL = sender_mod.ACK_POLL_EVERY * 1.01
 
 
+class FakeClock:
+    """A monotonic clock that only moves when told."""
 
-def wait_for(condition, timeout=5.0):
-    return _wait_for(condition, timeout, interval=0.01)
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, secs: float) -> None:
+        self.now += secs
 
 
 @pytest.fixture
-def slow_flush(monkeypatch):
-    """Make the partial-batch timer long enough that only force or BATCH_MAX can flush."""
-    monkeypatch.setattr(summaries, "FLUSH_EVERY", 3600.0)
+def clock():
+    return FakeClock()
 
 
 class EagerLike:
@@ -96,101 +107,108 @@ def test_bad_value_is_not_buffered():
         buf.scalar("loss", [1.0, 2.0], step=1, wall=WALL)
     with pytest.raises(ValueError):
         buf.scalar("", 1.0, step=1, wall=WALL)
-    assert buf.take_batch(force=True) is None
+    assert len(buf) == 0 and len(buf.take()) == 0
 
 
-# ----------------------------------------------------------------------------- batching
+# ----------------------------------------------------------------------------- batching (on the injected clock)
 
 
-def test_empty_buffer_has_no_batch_even_when_forced():
-    assert SummaryBuffer().take_batch(force=True) is None
+def test_an_empty_buffer_is_never_due(clock):
+    buf = SummaryBuffer(clock)
+    clock.advance(3600)
+    assert not buf.due(clock())
+    assert len(buf.take()) == 0
 
 
-def test_partial_batch_waits_for_flush_interval(slow_flush):
-    buf = SummaryBuffer()
+def test_a_partial_batch_is_due_once_the_flush_interval_has_passed_on_the_buffers_clock(clock):
+    buf = SummaryBuffer(clock)
     buf.scalar("loss", 0.5, step=1, wall=WALL)
-    assert buf.take_batch(force=False) is None
+    assert not buf.due(clock())
+    clock.advance(FLUSH_EVERY / 2)
+    assert not buf.due(clock())
+    assert buf.next_flush() == pytest.approx(clock() + FLUSH_EVERY / 2)
+    clock.advance(FLUSH_EVERY * 0.51)
+    assert buf.due(clock())
+    buf.take()  # restarts the interval at the buffer's clock
+    buf.scalar("loss", 0.4, step=2, wall=WALL)
+    assert not buf.due(clock())
+    clock.advance(TICK)
+    assert buf.due(clock())
 
 
-def test_force_flushes_a_partial_batch(slow_flush):
-    buf = SummaryBuffer()
-    buf.scalar("loss", 0.5, step=1, wall=WALL)
-    got = buf.take_batch(force=True)
-    assert got is not None
-    batch, frames = got
-    assert batch.scalars == [["loss", 1, 0.5, WALL]]
-    assert frames == []
-
-
-def test_partial_batch_is_sent_once_flush_interval_has_passed():
-    t0 = time.monotonic()
-    buf = SummaryBuffer()
-    buf.scalar("loss", 0.5, step=1, wall=WALL)
-    batch, _ = wait_for(lambda: buf.take_batch(force=False))
-    assert time.monotonic() - t0 >= FLUSH_EVERY
-    assert batch.scalars == [["loss", 1, 0.5, WALL]]
-
-
-def test_full_batch_is_sent_without_waiting(slow_flush):
-    buf = SummaryBuffer()
+def test_a_full_batch_is_due_without_waiting(clock):
+    buf = SummaryBuffer(clock)
     for i in range(BATCH_MAX - 1):
         buf.scalar("loss", float(i), step=i, wall=WALL)
-    assert buf.take_batch(force=False) is None
+    assert not buf.due(clock()) and not buf.full()
     buf.scalar("loss", 1.0, step=BATCH_MAX, wall=WALL)
-    got = buf.take_batch(force=False)
-    assert got is not None
-    assert len(got[0].scalars) == BATCH_MAX
+    assert buf.due(clock()) and buf.full()
+    assert len(buf.take().rows) == BATCH_MAX
 
 
-def test_protos_count_towards_a_full_batch(slow_flush):
-    buf = SummaryBuffer()
-    for i in range(BATCH_MAX - 1):
-        buf.scalar("loss", float(i), step=i, wall=WALL)
-    buf.proto(b"proto", step=1, wall=WALL)
-    got = buf.take_batch(force=False)
-    assert got is not None
-    assert len(got[0].scalars) == BATCH_MAX - 1 and len(got[0].protos) == 1
+def test_items_max_payloads_make_a_batch_due(clock):
+    buf = SummaryBuffer(clock)
+    for i in range(ITEMS_MAX - 1):
+        buf.proto(b"proto", step=i, wall=WALL)
+    assert not buf.due(clock())
+    buf.histogram("h", [1.0], step=1, wall=WALL)
+    assert buf.due(clock())
 
 
-def test_take_batch_empties_the_buffer(slow_flush):
+def test_take_empties_the_buffer_up_to_its_limits():
     buf = SummaryBuffer()
     buf.scalar("loss", 0.5, step=1, wall=WALL)
     buf.proto(b"p", step=1, wall=WALL)
-    assert buf.take_batch(force=True) is not None
-    assert buf.take_batch(force=True) is None
+    chunk = buf.take()
+    assert len(chunk) == 2 and len(buf) == 0
+    assert len(buf.take()) == 0
+    for i in range(BATCH_MAX + 5):
+        buf.scalar("loss", 0.0, step=i, wall=WALL)
+    assert len(buf.take().rows) == BATCH_MAX and len(buf) == 5
 
 
-def test_scalar_rows_keep_order_and_fields():
+def decoded_rows(chunk_batch: tuple[SummaryBatch, list[Any]]) -> list[tuple[str, int, float, float]]:
+    batch, frames = decode(encode(*chunk_batch))
+    n_protos = len(batch.protos)
+    cols = decode_columns(frames[n_protos], batch.columns)
+    return [(cols.tags[i], s, v, w) for i, s, v, w in
+            zip(cols.index.tolist(), cols.steps.tolist(), cols.values.tolist(), cols.walls.tolist())]
+
+
+def test_scalar_rows_keep_order_and_fields_through_the_columns_frame():
     buf = SummaryBuffer()
     buf.scalar("loss", np.float32(0.5), step=10, wall=WALL)
     buf.scalar("accuracy", 1, step=11, wall=WALL + 1)
-    batch, _ = buf.take_batch(force=True)
-    assert batch.scalars == [["loss", 10, 0.5, WALL], ["accuracy", 11, 1.0, WALL + 1]]
-    assert all(type(row[2]) is float for row in batch.scalars)
+    rows = decoded_rows(encode_chunk(buf.take()))
+    assert rows == [("loss", 10, 0.5, WALL), ("accuracy", 11, 1.0, WALL + 1)]
+    assert all(type(row[2]) is float for row in rows)
 
 
 def test_nan_and_inf_are_kept():
     buf = SummaryBuffer()
     buf.scalar("loss", float("nan"), step=1, wall=WALL)
     buf.scalar("loss", np.float32("inf"), step=2, wall=WALL)
-    batch, _ = buf.take_batch(force=True)
-    assert math.isnan(batch.scalars[0][2])
-    assert batch.scalars[1][2] == math.inf
+    rows = decoded_rows(encode_chunk(buf.take()))
+    assert math.isnan(rows[0][2])
+    assert rows[1][2] == math.inf
 
 
-def test_batch_round_trips_through_the_codec():
+def test_a_batch_round_trips_through_the_codec():
     buf = SummaryBuffer()
     buf.scalar("loss", 0.693, step=10, wall=WALL)
     buf.scalar("lr", np.float64(1e-3), step=10, wall=WALL)
     buf.proto(b"\n\x0b\n\x04loss\x15\x00\x00\x80?", step=10, wall=WALL)
     buf.proto(FakeProto(b"\n\x03\n\x01x"), step=11, wall=WALL + 1)
+    buf.histogram("h", [1.0, 2.0], step=12, wall=WALL + 2)
     buf.count_dropped(2)
-    batch, frames = buf.take_batch(force=True)
+    batch, frames = encode_chunk(buf.take(), session="s", seq=1)
     decoded, payload = decode(encode(batch, frames))
     assert isinstance(decoded, SummaryBatch)
     assert decoded == batch
     assert payload == frames
-    assert decoded.dropped == 2
+    assert decoded.dropped == 2 and decoded.columns == 2 and len(decoded.items) == 1
+    assert decoded.protos == [ProtoRef(10, WALL), ProtoRef(11, WALL + 1)]
+    assert len(payload) == 2 + 1 + 1  # protos, the columns frame, the item
 
 
 # ----------------------------------------------------------------------------- drops
@@ -201,22 +219,21 @@ def test_dropped_count_is_carried_once_then_reset():
     buf.count_dropped(3)
     buf.count_dropped(4)
     buf.scalar("loss", 0.5, step=1, wall=WALL)
-    first, _ = buf.take_batch(force=True)
-    assert first.dropped == 7
+    assert buf.take().dropped == 7
     buf.scalar("loss", 0.4, step=2, wall=WALL)
-    second, _ = buf.take_batch(force=True)
-    assert second.dropped == 0
+    assert buf.take().dropped == 0
+    assert buf.dropped_total == 7
 
 
-def test_overflowing_the_buffer_drops_the_oldest_scalars_and_counts_them(slow_flush):
+def test_overflowing_the_buffer_drops_the_oldest_scalars_and_counts_them():
     buf = SummaryBuffer()
     for i in range(BUFFER_MAX + 2):
         buf.scalar("loss", 0.0, step=i, wall=WALL)
-    batch, _ = buf.take_batch(force=True)
-    assert len(batch.scalars) == BUFFER_MAX
-    assert batch.scalars[0][1] == 2
-    assert batch.scalars[-1][1] == BUFFER_MAX + 1
-    assert batch.dropped == 2
+    chunk = buf.take(limit=BUFFER_MAX)
+    assert len(chunk.rows) == BUFFER_MAX
+    assert chunk.rows[0][1] == 2
+    assert chunk.rows[-1][1] == BUFFER_MAX + 1
+    assert chunk.dropped == 2
 
 
 # ----------------------------------------------------------------------------- protos
@@ -230,18 +247,18 @@ def test_overflowing_the_buffer_drops_the_oldest_scalars_and_counts_them(slow_fl
 def test_proto_accepts_bytes_or_serializable_objects(summary, expected):
     buf = SummaryBuffer()
     buf.proto(summary, step=5, wall=WALL)
-    batch, frames = buf.take_batch(force=True)
-    assert batch.protos == [[5, WALL]]
+    batch, frames = encode_chunk(buf.take())
+    assert batch.protos == [ProtoRef(5, WALL)]
     assert frames == [expected]
     assert type(frames[0]) is bytes
 
 
-def test_proto_rows_line_up_with_their_frames():
+def test_proto_refs_line_up_with_their_frames():
     buf = SummaryBuffer()
     for step in range(3):
         buf.proto(f"proto-{step}".encode(), step=step, wall=WALL + step)
-    batch, frames = buf.take_batch(force=True)
-    assert batch.protos == [[0, WALL], [1, WALL + 1], [2, WALL + 2]]
+    batch, frames = encode_chunk(buf.take())
+    assert batch.protos == [ProtoRef(0, WALL), ProtoRef(1, WALL + 1), ProtoRef(2, WALL + 2)]
     assert frames == [b"proto-0", b"proto-1", b"proto-2"]
 
 
@@ -250,4 +267,145 @@ def test_proto_rejects_anything_else(summary):
     buf = SummaryBuffer()
     with pytest.raises(TypeError):
         buf.proto(summary, step=1, wall=WALL)
-    assert buf.take_batch(force=True) is None
+    assert len(buf) == 0
+
+
+# ----------------------------------------------------------------------------- the sender, against a fake service
+
+
+class FakeService:
+    """Plays the summary service's side: takes batches (or refuses them, queue full), answers with acks."""
+
+    def __init__(self) -> None:
+        self.batches: list[SummaryBatch] = []
+        self.acks: list[SummaryAck] = []
+        self.accepting = True
+        self.waits: list[float] = []
+
+    def send(self, msg: Any, frames: Any) -> bool:
+        if not self.accepting:
+            return False
+        decoded, _ = decode(encode(msg, frames))  # what the wire would carry
+        self.batches.append(decoded)
+        return True
+
+    def read_acks(self, timeout: float) -> list[SummaryAck]:
+        self.waits.append(timeout)
+        out, self.acks = self.acks, []
+        return out
+
+    def ack(self, session: str, written: int, resync_after: int = 0) -> None:
+        self.acks.append(SummaryAck(session, written, resync_after))
+
+
+def make_sender(clock: FakeClock, start_step: int = 1) -> tuple[SummaryBuffer, SummarySender, FakeService]:
+    buf = SummaryBuffer(clock)
+    svc = FakeService()
+    return buf, SummarySender(buf, svc.send, svc.read_acks, start_step=start_step, session="S"), svc
+
+
+def test_the_sender_runs_on_the_buffers_clock(clock):
+    buf, sender, svc = make_sender(clock)
+    assert sender.clock is buf.clock is clock
+    buf.scalar("loss", 1.0, step=1, wall=WALL)
+    sender.at_boundary(1)  # the first batch registers the session at once
+    assert len(svc.batches) == 1 and svc.batches[0].resync_from == 1 and svc.batches[0].columns == 1
+    buf.scalar("loss", 2.0, step=2, wall=WALL)
+    sender.at_boundary(2)
+    assert len(svc.batches) == 1  # not due yet: nothing moves without the clock
+    clock.advance(TICK)
+    sender.at_boundary(2)
+    assert len(svc.batches) == 2 and svc.batches[1].seq == 2 and svc.batches[1].resync_from is None
+
+
+def test_acks_release_what_was_sent_and_reads_never_wait_at_a_boundary(clock):
+    buf, sender, svc = make_sender(clock)
+    for step in range(1, 4):
+        buf.scalar("loss", float(step), step=step, wall=WALL)
+        sender.at_boundary(step)
+        clock.advance(TICK)
+    assert sender.unconfirmed() == 3
+    svc.ack("other-session", 99)  # someone else's: ignored
+    svc.ack("S", 2)
+    clock.advance(ACK_POLL)
+    sender.at_boundary(3)
+    assert sender.unconfirmed() == 1
+    assert svc.waits and set(svc.waits) == {0.0}
+
+
+def test_a_restatement_request_puts_back_what_was_not_written(clock):
+    buf, sender, svc = make_sender(clock)
+    for step in range(1, 6):
+        buf.scalar("loss", float(step), step=step, wall=WALL)
+        sender.at_boundary(step)
+        clock.advance(TICK)
+    svc.ack("S", 2)  # batches 1, 2 written
+    clock.advance(ACK_POLL)
+    sender.at_boundary(5)
+    svc.ack("S", 0, resync_after=4)  # a restarted service saw batch 4 first
+    clock.advance(ACK_POLL)
+    sender.at_boundary(5)
+    assert sender.restatements == 1
+    restated = svc.batches[-1]
+    assert restated.resync_from == 3 and restated.columns == 3  # steps 3..5, under one START at 3
+    svc.ack("S", 0, resync_after=5)  # a late complaint about a batch sent before the restatement
+    clock.advance(TICK)
+    sender.at_boundary(5)
+    assert sender.restatements == 1
+
+
+def test_a_heartbeat_goes_out_every_second_even_when_the_window_is_full(clock, monkeypatch):
+    """A restarted service learns of the trainer only from its next batch: one must come."""
+    monkeypatch.setattr(sender_mod, "WINDOW", 10)
+    buf, sender, svc = make_sender(clock)
+    for step in range(1, 30):
+        buf.scalars({f"t{i}": 1.0 for i in range(5)}, step=step, wall=WALL)
+        sender.at_boundary(step)
+        clock.advance(TICK)
+    sent = len(svc.batches)
+    assert sender.unconfirmed() > 10  # the window is full: the rest waits in the buffer
+    clock.advance(sender_mod.HEARTBEAT_EVERY)
+    sender.at_boundary(30)
+    assert len(svc.batches) == sent + 1
+    heartbeat = svc.batches[-1]
+    assert heartbeat.columns == 0 and not heartbeat.protos and not heartbeat.items and heartbeat.step == 30
+    svc.ack("S", 0, resync_after=heartbeat.seq)  # the restarted service asks for everything
+    clock.advance(ACK_POLL)
+    sender.at_boundary(30)
+    assert sender.restatements == 1 and svc.batches[-1].resync_from == 1
+
+
+def test_nothing_is_lost_while_the_queue_is_full(clock):
+    buf, sender, svc = make_sender(clock)
+    svc.accepting = False
+    for step in range(1, 20):
+        buf.scalar("loss", float(step), step=step, wall=WALL)
+        sender.at_boundary(step)
+        clock.advance(TICK)
+    assert not svc.batches and len(buf) == 19
+    svc.accepting = True
+    sender.at_boundary(20)
+    assert svc.batches[0].resync_from == 1 and svc.batches[0].columns == 19
+
+
+def test_close_waits_for_the_acks_on_the_clock_and_reports_what_was_not_confirmed(clock):
+    buf, sender, svc = make_sender(clock)
+    buf.scalar("loss", 1.0, step=1, wall=WALL)
+
+    def never(timeout: float) -> list[SummaryAck]:
+        clock.advance(timeout)
+        return []
+
+    sender._read_acks = never
+    assert sender.close(1, timeout=0.5) == 1
+    assert len(svc.batches) >= 1
+
+    buf2, sender2, svc2 = make_sender(clock)
+    buf2.scalar("loss", 1.0, step=1, wall=WALL)
+
+    def answer(timeout: float) -> list[SummaryAck]:
+        return [SummaryAck("S", svc2.batches[-1].seq)]
+
+    sender2._read_acks = answer
+    assert sender2.close(1, timeout=5.0) == 0
+

@@ -1,13 +1,14 @@
 """Trainer-side hand-off against a real summary service process: acks, restarts, garbage.
 
 No TensorFlow here: the test process plays the trainer with the real :class:`SummarySender` and
-a real ZeroMQ PUSH socket; the summary service is a real child process that the tests SIGKILL,
+a real ZeroMQ DEALER socket (acks come back on it); the summary service is a real child process that the tests SIGKILL,
 SIGSTOP and restart (as the watchdog would). Event files are read back with TensorBoard's
 ``EventAccumulator``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,11 +22,12 @@ from tensorboard.backend.event_processing import event_accumulator as ea
 
 from conftest import wait_for
 from procsv.ipc.codec import encode
-from procsv.ipc.messages import SessionLogEvent, SummaryBatch, SummaryItem
+from procsv.ipc.columns import encode_columns
+from procsv.ipc.messages import SCHEMA_VERSION, ItemKind, ProtoRef, SummaryAck, SummaryBatch, SummaryItem
 from procsv.ipc.transport import Endpoints, make_socket, send
 from procsv.common import spawn
 from procsv.common.layout import Layout, read_json
-from procsv.common.layout import RuntimeDir
+from procsv.trainer.channels import read_summary_acks
 from procsv.trainer.summaries import SummaryBuffer, SummarySender
 
 SIZES = {ea.SCALARS: 0, ea.TENSORS: 0, ea.HISTOGRAMS: 0, ea.IMAGES: 0}
@@ -44,11 +46,17 @@ class Run:
         self.service: subprocess.Popen | None = None
         self.start_service()
         self.zctx = zmq.Context()
-        self.push = make_socket(self.zctx, zmq.PUSH, sndhwm=256, linger_ms=3000)  # as TrainerChannels
+        self.push = make_socket(self.zctx, zmq.DEALER, sndhwm=256, linger_ms=3000)  # as TrainerChannels
         self.push.connect(self.endpoints.summary)
+        self.acks: list[SummaryAck] = []  # every ack the sender read, in order
         self.buffer = SummaryBuffer()
-        self.sender = SummarySender(self.buffer, lambda m, f: send(self.push, m, f), RuntimeDir(self.runtime).summary_ack,
+        self.sender = SummarySender(self.buffer, lambda m, f: send(self.push, m, f), self.read_acks,
                                     step_rate_secs=0.5)
+
+    def read_acks(self, timeout: float) -> list[SummaryAck]:
+        got = read_summary_acks(self.push, timeout)
+        self.acks += got
+        return got
 
     def start_service(self) -> None:
         self.attempt += 1
@@ -57,7 +65,9 @@ class Run:
         self.service = spawn.spawn(spawn.service_argv("summary"), env,
                                    os.path.join(self.logdir, "logs", f"summary.{self.attempt}.log"))
         pid = self.service.pid
-        wait_for(lambda: (read_json(RuntimeDir(self.runtime).summary_ack) or {}).get("pid") == pid, 30, what="the service to be up")
+        # the service writes its stats file (with its pid) once its socket is bound
+        wait_for(lambda: (read_json(Layout(self.logdir).summary_stats) or {}).get("pid") == pid, 30,
+                 what="the service to be up")
 
     def stop_service(self) -> int:
         assert self.service is not None
@@ -118,6 +128,11 @@ def test_everything_logged_is_written_once_and_acknowledged(run):
     train(run, 1, 2000)
     assert run.sender.close(2000, timeout=30) == 0
     assert_every_step_once(run.logdir, 1, 2000)
+    # the acks came back as messages, for this session only, and confirm every batch it sent
+    assert run.acks and {a.session for a in run.acks} == {run.sender.session}
+    written = [a.written for a in run.acks]
+    assert written == sorted(written) and written[-1] == run.sender._next_seq - 1
+    assert all(a.resync_after == 0 for a in run.acks)
     assert run.stop_service() == 0
     stats = read_json(Layout(run.logdir).summary_stats)
     assert stats["written"] == 4000 and stats["dropped"] == 0
@@ -135,6 +150,7 @@ def test_a_killed_service_loses_nothing_once_restarted(run):
     train(run, 601, 900, per_step=0.001)
     assert run.sender.close(900, timeout=30) == 0
     assert run.sender.restatements >= 1
+    assert any(a.resync_after > 0 for a in run.acks)  # the restarted service asked, by message
     assert_every_step_once(run.logdir, 1, 900)
     files = sorted(f for f in os.listdir(run.logdir) if f.startswith("events.out.tfevents."))
     assert len(files) == 2
@@ -189,46 +205,51 @@ def test_histograms_images_text_and_protos_arrive(run):
 
 
 def columns(table: bytes, index: list[int]) -> bytes:
-    """A columns frame (see SummaryBatch) with the given tag table and tag indices."""
+    """A columns frame (see procsv.ipc.columns) with the given tag table and tag indices, built by hand."""
     n = len(index)
     pad = b"\0" * (-(4 + len(table)) % 8)
     return (len(table).to_bytes(4, "little") + table + pad + np.zeros(n).tobytes() + np.zeros(n).tobytes()
             + np.zeros(n, "<i8").tobytes() + np.array(index, "<u4").tobytes())
 
 
+def header(kind: str, body: dict[str, Any]) -> bytes:
+    return json.dumps({"v": SCHEMA_VERSION, "kind": kind, "body": body}).encode()
+
+
 def test_garbage_never_stops_the_service(run):
-    raw = make_socket(run.zctx, zmq.PUSH, linger_ms=1000)
+    raw = make_socket(run.zctx, zmq.DEALER, linger_ms=1000)
     raw.connect(run.endpoints.summary)
-    bad_item = SummaryItem("image", "x", 1, 1.0, "uint8", [3, 3])  # not [k, h, w, c]
+    bad_item = SummaryItem(ItemKind.IMAGE, "x", 1, 1.0, "uint8", [3, 3])  # not [k, h, w, c]
     garbage = [
         [b"not json"],
         [b'{"v": 1, "kind": "nope", "body": {}}'],
-        encode(SummaryBatch([], [], columns=3), [columns(b'["a"]', [0, 0])]),  # 2 rows, not 3
-        encode(SummaryBatch([], [], columns=1), [columns(b'["a"]', [5])]),  # tag index out of range
-        encode(SummaryBatch([], [], columns=1), [columns(b'{"a": 1}', [0])]),  # the tag table is no list
-        encode(SummaryBatch([], [], columns=1), [b"\x01"]),  # a truncated frame
-        encode(SummaryBatch([], [], columns=1)),  # no frame at all
-        encode(SummaryBatch([["a", "x", 1.0, 1.0]], [])),  # a non-integer step in a JSON row
-        encode(SummaryBatch([], [[1, 1.0]]), [b"\xff\xff\xff"]),  # not a Summary proto
-        encode(SummaryBatch([], [], items=[bad_item]), [bytes(9)]),
-        encode(SessionLogEvent("exploded", 3)),
+        encode(SummaryBatch(columns=3), [columns(b'["a"]', [0, 0])]),  # 2 rows, not 3
+        encode(SummaryBatch(columns=1), [columns(b'["a"]', [5])]),  # tag index out of range
+        encode(SummaryBatch(columns=1), [columns(b'{"a": 1}', [0])]),  # the tag table is no list
+        encode(SummaryBatch(columns=1), [b"\x01"]),  # a truncated frame
+        encode(SummaryBatch(columns=1)),  # no frame at all
+        [header("summary_batch", {"protos": [[1, 1.0]]}), b"\n\x00"],  # an untyped proto row
+        encode(SummaryBatch([ProtoRef(1, 1.0)]), [b"\xff\xff\xff"]),  # not a Summary proto
+        encode(SummaryBatch(items=[bad_item]), [bytes(9)]),
+        [header("session_log", {"status": "exploded", "step": 3})],  # an unknown status
     ]
     for frames in garbage:
         raw.send_multipart(frames)
-    raw.send_multipart(encode(SummaryBatch([["after", 5, 1.5, 1.0]], [])))
+    raw.send_multipart(encode(SummaryBatch(columns=1), [encode_columns([("after", 5, 1.5, 1.0)])]))
     wait_for(lambda: "after" in scalars(run.logdir), 30, what="the valid batch after the garbage")
     assert run.service.poll() is None
     raw.close()
     assert run.stop_service() == 0
     log = run.service_log()
-    assert "Traceback" not in log and log.count("procsv summary: dropped") >= 9
+    assert "Traceback" not in log and log.count("procsv summary: dropped") >= len(garbage)
 
 
 def test_the_buffer_is_bounded_while_the_service_is_down(run, monkeypatch):
     from procsv.trainer import summaries
+    from procsv.trainer.summaries import buffer, sender
 
-    monkeypatch.setattr(summaries, "BUFFER_MAX", 5000)
-    monkeypatch.setattr(summaries, "WINDOW", 2000)
+    monkeypatch.setattr(buffer, "BUFFER_MAX", 5000)
+    monkeypatch.setattr(sender, "WINDOW", 2000)
     os.kill(run.service.pid, signal.SIGKILL)
     run.service.wait()
     train(run, 1, 20_000)  # 40,000 rows, far more than the buffer and the window hold

@@ -44,8 +44,11 @@ def read_records(path: str) -> list[event_pb2.Event]:
 
 
 @pytest.mark.parametrize("data", [b"", b"x", b"hello world" * 50, bytes(range(256))])
-def test_masked_crc_matches_tensorboard(data):
-    assert records.masked_crc(data) == masked_crc32c(data)
+def test_record_framing_matches_tensorboard(data):
+    framed = records.frame(data)
+    assert framed[:8] == struct.pack("<Q", len(data)) and framed[12:12 + len(data)] == data
+    assert struct.unpack_from("<I", framed, 8)[0] == masked_crc32c(framed[:8])
+    assert struct.unpack_from("<I", framed, 12 + len(data))[0] == masked_crc32c(data)
 
 
 @pytest.mark.parametrize("n", [1, 127, 128, 300, 2**31, 2**63 - 1, -1, -(2**40)])
@@ -152,15 +155,40 @@ def test_render_histogram_image_and_text_as_tf2_tensor_summaries():
     assert tensor_util.make_ndarray(tx.value[0].tensor).tolist() == [b"a", "ü".encode()]
 
 
-def test_png_decodes_to_the_same_pixels():
-    zlib = pytest.importorskip("zlib")
+@pytest.mark.parametrize("values,k", [(np.random.default_rng(5).normal(size=1000), 30), (np.arange(10.0), 4),
+                                      (np.full(5, 2.0), 3), (np.zeros(0), 30), (np.arange(6.0).reshape(2, 3), 2)])
+def test_rendered_histogram_is_byte_identical_to_tensorboards_histogram_pb(values, k):
+    from tensorboard.plugins.histogram.summary_v2 import histogram_pb
+
+    item = _item("histogram", values.shape, "float64", buckets=k, description="weights")
+    assert render(item, values.tobytes()) == histogram_pb("t", values, buckets=k,
+                                                          description="weights").SerializeToString()
+
+
+@pytest.mark.parametrize("strings,shape", [(["hello"], [1]), (["a", "ü", ""], [3]), ([["x", "y"], ["z", "w"]], [2, 2])])
+def test_rendered_text_is_byte_identical_to_tensorboards_text_pb(strings, shape):
+    from tensorboard.plugins.text.summary_v2 import text_pb
+
+    item = _item("text", shape, "json", description="notes")
+    expected = text_pb("t", np.array(strings, dtype=object), description="notes").SerializeToString()
+    assert render(item, json.dumps(strings).encode()) == expected
+
+
+@pytest.mark.parametrize("channels,mode", [(1, "L"), (2, "LA"), (3, "RGB"), (4, "RGBA")])
+def test_png_decodes_with_pillow_to_the_same_pixels(channels, mode):
+    import io
+
+    from PIL import Image
+
     from procsv.services.summary.render import png
 
-    img = np.random.default_rng(1).integers(0, 256, size=(5, 7, 3), dtype=np.uint8)
+    img = np.random.default_rng(channels).integers(0, 256, size=(5, 7, channels), dtype=np.uint8)
     data = png(img)
-    idat = data[data.index(b"IDAT") + 4:data.index(b"IEND") - 8]
-    raw = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(5, 1 + 7 * 3)
-    assert (raw[:, 0] == 0).all() and (raw[:, 1:].reshape(5, 7, 3) == img).all()
+    with Image.open(io.BytesIO(data)) as checked:
+        checked.verify()  # every chunk's CRC and the chunk sequence
+    with Image.open(io.BytesIO(data)) as decoded:
+        assert decoded.format == "PNG" and decoded.mode == mode and decoded.size == (7, 5)
+        assert (np.asarray(decoded).reshape(5, 7, channels) == img).all()
 
 
 @pytest.mark.parametrize("item,frame", [

@@ -16,8 +16,8 @@ so that plain TF tools work on it; procsv's own bookkeeping under ``.procsv/`` a
     <logdir>/.procsv/tmp/                      checkpoints being written (cleaned at start)
 
 A run's runtime directory (private, mode 0700, removed at the end) holds what lives only as long
-as the run: the ZeroMQ socket files (:class:`procsv.ipc.transport.Endpoints`), the summary
-service's ack file and one death-notice mutex file per trainer attempt (:class:`RuntimeDir`).
+as the run: the ZeroMQ socket files (:class:`procsv.ipc.transport.Endpoints`) and one
+death-notice mutex file per trainer attempt (:class:`RuntimeDir`).
 
 Everything procsv persists goes through :func:`atomic_write`: write aside, fsync, rename, fsync
 the directory. Readers therefore see either the old or the new file, never a torn one.
@@ -108,11 +108,6 @@ class RuntimeDir:
     """Paths inside a run's private runtime directory (besides the socket files)."""
 
     path: str
-
-    @property
-    def summary_ack(self) -> str:
-        """The summary service's acknowledgements, read by the trainer."""
-        return os.path.join(self.path, "summary-ack.json")
 
     def trainer_mutex(self, attempt: int) -> str:
         """The death-notice mutex of one trainer attempt."""

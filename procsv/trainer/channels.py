@@ -1,33 +1,49 @@
 """The trainer's three ZeroMQ connections, all owned by the trainer's main thread.
 
 Runs in the trainer. Nothing here ever blocks the training loop: sends are non-blocking (a full
-queue returns False and the caller counts a drop), and the checkpoint socket is polled with a
-zero timeout at step boundaries. The one exception is :meth:`wait_save_result`, used at the end
-of training, which waits with a deadline for the final checkpoint to commit.
+queue returns False and the caller counts a drop), and the checkpoint and summary sockets are
+read with zero-timeout receives (:func:`procsv.ipc.transport.drain`) at step boundaries. The
+exceptions are the end of training: :meth:`TrainerChannels.wait_save_result` waits with a
+deadline for the final checkpoint to commit (and raises :class:`~procsv.ipc.transport.NoReply`
+at the deadline), and the summary sender waits a little for its last acks.
+
+Connections: a DEALER to the checkpoint service's ROUTER (``CheckpointSetup``/``SaveData`` up,
+``SaveRequest``/``SaveResult`` down); a DEALER to the summary service's ROUTER (``SummaryBatch``
+and ``SessionLogEvent`` up, ``SummaryAck`` down); a PUSH to the watchdog when supervised.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import zmq
 
-from procsv.ipc.codec import ProtocolError, decode
-from procsv.ipc.messages import CheckpointSetup, Message, SaveData, SaveResult
-from procsv.ipc.transport import Endpoints, make_socket, send
+from procsv.ipc.codec import ProtocolError
+from procsv.ipc.messages import CheckpointSetup, Message, SaveData, SaveResult, SummaryAck
+from procsv.ipc.transport import Endpoints, NoReply, ReceiveTimeout, drain, make_socket, recv_message, send
+
+WAIT_SLICE_MS = 200  # a long wait is cut into slices this long (the deadline is checked between)
+
+
+def read_summary_acks(sock: zmq.Socket[Any], timeout: float = 0.0) -> list[SummaryAck]:
+    """The :class:`SummaryAck` messages waiting on a DEALER connected to the summary service, after
+    waiting up to ``timeout`` seconds for the first; anything else (or malformed) is dropped."""
+    return [r.msg for r in drain(sock, first_timeout_ms=max(0, int(timeout * 1000)))
+            if not isinstance(r, ProtocolError) and isinstance(r.msg, SummaryAck)]
 
 
 class TrainerChannels:
-    def __init__(self, endpoints: Endpoints, supervised: bool) -> None:
-        self.zctx = zmq.Context()
+    def __init__(self, endpoints: Endpoints, supervised: bool, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.zctx: zmq.Context[Any] = zmq.Context()
         ident = f"trainer-{os.getpid()}".encode()
         self.ckpt = make_socket(self.zctx, zmq.DEALER, sndhwm=4, identity=ident, linger_ms=0)
         self.ckpt.connect(endpoints.checkpoint)
-        self.summary = make_socket(self.zctx, zmq.PUSH, sndhwm=256, linger_ms=3000)
+        self.summary = make_socket(self.zctx, zmq.DEALER, sndhwm=256, linger_ms=3000)
         self.summary.connect(endpoints.summary)
-        self.watchdog: Optional[zmq.Socket] = None
+        self.watchdog: Optional[zmq.Socket[Any]] = None
         if supervised:
             self.watchdog = make_socket(self.zctx, zmq.PUSH, sndhwm=1000, linger_ms=1000)
             self.watchdog.connect(endpoints.watchdog)
@@ -38,6 +54,10 @@ class TrainerChannels:
     def to_summary(self, msg: Message, payload: Sequence[Any] = ()) -> bool:
         return send(self.summary, msg, payload)
 
+    def summary_acks(self, timeout: float = 0.0) -> list[SummaryAck]:
+        """The summary service's acks received so far (waiting up to ``timeout`` s for the first)."""
+        return read_summary_acks(self.summary, timeout)
+
     def setup(self, msg: CheckpointSetup) -> None:
         send(self.ckpt, msg)
 
@@ -45,32 +65,22 @@ class TrainerChannels:
         return send(self.ckpt, msg, frames)
 
     def poll_checkpoint(self) -> list[Message]:
-        """Every message the checkpoint service has sent, without waiting."""
-        out: list[Message] = []
-        while self.ckpt.poll(0, zmq.POLLIN):
-            try:
-                msg, _ = decode(self.ckpt.recv_multipart(copy=False))
-            except ProtocolError:
-                continue
-            out.append(msg)
-        return out
+        """Every message the checkpoint service has sent, without waiting (malformed ones are dropped)."""
+        return [r.msg for r in drain(self.ckpt) if not isinstance(r, ProtocolError)]
 
-    def wait_save_result(self, step: int, deadline: float) -> tuple[Optional[SaveResult], list[Message]]:
-        """Wait until ``deadline`` (monotonic) for the result of the save at ``step``."""
-        others: list[Message] = []
+    def wait_save_result(self, step: int, deadline: float) -> SaveResult:
+        """Wait until ``deadline`` (on :attr:`clock`) for the result of the save at ``step``; raise
+        :class:`NoReply` if it has not come by then. Other messages meanwhile are dropped."""
         while True:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0 or not self.ckpt.poll(min(left_ms, 200), zmq.POLLIN):
-                if time.monotonic() >= deadline:
-                    return None, others
-                continue
+            left_ms = int((deadline - self.clock()) * 1000)
+            if left_ms <= 0:
+                raise NoReply(f"no result for the checkpoint of step {step} by the deadline")
             try:
-                msg, _ = decode(self.ckpt.recv_multipart(copy=False))
-            except ProtocolError:
+                msg = recv_message(self.ckpt, min(left_ms, WAIT_SLICE_MS)).msg
+            except (ReceiveTimeout, ProtocolError):
                 continue
             if isinstance(msg, SaveResult) and msg.step == step:
-                return msg, others
-            others.append(msg)
+                return msg
 
     def close(self) -> None:
         for sock in (self.ckpt, self.summary, self.watchdog):

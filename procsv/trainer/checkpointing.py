@@ -27,7 +27,8 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from procsv.ipc.messages import CheckpointSetup, Progress, SaveData, SaveRequest, SaveResult
+from procsv.ipc.messages import Busy, CheckpointSetup, Progress, SaveData, SaveReason, SaveRequest, SaveResult
+from procsv.ipc.transport import NoReply
 from procsv.common.errors import CheckpointError, CorruptCheckpoint
 from procsv.common.layout import Layout
 from procsv.common.manifests import list_committed, step_of_prefix, verify
@@ -52,8 +53,8 @@ class CheckpointAgent:
         self.restored_from: Optional[str] = None
         self.last_committed = -1
         self.in_flight: Optional[int] = None
-        self.in_flight_reason = ""
-        self.pending: Optional[str] = None
+        self.in_flight_reason = SaveReason.PERIODIC
+        self.pending: Optional[SaveReason] = None
         self.last_heartbeat = 0.0
         self.arena: Optional[SnapshotArena] = None
         self.last_snapshot_secs = 0.0  # how long the loop was stopped by the last snapshot
@@ -138,7 +139,7 @@ class CheckpointAgent:
             elif isinstance(msg, SaveResult):
                 self._on_result(msg)
         if self.save_checkpoint_steps and step > 0 and step % self.save_checkpoint_steps == 0:
-            self.pending = self.pending or "steps"
+            self.pending = self.pending or SaveReason.STEPS
         return bool(self.pending) and self.in_flight is None and step > self.last_committed
 
     def snapshot(self, ch: TrainerChannels, step: int) -> bool:
@@ -146,7 +147,7 @@ class CheckpointAgent:
         assert self.pending is not None
         return self._send(ch, step, self.pending)
 
-    def request(self, reason: str) -> None:
+    def request(self, reason: SaveReason) -> None:
         """Checkpoint at the next step boundary (coalesced with any trigger already pending)."""
         self.pending = self.pending or reason
 
@@ -156,7 +157,7 @@ class CheckpointAgent:
         self.in_flight = None
         if msg.ok:
             self.last_committed = max(self.last_committed, msg.step)
-        elif msg.reason == "lost":
+        elif msg.reason == SaveReason.LOST:
             print(f"procsv: the checkpoint service restarted with the snapshot of step {msg.step} in flight; "
                   "taking it again", file=sys.stderr, flush=True)
             self.pending = self.pending or self.in_flight_reason
@@ -164,16 +165,16 @@ class CheckpointAgent:
             print(f"procsv: checkpoint at step {msg.step} failed, training goes on: {msg.error}",
                   file=sys.stderr, flush=True)
 
-    def _send(self, ch: TrainerChannels, step: int, reason: str, busy_after: str = "") -> bool:
-        t0 = time.monotonic()
+    def _send(self, ch: TrainerChannels, step: int, reason: SaveReason, busy_after: Busy = Busy.NONE) -> bool:
+        t0 = ch.clock()
         # the snapshot is work on purpose, not a hang: the watchdog's hang clock pauses meanwhile
-        ch.to_watchdog(Progress(os.getpid(), step, time.time(), "snapshot"))
+        ch.to_watchdog(Progress(os.getpid(), step, time.time(), Busy.SNAPSHOT))
         self.checkpoint.save_counter.assign_add(1)
         snap = take(self.checkpoint, self._arena_for)
         arena = self.arena.ref() if self.arena is not None and snap.arena_bytes else None
         sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena), snap.frames)
         ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))
-        self.last_snapshot_secs = time.monotonic() - t0
+        self.last_snapshot_secs = ch.clock() - t0
         if sent:
             self.in_flight = step
             self.in_flight_reason = reason
@@ -181,26 +182,28 @@ class CheckpointAgent:
         return sent
 
     # ------------------------------------------------------------------ end
-    def final(self, ch: TrainerChannels, step: int, reason: str, grace_secs: float) -> Optional[SaveResult]:
+    def final(self, ch: TrainerChannels, step: int, reason: SaveReason, grace_secs: float) -> Optional[SaveResult]:
         """Commit ``step`` (unless it already is) within ``grace_secs``; return the result."""
         if step <= self.last_committed:
             return None
-        deadline = time.monotonic() + grace_secs
+        deadline = ch.clock() + grace_secs
         if self.in_flight is not None:
-            result, _ = ch.wait_save_result(self.in_flight, deadline)
-            if result is None:  # the service may still read the snapshot memory: do not overwrite it
+            try:
+                result = ch.wait_save_result(self.in_flight, deadline)
+            except NoReply:  # the service may still read the snapshot memory: do not overwrite it
                 print(f"procsv: the checkpoint of step {self.in_flight} did not commit within "
                       f"stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
                 return None
             self._on_result(result)
             if step <= self.last_committed:
                 return result
-        if not self._send(ch, step, reason, busy_after="final_checkpoint"):
+        if not self._send(ch, step, reason, busy_after=Busy.FINAL_CHECKPOINT):
             print(f"procsv: the {reason} checkpoint at step {step} could not be handed to the checkpoint "
                   "service (queue full); the previous checkpoint is kept", file=sys.stderr, flush=True)
             return None
-        result, _ = ch.wait_save_result(step, deadline)
-        if result is None:
+        try:
+            result = ch.wait_save_result(step, deadline)
+        except NoReply:
             print(f"procsv: the {reason} checkpoint at step {step} did not commit within "
                   f"stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
             return None

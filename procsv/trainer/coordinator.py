@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 from procsv.common.errors import TrainingStopped
 
@@ -23,6 +23,8 @@ def clean_stop_types() -> tuple[type[BaseException], ...]:
 
 
 class Coordinator:
+    """Stop requests, the first error and the threads to join, for the trainer's own threads."""
+
     def __init__(self, clean_stop_exception_types: Optional[tuple[type[BaseException], ...]] = None) -> None:
         self._clean = clean_stop_exception_types if clean_stop_exception_types is not None else clean_stop_types()
         self._lock = threading.Lock()
@@ -50,12 +52,6 @@ class Coordinator:
         if self._signalled is not None and not self._event.is_set():
             self._event.set()
         return self._event.is_set()
-
-    def clear_stop(self) -> None:
-        with self._lock:
-            self._exc = None
-            self._signalled = None
-            self._event.clear()
 
     def wait_for_stop(self, timeout: Optional[float] = None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -102,7 +98,8 @@ class Coordinator:
 class LooperThread(threading.Thread):
     """Calls ``target`` at fixed-rate boundaries (first call at once) until a stop is requested."""
 
-    def __init__(self, coord: Coordinator, timer_interval_secs: Optional[float], target, args=None, kwargs=None) -> None:
+    def __init__(self, coord: Coordinator, timer_interval_secs: Optional[float], target: Callable[..., object],
+                 args: Optional[Iterable[Any]] = None, kwargs: Optional[Mapping[str, Any]] = None) -> None:
         super().__init__(daemon=True, name=f"procsv-loop-{getattr(target, '__name__', 'target')}")
         self._coord = coord
         self._interval = timer_interval_secs

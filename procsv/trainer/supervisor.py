@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any, Callable, Mapping, Optional
 
-from procsv.ipc.messages import Progress, SessionLogEvent, TrainerReady
+from procsv.ipc.messages import Busy, Progress, SaveReason, SessionLogEvent, SessionStatus, TrainerReady
 from procsv.ipc.transport import Endpoints
 from procsv.common import bootstrap
 from procsv.common.errors import ProcsvError, TrainingStopped, UsageError
@@ -30,7 +30,7 @@ from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpointing import CheckpointAgent
 from procsv.trainer.coordinator import Coordinator, LooperThread
 from procsv.trainer.standalone import OwnServices
-from procsv.trainer.summaries import SummaryBuffer
+from procsv.trainer.summaries import SummaryBuffer, SummarySender
 
 PROGRESS_EVERY = 0.1  # seconds between Progress messages to the watchdog
 
@@ -178,7 +178,7 @@ class Supervisor:
         self._channels.to_watchdog(TrainerReady(pid, attempt, self._step, self.restored_from,
                                                 time.monotonic() - t0, skipped))
         # TensorBoard discards every event at or after the next step we log: re-run steps don't duplicate
-        self._channels.to_summary(SessionLogEvent("start", self._step + 1))
+        self._channels.to_summary(SessionLogEvent(SessionStatus.START, self._step + 1))
         now = time.monotonic()
         if self._ckpt is not None:
             self._ckpt.heartbeat(self._channels, self._step, now)
@@ -199,14 +199,14 @@ class Supervisor:
             return
         try:
             self._stopped_by_signal = self.coord.stop_signal is not None
-            busy = "final_checkpoint" if self.coord.exception is None and self._ckpt is not None else ""
+            busy = Busy.FINAL_CHECKPOINT if self.coord.exception is None and self._ckpt is not None else Busy.NONE
             self._channels.to_watchdog(Progress(os.getpid(), self._step, time.time(), busy))
             if self.coord.exception is None and self._ckpt is not None:
                 self._flush_summaries(force=False, urgent=True)  # hand off before the commit, as at a step
-                reason = "preempted" if self.coord.stop_signal is not None else "final"
+                reason = SaveReason.PREEMPTED if self.coord.stop_signal is not None else SaveReason.FINAL
                 self._ckpt.final(self._channels, self._step, reason, self.stop_grace_secs)
             self._flush_summaries(force=True)
-            self._channels.to_summary(SessionLogEvent("stop", self._step))
+            self._channels.to_summary(SessionLogEvent(SessionStatus.STOP, self._step))
         finally:
             self._release()
 
@@ -335,11 +335,11 @@ class Supervisor:
         sender = getattr(self, "_summary_sender", None)
         if sender is None:
             assert self._channels is not None
-            runtime = self._ctx.endpoints.runtime_dir if self._ctx is not None else self._own.runtime_dir if self._own else ""
             # the first call comes from the first step's boundary, or from stop() if no step ran
             start = self._step if not force else self._step + 1
-            sender = self._summary_sender = self._summaries.sender(self._channels.to_summary, runtime or "",
-                                                                   self.save_summaries_secs, start)
+            sender = self._summary_sender = SummarySender(self._summaries, self._channels.to_summary,
+                                                          self._channels.summary_acks, self.save_summaries_secs,
+                                                          start)
         if not force:
             # while a checkpoint is being committed, send at every boundary: the rows of the steps it
             # covers must leave this process before a crash could make the restart skip them

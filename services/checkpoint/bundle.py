@@ -1,15 +1,20 @@
 """Writing a TensorFlow tensor bundle (``<prefix>.index`` + ``<prefix>.data-00000-of-00001``).
 
-Runs in the checkpoint service. This is the fast path for numeric tensors that sit in the
+Runs in the checkpoint service. This is the path for every numeric tensor, which sits in the
 trainer's shared snapshot memory: the data file is that memory written as it is (the tensors lie
 at the offsets the trainer chose), with ``O_DIRECT`` where the filesystem allows it, so the kernel
 sends the pages to the disk without copying them through the page cache (on this kind of
 machine a buffered write of 1 GiB costs about 4 s of CPU in page allocation; the direct write
-about 0.03 s). The index is the LevelDB-style table TensorFlow's ``BundleWriter`` writes, built
-here in Python: a header entry, then one ``BundleEntryProto`` per tensor (dtype, shape, offset,
-size, masked CRC-32C of the bytes), uncompressed blocks with masked CRC-32C trailers, an empty
-metaindex block, an index block and the 48-byte footer. For the same tensors at the same offsets
-the result is byte-identical to ``tf.raw_ops.SaveV2`` (a test checks that).
+about 0.03 s), and the checksums are computed on that memory in place (:mod:`procsv.common.crc32c`).
+
+The index is hand-written on purpose, and only here: TensorFlow has no API that writes a bundle
+from memory it does not own (``SaveV2`` takes tensors and copies them through its own buffered
+writer). It is the LevelDB-style table TensorFlow's ``BundleWriter`` writes, built in Python: a
+header entry, then one ``BundleEntryProto`` per tensor (dtype, shape, offset, size, masked
+CRC-32C of the bytes), uncompressed blocks with masked CRC-32C trailers, an empty metaindex
+block, an index block and the 48-byte footer. For the same tensors at the same offsets the result
+is byte-identical to ``tf.raw_ops.SaveV2`` (tests/test_checkpoint_bundle.py checks that, with one
+and with many index blocks), and ``tf.train.load_checkpoint`` reads it back.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import struct
 from dataclasses import dataclass
 from typing import Sequence
 
-from procsv.common.manifests import crc32c, crc32c_at, crc32c_combine, mask_crc32c
+from procsv.common import crc32c
 
 BLOCK_SIZE = 262144  # tensorflow/core/lib/io/table_options.h
 RESTART_INTERVAL = 16
@@ -52,17 +57,18 @@ def write_bundle(prefix: str, tensors: Sequence[BundleTensor], base_address: int
     must extend to ``length`` rounded up to :data:`DIRECT_ALIGN`. Both files are fsync'd.
     """
     ordered = sorted(tensors, key=lambda t: t.offset)
+    at, combine = crc32c.extend_at, crc32c.combine
     file_crc, pos, crcs = 0, 0, {}
     for t in ordered:
         if t.offset < pos or t.offset + t.size > length:
             raise ValueError(f"tensor {t.key} at [{t.offset}, {t.offset + t.size}) overlaps or exceeds {length}")
         if t.offset > pos:  # alignment padding between tensors belongs to the file too
-            file_crc = crc32c_combine(file_crc, crc32c_at(base_address + pos, t.offset - pos), t.offset - pos)
-        crcs[t.key] = crc32c_at(base_address + t.offset, t.size)
-        file_crc = crc32c_combine(file_crc, crcs[t.key], t.size)
+            file_crc = combine(file_crc, at(0, base_address + pos, t.offset - pos), t.offset - pos)
+        crcs[t.key] = at(0, base_address + t.offset, t.size)
+        file_crc = combine(file_crc, crcs[t.key], t.size)
         pos = t.offset + t.size
     if length > pos:
-        file_crc = crc32c_combine(file_crc, crc32c_at(base_address + pos, length - pos), length - pos)
+        file_crc = combine(file_crc, at(0, base_address + pos, length - pos), length - pos)
     _write_data(data_filename(prefix), source, length)
     _write_small(prefix + ".index", build_index([(t, crcs[t.key]) for t in tensors]))
     return file_crc
@@ -118,7 +124,7 @@ def build_index(entries: Sequence[tuple[BundleTensor, int]]) -> bytes:
     rows = [(b"", header.SerializeToString())]
     for t, crc in sorted(entries, key=lambda e: e[0].key.encode()):
         entry = tensor_bundle_pb2.BundleEntryProto(dtype=t.dtype_enum, shard_id=0, offset=t.offset, size=t.size,
-                                                   crc32c=mask_crc32c(crc))
+                                                   crc32c=crc32c.mask(crc))
         entry.shape.SetInParent()
         for d in t.shape:
             entry.shape.dim.add(size=int(d))
@@ -231,7 +237,7 @@ class TableBuilder:
         contents = block.finish()
         handle = (len(self.out), len(contents))
         trailer_type = b"\0"  # kNoCompression
-        self.out += contents + trailer_type + struct.pack("<I", mask_crc32c(crc32c(contents + trailer_type)))
+        self.out += contents + trailer_type + struct.pack("<I", crc32c.masked(contents + trailer_type))
         return handle
 
     @staticmethod

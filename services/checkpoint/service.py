@@ -4,8 +4,9 @@ Runs in the checkpoint service process (``python -m procsv.services.checkpoint``
 ``checkpoint.sock``; the trainer's DEALER sends :class:`CheckpointSetup` (policy + heartbeat) and
 :class:`SaveData` snapshots, and receives :class:`SaveRequest` (the timer lives here, as
 ``save_model_secs``) and :class:`SaveResult`. Results also go to the watchdog and, as a
-``SessionLog CHECKPOINT``, to the summary service. SIGTERM ends the loop after the commit in
-progress, if any.
+``SessionLog CHECKPOINT``, to the summary service (over a DEALER; it expects no answer there).
+SIGTERM ends the loop after the commit in progress, if any. Every timer runs on the injected
+monotonic ``clock``.
 
 The service runs at a lower CPU priority (``nice`` +10, ``PROCSV_CHECKPOINT_NICE`` overrides):
 on a machine with few cores its work -- checksums, a few small files -- should come out of the
@@ -29,9 +30,10 @@ from typing import Any, Callable, Optional
 
 import zmq
 
-from procsv.ipc.codec import ProtocolError, decode
-from procsv.ipc.messages import CheckpointSetup, Hello, SaveData, SaveRequest, SaveResult, SessionLogEvent
-from procsv.ipc.transport import make_socket, send
+from procsv.ipc.codec import ProtocolError
+from procsv.ipc.messages import (CheckpointSetup, Hello, Message, Role, SaveData, SaveReason, SaveRequest, SaveResult,
+                                 SessionLogEvent, SessionStatus)
+from procsv.ipc.transport import Received, drain, make_socket, send
 from procsv.common import env
 from procsv.common.bootstrap import ChildContext
 from procsv.common.errors import CheckpointError
@@ -50,15 +52,15 @@ class CheckpointService:
         self.ctx = ctx
         self.clock = clock
         self.store = CheckpointStore(ctx.layout)
-        self.zctx = zmq.Context.instance()
+        self.zctx: zmq.Context[Any] = zmq.Context.instance()
         self.router = make_socket(self.zctx, zmq.ROUTER, sndhwm=100)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.router.bind(ctx.endpoints.checkpoint)
-        self.to_watchdog: Optional[zmq.Socket] = None
+        self.to_watchdog: Optional[zmq.Socket[Any]] = None
         if ctx.supervised:
             self.to_watchdog = make_socket(self.zctx, zmq.PUSH, linger_ms=1000)
             self.to_watchdog.connect(ctx.endpoints.watchdog)
-        self.to_summary = make_socket(self.zctx, zmq.PUSH, linger_ms=1000)
+        self.to_summary = make_socket(self.zctx, zmq.DEALER, linger_ms=1000)
         self.to_summary.connect(ctx.endpoints.summary)
         self.trainer: Optional[bytes] = None
         self.setup: Optional[CheckpointSetup] = None
@@ -75,14 +77,17 @@ class CheckpointService:
         for note in self.store.recover():
             print(f"procsv checkpoint: {note}", flush=True)
         if self.to_watchdog is not None:
-            send(self.to_watchdog, Hello("checkpoint", os.getpid(), self.ctx.attempt))
+            send(self.to_watchdog, Hello(Role.CHECKPOINT, os.getpid(), self.ctx.attempt))
         import tensorflow  # noqa: F401  (paid once, while the trainer is starting too)
 
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
         while not self.stopping:
-            if self.router.poll(POLL_MS, zmq.POLLIN):
-                self._handle(self.router.recv_multipart(copy=False))
+            for got in drain(self.router, first_timeout_ms=POLL_MS, limit=1, routed=True):
+                if isinstance(got, ProtocolError):
+                    print(f"procsv checkpoint: dropped a malformed message: {got}", file=sys.stderr, flush=True)
+                else:
+                    self._handle(got)
             self._tick()
         self.router.close(0)
         self.arenas.drop()
@@ -97,9 +102,9 @@ class CheckpointService:
         now = self.clock()
         if save_due(now, self.last_request, self.setup.save_model_secs):
             self.last_request = now
-            self._reply(SaveRequest("periodic"))
+            self._reply(SaveRequest(SaveReason.PERIODIC))
 
-    def _reply(self, msg: Any) -> None:
+    def _reply(self, msg: Message) -> None:
         if self.trainer is None:
             return
         try:
@@ -107,13 +112,8 @@ class CheckpointService:
         except zmq.ZMQError:  # the trainer is gone (unroutable); it will say hello again
             self.trainer = None
 
-    def _handle(self, frames: list[Any]) -> None:
-        identity = frames[0].bytes
-        try:
-            msg, payload = decode(frames[1:])
-        except ProtocolError as exc:
-            print(f"procsv checkpoint: dropped a malformed message: {exc}", file=sys.stderr, flush=True)
-            return
+    def _handle(self, got: Received) -> None:
+        msg, payload, identity = got.msg, got.payload, got.identity
         if isinstance(msg, CheckpointSetup):
             if self.trainer != identity:
                 self.trainer = identity
@@ -127,7 +127,7 @@ class CheckpointService:
                 except CheckpointError as exc:
                     print(f"procsv checkpoint: {exc}", file=sys.stderr, flush=True)
             if msg.in_flight is not None and msg.in_flight != self.last_received:
-                self._reply(SaveResult(msg.in_flight, "lost", False, None,
+                self._reply(SaveResult(msg.in_flight, SaveReason.LOST, False, None,
                                        "the checkpoint service restarted before this snapshot reached it", 0.0))
         elif isinstance(msg, SaveData):
             self.trainer = identity
@@ -137,7 +137,7 @@ class CheckpointService:
     def _save(self, msg: SaveData, payload: list[Any]) -> None:
         import tensorflow as tf
 
-        started = time.monotonic()
+        started = self.clock()
         setup = self.setup
         retired: list[Any] = []
         try:
@@ -151,18 +151,18 @@ class CheckpointService:
                 keep_every_n_hours=setup.keep_checkpoint_every_n_hours if setup else None,
             )
             result = SaveResult(msg.step, msg.reason, True, manifest.path(self.ctx.layout.logdir), None,
-                                time.monotonic() - started)
+                                self.clock() - started)
         except (CheckpointError, OSError, ValueError, tf.errors.OpError) as exc:
             detail = f"{type(exc).__name__}: {exc}".splitlines()[0]
             print(f"procsv checkpoint: save at step {msg.step} failed, previous checkpoint kept: {detail}",
                   file=sys.stderr, flush=True)
-            result = SaveResult(msg.step, msg.reason, False, None, detail, time.monotonic() - started)
+            result = SaveResult(msg.step, msg.reason, False, None, detail, self.clock() - started)
         self.last_request = self.clock()
         self._reply(result)
         if self.to_watchdog is not None:
             send(self.to_watchdog, result)
         if result.ok and result.path:
-            send(self.to_summary, SessionLogEvent("checkpoint", msg.step, result.path))
+            send(self.to_summary, SessionLogEvent(SessionStatus.CHECKPOINT, msg.step, result.path))
         try:
             self.store.delete(retired)  # after the trainer heard: deleting old files is not on its path
         except OSError as exc:

@@ -6,7 +6,7 @@ committed checkpoint as the latest loadable one:
 
 1. the checkpoint's files into a fresh folder under ``.procsv/tmp/``
    (:mod:`procsv.services.checkpoint.writer`); fsync the files.
-2. the checksum of every file (CRC-32C, see :mod:`procsv.common.manifests`); an intent record
+2. the checksum of every file (CRC-32C, :mod:`procsv.common.crc32c`); an intent record
    ``.procsv/checkpoints/<prefix>.pending`` (atomic).
 3. rename the data file(s), then the index, into the logdir; fsync the logdir.
 4. the manifest ``.procsv/checkpoints/<prefix>.json`` (atomic): **the commit point**.
@@ -30,8 +30,8 @@ from typing import Callable, Optional, Sequence
 from procsv.common import env
 from procsv.common.errors import CheckpointError, CorruptCheckpoint
 from procsv.common.layout import Layout, fsync_dir, read_json, write_json
-from procsv.common.manifests import (CHECKSUM, Manifest, file_checksum, list_committed, manifest_path, verify,
-                              write_state_file)
+from procsv.common.crc32c import file_checksum
+from procsv.common.manifests import Manifest, list_committed, manifest_path, verify, write_state_file
 from procsv.services.checkpoint.policy import retention
 
 FAULT_ENV = env.FAULT  # "checkpoint:<point>[:<n>]" -- SIGKILLs the service there (tests only)
@@ -134,8 +134,8 @@ class CheckpointStore:
                     size = os.fstat(fd).st_size
                 finally:
                     os.close(fd)
-                crc = known.get(name) if CHECKSUM == "crc32c" else None
-                files[name] = {"size": size, CHECKSUM: crc if crc is not None else file_checksum(path, CHECKSUM)}
+                crc = known.get(name)
+                files[name] = {"size": size, "crc32c": crc if crc is not None else file_checksum(path)}
             for name in names:
                 if os.path.exists(os.path.join(self.layout.logdir, name)):
                     raise CheckpointError(

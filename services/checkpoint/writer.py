@@ -6,13 +6,11 @@ commit protocol. A checkpoint is written as two bundles merged into one with Ten
 
 * the numeric tensors, straight from the trainer's shared snapshot memory by
   :mod:`procsv.services.checkpoint.bundle` (one ``O_DIRECT`` write, CRC-32C at memory speed, no copy);
-  without the google-crc32c library they go through ``tf.raw_ops.SaveV2`` instead, handed over
-  with dlpack (no numpy -> Tensor copy);
-* strings, variants (parsed back with ``tf.io.parse_tensor``) and the object graph, which are
+* what is not in that memory -- strings, variants (parsed back with ``tf.io.parse_tensor``) and the object graph, which are
   small, through ``tf.raw_ops.SaveV2``.
 
 So the result has ``.data-00000-of-00002`` (numeric) and ``.data-00001-of-00002`` (the rest),
-which ``tf.train.Checkpoint.restore``, ``tf.train.load_checkpoint`` and ``CheckpointManager``
+or only the second kind when no tensor lies in shared memory, which ``tf.train.Checkpoint.restore``, ``tf.train.load_checkpoint`` and ``CheckpointManager``
 read like any sharded checkpoint.
 """
 
@@ -25,7 +23,6 @@ import numpy as np
 
 from procsv.ipc.messages import SaveData, TensorSpec
 from procsv.common.errors import CheckpointError
-from procsv.common.manifests import HAVE_CRC32C
 from procsv.services.checkpoint.arena import ArenaView
 from procsv.services.checkpoint.bundle import BundleTensor, data_filename, write_bundle
 
@@ -46,23 +43,16 @@ def write_snapshot(tmp_prefix: str, msg: SaveData, payload: Sequence[Any], view:
         raise CheckpointError("snapshot refers to shared memory but names none")
     parts_dir = tmp_prefix + "_temp"
     os.makedirs(parts_dir)
-    fast = bool(in_arena) and HAVE_CRC32C
-    n_parts = (1 if fast else 0) + 1
+    n_parts = (1 if in_arena else 0) + 1
     parts = [os.path.join(parts_dir, f"part-{i:05d}-of-{n_parts:05d}") for i in range(n_parts)]
     known: dict[str, int] = {}
     keys: list[str] = []
     tensors: list[Any] = []
-    if in_arena:
-        assert view is not None
+    if in_arena and view is not None:
         bundle = [_bundle_tensor(t, view) for t in in_arena]
-        if fast:
-            length = max(b.offset + b.size for b in bundle)
-            crc = write_bundle(parts[0], bundle, view.address, memoryview(view.mm), length)
-            known[os.path.basename(data_filename(tmp_prefix, 0, 2))] = crc
-        else:
-            for spec, b in zip(in_arena, bundle):
-                keys.append(spec.key)
-                tensors.append(_tensor_from_arena(tf, view, spec, b))
+        length = max(b.offset + b.size for b in bundle)
+        crc = write_bundle(parts[0], bundle, view.address, memoryview(view.mm), length)
+        known[os.path.basename(data_filename(tmp_prefix, 0, 2))] = crc
     for spec, frame in zip(framed, payload):
         keys.append(spec.key)
         tensors.append(_tensor_from_frame(tf, spec, frame))
@@ -86,14 +76,6 @@ def _bundle_tensor(spec: TensorSpec, view: ArenaView) -> BundleTensor:
     if offset < 0 or offset + size > view.ref.size:
         raise CheckpointError(f"{spec.key}: bytes [{offset}, {offset + size}) lie outside the snapshot memory")
     return BundleTensor(spec.key, dtype.as_datatype_enum, tuple(spec.shape), offset, size)
-
-
-def _tensor_from_arena(tf: Any, view: ArenaView, spec: TensorSpec, b: BundleTensor) -> Any:
-    arr = view.array[b.offset:b.offset + b.size].view(tf.dtypes.as_dtype(spec.dtype).as_numpy_dtype).reshape(spec.shape)
-    try:
-        return tf.experimental.dlpack.from_dlpack(arr.__dlpack__())  # no copy
-    except (TypeError, ValueError, BufferError, tf.errors.OpError):
-        return tf.constant(arr)  # a dtype dlpack does not carry (bool on some releases): copy
 
 
 def _tensor_from_frame(tf: Any, spec: TensorSpec, frame: Any) -> Any:

@@ -37,12 +37,13 @@ def next_file_name(logdir: str, now: float, tag: str) -> str:
 
 
 class EventFile:
+    """A new event file in ``logdir``, opened for appending; starts with its file-version event."""
+
     def __init__(self, logdir: str, tag: str) -> None:
         os.makedirs(logdir, exist_ok=True)
         now = time.time()
         self.path = os.path.join(logdir, next_file_name(logdir, now, tag))
         self._fd: Optional[int] = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        self.bytes_written = 0
         self._dirty = False
         self.write(frame(file_version_event(now)))
         self.sync()
@@ -56,7 +57,6 @@ class EventFile:
         while view:
             n = os.write(self._fd, view)
             view = view[n:]
-        self.bytes_written += len(data)
         self._dirty = True
 
     def sync(self) -> None:

@@ -2,10 +2,13 @@
 
 Runs in the summary service process. An event file is a sequence of TFRecords (``uint64 length,
 uint32 masked crc32c(length), data, uint32 masked crc32c(data)``) whose data are serialized
-``Event`` protos. Building protobuf objects and TensorBoard's pure-Python CRC cost tens of
-microseconds per event; here the few ``Event`` shapes procsv writes are packed with ``struct``
-(field for field what protobuf's serializer emits) and the CRC comes from ``google-crc32c``.
-All scalars of one step in a batch share one ``Event`` with several ``Summary.Value`` entries.
+``Event`` protos. This is the one place procsv encodes them, by hand on purpose: building protobuf
+objects and TensorBoard's pure-Python CRC (its ``EventFileWriter``) cost tens of microseconds per
+event; here the few ``Event`` shapes procsv writes are packed with ``struct`` (field for field
+what protobuf's serializer emits) and the CRC is :mod:`procsv.common.crc32c`'s. All scalars of
+one step in a batch share one ``Event`` with several ``Summary.Value`` entries.
+tests/test_summary_records.py compares every shape with protobuf's serializer and reads the
+files back with TensorBoard's CRC check and its ``EventAccumulator``.
 """
 
 from __future__ import annotations
@@ -13,10 +16,10 @@ from __future__ import annotations
 import struct
 from typing import Sequence
 
-import google_crc32c
 import numpy as np
 
-_MASK_DELTA = 0xA282EAD8
+from procsv.common.crc32c import masked
+
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 _F64 = struct.Struct("<d")
@@ -25,16 +28,10 @@ _F64 = struct.Struct("<d")
 START, STOP, CHECKPOINT = 1, 2, 3
 
 
-def masked_crc(data: bytes) -> int:
-    """TFRecord's masked CRC32C of ``data``."""
-    crc = google_crc32c.value(data)
-    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
-
-
 def frame(data: bytes) -> bytes:
     """One TFRecord holding ``data``."""
     head = _U64.pack(len(data))
-    return b"".join((head, _U32.pack(masked_crc(head)), data, _U32.pack(masked_crc(data))))
+    return b"".join((head, _U32.pack(masked(head)), data, _U32.pack(masked(data))))
 
 
 def varint(n: int) -> bytes:
@@ -66,10 +63,12 @@ def summary_event(wall_time: float, step: int, summary: bytes) -> bytes:
 
 
 def file_version_event(wall_time: float) -> bytes:
+    """The first ``Event`` of every event file: ``file_version: "brain.Event:2"``."""
     return _event_head(wall_time, 0) + _field(3, b"brain.Event:2")
 
 
 def session_log_event(wall_time: float, step: int, status: int, checkpoint_path: str = "") -> bytes:
+    """A serialized ``Event`` carrying a ``SessionLog`` (:data:`START`, :data:`STOP` or :data:`CHECKPOINT`)."""
     log = b"\x08" + varint(status) if status else b""
     if checkpoint_path:
         log += _field(2, checkpoint_path.encode())

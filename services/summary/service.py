@@ -1,17 +1,22 @@
 """The summary service's loop: receive summary batches, write TensorBoard event files, ack them.
 
 Runs in the summary service process (``python -m procsv.services.summary``); imports no TensorFlow.
-It binds the PULL socket ``summary.sock``: the trainer pushes :class:`SummaryBatch` and
-:class:`SessionLogEvent` (START, STOP), the checkpoint service pushes ``SessionLog CHECKPOINT``.
+It binds the ROUTER socket ``summary.sock``: the trainer's DEALER sends :class:`SummaryBatch` and
+:class:`SessionLogEvent` (START, STOP), the checkpoint service's DEALER sends ``SessionLog
+CHECKPOINT``.
 
 Each burst of messages becomes one ``os.write`` to this process's own event file
-(:mod:`procsv.services.summary.eventfile`); only then are the batches acknowledged, in the ack file
-``<runtime_dir>/summary-ack.json`` the trainer reads, so an acknowledged summary survives a
-crash of this process. What is written is fsynced every :data:`FSYNC_SECS`, at each checkpoint,
-at STOP and at exit. Which batches may be written, and when ``global_step/sec`` is, follows
+(:mod:`procsv.services.summary.eventfile`); only then are the batches acknowledged: each
+connection that sent batches of a session in the burst gets a :class:`SummaryAck` for it (the
+last batch written, and any restatement asked for), so an acknowledged summary survives a crash
+of this process. A restarted service knows no connection until a trainer sends again; the
+trainer sends a batch at least every second, and the ack to it asks for the restatement. What is
+written is fsynced every :data:`FSYNC_SECS`, at each checkpoint, at STOP and at exit. Which
+batches may be written, and when ``global_step/sec`` is, follows
 :mod:`procsv.services.summary.sessions`. Counters (values written, dropped) go to
-``<logdir>/.procsv/summary_stats.json`` for ``procsv status``. A malformed message or item is
-reported and dropped; it never stops the service.
+``<logdir>/.procsv/summary_stats.json`` for ``procsv status`` (written first right after start:
+its ``pid`` says this process is up). A malformed message or item is reported and dropped; it
+never stops the service.
 
 What a crash costs (the bound the README quotes):
 
@@ -34,22 +39,21 @@ What a crash costs (the bound the README quotes):
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import time
 from typing import Any, Callable, Optional
 
-import numpy as np
 import zmq
 from tensorboard.compat.proto import summary_pb2
 
-from procsv.ipc.codec import ProtocolError, decode
-from procsv.ipc.messages import Hello, SessionLogEvent, SummaryBatch
-from procsv.ipc.transport import make_socket, send
 from procsv.common.bootstrap import ChildContext
-from procsv.common.layout import RuntimeDir, read_json, write_json
+from procsv.common.layout import read_json, write_json
+from procsv.ipc.codec import ProtocolError
+from procsv.ipc.columns import Columns, decode_columns
+from procsv.ipc.messages import Hello, ProtoRef, Role, SessionLogEvent, SessionStatus, SummaryAck, SummaryBatch
+from procsv.ipc.transport import Received, drain, make_socket, send
 from procsv.services.summary import records
 from procsv.services.summary.eventfile import EventFile
 from procsv.services.summary.render import RenderError, render
@@ -59,90 +63,29 @@ FSYNC_SECS = 2.0  # written events become durable at least this often
 STATS_SECS = 1.0  # summary_stats.json is rewritten at most this often (and at exit)
 DROPS_SECS = 1.0  # the procsv/summaries_dropped summary is written at most this often
 POLL_MS = 200
+DRAIN_POLL_MS = 50
 BURST_MAX = 256  # messages per write
 DRAIN_SECS = 2.0
-KEEP_SESSIONS = 20  # sessions remembered in the ack and stats files
+KEEP_SESSIONS = 20  # sessions remembered (for acks and in the stats file)
 DROPPED_TAG = "procsv/summaries_dropped"
-COLUMN_FRAMES = 1  # the scalar columns of a batch travel in one frame (see SummaryBatch)
+COLUMN_FRAMES = 1  # the scalar columns of a batch travel in one frame (see procsv.ipc.columns)
 
-_SESSION_STATUS = {"start": records.START, "stop": records.STOP, "checkpoint": records.CHECKPOINT}
-
-
-class BadBatch(ValueError):
-    """A batch's frames do not match its header."""
-
-
-def unpack_columns(frame: Any, n: int) -> tuple[list[str], list[np.ndarray]]:
-    """The tag table and the columns [tag index, step, value, wall time] of a columns frame."""
-    buf = memoryview(frame.buffer if hasattr(frame, "buffer") else frame).cast("B")
-    if len(buf) < 4:
-        raise BadBatch("the columns frame is too short")
-    length = int.from_bytes(buf[:4], "little")
-    start = 4 + length + (-(4 + length) % 8)
-    if len(buf) != start + 28 * n:
-        raise BadBatch(f"the columns frame has {len(buf)} bytes, not {start + 28 * n} for {n} rows")
-    try:
-        table = json.loads(bytes(buf[4:4 + length]))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadBatch(f"the tag table is not JSON: {exc}") from None
-    if not isinstance(table, list) or not all(isinstance(t, str) and t for t in table):
-        raise BadBatch("the tag table is not a list of non-empty strings")
-    walls = np.frombuffer(buf, "<f8", n, start)
-    values = np.frombuffer(buf, "<f8", n, start + 8 * n)
-    steps = np.frombuffer(buf, "<i8", n, start + 16 * n)
-    index = np.frombuffer(buf, "<u4", n, start + 24 * n)
-    if n and int(index.max()) >= len(table):
-        raise BadBatch("a scalar row names a tag index outside the batch's tag table")
-    return table, [index, steps, values, walls]
-
-
-def scalar_columns(msg: SummaryBatch, frames: list[Any]) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray,
-                                                                     np.ndarray]:
-    """The batch's scalars as (tags, tag index, steps, values, walls): its JSON rows, then its columns."""
-    tags: list[str] = []
-    index: list[np.ndarray] = []
-    steps: list[np.ndarray] = []
-    values: list[np.ndarray] = []
-    walls: list[np.ndarray] = []
-    if msg.scalars:
-        try:
-            rows = [(str(r[0]), int(r[1]), float(r[2]), float(r[3])) for r in msg.scalars]
-        except (IndexError, TypeError, ValueError) as exc:
-            raise BadBatch(f"malformed scalar row: {exc}") from None
-        table: dict[str, int] = {}
-        index.append(np.array([table.setdefault(r[0], len(table)) for r in rows], dtype=np.int64))
-        tags = list(table)
-        steps.append(np.array([r[1] for r in rows], dtype=np.int64))
-        values.append(np.array([r[2] for r in rows], dtype=np.float64))
-        walls.append(np.array([r[3] for r in rows], dtype=np.float64))
-    if msg.columns:
-        if len(frames) < COLUMN_FRAMES:
-            raise BadBatch(f"{msg.columns} scalar rows announced but no columns frame")
-        table, cols = unpack_columns(frames[0], msg.columns)
-        index.append(cols[0].astype(np.int64) + len(tags))
-        tags = tags + table
-        steps.append(cols[1])
-        values.append(cols[2])
-        walls.append(cols[3])
-    if not steps:
-        empty_i, empty_f = np.zeros(0, np.int64), np.zeros(0, np.float64)
-        return tags, empty_i, empty_i, empty_f, empty_f
-    return tags, np.concatenate(index), np.concatenate(steps), np.concatenate(values), np.concatenate(walls)
+_SESSION_STATUS = {SessionStatus.START: records.START, SessionStatus.STOP: records.STOP,
+                   SessionStatus.CHECKPOINT: records.CHECKPOINT}
 
 
 class SummaryService:
     def __init__(self, ctx: ChildContext, clock: Callable[[], float] = time.monotonic) -> None:
         self.ctx = ctx
         self.clock = clock
-        self.zctx = zmq.Context.instance()
-        self.pull = make_socket(self.zctx, zmq.PULL)
-        self.pull.bind(ctx.endpoints.summary)
-        self.to_watchdog: Optional[zmq.Socket] = None
+        self.zctx: zmq.Context[Any] = zmq.Context.instance()
+        self.router = make_socket(self.zctx, zmq.ROUTER)
+        self.router.bind(ctx.endpoints.summary)
+        self.to_watchdog: Optional[zmq.Socket[Any]] = None
         if ctx.supervised:
             self.to_watchdog = make_socket(self.zctx, zmq.PUSH, linger_ms=1000)
             self.to_watchdog.connect(ctx.endpoints.watchdog)
         self.file = EventFile(ctx.layout.logdir, f"procsv-{os.getpid()}")
-        self.ack_path = RuntimeDir(ctx.endpoints.runtime_dir).summary_ack
         self.stats_path = ctx.layout.summary_stats
         self.sessions = Sessions()
         self.encoder = records.ScalarEncoder()
@@ -155,7 +98,7 @@ class SummaryService:
         self.drops_written: tuple[int, int] = (0, -1)  # (total, step) of the last dropped-count summary
         self.drops_pending: Optional[tuple[int, int]] = None  # (step, total) to write once that step is over
         self.stopping = False
-        self._acks_dirty = True
+        self._ack_to: dict[tuple[bytes, str], None] = {}  # (connection, session) to ack after this burst
         self._sync_now = False
         now = clock()
         self._next_fsync = now + FSYNC_SECS
@@ -166,43 +109,46 @@ class SummaryService:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
-        self._write_acks()
+        self._write_stats(durable=False)  # its pid says: up, socket bound
         if self.to_watchdog is not None:
-            send(self.to_watchdog, Hello("summary", os.getpid(), self.ctx.attempt))
+            send(self.to_watchdog, Hello(Role.SUMMARY, os.getpid(), self.ctx.attempt))
         while not self.stopping:
-            if self.pull.poll(POLL_MS, zmq.POLLIN):
-                self._burst()
+            self._burst(POLL_MS)
             self._tick(self.clock())
         deadline = self.clock() + DRAIN_SECS
-        while self.clock() < deadline and self.pull.poll(50, zmq.POLLIN):
-            self._burst()
+        while self.clock() < deadline and self._burst(DRAIN_POLL_MS):
+            pass
         out: list[bytes] = []
         self._flush_drops(out)
         self.file.write(b"".join(out))
         self.file.close()
         self._write_stats(durable=True)
-        self.pull.close(0)
+        self.router.close(0)
         return 0
 
     def _on_term(self, signum: int, frame: Any) -> None:
         self.stopping = True
 
-    def _burst(self) -> None:
-        """Handle what has arrived (up to BURST_MAX messages), write it with one os.write, ack it."""
+    def _burst(self, wait_ms: int) -> int:
+        """Handle what arrives within ``wait_ms`` and right after (up to BURST_MAX messages), write it
+        with one os.write, then ack it; return how many messages were handled."""
         out: list[bytes] = []
-        for _ in range(BURST_MAX):
-            try:
-                frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            self._handle(frames, out)
+        n = 0
+        for got in drain(self.router, first_timeout_ms=wait_ms, limit=BURST_MAX, routed=True):
+            n += 1
+            if isinstance(got, ProtocolError):
+                self._complain(f"dropped a malformed message: {got}")
+                continue
+            self._handle(got, out)
+        if not n:
+            return 0
         self.file.write(b"".join(out))
         if self._sync_now:
             self._sync_now = False
             self.file.sync()
             self._next_fsync = self.clock() + FSYNC_SECS
-        if self._acks_dirty:
-            self._write_acks()
+        self._send_acks()
+        return n
 
     def _tick(self, now: float) -> None:
         if now >= self._next_fsync:
@@ -212,23 +158,18 @@ class SummaryService:
             self._write_stats(durable=False)
 
     # ------------------------------------------------------------------ messages
-    def _handle(self, frames: list[Any], out: list[bytes]) -> None:
-        try:
-            msg, payload = decode(frames)
-        except ProtocolError as exc:
-            self._complain(f"dropped a malformed message: {exc}")
-            return
+    def _handle(self, got: Received, out: list[bytes]) -> None:
+        msg = got.msg
         if isinstance(msg, SummaryBatch):
-            self._batch(msg, payload, out)
+            self._batch(msg, got.payload, out)
+            if msg.session and got.identity is not None:
+                self._ack_to[(got.identity, msg.session)] = None
         elif isinstance(msg, SessionLogEvent):
-            status = _SESSION_STATUS.get(msg.status)
-            if status is None:
-                self._complain(f"unknown session status {msg.status!r}")
-                return
-            if msg.status == "stop":
+            status = _SESSION_STATUS[msg.status]
+            if msg.status == SessionStatus.STOP:
                 self._flush_drops(out)  # the trainer is done: its final count
             out.append(records.frame(records.session_log_event(time.time(), msg.step, status, msg.checkpoint_path)))
-            if msg.status in ("checkpoint", "stop"):
+            if msg.status in (SessionStatus.CHECKPOINT, SessionStatus.STOP):
                 self._sync_now = True
 
     def _batch(self, msg: SummaryBatch, payload: list[Any], out: list[bytes]) -> None:
@@ -236,17 +177,15 @@ class SummaryService:
         n_cols = COLUMN_FRAMES if msg.columns else 0
         if len(payload) != n_protos + n_cols + len(msg.items):
             self._complain(f"dropped a batch whose {len(payload)} frames do not match its header")
-            self.service_dropped += len(msg.scalars) + msg.columns + n_protos + len(msg.items)
+            self.service_dropped += msg.columns + n_protos + len(msg.items)
             return
         try:
-            tags, index, steps, values, walls = scalar_columns(msg, payload[n_protos:n_protos + n_cols])
-        except BadBatch as exc:
+            cols = decode_columns(payload[n_protos], msg.columns) if n_cols else Columns.empty()
+        except ProtocolError as exc:
             self._complain(f"dropped a batch: {exc}")
-            self.service_dropped += len(msg.scalars) + msg.columns + n_protos + len(msg.items)
+            self.service_dropped += msg.columns + n_protos + len(msg.items)
             return
         decision = self.sessions.admit(msg.session, msg.seq, msg.resync_from)
-        if msg.session:
-            self._acks_dirty = True
         if decision.verdict != Verdict.WRITE:
             return
         if msg.session:
@@ -259,12 +198,11 @@ class SummaryService:
                 self.drops_written = (-1, decision.start_marker - 1)
         below = decision.below
         if below is not None:
-            keep = steps < below
-            index, steps, values, walls = index[keep], steps[keep], values[keep], walls[keep]
-        out.append(self.encoder.records(tags, index, steps, values, walls))
-        self.written += len(steps)
-        for row, frame in zip(msg.protos, payload[:n_protos]):
-            self._proto(row, frame, below, out)
+            cols = cols.below(below)
+        out.append(self.encoder.records(cols.tags, cols.index, cols.steps, cols.values, cols.walls))
+        self.written += len(cols)
+        for ref, frame in zip(msg.protos, payload[:n_protos]):
+            self._proto(ref, frame, below, out)
         for item, frame in zip(msg.items, payload[n_protos + n_cols:]):
             if below is not None and item.step >= below:
                 continue
@@ -281,18 +219,17 @@ class SummaryService:
                 summary = records.scalar_summary("global_step/sec", rate)
                 out.append(records.frame(records.summary_event(msg.wall_time or time.time(), msg.step, summary)))
 
-    def _proto(self, row: list[Any], frame: Any, below: Optional[int], out: list[bytes]) -> None:
+    def _proto(self, ref: ProtoRef, frame: Any, below: Optional[int], out: list[bytes]) -> None:
         data = frame.bytes if hasattr(frame, "bytes") else bytes(frame)
         try:
-            step, wall = int(row[0]), float(row[1])
             summary_pb2.Summary.FromString(data)  # refuse garbage here, not in TensorBoard
-        except Exception as exc:  # a protobuf DecodeError or a bad row: drop this one only
+        except Exception as exc:  # a protobuf DecodeError: drop this one only
             self._complain(f"dropped a malformed summary proto: {exc}")
             self.service_dropped += 1
             return
-        if below is not None and step >= below:
+        if below is not None and ref.step >= below:
             return
-        out.append(records.frame(records.summary_event(wall, step, data)))
+        out.append(records.frame(records.summary_event(ref.wall_time, ref.step, data)))
         self.written += 1
 
     # ------------------------------------------------------------------ bookkeeping
@@ -329,14 +266,19 @@ class SummaryService:
         out.append(records.frame(records.summary_event(time.time(), step,
                                                        records.scalar_summary(DROPPED_TAG, float(total)))))
 
-    def _write_acks(self) -> None:
-        self._acks_dirty = False
+    def _send_acks(self) -> None:
+        """After a write: tell each connection where the sessions it sent batches of stand."""
+        acks = self.sessions.acks()
+        for identity, session in self._ack_to:
+            state = acks.get(session)
+            if state is not None:  # not the case only for a session forgotten in this very burst
+                send(self.router, SummaryAck(session, state["written"], state["resync_after"]), prefix=[identity])
+        self._ack_to.clear()
         known = self.sessions.known
         if len(known) > KEEP_SESSIONS:
             for name in list(known)[:-KEEP_SESSIONS]:
                 if name != self.sessions.current:
                     del known[name]
-        write_json(self.ack_path, {"pid": os.getpid(), "sessions": self.sessions.acks()}, durable=False)
 
     def _write_stats(self, durable: bool) -> None:
         self._next_stats = self.clock() + STATS_SECS

@@ -7,8 +7,9 @@ first batch, and any batch that restates what may not have been written, carries
 = P: the service writes ``SessionLog START`` at P (TensorBoard then forgets every event at a step
 >= P) and then the batch, and expects the next number. A batch that is not the expected next
 one -- the service was restarted and never saw the session, or batches were lost with a dead
-service -- is not written: the service asks for a restatement (``resync_after`` in its ack file)
-and the trainer sends everything it still holds at steps >= P again. Hence, for each tag, the
+service -- is not written: the service asks for a restatement (``resync_after`` in the
+:class:`~procsv.ipc.messages.SummaryAck` it sends back) and the trainer sends everything it
+still holds at steps >= P again. Hence, for each tag, the
 event files never hold two values of one step and never miss one that the trainer logged and
 still held. Batches of a session that is no longer the newest (a killed trainer's last words,
 arriving after its successor started) are written only below the successor's start step.
@@ -37,7 +38,7 @@ class Verdict(str, Enum):
 class SessionState:
     expect: int  # the next batch number to write
     start: int  # the step of its last restatement (TensorBoard purged everything at or after it)
-    written: int = 0  # the last batch number written (what the ack file reports)
+    written: int = 0  # the last batch number written (what the acks report)
     resync_after: int = 0  # the number of a batch dropped because it was not the expected one
     rate_mark: Optional[tuple[float, int]] = None  # (monotonic time, step) of the last rate point
 
@@ -81,7 +82,7 @@ class Sessions:
         return Decision(Verdict.WRITE)
 
     def acks(self) -> dict[str, dict[str, int]]:
-        """What the ack file says: per session, the last batch written and any restatement asked for."""
+        """What the acks say: per session, the last batch written and any restatement asked for."""
         return {s: {"written": st.written, "resync_after": st.resync_after} for s, st in self.known.items()}
 
     def step_rate(self, session: str, mono: float, step: int, every: Optional[float]) -> Optional[float]:

@@ -1,0 +1,66 @@
+"""Length-prefixed messages on a pipe: how the watchdog and the zygote (the pre-warmed trainer) talk.
+
+Run in the watchdog and in the zygote. ZeroMQ is deliberately not used there: the zygote forks
+trainers, and a forked child must not inherit a live ZeroMQ context. Each message is the JSON
+header frame of :func:`procsv.ipc.codec.encode` (no payload frames) behind a 4-byte big-endian
+length.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import struct
+
+from procsv.ipc.codec import decode, encode
+from procsv.ipc.messages import Message
+
+_LEN = struct.Struct(">I")
+MAX_PIPE_MESSAGE = 16 << 20
+
+
+def write_framed(fd: int, msg: Message) -> None:
+    """Write one message (JSON header only, no payload frames) to a blocking pipe."""
+    data = encode(msg)[0]
+    view = memoryview(_LEN.pack(len(data)) + data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+class FramedReader:
+    """Reads length-prefixed messages from a non-blocking pipe; EOF raises EOFError."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._buf = bytearray()
+        os.set_blocking(fd, False)
+
+    def read_available(self) -> list[Message]:
+        """Every complete message readable now (never blocks)."""
+        while True:
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                break
+            if not chunk:
+                if not self._buf:
+                    raise EOFError("pipe closed")
+                break
+            self._buf += chunk
+        out: list[Message] = []
+        while len(self._buf) >= _LEN.size:
+            (n,) = _LEN.unpack_from(self._buf)
+            if n > MAX_PIPE_MESSAGE:
+                raise EOFError(f"message of {n} bytes on the pipe: stream is corrupt")
+            if len(self._buf) < _LEN.size + n:
+                break
+            data = bytes(self._buf[_LEN.size:_LEN.size + n])
+            del self._buf[:_LEN.size + n]
+            out.append(decode([data])[0])
+        return out
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the pipe to become readable."""
+        ready, _, _ = select.select([self.fd], [], [], max(0.0, timeout))
+        return bool(ready)

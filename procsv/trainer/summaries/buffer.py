@@ -1,0 +1,208 @@
+"""The trainer's summary buffer: validated summaries waiting for the hand-off, bounded, drops counted.
+
+Runs in the trainer: any thread may log (each call validates with
+:mod:`procsv.trainer.summaries.values` and appends under a lock); the main thread takes chunks
+at step boundaries for :class:`procsv.trainer.summaries.sender.SummarySender`. When the summary
+service lags, the oldest summaries are dropped and counted exactly. The flush timer runs on the
+injected monotonic ``clock``, the one the sender uses too.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Optional
+
+from procsv.ipc.columns import Row
+from procsv.ipc.messages import ItemKind, SummaryItem
+from procsv.trainer.summaries.values import (as_float, as_step, check_tag, histogram_values, image_pixels, real,
+                                             text_strings)
+
+BATCH_MAX = 4096  # rows per message
+ITEMS_MAX = 64  # histograms/images/text/protos per message
+FLUSH_EVERY = 0.1  # seconds: a partial batch is sent at least this often (at a step boundary)
+BUFFER_MAX = 100_000  # rows kept while the summary service is slow; older ones are dropped
+ITEM_BYTES_MAX = 64 << 20  # bytes of histogram/image/text/proto payloads kept, likewise
+
+Proto = tuple[int, float, bytes]  # step, wall time, serialized Summary
+Item = tuple[SummaryItem, bytes]  # a histogram/image/text and its frame
+
+
+@dataclass
+class Chunk:
+    """Summaries taken from the buffer together: what one batch carries."""
+
+    rows: list[Row] = field(default_factory=list)
+    protos: list[Proto] = field(default_factory=list)
+    items: list[Item] = field(default_factory=list)
+    dropped: int = 0
+
+    def __len__(self) -> int:
+        return len(self.rows) + len(self.protos) + len(self.items)
+
+    def steps(self) -> Iterator[int]:
+        yield from (r[1] for r in self.rows)
+        yield from (p[0] for p in self.protos)
+        yield from (i.step for i, _ in self.items)
+
+    def since(self, step: int) -> Chunk:
+        """The part of this chunk at ``step`` or later."""
+        return Chunk([r for r in self.rows if r[1] >= step], [p for p in self.protos if p[0] >= step],
+                     [i for i in self.items if i[0].step >= step])
+
+
+class SummaryBuffer:
+    """Validated summaries waiting for the hand-off; bounded (the oldest are dropped and counted)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._rows: deque[Row] = deque()
+        self._protos: deque[Proto] = deque()
+        self._items: deque[Item] = deque()
+        self._payload_bytes = 0
+        self._dropped = 0  # since the last take
+        self.dropped_total = 0
+        self._last_flush = clock()
+        self._ok_tags: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._rows) + len(self._protos) + len(self._items)
+
+    # ---- logging (any thread)
+    def scalar(self, tag: str, value: Any, step: Any, wall: float) -> None:
+        v = as_float(tag, value)
+        step = step if type(step) is int else as_step(step)
+        with self._lock:
+            self._append_row((tag, step, v, wall))
+
+    def scalars(self, values: Mapping[str, Any], step: Any, wall: float) -> None:
+        """Several scalars of one step; all are validated before any is kept."""
+        if not isinstance(values, Mapping):
+            raise TypeError(f"expected a mapping of summary tags to values, got {type(values).__name__}")
+        step = step if type(step) is int else as_step(step)
+        rows = []
+        ok = self._ok_tags
+        for tag, value in values.items():
+            if tag not in ok:
+                check_tag(tag)
+                ok.add(tag)
+            if type(value) is not float:
+                value = real(tag, value)
+            rows.append((tag, step, value, wall))
+        with self._lock:
+            for row in rows:
+                self._append_row(row)
+
+    def _append_row(self, row: Row) -> None:
+        if len(self._rows) >= BUFFER_MAX:
+            self._rows.popleft()
+            self._dropped += 1
+            self.dropped_total += 1
+        self._rows.append(row)
+
+    def proto(self, summary: Any, step: Any, wall: float) -> None:
+        step = as_step(step)
+        if isinstance(summary, (bytes, bytearray)):
+            data = bytes(summary)
+        elif hasattr(summary, "SerializeToString"):
+            data = summary.SerializeToString()
+        else:
+            raise TypeError(f"summary must be a Summary proto, its bytes, or a mapping of tags to scalars, "
+                            f"got {type(summary).__name__}")
+        with self._lock:
+            self._protos.append((step, wall, data))
+            self._payload_bytes += len(data)
+            self._trim_payloads()
+
+    def histogram(self, tag: str, values: Any, step: Any, wall: float, buckets: Optional[int] = None,
+                  description: str = "") -> None:
+        if buckets is not None and (not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 1):
+            raise ValueError(f"histogram {tag!r}: buckets must be a positive integer, got {buckets!r}")
+        data = histogram_values(tag, values)
+        self.item(SummaryItem(ItemKind.HISTOGRAM, tag, as_step(step), wall, data.dtype.name, list(data.shape),
+                              buckets=buckets or 0, description=str(description)), data.tobytes())
+
+    def image(self, tag: str, images: Any, step: Any, wall: float, max_outputs: int = 3,
+              description: str = "") -> None:
+        data = image_pixels(tag, images, max_outputs)
+        self.item(SummaryItem(ItemKind.IMAGE, tag, as_step(step), wall, data.dtype.name, list(data.shape),
+                              description=str(description)), data.tobytes())
+
+    def text(self, tag: str, text: Any, step: Any, wall: float, description: str = "") -> None:
+        strings, shape = text_strings(tag, text)
+        self.item(SummaryItem(ItemKind.TEXT, tag, as_step(step), wall, "json", shape, description=str(description)),
+                  json.dumps(strings).encode())
+
+    def item(self, item: SummaryItem, data: bytes) -> None:
+        """Keep one validated histogram/image/text item and its frame."""
+        with self._lock:
+            self._items.append((item, data))
+            self._payload_bytes += len(data)
+            self._trim_payloads()
+
+    def _trim_payloads(self) -> None:
+        while self._payload_bytes > ITEM_BYTES_MAX and (self._protos or self._items):
+            if self._protos and (not self._items or self._protos[0][1] <= self._items[0][0].wall_time):
+                self._payload_bytes -= len(self._protos.popleft()[2])
+            else:
+                self._payload_bytes -= len(self._items.popleft()[1])
+            self._dropped += 1
+            self.dropped_total += 1
+
+    def count_dropped(self, n: int) -> None:
+        with self._lock:
+            self._dropped += n
+            self.dropped_total += n
+
+    # ---- hand-off (main thread)
+    def full(self) -> bool:
+        """A whole batch of scalars is waiting."""
+        return len(self._rows) >= BATCH_MAX
+
+    def due(self, now: float) -> bool:
+        """A batch should go at ``now`` (of :attr:`clock`): one is full, or a partial one waited FLUSH_EVERY."""
+        n = len(self._rows)
+        m = len(self._protos) + len(self._items)
+        return n >= BATCH_MAX or m >= ITEMS_MAX or (n + m > 0 and now - self._last_flush >= FLUSH_EVERY)
+
+    def next_flush(self) -> float:
+        """When (on :attr:`clock`) a partial batch becomes due."""
+        return self._last_flush + FLUSH_EVERY
+
+    def take(self, limit: Optional[int] = None, items: Optional[int] = None) -> Chunk:
+        """Up to ``limit`` rows and ``items`` payloads (BATCH_MAX, ITEMS_MAX), oldest first, with the drops so far."""
+        limit = BATCH_MAX if limit is None else limit
+        n_items = ITEMS_MAX if items is None else items
+        with self._lock:
+            rows, protos, queued = self._rows, self._protos, self._items
+            if len(rows) <= limit:
+                taken = list(rows)
+                rows.clear()
+            else:
+                taken = [rows.popleft() for _ in range(limit)]
+            chunk = Chunk(taken, [protos.popleft() for _ in range(min(n_items, len(protos)))],
+                          [queued.popleft() for _ in range(min(n_items, len(queued)))], self._dropped)
+            self._payload_bytes -= sum(len(p[2]) for p in chunk.protos) + sum(len(i[1]) for i in chunk.items)
+            self._dropped = 0
+            self._last_flush = self.clock()
+        return chunk
+
+    def put_back(self, chunk: Chunk) -> None:
+        """Return a chunk (not sent, or to be restated) to the front, within the bounds."""
+        with self._lock:
+            self._rows.extendleft(reversed(chunk.rows))
+            self._protos.extendleft(reversed(chunk.protos))
+            self._items.extendleft(reversed(chunk.items))
+            self._payload_bytes += sum(len(p[2]) for p in chunk.protos) + sum(len(i[1]) for i in chunk.items)
+            self._dropped += chunk.dropped
+            over = len(self._rows) - BUFFER_MAX
+            for _ in range(max(0, over)):
+                self._rows.popleft()
+            if over > 0:
+                self._dropped += over
+                self.dropped_total += over
+            self._trim_payloads()

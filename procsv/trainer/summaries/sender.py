@@ -1,0 +1,200 @@
+"""The trainer's hand-off of buffered summaries to the summary service; never blocks the loop.
+
+Runs in the trainer's main thread, at step boundaries (:meth:`SummarySender.at_boundary`) and at
+the end (:meth:`SummarySender.close`). Batches go out as non-blocking sends on the trainer's
+DEALER to the summary service's ROUTER; the service answers each write with a
+:class:`~procsv.ipc.messages.SummaryAck` on the same connection, which the sender reads with a
+zero-timeout receive (at most every :data:`ACK_POLL_EVERY`). Sent batches are kept until
+acknowledged as written; when the service asks for a restatement (it was restarted and never
+saw this session, or batches were lost with it) everything kept at steps >= P goes back in
+front of the buffer and the next batch carries ``resync_from=P``. See
+``services/summary/sessions.py`` for the rules on the other side.
+
+A restarted service only learns this trainer's connection from the next batch: a batch -- empty
+if nothing is due or the window is full -- goes out at least every :data:`HEARTBEAT_EVERY`, so
+the request to restate comes within about a second of the restart.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+from procsv.ipc.columns import encode_columns
+from procsv.ipc.messages import Message, ProtoRef, SummaryAck, SummaryBatch
+from procsv.trainer.summaries.buffer import BATCH_MAX, Chunk, SummaryBuffer
+
+WINDOW = 50_000  # rows sent but not yet acknowledged; beyond that, rows wait in the buffer
+SENDS_PER_BOUNDARY = 16  # batches one step boundary may send (a flood is spread over steps)
+ACK_POLL_EVERY = 0.01  # seconds between reads of the service's acks while batches are in flight
+HEARTBEAT_EVERY = 1.0  # seconds: a (possibly empty) batch at least this often (step marks, acks)
+TAIL_MAX = 4 * BATCH_MAX  # acknowledged rows kept for a restatement of the current step
+CLOSE_WAIT_STEP = 0.01  # seconds: at close, how long one wait for acks may take
+
+Send = Callable[[Message, Sequence[Any]], bool]
+"""Non-blocking send of a message and its frames; False if the queue is full."""
+ReadAcks = Callable[[float], Iterable[SummaryAck]]
+"""The acks that have arrived, after waiting up to this many seconds for the first (0: none)."""
+
+
+def encode_chunk(chunk: Chunk, **header: Any) -> tuple[SummaryBatch, list[Any]]:
+    """A :class:`SummaryBatch` with the chunk's scalars as binary columns (``header``: its other fields), and its frames."""
+    frames: list[Any] = [data for _, _, data in chunk.protos]
+    if chunk.rows:
+        frames.append(encode_columns(chunk.rows))
+    frames += [data for _, data in chunk.items]
+    batch = SummaryBatch([ProtoRef(s, w) for s, w, _ in chunk.protos], chunk.dropped, columns=len(chunk.rows),
+                         items=[i for i, _ in chunk.items], **header)
+    return batch, frames
+
+
+@dataclass
+class _Sent:
+    seq: int
+    chunk: Chunk
+    min_step: int
+    max_step: int
+
+
+class SummarySender:
+    """Hands the buffer's batches to the summary service at step boundaries; never blocks.
+
+    ``send(msg, frames)`` is a non-blocking send that returns False when the queue is full (the
+    chunk then goes back to the buffer); ``read_acks(timeout)`` returns the acks received (see
+    :data:`ReadAcks`). Timers run on the buffer's clock.
+    """
+
+    EXIT_WAIT_SECS = 10.0  # at stop, how long to wait for the service to confirm the last summaries
+
+    def __init__(self, buffer: SummaryBuffer, send: Send, read_acks: ReadAcks,
+                 step_rate_secs: Optional[float] = None, start_step: Optional[int] = None,
+                 session: Optional[str] = None) -> None:
+        self.buffer = buffer
+        self._send = send
+        self._read_acks = read_acks
+        self.step_rate_secs = step_rate_secs
+        self.session = session or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.clock = buffer.clock
+        self.inflight: deque[_Sent] = deque()
+        self.tail: deque[_Sent] = deque()  # acknowledged, kept while they hold rows of the current step
+        self._inflight_rows = 0
+        self._next_seq = 1
+        self._resync_pending = True  # the session's first batch restates (registers) it, from its start step
+        self._resync_floor: Optional[int] = start_step
+        self._last_resync_seq = 0
+        self._max_acked_step = -1
+        now = self.clock()
+        self._next_poll = now
+        self._next_heartbeat = now
+        self._wake = now  # before this, a boundary has nothing to do unless a batch is full or urgent
+        self.restatements = 0
+
+    # ---- step boundary
+    def at_boundary(self, step: int, urgent: bool = False) -> None:
+        """Read acks (rate-limited) and send what is due, within the window; cheap when idle."""
+        now = self.clock()
+        buf = self.buffer
+        if now < self._wake and not urgent and not buf.full():
+            return
+        if self.inflight and now >= self._next_poll:
+            self._next_poll = now + ACK_POLL_EVERY
+            self._take_acks(step, 0.0)
+        for _ in range(SENDS_PER_BOUNDARY):
+            heartbeat = now >= self._next_heartbeat
+            if self._inflight_rows >= WINDOW:
+                if heartbeat:  # an empty batch: a restarted service learns of us and can ask for a restatement
+                    self._send_next(step, now, empty=True)
+                break
+            if not (buf.due(now) or (urgent and len(buf)) or heartbeat):
+                break
+            if not self._send_next(step, now):
+                break
+        wake = min(buf.next_flush(), self._next_heartbeat)
+        self._wake = min(wake, self._next_poll) if self.inflight else wake
+
+    def _send_next(self, step: int, now: float, empty: bool = False) -> bool:
+        chunk = Chunk() if empty else self.buffer.take()
+        steps = list(chunk.steps())
+        header: dict[str, Any] = {}
+        if self._resync_pending:
+            floor = self._resync_floor
+            header["resync_from"] = floor if floor is not None else (min(steps) if steps else step + 1)
+        seq = self._next_seq
+        msg, frames = encode_chunk(chunk, session=self.session, seq=seq, step=step, mono=now, wall_time=time.time(),
+                                   step_rate_secs=self.step_rate_secs, dropped_total=self.buffer.dropped_total,
+                                   **header)
+        if not self._send(msg, frames):
+            self.buffer.put_back(chunk)
+            return False
+        self._next_seq += 1
+        self._next_heartbeat = now + HEARTBEAT_EVERY
+        if self._resync_pending:
+            self._resync_pending, self._resync_floor, self._last_resync_seq = False, None, seq
+        lo, hi = (min(steps), max(steps)) if steps else (step + 1, -1)
+        self.inflight.append(_Sent(seq, chunk, lo, hi))
+        self._inflight_rows += len(chunk)
+        return True
+
+    # ---- acks
+    def _take_acks(self, step: int, timeout: float) -> None:
+        """Apply the acks that arrived (waiting up to ``timeout`` s for the first), oldest first."""
+        for ack in self._read_acks(timeout):
+            if ack.session != self.session:
+                continue
+            self._acknowledge(ack.written, step)
+            if ack.resync_after > self._last_resync_seq and not self._resync_pending:
+                self._restate(step)
+
+    def _acknowledge(self, written: int, step: int) -> None:
+        while self.inflight and self.inflight[0].seq <= written:
+            sent = self.inflight.popleft()
+            self._inflight_rows -= len(sent.chunk)
+            self._max_acked_step = max(self._max_acked_step, sent.max_step)
+            if sent.max_step >= 0:
+                self.tail.append(sent)
+        floor = min([step] + [s.min_step for s in self.inflight])
+        while self.tail and (self.tail[0].max_step < floor or sum(len(s.chunk) for s in self.tail) > TAIL_MAX):
+            self.tail.popleft()
+
+    def _restate(self, step: int) -> None:
+        """Put back everything that may be missing from the event files; the next batch restates from P."""
+        self.restatements += 1
+        if self.inflight:
+            floor = min(s.min_step for s in self.inflight)
+        else:
+            floor = max(step, self._max_acked_step) + 1
+        chunk = Chunk()
+        for sent in list(self.tail) + list(self.inflight):
+            part = sent.chunk.since(floor)
+            chunk.rows += part.rows
+            chunk.protos += part.protos
+            chunk.items += part.items
+        self.tail.clear()
+        self.inflight.clear()
+        self._inflight_rows = 0
+        self.buffer.put_back(chunk)
+        self._resync_pending, self._resync_floor = True, floor
+
+    # ---- end
+    def close(self, step: int, timeout: float) -> int:
+        """Send everything and wait up to ``timeout`` s until it is written; return what was not confirmed."""
+        deadline = self.clock() + timeout
+        while True:
+            now = self.clock()
+            while len(self.buffer) or self._resync_pending:
+                if not self._send_next(step, now):
+                    break
+            if self.inflight and now >= self._next_heartbeat:
+                self._send_next(step, now, empty=True)  # in case the service restarted and lost the rest
+            if not self.inflight and not len(self.buffer) and not self._resync_pending:
+                return 0
+            if now >= deadline:
+                return self._inflight_rows + len(self.buffer)
+            self._take_acks(step, min(CLOSE_WAIT_STEP, deadline - now))
+
+    def unconfirmed(self) -> int:
+        return self._inflight_rows + len(self.buffer)

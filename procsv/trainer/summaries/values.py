@@ -1,0 +1,132 @@
+"""Validation of logged summary values, at the call site: one real number, an integer step, arrays.
+
+Runs in the trainer, in whichever thread logs. Every function raises TypeError or ValueError
+naming the tag in the caller's frame, so the summary service never sees garbage; arrays are
+copied, so the caller may reuse its own at once.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+
+def check_tag(tag: Any) -> str:
+    """``tag`` if it is a non-empty string (not only blanks); ValueError otherwise."""
+    if not isinstance(tag, str) or not tag.strip():
+        raise ValueError(f"summary tag must be a non-empty string, got {tag!r}")
+    return tag
+
+
+try:
+    import numpy as _np
+
+    _REAL_SCALARS = frozenset(_np.dtype(c).type for c in "?bhilqBHILQefd")
+except ImportError:  # pragma: no cover - numpy comes with TensorFlow
+    _REAL_SCALARS = frozenset()
+
+
+def as_float(tag: str, value: Any) -> float:
+    """``value`` as a float; TypeError naming the tag for anything but one real number (NaN/inf are kept)."""
+    check_tag(tag)
+    return value if type(value) is float else real(tag, value)
+
+
+def real(tag: str, value: Any) -> float:
+    """``value`` (anything but a Python float) as a float; TypeError naming the tag if it is not one real number."""
+    original = value
+    to_numpy = getattr(value, "_numpy", None) or getattr(value, "numpy", None)  # an eager tensor's is cheapest
+    if to_numpy is not None:
+        try:
+            value = to_numpy()
+        except Exception:  # a symbolic tensor (inside tf.function), or a foreign object
+            raise TypeError(f"summary {tag!r}: cannot read the value of {type(original).__name__} here; "
+                            "log eager values, outside tf.function") from None
+        if type(value) in _REAL_SCALARS:
+            return float(value)  # the common case: a scalar tensor gives a NumPy scalar
+    kind = getattr(getattr(value, "dtype", None), "kind", "f")
+    shape = getattr(value, "shape", ())
+    try:
+        if isinstance(value, (str, bytes, bytearray, complex)) or kind not in "biuf" or shape not in ((), (1,)):
+            raise TypeError
+        return float(value[0] if shape == (1,) else value)
+    except (TypeError, ValueError):
+        raise TypeError(f"summary {tag!r}: value must be a real number, got {type(original).__name__} "
+                        f"{original!r:.60}") from None
+
+
+def as_step(step: Any) -> int:
+    """An explicit ``step=``: an integer (Python, NumPy or a scalar integer tensor)."""
+    if hasattr(step, "numpy"):
+        step = step.numpy()
+    try:
+        return operator.index(step)
+    except TypeError:
+        raise TypeError(f"summary step must be an integer, got {type(step).__name__} {step!r:.40}") from None
+
+
+def _numeric_array(tag: str, what: str, data: Any) -> Any:
+    import numpy as np
+
+    if hasattr(data, "numpy"):
+        data = data.numpy()
+    try:
+        arr = np.asarray(data)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{what} {tag!r}: expected an array of real numbers: {exc}") from None
+    if arr.dtype == np.bool_ or arr.dtype.kind not in "iuf":
+        raise TypeError(f"{what} {tag!r}: expected real numbers, got dtype {arr.dtype}")
+    return arr
+
+
+def histogram_values(tag: str, values: Any) -> Any:
+    """``values`` as a contiguous float64 copy; raise for a non-numeric or non-finite input."""
+    import numpy as np
+
+    check_tag(tag)
+    arr = np.array(_numeric_array(tag, "histogram", values), dtype=np.float64, copy=True).ravel()
+    if not np.isfinite(arr).all():
+        raise ValueError(f"histogram {tag!r}: {int((~np.isfinite(arr)).sum())} values are NaN or infinite")
+    return arr
+
+
+def image_pixels(tag: str, images: Any, max_outputs: int) -> Any:
+    """``[k, h, w, c]`` pixels (uint8, or float32 in [0, 1]); one ``[h, w, c]`` image is accepted too."""
+    import numpy as np
+
+    check_tag(tag)
+    if not isinstance(max_outputs, int) or isinstance(max_outputs, bool) or max_outputs < 1:
+        raise ValueError(f"image {tag!r}: max_outputs must be a positive integer, got {max_outputs!r}")
+    arr = _numeric_array(tag, "image", images)
+    if arr.ndim == 3:
+        arr = arr[None]
+    if arr.ndim != 4 or arr.shape[-1] not in (1, 2, 3, 4) or 0 in arr.shape[1:3]:
+        raise ValueError(f"image {tag!r}: shape {list(np.shape(images))} is not [k, h, w, c] or [h, w, c] "
+                         "with c = 1, 2, 3 or 4 channels and h, w > 0")
+    arr = arr[:max_outputs]
+    if arr.dtype == np.uint8:
+        return np.ascontiguousarray(arr).copy()
+    if arr.dtype.kind == "f":
+        return np.array(arr, dtype=np.float32, copy=True)
+    raise TypeError(f"image {tag!r}: pixels must be uint8 (0..255) or floating point (0..1), got {arr.dtype}")
+
+
+def text_strings(tag: str, text: Any) -> tuple[list[str], list[int]]:
+    """``text`` (a string, or an array/list of strings) flattened, and its shape."""
+    import numpy as np
+
+    check_tag(tag)
+    if hasattr(text, "numpy"):
+        text = text.numpy()
+    arr = np.asarray(text, dtype=object) if not isinstance(text, (str, bytes)) else np.asarray(text, dtype=object)
+    flat: list[str] = []
+    for s in arr.ravel().tolist():
+        if isinstance(s, bytes):
+            try:
+                s = s.decode()
+            except UnicodeDecodeError:
+                raise ValueError(f"text {tag!r}: bytes that are not UTF-8") from None
+        if not isinstance(s, str):
+            raise TypeError(f"text {tag!r}: expected strings, got {type(s).__name__} {s!r:.40}")
+        flat.append(s)
+    return flat, list(arr.shape)
