@@ -20,11 +20,10 @@ import zmq
 
 from procsv.ipc.codec import ProtocolError, decode, encode
 from procsv.ipc.messages import Message
-from procsv.ipc.pipe import MAX_PIPE_MESSAGE, FramedReader, write_framed  # re-export  # noqa: F401
 
 __all__ = [
     "Endpoints", "NoReply", "ReceiveTimeout", "Received", "drain", "make_socket", "recv", "recv_message", "send",
-    "FramedReader", "write_framed", "MAX_PIPE_MESSAGE",
+
 ]
 
 

@@ -120,11 +120,6 @@ def test_wait_save_result_returns_the_result_for_its_step(tmp_path):
         ctx.term()
 
 
-def test_the_pipe_framing_is_re_exported_from_transport_for_now():
-    assert transport.FramedReader is pipe.FramedReader and transport.write_framed is pipe.write_framed
-    assert NoReply is not ReceiveTimeout and not issubclass(NoReply, ReceiveTimeout)
-
-
 def test_pipe_messages_round_trip_and_eof_is_reported():
     import os
 

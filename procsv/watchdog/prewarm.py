@@ -19,7 +19,7 @@ import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from procsv.ipc.messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
-from procsv.ipc.transport import FramedReader, write_framed
+from procsv.ipc.pipe import FramedReader, write_framed
 from procsv.common import env as envvars
 from procsv.common import spawn
 

@@ -22,7 +22,7 @@ import time
 import traceback
 
 from procsv.ipc.messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
-from procsv.ipc.transport import FramedReader, write_framed
+from procsv.ipc.pipe import FramedReader, write_framed
 from procsv.common import bootstrap, env
 
 
