@@ -49,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="show the state of a run (live or finished)")
     st.add_argument("logdir")
     st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--watch", action="store_true",
+                    help="redraw whenever the run's status changes, until the run ends")
     pp = sub.add_parser("preempt", help="simulate a preemption or a crash: signal one process of a live run")
     pp.add_argument("logdir")
     pp.add_argument("--signal", default="TERM", choices=["TERM", "KILL", "INT"], help="default TERM")
@@ -103,12 +105,17 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from procsv.common.layout import Layout
-    from procsv.status import read_status, render
+    from procsv.status import read_status, render, watch
 
     layout = Layout(os.path.abspath(args.logdir))
     status = read_status(layout)
     if status is None:
         raise UsageError(f"no procsv run found in {args.logdir!r} (no .procsv/status.json)")
+    if args.watch:
+        if args.json:
+            raise UsageError("--watch shows the human view; use --json without it")
+        watch(layout, sys.stdout)
+        return EXIT_OK
     if args.json:
         print(json.dumps(status, indent=1, sort_keys=True))
     else:

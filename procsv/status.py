@@ -4,13 +4,14 @@ The watchdog owns ``<logdir>/.procsv/status.json`` (atomic replace on every chan
 :func:`read_status` is what the CLI shows: the file, corrected by what is true *now* -- the last
 checkpoint comes from the committed manifests, and a run whose watchdog is gone is not reported
 as running -- plus the summary service's counters from ``<logdir>/.procsv/summary_stats.json``
-(that service writes it).
+(that service writes it). :func:`watch` redraws the view on every change (``procsv status --watch``).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+import threading
+from typing import Any, Optional, TextIO
 
 import psutil
 
@@ -89,3 +90,46 @@ def render(status: dict[str, Any], logdir: str) -> str:
     if status.get("last_error"):
         lines.append(f"  last error: {status['last_error']}")
     return "\n".join(lines)
+
+
+def watch(layout: Layout, out: TextIO, liveness_secs: float = 2.0) -> dict[str, Any]:
+    """Redraw the human view whenever ``status.json`` changes, until the run is no longer running.
+
+    Changes arrive as filesystem events (the ``watchdog`` package's observer on ``.procsv/``), not
+    by polling the file; every ``liveness_secs`` without an event the record is read again anyway,
+    because a watchdog killed with SIGKILL changes nothing on disk. Returns the last record.
+    """
+    from watchdog.events import FileSystemEvent, FileSystemEventHandler
+    from watchdog.observers import Observer
+
+    changed = threading.Event()
+    target = os.path.abspath(layout.status)
+
+    class _OnStatus(FileSystemEventHandler):
+        def on_any_event(self, event: FileSystemEvent) -> None:
+            paths = (event.src_path, getattr(event, "dest_path", ""))
+            if any(os.path.abspath(os.fsdecode(p)) == target for p in paths if p):
+                changed.set()
+
+    observer = Observer()
+    observer.schedule(_OnStatus(), layout.meta, recursive=False)
+    observer.start()
+    clear = "\x1b[H\x1b[J" if out.isatty() else ""
+    shown = ""
+    try:
+        while True:
+            changed.clear()
+            status = read_status(layout)
+            if status is None:
+                raise FileNotFoundError(layout.status)
+            text = render(status, layout.logdir)
+            if text != shown:
+                out.write(clear + text + "\n" + ("" if clear else "\n"))
+                out.flush()
+                shown = text
+            if status.get("state") != "running":
+                return status
+            changed.wait(liveness_secs)
+    finally:
+        observer.stop()
+        observer.join()

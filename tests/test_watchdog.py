@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
 
 
-def test_a_hung_trainer_is_detected_and_restarted_within_hang_timeout_plus_1s(logdir):
+def test_a_hung_trainer_is_detected_terminated_killed_and_restarted(logdir):
     proc = launch(logdir, "--steps", "60", "--hang-at-step", "25", "--step-delay", "0.02", target=TINY,
                   opts=("--hang-timeout", "2", "--hang-grace-secs", "0.5"))
     code, out, err = finish(proc)
@@ -25,12 +25,13 @@ def test_a_hung_trainer_is_detected_and_restarted_within_hang_timeout_plus_1s(lo
     hang = [e for e in events if e["event"] == "hang_detected"]
     # progress is reported at most every 100 ms (5 steps of 20 ms here): the last report precedes step 25
     assert len(hang) == 1 and 25 - 6 <= hang[0]["step"] < 25
-    respawn = [e for e in events if e["event"] == "spawned" and e["role"] == "trainer" and e["attempt"] == 2]
-    assert respawn
-    # the last progress report of attempt 1 came at the latest when step 24 completed; the trainer
-    # reports progress every 100 ms, so the hang began at most 0.1 s before it was last heard from
-    hung_since = hang[0]["time"] - float(hang[0]["reason"].split("for ")[1].split(" s")[0])
-    assert respawn[0]["time"] - hung_since <= 2 + 1.0
+    silent = float(hang[0]["reason"].split("for ")[1].split(" s")[0])
+    assert silent > 2  # never before the timeout (how soon after it is the decision's test, in virtual time)
+    at = {id(e): i for i, e in enumerate(events)}
+    (exited,) = [e for e in events if e["event"] == "exited" and e["role"] == "trainer" and e["attempt"] == 1]
+    (respawn,) = [e for e in events if e["event"] == "spawned" and e["role"] == "trainer" and e["attempt"] == 2]
+    assert at[id(hang[0])] < at[id(exited)] and at[id(hang[0])] < at[id(respawn)]  # detected first
+    assert exited.get("signal") == "SIGKILL"  # it ignored the SIGTERM while hung: killed after the grace
     assert "is hung" in err
     st = status_json(logdir)
     assert st["state"] == "succeeded" and st["restarts"] == 1
@@ -109,7 +110,8 @@ def test_chaos_kills_on_schedule_and_reports_recovery(logdir):
         rep = json.load(fh)
     assert rep["restarts"] == len(kills) == len(rep["recoveries"])
     for r in rep["recoveries"]:
-        assert 0 <= r["detect_s"] < 1.0 and r["respawn_s"] >= 0 and r["restore_s"] > 0
+        # how fast: scripts/bench_recovery.py; here, that every phase was measured and in order
+        assert r["detect_s"] >= 0 and r["respawn_s"] >= 0 and r["restore_s"] > 0
         if r["first_step_s"] is not None:
             assert r["total_s"] >= r["detect_s"] + r["respawn_s"] + r["restore_s"] + r["first_step_s"] - 1e-6
         else:  # killed after its last step: the restarted attempt restored the final step and had nothing to do

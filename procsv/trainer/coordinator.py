@@ -25,7 +25,9 @@ def clean_stop_types() -> tuple[type[BaseException], ...]:
 class Coordinator:
     """Stop requests, the first error and the threads to join, for the trainer's own threads."""
 
-    def __init__(self, clean_stop_exception_types: Optional[tuple[type[BaseException], ...]] = None) -> None:
+    def __init__(self, clean_stop_exception_types: Optional[tuple[type[BaseException], ...]] = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock  # the monotonic clock of wait_for_stop, join and LooperThread
         self._clean = clean_stop_exception_types if clean_stop_exception_types is not None else clean_stop_types()
         self._lock = threading.Lock()
         self._event = threading.Event()
@@ -54,9 +56,9 @@ class Coordinator:
         return self._event.is_set()
 
     def wait_for_stop(self, timeout: Optional[float] = None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else self.clock() + timeout
         while not self.should_stop():
-            left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+            left = 0.1 if deadline is None else min(0.1, deadline - self.clock())
             if left <= 0:
                 return False
             self._event.wait(left)
@@ -86,9 +88,9 @@ class Coordinator:
         """Join the registered (and given) threads; re-raise the recorded exception, if any."""
         with self._lock:
             all_threads = list(self._threads) + [t for t in (threads or []) if t not in self._threads]
-        deadline = time.monotonic() + stop_grace_period_secs
+        deadline = self.clock() + stop_grace_period_secs
         for t in all_threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+            t.join(max(0.0, deadline - self.clock()))
         alive = [t.name for t in all_threads if t.is_alive()]
         self.raise_requested_exception()
         if alive and not ignore_live_threads:
@@ -110,7 +112,7 @@ class LooperThread(threading.Thread):
 
     def run(self) -> None:
         with self._coord.stop_on_exception():
-            start = time.monotonic()
+            start = self._coord.clock()
             k = 0
             while not self._coord.should_stop():
                 self._target_fn(*self._args, **self._kwargs)
@@ -118,5 +120,5 @@ class LooperThread(threading.Thread):
                     continue
                 k += 1
                 next_at = start + k * self._interval
-                if self._coord.wait_for_stop(max(0.0, next_at - time.monotonic())):
+                if self._coord.wait_for_stop(max(0.0, next_at - self._coord.clock())):
                     break

@@ -47,6 +47,7 @@ class Supervisor:
       scalar tags to values (the TF2 stand-in for ``summary_op``).
     * ``save_checkpoint_steps``: also checkpoint every N steps (off by default).
     * ``max_to_keep`` / ``keep_checkpoint_every_n_hours``: retention, as ``tf.train.Saver``.
+    * ``clock``: the monotonic clock every timer of the step boundary reads (tests pass a fake one).
     """
 
     def __init__(
@@ -65,8 +66,11 @@ class Supervisor:
         keep_checkpoint_every_n_hours: Optional[float] = None,
         save_checkpoint_steps: Optional[int] = None,
         summary_fn: Optional[Callable[[], Mapping[str, Any]]] = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         import tensorflow as tf
+
+        self._clock = clock  # every timer of the step boundary (progress, summaries, saves) reads it
 
         self._ctx = bootstrap.ChildContext.from_env()
         launched = self._ctx.layout.logdir if self._ctx else None
@@ -92,7 +96,7 @@ class Supervisor:
         self.save_checkpoint_steps = save_checkpoint_steps
         self.init_fn = init_fn
         self.summary_fn = summary_fn
-        self.coord = Coordinator()
+        self.coord = Coordinator(clock=clock)
 
         self.global_step = global_step
         if checkpoint is not None and not isinstance(checkpoint, tf.train.Checkpoint):
@@ -115,7 +119,7 @@ class Supervisor:
 
         self._step = 0
         self._channels: Optional[TrainerChannels] = None
-        self._summaries = SummaryBuffer()
+        self._summaries = SummaryBuffer(clock)
         self._session: Optional[ManagedSession] = None
         self._own: Optional[OwnServices] = None
         self._steps_completed = 0
@@ -162,10 +166,11 @@ class Supervisor:
             return self._session
         self._started = True
         outcome.register(self.outcome)
-        t0 = time.monotonic()
+        t0 = self._clock()
         self._install_signal_handlers()
         endpoints = self._connect_services()
-        self._channels = TrainerChannels(endpoints, supervised=self._ctx is not None and self._ctx.supervised)
+        self._channels = TrainerChannels(endpoints, supervised=self._ctx is not None and self._ctx.supervised,
+                                         clock=self._clock)
         self._session = ManagedSession(self)
         skipped: list[str] = []
         if self._ckpt is not None:
@@ -176,10 +181,10 @@ class Supervisor:
         pid = os.getpid()
         attempt = self._ctx.attempt if self._ctx else 1
         self._channels.to_watchdog(TrainerReady(pid, attempt, self._step, self.restored_from,
-                                                time.monotonic() - t0, skipped))
+                                                self._clock() - t0, skipped))
         # TensorBoard discards every event at or after the next step we log: re-run steps don't duplicate
         self._channels.to_summary(SessionLogEvent(SessionStatus.START, self._step + 1))
-        now = time.monotonic()
+        now = self._clock()
         if self._ckpt is not None:
             self._ckpt.heartbeat(self._channels, self._step, now)
         self._next_summary = now + (self.save_summaries_secs or 0)
@@ -302,7 +307,7 @@ class Supervisor:
             # checkpoint work for the completed step happens here, before the next one runs: the
             # state is still that of step ``self._step``, and the summaries the program logged for
             # it after ``run`` returned are handed off first, so a commit never gets ahead of them
-            if self._ckpt.poll(self._channels, self._step, time.monotonic()):
+            if self._ckpt.poll(self._channels, self._step, self._clock()):
                 self._flush_summaries(force=False, urgent=True)
                 self._ckpt.snapshot(self._channels, self._step)
         self._step += 1
@@ -312,7 +317,7 @@ class Supervisor:
         self._steps_completed += 1
         ch = self._channels
         assert ch is not None
-        now = time.monotonic()
+        now = self._clock()
         if not self._first_step_done or now - self._last_progress >= PROGRESS_EVERY:
             self._first_step_done = True
             self._last_progress = now

@@ -23,7 +23,7 @@ from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, Gi
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.decide import Limits, find, note
 from procsv.watchdog.events import Event
-from procsv.watchdog.children import ChildProcess, watch_death
+from procsv.watchdog.children import ChildProcess, Process, watch_death
 from procsv.watchdog.failures import describe
 from procsv.watchdog.observe import Report
 from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable
@@ -161,7 +161,7 @@ class Executor:
                 env[DEATH_MUTEX] = mutex.path
             except OSError:
                 mutex = None  # no early notice: the pidfd alone tells of the death
-        proc = None
+        proc: Optional[Process] = None
         via = "fresh"
         if role == TRAINER and self.zygote is not None and self.zygote.ready:
             try:
