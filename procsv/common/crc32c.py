@@ -30,7 +30,7 @@ import zlib
 from typing import Callable, Literal
 
 import google_crc32c
-from google_crc32c import _crc32c  # type: ignore[attr-defined]  # the C extension, for its file name
+from google_crc32c import _crc32c  # the C extension, for the file name of its shared object
 
 Algorithm = Literal["crc32c", "crc32"]
 

@@ -49,7 +49,7 @@ def trainer_argv(target: str, args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "procsv.trainer", target, *args]
 
 
-def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: str, cwd: Optional[str] = None) -> subprocess.Popen:
+def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: str, cwd: Optional[str] = None) -> subprocess.Popen[bytes]:
     """Start one child in its own session, stdout and stderr appended to ``log_path``."""
     with open(log_path, "ab", buffering=0) as log:
         return subprocess.Popen(
