@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -49,7 +49,7 @@ def batch_indices(seed: int, step: int, n: int, batch_size: int) -> np.ndarray:
     return np.random.default_rng([seed, step]).integers(0, n, size=batch_size)
 
 
-def build_model() -> tuple:
+def build_model() -> tuple[Any, Any, Any]:
     """The 64-64-10 MLP, its Adam optimizer (slots created) and the loss: (model, optimizer, loss_fn)."""
     import keras
 
@@ -78,7 +78,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     model, optimizer, loss_fn = build_model()
 
-    @tf.function
+    @tf.function  # type: ignore[untyped-decorator]  # TensorFlow ships no type information
     def train_step(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         with tf.GradientTape() as tape:
             logits = model(x, training=True)
