@@ -9,6 +9,7 @@ so that plain TF tools work on it; procsv's own bookkeeping under ``.procsv/`` a
     <logdir>/logs/trainer.<attempt>.log        each attempt's stdout+stderr
     <logdir>/logs/trainer.<attempt>.error.json the child's own traceback, if it failed
     <logdir>/logs/lifecycle.jsonl              spawned / exited / restarted / committed ...
+    <logdir>/logs/report.json                  the recovery report of the last launch
     <logdir>/.procsv/status.json               what ``procsv status`` reads (the watchdog writes it)
     <logdir>/.procsv/summary_stats.json        the summary service's counters (written, dropped)
     <logdir>/.procsv/lock                      flock held by the live launch
@@ -76,6 +77,11 @@ class Layout:
     @property
     def lifecycle(self) -> str:
         return os.path.join(self.logs, "lifecycle.jsonl")
+
+    @property
+    def report(self) -> str:
+        """The recovery report of the last launch (``logs/report.json``)."""
+        return os.path.join(self.logs, "report.json")
 
     @property
     def state_file(self) -> str:

@@ -209,6 +209,4 @@ _KILL_LINES = {
     Cause.STOP_GRACE: "procsv: trainer did not stop within {grace:g} s; killing it",
     Cause.HANG: "procsv: hung trainer did not exit within {grace:g} s; killing it",
     Cause.SHUTDOWN: "procsv: the {role} process did not stop in time; killing it",
-    Cause.CHAOS: "procsv: chaos: killing the {role}",
-    Cause.STOP: "procsv: killing the {role}",
 }

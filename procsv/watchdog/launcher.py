@@ -26,8 +26,8 @@ from typing import Any, Callable, Optional
 import zmq
 
 from procsv.common.layout import Layout, LogdirLock, write_json
-from procsv.ipc.codec import ProtocolError, decode
-from procsv.ipc.transport import Endpoints, make_socket
+from procsv.ipc.codec import ProtocolError
+from procsv.ipc.transport import Endpoints, drain, make_socket
 from procsv.watchdog import observe, report
 from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.config import LaunchConfig, check_target
@@ -152,17 +152,11 @@ class Watchdog:
         self.poller.register(handle.pidfd, zmq.POLLIN)
 
     def _drain_messages(self) -> None:
-        while True:
-            try:
-                frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            try:
-                msg, _ = decode(frames)
-            except ProtocolError as exc:
-                self.say(f"procsv: ignored a malformed message: {exc}")
+        for got in drain(self.pull):
+            if isinstance(got, ProtocolError):
+                self.say(f"procsv: ignored a malformed message: {got}")
                 continue
-            self.record(observe.heard(self.view, msg, self.clock()))
+            self.record(observe.heard(self.view, got.msg, self.clock()))
             self.status.dirty = True
 
     def _drain_wakeups(self, wake_r: socket.socket) -> None:
@@ -246,7 +240,7 @@ class Watchdog:
     def _final_report(self) -> None:
         summary = report.summarize([a.record() for a in self.view.attempts], self.view.launch_start, self.clock())
         try:
-            write_json(os.path.join(self.layout.logs, "report.json"), summary)
+            write_json(self.layout.report, summary)
         except OSError:
             pass
         if summary["restarts"] or self.limits.chaos is not None:

@@ -135,13 +135,14 @@ class RunView:
     def services(self) -> list[ChildView]:
         return [c for c in self.children.values() if c.role != TRAINER]
 
+    def known(self) -> list[ChildView]:
+        """Every trainer attempt (oldest first), then the services' current attempts."""
+        return self.attempts + [c for c in self.children.values() if c.role != TRAINER]
+
     def unsettled(self) -> list[ChildView]:
         """Attempts that ended (or were noticed dead) and await a decision, oldest first."""
-        seen = {id(c) for c in self.attempts}
-        every = self.attempts + [c for c in self.children.values() if id(c) not in seen]
-        return [c for c in every if not c.settled and (c.reaped or c.noticed_dead_at is not None)]
+        return [c for c in self.known() if not c.settled and (c.reaped or c.noticed_dead_at is not None)]
 
     def live_children(self) -> list[ChildView]:
-        seen = {id(c) for c in self.attempts}
-        every = self.attempts + [c for c in self.children.values() if id(c) not in seen]
-        return [c for c in every if not c.reaped]
+        """Attempts not reaped yet."""
+        return [c for c in self.known() if not c.reaped]
