@@ -26,7 +26,7 @@ def test_a_hung_trainer_is_detected_terminated_killed_and_restarted(logdir):
     # progress is reported at most every 100 ms (5 steps of 20 ms here): the last report precedes step 25
     assert len(hang) == 1 and 25 - 6 <= hang[0]["step"] < 25
     silent = float(hang[0]["reason"].split("for ")[1].split(" s")[0])
-    assert silent > 2  # never before the timeout (how soon after it is the decision's test, in virtual time)
+    assert silent >= 2.0  # never before the timeout (printed to 0.1 s; how soon after it: the decision test)
     at = {id(e): i for i, e in enumerate(events)}
     (exited,) = [e for e in events if e["event"] == "exited" and e["role"] == "trainer" and e["attempt"] == 1]
     (respawn,) = [e for e in events if e["event"] == "spawned" and e["role"] == "trainer" and e["attempt"] == 2]
