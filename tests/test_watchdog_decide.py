@@ -229,6 +229,9 @@ def test_exit_zero_finishes_the_run_and_the_services_are_stopped_then_killed():
     assert of(sim.tick(), Settle) == [Settle(SUMMARY, 1)]
     assert sim.tick(9.9) == []
     assert sim.tick(0.2) == [Kill(CHECKPOINT, 1, Cause.SHUTDOWN)]  # min(stop grace, 30 s) passed
+    assert sim.tick(1.0) == []  # killed once; its reap ends it
+    sim.dies(CHECKPOINT, KILLED)
+    assert sim.tick() == [Settle(CHECKPOINT, 1)] and not sim.view.live_children()
 
 
 def test_stop_grace_escalates_to_sigkill_and_a_second_interrupt_kills_at_once():

@@ -176,7 +176,7 @@ def _shutdown(view: RunView, now: float, limits: Limits) -> list[Action]:
             continue  # noticed dead already: only its reap is missing
         if c.state in (ProcState.STARTING, ProcState.RUNNING):
             out.append(Signal(c.slot, c.attempt, signal.SIGTERM, Cause.SHUTDOWN))
-        elif view.services_deadline is not None and now >= view.services_deadline:
+        elif view.services_deadline is not None and now >= view.services_deadline and not c.killed:
             out.append(Kill(c.slot, c.attempt, Cause.SHUTDOWN))
     return out
 
@@ -206,6 +206,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         view.exit_code = view.exit_code or code
         view.finishing = True
         view.restart_at = None
+        view.services_deadline = now + min(limits.stop_grace_secs, limits.services_grace_secs)
         return
     if child is None:
         raise KeyError(f"{type(action).__name__}: no attempt {action.attempt} of {action.slot}")
@@ -219,9 +220,8 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
             child.set_state(ProcState.STOPPING)
         else:
             child.set_state(ProcState.STOPPING)
-            if action.cause == Cause.SHUTDOWN and view.services_deadline is None:
-                view.services_deadline = now + min(limits.stop_grace_secs, limits.services_grace_secs)
     elif isinstance(action, Kill):
+        child.killed = True
         if action.cause == Cause.HANG:
             child.hang_kill_at = None
         elif action.cause == Cause.STOP_GRACE:

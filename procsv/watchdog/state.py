@@ -63,6 +63,7 @@ class ChildView:
     signalled_at: Optional[float] = None  # a signal meant to end it was sent (hang, chaos)
     hang_cause: str = ""
     hang_kill_at: Optional[float] = None
+    killed: bool = False  # SIGKILL was sent to its process group
     # its end
     noticed_dead_at: Optional[float] = None  # its death notice (robust mutex "owner died")
     noticed_wall: Optional[float] = None  # the same moment on the wall clock, for the lifecycle log
@@ -122,7 +123,7 @@ class RunView:
     last_error: Optional[str] = None
     stop_signal: Optional[int] = None
     stop_deadline: Optional[float] = None  # SIGKILL the trainer after this (stop grace)
-    services_deadline: Optional[float] = None  # SIGKILL services still running after this (at the end)
+    services_deadline: Optional[float] = None  # once the outcome is decided: SIGKILL what still runs after this
     restart_at: Optional[float] = None  # start the trainer (again) at this time
     service_crashes: tuple[float, ...] = ()
     chaos_at: Optional[float] = None  # the next chaos kill
