@@ -29,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("target", metavar="TARGET", help="a module name (procsv.examples.digits) or a path to a .py file")
     la.add_argument("--logdir", required=True, help="where checkpoints, event files and logs go")
     la.add_argument("--max-restarts", type=int, default=10,
-                    help="give up after this many trainer failures without a new checkpoint (default 10)")
+                    help="restart a failing trainer at most this many times in a row without a new checkpoint "
+                         "(default 10)")
     la.add_argument("--stop-grace-secs", type=float, default=120.0,
                     help="on SIGTERM/SIGINT, how long the trainer may take to checkpoint and exit (default 120)")
     la.add_argument("--quiet", action="store_true", help="do not echo the trainer's output")

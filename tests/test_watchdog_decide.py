@@ -278,6 +278,36 @@ def test_hang_escalation_sigterm_then_sigkill_then_a_restart():
     assert "hang" in sim.view.last_error
 
 
+def test_a_trainer_busy_beyond_its_busy_limit_is_hung_too():
+    sim = Sim(Limits(hang=HangLimits(10.0, 60.0, busy_timeout=130.0), hang_grace_secs=2.0))
+    sim.start_trainer()
+    sim.progress(2, busy="snapshot")
+    assert sim.tick(129.0) == []  # a long snapshot is allowed ...
+    (sig,) = sim.tick(2.0)  # ... but not forever
+    assert sig.cause == Cause.HANG and "busy with snapshot" in sig.reason
+
+
+def test_a_hung_trainer_that_saved_and_exited_42_still_counts_as_a_failure():
+    sim = Sim(Limits(hang=HangLimits(10.0, 60.0), hang_grace_secs=2.0))
+    sim.start_trainer()
+    (sig,) = sim.tick(11.0)
+    assert sig.cause == Cause.HANG
+    sim.dies(TRAINER, 42)  # it handled the SIGTERM: saved and asked for a restart
+    (r,) = of(sim.tick(), Restart)
+    assert not r.preempted and sim.view.history.failures_without_progress == 1
+
+
+def test_a_service_crash_loop_ends_the_run_as_failed():
+    sim = Sim(Limits(service_restart_limit=0, hang=HangLimits(None, None)))
+    sim.start_trainer()
+    sim.dies(SUMMARY, KILLED)
+    assert of(sim.tick(), GiveUpService)
+    sim.tick()
+    sim.dies(TRAINER, 42)
+    sim.tick()
+    assert sim.view.run == RunState.FAILED and sim.view.exit_code == 1
+
+
 def test_no_first_step_within_the_startup_timeout_is_a_hang():
     sim = Sim(Limits(hang=HangLimits(10.0, 60.0)))
     assert of(sim.tick(), Spawn)
@@ -329,8 +359,30 @@ def test_chaos_arms_after_the_first_step_and_fires_on_schedule_never_on_a_busy_t
     sim.progress(1)
     (arm2,) = sim.tick()
     assert arm2.attempt == 2
-    sim.progress(2, busy="final_checkpoint")
-    assert sim.tick(6.0) == [SkipChaos(TRAINER)]  # writing its final checkpoint: spared
+    sim.progress(2, busy="snapshot")
+    assert sim.tick(6.0) == []  # busy with a snapshot: spared for now ...
+    sim.progress(3)
+    assert sim.tick(0.1) == [Signal(TRAINER, 2, signal.SIGKILL, Cause.CHAOS)]  # ... and killed when done
+    sim.dies(TRAINER, KILLED)
+    assert of(sim.tick(), SkipChaos) == []  # gone: nothing to skip until the next attempt is armed
+
+
+def test_a_chaos_kill_due_while_a_restart_backs_off_is_skipped():
+    sim = Sim(Limits(chaos=parse_chaos("every=5"), restart=RestartPolicy(backoff_base=10.0),
+                     hang=HangLimits(None, None)), chaos_delay=5.0)
+    sim.start_trainer()
+    sim.tick()  # armed for attempt 1
+    sim.dies(TRAINER, 1)  # first failure without progress: at once
+    sim.tick()
+    sim.tick()
+    sim.ready()
+    sim.progress(1)
+    assert of(sim.tick(), ArmChaos) == [ArmChaos(TRAINER, 2, sim.now + 5.0)]
+    sim.dies(TRAINER, 1)  # second in a row: a 10 s backoff
+    (r,) = of(sim.tick(1.0), Restart)
+    assert r.delay == 10.0
+    assert sim.tick(4.1) == [SkipChaos(TRAINER)]  # nobody to kill now
+    assert sim.tick(6.0) == [Spawn(TRAINER, TRAINER)]
 
 
 def test_chaos_on_a_service_counts_from_its_start():

@@ -16,25 +16,29 @@ LIMITS = HangLimits(hang_timeout=10.0, startup_timeout=60.0)
 
 
 def test_no_first_step_is_judged_by_the_startup_timeout():
-    assert hang_reason(59.0, started=0.0, last_progress=None, busy=False, limits=LIMITS) is None
-    reason = hang_reason(61.0, started=0.0, last_progress=None, busy=False, limits=LIMITS)
+    assert hang_reason(59.0, started=0.0, last_progress=None, busy="", limits=LIMITS) is None
+    reason = hang_reason(61.0, started=0.0, last_progress=None, busy="", limits=LIMITS)
     assert reason and "--startup-timeout 60" in reason
 
 
 def test_after_the_first_step_the_hang_timeout_applies():
-    assert hang_reason(109.0, started=0.0, last_progress=100.0, busy=False, limits=LIMITS) is None
-    reason = hang_reason(110.5, started=0.0, last_progress=100.0, busy=False, limits=LIMITS)
+    assert hang_reason(109.0, started=0.0, last_progress=100.0, busy="", limits=LIMITS) is None
+    reason = hang_reason(110.5, started=0.0, last_progress=100.0, busy="", limits=LIMITS)
     assert reason and "10.5 s" in reason and "--hang-timeout 10" in reason
 
 
-def test_a_busy_trainer_is_never_hung():
-    assert hang_reason(1e6, started=0.0, last_progress=1.0, busy=True, limits=LIMITS) is None
+def test_a_busy_trainer_is_judged_by_the_busy_limit_only():
+    assert hang_reason(1e6, started=0.0, last_progress=1.0, busy="final_checkpoint", limits=LIMITS) is None
+    busy = HangLimits(hang_timeout=10.0, startup_timeout=60.0, busy_timeout=100.0)
+    assert hang_reason(100.5, started=0.0, last_progress=1.0, busy="snapshot", limits=busy) is None
+    reason = hang_reason(101.5, started=0.0, last_progress=1.0, busy="snapshot", limits=busy)
+    assert reason and "busy with snapshot for 100.5 s" in reason
 
 
 @pytest.mark.parametrize("limits", [HangLimits(None, None), HangLimits(0, 0)])
 def test_zero_or_none_turns_detection_off(limits):
-    assert hang_reason(1e9, started=0.0, last_progress=None, busy=False, limits=limits) is None
-    assert hang_reason(1e9, started=0.0, last_progress=1.0, busy=False, limits=limits) is None
+    assert hang_reason(1e9, started=0.0, last_progress=None, busy="", limits=limits) is None
+    assert hang_reason(1e9, started=0.0, last_progress=1.0, busy="", limits=limits) is None
 
 
 def test_chaos_every_is_a_fixed_delay_and_defaults_to_sigkill_of_the_trainer():

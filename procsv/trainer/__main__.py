@@ -50,8 +50,12 @@ def main() -> int:
 
 
 def _clean_exit() -> int:
+    result = outcome.collect()
+    if result.stopped_by_signal and result.unsaved:
+        print("procsv: stopped by a signal, but the emergency checkpoint did not commit: exiting with code "
+              f"{outcome.EXIT_UNSAVED} (a failure), not {bootstrap.EXIT_PREEMPTED} (saved)", file=sys.stderr, flush=True)
     deathnotice.release()
-    return outcome.collect().clean_exit_code
+    return result.clean_exit_code
 
 
 if __name__ == "__main__":

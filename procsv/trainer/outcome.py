@@ -19,18 +19,22 @@ from typing import Any, Callable, Optional
 
 from procsv.common.bootstrap import EXIT_PREEMPTED
 
+EXIT_UNSAVED = 1  # stopped by a signal, but the emergency checkpoint did not commit
+
 
 @dataclass(frozen=True)
 class Outcome:
     """What the Supervisors of this process achieved."""
 
     steps_completed: int = 0  # steps completed by this process (0: it failed during start-up, if it fails)
-    stopped_by_signal: bool = False  # a SIGTERM/SIGINT stopped training after the state was saved
+    stopped_by_signal: bool = False  # a SIGTERM/SIGINT stopped training
     supervised: int = 0  # Supervisors that started a session
+    unsaved: bool = False  # a final (or emergency) checkpoint did not commit
 
     def merge(self, other: "Outcome") -> "Outcome":
         return Outcome(self.steps_completed + other.steps_completed,
-                       self.stopped_by_signal or other.stopped_by_signal, self.supervised + other.supervised)
+                       self.stopped_by_signal or other.stopped_by_signal, self.supervised + other.supervised,
+                       self.unsaved or other.unsaved)
 
     @property
     def phase(self) -> str:
@@ -39,8 +43,12 @@ class Outcome:
 
     @property
     def clean_exit_code(self) -> int:
-        """The exit code of a process whose program returned normally."""
-        return EXIT_PREEMPTED if self.stopped_by_signal else 0
+        """The exit code of a process whose program returned normally: 42 ("saved, restart me") after
+        a signal only if the emergency checkpoint committed; 1 (a failure) if a signal stopped it and
+        the checkpoint did not commit, so that the restart policy counts it."""
+        if self.stopped_by_signal:
+            return EXIT_UNSAVED if self.unsaved else EXIT_PREEMPTED
+        return 0
 
 
 _providers: list[Callable[[], Outcome]] = []

@@ -124,6 +124,7 @@ class Supervisor:
         self._own: Optional[OwnServices] = None
         self._steps_completed = 0
         self._stopped_by_signal = False
+        self._unsaved = False  # the final checkpoint did not commit
         self._old_handlers: dict[int, Any] = {}
         self._first_step_done = False
         self._last_progress = 0.0
@@ -210,6 +211,7 @@ class Supervisor:
                 self._flush_summaries(force=False, urgent=True)  # hand off before the commit, as at a step
                 reason = SaveReason.PREEMPTED if self.coord.stop_signal is not None else SaveReason.FINAL
                 self._ckpt.final(self._channels, self._step, reason, self.stop_grace_secs)
+                self._unsaved = self._ckpt.last_committed < self._step
             self._flush_summaries(force=True)
             self._channels.to_summary(SessionLogEvent(SessionStatus.STOP, self._step))
         finally:
@@ -217,7 +219,7 @@ class Supervisor:
 
     def outcome(self) -> outcome.Outcome:
         """What this Supervisor achieved so far (the trainer's bootstrap reads it at exit)."""
-        return outcome.Outcome(self._steps_completed, self._stopped_by_signal, 1)
+        return outcome.Outcome(self._steps_completed, self._stopped_by_signal, 1, self._unsaved)
 
     def request_stop(self, ex: Optional[BaseException] = None) -> None:
         self.coord.request_stop(ex)

@@ -38,9 +38,15 @@ class LaunchConfig:
     preload: list[str] = field(default_factory=list)
     cwd: str = field(default_factory=os.getcwd)
 
+    @property
+    def busy_timeout(self) -> Optional[float]:
+        """How long a trainer may be busy on purpose (a snapshot, its final checkpoint) before it is
+        hung: a step's limit plus the time the final checkpoint may take."""
+        return self.hang_timeout + self.stop_grace_secs if self.hang_timeout > 0 else None
+
     def limits(self) -> Limits:
         return Limits(restart=RestartPolicy(max_restarts=self.max_restarts),
-                      hang=HangLimits(self.hang_timeout, self.startup_timeout),
+                      hang=HangLimits(self.hang_timeout, self.startup_timeout, self.busy_timeout),
                       stop_grace_secs=self.stop_grace_secs, hang_grace_secs=self.hang_grace_secs,
                       chaos=parse_chaos(self.chaos) if self.chaos else None)
 

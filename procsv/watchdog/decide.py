@@ -21,11 +21,12 @@ Rules, in the order they are considered:
    ``stop_grace_secs`` it is SIGKILLed; once no trainer is left the run is ``stopped``.
 3. **Restart timer.** A pending trainer start happens when due -- but the first one waits up to
    ``zygote_wait`` seconds for the pre-warmed trainer to be ready.
-4. **Hangs.** A trainer silent beyond its limit (:func:`procsv.watchdog.hang.hang_reason`) gets
-   SIGTERM, then SIGKILL after ``hang_grace_secs``.
+4. **Hangs.** A trainer silent beyond its limit (:func:`procsv.watchdog.hang.hang_reason`; busy
+   on purpose has a longer limit, never none) gets SIGTERM, then SIGKILL after ``hang_grace_secs``.
+   If it then exits with "saved, restart me" (42), that still counts as a failure.
 5. **Chaos.** The target is armed once per attempt (after the trainer's first step, or when a
-   service starts) with the next delay of the plan, and signalled when due, never while it is
-   busy with its final checkpoint.
+   service starts) with the next delay of the plan, and signalled when due -- never while it is
+   busy with a snapshot or its final checkpoint: then as soon as it is not.
 6. **Shutdown.** Once the outcome is decided, every live child gets SIGTERM, and SIGKILL after
    ``min(stop_grace_secs, services_grace_secs)``.
 """
@@ -95,6 +96,8 @@ def _judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: fl
         return [RespawnService(child.slot, child.attempt, window)]
     code = child.exit_code if child.reaped else 1  # a death notice: some unclean death
     assert code is not None
+    if code == EXIT_PREEMPTED and child.hang_cause:
+        code = 1  # it saved when terminated for a hang, but a hang is a failure: backoff applies
     ex = TrainerExit(code, child.first_step_at is not None, child.made_progress, view.stop_signal is not None)
     verdict = restart_verdict(limits.restart, view.history, ex, draw)
     if not child.reaped:
@@ -149,23 +152,23 @@ def _hang(view: RunView, t: ChildView, now: float, limits: Limits) -> list[Actio
 
 
 def _chaos(view: RunView, now: float, limits: Limits) -> list[Action]:
-    """Rule 5: scheduled kills."""
+    """Rule 5: scheduled kills, armed once per attempt of the target."""
     plan = limits.chaos
     if plan is None or view.stop_signal is not None:
         return []
     victim = view.children.get(plan.target)
-    if view.chaos_at is not None:
-        if now < view.chaos_at:
-            return []
-        if victim is None or not victim.live or victim.busy:
-            return [SkipChaos(plan.target)]
-        return [Signal(victim.slot, victim.attempt, plan.signal, Cause.CHAOS)]
-    if victim is None or not victim.live or view.chaos_armed_for == (victim.slot, victim.attempt):
+    current = victim is not None and victim.live and view.chaos_armed_for == (victim.slot, victim.attempt)
+    if victim is not None and victim.live and not current:
+        since = victim.first_step_at if victim.role == TRAINER else victim.started
+        if since is not None:  # a new attempt is ready: its own schedule replaces any earlier one
+            return [ArmChaos(victim.slot, victim.attempt, since + view.chaos_next_delay)]
+    if view.chaos_at is None or now < view.chaos_at:
         return []
-    since = victim.first_step_at if victim.role == TRAINER else victim.started
-    if since is None:
-        return []
-    return [ArmChaos(victim.slot, victim.attempt, since + view.chaos_next_delay)]
+    if victim is None or not current:
+        return [SkipChaos(plan.target)]  # its attempt is gone
+    if victim.busy:
+        return []  # never while it snapshots or writes its final checkpoint: when it is done
+    return [Signal(victim.slot, victim.attempt, plan.signal, Cause.CHAOS)]
 
 
 def _shutdown(view: RunView, now: float, limits: Limits) -> list[Action]:
@@ -202,6 +205,8 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         if isinstance(action, GiveUp) and child is not None:
             view.last_error = child.headline()
         run, code = (action.run, action.exit_code) if isinstance(action, Finish) else (RunState.FAILED, 1)
+        if view.failed:  # a service kept failing: the orderly stop that followed is a failure
+            run = RunState.FAILED
         view.run = transition(view.run, run)  # type: ignore[assignment]
         view.exit_code = view.exit_code or code
         view.finishing = True
@@ -240,6 +245,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
     elif isinstance(action, GiveUpService):
         _settle(child)
         view.service_crashes = action.crashes
+        view.failed = True
         view.last_error = f"{child.role} service keeps failing: {child.headline()}"
         view.exit_code = 1
         request_stop(view, signal.SIGTERM, now, limits.stop_grace_secs)

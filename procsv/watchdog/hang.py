@@ -3,7 +3,8 @@
 Runs in the watchdog. The trainer reports progress after every step (throttled to 100 ms); a
 trainer that has been silent for longer than its timeout is hung. Before its first step the
 longer ``startup_timeout`` applies (import, restore and tf.function tracing happen then); while
-the trainer says it is busy on purpose (its final checkpoint) the clock does not run.
+the trainer says it is busy on purpose (a snapshot, its final checkpoint) the longer
+``busy_timeout`` applies instead, so a trainer stuck in a snapshot copy is still caught.
 """
 
 from __future__ import annotations
@@ -16,12 +17,17 @@ from typing import Optional
 class HangLimits:
     hang_timeout: Optional[float]  # None or <= 0: hang detection off
     startup_timeout: Optional[float]
+    busy_timeout: Optional[float] = None  # while busy on purpose (None or <= 0: no limit)
 
 
-def hang_reason(now: float, *, started: float, last_progress: Optional[float], busy: bool,
+def hang_reason(now: float, *, started: float, last_progress: Optional[float], busy: str,
                 limits: HangLimits) -> Optional[str]:
-    """A one-line reason if the trainer is hung at ``now``, else None."""
-    if busy:
+    """A one-line reason if the trainer is hung at ``now``, else None. ``busy`` names what the
+    trainer said it is busy with since ``last_progress`` ("" if it is not)."""
+    if busy and last_progress is not None:
+        limit = limits.busy_timeout
+        if limit and limit > 0 and now - last_progress > limit:
+            return f"busy with {busy} for {now - last_progress:.1f} s (limit {limit:g} s)"
         return None
     if last_progress is None:
         limit = limits.startup_timeout

@@ -87,7 +87,7 @@ def _progress(view: RunView, msg: Progress, now: float) -> list[Report]:
     child = _trainer(view, msg.pid)
     if child is None:
         return []
-    busy = bool(msg.busy)
+    busy = str(_plain(msg.busy))
     out = []
     if child.first_step_at is None and not busy:
         child.first_step_at = now

@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from procsv.ipc.codec import ProtocolError
 from procsv.ipc.messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
 from procsv.ipc.pipe import FramedReader, write_framed
 from procsv.common import env as envvars
@@ -68,7 +69,7 @@ class Zygote:
             return []
         try:
             msgs = self.reader.read_available()
-        except EOFError:
+        except (EOFError, ProtocolError):  # closed, or garbage on the pipe: either way, unusable
             self.dead = True
             return []
         for msg in msgs:

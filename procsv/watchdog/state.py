@@ -57,7 +57,7 @@ class ChildView:
     last_work_at: Optional[float] = None  # the last Progress of a completed step (not busy)
     work_step: int = 0  # the step of that Progress (or the restored step before it)
     step: int = 0
-    busy: bool = False
+    busy: str = ""  # what the trainer said it is busy with since its last Progress ("" if nothing)
     made_progress: bool = False  # a checkpoint committed since this attempt started
     # what the watchdog did to it
     signalled_at: Optional[float] = None  # a signal meant to end it was sent (hang, chaos)
@@ -118,6 +118,7 @@ class RunView:
     run: RunState = RunState.RUNNING
     finishing: bool = False  # the run's outcome is decided; what is left is stopping the services
     exit_code: int = 0
+    failed: bool = False  # a service kept failing: the run ends as failed, after an orderly stop
     step: int = 0
     restored_step: Optional[int] = None
     last_error: Optional[str] = None
