@@ -30,6 +30,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -109,15 +110,72 @@ class Layout:
             ) from None
 
 
+RUNTIME_PREFIX = "procsv-"
+RUNTIME_OWNER = "owner"  # "<pid> <create_time>" of the process that created the runtime directory
+
+
 @dataclass(frozen=True)
 class RuntimeDir:
     """Paths inside a run's private runtime directory (besides the socket files)."""
 
     path: str
 
+    @staticmethod
+    def create() -> "RuntimeDir":
+        """A new private runtime directory (mode 0700) in the temp folder, naming its owner.
+
+        First removes the runtime directories of owners that are gone (a launch killed with
+        SIGKILL cannot remove its own): :func:`remove_stale_runtime_dirs`.
+        """
+        remove_stale_runtime_dirs()
+        path = tempfile.mkdtemp(prefix=RUNTIME_PREFIX)
+        with open(os.path.join(path, RUNTIME_OWNER), "w") as fh:
+            fh.write(f"{os.getpid()} {_create_time(os.getpid())!r}\n")
+        return RuntimeDir(path)
+
     def trainer_mutex(self, attempt: int) -> str:
         """The death-notice mutex of one trainer attempt."""
         return os.path.join(self.path, f"trainer.{attempt}.mutex")
+
+
+def _create_time(pid: int) -> float:
+    """The kernel's start time of ``pid`` (seconds since boot; tells a reused pid apart), or -1."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return float(fields[19])  # field 22 of stat: starttime, in clock ticks
+    except (OSError, IndexError, ValueError):
+        return -1.0
+
+
+def remove_stale_runtime_dirs(folder: Optional[str] = None) -> list[str]:
+    """Remove this user's runtime directories whose owner process is gone; return their paths.
+
+    A directory without a readable owner record (another program's, or being created) is kept.
+    """
+    folder = folder or tempfile.gettempdir()
+    removed: list[str] = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(folder, name)
+        if not name.startswith(RUNTIME_PREFIX):
+            continue
+        try:
+            if os.lstat(path).st_uid != os.getuid() or not os.path.isdir(path):
+                continue
+            with open(os.path.join(path, RUNTIME_OWNER)) as fh:
+                pid_text, started_text = fh.read().split()
+            pid, started = int(pid_text), float(started_text)
+        except (OSError, ValueError):
+            continue
+        if pid > 0 and _create_time(pid) == started:
+            continue  # its owner lives
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def fsync_dir(path: str) -> None:

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import tempfile
 
 from procsv.common import spawn
-from procsv.common.layout import Layout, LogdirLock
+from procsv.common.layout import Layout, LogdirLock, RuntimeDir
 from procsv.ipc.transport import Endpoints
 
 SERVICE_ROLES = ("summary", "checkpoint")
@@ -33,7 +32,7 @@ class OwnServices:
         """Lock the logdir and start both services; return their endpoints."""
         self.layout.create()
         self._lock.acquire()
-        self.runtime_dir = tempfile.mkdtemp(prefix="procsv-")
+        self.runtime_dir = RuntimeDir.create().path
         for role in SERVICE_ROLES:
             env = spawn.child_env(role=role, attempt=1, logdir=self.layout.logdir, runtime_dir=self.runtime_dir,
                                   supervised=False)

@@ -26,6 +26,7 @@ restarting             attempt (the next one), delay, error
 restarted              attempt (the one being started)
 gave_up                reason, error
 finished               state, exit_code, step
+orphans_killed         pids (processes of the run whose parent died, adopted and killed)
 =====================  ==========================================================================
 """
 
@@ -56,6 +57,7 @@ class Event(str, enum.Enum):
     RESTARTED = "restarted"
     GAVE_UP = "gave_up"
     FINISHED = "finished"
+    ORPHANS_KILLED = "orphans_killed"
 
 
 _RESTORE = frozenset({"pid", "step", "path", "secs", "skipped"})
@@ -79,6 +81,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.RESTARTED: frozenset({"attempt"}),
     Event.GAVE_UP: frozenset({"reason", "error"}),
     Event.FINISHED: frozenset({"state", "exit_code", "step"}),
+    Event.ORPHANS_KILLED: frozenset({"pids"}),
 }
 
 

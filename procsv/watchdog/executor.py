@@ -194,6 +194,10 @@ class Executor:
         self.dead_zygotes.append(self.zygote)
         self.zygote = None
 
+    def zygote_pids(self) -> set[int]:
+        """The pre-warmed trainers' pids (the watchdog's own children, not left-behind ones)."""
+        return {z.pid for z in [self.zygote, *self.dead_zygotes] if z is not None}
+
     def close(self) -> None:
         """SIGKILL and reap whatever still runs (the end of the launch, however it ends)."""
         for handle in list(self.handles.values()):

@@ -19,17 +19,16 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 from typing import Any, Callable, Optional
 
 import zmq
 
-from procsv.common.layout import Layout, LogdirLock, write_json
+from procsv.common.layout import Layout, LogdirLock, RuntimeDir, write_json
 from procsv.ipc.codec import ProtocolError
 from procsv.ipc.transport import Endpoints, drain, make_socket
 from procsv.watchdog import observe, report
-from procsv.watchdog.children import ChildProcess
+from procsv.watchdog.children import ChildProcess, Orphans
 from procsv.watchdog.config import LaunchConfig, check_target
 from procsv.watchdog.decide import decide
 from procsv.watchdog.events import Event, EventLog
@@ -41,6 +40,7 @@ from procsv.watchdog.state import SERVICE_ROLES, TRAINER, RunView, ZygoteState
 from procsv.watchdog.statusfile import StatusWriter, status_record
 
 TICK_MS = 100
+SWEEP_EVERY = 1.0  # seconds between sweeps for left-behind processes (also after every exit)
 
 __all__ = ["LaunchConfig", "Watchdog", "check_target"]
 
@@ -66,6 +66,8 @@ class Watchdog:
         self.events: Optional[EventLog] = None
         self.ex: Optional[Executor] = None
         self._by_fd: dict[int, ChildProcess] = {}
+        self.orphans: Optional[Orphans] = None
+        self._next_sweep = 0.0
 
     # ------------------------------------------------------------------ main
     def run(self) -> int:
@@ -79,7 +81,8 @@ class Watchdog:
 
     def _run_locked(self) -> int:
         self.events = EventLog(self.layout.lifecycle, self.wall)
-        runtime_dir = tempfile.mkdtemp(prefix="procsv-")  # mode 0700: sockets only we can reach
+        self.orphans = Orphans()
+        runtime_dir = RuntimeDir.create().path  # mode 0700: sockets only we can reach
         zctx = zmq.Context()
         self.pull = make_socket(zctx, zmq.PULL)
         self.pull.bind(Endpoints(runtime_dir).watchdog)
@@ -121,6 +124,7 @@ class Watchdog:
                 self.round()
         finally:
             ex.close()
+            self._sweep(final=True)
             signal.set_wakeup_fd(old_wakeup)
             for s, h in old.items():
                 signal.signal(s, h)
@@ -144,6 +148,8 @@ class Watchdog:
             if TRAINER in self.view.children else None
         if trainer is not None:
             self._echo(trainer)
+        if self.clock() >= self._next_sweep:
+            self._sweep()
         self.status.maybe_write(self._status)
 
     # ------------------------------------------------------------------ observations
@@ -201,6 +207,7 @@ class Watchdog:
         failure = Failure(handle.role, handle.attempt, handle.pid, code, self.wall(), handle.log_path, err)
         self.record(observe.reaped(self.view, handle.slot, handle.attempt, failure, self.clock()))
         self.status.dirty = True
+        self._sweep()  # what it left behind
 
     def _on_zygote(self) -> None:
         assert self.ex is not None and self.ex.zygote is not None
@@ -214,6 +221,22 @@ class Watchdog:
             except KeyError:
                 pass
             self.ex.drop_zygote("procsv: the pre-warmed trainer (zygote) died; restarts will start fresh trainers")
+
+    def _sweep(self, final: bool = False) -> None:
+        """Kill and reap processes of the run whose parent died (see :class:`Orphans`)."""
+        if self.orphans is None or self.ex is None:
+            return
+        self._next_sweep = self.clock() + SWEEP_EVERY
+        known = {h.pid for h in self.ex.handles.values()} | self.ex.zygote_pids()
+        killed = self.orphans.sweep(known)
+        deadline = self.clock() + 5.0
+        while final and self.orphans.pending and self.clock() < deadline:
+            time.sleep(0.01)
+            killed += self.orphans.sweep(known)
+        if killed:
+            self.record([Report(Event.ORPHANS_KILLED, {"pids": killed},
+                                say=f"procsv: killed {len(killed)} process(es) the run left behind (pids "
+                                    f"{', '.join(map(str, killed))})", err=True)])
 
     # ------------------------------------------------------------------ output
     def record(self, reports: list[Report]) -> None:

@@ -143,8 +143,17 @@ class ForkedProcess:
     def _settle(self) -> None:
         if self.pid in self.zygote.exits:
             self.returncode = self.zygote.exits.pop(self.pid)
-        elif not self.zygote.alive() and not _exists(self.pid):
-            self.returncode = -signal.SIGKILL  # died with the zygote (parent-death signal); status lost
+            return
+        if self.zygote.alive():
+            return
+        try:  # the zygote is gone: the watchdog (a child subreaper) adopted this trainer
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            if not _exists(self.pid):
+                self.returncode = -signal.SIGKILL  # died with the zygote (parent-death signal); status lost
+            return
+        if pid:
+            self.returncode = os.waitstatus_to_exitcode(status)
 
 
 def _exists(pid: int) -> bool:

@@ -7,6 +7,8 @@
     --bad-attempts A,B     which attempts misbehave (default: 1); "all" for every attempt
     --save-steps N         checkpoint every N steps
     --raise-at-step K      raise --raise-kind (outofrange|stopiteration|value) inside step K
+    --spawn-orphan FILE    start a helper in its own session (setsid: it escapes the process group and
+                           the parent-death signal) on bad attempts; write "<pid> <runtime dir>" to FILE
 """
 
 import argparse
@@ -29,11 +31,19 @@ p.add_argument("--save-model-secs", type=float, default=600)
 p.add_argument("--raise-at-step", type=int, default=0, help="raise --raise-kind inside this step")
 p.add_argument("--raise-kind", choices=["outofrange", "stopiteration", "value"], default="value")
 p.add_argument("--logdir", default=None, help="for a plain `python tiny_train.py` run")
+p.add_argument("--spawn-orphan", default=None, metavar="FILE")
 args = p.parse_args()
 
 attempt = int(os.environ.get("PROCSV_ATTEMPT", "1"))
 bad = args.bad_attempts == "all" or str(attempt) in args.bad_attempts.split(",")
 weights = tf.Variable(tf.zeros([4]))
+if args.spawn_orphan and bad:
+    import subprocess
+
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
+    with open(args.spawn_orphan + ".tmp", "w") as fh:
+        fh.write(f"{helper.pid} {os.environ.get('PROCSV_RUNTIME_DIR', '')}\n")
+    os.replace(args.spawn_orphan + ".tmp", args.spawn_orphan)
 sv = procsv.Supervisor(logdir=args.logdir, checkpoint={"weights": weights}, save_model_secs=args.save_model_secs,
                        save_checkpoint_steps=args.save_steps)
 

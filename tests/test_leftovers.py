@@ -1,0 +1,93 @@
+"""Nothing of a run is left behind: setsid grandchildren, runtime directories of killed launches."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+
+import psutil
+import pytest
+
+from conftest import PROGRAMS, finish, launch, lifecycle, raw_status, wait_for
+from procsv.common.layout import RUNTIME_OWNER, RuntimeDir, remove_stale_runtime_dirs
+
+TINY = os.path.join(PROGRAMS, "tiny_train.py")
+
+
+def _gone(pid: int) -> bool:
+    """Killed and reaped (a zombie is not gone: its parent has not collected it)."""
+    try:
+        psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return True
+    return False
+
+
+def _read(path: str) -> tuple[int, str]:
+    with open(path) as fh:
+        pid, runtime = fh.read().split()
+    return int(pid), runtime
+
+
+@pytest.mark.slow
+def test_a_setsid_grandchild_dies_with_its_trainer_and_the_run_leaves_nothing(logdir, tmp_path):
+    marker = str(tmp_path / "orphan")
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--spawn-orphan", marker, target=TINY)
+    try:
+        wait_for(lambda: os.path.exists(marker) and (raw_status(logdir) or {}).get("step", 0) > 5, 90,
+                 what="the trainer with its setsid helper")
+        orphan, runtime = _read(marker)
+        assert os.path.isdir(runtime)
+        trainer = next(p["pid"] for p in raw_status(logdir)["processes"] if p["role"] == "trainer")
+        assert os.getsid(orphan) != os.getsid(trainer)  # it escaped the trainer's process group
+        os.kill(trainer, signal.SIGKILL)
+        wait_for(lambda: _gone(orphan), 30, what="the trainer's setsid helper to be killed and reaped")
+        wait_for(lambda: (raw_status(logdir) or {}).get("restarts", 0) >= 1 and
+                 (raw_status(logdir) or {}).get("step", 0) > 10, 90, what="the restarted trainer")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    killed = [e for e in lifecycle(logdir) if e["event"] == "orphans_killed"]
+    assert killed and orphan in killed[0]["pids"]
+    assert not os.path.exists(runtime)
+    # the logdir fixture fails the test if any process of the run is left
+
+
+@pytest.mark.slow
+def test_the_runtime_directory_of_a_killed_launch_is_removed_by_the_next_one(logdir, tmp_path):
+    marker = str(tmp_path / "orphan")
+    first = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--spawn-orphan", marker, target=TINY)
+    wait_for(lambda: os.path.exists(marker), 90, what="the first launch's trainer")
+    _, runtime = _read(marker)
+    os.kill(first.pid, signal.SIGKILL)  # the watchdog cannot clean up after itself
+    first.wait(30)
+    assert os.path.isdir(runtime)
+    code, out, err = finish(launch(logdir, "--steps", "3", "--step-delay", "0", target=TINY))
+    assert code == 0, err
+    assert not os.path.exists(runtime)
+
+
+def test_only_runtime_directories_of_dead_owners_are_removed(tmp_path):
+    folder = str(tmp_path)
+    mine = RuntimeDir.create().path  # owned by this live process
+    try:
+        dead = tempfile.mkdtemp(prefix="procsv-", dir=folder)
+        with open(os.path.join(dead, RUNTIME_OWNER), "w") as fh:
+            fh.write("999999999 1.0\n")  # no such process
+        reused = tempfile.mkdtemp(prefix="procsv-", dir=folder)
+        with open(os.path.join(reused, RUNTIME_OWNER), "w") as fh:
+            fh.write(f"{os.getpid()} 1.0\n")  # a live pid, but another start time: a reused pid
+        unknown = tempfile.mkdtemp(prefix="procsv-", dir=folder)  # no owner record: not ours to judge
+        other = tempfile.mkdtemp(prefix="other-", dir=folder)
+        with open(os.path.join(other, RUNTIME_OWNER), "w") as fh:
+            fh.write("999999999 1.0\n")
+        assert sorted(remove_stale_runtime_dirs(folder)) == sorted([dead, reused])
+        assert os.path.isdir(unknown) and os.path.isdir(other)
+        remove_stale_runtime_dirs(os.path.dirname(mine))  # the real temp folder: its owner lives
+        assert os.path.isdir(mine)
+    finally:
+        import shutil
+
+        shutil.rmtree(mine, ignore_errors=True)
