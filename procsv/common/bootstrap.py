@@ -69,9 +69,14 @@ def write_error_file(ctx: Optional[ChildContext], exc: BaseException, phase: str
     """Record ``exc`` with its traceback as this attempt's error file (best effort, atomic)."""
     if ctx is None:
         return
+    write_error_record(ctx.layout, ctx.role, ctx.attempt, exc, phase)
+
+
+def write_error_record(layout: Layout, role: str, attempt: int, exc: BaseException, phase: str) -> None:
+    """Write ``logs/<role>.<attempt>.error.json`` for ``exc`` in this process (best effort, atomic)."""
     record = {
-        "role": ctx.role,
-        "attempt": ctx.attempt,
+        "role": role,
+        "attempt": attempt,
         "pid": os.getpid(),
         "time": time.time(),
         "phase": phase,
@@ -80,7 +85,7 @@ def write_error_file(ctx: Optional[ChildContext], exc: BaseException, phase: str
         "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
     }
     try:
-        write_json(ctx.layout.error_file(ctx.role, ctx.attempt), record)
+        write_json(layout.error_file(role, attempt), record)
     except OSError as err:
         print(f"procsv: could not write error file: {err}", file=sys.stderr)
 

@@ -50,8 +50,18 @@ def trainer_argv(target: str, args: Sequence[str]) -> list[str]:
 
 
 def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: str, cwd: Optional[str] = None) -> subprocess.Popen[bytes]:
-    """Start one child in its own session, stdout and stderr appended to ``log_path``."""
-    with open(log_path, "ab", buffering=0) as log:
+    """Start one child in its own session, stdout and stderr appended to ``log_path``.
+
+    If the log cannot be opened (EIO, a logs/ folder gone) the child still starts, its output
+    discarded, with one line on stderr: a log is never a reason to leave a process down.
+    """
+    try:
+        log = open(log_path, "ab", buffering=0)
+    except OSError as exc:
+        print(f"procsv: cannot open {log_path} ({exc.strerror or exc}); this process's output is discarded",
+              file=sys.stderr, flush=True)
+        log = open(os.devnull, "ab", buffering=0)
+    with log:
         return subprocess.Popen(
             list(argv),
             env=dict(env),

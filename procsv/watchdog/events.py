@@ -108,17 +108,31 @@ def check(event: Event, fields: dict[str, Any]) -> None:
 class EventLog:
     """Appends checked records to ``lifecycle.jsonl`` (line-buffered: a crash loses at most a line)."""
 
-    def __init__(self, path: str, wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, path: str, wall: Callable[[], float] = time.time,
+                 complain: Callable[[str], None] = lambda text: None) -> None:
         self.path = path
         self._wall = wall
+        self._complain = complain
+        self.lost = 0  # records that could not be written (ENOSPC, EIO): reported once, then counted
         self._fh: Optional[IO[str]] = open(path, "a", buffering=1)
 
     def write(self, event: Event, **fields: Any) -> None:
+        """Append one record; a failing write is counted and reported once, never raised."""
         check(event, fields)
-        if self._fh is not None:
+        if self._fh is None:
+            return
+        try:
             self._fh.write(json.dumps({"time": self._wall(), "event": event.value, **fields}) + "\n")
+        except OSError as exc:
+            self.lost += 1
+            if self.lost == 1:
+                self._complain(f"procsv: cannot append to {self.path} ({exc.strerror or exc}); "
+                               "lifecycle events are lost until it can (the run goes on)")
 
     def close(self) -> None:
         if self._fh is not None:
-            self._fh.close()
+            try:
+                self._fh.close()
+            except OSError:
+                pass
             self._fh = None

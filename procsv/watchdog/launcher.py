@@ -18,17 +18,20 @@ import random
 import shutil
 import signal
 import socket
-import sys
 import time
+import traceback
 from typing import Any, Callable, Optional
 
 import zmq
 
+from procsv.common import env
+from procsv.common.bootstrap import write_error_record
 from procsv.common.layout import Layout, LogdirLock, RuntimeDir, write_json
 from procsv.ipc.codec import ProtocolError
 from procsv.ipc.transport import Endpoints, drain, make_socket
 from procsv.watchdog import observe, report
 from procsv.watchdog.children import ChildProcess, Orphans
+from procsv.watchdog.output import Terminal
 from procsv.watchdog.config import LaunchConfig, check_target
 from procsv.watchdog.decide import decide
 from procsv.watchdog.events import Event, EventLog
@@ -40,6 +43,8 @@ from procsv.watchdog.state import SERVICE_ROLES, TRAINER, RunView, ZygoteState
 from procsv.watchdog.statusfile import StatusWriter, status_record
 
 TICK_MS = 100
+EXIT_INTERNAL = 70  # the watchdog itself failed (EX_SOFTWARE); the run was stopped in order
+MAX_INTERNAL_ERRORS = 3  # beyond this many, stop trying to stop in order
 SWEEP_EVERY = 1.0  # seconds between sweeps for left-behind processes (also after every exit)
 
 __all__ = ["LaunchConfig", "Watchdog", "check_target"]
@@ -59,7 +64,9 @@ class Watchdog:
         self.lock = LogdirLock(self.layout)
         self.view = RunView(launch_start=clock())
         self.started_wall = wall()
-        self.status = StatusWriter(self.layout, clock, wall)
+        self.term = Terminal()
+        self.status = StatusWriter(self.layout, clock, wall, complain=lambda text: self.say(text, err=True))
+        self.internal_errors = 0
         self._notices: "queue.SimpleQueue[tuple[ChildProcess, bool, float, float]]" = queue.SimpleQueue()
         self._notice_r, self._notice_w = os.pipe()
         os.set_blocking(self._notice_w, False)
@@ -80,7 +87,7 @@ class Watchdog:
             self.lock.release()
 
     def _run_locked(self) -> int:
-        self.events = EventLog(self.layout.lifecycle, self.wall)
+        self.events = EventLog(self.layout.lifecycle, self.wall, complain=lambda text: self.say(text, err=True))
         self.orphans = Orphans()
         runtime_dir = RuntimeDir.create().path  # mode 0700: sockets only we can reach
         zctx = zmq.Context()
@@ -108,20 +115,23 @@ class Watchdog:
                 self.poller.register(z.fd, zmq.POLLIN)
             self.view.restart_at = self.clock()  # the first trainer (it waits for the zygote, if any)
             while not (self.view.finishing and not ex.handles):
-                for sock, _ in self.poller.poll(TICK_MS):
-                    if sock is self.pull:
-                        self._drain_messages()
-                    elif sock == wake_r.fileno():
-                        self._drain_wakeups(wake_r)
-                    elif ex.zygote is not None and sock == ex.zygote.fd:
-                        self._on_zygote()
-                    elif sock == self._notice_r:
-                        self._drain_notices()
-                    elif sock in self._by_fd:
-                        self._on_exit(self._by_fd[sock])
-                    else:
-                        self.poller.unregister(sock)
-                self.round()
+                try:
+                    for sock, _ in self.poller.poll(TICK_MS):
+                        if sock is self.pull:
+                            self._drain_messages()
+                        elif sock == wake_r.fileno():
+                            self._drain_wakeups(wake_r)
+                        elif ex.zygote is not None and sock == ex.zygote.fd:
+                            self._on_zygote()
+                        elif sock == self._notice_r:
+                            self._drain_notices()
+                        elif sock in self._by_fd:
+                            self._on_exit(self._by_fd[sock])
+                        else:
+                            self.poller.unregister(sock)
+                    self.round()
+                except Exception as exc:  # a bug in procsv itself: stop the run in order
+                    self._internal_error(exc)
         finally:
             ex.close()
             self._sweep(final=True)
@@ -136,11 +146,30 @@ class Watchdog:
             self.status.maybe_write(self._status, force=True)
             self._final_report()
             self.events.close()
+            self.term.close()
         return self.view.exit_code
+
+    def _internal_error(self, exc: Exception) -> None:
+        """Record the watchdog's own failure and stop the run in order (the trainer saves first).
+
+        A further error while stopping re-raises: the ``finally`` then kills everything.
+        """
+        self.internal_errors += 1
+        write_error_record(self.layout, "watchdog", 1, exc, "run")
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+        self.say(f"procsv: internal error in the watchdog: {type(exc).__name__}: {exc}; stopping the run in "
+                 f"order (traceback in {self.layout.error_file('watchdog', 1)})\n{text}", err=True)
+        if self.internal_errors > MAX_INTERNAL_ERRORS:
+            raise exc
+        self.view.last_error = f"internal error in the watchdog: {type(exc).__name__}: {exc}"
+        self.view.failed = True
+        self.view.exit_code = self.view.exit_code or EXIT_INTERNAL
+        self.record(observe.stop_requested(self.view, signal.SIGTERM, self.clock(), self.cfg.stop_grace_secs))
 
     def round(self) -> None:
         """Decide at the current time and perform the actions; echo logs; refresh the status file."""
         assert self.ex is not None
+        fault_point("round", self.view.step)
         for action in decide(self.view, self.clock(), self.limits, self.rng.random()):
             self.ex.perform(action)
             self.status.dirty = True
@@ -247,12 +276,12 @@ class Watchdog:
                 self.say(r.say, err=r.err)
 
     def say(self, text: str, err: bool = False) -> None:
-        print(text, file=sys.stderr if err else sys.stdout, flush=True)
+        self.term.line(text, err)
 
     def _echo(self, handle: ChildProcess) -> None:
         if not self.cfg.quiet:
             for line in handle.new_log_lines():
-                print(f"[{handle.role}.{handle.attempt}] {line}", flush=True)
+                self.term.line(f"[{handle.role}.{handle.attempt}] {line}")
 
     def _status(self, now: float, wall: float) -> dict[str, Any]:
         assert self.ex is not None
@@ -268,3 +297,14 @@ class Watchdog:
             pass
         if summary["restarts"] or self.limits.chaos is not None:
             self.say(report.render(summary))
+
+
+def fault_point(name: str, step: int) -> None:
+    """Raise here once if ``PROCSV_FAULT`` is ``watchdog:<name>`` and a step was completed (tests only)."""
+    global _faulted
+    if not _faulted and step > 0 and os.environ.get(env.FAULT) == f"watchdog:{name}":
+        _faulted = True
+        raise RuntimeError(f"injected fault ({env.FAULT}=watchdog:{name})")
+
+
+_faulted = False

@@ -58,17 +58,33 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
 class StatusWriter:
     """Writes the status record when it changed, throttled."""
 
-    def __init__(self, layout: Layout, clock: Callable[[], float], wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, layout: Layout, clock: Callable[[], float], wall: Callable[[], float] = time.time,
+                 complain: Callable[[str], None] = lambda text: None) -> None:
         self.layout = layout
         self.clock = clock
         self.wall = wall
         self.dirty = True
         self._at = float("-inf")
+        self._complain = complain
+        self.failing: Optional[str] = None  # the error of the last write, while writes fail
 
     def maybe_write(self, build: Callable[[float, float], dict[str, Any]], force: bool = False) -> None:
+        """Write if due. A failing write (ENOSPC, EIO) is reported once and retried at the next
+        change: the run goes on without a fresh status file rather than stopping."""
         now = self.clock()
         if not force and (not self.dirty or now - self._at < STATUS_EVERY):
             return
         self.dirty = False
         self._at = now
-        write_json(self.layout.status, build(now, self.wall()), durable=force)
+        try:
+            write_json(self.layout.status, build(now, self.wall()), durable=force)
+        except OSError as exc:
+            self.dirty = True
+            if self.failing is None:
+                self._complain(f"procsv: cannot write {self.layout.status} ({exc.strerror or exc}); "
+                               "`procsv status` shows stale data until it can (the run goes on)")
+            self.failing = str(exc)
+            return
+        if self.failing is not None:
+            self._complain(f"procsv: {self.layout.status} is written again")
+            self.failing = None

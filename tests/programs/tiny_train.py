@@ -7,6 +7,7 @@
     --bad-attempts A,B     which attempts misbehave (default: 1); "all" for every attempt
     --save-steps N         checkpoint every N steps
     --raise-at-step K      raise --raise-kind (outofrange|stopiteration|value) inside step K
+    --chatty BYTES         print a line of BYTES characters every step
     --spawn-orphan FILE    start a helper in its own session (setsid: it escapes the process group and
                            the parent-death signal) on bad attempts; write "<pid> <runtime dir>" to FILE
 """
@@ -32,6 +33,7 @@ p.add_argument("--raise-at-step", type=int, default=0, help="raise --raise-kind 
 p.add_argument("--raise-kind", choices=["outofrange", "stopiteration", "value"], default="value")
 p.add_argument("--logdir", default=None, help="for a plain `python tiny_train.py` run")
 p.add_argument("--spawn-orphan", default=None, metavar="FILE")
+p.add_argument("--chatty", type=int, default=0, metavar="BYTES")
 args = p.parse_args()
 
 attempt = int(os.environ.get("PROCSV_ATTEMPT", "1"))
@@ -61,6 +63,8 @@ def step():
         while True:
             time.sleep(3600)
     time.sleep(args.step_delay)
+    if args.chatty:
+        print(f"tiny: step {sv.step} " + "x" * args.chatty, flush=True)
 
 
 with sv.managed_session() as sess:
