@@ -17,7 +17,7 @@ DEATH_MUTEX = "PROCSV_DEATH_MUTEX"  # the trainer's death-notice mutex file
 ZYGOTE_FDS = "PROCSV_ZYGOTE_FDS"  # "read,write": the zygote's control pipe
 PRELOAD = "PROCSV_PRELOAD"  # comma-separated modules the zygote imports too
 CHECKPOINT_NICE = "PROCSV_CHECKPOINT_NICE"  # the checkpoint service's nice increment (default 10)
-FAULT = "PROCSV_FAULT"  # "checkpoint:<point>[:<n>]": a fault point for tests (kills the service there)
+FAULT = "PROCSV_FAULT"  # tests only: "checkpoint:<point>[:<n>]" kills the service there; "watchdog:round" raises once
 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, FAULT)
