@@ -56,13 +56,14 @@ def test_a_setsid_grandchild_dies_with_its_trainer_and_the_run_leaves_nothing(lo
 
 
 @pytest.mark.slow
-def test_the_runtime_directory_of_a_killed_launch_is_removed_by_the_next_one(logdir, tmp_path):
-    marker = str(tmp_path / "orphan")
-    first = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--spawn-orphan", marker, target=TINY)
-    wait_for(lambda: os.path.exists(marker), 90, what="the first launch's trainer")
-    _, runtime = _read(marker)
+def test_the_runtime_directory_of_a_killed_launch_is_removed_by_the_next_one(logdir):
+    first = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY)
+    wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 0, 90, what="the first launch's trainer")
+    trainer = next(p["pid"] for p in raw_status(logdir)["processes"] if p["role"] == "trainer")
+    runtime = psutil.Process(trainer).environ()["PROCSV_RUNTIME_DIR"]
     os.kill(first.pid, signal.SIGKILL)  # the watchdog cannot clean up after itself
     first.wait(30)
+    wait_for(lambda: _gone(trainer), 30, what="the run to die with its watchdog")
     assert os.path.isdir(runtime)
     code, out, err = finish(launch(logdir, "--steps", "3", "--step-delay", "0", target=TINY))
     assert code == 0, err
