@@ -106,6 +106,8 @@ class TrainerReady(Message):
     restored_from: Optional[str]
     restore_secs: float
     skipped: list[str] = field(default_factory=list)  # corrupt checkpoints passed over
+    save_secs: Optional[float] = None  # its checkpoint schedule (save_model_secs), if checkpointing
+    save_steps: Optional[int] = None  # ... and save_checkpoint_steps: the watchdog notices a stall
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
             restored_from="/runs/a/model.ckpt-1200",
             restore_secs=1.75,
             skipped=["model.ckpt-1300", "model.ckpt-1250"],
+            save_secs=600.0,
+            save_steps=500,
         ),
         [],
     ),

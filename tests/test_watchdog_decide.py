@@ -67,9 +67,10 @@ class Sim:
     def trainer(self):  # type: ignore[no-untyped-def]
         return self.view.children[TRAINER]
 
-    def ready(self, step: int = 0) -> None:
+    def ready(self, step: int = 0, save_secs: Optional[float] = None, save_steps: Optional[int] = None) -> None:
         t = self.trainer
-        observe.heard(self.view, TrainerReady(t.pid, t.attempt, step, "ckpt" if step else None, 0.1), self.now)
+        observe.heard(self.view, TrainerReady(t.pid, t.attempt, step, "ckpt" if step else None, 0.1, [],
+                                              save_secs, save_steps), self.now)
 
     def progress(self, step: int, busy: str = "") -> None:
         observe.heard(self.view, Progress(self.trainer.pid, step, 0.0, busy), self.now)
@@ -391,3 +392,50 @@ def test_chaos_on_a_service_counts_from_its_start():
     actions = sim.tick()
     assert ArmChaos(CHECKPOINT, 1, 2.0) in actions
     assert of(sim.tick(2.0), Signal) == [Signal(CHECKPOINT, 1, signal.SIGTERM, Cause.CHAOS)]
+
+
+def test_checkpoints_that_stop_while_steps_complete_get_the_checkpoint_service_replaced():
+    sim = Sim(Limits(hang=HangLimits(None, None), stall_floor_secs=10.0))
+    assert of(sim.tick(), Spawn)
+    sim.ready(save_secs=2.0)
+    sim.progress(1)
+    for k in (1, 2):
+        sim.tick(2.0)
+        sim.progress(100 * k)
+        sim.commit(100 * k)
+    sim.progress(500)
+    assert sim.tick(9.9) == []  # 3 intervals, but not the 10 s floor yet
+    (kill,) = sim.tick(0.2)
+    assert kill.slot == CHECKPOINT and kill.cause == Cause.STALL and "no checkpoint committed for 10.1 s" in kill.reason
+    assert sim.tick(1.0) == []  # killed once
+    sim.dies(CHECKPOINT, KILLED)
+    assert of(sim.tick(), RespawnService) and sim.view.children[CHECKPOINT].attempt == 2
+    sim.progress(900)
+    assert sim.tick(8.0) == []  # the replacement gets a whole window of its own
+    (again,) = sim.tick(3.0)
+    assert again == Kill(CHECKPOINT, 2, Cause.STALL, again.reason)
+
+
+def test_a_step_schedule_stalls_by_steps_and_a_busy_trainer_never_stalls():
+    sim = Sim(Limits(hang=HangLimits(None, None), stall_floor_secs=5.0))
+    assert of(sim.tick(), Spawn)
+    sim.ready(step=100, save_steps=10)
+    sim.progress(101)
+    sim.progress(125)
+    assert sim.tick(60.0) == []  # 25 steps: under 3 x 10
+    sim.progress(131)
+    (kill,) = sim.tick(0.1)
+    assert kill.cause == Cause.STALL and "31 steps" in kill.reason
+
+    quiet = Sim(Limits(hang=HangLimits(None, None), stall_floor_secs=5.0))
+    quiet.tick()
+    quiet.ready(save_secs=1.0)
+    quiet.progress(1)
+    quiet.progress(2, busy="final_checkpoint")
+    assert quiet.tick(100.0) == []  # waiting for its own last commit: not a stall of training
+
+
+def test_a_trainer_without_checkpoints_never_stalls():
+    sim = Sim(Limits(hang=HangLimits(None, None)))
+    sim.start_trainer(steps=10_000)
+    assert sim.tick(1e6) == []

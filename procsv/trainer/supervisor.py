@@ -181,8 +181,11 @@ class Supervisor:
         self._step = int(self.global_step.numpy())
         pid = os.getpid()
         attempt = self._ctx.attempt if self._ctx else 1
+        saving = self._ckpt is not None
         self._channels.to_watchdog(TrainerReady(pid, attempt, self._step, self.restored_from,
-                                                self._clock() - t0, skipped))
+                                                self._clock() - t0, skipped,
+                                                self.save_model_secs if saving else None,
+                                                self.save_checkpoint_steps if saving else None))
         # TensorBoard discards every event at or after the next step we log: re-run steps don't duplicate
         self._channels.to_summary(SessionLogEvent(SessionStatus.START, self._step + 1))
         now = self._clock()

@@ -24,6 +24,7 @@ class Cause(str, enum.Enum):
     HANG = "hang"  # no progress within --hang-timeout / --startup-timeout
     CHAOS = "chaos"  # --chaos
     SHUTDOWN = "shutdown"  # the run is over: the services flush and exit
+    STALL = "stall"  # steps complete but no checkpoint commits: the checkpoint service is stuck
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class Kill:
     slot: str
     attempt: int
     cause: Cause
+    reason: str = ""  # a stall's one-line reason
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,9 @@ Rules, in the order they are considered:
    busy with a snapshot or its final checkpoint: then as soon as it is not.
 6. **Shutdown.** Once the outcome is decided, every live child gets SIGTERM, and SIGKILL after
    ``min(stop_grace_secs, services_grace_secs)``.
+7. **Checkpoint stalls.** Steps complete but nothing commits for ``stall_factor`` times the
+   trainer's save interval (at least ``stall_floor_secs``): the checkpoint service is SIGKILLed,
+   which rule 1 then restarts; the restarted service tells the trainer its snapshot was lost.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from procsv.watchdog.lifecycle import ProcState, RunState, transition
 from procsv.watchdog.policy import Action as Verdict
 from procsv.watchdog.policy import RestartPolicy, TrainerExit
 from procsv.watchdog.policy import decide as restart_verdict
-from procsv.watchdog.state import TRAINER, ChildView, RunView, ZygoteState
+from procsv.watchdog.state import CHECKPOINT, TRAINER, ChildView, RunView, ZygoteState
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,8 @@ class Limits:
     service_restart_window: float = 60.0
     zygote_wait: float = 120.0  # how long the first trainer waits for the pre-warmed trainer
     services_grace_secs: float = 30.0  # at the end, how long services may take to flush and exit
+    stall_factor: float = 3.0  # no commit for this many save intervals while steps complete: a stall
+    stall_floor_secs: float = 10.0  # ... but never sooner than this (a commit takes time)
     chaos: Optional[ChaosPlan] = None
 
 
@@ -79,6 +84,7 @@ def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Actio
     for trainer in view.trainers():
         actions += _hang(view, trainer, now, limits)
     actions += _chaos(view, now, limits)
+    actions += _checkpoint_stall(view, now, limits)
     return actions
 
 
@@ -171,6 +177,40 @@ def _chaos(view: RunView, now: float, limits: Limits) -> list[Action]:
     return [Signal(victim.slot, victim.attempt, plan.signal, Cause.CHAOS)]
 
 
+def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]:
+    """A one-line reason if checkpoints stopped while training goes on, else None.
+
+    Judged on the current trainer's own schedule (``save_model_secs`` / ``save_checkpoint_steps``):
+    its steps complete (it is not busy) but nothing committed for ``stall_factor`` intervals
+    (at least ``stall_floor_secs``), counted from its first step or the last commit, whichever is
+    later. A hung service (a dead NFS server, SIGSTOP) or a lost result looks like this.
+    """
+    trainers = [t for t in view.trainers() if t.live and t.first_step_at is not None and not t.busy]
+    if not trainers:
+        return None
+    t = trainers[0]
+    first = t.first_step_at if t.first_step_at is not None else now
+    since = first if view.commit_clock is None else max(first, view.commit_clock)
+    silent = now - since
+    if silent < limits.stall_floor_secs:
+        return None
+    if t.save_secs and t.save_secs > 0 and silent > limits.stall_factor * t.save_secs:
+        return f"no checkpoint committed for {silent:.1f} s (save_model_secs={t.save_secs:g})"
+    steps = view.step - max(view.commit_step, t.restored_step)
+    if t.save_steps and t.save_steps > 0 and steps > limits.stall_factor * t.save_steps:
+        return f"no checkpoint committed for {steps} steps (save_checkpoint_steps={t.save_steps})"
+    return None
+
+
+def _checkpoint_stall(view: RunView, now: float, limits: Limits) -> list[Action]:
+    """Rule 7: checkpoints stopped while training goes on: replace the checkpoint service."""
+    service = view.children.get(CHECKPOINT)
+    if service is None or not service.live or service.killed or view.stop_signal is not None:
+        return []
+    reason = checkpoint_stall(view, now, limits)
+    return [] if reason is None else [Kill(service.slot, service.attempt, Cause.STALL, reason)]
+
+
 def _shutdown(view: RunView, now: float, limits: Limits) -> list[Action]:
     """Rule 6: the outcome is decided; stop whatever still runs."""
     out: list[Action] = []
@@ -231,6 +271,9 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
             child.hang_kill_at = None
         elif action.cause == Cause.STOP_GRACE:
             view.stop_deadline = None
+        elif action.cause == Cause.STALL:
+            view.commit_clock = now  # the next stall counts from the replacement
+            view.last_error = f"checkpoint service stalled: {action.reason}"
     elif isinstance(action, Restart):
         _settle(child, early=action.early)
         child.set_state(ProcState.RESTARTING)

@@ -17,6 +17,7 @@ restored               pid, step, path, secs, skipped
 first_step             pid, step, secs_since_spawn
 checkpoint_committed   step, path, reason, secs
 checkpoint_failed      step, error
+checkpoint_stalled     pid (of the checkpoint service replaced), reason
 hang_detected          pid, attempt, step, reason
 chaos_kill             role, pid, signal
 preempted              signal (the launch received it: an orderly stop begins)
@@ -48,6 +49,7 @@ class Event(str, enum.Enum):
     FIRST_STEP = "first_step"
     CHECKPOINT_COMMITTED = "checkpoint_committed"
     CHECKPOINT_FAILED = "checkpoint_failed"
+    CHECKPOINT_STALLED = "checkpoint_stalled"
     HANG_DETECTED = "hang_detected"
     CHAOS_KILL = "chaos_kill"
     PREEMPTED = "preempted"
@@ -72,6 +74,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.FIRST_STEP: frozenset({"pid", "step", "secs_since_spawn"}),
     Event.CHECKPOINT_COMMITTED: frozenset({"step", "path", "reason", "secs"}),
     Event.CHECKPOINT_FAILED: frozenset({"step", "error"}),
+    Event.CHECKPOINT_STALLED: frozenset({"pid", "reason"}),
     Event.HANG_DETECTED: frozenset({"pid", "attempt", "step", "reason"}),
     Event.CHAOS_KILL: frozenset({"role", "pid", "signal"}),
     Event.PREEMPTED: frozenset({"signal"}),

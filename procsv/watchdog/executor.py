@@ -76,6 +76,13 @@ class Executor:
             reports += self._signal_reports(action)
             if handle is not None:
                 handle.send_signal(action.sig)
+        elif isinstance(action, Kill) and action.cause == Cause.STALL:
+            assert child is not None
+            reports.append(Report(Event.CHECKPOINT_STALLED, {"pid": child.pid, "reason": action.reason},
+                                  say=f"procsv: checkpoints stalled ({action.reason}); replacing the checkpoint "
+                                      f"service (pid {child.pid})", err=True))
+            if handle is not None:
+                handle.kill_group(signal.SIGKILL)
         elif isinstance(action, Kill):
             reports.append(Report(say=_KILL_LINES[action.cause].format(
                 grace=self.limits.hang_grace_secs if action.cause == Cause.HANG else self.cfg.stop_grace_secs,

@@ -53,7 +53,7 @@ def heard(view: RunView, msg: Message, now: float) -> list[Report]:
     if isinstance(msg, Progress):
         return _progress(view, msg, now)
     if isinstance(msg, SaveResult):
-        return _saved(view, msg)
+        return _saved(view, msg, now)
     return []
 
 
@@ -72,6 +72,8 @@ def _ready(view: RunView, msg: TrainerReady, now: float) -> list[Report]:
         return []
     view.step = child.step = child.restored_step = child.work_step = msg.step
     child.ready_at = now
+    child.save_secs, child.save_steps = msg.save_secs, msg.save_steps
+    view.commit_step = max(view.commit_step, msg.step)
     out = [Report(Event.RESTORED if msg.restored_from else Event.INITIALIZED,
                   {"pid": msg.pid, "step": msg.step, "path": msg.restored_from, "secs": round(msg.restore_secs, 4),
                    "skipped": list(msg.skipped)})]
@@ -103,11 +105,12 @@ def _progress(view: RunView, msg: Progress, now: float) -> list[Report]:
     return out
 
 
-def _saved(view: RunView, msg: SaveResult) -> list[Report]:
+def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
     if not msg.ok:
         return [Report(Event.CHECKPOINT_FAILED, {"step": msg.step, "error": msg.error},
                        say=f"procsv: checkpoint at step {msg.step} failed: {msg.error}")]
     view.step = max(view.step, msg.step)
+    view.commit_clock, view.commit_step = now, max(view.commit_step, msg.step)
     for t in view.trainers():
         t.made_progress = True
     return [Report(Event.CHECKPOINT_COMMITTED, {"step": msg.step, "path": msg.path, "reason": _plain(msg.reason),

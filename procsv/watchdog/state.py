@@ -52,6 +52,8 @@ class ChildView:
     # the trainer's own reports
     ready_at: Optional[float] = None  # state restored (TrainerReady)
     restored_step: int = 0
+    save_secs: Optional[float] = None  # its checkpoint schedule, from TrainerReady
+    save_steps: Optional[int] = None
     first_step_at: Optional[float] = None
     last_progress_at: Optional[float] = None  # any Progress, busy or not: the hang clock
     last_work_at: Optional[float] = None  # the last Progress of a completed step (not busy)
@@ -127,6 +129,8 @@ class RunView:
     services_deadline: Optional[float] = None  # once the outcome is decided: SIGKILL what still runs after this
     restart_at: Optional[float] = None  # start the trainer (again) at this time
     service_crashes: tuple[float, ...] = ()
+    commit_clock: Optional[float] = None  # the last commit (or stall kill): checkpoint stalls count from here
+    commit_step: int = -1  # the step of the last commit seen
     chaos_at: Optional[float] = None  # the next chaos kill
     chaos_armed_for: Optional[tuple[str, int]] = None  # (slot, attempt) the current schedule targets
     chaos_next_delay: float = 0.0  # drawn from the plan's seeded generator by the executor

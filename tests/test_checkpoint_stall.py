@@ -1,0 +1,38 @@
+"""Checkpoints never stop silently: a stuck checkpoint service (SIGSTOP) is replaced while training goes on."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from conftest import PROGRAMS, committed_steps, finish, launch, lifecycle, raw_status, role_pid, wait_for
+
+pytestmark = pytest.mark.slow
+TINY = os.path.join(PROGRAMS, "tiny_train.py")
+
+
+def test_a_stopped_checkpoint_service_is_replaced_and_the_next_checkpoint_commits(logdir):
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--save-model-secs", "1", target=TINY)
+    try:
+        wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two checkpoints")
+        stuck = role_pid(logdir, "checkpoint")
+        os.kill(stuck, signal.SIGSTOP)  # like a service blocked on an fsync to a dead NFS server
+        newest = max(committed_steps(logdir))
+        at_stop = raw_status(logdir)["step"]
+        stall = wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "checkpoint_stalled"], 60,
+                         what="the watchdog to notice that checkpoints stopped")
+        assert stall[0]["pid"] == stuck and "no checkpoint committed" in stall[0]["reason"]
+        wait_for(lambda: max(committed_steps(logdir)) > newest, 60,
+                 what="a checkpoint committed by the replacement service")
+        # training never waited for the stuck service: it went on through the whole stall
+        stalled_at = raw_status(logdir)["step"]
+        assert stalled_at - at_stop > 300  # ~10 s of 10 ms steps, with room for a slow machine
+        assert role_pid(logdir, "checkpoint") != stuck
+        assert "checkpoint service stalled" in (raw_status(logdir)["last_error"] or "")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    assert "checkpoints stalled" in err
