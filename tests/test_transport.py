@@ -7,7 +7,7 @@ import time
 import pytest
 import zmq
 
-from procsv.ipc import pipe, transport
+from procsv.ipc import pipe
 from procsv.ipc.codec import ProtocolError, encode
 from procsv.ipc.messages import Busy, Progress, SaveReason, SaveResult, SummaryAck
 from procsv.ipc.transport import (Endpoints, NoReply, ReceiveTimeout, Received, drain, make_socket, recv,
