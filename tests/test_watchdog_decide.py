@@ -439,3 +439,11 @@ def test_a_trainer_without_checkpoints_never_stalls():
     sim = Sim(Limits(hang=HangLimits(None, None)))
     sim.start_trainer(steps=10_000)
     assert sim.tick(1e6) == []
+
+
+def test_a_failed_checkpoint_is_the_last_error_at_once():
+    sim = Sim()
+    sim.start_trainer()
+    reports = observe.heard(sim.view, SaveResult(7, "periodic", False, None, "No space left on device", 0.1), sim.now)
+    assert [r.event.value for r in reports if r.event] == ["checkpoint_failed"]
+    assert sim.view.last_error == "checkpoint at step 7 failed: No space left on device"

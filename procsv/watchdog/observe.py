@@ -107,6 +107,7 @@ def _progress(view: RunView, msg: Progress, now: float) -> list[Report]:
 
 def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
     if not msg.ok:
+        view.last_error = f"checkpoint at step {msg.step} failed: {msg.error}"
         return [Report(Event.CHECKPOINT_FAILED, {"step": msg.step, "error": msg.error},
                        say=f"procsv: checkpoint at step {msg.step} failed: {msg.error}")]
     view.step = max(view.step, msg.step)
