@@ -25,6 +25,7 @@ from procsv.watchdog.decide import Limits, find, note
 from procsv.watchdog.events import Event
 from procsv.watchdog.children import ChildProcess, Process, watch_death
 from procsv.watchdog.failures import describe
+from procsv.watchdog.lifecycle import RunState
 from procsv.watchdog.observe import Report
 from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable
 from procsv.watchdog.state import TRAINER, RunView, ZygoteState
@@ -76,17 +77,8 @@ class Executor:
             reports += self._signal_reports(action)
             if handle is not None:
                 handle.send_signal(action.sig)
-        elif isinstance(action, Kill) and action.cause == Cause.STALL:
-            assert child is not None
-            reports.append(Report(Event.CHECKPOINT_STALLED, {"pid": child.pid, "reason": action.reason},
-                                  say=f"procsv: checkpoints stalled ({action.reason}); replacing the checkpoint "
-                                      f"service (pid {child.pid})", err=True))
-            if handle is not None:
-                handle.kill_group(signal.SIGKILL)
         elif isinstance(action, Kill):
-            reports.append(Report(say=_KILL_LINES[action.cause].format(
-                grace=self.limits.hang_grace_secs if action.cause == Cause.HANG else self.cfg.stop_grace_secs,
-                role=action.slot)))
+            reports += self._kill_reports(action)
             if handle is not None:
                 handle.kill_group(signal.SIGKILL)
         note(self.view, action, now, self.limits)
@@ -110,7 +102,7 @@ class Executor:
         if isinstance(action, (Finish, GiveUp)):
             if isinstance(action, Finish) and child is not None:
                 code = child.exit_code
-                line = (f"procsv: trainer finished at step {self.view.step}" if action.run.value == "succeeded"
+                line = (f"procsv: trainer finished at step {self.view.step}" if action.run == RunState.SUCCEEDED
                         else f"procsv: trainer stopped at step {self.view.step} ({describe(code)})")
                 reports.append(Report(say=line))
             reports.append(Report(Event.FINISHED, {"state": self.view.run.value, "exit_code": self.view.exit_code,
@@ -131,6 +123,16 @@ class Executor:
             return [Report(Event.CHAOS_KILL, {"role": child.role, "pid": child.pid, "signal": name},
                            say=f"procsv: chaos: sending {name} to the {child.role} (pid {child.pid})")]
         return []
+
+    def _kill_reports(self, action: Kill) -> list[Report]:
+        child = find(self.view, action.slot, action.attempt)
+        assert child is not None
+        if action.cause == Cause.STALL:
+            return [Report(Event.CHECKPOINT_STALLED, {"pid": child.pid, "reason": action.reason},
+                           say=f"procsv: checkpoints stalled ({action.reason}); replacing the checkpoint service "
+                               f"(pid {child.pid})", err=True)]
+        grace = self.limits.hang_grace_secs if action.cause == Cause.HANG else self.cfg.stop_grace_secs
+        return [Report(say=_KILL_LINES[action.cause].format(grace=grace, role=child.role))]
 
     def _restart_reports(self, action: Restart) -> list[Report]:
         child = find(self.view, action.slot, action.attempt)
