@@ -40,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="longer limit for the first step: import, restore, tracing (default 1800 s; 0 = off)")
     la.add_argument("--hang-grace-secs", type=float, default=10.0,
                     help="after SIGTERM to a hung trainer, SIGKILL it after this long (default 10 s)")
+    la.add_argument("--on-checkpoint-failure", choices=["stop", "continue"], default="stop",
+                    help="after 3 checkpoints in a row fail to commit: stop the run in order and exit 3 "
+                         "(default), or continue training without checkpoints")
     la.add_argument("--no-prewarm", action="store_true",
                     help="start every trainer as a fresh process instead of forking it from a pre-warmed one")
     la.add_argument("--preload", default="", metavar="MODULES",
@@ -99,7 +102,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
     cfg = LaunchConfig(target=args.target, args=target_args, logdir=args.logdir, max_restarts=args.max_restarts,
                        stop_grace_secs=args.stop_grace_secs, quiet=args.quiet, hang_timeout=args.hang_timeout,
                        startup_timeout=args.startup_timeout, hang_grace_secs=args.hang_grace_secs,
-                       chaos=args.chaos, prewarm=not args.no_prewarm,
+                       chaos=args.chaos, prewarm=not args.no_prewarm, on_checkpoint_failure=args.on_checkpoint_failure,
                        preload=[m.strip() for m in args.preload.split(",") if m.strip()])
     return Watchdog(cfg).run()
 

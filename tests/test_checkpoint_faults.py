@@ -135,7 +135,7 @@ def _fill(path: str, leave: int) -> None:
         os.close(fd)
 
 
-def test_a_full_filesystem_fails_the_save_clearly_keeps_the_previous_checkpoint_and_training_goes_on(tmp_path):
+def test_with_continue_a_full_filesystem_fails_the_save_clearly_keeps_the_previous_checkpoint_and_trains_on(tmp_path):
     mnt = tmp_path / "small"
     mnt.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True)
@@ -145,7 +145,8 @@ def test_a_full_filesystem_fails_the_save_clearly_keeps_the_previous_checkpoint_
     try:
         (mnt / "run").mkdir()
         (mnt / "run" / "notes.txt").write_text("not procsv's")
-        proc = launch(logdir, "--steps", "100000", "--save-model-secs", "0.3", "--step-delay", "0.005")
+        proc = launch(logdir, "--steps", "100000", "--save-model-secs", "0.3", "--step-delay", "0.005",
+                      opts=("--on-checkpoint-failure", "continue"))
         try:
             wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two committed checkpoints")
             trainer = role_pid(logdir, "trainer")
@@ -171,6 +172,36 @@ def test_a_full_filesystem_fails_the_save_clearly_keeps_the_previous_checkpoint_
         assert st["restarts"] == 0 and committed_steps(logdir)[-1] == st["step"]
         assert _latest_loads(logdir) == st["step"]
         assert (mnt / "run" / "notes.txt").read_text() == "not procsv's"
+    finally:
+        for p in run_processes(logdir):
+            p.kill()
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_checkpoints_that_keep_failing_stop_the_run_in_order_with_exit_code_3(tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
+    logdir = str(mnt / "run")
+    try:
+        proc = launch(logdir, "--steps", "100000", "--save-model-secs", "0.3", "--step-delay", "0.005")
+        try:
+            wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two committed checkpoints")
+            _fill(str(mnt / "filler"), leave=48 << 10)  # every further checkpoint fails
+        finally:
+            code, out, err = finish(proc)  # the launch ends by itself
+        assert code == 3, err
+        assert "3 checkpoints in a row failed to commit" in err and "No space left on device" in err
+        failed = [e for e in lifecycle(logdir) if e["event"] == "checkpoint_failed"]
+        assert len(failed) >= 3
+        st = status_json(logdir)
+        assert st["state"] == "failed" and "failed to commit" in st["last_error"]
+        kept = committed_steps(logdir)[-1]
+        assert _latest_loads(logdir) == kept  # the last good checkpoint is intact and the latest
+        _all_committed_verify(logdir)
     finally:
         for p in run_processes(logdir):
             p.kill()

@@ -14,8 +14,8 @@ from typing import Optional
 
 from procsv.ipc.messages import Hello, Progress, SaveResult, TrainerReady
 from procsv.watchdog import observe
-from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpService, Kill, RespawnService,
-                                     Restart, Settle, Signal, SkipChaos, Spawn)
+from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
+                                     RespawnService, Restart, Settle, Signal, SkipChaos, Spawn)
 from procsv.watchdog.chaos import parse_chaos
 from procsv.watchdog.decide import Limits, decide, note
 from procsv.watchdog.failures import Failure
@@ -447,3 +447,35 @@ def test_a_failed_checkpoint_is_the_last_error_at_once():
     reports = observe.heard(sim.view, SaveResult(7, "periodic", False, None, "No space left on device", 0.1), sim.now)
     assert [r.event.value for r in reports if r.event] == ["checkpoint_failed"]
     assert sim.view.last_error == "checkpoint at step 7 failed: No space left on device"
+
+
+def _fail(sim: Sim, step: int, reason: str = "periodic") -> None:
+    observe.heard(sim.view, SaveResult(step, reason, False, None, "No space left on device", 0.1), sim.now)
+
+
+def test_three_failed_commits_in_a_row_stop_the_run_in_order_with_exit_code_3():
+    sim = Sim()
+    sim.start_trainer()
+    _fail(sim, 10)
+    _fail(sim, 20)
+    sim.commit(30)  # a success in between resets the count
+    _fail(sim, 40)
+    _fail(sim, 50)
+    _fail(sim, 60, reason="lost")  # a snapshot lost with a dead service is retaken: not a failure
+    assert of(sim.tick(), GiveUpCheckpoints) == []
+    _fail(sim, 70)
+    actions = sim.tick()
+    assert of(actions, GiveUpCheckpoints) == [GiveUpCheckpoints(3)]
+    assert "3 checkpoints in a row failed to commit" in sim.view.last_error
+    assert of(sim.tick(), Signal) == [Signal(TRAINER, 1, signal.SIGTERM, Cause.STOP)]  # it saves if it can
+    sim.dies(TRAINER, 1)
+    sim.tick()
+    assert sim.view.run == RunState.FAILED and sim.view.exit_code == 3
+
+
+def test_on_checkpoint_failure_continue_trains_on():
+    sim = Sim(Limits(hang=HangLimits(None, None), checkpoint_failure_limit=0))
+    sim.start_trainer()
+    for k in range(10):
+        _fail(sim, k)
+    assert sim.tick(1.0) == []

@@ -87,6 +87,13 @@ class GiveUpService:
 
 
 @dataclass(frozen=True)
+class GiveUpCheckpoints:
+    """Checkpoints keep failing to commit: stop the run in order, and exit with its own code."""
+
+    failures: int
+
+
+@dataclass(frozen=True)
 class Finish:
     """A trainer attempt's end decides the run: it ``succeeded`` or was ``stopped``."""
 
@@ -131,5 +138,5 @@ class SkipChaos:
     slot: str
 
 
-Action = Union[Spawn, Signal, Kill, Restart, RespawnService, GiveUpService, Finish, GiveUp, Settle, ArmChaos,
-               SkipChaos]
+Action = Union[Spawn, Signal, Kill, Restart, RespawnService, GiveUpService, GiveUpCheckpoints, Finish, GiveUp,
+               Settle, ArmChaos, SkipChaos]

@@ -37,6 +37,7 @@ class LaunchConfig:
     prewarm: bool = True
     preload: list[str] = field(default_factory=list)
     cwd: str = field(default_factory=os.getcwd)
+    on_checkpoint_failure: str = "stop"  # stop | continue
 
     @property
     def busy_timeout(self) -> Optional[float]:
@@ -48,6 +49,7 @@ class LaunchConfig:
         return Limits(restart=RestartPolicy(max_restarts=self.max_restarts),
                       hang=HangLimits(self.hang_timeout, self.startup_timeout, self.busy_timeout),
                       stop_grace_secs=self.stop_grace_secs, hang_grace_secs=self.hang_grace_secs,
+                      checkpoint_failure_limit=3 if self.on_checkpoint_failure == "stop" else 0,
                       chaos=parse_chaos(self.chaos) if self.chaos else None)
 
 

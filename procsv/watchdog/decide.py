@@ -32,6 +32,10 @@ Rules, in the order they are considered:
 7. **Checkpoint stalls.** Steps complete but nothing commits for ``stall_factor`` times the
    trainer's save interval (at least ``stall_floor_secs``): the checkpoint service is SIGKILLed,
    which rule 1 then restarts; the restarted service tells the trainer its snapshot was lost.
+8. **Failing checkpoints.** ``checkpoint_failure_limit`` commits in a row fail (a full disk, a
+   permission): training would go on burning compute that cannot be kept, so the run is stopped
+   in order (the trainer still tries its emergency checkpoint) and fails with exit code 3.
+   ``--on-checkpoint-failure continue`` (a limit of 0) trains on.
 """
 
 from __future__ import annotations
@@ -41,8 +45,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from procsv.common.bootstrap import EXIT_PREEMPTED
-from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpService, Kill, RespawnService,
-                                     Restart, Settle, Signal, SkipChaos, Spawn)
+from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
+                                     RespawnService, Restart, Settle, Signal, SkipChaos, Spawn)
 from procsv.watchdog.chaos import ChaosPlan
 from procsv.watchdog.hang import HangLimits, hang_reason
 from procsv.watchdog.lifecycle import ProcState, RunState, transition
@@ -50,6 +54,9 @@ from procsv.watchdog.policy import Action as Verdict
 from procsv.watchdog.policy import RestartPolicy, TrainerExit
 from procsv.watchdog.policy import decide as restart_verdict
 from procsv.watchdog.state import CHECKPOINT, TRAINER, ChildView, RunView, ZygoteState
+
+
+EXIT_CHECKPOINTS_FAILING = 3  # the launch's exit code when checkpoints kept failing (rule 8)
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,7 @@ class Limits:
     services_grace_secs: float = 30.0  # at the end, how long services may take to flush and exit
     stall_factor: float = 3.0  # no commit for this many save intervals while steps complete: a stall
     stall_floor_secs: float = 10.0  # ... but never sooner than this (a commit takes time)
+    checkpoint_failure_limit: int = 3  # consecutive failed commits that stop the run (0: never)
     chaos: Optional[ChaosPlan] = None
 
 
@@ -85,6 +93,8 @@ def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Actio
         actions += _hang(view, trainer, now, limits)
     actions += _chaos(view, now, limits)
     actions += _checkpoint_stall(view, now, limits)
+    if 0 < limits.checkpoint_failure_limit <= view.failed_saves and view.stop_signal is None:
+        actions.append(GiveUpCheckpoints(view.failed_saves))  # rule 8
     return actions
 
 
@@ -236,6 +246,13 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         return
     if isinstance(action, SkipChaos):
         view.chaos_at = None
+        return
+    if isinstance(action, GiveUpCheckpoints):
+        view.failed = True
+        view.exit_code = view.exit_code or EXIT_CHECKPOINTS_FAILING
+        view.last_error = (f"{action.failures} checkpoints in a row failed to commit; the last: "
+                           f"{(view.last_error or '').removeprefix('checkpoint ')}")
+        request_stop(view, signal.SIGTERM, now, limits.stop_grace_secs)
         return
     child = find(view, action.slot, action.attempt)
     if isinstance(action, (Finish, GiveUp)):

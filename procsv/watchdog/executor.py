@@ -18,8 +18,8 @@ from procsv.common.env import DEATH_MUTEX
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
-from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpService, Kill, RespawnService,
-                                     Restart, Signal, SkipChaos, Spawn)
+from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
+                                     RespawnService, Restart, Signal, SkipChaos, Spawn)
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.decide import Limits, find, note
 from procsv.watchdog.events import Event
@@ -69,6 +69,12 @@ class Executor:
             return
         if isinstance(action, SkipChaos):
             note(self.view, action, now, self.limits)
+            return
+        if isinstance(action, GiveUpCheckpoints):
+            note(self.view, action, now, self.limits)
+            self.report([Report(Event.GAVE_UP, {"reason": "checkpoints keep failing", "error": self.view.last_error},
+                                say=f"procsv: giving up: {self.view.last_error}. Stopping the run in order (use "
+                                    "--on-checkpoint-failure continue to train on without checkpoints)", err=True)])
             return
         child = find(self.view, action.slot, action.attempt)
         handle = self.handles.get((action.slot, action.attempt))

@@ -107,11 +107,15 @@ def _progress(view: RunView, msg: Progress, now: float) -> list[Report]:
 
 def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
     if not msg.ok:
-        view.last_error = f"checkpoint at step {msg.step} failed: {msg.error}"
+        if _plain(msg.reason) != "lost":  # a snapshot lost with a dead service is retaken, not a failure
+            view.failed_saves += 1
+        if not view.failed:  # once the run is failing, its root cause stays the last error
+            view.last_error = f"checkpoint at step {msg.step} failed: {msg.error}"
         return [Report(Event.CHECKPOINT_FAILED, {"step": msg.step, "error": msg.error},
                        say=f"procsv: checkpoint at step {msg.step} failed: {msg.error}")]
     view.step = max(view.step, msg.step)
     view.commit_clock, view.commit_step = now, max(view.commit_step, msg.step)
+    view.failed_saves = 0
     for t in view.trainers():
         t.made_progress = True
     return [Report(Event.CHECKPOINT_COMMITTED, {"step": msg.step, "path": msg.path, "reason": _plain(msg.reason),
