@@ -377,3 +377,45 @@ def test_an_unreadable_committed_step_fails_the_save_and_is_kept(saved):
     verify(layout, list_committed(layout)[-1])
     assert not os.path.exists(layout.quarantine) or os.listdir(layout.quarantine) == []
     assert os.listdir(layout.tmp) == []
+
+
+# ------------------------------------------------------------------ asking for step 0: the flag and the argument
+def test_launch_allow_reinit_reaches_the_launch_config(monkeypatch, tmp_path):
+    from procsv import cli
+    from procsv.watchdog import launcher
+
+    seen = []
+
+    class FakeWatchdog:
+        def __init__(self, cfg):
+            seen.append(cfg.allow_reinit)
+
+        def run(self):
+            return 0
+
+    monkeypatch.setattr(launcher, "Watchdog", FakeWatchdog)
+    logdir = str(tmp_path / "run")
+    assert cli.main(["launch", "procsv.examples.digits", "--logdir", logdir, "--allow-reinit"]) == 0
+    assert cli.main(["launch", "procsv.examples.digits", "--logdir", logdir]) == 0
+    assert seen == [True, False]
+
+
+@pytest.mark.parametrize("arg,env_value,expected", [(False, None, False), (True, None, True), (False, "1", True),
+                                                    (False, "0", False)])
+def test_supervisor_allow_reinit_comes_from_the_argument_or_the_launch(monkeypatch, tmp_path, arg, env_value,
+                                                                     expected):
+    import tensorflow as tf
+
+    import procsv
+    from procsv.common import env
+
+    for name in (env.LOGDIR, env.RUNTIME_DIR):
+        monkeypatch.delenv(name, raising=False)
+    if env_value is None:
+        monkeypatch.delenv(env.ALLOW_REINIT, raising=False)
+    else:
+        monkeypatch.setenv(env.ALLOW_REINIT, env_value)
+    sv = procsv.Supervisor(logdir=str(tmp_path / "run"), checkpoint={"w": tf.Variable([1.0])}, allow_reinit=arg,
+                           read_retry_secs=0.5)
+    assert sv.allow_reinit is expected and sv._ckpt.allow_reinit is expected
+    assert sv._ckpt.read_retry.total_secs == 0.5

@@ -85,8 +85,8 @@ class CheckpointAgent:
         committed = list_committed(self.layout)
 
         def on_corrupt(manifest: Manifest, why: str) -> None:
-            print(f"procsv: skipping corrupt checkpoint {manifest.prefix} ({why}); trying an older one "
-                  f"(the checkpoint service moves it to {self.layout.quarantine}/)", file=sys.stderr, flush=True)
+            print(f"procsv: skipping corrupt checkpoint {manifest.prefix} ({why}); trying an older one",
+                  file=sys.stderr, flush=True)
 
         choice = restore.choose(committed, self._verify_and_restore, allow_reinit=self.allow_reinit,
                                 retry=self.read_retry, clock=self.clock, sleep=self.sleep, on_corrupt=on_corrupt)
@@ -99,6 +99,10 @@ class CheckpointAgent:
                     print(f"procsv: none of the {len(committed)} committed checkpoints can be restored; "
                           "starting from scratch as allowed (allow_reinit)", file=sys.stderr, flush=True)
                 init()
+        if choice.corrupt:
+            names = ", ".join(m.prefix for m, _ in choice.corrupt)
+            print(f"procsv: the checkpoint service moves the corrupt {names} to {self.layout.quarantine}/ "
+                  "(not deleted: look at them there)", file=sys.stderr, flush=True)
         if self.restored_from:
             self.last_committed = int(self.global_step.numpy())
         self._arena_for(arena_bytes_needed(self.checkpoint), background=True)
