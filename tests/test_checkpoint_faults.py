@@ -201,7 +201,8 @@ def test_every_checkpoint_corrupt_refuses_step_0_and_starts_from_scratch_only_wi
     said = out + err
     assert "NoRestorableCheckpoint: refusing to start from step 0: none of the " in said
     for step in steps:
-        assert f"  model.ckpt-{step} (step {step}): corrupt: model.ckpt-{step}: file model.ckpt-{step}.index has " in said
+        prefix = f"model.ckpt-{step}"
+        assert f"  {prefix} (step {step}): corrupt: {prefix}: file {prefix}.index has " in said
     assert "--allow-reinit" in said
     assert _checkpoint_files(logdir) == before and committed_steps(logdir) == steps
     assert not [e for e in lifecycle(logdir)[seen:] if e["event"] in ("initialized", "restored")]

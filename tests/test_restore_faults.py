@@ -309,7 +309,8 @@ def test_agent_falls_back_past_a_corrupt_newest_checkpoint(saved):
 
 def test_a_changed_variable_shape_is_an_error_naming_the_variable_not_a_reinit(saved):
     agent, _ = _agent(saved.layout, FakeTime(), allow_reinit=True, shape=(33, 18))
-    with pytest.raises(CheckpointError, match=r"model.ckpt-30 does not match this program's state \(.*w_resized") as info:
+    mismatch = r"model.ckpt-30 does not match this program's state \(.*w_resized"
+    with pytest.raises(CheckpointError, match=mismatch) as info:
         agent.restore_or_init(lambda: pytest.fail("initialized"))
     assert not isinstance(info.value, (CorruptCheckpoint, UnreadableCheckpoint, NoRestorableCheckpoint))
     assert [m.step for m in list_committed(saved.layout)] == [10, 20, 30]
@@ -327,7 +328,8 @@ def test_corrupt_checkpoints_are_quarantined_not_deleted_and_unreadable_ones_sta
     _make_dir_in_place_of(_data_file(layout, m20))
     notes = saved.store.quarantine_corrupt_after(10)
     assert len(notes) == 2
-    assert notes[0].startswith("kept checkpoint model.ckpt-20, newer than the restored step 10: ") and "EISDIR" in notes[0]
+    assert notes[0].startswith("kept checkpoint model.ckpt-20, newer than the restored step 10: ")
+    assert "EISDIR" in notes[0]
     folder = os.path.join(layout.meta, "quarantine", "model.ckpt-30")
     assert folder == layout.quarantined("model.ckpt-30")
     assert notes[1].startswith("quarantined corrupt checkpoint model.ckpt-30 (model.ckpt-30: file ")

@@ -17,7 +17,7 @@ DEATH_MUTEX = "PROCSV_DEATH_MUTEX"  # the trainer's death-notice mutex file
 ZYGOTE_FDS = "PROCSV_ZYGOTE_FDS"  # "read,write": the zygote's control pipe
 PRELOAD = "PROCSV_PRELOAD"  # comma-separated modules the zygote imports too
 CHECKPOINT_NICE = "PROCSV_CHECKPOINT_NICE"  # the checkpoint service's nice increment (default 10)
-ALLOW_REINIT = "PROCSV_ALLOW_REINIT"  # "1": the trainer may start from step 0 when every committed checkpoint is corrupt
+ALLOW_REINIT = "PROCSV_ALLOW_REINIT"  # "1": start from step 0 if every committed checkpoint is corrupt
 FAULT = "PROCSV_FAULT"  # "checkpoint:<point>[:<n>]": a fault point for tests (kills the service there)
 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,

@@ -3,10 +3,10 @@
 Runs in the trainer's main thread, called by :class:`procsv.Supervisor`. It restores the newest
 committed checkpoint whose files pass their checksums (falling back past corrupt ones with one
 clear line each; retrying, then failing, on an unreadable one; refusing to start from step 0 when
-checkpoints exist but none restores: :mod:`procsv.trainer.restore`), answers the checkpoint service's :class:`SaveRequest` (the ``save_model_secs`` timer
-lives in the service) and its own every-``save_checkpoint_steps`` trigger with a snapshot, and at
-the end commits the last completed step within ``stop_grace_secs`` (``final`` on a clean finish,
-``preempted`` after SIGTERM/SIGINT).
+checkpoints exist but none restores: :mod:`procsv.trainer.restore`), answers the checkpoint
+service's :class:`SaveRequest` (the ``save_model_secs`` timer lives in the service) and its own
+every-``save_checkpoint_steps`` trigger with a snapshot, and at the end commits the last completed
+step within ``stop_grace_secs`` (``final`` on a clean finish, ``preempted`` after SIGTERM/SIGINT).
 
 The loop pays only for the snapshot (:mod:`procsv.trainer.snapshot`: a copy into shared memory
 set up once, right after the restore, and pre-faulted by a low-priority thread); the service
@@ -34,8 +34,8 @@ from procsv.common.errors import CheckpointError, CorruptCheckpoint, UnreadableC
 from procsv.common.layout import Layout
 from procsv.common.manifests import Manifest, list_committed, step_of_prefix, unreadable_file, verify
 from procsv.trainer import restore
-from procsv.trainer.restore import ReadRetry
 from procsv.trainer.channels import TrainerChannels
+from procsv.trainer.restore import ReadRetry
 from procsv.trainer.snapshot import SnapshotArena, arena_bytes_needed, self_test, take
 
 HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the checkpoint service
