@@ -13,8 +13,10 @@ from procsv.common.errors import (
     CheckpointError,
     CorruptCheckpoint,
     LogdirLocked,
+    NoRestorableCheckpoint,
     ProcsvError,
     TrainingStopped,
+    UnreadableCheckpoint,
     UsageError,
 )
 
@@ -42,5 +44,7 @@ __all__ = [
     "LogdirLocked",
     "CheckpointError",
     "CorruptCheckpoint",
+    "UnreadableCheckpoint",
+    "NoRestorableCheckpoint",
     "TrainingStopped",
 ]

@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="start every trainer as a fresh process instead of forking it from a pre-warmed one")
     la.add_argument("--preload", default="", metavar="MODULES",
                     help="comma-separated modules the pre-warmed trainer imports too (never ones that run TF ops)")
+    la.add_argument("--allow-reinit", action="store_true",
+                    help="if every committed checkpoint is corrupt, start from step 0 (moving them to "
+                         ".procsv/quarantine/) instead of failing; never for an unreadable one")
     la.add_argument("--chaos", metavar="SPEC", default=None,
                     help="kill on a schedule for crash testing: every=SECS or random=MIN:MAX, "
                          "[,target=trainer|checkpoint|summary][,signal=KILL|TERM][,seed=N]")
@@ -103,6 +106,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        stop_grace_secs=args.stop_grace_secs, quiet=args.quiet, hang_timeout=args.hang_timeout,
                        startup_timeout=args.startup_timeout, hang_grace_secs=args.hang_grace_secs,
                        chaos=args.chaos, prewarm=not args.no_prewarm, on_checkpoint_failure=args.on_checkpoint_failure,
+                       allow_reinit=args.allow_reinit,
                        preload=[m.strip() for m in args.preload.split(",") if m.strip()])
     return Watchdog(cfg).run()
 

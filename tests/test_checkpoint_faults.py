@@ -113,6 +113,7 @@ def test_corrupt_newest_checkpoints_fall_back_with_a_clear_line_and_the_run_fini
         fh.write(bytes([byte[0] ^ 0x5A]))
     index = os.path.join(logdir, f"model.ckpt-{second}.index")
     os.truncate(index, os.path.getsize(index) // 2)  # "file is too short to be an sstable"
+    truncated = os.path.getsize(index)
     code, out, err = finish(launch(logdir, "--steps", "450"))
     assert code == 0, err
     assert f"procsv: skipping corrupt checkpoint model.ckpt-{newest} " in out
@@ -122,6 +123,102 @@ def test_corrupt_newest_checkpoints_fall_back_with_a_clear_line_and_the_run_fini
     assert st["state"] == "succeeded" and st["step"] == 450 and st["restarts"] == 0
     assert _latest_loads(logdir) == 450
     assert newest not in committed_steps(logdir) and second not in committed_steps(logdir)  # retired, not latest
+    _all_committed_verify(logdir)
+    service_log = _read(os.path.join(logdir, "logs", "checkpoint.1.log"))
+    for step in (newest, second):  # quarantined for a person to look at, not deleted
+        prefix = f"model.ckpt-{step}"
+        folder = os.path.join(logdir, ".procsv", "quarantine", prefix)
+        assert sorted(os.listdir(folder)) == sorted([f"{prefix}.data-00000-of-00002", f"{prefix}.data-00001-of-00002",
+                                                     f"{prefix}.index", f"{prefix}.json"])
+        assert f"procsv checkpoint: quarantined corrupt checkpoint {prefix} (" in service_log
+        assert not any(n.startswith(prefix + ".") for n in os.listdir(logdir))
+    moved = os.path.join(logdir, ".procsv", "quarantine", f"model.ckpt-{second}", f"model.ckpt-{second}.index")
+    assert os.path.getsize(moved) == truncated  # the damaged file itself, as it was
+
+
+def _read(path: str) -> str:
+    with open(path) as fh:
+        return fh.read()
+
+
+def _checkpoint_files(logdir: str) -> dict[str, int]:
+    """Every checkpoint file and manifest of the logdir (quarantine included), with its size."""
+    found = {}
+    for folder, _, names in os.walk(logdir):
+        for name in names:
+            if name.startswith("model.ckpt-") or name == "checkpoint":
+                path = os.path.join(folder, name)
+                found[os.path.relpath(path, logdir)] = os.path.getsize(path)
+    return found
+
+
+def test_unreadable_checkpoints_fail_the_launch_clearly_touch_nothing_and_the_run_resumes_once_readable(
+        logdir, tmp_path):
+    code, out, err = finish(launch(logdir, "--steps", "300", "--save-model-secs", "0.2", "--step-delay", "0.004"))
+    assert code == 0, err
+    steps = committed_steps(logdir)
+    assert len(steps) >= 2 and steps[-1] == 300, steps
+    stash = tmp_path / "stash"
+    stash.mkdir()
+    moved = []
+    for step in steps:  # EISDIR for every reader (root ignores chmod): a directory in place of a data file
+        name = f"model.ckpt-{step}.data-00000-of-00002"
+        os.rename(os.path.join(logdir, name), stash / name)
+        os.mkdir(os.path.join(logdir, name))
+        moved.append(name)
+    before, seen = _checkpoint_files(logdir), len(lifecycle(logdir))
+    code, out, err = finish(launch(logdir, "--steps", "350", opts=("--allow-reinit",)))
+    assert code == 1, out + err
+    said = out + err
+    assert f"UnreadableCheckpoint: cannot read checkpoint model.ckpt-{steps[-1]}; " in said
+    assert f"file model.ckpt-{steps[-1]}.data-00000-of-00002 cannot be read (EISDIR: " in said
+    assert "procsv: skipping corrupt checkpoint" not in said and "restored step" not in said
+    events = [e["event"] for e in lifecycle(logdir)[seen:]]
+    assert "initialized" not in events and "restored" not in events and "first_step" not in events
+    assert _checkpoint_files(logdir) == before  # nothing moved, deleted, quarantined or rewritten
+    assert committed_steps(logdir) == steps
+    assert not os.path.exists(os.path.join(logdir, ".procsv", "quarantine"))
+    for name in moved:
+        os.rmdir(os.path.join(logdir, name))
+        os.rename(stash / name, os.path.join(logdir, name))
+    code, out, err = finish(launch(logdir, "--steps", "350"))
+    assert code == 0, err
+    assert f"restored step {steps[-1]} " in out  # the progress was never lost
+    assert _latest_loads(logdir) == 350
+
+
+def test_every_checkpoint_corrupt_refuses_step_0_and_starts_from_scratch_only_with_allow_reinit(logdir):
+    code, out, err = finish(launch(logdir, "--steps", "300", "--save-model-secs", "0.2", "--step-delay", "0.004"))
+    assert code == 0, err
+    steps = committed_steps(logdir)
+    assert len(steps) >= 2, steps
+    for step in steps:
+        index = os.path.join(logdir, f"model.ckpt-{step}.index")
+        os.truncate(index, os.path.getsize(index) - 1)
+    before, seen = _checkpoint_files(logdir), len(lifecycle(logdir))
+    code, out, err = finish(launch(logdir, "--steps", "320"))
+    assert code == 1, out + err
+    said = out + err
+    assert "NoRestorableCheckpoint: refusing to start from step 0: none of the " in said
+    for step in steps:
+        prefix = f"model.ckpt-{step}"
+        assert f"  {prefix} (step {step}): corrupt: {prefix}: file {prefix}.index has " in said
+    assert "--allow-reinit" in said
+    assert _checkpoint_files(logdir) == before and committed_steps(logdir) == steps
+    assert not [e for e in lifecycle(logdir)[seen:] if e["event"] in ("initialized", "restored")]
+    seen = len(lifecycle(logdir))
+    code, out, err = finish(launch(logdir, "--steps", "60", opts=("--allow-reinit",)))
+    assert code == 0, err
+    assert "starting from scratch as allowed (allow_reinit)" in out + err
+    (init,) = [e for e in lifecycle(logdir)[seen:] if e["event"] == "initialized"]
+    assert init["step"] == 0 and sorted(init["skipped"]) == sorted(f"model.ckpt-{s}" for s in steps)
+    for step in steps:  # set aside, not deleted
+        prefix = f"model.ckpt-{step}"
+        folder = os.path.join(logdir, ".procsv", "quarantine", prefix)
+        assert os.path.getsize(os.path.join(folder, prefix + ".index")) == before[prefix + ".index"]
+        assert os.path.exists(os.path.join(folder, prefix + ".json"))
+    assert committed_steps(logdir) == [60]  # only the new run's final checkpoint
+    assert _latest_loads(logdir) == 60
     _all_committed_verify(logdir)
 
 

@@ -190,7 +190,7 @@ def test_verify_catches_damage_and_the_service_retires_corrupt_checkpoints_past_
     with pytest.raises(CorruptCheckpoint, match="model.ckpt-30"):
         verify(h.layout, newest)
     verify(h.layout, list_committed(h.layout)[-2])
-    notes = h.store.retire_corrupt_after(20)
+    notes = h.store.quarantine_corrupt_after(20)
     assert len(notes) == 1 and "model.ckpt-30" in notes[0]
     assert [m.step for m in list_committed(h.layout)] == [10, 20]
     assert tf.train.latest_checkpoint(h.layout.logdir).endswith("model.ckpt-20")

@@ -26,6 +26,7 @@ dependency, libcrc32c) and checked against the standard check value at import.
 from __future__ import annotations
 
 import ctypes
+import io
 import zlib
 from typing import Callable, Literal
 
@@ -120,13 +121,18 @@ def combine(crc1: int, crc2: int, len2: int) -> int:
 # ------------------------------------------------------------------------------------ files
 def file_checksum(path: str, algorithm: Algorithm = "crc32c") -> int:
     """The checksum of a whole file: CRC-32C, or zlib's CRC-32 to verify version-1 manifests."""
+    with open(path, "rb", buffering=0) as fh:
+        return stream_checksum(fh, algorithm)
+
+
+def stream_checksum(fh: io.RawIOBase, algorithm: Algorithm = "crc32c") -> int:
+    """The checksum of what is left to read in an unbuffered binary file (see :func:`file_checksum`)."""
     crc = 0
     buf = (ctypes.c_char * _FILE_CHUNK)()
     address = ctypes.addressof(buf)
     view = memoryview(buf).cast("B")
-    with open(path, "rb", buffering=0) as fh:
-        while True:
-            n = fh.readinto(view)
-            if not n:
-                return crc
-            crc = extend_at(crc, address, n) if algorithm == "crc32c" else zlib.crc32(view[:n], crc)
+    while True:
+        n = fh.readinto(view)
+        if not n:
+            return crc
+        crc = extend_at(crc, address, n) if algorithm == "crc32c" else zlib.crc32(view[:n], crc)

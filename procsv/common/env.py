@@ -17,7 +17,8 @@ DEATH_MUTEX = "PROCSV_DEATH_MUTEX"  # the trainer's death-notice mutex file
 ZYGOTE_FDS = "PROCSV_ZYGOTE_FDS"  # "read,write": the zygote's control pipe
 PRELOAD = "PROCSV_PRELOAD"  # comma-separated modules the zygote imports too
 CHECKPOINT_NICE = "PROCSV_CHECKPOINT_NICE"  # the checkpoint service's nice increment (default 10)
+ALLOW_REINIT = "PROCSV_ALLOW_REINIT"  # "1": start from step 0 if every committed checkpoint is corrupt
 FAULT = "PROCSV_FAULT"  # tests only: "checkpoint:<point>[:<n>]" kills the service there; "watchdog:round" raises once
 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
-       CHECKPOINT_NICE, FAULT)
+       CHECKPOINT_NICE, ALLOW_REINIT, FAULT)

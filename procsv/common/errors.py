@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 
 class ProcsvError(Exception):
     """Root of procsv's own errors."""
@@ -21,6 +23,25 @@ class CheckpointError(ProcsvError):
 
 class CorruptCheckpoint(CheckpointError):
     """A committed checkpoint's files do not match the checksums recorded when it was committed."""
+
+
+class UnreadableCheckpoint(CheckpointError):
+    """A committed checkpoint's file could not be read: an OSError other than ENOENT (EACCES, EIO,
+    ESTALE on a network filesystem, EISDIR). The checkpoint may well be intact, so you get this
+    error, not :class:`CorruptCheckpoint`: procsv retries, then fails; it never passes over,
+    quarantines or deletes such a checkpoint, and never starts from scratch because of it.
+    ``path`` is the file (relative to the logdir) and ``errno`` its errno, when one file is meant."""
+
+    def __init__(self, message: str, *, path: Optional[str] = None, errno: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.errno = errno
+
+
+class NoRestorableCheckpoint(CheckpointError):
+    """Committed checkpoints exist, every one is corrupt, and starting from step 0 was not allowed
+    (``procsv launch --allow-reinit``, ``Supervisor(allow_reinit=True)``). The message has one line
+    per checkpoint saying why it was not restored."""
 
 
 class UnsupportedState(CheckpointError):

@@ -15,6 +15,8 @@ so that plain TF tools work on it; procsv's own bookkeeping under ``.procsv/`` a
     <logdir>/.procsv/lock                      flock held by the live launch
     <logdir>/.procsv/checkpoints/*.json        one manifest per committed checkpoint
     <logdir>/.procsv/tmp/                      checkpoints being written (cleaned at start)
+    <logdir>/.procsv/quarantine/<prefix>/      a checkpoint that failed verification: its files and
+                                               manifest, moved aside for a person to look at
 
 A run's runtime directory (private, mode 0700, removed at the end) holds what lives only as long
 as the run: the ZeroMQ socket files (:class:`procsv.ipc.transport.Endpoints`) and one
@@ -74,6 +76,15 @@ class Layout:
     @property
     def tmp(self) -> str:
         return os.path.join(self.meta, "tmp")
+
+    @property
+    def quarantine(self) -> str:
+        """Where checkpoints that failed verification are moved (never deleted)."""
+        return os.path.join(self.meta, "quarantine")
+
+    def quarantined(self, prefix: str) -> str:
+        """The folder one quarantined checkpoint's files and manifest are moved to."""
+        return os.path.join(self.quarantine, prefix)
 
     @property
     def lifecycle(self) -> str:

@@ -15,13 +15,14 @@ Imported by the trainer, the checkpoint service and the CLI.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from dataclasses import dataclass
 from typing import Optional
 
 from procsv.common import crc32c
-from procsv.common.errors import CorruptCheckpoint
+from procsv.common.errors import CorruptCheckpoint, UnreadableCheckpoint
 from procsv.common.layout import Layout, atomic_write, read_json
 
 MANIFEST_VERSION = 2
@@ -91,24 +92,44 @@ def list_committed(layout: Layout) -> list[Manifest]:
 
 
 def verify(layout: Layout, manifest: Manifest, *, full: bool = True) -> None:
-    """Raise :class:`CorruptCheckpoint` naming the first missing, truncated or altered file.
+    """Check a committed checkpoint's files against its manifest.
 
-    ``full=False`` checks only that each file exists with its committed size.
+    Raises :class:`CorruptCheckpoint` naming the first missing (ENOENT), truncated or altered
+    file, and :class:`UnreadableCheckpoint` (not ``CorruptCheckpoint``) naming the file and errno
+    when a file cannot be opened or read for another reason (EACCES, EIO, ESTALE, EISDIR): such a
+    checkpoint may be intact. Every file is checked, so a checkpoint with one unreadable and one
+    corrupt file is corrupt. ``full=False`` checks only that each file exists with its committed size.
     """
+    unreadable: Optional[UnreadableCheckpoint] = None
     for name, meta in sorted(manifest.files.items()):
         path = os.path.join(layout.logdir, name)
         try:
-            size = os.path.getsize(path)
-        except OSError:
+            with open(path, "rb", buffering=0) as fh:  # open(), unlike os.open, refuses a directory
+                size = os.fstat(fh.fileno()).st_size
+                if size != meta["size"]:
+                    raise CorruptCheckpoint(
+                        f"{manifest.prefix}: file {name} has {size} bytes, {meta['size']} were committed")
+                if not full:
+                    continue
+                algo: crc32c.Algorithm = "crc32c" if "crc32c" in meta else "crc32"
+                crc = crc32c.stream_checksum(fh, algo)
+        except FileNotFoundError:
             raise CorruptCheckpoint(f"{manifest.prefix}: file {name} is missing") from None
-        if size != meta["size"]:
-            raise CorruptCheckpoint(f"{manifest.prefix}: file {name} has {size} bytes, {meta['size']} were committed")
-        if not full:
+        except OSError as exc:
+            unreadable = unreadable or unreadable_file(manifest.prefix, name, exc)
             continue
-        algo: crc32c.Algorithm = "crc32c" if "crc32c" in meta else "crc32"
-        if crc32c.file_checksum(path, algo) != meta[algo]:
+        if crc != meta[algo]:
             label = "CRC-32C" if algo == "crc32c" else "CRC-32"
             raise CorruptCheckpoint(f"{manifest.prefix}: file {name} fails its {label} check (altered after commit)")
+    if unreadable is not None:
+        raise unreadable
+
+
+def unreadable_file(prefix: str, name: str, exc: OSError) -> UnreadableCheckpoint:
+    """The error for a checkpoint file that exists but could not be read: names the file and errno."""
+    code = errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno is not None else "no errno"
+    return UnreadableCheckpoint(f"{prefix}: file {name} cannot be read ({code}: {exc.strerror or exc})",
+                                path=name, errno=exc.errno)
 
 
 def write_state_file(layout: Layout, committed: list[Manifest], last_preserved: float) -> None:

@@ -1,11 +1,12 @@
 """The trainer's side of checkpointing: restore at start, snapshots at step boundaries, final save.
 
 Runs in the trainer's main thread, called by :class:`procsv.Supervisor`. It restores the newest
-committed checkpoint whose files pass their checksums (falling back to older ones with one clear
-line each), answers the checkpoint service's :class:`SaveRequest` (the ``save_model_secs`` timer
-lives in the service) and its own every-``save_checkpoint_steps`` trigger with a snapshot, and at
-the end commits the last completed step within ``stop_grace_secs`` (``final`` on a clean finish,
-``preempted`` after SIGTERM/SIGINT).
+committed checkpoint whose files pass their checksums (falling back past corrupt ones with one
+clear line each; retrying, then failing, on an unreadable one; refusing to start from step 0 when
+checkpoints exist but none restores: :mod:`procsv.trainer.restore`), answers the checkpoint
+service's :class:`SaveRequest` (the ``save_model_secs`` timer lives in the service) and its own
+every-``save_checkpoint_steps`` trigger with a snapshot, and at the end commits the last completed
+step within ``stop_grace_secs`` (``final`` on a clean finish, ``preempted`` after SIGTERM/SIGINT).
 
 The loop pays only for the snapshot (:mod:`procsv.trainer.snapshot`: a copy into shared memory
 set up once, right after the restore, and pre-faulted by a low-priority thread); the service
@@ -29,10 +30,12 @@ from typing import Any, Callable, Optional
 
 from procsv.ipc.messages import Busy, CheckpointSetup, Progress, SaveData, SaveReason, SaveRequest, SaveResult
 from procsv.ipc.transport import NoReply
-from procsv.common.errors import CheckpointError, CorruptCheckpoint
+from procsv.common.errors import CheckpointError, CorruptCheckpoint, UnreadableCheckpoint
 from procsv.common.layout import Layout
-from procsv.common.manifests import list_committed, step_of_prefix, verify
+from procsv.common.manifests import Manifest, list_committed, step_of_prefix, unreadable_file, verify
+from procsv.trainer import restore
 from procsv.trainer.channels import TrainerChannels
+from procsv.trainer.restore import ReadRetry
 from procsv.trainer.snapshot import SnapshotArena, arena_bytes_needed, self_test, take
 
 HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the checkpoint service
@@ -41,7 +44,9 @@ HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the check
 class CheckpointAgent:
     def __init__(self, checkpoint: Any, global_step: Any, layout: Layout, *, basename: str,
                  save_model_secs: Optional[float], save_checkpoint_steps: Optional[int], max_to_keep: int,
-                 keep_checkpoint_every_n_hours: Optional[float]) -> None:
+                 keep_checkpoint_every_n_hours: Optional[float], allow_reinit: bool = False,
+                 read_retry: ReadRetry = ReadRetry(), clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.checkpoint = checkpoint
         self.global_step = global_step
         self.layout = layout
@@ -50,6 +55,10 @@ class CheckpointAgent:
         self.save_checkpoint_steps = save_checkpoint_steps
         self.max_to_keep = max_to_keep
         self.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours
+        self.allow_reinit = allow_reinit  # every committed checkpoint corrupt: start from step 0 instead of failing
+        self.read_retry = read_retry  # how long an unreadable checkpoint file is retried at restore
+        self.clock = clock
+        self.sleep = sleep
         self.restored_from: Optional[str] = None
         self.last_committed = -1
         self.in_flight: Optional[int] = None
@@ -64,31 +73,57 @@ class CheckpointAgent:
 
     # ------------------------------------------------------------------ start
     def restore_or_init(self, init: Callable[[], None]) -> list[str]:
-        """Restore the newest valid committed checkpoint, else call ``init``; return skipped prefixes."""
+        """Restore the newest committed checkpoint that verifies and restores; return the corrupt
+        prefixes passed over. With none committed: a plain-TF checkpoint of the logdir, else ``init``.
+
+        Raises :class:`UnreadableCheckpoint` (a file stayed unreadable for ``read_retry.total_secs``)
+        and :class:`NoRestorableCheckpoint` (every committed checkpoint is corrupt and not
+        ``allow_reinit``): the rules are in :mod:`procsv.trainer.restore`.
+        """
         import tensorflow as tf
 
-        skipped: list[str] = []
         committed = list_committed(self.layout)
-        for manifest in reversed(committed):
-            try:
-                verify(self.layout, manifest)
-                self._restore(manifest.path(self.layout.logdir))
-                break
-            except (CorruptCheckpoint, tf.errors.DataLossError, tf.errors.NotFoundError) as exc:
-                detail = str(exc).splitlines()[0]
-                print(f"procsv: skipping corrupt checkpoint {manifest.prefix} ({detail}); trying an older one",
-                      file=sys.stderr, flush=True)
-                skipped.append(manifest.prefix)
-        else:
+
+        def on_corrupt(manifest: Manifest, why: str) -> None:
+            print(f"procsv: skipping corrupt checkpoint {manifest.prefix} ({why}); trying an older one",
+                  file=sys.stderr, flush=True)
+
+        choice = restore.choose(committed, self._verify_and_restore, allow_reinit=self.allow_reinit,
+                                retry=self.read_retry, clock=self.clock, sleep=self.sleep, on_corrupt=on_corrupt)
+        if choice.restored is None:
             legacy = tf.train.latest_checkpoint(self.layout.logdir) if not committed else None
             if legacy:
                 self._restore(legacy)
             else:
+                if committed:
+                    print(f"procsv: none of the {len(committed)} committed checkpoints can be restored; "
+                          "starting from scratch as allowed (allow_reinit)", file=sys.stderr, flush=True)
                 init()
+        if choice.corrupt:
+            names = ", ".join(m.prefix for m, _ in choice.corrupt)
+            print(f"procsv: the checkpoint service moves the corrupt {names} to {self.layout.quarantine}/ "
+                  "(not deleted: look at them there)", file=sys.stderr, flush=True)
         if self.restored_from:
             self.last_committed = int(self.global_step.numpy())
         self._arena_for(arena_bytes_needed(self.checkpoint), background=True)
-        return skipped
+        return [m.prefix for m, _ in choice.corrupt]
+
+    def _verify_and_restore(self, manifest: Manifest) -> None:
+        """Verify then restore one committed checkpoint; TF's read errors become
+        :class:`CorruptCheckpoint` (data loss, not found) or :class:`UnreadableCheckpoint`."""
+        import tensorflow as tf
+
+        verify(self.layout, manifest)
+        try:
+            self._restore(manifest.path(self.layout.logdir))
+        except (tf.errors.DataLossError, tf.errors.NotFoundError) as exc:
+            raise CorruptCheckpoint(f"{manifest.prefix}: {str(exc).splitlines()[0]}") from None
+        except (tf.errors.PermissionDeniedError, tf.errors.UnavailableError) as exc:
+            raise UnreadableCheckpoint(f"{manifest.prefix}: {str(exc).splitlines()[0]}") from None
+        except FileNotFoundError as exc:
+            raise CorruptCheckpoint(f"{manifest.prefix}: {exc}") from None
+        except OSError as exc:
+            raise unreadable_file(manifest.prefix, exc.filename or "?", exc) from None
 
     def _arena_for(self, nbytes: int, background: bool = False) -> Optional[SnapshotArena]:
         """The snapshot memory, (re)created when the state has outgrown it (new variables)."""
@@ -107,10 +142,12 @@ class CheckpointAgent:
         return self.arena
 
     def _restore(self, path: str) -> None:
-        status = self.checkpoint.restore(path)
+        """Restore ``path``; a checkpoint that does not match the program (a variable missing, or of
+        another shape: a changed layer size) is a :class:`CheckpointError` naming the variable."""
         try:
+            status = self.checkpoint.restore(path)
             status.assert_existing_objects_matched()
-        except AssertionError as exc:
+        except (AssertionError, ValueError) as exc:  # ValueError: "incompatible tensor with shape ... name ..."
             raise CheckpointError(
                 f"checkpoint {path} does not match this program's state ({str(exc).splitlines()[0]}); "
                 "restore it with the program that wrote it, or use a new --logdir"

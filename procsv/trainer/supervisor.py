@@ -22,13 +22,14 @@ from typing import Any, Callable, Mapping, Optional
 
 from procsv.ipc.messages import Busy, Progress, SaveReason, SessionLogEvent, SessionStatus, TrainerReady
 from procsv.ipc.transport import Endpoints
-from procsv.common import bootstrap
+from procsv.common import bootstrap, env
 from procsv.common.errors import ProcsvError, TrainingStopped, UsageError
 from procsv.common.layout import Layout
 from procsv.trainer import outcome
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpointing import CheckpointAgent
 from procsv.trainer.coordinator import Coordinator, LooperThread
+from procsv.trainer.restore import ReadRetry
 from procsv.trainer.standalone import OwnServices
 from procsv.trainer.summaries import SummaryBuffer, SummarySender
 
@@ -48,6 +49,11 @@ class Supervisor:
     * ``save_checkpoint_steps``: also checkpoint every N steps (off by default).
     * ``max_to_keep`` / ``keep_checkpoint_every_n_hours``: retention, as ``tf.train.Saver``.
     * ``clock``: the monotonic clock every timer of the step boundary reads (tests pass a fake one).
+    * ``allow_reinit``: when committed checkpoints exist but every one is corrupt, start from step 0
+      (``init_fn``) instead of raising :class:`NoRestorableCheckpoint`. Also set by
+      ``procsv launch --allow-reinit``. Never applies to an unreadable checkpoint.
+    * ``read_retry_secs``: how long a checkpoint file that cannot be read (EIO, EACCES, ESTALE...)
+      is retried at restore before :class:`UnreadableCheckpoint` is raised (default 5 s).
     """
 
     def __init__(
@@ -67,6 +73,8 @@ class Supervisor:
         save_checkpoint_steps: Optional[int] = None,
         summary_fn: Optional[Callable[[], Mapping[str, Any]]] = None,
         clock: Callable[[], float] = time.monotonic,
+        allow_reinit: bool = False,
+        read_retry_secs: float = ReadRetry.total_secs,
     ) -> None:
         import tensorflow as tf
 
@@ -84,6 +92,9 @@ class Supervisor:
             raise UsageError("is_chief=False (worker replicas) is not supported yet; run a single chief")
         if "/" in checkpoint_basename or not checkpoint_basename:
             raise UsageError(f"checkpoint_basename {checkpoint_basename!r} must be a plain file name")
+        if read_retry_secs < 0:
+            raise UsageError(f"read_retry_secs must be >= 0, not {read_retry_secs!r}")
+        self.allow_reinit = allow_reinit or os.environ.get(env.ALLOW_REINIT) == "1"
         self.layout = Layout(os.path.abspath(logdir))
         self.is_chief = is_chief
         self.save_model_secs = save_model_secs
@@ -115,7 +126,8 @@ class Supervisor:
             self._ckpt = CheckpointAgent(
                 checkpoint, self.global_step, self.layout, basename=checkpoint_basename,
                 save_model_secs=save_model_secs, save_checkpoint_steps=save_checkpoint_steps,
-                max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours)
+                max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+                allow_reinit=self.allow_reinit, read_retry=ReadRetry(total_secs=read_retry_secs))
 
         self._step = 0
         self._channels: Optional[TrainerChannels] = None

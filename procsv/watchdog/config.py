@@ -36,6 +36,7 @@ class LaunchConfig:
     chaos: Optional[str] = None
     prewarm: bool = True
     preload: list[str] = field(default_factory=list)
+    allow_reinit: bool = False  # --allow-reinit: passed to the trainer as PROCSV_ALLOW_REINIT
     cwd: str = field(default_factory=os.getcwd)
     on_checkpoint_failure: str = "stop"  # stop | continue
 

@@ -118,7 +118,7 @@ class CheckpointService:
             if self.trainer != identity:
                 self.trainer = identity
                 self.last_request = self.clock()  # a (re)started trainer just restored: no save at once
-                for note in self.store.retire_corrupt_after(msg.step):
+                for note in self.store.quarantine_corrupt_after(msg.step):
                     print(f"procsv checkpoint: {note}", file=sys.stderr, flush=True)
             self.setup = msg
             if msg.arena is not None:

@@ -13,6 +13,10 @@ committed checkpoint as the latest loadable one:
 5. TF's ``checkpoint`` state file (atomic) naming it as the latest and the ones retention keeps;
    the retired ones are deleted afterwards (:meth:`CheckpointStore.delete`), manifest first.
 
+Retention is the only reason a checkpoint is deleted. One that fails verification (corrupt) is
+moved to ``.procsv/quarantine/<prefix>/`` (:meth:`CheckpointStore.quarantine`); one that cannot
+be read (:class:`UnreadableCheckpoint`) is left where it is.
+
 :meth:`CheckpointStore.recover` (at service start) deletes ``.procsv/tmp/*``, rolls back files
 named by a ``.pending`` record that never got its manifest, and rewrites the state file from the
 manifests, so a crash between steps 4 and 5 is repaired too.
@@ -23,12 +27,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from typing import Callable, Optional, Sequence
 
 from procsv.common import env
-from procsv.common.errors import CheckpointError, CorruptCheckpoint
+from procsv.common.errors import CheckpointError, CorruptCheckpoint, UnreadableCheckpoint
 from procsv.common.layout import Layout, fsync_dir, read_json, write_json
 from procsv.common.crc32c import file_checksum
 from procsv.common.manifests import Manifest, list_committed, manifest_path, verify, write_state_file
@@ -116,8 +121,8 @@ class CheckpointStore:
             try:
                 verify(self.layout, done, full=False)
                 return done, []  # this step is already committed: never rewrite a committed checkpoint
-            except CorruptCheckpoint:
-                self.delete([done])  # damaged since: write it anew
+            except CorruptCheckpoint as exc:  # damaged since: set it aside and write it anew
+                print(f"procsv checkpoint: {self.quarantine(done, str(exc))}", file=sys.stderr, flush=True)
         tmpdir = tempfile.mkdtemp(prefix=prefix + ".", dir=self.layout.tmp)
         try:
             tmp_prefix = os.path.join(tmpdir, prefix)
@@ -169,12 +174,13 @@ class CheckpointStore:
         self._write_state(plan.keep)
         return list(plan.delete)
 
-    def retire_corrupt_after(self, step: int) -> list[str]:
-        """Remove committed checkpoints newer than ``step`` whose files fail verification.
+    def quarantine_corrupt_after(self, step: int) -> list[str]:
+        """Quarantine committed checkpoints newer than ``step`` whose files are corrupt; one note each.
 
         A (re)started trainer restores the newest checkpoint that verifies, so any newer one it
         reports past was skipped as corrupt: left in place it would stay "latest" for plain
-        TensorFlow and block a new commit at its step. Newer ones that verify are kept.
+        TensorFlow and block a new commit at its step. Newer ones that verify are kept, and so are
+        ones that cannot be read now (:class:`UnreadableCheckpoint`: they may be intact).
         """
         notes = []
         for m in list_committed(self.layout):
@@ -183,11 +189,53 @@ class CheckpointStore:
             try:
                 verify(self.layout, m)
             except CorruptCheckpoint as exc:
-                self.delete([m])
-                notes.append(f"removed corrupt checkpoint {m.prefix} ({exc})")
+                try:
+                    notes.append(self.quarantine(m, str(exc)))
+                except OSError as err:  # e.g. EXDEV, EACCES: left where it is, still not deleted
+                    notes.append(f"could not quarantine corrupt checkpoint {m.prefix} ({exc}): {err}; left in place")
+            except UnreadableCheckpoint as exc:
+                notes.append(f"kept checkpoint {m.prefix}, newer than the restored step {step}: {exc}")
         if notes:
             self._write_state(list_committed(self.layout))
         return notes
+
+    def quarantine(self, m: Manifest, why: str) -> str:
+        """Move a checkpoint that failed verification out of the way, never deleting it: its files,
+        then its manifest (the commit point, last, so a crash in between leaves a manifest whose
+        files are missing, which is quarantined again), into ``.procsv/quarantine/<prefix>/``
+        (``<prefix>.2/``, ... if that is taken). Return one line saying where it went.
+
+        The caller rewrites the state file. Only files the manifest names are moved.
+        """
+        base = self.layout.quarantined(m.prefix)
+        os.makedirs(self.layout.quarantine, exist_ok=True)
+        folder, n = base, 1
+        while True:
+            try:
+                os.mkdir(folder)
+                break
+            except FileExistsError:
+                n += 1
+                folder = f"{base}.{n}"
+        moved = 0
+        for name in m.files:
+            if "/" in name or not name.startswith(m.prefix + "."):
+                continue
+            try:
+                os.rename(os.path.join(self.layout.logdir, name), os.path.join(folder, name))
+                moved += 1
+            except FileNotFoundError:
+                pass
+        fsync_dir(folder)
+        fsync_dir(self.layout.logdir)
+        try:
+            os.rename(manifest_path(self.layout, m.prefix), os.path.join(folder, m.prefix + ".json"))
+        except FileNotFoundError:
+            pass
+        fsync_dir(folder)
+        fsync_dir(self.layout.manifests)
+        return (f"quarantined corrupt checkpoint {m.prefix} ({why}): moved its manifest and {moved} file(s) "
+                f"to {folder}; nothing was deleted")
 
     def delete(self, retired: Sequence[Manifest]) -> None:
         """Delete retired checkpoints: the manifest first, so a crash leaves orphan files, never a

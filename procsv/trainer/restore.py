@@ -1,0 +1,113 @@
+"""Which committed checkpoint the trainer restores, and when it refuses to start at all.
+
+Runs in the trainer, at start (called by :meth:`procsv.trainer.checkpointing.CheckpointAgent.restore_or_init`).
+TensorFlow is not imported here: the caller passes ``attempt(manifest)``, which verifies and
+restores one checkpoint and raises :class:`CorruptCheckpoint` or :class:`UnreadableCheckpoint`;
+everything else it raises (a checkpoint that does not match the program) propagates unchanged.
+
+The rules, newest checkpoint first:
+
+* restored -> done.
+* **corrupt** (a size or CRC-32C mismatch, a missing file, TF's ``DataLossError``) -> one line,
+  and the next older one is tried. The checkpoint service later quarantines it.
+* **unreadable** (an OSError other than ENOENT: EACCES, EIO, ESTALE, EISDIR) -> retried with
+  backoff for :attr:`ReadRetry.total_secs`; still unreadable -> :class:`UnreadableCheckpoint`
+  naming the file and errno. The walk stops there: an older checkpoint is not restored in its
+  place (that would silently drop the progress it may well still hold), nothing is initialized,
+  nothing is moved or deleted. The trainer exits non-zero and the watchdog may try again.
+* every committed checkpoint corrupt -> :class:`NoRestorableCheckpoint` with one line per
+  checkpoint, unless ``allow_reinit``: then the caller starts from scratch.
+
+The clock and ``sleep`` are injected, so a test of the retry runs in no time.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from procsv.common.errors import CorruptCheckpoint, NoRestorableCheckpoint, UnreadableCheckpoint
+from procsv.common.manifests import Manifest
+
+
+@dataclass(frozen=True)
+class ReadRetry:
+    """How long an unreadable checkpoint is retried: ``first_delay`` s, times ``factor`` per try,
+    at most ``max_delay`` s apart, until ``total_secs`` have passed since the first try."""
+
+    total_secs: float = 5.0
+    first_delay: float = 0.1
+    factor: float = 2.0
+    max_delay: float = 1.0
+
+    def delay(self, failures: int) -> float:
+        """The wait after the ``failures``-th failed try (1, 2, ...)."""
+        return min(self.max_delay, self.first_delay * self.factor ** (failures - 1))
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The outcome of :func:`choose`: the restored manifest (None: nothing committed, or every
+    checkpoint corrupt and ``allow_reinit``) and the corrupt ones passed over, newest first."""
+
+    restored: Optional[Manifest]
+    corrupt: list[tuple[Manifest, str]]
+
+
+def attempt_with_retry(attempt: Callable[[], None], retry: ReadRetry, clock: Callable[[], float],
+                       sleep: Callable[[float], None]) -> None:
+    """Call ``attempt`` until it does not raise :class:`UnreadableCheckpoint` or ``retry.total_secs``
+    have passed; then re-raise the last one, saying how long it was tried."""
+    start = clock()
+    failures = 0
+    while True:
+        try:
+            attempt()
+            return
+        except UnreadableCheckpoint as exc:
+            failures += 1
+            waited = clock() - start
+            pause = retry.delay(failures)
+            if waited + pause > retry.total_secs:
+                raise UnreadableCheckpoint(f"{exc} (still after {failures} tries over {waited:.1f} s)",
+                                           path=exc.path, errno=exc.errno) from None
+            sleep(pause)
+
+
+def choose(committed: Sequence[Manifest], attempt: Callable[[Manifest], None], *, allow_reinit: bool,
+           retry: ReadRetry = ReadRetry(), clock: Callable[[], float] = time.monotonic,
+           sleep: Callable[[float], None] = time.sleep,
+           on_corrupt: Callable[[Manifest, str], None] = lambda m, why: None) -> Choice:
+    """Restore the newest committed checkpoint ``attempt`` accepts (``committed`` is oldest first).
+
+    Raises :class:`UnreadableCheckpoint` or :class:`NoRestorableCheckpoint` (see the module
+    docstring); ``on_corrupt`` is called for each corrupt checkpoint as it is passed over.
+    """
+    corrupt: list[tuple[Manifest, str]] = []
+    newest_first = list(reversed(committed))
+    for i, manifest in enumerate(newest_first):
+        try:
+            attempt_with_retry(lambda: attempt(manifest), retry, clock, sleep)
+            return Choice(manifest, corrupt)
+        except CorruptCheckpoint as exc:
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            corrupt.append((manifest, why))
+            on_corrupt(manifest, why)
+        except UnreadableCheckpoint as exc:
+            lines = [f"  {m.prefix} (step {m.step}): corrupt: {why}" for m, why in corrupt]
+            lines.append(f"  {manifest.prefix} (step {manifest.step}): unreadable: {exc}")
+            lines += [f"  {m.prefix} (step {m.step}): not tried (older than a checkpoint that may be intact)"
+                      for m in newest_first[i + 1:]]
+            raise UnreadableCheckpoint(
+                f"cannot read checkpoint {manifest.prefix}; procsv neither falls back past a checkpoint that may "
+                "be intact nor starts from scratch, and moved or deleted nothing:\n" + "\n".join(lines)
+                + "\nmake the file readable again and launch again", path=exc.path, errno=exc.errno) from None
+    if corrupt and not allow_reinit:
+        lines = [f"  {m.prefix} (step {m.step}): corrupt: {why}" for m, why in corrupt]
+        raise NoRestorableCheckpoint(
+            f"refusing to start from step 0: none of the {len(corrupt)} committed checkpoints can be restored "
+            "(nothing was moved or deleted):\n" + "\n".join(lines)
+            + "\nto start from scratch anyway, launch with --allow-reinit (or Supervisor(allow_reinit=True)); "
+            "the corrupt checkpoints are then moved to .procsv/quarantine/")
+    return Choice(None, corrupt)
