@@ -13,6 +13,7 @@ from procsv.common.errors import (
     CheckpointError,
     CorruptCheckpoint,
     LogdirLocked,
+    MismatchedCheckpoint,
     NoRestorableCheckpoint,
     ProcsvError,
     TrainingStopped,
@@ -46,5 +47,6 @@ __all__ = [
     "CorruptCheckpoint",
     "UnreadableCheckpoint",
     "NoRestorableCheckpoint",
+    "MismatchedCheckpoint",
     "TrainingStopped",
 ]

@@ -18,7 +18,7 @@ from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, Gi
                                      RespawnService, Restart, Settle, Signal, SkipChaos, Spawn)
 from procsv.watchdog.chaos import parse_chaos
 from procsv.watchdog.decide import Limits, decide, note
-from procsv.watchdog.failures import Failure
+from procsv.watchdog.failures import ChildError, Failure
 from procsv.watchdog.hang import HangLimits
 from procsv.watchdog.lifecycle import ProcState, RunState
 from procsv.watchdog.policy import RestartPolicy
@@ -479,3 +479,20 @@ def test_on_checkpoint_failure_continue_trains_on():
     for k in range(10):
         _fail(sim, k)
     assert sim.tick(1.0) == []
+
+
+def test_an_error_a_restart_cannot_cure_gives_up_at_once_and_others_are_retried():
+    sim = Sim()
+    assert of(sim.tick(), Spawn)
+    t = sim.trainer
+    error = ChildError("NoRestorableCheckpoint", "every committed checkpoint is corrupt", "Traceback ...", "startup")
+    observe.reaped(sim.view, TRAINER, 1, Failure(TRAINER, 1, t.pid, 1, 0.0, "log", error), sim.now)
+    (g,) = of(sim.tick(), GiveUp)
+    assert "cannot start: NoRestorableCheckpoint" in g.reason and sim.view.exit_code == 1
+
+    retry = Sim()
+    retry.tick()
+    t = retry.trainer
+    error = ChildError("UnreadableCheckpoint", "EIO", "Traceback ...", "startup")  # may pass: try again
+    observe.reaped(retry.view, TRAINER, 1, Failure(TRAINER, 1, t.pid, 1, 0.0, "log", error), retry.now)
+    assert of(retry.tick(), Restart)

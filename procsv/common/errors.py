@@ -44,6 +44,10 @@ class NoRestorableCheckpoint(CheckpointError):
     per checkpoint saying why it was not restored."""
 
 
+class MismatchedCheckpoint(CheckpointError):
+    """A checkpoint does not match the program's state (a variable missing, or of another shape)."""
+
+
 class UnsupportedState(CheckpointError):
     """The trainer's state holds a tensor procsv cannot send to the checkpoint service."""
 

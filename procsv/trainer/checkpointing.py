@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 
 from procsv.ipc.messages import Busy, CheckpointSetup, Progress, SaveData, SaveReason, SaveRequest, SaveResult
 from procsv.ipc.transport import NoReply
-from procsv.common.errors import CheckpointError, CorruptCheckpoint, UnreadableCheckpoint
+from procsv.common.errors import CheckpointError, CorruptCheckpoint, MismatchedCheckpoint, UnreadableCheckpoint
 from procsv.common.layout import Layout
 from procsv.common.manifests import Manifest, list_committed, step_of_prefix, unreadable_file, verify
 from procsv.trainer import restore
@@ -148,7 +148,7 @@ class CheckpointAgent:
             status = self.checkpoint.restore(path)
             status.assert_existing_objects_matched()
         except (AssertionError, ValueError) as exc:  # ValueError: "incompatible tensor with shape ... name ..."
-            raise CheckpointError(
+            raise MismatchedCheckpoint(
                 f"checkpoint {path} does not match this program's state ({str(exc).splitlines()[0]}); "
                 "restore it with the program that wrote it, or use a new --logdir"
             ) from None

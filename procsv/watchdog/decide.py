@@ -12,7 +12,9 @@ Rules, in the order they are considered:
 
 1. **Ended children.** A trainer attempt that was reaped, or whose death notice arrived, is
    judged by the restart policy (:func:`procsv.watchdog.policy.decide`): finish, stopped,
-   restart (at once after progress or a preemption, else with backoff), or give up. A death
+   restart (at once after progress or a preemption, else with backoff), or give up -- at once if
+   it failed before its first step with an error a restart cannot cure (``permanent_errors``:
+   a usage error, no restorable checkpoint, a checkpoint of another model). A death
    notice alone only ever restarts (any other verdict waits for the exit status, so that it is
    reported exactly). A service that dies is restarted at once, unless it died more than
    ``service_restart_limit`` times within ``service_restart_window`` seconds: then the run stops
@@ -74,6 +76,9 @@ class Limits:
     stall_factor: float = 3.0  # no commit for this many save intervals while steps complete: a stall
     stall_floor_secs: float = 10.0  # ... but never sooner than this (a commit takes time)
     checkpoint_failure_limit: int = 3  # consecutive failed commits that stop the run (0: never)
+    # a trainer that fails before its first step with one of these (the type named in its error
+    # file) cannot start this way however often it is restarted: give up at once
+    permanent_errors: frozenset[str] = frozenset({"UsageError", "NoRestorableCheckpoint", "MismatchedCheckpoint"})
     chaos: Optional[ChaosPlan] = None
 
 
@@ -127,6 +132,10 @@ def _judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: fl
         return [Finish(child.slot, child.attempt, RunState.STOPPED, 128 + sig, verdict.history)]
     if verdict.action == Verdict.GIVE_UP:
         return [GiveUp(child.slot, child.attempt, verdict.reason, verdict.history)]
+    error = child.failure.error if child.failure is not None else None
+    if error is not None and child.first_step_at is None and error.type in limits.permanent_errors:
+        return [GiveUp(child.slot, child.attempt, f"the trainer cannot start: {error.type} (a restart would fail "
+                       "the same way)", verdict.history)]
     return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, preempted=code == EXIT_PREEMPTED)]
 
 
