@@ -5,6 +5,7 @@ Real processes (``procsv launch`` on the digits example), real signals, real Ten
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -296,6 +297,10 @@ def test_checkpoints_that_keep_failing_stop_the_run_in_order_with_exit_code_3(tm
         assert len(failed) >= 3
         st = status_json(logdir)
         assert st["state"] == "failed" and "failed to commit" in st["last_error"]
+        # the program saw it the TF way: should_stop(), then the block re-raised a CheckpointError
+        with open(os.path.join(logdir, "logs", "trainer.1.error.json")) as fh:
+            error = json.load(fh)
+        assert error["type"] == "CheckpointError" and "in a row failed to commit" in error["message"]
         kept = committed_steps(logdir)[-1]
         assert _latest_loads(logdir) == kept  # the last good checkpoint is intact and the latest
         _all_committed_verify(logdir)

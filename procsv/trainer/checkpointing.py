@@ -45,10 +45,14 @@ class CheckpointAgent:
     def __init__(self, checkpoint: Any, global_step: Any, layout: Layout, *, basename: str,
                  save_model_secs: Optional[float], save_checkpoint_steps: Optional[int], max_to_keep: int,
                  keep_checkpoint_every_n_hours: Optional[float], allow_reinit: bool = False,
+                 failure_limit: int = 3,
                  read_retry: ReadRetry = ReadRetry(), clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.checkpoint = checkpoint
         self.global_step = global_step
+        self.failure_limit = failure_limit  # failed commits in a row that stop training (0: never)
+        self.failures_in_a_row = 0
+        self.failure: Optional[CheckpointError] = None  # set once they did: the Supervisor stops with it
         self.layout = layout
         self.basename = basename
         self.save_model_secs = save_model_secs
@@ -194,13 +198,19 @@ class CheckpointAgent:
         self.in_flight = None
         if msg.ok:
             self.last_committed = max(self.last_committed, msg.step)
+            self.failures_in_a_row = 0
         elif msg.reason == SaveReason.LOST:
             print(f"procsv: the checkpoint service restarted with the snapshot of step {msg.step} in flight; "
                   "taking it again", file=sys.stderr, flush=True)
             self.pending = self.pending or self.in_flight_reason
         else:
-            print(f"procsv: checkpoint at step {msg.step} failed, training goes on: {msg.error}",
-                  file=sys.stderr, flush=True)
+            self.failures_in_a_row += 1
+            if 0 < self.failure_limit <= self.failures_in_a_row and self.failure is None:
+                self.failure = CheckpointError(
+                    f"{self.failures_in_a_row} checkpoints in a row failed to commit, the last at step {msg.step}: "
+                    f"{msg.error}; training stops rather than go on without any way to keep its progress "
+                    "(fix the cause and run again, or pass --on-checkpoint-failure continue)")
+            print(f"procsv: checkpoint at step {msg.step} failed: {msg.error}", file=sys.stderr, flush=True)
 
     def _send(self, ch: TrainerChannels, step: int, reason: SaveReason, busy_after: Busy = Busy.NONE) -> bool:
         t0 = ch.clock()

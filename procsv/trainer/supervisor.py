@@ -52,6 +52,10 @@ class Supervisor:
     * ``allow_reinit``: when committed checkpoints exist but every one is corrupt, start from step 0
       (``init_fn``) instead of raising :class:`NoRestorableCheckpoint`. Also set by
       ``procsv launch --allow-reinit``. Never applies to an unreadable checkpoint.
+    * ``checkpoint_failure_limit``: after this many checkpoints in a row fail to commit,
+      ``should_stop()`` becomes true and the ``managed_session`` block re-raises a
+      :class:`CheckpointError` naming the cause, as TensorFlow's Supervisor stopped on an error in
+      its checkpoint thread (0: train on). ``procsv launch --on-checkpoint-failure`` sets it.
     * ``read_retry_secs``: how long a checkpoint file that cannot be read (EIO, EACCES, ESTALE...)
       is retried at restore before :class:`UnreadableCheckpoint` is raised (default 5 s).
     """
@@ -75,6 +79,7 @@ class Supervisor:
         clock: Callable[[], float] = time.monotonic,
         allow_reinit: bool = False,
         read_retry_secs: float = ReadRetry.total_secs,
+        checkpoint_failure_limit: int = 3,
     ) -> None:
         import tensorflow as tf
 
@@ -127,7 +132,8 @@ class Supervisor:
                 checkpoint, self.global_step, self.layout, basename=checkpoint_basename,
                 save_model_secs=save_model_secs, save_checkpoint_steps=save_checkpoint_steps,
                 max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
-                allow_reinit=self.allow_reinit, read_retry=ReadRetry(total_secs=read_retry_secs))
+                allow_reinit=self.allow_reinit, read_retry=ReadRetry(total_secs=read_retry_secs),
+                failure_limit=int(os.environ.get(env.CHECKPOINT_FAILURE_LIMIT, checkpoint_failure_limit)))
 
         self._step = 0
         self._channels: Optional[TrainerChannels] = None
@@ -327,6 +333,9 @@ class Supervisor:
             if self._ckpt.poll(self._channels, self._step, self._clock()):
                 self._flush_summaries(force=False, urgent=True)
                 self._ckpt.snapshot(self._channels, self._step)
+            if self._ckpt.failure is not None:  # checkpoints keep failing: stop, the TF way
+                self.coord.request_stop(self._ckpt.failure)
+                raise TrainingStopped(str(self._ckpt.failure))
         self._step += 1
 
     def _end_step(self) -> None:

@@ -84,6 +84,9 @@ class Limits:
 
 def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Action]:
     """What to do now, given what has been observed. Pure: the view is not changed."""
+    if 0 < limits.checkpoint_failure_limit <= view.failed_saves and view.stop_signal is None \
+            and not view.finishing:
+        return [GiveUpCheckpoints(view.failed_saves)]  # rule 8 comes first: an exit it causes is a stop
     actions: list[Action] = []
     ended = view.unsettled()
     for child in ended:
@@ -98,8 +101,6 @@ def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Actio
         actions += _hang(view, trainer, now, limits)
     actions += _chaos(view, now, limits)
     actions += _checkpoint_stall(view, now, limits)
-    if 0 < limits.checkpoint_failure_limit <= view.failed_saves and view.stop_signal is None:
-        actions.append(GiveUpCheckpoints(view.failed_saves))  # rule 8
     return actions
 
 

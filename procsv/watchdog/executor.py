@@ -14,7 +14,7 @@ import signal
 from typing import Callable, Optional
 
 from procsv.common import spawn
-from procsv.common.env import ALLOW_REINIT, DEATH_MUTEX
+from procsv.common.env import ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
@@ -168,6 +168,7 @@ class Executor:
         attempt = prev.attempt + 1 if prev else 1
         env = spawn.child_env(role=role, attempt=attempt, logdir=self.layout.logdir, runtime_dir=self.runtime.path,
                               supervised=True)
+        env[CHECKPOINT_FAILURE_LIMIT] = str(self.limits.checkpoint_failure_limit)
         env[ALLOW_REINIT] = "1" if self.cfg.allow_reinit else "0"
         log_path = self.layout.attempt_log(role, attempt)
         mutex: Optional[RobustMutex] = None
