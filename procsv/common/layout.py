@@ -14,6 +14,7 @@ so that plain TF tools work on it; procsv's own bookkeeping under ``.procsv/`` a
     <logdir>/.procsv/summary_stats.json        the summary service's counters (written, dropped)
     <logdir>/.procsv/lock                      flock held by the live launch
     <logdir>/.procsv/checkpoints/*.json        one manifest per committed checkpoint
+    <logdir>/.procsv/checkpoint_settings.json  the trainer's retention settings (checkpoint service)
     <logdir>/.procsv/tmp/                      checkpoints being written (cleaned at start)
 
 A run's runtime directory (private, mode 0700, removed at the end) holds what lives only as long
@@ -69,6 +70,11 @@ class Layout:
     @property
     def manifests(self) -> str:
         return os.path.join(self.meta, "checkpoints")
+
+    @property
+    def checkpoint_settings(self) -> str:
+        """The trainer's checkpoint settings as the checkpoint service last received them."""
+        return os.path.join(self.meta, "checkpoint_settings.json")
 
     @property
     def tmp(self) -> str:
