@@ -124,6 +124,8 @@ class CheckpointService:
 
     def _handle(self, got: Received) -> None:
         msg, payload, identity = got.msg, got.payload, got.identity
+        if identity is None:  # not from the ROUTER (which always names the peer): nobody to answer
+            return
         if isinstance(msg, CheckpointSetup):
             if self.trainer != identity:
                 self.trainer = identity
