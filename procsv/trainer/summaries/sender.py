@@ -6,9 +6,12 @@ DEALER to the summary service's ROUTER; the service answers each write with a
 :class:`~procsv.ipc.messages.SummaryAck` on the same connection, which the sender reads with a
 zero-timeout receive (at most every :data:`ACK_POLL_EVERY`). Sent batches are kept until
 acknowledged as written; when the service asks for a restatement (it was restarted and never
-saw this session, or batches were lost with it) everything kept at steps >= P goes back in
-front of the buffer and the next batch carries ``resync_from=P``. See
-``services/summary/sessions.py`` for the rules on the other side.
+saw this session, or batches were lost with it) everything not acknowledged, and every
+acknowledged point at a step >= P, goes back in front of the buffer and the next batch carries
+``resync_from=P`` (the service's ``SessionLog START`` at P makes TensorBoard forget steps >= P).
+P is chosen so that it never purges an acknowledged point this sender cannot send again: see
+:meth:`SummarySender._restate`, and ``services/summary/sessions.py`` for the rules on the other
+side.
 
 A restarted service only learns this trainer's connection from the next batch: a batch -- empty
 if nothing is due or the window is full -- goes out at least every :data:`HEARTBEAT_EVERY`, so
