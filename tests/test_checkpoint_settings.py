@@ -75,7 +75,7 @@ class Trainer:
         send(self.sock, CheckpointSetup(os.getpid(), "model.ckpt", None, MAX_TO_KEEP, None, step, None, in_flight))
 
     def snapshot(self, step: int) -> None:
-        self.var.assign_add(1.0)
+        self.var.assign(self.var + 1.0)
         self.ckpt.save_counter.assign_add(1)
         snap = take(self.ckpt, lambda n: None)  # no shared memory: every tensor travels as a frame
         assert send(self.sock, SaveData(step, SaveReason.PERIODIC, "model.ckpt", snap.specs, None), snap.frames)
