@@ -152,6 +152,8 @@ def run_model(seed: int, steps: int, big_every: int, outage: tuple[int, int] = (
             continue  # points dropped by the full buffer were never acknowledged
         assert not missing, f"seed {seed}: {tag}: {len(missing)} points lost, e.g. {missing[:3]}"
         assert sorted(got) == sorted(points), f"seed {seed}: {tag}: {len(got) - len(points)} extra points"
+        if not big_every:  # and in step order, as TensorBoard reads them back
+            assert got == points, f"seed {seed}: {tag}: not in step order"
 
 
 @pytest.mark.parametrize("seed", range(12))
