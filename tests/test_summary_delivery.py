@@ -267,3 +267,64 @@ def test_the_buffer_is_bounded_while_the_service_is_down(run, monkeypatch):
     wait_for(lambda: (read_json(Layout(run.logdir).summary_stats) or {}).get("dropped") == dropped, 10,
              what="the drop count in summary_stats.json")
     assert got["procsv/summaries_dropped"][-1][1] == dropped
+
+
+def test_random_service_kills_lose_no_acknowledged_point(run):
+    """Many batches, the service SIGKILLed and restarted at random moments (sometimes again during
+    the restatement, sometimes while a step cut across several batches is in flight): every point
+    the sender saw acknowledged -- and, nothing being dropped, every point logged -- is read back by
+    TensorBoard's EventAccumulator (purge on) exactly once."""
+    import random
+
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    acked: set[tuple[str, int]] = set()
+    real_ack = run.sender._acknowledge
+
+    def acknowledge(written: int, step: int) -> None:  # note what the sender takes as written
+        for sent in run.sender.inflight:
+            if sent.seq <= written:
+                acked.update((r[0], r[1]) for r in sent.chunk.rows)
+        real_ack(written, step)
+
+    run.sender._acknowledge = acknowledge
+    tags = [f"m/{i}" for i in range(20)]
+    wide = [f"wide/{i}" for i in range(12_000)]  # one step cut across batches (less than the tail keeps)
+    logged: dict[str, list[tuple[int, float]]] = {}
+    kills = 0
+    down_until: int | None = None
+    next_kill = rng.randrange(100, 1000)
+    last = 6000
+    for step in range(1, last + 1):
+        values = {t: step + i / 8 for i, t in enumerate(wide if step % 1700 == 0 else tags)}
+        run.buffer.scalars(values, step, time.time())
+        for t, v in values.items():
+            logged.setdefault(t, []).append((step, v))
+        run.sender.at_boundary(step)
+        if down_until is not None and step >= down_until:
+            run.start_service()
+            down_until = None
+            # soon again (likely mid-restatement) or after a while
+            next_kill = step + (rng.randrange(1, 20) if rng.random() < 0.3 else rng.randrange(100, 1000))
+        elif down_until is None and step >= next_kill:
+            os.kill(run.service.pid, signal.SIGKILL)
+            run.service.wait()
+            kills += 1
+            down_until = step + (0 if rng.random() < 0.4 else rng.randrange(1, 300))
+        if step % 20 == 0:
+            time.sleep(0.001)
+    if down_until is not None:
+        run.start_service()
+    assert run.sender.close(last, timeout=60) == 0, f"seed {seed}"
+    assert run.buffer.dropped_total == 0, f"seed {seed}"
+    assert kills >= 3 and run.sender.restatements >= 1, f"seed {seed}: {kills} kills"
+    got = scalars(run.logdir)
+    for t, pts in logged.items():
+        expected = [(s, float(np.float32(v))) for s, v in pts]
+        shown = set(got.get(t, []))
+        lost = [p for p in expected if p not in shown and (t, p[0]) in acked]
+        assert not lost, f"seed {seed}: {t}: {len(lost)} acknowledged points not read back, e.g. {lost[:3]}"
+        # each logged point exactly once (the read-back order is not checked here: a point has been
+        # seen read back after its successor once in ~10 runs, not yet explained -- see the report)
+        assert sorted(got.get(t, [])) == expected, \
+            f"seed {seed}: {t}: {len(got.get(t, []))} points read back, {len(expected)} logged"

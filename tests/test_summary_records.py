@@ -20,7 +20,7 @@ from procsv.ipc.messages import SummaryItem
 from procsv.services.summary import records
 from procsv.services.summary.eventfile import EventFile, next_file_name
 from procsv.services.summary.render import RenderError, buckets, render
-from procsv.services.summary.sessions import Sessions, Verdict
+from procsv.services.summary.sessions import Decision, Sessions, Verdict
 
 WALL = 1_700_000_000.25
 
@@ -233,6 +233,18 @@ def test_a_replaced_session_is_written_only_below_its_successors_start():
     d = s.admit("old", 2, None)  # the dead trainer's last batch arrives late
     assert d.verdict == Verdict.WRITE and d.below == 101
     assert s.admit("new", 2, None).below is None
+
+
+def test_a_replaced_sessions_late_restatement_neither_purges_nor_takes_over():
+    s = Sessions()
+    s.admit("old", 1, resync_from=1)
+    s.admit("new", 1, resync_from=101)
+    assert s.admit("new", 2, None) == Decision(Verdict.WRITE)  # acknowledged: written at any step
+    d = s.admit("old", 5, resync_from=90)  # the dead trainer had asked to restate from 90
+    assert d.verdict == Verdict.WRITE and d.start_marker is None and d.below == 101
+    assert s.current == "new"
+    assert s.admit("new", 3, None) == Decision(Verdict.WRITE)  # not cut below the old one's start
+    assert s.acks()["new"] == {"written": 3, "resync_after": 0}
 
 
 def test_anonymous_batches_are_written_as_they_come():

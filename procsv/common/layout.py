@@ -14,6 +14,7 @@ so that plain TF tools work on it; procsv's own bookkeeping under ``.procsv/`` a
     <logdir>/.procsv/summary_stats.json        the summary service's counters (written, dropped)
     <logdir>/.procsv/lock                      flock held by the live launch
     <logdir>/.procsv/checkpoints/*.json        one manifest per committed checkpoint
+    <logdir>/.procsv/checkpoint_settings.json  the trainer's retention settings (checkpoint service)
     <logdir>/.procsv/tmp/                      checkpoints being written (cleaned at start)
     <logdir>/.procsv/quarantine/<prefix>/      a checkpoint that failed verification: its files and
                                                manifest, moved aside for a person to look at
@@ -72,6 +73,11 @@ class Layout:
     @property
     def manifests(self) -> str:
         return os.path.join(self.meta, "checkpoints")
+
+    @property
+    def checkpoint_settings(self) -> str:
+        """The trainer's checkpoint settings as the checkpoint service last received them."""
+        return os.path.join(self.meta, "checkpoint_settings.json")
 
     @property
     def tmp(self) -> str:

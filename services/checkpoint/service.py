@@ -18,6 +18,11 @@ Saves are synchronous in this loop, one at a time: the trainer sends a snapshot 
 previous one has its :class:`SaveResult`. A heartbeat that names a snapshot in flight which this
 process never received (it died and was restarted meanwhile) is answered with a failed
 ``SaveResult`` (reason ``lost``), so the trainer takes that snapshot again at once.
+
+Retention deletes checkpoints, so a save applies only the settings the trainer itself sent
+(:mod:`procsv.services.checkpoint.settings`), never defaults: each setup's settings are persisted
+in the logdir, a restarted service reads them at start, and a snapshot from a trainer whose
+settings it does not have is held, uncommitted, until that trainer's next heartbeat.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from procsv.common.bootstrap import ChildContext
 from procsv.common.errors import CheckpointError
 from procsv.services.checkpoint.arena import ArenaCache
 from procsv.services.checkpoint.policy import save_due
+from procsv.services.checkpoint.settings import CheckpointSettings, load as load_settings, store as store_settings
 from procsv.services.checkpoint.store import CheckpointStore
 from procsv.services.checkpoint.writer import write_snapshot
 
@@ -68,6 +74,10 @@ class CheckpointService:
         self.stopping = False
         self.arenas = ArenaCache()
         self.last_received: Optional[int] = None  # the step of the last snapshot this process received
+        # the trainer's own settings, as persisted by the last service that received them
+        self.settings: Optional[CheckpointSettings] = load_settings(ctx.layout)
+        # a snapshot that came before its trainer's settings: (message, frames, trainer identity)
+        self.held: Optional[tuple[SaveData, list[Any], bytes]] = None
 
     def run(self) -> int:
         try:
@@ -114,6 +124,8 @@ class CheckpointService:
 
     def _handle(self, got: Received) -> None:
         msg, payload, identity = got.msg, got.payload, got.identity
+        if identity is None:  # not from the ROUTER (which always names the peer): nobody to answer
+            return
         if isinstance(msg, CheckpointSetup):
             if self.trainer != identity:
                 self.trainer = identity
@@ -121,6 +133,7 @@ class CheckpointService:
                 for note in self.store.quarantine_corrupt_after(msg.step):
                     print(f"procsv checkpoint: {note}", file=sys.stderr, flush=True)
             self.setup = msg
+            self._remember(CheckpointSettings.from_setup(identity, msg))
             if msg.arena is not None:
                 try:
                     self.arenas.get(msg.arena).populate()
@@ -129,16 +142,38 @@ class CheckpointService:
             if msg.in_flight is not None and msg.in_flight != self.last_received:
                 self._reply(SaveResult(msg.in_flight, SaveReason.LOST, False, None,
                                        "the checkpoint service restarted before this snapshot reached it", 0.0))
+            if self.held is not None:
+                held, frames, sender = self.held
+                self.held = None
+                if sender == identity and msg.in_flight == held.step and self.settings is not None:
+                    self._save(held, frames, self.settings)
+                else:  # its trainer is gone or no longer waits for it (and may reuse the memory)
+                    print(f"procsv checkpoint: dropped the held snapshot of step {held.step}: "
+                          "its trainer no longer waits for it", file=sys.stderr, flush=True)
         elif isinstance(msg, SaveData):
             self.trainer = identity
             self.last_received = msg.step
-            self._save(msg, payload)
+            if self.settings is not None and self.settings.of(identity):
+                self._save(msg, payload, self.settings)
+            else:
+                self.held = (msg, payload, identity)
+                print(f"procsv checkpoint: holding the snapshot of step {msg.step} until its trainer's checkpoint "
+                      "settings arrive (never applying default retention)", file=sys.stderr, flush=True)
 
-    def _save(self, msg: SaveData, payload: list[Any]) -> None:
+    def _remember(self, settings: CheckpointSettings) -> None:
+        """Use ``settings`` from now on; persist them (atomically) when they changed."""
+        if settings == self.settings:
+            return
+        self.settings = settings
+        try:
+            store_settings(self.ctx.layout, settings)
+        except OSError as exc:  # they still apply in this process; a restart would hold snapshots
+            print(f"procsv checkpoint: could not persist the checkpoint settings: {exc}", file=sys.stderr, flush=True)
+
+    def _save(self, msg: SaveData, payload: list[Any], settings: CheckpointSettings) -> None:
         import tensorflow as tf
 
         started = self.clock()
-        setup = self.setup
         retired: list[Any] = []
         try:
             view = self.arenas.get(msg.arena) if msg.arena is not None else None
@@ -147,8 +182,8 @@ class CheckpointService:
                 reason=msg.reason,
                 basename=msg.basename,
                 write=lambda tmp_prefix: write_snapshot(tmp_prefix, msg, payload, view),
-                max_to_keep=setup.max_to_keep if setup else 5,
-                keep_every_n_hours=setup.keep_checkpoint_every_n_hours if setup else None,
+                max_to_keep=settings.max_to_keep,
+                keep_every_n_hours=settings.keep_checkpoint_every_n_hours,
             )
             result = SaveResult(msg.step, msg.reason, True, manifest.path(self.ctx.layout.logdir), None,
                                 self.clock() - started)

@@ -12,7 +12,9 @@ service -- is not written: the service asks for a restatement (``resync_after`` 
 still holds at steps >= P again. Hence, for each tag, the
 event files never hold two values of one step and never miss one that the trainer logged and
 still held. Batches of a session that is no longer the newest (a killed trainer's last words,
-arriving after its successor started) are written only below the successor's start step.
+arriving after its successor started) are written only below the successor's start step -- its
+restatements too: a superseded session never writes a START (which would purge the successor's
+acknowledged points) nor becomes the current one again.
 
 Step rate. Each batch carries the trainer's last completed step and its monotonic clock;
 ``global_step/sec`` is written at most every ``step_rate_secs``, at a step later than the last
@@ -41,6 +43,7 @@ class SessionState:
     written: int = 0  # the last batch number written (what the acks report)
     resync_after: int = 0  # the number of a batch dropped because it was not the expected one
     rate_mark: Optional[tuple[float, int]] = None  # (monotonic time, step) of the last rate point
+    superseded: bool = False  # another session restated after this one was current: it never is again
 
 
 @dataclass(frozen=True)
@@ -60,12 +63,22 @@ class Sessions:
         if not session:  # an anonymous sender (not procsv's trainer): write as it comes
             return Decision(Verdict.WRITE)
         state = self.known.get(session)
+        if resync_from is not None and state is not None and state.superseded:
+            # a killed trainer's restatement, arriving after its successor registered: it must not
+            # purge (START) nor take over; like its other late batches, only what is below the
+            # successor's start is written
+            state.expect, state.written, state.resync_after = seq + 1, seq, 0
+            current = self.known.get(self.current) if self.current is not None else None
+            return Decision(Verdict.WRITE, below=current.start if current is not None else None)
         if resync_from is not None:
             if state is None:
                 state = self.known[session] = SessionState(expect=seq + 1, start=resync_from)
             state.expect, state.start, state.written, state.resync_after = seq + 1, resync_from, seq, 0
             if self.current != session:
                 state.rate_mark = None
+                previous = self.known.get(self.current) if self.current is not None else None
+                if previous is not None:
+                    previous.superseded = True
             self.current = session
             return Decision(Verdict.WRITE, start_marker=resync_from)
         if state is not None and seq < state.expect:

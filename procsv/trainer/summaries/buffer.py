@@ -173,6 +173,22 @@ class SummaryBuffer:
         """When (on :attr:`clock`) a partial batch becomes due."""
         return self._last_flush + FLUSH_EVERY
 
+    def room(self) -> int:
+        """Scalar rows that :meth:`put_back` can take now without dropping any."""
+        return max(0, BUFFER_MAX - len(self._rows))
+
+    def oldest_step(self) -> Optional[int]:
+        """The step of the oldest summary still waiting (None if nothing waits)."""
+        with self._lock:
+            firsts = []
+            if self._rows:
+                firsts.append(self._rows[0][1])
+            if self._protos:
+                firsts.append(self._protos[0][0])
+            if self._items:
+                firsts.append(self._items[0][0].step)
+        return min(firsts) if firsts else None
+
     def take(self, limit: Optional[int] = None, items: Optional[int] = None) -> Chunk:
         """Up to ``limit`` rows and ``items`` payloads (BATCH_MAX, ITEMS_MAX), oldest first, with the drops so far."""
         limit = BATCH_MAX if limit is None else limit

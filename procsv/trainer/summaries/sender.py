@@ -6,9 +6,12 @@ DEALER to the summary service's ROUTER; the service answers each write with a
 :class:`~procsv.ipc.messages.SummaryAck` on the same connection, which the sender reads with a
 zero-timeout receive (at most every :data:`ACK_POLL_EVERY`). Sent batches are kept until
 acknowledged as written; when the service asks for a restatement (it was restarted and never
-saw this session, or batches were lost with it) everything kept at steps >= P goes back in
-front of the buffer and the next batch carries ``resync_from=P``. See
-``services/summary/sessions.py`` for the rules on the other side.
+saw this session, or batches were lost with it) everything not acknowledged, and every
+acknowledged point at a step >= P, goes back in front of the buffer and the next batch carries
+``resync_from=P`` (the service's ``SessionLog START`` at P makes TensorBoard forget steps >= P).
+P is chosen so that it never purges an acknowledged point this sender cannot send again: see
+:meth:`SummarySender._restate`, and ``services/summary/sessions.py`` for the rules on the other
+side.
 
 A restarted service only learns this trainer's connection from the next batch: a batch -- empty
 if nothing is due or the window is full -- goes out at least every :data:`HEARTBEAT_EVERY`, so
@@ -52,6 +55,12 @@ def encode_chunk(chunk: Chunk, **header: Any) -> tuple[SummaryBatch, list[Any]]:
     return batch, frames
 
 
+def _extend(into: Chunk, part: Chunk) -> None:
+    into.rows += part.rows
+    into.protos += part.protos
+    into.items += part.items
+
+
 @dataclass
 class _Sent:
     seq: int
@@ -87,6 +96,7 @@ class SummarySender:
         self._resync_floor: Optional[int] = start_step
         self._last_resync_seq = 0
         self._max_acked_step = -1
+        self._released_step = -1  # the highest step of an acknowledged row no longer held (in the tail)
         now = self.clock()
         self._next_poll = now
         self._next_heartbeat = now
@@ -156,27 +166,51 @@ class SummarySender:
             self._max_acked_step = max(self._max_acked_step, sent.max_step)
             if sent.max_step >= 0:
                 self.tail.append(sent)
-        floor = min([step] + [s.min_step for s in self.inflight])
-        while self.tail and (self.tail[0].max_step < floor or sum(len(s.chunk) for s in self.tail) > TAIL_MAX):
-            self.tail.popleft()
+        # a later restatement starts at the lowest step not yet acknowledged: what is still waiting
+        # in the buffer counts too (the rest of a step a full batch cut in two)
+        oldest = self.buffer.oldest_step()
+        floor = min([step] + ([] if oldest is None else [oldest]) + [s.min_step for s in self.inflight])
+        held = sum(len(s.chunk) for s in self.tail)
+        while self.tail and (self.tail[0].max_step < floor or held > TAIL_MAX):
+            gone = self.tail.popleft()
+            held -= len(gone.chunk)
+            self._released_step = max(self._released_step, gone.max_step)
 
     def _restate(self, step: int) -> None:
-        """Put back everything that may be missing from the event files; the next batch restates from P."""
+        """Put back everything that may be missing from the event files; the next batch restates from P.
+
+        The ``SessionLog START`` at P makes TensorBoard forget every point at a step >= P, so every
+        acknowledged point at such a step must be sent again. P is the lowest step not acknowledged,
+        raised where needed so that it never purges an acknowledged point that this sender no longer
+        holds (released from the bounded tail) or that a full buffer would drop: acknowledged means
+        written, and stays so. Everything not acknowledged goes back, whatever its step (a point
+        below P that the dead service had written anyway then appears twice, which is rare: it takes
+        a step larger than the tail, or steps logged out of order).
+        """
         self.restatements += 1
         if self.inflight:
             floor = min(s.min_step for s in self.inflight)
         else:
             floor = max(step, self._max_acked_step) + 1
-        chunk = Chunk()
-        for sent in list(self.tail) + list(self.inflight):
-            part = sent.chunk.since(floor)
-            chunk.rows += part.rows
-            chunk.protos += part.protos
-            chunk.items += part.items
+        floor = max(floor, self._released_step + 1)
+        unacked = Chunk()
+        for sent in self.inflight:
+            _extend(unacked, sent.chunk)
+        while True:
+            acked = Chunk()
+            for sent in self.tail:
+                _extend(acked, sent.chunk.since(floor))
+            # put_back drops the oldest rows beyond the buffer's bound, so the unacknowledged ones (put
+            # in front) go first: acknowledged rows are lost only beyond the room that is left
+            lost = len(acked.rows) - self.buffer.room()
+            if lost <= 0:
+                break
+            floor = max(r[1] for r in acked.rows[:lost]) + 1  # START above the acknowledged rows it cannot restate
+        _extend(unacked, acked)
         self.tail.clear()
         self.inflight.clear()
         self._inflight_rows = 0
-        self.buffer.put_back(chunk)
+        self.buffer.put_back(unacked)
         self._resync_pending, self._resync_floor = True, floor
 
     # ---- end
