@@ -244,6 +244,7 @@ class CheckpointAgent:
             self._on_result(result)
             if step <= self.last_committed:
                 return result
+        self.heartbeat(ch, step, ch.clock())  # a just-restarted service learns our settings before the snapshot
         if not self._send(ch, step, reason, busy_after=Busy.FINAL_CHECKPOINT):
             print(f"procsv: the {reason} checkpoint at step {step} could not be handed to the checkpoint "
                   "service (queue full); the previous checkpoint is kept", file=sys.stderr, flush=True)
