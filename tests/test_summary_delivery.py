@@ -28,7 +28,7 @@ from procsv.ipc.transport import Endpoints, make_socket, send
 from procsv.common import spawn
 from procsv.common.layout import Layout, read_json
 from procsv.trainer.channels import read_summary_acks
-from procsv.trainer.summaries import SummaryBuffer, SummarySender
+from procsv.trainer.summaries import BUFFER_MAX, SummaryBuffer, SummarySender
 
 SIZES = {ea.SCALARS: 0, ea.TENSORS: 0, ea.HISTOGRAMS: 0, ea.IMAGES: 0}
 
@@ -276,7 +276,7 @@ def test_random_service_kills_lose_no_acknowledged_point(run):
     TensorBoard's EventAccumulator (purge on) exactly once."""
     import random
 
-    seed = random.randrange(1 << 30)
+    seed = int(os.environ.get("PROCSV_TEST_SEED", "927744210"))  # fixed, so a failure reproduces
     rng = random.Random(seed)
     acked: set[tuple[str, int]] = set()
     real_ack = run.sender._acknowledge
@@ -296,6 +296,12 @@ def test_random_service_kills_lose_no_acknowledged_point(run):
     next_kill = rng.randrange(100, 1000)
     last = 6000
     for step in range(1, last + 1):
+        # like bench_summary (b): while the service is slow or down the loop waits instead of letting
+        # the bounded buffer drop (a drop is not a loss of an acknowledged point; this test is about those)
+        deadline = time.monotonic() + 60
+        while len(run.buffer) > BUFFER_MAX // 2 and down_until is None and time.monotonic() < deadline:
+            run.sender.at_boundary(step - 1)
+            time.sleep(0.005)
         values = {t: step + i / 8 for i, t in enumerate(wide if step % 1700 == 0 else tags)}
         run.buffer.scalars(values, step, time.time())
         for t, v in values.items():
