@@ -223,6 +223,23 @@ def test_every_checkpoint_corrupt_refuses_step_0_and_starts_from_scratch_only_wi
     _all_committed_verify(logdir)
 
 
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 16 MiB tmpfs to fill up; every process of a run in it is killed and it is unmounted at the end."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        for p in run_processes(str(mnt / "run")):
+            p.kill()
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
 def _fill(path: str, leave: int) -> None:
     st = os.statvfs(os.path.dirname(path))
     size = st.f_bavail * st.f_frsize - leave
@@ -233,79 +250,59 @@ def _fill(path: str, leave: int) -> None:
         os.close(fd)
 
 
-def test_with_continue_a_full_filesystem_fails_the_save_clearly_keeps_the_previous_checkpoint_and_trains_on(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
+def test_with_continue_a_full_filesystem_fails_the_save_clearly_keeps_the_previous_checkpoint_and_trains_on(small_fs):
+    mnt = small_fs
     logdir = str(mnt / "run")
+    (mnt / "run").mkdir()
+    (mnt / "run" / "notes.txt").write_text("not procsv's")
+    proc = launch(logdir, "--steps", "100000", "--save-model-secs", "0.3", "--step-delay", "0.005",
+                  opts=("--on-checkpoint-failure", "continue"))
     try:
-        (mnt / "run").mkdir()
-        (mnt / "run" / "notes.txt").write_text("not procsv's")
-        proc = launch(logdir, "--steps", "100000", "--save-model-secs", "0.3", "--step-delay", "0.005",
-                      opts=("--on-checkpoint-failure", "continue"))
-        try:
-            wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two committed checkpoints")
-            trainer = role_pid(logdir, "trainer")
-            filler = str(mnt / "filler")
-            _fill(filler, leave=48 << 10)  # small files still fit; a checkpoint (~60 KB of data) does not
-            failed = wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "checkpoint_failed"], 60,
-                              what="a failed save")
-            assert "No space left on device" in failed[0]["error"]
-            kept = committed_steps(logdir)[-1]
-            assert _latest_loads(logdir) == kept  # the previous checkpoint is still the latest, and loads
-            _all_committed_verify(logdir)
-            stepped = (raw_status(logdir) or {}).get("step", 0)
-            wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > stepped + 50, 60, what="training to go on")
-            os.unlink(filler)
-            wait_for(lambda: committed_steps(logdir)[-1] > kept, 60, what="a checkpoint once there is space again")
-            assert role_pid(logdir, "trainer") == trainer
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            code, out, err = finish(proc)
-        assert code == 128 + signal.SIGTERM, err
-        assert f"checkpoint at step {failed[0]['step']} failed: " in out + err
-        st = status_json(logdir)
-        assert st["restarts"] == 0 and committed_steps(logdir)[-1] == st["step"]
-        assert _latest_loads(logdir) == st["step"]
-        assert (mnt / "run" / "notes.txt").read_text() == "not procsv's"
-    finally:
-        for p in run_processes(logdir):
-            p.kill()
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-
-
-def test_checkpoints_that_keep_failing_stop_the_run_in_order_with_exit_code_3(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
-    logdir = str(mnt / "run")
-    try:
-        proc = launch(logdir, "--steps", "100000", "--save-model-secs", "0.3", "--step-delay", "0.005")
-        try:
-            wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two committed checkpoints")
-            _fill(str(mnt / "filler"), leave=48 << 10)  # every further checkpoint fails
-        finally:
-            code, out, err = finish(proc)  # the launch ends by itself
-        assert code == 3, err
-        assert "3 checkpoints in a row failed to commit" in err and "No space left on device" in err
-        failed = [e for e in lifecycle(logdir) if e["event"] == "checkpoint_failed"]
-        assert len(failed) >= 3
-        st = status_json(logdir)
-        assert st["state"] == "failed" and "failed to commit" in st["last_error"]
-        # the program saw it the TF way: should_stop(), then the block re-raised a CheckpointError
-        with open(os.path.join(logdir, "logs", "trainer.1.error.json")) as fh:
-            error = json.load(fh)
-        assert error["type"] == "CheckpointError" and "in a row failed to commit" in error["message"]
+        wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two committed checkpoints")
+        trainer = role_pid(logdir, "trainer")
+        filler = str(mnt / "filler")
+        _fill(filler, leave=48 << 10)  # small files still fit; a checkpoint (~60 KB of data) does not
+        failed = wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "checkpoint_failed"], 60,
+                          what="a failed save")
+        assert "No space left on device" in failed[0]["error"]
         kept = committed_steps(logdir)[-1]
-        assert _latest_loads(logdir) == kept  # the last good checkpoint is intact and the latest
+        assert _latest_loads(logdir) == kept  # the previous checkpoint is still the latest, and loads
         _all_committed_verify(logdir)
+        stepped = (raw_status(logdir) or {}).get("step", 0)
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > stepped + 50, 60, what="training to go on")
+        os.unlink(filler)
+        wait_for(lambda: committed_steps(logdir)[-1] > kept, 60, what="a checkpoint once there is space again")
+        assert role_pid(logdir, "trainer") == trainer
     finally:
-        for p in run_processes(logdir):
-            p.kill()
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    assert f"checkpoint at step {failed[0]['step']} failed: " in out + err
+    st = status_json(logdir)
+    assert st["restarts"] == 0 and committed_steps(logdir)[-1] == st["step"]
+    assert _latest_loads(logdir) == st["step"]
+    assert (mnt / "run" / "notes.txt").read_text() == "not procsv's"
+
+
+def test_checkpoints_that_keep_failing_stop_the_run_in_order_with_exit_code_3(small_fs):
+    mnt = small_fs
+    logdir = str(mnt / "run")
+    proc = launch(logdir, "--steps", "100000", "--save-model-secs", "0.3", "--step-delay", "0.005")
+    try:
+        wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two committed checkpoints")
+        _fill(str(mnt / "filler"), leave=48 << 10)  # every further checkpoint fails
+    finally:
+        code, out, err = finish(proc)  # the launch ends by itself
+    assert code == 3, err
+    assert "3 checkpoints in a row failed to commit" in err and "No space left on device" in err
+    failed = [e for e in lifecycle(logdir) if e["event"] == "checkpoint_failed"]
+    assert len(failed) >= 3
+    st = status_json(logdir)
+    assert st["state"] == "failed" and "failed to commit" in st["last_error"]
+    # the program saw it the TF way: should_stop(), then the block re-raised a CheckpointError
+    with open(os.path.join(logdir, "logs", "trainer.1.error.json")) as fh:
+        error = json.load(fh)
+    assert error["type"] == "CheckpointError" and "in a row failed to commit" in error["message"]
+    kept = committed_steps(logdir)[-1]
+    assert _latest_loads(logdir) == kept  # the last good checkpoint is intact and the latest
+    _all_committed_verify(logdir)
