@@ -16,15 +16,7 @@ from typing import Any, Optional, TextIO
 import psutil
 
 from procsv.common.layout import Layout, read_json
-from procsv.common.manifests import list_committed
-
-
-def last_checkpoint(layout: Layout) -> Optional[dict[str, Any]]:
-    committed = list_committed(layout)
-    if not committed:
-        return None
-    m = committed[-1]
-    return {"step": m.step, "path": m.path(layout.logdir)}
+from procsv.common.manifests import last_checkpoint
 
 
 def summary_counts(layout: Layout) -> Optional[dict[str, int]]:

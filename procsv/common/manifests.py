@@ -19,7 +19,7 @@ import errno
 import os
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from procsv.common import crc32c
 from procsv.common.errors import CorruptCheckpoint, UnreadableCheckpoint
@@ -89,6 +89,15 @@ def list_committed(layout: Layout) -> list[Manifest]:
                 found.append(m)
     found.sort(key=lambda m: (m.step, m.committed_at))
     return found
+
+
+def last_checkpoint(layout: Layout) -> Optional[dict[str, Any]]:
+    """The newest committed checkpoint as ``{"step", "path"}`` (for status.json), or None."""
+    committed = list_committed(layout)
+    if not committed:
+        return None
+    m = committed[-1]
+    return {"step": m.step, "path": m.path(layout.logdir)}
 
 
 def verify(layout: Layout, manifest: Manifest, *, full: bool = True) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 import psutil
 
 from procsv.common.layout import Layout, write_json
-from procsv.status import last_checkpoint
+from procsv.common.manifests import last_checkpoint
 from procsv.watchdog import report
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.state import CHECKPOINT, SUMMARY, TRAINER, RunView
