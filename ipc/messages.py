@@ -327,6 +327,19 @@ class ForkReply(Message):
 
 
 @dataclass(frozen=True)
+class SaveOverdue(Message):
+    """Trainer -> watchdog: the snapshot of ``step`` has had no :class:`SaveResult` for
+    ``waited_secs``, past its deadline of ``deadline_secs`` (from the measured persist rate, with a
+    floor). Sent once per deadline that passes; the watchdog replaces the checkpoint service."""
+
+    KIND: ClassVar[str] = "save_overdue"
+    pid: int
+    step: int
+    waited_secs: float
+    deadline_secs: float
+
+
+@dataclass(frozen=True)
 class ChildExit(Message):
     """Zygote -> watchdog: a forked trainer was reaped; ``code`` < 0 means killed by signal -code."""
 
@@ -343,6 +356,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     SaveRequest,
     SaveData,
     SaveResult,
+    SaveOverdue,
     SummaryBatch,
     SummaryAck,
     SessionLogEvent,

@@ -7,7 +7,8 @@ import signal
 
 import pytest
 
-from conftest import PROGRAMS, committed_steps, finish, launch, lifecycle, raw_status, role_pid, wait_for
+from conftest import PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, role_pid, wait_for
+from procsv.common import env
 
 pytestmark = pytest.mark.slow
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
@@ -36,3 +37,29 @@ def test_a_stopped_checkpoint_service_is_replaced_and_the_next_checkpoint_commit
         code, out, err = finish(proc)
     assert code == 128 + signal.SIGTERM, err
     assert "checkpoints stalled" in err
+
+
+def test_a_snapshot_past_its_deadline_gets_the_checkpoint_service_replaced_before_the_stall_rule(logdir):
+    # a step schedule: the trainer itself sends snapshots to the stopped service. Its deadline
+    # (floor 3 s here) passes long before the watchdog's own stall rule (10 s floor) would fire.
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--save-steps", "25",
+                  target=TINY, env=quiet_env(**{env.SAVE_DEADLINE: "3"}))
+    try:
+        wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two checkpoints")
+        stuck = role_pid(logdir, "checkpoint")
+        os.kill(stuck, signal.SIGSTOP)
+        newest = max(committed_steps(logdir))
+        stall = wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "checkpoint_stalled"], 60,
+                         what="the trainer's overdue snapshot to reach the watchdog")
+        assert stall[0]["pid"] == stuck
+        assert "had no result within 3.0 s" in stall[0]["reason"], stall[0]
+        wait_for(lambda: max(committed_steps(logdir)) > newest, 60,
+                 what="the lost snapshot retaken and committed by the replacement service")
+        assert role_pid(logdir, "checkpoint") != stuck
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:  # the trainer's own line
+        assert f"checkpoint at step {stall[0]['reason'].split()[4]} failed: no result from the checkpoint service " \
+               "within 3.0 s" in fh.read()

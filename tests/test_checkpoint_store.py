@@ -222,3 +222,25 @@ def test_version_1_manifests_with_zlib_crc32_are_still_read_and_verified(tmp_pat
         fh.write(bytes([byte[0] ^ 0x01]))
     with pytest.raises(CorruptCheckpoint, match="fails its CRC-32 check"):
         verify(h.layout, read)
+
+
+def test_a_step_committed_again_is_kept_if_intact_and_rewritten_if_a_bit_flipped_since(tmp_path):
+    import tensorflow as tf
+
+    ckpt, state, _ = make_state(tf)
+    h = Harness(str(tmp_path / "run"))
+    first = h.save(ckpt, 10)
+    again = h.save(ckpt, 10)  # the same step once more (a final checkpoint right after a restore)
+    assert again == first  # intact: never rewritten
+    data = os.path.join(h.layout.logdir, sorted(n for n in first.files if ".data-" in n)[0])
+    with open(data, "r+b") as fh:  # same size, one byte different: only the checksum can tell
+        fh.seek(40)
+        byte = fh.read(1)
+        fh.seek(40)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    rewritten = h.save(ckpt, 10)
+    verify(h.layout, rewritten)
+    assert os.listdir(h.layout.quarantine)  # the damaged copy is set aside, not deleted
+    fresh, fresh_state, _ = make_state(tf)
+    fresh.restore(tf.train.latest_checkpoint(h.layout.logdir)).assert_existing_objects_matched()
+    assert np.array_equal(fresh_state["w"].numpy(), state["w"].numpy())

@@ -12,7 +12,7 @@ import itertools
 import signal
 from typing import Optional
 
-from procsv.ipc.messages import Hello, Progress, SaveResult, TrainerReady
+from procsv.ipc.messages import Hello, Progress, SaveOverdue, SaveResult, TrainerReady
 from procsv.watchdog import observe
 from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
                                      RespawnService, Restart, Settle, Signal, SkipChaos, Spawn)
@@ -433,6 +433,26 @@ def test_a_step_schedule_stalls_by_steps_and_a_busy_trainer_never_stalls():
     quiet.progress(1)
     quiet.progress(2, busy="final_checkpoint")
     assert quiet.tick(100.0) == []  # waiting for its own last commit: not a stall of training
+
+
+def test_an_overdue_snapshot_replaces_the_checkpoint_service_at_once_and_counts_as_a_failed_save():
+    sim = Sim(Limits(hang=HangLimits(None, None), stall_floor_secs=600.0, checkpoint_failure_limit=2))
+    assert of(sim.tick(), Spawn)
+    sim.ready(save_secs=1000.0)  # the time-based stall rule alone would wait 50 minutes
+    sim.progress(1)
+    observe.heard(sim.view, SaveOverdue(sim.trainer.pid, 40, 31.0, 30.0), sim.now)
+    (kill,) = sim.tick(0.1)
+    assert kill == Kill(CHECKPOINT, 1, Cause.STALL, "the snapshot of step 40 had no result within 30.0 s (waited 31.0 s)")
+    assert sim.view.last_error.startswith("checkpoint service stalled: the snapshot of step 40")
+    assert sim.tick(1.0) == []  # acted on once
+    sim.dies(CHECKPOINT, KILLED)
+    assert of(sim.tick(), RespawnService)
+    assert sim.tick(5.0) == []  # the replacement is not blamed for its predecessor's snapshot
+    sim.commit(41)  # the retaken snapshot commits: the failure count starts again
+    observe.heard(sim.view, SaveOverdue(sim.trainer.pid, 60, 31.0, 30.0), sim.now)
+    assert of(sim.tick(), Kill) and not of(sim.tick(), GiveUpCheckpoints)
+    observe.heard(sim.view, SaveOverdue(sim.trainer.pid, 60, 62.0, 30.0), sim.now)
+    assert of(sim.tick(), GiveUpCheckpoints)  # two overdue deadlines in a row: the failure limit
 
 
 def test_a_trainer_without_checkpoints_never_stalls():

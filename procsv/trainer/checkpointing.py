@@ -19,6 +19,14 @@ once, not queued, and served at the first step boundary after the result, with t
 step: a checkpoint is never older than needed and the memory never holds two. If the service dies
 with a snapshot in flight, the restarted service says so on the next heartbeat (a ``lost``
 result) and the snapshot is taken again. The final checkpoint first waits for the one in flight.
+
+**Every snapshot in flight has a deadline** (:func:`save_deadline`: ten times what its size takes
+at the persist rate measured on earlier commits, never under ``save_deadline_floor``). Each time a
+deadline passes without a result (the deadline, then each time the wait has tripled: the service's
+replacement takes time), that counts as a failed checkpoint and the watchdog is told
+(:class:`SaveOverdue`): it replaces the checkpoint service, whose successor reports the snapshot
+``lost``, and it is taken again. The memory stays untouched until then: a hung service may still
+be reading it.
 """
 
 from __future__ import annotations
@@ -28,7 +36,8 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from procsv.ipc.messages import Busy, CheckpointSetup, Progress, SaveData, SaveReason, SaveRequest, SaveResult
+from procsv.ipc.messages import (Busy, CheckpointSetup, Progress, SaveData, SaveOverdue, SaveReason, SaveRequest,
+                                 SaveResult)
 from procsv.ipc.transport import NoReply
 from procsv.common.errors import CheckpointError, CorruptCheckpoint, MismatchedCheckpoint, UnreadableCheckpoint
 from procsv.common.layout import Layout
@@ -39,13 +48,37 @@ from procsv.trainer.restore import ReadRetry
 from procsv.trainer.snapshot import SnapshotArena, arena_bytes_needed, self_test, take
 
 HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the checkpoint service
+SAVE_DEADLINE_FLOOR = 30.0  # seconds: no snapshot is declared overdue sooner (a loaded disk's fsync)
+SAVE_DEADLINE_FACTOR = 10.0  # ... nor before this many times its expected persist time
+ASSUMED_PERSIST_RATE = 10e6  # bytes/s before any commit was measured (a slow network filesystem)
+
+
+def save_deadline(nbytes: int, rate: Optional[float], floor: float = SAVE_DEADLINE_FLOOR) -> float:
+    """Seconds a snapshot of ``nbytes`` may take to commit, given the measured persist ``rate``
+    (bytes/s; None before the first commit)."""
+    expected = nbytes / (rate if rate and rate > 0 else ASSUMED_PERSIST_RATE)
+    return max(floor, SAVE_DEADLINE_FACTOR * expected)
+
+
+def measured_rate(previous: Optional[float], nbytes: int, persist_secs: float) -> Optional[float]:
+    """The persist rate (bytes/s) after one more commit of ``nbytes`` in ``persist_secs``.
+
+    Averaged as time per byte, and never faster than the new measurement: one slow commit
+    lengthens the deadlines at once, one fast commit (the page cache, say) shortens them by at most
+    a third."""
+    if nbytes <= 0 or persist_secs <= 0:
+        return previous
+    per_byte = persist_secs / nbytes
+    if previous is None:
+        return 1.0 / per_byte
+    return 1.0 / max(per_byte, 0.7 / previous + 0.3 * per_byte)
 
 
 class CheckpointAgent:
     def __init__(self, checkpoint: Any, global_step: Any, layout: Layout, *, basename: str,
                  save_model_secs: Optional[float], save_checkpoint_steps: Optional[int], max_to_keep: int,
                  keep_checkpoint_every_n_hours: Optional[float], allow_reinit: bool = False,
-                 failure_limit: int = 3,
+                 failure_limit: int = 3, save_deadline_floor: float = SAVE_DEADLINE_FLOOR,
                  read_retry: ReadRetry = ReadRetry(), clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.checkpoint = checkpoint
@@ -67,6 +100,11 @@ class CheckpointAgent:
         self.last_committed = -1
         self.in_flight: Optional[int] = None
         self.in_flight_reason = SaveReason.PERIODIC
+        self.in_flight_bytes = 0
+        self.in_flight_since = 0.0  # when it was sent (the agent's clock)
+        self.overdue_at = 0.0  # when it is (next) declared overdue
+        self.save_deadline_floor = save_deadline_floor
+        self.persist_rate: Optional[float] = None  # bytes/s measured on commits
         self.pending: Optional[SaveReason] = None
         self.last_heartbeat = 0.0
         self.arena: Optional[SnapshotArena] = None
@@ -179,6 +217,8 @@ class CheckpointAgent:
                 self.pending = self.pending or msg.reason
             elif isinstance(msg, SaveResult):
                 self._on_result(msg)
+        if self.in_flight is not None and now >= self.overdue_at:
+            self._overdue(ch, now)
         if self.save_checkpoint_steps and step > 0 and step % self.save_checkpoint_steps == 0:
             self.pending = self.pending or SaveReason.STEPS
         return bool(self.pending) and self.in_flight is None and step > self.last_committed
@@ -192,6 +232,24 @@ class CheckpointAgent:
         """Checkpoint at the next step boundary (coalesced with any trigger already pending)."""
         self.pending = self.pending or reason
 
+    def _overdue(self, ch: TrainerChannels, now: float) -> None:
+        """A deadline of the snapshot in flight passed: a failed checkpoint, and the watchdog is told."""
+        assert self.in_flight is not None
+        waited = now - self.in_flight_since
+        deadline = save_deadline(self.in_flight_bytes, self.persist_rate, self.save_deadline_floor)
+        self.overdue_at = now + 2 * waited  # the next is due at twice the wait: the service's replacement takes time
+        ch.to_watchdog(SaveOverdue(os.getpid(), self.in_flight, waited, deadline))
+        self._failed(self.in_flight, f"no result from the checkpoint service within {deadline:.1f} s")
+
+    def _failed(self, step: int, error: Optional[str]) -> None:
+        self.failures_in_a_row += 1
+        if 0 < self.failure_limit <= self.failures_in_a_row and self.failure is None:
+            self.failure = CheckpointError(
+                f"{self.failures_in_a_row} checkpoints in a row failed to commit, the last at step {step}: "
+                f"{error}; training stops rather than go on without any way to keep its progress "
+                "(fix the cause and run again, or pass --on-checkpoint-failure continue)")
+        print(f"procsv: checkpoint at step {step} failed: {error}", file=sys.stderr, flush=True)
+
     def _on_result(self, msg: SaveResult) -> None:
         if msg.step != self.in_flight:
             return  # an answer to a snapshot we no longer wait for (we gave up on it)
@@ -199,18 +257,13 @@ class CheckpointAgent:
         if msg.ok:
             self.last_committed = max(self.last_committed, msg.step)
             self.failures_in_a_row = 0
+            self.persist_rate = measured_rate(self.persist_rate, self.in_flight_bytes, msg.persist_secs)
         elif msg.reason == SaveReason.LOST:
             print(f"procsv: the checkpoint service restarted with the snapshot of step {msg.step} in flight; "
                   "taking it again", file=sys.stderr, flush=True)
             self.pending = self.pending or self.in_flight_reason
         else:
-            self.failures_in_a_row += 1
-            if 0 < self.failure_limit <= self.failures_in_a_row and self.failure is None:
-                self.failure = CheckpointError(
-                    f"{self.failures_in_a_row} checkpoints in a row failed to commit, the last at step {msg.step}: "
-                    f"{msg.error}; training stops rather than go on without any way to keep its progress "
-                    "(fix the cause and run again, or pass --on-checkpoint-failure continue)")
-            print(f"procsv: checkpoint at step {msg.step} failed: {msg.error}", file=sys.stderr, flush=True)
+            self._failed(msg.step, msg.error)
 
     def _send(self, ch: TrainerChannels, step: int, reason: SaveReason, busy_after: Busy = Busy.NONE) -> bool:
         t0 = ch.clock()
@@ -225,6 +278,9 @@ class CheckpointAgent:
         if sent:
             self.in_flight = step
             self.in_flight_reason = reason
+            self.in_flight_bytes = snap.arena_bytes + sum(int(getattr(f, "nbytes", 0) or len(f)) for f in snap.frames)
+            self.in_flight_since = now = ch.clock()
+            self.overdue_at = now + save_deadline(self.in_flight_bytes, self.persist_rate, self.save_deadline_floor)
             self.pending = None
         return sent
 

@@ -27,7 +27,7 @@ from procsv.common.errors import ProcsvError, TrainingStopped, UsageError
 from procsv.common.layout import Layout
 from procsv.trainer import outcome
 from procsv.trainer.channels import TrainerChannels
-from procsv.trainer.checkpointing import CheckpointAgent
+from procsv.trainer.checkpointing import SAVE_DEADLINE_FLOOR, CheckpointAgent
 from procsv.trainer.coordinator import Coordinator, LooperThread
 from procsv.trainer.restore import ReadRetry
 from procsv.trainer.standalone import OwnServices
@@ -133,7 +133,8 @@ class Supervisor:
                 save_model_secs=save_model_secs, save_checkpoint_steps=save_checkpoint_steps,
                 max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                 allow_reinit=self.allow_reinit, read_retry=ReadRetry(total_secs=read_retry_secs),
-                failure_limit=int(os.environ.get(env.CHECKPOINT_FAILURE_LIMIT, checkpoint_failure_limit)))
+                failure_limit=int(os.environ.get(env.CHECKPOINT_FAILURE_LIMIT, checkpoint_failure_limit)),
+                save_deadline_floor=float(os.environ.get(env.SAVE_DEADLINE, SAVE_DEADLINE_FLOOR)))
 
         self._step = 0
         self._channels: Optional[TrainerChannels] = None

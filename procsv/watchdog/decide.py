@@ -31,9 +31,11 @@ Rules, in the order they are considered:
    busy with a snapshot or its final checkpoint: then as soon as it is not.
 6. **Shutdown.** Once the outcome is decided, every live child gets SIGTERM, and SIGKILL after
    ``min(stop_grace_secs, services_grace_secs)``.
-7. **Checkpoint stalls.** Steps complete but nothing commits for ``stall_factor`` times the
-   trainer's save interval (at least ``stall_floor_secs``): the checkpoint service is SIGKILLed,
-   which rule 1 then restarts; the restarted service tells the trainer its snapshot was lost.
+7. **Checkpoint stalls.** The trainer says a snapshot passed its deadline (``SaveOverdue``), or
+   steps complete but nothing commits for ``stall_factor`` times the trainer's save interval (at
+   least ``stall_floor_secs``): the checkpoint service is SIGKILLed, which rule 1 then restarts;
+   the restarted service tells the trainer its snapshot was lost. An overdue snapshot also counts
+   as a failed checkpoint for rule 8.
 8. **Failing checkpoints.** ``checkpoint_failure_limit`` commits in a row fail (a full disk, a
    permission): training would go on burning compute that cannot be kept, so the run is stopped
    in order (the trainer still tries its emergency checkpoint) and fails with exit code 3.
@@ -205,6 +207,9 @@ def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]
     (at least ``stall_floor_secs``), counted from its first step or the last commit, whichever is
     later. A hung service (a dead NFS server, SIGSTOP) or a lost result looks like this.
     """
+    overdue = [t.save_overdue for t in view.trainers() if t.live and t.save_overdue]
+    if overdue:
+        return overdue[0]
     trainers = [t for t in view.trainers() if t.live and t.first_step_at is not None and not t.busy]
     if not trainers:
         return None
@@ -300,6 +305,8 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
             view.stop_deadline = None
         elif action.cause == Cause.STALL:
             view.commit_clock = now  # the next stall counts from the replacement
+            for t in view.trainers():
+                t.save_overdue = ""
             view.last_error = f"checkpoint service stalled: {action.reason}"
     elif isinstance(action, Restart):
         _settle(child, early=action.early)

@@ -14,7 +14,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from procsv.ipc.messages import Hello, Message, Progress, SaveResult, TrainerReady
+from procsv.ipc.messages import Hello, Message, Progress, SaveOverdue, SaveResult, TrainerReady
 from procsv.watchdog.decide import find, request_stop
 from procsv.watchdog.events import Event
 from procsv.watchdog.failures import Failure
@@ -54,6 +54,8 @@ def heard(view: RunView, msg: Message, now: float) -> list[Report]:
         return _progress(view, msg, now)
     if isinstance(msg, SaveResult):
         return _saved(view, msg, now)
+    if isinstance(msg, SaveOverdue):
+        return _overdue(view, msg)
     return []
 
 
@@ -120,6 +122,17 @@ def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
         t.made_progress = True
     return [Report(Event.CHECKPOINT_COMMITTED, {"step": msg.step, "path": msg.path, "reason": _plain(msg.reason),
                                                 "secs": round(msg.persist_secs, 4)})]
+
+
+def _overdue(view: RunView, msg: SaveOverdue) -> list[Report]:
+    """The trainer gave up waiting for a snapshot's result: the checkpoint service is stuck (rule 7)."""
+    child = _trainer(view, msg.pid)
+    if child is None:
+        return []
+    child.save_overdue = (f"the snapshot of step {msg.step} had no result within {msg.deadline_secs:.1f} s "
+                          f"(waited {msg.waited_secs:.1f} s)")
+    view.failed_saves += 1
+    return []
 
 
 def death_noticed(view: RunView, slot: str, attempt: int, at: float, wall: float) -> list[Report]:

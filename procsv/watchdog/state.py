@@ -60,6 +60,7 @@ class ChildView:
     work_step: int = 0  # the step of that Progress (or the restored step before it)
     step: int = 0
     busy: str = ""  # what the trainer said it is busy with since its last Progress ("" if nothing)
+    save_overdue: str = ""  # its snapshot in flight passed its deadline (SaveOverdue): why, until acted on
     made_progress: bool = False  # a checkpoint committed since this attempt started
     # what the watchdog did to it
     signalled_at: Optional[float] = None  # a signal meant to end it was sent (hang, chaos)

@@ -1,0 +1,32 @@
+"""The deadline of a checkpoint in flight: derived from the measured persist rate, with a floor."""
+
+from __future__ import annotations
+
+from procsv.trainer.checkpointing import (ASSUMED_PERSIST_RATE, SAVE_DEADLINE_FACTOR, measured_rate,
+                                          save_deadline)
+
+
+def test_a_small_snapshot_gets_the_floor():
+    assert save_deadline(1_000, 100e6, floor=30.0) == 30.0
+
+
+def test_a_large_snapshot_gets_ten_times_its_expected_persist_time():
+    assert save_deadline(10_000_000_000, 100e6, floor=30.0) == SAVE_DEADLINE_FACTOR * 100.0
+
+
+def test_before_any_commit_a_slow_rate_is_assumed():
+    assert save_deadline(int(ASSUMED_PERSIST_RATE) * 50, None, floor=30.0) == SAVE_DEADLINE_FACTOR * 50
+
+
+def test_one_fast_commit_cannot_shorten_the_deadline_much_but_a_slow_one_lengthens_it_at_once():
+    rate = measured_rate(None, 100_000_000, 1.0)
+    assert rate == 100e6
+    faster = measured_rate(rate, 100_000_000, 0.01)  # 10 GB/s once: page cache, say
+    assert faster is not None and faster < 1.5 * rate
+    slower = measured_rate(rate, 100_000_000, 10.0)
+    assert slower == 10e6
+
+
+def test_a_result_without_size_or_time_keeps_the_rate():
+    assert measured_rate(5e6, 0, 1.0) == 5e6
+    assert measured_rate(5e6, 100, 0.0) == 5e6
