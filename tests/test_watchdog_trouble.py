@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 
 import pytest
 
@@ -58,3 +59,37 @@ def test_an_internal_error_of_the_watchdog_stops_the_run_in_order(logdir):
     assert committed_steps(logdir)[-1] == saved[-1]["step"]
     assert raw_status(logdir)["state"] == "failed"
     # the logdir fixture fails the test if any process of the run is left
+
+
+def _spawns(logdir: str) -> list[dict]:
+    return [e for e in lifecycle(logdir) if e["event"] == "spawned"]
+
+
+def test_a_zygote_that_does_not_answer_never_blocks_the_watchdog_loop(logdir):
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--save-model-secs", "1", target=TINY)
+    try:
+        wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "zygote_ready"] and committed_steps(logdir),
+                 120, what="the pre-warmed trainer and a first checkpoint")
+        zygote = next(e["pid"] for e in _spawns(logdir) if e["role"] == "zygote")
+        trainer = next(e["pid"] for e in _spawns(logdir) if e["role"] == "trainer")
+        os.kill(zygote, signal.SIGSTOP)  # alive, but it will never answer a fork request
+        os.kill(trainer, signal.SIGKILL)
+        wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "restarted"], 30,
+                 what="the restart to be asked of the zygote")
+        service = next(e["pid"] for e in _spawns(logdir) if e["role"] == "checkpoint")
+        os.kill(service, signal.SIGKILL)  # while the fork request is pending
+        wait_for(lambda: [e for e in _spawns(logdir) if e["role"] == "trainer" and e["attempt"] == 2], 60,
+                 what="the second trainer, started fresh once the zygote's answer is overdue")
+        spawns = _spawns(logdir)
+        order = [(e["role"], e["attempt"]) for e in spawns]
+        # the loop went on while the zygote did not answer: the dead service came back first
+        assert order.index(("checkpoint", 2)) < order.index(("trainer", 2)), order
+        assert next(e for e in spawns if e["role"] == "trainer" and e["attempt"] == 2)["via"] == "fresh"
+        assert [e for e in lifecycle(logdir) if e["event"] == "zygote_gone"]
+        newest = max(committed_steps(logdir))
+        wait_for(lambda: max(committed_steps(logdir)) > newest, 90, what="checkpoints of the fresh trainer")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    assert "pre-warmed trainer (zygote) did not report the exit of trainer" in err or "did not answer the fork request" in err

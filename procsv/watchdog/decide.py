@@ -20,7 +20,8 @@ Rules, in the order they are considered:
    ``service_restart_limit`` times within ``service_restart_window`` seconds: then the run stops
    in order and fails. Anything ending after the run's outcome is decided is only settled.
 2. **Stop.** A stop request (SIGTERM/SIGINT) sends SIGTERM to a running trainer; past
-   ``stop_grace_secs`` it is SIGKILLed; once no trainer is left the run is ``stopped``.
+   ``stop_grace_secs`` it is SIGKILLed; once no trainer is left (and none is being forked by the
+   zygote: it is stopped in turn once it exists) the run is ``stopped``.
 3. **Restart timer.** A pending trainer start happens when due -- but the first one waits up to
    ``zygote_wait`` seconds for the pre-warmed trainer to be ready.
 4. **Hangs.** A trainer silent beyond its limit (:func:`procsv.watchdog.hang.hang_reason`; busy
@@ -153,7 +154,7 @@ def _stop(view: RunView, now: float) -> list[Action]:
             out.append(Signal(t.slot, t.attempt, signal.SIGTERM, Cause.STOP))
         elif view.stop_deadline is not None and now >= view.stop_deadline:
             out.append(Kill(t.slot, t.attempt, Cause.STOP_GRACE))
-    if not live:  # stopped before a trainer started, or while a restart was pending
+    if not live and view.forking_since is None:  # stopped before a trainer started, or while a restart was pending
         out.append(Finish(TRAINER, 0, RunState.STOPPED, 128 + view.stop_signal, view.history))
     return out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import signal
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from procsv.common import spawn
@@ -27,10 +28,22 @@ from procsv.watchdog.children import ChildProcess, Process, watch_death
 from procsv.watchdog.failures import describe
 from procsv.watchdog.lifecycle import RunState
 from procsv.watchdog.observe import Report
-from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable
+from procsv.watchdog.prewarm import FORK_REPLY_TIMEOUT, Zygote, ZygoteUnavailable
 from procsv.watchdog.state import TRAINER, RunView, ZygoteState
 
 Sink = Callable[[list[Report]], None]
+
+
+@dataclass
+class PendingFork:
+    """A trainer start asked of the zygote: what the fresh spawn needs if the zygote fails."""
+
+    slot: str
+    attempt: int
+    env: dict[str, str]
+    log_path: str
+    mutex: Optional[RobustMutex]
+    due: float  # the zygote's answer is overdue after this (the watchdog's clock)
 
 
 class Executor:
@@ -52,6 +65,7 @@ class Executor:
         self.handles: dict[tuple[str, int], ChildProcess] = {}
         self.zygote: Optional[Zygote] = None
         self.dead_zygotes: list[Zygote] = []  # forked trainers still need their exit statuses
+        self.fork: Optional[PendingFork] = None  # a trainer asked of the zygote, not answered yet
         self.chaos_rng = chaos_rng or random.Random(limits.chaos.seed if limits.chaos else None)
         if limits.chaos is not None:
             view.chaos_next_delay = limits.chaos.delay(self.chaos_rng)
@@ -162,8 +176,9 @@ class Executor:
             self.report([Report(Event.RESTARTED, {"attempt": prev.attempt + 1})])
         self.spawn(action.slot, TRAINER)
 
-    def spawn(self, slot: str, role: str) -> ChildProcess:
-        """Start the next attempt of ``slot`` and add it to the view."""
+    def spawn(self, slot: str, role: str) -> Optional[ChildProcess]:
+        """Start the next attempt of ``slot`` and add it to the view. A trainer from the pre-warmed
+        zygote is only asked for here (None is returned): :meth:`poll_fork` adds it when it answers."""
         prev = self.view.children.get(slot)
         attempt = prev.attempt + 1 if prev else 1
         env = spawn.child_env(role=role, attempt=attempt, logdir=self.layout.logdir, runtime_dir=self.runtime.path,
@@ -178,17 +193,52 @@ class Executor:
                 env[DEATH_MUTEX] = mutex.path
             except OSError:
                 mutex = None  # no early notice: the pidfd alone tells of the death
-        proc: Optional[Process] = None
-        via = "fresh"
         if role == TRAINER and self.zygote is not None and self.zygote.ready:
             try:
-                proc = self.zygote.fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd)
-                via = "zygote"
-            except ZygoteUnavailable as exc:
+                due = self.zygote.request_fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd)
+                self.fork = PendingFork(slot, attempt, env, log_path, mutex, due)
+                observe.fork_requested(self.view, self.clock())
+                return None
+            except (ZygoteUnavailable, OSError) as exc:
                 self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); starting a fresh one")
-        if proc is None:
-            argv = spawn.trainer_argv(self.cfg.target, self.cfg.args) if role == TRAINER else spawn.service_argv(role)
-            proc = spawn.spawn(argv, env, log_path, cwd=self.cfg.cwd)
+        return self._fresh(slot, role, attempt, env, log_path, mutex)
+
+    def poll_fork(self) -> None:
+        """Complete a trainer start asked of the zygote: its answer arrived, or it is overdue or
+        failed (then the zygote is given up and the trainer starts fresh). Call after every pump
+        of the zygote and every round."""
+        pending = self.fork
+        if pending is None:
+            return
+        proc: Optional[Process] = None
+        why = ""
+        try:
+            if self.zygote is None:
+                raise ZygoteUnavailable("the zygote was given up")
+            proc = self.zygote.answer(pending.attempt)
+            if proc is None and self.clock() >= pending.due:
+                why = "it did not answer the fork request within {:g} s".format(FORK_REPLY_TIMEOUT)
+        except ZygoteUnavailable as exc:
+            why = str(exc)
+        if proc is None and not why:
+            return  # still waiting: the loop goes on meanwhile
+        self.fork = None
+        if proc is not None:
+            self._started(pending.slot, TRAINER, pending.attempt, proc, pending.log_path, pending.mutex, "zygote")
+            return
+        if self.zygote is not None:
+            self.zygote.kill()  # a zygote that does not answer is not trusted with the next one either
+            self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({why}); starting a fresh one")
+        self._fresh(pending.slot, TRAINER, pending.attempt, pending.env, pending.log_path, pending.mutex)
+
+    def _fresh(self, slot: str, role: str, attempt: int, env: dict[str, str], log_path: str,
+               mutex: Optional[RobustMutex]) -> ChildProcess:
+        argv = spawn.trainer_argv(self.cfg.target, self.cfg.args) if role == TRAINER else spawn.service_argv(role)
+        proc = spawn.spawn(argv, env, log_path, cwd=self.cfg.cwd)
+        return self._started(slot, role, attempt, proc, log_path, mutex, "fresh")
+
+    def _started(self, slot: str, role: str, attempt: int, proc: Process, log_path: str,
+                 mutex: Optional[RobustMutex], via: str) -> ChildProcess:
         handle = ChildProcess(slot, role, attempt, proc, log_path)
         self.handles[(slot, attempt)] = handle
         self._register(handle)
@@ -217,6 +267,9 @@ class Executor:
 
     def close(self) -> None:
         """SIGKILL and reap whatever still runs (the end of the launch, however it ends)."""
+        for z in [self.zygote, *self.dead_zygotes]:
+            if z is not None:
+                z.kill()  # first: a stopped zygote would never report its trainers' exits
         for handle in list(self.handles.values()):
             handle.kill_group(signal.SIGKILL)
             handle.reap()

@@ -38,13 +38,14 @@ from procsv.watchdog.events import Event, EventLog
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.failures import Failure, read_child_error
 from procsv.watchdog.observe import Report
-from procsv.watchdog.prewarm import zygote_env
+from procsv.watchdog.prewarm import ForkedProcess, zygote_env
 from procsv.watchdog.state import SERVICE_ROLES, TRAINER, RunView, ZygoteState
 from procsv.watchdog.statusfile import StatusWriter, status_record
 
 TICK_MS = 100
 EXIT_INTERNAL = 70  # the watchdog itself failed (EX_SOFTWARE); the run was stopped in order
 MAX_INTERNAL_ERRORS = 3  # beyond this many, stop trying to stop in order
+STATUS_WAIT = 2.0  # seconds a forked trainer's exit status may take to come from the zygote
 SWEEP_EVERY = 1.0  # seconds between sweeps for left-behind processes (also after every exit)
 
 __all__ = ["LaunchConfig", "Watchdog", "check_target"]
@@ -73,6 +74,7 @@ class Watchdog:
         self.events: Optional[EventLog] = None
         self.ex: Optional[Executor] = None
         self._by_fd: dict[int, ChildProcess] = {}
+        self._awaiting_status: dict[tuple[str, int], tuple[ChildProcess, float]] = {}  # forked, exited, no status yet
         self.orphans: Optional[Orphans] = None
         self._next_sweep = 0.0
 
@@ -170,6 +172,8 @@ class Watchdog:
         """Decide at the current time and perform the actions; echo logs; refresh the status file."""
         assert self.ex is not None
         fault_point("round", self.view.step)
+        self._check_awaiting()
+        self.ex.poll_fork()
         for action in decide(self.view, self.clock(), self.limits, self.rng.random()):
             self.ex.perform(action)
             self.status.dirty = True
@@ -224,10 +228,34 @@ class Watchdog:
                 self.status.dirty = True
 
     def _on_exit(self, handle: ChildProcess) -> None:
-        """A pidfd became readable: reap the child and record how it ended."""
+        """A pidfd became readable: reap the child and record how it ended. A trainer forked by the
+        zygote gets its exit status from the zygote: until that arrives it waits in
+        ``_awaiting_status`` (see :meth:`_check_awaiting`), never in a blocking wait."""
         assert self.ex is not None
         self.poller.unregister(handle.pidfd)
         del self._by_fd[handle.pidfd]
+        if isinstance(handle.proc, ForkedProcess) and handle.proc.poll() is None:
+            self._awaiting_status[(handle.slot, handle.attempt)] = (handle, self.clock() + STATUS_WAIT)
+            return
+        self._reaped(handle)
+
+    def _check_awaiting(self) -> None:
+        """Forked trainers whose exit status is due from the zygote: reap those that have it; a
+        zygote that does not report one within ``STATUS_WAIT`` is killed (the watchdog, a child
+        subreaper, then inherits the trainer's zombie and reaps it itself)."""
+        assert self.ex is not None
+        for key, (handle, due) in list(self._awaiting_status.items()):
+            if handle.proc.poll() is not None:
+                del self._awaiting_status[key]
+                self._reaped(handle)
+            elif self.clock() >= due and self.ex.zygote is not None and isinstance(handle.proc, ForkedProcess) \
+                    and handle.proc.zygote is self.ex.zygote:
+                self.ex.zygote.kill()
+                self.ex.drop_zygote(f"procsv: the pre-warmed trainer (zygote) did not report the exit of trainer "
+                                    f"pid {handle.pid} within {STATUS_WAIT:g} s; restarts will start fresh trainers")
+
+    def _reaped(self, handle: ChildProcess) -> None:
+        assert self.ex is not None
         code = handle.reap()
         self.ex.handles.pop((handle.slot, handle.attempt), None)
         self._drain_messages()  # anything it said before dying (a last checkpoint result)
@@ -242,14 +270,15 @@ class Watchdog:
         assert self.ex is not None and self.ex.zygote is not None
         z = self.ex.zygote
         z.pump()
-        if z.ready:
-            self.record(observe.zygote_changed(self.view, ZygoteState.READY, z.pid, z.import_secs or 0.0))
         if not z.alive():
             try:
                 self.poller.unregister(z.fd)
             except KeyError:
                 pass
             self.ex.drop_zygote("procsv: the pre-warmed trainer (zygote) died; restarts will start fresh trainers")
+        elif z.ready:
+            self.record(observe.zygote_changed(self.view, ZygoteState.READY, z.pid, z.import_secs or 0.0))
+        self.ex.poll_fork()  # a trainer it was asked for: answered, or to be started fresh now
 
     def _sweep(self, final: bool = False) -> None:
         """Kill and reap processes of the run whose parent died (see :class:`Orphans`)."""

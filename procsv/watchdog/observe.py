@@ -38,7 +38,13 @@ def spawned(view: RunView, slot: str, role: str, attempt: int, pid: int, now: fl
     view.children[slot] = child
     if role == TRAINER:
         view.attempts.append(child)
+        view.forking_since = None
     return [Report(Event.SPAWNED, {"role": role, "attempt": attempt, "pid": pid, "via": via})]
+
+
+def fork_requested(view: RunView, now: float) -> None:
+    """A trainer was asked of the pre-warmed zygote; :func:`spawned` follows when it answers."""
+    view.forking_since = now
 
 
 def heard(view: RunView, msg: Message, now: float) -> list[Report]:

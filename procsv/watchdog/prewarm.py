@@ -3,7 +3,9 @@
 Runs in the watchdog. :class:`Zygote` starts ``python -m procsv.zygote`` with a pair of pipes,
 learns when it is ready (TensorFlow imported), and turns a trainer spawn into a
 :class:`ForkRequest` -- a restart then costs a fork plus the trainer's own set-up instead of a
-fresh interpreter and a TensorFlow import. A forked trainer is the zygote's child, so its exit
+fresh interpreter and a TensorFlow import. The request never blocks the watchdog's loop: its
+:class:`ForkReply` arrives on the pipe like any other message (:meth:`Zygote.answer`), and a
+zygote that does not answer within ``FORK_REPLY_TIMEOUT`` is given up for a fresh spawn. A forked trainer is the zygote's child, so its exit
 status arrives as a :class:`ChildExit` message; :class:`ForkedProcess` offers the slice of the
 ``subprocess.Popen`` interface the watchdog uses (``pid``, ``poll``, ``wait``, ``returncode``).
 If the zygote dies, the watchdog falls back to fresh spawns.
@@ -52,6 +54,7 @@ class Zygote:
         self.ready = False
         self.import_secs: Optional[float] = None
         self.exits: dict[int, int] = {}
+        self.replies: dict[int, ForkReply] = {}  # by attempt, until taken by answer()
         self.dead = False
 
     @property
@@ -78,28 +81,40 @@ class Zygote:
                 self.import_secs = msg.import_secs
             elif isinstance(msg, ChildExit):
                 self.exits[msg.pid] = msg.code
+            elif isinstance(msg, ForkReply):
+                self.replies[msg.attempt] = msg
         return msgs
 
     def alive(self) -> bool:
         return not self.dead and self.popen.poll() is None
 
-    def fork(self, attempt: int, target: str, args: Sequence[str], env: Mapping[str, str], log_path: str,
-             cwd: str) -> "ForkedProcess":
+    def request_fork(self, attempt: int, target: str, args: Sequence[str], env: Mapping[str, str], log_path: str,
+                     cwd: str) -> float:
+        """Ask for a trainer (without waiting); returns the time by which the answer is due."""
         if not (self.ready and self.alive()):
             raise ZygoteUnavailable("the zygote is not ready")
         argv = ["procsv.trainer", target, *args]
         write_framed(self._req_w, ForkRequest(attempt, argv, dict(env), log_path, cwd))
-        deadline = self.clock() + FORK_REPLY_TIMEOUT
-        while self.clock() < deadline:
-            self.reader.wait(deadline - self.clock())
-            for msg in self.pump():
-                if isinstance(msg, ForkReply) and msg.attempt == attempt:
-                    if msg.error or msg.pid <= 0:
-                        raise ZygoteUnavailable(msg.error or "fork failed")
-                    return ForkedProcess(msg.pid, self)
-            if self.dead:
-                break
-        raise ZygoteUnavailable("the zygote did not answer the fork request")
+        return self.clock() + FORK_REPLY_TIMEOUT
+
+    def answer(self, attempt: int) -> Optional["ForkedProcess"]:
+        """The trainer forked for ``attempt``, once its reply has been pumped; None until then.
+        Raises :class:`ZygoteUnavailable` if the fork failed or the zygote died."""
+        reply = self.replies.pop(attempt, None)
+        if reply is not None:
+            if reply.error or reply.pid <= 0:
+                raise ZygoteUnavailable(reply.error or "fork failed")
+            return ForkedProcess(reply.pid, self)
+        if not self.alive():
+            raise ZygoteUnavailable("the zygote died")
+        return None
+
+    def kill(self) -> None:
+        """SIGKILL the zygote (its pipe then reads as closed; :meth:`close` reaps it)."""
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def close(self) -> None:
         for fd in (self._req_w, self._rep_r):
