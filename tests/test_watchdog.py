@@ -150,3 +150,37 @@ def test_restarts_fork_from_the_prewarmed_trainer_and_fall_back_to_fresh_if_it_d
         code, out, err = finish(proc)
     assert code == 128 + signal.SIGTERM, err
     assert "zygote) died" in err
+
+
+def test_a_trainer_stuck_inside_a_snapshot_is_killed_after_the_busy_limit_and_restarted(logdir):
+    # busy (a snapshot) pauses the ordinary hang clock, but never without a limit:
+    # hang-timeout + stop-grace-secs = 4 s here
+    proc = launch(logdir, "--steps", "150", "--step-delay", "0.01", "--save-steps", "50", target=TINY,
+                  env=quiet_env(PROCSV_FAULT="trainer:snapshot"),
+                  opts=("--hang-timeout", "2", "--stop-grace-secs", "2", "--hang-grace-secs", "0.5"))
+    code, out, err = finish(proc)
+    assert code == 0, err
+    events = lifecycle(logdir)
+    (hang,) = [e for e in events if e["event"] == "hang_detected"]
+    assert hang["step"] == 50 and "snapshot" in hang["reason"], hang
+    (exited,) = [e for e in events if e["event"] == "exited" and e["role"] == "trainer" and e["attempt"] == 1]
+    assert exited.get("signal") == "SIGKILL"  # stuck in the copy: SIGTERM cannot end it
+    st = status_json(logdir)
+    assert st["state"] == "succeeded" and st["step"] == 150 and st["restarts"] == 1
+
+
+def test_a_hung_trainer_that_saves_on_sigterm_still_counts_as_a_failure(logdir):
+    # the hang ends with the SIGTERM and the trainer exits with "saved, restart me" (42). A
+    # preemption is restarted whatever --max-restarts says; a hang is a failure, and with
+    # --max-restarts 0 a failure ends the run
+    proc = launch(logdir, "--steps", "60", "--hang-at-step", "25", "--hang-until-stop", "--step-delay", "0.02",
+                  target=TINY, opts=("--hang-timeout", "2", "--hang-grace-secs", "5", "--max-restarts", "0"))
+    code, out, err = finish(proc)
+    assert code != 0, out
+    events = lifecycle(logdir)
+    (exited,) = [e for e in events if e["event"] == "exited" and e["role"] == "trainer"]
+    assert exited.get("code") == 42, exited  # it did save on the way out ...
+    assert committed_steps(logdir)[-1] == 25  # ... the step it hung in
+    assert not [e for e in events if e["event"] in ("restarting", "restarted")]
+    st = status_json(logdir)
+    assert st["state"] == "failed" and "hang" in (st["last_error"] or ""), st

@@ -20,7 +20,8 @@ CHECKPOINT_NICE = "PROCSV_CHECKPOINT_NICE"  # the checkpoint service's nice incr
 CHECKPOINT_FAILURE_LIMIT = "PROCSV_CHECKPOINT_FAILURE_LIMIT"  # failed commits in a row that stop training (0: never)
 SAVE_DEADLINE = "PROCSV_SAVE_DEADLINE"  # seconds: the floor of a checkpoint's deadline (default 30)
 ALLOW_REINIT = "PROCSV_ALLOW_REINIT"  # "1": start from step 0 if every committed checkpoint is corrupt
-FAULT = "PROCSV_FAULT"  # tests only: "checkpoint:<point>[:<n>]" kills the service there; "watchdog:round" raises once
+FAULT = "PROCSV_FAULT"  # tests only: "checkpoint:<point>[:<n>]" kills the service there; "watchdog:round" raises
+# once; "trainer:snapshot" hangs the first trainer attempt inside its first snapshot
 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, ALLOW_REINIT, FAULT)

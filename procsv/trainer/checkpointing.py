@@ -40,6 +40,7 @@ from procsv.ipc.messages import (Busy, CheckpointSetup, Progress, SaveData, Save
                                  SaveResult)
 from procsv.ipc.transport import NoReply
 from procsv.common.errors import CheckpointError, CorruptCheckpoint, MismatchedCheckpoint, UnreadableCheckpoint
+from procsv.common import env as envvars
 from procsv.common.layout import Layout
 from procsv.common.manifests import Manifest, list_committed, step_of_prefix, unreadable_file, verify
 from procsv.trainer import restore
@@ -72,6 +73,14 @@ def measured_rate(previous: Optional[float], nbytes: int, persist_secs: float) -
     if previous is None:
         return 1.0 / per_byte
     return 1.0 / max(per_byte, 0.7 / previous + 0.3 * per_byte)
+
+
+def _stuck_here(name: str) -> None:
+    """Hang here for good if ``PROCSV_FAULT`` is ``trainer:<name>``, in the first attempt (tests
+    only: a snapshot copy stuck on a page fault of dead storage looks like this)."""
+    if os.environ.get(envvars.FAULT) == f"trainer:{name}" and os.environ.get(envvars.ATTEMPT, "1") == "1":
+        while True:
+            time.sleep(3600)
 
 
 class CheckpointAgent:
@@ -269,6 +278,7 @@ class CheckpointAgent:
         t0 = ch.clock()
         # the snapshot is work on purpose, not a hang: the watchdog's hang clock pauses meanwhile
         ch.to_watchdog(Progress(os.getpid(), step, time.time(), Busy.SNAPSHOT))
+        _stuck_here("snapshot")
         self.checkpoint.save_counter.assign_add(1)
         snap = take(self.checkpoint, self._arena_for)
         arena = self.arena.ref() if self.arena is not None and snap.arena_bytes else None

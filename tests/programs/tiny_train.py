@@ -25,6 +25,8 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=200)
 p.add_argument("--step-delay", type=float, default=0.01)
 p.add_argument("--hang-at-step", type=int, default=0)
+p.add_argument("--hang-until-stop", action="store_true",
+               help="the hang of --hang-at-step ends when a stop is requested (SIGTERM), so the run saves")
 p.add_argument("--crash-after-commit", action="store_true")
 p.add_argument("--bad-attempts", default="1")
 p.add_argument("--save-steps", type=int, default=None)
@@ -60,8 +62,8 @@ def step():
     weights.assign_add(tf.ones([4]))
     if bad and args.hang_at_step and sv.step == args.hang_at_step:
         print(f"tiny: hanging in step {sv.step}", flush=True)
-        while True:
-            time.sleep(3600)
+        while not (args.hang_until_stop and sv.should_stop()):
+            time.sleep(0.05 if args.hang_until_stop else 3600)
     time.sleep(args.step_delay)
     if args.chatty:
         print(f"tiny: step {sv.step} " + "x" * args.chatty, flush=True)
