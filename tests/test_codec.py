@@ -76,6 +76,7 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
                      persist_secs=0.0),
         [],
     ),
+    ("save-overdue", m.SaveOverdue(pid=4242, step=1500, waited_secs=31.5, deadline_secs=30.0), []),
     (
         "summary-batch",
         m.SummaryBatch(

@@ -516,3 +516,18 @@ def test_an_error_a_restart_cannot_cure_gives_up_at_once_and_others_are_retried(
     error = ChildError("UnreadableCheckpoint", "EIO", "Traceback ...", "startup")  # may pass: try again
     observe.reaped(retry.view, TRAINER, 1, Failure(TRAINER, 1, t.pid, 1, 0.0, "log", error), retry.now)
     assert of(retry.tick(), Restart)
+
+
+def test_a_service_that_crashed_and_restarts_slowly_is_not_taken_for_a_stall():
+    sim = Sim(Limits(hang=HangLimits(None, None), stall_floor_secs=10.0))
+    assert of(sim.tick(), Spawn)
+    sim.ready(save_secs=0.3)
+    sim.progress(1)
+    sim.commit(1)
+    sim.tick(5.0)
+    sim.dies(CHECKPOINT, KILLED)  # a crash mid-commit
+    assert of(sim.tick(), RespawnService)
+    sim.progress(500)  # the replacement imports and starts slowly on a loaded machine
+    assert sim.tick(9.9) == []  # 15 s since the last commit, but under 10 s since it started
+    (kill,) = sim.tick(0.2)
+    assert kill == Kill(CHECKPOINT, 2, Cause.STALL, kill.reason)

@@ -205,8 +205,8 @@ def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]
 
     Judged on the current trainer's own schedule (``save_model_secs`` / ``save_checkpoint_steps``):
     its steps complete (it is not busy) but nothing committed for ``stall_factor`` intervals
-    (at least ``stall_floor_secs``), counted from its first step or the last commit, whichever is
-    later. A hung service (a dead NFS server, SIGSTOP) or a lost result looks like this.
+    (at least ``stall_floor_secs``), counted from its first step, the last commit or the checkpoint
+    service's start, whichever is latest. A hung service (a dead NFS server, SIGSTOP) or a lost result looks like this.
     """
     overdue = [t.save_overdue for t in view.trainers() if t.live and t.save_overdue]
     if overdue:
@@ -217,6 +217,9 @@ def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]
     t = trainers[0]
     first = t.first_step_at if t.first_step_at is not None else now
     since = first if view.commit_clock is None else max(first, view.commit_clock)
+    service = view.children.get(CHECKPOINT)
+    if service is not None:
+        since = max(since, service.started)  # a replacement service gets a whole window of its own
     silent = now - since
     if silent < limits.stall_floor_secs:
         return None
