@@ -162,7 +162,9 @@ def test_decode_accepts_zmq_frames_and_memoryviews():
     zmq = pytest.importorskip("zmq")
     msg = m.Progress(pid=1, step=2, wall_time=3.5)
     head, *_ = encode(msg)
-    assert decode([zmq.Frame(head), zmq.Frame(b"x")])[0] == msg
+    assert decode([zmq.Frame(head)])[0] == msg
+    batch = m.SummaryBatch(protos=[m.ProtoRef(1, 2.0)])
+    assert decode([zmq.Frame(encode(batch)[0]), zmq.Frame(b"x")])[0] == batch
     assert decode([memoryview(head)])[0] == msg
     assert decode([bytearray(head)])[0] == msg
 
@@ -402,7 +404,7 @@ def test_enum_fields_refuse_unknown_values(kind, body, field, enum, bad):
 
 def test_summary_item_kind_is_validated_in_a_nested_item():
     item = {"kind": "histogram", "tag": "w", "step": 1, "wall_time": 1.0, "dtype": "float64", "shape": [3]}
-    decoded, _ = decode([_header("summary_batch", {"items": [item]})])
+    decoded, _ = decode([_header("summary_batch", {"items": [item]}), b"frame"])
     assert decoded.items[0].kind is m.ItemKind.HISTOGRAM
     with pytest.raises(ProtocolError, match="kind"):
         decode([_header("summary_batch", {"items": [{**item, "kind": "audio"}]})])
