@@ -210,8 +210,16 @@ def _check(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ProtocolError(f"{where}: expected an integer, got {type(value).__name__}")
         return value
-    if tp in (str, bool):
-        if not isinstance(value, tp):
-            raise ProtocolError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
+    if tp is str:
+        if not isinstance(value, str):
+            raise ProtocolError(f"{where}: expected str, got {type(value).__name__}")
+        try:
+            value.encode("utf-8")  # JSON may escape a lone surrogate, which no file or log can take
+        except UnicodeEncodeError:
+            raise ProtocolError(f"{where}: not valid Unicode (a lone surrogate)") from None
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ProtocolError(f"{where}: expected bool, got {type(value).__name__}")
         return value
     raise ProtocolError(f"{where}: unsupported type {tp!r}")

@@ -77,7 +77,7 @@ class Watchdog:
         self.term = Terminal()
         self.status = StatusWriter(self.layout, clock, wall, complain=lambda text: self.say(text, err=True))
         self.internal_errors = 0
-        self.rejections = Rejections("procsv", self.layout.status, lambda text: self.say(text, err=True))
+        self.rejections = Rejections("procsv", "status.json, `procsv status`", lambda text: self.say(text, err=True))
         self._notices: "queue.SimpleQueue[tuple[ChildProcess, bool, float, float]]" = queue.SimpleQueue()
         self._notice_r, self._notice_w = os.pipe()
         os.set_blocking(self._notice_w, False)

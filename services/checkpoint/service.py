@@ -88,7 +88,7 @@ class CheckpointService:
         self.settings: Optional[CheckpointSettings] = load_settings(ctx.layout)
         # a snapshot that came before its trainer's settings: (message, frames, trainer identity)
         self.held: Optional[tuple[SaveData, list[Any], bytes]] = None
-        self.rejections = Rejections("procsv checkpoint", ctx.layout.checkpoint_stats, _say)
+        self.rejections = Rejections("procsv checkpoint", os.path.relpath(ctx.layout.checkpoint_stats, ctx.layout.logdir), _say)
         self._stats_written: Optional[int] = None  # the rejection total last written
         self._next_stats = clock()
 

@@ -102,7 +102,7 @@ class SummaryService:
         self.written = 0
         self.drops_written: tuple[int, int] = (0, -1)  # (total, step) of the last dropped-count summary
         self.drops_pending: Optional[tuple[int, int]] = None  # (step, total) to write once that step is over
-        self.rejections = Rejections("procsv summary", self.stats_path, self._say)
+        self.rejections = Rejections("procsv summary", os.path.relpath(self.stats_path, ctx.layout.logdir), self._say)
         self.stopping = False
         self._ack_to: dict[tuple[bytes, str], None] = {}  # (connection, session) to ack after this burst
         self._sync_now = False
