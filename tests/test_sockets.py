@@ -229,3 +229,20 @@ def test_another_user_cannot_reach_any_socket_of_a_live_run(logdir):
         code, out, err = finish(proc, timeout=120)
     assert code == 128 + signal.SIGTERM, err[-3000:]
     print(f"as nobody: {got}; with the directory 0755: {opened}")
+
+
+def test_procsv_status_gathers_each_process_rejections(tmp_path):
+    from procsv.common.layout import Layout, write_json
+    from procsv.status import read_status, render
+
+    layout = Layout(str(tmp_path / "run"))
+    layout.create()
+    write_json(layout.status, {"state": "running", "step": 3, "processes": [],
+                               "rejected": {"total": 2, "by_reason": {"not_json": 2}}})
+    write_json(layout.checkpoint_stats, {"pid": 1, "rejected": {"total": 5, "by_reason": {"schema_version": 5}}})
+    status = read_status(layout)
+    assert status is not None
+    assert status["rejected"] == {"watchdog": {"total": 2, "by_reason": {"not_json": 2}},
+                                  "checkpoint": {"total": 5, "by_reason": {"schema_version": 5}},
+                                  "summary": None}  # no stats file yet
+    assert "messages refused (malformed or foreign): watchdog 2, checkpoint 5" in render(status, layout.logdir)
