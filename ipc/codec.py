@@ -30,6 +30,7 @@ from procsv.ipc.messages import ALL_MESSAGES, SCHEMA_VERSION, Message, SaveData,
 _BY_KIND: dict[str, type[Message]] = {m.KIND: m for m in ALL_MESSAGES}
 
 Frames = Sequence[Union[bytes, memoryview, Any]]
+INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1  # an int field holds an int64 (as it does in TF and NumPy)
 
 
 class RejectReason(StrEnum):
@@ -205,10 +206,14 @@ def _check(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ProtocolError(f"{where}: expected a number, got {type(value).__name__}")
+        if value != value:  # NaN (Python's JSON reads it; no procsv message means it)
+            raise ProtocolError(f"{where}: NaN")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ProtocolError(f"{where}: expected an integer, got {type(value).__name__}")
+        if not INT_MIN <= value <= INT_MAX:  # steps, pids, sizes, shapes: all int64 where they are used
+            raise ProtocolError(f"{where}: {value:.3g} is outside int64")
         return value
     if tp is str:
         if not isinstance(value, str):

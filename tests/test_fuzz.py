@@ -382,3 +382,98 @@ def test_ten_thousand_malformed_messages_per_socket_crash_nothing_and_are_all_co
         assert log.count("refused a malformed message") <= len(RejectReason), log[-3000:]
     assert err.count("refusing messages with schema version") == 1, err[-3000:]
     print(f"fuzz: sent {sent} malformed messages in {fuzz_secs:.1f} s; rejection counts went from {before} to {want}")
+
+
+# ----------------------------------------------------------------------------- well-formed, odd values
+
+
+class OddValues:
+    """Seeded messages of the kinds a service takes, well-formed (the codec accepts them) but with
+    values no trainer sends: extreme integers, infinities, odd strings, shapes and dtypes that do
+    not fit their frames, arena references to files that are not the trainer's memory."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def int(self) -> int:
+        return self.rng.choice([0, 1, -1, (1 << 63) - 1, -(1 << 63), self.rng.randrange(-100, 100)])
+
+    def float(self) -> float:
+        return self.rng.choice([0.0, -1.0, float("inf"), -float("inf"), 1e308, self.rng.random()])
+
+    def str(self) -> str:
+        return self.rng.choice(["", "x", "a/b", "../x", "../../x", "\x00", "model.ckpt", "é" * 50, "x" * 5000,
+                                "float32", "uint8", "json", "float64", "string", "variant", "int64", "bfloat16"])
+
+    def frames(self, n: int) -> list[bytes]:
+        return [self.rng.randbytes(self.rng.choice([0, 1, 7, 8, 28, 64, 1000])) for _ in range(n)]
+
+    def summary(self) -> tuple[m.Message, list[bytes]]:
+        r = self.rng
+        if r.random() < 0.2:
+            return m.SessionLogEvent(r.choice(list(m.SessionStatus)), self.int(), self.str()), []
+        items = [m.SummaryItem(r.choice(list(m.ItemKind)), self.str(), self.int(), self.float(), self.str(),
+                               [self.int() for _ in range(r.randrange(5))], self.int(), self.str())
+                 for _ in range(r.randrange(3))]
+        protos = [m.ProtoRef(self.int(), self.float()) for _ in range(r.randrange(3))]
+        columns = r.choice([0, 0, 1, 3, 1 << 40])
+        msg = m.SummaryBatch(protos, self.int(), r.choice(["", "s1", "s2"]), self.int(),
+                             r.choice([None, self.int()]), columns, items, self.int(), self.float(), self.float(),
+                             r.choice([None, self.float()]), self.int())
+        return msg, self.frames(len(protos) + (1 if columns else 0) + len(items))
+
+    def checkpoint(self, pid: int) -> tuple[m.Message, list[bytes]]:
+        r = self.rng
+        arena = r.choice([None, m.ArenaRef(r.choice(["/proc/self/fd/0", "/etc/passwd", "/nonexistent", "",
+                                                     f"/proc/{pid}/fd/1"]), self.int(), self.int())])
+        if r.random() < 0.5:
+            return m.CheckpointSetup(self.int(), self.str(), r.choice([None, self.float()]), self.int(),
+                                     r.choice([None, self.float()]), self.int(), arena,
+                                     r.choice([None, self.int()])), []
+        tensors = [m.TensorSpec(self.str(), self.str(), [self.int() for _ in range(r.randrange(3))],
+                                r.choice([None, [self.int() for _ in range(r.randrange(3))]]),
+                                None if arena is None else r.choice([None, self.int()]))
+                   for _ in range(r.randrange(4))]
+        msg = m.SaveData(self.int(), r.choice(list(m.SaveReason)), self.str(), tensors, arena)
+        return msg, self.frames(sum(1 for t in tensors if t.offset is None))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("role,count", [("summary", 3000), ("checkpoint", 500)])
+def test_well_formed_messages_with_odd_values_never_stop_a_service(tmp_path, role, count):
+    from procsv.common import spawn
+    from procsv.common.layout import Layout
+    from procsv.ipc.transport import make_socket, send
+
+    logdir, runtime = str(tmp_path / "run"), str(tmp_path / "rt")
+    Layout(logdir).create()
+    os.makedirs(runtime, mode=0o700)
+    env = spawn.child_env(role=role, attempt=1, logdir=logdir, runtime_dir=runtime, supervised=False)
+    service = spawn.spawn(spawn.service_argv(role), env, os.path.join(logdir, "logs", f"{role}.1.log"))
+    ctx = zmq.Context()
+    try:
+        wait_for(lambda: _stats(logdir, f"{role}_stats.json"), 60, what="the service to be up")
+        sock = make_socket(ctx, zmq.DEALER, sndhwm=100_000, linger_ms=2000, identity=b"trainer-1")
+        sock.setsockopt(zmq.SNDTIMEO, 20_000)
+        sock.connect(getattr(Endpoints(runtime), role))
+        gen = OddValues(SEED)
+        for _ in range(count):
+            msg, frames = gen.summary() if role == "summary" else gen.checkpoint(os.getpid())
+            decode(encode(msg, frames))  # well-formed: the codec takes it
+            assert send(sock, msg, frames, block=True)
+        sock.send_multipart([b"\xffthe last one"])  # refused and counted once everything before it is handled
+        wait_for(lambda: ((_stats(logdir, f"{role}_stats.json") or {}).get("rejected") or {}).get("total") == 1,
+                 120, interval=0.2, what="the service to get through it all")
+        assert service.poll() is None
+        sock.close()
+        service.send_signal(signal.SIGTERM)
+        assert service.wait(timeout=60) == 0
+    finally:
+        ctx.term()
+        if service.poll() is None:
+            service.kill()
+            service.wait()
+    with open(os.path.join(logdir, "logs", f"{role}.1.log")) as fh:
+        assert "Traceback" not in fh.read()
+    outside = [p for p in os.listdir(tmp_path) if p not in ("run", "rt")]
+    assert not outside  # no file was written outside the logdir (a basename like ../../x)
