@@ -40,8 +40,8 @@ class Rejections:
         self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
         if not first:
             return
-        if isinstance(err, SchemaMismatch) or err.reason == RejectReason.SCHEMA_VERSION:
-            version = getattr(err, "version", None)
+        if err.reason == RejectReason.SCHEMA_VERSION:
+            version = err.version if isinstance(err, SchemaMismatch) else None
             said = "no schema version" if version is None else f"schema version {version}"
             self.say(f"{self.who}: refusing messages with {said}; this procsv speaks schema version "
                      f"{SCHEMA_VERSION}: a process of another procsv release is talking to this run "

@@ -197,8 +197,8 @@ class Watchdog:
         self._by_fd[handle.pidfd] = handle
         self.poller.register(handle.pidfd, zmq.POLLIN)
 
-    def _drain_messages(self) -> None:
-        for got in drain(self.pull, limit=DRAIN_MAX, accept=ACCEPT):
+    def _drain_messages(self, limit: Optional[int] = DRAIN_MAX) -> None:
+        for got in drain(self.pull, limit=limit, accept=ACCEPT):
             if isinstance(got, ProtocolError):
                 self.rejections.count(got)
                 self.status.dirty = True
@@ -242,7 +242,7 @@ class Watchdog:
         del self._by_fd[handle.pidfd]
         code = handle.reap()
         self.ex.handles.pop((handle.slot, handle.attempt), None)
-        self._drain_messages()  # anything it said before dying (a last checkpoint result)
+        self._drain_messages(limit=None)  # all it said before dying (a last checkpoint result), before its exit
         self._echo(handle)
         err = read_child_error(self.layout.error_file(handle.role, handle.attempt), handle.pid)
         failure = Failure(handle.role, handle.attempt, handle.pid, code, self.wall(), handle.log_path, err)
