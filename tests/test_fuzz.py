@@ -358,6 +358,7 @@ def test_ten_thousand_malformed_messages_per_socket_crash_nothing_and_are_all_co
         assert all(p["alive"] for p in status["processes"]), status["processes"]
         assert {r: (v or {}).get("total") for r, v in status["rejected"].items()} == want
         assert status["rejected"]["summary"]["by_reason"].get("schema_version", 0) > 0
+        print(f"rejected, by process and reason: {status['rejected']}")
 
         # training went on, and the next checkpoint commits and restores with plain TensorFlow
         step_after_fuzz = raw_status(logdir)["step"]
