@@ -2,10 +2,17 @@
 
 Run in every process. Wire format of one message: frame 0 is a JSON object
 ``{"v": SCHEMA_VERSION, "kind": KIND, "body": {...fields...}}``; frames 1.. are binary payloads
-(tensor bytes, serialized protos) whose meaning the message's fields describe. A message that is
-not valid JSON, has an unknown kind or version, a field of the wrong type (checked element by
-element, into nested dataclasses) or an enum field with a value outside its enum raises
-:class:`ProtocolError`; a service drops such a message and keeps running.
+(tensor bytes, serialized protos) whose meaning the message's fields describe.
+
+Every input is either a message or a typed rejection: :func:`decode` returns ``(message,
+payload)`` or raises :class:`ProtocolError` (never another exception), whose ``reason`` (a
+:class:`RejectReason`) says what was wrong: no frames or an empty header, a header that is not
+UTF-8 JSON (binary, truncated), not an object, another schema version (:class:`SchemaMismatch`,
+which names it), an unknown kind, a kind this receiver does not take (``accept``), a field
+missing, unknown or of the wrong type (checked element by element, into nested dataclasses; an
+enum field takes only its enum's values), or a number of payload frames other than the header
+announces (:func:`payload_frames`). A receiver counts the rejection
+(:class:`procsv.ipc.rejections.Rejections`) and keeps running.
 """
 
 from __future__ import annotations
@@ -14,19 +21,47 @@ import dataclasses
 import json
 import types
 import typing
-from enum import Enum
+from enum import Enum, StrEnum
 from functools import lru_cache
-from typing import Any, Sequence, Union
+from typing import AbstractSet, Any, Optional, Sequence, Union
 
-from procsv.ipc.messages import ALL_MESSAGES, SCHEMA_VERSION, Message
+from procsv.ipc.messages import ALL_MESSAGES, SCHEMA_VERSION, Message, SaveData, SummaryBatch
 
 _BY_KIND: dict[str, type[Message]] = {m.KIND: m for m in ALL_MESSAGES}
 
 Frames = Sequence[Union[bytes, memoryview, Any]]
+INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1  # an int field holds an int64 (as it does in TF and NumPy)
+
+
+class RejectReason(StrEnum):
+    """Why a message was refused; the values are the keys of the rejection counters."""
+
+    EMPTY = "empty"  # no frame at all, or an empty header frame
+    NOT_JSON = "not_json"  # the header is not UTF-8 JSON (binary garbage, truncated)
+    NOT_OBJECT = "not_object"  # JSON, but not {"v", "kind", "body"} with an object body
+    SCHEMA_VERSION = "schema_version"  # another (or no) schema version: see SchemaMismatch
+    UNKNOWN_KIND = "unknown_kind"  # no message of that kind exists
+    UNEXPECTED_KIND = "unexpected_kind"  # a real kind, but not one this receiver takes
+    BAD_FIELD = "bad_field"  # a field missing, unknown, of the wrong type or outside its enum
+    FRAMES = "frames"  # the payload frames do not match what the header announces
+    NO_IDENTITY = "no_identity"  # a ROUTER got a message without a body behind the peer's identity
 
 
 class ProtocolError(ValueError):
-    """A message could not be decoded: malformed JSON, unknown kind or version, bad field."""
+    """A message was refused; ``reason`` says why (the counters' key), the text says where."""
+
+    def __init__(self, text: str, reason: RejectReason = RejectReason.BAD_FIELD) -> None:
+        super().__init__(text)
+        self.reason = reason
+
+
+class SchemaMismatch(ProtocolError):
+    """A message of another schema version (``version``: what it said, None if nothing usable):
+    a process of another procsv release is talking to this run."""
+
+    def __init__(self, version: Optional[int]) -> None:
+        super().__init__(f"schema version {version!r:.40}, expected {SCHEMA_VERSION}", RejectReason.SCHEMA_VERSION)
+        self.version = version
 
 
 def encode(msg: Message, payload: Sequence[Any] = ()) -> list[Any]:
@@ -36,29 +71,66 @@ def encode(msg: Message, payload: Sequence[Any] = ()) -> list[Any]:
     return [header.encode(), *payload]
 
 
-def decode(frames: Frames) -> tuple[Message, list[Any]]:
-    """Parse frames into ``(message, payload_frames)``; raise :class:`ProtocolError` if invalid."""
+def decode(frames: Frames, accept: Optional[AbstractSet[type[Message]]] = None) -> tuple[Message, list[Any]]:
+    """Parse frames into ``(message, payload_frames)``; raise :class:`ProtocolError` if invalid.
+
+    ``accept``: the message classes this receiver takes (None: any); another kind is refused with
+    ``UNEXPECTED_KIND``. Nothing but :class:`ProtocolError` escapes, whatever the bytes.
+    """
     if not frames:
-        raise ProtocolError("empty message")
+        raise ProtocolError("empty message", RejectReason.EMPTY)
     head = frames[0]
     raw = head.bytes if hasattr(head, "bytes") else bytes(head)
+    if not raw:
+        raise ProtocolError("empty header frame", RejectReason.EMPTY)
     try:
-        obj = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ProtocolError(f"header is not JSON: {type(exc).__name__}") from None
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ProtocolError("header is not UTF-8", RejectReason.NOT_JSON) from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError; an integer of more than 4300 digits
+        raise ProtocolError(f"header is not JSON: {type(exc).__name__}", RejectReason.NOT_JSON) from None
     if not isinstance(obj, dict):
-        raise ProtocolError("header is not an object")
+        raise ProtocolError("header is not an object", RejectReason.NOT_OBJECT)
     version, kind = obj.get("v"), obj.get("kind")
     if type(version) is not int or version != SCHEMA_VERSION:
-        raise ProtocolError(f"schema version {version!r:.40}, expected {SCHEMA_VERSION}")
+        raise SchemaMismatch(version if type(version) is int else None)
     cls = _BY_KIND.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ProtocolError(f"unknown message kind {kind!r:.60}")
+        raise ProtocolError(f"unknown message kind {kind!r:.60}", RejectReason.UNKNOWN_KIND)
+    if accept is not None and cls not in accept:
+        raise ProtocolError(f"a {kind} message, which this receiver does not take", RejectReason.UNEXPECTED_KIND)
     body = obj.get("body")
     if not isinstance(body, dict):
-        raise ProtocolError("body is not an object")
-    msg: Message = _build(cls, body)
-    return msg, list(frames[1:])
+        raise ProtocolError("body is not an object", RejectReason.NOT_OBJECT)
+    try:
+        msg: Message = _build(cls, body)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # a case _check does not foresee: refused and counted, never a dead loop
+        raise ProtocolError(f"{cls.__name__}: {type(exc).__name__}: {exc}"[:200]) from None
+    payload = list(frames[1:])
+    want = payload_frames(msg)
+    if len(payload) != want:
+        raise ProtocolError(f"{cls.__name__}: {len(payload)} payload frames, its header announces {want}",
+                            RejectReason.FRAMES)
+    return msg, payload
+
+
+def payload_frames(msg: Message) -> int:
+    """How many payload frames follow ``msg``'s header (see :mod:`procsv.ipc.messages`).
+
+    ``SaveData``: one per tensor without an ``offset`` (one with an offset needs ``arena``);
+    ``SummaryBatch``: one per proto, one for the columns if any, one per item; others: none.
+    """
+    if isinstance(msg, SaveData):
+        if msg.arena is None and any(t.offset is not None for t in msg.tensors):
+            raise ProtocolError("SaveData: a tensor at an offset, but no arena")
+        return sum(1 for t in msg.tensors if t.offset is None)
+    if isinstance(msg, SummaryBatch):
+        if msg.columns < 0:
+            raise ProtocolError(f"SummaryBatch.columns: {msg.columns} is negative")
+        return len(msg.protos) + (1 if msg.columns else 0) + len(msg.items)
+    return 0
 
 
 def _to_json(value: Any) -> Any:
@@ -134,13 +206,25 @@ def _check(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ProtocolError(f"{where}: expected a number, got {type(value).__name__}")
+        if value != value:  # NaN (Python's JSON reads it; no procsv message means it)
+            raise ProtocolError(f"{where}: NaN")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ProtocolError(f"{where}: expected an integer, got {type(value).__name__}")
+        if not INT_MIN <= value <= INT_MAX:  # steps, pids, sizes, shapes: all int64 where they are used
+            raise ProtocolError(f"{where}: {value:.3g} is outside int64")
         return value
-    if tp in (str, bool):
-        if not isinstance(value, tp):
-            raise ProtocolError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
+    if tp is str:
+        if not isinstance(value, str):
+            raise ProtocolError(f"{where}: expected str, got {type(value).__name__}")
+        try:
+            value.encode("utf-8")  # JSON may escape a lone surrogate, which no file or log can take
+        except UnicodeEncodeError:
+            raise ProtocolError(f"{where}: not valid Unicode (a lone surrogate)") from None
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ProtocolError(f"{where}: expected bool, got {type(value).__name__}")
         return value
     raise ProtocolError(f"{where}: unsupported type {tp!r}")

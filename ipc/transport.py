@@ -1,8 +1,14 @@
 """ZeroMQ endpoints and socket helpers shared by every procsv process.
 
 Every endpoint is an ``ipc://`` socket file inside the run's private runtime directory (mode 0700,
-created by whoever starts the services). Sockets are created with a short linger and a bounded
-high-water mark; sends from the trainer are non-blocking. Every receive goes through
+created by whoever starts the services, with ``tempfile.mkdtemp``), and :func:`bind_private` makes
+each socket file 0600: only the user who launched the run can connect (connecting to a Unix
+socket needs write permission on its file, and reaching it, search permission on the directory).
+There is no TCP endpoint. Sockets are created with a short linger, a bounded high-water mark and
+ZeroMQ's own ``MAXMSGSIZE``, a limit on each incoming frame (a larger one makes ZeroMQ drop the
+connection before the frame is allocated): :data:`CONTROL_FRAME_MAX` by default,
+:data:`SUMMARY_FRAME_MAX` and :data:`CHECKPOINT_FRAME_MAX` on the two services' ROUTERs, where
+payload frames travel. Sends from the trainer are non-blocking. Every receive goes through
 :func:`recv` with a timeout (0 for a non-blocking drain): it raises :class:`ReceiveTimeout`,
 never waits forever. A request whose reply does not come by its deadline raises
 :class:`NoReply` (see ``TrainerChannels.wait_save_result``).
@@ -14,17 +20,33 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Sequence
+from typing import AbstractSet, Any, Iterator, Optional, Sequence
 
 import zmq
 
-from procsv.ipc.codec import ProtocolError, decode, encode
+from procsv.ipc.codec import ProtocolError, RejectReason, decode, encode
 from procsv.ipc.messages import Message
 
 __all__ = [
-    "Endpoints", "NoReply", "ReceiveTimeout", "Received", "drain", "make_socket", "recv", "recv_message", "send",
-
+    "CHECKPOINT_FRAME_MAX", "CONTROL_FRAME_MAX", "SUMMARY_FRAME_MAX",
+    "Endpoints", "NoReply", "ReceiveTimeout", "Received", "bind_private", "drain", "make_socket", "recv",
+    "recv_message", "send",
 ]
+
+CONTROL_FRAME_MAX = 1 << 20
+"""Bytes per incoming frame on every socket but the services' ROUTERs: JSON headers only (the
+largest, a ``TrainerReady`` listing skipped checkpoints, is a few KiB)."""
+
+SUMMARY_FRAME_MAX = 96 << 20
+"""On ``summary.sock``: above the trainer's 64 MiB bound on the summary payloads it keeps
+(``procsv.trainer.summaries.buffer.ITEM_BYTES_MAX``; a larger image or histogram is dropped and
+counted there), so no summary the trainer sends is refused."""
+
+CHECKPOINT_FRAME_MAX = 2 << 30
+"""On ``checkpoint.sock``: a frame holds one string or variant tensor (numeric tensors lie in the
+shared snapshot memory), or, where no memfd can be made, one numeric tensor. 2 GiB is protobuf's
+own limit for a serialized tensor (what a variant frame is); the trainer refuses to send a larger
+frame (``TrainerChannels.send_snapshot``) with an error naming the tensor."""
 
 
 class ReceiveTimeout(TimeoutError):
@@ -63,16 +85,27 @@ class Endpoints:
 
 
 def make_socket(
-    ctx: zmq.Context[Any], kind: int, *, linger_ms: int = 0, sndhwm: int = 1000, identity: Optional[bytes] = None
+    ctx: zmq.Context[Any], kind: int, *, linger_ms: int = 0, sndhwm: int = 1000, identity: Optional[bytes] = None,
+    max_frame: int = CONTROL_FRAME_MAX,
 ) -> zmq.Socket[Any]:
-    """Create a socket with procsv's defaults (bounded linger and queue)."""
+    """Create a socket with procsv's defaults (bounded linger, queue and incoming frame size)."""
     sock: zmq.Socket[Any] = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, linger_ms)
     sock.setsockopt(zmq.SNDHWM, sndhwm)
     sock.setsockopt(zmq.RCVHWM, 10000)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_frame)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity)
     return sock
+
+
+def bind_private(sock: zmq.Socket[Any], endpoint: str) -> None:
+    """Bind ``sock`` to an ``ipc://`` endpoint and make the socket file reachable by its owner only
+    (0600, besides the runtime directory's 0700). Anything but ``ipc://`` is refused."""
+    if not endpoint.startswith("ipc://"):
+        raise ValueError(f"procsv binds only ipc:// endpoints in its private runtime directory, not {endpoint!r}")
+    sock.bind(endpoint)
+    os.chmod(endpoint[len("ipc://"):], 0o600)
 
 
 def send(sock: zmq.Socket[Any], msg: Message, payload: Sequence[Any] = (), *, block: bool = False,
@@ -105,33 +138,36 @@ class Received:
     identity: Optional[bytes] = None
 
 
-def recv_message(sock: zmq.Socket[Any], timeout_ms: int, *, routed: bool = False) -> Received:
+def recv_message(sock: zmq.Socket[Any], timeout_ms: int, *, routed: bool = False,
+                 accept: Optional[AbstractSet[type[Message]]] = None) -> Received:
     """Receive and decode one message within ``timeout_ms``; ``routed``: ``sock`` is a ROUTER
-    (the first frame names the peer). Raises :class:`ReceiveTimeout`, or :class:`ProtocolError`
+    (the first frame names the peer); ``accept``: the message classes this receiver takes (see
+    :func:`~procsv.ipc.codec.decode`). Raises :class:`ReceiveTimeout`, or :class:`ProtocolError`
     for a malformed message (which is consumed: the next call reads the next message)."""
     frames = recv(sock, timeout_ms, copy=False)
     identity: Optional[bytes] = None
     if routed:
         if len(frames) < 2:
-            raise ProtocolError("a routed message without a body")
+            raise ProtocolError("a routed message without a body", RejectReason.NO_IDENTITY)
         head = frames[0]
         identity = head.bytes if hasattr(head, "bytes") else bytes(head)
         frames = frames[1:]
-    msg, payload = decode(frames)
+    msg, payload = decode(frames, accept)
     return Received(msg, payload, identity)
 
 
 def drain(sock: zmq.Socket[Any], *, first_timeout_ms: int = 0, limit: Optional[int] = None,
-          routed: bool = False) -> Iterator[Received | ProtocolError]:
+          routed: bool = False, accept: Optional[AbstractSet[type[Message]]] = None
+          ) -> Iterator[Received | ProtocolError]:
     """The messages that are waiting (after waiting up to ``first_timeout_ms`` for the first one),
-    at most ``limit``; a malformed one is yielded as its :class:`ProtocolError` for the caller to
-    report or ignore. Never waits beyond ``first_timeout_ms``."""
+    at most ``limit``; a malformed one (or one not in ``accept``) is yielded as its
+    :class:`ProtocolError` for the caller to count. Never waits beyond ``first_timeout_ms``."""
     timeout = first_timeout_ms
     n = 0
     while limit is None or n < limit:
         n += 1
         try:
-            yield recv_message(sock, timeout, routed=routed)
+            yield recv_message(sock, timeout, routed=routed, accept=accept)
         except ReceiveTimeout:
             return
         except ProtocolError as exc:

@@ -4,7 +4,8 @@ The watchdog owns ``<logdir>/.procsv/status.json`` (atomic replace on every chan
 :func:`read_status` is what the CLI shows: the file, corrected by what is true *now* -- the last
 checkpoint comes from the committed manifests, and a run whose watchdog is gone is not reported
 as running -- plus the summary service's counters from ``<logdir>/.procsv/summary_stats.json``
-(that service writes it). :func:`watch` redraws the view on every change (``procsv status --watch``).
+(that service writes it) and the messages each process refused (``rejected``: the watchdog's from
+``status.json``, the services' from their stats files). :func:`watch` redraws the view on every change (``procsv status --watch``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,23 @@ def summary_counts(layout: Layout) -> Optional[dict[str, int]]:
         return None
 
 
+def rejected_counts(layout: Layout, watchdog: Any) -> dict[str, Optional[dict[str, Any]]]:
+    """The messages each receiving process refused: ``{role: {"total": n, "by_reason": {...}}}``;
+    None for a service that has written no stats file yet."""
+    out: dict[str, Optional[dict[str, Any]]] = {"watchdog": _rejected(watchdog)}
+    for role, path in (("checkpoint", layout.checkpoint_stats), ("summary", layout.summary_stats)):
+        stats = read_json(path)
+        out[role] = _rejected(stats.get("rejected") if isinstance(stats, dict) else None)
+    return out
+
+
+def _rejected(record: Any) -> Optional[dict[str, Any]]:
+    if not isinstance(record, dict) or not isinstance(record.get("total"), int):
+        return None
+    by_reason = record.get("by_reason")
+    return {"total": record["total"], "by_reason": dict(by_reason) if isinstance(by_reason, dict) else {}}
+
+
 def pid_alive(pid: Optional[int], create_time: Optional[float] = None) -> bool:
     """True if ``pid`` runs and, when given, was started at ``create_time`` (not a reused pid)."""
     if not pid:
@@ -50,6 +68,7 @@ def read_status(layout: Layout) -> Optional[dict[str, Any]]:
         return None
     status["last_checkpoint"] = last_checkpoint(layout)
     status["summaries"] = summary_counts(layout)
+    status["rejected"] = rejected_counts(layout, status.get("rejected"))
     for proc in status.get("processes", []):
         proc["alive"] = pid_alive(proc.get("pid"), proc.get("create_time"))
     watchdog = next((p for p in status.get("processes", []) if p.get("role") == "watchdog"), None)
@@ -79,6 +98,10 @@ def render(status: dict[str, Any], logdir: str) -> str:
     summ = status.get("summaries")
     if summ:
         lines.append(f"  summaries: {summ['written']} written, {summ['dropped']} dropped")
+    refused = {role: r["total"] for role, r in (status.get("rejected") or {}).items() if r and r.get("total")}
+    if refused:
+        lines.append("  messages refused (malformed or foreign): "
+                     + ", ".join(f"{role} {n}" for role, n in refused.items()))
     if status.get("last_error"):
         lines.append(f"  last error: {status['last_error']}")
     return "\n".join(lines)

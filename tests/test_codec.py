@@ -163,7 +163,9 @@ def test_decode_accepts_zmq_frames_and_memoryviews():
     zmq = pytest.importorskip("zmq")
     msg = m.Progress(pid=1, step=2, wall_time=3.5)
     head, *_ = encode(msg)
-    assert decode([zmq.Frame(head), zmq.Frame(b"x")])[0] == msg
+    assert decode([zmq.Frame(head)])[0] == msg
+    batch = m.SummaryBatch(protos=[m.ProtoRef(1, 2.0)])
+    assert decode([zmq.Frame(encode(batch)[0]), zmq.Frame(b"x")])[0] == batch
     assert decode([memoryview(head)])[0] == msg
     assert decode([bytearray(head)])[0] == msg
 
@@ -403,7 +405,7 @@ def test_enum_fields_refuse_unknown_values(kind, body, field, enum, bad):
 
 def test_summary_item_kind_is_validated_in_a_nested_item():
     item = {"kind": "histogram", "tag": "w", "step": 1, "wall_time": 1.0, "dtype": "float64", "shape": [3]}
-    decoded, _ = decode([_header("summary_batch", {"items": [item]})])
+    decoded, _ = decode([_header("summary_batch", {"items": [item]}), b"frame"])
     assert decoded.items[0].kind is m.ItemKind.HISTOGRAM
     with pytest.raises(ProtocolError, match="kind"):
         decode([_header("summary_batch", {"items": [{**item, "kind": "audio"}]})])
@@ -458,3 +460,51 @@ def test_every_field_of_every_message_has_a_type_the_codec_checks():
 
     for cls in m.ALL_MESSAGES:
         check(cls, cls.__name__)
+
+
+# ----------------------------------------------------------------------------- values no sender means
+
+
+@pytest.mark.parametrize("body", [
+    {"pid": 1, "step": 1 << 63, "wall_time": 1.0},  # above int64
+    {"pid": -(1 << 63) - 1, "step": 1, "wall_time": 1.0},  # below int64
+])
+def test_an_integer_outside_int64_is_refused(body):
+    with pytest.raises(ProtocolError, match="outside int64"):
+        decode([_header("progress", body)])
+
+
+def test_nan_is_refused_and_infinity_is_a_number():
+    with pytest.raises(ProtocolError, match="NaN"):
+        decode([b'{"v": %d, "kind": "progress", "body": {"pid": 1, "step": 1, "wall_time": NaN}}' % m.SCHEMA_VERSION])
+    decoded, _ = decode([_header("progress", {"pid": 1, "step": 1, "wall_time": float("inf")})])
+    assert decoded.wall_time == float("inf")
+
+
+def test_a_lone_surrogate_in_a_string_is_refused():
+    with pytest.raises(ProtocolError, match="surrogate"):
+        decode([_header("session_log", {"status": "checkpoint", "step": 1, "checkpoint_path": "\udcff"})])
+
+
+def test_every_refusal_has_a_reason():
+    from procsv.ipc.codec import RejectReason, SchemaMismatch
+
+    cases = {
+        RejectReason.EMPTY: [b""],
+        RejectReason.NOT_JSON: [b"\xff"],
+        RejectReason.NOT_OBJECT: [b"[]"],
+        RejectReason.SCHEMA_VERSION: [_header("save_request", {"reason": "periodic"}, v=m.SCHEMA_VERSION + 1)],
+        RejectReason.UNKNOWN_KIND: [_header("nope", {})],
+        RejectReason.BAD_FIELD: [_header("save_request", {"reason": "sometimes"})],
+        RejectReason.FRAMES: [_header("save_request", {"reason": "periodic"}), b"extra"],
+    }
+    for reason, frames in cases.items():
+        with pytest.raises(ProtocolError) as info:
+            decode(frames)
+        assert info.value.reason is reason
+    with pytest.raises(SchemaMismatch) as mismatch:
+        decode(cases[RejectReason.SCHEMA_VERSION])
+    assert mismatch.value.version == m.SCHEMA_VERSION + 1
+    with pytest.raises(ProtocolError) as unexpected:
+        decode([_header("save_request", {"reason": "periodic"})], accept={m.Progress})
+    assert unexpected.value.reason is RejectReason.UNEXPECTED_KIND

@@ -241,7 +241,12 @@ def test_garbage_never_stops_the_service(run):
     raw.close()
     assert run.stop_service() == 0
     log = run.service_log()
-    assert "Traceback" not in log and log.count("procsv summary: dropped") >= len(garbage)
+    # refused by the codec (not JSON, schema version 1, a missing frame, an untyped proto row, an
+    # unknown status): counted, one line per reason; the rest is dropped by the service, one line each
+    refused = read_json(os.path.join(run.logdir, ".procsv", "summary_stats.json"))["rejected"]
+    assert refused == {"total": 5, "by_reason": {"bad_field": 2, "frames": 1, "not_json": 1, "schema_version": 1}}
+    assert "Traceback" not in log and log.count("procsv summary: refus") == 4
+    assert log.count("procsv summary: dropped") >= len(garbage) - refused["total"]
 
 
 def test_the_buffer_is_bounded_while_the_service_is_down(run, monkeypatch):

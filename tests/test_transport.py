@@ -9,7 +9,7 @@ import zmq
 
 from procsv.ipc import pipe
 from procsv.ipc.codec import ProtocolError, encode
-from procsv.ipc.messages import Busy, Progress, SaveReason, SaveResult, SummaryAck
+from procsv.ipc.messages import Progress, ProtoRef, SaveReason, SaveResult, SummaryAck, SummaryBatch
 from procsv.ipc.transport import (Endpoints, NoReply, ReceiveTimeout, Received, drain, make_socket, recv,
                                   recv_message, send)
 from procsv.trainer.channels import TrainerChannels, read_summary_acks
@@ -40,9 +40,10 @@ def test_recv_with_a_zero_timeout_raises_at_once_when_nothing_waits(pair):
 
 def test_a_routed_message_names_its_sender_and_the_reply_reaches_it(pair):
     router, dealer = pair
-    send(dealer, Progress(1, 2, 3.0, Busy.SNAPSHOT), [b"payload"])
+    batch = SummaryBatch(protos=[ProtoRef(1, 2.0)])
+    send(dealer, batch, [b"payload"])
     got = recv_message(router, 2000, routed=True)
-    assert got.msg == Progress(1, 2, 3.0, Busy.SNAPSHOT) and [bytes(f) for f in got.payload] == [b"payload"]
+    assert got.msg == batch and [bytes(f) for f in got.payload] == [b"payload"]
     assert got.identity
     send(router, SummaryAck("s", 4, 0), prefix=[got.identity])
     assert read_summary_acks(dealer, 2.0) == [SummaryAck("s", 4, 0)]

@@ -11,7 +11,8 @@ so that plain TF tools work on it; procsv's own bookkeeping under ``.procsv/`` a
     <logdir>/logs/lifecycle.jsonl              spawned / exited / restarted / committed ...
     <logdir>/logs/report.json                  the recovery report of the last launch
     <logdir>/.procsv/status.json               what ``procsv status`` reads (the watchdog writes it)
-    <logdir>/.procsv/summary_stats.json        the summary service's counters (written, dropped)
+    <logdir>/.procsv/summary_stats.json        the summary service's counters (written, dropped, rejected)
+    <logdir>/.procsv/checkpoint_stats.json     the checkpoint service's counters (rejected messages)
     <logdir>/.procsv/lock                      flock held by the live launch
     <logdir>/.procsv/checkpoints/*.json        one manifest per committed checkpoint
     <logdir>/.procsv/checkpoint_settings.json  the trainer's retention settings (checkpoint service)
@@ -65,6 +66,10 @@ class Layout:
     @property
     def summary_stats(self) -> str:
         return os.path.join(self.meta, "summary_stats.json")
+
+    @property
+    def checkpoint_stats(self) -> str:
+        return os.path.join(self.meta, "checkpoint_stats.json")
 
     @property
     def lock(self) -> str:

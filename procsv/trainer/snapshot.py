@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from procsv.ipc.messages import ArenaRef, TensorSpec
+from procsv.ipc.transport import CHECKPOINT_FRAME_MAX
 from procsv.common.errors import UnsupportedState
 
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -212,6 +213,12 @@ def take(ckpt: Any, arena_for: Callable[[int], Optional[SnapshotArena]]) -> Snap
     del tensors  # drop every reference to the variables' buffers: their next update writes in place
     specs.append(TensorSpec(GRAPH_KEY, "string", [], [len(graph)]))
     frames.append(graph)
+    framed = [spec for spec in specs if spec.offset is None]
+    for spec, frame in zip(framed, frames):
+        size = frame.nbytes if isinstance(frame, np.ndarray) else len(frame)
+        if size > CHECKPOINT_FRAME_MAX:  # the service's socket would drop it (and the connection)
+            raise UnsupportedState(f"{spec.key}: {size} bytes in one frame, above the checkpoint socket's limit of "
+                                   f"{CHECKPOINT_FRAME_MAX} (procsv.ipc.transport.CHECKPOINT_FRAME_MAX)")
     return Snapshot(specs, frames, total if arena is not None else 0)
 
 

@@ -8,6 +8,12 @@ wakeup fd for SIGTERM/SIGINT. Each round turns what arrived into observations
 (:func:`procsv.watchdog.decide.decide`) what to do at the current time, and lets the executor
 (:mod:`procsv.watchdog.executor`) do it; then the status file is refreshed. The loop ends when
 the run's outcome is decided and no child is left.
+
+The PULL socket takes only what children send the watchdog (``Hello``, ``TrainerReady``,
+``Progress``, ``SaveResult``); anything else, malformed or of another schema version, is refused
+by the codec, counted by reason (``rejected`` in ``status.json``) and said once per reason
+(:class:`~procsv.ipc.rejections.Rejections`). At most :data:`DRAIN_MAX` messages are read per
+wakeup, so a flood of them cannot keep the loop from deciding.
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ from procsv.common import env
 from procsv.common.bootstrap import write_error_record
 from procsv.common.layout import Layout, LogdirLock, RuntimeDir, write_json
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.transport import Endpoints, drain, make_socket
+from procsv.ipc.messages import Hello, Progress, SaveResult, TrainerReady
+from procsv.ipc.rejections import Rejections
+from procsv.ipc.transport import Endpoints, bind_private, drain, make_socket
 from procsv.watchdog import observe, report
 from procsv.watchdog.children import ChildProcess, Orphans
 from procsv.watchdog.output import Terminal
@@ -47,6 +55,8 @@ EXIT_INTERNAL = 70  # the watchdog itself failed (EX_SOFTWARE); the run was stop
 MAX_INTERNAL_ERRORS = 3  # beyond this many, stop trying to stop in order
 STATUS_WAIT = 2.0  # seconds a forked trainer's exit status may take to come from the zygote
 SWEEP_EVERY = 1.0  # seconds between sweeps for left-behind processes (also after every exit)
+DRAIN_MAX = 1000  # messages read from the PULL socket per wakeup (the poller fires again for the rest)
+ACCEPT = frozenset({Hello, TrainerReady, Progress, SaveResult})  # what children send the watchdog
 
 __all__ = ["LaunchConfig", "Watchdog", "check_target"]
 
@@ -68,6 +78,7 @@ class Watchdog:
         self.term = Terminal()
         self.status = StatusWriter(self.layout, clock, wall, complain=lambda text: self.say(text, err=True))
         self.internal_errors = 0
+        self.rejections = Rejections("procsv", "status.json, `procsv status`", lambda text: self.say(text, err=True))
         self._notices: "queue.SimpleQueue[tuple[ChildProcess, bool, float, float]]" = queue.SimpleQueue()
         self._notice_r, self._notice_w = os.pipe()
         os.set_blocking(self._notice_w, False)
@@ -94,7 +105,7 @@ class Watchdog:
         runtime_dir = RuntimeDir.create().path  # mode 0700: sockets only we can reach
         zctx = zmq.Context()
         self.pull = make_socket(zctx, zmq.PULL)
-        self.pull.bind(Endpoints(runtime_dir).watchdog)
+        bind_private(self.pull, Endpoints(runtime_dir).watchdog)
         self.poller = zmq.Poller()
         self.poller.register(self.pull, zmq.POLLIN)
         wake_r, wake_w = socket.socketpair()
@@ -190,10 +201,11 @@ class Watchdog:
         self._by_fd[handle.pidfd] = handle
         self.poller.register(handle.pidfd, zmq.POLLIN)
 
-    def _drain_messages(self) -> None:
-        for got in drain(self.pull):
+    def _drain_messages(self, limit: Optional[int] = DRAIN_MAX) -> None:
+        for got in drain(self.pull, limit=limit, accept=ACCEPT):
             if isinstance(got, ProtocolError):
-                self.say(f"procsv: ignored a malformed message: {got}")
+                self.rejections.count(got)
+                self.status.dirty = True
                 continue
             self.record(observe.heard(self.view, got.msg, self.clock()))
             self.status.dirty = True
@@ -258,7 +270,7 @@ class Watchdog:
         assert self.ex is not None
         code = handle.reap()
         self.ex.handles.pop((handle.slot, handle.attempt), None)
-        self._drain_messages()  # anything it said before dying (a last checkpoint result)
+        self._drain_messages(limit=None)  # all it said before dying (a last checkpoint result), before its exit
         self._echo(handle)
         err = read_child_error(self.layout.error_file(handle.role, handle.attempt), handle.pid)
         failure = Failure(handle.role, handle.attempt, handle.pid, code, self.wall(), handle.log_path, err)
@@ -316,7 +328,7 @@ class Watchdog:
         assert self.ex is not None
         z = self.ex.zygote
         return status_record(self.view, self.cfg, self.layout, now, wall, self.started_wall,
-                             None if z is None else {"pid": z.pid, "ready": z.ready})
+                             None if z is None else {"pid": z.pid, "ready": z.ready}, self.rejections.record())
 
     def _final_report(self) -> None:
         summary = report.summarize([a.record() for a in self.view.attempts], self.view.launch_start, self.clock())

@@ -25,8 +25,9 @@ STATUS_VERSION = 1
 
 
 def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, wall: float, started_wall: float,
-                  zygote: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """The status record at ``now`` (monotonic) / ``wall`` (epoch seconds)."""
+                  zygote: Optional[dict[str, Any]], rejected: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The status record at ``now`` (monotonic) / ``wall`` (epoch seconds); ``rejected``: the
+    messages the watchdog refused (:meth:`procsv.ipc.rejections.Rejections.record`)."""
     procs: list[dict[str, Any]] = [{"role": "watchdog", "pid": os.getpid(),
                                     "state": "exited" if view.finishing else "running", "restarts": 0,
                                     "create_time": psutil.Process().create_time()}]
@@ -46,6 +47,7 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
         "goodput": report.goodput([a.record() for a in view.attempts], view.launch_start, now),
         "prewarm": zygote,
         "exit_code": view.exit_code if view.finishing else None,
+        "rejected": rejected or {"total": 0, "by_reason": {}},
         "processes": procs,
         "target": cfg.target,
         "args": cfg.args,

@@ -23,6 +23,12 @@ Retention deletes checkpoints, so a save applies only the settings the trainer i
 (:mod:`procsv.services.checkpoint.settings`), never defaults: each setup's settings are persisted
 in the logdir, a restarted service reads them at start, and a snapshot from a trainer whose
 settings it does not have is held, uncommitted, until that trainer's next heartbeat.
+
+A message that is malformed, of another schema version or of a kind this service does not take
+(anything but ``CheckpointSetup`` and ``SaveData``) is refused by the codec, counted
+(:class:`~procsv.ipc.rejections.Rejections`) and never stops the loop; the counts are in
+``<logdir>/.procsv/checkpoint_stats.json`` (written at start, at most every :data:`STATS_SECS`
+while they change, and at exit), which ``procsv status`` shows.
 """
 
 from __future__ import annotations
@@ -38,9 +44,11 @@ import zmq
 from procsv.ipc.codec import ProtocolError
 from procsv.ipc.messages import (CheckpointSetup, Hello, Message, Role, SaveData, SaveReason, SaveRequest, SaveResult,
                                  SessionLogEvent, SessionStatus)
-from procsv.ipc.transport import Received, drain, make_socket, send
+from procsv.ipc.rejections import Rejections
+from procsv.ipc.transport import CHECKPOINT_FRAME_MAX, Received, bind_private, drain, make_socket, send
 from procsv.common import env
 from procsv.common.bootstrap import ChildContext
+from procsv.common.layout import write_json
 from procsv.common.errors import CheckpointError
 from procsv.services.checkpoint.arena import ArenaCache
 from procsv.services.checkpoint.policy import save_due
@@ -51,6 +59,8 @@ from procsv.services.checkpoint.writer import write_snapshot
 POLL_MS = 100
 NICE = 10
 NICE_ENV = env.CHECKPOINT_NICE
+STATS_SECS = 1.0  # checkpoint_stats.json is rewritten at most this often while its counts change
+ACCEPT = frozenset({CheckpointSetup, SaveData})  # what the trainer sends here; anything else is refused
 
 
 class CheckpointService:
@@ -59,9 +69,9 @@ class CheckpointService:
         self.clock = clock
         self.store = CheckpointStore(ctx.layout)
         self.zctx: zmq.Context[Any] = zmq.Context.instance()
-        self.router = make_socket(self.zctx, zmq.ROUTER, sndhwm=100)
+        self.router = make_socket(self.zctx, zmq.ROUTER, sndhwm=100, max_frame=CHECKPOINT_FRAME_MAX)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.router.bind(ctx.endpoints.checkpoint)
+        bind_private(self.router, ctx.endpoints.checkpoint)
         self.to_watchdog: Optional[zmq.Socket[Any]] = None
         if ctx.supervised:
             self.to_watchdog = make_socket(self.zctx, zmq.PUSH, linger_ms=1000)
@@ -78,6 +88,9 @@ class CheckpointService:
         self.settings: Optional[CheckpointSettings] = load_settings(ctx.layout)
         # a snapshot that came before its trainer's settings: (message, frames, trainer identity)
         self.held: Optional[tuple[SaveData, list[Any], bytes]] = None
+        self.rejections = Rejections("procsv checkpoint", os.path.relpath(ctx.layout.checkpoint_stats, ctx.layout.logdir), _say)
+        self._stats_written: Optional[int] = None  # the rejection total last written
+        self._next_stats = clock()
 
     def run(self) -> int:
         try:
@@ -86,6 +99,7 @@ class CheckpointService:
             pass
         for note in self.store.recover():
             print(f"procsv checkpoint: {note}", flush=True)
+        self._write_stats(durable=False)
         if self.to_watchdog is not None:
             send(self.to_watchdog, Hello(Role.CHECKPOINT, os.getpid(), self.ctx.attempt))
         import tensorflow  # noqa: F401  (paid once, while the trainer is starting too)
@@ -93,18 +107,31 @@ class CheckpointService:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
         while not self.stopping:
-            for got in drain(self.router, first_timeout_ms=POLL_MS, limit=1, routed=True):
+            for got in drain(self.router, first_timeout_ms=POLL_MS, limit=1, routed=True, accept=ACCEPT):
                 if isinstance(got, ProtocolError):
-                    print(f"procsv checkpoint: dropped a malformed message: {got}", file=sys.stderr, flush=True)
+                    self.rejections.count(got)
                 else:
                     self._handle(got)
             self._tick()
+            if self.rejections.total != self._stats_written and self.clock() >= self._next_stats:
+                self._write_stats(durable=False)
+        self._write_stats(durable=True)
         self.router.close(0)
         self.arenas.drop()
         return 0
 
     def _on_term(self, signum: int, frame: Any) -> None:
         self.stopping = True
+
+    def _write_stats(self, durable: bool) -> None:
+        """Replace ``checkpoint_stats.json`` (its ``pid`` says which process the counts are of)."""
+        self._next_stats = self.clock() + STATS_SECS
+        self._stats_written = self.rejections.total
+        try:
+            write_json(self.ctx.layout.checkpoint_stats, {"pid": os.getpid(), "rejected": self.rejections.record(),
+                                                          "updated_at": time.time()}, durable=durable)
+        except OSError as exc:
+            _say(f"procsv checkpoint: could not write {self.ctx.layout.checkpoint_stats}: {exc}")
 
     def _tick(self) -> None:
         if self.trainer is None or self.setup is None:
@@ -202,3 +229,7 @@ class CheckpointService:
             self.store.delete(retired)  # after the trainer heard: deleting old files is not on its path
         except OSError as exc:
             print(f"procsv checkpoint: could not delete retired checkpoints: {exc}", file=sys.stderr, flush=True)
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)

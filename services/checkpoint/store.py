@@ -115,6 +115,11 @@ class CheckpointStore:
         already knows, by file name. Returns the manifest and the checkpoints retention retired
         from the state file: pass them to :meth:`delete` (after telling the trainer).
         """
+        if not basename or "/" in basename or "\0" in basename:
+            # it came over the wire: a name that would leave the logdir is refused
+            raise CheckpointError(f"checkpoint basename {basename!r:.80} is not a plain file name")
+        if step < 0:
+            raise CheckpointError(f"checkpoint step {step} is negative")
         prefix = f"{basename}-{step}"
         done = Manifest.from_json(read_json(manifest_path(self.layout, prefix)))
         if done is not None:

@@ -89,8 +89,27 @@ def _array(item: SummaryItem, frame: Any) -> np.ndarray:
         raise RenderError(f"{item.kind} {item.tag!r}: frame does not hold {item.dtype}{item.shape}: {exc}") from None
 
 
+MAX_BUCKETS = 1 << 16  # a histogram's bucket count comes from another process: bound what it allocates
+
+
 def render(item: SummaryItem, frame: Any) -> bytes:
-    """The serialized ``Summary`` for one item."""
+    """The serialized ``Summary`` for one item; :class:`RenderError` for anything that does not fit.
+
+    The item comes from another process, so whatever goes wrong while rendering it (a value
+    TensorBoard's helpers refuse with their own exception type, say) is a :class:`RenderError`:
+    the item is dropped and counted, the service goes on.
+    """
+    try:
+        return _render(item, frame)
+    except RenderError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- see the docstring
+        raise RenderError(f"{item.kind} {item.tag!r}: cannot be rendered: {type(exc).__name__}: {exc}"[:300]) from None
+
+
+def _render(item: SummaryItem, frame: Any) -> bytes:
+    if not 0 <= item.buckets <= MAX_BUCKETS:
+        raise RenderError(f"{item.kind} {item.tag!r:.80}: {item.buckets} buckets, not 0 to {MAX_BUCKETS}")
     if item.kind == "histogram":
         values = _array(item, frame).astype(np.float64)
         tensor = tensor_util.make_tensor_proto(buckets(values, item.buckets or DEFAULT_BUCKETS), dtype=np.float64)

@@ -15,8 +15,11 @@ written is fsynced every :data:`FSYNC_SECS`, at each checkpoint, at STOP and at 
 batches may be written, and when ``global_step/sec`` is, follows
 :mod:`procsv.services.summary.sessions`. Counters (values written, dropped) go to
 ``<logdir>/.procsv/summary_stats.json`` for ``procsv status`` (written first right after start:
-its ``pid`` says this process is up). A malformed message or item is reported and dropped; it
-never stops the service.
+its ``pid`` says this process is up). A message that is malformed, of another schema version, of
+a kind this service does not take or with frames its header does not announce is refused by the
+codec and counted by reason (``rejected`` in the stats file; one log line per reason, see
+:class:`~procsv.ipc.rejections.Rejections`); a malformed item inside a valid batch is reported,
+dropped and counted in ``service_dropped``. Neither ever stops the service.
 
 What a crash costs (the bound the README quotes):
 
@@ -53,7 +56,8 @@ from procsv.common.layout import read_json, write_json
 from procsv.ipc.codec import ProtocolError
 from procsv.ipc.columns import Columns, decode_columns
 from procsv.ipc.messages import Hello, ProtoRef, Role, SessionLogEvent, SessionStatus, SummaryAck, SummaryBatch
-from procsv.ipc.transport import Received, drain, make_socket, send
+from procsv.ipc.rejections import Rejections
+from procsv.ipc.transport import SUMMARY_FRAME_MAX, Received, bind_private, drain, make_socket, send
 from procsv.services.summary import records
 from procsv.services.summary.eventfile import EventFile
 from procsv.services.summary.render import RenderError, render
@@ -69,6 +73,7 @@ DRAIN_SECS = 2.0
 KEEP_SESSIONS = 20  # sessions remembered (for acks and in the stats file)
 DROPPED_TAG = "procsv/summaries_dropped"
 COLUMN_FRAMES = 1  # the scalar columns of a batch travel in one frame (see procsv.ipc.columns)
+ACCEPT = frozenset({SummaryBatch, SessionLogEvent})  # what trainers and the checkpoint service send here
 
 _SESSION_STATUS = {SessionStatus.START: records.START, SessionStatus.STOP: records.STOP,
                    SessionStatus.CHECKPOINT: records.CHECKPOINT}
@@ -79,8 +84,8 @@ class SummaryService:
         self.ctx = ctx
         self.clock = clock
         self.zctx: zmq.Context[Any] = zmq.Context.instance()
-        self.router = make_socket(self.zctx, zmq.ROUTER)
-        self.router.bind(ctx.endpoints.summary)
+        self.router = make_socket(self.zctx, zmq.ROUTER, max_frame=SUMMARY_FRAME_MAX)
+        bind_private(self.router, ctx.endpoints.summary)
         self.to_watchdog: Optional[zmq.Socket[Any]] = None
         if ctx.supervised:
             self.to_watchdog = make_socket(self.zctx, zmq.PUSH, linger_ms=1000)
@@ -97,6 +102,7 @@ class SummaryService:
         self.written = 0
         self.drops_written: tuple[int, int] = (0, -1)  # (total, step) of the last dropped-count summary
         self.drops_pending: Optional[tuple[int, int]] = None  # (step, total) to write once that step is over
+        self.rejections = Rejections("procsv summary", os.path.relpath(self.stats_path, ctx.layout.logdir), self._say)
         self.stopping = False
         self._ack_to: dict[tuple[bytes, str], None] = {}  # (connection, session) to ack after this burst
         self._sync_now = False
@@ -134,10 +140,10 @@ class SummaryService:
         with one os.write, then ack it; return how many messages were handled."""
         out: list[bytes] = []
         n = 0
-        for got in drain(self.router, first_timeout_ms=wait_ms, limit=BURST_MAX, routed=True):
+        for got in drain(self.router, first_timeout_ms=wait_ms, limit=BURST_MAX, routed=True, accept=ACCEPT):
             n += 1
             if isinstance(got, ProtocolError):
-                self._complain(f"dropped a malformed message: {got}")
+                self.rejections.count(got)
                 continue
             self._handle(got, out)
         if not n:
@@ -173,12 +179,8 @@ class SummaryService:
                 self._sync_now = True
 
     def _batch(self, msg: SummaryBatch, payload: list[Any], out: list[bytes]) -> None:
-        n_protos = len(msg.protos)
+        n_protos = len(msg.protos)  # the codec checked the frame count against the header
         n_cols = COLUMN_FRAMES if msg.columns else 0
-        if len(payload) != n_protos + n_cols + len(msg.items):
-            self._complain(f"dropped a batch whose {len(payload)} frames do not match its header")
-            self.service_dropped += msg.columns + n_protos + len(msg.items)
-            return
         try:
             cols = decode_columns(payload[n_protos], msg.columns) if n_cols else Columns.empty()
         except ProtocolError as exc:
@@ -291,6 +293,7 @@ class SummaryService:
             "dropped": self.dropped(),
             "by_session": self.by_session,
             "service_dropped": self.service_dropped,
+            "rejected": self.rejections.record(),
             "file": os.path.basename(self.file.path),
             "updated_at": time.time(),
         }
@@ -300,4 +303,8 @@ class SummaryService:
             self._complain(f"could not write {self.stats_path}: {exc}")
 
     def _complain(self, text: str) -> None:
-        print(f"procsv summary: {text}", file=sys.stderr, flush=True)
+        self._say(f"procsv summary: {text}")
+
+    @staticmethod
+    def _say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
