@@ -34,7 +34,7 @@ from procsv.common import env
 from procsv.common.bootstrap import write_error_record
 from procsv.common.layout import Layout, LogdirLock, RuntimeDir, write_json
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import Hello, Progress, SaveResult, TrainerReady
+from procsv.ipc.messages import Hello, Progress, SaveOverdue, SaveResult, TrainerReady
 from procsv.ipc.rejections import Rejections
 from procsv.ipc.transport import Endpoints, bind_private, drain, make_socket
 from procsv.watchdog import observe, report
@@ -56,7 +56,7 @@ MAX_INTERNAL_ERRORS = 3  # beyond this many, stop trying to stop in order
 STATUS_WAIT = 2.0  # seconds a forked trainer's exit status may take to come from the zygote
 SWEEP_EVERY = 1.0  # seconds between sweeps for left-behind processes (also after every exit)
 DRAIN_MAX = 1000  # messages read from the PULL socket per wakeup (the poller fires again for the rest)
-ACCEPT = frozenset({Hello, TrainerReady, Progress, SaveResult})  # what children send the watchdog
+ACCEPT = frozenset({Hello, TrainerReady, Progress, SaveResult, SaveOverdue})  # what children send the watchdog
 
 __all__ = ["LaunchConfig", "Watchdog", "check_target"]
 
