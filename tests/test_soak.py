@@ -1,0 +1,78 @@
+"""The soak (scripts/soak.py, short form) and the rotation of per-attempt logs it relies on.
+
+The pure tests check which files rotation deletes; the slow ones run real launches: a few chaos
+restarts with ``--keep-logs 2``, and the soak's short version (20 restarts, 100 commits), which
+asserts its own goals (no fd or thread growth, RSS growth under 20 MB per long-lived process,
+no zombie, nothing left behind, the final checkpoint restores).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import pytest
+
+from conftest import PROGRAMS, finish, launch, lifecycle, wait_for
+from procsv.watchdog.logrotate import retired, rotate
+
+TINY = os.path.join(PROGRAMS, "tiny_train.py")
+LAST_LINE = re.compile(r"^soak_fd_growth=(-?\d+) soak_thread_growth=(-?\d+) soak_rss_growth_mb=(-?[\d.]+) "
+                       r"zombies=(\d+) leftovers=(\d+) restarts=(\d+) commits=(\d+)$")
+
+
+def _names(role: str, attempts: range, error: bool = False) -> list[str]:
+    names = [f"{role}.{n}.log" for n in attempts]
+    if error:
+        names += [f"{role}.{n}.error.json" for n in attempts]
+    return names
+
+
+def test_rotation_keeps_the_first_attempt_and_the_last_n():
+    names = _names("trainer", range(1, 16), error=True) + _names("checkpoint", range(1, 16))
+    names += ["lifecycle.jsonl", "report.json", "watchdog.1.error.json", "zygote.1.log", "trainer.x.log"]
+    gone = retired(names, "trainer", current=15, keep=3)
+    assert gone == sorted(_names("trainer", range(2, 13), error=True))  # 1 and 13, 14, 15 stay
+
+
+def test_rotation_spares_live_attempts_and_newer_files():
+    names = _names("trainer", range(1, 30))
+    # attempt 5 still runs (not reaped yet); 20..29 are a previous launch's, above the current attempt
+    gone = retired(names, "trainer", current=8, keep=2, live={5})
+    assert gone == _names("trainer", range(2, 5)) + _names("trainer", range(6, 7))
+    assert retired(names, "trainer", current=3, keep=2) == []
+    with pytest.raises(ValueError):
+        retired(names, "trainer", current=3, keep=0)
+
+
+def test_rotate_deletes_only_what_retired_names(tmp_path):
+    for name in _names("trainer", range(1, 7), error=True) + _names("summary", range(1, 7)) + ["lifecycle.jsonl"]:
+        (tmp_path / name).write_text("x")
+    deleted = rotate(str(tmp_path), "trainer", current=6, keep=2)
+    assert sorted(os.path.basename(p) for p in deleted) == sorted(_names("trainer", range(2, 5), error=True))
+    left = sorted(os.listdir(tmp_path))
+    assert left == sorted(_names("trainer", (1, 5, 6), error=True) + _names("summary", range(1, 7))
+                          + ["lifecycle.jsonl"])
+
+
+@pytest.mark.slow
+def test_a_launch_keeps_the_first_trainer_log_and_the_last_keep_logs(logdir):
+    proc = launch(logdir, "--steps", "1000000", "--step-delay", "0.01", "--save-steps", "5", "--bad-attempts", "none",
+                  target=TINY, opts=("--quiet", "--keep-logs", "2", "--chaos", "every=0.5,seed=3"))
+    try:
+        wait_for(lambda: sum(e["event"] == "restarted" for e in lifecycle(logdir)) >= 5, 120, 0.1,
+                 what="5 trainer restarts")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    last = max(e["attempt"] for e in lifecycle(logdir) if e["event"] == "spawned" and e["role"] == "trainer")
+    assert last >= 6
+    files = sorted(n for n in os.listdir(os.path.join(logdir, "logs")) if n.startswith("trainer."))
+    kept = sorted(int(n.split(".")[1]) for n in files if n.endswith(".log"))
+    # the last attempt may have been stopped (SIGTERM) before it opened its log; rotation ran at its spawn anyway
+    assert kept in ([1, last - 1, last], [1, last - 1]), (files, last)
+    assert all(int(n.split(".")[1]) in kept for n in files), files  # error files rotate with their logs
+    for role in ("checkpoint", "summary", "zygote"):
+        assert os.path.exists(os.path.join(logdir, "logs", f"{role}.1.log"))
