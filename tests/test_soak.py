@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 
 import pytest
 
-from conftest import PROGRAMS, finish, launch, lifecycle, wait_for
+from conftest import PROGRAMS, REPO, finish, launch, lifecycle, quiet_env, wait_for
 from procsv.watchdog.logrotate import retired, rotate
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
@@ -76,3 +78,17 @@ def test_a_launch_keeps_the_first_trainer_log_and_the_last_keep_logs(logdir):
     assert all(int(n.split(".")[1]) in kept for n in files), files  # error files rotate with their logs
     for role in ("checkpoint", "summary", "zygote"):
         assert os.path.exists(os.path.join(logdir, "logs", f"{role}.1.log"))
+
+
+@pytest.mark.slow
+def test_soak_short_form_meets_its_goals(tmp_path):
+    cmd = [sys.executable, os.path.join(REPO, "scripts", "soak.py"), "--restarts", "20", "--commits", "100",
+           "--chaos-every", "1.5", "--workdir", str(tmp_path / "soak")]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=quiet_env(), cwd=REPO, timeout=240)
+    assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
+    m = LAST_LINE.match(out.stdout.strip().splitlines()[-1])
+    assert m, out.stdout
+    fd, threads, rss, zombies, leftovers, restarts, commits = m.groups()
+    assert int(fd) <= 0 and int(threads) <= 0 and float(rss) < 20
+    assert int(zombies) == 0 and int(leftovers) == 0
+    assert int(restarts) >= 20 and int(commits) >= 100
