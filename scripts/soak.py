@@ -15,12 +15,17 @@ service -- for open file descriptors, threads and RSS, and the logdir's size on 
 How growth is measured. A process that was just started is still settling: lazy imports, the
 allocator's arenas, ZeroMQ's I/O threads, the first restore's caches. So samples taken before
 the ``--warmup-restarts``-th restart (default: a tenth of ``--restarts``, at least 2) are not
-compared. Of the samples after it, the *first window* is those of the first 10% of the remaining
-sampling time (at least 3 samples) and the *last window* those of the last 10%. Growth is
-(last window) - (first window), where a window's value is its minimum for file descriptors and
-threads (a leak raises the floor; an fd held for a moment by a restart in progress does not) and
-its median for RSS (allocator peaks come and go). The table also shows the raw first sample after
-warm-up and the raw last sample.
+compared. The run is periodic -- each trainer attempt connects to the services, maps its snapshot
+memory, checkpoints, is killed, and the watchdog reaps it and starts the next -- and the long-lived
+processes' counts follow that cycle (the checkpoint service holds 15 to 17 fds depending on the
+moment, the watchdog one thread less between a death and the next start), so samples are grouped
+by restart cycle (the restart count when taken; the cycle the soak stopped in is left out) and
+compared cycle to cycle, never sample to sample. A cycle's fd and thread value is its maximum (the
+fully set-up state; a leak raises every state), and a window's value is the median of its cycles'
+values (the lower middle one); RSS is the median of all the window's samples (allocator peaks
+come and go). Growth is (last window) - (first window), the windows being the first and the last
+k cycles after warm-up, k = a tenth of them, at least 3. The table also shows the raw first
+sample after warm-up and the raw last sample.
 
 Goals, each checked (the script exits 1 if one fails, naming it):
 
@@ -206,34 +211,32 @@ def run_processes(logdir: str, tmpdir: str, pids: list[int]) -> list[int]:
     return sorted(found)
 
 
-def windows(samples: list[Sample], warmup_restarts: int) -> tuple[list[Sample], list[Sample], list[Sample]]:
-    """The samples after warm-up, and their first and last windows (see the module docstring)."""
-    after = [s for s in samples if s.restarts >= warmup_restarts]
-    if len(after) < 6:
-        after = samples[len(samples) // 2:]  # a very short run: compare its second half
-    if not after:
-        return [], [], []
-    span = after[-1].t - after[0].t
-    first = [s for s in after if s.t <= after[0].t + 0.1 * span]
-    last = [s for s in after if s.t >= after[-1].t - 0.1 * span]
-    n = min(3, len(after))
-    if len(first) < n:
-        first = after[:n]
-    if len(last) < n:
-        last = after[-n:]
-    return after, first, last
+def cycles(samples: list[Sample], warmup_restarts: int) -> list[list[Sample]]:
+    """The samples after warm-up, one list per restart cycle (by the restart count when taken).
+
+    The last cycle (the one the soak stopped in) is left out: it may hold a single sample.
+    """
+    groups: dict[int, list[Sample]] = {}
+    for s in samples:
+        if s.restarts >= warmup_restarts:
+            groups.setdefault(s.restarts, []).append(s)
+    return [groups[k] for k in sorted(groups)][:-1]
 
 
-def growth(first: list[Sample], last: list[Sample]) -> dict[str, float]:
-    def floor(xs: list[Sample], key: str) -> float:
-        return float(min(getattr(s, key) for s in xs))
+def growth(cycs: list[list[Sample]]) -> dict[str, float]:
+    """Growth from the first to the last windows of cycles (see the module docstring)."""
+    k = max(3, len(cycs) // 10) if len(cycs) >= 6 else max(1, len(cycs) // 2)
+    first, last = cycs[:k], cycs[-k:]
 
-    def mid(xs: list[Sample], key: str) -> float:
-        return float(statistics.median(getattr(s, key) for s in xs))
+    def count(window: list[list[Sample]], key: str) -> float:
+        return float(statistics.median_low(max(getattr(s, key) for s in cyc) for cyc in window))
 
-    return {"fds": floor(last, "fds") - floor(first, "fds"),
-            "threads": floor(last, "threads") - floor(first, "threads"),
-            "rss_mb": (mid(last, "rss") - mid(first, "rss")) / 2**20}
+    def rss(window: list[list[Sample]]) -> float:
+        return float(statistics.median(s.rss for cyc in window for s in cyc))
+
+    return {"fds": count(last, "fds") - count(first, "fds"),
+            "threads": count(last, "threads") - count(first, "threads"),
+            "rss_mb": (rss(last) - rss(first)) / 2**20}
 
 
 def kept_attempt_files(logs: str) -> dict[str, list[int]]:
@@ -277,11 +280,13 @@ def main() -> int:
     p.add_argument("--save-steps", type=int, default=10, help="checkpoint every N steps (default 10)")
     p.add_argument("--step-delay", type=float, default=0.01, help="seconds per training step (default 0.01)")
     p.add_argument("--keep-logs", type=int, default=10, help="procsv launch --keep-logs (default 10)")
-    p.add_argument("--interval", type=float, default=0.5, help="seconds between samples (default 0.5)")
+    p.add_argument("--interval", type=float, default=0.25, help="seconds between samples (default 0.25)")
     p.add_argument("--warmup-restarts", type=int, default=None,
                    help="samples before this many restarts are not compared (default restarts/10, >= 2)")
     p.add_argument("--max-secs", type=float, default=900.0, help="give up after this long (default 900)")
-    p.add_argument("--workdir", default=None, help="keep the logdir here (default: a temp folder, removed if all passed)")
+    p.add_argument("--workdir", default=None,
+                   help="keep the logdir, the launch's output and samples.json here (default: a temp folder, "
+                        "removed if every check passed)")
     args = p.parse_args()
     warmup = args.warmup_restarts if args.warmup_restarts is not None else max(2, args.restarts // 10)
 
@@ -401,11 +406,12 @@ def main() -> int:
             continue
         if t.replaced_by:
             failures.append(f"the {role} process (pid {t.pid}) was replaced during the run by {t.replaced_by}")
-        after, first, last = windows(t.samples, warmup)
-        if not after:
-            failures.append(f"too few samples of the {role} process")
+        cycs = cycles(t.samples, warmup)
+        if len(cycs) < 2:
+            failures.append(f"too few restart cycles sampled for the {role} process ({len(cycs)} after warm-up)")
             continue
-        g = growth(first, last)
+        g = growth(cycs)
+        after = [s for cyc in cycs for s in cyc]
         for k in worst:
             worst[k] = max(worst[k], g[k])
         a, z = after[0], t.samples[-1]
@@ -466,6 +472,10 @@ def main() -> int:
     per_cycle = life_bytes / max(1, life.restarts + life.commits)
     print(f"lifecycle.jsonl: {life_bytes / 2**10:.0f} KiB ({per_cycle:.0f} bytes per restart or commit; not rotated)")
     print(f"zombies: {len(zombies)}; leftovers: {len(left_procs)} processes, {len(left_dirs)} runtime directories")
+    with open(os.path.join(work, "samples.json"), "w") as fh:  # for a second look (kept with --workdir or a failure)
+        json.dump({"warmup_restarts": warmup, "logdir": logdir_samples,
+                   "processes": {t.role: {"pid": t.pid, "samples": [vars(x) for x in t.samples]}
+                                 for t in tracked.values()}}, fh)
     for f in failures:
         print(f"soak: FAILED: {f}", file=sys.stderr)
     if not failures and not args.workdir:
