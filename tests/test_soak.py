@@ -1,10 +1,11 @@
 """The soak (scripts/soak.py, short form) and the rotation of per-attempt logs it relies on.
 
 The pure tests check which files rotation deletes; the slow ones run real launches: a few chaos
-restarts with ``--keep-logs 2``, and the soak's short version (20 restarts, 100 commits), which
-asserts its own goals (no fd or thread growth, RSS growth under 20 MB per long-lived process,
-no zombie, nothing left behind, the final checkpoint restores).
-"""
+restarts with ``--keep-logs 2`` (which also checks that the watchdog drops each reaped trainer's
+death-notice mutex, the leak the soak found: one mapping and one file per restart), and the
+soak's short version (20 restarts, 100 commits), which asserts its own goals (no fd, thread or
+mapping growth, RSS growth under 20 MB per long-lived process, no zombie, nothing left behind,
+the final checkpoint restores)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import signal
 import subprocess
 import sys
 
+import psutil
 import pytest
 
-from conftest import PROGRAMS, REPO, finish, launch, lifecycle, quiet_env, wait_for
+from conftest import PROGRAMS, REPO, finish, launch, lifecycle, quiet_env, role_pid, wait_for
 from procsv.watchdog.logrotate import retired, rotate
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
@@ -58,16 +60,28 @@ def test_rotate_deletes_only_what_retired_names(tmp_path):
                           + ["lifecycle.jsonl"])
 
 
+def _mutexes(watchdog: int, runtime: str) -> tuple[list[str], list[str]]:
+    """Death-notice mutex files in the runtime directory, and the watchdog's mappings of them."""
+    files = sorted(n for n in os.listdir(runtime) if n.endswith(".mutex"))
+    with open(f"/proc/{watchdog}/maps") as fh:
+        maps = [line.split()[-1] for line in fh if line.rstrip().endswith(".mutex")]
+    return files, maps
+
+
 @pytest.mark.slow
-def test_a_launch_keeps_the_first_trainer_log_and_the_last_keep_logs(logdir):
+def test_restarts_keep_the_first_and_last_logs_and_no_reaped_trainers_mutex(logdir):
     proc = launch(logdir, "--steps", "1000000", "--step-delay", "0.01", "--save-steps", "5", "--bad-attempts", "none",
                   target=TINY, opts=("--quiet", "--keep-logs", "2", "--chaos", "every=0.5,seed=3"))
     try:
         wait_for(lambda: sum(e["event"] == "restarted" for e in lifecycle(logdir)) >= 5, 120, 0.1,
                  what="5 trainer restarts")
+        runtime = psutil.Process(role_pid(logdir, "checkpoint")).environ()["PROCSV_RUNTIME_DIR"]
+        files, maps = _mutexes(proc.pid, runtime)
+        # the live attempt's, and the one before it if it is not reaped yet; never one per restart
+        assert len(files) <= 2 and len(maps) <= 2, (files, maps)
     finally:
         proc.send_signal(signal.SIGTERM)
-    code, out, err = finish(proc)
+        code, out, err = finish(proc)
     assert code == 128 + signal.SIGTERM, err
     last = max(e["attempt"] for e in lifecycle(logdir) if e["event"] == "spawned" and e["role"] == "trainer")
     assert last >= 6
