@@ -6,11 +6,12 @@ steps) under ``procsv launch --chaos every=SECS`` (SIGKILL to the trainer SECS a
 first step) until at least ``--restarts`` trainer restarts and ``--commits`` checkpoint commits have
 happened, then stops the launch with SIGTERM (an orderly stop: the trainer commits its emergency
 checkpoint; the launch exits 143). Defaults: 100 restarts and 1,000 commits, a few minutes;
-``--restarts 20 --commits 100 --chaos-every 1.5`` is the ~60 s version ``tests/test_soak.py`` runs.
+``--restarts 20 --commits 100 --chaos-every 1.5`` is the ~45-60 s version ``tests/test_soak.py`` runs.
 
 Along the way, every ``--interval`` seconds, it samples each long-lived process of the run with
 psutil -- the watchdog, the pre-warmed trainer (zygote), the checkpoint service and the summary
-service -- for open file descriptors, threads and RSS, and the logdir's size on disk.
+service -- for open file descriptors, threads, RSS and memory mappings, and the logdir's size on
+disk.
 
 How growth is measured. A process that was just started is still settling: lazy imports, the
 allocator's arenas, ZeroMQ's I/O threads, the first restore's caches. So samples taken before
@@ -20,16 +21,18 @@ memory, checkpoints, is killed, and the watchdog reaps it and starts the next --
 processes' counts follow that cycle (the checkpoint service holds 15 to 17 fds depending on the
 moment, the watchdog one thread less between a death and the next start), so samples are grouped
 by restart cycle (the restart count when taken; the cycle the soak stopped in is left out) and
-compared cycle to cycle, never sample to sample. A cycle's fd and thread value is its maximum (the
-fully set-up state; a leak raises every state), and a window's value is the median of its cycles'
-values (the lower middle one); RSS is the median of all the window's samples (allocator peaks
-come and go). Growth is (last window) - (first window), the windows being the first and the last
+compared cycle to cycle, never sample to sample. A cycle's fd, thread and mapping value is its
+maximum (the fully set-up state; a leak raises every state), and a window's value is the median
+of its cycles' values (the lower middle one); RSS is the median of all the window's samples
+(allocator peaks come and go). Growth is (last window) - (first window), the windows being the first and the last
 k cycles after warm-up, k = a tenth of them, at least 3. The table also shows the raw first
 sample after warm-up and the raw last sample.
 
 Goals, each checked (the script exits 1 if one fails, naming it):
 
-* fd growth <= 0 and thread growth <= 0 for every long-lived process; RSS growth < 20 MB;
+* fd growth <= 0 and thread growth <= 0 for every long-lived process; memory mappings grow by
+  at most 3 (the allocator adds a heap segment now and then, once; a leak adds one per restart);
+  RSS growth < 20 MB;
 * every long-lived process is the same process from start to end (none was restarted);
 * 0 zombies: a child of the watchdog or the zygote seen as a zombie in samples spanning >= 2 s
   (a child is a zombie for milliseconds between its death and its reap: that is not counted);
@@ -73,6 +76,7 @@ TINY = os.path.join(REPO, "tests", "programs", "tiny_train.py")
 ROLES = ("watchdog", "zygote", "checkpoint", "summary")
 RSS_GOAL_MB = 20.0
 ZOMBIE_SECS = 2.0
+MAPS_SLACK = 3  # new mappings allowed: the allocator adds an arena or a heap segment now and then, once
 EXIT_SIGTERM = 128 + signal.SIGTERM
 _ATTEMPT_FILE = re.compile(r"^(?P<role>[a-z]+)\.(?P<attempt>[0-9]+)\.(?:log|error\.json)$")
 
@@ -84,6 +88,7 @@ class Sample:
     fds: int
     threads: int
     rss: int
+    maps: int  # memory mappings (lines of /proc/<pid>/maps): an mmap never undone shows here first
 
 
 @dataclass
@@ -109,6 +114,7 @@ class Lifecycle:
         self.trainer_attempt = 0
         self.chaos_kills = 0
         self.other_failures: list[dict[str, Any]] = []
+        self.failed_saves: list[dict[str, Any]] = []
 
     def poll(self) -> None:
         try:
@@ -135,7 +141,9 @@ class Lifecycle:
                 self.trainer_attempt = max(self.trainer_attempt, ev["attempt"])
             elif kind == "chaos_kill":
                 self.chaos_kills += 1
-            elif kind in ("gave_up", "checkpoint_failed", "checkpoint_stalled", "hang_detected", "zygote_gone"):
+            elif kind == "checkpoint_failed":
+                self.failed_saves.append(ev)  # a trainer killed mid-save fails its save: counted, not a finding
+            elif kind in ("gave_up", "checkpoint_stalled", "hang_detected", "zygote_gone"):
                 self.other_failures.append(ev)
 
 
@@ -172,6 +180,14 @@ def dir_size(path: str) -> tuple[int, int]:
             except OSError:
                 pass
     return total, files
+
+
+def count_maps(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as fh:
+            return fh.read().count(b"\n")
+    except OSError:
+        return -1
 
 
 def zombie_children(pids: list[int]) -> set[int]:
@@ -236,6 +252,7 @@ def growth(cycs: list[list[Sample]]) -> dict[str, float]:
 
     return {"fds": count(last, "fds") - count(first, "fds"),
             "threads": count(last, "threads") - count(first, "threads"),
+            "maps": count(last, "maps") - count(first, "maps"),
             "rss_mb": (rss(last) - rss(first)) / 2**20}
 
 
@@ -337,7 +354,7 @@ def main() -> int:
                         proc = psutil.Process(pid)
                         with proc.oneshot():
                             s = Sample(now, life.restarts, proc.num_fds(), proc.num_threads(),
-                                       proc.memory_info().rss)
+                                       proc.memory_info().rss, count_maps(pid))
                             created = proc.create_time()
                     except psutil.Error:
                         continue
@@ -398,7 +415,7 @@ def main() -> int:
 
     # growth per process
     rows = []
-    worst = {"fds": 0.0, "threads": 0.0, "rss_mb": 0.0}
+    worst = {"fds": 0.0, "threads": 0.0, "rss_mb": 0.0, "maps": 0.0}
     for role in ROLES:
         t = tracked.get(role)
         if t is None:
@@ -420,6 +437,8 @@ def main() -> int:
             failures.append(f"{role}: open file descriptors grew by {g['fds']:g}")
         if g["threads"] > 0:
             failures.append(f"{role}: threads grew by {g['threads']:g}")
+        if g["maps"] > MAPS_SLACK:
+            failures.append(f"{role}: memory mappings grew by {g['maps']:g} (at most {MAPS_SLACK} allowed)")
         if g["rss_mb"] >= RSS_GOAL_MB:
             failures.append(f"{role}: RSS grew by {g['rss_mb']:.1f} MB (goal < {RSS_GOAL_MB:g})")
 
@@ -455,11 +474,12 @@ def main() -> int:
     print(f"soak: {wall:.0f} s wall, {life.restarts} restarts ({life.chaos_kills} chaos kills), {life.commits} commits "
           f"(last at step {life.last_commit_step}), launch exit {code}; warm-up: samples before restart {warmup}")
     print(f"{'process':<11} {'pid':>7} {'n':>5} | {'fds first/last/growth':>22} | {'threads first/last/growth':>26} | "
-          f"{'RSS MB first/last/growth':>25}")
+          f"{'RSS MB first/last/growth':>25} | {'mappings first/last/growth':>26}")
     for role, pid, n, a, z, g in rows:
         print(f"{role:<11} {pid:>7} {n:>5} | {a.fds:>8} {z.fds:>6} {g['fds']:>+6.0f} | "
               f"{a.threads:>10} {z.threads:>7} {g['threads']:>+7.0f} | "
-              f"{a.rss / 2**20:>9.1f} {z.rss / 2**20:>7.1f} {g['rss_mb']:>+7.1f}")
+              f"{a.rss / 2**20:>9.1f} {z.rss / 2**20:>7.1f} {g['rss_mb']:>+7.1f} | "
+              f"{a.maps:>10} {z.maps:>7} {g['maps']:>+7.0f}")
     if logdir_samples:
         after_ld = [s for s in logdir_samples if s[1] >= warmup] or logdir_samples
         print(f"{'logdir':<11} {'':>7} {len(logdir_samples):>5} | size MB first/last/growth: "
@@ -471,6 +491,9 @@ def main() -> int:
           f"checkpoint manifests {ckpt_files} ({ckpt_bytes / 2**10:.0f} KiB)")
     per_cycle = life_bytes / max(1, life.restarts + life.commits)
     print(f"lifecycle.jsonl: {life_bytes / 2**10:.0f} KiB ({per_cycle:.0f} bytes per restart or commit; not rotated)")
+    if life.failed_saves:
+        print(f"checkpoint_failed: {len(life.failed_saves)} (a trainer killed while its snapshot was being saved); "
+              f"the first: {life.failed_saves[0]['error']}")
     print(f"zombies: {len(zombies)}; leftovers: {len(left_procs)} processes, {len(left_dirs)} runtime directories")
     with open(os.path.join(work, "samples.json"), "w") as fh:  # for a second look (kept with --workdir or a failure)
         json.dump({"warmup_restarts": warmup, "logdir": logdir_samples,
