@@ -50,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--allow-reinit", action="store_true",
                     help="if every committed checkpoint is corrupt, start from step 0 (moving them to "
                          ".procsv/quarantine/) instead of failing; never for an unreadable one")
+    la.add_argument("--keep-logs", type=int, default=10, metavar="N",
+                    help="per-attempt log files kept for each role: the first attempt's and the last N "
+                         "(default 10, >= 1)")
     la.add_argument("--chaos", metavar="SPEC", default=None,
                     help="kill on a schedule for crash testing: every=SECS or random=MIN:MAX, "
                          "[,target=trainer|checkpoint|summary][,signal=KILL|TERM][,seed=N]")
@@ -96,6 +99,8 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
 
     if args.max_restarts < 0 or args.stop_grace_secs <= 0 or args.hang_grace_secs < 0:
         raise UsageError("--max-restarts and --hang-grace-secs must be >= 0 and --stop-grace-secs > 0")
+    if args.keep_logs < 1:
+        raise UsageError("--keep-logs must be >= 1")
     if args.hang_timeout < 0 or args.startup_timeout < 0:
         raise UsageError("--hang-timeout and --startup-timeout must be >= 0 (0 turns them off)")
     if args.chaos:
@@ -106,7 +111,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        stop_grace_secs=args.stop_grace_secs, quiet=args.quiet, hang_timeout=args.hang_timeout,
                        startup_timeout=args.startup_timeout, hang_grace_secs=args.hang_grace_secs,
                        chaos=args.chaos, prewarm=not args.no_prewarm, on_checkpoint_failure=args.on_checkpoint_failure,
-                       allow_reinit=args.allow_reinit,
+                       allow_reinit=args.allow_reinit, keep_logs=args.keep_logs,
                        preload=[m.strip() for m in args.preload.split(",") if m.strip()])
     return Watchdog(cfg).run()
 

@@ -57,7 +57,7 @@ class RobustMutex:
                 raise OSError(ctypes.get_errno(), "mmap of the death-notice mutex failed")
         finally:
             os.close(fd)
-        self._addr = ctypes.c_void_p(addr)
+        self._addr: Optional[ctypes.c_void_p] = ctypes.c_void_p(addr)
         if create:
             lib = _lib()
             attr = ctypes.create_string_buffer(_ATTR)
@@ -70,10 +70,26 @@ class RobustMutex:
 
     def lock(self) -> int:
         """Block until locked; 0, or ``errno.EOWNERDEAD`` if the previous owner died holding it."""
-        return int(_lib().pthread_mutex_lock(self._addr))
+        return int(_lib().pthread_mutex_lock(self._mapped()))
 
     def trylock(self) -> int:
-        return int(_lib().pthread_mutex_trylock(self._addr))
+        return int(_lib().pthread_mutex_trylock(self._mapped()))
 
     def unlock(self) -> int:
-        return int(_lib().pthread_mutex_unlock(self._addr))
+        return int(_lib().pthread_mutex_unlock(self._mapped()))
+
+    def close(self) -> None:
+        """Unmap it. Only for the watchdog's copy, once no thread can be waiting on it (the trainer is
+        reaped and the death watch has returned): each trainer attempt has its own mutex, so a
+        long-running watchdog that kept every mapping would grow by a page per restart. The trainer
+        never calls this (see the comment in ``__init__``)."""
+        if self._addr is not None:
+            lib = _lib()
+            lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            lib.munmap(self._addr, _REGION)
+            self._addr = None
+
+    def _mapped(self) -> ctypes.c_void_p:
+        if self._addr is None:
+            raise ValueError(f"the mutex in {self.path} was closed")
+        return self._addr

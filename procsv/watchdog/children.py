@@ -73,7 +73,8 @@ class ChildProcess:
             pass
 
     def reap(self, timeout: float = 5.0) -> int:
-        """Wait for the exit status (SIGKILL after ``timeout``), kill what it left in its group, close the pidfd."""
+        """Wait for the exit status (SIGKILL after ``timeout``), kill what it left in its group, close the pidfd;
+        for a trainer, end its death watch and remove its death-notice mutex."""
         if self.watch is not None:
             self.watch.cancel()
         if self.proc.returncode is None:
@@ -86,6 +87,8 @@ class ChildProcess:
         if self.pidfd >= 0:
             os.close(self.pidfd)
             self.pidfd = -1
+        if self.watch is not None and self.watch.close():
+            self.watch = None
         code = self.proc.returncode
         assert code is not None
         return code

@@ -17,6 +17,7 @@ from procsv.common.errors import UsageError
 from procsv.watchdog.chaos import parse_chaos
 from procsv.watchdog.decide import Limits
 from procsv.watchdog.hang import HangLimits
+from procsv.watchdog.logrotate import DEFAULT_KEEP
 from procsv.watchdog.policy import RestartPolicy
 
 
@@ -39,6 +40,7 @@ class LaunchConfig:
     allow_reinit: bool = False  # --allow-reinit: passed to the trainer as PROCSV_ALLOW_REINIT
     cwd: str = field(default_factory=os.getcwd)
     on_checkpoint_failure: str = "stop"  # stop | continue
+    keep_logs: int = DEFAULT_KEEP  # --keep-logs: per-attempt log files kept per role besides attempt 1's
 
     @property
     def busy_timeout(self) -> Optional[float]:

@@ -7,6 +7,7 @@ Runs in the watchdog. See :mod:`procsv.common.mutex` for why a robust mutex beat
 from __future__ import annotations
 
 import errno
+import os
 import threading
 import time
 from typing import Callable
@@ -37,6 +38,25 @@ class DeathWatch:
 
     def cancel(self) -> None:
         self._cancelled = True
+
+    def close(self, timeout: float = 1.0) -> bool:
+        """Once the trainer is reaped: let the thread end, then unmap the mutex and delete its file.
+
+        The thread returns within milliseconds of the trainer's death (the kernel wakes a waiter on
+        a dead owner's robust mutex at its exit; the polling before it ends on :meth:`cancel`).
+        If it has not ended within ``timeout``, the mapping and the file are left as they are
+        (never unmapped under a waiting thread) and False is returned.
+        """
+        self.cancel()
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            return False
+        self.mutex.close()
+        try:
+            os.unlink(self.mutex.path)
+        except OSError:
+            pass
+        return True
 
     def _run(self) -> None:
         while not self._cancelled:

@@ -3,7 +3,8 @@
 Runs in the watchdog. For each :mod:`~procsv.watchdog.actions` value it does the effect (start a
 process, from the pre-warmed trainer when it is ready; send a signal; kill a process group),
 records the action's consequences in the view (:func:`procsv.watchdog.decide.note`), and
-reports it (lifecycle event, terminal line). It also owns the live :class:`ChildProcess`
+reports it (lifecycle event, terminal line). After starting an attempt it rotates that role's
+per-attempt log files (:mod:`procsv.watchdog.logrotate`). It also owns the live :class:`ChildProcess`
 handles, the pre-warmed trainer and the chaos plan's seeded generator.
 """
 
@@ -25,6 +26,7 @@ from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.decide import Limits, find, note
 from procsv.watchdog.events import Event
 from procsv.watchdog.children import ChildProcess, Process, watch_death
+from procsv.watchdog.logrotate import rotate
 from procsv.watchdog.failures import describe
 from procsv.watchdog.lifecycle import RunState
 from procsv.watchdog.observe import Report
@@ -242,6 +244,8 @@ class Executor:
         handle = ChildProcess(slot, role, attempt, proc, log_path)
         self.handles[(slot, attempt)] = handle
         self._register(handle)
+        rotate(self.layout.logs, role, attempt, self.cfg.keep_logs,
+               live={h.attempt for h in self.handles.values() if h.role == role})
         self.report(observe.spawned(self.view, slot, role, attempt, handle.pid, self.clock(), via, handle.create_time))
         if mutex is not None:
             watch_death(handle, mutex, self.clock, lambda died, at: self._on_death_notice(handle, died, at))

@@ -1,0 +1,108 @@
+"""The soak (scripts/soak.py, short form) and the rotation of per-attempt logs it relies on.
+
+The pure tests check which files rotation deletes; the slow ones run real launches: a few chaos
+restarts with ``--keep-logs 2`` (which also checks that the watchdog drops each reaped trainer's
+death-notice mutex, the leak the soak found: one mapping and one file per restart), and the
+soak's short version (20 restarts, 100 commits), which asserts its own goals (no fd, thread or
+mapping growth, RSS growth under 20 MB per long-lived process, no zombie, nothing left behind,
+the final checkpoint restores)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from conftest import PROGRAMS, REPO, finish, launch, lifecycle, quiet_env, role_pid, wait_for
+from procsv.watchdog.logrotate import retired, rotate
+
+TINY = os.path.join(PROGRAMS, "tiny_train.py")
+LAST_LINE = re.compile(r"^soak_fd_growth=(-?\d+) soak_thread_growth=(-?\d+) soak_rss_growth_mb=(-?[\d.]+) "
+                       r"zombies=(\d+) leftovers=(\d+) restarts=(\d+) commits=(\d+)$")
+
+
+def _names(role: str, attempts: range, error: bool = False) -> list[str]:
+    names = [f"{role}.{n}.log" for n in attempts]
+    if error:
+        names += [f"{role}.{n}.error.json" for n in attempts]
+    return names
+
+
+def test_rotation_keeps_the_first_attempt_and_the_last_n():
+    names = _names("trainer", range(1, 16), error=True) + _names("checkpoint", range(1, 16))
+    names += ["lifecycle.jsonl", "report.json", "watchdog.1.error.json", "zygote.1.log", "trainer.x.log"]
+    gone = retired(names, "trainer", current=15, keep=3)
+    assert gone == sorted(_names("trainer", range(2, 13), error=True))  # 1 and 13, 14, 15 stay
+
+
+def test_rotation_spares_live_attempts_and_newer_files():
+    names = _names("trainer", range(1, 30))
+    # attempt 5 still runs (not reaped yet); 20..29 are a previous launch's, above the current attempt
+    gone = retired(names, "trainer", current=8, keep=2, live={5})
+    assert gone == _names("trainer", range(2, 5)) + _names("trainer", range(6, 7))
+    assert retired(names, "trainer", current=3, keep=2) == []
+    with pytest.raises(ValueError):
+        retired(names, "trainer", current=3, keep=0)
+
+
+def test_rotate_deletes_only_what_retired_names(tmp_path):
+    for name in _names("trainer", range(1, 7), error=True) + _names("summary", range(1, 7)) + ["lifecycle.jsonl"]:
+        (tmp_path / name).write_text("x")
+    deleted = rotate(str(tmp_path), "trainer", current=6, keep=2)
+    assert sorted(os.path.basename(p) for p in deleted) == sorted(_names("trainer", range(2, 5), error=True))
+    left = sorted(os.listdir(tmp_path))
+    assert left == sorted(_names("trainer", (1, 5, 6), error=True) + _names("summary", range(1, 7))
+                          + ["lifecycle.jsonl"])
+
+
+def _mutexes(watchdog: int, runtime: str) -> tuple[list[str], list[str]]:
+    """Death-notice mutex files in the runtime directory, and the watchdog's mappings of them."""
+    files = sorted(n for n in os.listdir(runtime) if n.endswith(".mutex"))
+    with open(f"/proc/{watchdog}/maps") as fh:
+        maps = [line.split()[-1] for line in fh if line.rstrip().endswith(".mutex")]
+    return files, maps
+
+
+@pytest.mark.slow
+def test_restarts_keep_the_first_and_last_logs_and_no_reaped_trainers_mutex(logdir):
+    proc = launch(logdir, "--steps", "1000000", "--step-delay", "0.01", "--save-steps", "5", "--bad-attempts", "none",
+                  target=TINY, opts=("--quiet", "--keep-logs", "2", "--chaos", "every=0.5,seed=3"))
+    try:
+        wait_for(lambda: sum(e["event"] == "restarted" for e in lifecycle(logdir)) >= 5, 120, 0.1,
+                 what="5 trainer restarts")
+        runtime = psutil.Process(role_pid(logdir, "checkpoint")).environ()["PROCSV_RUNTIME_DIR"]
+        files, maps = _mutexes(proc.pid, runtime)
+        # the live attempt's, and the one before it if it is not reaped yet; never one per restart
+        assert len(files) <= 2 and len(maps) <= 2, (files, maps)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    last = max(e["attempt"] for e in lifecycle(logdir) if e["event"] == "spawned" and e["role"] == "trainer")
+    assert last >= 6
+    files = sorted(n for n in os.listdir(os.path.join(logdir, "logs")) if n.startswith("trainer."))
+    kept = sorted(int(n.split(".")[1]) for n in files if n.endswith(".log"))
+    # the last attempt may have been stopped (SIGTERM) before it opened its log; rotation ran at its spawn anyway
+    assert kept in ([1, last - 1, last], [1, last - 1]), (files, last)
+    assert all(int(n.split(".")[1]) in kept for n in files), files  # error files rotate with their logs
+    for role in ("checkpoint", "summary", "zygote"):
+        assert os.path.exists(os.path.join(logdir, "logs", f"{role}.1.log"))
+
+
+@pytest.mark.slow
+def test_soak_short_form_meets_its_goals(tmp_path):
+    cmd = [sys.executable, os.path.join(REPO, "scripts", "soak.py"), "--restarts", "20", "--commits", "100",
+           "--chaos-every", "1.5", "--workdir", str(tmp_path / "soak")]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=quiet_env(), cwd=REPO, timeout=240)
+    assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
+    m = LAST_LINE.match(out.stdout.strip().splitlines()[-1])
+    assert m, out.stdout
+    fd, threads, rss, zombies, leftovers, restarts, commits = m.groups()
+    assert int(fd) <= 0 and int(threads) <= 0 and float(rss) < 20
+    assert int(zombies) == 0 and int(leftovers) == 0
+    assert int(restarts) >= 20 and int(commits) >= 100
