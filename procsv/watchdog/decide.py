@@ -14,7 +14,7 @@ Rules, in the order they are considered:
    judged by the restart policy (:func:`procsv.watchdog.policy.decide`): finish, stopped,
    restart (at once after progress or a preemption, else with backoff), or give up -- at once if
    it failed before its first step with an error a restart cannot cure (``permanent_errors``:
-   a usage error, no restorable checkpoint, a checkpoint of another model). A death
+   a usage error, no restorable checkpoint, a checkpoint of another model, a syntax error). A death
    notice alone only ever restarts (any other verdict waits for the exit status, so that it is
    reported exactly). A service that dies is restarted at once, unless it died more than
    ``service_restart_limit`` times within ``service_restart_window`` seconds: then the run stops
@@ -78,7 +78,8 @@ class Limits:
     checkpoint_failure_limit: int = 3  # consecutive failed commits that stop the run (0: never)
     # a trainer that fails before its first step with one of these (the type named in its error
     # file) cannot start this way however often it is restarted: give up at once
-    permanent_errors: frozenset[str] = frozenset({"UsageError", "NoRestorableCheckpoint", "MismatchedCheckpoint"})
+    permanent_errors: frozenset[str] = frozenset({"UsageError", "NoRestorableCheckpoint", "MismatchedCheckpoint",
+                                                  "SyntaxError", "IndentationError", "TabError"})
     chaos: Optional[ChaosPlan] = None
 
 
@@ -123,7 +124,7 @@ def _judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: fl
     ex = TrainerExit(code, child.first_step_at is not None, child.made_progress, view.stop_signal is not None)
     verdict = restart_verdict(limits.restart, view.history, ex, draw)
     if not child.reaped:
-        if verdict.action != Verdict.RESTART:
+        if verdict.action != Verdict.RESTART or _hopeless(child, child.noticed_error, limits):
             return []  # stopping or giving up: wait for the exit status to tell the whole story
         return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, early=True)]
     if verdict.action == Verdict.FINISH:
@@ -134,10 +135,15 @@ def _judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: fl
     if verdict.action == Verdict.GIVE_UP:
         return [GiveUp(child.slot, child.attempt, verdict.reason, verdict.history)]
     error = child.failure.error if child.failure is not None else None
-    if error is not None and child.first_step_at is None and error.type in limits.permanent_errors:
+    if error is not None and _hopeless(child, error.type, limits):
         return [GiveUp(child.slot, child.attempt, f"the trainer cannot start: {error.type} (a restart would fail "
                        "the same way)", verdict.history)]
     return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, preempted=code == EXIT_PREEMPTED)]
+
+
+def _hopeless(child: ChildView, error_type: str, limits: Limits) -> bool:
+    """A trainer that failed before its first step with an error a restart cannot cure."""
+    return child.first_step_at is None and error_type in limits.permanent_errors
 
 
 def _stop(view: RunView, now: float) -> list[Action]:

@@ -111,6 +111,11 @@ class Executor:
                 line = (f"procsv: trainer finished at step {self.view.step}" if action.run == RunState.SUCCEEDED
                         else f"procsv: trainer stopped at step {self.view.step} ({describe(code)})")
                 reports.append(Report(say=line))
+                if action.run == RunState.SUCCEEDED and not any(a.ready_at is not None for a in self.view.attempts):
+                    reports.append(Report(say=f"procsv: warning: {self.cfg.target} exited with code 0 without ever "
+                                              "entering a procsv.Supervisor's managed_session(): nothing was "
+                                              "supervised (no checkpoint, no summaries); train inside "
+                                              "`with sv.managed_session() as sess:`", err=True))
             reports.append(Report(Event.FINISHED, {"state": self.view.run.value, "exit_code": self.view.exit_code,
                                                    "step": self.view.step}))
         self.report(reports)

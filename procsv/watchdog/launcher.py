@@ -80,7 +80,10 @@ class Watchdog:
     def run(self) -> int:
         check_target(self.cfg.target, self.cfg.cwd)
         self.layout.create()
-        self.lock.acquire()
+        stale = self.lock.acquire()
+        if stale is not None:
+            self.say(f"procsv: took over the lock of {self.layout.logdir}: the launch that held it (pid {stale}) "
+                     "died without releasing it (SIGKILL?); taking it over", err=True)
         try:
             return self._run_locked()
         finally:
@@ -220,7 +223,9 @@ class Watchdog:
         while not self._notices.empty():
             handle, died, at, wall = self._notices.get()
             if died and handle.pidfd >= 0:
-                self.record(observe.death_noticed(self.view, handle.slot, handle.attempt, at, wall))
+                err = read_child_error(self.layout.error_file(handle.role, handle.attempt), handle.pid)
+                self.record(observe.death_noticed(self.view, handle.slot, handle.attempt, at, wall,
+                                                  err.type if err is not None else ""))
                 self.status.dirty = True
 
     def _on_exit(self, handle: ChildProcess) -> None:

@@ -122,13 +122,19 @@ def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
                                                 "secs": round(msg.persist_secs, 4)})]
 
 
-def death_noticed(view: RunView, slot: str, attempt: int, at: float, wall: float) -> list[Report]:
-    """The trainer's death notice (its mutex's owner died): an unclean death, before the reap."""
+def death_noticed(view: RunView, slot: str, attempt: int, at: float, wall: float,
+                  error_type: str = "") -> list[Report]:
+    """The trainer's death notice (its mutex's owner died): an unclean death, before the reap.
+
+    ``error_type``: the exception its error file names, if it wrote one (a restart cannot cure
+    some: the decision then waits for the exit status instead of restarting at once).
+    """
     child = find(view, slot, attempt)
     if child is None or child.reaped or child.noticed_dead_at is not None:
         return []
     child.noticed_dead_at = at
     child.noticed_wall = wall
+    child.noticed_error = error_type
     child.ended_at = at
     return [Report(Event.DEATH_NOTICED, {"role": child.role, "attempt": attempt, "pid": child.pid, "noticed": wall})]
 

@@ -69,6 +69,7 @@ class ChildView:
     # its end
     noticed_dead_at: Optional[float] = None  # its death notice (robust mutex "owner died")
     noticed_wall: Optional[float] = None  # the same moment on the wall clock, for the lifecycle log
+    noticed_error: str = ""  # the exception type its error file named when its death was noticed
     ended_at: Optional[float] = None
     exit_code: Optional[int] = None  # set when reaped: >= 0 exit status, < 0 killed by signal -code
     failure: Optional[Failure] = None
