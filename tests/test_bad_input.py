@@ -69,7 +69,10 @@ def _latest_restores(logdir: str, units: int = 4) -> int:
 
 
 def _trainer_spawns(logdir: str) -> int:
-    return len([e for e in lifecycle(logdir) if e["event"] == "spawned" and e["role"] == "trainer"])
+    """Trainer attempts started by the last launch in ``logdir``."""
+    events = lifecycle(logdir)
+    last = max((i for i, e in enumerate(events) if e["event"] == "launch"), default=0)
+    return len([e for e in events[last:] if e["event"] == "spawned" and e["role"] == "trainer"])
 
 
 # ------------------------------------------------------------------------ launch and arguments
@@ -210,3 +213,169 @@ def test_15_a_damaged_status_file_is_one_line_for_status_and_a_new_launch_replac
     assert code == 0, err
     st = status_json(logdir)
     assert st["state"] == "succeeded" and st["step"] == 10
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory):
+    """A finished run of bad_train.py with several checkpoints, the last at step 30 (copied by each test)."""
+    path = str(tmp_path_factory.mktemp("seed") / "run")
+    code, out, err = finish(launch(path, "--steps", "30", "--save-steps", "10", target=BAD, opts=FAST), 120)
+    assert code == 0, err
+    assert len(committed_steps(path)) >= 2 and committed_steps(path)[-1] == 30
+    return path
+
+
+def _copy(src: str, dst: str) -> None:
+    import shutil
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("lock"))
+
+
+def _files(logdir: str) -> dict[str, bytes]:
+    out = {}
+    for name in os.listdir(logdir):
+        if name.startswith("model.ckpt-"):
+            with open(os.path.join(logdir, name), "rb") as fh:
+                out[name] = fh.read()
+    return out
+
+
+def test_16_a_manifest_that_is_not_json_is_named_passed_over_and_never_a_silent_step_0(seeded, logdir):
+    _copy(seeded, logdir)
+    previous = committed_steps(logdir)[-2]
+    manifests = os.path.join(logdir, ".procsv", "checkpoints")
+    damaged = os.path.join(manifests, "model.ckpt-30.json")
+    with open(damaged, "wb") as fh:
+        fh.write(b'{"step": 30, "pref')  # truncated
+    code, out, err = finish(launch(logdir, "--steps", "35", "--save-steps", "10", target=BAD, opts=FAST), 120)
+    assert code == 0, err
+    named = [line for line in out.splitlines() if "ignoring damaged manifest" in line]
+    assert len(named) == 1 and damaged in named[0] and "its checkpoint is not restored" in named[0], out
+    assert f"restored step {previous} " in out  # the newest valid one, never step 0
+    assert _latest_restores(logdir) == 35
+    with open(damaged, "rb") as fh:
+        assert fh.read() == b'{"step": 30, "pref'  # left for a person to look at
+    # every manifest damaged: no silent start from scratch
+    for name in os.listdir(manifests):
+        if name.endswith(".json"):
+            with open(os.path.join(manifests, name), "w") as fh:
+                fh.write("garbage")
+    before = _files(logdir)
+    code, out, err = finish(launch(logdir, "--steps", "50", target=BAD, opts=FAST), 120)
+    assert code == 1
+    assert "NoRestorableCheckpoint: refusing to start from step 0" in err and "--allow-reinit" in err
+    assert _trainer_spawns(logdir) == 1  # a restart cannot cure it: none is tried
+    assert _files(logdir) == before  # nothing moved, deleted or written
+
+
+def test_17_a_hand_edited_state_file_naming_a_missing_checkpoint_is_rewritten_from_the_manifests(seeded,
+                                                                                                  logdir):
+    _copy(seeded, logdir)
+    with open(os.path.join(logdir, "checkpoint"), "w") as fh:
+        fh.write('model_checkpoint_path: "model.ckpt-999"\nall_model_checkpoint_paths: "model.ckpt-999"\n')
+    code, out, err = finish(launch(logdir, "--steps", "35", target=BAD, opts=FAST), 120)
+    assert code == 0, err
+    assert "restored step 30 " in out
+    with open(os.path.join(logdir, "logs", "checkpoint.1.log")) as fh:
+        log = fh.read()
+    assert "the checkpoint state file named 'model.ckpt-999', which is not the newest committed checkpoint" in log
+    assert "latest is model.ckpt-30" in log
+    assert _latest_restores(logdir) == 35
+
+
+def test_18_a_checkpoint_of_a_different_model_names_the_variable_and_is_never_re_initialized(seeded,
+                                                                                             logdir):
+    _copy(seeded, logdir)
+    before, steps = _files(logdir), committed_steps(logdir)
+    code, out, err = finish(launch(logdir, "--units", "8", target=BAD, opts=FAST), 120)
+    assert code == 1
+    assert "MismatchedCheckpoint" in err and "weights" in err and "model.ckpt-30" in err
+    assert "the trainer cannot start: MismatchedCheckpoint (a restart would fail the same way)" in err
+    assert _trainer_spawns(logdir) == 1
+    assert committed_steps(logdir) == steps and _files(logdir) == before
+    assert _latest_restores(logdir) == 30
+
+
+# ------------------------------------------------------------------------ misbehaving programs
+def test_19_a_trainer_that_ignores_sigterm_is_killed_after_the_grace_period_and_its_last_commit_stays(logdir):
+    proc = launch(logdir, "--ignore-sigterm", "--steps", "100000", "--save-steps", "20", target=BAD,
+                  opts=FAST + ("--stop-grace-secs", "2"))
+    try:
+        wait_for(lambda: committed_steps(logdir), 90, what="a committed checkpoint")
+        trainer = role_pid(logdir, "trainer")
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        code, out, err = finish(proc, 60)
+    assert code == 128 + signal.SIGTERM, err
+    assert "procsv: trainer did not stop within 2 s; killing it" in out + err
+    killed = [e for e in lifecycle(logdir) if e["event"] == "exited" and e["pid"] == trainer]
+    assert killed and killed[0]["signal"] == "SIGKILL"
+    assert _trainer_spawns(logdir) == 1  # stopped, not restarted
+    assert status_json(logdir)["state"] == "stopped"
+    assert _latest_restores(logdir) == committed_steps(logdir)[-1]
+    assert not run_processes(logdir)
+
+
+def test_20_nan_and_inf_summaries_are_kept_counted_and_shown_by_status(logdir):
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    code, out, err = finish(launch(logdir, "--nan", "--steps", "30", target=BAD, opts=FAST), 120)
+    assert code == 0, err
+    st = status_json(logdir)
+    assert st["summaries"]["nonfinite"] == 3 * 30 and st["summaries"]["dropped"] == 0
+    human = _procsv("status", logdir)
+    assert "90 NaN or infinite scalars (kept as logged: check the loss)" in human.stdout
+    acc = ea.EventAccumulator(logdir, size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    import math
+
+    assert [e.step for e in acc.Scalars("loss")] == list(range(1, 31))
+    assert all(math.isnan(e.value) for e in acc.Scalars("loss"))
+    assert all(e.value == math.inf for e in acc.Scalars("up"))
+    assert all(e.value == -math.inf for e in acc.Scalars("down"))
+
+
+def test_21_a_100_mb_image_is_refused_at_the_call_and_the_run_goes_on(logdir):
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    code, out, err = finish(launch(logdir, "--big-image", "--steps", "10", target=BAD, opts=FAST), 120)
+    assert code == 0, err
+    refused = [line for line in out.splitlines() if "log_image refused" in line]
+    assert len(refused) == 1, out
+    assert "image 'huge': 95.4 MiB is more than the 16 MiB one summary may take" in refused[0]
+    assert "bad: done at step 10" in out
+    acc = ea.EventAccumulator(logdir, size_guidance={ea.SCALARS: 0, ea.IMAGES: 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("ok")] == list(range(1, 11))
+    assert "huge" not in acc.Tags()["images"]
+    assert status_json(logdir)["summaries"]["dropped"] == 0
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_22_child_processes_of_the_train_module_are_cleaned_up_after_a_sigkill_and_at_the_end(logdir, tmp_path):
+    pidfile = str(tmp_path / "child.pid")
+    proc = launch(logdir, "--spawn-child", pidfile, "--steps", "100000", "--save-steps", "20", target=BAD,
+                  opts=FAST)
+    try:
+        wait_for(lambda: committed_steps(logdir), 90, what="a committed checkpoint")
+        first = int(open(pidfile).read())
+        assert not _gone(first)
+        os.unlink(pidfile)
+        os.kill(role_pid(logdir, "trainer"), signal.SIGKILL)
+        wait_for(lambda: _gone(first), 10, what="the killed trainer's child to be cleaned up")
+        assert proc.poll() is None  # the run goes on
+        wait_for(lambda: os.path.exists(pidfile), 90, what="the restarted trainer's child")
+        second = int(open(pidfile).read())
+        assert not _gone(second)
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        code, out, err = finish(proc, 120)
+    assert code == 128 + signal.SIGTERM, err
+    assert _gone(second)
+    assert status_json(logdir)["restarts"] == 1
