@@ -197,6 +197,106 @@ def test_14_a_stale_lock_of_a_killed_launch_is_taken_over_with_a_line_saying_so(
     assert _latest_restores(logdir) == saved + 6
 
 
+@pytest.mark.parametrize("how", ["moved", "deleted", "parent moved"])
+def test_12_a_logdir_moved_or_deleted_while_live_stops_the_run_in_order_and_nothing_writes_there(tmp_path, how):
+    import shutil
+
+    logdir = str(tmp_path / "parent" / "run")  # no leftover check by the logdir fixture: the path goes away
+    proc = launch(logdir, "--steps", "100000", "--save-steps", "20", target=BAD, opts=FAST)
+    moved = str(tmp_path / "parent" / "moved")
+    try:
+        wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two committed checkpoints")
+        if how == "moved":
+            os.rename(logdir, moved)
+        elif how == "parent moved":  # no event of the logdir's parent names it: the loop's own check sees it
+            os.rename(tmp_path / "parent", tmp_path / "parent2")
+            moved = str(tmp_path / "parent2" / "run")
+        else:  # rm -rf, again while the run's processes still create files in it
+            wait_for(lambda: (shutil.rmtree(logdir, ignore_errors=True), not os.path.exists(logdir))[1], 10,
+                     what="the logdir to be deleted")
+    finally:
+        code, out, err = finish(proc, 120)  # the launch ends by itself
+    assert code == 1, err
+    lost = [line for line in err.splitlines() if "was lost while the run was live" in line]
+    assert len(lost) == 1, err
+    # the filesystem event of a move names where it went; if the loop's own check (or a failed save)
+    # notices first, the line says less, but names the problem all the same
+    happened = next(h for h in (f"it was moved to {moved}", "it was deleted or moved away") if h in lost[0])
+    assert how == "moved" or happened == "it was deleted or moved away"
+    assert f"the logdir {logdir} was lost while the run was live ({happened}); stopping the run " \
+           "in order, nothing more is written there" in lost[0]
+    assert "checkpoint at step" not in err  # the emergency checkpoint could not commit: not a second complaint
+    assert "cannot write" not in err  # status.json is not written into a lost logdir
+    assert not os.path.exists(logdir)  # nothing created it again
+    assert not run_processes(logdir)
+    if how == "deleted":
+        return
+    events = lifecycle(moved)  # the watchdog's open log moved along with the directory
+    assert [e["reason"] for e in events if e["event"] == "logdir_lost"] == [happened]
+    assert _trainer_spawns(moved) == 1  # stopped, never restarted
+    kept = committed_steps(moved)[-1]
+    assert _latest_restores(moved) == kept  # the last commit is intact where the directory went
+    code, out, err = finish(launch(moved, "--steps", str(kept + 5), target=BAD, opts=FAST), 120)
+    assert code == 0, err
+    assert f"restored step {kept} " in out
+
+
+def test_12_pure_a_lost_logdir_stops_the_run_once_in_order_and_fails_it():
+    from test_watchdog_decide import Sim, of
+
+    from procsv.watchdog import observe
+    from procsv.watchdog.actions import Cause, Restart, Signal, StopLogdirLost
+    from procsv.watchdog.lifecycle import RunState
+    from procsv.watchdog.state import TRAINER
+
+    sim = Sim()
+    sim.start_trainer(steps=3)
+    observe.logdir_lost(sim.view, "it was deleted or moved away")
+    observe.logdir_lost(sim.view, "a later reason")  # the first one stays
+    assert sim.tick() == [StopLogdirLost("it was deleted or moved away")]
+    assert of(sim.tick(), Signal) == [Signal(TRAINER, 1, signal.SIGTERM, Cause.STOP)]  # in order: it may save
+    assert of(sim.tick(), StopLogdirLost) == []  # said and done once
+    sim.dies(TRAINER, 1)  # its emergency checkpoint could not commit
+    assert of(sim.tick(), Restart) == []
+    assert sim.view.run == RunState.FAILED and sim.view.exit_code == 1
+    assert sim.view.last_error == "the logdir was lost while the run was live: it was deleted or moved away"
+
+
+@pytest.mark.parametrize("how", ["moved", "deleted", "replaced"])
+def test_12_watch_the_logdir_watch_wakes_on_an_event_and_names_what_happened(tmp_path, how):
+    import select
+    import shutil
+
+    from procsv.watchdog.logdirwatch import LogdirWatch, identity, lost_reason
+
+    path = tmp_path / "run"
+    path.mkdir()
+    (tmp_path / "sibling").mkdir()
+    start = identity(str(path))
+    assert start is not None and lost_reason(str(path), start) is None
+    watch = LogdirWatch(str(path))
+    watch.start()
+    try:
+        (tmp_path / "sibling" / "f").write_text("x")
+        (path / "inside").write_text("x")  # the run's own writes are no event for the watch
+        assert select.select([watch.fd], [], [], 0.5)[0] == []
+        if how == "moved":
+            os.rename(path, tmp_path / "elsewhere")
+        else:
+            shutil.rmtree(path)
+            if how == "replaced":
+                path.mkdir()
+        assert select.select([watch.fd], [], [], 10)[0] == [watch.fd]
+        watch.drain()
+        if how == "moved":
+            assert watch.seen == f"it was moved to {tmp_path / 'elsewhere'}"
+            assert lost_reason(str(path), start) == "it was deleted or moved away"
+        else:  # a new directory may even get the old inode number: the event is what tells
+            assert watch.seen == "it was deleted or moved away"
+    finally:
+        watch.close()
+
+
 # ------------------------------------------------------------------------ state files
 def test_15_a_damaged_status_file_is_one_line_for_status_and_a_new_launch_replaces_it(logdir):
     meta = os.path.join(logdir, ".procsv")

@@ -38,6 +38,10 @@ Rules, in the order they are considered:
    permission): training would go on burning compute that cannot be kept, so the run is stopped
    in order (the trainer still tries its emergency checkpoint) and fails with exit code 3.
    ``--on-checkpoint-failure continue`` (a limit of 0) trains on.
+9. **Lost logdir.** The logdir was deleted, moved away or replaced while the run is live
+   (``view.logdir_lost``, from filesystem events and a check every round): nothing the run
+   writes from now on would land where the user looks, so the run is stopped in order and fails
+   (exit 1). Considered first, like rule 8; not while a stop is already under way.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from typing import Optional
 
 from procsv.common.bootstrap import EXIT_PREEMPTED
 from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
-                                     RespawnService, Restart, Settle, Signal, SkipChaos, Spawn)
+                                     RespawnService, Restart, Settle, Signal, SkipChaos, Spawn, StopLogdirLost)
 from procsv.watchdog.chaos import ChaosPlan
 from procsv.watchdog.hang import HangLimits, hang_reason
 from procsv.watchdog.lifecycle import ProcState, RunState, transition
@@ -59,6 +63,7 @@ from procsv.watchdog.state import CHECKPOINT, TRAINER, ChildView, RunView, Zygot
 
 
 EXIT_CHECKPOINTS_FAILING = 3  # the launch's exit code when checkpoints kept failing (rule 8)
+EXIT_LOGDIR_LOST = 1  # the launch's exit code when the logdir was deleted or moved (rule 9)
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,8 @@ class Limits:
 
 def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Action]:
     """What to do now, given what has been observed. Pure: the view is not changed."""
+    if view.logdir_lost is not None and view.stop_signal is None and not view.finishing:
+        return [StopLogdirLost(view.logdir_lost)]  # rule 9 comes first: an exit it causes is a stop
     if 0 < limits.checkpoint_failure_limit <= view.failed_saves and view.stop_signal is None \
             and not view.finishing:
         return [GiveUpCheckpoints(view.failed_saves)]  # rule 8 comes first: an exit it causes is a stop
@@ -262,6 +269,12 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         return
     if isinstance(action, SkipChaos):
         view.chaos_at = None
+        return
+    if isinstance(action, StopLogdirLost):
+        view.failed = True
+        view.exit_code = view.exit_code or EXIT_LOGDIR_LOST
+        view.last_error = f"the logdir was lost while the run was live: {action.reason}"
+        request_stop(view, signal.SIGTERM, now, limits.stop_grace_secs)
         return
     if isinstance(action, GiveUpCheckpoints):
         view.failed = True

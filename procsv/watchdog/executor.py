@@ -19,7 +19,7 @@ from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
 from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
-                                     RespawnService, Restart, Signal, SkipChaos, Spawn)
+                                     RespawnService, Restart, Signal, SkipChaos, Spawn, StopLogdirLost)
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.decide import Limits, find, note
 from procsv.watchdog.events import Event
@@ -69,6 +69,14 @@ class Executor:
             return
         if isinstance(action, SkipChaos):
             note(self.view, action, now, self.limits)
+            return
+        if isinstance(action, StopLogdirLost):
+            note(self.view, action, now, self.limits)
+            self.report([Report(Event.LOGDIR_LOST, {"path": self.layout.logdir, "reason": action.reason},
+                                say=f"procsv: the logdir {self.layout.logdir} was lost while the run was live "
+                                    f"({action.reason}); stopping the run in order, nothing more is written there; "
+                                    "if you moved it, launch again with --logdir at its new place to resume",
+                                err=True)])
             return
         if isinstance(action, GiveUpCheckpoints):
             note(self.view, action, now, self.limits)

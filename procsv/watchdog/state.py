@@ -133,6 +133,7 @@ class RunView:
     commit_clock: Optional[float] = None  # the last commit (or stall kill): checkpoint stalls count from here
     commit_step: int = -1  # the step of the last commit seen
     failed_saves: int = 0  # consecutive checkpoints that failed to commit (lost snapshots not counted)
+    logdir_lost: Optional[str] = None  # why the logdir is no longer there (deleted, moved, replaced)
     chaos_at: Optional[float] = None  # the next chaos kill
     chaos_armed_for: Optional[tuple[str, int]] = None  # (slot, attempt) the current schedule targets
     chaos_next_delay: float = 0.0  # drawn from the plan's seeded generator by the executor
