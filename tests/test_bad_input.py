@@ -76,11 +76,22 @@ def _trainer_spawns(logdir: str) -> int:
 
 
 # ------------------------------------------------------------------------ launch and arguments
-def test_2_a_syntax_error_in_target_is_its_line_and_no_second_attempt(logdir):
-    code, out, err = finish(launch(logdir, target=os.path.join(PROGRAMS, "syntax_error.py"), opts=FAST), 120)
+def test_2_a_syntax_error_in_target_is_one_line_before_anything_starts(logdir):
+    target = os.path.join(PROGRAMS, "syntax_error.py")
+    code, out, err = finish(launch(logdir, target=target, opts=FAST), 60)
+    assert code == 2
+    line = _one_error_line(err)
+    assert f"training module {target!r} has a syntax error: invalid syntax ({target}, line 5)" in line
+    assert "fix it and launch again" in line
+    assert lifecycle(logdir) == []  # nothing was started
+
+
+def test_2_a_syntax_error_in_a_module_the_target_imports_fails_the_trainer_once_no_restart(logdir):
+    code, out, err = finish(launch(logdir, target=os.path.join(PROGRAMS, "imports_syntax_error.py"), opts=FAST),
+                            120)
     assert code == 1
-    assert "SyntaxError" in err and "syntax_error.py" in err
-    assert "the trainer cannot start: SyntaxError (a restart would fail the same way)" in err
+    assert "procsv: giving up: the trainer cannot start: SyntaxError (a restart would fail the same way)." in err
+    assert "SyntaxError: invalid syntax" in err and "syntax_error.py" in err
     assert _trainer_spawns(logdir) == 1  # a restart cannot cure it: none is tried
     assert status_json(logdir)["state"] == "failed"
 
