@@ -159,6 +159,8 @@ class Watchdog:
             shutil.rmtree(runtime_dir, ignore_errors=True)
             if self.view.logdir_lost is None:  # never write into a logdir that is gone or moved
                 self.status.maybe_write(self._status, force=True)
+            else:
+                self._final_status_where_it_went()
             self._final_report()
             self.events.close()
             self.term.close()
@@ -271,6 +273,21 @@ class Watchdog:
             except KeyError:
                 pass
             self.ex.drop_zygote("procsv: the pre-warmed trainer (zygote) died; restarts will start fresh trainers")
+
+    def _final_status_where_it_went(self) -> None:
+        """A logdir moved while live (an event named where, and it is still the same directory) gets
+        its final status record there, so that ``procsv status NEWDIR`` tells how the run ended."""
+        dest = self.logdir_watch.moved_to
+        if dest is None or self._logdir_id is None or identity(dest) != self._logdir_id or self.ex is None:
+            return
+        moved = Layout(dest)
+        z = self.ex.zygote
+        record = status_record(self.view, self.cfg, moved, self.clock(), self.wall(), self.started_wall,
+                               None if z is None else {"pid": z.pid, "ready": z.ready})
+        try:
+            write_json(moved.status, record)
+        except OSError:
+            pass
 
     def _check_logdir(self) -> None:
         """Is the logdir still the directory the run started in? (after a filesystem event about it,

@@ -54,6 +54,7 @@ class LogdirWatch:
         self._observer: Any = None
         self.error: Optional[str] = None
         self.seen: Optional[str] = None  # what an event said happened to the logdir (set once)
+        self.moved_to: Optional[str] = None  # where an event said it was moved
 
     @property
     def fd(self) -> int:
@@ -72,6 +73,7 @@ class LogdirWatch:
                 dest = os.fsdecode(getattr(event, "dest_path", "") or "")
                 if event.event_type == "moved" and dest:
                     seen = f"it was moved to {os.path.abspath(dest)}"
+                    watch.moved_to = watch.moved_to or os.path.abspath(dest)
                 elif event.event_type in ("deleted", "moved"):
                     seen = "it was deleted or moved away"
                 else:
