@@ -1,8 +1,9 @@
 """The ``procsv`` command: ``launch`` (the watchdog), ``status``, ``stop`` and ``preempt``.
 
 Runs in the user's shell; ``procsv launch`` becomes the watchdog process. Exit codes:
-0 the run succeeded; 1 it failed (the trainer kept failing, or failed at start-up); 2 bad input
-(usage, missing target, unwritable or locked logdir); 128+N it was stopped by signal N after an
+0 the run succeeded; 1 it failed (the trainer kept failing, or failed at start-up, or the logdir was
+lost while live); 2 bad input (usage, a missing or uncompilable target, an unwritable, full or
+locked logdir, a damaged status file for ``status``); 128+N it was stopped by signal N after an
 orderly stop (130 for Ctrl-C, 143 for SIGTERM) -- resumable with the same command.
 """
 

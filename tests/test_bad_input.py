@@ -33,7 +33,7 @@ import sys
 import psutil
 import pytest
 
-from conftest import (PROGRAMS, REPO, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, role_pid,
+from conftest import (PROGRAMS, REPO, committed_steps, finish, launch, lifecycle, quiet_env, role_pid,
                       run_processes, status_json, wait_for)
 from test_checkpoint_faults import _fill, small_fs  # noqa: F401  (the small-tmpfs fixture)
 
