@@ -1,8 +1,9 @@
 """The ``procsv`` command: ``launch`` (the watchdog), ``status``, ``stop`` and ``preempt``.
 
 Runs in the user's shell; ``procsv launch`` becomes the watchdog process. Exit codes:
-0 the run succeeded; 1 it failed (the trainer kept failing, or failed at start-up); 2 bad input
-(usage, missing target, unwritable or locked logdir); 128+N it was stopped by signal N after an
+0 the run succeeded; 1 it failed (the trainer kept failing, or failed at start-up, or the logdir was
+lost while live); 2 bad input (usage, a missing or uncompilable target, an unwritable, full or
+locked logdir, a damaged status file for ``status``); 128+N it was stopped by signal N after an
 orderly stop (130 for Ctrl-C, 143 for SIGTERM) -- resumable with the same command.
 """
 
@@ -97,12 +98,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
     from procsv.watchdog.launcher import LaunchConfig, Watchdog
 
-    if args.max_restarts < 0 or args.stop_grace_secs <= 0 or args.hang_grace_secs < 0:
-        raise UsageError("--max-restarts and --hang-grace-secs must be >= 0 and --stop-grace-secs > 0")
+    for flag, value, low, note in (("--max-restarts", args.max_restarts, 0, ""),
+                                   ("--hang-grace-secs", args.hang_grace_secs, 0, ""),
+                                   ("--hang-timeout", args.hang_timeout, 0, " (0 turns it off)"),
+                                   ("--startup-timeout", args.startup_timeout, 0, " (0 turns it off)")):
+        if not value >= low:  # also refuses nan
+            raise UsageError(f"{flag} must be >= {low}{note}, not {value:g}")
+    if not args.stop_grace_secs > 0:
+        raise UsageError(f"--stop-grace-secs must be > 0, not {args.stop_grace_secs:g}")
     if args.keep_logs < 1:
-        raise UsageError("--keep-logs must be >= 1")
-    if args.hang_timeout < 0 or args.startup_timeout < 0:
-        raise UsageError("--hang-timeout and --startup-timeout must be >= 0 (0 turns them off)")
+        raise UsageError(f"--keep-logs must be >= 1, not {args.keep_logs}")
     if args.chaos:
         from procsv.watchdog.chaos import parse_chaos
 
@@ -122,6 +127,13 @@ def _status(args: argparse.Namespace) -> int:
 
     layout = Layout(os.path.abspath(args.logdir))
     status = read_status(layout)
+    if status is None and os.path.lexists(layout.status):
+        from procsv.common.layout import LogdirLock
+
+        live = LogdirLock.holder(layout)
+        then = (f"the live launch (pid {live}) rewrites it within a second: try again" if live is not None
+                else "the next `procsv launch` replaces it; its checkpoints are not affected")
+        raise UsageError(f"{layout.status} is damaged (truncated or not a status record); {then}")
     if status is None:
         raise UsageError(f"no procsv run found in {args.logdir!r} (no .procsv/status.json)")
     if args.watch:

@@ -21,12 +21,16 @@ from procsv.common.manifests import last_checkpoint
 
 
 def summary_counts(layout: Layout) -> Optional[dict[str, int]]:
-    """``{"written": n, "dropped": n}`` from the summary service's stats file, or None."""
+    """``{"written": n, "dropped": n, "nonfinite": n}`` from the summary service's stats file, or None.
+
+    ``nonfinite``: scalars written whose value is NaN or infinite (kept as logged, and counted).
+    """
     stats = read_json(layout.summary_stats)
     if not isinstance(stats, dict):
         return None
     try:
-        return {"written": int(stats.get("written", 0)), "dropped": int(stats.get("dropped", 0))}
+        return {"written": int(stats.get("written", 0)), "dropped": int(stats.get("dropped", 0)),
+                "nonfinite": int(stats.get("nonfinite", 0))}
     except (TypeError, ValueError):
         return None
 
@@ -64,8 +68,9 @@ def pid_alive(pid: Optional[int], create_time: Optional[float] = None) -> bool:
 def read_status(layout: Layout) -> Optional[dict[str, Any]]:
     """The status of the run in ``layout``, or None if procsv never ran there."""
     status = read_json(layout.status)
-    if not isinstance(status, dict):
-        return None
+    if not isinstance(status, dict) or not isinstance(status.get("processes", []), list) \
+            or not all(isinstance(p, dict) for p in status.get("processes", [])):
+        return None  # not a status record (damaged, or written by something else)
     status["last_checkpoint"] = last_checkpoint(layout)
     status["summaries"] = summary_counts(layout)
     status["rejected"] = rejected_counts(layout, status.get("rejected"))
@@ -97,7 +102,10 @@ def render(status: dict[str, Any], logdir: str) -> str:
                      f"restarts {p.get('restarts', 0)}  ({alive})")
     summ = status.get("summaries")
     if summ:
-        lines.append(f"  summaries: {summ['written']} written, {summ['dropped']} dropped")
+        line = f"  summaries: {summ['written']} written, {summ['dropped']} dropped"
+        if summ.get("nonfinite"):
+            line += f", {summ['nonfinite']} NaN or infinite scalars (kept as logged: check the loss)"
+        lines.append(line)
     refused = {role: r["total"] for role, r in (status.get("rejected") or {}).items() if r and r.get("total")}
     if refused:
         lines.append("  messages refused (malformed or foreign): "

@@ -130,7 +130,7 @@ def test_a_flood_is_bounded_in_memory_cheap_for_the_trainer_and_fully_accounted(
         assert growth < 80, f"{role} grew by {growth:.0f} MiB during the flood"
 
     st = status_json(logdir)
-    assert st["summaries"] == {"written": logged - dropped, "dropped": dropped}
+    assert st["summaries"] == {"written": logged - dropped, "dropped": dropped, "nonfinite": 0}
     human = subprocess.run([sys.executable, "-m", "procsv", "status", logdir], capture_output=True, text=True,
                            env=quiet_env(), timeout=30)
     assert f"summaries: {logged - dropped} written, {dropped} dropped" in human.stdout, human.stdout

@@ -126,10 +126,20 @@ class Layout:
                 fh.write(b"ok")
             os.unlink(probe)
         except OSError as exc:
-            raise UsageError(
-                f"logdir {self.logdir!r} is not writable ({exc.strerror or exc}): "
-                "pass a --logdir you can create and write"
-            ) from None
+            raise UsageError(_create_problem(self.logdir, exc)) from None
+
+
+def _create_problem(logdir: str, exc: OSError) -> str:
+    """One line: why ``logdir`` cannot be used, and what to do."""
+    why = exc.strerror or str(exc)
+    if os.path.lexists(logdir) and not os.path.isdir(logdir):
+        return f"logdir {logdir!r} is a file, not a directory: pass a directory for --logdir"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"logdir {logdir!r} is not writable ({why}): its filesystem is full; free some space or pass " \
+               "another --logdir"
+    if exc.errno == errno.EROFS:
+        return f"logdir {logdir!r} is not writable ({why}): pass a --logdir on a writable filesystem"
+    return f"logdir {logdir!r} is not writable ({why}): pass a --logdir you can create and write"
 
 
 RUNTIME_PREFIX = "procsv-"
@@ -257,7 +267,12 @@ class LogdirLock:
         self.layout = layout
         self._fd: Optional[int] = None
 
-    def acquire(self) -> None:
+    def acquire(self) -> Optional[str]:
+        """Take the lock; return the pid a dead holder left in it (a stale lock taken over), else None.
+
+        A holder that ends normally empties the file (:meth:`release`), so a pid found in a free
+        lock means its launch died without releasing it (SIGKILL, a crash of the machine).
+        """
         fd = os.open(self.layout.lock, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -270,12 +285,18 @@ class LogdirLock:
                     f"stop it with `procsv stop {self.layout.logdir}` or choose another --logdir"
                 ) from None
             raise
+        stale = os.pread(fd, 64, 0).decode(errors="replace").strip() or None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
+        return stale
 
     def release(self) -> None:
         if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, 0)  # an orderly end: nothing stale is left for the next holder
+            except OSError:
+                pass
             os.close(self._fd)
             self._fd = None
 

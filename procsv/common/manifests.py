@@ -91,6 +91,19 @@ def list_committed(layout: Layout) -> list[Manifest]:
     return found
 
 
+def damaged_manifests(layout: Layout) -> list[str]:
+    """Names of manifest files that are not a readable manifest (truncated, edited, not JSON), sorted.
+
+    :func:`list_committed` never lists them; the trainer says so and counts them as corrupt.
+    """
+    try:
+        names = os.listdir(layout.manifests)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if n.endswith(".json") and not n.startswith(".")
+                  and Manifest.from_json(read_json(os.path.join(layout.manifests, n))) is None)
+
+
 def last_checkpoint(layout: Layout) -> Optional[dict[str, Any]]:
     """The newest committed checkpoint as ``{"step", "path"}`` (for status.json), or None."""
     committed = list_committed(layout)

@@ -39,10 +39,12 @@ from typing import Any, Callable, Optional
 from procsv.ipc.messages import (Busy, CheckpointSetup, Progress, SaveData, SaveOverdue, SaveReason, SaveRequest,
                                  SaveResult)
 from procsv.ipc.transport import NoReply
-from procsv.common.errors import CheckpointError, CorruptCheckpoint, MismatchedCheckpoint, UnreadableCheckpoint
+from procsv.common.errors import (CheckpointError, CorruptCheckpoint, MismatchedCheckpoint, NoRestorableCheckpoint,
+                                  UnreadableCheckpoint)
 from procsv.common import env as envvars
 from procsv.common.layout import Layout
-from procsv.common.manifests import Manifest, list_committed, step_of_prefix, unreadable_file, verify
+from procsv.common.manifests import (Manifest, damaged_manifests, list_committed, step_of_prefix, unreadable_file,
+                                     verify)
 from procsv.trainer import restore
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.restore import ReadRetry
@@ -134,6 +136,16 @@ class CheckpointAgent:
         import tensorflow as tf
 
         committed = list_committed(self.layout)
+        damaged = damaged_manifests(self.layout)
+        for name in damaged:
+            print(f"procsv: ignoring damaged manifest {os.path.join(self.layout.manifests, name)} (not a valid "
+                  "manifest: truncated or edited?); its checkpoint is not restored; move the file aside once you "
+                  "have looked at it", file=sys.stderr, flush=True)
+        if damaged and not committed and not self.allow_reinit:
+            raise NoRestorableCheckpoint(
+                f"refusing to start from step 0: the {len(damaged)} checkpoint manifest(s) in "
+                f"{self.layout.manifests} are damaged and no other checkpoint is committed; restore them, or "
+                "launch with --allow-reinit to start from scratch")
 
         def on_corrupt(manifest: Manifest, why: str) -> None:
             print(f"procsv: skipping corrupt checkpoint {manifest.prefix} ({why}); trying an older one",
@@ -142,7 +154,7 @@ class CheckpointAgent:
         choice = restore.choose(committed, self._verify_and_restore, allow_reinit=self.allow_reinit,
                                 retry=self.read_retry, clock=self.clock, sleep=self.sleep, on_corrupt=on_corrupt)
         if choice.restored is None:
-            legacy = tf.train.latest_checkpoint(self.layout.logdir) if not committed else None
+            legacy = tf.train.latest_checkpoint(self.layout.logdir) if not committed and not damaged else None
             if legacy:
                 self._restore(legacy)
             else:

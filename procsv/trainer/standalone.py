@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 
 from procsv.common import spawn
 from procsv.common.layout import Layout, LogdirLock, RuntimeDir
@@ -31,7 +32,10 @@ class OwnServices:
     def start(self) -> Endpoints:
         """Lock the logdir and start both services; return their endpoints."""
         self.layout.create()
-        self._lock.acquire()
+        stale = self._lock.acquire()
+        if stale is not None:
+            print(f"procsv: took over the lock of {self.layout.logdir}: the run that held it (pid {stale}) died "
+                  "without releasing it (SIGKILL?); taking it over", file=sys.stderr, flush=True)
         self.runtime_dir = RuntimeDir.create().path
         for role in SERVICE_ROLES:
             env = spawn.child_env(role=role, attempt=1, logdir=self.layout.logdir, runtime_dir=self.runtime_dir,

@@ -126,6 +126,10 @@ class Supervisor:
         if checkpoint is not None and getattr(checkpoint, "global_step", None) is None:
             checkpoint.global_step = self.global_step
         self.checkpoint = checkpoint
+        if checkpoint is None:
+            print("procsv: warning: Supervisor(checkpoint=None): nothing will be saved, and a restarted trainer "
+                  "starts again from step 0; pass checkpoint=tf.train.Checkpoint(model=..., optimizer=...)",
+                  file=sys.stderr, flush=True)
         self._ckpt: Optional[CheckpointAgent] = None
         if checkpoint is not None:
             self._ckpt = CheckpointAgent(

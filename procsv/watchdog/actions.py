@@ -94,6 +94,13 @@ class GiveUpCheckpoints:
 
 
 @dataclass(frozen=True)
+class StopLogdirLost:
+    """The logdir was deleted, moved or replaced while the run is live: stop in order, and fail."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Finish:
     """A trainer attempt's end decides the run: it ``succeeded`` or was ``stopped``."""
 
@@ -139,4 +146,4 @@ class SkipChaos:
 
 
 Action = Union[Spawn, Signal, Kill, Restart, RespawnService, GiveUpService, GiveUpCheckpoints, Finish, GiveUp,
-               Settle, ArmChaos, SkipChaos]
+               Settle, ArmChaos, SkipChaos, StopLogdirLost]

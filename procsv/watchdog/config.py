@@ -57,11 +57,13 @@ class LaunchConfig:
 
 
 def check_target(target: str, cwd: str) -> None:
-    """Raise UsageError if TARGET is neither an existing .py file nor an importable module."""
+    """Raise UsageError if TARGET is neither an existing .py file nor an importable module, or if
+    its own source does not compile (a syntax error: nothing is started then)."""
     if target.endswith(".py") or os.sep in target:
         path = os.path.join(cwd, target)
         if not os.path.isfile(path):
             raise UsageError(f"training script {target!r} does not exist (looked in {cwd})")
+        _check_syntax(target, path)
         return
     sys.path.insert(0, cwd)
     try:
@@ -73,3 +75,17 @@ def check_target(target: str, cwd: str) -> None:
     if spec is None:
         raise UsageError(f"cannot find training module {target!r} (not importable from {cwd}); "
                          "pass an importable module name or a path to a .py file")
+    if spec.origin and spec.origin.endswith(".py"):
+        _check_syntax(target, spec.origin)
+
+
+def _check_syntax(target: str, path: str) -> None:
+    """UsageError naming the file, line and problem if the source at ``path`` does not compile."""
+    try:
+        with open(path, "rb") as fh:
+            compile(fh.read(), path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise UsageError(f"training module {target!r} has a syntax error: {exc.msg} ({path}, line {exc.lineno}); "
+                         "fix it and launch again") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read training module {target!r} ({path}): {exc}") from None

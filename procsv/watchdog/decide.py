@@ -14,7 +14,7 @@ Rules, in the order they are considered:
    judged by the restart policy (:func:`procsv.watchdog.policy.decide`): finish, stopped,
    restart (at once after progress or a preemption, else with backoff), or give up -- at once if
    it failed before its first step with an error a restart cannot cure (``permanent_errors``:
-   a usage error, no restorable checkpoint, a checkpoint of another model). A death
+   a usage error, no restorable checkpoint, a checkpoint of another model, a syntax error). A death
    notice alone only ever restarts (any other verdict waits for the exit status, so that it is
    reported exactly). A service that dies is restarted at once, unless it died more than
    ``service_restart_limit`` times within ``service_restart_window`` seconds: then the run stops
@@ -41,6 +41,10 @@ Rules, in the order they are considered:
    permission): training would go on burning compute that cannot be kept, so the run is stopped
    in order (the trainer still tries its emergency checkpoint) and fails with exit code 3.
    ``--on-checkpoint-failure continue`` (a limit of 0) trains on.
+9. **Lost logdir.** The logdir was deleted, moved away or replaced while the run is live
+   (``view.logdir_lost``, from filesystem events and a check every round): nothing the run
+   writes from now on would land where the user looks, so the run is stopped in order and fails
+   (exit 1). Considered first, like rule 8; not while a stop is already under way.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from typing import Optional
 
 from procsv.common.bootstrap import EXIT_PREEMPTED
 from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
-                                     RespawnService, Restart, Settle, Signal, SkipChaos, Spawn)
+                                     RespawnService, Restart, Settle, Signal, SkipChaos, Spawn, StopLogdirLost)
 from procsv.watchdog.chaos import ChaosPlan
 from procsv.watchdog.hang import HangLimits, hang_reason
 from procsv.watchdog.lifecycle import ProcState, RunState, transition
@@ -62,6 +66,7 @@ from procsv.watchdog.state import CHECKPOINT, TRAINER, ChildView, RunView, Zygot
 
 
 EXIT_CHECKPOINTS_FAILING = 3  # the launch's exit code when checkpoints kept failing (rule 8)
+EXIT_LOGDIR_LOST = 1  # the launch's exit code when the logdir was deleted or moved (rule 9)
 
 
 @dataclass(frozen=True)
@@ -81,12 +86,15 @@ class Limits:
     checkpoint_failure_limit: int = 3  # consecutive failed commits that stop the run (0: never)
     # a trainer that fails before its first step with one of these (the type named in its error
     # file) cannot start this way however often it is restarted: give up at once
-    permanent_errors: frozenset[str] = frozenset({"UsageError", "NoRestorableCheckpoint", "MismatchedCheckpoint"})
+    permanent_errors: frozenset[str] = frozenset({"UsageError", "NoRestorableCheckpoint", "MismatchedCheckpoint",
+                                                  "SyntaxError", "IndentationError", "TabError"})
     chaos: Optional[ChaosPlan] = None
 
 
 def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Action]:
     """What to do now, given what has been observed. Pure: the view is not changed."""
+    if view.logdir_lost is not None and view.stop_signal is None and not view.finishing:
+        return [StopLogdirLost(view.logdir_lost)]  # rule 9 comes first: an exit it causes is a stop
     if 0 < limits.checkpoint_failure_limit <= view.failed_saves and view.stop_signal is None \
             and not view.finishing:
         return [GiveUpCheckpoints(view.failed_saves)]  # rule 8 comes first: an exit it causes is a stop
@@ -126,7 +134,7 @@ def _judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: fl
     ex = TrainerExit(code, child.first_step_at is not None, child.made_progress, view.stop_signal is not None)
     verdict = restart_verdict(limits.restart, view.history, ex, draw)
     if not child.reaped:
-        if verdict.action != Verdict.RESTART:
+        if verdict.action != Verdict.RESTART or _hopeless(child, child.noticed_error, limits):
             return []  # stopping or giving up: wait for the exit status to tell the whole story
         return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, early=True)]
     if verdict.action == Verdict.FINISH:
@@ -137,10 +145,15 @@ def _judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: fl
     if verdict.action == Verdict.GIVE_UP:
         return [GiveUp(child.slot, child.attempt, verdict.reason, verdict.history)]
     error = child.failure.error if child.failure is not None else None
-    if error is not None and child.first_step_at is None and error.type in limits.permanent_errors:
+    if error is not None and _hopeless(child, error.type, limits):
         return [GiveUp(child.slot, child.attempt, f"the trainer cannot start: {error.type} (a restart would fail "
                        "the same way)", verdict.history)]
     return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, preempted=code == EXIT_PREEMPTED)]
+
+
+def _hopeless(child: ChildView, error_type: str, limits: Limits) -> bool:
+    """A trainer that failed before its first step with an error a restart cannot cure."""
+    return child.first_step_at is None and error_type in limits.permanent_errors
 
 
 def _stop(view: RunView, now: float) -> list[Action]:
@@ -265,6 +278,12 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         return
     if isinstance(action, SkipChaos):
         view.chaos_at = None
+        return
+    if isinstance(action, StopLogdirLost):
+        view.failed = True
+        view.exit_code = view.exit_code or EXIT_LOGDIR_LOST
+        view.last_error = f"the logdir was lost while the run was live: {action.reason}"
+        request_stop(view, signal.SIGTERM, now, limits.stop_grace_secs)
         return
     if isinstance(action, GiveUpCheckpoints):
         view.failed = True

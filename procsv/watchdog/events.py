@@ -28,6 +28,7 @@ restarted              attempt (the one being started)
 gave_up                reason, error
 finished               state, exit_code, step
 orphans_killed         pids (processes of the run whose parent died, adopted and killed)
+logdir_lost            path, reason (the logdir was deleted, moved or replaced: the run stops)
 =====================  ==========================================================================
 """
 
@@ -60,6 +61,7 @@ class Event(str, enum.Enum):
     GAVE_UP = "gave_up"
     FINISHED = "finished"
     ORPHANS_KILLED = "orphans_killed"
+    LOGDIR_LOST = "logdir_lost"
 
 
 _RESTORE = frozenset({"pid", "step", "path", "secs", "skipped"})
@@ -85,6 +87,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.GAVE_UP: frozenset({"reason", "error"}),
     Event.FINISHED: frozenset({"state", "exit_code", "step"}),
     Event.ORPHANS_KILLED: frozenset({"pids"}),
+    Event.LOGDIR_LOST: frozenset({"path", "reason"}),
 }
 
 

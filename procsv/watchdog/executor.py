@@ -21,7 +21,7 @@ from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
 from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
-                                     RespawnService, Restart, Signal, SkipChaos, Spawn)
+                                     RespawnService, Restart, Signal, SkipChaos, Spawn, StopLogdirLost)
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.decide import Limits, find, note
 from procsv.watchdog.events import Event
@@ -86,6 +86,14 @@ class Executor:
         if isinstance(action, SkipChaos):
             note(self.view, action, now, self.limits)
             return
+        if isinstance(action, StopLogdirLost):
+            note(self.view, action, now, self.limits)
+            self.report([Report(Event.LOGDIR_LOST, {"path": self.layout.logdir, "reason": action.reason},
+                                say=f"procsv: the logdir {self.layout.logdir} was lost while the run was live "
+                                    f"({action.reason}); stopping the run in order, nothing more is written there; "
+                                    "if you moved it, launch again with --logdir at its new place to resume",
+                                err=True)])
+            return
         if isinstance(action, GiveUpCheckpoints):
             note(self.view, action, now, self.limits)
             self.report([Report(Event.GAVE_UP, {"reason": "checkpoints keep failing", "error": self.view.last_error},
@@ -127,6 +135,11 @@ class Executor:
                 line = (f"procsv: trainer finished at step {self.view.step}" if action.run == RunState.SUCCEEDED
                         else f"procsv: trainer stopped at step {self.view.step} ({describe(code)})")
                 reports.append(Report(say=line))
+                if action.run == RunState.SUCCEEDED and not any(a.ready_at is not None for a in self.view.attempts):
+                    reports.append(Report(say=f"procsv: warning: {self.cfg.target} exited with code 0 without ever "
+                                              "entering a procsv.Supervisor's managed_session(): nothing was "
+                                              "supervised (no checkpoint, no summaries); train inside "
+                                              "`with sv.managed_session() as sess:`", err=True))
             reports.append(Report(Event.FINISHED, {"state": self.view.run.value, "exit_code": self.view.exit_code,
                                                    "step": self.view.step}))
         self.report(reports)

@@ -45,6 +45,7 @@ from procsv.watchdog.decide import decide
 from procsv.watchdog.events import Event, EventLog
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.failures import Failure, read_child_error
+from procsv.watchdog.logdirwatch import LogdirWatch, identity, lost_reason
 from procsv.watchdog.observe import Report
 from procsv.watchdog.prewarm import ForkedProcess, zygote_env
 from procsv.watchdog.state import SERVICE_ROLES, TRAINER, RunView, ZygoteState
@@ -88,12 +89,17 @@ class Watchdog:
         self._awaiting_status: dict[tuple[str, int], tuple[ChildProcess, float]] = {}  # forked, exited, no status yet
         self.orphans: Optional[Orphans] = None
         self._next_sweep = 0.0
+        self.logdir_watch = LogdirWatch(self.layout.logdir)
+        self._logdir_id: Optional[tuple[int, int]] = None
 
     # ------------------------------------------------------------------ main
     def run(self) -> int:
         check_target(self.cfg.target, self.cfg.cwd)
         self.layout.create()
-        self.lock.acquire()
+        stale = self.lock.acquire()
+        if stale is not None:
+            self.say(f"procsv: took over the lock of {self.layout.logdir}: the launch that held it (pid {stale}) "
+                     "died without releasing it (SIGKILL?); taking it over", err=True)
         try:
             return self._run_locked()
         finally:
@@ -102,6 +108,8 @@ class Watchdog:
     def _run_locked(self) -> int:
         self.events = EventLog(self.layout.lifecycle, self.wall, complain=lambda text: self.say(text, err=True))
         self.orphans = Orphans()
+        self._logdir_id = identity(self.layout.logdir)
+        self.logdir_watch.start()
         runtime_dir = RuntimeDir.create().path  # mode 0700: sockets only we can reach
         zctx = zmq.Context()
         self.pull = make_socket(zctx, zmq.PULL)
@@ -115,6 +123,7 @@ class Watchdog:
         old = {s: signal.signal(s, lambda signum, frame: None) for s in (signal.SIGTERM, signal.SIGINT)}
         self.poller.register(wake_r.fileno(), zmq.POLLIN)
         self.poller.register(self._notice_r, zmq.POLLIN)
+        self.poller.register(self.logdir_watch.fd, zmq.POLLIN)
         ex = self.ex = Executor(self.cfg, self.layout, runtime_dir, self.view, self.limits, self.record, self.clock,
                                 self._register, self._post_notice)
         self.record([Report(Event.LAUNCH, {"target": self.cfg.target, "args": self.cfg.args, "pid": os.getpid()},
@@ -138,6 +147,9 @@ class Watchdog:
                             self._on_zygote()
                         elif sock == self._notice_r:
                             self._drain_notices()
+                        elif sock == self.logdir_watch.fd:
+                            self.logdir_watch.drain()
+                            self._check_logdir()
                         elif sock in self._by_fd:
                             self._on_exit(self._by_fd[sock])
                         else:
@@ -147,6 +159,7 @@ class Watchdog:
                     self._internal_error(exc)
         finally:
             ex.close()
+            self.logdir_watch.close()
             self._sweep(final=True)
             signal.set_wakeup_fd(old_wakeup)
             for s, h in old.items():
@@ -156,7 +169,10 @@ class Watchdog:
             self.pull.close(0)
             zctx.term()
             shutil.rmtree(runtime_dir, ignore_errors=True)
-            self.status.maybe_write(self._status, force=True)
+            if self.view.logdir_lost is None:  # never write into a logdir that is gone or moved
+                self.status.maybe_write(self._status, force=True)
+            else:
+                self._final_status_where_it_went()
             self._final_report()
             self.events.close()
             self.term.close()
@@ -194,7 +210,9 @@ class Watchdog:
             self._echo(trainer)
         if self.clock() >= self._next_sweep:
             self._sweep()
-        self.status.maybe_write(self._status)
+        self._check_logdir()  # one stat a round: before any write of status.json into a lost logdir
+        if self.view.logdir_lost is None:
+            self.status.maybe_write(self._status)
 
     # ------------------------------------------------------------------ observations
     def _register(self, handle: ChildProcess) -> None:
@@ -209,6 +227,8 @@ class Watchdog:
                 continue
             self.record(observe.heard(self.view, got.msg, self.clock()))
             self.status.dirty = True
+            if isinstance(got.msg, SaveResult) and not got.msg.ok:
+                self._check_logdir()  # a save that fails may be the first sign of a lost logdir
 
     def _drain_wakeups(self, wake_r: socket.socket) -> None:
         try:
@@ -236,7 +256,9 @@ class Watchdog:
         while not self._notices.empty():
             handle, died, at, wall = self._notices.get()
             if died and handle.pidfd >= 0:
-                self.record(observe.death_noticed(self.view, handle.slot, handle.attempt, at, wall))
+                err = read_child_error(self.layout.error_file(handle.role, handle.attempt), handle.pid)
+                self.record(observe.death_noticed(self.view, handle.slot, handle.attempt, at, wall,
+                                                  err.type if err is not None else ""))
                 self.status.dirty = True
 
     def _on_exit(self, handle: ChildProcess) -> None:
@@ -292,6 +314,31 @@ class Watchdog:
             self.record(observe.zygote_changed(self.view, ZygoteState.READY, z.pid, z.import_secs or 0.0))
         self.ex.poll_fork()  # a trainer it was asked for: answered, or to be started fresh now
 
+    def _final_status_where_it_went(self) -> None:
+        """A logdir moved while live (an event named where, and it is still the same directory) gets
+        its final status record there, so that ``procsv status NEWDIR`` tells how the run ended."""
+        dest = self.logdir_watch.moved_to
+        if dest is None or self._logdir_id is None or identity(dest) != self._logdir_id or self.ex is None:
+            return
+        moved = Layout(dest)
+        z = self.ex.zygote
+        record = status_record(self.view, self.cfg, moved, self.clock(), self.wall(), self.started_wall,
+                               None if z is None else {"pid": z.pid, "ready": z.ready})
+        try:
+            write_json(moved.status, record)
+        except OSError:
+            pass
+
+    def _check_logdir(self) -> None:
+        """Is the logdir still the directory the run started in? (after a filesystem event about it,
+        a failed checkpoint, and every round). What an event said (where it was moved) comes first."""
+        if self._logdir_id is None or self.view.logdir_lost is not None:
+            return
+        reason = self.logdir_watch.seen or lost_reason(self.layout.logdir, self._logdir_id)
+        if reason is not None:
+            self.record(observe.logdir_lost(self.view, reason))
+            self.status.dirty = True
+
     def _sweep(self, final: bool = False) -> None:
         """Kill and reap processes of the run whose parent died (see :class:`Orphans`)."""
         if self.orphans is None or self.ex is None:
@@ -333,7 +380,8 @@ class Watchdog:
     def _final_report(self) -> None:
         summary = report.summarize([a.record() for a in self.view.attempts], self.view.launch_start, self.clock())
         try:
-            write_json(self.layout.report, summary)
+            if self.view.logdir_lost is None:
+                write_json(self.layout.report, summary)
         except OSError:
             pass
         if summary["restarts"] or self.limits.chaos is not None:

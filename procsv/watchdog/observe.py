@@ -119,8 +119,9 @@ def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
             view.failed_saves += 1
         if not view.failed:  # once the run is failing, its root cause stays the last error
             view.last_error = f"checkpoint at step {msg.step} failed: {msg.error}"
+        quiet = view.logdir_lost is not None  # of course it failed: the root cause was said already
         return [Report(Event.CHECKPOINT_FAILED, {"step": msg.step, "error": msg.error},
-                       say=f"procsv: checkpoint at step {msg.step} failed: {msg.error}")]
+                       say="" if quiet else f"procsv: checkpoint at step {msg.step} failed: {msg.error}")]
     view.step = max(view.step, msg.step)
     view.commit_clock, view.commit_step = now, max(view.commit_step, msg.step)
     view.failed_saves = 0
@@ -141,13 +142,19 @@ def _overdue(view: RunView, msg: SaveOverdue) -> list[Report]:
     return []
 
 
-def death_noticed(view: RunView, slot: str, attempt: int, at: float, wall: float) -> list[Report]:
-    """The trainer's death notice (its mutex's owner died): an unclean death, before the reap."""
+def death_noticed(view: RunView, slot: str, attempt: int, at: float, wall: float,
+                  error_type: str = "") -> list[Report]:
+    """The trainer's death notice (its mutex's owner died): an unclean death, before the reap.
+
+    ``error_type``: the exception its error file names, if it wrote one (a restart cannot cure
+    some: the decision then waits for the exit status instead of restarting at once).
+    """
     child = find(view, slot, attempt)
     if child is None or child.reaped or child.noticed_dead_at is not None:
         return []
     child.noticed_dead_at = at
     child.noticed_wall = wall
+    child.noticed_error = error_type
     child.ended_at = at
     return [Report(Event.DEATH_NOTICED, {"role": child.role, "attempt": attempt, "pid": child.pid, "noticed": wall})]
 
@@ -168,6 +175,16 @@ def reaped(view: RunView, slot: str, attempt: int, failure: Failure, now: float)
         view.last_error = child.headline()
         out.append(Report(say=f"procsv: {view.last_error}; restarted (restart {view.history.restarts})", err=True))
     return out
+
+
+def logdir_lost(view: RunView, reason: str) -> list[Report]:
+    """The logdir is no longer the directory the run started in (deleted, moved away, replaced).
+
+    Only the first reason is kept; decision rule 9 stops the run, and its action says so.
+    """
+    if view.logdir_lost is None:
+        view.logdir_lost = reason
+    return []
 
 
 def stop_requested(view: RunView, signum: int, now: float, grace: float) -> list[Report]:

@@ -70,6 +70,7 @@ class ChildView:
     # its end
     noticed_dead_at: Optional[float] = None  # its death notice (robust mutex "owner died")
     noticed_wall: Optional[float] = None  # the same moment on the wall clock, for the lifecycle log
+    noticed_error: str = ""  # the exception type its error file named when its death was noticed
     ended_at: Optional[float] = None
     exit_code: Optional[int] = None  # set when reaped: >= 0 exit status, < 0 killed by signal -code
     failure: Optional[Failure] = None
@@ -134,6 +135,7 @@ class RunView:
     commit_clock: Optional[float] = None  # the last commit (or stall kill): checkpoint stalls count from here
     commit_step: int = -1  # the step of the last commit seen
     failed_saves: int = 0  # consecutive checkpoints that failed to commit (lost snapshots not counted)
+    logdir_lost: Optional[str] = None  # why the logdir is no longer there (deleted, moved, replaced)
     chaos_at: Optional[float] = None  # the next chaos kill
     chaos_armed_for: Optional[tuple[str, int]] = None  # (slot, attempt) the current schedule targets
     chaos_next_delay: float = 0.0  # drawn from the plan's seeded generator by the executor

@@ -96,7 +96,13 @@ class CheckpointStore:
         fsync_dir(self.layout.manifests)
         fsync_dir(self.layout.logdir)
         self.last_preserved = _last_preserved(self.layout.state_file) or self.last_preserved
-        self._write_state(list_committed(self.layout))
+        committed = list_committed(self.layout)
+        named = _named_latest(self.layout.state_file)
+        newest = committed[-1].prefix if committed else None
+        if named is not None and os.path.basename(named) != newest:
+            notes.append(f"the checkpoint state file named {named!r}, which is not the newest committed checkpoint "
+                         f"(edited by hand?); rewrote it from the manifests: latest is {newest or 'none'}")
+        self._write_state(committed)
         return notes
 
     def commit(
@@ -273,5 +279,17 @@ def _last_preserved(state_file: str) -> Optional[float]:
                 if line.startswith("last_preserved_timestamp:"):
                     return float(line.split(":", 1)[1])
     except (OSError, ValueError):
+        return None
+    return None
+
+
+def _named_latest(state_file: str) -> Optional[str]:
+    """The ``model_checkpoint_path`` an existing state file names, or None (no file, or none named)."""
+    try:
+        with open(state_file, errors="replace") as fh:
+            for line in fh:
+                if line.startswith("model_checkpoint_path:"):
+                    return line.split(":", 1)[1].strip().strip('"')
+    except OSError:
         return None
     return None

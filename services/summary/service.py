@@ -13,7 +13,7 @@ of this process. A restarted service knows no connection until a trainer sends a
 trainer sends a batch at least every second, and the ack to it asks for the restatement. What is
 written is fsynced every :data:`FSYNC_SECS`, at each checkpoint, at STOP and at exit. Which
 batches may be written, and when ``global_step/sec`` is, follows
-:mod:`procsv.services.summary.sessions`. Counters (values written, dropped) go to
+:mod:`procsv.services.summary.sessions`. Counters (values written, dropped, NaN or infinite scalars written) go to
 ``<logdir>/.procsv/summary_stats.json`` for ``procsv status`` (written first right after start:
 its ``pid`` says this process is up). A message that is malformed, of another schema version, of
 a kind this service does not take or with frames its header does not announce is refused by the
@@ -48,6 +48,7 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
+import numpy as np
 import zmq
 from tensorboard.compat.proto import summary_pb2
 
@@ -99,7 +100,9 @@ class SummaryService:
         self.written_before = int(old.get("written", 0) or 0)
         self.by_session: dict[str, int] = dict(old.get("by_session") or {})  # trainer-side drops, cumulative
         self.service_dropped = int(old.get("service_dropped", 0) or 0)  # malformed items and batches
+        self.nonfinite_before = int(old.get("nonfinite", 0) or 0)
         self.written = 0
+        self.nonfinite = 0  # scalars written whose value is NaN or infinite (kept as they are, and counted)
         self.drops_written: tuple[int, int] = (0, -1)  # (total, step) of the last dropped-count summary
         self.drops_pending: Optional[tuple[int, int]] = None  # (step, total) to write once that step is over
         self.rejections = Rejections("procsv summary", os.path.relpath(self.stats_path, ctx.layout.logdir), self._say)
@@ -203,6 +206,7 @@ class SummaryService:
             cols = cols.below(below)
         out.append(self.encoder.records(cols.tags, cols.index, cols.steps, cols.values, cols.walls))
         self.written += len(cols)
+        self.nonfinite += int(len(cols) - np.isfinite(cols.values).sum())
         for ref, frame in zip(msg.protos, payload[:n_protos]):
             self._proto(ref, frame, below, out)
         for item, frame in zip(msg.items, payload[n_protos + n_cols:]):
@@ -291,6 +295,7 @@ class SummaryService:
             "pid": os.getpid(),
             "written": self.written_before + self.written,
             "dropped": self.dropped(),
+            "nonfinite": self.nonfinite_before + self.nonfinite,
             "by_session": self.by_session,
             "service_dropped": self.service_dropped,
             "rejected": self.rejections.record(),

@@ -26,6 +26,7 @@ ITEMS_MAX = 64  # histograms/images/text/protos per message
 FLUSH_EVERY = 0.1  # seconds: a partial batch is sent at least this often (at a step boundary)
 BUFFER_MAX = 100_000  # rows kept while the summary service is slow; older ones are dropped
 ITEM_BYTES_MAX = 64 << 20  # bytes of histogram/image/text/proto payloads kept, likewise
+SUMMARY_BYTES_MAX = 16 << 20  # one histogram/image/text/proto larger than this is refused at the call
 
 Proto = tuple[int, float, bytes]  # step, wall time, serialized Summary
 Item = tuple[SummaryItem, bytes]  # a histogram/image/text and its frame
@@ -113,6 +114,7 @@ class SummaryBuffer:
         else:
             raise TypeError(f"summary must be a Summary proto, its bytes, or a mapping of tags to scalars, "
                             f"got {type(summary).__name__}")
+        _check_size("Summary proto", "", len(data))
         with self._lock:
             self._protos.append((step, wall, data))
             self._payload_bytes += len(data)
@@ -138,7 +140,8 @@ class SummaryBuffer:
                   json.dumps(strings).encode())
 
     def item(self, item: SummaryItem, data: bytes) -> None:
-        """Keep one validated histogram/image/text item and its frame."""
+        """Keep one validated histogram/image/text item and its frame (ValueError if it is too large)."""
+        _check_size(item.kind.value, item.tag, len(data))
         with self._lock:
             self._items.append((item, data))
             self._payload_bytes += len(data)
@@ -222,3 +225,11 @@ class SummaryBuffer:
                 self._dropped += over
                 self.dropped_total += over
             self._trim_payloads()
+
+
+def _check_size(what: str, tag: str, size: int) -> None:
+    """ValueError at the call for one summary larger than :data:`SUMMARY_BYTES_MAX`."""
+    if size > SUMMARY_BYTES_MAX:
+        name = f"{what} {tag!r}" if tag else what
+        raise ValueError(f"{name}: {size / (1 << 20):.1f} MiB is more than the {SUMMARY_BYTES_MAX >> 20} MiB one "
+                         "summary may take; log it smaller (downscale the image, fewer outputs or values)")
