@@ -262,3 +262,21 @@ def test_the_monitored_training_session_example_survives_a_sigkill_and_restores_
     step = tf.Variable(0, dtype=tf.int64)
     tf.train.Checkpoint(model=model, optimizer=optimizer, global_step=step).restore(latest).assert_consumed()
     assert int(step.numpy()) == 400
+
+
+def test_sigterm_to_the_launch_commits_the_last_step_through_the_checkpoint_saver_hook(logdir):
+    from conftest import PROGRAMS, raw_status
+
+    proc = launch(logdir, "--last-step", "100000", "--step-delay", "0.005", "--save-steps", "100000",
+                  target=f"{PROGRAMS}/monitored_train.py")
+    try:
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 20, 90, what="training to start")
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    st = status_json(logdir)
+    assert st["state"] == "stopped" and st["step"] > 20
+    assert committed_steps(logdir) == [0, st["step"]]  # at session creation, as TF; then the emergency one
+    reasons = [e["reason"] for e in lifecycle(logdir) if e["event"] == "checkpoint_committed"]
+    assert reasons[-1] == "preempted"
