@@ -141,6 +141,29 @@ def test_an_error_in_the_block_skips_end_and_is_re_raised_out_of_range_is_a_clea
     assert calls[-1] == "end" and committed_steps(logdir) == [1]
 
 
+def test_an_error_recorded_by_another_thread_skips_end_and_the_checkpoint_and_is_re_raised(logdir):
+    import threading
+
+    import tensorflow as tf
+
+    from procsv import TrainingStopped, train
+
+    w = _state["w"] = tf.Variable(0.0)
+    calls = []
+    with pytest.raises(KeyError, match="from a thread"):
+        with train.MonitoredSession(train.ChiefSessionCreator(train.Scaffold(checkpoint={"w": w}),
+                                                              checkpoint_dir=logdir), hooks=[_recorder(calls)]) as sess:
+            sess.run(lambda: w.assign_add(1.0))
+            t = threading.Thread(target=lambda: sess.supervisor.request_stop(KeyError("from a thread")))
+            t.start()
+            t.join()
+            assert sess.should_stop()
+            with pytest.raises(TrainingStopped):
+                sess.run(lambda: w.assign_add(1.0))
+            sess.run(lambda: w.assign_add(1.0))  # TrainingStopped again: a clean end of the block, as a loop would
+    assert "end" not in calls and committed_steps(logdir) == [] and w.numpy() == 1.0
+
+
 def test_run_step_fn_request_stop_raises_stop_iteration_and_the_block_ends_cleanly(logdir):
     import tensorflow as tf
 

@@ -465,7 +465,7 @@ class ProfilerHook(SessionRunHook):
             try:
                 tf.profiler.experimental.start(self._output_dir)
                 self._tracing = True
-            except Exception as exc:  # another profiler session is running
+            except tf.errors.OpError as exc:  # another profiler session is running
                 api.warn_once("profiler", f"ProfilerHook: could not start a trace ({exc}); skipping")
         return None
 

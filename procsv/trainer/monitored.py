@@ -210,11 +210,13 @@ class _MonitoredSession:
         return clean
 
     def _close_internal(self, exc: Optional[BaseException]) -> None:
+        """``exc``: what the block raised (None: a clean exit). A failure recorded elsewhere (a
+        checkpoint failure, a thread's error) also skips ``end()`` and is raised after the stop."""
         if self._closed:
             return
         self._closed = True
         sv = self._sv
-        if exc is None:
+        if exc is None and sv.coord.exception is None:
             try:
                 for h in self._hooks:
                     h.end(self._raw)
@@ -222,7 +224,7 @@ class _MonitoredSession:
                 sv.request_stop(err)
                 sv.stop()
                 raise
-        else:
+        elif exc is not None:
             sv.request_stop(exc)
         sv.stop()
         if sv.coord.exception is not None and sv.coord.exception is not exc:
