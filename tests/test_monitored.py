@@ -242,6 +242,40 @@ def test_worker_sessions_are_not_supported_yet_and_say_so(logdir):
         train.MonitoredTrainingSession(is_chief=False, checkpoint_dir=logdir)
 
 
+def test_monitored_training_session_defaults_follow_tensorflows_use_default_rules():
+    from procsv.trainer.monitored import USE_DEFAULT as D
+    from procsv.trainer.monitored import save_intervals
+
+    assert save_intervals(D, D, D, D) == (600, None, 100, None)
+    assert save_intervals(D, 50, D, 30) == (None, 50, None, 30)
+    assert save_intervals(60, D, 10, D) == (60, None, 10, None)
+    assert save_intervals(None, D, None, D) == (None, None, None, None)  # None turns it off
+
+
+def test_monitored_training_session_builds_tensorflows_hooks_in_order_and_saves_through_the_services(logdir):
+    import tensorflow as tf
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    from procsv import train
+
+    w = tf.Variable(0.0)
+    first, last = train.SessionRunHook(), train.SessionRunHook()
+    sess = train.MonitoredTrainingSession(checkpoint_dir=logdir, checkpoint={"w": w}, chief_only_hooks=[first],
+                                          hooks=[last], save_checkpoint_steps=3, save_summaries_steps=2,
+                                          log_step_count_steps=2, scaffold=train.Scaffold(summary_op={"w": w}))
+    assert [type(h).__name__ for h in sess._hooks] == ["SessionRunHook", "StepCounterHook", "SummarySaverHook",
+                                                        "CheckpointSaverHook", "SessionRunHook"]
+    assert sess._hooks[0] is first and sess._hooks[-1] is last
+    assert sess.supervisor.save_checkpoint_steps == 3 and sess.supervisor.save_model_secs is None
+    with sess:
+        for _ in range(4):
+            sess.run(lambda: w.assign_add(1.0))
+    assert committed_steps(logdir)[0] == 0 and committed_steps(logdir)[-1] == 4
+    acc = ea.EventAccumulator(logdir, size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("w")] == [1, 3] and [e.step for e in acc.Scalars("global_step/sec")] == [2, 4]
+
+
 # ------------------------------------------------------------------ real launches
 def test_stop_at_step_num_steps_is_exact_after_a_sigkill_of_the_trainer(logdir):
     from conftest import PROGRAMS

@@ -262,6 +262,26 @@ class SingularMonitoredSession(_MonitoredSession):
         return self._raw
 
 
+def save_intervals(save_checkpoint_secs: Any, save_checkpoint_steps: Any, save_summaries_steps: Any,
+                   save_summaries_secs: Any) -> tuple[Any, Any, Any, Any]:
+    """MonitoredTrainingSession's ``USE_DEFAULT`` rules, as TF: checkpoints every 600 s unless steps
+    are given, summaries every 100 steps unless seconds are given; an explicit value (None
+    included) wins and the other becomes None. Returns (ckpt secs, ckpt steps, summary steps, summary secs)."""
+    if save_summaries_steps is USE_DEFAULT and save_summaries_secs is USE_DEFAULT:
+        save_summaries_steps, save_summaries_secs = 100, None
+    elif save_summaries_secs is USE_DEFAULT:
+        save_summaries_secs = None
+    elif save_summaries_steps is USE_DEFAULT:
+        save_summaries_steps = None
+    if save_checkpoint_steps is USE_DEFAULT and save_checkpoint_secs is USE_DEFAULT:
+        save_checkpoint_steps, save_checkpoint_secs = None, 600
+    elif save_checkpoint_secs is USE_DEFAULT:
+        save_checkpoint_secs = None
+    elif save_checkpoint_steps is USE_DEFAULT:
+        save_checkpoint_steps = None
+    return save_checkpoint_secs, save_checkpoint_steps, save_summaries_steps, save_summaries_secs
+
+
 def MonitoredTrainingSession(master: str = "", is_chief: bool = True, checkpoint_dir: Optional[str] = None,
                              scaffold: Optional[Scaffold] = None,
                              hooks: Optional[Sequence[api.SessionRunHook]] = None,
@@ -284,18 +304,8 @@ def MonitoredTrainingSession(master: str = "", is_chief: bool = True, checkpoint
     """
     from procsv.trainer import basic_hooks as bh
 
-    if save_summaries_steps is USE_DEFAULT and save_summaries_secs is USE_DEFAULT:
-        save_summaries_steps, save_summaries_secs = 100, None
-    elif save_summaries_secs is USE_DEFAULT:
-        save_summaries_secs = None
-    elif save_summaries_steps is USE_DEFAULT:
-        save_summaries_steps = None
-    if save_checkpoint_steps is USE_DEFAULT and save_checkpoint_secs is USE_DEFAULT:
-        save_checkpoint_steps, save_checkpoint_secs = None, 600
-    elif save_checkpoint_secs is USE_DEFAULT:
-        save_checkpoint_secs = None
-    elif save_checkpoint_steps is USE_DEFAULT:
-        save_checkpoint_steps = None
+    save_checkpoint_secs, save_checkpoint_steps, save_summaries_steps, save_summaries_secs = save_intervals(
+        save_checkpoint_secs, save_checkpoint_steps, save_summaries_steps, save_summaries_secs)
     if checkpoint is not None:
         scaffold = Scaffold(copy_from_scaffold=scaffold, checkpoint=checkpoint) if scaffold else Scaffold(
             checkpoint=checkpoint)
