@@ -296,11 +296,12 @@ def test_stop_at_step_num_steps_is_exact_after_a_sigkill_of_the_trainer(logdir):
     assert [e["step"] for e in lifecycle(logdir) if e["event"] == "finished"] == [150]
 
 
-def test_the_monitored_training_session_example_survives_a_sigkill_and_restores_with_plain_tf(logdir):
+@pytest.mark.parametrize("mode", ["training", "session", "step_fn"])
+def test_the_monitored_session_examples_survive_a_sigkill_and_restore_with_plain_tf(logdir, mode):
     import keras
     import tensorflow as tf
 
-    proc = launch(logdir, "--steps", "400", "--save-checkpoint-steps", "50", "--step-delay", "0.01",
+    proc = launch(logdir, "--mode", mode, "--steps", "400", "--save-checkpoint-steps", "50", "--step-delay", "0.01",
                   target="procsv.examples.monitored")
     try:
         wait_for(lambda: [s for s in committed_steps(logdir) if s > 0], 120, what="a committed checkpoint")
