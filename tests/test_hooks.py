@@ -283,3 +283,47 @@ def test_logging_final_ops_feed_fn_waiter_and_profiler_hooks(logdir, caplog):
     assert any("GlobalStepWaiterHook" in line for line in lines)
     assert profiler.traced_steps == [2, 5]  # not the first run, as TF; then every 3 steps
     assert os.listdir(os.path.join(logdir, "plugins", "profile"))
+
+
+# ------------------------------------------------------------------ fast, on a fake Supervisor (no services)
+def test_summaries_by_seconds_and_the_step_rate_read_the_supervisors_clock():
+    from fake_session import FakeCreator
+
+    from procsv import train
+
+    creator = FakeCreator(secs_per_step=1.0)  # each step takes one second of the fake clock
+    hooks = [train.SummarySaverHook(save_secs=3, summary_op=lambda: {"loss": 0.5}),
+             train.StepCounterHook(every_n_steps=None, every_n_secs=2)]
+    with train.MonitoredSession(creator, hooks) as sess:
+        for _ in range(8):
+            sess.run(lambda: None)
+    sv = creator.supervisor
+    assert [s for tag, _, s in sv.scalars if tag == "loss"] == [1, 4, 7]  # the first step, then every 3 s
+    assert [(v, s) for tag, v, s in sv.scalars if tag == "global_step/sec"] == [(1.0, 2), (1.0, 4), (1.0, 6),
+                                                                                (1.0, 8)]
+    assert sv.stopped
+
+
+def test_logging_by_seconds_and_at_end_only():
+    from fake_session import FakeCreator
+
+    from procsv import train
+
+    lines = []
+    every = train.LoggingTensorHook({"step": train.get_or_create_global_step()}, every_n_secs=2.5,
+                                    formatter=lambda v: f"step={v['step']}")
+    at_end = train.LoggingTensorHook({"step": train.get_or_create_global_step()}, at_end=True,
+                                     formatter=lambda v: f"end={v['step']}")
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    api.logger.addHandler(handler)
+    api.logger.setLevel(logging.INFO)
+    try:
+        with train.MonitoredSession(FakeCreator(secs_per_step=1.0), [every, at_end]) as sess:
+            for _ in range(6):
+                sess.run(lambda: None)
+    finally:
+        api.logger.removeHandler(handler)
+    # run 1 triggers (the first); the trigger is recorded when the line is logged, after the step
+    # (t=1001, as TF), so the next is the first run starting >= 2.5 s after that: run 5 (t=1004)
+    assert lines == ["step=1", "step=5", "end=6"]

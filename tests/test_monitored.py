@@ -276,6 +276,29 @@ def test_monitored_training_session_builds_tensorflows_hooks_in_order_and_saves_
     assert [e.step for e in acc.Scalars("w")] == [1, 3] and [e.step for e in acc.Scalars("global_step/sec")] == [2, 4]
 
 
+def test_two_hooks_feeding_one_key_is_an_error_and_hooks_see_the_callers_arguments():
+    from fake_session import FakeCreator
+
+    from procsv import train
+
+    seen = []
+
+    class Feeds(train.SessionRunHook):
+        def before_run(self, run_context):
+            seen.append(run_context.original_args)
+            return train.SessionRunArgs(None, feed_dict={"lr": 1})
+
+    def step(feed_dict=None):
+        return feed_dict
+
+    with train.MonitoredSession(FakeCreator(), [Feeds()]) as sess:
+        assert sess.run(step, feed_dict={"x": 2}) == {"x": 2, "lr": 1}
+        assert seen == [train.SessionRunArgs(step, {"x": 2})]
+    with train.MonitoredSession(FakeCreator(), [Feeds(), Feeds()]) as sess:
+        with pytest.raises(RuntimeError, match="fed by two hooks"):
+            sess.run(step)
+
+
 # ------------------------------------------------------------------ real launches
 def test_stop_at_step_num_steps_is_exact_after_a_sigkill_of_the_trainer(logdir):
     from conftest import PROGRAMS
