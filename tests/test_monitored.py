@@ -216,6 +216,25 @@ def test_scaffold_checks_ready_fn_and_warns_once_about_graph_arguments(logdir, c
     assert committed_steps(logdir) == []
 
 
+def test_checkpoint_filename_with_path_is_restored_when_the_logdir_has_no_checkpoint(logdir, tmp_path):
+    import tensorflow as tf
+
+    from procsv import train
+
+    w = tf.Variable(5.0)
+    step = tf.Variable(30, dtype=tf.int64)
+    path = tf.train.Checkpoint(w=w, global_step=step).write(str(tmp_path / "plain" / "ckpt"))
+    w.assign(0.0)
+    api.set_global_step(None)
+    init_calls = []
+    scaffold = train.Scaffold(checkpoint={"w": w}, init_fn=lambda scaffold, session: init_calls.append(1))
+    with train.SingularMonitoredSession(scaffold=scaffold, checkpoint_dir=logdir,
+                                        checkpoint_filename_with_path=path) as sess:
+        assert w.numpy() == 5.0 and int(train.get_global_step().numpy()) == 30 and not init_calls
+        sess.run(lambda: w.assign_add(1.0))
+    assert committed_steps(logdir) == [31]
+
+
 def test_feeds_reach_the_step_function_and_conflicting_feeds_are_an_error(logdir):
     import tensorflow as tf
 
