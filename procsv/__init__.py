@@ -1,6 +1,7 @@
 """procsv: a fault-tolerant supervisor for long-running TensorFlow 2 training.
 
-What a training program imports: :class:`Supervisor` (the trainer-side API). The ``procsv``
+What a training program imports: :class:`Supervisor` (the trainer-side API), or
+:mod:`procsv.train` (TensorFlow's ``tf.compat.v1.train`` names: MonitoredSession, hooks). The ``procsv``
 command (:mod:`procsv.cli`) runs the watchdog. TensorFlow is imported lazily, so that the CLI
 and the watchdog start fast.
 """
@@ -29,6 +30,10 @@ def __getattr__(name: str) -> Any:
         from procsv.trainer import supervisor
 
         return getattr(supervisor, name)
+    if name == "train":
+        import importlib
+
+        return importlib.import_module("procsv.train")
     if name == "Coordinator":
         from procsv.trainer.coordinator import Coordinator
 

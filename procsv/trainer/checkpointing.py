@@ -120,6 +120,10 @@ class CheckpointAgent:
         self.last_heartbeat = 0.0
         self.arena: Optional[SnapshotArena] = None
         self.last_snapshot_secs = 0.0  # how long the loop was stopped by the last snapshot
+        # procsv.train's CheckpointSaverListeners: called with (step, reason) right before a snapshot is
+        # taken, and with the step when the trainer learns that its checkpoint is committed
+        self.before_snapshot: list[Callable[[int, SaveReason], None]] = []
+        self.on_commit: list[Callable[[int], None]] = []
         # restore() creates save_counter; create it now so every snapshot contains it, as save() does
         _ = checkpoint.save_counter
         self_test(checkpoint)
@@ -279,6 +283,8 @@ class CheckpointAgent:
             self.last_committed = max(self.last_committed, msg.step)
             self.failures_in_a_row = 0
             self.persist_rate = measured_rate(self.persist_rate, self.in_flight_bytes, msg.persist_secs)
+            for committed in self.on_commit:
+                committed(msg.step)
         elif msg.reason == SaveReason.LOST:
             print(f"procsv: the checkpoint service restarted with the snapshot of step {msg.step} in flight; "
                   "taking it again", file=sys.stderr, flush=True)
@@ -287,6 +293,8 @@ class CheckpointAgent:
             self._failed(msg.step, msg.error)
 
     def _send(self, ch: TrainerChannels, step: int, reason: SaveReason, busy_after: Busy = Busy.NONE) -> bool:
+        for before in self.before_snapshot:
+            before(step, reason)
         t0 = ch.clock()
         # the snapshot is work on purpose, not a hang: the watchdog's hang clock pauses meanwhile
         ch.to_watchdog(Progress(os.getpid(), step, time.time(), Busy.SNAPSHOT))

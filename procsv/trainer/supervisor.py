@@ -231,17 +231,27 @@ class Supervisor:
             return
         try:
             self._stopped_by_signal = self.coord.stop_signal is not None
-            busy = Busy.FINAL_CHECKPOINT if self.coord.exception is None and self._ckpt is not None else Busy.NONE
-            self._channels.to_watchdog(Progress(os.getpid(), self._step, time.time(), busy))
             if self.coord.exception is None and self._ckpt is not None:
-                self._flush_summaries(force=False, urgent=True)  # hand off before the commit, as at a step
-                reason = SaveReason.PREEMPTED if self.coord.stop_signal is not None else SaveReason.FINAL
-                self._ckpt.final(self._channels, self._step, reason, self.stop_grace_secs)
-                self._unsaved = self._ckpt.last_committed < self._step
+                self.commit_checkpoint()
+            else:
+                self._channels.to_watchdog(Progress(os.getpid(), self._step, time.time(), Busy.NONE))
             self._flush_summaries(force=True)
             self._channels.to_summary(SessionLogEvent(SessionStatus.STOP, self._step))
         finally:
             self._release()
+
+    def commit_checkpoint(self) -> bool:
+        """Commit a checkpoint of the last completed step now, waiting up to ``stop_grace_secs``
+        (``preempted`` after SIGTERM/SIGINT, else ``final``); True if that step is committed.
+        ``stop()`` calls it; so does ``procsv.train``'s CheckpointSaverHook at ``end()``."""
+        if self._ckpt is None or self._channels is None:
+            return False
+        self._channels.to_watchdog(Progress(os.getpid(), self._step, time.time(), Busy.FINAL_CHECKPOINT))
+        self._flush_summaries(force=False, urgent=True)  # hand off before the commit, as at a step
+        reason = SaveReason.PREEMPTED if self.coord.stop_signal is not None else SaveReason.FINAL
+        self._ckpt.final(self._channels, self._step, reason, self.stop_grace_secs)
+        self._unsaved = self._ckpt.last_committed < self._step
+        return not self._unsaved
 
     def outcome(self) -> outcome.Outcome:
         """What this Supervisor achieved so far (the trainer's bootstrap reads it at exit)."""

@@ -1,0 +1,33 @@
+"""``procsv.train``: TensorFlow's ``tf.compat.v1.train`` training API under its own names, for TF2.
+
+What a training program imports (it runs in the trainer process). Porting a TF1 program is:
+replace ``tf.compat.v1.train.`` with ``procsv.train.``, turn the train op into a step function that
+returns the step's values, and run ``sess.run(step_fn, *args)``. The code lives in
+:mod:`procsv.trainer` (``monitored``, ``scaffold``, ``hooks``, ``basic_hooks``, ``supervisor``,
+``coordinator``); this module only re-exports it. See ``docs/parity.md`` for what each name means
+in TF2 and what is not there yet.
+"""
+
+from __future__ import annotations
+
+from procsv.trainer.basic_hooks import (CheckpointSaverHook, CheckpointSaverListener, FeedFnHook, FinalOpsHook,
+                                        GlobalStepWaiterHook, LoggingTensorHook, NanLossDuringTrainingError,
+                                        NanTensorHook, ProfilerHook, StepCounterHook, StopAtStepHook,
+                                        SummarySaverHook)
+from procsv.trainer.coordinator import Coordinator, LooperThread
+from procsv.trainer.hooks import (SecondOrStepTimer, SessionRunArgs, SessionRunContext, SessionRunHook,
+                                  SessionRunValues, get_global_step, get_or_create_global_step)
+from procsv.trainer.monitored import (MonitoredSession, MonitoredTrainingSession, SingularMonitoredSession,
+                                      StepContext)
+from procsv.trainer.scaffold import ChiefSessionCreator, Scaffold, WorkerSessionCreator
+from procsv.trainer.supervisor import Supervisor
+
+__all__ = [
+    "Supervisor", "Coordinator", "LooperThread",
+    "MonitoredSession", "MonitoredTrainingSession", "SingularMonitoredSession", "ChiefSessionCreator",
+    "WorkerSessionCreator", "Scaffold", "StepContext",
+    "SessionRunHook", "SessionRunArgs", "SessionRunContext", "SessionRunValues", "SecondOrStepTimer",
+    "CheckpointSaverHook", "CheckpointSaverListener", "SummarySaverHook", "StepCounterHook", "StopAtStepHook",
+    "NanTensorHook", "NanLossDuringTrainingError", "LoggingTensorHook", "FinalOpsHook", "GlobalStepWaiterHook",
+    "FeedFnHook", "ProfilerHook", "get_global_step", "get_or_create_global_step",
+]

@@ -1,0 +1,338 @@
+"""``MonitoredSession`` and friends for TF2: hooks around procsv's Supervisor.
+
+Runs in the trainer process, in its main thread. The call order is TensorFlow's
+(``tf.compat.v1.train.MonitoredSession``):
+
+* creation: ``begin()`` on every hook, ``scaffold.finalize()``, restore or initialize (through the
+  session creator's :class:`procsv.Supervisor`: ``init_fn``, ``local_init_fn``, ``ready_fn``),
+  then ``after_create_session(session, coord)`` on every hook;
+* ``run(step_fn, *args, **kwargs)``: ``before_run`` on every hook (each may return
+  ``SessionRunArgs``), one training step (``step_fn(*args, **kwargs)`` through the Supervisor's
+  managed session: the global step advances, checkpoints and summaries happen at its boundary),
+  the hooks' fetches are read, ``after_run`` on every hook; returns what ``step_fn`` returned;
+* a run after a stop was requested (by a hook, ``StepContext.request_stop`` or
+  ``request_stop()``) is a ``RuntimeError``; after SIGTERM/SIGINT (preemption) or a checkpoint
+  failure it is :class:`procsv.TrainingStopped`, a clean stop, so the block still saves;
+* exit: ``end(session)`` on every hook on a clean exit only (``OutOfRangeError``,
+  ``StopIteration`` and ``TrainingStopped`` are clean and suppressed by the ``with`` block), then
+  the Supervisor stops: a final checkpoint of the last completed step unless the block failed.
+
+TensorFlow's in-process recovery (re-create the session on ``AbortedError``/``UnavailableError``
+and re-run) is procsv's watchdog restarting the trainer, which restores the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Optional, Sequence
+
+from procsv.common.errors import TrainingStopped
+from procsv.trainer import hooks as api
+from procsv.trainer.coordinator import clean_stop_types
+from procsv.trainer.scaffold import ChiefSessionCreator, RawSession, Scaffold, WorkerSessionCreator
+
+USE_DEFAULT: Any = object()
+
+
+def _takes_keyword(fn: Any, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    p = params.get(name)
+    return p is not None and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+class StepContext:
+    """What ``run_step_fn`` passes to its step function: ``session`` (the raw session: no hooks),
+    ``run_with_hooks(step_fn, *args)`` (a run with hooks) and ``request_stop()``."""
+
+    def __init__(self, session: Any, run_with_hooks_fn: Callable[..., Any]) -> None:
+        self._session = session
+        self._run_with_hooks_fn = run_with_hooks_fn
+
+    @property
+    def session(self) -> Any:
+        return self._session
+
+    def run_with_hooks(self, *args: Any, **kwargs: Any) -> Any:
+        """Same as ``MonitoredSession.run``."""
+        return self._run_with_hooks_fn(*args, **kwargs)
+
+    def request_stop(self) -> None:
+        """End the loop: raises StopIteration out of the step function and ``run_step_fn``; the
+        session's ``should_stop()`` is True afterwards, and a ``with`` block ends cleanly."""
+        raise StopIteration("step_fn has requested the iterations to stop.")
+
+
+class _MonitoredSession:
+    def __init__(self, session_creator: ChiefSessionCreator, hooks: Sequence[api.SessionRunHook],
+                 stop_grace_period_secs: float) -> None:
+        from procsv.trainer.basic_hooks import CheckpointSaverHook
+
+        self._hooks = list(hooks)
+        self._creator = session_creator
+        self._stop_requested = False
+        self._closed = False
+        opts = session_creator.supervisor_options
+        opts["stop_grace_secs"] = stop_grace_period_secs
+        savers = [h for h in self._hooks if isinstance(h, CheckpointSaverHook)]
+        if savers:
+            # the Supervisor runs the saving timers (the save_model_secs timer in the checkpoint
+            # service keeps ticking when a step stalls); the hook adds the listeners
+            opts.update(savers[0].supervisor_options())
+            if len(savers) > 1:
+                api.warn_once("ms.savers", "several CheckpointSaverHooks: the first one's save_secs/save_steps apply")
+        session_creator.global_step()  # hooks read the process's global step from begin() on
+        for h in self._hooks:
+            h.begin()
+        session_creator.scaffold.finalize()
+        self._raw: RawSession = session_creator.create_session()
+        self._sv = session_creator.supervisor
+        try:
+            for h in self._hooks:
+                h.after_create_session(self._raw, self._sv.coord)
+        except BaseException as exc:
+            self._closed = True
+            self._sv.request_stop(exc)
+            self._sv.stop()
+            raise
+
+    # ------------------------------------------------------------------ TF API
+    @property
+    def graph(self) -> None:
+        """TF2 has no graph: None."""
+        return None
+
+    @property
+    def supervisor(self) -> Any:
+        """The :class:`procsv.Supervisor` behind this session (log_scalar, step, ...)."""
+        return self._sv
+
+    def should_stop(self) -> bool:
+        return self._stop_requested or bool(self._sv.should_stop())
+
+    def run(self, fetches: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run one training step, ``fetches(*args, **kwargs)``, with the hooks around it; return its result.
+
+        ``feed_dict``, ``options`` and ``run_metadata`` keywords that the step function does not
+        take are TF1's: the feeds (merged with the hooks' ``SessionRunArgs.feed_dict``) go to the
+        step function as ``feed_dict=`` if it has that parameter, else they are ignored with a
+        warning (once); options and run metadata are ignored with a warning.
+        """
+        import tensorflow as tf
+
+        if self._closed:
+            raise RuntimeError("Session is already closed.")
+        if not callable(fetches) or isinstance(fetches, (tf.Tensor, tf.Variable)):
+            raise TypeError("MonitoredSession.run takes a step function: sess.run(step_fn, *args, **kwargs) runs "
+                            "one training step; to read tensors or variables use "
+                            "sess.raw_session().run(fetches) or the hooks' SessionRunArgs")
+        sv = self._sv
+        if self._stop_requested:
+            raise RuntimeError("Run called even after should_stop requested.")
+        if sv.should_stop():
+            if sv.coord.stop_signal is not None or sv.coord.exception is not None:
+                raise TrainingStopped("a stop was requested (preemption or a failure); the training loop should end")
+            raise RuntimeError("Run called even after should_stop requested.")
+        feeds: Optional[dict[Any, Any]] = None
+        if not _takes_keyword(fetches, "feed_dict"):
+            feeds = kwargs.pop("feed_dict", None)
+        for name in ("options", "run_metadata"):
+            if not _takes_keyword(fetches, name) and kwargs.pop(name, None) is not None:
+                api.warn_once(f"ms.{name}", f"run(..., {name}=...) has no meaning in TF2 and is ignored")
+        user_feeds = kwargs.get("feed_dict") if feeds is None else feeds
+        ctx = api.SessionRunContext(api.SessionRunArgs(fetches, user_feeds), self._raw)
+        requests: dict[int, api.SessionRunArgs] = {}
+        merged: dict[Any, Any] = dict(user_feeds or {})
+        hook_fed: set[Any] = set()
+        for i, h in enumerate(self._hooks):
+            req = h.before_run(ctx)
+            if req is None:
+                continue
+            requests[i] = req
+            for key, value in (req.feed_dict or {}).items():
+                if key in hook_fed:
+                    raise RuntimeError(f"Same tensor is fed by two hooks: {key!r}")
+                if user_feeds and key in user_feeds:
+                    raise RuntimeError(f"Same tensor is fed by a SessionRunHook and user: {key!r}")
+                hook_fed.add(key)
+                merged[key] = value
+        if merged:
+            if _takes_keyword(fetches, "feed_dict"):
+                kwargs["feed_dict"] = merged
+            else:
+                api.warn_once("ms.feed_dict", "feeds (feed_dict, FeedFnHook) reach a step function only through its "
+                                              "feed_dict parameter; this one has none, so they are ignored: pass "
+                                              "the batch as arguments, sess.run(step_fn, x, y)")
+        out = sv._session.run(fetches, *args, **kwargs)
+        results = {i: api.evaluate(req.fetches) for i, req in requests.items()}
+        for i, h in enumerate(self._hooks):
+            req = requests.get(i)
+            h.after_run(ctx, api.SessionRunValues(results.get(i), req.options if req else None, None, out))
+        self._stop_requested = self._stop_requested or ctx.stop_requested
+        return out
+
+    def run_step_fn(self, step_fn: Callable[[StepContext], Any]) -> Any:
+        """Call ``step_fn(step_context)``; return what it returns.
+
+        Raises ``ValueError`` if ``step_fn`` does not take exactly one ``step_context`` argument
+        (after ``self``), and ``StopIteration`` if it called ``step_context.request_stop()``
+        (``should_stop()`` is then True; a ``with`` block ends cleanly).
+        """
+        try:
+            names = list(inspect.signature(step_fn).parameters)
+        except (TypeError, ValueError):
+            names = []
+        if names != ["step_context"] and names != ["self", "step_context"]:
+            raise ValueError("`step_fn` may either have one `step_context` argument, or `self` and `step_context` "
+                             f"arguments if it's an instance method. Got {tuple(names)} instead.")
+        try:
+            return step_fn(StepContext(self._raw, self.run))
+        except StopIteration:
+            self._stop_requested = True
+            raise
+
+    def request_stop(self) -> None:
+        """End the loop (procsv addition; TF's hooks use ``run_context.request_stop()``)."""
+        self._stop_requested = True
+
+    def close(self) -> None:
+        """``end()`` on every hook, then stop the Supervisor (final checkpoint, summaries flushed)."""
+        self._close_internal(None)
+
+    def __enter__(self) -> "_MonitoredSession":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> bool:
+        clean = exc is not None and isinstance(exc, clean_stop_types())
+        self._close_internal(None if clean else exc)
+        return clean
+
+    def _close_internal(self, exc: Optional[BaseException]) -> None:
+        """``exc``: what the block raised (None: a clean exit). A failure recorded elsewhere (a
+        checkpoint failure, a thread's error) also skips ``end()`` and is raised after the stop."""
+        if self._closed:
+            return
+        self._closed = True
+        sv = self._sv
+        if exc is None and sv.coord.exception is None:
+            try:
+                for h in self._hooks:
+                    h.end(self._raw)
+            except BaseException as err:
+                sv.request_stop(err)
+                sv.stop()
+                raise
+        elif exc is not None:
+            sv.request_stop(exc)
+        sv.stop()
+        if sv.coord.exception is not None and sv.coord.exception is not exc:
+            raise sv.coord.exception
+
+
+class MonitoredSession(_MonitoredSession):
+    """Session-like object that restores or initializes, runs hooks and saves (see the module docstring).
+
+    ``session_creator`` defaults to ``ChiefSessionCreator()`` (the launch's logdir);
+    ``stop_grace_period_secs`` is the Supervisor's ``stop_grace_secs``.
+    """
+
+    StepContext = StepContext
+
+    def __init__(self, session_creator: Optional[ChiefSessionCreator] = None,
+                 hooks: Optional[Sequence[api.SessionRunHook]] = None, stop_grace_period_secs: float = 120) -> None:
+        super().__init__(session_creator or ChiefSessionCreator(), hooks or [], stop_grace_period_secs)
+
+
+class SingularMonitoredSession(_MonitoredSession):
+    """A MonitoredSession that is always the chief, with ``raw_session()``."""
+
+    StepContext = StepContext
+
+    def __init__(self, hooks: Optional[Sequence[api.SessionRunHook]] = None, scaffold: Optional[Scaffold] = None,
+                 master: str = "", config: Any = None, checkpoint_dir: Optional[str] = None,
+                 stop_grace_period_secs: float = 120, checkpoint_filename_with_path: Optional[str] = None) -> None:
+        creator = ChiefSessionCreator(scaffold=scaffold, master=master, config=config, checkpoint_dir=checkpoint_dir,
+                                      checkpoint_filename_with_path=checkpoint_filename_with_path)
+        super().__init__(creator, hooks or [], stop_grace_period_secs)
+
+    def raw_session(self) -> RawSession:
+        """The session without hooks (see :class:`RawSession`)."""
+        return self._raw
+
+
+def save_intervals(save_checkpoint_secs: Any, save_checkpoint_steps: Any, save_summaries_steps: Any,
+                   save_summaries_secs: Any) -> tuple[Any, Any, Any, Any]:
+    """MonitoredTrainingSession's ``USE_DEFAULT`` rules, as TF: checkpoints every 600 s unless steps
+    are given, summaries every 100 steps unless seconds are given; an explicit value (None
+    included) wins and the other becomes None. Returns (ckpt secs, ckpt steps, summary steps, summary secs)."""
+    if save_summaries_steps is USE_DEFAULT and save_summaries_secs is USE_DEFAULT:
+        save_summaries_steps, save_summaries_secs = 100, None
+    elif save_summaries_secs is USE_DEFAULT:
+        save_summaries_secs = None
+    elif save_summaries_steps is USE_DEFAULT:
+        save_summaries_steps = None
+    if save_checkpoint_steps is USE_DEFAULT and save_checkpoint_secs is USE_DEFAULT:
+        save_checkpoint_steps, save_checkpoint_secs = None, 600
+    elif save_checkpoint_secs is USE_DEFAULT:
+        save_checkpoint_secs = None
+    elif save_checkpoint_steps is USE_DEFAULT:
+        save_checkpoint_steps = None
+    return save_checkpoint_secs, save_checkpoint_steps, save_summaries_steps, save_summaries_secs
+
+
+def MonitoredTrainingSession(master: str = "", is_chief: bool = True, checkpoint_dir: Optional[str] = None,
+                             scaffold: Optional[Scaffold] = None,
+                             hooks: Optional[Sequence[api.SessionRunHook]] = None,
+                             chief_only_hooks: Optional[Sequence[api.SessionRunHook]] = None,
+                             save_checkpoint_secs: Any = USE_DEFAULT, save_summaries_steps: Any = USE_DEFAULT,
+                             save_summaries_secs: Any = USE_DEFAULT, config: Any = None,
+                             stop_grace_period_secs: float = 120, log_step_count_steps: Optional[int] = 100,
+                             max_wait_secs: float = 7200, save_checkpoint_steps: Any = USE_DEFAULT,
+                             summary_dir: Optional[str] = None, save_graph_def: bool = True,
+                             checkpoint: Any = None) -> MonitoredSession:
+    """A MonitoredSession with TensorFlow's standard hooks, saving through procsv's services.
+
+    As TF: checkpoints every 600 s unless ``save_checkpoint_steps`` is given, summaries every 100
+    steps unless ``save_summaries_secs`` is given, a ``global_step/sec`` line and summary every
+    ``log_step_count_steps``. The chief's hooks, in order: ``chief_only_hooks``, StepCounterHook,
+    SummarySaverHook, CheckpointSaverHook, then ``hooks``. ``checkpoint_dir`` defaults to the
+    launch's ``--logdir``. ``checkpoint`` (procsv addition) is the state to save, as
+    ``Scaffold(checkpoint=...)``. ``is_chief=False`` raises :class:`procsv.UsageError` (no worker
+    replicas yet). ``save_graph_def`` and ``max_wait_secs`` have no effect in a single-chief TF2 run.
+    """
+    from procsv.trainer import basic_hooks as bh
+
+    save_checkpoint_secs, save_checkpoint_steps, save_summaries_steps, save_summaries_secs = save_intervals(
+        save_checkpoint_secs, save_checkpoint_steps, save_summaries_steps, save_summaries_secs)
+    if checkpoint is not None:
+        scaffold = Scaffold(copy_from_scaffold=scaffold, checkpoint=checkpoint) if scaffold else Scaffold(
+            checkpoint=checkpoint)
+    scaffold = scaffold or Scaffold()
+    if not is_chief:
+        return MonitoredSession(WorkerSessionCreator(scaffold, master, config, max_wait_secs), hooks or [],
+                                stop_grace_period_secs)
+    if checkpoint_dir is None:
+        from procsv.common import bootstrap
+
+        ctx = bootstrap.ChildContext.from_env()
+        checkpoint_dir = ctx.layout.logdir if ctx else None
+    all_hooks: list[api.SessionRunHook] = list(chief_only_hooks or [])
+    creator = ChiefSessionCreator(scaffold=scaffold, master=master, config=config, checkpoint_dir=checkpoint_dir)
+    summary_dir = summary_dir or checkpoint_dir
+    if summary_dir:
+        if log_step_count_steps and log_step_count_steps > 0:
+            all_hooks.append(bh.StepCounterHook(every_n_steps=log_step_count_steps, output_dir=summary_dir))
+        if (save_summaries_steps and save_summaries_steps > 0) or (save_summaries_secs and save_summaries_secs > 0):
+            all_hooks.append(bh.SummarySaverHook(save_steps=save_summaries_steps, save_secs=save_summaries_secs,
+                                                 output_dir=summary_dir, scaffold=scaffold))
+    if checkpoint_dir and ((save_checkpoint_secs and save_checkpoint_secs > 0)
+                           or (save_checkpoint_steps and save_checkpoint_steps > 0)):
+        all_hooks.append(bh.CheckpointSaverHook(checkpoint_dir, save_secs=save_checkpoint_secs,
+                                                save_steps=save_checkpoint_steps, scaffold=scaffold))
+    all_hooks.extend(hooks or [])
+    return MonitoredSession(creator, all_hooks, stop_grace_period_secs)
+
+
+__all__ = ["MonitoredSession", "SingularMonitoredSession", "MonitoredTrainingSession", "StepContext", "USE_DEFAULT"]

@@ -1,0 +1,270 @@
+"""``Scaffold`` and the session creators of ``procsv.train``: what a MonitoredSession restores or
+initializes, and the :class:`procsv.Supervisor` that does it.
+
+Runs in the trainer process. TF1's Scaffold held graph pieces (init_op, ready_op, local_init_op,
+saver, summary_op); TF2 has no graph, so the stand-ins are plain Python:
+
+* ``checkpoint``: the state to save and restore (a ``tf.train.Checkpoint`` or a mapping of names
+  to trackables), the stand-in for ``saver``;
+* ``init_fn(scaffold, session)``: called when no checkpoint was restored (``init_op`` is not
+  needed: TF2 variables are initialized when created);
+* ``local_init_fn(session)``: called on every session creation, after restore or init;
+* ``ready_fn(session)``: returns what is not ready (empty or None: ready); anything else after
+  restore or init is a ``RuntimeError``, as TF's ``ready_op``;
+* ``summary_op``: a callable returning ``{tag: scalar}`` (or a ``Summary`` proto, or its bytes), or
+  a mapping of tags to tensors, variables or callables; :class:`SummarySaverHook` writes it.
+
+The graph-only arguments are accepted, ignored and warned about once, naming what to use instead.
+A session creator builds the Supervisor (``checkpoint_dir`` is its logdir, defaulting to the
+launch's ``--logdir``) and returns the raw session (:class:`RawSession`) once restored or
+initialized. Checkpoints and summaries go through procsv's checkpoint and summary services.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Mapping, Optional
+
+from procsv.common.errors import UsageError
+from procsv.trainer import hooks as api
+
+_GRAPH_ONLY = {
+    "init_op": "init_fn(scaffold, session) (TF2 variables are initialized when created)",
+    "init_feed_dict": "init_fn(scaffold, session)",
+    "ready_op": "ready_fn(session), returning what is not ready",
+    "ready_for_local_init_op": "ready_fn(session)",
+    "local_init_op": "local_init_fn(session)",
+    "local_init_feed_dict": "local_init_fn(session)",
+    "saver": "checkpoint=tf.train.Checkpoint(model=..., optimizer=...)",
+}
+
+
+class Scaffold:
+    """What to restore or initialize, and the summaries to write (see the module docstring)."""
+
+    def __init__(self, init_op: Any = None, init_feed_dict: Any = None, init_fn: Optional[Callable[..., Any]] = None,
+                 ready_op: Any = None, ready_for_local_init_op: Any = None, local_init_op: Any = None,
+                 summary_op: Any = None, saver: Any = None, copy_from_scaffold: Optional["Scaffold"] = None,
+                 local_init_feed_dict: Any = None, *, checkpoint: Any = None, global_step: Any = None,
+                 local_init_fn: Optional[Callable[[Any], Any]] = None,
+                 ready_fn: Optional[Callable[[Any], Any]] = None) -> None:
+        given = {"init_op": init_op, "init_feed_dict": init_feed_dict, "ready_op": ready_op,
+                 "ready_for_local_init_op": ready_for_local_init_op, "local_init_op": local_init_op,
+                 "local_init_feed_dict": local_init_feed_dict, "saver": saver}
+        for name, value in given.items():
+            if value is not None:
+                api.warn_once(f"Scaffold.{name}", f"Scaffold({name}=...) has no meaning in TF2 and is ignored; "
+                                                  f"use {_GRAPH_ONLY[name]}")
+        if copy_from_scaffold is not None:
+            if not isinstance(copy_from_scaffold, Scaffold):
+                raise TypeError("copy_from_scaffold is not a Scaffold instance.")
+            src: Scaffold = copy_from_scaffold
+            init_fn = init_fn or src.init_fn
+            summary_op = summary_op if summary_op is not None else src.summary_op
+            checkpoint = checkpoint if checkpoint is not None else src.checkpoint
+            global_step = global_step if global_step is not None else src.global_step
+            local_init_fn = local_init_fn or src.local_init_fn
+            ready_fn = ready_fn or src.ready_fn
+        self.init_fn: Optional[Callable[..., Any]] = init_fn
+        self.local_init_fn: Optional[Callable[[Any], Any]] = local_init_fn
+        self.ready_fn: Optional[Callable[[Any], Any]] = ready_fn
+        self.summary_op: Any = summary_op
+        self.checkpoint: Any = checkpoint
+        self.global_step: Any = global_step
+        self._finalized = False
+
+    def finalize(self) -> "Scaffold":
+        """TF1 froze the graph here; TF2 has none. Kept for the call order; returns self."""
+        self._finalized = True
+        return self
+
+    @property
+    def finalized(self) -> bool:
+        return self._finalized
+
+    # TF1 properties that have no TF2 object behind them
+    init_op = None
+    ready_op = None
+    ready_for_local_init_op = None
+    local_init_op = None
+    init_feed_dict = None
+    local_init_feed_dict = None
+    saver = None
+
+
+class RawSession:
+    """The session hooks, ``StepContext.session`` and ``raw_session()`` get: no hooks run here.
+
+    ``run(step_fn, *args, **kwargs)`` runs one training step through the Supervisor (it counts:
+    the global step advances, checkpoints happen at its boundary) but calls no hook, as TF's raw
+    ``tf.Session`` ran a train op without hooks. ``run(fetches)`` with tensors, variables or a
+    structure of them returns their values and is not a step; ``evaluate(fetches)`` always reads
+    (a callable is called, not counted as a step).
+    """
+
+    def __init__(self, supervisor: Any, managed: Any) -> None:
+        self.supervisor = supervisor
+        self._managed = managed
+
+    @property
+    def global_step(self) -> Any:
+        return self.supervisor.global_step
+
+    @property
+    def graph(self) -> None:
+        return None
+
+    def run(self, fetches: Any, *args: Any, **kwargs: Any) -> Any:
+        import tensorflow as tf
+
+        if callable(fetches) and not isinstance(fetches, (tf.Tensor, tf.Variable)):
+            return self._managed.run(fetches, *args, **kwargs)
+        for name in ("feed_dict", "options", "run_metadata"):
+            if kwargs.pop(name, None) is not None:
+                api.warn_once(f"raw.{name}", f"session.run(fetches, {name}=...) has no meaning in TF2 and is ignored")
+        return api.evaluate(fetches)
+
+    def evaluate(self, fetches: Any) -> Any:
+        return api.evaluate(fetches)
+
+    def should_stop(self) -> bool:
+        return bool(self.supervisor.should_stop())
+
+
+class ChiefSessionCreator:
+    """Creates the chief's session: a Supervisor on ``checkpoint_dir`` (default: the launch's
+    ``--logdir``) that restores the newest valid checkpoint or initializes.
+
+    ``master`` and ``config`` are accepted and ignored (warned once): a TF2 program runs its ops
+    in-process. ``checkpoint_filename_with_path`` is restored when the logdir has no checkpoint of
+    its own (a restarted trainer resumes from its own latest one instead).
+    """
+
+    def __init__(self, scaffold: Optional[Scaffold] = None, master: str = "", config: Any = None,
+                 checkpoint_dir: Optional[str] = None, checkpoint_filename_with_path: Optional[str] = None) -> None:
+        if master:
+            api.warn_once("creator.master", "master=... has no meaning for a TF2 program and is ignored; "
+                                            "use tf.distribute for remote workers")
+        if config is not None:
+            api.warn_once("creator.config", "config=... (a ConfigProto) is ignored; use tf.config "
+                                            "(tf.config.threading, tf.config.set_visible_devices) instead")
+        self.scaffold = scaffold or Scaffold()
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_filename_with_path = checkpoint_filename_with_path
+        # set by MonitoredSession before create_session (from its CheckpointSaverHook and arguments)
+        self.supervisor_options: dict[str, Any] = {"save_model_secs": None, "save_checkpoint_steps": None,
+                                                   "save_summaries_secs": None}
+        self.supervisor: Any = None
+        self._checkpoint: Any = None
+        self._global_step: Any = None
+
+    def global_step(self) -> Any:
+        """The global step the session will use (resolved once; the process's global step is set to it)."""
+        if self._global_step is None:
+            import tensorflow as tf
+
+            ckpt = self.scaffold.checkpoint
+            if ckpt is not None and not isinstance(ckpt, tf.train.Checkpoint):
+                if not isinstance(ckpt, Mapping):
+                    raise UsageError("checkpoint must be a tf.train.Checkpoint or a mapping of names to trackables")
+                ckpt = tf.train.Checkpoint(**ckpt)
+            self._checkpoint = ckpt
+            gs = self.scaffold.global_step
+            if gs is None and ckpt is not None and isinstance(getattr(ckpt, "global_step", None), tf.Variable):
+                gs = ckpt.global_step
+            if gs is None:
+                gs = api.get_or_create_global_step()
+            self._global_step = gs
+            api.set_global_step(gs)
+        return self._global_step
+
+    def create_session(self) -> RawSession:
+        from procsv.trainer.supervisor import Supervisor
+
+        gs = self.global_step()
+        scaffold = self.scaffold
+        holder: dict[str, RawSession] = {}
+
+        def raw_of(managed: Any) -> RawSession:
+            if "raw" not in holder:
+                holder["raw"] = RawSession(sv, managed)
+            return holder["raw"]
+
+        def init(managed: Any) -> None:
+            if self.checkpoint_filename_with_path and self._checkpoint is not None:
+                # a plain TF checkpoint (write()) has no save_counter, which the Supervisor adds: match what is there
+                self._checkpoint.restore(self.checkpoint_filename_with_path).assert_nontrivial_match().expect_partial()
+                print(f"procsv: restored {self.checkpoint_filename_with_path} (checkpoint_filename_with_path)",
+                      flush=True)
+            elif scaffold.init_fn is not None:
+                scaffold.init_fn(scaffold, raw_of(managed))
+
+        if self._checkpoint is None:
+            api.warn_once("creator.no_checkpoint", "no state to save: checkpoints are off; pass "
+                                                   "Scaffold(checkpoint=tf.train.Checkpoint(model=..., optimizer=...)) "
+                                                   "(TF2 has no graph to collect variables from)")
+        opts = dict(self.supervisor_options)
+        sv = Supervisor(logdir=self.checkpoint_dir, checkpoint=self._checkpoint, global_step=gs, init_fn=init, **opts)
+        self.supervisor = sv
+        try:
+            managed = sv.prepare_or_wait_for_session()
+        except BaseException:
+            sv._release()
+            raise
+        raw = raw_of(managed)
+        try:
+            if scaffold.local_init_fn is not None:
+                scaffold.local_init_fn(raw)
+            if scaffold.ready_fn is not None:
+                not_ready = scaffold.ready_fn(raw)
+                if not_ready is not None and len(not_ready):
+                    raise RuntimeError(f"Init operations did not make model ready. Not ready: {not_ready!r} "
+                                       f"(init_fn: {scaffold.init_fn!r}, local_init_fn: {scaffold.local_init_fn!r})")
+        except BaseException as exc:
+            sv.request_stop(exc)
+            sv.stop()
+            raise
+        return raw
+
+
+class WorkerSessionCreator(ChiefSessionCreator):
+    """A non-chief worker's session: not supported yet (procsv runs one chief trainer); creating
+    one raises :class:`UsageError`. ``max_wait_secs`` is TF's wait for the chief."""
+
+    def __init__(self, scaffold: Optional[Scaffold] = None, master: str = "", config: Any = None,
+                 max_wait_secs: float = 30 * 60) -> None:
+        super().__init__(scaffold, master, config)
+        self.max_wait_secs = max_wait_secs
+
+    def create_session(self) -> RawSession:
+        raise UsageError("WorkerSessionCreator / is_chief=False: worker replicas are not supported yet; "
+                         "run a single chief (ChiefSessionCreator, is_chief=True)")
+
+
+def launch_start_step(logdir: str) -> Optional[int]:
+    """The global step the current launch's first trainer started at (restored or initialized),
+    read from ``logs/lifecycle.jsonl``; None outside a restarted launch or if it cannot be read."""
+    import json
+
+    from procsv.common import env
+
+    if int(os.environ.get(env.ATTEMPT, "1") or 1) <= 1:
+        return None
+    start: Optional[int] = None
+    try:
+        with open(os.path.join(logdir, "logs", "lifecycle.jsonl")) as fh:
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if rec.get("event") == "launch":
+                    start = None
+                elif rec.get("event") in ("restored", "initialized") and start is None:
+                    start = int(rec["step"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+    return start
+
+
+__all__ = ["Scaffold", "RawSession", "ChiefSessionCreator", "WorkerSessionCreator", "launch_start_step"]
