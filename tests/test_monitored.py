@@ -380,3 +380,17 @@ def test_sigterm_to_the_launch_commits_the_last_step_through_the_checkpoint_save
     assert committed_steps(logdir) == [0, st["step"]]  # at session creation, as TF; then the emergency one
     reasons = [e["reason"] for e in lifecycle(logdir) if e["event"] == "checkpoint_committed"]
     assert reasons[-1] == "preempted"
+
+
+def test_a_nan_loss_fails_the_launch_without_a_restart(logdir):
+    from conftest import PROGRAMS
+
+    proc = launch(logdir, "--num-steps", "1000", "--nan-at-step", "60", "--step-delay", "0.01", "--save-steps", "20",
+                  target=f"{PROGRAMS}/monitored_train.py")
+    code, out, err = finish(proc)
+    assert code == 1, err
+    assert "NanLossDuringTrainingError: a failure of the program, not of the process" in err
+    st = status_json(logdir)
+    assert st["state"] == "failed" and st["restarts"] == 0
+    assert not [e for e in lifecycle(logdir) if e["event"] in ("restarting", "restarted")]
+    assert max(committed_steps(logdir)) < 62  # nothing was saved once the loss was NaN

@@ -14,7 +14,8 @@ Rules, in the order they are considered:
    judged by the restart policy (:func:`procsv.watchdog.policy.decide`): finish, stopped,
    restart (at once after progress or a preemption, else with backoff), or give up -- at once if
    it failed before its first step with an error a restart cannot cure (``permanent_errors``:
-   a usage error, no restorable checkpoint, a checkpoint of another model, a syntax error). A death
+   a usage error, no restorable checkpoint, a checkpoint of another model, a syntax error), and
+   at any step if it failed as a program (``program_errors``: a NaN loss). A death
    notice alone only ever restarts (any other verdict waits for the exit status, so that it is
    reported exactly). A service that dies is restarted at once, unless it died more than
    ``service_restart_limit`` times within ``service_restart_window`` seconds: then the run stops
@@ -88,6 +89,9 @@ class Limits:
     # file) cannot start this way however often it is restarted: give up at once
     permanent_errors: frozenset[str] = frozenset({"UsageError", "NoRestorableCheckpoint", "MismatchedCheckpoint",
                                                   "SyntaxError", "IndentationError", "TabError"})
+    # a trainer that fails with one of these at any step failed as a program, not as a process: a
+    # restart would resume from the last checkpoint and meet the same failure again
+    program_errors: frozenset[str] = frozenset({"NanLossDuringTrainingError"})
     chaos: Optional[ChaosPlan] = None
 
 
@@ -145,15 +149,21 @@ def _judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: fl
     if verdict.action == Verdict.GIVE_UP:
         return [GiveUp(child.slot, child.attempt, verdict.reason, verdict.history)]
     error = child.failure.error if child.failure is not None else None
+    if error is not None and error.type in limits.program_errors:
+        return [GiveUp(child.slot, child.attempt, f"the trainer failed with {error.type}: a failure of the program, "
+                       "not of the process (a restart would resume from the last checkpoint and meet it again)",
+                       view.history)]  # no restart happened: the history before the verdict's
     if error is not None and _hopeless(child, error.type, limits):
         return [GiveUp(child.slot, child.attempt, f"the trainer cannot start: {error.type} (a restart would fail "
-                       "the same way)", verdict.history)]
+                       "the same way)", view.history)]
     return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, preempted=code == EXIT_PREEMPTED)]
 
 
 def _hopeless(child: ChildView, error_type: str, limits: Limits) -> bool:
-    """A trainer that failed before its first step with an error a restart cannot cure."""
-    return child.first_step_at is None and error_type in limits.permanent_errors
+    """A trainer that failed with an error a restart cannot cure: before its first step with a
+    ``permanent_errors`` one, or at any step with a ``program_errors`` one."""
+    return error_type in limits.program_errors or (child.first_step_at is None
+                                                   and error_type in limits.permanent_errors)
 
 
 def _stop(view: RunView, now: float) -> list[Action]:
