@@ -131,3 +131,15 @@ def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str, str]
         out, err = proc.communicate()
         raise AssertionError(f"launch did not finish in {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
     return proc.returncode, out, err
+
+
+@pytest.fixture
+def short_tmp():
+    """A temp folder with a short path (under /tmp): pytest's own can be too long for the Unix
+    socket paths of a runtime directory placed in it (107 bytes), e.g. under pytest-xdist."""
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="pt-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -9,7 +9,7 @@ import tempfile
 import psutil
 import pytest
 
-from conftest import PROGRAMS, finish, launch, lifecycle, raw_status, wait_for
+from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, wait_for
 from procsv.common.layout import RUNTIME_OWNER, RuntimeDir, remove_stale_runtime_dirs
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
@@ -56,8 +56,12 @@ def test_a_setsid_grandchild_dies_with_its_trainer_and_the_run_leaves_nothing(lo
 
 
 @pytest.mark.slow
-def test_the_runtime_directory_of_a_killed_launch_is_removed_by_the_next_one(logdir):
-    first = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY)
+def test_the_runtime_directory_of_a_killed_launch_is_removed_by_the_next_one(logdir, short_tmp):
+    # a temp folder of their own: any other launch of this user (a test running in parallel)
+    # would remove the dead launch's runtime directory just as well as the next one here
+    private = short_tmp
+    env = quiet_env(TMPDIR=private)
+    first = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, env=env)
     wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 0, 90, what="the first launch's trainer")
     trainer = next(p["pid"] for p in raw_status(logdir)["processes"] if p["role"] == "trainer")
     runtime = psutil.Process(trainer).environ()["PROCSV_RUNTIME_DIR"]
@@ -65,7 +69,8 @@ def test_the_runtime_directory_of_a_killed_launch_is_removed_by_the_next_one(log
     first.wait(30)
     wait_for(lambda: _gone(trainer), 30, what="the run to die with its watchdog")
     assert os.path.isdir(runtime)
-    code, out, err = finish(launch(logdir, "--steps", "3", "--step-delay", "0", target=TINY))
+    assert os.path.dirname(runtime) == private
+    code, out, err = finish(launch(logdir, "--steps", "3", "--step-delay", "0", target=TINY, env=env))
     assert code == 0, err
     assert not os.path.exists(runtime)
 
@@ -92,3 +97,12 @@ def test_only_runtime_directories_of_dead_owners_are_removed(tmp_path):
         import shutil
 
         shutil.rmtree(mine, ignore_errors=True)
+
+
+def test_a_temp_folder_too_long_for_socket_paths_puts_the_runtime_directory_in_tmp(logdir, tmp_path):
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    code, out, err = finish(launch(logdir, "--steps", "3", "--step-delay", "0", target=TINY,
+                                   env=quiet_env(TMPDIR=str(deep))))
+    assert code == 0, err  # not "ipc path ... is longer than 107 characters"
+    assert os.listdir(deep) == []

@@ -95,9 +95,9 @@ def test_restarts_keep_the_first_and_last_logs_and_no_reaped_trainers_mutex(logd
 
 
 @pytest.mark.slow
-def test_soak_short_form_meets_its_goals(tmp_path):
+def test_soak_short_form_meets_its_goals(short_tmp):
     cmd = [sys.executable, os.path.join(REPO, "scripts", "soak.py"), "--restarts", "20", "--commits", "100",
-           "--chaos-every", "1.5", "--workdir", str(tmp_path / "soak")]
+           "--chaos-every", "1.5", "--workdir", os.path.join(short_tmp, "soak")]
     out = subprocess.run(cmd, capture_output=True, text=True, env=quiet_env(), cwd=REPO, timeout=240)
     assert out.returncode == 0, f"stdout:\n{out.stdout}\nstderr:\n{out.stderr}"
     m = LAST_LINE.match(out.stdout.strip().splitlines()[-1])

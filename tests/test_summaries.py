@@ -48,6 +48,9 @@ class EagerLike:
     def numpy(self):
         return self._value
 
+    def __repr__(self) -> str:  # stable: test ids must not differ between pytest-xdist workers
+        return f"EagerLike({self._value!r})"
+
 
 class FakeProto:
     def __init__(self, data: bytes):

@@ -159,8 +159,9 @@ class RuntimeDir:
         First removes the runtime directories of owners that are gone (a launch killed with
         SIGKILL cannot remove its own): :func:`remove_stale_runtime_dirs`.
         """
-        remove_stale_runtime_dirs()
-        path = tempfile.mkdtemp(prefix=RUNTIME_PREFIX)
+        folder = runtime_parent()
+        remove_stale_runtime_dirs(folder)
+        path = tempfile.mkdtemp(prefix=RUNTIME_PREFIX, dir=folder)
         with open(os.path.join(path, RUNTIME_OWNER), "w") as fh:
             fh.write(f"{os.getpid()} {_create_time(os.getpid())!r}\n")
         return RuntimeDir(path)
@@ -168,6 +169,19 @@ class RuntimeDir:
     def trainer_mutex(self, attempt: int) -> str:
         """The death-notice mutex of one trainer attempt."""
         return os.path.join(self.path, f"trainer.{attempt}.mutex")
+
+
+SOCKET_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1: the longest ipc:// path ZeroMQ can bind
+_SOCKET_ROOM = len("/" + RUNTIME_PREFIX + "XXXXXXXX/checkpoint.sock") + 8  # the longest name inside, with room
+
+
+def runtime_parent() -> str:
+    """Where runtime directories go: the temp folder (``TMPDIR``), unless its path is too long for
+    the socket paths inside (a Unix socket path is limited to 107 bytes): then ``/tmp``."""
+    folder = tempfile.gettempdir()
+    if len(os.fsencode(folder)) + _SOCKET_ROOM > SOCKET_PATH_MAX and os.path.isdir("/tmp"):
+        return "/tmp"
+    return folder
 
 
 def _create_time(pid: int) -> float:
@@ -185,7 +199,7 @@ def remove_stale_runtime_dirs(folder: Optional[str] = None) -> list[str]:
 
     A directory without a readable owner record (another program's, or being created) is kept.
     """
-    folder = folder or tempfile.gettempdir()
+    folder = folder or runtime_parent()
     removed: list[str] = []
     try:
         names = os.listdir(folder)
