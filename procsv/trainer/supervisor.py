@@ -224,8 +224,9 @@ class Supervisor(SummaryMethods, Tf1Properties):
                                                             "and summary services are processes and always run")
         if self._stopped:
             self._reset_for_reuse()
+        if not self._started and not self._stopped:
+            outcome.register(self.outcome)  # once, even when reused after a stop
         self._started = True
-        outcome.register(self.outcome)
         t0 = self._clock()
         self._install_signal_handlers()
         endpoints = self._connect_services()
