@@ -240,3 +240,15 @@ def test_stop_re_raises_a_thread_error_and_names_live_threads_unless_ignored(log
     sv.prepare_or_wait_for_session()
     sv.stop(threads=[stuck], ignore_live_threads=True)
     release.set()
+
+
+def test_zero_or_none_save_model_secs_turns_periodic_checkpoints_off_and_the_writer_forwards(logdir):
+    import tensorflow as tf
+
+    for secs in (0, None):
+        sv = _sv(logdir, checkpoint={"w": tf.Variable(1.0)}, save_model_secs=secs)
+        assert sv._ckpt is not None and sv._ckpt.save_model_secs is None
+    sv = _sv(logdir, checkpoint={"w": tf.Variable(1.0)})
+    sv.summary_writer.add_summary({"a": 1.0}, 5)  # TF's writer.add_summary(summary, step) -> the service
+    sv.summary_writer.flush()
+    assert len(sv._summaries) == 1

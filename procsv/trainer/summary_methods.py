@@ -1,4 +1,5 @@
-"""The Supervisor's summary methods (a mixin): ``log_scalar`` ... ``summary_computed``.
+"""The Supervisor's summary methods (a mixin): ``log_scalar`` ... ``summary_computed``, and the
+hand-off of what was logged at step boundaries (``_flush_summaries``).
 
 Runs in the trainer process. Every call validates here (TypeError/ValueError in the caller's
 frame) and only appends to a bounded buffer; the hand-off to the summary service happens at step
@@ -8,10 +9,11 @@ the last completed).
 
 from __future__ import annotations
 
+import sys
 import time
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
-from procsv.trainer.summaries import SummaryBuffer
+from procsv.trainer.summaries import SummaryBuffer, SummarySender
 from procsv.trainer.tf1_args import Tf1Choices
 
 
@@ -19,6 +21,13 @@ class SummaryMethods:
     _summaries: SummaryBuffer
     _step: int
     _tf1: Tf1Choices
+    _channels: Any
+    _ckpt: Any
+    _clock: Callable[[], float]
+    _next_summary: float
+    save_summaries_secs: Optional[float]
+    stop_grace_secs: float
+    summary_fn: Optional[Callable[[], Mapping[str, Any]]]
 
     def log_scalar(self, tag: str, value: Any, step: Optional[int] = None) -> None:
         """Log one scalar (non-blocking). Raises TypeError/ValueError here for a bad tag or value."""
@@ -59,3 +68,34 @@ class SummaryMethods:
     def summaries_dropped(self) -> int:
         """Summaries this process had to drop so far (its bounded buffer overflowed while the service lagged)."""
         return self._summaries.dropped_total
+
+    # ----------------------------------------------------------------- at step boundaries
+    def _periodic_summaries(self, now: float) -> None:
+        """Every ``save_summaries_secs``: the user's ``summary_fn``. (``global_step/sec`` is written by the
+        summary service, from the step marks every batch carries: see ``services/summary/sessions.py``.)"""
+        assert self.save_summaries_secs
+        self._next_summary = now + self.save_summaries_secs
+        if self.summary_fn is not None:
+            self.log_scalars(self.summary_fn())
+
+    def _flush_summaries(self, force: bool, urgent: bool = False, deadline: Optional[float] = None) -> None:
+        """At a step boundary: hand off what is due (never blocks). ``force`` (at stop): hand off
+        everything and wait, up to ``EXIT_WAIT_SECS``, until the summary service has written it."""
+        sender = getattr(self, "_summary_sender", None)
+        if sender is None:
+            assert self._channels is not None
+            # the first call comes from the first step's boundary, or from stop() if no step ran
+            start = self._step if not force else self._step + 1
+            sender = self._summary_sender = SummarySender(self._summaries, self._channels.to_summary,
+                                                          self._channels.summary_acks, self.save_summaries_secs,
+                                                          start)
+        if not force:
+            # while a checkpoint is being committed, send at every boundary: the rows of the steps it
+            # covers must leave this process before a crash could make the restart skip them
+            sender.at_boundary(self._step, urgent=urgent or getattr(self._ckpt, "in_flight", None) is not None)
+            return
+        grace = self.stop_grace_secs if deadline is None else max(0.0, deadline - self._clock())
+        left = sender.close(self._step, min(sender.EXIT_WAIT_SECS, grace))
+        if left:
+            print(f"procsv: {left} summaries were not confirmed written by the summary service at exit",
+                  file=sys.stderr, flush=True)

@@ -33,7 +33,7 @@ from procsv.trainer.hooks import warn_once
 from procsv.trainer.managed import ManagedSession, ManagedSessionContext
 from procsv.trainer.restore import ReadRetry
 from procsv.trainer.standalone import OwnServices
-from procsv.trainer.summaries import SummaryBuffer, SummarySender
+from procsv.trainer.summaries import SummaryBuffer
 from procsv.trainer.summary_methods import SummaryMethods
 from procsv.trainer.tf1_args import USE_DEFAULT, Tf1Properties, add_camel_case_aliases, resolve
 
@@ -222,6 +222,9 @@ class Supervisor(SummaryMethods, Tf1Properties):
         if not start_standard_services:
             warn_once("Supervisor.start_standard_services", "start_standard_services=False: procsv's checkpoint "
                                                             "and summary services are processes and always run")
+        if wait_for_checkpoint or master or config is not None:
+            warn_once("Supervisor.prepare", "master, config and wait_for_checkpoint have no TF2 meaning for a "
+                                            "single chief and are ignored (the newest checkpoint, if any, is restored)")
         if self._stopped:
             self._reset_for_reuse()
         if not self._started and not self._stopped:
@@ -420,36 +423,6 @@ class Supervisor(SummaryMethods, Tf1Properties):
         if self.save_summaries_secs and now >= self._next_summary:
             self._periodic_summaries(now)
         self._flush_summaries(force=False)
-
-    def _periodic_summaries(self, now: float) -> None:
-        """Every ``save_summaries_secs``: the user's ``summary_fn``. (``global_step/sec`` is written by the
-        summary service, from the step marks every batch carries: see ``services/summary/sessions.py``.)"""
-        assert self.save_summaries_secs
-        self._next_summary = now + self.save_summaries_secs
-        if self.summary_fn is not None:
-            self.log_scalars(self.summary_fn())
-
-    def _flush_summaries(self, force: bool, urgent: bool = False, deadline: Optional[float] = None) -> None:
-        """At a step boundary: hand off what is due (never blocks). ``force`` (at stop): hand off
-        everything and wait, up to ``EXIT_WAIT_SECS``, until the summary service has written it."""
-        sender = getattr(self, "_summary_sender", None)
-        if sender is None:
-            assert self._channels is not None
-            # the first call comes from the first step's boundary, or from stop() if no step ran
-            start = self._step if not force else self._step + 1
-            sender = self._summary_sender = SummarySender(self._summaries, self._channels.to_summary,
-                                                          self._channels.summary_acks, self.save_summaries_secs,
-                                                          start)
-        if not force:
-            # while a checkpoint is being committed, send at every boundary: the rows of the steps it
-            # covers must leave this process before a crash could make the restart skip them
-            sender.at_boundary(self._step, urgent=urgent or getattr(self._ckpt, "in_flight", None) is not None)
-            return
-        grace = self.stop_grace_secs if deadline is None else max(0.0, deadline - self._clock())
-        left = sender.close(self._step, min(sender.EXIT_WAIT_SECS, grace))
-        if left:
-            print(f"procsv: {left} summaries were not confirmed written by the summary service at exit",
-                  file=sys.stderr, flush=True)
 
     def _release(self, deadline: Optional[float] = None) -> None:
         if self._channels is not None:
