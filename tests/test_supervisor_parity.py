@@ -252,3 +252,23 @@ def test_zero_or_none_save_model_secs_turns_periodic_checkpoints_off_and_the_wri
     sv.summary_writer.add_summary({"a": 1.0}, 5)  # TF's writer.add_summary(summary, step) -> the service
     sv.summary_writer.flush()
     assert len(sv._summaries) == 1
+
+
+@pytest.mark.slow
+def test_a_reused_supervisor_keeps_a_signal_stop_in_force(logdir):
+    import signal
+
+    import tensorflow as tf
+
+    import procsv
+
+    w = tf.Variable(0.0)
+    sv = procsv.Supervisor(logdir=logdir, checkpoint={"w": w}, save_model_secs=None)
+    with sv.managed_session() as sess:
+        sess.run(lambda: w.assign_add(1.0))
+        sv.coord.request_stop_from_signal(signal.SIGTERM)  # what the SIGTERM handler does
+        assert sv.should_stop()
+    with sv.managed_session() as sess:  # preempted: the new block stops at once, cleanly
+        assert sv.should_stop()
+        sess.run(lambda: w.assign_add(1.0))  # TrainingStopped: a clean stop, swallowed by the block
+    assert int(sv.global_step.numpy()) == 1

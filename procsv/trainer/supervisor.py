@@ -47,7 +47,9 @@ class Supervisor(SummaryMethods, Tf1Properties):
     * ``checkpoint``: what to save -- a ``tf.train.Checkpoint`` or a mapping of names to trackables
       (model, optimizer, ...). ``None`` disables checkpoints (like ``saver=None`` in TF1).
     * ``global_step``: an int64 ``tf.Variable``; created if not given. It is saved in the
-      checkpoint as ``global_step`` and advanced by one by every ``session.run(step_fn)``.
+      checkpoint as ``global_step`` and advanced by one by every ``session.run(step_fn)``, unless
+      the program advances it itself (detected; ``increment_global_step=True/False`` forces it).
+    * TF1's ``graph``, ``saver``, ``summary_op``, ``summary_writer``... (keywords): see ``tf1_args``.
     * ``summary_fn``: called every ``save_summaries_secs`` at a step boundary; returns a mapping of
       scalar tags to values (the TF2 stand-in for ``summary_op``).
     * ``save_checkpoint_steps``: also checkpoint every N steps (off by default).
@@ -364,7 +366,10 @@ class Supervisor(SummaryMethods, Tf1Properties):
 
     def _reset_for_reuse(self) -> None:
         """A prepare after a stop (TF's "retry on preemption" loop): clear the stop, fresh services."""
+        signalled = self.coord.stop_signal
         self.coord.clear_stop()
+        if signalled is not None:  # SIGTERM/SIGINT still holds: the new block stops at once (cleanly)
+            self.coord.request_stop_from_signal(signalled)
         self._stopped = False
         self._unsaved = False
         self._first_step_done = False
