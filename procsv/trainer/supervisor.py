@@ -283,7 +283,7 @@ class Supervisor(SummaryMethods, Tf1Properties):
             pass
 
     def _stop_services(self, deadline: Optional[float] = None, close_summary_writer: bool = True) -> None:
-        """stop() without the join and without raising (procsv.train's sessions use it)."""
+        """The second half of stop(): final checkpoint, summaries, release (no join)."""
         if deadline is None:
             deadline = self._clock() + self.stop_grace_secs
         self.coord.request_stop()
