@@ -272,3 +272,28 @@ def test_a_reused_supervisor_keeps_a_signal_stop_in_force(logdir):
         assert sv.should_stop()
         sess.run(lambda: w.assign_add(1.0))  # TrainingStopped: a clean stop, swallowed by the block
     assert int(sv.global_step.numpy()) == 1
+
+
+@pytest.mark.slow
+def test_optimizer_iterations_as_global_step_is_read_not_incremented(logdir):
+    import keras
+    import tensorflow as tf
+
+    import procsv
+    from conftest import committed_steps
+
+    w = tf.Variable([1.0, 2.0])
+    opt = keras.optimizers.SGD(0.1)
+    opt.build([w])
+
+    def step() -> None:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(w * w)
+        opt.apply_gradients([(tape.gradient(loss, w), w)])
+
+    sv = procsv.Supervisor(logdir=logdir, checkpoint={"w": w, "opt": opt}, global_step=opt.iterations,
+                           save_model_secs=None)
+    with sv.managed_session() as sess:
+        for _ in range(5):
+            sess.run(step)
+    assert int(opt.iterations.numpy()) == 5 and sv.step == 5 and committed_steps(logdir) == [5]
