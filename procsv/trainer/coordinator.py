@@ -34,13 +34,34 @@ class Coordinator:
         self._signalled: Optional[int] = None
         self._exc: Optional[BaseException] = None
         self._threads: list[threading.Thread] = []
+        self._joined = False
 
-    def request_stop(self, ex: Optional[BaseException] = None) -> None:
-        """Ask everyone to stop; the first non-clean exception is kept and re-raised at join."""
+    def request_stop(self, ex: Any = None) -> None:
+        """Ask everyone to stop; the first non-clean exception is kept and re-raised at join.
+
+        ``ex`` is an exception or, as TF accepts, a ``sys.exc_info()`` tuple."""
+        if isinstance(ex, tuple):
+            ex = ex[1] if len(ex) >= 2 else None
+        if ex is not None and not isinstance(ex, BaseException):
+            raise TypeError(f"request_stop(ex): an exception or a sys.exc_info() tuple, not {type(ex).__name__}")
         with self._lock:
             if ex is not None and self._exc is None and not isinstance(ex, self._clean):
                 self._exc = ex
             self._event.set()
+
+    def clear_stop(self) -> None:
+        """Forget the stop request, the recorded exception and the join, as TF's ``clear_stop()``
+        (a Supervisor reused after a stop calls it before running steps again)."""
+        with self._lock:
+            self._exc = None
+            self._signalled = None
+            self._joined = False
+            self._event.clear()
+
+    @property
+    def joined(self) -> bool:
+        """True once :meth:`join` has finished waiting (even if it then raised)."""
+        return self._joined
 
     def request_stop_from_signal(self, signum: int) -> None:
         self._signalled = signum
@@ -85,13 +106,21 @@ class Coordinator:
 
     def join(self, threads: Optional[Iterable[threading.Thread]] = None, stop_grace_period_secs: float = 120,
              ignore_live_threads: bool = False) -> None:
-        """Join the registered (and given) threads; re-raise the recorded exception, if any."""
+        """Join the registered (and given) threads, as TF: first wait until they all ended or a stop
+        was requested (no time limit: healthy threads are never cut short); only then do they get
+        ``stop_grace_period_secs`` to end. Re-raise the recorded exception, if any; else a
+        ``RuntimeError`` naming the threads still alive, unless ``ignore_live_threads``."""
         with self._lock:
             all_threads = list(self._threads) + [t for t in (threads or []) if t not in self._threads]
+        while any(t.is_alive() for t in all_threads) and not self.should_stop():
+            self._event.wait(0.05)
         deadline = self.clock() + stop_grace_period_secs
         for t in all_threads:
             t.join(max(0.0, deadline - self.clock()))
         alive = [t.name for t in all_threads if t.is_alive()]
+        with self._lock:
+            self._joined = True
+            self._threads = [t for t in self._threads if t not in all_threads]
         self.raise_requested_exception()
         if alive and not ignore_live_threads:
             raise RuntimeError(f"Coordinator stopped with threads still running: {' '.join(alive)}")

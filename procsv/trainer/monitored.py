@@ -95,7 +95,7 @@ class _MonitoredSession:
         except BaseException as exc:
             self._closed = True
             self._sv.request_stop(exc)
-            self._sv.stop()
+            getattr(self._sv, "_stop_quietly", self._sv.stop)()
             raise
 
     # ------------------------------------------------------------------ TF API
@@ -222,11 +222,11 @@ class _MonitoredSession:
                     h.end(self._raw)
             except BaseException as err:
                 sv.request_stop(err)
-                sv.stop()
+                getattr(sv, "_stop_quietly", sv.stop)()
                 raise
         elif exc is not None:
             sv.request_stop(exc)
-        sv.stop()
+        getattr(sv, "_stop_quietly", sv.stop)()
         if sv.coord.exception is not None and sv.coord.exception is not exc:
             raise sv.coord.exception
 

@@ -222,7 +222,7 @@ class ChiefSessionCreator:
                                        f"(init_fn: {scaffold.init_fn!r}, local_init_fn: {scaffold.local_init_fn!r})")
         except BaseException as exc:
             sv.request_stop(exc)
-            sv.stop()
+            getattr(sv, "_stop_quietly", sv.stop)()
             raise
         return raw
 

@@ -29,13 +29,17 @@ from procsv.trainer import outcome
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpointing import SAVE_DEADLINE_FLOOR, CheckpointAgent
 from procsv.trainer.coordinator import Coordinator, LooperThread
+from procsv.trainer.hooks import warn_once
+from procsv.trainer.managed import ManagedSession, ManagedSessionContext
 from procsv.trainer.restore import ReadRetry
 from procsv.trainer.standalone import OwnServices
-from procsv.trainer.summaries import SummaryBuffer, SummarySender
+from procsv.trainer.summaries import SummaryBuffer
+from procsv.trainer.summary_methods import SummaryMethods
+from procsv.trainer.tf1_args import USE_DEFAULT, Tf1Properties, add_camel_case_aliases, resolve
 
 PROGRESS_EVERY = 0.1  # seconds between Progress messages to the watchdog
 
-class Supervisor:
+class Supervisor(SummaryMethods, Tf1Properties):
     """Checkpoints, summaries, restore-on-restart and stop coordination for a TF2 training loop.
 
     Args mirror ``tf.compat.v1.train.Supervisor``; the TF2-specific ones:
@@ -43,7 +47,9 @@ class Supervisor:
     * ``checkpoint``: what to save -- a ``tf.train.Checkpoint`` or a mapping of names to trackables
       (model, optimizer, ...). ``None`` disables checkpoints (like ``saver=None`` in TF1).
     * ``global_step``: an int64 ``tf.Variable``; created if not given. It is saved in the
-      checkpoint as ``global_step`` and advanced by one by every ``session.run(step_fn)``.
+      checkpoint as ``global_step`` and advanced by one by every ``session.run(step_fn)``, unless
+      the program advances it itself (detected; ``increment_global_step=True/False`` forces it).
+    * TF1's ``graph``, ``saver``, ``summary_op``, ``summary_writer``... (keywords): see ``tf1_args``.
     * ``summary_fn``: called every ``save_summaries_secs`` at a step boundary; returns a mapping of
       scalar tags to values (the TF2 stand-in for ``summary_op``).
     * ``save_checkpoint_steps``: also checkpoint every N steps (off by default).
@@ -59,6 +65,8 @@ class Supervisor:
     * ``read_retry_secs``: how long a checkpoint file that cannot be read (EIO, EACCES, ESTALE...)
       is retried at restore before :class:`UnreadableCheckpoint` is raised (default 5 s).
     """
+
+    USE_DEFAULT: Any = USE_DEFAULT  # TF's: build the default piece (None turns that service off)
 
     def __init__(
         self,
@@ -80,6 +88,19 @@ class Supervisor:
         allow_reinit: bool = False,
         read_retry_secs: float = ReadRetry.total_secs,
         checkpoint_failure_limit: int = 3,
+        *,
+        graph: Any = None,
+        ready_op: Any = USE_DEFAULT,
+        ready_for_local_init_op: Any = USE_DEFAULT,
+        init_op: Any = USE_DEFAULT,
+        init_feed_dict: Any = None,
+        local_init_op: Any = USE_DEFAULT,
+        summary_op: Any = USE_DEFAULT,
+        saver: Any = USE_DEFAULT,
+        session_manager: Any = None,
+        summary_writer: Any = USE_DEFAULT,
+        local_init_run_options: Any = None,
+        increment_global_step: Optional[bool] = None,
     ) -> None:
         import tensorflow as tf
 
@@ -111,10 +132,16 @@ class Supervisor:
         self.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours
         self.save_checkpoint_steps = save_checkpoint_steps
         self.init_fn = init_fn
-        self.summary_fn = summary_fn
+        self._tf1 = resolve(checkpoint, summary_fn, saver, summary_op, summary_writer, {
+            "graph": graph, "ready_op": ready_op, "ready_for_local_init_op": ready_for_local_init_op,
+            "init_op": init_op, "init_feed_dict": init_feed_dict, "local_init_op": local_init_op,
+            "session_manager": session_manager, "local_init_run_options": local_init_run_options})
+        checkpoint, self.summary_fn = self._tf1.checkpoint, self._tf1.summary_fn
+        self.increment_global_step = increment_global_step
+        self._program_counts = increment_global_step is False  # the program advances global_step itself
         self.coord = Coordinator(clock=clock)
 
-        self.global_step = global_step
+        self.global_step: Any = None if global_step is USE_DEFAULT else global_step
         if checkpoint is not None and not isinstance(checkpoint, tf.train.Checkpoint):
             if not isinstance(checkpoint, Mapping):
                 raise UsageError("checkpoint must be a tf.train.Checkpoint or a mapping of names to trackables")
@@ -126,19 +153,20 @@ class Supervisor:
         if checkpoint is not None and getattr(checkpoint, "global_step", None) is None:
             checkpoint.global_step = self.global_step
         self.checkpoint = checkpoint
-        if checkpoint is None:
+        if checkpoint is None and saver is not None:
             print("procsv: warning: Supervisor(checkpoint=None): nothing will be saved, and a restarted trainer "
                   "starts again from step 0; pass checkpoint=tf.train.Checkpoint(model=..., optimizer=...)",
                   file=sys.stderr, flush=True)
         self._ckpt: Optional[CheckpointAgent] = None
+        self._new_agent: Callable[[], CheckpointAgent] = lambda: CheckpointAgent(
+            checkpoint, self.global_step, self.layout, basename=checkpoint_basename,
+            save_model_secs=save_model_secs or None, save_checkpoint_steps=save_checkpoint_steps,
+            max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+            allow_reinit=self.allow_reinit, read_retry=ReadRetry(total_secs=read_retry_secs),
+            failure_limit=int(os.environ.get(env.CHECKPOINT_FAILURE_LIMIT, checkpoint_failure_limit)),
+            save_deadline_floor=float(os.environ.get(env.SAVE_DEADLINE, SAVE_DEADLINE_FLOOR)))
         if checkpoint is not None:
-            self._ckpt = CheckpointAgent(
-                checkpoint, self.global_step, self.layout, basename=checkpoint_basename,
-                save_model_secs=save_model_secs, save_checkpoint_steps=save_checkpoint_steps,
-                max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
-                allow_reinit=self.allow_reinit, read_retry=ReadRetry(total_secs=read_retry_secs),
-                failure_limit=int(os.environ.get(env.CHECKPOINT_FAILURE_LIMIT, checkpoint_failure_limit)),
-                save_deadline_floor=float(os.environ.get(env.SAVE_DEADLINE, SAVE_DEADLINE_FLOOR)))
+            self._ckpt = self._new_agent()
 
         self._step = 0
         self._channels: Optional[TrainerChannels] = None
@@ -153,6 +181,7 @@ class Supervisor:
         self._last_progress = 0.0
         self._next_summary = 0.0
         self._started = False
+        self._stopped = False  # stop() ran: a further prepare_or_wait_for_session() starts afresh
 
     # ----------------------------------------------------------------- properties (TF1 names)
     @property
@@ -175,21 +204,34 @@ class Supervisor:
 
     # ----------------------------------------------------------------- session lifecycle
     def managed_session(self, master: str = "", config: Any = None, start_standard_services: bool = True,
-                        close_summary_writer: bool = True) -> "_ManagedSessionContext":
+                        close_summary_writer: bool = True) -> ManagedSessionContext:
         """Context manager: restore or initialize, yield a :class:`ManagedSession`, stop at exit.
 
         OutOfRangeError, StopIteration and :class:`TrainingStopped` inside the block are a clean
-        stop and are not re-raised; any other exception is re-raised after the services stopped.
+        stop and are not re-raised; any other exception (the block's, else a thread's) is re-raised
+        after the services stopped. The Supervisor can be used for another block afterwards.
         """
-        return _ManagedSessionContext(self)
+        return ManagedSessionContext(self, start_standard_services, close_summary_writer)
 
     def prepare_or_wait_for_session(self, master: str = "", config: Any = None, wait_for_checkpoint: bool = False,
-                                    max_wait_secs: float = 7200, start_standard_services: bool = True) -> "ManagedSession":
-        if self._started:
+                                    max_wait_secs: float = 7200, start_standard_services: bool = True) -> ManagedSession:
+        """Restore the newest committed checkpoint (or initialize) and return the session. Called
+        again after :meth:`stop`, it starts afresh: the stop is cleared and the state restored
+        again from the newest checkpoint, as TF's SessionManager did for a new session."""
+        if self._started and not self._stopped:
             assert self._session is not None
             return self._session
+        if not start_standard_services:
+            warn_once("Supervisor.start_standard_services", "start_standard_services=False: procsv's checkpoint "
+                                                            "and summary services are processes and always run")
+        if wait_for_checkpoint or master or config is not None:
+            warn_once("Supervisor.prepare", "master, config and wait_for_checkpoint have no TF2 meaning for a "
+                                            "single chief and are ignored (the newest checkpoint, if any, is restored)")
+        if self._stopped:
+            self._reset_for_reuse()
+        if not self._started and not self._stopped:
+            outcome.register(self.outcome)  # once, even when reused after a stop
         self._started = True
-        outcome.register(self.outcome)
         t0 = self._clock()
         self._install_signal_handlers()
         endpoints = self._connect_services()
@@ -220,27 +262,60 @@ class Supervisor:
         return self._session
 
     def stop(self, threads: Any = None, close_summary_writer: bool = True, ignore_live_threads: bool = False) -> None:
-        """Request a stop, join loops, write the final checkpoint, flush summaries, release all."""
+        """Request a stop; join the threads (``sv.loop``'s and ``threads``), then write the final
+        checkpoint (unless an exception was recorded), flush summaries and release everything, all
+        within one ``stop_grace_secs`` deadline. Re-raises like TF: the recorded exception, else a
+        ``RuntimeError`` for threads still alive after the grace period (unless ``ignore_live_threads``).
+        ``close_summary_writer=False`` skips the SessionLog STOP (TF kept the writer open)."""
+        deadline = self._clock() + self.stop_grace_secs
         self.coord.request_stop()
         try:
-            self.coord.join(threads, stop_grace_period_secs=self.stop_grace_secs, ignore_live_threads=True)
+            self.coord.join(threads, stop_grace_period_secs=self.stop_grace_secs,
+                            ignore_live_threads=ignore_live_threads)
+        finally:
+            self._stop_services(deadline, close_summary_writer)
+
+    def _stop_quietly(self) -> None:
+        """stop() that re-raises nothing: procsv.train's sessions raise the recorded exception themselves."""
+        try:
+            self.stop(ignore_live_threads=True)
         except BaseException:
-            pass  # the block re-raises the recorded exception itself
+            pass
+
+    def _stop_services(self, deadline: Optional[float] = None, close_summary_writer: bool = True) -> None:
+        """The second half of stop(): final checkpoint, summaries, release (no join)."""
+        if deadline is None:
+            deadline = self._clock() + self.stop_grace_secs
+        self.coord.request_stop()
+        self._stopped = self._started
         if self._channels is None:
-            self._release()
+            self._release(deadline)
             return
         try:
             self._stopped_by_signal = self.coord.stop_signal is not None
             if self.coord.exception is None and self._ckpt is not None:
-                self.commit_checkpoint()
+                self.commit_checkpoint(deadline)
             else:
                 self._channels.to_watchdog(Progress(os.getpid(), self._step, time.time(), Busy.NONE))
-            self._flush_summaries(force=True)
-            self._channels.to_summary(SessionLogEvent(SessionStatus.STOP, self._step))
+            self._flush_summaries(force=True, deadline=deadline)
+            if close_summary_writer:
+                self._channels.to_summary(SessionLogEvent(SessionStatus.STOP, self._step))
         finally:
-            self._release()
+            self._release(deadline)
 
-    def commit_checkpoint(self) -> bool:
+    def start_standard_services(self, sess: Any = None) -> list[Any]:
+        """TF started its checkpoint, summary and step-counter threads here. procsv's services are
+        separate processes, running since the session was prepared: no thread to return, so []."""
+        return []
+
+    def start_queue_runners(self, sess: Any = None, queue_runners: Any = None) -> list[Any]:
+        """TF2 has no queue runners (use ``tf.data``): nothing to start, so []."""
+        if queue_runners:
+            warn_once("Supervisor.start_queue_runners", "start_queue_runners(queue_runners=...): TF2 has no queue "
+                                                        "runners; feed the steps from a tf.data.Dataset instead")
+        return []
+
+    def commit_checkpoint(self, deadline: Optional[float] = None) -> bool:
         """Commit a checkpoint of the last completed step now, waiting up to ``stop_grace_secs``
         (``preempted`` after SIGTERM/SIGINT, else ``final``); True if that step is committed.
         ``stop()`` calls it; so does ``procsv.train``'s CheckpointSaverHook at ``end()``."""
@@ -249,7 +324,8 @@ class Supervisor:
         self._channels.to_watchdog(Progress(os.getpid(), self._step, time.time(), Busy.FINAL_CHECKPOINT))
         self._flush_summaries(force=False, urgent=True)  # hand off before the commit, as at a step
         reason = SaveReason.PREEMPTED if self.coord.stop_signal is not None else SaveReason.FINAL
-        self._ckpt.final(self._channels, self._step, reason, self.stop_grace_secs)
+        grace = self.stop_grace_secs if deadline is None else max(0.0, deadline - self._clock())
+        self._ckpt.final(self._channels, self._step, reason, grace)
         self._unsaved = self._ckpt.last_committed < self._step
         return not self._unsaved
 
@@ -257,7 +333,8 @@ class Supervisor:
         """What this Supervisor achieved so far (the trainer's bootstrap reads it at exit)."""
         return outcome.Outcome(self._steps_completed, self._stopped_by_signal, 1, self._unsaved)
 
-    def request_stop(self, ex: Optional[BaseException] = None) -> None:
+    def request_stop(self, ex: Any = None) -> None:
+        """Ask for a stop; ``ex`` (an exception or a ``sys.exc_info()`` tuple) is re-raised at the end."""
         self.coord.request_stop(ex)
 
     def should_stop(self) -> bool:
@@ -276,47 +353,6 @@ class Supervisor:
         looper.start()
         return looper
 
-    # ----------------------------------------------------------------- summaries
-    # Every call validates here (TypeError/ValueError in the caller's frame) and only appends to a
-    # bounded buffer; the hand-off to the summary service happens at step boundaries. ``step``
-    # defaults to the current step (the one running inside ``session.run``, else the last completed).
-    def log_scalar(self, tag: str, value: Any, step: Optional[int] = None) -> None:
-        """Log one scalar (non-blocking). Raises TypeError/ValueError here for a bad tag or value."""
-        self._summaries.scalar(tag, value, self._step if step is None else step, time.time())
-
-    def log_scalars(self, values: Mapping[str, Any], step: Optional[int] = None) -> None:
-        """Log several scalars of one step; if any is invalid, none is logged."""
-        self._summaries.scalars(values, self._step if step is None else step, time.time())
-
-    def log_histogram(self, tag: str, values: Any, step: Optional[int] = None, buckets: Optional[int] = None,
-                      description: str = "") -> None:
-        """Log the distribution of ``values`` (any shape), as ``tf.summary.histogram`` (30 buckets)."""
-        self._summaries.histogram(tag, values, self._step if step is None else step, time.time(), buckets,
-                                  description)
-
-    def log_image(self, tag: str, images: Any, step: Optional[int] = None, max_outputs: int = 3,
-                  description: str = "") -> None:
-        """Log images: ``[k, h, w, c]`` (or one ``[h, w, c]``), c in 1-4, uint8 or floats in [0, 1]."""
-        self._summaries.image(tag, images, self._step if step is None else step, time.time(), max_outputs,
-                              description)
-
-    def log_text(self, tag: str, text: Any, step: Optional[int] = None, description: str = "") -> None:
-        """Log a string (or an array of strings), shown by TensorBoard's Text dashboard."""
-        self._summaries.text(tag, text, self._step if step is None else step, time.time(), description)
-
-    def summary_computed(self, sess: Any, summary: Any, global_step: Optional[int] = None) -> None:
-        """Log a ``Summary`` proto (or its bytes, or a mapping of scalar tags to values)."""
-        step = self._step if global_step is None else global_step
-        if isinstance(summary, Mapping):
-            self.log_scalars(summary, step)
-        else:
-            self._summaries.proto(summary, step, time.time())
-
-    @property
-    def summaries_dropped(self) -> int:
-        """Summaries this process had to drop so far (its bounded buffer overflowed while the service lagged)."""
-        return self._summaries.dropped_total
-
     # ----------------------------------------------------------------- internals
     def _install_signal_handlers(self) -> None:
         def on_signal(signum: int, frame: Any) -> None:
@@ -328,6 +364,19 @@ class Supervisor:
         if early is not None:
             self.coord.request_stop_from_signal(early)
 
+    def _reset_for_reuse(self) -> None:
+        """A prepare after a stop (TF's "retry on preemption" loop): clear the stop, fresh services."""
+        signalled = self.coord.stop_signal
+        self.coord.clear_stop()
+        if signalled is not None:  # SIGTERM/SIGINT still holds: the new block stops at once (cleanly)
+            self.coord.request_stop_from_signal(signalled)
+        self._stopped = False
+        self._unsaved = False
+        self._first_step_done = False
+        self.__dict__.pop("_summary_sender", None)
+        if self._ckpt is not None:
+            self._ckpt = self._new_agent()
+
     def _connect_services(self) -> Endpoints:
         if self._ctx is not None:
             return self._ctx.endpoints
@@ -338,7 +387,8 @@ class Supervisor:
         if self.init_fn is not None:
             self.init_fn(self._session)
 
-    def _begin_step(self) -> None:
+    def _begin_step(self) -> int:
+        """Before a step: checkpoint work of the completed step; return that step's number."""
         if self.coord.should_stop():
             raise TrainingStopped("a stop was requested; the training loop should end")
         if self._ckpt is not None and self._channels is not None:
@@ -351,10 +401,22 @@ class Supervisor:
             if self._ckpt.failure is not None:  # checkpoints keep failing: stop, the TF way
                 self.coord.request_stop(self._ckpt.failure)
                 raise TrainingStopped(str(self._ckpt.failure))
+        before = self._step
         self._step += 1
+        return before
 
-    def _end_step(self) -> None:
-        self.global_step.assign_add(1)
+    def _end_step(self, before: int) -> None:
+        """After a step: advance global_step (unless the program did: a value other than ``before``
+        means it counts itself, e.g. ``optimizer.iterations``; never count twice), then report."""
+        if not self._program_counts and self.increment_global_step is None:
+            if int(self.global_step.numpy()) != before:
+                self._program_counts = True
+                warn_once("Supervisor.global_step", "the program advances global_step itself: procsv reads it "
+                                                    "and no longer increments it")
+        if self._program_counts:
+            self._step = int(self.global_step.numpy())
+        else:
+            self.global_step.assign_add(1)
         self._steps_completed += 1
         ch = self._channels
         assert ch is not None
@@ -367,93 +429,19 @@ class Supervisor:
             self._periodic_summaries(now)
         self._flush_summaries(force=False)
 
-    def _periodic_summaries(self, now: float) -> None:
-        """Every ``save_summaries_secs``: the user's ``summary_fn``. (``global_step/sec`` is written by the
-        summary service, from the step marks every batch carries: see ``services/summary/sessions.py``.)"""
-        assert self.save_summaries_secs
-        self._next_summary = now + self.save_summaries_secs
-        if self.summary_fn is not None:
-            self.log_scalars(self.summary_fn())
-
-    def _flush_summaries(self, force: bool, urgent: bool = False) -> None:
-        """At a step boundary: hand off what is due (never blocks). ``force`` (at stop): hand off
-        everything and wait, up to ``EXIT_WAIT_SECS``, until the summary service has written it."""
-        sender = getattr(self, "_summary_sender", None)
-        if sender is None:
-            assert self._channels is not None
-            # the first call comes from the first step's boundary, or from stop() if no step ran
-            start = self._step if not force else self._step + 1
-            sender = self._summary_sender = SummarySender(self._summaries, self._channels.to_summary,
-                                                          self._channels.summary_acks, self.save_summaries_secs,
-                                                          start)
-        if not force:
-            # while a checkpoint is being committed, send at every boundary: the rows of the steps it
-            # covers must leave this process before a crash could make the restart skip them
-            sender.at_boundary(self._step, urgent=urgent or getattr(self._ckpt, "in_flight", None) is not None)
-            return
-        left = sender.close(self._step, min(sender.EXIT_WAIT_SECS, self.stop_grace_secs))
-        if left:
-            print(f"procsv: {left} summaries were not confirmed written by the summary service at exit",
-                  file=sys.stderr, flush=True)
-
-    def _release(self) -> None:
+    def _release(self, deadline: Optional[float] = None) -> None:
         if self._channels is not None:
             self._channels.close()
             self._channels = None
         if self._own is not None:
-            self._own.release(self.stop_grace_secs)
+            grace = self.stop_grace_secs if deadline is None else max(1.0, deadline - self._clock())
+            self._own.release(grace)
             self._own = None
         for sig, handler in self._old_handlers.items():
             signal.signal(sig, handler)
         self._old_handlers = {}
 
 
-class ManagedSession:
-    """What ``managed_session()`` yields. ``run(step_fn, *args)`` runs one training step."""
+add_camel_case_aliases(Supervisor)
 
-    def __init__(self, sv: Supervisor) -> None:
-        self._sv = sv
-
-    def run(self, step_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run ``step_fn(*args, **kwargs)`` as one step, then advance ``global_step`` by one.
-
-        Raises :class:`TrainingStopped` (a clean stop) if a stop was already requested.
-        """
-        sv = self._sv
-        sv._begin_step()
-        try:
-            out = step_fn(*args, **kwargs)
-        except BaseException:
-            sv._step -= 1
-            raise
-        sv._end_step()
-        return out
-
-    def should_stop(self) -> bool:
-        return self._sv.should_stop()
-
-
-class _ManagedSessionContext:
-    def __init__(self, sv: Supervisor) -> None:
-        self._sv = sv
-
-    def __enter__(self) -> ManagedSession:
-        try:
-            return self._sv.prepare_or_wait_for_session()
-        except BaseException:
-            self._sv._release()
-            raise
-
-    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> bool:
-        sv = self._sv
-        if exc is not None:
-            sv.request_stop(exc)
-        sv.stop()
-        if sv.coord.exception is not None and sv.coord.exception is not exc:
-            raise sv.coord.exception
-        if exc is None:
-            return False
-        return sv.coord.exception is None  # clean-stop types are swallowed, anything else re-raised
-
-
-__all__ = ["Supervisor", "ManagedSession", "ProcsvError"]
+__all__ = ["Supervisor", "ManagedSession", "ProcsvError", "USE_DEFAULT"]

@@ -1,0 +1,102 @@
+"""The session ``Supervisor.managed_session()`` yields, and the ``with`` block around it.
+
+Runs in the trainer process. ``sess.run(step_fn, *args)`` on the thread that prepared the session
+is one training step. ``sess.run(fetches)`` with tensors, variables or a structure of them (and
+``sess.evaluate(...)``) only reads values, from any thread: it is no step and touches none of the
+trainer's sockets. A step function run from another thread (TF1 programs ran a train op from
+``sv.loop`` threads) is refused with :class:`procsv.UsageError`: the step boundary (checkpoint
+snapshots, progress, summaries) belongs to one thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, Optional
+
+from procsv.common.errors import UsageError
+from procsv.trainer.hooks import evaluate
+
+if TYPE_CHECKING:
+    from procsv.trainer.supervisor import Supervisor
+
+
+class ManagedSession:
+    """What ``managed_session()`` yields. ``run(step_fn, *args)`` runs one training step."""
+
+    def __init__(self, sv: "Supervisor") -> None:
+        self._sv = sv
+        self._owner = threading.get_ident()
+
+    def run(self, step_fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run ``step_fn(*args, **kwargs)`` as one step, then advance ``global_step`` by one
+        (unless the program advanced it itself: see ``Supervisor(increment_global_step=...)``).
+
+        ``run(tensors/variables/structure)`` returns their values and is no step, from any thread.
+        Raises :class:`TrainingStopped` (a clean stop) if a stop was already requested, and
+        :class:`UsageError` for a step function from a thread other than the session's.
+        """
+        import tensorflow as tf
+
+        if not callable(step_fn) or isinstance(step_fn, (tf.Tensor, tf.Variable)):
+            return evaluate(step_fn)
+        if threading.get_ident() != self._owner:
+            raise UsageError(
+                f"sess.run({getattr(step_fn, '__name__', 'step_fn')}) from thread "
+                f"{threading.current_thread().name!r}: training steps run only on the thread that entered "
+                "managed_session(); from other threads (sv.loop) read values: sess.run(variable_or_tensor) "
+                "or sess.evaluate(fn)")
+        sv = self._sv
+        before = sv._begin_step()
+        try:
+            out = step_fn(*args, **kwargs)
+        except BaseException:
+            sv._step = before
+            raise
+        sv._end_step(before)
+        return out
+
+    def evaluate(self, fetches: Any) -> Any:
+        """The current values of ``fetches`` (a callable is called); never a step; any thread."""
+        return evaluate(fetches)
+
+    def should_stop(self) -> bool:
+        return self._sv.should_stop()
+
+    def close(self) -> None:
+        """TF closed the session after ``stop()``; here the Supervisor's stop releases everything."""
+
+    @property
+    def graph(self) -> None:
+        return None
+
+
+class ManagedSessionContext:
+    """The ``with sv.managed_session():`` block: prepare on entry; on exit ``stop()`` and re-raise
+    as TF (the block's exception, else a service's or thread's; clean-stop types are swallowed)."""
+
+    def __init__(self, sv: "Supervisor", start_standard_services: bool, close_summary_writer: bool) -> None:
+        self._sv = sv
+        self._start = start_standard_services
+        self._close = close_summary_writer
+
+    def __enter__(self) -> ManagedSession:
+        try:
+            return self._sv.prepare_or_wait_for_session(start_standard_services=self._start)
+        except BaseException:
+            self._sv._release()
+            raise
+
+    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> bool:
+        sv = self._sv
+        if exc is not None:
+            sv.request_stop(exc)
+        try:
+            sv.stop(close_summary_writer=self._close)
+        except BaseException as err:
+            if err is exc:
+                return False  # re-raised with its own traceback
+            raise
+        if exc is None:
+            return False
+        return sv.coord.exception is None  # clean-stop types are swallowed
+

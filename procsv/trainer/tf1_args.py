@@ -1,0 +1,178 @@
+"""The TF1 arguments of ``procsv.Supervisor`` and what they mean in TF2.
+
+Runs in the trainer process, when a Supervisor is built. ``Supervisor.USE_DEFAULT`` builds the
+default piece; ``None`` turns that service off, as in TensorFlow: ``saver=None`` saves (and
+restores) nothing, ``summary_op=None`` computes no automatic summaries, ``summary_writer=None``
+writes none. The graph-era arguments (``graph``, ``init_op``, ``ready_op``...) have no TF2 meaning:
+they are accepted, ignored, and warned about once, naming what to use instead. Also here: the
+``summary_writer`` stand-in, the TF1 properties and TensorFlow's CamelCase method aliases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Optional
+
+from procsv.common.errors import UsageError
+from procsv.trainer.hooks import warn_once
+
+
+class _UseDefault:
+    """TF's ``Supervisor.USE_DEFAULT``: "build the default piece" (``None`` turns it off)."""
+
+    def __repr__(self) -> str:
+        return "Supervisor.USE_DEFAULT"
+
+
+USE_DEFAULT: Any = _UseDefault()
+
+# graph-era arguments: accepted, ignored, warned once with the TF2 way to do it
+IGNORED = {
+    "graph": "nothing: TF2 runs eagerly; the state to save is checkpoint=tf.train.Checkpoint(...)",
+    "ready_op": "a check at the start of the managed_session block (TF2 variables exist once created)",
+    "ready_for_local_init_op": "a check at the start of the managed_session block",
+    "init_op": "init_fn(session) (TF2 variables are initialized when created)",
+    "init_feed_dict": "init_fn(session)",
+    "local_init_op": "code at the start of the managed_session block (it runs at every (re)start)",
+    "local_init_run_options": "nothing (TF2 has no RunOptions)",
+    "session_manager": "nothing: the Supervisor restores the newest committed checkpoint itself",
+}
+CAMEL_CASE = {"PrepareSession": "prepare_or_wait_for_session", "StartQueueRunners": "start_queue_runners",
+              "StartStandardServices": "start_standard_services", "Stop": "stop", "RequestStop": "request_stop",
+              "Loop": "loop", "ShouldStop": "should_stop", "StopOnException": "stop_on_exception",
+              "WaitForStop": "wait_for_stop", "SummaryComputed": "summary_computed"}  # TF's own setattr list
+
+
+@dataclasses.dataclass
+class Tf1Choices:
+    """What the TF1 arguments decided (the Supervisor reads these)."""
+
+    checkpoint: Any  # the state to save, after ``saver``
+    summary_fn: Optional[Callable[[], Mapping[str, Any]]]  # None: no automatic summaries
+    writer: bool  # False: ``summary_writer=None``, summaries are refused (TF: "requires a summary writer")
+    given: dict[str, Any]  # the TF1 values as passed (the properties return them)
+
+
+def _is_default(value: Any) -> bool:
+    return value is USE_DEFAULT
+
+
+def resolve(checkpoint: Any, summary_fn: Optional[Callable[[], Mapping[str, Any]]], saver: Any, summary_op: Any,
+            summary_writer: Any, ignored: Mapping[str, Any]) -> Tf1Choices:
+    """Apply TF's ``USE_DEFAULT``/``None`` rules to ``saver``, ``summary_op``, ``summary_writer``
+    and warn once about every graph-era argument given a value."""
+    import tensorflow as tf
+
+    for name, value in ignored.items():
+        if value is not None and not _is_default(value):
+            warn_once(f"Supervisor.{name}", f"Supervisor({name}=...) has no meaning in TF2 and is ignored; "
+                                            f"use {IGNORED[name]}")
+    if saver is None:
+        if checkpoint is not None:
+            raise UsageError("Supervisor(saver=None, checkpoint=...): saver=None turns checkpoints off; "
+                             "pass one of them")
+        warn_once("Supervisor.saver=None", "Supervisor(saver=None): no checkpoint is saved or restored (as TF); "
+                                           "a restarted trainer starts from step 0")
+    elif not _is_default(saver):
+        if isinstance(saver, (tf.train.Checkpoint, Mapping)) and checkpoint is None:
+            checkpoint = saver  # the TF2 saver: what to save
+        else:
+            warn_once("Supervisor.saver", "Supervisor(saver=...) is ignored: procsv's checkpoint service saves "
+                                          "checkpoint=tf.train.Checkpoint(model=..., optimizer=...)")
+    if summary_op is None:
+        summary_fn = None
+    elif not _is_default(summary_op):
+        if callable(summary_op) and summary_fn is None:
+            summary_fn = summary_op  # the TF2 summary_op: a callable returning {tag: value}
+        else:
+            warn_once("Supervisor.summary_op", "Supervisor(summary_op=...) must be a callable returning "
+                                               "{tag: value} in TF2 (or use summary_fn=); this one is ignored")
+    writer = summary_writer is not None
+    if writer and not _is_default(summary_writer):
+        warn_once("Supervisor.summary_writer", "Supervisor(summary_writer=...) is ignored: procsv's summary "
+                                               "service writes the logdir's event file; sv.summary_writer forwards")
+    if not writer:
+        summary_fn = None
+    given = dict(ignored, saver=saver, summary_op=summary_op, summary_writer=summary_writer)
+    return Tf1Choices(checkpoint, summary_fn, writer, given)
+
+
+class SummaryWriterShim:
+    """``sv.summary_writer``: TF's ``add_summary(summary, global_step)`` forwarded to the summary
+    service (through ``sv.summary_computed``); ``flush``/``close`` are the service's business."""
+
+    def __init__(self, summary_computed: Callable[..., None]) -> None:
+        self._computed = summary_computed
+
+    def add_summary(self, summary: Any, global_step: Optional[int] = None) -> None:
+        self._computed(None, summary, global_step)
+
+    def add_session_log(self, session_log: Any, global_step: Optional[int] = None) -> None:
+        warn_once("writer.add_session_log", "summary_writer.add_session_log() is ignored: the Supervisor writes "
+                                            "SessionLog START/STOP itself")
+
+    def flush(self) -> None:
+        """Nothing to do: the Supervisor hands summaries off at step boundaries and at stop."""
+
+    def close(self) -> None:
+        """Nothing to do: the summary service closes its event file."""
+
+
+class Tf1Properties:
+    """The TF1 properties of the Supervisor that have no TF2 object behind them (mixin)."""
+
+    _tf1: Tf1Choices
+
+    @property
+    def graph(self) -> None:
+        return None
+
+    @property
+    def init_op(self) -> Any:
+        return self._tf1.given.get("init_op")
+
+    @property
+    def init_feed_dict(self) -> Any:
+        return self._tf1.given.get("init_feed_dict")
+
+    @property
+    def ready_op(self) -> Any:
+        return self._tf1.given.get("ready_op")
+
+    @property
+    def ready_for_local_init_op(self) -> Any:
+        return self._tf1.given.get("ready_for_local_init_op")
+
+    @property
+    def local_init_op(self) -> Any:
+        return self._tf1.given.get("local_init_op")
+
+    @property
+    def session_manager(self) -> Any:
+        """What was passed as ``session_manager`` (ignored: the Supervisor restores itself), or None."""
+        value = self._tf1.given.get("session_manager")
+        return None if _is_default(value) else value
+
+    @property
+    def summary_op(self) -> Any:
+        """The TF2 summary callable (``summary_fn``), or None when automatic summaries are off."""
+        return self._tf1.summary_fn
+
+    @property
+    def saver(self) -> Any:
+        """The ``tf.train.Checkpoint`` that is saved (TF2's saver), or None when checkpoints are off."""
+        return getattr(self, "checkpoint", None)
+
+    @property
+    def summary_writer(self) -> Optional[SummaryWriterShim]:
+        """None with ``summary_writer=None``; else an object whose ``add_summary(summary, step)``
+        goes to the summary service."""
+        if not self._tf1.writer:
+            return None
+        return SummaryWriterShim(getattr(self, "summary_computed"))
+
+
+def add_camel_case_aliases(cls: type) -> None:
+    """TensorFlow's Supervisor has these CamelCase names for its methods (supervisor.py, the end)."""
+    for camel, snake in CAMEL_CASE.items():
+        setattr(cls, camel, getattr(cls, snake))
