@@ -22,10 +22,12 @@ processes' counts follow that cycle (the checkpoint service holds 15 to 17 fds d
 moment, the watchdog one thread less between a death and the next start), so samples are grouped
 by restart cycle (the restart count when taken; the cycle the soak stopped in is left out) and
 compared cycle to cycle, never sample to sample. A cycle's fd, thread and mapping value is its
-maximum (the fully set-up state; a leak raises every state), and a window's value is the median
-of its cycles' values (the lower middle one); RSS is the median of all the window's samples
-(allocator peaks come and go). Growth is (last window) - (first window), the windows being the first and the last
-k cycles after warm-up, k = a tenth of them, at least 3. The table also shows the raw first
+peak (the fully set-up state; a leak raises every state), and their growth is the lowest peak of
+the last window minus the highest peak of the first: a sample every 0.25 s may or may not catch
+the moment a commit holds one more fd, so a single window's peaks vary by one without any leak,
+while a leak raises all of the last window's. RSS is the median of all the window's samples
+(allocator peaks come and go), its growth (last window) - (first window). The windows are the
+first and the last k cycles after warm-up, k = a tenth of them, at least 3. The table also shows the raw first
 sample after warm-up and the raw last sample.
 
 Goals, each checked (the script exits 1 if one fails, naming it):
@@ -244,15 +246,19 @@ def growth(cycs: list[list[Sample]]) -> dict[str, float]:
     k = max(3, len(cycs) // 10) if len(cycs) >= 6 else max(1, len(cycs) // 2)
     first, last = cycs[:k], cycs[-k:]
 
-    def count(window: list[list[Sample]], key: str) -> float:
-        return float(statistics.median_low(max(getattr(s, key) for s in cyc) for cyc in window))
+    def peaks(window: list[list[Sample]], key: str) -> list[int]:
+        return [max(getattr(s, key) for s in cyc) for cyc in window]
+
+    def count(key: str) -> float:
+        # a leak raises every cycle's peak: the last window's lowest peak over the first window's highest
+        return float(min(peaks(last, key)) - max(peaks(first, key)))
 
     def rss(window: list[list[Sample]]) -> float:
         return float(statistics.median(s.rss for cyc in window for s in cyc))
 
-    return {"fds": count(last, "fds") - count(first, "fds"),
-            "threads": count(last, "threads") - count(first, "threads"),
-            "maps": count(last, "maps") - count(first, "maps"),
+    return {"fds": count("fds"),
+            "threads": count("threads"),
+            "maps": count("maps"),
             "rss_mb": (rss(last) - rss(first)) / 2**20}
 
 
