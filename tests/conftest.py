@@ -143,3 +143,15 @@ def short_tmp():
     path = tempfile.mkdtemp(prefix="pt-", dir="/tmp")
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+def launch_and_kill_trainer_once(logdir: str, *target_args: str, target: str) -> tuple[int, str, str]:
+    """Launch ``target``, SIGKILL its trainer once a checkpoint past step 0 committed, and wait
+    for the launch to end; returns ``finish``'s (code, stdout, stderr)."""
+    proc = launch(logdir, *target_args, target=target)
+    try:
+        wait_for(lambda: [s for s in committed_steps(logdir) if s > 0], 120, what="a committed checkpoint")
+        os.kill(role_pid(logdir, "trainer"), signal.SIGKILL)
+    finally:
+        code, out, err = finish(proc)
+    return code, out, err

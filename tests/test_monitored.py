@@ -12,7 +12,8 @@ import signal
 
 import pytest
 
-from conftest import committed_steps, finish, launch, lifecycle, role_pid, status_json, wait_for
+from conftest import (committed_steps, finish, launch, launch_and_kill_trainer_once, lifecycle, role_pid, status_json,
+                      wait_for)
 
 from procsv.trainer import hooks as api
 
@@ -322,13 +323,8 @@ def test_two_hooks_feeding_one_key_is_an_error_and_hooks_see_the_callers_argumen
 def test_stop_at_step_num_steps_is_exact_after_a_sigkill_of_the_trainer(logdir):
     from conftest import PROGRAMS
 
-    proc = launch(logdir, "--num-steps", "150", "--step-delay", "0.02", "--save-steps", "20",
-                  target=f"{PROGRAMS}/monitored_train.py")
-    try:
-        wait_for(lambda: [s for s in committed_steps(logdir) if s > 0], 120, what="a committed checkpoint")
-        os.kill(role_pid(logdir, "trainer"), signal.SIGKILL)
-    finally:
-        code, out, err = finish(proc)
+    code, out, err = launch_and_kill_trainer_once(logdir, "--num-steps", "150", "--step-delay", "0.02",
+                                                  "--save-steps", "20", target=f"{PROGRAMS}/monitored_train.py")
     assert code == 0, err
     st = status_json(logdir)
     assert st["restarts"] == 1 and st["step"] == 150 and st["restored_step"] > 0
@@ -343,13 +339,8 @@ def test_the_monitored_session_examples_survive_a_sigkill_and_restore_with_plain
     import keras
     import tensorflow as tf
 
-    proc = launch(logdir, "--mode", mode, "--steps", "400", "--save-checkpoint-steps", "50", "--step-delay", "0.01",
-                  target="procsv.examples.monitored")
-    try:
-        wait_for(lambda: [s for s in committed_steps(logdir) if s > 0], 120, what="a committed checkpoint")
-        os.kill(role_pid(logdir, "trainer"), signal.SIGKILL)
-    finally:
-        code, out, err = finish(proc)
+    code, out, err = launch_and_kill_trainer_once(logdir, "--mode", mode, "--steps", "400", "--save-checkpoint-steps",
+                                                  "50", "--step-delay", "0.01", target="procsv.examples.monitored")
     assert code == 0, err
     assert "monitored: finished at step 400" in out
     st = status_json(logdir)

@@ -5,11 +5,10 @@ TensorFlow restores. (The MonitoredSession examples are in test_monitored.py.)""
 from __future__ import annotations
 
 import os
-import signal
 
 import pytest
 
-from conftest import committed_steps, finish, launch, role_pid, status_json, wait_for
+from conftest import launch_and_kill_trainer_once, status_json
 
 pytestmark = pytest.mark.slow
 STEPS = 300
@@ -36,13 +35,9 @@ def _restores_with_plain_tf(logdir: str, step: int) -> None:
     ("retry", ("--abort-at-step", "170")),
 ])
 def test_the_supervisor_examples_survive_a_sigkill_and_restore_with_plain_tf(logdir, mode, extra):
-    proc = launch(logdir, "--mode", mode, "--steps", str(STEPS), "--save-checkpoint-steps", "50",
-                  "--step-delay", "0.01", *extra, target="procsv.examples.supervised")
-    try:
-        wait_for(lambda: [s for s in committed_steps(logdir) if s > 0], 120, what="a committed checkpoint")
-        os.kill(role_pid(logdir, "trainer"), signal.SIGKILL)
-    finally:
-        code, out, err = finish(proc)
+    code, out, err = launch_and_kill_trainer_once(logdir, "--mode", mode, "--steps", str(STEPS),
+                                                  "--save-checkpoint-steps", "50", "--step-delay", "0.01", *extra,
+                                                  target="procsv.examples.supervised")
     assert code == 0, err
     assert f"supervised: finished at step {STEPS}" in out
     st = status_json(logdir)
