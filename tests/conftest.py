@@ -74,6 +74,14 @@ def role_pid(logdir: str, role: str) -> Optional[int]:
     return None
 
 
+def wait_role_pid(logdir: str, role: str, timeout: float = 30) -> int:
+    """The pid ``status.json`` names for ``role``, waiting until it names one: the watchdog
+    rewrites the file at most every 0.5 s, so a trainer forked a moment ago (one that already
+    committed a checkpoint, under load) may not be in it yet."""
+    pid: int = wait_for(lambda: role_pid(logdir, role), timeout, what=f"status.json to name the {role}'s pid")
+    return pid
+
+
 def committed_steps(logdir: str) -> list[int]:
     folder = os.path.join(logdir, ".procsv", "checkpoints")
     try:
@@ -151,7 +159,7 @@ def launch_and_kill_trainer_once(logdir: str, *target_args: str, target: str) ->
     proc = launch(logdir, *target_args, target=target)
     try:
         wait_for(lambda: [s for s in committed_steps(logdir) if s > 0], 120, what="a committed checkpoint")
-        os.kill(role_pid(logdir, "trainer"), signal.SIGKILL)
+        os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
     finally:
         code, out, err = finish(proc)
     return code, out, err

@@ -33,7 +33,7 @@ import sys
 import psutil
 import pytest
 
-from conftest import (PROGRAMS, REPO, committed_steps, finish, launch, lifecycle, quiet_env, role_pid,
+from conftest import (PROGRAMS, REPO, committed_steps, finish, launch, lifecycle, quiet_env, role_pid, wait_role_pid,
                       run_processes, status_json, wait_for)
 from test_checkpoint_faults import _fill, small_fs  # noqa: F401  (the small-tmpfs fixture)
 
@@ -420,7 +420,7 @@ def test_19_a_trainer_that_ignores_sigterm_is_killed_after_the_grace_period_and_
                   opts=FAST + ("--stop-grace-secs", "2"))
     try:
         wait_for(lambda: committed_steps(logdir), 90, what="a committed checkpoint")
-        trainer = role_pid(logdir, "trainer")
+        trainer = wait_role_pid(logdir, "trainer")
         proc.send_signal(signal.SIGTERM)
     finally:
         code, out, err = finish(proc, 60)
@@ -485,7 +485,7 @@ def test_22_child_processes_of_the_train_module_are_cleaned_up_after_a_sigkill_a
         first = int(open(pidfile).read())
         assert not _gone(first)
         os.unlink(pidfile)
-        os.kill(role_pid(logdir, "trainer"), signal.SIGKILL)
+        os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
         wait_for(lambda: _gone(first), 10, what="the killed trainer's child to be cleaned up")
         assert proc.poll() is None  # the run goes on
         wait_for(lambda: os.path.exists(pidfile), 90, what="the restarted trainer's child")

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import (PROGRAMS, REPO, committed_steps, finish, launch, lifecycle, quiet_env, raw_status,
-                      role_pid, run_processes, status_json, wait_for)
+                      role_pid, wait_role_pid, run_processes, status_json, wait_for)
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,7 @@ def test_sigkill_of_the_trainer_restarts_it_from_the_latest_checkpoint(logdir):
     proc = launch(logdir, "--steps", "2500", "--save-model-secs", "1", "--step-delay", "0.002")
     try:
         wait_for(lambda: committed_steps(logdir), 90, what="the first committed checkpoint")
-        victim = role_pid(logdir, "trainer")
+        victim = wait_role_pid(logdir, "trainer")
         os.kill(victim, signal.SIGKILL)
     finally:
         code, out, err = finish(proc)
@@ -244,7 +244,7 @@ def test_a_killed_and_resumed_run_ends_with_bit_identical_weights(tmp_path, logd
     proc = launch(logdir, *args)
     try:
         wait_for(lambda: committed_steps(logdir), 90, what="the first checkpoint")
-        os.kill(role_pid(logdir, "trainer"), signal.SIGKILL)
+        os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
     finally:
         code, out, err = finish(proc)
     assert code == 0, err

@@ -230,3 +230,26 @@ def test_lock_held_by_a_live_process_is_refused_and_taken_over_after_it_is_kille
     finally:
         kill(child)
         mine.release()
+
+
+def test_an_error_record_the_logdir_cannot_take_goes_to_the_runtime_dir_where_the_watchdog_reads_it(tmp_path):
+    from procsv.common.bootstrap import write_error_record
+    from procsv.common.layout import spilled_error_file
+    from procsv.watchdog.failures import read_child_error
+
+    layout = Layout(str(tmp_path / "run"))
+    os.makedirs(layout.logdir)
+    with open(layout.logs, "w") as fh:  # logs/ is a file: every write under it fails (ENOTDIR)
+        fh.write("x")
+    runtime = tmp_path / "rt"
+    runtime.mkdir()
+    try:
+        raise RuntimeError("disk full, probably")
+    except RuntimeError as exc:
+        write_error_record(layout, "trainer", 2, exc, "run", str(runtime))
+    paths = (layout.error_file("trainer", 2), spilled_error_file(str(runtime), "trainer", 2))
+    assert not os.path.exists(paths[0]) and os.path.exists(paths[1])
+    err = read_child_error(paths, os.getpid())
+    assert err is not None and err.type == "RuntimeError" and err.message == "disk full, probably"
+    assert "raise RuntimeError" in err.traceback
+    assert read_child_error(paths, os.getpid() + 1) is None  # another process's record is not ours

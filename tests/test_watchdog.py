@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import (PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, role_pid,
+from conftest import (PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, role_pid, wait_role_pid,
                       status_json, wait_for)
 
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def test_services_killed_with_sigkill_are_restarted_and_the_trainer_keeps_its_pi
     proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--save-model-secs", "1")
     try:
         wait_for(lambda: len(committed_steps(logdir)) >= 1, 90, what="a first checkpoint")
-        trainer = role_pid(logdir, "trainer")
+        trainer = wait_role_pid(logdir, "trainer")
         for role in ("summary", "checkpoint"):
             victim = role_pid(logdir, role)
             os.kill(victim, signal.SIGKILL)
@@ -133,7 +133,7 @@ def test_restarts_fork_from_the_prewarmed_trainer_and_fall_back_to_fresh_if_it_d
     proc = launch(logdir, "--steps", "100000", "--step-delay", "0.005", "--save-model-secs", "1")
     try:
         wait_for(lambda: committed_steps(logdir), 90, what="a first checkpoint")
-        os.kill(role_pid(logdir, "trainer"), signal.SIGKILL)
+        os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
         wait_for(lambda: len(_spawned(logdir)) == 2 and (raw_status(logdir) or {}).get("restarts") == 1, 60,
                  what="the restart")
         assert [e["via"] for e in _spawned(logdir)] == ["zygote", "zygote"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from procsv.common import env
-from procsv.common.layout import Layout, write_json
+from procsv.common.layout import Layout, spilled_error_file, write_json
 from procsv.ipc.transport import Endpoints
 
 
@@ -69,11 +69,16 @@ def write_error_file(ctx: Optional[ChildContext], exc: BaseException, phase: str
     """Record ``exc`` with its traceback as this attempt's error file (best effort, atomic)."""
     if ctx is None:
         return
-    write_error_record(ctx.layout, ctx.role, ctx.attempt, exc, phase)
+    write_error_record(ctx.layout, ctx.role, ctx.attempt, exc, phase, ctx.endpoints.runtime_dir)
 
 
-def write_error_record(layout: Layout, role: str, attempt: int, exc: BaseException, phase: str) -> None:
-    """Write ``logs/<role>.<attempt>.error.json`` for ``exc`` in this process (best effort, atomic)."""
+def write_error_record(layout: Layout, role: str, attempt: int, exc: BaseException, phase: str,
+                       runtime_dir: Optional[str] = None) -> None:
+    """Write ``logs/<role>.<attempt>.error.json`` for ``exc`` in this process (best effort, atomic).
+
+    If the logdir cannot take it (a full filesystem, often the very reason the child fails), the
+    record goes to the run's runtime directory, where the watchdog looks next, so the root cause
+    still reaches the user's terminal."""
     record = {
         "role": role,
         "attempt": attempt,
@@ -86,8 +91,16 @@ def write_error_record(layout: Layout, role: str, attempt: int, exc: BaseExcepti
     }
     try:
         write_json(layout.error_file(role, attempt), record)
+        return
     except OSError as err:
-        print(f"procsv: could not write error file: {err}", file=sys.stderr)
+        failed = err
+    if runtime_dir is not None:
+        try:
+            write_json(spilled_error_file(runtime_dir, role, attempt), record)
+            return
+        except OSError:
+            pass
+    print(f"procsv: could not write error file: {failed}", file=sys.stderr)
 
 
 def run_service(name: str, main: Callable[[ChildContext], int]) -> int:

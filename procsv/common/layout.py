@@ -257,6 +257,12 @@ def atomic_write(path: str, data: bytes | str, *, durable: bool = True) -> None:
         fsync_dir(folder)
 
 
+def spilled_error_file(runtime_dir: str, role: str, attempt: int) -> str:
+    """Where a child writes its error record when the logdir cannot take it (a full or failing
+    filesystem): the run's private runtime directory, which the watchdog reads too."""
+    return os.path.join(runtime_dir, f"{role}.{attempt}.error.json")
+
+
 def write_json(path: str, obj: Any, *, durable: bool = True) -> None:
     atomic_write(path, json.dumps(obj, indent=1, sort_keys=True) + "\n", durable=durable)
 

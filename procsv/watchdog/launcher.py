@@ -32,7 +32,7 @@ import zmq
 
 from procsv.common import env
 from procsv.common.bootstrap import write_error_record
-from procsv.common.layout import Layout, LogdirLock, RuntimeDir, write_json
+from procsv.common.layout import Layout, LogdirLock, RuntimeDir, spilled_error_file, write_json
 from procsv.ipc.codec import ProtocolError
 from procsv.ipc.messages import Hello, Progress, SaveOverdue, SaveResult, TrainerReady
 from procsv.ipc.rejections import Rejections
@@ -44,7 +44,7 @@ from procsv.watchdog.config import LaunchConfig, check_target
 from procsv.watchdog.decide import decide
 from procsv.watchdog.events import Event, EventLog
 from procsv.watchdog.executor import Executor
-from procsv.watchdog.failures import Failure, read_child_error
+from procsv.watchdog.failures import ChildError, Failure, read_child_error
 from procsv.watchdog.logdirwatch import LogdirWatch, identity, lost_reason
 from procsv.watchdog.observe import Report
 from procsv.watchdog.prewarm import ForkedProcess, zygote_env
@@ -256,7 +256,7 @@ class Watchdog:
         while not self._notices.empty():
             handle, died, at, wall = self._notices.get()
             if died and handle.pidfd >= 0:
-                err = read_child_error(self.layout.error_file(handle.role, handle.attempt), handle.pid)
+                err = self._child_error(handle)
                 self.record(observe.death_noticed(self.view, handle.slot, handle.attempt, at, wall,
                                                   err.type if err is not None else ""))
                 self.status.dirty = True
@@ -288,13 +288,18 @@ class Watchdog:
                 self.ex.drop_zygote(f"procsv: the pre-warmed trainer (zygote) did not report the exit of trainer "
                                     f"pid {handle.pid} within {STATUS_WAIT:g} s; restarts will start fresh trainers")
 
+    def _child_error(self, handle: ChildProcess) -> Optional[ChildError]:
+        assert self.ex is not None
+        return read_child_error((self.layout.error_file(handle.role, handle.attempt),
+                                 spilled_error_file(self.ex.runtime.path, handle.role, handle.attempt)), handle.pid)
+
     def _reaped(self, handle: ChildProcess) -> None:
         assert self.ex is not None
         code = handle.reap()
         self.ex.handles.pop((handle.slot, handle.attempt), None)
         self._drain_messages(limit=None)  # all it said before dying (a last checkpoint result), before its exit
         self._echo(handle)
-        err = read_child_error(self.layout.error_file(handle.role, handle.attempt), handle.pid)
+        err = self._child_error(handle)
         failure = Failure(handle.role, handle.attempt, handle.pid, code, self.wall(), handle.log_path, err)
         self.record(observe.reaped(self.view, handle.slot, handle.attempt, failure, self.clock()))
         self.status.dirty = True
