@@ -1,0 +1,254 @@
+"""``procsv.keras.BackupAndRestore``: Keras ``model.fit`` under procsv, resumed mid-epoch exactly.
+
+Runs in the trainer process, inside ``model.fit``. A drop-in for ``keras.callbacks.BackupAndRestore``
+(same arguments, same meaning) built on the :class:`~procsv.trainer.supervisor.Supervisor`: the
+state -- model, optimizer, the epoch's metric accumulators, the epoch and the batches done in it --
+is checkpointed by procsv's checkpoint service (asynchronous, atomic, verified), and the logs go
+to the summary service as TensorBoard scalars.
+
+How a resumed ``fit`` lands on the next batch of the interrupted epoch: ``on_train_begin`` restores
+the newest committed checkpoint, replays the input of the epochs before the interrupted one
+(:func:`procsv.trainer.keras_input.replay_epochs`), and starts ``fit`` at that epoch. The model's
+train function is wrapped: its first calls in that epoch draw their batches and train on none
+(the batches already trained), the others run one step each through the Supervisor's step
+boundary (snapshots, progress, stop requests). A stop (SIGTERM, ``procsv stop``) is honoured at
+the next batch: nothing more is trained, ``fit`` ends, and the position reached is committed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Optional, Union
+
+import keras
+import numpy as np
+
+from procsv.common.errors import TrainingStopped, UsageError
+from procsv.ipc.messages import SaveReason
+from procsv.trainer import keras_input
+from procsv.trainer.managed import ManagedSession
+from procsv.trainer.supervisor import Supervisor
+
+SaveFreq = Union[str, int, bool]
+
+
+class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras ships no type information
+    """Back up ``fit``'s state through procsv and resume it at the next batch after any interruption.
+
+    Keras' arguments: ``backup_dir`` (default: the launch's ``--logdir``), ``save_freq``
+    (``"epoch"``, every N batches, or ``False``: only at the end and on preemption),
+    ``double_checkpoint`` (accepted: procsv keeps ``max_to_keep`` verified checkpoints and falls
+    back to an older one on its own), ``delete_checkpoint`` (remove procsv's checkpoints of this
+    directory when ``fit`` completes; default False, unlike Keras, because the directory is also
+    the run's logdir), ``save_before_preemption`` (commit the position on SIGTERM; always on:
+    ``False`` is refused rather than silently ignored).
+
+    procsv's: ``save_secs`` (also checkpoint every N seconds), ``save_summaries_secs`` (batch-level
+    scalars at most this often; epoch scalars at every epoch end; ``None``: epoch scalars only),
+    ``max_to_keep``, ``allow_reinit`` (see :class:`~procsv.trainer.supervisor.Supervisor`).
+    """
+
+    def __init__(self, backup_dir: Optional[str] = None, save_freq: SaveFreq = "epoch",
+                 double_checkpoint: bool = False, delete_checkpoint: bool = False,
+                 save_before_preemption: bool = True, *, save_secs: Optional[float] = None,
+                 save_summaries_secs: Optional[float] = 10.0, max_to_keep: int = 5,
+                 allow_reinit: bool = False) -> None:
+        super().__init__()
+        if save_freq is not False and save_freq != "epoch" and (
+                isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1):
+            raise UsageError(f"save_freq must be 'epoch', a number of batches >= 1, or False; not {save_freq!r}")
+        if not save_before_preemption:
+            raise UsageError("save_before_preemption=False is not offered: procsv always commits the position "
+                             "reached when it is asked to stop (it is how nothing is lost)")
+        if save_secs is not None and save_secs <= 0:
+            raise UsageError(f"save_secs must be > 0, not {save_secs!r}")
+        self.backup_dir = backup_dir
+        self.save_freq = save_freq
+        self.double_checkpoint = double_checkpoint
+        self.delete_checkpoint = delete_checkpoint
+        self.save_before_preemption = save_before_preemption
+        self.save_secs = save_secs
+        self.save_summaries_secs = save_summaries_secs
+        self.max_to_keep = max_to_keep
+        self.allow_reinit = allow_reinit
+        self.sv: Optional[Supervisor] = None
+        self.resumed_at: Optional[tuple[int, int]] = None  # (epoch, batch) restored, None if fresh
+        self.replayed_batches = 0  # drawn without training to put the input back (whole epochs + skip)
+        self._sess: Optional[ManagedSession] = None
+        self._original_train: Any = None
+        self._spe = 1
+        self._epoch = self._batch = 0  # the position: the epoch, and the batches done in it
+        self._skip = 0
+        self._skip_epoch = -1
+        self._saved_metrics: list[Any] = []
+        self._last_logs: Any = None
+        self._next_batch_log = 0.0
+        self._stopped_mid_epoch = False  # fit ends at a stop request: the epoch's logs are partial
+
+    # ------------------------------------------------------------------ keras callback API
+    def on_train_begin(self, logs: Any = None) -> None:
+        import tensorflow as tf
+
+        model = self.model
+        self.resumed_at, self.replayed_batches, self._skip, self._skip_epoch = None, 0, 0, -1
+        self._saved_metrics, self._last_logs, self._next_batch_log, self._stopped_mid_epoch = [], None, 0.0, False
+        inp = keras_input.fit_frame()
+        keras_input.check_finite(inp, self.params.get("steps"))
+        if not model.built:
+            raise UsageError(f"procsv.keras.BackupAndRestore: model {model.name!r} is not built; build it before "
+                             "fit() (give it a keras.Input, or call it on a batch)")
+        if model.optimizer is None:
+            raise UsageError(f"procsv.keras.BackupAndRestore: model {model.name!r} is not compiled; call "
+                             "model.compile(optimizer=..., loss=...) before fit()")
+        keras_input.build_state(model, inp)  # every variable must exist to be restored into
+        # the position lives in Python while fit runs (no TF op per batch) and is written into
+        # these variables right before each snapshot (CheckpointAgent.before_snapshot)
+        self.epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="fit_epoch")
+        self.batch_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="fit_batch")
+        global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        metrics = {f"v{i}": v.value for i, v in enumerate(model.metrics_variables)}
+        checkpoint = tf.train.Checkpoint(
+            model=model, optimizer=model.optimizer, global_step=global_step,
+            fit=tf.train.Checkpoint(epoch=self.epoch_var, batch=self.batch_var),
+            metrics=tf.train.Checkpoint(**metrics))
+        self._spe = int(getattr(model, "steps_per_execution", 1) or 1)
+        every = None
+        if isinstance(self.save_freq, int) and not isinstance(self.save_freq, bool):
+            every = max(1, -(-self.save_freq // self._spe))  # global steps are train-function calls
+        self.sv = Supervisor(
+            logdir=self.backup_dir, checkpoint=checkpoint, global_step=global_step,
+            save_model_secs=self.save_secs, save_summaries_secs=None, max_to_keep=self.max_to_keep,
+            save_checkpoint_steps=every, allow_reinit=self.allow_reinit, increment_global_step=True)
+        if self.sv._ckpt is not None:
+            self.sv._ckpt.before_snapshot.append(lambda step, reason: self._write_position())
+        self._sess = self.sv.prepare_or_wait_for_session()
+        self._epoch, self._batch = int(self.epoch_var.numpy()), int(self.batch_var.numpy())
+        for reason in keras_input.inexact_reasons(inp):
+            print(f"procsv: warning: a resumed fit will not be bit-exact: {reason}", file=sys.stderr, flush=True)
+        if self.sv.restored_from:
+            epoch, batch = self._epoch, self._batch
+            self.resumed_at = (epoch, batch)
+            self._saved_metrics = [np.array(v.numpy()) for v in model.metrics_variables]
+            drawn, secs = keras_input.replay_epochs(inp, epoch)
+            self.replayed_batches = drawn + batch
+            model._initial_epoch = epoch
+            self._skip, self._skip_epoch = batch, epoch
+            print(f"procsv: fit resumes at epoch {epoch + 1}, batch {batch + 1} ({self.sv.step * self._spe} "
+                  f"batches trained; input of {epoch} epoch(s) replayed in {secs:.2f} s)", flush=True)
+        train = model.train_function
+        stale = getattr(train, "__self__", None)
+        if isinstance(stale, BackupAndRestore):  # left wrapped by a fit that raised: unwrap it
+            train = stale._original_train
+        self._original_train = train
+        model.train_function = self._train_function
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._epoch, self._batch = epoch, 0
+        if epoch == self._skip_epoch and self._saved_metrics:
+            # fit reset the metrics for this epoch: put back the part of it trained before the stop
+            for var, value in zip(self.model.metrics_variables, self._saved_metrics):
+                var.assign(value)
+            self._saved_metrics = []
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        sv = self.sv
+        assert sv is not None
+        if logs and not self._stopped_mid_epoch:
+            values = dict(logs)
+            values.setdefault("learning_rate", self._learning_rate())
+            sv.log_scalars({f"epoch_{k}": v for k, v in _scalars(values).items()}, step=epoch)
+        if self.save_freq == "epoch" and sv._ckpt is not None and not self._stopped_mid_epoch:
+            sv._ckpt.request(SaveReason.STEPS)  # taken at the next batch boundary, or by the final commit
+
+    def on_train_end(self, logs: Any = None) -> None:
+        sv, model = self.sv, self.model
+        if sv is None:
+            return
+        model.train_function = self._original_train
+        self.sv = None
+        sv.stop()  # commits the position reached (re-raises a recorded failure, as the Supervisor does)
+        if self.delete_checkpoint and not self._stopped_mid_epoch:
+            _delete_own_checkpoints(sv)
+
+    # ------------------------------------------------------------------ the wrapped train function
+    def _train_function(self, iterator: Any) -> Any:
+        """What ``fit`` calls for each batch (each ``steps_per_execution`` batches)."""
+        sv, sess, spe = self.sv, self._sess, self._spe
+        assert sv is not None and sess is not None
+        if self._skip > 0:  # trained before the interruption: draw the batches, train on none
+            n = min(spe, self._skip)
+            for _ in range(n):
+                next(iterator)
+            self._skip -= n
+            self._batch += n
+            return self._logs()
+        if sv.should_stop():
+            return self._stop_here()  # a stop was asked for: train no further batch
+        try:
+            logs = sess.run(self._original_train, iterator)
+        except TrainingStopped:
+            return self._stop_here()
+        self._batch += spe
+        self._last_logs = logs
+        if self.save_summaries_secs:
+            now = sv._clock()
+            if now >= self._next_batch_log:  # batch-level scalars, at most every save_summaries_secs
+                self._next_batch_log = now + self.save_summaries_secs
+                sv.log_scalars({f"batch_{k}": v for k, v in _scalars(dict(logs)).items()})
+        return logs
+
+    def _write_position(self) -> None:
+        self.epoch_var.assign(self._epoch)
+        self.batch_var.assign(self._batch)
+
+    def _stop_here(self) -> Any:
+        self.model.stop_training = True
+        self._stopped_mid_epoch = True
+        return self._logs()
+
+    def _logs(self) -> Any:
+        if self._last_logs is not None:
+            return self._last_logs
+        return self.model.get_metrics_result()
+
+    def _learning_rate(self) -> Optional[float]:
+        try:
+            return float(np.asarray(self.model.optimizer.learning_rate))
+        except (TypeError, ValueError, AttributeError):
+            return None
+
+
+def _scalars(logs: dict[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, value in logs.items():
+        try:
+            arr = np.asarray(value)
+        except (TypeError, ValueError):
+            continue
+        if arr.size == 1 and arr.dtype.kind in "fiub":
+            out[key] = float(arr.reshape(()))
+    return out
+
+
+def _delete_own_checkpoints(sv: Supervisor) -> None:
+    """``delete_checkpoint=True``: Keras removes its backup when ``fit`` completes. Here only procsv's
+    checkpoint files of this run go (data, index, manifests, the state file); the user's own files
+    and the event files stay."""
+    from procsv.common.manifests import list_committed, manifest_path
+
+    layout = sv.layout
+    manifests = list_committed(layout)
+    _remove(layout.state_file)  # first the pointers, then the data: a kill midway leaves no dangling manifest
+    for manifest in manifests:
+        _remove(manifest_path(layout, manifest.prefix))
+    for manifest in manifests:
+        for name in manifest.files:
+            _remove(os.path.join(layout.logdir, name))
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass

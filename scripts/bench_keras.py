@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Benchmark: Keras ``fit`` with procsv's BackupAndRestore against Keras's own, and against none.
+
+The same model and data in every run (an MLP with two 1024-unit layers on 8,192 synthetic examples,
+128 batches an epoch, a seeded ``tf.data`` shuffle reshuffled every epoch, op determinism on):
+
+(a) per-epoch time, median of epochs 2..E of each run, for: plain ``fit`` with no callback;
+    ``fit`` with ``keras.callbacks.BackupAndRestore(save_freq=N)``; ``fit`` with
+    ``procsv.keras.BackupAndRestore(save_freq=N)`` under ``procsv launch``. The three run in turns,
+    ``--rounds`` times, in a rotating order (the machine is shared and noisy: compare within a run).
+    Overhead = a callback's median epoch time over plain fit's, minus 1.
+(b) resumed correctness after 3 SIGKILLs at random moments (after the first save), for both
+    callbacks (Keras's is relaunched by this script after each kill, procsv's by its watchdog):
+    whether the final weights equal those of the uninterrupted plain fit bit for bit, and how many
+    batches were trained twice (+) or skipped (-): the optimizer's iteration count on the final
+    weights minus the batches of an uninterrupted fit.
+
+Prints a table, then one line:
+``fit_overhead=<x> overhead_ratio_vs_keras=<x> exact_procsv=<0|1> exact_keras=<0|1> repeated_batches_keras=<n>``
+and exits non-zero if procsv's resumed fit is not exact (its own correctness check).
+
+``scripts/bench_keras.py --child MODE ...`` is the training program itself (what each run runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Optional
+
+HERE = os.path.abspath(__file__)
+REPO = os.path.dirname(os.path.dirname(HERE))
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+EXAMPLES, BATCH = 8192, 64
+
+
+# ------------------------------------------------------------------------------------ the child
+def child(args: argparse.Namespace) -> int:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    tf.config.experimental.enable_op_determinism()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(EXAMPLES, 64)).astype(np.float32)
+    y = (x[:, :10].argmax(axis=1)).astype(np.int64)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(EXAMPLES, seed=1, reshuffle_each_iteration=True)
+    ds = ds.batch(BATCH)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(1024, activation="relu"),
+                              keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-4),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    times: list[float] = []
+
+    class EpochTimer(keras.callbacks.Callback):  # type: ignore[misc]
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            times.append(time.perf_counter() - self.t0)
+
+    callbacks: list[Any] = [EpochTimer()]
+    if args.child == "keras":
+        callbacks.append(keras.callbacks.BackupAndRestore(backup_dir=args.dir, save_freq=args.save_freq,
+                                                          delete_checkpoint=False))
+    elif args.child == "procsv":
+        import procsv.keras
+
+        callbacks.append(procsv.keras.BackupAndRestore(save_freq=args.save_freq))
+    model.fit(ds, epochs=args.epochs, callbacks=callbacks, verbose=0)
+    if model.stop_training:
+        return 0  # stopped (SIGTERM): no result
+    out = {"epoch_secs": times, "iterations": int(model.optimizer.iterations.numpy())}
+    np.savez(os.path.join(args.dir, "weights.tmp.npz"), *[np.asarray(w) for w in model.weights])
+    os.replace(os.path.join(args.dir, "weights.tmp.npz"), os.path.join(args.dir, "weights.npz"))
+    with open(os.path.join(args.dir, "result.json.tmp"), "w") as fh:
+        json.dump(out, fh)
+    os.replace(os.path.join(args.dir, "result.json.tmp"), os.path.join(args.dir, "result.json"))
+    return 0
+
+
+# ------------------------------------------------------------------------------------ the runs
+def child_cmd(mode: str, folder: str, epochs: int, save_freq: int) -> list[str]:
+    flags = ["--child", mode, "--dir", folder, "--epochs", str(epochs), "--save-freq", str(save_freq)]
+    if mode == "procsv":
+        return [sys.executable, "-m", "procsv", "launch", HERE, "--logdir", os.path.join(folder, "run"),
+                "--quiet", "--", *flags]
+    return [sys.executable, HERE, *flags]
+
+
+def result(folder: str) -> Optional[dict[str, Any]]:
+    try:
+        with open(os.path.join(folder, "result.json")) as fh:
+            data: dict[str, Any] = json.load(fh)
+            return data
+    except FileNotFoundError:
+        return None
+
+
+def weights(folder: str) -> list[Any]:
+    import numpy as np
+
+    with np.load(os.path.join(folder, "weights.npz")) as data:
+        return [data[f"arr_{i}"] for i in range(len(data.files))]
+
+
+def identical(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(x.dtype == y.dtype and x.tobytes() == y.tobytes() for x, y in zip(a, b))
+
+
+def run_once(mode: str, root: str, epochs: int, save_freq: int) -> dict[str, Any]:
+    folder = tempfile.mkdtemp(prefix=f"{mode}-", dir=root)
+    done = subprocess.run(child_cmd(mode, folder, epochs, save_freq), capture_output=True, text=True, env=ENV,
+                          cwd=REPO, timeout=1800)
+    res = result(folder)
+    if done.returncode != 0 or res is None:
+        raise SystemExit(f"bench_keras: the {mode} run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    res["folder"] = folder
+    return res
+
+
+def saved(mode: str, folder: str) -> bool:
+    if mode == "keras":
+        return os.path.exists(os.path.join(folder, "training_metadata.json"))
+    return os.path.isdir(os.path.join(folder, "run", ".procsv", "manifests")) and any(
+        n.endswith(".json") for n in os.listdir(os.path.join(folder, "run", ".procsv", "manifests")))
+
+
+def trainer_pid(folder: str) -> Optional[int]:
+    try:
+        with open(os.path.join(folder, "run", ".procsv", "status.json")) as fh:
+            st = json.load(fh)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    for p in st.get("processes", []):
+        if p["role"] == "trainer" and p["state"] == "running":
+            return int(p["pid"])
+    return None
+
+
+def killed_run(mode: str, root: str, epochs: int, save_freq: int, kills: int, rng: random.Random) -> dict[str, Any]:
+    """A run SIGKILLed ``kills`` times at random moments after its first save, then finished."""
+    folder = tempfile.mkdtemp(prefix=f"{mode}-killed-", dir=root)
+    cmd = child_cmd(mode, folder, epochs, save_freq)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, cwd=REPO,
+                            start_new_session=True)
+    done = 0
+    while done < kills:
+        deadline = time.monotonic() + 600
+        while not saved(mode, folder) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.5, 3.0))
+        if mode == "keras":
+            if proc.poll() is not None:
+                break  # it finished before the kill: fewer kills than asked (reported)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
+                                    cwd=REPO, start_new_session=True)  # Keras' way: the user runs it again
+        else:
+            pid = trainer_pid(folder)
+            if pid is None or proc.poll() is not None:
+                break
+            os.kill(pid, signal.SIGKILL)
+            time.sleep(1.0)  # let the watchdog restart it before the next kill is aimed
+        done += 1
+    _, err = proc.communicate(timeout=1800)
+    res = result(folder)
+    if proc.returncode != 0 or res is None:
+        raise SystemExit(f"bench_keras: the killed {mode} run failed (exit {proc.returncode}):\n{err[-3000:]}")
+    res["folder"], res["kills"] = folder, done
+    return res
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--child", choices=("plain", "keras", "procsv"))
+    p.add_argument("--dir")
+    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--save-freq", type=int, default=100, help="N: save every N batches (default 100)")
+    p.add_argument("--rounds", type=int, default=3, help="runs of each mode for (a) (default 3)")
+    p.add_argument("--kills", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    if args.child:
+        return child(args)
+
+    root = tempfile.mkdtemp(prefix="bench-keras-")
+    try:
+        modes = ["plain", "keras", "procsv"]
+        epoch_secs: dict[str, list[float]] = {m: [] for m in modes}
+        first: dict[str, dict[str, Any]] = {}
+        for r in range(args.rounds):
+            for mode in modes[r % 3:] + modes[:r % 3]:
+                res = run_once(mode, root, args.epochs, args.save_freq)
+                epoch_secs[mode].append(statistics.median(res["epoch_secs"][1:]))
+                first.setdefault(mode, res)
+                print(f"  round {r + 1} {mode:7s} median epoch {epoch_secs[mode][-1] * 1000:8.1f} ms", flush=True)
+        med = {m: statistics.median(v) for m, v in epoch_secs.items()}
+        over = {m: med[m] / med["plain"] - 1 for m in ("keras", "procsv")}
+        ratio = over["procsv"] / over["keras"] if over["keras"] > 0 else float("nan")
+        reference = weights(first["plain"]["folder"])
+        batches = args.epochs * (EXAMPLES // BATCH)
+        same = {m: identical(weights(first[m]["folder"]), reference) for m in ("keras", "procsv")}
+
+        rng = random.Random(args.seed)
+        killed = {m: killed_run(m, root, args.epochs, args.save_freq, args.kills, rng) for m in ("keras", "procsv")}
+        exact = {m: identical(weights(killed[m]["folder"]), reference) for m in killed}
+        repeated = {m: killed[m]["iterations"] - batches for m in killed}
+
+        print()
+        print(f"{'':28s} {'plain fit':>12s} {'keras B&R':>12s} {'procsv B&R':>12s}")
+        print(f"{'median epoch (ms)':28s} {med['plain'] * 1000:12.1f} {med['keras'] * 1000:12.1f} "
+              f"{med['procsv'] * 1000:12.1f}")
+        print(f"{'  spread (min-max ms)':28s} " + " ".join(
+            f"{min(epoch_secs[m]) * 1000:5.0f}-{max(epoch_secs[m]) * 1000:<6.0f}" for m in modes))
+        print(f"{'overhead over plain fit':28s} {'':>12s} {over['keras'] * 100:11.2f}% {over['procsv'] * 100:11.2f}%")
+        print(f"{'uninterrupted = plain fit':28s} {'':>12s} {str(same['keras']):>12s} {str(same['procsv']):>12s}")
+        print(f"{'SIGKILLs done':28s} {'':>12s} {killed['keras']['kills']:12d} {killed['procsv']['kills']:12d}")
+        print(f"{'resumed = uninterrupted':28s} {'':>12s} {str(exact['keras']):>12s} {str(exact['procsv']):>12s}")
+        print(f"{'batches repeated(+)/skipped(-)':28s} {'':>12s} {repeated['keras']:12d} {repeated['procsv']:12d}")
+        print(f"(save_freq={args.save_freq} batches, {EXAMPLES // BATCH} batches an epoch, {args.epochs} epochs, "
+              f"{args.rounds} rounds)")
+        print(f"fit_overhead={over['procsv']:.4f} overhead_ratio_vs_keras={ratio:.3f} exact_procsv={int(exact['procsv'])} "
+              f"exact_keras={int(exact['keras'])} repeated_batches_keras={repeated['keras']}")
+        ok = exact["procsv"] and repeated["procsv"] == 0 and same["procsv"] and killed["procsv"]["kills"] == args.kills
+        return 0 if ok else 1
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""procsv.keras.BackupAndRestore: Keras fit under procsv launch, killed for real, resumed exactly.
+
+Every run here is the built-in example ``procsv.examples.keras_fit`` (the digits MLP, 45 batches
+an epoch) in real processes. "Bit-identical" compares the final weights with those of a plain
+``fit`` of the same program without any callback, run in its own process.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import (PROGRAMS, REPO, committed_steps, finish, launch, lifecycle, quiet_env, raw_status,
+                      status_json, wait_for)
+
+EXAMPLE = "procsv.examples.keras_fit"
+BATCHES_PER_EPOCH = 45  # ceil(1438 training digits / 32)
+KINDS = ("tfdata", "numpy", "pydataset")
+
+
+def _plain_fit(kind: str, epochs: int, out: str) -> None:
+    done = subprocess.run([sys.executable, "-m", EXAMPLE, "--no-callback", "--input", kind, "--epochs", str(epochs),
+                           "--weights-out", out], capture_output=True, text=True, env=quiet_env(), cwd=REPO,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """reference(kind, epochs): the final weights of an uninterrupted plain fit (computed once)."""
+    cache: dict[tuple[str, int], list[np.ndarray]] = {}
+    folder = tmp_path_factory.mktemp("reference")
+
+    def get(kind: str, epochs: int) -> list[np.ndarray]:
+        if (kind, epochs) not in cache:
+            out = str(folder / f"{kind}-{epochs}.npz")
+            _plain_fit(kind, epochs, out)
+            cache[(kind, epochs)] = _weights(out)
+        return cache[(kind, epochs)]
+
+    return get
+
+
+def _weights(path: str) -> list[np.ndarray]:
+    with np.load(path) as data:
+        return [data[f"arr_{i}"] for i in range(len(data.files))]
+
+
+def _bit_identical(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+                                    for x, y in zip(a, b))
+
+
+def _position(prefix: str) -> tuple[int, int, int]:
+    """(epoch, batch done in it, batches trained in all) of a committed checkpoint, read by TF."""
+    reader = tf.train.load_checkpoint(prefix)
+    get = reader.get_tensor
+    return (int(get("fit/epoch/.ATTRIBUTES/VARIABLE_VALUE")), int(get("fit/batch/.ATTRIBUTES/VARIABLE_VALUE")),
+            int(get("global_step/.ATTRIBUTES/VARIABLE_VALUE")))
+
+
+def _trainer_of_attempt(logdir: str, attempt: int):
+    for p in (raw_status(logdir) or {}).get("processes", []):
+        if p["role"] == "trainer" and p.get("attempt") == attempt and p["state"] == "running":
+            return p["pid"]
+    return None
+
+
+def _resumes(out: str) -> list[tuple[int, int, int]]:
+    """The (epoch, batch, batches trained) of every "fit resumes at ..." line, 1-based as printed."""
+    return [(int(e), int(b), int(n)) for e, b, n in
+            re.findall(r"fit resumes at epoch (\d+), batch (\d+) \((\d+) batches trained", out)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_three_sigkills_at_random_batches_resume_mid_epoch_and_end_bit_identical(kind, short_tmp, reference):
+    logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
+    epochs = 6
+    proc = launch(logdir, "--input", kind, "--epochs", str(epochs), "--save-freq", "7", "--batch-delay", "0.02",
+                  "--weights-out", out_path, target=EXAMPLE)
+    rng = random.Random(kind)
+    try:
+        last = -1
+        for attempt in (1, 2, 3):
+            wait_for(lambda: committed_steps(logdir) and committed_steps(logdir)[-1] > last, 120,
+                     what=f"a commit by trainer attempt {attempt}")
+            time.sleep(rng.uniform(0.0, 0.3))  # a random batch after that commit
+            pid = wait_for(lambda: _trainer_of_attempt(logdir, attempt), 30, what=f"trainer attempt {attempt}")
+            os.kill(pid, signal.SIGKILL)
+            last = committed_steps(logdir)[-1]
+    finally:
+        code, out, err = finish(proc, 300)
+    assert code == 0, err
+    deaths = [e for e in lifecycle(logdir) if e["event"] == "exited" and e["role"] == "trainer"
+              and e.get("signal") == "SIGKILL"]
+    assert len(deaths) == 3
+    resumes = _resumes(out)
+    assert len(resumes) == 3, out
+    for epoch, batch, trained in resumes:  # each resume lands on the batch after the restored one
+        assert trained == (epoch - 1) * BATCHES_PER_EPOCH + batch - 1
+    assert any(batch > 1 for _, batch, _ in resumes), resumes  # at least one resume in mid-epoch
+    assert status_json(logdir)["step"] == epochs * BATCHES_PER_EPOCH
+    assert _bit_identical(_weights(out_path), reference(kind, epochs))
+
+
+def test_a_full_fit_under_procsv_equals_plain_fit_and_logs_its_scalars_through_the_summary_service(
+        short_tmp, reference):
+    logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
+    code, out, err = finish(launch(logdir, "--epochs", "2", "--weights-out", out_path, target=EXAMPLE), 300)
+    assert code == 0, err
+    assert _bit_identical(_weights(out_path), reference("tfdata", 2))  # the callback changes nothing
+    assert _position(tf.train.latest_checkpoint(logdir)) == (1, BATCHES_PER_EPOCH, 2 * BATCHES_PER_EPOCH)
+    acc = EventAccumulator(logdir, size_guidance={"tensors": 0, "scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["tensors"]) | set(acc.Tags()["scalars"])
+    for tag in ("epoch_loss", "epoch_accuracy", "epoch_val_loss", "epoch_val_accuracy", "epoch_learning_rate",
+                "batch_loss"):
+        assert tag in tags, tags
+    epoch_loss = acc.Tensors("epoch_loss") if "epoch_loss" in acc.Tags()["tensors"] else acc.Scalars("epoch_loss")
+    assert [e.step for e in epoch_loss] == [0, 1]
+    assert not [f for f in os.listdir(logdir) if f.startswith("events.out") and "procsv" not in f]
+
+
+def _launch_and_sigterm_mid_epoch(logdir: str, out_path: str, *extra: str) -> tuple[int, int, int]:
+    proc = launch(logdir, "--epochs", "4", "--batch-delay", "0.02", "--weights-out", out_path, *extra,
+                  target=EXAMPLE)
+    try:
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > BATCHES_PER_EPOCH + 5, 120,
+                 what="the second epoch")
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) % BATCHES_PER_EPOCH not in (0, 44), 30,
+                 what="a batch in mid-epoch")
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        code, out, err = finish(proc, 300)
+    assert code == 128 + signal.SIGTERM, err
+    assert not os.path.exists(out_path)  # a stopped fit is no finished fit
+    return _position(tf.train.latest_checkpoint(logdir))
+
+
+def test_sigterm_mid_epoch_commits_the_batch_that_finished_and_a_relaunch_resumes_there(short_tmp, reference):
+    logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
+    epoch, batch, trained = _launch_and_sigterm_mid_epoch(logdir, out_path)
+    assert 0 < batch < BATCHES_PER_EPOCH and trained == epoch * BATCHES_PER_EPOCH + batch
+    assert status_json(logdir)["step"] == trained == committed_steps(logdir)[-1]
+    code, out, err = finish(launch(logdir, "--epochs", "4", "--weights-out", out_path, target=EXAMPLE), 300)
+    assert code == 0, err
+    assert _resumes(out) == [(epoch + 1, batch + 1, trained)]
+    assert _bit_identical(_weights(out_path), reference("tfdata", 4))
+
+
+def test_a_corrupt_newest_backup_falls_back_to_the_previous_one_and_still_ends_bit_identical(short_tmp, reference):
+    logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
+    _launch_and_sigterm_mid_epoch(logdir, out_path, "--save-freq", "5")
+    steps = committed_steps(logdir)
+    assert len(steps) >= 2
+    newest = f"model.ckpt-{steps[-1]}"
+    data = sorted(f for f in os.listdir(logdir) if f.startswith(newest + ".data"))
+    with open(os.path.join(logdir, data[0]), "r+b") as fh:  # one flipped byte in the middle
+        fh.seek(os.path.getsize(fh.name) // 2)
+        byte = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    previous = _position(os.path.join(logdir, f"model.ckpt-{steps[-2]}"))
+    code, out, err = finish(launch(logdir, "--epochs", "4", "--weights-out", out_path, target=EXAMPLE), 300)
+    assert code == 0, err
+    assert newest in err + out  # said, not silent
+    assert _resumes(out) == [(previous[0] + 1, previous[1] + 1, previous[2])]
+    assert _bit_identical(_weights(out_path), reference("tfdata", 4))
+
+
+def test_delete_checkpoint_removes_only_procsvs_checkpoint_files_when_fit_completes(short_tmp):
+    logdir = os.path.join(short_tmp, "run")
+    os.makedirs(logdir)
+    with open(os.path.join(logdir, "notes.txt"), "w") as fh:
+        fh.write("mine")
+    done = subprocess.run([sys.executable, "-m", EXAMPLE, "--logdir", logdir, "--epochs", "1", "--save-freq", "10",
+                           "--delete-checkpoint"], capture_output=True, text=True, env=quiet_env(), cwd=REPO,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    left = sorted(os.listdir(logdir))
+    assert "notes.txt" in left and any(f.startswith("events.out.tfevents") for f in left)
+    assert not [f for f in left if f.startswith("model.ckpt") or f == "checkpoint"], left
+    assert committed_steps(logdir) == [] and tf.train.latest_checkpoint(logdir) is None
+
+
+def test_an_unseeded_shuffle_is_said_at_start(short_tmp):
+    logdir = os.path.join(short_tmp, "run")
+    code, out, err = finish(launch(logdir, "--epochs", "1", "--unseeded", target=EXAMPLE), 300)
+    assert code == 0, err
+    lines = [line for line in (out + err).splitlines() if "will not be bit-exact" in line]
+    assert lines and "shuffles without a seed" in lines[0], err
+
+
+def test_an_infinite_dataset_without_steps_per_epoch_is_one_clear_error_and_no_restart(short_tmp):
+    logdir = os.path.join(short_tmp, "run")
+    code, out, err = finish(launch(logdir, "infinite", target=os.path.join(PROGRAMS, "keras_bad.py")), 180)
+    assert code != 0
+    assert "UsageError: model.fit got an infinite dataset without steps_per_epoch" in err
+    assert "pass steps_per_epoch=N to fit()" in err
+    assert len([e for e in lifecycle(logdir) if e["event"] == "spawned" and e.get("role") == "trainer"]) <= 1
+    assert committed_steps(logdir) == []
+
+
+def test_a_changed_model_on_resume_is_an_error_naming_the_variable(short_tmp):
+    logdir = os.path.join(short_tmp, "run")
+    code, out, err = finish(launch(logdir, "--epochs", "1", target=EXAMPLE), 300)
+    assert code == 0, err
+    kept = committed_steps(logdir)
+    code, out, err = finish(launch(logdir, "--epochs", "2", "--hidden", "32", target=EXAMPLE), 300)
+    assert code != 0
+    assert "MismatchedCheckpoint" in err and "model" in err and "kernel" in err, err
+    assert committed_steps(logdir) == kept  # the checkpoint of the other model is kept as it was
