@@ -7,8 +7,9 @@ The same model and data in every run (an MLP with two 1024-unit layers on 8,192 
 (a) per-epoch time, median of epochs 2..E of each run, for: plain ``fit`` with no callback;
     ``fit`` with ``keras.callbacks.BackupAndRestore(save_freq=N)``; ``fit`` with
     ``procsv.keras.BackupAndRestore(save_freq=N)`` under ``procsv launch``. The three run in turns,
-    ``--rounds`` times, in a rotating order (the machine is shared and noisy: compare within a run).
-    Overhead = a callback's median epoch time over plain fit's, minus 1.
+    ``--rounds`` times, in a rotating order. The machine is shared and its load drifts between runs,
+    so the overhead is paired: in each round, a callback's median epoch time over plain fit's in
+    the same round, minus 1; the figure is the median over the rounds (with its min-max).
 (b) resumed correctness after 3 SIGKILLs at random moments (after the first save), for both
     callbacks (Keras's is relaunched by this script after each kill, procsv's by its watchdog):
     whether the final weights equal those of the uninterrupted plain fit bit for bit, and how many
@@ -132,8 +133,10 @@ def run_once(mode: str, root: str, epochs: int, save_freq: int) -> dict[str, Any
 def saved(mode: str, folder: str) -> bool:
     if mode == "keras":
         return os.path.exists(os.path.join(folder, "training_metadata.json"))
-    return os.path.isdir(os.path.join(folder, "run", ".procsv", "manifests")) and any(
-        n.endswith(".json") for n in os.listdir(os.path.join(folder, "run", ".procsv", "manifests")))
+    from procsv.common.layout import Layout
+
+    manifests = Layout(os.path.join(folder, "run")).manifests  # one manifest per committed checkpoint
+    return os.path.isdir(manifests) and any(n.endswith(".json") for n in os.listdir(manifests))
 
 
 def trainer_pid(folder: str) -> Optional[int]:
@@ -154,7 +157,7 @@ def killed_run(mode: str, root: str, epochs: int, save_freq: int, kills: int, rn
     cmd = child_cmd(mode, folder, epochs, save_freq)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, cwd=REPO,
                             start_new_session=True)
-    done = 0
+    done, last = 0, None
     while done < kills:
         deadline = time.monotonic() + 600
         while not saved(mode, folder) and time.monotonic() < deadline:
@@ -169,10 +172,16 @@ def killed_run(mode: str, root: str, epochs: int, save_freq: int, kills: int, rn
                                     cwd=REPO, start_new_session=True)  # Keras' way: the user runs it again
         else:
             pid = trainer_pid(folder)
+            while pid in (None, last) and proc.poll() is None:  # the restarted trainer, not the one killed
+                time.sleep(0.05)
+                pid = trainer_pid(folder)
             if pid is None or proc.poll() is not None:
                 break
-            os.kill(pid, signal.SIGKILL)
-            time.sleep(1.0)  # let the watchdog restart it before the next kill is aimed
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            last = pid
         done += 1
     _, err = proc.communicate(timeout=1800)
     res = result(folder)
@@ -186,9 +195,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--child", choices=("plain", "keras", "procsv"))
     p.add_argument("--dir")
-    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--save-freq", type=int, default=100, help="N: save every N batches (default 100)")
-    p.add_argument("--rounds", type=int, default=3, help="runs of each mode for (a) (default 3)")
+    p.add_argument("--rounds", type=int, default=5, help="runs of each mode for (a) (default 5)")
     p.add_argument("--kills", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
@@ -207,7 +216,8 @@ def main() -> int:
                 first.setdefault(mode, res)
                 print(f"  round {r + 1} {mode:7s} median epoch {epoch_secs[mode][-1] * 1000:8.1f} ms", flush=True)
         med = {m: statistics.median(v) for m, v in epoch_secs.items()}
-        over = {m: med[m] / med["plain"] - 1 for m in ("keras", "procsv")}
+        paired = {m: [a / b - 1 for a, b in zip(epoch_secs[m], epoch_secs["plain"])] for m in ("keras", "procsv")}
+        over = {m: statistics.median(v) for m, v in paired.items()}
         ratio = over["procsv"] / over["keras"] if over["keras"] > 0 else float("nan")
         reference = weights(first["plain"]["folder"])
         batches = args.epochs * (EXAMPLES // BATCH)
@@ -225,6 +235,8 @@ def main() -> int:
         print(f"{'  spread (min-max ms)':28s} " + " ".join(
             f"{min(epoch_secs[m]) * 1000:5.0f}-{max(epoch_secs[m]) * 1000:<6.0f}" for m in modes))
         print(f"{'overhead over plain fit':28s} {'':>12s} {over['keras'] * 100:11.2f}% {over['procsv'] * 100:11.2f}%")
+        print(f"{'  per-round min..max':28s} {'':>12s} " + " ".join(
+            f"{min(paired[m]) * 100:+5.1f}..{max(paired[m]) * 100:+.1f}%" for m in ("keras", "procsv")))
         print(f"{'uninterrupted = plain fit':28s} {'':>12s} {str(same['keras']):>12s} {str(same['procsv']):>12s}")
         print(f"{'SIGKILLs done':28s} {'':>12s} {killed['keras']['kills']:12d} {killed['procsv']['kills']:12d}")
         print(f"{'resumed = uninterrupted':28s} {'':>12s} {str(exact['keras']):>12s} {str(exact['procsv']):>12s}")

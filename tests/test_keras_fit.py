@@ -207,7 +207,7 @@ def test_an_infinite_dataset_without_steps_per_epoch_is_one_clear_error_and_no_r
     assert code != 0
     assert "UsageError: model.fit got an infinite dataset without steps_per_epoch" in err
     assert "pass steps_per_epoch=N to fit()" in err
-    assert len([e for e in lifecycle(logdir) if e["event"] == "spawned" and e.get("role") == "trainer"]) <= 1
+    assert len([e for e in lifecycle(logdir) if e["event"] == "spawned" and e.get("role") == "trainer"]) == 1
     assert committed_steps(logdir) == []
 
 
@@ -220,3 +220,13 @@ def test_a_changed_model_on_resume_is_an_error_naming_the_variable(short_tmp):
     assert code != 0
     assert "MismatchedCheckpoint" in err and "model" in err and "kernel" in err, err
     assert committed_steps(logdir) == kept  # the checkpoint of the other model is kept as it was
+
+
+def test_fit_on_a_model_never_compiled_is_kerass_clear_error_and_no_restart_storm(short_tmp):
+    logdir = os.path.join(short_tmp, "run")
+    code, out, err = finish(launch(logdir, "uncompiled", target=os.path.join(PROGRAMS, "keras_bad.py")), 180)
+    assert code != 0
+    assert "must call `compile()` before" in err, err
+    spawns = [e for e in lifecycle(logdir) if e["event"] == "spawned" and e.get("role") == "trainer"]
+    assert 1 <= len(spawns) <= 2, spawns  # the start-up failure policy: one retry at most, then it gives up
+    assert "giving up" in err and committed_steps(logdir) == []

@@ -255,13 +255,6 @@ def test_feeds_reach_the_step_function_and_conflicting_feeds_are_an_error(logdir
     assert got == [{"x": 1, "lr": 0.5}]
 
 
-def test_worker_sessions_are_not_supported_yet_and_say_so(logdir):
-    from procsv import UsageError, train
-
-    with pytest.raises(UsageError, match="worker replicas"):
-        train.MonitoredTrainingSession(is_chief=False, checkpoint_dir=logdir)
-
-
 def test_monitored_training_session_defaults_follow_tensorflows_use_default_rules():
     from procsv.trainer.monitored import USE_DEFAULT as D
     from procsv.trainer.monitored import save_intervals

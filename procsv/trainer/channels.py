@@ -35,14 +35,20 @@ def read_summary_acks(sock: zmq.Socket[Any], timeout: float = 0.0) -> list[Summa
 
 
 class TrainerChannels:
-    def __init__(self, endpoints: Endpoints, supervised: bool, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, endpoints: Endpoints, supervised: bool, clock: Callable[[], float] = time.monotonic,
+                 services: bool = True) -> None:
+        """``services=False`` (a worker replica): no connection to the checkpoint and summary
+        services, which only the chief uses; sends to them are dropped."""
         self.clock = clock
         self.zctx: zmq.Context[Any] = zmq.Context()
         ident = f"trainer-{os.getpid()}".encode()
-        self.ckpt = make_socket(self.zctx, zmq.DEALER, sndhwm=4, identity=ident, linger_ms=0)
-        self.ckpt.connect(endpoints.checkpoint)
-        self.summary = make_socket(self.zctx, zmq.DEALER, sndhwm=256, linger_ms=3000)
-        self.summary.connect(endpoints.summary)
+        self.ckpt: Optional[zmq.Socket[Any]] = None
+        self.summary: Optional[zmq.Socket[Any]] = None
+        if services:
+            self.ckpt = make_socket(self.zctx, zmq.DEALER, sndhwm=4, identity=ident, linger_ms=0)
+            self.ckpt.connect(endpoints.checkpoint)
+            self.summary = make_socket(self.zctx, zmq.DEALER, sndhwm=256, linger_ms=3000)
+            self.summary.connect(endpoints.summary)
         self.watchdog: Optional[zmq.Socket[Any]] = None
         if supervised:
             self.watchdog = make_socket(self.zctx, zmq.PUSH, sndhwm=1000, linger_ms=1000)
@@ -52,25 +58,30 @@ class TrainerChannels:
         return self.watchdog is not None and send(self.watchdog, msg)
 
     def to_summary(self, msg: Message, payload: Sequence[Any] = ()) -> bool:
-        return send(self.summary, msg, payload)
+        return self.summary is not None and send(self.summary, msg, payload)
 
     def summary_acks(self, timeout: float = 0.0) -> list[SummaryAck]:
         """The summary service's acks received so far (waiting up to ``timeout`` s for the first)."""
-        return read_summary_acks(self.summary, timeout)
+        return read_summary_acks(self.summary, timeout) if self.summary is not None else []
 
     def setup(self, msg: CheckpointSetup) -> None:
-        send(self.ckpt, msg)
+        if self.ckpt is not None:
+            send(self.ckpt, msg)
 
     def send_snapshot(self, msg: SaveData, frames: Sequence[Any]) -> bool:
-        return send(self.ckpt, msg, frames)
+        return self.ckpt is not None and send(self.ckpt, msg, frames)
 
     def poll_checkpoint(self) -> list[Message]:
         """Every message the checkpoint service has sent, without waiting (malformed ones are dropped)."""
+        if self.ckpt is None:
+            return []
         return [r.msg for r in drain(self.ckpt) if not isinstance(r, ProtocolError)]
 
     def wait_save_result(self, step: int, deadline: float) -> SaveResult:
         """Wait until ``deadline`` (on :attr:`clock`) for the result of the save at ``step``; raise
         :class:`NoReply` if it has not come by then. Other messages meanwhile are dropped."""
+        if self.ckpt is None:
+            raise NoReply("this process is connected to no checkpoint service (a worker replica)")
         while True:
             left_ms = int((deadline - self.clock()) * 1000)
             if left_ms <= 0:

@@ -91,8 +91,9 @@ class CheckpointAgent:
                  keep_checkpoint_every_n_hours: Optional[float], allow_reinit: bool = False,
                  failure_limit: int = 3, save_deadline_floor: float = SAVE_DEADLINE_FLOOR,
                  read_retry: ReadRetry = ReadRetry(), clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, saving: bool = True) -> None:
         self.checkpoint = checkpoint
+        self.saving = saving  # False for a worker replica: it restores the chief's checkpoints, never saves
         self.global_step = global_step
         self.failure_limit = failure_limit  # failed commits in a row that stop training (0: never)
         self.failures_in_a_row = 0
@@ -172,7 +173,8 @@ class CheckpointAgent:
                   "(not deleted: look at them there)", file=sys.stderr, flush=True)
         if self.restored_from:
             self.last_committed = int(self.global_step.numpy())
-        self._arena_for(arena_bytes_needed(self.checkpoint), background=True)
+        if self.saving:
+            self._arena_for(arena_bytes_needed(self.checkpoint), background=True)
         return [m.prefix for m, _ in choice.corrupt]
 
     def _verify_and_restore(self, manifest: Manifest) -> None:

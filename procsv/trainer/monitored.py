@@ -299,8 +299,9 @@ def MonitoredTrainingSession(master: str = "", is_chief: bool = True, checkpoint
     ``log_step_count_steps``. The chief's hooks, in order: ``chief_only_hooks``, StepCounterHook,
     SummarySaverHook, CheckpointSaverHook, then ``hooks``. ``checkpoint_dir`` defaults to the
     launch's ``--logdir``. ``checkpoint`` (procsv addition) is the state to save, as
-    ``Scaffold(checkpoint=...)``. ``is_chief=False`` raises :class:`procsv.UsageError` (no worker
-    replicas yet). ``save_graph_def`` and ``max_wait_secs`` have no effect in a single-chief TF2 run.
+    ``Scaffold(checkpoint=...)``. ``is_chief=False``: a worker replica (:class:`WorkerSessionCreator`:
+    restores the chief's checkpoints from ``checkpoint_dir``, saves nothing, only ``hooks`` run).
+    ``save_graph_def`` has no effect (no graph).
     """
     from procsv.trainer import basic_hooks as bh
 
@@ -310,14 +311,14 @@ def MonitoredTrainingSession(master: str = "", is_chief: bool = True, checkpoint
         scaffold = Scaffold(copy_from_scaffold=scaffold, checkpoint=checkpoint) if scaffold else Scaffold(
             checkpoint=checkpoint)
     scaffold = scaffold or Scaffold()
-    if not is_chief:
-        return MonitoredSession(WorkerSessionCreator(scaffold, master, config, max_wait_secs), hooks or [],
-                                stop_grace_period_secs)
     if checkpoint_dir is None:
         from procsv.common import bootstrap
 
         ctx = bootstrap.ChildContext.from_env()
         checkpoint_dir = ctx.layout.logdir if ctx else None
+    if not is_chief:  # as TF: a worker gets only ``hooks`` (no saver, summary or step-counter hook)
+        return MonitoredSession(WorkerSessionCreator(scaffold, master, config, max_wait_secs, checkpoint_dir),
+                                hooks or [], stop_grace_period_secs)
     all_hooks: list[api.SessionRunHook] = list(chief_only_hooks or [])
     creator = ChiefSessionCreator(scaffold=scaffold, master=master, config=config, checkpoint_dir=checkpoint_dir)
     summary_dir = summary_dir or checkpoint_dir

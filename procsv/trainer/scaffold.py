@@ -228,17 +228,19 @@ class ChiefSessionCreator:
 
 
 class WorkerSessionCreator(ChiefSessionCreator):
-    """A non-chief worker's session: not supported yet (procsv runs one chief trainer); creating
-    one raises :class:`UsageError`. ``max_wait_secs`` is TF's wait for the chief."""
+    """A worker replica's session (``is_chief=False``): a Supervisor that restores the chief's
+    newest committed checkpoint from ``checkpoint_dir`` (procsv addition; default: the launch's
+    ``--logdir``), or initializes when there is none yet, and never saves or writes summaries.
+    In TF2 the replicas of a ``tf.distribute`` job start together (the strategy's own start-up
+    waits for every worker), so a worker does not wait for a checkpoint here; ``max_wait_secs`` is
+    kept for TF's signature and bounds ``Supervisor.prepare_or_wait_for_session(wait_for_checkpoint=True)``.
+    """
 
     def __init__(self, scaffold: Optional[Scaffold] = None, master: str = "", config: Any = None,
-                 max_wait_secs: float = 30 * 60) -> None:
-        super().__init__(scaffold, master, config)
+                 max_wait_secs: float = 30 * 60, checkpoint_dir: Optional[str] = None) -> None:
+        super().__init__(scaffold, master, config, checkpoint_dir=checkpoint_dir)
         self.max_wait_secs = max_wait_secs
-
-    def create_session(self) -> RawSession:
-        raise UsageError("WorkerSessionCreator / is_chief=False: worker replicas are not supported yet; "
-                         "run a single chief (ChiefSessionCreator, is_chief=True)")
+        self.supervisor_options["is_chief"] = False
 
 
 def launch_start_step(logdir: str) -> Optional[int]:

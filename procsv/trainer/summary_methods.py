@@ -26,6 +26,7 @@ class SummaryMethods:
     _clock: Callable[[], float]
     _next_summary: float
     save_summaries_secs: Optional[float]
+    is_chief: bool
     stop_grace_secs: float
     summary_fn: Optional[Callable[[], Mapping[str, Any]]]
 
@@ -81,6 +82,9 @@ class SummaryMethods:
     def _flush_summaries(self, force: bool, urgent: bool = False, deadline: Optional[float] = None) -> None:
         """At a step boundary: hand off what is due (never blocks). ``force`` (at stop): hand off
         everything and wait, up to ``EXIT_WAIT_SECS``, until the summary service has written it."""
+        if not self.is_chief:  # only the chief writes summaries (as TF): a worker's are not kept
+            self._summaries.discard()
+            return
         sender = getattr(self, "_summary_sender", None)
         if sender is None:
             assert self._channels is not None

@@ -25,7 +25,7 @@ from procsv.ipc.transport import Endpoints
 from procsv.common import bootstrap, env
 from procsv.common.errors import ProcsvError, TrainingStopped, UsageError
 from procsv.common.layout import Layout
-from procsv.trainer import outcome
+from procsv.trainer import outcome, replica
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpointing import SAVE_DEADLINE_FLOOR, CheckpointAgent
 from procsv.trainer.coordinator import Coordinator, LooperThread
@@ -114,8 +114,10 @@ class Supervisor(SummaryMethods, Tf1Properties):
             raise UsageError("Supervisor needs a logdir: pass logdir=... or run under `procsv launch --logdir DIR`")
         if launched and os.path.abspath(logdir) != os.path.abspath(launched):
             raise UsageError(f"Supervisor(logdir={logdir!r}) differs from the launch's --logdir {launched!r}")
-        if not is_chief:
-            raise UsageError("is_chief=False (worker replicas) is not supported yet; run a single chief")
+        if not is_chief and self._ctx is not None and self._ctx.supervised:
+            raise UsageError("is_chief=False under procsv launch: the launch runs one trainer, the chief, and a "
+                             "worker saves nothing, so nothing would be saved; drop is_chief=False (several "
+                             "workers per launch are not available yet)")
         if "/" in checkpoint_basename or not checkpoint_basename:
             raise UsageError(f"checkpoint_basename {checkpoint_basename!r} must be a plain file name")
         if read_retry_secs < 0:
@@ -164,7 +166,7 @@ class Supervisor(SummaryMethods, Tf1Properties):
             max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
             allow_reinit=self.allow_reinit, read_retry=ReadRetry(total_secs=read_retry_secs),
             failure_limit=int(os.environ.get(env.CHECKPOINT_FAILURE_LIMIT, checkpoint_failure_limit)),
-            save_deadline_floor=float(os.environ.get(env.SAVE_DEADLINE, SAVE_DEADLINE_FLOOR)))
+            save_deadline_floor=float(os.environ.get(env.SAVE_DEADLINE, SAVE_DEADLINE_FLOOR)), saving=is_chief)
         if checkpoint is not None:
             self._ckpt = self._new_agent()
 
@@ -224,9 +226,11 @@ class Supervisor(SummaryMethods, Tf1Properties):
         if not start_standard_services:
             warn_once("Supervisor.start_standard_services", "start_standard_services=False: procsv's checkpoint "
                                                             "and summary services are processes and always run")
-        if wait_for_checkpoint or master or config is not None:
-            warn_once("Supervisor.prepare", "master, config and wait_for_checkpoint have no TF2 meaning for a "
-                                            "single chief and are ignored (the newest checkpoint, if any, is restored)")
+        if master or config is not None:
+            warn_once("Supervisor.prepare", "master and config have no TF2 meaning and are ignored (the newest "
+                                            "checkpoint, if any, is restored)")
+        if wait_for_checkpoint:  # wait for the chief's first checkpoint (filesystem events; DeadlineExceededError)
+            replica.wait_for_committed(self.layout, max_wait_secs, self.recovery_wait_secs, self._clock)
         if self._stopped:
             self._reset_for_reuse()
         if not self._started and not self._stopped:
@@ -236,7 +240,7 @@ class Supervisor(SummaryMethods, Tf1Properties):
         self._install_signal_handlers()
         endpoints = self._connect_services()
         self._channels = TrainerChannels(endpoints, supervised=self._ctx is not None and self._ctx.supervised,
-                                         clock=self._clock)
+                                         clock=self._clock, services=self.is_chief)
         self._session = ManagedSession(self)
         skipped: list[str] = []
         if self._ckpt is not None:
@@ -246,7 +250,7 @@ class Supervisor(SummaryMethods, Tf1Properties):
         self._step = int(self.global_step.numpy())
         pid = os.getpid()
         attempt = self._ctx.attempt if self._ctx else 1
-        saving = self._ckpt is not None
+        saving = self._ckpt is not None and self.is_chief
         self._channels.to_watchdog(TrainerReady(pid, attempt, self._step, self.restored_from,
                                                 self._clock() - t0, skipped,
                                                 self.save_model_secs if saving else None,
@@ -254,7 +258,7 @@ class Supervisor(SummaryMethods, Tf1Properties):
         # TensorBoard discards every event at or after the next step we log: re-run steps don't duplicate
         self._channels.to_summary(SessionLogEvent(SessionStatus.START, self._step + 1))
         now = self._clock()
-        if self._ckpt is not None:
+        if self._ckpt is not None and self.is_chief:
             self._ckpt.heartbeat(self._channels, self._step, now)
         self._next_summary = now + (self.save_summaries_secs or 0)
         if self.restored_from:
@@ -293,7 +297,7 @@ class Supervisor(SummaryMethods, Tf1Properties):
             return
         try:
             self._stopped_by_signal = self.coord.stop_signal is not None
-            if self.coord.exception is None and self._ckpt is not None:
+            if self.coord.exception is None and self._ckpt is not None and self.is_chief:
                 self.commit_checkpoint(deadline)
             else:
                 self._channels.to_watchdog(Progress(os.getpid(), self._step, time.time(), Busy.NONE))
@@ -319,8 +323,8 @@ class Supervisor(SummaryMethods, Tf1Properties):
         """Commit a checkpoint of the last completed step now, waiting up to ``stop_grace_secs``
         (``preempted`` after SIGTERM/SIGINT, else ``final``); True if that step is committed.
         ``stop()`` calls it; so does ``procsv.train``'s CheckpointSaverHook at ``end()``."""
-        if self._ckpt is None or self._channels is None:
-            return False
+        if self._ckpt is None or self._channels is None or not self.is_chief:
+            return False  # only the chief saves
         self._channels.to_watchdog(Progress(os.getpid(), self._step, time.time(), Busy.FINAL_CHECKPOINT))
         self._flush_summaries(force=False, urgent=True)  # hand off before the commit, as at a step
         reason = SaveReason.PREEMPTED if self.coord.stop_signal is not None else SaveReason.FINAL
@@ -380,6 +384,8 @@ class Supervisor(SummaryMethods, Tf1Properties):
     def _connect_services(self) -> Endpoints:
         if self._ctx is not None:
             return self._ctx.endpoints
+        if not self.is_chief:  # a worker connects to no service: the chief's process runs them
+            return Endpoints("")
         self._own = OwnServices(self.layout)
         return self._own.start()
 
@@ -391,7 +397,7 @@ class Supervisor(SummaryMethods, Tf1Properties):
         """Before a step: checkpoint work of the completed step; return that step's number."""
         if self.coord.should_stop():
             raise TrainingStopped("a stop was requested; the training loop should end")
-        if self._ckpt is not None and self._channels is not None:
+        if self._ckpt is not None and self._channels is not None and self.is_chief:
             # checkpoint work for the completed step happens here, before the next one runs: the
             # state is still that of step ``self._step``, and the summaries the program logged for
             # it after ``run`` returned are handed off first, so a commit never gets ahead of them

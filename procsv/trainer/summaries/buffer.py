@@ -73,6 +73,14 @@ class SummaryBuffer:
     def __len__(self) -> int:
         return len(self._rows) + len(self._protos) + len(self._items)
 
+    def discard(self) -> None:
+        """Forget everything buffered (a worker replica: only the chief writes summaries)."""
+        with self._lock:
+            self._rows.clear()
+            self._protos.clear()
+            self._items.clear()
+            self._payload_bytes = 0
+
     # ---- logging (any thread)
     def scalar(self, tag: str, value: Any, step: Any, wall: float) -> None:
         v = as_float(tag, value)

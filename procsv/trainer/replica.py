@@ -1,0 +1,59 @@
+"""Replicas in the trainer process: a worker (``is_chief=False``) waiting for the chief's checkpoint.
+
+Runs in the trainer. In TensorFlow 2 the replicas of a ``tf.distribute`` job hold the same
+variables; the chief saves them, the other workers only restore. A worker that must start from
+the chief's state (``prepare_or_wait_for_session(wait_for_checkpoint=True)``) waits here until a
+committed checkpoint is in the shared logdir: woken by filesystem events on the logdir (the
+``watchdog`` package: inotify on Linux), with ``recovery_wait_secs`` only as a fallback poll (TF1's
+workers polled every 30 s), and ``max_wait_secs`` ending the wait with TensorFlow's
+``DeadlineExceededError``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from procsv.common.layout import Layout
+from procsv.common.manifests import list_committed
+
+
+def wait_for_committed(layout: Layout, max_wait_secs: float, poll_secs: float,
+                       clock: Callable[[], float] = time.monotonic) -> float:
+    """Wait until the logdir holds a committed checkpoint; return the seconds waited.
+
+    Raises ``tf.errors.DeadlineExceededError`` after ``max_wait_secs``."""
+    if list_committed(layout):
+        return 0.0
+    from watchdog.events import FileSystemEvent, FileSystemEventHandler
+    from watchdog.observers import Observer
+
+    woken = threading.Event()
+
+    class Wake(FileSystemEventHandler):
+        def on_any_event(self, event: FileSystemEvent) -> None:
+            woken.set()
+
+    os.makedirs(layout.logdir, exist_ok=True)  # the chief creates it too: a worker may come first
+    observer: Any = Observer()
+    observer.schedule(Wake(), layout.logdir, recursive=True)
+    observer.start()
+    t0 = clock()
+    deadline = t0 + max_wait_secs
+    try:
+        while not list_committed(layout):  # checked again once the observer runs: nothing is missed
+            left = deadline - clock()
+            if left <= 0:
+                import tensorflow as tf
+
+                raise tf.errors.DeadlineExceededError(
+                    None, None, f"no committed checkpoint appeared in {layout.logdir} within max_wait_secs="
+                                f"{max_wait_secs:g} (is the chief running and saving there?)")
+            woken.wait(min(left, max(poll_secs, 0.01)))
+            woken.clear()
+        return clock() - t0
+    finally:
+        observer.stop()
+        observer.join(timeout=5)

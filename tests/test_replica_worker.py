@@ -1,0 +1,146 @@
+"""Worker replicas on the trainer side (``is_chief=False``): restore the chief's checkpoints, never
+write, wait for the chief's first checkpoint on filesystem events.
+
+The chief is the built-in digits example run as a real process (plain ``python``: it starts its
+own checkpoint and summary services); the worker runs in the test process, as a second replica of
+a ``tf.distribute`` job would run in its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+import tensorflow as tf
+
+from conftest import REPO, committed_steps, quiet_env
+
+from procsv.common.layout import Layout
+
+
+def _chief(logdir: str, steps: int, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "procsv.examples.digits", "--logdir", logdir, "--steps", str(steps),
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=quiet_env(),
+                            cwd=REPO)
+
+
+def _state():
+    from procsv.examples.digits import build_model
+
+    model, optimizer, _ = build_model()
+    return model, tf.train.Checkpoint(model=model, optimizer=optimizer)
+
+
+def _tree(logdir: str) -> dict[str, tuple[int, int]]:
+    out = {}
+    for root, _, files in os.walk(logdir):
+        for name in files:
+            path = os.path.join(root, name)
+            st = os.stat(path)
+            out[os.path.relpath(path, logdir)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def test_a_worker_restores_the_chiefs_newest_checkpoint_trains_and_writes_nothing(tmp_path):
+    import procsv
+
+    logdir = str(tmp_path / "run")
+    chief = _chief(logdir, 60, "--save-checkpoint-steps", "20")
+    _, err = chief.communicate(timeout=300)
+    assert chief.returncode == 0, err
+    assert committed_steps(logdir)[-1] == 60
+    before = _tree(logdir)
+    model, ckpt = _state()
+    sv = procsv.Supervisor(logdir=logdir, is_chief=False, checkpoint=ckpt, save_model_secs=0.01,
+                           save_summaries_secs=0.01, summary_fn=lambda: {"x": 1.0})
+    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with sv.managed_session() as sess:
+        assert sv.step == 60 and sv.restored_from == os.path.join(logdir, "model.ckpt-60")
+        for _ in range(5):
+            sess.run(lambda: None)
+            sv.log_scalar("loss", 1.0)
+            time.sleep(0.02)
+        started = {p.pid for p in psutil.Process().children(recursive=True)} - children_before
+        assert started == set()  # a worker starts no service: the chief's process runs them
+    assert sv.step == 65
+    assert _tree(logdir) == before  # no checkpoint, no event file, no manifest: only the chief writes
+
+
+def test_a_worker_waiting_for_a_checkpoint_is_woken_by_the_chiefs_first_commit_not_by_its_poll(tmp_path):
+    from procsv.trainer.replica import wait_for_committed
+
+    logdir = str(tmp_path / "run")
+    waited: dict[str, float] = {}
+
+    def worker() -> None:
+        waited["secs"] = wait_for_committed(Layout(logdir), max_wait_secs=300, poll_secs=60)
+        waited["at"] = time.time()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    time.sleep(0.5)
+    assert thread.is_alive()  # nothing committed yet: it waits
+    chief = _chief(logdir, 200, "--save-checkpoint-steps", "50", "--step-delay", "0.01")
+    try:
+        thread.join(timeout=200)
+        assert not thread.is_alive()
+    finally:
+        chief.kill()
+        chief.communicate()
+    layout = Layout(logdir)
+    first = min((os.stat(os.path.join(layout.manifests, n)).st_mtime for n in os.listdir(layout.manifests)
+                 if n.endswith(".json")))
+    # woken by the filesystem event of the commit, not by the 60 s fallback poll
+    assert 0 <= waited["at"] - first < 10, (waited, first)
+    assert waited["secs"] > 0
+
+
+def test_max_wait_secs_with_no_checkpoint_is_tensorflows_deadline_exceeded(tmp_path):
+    import procsv
+
+    _, ckpt = _state()
+    sv = procsv.Supervisor(logdir=str(tmp_path / "run"), is_chief=False, checkpoint=ckpt)
+    t0 = time.monotonic()
+    with pytest.raises(tf.errors.DeadlineExceededError, match="no committed checkpoint appeared"):
+        sv.prepare_or_wait_for_session(wait_for_checkpoint=True, max_wait_secs=0.5)
+    assert time.monotonic() - t0 < 30
+    sv._release()
+
+
+def test_a_worker_under_a_single_trainer_launch_is_refused(tmp_path, monkeypatch):
+    import procsv
+    from procsv.common import env
+
+    monkeypatch.setenv(env.LOGDIR, str(tmp_path))
+    monkeypatch.setenv(env.RUNTIME_DIR, str(tmp_path / "rt"))
+    monkeypatch.setenv(env.WATCHDOG, "1")
+    with pytest.raises(procsv.UsageError, match="is_chief=False under procsv launch"):
+        procsv.Supervisor(is_chief=False)
+
+
+def test_a_monitored_worker_session_restores_runs_only_its_own_hooks_and_writes_nothing(tmp_path):
+    from procsv import train
+
+    logdir = str(tmp_path / "run")
+    chief = _chief(logdir, 40, "--save-checkpoint-steps", "20")
+    _, err = chief.communicate(timeout=300)
+    assert chief.returncode == 0, err
+    before = _tree(logdir)
+    _, ckpt = _state()
+    seen: list[int] = []
+
+    class Steps(train.SessionRunHook):
+        def after_run(self, run_context, run_values):
+            seen.append(int(train.get_global_step().numpy()))
+
+    with train.MonitoredTrainingSession(is_chief=False, checkpoint_dir=logdir, checkpoint=ckpt,
+                                        hooks=[Steps(), train.StopAtStepHook(last_step=45)]) as sess:
+        while not sess.should_stop():
+            sess.run(lambda: None)
+    assert seen == [41, 42, 43, 44, 45]
+    assert _tree(logdir) == before
