@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any, Optional, Union
 
 import keras
@@ -85,6 +86,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         self._last_logs: Any = None
         self._next_batch_log = 0.0
         self._stopped_mid_epoch = False  # fit ends at a stop request: the epoch's logs are partial
+        self.loop_secs = 0.0  # time the training loop spent in procsv (step boundaries, snapshots), this fit
+        self._train_secs = 0.0
 
     # ------------------------------------------------------------------ keras callback API
     def on_train_begin(self, logs: Any = None) -> None:
@@ -93,6 +96,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         model = self.model
         self.resumed_at, self.replayed_batches, self._skip, self._skip_epoch = None, 0, 0, -1
         self._saved_metrics, self._last_logs, self._next_batch_log, self._stopped_mid_epoch = [], None, 0.0, False
+        self.loop_secs = 0.0
         inp = keras_input.fit_frame()
         keras_input.check_finite(inp, self.params.get("steps"))
         if not model.built:
@@ -185,8 +189,9 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             return self._logs()
         if sv.should_stop():
             return self._stop_here()  # a stop was asked for: train no further batch
+        t0 = time.perf_counter()
         try:
-            logs = sess.run(self._original_train, iterator)
+            logs = sess.run(self._timed_train, iterator)
         except TrainingStopped:
             return self._stop_here()
         self._batch += spe
@@ -196,6 +201,13 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             if now >= self._next_batch_log:  # batch-level scalars, at most every save_summaries_secs
                 self._next_batch_log = now + self.save_summaries_secs
                 sv.log_scalars({f"batch_{k}": v for k, v in _scalars(dict(logs)).items()})
+        self.loop_secs += time.perf_counter() - t0 - self._train_secs
+        return logs
+
+    def _timed_train(self, iterator: Any) -> Any:
+        t0 = time.perf_counter()
+        logs = self._original_train(iterator)
+        self._train_secs = time.perf_counter() - t0
         return logs
 
     def _write_position(self) -> None:

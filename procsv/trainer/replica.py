@@ -21,10 +21,11 @@ from procsv.common.manifests import list_committed
 
 
 def wait_for_committed(layout: Layout, max_wait_secs: float, poll_secs: float,
-                       clock: Callable[[], float] = time.monotonic) -> float:
+                       clock: Callable[[], float] = time.monotonic, events: bool = True) -> float:
     """Wait until the logdir holds a committed checkpoint; return the seconds waited.
 
-    Raises ``tf.errors.DeadlineExceededError`` after ``max_wait_secs``."""
+    Raises ``tf.errors.DeadlineExceededError`` after ``max_wait_secs``. ``events=False`` polls only
+    (every ``poll_secs``, as TF1's workers did): the baseline ``scripts/bench_group.py`` compares."""
     if list_committed(layout):
         return 0.0
     from watchdog.events import FileSystemEvent, FileSystemEventHandler
@@ -39,7 +40,8 @@ def wait_for_committed(layout: Layout, max_wait_secs: float, poll_secs: float,
     os.makedirs(layout.logdir, exist_ok=True)  # the chief creates it too: a worker may come first
     observer: Any = Observer()
     observer.schedule(Wake(), layout.logdir, recursive=True)
-    observer.start()
+    if events:
+        observer.start()
     t0 = clock()
     deadline = t0 + max_wait_secs
     try:
@@ -55,5 +57,6 @@ def wait_for_committed(layout: Layout, max_wait_secs: float, poll_secs: float,
             woken.clear()
         return clock() - t0
     finally:
-        observer.stop()
-        observer.join(timeout=5)
+        if events:
+            observer.stop()
+            observer.join(timeout=5)
