@@ -1,4 +1,4 @@
-"""The ``procsv`` command: ``launch`` (the watchdog), ``status``, ``stop`` and ``preempt``.
+"""The ``procsv`` command: ``launch`` (the watchdog), ``status``, ``logs``, ``stop`` and ``preempt``.
 
 Runs in the user's shell; ``procsv launch`` becomes the watchdog process. Exit codes:
 0 the run succeeded; 1 it failed (the trainer kept failing, or failed at start-up, or the logdir was
@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--keep-logs", type=int, default=10, metavar="N",
                     help="per-attempt log files kept for each role: the first attempt's and the last N "
                          "(default 10, >= 1)")
+    la.add_argument("--on-failure", metavar="CMD", default=None,
+                    help="a shell command run once if the run fails or gives up (PROCSV_ROOT_CAUSE, "
+                         "PROCSV_EXIT_CODE, PROCSV_LOGDIR in its environment), e.g. to send a message")
     la.add_argument("--chaos", metavar="SPEC", default=None,
                     help="kill on a schedule for crash testing: every=SECS or random=MIN:MAX, "
                          "[,target=trainer|checkpoint|summary][,signal=KILL|TERM][,seed=N]")
@@ -67,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     pp.add_argument("--signal", default="TERM", choices=["TERM", "KILL", "INT"], help="default TERM")
     pp.add_argument("--target", default="watchdog", choices=["watchdog", "trainer", "checkpoint", "summary"],
                     help="default watchdog (the whole job is preempted)")
+    lg = sub.add_parser("logs", help="print or follow one process's log across its attempts")
+    lg.add_argument("logdir")
+    lg.add_argument("--role", default="trainer", choices=["trainer", "checkpoint", "summary", "zygote", "watchdog"],
+                    help="whose log (default trainer; watchdog: its lifecycle events)")
+    lg.add_argument("--attempt", default="all", metavar="N|last|all", help="which attempt(s) (default all)")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
     sp = sub.add_parser("stop", help="ask a live run to checkpoint and stop (like SIGTERM to the launch)")
     sp.add_argument("logdir")
     sp.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the run to end")
@@ -89,6 +98,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _status(args)
         if args.command == "preempt":
             return _preempt(args)
+        if args.command == "logs":
+            from procsv.common.layout import Layout
+            from procsv.logs import show
+
+            return show(Layout(os.path.abspath(args.logdir)), args.role, args.attempt, sys.stdout, args.follow)
         return _stop(args)
     except (UsageError, LogdirLocked) as exc:
         print(f"procsv: error: {exc}", file=sys.stderr)
@@ -116,7 +130,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        stop_grace_secs=args.stop_grace_secs, quiet=args.quiet, hang_timeout=args.hang_timeout,
                        startup_timeout=args.startup_timeout, hang_grace_secs=args.hang_grace_secs,
                        chaos=args.chaos, prewarm=not args.no_prewarm, on_checkpoint_failure=args.on_checkpoint_failure,
-                       allow_reinit=args.allow_reinit, keep_logs=args.keep_logs,
+                       allow_reinit=args.allow_reinit, keep_logs=args.keep_logs, on_failure=args.on_failure,
                        preload=[m.strip() for m in args.preload.split(",") if m.strip()])
     return Watchdog(cfg).run()
 

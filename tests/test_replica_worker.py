@@ -9,6 +9,7 @@ a ``tf.distribute`` job would run in its own.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -29,6 +30,23 @@ def _chief(logdir: str, steps: int, *extra: str) -> subprocess.Popen:
                             cwd=REPO)
 
 
+@pytest.fixture(scope="module")
+def chief_run(tmp_path_factory):
+    """A logdir a real chief trained 60 steps in (commits at 20, 40, 60); tests copy it."""
+    logdir = str(tmp_path_factory.mktemp("chief") / "run")
+    chief = _chief(logdir, 60, "--save-checkpoint-steps", "20")
+    _, err = chief.communicate(timeout=300)
+    assert chief.returncode == 0, err
+    assert committed_steps(logdir)[-1] == 60
+    return logdir
+
+
+def _copy(src: str, tmp_path) -> str:
+    dst = str(tmp_path / "run")
+    shutil.copytree(src, dst)
+    return dst
+
+
 def _state():
     from procsv.examples.digits import build_model
 
@@ -46,14 +64,10 @@ def _tree(logdir: str) -> dict[str, tuple[int, int]]:
     return out
 
 
-def test_a_worker_restores_the_chiefs_newest_checkpoint_trains_and_writes_nothing(tmp_path):
+def test_a_worker_restores_the_chiefs_newest_checkpoint_trains_and_writes_nothing(chief_run, tmp_path):
     import procsv
 
-    logdir = str(tmp_path / "run")
-    chief = _chief(logdir, 60, "--save-checkpoint-steps", "20")
-    _, err = chief.communicate(timeout=300)
-    assert chief.returncode == 0, err
-    assert committed_steps(logdir)[-1] == 60
+    logdir = _copy(chief_run, tmp_path)
     before = _tree(logdir)
     model, ckpt = _state()
     sv = procsv.Supervisor(logdir=logdir, is_chief=False, checkpoint=ckpt, save_model_secs=0.01,
@@ -123,13 +137,10 @@ def test_a_worker_under_a_single_trainer_launch_is_refused(tmp_path, monkeypatch
         procsv.Supervisor(is_chief=False)
 
 
-def test_a_monitored_worker_session_restores_runs_only_its_own_hooks_and_writes_nothing(tmp_path):
+def test_a_monitored_worker_session_restores_runs_only_its_own_hooks_and_writes_nothing(chief_run, tmp_path):
     from procsv import train
 
-    logdir = str(tmp_path / "run")
-    chief = _chief(logdir, 40, "--save-checkpoint-steps", "20")
-    _, err = chief.communicate(timeout=300)
-    assert chief.returncode == 0, err
+    logdir = _copy(chief_run, tmp_path)
     before = _tree(logdir)
     _, ckpt = _state()
     seen: list[int] = []
@@ -139,8 +150,8 @@ def test_a_monitored_worker_session_restores_runs_only_its_own_hooks_and_writes_
             seen.append(int(train.get_global_step().numpy()))
 
     with train.MonitoredTrainingSession(is_chief=False, checkpoint_dir=logdir, checkpoint=ckpt,
-                                        hooks=[Steps(), train.StopAtStepHook(last_step=45)]) as sess:
+                                        hooks=[Steps(), train.StopAtStepHook(last_step=65)]) as sess:
         while not sess.should_stop():
             sess.run(lambda: None)
-    assert seen == [41, 42, 43, 44, 45]
+    assert seen == [61, 62, 63, 64, 65]
     assert _tree(logdir) == before

@@ -22,6 +22,11 @@ SAVE_DEADLINE = "PROCSV_SAVE_DEADLINE"  # seconds: the floor of a checkpoint's d
 ALLOW_REINIT = "PROCSV_ALLOW_REINIT"  # "1": start from step 0 if every committed checkpoint is corrupt
 FAULT = "PROCSV_FAULT"  # tests only: "checkpoint:<point>[:<n>]" kills the service there; "watchdog:round" raises
 # once; "trainer:snapshot" hangs the first trainer attempt inside its first snapshot
+# given to the --on-failure command (besides LOGDIR): how the run ended
+EXIT_CODE = "PROCSV_EXIT_CODE"  # the launch's exit code
+RUN_STATE = "PROCSV_RUN_STATE"  # failed
+ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's last_error)
 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
-       CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, ALLOW_REINIT, FAULT)
+       CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE, RUN_STATE,
+       ROOT_CAUSE)

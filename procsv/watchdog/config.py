@@ -41,6 +41,7 @@ class LaunchConfig:
     cwd: str = field(default_factory=os.getcwd)
     on_checkpoint_failure: str = "stop"  # stop | continue
     keep_logs: int = DEFAULT_KEEP  # --keep-logs: per-attempt log files kept per role besides attempt 1's
+    on_failure: Optional[str] = None  # --on-failure CMD: run once when the run ends failed
 
     @property
     def busy_timeout(self) -> Optional[float]:

@@ -45,6 +45,8 @@ from procsv.watchdog.decide import decide
 from procsv.watchdog.events import Event, EventLog
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.failures import ChildError, Failure, read_child_error
+from procsv.watchdog.lifecycle import RunState
+from procsv.watchdog.onfailure import run_on_failure
 from procsv.watchdog.logdirwatch import LogdirWatch, identity, lost_reason
 from procsv.watchdog.observe import Report
 from procsv.watchdog.prewarm import ForkedProcess, zygote_env
@@ -175,6 +177,9 @@ class Watchdog:
                 self._final_status_where_it_went()
             self._final_report()
             self.events.close()
+            if self.cfg.on_failure and self.view.run == RunState.FAILED:
+                run_on_failure(self.cfg.on_failure, self.layout.logdir, self.view.exit_code, self.view.run.value,
+                               self.view.last_error, lambda text: self.say(text, err=True))
             self.term.close()
         return self.view.exit_code
 

@@ -1,0 +1,54 @@
+"""``procsv logs``: a process's log across attempts, printed and followed, from real runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from conftest import REPO, finish, launch, launch_and_kill_trainer_once, quiet_env, wait_for
+
+
+def _logs(logdir: str, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "procsv", "logs", logdir, *flags], capture_output=True, text=True,
+                          env=quiet_env(), cwd=REPO, timeout=60)
+
+
+def test_logs_print_every_attempt_with_a_separator_and_select_one(logdir):
+    code, out, err = launch_and_kill_trainer_once(logdir, "--steps", "400", "--save-model-secs", "0.2",
+                                                  "--step-delay", "0.005", target="procsv.examples.digits")
+    assert code == 0, err
+    done = _logs(logdir)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    first = f"==> trainer attempt 1 ({os.path.join(logdir, 'logs', 'trainer.1.log')}) <=="
+    second = f"==> trainer attempt 2 ({os.path.join(logdir, 'logs', 'trainer.2.log')}) <=="
+    assert first in text and second in text and text.index(first) < text.index(second)
+    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
+        assert fh.read() in text  # the attempt's own text, as written
+    assert "finished 400 steps" in text.split(second)[1]
+    only = _logs(logdir, "--attempt", "2").stdout
+    assert second in only and first not in only
+    assert _logs(logdir, "--attempt", "last").stdout == only
+    events = _logs(logdir, "--role", "watchdog").stdout
+    assert " exited role=trainer attempt=1 " in events and "signal=SIGKILL" in events and " finished " in events
+    missing = _logs(logdir, "--attempt", "7")
+    assert missing.returncode == 2 and "no log of trainer attempt 7 (kept: 1, 2" in missing.stderr
+
+
+def test_logs_follow_prints_a_live_run_as_it_goes_and_ends_with_it(logdir):
+    proc = launch(logdir, "--steps", "600", "--step-delay", "0.01", "--print-every-steps", "100")
+    try:
+        wait_for(lambda: os.path.exists(os.path.join(logdir, "logs", "trainer.1.log")), 90, what="the trainer's log")
+        follower = subprocess.Popen([sys.executable, "-m", "procsv", "logs", logdir, "-f"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=quiet_env(), cwd=REPO)
+        first_line = follower.stdout.readline()
+        assert first_line.startswith("==> trainer attempt 1 ")
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+    rest, ferr = follower.communicate(timeout=30)  # it ends by itself once the run is over
+    assert follower.returncode == 0, ferr
+    assert "digits: step 600 " in rest and "finished 600 steps" in rest
+    with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:
+        assert first_line + rest == first_line + fh.read()  # all of it, once, in order
