@@ -16,9 +16,12 @@ The same model and data in every run (an MLP with two 1024-unit layers on 8,192 
     checkpoint service's CPU competing with training.
 (b) resumed correctness after 3 SIGKILLs at random moments (after the first save), for both
     callbacks (Keras's is relaunched by this script after each kill, procsv's by its watchdog):
-    whether the final weights equal those of the uninterrupted plain fit bit for bit, and how many
-    batches were trained twice (+) or skipped (-): the optimizer's iteration count on the final
-    weights minus the batches of an uninterrupted fit.
+    whether the final weights equal those of the uninterrupted plain fit bit for bit; how many
+    batches the final weights were trained on twice (+) or not at all (-): their optimizer's update
+    count minus an uninterrupted fit's; and the work redone: the updates applied over all the run's
+    attempts (each attempt counts its own, in a file that survives the SIGKILL) minus an
+    uninterrupted fit's. A Keras backup left corrupt by a kill (keras#20463) is counted; that run
+    then starts over from scratch, as its user would have to.
 
 Prints a table, then one line:
 ``fit_overhead=<x> overhead_ratio_vs_keras=<x> exact_procsv=<0|1> exact_keras=<0|1> repeated_batches_keras=<n>``
@@ -36,6 +39,7 @@ import random
 import shutil
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -84,6 +88,17 @@ def child(args: argparse.Namespace) -> int:
 
         procsv_cb = procsv.keras.BackupAndRestore(save_freq=args.save_freq)
         callbacks.append(procsv_cb)
+    if args.count:  # after the restore: the updates this attempt applies, kept through a SIGKILL
+
+        class Count(keras.callbacks.Callback):  # type: ignore[misc]
+            def on_train_begin(self, logs: Any = None) -> None:
+                self.start = int(model.optimizer.iterations.numpy())
+                self.fd = os.open(os.path.join(args.dir, f"updates.{os.getpid()}"), os.O_CREAT | os.O_WRONLY, 0o644)
+
+            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+                os.pwrite(self.fd, struct.pack("<q", int(model.optimizer.iterations.numpy()) - self.start), 0)
+
+        callbacks.append(Count())
     model.fit(ds, epochs=args.epochs, callbacks=callbacks, verbose=0)
     if model.stop_training:
         return 0  # stopped (SIGTERM): no result
@@ -98,8 +113,9 @@ def child(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------ the runs
-def child_cmd(mode: str, folder: str, epochs: int, save_freq: int) -> list[str]:
+def child_cmd(mode: str, folder: str, epochs: int, save_freq: int, count: bool = False) -> list[str]:
     flags = ["--child", mode, "--dir", folder, "--epochs", str(epochs), "--save-freq", str(save_freq)]
+    flags += ["--count"] if count else []
     if mode == "procsv":
         return [sys.executable, "-m", "procsv", "launch", HERE, "--logdir", os.path.join(folder, "run"),
                 "--quiet", "--", *flags]
@@ -158,32 +174,63 @@ def trainer_pid(folder: str) -> Optional[int]:
     return None
 
 
+def updates_applied(folder: str) -> int:
+    """Optimizer updates applied over every attempt of a run (each attempt's count file)."""
+    total = 0
+    for name in os.listdir(folder):
+        if name.startswith("updates."):
+            with open(os.path.join(folder, name), "rb") as fh:
+                data = fh.read(8)
+            total += struct.unpack("<q", data)[0] if len(data) == 8 else 0
+    return total
+
+
+def clear_keras_backup(folder: str) -> None:
+    for name in os.listdir(folder):
+        if name.endswith(".h5") or name.endswith(".json") and name != "result.json" or name.endswith(".bkp"):
+            os.remove(os.path.join(folder, name))
+
+
 def killed_run(mode: str, root: str, epochs: int, save_freq: int, kills: int, rng: random.Random) -> dict[str, Any]:
-    """A run SIGKILLed ``kills`` times at random moments after its first save, then finished."""
+    """A run SIGKILLed ``kills`` times at random moments after its first save, then finished.
+
+    Keras's run is started again by this script after each kill, as its user would; a backup the
+    kill left corrupt (keras#20463) makes that start fail: it is counted, the backup is deleted,
+    and the run starts over from scratch (what is left to a user)."""
     folder = tempfile.mkdtemp(prefix=f"{mode}-killed-", dir=root)
-    cmd = child_cmd(mode, folder, epochs, save_freq)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, cwd=REPO,
-                            start_new_session=True)
-    done, last = 0, None
-    while done < kills:
+    cmd = child_cmd(mode, folder, epochs, save_freq, count=True)
+    done, last, corrupt = 0, None, 0
+
+    def start() -> subprocess.Popen[str]:
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
+                                cwd=REPO, start_new_session=True)
+
+    proc = start()
+    while True:
         deadline = time.monotonic() + 600
-        while not saved(mode, folder) and time.monotonic() < deadline:
+        while not saved(mode, folder) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
+        if mode == "keras" and proc.poll() not in (None, 0):  # it could not resume: a corrupt backup
+            corrupt += 1
+            clear_keras_backup(folder)
+            proc = start()
+            continue
+        if done >= kills or proc.poll() is not None:
+            break
         time.sleep(rng.uniform(0.5, 3.0))
         if mode == "keras":
             if proc.poll() is not None:
-                break  # it finished before the kill: fewer kills than asked (reported)
+                continue
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
-                                    cwd=REPO, start_new_session=True)  # Keras' way: the user runs it again
+            proc = start()
         else:
             pid = trainer_pid(folder)
             while pid in (None, last) and proc.poll() is None:  # the restarted trainer, not the one killed
                 time.sleep(0.05)
                 pid = trainer_pid(folder)
             if pid is None or proc.poll() is not None:
-                break
+                continue
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -194,7 +241,7 @@ def killed_run(mode: str, root: str, epochs: int, save_freq: int, kills: int, rn
     res = result(folder)
     if proc.returncode != 0 or res is None:
         raise SystemExit(f"bench_keras: the killed {mode} run failed (exit {proc.returncode}):\n{err[-3000:]}")
-    res["folder"], res["kills"] = folder, done
+    res["folder"], res["kills"], res["corrupt"], res["updates"] = folder, done, corrupt, updates_applied(folder)
     return res
 
 
@@ -207,6 +254,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5, help="runs of each mode for (a) (default 5)")
     p.add_argument("--kills", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return child(args)
@@ -236,7 +284,10 @@ def main() -> int:
         rng = random.Random(args.seed)
         killed = {m: killed_run(m, root, args.epochs, args.save_freq, args.kills, rng) for m in ("keras", "procsv")}
         exact = {m: identical(weights(killed[m]["folder"]), reference) for m in killed}
+        # in the final weights, batches applied twice (or skipped, if negative): its optimizer's update
+        # count beyond an uninterrupted fit's; work redone: updates over all attempts beyond it
         repeated = {m: killed[m]["iterations"] - batches for m in killed}
+        redone = {m: killed[m]["updates"] - batches for m in killed}
 
         print()
         print(f"{'':28s} {'plain fit':>12s} {'keras B&R':>12s} {'procsv B&R':>12s}")
@@ -252,13 +303,17 @@ def main() -> int:
         print(f"{'uninterrupted = plain fit':28s} {'':>12s} {str(same['keras']):>12s} {str(same['procsv']):>12s}")
         print(f"{'SIGKILLs done':28s} {'':>12s} {killed['keras']['kills']:12d} {killed['procsv']['kills']:12d}")
         print(f"{'resumed = uninterrupted':28s} {'':>12s} {str(exact['keras']):>12s} {str(exact['procsv']):>12s}")
-        print(f"{'batches repeated(+)/skipped(-)':28s} {'':>12s} {repeated['keras']:12d} {repeated['procsv']:12d}")
+        print(f"{'batches twice in the weights':28s} {'':>12s} {repeated['keras']:12d} {repeated['procsv']:12d}")
+        print(f"{'updates redone (lost work)':28s} {'':>12s} {redone['keras']:12d} {redone['procsv']:12d}")
+        print(f"{'backup corrupted by a kill':28s} {'':>12s} {killed['keras']['corrupt']:12d} "
+              f"{killed['procsv']['corrupt']:12d}")
         print(f"(save_freq={args.save_freq} batches, {EXAMPLES // BATCH} batches an epoch, {args.epochs} epochs, "
               f"{args.rounds} rounds)")
         print(f"fit_overhead={over['procsv']:.4f} in_loop_overhead={statistics.median(in_loop):.4f} "
               f"overhead_ratio_vs_keras={ratio:.3f} exact_procsv={int(exact['procsv'])} "
               f"exact_keras={int(exact['keras'])} repeated_batches_keras={repeated['keras']}")
-        ok = exact["procsv"] and repeated["procsv"] == 0 and same["procsv"] and killed["procsv"]["kills"] == args.kills
+        ok = exact["procsv"] and repeated["procsv"] == 0 and same["procsv"] and killed["procsv"]["kills"] == args.kills \
+            and killed["procsv"]["iterations"] == batches
         return 0 if ok else 1
     finally:
         shutil.rmtree(root, ignore_errors=True)
