@@ -14,9 +14,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 import time
-from typing import IO, Any
+from typing import IO
 
 from procsv.common.errors import UsageError
 from procsv.common.layout import Layout, LogdirLock
@@ -116,21 +115,19 @@ def show(layout: Layout, role: str, attempt: str, out: IO[str], follow: bool = F
 
 def _follow(layout: Layout, role: str, readers: dict[str, _Reader], last: int, out: IO[str],
             liveness_secs: float) -> int:
-    from watchdog.events import FileSystemEvent, FileSystemEventHandler
-    from watchdog.observers import Observer
-
-    woken = threading.Event()
-
-    class Wake(FileSystemEventHandler):
-        def on_any_event(self, event: FileSystemEvent) -> None:
-            woken.set()
-
     if not os.path.isdir(layout.logs):
         raise UsageError(f"no procsv run in {layout.logdir!r} (no logs/ folder)")
-    observer: Any = Observer()
-    observer.schedule(Wake(), layout.logs, recursive=False)
-    observer.start()
     try:
+        return _follow_loop(layout, role, readers, last, out, liveness_secs)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _follow_loop(layout: Layout, role: str, readers: dict[str, _Reader], last: int, out: IO[str],
+                 liveness_secs: float) -> int:
+    from procsv.common.fswake import wakeups
+
+    with wakeups(layout.logs) as woken:
         while True:
             live = LogdirLock.holder(layout) is not None
             for n, path in attempts(layout, role):
@@ -146,8 +143,3 @@ def _follow(layout: Layout, role: str, readers: dict[str, _Reader], last: int, o
             # a SIGKILLed launch changes nothing on disk: liveness is also checked on a timer
             woken.wait(liveness_secs)
             woken.clear()
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        observer.stop()
-        observer.join(timeout=5)

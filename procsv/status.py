@@ -11,7 +11,6 @@ as running -- plus the summary service's counters from ``<logdir>/.procsv/summar
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any, Optional, TextIO
 
 import psutil
@@ -122,24 +121,11 @@ def watch(layout: Layout, out: TextIO, liveness_secs: float = 2.0) -> dict[str, 
     by polling the file; every ``liveness_secs`` without an event the record is read again anyway,
     because a watchdog killed with SIGKILL changes nothing on disk. Returns the last record.
     """
-    from watchdog.events import FileSystemEvent, FileSystemEventHandler
-    from watchdog.observers import Observer
+    from procsv.common.fswake import wakeups
 
-    changed = threading.Event()
-    target = os.path.abspath(layout.status)
-
-    class _OnStatus(FileSystemEventHandler):
-        def on_any_event(self, event: FileSystemEvent) -> None:
-            paths = (event.src_path, getattr(event, "dest_path", ""))
-            if any(os.path.abspath(os.fsdecode(p)) == target for p in paths if p):
-                changed.set()
-
-    observer = Observer()
-    observer.schedule(_OnStatus(), layout.meta, recursive=False)
-    observer.start()
     clear = "\x1b[H\x1b[J" if out.isatty() else ""
     shown = ""
-    try:
+    with wakeups(layout.meta, only=layout.status) as changed:
         while True:
             changed.clear()
             status = read_status(layout)
@@ -153,6 +139,3 @@ def watch(layout: Layout, out: TextIO, liveness_secs: float = 2.0) -> dict[str, 
             if status.get("state") != "running":
                 return status
             changed.wait(liveness_secs)
-    finally:
-        observer.stop()
-        observer.join()

@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable
+from contextlib import nullcontext
+from typing import Callable
 
+from procsv.common.fswake import wakeups
 from procsv.common.layout import Layout
 from procsv.common.manifests import list_committed
 
@@ -28,23 +30,10 @@ def wait_for_committed(layout: Layout, max_wait_secs: float, poll_secs: float,
     (every ``poll_secs``, as TF1's workers did): the baseline ``scripts/bench_group.py`` compares."""
     if list_committed(layout):
         return 0.0
-    from watchdog.events import FileSystemEvent, FileSystemEventHandler
-    from watchdog.observers import Observer
-
-    woken = threading.Event()
-
-    class Wake(FileSystemEventHandler):
-        def on_any_event(self, event: FileSystemEvent) -> None:
-            woken.set()
-
     os.makedirs(layout.logdir, exist_ok=True)  # the chief creates it too: a worker may come first
-    observer: Any = Observer()
-    observer.schedule(Wake(), layout.logdir, recursive=True)
-    if events:
-        observer.start()
     t0 = clock()
     deadline = t0 + max_wait_secs
-    try:
+    with wakeups(layout.logdir, recursive=True) if events else nullcontext(threading.Event()) as woken:
         while not list_committed(layout):  # checked again once the observer runs: nothing is missed
             left = deadline - clock()
             if left <= 0:
@@ -56,7 +45,3 @@ def wait_for_committed(layout: Layout, max_wait_secs: float, poll_secs: float,
             woken.wait(min(left, max(poll_secs, 0.01)))
             woken.clear()
         return clock() - t0
-    finally:
-        if events:
-            observer.stop()
-            observer.join(timeout=5)

@@ -1,0 +1,43 @@
+"""Filesystem events as a ``threading.Event``: the one way procsv code waits for a file to change.
+
+Used by the CLI (``procsv status --watch``, ``procsv logs -f``) and the trainer (a worker replica
+waiting for the chief's checkpoint). The ``watchdog`` package's observer (inotify on Linux) runs
+in its own thread while the ``with`` block lasts and sets the event on every change under
+``path`` (or, with ``only``, on a change of that one file); the caller clears it, re-checks what it
+waits for, and waits again with a timeout of its own as a fallback.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+
+
+@contextmanager
+def wakeups(path: str, recursive: bool = False, only: Optional[str] = None) -> Iterator[threading.Event]:
+    """An event set on each filesystem change under the directory ``path`` (``only``: of that file)."""
+    from watchdog.events import FileSystemEvent, FileSystemEventHandler
+    from watchdog.observers import Observer
+
+    woken = threading.Event()
+    target = os.path.abspath(only) if only else None
+
+    class Wake(FileSystemEventHandler):
+        def on_any_event(self, event: FileSystemEvent) -> None:
+            if target is None:
+                woken.set()
+                return
+            paths = (event.src_path, getattr(event, "dest_path", ""))
+            if any(os.path.abspath(os.fsdecode(p)) == target for p in paths if p):
+                woken.set()
+
+    observer: Any = Observer()
+    observer.schedule(Wake(), path, recursive=recursive)
+    observer.start()
+    try:
+        yield woken
+    finally:
+        observer.stop()
+        observer.join(timeout=5)
