@@ -44,7 +44,8 @@ class SaveReason(StrEnum):
     ``periodic``: the checkpoint service's ``save_model_secs`` timer; ``steps``: the trainer's
     every-``save_checkpoint_steps`` trigger; ``final``: the end of training; ``preempted``: the end
     after SIGTERM/SIGINT; ``lost`` (only in a :class:`SaveResult`): a restarted checkpoint service
-    never received the snapshot in flight.
+    never received the snapshot in flight; ``memory`` (only in a :class:`SaveResult`): the service
+    persisted the in-memory snapshot it held when its trainer died.
     """
 
     PERIODIC = "periodic"
@@ -52,6 +53,7 @@ class SaveReason(StrEnum):
     FINAL = "final"
     PREEMPTED = "preempted"
     LOST = "lost"
+    MEMORY = "memory"
 
 
 class Busy(StrEnum):
@@ -182,8 +184,10 @@ class TensorSpec:
 class SaveData(Message):
     """Trainer -> checkpoint service: a snapshot of the state at ``step``.
 
-    One frame per tensor without an ``offset``; the others lie in ``arena``, which the trainer
-    leaves untouched until the matching :class:`SaveResult` arrives.
+    One frame per tensor without an ``offset``; the others lie in ``arena``, in snapshot slot
+    ``slot``, which the trainer leaves untouched until the matching :class:`SaveResult` arrives.
+    ``persist=False`` is an in-memory snapshot: the service holds it (the newest one only) and
+    answers :class:`SnapshotHeld`; it writes it to disk only if the trainer dies.
     """
 
     KIND: ClassVar[str] = "save_data"
@@ -192,6 +196,8 @@ class SaveData(Message):
     basename: str
     tensors: list[TensorSpec]
     arena: Optional[ArenaRef] = None
+    slot: int = 0
+    persist: bool = True
 
 
 @dataclass(frozen=True)
@@ -340,6 +346,34 @@ class SaveOverdue(Message):
 
 
 @dataclass(frozen=True)
+class SnapshotHeld(Message):
+    """Checkpoint service -> trainer: it now holds the in-memory snapshot of ``step`` (its newest)."""
+
+    KIND: ClassVar[str] = "snapshot_held"
+    step: int
+
+
+@dataclass(frozen=True)
+class RecoverQuery(Message):
+    """Trainer -> checkpoint service, at a restart before restoring: persist the in-memory snapshot
+    of a dead trainer now, if one is held and newer than every checkpoint, then answer."""
+
+    KIND: ClassVar[str] = "recover_query"
+    pid: int
+
+
+@dataclass(frozen=True)
+class RecoverReply(Message):
+    """Checkpoint service -> trainer: the answer to :class:`RecoverQuery`. ``step`` is the step of
+    the in-memory snapshot it just committed (at ``path``), -1 if none; ``note`` says why not."""
+
+    KIND: ClassVar[str] = "recover_reply"
+    step: int
+    path: Optional[str]
+    note: str
+
+
+@dataclass(frozen=True)
 class ChildExit(Message):
     """Zygote -> watchdog: a forked trainer was reaped; ``code`` < 0 means killed by signal -code."""
 
@@ -357,6 +391,9 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     SaveData,
     SaveResult,
     SaveOverdue,
+    SnapshotHeld,
+    RecoverQuery,
+    RecoverReply,
     SummaryBatch,
     SummaryAck,
     SessionLogEvent,

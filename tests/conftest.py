@@ -153,6 +153,16 @@ def short_tmp():
     shutil.rmtree(path, ignore_errors=True)
 
 
+def final_weights(logdir: str) -> dict[str, Any]:
+    """Every variable of the newest checkpoint of a digits run (read with plain TF), but save_counter."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(logdir))
+    # model weights are saved once, under the optimizer's _trainable_variables; slots and step too
+    return {k: reader.get_tensor(k) for k in sorted(reader.get_variable_to_shape_map())
+            if "VARIABLE_VALUE" in k and not k.startswith("save_counter")}
+
+
 def launch_and_kill_trainer_once(logdir: str, *target_args: str, target: str) -> tuple[int, str, str]:
     """Launch ``target``, SIGKILL its trainer once a checkpoint past step 0 committed, and wait
     for the launch to end; returns ``finish``'s (code, stdout, stderr)."""

@@ -57,7 +57,7 @@ class Harness:
         self.views = ArenaCache()
 
     def arena_for(self, n: int) -> SnapshotArena:
-        if self.arena is None or self.arena.size < n:
+        if self.arena is None or self.arena.slot_size < n:
             self.arena = SnapshotArena(n)
             self.arena.populate(False)
         return self.arena
@@ -65,7 +65,7 @@ class Harness:
     def save(self, ckpt, step: int, max_to_keep: int = 5, hours: float | None = None):
         self.clock.t += 1.0  # commits happen after the store started
         ckpt.save_counter.assign_add(1)
-        snap = take(ckpt, self.arena_for)
+        snap = take(ckpt, lambda n: (self.arena_for(n), 4096))
         msg = SaveData(step, "test", "model.ckpt", snap.specs, self.arena.ref() if self.arena else None)
         view = self.views.get(msg.arena) if msg.arena else None
         manifest, retired = self.store.commit(

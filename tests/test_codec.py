@@ -78,6 +78,17 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
     ),
     ("save-overdue", m.SaveOverdue(pid=4242, step=1500, waited_secs=31.5, deadline_secs=30.0), []),
     (
+        "save-data-memory",
+        m.SaveData(step=1501, reason=m.SaveReason.PERIODIC, basename="model.ckpt",
+                   tensors=[m.TensorSpec(key="w", dtype="float32", shape=[4], offset=8192)],
+                   arena=m.ArenaRef(path="/proc/4242/fd/9", ino=77, size=3 * 8192), slot=1, persist=False),
+        [],
+    ),
+    ("snapshot-held", m.SnapshotHeld(step=1501), []),
+    ("recover-query", m.RecoverQuery(pid=4243), []),
+    ("recover-reply", m.RecoverReply(step=1501, path="/runs/a/model.ckpt-1501", note=""), []),
+    ("recover-reply-none", m.RecoverReply(step=-1, path=None, note="no in-memory snapshot is held"), []),
+    (
         "summary-batch",
         m.SummaryBatch(
             protos=[m.ProtoRef(10, 1_700_000_000.7), m.ProtoRef(11, 1_700_000_001.0)],
@@ -413,7 +424,7 @@ def test_summary_item_kind_is_validated_in_a_nested_item():
 
 def test_wire_values_of_the_enums_are_the_old_strings():
     assert [r.value for r in m.Role] == ["trainer", "checkpoint", "summary"]
-    assert {r.value for r in m.SaveReason} == {"periodic", "steps", "final", "preempted", "lost"}
+    assert {r.value for r in m.SaveReason} == {"periodic", "steps", "final", "preempted", "lost", "memory"}
     assert [b.value for b in m.Busy] == ["", "snapshot", "final_checkpoint"]
     assert [s.value for s in m.SessionStatus] == ["start", "stop", "checkpoint"]
     assert [k.value for k in m.ItemKind] == ["histogram", "image", "text"]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import (PROGRAMS, REPO, committed_steps, finish, launch, lifecycle, quiet_env, raw_status,
+from conftest import (PROGRAMS, REPO, committed_steps, final_weights, finish, launch, lifecycle, quiet_env, raw_status,
                       role_pid, wait_role_pid, run_processes, status_json, wait_for)
 
 pytestmark = pytest.mark.slow
@@ -227,15 +227,6 @@ def test_plain_python_run_without_launch_checkpoints_and_resumes(logdir):
     assert committed_steps(logdir)[-1] == 350
 
 
-def _final_weights(logdir: str):
-    import tensorflow as tf
-
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(logdir))
-    # model weights are saved once, under the optimizer's _trainable_variables; slots and step too
-    return {k: reader.get_tensor(k) for k in sorted(reader.get_variable_to_shape_map())
-            if "VARIABLE_VALUE" in k and not k.startswith("save_counter")}
-
-
 def test_a_killed_and_resumed_run_ends_with_bit_identical_weights(tmp_path, logdir):
     args = ("--steps", "1200", "--save-checkpoint-steps", "100", "--save-model-secs", "1000", "--step-delay", "0.003")
     clean = str(tmp_path / "clean")
@@ -249,7 +240,7 @@ def test_a_killed_and_resumed_run_ends_with_bit_identical_weights(tmp_path, logd
         code, out, err = finish(proc)
     assert code == 0, err
     assert status_json(logdir)["restarts"] == 1
-    a, b = _final_weights(clean), _final_weights(logdir)
+    a, b = final_weights(clean), final_weights(logdir)
     assert a.keys() == b.keys() and len([k for k in a if "_trainable_variables" in k]) == 4
     for key in a:
         assert (a[key] == b[key]).all(), f"{key} differs after a kill and resume"

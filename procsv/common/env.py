@@ -21,7 +21,8 @@ CHECKPOINT_FAILURE_LIMIT = "PROCSV_CHECKPOINT_FAILURE_LIMIT"  # failed commits i
 SAVE_DEADLINE = "PROCSV_SAVE_DEADLINE"  # seconds: the floor of a checkpoint's deadline (default 30)
 ALLOW_REINIT = "PROCSV_ALLOW_REINIT"  # "1": start from step 0 if every committed checkpoint is corrupt
 FAULT = "PROCSV_FAULT"  # tests only: "checkpoint:<point>[:<n>]" kills the service there; "watchdog:round" raises
-# once; "trainer:snapshot" hangs the first trainer attempt inside its first snapshot
+# once; "trainer:<point>[:<n>]" hangs the first trainer attempt there (snapshot, slot_complete: mid-copy)
+MEMORY_SNAPSHOTS = "PROCSV_MEMORY_SNAPSHOTS"  # the in-memory tier's share of loop time (default 0.01; 0: off)
 # given to the --on-failure command (besides LOGDIR): how the run ended
 EXIT_CODE = "PROCSV_EXIT_CODE"  # the launch's exit code
 RUN_STATE = "PROCSV_RUN_STATE"  # failed
@@ -29,4 +30,24 @@ ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's 
 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE, RUN_STATE,
-       ROOT_CAUSE)
+       ROOT_CAUSE, MEMORY_SNAPSHOTS)
+
+
+def memory_budget(default: float = 0.01) -> float:
+    """The in-memory snapshot tier's share of the loop's time from :data:`MEMORY_SNAPSHOTS`
+    (``0`` or ``off``: the tier is off); a value that is not a fraction in [0, 0.5] is an error."""
+    import os
+
+    raw = os.environ.get(MEMORY_SNAPSHOTS, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("0", "off", "no", "false"):
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 0.5:
+        raise ValueError(f"{MEMORY_SNAPSHOTS}={raw!r}: give the share of loop time in-memory snapshots may take, "
+                         "a number from 0 (off) to 0.5, e.g. 0.01")
+    return value

@@ -21,7 +21,8 @@ from typing import Any, Callable, Optional, Sequence
 import zmq
 
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import CheckpointSetup, Message, SaveData, SaveResult, SummaryAck
+from procsv.ipc.messages import (CheckpointSetup, Message, RecoverQuery, RecoverReply, SaveData, SaveResult,
+                                 SummaryAck)
 from procsv.ipc.transport import Endpoints, NoReply, ReceiveTimeout, drain, make_socket, recv_message, send
 
 WAIT_SLICE_MS = 200  # a long wait is cut into slices this long (the deadline is checked between)
@@ -91,6 +92,23 @@ class TrainerChannels:
             except (ReceiveTimeout, ProtocolError):
                 continue
             if isinstance(msg, SaveResult) and msg.step == step:
+                return msg
+
+    def recover(self, query: RecoverQuery, deadline: float) -> Optional[RecoverReply]:
+        """Ask the checkpoint service to persist a held in-memory snapshot; its answer, or None if
+        none came by ``deadline`` (on :attr:`clock`). Other messages meanwhile are dropped (none is
+        expected: this runs before the first heartbeat)."""
+        if self.ckpt is None or not send(self.ckpt, query):
+            return None
+        while True:
+            left_ms = int((deadline - self.clock()) * 1000)
+            if left_ms <= 0:
+                return None
+            try:
+                msg = recv_message(self.ckpt, min(left_ms, WAIT_SLICE_MS)).msg
+            except (ReceiveTimeout, ProtocolError):
+                continue
+            if isinstance(msg, RecoverReply):
                 return msg
 
     def close(self) -> None:

@@ -36,8 +36,8 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from procsv.ipc.messages import (Busy, CheckpointSetup, Progress, SaveData, SaveOverdue, SaveReason, SaveRequest,
-                                 SaveResult)
+from procsv.ipc.messages import (Busy, CheckpointSetup, Progress, RecoverQuery, SaveData, SaveOverdue, SaveReason,
+                                 SaveRequest, SaveResult, SnapshotHeld)
 from procsv.ipc.transport import NoReply
 from procsv.common.errors import (CheckpointError, CorruptCheckpoint, MismatchedCheckpoint, NoRestorableCheckpoint,
                                   UnreadableCheckpoint)
@@ -48,12 +48,17 @@ from procsv.common.manifests import (Manifest, damaged_manifests, list_committed
 from procsv.trainer import restore
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.restore import ReadRetry
-from procsv.trainer.snapshot import SnapshotArena, arena_bytes_needed, self_test, take
+from procsv.trainer import memory_tier
+from procsv.trainer.memory_tier import Slots
+from procsv.common.snapshot_memory import SLOT_COMPLETE, SLOT_WRITING
+from procsv.trainer.snapshot import Plan, Snapshot, SnapshotArena, arena_bytes_needed, plan, self_test, take
 
 HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the checkpoint service
 SAVE_DEADLINE_FLOOR = 30.0  # seconds: no snapshot is declared overdue sooner (a loaded disk's fsync)
 SAVE_DEADLINE_FACTOR = 10.0  # ... nor before this many times its expected persist time
 ASSUMED_PERSIST_RATE = 10e6  # bytes/s before any commit was measured (a slow network filesystem)
+PLAN_MAX_AGE = 10.0  # seconds an in-memory snapshot may reuse the object-graph walk of an earlier snapshot
+RECOVER_WAIT = 15.0  # seconds a restarted trainer waits for the service to persist a held in-memory snapshot
 
 
 def save_deadline(nbytes: int, rate: Optional[float], floor: float = SAVE_DEADLINE_FLOOR) -> float:
@@ -77,10 +82,22 @@ def measured_rate(previous: Optional[float], nbytes: int, persist_secs: float) -
     return 1.0 / max(per_byte, 0.7 / previous + 0.3 * per_byte)
 
 
-def _stuck_here(name: str) -> None:
-    """Hang here for good if ``PROCSV_FAULT`` is ``trainer:<name>``, in the first attempt (tests
-    only: a snapshot copy stuck on a page fault of dead storage looks like this)."""
-    if os.environ.get(envvars.FAULT) == f"trainer:{name}" and os.environ.get(envvars.ATTEMPT, "1") == "1":
+_stuck_hits: dict[str, int] = {}
+
+
+def _stuck_here(name: str, detail: str = "") -> None:
+    """Hang here for good if ``PROCSV_FAULT`` is ``trainer:<name>[:<n>]`` (the n-th time this point is
+    reached, default the first), in the first attempt (tests only: a snapshot copy stuck on a page
+    fault of dead storage looks like this; a kill meanwhile leaves a copy half done)."""
+    spec = os.environ.get(envvars.FAULT, "")
+    if not spec.startswith(f"trainer:{name}") or os.environ.get(envvars.ATTEMPT, "1") != "1":
+        return
+    point, _, nth = spec[len("trainer:"):].partition(":")
+    if point != name:
+        return
+    _stuck_hits[name] = _stuck_hits.get(name, 0) + 1
+    if _stuck_hits[name] == (int(nth) if nth.isdigit() else 1):
+        print(f"procsv: fault injected: stuck at {name}{detail} (PROCSV_FAULT)", file=sys.stderr, flush=True)
         while True:
             time.sleep(3600)
 
@@ -91,7 +108,8 @@ class CheckpointAgent:
                  keep_checkpoint_every_n_hours: Optional[float], allow_reinit: bool = False,
                  failure_limit: int = 3, save_deadline_floor: float = SAVE_DEADLINE_FLOOR,
                  read_retry: ReadRetry = ReadRetry(), clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep, saving: bool = True) -> None:
+                 sleep: Callable[[float], None] = time.sleep, saving: bool = True,
+                 memory_budget: float = 0.0) -> None:
         self.checkpoint = checkpoint
         self.saving = saving  # False for a worker replica: it restores the chief's checkpoints, never saves
         self.global_step = global_step
@@ -120,6 +138,17 @@ class CheckpointAgent:
         self.pending: Optional[SaveReason] = None
         self.last_heartbeat = 0.0
         self.arena: Optional[SnapshotArena] = None
+        # the in-memory tier (procsv.trainer.memory_tier): off when the budget is 0
+        self.memory_budget = memory_budget if saving else 0.0
+        self.slots = Slots(memory_tier.SLOTS if self.memory_budget > 0 else 1)
+        self.memory_cost: Optional[float] = None  # seconds the loop stops per in-memory snapshot (smoothed)
+        self.memory_at = float("-inf")  # when the last snapshot (either tier) was taken
+        self.memory_step = -1  # ... and of which step
+        self.memory_taken = 0  # in-memory snapshots taken by this process
+        self.plan: Optional[Plan] = None  # the last object-graph walk (snapshot.Plan) and when it was made
+        self.plan_at = float("-inf")
+        # internal preparations before every snapshot of either tier (Keras writes its position)
+        self.prepare_snapshot: list[Callable[[], None]] = []
         self.last_snapshot_secs = 0.0  # how long the loop was stopped by the last snapshot
         # procsv.train's CheckpointSaverListeners: called with (step, reason) right before a snapshot is
         # taken, and with the step when the trainer learns that its checkpoint is committed
@@ -196,13 +225,15 @@ class CheckpointAgent:
 
     def _arena_for(self, nbytes: int, background: bool = False) -> Optional[SnapshotArena]:
         """The snapshot memory, (re)created when the state has outgrown it (new variables)."""
-        if self.arena is not None and self.arena.size >= nbytes:
+        if self.arena is not None and self.arena.slot_size >= nbytes:
             return self.arena
         if self.arena is not None:
-            self.arena.close()  # nothing is in flight when we get here: the service has let go
+            # nothing in flight to disk when we get here; the service keeps its own mapping of a held snapshot
+            self.arena.close()
             self.arena = None
+            self.slots = Slots(self.slots.n)
         try:
-            self.arena = SnapshotArena(nbytes)
+            self.arena = SnapshotArena(nbytes, self.slots.n)
         except OSError as exc:  # no memfd here: snapshots travel as ZeroMQ frames instead
             print(f"procsv: no shared snapshot memory ({exc}); checkpoints copy through ZeroMQ",
                   file=sys.stderr, flush=True)
@@ -244,6 +275,8 @@ class CheckpointAgent:
                 self.pending = self.pending or msg.reason
             elif isinstance(msg, SaveResult):
                 self._on_result(msg)
+            elif isinstance(msg, SnapshotHeld):
+                self.slots.acknowledged(msg.step)
         if self.in_flight is not None and now >= self.overdue_at:
             self._overdue(ch, now)
         if self.save_checkpoint_steps and step > 0 and step % self.save_checkpoint_steps == 0:
@@ -281,6 +314,9 @@ class CheckpointAgent:
         if msg.step != self.in_flight:
             return  # an answer to a snapshot we no longer wait for (we gave up on it)
         self.in_flight = None
+        self.slots.disk_done()
+        if msg.reason != SaveReason.LOST:
+            self.slots.acknowledged(msg.step)  # the service holds it (the newest it has)
         if msg.ok:
             self.last_committed = max(self.last_committed, msg.step)
             self.failures_in_a_row = 0
@@ -294,20 +330,89 @@ class CheckpointAgent:
         else:
             self._failed(msg.step, msg.error)
 
+    # ------------------------------------------------------------------ the in-memory tier
+    def memory_due(self, step: int, now: float) -> bool:
+        """An in-memory snapshot of ``step`` may be taken now (call after :meth:`poll` said no disk one)."""
+        return (self.memory_budget > 0 and self.arena is not None and not self.arena.populating()
+                and step > self.memory_step and not self.slots.unacked_pending(now)
+                and now - self.memory_at >= memory_tier.interval(self.memory_cost or 0.0, self.memory_budget)
+                and self.slots.free(now) is not None)
+
+    def memory_snapshot(self, ch: TrainerChannels, step: int) -> bool:
+        """Copy the state of ``step`` into a free slot and hand it to the service to hold (not to persist)."""
+        t0 = ch.clock()
+        slot = self.slots.free(t0)
+        if slot is None:
+            return False
+        for prepare in self.prepare_snapshot:
+            prepare()
+        reuse = self.plan is not None and self.plan.reusable and t0 - self.plan_at < PLAN_MAX_AGE
+        snap = self._take(step, slot, fresh=not reuse)
+        arena = self.arena.ref() if self.arena is not None and snap.arena_bytes else None
+        sent = ch.send_snapshot(SaveData(step, SaveReason.MEMORY, self.basename, snap.specs, arena, slot, False),
+                                snap.frames)
+        now = ch.clock()
+        self.memory_cost = memory_tier.smoothed_cost(self.memory_cost, now - t0)
+        self.memory_at, self.memory_step = now, step
+        if sent:
+            self.slots.sent_memory(slot, step, now)
+            self.memory_taken += 1
+        return sent
+
+    def recover_memory(self, ch: TrainerChannels, wait_secs: float = RECOVER_WAIT) -> None:
+        """At a restart, before restoring: ask the service to persist the in-memory snapshot it held
+        for the dead trainer (if newer than every checkpoint) and wait for that, then restore as usual."""
+        if self.memory_budget <= 0 or ch.ckpt is None:
+            return
+        t0 = ch.clock()
+        reply = ch.recover(RecoverQuery(os.getpid()), t0 + wait_secs)
+        if reply is None:
+            print(f"procsv: no answer from the checkpoint service within {wait_secs:g} s about an in-memory "
+                  "snapshot; restoring the newest checkpoint on disk", file=sys.stderr, flush=True)
+        elif reply.step >= 0:
+            print(f"procsv: the checkpoint service persisted the in-memory snapshot of step {reply.step} "
+                  f"(waited {ch.clock() - t0:.2f} s)", flush=True)
+
+    def _take(self, step: int, slot: int, fresh: bool = True) -> Snapshot:
+        """Copy the state into ``slot`` (its header says writing, then complete) and gather the rest;
+        walk the object graph again unless not ``fresh`` (then :attr:`plan` is reused)."""
+        if fresh or self.plan is None:
+            self.plan, self.plan_at = plan(self.checkpoint), self.clock()
+        def place(nbytes: int) -> Optional[tuple[SnapshotArena, int]]:
+            arena = self._arena_for(nbytes)
+            if arena is None:
+                return None
+            arena.mark(slot, SLOT_WRITING, step)
+            return arena, arena.base(slot)
+
+        snap = take(self.checkpoint, place, self.plan)
+        if self.arena is not None and snap.arena_bytes:
+            _stuck_here("slot_complete", f" of step {step} in slot {slot}")
+            self.arena.mark(slot, SLOT_COMPLETE, step)
+            self.slots.written(slot, step)
+        return snap
+
     def _send(self, ch: TrainerChannels, step: int, reason: SaveReason, busy_after: Busy = Busy.NONE) -> bool:
+        slot = self.slots.free(ch.clock())
+        if slot is None:  # cannot happen with no snapshot in flight to disk; wait for a slot all the same
+            return False
         for before in self.before_snapshot:
             before(step, reason)
+        for prepare in self.prepare_snapshot:
+            prepare()
         t0 = ch.clock()
         # the snapshot is work on purpose, not a hang: the watchdog's hang clock pauses meanwhile
         ch.to_watchdog(Progress(os.getpid(), step, time.time(), Busy.SNAPSHOT))
         _stuck_here("snapshot")
         self.checkpoint.save_counter.assign_add(1)
-        snap = take(self.checkpoint, self._arena_for)
+        snap = self._take(step, slot)
         arena = self.arena.ref() if self.arena is not None and snap.arena_bytes else None
-        sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena), snap.frames)
+        sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena, slot, True), snap.frames)
         ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))
         self.last_snapshot_secs = ch.clock() - t0
+        self.memory_at, self.memory_step = ch.clock(), step
         if sent:
+            self.slots.sent_disk(slot)
             self.in_flight = step
             self.in_flight_reason = reason
             self.in_flight_bytes = snap.arena_bytes + sum(int(getattr(f, "nbytes", 0) or len(f)) for f in snap.frames)

@@ -107,7 +107,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
                              "model.compile(optimizer=..., loss=...) before fit()")
         keras_input.build_state(model, inp)  # every variable must exist to be restored into
         # the position lives in Python while fit runs (no TF op per batch) and is written into
-        # these variables right before each snapshot (CheckpointAgent.before_snapshot)
+        # these variables right before each snapshot (CheckpointAgent.prepare_snapshot)
         self.epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="fit_epoch")
         self.batch_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="fit_batch")
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
@@ -125,7 +125,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             save_model_secs=self.save_secs, save_summaries_secs=None, max_to_keep=self.max_to_keep,
             save_checkpoint_steps=every, allow_reinit=self.allow_reinit, increment_global_step=True)
         if self.sv._ckpt is not None:
-            self.sv._ckpt.before_snapshot.append(lambda step, reason: self._write_position())
+            self.sv._ckpt.prepare_snapshot.append(self._write_position)
         self._sess = self.sv.prepare_or_wait_for_session()
         self._epoch, self._batch = int(self.epoch_var.numpy()), int(self.batch_var.numpy())
         for reason in keras_input.inexact_reasons(inp):

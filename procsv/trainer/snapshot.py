@@ -33,10 +33,10 @@ import numpy as np
 from procsv.ipc.messages import ArenaRef, TensorSpec
 from procsv.ipc.transport import CHECKPOINT_FRAME_MAX
 from procsv.common.errors import UnsupportedState
+from procsv.common.snapshot_memory import MAX_SLOTS, PAGE, SLOT_COMPLETE, SLOT_WRITING
 
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 ALIGN = 64  # each tensor's offset in the arena (and in the data file): what TF and dlpack expect
-PAGE = 4096
 MADV_POPULATE_WRITE = 23  # Linux 5.14+: allocate and map every page in one call
 _FRAME_DTYPES = ("string", "variant")
 
@@ -65,10 +65,21 @@ class SnapshotArena:
     A memfd: it needs no name, and the kernel frees it when the trainer and the service let go,
     even after a SIGKILL (nothing leaks in /dev/shm). The service opens it as
     ``/proc/<trainer pid>/fd/<fd>``, checks its inode, and maps it.
+
+    Layout: one header page, then ``slots`` slots of ``slot_size`` bytes each (the in-memory tier
+    uses three: :mod:`procsv.trainer.memory_tier`). The header holds, per slot, two int64: its
+    state (:data:`SLOT_WRITING` while a copy is under way, :data:`SLOT_COMPLETE` after) and the
+    step it holds. The trainer writes them before and after each copy, so a copy cut short by a
+    kill is visible to the service as a torn slot, which it never persists
+    (:mod:`procsv.common.snapshot_memory`).
     """
 
-    def __init__(self, size: int) -> None:
-        self.size = max(PAGE, -(-size // PAGE) * PAGE)
+    def __init__(self, slot_bytes: int, slots: int = 1) -> None:
+        if not 1 <= slots <= MAX_SLOTS:
+            raise ValueError(f"{slots} slots: from 1 to {MAX_SLOTS}")
+        self.slot_size = max(PAGE, -(-slot_bytes // PAGE) * PAGE)
+        self.slots = slots
+        self.size = PAGE + slots * self.slot_size
         self.fd = os.memfd_create("procsv-snapshot", getattr(os, "MFD_CLOEXEC", 1))
         try:
             os.ftruncate(self.fd, self.size)
@@ -77,8 +88,26 @@ class SnapshotArena:
             os.close(self.fd)
             raise
         self.array = np.frombuffer(self.mm, dtype=np.uint8)
+        self.header = np.frombuffer(self.mm, dtype=np.int64, count=2 * slots)
         self.ino = os.fstat(self.fd).st_ino
         self._populator: Optional[threading.Thread] = None
+
+    def base(self, slot: int) -> int:
+        """The byte offset of ``slot`` in the memory."""
+        return PAGE + slot * self.slot_size
+
+    def mark(self, slot: int, state: int, step: int) -> None:
+        """Write ``slot``'s header: the state first when starting a copy, last when completing one."""
+        if state == SLOT_WRITING:
+            self.header[2 * slot] = state
+            self.header[2 * slot + 1] = step
+        else:
+            self.header[2 * slot + 1] = step
+            self.header[2 * slot] = state
+
+    def populating(self) -> bool:
+        """The background thread is still faulting the pages in."""
+        return self._populator is not None and self._populator.is_alive()
 
     def ref(self) -> ArenaRef:
         return ArenaRef(f"/proc/{os.getpid()}/fd/{self.fd}", self.ino, self.size)
@@ -114,6 +143,7 @@ class SnapshotArena:
         if self._populator is not None:
             self._populator.join()
         self.array = np.empty(0, np.uint8)
+        self.header = np.empty(0, np.int64)
         try:
             self.mm.close()
         except BufferError:  # a view still exported somewhere: the mapping goes with the process
@@ -130,23 +160,48 @@ class Snapshot:
     arena_bytes: int
 
 
-def _gather(ckpt: Any) -> tuple[list[tuple[str, Any]], bytes]:
+@dataclass
+class Plan:
+    """What a snapshot reads, found by walking the object graph: (key, reader) per tensor and the
+    serialized object graph. Walking the graph costs far more than reading a small model's
+    variables (14 ms against well under 1 ms for a 64-64-10 MLP here), so the in-memory tier reuses
+    a plan for a while; that is right only if every reader reads the live value (``reusable``:
+    variables, and SaveSpecs that compute their tensor when asked), and as long as no object was
+    added to the graph (the caller refreshes the plan at every disk snapshot and every few seconds).
+    """
+
+    readers: list[tuple[str, Callable[[], Any]]]
+    graph: bytes
+    reusable: bool
+
+
+def plan(ckpt: Any) -> Plan:
+    """Walk ``ckpt``'s object graph now."""
     named, graph_proto = _serialize(ckpt)
-    out: list[tuple[str, Any]] = []
+    readers: list[tuple[str, Callable[[], Any]]] = []
+    reusable = True
     for saveable in named:
         for spec in saveable.specs:
             if spec.slice_spec:
                 raise UnsupportedState(f"{spec.name}: partitioned (sliced) variables are not supported")
-            out.append((spec.name, _read(spec)))
-    return out, graph_proto.SerializeToString()
+            reader, live = _reader(spec)
+            reusable = reusable and live
+            readers.append((spec.name, reader))
+    return Plan(readers, graph_proto.SerializeToString(), reusable)
 
 
-def _read(spec: Any) -> Any:
-    """The value a SaveSpec would save. A plain variable is read with one ``ReadVariableOp``.
+def _gather(ckpt: Any, known: Optional[Plan] = None) -> tuple[list[tuple[str, Any]], bytes]:
+    p = known if known is not None else plan(ckpt)
+    return [(key, read()) for key, read in p.readers], p.graph
 
-    TF's own closure runs four eager ops per variable (an is-initialized check, a read, two
-    identities), about 0.5 ms each time: 0.3 s per snapshot for a model with 600 variables.
-    Anything not recognised as that closure goes through the SaveSpec as usual.
+
+def _reader(spec: Any) -> tuple[Callable[[], Any], bool]:
+    """How to read the value a SaveSpec would save, and whether that reads the live value.
+
+    A plain variable is read with one ``ReadVariableOp``: TF's own closure runs four eager ops per
+    variable (an is-initialized check, a read, two identities), about 0.5 ms each time: 0.3 s per
+    snapshot for a model with 600 variables. Another callable goes through the SaveSpec as usual;
+    a SaveSpec holding a fixed tensor (computed when the graph was walked) is not live.
     """
     fn = getattr(spec, "_tensor", None)
     if callable(fn) and getattr(fn, "__name__", "") == "_read_variable_closure" and fn.__closure__:
@@ -158,8 +213,12 @@ def _read(spec: Any) -> Any:
             except ValueError:
                 continue
             if isinstance(var, tf.Variable) and hasattr(var, "handle") and var.dtype == spec.dtype:
-                return tf.raw_ops.ReadVariableOp(resource=var.handle, dtype=var.dtype)
-    return spec.tensor  # the property calls a callable itself
+                handle, dtype = var.handle, var.dtype
+                return (lambda: tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype)), True
+    if callable(fn):
+        return (lambda: spec.tensor), True  # the property calls the callable itself
+    value = spec.tensor
+    return (lambda: value), False
 
 
 def _layout(tensors: list[tuple[str, Any]]) -> tuple[list[Optional[int]], int]:
@@ -184,16 +243,19 @@ def arena_bytes_needed(ckpt: Any) -> int:
     return _layout(tensors)[1]
 
 
-def take(ckpt: Any, arena_for: Callable[[int], Optional[SnapshotArena]]) -> Snapshot:
-    """Snapshot ``ckpt``: numeric tensors into ``arena_for(bytes needed)``, the rest as frames.
+def take(ckpt: Any, place: Callable[[int], Optional[tuple[SnapshotArena, int]]], known: Optional[Plan] = None) -> Snapshot:
+    """Snapshot ``ckpt``: numeric tensors into the snapshot memory at the base offset that
+    ``place(bytes needed)`` gives (the slot's), the rest as frames. ``known``: a :class:`Plan` to
+    reuse instead of walking the object graph again.
 
-    When ``arena_for`` gives None every tensor travels as a frame (host copies), as a fallback.
+    When ``place`` gives None every tensor travels as a frame (host copies), as a fallback.
     """
-    tensors, graph = _gather(ckpt)
+    tensors, graph = _gather(ckpt, known)
     offsets, total = _layout(tensors)
-    arena = arena_for(total) if total else None
-    if arena is not None and arena.size < total:
-        raise ValueError(f"snapshot needs {total} bytes, the arena has {arena.size}")
+    placed = place(total) if total else None
+    arena, base = placed if placed is not None else (None, 0)
+    if arena is not None and arena.size < base + total:
+        raise ValueError(f"snapshot needs {total} bytes at {base}, the arena has {arena.size}")
     specs: list[TensorSpec] = []
     frames: list[Any] = []
     for (key, t), offset in zip(tensors, offsets):
@@ -205,6 +267,7 @@ def take(ckpt: Any, arena_for: Callable[[int], Optional[SnapshotArena]]) -> Snap
             specs.append(TensorSpec(key, name, list(arr.shape)))
             frames.append(arr)
         else:
+            offset += base
             src = np.asarray(t)  # shares the tensor's buffer on CPU: no copy until the one below
             if src.nbytes:
                 np.copyto(arena.array[offset:offset + src.nbytes], src.reshape(-1).view(np.uint8))

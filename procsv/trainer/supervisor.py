@@ -160,13 +160,15 @@ class Supervisor(SummaryMethods, Tf1Properties):
                   "starts again from step 0; pass checkpoint=tf.train.Checkpoint(model=..., optimizer=...)",
                   file=sys.stderr, flush=True)
         self._ckpt: Optional[CheckpointAgent] = None
+        memory_budget = env.memory_budget()
         self._new_agent: Callable[[], CheckpointAgent] = lambda: CheckpointAgent(
             checkpoint, self.global_step, self.layout, basename=checkpoint_basename,
             save_model_secs=save_model_secs or None, save_checkpoint_steps=save_checkpoint_steps,
             max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
             allow_reinit=self.allow_reinit, read_retry=ReadRetry(total_secs=read_retry_secs),
             failure_limit=int(os.environ.get(env.CHECKPOINT_FAILURE_LIMIT, checkpoint_failure_limit)),
-            save_deadline_floor=float(os.environ.get(env.SAVE_DEADLINE, SAVE_DEADLINE_FLOOR)), saving=is_chief)
+            save_deadline_floor=float(os.environ.get(env.SAVE_DEADLINE, SAVE_DEADLINE_FLOOR)), saving=is_chief,
+            memory_budget=memory_budget)
         if checkpoint is not None:
             self._ckpt = self._new_agent()
 
@@ -244,6 +246,8 @@ class Supervisor(SummaryMethods, Tf1Properties):
         self._session = ManagedSession(self)
         skipped: list[str] = []
         if self._ckpt is not None:
+            if self._ctx is not None and self._ctx.attempt > 1 and self.is_chief:
+                self._ckpt.recover_memory(self._channels)  # a dead trainer's in-memory snapshot, if the service held one
             skipped = self._ckpt.restore_or_init(self._init)
         else:
             self._init()
@@ -401,9 +405,13 @@ class Supervisor(SummaryMethods, Tf1Properties):
             # checkpoint work for the completed step happens here, before the next one runs: the
             # state is still that of step ``self._step``, and the summaries the program logged for
             # it after ``run`` returned are handed off first, so a commit never gets ahead of them
-            if self._ckpt.poll(self._channels, self._step, self._clock()):
+            now = self._clock()
+            if self._ckpt.poll(self._channels, self._step, now):
                 self._flush_summaries(force=False, urgent=True)
                 self._ckpt.snapshot(self._channels, self._step)
+            elif self._ckpt.memory_due(self._step, now):
+                self._flush_summaries(force=False, urgent=True)
+                self._ckpt.memory_snapshot(self._channels, self._step)
             if self._ckpt.failure is not None:  # checkpoints keep failing: stop, the TF way
                 self.coord.request_stop(self._ckpt.failure)
                 raise TrainingStopped(str(self._ckpt.failure))

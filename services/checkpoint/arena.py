@@ -17,6 +17,7 @@ import numpy as np
 
 from procsv.ipc.messages import ArenaRef
 from procsv.common.errors import CheckpointError
+from procsv.common.snapshot_memory import MAX_SLOTS, PAGE, slot_problem
 
 MADV_POPULATE_READ = 22  # Linux 5.14+
 
@@ -53,6 +54,13 @@ class ArenaView:
         except (OSError, AttributeError):
             pass
 
+    def slot_problem(self, slot: int, step: int) -> str:
+        """Why ``slot`` does not hold a whole snapshot of ``step`` (its header says so); empty if it does."""
+        if not 0 <= slot < MAX_SLOTS or self.ref.size < PAGE:
+            return f"slot {slot} is outside the snapshot memory"
+        state, held = (int(x) for x in np.frombuffer(self.mm, dtype=np.int64, count=2, offset=16 * slot))
+        return slot_problem(state, held, step)
+
     def close(self) -> None:
         self.array = np.empty(0, np.uint8)
         try:
@@ -62,19 +70,35 @@ class ArenaView:
 
 
 class ArenaCache:
-    """The mapping of the current trainer's arena; a new reference replaces the old mapping."""
+    """The mapping of the current trainer's arena; a new reference replaces the old mapping.
+
+    A mapping that holds the in-memory snapshot the service keeps is pinned (:attr:`pinned`): it
+    stays mapped when a new reference replaces it (a restarted trainer's arena), until unpinned.
+    """
 
     def __init__(self) -> None:
         self.view: Optional[ArenaView] = None
+        self.pinned: Optional[ArenaView] = None
 
     def get(self, ref: ArenaRef) -> ArenaView:
         if self.view is not None and self.view.ref == ref:
+            return self.view
+        if self.pinned is not None and self.pinned.ref == ref:
+            self.drop()
+            self.view = self.pinned
             return self.view
         self.drop()
         self.view = ArenaView(ref)
         return self.view
 
+    def pin(self, view: Optional[ArenaView]) -> None:
+        """Keep ``view`` mapped (None: release the pinned one, unmapping it unless it is current)."""
+        old, self.pinned = self.pinned, view
+        if old is not None and old is not view and old is not self.view:
+            old.close()
+
     def drop(self) -> None:
         if self.view is not None:
-            self.view.close()
+            if self.view is not self.pinned:
+                self.view.close()
             self.view = None

@@ -42,15 +42,17 @@ from typing import Any, Callable, Optional
 import zmq
 
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import (CheckpointSetup, Hello, Message, Role, SaveData, SaveReason, SaveRequest, SaveResult,
-                                 SessionLogEvent, SessionStatus)
+from procsv.ipc.messages import (CheckpointSetup, Hello, Message, RecoverQuery, RecoverReply, Role, SaveData, SaveReason,
+                                 SaveRequest, SaveResult, SessionLogEvent, SessionStatus, SnapshotHeld)
 from procsv.ipc.rejections import Rejections
 from procsv.ipc.transport import CHECKPOINT_FRAME_MAX, Received, bind_private, drain, make_socket, send
 from procsv.common import env
 from procsv.common.bootstrap import ChildContext
 from procsv.common.layout import write_json
 from procsv.common.errors import CheckpointError
+from procsv.common.manifests import list_committed
 from procsv.services.checkpoint.arena import ArenaCache
+from procsv.services.checkpoint.memory import HeldSnapshot, TrainerLife, persist_decision
 from procsv.services.checkpoint.policy import save_due
 from procsv.services.checkpoint.settings import CheckpointSettings, load as load_settings, store as store_settings
 from procsv.services.checkpoint.store import CheckpointStore
@@ -60,7 +62,7 @@ POLL_MS = 100
 NICE = 10
 NICE_ENV = env.CHECKPOINT_NICE
 STATS_SECS = 1.0  # checkpoint_stats.json is rewritten at most this often while its counts change
-ACCEPT = frozenset({CheckpointSetup, SaveData})  # what the trainer sends here; anything else is refused
+ACCEPT = frozenset({CheckpointSetup, SaveData, RecoverQuery})  # what a trainer sends here; anything else is refused
 
 
 class CheckpointService:
@@ -88,6 +90,11 @@ class CheckpointService:
         self.settings: Optional[CheckpointSettings] = load_settings(ctx.layout)
         # a snapshot that came before its trainer's settings: (message, frames, trainer identity)
         self.held: Optional[tuple[SaveData, list[Any], bytes]] = None
+        # the in-memory tier (procsv.services.checkpoint.memory): the newest in-memory snapshot, the
+        # life of the trainer that sent it, and what became of the last one persisted for a dead trainer
+        self.memory: Optional[HeldSnapshot] = None
+        self.life: Optional[TrainerLife] = None
+        self.recovered: Optional[RecoverReply] = None
         self.rejections = Rejections("procsv checkpoint", os.path.relpath(ctx.layout.checkpoint_stats, ctx.layout.logdir), _say)
         self._stats_written: Optional[int] = None  # the rejection total last written
         self._next_stats = clock()
@@ -117,6 +124,7 @@ class CheckpointService:
                 self._write_stats(durable=False)
         self._write_stats(durable=True)
         self.router.close(0)
+        self.arenas.pin(None)
         self.arenas.drop()
         return 0
 
@@ -134,6 +142,8 @@ class CheckpointService:
             _say(f"procsv checkpoint: could not write {self.ctx.layout.checkpoint_stats}: {exc}")
 
     def _tick(self) -> None:
+        if self.memory is not None and self.life is not None and self.life.pid == self.memory.pid and self.life.dead():
+            self._persist_memory(f"its trainer (pid {self.life.pid}) died")
         if self.trainer is None or self.setup is None:
             return
         now = self.clock()
@@ -153,8 +163,21 @@ class CheckpointService:
         msg, payload, identity = got.msg, got.payload, got.identity
         if identity is None:  # not from the ROUTER (which always names the peer): nobody to answer
             return
+        if isinstance(msg, RecoverQuery):
+            self._recover(msg, identity)
+            return
         if isinstance(msg, CheckpointSetup):
+            if self.life is None or self.life.pid != msg.pid:
+                if self.life is not None:
+                    self.life.close()
+                self.life = TrainerLife(msg.pid)
+            if self.memory is not None and self.memory.pid is None and self.memory.identity == identity:
+                self.memory.pid = msg.pid
             if self.trainer != identity:
+                if self.memory is not None and self.memory.identity != identity:
+                    # a new trainer restored without asking for it (or after giving up waiting): too late
+                    self._release_memory(f"a new trainer (pid {msg.pid}) has restored without it")
+                self.recovered = None
                 self.trainer = identity
                 self.last_request = self.clock()  # a (re)started trainer just restored: no save at once
                 for note in self.store.quarantine_corrupt_after(msg.step):
@@ -177,9 +200,13 @@ class CheckpointService:
                 else:  # its trainer is gone or no longer waits for it (and may reuse the memory)
                     print(f"procsv checkpoint: dropped the held snapshot of step {held.step}: "
                           "its trainer no longer waits for it", file=sys.stderr, flush=True)
+        elif isinstance(msg, SaveData) and not msg.persist:
+            self._hold(msg, payload, identity)
         elif isinstance(msg, SaveData):
             self.trainer = identity
             self.last_received = msg.step
+            if self.memory is not None and self.memory.msg.step <= msg.step:
+                self._release_memory("")  # a disk snapshot as new or newer supersedes it
             if self.settings is not None and self.settings.of(identity):
                 self._save(msg, payload, self.settings)
             else:
@@ -197,7 +224,72 @@ class CheckpointService:
         except OSError as exc:  # they still apply in this process; a restart would hold snapshots
             print(f"procsv checkpoint: could not persist the checkpoint settings: {exc}", file=sys.stderr, flush=True)
 
-    def _save(self, msg: SaveData, payload: list[Any], settings: CheckpointSettings) -> None:
+    # ------------------------------------------------------------------ the in-memory tier
+    def _hold(self, msg: SaveData, payload: list[Any], identity: bytes) -> None:
+        """Keep ``msg`` (an in-memory snapshot) as the newest, releasing the one held before."""
+        try:
+            view = self.arenas.get(msg.arena) if msg.arena is not None else None
+        except CheckpointError as exc:
+            print(f"procsv checkpoint: not holding the in-memory snapshot of step {msg.step}: {exc}",
+                  file=sys.stderr, flush=True)
+            return
+        pid = self.life.pid if self.life is not None and identity == self.trainer else None
+        self.memory = HeldSnapshot(msg, payload, view, identity, pid)
+        self.arenas.pin(view)
+        self.trainer = identity
+        self._reply(SnapshotHeld(msg.step))
+
+    def _release_memory(self, why: str) -> None:
+        if self.memory is not None and why:
+            print(f"procsv checkpoint: dropped the in-memory snapshot of step {self.memory.msg.step}: {why}",
+                  file=sys.stderr, flush=True)
+        self.memory = None
+        self.arenas.pin(None)
+
+    def _persist_memory(self, why: str) -> None:
+        """Commit the held in-memory snapshot (``why``: its trainer died) if it is newer than every
+        checkpoint and whole; remember the outcome for the restarted trainer's :class:`RecoverQuery`."""
+        held = self.memory
+        if held is None:
+            return
+        committed = list_committed(self.ctx.layout)
+        newest = committed[-1].step if committed else None
+        settings = self.settings if self.settings is not None and self.settings.of(held.identity) else None
+        problem = held.view.slot_problem(held.msg.slot, held.msg.step) if held.view is not None else ""
+        refused = persist_decision(held.msg.step, newest, settings is not None, problem)
+        reply = RecoverReply(-1, None, refused)
+        if refused:
+            self._release_memory(f"not persisted: {refused}")
+        elif settings is not None:
+            print(f"procsv checkpoint: {why}; persisting its in-memory snapshot of step {held.msg.step} "
+                  f"({held.msg.step - (newest if newest is not None else 0)} steps past the last checkpoint)",
+                  file=sys.stderr, flush=True)
+            result = self._save(held.msg, held.payload, settings, reply_to=None)
+            reply = RecoverReply(held.msg.step if result.ok else -1, result.path, result.error or "")
+            self._release_memory("")
+        self.recovered = reply
+
+    def _recover(self, query: RecoverQuery, identity: bytes) -> None:
+        """A restarted trainer asks before restoring: persist what a dead trainer left, then answer."""
+        if self.memory is not None and self.memory.identity != identity:
+            life = self.life if self.life is not None and self.life.pid == self.memory.pid else None
+            if life is not None and not life.dead():
+                self._release_memory(f"its trainer (pid {life.pid}) is still alive while pid {query.pid} restores")
+            else:
+                self._persist_memory(f"a restarted trainer (pid {query.pid}) asks for it")
+        reply, self.recovered = self.recovered, None
+        if reply is None:
+            reply = RecoverReply(-1, None, "no in-memory snapshot is held")
+        try:
+            send(self.router, reply, prefix=[identity])
+        except zmq.ZMQError:
+            pass
+
+    # ------------------------------------------------------------------ disk
+    def _save(self, msg: SaveData, payload: list[Any], settings: CheckpointSettings,
+              reply_to: Optional[bytes] = b"") -> SaveResult:
+        """Commit ``msg``; tell the trainer (``reply_to``; by default the current one, None: nobody),
+        the watchdog and the summary service; return the result."""
         import tensorflow as tf
 
         started = self.clock()
@@ -220,7 +312,8 @@ class CheckpointService:
                   file=sys.stderr, flush=True)
             result = SaveResult(msg.step, msg.reason, False, None, detail, self.clock() - started)
         self.last_request = self.clock()
-        self._reply(result)
+        if reply_to == b"":
+            self._reply(result)
         if self.to_watchdog is not None:
             send(self.to_watchdog, result)
         if result.ok and result.path:
@@ -229,6 +322,7 @@ class CheckpointService:
             self.store.delete(retired)  # after the trainer heard: deleting old files is not on its path
         except OSError as exc:
             print(f"procsv checkpoint: could not delete retired checkpoints: {exc}", file=sys.stderr, flush=True)
+        return result
 
 
 def _say(text: str) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 from procsv.ipc.messages import SaveData, TensorSpec
 from procsv.common.errors import CheckpointError
 from procsv.services.checkpoint.arena import ArenaView
-from procsv.services.checkpoint.bundle import BundleTensor, data_filename, write_bundle
+from procsv.services.checkpoint.bundle import DIRECT_ALIGN, BundleTensor, data_filename, write_bundle
 
 
 def write_snapshot(tmp_prefix: str, msg: SaveData, payload: Sequence[Any], view: Optional[ArenaView]) -> dict[str, int]:
@@ -49,9 +49,11 @@ def write_snapshot(tmp_prefix: str, msg: SaveData, payload: Sequence[Any], view:
     keys: list[str] = []
     tensors: list[Any] = []
     if in_arena and view is not None:
-        bundle = [_bundle_tensor(t, view) for t in in_arena]
+        # the tensors lie in one slot of the memory: the data file starts at the slot's first byte
+        base = min(int(t.offset or 0) for t in in_arena) // DIRECT_ALIGN * DIRECT_ALIGN
+        bundle = [_rebase(_bundle_tensor(t, view), base) for t in in_arena]
         length = max(b.offset + b.size for b in bundle)
-        crc = write_bundle(parts[0], bundle, view.address, memoryview(view.mm), length)
+        crc = write_bundle(parts[0], bundle, view.address + base, memoryview(view.mm)[base:], length)
         known[os.path.basename(data_filename(tmp_prefix, 0, 2))] = crc
     for spec, frame in zip(framed, payload):
         keys.append(spec.key)
@@ -76,6 +78,10 @@ def _bundle_tensor(spec: TensorSpec, view: ArenaView) -> BundleTensor:
     if offset < 0 or offset + size > view.ref.size:
         raise CheckpointError(f"{spec.key}: bytes [{offset}, {offset + size}) lie outside the snapshot memory")
     return BundleTensor(spec.key, dtype.as_datatype_enum, tuple(spec.shape), offset, size)
+
+
+def _rebase(t: BundleTensor, base: int) -> BundleTensor:
+    return BundleTensor(t.key, t.dtype_enum, t.shape, t.offset - base, t.size)
 
 
 def _tensor_from_frame(tf: Any, spec: TensorSpec, frame: Any) -> Any:

@@ -1,0 +1,30 @@
+"""The layout of the trainer's snapshot memory, shared by the trainer (which writes it) and the
+checkpoint service (which reads it).
+
+Imported by the trainer (:mod:`procsv.trainer.snapshot`) and the checkpoint service
+(:mod:`procsv.services.checkpoint.arena`). The memory is one memfd: a header page, then equal
+slots, each page-aligned. The header holds two int64 per slot, native byte order: its state and
+the step it holds. The trainer sets ``WRITING`` (with the step) before it copies into a slot and
+``COMPLETE`` after the copy; a slot whose header is not ``COMPLETE`` with the expected step is
+torn (a copy was cut short) and is never persisted.
+"""
+
+from __future__ import annotations
+
+PAGE = 4096
+SLOT_EMPTY = 0
+SLOT_WRITING = 1
+SLOT_COMPLETE = 2
+MAX_SLOTS = PAGE // 16  # two int64 per slot in the header page
+
+
+def slot_problem(state: int, held_step: int, expected_step: int) -> str:
+    """Why a slot whose header says (``state``, ``held_step``) does not hold a whole snapshot of
+    ``expected_step``; empty if it does."""
+    if state == SLOT_WRITING:
+        return f"its copy of step {held_step} was cut short (torn)"
+    if state != SLOT_COMPLETE:
+        return "it was never written"
+    if held_step != expected_step:
+        return f"it holds step {held_step}, not {expected_step} (overwritten)"
+    return ""

@@ -1,0 +1,106 @@
+"""The in-memory snapshot tier's decisions: when the next in-memory snapshot is due, and which
+slot of the snapshot memory it may be copied into.
+
+Runs in the trainer (called by :class:`procsv.trainer.checkpointing.CheckpointAgent` at step
+boundaries). Pure: plain data and a ``now`` passed in; nothing here reads a clock or touches memory.
+
+The snapshot memory has :data:`SLOTS` slots when the tier is on (one when it is off). The
+checkpoint service holds the newest snapshot it received (in-memory or bound for disk) and writes
+it to disk if the trainer dies. A slot may be written only if it holds none of:
+
+- the snapshot in flight to disk (until its :class:`~procsv.ipc.messages.SaveResult`);
+- the snapshot the service last said it holds (:class:`~procsv.ipc.messages.SnapshotHeld`, or a
+  ``SaveResult``): the one a crash right now would be recovered from;
+- the in-memory snapshot sent but not yet acknowledged (the service may hold it by now), for at
+  most :data:`UNACKED_GRACE` seconds (after that it counts as lost: a restarted service never
+  answers it).
+
+With three slots a disk snapshot always finds one, and an in-memory snapshot waits only while the
+service is busy committing. The rule keeps a held snapshot intact; should it ever be broken (a
+late acknowledgment after the grace), the slot header the trainer writes before and after each
+copy (:mod:`procsv.trainer.snapshot`) lets the service see the tear and refuse that snapshot.
+
+How often: each in-memory snapshot stops the loop for its copy, so the next is due when
+``cost / budget`` seconds have passed (:func:`interval`), which keeps the copies under ``budget``
+(1 %) of the loop's time whatever the model's size and the step's length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+SLOTS = 3
+BUDGET = 0.01  # the share of the loop's wall time in-memory snapshots may take
+MIN_INTERVAL = 0.02  # seconds: never more often than this, however cheap the copy
+UNACKED_GRACE = 5.0  # seconds an unacknowledged in-memory snapshot keeps its slot
+
+
+def interval(cost_secs: float, budget: float = BUDGET, floor: float = MIN_INTERVAL) -> float:
+    """Seconds between in-memory snapshots whose copy stops the loop ``cost_secs``."""
+    return max(floor, cost_secs / budget)
+
+
+def smoothed_cost(previous: Optional[float], measured: float) -> float:
+    """The copy cost used for :func:`interval`: a moving average (so an occasional slow snapshot,
+    one that walks the object graph again, is paid for by the wait after it, not forever)."""
+    if previous is None:
+        return measured
+    return 0.7 * previous + 0.3 * measured
+
+
+@dataclass
+class Slots:
+    """Which step each slot of the snapshot memory holds, and which slots are spoken for."""
+
+    n: int
+    steps: list[Optional[int]] = field(default_factory=list)
+    disk: Optional[int] = None  # the slot of the snapshot in flight to disk
+    held: Optional[int] = None  # the step the service last said it holds
+    unacked: Optional[tuple[int, int, float]] = None  # (slot, step, sent at) of an in-memory snapshot
+
+    def __post_init__(self) -> None:
+        if not self.steps:
+            self.steps = [None] * self.n
+
+    def busy(self, now: float) -> set[int]:
+        out = set() if self.disk is None else {self.disk}
+        if self.n > 1 and self.held is not None:
+            out |= {i for i, s in enumerate(self.steps) if s == self.held}
+        if self.unacked is not None and now - self.unacked[2] < UNACKED_GRACE:
+            out.add(self.unacked[0])
+        return out
+
+    def free(self, now: float) -> Optional[int]:
+        """A slot that may be written now (the one holding the oldest step first), or None."""
+        busy = self.busy(now)
+        free = [i for i in range(self.n) if i not in busy]
+        if not free:
+            return None
+        return min(free, key=self._age)
+
+    def _age(self, slot: int) -> int:
+        step = self.steps[slot]
+        return -1 if step is None else step
+
+    def unacked_pending(self, now: float) -> bool:
+        """An in-memory snapshot is still awaiting its acknowledgment (within the grace)."""
+        return self.unacked is not None and now - self.unacked[2] < UNACKED_GRACE
+
+    def written(self, slot: int, step: int) -> None:
+        self.steps[slot] = step
+
+    def sent_memory(self, slot: int, step: int, now: float) -> None:
+        self.unacked = (slot, step, now)
+
+    def sent_disk(self, slot: int) -> None:
+        self.disk = slot
+
+    def acknowledged(self, step: int) -> None:
+        """The service holds the snapshot of ``step`` (its newest; what it held before is released)."""
+        self.held = step
+        if self.unacked is not None and self.unacked[1] <= step:
+            self.unacked = None
+
+    def disk_done(self) -> None:
+        self.disk = None

@@ -1,0 +1,173 @@
+"""The in-memory snapshot tier: what a restart recovers from after a SIGKILL of the trainer.
+
+The decisions are pure (``procsv.trainer.memory_tier``, ``procsv.services.checkpoint.memory``) and
+tested as such; the rest with real launches of the digits example, real SIGKILLs, and the final
+weights read back with plain TensorFlow and compared bit for bit with an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+
+import pytest
+
+from conftest import committed_steps, final_weights, finish, launch, quiet_env, raw_status, wait_for, wait_role_pid
+from procsv.common.snapshot_memory import SLOT_COMPLETE, SLOT_WRITING
+from procsv.services.checkpoint.arena import ArenaView
+from procsv.services.checkpoint.memory import persist_decision
+from procsv.trainer import memory_tier
+from procsv.trainer.memory_tier import Slots
+from procsv.trainer.snapshot import SnapshotArena
+
+# a 1200-step digits run; disk checkpoints only every 100,000 steps and at the end, so that what a
+# restart finds on disk mid-run is nothing at all: anything it restores came from memory
+ARGS = ("--steps", "1200", "--save-model-secs", "1000", "--step-delay", "0.003")
+NO_DISK = ("--save-checkpoint-steps", "100000")
+
+
+# ---------------------------------------------------------------------------------------- pure
+def test_the_interval_keeps_the_copies_under_the_budget():
+    assert memory_tier.interval(0.002, budget=0.01) == pytest.approx(0.2)
+    assert memory_tier.interval(0.0, budget=0.01) == memory_tier.MIN_INTERVAL  # never more often than the floor
+    assert memory_tier.smoothed_cost(None, 0.05) == 0.05
+    assert memory_tier.smoothed_cost(0.05, 0.001) == pytest.approx(0.0353)  # one slow walk is paid off, not kept
+
+
+def test_a_slot_holding_the_held_the_unacked_or_the_disk_snapshot_is_never_written():
+    s = Slots(3)
+    assert s.free(0.0) == 0
+    s.written(0, 10), s.sent_memory(0, 10, now=0.0)
+    assert s.free(0.1) == 1  # slot 0 awaits its acknowledgment
+    s.acknowledged(10)
+    s.written(1, 20), s.sent_disk(1)
+    assert s.busy(0.2) == {0, 1} and s.free(0.2) == 2
+    s.written(2, 30), s.sent_memory(2, 30, now=0.3)
+    assert s.free(0.4) is None  # held (10), on its way to disk (20), unacknowledged (30): wait
+    assert s.free(0.3 + memory_tier.UNACKED_GRACE) == 2  # an acknowledgment that never comes frees it in time
+    s.acknowledged(30)
+    assert s.free(0.5) == 0  # the service holds 30 now: 10 is released
+    s.disk_done(), s.acknowledged(20)  # results come in order: 20 then ... (here 20 is the newest it says)
+    assert s.busy(0.6) == {1}
+
+
+def test_with_one_slot_only_the_disk_snapshot_blocks_it():
+    s = Slots(1)
+    s.written(0, 5), s.sent_disk(0)
+    assert s.free(0.0) is None
+    s.disk_done(), s.acknowledged(5)
+    assert s.free(0.0) == 0  # with the tier off the held snapshot is on disk already
+
+
+def test_a_torn_slot_is_seen_by_the_service():
+    arena = SnapshotArena(4096, slots=3)
+    try:
+        view = ArenaView(arena.ref())
+        assert "never written" in view.slot_problem(1, 7)
+        arena.mark(1, SLOT_WRITING, 7)
+        assert "cut short" in view.slot_problem(1, 7)  # a copy in progress, or killed mid-way
+        arena.mark(1, SLOT_COMPLETE, 7)
+        assert view.slot_problem(1, 7) == ""
+        arena.mark(1, SLOT_WRITING, 9)
+        arena.mark(1, SLOT_COMPLETE, 9)
+        assert "overwritten" in view.slot_problem(1, 7)
+        assert view.slot_problem(2, 7) and view.slot_problem(0, 7)  # the other slots are untouched
+        view.close()
+    finally:
+        arena.close()
+
+
+def test_only_a_whole_snapshot_newer_than_every_checkpoint_is_persisted():
+    assert persist_decision(50, 40, True, "") == ""
+    assert persist_decision(50, None, True, "") == ""
+    assert "not newer" in persist_decision(40, 40, True, "")
+    assert "settings" in persist_decision(50, 40, False, "")
+    assert "torn" in persist_decision(50, 40, True, "its copy of step 50 was cut short (torn)")
+
+
+# ---------------------------------------------------------------------------------------- real runs
+@pytest.fixture(scope="module")
+def clean_weights(tmp_path_factory):
+    """The final weights of an uninterrupted run (the same for any checkpoint schedule)."""
+    logdir = str(tmp_path_factory.mktemp("clean"))
+    code, out, err = finish(launch(logdir, *ARGS))
+    assert code == 0, err
+    return final_weights(logdir)
+
+
+def _manifest(logdir: str, step: int) -> dict:
+    with open(os.path.join(logdir, ".procsv", "checkpoints", f"model.ckpt-{step}.json")) as fh:
+        return json.load(fh)
+
+
+def _restored_steps(out: str) -> list[int]:
+    return [int(m) for m in re.findall(r"trainer attempt \d+ restored step (\d+)", out)]
+
+
+def _same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys() and len(a) > 4
+    for key in a:
+        assert (a[key] == b[key]).all(), f"{key} differs from the uninterrupted run"
+
+
+@pytest.mark.slow
+def test_a_sigkilled_trainer_resumes_from_its_in_memory_snapshot_exactly(logdir, clean_weights):
+    proc = launch(logdir, *ARGS, *NO_DISK)
+    try:
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 300, 120, what="step 300")
+        assert committed_steps(logdir) == []  # nothing on disk: only memory can save this progress
+        os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+    restored = _restored_steps(out)
+    assert len(restored) == 1 and restored[0] >= 200, out  # not step 0: the snapshot held in memory
+    assert _manifest(logdir, restored[0])["reason"] == "memory"
+    assert f"persisting its in-memory snapshot of step {restored[0]}" in out + err
+    _same(final_weights(logdir), clean_weights)
+
+
+@pytest.mark.slow
+def test_a_kill_in_the_middle_of_a_snapshot_copy_restores_the_one_before(logdir, clean_weights):
+    # the 6th snapshot hangs with its copy done but its slot not yet marked complete
+    proc = launch(logdir, *ARGS, *NO_DISK, env=quiet_env(PROCSV_FAULT="trainer:slot_complete:6"))
+    try:
+        line = wait_for(lambda: _fault_line(logdir), 120, what="the trainer to hang mid-copy")
+        torn = int(re.search(r"of step (\d+)", line).group(1))
+        os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+    restored = _restored_steps(out)
+    assert len(restored) == 1 and 0 < restored[0] < torn, (torn, out)  # the snapshot before, never the torn one
+    assert _manifest(logdir, restored[0])["reason"] == "memory"
+    _same(final_weights(logdir), clean_weights)
+
+
+@pytest.mark.slow
+def test_killing_the_checkpoint_service_with_the_trainer_falls_back_to_disk(logdir, clean_weights):
+    proc = launch(logdir, *ARGS, "--save-checkpoint-steps", "200")
+    try:
+        wait_for(lambda: [s for s in committed_steps(logdir) if s >= 200], 120, what="a checkpoint on disk")
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 250, 120, what="step 250")
+        on_disk = max(committed_steps(logdir))
+        assert _manifest(logdir, on_disk)["reason"] == "steps"
+        service, trainer = wait_role_pid(logdir, "checkpoint"), wait_role_pid(logdir, "trainer")
+        os.kill(service, signal.SIGKILL)
+        os.kill(trainer, signal.SIGKILL)
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+    restored = _restored_steps(out)
+    assert restored and restored[0] == on_disk, (on_disk, out)  # what memory held died with the service
+    _same(final_weights(logdir), clean_weights)
+
+
+def _fault_line(logdir: str) -> str:
+    try:
+        with open(os.path.join(logdir, "logs", "trainer.1.log"), errors="replace") as fh:
+            return next((l for l in fh if "fault injected: stuck at slot_complete" in l), "")
+    except FileNotFoundError:
+        return ""
