@@ -11,10 +11,19 @@ Runs the built-in example under ``procsv launch`` and measures, in one run:
     TensorFlow, as a bash restart loop or torchrun would; the services stay up, which only helps it);
 (c) goodput under ``--chaos every=30`` with a checkpoint every 2 s for --chaos-secs (>= 180 s);
 (d) SIGTERM preemption over --trials trials: steps lost between the last completed step and the
-    emergency checkpoint, and the share of trials whose emergency checkpoint committed in the grace.
+    emergency checkpoint, and the share of trials whose emergency checkpoint committed in the grace;
+(e) the in-memory snapshot tier (issue 14) against the same pre-warmed restart without it
+    (``PROCSV_MEMORY_SNAPSHOTS=0``): MTTR, steps re-done per kill (the kill series of (b)), and
+    goodput under the same chaos as (c) for both, beside a run of the same length with no kill.
+
+(a)-(c) and (e) are repeated --repeats times (>= 3); every figure on the last line is the median of
+the repeats' medians, and the table shows the spread (min-max over the repeats). The hot standby
+of issue 14 is not built: ``mttr_hot_s`` and ``standby_rss_mb`` are not reported.
 
 Prints a table, then one line:
-``detect_ms=<x> mttr_s=<x> mttr_ratio=<x> goodput=<x> preempt_saved=<x> steps_lost=<x>``
+``detect_ms=<x> mttr_s=<x> mttr_ratio=<x> goodput=<x> preempt_saved=<x> steps_lost=<x> mttr_memory_s=<x>
+redone_per_kill=<x> redone_per_kill_disk=<x> goodput_memory=<x> goodput_vs_nokill=<x>``
+(``goodput`` and ``mttr_s`` are today's pre-warmed restart without the tier, as before).
 """
 
 from __future__ import annotations
@@ -52,10 +61,11 @@ def wait(cond, timeout: float, what: str):
     raise SystemExit(f"bench_recovery: timed out waiting for {what}")
 
 
-def launch(logdir: str, opts: list[str], example: list[str]) -> subprocess.Popen:
+def launch(logdir: str, opts: list[str], example: list[str], memory: bool = False) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", "--logdir", logdir, "--quiet",
            *opts, "--", *example]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV,
+    env = dict(ENV, PROCSV_MEMORY_SNAPSHOTS="0.01" if memory else "0")
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                             start_new_session=True)
 
 
@@ -69,11 +79,11 @@ def trainer_started(logdir: str, attempt: int) -> Optional[dict[str, Any]]:
     return {"pid": spawned["pid"], "first_step": first["time"]} if first else None
 
 
-def kill_series(kills: int, prewarm: bool, rng: random.Random) -> dict[str, Any]:
-    """Kill the trainer ``kills`` times; return detection latencies, MTTRs and breakdowns."""
+def kill_series(kills: int, prewarm: bool, rng: random.Random, memory: bool = False) -> dict[str, Any]:
+    """Kill the trainer ``kills`` times; return detection latencies, MTTRs, breakdowns, steps re-done."""
     logdir = tempfile.mkdtemp(prefix="bench-recovery-")
     opts = [] if prewarm else ["--no-prewarm"]
-    proc = launch(logdir, opts, ["--steps", "10000000", "--save-model-secs", "2", "--step-delay", "0.002"])
+    proc = launch(logdir, opts, ["--steps", "10000000", "--save-model-secs", "2", "--step-delay", "0.002"], memory)
     detect, mttr = [], []
     try:
         for attempt in range(1, kills + 1):
@@ -93,13 +103,14 @@ def kill_series(kills: int, prewarm: bool, rng: random.Random) -> dict[str, Any]
         report = json.load(fh)
     parts = {k: statistics.median([r[k] for r in report["recoveries"] if r[k] is not None])
              for k in ("respawn_s", "restore_s", "first_step_s")}
-    return {"detect": detect, "mttr": mttr, "parts": parts}
+    redone = [r["steps_redone"] for r in report["recoveries"] if r["steps_redone"] is not None]
+    return {"detect": detect, "mttr": mttr, "parts": parts, "redone": redone}
 
 
-def chaos_goodput(secs: float) -> dict[str, Any]:
+def chaos_goodput(secs: float, memory: bool = False, kills: bool = True) -> dict[str, Any]:
     logdir = tempfile.mkdtemp(prefix="bench-chaos-")
-    proc = launch(logdir, ["--chaos", "every=30,seed=1"],
-                  ["--steps", "10000000", "--save-model-secs", "2", "--step-delay", "0.002"])
+    proc = launch(logdir, ["--chaos", "every=30,seed=1"] if kills else [],
+                  ["--steps", "10000000", "--save-model-secs", "2", "--step-delay", "0.002"], memory)
     time.sleep(secs)
     proc.send_signal(signal.SIGTERM)
     proc.wait(180)
@@ -134,42 +145,77 @@ def preempt_trials(trials: int, rng: random.Random, grace: float) -> dict[str, A
     return {"saved": saved / trials, "lost": lost, "commit_secs": commit_secs}
 
 
+def spread(values: list[float], fmt: str = ".3f") -> str:
+    return f"{min(values):{fmt}}-{max(values):{fmt}}"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--kills", type=int, default=8, help="SIGKILLs per series (a, b)")
-    p.add_argument("--chaos-secs", type=float, default=185.0, help="length of the chaos run (c), >= 180")
+    p.add_argument("--kills", type=int, default=6, help="SIGKILLs per series (a, b, e)")
+    p.add_argument("--chaos-secs", type=float, default=185.0, help="length of each chaos run (c, e), >= 180")
     p.add_argument("--trials", type=int, default=10, help="SIGTERM trials (d), >= 10")
     p.add_argument("--grace", type=float, default=30.0, help="--stop-grace-secs for (d)")
+    p.add_argument("--repeats", type=int, default=3, help="repeats of (a)-(c) and (e), >= 3 for quoted figures")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     rng = random.Random(args.seed)
+    med = statistics.median
 
-    warm = kill_series(args.kills, True, rng)
-    cold = kill_series(args.kills, False, rng)
-    chaos = chaos_goodput(args.chaos_secs)
+    runs: list[dict[str, Any]] = []
+    for r in range(args.repeats):
+        warm = kill_series(args.kills, True, rng)
+        cold = kill_series(args.kills, False, rng)
+        mem = kill_series(args.kills, True, rng, memory=True)
+        chaos = chaos_goodput(args.chaos_secs)
+        chaos_mem = chaos_goodput(args.chaos_secs, memory=True)
+        calm = chaos_goodput(args.chaos_secs, memory=True, kills=False)
+        runs.append({"warm": warm, "cold": cold, "mem": mem, "chaos": chaos, "chaos_mem": chaos_mem, "calm": calm})
+        print(f"repeat {r + 1}: mttr warm {med(warm['mttr']):.3f} cold {med(cold['mttr']):.3f} memory "
+              f"{med(mem['mttr']):.3f} s; redone/kill {med(warm['redone'])} vs {med(mem['redone'])}; goodput "
+              f"{chaos['goodput']:.3f} vs {chaos_mem['goodput']:.3f} (no kill {calm['goodput']:.3f})", flush=True)
     pre = preempt_trials(args.trials, rng, args.grace)
 
-    med = statistics.median
-    detect_ms = med(warm["detect"] + cold["detect"]) * 1000
-    mttr, mttr_base = med(warm["mttr"]), med(cold["mttr"])
-    print(f"{'measure':<44} {'procsv (pre-warmed)':>20} {'fresh process':>14}")
-    print(f"{'(a) detect after SIGKILL, median ms':<44} {med(warm['detect']) * 1000:>20.1f} "
-          f"{med(cold['detect']) * 1000:>14.1f}")
-    print(f"{'(a) detect, max ms':<44} {max(warm['detect']) * 1000:>20.1f} {max(cold['detect']) * 1000:>14.1f}")
-    print(f"{'(b) MTTR kill->first step after restore, s':<44} {mttr:>20.3f} {mttr_base:>14.3f}")
+    def per_run(f: Any) -> list[float]:
+        return [float(f(x)) for x in runs]
+
+    rows: list[tuple[str, list[float], list[float], list[float]]] = [
+        ("(a) detect after SIGKILL, median ms", per_run(lambda x: med(x["warm"]["detect"]) * 1000),
+         per_run(lambda x: med(x["cold"]["detect"]) * 1000), per_run(lambda x: med(x["mem"]["detect"]) * 1000)),
+        ("(b) MTTR kill->first step after restore, s", per_run(lambda x: med(x["warm"]["mttr"])),
+         per_run(lambda x: med(x["cold"]["mttr"])), per_run(lambda x: med(x["mem"]["mttr"]))),
+    ]
     for k, label in (("respawn_s", "noticed->process started"), ("restore_s", "started->state restored"),
                      ("first_step_s", "restored->first step")):
-        print(f"{'    ' + label + ', median s':<44} {warm['parts'][k]:>20.3f} {cold['parts'][k]:>14.3f}")
-    print(f"{'(c) goodput, chaos every 30 s, ckpt every 2 s':<44} {chaos['goodput']:>20.3f} {'':>14}")
-    print(f"{'    wall s / restarts / steps re-done':<44} "
-          f"{chaos['wall_s']:>9.0f} / {chaos['restarts']} / {chaos['steps_redone']:<5} {'':>14}")
-    print(f"{'(d) SIGTERM trials with emergency ckpt in grace':<44} {pre['saved'] * 100:>19.0f}% {'':>14}")
-    print(f"{'    steps lost per trial (max)':<44} {max(pre['lost']):>20d} {'':>14}")
+        rows.append((f"    {label}, s", per_run(lambda x, k=k: x["warm"]["parts"][k]),
+                     per_run(lambda x, k=k: x["cold"]["parts"][k]), per_run(lambda x, k=k: x["mem"]["parts"][k])))
+    rows.append(("(e) steps re-done per kill, median", per_run(lambda x: med(x["warm"]["redone"])),
+                 per_run(lambda x: med(x["cold"]["redone"])), per_run(lambda x: med(x["mem"]["redone"]))))
+    rows.append(("(c,e) goodput, chaos every 30 s, ckpt every 2 s", per_run(lambda x: x["chaos"]["goodput"]),
+                 [], per_run(lambda x: x["chaos_mem"]["goodput"])))
+    rows.append(("    the same run with no kill", [], [], per_run(lambda x: x["calm"]["goodput"])))
+    print(f"{'measure (median of repeats, min-max)':<46} {'pre-warmed':>20} {'fresh process':>20} "
+          f"{'pre-warmed+memory':>20}")
+    for label, a, b, c in rows:
+        cells = [f"{med(v):.3f} ({spread(v)})" if v else "" for v in (a, b, c)]
+        print(f"{label:<46} {cells[0]:>20} {cells[1]:>20} {cells[2]:>20}")
+    print(f"{'(d) SIGTERM trials with emergency ckpt in grace':<46} {pre['saved'] * 100:>19.0f}%")
+    print(f"{'    steps lost per trial (max)':<46} {max(pre['lost']):>20d}")
     if pre["commit_secs"]:
-        print(f"{'    SIGTERM->emergency commit, median s':<44} {med(pre['commit_secs']):>20.3f} {'':>14}")
-    print(f"samples: {len(warm['detect'])}+{len(cold['detect'])} kills, {args.trials} SIGTERM trials")
-    print(f"detect_ms={detect_ms:.1f} mttr_s={mttr:.3f} mttr_ratio={mttr / mttr_base:.3f} "
-          f"goodput={chaos['goodput']:.3f} preempt_saved={pre['saved']:.2f} steps_lost={max(pre['lost'])}")
+        print(f"{'    SIGTERM->emergency commit, median s':<46} {med(pre['commit_secs']):>20.3f}")
+    print(f"samples: {args.repeats} repeats x {args.kills} kills x 3 series, chaos {args.chaos_secs:g} s x 3 per "
+          f"repeat, {args.trials} SIGTERM trials")
+    detect_ms = med(per_run(lambda x: med(x["warm"]["detect"] + x["cold"]["detect"]) * 1000))
+    mttr = med(rows[1][1])
+    mttr_ratio = med(per_run(lambda x: med(x["warm"]["mttr"]) / med(x["cold"]["mttr"])))
+    goodput_vs = med(per_run(lambda x: x["chaos_mem"]["goodput"] / x["calm"]["goodput"]))
+    print(f"detect_ms={detect_ms:.1f} mttr_s={mttr:.3f} mttr_ratio={mttr_ratio:.3f} goodput={med(rows[-2][1]):.3f} "
+          f"preempt_saved={pre['saved']:.2f} steps_lost={max(pre['lost'])} mttr_memory_s={med(rows[1][3]):.3f} "
+          f"redone_per_kill={med(rows[5][3]):.1f} redone_per_kill_disk={med(rows[5][1]):.1f} "
+          f"goodput_memory={med(rows[-2][3]):.3f} goodput_vs_nokill={goodput_vs:.3f}")
+    # correctness: each kill was followed by a restart that trained again, and preemption saved
+    if pre["saved"] < 1.0 or any(len(x[s]["mttr"]) != args.kills for x in runs for s in ("warm", "cold", "mem")):
+        print("bench_recovery: a restart or an emergency checkpoint failed", file=sys.stderr)
+        return 1
     return 0
 
 
