@@ -346,6 +346,16 @@ class SaveOverdue(Message):
 
 
 @dataclass(frozen=True)
+class StandbyReady(Message):
+    """Standby trainer -> watchdog: it has run the program up to restoring and waits to be promoted."""
+
+    KIND: ClassVar[str] = "standby_ready"
+    pid: int
+    attempt: int
+    prepare_secs: float
+
+
+@dataclass(frozen=True)
 class SnapshotHeld(Message):
     """Checkpoint service -> trainer: it now holds the in-memory snapshot of ``step`` (its newest)."""
 
@@ -391,6 +401,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     SaveData,
     SaveResult,
     SaveOverdue,
+    StandbyReady,
     SnapshotHeld,
     RecoverQuery,
     RecoverReply,

@@ -46,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
                          "(default), or continue training without checkpoints")
     la.add_argument("--no-prewarm", action="store_true",
                     help="start every trainer as a fresh process instead of forking it from a pre-warmed one")
+    la.add_argument("--standby", choices=["auto", "hot", "fork", "off"], default="auto",
+                    help="how a crashed trainer is replaced: hot = promote a standby trainer that already ran "
+                         "the program up to restoring; fork = fork one from the pre-warmed trainer; off = start a "
+                         "fresh process (as --no-prewarm); auto (default) = hot if memory allows (twice the "
+                         "trainer's size plus 1 GiB available), else fork")
     la.add_argument("--preload", default="", metavar="MODULES",
                     help="comma-separated modules the pre-warmed trainer imports too (never ones that run TF ops)")
     la.add_argument("--allow-reinit", action="store_true",
@@ -129,7 +134,9 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
     cfg = LaunchConfig(target=args.target, args=target_args, logdir=args.logdir, max_restarts=args.max_restarts,
                        stop_grace_secs=args.stop_grace_secs, quiet=args.quiet, hang_timeout=args.hang_timeout,
                        startup_timeout=args.startup_timeout, hang_grace_secs=args.hang_grace_secs,
-                       chaos=args.chaos, prewarm=not args.no_prewarm, on_checkpoint_failure=args.on_checkpoint_failure,
+                       chaos=args.chaos, prewarm=not args.no_prewarm and args.standby != "off",
+                       standby="off" if args.no_prewarm else args.standby,
+                       on_checkpoint_failure=args.on_checkpoint_failure,
                        allow_reinit=args.allow_reinit, keep_logs=args.keep_logs, on_failure=args.on_failure,
                        preload=[m.strip() for m in args.preload.split(",") if m.strip()])
     return Watchdog(cfg).run()

@@ -163,6 +163,19 @@ def final_weights(logdir: str) -> dict[str, Any]:
             if "VARIABLE_VALUE" in k and not k.startswith("save_counter")}
 
 
+CLEAN_ARGS = ("--steps", "1200", "--save-model-secs", "1000", "--step-delay", "0.003")
+
+
+@pytest.fixture(scope="session")
+def clean_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The final weights of an uninterrupted digits run of ``CLEAN_ARGS`` (the same whatever the
+    checkpoint schedule), once per test worker."""
+    logdir = str(tmp_path_factory.mktemp("clean"))
+    code, out, err = finish(launch(logdir, *CLEAN_ARGS))
+    assert code == 0, err
+    return final_weights(logdir)
+
+
 def launch_and_kill_trainer_once(logdir: str, *target_args: str, target: str) -> tuple[int, str, str]:
     """Launch ``target``, SIGKILL its trainer once a checkpoint past step 0 committed, and wait
     for the launch to end; returns ``finish``'s (code, stdout, stderr)."""

@@ -85,6 +85,7 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
         [],
     ),
     ("snapshot-held", m.SnapshotHeld(step=1501), []),
+    ("standby-ready", m.StandbyReady(pid=4244, attempt=3, prepare_secs=0.61), []),
     ("recover-query", m.RecoverQuery(pid=4243), []),
     ("recover-reply", m.RecoverReply(step=1501, path="/runs/a/model.ckpt-1501", note=""), []),
     ("recover-reply-none", m.RecoverReply(step=-1, path=None, note="no in-memory snapshot is held"), []),

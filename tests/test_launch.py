@@ -76,7 +76,8 @@ def test_sigkill_of_the_trainer_restarts_it_from_the_latest_checkpoint(logdir):
 
 
 def test_status_json_lists_four_live_processes_with_distinct_pids(logdir):
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01")
+    # no hot standby (a fifth process: tests/test_standby.py)
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", opts=("--standby", "fork"))
     try:
         st = wait_for(lambda: (s := status_json(logdir)) and s["step"] > 0 and
                       sum(p["alive"] for p in s["processes"]) == 4 and s, 90, what="a running status")

@@ -18,6 +18,8 @@ PROC_LEGAL = {
     (P.EXITED, P.RESTARTING), (P.EXITED, P.STARTING),
     (P.FAILED, P.RESTARTING), (P.FAILED, P.STARTING),
     (P.RESTARTING, P.STARTING), (P.RESTARTING, P.EXITED), (P.RESTARTING, P.FAILED),
+    # a hot standby: promoted (starting), or stopped, or ended
+    (P.STANDBY, P.STARTING), (P.STANDBY, P.STOPPING), (P.STANDBY, P.EXITED), (P.STANDBY, P.FAILED),
 }
 RUN_LEGAL = {(R.RUNNING, R.SUCCEEDED), (R.RUNNING, R.FAILED), (R.RUNNING, R.STOPPED)}
 
@@ -86,6 +88,6 @@ def test_illegal_transition_is_a_procsv_error():
 
 
 def test_states_serialize_as_their_plain_names():
-    assert [s.value for s in P] == ["starting", "running", "stopping", "exited", "failed", "restarting"]
+    assert [s.value for s in P] == ["starting", "running", "stopping", "exited", "failed", "restarting", "standby"]
     assert [s.value for s in R] == ["running", "succeeded", "failed", "stopped"]
     assert P.RUNNING == "running"

@@ -14,7 +14,8 @@ import signal
 
 import pytest
 
-from conftest import committed_steps, final_weights, finish, launch, quiet_env, raw_status, wait_for, wait_role_pid
+from conftest import (CLEAN_ARGS, committed_steps, final_weights, finish, launch, quiet_env, raw_status, wait_for,
+                      wait_role_pid)
 from procsv.common.snapshot_memory import SLOT_COMPLETE, SLOT_WRITING
 from procsv.services.checkpoint.arena import ArenaView
 from procsv.services.checkpoint.memory import persist_decision
@@ -22,9 +23,9 @@ from procsv.trainer import memory_tier
 from procsv.trainer.memory_tier import Slots
 from procsv.trainer.snapshot import SnapshotArena
 
-# a 1200-step digits run; disk checkpoints only every 100,000 steps and at the end, so that what a
-# restart finds on disk mid-run is nothing at all: anything it restores came from memory
-ARGS = ("--steps", "1200", "--save-model-secs", "1000", "--step-delay", "0.003")
+# the 1200-step digits run of conftest's clean_weights; disk checkpoints only every 100,000 steps and
+# at the end, so that what a restart finds on disk mid-run is nothing at all: anything it restores came from memory
+ARGS = CLEAN_ARGS
 NO_DISK = ("--save-checkpoint-steps", "100000")
 
 
@@ -88,15 +89,6 @@ def test_only_a_whole_snapshot_newer_than_every_checkpoint_is_persisted():
 
 
 # ---------------------------------------------------------------------------------------- real runs
-@pytest.fixture(scope="module")
-def clean_weights(tmp_path_factory):
-    """The final weights of an uninterrupted run (the same for any checkpoint schedule)."""
-    logdir = str(tmp_path_factory.mktemp("clean"))
-    code, out, err = finish(launch(logdir, *ARGS))
-    assert code == 0, err
-    return final_weights(logdir)
-
-
 def _manifest(logdir: str, step: int) -> dict:
     with open(os.path.join(logdir, ".procsv", "checkpoints", f"model.ckpt-{step}.json")) as fh:
         return json.load(fh)
@@ -123,7 +115,7 @@ def test_a_sigkilled_trainer_resumes_from_its_in_memory_snapshot_exactly(logdir,
         code, out, err = finish(proc)
     assert code == 0, err
     restored = _restored_steps(out)
-    assert len(restored) == 1 and restored[0] >= 200, out  # not step 0: the snapshot held in memory
+    assert len(restored) == 1 and restored[0] > 0, out + err  # not step 0: the snapshot held in memory
     assert _manifest(logdir, restored[0])["reason"] == "memory"
     assert f"persisting its in-memory snapshot of step {restored[0]}" in out + err
     _same(final_weights(logdir), clean_weights)

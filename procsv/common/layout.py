@@ -170,6 +170,11 @@ class RuntimeDir:
         """The death-notice mutex of one trainer attempt."""
         return os.path.join(self.path, f"trainer.{attempt}.mutex")
 
+    def standby_mutex(self, attempt: int) -> str:
+        """The death-notice mutex of a hot standby prepared to become trainer attempt ``attempt``
+        (several may be prepared for one attempt in turn: each replaces the file)."""
+        return os.path.join(self.path, f"standby.{attempt}.mutex")
+
 
 SOCKET_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1: the longest ipc:// path ZeroMQ can bind
 _SOCKET_ROOM = len("/" + RUNTIME_PREFIX + "XXXXXXXX/checkpoint.sock") + 8  # the longest name inside, with room

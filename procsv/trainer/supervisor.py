@@ -25,7 +25,7 @@ from procsv.ipc.transport import Endpoints
 from procsv.common import bootstrap, env
 from procsv.common.errors import ProcsvError, TrainingStopped, UsageError
 from procsv.common.layout import Layout
-from procsv.trainer import outcome, replica
+from procsv.trainer import outcome, replica, standby
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpointing import SAVE_DEADLINE_FLOOR, CheckpointAgent
 from procsv.trainer.coordinator import Coordinator, LooperThread
@@ -238,6 +238,8 @@ class Supervisor(SummaryMethods, Tf1Properties):
         if not self._started and not self._stopped:
             outcome.register(self.outcome)  # once, even when reused after a stop
         self._started = True
+        if self._ctx is not None and standby.is_standby():
+            standby.wait_for_promotion(self._ctx)  # a hot standby: everything before this is done already
         t0 = self._clock()
         self._install_signal_handlers()
         endpoints = self._connect_services()

@@ -25,6 +25,7 @@ class Cause(str, enum.Enum):
     CHAOS = "chaos"  # --chaos
     SHUTDOWN = "shutdown"  # the run is over: the services flush and exit
     STALL = "stall"  # steps complete but no checkpoint commits: the checkpoint service is stuck
+    STANDBY_UNREADY = "standby_unready"  # a restart is due and the standby is not ready: a fork replaces it
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,23 @@ class Settle:
 
 
 @dataclass(frozen=True)
+class Promote:
+    """Make the ready hot standby (``slot`` ``standby``, ``attempt``) the trainer's next attempt."""
+
+    slot: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class StandbyGone:
+    """The standby ended (killed by the watchdog, or on its own: ``failed``); prepare another later."""
+
+    slot: str
+    attempt: int
+    failed: bool
+
+
+@dataclass(frozen=True)
 class ArmChaos:
     """Schedule the next chaos kill of ``slot``'s current attempt at ``at``."""
 
@@ -146,4 +164,4 @@ class SkipChaos:
 
 
 Action = Union[Spawn, Signal, Kill, Restart, RespawnService, GiveUpService, GiveUpCheckpoints, Finish, GiveUp,
-               Settle, ArmChaos, SkipChaos, StopLogdirLost]
+               Settle, ArmChaos, SkipChaos, StopLogdirLost, Promote, StandbyGone]

@@ -46,6 +46,10 @@ Rules, in the order they are considered:
    (``view.logdir_lost``, from filesystem events and a check every round): nothing the run
    writes from now on would land where the user looks, so the run is stopped in order and fails
    (exit 1). Considered first, like rule 8; not while a stop is already under way.
+10. **Hot standby** (:mod:`procsv.watchdog.standby`): one is prepared (forked from the zygote)
+   once the trainer has completed a step; a due restart (rule 3) promotes it if it is ready for
+   that attempt, else kills it and forks. A standby that ends is settled by rule 1
+   (``StandbyGone``: counted, with backoff, unless the watchdog ended it).
 """
 
 from __future__ import annotations
@@ -55,15 +59,17 @@ from dataclasses import dataclass
 from typing import Optional
 
 from procsv.common.bootstrap import EXIT_PREEMPTED
+from procsv.watchdog import standby
 from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
-                                     RespawnService, Restart, Settle, Signal, SkipChaos, Spawn, StopLogdirLost)
+                                     Promote, RespawnService, Restart, Settle, Signal, SkipChaos, Spawn, StandbyGone,
+                                     StopLogdirLost)
 from procsv.watchdog.chaos import ChaosPlan
 from procsv.watchdog.hang import HangLimits, hang_reason
 from procsv.watchdog.lifecycle import ProcState, RunState, transition
 from procsv.watchdog.policy import Action as Verdict
 from procsv.watchdog.policy import RestartPolicy, TrainerExit
 from procsv.watchdog.policy import decide as restart_verdict
-from procsv.watchdog.state import CHECKPOINT, TRAINER, ChildView, RunView, ZygoteState
+from procsv.watchdog.state import CHECKPOINT, STANDBY, TRAINER, ChildView, RunView, ZygoteState
 
 
 EXIT_CHECKPOINTS_FAILING = 3  # the launch's exit code when checkpoints kept failing (rule 8)
@@ -116,6 +122,8 @@ def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Actio
         actions += _hang(view, trainer, now, limits)
     actions += _chaos(view, now, limits)
     actions += _checkpoint_stall(view, now, limits)
+    if standby.may_prepare(view, now) and not any(isinstance(a, (Spawn, Promote)) for a in actions):
+        actions.append(Spawn(STANDBY, STANDBY))
     return actions
 
 
@@ -124,6 +132,9 @@ def _judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: fl
     """Rule 1: an attempt ended (or its death was noticed)."""
     if view.finishing:
         return [Settle(child.slot, child.attempt)] if child.reaped else []
+    if child.role == STANDBY:  # rule 10: not a trainer attempt yet; the run goes on
+        failed = not child.killed and view.stop_signal is None
+        return [StandbyGone(child.slot, child.attempt, failed)] if child.reaped else []
     if child.role != TRAINER:
         if not child.reaped:
             return []
@@ -188,6 +199,15 @@ def _restart_due(view: RunView, now: float, limits: Limits) -> list[Action]:
         return []
     if view.zygote == ZygoteState.WARMING and now - view.launch_start < limits.zygote_wait:
         return []
+    if view.forking_since is not None:
+        return []  # a standby asked of the zygote: wait for its answer (milliseconds), then decide
+    if standby.promotable(view):
+        sb = view.standby()
+        assert sb is not None
+        return [Promote(sb.slot, sb.attempt)]
+    sb = view.standby()
+    if sb is not None and sb.live and not sb.killed:  # not ready yet (kills in a row): fork instead
+        return [Kill(sb.slot, sb.attempt, Cause.STANDBY_UNREADY), Spawn(TRAINER, TRAINER)]
     return [Spawn(TRAINER, TRAINER)]
 
 
@@ -269,7 +289,7 @@ def _shutdown(view: RunView, now: float, limits: Limits) -> list[Action]:
     for c in view.live_children():
         if not c.live:
             continue  # noticed dead already: only its reap is missing
-        if c.state in (ProcState.STARTING, ProcState.RUNNING):
+        if c.state in (ProcState.STARTING, ProcState.RUNNING, ProcState.STANDBY):
             out.append(Signal(c.slot, c.attempt, signal.SIGTERM, Cause.SHUTDOWN))
         elif view.services_deadline is not None and now >= view.services_deadline and not c.killed:
             out.append(Kill(c.slot, c.attempt, Cause.SHUTDOWN))
@@ -288,6 +308,16 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         return
     if isinstance(action, SkipChaos):
         view.chaos_at = None
+        return
+    if isinstance(action, Promote):
+        promoted = view.children.pop(STANDBY)
+        promoted.slot = promoted.role = TRAINER
+        promoted.started = now  # the attempt starts now: its start-up limit and its recovery breakdown count from here
+        promoted.set_state(ProcState.STARTING)
+        view.children[TRAINER] = promoted
+        view.attempts.append(promoted)
+        view.restart_at = None
+        view.standby_failures = 0
         return
     if isinstance(action, StopLogdirLost):
         view.failed = True
@@ -361,6 +391,11 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         request_stop(view, signal.SIGTERM, now, limits.stop_grace_secs)
     elif isinstance(action, Settle):
         _settle(child)
+    elif isinstance(action, StandbyGone):
+        _settle(child)
+        if action.failed:
+            view.standby_failures += 1
+            view.standby_after = now + standby.backoff(view.standby_failures)
 
 
 def request_stop(view: RunView, signum: int, now: float, grace: float) -> None:
@@ -377,7 +412,7 @@ def request_stop(view: RunView, signum: int, now: float, grace: float) -> None:
 def _settle(child: ChildView, early: bool = False) -> None:
     child.settled = True
     child.settled_early = early
-    if child.state in (ProcState.STARTING, ProcState.RUNNING, ProcState.STOPPING):
+    if child.state in (ProcState.STARTING, ProcState.RUNNING, ProcState.STOPPING, ProcState.STANDBY):
         child.set_state(ProcState.EXITED if child.exit_code == 0 else ProcState.FAILED)
 
 

@@ -62,6 +62,8 @@ class Event(str, enum.Enum):
     FINISHED = "finished"
     ORPHANS_KILLED = "orphans_killed"
     LOGDIR_LOST = "logdir_lost"
+    STANDBY_READY = "standby_ready"
+    STANDBY_DECIDED = "standby_decided"
 
 
 _RESTORE = frozenset({"pid", "step", "path", "secs", "skipped"})
@@ -88,6 +90,8 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.FINISHED: frozenset({"state", "exit_code", "step"}),
     Event.ORPHANS_KILLED: frozenset({"pids"}),
     Event.LOGDIR_LOST: frozenset({"path", "reason"}),
+    Event.STANDBY_READY: frozenset({"pid", "attempt", "secs"}),
+    Event.STANDBY_DECIDED: frozenset({"mode", "reason"}),
 }
 
 

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from procsv.common import spawn
-from procsv.common.env import ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX
+from procsv.common.env import ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, STANDBY as STANDBY_ENV
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
 from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
-                                     RespawnService, Restart, Signal, SkipChaos, Spawn, StopLogdirLost)
+                                     Promote, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
+                                     StopLogdirLost)
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.decide import Limits, find, note
 from procsv.watchdog.events import Event
@@ -31,7 +32,7 @@ from procsv.watchdog.failures import describe
 from procsv.watchdog.lifecycle import RunState
 from procsv.watchdog.observe import Report
 from procsv.watchdog.prewarm import FORK_REPLY_TIMEOUT, Zygote, ZygoteUnavailable
-from procsv.watchdog.state import TRAINER, RunView, ZygoteState
+from procsv.watchdog.state import STANDBY, TRAINER, RunView, ZygoteState
 
 Sink = Callable[[list[Report]], None]
 
@@ -76,7 +77,15 @@ class Executor:
     def perform(self, action: Action) -> None:
         now = self.clock()
         if isinstance(action, Spawn):
-            self._spawn_trainer_slot(action) if action.role == TRAINER else self.spawn(action.slot, action.role)
+            if action.role == TRAINER:
+                self._spawn_trainer_slot(action)
+            elif action.role == STANDBY:
+                self._spawn_standby()
+            else:
+                self.spawn(action.slot, action.role)
+            return
+        if isinstance(action, Promote):
+            self._promote(action)
             return
         if isinstance(action, ArmChaos):
             note(self.view, action, now, self.limits)
@@ -120,6 +129,11 @@ class Executor:
             self.report(reports)
             reports = []
             self.spawn(action.slot, child.role)
+        elif isinstance(action, StandbyGone):
+            assert child is not None
+            if action.failed:
+                reports.append(Report(say=f"procsv: the standby trainer {child.headline().split(' ', 1)[-1]}; "
+                                          f"preparing another in {self.view.standby_after - now:.0f} s", err=True))
         elif isinstance(action, GiveUpService):
             assert child is not None
             reports.append(Report(say=f"procsv: giving up: the {child.role} service failed {len(action.crashes)} "
@@ -191,15 +205,55 @@ class Executor:
             self.report([Report(Event.RESTARTED, {"attempt": prev.attempt + 1})])
         self.spawn(action.slot, TRAINER)
 
+    def _spawn_standby(self) -> None:
+        """Ask the zygote for a hot standby, prepared to become the trainer's next attempt."""
+        trainer = self.view.children[TRAINER]
+        attempt = trainer.attempt + 1
+        if self.zygote is None or not self.zygote.ready:
+            return
+        env = self._env(TRAINER, attempt)
+        env[STANDBY_ENV] = "1"
+        mutex: Optional[RobustMutex] = None
+        try:
+            mutex = RobustMutex(self.runtime.standby_mutex(attempt), create=True)
+            env[DEATH_MUTEX] = mutex.path
+        except OSError:
+            mutex = None
+        log_path = self.layout.attempt_log(TRAINER, attempt)
+        try:
+            due = self.zygote.request_fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd)
+        except (ZygoteUnavailable, OSError) as exc:
+            self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); no standby, restarts start fresh")
+            return
+        self.fork = PendingFork(STANDBY, attempt, env, log_path, mutex, due)
+        observe.fork_requested(self.view, self.clock())
+
+    def _promote(self, action: Promote) -> None:
+        """Wake the standby (SIGUSR1): it becomes the trainer's next attempt and restores."""
+        handle = self.handles.pop((action.slot, action.attempt))
+        handle.slot = TRAINER
+        self.handles[(TRAINER, action.attempt)] = handle
+        handle.send_signal(signal.SIGUSR1)
+        note(self.view, action, self.clock(), self.limits)
+        self.report([Report(Event.RESTARTED, {"attempt": action.attempt}),
+                     Report(Event.SPAWNED, {"role": TRAINER, "attempt": action.attempt, "pid": handle.pid,
+                                            "via": "standby"},
+                            say=f"procsv: promoted the standby trainer (pid {handle.pid}) to attempt {action.attempt}")])
+
+    def _env(self, role: str, attempt: int) -> dict[str, str]:
+        """The environment of ``role``'s attempt ``attempt`` (its coordinates and the launch's settings)."""
+        env = spawn.child_env(role=role, attempt=attempt, logdir=self.layout.logdir, runtime_dir=self.runtime.path,
+                              supervised=True)
+        env[CHECKPOINT_FAILURE_LIMIT] = str(self.limits.checkpoint_failure_limit)
+        env[ALLOW_REINIT] = "1" if self.cfg.allow_reinit else "0"
+        return env
+
     def spawn(self, slot: str, role: str) -> Optional[ChildProcess]:
         """Start the next attempt of ``slot`` and add it to the view. A trainer from the pre-warmed
         zygote is only asked for here (None is returned): :meth:`poll_fork` adds it when it answers."""
         prev = self.view.children.get(slot)
         attempt = prev.attempt + 1 if prev else 1
-        env = spawn.child_env(role=role, attempt=attempt, logdir=self.layout.logdir, runtime_dir=self.runtime.path,
-                              supervised=True)
-        env[CHECKPOINT_FAILURE_LIMIT] = str(self.limits.checkpoint_failure_limit)
-        env[ALLOW_REINIT] = "1" if self.cfg.allow_reinit else "0"
+        env = self._env(role, attempt)
         log_path = self.layout.attempt_log(role, attempt)
         mutex: Optional[RobustMutex] = None
         if role == TRAINER:
@@ -239,12 +293,16 @@ class Executor:
             return  # still waiting: the loop goes on meanwhile
         self.fork = None
         if proc is not None:
-            self._started(pending.slot, TRAINER, pending.attempt, proc, pending.log_path, pending.mutex, "zygote")
+            role = STANDBY if pending.slot == STANDBY else TRAINER
+            self._started(pending.slot, role, pending.attempt, proc, pending.log_path, pending.mutex, "zygote")
             return
+        if pending.slot == STANDBY:  # no standby this time; the zygote is given up below or was already
+            self.view.forking_since = None
         if self.zygote is not None:
             self.zygote.kill()  # a zygote that does not answer is not trusted with the next one either
             self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({why}); starting a fresh one")
-        self._fresh(pending.slot, TRAINER, pending.attempt, pending.env, pending.log_path, pending.mutex)
+        if pending.slot != STANDBY:
+            self._fresh(pending.slot, TRAINER, pending.attempt, pending.env, pending.log_path, pending.mutex)
 
     def _fresh(self, slot: str, role: str, attempt: int, env: dict[str, str], log_path: str,
                mutex: Optional[RobustMutex]) -> ChildProcess:
@@ -254,7 +312,7 @@ class Executor:
 
     def _started(self, slot: str, role: str, attempt: int, proc: Process, log_path: str,
                  mutex: Optional[RobustMutex], via: str) -> ChildProcess:
-        handle = ChildProcess(slot, role, attempt, proc, log_path)
+        handle = ChildProcess(slot, TRAINER if role == STANDBY else role, attempt, proc, log_path)  # a standby is a trainer process
         self.handles[(slot, attempt)] = handle
         self._register(handle)
         rotate(self.layout.logs, role, attempt, self.cfg.keep_logs,
@@ -300,4 +358,5 @@ _KILL_LINES = {
     Cause.STOP_GRACE: "procsv: trainer did not stop within {grace:g} s; killing it",
     Cause.HANG: "procsv: hung trainer did not exit within {grace:g} s; killing it",
     Cause.SHUTDOWN: "procsv: the {role} process did not stop in time; killing it",
+    Cause.STANDBY_UNREADY: "procsv: the standby trainer is not ready yet; forking a new trainer instead",
 }

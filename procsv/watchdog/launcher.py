@@ -28,16 +28,17 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
+import psutil
 import zmq
 
 from procsv.common import env
 from procsv.common.bootstrap import write_error_record
 from procsv.common.layout import Layout, LogdirLock, RuntimeDir, spilled_error_file, write_json
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import Hello, Progress, SaveOverdue, SaveResult, TrainerReady
+from procsv.ipc.messages import Hello, Progress, SaveOverdue, SaveResult, StandbyReady, TrainerReady
 from procsv.ipc.rejections import Rejections
 from procsv.ipc.transport import Endpoints, bind_private, drain, make_socket
-from procsv.watchdog import observe, report
+from procsv.watchdog import observe, report, standby
 from procsv.watchdog.children import ChildProcess, Orphans
 from procsv.watchdog.output import Terminal
 from procsv.watchdog.config import LaunchConfig, check_target
@@ -59,7 +60,7 @@ MAX_INTERNAL_ERRORS = 3  # beyond this many, stop trying to stop in order
 STATUS_WAIT = 2.0  # seconds a forked trainer's exit status may take to come from the zygote
 SWEEP_EVERY = 1.0  # seconds between sweeps for left-behind processes (also after every exit)
 DRAIN_MAX = 1000  # messages read from the PULL socket per wakeup (the poller fires again for the rest)
-ACCEPT = frozenset({Hello, TrainerReady, Progress, SaveResult, SaveOverdue})  # what children send the watchdog
+ACCEPT = frozenset({Hello, TrainerReady, Progress, SaveResult, SaveOverdue, StandbyReady})  # what children send
 
 __all__ = ["LaunchConfig", "Watchdog", "check_target"]
 
@@ -206,9 +207,15 @@ class Watchdog:
         fault_point("round", self.view.step)
         self._check_awaiting()
         self.ex.poll_fork()
-        for action in decide(self.view, self.clock(), self.limits, self.rng.random()):
-            self.ex.perform(action)
-            self.status.dirty = True
+        if self.view.standby_ok is None:
+            self._decide_standby()
+        for _ in range(3):  # an action may make another due at once (a restart with delay 0: promote now)
+            actions = decide(self.view, self.clock(), self.limits, self.rng.random())
+            for action in actions:
+                self.ex.perform(action)
+                self.status.dirty = True
+            if not actions:
+                break
         trainer = self.ex.handles.get((TRAINER, self.view.children[TRAINER].attempt)) \
             if TRAINER in self.view.children else None
         if trainer is not None:
@@ -218,6 +225,27 @@ class Watchdog:
         self._check_logdir()  # one stat a round: before any write of status.json into a lost logdir
         if self.view.logdir_lost is None:
             self.status.maybe_write(self._status)
+
+    def _decide_standby(self) -> None:
+        """Whether a hot standby may run (once: ``--standby``, and for ``auto`` the memory rule at
+        the first trainer's first step)."""
+        mode = self.cfg.standby if self.cfg.prewarm else "off"
+        if mode in ("fork", "off"):
+            ok, why = False, f"--standby {mode}" if self.cfg.prewarm else "no pre-warmed trainer (--no-prewarm)"
+        elif mode == "hot":
+            ok, why = True, "--standby hot"
+        else:
+            trainer = self.view.children.get(TRAINER)
+            if trainer is None or trainer.first_step_at is None or not trainer.live:
+                return
+            try:
+                rss = psutil.Process(trainer.pid).memory_info().rss
+            except psutil.Error:
+                return  # it just died: decide with the next one
+            ok, why = standby.memory_allows(rss, psutil.virtual_memory().available)
+        self.view.standby_ok = ok
+        self.record([Report(Event.STANDBY_DECIDED, {"mode": "hot" if ok else "fork" if self.cfg.prewarm else "off",
+                                                    "reason": why})])
 
     # ------------------------------------------------------------------ observations
     def _register(self, handle: ChildProcess) -> None:

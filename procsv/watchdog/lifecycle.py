@@ -18,6 +18,7 @@ class ProcState(str, enum.Enum):
     ``starting`` -> ``running`` (sent Hello / first step) -> ``stopping`` (asked to stop) ->
     ``exited`` (code 0) or ``failed`` (non-zero or signal). A restart makes a new attempt, which
     starts again at ``starting``; ``failed``/``exited`` -> ``restarting`` marks the wait between.
+    A hot-standby trainer starts as ``standby`` and becomes ``starting`` when promoted.
     """
 
     STARTING = "starting"
@@ -26,6 +27,7 @@ class ProcState(str, enum.Enum):
     EXITED = "exited"
     FAILED = "failed"
     RESTARTING = "restarting"
+    STANDBY = "standby"
 
 
 class RunState(str, enum.Enum):
@@ -44,6 +46,7 @@ _PROC_EDGES: dict[ProcState, frozenset[ProcState]] = {
     ProcState.EXITED: frozenset({ProcState.RESTARTING, ProcState.STARTING}),
     ProcState.FAILED: frozenset({ProcState.RESTARTING, ProcState.STARTING}),
     ProcState.RESTARTING: frozenset({ProcState.STARTING, ProcState.EXITED, ProcState.FAILED}),
+    ProcState.STANDBY: frozenset({ProcState.STARTING, ProcState.STOPPING, ProcState.EXITED, ProcState.FAILED}),
 }
 
 _RUN_EDGES: dict[RunState, frozenset[RunState]] = {

@@ -14,12 +14,12 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from procsv.ipc.messages import Hello, Message, Progress, SaveOverdue, SaveResult, TrainerReady
+from procsv.ipc.messages import Hello, Message, Progress, SaveOverdue, SaveResult, StandbyReady, TrainerReady
 from procsv.watchdog.decide import find, request_stop
 from procsv.watchdog.events import Event
 from procsv.watchdog.failures import Failure
 from procsv.watchdog.lifecycle import ProcState
-from procsv.watchdog.state import TRAINER, ChildView, RunView, ZygoteState
+from procsv.watchdog.state import STANDBY, TRAINER, ChildView, RunView, ZygoteState
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,10 @@ def spawned(view: RunView, slot: str, role: str, attempt: int, pid: int, now: fl
     view.children[slot] = child
     if role == TRAINER:
         view.attempts.append(child)
+    if role in (TRAINER, STANDBY):
         view.forking_since = None
+    if role == STANDBY:
+        child.state = ProcState.STANDBY
     return [Report(Event.SPAWNED, {"role": role, "attempt": attempt, "pid": pid, "via": via})]
 
 
@@ -62,6 +65,13 @@ def heard(view: RunView, msg: Message, now: float) -> list[Report]:
         return _saved(view, msg, now)
     if isinstance(msg, SaveOverdue):
         return _overdue(view, msg)
+    if isinstance(msg, StandbyReady):
+        sb = view.standby()
+        if sb is None or sb.pid != msg.pid or sb.standby_ready_at is not None:
+            return []
+        sb.standby_ready_at = now
+        return [Report(Event.STANDBY_READY, {"pid": msg.pid, "attempt": msg.attempt,
+                                             "secs": round(now - sb.started, 3)})]
     return []
 
 

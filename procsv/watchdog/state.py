@@ -24,6 +24,7 @@ from procsv.watchdog.policy import History
 from procsv.watchdog.report import AttemptRecord
 
 TRAINER = "trainer"
+STANDBY = "standby"  # the slot (and role) of the hot-standby trainer until it is promoted
 CHECKPOINT = "checkpoint"
 SUMMARY = "summary"
 SERVICE_ROLES = (SUMMARY, CHECKPOINT)
@@ -51,6 +52,7 @@ class ChildView:
     state: ProcState = ProcState.STARTING
     # the trainer's own reports
     ready_at: Optional[float] = None  # state restored (TrainerReady)
+    standby_ready_at: Optional[float] = None  # a standby that waits to be promoted (StandbyReady)
     restored_step: int = 0
     save_secs: Optional[float] = None  # its checkpoint schedule, from TrainerReady
     save_steps: Optional[int] = None
@@ -139,15 +141,24 @@ class RunView:
     chaos_at: Optional[float] = None  # the next chaos kill
     chaos_armed_for: Optional[tuple[str, int]] = None  # (slot, attempt) the current schedule targets
     chaos_next_delay: float = 0.0  # drawn from the plan's seeded generator by the executor
+    # the hot standby (procsv.watchdog.standby): whether one may run (None: not decided yet; the
+    # memory rule needs the first trainer's size), when the next may be prepared, its failures in a row
+    standby_ok: Optional[bool] = None
+    standby_after: float = 0.0
+    standby_failures: int = 0
 
     def trainers(self) -> list[ChildView]:
         return [c for c in self.children.values() if c.role == TRAINER]
 
     def services(self) -> list[ChildView]:
-        return [c for c in self.children.values() if c.role != TRAINER]
+        return [c for c in self.children.values() if c.role not in (TRAINER, STANDBY)]
+
+    def standby(self) -> Optional[ChildView]:
+        """The hot-standby trainer, while it is one (not yet promoted)."""
+        return self.children.get(STANDBY)
 
     def known(self) -> list[ChildView]:
-        """Every trainer attempt (oldest first), then the services' current attempts."""
+        """Every trainer attempt (oldest first), then the services' and the standby's current attempts."""
         return self.attempts + [c for c in self.children.values() if c.role != TRAINER]
 
     def unsettled(self) -> list[ChildView]:

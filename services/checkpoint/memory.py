@@ -45,6 +45,13 @@ class TrainerLife:
         except (OSError, AttributeError):  # no pidfd: fall back to a signal-0 probe
             self.fd = None
 
+    def wait_dead(self, timeout: float) -> bool:
+        """Whether the process ends within ``timeout`` seconds (a trainer whose death the watchdog
+        noticed by its mutex may still be in its exit path for a moment)."""
+        if self.fd is not None and not self._dead:
+            self._dead = bool(select.select([self.fd], [], [], timeout)[0])
+        return self.dead()
+
     def dead(self) -> bool:
         if self._dead:
             return True

@@ -61,6 +61,7 @@ from procsv.services.checkpoint.writer import write_snapshot
 POLL_MS = 100
 NICE = 10
 NICE_ENV = env.CHECKPOINT_NICE
+EXIT_WAIT = 5.0  # seconds a dead trainer may still be exiting when its successor asks for its snapshot
 STATS_SECS = 1.0  # checkpoint_stats.json is rewritten at most this often while its counts change
 ACCEPT = frozenset({CheckpointSetup, SaveData, RecoverQuery})  # what a trainer sends here; anything else is refused
 
@@ -273,7 +274,7 @@ class CheckpointService:
         """A restarted trainer asks before restoring: persist what a dead trainer left, then answer."""
         if self.memory is not None and self.memory.identity != identity:
             life = self.life if self.life is not None and self.life.pid == self.memory.pid else None
-            if life is not None and not life.dead():
+            if life is not None and not life.wait_dead(EXIT_WAIT):
                 self._release_memory(f"its trainer (pid {life.pid}) is still alive while pid {query.pid} restores")
             else:
                 self._persist_memory(f"a restarted trainer (pid {query.pid}) asks for it")

@@ -1,0 +1,73 @@
+"""A hot-standby trainer's wait: run the program up to restoring, then wait to be promoted.
+
+Runs in the trainer process, in the main thread, inside the first Supervisor's
+``prepare_or_wait_for_session`` (or ``managed_session``) when ``PROCSV_STANDBY=1``: the watchdog
+forked this process from the zygote while another trainer trains (:mod:`procsv.watchdog.standby`).
+By then the program has done everything before that call: its module is imported, its data
+loaded, its model and optimizer built, its Supervisor created. The standby tells the watchdog
+(:class:`StandbyReady`) and waits for SIGUSR1, with no thread, no socket and no CPU spent; SIGTERM
+ends it at once (exit 0: it has nothing to save). Promoted, it goes on exactly as a trainer that
+just reached this point: it connects to the services, asks for the dead trainer's in-memory
+snapshot, restores, and trains. What the program did before (printing, opening files) it did
+when the standby was prepared, not at the promotion.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import time
+from typing import Any
+
+import psutil
+import zmq
+
+from procsv.common import env
+from procsv.common.bootstrap import ChildContext
+from procsv.ipc.messages import StandbyReady
+from procsv.ipc.transport import make_socket, send
+
+def is_standby() -> bool:
+    return os.environ.get(env.STANDBY) == "1"
+
+
+def wait_for_promotion(ctx: ChildContext) -> None:
+    """Block until SIGUSR1 (promotion); exit 0 on SIGTERM. Afterwards this process is no standby."""
+    promoted = False
+
+    def on_promote(signum: int, frame: Any) -> None:
+        nonlocal promoted
+        promoted = True
+
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    old_usr1 = signal.signal(signal.SIGUSR1, on_promote)
+    old_term = signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
+    prepared = max(0.0, time.time() - psutil.Process().create_time())
+    if ctx.supervised:
+        zctx: zmq.Context[Any] = zmq.Context()
+        sock = make_socket(zctx, zmq.PUSH, linger_ms=1000)
+        sock.connect(ctx.endpoints.watchdog)
+        send(sock, StandbyReady(os.getpid(), ctx.attempt, prepared))
+        sock.close()
+        zctx.term()
+    print(f"procsv: standby ready after {prepared:.2f} s; waiting to be promoted", flush=True)
+    waited = time.monotonic()
+    try:
+        while not promoted:
+            select.select([r], [], [], 5.0)
+            try:
+                os.read(r, 512)
+            except BlockingIOError:
+                pass
+    finally:
+        signal.set_wakeup_fd(old_wakeup)
+        signal.signal(signal.SIGUSR1, old_usr1)
+        signal.signal(signal.SIGTERM, old_term)
+        os.close(r)
+        os.close(w)
+    os.environ[env.STANDBY] = "0"
+    print(f"procsv: promoted from standby (waited {time.monotonic() - waited:.1f} s)", file=sys.stderr, flush=True)

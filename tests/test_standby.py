@@ -1,0 +1,158 @@
+"""The hot standby: a second trainer that ran the program up to restoring, promoted on a death.
+
+The rules are pure and driven with the decision function's simulator; the rest with real launches
+of the digits example, real SIGKILLs (of the trainer, of the standby, several in a row), the
+lifecycle log, and the final weights compared bit for bit with an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from conftest import CLEAN_ARGS, final_weights, finish, launch, lifecycle, raw_status, wait_for, wait_role_pid
+from procsv.ipc.messages import StandbyReady
+from procsv.watchdog import observe, standby
+from procsv.watchdog.actions import Cause, Kill, Promote, Spawn, StandbyGone
+from procsv.watchdog.lifecycle import ProcState
+from procsv.watchdog.state import STANDBY, TRAINER, ZygoteState
+from test_watchdog_decide import KILLED, Sim, of
+
+ARGS = CLEAN_ARGS
+
+
+# ---------------------------------------------------------------------------------------- pure
+class StandbySim(Sim):
+    """The simulator, with the executor's standby: forked for the trainer's next attempt."""
+
+    def __init__(self) -> None:
+        super().__init__(zygote=ZygoteState.READY)
+        self.view.standby_ok = True
+
+    def spawn(self, slot: str, role: str) -> None:
+        if role == STANDBY:
+            attempt = self.view.children[TRAINER].attempt + 1
+            observe.spawned(self.view, STANDBY, STANDBY, attempt, next(self._pids), self.now, "zygote")
+        else:
+            super().spawn(slot, role)
+
+    def tick(self, dt: float = 0.0, draw: float = 0.5):  # type: ignore[no-untyped-def]
+        actions = super().tick(dt, draw)
+        for a in actions:
+            if isinstance(a, Kill) and a.slot == STANDBY:
+                self.dies(STANDBY, KILLED)
+        return actions
+
+    def standby_ready(self) -> None:
+        sb = self.view.children[STANDBY]
+        observe.heard(self.view, StandbyReady(sb.pid, sb.attempt, 0.5), self.now)
+
+
+def test_a_standby_is_prepared_only_after_the_trainers_first_step():
+    sim = StandbySim()
+    assert sim.tick() == [Spawn(TRAINER, TRAINER)]
+    sim.ready()
+    assert sim.tick(1.0) == []  # restored, no step yet: the start is not competed with
+    sim.progress(1)
+    assert sim.tick() == [Spawn(STANDBY, STANDBY)]
+    sb = sim.view.children[STANDBY]
+    assert sb.state == ProcState.STANDBY and sb.attempt == 2 and sim.view.trainers() == [sim.trainer]
+    assert sim.tick(5.0) == []  # one at a time
+
+
+def test_a_due_restart_promotes_a_ready_standby_to_the_next_attempt():
+    sim = StandbySim()
+    sim.start_trainer()
+    sim.tick()
+    sim.standby_ready()
+    pid = sim.view.children[STANDBY].pid
+    sim.dies(TRAINER, KILLED)
+    actions = sim.tick(0.1) + sim.tick()
+    assert Promote(STANDBY, 2) in actions and not of(actions, Spawn)
+    assert sim.trainer.pid == pid and sim.trainer.attempt == 2 and sim.trainer.state == ProcState.STARTING
+    assert STANDBY not in sim.view.children and sim.view.attempts[-1] is sim.trainer
+    sim.ready()
+    sim.progress(1)
+    assert sim.tick() == [Spawn(STANDBY, STANDBY)] and sim.view.children[STANDBY].attempt == 3
+
+
+def test_a_standby_not_ready_yet_is_replaced_by_a_fork():
+    sim = StandbySim()
+    sim.start_trainer()
+    sim.tick()  # the standby is spawned, not ready
+    sim.dies(TRAINER, KILLED)
+    actions = sim.tick(0.1) + sim.tick()
+    assert Kill(STANDBY, 2, Cause.STANDBY_UNREADY) in actions and Spawn(TRAINER, TRAINER) in actions
+    assert sim.trainer.attempt == 2
+    assert StandbyGone(STANDBY, 2, failed=False) in sim.tick()  # killed by the watchdog: no backoff
+
+
+def test_a_standby_that_dies_on_its_own_is_replaced_after_a_backoff_and_then_given_up():
+    sim = StandbySim()
+    sim.start_trainer()
+    for n in range(1, standby.GIVE_UP_AFTER + 1):
+        assert of(sim.tick(60.0), Spawn) == [Spawn(STANDBY, STANDBY)]
+        sim.dies(STANDBY, KILLED)
+        assert of(sim.tick(), StandbyGone) == [StandbyGone(STANDBY, 2, failed=True)]
+        assert sim.view.standby_after == sim.now + standby.backoff(n)
+        assert sim.trainer.live  # the trainer is unaffected
+    assert sim.tick(60.0) == []  # five in a row: restarts fork from the zygote from now on
+
+
+def test_memory_allows_a_standby_beside_a_trainer_only_with_room_to_spare():
+    ok, why = standby.memory_allows(300 << 20, 24 << 30)
+    assert ok and "300 MiB" in why
+    assert not standby.memory_allows(4 << 30, 8 << 30)[0]  # 2 x 4 GiB + 1 GiB > 8 GiB
+
+
+# ---------------------------------------------------------------------------------------- real runs
+def _events(logdir: str, name: str) -> list[dict]:
+    return [e for e in lifecycle(logdir) if e["event"] == name]
+
+
+@pytest.mark.slow
+def test_a_killed_trainer_is_replaced_by_its_standby_then_by_a_fork_exactly(logdir, clean_weights):
+    proc = launch(logdir, *ARGS, opts=("--standby", "hot"))
+    try:
+        ready = wait_for(lambda: _events(logdir, "standby_ready"), 120, what="a ready standby")[0]
+        first = wait_role_pid(logdir, "trainer")
+        os.kill(first, signal.SIGKILL)
+        promoted = wait_for(lambda: [e for e in _events(logdir, "spawned") if e.get("via") == "standby"], 60,
+                            what="the promotion")[0]
+        assert promoted["pid"] == ready["pid"] and promoted["attempt"] == 2
+        # killed again right after its first step, before the next standby is ready: a fork replaces it
+        wait_for(lambda: [e for e in _events(logdir, "first_step") if e["pid"] == promoted["pid"]], 60,
+                 what="the promoted trainer's first step")
+        os.kill(promoted["pid"], signal.SIGKILL)
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+    spawned = [e for e in _events(logdir, "spawned") if e["role"] == "trainer"]
+    assert [(e["attempt"], e["via"]) for e in spawned][:3] == [(1, "zygote"), (2, "standby"), (3, "zygote")]
+    assert raw_status(logdir)["restarts"] == 2
+    assert final_weights(logdir).keys() == clean_weights.keys()
+    for key, value in final_weights(logdir).items():
+        assert (value == clean_weights[key]).all(), f"{key} differs from the uninterrupted run"
+
+
+@pytest.mark.slow
+def test_killing_the_standby_prepares_another_and_leaves_the_trainer_alone(logdir):
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", opts=("--standby", "hot"))
+    try:
+        ready = wait_for(lambda: _events(logdir, "standby_ready"), 120, what="a ready standby")[0]
+        trainer = wait_role_pid(logdir, "trainer")
+        os.kill(ready["pid"], signal.SIGKILL)
+        again = wait_for(lambda: _events(logdir, "standby_ready")[1:], 60, what="a second standby")[0]
+        assert again["pid"] != ready["pid"] and again["attempt"] == 2  # still prepared for attempt 2
+        st = raw_status(logdir)
+        assert st["restarts"] == 0 and wait_role_pid(logdir, "trainer") == trainer
+        os.kill(trainer, 0)  # alive
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    assert "the standby trainer" in err  # its end was said, with a backoff
+    gone = [e for e in _events(logdir, "exited") if e["pid"] in (ready["pid"], again["pid"])]
+    assert len(gone) == 2  # both reaped: the second one at the end of the run, nothing left behind
