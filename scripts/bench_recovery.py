@@ -12,18 +12,19 @@ Runs the built-in example under ``procsv launch`` and measures, in one run:
 (c) goodput under ``--chaos every=30`` with a checkpoint every 2 s for --chaos-secs (>= 180 s);
 (d) SIGTERM preemption over --trials trials: steps lost between the last completed step and the
     emergency checkpoint, and the share of trials whose emergency checkpoint committed in the grace;
-(e) the in-memory snapshot tier (issue 14) against the same pre-warmed restart without it
-    (``PROCSV_MEMORY_SNAPSHOTS=0``): MTTR, steps re-done per kill (the kill series of (b)), and
-    goodput under the same chaos as (c) for both, beside a run of the same length with no kill.
+(e) the hot standby with the in-memory snapshot tier (issue 14: ``--standby hot``, the default
+    ``PROCSV_MEMORY_SNAPSHOTS``) against the pre-warmed fork without the tier (``--standby fork``,
+    ``PROCSV_MEMORY_SNAPSHOTS=0``: what (b) and (c) measure): MTTR, steps re-done per kill, and
+    goodput under the same chaos as (c), beside a run of the same length with no kill; and the
+    standby's resident memory.
 
 (a)-(c) and (e) are repeated --repeats times (>= 3); every figure on the last line is the median of
-the repeats' medians, and the table shows the spread (min-max over the repeats). The hot standby
-of issue 14 is not built: ``mttr_hot_s`` and ``standby_rss_mb`` are not reported.
+the repeats' medians, and the table shows the spread (min-max over the repeats).
 
 Prints a table, then one line:
-``detect_ms=<x> mttr_s=<x> mttr_ratio=<x> goodput=<x> preempt_saved=<x> steps_lost=<x> mttr_memory_s=<x>
-redone_per_kill=<x> redone_per_kill_disk=<x> goodput_memory=<x> goodput_vs_nokill=<x>``
-(``goodput`` and ``mttr_s`` are today's pre-warmed restart without the tier, as before).
+``detect_ms=<x> mttr_s=<x> mttr_ratio=<x> goodput=<x> preempt_saved=<x> steps_lost=<x> mttr_hot_s=<x>
+redone_per_kill=<x> redone_per_kill_fork=<x> goodput_hot=<x> goodput_vs_nokill=<x> standby_rss_mb=<x>``
+(``goodput`` and ``mttr_s`` are the pre-warmed fork without the tier, as before).
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ def wait(cond, timeout: float, what: str):
     raise SystemExit(f"bench_recovery: timed out waiting for {what}")
 
 
+MODES = {"fork": ["--standby", "fork"], "fresh": ["--standby", "off"], "hot": ["--standby", "hot"]}
+
+
 def launch(logdir: str, opts: list[str], example: list[str], memory: bool = False) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", "--logdir", logdir, "--quiet",
            *opts, "--", *example]
@@ -79,15 +83,30 @@ def trainer_started(logdir: str, attempt: int) -> Optional[dict[str, Any]]:
     return {"pid": spawned["pid"], "first_step": first["time"]} if first else None
 
 
-def kill_series(kills: int, prewarm: bool, rng: random.Random, memory: bool = False) -> dict[str, Any]:
+def standby_rss(logdir: str, attempt: int) -> Optional[float]:
+    """The resident memory (MiB) of the standby prepared for ``attempt``, once it is ready."""
+    import psutil
+
+    ready = next((e for e in events(logdir) if e["event"] == "standby_ready" and e["attempt"] == attempt), None)
+    if ready is None:
+        return None
+    try:
+        return psutil.Process(ready["pid"]).memory_info().rss / 2**20
+    except psutil.Error:
+        return None
+
+
+def kill_series(kills: int, mode: str, rng: random.Random, memory: bool = False) -> dict[str, Any]:
     """Kill the trainer ``kills`` times; return detection latencies, MTTRs, breakdowns, steps re-done."""
     logdir = tempfile.mkdtemp(prefix="bench-recovery-")
-    opts = [] if prewarm else ["--no-prewarm"]
-    proc = launch(logdir, opts, ["--steps", "10000000", "--save-model-secs", "2", "--step-delay", "0.002"], memory)
-    detect, mttr = [], []
+    proc = launch(logdir, MODES[mode], ["--steps", "10000000", "--save-model-secs", "2", "--step-delay", "0.002"],
+                  memory)
+    detect, mttr, rss = [], [], []
     try:
         for attempt in range(1, kills + 1):
             info = wait(lambda: trainer_started(logdir, attempt), 120, f"attempt {attempt}'s first step")
+            if mode == "hot":  # the standby is ready before the kill (what a kill every 30 s finds)
+                rss.append(wait(lambda: standby_rss(logdir, attempt + 1), 120, "a ready standby"))
             time.sleep(rng.uniform(1.0, 2.5))  # let it train (and checkpoint) a little
             t_kill = time.time()
             os.kill(info["pid"], signal.SIGKILL)
@@ -104,12 +123,12 @@ def kill_series(kills: int, prewarm: bool, rng: random.Random, memory: bool = Fa
     parts = {k: statistics.median([r[k] for r in report["recoveries"] if r[k] is not None])
              for k in ("respawn_s", "restore_s", "first_step_s")}
     redone = [r["steps_redone"] for r in report["recoveries"] if r["steps_redone"] is not None]
-    return {"detect": detect, "mttr": mttr, "parts": parts, "redone": redone}
+    return {"detect": detect, "mttr": mttr, "parts": parts, "redone": redone, "rss": rss}
 
 
-def chaos_goodput(secs: float, memory: bool = False, kills: bool = True) -> dict[str, Any]:
+def chaos_goodput(secs: float, mode: str = "fork", memory: bool = False, kills: bool = True) -> dict[str, Any]:
     logdir = tempfile.mkdtemp(prefix="bench-chaos-")
-    proc = launch(logdir, ["--chaos", "every=30,seed=1"] if kills else [],
+    proc = launch(logdir, MODES[mode] + (["--chaos", "every=30,seed=1"] if kills else []),
                   ["--steps", "10000000", "--save-model-secs", "2", "--step-delay", "0.002"], memory)
     time.sleep(secs)
     proc.send_signal(signal.SIGTERM)
@@ -163,12 +182,12 @@ def main() -> int:
 
     runs: list[dict[str, Any]] = []
     for r in range(args.repeats):
-        warm = kill_series(args.kills, True, rng)
-        cold = kill_series(args.kills, False, rng)
-        mem = kill_series(args.kills, True, rng, memory=True)
-        chaos = chaos_goodput(args.chaos_secs)
-        chaos_mem = chaos_goodput(args.chaos_secs, memory=True)
-        calm = chaos_goodput(args.chaos_secs, memory=True, kills=False)
+        warm = kill_series(args.kills, "fork", rng)
+        cold = kill_series(args.kills, "fresh", rng)
+        mem = kill_series(args.kills, "hot", rng, memory=True)
+        chaos = chaos_goodput(args.chaos_secs, "fork")
+        chaos_mem = chaos_goodput(args.chaos_secs, "hot", memory=True)
+        calm = chaos_goodput(args.chaos_secs, "hot", memory=True, kills=False)
         runs.append({"warm": warm, "cold": cold, "mem": mem, "chaos": chaos, "chaos_mem": chaos_mem, "calm": calm})
         print(f"repeat {r + 1}: mttr warm {med(warm['mttr']):.3f} cold {med(cold['mttr']):.3f} memory "
               f"{med(mem['mttr']):.3f} s; redone/kill {med(warm['redone'])} vs {med(mem['redone'])}; goodput "
@@ -193,8 +212,8 @@ def main() -> int:
     rows.append(("(c,e) goodput, chaos every 30 s, ckpt every 2 s", per_run(lambda x: x["chaos"]["goodput"]),
                  [], per_run(lambda x: x["chaos_mem"]["goodput"])))
     rows.append(("    the same run with no kill", [], [], per_run(lambda x: x["calm"]["goodput"])))
-    print(f"{'measure (median of repeats, min-max)':<46} {'pre-warmed':>20} {'fresh process':>20} "
-          f"{'pre-warmed+memory':>20}")
+    print(f"{'measure (median of repeats, min-max)':<46} {'fork, no tier':>20} {'fresh process':>20} "
+          f"{'hot standby+memory':>20}")
     for label, a, b, c in rows:
         cells = [f"{med(v):.3f} ({spread(v)})" if v else "" for v in (a, b, c)]
         print(f"{label:<46} {cells[0]:>20} {cells[1]:>20} {cells[2]:>20}")
@@ -208,10 +227,12 @@ def main() -> int:
     mttr = med(rows[1][1])
     mttr_ratio = med(per_run(lambda x: med(x["warm"]["mttr"]) / med(x["cold"]["mttr"])))
     goodput_vs = med(per_run(lambda x: x["chaos_mem"]["goodput"] / x["calm"]["goodput"]))
+    rss = per_run(lambda x: med(x["mem"]["rss"]))
+    print(f"{'standby resident memory, MiB':<46} {'':>20} {'':>20} {med(rss):>9.0f} ({spread(rss, '.0f')})")
     print(f"detect_ms={detect_ms:.1f} mttr_s={mttr:.3f} mttr_ratio={mttr_ratio:.3f} goodput={med(rows[-2][1]):.3f} "
-          f"preempt_saved={pre['saved']:.2f} steps_lost={max(pre['lost'])} mttr_memory_s={med(rows[1][3]):.3f} "
-          f"redone_per_kill={med(rows[5][3]):.1f} redone_per_kill_disk={med(rows[5][1]):.1f} "
-          f"goodput_memory={med(rows[-2][3]):.3f} goodput_vs_nokill={goodput_vs:.3f}")
+          f"preempt_saved={pre['saved']:.2f} steps_lost={max(pre['lost'])} mttr_hot_s={med(rows[1][3]):.3f} "
+          f"redone_per_kill={med(rows[5][3]):.1f} redone_per_kill_fork={med(rows[5][1]):.1f} "
+          f"goodput_hot={med(rows[-2][3]):.3f} goodput_vs_nokill={goodput_vs:.3f} standby_rss_mb={med(rss):.0f}")
     # correctness: each kill was followed by a restart that trained again, and preemption saved
     if pre["saved"] < 1.0 or any(len(x[s]["mttr"]) != args.kills for x in runs for s in ("warm", "cold", "mem")):
         print("bench_recovery: a restart or an emergency checkpoint failed", file=sys.stderr)
