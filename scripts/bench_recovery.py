@@ -171,7 +171,8 @@ def spread(values: list[float], fmt: str = ".3f") -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kills", type=int, default=6, help="SIGKILLs per series (a, b, e)")
-    p.add_argument("--chaos-secs", type=float, default=185.0, help="length of each chaos run (c, e), >= 180")
+    p.add_argument("--chaos-secs", type=float, default=185.0,
+                   help="length of each chaos run (c, e), >= 180; 0 skips the chaos runs (their keys print nan)")
     p.add_argument("--trials", type=int, default=10, help="SIGTERM trials (d), >= 10")
     p.add_argument("--grace", type=float, default=30.0, help="--stop-grace-secs for (d)")
     p.add_argument("--repeats", type=int, default=3, help="repeats of (a)-(c) and (e), >= 3 for quoted figures")
@@ -185,14 +186,16 @@ def main() -> int:
         warm = kill_series(args.kills, "fork", rng)
         cold = kill_series(args.kills, "fresh", rng)
         mem = kill_series(args.kills, "hot", rng, memory=True)
-        chaos = chaos_goodput(args.chaos_secs, "fork")
-        chaos_mem = chaos_goodput(args.chaos_secs, "hot", memory=True)
-        calm = chaos_goodput(args.chaos_secs, "hot", memory=True, kills=False)
+        nan = {"goodput": float("nan")}
+        chaos = chaos_goodput(args.chaos_secs, "fork") if args.chaos_secs > 0 else nan
+        chaos_mem = chaos_goodput(args.chaos_secs, "hot", memory=True) if args.chaos_secs > 0 else nan
+        calm = chaos_goodput(args.chaos_secs, "hot", memory=True, kills=False) if args.chaos_secs > 0 else nan
         runs.append({"warm": warm, "cold": cold, "mem": mem, "chaos": chaos, "chaos_mem": chaos_mem, "calm": calm})
         print(f"repeat {r + 1}: mttr warm {med(warm['mttr']):.3f} cold {med(cold['mttr']):.3f} memory "
               f"{med(mem['mttr']):.3f} s; redone/kill {med(warm['redone'])} vs {med(mem['redone'])}; goodput "
               f"{chaos['goodput']:.3f} vs {chaos_mem['goodput']:.3f} (no kill {calm['goodput']:.3f})", flush=True)
-    pre = preempt_trials(args.trials, rng, args.grace)
+    pre = preempt_trials(args.trials, rng, args.grace) if args.trials > 0 else {"saved": 1.0, "lost": [0],
+                                                                                   "commit_secs": []}
 
     def per_run(f: Any) -> list[float]:
         return [float(f(x)) for x in runs]
@@ -217,6 +220,8 @@ def main() -> int:
     for label, a, b, c in rows:
         cells = [f"{med(v):.3f} ({spread(v)})" if v else "" for v in (a, b, c)]
         print(f"{label:<46} {cells[0]:>20} {cells[1]:>20} {cells[2]:>20}")
+    if args.trials <= 0:
+        print("(d) SIGTERM trials skipped (--trials 0): preempt_saved and steps_lost are not measured")
     print(f"{'(d) SIGTERM trials with emergency ckpt in grace':<46} {pre['saved'] * 100:>19.0f}%")
     print(f"{'    steps lost per trial (max)':<46} {max(pre['lost']):>20d}")
     if pre["commit_secs"]:

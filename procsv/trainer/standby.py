@@ -28,6 +28,7 @@ from procsv.common import env
 from procsv.common.bootstrap import ChildContext
 from procsv.ipc.messages import StandbyReady
 from procsv.ipc.transport import make_socket, send
+from procsv.trainer import outcome
 
 def is_standby() -> bool:
     return os.environ.get(env.STANDBY) == "1"
@@ -46,6 +47,8 @@ def wait_for_promotion(ctx: ChildContext) -> None:
     old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
     old_usr1 = signal.signal(signal.SIGUSR1, on_promote)
     old_term = signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
+    if outcome.early_stop_signal() is not None:
+        os._exit(0)  # the run ended while this standby was still getting ready
     prepared = max(0.0, time.time() - psutil.Process().create_time())
     if ctx.supervised:
         zctx: zmq.Context[Any] = zmq.Context()

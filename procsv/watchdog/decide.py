@@ -262,7 +262,10 @@ def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]
     since = first if view.commit_clock is None else max(first, view.commit_clock)
     service = view.children.get(CHECKPOINT)
     if service is not None:
-        since = max(since, service.started)  # a replacement service gets a whole window of its own
+        if service.state == ProcState.STARTING:
+            return None  # a (re)started service still importing TensorFlow is not stuck (SaveOverdue still applies)
+        # a replacement service gets a whole window of its own, from the moment it can commit
+        since = max(since, service.running_at if service.running_at is not None else service.started)
     silent = now - since
     if silent < limits.stall_floor_secs:
         return None

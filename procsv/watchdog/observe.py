@@ -56,6 +56,7 @@ def heard(view: RunView, msg: Message, now: float) -> list[Report]:
         child = view.children.get(msg.role)
         if child is not None and child.pid == msg.pid and child.state == ProcState.STARTING:
             child.set_state(ProcState.RUNNING)
+            child.running_at = now
         return []
     if isinstance(msg, TrainerReady):
         return _ready(view, msg, now)

@@ -53,6 +53,7 @@ class ChildView:
     # the trainer's own reports
     ready_at: Optional[float] = None  # state restored (TrainerReady)
     standby_ready_at: Optional[float] = None  # a standby that waits to be promoted (StandbyReady)
+    running_at: Optional[float] = None  # a service's Hello (the checkpoint service's: ready to commit)
     restored_step: int = 0
     save_secs: Optional[float] = None  # its checkpoint schedule, from TrainerReady
     save_steps: Optional[int] = None

@@ -108,9 +108,10 @@ class CheckpointService:
         for note in self.store.recover():
             print(f"procsv checkpoint: {note}", flush=True)
         self._write_stats(durable=False)
-        if self.to_watchdog is not None:
-            send(self.to_watchdog, Hello(Role.CHECKPOINT, os.getpid(), self.ctx.attempt))
         import tensorflow  # noqa: F401  (paid once, while the trainer is starting too)
+
+        if self.to_watchdog is not None:  # ready to commit: the watchdog's stall rule counts from here
+            send(self.to_watchdog, Hello(Role.CHECKPOINT, os.getpid(), self.ctx.attempt))
 
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
