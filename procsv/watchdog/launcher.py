@@ -6,8 +6,11 @@ the child dies), the pre-warmed trainer's pipe, a pipe the death-notice threads 
 wakeup fd for SIGTERM/SIGINT. Each round turns what arrived into observations
 (:mod:`procsv.watchdog.observe`), asks the one decision function
 (:func:`procsv.watchdog.decide.decide`) what to do at the current time, and lets the executor
-(:mod:`procsv.watchdog.executor`) do it; then the status file is refreshed. The loop ends when
-the run's outcome is decided and no child is left.
+(:mod:`procsv.watchdog.executor`) do it; then the status file is refreshed, procsv's own
+TensorBoard scalars that are due go to the summary service (:mod:`procsv.watchdog.runscalars`,
+non-blocking) and, with ``--metrics-port``, a new metrics snapshot is published for the HTTP
+threads (:mod:`procsv.watchdog.metrics`). The loop ends when the run's outcome is decided and no
+child is left.
 
 The PULL socket takes only what children send the watchdog (``Hello``, ``TrainerReady``,
 ``Progress``, ``SaveResult``); anything else, malformed or of another schema version, is refused
