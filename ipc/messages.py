@@ -16,6 +16,8 @@ Who sends what (see docs/architecture.md for the full table):
 * trainer / checkpoint service <-> summary service (DEALER/ROUTER on ``summary.sock``):
   :class:`SummaryBatch` (+ its payload frames, see :mod:`procsv.ipc.columns`) and
   :class:`SessionLogEvent` up; :class:`SummaryAck` down, to the trainer that sent the batches.
+* watchdog -> summary service (a DEALER the watchdog connects to ``summary.sock``):
+  :class:`RunScalars`, procsv's own TensorBoard scalars (no reply).
 * watchdog <-> zygote (the pre-warmed trainer; length-prefixed frames on a pipe pair, see
   :mod:`procsv.ipc.pipe`): :class:`ForkRequest` down; :class:`ZygoteReady`, :class:`ForkReply`,
   :class:`ChildExit` up.
@@ -302,6 +304,23 @@ class SessionLogEvent(Message):
 
 
 @dataclass(frozen=True)
+class RunScalars(Message):
+    """Watchdog -> summary service: procsv's own scalars at global step ``step``.
+
+    ``tags[i]`` has value ``values[i]`` (the service refuses lists of different lengths); the
+    service writes them into the event file of the run ``procsv`` (``<logdir>/procsv/``), adding
+    its own ``procsv/summaries_dropped``, so TensorBoard shows them beside the user's run. Sent
+    without blocking; one the socket cannot take is dropped (the next carries the same series).
+    """
+
+    KIND: ClassVar[str] = "run_scalars"
+    step: int
+    wall_time: float
+    tags: list[str]
+    values: list[float]
+
+
+@dataclass(frozen=True)
 class ZygoteReady(Message):
     """Pre-warmed trainer (zygote) -> watchdog: TensorFlow is imported; forks are cheap now."""
 
@@ -408,6 +427,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     SummaryBatch,
     SummaryAck,
     SessionLogEvent,
+    RunScalars,
     ZygoteReady,
     ForkRequest,
     ForkReply,

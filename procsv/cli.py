@@ -62,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--on-failure", metavar="CMD", default=None,
                     help="a shell command run once if the run fails or gives up (PROCSV_ROOT_CAUSE, "
                          "PROCSV_EXIT_CODE, PROCSV_LOGDIR in its environment), e.g. to send a message")
+    la.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                    help="serve Prometheus metrics of the run (step, steps/s, restarts by cause, last checkpoint "
+                         "step and age, goodput, up) over HTTP on this port of --metrics-host")
+    la.add_argument("--metrics-host", default=None, metavar="HOST",
+                    help="the address the metrics endpoint listens on (default 127.0.0.1: this machine only)")
     la.add_argument("--chaos", metavar="SPEC", default=None,
                     help="kill on a schedule for crash testing: every=SECS or random=MIN:MAX, "
                          "[,target=trainer|checkpoint|summary][,signal=KILL|TERM][,seed=N]")
@@ -127,6 +132,10 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         raise UsageError(f"--stop-grace-secs must be > 0, not {args.stop_grace_secs:g}")
     if args.keep_logs < 1:
         raise UsageError(f"--keep-logs must be >= 1, not {args.keep_logs}")
+    if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
+        raise UsageError(f"--metrics-port must be a port number from 1 to 65535, not {args.metrics_port}")
+    if args.metrics_host is not None and args.metrics_port is None:
+        raise UsageError("--metrics-host needs --metrics-port")
     if args.chaos:
         from procsv.watchdog.chaos import parse_chaos
 
@@ -138,6 +147,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        standby="off" if args.no_prewarm else args.standby,
                        on_checkpoint_failure=args.on_checkpoint_failure,
                        allow_reinit=args.allow_reinit, keep_logs=args.keep_logs, on_failure=args.on_failure,
+                       metrics_port=args.metrics_port, metrics_host=args.metrics_host or "127.0.0.1",
                        preload=[m.strip() for m in args.preload.split(",") if m.strip()])
     return Watchdog(cfg).run()
 

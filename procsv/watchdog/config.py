@@ -43,6 +43,8 @@ class LaunchConfig:
     on_checkpoint_failure: str = "stop"  # stop | continue
     keep_logs: int = DEFAULT_KEEP  # --keep-logs: per-attempt log files kept per role besides attempt 1's
     on_failure: Optional[str] = None  # --on-failure CMD: run once when the run ends failed
+    metrics_port: Optional[int] = None  # --metrics-port: serve Prometheus metrics there
+    metrics_host: str = "127.0.0.1"  # --metrics-host
 
     @property
     def busy_timeout(self) -> Optional[float]:

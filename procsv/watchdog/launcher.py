@@ -6,8 +6,11 @@ the child dies), the pre-warmed trainer's pipe, a pipe the death-notice threads 
 wakeup fd for SIGTERM/SIGINT. Each round turns what arrived into observations
 (:mod:`procsv.watchdog.observe`), asks the one decision function
 (:func:`procsv.watchdog.decide.decide`) what to do at the current time, and lets the executor
-(:mod:`procsv.watchdog.executor`) do it; then the status file is refreshed. The loop ends when
-the run's outcome is decided and no child is left.
+(:mod:`procsv.watchdog.executor`) do it; then the status file is refreshed, procsv's own
+TensorBoard scalars that are due go to the summary service (:mod:`procsv.watchdog.runscalars`,
+non-blocking) and, with ``--metrics-port``, a new metrics snapshot is published for the HTTP
+threads (:mod:`procsv.watchdog.metrics`). The loop ends when the run's outcome is decided and no
+child is left.
 
 The PULL socket takes only what children send the watchdog (``Hello``, ``TrainerReady``,
 ``Progress``, ``SaveResult``); anything else, malformed or of another schema version, is refused
@@ -49,8 +52,11 @@ from procsv.watchdog.failures import ChildError, Failure, read_child_error
 from procsv.watchdog.lifecycle import RunState
 from procsv.watchdog.onfailure import run_on_failure
 from procsv.watchdog.logdirwatch import LogdirWatch, identity, lost_reason
+from procsv.watchdog.metrics import MetricsServer, RunCollector
 from procsv.watchdog.observe import Report
 from procsv.watchdog.prewarm import ForkedProcess, zygote_env
+from procsv.watchdog.runmetrics import PUBLISH_EVERY, RunSnapshot, StepRate, take_snapshot
+from procsv.watchdog.runscalars import ScalarSender
 from procsv.watchdog.state import SERVICE_ROLES, TRAINER, RunView, ZygoteState
 from procsv.watchdog.statusfile import StatusWriter, status_record
 
@@ -94,19 +100,34 @@ class Watchdog:
         self._next_sweep = 0.0
         self.logdir_watch = LogdirWatch(self.layout.logdir)
         self._logdir_id: Optional[tuple[int, int]] = None
+        self.metrics: Optional[MetricsServer] = None
+        self.snapshot: Optional[RunSnapshot] = None  # replaced whole by the loop; read by the metrics threads
+        self._rate = StepRate()
+        self._next_publish = 0.0
+        self.scalars: Optional[ScalarSender] = None
 
     # ------------------------------------------------------------------ main
     def run(self) -> int:
         check_target(self.cfg.target, self.cfg.cwd)
-        self.layout.create()
-        stale = self.lock.acquire()
-        if stale is not None:
-            self.say(f"procsv: took over the lock of {self.layout.logdir}: the launch that held it (pid {stale}) "
-                     "died without releasing it (SIGKILL?); taking it over", err=True)
+        if self.cfg.metrics_port is not None:  # bound before anything else: a port in use starts nothing
+            self.metrics = MetricsServer(self.cfg.metrics_host, self.cfg.metrics_port,
+                                         RunCollector(lambda: self.snapshot, self.layout.summary_stats,
+                                                      {"target": self.cfg.target, "logdir": self.layout.logdir}))
         try:
-            return self._run_locked()
+            self.layout.create()
+            stale = self.lock.acquire()
+            if stale is not None:
+                self.say(f"procsv: took over the lock of {self.layout.logdir}: the launch that held it (pid {stale}) "
+                         "died without releasing it (SIGKILL?); taking it over", err=True)
+            try:
+                if self.metrics is not None:
+                    self.say(f"procsv: serving metrics at {self.metrics.url}")
+                return self._run_locked()
+            finally:
+                self.lock.release()
         finally:
-            self.lock.release()
+            if self.metrics is not None:
+                self.metrics.close()
 
     def _run_locked(self) -> int:
         self.events = EventLog(self.layout.lifecycle, self.wall, complain=lambda text: self.say(text, err=True))
@@ -119,6 +140,7 @@ class Watchdog:
         bind_private(self.pull, Endpoints(runtime_dir).watchdog)
         self.poller = zmq.Poller()
         self.poller.register(self.pull, zmq.POLLIN)
+        self.scalars = ScalarSender(zctx, Endpoints(runtime_dir).summary)
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
         wake_w.setblocking(False)
@@ -170,6 +192,9 @@ class Watchdog:
             wake_r.close()
             wake_w.close()
             self.pull.close(0)
+            self.scalars.close()
+            self.scalars = None
+            self._publish(force=True)  # the last word of the metrics endpoint: up 0, the outcome
             zctx.term()
             shutil.rmtree(runtime_dir, ignore_errors=True)
             if self.view.logdir_lost is None:  # never write into a logdir that is gone or moved
@@ -225,6 +250,17 @@ class Watchdog:
         self._check_logdir()  # one stat a round: before any write of status.json into a lost logdir
         if self.view.logdir_lost is None:
             self.status.maybe_write(self._status)
+        if self.scalars is not None:
+            self.scalars.tick(self.view, self.clock(), self.wall())
+        self._publish()
+
+    def _publish(self, force: bool = False) -> None:
+        """Replace the snapshot the metrics endpoint serves, at most every ``PUBLISH_EVERY`` seconds."""
+        now = self.clock()
+        if self.metrics is None or (now < self._next_publish and not force):
+            return
+        self._next_publish = now + PUBLISH_EVERY
+        self.snapshot = take_snapshot(self.view, now, self.wall(), self.started_wall, self._rate)
 
     def _decide_standby(self) -> None:
         """Whether a hot standby may run (once: ``--standby``, and for ``auto`` the memory rule at

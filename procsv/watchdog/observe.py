@@ -128,6 +128,7 @@ def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
     if not msg.ok:
         if _plain(msg.reason) != "lost":  # a snapshot lost with a dead service is retaken, not a failure
             view.failed_saves += 1
+            view.failed_commits += 1
         if not view.failed:  # once the run is failing, its root cause stays the last error
             view.last_error = f"checkpoint at step {msg.step} failed: {msg.error}"
         quiet = view.logdir_lost is not None  # of course it failed: the root cause was said already
@@ -136,6 +137,8 @@ def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
     view.step = max(view.step, msg.step)
     view.commit_clock, view.commit_step = now, max(view.commit_step, msg.step)
     view.failed_saves = 0
+    view.commits += 1
+    view.last_commit_at, view.last_commit_step, view.last_commit_secs = now, msg.step, msg.persist_secs
     for t in view.trainers():
         t.made_progress = True
     return [Report(Event.CHECKPOINT_COMMITTED, {"step": msg.step, "path": msg.path, "reason": _plain(msg.reason),

@@ -138,6 +138,11 @@ class RunView:
     commit_clock: Optional[float] = None  # the last commit (or stall kill): checkpoint stalls count from here
     commit_step: int = -1  # the step of the last commit seen
     failed_saves: int = 0  # consecutive checkpoints that failed to commit (lost snapshots not counted)
+    commits: int = 0  # checkpoints committed during this launch
+    failed_commits: int = 0  # saves that failed during this launch (lost snapshots not counted)
+    last_commit_at: Optional[float] = None  # when the last checkpoint of this launch committed
+    last_commit_step: Optional[int] = None  # ... its step
+    last_commit_secs: float = 0.0  # ... and how long the checkpoint service took to persist it
     logdir_lost: Optional[str] = None  # why the logdir is no longer there (deleted, moved, replaced)
     chaos_at: Optional[float] = None  # the next chaos kill
     chaos_armed_for: Optional[tuple[str, int]] = None  # (slot, attempt) the current schedule targets

@@ -3,7 +3,8 @@
 Runs in the summary service process (``python -m procsv.services.summary``); imports no TensorFlow.
 It binds the ROUTER socket ``summary.sock``: the trainer's DEALER sends :class:`SummaryBatch` and
 :class:`SessionLogEvent` (START, STOP), the checkpoint service's DEALER sends ``SessionLog
-CHECKPOINT``.
+CHECKPOINT``, the watchdog's DEALER sends :class:`RunScalars`, procsv's own scalars, written into
+the run ``procsv`` (``<logdir>/procsv/``, :mod:`procsv.services.summary.procsvrun`).
 
 Each burst of messages becomes one ``os.write`` to this process's own event file
 (:mod:`procsv.services.summary.eventfile`); only then are the batches acknowledged: each
@@ -56,11 +57,13 @@ from procsv.common.bootstrap import ChildContext
 from procsv.common.layout import read_json, write_json
 from procsv.ipc.codec import ProtocolError
 from procsv.ipc.columns import Columns, decode_columns
-from procsv.ipc.messages import Hello, ProtoRef, Role, SessionLogEvent, SessionStatus, SummaryAck, SummaryBatch
+from procsv.ipc.messages import (Hello, ProtoRef, Role, RunScalars, SessionLogEvent, SessionStatus, SummaryAck,
+                                 SummaryBatch)
 from procsv.ipc.rejections import Rejections
 from procsv.ipc.transport import SUMMARY_FRAME_MAX, Received, bind_private, drain, make_socket, send
 from procsv.services.summary import records
 from procsv.services.summary.eventfile import EventFile
+from procsv.services.summary.procsvrun import BadRunScalars, ProcsvRun
 from procsv.services.summary.render import RenderError, render
 from procsv.services.summary.sessions import Sessions, Verdict
 
@@ -74,7 +77,7 @@ DRAIN_SECS = 2.0
 KEEP_SESSIONS = 20  # sessions remembered (for acks and in the stats file)
 DROPPED_TAG = "procsv/summaries_dropped"
 COLUMN_FRAMES = 1  # the scalar columns of a batch travel in one frame (see procsv.ipc.columns)
-ACCEPT = frozenset({SummaryBatch, SessionLogEvent})  # what trainers and the checkpoint service send here
+ACCEPT = frozenset({SummaryBatch, SessionLogEvent, RunScalars})  # from trainers, the checkpoint service, the watchdog
 
 _SESSION_STATUS = {SessionStatus.START: records.START, SessionStatus.STOP: records.STOP,
                    SessionStatus.CHECKPOINT: records.CHECKPOINT}
@@ -92,6 +95,7 @@ class SummaryService:
             self.to_watchdog = make_socket(self.zctx, zmq.PUSH, linger_ms=1000)
             self.to_watchdog.connect(ctx.endpoints.watchdog)
         self.file = EventFile(ctx.layout.logdir, f"procsv-{os.getpid()}")
+        self.procsv_run = ProcsvRun(ctx.layout.logdir, f"procsv-{os.getpid()}")  # the watchdog's RunScalars
         self.stats_path = ctx.layout.summary_stats
         self.sessions = Sessions()
         self.encoder = records.ScalarEncoder()
@@ -131,6 +135,7 @@ class SummaryService:
         self._flush_drops(out)
         self.file.write(b"".join(out))
         self.file.close()
+        self.procsv_run.close()
         self._write_stats(durable=True)
         self.router.close(0)
         return 0
@@ -162,6 +167,7 @@ class SummaryService:
     def _tick(self, now: float) -> None:
         if now >= self._next_fsync:
             self.file.sync()
+            self.procsv_run.sync()
             self._next_fsync = now + FSYNC_SECS
         if now >= self._next_stats:
             self._write_stats(durable=False)
@@ -180,6 +186,12 @@ class SummaryService:
             out.append(records.frame(records.session_log_event(time.time(), msg.step, status, msg.checkpoint_path)))
             if msg.status in (SessionStatus.CHECKPOINT, SessionStatus.STOP):
                 self._sync_now = True
+        elif isinstance(msg, RunScalars):
+            try:
+                self.procsv_run.write(msg, self.dropped())
+            except (BadRunScalars, OSError) as exc:  # never a reason to stop writing the user's summaries
+                self._complain(f"dropped procsv's own scalars at step {msg.step}: {exc}")
+                self.service_dropped += 1
 
     def _batch(self, msg: SummaryBatch, payload: list[Any], out: list[bytes]) -> None:
         n_protos = len(msg.protos)  # the codec checked the frame count against the header

@@ -1,0 +1,143 @@
+"""``procsv launch --metrics-port PORT``: Prometheus text metrics of the run, served by the watchdog.
+
+Runs in the watchdog process, in threads of its own: ``prometheus_client``'s HTTP server (a daemon
+thread, plus one short-lived thread per scrape). Nothing here runs in the watchdog's loop and
+nothing here can make it wait: the loop publishes an immutable
+:class:`~procsv.watchdog.runmetrics.RunSnapshot` (one reference replaced, at most every 0.5 s),
+and a scrape builds the metric families from the latest one (:func:`families`, pure) plus the
+summary service's ``summary_stats.json``, read in the scrape's thread. So the freshness of a
+scrape is at most half a second; the checkpoint age is computed at the scrape.
+
+Why a collector over a snapshot, not gauges set from the loop: the loop pays one small object per
+half second whether or not anyone scrapes, there is no lock the loop could wait on, and a scrape
+sees all the numbers of one moment (gauges set one by one can be read half-updated).
+
+The registry is a private :class:`~prometheus_client.CollectorRegistry` (never the library's
+global one): the run's collector and ``prometheus_client``'s process collector for the watchdog
+itself (``procsv_watchdog_process_*``: CPU, RSS, fds; it reads ``/proc/self`` at the scrape).
+The server binds before any process of the run starts: an address in use (or not of this
+machine) is a :class:`~procsv.common.errors.UsageError`, one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator, Optional
+
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.metrics_core import (CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric,
+                                            StateSetMetricFamily)
+
+from procsv.common.errors import UsageError
+from procsv.common.layout import read_json
+from procsv.watchdog.runmetrics import RunSnapshot
+
+RUN_STATES = ("running", "succeeded", "failed", "stopped")
+
+
+def families(snap: Optional[RunSnapshot], now: float, summaries_dropped: Optional[int],
+             info: dict[str, str]) -> list[Metric]:
+    """The metric families of ``snap`` at wall time ``now`` (None: the loop has published nothing
+    yet: only ``procsv_up`` 0 and the info)."""
+    out: list[Metric] = [InfoMetricFamily("procsv_run", "The launch: its target and logdir.", value=info)]
+    up = GaugeMetricFamily("procsv_up", "1 while the run is live (its outcome not decided yet), else 0.")
+    up.add_metric([], 1.0 if snap is not None and snap.live else 0.0)
+    out.append(up)
+    if snap is None:
+        return out
+    state = StateSetMetricFamily("procsv_run_state", "The run's state.",
+                                 value={s: s == snap.run for s in RUN_STATES})
+    out.append(state)
+    out.append(GaugeMetricFamily("procsv_start_time_seconds", "When the launch started (Unix time).",
+                                 value=snap.started_at))
+    out.append(GaugeMetricFamily("procsv_step", "The trainer's global step (the last completed step).",
+                                 value=snap.step))
+    if snap.steps_per_sec is not None:
+        out.append(GaugeMetricFamily("procsv_steps_per_second",
+                                     "Steps per second of the current trainer attempt over the last 10 s.",
+                                     value=snap.steps_per_sec))
+    out.append(GaugeMetricFamily("procsv_trainer_attempt", "The trainer's current attempt (1, 2, ...).",
+                                 value=snap.attempt))
+    restarts = CounterMetricFamily("procsv_restarts", "Trainer restarts, by what ended the attempt before.",
+                                   labels=["cause"])
+    for cause, n in snap.restarts:
+        restarts.add_metric([cause], n)
+    out.append(restarts)
+    services = CounterMetricFamily("procsv_service_restarts", "Restarts of the checkpoint and summary services.",
+                                   labels=["role"])
+    for role, n in snap.service_restarts:
+        services.add_metric([role], n)
+    out.append(services)
+    out.append(CounterMetricFamily("procsv_steps_redone", "Steps trained again after restarts (done after the "
+                                   "checkpoint the next attempt restored).", value=snap.steps_redone))
+    if snap.goodput is not None:
+        out.append(GaugeMetricFamily("procsv_goodput", "Share of the launch's wall time spent on steps that were "
+                                     "kept (0..1).", value=snap.goodput))
+    out.append(CounterMetricFamily("procsv_checkpoints", "Checkpoints committed during this launch.",
+                                   value=snap.checkpoints))
+    out.append(CounterMetricFamily("procsv_checkpoint_failures", "Checkpoints that failed to commit during this "
+                                   "launch.", value=snap.checkpoint_failures))
+    if snap.last_checkpoint_step is not None:
+        out.append(GaugeMetricFamily("procsv_last_checkpoint_step", "The step of the last committed checkpoint "
+                                     "(before the first commit of this launch: the one restored).",
+                                     value=snap.last_checkpoint_step))
+    if snap.last_checkpoint_at is not None:
+        out.append(GaugeMetricFamily("procsv_last_checkpoint_age_seconds", "Seconds since the last checkpoint of "
+                                     "this launch committed.", value=max(0.0, now - snap.last_checkpoint_at)))
+        out.append(GaugeMetricFamily("procsv_last_checkpoint_timestamp_seconds", "When the last checkpoint of this "
+                                     "launch committed (Unix time).", value=snap.last_checkpoint_at))
+    if snap.last_checkpoint_secs is not None:
+        out.append(GaugeMetricFamily("procsv_last_checkpoint_commit_seconds", "How long the checkpoint service took "
+                                     "to persist the last checkpoint.", value=snap.last_checkpoint_secs))
+    if summaries_dropped is not None:
+        out.append(GaugeMetricFamily("procsv_summaries_dropped", "Summaries dropped (trainer buffer full, or "
+                                     "malformed), as the summary service counts them.", value=summaries_dropped))
+    return out
+
+
+def summaries_dropped(stats_path: str) -> Optional[int]:
+    """``dropped`` from the summary service's ``summary_stats.json`` (None: not written yet, or torn)."""
+    stats = read_json(stats_path)
+    if not isinstance(stats, dict):
+        return None
+    value = stats.get("dropped")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class RunCollector:
+    """A ``prometheus_client`` collector: the families of the latest published snapshot, at scrape time."""
+
+    def __init__(self, latest: Callable[[], Optional[RunSnapshot]], stats_path: str, info: dict[str, str],
+                 wall: Callable[[], float] = time.time) -> None:
+        self._latest = latest
+        self._stats_path = stats_path
+        self._info = info
+        self._wall = wall
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(self._latest(), self._wall(), summaries_dropped(self._stats_path), self._info)
+
+
+class MetricsServer:
+    """The HTTP endpoint (``/metrics``, and any path), bound at construction and served by a daemon thread."""
+
+    def __init__(self, host: str, port: int, collector: RunCollector) -> None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        ProcessCollector(namespace="procsv_watchdog", registry=registry)
+        self.address = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+        try:
+            self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:  # EADDRINUSE, EADDRNOTAVAIL, EACCES; a name that does not resolve (gaierror)
+            raise UsageError(f"cannot serve metrics on {self.address} (--metrics-host/--metrics-port): "
+                             f"{exc.strerror or exc}; nothing was started") from None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}/metrics"
+
+    def close(self) -> None:
+        """Stop serving and close the listening socket (waits at most the server's 0.5 s poll)."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5.0)

@@ -1,0 +1,123 @@
+"""The run's numbers for monitoring, as one immutable snapshot of the watchdog's view.
+
+Runs in the watchdog. The loop takes a :class:`RunSnapshot` at most every ``PUBLISH_EVERY``
+seconds (:func:`take_snapshot`, pure: the view and the times are passed in) and publishes it by
+replacing one reference. Readers in other threads -- the Prometheus endpoint
+(:mod:`procsv.watchdog.metrics`, in its HTTP server's threads) -- only ever see a whole snapshot
+and never touch the view, which the loop changes without a lock. procsv's own TensorBoard scalars
+(:mod:`procsv.watchdog.runscalars`) read the same numbers from the loop itself.
+
+Restarts are counted by cause (:func:`restart_cause`): ``hang``, ``chaos``, ``preempted`` (exit
+42 after a SIGTERM procsv did not send), the killing signal's name (``SIGKILL``, ``SIGSEGV``, ...)
+or ``exit_code`` (any other non-zero exit). A restart is counted once its cause is known: at once
+for a hang or a chaos kill, else when the dead attempt is reaped (a restart on the death notice
+comes a few milliseconds before that). A cause never changes once known, so the counts only grow.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Optional
+
+from procsv.common.bootstrap import EXIT_PREEMPTED
+from procsv.watchdog import report
+from procsv.watchdog.failures import signal_name
+from procsv.watchdog.lifecycle import RunState
+from procsv.watchdog.state import TRAINER, ChildView, RunView
+
+PUBLISH_EVERY = 0.5  # seconds between snapshots (and so the freshness of a scrape)
+RATE_WINDOW = 10.0  # seconds of progress that steps/s is measured over
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """What a scrape reports: plain immutable values (times are wall-clock epoch seconds)."""
+
+    taken_at: float
+    live: bool  # the run is going on (its outcome is not decided yet)
+    run: str  # the run's state: running | succeeded | failed | stopped
+    step: int
+    steps_per_sec: Optional[float]
+    attempt: int  # the trainer's current attempt (0 before the first)
+    restarts: tuple[tuple[str, int], ...]  # trainer restarts: (cause, count), sorted by cause
+    service_restarts: tuple[tuple[str, int], ...]  # (role, restarts) of the checkpoint and summary services
+    steps_redone: int
+    goodput: Optional[float]
+    last_checkpoint_step: Optional[int]  # the last commit of this launch (else the step restored at start)
+    last_checkpoint_at: Optional[float]  # when the last commit of this launch happened
+    last_checkpoint_secs: Optional[float]  # how long it took to persist
+    checkpoints: int  # commits during this launch
+    checkpoint_failures: int  # failed saves during this launch
+    started_at: float
+
+
+def restart_cause(prev: ChildView) -> Optional[str]:
+    """Why a trainer attempt that was followed by another one ended (None: not known yet)."""
+    if prev.hang_cause:
+        return "hang"
+    if prev.signalled_at is not None:
+        return "chaos"  # the only other signal procsv sends an attempt that is then restarted
+    code = prev.exit_code
+    if code is None:
+        return None
+    if code == EXIT_PREEMPTED:
+        return "preempted"
+    return signal_name(code) or "exit_code"
+
+
+def restart_counts(attempts: list[ChildView]) -> tuple[tuple[str, int], ...]:
+    """Restarts by cause: every trainer attempt followed by a newer one, once its cause is known."""
+    counts = Counter(c for c in (restart_cause(a) for a in attempts[:-1]) if c is not None)
+    return tuple(sorted(counts.items()))
+
+
+class StepRate:
+    """Steps per second of the current trainer attempt over the last :data:`RATE_WINDOW` seconds.
+
+    Fed a (time, attempt, step) sample each time a snapshot is taken; a new attempt or a step
+    that went back starts a new window. None until two samples span some time.
+    """
+
+    def __init__(self, window: float = RATE_WINDOW) -> None:
+        self.window = window
+        self._attempt = -1
+        self._samples: deque[tuple[float, int]] = deque()
+
+    def add(self, now: float, attempt: int, step: int) -> Optional[float]:
+        if attempt != self._attempt or (self._samples and step < self._samples[-1][1]):
+            self._samples.clear()
+            self._attempt = attempt
+        self._samples.append((now, step))
+        while len(self._samples) > 2 and self._samples[1][0] <= now - self.window:
+            self._samples.popleft()
+        (t0, s0), (t1, s1) = self._samples[0], self._samples[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else None
+
+
+def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rate: StepRate) -> RunSnapshot:
+    """The snapshot at ``now`` (the watchdog's monotonic clock) / ``wall`` (epoch seconds)."""
+    records = [a.record() for a in view.attempts]
+    trainer = view.children.get(TRAINER)
+    attempt = trainer.attempt if trainer is not None else 0
+    services = tuple(sorted((c.role, c.attempt - 1) for c in view.services()))
+    commit_at = None if view.last_commit_at is None else wall - (now - view.last_commit_at)
+    commit_step = view.last_commit_step if view.last_commit_step is not None else view.restored_step
+    return RunSnapshot(
+        taken_at=wall,
+        live=view.run == RunState.RUNNING and not view.finishing,
+        run=view.run.value,
+        step=view.step,
+        steps_per_sec=rate.add(now, attempt, view.step),
+        attempt=attempt,
+        restarts=restart_counts(view.attempts),
+        service_restarts=services,
+        steps_redone=sum(r["steps_redone"] or 0 for r in report.recoveries(records)),
+        goodput=report.goodput(records, view.launch_start, now),
+        last_checkpoint_step=commit_step,
+        last_checkpoint_at=commit_at,
+        last_checkpoint_secs=view.last_commit_secs if view.last_commit_at is not None else None,
+        checkpoints=view.commits,
+        checkpoint_failures=view.failed_commits,
+        started_at=started_at,
+    )

@@ -1,0 +1,114 @@
+"""procsv's own TensorBoard scalars: which points are due (pure), and the socket they leave by.
+
+Runs in the watchdog's loop. :func:`due` looks at the view and what was sent so far and returns
+the :class:`~procsv.ipc.messages.RunScalars` due now, by global step:
+
+* a **recovery**, at the first step of each restarted trainer attempt (its restored step + 1):
+  ``procsv/restarts`` (restarts so far), ``procsv/recovery_secs`` (the kill or death to that first
+  step, as in the recovery report) and ``procsv/steps_redone`` (this restart's);
+* a **commit**, at the checkpoint's step: ``procsv/checkpoint_commit_secs`` (the checkpoint
+  service's persist time) and ``procsv/checkpoint_age_secs`` 0 (if several commit within one round
+  of the loop, only the last is sent);
+* every :data:`SCALARS_EVERY` seconds once a step was completed, and once when the outcome is
+  decided: ``procsv/restarts``, ``procsv/goodput`` and ``procsv/checkpoint_age_secs`` (since the
+  last commit of this launch).
+
+The summary service adds ``procsv/summaries_dropped`` to each point and writes them into the run
+``procsv`` (:mod:`procsv.services.summary.procsvrun`). :class:`ScalarSender` sends them on a
+DEALER connected to ``summary.sock`` without ever blocking: a point the socket's queue
+(:data:`SNDHWM` messages, while the service is down) cannot take is dropped and counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import zmq
+
+from procsv.ipc.messages import RunScalars
+from procsv.ipc.transport import make_socket, send
+from procsv.watchdog import report
+from procsv.watchdog.state import RunView
+
+SCALARS_EVERY = 10.0  # seconds between periodic points
+SNDHWM = 64  # points queued for a summary service that is down or slow; beyond that they are dropped
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What :func:`due` has already produced (the watchdog's monotonic clock for times)."""
+
+    next_periodic: float = 0.0
+    commits: int = 0  # ``view.commits`` when the last commit point went out
+    recovered: int = 1  # trainer attempts (by index in ``view.attempts``) whose recovery point is out or moot
+    final: bool = False
+
+
+def due(view: RunView, now: float, wall: float, sent: Sent) -> tuple[list[RunScalars], Sent]:
+    """The points due at ``now`` / ``wall`` and the new :class:`Sent`."""
+    out: list[RunScalars] = []
+    attempts = view.attempts
+    records = None
+    i = sent.recovered
+    while i < len(attempts):
+        a = attempts[i]
+        if a.first_step_at is None:
+            if i == len(attempts) - 1:
+                break  # still restoring: its point comes with its first step
+            i += 1  # died before a first step: the next attempt's recovery covers it
+            continue
+        records = records or [r.record() for r in attempts]
+        rec = report.recoveries(records)[i - 1]
+        tags, values = ["procsv/restarts"], [float(i)]
+        if rec["total_s"] is not None:
+            tags.append("procsv/recovery_secs")
+            values.append(float(rec["total_s"]))
+        if rec["steps_redone"] is not None:
+            tags.append("procsv/steps_redone")
+            values.append(float(rec["steps_redone"]))
+        out.append(RunScalars(a.restored_step + 1, wall, tags, values))
+        i += 1
+    sent = replace(sent, recovered=i)
+    if view.commits > sent.commits and view.last_commit_step is not None:
+        out.append(RunScalars(view.last_commit_step, wall,
+                              ["procsv/checkpoint_commit_secs", "procsv/checkpoint_age_secs"],
+                              [float(view.last_commit_secs), 0.0]))
+        sent = replace(sent, commits=view.commits)
+    stepped = any(a.first_step_at is not None for a in attempts)
+    final = view.finishing and not sent.final
+    if stepped and (now >= sent.next_periodic or final):
+        records = records or [r.record() for r in attempts]
+        tags, values = ["procsv/restarts"], [float(max(0, len(attempts) - 1))]
+        goodput = report.goodput(records, view.launch_start, now)
+        if goodput is not None:
+            tags.append("procsv/goodput")
+            values.append(goodput)
+        if view.last_commit_at is not None:
+            tags.append("procsv/checkpoint_age_secs")
+            values.append(max(0.0, now - view.last_commit_at))
+        out.append(RunScalars(view.step, wall, tags, values))
+        sent = replace(sent, next_periodic=now + SCALARS_EVERY, final=sent.final or view.finishing)
+    return out, sent
+
+
+class ScalarSender:
+    """The watchdog's DEALER to ``summary.sock``; :meth:`tick` sends what :func:`due` says, never blocking."""
+
+    def __init__(self, zctx: zmq.Context[Any], endpoint: str) -> None:
+        self.sock = make_socket(zctx, zmq.DEALER, sndhwm=SNDHWM)
+        self.sock.connect(endpoint)
+        self.sent = Sent()
+        self.points = 0  # handed to ZeroMQ
+        self.dropped = 0  # refused by a full queue
+
+    def tick(self, view: RunView, now: float, wall: float) -> None:
+        points, self.sent = due(view, now, wall, self.sent)
+        for p in points:
+            if send(self.sock, p):
+                self.points += 1
+            else:
+                self.dropped += 1
+
+    def close(self) -> None:
+        self.sock.close(0)
