@@ -410,7 +410,11 @@ class Watchdog:
 
     def _final_report(self) -> None:
         summary = report.summarize([a.record() for a in self.view.attempts], self.view.launch_start, self.clock())
-        summary.update(started_at=self.started_wall, ended_at=self.wall(), series=self.series.points())
+        points = self.series.points()
+        if points and self.view.step > points[-1][1]:  # Progress is throttled: the last steps may be unsaid
+            self.series.add(self.wall(), self.view.step)
+        summary.update(started_at=self.started_wall, ended_at=self.wall(),
+                       series=[[round(t, 3), s] for t, s in self.series.points()])
         try:
             if self.view.logdir_lost is None:
                 write_json(self.layout.report, summary)
