@@ -43,6 +43,7 @@ class Restart:
     died_at_step: Optional[int]
     restored_step: Optional[int]
     restore_secs: Optional[float]
+    from_checkpoint: bool = True  # False: the next attempt found no checkpoint and initialized
 
 
 @dataclass
@@ -128,7 +129,8 @@ def restarts(events: list[dict[str, Any]]) -> list[Restart]:
         restored = next((x for x in events[i:] if x.get("event") in ("restored", "initialized")), None)
         out.append(Restart(at, attempt, cause, label, max(steps_before) if steps_before else None,
                            None if restored is None else int(restored["step"]),
-                           None if restored is None else float(restored["secs"])))
+                           None if restored is None else float(restored["secs"]),
+                           restored is None or restored.get("event") == "restored"))
     return out
 
 
@@ -204,8 +206,13 @@ def render(rep: RunReport) -> str:
         good = "-" if rep.goodput is None else f"{rep.goodput:.3f}"
         lines.append(f"procsv report: {len(rep.restarts)} restart(s), goodput {good}")
     for r in rep.restarts:
-        back = "" if r.restored_step is None else f"; attempt {r.attempt} restored step {r.restored_step}" + \
-            ("" if r.restore_secs is None else f" in {r.restore_secs:.2f} s")
+        if r.restored_step is None:
+            back = ""
+        elif not r.from_checkpoint:
+            back = f"; attempt {r.attempt} started again from step {r.restored_step} (no checkpoint yet)"
+        else:
+            back = f"; attempt {r.attempt} restored step {r.restored_step}" + \
+                ("" if r.restore_secs is None else f" in {r.restore_secs:.2f} s")
         lines.append(f"  restart at {_clock(r.at)} [{r.label}]: {r.cause}{back}")
     if rep.checkpoints:
         steps = [s for _, s in rep.checkpoints]

@@ -40,6 +40,17 @@ def time_unit(span_secs: float) -> tuple[float, str]:
     return 3600.0, "h"
 
 
+def segments(series: list[tuple[float, int]]) -> list[list[tuple[float, int]]]:
+    """``series`` cut before each point whose step is lower than the one before (a restart resumed
+    from an older checkpoint), so no line joins two attempts."""
+    out: list[list[tuple[float, int]]] = []
+    for point in series:
+        if not out or point[1] < out[-1][-1][1]:
+            out.append([])
+        out[-1].append(point)
+    return out
+
+
 def draw(rep: RunReport, path: str) -> None:
     """Write the timeline of ``rep`` to the PNG file ``path`` (replaced atomically)."""
     plt = _pyplot()
@@ -51,9 +62,9 @@ def draw(rep: RunReport, path: str) -> None:
     fig = plt.figure(figsize=(WIDTH / DPI, HEIGHT / DPI), dpi=DPI)
     try:
         ax = fig.add_subplot(1, 1, 1)
-        if rep.series:
-            ax.plot([(t - t0) / div for t, _ in rep.series], [s for _, s in rep.series], color="#1f77b4",
-                    linewidth=1.5, label="global step")
+        for i, seg in enumerate(segments(rep.series)):  # one per trainer attempt: the gaps are the recoveries
+            ax.plot([(t - t0) / div for t, _ in seg], [s for _, s in seg], color="#1f77b4", linewidth=1.5,
+                    marker="." if len(seg) == 1 else None, label="global step" if i == 0 else None)
         if rep.checkpoints:
             ax.plot([(t - t0) / div for t, _ in rep.checkpoints], [s for _, s in rep.checkpoints], linestyle="none",
                     marker="|", markersize=12, markeredgewidth=1.5, color="#2ca02c",

@@ -120,3 +120,11 @@ def test_output_scrolls_above_the_live_line_on_a_real_pty():
         assert _read_until(master, ERASE.encode(), 5).endswith(ERASE.encode())  # erased at the end
         out.close()
         os.close(master)
+
+
+def test_the_timeline_is_cut_at_each_fall_back():
+    from procsv.reportplot import segments
+
+    pts = [(0.0, 1), (1.0, 50), (2.0, 90), (5.0, 41), (6.0, 80), (9.0, 61)]
+    assert segments(pts) == [pts[:3], pts[3:5], pts[5:]]
+    assert segments([]) == []
