@@ -151,7 +151,7 @@ def main() -> int:
                         screen(wtext[:w].decode("utf-8", "replace"), 20), ""]
     out += [f"## launch exit code: {launch.returncode}", ""]
     with open(args.out_text, "w") as fh:
-        fh.write("\n".join(out))
+        fh.write("\n".join(out).replace(logdir, "runs/digits"))
     done = subprocess.run(exe + ["report", logdir, "--plot", args.out_png], env=ENV, capture_output=True, text=True)
     print(done.stdout, done.stderr)
     with open(args.out_text, "a") as fh:

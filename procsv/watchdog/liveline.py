@@ -128,6 +128,8 @@ class LiveLine:
     def event(self, event: Event, fields: Mapping[str, Any], now: float) -> None:
         if event == Event.CHECKPOINT_COMMITTED:
             self.committed_at = now
+        if event in (Event.DEATH_NOTICED, Event.EXITED) and fields.get("role") == "trainer":
+            self._progress.clear()  # no steps/s while no trainer steps
         text = event_text(event, fields)
         if text is not None:
             self.last_event = text
