@@ -40,7 +40,6 @@ class Restart:
     attempt: int  # the attempt started
     cause: str  # one line: how the previous attempt ended
     label: str  # a few words for the plot: "SIGKILL", "exit 1", "hang", "chaos SIGKILL", "preempted"
-    died_at_step: Optional[int]
     restored_step: Optional[int]
     restore_secs: Optional[float]
     from_checkpoint: bool = True  # False: the next attempt found no checkpoint and initialized
@@ -85,53 +84,63 @@ def last_launch(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def restarts(events: list[dict[str, Any]]) -> list[Restart]:
-    """The trainer's restarts in one launch's events, each with its cause and what was restored."""
+    """The trainer's restarts in one launch's events, each with its cause and what was restored.
+
+    One pass to index the records (a long run's log holds a record per commit: O(events))."""
+    ends: dict[tuple[str, int], dict[str, Any]] = {}  # (exited | death_noticed, attempt) -> its record
+    hung: dict[int, dict[str, Any]] = {}  # attempt -> hang_detected
+    chaos: dict[Any, dict[str, Any]] = {}  # pid -> chaos_kill
+    for x in events:
+        kind = x.get("event")
+        if kind in ("exited", "death_noticed") and x.get("role") == "trainer":
+            ends.setdefault((str(kind), int(x.get("attempt", 0))), x)
+        elif kind == "hang_detected":
+            hung.setdefault(int(x.get("attempt", 0)), x)
+        elif kind == "chaos_kill" and x.get("role") == "trainer":
+            chaos.setdefault(x.get("pid"), x)
+    next_restore: list[Optional[dict[str, Any]]] = [None] * len(events)
+    following: Optional[dict[str, Any]] = None
+    for i in range(len(events) - 1, -1, -1):
+        if events[i].get("event") in ("restored", "initialized"):
+            following = events[i]
+        next_restore[i] = following
     out = []
     for i, e in enumerate(events):
         if e.get("event") != "restarting":
             continue
-        attempt = int(e.get("attempt", 0))
-        prev = attempt - 1
-        exited = next((x for x in events if x.get("event") == "exited" and x.get("role") == "trainer"
-                       and x.get("attempt") == prev), None)
-        noticed = next((x for x in events if x.get("event") == "death_noticed" and x.get("role") == "trainer"
-                        and x.get("attempt") == prev), None)
+        prev = int(e.get("attempt", 0)) - 1
+        exited, noticed = ends.get(("exited", prev)), ends.get(("death_noticed", prev))
         pid = (exited or noticed or {}).get("pid")
-        hung = next((x for x in events[:i] if x.get("event") == "hang_detected" and x.get("attempt") == prev), None)
-        chaos = next((x for x in events[:i] if x.get("event") == "chaos_kill" and x.get("pid") == pid
-                      and pid is not None), None)
-        how = ""
-        if exited is not None:
-            how = f"killed by {exited['signal']}" if "signal" in exited else f"exit {exited.get('code')}"
-        error = str(e.get("error") or "")
-        if exited is not None and (not error or error.endswith(" died")):  # restarted on the death notice
-            said = f"was {how}" if "signal" in exited else f"exited with code {exited.get('code')}"
-            error = f"trainer attempt {prev} (pid {pid}) {said}"
-        if error == "preempted":
-            label = "preempted"
-        elif hung is not None:
-            label = "hang"
-        elif chaos is not None:
-            label = f"chaos {chaos.get('signal', '')}".strip()
-        else:
-            label = how.replace("killed by ", "") or "died"
-        cause = error if error and error != "preempted" else f"trainer attempt {prev} {how or 'died'}"
-        if error == "preempted":
-            cause = f"trainer attempt {prev} was preempted (saved its state, exit 42)"
-        if hung is not None:
-            cause += f" (hung: {hung.get('reason')})"
-        if chaos is not None:
-            cause += f" (chaos: {chaos.get('signal')})"
-        at_candidates = [float(x["noticed"]) for x in (noticed, exited) if x is not None and x.get("noticed")]
-        at = min(at_candidates) if at_candidates else float(e["time"])
-        steps_before = [int(x["step"]) for x in events[:i] if x.get("event") in ("first_step", "hang_detected")
-                        and "step" in x]
-        restored = next((x for x in events[i:] if x.get("event") in ("restored", "initialized")), None)
-        out.append(Restart(at, attempt, cause, label, max(steps_before) if steps_before else None,
-                           None if restored is None else int(restored["step"]),
-                           None if restored is None else float(restored["secs"]),
-                           restored is None or restored.get("event") == "restored"))
+        hang, kill = hung.get(prev), chaos.get(pid) if pid is not None else None
+        out.append(_restart(e, prev, pid, exited, noticed, hang, kill, next_restore[i]))
     return out
+
+
+def _restart(e: dict[str, Any], prev: int, pid: Any, exited: Optional[dict[str, Any]],
+             noticed: Optional[dict[str, Any]], hang: Optional[dict[str, Any]], kill: Optional[dict[str, Any]],
+             restored: Optional[dict[str, Any]]) -> Restart:
+    how = ""
+    if exited is not None:
+        how = f"killed by {exited['signal']}" if "signal" in exited else f"exit {exited.get('code')}"
+    error = str(e.get("error") or "")
+    if exited is not None and (not error or error.endswith(" died")):  # restarted on the death notice
+        said = f"was {how}" if "signal" in exited else f"exited with code {exited.get('code')}"
+        error = f"trainer attempt {prev} (pid {pid}) {said}"
+    if error == "preempted":
+        label, cause = "preempted", f"trainer attempt {prev} was preempted (saved its state, exit 42)"
+    else:
+        label = "hang" if hang is not None else (f"chaos {kill.get('signal', '')}".strip() if kill is not None
+                                                  else how.replace("killed by ", "") or "died")
+        cause = error or f"trainer attempt {prev} {how or 'died'}"
+    if hang is not None:
+        cause += f" (hung: {hang.get('reason')})"
+    if kill is not None:
+        cause += f" (chaos: {kill.get('signal')})"
+    times = [float(x["noticed"]) for x in (noticed, exited) if x is not None and x.get("noticed")]
+    return Restart(min(times) if times else float(e["time"]), prev + 1, cause, label,
+                   None if restored is None else int(restored["step"]),
+                   None if restored is None else float(restored["secs"]),
+                   restored is None or restored.get("event") == "restored")
 
 
 def commits(events: list[dict[str, Any]], layout: Layout, since: Optional[float]) -> list[tuple[float, int]]:
