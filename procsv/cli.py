@@ -1,4 +1,4 @@
-"""The ``procsv`` command: ``launch`` (the watchdog), ``status``, ``logs``, ``stop`` and ``preempt``.
+"""The ``procsv`` command: ``launch`` (the watchdog), ``status``, ``logs``, ``report``, ``stop`` and ``preempt``.
 
 Runs in the user's shell; ``procsv launch`` becomes the watchdog process. Exit codes:
 0 the run succeeded; 1 it failed (the trainer kept failing, or failed at start-up, or the logdir was
@@ -86,6 +86,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="whose log (default trainer; watchdog: its lifecycle events)")
     lg.add_argument("--attempt", default="all", metavar="N|last|all", help="which attempt(s) (default all)")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
+    rp = sub.add_parser("report", help="the recovery report of a run's last launch; --plot draws its timeline")
+    rp.add_argument("logdir")
+    rp.add_argument("--plot", metavar="OUT.png", default=None,
+                    help="also draw the timeline (step over time, restarts, checkpoints) into this PNG; "
+                         "needs matplotlib: pip install 'procsv[plot]'")
     sp = sub.add_parser("stop", help="ask a live run to checkpoint and stop (like SIGTERM to the launch)")
     sp.add_argument("logdir")
     sp.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the run to end")
@@ -113,6 +118,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from procsv.logs import show
 
             return show(Layout(os.path.abspath(args.logdir)), args.role, args.attempt, sys.stdout, args.follow)
+        if args.command == "report":
+            from procsv.common.layout import Layout
+            from procsv.report import show as show_report
+
+            print(show_report(Layout(os.path.abspath(args.logdir)), args.plot), flush=True)
+            return EXIT_OK
         return _stop(args)
     except (UsageError, LogdirLocked) as exc:
         print(f"procsv: error: {exc}", file=sys.stderr)

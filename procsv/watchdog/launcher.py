@@ -27,6 +27,7 @@ import random
 import shutil
 import signal
 import socket
+import sys
 import time
 import traceback
 from typing import Any, Callable, Optional
@@ -41,7 +42,7 @@ from procsv.ipc.codec import ProtocolError
 from procsv.ipc.messages import Hello, Progress, SaveOverdue, SaveResult, StandbyReady, TrainerReady
 from procsv.ipc.rejections import Rejections
 from procsv.ipc.transport import Endpoints, bind_private, drain, make_socket
-from procsv.watchdog import observe, report, standby
+from procsv.watchdog import liveline, observe, report, standby
 from procsv.watchdog.children import ChildProcess, Orphans
 from procsv.watchdog.output import Terminal
 from procsv.watchdog.config import LaunchConfig, check_target
@@ -57,6 +58,7 @@ from procsv.watchdog.observe import Report
 from procsv.watchdog.prewarm import ForkedProcess, zygote_env
 from procsv.watchdog.runmetrics import PUBLISH_EVERY, RunSnapshot, StepRate, take_snapshot
 from procsv.watchdog.runscalars import ScalarSender
+from procsv.watchdog.series import StepSeries
 from procsv.watchdog.state import SERVICE_ROLES, TRAINER, RunView, ZygoteState
 from procsv.watchdog.statusfile import StatusWriter, status_record
 
@@ -85,7 +87,9 @@ class Watchdog:
         self.lock = LogdirLock(self.layout)
         self.view = RunView(launch_start=clock())
         self.started_wall = wall()
-        self.term = Terminal()
+        self.term = Terminal(live=liveline.wanted(cfg.quiet, sys.stdout.isatty()))
+        self.live = liveline.LiveLine() if self.term.live else None
+        self.series = StepSeries()  # the step over wall time, for the report's timeline
         self.status = StatusWriter(self.layout, clock, wall, complain=lambda text: self.say(text, err=True))
         self.internal_errors = 0
         self.rejections = Rejections("procsv", "status.json, `procsv status`", lambda text: self.say(text, err=True))
@@ -253,6 +257,7 @@ class Watchdog:
         if self.scalars is not None:
             self.scalars.tick(self.view, self.clock(), self.wall())
         self._publish()
+        self._draw_live()
 
     def _publish(self, force: bool = False) -> None:
         """Replace the snapshot the metrics endpoint serves, at most every ``PUBLISH_EVERY`` seconds."""
@@ -283,6 +288,16 @@ class Watchdog:
         self.record([Report(Event.STANDBY_DECIDED, {"mode": "hot" if ok else "fork" if self.cfg.prewarm else "off",
                                                     "reason": why})])
 
+    def _draw_live(self) -> None:
+        """Hand the live line to the terminal, at most every ``liveline.DRAW_EVERY`` seconds."""
+        now = self.clock()
+        if self.live is None or not liveline.due(now, self.live.last_draw):
+            return
+        self.live.last_draw = now
+        gp = report.goodput([a.record() for a in self.view.attempts], self.view.launch_start, now)
+        facts = self.live.facts(now, self.view.step, self.view.history.restarts, gp)
+        self.term.status(liveline.format_line(facts, self.term.width()))
+
     # ------------------------------------------------------------------ observations
     def _register(self, handle: ChildProcess) -> None:
         self._by_fd[handle.pidfd] = handle
@@ -294,6 +309,10 @@ class Watchdog:
                 self.rejections.count(got)
                 self.status.dirty = True
                 continue
+            if isinstance(got.msg, Progress) and not got.msg.busy:
+                self.series.add(self.wall(), got.msg.step)
+                if self.live is not None:
+                    self.live.progress(self.clock(), got.msg.step)
             self.record(observe.heard(self.view, got.msg, self.clock()))
             self.status.dirty = True
             if isinstance(got.msg, SaveResult) and not got.msg.ok:
@@ -434,6 +453,8 @@ class Watchdog:
         for r in reports:
             if r.event is not None and self.events is not None:
                 self.events.write(r.event, **r.fields)
+            if r.event is not None and self.live is not None:
+                self.live.event(r.event, r.fields, self.clock())
             if r.say:
                 self.say(r.say, err=r.err)
 
@@ -453,6 +474,11 @@ class Watchdog:
 
     def _final_report(self) -> None:
         summary = report.summarize([a.record() for a in self.view.attempts], self.view.launch_start, self.clock())
+        points = self.series.points()
+        if points and self.view.step > points[-1][1]:  # Progress is throttled: the last steps may be unsaid
+            self.series.add(self.wall(), self.view.step)
+        summary.update(started_at=self.started_wall, ended_at=self.wall(),
+                       series=[[round(t, 3), s] for t, s in self.series.points()])
         try:
             if self.view.logdir_lost is None:
                 write_json(self.layout.report, summary)

@@ -1,0 +1,248 @@
+"""``procsv report DIR``: the recovery report of a run's last launch, as text (and the data for a plot).
+
+Runs in the user's shell (the CLI); it only reads. What it reads, each written by the watchdog
+unless noted:
+
+- ``logs/report.json``: the recovery report written at the end of a launch (restarts with their
+  recovery breakdown, steps re-done, goodput) and ``series``, the global step over wall time
+  (:class:`procsv.watchdog.series.StepSeries`);
+- ``logs/lifecycle.jsonl``: the events of the last launch (from its ``launch`` record on): when
+  each trainer attempt ended and why, what the next one restored, each committed checkpoint;
+- ``.procsv/status.json`` (through :func:`procsv.status.read_status`): the run's state, step and
+  live goodput;
+- ``.procsv/checkpoints/*.json``: the manifests (written by the checkpoint service), for the
+  commit times of checkpoints whose lifecycle record is missing.
+
+While the launch is live, or when it died before writing its report (a SIGKILLed watchdog), the
+report is built from the lifecycle events and the status record alone: no recovery breakdown, and
+a step series made of the events that name a step. :func:`gather` collects a :class:`RunReport`;
+:func:`render` is the text; :mod:`procsv.reportplot` draws it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from procsv.common.layout import Layout, LogdirLock, read_json
+from procsv.common.manifests import list_committed
+from procsv.watchdog import report as recovery
+
+
+@dataclass(frozen=True)
+class Restart:
+    """One restart of the trainer."""
+
+    at: float  # wall time its previous attempt died (noticed, or reaped)
+    attempt: int  # the attempt started
+    cause: str  # one line: how the previous attempt ended
+    label: str  # a few words for the plot: "SIGKILL", "exit 1", "hang", "chaos SIGKILL", "preempted"
+    restored_step: Optional[int]
+    restore_secs: Optional[float]
+    from_checkpoint: bool = True  # False: the next attempt found no checkpoint and initialized
+
+
+@dataclass
+class RunReport:
+    logdir: str
+    state: str
+    step: int
+    live_pid: Optional[int]  # the launch that is live now, if any
+    started_at: Optional[float]
+    ended_at: Optional[float]
+    goodput: Optional[float]
+    summary: Optional[dict[str, Any]]  # logs/report.json, when it belongs to the last launch
+    restarts: list[Restart] = field(default_factory=list)
+    checkpoints: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step) of each commit
+    series: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step)
+
+
+def read_events(path: str) -> list[dict[str, Any]]:
+    """Every whole record of ``lifecycle.jsonl`` (a torn last line is skipped)."""
+    out = []
+    try:
+        with open(path, "rb") as fh:
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and isinstance(rec.get("time"), (int, float)):
+                    out.append(rec)
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def last_launch(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events from the last ``launch`` record on."""
+    starts = [i for i, e in enumerate(events) if e.get("event") == "launch"]
+    return events[starts[-1]:] if starts else events
+
+
+def restarts(events: list[dict[str, Any]]) -> list[Restart]:
+    """The trainer's restarts in one launch's events, each with its cause and what was restored.
+
+    One pass to index the records (a long run's log holds a record per commit: O(events))."""
+    ends: dict[tuple[str, int], dict[str, Any]] = {}  # (exited | death_noticed, attempt) -> its record
+    hung: dict[int, dict[str, Any]] = {}  # attempt -> hang_detected
+    chaos: dict[Any, dict[str, Any]] = {}  # pid -> chaos_kill
+    for x in events:
+        kind = x.get("event")
+        if kind in ("exited", "death_noticed") and x.get("role") == "trainer":
+            ends.setdefault((str(kind), int(x.get("attempt", 0))), x)
+        elif kind == "hang_detected":
+            hung.setdefault(int(x.get("attempt", 0)), x)
+        elif kind == "chaos_kill" and x.get("role") == "trainer":
+            chaos.setdefault(x.get("pid"), x)
+    next_restore: list[Optional[dict[str, Any]]] = [None] * len(events)
+    following: Optional[dict[str, Any]] = None
+    for i in range(len(events) - 1, -1, -1):
+        if events[i].get("event") in ("restored", "initialized"):
+            following = events[i]
+        next_restore[i] = following
+    out = []
+    for i, e in enumerate(events):
+        if e.get("event") != "restarting":
+            continue
+        prev = int(e.get("attempt", 0)) - 1
+        exited, noticed = ends.get(("exited", prev)), ends.get(("death_noticed", prev))
+        pid = (exited or noticed or {}).get("pid")
+        hang, kill = hung.get(prev), chaos.get(pid) if pid is not None else None
+        out.append(_restart(e, prev, pid, exited, noticed, hang, kill, next_restore[i]))
+    return out
+
+
+def _restart(e: dict[str, Any], prev: int, pid: Any, exited: Optional[dict[str, Any]],
+             noticed: Optional[dict[str, Any]], hang: Optional[dict[str, Any]], kill: Optional[dict[str, Any]],
+             restored: Optional[dict[str, Any]]) -> Restart:
+    how = ""
+    if exited is not None:
+        how = f"killed by {exited['signal']}" if "signal" in exited else f"exit {exited.get('code')}"
+    error = str(e.get("error") or "")
+    if exited is not None and (not error or error.endswith(" died")):  # restarted on the death notice
+        said = f"was {how}" if "signal" in exited else f"exited with code {exited.get('code')}"
+        error = f"trainer attempt {prev} (pid {pid}) {said}"
+    if error == "preempted":
+        label, cause = "preempted", f"trainer attempt {prev} was preempted (saved its state, exit 42)"
+    else:
+        label = "hang" if hang is not None else (f"chaos {kill.get('signal', '')}".strip() if kill is not None
+                                                  else how.replace("killed by ", "") or "died")
+        cause = error or f"trainer attempt {prev} {how or 'died'}"
+    if hang is not None:
+        cause += f" (hung: {hang.get('reason')})"
+    if kill is not None:
+        cause += f" (chaos: {kill.get('signal')})"
+    times = [float(x["noticed"]) for x in (noticed, exited) if x is not None and x.get("noticed")]
+    return Restart(min(times) if times else float(e["time"]), prev + 1, cause, label,
+                   None if restored is None else int(restored["step"]),
+                   None if restored is None else float(restored["secs"]),
+                   restored is None or restored.get("event") == "restored")
+
+
+def commits(events: list[dict[str, Any]], layout: Layout, since: Optional[float]) -> list[tuple[float, int]]:
+    """(wall time, step) of each checkpoint committed in the launch: its lifecycle records, plus
+    the manifests committed since the launch began (retention deletes old manifests, never
+    lifecycle records; a record may be missing if lifecycle.jsonl could not be written)."""
+    found = {int(e["step"]): float(e["time"]) for e in events if e.get("event") == "checkpoint_committed"}
+    for m in list_committed(layout):
+        if (since is None or m.committed_at >= since) and m.step not in found:
+            found[m.step] = m.committed_at
+    return sorted((t, s) for s, t in found.items())
+
+
+def event_series(events: list[dict[str, Any]]) -> list[tuple[float, int]]:
+    """A coarse step series from events that name a step (when ``report.json`` has none)."""
+    named = ("initialized", "restored", "first_step", "checkpoint_committed", "hang_detected", "finished")
+    return [(float(e["time"]), int(e["step"])) for e in events if e.get("event") in named and "step" in e]
+
+
+def gather(layout: Layout) -> Optional[RunReport]:
+    """The report of the last launch in ``layout``, or None if procsv never ran there."""
+    from procsv.status import read_status
+
+    status = read_status(layout)
+    events = last_launch(read_events(layout.lifecycle))
+    if status is None and not events:
+        return None
+    status = status or {}
+    started = float(events[0]["time"]) if events and events[0].get("event") == "launch" else None
+    live = LogdirLock.holder(layout)
+    summary = read_json(layout.report)
+    if not isinstance(summary, dict) or live is not None or not _same_launch(summary, started):
+        summary = None
+    finished = next((e for e in reversed(events) if e.get("event") == "finished"), None)
+    rep = RunReport(
+        logdir=layout.logdir, state=str(status.get("state", "unknown")),
+        step=int(status.get("step") or (finished or {}).get("step") or 0), live_pid=live, started_at=started,
+        ended_at=float(summary["ended_at"]) if summary and summary.get("ended_at") else
+        (None if live is not None else (float(events[-1]["time"]) if events else None)),
+        goodput=(summary or {}).get("goodput", status.get("goodput")), summary=summary,
+        restarts=restarts(events), checkpoints=commits(events, layout, started))
+    series = (summary or {}).get("series")
+    rep.series = [(float(t), int(s)) for t, s in series] if isinstance(series, list) and series else event_series(events)
+    return rep
+
+
+def _same_launch(summary: dict[str, Any], started: Optional[float]) -> bool:
+    """``report.json`` was written by the launch whose lifecycle starts at ``started`` (the
+    watchdog takes its start time before it writes the launch record: within a few seconds)."""
+    at = summary.get("started_at")
+    if started is None or not isinstance(at, (int, float)):
+        return started is None  # a report of an older procsv, or no launch record: take it as is
+    return abs(started - at) < 30.0
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def render(rep: RunReport) -> str:
+    """The report as text."""
+    span = ""
+    if rep.started_at is not None:
+        end = rep.ended_at if rep.ended_at is not None else time.time()
+        span = f", launched {_clock(rep.started_at)}, {end - rep.started_at:.1f} s"
+    lines = [f"procsv run in {rep.logdir}: {rep.state} at step {rep.step}{span}"]
+    if rep.live_pid is not None:
+        lines.append(f"  live (watchdog pid {rep.live_pid}): the recovery breakdown is written when the launch ends")
+    if rep.summary is not None:
+        lines.append(recovery.render(rep.summary))
+    else:
+        good = "-" if rep.goodput is None else f"{rep.goodput:.3f}"
+        lines.append(f"procsv report: {len(rep.restarts)} restart(s), goodput {good}")
+    for r in rep.restarts:
+        if r.restored_step is None:
+            back = ""
+        elif not r.from_checkpoint:
+            back = f"; attempt {r.attempt} started again from step {r.restored_step} (no checkpoint yet)"
+        else:
+            back = f"; attempt {r.attempt} restored step {r.restored_step}" + \
+                ("" if r.restore_secs is None else f" in {r.restore_secs:.2f} s")
+        lines.append(f"  restart at {_clock(r.at)} [{r.label}]: {r.cause}{back}")
+    if rep.checkpoints:
+        steps = [s for _, s in rep.checkpoints]
+        lines.append(f"  checkpoints: {len(steps)} committed in this launch (steps {steps[0]}..{steps[-1]}), "
+                     f"the last at {_clock(rep.checkpoints[-1][0])}")
+    else:
+        lines.append("  checkpoints: none committed in this launch")
+    return "\n".join(lines)
+
+
+def show(layout: Layout, plot: Optional[str] = None) -> str:
+    """The text of ``procsv report``; with ``plot``, the timeline is drawn into that PNG too."""
+    from procsv.common.errors import UsageError
+
+    rep = gather(layout)
+    if rep is None:
+        raise UsageError(f"no procsv run found in {layout.logdir!r} (no logs/lifecycle.jsonl, no .procsv/status.json)")
+    text = render(rep)
+    if plot is not None:
+        from procsv.reportplot import draw
+
+        draw(rep, plot)
+        text += f"\n  timeline: {os.path.abspath(plot)}"
+    return text

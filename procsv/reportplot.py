@@ -1,0 +1,94 @@
+"""``procsv report DIR --plot out.png``: the run's timeline as a picture, drawn with matplotlib.
+
+Runs in the user's shell (the CLI), never in a process of the run. matplotlib is the optional
+extra ``procsv[plot]``; without it :func:`draw` raises a :class:`~procsv.common.errors.UsageError`
+that says how to install it. It uses the Agg backend (no display needed) and draws: the global
+step over wall time since the launch (the watchdog's downsampled ``series``), each restart as a
+vertical line labelled with its cause, each committed checkpoint as a tick on the curve, and the
+goodput in the title. The picture is :data:`WIDTH` x :data:`HEIGHT` pixels.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from procsv.common.errors import UsageError
+from procsv.report import RunReport
+
+WIDTH, HEIGHT, DPI = 1200, 500, 100
+INSTALL_HINT = "pip install 'procsv[plot]'"
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError(f"--plot needs matplotlib, which is not installed: {INSTALL_HINT}") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def time_unit(span_secs: float) -> tuple[float, str]:
+    """Divisor and name of the x axis' unit for a launch of ``span_secs``."""
+    if span_secs < 180:
+        return 1.0, "s"
+    if span_secs < 3 * 3600:
+        return 60.0, "min"
+    return 3600.0, "h"
+
+
+def segments(series: list[tuple[float, int]]) -> list[list[tuple[float, int]]]:
+    """``series`` cut before each point whose step is lower than the one before (a restart resumed
+    from an older checkpoint), so no line joins two attempts."""
+    out: list[list[tuple[float, int]]] = []
+    for point in series:
+        if not out or point[1] < out[-1][-1][1]:
+            out.append([])
+        out[-1].append(point)
+    return out
+
+
+def draw(rep: RunReport, path: str) -> None:
+    """Write the timeline of ``rep`` to the PNG file ``path`` (replaced atomically)."""
+    plt = _pyplot()
+    times = [t for t, _ in rep.series] + [t for t, _ in rep.checkpoints] + [r.at for r in rep.restarts]
+    t0 = rep.started_at if rep.started_at is not None else min(times, default=0.0)
+    t_end = max([*times, rep.ended_at or t0, t0])
+    div, unit = time_unit(t_end - t0)
+
+    fig = plt.figure(figsize=(WIDTH / DPI, HEIGHT / DPI), dpi=DPI)
+    try:
+        ax = fig.add_subplot(1, 1, 1)
+        for i, seg in enumerate(segments(rep.series)):  # one per trainer attempt: the gaps are the recoveries
+            ax.plot([(t - t0) / div for t, _ in seg], [s for _, s in seg], color="#1f77b4", linewidth=1.5,
+                    marker="." if len(seg) == 1 else None, label="global step" if i == 0 else None)
+        if rep.checkpoints:
+            ax.plot([(t - t0) / div for t, _ in rep.checkpoints], [s for _, s in rep.checkpoints], linestyle="none",
+                    marker="|", markersize=12, markeredgewidth=1.5, color="#2ca02c",
+                    label=f"checkpoint committed ({len(rep.checkpoints)})")
+        top = max([s for _, s in rep.series] + [s for _, s in rep.checkpoints] + [rep.step, 1])
+        for i, r in enumerate(rep.restarts):
+            x = (r.at - t0) / div
+            ax.axvline(x, color="#d62728", linestyle="--", linewidth=1.2,
+                       label="restart (cause)" if i == 0 else None)
+            ax.annotate(r.label, xy=(x, top), xytext=(3, -4), textcoords="offset points", rotation=90,
+                        va="top", ha="left", fontsize=9, color="#d62728")
+        ax.set_xlim(0, max((t_end - t0) / div, 1e-9))
+        ax.set_ylim(0, top * 1.05)
+        ax.set_xlabel(f"wall time since launch ({unit})")
+        ax.set_ylabel("global step")
+        good = "-" if rep.goodput is None else f"{rep.goodput:.1%}"
+        ax.set_title(f"procsv: {os.path.basename(rep.logdir.rstrip('/'))} -- {rep.state}, step {rep.step}, "
+                     f"{len(rep.restarts)} restart(s), goodput {good}")
+        ax.grid(True, alpha=0.3)
+        if rep.series or rep.checkpoints or rep.restarts:
+            ax.legend(loc="lower right")
+        fig.subplots_adjust(left=0.07, right=0.98, top=0.91, bottom=0.12)
+        tmp = f"{path}.tmp-{os.getpid()}.png"
+        fig.savefig(tmp, dpi=DPI, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)

@@ -1,0 +1,141 @@
+"""The live status line that ``procsv launch`` keeps at the bottom of a terminal.
+
+Runs in the watchdog, and only when its stdout is a terminal and ``--quiet`` is not given
+(:func:`wanted`). The loop feeds :class:`LiveLine` what it observes (each ``Progress``, each
+lifecycle event) and asks it once a round for a line; it answers at most every
+:data:`DRAW_EVERY` seconds of the injected clock (:func:`due`), so the loop pays a few string
+formats a second. Drawing is not done here: :class:`procsv.watchdog.output.Terminal`'s writer
+thread erases the line, prints the output that scrolls above it, and draws the newest line again,
+so a terminal that stops reading never blocks the loop (redraws are dropped, not queued).
+
+Decisions are pure functions of plain values: :func:`due` (the throttle), :func:`event_text` (the
+short text of a lifecycle event), :func:`format_line` (the line, cut to the terminal's width).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from procsv.watchdog.events import Event
+from procsv.watchdog.series import rate
+
+DRAW_EVERY = 0.25  # seconds between redraws at most
+RATE_WINDOW = 5.0  # seconds of progress the steps/s figure averages over
+_RATE_POINTS = 128  # progress points kept for it (Progress comes at most every 100 ms)
+
+
+def wanted(quiet: bool, isatty: bool) -> bool:
+    """The live line is drawn on a terminal only, and not with ``--quiet``."""
+    return isatty and not quiet
+
+
+def due(now: float, last_draw: Optional[float], every: float = DRAW_EVERY) -> bool:
+    """True if a redraw may happen at ``now``: never before, or ``every`` seconds after the last."""
+    return last_draw is None or now - last_draw >= every
+
+
+def ago(secs: float) -> str:
+    """``7 s``, ``3 m 05 s``, ``2 h 14 m``."""
+    s = int(max(0.0, secs))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} m {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} m"
+
+
+def event_text(event: Event, fields: Mapping[str, Any]) -> Optional[str]:
+    """A short text of a lifecycle event for the line, or None for one not worth showing."""
+    f = fields
+    if event == Event.RESTORED:
+        return f"restored step {f['step']} in {float(f['secs']):.2f} s"
+    if event == Event.INITIALIZED:
+        return f"started at step {f['step']}"
+    if event == Event.FIRST_STEP:
+        return f"first step {float(f['secs_since_spawn']):.2f} s after start"
+    if event == Event.CHECKPOINT_COMMITTED:
+        return f"checkpoint step {f['step']} committed in {float(f['secs']):.2f} s"
+    if event == Event.CHECKPOINT_FAILED:
+        return f"checkpoint step {f['step']} failed"
+    if event == Event.CHECKPOINT_STALLED:
+        return "checkpoint service stalled: replaced"
+    if event == Event.DEATH_NOTICED:
+        return f"{f['role']}.{f['attempt']} died"
+    if event == Event.EXITED:
+        if f.get("code") == 0 and f["role"] != "trainer":
+            return None  # a service's orderly exit at the end
+        how = f"killed by {f['signal']}" if "signal" in f else f"exited with code {f.get('code')}"
+        return f"{f['role']}.{f['attempt']} {how}"
+    if event == Event.RESTARTING:
+        return f"restarting the trainer (attempt {f['attempt']})"
+    if event == Event.HANG_DETECTED:
+        return f"trainer hung at step {f['step']}"
+    if event == Event.CHAOS_KILL:
+        return f"chaos: {f['signal']} to the {f['role']}"
+    if event == Event.PREEMPTED:
+        return f"{f['signal']} received: checkpointing and stopping"
+    if event == Event.GAVE_UP:
+        return "gave up"
+    if event == Event.FINISHED:
+        return f"finished: {f['state']} at step {f['step']}"
+    if event == Event.LOGDIR_LOST:
+        return "the logdir was lost: stopping"
+    return None
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the line shows."""
+
+    step: int
+    steps_per_sec: Optional[float]
+    checkpoint_age: Optional[float]  # seconds since the last commit of this launch (None: none yet)
+    restarts: int
+    goodput: Optional[float]
+    last_event: str
+
+
+def format_line(facts: Facts, width: int) -> str:
+    """One line, at most ``width - 1`` characters (the last column would wrap on some terminals)."""
+    rate_text = "-" if facts.steps_per_sec is None else f"{facts.steps_per_sec:.1f}"
+    ckpt = "none yet" if facts.checkpoint_age is None else f"{ago(facts.checkpoint_age)} ago"
+    good = "-" if facts.goodput is None else f"{facts.goodput:.2f}"
+    parts = [f"procsv | step {facts.step}", f"{rate_text} steps/s", f"checkpoint {ckpt}",
+             f"restarts {facts.restarts}", f"goodput {good}"]
+    if facts.last_event:
+        parts.append(facts.last_event)
+    text = " | ".join(parts)
+    limit = max(1, width - 1)
+    return text if len(text) <= limit else text[:max(0, limit - 3)] + "..."
+
+
+class LiveLine:
+    """The watchdog's bookkeeping for the line: recent progress, the last commit, the last event."""
+
+    def __init__(self) -> None:
+        self._progress: deque[tuple[float, int]] = deque(maxlen=_RATE_POINTS)
+        self.committed_at: Optional[float] = None
+        self.last_event = ""
+        self.last_draw: Optional[float] = None
+
+    def progress(self, now: float, step: int) -> None:
+        if self._progress and step < self._progress[-1][1]:
+            self._progress.clear()  # a restarted trainer: the rate starts again
+        self._progress.append((now, step))
+
+    def event(self, event: Event, fields: Mapping[str, Any], now: float) -> None:
+        if event == Event.CHECKPOINT_COMMITTED:
+            self.committed_at = now
+        if event in (Event.DEATH_NOTICED, Event.EXITED) and fields.get("role") == "trainer":
+            self._progress.clear()  # no steps/s while no trainer steps
+        text = event_text(event, fields)
+        if text is not None:
+            self.last_event = text
+
+    def facts(self, now: float, step: int, restarts: int, goodput: Optional[float]) -> Facts:
+        points = list(self._progress)
+        steps_per_sec = rate(points, RATE_WINDOW) if points and now - points[-1][0] < RATE_WINDOW else None
+        return Facts(step, steps_per_sec, None if self.committed_at is None else now - self.committed_at,
+                     restarts, goodput, self.last_event)

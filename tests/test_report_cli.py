@@ -1,0 +1,70 @@
+"""``procsv report DIR [--plot out.png]`` after a real launch whose trainer was SIGKILLed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from conftest import PROGRAMS, REPO, launch_and_kill_trainer_once, quiet_env
+
+pytestmark = pytest.mark.slow
+TINY = os.path.join(PROGRAMS, "tiny_train.py")
+
+
+def _procsv(*args: str, pre: str = "") -> subprocess.CompletedProcess:
+    code = f"import sys\n{pre}\nfrom procsv.cli import main\nsys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=quiet_env(),
+                          cwd=REPO, timeout=120)
+
+
+def test_report_names_the_restart_and_its_cause_and_plots_the_timeline(logdir, tmp_path):
+    code, out, err = launch_and_kill_trainer_once(logdir, "--steps", "600", "--step-delay", "0.01",
+                                                  "--save-steps", "50", target=TINY)
+    assert code == 0, err
+    with open(os.path.join(logdir, "logs", "report.json")) as fh:
+        saved = json.load(fh)
+    series = saved["series"]
+    assert series[-1][1] == 600 and [t for t, _ in series] == sorted(t for t, _ in series)
+    assert any(b[1] < a[1] for a, b in zip(series, series[1:]))  # the fall back to the restored step
+
+    done = _procsv("report", logdir)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert text.startswith(f"procsv run in {logdir}: succeeded at step 600")
+    assert "procsv report: 1 restart(s)" in text
+    restart = re.search(r"restart at \S+ \S+ \[SIGKILL\]: trainer attempt 1 \(pid \d+\) was killed by SIGKILL; "
+                        r"attempt 2 restored step (\d+) in \d+\.\d\d s", text)
+    assert restart, text
+    assert int(restart.group(1)) % 50 == 0 and int(restart.group(1)) > 0
+    assert re.search(r"checkpoints: \d+ committed in this launch \(steps 50\.\.600\)", text), text
+
+    png = str(tmp_path / "timeline.png")
+    drawn = _procsv("report", logdir, "--plot", png)
+    assert drawn.returncode == 0, drawn.stderr
+    assert drawn.stdout.startswith(text.rstrip("\n")) and f"timeline: {png}" in drawn.stdout
+    with Image.open(png) as img:
+        assert img.format == "PNG" and img.size == (1200, 500)
+        pixels = img.convert("RGB")
+        colors = {pixels.getpixel((x, y)) for x in range(0, 1200, 2) for y in range(0, 500, 2)}
+    assert (214, 39, 40) in colors  # the restart's line
+    assert (31, 119, 180) in colors  # the step curve
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(logdir, tmp_path):
+    os.makedirs(os.path.join(logdir, "logs"))
+    with open(os.path.join(logdir, "logs", "lifecycle.jsonl"), "w") as fh:
+        fh.write(json.dumps({"time": 1.0, "event": "launch", "target": "t", "args": [], "pid": 1}) + "\n")
+    png = str(tmp_path / "x.png")
+    done = _procsv("report", logdir, "--plot", png, pre="sys.modules['matplotlib'] = None")  # as if not installed
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "procsv: error: --plot needs matplotlib, which is not installed: pip install 'procsv[plot]'"]
+    assert not os.path.exists(png)
+    missing = _procsv("report", str(tmp_path / "nothing"))
+    assert missing.returncode == 2 and "no procsv run found" in missing.stderr

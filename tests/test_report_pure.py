@@ -1,0 +1,42 @@
+"""``procsv report``'s reading of lifecycle events (pure: records in, restarts out)."""
+
+from __future__ import annotations
+
+from procsv.report import event_series, last_launch, restarts
+
+
+def _ev(t: float, event: str, **fields: object) -> dict[str, object]:
+    return {"time": t, "event": event, **fields}
+
+
+def test_restarts_carry_their_cause_label_and_what_was_restored():
+    events = [
+        _ev(0.0, "launch", target="t", args=[], pid=1),
+        _ev(1.0, "spawned", role="trainer", attempt=1, pid=10, via="zygote"),
+        _ev(2.0, "first_step", pid=10, step=1, secs_since_spawn=1.0),
+        _ev(5.0, "chaos_kill", role="trainer", pid=10, signal="SIGKILL"),
+        _ev(5.1, "death_noticed", role="trainer", attempt=1, pid=10, noticed=5.05),
+        _ev(5.1, "restarting", attempt=2, delay=0.0, error="trainer attempt 1 (pid 10) died"),
+        _ev(5.2, "exited", role="trainer", attempt=1, pid=10, noticed=5.05, signal="SIGKILL"),
+        _ev(5.5, "restored", pid=11, step=40, path="p", secs=0.25, skipped=[]),
+        _ev(9.0, "hang_detected", pid=11, attempt=2, step=77, reason="no step for 3 s"),
+        _ev(9.5, "exited", role="trainer", attempt=2, pid=11, noticed=9.5, code=42),
+        _ev(9.5, "restarting", attempt=3, delay=0.0, error="trainer attempt 2 (pid 11) exited with code 42"),
+        _ev(9.9, "restored", pid=12, step=77, path="p", secs=0.5, skipped=[]),
+        _ev(12.0, "exited", role="trainer", attempt=3, pid=12, noticed=12.0, code=42),
+        _ev(12.0, "restarting", attempt=4, delay=0.0, error="preempted"),
+        _ev(12.4, "restored", pid=13, step=90, path="p", secs=0.1, skipped=[]),
+    ]
+    got = restarts(events)
+    assert [(r.attempt, r.label, r.restored_step, r.at) for r in got] == [
+        (2, "chaos SIGKILL", 40, 5.05), (3, "hang", 77, 9.5), (4, "preempted", 90, 12.0)]
+    assert got[0].cause == "trainer attempt 1 (pid 10) was killed by SIGKILL (chaos: SIGKILL)"
+    assert got[1].cause == "trainer attempt 2 (pid 11) exited with code 42 (hung: no step for 3 s)"
+    assert got[2].cause.startswith("trainer attempt 3 was preempted")
+    assert event_series(events) == [(2.0, 1), (5.5, 40), (9.0, 77), (9.9, 77), (12.4, 90)]
+
+
+def test_only_the_last_launch_counts():
+    events = [_ev(0.0, "launch"), _ev(1.0, "restarting", attempt=2), _ev(5.0, "launch"), _ev(6.0, "first_step", step=1)]
+    assert last_launch(events) == events[2:]
+    assert restarts(last_launch(events)) == []
