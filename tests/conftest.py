@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,7 +147,6 @@ def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str, str]
 def short_tmp():
     """A temp folder with a short path (under /tmp): pytest's own can be too long for the Unix
     socket paths of a runtime directory placed in it (107 bytes), e.g. under pytest-xdist."""
-    import shutil
     import tempfile
 
     path = tempfile.mkdtemp(prefix="pt-", dir="/tmp")
@@ -186,3 +187,29 @@ def launch_and_kill_trainer_once(logdir: str, *target_args: str, target: str) ->
     finally:
         code, out, err = finish(proc)
     return code, out, err
+
+
+@pytest.fixture(scope="session")
+def shared_result(tmp_path_factory, worker_id):
+    """shared_result(name, produce): the folder ``produce(folder)`` filled, made once per test
+    session for every pytest-xdist worker (the first to ask makes it under an flock while the
+    others wait for it). For expensive runs that several tests only read or copy: a run that
+    failed is not kept, so the next test that needs it runs it again and fails the same way."""
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        root = root.parent  # pytest-xdist: the session's folder, above every worker's own
+    root = root / "shared"
+    root.mkdir(exist_ok=True)
+
+    def get(name: str, produce: Callable[[str], None]) -> str:
+        folder = root / name
+        with open(root / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (root / f"{name}.done").exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir()
+                produce(str(folder))
+                (root / f"{name}.done").touch()
+        return str(folder)
+
+    return get

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -102,9 +103,24 @@ def test_sigkill_of_the_checkpoint_service_restarts_it_and_the_next_checkpoint_c
     _all_committed_verify(logdir)
 
 
-def test_corrupt_newest_checkpoints_fall_back_with_a_clear_line_and_the_run_finishes(logdir):
+def _finished_run(logdir: str) -> None:
     code, out, err = finish(launch(logdir, "--steps", "400", "--save-model-secs", "0.2", "--step-delay", "0.004"))
     assert code == 0, err
+    assert committed_steps(logdir)[-1] == 400
+
+
+@pytest.fixture
+def finished(shared_result, logdir):
+    """``logdir`` holding a copy of one finished 400-step run with several checkpoints: the run is
+    made once per session (whichever pytest-xdist worker asks first) and each test damages its
+    own copy, as it damaged its own run before."""
+    seed = os.path.join(shared_result("faults-finished-400", lambda f: _finished_run(os.path.join(f, "run"))), "run")
+    shutil.copytree(seed, logdir, ignore=shutil.ignore_patterns("lock"))
+    return logdir
+
+
+def test_corrupt_newest_checkpoints_fall_back_with_a_clear_line_and_the_run_finishes(finished):
+    logdir = finished
     steps = committed_steps(logdir)
     assert len(steps) >= 3, steps
     newest, second, third = steps[-1], steps[-2], steps[-3]
@@ -156,11 +172,10 @@ def _checkpoint_files(logdir: str) -> dict[str, int]:
 
 
 def test_unreadable_checkpoints_fail_the_launch_clearly_touch_nothing_and_the_run_resumes_once_readable(
-        logdir, tmp_path):
-    code, out, err = finish(launch(logdir, "--steps", "300", "--save-model-secs", "0.2", "--step-delay", "0.004"))
-    assert code == 0, err
+        finished, tmp_path):
+    logdir = finished
     steps = committed_steps(logdir)
-    assert len(steps) >= 2 and steps[-1] == 300, steps
+    assert len(steps) >= 2 and steps[-1] == 400, steps
     stash = tmp_path / "stash"
     stash.mkdir()
     moved = []
@@ -170,7 +185,7 @@ def test_unreadable_checkpoints_fail_the_launch_clearly_touch_nothing_and_the_ru
         os.mkdir(os.path.join(logdir, name))
         moved.append(name)
     before, seen = _checkpoint_files(logdir), len(lifecycle(logdir))
-    code, out, err = finish(launch(logdir, "--steps", "350", opts=("--allow-reinit",)))
+    code, out, err = finish(launch(logdir, "--steps", "450", opts=("--allow-reinit",)))
     assert code == 1, out + err
     said = out + err
     assert f"UnreadableCheckpoint: cannot read checkpoint model.ckpt-{steps[-1]}; " in said
@@ -184,22 +199,21 @@ def test_unreadable_checkpoints_fail_the_launch_clearly_touch_nothing_and_the_ru
     for name in moved:
         os.rmdir(os.path.join(logdir, name))
         os.rename(stash / name, os.path.join(logdir, name))
-    code, out, err = finish(launch(logdir, "--steps", "350"))
+    code, out, err = finish(launch(logdir, "--steps", "450"))
     assert code == 0, err
     assert f"restored step {steps[-1]} " in out  # the progress was never lost
-    assert _latest_loads(logdir) == 350
+    assert _latest_loads(logdir) == 450
 
 
-def test_every_checkpoint_corrupt_refuses_step_0_and_starts_from_scratch_only_with_allow_reinit(logdir):
-    code, out, err = finish(launch(logdir, "--steps", "300", "--save-model-secs", "0.2", "--step-delay", "0.004"))
-    assert code == 0, err
+def test_every_checkpoint_corrupt_refuses_step_0_and_starts_from_scratch_only_with_allow_reinit(finished):
+    logdir = finished
     steps = committed_steps(logdir)
     assert len(steps) >= 2, steps
     for step in steps:
         index = os.path.join(logdir, f"model.ckpt-{step}.index")
         os.truncate(index, os.path.getsize(index) - 1)
     before, seen = _checkpoint_files(logdir), len(lifecycle(logdir))
-    code, out, err = finish(launch(logdir, "--steps", "320"))
+    code, out, err = finish(launch(logdir, "--steps", "420"))
     assert code == 1, out + err
     said = out + err
     assert "NoRestorableCheckpoint: refusing to start from step 0: none of the " in said

@@ -38,17 +38,24 @@ def test_logs_print_every_attempt_with_a_separator_and_select_one(logdir):
 
 def test_logs_follow_prints_a_live_run_as_it_goes_and_ends_with_it(logdir):
     proc = launch(logdir, "--steps", "600", "--step-delay", "0.01", "--print-every-steps", "100")
+    follower = None
     try:
-        wait_for(lambda: os.path.exists(os.path.join(logdir, "logs", "trainer.1.log")), 90, what="the trainer's log")
-        follower = subprocess.Popen([sys.executable, "-m", "procsv", "logs", logdir, "-f"], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, env=quiet_env(), cwd=REPO)
-        first_line = follower.stdout.readline()
-        assert first_line.startswith("==> trainer attempt 1 ")
-    finally:
-        code, out, err = finish(proc)
-    assert code == 0, err
-    rest, ferr = follower.communicate(timeout=30)  # it ends by itself once the run is over
-    assert follower.returncode == 0, ferr
+        try:
+            wait_for(lambda: os.path.exists(os.path.join(logdir, "logs", "trainer.1.log")), 90,
+                     what="the trainer's log")
+            follower = subprocess.Popen([sys.executable, "-m", "procsv", "logs", logdir, "-f"], stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, env=quiet_env(), cwd=REPO)
+            first_line = follower.stdout.readline()
+            assert first_line.startswith("==> trainer attempt 1 ")
+        finally:
+            code, out, err = finish(proc)
+        assert code == 0, err
+        rest, ferr = follower.communicate(timeout=30)  # it ends by itself once the run is over
+        assert follower.returncode == 0, ferr
+    finally:  # an assertion above failed: the follower must not outlive the test
+        if follower is not None and follower.poll() is None:
+            follower.kill()
+            follower.communicate()
     assert "digits: step 600 " in rest and "finished 600 steps" in rest
     with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:
         assert first_line + rest == first_line + fh.read()  # all of it, once, in order

@@ -30,15 +30,24 @@ def _chief(logdir: str, steps: int, *extra: str) -> subprocess.Popen:
                             cwd=REPO)
 
 
-@pytest.fixture(scope="module")
-def chief_run(tmp_path_factory):
-    """A logdir a real chief trained 60 steps in (commits at 20, 40, 60); tests copy it."""
-    logdir = str(tmp_path_factory.mktemp("chief") / "run")
+def _train_chief(logdir: str) -> None:
     chief = _chief(logdir, 60, "--save-checkpoint-steps", "20")
-    _, err = chief.communicate(timeout=300)
+    try:
+        _, err = chief.communicate(timeout=300)
+    finally:  # timed out or interrupted: the chief (and the services it started) must not outlive the test
+        if chief.poll() is None:
+            chief.kill()
+            chief.communicate()
     assert chief.returncode == 0, err
     assert committed_steps(logdir)[-1] == 60
-    return logdir
+
+
+@pytest.fixture(scope="module")
+def chief_run(shared_result):
+    """A logdir a real chief trained 60 steps in (commits at 20, 40, 60), trained once per session
+    whichever pytest-xdist worker asks first; tests copy it."""
+    folder = shared_result("replica-chief", lambda f: _train_chief(os.path.join(f, "run")))
+    return os.path.join(folder, "run")
 
 
 def _copy(src: str, tmp_path) -> str:
