@@ -177,10 +177,11 @@ def clean_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return final_weights(logdir)
 
 
-def launch_and_kill_trainer_once(logdir: str, *target_args: str, target: str) -> tuple[int, str, str]:
+def launch_and_kill_trainer_once(logdir: str, *target_args: str, target: str,
+                                 env: Optional[dict[str, str]] = None) -> tuple[int, str, str]:
     """Launch ``target``, SIGKILL its trainer once a checkpoint past step 0 committed, and wait
     for the launch to end; returns ``finish``'s (code, stdout, stderr)."""
-    proc = launch(logdir, *target_args, target=target)
+    proc = launch(logdir, *target_args, target=target, env=env)
     try:
         wait_for(lambda: [s for s in committed_steps(logdir) if s > 0], 120, what="a committed checkpoint")
         os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)

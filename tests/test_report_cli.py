@@ -24,8 +24,10 @@ def _procsv(*args: str, pre: str = "") -> subprocess.CompletedProcess:
 
 
 def test_report_names_the_restart_and_its_cause_and_plots_the_timeline(logdir, tmp_path):
+    # without the in-memory tier, so that the restart re-does steps: the fall back the timeline shows
     code, out, err = launch_and_kill_trainer_once(logdir, "--steps", "600", "--step-delay", "0.01",
-                                                  "--save-steps", "50", target=TINY)
+                                                  "--save-steps", "50", target=TINY,
+                                                  env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"))
     assert code == 0, err
     with open(os.path.join(logdir, "logs", "report.json")) as fh:
         saved = json.load(fh)
