@@ -27,6 +27,7 @@ from procsv.trainer.snapshot import SnapshotArena
 # at the end, so that what a restart finds on disk mid-run is nothing at all: anything it restores came from memory
 ARGS = CLEAN_ARGS
 NO_DISK = ("--save-checkpoint-steps", "100000")
+TIER = quiet_env(PROCSV_MEMORY_SNAPSHOTS="0.01")  # the tier is opt-in: its share of the loop's time
 
 
 # ---------------------------------------------------------------------------------------- pure
@@ -106,7 +107,7 @@ def _same(a: dict, b: dict) -> None:
 
 @pytest.mark.slow
 def test_a_sigkilled_trainer_resumes_from_its_in_memory_snapshot_exactly(logdir, clean_weights):
-    proc = launch(logdir, *ARGS, *NO_DISK)
+    proc = launch(logdir, *ARGS, *NO_DISK, env=TIER)
     try:
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 300, 120, what="step 300")
         assert committed_steps(logdir) == []  # nothing on disk: only memory can save this progress
@@ -124,7 +125,8 @@ def test_a_sigkilled_trainer_resumes_from_its_in_memory_snapshot_exactly(logdir,
 @pytest.mark.slow
 def test_a_kill_in_the_middle_of_a_snapshot_copy_restores_the_one_before(logdir, clean_weights):
     # the 6th snapshot hangs with its copy done but its slot not yet marked complete
-    proc = launch(logdir, *ARGS, *NO_DISK, env=quiet_env(PROCSV_FAULT="trainer:slot_complete:6"))
+    proc = launch(logdir, *ARGS, *NO_DISK, env=quiet_env(PROCSV_FAULT="trainer:slot_complete:6",
+                                                         PROCSV_MEMORY_SNAPSHOTS="0.01"))
     try:
         line = wait_for(lambda: _fault_line(logdir), 120, what="the trainer to hang mid-copy")
         torn = int(re.search(r"of step (\d+)", line).group(1))
@@ -140,7 +142,7 @@ def test_a_kill_in_the_middle_of_a_snapshot_copy_restores_the_one_before(logdir,
 
 @pytest.mark.slow
 def test_killing_the_checkpoint_service_with_the_trainer_falls_back_to_disk(logdir, clean_weights):
-    proc = launch(logdir, *ARGS, "--save-checkpoint-steps", "200")
+    proc = launch(logdir, *ARGS, "--save-checkpoint-steps", "200", env=TIER)
     try:
         wait_for(lambda: [s for s in committed_steps(logdir) if s >= 200], 120, what="a checkpoint on disk")
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 250, 120, what="step 250")

@@ -12,7 +12,8 @@ import signal
 
 import pytest
 
-from conftest import CLEAN_ARGS, final_weights, finish, launch, lifecycle, raw_status, wait_for, wait_role_pid
+from conftest import (CLEAN_ARGS, final_weights, finish, launch, lifecycle, quiet_env, raw_status, wait_for,
+                      wait_role_pid)
 from procsv.ipc.messages import StandbyReady
 from procsv.watchdog import observe, standby
 from procsv.watchdog.actions import Cause, Kill, Promote, Spawn, StandbyGone
@@ -114,7 +115,7 @@ def _events(logdir: str, name: str) -> list[dict]:
 
 @pytest.mark.slow
 def test_a_killed_trainer_is_replaced_by_its_standby_then_by_a_fork_exactly(logdir, clean_weights):
-    proc = launch(logdir, *ARGS, opts=("--standby", "hot"))
+    proc = launch(logdir, *ARGS, opts=("--standby", "hot"), env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0.01"))
     try:
         ready = wait_for(lambda: _events(logdir, "standby_ready"), 120, what="a ready standby")[0]
         first = wait_role_pid(logdir, "trainer")
