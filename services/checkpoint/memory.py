@@ -38,6 +38,9 @@ class TrainerLife:
         self.pid = pid
         self.fd: Optional[int] = None
         self._dead = False
+        if not 0 < pid < 1 << 31:  # not a process id at all (a malformed or fuzzed setup): no such trainer
+            self._dead = True
+            return
         try:
             self.fd = os.pidfd_open(pid)
         except ProcessLookupError:
