@@ -20,7 +20,7 @@ CHECKPOINT_NICE = "PROCSV_CHECKPOINT_NICE"  # the checkpoint service's nice incr
 CHECKPOINT_FAILURE_LIMIT = "PROCSV_CHECKPOINT_FAILURE_LIMIT"  # failed commits in a row that stop training (0: never)
 SAVE_DEADLINE = "PROCSV_SAVE_DEADLINE"  # seconds: the floor of a checkpoint's deadline (default 30)
 ALLOW_REINIT = "PROCSV_ALLOW_REINIT"  # "1": start from step 0 if every committed checkpoint is corrupt
-FAULT = "PROCSV_FAULT"  # tests only: "checkpoint:<point>[:<n>]" kills the service there; "watchdog:round" raises
+FAULT = "PROCSV_FAULT"  # tests only: "<process>:<point>[:<n>]" (procsv.common.faults), e.g. "checkpoint:before_rename" kills the service there
 # once; "trainer:<point>[:<n>]" hangs the first trainer attempt there (snapshot, slot_complete: mid-copy)
 STANDBY = "PROCSV_STANDBY"  # "1": this trainer is a hot standby (waits for SIGUSR1 before restoring)
 MEMORY_SNAPSHOTS = "PROCSV_MEMORY_SNAPSHOTS"  # the in-memory tier's share of loop time (e.g. 0.01; default 0: off)

@@ -41,7 +41,7 @@ from procsv.ipc.messages import (Busy, CheckpointSetup, Progress, RecoverQuery, 
 from procsv.ipc.transport import NoReply
 from procsv.common.errors import (CheckpointError, CorruptCheckpoint, MismatchedCheckpoint, NoRestorableCheckpoint,
                                   UnreadableCheckpoint)
-from procsv.common import env as envvars
+from procsv.common import faults
 from procsv.common.layout import Layout
 from procsv.common.manifests import (Manifest, damaged_manifests, list_committed, step_of_prefix, unreadable_file,
                                      verify)
@@ -82,21 +82,11 @@ def measured_rate(previous: Optional[float], nbytes: int, persist_secs: float) -
     return 1.0 / max(per_byte, 0.7 / previous + 0.3 * per_byte)
 
 
-_stuck_hits: dict[str, int] = {}
-
-
 def _stuck_here(name: str, detail: str = "") -> None:
-    """Hang here for good if ``PROCSV_FAULT`` is ``trainer:<name>[:<n>]`` (the n-th time this point is
-    reached, default the first), in the first attempt (tests only: a snapshot copy stuck on a page
-    fault of dead storage looks like this; a kill meanwhile leaves a copy half done)."""
-    spec = os.environ.get(envvars.FAULT, "")
-    if not spec.startswith(f"trainer:{name}") or os.environ.get(envvars.ATTEMPT, "1") != "1":
-        return
-    point, _, nth = spec[len("trainer:"):].partition(":")
-    if point != name:
-        return
-    _stuck_hits[name] = _stuck_hits.get(name, 0) + 1
-    if _stuck_hits[name] == (int(nth) if nth.isdigit() else 1):
+    """Hang here for good if ``PROCSV_FAULT`` is ``trainer:<name>[:<n>]`` (tests only: a snapshot
+    copy stuck on a page fault of dead storage looks like this; a kill meanwhile leaves a copy half
+    done)."""
+    if faults.fires("trainer", name):
         print(f"procsv: fault injected: stuck at {name}{detail} (PROCSV_FAULT)", file=sys.stderr, flush=True)
         while True:
             time.sleep(3600)

@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional
 import psutil
 import zmq
 
-from procsv.common import env
+from procsv.common import env, faults
 from procsv.common.bootstrap import write_error_record
 from procsv.common.layout import Layout, LogdirLock, RuntimeDir, spilled_error_file, write_json
 from procsv.ipc.codec import ProtocolError
@@ -490,10 +490,5 @@ class Watchdog:
 
 def fault_point(name: str, step: int) -> None:
     """Raise here once if ``PROCSV_FAULT`` is ``watchdog:<name>`` and a step was completed (tests only)."""
-    global _faulted
-    if not _faulted and step > 0 and os.environ.get(env.FAULT) == f"watchdog:{name}":
-        _faulted = True
+    if step > 0 and faults.fires("watchdog", name):
         raise RuntimeError(f"injected fault ({env.FAULT}=watchdog:{name})")
-
-
-_faulted = False

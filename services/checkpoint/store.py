@@ -32,33 +32,21 @@ import tempfile
 import time
 from typing import Callable, Optional, Sequence
 
-from procsv.common import env
+from procsv.common import faults
 from procsv.common.errors import CheckpointError, CorruptCheckpoint, UnreadableCheckpoint
 from procsv.common.layout import Layout, fsync_dir, read_json, write_json
 from procsv.common.crc32c import file_checksum
 from procsv.common.manifests import Manifest, list_committed, manifest_path, verify, write_state_file
 from procsv.services.checkpoint.policy import retention
 
-FAULT_ENV = env.FAULT  # "checkpoint:<point>[:<n>]" -- SIGKILLs the service there (tests only)
 FAULT_POINTS = ("before_data_write", "after_data_write", "before_rename", "after_rename",
                 "before_state_file", "after_state_file")
-_fault_hits: dict[str, int] = {}
 
 
 def fault_point(name: str) -> None:
-    """Die here with SIGKILL if ``PROCSV_FAULT`` names this point (tests only).
-
-    ``checkpoint:<point>:<n>`` fires at the n-th commit (default 1) that reaches the point, and
-    only in the service's first attempt, so that the restarted service runs normally.
-    """
-    spec = os.environ.get(FAULT_ENV, "")
-    if not spec.startswith("checkpoint:") or os.environ.get(env.ATTEMPT, "1") != "1":
-        return
-    point, _, nth = spec[len("checkpoint:"):].partition(":")
-    if point != name:
-        return
-    _fault_hits[name] = _fault_hits.get(name, 0) + 1
-    if _fault_hits[name] == (int(nth) if nth.isdigit() else 1):
+    """Die here with SIGKILL if ``PROCSV_FAULT`` is ``checkpoint:<point>[:<n>]`` (tests only): at
+    the n-th commit (default 1) that reaches the point, in the service's first attempt only."""
+    if faults.fires("checkpoint", name):
         os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -1,0 +1,29 @@
+"""Fault injection points for tests: the one parser of ``PROCSV_FAULT``.
+
+Runs in whichever process reaches a point (the watchdog, the trainer, the checkpoint service);
+each process counts its own hits. ``PROCSV_FAULT`` is ``<process>:<point>[:<n>]``: the point fires
+the n-th time that process reaches it (default the first), and only in the process's first
+attempt, so that its restart runs normally. What a firing point does (die, hang, raise) is the
+caller's: this module only says whether it fires. Never set outside tests.
+"""
+
+from __future__ import annotations
+
+import os
+
+from procsv.common import env
+
+_hits: dict[tuple[str, str], int] = {}
+
+
+def fires(process: str, point: str) -> bool:
+    """Whether ``PROCSV_FAULT`` names ``process:point`` and this is the hit it names (counted)."""
+    spec = os.environ.get(env.FAULT, "")
+    if not spec.startswith(f"{process}:") or os.environ.get(env.ATTEMPT, "1") != "1":
+        return False
+    name, _, nth = spec[len(process) + 1:].partition(":")
+    if name != point:
+        return False
+    key = (process, point)
+    _hits[key] = _hits.get(key, 0) + 1
+    return _hits[key] == (int(nth) if nth.isdigit() else 1)
