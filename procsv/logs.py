@@ -6,7 +6,9 @@ Runs in the user's shell (the CLI); it only reads. Each attempt of a role writes
 per event. Printing puts a separator line before each attempt, as ``tail`` does for several
 files. Following (``-f``) prints what is appended and every new attempt as it appears, woken by
 filesystem events (the ``watchdog`` package), and ends once the run is over (its launch no longer
-holds the logdir's lock), like ``docker logs -f``.
+holds the logdir's lock), like ``docker logs -f``. A hot standby writes the trainer's next
+attempt log while it waits; until it is promoted that attempt is left out of ``all``, ``last``
+and following (its number still selects it).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import os
 import re
 import time
-from typing import IO
+from typing import IO, AbstractSet
 
 from procsv.common.errors import UsageError
 from procsv.common.layout import Layout, LogdirLock
@@ -40,12 +42,51 @@ def attempts(layout: Layout, role: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def select(found: list[tuple[int, str]], attempt: str, role: str) -> list[tuple[int, str]]:
-    """``attempt``: ``all``, ``last`` or a number."""
+class Spawns:
+    """Which trainer attempts the watchdog started as the trainer, and which only as a hot standby
+    (its log holds the program's start and a wait; it trains only once promoted), read from
+    ``lifecycle.jsonl`` incrementally (it grows for the whole run)."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.path = layout.lifecycle
+        self.offset = 0
+        self.trainer: set[int] = set()
+        self.standby: set[int] = set()
+
+    def update(self) -> bool:
+        """Read what was appended; False if there is no lifecycle file (a run without ``procsv launch``)."""
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return False
+        data = data[:data.rfind(b"\n") + 1]
+        self.offset += len(data)
+        for line in data.splitlines():
+            if b'"spawned"' not in line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("event") == "spawned" and isinstance(rec.get("attempt"), int):
+                {"trainer": self.trainer, "standby": self.standby}.get(rec.get("role"), set()).add(rec["attempt"])
+        return True
+
+    def only_standby(self) -> set[int]:
+        """Attempts that ran only as a standby so far (never promoted to trainer)."""
+        return self.standby - self.trainer
+
+
+def select(found: list[tuple[int, str]], attempt: str, role: str,
+           hidden: AbstractSet[int] = frozenset()) -> list[tuple[int, str]]:
+    """``attempt``: ``all``, ``last`` or a number; ``hidden`` attempts only by their number."""
+    shown = [f for f in found if f[0] not in hidden]
     if attempt == "all" or not found:
-        return found
+        return shown
     if attempt == "last":
-        return found[-1:]
+        return shown[-1:]
     if not attempt.isdigit():
         raise UsageError(f"--attempt must be a number, 'last' or 'all', not {attempt!r}")
     chosen = [f for f in found if f[0] == int(attempt)]
@@ -55,8 +96,10 @@ def select(found: list[tuple[int, str]], attempt: str, role: str) -> list[tuple[
     return chosen
 
 
-def header(role: str, attempt: int, path: str) -> str:
-    return f"==> {role} attempt {attempt} ({path}) <==" if role != "watchdog" else f"==> watchdog ({path}) <=="
+def header(role: str, attempt: int, path: str, standby: bool = False) -> str:
+    if role == "watchdog":
+        return f"==> watchdog ({path}) <=="
+    return f"==> {role} attempt {attempt}{' (a standby, never promoted)' if standby else ''} ({path}) <=="
 
 
 def render(role: str, data: str) -> str:
@@ -101,38 +144,44 @@ def show(layout: Layout, role: str, attempt: str, out: IO[str], follow: bool = F
     found = attempts(layout, role)
     if not found and not follow:
         raise UsageError(f"no {role} log in {layout.logs}")
-    chosen = select(found, attempt, role)
+    spawns = Spawns(layout)
+    standby = spawns.only_standby() if role == "trainer" and spawns.update() else set()
+    chosen = select(found, attempt, role, standby)
     readers: dict[str, _Reader] = {}
     for n, path in chosen:
-        out.write(header(role, n, path) + "\n")
+        out.write(header(role, n, path, n in standby) + "\n")
         reader = readers[path] = _Reader(role, path)
         out.write(reader.read())
     out.flush()
     if not follow:
         return 0
-    return _follow(layout, role, readers, max((n for n, _ in found), default=0), out, liveness_secs)
+    last = max((n for n, _ in found if n not in standby), default=0)
+    return _follow(layout, role, readers, last, out, liveness_secs, spawns)
 
 
 def _follow(layout: Layout, role: str, readers: dict[str, _Reader], last: int, out: IO[str],
-            liveness_secs: float) -> int:
+            liveness_secs: float, spawns: Spawns) -> int:
     if not os.path.isdir(layout.logs):
         raise UsageError(f"no procsv run in {layout.logdir!r} (no logs/ folder)")
     try:
-        return _follow_loop(layout, role, readers, last, out, liveness_secs)
+        return _follow_loop(layout, role, readers, last, out, liveness_secs, spawns)
     except KeyboardInterrupt:
         return 0
 
 
 def _follow_loop(layout: Layout, role: str, readers: dict[str, _Reader], last: int, out: IO[str],
-                 liveness_secs: float) -> int:
+                 liveness_secs: float, spawns: Spawns) -> int:
     from procsv.common.fswake import wakeups
 
     with wakeups(layout.logs) as woken:
         while True:
             live = LogdirLock.holder(layout) is not None
+            launched = role == "trainer" and spawns.update()
             for n, path in attempts(layout, role):
-                if n > last:  # a new attempt: its separator, then follow it from the start
-                    last = n
+                # a trainer attempt is followed once the watchdog says it started it as the trainer
+                # (a hot standby writes the next attempt's log long before it is promoted, if ever)
+                if n > last and (not launched or n in spawns.trainer):
+                    last = n  # a new attempt: its separator, then follow it from the start
                     out.write(header(role, n, path) + "\n")
                     readers[path] = _Reader(role, path)
             for reader in readers.values():

@@ -178,12 +178,16 @@ def clean_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def launch_and_kill_trainer_once(logdir: str, *target_args: str, target: str,
-                                 env: Optional[dict[str, str]] = None) -> tuple[int, str, str]:
-    """Launch ``target``, SIGKILL its trainer once a checkpoint past step 0 committed, and wait
-    for the launch to end; returns ``finish``'s (code, stdout, stderr)."""
+                                 env: Optional[dict[str, str]] = None, past: int = 0) -> tuple[int, str, str]:
+    """Launch ``target``, SIGKILL its trainer once a checkpoint past step 0 committed (and the
+    watchdog saw the trainer ``past`` steps beyond it), and wait for the launch to end; returns
+    ``finish``'s (code, stdout, stderr)."""
     proc = launch(logdir, *target_args, target=target, env=env)
     try:
-        wait_for(lambda: [s for s in committed_steps(logdir) if s > 0], 120, what="a committed checkpoint")
+        newest = wait_for(lambda: [s for s in committed_steps(logdir) if s > 0], 120, what="a committed checkpoint")[-1]
+        if past:
+            wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= newest + past, 60,
+                     what=f"step {newest + past}")
         os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
     finally:
         code, out, err = finish(proc)

@@ -59,3 +59,33 @@ def test_logs_follow_prints_a_live_run_as_it_goes_and_ends_with_it(logdir):
     assert "digits: step 600 " in rest and "finished 600 steps" in rest
     with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:
         assert first_line + rest == first_line + fh.read()  # all of it, once, in order
+
+
+def test_a_standby_that_was_never_promoted_is_left_out_unless_asked_for_by_number(tmp_path):
+    import json
+
+    from procsv.common.layout import Layout
+    from procsv.logs import show
+
+    layout = Layout(str(tmp_path / "run"))
+    os.makedirs(layout.logs)
+    for n in (1, 2, 3):
+        with open(os.path.join(layout.logs, f"trainer.{n}.log"), "w") as fh:
+            fh.write(f"attempt {n}\n")
+    events = [{"event": "spawned", "role": "trainer", "attempt": 1, "via": "zygote"},
+              {"event": "spawned", "role": "standby", "attempt": 2, "via": "zygote"},
+              {"event": "spawned", "role": "trainer", "attempt": 2, "via": "standby"},  # promoted
+              {"event": "spawned", "role": "standby", "attempt": 3, "via": "zygote"}]  # still waiting
+    with open(layout.lifecycle, "w") as fh:
+        fh.writelines(json.dumps(e) + "\n" for e in events)
+
+    def printed(attempt: str) -> str:
+        import io
+
+        out = io.StringIO()
+        assert show(layout, "trainer", attempt, out) == 0
+        return out.getvalue()
+
+    assert "attempt 1\n" in printed("all") and "attempt 2\n" in printed("all") and "attempt 3\n" not in printed("all")
+    assert printed("last").startswith("==> trainer attempt 2 (")
+    assert printed("3").startswith("==> trainer attempt 3 (a standby, never promoted) (")

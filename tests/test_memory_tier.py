@@ -55,6 +55,24 @@ def test_a_slot_holding_the_held_the_unacked_or_the_disk_snapshot_is_never_writt
     assert s.busy(0.6) == {1}
 
 
+def test_a_walk_of_the_object_graph_is_charged_at_its_own_rate():
+    # a 50 ms walk redone every 10 s takes 0.5 % of the loop: the 1 ms copies get the other 0.5 %
+    assert memory_tier.interval(0.001, budget=0.01, walk_secs=0.05, walk_every=10.0) == pytest.approx(0.2)
+    # walks alone would take the whole budget: one snapshot per walk
+    assert memory_tier.interval(0.001, budget=0.01, walk_secs=0.2, walk_every=10.0) == 10.0
+
+
+def test_a_snapshot_waiting_for_its_summaries_keeps_its_slot_until_sent_or_dropped():
+    s = Slots(3)
+    s.written(0, 10), s.wait_to_send(0, 10)
+    assert s.busy(0.0) == {0} and s.free(100.0) == 1  # no grace: it waits as long as the summaries take
+    s.sent_memory(0, 10, now=1.0)
+    assert s.waiting is None and s.unacked == (0, 10, 1.0)
+    s.written(1, 20), s.wait_to_send(1, 20)
+    s.drop_waiting()  # a disk snapshot of a later step superseded it
+    assert 1 not in s.busy(2.0)
+
+
 def test_with_one_slot_only_the_disk_snapshot_blocks_it():
     s = Slots(1)
     s.written(0, 5), s.sent_disk(0)

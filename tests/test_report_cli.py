@@ -24,10 +24,11 @@ def _procsv(*args: str, pre: str = "") -> subprocess.CompletedProcess:
 
 
 def test_report_names_the_restart_and_its_cause_and_plots_the_timeline(logdir, tmp_path):
-    # without the in-memory tier, so that the restart re-does steps: the fall back the timeline shows
+    # without the in-memory tier, and killed 40 steps past a checkpoint (which the watchdog saw), so
+    # that the restart re-does steps: the fall back the timeline shows
     code, out, err = launch_and_kill_trainer_once(logdir, "--steps", "600", "--step-delay", "0.01",
-                                                  "--save-steps", "50", target=TINY,
-                                                  env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"))
+                                                  "--save-steps", "100", target=TINY,
+                                                  env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"), past=40)
     assert code == 0, err
     with open(os.path.join(logdir, "logs", "report.json")) as fh:
         saved = json.load(fh)
@@ -43,8 +44,8 @@ def test_report_names_the_restart_and_its_cause_and_plots_the_timeline(logdir, t
     restart = re.search(r"restart at \S+ \S+ \[SIGKILL\]: trainer attempt 1 \(pid \d+\) was killed by SIGKILL; "
                         r"attempt 2 restored step (\d+) in \d+\.\d\d s", text)
     assert restart, text
-    assert int(restart.group(1)) % 50 == 0 and int(restart.group(1)) > 0
-    assert re.search(r"checkpoints: \d+ committed in this launch \(steps 50\.\.600\)", text), text
+    assert int(restart.group(1)) % 100 == 0 and int(restart.group(1)) > 0
+    assert re.search(r"checkpoints: \d+ committed in this launch \(steps 100\.\.600\)", text), text
 
     png = str(tmp_path / "timeline.png")
     drawn = _procsv("report", logdir, "--plot", png)

@@ -321,6 +321,24 @@ def test_the_sender_runs_on_the_buffers_clock(clock):
     assert len(svc.batches) == 2 and svc.batches[1].seq == 2 and svc.batches[1].resync_from is None
 
 
+def test_unwritten_from_is_the_lowest_step_not_confirmed_written(clock):
+    buf, sender, svc = make_sender(clock)
+    assert sender.unwritten_from() is None  # nothing logged
+    buf.scalar("loss", 1.0, step=1, wall=WALL)
+    assert sender.unwritten_from() == 1  # still in the buffer
+    sender.at_boundary(1, urgent=True)
+    buf.scalar("loss", 2.0, step=2, wall=WALL)
+    assert sender.unwritten_from() == 1  # step 1 in flight, step 2 in the buffer
+    svc.ack("S", written=1)
+    clock.advance(TICK)
+    sender.at_boundary(2, urgent=True)  # reads the ack of step 1, sends step 2
+    assert sender.unwritten_from() == 2
+    svc.ack("S", written=2)
+    clock.advance(TICK)
+    sender.at_boundary(2)
+    assert sender.unwritten_from() is None  # every row written (an empty heartbeat batch holds no step)
+
+
 def test_acks_release_what_was_sent_and_reads_never_wait_at_a_boundary(clock):
     buf, sender, svc = make_sender(clock)
     for step in range(1, 4):

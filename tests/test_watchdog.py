@@ -130,7 +130,8 @@ def _spawned(logdir, role="trainer"):
 
 
 def test_restarts_fork_from_the_prewarmed_trainer_and_fall_back_to_fresh_if_it_dies(logdir):
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.005", "--save-model-secs", "1")
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.005", "--save-model-secs", "1",
+                  opts=("--standby", "fork"))
     try:
         wait_for(lambda: committed_steps(logdir), 90, what="a first checkpoint")
         os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)

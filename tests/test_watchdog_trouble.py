@@ -66,7 +66,9 @@ def _spawns(logdir: str) -> list[dict]:
 
 
 def test_a_zygote_that_does_not_answer_never_blocks_the_watchdog_loop(logdir):
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--save-model-secs", "1", target=TINY)
+    # restarts fork from the zygote (no standby): the fork request is what it never answers
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--save-model-secs", "1", target=TINY,
+                  opts=("--standby", "fork"))
     try:
         wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "zygote_ready"] and committed_steps(logdir),
                  120, what="the pre-warmed trainer and a first checkpoint")

@@ -131,10 +131,14 @@ class CheckpointAgent:
         # the in-memory tier (procsv.trainer.memory_tier): off when the budget is 0
         self.memory_budget = memory_budget if saving else 0.0
         self.slots = Slots(memory_tier.SLOTS if self.memory_budget > 0 else 1)
-        self.memory_cost: Optional[float] = None  # seconds the loop stops per in-memory snapshot (smoothed)
+        self.copy_cost: Optional[float] = None  # seconds an in-memory snapshot reusing a walk stops the loop (smoothed)
+        self.walk_cost = 0.0  # seconds the last walk of the object graph added to its snapshot
         self.memory_at = float("-inf")  # when the last snapshot (either tier) was taken
         self.memory_step = -1  # ... and of which step
         self.memory_taken = 0  # in-memory snapshots taken by this process
+        # an in-memory snapshot copied but not handed to the service until its step's summaries
+        # are written (its SaveData and frames): see release_memory
+        self._waiting: Optional[tuple[SaveData, list[Any]]] = None
         self.plan: Optional[Plan] = None  # the last object-graph walk (snapshot.Plan) and when it was made
         self.plan_at = float("-inf")
         # internal preparations before every snapshot of either tier (Keras writes its position)
@@ -192,6 +196,9 @@ class CheckpointAgent:
                   "(not deleted: look at them there)", file=sys.stderr, flush=True)
         if self.restored_from:
             self.last_committed = int(self.global_step.numpy())
+        # the restored (or initial) state is on disk or rebuilt by init: the first in-memory
+        # snapshot is of a step trained after it
+        self.memory_step, self.memory_at = int(self.global_step.numpy()), self.clock()
         if self.saving:
             self._arena_for(arena_bytes_needed(self.checkpoint), background=True)
         return [m.prefix for m, _ in choice.corrupt]
@@ -324,12 +331,15 @@ class CheckpointAgent:
     def memory_due(self, step: int, now: float) -> bool:
         """An in-memory snapshot of ``step`` may be taken now (call after :meth:`poll` said no disk one)."""
         return (self.memory_budget > 0 and self.arena is not None and not self.arena.populating()
-                and step > self.memory_step and not self.slots.unacked_pending(now)
-                and now - self.memory_at >= memory_tier.interval(self.memory_cost or 0.0, self.memory_budget)
+                and step > self.memory_step and not self.slots.unacked_pending(now) and self._waiting is None
+                and now - self.memory_at >= memory_tier.interval(self.copy_cost or 0.0, self.memory_budget,
+                                                                 walk_secs=self.walk_cost, walk_every=PLAN_MAX_AGE)
                 and self.slots.free(now) is not None)
 
-    def memory_snapshot(self, ch: TrainerChannels, step: int) -> bool:
-        """Copy the state of ``step`` into a free slot and hand it to the service to hold (not to persist)."""
+    def memory_snapshot(self, ch: TrainerChannels, step: int, unwritten_from: Optional[int] = None) -> bool:
+        """Copy the state of ``step`` into a free slot; hand it to the service to hold (not to
+        persist) now or, if summaries of ``step`` or before are not written yet (``unwritten_from``,
+        see :meth:`release_memory`), at a later step boundary. True if handed over now."""
         t0 = ch.clock()
         slot = self.slots.free(t0)
         if slot is None:
@@ -339,14 +349,36 @@ class CheckpointAgent:
         reuse = self.plan is not None and self.plan.reusable and t0 - self.plan_at < PLAN_MAX_AGE
         snap = self._take(step, slot, fresh=not reuse)
         arena = self.arena.ref() if self.arena is not None and snap.arena_bytes else None
-        sent = ch.send_snapshot(SaveData(step, SaveReason.MEMORY, self.basename, snap.specs, arena, slot, False),
-                                snap.frames)
         now = ch.clock()
-        self.memory_cost = memory_tier.smoothed_cost(self.memory_cost, now - t0)
+        if reuse:
+            self.copy_cost = memory_tier.smoothed_cost(self.copy_cost, now - t0)
+        else:
+            self.walk_cost = max(0.0, now - t0 - (self.copy_cost or 0.0))
         self.memory_at, self.memory_step = now, step
+        self.memory_taken += 1
+        self._waiting = (SaveData(step, SaveReason.MEMORY, self.basename, snap.specs, arena, slot, False),
+                         list(snap.frames))
+        self.slots.wait_to_send(slot, step)
+        return self.release_memory(ch, unwritten_from)
+
+    def release_memory(self, ch: TrainerChannels, unwritten_from: Optional[int]) -> bool:
+        """Hand the waiting in-memory snapshot to the service once the summary service has written
+        every summary of its step and before (``unwritten_from``: the lowest step with a summary
+        not confirmed written, None if none); call at every step boundary. True if sent now.
+
+        Until then the service holds the one before: a trainer killed meanwhile restarts from
+        there and re-does the steps whose summaries died with it, instead of skipping them."""
+        if self._waiting is None:
+            return False
+        msg, frames = self._waiting
+        if unwritten_from is not None and unwritten_from <= msg.step:
+            return False
+        self._waiting = None
+        sent = ch.send_snapshot(msg, frames)
         if sent:
-            self.slots.sent_memory(slot, step, now)
-            self.memory_taken += 1
+            self.slots.sent_memory(msg.slot, msg.step, ch.clock())
+        else:
+            self.slots.drop_waiting()
         return sent
 
     def recover_memory(self, ch: TrainerChannels, wait_secs: float = RECOVER_WAIT) -> None:
@@ -399,6 +431,9 @@ class CheckpointAgent:
         arena = self.arena.ref() if self.arena is not None and snap.arena_bytes else None
         sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena, slot, True), snap.frames)
         ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))
+        if self._waiting is not None:  # an in-memory snapshot still waiting is older than this one: never send it
+            self._waiting = None
+            self.slots.drop_waiting()
         self.last_snapshot_secs = ch.clock() - t0
         self.memory_at, self.memory_step = ch.clock(), step
         if sent:

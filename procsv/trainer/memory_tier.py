@@ -13,7 +13,10 @@ it to disk if the trainer dies. A slot may be written only if it holds none of:
   ``SaveResult``): the one a crash right now would be recovered from;
 - the in-memory snapshot sent but not yet acknowledged (the service may hold it by now), for at
   most :data:`UNACKED_GRACE` seconds (after that it counts as lost: a restarted service never
-  answers it).
+  answers it);
+- the in-memory snapshot copied but not yet handed to the service (``waiting``): it is handed over
+  only once the summary service has confirmed every summary of its step and before, so that a
+  restart from it never skips summaries only the dead trainer held.
 
 With three slots a disk snapshot always finds one, and an in-memory snapshot waits only while the
 service is busy committing. The rule keeps a held snapshot intact; should it ever be broken (a
@@ -22,7 +25,10 @@ copy (:mod:`procsv.trainer.snapshot`) lets the service see the tear and refuse t
 
 How often: each in-memory snapshot stops the loop for its copy, so the next is due when
 ``cost / budget`` seconds have passed (:func:`interval`), which keeps the copies under ``budget``
-(1 %) of the loop's time whatever the model's size and the step's length.
+(1 %) of the loop's time whatever the model's size and the step's length. The copy's cost is
+measured on snapshots that reuse an earlier walk of the object graph; a walk (ten times a small
+model's copy, redone every 10 s) is charged at its own rate, so one slow walk never stretches the
+interval after it.
 """
 
 from __future__ import annotations
@@ -36,9 +42,16 @@ MIN_INTERVAL = 0.02  # seconds: never more often than this, however cheap the co
 UNACKED_GRACE = 5.0  # seconds an unacknowledged in-memory snapshot keeps its slot
 
 
-def interval(cost_secs: float, budget: float = BUDGET, floor: float = MIN_INTERVAL) -> float:
-    """Seconds between in-memory snapshots whose copy stops the loop ``cost_secs``."""
-    return max(floor, cost_secs / budget)
+def interval(cost_secs: float, budget: float = BUDGET, floor: float = MIN_INTERVAL, walk_secs: float = 0.0,
+             walk_every: float = 10.0) -> float:
+    """Seconds between in-memory snapshots whose copy stops the loop ``cost_secs``, when the walk
+    of the object graph they reuse costs ``walk_secs`` and is redone every ``walk_every`` seconds:
+    the walks take ``walk_secs / walk_every`` of the loop's time, the copies the rest of the budget
+    (none left: one snapshot per walk)."""
+    spare = budget - walk_secs / walk_every
+    if spare <= 0:
+        return max(floor, walk_every)
+    return max(floor, cost_secs / spare)
 
 
 def smoothed_cost(previous: Optional[float], measured: float) -> float:
@@ -58,6 +71,7 @@ class Slots:
     disk: Optional[int] = None  # the slot of the snapshot in flight to disk
     held: Optional[int] = None  # the step the service last said it holds
     unacked: Optional[tuple[int, int, float]] = None  # (slot, step, sent at) of an in-memory snapshot
+    waiting: Optional[tuple[int, int]] = None  # (slot, step) of an in-memory snapshot copied, not yet sent
 
     def __post_init__(self) -> None:
         if not self.steps:
@@ -69,6 +83,8 @@ class Slots:
             out |= {i for i, s in enumerate(self.steps) if s == self.held}
         if self.unacked is not None and now - self.unacked[2] < UNACKED_GRACE:
             out.add(self.unacked[0])
+        if self.waiting is not None:
+            out.add(self.waiting[0])
         return out
 
     def free(self, now: float) -> Optional[int]:
@@ -90,8 +106,17 @@ class Slots:
     def written(self, slot: int, step: int) -> None:
         self.steps[slot] = step
 
+    def wait_to_send(self, slot: int, step: int) -> None:
+        self.waiting = (slot, step)
+
     def sent_memory(self, slot: int, step: int, now: float) -> None:
         self.unacked = (slot, step, now)
+        if self.waiting is not None and self.waiting[0] == slot:
+            self.waiting = None
+
+    def drop_waiting(self) -> None:
+        """The waiting in-memory snapshot will never be sent (a newer snapshot supersedes it)."""
+        self.waiting = None
 
     def sent_disk(self, slot: int) -> None:
         self.disk = slot

@@ -79,6 +79,14 @@ class SummaryMethods:
         if self.summary_fn is not None:
             self.log_scalars(self.summary_fn())
 
+    def _summaries_unwritten_from(self) -> Optional[int]:
+        """The lowest step with a logged summary the summary service has not confirmed written
+        (None: every one is, or this process keeps none)."""
+        if not self.is_chief:
+            return None
+        sender = getattr(self, "_summary_sender", None)
+        return sender.unwritten_from() if sender is not None else self._summaries.oldest_step()
+
     def _flush_summaries(self, force: bool, urgent: bool = False, deadline: Optional[float] = None) -> None:
         """At a step boundary: hand off what is due (never blocks). ``force`` (at stop): hand off
         everything and wait, up to ``EXIT_WAIT_SECS``, until the summary service has written it."""

@@ -411,9 +411,11 @@ class Supervisor(SummaryMethods, Tf1Properties):
             if self._ckpt.poll(self._channels, self._step, now):
                 self._flush_summaries(force=False, urgent=True)
                 self._ckpt.snapshot(self._channels, self._step)
+            elif self._ckpt.release_memory(self._channels, self._summaries_unwritten_from()):
+                pass  # the waiting in-memory snapshot went to the service: the next is not due yet
             elif self._ckpt.memory_due(self._step, now):
                 self._flush_summaries(force=False, urgent=True)
-                self._ckpt.memory_snapshot(self._channels, self._step)
+                self._ckpt.memory_snapshot(self._channels, self._step, self._summaries_unwritten_from())
             if self._ckpt.failure is not None:  # checkpoints keep failing: stop, the TF way
                 self.coord.request_stop(self._ckpt.failure)
                 raise TrainingStopped(str(self._ckpt.failure))

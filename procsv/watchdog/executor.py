@@ -315,8 +315,9 @@ class Executor:
         handle = ChildProcess(slot, TRAINER if role == STANDBY else role, attempt, proc, log_path)  # a standby is a trainer process
         self.handles[(slot, attempt)] = handle
         self._register(handle)
-        rotate(self.layout.logs, role, attempt, self.cfg.keep_logs,
-               live={h.attempt for h in self.handles.values() if h.role == role})
+        # a standby writes the trainer's next attempt log (its promotion starts no process: rotate now)
+        rotate(self.layout.logs, handle.role, attempt, self.cfg.keep_logs,
+               live={h.attempt for h in self.handles.values() if h.role == handle.role})
         self.report(observe.spawned(self.view, slot, role, attempt, handle.pid, self.clock(), via, handle.create_time))
         if mutex is not None:
             watch_death(handle, mutex, self.clock, lambda died, at: self._on_death_notice(handle, died, at))

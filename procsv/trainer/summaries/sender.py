@@ -149,6 +149,15 @@ class SummarySender:
         self._inflight_rows += len(chunk)
         return True
 
+    def unwritten_from(self) -> Optional[int]:
+        """The lowest step of a row the summary service has not confirmed written (in flight or
+        still in the buffer), or None if every row handed to this sender is written. An in-memory
+        snapshot of step S is handed to the checkpoint service only once this is None or above S:
+        a restart from it must not skip summaries that the dead trainer alone held."""
+        oldest = self.buffer.oldest_step()
+        lows = [s.min_step for s in self.inflight if s.max_step >= 0] + ([] if oldest is None else [oldest])
+        return min(lows) if lows else None
+
     # ---- acks
     def _take_acks(self, step: int, timeout: float) -> None:
         """Apply the acks that arrived (waiting up to ``timeout`` s for the first), oldest first."""
