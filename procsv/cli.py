@@ -46,11 +46,11 @@ def _parser() -> argparse.ArgumentParser:
                          "(default), or continue training without checkpoints")
     la.add_argument("--no-prewarm", action="store_true",
                     help="start every trainer as a fresh process instead of forking it from a pre-warmed one")
-    la.add_argument("--standby", choices=["auto", "hot", "fork", "off"], default="fork",
+    la.add_argument("--standby", choices=["auto", "hot", "fork", "off"], default="auto",
                     help="how a crashed trainer is replaced: hot = promote a standby trainer that already ran "
                          "the program up to restoring; fork = fork one from the pre-warmed trainer; off = start a "
                          "fresh process (as --no-prewarm); auto = hot if memory allows (twice the "
-                         "trainer's size plus 1 GiB available), else fork (default: fork)")
+                         "trainer's size plus 1 GiB available), else fork (the default)")
     la.add_argument("--preload", default="", metavar="MODULES",
                     help="comma-separated modules the pre-warmed trainer imports too (never ones that run TF ops)")
     la.add_argument("--allow-reinit", action="store_true",

@@ -27,7 +27,7 @@ from procsv.trainer.snapshot import SnapshotArena
 # at the end, so that what a restart finds on disk mid-run is nothing at all: anything it restores came from memory
 ARGS = CLEAN_ARGS
 NO_DISK = ("--save-checkpoint-steps", "100000")
-TIER = quiet_env(PROCSV_MEMORY_SNAPSHOTS="0.01")  # the tier is opt-in: its share of the loop's time
+TIER = quiet_env(PROCSV_MEMORY_SNAPSHOTS="0.01")  # its share of the loop's time (the default, said explicitly)
 
 
 # ---------------------------------------------------------------------------------------- pure

@@ -23,7 +23,7 @@ ALLOW_REINIT = "PROCSV_ALLOW_REINIT"  # "1": start from step 0 if every committe
 FAULT = "PROCSV_FAULT"  # tests only: "<process>:<point>[:<n>]" (procsv.common.faults), e.g. "checkpoint:before_rename" kills the service there
 # once; "trainer:<point>[:<n>]" hangs the first trainer attempt there (snapshot, slot_complete: mid-copy)
 STANDBY = "PROCSV_STANDBY"  # "1": this trainer is a hot standby (waits for SIGUSR1 before restoring)
-MEMORY_SNAPSHOTS = "PROCSV_MEMORY_SNAPSHOTS"  # the in-memory tier's share of loop time (e.g. 0.01; default 0: off)
+MEMORY_SNAPSHOTS = "PROCSV_MEMORY_SNAPSHOTS"  # the in-memory tier's share of loop time (default 0.01; 0: off)
 # given to the --on-failure command (besides LOGDIR): how the run ended
 EXIT_CODE = "PROCSV_EXIT_CODE"  # the launch's exit code
 RUN_STATE = "PROCSV_RUN_STATE"  # failed
@@ -34,7 +34,7 @@ ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, WATCHDOG, DEATH_MUTEX, ZY
        ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY)
 
 
-def memory_budget(default: float = 0.0) -> float:
+def memory_budget(default: float = 0.01) -> float:
     """The in-memory snapshot tier's share of the loop's time from :data:`MEMORY_SNAPSHOTS`
     (``0`` or ``off``: the tier is off); a value that is not a fraction in [0, 0.5] is an error."""
     import os

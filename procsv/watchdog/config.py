@@ -36,7 +36,7 @@ class LaunchConfig:
     hang_grace_secs: float = 10.0
     chaos: Optional[str] = None
     prewarm: bool = True
-    standby: str = "fork"  # --standby: auto | hot | fork | off (procsv.watchdog.standby)
+    standby: str = "auto"  # --standby: auto | hot | fork | off (procsv.watchdog.standby)
     preload: list[str] = field(default_factory=list)
     allow_reinit: bool = False  # --allow-reinit: passed to the trainer as PROCSV_ALLOW_REINIT
     cwd: str = field(default_factory=os.getcwd)
