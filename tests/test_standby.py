@@ -139,6 +139,24 @@ def test_a_killed_trainer_is_replaced_by_its_standby_then_by_a_fork_exactly(logd
 
 
 @pytest.mark.slow
+def test_a_promoted_standby_traced_its_step_while_it_waited(logdir):
+    # the digits example asks for it with Supervisor.warm_up(train_step, <a batch>)
+    proc = launch(logdir, "--steps", "400", "--step-delay", "0.01", opts=("--standby", "hot"))
+    try:
+        ready = wait_for(lambda: _events(logdir, "standby_ready"), 120, what="a ready standby")[0]
+        os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+    promoted = [e for e in _events(logdir, "spawned") if e.get("via") == "standby"]
+    assert [e["pid"] for e in promoted] == [ready["pid"]]
+    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
+        log = fh.read()
+    # traced once, before its first step: at prepare, which a standby reaches before it waits
+    assert "finished 400 steps" in log and "traced train_step 1 time(s), 1 before its first step" in log, log
+
+
+@pytest.mark.slow
 def test_killing_the_standby_prepares_another_and_leaves_the_trainer_alone(logdir):
     proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", opts=("--standby", "hot"))
     try:

@@ -186,6 +186,7 @@ class Supervisor(SummaryMethods, Tf1Properties):
         self._next_summary = 0.0
         self._started = False
         self._stopped = False  # stop() ran: a further prepare_or_wait_for_session() starts afresh
+        self._warm_ups: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []  # warm_up(): traced at prepare
 
     # ----------------------------------------------------------------- properties (TF1 names)
     @property
@@ -217,6 +218,16 @@ class Supervisor(SummaryMethods, Tf1Properties):
         """
         return ManagedSessionContext(self, start_standard_services, close_summary_writer)
 
+    def warm_up(self, fn: Any, *args: Any, **kwargs: Any) -> None:
+        """Trace ``fn`` (a ``tf.function``, e.g. the train step) for these example arguments when the
+        session is prepared, before the restore; in a hot standby before it waits, so that a promoted
+        standby's first step does not pay the tracing. Nothing runs (``get_concrete_function``): no
+        variable changes, no summary. Give arguments of the loop's shapes and dtypes (numpy arrays or
+        tensors; another shape is traced again at its first call, as always)."""
+        if not callable(getattr(fn, "get_concrete_function", None)):
+            raise TypeError(f"Supervisor.warm_up takes a tf.function, not {type(fn).__name__}")
+        self._warm_ups.append((fn, args, kwargs))
+
     def prepare_or_wait_for_session(self, master: str = "", config: Any = None, wait_for_checkpoint: bool = False,
                                     max_wait_secs: float = 7200, start_standard_services: bool = True) -> ManagedSession:
         """Restore the newest committed checkpoint (or initialize) and return the session. Called
@@ -238,6 +249,9 @@ class Supervisor(SummaryMethods, Tf1Properties):
         if not self._started and not self._stopped:
             outcome.register(self.outcome)  # once, even when reused after a stop
         self._started = True
+        for fn, args, kwargs in self._warm_ups:
+            fn.get_concrete_function(*args, **kwargs)
+        self._warm_ups = []  # traced once: a later prepare (after a stop) finds the trace in place
         if self._ctx is not None and standby.is_standby():
             standby.wait_for_promotion(self._ctx)  # a hot standby: everything before this is done already
         t0 = self._clock()
