@@ -189,6 +189,22 @@ def test_increment_global_step_auto_always_or_never(logdir, increment):
 
 
 @pytest.mark.slow
+def test_a_program_that_counts_itself_is_never_counted_twice(logdir):
+    import tensorflow as tf
+
+    import procsv
+
+    gs = tf.Variable(0, dtype=tf.int64)
+    w = tf.Variable(0.0)
+    sv = procsv.Supervisor(logdir=logdir, checkpoint={"w": w}, global_step=gs, save_model_secs=None)
+    with sv.managed_session() as sess:
+        for _ in range(250):  # past the first checks and two re-checks (every 100 steps)
+            sess.run(lambda: (w.assign_add(1.0), gs.assign_add(1)))
+        assert sv.step == 250
+    assert int(gs.numpy()) == 250 and float(w.numpy()) == 250.0
+
+
+@pytest.mark.slow
 def test_sess_run_from_another_thread_reads_values_and_refuses_steps(logdir):
     import tensorflow as tf
 

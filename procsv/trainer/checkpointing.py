@@ -361,6 +361,10 @@ class CheckpointAgent:
         self.slots.wait_to_send(slot, step)
         return self.release_memory(ch, unwritten_from)
 
+    def waiting(self) -> bool:
+        """An in-memory snapshot is copied and waits for its summaries (see :meth:`release_memory`)."""
+        return self._waiting is not None
+
     def release_memory(self, ch: TrainerChannels, unwritten_from: Optional[int]) -> bool:
         """Hand the waiting in-memory snapshot to the service once the summary service has written
         every summary of its step and before (``unwritten_from``: the lowest step with a summary

@@ -38,6 +38,7 @@ from procsv.trainer.summary_methods import SummaryMethods
 from procsv.trainer.tf1_args import USE_DEFAULT, Tf1Properties, add_camel_case_aliases, resolve
 
 PROGRESS_EVERY = 0.1  # seconds between Progress messages to the watchdog
+DETECT_EVERY = 100  # after its first 3 steps, a check every this many steps that the program does not count itself
 
 class Supervisor(SummaryMethods, Tf1Properties):
     """Checkpoints, summaries, restore-on-restart and stop coordination for a TF2 training loop.
@@ -48,7 +49,8 @@ class Supervisor(SummaryMethods, Tf1Properties):
       (model, optimizer, ...). ``None`` disables checkpoints (like ``saver=None`` in TF1).
     * ``global_step``: an int64 ``tf.Variable``; created if not given. It is saved in the
       checkpoint as ``global_step`` and advanced by one by every ``session.run(step_fn)``, unless
-      the program advances it itself (detected; ``increment_global_step=True/False`` forces it).
+      the program advances it itself (detected at its first steps and re-checked every 100;
+      ``increment_global_step=True/False`` forces it).
     * TF1's ``graph``, ``saver``, ``summary_op``, ``summary_writer``... (keywords): see ``tf1_args``.
     * ``summary_fn``: called every ``save_summaries_secs`` at a step boundary; returns a mapping of
       scalar tags to values (the TF2 stand-in for ``summary_op``).
@@ -154,6 +156,8 @@ class Supervisor(SummaryMethods, Tf1Properties):
                 0, dtype=tf.int64, trainable=False, name="global_step")
         if checkpoint is not None and getattr(checkpoint, "global_step", None) is None:
             checkpoint.global_step = self.global_step
+        # the increment, as a tensor made once (a tf.Variable's assign_add takes it without a conversion)
+        self._one = tf.constant(1, dtype=self.global_step.dtype) if isinstance(self.global_step, tf.Variable) else None
         self.checkpoint = checkpoint
         if checkpoint is None and saver is not None:
             print("procsv: warning: Supervisor(checkpoint=None): nothing will be saved, and a restarted trainer "
@@ -425,7 +429,7 @@ class Supervisor(SummaryMethods, Tf1Properties):
             if self._ckpt.poll(self._channels, self._step, now):
                 self._flush_summaries(force=False, urgent=True)
                 self._ckpt.snapshot(self._channels, self._step)
-            elif self._ckpt.release_memory(self._channels, self._summaries_unwritten_from()):
+            elif self._ckpt.waiting() and self._ckpt.release_memory(self._channels, self._summaries_unwritten_from()):
                 pass  # the waiting in-memory snapshot went to the service: the next is not due yet
             elif self._ckpt.memory_due(self._step, now):
                 self._flush_summaries(force=False, urgent=True)
@@ -440,13 +444,19 @@ class Supervisor(SummaryMethods, Tf1Properties):
     def _end_step(self, before: int) -> None:
         """After a step: advance global_step (unless the program did: a value other than ``before``
         means it counts itself, e.g. ``optimizer.iterations``; never count twice), then report."""
-        if not self._program_counts and self.increment_global_step is None:
+        # reading the variable is an eager op (tens of microseconds, as much as a small model's
+        # step): checked at the first steps, where a program that counts itself shows it, then
+        # every DETECT_EVERY steps
+        n = self._steps_completed
+        if not self._program_counts and self.increment_global_step is None and (n < 3 or n % DETECT_EVERY == 0):
             if int(self.global_step.numpy()) != before:
                 self._program_counts = True
                 warn_once("Supervisor.global_step", "the program advances global_step itself: procsv reads it "
                                                     "and no longer increments it")
         if self._program_counts:
             self._step = int(self.global_step.numpy())
+        elif self._one is not None:
+            self.global_step.assign_add(self._one, read_value=False)  # one op: no conversion, no read
         else:
             self.global_step.assign_add(1)
         self._steps_completed += 1
