@@ -222,8 +222,11 @@ def main() -> int:
         print(f"{label:<46} {cells[0]:>20} {cells[1]:>20} {cells[2]:>20}")
     if args.trials <= 0:
         print("(d) SIGTERM trials skipped (--trials 0): preempt_saved and steps_lost are not measured")
-    print(f"{'(d) SIGTERM trials with emergency ckpt in grace':<46} {pre['saved'] * 100:>19.0f}%")
-    print(f"{'    steps lost per trial (max)':<46} {max(pre['lost']):>20d}")
+    else:
+        print(f"{'(d) SIGTERM trials with emergency ckpt in grace':<46} {pre['saved'] * 100:>19.0f}%")
+        print(f"{'    steps lost per trial (max)':<46} {max(pre['lost']):>20d}")
+    saved = f"{pre['saved']:.2f}" if args.trials > 0 else "nan"
+    lost = str(max(pre["lost"])) if args.trials > 0 else "nan"
     if pre["commit_secs"]:
         print(f"{'    SIGTERM->emergency commit, median s':<46} {med(pre['commit_secs']):>20.3f}")
     print(f"samples: {args.repeats} repeats x {args.kills} kills x 3 series, chaos {args.chaos_secs:g} s x 3 per "
@@ -235,7 +238,7 @@ def main() -> int:
     rss = per_run(lambda x: med(x["mem"]["rss"]))
     print(f"{'standby resident memory, MiB':<46} {'':>20} {'':>20} {med(rss):>9.0f} ({spread(rss, '.0f')})")
     print(f"detect_ms={detect_ms:.1f} mttr_s={mttr:.3f} mttr_ratio={mttr_ratio:.3f} goodput={med(rows[-2][1]):.3f} "
-          f"preempt_saved={pre['saved']:.2f} steps_lost={max(pre['lost'])} mttr_hot_s={med(rows[1][3]):.3f} "
+          f"preempt_saved={saved} steps_lost={lost} mttr_hot_s={med(rows[1][3]):.3f} "
           f"redone_per_kill={med(rows[5][3]):.1f} redone_per_kill_fork={med(rows[5][1]):.1f} "
           f"goodput_hot={med(rows[-2][3]):.3f} goodput_vs_nokill={goodput_vs:.3f} standby_rss_mb={med(rss):.0f}")
     # correctness: each kill was followed by a restart that trained again, and preemption saved
