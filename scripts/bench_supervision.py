@@ -36,16 +36,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import psutil  # noqa: E402
-
-
-def settle(max_secs: float = 20.0) -> None:
-    """Wait until this process's children are idle (the checkpoint service imports TensorFlow)."""
-    deadline = time.monotonic() + max_secs
-    kids = psutil.Process().children(recursive=True)
-    while time.monotonic() < deadline:
-        if sum(p.cpu_percent(interval=0.3) for p in kids if p.is_running()) < 10:
-            return
+from bench_summary import settle  # noqa: E402  # scripts/ is this script's folder, first on sys.path
 
 
 def series(tmp: str, tier: bool, blocks: int, block_steps: int, parts: Any) -> dict[str, Any]:
