@@ -63,3 +63,29 @@ def test_a_snapshot_past_its_deadline_gets_the_checkpoint_service_replaced_befor
     with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:  # the trainer's own line
         assert f"checkpoint at step {stall[0]['reason'].split()[4]} failed: no result from the checkpoint service " \
                "within 3.0 s" in fh.read()
+
+
+def test_a_snapshot_in_flight_to_a_stopped_service_at_the_end_gets_it_replaced_and_the_final_checkpoint_commits(logdir):
+    # the program ends while its snapshot waits on a stopped service: the final checkpoint waits
+    # for that snapshot only until its deadline, the watchdog replaces the service, and the final
+    # one commits there, instead of giving up after stop_grace_secs and exiting as if it had
+    proc = launch(logdir, "--steps", "600", "--step-delay", "0.01", "--save-steps", "25",
+                  target=TINY, env=quiet_env(**{env.SAVE_DEADLINE: "3"}))
+    try:
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 450, 120, what="step 450")
+        stuck = role_pid(logdir, "checkpoint")
+        os.kill(stuck, signal.SIGSTOP)
+        code, out, err = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, err
+    stall = [e for e in lifecycle(logdir) if e["event"] == "checkpoint_stalled"]
+    assert stall and stall[0]["pid"] == stuck, lifecycle(logdir)
+    assert max(committed_steps(logdir)) == 600
+    import tensorflow as tf
+
+    assert tf.train.latest_checkpoint(logdir) == os.path.join(logdir, "model.ckpt-600")
+    with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:
+        log = fh.read()
+    assert "within 3.0 s" in log and "final checkpoint committed at step 600" in log, log

@@ -16,6 +16,10 @@ def test_a_signal_stop_exits_42_only_if_the_emergency_checkpoint_committed():
     assert Outcome(stopped_by_signal=True, unsaved=True).clean_exit_code == EXIT_UNSAVED == 1
 
 
+def test_a_normal_return_whose_final_checkpoint_did_not_commit_is_a_failure_not_a_success():
+    assert Outcome(steps_completed=300, unsaved=True).clean_exit_code == EXIT_UNSAVED == 1
+
+
 def test_outcomes_of_several_supervisors_merge():
     total = Outcome(2, False, 1).merge(Outcome(3, True, 1, unsaved=True))
     assert total == Outcome(5, True, 2, True) and total.clean_exit_code == EXIT_UNSAVED

@@ -13,7 +13,7 @@ import signal
 from typing import Optional
 
 from procsv.ipc.messages import Hello, Progress, SaveOverdue, SaveResult, TrainerReady
-from procsv.watchdog import observe
+from procsv.watchdog import observe, report
 from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
                                      RespawnService, Restart, Settle, Signal, SkipChaos, Spawn)
 from procsv.watchdog.chaos import parse_chaos
@@ -542,3 +542,24 @@ def test_a_service_that_crashed_and_restarts_slowly_is_not_taken_for_a_stall():
     assert sim.tick(9.9) == []
     (kill,) = sim.tick(0.2)
     assert kill == Kill(CHECKPOINT, 2, Cause.STALL, kill.reason)
+
+
+def test_a_session_the_program_retries_in_the_same_attempt_does_not_rewrite_that_attempts_recovery():
+    # TF's "retry on preemption" loop: the restarted trainer restores step 50, aborts at 170 and
+    # restores step 150 in-process. The recovery of attempt 2 is its first restore, not the retry.
+    sim = Sim()
+    sim.start_trainer(steps=60)
+    sim.trainer.signalled_at = sim.now
+    sim.notice()
+    assert of(sim.tick(0.1), Restart) and sim.tick() == [Spawn(TRAINER, TRAINER)] and sim.trainer.attempt == 2
+    sim.now += 0.2
+    sim.ready(50)
+    sim.now += 0.3
+    sim.progress(51)
+    sim.now += 15.0
+    sim.ready(150)  # the retried session, 15 s later
+    sim.progress(151)
+    rec = report.recoveries([a.record() for a in sim.view.attempts])[-1]
+    assert rec["attempt"] == 2 and abs(rec["restore_s"] - 0.2) < 1e-9 and abs(rec["first_step_s"] - 0.3) < 1e-9
+    assert rec["steps_redone"] == 10  # attempt 1 reached step 60; attempt 2 restored step 50
+    assert sim.view.step == 151

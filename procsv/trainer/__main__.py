@@ -54,6 +54,10 @@ def _clean_exit() -> int:
     if result.stopped_by_signal and result.unsaved:
         print("procsv: stopped by a signal, but the emergency checkpoint did not commit: exiting with code "
               f"{outcome.EXIT_UNSAVED} (a failure), not {bootstrap.EXIT_PREEMPTED} (saved)", file=sys.stderr, flush=True)
+    elif result.unsaved:
+        print("procsv: the program finished, but its final checkpoint did not commit: exiting with code "
+              f"{outcome.EXIT_UNSAVED} (a failure), not 0, so that its last steps are not reported saved; a restart "
+              "resumes from the newest committed checkpoint", file=sys.stderr, flush=True)
     deathnotice.release()
     return result.clean_exit_code
 

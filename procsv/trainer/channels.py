@@ -15,6 +15,7 @@ and ``SessionLogEvent`` up, ``SummaryAck`` down); a PUSH to the watchdog when su
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -42,7 +43,9 @@ class TrainerChannels:
         services, which only the chief uses; sends to them are dropped."""
         self.clock = clock
         self.zctx: zmq.Context[Any] = zmq.Context()
-        ident = f"trainer-{os.getpid()}".encode()
+        # unique per connection, not per process: a session prepared again in the same process (TF's
+        # retry loop) is a new trainer to the service, and a pid the kernel reuses names nobody else
+        ident = f"trainer-{os.getpid()}-{secrets.token_hex(4)}".encode()
         self.ckpt: Optional[zmq.Socket[Any]] = None
         self.summary: Optional[zmq.Socket[Any]] = None
         if services:

@@ -451,19 +451,38 @@ class CheckpointAgent:
         return sent
 
     # ------------------------------------------------------------------ end
+    def _await_in_flight(self, ch: TrainerChannels, step: int, deadline: float) -> Optional[SaveResult]:
+        """Wait until ``deadline`` for the snapshot in flight to be answered, as :meth:`poll` would at
+        steps: past its own deadline it is overdue (the watchdog replaces the service), and heartbeats
+        go on, so that a replaced service answers ``LOST`` for a snapshot it never received."""
+        result: Optional[SaveResult] = None
+        while self.in_flight is not None:
+            now = ch.clock()
+            if now >= deadline:
+                break
+            if now >= self.overdue_at:
+                self._overdue(ch, now)
+            if now - self.last_heartbeat >= HEARTBEAT_EVERY:
+                self.heartbeat(ch, step, now)
+            try:
+                result = ch.wait_save_result(self.in_flight, min(deadline, self.overdue_at, now + HEARTBEAT_EVERY))
+            except NoReply:
+                continue
+            self._on_result(result)
+        return result
+
     def final(self, ch: TrainerChannels, step: int, reason: SaveReason, grace_secs: float) -> Optional[SaveResult]:
         """Commit ``step`` (unless it already is) within ``grace_secs``; return the result."""
         if step <= self.last_committed:
             return None
         deadline = ch.clock() + grace_secs
         if self.in_flight is not None:
-            try:
-                result = ch.wait_save_result(self.in_flight, deadline)
-            except NoReply:  # the service may still read the snapshot memory: do not overwrite it
-                print(f"procsv: the checkpoint of step {self.in_flight} did not commit within "
+            waited_for = self.in_flight
+            result = self._await_in_flight(ch, step, deadline)
+            if self.in_flight is not None:  # the service may still read the snapshot memory: do not overwrite it
+                print(f"procsv: the checkpoint of step {waited_for} did not commit within "
                       f"stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
                 return None
-            self._on_result(result)
             if step <= self.last_committed:
                 return result
         self.heartbeat(ch, step, ch.clock())  # a just-restarted service learns our settings before the snapshot

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 from procsv.common.bootstrap import EXIT_PREEMPTED
 
-EXIT_UNSAVED = 1  # stopped by a signal, but the emergency checkpoint did not commit
+EXIT_UNSAVED = 1  # the final (or, after a signal, the emergency) checkpoint did not commit
 
 
 @dataclass(frozen=True)
@@ -43,12 +43,12 @@ class Outcome:
 
     @property
     def clean_exit_code(self) -> int:
-        """The exit code of a process whose program returned normally: 42 ("saved, restart me") after
-        a signal only if the emergency checkpoint committed; 1 (a failure) if a signal stopped it and
-        the checkpoint did not commit, so that the restart policy counts it."""
-        if self.stopped_by_signal:
-            return EXIT_UNSAVED if self.unsaved else EXIT_PREEMPTED
-        return 0
+        """The exit code of a process whose program returned normally: 1 (a failure, which the restart
+        policy counts and a restart resumes from the newest committed checkpoint) if the final or
+        emergency checkpoint did not commit; else 42 ("saved, restart me") after a signal, and 0."""
+        if self.unsaved:
+            return EXIT_UNSAVED
+        return EXIT_PREEMPTED if self.stopped_by_signal else 0
 
 
 _providers: list[Callable[[], Outcome]] = []

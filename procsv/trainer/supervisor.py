@@ -248,7 +248,8 @@ class Supervisor(SummaryMethods, Tf1Properties):
                                             "checkpoint, if any, is restored)")
         if wait_for_checkpoint:  # wait for the chief's first checkpoint (filesystem events; DeadlineExceededError)
             replica.wait_for_committed(self.layout, max_wait_secs, self.recovery_wait_secs, self._clock)
-        if self._stopped:
+        reused = self._stopped  # a session again after a stop, in this process (TF's retry loop)
+        if reused:
             self._reset_for_reuse()
         if not self._started and not self._stopped:
             outcome.register(self.outcome)  # once, even when reused after a stop
@@ -266,7 +267,7 @@ class Supervisor(SummaryMethods, Tf1Properties):
         self._session = ManagedSession(self)
         skipped: list[str] = []
         if self._ckpt is not None:
-            if self._ctx is not None and self._ctx.attempt > 1 and self.is_chief:
+            if self._ctx is not None and self._ctx.attempt > 1 and self.is_chief and not reused:
                 self._ckpt.recover_memory(self._channels)  # a dead trainer's in-memory snapshot, if the service held one
             skipped = self._ckpt.restore_or_init(self._init)
         else:

@@ -89,8 +89,9 @@ def _ready(view: RunView, msg: TrainerReady, now: float) -> list[Report]:
     child = _trainer(view, msg.pid)
     if child is None:
         return []
-    view.step = child.step = child.restored_step = child.work_step = msg.step
-    child.ready_at = now
+    view.step = child.step = child.work_step = msg.step
+    if child.ready_at is None:  # the recovery's own restore; a later one is the program's retry loop
+        child.ready_at, child.restored_step = now, msg.step
     child.save_secs, child.save_steps = msg.save_secs, msg.save_steps
     view.commit_step = max(view.commit_step, msg.step)
     out = [Report(Event.RESTORED if msg.restored_from else Event.INITIALIZED,

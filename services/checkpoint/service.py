@@ -74,6 +74,9 @@ class CheckpointService:
         self.zctx: zmq.Context[Any] = zmq.Context.instance()
         self.router = make_socket(self.zctx, zmq.ROUTER, sndhwm=100, max_frame=CHECKPOINT_FRAME_MAX)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # a peer that reconnects under an identity the ROUTER still holds takes it over; without this
+        # the ROUTER rejects it for good and every message of the new connection is dropped unseen
+        self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         bind_private(self.router, ctx.endpoints.checkpoint)
         self.to_watchdog: Optional[zmq.Socket[Any]] = None
         if ctx.supervised:
@@ -178,7 +181,8 @@ class CheckpointService:
             if self.trainer != identity:
                 if self.memory is not None and self.memory.identity != identity:
                     # a new trainer restored without asking for it (or after giving up waiting): too late
-                    self._release_memory(f"a new trainer (pid {msg.pid}) has restored without it")
+                    self._release_memory(f"its trainer (pid {msg.pid}) started a new session" if self.memory.pid == msg.pid
+                                         else f"a new trainer (pid {msg.pid}) has restored without it")
                 self.recovered = None
                 self.trainer = identity
                 self.last_request = self.clock()  # a (re)started trainer just restored: no save at once
@@ -275,7 +279,10 @@ class CheckpointService:
         """A restarted trainer asks before restoring: persist what a dead trainer left, then answer."""
         if self.memory is not None and self.memory.identity != identity:
             life = self.life if self.life is not None and self.life.pid == self.memory.pid else None
-            if life is not None and not life.wait_dead(EXIT_WAIT):
+            if self.memory.pid == query.pid:  # the same process, in a new session: it left that state behind
+                self._release_memory(f"its trainer (pid {query.pid}) restores again in a new session, which "
+                                     "starts from the newest checkpoint on disk")
+            elif life is not None and not life.wait_dead(EXIT_WAIT):
                 self._release_memory(f"its trainer (pid {life.pid}) is still alive while pid {query.pid} restores")
             else:
                 self._persist_memory(f"a restarted trainer (pid {query.pid}) asks for it")
