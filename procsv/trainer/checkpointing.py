@@ -451,10 +451,11 @@ class CheckpointAgent:
         return sent
 
     # ------------------------------------------------------------------ end
-    def _await_in_flight(self, ch: TrainerChannels, step: int, deadline: float) -> Optional[SaveResult]:
+    def _await_in_flight(self, ch: TrainerChannels, step: int, deadline: float) -> tuple[bool, Optional[SaveResult]]:
         """Wait until ``deadline`` for the snapshot in flight to be answered, as :meth:`poll` would at
         steps: past its own deadline it is overdue (the watchdog replaces the service), and heartbeats
-        go on, so that a replaced service answers ``LOST`` for a snapshot it never received."""
+        go on, so that a replaced service answers ``LOST`` for a snapshot it never received. Returns
+        whether it was answered, and the last answer."""
         result: Optional[SaveResult] = None
         while self.in_flight is not None:
             now = ch.clock()
@@ -469,7 +470,7 @@ class CheckpointAgent:
             except NoReply:
                 continue
             self._on_result(result)
-        return result
+        return self.in_flight is None, result
 
     def final(self, ch: TrainerChannels, step: int, reason: SaveReason, grace_secs: float) -> Optional[SaveResult]:
         """Commit ``step`` (unless it already is) within ``grace_secs``; return the result."""
@@ -478,8 +479,8 @@ class CheckpointAgent:
         deadline = ch.clock() + grace_secs
         if self.in_flight is not None:
             waited_for = self.in_flight
-            result = self._await_in_flight(ch, step, deadline)
-            if self.in_flight is not None:  # the service may still read the snapshot memory: do not overwrite it
+            answered, result = self._await_in_flight(ch, step, deadline)
+            if not answered:  # the service may still read the snapshot memory: do not overwrite it
                 print(f"procsv: the checkpoint of step {waited_for} did not commit within "
                       f"stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
                 return None
