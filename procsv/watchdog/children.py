@@ -15,7 +15,7 @@ import os
 import re
 import signal
 import subprocess
-from typing import Callable, Optional, Union
+from typing import Callable, Iterable, Optional, Union
 
 import psutil
 
@@ -42,6 +42,7 @@ class ChildProcess:
         self.pidfd = os.pidfd_open(proc.pid)
         self.watch: Optional[DeathWatch] = None
         self.log_pos = 0
+        self.echoes = True  # False once another attempt's process took over its log (see take_over_log)
         try:
             self.create_time: Optional[float] = psutil.Process(proc.pid).create_time()
         except psutil.Error:
@@ -93,8 +94,19 @@ class ChildProcess:
         assert code is not None
         return code
 
+    def take_over_log(self, others: Iterable["ChildProcess"]) -> None:
+        """Become the only echo of a log file another live process writes too (a standby killed as
+        not ready, whose fork replacement is the same attempt and appends to the same file): go on
+        from where that one's echo was, and silence it, so no line is echoed twice."""
+        for other in others:
+            if other is not self and other.log_path == self.log_path and other.echoes:
+                self.log_pos = max(self.log_pos, other.log_pos)
+                other.echoes = False
+
     def new_log_lines(self) -> list[str]:
         """Complete lines its log gained since the last call, without TensorFlow's start-up noise."""
+        if not self.echoes:
+            return []
         try:
             with open(self.log_path, "rb") as fh:
                 fh.seek(self.log_pos)

@@ -313,6 +313,7 @@ class Executor:
     def _started(self, slot: str, role: str, attempt: int, proc: Process, log_path: str,
                  mutex: Optional[RobustMutex], via: str) -> ChildProcess:
         handle = ChildProcess(slot, TRAINER if role == STANDBY else role, attempt, proc, log_path)  # a standby is a trainer process
+        handle.take_over_log(self.handles.values())
         self.handles[(slot, attempt)] = handle
         self._register(handle)
         # a standby writes the trainer's next attempt log (its promotion starts no process: rotate now)
