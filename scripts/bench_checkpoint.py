@@ -173,6 +173,7 @@ def bench_size(size_bytes: int, rounds: int, workdir: str) -> Results:
     import tensorflow as tf
 
     import procsv
+    from procsv.ipc.messages import SaveReason
 
     model = Model(size_bytes)
     res = Results(model.size_bytes)
@@ -200,7 +201,7 @@ def bench_size(size_bytes: int, rounds: int, workdir: str) -> Results:
             box["secs"] = time.perf_counter() - t0
 
         def procsv_save(box: dict[str, float]) -> None:
-            agent.request("bench")
+            agent.request(SaveReason.PERIODIC)  # a reason the service accepts ("bench" was refused as malformed)
             box["requested_step"] = sv.step  # snapshotted at the start of the next run: the state of this step
 
         # warm-up: one of each (first saves pay one-time costs: file creation, arena first touch, tracing)
