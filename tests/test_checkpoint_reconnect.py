@@ -64,7 +64,7 @@ def test_a_retried_session_drops_the_snapshot_it_left_and_commits_its_final_chec
         service_log = fh.read()
     # the in-memory snapshot the aborted session handed over (a step past 150) is dropped when the
     # same process restores step 150 in its new session, and never becomes a checkpoint later
-    assert "started a new session" in service_log or "restores again in a new session" in service_log, service_log
+    assert "started a new session" in service_log, service_log
     assert "persisting its in-memory snapshot" not in service_log, service_log
     assert "no answer from the checkpoint service" not in err
     import tensorflow as tf

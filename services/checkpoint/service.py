@@ -279,10 +279,7 @@ class CheckpointService:
         """A restarted trainer asks before restoring: persist what a dead trainer left, then answer."""
         if self.memory is not None and self.memory.identity != identity:
             life = self.life if self.life is not None and self.life.pid == self.memory.pid else None
-            if self.memory.pid == query.pid:  # the same process, in a new session: it left that state behind
-                self._release_memory(f"its trainer (pid {query.pid}) restores again in a new session, which "
-                                     "starts from the newest checkpoint on disk")
-            elif life is not None and not life.wait_dead(EXIT_WAIT):
+            if life is not None and not life.wait_dead(EXIT_WAIT):
                 self._release_memory(f"its trainer (pid {life.pid}) is still alive while pid {query.pid} restores")
             else:
                 self._persist_memory(f"a restarted trainer (pid {query.pid}) asks for it")
