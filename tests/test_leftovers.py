@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 
 import psutil
@@ -53,6 +55,29 @@ def test_a_setsid_grandchild_dies_with_its_trainer_and_the_run_leaves_nothing(lo
     assert killed and orphan in killed[0]["pids"]
     assert not os.path.exists(runtime)
     # the logdir fixture fails the test if any process of the run is left
+
+
+@pytest.mark.parametrize("via_shell", [False, True], ids=["setsid-child", "orphaned-setsid-grandchild"])
+def test_a_plain_python_run_kills_the_setsid_helpers_it_leaves_behind(logdir, tmp_path, via_shell):
+    # no watchdog: the trainer that started its own services is the helpers' subreaper and sweeps
+    # them when its supervised block ends; helpers in its own process group are the program's business
+    marker = str(tmp_path / "orphan")
+    cmd = [sys.executable, TINY, "--logdir", logdir, "--steps", "30", "--step-delay", "0.01",
+           "--spawn-orphan", marker] + (["--orphan-via-shell"] if via_shell else [])
+    orphan = 0
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, env=quiet_env(), timeout=180)
+        with open(marker) as fh:
+            written = fh.read().split()
+        orphan = int(written[0])
+        assert done.returncode == 0, done.stderr
+        assert "tiny: done at step 30" in done.stdout
+        assert _gone(orphan), "the setsid helper outlived the plain run"
+        assert f"killed 1 process(es) the run left behind in a session of their own (pids {orphan})" in done.stderr
+        assert written[1:] == []  # no watchdog's runtime directory in a plain run's environment
+    finally:
+        if orphan and not _gone(orphan):
+            os.kill(orphan, signal.SIGKILL)
 
 
 @pytest.mark.slow

@@ -3,8 +3,11 @@
 Runs in the trainer, only when no watchdog launched it. :class:`OwnServices` takes the logdir
 lock, creates a private runtime directory (mode 0700), starts the checkpoint and summary
 services as child processes (``PROCSV_WATCHDOG=0``: they report to no watchdog) and, at
-:meth:`OwnServices.release`, stops them (SIGTERM, SIGKILL after the grace period), removes the
-runtime directory and releases the lock. Nothing restarts a crashed process in this mode.
+:meth:`OwnServices.release`, stops them (SIGTERM, SIGKILL after the grace period), kills the
+helpers the program started that escaped its process group (``setsid``; the trainer is their
+subreaper meanwhile, so one whose parent died is found too), removes the runtime directory and
+releases the lock. Nothing restarts a crashed process in this mode, and a SIGKILLed program cleans
+up nothing: that is what ``procsv launch`` is for.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
+from typing import Optional
 
 from procsv.common import spawn
+from procsv.common.orphans import Orphans, become_subreaper
 from procsv.common.layout import Layout, LogdirLock, RuntimeDir
 from procsv.ipc.transport import Endpoints
 
@@ -28,6 +34,7 @@ class OwnServices:
         self._lock = LogdirLock(layout)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}  # role -> process
         self.runtime_dir = ""
+        self.orphans: Optional[Orphans] = None
 
     def start(self) -> Endpoints:
         """Lock the logdir and start both services; return their endpoints."""
@@ -37,6 +44,7 @@ class OwnServices:
             print(f"procsv: took over the lock of {self.layout.logdir}: the run that held it (pid {stale}) died "
                   "without releasing it (SIGKILL?); taking it over", file=sys.stderr, flush=True)
         self.runtime_dir = RuntimeDir.create().path
+        self.orphans = Orphans(outside_group_only=True)
         for role in SERVICE_ROLES:
             env = spawn.child_env(role=role, attempt=1, logdir=self.layout.logdir, runtime_dir=self.runtime_dir,
                                   supervised=False)
@@ -54,8 +62,26 @@ class OwnServices:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        self._sweep(known={proc.pid for proc in self.processes.values()})
         self.processes = {}
         if self.runtime_dir:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
             self.runtime_dir = ""
         self._lock.release()
+
+    def _sweep(self, known: set[int], reap_secs: float = 5.0) -> None:
+        """Kill the helpers that escaped the program's process group, reap them, stop adopting."""
+        orphans, self.orphans = self.orphans, None
+        if orphans is None:
+            return
+        killed = orphans.sweep(known)
+        deadline = time.monotonic() + reap_secs
+        while orphans.pending and time.monotonic() < deadline:
+            time.sleep(0.01)
+            killed += orphans.sweep(known)
+        if orphans.enabled:
+            become_subreaper(False)
+        if killed:
+            print(f"procsv: killed {len(killed)} process(es) the run left behind in a session of their own "
+                  f"(pids {', '.join(map(str, killed))}): a helper started with setsid outlived the run",
+                  file=sys.stderr, flush=True)

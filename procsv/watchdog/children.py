@@ -10,7 +10,6 @@ also takes whatever the child spawned. Effects only: what to do is decided elsew
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import signal
@@ -125,66 +124,3 @@ def watch_death(child: ChildProcess, mutex: RobustMutex, clock: Callable[[], flo
                 on_event: Callable[[bool, float], None]) -> None:
     """Start the death-notice watch of a trainer on the mutex it was told to hold."""
     child.watch = DeathWatch(mutex, alive=lambda: child.pidfd >= 0, on_event=on_event, clock=clock)
-
-
-_PR_SET_CHILD_SUBREAPER = 36
-
-
-class Orphans:
-    """Processes the run left behind, adopted by the watchdog and killed.
-
-    The watchdog makes itself a *child subreaper* (Linux ``PR_SET_CHILD_SUBREAPER``): a process
-    of the run whose parent dies -- a helper the train module started with ``setsid``, which
-    escapes its process group and does not inherit the parent-death signal -- is re-parented to the
-    watchdog instead of to init. :meth:`sweep` kills every child of the watchdog that is not one of
-    its own (with its descendants) and reaps them; the watchdog sweeps after each exit it reaps and
-    at the end of the launch.
-    """
-
-    def __init__(self) -> None:
-        self.enabled = _become_subreaper()
-        self._killed: set[int] = set()  # adopted processes killed but not reaped yet
-
-    def sweep(self, known: set[int]) -> list[int]:
-        """Kill adopted processes (children not in ``known``) and their descendants; reap the dead.
-
-        Returns the pids killed now (not the ones reaped from earlier sweeps).
-        """
-        killed: list[int] = []
-        try:
-            adopted = [p for p in psutil.Process().children() if p.pid not in known and p.pid not in self._killed]
-        except psutil.Error:
-            adopted = []
-        for proc in adopted:
-            try:
-                family = [proc, *proc.children(recursive=True)]
-            except psutil.Error:
-                family = [proc]
-            for member in family:
-                try:
-                    member.kill()
-                except psutil.Error:
-                    pass
-            killed.append(proc.pid)
-            self._killed.add(proc.pid)
-        for pid in list(self._killed):
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done = pid
-            if done:
-                self._killed.discard(pid)
-        return killed
-
-    @property
-    def pending(self) -> int:
-        """Killed, not reaped yet."""
-        return len(self._killed)
-
-
-def _become_subreaper() -> bool:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False

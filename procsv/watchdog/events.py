@@ -29,6 +29,8 @@ gave_up                reason, error
 finished               state, exit_code, step
 orphans_killed         pids (processes of the run whose parent died, adopted and killed)
 logdir_lost            path, reason (the logdir was deleted, moved or replaced: the run stops)
+standby_ready          pid, attempt, secs (a hot standby waits, its program built, since spawn)
+standby_decided        mode, reason (``--standby auto``: which mode the launch chose, and why)
 =====================  ==========================================================================
 """
 

@@ -43,7 +43,8 @@ from procsv.ipc.messages import Hello, Progress, SaveOverdue, SaveResult, Standb
 from procsv.ipc.rejections import Rejections
 from procsv.ipc.transport import Endpoints, bind_private, drain, make_socket
 from procsv.watchdog import liveline, observe, report, standby
-from procsv.watchdog.children import ChildProcess, Orphans
+from procsv.common.orphans import Orphans
+from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.output import Terminal
 from procsv.watchdog.config import LaunchConfig, check_target
 from procsv.watchdog.decide import decide

@@ -35,24 +35,40 @@ p.add_argument("--raise-at-step", type=int, default=0, help="raise --raise-kind 
 p.add_argument("--raise-kind", choices=["outofrange", "stopiteration", "value"], default="value")
 p.add_argument("--logdir", default=None, help="for a plain `python tiny_train.py` run")
 p.add_argument("--spawn-orphan", default=None, metavar="FILE")
+p.add_argument("--orphan-via-shell", action="store_true",
+               help="the --spawn-orphan helper is a grandchild: a shell starts it with setsid and exits")
 p.add_argument("--chatty", type=int, default=0, metavar="BYTES")
 args = p.parse_args()
 
 attempt = int(os.environ.get("PROCSV_ATTEMPT", "1"))
 bad = args.bad_attempts == "all" or str(attempt) in args.bad_attempts.split(",")
 weights = tf.Variable(tf.zeros([4]))
-if args.spawn_orphan and bad:
+
+
+def spawn_orphan() -> None:
+    """Inside the supervised block: a plain run's trainer is the helper's subreaper from then on."""
+    import shlex
     import subprocess
 
-    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(3600)"]
+    if args.orphan_via_shell:  # its parent (the shell) is gone at once: the helper is an orphan
+        shell = subprocess.run(["sh", "-c", f"setsid {shlex.join(sleeper)} >/dev/null 2>&1 & echo $!"],
+                               capture_output=True, text=True, check=True)
+        helper_pid = int(shell.stdout.split()[0])
+    else:
+        helper_pid = subprocess.Popen(sleeper, start_new_session=True).pid
     with open(args.spawn_orphan + ".tmp", "w") as fh:
-        fh.write(f"{helper.pid} {os.environ.get('PROCSV_RUNTIME_DIR', '')}\n")
+        fh.write(f"{helper_pid} {os.environ.get('PROCSV_RUNTIME_DIR', '')}\n")
     os.replace(args.spawn_orphan + ".tmp", args.spawn_orphan)
+
+
 sv = procsv.Supervisor(logdir=args.logdir, checkpoint={"weights": weights}, save_model_secs=args.save_model_secs,
                        save_checkpoint_steps=args.save_steps)
 
 
 def step():
+    if args.spawn_orphan and bad and not os.path.exists(args.spawn_orphan):
+        spawn_orphan()
     if args.raise_at_step and sv.step == args.raise_at_step:
         if args.raise_kind == "outofrange":
             raise tf.errors.OutOfRangeError(None, None, "input exhausted")

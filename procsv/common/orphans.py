@@ -1,0 +1,98 @@
+"""Processes a run leaves behind: become their subreaper, then kill and reap them.
+
+Runs in the process at the top of a run: the watchdog (``procsv launch``) or, for a plain
+``python train.py``, the trainer that started its own services (:mod:`procsv.trainer.standalone`).
+A helper the train module starts with ``setsid`` escapes its process group and does not inherit the
+parent-death signal; when its parent dies it would be re-parented to init and outlive the run.
+:func:`become_subreaper` (Linux ``PR_SET_CHILD_SUBREAPER``) makes such orphans ours instead, and
+:class:`Orphans` kills and reaps them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Optional
+
+import psutil
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper(on: bool = True) -> bool:
+    """Mark (or unmark) this process as a child subreaper; False where the kernel refuses."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class Orphans:
+    """Adopted processes of the run: which to kill, and the ones killed but not reaped yet.
+
+    The owner becomes a subreaper at construction. :meth:`sweep` kills every child that is not one
+    of the owner's own (with its descendants) and reaps them. ``outside_group_only`` narrows that to
+    children outside the owner's process group: a plain ``python train.py`` run leaves the user's own
+    children in its group alone (the terminal's Ctrl-C reaches them, and the program may still be
+    using them) and kills only the ones that escaped with ``setsid``/``setpgid``.
+    """
+
+    def __init__(self, outside_group_only: bool = False) -> None:
+        self.enabled = become_subreaper()
+        self.outside_group_only = outside_group_only
+        self._killed: set[int] = set()  # adopted processes killed but not reaped yet
+
+    def _adopted(self, known: set[int]) -> list[psutil.Process]:
+        own_group = os.getpgrp()
+        found: list[psutil.Process] = []
+        try:
+            children = psutil.Process().children()
+        except psutil.Error:
+            return found
+        for proc in children:
+            if proc.pid in known or proc.pid in self._killed:
+                continue
+            if self.outside_group_only and _group_of(proc.pid) in (own_group, None):
+                continue
+            found.append(proc)
+        return found
+
+    def sweep(self, known: set[int]) -> list[int]:
+        """Kill adopted processes (children not in ``known``) and their descendants; reap the dead.
+
+        Returns the pids killed now (not the ones reaped from earlier sweeps).
+        """
+        killed: list[int] = []
+        for proc in self._adopted(known):
+            try:
+                family = [proc, *proc.children(recursive=True)]
+            except psutil.Error:
+                family = [proc]
+            for member in family:
+                try:
+                    member.kill()
+                except psutil.Error:
+                    pass
+            killed.append(proc.pid)
+            self._killed.add(proc.pid)
+        for pid in list(self._killed):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self._killed.discard(pid)
+        return killed
+
+    @property
+    def pending(self) -> int:
+        """Killed, not reaped yet."""
+        return len(self._killed)
+
+
+def _group_of(pid: int) -> Optional[int]:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
