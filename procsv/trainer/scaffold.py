@@ -26,6 +26,7 @@ import os
 from typing import Any, Callable, Mapping, Optional
 
 from procsv.common.errors import UsageError
+from procsv.common.layout import Layout
 from procsv.trainer import hooks as api
 
 _GRAPH_ONLY = {
@@ -254,7 +255,7 @@ def launch_start_step(logdir: str) -> Optional[int]:
         return None
     start: Optional[int] = None
     try:
-        with open(os.path.join(logdir, "logs", "lifecycle.jsonl")) as fh:
+        with open(Layout(logdir).lifecycle) as fh:
             for line in fh:
                 try:
                     rec = json.loads(line)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+import numpy as _np
+
 
 def check_tag(tag: Any) -> str:
     """``tag`` if it is a non-empty string (not only blanks); ValueError otherwise."""
@@ -18,12 +20,7 @@ def check_tag(tag: Any) -> str:
     return tag
 
 
-try:
-    import numpy as _np
-
-    _REAL_SCALARS = frozenset(_np.dtype(c).type for c in "?bhilqBHILQefd")
-except ImportError:  # pragma: no cover - numpy comes with TensorFlow
-    _REAL_SCALARS = frozenset()
+_REAL_SCALARS = frozenset(_np.dtype(c).type for c in "?bhilqBHILQefd")
 
 
 def as_float(tag: str, value: Any) -> float:
