@@ -47,6 +47,8 @@ class Restart:
 
 @dataclass
 class RunReport:
+    """What ``procsv report`` shows of one logdir's last launch, assembled from its files."""
+
     logdir: str
     state: str
     step: int

@@ -25,6 +25,8 @@ def wakeups(path: str, recursive: bool = False, only: Optional[str] = None) -> I
     target = os.path.abspath(only) if only else None
 
     class Wake(FileSystemEventHandler):
+        """Sets the wake event on any filesystem event (or only on events naming ``target``)."""
+
         def on_any_event(self, event: FileSystemEvent) -> None:
             if target is None:
                 woken.set()

@@ -66,6 +66,8 @@ class StepContext:
 
 
 class _MonitoredSession:
+    """The hooks and raw session behind a MonitoredSession: calls the hooks around each run and ends in order."""
+
     def __init__(self, session_creator: ChiefSessionCreator, hooks: Sequence[api.SessionRunHook],
                  stop_grace_period_secs: float) -> None:
         from procsv.trainer.basic_hooks import CheckpointSaverHook

@@ -18,6 +18,8 @@ from procsv.trainer.tf1_args import Tf1Choices
 
 
 class SummaryMethods:
+    """The Supervisor's summary API (``log_*``, ``summary_computed``, ...): a mixin over its buffer and clock."""
+
     _summaries: SummaryBuffer
     _step: int
     _tf1: Tf1Choices

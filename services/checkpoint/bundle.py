@@ -142,6 +142,8 @@ def _varint(n: int) -> bytes:
 
 
 class _Block:
+    """One table block being built: prefix-compressed entries and their restart points (LevelDB's format)."""
+
     def __init__(self, restart_interval: int) -> None:
         self.interval = restart_interval
         self.buf = bytearray()

@@ -24,6 +24,8 @@ from procsv.services.checkpoint.arena import ArenaView
 
 @dataclass
 class HeldSnapshot:
+    """The newest in-memory snapshot held for a trainer: the message, its payload and where it lives."""
+
     msg: SaveData
     payload: list[Any]
     view: Optional[ArenaView]

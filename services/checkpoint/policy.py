@@ -19,6 +19,8 @@ def save_due(now: float, last_save: float, save_model_secs: Optional[float]) -> 
 
 @dataclass(frozen=True)
 class RetentionPlan:
+    """What retention keeps and deletes among the committed checkpoints, and what it newly preserves."""
+
     keep: list[Manifest]
     delete: list[Manifest]
     newly_preserved: list[Manifest]  # to be re-recorded with reason "preserved"

@@ -67,6 +67,8 @@ ACCEPT = frozenset({CheckpointSetup, SaveData, RecoverQuery})  # what a trainer 
 
 
 class CheckpointService:
+    """The checkpoint service: its sockets, the trainer's settings, the snapshot in flight or held, the store."""
+
     def __init__(self, ctx: ChildContext, clock: Callable[[], float] = time.monotonic) -> None:
         self.ctx = ctx
         self.clock = clock

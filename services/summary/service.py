@@ -84,6 +84,8 @@ _SESSION_STATUS = {SessionStatus.START: records.START, SessionStatus.STOP: recor
 
 
 class SummaryService:
+    """The summary service: its sockets, the event files it appends to, the sessions and its counters."""
+
     def __init__(self, ctx: ChildContext, clock: Callable[[], float] = time.monotonic) -> None:
         self.ctx = ctx
         self.clock = clock

@@ -38,6 +38,8 @@ class Verdict(str, Enum):
 
 @dataclass
 class SessionState:
+    """One trainer session as the service knows it: the next batch, its last START, its step-rate mark."""
+
     expect: int  # the next batch number to write
     start: int  # the step of its last restatement (TensorBoard purged everything at or after it)
     written: int = 0  # the last batch number written (what the acks report)
@@ -48,6 +50,8 @@ class SessionState:
 
 @dataclass(frozen=True)
 class Decision:
+    """What to do with one batch: write, drop or ask for a restatement; a START first; a step bound."""
+
     verdict: Verdict
     start_marker: Optional[int] = None  # write SessionLog START at this step first
     below: Optional[int] = None  # write only the rows with a step below this
@@ -55,6 +59,8 @@ class Decision:
 
 @dataclass
 class Sessions:
+    """Every session seen and the current one: the delivery rules above, applied batch by batch."""
+
     known: dict[str, SessionState] = field(default_factory=dict)
     current: Optional[str] = None  # the session that restated last: the live trainer
 

@@ -63,6 +63,8 @@ def _extend(into: Chunk, part: Chunk) -> None:
 
 @dataclass
 class _Sent:
+    """One chunk handed to the summary service and not yet acknowledged: its number and step range."""
+
     seq: int
     chunk: Chunk
     min_step: int
