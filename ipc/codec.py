@@ -18,6 +18,7 @@ announces (:func:`payload_frames`). A receiver counts the rejection
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -146,10 +147,10 @@ def _to_json(value: Any) -> Any:
 
 
 @lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)
 def _hints(cls: type) -> dict[str, Any]:
-    import procsv.ipc.messages as mod
-
-    return typing.get_type_hints(cls, vars(mod))
+    """The field types of a message class, resolved in the module that defines it."""
+    return typing.get_type_hints(cls)
 
 
 def _build(cls: type, body: dict[str, Any]) -> Any:

@@ -45,7 +45,7 @@ PER_SOCKET = 10_000
 
 
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls, vars(m))
+    return typing.get_type_hints(cls)  # resolved in the module that defines the message
 
 
 def _wrong_values(tp: Any) -> list[Any]:

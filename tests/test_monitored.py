@@ -327,25 +327,32 @@ def test_stop_at_step_num_steps_is_exact_after_a_sigkill_of_the_trainer(logdir):
     assert [e["step"] for e in lifecycle(logdir) if e["event"] == "finished"] == [150]
 
 
-@pytest.mark.parametrize("mode", ["training", "session", "step_fn"])
-def test_the_monitored_session_examples_survive_a_sigkill_and_restore_with_plain_tf(logdir, mode):
-    import keras
+def _restores_with_plain_tf(logdir, step):
+    """As test_seed_examples.py: ``model.ckpt-<step>`` is the newest checkpoint, plain TF restores
+    every value of it, and its weights are those of an uninterrupted run of ``step`` steps."""
     import tensorflow as tf
 
-    code, out, err = launch_and_kill_trainer_once(logdir, "--mode", mode, "--steps", "400", "--save-checkpoint-steps",
-                                                  "50", "--step-delay", "0.01", target="procsv.examples.monitored")
+    from procsv.examples.seeds.model import weights_after
+
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest == os.path.join(logdir, f"model.ckpt-{step}")
+    w, b, gs = tf.Variable(0.0), tf.Variable(0.0), tf.Variable(0, dtype=tf.int64)
+    tf.train.Checkpoint(w=w, b=b, global_step=gs).restore(latest).assert_consumed()
+    assert int(gs.numpy()) == step
+    assert (float(w.numpy()), float(b.numpy())) == pytest.approx(weights_after(step), rel=1e-5)
+
+
+@pytest.mark.parametrize("example", ["monitored_training", "monitored_session", "run_step_fn"])
+def test_the_monitored_session_examples_survive_a_sigkill_and_restore_with_plain_tf(logdir, example):
+    """procsv/examples/seeds/: MonitoredTrainingSession, MonitoredSession with its saver and
+    summary hooks, run_step_fn: a SIGKILL of the trainer changes neither the end nor the weights."""
+    code, out, err = launch_and_kill_trainer_once(logdir, "--steps", "400", "--save-checkpoint-steps", "50",
+                                                  "--step-delay", "0.01", target=f"procsv.examples.seeds.{example}")
     assert code == 0, err
-    assert "monitored: finished at step 400" in out
+    assert f"{example}: finished at step 400" in out
     st = status_json(logdir)
     assert st["restarts"] == 1 and st["step"] == 400
-    latest = tf.train.latest_checkpoint(logdir)
-    assert latest == os.path.join(logdir, "model.ckpt-400")
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
-    optimizer = keras.optimizers.Adam(1e-3)
-    optimizer.build(model.trainable_variables)
-    step = tf.Variable(0, dtype=tf.int64)
-    tf.train.Checkpoint(model=model, optimizer=optimizer, global_step=step).restore(latest).assert_consumed()
-    assert int(step.numpy()) == 400
+    _restores_with_plain_tf(logdir, 400)
 
 
 def test_sigterm_to_the_launch_commits_the_last_step_through_the_checkpoint_saver_hook(logdir):

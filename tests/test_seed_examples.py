@@ -1,6 +1,7 @@
-"""Issue #11 section 5: the Supervisor page's examples (procsv/examples/supervised.py) under a real
-``procsv launch``, with a SIGKILL of the trainer: the same final step, and a checkpoint plain
-TensorFlow restores. (The MonitoredSession examples are in test_monitored.py.)"""
+"""Issue #11 section 5: the Supervisor page's examples (procsv/examples/seeds/: basic, loop,
+manual_summaries, retry) under a real ``procsv launch``, with a SIGKILL of the trainer: the same
+final step, the weights of an uninterrupted run, and a checkpoint plain TensorFlow restores. (The
+MonitoredSession examples are in test_monitored.py.)"""
 
 from __future__ import annotations
 
@@ -15,41 +16,42 @@ STEPS = 300
 
 
 def _restores_with_plain_tf(logdir: str, step: int) -> None:
-    import keras
+    """The newest checkpoint is ``model.ckpt-<step>``; plain TF restores every value of it, and its
+    weights are those of an uninterrupted run of ``step`` steps."""
     import tensorflow as tf
+
+    from procsv.examples.seeds.model import weights_after
 
     latest = tf.train.latest_checkpoint(logdir)
     assert latest == os.path.join(logdir, f"model.ckpt-{step}")
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
-    optimizer = keras.optimizers.Adam(1e-3)
-    optimizer.build(model.trainable_variables)
-    gs = tf.Variable(0, dtype=tf.int64)
-    tf.train.Checkpoint(model=model, optimizer=optimizer, global_step=gs).restore(latest).assert_consumed()
+    w, b, gs = tf.Variable(0.0), tf.Variable(0.0), tf.Variable(0, dtype=tf.int64)
+    tf.train.Checkpoint(w=w, b=b, global_step=gs).restore(latest).assert_consumed()
     assert int(gs.numpy()) == step
+    assert (float(w.numpy()), float(b.numpy())) == pytest.approx(weights_after(step), rel=1e-5)
 
 
-@pytest.mark.parametrize("mode,extra", [
+@pytest.mark.parametrize("example,extra", [
     ("basic", ()),
     ("loop", ("--loop-secs", "0.5")),
-    ("summaries", ("--summary-every", "100")),
+    ("manual_summaries", ()),
     ("retry", ("--abort-at-step", "170")),
 ])
-def test_the_supervisor_examples_survive_a_sigkill_and_restore_with_plain_tf(logdir, mode, extra):
-    code, out, err = launch_and_kill_trainer_once(logdir, "--mode", mode, "--steps", str(STEPS),
-                                                  "--save-checkpoint-steps", "50", "--step-delay", "0.01", *extra,
-                                                  target="procsv.examples.supervised")
+def test_the_supervisor_examples_survive_a_sigkill_and_restore_with_plain_tf(logdir, example, extra):
+    code, out, err = launch_and_kill_trainer_once(logdir, "--steps", str(STEPS), "--save-checkpoint-steps", "50",
+                                                  "--step-delay", "0.01", *extra,
+                                                  target=f"procsv.examples.seeds.{example}")
     assert code == 0, err
-    assert f"supervised: finished at step {STEPS}" in out
+    assert f"{example}: finished at step {STEPS}" in out
     st = status_json(logdir)
     assert st["restarts"] == 1 and st["step"] == STEPS
     _restores_with_plain_tf(logdir, STEPS)
-    if mode == "loop":
-        assert "supervised: loss " in out  # the sv.loop thread read the loss (no step, no socket)
-    if mode == "summaries":  # summary_op=None: only the summaries computed by hand, every 100 steps
+    if example == "loop":
+        assert "print_loss: loss " in out  # the sv.loop thread read the loss (no step, no socket)
+    if example == "manual_summaries":  # summary_op=None: only the summaries computed by hand, every 100 steps
         from tensorboard.backend.event_processing import event_accumulator as ea
 
         acc = ea.EventAccumulator(logdir, size_guidance={ea.SCALARS: 0})
         acc.Reload()
         assert [e.step for e in acc.Scalars("loss")] == [0, 100, 200]
-    if mode == "retry":
-        assert "supervised: aborted at step 170; retrying" in out
+    if example == "retry":
+        assert "retry: aborted at step 170; retrying" in out

@@ -17,7 +17,8 @@ from procsv.watchdog import observe, report
 from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
                                      RespawnService, Restart, Settle, Signal, SkipChaos, Spawn)
 from procsv.watchdog.chaos import parse_chaos
-from procsv.watchdog.decide import Limits, decide, note
+from procsv.watchdog.bookkeeping import note
+from procsv.watchdog.decide import Limits, decide
 from procsv.watchdog.failures import ChildError, Failure
 from procsv.watchdog.hang import HangLimits
 from procsv.watchdog.lifecycle import ProcState, RunState

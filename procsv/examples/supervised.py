@@ -1,5 +1,9 @@
 """The seeds' ``tf.train.Supervisor`` examples, ported to TF2 with ``procsv.Supervisor`` (the digits MLP).
 
+The one-file-per-example ports, each a few lines away from its seed, are in
+:mod:`procsv.examples.seeds`; this multi-mode program on a real model stays for
+``tests/test_checkpoint_reconnect.py`` (its ``retry`` mode with in-memory snapshots).
+
 Runs in the trainer process: ``procsv launch procsv.examples.supervised --logdir DIR -- --mode M``
 (or ``python -m procsv.examples.supervised --logdir DIR --mode M``). ``--mode`` picks the example
 of the Supervisor page:

@@ -5,7 +5,9 @@ queue returns False and the caller counts a drop), and the checkpoint and summar
 read with zero-timeout receives (:func:`procsv.ipc.transport.drain`) at step boundaries. The
 exceptions are the end of training: :meth:`TrainerChannels.wait_save_result` waits with a
 deadline for the final checkpoint to commit (and raises :class:`~procsv.ipc.transport.NoReply`
-at the deadline), and the summary sender waits a little for its last acks.
+at the deadline), and the summary sender waits a little for its last acks; and the start of a
+restarted trainer: :meth:`TrainerChannels.recover` waits with a deadline for the service to
+persist a held in-memory snapshot (``NoReply`` likewise).
 
 Connections: a DEALER to the checkpoint service's ROUTER (``CheckpointSetup``/``SaveData`` up,
 ``SaveRequest``/``SaveResult`` down); a DEALER to the summary service's ROUTER (``SummaryBatch``
@@ -97,16 +99,19 @@ class TrainerChannels:
             if isinstance(msg, SaveResult) and msg.step == step:
                 return msg
 
-    def recover(self, query: RecoverQuery, deadline: float) -> Optional[RecoverReply]:
-        """Ask the checkpoint service to persist a held in-memory snapshot; its answer, or None if
-        none came by ``deadline`` (on :attr:`clock`). Other messages meanwhile are dropped (none is
-        expected: this runs before the first heartbeat)."""
-        if self.ckpt is None or not send(self.ckpt, query):
-            return None
+    def recover(self, query: RecoverQuery, deadline: float) -> RecoverReply:
+        """Ask the checkpoint service to persist a held in-memory snapshot and return its answer;
+        raise :class:`NoReply` if none came by ``deadline`` (on :attr:`clock`) or the query could not
+        be sent. Other messages meanwhile are dropped (none is expected: this runs before the first
+        heartbeat)."""
+        if self.ckpt is None:
+            raise NoReply("this process is connected to no checkpoint service (a worker replica)")
+        if not send(self.ckpt, query):
+            raise NoReply("the recover query could not be handed to the checkpoint service (queue full)")
         while True:
             left_ms = int((deadline - self.clock()) * 1000)
             if left_ms <= 0:
-                return None
+                raise NoReply("no answer about a held in-memory snapshot by the deadline")
             try:
                 msg = recv_message(self.ckpt, min(left_ms, WAIT_SLICE_MS)).msg
             except (ReceiveTimeout, ProtocolError):

@@ -110,10 +110,11 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         # these variables right before each snapshot (CheckpointAgent.prepare_snapshot)
         self.epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="fit_epoch")
         self.batch_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="fit_batch")
-        global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         metrics = {f"v{i}": v.value for i, v in enumerate(model.metrics_variables)}
+        # no global_step here: the Supervisor creates it (saved as ``global_step``, as before) and,
+        # since nobody else holds it, advances it in Python between snapshots, not with an op per batch
         checkpoint = tf.train.Checkpoint(
-            model=model, optimizer=model.optimizer, global_step=global_step,
+            model=model, optimizer=model.optimizer,
             fit=tf.train.Checkpoint(epoch=self.epoch_var, batch=self.batch_var),
             metrics=tf.train.Checkpoint(**metrics))
         self._spe = int(getattr(model, "steps_per_execution", 1) or 1)
@@ -121,7 +122,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         if isinstance(self.save_freq, int) and not isinstance(self.save_freq, bool):
             every = max(1, -(-self.save_freq // self._spe))  # global steps are train-function calls
         self.sv = Supervisor(
-            logdir=self.backup_dir, checkpoint=checkpoint, global_step=global_step,
+            logdir=self.backup_dir, checkpoint=checkpoint,
             save_model_secs=self.save_secs, save_summaries_secs=None, max_to_keep=self.max_to_keep,
             save_checkpoint_steps=every, allow_reinit=self.allow_reinit, increment_global_step=True)
         if self.sv._ckpt is not None:

@@ -60,6 +60,11 @@ def register(provider: Callable[[], Outcome]) -> None:
     _providers.append(provider)
 
 
+def any_registered() -> bool:
+    """Whether a Supervisor of this process has started a session already."""
+    return bool(_providers)
+
+
 def collect() -> Outcome:
     """The outcome of every Supervisor of this process so far."""
     total = Outcome()

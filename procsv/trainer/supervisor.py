@@ -10,37 +10,40 @@ Without ``procsv launch`` (a plain ``python train.py``), the Supervisor starts t
 itself as child processes, in a private runtime directory, and stops them when the block ends;
 nothing restarts a crashed trainer then, but running the script again resumes from the latest
 checkpoint.
+
+Here: the session lifecycle (prepare, stop, final checkpoint, release, a session again after a
+stop). Elsewhere: the constructor's decisions (``supervisor_setup``), the step boundary
+(``step_boundary``), the summary methods (``summary_methods``), TF's surface (``tf1_methods``).
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import sys
 import time
 from typing import Any, Callable, Mapping, Optional
 
 from procsv.ipc.messages import Busy, Progress, SaveReason, SessionLogEvent, SessionStatus, TrainerReady
 from procsv.ipc.transport import Endpoints
 from procsv.common import bootstrap, env
-from procsv.common.errors import ProcsvError, TrainingStopped, UsageError
-from procsv.common.layout import Layout
+from procsv.common.errors import ProcsvError, TrainingStopped
 from procsv.trainer import outcome, replica, standby
 from procsv.trainer.channels import TrainerChannels
-from procsv.trainer.checkpointing import SAVE_DEADLINE_FLOOR, CheckpointAgent
-from procsv.trainer.coordinator import Coordinator, LooperThread
-from procsv.trainer.hooks import warn_once
+from procsv.trainer.checkpointing import CheckpointAgent
+from procsv.trainer.coordinator import Coordinator
 from procsv.trainer.managed import ManagedSession, ManagedSessionContext
 from procsv.trainer.restore import ReadRetry
 from procsv.trainer.standalone import OwnServices
+from procsv.trainer.step_boundary import ProgressReporter, StepCounter, checkpoint_work
+from procsv.trainer.stop_signals import StopSignals
 from procsv.trainer.summaries import SummaryBuffer
 from procsv.trainer.summary_methods import SummaryMethods
+from procsv.trainer.supervisor_setup import agent_factory, layout_for, trackable_state
 from procsv.trainer.tf1_args import USE_DEFAULT, Tf1Properties, add_camel_case_aliases, resolve
+from procsv.trainer.hooks import warn_once
+from procsv.trainer.tf1_methods import Tf1Methods, warn_ignored_prepare_args
 
-PROGRESS_EVERY = 0.1  # seconds between Progress messages to the watchdog
-DETECT_EVERY = 100  # after its first 3 steps, a check every this many steps that the program does not count itself
 
-class Supervisor(SummaryMethods, Tf1Properties):
+class Supervisor(SummaryMethods, Tf1Properties, Tf1Methods):
     """Checkpoints, summaries, restore-on-restart and stop coordination for a TF2 training loop.
 
     Args mirror ``tf.compat.v1.train.Supervisor``; the TF2-specific ones:
@@ -104,28 +107,12 @@ class Supervisor(SummaryMethods, Tf1Properties):
         local_init_run_options: Any = None,
         increment_global_step: Optional[bool] = None,
     ) -> None:
-        import tensorflow as tf
-
         self._clock = clock  # every timer of the step boundary (progress, summaries, saves) reads it
 
         self._ctx = bootstrap.ChildContext.from_env()
-        launched = self._ctx.layout.logdir if self._ctx else None
-        if logdir is None:
-            logdir = launched
-        if logdir is None:
-            raise UsageError("Supervisor needs a logdir: pass logdir=... or run under `procsv launch --logdir DIR`")
-        if launched and os.path.abspath(logdir) != os.path.abspath(launched):
-            raise UsageError(f"Supervisor(logdir={logdir!r}) differs from the launch's --logdir {launched!r}")
-        if not is_chief and self._ctx is not None and self._ctx.supervised:
-            raise UsageError("is_chief=False under procsv launch: the launch runs one trainer, the chief, and a "
-                             "worker saves nothing, so nothing would be saved; drop is_chief=False (several "
-                             "workers per launch are not available yet)")
-        if "/" in checkpoint_basename or not checkpoint_basename:
-            raise UsageError(f"checkpoint_basename {checkpoint_basename!r} must be a plain file name")
-        if read_retry_secs < 0:
-            raise UsageError(f"read_retry_secs must be >= 0, not {read_retry_secs!r}")
+        self.layout = layout_for(logdir, self._ctx, is_chief=is_chief, checkpoint_basename=checkpoint_basename,
+                                 read_retry_secs=read_retry_secs)
         self.allow_reinit = allow_reinit or os.environ.get(env.ALLOW_REINIT) == "1"
-        self.layout = Layout(os.path.abspath(logdir))
         self.is_chief = is_chief
         self.save_model_secs = save_model_secs
         self.save_summaries_secs = save_summaries_secs
@@ -142,65 +129,34 @@ class Supervisor(SummaryMethods, Tf1Properties):
             "session_manager": session_manager, "local_init_run_options": local_init_run_options})
         checkpoint, self.summary_fn = self._tf1.checkpoint, self._tf1.summary_fn
         self.increment_global_step = increment_global_step
-        self._program_counts = increment_global_step is False  # the program advances global_step itself
         self.coord = Coordinator(clock=clock)
 
-        self.global_step: Any = None if global_step is USE_DEFAULT else global_step
-        if checkpoint is not None and not isinstance(checkpoint, tf.train.Checkpoint):
-            if not isinstance(checkpoint, Mapping):
-                raise UsageError("checkpoint must be a tf.train.Checkpoint or a mapping of names to trackables")
-            checkpoint = tf.train.Checkpoint(**checkpoint)
-        if self.global_step is None:
-            existing = getattr(checkpoint, "global_step", None) if checkpoint is not None else None
-            self.global_step = existing if isinstance(existing, tf.Variable) else tf.Variable(
-                0, dtype=tf.int64, trainable=False, name="global_step")
-        if checkpoint is not None and getattr(checkpoint, "global_step", None) is None:
-            checkpoint.global_step = self.global_step
-        # the increment, as a tensor made once (a tf.Variable's assign_add takes it without a conversion)
-        self._one = tf.constant(1, dtype=self.global_step.dtype) if isinstance(self.global_step, tf.Variable) else None
+        checkpoint, self._global_step, created = trackable_state(checkpoint, global_step, saver)
+        self._counter = StepCounter(self._global_step, increment_global_step, private=created)
         self.checkpoint = checkpoint
-        if checkpoint is None and saver is not None:
-            print("procsv: warning: Supervisor(checkpoint=None): nothing will be saved, and a restarted trainer "
-                  "starts again from step 0; pass checkpoint=tf.train.Checkpoint(model=..., optimizer=...)",
-                  file=sys.stderr, flush=True)
-        self._ckpt: Optional[CheckpointAgent] = None
-        memory_budget = env.memory_budget()
-        self._new_agent: Callable[[], CheckpointAgent] = lambda: CheckpointAgent(
-            checkpoint, self.global_step, self.layout, basename=checkpoint_basename,
-            save_model_secs=save_model_secs or None, save_checkpoint_steps=save_checkpoint_steps,
+        self._new_agent = agent_factory(
+            checkpoint, self._global_step, self.layout, basename=checkpoint_basename,
+            save_model_secs=save_model_secs, save_checkpoint_steps=save_checkpoint_steps,
             max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
-            allow_reinit=self.allow_reinit, read_retry=ReadRetry(total_secs=read_retry_secs),
-            failure_limit=int(os.environ.get(env.CHECKPOINT_FAILURE_LIMIT, checkpoint_failure_limit)),
-            save_deadline_floor=float(os.environ.get(env.SAVE_DEADLINE, SAVE_DEADLINE_FLOOR)), saving=is_chief,
-            memory_budget=memory_budget)
-        if checkpoint is not None:
-            self._ckpt = self._new_agent()
+            allow_reinit=self.allow_reinit, read_retry_secs=read_retry_secs,
+            failure_limit=checkpoint_failure_limit, saving=is_chief)
+        self._ckpt: Optional[CheckpointAgent] = self._agent() if checkpoint is not None else None
 
         self._step = 0
         self._channels: Optional[TrainerChannels] = None
         self._summaries = SummaryBuffer(clock)
         self._session: Optional[ManagedSession] = None
         self._own: Optional[OwnServices] = None
-        self._steps_completed = 0
         self._stopped_by_signal = False
         self._unsaved = False  # the final checkpoint did not commit
-        self._old_handlers: dict[int, Any] = {}
-        self._first_step_done = False
-        self._last_progress = 0.0
+        self._signals = StopSignals()
+        self._progress = ProgressReporter()
         self._next_summary = 0.0
         self._started = False
         self._stopped = False  # stop() ran: a further prepare_or_wait_for_session() starts afresh
         self._warm_ups: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []  # warm_up(): traced at prepare
 
-    # ----------------------------------------------------------------- properties (TF1 names)
-    @property
-    def save_path(self) -> str:
-        return os.path.join(self.layout.logdir, self.checkpoint_basename)
-
-    @property
-    def logdir(self) -> str:
-        return self.layout.logdir
-
+    # ----------------------------------------------------------------- properties
     @property
     def step(self) -> int:
         """The step being run inside ``session.run``, else the number of completed steps."""
@@ -220,6 +176,7 @@ class Supervisor(SummaryMethods, Tf1Properties):
         stop and are not re-raised; any other exception (the block's, else a thread's) is re-raised
         after the services stopped. The Supervisor can be used for another block afterwards.
         """
+        warn_ignored_prepare_args(master, config, True)  # prepare is called without them
         return ManagedSessionContext(self, start_standard_services, close_summary_writer)
 
     def warm_up(self, fn: Any, *args: Any, **kwargs: Any) -> None:
@@ -240,16 +197,14 @@ class Supervisor(SummaryMethods, Tf1Properties):
         if self._started and not self._stopped:
             assert self._session is not None
             return self._session
-        if not start_standard_services:
-            warn_once("Supervisor.start_standard_services", "start_standard_services=False: procsv's checkpoint "
-                                                            "and summary services are processes and always run")
-        if master or config is not None:
-            warn_once("Supervisor.prepare", "master and config have no TF2 meaning and are ignored (the newest "
-                                            "checkpoint, if any, is restored)")
+        warn_ignored_prepare_args(master, config, start_standard_services)
         if wait_for_checkpoint:  # wait for the chief's first checkpoint (filesystem events; DeadlineExceededError)
             replica.wait_for_committed(self.layout, max_wait_secs, self.recovery_wait_secs, self._clock)
-        reused = self._stopped  # a session again after a stop, in this process (TF's retry loop)
-        if reused:
+        # a session again after a stop, or a new Supervisor after another one's session, in this process
+        # (TF's retry loop): the in-memory snapshot the service may hold is this process's own, not a
+        # dead predecessor's, so it is not asked for (the newest checkpoint on disk is restored)
+        reused = self._stopped or (not self._started and outcome.any_registered())
+        if self._stopped:
             self._reset_for_reuse()
         if not self._started and not self._stopped:
             outcome.register(self.outcome)  # once, even when reused after a stop
@@ -260,7 +215,7 @@ class Supervisor(SummaryMethods, Tf1Properties):
         if self._ctx is not None and standby.is_standby():
             standby.wait_for_promotion(self._ctx)  # a hot standby: everything before this is done already
         t0 = self._clock()
-        self._install_signal_handlers()
+        self._signals.install(self.coord)
         endpoints = self._connect_services()
         self._channels = TrainerChannels(endpoints, supervised=self._ctx is not None and self._ctx.supervised,
                                          clock=self._clock, services=self.is_chief)
@@ -272,7 +227,7 @@ class Supervisor(SummaryMethods, Tf1Properties):
             skipped = self._ckpt.restore_or_init(self._init)
         else:
             self._init()
-        self._step = int(self.global_step.numpy())
+        self._step = int(self._global_step.numpy())
         pid = os.getpid()
         attempt = self._ctx.attempt if self._ctx else 1
         saving = self._ckpt is not None and self.is_chief
@@ -295,8 +250,15 @@ class Supervisor(SummaryMethods, Tf1Properties):
         checkpoint (unless an exception was recorded), flush summaries and release everything, all
         within one ``stop_grace_secs`` deadline. Re-raises like TF: the recorded exception, else a
         ``RuntimeError`` for threads still alive after the grace period (unless ``ignore_live_threads``).
-        ``close_summary_writer=False`` skips the SessionLog STOP (TF kept the writer open)."""
+        ``close_summary_writer=False`` skips the SessionLog STOP; summaries logged after the stop wait
+        for this Supervisor's next session (TF kept the writer open): warned once."""
         deadline = self._clock() + self.stop_grace_secs
+        if not close_summary_writer:
+            warn_once("Supervisor.stop.close_summary_writer",
+                      "stop(close_summary_writer=False): no SessionLog STOP is written, but the summary "
+                      "service is a process the stop disconnects from, so summaries logged after stop() are "
+                      "written only when this Supervisor opens its next session (TF wrote them at once); "
+                      "log them before stop()")
         self.coord.request_stop()
         try:
             self.coord.join(threads, stop_grace_period_secs=self.stop_grace_secs,
@@ -332,18 +294,6 @@ class Supervisor(SummaryMethods, Tf1Properties):
         finally:
             self._release(deadline)
 
-    def start_standard_services(self, sess: Any = None) -> list[Any]:
-        """TF started its checkpoint, summary and step-counter threads here. procsv's services are
-        separate processes, running since the session was prepared: no thread to return, so []."""
-        return []
-
-    def start_queue_runners(self, sess: Any = None, queue_runners: Any = None) -> list[Any]:
-        """TF2 has no queue runners (use ``tf.data``): nothing to start, so []."""
-        if queue_runners:
-            warn_once("Supervisor.start_queue_runners", "start_queue_runners(queue_runners=...): TF2 has no queue "
-                                                        "runners; feed the steps from a tf.data.Dataset instead")
-        return []
-
     def commit_checkpoint(self, deadline: Optional[float] = None) -> bool:
         """Commit a checkpoint of the last completed step now, waiting up to ``stop_grace_secs``
         (``preempted`` after SIGTERM/SIGINT, else ``final``); True if that step is committed.
@@ -360,39 +310,9 @@ class Supervisor(SummaryMethods, Tf1Properties):
 
     def outcome(self) -> outcome.Outcome:
         """What this Supervisor achieved so far (the trainer's bootstrap reads it at exit)."""
-        return outcome.Outcome(self._steps_completed, self._stopped_by_signal, 1, self._unsaved)
-
-    def request_stop(self, ex: Any = None) -> None:
-        """Ask for a stop; ``ex`` (an exception or a ``sys.exc_info()`` tuple) is re-raised at the end."""
-        self.coord.request_stop(ex)
-
-    def should_stop(self) -> bool:
-        return self.coord.should_stop()
-
-    def stop_on_exception(self) -> Any:
-        return self.coord.stop_on_exception()
-
-    def wait_for_stop(self) -> None:
-        self.coord.wait_for_stop()
-
-    def loop(self, timer_interval_secs: Optional[float], target: Callable[..., Any], args: Any = None,
-             kwargs: Any = None) -> LooperThread:
-        """Start a thread calling ``target`` every ``timer_interval_secs`` until a stop is requested."""
-        looper = LooperThread(self.coord, timer_interval_secs, target, args, kwargs)
-        looper.start()
-        return looper
+        return outcome.Outcome(self._counter.completed, self._stopped_by_signal, 1, self._unsaved)
 
     # ----------------------------------------------------------------- internals
-    def _install_signal_handlers(self) -> None:
-        def on_signal(signum: int, frame: Any) -> None:
-            self.coord.request_stop_from_signal(signum)
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._old_handlers[sig] = signal.signal(sig, on_signal)
-        early = outcome.early_stop_signal()
-        if early is not None:
-            self.coord.request_stop_from_signal(early)
-
     def _reset_for_reuse(self) -> None:
         """A prepare after a stop (TF's "retry on preemption" loop): clear the stop, fresh services."""
         signalled = self.coord.stop_signal
@@ -401,10 +321,21 @@ class Supervisor(SummaryMethods, Tf1Properties):
             self.coord.request_stop_from_signal(signalled)
         self._stopped = False
         self._unsaved = False
-        self._first_step_done = False
+        self._progress.first_done = False
         self.__dict__.pop("_summary_sender", None)
         if self._ckpt is not None:
-            self._ckpt = self._new_agent()
+            self._ckpt = self._agent()
+
+    def _agent(self) -> CheckpointAgent:
+        """A session's checkpoint agent; every snapshot it takes first brings global_step up to date."""
+        agent = self._new_agent()
+        agent.prepare_snapshot.append(self._counter.sync)
+        return agent
+
+    @property
+    def global_step(self) -> Any:
+        """The global step variable (int64). Handing it out makes procsv advance it at every step."""
+        return self._counter.expose()
 
     def _connect_services(self) -> Endpoints:
         if self._ctx is not None:
@@ -423,18 +354,9 @@ class Supervisor(SummaryMethods, Tf1Properties):
         if self.coord.should_stop():
             raise TrainingStopped("a stop was requested; the training loop should end")
         if self._ckpt is not None and self._channels is not None and self.is_chief:
-            # checkpoint work for the completed step happens here, before the next one runs: the
-            # state is still that of step ``self._step``, and the summaries the program logged for
-            # it after ``run`` returned are handed off first, so a commit never gets ahead of them
-            now = self._clock()
-            if self._ckpt.poll(self._channels, self._step, now):
-                self._flush_summaries(force=False, urgent=True)
-                self._ckpt.snapshot(self._channels, self._step)
-            elif self._ckpt.waiting() and self._ckpt.release_memory(self._channels, self._summaries_unwritten_from()):
-                pass  # the waiting in-memory snapshot went to the service: the next is not due yet
-            elif self._ckpt.memory_due(self._step, now):
-                self._flush_summaries(force=False, urgent=True)
-                self._ckpt.memory_snapshot(self._channels, self._step, self._summaries_unwritten_from())
+            # the state is still that of step ``self._step``; its summaries are handed off first
+            checkpoint_work(self._ckpt, self._channels, self._step, self._clock(),
+                            lambda: self._flush_summaries(force=False, urgent=True), self._summaries_unwritten_from)
             if self._ckpt.failure is not None:  # checkpoints keep failing: stop, the TF way
                 self.coord.request_stop(self._ckpt.failure)
                 raise TrainingStopped(str(self._ckpt.failure))
@@ -443,36 +365,20 @@ class Supervisor(SummaryMethods, Tf1Properties):
         return before
 
     def _end_step(self, before: int) -> None:
-        """After a step: advance global_step (unless the program did: a value other than ``before``
-        means it counts itself, e.g. ``optimizer.iterations``; never count twice), then report."""
-        # reading the variable is an eager op (tens of microseconds, as much as a small model's
-        # step): checked at the first steps, where a program that counts itself shows it, then
-        # every DETECT_EVERY steps
-        n = self._steps_completed
-        if not self._program_counts and self.increment_global_step is None and (n < 3 or n % DETECT_EVERY == 0):
-            if int(self.global_step.numpy()) != before:
-                self._program_counts = True
-                warn_once("Supervisor.global_step", "the program advances global_step itself: procsv reads it "
-                                                    "and no longer increments it")
-        if self._program_counts:
-            self._step = int(self.global_step.numpy())
-        elif self._one is not None:
-            self.global_step.assign_add(self._one, read_value=False)  # one op: no conversion, no read
-        else:
-            self.global_step.assign_add(1)
-        self._steps_completed += 1
+        """After a step: advance global_step (unless the program did: :class:`StepCounter`), then report."""
+        counted = self._counter.advance(before)
+        if counted is not None:
+            self._step = counted
         ch = self._channels
         assert ch is not None
         now = self._clock()
-        if not self._first_step_done or now - self._last_progress >= PROGRESS_EVERY:
-            self._first_step_done = True
-            self._last_progress = now
-            ch.to_watchdog(Progress(os.getpid(), self._step, time.time()))
+        self._progress.after_step(ch, self._step, now)
         if self.save_summaries_secs and now >= self._next_summary:
             self._periodic_summaries(now)
         self._flush_summaries(force=False)
 
     def _release(self, deadline: Optional[float] = None) -> None:
+        self._counter.sync()  # the variable holds the step again, for the program and a next session
         if self._channels is not None:
             self._channels.close()
             self._channels = None
@@ -480,9 +386,7 @@ class Supervisor(SummaryMethods, Tf1Properties):
             grace = self.stop_grace_secs if deadline is None else max(1.0, deadline - self._clock())
             self._own.release(grace)
             self._own = None
-        for sig, handler in self._old_handlers.items():
-            signal.signal(sig, handler)
-        self._old_handlers = {}
+        self._signals.restore()
 
 
 add_camel_case_aliases(Supervisor)

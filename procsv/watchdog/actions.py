@@ -2,7 +2,7 @@
 
 Runs in the watchdog. :func:`procsv.watchdog.decide.decide` returns a list of these;
 :class:`procsv.watchdog.executor.Executor` performs them (spawn, signal, kill) and
-:func:`procsv.watchdog.decide.note` records in the :class:`~procsv.watchdog.state.RunView` what
+:func:`procsv.watchdog.bookkeeping.note` records in the :class:`~procsv.watchdog.state.RunView` what
 each one changed, so that deciding again without a new observation asks for nothing new.
 """
 

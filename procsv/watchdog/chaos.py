@@ -8,7 +8,9 @@ Runs in the watchdog. SPEC is a comma-separated list of ``key=value``:
 
 Delays count from the moment the target completed its first step (the trainer) or started (a
 service) after the previous kill, so every attempt gets the same chance to make progress.
-Parsing and scheduling are pure; the watchdog performs the kill.
+Parsing and scheduling are pure; the watchdog performs the kill. :func:`chaos_actions` is rule 5
+of the decision function (:func:`procsv.watchdog.decide.decide` composes it): arm the plan once
+per attempt of the target, signal it when due, never while it is busy.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from procsv.common.errors import UsageError
+from procsv.watchdog.actions import Action, ArmChaos, Cause, Signal, SkipChaos
+from procsv.watchdog.state import TRAINER, RunView
 
 _ROLES = ("trainer", "checkpoint", "summary")
 
@@ -65,3 +69,22 @@ def parse_chaos(spec: str) -> ChaosPlan:
     if sig_name not in ("KILL", "TERM"):
         raise UsageError(f"--chaos signal must be KILL or TERM, not {fields['signal']!r}")
     return ChaosPlan(every, low, high, target, getattr(signal, "SIG" + sig_name), seed)
+
+
+def chaos_actions(view: RunView, now: float, plan: Optional[ChaosPlan]) -> list[Action]:
+    """Rule 5: scheduled kills, armed once per attempt of the target."""
+    if plan is None or view.stop_signal is not None:
+        return []
+    victim = view.children.get(plan.target)
+    current = victim is not None and victim.live and view.chaos_armed_for == (victim.slot, victim.attempt)
+    if victim is not None and victim.live and not current:
+        since = victim.first_step_at if victim.role == TRAINER else victim.started
+        if since is not None:  # a new attempt is ready: its own schedule replaces any earlier one
+            return [ArmChaos(victim.slot, victim.attempt, since + view.chaos_next_delay)]
+    if view.chaos_at is None or now < view.chaos_at:
+        return []
+    if victim is None or not current:
+        return [SkipChaos(plan.target)]  # its attempt is gone
+    if victim.busy:
+        return []  # never while it snapshots or writes its final checkpoint: when it is done
+    return [Signal(victim.slot, victim.attempt, plan.signal, Cause.CHAOS)]

@@ -15,7 +15,7 @@ from typing import Optional
 
 from procsv.common.errors import UsageError
 from procsv.watchdog.chaos import parse_chaos
-from procsv.watchdog.decide import Limits
+from procsv.watchdog.limits import Limits
 from procsv.watchdog.hang import HangLimits
 from procsv.watchdog.logrotate import DEFAULT_KEEP
 from procsv.watchdog.policy import RestartPolicy

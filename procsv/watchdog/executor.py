@@ -2,7 +2,7 @@
 
 Runs in the watchdog. For each :mod:`~procsv.watchdog.actions` value it does the effect (start a
 process, from the pre-warmed trainer when it is ready; send a signal; kill a process group),
-records the action's consequences in the view (:func:`procsv.watchdog.decide.note`), and
+records the action's consequences in the view (:func:`procsv.watchdog.bookkeeping.note`), and
 reports it (lifecycle event, terminal line). After starting an attempt it rotates that role's
 per-attempt log files (:mod:`procsv.watchdog.logrotate`). It also owns the live :class:`ChildProcess`
 handles, the pre-warmed trainer and the chaos plan's seeded generator.
@@ -24,7 +24,8 @@ from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, Gi
                                      Promote, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
                                      StopLogdirLost)
 from procsv.watchdog.config import LaunchConfig
-from procsv.watchdog.decide import Limits, find, note
+from procsv.watchdog.bookkeeping import find, note
+from procsv.watchdog.limits import Limits
 from procsv.watchdog.events import Event
 from procsv.watchdog.children import ChildProcess, Process, watch_death
 from procsv.watchdog.logrotate import rotate

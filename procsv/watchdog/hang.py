@@ -5,12 +5,20 @@ trainer that has been silent for longer than its timeout is hung. Before its fir
 longer ``startup_timeout`` applies (import, restore and tf.function tracing happen then); while
 the trainer says it is busy on purpose (a snapshot, its final checkpoint) the longer
 ``busy_timeout`` applies instead, so a trainer stuck in a snapshot copy is still caught.
+
+:func:`hang_actions` is rule 4 of the decision function (:func:`procsv.watchdog.decide.decide`
+composes it): a hung trainer gets SIGTERM, then SIGKILL once its grace (``hang_kill_at``) passed.
 """
 
 from __future__ import annotations
 
+import signal
+
 from dataclasses import dataclass
 from typing import Optional
+
+from procsv.watchdog.actions import Action, Cause, Kill, Signal
+from procsv.watchdog.state import ChildView, RunView
 
 
 @dataclass(frozen=True)
@@ -38,3 +46,15 @@ def hang_reason(now: float, *, started: float, last_progress: Optional[float], b
     if limit and limit > 0 and now - last_progress > limit:
         return f"no step completed for {now - last_progress:.1f} s (--hang-timeout {limit:g} s)"
     return None
+
+
+def hang_actions(view: RunView, t: ChildView, now: float, limits: HangLimits) -> list[Action]:
+    """Rule 4: a trainer that makes no progress."""
+    if not t.live or view.stop_signal is not None:
+        return []
+    if t.hang_kill_at is not None:
+        return [Kill(t.slot, t.attempt, Cause.HANG)] if now >= t.hang_kill_at else []
+    if t.hang_cause:
+        return []
+    reason = hang_reason(now, started=t.started, last_progress=t.last_progress_at, busy=t.busy, limits=limits)
+    return [] if reason is None else [Signal(t.slot, t.attempt, signal.SIGTERM, Cause.HANG, reason)]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from procsv.ipc.messages import Hello, Message, Progress, SaveOverdue, SaveResult, StandbyReady, TrainerReady
-from procsv.watchdog.decide import find, request_stop
+from procsv.watchdog.bookkeeping import find, request_stop
 from procsv.watchdog.events import Event
 from procsv.watchdog.failures import Failure
 from procsv.watchdog.lifecycle import ProcState

@@ -1,0 +1,131 @@
+"""The messages of the checkpoint channel, between the trainer and the checkpoint service.
+
+The trainer (DEALER) and the checkpoint service (ROUTER on ``checkpoint.sock``) send them: up,
+:class:`CheckpointSetup`, :class:`SaveData` (with the :class:`TensorSpec` of each tensor and the
+:class:`ArenaRef` of the snapshot memory) and :class:`RecoverQuery`; down, :class:`SaveRequest`,
+:class:`SaveResult` (also pushed to the watchdog), :class:`SnapshotHeld` and :class:`RecoverReply`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+from procsv.ipc.message_base import Message, SaveReason
+
+
+@dataclass(frozen=True)
+class CheckpointSetup(Message):
+    """The trainer's checkpoint policy; sent at start and repeated as a heartbeat."""
+
+    KIND: ClassVar[str] = "checkpoint_setup"
+    pid: int
+    basename: str
+    save_model_secs: Optional[float]
+    max_to_keep: int
+    keep_checkpoint_every_n_hours: Optional[float]
+    step: int
+    arena: Optional[ArenaRef] = None  # the snapshot memory, so the service can map it ahead of time
+    in_flight: Optional[int] = None  # the step of the snapshot awaiting its SaveResult, if any
+
+
+@dataclass(frozen=True)
+class ArenaRef:
+    """The trainer's shared snapshot memory (a memfd): ``path`` is ``/proc/<pid>/fd/<fd>``.
+
+    ``ino`` tells one memfd from a later one at the same path; ``size`` is its length in bytes.
+    """
+
+    path: str
+    ino: int
+    size: int
+
+
+@dataclass(frozen=True)
+class SaveRequest(Message):
+    """Checkpoint service -> trainer: take a snapshot at your next step boundary."""
+
+    KIND: ClassVar[str] = "save_request"
+    reason: SaveReason
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """How one tensor travels: its checkpoint key, dtype name and shape.
+
+    Numeric tensors travel as one raw frame (C order), or, when ``offset`` is set, lie at that
+    byte offset of the snapshot memory named by ``SaveData.arena`` (no frame). String tensors
+    travel as one frame of concatenated bytes with the element lengths in ``lengths``; variant
+    tensors (e.g. a tf.data iterator's state) as one frame holding a serialized ``TensorProto``.
+    """
+
+    key: str
+    dtype: str
+    shape: list[int]
+    lengths: Optional[list[int]] = None
+    offset: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class SaveData(Message):
+    """Trainer -> checkpoint service: a snapshot of the state at ``step``.
+
+    One frame per tensor without an ``offset``; the others lie in ``arena``, in snapshot slot
+    ``slot``, which the trainer leaves untouched until the matching :class:`SaveResult` arrives.
+    ``persist=False`` is an in-memory snapshot: the service holds it (the newest one only) and
+    answers :class:`SnapshotHeld`; it writes it to disk only if the trainer dies.
+    """
+
+    KIND: ClassVar[str] = "save_data"
+    step: int
+    reason: SaveReason
+    basename: str
+    tensors: list[TensorSpec]
+    arena: Optional[ArenaRef] = None
+    slot: int = 0
+    persist: bool = True
+
+
+@dataclass(frozen=True)
+class SaveResult(Message):
+    """Checkpoint service -> trainer and watchdog: a save committed (``ok``) or failed."""
+
+    KIND: ClassVar[str] = "save_result"
+    step: int
+    reason: SaveReason
+    ok: bool
+    path: Optional[str]
+    error: Optional[str]
+    persist_secs: float
+
+
+@dataclass(frozen=True)
+class SnapshotHeld(Message):
+    """Checkpoint service -> trainer: it now holds the in-memory snapshot of ``step`` (its newest)."""
+
+    KIND: ClassVar[str] = "snapshot_held"
+    step: int
+
+
+@dataclass(frozen=True)
+class RecoverQuery(Message):
+    """Trainer -> checkpoint service, at a restart before restoring: persist the in-memory snapshot
+    of a dead trainer now, if one is held and newer than every checkpoint, then answer."""
+
+    KIND: ClassVar[str] = "recover_query"
+    pid: int
+
+
+@dataclass(frozen=True)
+class RecoverReply(Message):
+    """Checkpoint service -> trainer: the answer to :class:`RecoverQuery`. ``step`` is the step of
+    the in-memory snapshot it just committed (at ``path``), -1 if none; ``note`` says why not."""
+
+    KIND: ClassVar[str] = "recover_reply"
+    step: int
+    path: Optional[str]
+    note: str
+
+
+__all__ = ["CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "SnapshotHeld", "RecoverQuery",
+           "RecoverReply"]

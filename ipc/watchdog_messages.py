@@ -1,0 +1,81 @@
+"""The messages of the watchdog's channel: what a child process reports to the watchdog.
+
+Sent by the trainer, the standby trainer and the services (a PUSH socket each, to the watchdog's
+PULL on ``watchdog.sock``); received by the watchdog. :class:`procsv.ipc.messages.SaveResult`, a
+checkpoint message, travels this channel too (the checkpoint service pushes a copy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Optional
+
+from procsv.ipc.message_base import Busy, Message, Role
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    """A child process is up and connected."""
+
+    KIND: ClassVar[str] = "hello"
+    role: Role
+    pid: int
+    attempt: int
+
+
+@dataclass(frozen=True)
+class TrainerReady(Message):
+    """The trainer restored (or initialized) its state and is about to run its first step."""
+
+    KIND: ClassVar[str] = "trainer_ready"
+    pid: int
+    attempt: int
+    step: int
+    restored_from: Optional[str]
+    restore_secs: float
+    skipped: list[str] = field(default_factory=list)  # corrupt checkpoints passed over
+    save_secs: Optional[float] = None  # its checkpoint schedule (save_model_secs), if checkpointing
+    save_steps: Optional[int] = None  # ... and save_checkpoint_steps: the watchdog notices a stall
+
+
+@dataclass(frozen=True)
+class Progress(Message):
+    """The trainer completed ``step`` (sent after the first step, then at most every 100 ms).
+
+    ``busy`` names work the trainer does on purpose between steps (a ``snapshot``, the
+    ``final_checkpoint``): the watchdog then measures the trainer against the longer busy limit
+    (hang timeout + stop grace) until a Progress without it.
+    ``Busy.NONE`` (the default) is the empty string, so ``bool(busy)`` is False when not busy.
+    """
+
+    KIND: ClassVar[str] = "progress"
+    pid: int
+    step: int
+    wall_time: float
+    busy: Busy = Busy.NONE
+
+
+@dataclass(frozen=True)
+class SaveOverdue(Message):
+    """Trainer -> watchdog: the snapshot of ``step`` has had no :class:`SaveResult` for
+    ``waited_secs``, past its deadline of ``deadline_secs`` (from the measured persist rate, with a
+    floor). Sent once per deadline that passes; the watchdog replaces the checkpoint service."""
+
+    KIND: ClassVar[str] = "save_overdue"
+    pid: int
+    step: int
+    waited_secs: float
+    deadline_secs: float
+
+
+@dataclass(frozen=True)
+class StandbyReady(Message):
+    """Standby trainer -> watchdog: it has run the program up to restoring and waits to be promoted."""
+
+    KIND: ClassVar[str] = "standby_ready"
+    pid: int
+    attempt: int
+    prepare_secs: float
+
+
+__all__ = ["Hello", "TrainerReady", "Progress", "SaveOverdue", "StandbyReady"]

@@ -1,0 +1,118 @@
+"""Restore at start: the newest committed checkpoint that verifies and restores, else ``init``.
+
+Runs in the trainer's main thread, once per session, called by
+:meth:`procsv.trainer.checkpointing.CheckpointAgent.restore_or_init` before the first step. The
+rules of the walk (skip a corrupt checkpoint, retry then fail on an unreadable one, refuse to start
+from step 0 when checkpoints exist but none restores) are :mod:`procsv.trainer.restore`'s; this
+module applies them to a logdir with TensorFlow: damaged manifests are reported (and refused when
+nothing else is committed), each checkpoint is verified against its manifest then restored (TF's
+read errors become :class:`CorruptCheckpoint` or :class:`UnreadableCheckpoint`, a checkpoint that
+does not match the program a :class:`MismatchedCheckpoint`), and with nothing committed a plain-TF
+checkpoint of the logdir is restored.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from procsv.common.errors import CorruptCheckpoint, MismatchedCheckpoint, NoRestorableCheckpoint, UnreadableCheckpoint
+from procsv.common.layout import Layout
+from procsv.common.manifests import Manifest, damaged_manifests, list_committed, step_of_prefix, unreadable_file, verify
+from procsv.trainer import restore
+from procsv.trainer.restore import ReadRetry
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What :func:`restore_or_init` did: the checkpoint path it restored (None: it initialized)
+    and the corrupt prefixes it passed over, newest first."""
+
+    path: Optional[str]
+    corrupt: list[str]
+
+
+def restore_or_init(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], None], *,
+                    allow_reinit: bool, read_retry: ReadRetry, clock: Callable[[], float],
+                    sleep: Callable[[float], None]) -> Restored:
+    """Restore the newest committed checkpoint that verifies and restores. With none committed: a
+    plain-TF checkpoint of the logdir, else ``init``.
+
+    Raises :class:`UnreadableCheckpoint` (a file stayed unreadable for ``read_retry.total_secs``)
+    and :class:`NoRestorableCheckpoint` (every committed checkpoint is corrupt and not
+    ``allow_reinit``): the rules are in :mod:`procsv.trainer.restore`.
+    """
+    import tensorflow as tf
+
+    committed = list_committed(layout)
+    damaged = damaged_manifests(layout)
+    for name in damaged:
+        print(f"procsv: ignoring damaged manifest {os.path.join(layout.manifests, name)} (not a valid "
+              "manifest: truncated or edited?); its checkpoint is not restored; move the file aside once you "
+              "have looked at it", file=sys.stderr, flush=True)
+    if damaged and not committed and not allow_reinit:
+        raise NoRestorableCheckpoint(
+            f"refusing to start from step 0: the {len(damaged)} checkpoint manifest(s) in "
+            f"{layout.manifests} are damaged and no other checkpoint is committed; restore them, or "
+            "launch with --allow-reinit to start from scratch")
+
+    def on_corrupt(manifest: Manifest, why: str) -> None:
+        print(f"procsv: skipping corrupt checkpoint {manifest.prefix} ({why}); trying an older one",
+              file=sys.stderr, flush=True)
+
+    choice = restore.choose(committed, lambda m: verify_and_restore(checkpoint, global_step, layout, m),
+                            allow_reinit=allow_reinit, retry=read_retry, clock=clock, sleep=sleep,
+                            on_corrupt=on_corrupt)
+    path = choice.restored.path(layout.logdir) if choice.restored is not None else None
+    if choice.restored is None:
+        legacy = tf.train.latest_checkpoint(layout.logdir) if not committed and not damaged else None
+        if legacy:
+            restore_path(checkpoint, global_step, legacy)
+            path = legacy
+        else:
+            if committed:
+                print(f"procsv: none of the {len(committed)} committed checkpoints can be restored; "
+                      "starting from scratch as allowed (allow_reinit)", file=sys.stderr, flush=True)
+            init()
+    if choice.corrupt:
+        names = ", ".join(m.prefix for m, _ in choice.corrupt)
+        print(f"procsv: the checkpoint service moves the corrupt {names} to {layout.quarantine}/ "
+              "(not deleted: look at them there)", file=sys.stderr, flush=True)
+    return Restored(path, [m.prefix for m, _ in choice.corrupt])
+
+
+def verify_and_restore(checkpoint: Any, global_step: Any, layout: Layout, manifest: Manifest) -> None:
+    """Verify then restore one committed checkpoint; TF's read errors become
+    :class:`CorruptCheckpoint` (data loss, not found) or :class:`UnreadableCheckpoint`."""
+    import tensorflow as tf
+
+    verify(layout, manifest)
+    try:
+        restore_path(checkpoint, global_step, manifest.path(layout.logdir))
+    except (tf.errors.DataLossError, tf.errors.NotFoundError) as exc:
+        raise CorruptCheckpoint(f"{manifest.prefix}: {str(exc).splitlines()[0]}") from None
+    except (tf.errors.PermissionDeniedError, tf.errors.UnavailableError) as exc:
+        raise UnreadableCheckpoint(f"{manifest.prefix}: {str(exc).splitlines()[0]}") from None
+    except FileNotFoundError as exc:
+        raise CorruptCheckpoint(f"{manifest.prefix}: {exc}") from None
+    except OSError as exc:
+        raise unreadable_file(manifest.prefix, exc.filename or "?", exc) from None
+
+
+def restore_path(checkpoint: Any, global_step: Any, path: str) -> None:
+    """Restore ``path`` and set ``global_step`` to the step its name says; a checkpoint that does
+    not match the program (a variable missing, or of another shape: a changed layer size) is a
+    :class:`MismatchedCheckpoint` naming the variable."""
+    try:
+        status = checkpoint.restore(path)
+        status.assert_existing_objects_matched()
+    except (AssertionError, ValueError) as exc:  # ValueError: "incompatible tensor with shape ... name ..."
+        raise MismatchedCheckpoint(
+            f"checkpoint {path} does not match this program's state ({str(exc).splitlines()[0]}); "
+            "restore it with the program that wrote it, or use a new --logdir"
+        ) from None
+    step = step_of_prefix(path)
+    if step is not None and int(global_step.numpy()) != step:
+        global_step.assign(step)

@@ -1,0 +1,94 @@
+"""The trainer's snapshot memory, and the copy of the training state into one of its slots.
+
+Runs in the trainer's main thread, owned by :class:`procsv.trainer.checkpointing.CheckpointAgent`,
+which decides when a snapshot is taken and where it goes; this module only takes it. The memory is
+a shared arena (:class:`~procsv.trainer.snapshot.SnapshotArena`) set up once, right after the
+restore, and pre-faulted by a low-priority thread; it is made again, bigger, when the state
+outgrows it (new variables), and where no memfd can be made snapshots travel as ZeroMQ frames
+instead. A slot's header says ``writing`` while the copy runs, then ``complete``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable, Optional
+
+from procsv.common import faults
+from procsv.common.snapshot_memory import SLOT_COMPLETE, SLOT_WRITING
+from procsv.ipc.messages import ArenaRef
+from procsv.trainer.memory_tier import Slots
+from procsv.trainer.snapshot import Plan, Snapshot, SnapshotArena, plan, take
+
+
+def stuck_here(name: str, detail: str = "") -> None:
+    """Hang here for good if ``PROCSV_FAULT`` is ``trainer:<name>[:<n>]`` (tests only: a snapshot
+    copy stuck on a page fault of dead storage looks like this; a kill meanwhile leaves a copy half
+    done)."""
+    if faults.fires("trainer", name):
+        print(f"procsv: fault injected: stuck at {name}{detail} (PROCSV_FAULT)", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(3600)
+
+
+class SnapshotStore:
+    """Where snapshots of the training state are copied to.
+
+    Owns the shared arena (None before the first snapshot and where no memfd can be made), the
+    bookkeeping of its slots (:class:`Slots`, made afresh with a new arena), and the last walk of
+    the checkpoint's object graph (:class:`Plan`) with the time it was made (``clock``), which an
+    in-memory snapshot may reuse.
+    """
+
+    def __init__(self, checkpoint: Any, slots: int, clock: Callable[[], float]) -> None:
+        self.checkpoint = checkpoint
+        self.clock = clock
+        self.arena: Optional[SnapshotArena] = None
+        self.slots = Slots(slots)
+        self.plan: Optional[Plan] = None  # the last object-graph walk (snapshot.Plan) and when it was made
+        self.plan_at = float("-inf")
+
+    def arena_for(self, nbytes: int, background: bool = False) -> Optional[SnapshotArena]:
+        """The snapshot memory, (re)created when the state has outgrown it (new variables)."""
+        if self.arena is not None and self.arena.slot_size >= nbytes:
+            return self.arena
+        if self.arena is not None:
+            # nothing in flight to disk when we get here; the service keeps its own mapping of a held snapshot
+            self.arena.close()
+            self.arena = None
+            self.slots = Slots(self.slots.n)
+        try:
+            self.arena = SnapshotArena(nbytes, self.slots.n)
+        except OSError as exc:  # no memfd here: snapshots travel as ZeroMQ frames instead
+            print(f"procsv: no shared snapshot memory ({exc}); checkpoints copy through ZeroMQ",
+                  file=sys.stderr, flush=True)
+            return None
+        self.arena.populate(background)
+        return self.arena
+
+    def plan_reusable(self, now: float, max_age: float) -> bool:
+        """The last walk of the object graph may be reused at ``now`` (made under ``max_age`` s ago)."""
+        return self.plan is not None and self.plan.reusable and now - self.plan_at < max_age
+
+    def take(self, step: int, slot: int, fresh: bool = True) -> Snapshot:
+        """Copy the state into ``slot`` (its header says writing, then complete) and gather the rest;
+        walk the object graph again unless not ``fresh`` (then :attr:`plan` is reused)."""
+        if fresh or self.plan is None:
+            self.plan, self.plan_at = plan(self.checkpoint), self.clock()
+        def place(nbytes: int) -> Optional[tuple[SnapshotArena, int]]:
+            arena = self.arena_for(nbytes)
+            if arena is None:
+                return None
+            arena.mark(slot, SLOT_WRITING, step)
+            return arena, arena.base(slot)
+
+        snap = take(self.checkpoint, place, self.plan)
+        if self.arena is not None and snap.arena_bytes:
+            stuck_here("slot_complete", f" of step {step} in slot {slot}")
+            self.arena.mark(slot, SLOT_COMPLETE, step)
+            self.slots.written(slot, step)
+        return snap
+
+    def ref_of(self, snap: Snapshot) -> Optional[ArenaRef]:
+        """The arena reference a message about ``snap`` carries (None: its tensors are frames)."""
+        return self.arena.ref() if self.arena is not None and snap.arena_bytes else None

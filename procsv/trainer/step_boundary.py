@@ -1,0 +1,120 @@
+"""What the Supervisor does at a step boundary, around each ``session.run(step_fn)``.
+
+Runs in the trainer's main thread, on the thread that prepared the session, never from another
+thread. Before a step, the checkpoint work of the step just completed (:func:`checkpoint_work`),
+while the state is still that step's; after it, the advance of ``global_step``
+(:class:`StepCounter`) and the progress report to the watchdog (:class:`ProgressReporter`). The
+summaries' part of the boundary is :mod:`procsv.trainer.summary_methods`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Optional
+
+from procsv.ipc.messages import Progress
+from procsv.trainer.channels import TrainerChannels
+from procsv.trainer.checkpointing import CheckpointAgent
+from procsv.trainer.hooks import warn_once
+
+PROGRESS_EVERY = 0.1  # seconds between Progress messages to the watchdog
+DETECT_EVERY = 100  # after its first 3 steps, a check every this many steps that the program does not count itself
+
+
+def checkpoint_work(agent: CheckpointAgent, ch: TrainerChannels, step: int, now: float,
+                    hand_off_summaries: Callable[[], None], unwritten_from: Callable[[], Optional[int]]) -> None:
+    """The checkpoint work of the completed ``step``, before the next one runs: a snapshot to disk
+    if one is due, else the hand-off of an in-memory snapshot waiting for its summaries, else a new
+    in-memory snapshot if one is due. The summaries the program logged for ``step`` are handed off
+    first (``hand_off_summaries``), so that a commit never gets ahead of them; ``unwritten_from``
+    gives the lowest step with a summary not confirmed written."""
+    if agent.poll(ch, step, now):
+        hand_off_summaries()
+        agent.snapshot(ch, step)
+    elif agent.waiting() and agent.release_memory(ch, unwritten_from()):
+        pass  # the waiting in-memory snapshot went to the service: the next is not due yet
+    elif agent.memory_due(step, now):
+        hand_off_summaries()
+        agent.memory_snapshot(ch, step, unwritten_from())
+
+
+class StepCounter:
+    """Advances ``global_step`` by one after each step, unless the program advances it itself.
+
+    Owns the choice (``increment``: True or False forces it; None detects it), whether the program
+    was found counting itself (then it is read, never advanced: never count twice), the number of
+    steps this process completed, and the increment as a tensor made once (a ``tf.Variable``'s
+    ``assign_add`` takes it without a conversion).
+
+    A variable procsv created itself (``private``) is held by no one else until the program asks the
+    Supervisor for it, so no step function can read it: its advance is then counted in Python
+    (``pending``) and applied in one op by :meth:`sync` before anything reads it (each snapshot, the
+    stop). An eager op after every step costs far more than the count (tens of microseconds beside a
+    sub-millisecond step). :meth:`expose`, called when the variable is handed out, syncs and ends
+    that for good: from then on every step advances the variable at once.
+    """
+
+    def __init__(self, global_step: Any, increment: Optional[bool], private: bool = False) -> None:
+        import tensorflow as tf
+
+        self.global_step = global_step
+        self.increment = increment
+        self.program_counts = increment is False  # the program advances global_step itself
+        self.completed = 0  # steps completed by this process
+        self.private = private and increment is not False and isinstance(global_step, tf.Variable)
+        self.pending = 0  # advances counted, not applied to the variable yet (only while private)
+        self._raw = tf.raw_ops.AssignAddVariableOp  # the op alone: half the cost of Variable.assign_add
+        self._one = tf.constant(1, dtype=global_step.dtype) if isinstance(global_step, tf.Variable) else None
+
+    def advance(self, before: int) -> Optional[int]:
+        """After a step that began at ``before``: advance ``global_step``, or, when the program counts
+        itself (a value other than ``before``, e.g. ``optimizer.iterations``), return the step it says."""
+        self.completed += 1
+        if self.private:  # nobody else holds the variable: nobody else can advance or read it
+            self.pending += 1
+            return None
+        # reading the variable is an eager op (tens of microseconds, as much as a small model's
+        # step): checked at the first steps, where a program that counts itself shows it, then
+        # every DETECT_EVERY steps
+        n = self.completed - 1
+        if not self.program_counts and self.increment is None and (n < 3 or n % DETECT_EVERY == 0):
+            if int(self.global_step.numpy()) != before:
+                self.program_counts = True
+                warn_once("Supervisor.global_step", "the program advances global_step itself: procsv reads it "
+                                                    "and no longer increments it")
+        if self.program_counts:
+            return int(self.global_step.numpy())
+        if self._one is not None:
+            self._raw(resource=self.global_step.handle, value=self._one)
+        else:
+            self.global_step.assign_add(1)
+        return None
+
+    def sync(self) -> None:
+        """Apply the advances counted in Python (one op), so the variable holds the step."""
+        if self.pending:
+            pending, self.pending = self.pending, 0
+            self.global_step.assign_add(pending, read_value=False)
+
+    def expose(self) -> Any:
+        """The variable, for someone else to hold: synced, and advanced at every step from now on."""
+        self.sync()
+        self.private = False
+        return self.global_step
+
+
+class ProgressReporter:
+    """Tells the watchdog the step reached: after a session's first step at once, then at most every
+    :data:`PROGRESS_EVERY` s. Owns whether the first was reported and when the last was sent."""
+
+    def __init__(self) -> None:
+        self.first_done = False
+        self.last = 0.0
+
+    def after_step(self, ch: TrainerChannels, step: int, now: float) -> None:
+        """``step`` steps are completed at ``now`` (the Supervisor's clock)."""
+        if not self.first_done or now - self.last >= PROGRESS_EVERY:
+            self.first_done = True
+            self.last = now
+            ch.to_watchdog(Progress(os.getpid(), step, time.time()))

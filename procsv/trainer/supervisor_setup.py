@@ -1,0 +1,91 @@
+"""What a :class:`procsv.Supervisor` decides from its constructor's arguments, before any session.
+
+Runs in the trainer process, inside ``Supervisor.__init__``: which logdir (the launch's, or the
+one given; they must agree) and the refusal of arguments that cannot work (:func:`layout_for`);
+the state to save, as a ``tf.train.Checkpoint`` holding the ``global_step`` variable
+(:func:`trackable_state`); and how each session's :class:`CheckpointAgent` is made, with the
+settings ``procsv launch`` passes through the environment (:func:`agent_factory`). Free functions
+of their arguments: the Supervisor keeps what they return.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable, Mapping, Optional
+
+from procsv.common import bootstrap, env
+from procsv.common.errors import UsageError
+from procsv.common.layout import Layout
+from procsv.trainer.checkpointing import CheckpointAgent
+from procsv.trainer.commits import SAVE_DEADLINE_FLOOR
+from procsv.trainer.restore import ReadRetry
+from procsv.trainer.tf1_args import USE_DEFAULT
+
+
+def layout_for(logdir: Optional[str], ctx: Optional[bootstrap.ChildContext], *, is_chief: bool,
+               checkpoint_basename: str, read_retry_secs: float) -> Layout:
+    """The run's :class:`Layout`: ``logdir``, else the launch's (``ctx``). Raises
+    :class:`UsageError` for a missing logdir or one other than the launch's, for ``is_chief=False``
+    under ``procsv launch``, a ``checkpoint_basename`` that is no plain file name and a negative
+    ``read_retry_secs``."""
+    launched = ctx.layout.logdir if ctx else None
+    if logdir is None:
+        logdir = launched
+    if logdir is None:
+        raise UsageError("Supervisor needs a logdir: pass logdir=... or run under `procsv launch --logdir DIR`")
+    if launched and os.path.abspath(logdir) != os.path.abspath(launched):
+        raise UsageError(f"Supervisor(logdir={logdir!r}) differs from the launch's --logdir {launched!r}")
+    if not is_chief and ctx is not None and ctx.supervised:
+        raise UsageError("is_chief=False under procsv launch: the launch runs one trainer, the chief, and a "
+                         "worker saves nothing, so nothing would be saved; drop is_chief=False (several "
+                         "workers per launch are not available yet)")
+    if "/" in checkpoint_basename or not checkpoint_basename:
+        raise UsageError(f"checkpoint_basename {checkpoint_basename!r} must be a plain file name")
+    if read_retry_secs < 0:
+        raise UsageError(f"read_retry_secs must be >= 0, not {read_retry_secs!r}")
+    return Layout(os.path.abspath(logdir))
+
+
+def trackable_state(checkpoint: Any, global_step: Any, saver: Any) -> tuple[Any, Any, bool]:
+    """The state to save (a ``tf.train.Checkpoint``, built from a mapping of names to trackables;
+    None: nothing is saved), the ``global_step`` variable (the one given, else the checkpoint's
+    ``global_step``, else a new int64 one; the checkpoint holds it as ``global_step``) and whether
+    procsv created that variable (then the program holds it only once it asks the Supervisor)."""
+    import tensorflow as tf
+
+    global_step = None if global_step is USE_DEFAULT else global_step
+    if checkpoint is not None and not isinstance(checkpoint, tf.train.Checkpoint):
+        if not isinstance(checkpoint, Mapping):
+            raise UsageError("checkpoint must be a tf.train.Checkpoint or a mapping of names to trackables")
+        checkpoint = tf.train.Checkpoint(**checkpoint)
+    created = False
+    if global_step is None:
+        existing = getattr(checkpoint, "global_step", None) if checkpoint is not None else None
+        created = not isinstance(existing, tf.Variable)
+        global_step = existing if not created else tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+    if checkpoint is not None and getattr(checkpoint, "global_step", None) is None:
+        checkpoint.global_step = global_step
+    if checkpoint is None and saver is not None:
+        print("procsv: warning: Supervisor(checkpoint=None): nothing will be saved, and a restarted trainer "
+              "starts again from step 0; pass checkpoint=tf.train.Checkpoint(model=..., optimizer=...)",
+              file=sys.stderr, flush=True)
+    return checkpoint, global_step, created
+
+
+def agent_factory(checkpoint: Any, global_step: Any, layout: Layout, *, basename: str,
+                  save_model_secs: Optional[float], save_checkpoint_steps: Optional[int], max_to_keep: int,
+                  keep_checkpoint_every_n_hours: Optional[float], allow_reinit: bool, read_retry_secs: float,
+                  failure_limit: int, saving: bool) -> Callable[[], CheckpointAgent]:
+    """Makes the :class:`CheckpointAgent` of each session (a new one for a session prepared again
+    after a stop). ``procsv launch``'s ``PROCSV_CHECKPOINT_FAILURE_LIMIT`` and
+    ``PROCSV_SAVE_DEADLINE`` win over ``failure_limit`` and the default deadline floor."""
+    memory_budget = env.memory_budget()
+    return lambda: CheckpointAgent(
+        checkpoint, global_step, layout, basename=basename,
+        save_model_secs=save_model_secs or None, save_checkpoint_steps=save_checkpoint_steps,
+        max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+        allow_reinit=allow_reinit, read_retry=ReadRetry(total_secs=read_retry_secs),
+        failure_limit=int(os.environ.get(env.CHECKPOINT_FAILURE_LIMIT, failure_limit)),
+        save_deadline_floor=float(os.environ.get(env.SAVE_DEADLINE, SAVE_DEADLINE_FLOOR)), saving=saving,
+        memory_budget=memory_budget)

@@ -1,0 +1,78 @@
+"""The Supervisor's methods that only keep ``tf.compat.v1.train.Supervisor``'s surface (a mixin).
+
+Runs in the trainer process. Stop coordination is the Supervisor's :class:`Coordinator`
+(``request_stop``, ``should_stop``, ``stop_on_exception``, ``wait_for_stop``, ``loop``); TF's
+thread starters have nothing to start, because procsv's services are processes running since the
+session was prepared (``start_standard_services``, ``start_queue_runners``); and the TF1 path
+properties (``save_path``, ``logdir``). The Supervisor's own behaviour is not here: its session
+lifecycle is :mod:`procsv.trainer.supervisor`, the TF1 constructor arguments and properties
+:mod:`procsv.trainer.tf1_args`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional
+
+from procsv.common.layout import Layout
+from procsv.trainer.coordinator import Coordinator, LooperThread
+from procsv.trainer.hooks import warn_once
+
+
+def warn_ignored_prepare_args(master: str, config: Any, start_standard_services: bool) -> None:
+    """Warn once about ``prepare_or_wait_for_session``'s arguments that mean nothing in TF2."""
+    if not start_standard_services:
+        warn_once("Supervisor.start_standard_services", "start_standard_services=False: procsv's checkpoint "
+                                                        "and summary services are processes and always run")
+    if master or config is not None:
+        warn_once("Supervisor.prepare", "master and config have no TF2 meaning and are ignored (the newest "
+                                        "checkpoint, if any, is restored)")
+
+
+class Tf1Methods:
+    """TF's Supervisor methods that delegate to the Supervisor's coordinator or do nothing in TF2:
+    a mixin that owns no state (it reads the Supervisor's ``coord`` and ``layout``)."""
+
+    coord: Coordinator
+    layout: Layout
+    checkpoint_basename: str
+
+    @property
+    def save_path(self) -> str:
+        return os.path.join(self.layout.logdir, self.checkpoint_basename)
+
+    @property
+    def logdir(self) -> str:
+        return self.layout.logdir
+
+    def start_standard_services(self, sess: Any = None) -> list[Any]:
+        """TF started its checkpoint, summary and step-counter threads here. procsv's services are
+        separate processes, running since the session was prepared: no thread to return, so []."""
+        return []
+
+    def start_queue_runners(self, sess: Any = None, queue_runners: Any = None) -> list[Any]:
+        """TF2 has no queue runners (use ``tf.data``): nothing to start, so []."""
+        if queue_runners:
+            warn_once("Supervisor.start_queue_runners", "start_queue_runners(queue_runners=...): TF2 has no queue "
+                                                        "runners; feed the steps from a tf.data.Dataset instead")
+        return []
+
+    def request_stop(self, ex: Any = None) -> None:
+        """Ask for a stop; ``ex`` (an exception or a ``sys.exc_info()`` tuple) is re-raised at the end."""
+        self.coord.request_stop(ex)
+
+    def should_stop(self) -> bool:
+        return self.coord.should_stop()
+
+    def stop_on_exception(self) -> Any:
+        return self.coord.stop_on_exception()
+
+    def wait_for_stop(self) -> None:
+        self.coord.wait_for_stop()
+
+    def loop(self, timer_interval_secs: Optional[float], target: Callable[..., Any], args: Any = None,
+             kwargs: Any = None) -> LooperThread:
+        """Start a thread calling ``target`` every ``timer_interval_secs`` until a stop is requested."""
+        looper = LooperThread(self.coord, timer_interval_secs, target, args, kwargs)
+        looper.start()
+        return looper

@@ -1,0 +1,154 @@
+"""The bookkeeping of the decision function: what each action changed in the observed view.
+
+Runs in the watchdog. Pure of effects like the rules: no clock (``now`` is passed in), no
+process, no file. The executor (:mod:`procsv.watchdog.executor`) performs an action and then
+calls :func:`note`, which records the action's consequences in the
+:class:`~procsv.watchdog.state.RunView`, so that deciding again
+(:func:`procsv.watchdog.decide.decide`) with nothing new observed returns nothing new. Also here:
+:func:`request_stop` (a stop request, also from :mod:`procsv.watchdog.observe`) and :func:`find`
+(an attempt of a slot), and the exit codes the run-level stops set.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Optional
+
+from procsv.watchdog import standby
+from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
+                                     Promote, RespawnService, Restart, Settle, Signal, SkipChaos, Spawn, StandbyGone,
+                                     StopLogdirLost)
+from procsv.watchdog.lifecycle import ProcState, RunState, transition
+from procsv.watchdog.limits import Limits
+from procsv.watchdog.state import STANDBY, TRAINER, ChildView, RunView
+
+EXIT_CHECKPOINTS_FAILING = 3  # the launch's exit code when checkpoints kept failing (rule 8)
+EXIT_LOGDIR_LOST = 1  # the launch's exit code when the logdir was deleted or moved (rule 9)
+
+
+def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
+    """Record in ``view`` what ``action`` changed (the executor performs its effects)."""
+    if isinstance(action, Spawn):
+        if action.role == TRAINER:
+            view.restart_at = None
+        return
+    if isinstance(action, ArmChaos):
+        view.chaos_at, view.chaos_armed_for = action.at, (action.slot, action.attempt)
+        return
+    if isinstance(action, SkipChaos):
+        view.chaos_at = None
+        return
+    if isinstance(action, Promote):
+        promoted = view.children.pop(STANDBY)
+        promoted.slot = promoted.role = TRAINER
+        promoted.started = now  # the attempt starts now: its start-up limit and its recovery breakdown count from here
+        promoted.set_state(ProcState.STARTING)
+        view.children[TRAINER] = promoted
+        view.attempts.append(promoted)
+        view.restart_at = None
+        view.standby_failures = 0
+        return
+    if isinstance(action, StopLogdirLost):
+        view.failed = True
+        view.exit_code = view.exit_code or EXIT_LOGDIR_LOST
+        view.last_error = f"the logdir was lost while the run was live: {action.reason}"
+        request_stop(view, signal.SIGTERM, now, limits.stop_grace_secs)
+        return
+    if isinstance(action, GiveUpCheckpoints):
+        view.failed = True
+        view.exit_code = view.exit_code or EXIT_CHECKPOINTS_FAILING
+        view.last_error = (f"{action.failures} checkpoints in a row failed to commit; the last: "
+                           f"{(view.last_error or '').removeprefix('checkpoint ')}")
+        request_stop(view, signal.SIGTERM, now, limits.stop_grace_secs)
+        return
+    child = find(view, action.slot, action.attempt)
+    if isinstance(action, (Finish, GiveUp)):
+        if child is not None:
+            _settle(child)
+        view.history = action.history
+        if isinstance(action, GiveUp) and child is not None:
+            view.last_error = child.headline()
+        run, code = (action.run, action.exit_code) if isinstance(action, Finish) else (RunState.FAILED, 1)
+        if view.failed:  # a service kept failing: the orderly stop that followed is a failure
+            run = RunState.FAILED
+        view.run = transition(view.run, run)  # type: ignore[assignment]
+        view.exit_code = view.exit_code or code
+        view.finishing = True
+        view.restart_at = None
+        view.services_deadline = now + min(limits.stop_grace_secs, limits.services_grace_secs)
+        return
+    if child is None:
+        raise KeyError(f"{type(action).__name__}: no attempt {action.attempt} of {action.slot}")
+    if isinstance(action, Signal):
+        if action.cause == Cause.CHAOS:
+            view.chaos_at = None
+            child.signalled_at = now
+        elif action.cause == Cause.HANG:
+            child.hang_cause, child.hang_kill_at, child.signalled_at = f"hang: {action.reason}", \
+                now + limits.hang_grace_secs, now
+            child.set_state(ProcState.STOPPING)
+        else:
+            child.set_state(ProcState.STOPPING)
+    elif isinstance(action, Kill):
+        child.killed = True
+        if action.cause == Cause.HANG:
+            child.hang_kill_at = None
+        elif action.cause == Cause.STOP_GRACE:
+            view.stop_deadline = None
+        elif action.cause == Cause.STALL:
+            view.commit_clock = now  # the next stall counts from the replacement
+            for t in view.trainers():
+                t.save_overdue = ""
+            view.last_error = f"checkpoint service stalled: {action.reason}"
+    elif isinstance(action, Restart):
+        _settle(child, early=action.early)
+        child.set_state(ProcState.RESTARTING)
+        view.history = action.history
+        view.restart_at = now + action.delay
+        if not action.preempted:
+            view.last_error = child.headline()
+    elif isinstance(action, RespawnService):
+        _settle(child)
+        child.set_state(ProcState.RESTARTING)
+        view.service_crashes = action.crashes
+    elif isinstance(action, GiveUpService):
+        _settle(child)
+        view.service_crashes = action.crashes
+        view.failed = True
+        view.last_error = f"{child.role} service keeps failing: {child.headline()}"
+        view.exit_code = 1
+        request_stop(view, signal.SIGTERM, now, limits.stop_grace_secs)
+    elif isinstance(action, Settle):
+        _settle(child)
+    elif isinstance(action, StandbyGone):
+        _settle(child)
+        if action.failed:
+            view.standby_failures += 1
+            view.standby_after = now + standby.backoff(view.standby_failures)
+
+
+def request_stop(view: RunView, signum: int, now: float, grace: float) -> None:
+    """A stop request (SIGTERM/SIGINT to the watchdog). A second SIGINT ends the grace period at once."""
+    if view.stop_signal is not None:
+        if signum == signal.SIGINT:
+            view.stop_deadline = now
+        return
+    view.stop_signal = signum
+    view.stop_deadline = now + grace
+    view.restart_at = None
+
+
+def _settle(child: ChildView, early: bool = False) -> None:
+    """The attempt's end was judged (``early``: on its death notice, before its exit status)."""
+    child.settled = True
+    child.settled_early = early
+    if child.state in (ProcState.STARTING, ProcState.RUNNING, ProcState.STOPPING, ProcState.STANDBY):
+        child.set_state(ProcState.EXITED if child.exit_code == 0 else ProcState.FAILED)
+
+
+def find(view: RunView, slot: str, attempt: int) -> Optional[ChildView]:
+    """Attempt ``attempt`` of ``slot`` (``None`` for attempt 0: the run ended before any)."""
+    current = view.children.get(slot)
+    if current is not None and current.attempt == attempt:
+        return current
+    return next((c for c in view.attempts if c.slot == slot and c.attempt == attempt), None)

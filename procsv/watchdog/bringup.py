@@ -1,0 +1,92 @@
+"""The watchdog's bring-up: the plumbing its loop waits on, and the launch-time standby choice.
+
+Runs in the ``procsv launch`` process (the watchdog), called from its loop
+(:mod:`procsv.watchdog.launcher`). :class:`Plumbing` owns what the loop is built on and takes it
+down again in order: the private runtime directory (sockets only this user can reach), the ZeroMQ
+context, the PULL socket the children report to, the one poller, the non-blocking sender of
+procsv's own scalars (:class:`~procsv.watchdog.runscalars.ScalarSender`) and the wakeup socket
+that turns SIGTERM/SIGINT into a readable fd. :func:`standby_choice` says once whether a hot
+standby may run (:mod:`procsv.watchdog.standby` holds the pure memory rule).
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+from types import FrameType
+from typing import Any, Callable, Optional, Union
+
+import psutil
+import zmq
+
+from procsv.common.layout import RuntimeDir
+from procsv.ipc.transport import Endpoints, bind_private, make_socket
+from procsv.watchdog import standby
+from procsv.watchdog.config import LaunchConfig
+from procsv.watchdog.runscalars import ScalarSender
+from procsv.watchdog.state import TRAINER, RunView
+
+Handler = Union[Callable[[int, Optional[FrameType]], Any], int, signal.Handlers, None]
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Plumbing:
+    """The runtime directory, the ZeroMQ context and sockets, the poller and the signal wakeup of
+    one launch; :meth:`close` restores the signal handlers and removes the runtime directory."""
+
+    def __init__(self) -> None:
+        self.runtime_dir = RuntimeDir.create().path  # mode 0700: sockets only we can reach
+        self.zctx: zmq.Context[Any] = zmq.Context()
+        self.pull = make_socket(self.zctx, zmq.PULL)
+        bind_private(self.pull, Endpoints(self.runtime_dir).watchdog)
+        self.poller = zmq.Poller()
+        self.poller.register(self.pull, zmq.POLLIN)
+        self.scalars: Optional[ScalarSender] = ScalarSender(self.zctx, Endpoints(self.runtime_dir).summary)
+        self.wake_r, self._wake_w = socket.socketpair()
+        self.wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._old_wakeup = signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+        self._old: dict[int, Handler] = {s: signal.signal(s, lambda signum, frame: None) for s in STOP_SIGNALS}
+        self.poller.register(self.wake_r.fileno(), zmq.POLLIN)
+
+    def stop_signals(self) -> list[int]:
+        """The SIGTERM/SIGINT that arrived since the last call (in order)."""
+        try:
+            data = self.wake_r.recv(64)
+        except BlockingIOError:
+            return []
+        return [signum for signum in data if signum in STOP_SIGNALS]
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(self._old_wakeup)
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        self.wake_r.close()
+        self._wake_w.close()
+        self.pull.close(0)
+        if self.scalars is not None:
+            self.scalars.close()
+            self.scalars = None
+        self.zctx.term()
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+
+
+def standby_choice(cfg: LaunchConfig, view: RunView) -> Optional[tuple[bool, str, str]]:
+    """Whether a hot standby may run: ``(ok, mode, reason)``, or ``None`` while ``--standby auto``
+    still waits for the first trainer's first step (the memory rule needs its size)."""
+    mode = cfg.standby if cfg.prewarm else "off"
+    if mode in ("fork", "off"):
+        ok, why = False, f"--standby {mode}" if cfg.prewarm else "no pre-warmed trainer (--no-prewarm)"
+    elif mode == "hot":
+        ok, why = True, "--standby hot"
+    else:
+        trainer = view.children.get(TRAINER)
+        if trainer is None or trainer.first_step_at is None or not trainer.live:
+            return None
+        try:
+            rss = psutil.Process(trainer.pid).memory_info().rss
+        except psutil.Error:
+            return None  # it just died: decide with the next one
+        ok, why = standby.memory_allows(rss, psutil.virtual_memory().available)
+    return ok, "hot" if ok else "fork" if cfg.prewarm else "off", why

@@ -1,0 +1,131 @@
+"""How the ends of the run's children reach the watchdog's loop, and what is made of them.
+
+Runs in the ``procsv launch`` process (the watchdog), called from its loop
+(:mod:`procsv.watchdog.launcher`). :class:`ChildEnds` owns three ways a death comes in: a pidfd
+per child in the loop's poller (readable the moment the child dies), death notices that the
+death-watch threads (:mod:`procsv.watchdog.deathwatch`) hand over through a queue and a pipe, and
+the exit statuses of trainers forked by the zygote, which come from the zygote and never through
+a blocking wait. Each becomes an observation (:func:`procsv.watchdog.observe.death_noticed`,
+:func:`procsv.watchdog.observe.reaped`) for the decision function.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+from typing import Callable, Optional
+
+import zmq
+
+from procsv.common.layout import Layout, spilled_error_file
+from procsv.watchdog import observe
+from procsv.watchdog.children import ChildProcess
+from procsv.watchdog.executor import Executor
+from procsv.watchdog.failures import ChildError, Failure, read_child_error
+from procsv.watchdog.prewarm import ForkedProcess
+from procsv.watchdog.reporting import Reporter
+from procsv.watchdog.state import RunView
+
+STATUS_WAIT = 2.0  # seconds a forked trainer's exit status may take to come from the zygote
+
+
+class ChildEnds:
+    """The children's pidfds (registered in the loop's poller), the death notices not yet read,
+    and the forked trainers that exited with their status still due from the zygote.
+
+    ``heard_all`` reads every message still queued (a dead child's last words come before its
+    exit); ``left_behind`` sweeps for processes a reaped child left behind.
+    """
+
+    def __init__(self, poller: zmq.Poller, view: RunView, layout: Layout, out: Reporter,
+                 clock: Callable[[], float], wall: Callable[[], float],
+                 heard_all: Callable[[], None], left_behind: Callable[[], None]) -> None:
+        self.poller = poller
+        self.view = view
+        self.layout = layout
+        self.out = out
+        self.clock = clock
+        self.wall = wall
+        self._heard_all = heard_all
+        self._left_behind = left_behind
+        self._notices: "queue.SimpleQueue[tuple[ChildProcess, bool, float, float]]" = queue.SimpleQueue()
+        self._notice_r, self._notice_w = os.pipe()
+        os.set_blocking(self._notice_w, False)
+        self._by_fd: dict[int, ChildProcess] = {}
+        self._awaiting_status: dict[tuple[str, int], tuple[ChildProcess, float]] = {}  # forked, exited, no status yet
+        poller.register(self._notice_r, zmq.POLLIN)
+
+    @property
+    def notice_fd(self) -> int:
+        """Readable when a death notice is waiting (:meth:`drain_notices`)."""
+        return self._notice_r
+
+    def register(self, handle: ChildProcess) -> None:
+        """A child was started: watch its pidfd."""
+        self._by_fd[handle.pidfd] = handle
+        self.poller.register(handle.pidfd, zmq.POLLIN)
+
+    def handle_for(self, fd: int) -> Optional[ChildProcess]:
+        """The child whose pidfd ``fd`` is, if it is one."""
+        return self._by_fd.get(fd)
+
+    def post_notice(self, handle: ChildProcess, died: bool, at: float) -> None:
+        """Runs in a death-watch thread: hand the notice to the main loop."""
+        self._notices.put((handle, died, at, self.wall()))
+        try:
+            os.write(self._notice_w, b"!")
+        except BlockingIOError:
+            pass
+
+    def drain_notices(self, ex: Executor) -> None:
+        try:
+            os.read(self._notice_r, 4096)
+        except BlockingIOError:
+            pass
+        while not self._notices.empty():
+            handle, died, at, wall = self._notices.get()
+            if died and handle.pidfd >= 0:
+                err = self._child_error(handle, ex)
+                self.out.record(observe.death_noticed(self.view, handle.slot, handle.attempt, at, wall,
+                                                      err.type if err is not None else ""))
+                self.out.changed()
+
+    def on_exit(self, handle: ChildProcess, ex: Executor) -> None:
+        """A pidfd became readable: reap the child and record how it ended. A trainer forked by the
+        zygote gets its exit status from the zygote: until that arrives it waits in
+        ``_awaiting_status`` (see :meth:`check_awaiting`), never in a blocking wait."""
+        self.poller.unregister(handle.pidfd)
+        del self._by_fd[handle.pidfd]
+        if isinstance(handle.proc, ForkedProcess) and handle.proc.poll() is None:
+            self._awaiting_status[(handle.slot, handle.attempt)] = (handle, self.clock() + STATUS_WAIT)
+            return
+        self._reaped(handle, ex)
+
+    def check_awaiting(self, ex: Executor) -> None:
+        """Forked trainers whose exit status is due from the zygote: reap those that have it; a
+        zygote that does not report one within ``STATUS_WAIT`` is killed (the watchdog, a child
+        subreaper, then inherits the trainer's zombie and reaps it itself)."""
+        for key, (handle, due) in list(self._awaiting_status.items()):
+            if handle.proc.poll() is not None:
+                del self._awaiting_status[key]
+                self._reaped(handle, ex)
+            elif self.clock() >= due and ex.zygote is not None and isinstance(handle.proc, ForkedProcess) \
+                    and handle.proc.zygote is ex.zygote:
+                ex.zygote.kill()
+                ex.drop_zygote(f"procsv: the pre-warmed trainer (zygote) did not report the exit of trainer "
+                               f"pid {handle.pid} within {STATUS_WAIT:g} s; restarts will start fresh trainers")
+
+    def _child_error(self, handle: ChildProcess, ex: Executor) -> Optional[ChildError]:
+        return read_child_error((self.layout.error_file(handle.role, handle.attempt),
+                                 spilled_error_file(ex.runtime.path, handle.role, handle.attempt)), handle.pid)
+
+    def _reaped(self, handle: ChildProcess, ex: Executor) -> None:
+        code = handle.reap()
+        ex.handles.pop((handle.slot, handle.attempt), None)
+        self._heard_all()  # all it said before dying (a last checkpoint result), before its exit
+        self.out.echo(handle)
+        err = self._child_error(handle, ex)
+        failure = Failure(handle.role, handle.attempt, handle.pid, code, self.wall(), handle.log_path, err)
+        self.out.record(observe.reaped(self.view, handle.slot, handle.attempt, failure, self.clock()))
+        self.out.changed()
+        self._left_behind()  # what it left behind

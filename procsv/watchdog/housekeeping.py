@@ -1,0 +1,112 @@
+"""The watchdog's two guards beside the decisions: left-behind processes and the logdir itself.
+
+Runs in the ``procsv launch`` process (the watchdog), called from its loop
+(:mod:`procsv.watchdog.launcher`). :class:`Sweeper` kills and reaps processes of the run whose
+parent died (:class:`~procsv.common.orphans.Orphans`), every :data:`SWEEP_EVERY` seconds, after
+every exit and once more at the end. :class:`LogdirGuard` notices a logdir that was deleted,
+moved or replaced while the run is live (filesystem events from
+:class:`~procsv.watchdog.logdirwatch.LogdirWatch` and a check every round) and turns it into an
+observation for the decision function (rule 9); at the end it writes the final status record
+where a moved logdir went.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional
+
+from procsv.common.layout import Layout, write_json
+from procsv.common.orphans import Orphans
+from procsv.watchdog import observe
+from procsv.watchdog.config import LaunchConfig
+from procsv.watchdog.events import Event
+from procsv.watchdog.executor import Executor
+from procsv.watchdog.logdirwatch import Identity, LogdirWatch, identity, lost_reason
+from procsv.watchdog.observe import Report
+from procsv.watchdog.state import RunView
+from procsv.watchdog.reporting import Reporter
+from procsv.watchdog.statusfile import status_record
+
+SWEEP_EVERY = 1.0  # seconds between sweeps for left-behind processes (also after every exit)
+FINAL_SWEEP_SECS = 5.0  # at the end, how long a sweep may wait for what it killed to be reaped
+
+Sink = Callable[[list[Report]], None]
+
+
+class Sweeper:
+    """When the next sweep for left-behind processes is due, and the processes being swept."""
+
+    def __init__(self, clock: Callable[[], float], record: Sink) -> None:
+        self.clock = clock
+        self.record = record
+        self.orphans = Orphans()
+        self._next = 0.0
+
+    def due(self) -> bool:
+        return self.clock() >= self._next
+
+    def sweep(self, ex: Executor, final: bool = False) -> None:
+        """Kill and reap processes of the run whose parent died (see :class:`Orphans`); ``final``:
+        wait (a bounded while) until those killed are reaped."""
+        self._next = self.clock() + SWEEP_EVERY
+        known = {h.pid for h in ex.handles.values()} | ex.zygote_pids()
+        killed = self.orphans.sweep(known)
+        deadline = self.clock() + FINAL_SWEEP_SECS
+        while final and self.orphans.pending and self.clock() < deadline:
+            time.sleep(0.01)
+            killed += self.orphans.sweep(known)
+        if killed:
+            self.record([Report(Event.ORPHANS_KILLED, {"pids": killed},
+                                say=f"procsv: killed {len(killed)} process(es) the run left behind (pids "
+                                    f"{', '.join(map(str, killed))})", err=True)])
+
+
+class LogdirGuard:
+    """The logdir's identity (device, inode) at the start and the filesystem watch on it."""
+
+    def __init__(self, layout: Layout, view: RunView, out: Reporter) -> None:
+        self.layout = layout
+        self.view = view
+        self.out = out
+        self.watch = LogdirWatch(layout.logdir)
+        self._id: Optional[Identity] = None
+
+    @property
+    def fd(self) -> int:
+        """Readable after a filesystem event about the logdir (:meth:`on_event`)."""
+        return self.watch.fd
+
+    def start(self) -> None:
+        self._id = identity(self.layout.logdir)
+        self.watch.start()
+
+    def on_event(self) -> None:
+        self.watch.drain()
+        self.check()
+
+    def check(self) -> None:
+        """Is the logdir still the directory the run started in? (after a filesystem event about it,
+        a failed checkpoint, and every round). What an event said (where it was moved) comes first."""
+        if self._id is None or self.view.logdir_lost is not None:
+            return
+        reason = self.watch.seen or lost_reason(self.layout.logdir, self._id)
+        if reason is not None:
+            self.out.record(observe.logdir_lost(self.view, reason))
+            self.out.changed()
+
+    def close(self) -> None:
+        self.watch.close()
+
+    def final_status_where_it_went(self, cfg: LaunchConfig, now: float, wall: float, started_wall: float,
+                                   zygote: Optional[dict[str, Any]]) -> None:
+        """A logdir moved while live (an event named where, and it is still the same directory) gets
+        its final status record there, so that ``procsv status NEWDIR`` tells how the run ended."""
+        dest = self.watch.moved_to
+        if dest is None or self._id is None or identity(dest) != self._id:
+            return
+        moved = Layout(dest)
+        record = status_record(self.view, cfg, moved, now, wall, started_wall, zygote)
+        try:
+            write_json(moved.status, record)
+        except OSError:
+            pass

@@ -1,0 +1,81 @@
+"""Rule 1 of the decision function: judging a child that ended (or whose death was noticed).
+
+Runs in the watchdog. Pure: :func:`judge` reads the observed view, the time ``now`` passed in
+and the backoff jitter ``draw``, and returns actions; it changes nothing. It owns the restart
+judgement of a run's children: a trainer attempt goes to the restart policy
+(:func:`procsv.watchdog.policy.decide`), overruled by the errors a restart cannot cure
+(:func:`hopeless`); a service is respawned unless it died too often within the window; a
+standby that ends is counted (:mod:`procsv.watchdog.standby`); anything ending after the run's
+outcome is decided is only settled. :func:`procsv.watchdog.decide.decide` composes it.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from procsv.common.bootstrap import EXIT_PREEMPTED
+from procsv.watchdog.actions import Action, Finish, GiveUp, GiveUpService, RespawnService, Restart, Settle, StandbyGone
+from procsv.watchdog.lifecycle import RunState
+from procsv.watchdog.limits import Limits
+from procsv.watchdog.policy import Action as Verdict
+from procsv.watchdog.policy import TrainerExit
+from procsv.watchdog.policy import decide as restart_verdict
+from procsv.watchdog.state import STANDBY, TRAINER, ChildView, RunView
+
+
+def judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: float) -> list[Action]:
+    """Rule 1: an attempt ended (or its death was noticed)."""
+    if view.finishing:
+        return [Settle(child.slot, child.attempt)] if child.reaped else []
+    if child.role == STANDBY:  # rule 10: not a trainer attempt yet; the run goes on
+        failed = not child.killed and view.stop_signal is None
+        return [StandbyGone(child.slot, child.attempt, failed)] if child.reaped else []
+    if child.role != TRAINER:
+        return _service(view, child, now, limits) if child.reaped else []
+    return _trainer(view, child, limits, draw)
+
+
+def hopeless(child: ChildView, error_type: str, limits: Limits) -> bool:
+    """A trainer that failed with an error a restart cannot cure: before its first step with a
+    ``permanent_errors`` one, or at any step with a ``program_errors`` one."""
+    return error_type in limits.program_errors or (child.first_step_at is None
+                                                   and error_type in limits.permanent_errors)
+
+
+def _service(view: RunView, child: ChildView, now: float, limits: Limits) -> list[Action]:
+    """A reaped service: respawned at once, unless it died more than ``service_restart_limit``
+    times within ``service_restart_window`` seconds."""
+    window = tuple(t for t in view.service_crashes if now - t < limits.service_restart_window) + (now,)
+    if len(window) > limits.service_restart_limit:
+        return [GiveUpService(child.slot, child.attempt, window)]
+    return [RespawnService(child.slot, child.attempt, window)]
+
+
+def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> list[Action]:
+    """A trainer attempt that was reaped, or whose death notice arrived (that only ever restarts)."""
+    code = child.exit_code if child.reaped else 1  # a death notice: some unclean death
+    assert code is not None
+    if code == EXIT_PREEMPTED and child.hang_cause:
+        code = 1  # it saved when terminated for a hang, but a hang is a failure: backoff applies
+    ex = TrainerExit(code, child.first_step_at is not None, child.made_progress, view.stop_signal is not None)
+    verdict = restart_verdict(limits.restart, view.history, ex, draw)
+    if not child.reaped:
+        if verdict.action != Verdict.RESTART or hopeless(child, child.noticed_error, limits):
+            return []  # stopping or giving up: wait for the exit status to tell the whole story
+        return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, early=True)]
+    if verdict.action == Verdict.FINISH:
+        return [Finish(child.slot, child.attempt, RunState.SUCCEEDED, 0, verdict.history)]
+    if verdict.action == Verdict.STOPPED:
+        sig = view.stop_signal or signal.SIGTERM
+        return [Finish(child.slot, child.attempt, RunState.STOPPED, 128 + sig, verdict.history)]
+    if verdict.action == Verdict.GIVE_UP:
+        return [GiveUp(child.slot, child.attempt, verdict.reason, verdict.history)]
+    error = child.failure.error if child.failure is not None else None
+    if error is not None and error.type in limits.program_errors:
+        return [GiveUp(child.slot, child.attempt, f"the trainer failed with {error.type}: a failure of the program, "
+                       "not of the process (a restart would resume from the last checkpoint and meet it again)",
+                       view.history)]  # no restart happened: the history before the verdict's
+    if error is not None and hopeless(child, error.type, limits):
+        return [GiveUp(child.slot, child.attempt, f"the trainer cannot start: {error.type} (a restart would fail "
+                       "the same way)", view.history)]
+    return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, preempted=code == EXIT_PREEMPTED)]

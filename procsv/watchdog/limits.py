@@ -1,0 +1,41 @@
+"""The configurable limits the watchdog's decisions depend on.
+
+Runs in the watchdog. Plain data, no behaviour: :meth:`procsv.watchdog.config.LaunchConfig.limits`
+builds one :class:`Limits` from the command line, and the decision function
+(:func:`procsv.watchdog.decide.decide`) and its rule modules read it. Imported by the pure rule
+modules, so it imports only pure ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from procsv.watchdog.chaos import ChaosPlan
+from procsv.watchdog.hang import HangLimits
+from procsv.watchdog.policy import RestartPolicy
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Everything configurable that the decisions depend on."""
+
+    restart: RestartPolicy = RestartPolicy()
+    hang: HangLimits = HangLimits(600.0, 1800.0)
+    stop_grace_secs: float = 120.0
+    hang_grace_secs: float = 10.0
+    service_restart_limit: int = 5  # service deaths within the window before the run gives up
+    service_restart_window: float = 60.0
+    zygote_wait: float = 120.0  # how long the first trainer waits for the pre-warmed trainer
+    services_grace_secs: float = 30.0  # at the end, how long services may take to flush and exit
+    stall_factor: float = 3.0  # no commit for this many save intervals while steps complete: a stall
+    stall_floor_secs: float = 10.0  # ... but never sooner than this (a commit takes time)
+    checkpoint_failure_limit: int = 3  # consecutive failed commits that stop the run (0: never)
+    # a trainer that fails before its first step with one of these (the type named in its error
+    # file) cannot start this way however often it is restarted: give up at once
+    permanent_errors: frozenset[str] = frozenset({"UsageError", "NoRestorableCheckpoint", "MismatchedCheckpoint",
+                                                  "SyntaxError", "IndentationError", "TabError"})
+    # a trainer that fails with one of these at any step failed as a program, not as a process: a
+    # restart would resume from the last checkpoint and meet the same failure again
+    program_errors: frozenset[str] = frozenset({"NanLossDuringTrainingError"})
+    chaos: Optional[ChaosPlan] = None

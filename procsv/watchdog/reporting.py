@@ -1,0 +1,142 @@
+"""What the watchdog tells the world while a launch runs, and once more at its end.
+
+Runs in the ``procsv launch`` process (the watchdog), called from its loop
+(:mod:`procsv.watchdog.launcher`). :class:`Reporter` owns every output of the loop: terminal
+lines and the live line (:mod:`procsv.watchdog.output`, :mod:`procsv.watchdog.liveline`), the
+lifecycle log (:mod:`procsv.watchdog.events`), ``status.json`` (:mod:`procsv.watchdog.statusfile`),
+the step series and the final ``logs/report.json`` (:mod:`procsv.watchdog.report`), and the
+snapshot the metrics threads serve (:mod:`procsv.watchdog.runmetrics`). None of it blocks the
+loop: lines go through the terminal's writer thread, failing writes are reported once.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Optional
+
+from procsv.common.layout import Layout, write_json
+from procsv.ipc.rejections import Rejections
+from procsv.watchdog import liveline, report
+from procsv.watchdog.children import ChildProcess
+from procsv.watchdog.config import LaunchConfig
+from procsv.watchdog.events import EventLog
+from procsv.watchdog.limits import Limits
+from procsv.watchdog.observe import Report
+from procsv.watchdog.output import Terminal
+from procsv.watchdog.prewarm import Zygote
+from procsv.watchdog.runmetrics import PUBLISH_EVERY, RunSnapshot, StepRate, take_snapshot
+from procsv.watchdog.series import StepSeries
+from procsv.watchdog.state import RunView
+from procsv.watchdog.statusfile import StatusWriter, status_record
+
+
+def zygote_record(z: Optional[Zygote]) -> Optional[dict[str, Any]]:
+    """The pre-warmed trainer as ``status.json`` shows it (``None``: there is none)."""
+    return None if z is None else {"pid": z.pid, "ready": z.ready}
+
+
+class Reporter:
+    """The launch's outputs: the terminal, the lifecycle log, the status file, the step series,
+    the metrics snapshot (replaced whole; read by the metrics threads) and the final report.
+
+    ``events`` is opened once the logdir is locked (:meth:`open_events`); until then
+    :meth:`record` only prints.
+    """
+
+    def __init__(self, cfg: LaunchConfig, layout: Layout, clock: Callable[[], float],
+                 wall: Callable[[], float]) -> None:
+        self.cfg = cfg
+        self.layout = layout
+        self.clock = clock
+        self.wall = wall
+        self.started_wall = wall()
+        self.term = Terminal(live=liveline.wanted(cfg.quiet, sys.stdout.isatty()))
+        self.live = liveline.LiveLine() if self.term.live else None
+        self.series = StepSeries()  # the step over wall time, for the report's timeline
+        self.status = StatusWriter(layout, clock, wall, complain=self.complain)
+        self.rejections = Rejections("procsv", "status.json, `procsv status`", self.complain)
+        self.events: Optional[EventLog] = None
+        self.snapshot: Optional[RunSnapshot] = None  # replaced whole by the loop; read by the metrics threads
+        self._publishing = cfg.metrics_port is not None
+        self._rate = StepRate()
+        self._next_publish = 0.0
+
+    def open_events(self) -> None:
+        self.events = EventLog(self.layout.lifecycle, self.wall, complain=self.complain)
+
+    # ------------------------------------------------------------------ lines and events
+    def record(self, reports: list[Report]) -> None:
+        for r in reports:
+            if r.event is not None and self.events is not None:
+                self.events.write(r.event, **r.fields)
+            if r.event is not None and self.live is not None:
+                self.live.event(r.event, r.fields, self.clock())
+            if r.say:
+                self.say(r.say, err=r.err)
+
+    def say(self, text: str, err: bool = False) -> None:
+        self.term.line(text, err)
+
+    def complain(self, text: str) -> None:
+        self.say(text, err=True)
+
+    def echo(self, handle: ChildProcess) -> None:
+        """A child's new log lines, on the terminal (unless ``--quiet``)."""
+        if not self.cfg.quiet:
+            for line in handle.new_log_lines():
+                self.term.line(f"[{handle.role}.{handle.attempt}] {line}")
+
+    def changed(self) -> None:
+        """The view changed: ``status.json`` is due for a rewrite (throttled)."""
+        self.status.dirty = True
+
+    def progress(self, step: int) -> None:
+        """A completed step: for the report's timeline and the live line."""
+        self.series.add(self.wall(), step)
+        if self.live is not None:
+            self.live.progress(self.clock(), step)
+
+    # ------------------------------------------------------------------ every round
+    def write_status(self, view: RunView, zygote: Optional[Zygote], force: bool = False) -> None:
+        """Rewrite ``status.json`` if due (``force``: now, durably); never into a lost logdir."""
+        if view.logdir_lost is not None:
+            return
+        self.status.maybe_write(lambda now, wall: status_record(view, self.cfg, self.layout, now, wall,
+                                                                self.started_wall, zygote_record(zygote),
+                                                                self.rejections.record()), force=force)
+
+    def publish(self, view: RunView, force: bool = False) -> None:
+        """Replace the snapshot the metrics endpoint serves, at most every ``PUBLISH_EVERY`` seconds."""
+        now = self.clock()
+        if not self._publishing or (now < self._next_publish and not force):
+            return
+        self._next_publish = now + PUBLISH_EVERY
+        self.snapshot = take_snapshot(view, now, self.wall(), self.started_wall, self._rate)
+
+    def draw_live(self, view: RunView) -> None:
+        """Hand the live line to the terminal, at most every ``liveline.DRAW_EVERY`` seconds."""
+        now = self.clock()
+        if self.live is None or not liveline.due(now, self.live.last_draw):
+            return
+        self.live.last_draw = now
+        gp = report.goodput([a.record() for a in view.attempts], view.launch_start, now)
+        facts = self.live.facts(now, view.step, view.history.restarts, gp)
+        self.term.status(liveline.format_line(facts, self.term.width()))
+
+    # ------------------------------------------------------------------ the end
+    def final_report(self, view: RunView, limits: Limits) -> None:
+        """``logs/report.json`` (not into a lost logdir); the recovery report on the terminal if
+        anything was restarted or chaos was on."""
+        summary = report.summarize([a.record() for a in view.attempts], view.launch_start, self.clock())
+        points = self.series.points()
+        if points and view.step > points[-1][1]:  # Progress is throttled: the last steps may be unsaid
+            self.series.add(self.wall(), view.step)
+        summary.update(started_at=self.started_wall, ended_at=self.wall(),
+                       series=[[round(t, 3), s] for t, s in self.series.points()])
+        try:
+            if view.logdir_lost is None:
+                write_json(self.layout.report, summary)
+        except OSError:
+            pass
+        if summary["restarts"] or limits.chaos is not None:
+            self.say(report.render(summary))

@@ -1,0 +1,61 @@
+"""Rule 7 of the decision function: checkpoint stalls, and the stalled service's replacement.
+
+Runs in the watchdog. Pure: reads the observed view and the time ``now`` passed in, changes
+nothing. It owns the judgement "checkpoints stopped while training goes on":
+:func:`checkpoint_stall` says why (a ``SaveOverdue`` from the trainer, or no commit for
+``stall_factor`` save intervals), and :func:`stall_actions` turns that into a SIGKILL of the
+checkpoint service, which rule 1 (:mod:`procsv.watchdog.judge`) then respawns.
+:func:`procsv.watchdog.decide.decide` composes it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from procsv.watchdog.actions import Action, Cause, Kill
+from procsv.watchdog.lifecycle import ProcState
+from procsv.watchdog.limits import Limits
+from procsv.watchdog.state import CHECKPOINT, RunView
+
+
+def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]:
+    """A one-line reason if checkpoints stopped while training goes on, else None.
+
+    Judged on the current trainer's own schedule (``save_model_secs`` / ``save_checkpoint_steps``):
+    its steps complete (it is not busy) but nothing committed for ``stall_factor`` intervals
+    (at least ``stall_floor_secs``), counted from its first step, the last commit or the checkpoint
+    service's start, whichever is latest. A hung service (a dead NFS server, SIGSTOP) or a lost result looks like this.
+    """
+    overdue = [t.save_overdue for t in view.trainers() if t.live and t.save_overdue]
+    if overdue:
+        return overdue[0]
+    trainers = [t for t in view.trainers() if t.live and t.first_step_at is not None and not t.busy]
+    if not trainers:
+        return None
+    t = trainers[0]
+    first = t.first_step_at if t.first_step_at is not None else now
+    since = first if view.commit_clock is None else max(first, view.commit_clock)
+    service = view.children.get(CHECKPOINT)
+    if service is not None:
+        if service.state == ProcState.STARTING:
+            return None  # a (re)started service still importing TensorFlow is not stuck (SaveOverdue still applies)
+        # a replacement service gets a whole window of its own, from the moment it can commit
+        since = max(since, service.running_at if service.running_at is not None else service.started)
+    silent = now - since
+    if silent < limits.stall_floor_secs:
+        return None
+    if t.save_secs and t.save_secs > 0 and silent > limits.stall_factor * t.save_secs:
+        return f"no checkpoint committed for {silent:.1f} s (save_model_secs={t.save_secs:g})"
+    steps = view.step - max(view.commit_step, t.restored_step)
+    if t.save_steps and t.save_steps > 0 and steps > limits.stall_factor * t.save_steps:
+        return f"no checkpoint committed for {steps} steps (save_checkpoint_steps={t.save_steps})"
+    return None
+
+
+def stall_actions(view: RunView, now: float, limits: Limits) -> list[Action]:
+    """Rule 7: checkpoints stopped while training goes on: replace the checkpoint service."""
+    service = view.children.get(CHECKPOINT)
+    if service is None or not service.live or service.killed or view.stop_signal is not None:
+        return []
+    reason = checkpoint_stall(view, now, limits)
+    return [] if reason is None else [Kill(service.slot, service.attempt, Cause.STALL, reason)]
