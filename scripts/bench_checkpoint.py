@@ -27,7 +27,9 @@ and reports medians of
   the peak growth of trainer and service during the window; baseline: the peak growth of the
   process during the save). Page cache is not counted for either.
 
-The ratios are procsv / baseline, measured within this one run. The last line is
+The ratios are procsv / baseline, measured within this one run: the ratio of the medians over the
+rounds (at least 5 at the largest size, 9 at the smaller), with the spread of the per-round ratios
+printed under the table. The last line is
 ``lost_ratio_100MB=<x> lost_ratio_1GB=<x> blocked_ratio_1GB=<x> commit_latency_ratio_1GB=<x>
 peak_extra_mem_ratio=<x>`` (the memory ratio at the largest size).
 """
@@ -75,6 +77,12 @@ class Results:
 
     def med(self, which: str, attr: str) -> float:
         return statistics.median(getattr(s, attr) for s in getattr(self, which))
+
+    def spread(self, attr: str) -> tuple[float, float]:
+        """Min and max over the rounds of the per-round ratio procsv / baseline."""
+        ratios = [o_v / b_v for o_v, b_v in ((getattr(o, attr), getattr(b, attr)) for o, b in zip(self.ours, self.base))
+                  if b_v > 0]
+        return (min(ratios), max(ratios)) if ratios else (float("nan"), float("nan"))
 
 
 # ------------------------------------------------------------------------------------ memory
@@ -248,7 +256,7 @@ def bench_size(size_bytes: int, rounds: int, workdir: str) -> Results:
                 raise SystemExit(f"the procsv checkpoint of step {target} never committed")
             latency = watch.seen_at - started
             inside = watch.seen_at <= started + t_ours
-            arena = agent.arena.size if agent.arena is not None else 0
+            arena = agent.store.arena.size if agent.store.arena is not None else 0
             ours_ref = (ref1 + ref2) / 2
             res.ours.append(Sample(t_ours - ours_ref, snap, latency, (arena + growth) / res.size_bytes))
             print(f"  {res.size_bytes / 2**20:5.0f} MiB round {r + 1}: baseline lost {res.base[-1].lost:+.3f} s "
@@ -304,7 +312,11 @@ def main() -> int:
               f"{q['blocked'][0]:7.3f} {q['blocked'][1]:7.4f} {ratios[r.size_bytes]['blocked']:6.3f} | "
               f"{q['latency'][0]:7.3f} {q['latency'][1]:7.3f} {ratios[r.size_bytes]['latency']:6.3f} | "
               f"{q['mem'][0]:5.2f} {q['mem'][1]:5.2f}")
-    print(f"(medians of {len(results[0].base)} rounds; {time.monotonic() - t0:.0f} s in all)")
+    print(f"(medians of {len(results[0].base)} rounds at {results[0].size_bytes / 2**20:.0f} MiB, {len(results[-1].base)} at "
+          f"{results[-1].size_bytes / 2**20:.0f} MiB; {time.monotonic() - t0:.0f} s in all)")
+    print("spread of the per-round ratios (min-max): " + "; ".join(
+        f"{r.size_bytes / 2**20:.0f} MiB lost {r.spread('lost')[0]:.3f}-{r.spread('lost')[1]:.3f}, "
+        f"commit {r.spread('latency')[0]:.3f}-{r.spread('latency')[1]:.3f}" for r in results))
     small, large = results[0].size_bytes, results[-1].size_bytes
     print(f"lost_ratio_100MB={ratios[small]['lost']:.3f} lost_ratio_1GB={ratios[large]['lost']:.3f} "
           f"blocked_ratio_1GB={ratios[large]['blocked']:.4f} commit_latency_ratio_1GB={ratios[large]['latency']:.3f} "

@@ -17,9 +17,11 @@ Runs in one process (the "trainer") plus the summary service processes it starts
       the per-pair ratios, so drift from other processes on the machine cancels out (the ratio of
       the two overall medians is printed beside it).
 
-Prints a table, then the line ``cost_ratio=<x> throughput_per_s=<x> step_overhead=<x> verified=<0|1>``.
-Exits 1 if a verification failed (a scalar of (b) not confirmed, dropped, or not read back exactly).
-Usage: ``python scripts/bench_summary.py [--quick]``.
+Runs (a), (b) and (c) ``--repeats`` times (default 3) and prints a table of medians with the
+spread (min to max), then the line ``cost_ratio=<x> throughput_per_s=<x> step_overhead=<x>
+step_overhead_min=<x> step_overhead_max=<x> repeats=<n> verified=<0|1>`` (medians).
+Exits 1 if a verification failed in any run (a scalar of (b) not confirmed, dropped, or not read
+back exactly). Usage: ``python scripts/bench_summary.py [--quick] [--repeats N]``.
 """
 
 from __future__ import annotations
@@ -265,34 +267,57 @@ def step_overhead(tmp: str, blocks: int, block_steps: int) -> dict[str, float]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run, noisier numbers)")
+    p.add_argument("--repeats", type=int, default=3, help="runs of (a), (b) and (c) (>= 3 for quoted figures)")
     args = p.parse_args()
+    runs: list[tuple[dict[str, float], dict[str, Any], dict[str, float]]] = []
     tmp = tempfile.mkdtemp(prefix="bench-summary-")
     try:
-        a = cost_per_scalar(tmp, steps=2000 if args.quick else 20000)
-        b = throughput(tmp, steps=5000 if args.quick else 50000)
-        c = step_overhead(tmp, blocks=10 if args.quick else 80, block_steps=50)
+        for _ in range(max(1, args.repeats)):
+            own = tempfile.mkdtemp(dir=tmp)  # each run its own logdirs and event files
+            runs.append((cost_per_scalar(own, steps=2000 if args.quick else 20000),
+                         throughput(own, steps=5000 if args.quick else 50000),
+                         step_overhead(own, blocks=10 if args.quick else 80, block_steps=50)))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    cost_ratio = a["procsv_tensor"] / a["tf_tensor"]
+
+    def med(values: list[float]) -> float:
+        return statistics.median(values)
+
+    def spread(values: list[float], fmt: str) -> str:
+        return f"{format(min(values), fmt)} to {format(max(values), fmt)}"
+
+    cost = [a["procsv_tensor"] / a["tf_tensor"] for a, _, _ in runs]
+    cost_float = [a["procsv_float"] / a["tf_float"] for a, _, _ in runs]
+    rate = [b["procsv"] for _, b, _ in runs]
+    rate_tb = [b["tb"] for _, b, _ in runs]
+    overhead = [c["overhead"] for _, _, c in runs]
+    unpaired = [c["unpaired"] for _, _, c in runs]
+    direct = [c["direct"] for _, _, c in runs]
+    verified = all(b["procsv_ok"] and b["tb_ok"] for _, b, _ in runs)
+    a0 = {k: med([a[k] for a, _, _ in runs]) for k in runs[0][0]}
+    c0 = {k: med([c[k] for _, _, c in runs]) for k in ("on", "off")}
+    checks = "; ".join(f"{int(b['n']):,}/{int(b['n_tb']):,} read back, {int(b['dropped'])} dropped, waited "
+                       f"{b['waited']:.2f} s" for _, b, _ in runs)
     rows = [
-        ("(a) cost per scalar, eager tensor", f"{a['procsv_tensor'] * 1e6:.2f} us", f"{a['tf_tensor'] * 1e6:.0f} us",
-         f"ratio {cost_ratio:.4f} (goal <= 0.02)"),
-        ("(a) cost per scalar, Python float", f"{a['procsv_float'] * 1e6:.2f} us", f"{a['tf_float'] * 1e6:.0f} us",
-         f"ratio {a['procsv_float'] / a['tf_float']:.4f}"),
-        ("(b) end-to-end scalars/s into files", f"{b['procsv']:,.0f}/s", f"{b['tb']:,.0f}/s",
-         f"x{b['procsv'] / b['tb']:.1f}; verified {'yes' if b['procsv_ok'] and b['tb_ok'] else 'NO'} "
-         f"({int(b['n']):,} / {int(b['n_tb']):,} scalars read back; {int(b['dropped'])} dropped; the loop waited "
-         f"{b['waited']:.2f} s for a full buffer) (goal >= 100,000/s)"),
-        ("(c) digits step, 10 scalars/step", f"{c['on'] * 1e3:.3f} ms", f"{c['off'] * 1e3:.3f} ms (no logging)",
-         f"overhead {c['overhead'] * 100:+.2f}% (paired; unpaired medians {c['unpaired'] * 100:+.2f}%; "
-         f"time inside procsv calls {c['direct'] * 100:.2f}% of a step) (goal <= 2%)"),
+        ("(a) cost per scalar, eager tensor", f"{a0['procsv_tensor'] * 1e6:.2f} us", f"{a0['tf_tensor'] * 1e6:.0f} us",
+         f"ratio {med(cost):.4f} (spread {spread(cost, '.4f')}) (goal <= 0.02)"),
+        ("(a) cost per scalar, Python float", f"{a0['procsv_float'] * 1e6:.2f} us", f"{a0['tf_float'] * 1e6:.0f} us",
+         f"ratio {med(cost_float):.4f} (spread {spread(cost_float, '.4f')})"),
+        ("(b) end-to-end scalars/s into files", f"{med(rate):,.0f}/s", f"{med(rate_tb):,.0f}/s",
+         f"x{med(rate) / med(rate_tb):.1f} (spread {spread(rate, ',.0f')}/s); verified "
+         f"{'yes' if verified else 'NO'} ({checks}) (goal >= 100,000/s)"),
+        ("(c) digits step, 10 scalars/step", f"{c0['on'] * 1e3:.3f} ms", f"{c0['off'] * 1e3:.3f} ms (no logging)",
+         f"overhead {med(overhead) * 100:+.2f}% (spread {spread([o * 100 for o in overhead], '+.2f')}%; unpaired "
+         f"medians {med(unpaired) * 100:+.2f}%; time inside procsv calls {med(direct) * 100:.2f}% of a step) "
+         f"(goal <= 2%)"),
     ]
+    print(f"medians of {len(runs)} runs")
     print(f"{'measurement':<38}{'procsv':>14}{'baseline':>24}   result")
     print(f"{'':<38}{'':>14}{'(TF / TensorBoard)':>24}")
     for name, ours, base, result in rows:
         print(f"{name:<38}{ours:>14}{base:>24}   {result}")
-    verified = bool(b["procsv_ok"] and b["tb_ok"])
-    print(f"cost_ratio={cost_ratio:.4f} throughput_per_s={b['procsv']:.0f} step_overhead={c['overhead']:.4f} "
+    print(f"cost_ratio={med(cost):.4f} throughput_per_s={med(rate):.0f} step_overhead={med(overhead):.4f} "
+          f"step_overhead_min={min(overhead):.4f} step_overhead_max={max(overhead):.4f} repeats={len(runs)} "
           f"verified={int(verified)}")
     return 0 if verified else 1
 
