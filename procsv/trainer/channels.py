@@ -39,6 +39,8 @@ def read_summary_acks(sock: zmq.Socket[Any], timeout: float = 0.0) -> list[Summa
 
 
 class TrainerChannels:
+    """The trainer's sockets: PUSH to the watchdog, DEALERs to the checkpoint and summary services."""
+
     def __init__(self, endpoints: Endpoints, supervised: bool, clock: Callable[[], float] = time.monotonic,
                  services: bool = True) -> None:
         """``services=False`` (a worker replica): no connection to the checkpoint and summary

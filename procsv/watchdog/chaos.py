@@ -29,6 +29,8 @@ _ROLES = ("trainer", "checkpoint", "summary")
 
 @dataclass(frozen=True)
 class ChaosPlan:
+    """A parsed ``--chaos`` spec: how often (fixed or a random range), which role, which signal, the seed."""
+
     every: Optional[float]
     low: float
     high: float

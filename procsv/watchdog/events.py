@@ -43,6 +43,8 @@ from typing import IO, Any, Callable, Optional
 
 
 class Event(str, enum.Enum):
+    """The lifecycle events, by the names they have in ``lifecycle.jsonl``."""
+
     LAUNCH = "launch"
     SPAWNED = "spawned"
     ZYGOTE_READY = "zygote_ready"

@@ -23,6 +23,8 @@ from procsv.watchdog.state import ChildView, RunView
 
 @dataclass(frozen=True)
 class HangLimits:
+    """How long a trainer may go without a step: running, starting up, and busy on purpose."""
+
     hang_timeout: Optional[float]  # None or <= 0: hang detection off
     startup_timeout: Optional[float]
     busy_timeout: Optional[float] = None  # while busy on purpose (None or <= 0: no limit)

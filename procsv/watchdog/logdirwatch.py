@@ -67,6 +67,8 @@ class LogdirWatch:
         target, wake, watch = self.logdir, self._w, self
 
         class _OnLogdir(FileSystemEventHandler):
+            """Writes a byte to the pipe when the logdir itself is deleted or moved."""
+
             def on_any_event(self, event: FileSystemEvent) -> None:
                 if os.path.abspath(os.fsdecode(event.src_path)) != target:
                     return

@@ -27,6 +27,8 @@ from procsv.common.bootstrap import EXIT_PREEMPTED
 
 
 class Action(str, enum.Enum):
+    """What the restart policy says about a trainer that ended."""
+
     FINISH = "finish"
     STOPPED = "stopped"
     RESTART = "restart"
@@ -35,6 +37,8 @@ class Action(str, enum.Enum):
 
 @dataclass(frozen=True)
 class RestartPolicy:
+    """The restart policy's limits: restarts without progress, backoff, start-up failures."""
+
     max_restarts: int = 10
     backoff_base: float = 1.0
     backoff_factor: float = 2.0
@@ -45,6 +49,8 @@ class RestartPolicy:
 
 @dataclass(frozen=True)
 class History:
+    """The restart counts the policy carries from one trainer exit to the next."""
+
     restarts: int = 0  # every restart of the run, for reporting
     failures_without_progress: int = 0
     startup_failures_in_a_row: int = 0
@@ -52,6 +58,8 @@ class History:
 
 @dataclass(frozen=True)
 class TrainerExit:
+    """What the policy is told about a trainer that ended: its status and what it achieved."""
+
     code: int  # >= 0 exit status, < 0 killed by signal -code (subprocess's convention)
     completed_a_step: bool
     made_progress: bool  # a checkpoint committed since this attempt started
@@ -60,6 +68,8 @@ class TrainerExit:
 
 @dataclass(frozen=True)
 class Decision:
+    """The policy's verdict: the action, the delay before a restart, the reason, the new history."""
+
     action: Action
     delay: float
     reason: str

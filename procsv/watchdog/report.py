@@ -19,6 +19,8 @@ from typing import Any, Optional
 
 @dataclass
 class AttemptRecord:
+    """One trainer attempt's timeline for the recovery report: spawn, ready, first step, end."""
+
     attempt: int
     spawned: float
     ready: Optional[float] = None
