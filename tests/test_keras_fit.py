@@ -124,21 +124,36 @@ def test_a_full_fit_under_procsv_equals_plain_fit_and_logs_its_scalars_through_t
     acc.Reload()
     tags = set(acc.Tags()["tensors"]) | set(acc.Tags()["scalars"])
     for tag in ("epoch_loss", "epoch_accuracy", "epoch_val_loss", "epoch_val_accuracy", "epoch_learning_rate",
-                "batch_loss"):
+                "batch_loss", "batch_learning_rate"):
         assert tag in tags, tags
-    epoch_loss = acc.Tensors("epoch_loss") if "epoch_loss" in acc.Tags()["tensors"] else acc.Scalars("epoch_loss")
-    assert [e.step for e in epoch_loss] == [0, 1]
+    assert [step for step, _ in _scalar_events(acc, "epoch_loss")] == [0, 1]
+    batch_lr = _scalar_events(acc, "batch_learning_rate")  # logged with the batch scalars (Adam(1e-3))
+    assert batch_lr and all(value == pytest.approx(1e-3) for _, value in batch_lr), batch_lr
     assert not [f for f in os.listdir(logdir) if f.startswith("events.out") and "procsv" not in f]
+
+
+def _scalar_events(acc: EventAccumulator, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of every event of a scalar ``tag`` (written as a tensor or as a plain scalar)."""
+    if tag in acc.Tags()["tensors"]:
+        return [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def _wait_mid_second_epoch(logdir: str) -> int:
+    """Wait until the trainer is past the first epoch and in mid-epoch; returns the step seen then."""
+    def mid_epoch_step() -> int:
+        step: int = (raw_status(logdir) or {}).get("step", 0)
+        return step if step > BATCHES_PER_EPOCH + 5 and step % BATCHES_PER_EPOCH not in (0, 44) else 0
+
+    seen: int = wait_for(mid_epoch_step, 120, what="a batch in mid-epoch, past the first epoch")
+    return seen
 
 
 def _launch_and_sigterm_mid_epoch(logdir: str, out_path: str, *extra: str) -> tuple[int, int, int]:
     proc = launch(logdir, "--epochs", "4", "--batch-delay", "0.02", "--weights-out", out_path, *extra,
                   target=EXAMPLE)
     try:
-        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > BATCHES_PER_EPOCH + 5, 120,
-                 what="the second epoch")
-        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) % BATCHES_PER_EPOCH not in (0, 44), 30,
-                 what="a batch in mid-epoch")
+        _wait_mid_second_epoch(logdir)
         proc.send_signal(signal.SIGTERM)
     finally:
         code, out, err = finish(proc, 300)
@@ -156,6 +171,27 @@ def test_sigterm_mid_epoch_commits_the_batch_that_finished_and_a_relaunch_resume
     assert code == 0, err
     assert _resumes(out) == [(epoch + 1, batch + 1, trained)]
     assert _bit_identical(_weights(out_path), reference("tfdata", 4))
+
+
+def test_sigterm_to_the_trainer_itself_commits_its_batch_exits_42_and_the_launch_restarts_it_there(
+        short_tmp, reference):
+    # a preemption of the trainer alone (not of the launch, as above): "saved, restart me", and
+    # the watchdog restarts it at once; save_freq is "epoch", so a mid-epoch resume is the stop's commit
+    logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
+    proc = launch(logdir, "--epochs", "4", "--batch-delay", "0.02", "--weights-out", out_path, target=EXAMPLE)
+    try:
+        seen = _wait_mid_second_epoch(logdir)
+        os.kill(wait_for(lambda: _trainer_of_attempt(logdir, 1), 30, what="trainer attempt 1"), signal.SIGTERM)
+    finally:
+        code, out, err = finish(proc, 300)
+    assert code == 0, err
+    exits = [e for e in lifecycle(logdir) if e["event"] == "exited" and e["role"] == "trainer"]
+    assert [(e["attempt"], e.get("code")) for e in exits] == [(1, 42), (2, 0)], exits
+    (epoch, batch, trained), = _resumes(out)
+    assert 1 < batch <= BATCHES_PER_EPOCH and trained == (epoch - 1) * BATCHES_PER_EPOCH + batch - 1
+    assert trained >= seen  # the batches done when the signal came, not an older checkpoint's
+    assert status_json(logdir)["step"] == 4 * BATCHES_PER_EPOCH
+    assert _bit_identical(_weights(out_path), reference("tfdata", 4))  # no batch trained twice or skipped
 
 
 def test_a_corrupt_newest_backup_falls_back_to_the_previous_one_and_still_ends_bit_identical(short_tmp, reference):
@@ -187,6 +223,26 @@ def test_delete_checkpoint_removes_only_procsvs_checkpoint_files_when_fit_comple
                            "--delete-checkpoint"], capture_output=True, text=True, env=quiet_env(), cwd=REPO,
                           timeout=300)
     assert done.returncode == 0, done.stderr
+    left = sorted(os.listdir(logdir))
+    assert "notes.txt" in left and any(f.startswith("events.out.tfevents") for f in left)
+    assert not [f for f in left if f.startswith("model.ckpt") or f == "checkpoint"], left
+    assert committed_steps(logdir) == [] and tf.train.latest_checkpoint(logdir) is None
+
+
+def test_delete_checkpoint_keeps_the_backup_of_an_interrupted_fit_and_deletes_only_procsvs_once_it_completes(
+        short_tmp, reference):
+    # as Keras: the backup goes only when fit completes; a stopped fit is no completed fit
+    logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
+    os.makedirs(logdir)
+    with open(os.path.join(logdir, "notes.txt"), "w") as fh:
+        fh.write("mine")
+    epoch, batch, trained = _launch_and_sigterm_mid_epoch(logdir, out_path, "--delete-checkpoint")
+    assert committed_steps(logdir)[-1] == trained and 0 < batch < BATCHES_PER_EPOCH
+    code, out, err = finish(launch(logdir, "--epochs", "4", "--weights-out", out_path, "--delete-checkpoint",
+                                   target=EXAMPLE), 300)
+    assert code == 0, err
+    assert _resumes(out) == [(epoch + 1, batch + 1, trained)]
+    assert _bit_identical(_weights(out_path), reference("tfdata", 4))
     left = sorted(os.listdir(logdir))
     assert "notes.txt" in left and any(f.startswith("events.out.tfevents") for f in left)
     assert not [f for f in left if f.startswith("model.ckpt") or f == "checkpoint"], left
@@ -230,3 +286,14 @@ def test_fit_on_a_model_never_compiled_is_kerass_clear_error_and_no_restart_stor
     spawns = [e for e in lifecycle(logdir) if e["event"] == "spawned" and e.get("role") == "trainer"]
     assert 1 <= len(spawns) <= 2, spawns  # the start-up failure policy: one retry at most, then it gives up
     assert "giving up" in err and committed_steps(logdir) == []
+
+
+def test_fit_on_a_model_never_built_is_one_clear_error_and_no_restart(short_tmp):
+    logdir = os.path.join(short_tmp, "run")
+    code, out, err = finish(launch(logdir, "unbuilt", target=os.path.join(PROGRAMS, "keras_bad.py")), 180)
+    assert code != 0
+    assert ("UsageError: procsv.keras.BackupAndRestore: model 'no_input' is not built; build it before fit() "
+            "(give it a keras.Input, or call it on a batch)") in err, err
+    spawns = [e for e in lifecycle(logdir) if e["event"] == "spawned" and e.get("role") == "trainer"]
+    assert len(spawns) == 1, spawns  # a UsageError before the first step: given up at once
+    assert "the trainer cannot start: UsageError" in err and committed_steps(logdir) == []

@@ -28,6 +28,7 @@ import numpy as np
 from procsv.common.errors import TrainingStopped, UsageError
 from procsv.ipc.messages import SaveReason
 from procsv.trainer import keras_input
+from procsv.trainer.hooks import warn_once
 from procsv.trainer.managed import ManagedSession
 from procsv.trainer.supervisor import Supervisor
 
@@ -43,7 +44,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
     back to an older one on its own), ``delete_checkpoint`` (remove procsv's checkpoints of this
     directory when ``fit`` completes; default False, unlike Keras, because the directory is also
     the run's logdir), ``save_before_preemption`` (commit the position on SIGTERM; always on:
-    ``False`` is refused rather than silently ignored).
+    ``False`` is accepted, so that switching from Keras' callback is a one-word change, and
+    warned about once, since procsv always commits the position reached when asked to stop).
 
     procsv's: ``save_secs`` (also checkpoint every N seconds), ``save_summaries_secs`` (batch-level
     scalars at most this often; epoch scalars at every epoch end; ``None``: epoch scalars only),
@@ -60,8 +62,9 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
                 isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1):
             raise UsageError(f"save_freq must be 'epoch', a number of batches >= 1, or False; not {save_freq!r}")
         if not save_before_preemption:
-            raise UsageError("save_before_preemption=False is not offered: procsv always commits the position "
-                             "reached when it is asked to stop (it is how nothing is lost)")
+            warn_once("keras-save-before-preemption",
+                      "BackupAndRestore(save_before_preemption=False) has no effect: procsv always commits the "
+                      "position reached when it is asked to stop (it is how nothing is lost)")
         if save_secs is not None and save_secs <= 0:
             raise UsageError(f"save_secs must be > 0, not {save_secs!r}")
         self.backup_dir = backup_dir
@@ -201,7 +204,9 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             now = sv._clock()
             if now >= self._next_batch_log:  # batch-level scalars, at most every save_summaries_secs
                 self._next_batch_log = now + self.save_summaries_secs
-                sv.log_scalars({f"batch_{k}": v for k, v in _scalars(dict(logs)).items()})
+                values = dict(logs)
+                values.setdefault("learning_rate", self._learning_rate())  # one read, this rarely
+                sv.log_scalars({f"batch_{k}": v for k, v in _scalars(values).items()})
         self.loop_secs += time.perf_counter() - t0 - self._train_secs
         return logs
 

@@ -1,7 +1,7 @@
 """Keras fit programs procsv.keras.BackupAndRestore must refuse with a clear error.
 
-``python keras_bad.py MODE``: ``infinite`` (a repeated dataset, no steps_per_epoch) or ``uncompiled``
-(fit on a model never compiled).
+``python keras_bad.py MODE``: ``infinite`` (a repeated dataset, no steps_per_epoch), ``uncompiled``
+(fit on a model never compiled) or ``unbuilt`` (a compiled Sequential without an Input, never called).
 """
 
 import os
@@ -24,5 +24,9 @@ if mode == "infinite":
     model.compile("sgd", "mse")
     model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat(), epochs=2, callbacks=[callback], verbose=0)
 elif mode == "uncompiled":
+    model.fit(x, y, epochs=1, callbacks=[callback], verbose=0)
+elif mode == "unbuilt":
+    model = keras.Sequential([keras.layers.Dense(1)], name="no_input")
+    model.compile("sgd", "mse")
     model.fit(x, y, epochs=1, callbacks=[callback], verbose=0)
 print("fit returned", flush=True)
