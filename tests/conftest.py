@@ -95,9 +95,12 @@ def committed_steps(logdir: str) -> list[int]:
 
 
 def lifecycle(logdir: str) -> list[dict[str, Any]]:
+    """Every whole record of the run's ``lifecycle.jsonl``. A last line without its newline is a
+    write in progress (a read concurrent with a write may see part of it: the kernel copies a write
+    page by page) and is left for the next read, as procsv's own readers do."""
     try:
         with open(os.path.join(logdir, "logs", "lifecycle.jsonl")) as fh:
-            return [json.loads(line) for line in fh if line.strip()]
+            return [json.loads(line) for line in fh if line.strip() and line.endswith("\n")]
     except FileNotFoundError:
         return []
 
