@@ -47,6 +47,11 @@ from procsv.trainer.snapshot import arena_bytes_needed, self_test
 from procsv.trainer.snapshot_store import SnapshotStore, stuck_here
 
 HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the checkpoint service
+# the service's messages (a timer's SaveRequest, a SaveResult, SnapshotHeld) are read at a step
+# boundary at most this often, or every READ_EVERY_STEPS steps whatever the clock says: a read is
+# a socket poll, a fifth of the boundary's own cost beside a sub-millisecond step
+READ_EVERY = 0.002
+READ_EVERY_STEPS = 64
 PLAN_MAX_AGE = 10.0  # seconds an in-memory snapshot may reuse the object-graph walk of an earlier snapshot
 RECOVER_WAIT = 15.0  # seconds a restarted trainer waits for the service to persist a held in-memory snapshot
 
@@ -86,6 +91,8 @@ class CheckpointAgent:
         self.last_committed = -1
         self.pending: Optional[SaveReason] = None
         self.last_heartbeat = 0.0
+        self._next_read = 0.0  # when (on the clock) the boundary next reads the service's messages
+        self._read_step = -READ_EVERY_STEPS  # the step of that last read
         # the in-memory tier (procsv.trainer.memory_tier): off when the budget is 0
         self.memory_budget = memory_budget if saving else 0.0
         self.store = SnapshotStore(checkpoint, memory_tier.SLOTS if self.memory_budget > 0 else 1, clock)
@@ -154,6 +161,17 @@ class CheckpointAgent:
         apply the every-N-steps trigger; True if a snapshot of ``step`` is due now."""
         if now - self.last_heartbeat >= HEARTBEAT_EVERY:
             self.heartbeat(ch, step, now)
+        if now >= self._next_read or step - self._read_step >= READ_EVERY_STEPS:
+            self._read_service(ch, step, now)
+        if self.in_flight is not None and now >= self.commits.overdue_at:
+            self._overdue(ch, now)
+        if self.save_checkpoint_steps and step > 0 and step % self.save_checkpoint_steps == 0:
+            self.pending = self.pending or SaveReason.STEPS
+        return bool(self.pending) and self.in_flight is None and step > self.last_committed
+
+    def _read_service(self, ch: TrainerChannels, step: int, now: float) -> None:
+        """Take every message the checkpoint service has sent (without waiting)."""
+        self._next_read, self._read_step = now + READ_EVERY, step
         for msg in ch.poll_checkpoint():
             if isinstance(msg, SaveRequest):
                 self.pending = self.pending or msg.reason
@@ -161,11 +179,6 @@ class CheckpointAgent:
                 self._on_result(msg)
             elif isinstance(msg, SnapshotHeld):
                 self.store.slots.acknowledged(msg.step)
-        if self.in_flight is not None and now >= self.commits.overdue_at:
-            self._overdue(ch, now)
-        if self.save_checkpoint_steps and step > 0 and step % self.save_checkpoint_steps == 0:
-            self.pending = self.pending or SaveReason.STEPS
-        return bool(self.pending) and self.in_flight is None and step > self.last_committed
 
     def snapshot(self, ch: TrainerChannels, step: int) -> bool:
         """Take and send the due snapshot of ``step`` (call only after :meth:`poll` said so)."""

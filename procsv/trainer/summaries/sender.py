@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from procsv.ipc.columns import encode_columns
 from procsv.ipc.messages import Message, ProtoRef, SummaryAck, SummaryBatch
-from procsv.trainer.summaries.buffer import BATCH_MAX, Chunk, SummaryBuffer
+from procsv.trainer.summaries.buffer import BATCH_MAX, FLUSH_EVERY, Chunk, SummaryBuffer
 
 WINDOW = 50_000  # rows sent but not yet acknowledged; beyond that, rows wait in the buffer
 SENDS_PER_BOUNDARY = 16  # batches one step boundary may send (a flood is spread over steps)
@@ -125,7 +125,9 @@ class SummarySender:
                 break
             if not self._send_next(step, now):
                 break
-        wake = min(buf.next_flush(), self._next_heartbeat)
+        # an empty buffer has no partial batch to time: a row logged later waits at most FLUSH_EVERY
+        # from now (else every idle boundary would find a stale flush time and do the full check)
+        wake = min(buf.next_flush() if len(buf) else now + FLUSH_EVERY, self._next_heartbeat)
         self._wake = min(wake, self._next_poll) if self.inflight else wake
 
     def _send_next(self, step: int, now: float, empty: bool = False) -> bool:
