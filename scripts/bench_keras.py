@@ -217,7 +217,7 @@ def killed_run(mode: str, root: str, epochs: int, save_freq: int, kills: int, rn
             continue
         if done >= kills or proc.poll() is not None:
             break
-        time.sleep(rng.uniform(0.5, 3.0))
+        time.sleep(rng.uniform(0.2, 1.0))  # a run of 4 short epochs must take all the kills before it ends
         if mode == "keras":
             if proc.poll() is not None:
                 continue
