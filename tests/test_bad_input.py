@@ -111,7 +111,7 @@ def test_5_a_supervisor_without_checkpoint_warns_at_start_that_nothing_will_be_s
     code, out, err = finish(launch(logdir, "--no-checkpoint", "--steps", "20", target=BAD, opts=FAST), 120)
     assert code == 0, err
     warning = [line for line in out.splitlines() if "nothing will be saved" in line]
-    assert len(warning) == 1 and "Supervisor(checkpoint=None)" in warning[0], out
+    assert len(warning) == 1 and "Supervisor(checkpoint=None)" in warning[0] and "saved every variable" in warning[0], out
     assert out.index("nothing will be saved") < out.index("bad: starts at step 0")  # at start, not at the end
     assert committed_steps(logdir) == []
     assert "nothing was supervised" not in err  # it was supervised, just not saved

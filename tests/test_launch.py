@@ -181,7 +181,7 @@ def test_a_target_that_does_not_exist_is_one_clear_line_and_starts_nothing(logdi
     assert len(lines) == 1 and "no_such_module.train" in lines[0] and lines[0].startswith("procsv: error:")
     assert lifecycle(logdir) == []
     code, out, err = finish(launch(logdir, target="missing/train.py"), timeout=60)
-    assert code == 2 and "missing/train.py" in err and "does not exist" in err
+    assert code == 2 and "missing/train.py" in err and "does not exist" in err and "check the path" in err
 
 
 def test_a_target_that_fails_at_import_gives_its_traceback_and_no_restart_loop(logdir):

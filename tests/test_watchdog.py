@@ -122,7 +122,12 @@ def test_chaos_kills_on_schedule_and_reports_recovery(logdir):
 
 def test_bad_chaos_spec_is_a_usage_error(logdir):
     code, out, err = finish(launch(logdir, opts=("--chaos", "every=0")), timeout=60)
-    assert code == 2 and "--chaos" in err and lifecycle(logdir) == []
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and lifecycle(logdir) == []
+    assert lines[-1] == "procsv: error: --chaos 'every=0': delays must be positive and MIN <= MAX", err
+    code, out, err = finish(launch(logdir, opts=("--chaos", "every=abc")), timeout=60)
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        "procsv: error: --chaos 'every=abc': every, random and seed take numbers (random=MIN:MAX)"), err
 
 
 def _spawned(logdir, role="trainer"):

@@ -68,7 +68,8 @@ def trackable_state(checkpoint: Any, global_step: Any, saver: Any) -> tuple[Any,
         checkpoint.global_step = global_step
     if checkpoint is None and saver is not None:
         print("procsv: warning: Supervisor(checkpoint=None): nothing will be saved, and a restarted trainer "
-              "starts again from step 0; pass checkpoint=tf.train.Checkpoint(model=..., optimizer=...)",
+              "starts again from step 0 (TF's Supervisor saved every variable of its graph; TF2 has no graph "
+              "to collect them from); pass checkpoint=tf.train.Checkpoint(model=..., optimizer=...)",
               file=sys.stderr, flush=True)
     return checkpoint, global_step, created
 

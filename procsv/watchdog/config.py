@@ -66,7 +66,8 @@ def check_target(target: str, cwd: str) -> None:
     if target.endswith(".py") or os.sep in target:
         path = os.path.join(cwd, target)
         if not os.path.isfile(path):
-            raise UsageError(f"training script {target!r} does not exist (looked in {cwd})")
+            raise UsageError(f"training script {target!r} does not exist (looked in {cwd}); check the path, "
+                             "or pass an importable module name (procsv launch my_pkg.train ...)")
         _check_syntax(target, path)
         return
     sys.path.insert(0, cwd)
