@@ -32,6 +32,7 @@ class ForkRequest(Message):
     env: dict[str, str]
     log_path: str
     cwd: str
+    rank: int = 0  # the task in a trainer group (procsv launch --nproc): one fork per task per attempt
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class ForkReply(Message):
     attempt: int
     pid: int
     error: Optional[str] = None
+    rank: int = 0
 
 
 @dataclass(frozen=True)

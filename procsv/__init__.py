@@ -30,10 +30,10 @@ def __getattr__(name: str) -> Any:
         from procsv.trainer import supervisor
 
         return getattr(supervisor, name)
-    if name == "train":
+    if name in ("train", "cluster"):
         import importlib
 
-        return importlib.import_module("procsv.train")
+        return importlib.import_module(f"procsv.{name}")
     if name == "Coordinator":
         from procsv.trainer.coordinator import Coordinator
 
@@ -45,6 +45,7 @@ __all__ = [
     "Supervisor",
     "ManagedSession",
     "Coordinator",
+    "cluster",
     "ProcsvError",
     "UsageError",
     "LogdirLocked",

@@ -51,6 +51,13 @@ def _parser() -> argparse.ArgumentParser:
                          "the program up to restoring; fork = fork one from the pre-warmed trainer; off = start a "
                          "fresh process (as --no-prewarm); auto = hot if memory allows (twice the "
                          "trainer's size plus 1 GiB available), else fork (the default)")
+    la.add_argument("--nproc", type=int, default=1, metavar="N",
+                    help="run N trainer processes as one tf.distribute worker group (TF_CONFIG on free ports, "
+                         "task 0 the chief, which saves): any member's death or hang restarts the whole group "
+                         "from the latest checkpoint (default 1)")
+    la.add_argument("--group-grace-secs", type=float, default=0.5, metavar="SECS",
+                    help="with --nproc: once a member of the group ended, the others get SIGTERM and are "
+                         "SIGKILLed after this many seconds (default 0.5)")
     la.add_argument("--preload", default="", metavar="MODULES",
                     help="comma-separated modules the pre-warmed trainer imports too (never ones that run TF ops)")
     la.add_argument("--allow-reinit", action="store_true",
@@ -147,6 +154,13 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         raise UsageError(f"--metrics-port must be a port number from 1 to 65535, not {args.metrics_port}")
     if args.metrics_host is not None and args.metrics_port is None:
         raise UsageError("--metrics-host needs --metrics-port")
+    if args.nproc < 1:
+        raise UsageError(f"--nproc must be >= 1, not {args.nproc}")
+    if not args.group_grace_secs >= 0:
+        raise UsageError(f"--group-grace-secs must be >= 0, not {args.group_grace_secs:g}")
+    if args.nproc > 1 and args.standby == "hot":
+        raise UsageError("--standby hot needs a single trainer: a group of --nproc trainers restarts together from "
+                         "the pre-warmed trainer (--standby fork, the default with --nproc)")
     if args.chaos:
         from procsv.watchdog.chaos import parse_chaos
 
@@ -155,7 +169,8 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        stop_grace_secs=args.stop_grace_secs, quiet=args.quiet, hang_timeout=args.hang_timeout,
                        startup_timeout=args.startup_timeout, hang_grace_secs=args.hang_grace_secs,
                        chaos=args.chaos, prewarm=not args.no_prewarm and args.standby != "off",
-                       standby="off" if args.no_prewarm else args.standby,
+                       standby="off" if args.no_prewarm else "fork" if args.nproc > 1 and args.standby == "auto"
+                       else args.standby, nproc=args.nproc, group_grace_secs=args.group_grace_secs,
                        on_checkpoint_failure=args.on_checkpoint_failure,
                        allow_reinit=args.allow_reinit, keep_logs=args.keep_logs, on_failure=args.on_failure,
                        metrics_port=args.metrics_port, metrics_host=args.metrics_host or "127.0.0.1",

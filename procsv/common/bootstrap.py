@@ -38,6 +38,13 @@ class ChildContext:
     role: str
     attempt: int
     supervised: bool
+    rank: int = 0  # this trainer's task in a group launched with --nproc N (0: the chief)
+    nproc: int = 1  # the group's size
+
+    @property
+    def in_group(self) -> bool:
+        """One of several trainers of a ``procsv launch --nproc N`` group."""
+        return self.nproc > 1
 
     @staticmethod
     def from_env() -> Optional["ChildContext"]:
@@ -50,6 +57,8 @@ class ChildContext:
             role=os.environ.get(env.ROLE, "trainer"),
             attempt=int(os.environ.get(env.ATTEMPT, "1")),
             supervised=os.environ.get(env.WATCHDOG) == "1",
+            rank=int(os.environ.get(env.RANK, "0") or 0),
+            nproc=int(os.environ.get(env.NPROC, "1") or 1),
         )
 
 

@@ -166,9 +166,13 @@ class RuntimeDir:
             fh.write(f"{os.getpid()} {_create_time(os.getpid())!r}\n")
         return RuntimeDir(path)
 
-    def trainer_mutex(self, attempt: int) -> str:
-        """The death-notice mutex of one trainer attempt."""
-        return os.path.join(self.path, f"trainer.{attempt}.mutex")
+    def trainer_mutex(self, attempt: int, rank: int = 0) -> str:
+        """The death-notice mutex of one trainer attempt (of the group's trainer ``rank``)."""
+        return os.path.join(self.path, f"trainer.{attempt}.mutex" if rank == 0 else f"worker{rank}.{attempt}.mutex")
+
+    def group_restored(self, attempt: int) -> str:
+        """What the chief of a group restored at ``attempt`` (its workers restore exactly that)."""
+        return os.path.join(self.path, f"group.{attempt}.restored.json")
 
     def standby_mutex(self, attempt: int) -> str:
         """The death-notice mutex of a hot standby prepared to become trainer attempt ``attempt``

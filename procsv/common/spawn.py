@@ -72,3 +72,22 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: str, cwd: Optio
             start_new_session=True,
             close_fds=True,
         )
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct TCP ports free on ``host`` now (bound together, then released for the caller).
+
+    For a trainer group's ``TF_CONFIG``: each attempt gets fresh ports, so a new group never
+    meets a port an old member (or anything else) still holds."""
+    import socket
+
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()

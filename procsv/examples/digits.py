@@ -28,6 +28,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--log-every-steps", type=int, default=10, help="log loss/accuracy every N steps")
     p.add_argument("--print-every-steps", type=int, default=250)
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep this long per step (simulates a slower model)")
+    p.add_argument("--strategy", choices=["default", "multiworker"], default="default",
+                   help="multiworker: tf.distribute.MultiWorkerMirroredStrategy across the trainers of "
+                        "`procsv launch --nproc N` (each takes its share of every global batch)")
     p.add_argument("--logdir", default=None, help="only when run without `procsv launch`")
     return p.parse_args(argv)
 
@@ -63,6 +66,32 @@ def build_model() -> tuple[Any, Any, Any]:
     return model, optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
+def multiworker_step(strategy: Any, model: Any, optimizer: Any, global_batch: int) -> Any:
+    """The train step under ``MultiWorkerMirroredStrategy``: each task's share of the global batch,
+    gradients all-reduced; returns the global batch's (loss, accuracy) on every task."""
+    import keras
+    import tensorflow as tf
+
+    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+    def replica_step(x: Any, y: Any) -> tuple[Any, Any]:
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            loss = tf.nn.compute_average_loss(per_example(y, logits), global_batch_size=global_batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        hits = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=1), y), tf.float32)) / global_batch
+        return loss, hits
+
+    @tf.function  # type: ignore[untyped-decorator]  # TensorFlow ships no type information
+    def train_step(x: Any, y: Any) -> tuple[Any, Any]:
+        loss, hits = strategy.run(replica_step, args=(x, y))
+        return (strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None),
+                strategy.reduce(tf.distribute.ReduceOp.SUM, hits, axis=None))
+
+    return train_step
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -76,17 +105,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tf.config.experimental.enable_op_determinism()
     x_train, y_train, x_test, y_test = load_data(args.seed)
 
-    model, optimizer, loss_fn = build_model()
+    if args.strategy == "multiworker":
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()  # reads the TF_CONFIG procsv launch --nproc set
+        with strategy.scope():
+            model, optimizer, loss_fn = build_model()
+        train_step = multiworker_step(strategy, model, optimizer, args.batch_size)
+    else:
+        model, optimizer, loss_fn = build_model()
 
-    @tf.function  # type: ignore[untyped-decorator]  # TensorFlow ships no type information
-    def train_step(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        with tf.GradientTape() as tape:
-            logits = model(x, training=True)
-            loss = loss_fn(y, logits)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        acc = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, axis=1), y), tf.float32))
-        return loss, acc
+        @tf.function  # type: ignore[untyped-decorator]  # TensorFlow ships no type information
+        def train_step(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            with tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                loss = loss_fn(y, logits)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            acc = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, axis=1), y), tf.float32))
+            return loss, acc
+    rank, nproc = procsv.cluster.rank(), procsv.cluster.nproc()
 
     def test_accuracy() -> float:
         logits = model(x_test, training=False)
@@ -101,7 +137,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         summary_fn=lambda: {"test_accuracy": test_accuracy()},
     )
     # traced while a hot standby waits, so that a promoted one's first step does not pay for it
-    sv.warm_up(train_step, x_train[:args.batch_size], y_train[:args.batch_size])
+    shard = slice(rank, None, nproc) if args.strategy == "multiworker" else slice(None)  # this task's share
+    sv.warm_up(train_step, x_train[:args.batch_size][shard], y_train[:args.batch_size][shard])
     t0 = time.monotonic()
     with sv.managed_session() as sess:
         traced_early = train_step.experimental_get_tracing_count()
@@ -109,7 +146,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if start >= args.steps:
             print(f"digits: already trained to step {start} (--steps {args.steps}); nothing to do", flush=True)
         while not sv.should_stop() and sv.step < args.steps:
-            idx = batch_indices(args.seed, sv.step + 1, len(x_train), args.batch_size)
+            idx = batch_indices(args.seed, sv.step + 1, len(x_train), args.batch_size)[shard]
             loss, acc = sess.run(train_step, x_train[idx], y_train[idx])
             if args.step_delay:
                 time.sleep(args.step_delay)

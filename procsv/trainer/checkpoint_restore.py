@@ -36,16 +36,20 @@ class Restored:
 
 def restore_or_init(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], None], *,
                     allow_reinit: bool, read_retry: ReadRetry, clock: Callable[[], float],
-                    sleep: Callable[[float], None]) -> Restored:
+                    sleep: Callable[[float], None], pinned: Optional[Pinned] = None) -> Restored:
     """Restore the newest committed checkpoint that verifies and restores. With none committed: a
     plain-TF checkpoint of the logdir, else ``init``.
 
     Raises :class:`UnreadableCheckpoint` (a file stayed unreadable for ``read_retry.total_secs``)
     and :class:`NoRestorableCheckpoint` (every committed checkpoint is corrupt and not
     ``allow_reinit``): the rules are in :mod:`procsv.trainer.restore`.
+
+    ``pinned``: a group's worker restores exactly what its chief restored (:class:`Pinned`).
     """
     import tensorflow as tf
 
+    if pinned is not None:
+        return _restore_pinned(checkpoint, global_step, layout, init, pinned.path)
     committed = list_committed(layout)
     damaged = damaged_manifests(layout)
     for name in damaged:
@@ -81,6 +85,27 @@ def restore_or_init(checkpoint: Any, global_step: Any, layout: Layout, init: Cal
         print(f"procsv: the checkpoint service moves the corrupt {names} to {layout.quarantine}/ "
               "(not deleted: look at them there)", file=sys.stderr, flush=True)
     return Restored(path, [m.prefix for m, _ in choice.corrupt])
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """The one checkpoint to restore (``path``; ``None``: initialize): what a group's chief restored."""
+
+    path: Optional[str]
+
+
+def _restore_pinned(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], None],
+                    path: Optional[str]) -> Restored:
+    """Restore ``path`` (verified against its manifest when it has one), or ``init`` for ``None``."""
+    if path is None:
+        init()
+        return Restored(None, [])
+    manifest = next((m for m in list_committed(layout) if m.path(layout.logdir) == path), None)
+    if manifest is not None:
+        verify_and_restore(checkpoint, global_step, layout, manifest)
+    else:  # a plain-TF checkpoint of the logdir, as the chief found it
+        restore_path(checkpoint, global_step, path)
+    return Restored(path, [])
 
 
 def verify_and_restore(checkpoint: Any, global_step: Any, layout: Layout, manifest: Manifest) -> None:

@@ -126,7 +126,8 @@ class CheckpointAgent:
         return self.commits.failure
 
     # ------------------------------------------------------------------ start
-    def restore_or_init(self, init: Callable[[], None]) -> list[str]:
+    def restore_or_init(self, init: Callable[[], None], pinned: Optional[checkpoint_restore.Pinned] = None
+                        ) -> list[str]:
         """Restore the newest committed checkpoint that verifies and restores; return the corrupt
         prefixes passed over. With none committed: a plain-TF checkpoint of the logdir, else ``init``.
 
@@ -136,7 +137,7 @@ class CheckpointAgent:
         """
         done = checkpoint_restore.restore_or_init(self.checkpoint, self.global_step, self.layout, init,
                                                   allow_reinit=self.allow_reinit, read_retry=self.read_retry,
-                                                  clock=self.clock, sleep=self.sleep)
+                                                  clock=self.clock, sleep=self.sleep, pinned=pinned)
         if done.path is not None:
             self.restored_from = done.path
         if self.restored_from:

@@ -15,10 +15,10 @@ import os
 import threading
 import time
 from contextlib import nullcontext
-from typing import Callable
+from typing import Callable, Optional
 
 from procsv.common.fswake import wakeups
-from procsv.common.layout import Layout
+from procsv.common.layout import Layout, RuntimeDir, read_json, write_json
 from procsv.common.manifests import list_committed
 
 
@@ -45,3 +45,36 @@ def wait_for_committed(layout: Layout, max_wait_secs: float, poll_secs: float,
             woken.wait(min(left, max(poll_secs, 0.01)))
             woken.clear()
         return clock() - t0
+
+
+class GroupPin:
+    """What a group's chief restored at one attempt; its workers restore exactly the same.
+
+    In a ``procsv launch --nproc N`` group every trainer restores, and they must all hold the
+    same state: a worker that restored a newer checkpoint than the chief (one the checkpoint
+    service committed in between, from the dead attempt's last snapshot) would train diverged
+    replicas that all-reduce their gradients. So the chief publishes what it restored (a path, or
+    ``None`` for a fresh start) in the run's runtime directory, atomically, and every worker waits
+    for that record (filesystem events, with a fallback poll) before restoring it.
+    """
+
+    def __init__(self, runtime_dir: str, attempt: int) -> None:
+        self.path = RuntimeDir(runtime_dir).group_restored(attempt)
+
+    def publish(self, restored: Optional[str]) -> None:
+        """The chief: record what it restored (``None``: it initialized)."""
+        write_json(self.path, {"path": restored}, durable=False)
+
+    def wait(self, poll_secs: float = 1.0) -> Optional[str]:
+        """A worker: wait for the chief's record; return its path (``None``: start from scratch).
+
+        There is no deadline here: the watchdog ends the whole group when the chief dies or hangs."""
+        folder = os.path.dirname(self.path)
+        with wakeups(folder, only=self.path) as woken:
+            while True:
+                record = read_json(self.path)
+                if isinstance(record, dict) and "path" in record:
+                    path = record["path"]
+                    return path if isinstance(path, str) else None
+                woken.wait(poll_secs)
+                woken.clear()

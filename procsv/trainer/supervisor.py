@@ -28,16 +28,18 @@ from procsv.common import bootstrap, env
 from procsv.common.errors import ProcsvError, TrainingStopped
 from procsv.trainer import outcome, replica, standby
 from procsv.trainer.channels import TrainerChannels
+from procsv.trainer.checkpoint_restore import Pinned
 from procsv.trainer.checkpointing import CheckpointAgent
 from procsv.trainer.coordinator import Coordinator
 from procsv.trainer.managed import ManagedSession, ManagedSessionContext
+from procsv.trainer.replica import GroupPin
 from procsv.trainer.restore import ReadRetry
 from procsv.trainer.standalone import OwnServices
 from procsv.trainer.step_boundary import ProgressReporter, StepCounter, checkpoint_work
 from procsv.trainer.stop_signals import StopSignals
 from procsv.trainer.summaries import SummaryBuffer
 from procsv.trainer.summary_methods import SummaryMethods
-from procsv.trainer.supervisor_setup import agent_factory, layout_for, trackable_state
+from procsv.trainer.supervisor_setup import agent_factory, layout_for, resolve_is_chief, trackable_state
 from procsv.trainer.tf1_args import USE_DEFAULT, Tf1Properties, add_camel_case_aliases, resolve
 from procsv.trainer.hooks import warn_once
 from procsv.trainer.tf1_methods import Tf1Methods, warn_ignored_prepare_args
@@ -76,7 +78,7 @@ class Supervisor(SummaryMethods, Tf1Properties, Tf1Methods):
     def __init__(
         self,
         logdir: Optional[str] = None,
-        is_chief: bool = True,
+        is_chief: Optional[bool] = None,
         checkpoint: Any = None,
         global_step: Any = None,
         init_fn: Optional[Callable[[Any], None]] = None,
@@ -110,6 +112,7 @@ class Supervisor(SummaryMethods, Tf1Properties, Tf1Methods):
         self._clock = clock  # every timer of the step boundary (progress, summaries, saves) reads it
 
         self._ctx = bootstrap.ChildContext.from_env()
+        is_chief = resolve_is_chief(is_chief, self._ctx)
         self.layout = layout_for(logdir, self._ctx, is_chief=is_chief, checkpoint_basename=checkpoint_basename,
                                  read_retry_secs=read_retry_secs)
         self.allow_reinit = allow_reinit or os.environ.get(env.ALLOW_REINIT) == "1"
@@ -222,9 +225,15 @@ class Supervisor(SummaryMethods, Tf1Properties, Tf1Methods):
         self._session = ManagedSession(self)
         skipped: list[str] = []
         if self._ckpt is not None:
-            if self._ctx is not None and self._ctx.attempt > 1 and self.is_chief and not reused:
+            pin = (GroupPin(self._ctx.endpoints.runtime_dir, self._ctx.attempt)
+                   if self._ctx is not None and self._in_group() else None)
+            if self._ctx is not None and self._ctx.attempt > 1 and self.is_chief and not reused and pin is None:
                 self._ckpt.recover_memory(self._channels)  # a dead trainer's in-memory snapshot, if the service held one
-            skipped = self._ckpt.restore_or_init(self._init)
+            # a group's workers restore exactly what the chief restored (a newer commit in between would diverge them)
+            pinned = Pinned(pin.wait()) if pin is not None and not self.is_chief else None
+            skipped = self._ckpt.restore_or_init(self._init, pinned=pinned)
+            if pin is not None and self.is_chief:
+                pin.publish(self.restored_from or None)
         else:
             self._init()
         self._step = int(self._global_step.numpy())
@@ -336,6 +345,10 @@ class Supervisor(SummaryMethods, Tf1Properties, Tf1Methods):
     def global_step(self) -> Any:
         """The global step variable (int64). Handing it out makes procsv advance it at every step."""
         return self._counter.expose()
+
+    def _in_group(self) -> bool:
+        """One trainer of a ``procsv launch --nproc N`` group."""
+        return self._ctx is not None and self._ctx.supervised and self._ctx.in_group
 
     def _connect_services(self) -> Endpoints:
         if self._ctx is not None:

@@ -23,6 +23,19 @@ from procsv.trainer.restore import ReadRetry
 from procsv.trainer.tf1_args import USE_DEFAULT
 
 
+def resolve_is_chief(is_chief: Optional[bool], ctx: Optional[bootstrap.ChildContext]) -> bool:
+    """``Supervisor(is_chief=...)``: by default the group's task 0 (under ``procsv launch --nproc N``),
+    else True. Raises :class:`UsageError` for a value that contradicts this trainer's task in a group
+    (two chiefs would both save; a group without one would save nothing)."""
+    group = ctx is not None and ctx.supervised and ctx.in_group
+    if is_chief is None:
+        return ctx.rank == 0 if group and ctx is not None else True
+    if group and ctx is not None and bool(is_chief) != (ctx.rank == 0):
+        raise UsageError(f"is_chief={is_chief} in trainer {ctx.rank} of a group of {ctx.nproc} (procsv launch --nproc): "
+                         "task 0 is the chief; leave is_chief out, or pass is_chief=procsv.cluster.is_chief()")
+    return bool(is_chief)
+
+
 def layout_for(logdir: Optional[str], ctx: Optional[bootstrap.ChildContext], *, is_chief: bool,
                checkpoint_basename: str, read_retry_secs: float) -> Layout:
     """The run's :class:`Layout`: ``logdir``, else the launch's (``ctx``). Raises
@@ -36,10 +49,10 @@ def layout_for(logdir: Optional[str], ctx: Optional[bootstrap.ChildContext], *, 
         raise UsageError("Supervisor needs a logdir: pass logdir=... or run under `procsv launch --logdir DIR`")
     if launched and os.path.abspath(logdir) != os.path.abspath(launched):
         raise UsageError(f"Supervisor(logdir={logdir!r}) differs from the launch's --logdir {launched!r}")
-    if not is_chief and ctx is not None and ctx.supervised:
-        raise UsageError("is_chief=False under procsv launch: the launch runs one trainer, the chief, and a "
-                         "worker saves nothing, so nothing would be saved; drop is_chief=False (several "
-                         "workers per launch are not available yet)")
+    if not is_chief and ctx is not None and ctx.supervised and not ctx.in_group:
+        raise UsageError("is_chief=False under procsv launch without --nproc: the launch runs one trainer, the "
+                         "chief, and a worker saves nothing, so nothing would be saved; drop is_chief=False, or "
+                         "launch a group with --nproc N")
     if "/" in checkpoint_basename or not checkpoint_basename:
         raise UsageError(f"checkpoint_basename {checkpoint_basename!r} must be a plain file name")
     if read_retry_secs < 0:

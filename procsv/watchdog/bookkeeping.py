@@ -14,7 +14,7 @@ from __future__ import annotations
 import signal
 from typing import Optional
 
-from procsv.watchdog import standby
+from procsv.watchdog import group, standby
 from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
                                      Promote, RespawnService, Restart, Settle, Signal, SkipChaos, Spawn, StandbyGone,
                                      StopLogdirLost)
@@ -67,7 +67,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
             _settle(child)
         view.history = action.history
         if isinstance(action, GiveUp) and child is not None:
-            view.last_error = child.headline()
+            view.last_error = group.blame(view, child).headline()
         run, code = (action.run, action.exit_code) if isinstance(action, Finish) else (RunState.FAILED, 1)
         if view.failed:  # a service kept failing: the orderly stop that followed is a failure
             run = RunState.FAILED
@@ -88,6 +88,8 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
                 now + limits.hang_grace_secs, now
             child.set_state(ProcState.STOPPING)
         else:
+            if action.cause == Cause.GROUP:
+                child.signalled_at = now  # SIGKILL after group_grace_secs (rule 11)
             child.set_state(ProcState.STOPPING)
     elif isinstance(action, Kill):
         child.killed = True
@@ -106,7 +108,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         view.history = action.history
         view.restart_at = now + action.delay
         if not action.preempted:
-            view.last_error = child.headline()
+            view.last_error = group.blame(view, child).headline()
     elif isinstance(action, RespawnService):
         _settle(child)
         child.set_state(ProcState.RESTARTING)

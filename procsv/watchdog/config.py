@@ -45,6 +45,8 @@ class LaunchConfig:
     on_failure: Optional[str] = None  # --on-failure CMD: run once when the run ends failed
     metrics_port: Optional[int] = None  # --metrics-port: serve Prometheus metrics there
     metrics_host: str = "127.0.0.1"  # --metrics-host
+    nproc: int = 1  # --nproc: trainers in the group (procsv.watchdog.group)
+    group_grace_secs: float = 0.5  # --group-grace-secs
 
     @property
     def busy_timeout(self) -> Optional[float]:
@@ -57,7 +59,8 @@ class LaunchConfig:
                       hang=HangLimits(self.hang_timeout, self.startup_timeout, self.busy_timeout),
                       stop_grace_secs=self.stop_grace_secs, hang_grace_secs=self.hang_grace_secs,
                       checkpoint_failure_limit=3 if self.on_checkpoint_failure == "stop" else 0,
-                      chaos=parse_chaos(self.chaos) if self.chaos else None)
+                      chaos=parse_chaos(self.chaos) if self.chaos else None, nproc=self.nproc,
+                      group_grace_secs=self.group_grace_secs)
 
 
 def check_target(target: str, cwd: str) -> None:

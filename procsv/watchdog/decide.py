@@ -56,17 +56,24 @@ Rules, in the order they are considered:
    once the trainer has completed a step; a due restart (rule 3) promotes it if it is ready for
    that attempt, else kills it and forks. A standby that ends is settled by rule 1
    (``StandbyGone``: counted, with backoff, unless the watchdog ended it).
+11. **Groups** (:mod:`procsv.watchdog.group`, ``--nproc N``): the first member of a trainer
+   group whose end breaks it (the chief's end; a worker's death or non-zero exit) is what the
+   chief's attempt is judged by (rule 1); the other members get SIGTERM, SIGKILL after
+   ``group_grace_secs``; rule 3 starts the next group only once every worker is reaped. Rules 2
+   (stop: the chief is asked to checkpoint; its workers are stopped once it ended) and 4 (hangs:
+   of every member) apply to the group's members.
 """
 
 from __future__ import annotations
 
 import signal
 
-from procsv.watchdog import standby
+from procsv.watchdog import group, standby
 from procsv.watchdog.actions import (Action, Cause, Finish, GiveUp, GiveUpCheckpoints, Kill, Promote, Signal, Spawn,
                                      StopLogdirLost)
 from procsv.watchdog.chaos import chaos_actions
 from procsv.watchdog.hang import hang_actions
+from procsv.watchdog.group import group_actions
 from procsv.watchdog.judge import judge
 from procsv.watchdog.lifecycle import ProcState, RunState
 from procsv.watchdog.limits import Limits
@@ -92,9 +99,10 @@ def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Actio
     if view.finishing:
         return actions + _shutdown(view, now, limits)
     actions += _stop(view, now)
+    actions += group_actions(view, now, limits.group_grace_secs)
     actions += _restart_due(view, now, limits)
-    for trainer in view.trainers():
-        actions += hang_actions(view, trainer, now, limits.hang)
+    for member in view.trainers() + group.workers(view):
+        actions += hang_actions(view, member, now, limits.hang)
     actions += chaos_actions(view, now, limits.chaos)
     actions += stall_actions(view, now, limits)
     if standby.may_prepare(view, now) and not any(isinstance(a, (Spawn, Promote)) for a in actions):
@@ -125,6 +133,8 @@ def _restart_due(view: RunView, now: float, limits: Limits) -> list[Action]:
         return []
     if view.zygote == ZygoteState.WARMING and now - view.launch_start < limits.zygote_wait:
         return []
+    if group.draining(view):
+        return []  # rule 11: the last group's workers are not all reaped yet (their ports, their collectives)
     if view.forking_since is not None:
         return []  # a standby asked of the zygote: wait for its answer (milliseconds), then decide
     if standby.promotable(view):

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from procsv.common import spawn
-from procsv.common.env import ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, STANDBY as STANDBY_ENV
+from procsv.common.spawn import free_ports
+from procsv.cluster import make_tf_config
+from procsv.common.env import ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, NPROC, RANK, STANDBY as STANDBY_ENV
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
@@ -33,7 +35,8 @@ from procsv.watchdog.failures import describe
 from procsv.watchdog.lifecycle import RunState
 from procsv.watchdog.observe import Report
 from procsv.watchdog.prewarm import FORK_REPLY_TIMEOUT, Zygote, ZygoteUnavailable
-from procsv.watchdog.state import STANDBY, TRAINER, RunView, ZygoteState
+from procsv.watchdog.group import worker_slot
+from procsv.watchdog.state import STANDBY, TRAINER, WORKER, RunView, ZygoteState
 
 Sink = Callable[[list[Report]], None]
 
@@ -48,6 +51,8 @@ class PendingFork:
     log_path: str
     mutex: Optional[RobustMutex]
     due: float  # the zygote's answer is overdue after this (the watchdog's clock)
+    role: str = TRAINER  # TRAINER, WORKER (a group's task ``rank``) or STANDBY
+    rank: int = 0
 
 
 class Executor:
@@ -69,7 +74,7 @@ class Executor:
         self.handles: dict[tuple[str, int], ChildProcess] = {}
         self.zygote: Optional[Zygote] = None
         self.dead_zygotes: list[Zygote] = []  # forked trainers still need their exit statuses
-        self.fork: Optional[PendingFork] = None  # a trainer asked of the zygote, not answered yet
+        self.forks: dict[str, PendingFork] = {}  # by slot: trainers asked of the zygote, not answered yet
         self.chaos_rng = chaos_rng or random.Random(limits.chaos.seed if limits.chaos else None)
         if limits.chaos is not None:
             view.chaos_next_delay = limits.chaos.delay(self.chaos_rng)
@@ -168,6 +173,10 @@ class Executor:
                                                  "reason": action.reason},
                            say=f"procsv: trainer attempt {child.attempt} (pid {child.pid}) is hung: {action.reason}; "
                                f"sending SIGTERM, SIGKILL in {self.limits.hang_grace_secs:g} s", err=True)]
+        if action.cause == Cause.GROUP:
+            who = child.slot if child.role == WORKER else "chief"
+            return [Report(say=f"procsv: {action.reason}: stopping the group's {who} (pid {child.pid}); the whole "
+                               "group restarts together", err=True)]
         if action.cause == Cause.CHAOS:
             name = signal.Signals(action.sig).name
             return [Report(Event.CHAOS_KILL, {"role": child.role, "pid": child.pid, "signal": name},
@@ -226,7 +235,7 @@ class Executor:
         except (ZygoteUnavailable, OSError) as exc:
             self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); no standby, restarts start fresh")
             return
-        self.fork = PendingFork(STANDBY, attempt, env, log_path, mutex, due)
+        self.forks[STANDBY] = PendingFork(STANDBY, attempt, env, log_path, mutex, due, STANDBY)
         observe.fork_requested(self.view, self.clock())
 
     def _promote(self, action: Promote) -> None:
@@ -251,22 +260,45 @@ class Executor:
 
     def spawn(self, slot: str, role: str) -> Optional[ChildProcess]:
         """Start the next attempt of ``slot`` and add it to the view. A trainer from the pre-warmed
-        zygote is only asked for here (None is returned): :meth:`poll_fork` adds it when it answers."""
+        zygote is only asked for here (None is returned): :meth:`poll_fork` adds it when it answers.
+        With ``--nproc N`` a trainer start is the whole group's: the chief and N-1 workers, each
+        with its own ``TF_CONFIG`` on ports chosen now (:mod:`procsv.watchdog.group`)."""
         prev = self.view.children.get(slot)
         attempt = prev.attempt + 1 if prev else 1
-        env = self._env(role, attempt)
-        log_path = self.layout.attempt_log(role, attempt)
+        if role != TRAINER:
+            return self._fresh(slot, role, attempt, self._env(role, attempt), self.layout.attempt_log(role, attempt),
+                               None)
+        n = self.limits.nproc
+        group_env: list[dict[str, str]] = [{}]
+        if n > 1:
+            addresses = [f"127.0.0.1:{port}" for port in free_ports(n)]
+            group_env = [{"TF_CONFIG": make_tf_config(addresses, rank), RANK: str(rank), NPROC: str(n)}
+                         for rank in range(n)]
+        chief: Optional[ChildProcess] = None
+        for rank, extra in enumerate(group_env):
+            started = self._spawn_member(TRAINER if rank == 0 else worker_slot(rank), TRAINER if rank == 0 else WORKER,
+                                         attempt, rank, extra)
+            chief = chief or started
+        return chief
+
+    def _spawn_member(self, slot: str, role: str, attempt: int, rank: int, extra: dict[str, str]
+                      ) -> Optional[ChildProcess]:
+        """Start one trainer process (the chief, or a group's worker ``rank``), from the zygote if ready."""
+        name = slot if role == WORKER else role  # a worker's log, error file and death mutex carry its task
+        env = self._env(name, attempt)
+        env.update(extra)
+        log_path = self.layout.attempt_log(name, attempt)
         mutex: Optional[RobustMutex] = None
-        if role == TRAINER:
+        try:
+            mutex = RobustMutex(self.runtime.trainer_mutex(attempt, rank), create=True)
+            env[DEATH_MUTEX] = mutex.path
+        except OSError:
+            mutex = None  # no early notice: the pidfd alone tells of the death
+        if self.zygote is not None and self.zygote.ready:
             try:
-                mutex = RobustMutex(self.runtime.trainer_mutex(attempt), create=True)
-                env[DEATH_MUTEX] = mutex.path
-            except OSError:
-                mutex = None  # no early notice: the pidfd alone tells of the death
-        if role == TRAINER and self.zygote is not None and self.zygote.ready:
-            try:
-                due = self.zygote.request_fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd)
-                self.fork = PendingFork(slot, attempt, env, log_path, mutex, due)
+                due = self.zygote.request_fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd,
+                                               rank)
+                self.forks[slot] = PendingFork(slot, attempt, env, log_path, mutex, due, role, rank)
                 observe.fork_requested(self.view, self.clock())
                 return None
             except (ZygoteUnavailable, OSError) as exc:
@@ -274,28 +306,30 @@ class Executor:
         return self._fresh(slot, role, attempt, env, log_path, mutex)
 
     def poll_fork(self) -> None:
-        """Complete a trainer start asked of the zygote: its answer arrived, or it is overdue or
+        """Complete the trainer starts asked of the zygote: an answer arrived, or it is overdue or
         failed (then the zygote is given up and the trainer starts fresh). Call after every pump
         of the zygote and every round."""
-        pending = self.fork
-        if pending is None:
-            return
+        for slot in list(self.forks):
+            self._poll_one(self.forks[slot])
+        # a group's members are answered one by one: the view is forking until the last answer
+        self.view.forking_since = (self.view.forking_since or self.clock()) if self.forks else None
+
+    def _poll_one(self, pending: PendingFork) -> None:
         proc: Optional[Process] = None
         why = ""
         try:
             if self.zygote is None:
                 raise ZygoteUnavailable("the zygote was given up")
-            proc = self.zygote.answer(pending.attempt)
+            proc = self.zygote.answer(pending.attempt, pending.rank)
             if proc is None and self.clock() >= pending.due:
                 why = "it did not answer the fork request within {:g} s".format(FORK_REPLY_TIMEOUT)
         except ZygoteUnavailable as exc:
             why = str(exc)
         if proc is None and not why:
             return  # still waiting: the loop goes on meanwhile
-        self.fork = None
+        del self.forks[pending.slot]
         if proc is not None:
-            role = STANDBY if pending.slot == STANDBY else TRAINER
-            self._started(pending.slot, role, pending.attempt, proc, pending.log_path, pending.mutex, "zygote")
+            self._started(pending.slot, pending.role, pending.attempt, proc, pending.log_path, pending.mutex, "zygote")
             return
         if pending.slot == STANDBY:  # no standby this time; the zygote is given up below or was already
             self.view.forking_since = None
@@ -303,17 +337,20 @@ class Executor:
             self.zygote.kill()  # a zygote that does not answer is not trusted with the next one either
             self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({why}); starting a fresh one")
         if pending.slot != STANDBY:
-            self._fresh(pending.slot, TRAINER, pending.attempt, pending.env, pending.log_path, pending.mutex)
+            self._fresh(pending.slot, pending.role, pending.attempt, pending.env, pending.log_path, pending.mutex)
 
     def _fresh(self, slot: str, role: str, attempt: int, env: dict[str, str], log_path: str,
                mutex: Optional[RobustMutex]) -> ChildProcess:
-        argv = spawn.trainer_argv(self.cfg.target, self.cfg.args) if role == TRAINER else spawn.service_argv(role)
+        trainer = role in (TRAINER, WORKER)
+        argv = spawn.trainer_argv(self.cfg.target, self.cfg.args) if trainer else spawn.service_argv(role)
         proc = spawn.spawn(argv, env, log_path, cwd=self.cfg.cwd)
         return self._started(slot, role, attempt, proc, log_path, mutex, "fresh")
 
     def _started(self, slot: str, role: str, attempt: int, proc: Process, log_path: str,
                  mutex: Optional[RobustMutex], via: str) -> ChildProcess:
-        handle = ChildProcess(slot, TRAINER if role == STANDBY else role, attempt, proc, log_path)  # a standby is a trainer process
+        # a standby is a trainer process; a group's worker is known by its task (worker1.3.log)
+        handle = ChildProcess(slot, TRAINER if role == STANDBY else slot if role == WORKER else role, attempt, proc,
+                              log_path)
         handle.take_over_log(self.handles.values())
         self.handles[(slot, attempt)] = handle
         self._register(handle)
@@ -362,4 +399,5 @@ _KILL_LINES = {
     Cause.HANG: "procsv: hung trainer did not exit within {grace:g} s; killing it",
     Cause.SHUTDOWN: "procsv: the {role} process did not stop in time; killing it",
     Cause.STANDBY_UNREADY: "procsv: the standby trainer is not ready yet; forking a new trainer instead",
+    Cause.GROUP: "procsv: a member of the trainer group did not stop in time; killing it",
 }

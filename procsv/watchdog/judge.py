@@ -20,12 +20,15 @@ from procsv.watchdog.limits import Limits
 from procsv.watchdog.policy import Action as Verdict
 from procsv.watchdog.policy import TrainerExit
 from procsv.watchdog.policy import decide as restart_verdict
-from procsv.watchdog.state import STANDBY, TRAINER, ChildView, RunView
+from procsv.watchdog import group
+from procsv.watchdog.state import STANDBY, TRAINER, WORKER, ChildView, RunView
 
 
 def judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: float) -> list[Action]:
     """Rule 1: an attempt ended (or its death was noticed)."""
     if view.finishing:
+        return [Settle(child.slot, child.attempt)] if child.reaped else []
+    if child.role == WORKER:  # rule 11 stops the rest of its group; the chief's attempt is what is judged
         return [Settle(child.slot, child.attempt)] if child.reaped else []
     if child.role == STANDBY:  # rule 10: not a trainer attempt yet; the run goes on
         failed = not child.killed and view.stop_signal is None
@@ -53,14 +56,15 @@ def _service(view: RunView, child: ChildView, now: float, limits: Limits) -> lis
 
 def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> list[Action]:
     """A trainer attempt that was reaped, or whose death notice arrived (that only ever restarts)."""
-    code = child.exit_code if child.reaped else 1  # a death notice: some unclean death
+    who = group.blame(view, child)  # in a group, the member whose end broke it
+    code = who.exit_code if who.reaped else 1  # a death notice: some unclean death
     assert code is not None
-    if code == EXIT_PREEMPTED and child.hang_cause:
+    if code == EXIT_PREEMPTED and who.hang_cause:
         code = 1  # it saved when terminated for a hang, but a hang is a failure: backoff applies
     ex = TrainerExit(code, child.first_step_at is not None, child.made_progress, view.stop_signal is not None)
     verdict = restart_verdict(limits.restart, view.history, ex, draw)
     if not child.reaped:
-        if verdict.action != Verdict.RESTART or hopeless(child, child.noticed_error, limits):
+        if verdict.action != Verdict.RESTART or hopeless(child, who.noticed_error, limits):
             return []  # stopping or giving up: wait for the exit status to tell the whole story
         return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, early=True)]
     if verdict.action == Verdict.FINISH:
@@ -70,12 +74,16 @@ def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> li
         return [Finish(child.slot, child.attempt, RunState.STOPPED, 128 + sig, verdict.history)]
     if verdict.action == Verdict.GIVE_UP:
         return [GiveUp(child.slot, child.attempt, verdict.reason, verdict.history)]
-    error = child.failure.error if child.failure is not None else None
+    error = who.failure.error if who.failure is not None else None
     if error is not None and error.type in limits.program_errors:
-        return [GiveUp(child.slot, child.attempt, f"the trainer failed with {error.type}: a failure of the program, "
+        return [GiveUp(child.slot, child.attempt, f"the {_name(who)} failed with {error.type}: a failure of the program, "
                        "not of the process (a restart would resume from the last checkpoint and meet it again)",
                        view.history)]  # no restart happened: the history before the verdict's
     if error is not None and hopeless(child, error.type, limits):
-        return [GiveUp(child.slot, child.attempt, f"the trainer cannot start: {error.type} (a restart would fail "
+        return [GiveUp(child.slot, child.attempt, f"the {_name(who)} cannot start: {error.type} (a restart would fail "
                        "the same way)", view.history)]
     return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, preempted=code == EXIT_PREEMPTED)]
+
+
+def _name(child: ChildView) -> str:
+    return "trainer" if child.role == TRAINER else f"trainer group's {child.slot}"

@@ -39,3 +39,5 @@ class Limits:
     # restart would resume from the last checkpoint and meet the same failure again
     program_errors: frozenset[str] = frozenset({"NanLossDuringTrainingError"})
     chaos: Optional[ChaosPlan] = None
+    nproc: int = 1  # trainers in the group (--nproc): task 0 the chief (procsv.watchdog.group)
+    group_grace_secs: float = 0.5  # a group's survivors get SIGTERM, then SIGKILL after this (rule 11)

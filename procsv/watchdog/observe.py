@@ -19,7 +19,8 @@ from procsv.watchdog.bookkeeping import find, request_stop
 from procsv.watchdog.events import Event
 from procsv.watchdog.failures import Failure
 from procsv.watchdog.lifecycle import ProcState
-from procsv.watchdog.state import STANDBY, TRAINER, ChildView, RunView, ZygoteState
+from procsv.watchdog.group import blame, workers
+from procsv.watchdog.state import STANDBY, TRAINER, WORKER, ChildView, RunView, ZygoteState
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ def spawned(view: RunView, slot: str, role: str, attempt: int, pid: int, now: fl
         view.forking_since = None
     if role == STANDBY:
         child.state = ProcState.STANDBY
-    return [Report(Event.SPAWNED, {"role": role, "attempt": attempt, "pid": pid, "via": via})]
+    name = slot if role == WORKER else role  # a group's workers by their task: worker1, ...
+    return [Report(Event.SPAWNED, {"role": name, "attempt": attempt, "pid": pid, "via": via})]
 
 
 def fork_requested(view: RunView, now: float) -> None:
@@ -82,12 +84,18 @@ def _plain(value: Any) -> Any:
 
 
 def _trainer(view: RunView, pid: int) -> Optional[ChildView]:
-    return next((t for t in view.trainers() if t.pid == pid), None)
+    """The trainer (or a group's worker) with this pid."""
+    return next((t for t in view.trainers() + workers(view) if t.pid == pid), None)
 
 
 def _ready(view: RunView, msg: TrainerReady, now: float) -> list[Report]:
     child = _trainer(view, msg.pid)
     if child is None:
+        return []
+    if child.role == WORKER:  # restored what the chief restored (procsv.trainer.replica.GroupPin)
+        child.step = child.work_step = msg.step
+        if child.ready_at is None:
+            child.ready_at, child.restored_step = now, msg.step
         return []
     view.step = child.step = child.work_step = msg.step
     if child.ready_at is None:  # the recovery's own restore; a later one is the program's retry loop
@@ -113,11 +121,14 @@ def _progress(view: RunView, msg: Progress, now: float) -> list[Report]:
     out = []
     if child.first_step_at is None and not busy:
         child.first_step_at = now
-        out.append(Report(Event.FIRST_STEP, {"pid": msg.pid, "step": msg.step,
-                                             "secs_since_spawn": round(now - child.started, 3)}))
+        if child.role == TRAINER:
+            out.append(Report(Event.FIRST_STEP, {"pid": msg.pid, "step": msg.step,
+                                                 "secs_since_spawn": round(now - child.started, 3)}))
     if child.state == ProcState.STARTING:
         child.set_state(ProcState.RUNNING)
-    child.step = view.step = msg.step
+    child.step = msg.step
+    if child.role == TRAINER:  # the run's step is the chief's (a group's workers take the same steps)
+        view.step = msg.step
     child.busy = busy
     child.last_progress_at = now
     if not busy:
@@ -171,7 +182,7 @@ def death_noticed(view: RunView, slot: str, attempt: int, at: float, wall: float
     child.noticed_wall = wall
     child.noticed_error = error_type
     child.ended_at = at
-    return [Report(Event.DEATH_NOTICED, {"role": child.role, "attempt": attempt, "pid": child.pid, "noticed": wall})]
+    return [Report(Event.DEATH_NOTICED, {"role": _role(child), "attempt": attempt, "pid": child.pid, "noticed": wall})]
 
 
 def reaped(view: RunView, slot: str, attempt: int, failure: Failure, now: float) -> list[Report]:
@@ -184,10 +195,10 @@ def reaped(view: RunView, slot: str, attempt: int, failure: Failure, now: float)
     if child.ended_at is None:
         child.ended_at = now
     noticed = child.noticed_wall if child.noticed_wall is not None else failure.time
-    out = [Report(Event.EXITED, {"role": child.role, "attempt": attempt, "pid": child.pid, "noticed": noticed,
+    out = [Report(Event.EXITED, {"role": _role(child), "attempt": attempt, "pid": child.pid, "noticed": noticed,
                                  **failure.fields()})]
     if child.settled_early:  # restarted on its death notice already: say how it died, now that we know
-        view.last_error = child.headline()
+        view.last_error = blame(view, child).headline()  # in a group: the member whose end broke it
         out.append(Report(say=f"procsv: {view.last_error}; restarted (restart {view.history.restarts})", err=True))
     elif (view.stop_signal is not None or view.finishing) and failure.code != 0 and failure.error is not None:
         # stopped in order, yet it ended on an exception of its own: the program's side of the story
@@ -228,3 +239,8 @@ def zygote_changed(view: RunView, state: ZygoteState, pid: int, import_secs: flo
     if state == ZygoteState.LOST:
         return [Report(Event.ZYGOTE_GONE, {"pid": pid}, say=why, err=True)]
     return []
+
+
+def _role(child: ChildView) -> str:
+    """The role lifecycle records name: a group's worker by its task (``worker1``)."""
+    return child.slot if child.role == WORKER else child.role

@@ -54,7 +54,7 @@ class Zygote:
         self.ready = False
         self.import_secs: Optional[float] = None
         self.exits: dict[int, int] = {}
-        self.replies: dict[int, ForkReply] = {}  # by attempt, until taken by answer()
+        self.replies: dict[tuple[int, int], ForkReply] = {}  # by (attempt, rank), until taken by answer()
         self.dead = False
 
     @property
@@ -82,25 +82,26 @@ class Zygote:
             elif isinstance(msg, ChildExit):
                 self.exits[msg.pid] = msg.code
             elif isinstance(msg, ForkReply):
-                self.replies[msg.attempt] = msg
+                self.replies[(msg.attempt, msg.rank)] = msg
         return msgs
 
     def alive(self) -> bool:
         return not self.dead and self.popen.poll() is None
 
     def request_fork(self, attempt: int, target: str, args: Sequence[str], env: Mapping[str, str], log_path: str,
-                     cwd: str) -> float:
-        """Ask for a trainer (without waiting); returns the time by which the answer is due."""
+                     cwd: str, rank: int = 0) -> float:
+        """Ask for a trainer (task ``rank`` of a group; without waiting); returns the time by which
+        the answer is due."""
         if not (self.ready and self.alive()):
             raise ZygoteUnavailable("the zygote is not ready")
         argv = ["procsv.trainer", target, *args]
-        write_framed(self._req_w, ForkRequest(attempt, argv, dict(env), log_path, cwd))
+        write_framed(self._req_w, ForkRequest(attempt, argv, dict(env), log_path, cwd, rank))
         return self.clock() + FORK_REPLY_TIMEOUT
 
-    def answer(self, attempt: int) -> Optional["ForkedProcess"]:
-        """The trainer forked for ``attempt``, once its reply has been pumped; None until then.
+    def answer(self, attempt: int, rank: int = 0) -> Optional["ForkedProcess"]:
+        """The trainer forked for ``attempt`` (task ``rank``), once its reply has been pumped; None until then.
         Raises :class:`ZygoteUnavailable` if the fork failed or the zygote died."""
-        reply = self.replies.pop(attempt, None)
+        reply = self.replies.pop((attempt, rank), None)
         if reply is not None:
             if reply.error or reply.pid <= 0:
                 raise ZygoteUnavailable(reply.error or "fork failed")

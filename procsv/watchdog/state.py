@@ -7,7 +7,7 @@ Nothing here touches a process, a file or a clock: every time is a number passed
 watchdog's monotonic clock), so tests build and drive a view with plain values.
 
 Slots name the places a process occupies: ``checkpoint``, ``summary`` and one per trainer
-(``trainer`` today; the replicas issue adds ``trainer.1``, ...). Each slot holds its current
+(``trainer``, the chief: task 0; with ``--nproc N`` also ``worker1`` ... ``worker<N-1>``). Each slot holds its current
 attempt; attempts of trainers are also kept in order in :attr:`RunView.attempts` for the
 recovery report.
 """
@@ -24,6 +24,7 @@ from procsv.watchdog.policy import History
 from procsv.watchdog.report import AttemptRecord
 
 TRAINER = "trainer"
+WORKER = "worker"  # the role of a group's task 1, 2, ... (slots ``worker1``, ...; procsv.watchdog.group)
 STANDBY = "standby"  # the slot (and role) of the hot-standby trainer until it is promoted
 CHECKPOINT = "checkpoint"
 SUMMARY = "summary"
@@ -157,7 +158,7 @@ class RunView:
         return [c for c in self.children.values() if c.role == TRAINER]
 
     def services(self) -> list[ChildView]:
-        return [c for c in self.children.values() if c.role not in (TRAINER, STANDBY)]
+        return [c for c in self.children.values() if c.role not in (TRAINER, STANDBY, WORKER)]
 
     def standby(self) -> Optional[ChildView]:
         """The hot-standby trainer, while it is one (not yet promoted)."""

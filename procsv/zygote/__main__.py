@@ -84,10 +84,10 @@ def _fork(req: ForkRequest, req_fd: int, rep_fd: int, wake: tuple[int, int]) -> 
     try:
         pid = os.fork()
     except OSError as exc:
-        write_framed(rep_fd, ForkReply(req.attempt, 0, f"fork failed: {exc}"))
+        write_framed(rep_fd, ForkReply(req.attempt, 0, f"fork failed: {exc}", req.rank))
         return
     if pid:
-        write_framed(rep_fd, ForkReply(req.attempt, pid))
+        write_framed(rep_fd, ForkReply(req.attempt, pid, None, req.rank))
         return
     code = 70
     try:

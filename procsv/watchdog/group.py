@@ -1,0 +1,98 @@
+"""Rule 11 of the decision function: a group of trainers (``procsv launch --nproc N``) lives and dies together.
+
+Runs in the watchdog. Pure: reads the observed :class:`~procsv.watchdog.state.RunView`, the
+time ``now`` passed in and the :class:`~procsv.watchdog.limits.Limits`; returns actions.
+
+A ``tf.distribute`` worker group cannot outlive one of its members: when a worker dies the
+others fail in their next collective and can never continue, and a restarted worker alone
+cannot rejoin them (``../shared/reference/tf-distribute-facts.md``). So the group is the unit
+of an attempt: the chief (task 0) holds the ``trainer`` slot and is the attempt the restart
+policy judges; the other tasks hold ``worker<R>`` slots with the chief's attempt number.
+
+- The first member whose end breaks the group -- the chief ending in any way, or a worker
+  dying or exiting with a non-zero code (a worker that finished cleanly breaks nothing: the
+  chief finishes too) -- is the group's *breaker*; :func:`blame` names it, and the chief's
+  judgement (:mod:`procsv.watchdog.judge`) uses its exit code, error and hang.
+- Every other live member then gets SIGTERM (cause ``group``), and SIGKILL after
+  ``group_grace_secs``: a survivor can only fail in its next collective.
+- The next attempt starts all N together, only once every member of the last one is reaped
+  and settled (:func:`draining`): its ports are free and no old process can join the new group.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+from typing import Optional
+
+from procsv.watchdog.actions import Action, Cause, Kill, Signal
+from procsv.watchdog.lifecycle import ProcState
+from procsv.watchdog.state import TRAINER, WORKER, ChildView, RunView
+
+
+def worker_slot(rank: int) -> str:
+    """The slot (and the log and error file name) of task ``rank`` >= 1 of the group."""
+    return f"worker{rank}"
+
+
+def workers(view: RunView) -> list[ChildView]:
+    """The workers' current attempts (task 1, 2, ...)."""
+    return [c for c in view.children.values() if c.role == WORKER]
+
+
+def members(view: RunView, chief: ChildView) -> list[ChildView]:
+    """The chief's attempt and the workers started with it."""
+    return [chief] + [w for w in workers(view) if w.attempt == chief.attempt]
+
+
+def breaks(child: ChildView) -> bool:
+    """Whether this member's end breaks its group: the chief's end, or a worker's unclean end."""
+    if not child.reaped and child.noticed_dead_at is None:
+        return False
+    return child.role == TRAINER or not child.reaped or child.exit_code != 0
+
+
+def breaker(view: RunView, chief: ChildView) -> Optional[ChildView]:
+    """The member whose end broke the chief's attempt first (None: the group is whole)."""
+    ended = [m for m in members(view, chief) if breaks(m)]
+    if not ended:
+        return None
+    return min(ended, key=lambda m: m.ended_at if m.ended_at is not None else math.inf)
+
+
+def blame(view: RunView, chief: ChildView) -> ChildView:
+    """The member whose end the chief's attempt is judged and reported by: the breaker, else the chief.
+
+    A chief that exited 0 is judged by itself (a worker failing after the last step lost nothing)."""
+    if chief.role != TRAINER or (chief.reaped and chief.exit_code == 0):
+        return chief
+    return breaker(view, chief) or chief
+
+
+def group_actions(view: RunView, now: float, grace: float) -> list[Action]:
+    """Rule 11: once a member broke the group, stop the rest (SIGTERM, SIGKILL after ``grace``)."""
+    chief = view.children.get(TRAINER)
+    if chief is None or not workers(view):
+        return []
+    first = breaker(view, chief)
+    if first is None:
+        return []
+    out: list[Action] = []
+    for m in members(view, chief):
+        if m is first or not m.live:
+            continue
+        if m.state in (ProcState.STARTING, ProcState.RUNNING):
+            out.append(Signal(m.slot, m.attempt, signal.SIGTERM, Cause.GROUP, _why(first)))
+        elif m.signalled_at is not None and now >= m.signalled_at + grace and not m.killed:
+            out.append(Kill(m.slot, m.attempt, Cause.GROUP, _why(first)))
+    return out
+
+
+def draining(view: RunView) -> bool:
+    """A worker of the last attempt is not reaped and settled yet: the next group must wait."""
+    return any(not w.reaped or not w.settled for w in workers(view))
+
+
+def _why(first: ChildView) -> str:
+    name = "the chief" if first.role == TRAINER else first.slot
+    return f"{name} (pid {first.pid}) ended"

@@ -1,0 +1,138 @@
+"""Rule 11 of the decision function, trainer groups (``--nproc N``), with a fake clock (no process runs).
+
+The simulator of ``test_watchdog_decide`` stands in for the executor; here a trainer start is
+the whole group's, as in :meth:`procsv.watchdog.executor.Executor.spawn`: the chief in the
+``trainer`` slot and a worker per other task, all with the chief's attempt number.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from procsv.ipc.messages import Progress, TrainerReady
+from procsv.watchdog import observe
+from procsv.watchdog.actions import Cause, GiveUp, Kill, Restart, Settle, Signal, Spawn
+from procsv.watchdog.decide import Limits
+from procsv.watchdog.failures import ChildError, Failure
+from procsv.watchdog.group import blame, worker_slot
+from procsv.watchdog.hang import HangLimits
+from procsv.watchdog.lifecycle import ProcState
+from procsv.watchdog.state import TRAINER, WORKER
+
+from test_watchdog_decide import KILLED, Sim, of
+
+W1 = worker_slot(1)
+
+
+class GroupSim(Sim):
+    """A group of ``nproc`` trainers: a trainer spawn starts every task."""
+
+    def spawn(self, slot: str, role: str) -> None:
+        super().spawn(slot, role)
+        if role == TRAINER:
+            chief = self.view.children[TRAINER]
+            for rank in range(1, self.limits.nproc):
+                observe.spawned(self.view, worker_slot(rank), WORKER, chief.attempt, next(self._pids), self.now,
+                                "fresh")
+
+    def member(self, slot: str):  # type: ignore[no-untyped-def]
+        return self.view.children[slot]
+
+    def group_ready(self, step: int = 0) -> None:
+        for slot in [TRAINER] + [worker_slot(r) for r in range(1, self.limits.nproc)]:
+            c = self.member(slot)
+            observe.heard(self.view, TrainerReady(c.pid, c.attempt, step, None, 0.1, [], 1.0 if slot == TRAINER
+                                                  else None, None), self.now)
+
+    def group_progress(self, step: int, slots: tuple[str, ...] = ()) -> None:
+        for slot in slots or [TRAINER] + [worker_slot(r) for r in range(1, self.limits.nproc)]:
+            observe.heard(self.view, Progress(self.member(slot).pid, step, 0.0, ""), self.now)
+
+    def reaps(self, slot: str, code: int, error: str = "") -> None:
+        c = self.member(slot)
+        err = ChildError(error, "boom", "Traceback ...", "run") if error else None
+        observe.reaped(self.view, slot, c.attempt, Failure(c.slot, c.attempt, c.pid, code, 0.0, "log", err), self.now)
+
+    def notices(self, slot: str) -> None:
+        c = self.member(slot)
+        observe.death_noticed(self.view, slot, c.attempt, self.now, 0.0)
+
+
+def group(nproc: int = 2, **kw: object) -> GroupSim:
+    sim = GroupSim(Limits(hang=HangLimits(None, None), nproc=nproc, **kw))  # type: ignore[arg-type]
+    assert sim.tick() == [Spawn(TRAINER, TRAINER)]
+    sim.group_ready()
+    sim.group_progress(1)
+    return sim
+
+
+def test_a_workers_death_stops_the_rest_of_the_group_and_restarts_all_once_every_member_is_reaped():
+    sim = group(3)
+    sim.tick(1.0)
+    sim.notices(W1)  # its death notice: the rest of the group is stopped at once
+    acts = sim.tick(0.01)
+    assert sorted((a.slot, a.cause) for a in of(acts, Signal)) == [(TRAINER, Cause.GROUP), ("worker2", Cause.GROUP)]
+    assert all(a.sig == signal.SIGTERM for a in of(acts, Signal)) and not of(acts, Restart)
+    sim.reaps(W1, KILLED)
+    assert of(sim.tick(0.01), Settle) == [Settle(W1, 1)]
+    assert sim.tick(0.2) == []  # the survivors' grace
+    acts = sim.tick(0.4)  # past group_grace_secs (0.5): SIGKILL
+    assert sorted(a.slot for a in of(acts, Kill)) == [TRAINER, "worker2"]
+    sim.reaps(TRAINER, KILLED)
+    acts = sim.tick(0.01)
+    restart = of(acts, Restart)
+    assert restart and restart[0].slot == TRAINER and not of(acts, Spawn)  # worker2 still holds its port
+    assert sim.view.last_error is not None and sim.view.last_error.startswith(f"{W1} attempt 1")
+    sim.reaps("worker2", KILLED)
+    assert sim.tick(0.01) == [Settle("worker2", 1)]
+    assert sim.tick() == [Spawn(TRAINER, TRAINER)]  # the launcher decides again at once after an action
+    assert sim.trainer.attempt == 2 and sim.member(W1).attempt == 2 and sim.member("worker2").attempt == 2
+
+
+def test_the_chiefs_death_noticed_early_restarts_the_group_once_the_workers_are_gone():
+    sim = group(2)
+    sim.tick(1.0)
+    sim.notices(TRAINER)
+    acts = sim.tick(0.01)
+    assert of(acts, Restart) and of(acts, Signal) == [Signal(W1, 1, signal.SIGTERM, Cause.GROUP,
+                                                             f"the chief (pid {sim.trainer.pid}) ended")]
+    assert not of(acts, Spawn)
+    sim.reaps(TRAINER, KILLED)
+    sim.reaps(W1, 1, "UnavailableError")
+    assert sim.tick(0.01) == [Settle(W1, 1)]
+    assert sim.tick() == [Spawn(TRAINER, TRAINER)] and sim.trainer.attempt == 2
+
+
+def test_a_worker_that_finished_cleanly_breaks_nothing_and_the_chiefs_success_ends_the_run():
+    sim = group(2)
+    sim.reaps(W1, 0)
+    acts = sim.tick(0.5)
+    assert acts == [Settle(W1, 1)]
+    sim.reaps(TRAINER, 0)
+    acts = sim.tick(0.01)
+    assert [type(a).__name__ for a in acts] == ["Finish"] and sim.view.exit_code == 0
+
+
+def test_a_worker_failing_at_import_gives_up_at_once_naming_the_worker():
+    sim = GroupSim(Limits(hang=HangLimits(None, None), nproc=2))
+    sim.tick()
+    sim.reaps(W1, 1, "SyntaxError")  # before any step: an error a restart cannot cure
+    sim.tick(0.01)
+    sim.tick(0.6)
+    sim.reaps(TRAINER, KILLED)
+    acts = sim.tick(0.01)
+    gave_up = of(acts, GiveUp)
+    assert gave_up and "worker1" in gave_up[0].reason and "SyntaxError" in gave_up[0].reason
+    assert blame(sim.view, sim.trainer).slot == W1
+
+
+def test_a_silent_worker_is_hung_and_its_end_restarts_the_group():
+    sim = GroupSim(Limits(hang=HangLimits(5.0, 60.0), nproc=2, hang_grace_secs=1.0))
+    sim.tick()
+    sim.group_ready()
+    sim.group_progress(1)
+    sim.tick(3.0)
+    sim.group_progress(2, (TRAINER,))  # the chief still reports (a step it completed)
+    acts = sim.tick(2.5)
+    assert of(acts, Signal) == [Signal(W1, 1, signal.SIGTERM, Cause.HANG, of(acts, Signal)[0].reason)]
+    assert sim.member(W1).state == ProcState.STOPPING
