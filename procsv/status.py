@@ -95,10 +95,14 @@ def render(status: dict[str, Any], logdir: str) -> str:
     prewarm = status.get("prewarm")
     if prewarm:
         lines.append(f"  pre-warmed trainer pid {prewarm['pid']} ({'ready' if prewarm['ready'] else 'warming up'})")
+    grp = status.get("group")
+    if grp:
+        lines.append(f"  trainer group of {grp.get('nproc')}: {grp.get('state')}")
     for p in status.get("processes", []):
         alive = "alive" if p.get("alive") else "gone"
+        member = f"  rank {p['rank']} on {p.get('host')}, step {p.get('step')}" if "rank" in p else ""
         lines.append(f"  {p.get('role', '?'):<11} pid {p.get('pid')!s:<8} {p.get('state', '?'):<10} "
-                     f"restarts {p.get('restarts', 0)}  ({alive})")
+                     f"restarts {p.get('restarts', 0)}  ({alive}){member}")
     summ = status.get("summaries")
     if summ:
         line = f"  summaries: {summ['written']} written, {summ['dropped']} dropped"

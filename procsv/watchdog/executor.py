@@ -35,7 +35,7 @@ from procsv.watchdog.failures import describe
 from procsv.watchdog.lifecycle import RunState
 from procsv.watchdog.observe import Report
 from procsv.watchdog.prewarm import FORK_REPLY_TIMEOUT, Zygote, ZygoteUnavailable
-from procsv.watchdog.group import worker_slot
+from procsv.watchdog.group import blame, worker_slot
 from procsv.watchdog.state import STANDBY, TRAINER, WORKER, RunView, ZygoteState
 
 Sink = Callable[[list[Report]], None]
@@ -148,7 +148,8 @@ class Executor:
         elif isinstance(action, GiveUp):
             assert child is not None
             reports.append(Report(Event.GAVE_UP, {"reason": action.reason, "error": self.view.last_error},
-                                  say=f"procsv: giving up: {action.reason}.\n{child.root_cause()}", err=True))
+                                  say=f"procsv: giving up: {action.reason}.\n{blame(self.view, child).root_cause()}",
+                                  err=True))
         if isinstance(action, (Finish, GiveUp)):
             if isinstance(action, Finish) and child is not None:
                 code = child.exit_code

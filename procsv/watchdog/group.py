@@ -35,6 +35,25 @@ def worker_slot(rank: int) -> str:
     return f"worker{rank}"
 
 
+def rank_of(slot: str) -> int:
+    """The task of a member's slot: 0 for the chief's ``trainer``, R for ``worker<R>``."""
+    return int(slot[len("worker"):]) if slot.startswith("worker") else 0
+
+
+def group_state(view: RunView) -> str:
+    """The group as ``procsv status`` shows it: ``starting`` (not every member has taken a step),
+    ``running``, ``restarting`` (a member ended: the rest are being stopped, or the next group is
+    due), or the run's own state once it is decided."""
+    if view.finishing:
+        return view.run.value
+    chief = view.children.get(TRAINER)
+    if chief is None or view.restart_at is not None or draining(view):
+        return "restarting" if chief is not None else "starting"
+    if breaker(view, chief) is not None:
+        return "restarting"
+    return "running" if all(m.first_step_at is not None for m in members(view, chief)) else "starting"
+
+
 def workers(view: RunView) -> list[ChildView]:
     """The workers' current attempts (task 1, 2, ...)."""
     return [c for c in view.children.values() if c.role == WORKER]
@@ -66,6 +85,8 @@ def blame(view: RunView, chief: ChildView) -> ChildView:
     A chief that exited 0 is judged by itself (a worker failing after the last step lost nothing)."""
     if chief.role != TRAINER or (chief.reaped and chief.exit_code == 0):
         return chief
+    if chief.broken_by is not None:  # recorded when it was judged: the next group may hold the slots now
+        return chief.broken_by
     return breaker(view, chief) or chief
 
 

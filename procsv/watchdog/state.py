@@ -80,6 +80,7 @@ class ChildView:
     failure: Optional[Failure] = None
     settled: bool = False  # the decision about its end has been taken
     settled_early: bool = False  # ... on the death notice, before the exit status was known
+    broken_by: Optional["ChildView"] = None  # a group's chief: the member whose end broke its attempt, once judged
 
     def set_state(self, new: ProcState) -> None:
         self.state = transition(self.state, new)  # type: ignore[assignment]

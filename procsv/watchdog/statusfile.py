@@ -9,6 +9,7 @@ it is rewritten constantly), and once more, durably, at the end.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from typing import Any, Callable, Optional
 
@@ -16,9 +17,9 @@ import psutil
 
 from procsv.common.layout import Layout, write_json
 from procsv.common.manifests import last_checkpoint
-from procsv.watchdog import report
+from procsv.watchdog import group, report
 from procsv.watchdog.config import LaunchConfig
-from procsv.watchdog.state import CHECKPOINT, SUMMARY, TRAINER, RunView
+from procsv.watchdog.state import CHECKPOINT, SUMMARY, TRAINER, WORKER, RunView
 
 STATUS_EVERY = 0.5  # seconds
 STATUS_VERSION = 1
@@ -31,12 +32,18 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
     procs: list[dict[str, Any]] = [{"role": "watchdog", "pid": os.getpid(),
                                     "state": "exited" if view.finishing else "running", "restarts": 0,
                                     "create_time": psutil.Process().create_time()}]
-    for slot in (TRAINER, CHECKPOINT, SUMMARY):
+    host = socket.gethostname()
+    members = [TRAINER] + sorted((w.slot for w in group.workers(view)), key=group.rank_of)
+    for slot in (*members, CHECKPOINT, SUMMARY):
         c = view.children.get(slot)
         if c is not None:
-            procs.append({"role": c.role, "pid": c.pid, "state": c.state.value, "restarts": c.attempt - 1,
-                          "attempt": c.attempt, "create_time": c.create_time})
+            entry = {"role": c.slot if c.role == WORKER else c.role, "pid": c.pid, "state": c.state.value,
+                     "restarts": c.attempt - 1, "attempt": c.attempt, "create_time": c.create_time}
+            if cfg.nproc > 1 and c.role in (TRAINER, WORKER):  # a group's member: its task, host and step
+                entry.update(rank=group.rank_of(c.slot), host=host, step=c.step)
+            procs.append(entry)
     return {
+        "group": {"nproc": cfg.nproc, "state": group.group_state(view)} if cfg.nproc > 1 else None,
         "version": STATUS_VERSION,
         "state": view.run.value,
         "step": view.step,

@@ -1,0 +1,139 @@
+"""Trainer groups (``procsv launch --nproc 2``) with real processes, real TensorFlow collectives and real signals.
+
+Each test launches ``procsv.examples.digits --strategy multiworker`` (MultiWorkerMirroredStrategy
+across two trainer processes on this host), kills or stops a member with a real signal, and
+reads the outcome back from the lifecycle log and the checkpoints (with plain TensorFlow). The
+``logdir`` fixture fails a test that leaves any process of the run behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+from conftest import REPO, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, wait_for, wait_role_pid
+
+GROUP = ("--nproc", "2")
+ARGS = ("--strategy", "multiworker", "--save-model-secs", "1", "--step-delay", "0.004", "--print-every-steps", "100000")
+
+
+def events(logdir: str, name: str) -> list[dict[str, Any]]:
+    return [r for r in lifecycle(logdir) if r.get("event") == name]
+
+
+def at_step(logdir: str, step: int, timeout: float = 120) -> None:
+    wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= step, timeout, what=f"step {step}")
+
+
+def group_started(logdir: str, attempt: int, timeout: float = 120) -> None:
+    """The chief of ``attempt`` took its first step (its worker took it with it: a step is collective)."""
+    wait_for(lambda: len(events(logdir, "first_step")) >= attempt, timeout, what=f"attempt {attempt}'s first step")
+
+
+def restores_with_plain_tf(logdir: str) -> int:
+    """Restore the newest checkpoint into a fresh digits model with plain TensorFlow; its step."""
+    import tensorflow as tf
+
+    from procsv.examples.digits import build_model
+
+    model, optimizer, _ = build_model()
+    step = tf.Variable(0, dtype=tf.int64)
+    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, global_step=step)
+    ckpt.restore(tf.train.latest_checkpoint(logdir)).assert_existing_objects_matched()
+    return int(step.numpy())
+
+
+def test_a_killed_worker_then_a_killed_chief_each_restart_the_whole_group_which_finishes(logdir):
+    proc = launch(logdir, *ARGS, "--steps", "900", opts=GROUP)
+    try:
+        group_started(logdir, 1)
+        at_step(logdir, 150)
+        os.kill(wait_role_pid(logdir, "worker1"), signal.SIGKILL)
+        group_started(logdir, 2)
+        at_step(logdir, (raw_status(logdir) or {}).get("step", 0) + 50)
+        chief = wait_role_pid(logdir, "trainer")
+        os.kill(chief, signal.SIGKILL)
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+    restarting = events(logdir, "restarting")
+    assert [r["attempt"] for r in restarting] == [2, 3], restarting
+    assert restarting[0]["error"].startswith("worker1 attempt 1") and "SIGKILL" in restarting[0]["error"]
+    assert restarting[1]["error"].startswith("trainer attempt 2")  # restarted on its death notice
+    assert {"role": "trainer", "attempt": 2, "signal": "SIGKILL"}.items() <= \
+        [r for r in events(logdir, "exited") if r["role"] == "trainer" and r["attempt"] == 2][0].items()
+    spawned = [(r["role"], r["attempt"]) for r in events(logdir, "spawned") if r["role"] in ("trainer", "worker1")]
+    assert sorted(spawned) == [("trainer", 1), ("trainer", 2), ("trainer", 3),
+                               ("worker1", 1), ("worker1", 2), ("worker1", 3)]
+    # every group restored the chief's checkpoint and trained on from it, to the end
+    restored = [r["step"] for r in events(logdir, "restored")]
+    assert len(restored) == 2 and all(s > 0 for s in restored)
+    assert "procsv: worker1 (pid" in err and "the whole group restarts together" in err
+    assert committed_steps(logdir)[-1] == 900
+    assert restores_with_plain_tf(logdir) == 900
+
+
+def test_sigterm_to_the_launch_stops_the_group_at_a_committed_step_and_a_relaunch_resumes_exactly_there(logdir):
+    proc = launch(logdir, *ARGS, "--steps", "5000", opts=GROUP)
+    try:
+        group_started(logdir, 1)
+        at_step(logdir, 100)
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    finished = events(logdir, "finished")[-1]
+    preempted = [r for r in events(logdir, "checkpoint_committed") if r["reason"] == "preempted"]
+    assert len(preempted) == 1 and preempted[0]["step"] == finished["step"] > 0  # steps lost: 0
+    stopped_at = finished["step"]
+    assert "while stopping, worker1" not in err  # the worker failing in its collective once the chief left is expected
+    code, out, err = finish(launch(logdir, *ARGS, "--steps", str(stopped_at + 30), opts=GROUP))
+    assert code == 0, err
+    assert events(logdir, "restored")[-1]["step"] == stopped_at
+    assert restores_with_plain_tf(logdir) == stopped_at + 30
+
+
+def test_a_sigstopped_worker_is_found_hung_and_the_group_restarts_without_it(logdir):
+    opts = GROUP + ("--hang-timeout", "3", "--hang-grace-secs", "1")
+    proc = launch(logdir, *ARGS, "--steps", "700", opts=opts)
+    try:
+        group_started(logdir, 1)
+        at_step(logdir, 100)
+        os.kill(wait_role_pid(logdir, "worker1"), signal.SIGSTOP)  # frozen: TF's own heartbeat is 6.5 s
+        wait_for(lambda: events(logdir, "hang_detected"), 30, what="the hang to be detected")
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+    assert [r["attempt"] for r in events(logdir, "restarting")] == [2]
+    assert "is hung" in err
+    assert restores_with_plain_tf(logdir) == 700
+
+
+def test_a_worker_failing_at_import_fails_the_group_start_with_backoff_and_no_storm(logdir):
+    target = os.path.join(REPO, "tests", "programs", "group_import_fail.py")
+    code, out, err = finish(launch(logdir, *ARGS, "--steps", "50", target=target, opts=GROUP))
+    assert code == 1, err
+    restarting = events(logdir, "restarting")  # one retry, then the start-up failure rule gives up
+    assert len(restarting) == 1
+    assert "worker1 attempt 1" in restarting[0]["error"] and "ModuleNotFoundError" in restarting[0]["error"]
+    gave_up = events(logdir, "gave_up")
+    assert len(gave_up) == 1 and "before its first step 2 times in a row" in gave_up[0]["reason"]
+    assert gave_up[0]["error"].startswith("worker1 attempt 2") and "ModuleNotFoundError" in gave_up[0]["error"]
+    assert "procsv: giving up" in err and "procsv_no_such_module" in err
+    assert not events(logdir, "first_step")
+
+
+def test_bad_group_options_are_one_line_usage_errors(tmp_path):
+    for opts, words in ((("--nproc", "0"), "--nproc must be >= 1"),
+                        (("--nproc", "2", "--standby", "hot"), "--standby hot needs a single trainer"),
+                        (("--nproc", "2", "--group-grace-secs", "-1"), "--group-grace-secs must be >= 0")):
+        out = subprocess.run([sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", "--logdir",
+                              str(tmp_path / "run"), *opts], capture_output=True, text=True, env=quiet_env(),
+                             timeout=60)
+        assert out.returncode == 2, out.stderr
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0], out.stderr
+        assert not os.path.exists(tmp_path / "run")
