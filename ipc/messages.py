@@ -22,12 +22,16 @@ Who sends what (see docs/architecture.md for the full table):
 * watchdog <-> zygote (the pre-warmed trainer; length-prefixed frames on a pipe pair, see
   :mod:`procsv.ipc.pipe`): :class:`ForkRequest` down; :class:`ZygoteReady`, :class:`ForkReply`,
   :class:`ChildExit` up.
+* master watchdog <-> node agents (``--nnodes M``: a ROUTER on ``--master-addr``, a DEALER per
+  agent; ZeroMQ TCP with CURVE): :class:`NodeHello`, :class:`MemberStarted`, :class:`MemberEnded`,
+  :class:`Relayed` up; :class:`MasterBeat`, :class:`StartMembers`, :class:`SignalMember`,
+  :class:`NodeStop` down (:mod:`procsv.ipc.node_messages`).
 
 This module is the schema's public entry: it holds :data:`SCHEMA_VERSION` and the registry
 :data:`ALL_MESSAGES` (every message type, by which the codec finds a ``KIND``), and re-exports the
 messages from the modules that define them, one per channel: :mod:`procsv.ipc.watchdog_messages`,
 :mod:`procsv.ipc.checkpoint_messages`, :mod:`procsv.ipc.summary_messages`,
-:mod:`procsv.ipc.zygote_messages`, with the base class and the field enums in
+:mod:`procsv.ipc.zygote_messages`, :mod:`procsv.ipc.node_messages`, with the base class and the field enums in
 :mod:`procsv.ipc.message_base`. A new message joins :data:`ALL_MESSAGES` and ``__all__`` here.
 """
 
@@ -39,6 +43,8 @@ from procsv.ipc.message_base import Busy, ItemKind, Message, Role, SaveReason, S
 from procsv.ipc.summary_messages import ProtoRef, RunScalars, SessionLogEvent, SummaryAck, SummaryBatch, SummaryItem
 from procsv.ipc.watchdog_messages import Hello, Progress, SaveOverdue, StandbyReady, TrainerReady
 from procsv.ipc.zygote_messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
+from procsv.ipc.node_messages import (MasterBeat, MemberEnded, MemberStarted, NodeHello, NodeStop, Relayed,
+                                      SignalMember, StartMembers)
 
 SCHEMA_VERSION = 2  # 2: SummaryBatch lost its JSON scalar rows, its protos are ProtoRef; SummaryAck
 
@@ -63,6 +69,14 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     ForkRequest,
     ForkReply,
     ChildExit,
+    NodeHello,
+    MasterBeat,
+    StartMembers,
+    SignalMember,
+    NodeStop,
+    MemberStarted,
+    MemberEnded,
+    Relayed,
 )
 
 
@@ -74,4 +88,5 @@ __all__ = [
     "RecoverQuery", "RecoverReply",
     "SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "RunScalars",
     "ZygoteReady", "ForkRequest", "ForkReply", "ChildExit",
+    "NodeHello", "MasterBeat", "StartMembers", "SignalMember", "NodeStop", "MemberStarted", "MemberEnded", "Relayed",
 ]

@@ -58,6 +58,17 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--group-grace-secs", type=float, default=0.5, metavar="SECS",
                     help="with --nproc: once a member of the group ended, the others get SIGTERM and are "
                          "SIGKILLed after this many seconds (default 0.5)")
+    la.add_argument("--nnodes", type=int, default=1, metavar="M",
+                    help="hosts of the job: run `procsv launch` on each with the same TARGET, --logdir (a "
+                         "shared filesystem), --nproc, --nnodes and --master-addr, and its own --node-rank; "
+                         "node 0 decides for all (default 1)")
+    la.add_argument("--node-rank", type=int, default=0, metavar="R", help="this host's rank, 0 to M-1 (default 0)")
+    la.add_argument("--master-addr", default=None, metavar="HOST:PORT",
+                    help="with --nnodes: where node 0 listens for the other hosts (TCP, encrypted and "
+                         "authenticated with CURVE keys it writes to the logdir)")
+    la.add_argument("--rejoin-timeout", type=float, default=300.0, metavar="SECS",
+                    help="with --nnodes: how long a lost (or not yet joined) host may take to come back before "
+                         "the run stops and fails (default 300)")
     la.add_argument("--preload", default="", metavar="MODULES",
                     help="comma-separated modules the pre-warmed trainer imports too (never ones that run TF ops)")
     la.add_argument("--allow-reinit", action="store_true",
@@ -158,7 +169,16 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         raise UsageError(f"--nproc must be >= 1, not {args.nproc}")
     if not args.group_grace_secs >= 0:
         raise UsageError(f"--group-grace-secs must be >= 0, not {args.group_grace_secs:g}")
-    if args.nproc > 1 and args.standby == "hot":
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        raise UsageError(f"--node-rank must be from 0 to --nnodes - 1 ({args.nnodes - 1}), not {args.node_rank}")
+    if args.nnodes > 1:
+        host, _, port = (args.master_addr or "").rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise UsageError(f"--nnodes {args.nnodes} needs --master-addr HOST:PORT (node 0's address the other "
+                             f"hosts reach), not {args.master_addr!r}")
+    if not args.rejoin_timeout > 0:
+        raise UsageError(f"--rejoin-timeout must be > 0, not {args.rejoin_timeout:g}")
+    if args.nproc * args.nnodes > 1 and args.standby == "hot":
         raise UsageError("--standby hot needs a single trainer: a group of --nproc trainers restarts together from "
                          "the pre-warmed trainer (--standby fork, the default with --nproc)")
     if args.chaos:
@@ -169,12 +189,18 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        stop_grace_secs=args.stop_grace_secs, quiet=args.quiet, hang_timeout=args.hang_timeout,
                        startup_timeout=args.startup_timeout, hang_grace_secs=args.hang_grace_secs,
                        chaos=args.chaos, prewarm=not args.no_prewarm and args.standby != "off",
-                       standby="off" if args.no_prewarm else "fork" if args.nproc > 1 and args.standby == "auto"
-                       else args.standby, nproc=args.nproc, group_grace_secs=args.group_grace_secs,
+                       standby="off" if args.no_prewarm else "fork"
+                       if args.nproc * args.nnodes > 1 and args.standby == "auto" else args.standby,
+                       nproc=args.nproc, group_grace_secs=args.group_grace_secs, nnodes=args.nnodes,
+                       node_rank=args.node_rank, master_addr=args.master_addr, rejoin_timeout=args.rejoin_timeout,
                        on_checkpoint_failure=args.on_checkpoint_failure,
                        allow_reinit=args.allow_reinit, keep_logs=args.keep_logs, on_failure=args.on_failure,
                        metrics_port=args.metrics_port, metrics_host=args.metrics_host or "127.0.0.1",
                        preload=[m.strip() for m in args.preload.split(",") if m.strip()])
+    if cfg.node_rank > 0:
+        from procsv.watchdog.agent import NodeAgent
+
+        return NodeAgent(cfg).run()
     return Watchdog(cfg).run()
 
 

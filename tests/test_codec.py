@@ -123,6 +123,17 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
     ("fork-reply-ok", m.ForkReply(attempt=2, pid=1234), []),
     ("fork-reply-error", m.ForkReply(attempt=2, pid=0, error="OSError: fork failed"), []),
     ("child-exit-signal", m.ChildExit(pid=1234, code=-9), []),
+    ("node-hello", m.NodeHello(node=1, nproc=2, host="h1", pid=77, addresses=["10.0.0.2:4000", "10.0.0.2:4001"],
+                               live=["worker2.1"]), []),
+    ("master-beat", m.MasterBeat(job="j1"), []),
+    ("start-members", m.StartMembers(attempt=2, ranks=[2, 3], cluster=["a:1", "a:2", "b:1", "b:2"],
+                                     env={"PROCSV_GROUP_PIN": "/l/.procsv/group/j1.2.json"}), []),
+    ("signal-member", m.SignalMember(slot="worker2", attempt=2, sig=15), []),
+    ("kill-member", m.SignalMember(slot="worker2", attempt=2, sig=9, kill=True), []),
+    ("node-stop", m.NodeStop(exit_code=0), []),
+    ("member-started", m.MemberStarted(slot="worker3", attempt=1, pid=99), []),
+    ("member-ended", m.MemberEnded(slot="worker3", attempt=1, pid=99, code=-9), []),
+    ("relayed", m.Relayed(slot="worker3", frames=1), [b'{"v":2,"kind":"progress","body":{}}']),
 ]
 
 

@@ -25,7 +25,8 @@ FAULT = "PROCSV_FAULT"  # tests only: "<process>:<point>[:<n>]" (procsv.common.f
 STANDBY = "PROCSV_STANDBY"  # "1": this trainer is a hot standby (waits for SIGUSR1 before restoring)
 MEMORY_SNAPSHOTS = "PROCSV_MEMORY_SNAPSHOTS"  # the in-memory tier's share of loop time (default 0.01; 0: off)
 RANK = "PROCSV_RANK"  # this trainer's task index in a group (procsv launch --nproc N): 0 is the chief
-NPROC = "PROCSV_NPROC"  # the number of trainers in the group (1 without --nproc)
+NPROC = "PROCSV_NPROC"  # the number of trainers in the group, over every host (1 without --nproc)
+GROUP_PIN = "PROCSV_GROUP_PIN"  # a group's record of what its chief restored (procsv.trainer.replica.GroupPin)
 # given to the --on-failure command (besides LOGDIR): how the run ended
 EXIT_CODE = "PROCSV_EXIT_CODE"  # the launch's exit code
 RUN_STATE = "PROCSV_RUN_STATE"  # failed
@@ -33,7 +34,7 @@ ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's 
 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE, RUN_STATE,
-       ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, RANK, NPROC)
+       ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, RANK, NPROC, GROUP_PIN)
 
 
 def memory_budget(default: float = 0.01) -> float:

@@ -170,9 +170,6 @@ class RuntimeDir:
         """The death-notice mutex of one trainer attempt (of the group's trainer ``rank``)."""
         return os.path.join(self.path, f"trainer.{attempt}.mutex" if rank == 0 else f"worker{rank}.{attempt}.mutex")
 
-    def group_restored(self, attempt: int) -> str:
-        """What the chief of a group restored at ``attempt`` (its workers restore exactly that)."""
-        return os.path.join(self.path, f"group.{attempt}.restored.json")
 
     def standby_mutex(self, attempt: int) -> str:
         """The death-notice mutex of a hot standby prepared to become trainer attempt ``attempt``

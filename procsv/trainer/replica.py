@@ -18,7 +18,7 @@ from contextlib import nullcontext
 from typing import Callable, Optional
 
 from procsv.common.fswake import wakeups
-from procsv.common.layout import Layout, RuntimeDir, read_json, write_json
+from procsv.common.layout import Layout, read_json, write_json
 from procsv.common.manifests import list_committed
 
 
@@ -54,22 +54,26 @@ class GroupPin:
     same state: a worker that restored a newer checkpoint than the chief (one the checkpoint
     service committed in between, from the dead attempt's last snapshot) would train diverged
     replicas that all-reduce their gradients. So the chief publishes what it restored (a path, or
-    ``None`` for a fresh start) in the run's runtime directory, atomically, and every worker waits
-    for that record (filesystem events, with a fallback poll) before restoring it.
+    ``None`` for a fresh start) atomically at ``path`` (in the shared logdir, named by the job and
+    the attempt: ``PROCSV_GROUP_PIN``), and every worker, on any host, waits for that record
+    (filesystem events, with a fallback poll) before restoring it.
     """
 
-    def __init__(self, runtime_dir: str, attempt: int) -> None:
-        self.path = RuntimeDir(runtime_dir).group_restored(attempt)
+    def __init__(self, path: str) -> None:
+        self.path = path
 
     def publish(self, restored: Optional[str]) -> None:
         """The chief: record what it restored (``None``: it initialized)."""
-        write_json(self.path, {"path": restored}, durable=False)
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        write_json(self.path, {"path": restored})
 
     def wait(self, poll_secs: float = 1.0) -> Optional[str]:
         """A worker: wait for the chief's record; return its path (``None``: start from scratch).
 
-        There is no deadline here: the watchdog ends the whole group when the chief dies or hangs."""
+        There is no deadline here: the watchdog ends the whole group when the chief dies or hangs.
+        A network filesystem may not deliver another host's write as an event: the poll catches it."""
         folder = os.path.dirname(self.path)
+        os.makedirs(folder, exist_ok=True)
         with wakeups(folder, only=self.path) as woken:
             while True:
                 record = read_json(self.path)

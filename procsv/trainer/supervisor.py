@@ -225,8 +225,8 @@ class Supervisor(SummaryMethods, Tf1Properties, Tf1Methods):
         self._session = ManagedSession(self)
         skipped: list[str] = []
         if self._ckpt is not None:
-            pin = (GroupPin(self._ctx.endpoints.runtime_dir, self._ctx.attempt)
-                   if self._ctx is not None and self._in_group() else None)
+            pin_path = os.environ.get(env.GROUP_PIN) if self._in_group() else None
+            pin = GroupPin(pin_path) if pin_path else None
             if self._ctx is not None and self._ctx.attempt > 1 and self.is_chief and not reused and pin is None:
                 self._ckpt.recover_memory(self._channels)  # a dead trainer's in-memory snapshot, if the service held one
             # a group's workers restore exactly what the chief restored (a newer commit in between would diverge them)

@@ -103,6 +103,22 @@ class StopLogdirLost:
 
 
 @dataclass(frozen=True)
+class NodeLost:
+    """A host's agent went silent (``--nnodes``): its members count as dead; the group waits for it."""
+
+    node: int
+    silent_secs: float
+
+
+@dataclass(frozen=True)
+class StopNodesMissing:
+    """A host did not join (or come back) within ``rejoin_timeout``: stop the run in order, and fail."""
+
+    node: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class Finish:
     """A trainer attempt's end decides the run: it ``succeeded`` or was ``stopped``."""
 
@@ -165,4 +181,4 @@ class SkipChaos:
 
 
 Action = Union[Spawn, Signal, Kill, Restart, RespawnService, GiveUpService, GiveUpCheckpoints, Finish, GiveUp,
-               Settle, ArmChaos, SkipChaos, StopLogdirLost, Promote, StandbyGone]
+               Settle, ArmChaos, SkipChaos, StopLogdirLost, Promote, StandbyGone, NodeLost, StopNodesMissing]

@@ -16,8 +16,9 @@ from typing import Optional
 
 from procsv.watchdog import group, standby
 from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
-                                     Promote, RespawnService, Restart, Settle, Signal, SkipChaos, Spawn, StandbyGone,
-                                     StopLogdirLost)
+                                     NodeLost, Promote, RespawnService, Restart, Settle, Signal, SkipChaos, Spawn,
+                                     StandbyGone, StopLogdirLost, StopNodesMissing)
+from procsv.watchdog.failures import ChildError, Failure
 from procsv.watchdog.lifecycle import ProcState, RunState, transition
 from procsv.watchdog.limits import Limits
 from procsv.watchdog.state import STANDBY, TRAINER, ChildView, RunView
@@ -47,6 +48,24 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         view.attempts.append(promoted)
         view.restart_at = None
         view.standby_failures = 0
+        return
+    if isinstance(action, NodeLost):
+        node = view.nodes[action.node]
+        node.lost_at = now
+        for c in list(view.children.values()):
+            if c.node == action.node and not c.reaped:  # its members: dead with their host, as far as the job knows
+                c.noticed_dead_at = c.noticed_dead_at if c.noticed_dead_at is not None else now
+                c.ended_at = c.ended_at if c.ended_at is not None else now
+                c.exit_code = -signal.SIGKILL
+                c.failure = Failure(c.slot, c.attempt, c.pid, -signal.SIGKILL, 0.0, "",
+                                    ChildError("HostLost", f"node {action.node} ({node.host}) went silent for "
+                                                           f"{action.silent_secs:.1f} s", "", "run"))
+        return
+    if isinstance(action, StopNodesMissing):
+        view.failed = True
+        view.exit_code = view.exit_code or 1
+        view.last_error = action.reason
+        request_stop(view, signal.SIGTERM, now, limits.stop_grace_secs)
         return
     if isinstance(action, StopLogdirLost):
         view.failed = True

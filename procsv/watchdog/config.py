@@ -47,6 +47,10 @@ class LaunchConfig:
     metrics_host: str = "127.0.0.1"  # --metrics-host
     nproc: int = 1  # --nproc: trainers in the group (procsv.watchdog.group)
     group_grace_secs: float = 0.5  # --group-grace-secs
+    nnodes: int = 1  # --nnodes: hosts of the job (procsv.watchdog.hosts)
+    node_rank: int = 0  # --node-rank: 0 is the master (this Watchdog), others run a NodeAgent
+    master_addr: Optional[str] = None  # --master-addr HOST:PORT: node 0 binds it, the others connect
+    rejoin_timeout: float = 300.0  # --rejoin-timeout
 
     @property
     def busy_timeout(self) -> Optional[float]:
@@ -60,7 +64,8 @@ class LaunchConfig:
                       stop_grace_secs=self.stop_grace_secs, hang_grace_secs=self.hang_grace_secs,
                       checkpoint_failure_limit=3 if self.on_checkpoint_failure == "stop" else 0,
                       chaos=parse_chaos(self.chaos) if self.chaos else None, nproc=self.nproc,
-                      group_grace_secs=self.group_grace_secs)
+                      group_grace_secs=self.group_grace_secs, nnodes=self.nnodes,
+                      rejoin_timeout=self.rejoin_timeout)
 
 
 def check_target(target: str, cwd: str) -> None:

@@ -62,6 +62,10 @@ Rules, in the order they are considered:
    ``group_grace_secs``; rule 3 starts the next group only once every worker is reaped. Rules 2
    (stop: the chief is asked to checkpoint; its workers are stopped once it ended) and 4 (hangs:
    of every member) apply to the group's members.
+12. **Hosts** (:mod:`procsv.watchdog.hosts`, ``--nnodes M``): a host whose agent is silent for
+   ``node_timeout`` is lost: its members count as dead (rule 11 restarts the group, rule 3 waits
+   until every host is back); one that does not join, or come back, within ``rejoin_timeout``
+   stops the run in order, which fails. Considered first, like rules 8 and 9.
 """
 
 from __future__ import annotations
@@ -70,10 +74,11 @@ import signal
 
 from procsv.watchdog import group, standby
 from procsv.watchdog.actions import (Action, Cause, Finish, GiveUp, GiveUpCheckpoints, Kill, Promote, Signal, Spawn,
-                                     StopLogdirLost)
+                                     StopLogdirLost, StopNodesMissing)
 from procsv.watchdog.chaos import chaos_actions
 from procsv.watchdog.hang import hang_actions
 from procsv.watchdog.group import group_actions
+from procsv.watchdog.hosts import host_actions, hosts_missing
 from procsv.watchdog.judge import judge
 from procsv.watchdog.lifecycle import ProcState, RunState
 from procsv.watchdog.limits import Limits
@@ -90,7 +95,10 @@ def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Actio
     if 0 < limits.checkpoint_failure_limit <= view.failed_saves and view.stop_signal is None \
             and not view.finishing:
         return [GiveUpCheckpoints(view.failed_saves)]  # rule 8 comes first: an exit it causes is a stop
-    actions: list[Action] = []
+    hosts = host_actions(view, now, limits)
+    if any(isinstance(a, StopNodesMissing) for a in hosts):
+        return hosts  # rule 12 comes first too: an exit it causes is a stop
+    actions: list[Action] = hosts
     ended = view.unsettled()
     for child in ended:
         actions += judge(view, child, now, limits, draw)
@@ -133,7 +141,7 @@ def _restart_due(view: RunView, now: float, limits: Limits) -> list[Action]:
         return []
     if view.zygote == ZygoteState.WARMING and now - view.launch_start < limits.zygote_wait:
         return []
-    if group.draining(view):
+    if group.draining(view) or hosts_missing(view, limits):
         return []  # rule 11: the last group's workers are not all reaped yet (their ports, their collectives)
     if view.forking_since is not None:
         return []  # a standby asked of the zygote: wait for its answer (milliseconds), then decide

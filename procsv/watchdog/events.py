@@ -9,7 +9,7 @@ truth. ``code``/``signal``: an exit status is either ``{"code": n}`` or ``{"sign
 event                  fields
 =====================  ==========================================================================
 launch                 target, args, pid (the watchdog's)
-spawned                role, attempt, pid, via (``fresh`` or ``zygote``)
+spawned                role, attempt, pid, via (``fresh``, ``zygote``, or ``node<R>``: another host's agent)
 zygote_ready           pid, import_secs
 zygote_gone            pid
 initialized            pid, step, path (null), secs, skipped (corrupt checkpoints passed over)
@@ -31,6 +31,8 @@ orphans_killed         pids (processes of the run whose parent died, adopted and
 logdir_lost            path, reason (the logdir was deleted, moved or replaced: the run stops)
 standby_ready          pid, attempt, secs (a hot standby waits, its program built, since spawn)
 standby_decided        mode, reason (``--standby auto``: which mode the launch chose, and why)
+node_joined            node, host, pid (``--nnodes``: another host's agent connected, or came back)
+node_lost              node, host, silent_secs (its agent went silent: its trainers count as dead)
 =====================  ==========================================================================
 """
 
@@ -68,6 +70,8 @@ class Event(str, enum.Enum):
     LOGDIR_LOST = "logdir_lost"
     STANDBY_READY = "standby_ready"
     STANDBY_DECIDED = "standby_decided"
+    NODE_JOINED = "node_joined"
+    NODE_LOST = "node_lost"
 
 
 _RESTORE = frozenset({"pid", "step", "path", "secs", "skipped"})
@@ -96,6 +100,8 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.LOGDIR_LOST: frozenset({"path", "reason"}),
     Event.STANDBY_READY: frozenset({"pid", "attempt", "secs"}),
     Event.STANDBY_DECIDED: frozenset({"mode", "reason"}),
+    Event.NODE_JOINED: frozenset({"node", "host", "pid"}),
+    Event.NODE_LOST: frozenset({"node", "host", "silent_secs"}),
 }
 
 

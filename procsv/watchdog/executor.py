@@ -12,26 +12,29 @@ from __future__ import annotations
 
 import random
 import signal
+import uuid
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from procsv.common import spawn
 from procsv.common.spawn import free_ports
 from procsv.cluster import make_tf_config
-from procsv.common.env import ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, NPROC, RANK, STANDBY as STANDBY_ENV
+from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, GROUP_PIN, NPROC, RANK,
+                               STANDBY as STANDBY_ENV)
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
 from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
-                                     Promote, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
-                                     StopLogdirLost)
+                                     NodeLost, Promote, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
+                                     StopLogdirLost, StopNodesMissing)
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.bookkeeping import find, note
 from procsv.watchdog.limits import Limits
 from procsv.watchdog.events import Event
 from procsv.watchdog.children import ChildProcess, Process, watch_death
 from procsv.watchdog.logrotate import rotate
-from procsv.watchdog.failures import describe
+from procsv.watchdog.failures import Failure, describe, read_child_error
+from procsv.watchdog.nodes import NodeLink, pin_path
 from procsv.watchdog.lifecycle import RunState
 from procsv.watchdog.observe import Report
 from procsv.watchdog.prewarm import FORK_REPLY_TIMEOUT, Zygote, ZygoteUnavailable
@@ -75,6 +78,9 @@ class Executor:
         self.zygote: Optional[Zygote] = None
         self.dead_zygotes: list[Zygote] = []  # forked trainers still need their exit statuses
         self.forks: dict[str, PendingFork] = {}  # by slot: trainers asked of the zygote, not answered yet
+        self.link: Optional[NodeLink] = None  # the other hosts' agents (--nnodes), set by the launcher
+        self.job = uuid.uuid4().hex[:12]  # names the group's restore records (the link's job id when there is one)
+        self.remote_pending: dict[str, int] = {}  # slot -> attempt: members asked of another host's agent
         self.chaos_rng = chaos_rng or random.Random(limits.chaos.seed if limits.chaos else None)
         if limits.chaos is not None:
             view.chaos_next_delay = limits.chaos.delay(self.chaos_rng)
@@ -101,6 +107,20 @@ class Executor:
         if isinstance(action, SkipChaos):
             note(self.view, action, now, self.limits)
             return
+        if isinstance(action, NodeLost):
+            host = self.view.nodes[action.node].host
+            note(self.view, action, now, self.limits)
+            self.report([Report(Event.NODE_LOST, {"node": action.node, "host": host,
+                                                  "silent_secs": round(action.silent_secs, 3)},
+                                say=f"procsv: node {action.node} ({host}) is lost: silent for {action.silent_secs:.1f} s; "
+                                    f"its trainers count as dead; the group restarts once it is back (waiting up "
+                                    f"to --rejoin-timeout {self.limits.rejoin_timeout:g} s)", err=True)])
+            return
+        if isinstance(action, StopNodesMissing):
+            note(self.view, action, now, self.limits)
+            self.report([Report(Event.GAVE_UP, {"reason": action.reason, "error": self.view.last_error},
+                                say=f"procsv: giving up: {action.reason}; stopping the run in order", err=True)])
+            return
         if isinstance(action, StopLogdirLost):
             note(self.view, action, now, self.limits)
             self.report([Report(Event.LOGDIR_LOST, {"path": self.layout.logdir, "reason": action.reason},
@@ -118,14 +138,19 @@ class Executor:
         child = find(self.view, action.slot, action.attempt)
         handle = self.handles.get((action.slot, action.attempt))
         reports: list[Report] = []
+        remote = child.node if child is not None and handle is None and self.link is not None else 0
         if isinstance(action, Signal):
             reports += self._signal_reports(action)
             if handle is not None:
                 handle.send_signal(action.sig)
+            elif remote:
+                self.link.signal(remote, action.slot, action.attempt, action.sig)  # type: ignore[union-attr]
         elif isinstance(action, Kill):
             reports += self._kill_reports(action)
             if handle is not None:
                 handle.kill_group(signal.SIGKILL)
+            elif remote:
+                self.link.signal(remote, action.slot, action.attempt, signal.SIGKILL, kill=True)  # type: ignore[union-attr]
         note(self.view, action, now, self.limits)
         if isinstance(action, Restart):
             reports += self._restart_reports(action)
@@ -269,18 +294,57 @@ class Executor:
         if role != TRAINER:
             return self._fresh(slot, role, attempt, self._env(role, attempt), self.layout.attempt_log(role, attempt),
                                None)
-        n = self.limits.nproc
-        group_env: list[dict[str, str]] = [{}]
-        if n > 1:
-            addresses = [f"127.0.0.1:{port}" for port in free_ports(n)]
-            group_env = [{"TF_CONFIG": make_tf_config(addresses, rank), RANK: str(rank), NPROC: str(n)}
-                         for rank in range(n)]
+        world, n = self.limits.world, self.limits.nproc
+        if world == 1:
+            return self._spawn_member(TRAINER, TRAINER, attempt, 0, {})
+        host = self.cfg.master_addr.rpartition(":")[0] if self.link is not None and self.cfg.master_addr else "127.0.0.1"
+        cluster = [f"{host}:{port}" for port in free_ports(n, host)]
+        for node in range(1, self.limits.nnodes):  # each agent reported its next members' addresses
+            cluster += self.view.nodes[node].addresses[:n]
+        common = {NPROC: str(world), GROUP_PIN: pin_path(self.layout, self.link.job if self.link else self.job,
+                                                         attempt)}
         chief: Optional[ChildProcess] = None
-        for rank, extra in enumerate(group_env):
+        for rank in range(n):
+            extra = {**common, "TF_CONFIG": make_tf_config(cluster, rank), RANK: str(rank)}
             started = self._spawn_member(TRAINER if rank == 0 else worker_slot(rank), TRAINER if rank == 0 else WORKER,
                                          attempt, rank, extra)
             chief = chief or started
+        for node in range(1, self.limits.nnodes):
+            ranks = list(range(node * n, node * n + n))
+            assert self.link is not None
+            self.link.start(node, attempt, ranks, cluster, common)
+            for rank in ranks:
+                self.remote_pending[worker_slot(rank)] = attempt
+        if self.remote_pending:
+            observe.fork_requested(self.view, self.clock())
         return chief
+
+    def remote_started(self, node: int, slot: str, attempt: int, pid: int) -> None:
+        """Another host's agent started a member it was asked for (a stale one is stopped at once)."""
+        if self.remote_pending.get(slot) != attempt:
+            if self.link is not None:
+                self.link.signal(node, slot, attempt, signal.SIGKILL, kill=True)
+            return
+        del self.remote_pending[slot]
+        self.report(observe.spawned(self.view, slot, WORKER, attempt, pid, self.clock(), f"node{node}"))
+        self.view.children[slot].node = node
+        self.view.forking_since = (self.view.forking_since or self.clock()) if self.forks or self.remote_pending \
+            else None
+
+    def remote_ended(self, slot: str, attempt: int, pid: int, code: int, wall: float) -> None:
+        """Another host's member was reaped by its agent; its error file is in the shared logdir."""
+        self.remote_pending.pop(slot, None)
+        child = self.view.children.get(slot)
+        if child is None or child.attempt != attempt or child.pid != pid:
+            return
+        err = read_child_error((self.layout.error_file(slot, attempt),), pid)
+        failure = Failure(slot, attempt, pid, code, wall, self.layout.attempt_log(slot, attempt), err)
+        self.report(observe.reaped(self.view, slot, attempt, failure, self.clock()))
+
+    def remote_live(self) -> bool:
+        """A member on another host that has not ended yet (or is still being started)."""
+        return bool(self.remote_pending) or any(
+            c.node != 0 and not c.reaped for c in self.view.children.values())
 
     def _spawn_member(self, slot: str, role: str, attempt: int, rank: int, extra: dict[str, str]
                       ) -> Optional[ChildProcess]:
@@ -313,7 +377,8 @@ class Executor:
         for slot in list(self.forks):
             self._poll_one(self.forks[slot])
         # a group's members are answered one by one: the view is forking until the last answer
-        self.view.forking_since = (self.view.forking_since or self.clock()) if self.forks else None
+        self.view.forking_since = (self.view.forking_since or self.clock()) if self.forks or self.remote_pending \
+            else None
 
     def _poll_one(self, pending: PendingFork) -> None:
         proc: Optional[Process] = None

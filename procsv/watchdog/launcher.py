@@ -37,7 +37,8 @@ from procsv.common import env, faults
 from procsv.common.bootstrap import write_error_record
 from procsv.common.layout import Layout, LogdirLock
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import Hello, Progress, SaveOverdue, SaveResult, StandbyReady, TrainerReady
+from procsv.ipc.messages import (Hello, MemberEnded, MemberStarted, NodeHello, Progress, Relayed, SaveOverdue,
+                                 SaveResult, StandbyReady, TrainerReady)
 from procsv.ipc.transport import drain
 from procsv.watchdog import observe
 from procsv.watchdog.bringup import Plumbing, standby_choice
@@ -49,6 +50,7 @@ from procsv.watchdog.exits import ChildEnds
 from procsv.watchdog.housekeeping import LogdirGuard, Sweeper
 from procsv.watchdog.lifecycle import RunState
 from procsv.watchdog.metrics import MetricsServer, RunCollector
+from procsv.watchdog.nodes import NodeLink, clear_pins
 from procsv.watchdog.observe import Report
 from procsv.watchdog.onfailure import run_on_failure
 from procsv.watchdog.prewarm import zygote_env
@@ -95,6 +97,7 @@ class Watchdog:
         self.internal_errors = 0
         self.logdir = LogdirGuard(self.layout, self.view, self.out)
         self.metrics: Optional[MetricsServer] = None
+        self.link: Optional[NodeLink] = None  # the other hosts' agents (--nnodes > 1)
 
     # ------------------------------------------------------------------ main
     def run(self) -> int:
@@ -129,6 +132,12 @@ class Watchdog:
         pipes.poller.register(self.logdir.fd, zmq.POLLIN)
         ex = self.ex = Executor(self.cfg, self.layout, pipes.runtime_dir, self.view, self.limits, self.out.record,
                                 self.clock, ends.register, ends.post_notice)
+        if self.cfg.nnodes > 1 and self.cfg.master_addr:  # the other hosts' agents connect here
+            clear_pins(self.layout)
+            ex.link = self.link = NodeLink(pipes.zctx, self.layout, self.cfg.master_addr, self.clock)
+            pipes.poller.register(self.link.sock, zmq.POLLIN)
+            self.out.say(f"procsv: node 0 of {self.cfg.nnodes}: waiting for the other hosts at "
+                         f"{self.cfg.master_addr} (job {self.link.job})")
         self.out.record([Report(Event.LAUNCH, {"target": self.cfg.target, "args": self.cfg.args,
                                                "pid": os.getpid()},
                                 say=f"procsv: launching {self.cfg.target} {' '.join(self.cfg.args)} in "
@@ -140,7 +149,7 @@ class Watchdog:
                 z = ex.start_zygote(zygote_env(self.layout.logdir, pipes.runtime_dir))
                 pipes.poller.register(z.fd, zmq.POLLIN)
             self.view.restart_at = self.clock()  # the first trainer (it waits for the zygote, if any)
-            while not (self.view.finishing and not ex.handles):
+            while not (self.view.finishing and not ex.handles and not ex.remote_live()):
                 try:
                     for sock, _ in pipes.poller.poll(TICK_MS):
                         self._dispatch(sock)
@@ -161,6 +170,8 @@ class Watchdog:
                 self.out.changed()
         elif self.ex.zygote is not None and sock == self.ex.zygote.fd:
             self._on_zygote()
+        elif self.link is not None and sock is self.link.sock:
+            self._on_nodes()
         elif sock == self.ends.notice_fd:
             self.ends.drain_notices(self.ex)
         elif sock == self.logdir.fd:
@@ -170,9 +181,26 @@ class Watchdog:
         else:
             self.pipes.poller.unregister(sock)
 
+    def _on_nodes(self) -> None:
+        """What the other hosts' agents sent (``--nnodes``)."""
+        assert self.link is not None
+        for node, msg, payload in self.link.receive():
+            if isinstance(msg, NodeHello):
+                self.out.record(observe.node_hello(self.view, msg, self.clock()))
+            elif isinstance(msg, MemberStarted):
+                self.ex.remote_started(node, msg.slot, msg.attempt, msg.pid)
+            elif isinstance(msg, MemberEnded):
+                self.ex.remote_ended(msg.slot, msg.attempt, msg.pid, msg.code, self.wall())
+            elif isinstance(msg, Relayed) and payload:
+                self.out.record(observe.heard(self.view, payload[0], self.clock(), slot=msg.slot))
+            self.out.changed()
+
     def _close(self) -> None:
         """The end of the launch: stop what is left, take the plumbing down, write the last words
         (status, report, lifecycle log) and run ``--on-failure``."""
+        if self.link is not None:
+            self.link.stop_all(self.view.exit_code)
+            self.link.close()
         self.ex.close()
         self.logdir.close()
         self.sweeper.sweep(self.ex, final=True)
@@ -213,6 +241,8 @@ class Watchdog:
         fault_point("round", self.view.step)
         self.ends.check_awaiting(self.ex)
         self.ex.poll_fork()
+        if self.link is not None:
+            self.link.beat()
         if self.view.standby_ok is None:
             self._decide_standby()
         for _ in range(3):  # an action may make another due at once (a restart with delay 0: promote now)

@@ -14,13 +14,14 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from procsv.ipc.messages import Hello, Message, Progress, SaveOverdue, SaveResult, StandbyReady, TrainerReady
+from procsv.ipc.messages import (Hello, Message, NodeHello, Progress, SaveOverdue, SaveResult, StandbyReady,
+                                 TrainerReady)
 from procsv.watchdog.bookkeeping import find, request_stop
 from procsv.watchdog.events import Event
 from procsv.watchdog.failures import Failure
 from procsv.watchdog.lifecycle import ProcState
 from procsv.watchdog.group import blame, workers
-from procsv.watchdog.state import STANDBY, TRAINER, WORKER, ChildView, RunView, ZygoteState
+from procsv.watchdog.state import STANDBY, TRAINER, WORKER, ChildView, NodeView, RunView, ZygoteState
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,9 @@ def fork_requested(view: RunView, now: float) -> None:
     view.forking_since = now
 
 
-def heard(view: RunView, msg: Message, now: float) -> list[Report]:
-    """A message from a child (stale ones, from an attempt that is not current, change nothing)."""
+def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -> list[Report]:
+    """A message from a child (stale ones, from an attempt that is not current, change nothing).
+    ``slot``: relayed by another host's agent for that member (pids of hosts may coincide)."""
     if isinstance(msg, Hello):
         child = view.children.get(msg.role)
         if child is not None and child.pid == msg.pid and child.state == ProcState.STARTING:
@@ -61,9 +63,9 @@ def heard(view: RunView, msg: Message, now: float) -> list[Report]:
             child.running_at = now
         return []
     if isinstance(msg, TrainerReady):
-        return _ready(view, msg, now)
+        return _ready(view, msg, now, slot)
     if isinstance(msg, Progress):
-        return _progress(view, msg, now)
+        return _progress(view, msg, now, slot)
     if isinstance(msg, SaveResult):
         return _saved(view, msg, now)
     if isinstance(msg, SaveOverdue):
@@ -83,13 +85,16 @@ def _plain(value: Any) -> Any:
     return getattr(value, "value", value)
 
 
-def _trainer(view: RunView, pid: int) -> Optional[ChildView]:
-    """The trainer (or a group's worker) with this pid."""
-    return next((t for t in view.trainers() + workers(view) if t.pid == pid), None)
+def _trainer(view: RunView, pid: int, slot: Optional[str] = None) -> Optional[ChildView]:
+    """The trainer (or a group's worker) with this pid (on this host, or in ``slot`` on another)."""
+    if slot is not None:
+        c = view.children.get(slot)
+        return c if c is not None and c.node != 0 and c.pid == pid else None
+    return next((t for t in view.trainers() + workers(view) if t.pid == pid and t.node == 0), None)
 
 
-def _ready(view: RunView, msg: TrainerReady, now: float) -> list[Report]:
-    child = _trainer(view, msg.pid)
+def _ready(view: RunView, msg: TrainerReady, now: float, slot: Optional[str] = None) -> list[Report]:
+    child = _trainer(view, msg.pid, slot)
     if child is None:
         return []
     if child.role == WORKER:  # restored what the chief restored (procsv.trainer.replica.GroupPin)
@@ -113,8 +118,8 @@ def _ready(view: RunView, msg: TrainerReady, now: float) -> list[Report]:
     return out
 
 
-def _progress(view: RunView, msg: Progress, now: float) -> list[Report]:
-    child = _trainer(view, msg.pid)
+def _progress(view: RunView, msg: Progress, now: float, slot: Optional[str] = None) -> list[Report]:
+    child = _trainer(view, msg.pid, slot)
     if child is None:
         return []
     busy = str(_plain(msg.busy))
@@ -245,3 +250,20 @@ def zygote_changed(view: RunView, state: ZygoteState, pid: int, import_secs: flo
 def _role(child: ChildView) -> str:
     """The role lifecycle records name: a group's worker by its task (``worker1``)."""
     return child.slot if child.role == WORKER else child.role
+
+
+def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
+    """Another host's agent beat (``--nnodes``): it joined, came back, or is still there."""
+    node = view.nodes.setdefault(msg.node, NodeView(msg.node))
+    back = node.last_beat is None or node.lost_at is not None
+    if back and node.lost_at is not None and any(c.node == msg.node and not c.reaped for c in view.children.values()):
+        return []  # not before its old members are settled (they were marked dead when it was lost)
+    node.host, node.pid, node.addresses, node.live = msg.host, msg.pid, list(msg.addresses), list(msg.live)
+    node.last_beat = now
+    if back and msg.live:
+        return []  # it still runs members of an old group: it stops them first (an agent that lost us does)
+    if not back:
+        return []
+    node.lost_at = None
+    return [Report(Event.NODE_JOINED, {"node": msg.node, "host": msg.host, "pid": msg.pid},
+                   say=f"procsv: node {msg.node} ({msg.host}, agent pid {msg.pid}) joined")]

@@ -80,6 +80,7 @@ class ChildView:
     failure: Optional[Failure] = None
     settled: bool = False  # the decision about its end has been taken
     settled_early: bool = False  # ... on the death notice, before the exit status was known
+    node: int = 0  # the host (--node-rank) it runs on: 0 is the master's own
     broken_by: Optional["ChildView"] = None  # a group's chief: the member whose end broke its attempt, once judged
 
     def set_state(self, new: ProcState) -> None:
@@ -113,6 +114,19 @@ class ChildView:
         return AttemptRecord(self.attempt, self.started, self.ready_at, self.restored_step, self.first_step_at,
                              self.last_work_at, self.work_step, self.ended_at, self.signalled_at,
                              self.hang_cause or (self.failure.describe() if self.failure else ""))
+
+
+@dataclass
+class NodeView:
+    """Another host of a job that spans hosts (``--nnodes M``), as its agent's heartbeats tell it."""
+
+    node: int
+    host: str = ""
+    pid: int = 0
+    addresses: list[str] = field(default_factory=list)  # where its next members will listen
+    live: list[str] = field(default_factory=list)  # the members it says it runs (``slot.attempt``)
+    last_beat: Optional[float] = None  # its last NodeHello (None: never joined)
+    lost_at: Optional[float] = None  # when it was found lost (None: connected, or never joined)
 
 
 @dataclass
@@ -154,6 +168,8 @@ class RunView:
     standby_ok: Optional[bool] = None
     standby_after: float = 0.0
     standby_failures: int = 0
+    # the other hosts of a job that spans hosts (--nnodes): node rank -> what its agent said
+    nodes: dict[int, NodeView] = field(default_factory=dict)
 
     def trainers(self) -> list[ChildView]:
         return [c for c in self.children.values() if c.role == TRAINER]

@@ -40,7 +40,8 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
             entry = {"role": c.slot if c.role == WORKER else c.role, "pid": c.pid, "state": c.state.value,
                      "restarts": c.attempt - 1, "attempt": c.attempt, "create_time": c.create_time}
             if cfg.nproc > 1 and c.role in (TRAINER, WORKER):  # a group's member: its task, host and step
-                entry.update(rank=group.rank_of(c.slot), host=host, step=c.step)
+                node = view.nodes.get(c.node)
+                entry.update(rank=group.rank_of(c.slot), node=c.node, host=node.host if node else host, step=c.step)
             procs.append(entry)
     return {
         "group": {"nproc": cfg.nproc, "state": group.group_state(view)} if cfg.nproc > 1 else None,

@@ -1,0 +1,105 @@
+"""The messages between the job's watchdogs when a group spans hosts (``procsv launch --nnodes M``).
+
+Over ZeroMQ TCP, authenticated and encrypted with CURVE (:mod:`procsv.watchdog.curve`): node 0's
+watchdog (the master, which decides for the whole job) binds a ROUTER on ``--master-addr``; the
+node agent of every other host (:mod:`procsv.watchdog.agent`) connects a DEALER to it. Agents
+send :class:`NodeHello` (also their heartbeat), :class:`MemberStarted`, :class:`MemberEnded` and
+:class:`Relayed` (a trainer's own report, as it sent it); the master sends :class:`MasterBeat`,
+:class:`StartMembers`, :class:`SignalMember` and :class:`NodeStop`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from procsv.ipc.message_base import Message
+
+
+@dataclass(frozen=True)
+class NodeHello(Message):
+    """Agent -> master, every heartbeat: who it is, the addresses its next members will listen on
+    (free ports on its host, chosen by it), and which members it still runs (``slot.attempt``)."""
+
+    KIND: ClassVar[str] = "node_hello"
+    node: int
+    nproc: int
+    host: str
+    pid: int
+    addresses: list[str]
+    live: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class MasterBeat(Message):
+    """Master -> agent, every heartbeat: the job is alive (an agent that stops hearing it stops its members)."""
+
+    KIND: ClassVar[str] = "master_beat"
+    job: str
+
+
+@dataclass(frozen=True)
+class StartMembers(Message):
+    """Master -> agent: start these tasks of the group's attempt ``attempt``; ``env`` is what every
+    member's environment gets besides its own task (``TF_CONFIG`` is built from ``cluster``)."""
+
+    KIND: ClassVar[str] = "start_members"
+    attempt: int
+    ranks: list[int]
+    cluster: list[str]
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class SignalMember(Message):
+    """Master -> agent: send ``sig`` to one member (``kill``: SIGKILL its whole process group)."""
+
+    KIND: ClassVar[str] = "signal_member"
+    slot: str
+    attempt: int
+    sig: int
+    kill: bool = False
+
+
+@dataclass(frozen=True)
+class NodeStop(Message):
+    """Master -> agent: the job is over; stop every member and exit with ``exit_code``."""
+
+    KIND: ClassVar[str] = "node_stop"
+    exit_code: int
+
+
+@dataclass(frozen=True)
+class MemberStarted(Message):
+    """Agent -> master: a member runs (pid on the agent's host)."""
+
+    KIND: ClassVar[str] = "member_started"
+    slot: str
+    attempt: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class MemberEnded(Message):
+    """Agent -> master: a member was reaped; ``code`` < 0 means killed by signal -code. Its error
+    file, if it wrote one, is in the shared logdir."""
+
+    KIND: ClassVar[str] = "member_ended"
+    slot: str
+    attempt: int
+    pid: int
+    code: int
+
+
+@dataclass(frozen=True)
+class Relayed(Message):
+    """Agent -> master: one report a member sent its agent (``Progress``, ``TrainerReady``), whose
+    ``frames`` frames follow as the payload exactly as the member encoded them."""
+
+    KIND: ClassVar[str] = "relayed"
+    slot: str
+    frames: int
+
+
+__all__ = ["NodeHello", "MasterBeat", "StartMembers", "SignalMember", "NodeStop", "MemberStarted", "MemberEnded",
+           "Relayed"]

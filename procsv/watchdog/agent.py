@@ -1,0 +1,221 @@
+"""The node agent: ``procsv launch --nnodes M --node-rank R`` (R > 0) on each other host of a job.
+
+Runs in the ``procsv launch`` process of hosts 1..M-1. It decides nothing: node 0's watchdog (the
+master) holds the job's one decision function. The agent connects to the master over ZeroMQ TCP
+with the job's CURVE keys (:mod:`procsv.watchdog.curve`, read from the shared logdir), says who it
+is and where its next members will listen (:class:`NodeHello`, also its heartbeat), starts the
+members it is asked for (:class:`StartMembers`: fresh trainer processes with their ``TF_CONFIG``),
+signals them when told (:class:`SignalMember`), relays their reports (:class:`Relayed`) and tells
+of their ends (:class:`MemberEnded`). It runs no checkpoint or summary service: only the chief
+(task 0, on node 0) saves and writes summaries.
+
+If the master goes silent for ``node_timeout`` seconds, the agent SIGKILLs its members (they are
+part of a group that cannot go on) and keeps reconnecting, reloading the keys (a relaunched
+master writes new ones); after ``rejoin_timeout`` seconds it exits 1. SIGTERM/SIGINT stop the
+members and exit 143/130; :class:`NodeStop` exits with the job's exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import zmq
+
+from procsv.cluster import make_tf_config
+from procsv.common import spawn
+from procsv.common.env import RANK
+from procsv.common.layout import Layout, RuntimeDir
+from procsv.common.spawn import free_ports
+from procsv.ipc.codec import ProtocolError, encode
+from procsv.ipc.messages import (MasterBeat, MemberEnded, MemberStarted, Message, NodeHello, NodeStop, Progress,
+                                 Relayed, SignalMember, StartMembers, TrainerReady)
+from procsv.ipc.transport import Endpoints, bind_private, drain, make_socket, send
+from procsv.watchdog import curve
+from procsv.watchdog.config import LaunchConfig
+from procsv.watchdog.group import worker_slot
+from procsv.watchdog.nodes import BEAT_SECS, host_ip, node_identity
+
+TICK = 0.05
+NODE_TIMEOUT = 3.0  # the master silent this long: its members are stopped (the master's Limits.node_timeout)
+MASTER_ACCEPT = frozenset({MasterBeat, StartMembers, SignalMember, NodeStop})
+MEMBER_ACCEPT = frozenset({Progress, TrainerReady})
+
+
+@dataclass
+class Member:
+    """One trainer process this agent runs."""
+
+    slot: str
+    attempt: int
+    proc: "subprocess.Popen[bytes]"
+
+    @property
+    def key(self) -> str:
+        return f"{self.slot}.{self.attempt}"
+
+
+class NodeAgent:
+    """One host's agent; :meth:`run` returns the exit code."""
+
+    def __init__(self, cfg: LaunchConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        assert cfg.master_addr is not None
+        self.cfg = cfg
+        self.layout = Layout(os.path.abspath(cfg.logdir))
+        self.clock = clock
+        self.host = host_ip(cfg.master_addr)
+        self.members: dict[str, Member] = {}
+        self.stop_code: Optional[int] = None
+        self.job: Optional[str] = None
+        self.heard_at = clock()  # the master's last word (the start counts as one)
+        self.addresses = self._reserve()
+
+    def say(self, text: str) -> None:
+        print(f"procsv node {self.cfg.node_rank}: {text}", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> int:
+        runtime = RuntimeDir.create()
+        zctx: zmq.Context[Any] = zmq.Context()
+        pull = make_socket(zctx, zmq.PULL)  # the members report here, as to a watchdog
+        bind_private(pull, Endpoints(runtime.path).watchdog)
+        self.runtime = runtime.path
+        stops: list[int] = []
+        old = {s: signal.signal(s, lambda signum, frame: stops.append(signum)) for s in (signal.SIGTERM, signal.SIGINT)}
+        dealer: Optional[zmq.Socket[Any]] = None
+        connected_at = float("-inf")
+        beat_at = float("-inf")
+        self.say(f"joining the job at {self.cfg.master_addr} as {self.host} ({self.cfg.nproc} trainer(s))")
+        try:
+            while self.stop_code is None:
+                now = self.clock()
+                if stops:
+                    self.stop_code = 128 + stops[0]
+                    break
+                if dealer is None or (now - self.heard_at > 2 * NODE_TIMEOUT and now - connected_at > NODE_TIMEOUT):
+                    dealer = self._reconnect(zctx, dealer)  # (again: a relaunched master has new keys)
+                    connected_at = now
+                if dealer is not None:
+                    self._from_master(dealer)
+                    for got in drain(pull, accept=MEMBER_ACCEPT, limit=1000):
+                        if not isinstance(got, ProtocolError):
+                            self._relay(dealer, got.msg)
+                    self._reap(dealer)
+                    if now - beat_at >= BEAT_SECS:
+                        beat_at = now
+                        send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(),
+                                               self.addresses, sorted(self.members)))
+                silent = now - self.heard_at
+                if silent > NODE_TIMEOUT and self.members:
+                    self.say(f"the master is silent for {silent:.1f} s: stopping this host's trainers")
+                    self._kill_all()
+                if silent > self.cfg.rejoin_timeout:
+                    self.say(f"the master did not come back within --rejoin-timeout {self.cfg.rejoin_timeout:g} s; "
+                             "giving up")
+                    self.stop_code = 1
+                    break
+                time.sleep(TICK)
+        finally:
+            self._kill_all()
+            for s, h in old.items():
+                signal.signal(s, h)
+            if dealer is not None:
+                dealer.close(0)
+            pull.close(0)
+            zctx.term()
+            shutil.rmtree(runtime.path, ignore_errors=True)
+        return self.stop_code
+
+    # ------------------------------------------------------------------ the master's channel
+    def _reconnect(self, zctx: "zmq.Context[Any]", old: "Optional[zmq.Socket[Any]]") -> "Optional[zmq.Socket[Any]]":
+        keys = curve.load_job_keys(self.layout)
+        if keys is None:
+            return old  # the master has not written this job's keys yet
+        if old is not None:
+            old.close(0)
+        sock = make_socket(zctx, zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, node_identity(self.cfg.node_rank))
+        sock.setsockopt(zmq.IMMEDIATE, 1)  # nothing is queued for a master that is not connected
+        curve.connect_as_agent(sock, keys)
+        sock.connect(f"tcp://{self.cfg.master_addr}")
+        self.job = keys.job
+        return sock
+
+    def _from_master(self, dealer: "zmq.Socket[Any]") -> None:
+        for got in drain(dealer, accept=MASTER_ACCEPT, limit=100):
+            if isinstance(got, ProtocolError):
+                continue
+            self.heard_at = self.clock()
+            msg = got.msg
+            if isinstance(msg, StartMembers):
+                self._start(dealer, msg)
+            elif isinstance(msg, SignalMember):
+                m = self.members.get(f"{msg.slot}.{msg.attempt}")
+                if m is not None and m.proc.poll() is None:
+                    try:
+                        if msg.kill:
+                            os.killpg(m.proc.pid, signal.SIGKILL)
+                        else:
+                            m.proc.send_signal(msg.sig)
+                    except ProcessLookupError:
+                        pass
+            elif isinstance(msg, NodeStop):
+                self.say(f"the job ended (exit code {msg.exit_code})")
+                self.stop_code = msg.exit_code
+
+    def _start(self, dealer: "zmq.Socket[Any]", msg: StartMembers) -> None:
+        n = len(msg.ranks)
+        for i, rank in enumerate(msg.ranks):
+            slot = worker_slot(rank)
+            env = spawn.child_env(role=slot, attempt=msg.attempt, logdir=self.layout.logdir,
+                                  runtime_dir=self.runtime, supervised=True)
+            env.update(msg.env)
+            env.update({"TF_CONFIG": make_tf_config(msg.cluster, rank), RANK: str(rank)})
+            proc = spawn.spawn(spawn.trainer_argv(self.cfg.target, self.cfg.args), env,
+                               self.layout.attempt_log(slot, msg.attempt), cwd=self.cfg.cwd)
+            member = Member(slot, msg.attempt, proc)
+            self.members[member.key] = member
+            send(dealer, MemberStarted(slot, msg.attempt, proc.pid))
+        self.addresses = self._reserve() if n else self.addresses  # the next group's ports
+
+    def _relay(self, dealer: "zmq.Socket[Any]", msg: Message) -> None:
+        pid = getattr(msg, "pid", None)
+        member = next((m for m in self.members.values() if m.proc.pid == pid), None)
+        if member is None:
+            return
+        frames = encode(msg)
+        send(dealer, Relayed(member.slot, len(frames)), frames)
+
+    def _reap(self, dealer: Optional["zmq.Socket[Any]"]) -> None:
+        for key, m in list(self.members.items()):
+            code = m.proc.poll()
+            if code is None:
+                continue
+            del self.members[key]
+            if dealer is not None:
+                send(dealer, MemberEnded(m.slot, m.attempt, m.proc.pid, code))
+
+    def _kill_all(self) -> None:
+        for m in self.members.values():
+            try:
+                os.killpg(m.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for m in self.members.values():
+            try:
+                m.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def _reserve(self) -> list[str]:
+        """Addresses on this host for the next group's members (free ports now)."""
+        return [f"{self.host}:{port}" for port in free_ports(self.cfg.nproc, self.host)]
+
+
+__all__ = ["NodeAgent"]

@@ -1,0 +1,48 @@
+"""Rule 12 of the decision function: the other hosts of a job that spans hosts (``--nnodes M``).
+
+Runs in the watchdog of node 0 (the master, which decides for the whole job). Pure: reads the
+observed :class:`~procsv.watchdog.state.RunView` (each host's :class:`NodeView`, fed by its
+agent's heartbeats), the time ``now`` passed in and the :class:`~procsv.watchdog.limits.Limits`.
+
+- A host whose agent has been silent for ``node_timeout`` seconds is lost (:class:`NodeLost`):
+  its members count as dead, which breaks the group (rule 11); the next group waits until
+  every host is connected again (:func:`hosts_missing`).
+- A host that never joined, or was lost and did not come back within ``rejoin_timeout``
+  seconds, stops the run in order, which then fails (:class:`StopNodesMissing`).
+"""
+
+from __future__ import annotations
+
+from procsv.watchdog.actions import Action, NodeLost, StopNodesMissing
+from procsv.watchdog.limits import Limits
+from procsv.watchdog.state import RunView
+
+
+def host_actions(view: RunView, now: float, limits: Limits) -> list[Action]:
+    """Rule 12: hosts lost, and hosts that stay away too long."""
+    if limits.nnodes <= 1 or view.finishing:
+        return []
+    out: list[Action] = []
+    for node in range(1, limits.nnodes):
+        n = view.nodes.get(node)
+        if n is None or n.last_beat is None:
+            if now - view.launch_start > limits.rejoin_timeout and view.stop_signal is None:
+                return [StopNodesMissing(node, f"node {node} did not join within --rejoin-timeout "
+                                               f"{limits.rejoin_timeout:g} s (is `procsv launch --node-rank {node}` "
+                                               "running there, and can it reach --master-addr?)")]
+            continue
+        if n.lost_at is None and now - n.last_beat > limits.node_timeout:
+            out.append(NodeLost(node, now - n.last_beat))
+        elif n.lost_at is not None and now - n.lost_at > limits.rejoin_timeout and view.stop_signal is None:
+            return [StopNodesMissing(node, f"node {node} ({n.host}) was lost and did not come back within "
+                                           f"--rejoin-timeout {limits.rejoin_timeout:g} s")]
+    return out
+
+
+def hosts_missing(view: RunView, limits: Limits) -> bool:
+    """Some host has not joined yet, or is lost: a group cannot start without it."""
+    for node in range(1, limits.nnodes):
+        n = view.nodes.get(node)
+        if n is None or n.last_beat is None or n.lost_at is not None:
+            return True
+    return False
