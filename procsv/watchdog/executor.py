@@ -24,6 +24,7 @@ from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUT
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
+from procsv.watchdog.actionlines import kill_reports, restart_reports, signal_reports
 from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
                                      NodeLost, Promote, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
                                      StopLogdirLost, StopNodesMissing)
@@ -33,8 +34,9 @@ from procsv.watchdog.limits import Limits
 from procsv.watchdog.events import Event
 from procsv.watchdog.children import ChildProcess, Process, watch_death
 from procsv.watchdog.logrotate import rotate
-from procsv.watchdog.failures import Failure, describe, read_child_error
-from procsv.watchdog.nodes import NodeLink, pin_path
+from procsv.watchdog.failures import describe
+from procsv.watchdog.nodes import pin_path
+from procsv.watchdog.remote import RemoteMembers
 from procsv.watchdog.lifecycle import RunState
 from procsv.watchdog.observe import Report
 from procsv.watchdog.prewarm import FORK_REPLY_TIMEOUT, Zygote, ZygoteUnavailable
@@ -78,9 +80,8 @@ class Executor:
         self.zygote: Optional[Zygote] = None
         self.dead_zygotes: list[Zygote] = []  # forked trainers still need their exit statuses
         self.forks: dict[str, PendingFork] = {}  # by slot: trainers asked of the zygote, not answered yet
-        self.link: Optional[NodeLink] = None  # the other hosts' agents (--nnodes), set by the launcher
+        self.remote: Optional[RemoteMembers] = None  # the other hosts' members (--nnodes), set by the launcher
         self.job = uuid.uuid4().hex[:12]  # names the group's restore records (the link's job id when there is one)
-        self.remote_pending: dict[str, int] = {}  # slot -> attempt: members asked of another host's agent
         self.chaos_rng = chaos_rng or random.Random(limits.chaos.seed if limits.chaos else None)
         if limits.chaos is not None:
             view.chaos_next_delay = limits.chaos.delay(self.chaos_rng)
@@ -138,22 +139,23 @@ class Executor:
         child = find(self.view, action.slot, action.attempt)
         handle = self.handles.get((action.slot, action.attempt))
         reports: list[Report] = []
-        remote = child.node if child is not None and handle is None and self.link is not None else 0
+        remote = child.node if child is not None and handle is None and self.remote is not None else 0
         if isinstance(action, Signal):
-            reports += self._signal_reports(action)
+            reports += signal_reports(self.view, action, self.limits)
             if handle is not None:
                 handle.send_signal(action.sig)
             elif remote:
-                self.link.signal(remote, action.slot, action.attempt, action.sig)  # type: ignore[union-attr]
+                self.remote.link.signal(remote, action.slot, action.attempt, action.sig)  # type: ignore[union-attr]
         elif isinstance(action, Kill):
-            reports += self._kill_reports(action)
+            reports += kill_reports(self.view, action, self.limits)
             if handle is not None:
                 handle.kill_group(signal.SIGKILL)
             elif remote:
-                self.link.signal(remote, action.slot, action.attempt, signal.SIGKILL, kill=True)  # type: ignore[union-attr]
+                self.remote.link.signal(remote, action.slot, action.attempt, signal.SIGKILL,  # type: ignore[union-attr]
+                                        kill=True)
         note(self.view, action, now, self.limits)
         if isinstance(action, Restart):
-            reports += self._restart_reports(action)
+            reports += restart_reports(self.view, action)
         elif isinstance(action, RespawnService):
             assert child is not None
             reports.append(Report(say=f"procsv: {child.headline()}; restarting the {child.role} service", err=True))
@@ -189,49 +191,6 @@ class Executor:
             reports.append(Report(Event.FINISHED, {"state": self.view.run.value, "exit_code": self.view.exit_code,
                                                    "step": self.view.step}))
         self.report(reports)
-
-    # ------------------------------------------------------------------ reports
-    def _signal_reports(self, action: Signal) -> list[Report]:
-        child = find(self.view, action.slot, action.attempt)
-        assert child is not None
-        if action.cause == Cause.HANG:
-            return [Report(Event.HANG_DETECTED, {"pid": child.pid, "attempt": child.attempt, "step": child.step,
-                                                 "reason": action.reason},
-                           say=f"procsv: trainer attempt {child.attempt} (pid {child.pid}) is hung: {action.reason}; "
-                               f"sending SIGTERM, SIGKILL in {self.limits.hang_grace_secs:g} s", err=True)]
-        if action.cause == Cause.GROUP:
-            who = child.slot if child.role == WORKER else "chief"
-            return [Report(say=f"procsv: {action.reason}: stopping the group's {who} (pid {child.pid}); the whole "
-                               "group restarts together", err=True)]
-        if action.cause == Cause.CHAOS:
-            name = signal.Signals(action.sig).name
-            return [Report(Event.CHAOS_KILL, {"role": child.role, "pid": child.pid, "signal": name},
-                           say=f"procsv: chaos: sending {name} to the {child.role} (pid {child.pid})")]
-        return []
-
-    def _kill_reports(self, action: Kill) -> list[Report]:
-        child = find(self.view, action.slot, action.attempt)
-        assert child is not None
-        if action.cause == Cause.STALL:
-            return [Report(Event.CHECKPOINT_STALLED, {"pid": child.pid, "reason": action.reason},
-                           say=f"procsv: checkpoints stalled ({action.reason}); replacing the checkpoint service "
-                               f"(pid {child.pid})", err=True)]
-        grace = self.limits.hang_grace_secs if action.cause == Cause.HANG else self.cfg.stop_grace_secs
-        return [Report(say=_KILL_LINES[action.cause].format(grace=grace, role=child.role))]
-
-    def _restart_reports(self, action: Restart) -> list[Report]:
-        child = find(self.view, action.slot, action.attempt)
-        assert child is not None
-        nxt = {"attempt": action.attempt + 1, "delay": round(action.delay, 3)}
-        if action.preempted:
-            return [Report(say=f"procsv: trainer attempt {action.attempt} was preempted and saved its state; "
-                               "restarting"),
-                    Report(Event.RESTARTING, {**nxt, "error": "preempted"})]
-        if action.early:  # how it died is said when it is reaped
-            return [Report(Event.RESTARTING, {**nxt, "error": self.view.last_error})]
-        return [Report(say=f"procsv: {self.view.last_error}; restarting in {action.delay:.1f} s "
-                           f"(restart {self.view.history.restarts})", err=True),
-                Report(Event.RESTARTING, {**nxt, "error": self.view.last_error})]
 
     # ------------------------------------------------------------------ starting processes
     def _spawn_trainer_slot(self, action: Spawn) -> None:
@@ -297,54 +256,22 @@ class Executor:
         world, n = self.limits.world, self.limits.nproc
         if world == 1:
             return self._spawn_member(TRAINER, TRAINER, attempt, 0, {})
-        host = self.cfg.master_addr.rpartition(":")[0] if self.link is not None and self.cfg.master_addr else "127.0.0.1"
+        host = self.cfg.master_addr.rpartition(":")[0] if self.remote is not None and self.cfg.master_addr \
+            else "127.0.0.1"
         cluster = [f"{host}:{port}" for port in free_ports(n, host)]
         for node in range(1, self.limits.nnodes):  # each agent reported its next members' addresses
             cluster += self.view.nodes[node].addresses[:n]
-        common = {NPROC: str(world), GROUP_PIN: pin_path(self.layout, self.link.job if self.link else self.job,
-                                                         attempt)}
+        job = self.remote.link.job if self.remote is not None else self.job
+        common = {NPROC: str(world), GROUP_PIN: pin_path(self.layout, job, attempt)}
         chief: Optional[ChildProcess] = None
         for rank in range(n):
             extra = {**common, "TF_CONFIG": make_tf_config(cluster, rank), RANK: str(rank)}
             started = self._spawn_member(TRAINER if rank == 0 else worker_slot(rank), TRAINER if rank == 0 else WORKER,
                                          attempt, rank, extra)
             chief = chief or started
-        for node in range(1, self.limits.nnodes):
-            ranks = list(range(node * n, node * n + n))
-            assert self.link is not None
-            self.link.start(node, attempt, ranks, cluster, common)
-            for rank in ranks:
-                self.remote_pending[worker_slot(rank)] = attempt
-        if self.remote_pending:
-            observe.fork_requested(self.view, self.clock())
+        if self.remote is not None:
+            self.remote.start(attempt, cluster, common)
         return chief
-
-    def remote_started(self, node: int, slot: str, attempt: int, pid: int) -> None:
-        """Another host's agent started a member it was asked for (a stale one is stopped at once)."""
-        if self.remote_pending.get(slot) != attempt:
-            if self.link is not None:
-                self.link.signal(node, slot, attempt, signal.SIGKILL, kill=True)
-            return
-        del self.remote_pending[slot]
-        self.report(observe.spawned(self.view, slot, WORKER, attempt, pid, self.clock(), f"node{node}"))
-        self.view.children[slot].node = node
-        self.view.forking_since = (self.view.forking_since or self.clock()) if self.forks or self.remote_pending \
-            else None
-
-    def remote_ended(self, slot: str, attempt: int, pid: int, code: int, wall: float) -> None:
-        """Another host's member was reaped by its agent; its error file is in the shared logdir."""
-        self.remote_pending.pop(slot, None)
-        child = self.view.children.get(slot)
-        if child is None or child.attempt != attempt or child.pid != pid:
-            return
-        err = read_child_error((self.layout.error_file(slot, attempt),), pid)
-        failure = Failure(slot, attempt, pid, code, wall, self.layout.attempt_log(slot, attempt), err)
-        self.report(observe.reaped(self.view, slot, attempt, failure, self.clock()))
-
-    def remote_live(self) -> bool:
-        """A member on another host that has not ended yet (or is still being started)."""
-        return bool(self.remote_pending) or any(
-            c.node != 0 and not c.reaped for c in self.view.children.values())
 
     def _spawn_member(self, slot: str, role: str, attempt: int, rank: int, extra: dict[str, str]
                       ) -> Optional[ChildProcess]:
@@ -377,8 +304,8 @@ class Executor:
         for slot in list(self.forks):
             self._poll_one(self.forks[slot])
         # a group's members are answered one by one: the view is forking until the last answer
-        self.view.forking_since = (self.view.forking_since or self.clock()) if self.forks or self.remote_pending \
-            else None
+        remote = self.remote is not None and bool(self.remote.pending)
+        self.view.forking_since = (self.view.forking_since or self.clock()) if self.forks or remote else None
 
     def _poll_one(self, pending: PendingFork) -> None:
         proc: Optional[Process] = None
@@ -458,12 +385,3 @@ class Executor:
         for z in [self.zygote, *self.dead_zygotes]:
             if z is not None:
                 z.close()
-
-
-_KILL_LINES = {
-    Cause.STOP_GRACE: "procsv: trainer did not stop within {grace:g} s; killing it",
-    Cause.HANG: "procsv: hung trainer did not exit within {grace:g} s; killing it",
-    Cause.SHUTDOWN: "procsv: the {role} process did not stop in time; killing it",
-    Cause.STANDBY_UNREADY: "procsv: the standby trainer is not ready yet; forking a new trainer instead",
-    Cause.GROUP: "procsv: a member of the trainer group did not stop in time; killing it",
-}

@@ -51,6 +51,7 @@ from procsv.watchdog.housekeeping import LogdirGuard, Sweeper
 from procsv.watchdog.lifecycle import RunState
 from procsv.watchdog.metrics import MetricsServer, RunCollector
 from procsv.watchdog.nodes import NodeLink, clear_pins
+from procsv.watchdog.remote import RemoteMembers
 from procsv.watchdog.observe import Report
 from procsv.watchdog.onfailure import run_on_failure
 from procsv.watchdog.prewarm import zygote_env
@@ -134,7 +135,9 @@ class Watchdog:
                                 self.clock, ends.register, ends.post_notice)
         if self.cfg.nnodes > 1 and self.cfg.master_addr:  # the other hosts' agents connect here
             clear_pins(self.layout)
-            ex.link = self.link = NodeLink(pipes.zctx, self.layout, self.cfg.master_addr, self.clock)
+            self.link = NodeLink(pipes.zctx, self.layout, self.cfg.master_addr, self.clock)
+            ex.remote = RemoteMembers(self.link, self.view, self.layout, self.cfg.nnodes, self.cfg.nproc,
+                                      self.out.record, self.clock)
             pipes.poller.register(self.link.sock, zmq.POLLIN)
             self.out.say(f"procsv: node 0 of {self.cfg.nnodes}: waiting for the other hosts at "
                          f"{self.cfg.master_addr} (job {self.link.job})")
@@ -149,7 +152,8 @@ class Watchdog:
                 z = ex.start_zygote(zygote_env(self.layout.logdir, pipes.runtime_dir))
                 pipes.poller.register(z.fd, zmq.POLLIN)
             self.view.restart_at = self.clock()  # the first trainer (it waits for the zygote, if any)
-            while not (self.view.finishing and not ex.handles and not ex.remote_live()):
+            remote = ex.remote
+            while not (self.view.finishing and not ex.handles and not (remote is not None and remote.live())):
                 try:
                     for sock, _ in pipes.poller.poll(TICK_MS):
                         self._dispatch(sock)
@@ -187,10 +191,10 @@ class Watchdog:
         for node, msg, payload in self.link.receive():
             if isinstance(msg, NodeHello):
                 self.out.record(observe.node_hello(self.view, msg, self.clock()))
-            elif isinstance(msg, MemberStarted):
-                self.ex.remote_started(node, msg.slot, msg.attempt, msg.pid)
-            elif isinstance(msg, MemberEnded):
-                self.ex.remote_ended(msg.slot, msg.attempt, msg.pid, msg.code, self.wall())
+            elif isinstance(msg, MemberStarted) and self.ex.remote is not None:
+                self.ex.remote.started(node, msg.slot, msg.attempt, msg.pid)
+            elif isinstance(msg, MemberEnded) and self.ex.remote is not None:
+                self.ex.remote.ended(msg.slot, msg.attempt, msg.pid, msg.code, self.wall())
             elif isinstance(msg, Relayed) and payload:
                 self.out.record(observe.heard(self.view, payload[0], self.clock(), slot=msg.slot))
             self.out.changed()

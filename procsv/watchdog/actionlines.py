@@ -1,0 +1,75 @@
+"""The lines and lifecycle events the executor records for the signals, kills and restarts it performs.
+
+Runs in the watchdog. Pure: each function reads the view (and the limits) and returns
+:class:`~procsv.watchdog.observe.Report` values; :class:`procsv.watchdog.executor.Executor`
+writes them when it performs the action.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from procsv.watchdog.actions import Cause, Kill, Restart, Signal
+from procsv.watchdog.bookkeeping import find
+from procsv.watchdog.events import Event
+from procsv.watchdog.limits import Limits
+from procsv.watchdog.observe import Report
+from procsv.watchdog.state import WORKER, RunView
+
+
+def signal_reports(view: RunView, action: Signal, limits: Limits) -> list[Report]:
+    """What to record when a signal is sent to a child (a hang, a group stop, chaos)."""
+    child = find(view, action.slot, action.attempt)
+    assert child is not None
+    if action.cause == Cause.HANG:
+        name = child.slot if child.role == WORKER else "trainer"
+        return [Report(Event.HANG_DETECTED, {"pid": child.pid, "attempt": child.attempt, "step": child.step,
+                                             "reason": action.reason},
+                       say=f"procsv: {name} attempt {child.attempt} (pid {child.pid}) is hung: {action.reason}; "
+                           f"sending SIGTERM, SIGKILL in {limits.hang_grace_secs:g} s", err=True)]
+    if action.cause == Cause.GROUP:
+        who = child.slot if child.role == WORKER else "chief"
+        return [Report(say=f"procsv: {action.reason}: stopping the group's {who} (pid {child.pid}); the whole "
+                           "group restarts together", err=True)]
+    if action.cause == Cause.CHAOS:
+        name = signal.Signals(action.sig).name
+        return [Report(Event.CHAOS_KILL, {"role": child.role, "pid": child.pid, "signal": name},
+                       say=f"procsv: chaos: sending {name} to the {child.role} (pid {child.pid})")]
+    return []
+
+
+def kill_reports(view: RunView, action: Kill, limits: Limits) -> list[Report]:
+    """What to record when a child's process group is SIGKILLed."""
+    child = find(view, action.slot, action.attempt)
+    assert child is not None
+    if action.cause == Cause.STALL:
+        return [Report(Event.CHECKPOINT_STALLED, {"pid": child.pid, "reason": action.reason},
+                       say=f"procsv: checkpoints stalled ({action.reason}); replacing the checkpoint service "
+                           f"(pid {child.pid})", err=True)]
+    grace = limits.hang_grace_secs if action.cause == Cause.HANG else limits.stop_grace_secs
+    return [Report(say=_KILL_LINES[action.cause].format(grace=grace, role=child.role))]
+
+
+def restart_reports(view: RunView, action: Restart) -> list[Report]:
+    """What to record when a trainer attempt is to be restarted."""
+    child = find(view, action.slot, action.attempt)
+    assert child is not None
+    nxt = {"attempt": action.attempt + 1, "delay": round(action.delay, 3)}
+    if action.preempted:
+        return [Report(say=f"procsv: trainer attempt {action.attempt} was preempted and saved its state; "
+                           "restarting"),
+                Report(Event.RESTARTING, {**nxt, "error": "preempted"})]
+    if action.early:  # how it died is said when it is reaped
+        return [Report(Event.RESTARTING, {**nxt, "error": view.last_error})]
+    return [Report(say=f"procsv: {view.last_error}; restarting in {action.delay:.1f} s "
+                       f"(restart {view.history.restarts})", err=True),
+            Report(Event.RESTARTING, {**nxt, "error": view.last_error})]
+
+
+_KILL_LINES = {
+    Cause.STOP_GRACE: "procsv: trainer did not stop within {grace:g} s; killing it",
+    Cause.HANG: "procsv: hung trainer did not exit within {grace:g} s; killing it",
+    Cause.SHUTDOWN: "procsv: the {role} process did not stop in time; killing it",
+    Cause.STANDBY_UNREADY: "procsv: the standby trainer is not ready yet; forking a new trainer instead",
+    Cause.GROUP: "procsv: a member of the trainer group did not stop in time; killing it",
+}

@@ -1,0 +1,73 @@
+"""The members of a trainer group that run on other hosts (``--nnodes M``), seen from node 0.
+
+Runs in the watchdog of node 0 (the master). :class:`RemoteMembers` asks each other host's agent
+(over :class:`~procsv.watchdog.nodes.NodeLink`) to start its share of a group's attempt, and
+turns the agents' answers into observations of the view: a member started (``spawned``, via
+``node<R>``), or ended (``exited``, with the error file the member wrote in the shared logdir).
+The executor signals and kills remote members through the same link.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Callable
+
+from procsv.common.layout import Layout
+from procsv.watchdog import observe
+from procsv.watchdog.failures import Failure, read_child_error
+from procsv.watchdog.group import worker_slot
+from procsv.watchdog.nodes import NodeLink
+from procsv.watchdog.observe import Report
+from procsv.watchdog.state import WORKER, RunView
+
+
+class RemoteMembers:
+    """Node 0's side of the other hosts' members; one per launch with ``--nnodes`` > 1."""
+
+    def __init__(self, link: NodeLink, view: RunView, layout: Layout, nnodes: int, nproc: int,
+                 report: Callable[[list[Report]], None], clock: Callable[[], float]) -> None:
+        self.link = link
+        self.view = view
+        self.layout = layout
+        self.nnodes = nnodes
+        self.nproc = nproc
+        self.report = report
+        self.clock = clock
+        self.pending: dict[str, int] = {}  # slot -> attempt: members asked of an agent, not started yet
+
+    def start(self, attempt: int, cluster: list[str], env: dict[str, str]) -> None:
+        """Ask every other host for its tasks of the group's ``attempt`` (host R runs R*N .. R*N+N-1)."""
+        n = self.nproc
+        for node in range(1, self.nnodes):
+            ranks = list(range(node * n, node * n + n))
+            self.link.start(node, attempt, ranks, cluster, env)
+            for rank in ranks:
+                self.pending[worker_slot(rank)] = attempt
+        if self.pending:
+            observe.fork_requested(self.view, self.clock())
+
+    def started(self, node: int, slot: str, attempt: int, pid: int) -> None:
+        """An agent started a member it was asked for (a stale one is killed at once)."""
+        if self.pending.get(slot) != attempt:
+            self.link.signal(node, slot, attempt, signal.SIGKILL, kill=True)
+            return
+        del self.pending[slot]
+        self.report(observe.spawned(self.view, slot, WORKER, attempt, pid, self.clock(), f"node{node}"))
+        self.view.children[slot].node = node
+        if self.pending:  # the view is starting a group until its last member runs
+            observe.fork_requested(self.view, self.view.forking_since or self.clock())
+
+    def ended(self, slot: str, attempt: int, pid: int, code: int, wall: float) -> None:
+        """An agent reaped a member; its error file, if any, is in the shared logdir."""
+        if self.pending.get(slot) == attempt:
+            del self.pending[slot]
+        child = self.view.children.get(slot)
+        if child is None or child.attempt != attempt or child.pid != pid:
+            return
+        err = read_child_error((self.layout.error_file(slot, attempt),), pid)
+        failure = Failure(slot, attempt, pid, code, wall, self.layout.attempt_log(slot, attempt), err)
+        self.report(observe.reaped(self.view, slot, attempt, failure, self.clock()))
+
+    def live(self) -> bool:
+        """A member on another host that has not ended yet (or is still being started)."""
+        return bool(self.pending) or any(c.node != 0 and not c.reaped for c in self.view.children.values())
