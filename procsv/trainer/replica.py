@@ -67,7 +67,7 @@ class GroupPin:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         write_json(self.path, {"path": restored})
 
-    def wait(self, poll_secs: float = 1.0) -> Optional[str]:
+    def wait(self, poll_secs: float = 0.1) -> Optional[str]:
         """A worker: wait for the chief's record; return its path (``None``: start from scratch).
 
         There is no deadline here: the watchdog ends the whole group when the chief dies or hangs.

@@ -4,7 +4,8 @@ Runs in the ``procsv launch`` process of hosts 1..M-1. It decides nothing: node 
 master) holds the job's one decision function. The agent connects to the master over ZeroMQ TCP
 with the job's CURVE keys (:mod:`procsv.watchdog.curve`, read from the shared logdir), says who it
 is and where its next members will listen (:class:`NodeHello`, also its heartbeat), starts the
-members it is asked for (:class:`StartMembers`: fresh trainer processes with their ``TF_CONFIG``),
+members it is asked for (:class:`StartMembers`: trainer processes with their ``TF_CONFIG``, forked
+from this host's own pre-warmed trainer when it is ready),
 signals them when told (:class:`SignalMember`), relays their reports (:class:`Relayed`) and tells
 of their ends (:class:`MemberEnded`). It runs no checkpoint or summary service: only the chief
 (task 0, on node 0) saves and writes summaries.
@@ -38,9 +39,12 @@ from procsv.ipc.messages import (MasterBeat, MemberEnded, MemberStarted, Message
                                  Relayed, SignalMember, StartMembers, TrainerReady)
 from procsv.ipc.transport import Endpoints, bind_private, drain, make_socket, send
 from procsv.watchdog import curve
+from procsv.common.orphans import become_subreaper
+from procsv.watchdog.children import Process
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.group import worker_slot
 from procsv.watchdog.nodes import BEAT_SECS, host_ip, node_identity
+from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable, zygote_env
 
 TICK = 0.05
 NODE_TIMEOUT = 3.0  # the master silent this long: its members are stopped (the master's Limits.node_timeout)
@@ -50,11 +54,11 @@ MEMBER_ACCEPT = frozenset({Progress, TrainerReady})
 
 @dataclass
 class Member:
-    """One trainer process this agent runs."""
+    """One trainer process this agent runs (started fresh, or forked by its pre-warmed trainer)."""
 
     slot: str
     attempt: int
-    proc: "subprocess.Popen[bytes]"
+    proc: Process
 
     @property
     def key(self) -> str:
@@ -75,6 +79,8 @@ class NodeAgent:
         self.job: Optional[str] = None
         self.heard_at = clock()  # the master's last word (the start counts as one)
         self.addresses = self._reserve()
+        self.zygote: Optional[Zygote] = None  # this host's pre-warmed trainer (unless --no-prewarm)
+        self.forks: dict[tuple[int, int], tuple[str, float, dict[str, str]]] = {}  # (attempt, rank) -> slot, due, env
 
     def say(self, text: str) -> None:
         print(f"procsv node {self.cfg.node_rank}: {text}", file=sys.stderr, flush=True)
@@ -82,47 +88,28 @@ class NodeAgent:
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
         runtime = RuntimeDir.create()
+        self.runtime = runtime.path
         zctx: zmq.Context[Any] = zmq.Context()
         pull = make_socket(zctx, zmq.PULL)  # the members report here, as to a watchdog
         bind_private(pull, Endpoints(runtime.path).watchdog)
-        self.runtime = runtime.path
         stops: list[int] = []
         old = {s: signal.signal(s, lambda signum, frame: stops.append(signum)) for s in (signal.SIGTERM, signal.SIGINT)}
+        become_subreaper()  # the trainers its pre-warmed trainer forks stay ours if that one dies
         dealer: Optional[zmq.Socket[Any]] = None
-        connected_at = float("-inf")
-        beat_at = float("-inf")
         self.say(f"joining the job at {self.cfg.master_addr} as {self.host} ({self.cfg.nproc} trainer(s))")
         try:
-            while self.stop_code is None:
-                now = self.clock()
-                if stops:
-                    self.stop_code = 128 + stops[0]
-                    break
-                if dealer is None or (now - self.heard_at > 2 * NODE_TIMEOUT and now - connected_at > NODE_TIMEOUT):
-                    dealer = self._reconnect(zctx, dealer)  # (again: a relaunched master has new keys)
-                    connected_at = now
-                if dealer is not None:
-                    self._from_master(dealer)
-                    for got in drain(pull, accept=MEMBER_ACCEPT, limit=1000):
-                        if not isinstance(got, ProtocolError):
-                            self._relay(dealer, got.msg)
-                    self._reap(dealer)
-                    if now - beat_at >= BEAT_SECS:
-                        beat_at = now
-                        send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(),
-                                               self.addresses, sorted(self.members)))
-                silent = now - self.heard_at
-                if silent > NODE_TIMEOUT and self.members:
-                    self.say(f"the master is silent for {silent:.1f} s: stopping this host's trainers")
-                    self._kill_all()
-                if silent > self.cfg.rejoin_timeout:
-                    self.say(f"the master did not come back within --rejoin-timeout {self.cfg.rejoin_timeout:g} s; "
-                             "giving up")
-                    self.stop_code = 1
-                    break
-                time.sleep(TICK)
+            if self._wait_for_job(stops):  # node 0 creates the logdir and the job's keys first
+                if self.cfg.prewarm:
+                    self.zygote = Zygote(zygote_env(self.layout.logdir, runtime.path),
+                                         self.layout.attempt_log(f"zygote-node{self.cfg.node_rank}", 1),
+                                         self.cfg.cwd, self.cfg.preload, self.clock)
+                dealer = self._loop(zctx, pull, stops)
         finally:
+            if self.zygote is not None:
+                self.zygote.kill()  # first: a stopped zygote would never report its trainers' exits
             self._kill_all()
+            if self.zygote is not None:
+                self.zygote.close()
             for s, h in old.items():
                 signal.signal(s, h)
             if dealer is not None:
@@ -130,7 +117,63 @@ class NodeAgent:
             pull.close(0)
             zctx.term()
             shutil.rmtree(runtime.path, ignore_errors=True)
-        return self.stop_code
+        return self.stop_code if self.stop_code is not None else 1
+
+    def _loop(self, zctx: "zmq.Context[Any]", pull: "zmq.Socket[Any]", stops: list[int]
+              ) -> "Optional[zmq.Socket[Any]]":
+        """Until the job ends, a stop signal, or the master stays away: returns the socket to close."""
+        dealer: Optional[zmq.Socket[Any]] = None
+        connected_at = float("-inf")
+        beat_at = float("-inf")
+        self.heard_at = self.clock()
+        while self.stop_code is None:
+            now = self.clock()
+            if stops:
+                self.stop_code = 128 + stops[0]
+                break
+            if dealer is None or (now - self.heard_at > 2 * NODE_TIMEOUT and now - connected_at > NODE_TIMEOUT):
+                dealer = self._reconnect(zctx, dealer)  # (again: a relaunched master has new keys)
+                connected_at = now
+            if self.zygote is not None:
+                self.zygote.pump()
+            if dealer is not None:
+                self._from_master(dealer)
+                self._forked(dealer)
+                for got in drain(pull, accept=MEMBER_ACCEPT, limit=1000):
+                    if not isinstance(got, ProtocolError):
+                        self._relay(dealer, got.msg)
+                self._reap(dealer)
+                if now - beat_at >= BEAT_SECS:
+                    beat_at = now
+                    send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(),
+                                           self.addresses, sorted(self.members)))
+            silent = now - self.heard_at
+            if silent > NODE_TIMEOUT and self.members:
+                self.say(f"the master is silent for {silent:.1f} s: stopping this host's trainers")
+                self._kill_all()
+            if silent > self.cfg.rejoin_timeout:
+                self.say(f"the master did not come back within --rejoin-timeout {self.cfg.rejoin_timeout:g} s; "
+                         "giving up")
+                self.stop_code = 1
+                break
+            time.sleep(TICK)
+        return dealer
+
+    def _wait_for_job(self, stops: list[int]) -> bool:
+        """Wait until node 0 has written the job's keys (so the logdir exists); False if told to
+        stop, or if they do not appear within ``rejoin_timeout``."""
+        deadline = self.clock() + self.cfg.rejoin_timeout
+        while curve.load_job_keys(self.layout) is None:
+            if stops:
+                self.stop_code = 128 + stops[0]
+                return False
+            if self.clock() > deadline:
+                self.say(f"no job appeared in {self.layout.logdir} within --rejoin-timeout "
+                         f"{self.cfg.rejoin_timeout:g} s (is node 0's `procsv launch` running with this --logdir?)")
+                self.stop_code = 1
+                return False
+            time.sleep(0.1)
+        return True
 
     # ------------------------------------------------------------------ the master's channel
     def _reconnect(self, zctx: "zmq.Context[Any]", old: "Optional[zmq.Socket[Any]]") -> "Optional[zmq.Socket[Any]]":
@@ -162,7 +205,7 @@ class NodeAgent:
                         if msg.kill:
                             os.killpg(m.proc.pid, signal.SIGKILL)
                         else:
-                            m.proc.send_signal(msg.sig)
+                            os.kill(m.proc.pid, msg.sig)
                     except ProcessLookupError:
                         pass
             elif isinstance(msg, NodeStop):
@@ -170,19 +213,53 @@ class NodeAgent:
                 self.stop_code = msg.exit_code
 
     def _start(self, dealer: "zmq.Socket[Any]", msg: StartMembers) -> None:
-        n = len(msg.ranks)
-        for i, rank in enumerate(msg.ranks):
+        """Start the members asked for: forked from the pre-warmed trainer when it is ready, else fresh."""
+        for rank in msg.ranks:
             slot = worker_slot(rank)
             env = spawn.child_env(role=slot, attempt=msg.attempt, logdir=self.layout.logdir,
                                   runtime_dir=self.runtime, supervised=True)
             env.update(msg.env)
             env.update({"TF_CONFIG": make_tf_config(msg.cluster, rank), RANK: str(rank)})
-            proc = spawn.spawn(spawn.trainer_argv(self.cfg.target, self.cfg.args), env,
-                               self.layout.attempt_log(slot, msg.attempt), cwd=self.cfg.cwd)
-            member = Member(slot, msg.attempt, proc)
-            self.members[member.key] = member
-            send(dealer, MemberStarted(slot, msg.attempt, proc.pid))
-        self.addresses = self._reserve() if n else self.addresses  # the next group's ports
+            log_path = self.layout.attempt_log(slot, msg.attempt)
+            if self.zygote is not None and self.zygote.ready and self.zygote.alive():
+                try:
+                    due = self.zygote.request_fork(msg.attempt, self.cfg.target, self.cfg.args, env, log_path,
+                                                   self.cfg.cwd, rank)
+                    self.forks[(msg.attempt, rank)] = (slot, due, env)
+                    continue
+                except (ZygoteUnavailable, OSError):
+                    self.zygote = None  # trainers start fresh from now on
+            self._started(dealer, slot, msg.attempt, spawn.spawn(spawn.trainer_argv(self.cfg.target, self.cfg.args),
+                                                                  env, log_path, cwd=self.cfg.cwd))
+        self.addresses = self._reserve()  # the next group's ports
+
+    def _forked(self, dealer: "zmq.Socket[Any]") -> None:
+        """Complete the forks asked of the pre-warmed trainer (a fresh start if it fails or is late)."""
+        for (attempt, rank), (slot, due, env) in list(self.forks.items()):
+            proc: Optional[Process] = None
+            failed = self.zygote is None
+            if not failed:
+                assert self.zygote is not None
+                try:
+                    proc = self.zygote.answer(attempt, rank)
+                except ZygoteUnavailable:
+                    failed = True
+                failed = failed or (proc is None and self.clock() >= due)
+            if proc is None and not failed:
+                continue
+            del self.forks[(attempt, rank)]
+            if proc is None:
+                if self.zygote is not None:
+                    self.zygote.kill()
+                    self.zygote = None
+                proc = spawn.spawn(spawn.trainer_argv(self.cfg.target, self.cfg.args), env,
+                                   self.layout.attempt_log(slot, attempt), cwd=self.cfg.cwd)
+            self._started(dealer, slot, attempt, proc)
+
+    def _started(self, dealer: "zmq.Socket[Any]", slot: str, attempt: int, proc: Process) -> None:
+        member = Member(slot, attempt, proc)
+        self.members[member.key] = member
+        send(dealer, MemberStarted(slot, attempt, proc.pid))
 
     def _relay(self, dealer: "zmq.Socket[Any]", msg: Message) -> None:
         pid = getattr(msg, "pid", None)
