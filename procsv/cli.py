@@ -100,8 +100,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="default watchdog (the whole job is preempted)")
     lg = sub.add_parser("logs", help="print or follow one process's log across its attempts")
     lg.add_argument("logdir")
-    lg.add_argument("--role", default="trainer", choices=["trainer", "checkpoint", "summary", "zygote", "watchdog"],
-                    help="whose log (default trainer; watchdog: its lifecycle events)")
+    lg.add_argument("--role", default="trainer", type=_log_role, metavar="ROLE",
+                    help="whose log: trainer (default), checkpoint, summary, zygote, watchdog (its lifecycle "
+                         "events), or a trainer group's workerN (--nproc/--nnodes)")
     lg.add_argument("--attempt", default="all", metavar="N|last|all", help="which attempt(s) (default all)")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
     rp = sub.add_parser("report", help="the recovery report of a run's last launch; --plot draws its timeline")
@@ -202,6 +203,15 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
 
         return NodeAgent(cfg).run()
     return Watchdog(cfg).run()
+
+
+def _log_role(value: str) -> str:
+    """``procsv logs --role``: a fixed role, or ``worker<N>`` (a group's task N >= 1)."""
+    if value in ("trainer", "checkpoint", "summary", "zygote", "watchdog") or \
+            (value.startswith("worker") and value[6:].isdigit() and int(value[6:]) >= 1):
+        return value
+    raise argparse.ArgumentTypeError(f"invalid role {value!r} (trainer, checkpoint, summary, zygote, watchdog or "
+                                     "workerN)")
 
 
 def _status(args: argparse.Namespace) -> int:
