@@ -137,3 +137,13 @@ def test_bad_group_options_are_one_line_usage_errors(tmp_path):
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and words in lines[0], out.stderr
         assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_worker_that_claims_to_be_the_chief_is_a_usage_error_that_gives_up_at_once(logdir):
+    target = os.path.join(REPO, "tests", "programs", "group_two_chiefs.py")
+    code, out, err = finish(launch(logdir, target=target, opts=GROUP))
+    assert code == 1, err
+    assert not events(logdir, "restarting")  # a usage error before the first step: no restart
+    gave_up = events(logdir, "gave_up")
+    assert gave_up and "the trainer group's worker1 cannot start: UsageError" in gave_up[0]["reason"]
+    assert "is_chief=True in trainer 1 of a group of 2" in err and "procsv.cluster.is_chief()" in err

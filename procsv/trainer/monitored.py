@@ -284,7 +284,7 @@ def save_intervals(save_checkpoint_secs: Any, save_checkpoint_steps: Any, save_s
     return save_checkpoint_secs, save_checkpoint_steps, save_summaries_steps, save_summaries_secs
 
 
-def MonitoredTrainingSession(master: str = "", is_chief: bool = True, checkpoint_dir: Optional[str] = None,
+def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None, checkpoint_dir: Optional[str] = None,
                              scaffold: Optional[Scaffold] = None,
                              hooks: Optional[Sequence[api.SessionRunHook]] = None,
                              chief_only_hooks: Optional[Sequence[api.SessionRunHook]] = None,
@@ -303,9 +303,14 @@ def MonitoredTrainingSession(master: str = "", is_chief: bool = True, checkpoint
     launch's ``--logdir``. ``checkpoint`` (procsv addition) is the state to save, as
     ``Scaffold(checkpoint=...)``. ``is_chief=False``: a worker replica (:class:`WorkerSessionCreator`:
     restores the chief's checkpoints from ``checkpoint_dir``, saves nothing, only ``hooks`` run).
-    ``save_graph_def`` has no effect (no graph).
+    ``save_graph_def`` has no effect (no graph). ``is_chief`` defaults to the task's under
+    ``procsv launch --nproc N`` (task 0 is the chief), else True, as the Supervisor's.
     """
+    from procsv.common import bootstrap
     from procsv.trainer import basic_hooks as bh
+    from procsv.trainer.supervisor_setup import resolve_is_chief
+
+    is_chief = resolve_is_chief(is_chief, bootstrap.ChildContext.from_env())
 
     save_checkpoint_secs, save_checkpoint_steps, save_summaries_steps, save_summaries_secs = save_intervals(
         save_checkpoint_secs, save_checkpoint_steps, save_summaries_steps, save_summaries_secs)
@@ -314,8 +319,6 @@ def MonitoredTrainingSession(master: str = "", is_chief: bool = True, checkpoint
             checkpoint=checkpoint)
     scaffold = scaffold or Scaffold()
     if checkpoint_dir is None:
-        from procsv.common import bootstrap
-
         ctx = bootstrap.ChildContext.from_env()
         checkpoint_dir = ctx.layout.logdir if ctx else None
     if not is_chief:  # as TF: a worker gets only ``hooks`` (no saver, summary or step-counter hook)
