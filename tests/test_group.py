@@ -51,6 +51,11 @@ def test_a_killed_worker_then_a_killed_chief_each_restart_the_whole_group_which_
     try:
         group_started(logdir, 1)
         at_step(logdir, 150)
+        st = wait_for(lambda: (lambda s: s if s and (s.get("group") or {}).get("state") == "running" else None)(
+            raw_status(logdir)), 30, what="the group to be running in status.json")
+        members = {p["role"]: p for p in st["processes"] if "rank" in p}
+        assert set(members) == {"trainer", "worker1"} and st["group"]["nproc"] == 2
+        assert members["worker1"]["rank"] == 1 and members["worker1"]["step"] > 0 and members["worker1"]["host"]
         os.kill(wait_role_pid(logdir, "worker1"), signal.SIGKILL)
         group_started(logdir, 2)
         at_step(logdir, (raw_status(logdir) or {}).get("step", 0) + 50)

@@ -136,3 +136,18 @@ def test_a_silent_worker_is_hung_and_its_end_restarts_the_group():
     acts = sim.tick(2.5)
     assert of(acts, Signal) == [Signal(W1, 1, signal.SIGTERM, Cause.HANG, of(acts, Signal)[0].reason)]
     assert sim.member(W1).state == ProcState.STOPPING
+
+
+def test_the_groups_state_for_procsv_status():
+    from procsv.watchdog.group import group_state
+
+    sim = GroupSim(Limits(hang=HangLimits(None, None), nproc=2))
+    assert group_state(sim.view) == "starting"
+    sim.tick()
+    sim.group_ready()
+    sim.group_progress(1, (TRAINER,))
+    assert group_state(sim.view) == "starting"  # worker1 has not reported a step yet
+    sim.group_progress(1, (W1,))
+    assert group_state(sim.view) == "running"
+    sim.notices(W1)
+    assert group_state(sim.view) == "restarting"

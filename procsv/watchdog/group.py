@@ -47,9 +47,9 @@ def group_state(view: RunView) -> str:
     if view.finishing:
         return view.run.value
     chief = view.children.get(TRAINER)
-    if chief is None or view.restart_at is not None or draining(view):
-        return "restarting" if chief is not None else "starting"
-    if breaker(view, chief) is not None:
+    if chief is None:
+        return "starting"
+    if view.restart_at is not None or breaker(view, chief) is not None:
         return "restarting"
     return "running" if all(m.first_step_at is not None for m in members(view, chief)) else "starting"
 
