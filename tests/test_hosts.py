@@ -22,7 +22,9 @@ import pytest
 
 from conftest import finish, launch, lifecycle, quiet_env, raw_status, wait_for
 
-BRIDGE, NS, PREFIX = "pvtbr0", "pvt1", "10.78.0"
+# one bridge, namespace and subnet per pytest-xdist worker: two workers may run these tests at once
+_W = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+BRIDGE, NS, VETH, PREFIX = f"pvtbr{_W}", f"pvt{_W}", f"pvtv{_W}", f"10.78.{_W}"
 MASTER_IP, HOST1_IP = f"{PREFIX}.1", f"{PREFIX}.11"
 ARGS = ("--strategy", "multiworker", "--save-model-secs", "1", "--step-delay", "0.004", "--print-every-steps", "100000")
 
@@ -41,11 +43,11 @@ def hosts() -> Iterator[None]:
     ip("addr", "add", f"{MASTER_IP}/24", "dev", BRIDGE)
     ip("link", "set", BRIDGE, "up")
     ip("netns", "add", NS)
-    ip("link", "add", "pvtv1", "type", "veth", "peer", "name", "pvtv1p")
-    ip("link", "set", "pvtv1p", "netns", NS)
-    ip("link", "set", "pvtv1", "master", BRIDGE, "up")
-    ip("netns", "exec", NS, "ip", "addr", "add", f"{HOST1_IP}/24", "dev", "pvtv1p")
-    ip("netns", "exec", NS, "ip", "link", "set", "pvtv1p", "up")
+    ip("link", "add", VETH, "type", "veth", "peer", "name", f"{VETH}p")
+    ip("link", "set", f"{VETH}p", "netns", NS)
+    ip("link", "set", VETH, "master", BRIDGE, "up")
+    ip("netns", "exec", NS, "ip", "addr", "add", f"{HOST1_IP}/24", "dev", f"{VETH}p")
+    ip("netns", "exec", NS, "ip", "link", "set", f"{VETH}p", "up")
     ip("netns", "exec", NS, "ip", "link", "set", "lo", "up")
     try:
         yield
@@ -158,7 +160,7 @@ replies = 0
 deadline = time.monotonic() + 4
 while time.monotonic() < deadline:
     for s in socks:
-        send(s, NodeHello(1, 1, "10.78.0.11", 1, ["10.78.0.11:1"], []))
+        send(s, NodeHello(1, 1, "10.9.9.9", 1, ["10.9.9.9:1"], []))
         replies += sum(1 for _ in drain(s, first_timeout_ms=100))
 print(f"replies={replies}")
 """
