@@ -12,6 +12,8 @@ import signal
 
 import pytest
 
+from procsv.trainer import priority
+
 from conftest import (CLEAN_ARGS, final_weights, finish, launch, lifecycle, quiet_env, raw_status, wait_for,
                       wait_role_pid)
 from procsv.ipc.messages import StandbyReady
@@ -144,10 +146,18 @@ def test_a_promoted_standby_traced_its_step_while_it_waited(logdir):
     proc = launch(logdir, "--steps", "400", "--step-delay", "0.01", opts=("--standby", "hot"))
     try:
         ready = wait_for(lambda: _events(logdir, "standby_ready"), 120, what="a ready standby")[0]
+        waiting = _thread_policies(ready["pid"])  # prepared, and waiting, at idle CPU priority
         os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
+        wait_for(lambda: len(_events(logdir, "first_step")) >= 2, 60, what="the promoted standby's first step")
+        promoted_policies = _thread_policies(ready["pid"])
     finally:
         code, out, err = finish(proc)
     assert code == 0, err
+    if priority.reversible():  # root or CAP_SYS_NICE (the test's own rights are the launch's)
+        assert set(waiting.values()) == {os.SCHED_IDLE} and len(waiting) > 1, waiting
+    else:
+        assert set(waiting.values()) == {os.SCHED_OTHER}, waiting
+    assert set(promoted_policies.values()) == {os.SCHED_OTHER}, promoted_policies  # every thread, TF's too
     promoted = [e for e in _events(logdir, "spawned") if e.get("via") == "standby"]
     assert [e["pid"] for e in promoted] == [ready["pid"]]
     with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
@@ -175,3 +185,14 @@ def test_killing_the_standby_prepares_another_and_leaves_the_trainer_alone(logdi
     assert "the standby trainer" in err  # its end was said, with a backoff
     gone = [e for e in _events(logdir, "exited") if e["pid"] in (ready["pid"], again["pid"])]
     assert len(gone) == 2  # both reaped: the second one at the end of the run, nothing left behind
+
+
+def _thread_policies(pid: int) -> dict[int, int]:
+    """The scheduling policy of each thread of process ``pid``."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out[int(tid)] = os.sched_getscheduler(int(tid))
+        except OSError:
+            pass
+    return out

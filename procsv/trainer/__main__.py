@@ -17,13 +17,18 @@ import runpy
 import sys
 
 from procsv.common import bootstrap
-from procsv.trainer import deathnotice, outcome
+from procsv.trainer import deathnotice, outcome, priority, standby
 
 
 def main() -> int:
     bootstrap.die_with_parent()
     deathnotice.hold_from_env()  # released only on a clean exit: any other death is noticed at once
     outcome.catch_early_stop()
+    if standby.is_standby():  # prepared while the trainer trains: only on CPU the trainer leaves idle
+        lowered = priority.lower()
+        print(f"procsv: standby preparing at {'idle (SCHED_IDLE)' if lowered else 'normal'} CPU priority"
+              + ("" if lowered else " (SCHED_IDLE could not be undone at promotion without CAP_SYS_NICE)"),
+              flush=True)
     if len(sys.argv) < 2:
         print("usage: python -m procsv.trainer TARGET [ARGS...]", file=sys.stderr)
         return 2

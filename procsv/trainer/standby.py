@@ -5,7 +5,8 @@ Runs in the trainer process, in the main thread, inside the first Supervisor's
 forked this process from the zygote while another trainer trains (:mod:`procsv.watchdog.standby`).
 By then the program has done everything before that call: its module is imported, its data
 loaded, its model and optimizer built, its Supervisor created. The standby tells the watchdog
-(:class:`StandbyReady`) and waits for SIGUSR1, with no thread, no socket and no CPU spent; SIGTERM
+(:class:`StandbyReady`) and waits for SIGUSR1, with no thread, no socket and no CPU spent (all its
+preparation ran at idle CPU priority where that can be undone: :mod:`procsv.trainer.priority`); SIGTERM
 ends it at once (exit 0: it has nothing to save). Promoted, it goes on exactly as a trainer that
 just reached this point: it connects to the services, asks for the dead trainer's in-memory
 snapshot, restores, and trains. What the program did before (printing, opening files) it did
@@ -28,7 +29,7 @@ from procsv.common import env
 from procsv.common.bootstrap import ChildContext
 from procsv.ipc.messages import StandbyReady
 from procsv.ipc.transport import make_socket, send
-from procsv.trainer import outcome
+from procsv.trainer import outcome, priority
 
 def is_standby() -> bool:
     return os.environ.get(env.STANDBY) == "1"
@@ -73,4 +74,5 @@ def wait_for_promotion(ctx: ChildContext) -> None:
         os.close(r)
         os.close(w)
     os.environ[env.STANDBY] = "0"
+    priority.restore()  # back to normal CPU priority, every thread (a no-op if it was never lowered)
     print(f"procsv: promoted from standby (waited {time.monotonic() - waited:.1f} s)", file=sys.stderr, flush=True)
