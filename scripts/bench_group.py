@@ -274,7 +274,8 @@ def notice_trial(logdir: str, use_events: bool, poll: float) -> float:
     woke: dict[str, float] = {}
 
     def worker() -> None:
-        wait_for_committed(layout, max_wait_secs=300, poll_secs=poll, events=use_events)
+        # with events, the fallback poll is the Supervisor's (recovery_wait_secs=30): a missed event shows
+        wait_for_committed(layout, max_wait_secs=300, poll_secs=30.0 if use_events else poll, events=use_events)
         woke["at"] = time.time()
 
     thread = threading.Thread(target=worker, daemon=True)
@@ -359,8 +360,10 @@ def main() -> int:
             left += run["left"]
             if not run["ok"]:
                 failures.append(f"(a) run {r + 1} did not finish at --steps with exit 0")
-            print(f"repeat {r + 1}: group MTTR per kill {[round(x['mttr'], 3) for x in run['rows']]} s, fresh "
-                  f"restart {[round(x['total'], 3) for x in base]} s", flush=True)
+            kills = ", ".join(f"{x['mttr']:.3f} ({(k := max(PARTS, key=x.__getitem__))} {x[k]:.3f})"
+                              for x in run["rows"])
+            print(f"repeat {r + 1}: group MTTR per kill, s (its longest part): {kills}; fresh restart "
+                  f"{', '.join(format(x['total'], '.3f') for x in base)}", flush=True)
         notice: dict[bool, list[float]] = {True: [], False: []}
         for i in range(max(3, repeats)):
             for way in ((True, False) if i % 2 == 0 else (False, True)):
