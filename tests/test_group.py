@@ -107,13 +107,17 @@ def test_a_sigstopped_worker_is_found_hung_and_the_group_restarts_without_it(log
     try:
         group_started(logdir, 1)
         at_step(logdir, 100)
-        os.kill(wait_role_pid(logdir, "worker1"), signal.SIGSTOP)  # frozen: TF's own heartbeat is 6.5 s
+        frozen = wait_role_pid(logdir, "worker1")
+        os.kill(frozen, signal.SIGSTOP)  # frozen: TF's own heartbeat is 6.5 s
         wait_for(lambda: events(logdir, "hang_detected"), 30, what="the hang to be detected")
     finally:
         code, out, err = finish(proc)
     assert code == 0, err
-    assert [r["attempt"] for r in events(logdir, "restarting")] == [2]
-    assert "is hung" in err
+    # the stopped worker is the one found hung and blamed, not the chief blocked waiting for it
+    assert [r["pid"] for r in events(logdir, "hang_detected")] == [frozen]
+    restarting = events(logdir, "restarting")
+    assert [r["attempt"] for r in restarting] == [2] and restarting[0]["error"].startswith("worker1 attempt 1")
+    assert "procsv: worker1 attempt 1" in err and "is hung" in err
     assert restores_with_plain_tf(logdir) == 700
 
 

@@ -151,3 +151,21 @@ def test_the_groups_state_for_procsv_status():
     assert group_state(sim.view) == "running"
     sim.notices(W1)
     assert group_state(sim.view) == "restarting"
+
+
+def test_of_members_hung_at_once_a_stopped_one_is_signalled_and_blamed_not_the_peers_waiting_for_it():
+    sim = GroupSim(Limits(hang=HangLimits(5.0, 60.0), nproc=3, hang_grace_secs=1.0))
+    sim.tick()
+    sim.group_ready()
+    sim.group_progress(1)
+    sim.member("worker2").stopped = True  # SIGSTOP: the chief and worker1 wait for it in a collective
+    acts = sim.tick(5.5)
+    assert [(a.slot, a.cause) for a in of(acts, Signal)] == [("worker2", Cause.HANG)]
+    assert not of(sim.tick(0.5), Signal)  # the next rounds too: its peers are waiting, not hung
+    sim.reaps(TRAINER, 1, "UnavailableError")  # TF's heartbeat fails the chief first
+    acts = sim.tick(0.1)
+    restart = of(acts, Restart)
+    assert restart and restart[0].slot == TRAINER
+    assert sim.view.last_error is not None and sim.view.last_error.startswith("worker2 attempt 1"), sim.view.last_error
+    assert "hang" in sim.view.last_error
+    assert not [a for a in sim.log if isinstance(a, Signal) and a.slot == "worker1" and a.cause == Cause.HANG]

@@ -82,7 +82,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         return
     child = find(view, action.slot, action.attempt)
     if isinstance(action, (Finish, GiveUp, Restart)) and child is not None and child.role == TRAINER:
-        child.broken_by = group.breaker(view, child)  # kept: the next group's workers replace this one's
+        child.broken_by = group.blame(view, child)  # kept: the next group's workers replace this one's
     if isinstance(action, (Finish, GiveUp)):
         if child is not None:
             _settle(child)

@@ -109,8 +109,10 @@ def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Actio
     actions += _stop(view, now)
     actions += group_actions(view, now, limits.group_grace_secs)
     actions += _restart_due(view, now, limits)
+    hangs: list[Action] = []
     for member in view.trainers() + group.workers(view):
-        actions += hang_actions(view, member, now, limits.hang)
+        hangs += hang_actions(view, member, now, limits.hang)
+    actions += group.hung_first(view, hangs)
     actions += chaos_actions(view, now, limits.chaos)
     actions += stall_actions(view, now, limits)
     if standby.may_prepare(view, now) and not any(isinstance(a, (Spawn, Promote)) for a in actions):

@@ -80,13 +80,17 @@ def breaker(view: RunView, chief: ChildView) -> Optional[ChildView]:
 
 
 def blame(view: RunView, chief: ChildView) -> ChildView:
-    """The member whose end the chief's attempt is judged and reported by: the breaker, else the chief.
+    """The member whose end the chief's attempt is judged and reported by: the member found hung
+    first, else the breaker, else the chief.
 
     A chief that exited 0 is judged by itself (a worker failing after the last step lost nothing)."""
     if chief.role != TRAINER or (chief.reaped and chief.exit_code == 0):
         return chief
     if chief.broken_by is not None:  # recorded when it was judged: the next group may hold the slots now
         return chief.broken_by
+    hung = [m for m in members(view, chief) if m.hang_cause]
+    if hung:  # a member found hung is the cause, whoever ended first (its peers failed waiting for it)
+        return min(hung, key=lambda m: m.signalled_at if m.signalled_at is not None else math.inf)
     return breaker(view, chief) or chief
 
 
@@ -117,3 +121,16 @@ def draining(view: RunView) -> bool:
 def _why(first: ChildView) -> str:
     name = "the chief" if first.role == TRAINER else first.slot
     return f"{name} (pid {first.pid}) ended"
+
+
+def hung_first(view: RunView, actions: list[Action]) -> list[Action]:
+    """Rule 4 in a group: while a member is seen stopped (SIGSTOP), only stopped members are
+    signalled as hung: the others are blocked waiting for them in a collective. Once a member
+    broke the group, none is signalled as hung any more: rule 11 stops them all."""
+    chief = view.children.get(TRAINER)
+    if chief is not None and workers(view) and breaker(view, chief) is not None:
+        return [a for a in actions if not (isinstance(a, Signal) and a.cause == Cause.HANG)]
+    stopped = {c.slot for c in view.children.values() if c.stopped and c.live}
+    if not stopped:
+        return actions
+    return [a for a in actions if not (isinstance(a, Signal) and a.cause == Cause.HANG and a.slot not in stopped)]

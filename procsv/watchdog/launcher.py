@@ -31,6 +31,7 @@ import time
 import traceback
 from typing import Callable, Optional
 
+import psutil
 import zmq
 
 from procsv.common import env, faults
@@ -49,6 +50,7 @@ from procsv.watchdog.executor import Executor
 from procsv.watchdog.exits import ChildEnds
 from procsv.watchdog.housekeeping import LogdirGuard, Sweeper
 from procsv.watchdog.lifecycle import RunState
+from procsv.watchdog.group import workers
 from procsv.watchdog.metrics import MetricsServer, RunCollector
 from procsv.watchdog.nodes import NodeLink, clear_pins
 from procsv.watchdog.remote import RemoteMembers
@@ -185,6 +187,17 @@ class Watchdog:
         else:
             self.pipes.poller.unregister(sock)
 
+    def _probe_stopped(self) -> None:
+        """Observe which silent members of this host are stopped (SIGSTOP): rule 4 signals a stopped
+        member first, not the peers blocked waiting for it in a collective."""
+        now = self.clock()
+        for c in self.view.trainers() + workers(self.view):
+            silent = c.node == 0 and c.live and c.last_progress_at is not None and now - c.last_progress_at > 1.0
+            try:
+                c.stopped = silent and psutil.Process(c.pid).status() == psutil.STATUS_STOPPED
+            except psutil.Error:
+                c.stopped = False
+
     def _on_nodes(self) -> None:
         """What the other hosts' agents sent (``--nnodes``)."""
         assert self.link is not None
@@ -247,6 +260,8 @@ class Watchdog:
         self.ex.poll_fork()
         if self.link is not None:
             self.link.beat()
+        if self.limits.world > 1:
+            self._probe_stopped()
         if self.view.standby_ok is None:
             self._decide_standby()
         for _ in range(3):  # an action may make another due at once (a restart with delay 0: promote now)

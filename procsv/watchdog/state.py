@@ -81,6 +81,7 @@ class ChildView:
     settled: bool = False  # the decision about its end has been taken
     settled_early: bool = False  # ... on the death notice, before the exit status was known
     node: int = 0  # the host (--node-rank) it runs on: 0 is the master's own
+    stopped: bool = False  # a group member seen stopped (SIGSTOP: state T) while the group made no step
     broken_by: Optional["ChildView"] = None  # a group's chief: the member whose end broke its attempt, once judged
 
     def set_state(self, new: ProcState) -> None:
@@ -88,8 +89,11 @@ class ChildView:
 
     def headline(self) -> str:
         """One line on how this attempt ended (its hang, if that was why), for ``last_error``."""
-        if self.failure is None:
-            return f"{self.role} attempt {self.attempt} (pid {self.pid}) died"
+        if self.failure is None:  # not reaped (yet)
+            name = self.slot if self.role == WORKER else self.role
+            if self.hang_cause:
+                return f"{name} attempt {self.attempt} (pid {self.pid}) was found hung ({self.hang_cause})"
+            return f"{name} attempt {self.attempt} (pid {self.pid}) died"
         head = self.failure.headline(before_first_step=self.role == TRAINER and self.first_step_at is None)
         return f"{head} ({self.hang_cause})" if self.hang_cause else head
 
