@@ -12,7 +12,8 @@
 (c) group preemption: SIGTERM to the launch at step >= 100; steps lost = ``finished`` step - ``preempted``
     checkpoint's step; the launch must exit 143;
 (d) stall detection: SIGSTOP of worker1 under ``--hang-timeout 3 --hang-grace-secs 1`` -> ``hang_detected``.
-Not measured: multi-host (every member runs on this host).
+``--hosts`` (root): (a) again with worker1 on a second "host", a network namespace on a veth bridge
+under its node agent (``--nnodes 2``); its MTTR is printed beside and as ``host_mttr_s``.
 
 (a) and (d) run --repeats times (3 kills per run of (a)), (b) max(3, --repeats) trials of each way, (c)
 max(5, --repeats) trials; ``--quick``: 1 repeat, 2 preemption trials. Prints a table (median of the repeats,
@@ -133,10 +134,11 @@ def chief_first_step(logdir: str, attempt: int) -> Optional[dict[str, Any]]:
     return find(ev, "first_step", pid=spawned["pid"]) if spawned else None
 
 
-def launch(logdir: str, opts: list[str], example: list[str]) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", "--nproc", "2", "--logdir", logdir,
+def launch(logdir: str, opts: list[str], example: list[str], group: tuple[str, ...] = ("--nproc", "2"),
+           prefix: tuple[str, ...] = (), out_name: str = ".out") -> subprocess.Popen[bytes]:
+    cmd = [*prefix, sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", *group, "--logdir", logdir,
            "--quiet", *opts, "--", *example]
-    with open(logdir + ".out", "wb") as out:
+    with open(logdir + out_name, "wb") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=ENV, start_new_session=True,
                                 cwd=os.path.dirname(logdir))
 
@@ -175,10 +177,49 @@ def leftovers(logdir: str) -> int:
     return len(left)
 
 
-def group_kills(logdir: str) -> dict[str, Any]:
-    """(a) one procsv run: KILLS SIGKILLs of worker1, each MTTR with its breakdown; the run's correctness."""
+NS, BRIDGE, VETH, NET = "pvbench1", "pvbenchbr", "pvbenchv", "10.79.0"
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], capture_output=True, check=False)
+
+
+@contextlib.contextmanager
+def second_host() -> Any:
+    """A second "host": a network namespace with its own address on a veth bridge (root only)."""
+    ip("netns", "del", NS)
+    ip("link", "del", BRIDGE)
+    for args in (("link", "add", BRIDGE, "type", "bridge"), ("addr", "add", f"{NET}.1/24", "dev", BRIDGE),
+                 ("link", "set", BRIDGE, "up"), ("netns", "add", NS),
+                 ("link", "add", VETH, "type", "veth", "peer", "name", VETH + "p"),
+                 ("link", "set", VETH + "p", "netns", NS), ("link", "set", VETH, "master", BRIDGE, "up"),
+                 ("netns", "exec", NS, "ip", "addr", "add", f"{NET}.11/24", "dev", VETH + "p"),
+                 ("netns", "exec", NS, "ip", "link", "set", VETH + "p", "up"),
+                 ("netns", "exec", NS, "ip", "link", "set", "lo", "up")):
+        ip(*args)
+    try:
+        yield
+    finally:
+        pids = subprocess.run(["ip", "netns", "pids", NS], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        ip("netns", "del", NS)
+        ip("link", "del", BRIDGE)
+
+
+def group_kills(logdir: str, hosts: bool = False) -> dict[str, Any]:
+    """(a) one procsv run: KILLS SIGKILLs of worker1, each MTTR with its breakdown; the run's correctness.
+    ``hosts``: worker1 runs on a second "host" (a network namespace) under its node agent."""
     steps = GAP * (KILLS + 1) + 400
-    proc = launch(logdir, [], [*EXAMPLE, "--steps", str(steps), "--save-model-secs", "1"])
+    example = [*EXAMPLE, "--steps", str(steps), "--save-model-secs", "1"]
+    agent: Optional[subprocess.Popen[bytes]] = None
+    if hosts:
+        group = ("--nnodes", "2", "--master-addr", f"{NET}.1:{random.randint(30000, 60000)}")
+        proc = launch(logdir, [], example, group)
+        agent = launch(logdir, [], example, (*group, "--node-rank", "1"), ("ip", "netns", "exec", NS), ".agent")
+    else:
+        proc = launch(logdir, [], example)
     rows: list[dict[str, float]] = []
     try:
         for a in range(1, KILLS + 1):
@@ -202,6 +243,8 @@ def group_kills(logdir: str) -> dict[str, Any]:
         proc.wait(300)  # the run trains on to --steps and ends by itself
     finally:
         code = stop(proc)
+        if agent is not None and stop(agent, 30) != 0:
+            code = code or 1  # the agent must end with the job's exit code (0)
     final = ([None] + [m.step for m in list_committed(Layout(logdir))])[-1]
     if code != 0 or final != steps:
         print(f"bench_group: (a) {logdir}: exit {code}, final checkpoint {final} (want 0, {steps})", file=sys.stderr)
@@ -344,6 +387,8 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="smoke test: 1 repeat, 2 preemption trials")
     p.add_argument("--poll", type=float, default=1.0, help="(b)'s baseline poll period, scaled to TF1's 30 s")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hosts", action="store_true",
+                   help="also (a) with worker1 on a second host: a network namespace under its node agent (root)")
     args = p.parse_args()
     repeats, trials = (1, 2) if args.quick else (args.repeats, max(5, args.repeats))
     rng = random.Random(args.seed)
@@ -364,6 +409,16 @@ def main() -> int:
                               for x in run["rows"])
             print(f"repeat {r + 1}: group MTTR per kill, s (its longest part): {kills}; fresh restart "
                   f"{', '.join(format(x['total'], '.3f') for x in base)}", flush=True)
+        host_runs: list[dict[str, Any]] = []
+        if args.hosts:
+            with second_host():
+                for r in range(repeats):
+                    host_runs.append(run := group_kills(os.path.join(root, f"h{r}"), hosts=True))
+                    left += run["left"]
+                    if not run["ok"]:
+                        failures.append(f"(a, two hosts) run {r + 1} did not finish at --steps with exit 0")
+                    print(f"two hosts, repeat {r + 1}: group MTTR per kill {[round(x['mttr'], 3) for x in run['rows']]}"
+                          " s", flush=True)
         notice: dict[bool, list[float]] = {True: [], False: []}
         for i in range(max(3, repeats)):
             for way in ((True, False) if i % 2 == 0 else (False, True)):
@@ -380,6 +435,7 @@ def main() -> int:
         shutil.rmtree(root, ignore_errors=True)
 
     mttr = [med([x["mttr"] for x in run["rows"]]) for run in runs]
+    host_mttr = [med([x["mttr"] for x in run["rows"]]) for run in host_runs]
     fresh = [med([x["total"] for x in base]) for base in bases]
     ratio = [m / b for m, b in zip(mttr, fresh)]
     lost = [t["lost"] for t in pre]
@@ -402,12 +458,15 @@ def main() -> int:
         return cell([med([x[key] for x in rs]) for rs in rows])
 
     ours = [x["rows"] for x in runs]
-    print(f"\n{len(runs)} repeat(s) x {KILLS} kills; median of repeats (min-max); not measured: multi-host; "
+    print(f"\n{len(runs)} repeat(s) x {KILLS} kills; median of repeats (min-max); "
           f"load average {load[0]:.2f} at the start, {load[1]:.2f} at the end ({os.cpu_count()} CPUs)")
     print(f"{'measure':<44} {'procsv group':>22} {'baseline':>22}   goal")
     for row in [
         ("(a) MTTR kill->first step after restore, s", cell(mttr), cell(fresh) + "*", "<= 2 s"),
         ("    ratio procsv / fresh restart", cell(ratio), "", "<= 0.25"),
+        *([("(a) two hosts: MTTR, s", cell(host_mttr), cell(fresh) + "*", "<= 2 s"),
+           ("    ratio procsv / fresh restart (one host)", cell([m / b for m, b in zip(host_mttr, fresh)]), "",
+            "<= 0.25")] if host_mttr else []),
         ("    detect: kill->worker1 death noticed, s", part("detect", ours), "", ""),
         ("    stop survivors: ->chief's end noticed, s", part("stop", ours), "", ""),
         ("    spawn: ->new chief+worker1 spawned, s", part("spawn", ours), part("import", bases) + "i", ""),
@@ -433,7 +492,8 @@ def main() -> int:
     for f in failures:
         print(f"bench_group: FAILED: {f}", file=sys.stderr)
     print(f"group_mttr_s={med(mttr):.3f} group_mttr_ratio={med(ratio):.3f} wait_notice_ms={wait_ms:.1f} "
-          f"group_steps_lost={steps_lost} stall_detect_s={med([t['detect'] for t in stall]):.3f}")
+          f"group_steps_lost={steps_lost} stall_detect_s={med([t['detect'] for t in stall]):.3f}"
+          + (f" host_mttr_s={med(host_mttr):.3f}" if host_mttr else ""))
     return 1 if failures else 0
 
 
