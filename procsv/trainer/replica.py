@@ -33,18 +33,26 @@ def wait_for_committed(layout: Layout, max_wait_secs: float, poll_secs: float,
     os.makedirs(layout.logdir, exist_ok=True)  # the chief creates it too: a worker may come first
     t0 = clock()
     deadline = t0 + max_wait_secs
-    with wakeups(layout.logdir, recursive=True) if events else nullcontext(threading.Event()) as woken:
-        while not list_committed(layout):  # checked again once the observer runs: nothing is missed
-            left = deadline - clock()
-            if left <= 0:
-                import tensorflow as tf
+    while True:
+        # one folder at a time, not recursively: the deepest of logdir/.procsv/checkpoints that exists
+        # (its creation of the next one wakes us: then the next one is watched)
+        folder = next(f for f in (layout.manifests, layout.meta, layout.logdir) if os.path.isdir(f))
+        with wakeups(folder) if events else nullcontext(threading.Event()) as woken:
+            while not list_committed(layout):  # checked again once the observer runs: nothing is missed
+                left = deadline - clock()
+                if left <= 0:
+                    import tensorflow as tf
 
-                raise tf.errors.DeadlineExceededError(
-                    None, None, f"no committed checkpoint appeared in {layout.logdir} within max_wait_secs="
-                                f"{max_wait_secs:g} (is the chief running and saving there?)")
-            woken.wait(min(left, max(poll_secs, 0.01)))
-            woken.clear()
-        return clock() - t0
+                    raise tf.errors.DeadlineExceededError(
+                        None, None, f"no committed checkpoint appeared in {layout.logdir} within max_wait_secs="
+                                    f"{max_wait_secs:g} (is the chief running and saving there?)")
+                woken.wait(min(left, max(poll_secs, 0.01)))
+                woken.clear()
+                if events and folder != layout.manifests and os.path.isdir(layout.manifests if folder == layout.meta
+                                                                            else layout.meta):
+                    break  # a deeper folder appeared: watch it instead
+            else:
+                return clock() - t0
 
 
 class GroupPin:
