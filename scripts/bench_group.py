@@ -33,7 +33,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,7 @@ import psutil
 
 from procsv.common.layout import Layout
 from procsv.common.manifests import list_committed
+from procsv.common.spawn import free_ports
 from procsv.trainer.replica import wait_for_committed
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
@@ -249,14 +249,6 @@ def group_kills(logdir: str, hosts: bool = False) -> dict[str, Any]:
     if code != 0 or final != steps:
         print(f"bench_group: (a) {logdir}: exit {code}, final checkpoint {final} (want 0, {steps})", file=sys.stderr)
     return {"rows": rows, "ok": code == 0 and final == steps, "left": leftovers(logdir)}
-
-
-def free_ports(n: int) -> list[int]:
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for sock in socks:
-            sock.bind(("localhost", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 def fresh_restarts(ckdir: str) -> list[dict[str, float]]:

@@ -135,10 +135,14 @@ def test_a_worker_failing_at_import_fails_the_group_start_with_backoff_and_no_st
     assert not events(logdir, "first_step")
 
 
-def test_bad_group_options_are_one_line_usage_errors(tmp_path):
+def test_bad_group_and_multi_host_options_are_one_line_usage_errors(tmp_path):
     for opts, words in ((("--nproc", "0"), "--nproc must be >= 1"),
                         (("--nproc", "2", "--standby", "hot"), "--standby hot needs a single trainer"),
-                        (("--nproc", "2", "--group-grace-secs", "-1"), "--group-grace-secs must be >= 0")):
+                        (("--nproc", "2", "--group-grace-secs", "-1"), "--group-grace-secs must be >= 0"),
+                        (("--nnodes", "2"), "--nnodes 2 needs --master-addr HOST:PORT"),
+                        (("--nnodes", "2", "--master-addr", "h:x"), "--nnodes 2 needs --master-addr HOST:PORT"),
+                        (("--nnodes", "2", "--node-rank", "2", "--master-addr", "h:1"), "--node-rank must be from 0 to"),
+                        (("--rejoin-timeout", "0"), "--rejoin-timeout must be > 0")):
         out = subprocess.run([sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", "--logdir",
                               str(tmp_path / "run"), *opts], capture_output=True, text=True, env=quiet_env(),
                              timeout=60)

@@ -80,6 +80,15 @@ class Layout:
         return os.path.join(self.meta, "checkpoints")
 
     @property
+    def group_records(self) -> str:
+        """The restore records of trainer groups (``procsv.trainer.replica.GroupPin``), cleared at each launch."""
+        return os.path.join(self.meta, "group")
+
+    def group_pin(self, job: str, attempt: int) -> str:
+        """What a group's chief restored at ``attempt`` of launch ``job``: its workers restore exactly that."""
+        return os.path.join(self.group_records, f"{job}.{attempt}.restored.json")
+
+    @property
     def checkpoint_settings(self) -> str:
         """The trainer's checkpoint settings as the checkpoint service last received them."""
         return os.path.join(self.meta, "checkpoint_settings.json")

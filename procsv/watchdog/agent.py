@@ -43,11 +43,12 @@ from procsv.common.orphans import become_subreaper
 from procsv.watchdog.children import Process
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.group import worker_slot
+from procsv.watchdog.limits import Limits
 from procsv.watchdog.nodes import BEAT_SECS, host_ip, node_identity
 from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable, zygote_env
 
 TICK = 0.05
-NODE_TIMEOUT = 3.0  # the master silent this long: its members are stopped (the master's Limits.node_timeout)
+NODE_TIMEOUT = Limits.node_timeout  # the master silent this long: its members are stopped (as it counts them dead)
 MASTER_ACCEPT = frozenset({MasterBeat, StartMembers, SignalMember, NodeStop})
 MEMBER_ACCEPT = frozenset({Progress, TrainerReady})
 

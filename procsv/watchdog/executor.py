@@ -35,7 +35,6 @@ from procsv.watchdog.events import Event
 from procsv.watchdog.children import ChildProcess, Process, watch_death
 from procsv.watchdog.logrotate import rotate
 from procsv.watchdog.failures import describe
-from procsv.watchdog.nodes import pin_path
 from procsv.watchdog.remote import RemoteMembers
 from procsv.watchdog.lifecycle import RunState
 from procsv.watchdog.observe import Report
@@ -262,7 +261,7 @@ class Executor:
         for node in range(1, self.limits.nnodes):  # each agent reported its next members' addresses
             cluster += self.view.nodes[node].addresses[:n]
         job = self.remote.link.job if self.remote is not None else self.job
-        common = {NPROC: str(world), GROUP_PIN: pin_path(self.layout, job, attempt)}
+        common = {NPROC: str(world), GROUP_PIN: self.layout.group_pin(job, attempt)}
         chief: Optional[ChildProcess] = None
         for rank in range(n):
             extra = {**common, "TF_CONFIG": make_tf_config(cluster, rank), RANK: str(rank)}

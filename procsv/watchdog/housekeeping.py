@@ -8,10 +8,12 @@ moved or replaced while the run is live (filesystem events from
 :class:`~procsv.watchdog.logdirwatch.LogdirWatch` and a check every round) and turns it into an
 observation for the decision function (rule 9); at the end it writes the final status record
 where a moved logdir went.
+:func:`clear_group_records` removes earlier launches' trainer-group restore records at launch.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable, Optional
 
@@ -108,5 +110,18 @@ class LogdirGuard:
         record = status_record(self.view, cfg, moved, now, wall, started_wall, zygote)
         try:
             write_json(moved.status, record)
+        except OSError:
+            pass
+
+
+def clear_group_records(layout: Layout) -> None:
+    """Remove earlier launches' trainer-group restore records (``Layout.group_records``), at launch."""
+    try:
+        names = os.listdir(layout.group_records)
+    except FileNotFoundError:
+        return
+    for name in names:
+        try:
+            os.unlink(os.path.join(layout.group_records, name))
         except OSError:
             pass

@@ -48,11 +48,10 @@ from procsv.watchdog.decide import decide
 from procsv.watchdog.events import Event
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.exits import ChildEnds
-from procsv.watchdog.housekeeping import LogdirGuard, Sweeper
+from procsv.watchdog.housekeeping import LogdirGuard, Sweeper, clear_group_records
 from procsv.watchdog.lifecycle import RunState
-from procsv.watchdog.group import workers
 from procsv.watchdog.metrics import MetricsServer, RunCollector
-from procsv.watchdog.nodes import NodeLink, clear_pins
+from procsv.watchdog.nodes import NodeLink
 from procsv.watchdog.remote import RemoteMembers
 from procsv.watchdog.observe import Report
 from procsv.watchdog.onfailure import run_on_failure
@@ -135,8 +134,8 @@ class Watchdog:
         pipes.poller.register(self.logdir.fd, zmq.POLLIN)
         ex = self.ex = Executor(self.cfg, self.layout, pipes.runtime_dir, self.view, self.limits, self.out.record,
                                 self.clock, ends.register, ends.post_notice)
+        clear_group_records(self.layout)  # an earlier launch's: nothing reads them any more
         if self.cfg.nnodes > 1 and self.cfg.master_addr:  # the other hosts' agents connect here
-            clear_pins(self.layout)
             self.link = NodeLink(pipes.zctx, self.layout, self.cfg.master_addr, self.clock)
             ex.remote = RemoteMembers(self.link, self.view, self.layout, self.cfg.nnodes, self.cfg.nproc,
                                       self.out.record, self.clock)
@@ -190,13 +189,14 @@ class Watchdog:
     def _probe_stopped(self) -> None:
         """Observe which silent members of this host are stopped (SIGSTOP): rule 4 signals a stopped
         member first, not the peers blocked waiting for it in a collective."""
-        now = self.clock()
-        for c in self.view.trainers() + workers(self.view):
-            silent = c.node == 0 and c.live and c.last_progress_at is not None and now - c.last_progress_at > 1.0
+        stopped: set[str] = set()
+        for c in observe.silent_members(self.view, self.clock()):
             try:
-                c.stopped = silent and psutil.Process(c.pid).status() == psutil.STATUS_STOPPED
+                if psutil.Process(c.pid).status() == psutil.STATUS_STOPPED:
+                    stopped.add(c.slot)
             except psutil.Error:
-                c.stopped = False
+                pass
+        observe.members_stopped(self.view, stopped)
 
     def _on_nodes(self) -> None:
         """What the other hosts' agents sent (``--nnodes``)."""

@@ -11,7 +11,7 @@ executor's starts and signals of remote members to their agent. It beats every
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import zmq
 
@@ -111,25 +111,6 @@ class NodeLink:
         self.auth.stop()
 
 
-def pin_path(layout: Layout, job: str, attempt: int) -> str:
-    """Where a group's chief records what it restored at ``attempt`` (shared by every host)."""
-    return os.path.join(layout.meta, "group", f"{job}.{attempt}.restored.json")
-
-
-def clear_pins(layout: Layout) -> None:
-    """Remove earlier jobs' records (at launch)."""
-    folder = os.path.join(layout.meta, "group")
-    try:
-        names = os.listdir(folder)
-    except FileNotFoundError:
-        return
-    for name in names:
-        try:
-            os.unlink(os.path.join(folder, name))
-        except OSError:
-            pass
-
-
 def host_ip(master_addr: str) -> str:
     """This host's address on the route to ``master_addr`` (what its members listen on)."""
     import socket
@@ -138,8 +119,3 @@ def host_ip(master_addr: str) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((host, int(port or 1)))  # UDP: no packet is sent
         return str(s.getsockname()[0])
-
-
-def optional_link(nnodes: int, zctx: "zmq.Context[Any]", layout: Layout, master_addr: Optional[str],
-                  clock: Callable[[], float]) -> Optional[NodeLink]:
-    return NodeLink(zctx, layout, master_addr, clock) if nnodes > 1 and master_addr else None

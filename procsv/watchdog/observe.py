@@ -256,8 +256,6 @@ def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
     """Another host's agent beat (``--nnodes``): it joined, came back, or is still there."""
     node = view.nodes.setdefault(msg.node, NodeView(msg.node))
     back = node.last_beat is None or node.lost_at is not None
-    if back and node.lost_at is not None and any(c.node == msg.node and not c.reaped for c in view.children.values()):
-        return []  # not before its old members are settled (they were marked dead when it was lost)
     node.host, node.pid, node.addresses, node.live = msg.host, msg.pid, list(msg.addresses), list(msg.live)
     node.last_beat = now
     if back and msg.live:
@@ -267,3 +265,16 @@ def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
     node.lost_at = None
     return [Report(Event.NODE_JOINED, {"node": msg.node, "host": msg.host, "pid": msg.pid},
                    say=f"procsv: node {msg.node} ({msg.host}, agent pid {msg.pid}) joined")]
+
+
+def silent_members(view: RunView, now: float, after: float = 1.0) -> list[ChildView]:
+    """The live group members of this host that reported nothing for ``after`` seconds (worth a look
+    at their process state)."""
+    return [c for c in view.trainers() + workers(view)
+            if c.node == 0 and c.live and c.last_progress_at is not None and now - c.last_progress_at > after]
+
+
+def members_stopped(view: RunView, slots: set[str]) -> None:
+    """Which members of this host are stopped (SIGSTOP) now: rule 4 signals those first."""
+    for c in view.trainers() + workers(view):
+        c.stopped = c.slot in slots

@@ -53,9 +53,7 @@ class RemoteMembers:
             return
         del self.pending[slot]
         self.report(observe.spawned(self.view, slot, WORKER, attempt, pid, self.clock(), f"node{node}"))
-        self.view.children[slot].node = node
-        if self.pending:  # the view is starting a group until its last member runs
-            observe.fork_requested(self.view, self.view.forking_since or self.clock())
+        self.view.children[slot].node = node  # the view stays "forking" until the last one (Executor.poll_fork)
 
     def ended(self, slot: str, attempt: int, pid: int, code: int, wall: float) -> None:
         """An agent reaped a member; its error file, if any, is in the shared logdir."""
