@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Optional
 from procsv.ipc.messages import Busy, Progress, SaveReason, SessionLogEvent, SessionStatus, TrainerReady
 from procsv.ipc.transport import Endpoints
 from procsv.common import bootstrap, env
-from procsv.common.errors import ProcsvError, TrainingStopped
+from procsv.common.errors import ProcsvError
 from procsv.trainer import outcome, replica, standby
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint_restore import Pinned
@@ -35,17 +35,17 @@ from procsv.trainer.managed import ManagedSession, ManagedSessionContext
 from procsv.trainer.replica import GroupPin
 from procsv.trainer.restore import ReadRetry
 from procsv.trainer.standalone import OwnServices
-from procsv.trainer.step_boundary import ProgressReporter, StepCounter, checkpoint_work
+from procsv.trainer.step_boundary import Gate, ProgressReporter, StepCounter
 from procsv.trainer.stop_signals import StopSignals
 from procsv.trainer.summaries import SummaryBuffer
-from procsv.trainer.summary_methods import SummaryMethods
+from procsv.trainer.boundary_methods import BoundaryMethods
 from procsv.trainer.supervisor_setup import agent_factory, layout_for, resolve_is_chief, trackable_state
 from procsv.trainer.tf1_args import USE_DEFAULT, Tf1Properties, add_camel_case_aliases, resolve
 from procsv.trainer.hooks import warn_once
 from procsv.trainer.tf1_methods import Tf1Methods, warn_ignored_prepare_args
 
 
-class Supervisor(SummaryMethods, Tf1Properties, Tf1Methods):
+class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
     """Checkpoints, summaries, restore-on-restart and stop coordination for a TF2 training loop.
 
     Args mirror ``tf.compat.v1.train.Supervisor``; the TF2-specific ones:
@@ -143,11 +143,14 @@ class Supervisor(SummaryMethods, Tf1Properties, Tf1Methods):
             max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
             allow_reinit=self.allow_reinit, read_retry_secs=read_retry_secs,
             failure_limit=checkpoint_failure_limit, saving=is_chief)
+        self._ckpt_gate = Gate()  # when the step boundary next has checkpoint work (see boundary_methods)
+        self._end_gate = Gate()  # ... and progress or summary work
         self._ckpt: Optional[CheckpointAgent] = self._agent() if checkpoint is not None else None
 
         self._step = 0
         self._channels: Optional[TrainerChannels] = None
         self._summaries = SummaryBuffer(clock)
+        self._summaries.on_batch = self._end_gate.open
         self._session: Optional[ManagedSession] = None
         self._own: Optional[OwnServices] = None
         self._stopped_by_signal = False
@@ -252,6 +255,7 @@ class Supervisor(SummaryMethods, Tf1Properties, Tf1Methods):
         self._next_summary = now + (self.save_summaries_secs or 0)
         if self.restored_from:
             print(f"procsv: restored step {self._step} from {os.path.basename(self.restored_from)}", flush=True)
+        self._open_gates()
         return self._session
 
     def stop(self, threads: Any = None, close_summary_writer: bool = True, ignore_live_threads: bool = False) -> None:
@@ -339,6 +343,7 @@ class Supervisor(SummaryMethods, Tf1Properties, Tf1Methods):
         """A session's checkpoint agent; every snapshot it takes first brings global_step up to date."""
         agent = self._new_agent()
         agent.prepare_snapshot.append(self._counter.sync)
+        agent.wake = self._open_gates
         return agent
 
     @property
@@ -361,34 +366,6 @@ class Supervisor(SummaryMethods, Tf1Properties, Tf1Methods):
     def _init(self) -> None:
         if self.init_fn is not None:
             self.init_fn(self._session)
-
-    def _begin_step(self) -> int:
-        """Before a step: checkpoint work of the completed step; return that step's number."""
-        if self.coord.should_stop():
-            raise TrainingStopped("a stop was requested; the training loop should end")
-        if self._ckpt is not None and self._channels is not None and self.is_chief:
-            # the state is still that of step ``self._step``; its summaries are handed off first
-            checkpoint_work(self._ckpt, self._channels, self._step, self._clock(),
-                            lambda: self._flush_summaries(force=False, urgent=True), self._summaries_unwritten_from)
-            if self._ckpt.failure is not None:  # checkpoints keep failing: stop, the TF way
-                self.coord.request_stop(self._ckpt.failure)
-                raise TrainingStopped(str(self._ckpt.failure))
-        before = self._step
-        self._step += 1
-        return before
-
-    def _end_step(self, before: int) -> None:
-        """After a step: advance global_step (unless the program did: :class:`StepCounter`), then report."""
-        counted = self._counter.advance(before)
-        if counted is not None:
-            self._step = counted
-        ch = self._channels
-        assert ch is not None
-        now = self._clock()
-        self._progress.after_step(ch, self._step, now)
-        if self.save_summaries_secs and now >= self._next_summary:
-            self._periodic_summaries(now)
-        self._flush_summaries(force=False)
 
     def _release(self, deadline: Optional[float] = None) -> None:
         self._counter.sync()  # the variable holds the step again, for the program and a next session

@@ -69,6 +69,9 @@ class SummaryBuffer:
         self.dropped_total = 0
         self._last_flush = clock()
         self._ok_tags: set[str] = set()
+        # called (from the logging thread) when a whole batch is waiting: the Supervisor opens its
+        # step boundary's gate, so the batch goes at the next boundary instead of at the flush timer
+        self.on_batch: Callable[[], None] = _nothing
 
     def __len__(self) -> int:
         return len(self._rows) + len(self._protos) + len(self._items)
@@ -87,6 +90,8 @@ class SummaryBuffer:
         step = step if type(step) is int else as_step(step)
         with self._lock:
             self._append_row((tag, step, v, wall))
+        if len(self._rows) >= BATCH_MAX:
+            self.on_batch()
 
     def scalars(self, values: Mapping[str, Any], step: Any, wall: float) -> None:
         """Several scalars of one step; all are validated before any is kept."""
@@ -105,6 +110,8 @@ class SummaryBuffer:
         with self._lock:
             for row in rows:
                 self._append_row(row)
+        if len(self._rows) >= BATCH_MAX:
+            self.on_batch()
 
     def _append_row(self, row: Row) -> None:
         if len(self._rows) >= BUFFER_MAX:
@@ -127,6 +134,8 @@ class SummaryBuffer:
             self._protos.append((step, wall, data))
             self._payload_bytes += len(data)
             self._trim_payloads()
+        if len(self._protos) + len(self._items) >= ITEMS_MAX:
+            self.on_batch()
 
     def histogram(self, tag: str, values: Any, step: Any, wall: float, buckets: Optional[int] = None,
                   description: str = "") -> None:
@@ -154,6 +163,8 @@ class SummaryBuffer:
             self._items.append((item, data))
             self._payload_bytes += len(data)
             self._trim_payloads()
+        if len(self._protos) + len(self._items) >= ITEMS_MAX:
+            self.on_batch()
 
     def _trim_payloads(self) -> None:
         while self._payload_bytes > ITEM_BYTES_MAX and (self._protos or self._items):
@@ -233,6 +244,10 @@ class SummaryBuffer:
                 self._dropped += over
                 self.dropped_total += over
             self._trim_payloads()
+
+
+def _nothing() -> None:
+    pass
 
 
 def _check_size(what: str, tag: str, size: int) -> None:

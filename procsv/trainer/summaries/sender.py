@@ -106,6 +106,11 @@ class SummarySender:
         self.restatements = 0
 
     # ---- step boundary
+    @property
+    def wake_at(self) -> float:
+        """Before this time (on :attr:`clock`) a boundary has nothing to do, unless a batch is full or urgent."""
+        return self._wake
+
     def at_boundary(self, step: int, urgent: bool = False) -> None:
         """Read acks (rate-limited) and send what is due, within the window; cheap when idle."""
         now = self.clock()
