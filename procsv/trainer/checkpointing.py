@@ -47,12 +47,10 @@ from procsv.trainer.snapshot import arena_bytes_needed, self_test
 from procsv.trainer.snapshot_store import SnapshotStore, stuck_here
 
 HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the checkpoint service
-# the service's messages (a timer's SaveRequest, a SaveResult, SnapshotHeld) are read at a step
-# boundary at most every READ_EVERY while an answer is awaited (a snapshot in flight to disk or not
-# yet acknowledged), else every READ_IDLE (only a SaveRequest can come, for a save due in seconds),
-# or every READ_EVERY_STEPS steps whatever the clock says. A read that finds nothing is one
-# system call on the socket, yet 20-70 us right after a TensorFlow step on this kind of machine
-# (measured: 2 us when called again at once): beside a sub-millisecond step, that is the boundary's cost
+# the service's messages are read at a step boundary every READ_EVERY while an answer is awaited (a
+# snapshot in flight or unacknowledged), else every READ_IDLE (only a timer's SaveRequest can come),
+# or every READ_EVERY_STEPS steps whatever the clock says. A read that finds nothing is one system
+# call, yet 20-70 us right after a TF step (2 us if repeated at once): the boundary's main cost
 READ_EVERY = 0.01
 READ_IDLE = 0.05
 READ_EVERY_STEPS = 256
@@ -115,7 +113,7 @@ class CheckpointAgent:
         # taken, and with the step when the trainer learns that its checkpoint is committed
         self.before_snapshot: list[Callable[[int, SaveReason], None]] = []
         self.on_commit: list[Callable[[int], None]] = []
-        self.wake: Callable[[], None] = _nothing  # a save was requested outside the boundary (the Supervisor's gate)
+        self.wake: Callable[[], None] = lambda: None  # a save was requested outside the boundary (opens its gate)
         # restore() creates save_counter; create it now so every snapshot contains it, as save() does
         _ = checkpoint.save_counter
         self_test(checkpoint)
@@ -188,8 +186,7 @@ class CheckpointAgent:
         awaited = self.in_flight is not None or self.store.slots.unacked is not None
         self._next_read = now + (READ_EVERY if awaited else READ_IDLE)
 
-    def _answer_awaited(self, now: float) -> None:
-        """A snapshot was just handed to the service: its answer is read within :data:`READ_EVERY`."""
+    def _answer_awaited(self, now: float) -> None:  # a snapshot was just sent: read its answer soon
         self._next_read = min(self._next_read, now + READ_EVERY)
 
     def snapshot(self, ch: TrainerChannels, step: int) -> bool:
@@ -203,12 +200,10 @@ class CheckpointAgent:
         self.wake()
 
     def next_work(self, step: int, now: float) -> tuple[float, float]:
-        """After :func:`~procsv.trainer.step_boundary.checkpoint_work` at boundary ``step``: the first
-        boundary and the first time (on the clock) at which it may have work again. Exact for the
-        step triggers; every time trigger is at or after the returned time, which is never later
-        than the next read of the service's messages (so a slot freed, an arena ready or a request
-        of the service is seen within :data:`READ_EVERY`). A save pending, a snapshot in flight or one
-        waiting for its summaries: every boundary."""
+        """After the checkpoint work at boundary ``step``: the first boundary and time (on the clock)
+        it may have work again; exact for step triggers, and never after the next read of the
+        service (a freed slot or a ready arena is seen then). Every boundary while a save is
+        pending, a snapshot in flight or one waiting for its summaries."""
         if self.pending is not None or self.in_flight is not None or self._waiting is not None:
             return step + 1, now
         at_step = self._read_step + READ_EVERY_STEPS
@@ -403,6 +398,3 @@ class CheckpointAgent:
             print(f"procsv: {reason} checkpoint committed at step {step}", flush=True)
         return result
 
-
-def _nothing() -> None:
-    pass
