@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import AbstractSet, Any, Iterator, Optional, Sequence
+from typing import AbstractSet, Any, Iterator, Optional, Sequence, cast
 
 import zmq
 
@@ -125,7 +125,7 @@ def recv(sock: zmq.Socket[Any], timeout_ms: int, *, copy: bool = True) -> list[A
     if timeout_ms <= 0:
         # only if one is waiting: the socket's EVENTS option answers that without building a
         # poller (sock.poll's Python side), the cost of a receive that finds nothing at a step boundary
-        if not sock.get(zmq.EVENTS) & zmq.POLLIN:
+        if not cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN:
             raise ReceiveTimeout("no message waiting")
     elif not sock.poll(timeout_ms, zmq.POLLIN):
         raise ReceiveTimeout(f"no message within {timeout_ms} ms")

@@ -113,6 +113,29 @@ def test_bad_value_is_not_buffered():
     assert len(buf) == 0 and len(buf.take()) == 0
 
 
+def test_real_tensors_are_read_at_the_hand_off_and_everything_else_is_checked_at_the_call():
+    """An eager scalar tensor is kept as is and read when the batch is taken (it cannot change);
+    a variable is read at the call (it may change after); a tensor that is not one real number is
+    refused at the call, and nothing of that call is kept."""
+    tf = pytest.importorskip("tensorflow")
+    buf = SummaryBuffer()
+    var = tf.Variable(2.5)
+    buf.scalars({"loss": tf.constant(0.75), "one": tf.constant([3], dtype=tf.int64), "flag": tf.constant(True),
+                 "var": var, "half": tf.constant(0.1, dtype=tf.float16)}, step=4, wall=WALL)
+    buf.scalar("single", tf.constant(-1.5, dtype=tf.float64), step=5, wall=WALL)
+    var.assign(99.0)  # after the call: the logged value is the one at the call
+    for bad in (tf.constant([1.0, 2.0]), tf.constant("x"), tf.constant(1 + 2j), tf.zeros((1, 1))):
+        with pytest.raises(TypeError, match="bad"):
+            buf.scalars({"fine": tf.constant(1.0), "bad": bad}, step=6, wall=WALL)
+        with pytest.raises(TypeError, match="bad"):
+            buf.scalar("bad", bad, step=6, wall=WALL)
+    rows = buf.take().rows
+    assert [(tag, step, value) for tag, step, value, _ in rows] == [
+        ("loss", 4, 0.75), ("one", 4, 3.0), ("flag", 4, 1.0), ("var", 4, 2.5),
+        ("half", 4, float(np.float16(0.1))), ("single", 5, -1.5)]
+    assert all(type(value) is float for _, _, value, _ in rows)
+
+
 # ----------------------------------------------------------------------------- batching (on the injected clock)
 
 
