@@ -1,11 +1,20 @@
 """The Supervisor's step boundary (a mixin): what ``session.run(step_fn)`` does before and after the step.
 
-Runs in the trainer's main thread, the one that prepared the session. Before a step: the stop
-check, then the checkpoint work of the completed step (:func:`step_boundary.checkpoint_work`);
-after it: the advance of ``global_step``, the progress report, the periodic ``summary_fn`` and the
-hand-off of logged summaries. Each half runs its full work only when its :class:`Gate` has
-passed (see :mod:`procsv.trainer.step_boundary`); this module owns both gates and when they are
-computed and opened.
+Runs in the trainer's main thread, the one that prepared the session. The work: the checkpoint
+work of the completed step (:func:`step_boundary.checkpoint_work`), before the next step runs;
+the advance of ``global_step`` right after a step; the progress report, the periodic
+``summary_fn`` and the hand-off of logged summaries.
+
+Most boundaries have none of it to do, and even looking costs (see
+:mod:`procsv.trainer.step_boundary`). So each of the two halves (checkpoint work; progress and
+summaries) computes, when it does its work, the first step and time at which it may have work
+again, and one :class:`Gate` holds the earlier of the two: a boundary before it costs a clock
+read and two comparisons. The progress-and-summaries half also runs right after a step when that
+step must not wait for the next one: a session's first step (reported at once) and, while a
+checkpoint is in flight, every step (its summaries must leave the process before a crash could
+make a restart skip them). Whoever changes a trigger from outside opens the gate and its half: a
+save requested by a callback (:meth:`_save_requested`), a summary batch filled by a logging thread
+(:meth:`_batch_waiting`).
 """
 
 from __future__ import annotations
@@ -16,36 +25,62 @@ from procsv.common.errors import TrainingStopped
 from procsv.trainer.step_boundary import NEVER, Gate, ProgressReporter, StepCounter, checkpoint_work
 from procsv.trainer.summary_methods import SummaryMethods
 
+Bounds = tuple[float, float]  # (first step, first time) at which a half may have work
+
 
 class BoundaryMethods(SummaryMethods):
-    """``_begin_step``/``_end_step`` around each step, behind the gates ``_ckpt_gate`` and ``_end_gate``."""
+    """``_begin_step``/``_end_step`` around each step; owns the gate and each half's bounds."""
 
     _counter: StepCounter
     _progress: ProgressReporter
     coord: Any
-    _ckpt_gate: Gate
-    _end_gate: Gate
+    _gate: Gate
+    _ckpt_due: Bounds
+    _end_due: Bounds
 
     def _open_gates(self) -> None:
-        """Every trigger may have changed (a new session, a new checkpoint agent): look at the next boundary."""
-        self._ckpt_gate.open()
-        self._end_gate.open()
+        """A new session: the checkpoint half at its first boundary, the other after its first step."""
+        self._ckpt_due, self._end_due = (0, float("-inf")), (0, NEVER)
+        self._gate.open()
+
+    def _save_requested(self) -> None:
+        """A save was requested outside the boundary (the checkpoint agent calls it)."""
+        self._ckpt_due = (0, float("-inf"))
+        self._gate.open()
+
+    def _batch_waiting(self) -> None:
+        """A whole summary batch is waiting (the buffer calls it, from the logging thread)."""
+        self._end_due = (self._end_due[0], float("-inf"))
+        self._gate.open()
 
     def _begin_step(self) -> int:
-        """Before a step: checkpoint work of the completed step; return that step's number."""
+        """Before a step: the boundary's work if its gate has passed; return the completed step's number."""
         if self.coord.should_stop():
             raise TrainingStopped("a stop was requested; the training loop should end")
         before = self._step
-        gate = self._ckpt_gate
+        gate = self._gate
         if before >= gate.step or self._clock() >= gate.at:
-            self._checkpoint_boundary(before)
+            self._boundary(before)
         self._step = before + 1
         return before
+
+    def _boundary(self, step: int) -> None:
+        """The halves whose bounds have passed, then the gate again (the end half's step bound is
+        for :meth:`_end_step`)."""
+        now = self._clock()
+        if now >= self._end_due[1]:
+            self._after_boundary(now)
+        if step >= self._ckpt_due[0] or now >= self._ckpt_due[1]:
+            self._checkpoint_boundary(step)
+        self._shut_gate()
+
+    def _shut_gate(self) -> None:
+        self._gate.shut(self._ckpt_due[0], min(self._ckpt_due[1], self._end_due[1]))
 
     def _checkpoint_boundary(self, step: int) -> None:
         agent = self._ckpt
         if agent is None or self._channels is None or not self.is_chief:
-            self._ckpt_gate.shut(NEVER, NEVER)  # no checkpoint work in this session
+            self._ckpt_due = (NEVER, NEVER)  # no checkpoint work in this session
             return
         # the state is still that of ``step``; its summaries are handed off first
         checkpoint_work(agent, self._channels, step, self._clock(),
@@ -53,23 +88,19 @@ class BoundaryMethods(SummaryMethods):
         if agent.failure is not None:  # checkpoints keep failing: stop, the TF way
             self.coord.request_stop(agent.failure)
             raise TrainingStopped(str(agent.failure))
-        self._ckpt_gate.shut(*agent.next_work(step, self._clock()))
+        self._ckpt_due = agent.next_work(step, self._clock())
         if agent.in_flight is not None:
-            self._end_gate.open()  # while a commit is in flight, summaries go at every boundary
+            self._end_due = (step + 1, self._end_due[1])  # summaries go right after every step now
 
     def _end_step(self, before: int) -> None:
-        """After a step: advance global_step (unless the program did: :class:`StepCounter`), then
-        report progress and hand off summaries when their gate has passed."""
+        """After a step: advance global_step (unless the program did: :class:`StepCounter`); the
+        progress-and-summaries half now if this step must not wait (see the module)."""
         counted = self._counter.advance(before)
         if counted is not None:
             self._step = counted
-        gate = self._end_gate
-        if self._step >= gate.step:
+        if self._step >= self._end_due[0]:
             self._after_boundary(self._clock())
-        else:
-            now = self._clock()
-            if now >= gate.at:
-                self._after_boundary(now)
+            self._shut_gate()
 
     def _after_boundary(self, now: float) -> None:
         ch = self._channels
@@ -78,13 +109,11 @@ class BoundaryMethods(SummaryMethods):
         if self.save_summaries_secs and now >= self._next_summary:
             self._periodic_summaries(now)
         self._flush_summaries(force=False)
-        if self._ckpt is not None and self._ckpt.in_flight is not None:
-            self._end_gate.shut(self._step + 1, now)  # urgent hand-offs: at every boundary
-            return
         at = self._progress.next_at()
         if self.save_summaries_secs:
             at = min(at, self._next_summary)
         if self.is_chief:  # a worker only discards what it logged: at its progress reports
             sender = getattr(self, "_summary_sender", None)
             at = min(at, sender.wake_at) if sender is not None else float("-inf")
-        self._end_gate.shut(NEVER, at)
+        urgent = self._ckpt is not None and self._ckpt.in_flight is not None
+        self._end_due = (self._step + 1 if urgent else NEVER, at)

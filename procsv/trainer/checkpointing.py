@@ -210,10 +210,12 @@ class CheckpointAgent:
         if self.save_checkpoint_steps:
             at_step = min(at_step, (step // self.save_checkpoint_steps + 1) * self.save_checkpoint_steps)
         at = min(self._next_read, self.last_heartbeat + HEARTBEAT_EVERY)
-        if self.memory_budget > 0:
+        store = self.store
+        if (self.memory_budget > 0 and store.arena is not None and not store.arena.populating()
+                and not store.slots.unacked_pending(now) and store.slots.free(now) is not None):
             at = min(at, self.memory_at + memory_tier.interval(self.copy_cost or 0.0, self.memory_budget,
                                                                walk_secs=self.walk_cost, walk_every=PLAN_MAX_AGE))
-        return at_step, at
+        return at_step, at  # (an in-memory snapshot blocked by a slot or an ack: looked at again at the read)
 
     def _overdue(self, ch: TrainerChannels, now: float) -> None:
         """A deadline of the snapshot in flight passed: a failed checkpoint, and the watchdog is told."""
@@ -263,17 +265,18 @@ class CheckpointAgent:
         reuse = self.store.plan_reusable(t0, PLAN_MAX_AGE)
         snap = self.store.take(step, slot, fresh=not reuse)
         arena = self.store.ref_of(snap)
-        now = ch.clock()
-        if reuse:
-            self.copy_cost = memory_tier.smoothed_cost(self.copy_cost, now - t0)
-        else:
-            self.walk_cost = max(0.0, now - t0 - (self.copy_cost or 0.0))
-        self.memory_at, self.memory_step = now, step
+        self.memory_at, self.memory_step = ch.clock(), step
         self.memory_taken += 1
         self._waiting = (SaveData(step, SaveReason.MEMORY, self.basename, snap.specs, arena, slot, False),
                          list(snap.frames))
         self.store.slots.wait_to_send(slot, step)
-        return self.release_memory(ch, unwritten_from)
+        sent = self.release_memory(ch, unwritten_from)
+        spent = ch.clock() - t0  # the copy and, if it went now, the hand-off: both stop the loop
+        if reuse:
+            self.copy_cost = memory_tier.smoothed_cost(self.copy_cost, spent)
+        else:
+            self.walk_cost = max(0.0, spent - (self.copy_cost or 0.0))
+        return sent
 
     def waiting(self) -> bool:
         """An in-memory snapshot is copied and waits for its summaries (see :meth:`release_memory`)."""

@@ -8,9 +8,9 @@ summaries' part of the boundary is :mod:`procsv.trainer.summary_methods`.
 
 Most boundaries have nothing to do, and even looking costs: beside a sub-millisecond step, the
 boundary's own Python runs with the caches the step emptied (13 us a step, measured in a digits
-loop, for checks that take 2 us in isolation). So each half of the boundary sits behind a
-:class:`Gate`: the first step and the first time (on the Supervisor's clock) at which it may have
-work, computed when it last did its work; in between a boundary costs a comparison and a clock read.
+loop, for checks that take 2 us in isolation). So the boundary sits behind a :class:`Gate`: the
+first step and the first time (on the Supervisor's clock) at which it may have work, computed when
+it last did its work (:mod:`procsv.trainer.boundary_methods`); in between, a clock read.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ DETECT_EVERY = 100  # after its first 3 steps, a check every this many steps tha
 
 
 class Gate:
-    """When one half of the step boundary next needs its full work: at boundary ``step`` (the
+    """When the step boundary next needs its full work: at boundary ``step`` (the
     steps completed) or at time ``at`` on the Supervisor's clock, whichever comes first.
 
     Owns only those two bounds. Whoever computes them must give bounds no later than any trigger

@@ -143,14 +143,14 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
             max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
             allow_reinit=self.allow_reinit, read_retry_secs=read_retry_secs,
             failure_limit=checkpoint_failure_limit, saving=is_chief)
-        self._ckpt_gate = Gate()  # when the step boundary next has checkpoint work (see boundary_methods)
-        self._end_gate = Gate()  # ... and progress or summary work
+        self._gate = Gate()  # when the step boundary next may have work (see boundary_methods)
+        self._ckpt_due = self._end_due = (0, float("-inf"))
         self._ckpt: Optional[CheckpointAgent] = self._agent() if checkpoint is not None else None
 
         self._step = 0
         self._channels: Optional[TrainerChannels] = None
         self._summaries = SummaryBuffer(clock)
-        self._summaries.on_batch = self._end_gate.open
+        self._summaries.on_batch = self._batch_waiting
         self._session: Optional[ManagedSession] = None
         self._own: Optional[OwnServices] = None
         self._stopped_by_signal = False
@@ -343,7 +343,7 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
         """A session's checkpoint agent; every snapshot it takes first brings global_step up to date."""
         agent = self._new_agent()
         agent.prepare_snapshot.append(self._counter.sync)
-        agent.wake = self._open_gates
+        agent.wake = self._save_requested
         return agent
 
     @property
