@@ -16,7 +16,8 @@ Runs the built-in example under ``procsv launch`` and measures, in one run:
     ``PROCSV_MEMORY_SNAPSHOTS``) against the pre-warmed fork without the tier (``--standby fork``,
     ``PROCSV_MEMORY_SNAPSHOTS=0``: what (b) and (c) measure): MTTR, steps re-done per kill, and
     goodput under the same chaos as (c), beside a run of the same length with no kill; and the
-    standby's resident memory.
+    standby's resident memory. Every kill of the hot series must be recovered by promoting the
+    standby (the ``spawned`` event says ``via: standby``), else the run fails.
 
 (a)-(c) and (e) are repeated --repeats times (>= 3); every figure on the last line is the median of
 the repeats' medians, and the table shows the spread (min-max over the repeats).
@@ -80,7 +81,7 @@ def trainer_started(logdir: str, attempt: int) -> Optional[dict[str, Any]]:
     if spawned is None:
         return None
     first = next((e for e in ev if e["event"] == "first_step" and e["pid"] == spawned["pid"]), None)
-    return {"pid": spawned["pid"], "first_step": first["time"]} if first else None
+    return {"pid": spawned["pid"], "first_step": first["time"], "via": spawned.get("via")} if first else None
 
 
 def standby_rss(logdir: str, attempt: int) -> Optional[float]:
@@ -101,7 +102,7 @@ def kill_series(kills: int, mode: str, rng: random.Random, memory: bool = False)
     logdir = tempfile.mkdtemp(prefix="bench-recovery-")
     proc = launch(logdir, MODES[mode], ["--steps", "10000000", "--save-model-secs", "2", "--step-delay", "0.002"],
                   memory)
-    detect, mttr, rss = [], [], []
+    detect, mttr, rss, promoted = [], [], [], 0
     try:
         for attempt in range(1, kills + 1):
             info = wait(lambda: trainer_started(logdir, attempt), 120, f"attempt {attempt}'s first step")
@@ -115,6 +116,7 @@ def kill_series(kills: int, mode: str, rng: random.Random, memory: bool = False)
             detect.append(exited["noticed"] - t_kill)
             nxt = wait(lambda: trainer_started(logdir, attempt + 1), 120, "the restarted trainer's first step")
             mttr.append(nxt["first_step"] - t_kill)
+            promoted += nxt["via"] == "standby"  # the standby became the trainer (not a fork after all)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(180)
@@ -123,7 +125,7 @@ def kill_series(kills: int, mode: str, rng: random.Random, memory: bool = False)
     parts = {k: statistics.median([r[k] for r in report["recoveries"] if r[k] is not None])
              for k in ("respawn_s", "restore_s", "first_step_s")}
     redone = [r["steps_redone"] for r in report["recoveries"] if r["steps_redone"] is not None]
-    return {"detect": detect, "mttr": mttr, "parts": parts, "redone": redone, "rss": rss}
+    return {"detect": detect, "mttr": mttr, "parts": parts, "redone": redone, "rss": rss, "promoted": promoted}
 
 
 def chaos_goodput(secs: float, mode: str = "fork", memory: bool = False, kills: bool = True) -> dict[str, Any]:
@@ -241,9 +243,15 @@ def main() -> int:
           f"preempt_saved={saved} steps_lost={lost} mttr_hot_s={med(rows[1][3]):.3f} "
           f"redone_per_kill={med(rows[5][3]):.1f} redone_per_kill_fork={med(rows[5][1]):.1f} "
           f"goodput_hot={med(rows[-2][3]):.3f} goodput_vs_nokill={goodput_vs:.3f} standby_rss_mb={med(rss):.0f}")
-    # correctness: each kill was followed by a restart that trained again, and preemption saved
+    promotions = sum(x["mem"]["promoted"] for x in runs)
+    print(f"hot series: {promotions} of {args.repeats * args.kills} kills recovered by promoting the ready standby")
+    # correctness: each kill was followed by a restart that trained again, every hot-series kill by
+    # a promotion (the series waits for a ready standby before each kill), and preemption saved
     if pre["saved"] < 1.0 or any(len(x[s]["mttr"]) != args.kills for x in runs for s in ("warm", "cold", "mem")):
         print("bench_recovery: a restart or an emergency checkpoint failed", file=sys.stderr)
+        return 1
+    if promotions != args.repeats * args.kills:
+        print("bench_recovery: a hot-series kill was not recovered by the standby", file=sys.stderr)
         return 1
     return 0
 
