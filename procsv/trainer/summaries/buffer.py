@@ -102,8 +102,8 @@ class SummaryBuffer:
             steps.append(step)
             values.append(v)
             walls.append(wall)
-            if len(tags) >= BATCH_MAX:
-                self._settle()
+            if len(tags) >= BATCH_MAX or len(self._rows) + len(tags) > BUFFER_MAX:
+                self._settle()  # (never more than BUFFER_MAX rows: the oldest are dropped now)
         if len(self._rows) + len(tags) >= BATCH_MAX:
             self.on_batch()
 
@@ -133,7 +133,7 @@ class SummaryBuffer:
             new_steps.extend([step] * n)
             new_values.extend(kept)
             new_walls.extend([wall] * n)
-            if len(new_tags) >= BATCH_MAX:
+            if len(new_tags) >= BATCH_MAX or len(self._rows) + len(new_tags) > BUFFER_MAX:
                 self._settle()
         if len(self._rows) + len(new_tags) >= BATCH_MAX:
             self.on_batch()
