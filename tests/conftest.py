@@ -123,6 +123,18 @@ def run_processes(logdir: str) -> list[psutil.Process]:
 
 
 @pytest.fixture
+def fresh_train_api():
+    """Each test is a new program for ``procsv.train``: no global step yet, every warning not yet given.
+    (Test modules of that API use it for every test: ``pytestmark = pytest.mark.usefixtures(...)``.)"""
+    from procsv.trainer import hooks as api
+
+    api.set_global_step(None)
+    api._warned.clear()
+    yield
+    api.set_global_step(None)
+
+
+@pytest.fixture
 def logdir(tmp_path):
     """A fresh logdir; at teardown every process of the run is killed (and the test fails if any was left)."""
     path = str(tmp_path / "run")
@@ -155,6 +167,22 @@ def short_tmp():
     path = tempfile.mkdtemp(prefix="pt-", dir="/tmp")
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+def seed_example_restores(logdir: str, step: int) -> None:
+    """For the seed examples (``procsv/examples/seeds/``): the newest checkpoint is
+    ``model.ckpt-<step>``, plain TF restores every value of it, and its weights are those of an
+    uninterrupted run of ``step`` steps."""
+    import tensorflow as tf
+
+    from procsv.examples.seeds.model import weights_after
+
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest == os.path.join(logdir, f"model.ckpt-{step}")
+    w, b, gs = tf.Variable(0.0), tf.Variable(0.0), tf.Variable(0, dtype=tf.int64)
+    tf.train.Checkpoint(w=w, b=b, global_step=gs).restore(latest).assert_consumed()
+    assert int(gs.numpy()) == step
+    assert (float(w.numpy()), float(b.numpy())) == pytest.approx(weights_after(step), rel=1e-5)
 
 
 def final_weights(logdir: str) -> dict[str, Any]:

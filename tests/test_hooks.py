@@ -17,13 +17,7 @@ from conftest import committed_steps
 from procsv.trainer import hooks as api
 
 
-@pytest.fixture(autouse=True)
-def fresh_process_state():
-    """Each test is a new program: no global step yet, every warning not yet given."""
-    api.set_global_step(None)
-    api._warned.clear()
-    yield
-    api.set_global_step(None)
+pytestmark = pytest.mark.usefixtures("fresh_train_api")  # each test is a new program (conftest)
 
 
 def _session(logdir, hooks, state=None, **creator):

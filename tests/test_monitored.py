@@ -7,25 +7,17 @@ the test); the last two run `procsv launch` and SIGKILL the trainer.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 
 import pytest
 
-from conftest import (committed_steps, finish, launch, launch_and_kill_trainer_once, lifecycle, role_pid, status_json,
-                      wait_for)
+from conftest import (committed_steps, finish, launch, launch_and_kill_trainer_once, lifecycle,
+                      seed_example_restores, status_json, wait_for)
 
 from procsv.trainer import hooks as api
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def fresh_process_state():
-    api.set_global_step(None)
-    api._warned.clear()
-    yield
-    api.set_global_step(None)
+# each test is a new program for procsv.train (conftest's fresh_train_api)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_train_api")]
 
 
 def _recorder(calls):
@@ -327,21 +319,6 @@ def test_stop_at_step_num_steps_is_exact_after_a_sigkill_of_the_trainer(logdir):
     assert [e["step"] for e in lifecycle(logdir) if e["event"] == "finished"] == [150]
 
 
-def _restores_with_plain_tf(logdir, step):
-    """As test_seed_examples.py: ``model.ckpt-<step>`` is the newest checkpoint, plain TF restores
-    every value of it, and its weights are those of an uninterrupted run of ``step`` steps."""
-    import tensorflow as tf
-
-    from procsv.examples.seeds.model import weights_after
-
-    latest = tf.train.latest_checkpoint(logdir)
-    assert latest == os.path.join(logdir, f"model.ckpt-{step}")
-    w, b, gs = tf.Variable(0.0), tf.Variable(0.0), tf.Variable(0, dtype=tf.int64)
-    tf.train.Checkpoint(w=w, b=b, global_step=gs).restore(latest).assert_consumed()
-    assert int(gs.numpy()) == step
-    assert (float(w.numpy()), float(b.numpy())) == pytest.approx(weights_after(step), rel=1e-5)
-
-
 @pytest.mark.parametrize("example", ["monitored_training", "monitored_session", "run_step_fn"])
 def test_the_monitored_session_examples_survive_a_sigkill_and_restore_with_plain_tf(logdir, example):
     """procsv/examples/seeds/: MonitoredTrainingSession, MonitoredSession with its saver and
@@ -352,7 +329,7 @@ def test_the_monitored_session_examples_survive_a_sigkill_and_restore_with_plain
     assert f"{example}: finished at step 400" in out
     st = status_json(logdir)
     assert st["restarts"] == 1 and st["step"] == 400
-    _restores_with_plain_tf(logdir, 400)
+    seed_example_restores(logdir, 400)
 
 
 def test_sigterm_to_the_launch_commits_the_last_step_through_the_checkpoint_saver_hook(logdir):

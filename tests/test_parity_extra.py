@@ -15,18 +15,8 @@ import time
 
 import pytest
 
-from procsv.trainer import hooks as api
-
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def fresh_process_state():
-    """Each test is a new program: no global step yet, every warning not yet given."""
-    api.set_global_step(None)
-    api._warned.clear()
-    yield
-    api.set_global_step(None)
+# each test is a new program for procsv.train (conftest's fresh_train_api)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_train_api")]
 
 
 def _scalars(logdir):

@@ -5,29 +5,13 @@ MonitoredSession examples are in test_monitored.py.)"""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
-from conftest import launch_and_kill_trainer_once, status_json
+from conftest import launch_and_kill_trainer_once, seed_example_restores, status_json
 
 pytestmark = pytest.mark.slow
 STEPS = 300
-
-
-def _restores_with_plain_tf(logdir: str, step: int) -> None:
-    """The newest checkpoint is ``model.ckpt-<step>``; plain TF restores every value of it, and its
-    weights are those of an uninterrupted run of ``step`` steps."""
-    import tensorflow as tf
-
-    from procsv.examples.seeds.model import weights_after
-
-    latest = tf.train.latest_checkpoint(logdir)
-    assert latest == os.path.join(logdir, f"model.ckpt-{step}")
-    w, b, gs = tf.Variable(0.0), tf.Variable(0.0), tf.Variable(0, dtype=tf.int64)
-    tf.train.Checkpoint(w=w, b=b, global_step=gs).restore(latest).assert_consumed()
-    assert int(gs.numpy()) == step
-    assert (float(w.numpy()), float(b.numpy())) == pytest.approx(weights_after(step), rel=1e-5)
 
 
 @pytest.mark.parametrize("example,extra", [
@@ -44,7 +28,7 @@ def test_the_supervisor_examples_survive_a_sigkill_and_restore_with_plain_tf(log
     assert f"{example}: finished at step {STEPS}" in out
     st = status_json(logdir)
     assert st["restarts"] == 1 and st["step"] == STEPS
-    _restores_with_plain_tf(logdir, STEPS)
+    seed_example_restores(logdir, STEPS)
     if example == "loop":
         assert "print_loss: loss " in out  # the sv.loop thread read the loss (no step, no socket)
     if example == "manual_summaries":  # summary_op=None: only the summaries computed by hand, every 100 steps
