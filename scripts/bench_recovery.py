@@ -42,25 +42,9 @@ import tempfile
 import time
 from typing import Any, Optional
 
+from bench_group import events, wait  # scripts/ is this script's folder, first on sys.path
+
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0", PYTHONUNBUFFERED="1")
-
-
-def events(logdir: str) -> list[dict[str, Any]]:
-    try:
-        with open(os.path.join(logdir, "logs", "lifecycle.jsonl")) as fh:
-            return [json.loads(line) for line in fh if line.strip()]
-    except (FileNotFoundError, json.JSONDecodeError):
-        return []
-
-
-def wait(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.01)
-    raise SystemExit(f"bench_recovery: timed out waiting for {what}")
 
 
 MODES = {"fork": ["--standby", "fork"], "fresh": ["--standby", "off"], "hot": ["--standby", "hot"]}
