@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Optional
+import time
+from typing import Callable, Optional
 
 import psutil
 
@@ -83,6 +84,17 @@ class Orphans:
                 done = pid
             if done:
                 self._killed.discard(pid)
+        return killed
+
+    def sweep_and_reap(self, known: set[int], wait_secs: float,
+                       clock: Callable[[], float] = time.monotonic) -> list[int]:
+        """:meth:`sweep`, then sweep again every 10 ms until every process killed is reaped or
+        ``wait_secs`` (on ``clock``) have passed; returns every pid killed."""
+        killed = self.sweep(known)
+        deadline = clock() + wait_secs
+        while self.pending and clock() < deadline:
+            time.sleep(0.01)
+            killed += self.sweep(known)
         return killed
 
     @property

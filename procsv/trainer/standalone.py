@@ -15,7 +15,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 from typing import Optional
 
 from procsv.common import spawn
@@ -74,11 +73,7 @@ class OwnServices:
         orphans, self.orphans = self.orphans, None
         if orphans is None:
             return
-        killed = orphans.sweep(known)
-        deadline = time.monotonic() + reap_secs
-        while orphans.pending and time.monotonic() < deadline:
-            time.sleep(0.01)
-            killed += orphans.sweep(known)
+        killed = orphans.sweep_and_reap(known, reap_secs)
         if orphans.enabled:
             become_subreaper(False)
         if killed:

@@ -14,7 +14,6 @@ where a moved logdir went.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Callable, Optional
 
 from procsv.common.layout import Layout, write_json
@@ -52,11 +51,7 @@ class Sweeper:
         wait (a bounded while) until those killed are reaped."""
         self._next = self.clock() + SWEEP_EVERY
         known = {h.pid for h in ex.handles.values()} | ex.zygote_pids()
-        killed = self.orphans.sweep(known)
-        deadline = self.clock() + FINAL_SWEEP_SECS
-        while final and self.orphans.pending and self.clock() < deadline:
-            time.sleep(0.01)
-            killed += self.orphans.sweep(known)
+        killed = self.orphans.sweep_and_reap(known, FINAL_SWEEP_SECS if final else 0.0, self.clock)
         if killed:
             self.record([Report(Event.ORPHANS_KILLED, {"pids": killed},
                                 say=f"procsv: killed {len(killed)} process(es) the run left behind (pids "
