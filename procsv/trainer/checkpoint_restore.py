@@ -8,7 +8,8 @@ module applies them to a logdir with TensorFlow: damaged manifests are reported 
 nothing else is committed), each checkpoint is verified against its manifest then restored (TF's
 read errors become :class:`CorruptCheckpoint` or :class:`UnreadableCheckpoint`, a checkpoint that
 does not match the program a :class:`MismatchedCheckpoint`), and with nothing committed a plain-TF
-checkpoint of the logdir is restored.
+checkpoint of the logdir is restored. Before that, a restarted trainer asks the checkpoint service
+to persist the in-memory snapshot it held for the dead one (:func:`recover_memory`).
 """
 
 from __future__ import annotations
@@ -18,11 +19,16 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from procsv.ipc.messages import RecoverQuery
+from procsv.ipc.transport import NoReply
 from procsv.common.errors import CorruptCheckpoint, MismatchedCheckpoint, NoRestorableCheckpoint, UnreadableCheckpoint
 from procsv.common.layout import Layout
 from procsv.common.manifests import Manifest, damaged_manifests, list_committed, step_of_prefix, unreadable_file, verify
 from procsv.trainer import restore
+from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.restore import ReadRetry
+
+RECOVER_WAIT = 15.0  # seconds a restarted trainer waits for the service to persist a held in-memory snapshot
 
 
 @dataclass(frozen=True)
@@ -141,3 +147,21 @@ def restore_path(checkpoint: Any, global_step: Any, path: str) -> None:
     step = step_of_prefix(path)
     if step is not None and int(global_step.numpy()) != step:
         global_step.assign(step)
+
+
+def recover_memory(ch: TrainerChannels, wait_secs: float = RECOVER_WAIT) -> None:
+    """At a restart with the in-memory tier on, before restoring: ask the checkpoint service to
+    persist the in-memory snapshot it held for the dead trainer (if newer than every checkpoint)
+    and wait for that; the restore then finds it on disk like any checkpoint."""
+    if ch.ckpt is None:
+        return
+    t0 = ch.clock()
+    try:
+        reply = ch.recover(RecoverQuery(os.getpid()), t0 + wait_secs)
+    except NoReply:
+        print(f"procsv: no answer from the checkpoint service within {wait_secs:g} s about an in-memory "
+              "snapshot; restoring the newest checkpoint on disk", file=sys.stderr, flush=True)
+        return
+    if reply.step >= 0:
+        print(f"procsv: the checkpoint service persisted the in-memory snapshot of step {reply.step} "
+              f"(waited {ch.clock() - t0:.2f} s)", flush=True)

@@ -34,8 +34,8 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from procsv.ipc.messages import (Busy, CheckpointSetup, Progress, RecoverQuery, SaveData, SaveReason, SaveRequest,
-                                 SaveResult, SnapshotHeld)
+from procsv.ipc.messages import (Busy, CheckpointSetup, Progress, SaveData, SaveReason, SaveRequest, SaveResult,
+                                 SnapshotHeld)
 from procsv.ipc.transport import NoReply
 from procsv.common.errors import CheckpointError
 from procsv.common.layout import Layout
@@ -55,7 +55,6 @@ READ_EVERY = 0.01
 READ_IDLE = 0.05
 READ_EVERY_STEPS = 256
 PLAN_MAX_AGE = 10.0  # seconds an in-memory snapshot may reuse the object-graph walk of an earlier snapshot
-RECOVER_WAIT = 15.0  # seconds a restarted trainer waits for the service to persist a held in-memory snapshot
 
 
 class CheckpointAgent:
@@ -183,11 +182,15 @@ class CheckpointAgent:
                 self._on_result(msg)
             elif isinstance(msg, SnapshotHeld):
                 self.store.slots.acknowledged(msg.step)
-        awaited = self.in_flight is not None or self.store.slots.unacked is not None
-        self._next_read = now + (READ_EVERY if awaited else READ_IDLE)
+        wait = READ_IDLE
+        if self.in_flight is not None:
+            wait = READ_EVERY
+        elif self.store.slots.unacked is not None:  # its ack matters only to the next in-memory snapshot
+            wait = min(READ_IDLE, max(READ_EVERY, self._memory_next() - now))
+        self._next_read = now + wait
 
-    def _answer_awaited(self, now: float) -> None:  # a snapshot was just sent: read its answer soon
-        self._next_read = min(self._next_read, now + READ_EVERY)
+    def _answer_awaited(self, at: float) -> None:  # a snapshot was just sent: read its answer by ``at``
+        self._next_read = min(self._next_read, at)
 
     def snapshot(self, ch: TrainerChannels, step: int) -> bool:
         """Take and send the due snapshot of ``step`` (call only after :meth:`poll` said so)."""
@@ -213,8 +216,7 @@ class CheckpointAgent:
         store = self.store
         if (self.memory_budget > 0 and store.arena is not None and not store.arena.populating()
                 and not store.slots.unacked_pending(now) and store.slots.free(now) is not None):
-            at = min(at, self.memory_at + memory_tier.interval(self.copy_cost or 0.0, self.memory_budget,
-                                                               walk_secs=self.walk_cost, walk_every=PLAN_MAX_AGE))
+            at = min(at, self._memory_next())
         return at_step, at  # (an in-memory snapshot blocked by a slot or an ack: looked at again at the read)
 
     def _overdue(self, ch: TrainerChannels, now: float) -> None:
@@ -248,9 +250,12 @@ class CheckpointAgent:
         """An in-memory snapshot of ``step`` may be taken now (call after :meth:`poll` said no disk one)."""
         return (self.memory_budget > 0 and self.store.arena is not None and not self.store.arena.populating()
                 and step > self.memory_step and not self.store.slots.unacked_pending(now) and self._waiting is None
-                and now - self.memory_at >= memory_tier.interval(self.copy_cost or 0.0, self.memory_budget,
-                                                                 walk_secs=self.walk_cost, walk_every=PLAN_MAX_AGE)
-                and self.store.slots.free(now) is not None)
+                and now >= self._memory_next() and self.store.slots.free(now) is not None)
+
+    def _memory_next(self) -> float:
+        """When (on the clock) the budget allows the next in-memory snapshot."""
+        return self.memory_at + memory_tier.interval(self.copy_cost or 0.0, self.memory_budget,
+                                                     walk_secs=self.walk_cost, walk_every=PLAN_MAX_AGE)
 
     def memory_snapshot(self, ch: TrainerChannels, step: int, unwritten_from: Optional[int] = None) -> bool:
         """Copy the state of ``step`` into a free slot; hand it to the service to hold (not to
@@ -298,26 +303,10 @@ class CheckpointAgent:
         sent = ch.send_snapshot(msg, frames)
         if sent:
             self.store.slots.sent_memory(msg.slot, msg.step, ch.clock())
-            self._answer_awaited(ch.clock())
+            self._answer_awaited(max(ch.clock() + READ_EVERY, self._memory_next()))
         else:
             self.store.slots.drop_waiting()
         return sent
-
-    def recover_memory(self, ch: TrainerChannels, wait_secs: float = RECOVER_WAIT) -> None:
-        """At a restart, before restoring: ask the service to persist the in-memory snapshot it held
-        for the dead trainer (if newer than every checkpoint) and wait for that, then restore as usual."""
-        if self.memory_budget <= 0 or ch.ckpt is None:
-            return
-        t0 = ch.clock()
-        try:
-            reply = ch.recover(RecoverQuery(os.getpid()), t0 + wait_secs)
-        except NoReply:
-            print(f"procsv: no answer from the checkpoint service within {wait_secs:g} s about an in-memory "
-                  "snapshot; restoring the newest checkpoint on disk", file=sys.stderr, flush=True)
-            return
-        if reply.step >= 0:
-            print(f"procsv: the checkpoint service persisted the in-memory snapshot of step {reply.step} "
-                  f"(waited {ch.clock() - t0:.2f} s)", flush=True)
 
     def _send(self, ch: TrainerChannels, step: int, reason: SaveReason, busy_after: Busy = Busy.NONE) -> bool:
         slot = self.store.slots.free(ch.clock())
@@ -345,7 +334,7 @@ class CheckpointAgent:
             self.store.slots.sent_disk(slot)
             nbytes = snap.arena_bytes + sum(int(getattr(f, "nbytes", 0) or len(f)) for f in snap.frames)
             self.commits.sent(step, reason, nbytes, ch.clock())
-            self._answer_awaited(ch.clock())
+            self._answer_awaited(ch.clock() + READ_EVERY)
             self.pending = None
         return sent
 

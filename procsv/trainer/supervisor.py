@@ -26,7 +26,7 @@ from procsv.ipc.messages import Busy, Progress, SaveReason, SessionLogEvent, Ses
 from procsv.ipc.transport import Endpoints
 from procsv.common import bootstrap, env
 from procsv.common.errors import ProcsvError
-from procsv.trainer import outcome, replica, standby
+from procsv.trainer import checkpoint_restore, outcome, replica, standby
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint_restore import Pinned
 from procsv.trainer.checkpointing import CheckpointAgent
@@ -231,7 +231,8 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
             pin_path = os.environ.get(env.GROUP_PIN) if self._in_group() else None
             pin = GroupPin(pin_path) if pin_path else None
             if self._ctx is not None and self._ctx.attempt > 1 and self.is_chief and not reused and pin is None:
-                self._ckpt.recover_memory(self._channels)  # a dead trainer's in-memory snapshot, if the service held one
+                if self._ckpt.memory_budget > 0:  # a dead trainer's in-memory snapshot, if the service held one
+                    checkpoint_restore.recover_memory(self._channels)
             # a group's workers restore exactly what the chief restored (a newer commit in between would diverge them)
             pinned = Pinned(pin.wait()) if pin is not None and not self.is_chief else None
             skipped = self._ckpt.restore_or_init(self._init, pinned=pinned)
