@@ -248,14 +248,15 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, data: bytes | str, *, durable: bool = True) -> None:
-    """Replace ``path`` with ``data`` atomically: temp file in the same folder, fsync, rename."""
+def atomic_write(path: str, data: bytes | str, *, durable: bool = True, mode: Optional[int] = None) -> None:
+    """Replace ``path`` with ``data`` atomically: temp file in the same folder, fsync, rename.
+    ``mode``: the file's permissions from its first byte (default: what the umask gives)."""
     if isinstance(data, str):
         data = data.encode()
     folder = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
     try:
-        os.fchmod(fd, 0o666 & ~_UMASK)
+        os.fchmod(fd, 0o666 & ~_UMASK if mode is None else mode)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             if durable:
@@ -278,8 +279,8 @@ def spilled_error_file(runtime_dir: str, role: str, attempt: int) -> str:
     return os.path.join(runtime_dir, f"{role}.{attempt}.error.json")
 
 
-def write_json(path: str, obj: Any, *, durable: bool = True) -> None:
-    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True) + "\n", durable=durable)
+def write_json(path: str, obj: Any, *, durable: bool = True, mode: Optional[int] = None) -> None:
+    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True) + "\n", durable=durable, mode=mode)
 
 
 def read_json(path: str) -> Optional[Any]:

@@ -46,15 +46,10 @@ def create_job_keys(layout: Layout) -> JobKeys:
     server_public, server_secret = zmq.curve_keypair()
     client_public, client_secret = zmq.curve_keypair()
     keys = JobKeys(uuid.uuid4().hex[:12], server_public, server_secret, client_public, client_secret)
-    old = os.umask(0o077)
-    try:
-        for name in ("server_public", "server_secret", "client_public", "client_secret"):
-            atomic_write(os.path.join(folder, name), getattr(keys, name).decode("ascii"))
-            os.chmod(os.path.join(folder, name), 0o600)
-        write_json(os.path.join(folder, "job.json"), {"job": keys.job})  # last: the keys are complete
-        os.chmod(os.path.join(folder, "job.json"), 0o600)
-    finally:
-        os.umask(old)
+    # 0600 from the first byte (a chmod after the rename left each file readable for an fsync's time)
+    for name in ("server_public", "server_secret", "client_public", "client_secret"):
+        atomic_write(os.path.join(folder, name), getattr(keys, name).decode("ascii"), mode=0o600)
+    write_json(os.path.join(folder, "job.json"), {"job": keys.job}, mode=0o600)  # last: the keys are complete
     return keys
 
 
