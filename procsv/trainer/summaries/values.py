@@ -8,7 +8,6 @@ copied, so the caller may reuse its own at once.
 from __future__ import annotations
 
 import operator
-import sys
 from typing import Any, Optional
 
 import numpy as _np
@@ -68,24 +67,11 @@ def eager_kinds() -> tuple[Any, frozenset[int]]:
     return _eager
 
 
-def deferred(tag: str, value: Any) -> Any:
-    """``value`` itself if it is an eager tensor holding one real number (it never changes, so it
-    is read later, with the others, at the hand-off: :func:`settle`); else ``value`` as a float,
-    and TypeError naming the tag if it is not one real number. Reading a tensor here, right after
-    the step that made it, costs about 3 us; at the hand-off, in a loop, 0.4 us."""
-    if "tensorflow" not in sys.modules:  # nothing can be a tensor: no TensorFlow imported
-        return real(tag, value)
-    eager, reals = eager_kinds()
-    if type(value) is eager and value._datatype_enum() in reals and value._shape_tuple() in SCALAR_SHAPES:
-        return value
-    return real(tag, value)
-
-
 SCALAR_SHAPES = ((), (1,))
 
 
 def settle(value: Any) -> float:
-    """The float of a value :func:`deferred` kept (a float stays itself)."""
+    """The float of a value the buffer kept (a float, or an eager tensor of one real number)."""
     if type(value) is float:
         return value
     arr = value._numpy()
