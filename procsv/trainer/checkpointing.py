@@ -213,9 +213,7 @@ class CheckpointAgent:
         if self.save_checkpoint_steps:
             at_step = min(at_step, (step // self.save_checkpoint_steps + 1) * self.save_checkpoint_steps)
         at = min(self._next_read, self.last_heartbeat + HEARTBEAT_EVERY)
-        store = self.store
-        if (self.memory_budget > 0 and store.arena is not None and not store.arena.populating()
-                and not store.slots.unacked_pending(now) and store.slots.free(now) is not None):
+        if self._memory_ready(now):
             at = min(at, self._memory_next())
         return at_step, at  # (an in-memory snapshot blocked by a slot or an ack: looked at again at the read)
 
@@ -248,9 +246,15 @@ class CheckpointAgent:
     # ------------------------------------------------------------------ the in-memory tier
     def memory_due(self, step: int, now: float) -> bool:
         """An in-memory snapshot of ``step`` may be taken now (call after :meth:`poll` said no disk one)."""
-        return (self.memory_budget > 0 and self.store.arena is not None and not self.store.arena.populating()
-                and step > self.memory_step and not self.store.slots.unacked_pending(now) and self._waiting is None
-                and now >= self._memory_next() and self.store.slots.free(now) is not None)
+        return (step > self.memory_step and self._waiting is None and now >= self._memory_next()
+                and self._memory_ready(now))
+
+    def _memory_ready(self, now: float) -> bool:
+        """Nothing but time keeps an in-memory snapshot back: the tier is on, its memory is ready, the
+        last one was acknowledged and a slot is free."""
+        store = self.store
+        return (self.memory_budget > 0 and store.arena is not None and not store.arena.populating()
+                and not store.slots.unacked_pending(now) and store.slots.free(now) is not None)
 
     def _memory_next(self) -> float:
         """When (on the clock) the budget allows the next in-memory snapshot."""
