@@ -33,10 +33,8 @@ class Gate:
     """When the step boundary next needs its full work: at boundary ``step`` (the
     steps completed) or at time ``at`` on the Supervisor's clock, whichever comes first.
 
-    Owns only those two bounds. Whoever computes them must give bounds no later than any trigger
-    it knows of; whoever changes a trigger outside the boundary (a save requested by a callback, a
-    summary batch filled by a logging thread) calls :meth:`open`, and the next boundary does its work.
-    """
+    Owns only those two bounds, the earlier of each half's (:mod:`procsv.trainer.boundary_methods`
+    computes them, and opens the gate when a trigger changes outside the boundary)."""
 
     __slots__ = ("step", "at")
 
