@@ -18,7 +18,6 @@ announces (:func:`payload_frames`). A receiver counts the rejection
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import types
 import typing
@@ -67,7 +66,7 @@ class SchemaMismatch(ProtocolError):
 
 def encode(msg: Message, payload: Sequence[Any] = ()) -> list[Any]:
     """Return the frames for ``msg`` followed by its binary ``payload`` frames (not copied)."""
-    body = {f.name: _to_json(getattr(msg, f.name)) for f in dataclasses.fields(msg)}
+    body = {name: _to_json(getattr(msg, name)) for name in _field_names(type(msg))}
     header = json.dumps({"v": SCHEMA_VERSION, "kind": msg.KIND, "body": body}, separators=(",", ":"))
     return [header.encode(), *payload]
 
@@ -139,9 +138,27 @@ def payload_frames(msg: Message) -> int:
     return 0
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})  # exact types: an IntEnum or StrEnum is not one
+
+
+@lru_cache(maxsize=None)
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
 def _to_json(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    """``value`` as JSON-ready data: dataclasses as objects, enums as their values, tuples as lists.
+
+    On every message's send path (a checkpoint's header holds a nested spec per tensor): plain
+    values are recognised by their exact type first, and a dataclass's field names are looked up
+    once per class."""
+    tp = type(value)
+    if tp in _PLAIN:
+        return value
+    if tp is list or tp is tuple:
+        return [_to_json(v) for v in value]
+    if dataclasses.is_dataclass(tp):
+        return {name: _to_json(getattr(value, name)) for name in _field_names(tp)}
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, (list, tuple)):
@@ -152,7 +169,6 @@ def _to_json(value: Any) -> Any:
 
 
 @lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
 def _hints(cls: type) -> dict[str, Any]:
     """The field types of a message class, resolved in the module that defines it."""
     return typing.get_type_hints(cls)
