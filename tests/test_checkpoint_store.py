@@ -15,7 +15,7 @@ from procsv.ipc.messages import SaveData
 from procsv.common.errors import CheckpointError, CorruptCheckpoint
 from procsv.common.layout import Layout, write_json
 from procsv.common.manifests import Manifest, list_committed, manifest_path, verify
-from procsv.trainer.snapshot import SnapshotArena, take
+from procsv.trainer.snapshot import Plan, SnapshotArena, plan, take
 from procsv.services.checkpoint import writer as writer_mod
 from procsv.services.checkpoint.arena import ArenaCache
 from procsv.services.checkpoint.store import CheckpointStore
@@ -62,10 +62,10 @@ class Harness:
             self.arena.populate(False)
         return self.arena
 
-    def save(self, ckpt, step: int, max_to_keep: int = 5, hours: float | None = None):
+    def save(self, ckpt, step: int, max_to_keep: int = 5, hours: float | None = None, known: Plan | None = None):
         self.clock.t += 1.0  # commits happen after the store started
         ckpt.save_counter.assign_add(1)
-        snap = take(ckpt, lambda n: (self.arena_for(n), 4096))
+        snap = take(ckpt, lambda n: (self.arena_for(n), 4096), known)
         msg = SaveData(step, "test", "model.ckpt", snap.specs, self.arena.ref() if self.arena else None)
         view = self.views.get(msg.arena) if msg.arena else None
         manifest, retired = self.store.commit(
@@ -103,6 +103,36 @@ def test_committed_checkpoint_restores_with_plain_tensorflow_including_iterator_
     assert (manager.latest_checkpoint, manager.checkpoints) == (latest, [latest])
     names = dict(tf.train.list_variables(latest))
     assert names["w/.ATTRIBUTES/VARIABLE_VALUE"] == [33, 17]
+
+
+def test_snapshots_reusing_a_plan_reuse_its_layout_and_redo_it_when_a_variable_changes_shape(tmp_path):
+    import tensorflow as tf
+
+    flex = tf.Variable(tf.zeros([4]), shape=tf.TensorShape(None))
+    state = {"half": tf.Variable(tf.ones([3, 5], tf.float16)), "flex": flex, "step": tf.Variable(0, dtype=tf.int64)}
+    ckpt = tf.train.Checkpoint(**state)
+    _ = ckpt.save_counter
+    known = plan(ckpt)
+    h = Harness(str(tmp_path / "run"))
+    h.save(ckpt, 1, known=known)
+    first = known.layout
+    assert first is not None and sorted(first.names) == ["float16", "float32", "int64", "int64"]  # save_counter too
+    expected = []
+    for step, new_flex in ((2, None), (3, tf.range(10, dtype=tf.float32))):
+        state["half"].assign_add(tf.ones([3, 5], tf.float16))
+        state["step"].assign(step)
+        if new_flex is not None:
+            flex.assign(new_flex)  # another shape: the layout the plan holds no longer fits
+        h.save(ckpt, step, known=known)
+        assert (known.layout is first) == (new_flex is None)
+        expected.append({k: v.numpy().copy() for k, v in state.items()})
+        fresh = {"half": tf.Variable(tf.zeros([3, 5], tf.float16)), "flex": tf.Variable([0.0], shape=tf.TensorShape(None)),
+                 "step": tf.Variable(0, dtype=tf.int64)}
+        tf.train.Checkpoint(**fresh).restore(tf.train.latest_checkpoint(h.layout.logdir)).assert_consumed()
+        for key, value in fresh.items():
+            assert value.dtype == state[key].dtype, key
+            assert np.array_equal(value.numpy(), expected[-1][key]), (step, key)
+    assert expected[-1]["flex"].tolist() == list(range(10))
 
 
 def test_retention_keeps_max_to_keep_and_never_touches_files_procsv_did_not_write(tmp_path):

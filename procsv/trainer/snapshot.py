@@ -173,6 +173,7 @@ class Plan:
     readers: list[tuple[str, Callable[[], Any]]]
     graph: bytes
     reusable: bool
+    layout: Optional["Layout"] = None  # where the last snapshot with this plan put each tensor
 
 
 def plan(ckpt: Any) -> Plan:
@@ -221,26 +222,61 @@ def _reader(spec: Any) -> tuple[Callable[[], Any], bool]:
     return (lambda: value), False
 
 
-def _layout(tensors: list[tuple[str, Any]]) -> tuple[list[Optional[int]], int]:
-    offsets: list[Optional[int]] = []
+@dataclass
+class Layout:
+    """Where each tensor of a snapshot goes: its offset in the slot (None: it travels as a frame),
+    and the NumPy dtype and byte size it had then. Asking TF a tensor's dtype and shape costs
+    about 4 us each, more than copying a small tensor, so an in-memory snapshot reusing a
+    :class:`Plan` reuses its layout too, after checking each tensor against it (:func:`_arrays`)."""
+
+    offsets: list[Optional[int]]
+    names: list[str]  # TF's dtype name, what the service writes into the checkpoint
+    dtypes: list[Any]
+    nbytes: list[int]
+    total: int
+
+
+def _layout(tensors: list[tuple[str, Any]]) -> Layout:
+    out = Layout([], [], [], [], 0)
     pos = 0
     for key, t in tensors:
         name = t.dtype.name
+        out.names.append(name)
         if name in _FRAME_DTYPES:
-            offsets.append(None)
+            out.offsets.append(None), out.dtypes.append(None), out.nbytes.append(0)
             continue
         if name == "resource" or not t.dtype.is_numpy_compatible:
             raise UnsupportedState(f"{key}: tensors of dtype {name} cannot be checkpointed by procsv")
         pos = -(-pos // ALIGN) * ALIGN
-        offsets.append(pos)
-        pos += int(np.prod(t.shape.as_list(), dtype=np.int64)) * t.dtype.size
-    return offsets, pos
+        size = int(np.prod(t.shape.as_list(), dtype=np.int64)) * t.dtype.size
+        out.offsets.append(pos), out.dtypes.append(np.dtype(t.dtype.as_numpy_dtype)), out.nbytes.append(size)
+        pos += size
+    out.total = pos
+    return out
+
+
+def _arrays(tensors: list[tuple[str, Any]], layout: Layout) -> Optional[list[Any]]:
+    """Each arena-bound tensor as an array sharing its buffer (None for a frame), or None if a
+    tensor's dtype or size is not the one ``layout`` has for it (a variable was reassigned with
+    another shape: the layout is computed again)."""
+    if len(tensors) != len(layout.offsets):
+        return None
+    out: list[Any] = []
+    for (_, t), offset, dtype, nbytes in zip(tensors, layout.offsets, layout.dtypes, layout.nbytes):
+        if offset is None:
+            out.append(None)
+            continue
+        src = np.asarray(t)  # shares the tensor's buffer on CPU: no copy until the one into the slot
+        if src.dtype != dtype or src.nbytes != nbytes:
+            return None
+        out.append(src)
+    return out
 
 
 def arena_bytes_needed(ckpt: Any) -> int:
     """How much snapshot memory ``ckpt`` needs now (reads no tensor data)."""
     tensors, _ = _gather(ckpt)
-    return _layout(tensors)[1]
+    return _layout(tensors).total
 
 
 def take(ckpt: Any, place: Callable[[int], Optional[tuple[SnapshotArena, int]]], known: Optional[Plan] = None) -> Snapshot:
@@ -251,29 +287,35 @@ def take(ckpt: Any, place: Callable[[int], Optional[tuple[SnapshotArena, int]]],
     When ``place`` gives None every tensor travels as a frame (host copies), as a fallback.
     """
     tensors, graph = _gather(ckpt, known)
-    offsets, total = _layout(tensors)
+    layout = known.layout if known is not None else None
+    arrays = _arrays(tensors, layout) if layout is not None else None
+    if layout is None or arrays is None:
+        layout = _layout(tensors)
+        arrays = _arrays(tensors, layout)
+        if known is not None:
+            known.layout = layout
+    assert arrays is not None  # the layout was just made from these very tensors
+    total = layout.total
     placed = place(total) if total else None
     arena, base = placed if placed is not None else (None, 0)
     if arena is not None and arena.size < base + total:
         raise ValueError(f"snapshot needs {total} bytes at {base}, the arena has {arena.size}")
     specs: list[TensorSpec] = []
     frames: list[Any] = []
-    for (key, t), offset in zip(tensors, offsets):
-        name = t.dtype.name
+    for (key, t), offset, name, src in zip(tensors, layout.offsets, layout.names, arrays):
         if offset is None:
             _add_frame(specs, frames, key, t)
         elif arena is None:
-            arr = np.ascontiguousarray(t.numpy())
+            arr = src.copy()
             specs.append(TensorSpec(key, name, list(arr.shape)))
             frames.append(arr)
         else:
             offset += base
-            src = np.asarray(t)  # shares the tensor's buffer on CPU: no copy until the one below
             if src.nbytes:
                 np.copyto(arena.array[offset:offset + src.nbytes], src.reshape(-1).view(np.uint8))
             specs.append(TensorSpec(key, name, list(src.shape), offset=offset))
-            del src
-    del tensors  # drop every reference to the variables' buffers: their next update writes in place
+        src = None
+    del tensors, arrays  # drop every reference to the variables' buffers: their next update writes in place
     specs.append(TensorSpec(GRAPH_KEY, "string", [], [len(graph)]))
     frames.append(graph)
     framed = [spec for spec in specs if spec.offset is None]
