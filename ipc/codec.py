@@ -141,9 +141,14 @@ def payload_frames(msg: Message) -> int:
 _PLAIN = frozenset({str, int, float, bool, type(None)})  # exact types: an IntEnum or StrEnum is not one
 
 
-@lru_cache(maxsize=None)
-def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: Any) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 def _to_json(value: Any) -> Any:

@@ -243,13 +243,17 @@ def _layout(tensors: list[tuple[str, Any]]) -> Layout:
         name = t.dtype.name
         out.names.append(name)
         if name in _FRAME_DTYPES:
-            out.offsets.append(None), out.dtypes.append(None), out.nbytes.append(0)
+            out.offsets.append(None)
+            out.dtypes.append(None)
+            out.nbytes.append(0)
             continue
         if name == "resource" or not t.dtype.is_numpy_compatible:
             raise UnsupportedState(f"{key}: tensors of dtype {name} cannot be checkpointed by procsv")
         pos = -(-pos // ALIGN) * ALIGN
         size = int(np.prod(t.shape.as_list(), dtype=np.int64)) * t.dtype.size
-        out.offsets.append(pos), out.dtypes.append(np.dtype(t.dtype.as_numpy_dtype)), out.nbytes.append(size)
+        out.offsets.append(pos)
+        out.dtypes.append(np.dtype(t.dtype.as_numpy_dtype))
+        out.nbytes.append(size)
         pos += size
     out.total = pos
     return out
