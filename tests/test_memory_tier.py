@@ -11,17 +11,22 @@ import json
 import os
 import re
 import signal
+from typing import cast
 
 import pytest
 
 from conftest import (CLEAN_ARGS, committed_steps, final_weights, finish, launch, quiet_env, raw_status, wait_for,
                       wait_role_pid)
+from procsv.common.layout import Layout
 from procsv.common.snapshot_memory import SLOT_COMPLETE, SLOT_WRITING
+from procsv.ipc.messages import SaveData, SnapshotHeld
 from procsv.services.checkpoint.arena import ArenaView
 from procsv.services.checkpoint.memory import persist_decision
 from procsv.trainer import memory_tier
+from procsv.trainer.channels import TrainerChannels
+from procsv.trainer.checkpointing import CheckpointAgent
 from procsv.trainer.memory_tier import Slots
-from procsv.trainer.snapshot import SnapshotArena
+from procsv.trainer.snapshot import SnapshotArena, arena_bytes_needed
 
 # the 1200-step digits run of conftest's clean_weights; disk checkpoints only every 100,000 steps and
 # at the end, so that what a restart finds on disk mid-run is nothing at all: anything it restores came from memory
@@ -60,6 +65,61 @@ def test_a_walk_of_the_object_graph_is_charged_at_its_own_rate():
     assert memory_tier.interval(0.001, budget=0.01, walk_secs=0.05, walk_every=10.0) == pytest.approx(0.2)
     # walks alone would take the whole budget: one snapshot per walk
     assert memory_tier.interval(0.001, budget=0.01, walk_secs=0.2, walk_every=10.0) == 10.0
+
+
+class _Service:
+    """The trainer's side of the checkpoint service for one agent: takes every snapshot, answers
+    each read with what it holds; a read costs ``read_secs`` on the fake clock."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+        self.read_secs = 0.0
+        self.sent: list[SaveData] = []
+
+    def clock(self) -> float:
+        return self.t
+
+    def send_snapshot(self, msg: SaveData, frames: list[object]) -> bool:
+        self.sent.append(msg)
+        return True
+
+    def setup(self, msg: object) -> None:  # the agent's heartbeat
+        pass
+
+    def poll_checkpoint(self) -> list[object]:
+        self.t += self.read_secs
+        return [SnapshotHeld(self.sent[-1].step)] if self.sent else []
+
+
+def test_an_in_memory_snapshot_is_charged_its_whole_boundary_and_the_reads_for_its_ack(tmp_path):
+    import tensorflow as tf
+
+    step_var = tf.Variable(0, dtype=tf.int64)
+    ckpt = tf.train.Checkpoint(w=tf.Variable(tf.ones([64, 64])), step=step_var)
+    layout = Layout(str(tmp_path / "run"))
+    layout.create()
+    svc = _Service()
+    agent = CheckpointAgent(ckpt, step_var, layout, basename="model.ckpt", save_model_secs=None,
+                            save_checkpoint_steps=None, max_to_keep=5, keep_checkpoint_every_n_hours=None,
+                            clock=svc.clock, memory_budget=0.01)
+    agent.store.arena_for(arena_bytes_needed(ckpt))
+    ch = cast(TrainerChannels, svc)
+
+    assert agent.memory_snapshot(ch, 1)  # the first walks the object graph: charged as a walk
+    agent.charge_memory(0.030)
+    assert (agent.walk_cost, agent.copy_cost) == (pytest.approx(0.030), None)
+    agent.charge_memory(0.5)  # no snapshot at this boundary: nothing charged
+    assert agent.walk_cost == pytest.approx(0.030)
+
+    svc.read_secs = 0.001
+    svc.t += 1.0
+    agent.poll(ch, 1, svc.t)  # a read made only for the in-memory snapshot's acknowledgment
+    assert agent.store.slots.held == 1
+    assert agent.memory_snapshot(ch, 2)
+    agent.charge_memory(0.002)  # the boundary that took it stopped the loop 2 ms
+    assert agent.copy_cost == pytest.approx(0.003)  # ... and its ack took a 1 ms read
+    assert agent._memory_next() == pytest.approx(agent.memory_at + 0.003 / (0.01 - 0.030 / 10.0))
+    assert [m.step for m in svc.sent] == [1, 2] and not any(m.persist for m in svc.sent)
 
 
 def test_a_snapshot_waiting_for_its_summaries_keeps_its_slot_until_sent_or_dropped():

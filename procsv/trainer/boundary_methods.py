@@ -83,8 +83,10 @@ class BoundaryMethods(SummaryMethods):
             self._ckpt_due = (NEVER, NEVER)  # no checkpoint work in this session
             return
         # the state is still that of ``step``; its summaries are handed off first
-        checkpoint_work(agent, self._channels, step, self._clock(),
+        start = self._clock()
+        checkpoint_work(agent, self._channels, step, start,
                         lambda: self._flush_summaries(force=False, urgent=True), self._summaries_unwritten_from)
+        agent.charge_memory(self._clock() - start)  # an in-memory snapshot's whole boundary counts in its budget
         if agent.failure is not None:  # checkpoints keep failing: stop, the TF way
             self.coord.request_stop(agent.failure)
             raise TrainingStopped(str(agent.failure))

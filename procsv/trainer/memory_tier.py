@@ -23,12 +23,14 @@ service is busy committing. The rule keeps a held snapshot intact; should it eve
 late acknowledgment after the grace), the slot header the trainer writes before and after each
 copy (:mod:`procsv.trainer.snapshot`) lets the service see the tear and refuse that snapshot.
 
-How often: each in-memory snapshot stops the loop for its copy, so the next is due when
-``cost / budget`` seconds have passed (:func:`interval`), which keeps the copies under ``budget``
-(1 %) of the loop's time whatever the model's size and the step's length. The copy's cost is
-measured on snapshots that reuse an earlier walk of the object graph; a walk (ten times a small
-model's copy, redone every 10 s) is charged at its own rate, so one slow walk never stretches the
-interval after it.
+How often: each in-memory snapshot stops the loop, so the next is due when ``cost / budget``
+seconds have passed (:func:`interval`), which keeps the tier under ``budget`` (1 %) of the loop's
+time whatever the model's size and the step's length. A snapshot's cost is what the loop pays for
+it: the whole step boundary that took it (the copy, the hand-off and that boundary's other work)
+and the reads of the service made for its acknowledgment, not only the copy (which is about two
+thirds of it for a small model). It is measured on snapshots that reuse an earlier walk of the
+object graph; a walk (ten times a small model's copy, redone every 10 s) is charged at its own
+rate, so one slow walk never stretches the interval after it.
 """
 
 from __future__ import annotations
