@@ -91,7 +91,7 @@ class _Service:
         return [SnapshotHeld(self.sent[-1].step)] if self.sent else []
 
 
-def test_an_in_memory_snapshot_is_charged_its_whole_boundary_and_the_reads_for_its_ack(tmp_path):
+def test_an_in_memory_snapshot_is_charged_its_boundary_its_next_steps_slowdown_and_its_ack_reads(tmp_path):
     import tensorflow as tf
 
     step_var = tf.Variable(0, dtype=tf.int64)
@@ -106,20 +106,29 @@ def test_an_in_memory_snapshot_is_charged_its_whole_boundary_and_the_reads_for_i
     ch = cast(TrainerChannels, svc)
 
     assert agent.memory_snapshot(ch, 1)  # the first walks the object graph: charged as a walk
-    agent.charge_memory(0.030)
+    agent.charge_memory(1, 100.0, 100.030)
+    assert agent.next_work(1, 100.030)[0] == 2  # the step after it is measured: the next boundary is its
+    agent.charge_memory(2, 100.031, 100.0312)  # no typical step known yet: the boundary alone
     assert (agent.walk_cost, agent.copy_cost) == (pytest.approx(0.030), None)
-    agent.charge_memory(0.5)  # no snapshot at this boundary: nothing charged
+    agent.charge_memory(3, 100.0316, 100.0317)  # nothing taken, nothing pending: nothing charged
     assert agent.walk_cost == pytest.approx(0.030)
 
-    svc.read_secs = 0.001
-    svc.t += 1.0
-    agent.poll(ch, 1, svc.t)  # a read made only for the in-memory snapshot's acknowledgment
-    assert agent.store.slots.held == 1
-    assert agent.memory_snapshot(ch, 2)
-    agent.charge_memory(0.002)  # the boundary that took it stopped the loop 2 ms
-    assert agent.copy_cost == pytest.approx(0.003)  # ... and its ack took a 1 ms read
-    assert agent._memory_next() == pytest.approx(agent.memory_at + 0.003 / (0.01 - 0.030 / 10.0))
-    assert [m.step for m in svc.sent] == [1, 2] and not any(m.persist for m in svc.sent)
+    svc.read_secs, svc.t = 0.001, 100.0702
+    agent.poll(ch, 101, svc.t)  # a read made only for the in-memory snapshot's acknowledgment: 1 ms
+    assert agent.store.slots.held == 1 and svc.t == pytest.approx(100.0712)
+    assert agent.memory_snapshot(ch, 102)
+    agent.charge_memory(102, 100.0712, 100.0732)  # its boundary stopped the loop 2 ms; a step took 0.4 ms before
+    assert agent.copy_cost is None and agent.next_work(102, 100.0732)[0] == 103
+    agent.charge_memory(103, 100.0746, 100.0747)  # the step after it took 1.4 ms: 1 ms more than typical
+    assert agent.copy_cost == pytest.approx(0.002 + 0.001 + 0.001)
+    assert agent._memory_next() == pytest.approx(agent.memory_at + 0.004 / (0.01 - 0.030 / 10.0))
+    assert [m.step for m in svc.sent] == [1, 102] and not any(m.persist for m in svc.sent)
+
+
+def test_a_snapshot_cost_never_credits_a_step_faster_than_typical():
+    charge = memory_tier.Charge(step=5, spent=0.002, ended=1.0, reused=True, typical=0.0004)
+    assert memory_tier.snapshot_cost(charge, next_step_secs=0.0001, ack_reads=0.0) == pytest.approx(0.002)
+    assert memory_tier.snapshot_cost(charge, next_step_secs=None, ack_reads=0.0005) == pytest.approx(0.0025)
 
 
 def test_a_snapshot_waiting_for_its_summaries_keeps_its_slot_until_sent_or_dropped():

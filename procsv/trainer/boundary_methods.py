@@ -86,7 +86,7 @@ class BoundaryMethods(SummaryMethods):
         start = self._clock()
         checkpoint_work(agent, self._channels, step, start,
                         lambda: self._flush_summaries(force=False, urgent=True), self._summaries_unwritten_from)
-        agent.charge_memory(self._clock() - start)  # an in-memory snapshot's whole boundary counts in its budget
+        agent.charge_memory(step, start, self._clock())  # what an in-memory snapshot cost the loop
         if agent.failure is not None:  # checkpoints keep failing: stop, the TF way
             self.coord.request_stop(agent.failure)
             raise TrainingStopped(str(agent.failure))

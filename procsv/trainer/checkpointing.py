@@ -99,8 +99,11 @@ class CheckpointAgent:
         self.store = SnapshotStore(checkpoint, memory_tier.SLOTS if self.memory_budget > 0 else 1, clock)
         self.copy_cost: Optional[float] = None  # seconds an in-memory snapshot reusing a walk stops the loop (smoothed)
         self.walk_cost = 0.0  # seconds the last walk of the object graph added to its snapshot
-        self._uncharged: Optional[bool] = None  # an in-memory snapshot not yet charged (see charge_memory): reused a walk?
+        # what the in-memory snapshots cost the loop (see charge_memory)
+        self._uncharged: Optional[bool] = None  # one was taken at this boundary: did it reuse a walk?
+        self._charge: Optional[memory_tier.Charge] = None  # one whose next step is not measured yet
         self._ack_reads = 0.0  # seconds of reads of the service made while only an in-memory ack was awaited
+        self._normal_from: Optional[tuple[float, int]] = None  # (time, step) after which steps ran undisturbed
         self.memory_at = float("-inf")  # when the last snapshot (either tier) was taken
         self.memory_step = -1  # ... and of which step
         self.memory_taken = 0  # in-memory snapshots taken by this process
@@ -214,8 +217,10 @@ class CheckpointAgent:
         """After the checkpoint work at boundary ``step``: the first boundary and time (on the clock)
         it may have work again; exact for step triggers, and never after the next read of the
         service (a freed slot or a ready arena is seen then). Every boundary while a save is
-        pending, a snapshot in flight or one waiting for its summaries."""
-        if self.pending is not None or self.in_flight is not None or self._waiting is not None:
+        pending, a snapshot in flight or one waiting for its summaries, and the one after an in-memory
+        snapshot (its cost is measured there: :meth:`charge_memory`)."""
+        if (self.pending is not None or self.in_flight is not None or self._waiting is not None
+                or self._charge is not None):
             return step + 1, now
         at_step = self._read_step + READ_EVERY_STEPS
         if self.save_checkpoint_steps:
@@ -290,21 +295,33 @@ class CheckpointAgent:
         self._uncharged = reuse
         return self.release_memory(ch, unwritten_from)
 
-    def charge_memory(self, spent: float) -> None:
-        """Charge the in-memory snapshot taken at this boundary (if one was) to the tier's budget:
-        ``spent``, the seconds the boundary that took it stopped the loop (the copy, the hand-off,
-        and the rest of that boundary's work), plus the reads of the service made for its
+    def charge_memory(self, step: int, start: float, end: float) -> None:
+        """Charge the in-memory snapshots to the tier's budget; call at the end of every checkpoint
+        boundary (``step``, from ``start`` to ``end`` on the clock).
+
+        A snapshot taken at this boundary is charged what the loop pays for it
+        (:func:`memory_tier.snapshot_cost`): the whole boundary, then, at the next boundary (which
+        :meth:`next_work` makes ``step + 1``'s), the step after it beyond a typical step's time (the
+        steps since the last snapshot's aftermath, on average), and the reads made for
         acknowledgments since the last charge. Measured from inside its own copy, a snapshot of the
-        digits model cost 0.57 ms, and the step it ran after took 0.87 ms longer than the others
-        (scripts/bench_supervision.py): the copy alone undercounts what the loop pays."""
-        if self._uncharged is None:
-            return
-        cost, reused = spent + self._ack_reads, self._uncharged
-        self._uncharged, self._ack_reads = None, 0.0
-        if reused:
-            self.copy_cost = memory_tier.smoothed_cost(self.copy_cost, cost)
-        else:
-            self.walk_cost = max(0.0, cost - (self.copy_cost or 0.0))
+        digits model cost 0.57 ms; the step it ran with took 0.87 ms longer than the others."""
+        pending = self._charge
+        if pending is not None:
+            self._charge = None
+            next_secs = start - pending.ended if step == pending.step + 1 else None
+            cost = memory_tier.snapshot_cost(pending, next_secs, self._ack_reads)
+            self._ack_reads = 0.0
+            if pending.reused:
+                self.copy_cost = memory_tier.smoothed_cost(self.copy_cost, cost)
+            else:
+                self.walk_cost = max(0.0, cost - (self.copy_cost or 0.0))
+            self._normal_from = (end, step)
+        if self._uncharged is not None:
+            typical = None
+            if self._normal_from is not None and step > self._normal_from[1]:
+                typical = (start - self._normal_from[0]) / (step - self._normal_from[1])
+            self._charge = memory_tier.Charge(step, end - start, end, self._uncharged, typical)
+            self._uncharged = None
 
     def waiting(self) -> bool:
         """An in-memory snapshot is copied and waits for its summaries (see :meth:`release_memory`)."""
