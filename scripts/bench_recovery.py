@@ -24,8 +24,10 @@ the repeats' medians, and the table shows the spread (min-max over the repeats).
 
 Prints a table, then one line:
 ``detect_ms=<x> mttr_s=<x> mttr_ratio=<x> goodput=<x> preempt_saved=<x> steps_lost=<x> mttr_hot_s=<x>
-redone_per_kill=<x> redone_per_kill_fork=<x> goodput_hot=<x> goodput_vs_nokill=<x> standby_rss_mb=<x>``
-(``goodput`` and ``mttr_s`` are the pre-warmed fork without the tier, as before).
+redone_per_kill=<x> redone_per_kill_fork=<x> goodput_hot=<x> goodput_vs_nokill=<x> standby_rss_mb=<x>
+memory_interval_steps=<x>`` (``goodput`` and ``mttr_s`` are the pre-warmed fork without the tier, as
+before; the in-memory interval is the run with no kill's steps between the snapshots its
+checkpoint service held, from ``.procsv/checkpoint_stats.json``).
 """
 
 from __future__ import annotations
@@ -120,8 +122,19 @@ def chaos_goodput(secs: float, mode: str = "fork", memory: bool = False, kills: 
     proc.send_signal(signal.SIGTERM)
     proc.wait(180)
     with open(os.path.join(logdir, "logs", "report.json")) as fh:
-        report = json.load(fh)
+        report: dict[str, Any] = json.load(fh)
+    report["memory_interval"] = memory_interval(logdir)
     return report
+
+
+def memory_interval(logdir: str) -> Optional[float]:
+    """Steps between in-memory snapshots over a run, from what its checkpoint service held
+    (``checkpoint_stats.json``); None if it held fewer than two."""
+    with open(os.path.join(logdir, ".procsv", "checkpoint_stats.json")) as fh:
+        memory = json.load(fh).get("memory") or {}
+    if memory.get("held", 0) < 2:
+        return None
+    return float(memory["last_step"] - memory["first_step"]) / (memory["held"] - 1)
 
 
 def preempt_trials(trials: int, rng: random.Random, grace: float) -> dict[str, Any]:
@@ -201,6 +214,7 @@ def main() -> int:
     rows.append(("(c,e) goodput, chaos every 30 s, ckpt every 2 s", per_run(lambda x: x["chaos"]["goodput"]),
                  [], per_run(lambda x: x["chaos_mem"]["goodput"])))
     rows.append(("    the same run with no kill", [], [], per_run(lambda x: x["calm"]["goodput"])))
+    intervals = [x["calm"]["memory_interval"] for x in runs if x["calm"].get("memory_interval") is not None]
     print(f"{'measure (median of repeats, min-max)':<46} {'fork, no tier':>20} {'fresh process':>20} "
           f"{'hot standby+memory':>20}")
     for label, a, b, c in rows:
@@ -223,10 +237,17 @@ def main() -> int:
     goodput_vs = med(per_run(lambda x: x["chaos_mem"]["goodput"] / x["calm"]["goodput"]))
     rss = per_run(lambda x: med(x["mem"]["rss"]))
     print(f"{'standby resident memory, MiB':<46} {'':>20} {'':>20} {med(rss):>9.0f} ({spread(rss, '.0f')})")
+    interval = med(intervals) if intervals else float("nan")
+    if intervals:
+        print(f"{'in-memory interval, steps (the run with no kill)':<46} {'':>20} {'':>20} "
+              f"{interval:>9.1f} ({spread(intervals, '.1f')})")
+        print(f"goal: steps re-done per kill <= the in-memory interval: {med(rows[5][3]):.1f} <= {interval:.1f} "
+              f"{'met' if med(rows[5][3]) <= interval else 'NOT met'}")
     print(f"detect_ms={detect_ms:.1f} mttr_s={mttr:.3f} mttr_ratio={mttr_ratio:.3f} goodput={med(rows[-2][1]):.3f} "
           f"preempt_saved={saved} steps_lost={lost} mttr_hot_s={med(rows[1][3]):.3f} "
           f"redone_per_kill={med(rows[5][3]):.1f} redone_per_kill_fork={med(rows[5][1]):.1f} "
-          f"goodput_hot={med(rows[-2][3]):.3f} goodput_vs_nokill={goodput_vs:.3f} standby_rss_mb={med(rss):.0f}")
+          f"goodput_hot={med(rows[-2][3]):.3f} goodput_vs_nokill={goodput_vs:.3f} standby_rss_mb={med(rss):.0f} "
+          f"memory_interval_steps={interval:.1f}")
     promotions = sum(x["mem"]["promoted"] for x in runs)
     print(f"hot series: {promotions} of {args.repeats * args.kills} kills recovered by promoting the ready standby")
     # correctness: each kill was followed by a restart that trained again, every hot-series kill by

@@ -207,6 +207,9 @@ def test_a_sigkilled_trainer_resumes_from_its_in_memory_snapshot_exactly(logdir,
     assert _manifest(logdir, restored[0])["reason"] == "memory"
     assert f"persisting its in-memory snapshot of step {restored[0]}" in out + err
     _same(final_weights(logdir), clean_weights)
+    with open(os.path.join(logdir, ".procsv", "checkpoint_stats.json")) as fh:
+        memory = json.load(fh)["memory"]  # the service outlived the trainer: it held both trainers' snapshots
+    assert memory["held"] >= 2 and memory["first_step"] <= restored[0] < memory["last_step"] <= 1200, memory
 
 
 @pytest.mark.slow

@@ -28,7 +28,9 @@ A message that is malformed, of another schema version or of a kind this service
 (anything but ``CheckpointSetup`` and ``SaveData``) is refused by the codec, counted
 (:class:`~procsv.ipc.rejections.Rejections`) and never stops the loop; the counts are in
 ``<logdir>/.procsv/checkpoint_stats.json`` (written at start, at most every :data:`STATS_SECS`
-while they change, and at exit), which ``procsv status`` shows.
+while they change, and at exit), which ``procsv status`` shows, beside how many in-memory
+snapshots this process held and the steps of its first and last (``memory``: how often the
+trainer's state reached memory).
 """
 
 from __future__ import annotations
@@ -102,7 +104,9 @@ class CheckpointService:
         self.life: Optional[TrainerLife] = None
         self.recovered: Optional[RecoverReply] = None
         self.rejections = Rejections("procsv checkpoint", os.path.relpath(ctx.layout.checkpoint_stats, ctx.layout.logdir), _say)
-        self._stats_written: Optional[int] = None  # the rejection total last written
+        self._stats_written: Optional[tuple[int, int]] = None  # (rejections, snapshots held) last written
+        self.held_count = 0  # in-memory snapshots held by this process
+        self.held_steps: Optional[tuple[int, int]] = None  # the steps of the first and the last of them
         self._next_stats = clock()
 
     def run(self) -> int:
@@ -127,7 +131,7 @@ class CheckpointService:
                 else:
                     self._handle(got)
             self._tick()
-            if self.rejections.total != self._stats_written and self.clock() >= self._next_stats:
+            if (self.rejections.total, self.held_count) != self._stats_written and self.clock() >= self._next_stats:
                 self._write_stats(durable=False)
         self._write_stats(durable=True)
         self.router.close(0)
@@ -141,10 +145,13 @@ class CheckpointService:
     def _write_stats(self, durable: bool) -> None:
         """Replace ``checkpoint_stats.json`` (its ``pid`` says which process the counts are of)."""
         self._next_stats = self.clock() + STATS_SECS
-        self._stats_written = self.rejections.total
+        self._stats_written = (self.rejections.total, self.held_count)
+        first, last = self.held_steps or (None, None)
+        memory = {"held": self.held_count, "first_step": first, "last_step": last}
         try:
             write_json(self.ctx.layout.checkpoint_stats, {"pid": os.getpid(), "rejected": self.rejections.record(),
-                                                          "updated_at": time.time()}, durable=durable)
+                                                          "memory": memory, "updated_at": time.time()},
+                       durable=durable)
         except OSError as exc:
             _say(f"procsv checkpoint: could not write {self.ctx.layout.checkpoint_stats}: {exc}")
 
@@ -245,6 +252,8 @@ class CheckpointService:
         self.memory = HeldSnapshot(msg, payload, view, identity, pid)
         self.arenas.pin(view)
         self.trainer = identity
+        self.held_count += 1
+        self.held_steps = (self.held_steps[0] if self.held_steps else msg.step, msg.step)
         self._reply(SnapshotHeld(msg.step))
 
     def _release_memory(self, why: str) -> None:
