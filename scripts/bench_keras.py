@@ -238,6 +238,11 @@ def killed_run(mode: str, root: str, epochs: int, save_freq: int, kills: int, rn
             last = pid
         done += 1
     _, err = proc.communicate(timeout=1800)
+    while mode == "keras" and proc.returncode != 0:  # the start after the last kill could not resume either
+        corrupt += 1
+        clear_keras_backup(folder)
+        proc = start()
+        _, err = proc.communicate(timeout=1800)
     res = result(folder)
     if proc.returncode != 0 or res is None:
         raise SystemExit(f"bench_keras: the killed {mode} run failed (exit {proc.returncode}):\n{err[-3000:]}")
