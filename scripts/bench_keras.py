@@ -238,7 +238,7 @@ def killed_run(mode: str, root: str, epochs: int, save_freq: int, kills: int, rn
             last = pid
         done += 1
     _, err = proc.communicate(timeout=1800)
-    while mode == "keras" and proc.returncode != 0:  # the start after the last kill could not resume either
+    while mode == "keras" and proc.returncode != 0 and corrupt <= kills:  # the start after the last kill could not resume either
         corrupt += 1
         clear_keras_backup(folder)
         proc = start()
