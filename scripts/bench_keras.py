@@ -205,15 +205,19 @@ def killed_run(mode: str, root: str, epochs: int, save_freq: int, kills: int, rn
         return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
                                 cwd=REPO, start_new_session=True)
 
+    def start_over() -> subprocess.Popen[str]:  # Keras could not resume (a corrupt backup): from scratch
+        nonlocal corrupt
+        corrupt += 1
+        clear_keras_backup(folder)
+        return start()
+
     proc = start()
     while True:
         deadline = time.monotonic() + 600
         while not saved(mode, folder) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        if mode == "keras" and proc.poll() not in (None, 0):  # it could not resume: a corrupt backup
-            corrupt += 1
-            clear_keras_backup(folder)
-            proc = start()
+        if mode == "keras" and proc.poll() not in (None, 0):
+            proc = start_over()
             continue
         if done >= kills or proc.poll() is not None:
             break
@@ -238,10 +242,8 @@ def killed_run(mode: str, root: str, epochs: int, save_freq: int, kills: int, rn
             last = pid
         done += 1
     _, err = proc.communicate(timeout=1800)
-    while mode == "keras" and proc.returncode != 0 and corrupt <= kills:  # the start after the last kill could not resume either
-        corrupt += 1
-        clear_keras_backup(folder)
-        proc = start()
+    while mode == "keras" and proc.returncode != 0 and corrupt <= kills:  # the start after the last kill, too
+        proc = start_over()
         _, err = proc.communicate(timeout=1800)
     res = result(folder)
     if proc.returncode != 0 or res is None:

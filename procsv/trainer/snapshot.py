@@ -318,7 +318,6 @@ def take(ckpt: Any, place: Callable[[int], Optional[tuple[SnapshotArena, int]]],
             if src.nbytes:
                 np.copyto(arena.array[offset:offset + src.nbytes], src.reshape(-1).view(np.uint8))
             specs.append(TensorSpec(key, name, list(src.shape), offset=offset))
-        src = None
     del tensors, arrays  # drop every reference to the variables' buffers: their next update writes in place
     specs.append(TensorSpec(GRAPH_KEY, "string", [], [len(graph)]))
     frames.append(graph)
