@@ -125,6 +125,26 @@ def test_an_in_memory_snapshot_is_charged_its_boundary_its_next_steps_slowdown_a
     assert [m.step for m in svc.sent] == [1, 102] and not any(m.persist for m in svc.sent)
 
 
+def test_the_every_n_steps_trigger_does_not_fire_for_the_step_a_restart_restored(tmp_path):
+    """A restart that restored step 50 (a multiple of save_checkpoint_steps=50) must not carry the
+    trigger of that committed step over to step 51: the next checkpoint by steps is step 100."""
+    import tensorflow as tf
+
+    step_var = tf.Variable(50, dtype=tf.int64)
+    ckpt = tf.train.Checkpoint(step=step_var)
+    layout = Layout(str(tmp_path / "run"))
+    layout.create()
+    svc = _Service()
+    agent = CheckpointAgent(ckpt, step_var, layout, basename="model.ckpt", save_model_secs=None,
+                            save_checkpoint_steps=50, max_to_keep=5, keep_checkpoint_every_n_hours=None,
+                            clock=svc.clock, memory_budget=0.0)
+    agent.last_committed = 50  # what restore() sets after restoring step 50
+    ch = cast(TrainerChannels, svc)
+    assert not agent.poll(ch, 50, svc.t) and not agent.pending
+    assert not agent.poll(ch, 51, svc.t) and not agent.pending
+    assert agent.poll(ch, 100, svc.t) and agent.pending
+
+
 def test_a_snapshot_cost_never_credits_a_step_faster_than_typical():
     charge = memory_tier.Charge(step=5, spent=0.002, ended=1.0, reused=True, typical=0.0004)
     assert memory_tier.snapshot_cost(charge, next_step_secs=0.0001, ack_reads=0.0) == pytest.approx(0.002)

@@ -173,7 +173,8 @@ class CheckpointAgent:
             self._read_service(ch, step, now)
         if self.in_flight is not None and now >= self.commits.overdue_at:
             self._overdue(ch, now)
-        if self.save_checkpoint_steps and step > 0 and step % self.save_checkpoint_steps == 0:
+        # (not a step already committed: the one a restart restored from, which would save again at its next step)
+        if self.save_checkpoint_steps and step > max(0, self.last_committed) and step % self.save_checkpoint_steps == 0:
             self.pending = self.pending or SaveReason.STEPS
         return bool(self.pending) and self.in_flight is None and step > self.last_committed
 

@@ -3,7 +3,8 @@
     --steps N              total steps
     --step-delay S         sleep per step
     --hang-at-step K       sleep forever inside step K (on attempts listed by --bad-attempts)
-    --crash-after-commit   exit 1 right after this attempt's first checkpoint commit (bad attempts)
+    --crash-after-commit   on bad attempts: at the first --save-steps step after the start, commit that
+                           step (waiting for the commit) and exit 1 right after it
     --bad-attempts A,B     which attempts misbehave (default: 1); "all" for every attempt
     --save-steps N         checkpoint every N steps
     --raise-at-step K      raise --raise-kind (outofrange|stopiteration|value) inside step K
@@ -90,7 +91,14 @@ with sv.managed_session() as sess:
     print(f"tiny: attempt {attempt} starts at step {start}", flush=True)
     while not sv.should_stop() and sv.step < args.steps:
         sess.run(step)
-        if bad and args.crash_after_commit and sv._ckpt.last_committed > start:
+        if bad and args.crash_after_commit and sv.step > start and sv.step % args.save_steps == 0:
+            # wait for this step's commit: on a loaded machine the checkpoint service may still be
+            # importing TensorFlow, and an asynchronous commit may not land before the run ends
+            deadline = time.monotonic() + 300
+            while sv._ckpt.last_committed < sv.step and time.monotonic() < deadline:
+                sv.commit_checkpoint()
+            if sv._ckpt.last_committed < sv.step:
+                sys.exit("tiny: no checkpoint committed within 300 s")
             print(f"tiny: crashing after the commit of step {sv._ckpt.last_committed}", flush=True)
             sys.stdout.flush()
             os._exit(1)
