@@ -91,7 +91,8 @@ class ModelService:
         return shown
 
 
-def run_model(seed: int, steps: int, big_every: int, outage: tuple[int, int] = (0, 0)) -> None:
+def run_model(seed: int, steps: int, big_every: int, outage: tuple[int, int] = (0, 0), tags: int = 3,
+              ticks: tuple[float, ...] = (0.001, 0.01, FLUSH_EVERY * 1.01)) -> None:
     """Log ``steps`` steps against the model service with random bursts and restarts, close, read back.
 
     During ``outage`` (first, last step) the service handles nothing, so the buffer overflows and
@@ -116,13 +117,13 @@ def run_model(seed: int, steps: int, big_every: int, outage: tuple[int, int] = (
     restarts = 0
     for step in range(1, steps + 1):
         # most steps log 3 scalars; some log far more than a batch (and than the sender's tail)
-        n = rng.randrange(5000, 30000) if big_every and step % big_every == 0 else 3
+        n = rng.randrange(5000, 30000) if big_every and step % big_every == 0 else tags
         for i in range(n):
             tag, value = f"t{i}", float(step * 100000 + i)
             buf.scalar(tag, value, step, 0.0)
             logged.setdefault(tag, []).append((step, value))
         sender.at_boundary(step)
-        clock.t += rng.choice([0.001, 0.01, FLUSH_EVERY * 1.01])
+        clock.t += rng.choice(ticks)
         down = outage[0] <= step <= outage[1]
         if rng.random() < 0.5 and not down:
             svc.handle(rng.randrange(0, 6))
@@ -159,6 +160,15 @@ def run_model(seed: int, steps: int, big_every: int, outage: tuple[int, int] = (
 @pytest.mark.parametrize("seed", range(12))
 def test_random_restarts_lose_no_acknowledged_point(seed):
     run_model(seed, steps=3000, big_every=0)
+
+
+@pytest.mark.parametrize("seed", range(6))  # each of these read a point back after its successor before the fix
+def test_steps_cut_across_batches_are_restated_in_step_order(seed):
+    """20 scalars a step and full batches (4096 rows: most batches end inside a step): a restatement
+    puts the acknowledged part of its first step back before the unacknowledged rest, so each tag
+    is read back in step order (out of order, its later steps released from the tail raised the
+    next restatement's START above it, and the point was read back twice: seen against a real service)."""
+    run_model(300 + seed, steps=3000, big_every=0, tags=20, ticks=(0.0001, 0.0002))
 
 
 @pytest.mark.parametrize("seed", range(6))  # 2..5 lost acknowledged points before the fix

@@ -274,6 +274,29 @@ class SummaryBuffer:
                 self.dropped_total += over
             self._trim_payloads()
 
+    def restate(self, acked: Chunk, unacked: Chunk) -> None:
+        """Put a restatement back in front, in the order it was first sent: the acknowledged rows
+        (sent earlier) before the unacknowledged ones, so that steps stay in order. Beyond the
+        bounds the unacknowledged rows and payloads go first, oldest first (counted): an
+        acknowledged one is dropped only if the acknowledged part alone does not fit."""
+        with self._lock:
+            self._settle()
+            over = len(self._rows) + len(acked.rows) + len(unacked.rows) - BUFFER_MAX
+            cut = min(max(0, over), len(unacked.rows))
+            rows = unacked.rows[cut:]
+            payload = self._payload_bytes + sum(len(p[2]) for p in acked.protos + unacked.protos) + \
+                sum(len(i[1]) for i in acked.items + unacked.items)
+            protos, items = list(unacked.protos), list(unacked.items)
+            while payload > ITEM_BYTES_MAX and (protos or items):
+                if protos and (not items or protos[0][1] <= items[0][0].wall_time):
+                    payload -= len(protos.pop(0)[2])
+                else:
+                    payload -= len(items.pop(0)[1])
+                cut += 1
+            self._dropped += cut
+            self.dropped_total += cut
+        self.put_back(Chunk(acked.rows + rows, acked.protos + protos, acked.items + items, unacked.dropped))
+
 
 def _nothing() -> None:
     pass

@@ -218,17 +218,21 @@ class SummarySender:
             acked = Chunk()
             for sent in self.tail:
                 _extend(acked, sent.chunk.since(floor))
-            # put_back drops the oldest rows beyond the buffer's bound, so the unacknowledged ones (put
-            # in front) go first: acknowledged rows are lost only beyond the room that is left
+            # beyond the buffer's bound the unacknowledged rows are dropped first: acknowledged rows
+            # are lost only beyond the room that is left
             lost = len(acked.rows) - self.buffer.room()
             if lost <= 0:
                 break
             floor = max(r[1] for r in acked.rows[:lost]) + 1  # START above the acknowledged rows it cannot restate
-        _extend(unacked, acked)
         self.tail.clear()
         self.inflight.clear()
         self._inflight_rows = 0
-        self.buffer.put_back(unacked)
+        # in the order first sent (the tail before what is in flight): the acknowledged rows at the
+        # floor's step come from a batch before the one that holds the rest of that step, and a
+        # stream out of step order would show a point after its successor and, once its later
+        # steps are released from the tail, raise a next restatement's floor above it (seen: a
+        # point read back twice)
+        self.buffer.restate(acked, unacked)
         self._resync_pending, self._resync_floor = True, floor
 
     # ---- end
