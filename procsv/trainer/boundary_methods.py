@@ -29,7 +29,7 @@ Bounds = tuple[float, float]  # (first step, first time) at which a half may hav
 
 
 class BoundaryMethods(SummaryMethods):
-    """``_begin_step``/``_end_step`` around each step; owns the gate and each half's bounds."""
+    """``_run_step``: one step and the boundary around it; owns the gate and each half's bounds."""
 
     _counter: StepCounter
     _progress: ProgressReporter
@@ -53,8 +53,13 @@ class BoundaryMethods(SummaryMethods):
         self._end_due = (self._end_due[0], float("-inf"))
         self._gate.open()
 
-    def _begin_step(self) -> int:
-        """Before a step: the boundary's work if its gate has passed; return the completed step's number."""
+    def _run_step(self, step_fn: Any, args: Any, kwargs: Any) -> Any:
+        """One step and its boundary, in one frame (beside a sub-millisecond step, each frame of
+        the boundary's Python runs with cold caches and shows in the loop's time): the stop check;
+        the boundary's work if its gate has passed (the completed step's checkpoint work before the
+        next step runs); ``step_fn(*args, **kwargs)``; the advance of ``global_step`` (unless the
+        program did: :class:`StepCounter`); the progress-and-summaries half at once if this step
+        must not wait (see the module). Returns what ``step_fn`` returned."""
         if self.coord.should_stop():
             raise TrainingStopped("a stop was requested; the training loop should end")
         before = self._step
@@ -62,11 +67,22 @@ class BoundaryMethods(SummaryMethods):
         if before >= gate.step or self._clock() >= gate.at:
             self._boundary(before)
         self._step = before + 1
-        return before
+        try:
+            out = step_fn(*args, **kwargs)
+        except BaseException:
+            self._step = before
+            raise
+        counted = self._counter.advance(before)
+        if counted is not None:
+            self._step = counted
+        if self._step >= self._end_due[0]:
+            self._after_boundary(self._clock())
+            self._shut_gate()
+        return out
 
     def _boundary(self, step: int) -> None:
         """The halves whose bounds have passed, then the gate again (the end half's step bound is
-        for :meth:`_end_step`)."""
+        checked after the step, in :meth:`_run_step`)."""
         now = self._clock()
         if now >= self._end_due[1]:
             self._after_boundary(now)
@@ -93,16 +109,6 @@ class BoundaryMethods(SummaryMethods):
         self._ckpt_due = agent.next_work(step, self._clock())
         if agent.in_flight is not None:
             self._end_due = (step + 1, self._end_due[1])  # summaries go right after every step now
-
-    def _end_step(self, before: int) -> None:
-        """After a step: advance global_step (unless the program did: :class:`StepCounter`); the
-        progress-and-summaries half now if this step must not wait (see the module)."""
-        counted = self._counter.advance(before)
-        if counted is not None:
-            self._step = counted
-        if self._step >= self._end_due[0]:
-            self._after_boundary(self._clock())
-            self._shut_gate()
 
     def _after_boundary(self, now: float) -> None:
         ch = self._channels

@@ -26,6 +26,7 @@ class ManagedSession:
     def __init__(self, sv: "Supervisor") -> None:
         self._sv = sv
         self._owner = threading.get_ident()
+        self._step_types: set[type] = set()  # types of step functions seen: callable, not a tensor or variable
 
     def run(self, step_fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``step_fn(*args, **kwargs)`` as one step, then advance ``global_step`` by one
@@ -35,25 +36,19 @@ class ManagedSession:
         Raises :class:`TrainingStopped` (a clean stop) if a stop was already requested, and
         :class:`UsageError` for a step function from a thread other than the session's.
         """
-        import tensorflow as tf
+        if type(step_fn) not in self._step_types:  # the check depends on the type alone: once per type
+            import tensorflow as tf
 
-        if not callable(step_fn) or isinstance(step_fn, (tf.Tensor, tf.Variable)):
-            return evaluate(step_fn)
+            if not callable(step_fn) or isinstance(step_fn, (tf.Tensor, tf.Variable)):
+                return evaluate(step_fn)
+            self._step_types.add(type(step_fn))
         if threading.get_ident() != self._owner:
             raise UsageError(
                 f"sess.run({getattr(step_fn, '__name__', 'step_fn')}) from thread "
                 f"{threading.current_thread().name!r}: training steps run only on the thread that entered "
                 "managed_session(); from other threads (sv.loop) read values: sess.run(variable_or_tensor) "
                 "or sess.evaluate(fn)")
-        sv = self._sv
-        before = sv._begin_step()
-        try:
-            out = step_fn(*args, **kwargs)
-        except BaseException:
-            sv._step = before
-            raise
-        sv._end_step(before)
-        return out
+        return self._sv._run_step(step_fn, args, kwargs)
 
     def evaluate(self, fetches: Any) -> Any:
         """The current values of ``fetches`` (a callable is called); never a step; any thread."""
