@@ -60,7 +60,7 @@ class BoundaryMethods(SummaryMethods):
         next step runs); ``step_fn(*args, **kwargs)``; the advance of ``global_step`` (unless the
         program did: :class:`StepCounter`); the progress-and-summaries half at once if this step
         must not wait (see the module). Returns what ``step_fn`` returned."""
-        if self.coord.should_stop():
+        if self.coord.asked and self.coord.should_stop():
             raise TrainingStopped("a stop was requested; the training loop should end")
         before = self._step
         gate = self._gate

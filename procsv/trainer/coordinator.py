@@ -32,6 +32,9 @@ class Coordinator:
         self._lock = threading.Lock()
         self._event = threading.Event()
         self._signalled: Optional[int] = None
+        # True once a stop was asked (request_stop or a signal) until clear_stop: one attribute read
+        # for the step loop's check (should_stop is two calls, beside a sub-millisecond step)
+        self.asked = False
         self._exc: Optional[BaseException] = None
         self._threads: list[threading.Thread] = []
         self._joined = False
@@ -47,6 +50,7 @@ class Coordinator:
         with self._lock:
             if ex is not None and self._exc is None and not isinstance(ex, self._clean):
                 self._exc = ex
+            self.asked = True
             self._event.set()
 
     def clear_stop(self) -> None:
@@ -56,6 +60,7 @@ class Coordinator:
             self._exc = None
             self._signalled = None
             self._joined = False
+            self.asked = False
             self._event.clear()
 
     @property
@@ -65,6 +70,7 @@ class Coordinator:
 
     def request_stop_from_signal(self, signum: int) -> None:
         self._signalled = signum
+        self.asked = True
 
     @property
     def stop_signal(self) -> Optional[int]:
