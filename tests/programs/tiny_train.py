@@ -40,6 +40,8 @@ p.add_argument("--orphan-via-shell", action="store_true",
                help="the --spawn-orphan helper is a grandchild: a shell starts it with setsid and exits")
 p.add_argument("--chatty", type=int, default=0, metavar="BYTES")
 args = p.parse_args()
+if args.crash_after_commit and not args.save_steps:
+    p.error("--crash-after-commit commits at the first --save-steps step: give --save-steps")
 
 attempt = int(os.environ.get("PROCSV_ATTEMPT", "1"))
 bad = args.bad_attempts == "all" or str(attempt) in args.bad_attempts.split(",")

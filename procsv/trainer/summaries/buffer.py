@@ -194,10 +194,7 @@ class SummaryBuffer:
 
     def _trim_payloads(self) -> None:
         while self._payload_bytes > ITEM_BYTES_MAX and (self._protos or self._items):
-            if self._protos and (not self._items or self._protos[0][1] <= self._items[0][0].wall_time):
-                self._payload_bytes -= len(self._protos.popleft()[2])
-            else:
-                self._payload_bytes -= len(self._items.popleft()[1])
+            self._payload_bytes -= _pop_oldest(self._protos, self._items)
             self._dropped += 1
             self.dropped_total += 1
 
@@ -286,16 +283,20 @@ class SummaryBuffer:
             rows = unacked.rows[cut:]
             payload = self._payload_bytes + sum(len(p[2]) for p in acked.protos + unacked.protos) + \
                 sum(len(i[1]) for i in acked.items + unacked.items)
-            protos, items = list(unacked.protos), list(unacked.items)
+            protos, items = deque(unacked.protos), deque(unacked.items)
             while payload > ITEM_BYTES_MAX and (protos or items):
-                if protos and (not items or protos[0][1] <= items[0][0].wall_time):
-                    payload -= len(protos.pop(0)[2])
-                else:
-                    payload -= len(items.pop(0)[1])
+                payload -= _pop_oldest(protos, items)
                 cut += 1
             self._dropped += cut
             self.dropped_total += cut
-        self.put_back(Chunk(acked.rows + rows, acked.protos + protos, acked.items + items, unacked.dropped))
+        self.put_back(Chunk(acked.rows + rows, acked.protos + list(protos), acked.items + list(items)))
+
+
+def _pop_oldest(protos: deque[Proto], items: deque[Item]) -> int:
+    """Remove the older (by wall time) of the first proto and the first item; return its payload bytes."""
+    if protos and (not items or protos[0][1] <= items[0][0].wall_time):
+        return len(protos.popleft()[2])
+    return len(items.popleft()[1])
 
 
 def _nothing() -> None:
