@@ -45,6 +45,19 @@ class BundleTensor:
     size: int
 
 
+@dataclass(frozen=True)
+class IndexEntry:
+    """One tensor's row in the ``.index``: what its ``BundleEntryProto`` records (``crc`` unmasked)."""
+
+    key: str
+    dtype_enum: int
+    shape: tuple[int, ...]
+    shard: int
+    offset: int
+    size: int
+    crc: int
+
+
 def data_filename(prefix: str, shard: int = 0, num_shards: int = 1) -> str:
     return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
 
@@ -56,6 +69,14 @@ def write_bundle(prefix: str, tensors: Sequence[BundleTensor], base_address: int
     ``base_address`` is the address of ``source[0]`` (page aligned for ``O_DIRECT``); ``source``
     must extend to ``length`` rounded up to :data:`DIRECT_ALIGN`. Both files are fsync'd.
     """
+    file_crc, entries = write_memory_shard(data_filename(prefix), tensors, base_address, source, length)
+    write_small(prefix + ".index", build_index(entries, num_shards=1))
+    return file_crc
+
+
+def write_memory_shard(path: str, tensors: Sequence[BundleTensor], base_address: int, source: memoryview,
+                       length: int, shard: int = 0) -> tuple[int, list[IndexEntry]]:
+    """Write ``source[:length]`` as the data file ``path`` (fsync'd): its CRC-32C and the tensors' entries."""
     ordered = sorted(tensors, key=lambda t: t.offset)
     at, combine = crc32c.extend_at, crc32c.combine
     file_crc, pos, crcs = 0, 0, {}
@@ -69,9 +90,8 @@ def write_bundle(prefix: str, tensors: Sequence[BundleTensor], base_address: int
         pos = t.offset + t.size
     if length > pos:
         file_crc = combine(file_crc, at(0, base_address + pos, length - pos), length - pos)
-    _write_data(data_filename(prefix), source, length)
-    _write_small(prefix + ".index", build_index([(t, crcs[t.key]) for t in tensors]))
-    return file_crc
+    _write_data(path, source, length)
+    return file_crc, [IndexEntry(t.key, t.dtype_enum, t.shape, shard, t.offset, t.size, crcs[t.key]) for t in tensors]
 
 
 def _write_data(path: str, source: memoryview, length: int) -> None:
@@ -103,7 +123,8 @@ def _write_data(path: str, source: memoryview, length: int) -> None:
         os.close(fd)
 
 
-def _write_small(path: str, data: bytes) -> None:
+def write_small(path: str, data: bytes) -> None:
+    """Write ``data`` as the new file ``path``, fsync'd."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
         view, pos = memoryview(data), 0
@@ -115,24 +136,37 @@ def _write_small(path: str, data: bytes) -> None:
 
 
 # ------------------------------------------------------------------------------------ index table
-def build_index(entries: Sequence[tuple[BundleTensor, int]]) -> bytes:
-    """The ``.index`` table for ``(tensor, crc32c)`` pairs (one data shard)."""
-    from tensorflow.core.protobuf import tensor_bundle_pb2
+def build_index(entries: Sequence[IndexEntry], num_shards: int) -> bytes:
+    """The ``.index`` table of a bundle of ``num_shards`` data files holding ``entries``.
 
-    header = tensor_bundle_pb2.BundleHeaderProto(num_shards=1, endianness=tensor_bundle_pb2.BundleHeaderProto.LITTLE)
-    header.version.producer = 1  # kTensorBundleVersion; min_consumer 0
-    rows = [(b"", header.SerializeToString())]
-    for t, crc in sorted(entries, key=lambda e: e[0].key.encode()):
-        entry = tensor_bundle_pb2.BundleEntryProto(dtype=t.dtype_enum, shard_id=0, offset=t.offset, size=t.size,
-                                                   crc32c=crc32c.mask(crc))
-        entry.shape.SetInParent()
-        for d in t.shape:
-            entry.shape.dim.add(size=int(d))
-        rows.append((t.key.encode(), entry.SerializeToString()))
+    The two protocol buffers are encoded here as TensorFlow serializes them (fields in number
+    order, proto3 defaults left out, the shape always present), so no TensorFlow import is needed.
+    """
+    header = _tag(1, 0) + varint(num_shards) + _tag(3, 2) + _sized(_tag(1, 0) + varint(1))  # version.producer 1
+    rows = [(b"", header)]
+    for e in sorted(entries, key=lambda e: e.key.encode()):
+        shape = b"".join(_tag(2, 2) + _sized(_tag(1, 0) + varint(d) if d else b"") for d in e.shape)
+        entry = _tag(1, 0) + varint(e.dtype_enum) + _tag(2, 2) + _sized(shape)
+        for field, number in ((3, e.shard), (4, e.offset), (5, e.size)):
+            if number:
+                entry += _tag(field, 0) + varint(number)
+        masked_crc = crc32c.mask(e.crc)
+        if masked_crc:
+            entry += _tag(6, 5) + struct.pack("<I", masked_crc)
+        rows.append((e.key.encode(), entry))
     return TableBuilder().build(rows)
 
 
-def _varint(n: int) -> bytes:
+def _tag(field: int, wire_type: int) -> bytes:
+    return varint(field << 3 | wire_type)
+
+
+def _sized(body: bytes) -> bytes:
+    return varint(len(body)) + body
+
+
+def varint(n: int) -> bytes:
+    """Protocol buffers' (and LevelDB's) unsigned varint."""
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -160,7 +194,7 @@ class _Block:
         else:
             self.restarts.append(len(self.buf))
             self.counter = 0
-        self.buf += _varint(shared) + _varint(len(key) - shared) + _varint(len(value)) + key[shared:] + value
+        self.buf += varint(shared) + varint(len(key) - shared) + varint(len(value)) + key[shared:] + value
         self.last = key
         self.counter += 1
 
@@ -244,4 +278,4 @@ class TableBuilder:
 
     @staticmethod
     def _handle(offset: int, size: int) -> bytes:
-        return _varint(offset) + _varint(size)
+        return varint(offset) + varint(size)

@@ -117,8 +117,6 @@ class CheckpointService:
         for note in self.store.recover():
             print(f"procsv checkpoint: {note}", flush=True)
         self._write_stats(durable=False)
-        import tensorflow  # noqa: F401  (paid once, while the trainer is starting too)
-
         if self.to_watchdog is not None:  # ready to commit: the watchdog's stall rule counts from here
             send(self.to_watchdog, Hello(Role.CHECKPOINT, os.getpid(), self.ctx.attempt))
 
@@ -307,8 +305,6 @@ class CheckpointService:
               reply_to: Optional[bytes] = b"") -> SaveResult:
         """Commit ``msg``; tell the trainer (``reply_to``; by default the current one, None: nobody),
         the watchdog and the summary service; return the result."""
-        import tensorflow as tf
-
         started = self.clock()
         retired: list[Any] = []
         try:
@@ -323,7 +319,9 @@ class CheckpointService:
             )
             result = SaveResult(msg.step, msg.reason, True, manifest.path(self.ctx.layout.logdir), None,
                                 self.clock() - started)
-        except (CheckpointError, OSError, ValueError, tf.errors.OpError) as exc:
+        except Exception as exc:
+            if not isinstance(exc, _save_errors()):
+                raise
             detail = f"{type(exc).__name__}: {exc}".splitlines()[0]
             print(f"procsv checkpoint: save at step {msg.step} failed, previous checkpoint kept: {detail}",
                   file=sys.stderr, flush=True)
@@ -344,3 +342,10 @@ class CheckpointService:
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
+
+
+def _save_errors() -> tuple[type[BaseException], ...]:
+    """What a failed save raises: ours, the system's, and ``tf.errors.OpError`` once TensorFlow is
+    imported (only the writer's fallback path imports it: a variant tensor or a rare dtype)."""
+    tf = sys.modules.get("tensorflow")
+    return (CheckpointError, OSError, ValueError) + ((tf.errors.OpError,) if tf is not None else ())
