@@ -19,7 +19,7 @@ from conftest import (CLEAN_ARGS, committed_steps, final_weights, finish, launch
                       wait_role_pid)
 from procsv.common.layout import Layout
 from procsv.common.snapshot_memory import SLOT_COMPLETE, SLOT_WRITING
-from procsv.ipc.messages import SaveData, SnapshotHeld
+from procsv.ipc.messages import SaveData, SaveReason, SaveResult, SnapshotHeld
 from procsv.services.checkpoint.arena import ArenaView
 from procsv.services.checkpoint.memory import persist_decision
 from procsv.trainer import memory_tier
@@ -143,6 +143,46 @@ def test_the_every_n_steps_trigger_does_not_fire_for_the_step_a_restart_restored
     assert not agent.poll(ch, 50, svc.t) and not agent.pending
     assert not agent.poll(ch, 51, svc.t) and not agent.pending
     assert agent.poll(ch, 100, svc.t) and agent.pending
+
+
+class _Committing(_Service):
+    """A service that has committed every disk snapshot sent to it by the time it is next read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answered: set[int] = set()
+
+    def poll_checkpoint(self) -> list[object]:
+        done = [m for m in self.sent if m.persist and m.step not in self.answered]
+        self.answered.update(m.step for m in done)
+        return [SaveResult(m.step, m.reason, True, f"model.ckpt-{m.step}", None, 0.01) for m in done]
+
+    def to_watchdog(self, msg: object) -> None:  # the busy notice around a disk snapshot
+        pass
+
+
+def test_a_step_trigger_during_a_snapshot_that_has_committed_saves_at_the_triggers_step(tmp_path):
+    """Steps come faster than the agent's scheduled reads: at step 5's trigger, the snapshot of
+    step 3 is still in flight for the agent, but its result is waiting. The agent reads it then
+    and saves step 5, rather than a later step after its next read."""
+    import tensorflow as tf
+
+    step_var = tf.Variable(0, dtype=tf.int64)
+    ckpt = tf.train.Checkpoint(step=step_var)
+    layout = Layout(str(tmp_path / "run"))
+    layout.create()
+    svc = _Committing()
+    agent = CheckpointAgent(ckpt, step_var, layout, basename="model.ckpt", save_model_secs=None,
+                            save_checkpoint_steps=5, max_to_keep=5, keep_checkpoint_every_n_hours=None,
+                            clock=svc.clock, memory_budget=0.0)
+    ch = cast(TrainerChannels, svc)
+    agent.request(SaveReason.PERIODIC)
+    assert agent.poll(ch, 3, svc.t)
+    assert agent.snapshot(ch, 3) and agent.in_flight == 3
+    assert not agent.poll(ch, 4, svc.t)  # no read is due yet: the snapshot is in flight for the agent
+    assert agent.in_flight == 3
+    assert agent.poll(ch, 5, svc.t)  # the trigger reads: committed, so step 5 is saved now
+    assert agent.in_flight is None and agent.last_committed == 3
 
 
 def test_a_snapshot_cost_never_credits_a_step_faster_than_typical():

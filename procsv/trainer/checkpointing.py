@@ -176,6 +176,8 @@ class CheckpointAgent:
         # (not a step already committed: the one a restart restored from, which would save again at its next step)
         if self.save_checkpoint_steps and step > max(0, self.last_committed) and step % self.save_checkpoint_steps == 0:
             self.pending = self.pending or SaveReason.STEPS
+            if self.in_flight is not None and self._read_step != step:
+                self._read_service(ch, step, now)  # the snapshot in flight may have committed: save at this step then
         return bool(self.pending) and self.in_flight is None and step > self.last_committed
 
     def _read_service(self, ch: TrainerChannels, step: int, now: float) -> None:
