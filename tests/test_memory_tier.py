@@ -185,6 +185,42 @@ def test_a_step_trigger_during_a_snapshot_that_has_committed_saves_at_the_trigge
     assert agent.in_flight is None and agent.last_committed == 3
 
 
+def test_a_snapshot_after_the_optimizer_built_its_variables_holds_them(tmp_path):
+    """The object graph walked for the checkpoint at step 0, before a lazily built optimizer made
+    its slot variables, must not be reused once they exist: a snapshot taken with it would lack
+    them, and a restart from it would silently reset the optimizer's moments."""
+    import keras
+    import tensorflow as tf
+
+    from procsv.trainer.snapshot import GRAPH_KEY, plan
+
+    step_var = tf.Variable(0, dtype=tf.int64)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    opt = keras.optimizers.Adam(1e-3)
+    ckpt = tf.train.Checkpoint(model=model, optimizer=opt, step=step_var)
+    layout = Layout(str(tmp_path / "run"))
+    layout.create()
+    svc = _Committing()
+    agent = CheckpointAgent(ckpt, step_var, layout, basename="model.ckpt", save_model_secs=None,
+                            save_checkpoint_steps=None, max_to_keep=5, keep_checkpoint_every_n_hours=None,
+                            clock=svc.clock, memory_budget=0.01)
+    agent.store.arena_for(arena_bytes_needed(ckpt))
+    ch = cast(TrainerChannels, svc)
+    agent.request(SaveReason.PERIODIC)
+    assert agent.poll(ch, 0, svc.t) and agent.snapshot(ch, 0)  # the checkpoint at session creation
+    opt.build(model.trainable_variables)  # what the first apply_gradients does: m and v of each variable
+    svc.t += 1.0
+    agent.poll(ch, 1, svc.t)  # reads the result of step 0's checkpoint
+    assert agent.in_flight is None and agent.last_committed == 0
+    assert agent.memory_snapshot(ch, 1)
+    agent.request(SaveReason.PERIODIC)
+    assert agent.poll(ch, 2, svc.t) and agent.snapshot(ch, 2)
+    want = {key for key, _ in plan(ckpt).readers} | {GRAPH_KEY}
+    assert len(want) > len({t.key for t in svc.sent[0].tensors})  # the optimizer's variables are new
+    for msg in svc.sent[1:]:
+        assert {t.key for t in msg.tensors} == want, (msg.step, msg.persist)
+
+
 def test_a_snapshot_cost_never_credits_a_step_faster_than_typical():
     charge = memory_tier.Charge(step=5, spent=0.002, ended=1.0, reused=True, typical=0.0004)
     assert memory_tier.snapshot_cost(charge, next_step_secs=0.0001, ack_reads=0.0) == pytest.approx(0.002)

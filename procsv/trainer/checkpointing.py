@@ -54,7 +54,7 @@ HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the check
 READ_EVERY = 0.01
 READ_IDLE = 0.05
 READ_EVERY_STEPS = 256
-PLAN_MAX_AGE = 10.0  # seconds an in-memory snapshot may reuse the object-graph walk of an earlier snapshot
+PLAN_MAX_AGE = 10.0  # seconds a snapshot may reuse the object-graph walk of an earlier one (if the graph's shape is the same)
 
 
 class CheckpointAgent:
@@ -364,7 +364,7 @@ class CheckpointAgent:
         ch.to_watchdog(Progress(os.getpid(), step, time.time(), Busy.SNAPSHOT))
         stuck_here("snapshot")
         self.checkpoint.save_counter.assign_add(1)
-        snap = self.store.take(step, slot)
+        snap = self.store.take(step, slot, fresh=not self.store.plan_reusable(t0, PLAN_MAX_AGE))
         arena = self.store.ref_of(snap)
         sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena, slot, True), snap.frames)
         ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))

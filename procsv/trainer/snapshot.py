@@ -34,6 +34,7 @@ from procsv.ipc.messages import ArenaRef, TensorSpec
 from procsv.ipc.transport import CHECKPOINT_FRAME_MAX
 from procsv.common.errors import UnsupportedState
 from procsv.common.snapshot_memory import MAX_SLOTS, PAGE, SLOT_COMPLETE, SLOT_WRITING
+from procsv.trainer import graph_shape
 
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 ALIGN = 64  # each tensor's offset in the arena (and in the data file): what TF and dlpack expect
@@ -166,18 +167,21 @@ class Plan:
     serialized object graph. Walking the graph costs far more than reading a small model's
     variables (14 ms against well under 1 ms for a 64-64-10 MLP here), so the in-memory tier reuses
     a plan for a while; that is right only if every reader reads the live value (``reusable``:
-    variables, and SaveSpecs that compute their tensor when asked), and as long as no object was
-    added to the graph (the caller refreshes the plan at every disk snapshot and every few seconds).
+    variables, and SaveSpecs that compute their tensor when asked), and as long as the graph has
+    the same objects in the same places (``shape``, checked by :mod:`procsv.trainer.graph_shape`
+    before each reuse; the caller also walks again every few seconds).
     """
 
     readers: list[tuple[str, Callable[[], Any]]]
     graph: bytes
     reusable: bool
     layout: Optional["Layout"] = None  # where the last snapshot with this plan put each tensor
+    shape: Optional[graph_shape.Shape] = None  # the graph's edges when walked (None: never reuse)
 
 
 def plan(ckpt: Any) -> Plan:
     """Walk ``ckpt``'s object graph now."""
+    edges = graph_shape.shape(ckpt)
     named, graph_proto = _serialize(ckpt)
     readers: list[tuple[str, Callable[[], Any]]] = []
     reusable = True
@@ -188,7 +192,7 @@ def plan(ckpt: Any) -> Plan:
             reader, live = _reader(spec)
             reusable = reusable and live
             readers.append((spec.name, reader))
-    return Plan(readers, graph_proto.SerializeToString(), reusable)
+    return Plan(readers, graph_proto.SerializeToString(), reusable and edges is not None, shape=edges)
 
 
 def _gather(ckpt: Any, known: Optional[Plan] = None) -> tuple[list[tuple[str, Any]], bytes]:

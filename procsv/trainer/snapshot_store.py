@@ -18,6 +18,7 @@ from procsv.common import faults
 from procsv.common.snapshot_memory import SLOT_COMPLETE, SLOT_WRITING
 from procsv.ipc.messages import ArenaRef
 from procsv.trainer.memory_tier import Slots
+from procsv.trainer import graph_shape
 from procsv.trainer.snapshot import Plan, Snapshot, SnapshotArena, plan, take
 
 
@@ -67,8 +68,10 @@ class SnapshotStore:
         return self.arena
 
     def plan_reusable(self, now: float, max_age: float) -> bool:
-        """The last walk of the object graph may be reused at ``now`` (made under ``max_age`` s ago)."""
-        return self.plan is not None and self.plan.reusable and now - self.plan_at < max_age
+        """The last walk of the object graph may be reused at ``now``: made under ``max_age`` s ago,
+        and the graph still has the same objects in the same places (:mod:`procsv.trainer.graph_shape`)."""
+        return (self.plan is not None and self.plan.reusable and now - self.plan_at < max_age
+                and graph_shape.same(self.plan.shape, graph_shape.shape(self.checkpoint)))
 
     def take(self, step: int, slot: int, fresh: bool = True) -> Snapshot:
         """Copy the state into ``slot`` (its header says writing, then complete) and gather the rest;

@@ -1,0 +1,76 @@
+"""procsv.trainer.graph_shape: a reused object-graph walk is only ever one of the same graph.
+
+Real TensorFlow and Keras objects; each change a training program makes to its checkpoint's graph
+after the first walk (an optimizer building its slots, a variable replaced, a layer added, a
+TF1-style optimizer's slots) must read as a change, and an unchanged graph as the same.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from procsv.trainer import graph_shape
+
+
+def _keras() -> tuple:
+    import keras
+    import tensorflow as tf
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    opt = keras.optimizers.Adam(1e-3)
+    return tf.train.Checkpoint(model=model, optimizer=opt, step=tf.Variable(0, dtype=tf.int64)), model, opt
+
+
+def test_an_unchanged_graph_is_the_same_and_training_steps_do_not_change_it():
+    import tensorflow as tf
+
+    ckpt, model, opt = _keras()
+    opt.build(model.trainable_variables)
+    before = graph_shape.shape(ckpt)
+    x = tf.ones((2, 8))
+    for _ in range(3):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    assert graph_shape.same(before, graph_shape.shape(ckpt))
+
+
+def test_an_optimizer_building_its_variables_changes_the_shape():
+    ckpt, model, opt = _keras()
+    before = graph_shape.shape(ckpt)
+    opt.build(model.trainable_variables)
+    assert not graph_shape.same(before, graph_shape.shape(ckpt))
+
+
+def test_a_replaced_variable_or_an_added_object_changes_the_shape():
+    import tensorflow as tf
+
+    ckpt = tf.train.Checkpoint(w=tf.Variable(1.0), step=tf.Variable(0, dtype=tf.int64))
+    before = graph_shape.shape(ckpt)
+    ckpt.w = tf.Variable(1.0)  # same name, same value, another object
+    assert not graph_shape.same(before, graph_shape.shape(ckpt))
+    before = graph_shape.shape(ckpt)
+    ckpt.extra = tf.Variable(2.0)
+    assert not graph_shape.same(before, graph_shape.shape(ckpt))
+
+
+def test_a_tf1_style_optimizers_new_slot_variables_change_the_shape():
+    """Its slot variables are no edge of the graph: only their count tells them."""
+    import tensorflow as tf
+
+    w, w2 = tf.Variable([1.0, 2.0]), tf.Variable([3.0])
+    opt = tf.compat.v1.train.AdamOptimizer(0.1)
+    ckpt = tf.train.Checkpoint(w=w, w2=w2, optimizer=opt)
+    opt.apply_gradients([(tf.constant([0.5, 0.5]), w)])  # the betas (edges) and w's m and v (slots)
+    before = graph_shape.shape(ckpt)
+    assert before is not None
+    opt.apply_gradients([(tf.constant([0.5]), w2)])  # w2's m and v: slots only
+    after = graph_shape.shape(ckpt)
+    assert not graph_shape.same(before, after)
+    opt.apply_gradients([(tf.constant([0.5, 0.5]), w)])
+    assert graph_shape.same(after, graph_shape.shape(ckpt))
+
+
+@pytest.mark.parametrize("a,b", [(None, None), (None, []), ([], None)])
+def test_an_unknown_shape_is_never_the_same(a, b):
+    assert not graph_shape.same(a, b)
