@@ -59,6 +59,9 @@ def _snapshot(with_arena: bool, strings: bool) -> tuple[SaveData, list[bytes], A
         specs.append(TensorSpec("names", "string", [2, 2], lengths=[len(i) for i in items]))
         frames.append(b"".join(items))
         expected["names"] = np.array(items, dtype=object).reshape(2, 2)
+        specs.append(TensorSpec("no_names", "string", [0, 2], lengths=[]))  # an empty string tensor
+        frames.append(b"")
+        expected["no_names"] = np.zeros((0, 2), dtype=object)
         graph = os.urandom(3000)
         specs.append(TensorSpec("_CHECKPOINTABLE_OBJECT_GRAPH", "string", [], lengths=[len(graph)]))
         frames.append(graph)
