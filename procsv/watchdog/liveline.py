@@ -119,6 +119,7 @@ class LiveLine:
         self.committed_at: Optional[float] = None
         self.last_event = ""
         self.last_draw: Optional[float] = None
+        self.drawn_step: Optional[int] = None  # the step the last drawn line showed
 
     def progress(self, now: float, step: int) -> None:
         if self._progress and step < self._progress[-1][1]:

@@ -114,11 +114,15 @@ class Reporter:
         self.snapshot = take_snapshot(view, now, self.wall(), self.started_wall, self._rate)
 
     def draw_live(self, view: RunView) -> None:
-        """Hand the live line to the terminal, at most every ``liveline.DRAW_EVERY`` seconds."""
+        """Hand the live line to the terminal, at most every ``liveline.DRAW_EVERY`` seconds; once
+        the run's outcome is decided, its last step is drawn at once (the run may end sooner)."""
         now = self.clock()
-        if self.live is None or not liveline.due(now, self.live.last_draw):
+        if self.live is None:
             return
-        self.live.last_draw = now
+        final = view.finishing and view.step != self.live.drawn_step
+        if not final and not liveline.due(now, self.live.last_draw):
+            return
+        self.live.last_draw, self.live.drawn_step = now, view.step
         gp = report.goodput([a.record() for a in view.attempts], view.launch_start, now)
         facts = self.live.facts(now, view.step, view.history.restarts, gp)
         self.term.status(liveline.format_line(facts, self.term.width()))
