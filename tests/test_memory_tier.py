@@ -11,7 +11,7 @@ import json
 import os
 import re
 import signal
-from typing import cast
+from typing import Any, Optional, cast
 
 import pytest
 
@@ -91,17 +91,23 @@ class _Service:
         return [SnapshotHeld(self.sent[-1].step)] if self.sent else []
 
 
+def _agent(tmp_path: Any, ckpt: Any, step_var: Any, svc: _Service, save_checkpoint_steps: Optional[int],
+           memory_budget: float) -> CheckpointAgent:
+    """A checkpoint agent of ``ckpt`` in a new logdir, on ``svc``'s clock, saving on steps only."""
+    layout = Layout(str(tmp_path / "run"))
+    layout.create()
+    return CheckpointAgent(ckpt, step_var, layout, basename="model.ckpt", save_model_secs=None,
+                           save_checkpoint_steps=save_checkpoint_steps, max_to_keep=5,
+                           keep_checkpoint_every_n_hours=None, clock=svc.clock, memory_budget=memory_budget)
+
+
 def test_an_in_memory_snapshot_is_charged_its_boundary_its_next_steps_slowdown_and_its_ack_reads(tmp_path):
     import tensorflow as tf
 
     step_var = tf.Variable(0, dtype=tf.int64)
     ckpt = tf.train.Checkpoint(w=tf.Variable(tf.ones([64, 64])), step=step_var)
-    layout = Layout(str(tmp_path / "run"))
-    layout.create()
     svc = _Service()
-    agent = CheckpointAgent(ckpt, step_var, layout, basename="model.ckpt", save_model_secs=None,
-                            save_checkpoint_steps=None, max_to_keep=5, keep_checkpoint_every_n_hours=None,
-                            clock=svc.clock, memory_budget=0.01)
+    agent = _agent(tmp_path, ckpt, step_var, svc, save_checkpoint_steps=None, memory_budget=0.01)
     agent.store.arena_for(arena_bytes_needed(ckpt))
     ch = cast(TrainerChannels, svc)
 
@@ -132,12 +138,8 @@ def test_the_every_n_steps_trigger_does_not_fire_for_the_step_a_restart_restored
 
     step_var = tf.Variable(50, dtype=tf.int64)
     ckpt = tf.train.Checkpoint(step=step_var)
-    layout = Layout(str(tmp_path / "run"))
-    layout.create()
     svc = _Service()
-    agent = CheckpointAgent(ckpt, step_var, layout, basename="model.ckpt", save_model_secs=None,
-                            save_checkpoint_steps=50, max_to_keep=5, keep_checkpoint_every_n_hours=None,
-                            clock=svc.clock, memory_budget=0.0)
+    agent = _agent(tmp_path, ckpt, step_var, svc, save_checkpoint_steps=50, memory_budget=0.0)
     agent.last_committed = 50  # what restore() sets after restoring step 50
     ch = cast(TrainerChannels, svc)
     assert not agent.poll(ch, 50, svc.t) and not agent.pending
@@ -169,12 +171,8 @@ def test_a_step_trigger_during_a_snapshot_that_has_committed_saves_at_the_trigge
 
     step_var = tf.Variable(0, dtype=tf.int64)
     ckpt = tf.train.Checkpoint(step=step_var)
-    layout = Layout(str(tmp_path / "run"))
-    layout.create()
     svc = _Committing()
-    agent = CheckpointAgent(ckpt, step_var, layout, basename="model.ckpt", save_model_secs=None,
-                            save_checkpoint_steps=5, max_to_keep=5, keep_checkpoint_every_n_hours=None,
-                            clock=svc.clock, memory_budget=0.0)
+    agent = _agent(tmp_path, ckpt, step_var, svc, save_checkpoint_steps=5, memory_budget=0.0)
     ch = cast(TrainerChannels, svc)
     agent.request(SaveReason.PERIODIC)
     assert agent.poll(ch, 3, svc.t)
@@ -198,12 +196,8 @@ def test_a_snapshot_after_the_optimizer_built_its_variables_holds_them(tmp_path)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
     opt = keras.optimizers.Adam(1e-3)
     ckpt = tf.train.Checkpoint(model=model, optimizer=opt, step=step_var)
-    layout = Layout(str(tmp_path / "run"))
-    layout.create()
     svc = _Committing()
-    agent = CheckpointAgent(ckpt, step_var, layout, basename="model.ckpt", save_model_secs=None,
-                            save_checkpoint_steps=None, max_to_keep=5, keep_checkpoint_every_n_hours=None,
-                            clock=svc.clock, memory_budget=0.01)
+    agent = _agent(tmp_path, ckpt, step_var, svc, save_checkpoint_steps=None, memory_budget=0.01)
     agent.store.arena_for(arena_bytes_needed(ckpt))
     ch = cast(TrainerChannels, svc)
     agent.request(SaveReason.PERIODIC)
