@@ -13,8 +13,9 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, Optional
 
-from procsv.common.errors import UsageError
+from procsv.common.errors import TrainingStopped, UsageError
 from procsv.trainer.hooks import evaluate
+from procsv.trainer.step_boundary import StepState
 
 if TYPE_CHECKING:
     from procsv.trainer.supervisor import Supervisor
@@ -25,6 +26,7 @@ class ManagedSession:
 
     def __init__(self, sv: "Supervisor") -> None:
         self._sv = sv
+        self._state: StepState = sv._state  # what each step reads and advances
         self._owner = threading.get_ident()
         self._step_types: set[type] = set()  # types of step functions seen: callable, not a tensor or variable
 
@@ -35,6 +37,11 @@ class ManagedSession:
         ``run(tensors/variables/structure)`` returns their values and is no step, from any thread.
         Raises :class:`TrainingStopped` (a clean stop) if a stop was already requested, and
         :class:`UsageError` for a step function from a thread other than the session's.
+
+        The step and its boundary are in this one frame (see :class:`StepState` for why): the stop
+        check; the Supervisor's boundary work if a bound has passed (the completed step's
+        checkpoint work, before the next step runs); the step; the advance of ``global_step``; the
+        progress-and-summaries half at once if this step must not wait for the next boundary.
         """
         if type(step_fn) not in self._step_types:  # the check depends on the type alone: once per type
             import tensorflow as tf
@@ -48,7 +55,24 @@ class ManagedSession:
                 f"{threading.current_thread().name!r}: training steps run only on the thread that entered "
                 "managed_session(); from other threads (sv.loop) read values: sess.run(variable_or_tensor) "
                 "or sess.evaluate(fn)")
-        return self._sv._run_step(step_fn, args, kwargs)
+        state = self._state
+        if state.coord.asked and state.coord.should_stop():
+            raise TrainingStopped("a stop was requested; the training loop should end")
+        before = state.step
+        if before >= state.ckpt_step or state.clock() >= state.at:
+            state.boundary(before)
+        state.step = before + 1
+        try:
+            out = step_fn(*args, **kwargs)
+        except BaseException:
+            state.step = before
+            raise
+        counted = state.counter.advance(before)
+        if counted is not None:
+            state.step = counted
+        if state.step >= state.end_step:
+            state.after_step()
+        return out
 
     def evaluate(self, fetches: Any) -> Any:
         """The current values of ``fetches`` (a callable is called); never a step; any thread."""

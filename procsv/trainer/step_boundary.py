@@ -8,9 +8,10 @@ summaries' part of the boundary is :mod:`procsv.trainer.summary_methods`.
 
 Most boundaries have nothing to do, and even looking costs: beside a sub-millisecond step, the
 boundary's own Python runs with the caches the step emptied (13 us a step, measured in a digits
-loop, for checks that take 2 us in isolation). So the boundary sits behind a :class:`Gate`: the
-first step and the first time (on the Supervisor's clock) at which it may have work, computed when
-it last did its work (:mod:`procsv.trainer.boundary_methods`); in between, a clock read.
+loop, for checks that take 2 us in isolation). So the boundary sits behind the bounds of
+:class:`StepState`: the first step and the first time (on the Supervisor's clock) at which it may
+have work, computed when it last did its work (:mod:`procsv.trainer.boundary_methods`); in
+between, a clock read and a few comparisons on one small object.
 """
 
 from __future__ import annotations
@@ -29,28 +30,56 @@ PROGRESS_EVERY = 0.1  # seconds between Progress messages to the watchdog
 DETECT_EVERY = 100  # after its first 3 steps, a check every this many steps that the program does not count itself
 
 
-class Gate:
-    """When the step boundary next needs its full work: at boundary ``step`` (the
-    steps completed) or at time ``at`` on the Supervisor's clock, whichever comes first.
+class StepState:
+    """What :meth:`procsv.trainer.managed.ManagedSession.run` reads at every step, in one object.
 
-    Owns only those two bounds, the earlier of each half's (:mod:`procsv.trainer.boundary_methods`
-    computes them, and opens the gate when a trigger changes outside the boundary)."""
+    Owns the steps completed (``step``: the Supervisor's step; the one being run, inside a step) and
+    the two halves' bounds: the checkpoint half's ``ckpt_step`` / ``ckpt_at``, the
+    progress-and-summaries half's ``end_step`` / ``end_at`` (:mod:`procsv.trainer.boundary_methods`
+    computes them), and their earliest time ``at``. Holds what a step calls: the Supervisor's
+    ``clock``, ``coord``, :class:`StepCounter`, and its boundary work (``boundary(step)`` before a
+    step whose bound has passed, ``after_step()`` after one that must not wait).
 
-    __slots__ = ("step", "at")
+    Why one slotted object: beside a sub-millisecond step, the check that a boundary has nothing
+    to do runs with the caches the step emptied, and each object, dict and Python frame it touches
+    costs misses. Read from the Supervisor's own attributes (a 39-key dict) through one more
+    frame, the supervised step cost 3-4 us more than a bare call of a trivial ``tf.function``;
+    about 2-3 us so.
+    """
 
-    def __init__(self) -> None:
-        self.step: float = 0  # NEVER (inf) when no step-count trigger is pending
-        self.at = float("-inf")
+    __slots__ = ("step", "ckpt_step", "ckpt_at", "end_step", "end_at", "at", "clock", "coord", "counter",
+                 "boundary", "after_step")
 
-    def open(self) -> None:
-        """The next boundary does its full work, whatever the bounds were."""
+    def __init__(self, clock: Callable[[], float], coord: Any, counter: "StepCounter",
+                 boundary: Callable[[int], None], after_step: Callable[[], None]) -> None:
         self.step = 0
-        self.at = float("-inf")
+        self.clock = clock
+        self.coord = coord
+        self.counter = counter
+        self.boundary = boundary
+        self.after_step = after_step
+        self.ckpt_step: float = 0  # NEVER (inf) when no step-count trigger is pending
+        self.ckpt_at = self.end_at = self.at = float("-inf")
+        self.end_step: float = 0
 
-    def shut(self, step: float, at: float) -> None:
-        """Nothing to do before boundary ``step`` or time ``at``."""
-        self.step = step
-        self.at = at
+    def open_checkpoint(self) -> None:
+        """The checkpoint half does its work at the next boundary (a save was requested)."""
+        self.set_checkpoint(0, float("-inf"))
+
+    def open_end(self) -> None:
+        """The progress-and-summaries half does its work at the next boundary (a batch is waiting)."""
+        self.set_end(self.end_step, float("-inf"))
+
+    def set_checkpoint(self, step: float, at: float) -> None:
+        """The checkpoint half has nothing to do before boundary ``step`` or time ``at``."""
+        self.ckpt_step, self.ckpt_at = step, at
+        self.at = min(at, self.end_at)
+
+    def set_end(self, step: float, at: float) -> None:
+        """The progress-and-summaries half has nothing to do before step ``step`` is completed or
+        before time ``at``."""
+        self.end_step, self.end_at = step, at
+        self.at = min(self.ckpt_at, at)
 
 
 def checkpoint_work(agent: CheckpointAgent, ch: TrainerChannels, step: int, now: float,
@@ -85,6 +114,8 @@ class StepCounter:
     sub-millisecond step). :meth:`expose`, called when the variable is handed out, syncs and ends
     that for good: from then on every step advances the variable at once.
     """
+
+    __slots__ = ("global_step", "increment", "program_counts", "completed", "private", "pending", "_raw", "_one")
 
     def __init__(self, global_step: Any, increment: Optional[bool], private: bool = False) -> None:
         import tensorflow as tf

@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any, Callable, Mapping, Optional
 
+from procsv.trainer.step_boundary import StepState
 from procsv.trainer.summaries import SummaryBuffer, SummarySender
 from procsv.trainer.tf1_args import Tf1Choices
 
@@ -21,7 +22,7 @@ class SummaryMethods:
     """The Supervisor's summary API (``log_*``, ``summary_computed``, ...): a mixin over its buffer and clock."""
 
     _summaries: SummaryBuffer
-    _step: int
+    _state: StepState
     _tf1: Tf1Choices
     _channels: Any
     _ckpt: Any
@@ -31,6 +32,15 @@ class SummaryMethods:
     is_chief: bool
     stop_grace_secs: float
     summary_fn: Optional[Callable[[], Mapping[str, Any]]]
+
+    @property
+    def _step(self) -> int:
+        """The step being run inside ``session.run``, else the number of completed steps."""
+        return self._state.step
+
+    @_step.setter
+    def _step(self, value: int) -> None:
+        self._state.step = value
 
     def log_scalar(self, tag: str, value: Any, step: Optional[int] = None) -> None:
         """Log one scalar (non-blocking). Raises TypeError/ValueError here for a bad tag or value."""

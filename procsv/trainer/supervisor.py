@@ -35,7 +35,7 @@ from procsv.trainer.managed import ManagedSession, ManagedSessionContext
 from procsv.trainer.replica import GroupPin
 from procsv.trainer.restore import ReadRetry
 from procsv.trainer.standalone import OwnServices
-from procsv.trainer.step_boundary import Gate, ProgressReporter, StepCounter
+from procsv.trainer.step_boundary import ProgressReporter, StepCounter, StepState
 from procsv.trainer.stop_signals import StopSignals
 from procsv.trainer.summaries import SummaryBuffer
 from procsv.trainer.boundary_methods import BoundaryMethods
@@ -143,11 +143,10 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
             max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
             allow_reinit=self.allow_reinit, read_retry_secs=read_retry_secs,
             failure_limit=checkpoint_failure_limit, saving=is_chief)
-        self._gate = Gate()  # when the step boundary next may have work (see boundary_methods)
-        self._ckpt_due = self._end_due = (0, float("-inf"))
+        # each step, and when the step boundary next may have work (see boundary_methods)
+        self._state = StepState(clock, self.coord, self._counter, self._boundary, self._after_step)
         self._ckpt: Optional[CheckpointAgent] = self._agent() if checkpoint is not None else None
 
-        self._step = 0
         self._channels: Optional[TrainerChannels] = None
         self._summaries = SummaryBuffer(clock)
         self._summaries.on_batch = self._batch_waiting
@@ -166,7 +165,7 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
     @property
     def step(self) -> int:
         """The step being run inside ``session.run``, else the number of completed steps."""
-        return self._step
+        return self._state.step
 
     @property
     def restored_from(self) -> Optional[str]:
@@ -256,7 +255,7 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
         self._next_summary = now + (self.save_summaries_secs or 0)
         if self.restored_from:
             print(f"procsv: restored step {self._step} from {os.path.basename(self.restored_from)}", flush=True)
-        self._open_gates()
+        self._start_bounds()
         return self._session
 
     def stop(self, threads: Any = None, close_summary_writer: bool = True, ignore_live_threads: bool = False) -> None:
