@@ -304,8 +304,10 @@ def test_a_sigkilled_trainer_resumes_from_its_in_memory_snapshot_exactly(logdir,
 
 @pytest.mark.slow
 def test_a_kill_in_the_middle_of_a_snapshot_copy_restores_the_one_before(logdir, clean_weights):
-    # the 6th snapshot hangs with its copy done but its slot not yet marked complete
-    proc = launch(logdir, *ARGS, *NO_DISK, env=quiet_env(PROCSV_FAULT="trainer:slot_complete:6",
+    # the 3rd copy into the snapshot memory hangs with its copy done but its slot not yet marked
+    # complete. (Not a later one: under load a copy costs 10-20 ms of wall time, the adaptive
+    # interval grows to match, and a 1200-step run took as few as 5 in-memory snapshots.)
+    proc = launch(logdir, *ARGS, *NO_DISK, env=quiet_env(PROCSV_FAULT="trainer:slot_complete:3",
                                                          PROCSV_MEMORY_SNAPSHOTS="0.01"))
     try:
         line = wait_for(lambda: _fault_line(logdir), 120, what="the trainer to hang mid-copy")
