@@ -81,7 +81,7 @@ class BoundaryMethods(SummaryMethods):
     def _after_boundary(self, now: float) -> None:
         ch = self._channels
         assert ch is not None
-        self._progress.after_step(ch, self._step, now)
+        self._progress.after_step(ch, self._state.step, now)
         if self.save_summaries_secs and now >= self._next_summary:
             self._periodic_summaries(now)
         self._flush_summaries(force=False)
@@ -92,4 +92,4 @@ class BoundaryMethods(SummaryMethods):
             sender = getattr(self, "_summary_sender", None)
             at = min(at, sender.wake_at) if sender is not None else float("-inf")
         urgent = self._ckpt is not None and self._ckpt.in_flight is not None
-        self._state.set_end(self._step + 1 if urgent else NEVER, at)
+        self._state.set_end(self._state.step + 1 if urgent else NEVER, at)

@@ -33,45 +33,36 @@ class SummaryMethods:
     stop_grace_secs: float
     summary_fn: Optional[Callable[[], Mapping[str, Any]]]
 
-    @property
-    def _step(self) -> int:
-        """The step being run inside ``session.run``, else the number of completed steps."""
-        return self._state.step
-
-    @_step.setter
-    def _step(self, value: int) -> None:
-        self._state.step = value
-
     def log_scalar(self, tag: str, value: Any, step: Optional[int] = None) -> None:
         """Log one scalar (non-blocking). Raises TypeError/ValueError here for a bad tag or value."""
-        self._summaries.scalar(tag, value, self._step if step is None else step, time.time())
+        self._summaries.scalar(tag, value, self._state.step if step is None else step, time.time())
 
     def log_scalars(self, values: Mapping[str, Any], step: Optional[int] = None) -> None:
         """Log several scalars of one step; if any is invalid, none is logged."""
-        self._summaries.scalars(values, self._step if step is None else step, time.time())
+        self._summaries.scalars(values, self._state.step if step is None else step, time.time())
 
     def log_histogram(self, tag: str, values: Any, step: Optional[int] = None, buckets: Optional[int] = None,
                       description: str = "") -> None:
         """Log the distribution of ``values`` (any shape), as ``tf.summary.histogram`` (30 buckets)."""
-        self._summaries.histogram(tag, values, self._step if step is None else step, time.time(), buckets,
+        self._summaries.histogram(tag, values, self._state.step if step is None else step, time.time(), buckets,
                                   description)
 
     def log_image(self, tag: str, images: Any, step: Optional[int] = None, max_outputs: int = 3,
                   description: str = "") -> None:
         """Log images: ``[k, h, w, c]`` (or one ``[h, w, c]``), c in 1-4, uint8 or floats in [0, 1]."""
-        self._summaries.image(tag, images, self._step if step is None else step, time.time(), max_outputs,
+        self._summaries.image(tag, images, self._state.step if step is None else step, time.time(), max_outputs,
                               description)
 
     def log_text(self, tag: str, text: Any, step: Optional[int] = None, description: str = "") -> None:
         """Log a string (or an array of strings), shown by TensorBoard's Text dashboard."""
-        self._summaries.text(tag, text, self._step if step is None else step, time.time(), description)
+        self._summaries.text(tag, text, self._state.step if step is None else step, time.time(), description)
 
     def summary_computed(self, sess: Any, summary: Any, global_step: Optional[int] = None) -> None:
         """Log a ``Summary`` proto (or its bytes, or a mapping of scalar tags to values).
         ``RuntimeError`` with ``summary_writer=None``, as TF."""
         if not self._tf1.writer:
             raise RuntimeError("Writing a summary requires a summary writer (Supervisor(summary_writer=None)).")
-        step = self._step if global_step is None else global_step
+        step = self._state.step if global_step is None else global_step
         if isinstance(summary, Mapping):
             self.log_scalars(summary, step)
         else:
@@ -109,17 +100,17 @@ class SummaryMethods:
         if sender is None:
             assert self._channels is not None
             # the first call comes from the first step's boundary, or from stop() if no step ran
-            start = self._step if not force else self._step + 1
+            start = self._state.step if not force else self._state.step + 1
             sender = self._summary_sender = SummarySender(self._summaries, self._channels.to_summary,
                                                           self._channels.summary_acks, self.save_summaries_secs,
                                                           start)
         if not force:
             # while a checkpoint is being committed, send at every boundary: the rows of the steps it
             # covers must leave this process before a crash could make the restart skip them
-            sender.at_boundary(self._step, urgent=urgent or getattr(self._ckpt, "in_flight", None) is not None)
+            sender.at_boundary(self._state.step, urgent=urgent or getattr(self._ckpt, "in_flight", None) is not None)
             return
         grace = self.stop_grace_secs if deadline is None else max(0.0, deadline - self._clock())
-        left = sender.close(self._step, min(sender.EXIT_WAIT_SECS, grace))
+        left = sender.close(self._state.step, min(sender.EXIT_WAIT_SECS, grace))
         if left:
             print(f"procsv: {left} summaries were not confirmed written by the summary service at exit",
                   file=sys.stderr, flush=True)

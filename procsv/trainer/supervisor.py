@@ -239,22 +239,22 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
                 pin.publish(self.restored_from or None)
         else:
             self._init()
-        self._step = int(self._global_step.numpy())
+        self._state.step = int(self._global_step.numpy())
         pid = os.getpid()
         attempt = self._ctx.attempt if self._ctx else 1
         saving = self._ckpt is not None and self.is_chief
-        self._channels.to_watchdog(TrainerReady(pid, attempt, self._step, self.restored_from,
+        self._channels.to_watchdog(TrainerReady(pid, attempt, self._state.step, self.restored_from,
                                                 self._clock() - t0, skipped,
                                                 self.save_model_secs if saving else None,
                                                 self.save_checkpoint_steps if saving else None))
         # TensorBoard discards every event at or after the next step we log: re-run steps don't duplicate
-        self._channels.to_summary(SessionLogEvent(SessionStatus.START, self._step + 1))
+        self._channels.to_summary(SessionLogEvent(SessionStatus.START, self._state.step + 1))
         now = self._clock()
         if self._ckpt is not None and self.is_chief:
-            self._ckpt.heartbeat(self._channels, self._step, now)
+            self._ckpt.heartbeat(self._channels, self._state.step, now)
         self._next_summary = now + (self.save_summaries_secs or 0)
         if self.restored_from:
-            print(f"procsv: restored step {self._step} from {os.path.basename(self.restored_from)}", flush=True)
+            print(f"procsv: restored step {self._state.step} from {os.path.basename(self.restored_from)}", flush=True)
         self._start_bounds()
         return self._session
 
@@ -300,10 +300,10 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
             if self.coord.exception is None and self._ckpt is not None and self.is_chief:
                 self.commit_checkpoint(deadline)
             else:
-                self._channels.to_watchdog(Progress(os.getpid(), self._step, time.time(), Busy.NONE))
+                self._channels.to_watchdog(Progress(os.getpid(), self._state.step, time.time(), Busy.NONE))
             self._flush_summaries(force=True, deadline=deadline)
             if close_summary_writer:
-                self._channels.to_summary(SessionLogEvent(SessionStatus.STOP, self._step))
+                self._channels.to_summary(SessionLogEvent(SessionStatus.STOP, self._state.step))
         finally:
             self._release(deadline)
 
@@ -313,12 +313,12 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
         ``stop()`` calls it; so does ``procsv.train``'s CheckpointSaverHook at ``end()``."""
         if self._ckpt is None or self._channels is None or not self.is_chief:
             return False  # only the chief saves
-        self._channels.to_watchdog(Progress(os.getpid(), self._step, time.time(), Busy.FINAL_CHECKPOINT))
+        self._channels.to_watchdog(Progress(os.getpid(), self._state.step, time.time(), Busy.FINAL_CHECKPOINT))
         self._flush_summaries(force=False, urgent=True)  # hand off before the commit, as at a step
         reason = SaveReason.PREEMPTED if self.coord.stop_signal is not None else SaveReason.FINAL
         grace = self.stop_grace_secs if deadline is None else max(0.0, deadline - self._clock())
-        self._ckpt.final(self._channels, self._step, reason, grace)
-        self._unsaved = self._ckpt.last_committed < self._step
+        self._ckpt.final(self._channels, self._state.step, reason, grace)
+        self._unsaved = self._ckpt.last_committed < self._state.step
         return not self._unsaved
 
     def outcome(self) -> outcome.Outcome:
