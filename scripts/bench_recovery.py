@@ -8,7 +8,10 @@ Runs the built-in example under ``procsv launch`` and measures, in one run:
 (b) MTTR: SIGKILL to the first completed step after restore, with the watchdog's breakdown, for
     procsv (pre-warmed trainer, forked from a zygote) side by side with the baseline, a plain
     fresh-process restart of the same program (``--no-prewarm``: a new interpreter imports
-    TensorFlow, as a bash restart loop or torchrun would; the services stay up, which only helps it);
+    TensorFlow, as a bash restart loop or torchrun would; the services stay up, which only helps it).
+    Each kill comes after the attempt's first committed checkpoint (as a kill every 30 s would),
+    at a random point of the next 2 s checkpoint interval: an attempt killed before any commit
+    made no progress, and the restart policy's backoff (1, 2, 4 s ...) would be measured instead;
 (c) goodput under ``--chaos every=30`` with a checkpoint every 2 s for --chaos-secs (>= 180 s);
 (d) SIGTERM preemption over --trials trials: steps lost between the last completed step and the
     emergency checkpoint, and the share of trials whose emergency checkpoint committed in the grace;
@@ -49,6 +52,7 @@ from bench_group import events, wait  # scripts/ is this script's folder, first 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0", PYTHONUNBUFFERED="1")
 
 
+SAVE_SECS = 2.0  # --save-model-secs of the kill series
 MODES = {"fork": ["--standby", "fork"], "fresh": ["--standby", "off"], "hot": ["--standby", "hot"]}
 
 
@@ -70,6 +74,11 @@ def trainer_started(logdir: str, attempt: int) -> Optional[dict[str, Any]]:
     return {"pid": spawned["pid"], "first_step": first["time"], "via": spawned.get("via")} if first else None
 
 
+def committed_since(logdir: str, since: float) -> bool:
+    """A checkpoint committed after wall time ``since`` (a trainer attempt's first step)."""
+    return any(e["event"] == "checkpoint_committed" and e["time"] > since for e in events(logdir))
+
+
 def standby_rss(logdir: str, attempt: int) -> Optional[float]:
     """The resident memory (MiB) of the standby prepared for ``attempt``, once it is ready."""
     import psutil
@@ -86,15 +95,20 @@ def standby_rss(logdir: str, attempt: int) -> Optional[float]:
 def kill_series(kills: int, mode: str, rng: random.Random, memory: bool = False) -> dict[str, Any]:
     """Kill the trainer ``kills`` times; return detection latencies, MTTRs, breakdowns, steps re-done."""
     logdir = tempfile.mkdtemp(prefix="bench-recovery-")
-    proc = launch(logdir, MODES[mode], ["--steps", "10000000", "--save-model-secs", "2", "--step-delay", "0.002"],
-                  memory)
+    proc = launch(logdir, MODES[mode],
+                  ["--steps", "10000000", "--save-model-secs", str(SAVE_SECS), "--step-delay", "0.002"], memory)
     detect, mttr, rss, promoted = [], [], [], 0
     try:
         for attempt in range(1, kills + 1):
             info = wait(lambda: trainer_started(logdir, attempt), 120, f"attempt {attempt}'s first step")
             if mode == "hot":  # the standby is ready before the kill (what a kill every 30 s finds)
                 rss.append(wait(lambda: standby_rss(logdir, attempt + 1), 120, "a ready standby"))
-            time.sleep(rng.uniform(1.0, 2.5))  # let it train (and checkpoint) a little
+            # what a kill every 30 s finds: this attempt has committed a checkpoint. (Killed before
+            # its first commit, an attempt made no progress, and the restart policy backs off 1, 2,
+            # 4 s ... as it must for a crash loop: that is not the restart's speed.) Then the kill
+            # lands at a random point of the next checkpoint interval.
+            wait(lambda: committed_since(logdir, info["first_step"]), 120, f"attempt {attempt}'s first commit")
+            time.sleep(rng.uniform(0.0, SAVE_SECS))
             t_kill = time.time()
             os.kill(info["pid"], signal.SIGKILL)
             exited = wait(lambda: next((e for e in events(logdir) if e["event"] == "exited"
