@@ -52,7 +52,7 @@ from bench_group import events, wait  # scripts/ is this script's folder, first 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0", PYTHONUNBUFFERED="1")
 
 
-SAVE_SECS = 2.0  # --save-model-secs of the kill series
+SAVE_SECS = 2.0  # --save-model-secs of the kill series and the chaos runs
 MODES = {"fork": ["--standby", "fork"], "fresh": ["--standby", "off"], "hot": ["--standby", "hot"]}
 
 
@@ -131,7 +131,7 @@ def kill_series(kills: int, mode: str, rng: random.Random, memory: bool = False)
 def chaos_goodput(secs: float, mode: str = "fork", memory: bool = False, kills: bool = True) -> dict[str, Any]:
     logdir = tempfile.mkdtemp(prefix="bench-chaos-")
     proc = launch(logdir, MODES[mode] + (["--chaos", "every=30,seed=1"] if kills else []),
-                  ["--steps", "10000000", "--save-model-secs", "2", "--step-delay", "0.002"], memory)
+                  ["--steps", "10000000", "--save-model-secs", str(SAVE_SECS), "--step-delay", "0.002"], memory)
     time.sleep(secs)
     proc.send_signal(signal.SIGTERM)
     proc.wait(180)

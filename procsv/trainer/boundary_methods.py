@@ -36,7 +36,7 @@ class BoundaryMethods(SummaryMethods):
 
     def _start_bounds(self) -> None:
         """A new session: the checkpoint half at its first boundary, the other after its first step."""
-        self._state.set_checkpoint(0, float("-inf"))
+        self._state.open_checkpoint()
         self._state.set_end(0, NEVER)
 
     def _save_requested(self) -> None:

@@ -143,7 +143,7 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
             max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
             allow_reinit=self.allow_reinit, read_retry_secs=read_retry_secs,
             failure_limit=checkpoint_failure_limit, saving=is_chief)
-        # each step, and when the step boundary next may have work (see boundary_methods)
+        # what each step reads: the step, and when the step boundary next may have work (boundary_methods)
         self._state = StepState(clock, self.coord, self._counter, self._boundary, self._after_step)
         self._ckpt: Optional[CheckpointAgent] = self._agent() if checkpoint is not None else None
 
