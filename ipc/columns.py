@@ -60,11 +60,12 @@ class Columns:
         return Columns(self.tags, self.index[keep], self.steps[keep], self.values[keep], self.walls[keep])
 
 
-def encode_columns(rows: Sequence[Row]) -> bytes:
-    """The columns frame of ``rows`` (at least one); in the machine's byte order, little-endian where procsv runs."""
-    table: dict[str, int] = {}
-    tags, steps, values, walls = zip(*rows)
-    index = array("I", [table.setdefault(t, len(table)) for t in tags])
+def encode_columns(tags: Sequence[str], steps: Sequence[int], values: Sequence[float],
+                   walls: Sequence[float]) -> bytes:
+    """The columns frame of the rows ``(tags[i], steps[i], values[i], walls[i])`` (at least one);
+    in the machine's byte order, little-endian where procsv runs."""
+    table = {tag: i for i, tag in enumerate(dict.fromkeys(tags))}  # each distinct tag's index, first seen first
+    index = array("I", map(table.__getitem__, tags))
     names = json.dumps(list(table)).encode()
     pad = b"\0" * (-(4 + len(names)) % 8)
     return b"".join((len(names).to_bytes(4, "little"), names, pad, array("d", walls).tobytes(),

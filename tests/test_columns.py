@@ -20,6 +20,12 @@ ROWS = [
 ]
 
 
+def encode_rows(rows: list[tuple[str, int, float, float]]) -> bytes:
+    """encode_columns of rows given as tuples (tag, step, value, wall time)."""
+    tags, steps, values, walls = zip(*rows)
+    return encode_columns(tags, steps, values, walls)
+
+
 def rows_of(cols: Columns) -> list[tuple[str, int, float, float]]:
     return [(cols.tags[i], s, v, w) for i, s, v, w in
             zip(cols.index.tolist(), cols.steps.tolist(), cols.values.tolist(), cols.walls.tolist())]
@@ -34,7 +40,7 @@ def frame(table: bytes, index: list[int], extra: bytes = b"") -> bytes:
 
 
 def test_rows_round_trip_in_order_with_their_types():
-    cols = decode_columns(encode_columns(ROWS), len(ROWS))
+    cols = decode_columns(encode_rows(ROWS), len(ROWS))
     got = rows_of(cols)
     assert len(cols) == len(ROWS)
     for (tag, step, value, wall), (gtag, gstep, gvalue, gwall) in zip(ROWS, got):
@@ -48,12 +54,12 @@ def test_rows_round_trip_in_order_with_their_types():
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 4096])
 def test_every_row_count_round_trips(n):
     rows = [(f"t{i % 5}", i, float(i) / 3, 1e9 + i) for i in range(n)]
-    assert rows_of(decode_columns(encode_columns(rows), n)) == rows
+    assert rows_of(decode_columns(encode_rows(rows), n)) == rows
 
 
 def test_decode_accepts_bytes_memoryviews_and_zmq_frames():
     zmq = pytest.importorskip("zmq")
-    data = encode_columns(ROWS[:2])
+    data = encode_rows(ROWS[:2])
     for f in (data, memoryview(data), bytearray(data), zmq.Frame(data)):
         assert rows_of(decode_columns(f, 2)) == ROWS[:2]
 
@@ -70,7 +76,7 @@ def test_zero_rows_decode_to_nothing():
 
 
 def test_below_keeps_the_rows_at_lower_steps():
-    cols = decode_columns(encode_columns([("a", 1, 1.0, 0.0), ("a", 5, 2.0, 0.0), ("b", 3, 3.0, 0.0)]), 3)
+    cols = decode_columns(encode_rows([("a", 1, 1.0, 0.0), ("a", 5, 2.0, 0.0), ("b", 3, 3.0, 0.0)]), 3)
     assert rows_of(cols.below(4)) == [("a", 1, 1.0, 0.0), ("b", 3, 3.0, 0.0)]
 
 
@@ -108,7 +114,7 @@ def test_bad_columns_is_a_protocol_error():
 
 
 def test_layout_is_the_documented_one():
-    data = encode_columns([("a", 7, 2.5, 9.0)])
+    data = encode_rows([("a", 7, 2.5, 9.0)])
     length = int.from_bytes(data[:4], "little")
     assert json.loads(data[4:4 + length]) == ["a"]
     start = 4 + length + (-(4 + length) % 8)

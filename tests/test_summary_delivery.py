@@ -235,7 +235,7 @@ def test_garbage_never_stops_the_service(run):
     ]
     for frames in garbage:
         raw.send_multipart(frames)
-    raw.send_multipart(encode(SummaryBatch(columns=1), [encode_columns([("after", 5, 1.5, 1.0)])]))
+    raw.send_multipart(encode(SummaryBatch(columns=1), [encode_columns(["after"], [5], [1.5], [1.0])]))
     wait_for(lambda: "after" in scalars(run.logdir), 30, what="the valid batch after the garbage")
     assert run.service.poll() is None
     raw.close()

@@ -14,18 +14,23 @@ import sys
 import threading
 import time
 from collections import deque
+from itertools import repeat
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from procsv.ipc.columns import Row
 from procsv.ipc.messages import ItemKind, SummaryItem
-from procsv.trainer.summaries.values import (SCALAR_SHAPES, as_step, check_tag, eager_kinds, histogram_values,
-                                             image_pixels, real, settle, text_strings)
+from procsv.trainer.summaries.scalar_columns import ScalarColumns
+from procsv.trainer.summaries.values import (as_step, check_tag, eager_kinds, histogram_values,
+                                             image_pixels, read_floats, text_strings)
 
 BATCH_MAX = 4096  # rows per message
 ITEMS_MAX = 64  # histograms/images/text/protos per message
 FLUSH_EVERY = 0.1  # seconds: a partial batch is sent at least this often (at a step boundary)
 BUFFER_MAX = 100_000  # rows kept while the summary service is slow; older ones are dropped
+# rows beyond BUFFER_MAX are dropped (and counted) at once, but removed from the columns only once
+# this many were dropped (a removal moves every row: ~0.3 ms at BUFFER_MAX), or by the next reader
+TRIM_SLACK = 1024
 ITEM_BYTES_MAX = 64 << 20  # bytes of histogram/image/text/proto payloads kept, likewise
 SUMMARY_BYTES_MAX = 16 << 20  # one histogram/image/text/proto larger than this is refused at the call
 
@@ -37,22 +42,30 @@ Item = tuple[SummaryItem, bytes]  # a histogram/image/text and its frame
 class Chunk:
     """Summaries taken from the buffer together: what one batch carries."""
 
-    rows: list[Row] = field(default_factory=list)
+    scalars: ScalarColumns = field(default_factory=ScalarColumns)
     protos: list[Proto] = field(default_factory=list)
     items: list[Item] = field(default_factory=list)
     dropped: int = 0
 
     def __len__(self) -> int:
-        return len(self.rows) + len(self.protos) + len(self.items)
+        return len(self.scalars) + len(self.protos) + len(self.items)
 
-    def steps(self) -> Iterator[int]:
-        yield from (r[1] for r in self.rows)
-        yield from (p[0] for p in self.protos)
-        yield from (i.step for i, _ in self.items)
+    @property
+    def rows(self) -> list[Row]:
+        """The scalars as (tag, step, value, wall time) tuples."""
+        return self.scalars.rows
+
+    def step_span(self) -> Optional[tuple[int, int]]:
+        """The lowest and highest step of the chunk's summaries (None if it is empty)."""
+        steps = [p[0] for p in self.protos] + [i.step for i, _ in self.items]
+        span = self.scalars.span()
+        if span:
+            steps += span
+        return (min(steps), max(steps)) if steps else None
 
     def since(self, step: int) -> Chunk:
         """The part of this chunk at ``step`` or later."""
-        return Chunk([r for r in self.rows if r[1] >= step], [p for p in self.protos if p[0] >= step],
+        return Chunk(self.scalars.since(step), [p for p in self.protos if p[0] >= step],
                      [i for i in self.items if i[0].step >= step])
 
 
@@ -62,11 +75,8 @@ class SummaryBuffer:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._lock = threading.Lock()
-        self._rows: deque[Row] = deque()
-        # scalars logged since the last _settle, in columns: a value may still be an eager tensor
-        # (see scalars), and a tuple holding one stays tracked by the garbage collector --
-        # thousands of those made its full collections far more frequent (4 us a scalar, not 1.5)
-        self._new: tuple[list[str], list[int], list[Any], list[float]] = ([], [], [], [])
+        self._cols = ScalarColumns()  # the scalars, oldest first; the first _skip of them already dropped
+        self._skip = 0
         self._protos: deque[Proto] = deque()
         self._items: deque[Item] = deque()
         self._payload_bytes = 0
@@ -74,19 +84,19 @@ class SummaryBuffer:
         self.dropped_total = 0
         self._last_flush = clock()
         self._ok_tags: set[str] = set()
+        self._eager: Optional[tuple[Any, frozenset[int]]] = None  # TF's eager tensor type, once TF is imported
         # called (from the logging thread) when a whole batch is waiting: the Supervisor opens its
         # step boundary's gate, so the batch goes at the next boundary instead of at the flush timer
         self.on_batch: Callable[[], None] = _nothing
 
     def __len__(self) -> int:
-        return len(self._rows) + len(self._new[0]) + len(self._protos) + len(self._items)
+        return len(self._cols) - self._skip + len(self._protos) + len(self._items)
 
     def discard(self) -> None:
         """Forget everything buffered (a worker replica: only the chief writes summaries)."""
         with self._lock:
-            self._rows.clear()
-            for column in self._new:
-                column.clear()
+            self._cols = ScalarColumns()
+            self._skip = 0
             self._protos.clear()
             self._items.clear()
             self._payload_bytes = 0
@@ -96,55 +106,54 @@ class SummaryBuffer:
         self.scalars({tag: value}, step, wall)
 
     def scalars(self, values: Mapping[str, Any], step: Any, wall: float) -> None:
-        """Several scalars of one step; all are validated before any is kept."""
+        """Several scalars of one step; all are validated (and read) before any is kept."""
         if type(values) is not dict and not isinstance(values, Mapping):
             raise TypeError(f"expected a mapping of summary tags to values, got {type(values).__name__}")
-        step = step if type(step) is int else as_step(step)
+        if type(step) is not int:
+            step = as_step(step)
         tags = list(values)
-        kept = list(values.values())
+        if not self._ok_tags.issuperset(tags):
+            self._check_tags(tags)
+        eager = self._eager
+        if eager is None and "tensorflow" in sys.modules:
+            eager = self._eager = eager_kinds()
+        floats = read_floats(tags, list(values.values()), eager)
+        n = len(tags)
+        with self._lock:
+            cols = self._cols
+            cols.tags += tags
+            cols.steps.extend(repeat(step, n))
+            cols.values += floats
+            cols.walls.extend(repeat(wall, n))
+            over = len(cols) - self._skip - BUFFER_MAX
+            if over > 0:  # the oldest rows are dropped now, and removed once TRIM_SLACK of them wait
+                self._skip += over
+                self._dropped += over
+                self.dropped_total += over
+                if self._skip >= TRIM_SLACK:
+                    cols.drop_front(self._skip)
+                    self._skip = 0
+        if len(self._cols) - self._skip >= BATCH_MAX:
+            self.on_batch()
+
+    def _check_tags(self, tags: list[str]) -> None:
+        """ValueError for the first bad tag; the good ones are remembered (checked once per tag)."""
         ok = self._ok_tags
-        # an eager tensor holding one real number is kept as is and read at the hand-off (_settle),
-        # with the others, in a loop: right after the step that made it, reading it costs ~3 us,
-        # there 0.4 us (a tensor never changes; anything else is read, or refused, here)
-        eager, reals = eager_kinds() if "tensorflow" in sys.modules else (None, frozenset())
-        for i, tag in enumerate(tags):
+        for tag in tags:
             if tag not in ok:
                 check_tag(tag)
                 ok.add(tag)
-            value = kept[i]
-            kind = type(value)
-            if kind is float or (kind is eager and value._datatype_enum() in reals
-                                 and value._shape_tuple() in SCALAR_SHAPES):
-                continue
-            kept[i] = real(tag, value)
-        new_tags, new_steps, new_values, new_walls = self._new
-        n = len(tags)
-        with self._lock:
-            new_tags.extend(tags)
-            new_steps.extend([step] * n)
-            new_values.extend(kept)
-            new_walls.extend([wall] * n)
-            if len(new_tags) >= BATCH_MAX or len(self._rows) + len(new_tags) > BUFFER_MAX:
-                self._settle()
-        if len(self._rows) + len(new_tags) >= BATCH_MAX:
-            self.on_batch()
 
-    def _settle(self) -> None:
-        """Under the lock: the new scalars become rows of floats, the oldest beyond BUFFER_MAX dropped."""
-        tags, steps, values, walls = self._new
-        if not tags:
-            return
-        rows = self._rows
-        rows.extend([(tag, step, value if type(value) is float else settle(value), wall)
-                     for tag, step, value, wall in zip(tags, steps, values, walls)])
-        over = len(rows) - BUFFER_MAX
-        for _ in range(max(0, over)):
-            rows.popleft()
+    def _trim(self) -> None:
+        """Under the lock: drop (and count) the oldest scalars beyond BUFFER_MAX, and remove the dropped ones."""
+        over = len(self._cols) - self._skip - BUFFER_MAX
         if over > 0:
+            self._skip += over
             self._dropped += over
             self.dropped_total += over
-        for column in self._new:
-            column.clear()
+        if self._skip:
+            self._cols.drop_front(self._skip)
+            self._skip = 0
 
     def proto(self, summary: Any, step: Any, wall: float) -> None:
         step = as_step(step)
@@ -206,11 +215,11 @@ class SummaryBuffer:
     # ---- hand-off (main thread)
     def full(self) -> bool:
         """A whole batch of scalars is waiting."""
-        return len(self._rows) + len(self._new[0]) >= BATCH_MAX
+        return len(self._cols) - self._skip >= BATCH_MAX
 
     def due(self, now: float) -> bool:
         """A batch should go at ``now`` (of :attr:`clock`): one is full, or a partial one waited FLUSH_EVERY."""
-        n = len(self._rows) + len(self._new[0])
+        n = len(self._cols) - self._skip
         m = len(self._protos) + len(self._items)
         return n >= BATCH_MAX or m >= ITEMS_MAX or (n + m > 0 and now - self._last_flush >= FLUSH_EVERY)
 
@@ -220,15 +229,15 @@ class SummaryBuffer:
 
     def room(self) -> int:
         """Scalar rows that :meth:`put_back` can take now without dropping any."""
-        return max(0, BUFFER_MAX - len(self._rows) - len(self._new[0]))
+        return max(0, BUFFER_MAX - (len(self._cols) - self._skip))
 
     def oldest_step(self) -> Optional[int]:
         """The step of the oldest summary still waiting (None if nothing waits)."""
         with self._lock:
-            self._settle()
+            self._trim()
             firsts = []
-            if self._rows:
-                firsts.append(self._rows[0][1])
+            if self._cols:
+                firsts.append(self._cols.steps[0])
             if self._protos:
                 firsts.append(self._protos[0][0])
             if self._items:
@@ -240,13 +249,13 @@ class SummaryBuffer:
         limit = BATCH_MAX if limit is None else limit
         n_items = ITEMS_MAX if items is None else items
         with self._lock:
-            self._settle()
-            rows, protos, queued = self._rows, self._protos, self._items
-            if len(rows) <= limit:
-                taken = list(rows)
-                rows.clear()
+            self._trim()
+            cols, protos, queued = self._cols, self._protos, self._items
+            if len(cols) <= limit:
+                taken = cols.take_all()
             else:
-                taken = [rows.popleft() for _ in range(limit)]
+                taken = cols.head(limit)
+                cols.drop_front(limit)
             chunk = Chunk(taken, [protos.popleft() for _ in range(min(n_items, len(protos)))],
                           [queued.popleft() for _ in range(min(n_items, len(queued)))], self._dropped)
             self._payload_bytes -= sum(len(p[2]) for p in chunk.protos) + sum(len(i[1]) for i in chunk.items)
@@ -257,16 +266,15 @@ class SummaryBuffer:
     def put_back(self, chunk: Chunk) -> None:
         """Return a chunk (not sent, or to be restated) to the front, within the bounds."""
         with self._lock:
-            self._settle()
-            self._rows.extendleft(reversed(chunk.rows))
+            self._trim()
+            self._cols.prepend(chunk.scalars)
             self._protos.extendleft(reversed(chunk.protos))
             self._items.extendleft(reversed(chunk.items))
             self._payload_bytes += sum(len(p[2]) for p in chunk.protos) + sum(len(i[1]) for i in chunk.items)
             self._dropped += chunk.dropped
-            over = len(self._rows) - BUFFER_MAX
-            for _ in range(max(0, over)):
-                self._rows.popleft()
+            over = len(self._cols) - BUFFER_MAX
             if over > 0:
+                self._cols.drop_front(over)
                 self._dropped += over
                 self.dropped_total += over
             self._trim_payloads()
@@ -277,10 +285,11 @@ class SummaryBuffer:
         bounds the unacknowledged rows and payloads go first, oldest first (counted): an
         acknowledged one is dropped only if the acknowledged part alone does not fit."""
         with self._lock:
-            self._settle()
-            over = len(self._rows) + len(acked.rows) + len(unacked.rows) - BUFFER_MAX
-            cut = min(max(0, over), len(unacked.rows))
-            rows = unacked.rows[cut:]
+            self._trim()
+            over = len(self._cols) + len(acked.scalars) + len(unacked.scalars) - BUFFER_MAX
+            cut = min(max(0, over), len(unacked.scalars))
+            scalars = acked.scalars.head(len(acked.scalars))
+            scalars.extend(unacked.scalars.tail_from(cut))
             payload = self._payload_bytes + sum(len(p[2]) for p in acked.protos + unacked.protos) + \
                 sum(len(i[1]) for i in acked.items + unacked.items)
             protos, items = deque(unacked.protos), deque(unacked.items)
@@ -289,7 +298,7 @@ class SummaryBuffer:
                 cut += 1
             self._dropped += cut
             self.dropped_total += cut
-        self.put_back(Chunk(acked.rows + rows, acked.protos + list(protos), acked.items + list(items)))
+        self.put_back(Chunk(scalars, acked.protos + list(protos), acked.items + list(items)))
 
 
 def _pop_oldest(protos: deque[Proto], items: deque[Item]) -> int:

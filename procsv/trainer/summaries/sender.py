@@ -47,16 +47,17 @@ ReadAcks = Callable[[float], Iterable[SummaryAck]]
 def encode_chunk(chunk: Chunk, **header: Any) -> tuple[SummaryBatch, list[Any]]:
     """A :class:`SummaryBatch` with the chunk's scalars as binary columns (``header``: its other fields), and its frames."""
     frames: list[Any] = [data for _, _, data in chunk.protos]
-    if chunk.rows:
-        frames.append(encode_columns(chunk.rows))
+    scalars = chunk.scalars
+    if scalars:
+        frames.append(encode_columns(scalars.tags, scalars.steps, scalars.values, scalars.walls))
     frames += [data for _, data in chunk.items]
-    batch = SummaryBatch([ProtoRef(s, w) for s, w, _ in chunk.protos], chunk.dropped, columns=len(chunk.rows),
+    batch = SummaryBatch([ProtoRef(s, w) for s, w, _ in chunk.protos], chunk.dropped, columns=len(scalars),
                          items=[i for i, _ in chunk.items], **header)
     return batch, frames
 
 
 def _extend(into: Chunk, part: Chunk) -> None:
-    into.rows += part.rows
+    into.scalars.extend(part.scalars)
     into.protos += part.protos
     into.items += part.items
 
@@ -137,11 +138,11 @@ class SummarySender:
 
     def _send_next(self, step: int, now: float, empty: bool = False) -> bool:
         chunk = Chunk() if empty else self.buffer.take()
-        steps = list(chunk.steps())
+        span = chunk.step_span()
         header: dict[str, Any] = {}
         if self._resync_pending:
             floor = self._resync_floor
-            header["resync_from"] = floor if floor is not None else (min(steps) if steps else step + 1)
+            header["resync_from"] = floor if floor is not None else (span[0] if span else step + 1)
         seq = self._next_seq
         msg, frames = encode_chunk(chunk, session=self.session, seq=seq, step=step, mono=now, wall_time=time.time(),
                                    step_rate_secs=self.step_rate_secs, dropped_total=self.buffer.dropped_total,
@@ -153,7 +154,7 @@ class SummarySender:
         self._next_heartbeat = now + HEARTBEAT_EVERY
         if self._resync_pending:
             self._resync_pending, self._resync_floor, self._last_resync_seq = False, None, seq
-        lo, hi = (min(steps), max(steps)) if steps else (step + 1, -1)
+        lo, hi = span or (step + 1, -1)
         self.inflight.append(_Sent(seq, chunk, lo, hi))
         self._inflight_rows += len(chunk)
         return True
@@ -220,10 +221,10 @@ class SummarySender:
                 _extend(acked, sent.chunk.since(floor))
             # beyond the buffer's bound the unacknowledged rows are dropped first: acknowledged rows
             # are lost only beyond the room that is left
-            lost = len(acked.rows) - self.buffer.room()
+            lost = len(acked.scalars) - self.buffer.room()
             if lost <= 0:
                 break
-            floor = max(r[1] for r in acked.rows[:lost]) + 1  # START above the acknowledged rows it cannot restate
+            floor = max(acked.scalars.steps[:lost]) + 1  # START above the acknowledged rows it cannot restate
         self.tail.clear()
         self.inflight.clear()
         self._inflight_rows = 0
