@@ -8,6 +8,7 @@ it is rewritten constantly), and once more, durably, at the end.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import time
@@ -77,10 +78,13 @@ class StatusWriter:
         self._at = float("-inf")
         self._complain = complain
         self.failing: Optional[str] = None  # the error of the last write, while writes fail
+        self._vanished = False  # the last write found the directory gone (ENOENT): not reported yet
 
     def maybe_write(self, build: Callable[[float, float], dict[str, Any]], force: bool = False) -> None:
         """Write if due. A failing write (ENOSPC, EIO) is reported once and retried at the next
-        change: the run goes on without a fresh status file rather than stopping."""
+        change: the run goes on without a fresh status file rather than stopping. A write that
+        finds its directory gone (ENOENT) is reported only if the next one does too: a logdir
+        being deleted is the loop's "lost" line, not this one."""
         now = self.clock()
         if not force and (not self.dirty or now - self._at < STATUS_EVERY):
             return
@@ -90,11 +94,18 @@ class StatusWriter:
             write_json(self.layout.status, build(now, self.wall()), durable=force)
         except OSError as exc:
             self.dirty = True
+            if exc.errno == errno.ENOENT and not self._vanished and self.failing is None:
+                # the directory is gone: the logdir is being deleted or moved, which the loop's
+                # check reports (and then nothing is written there) before the next try; a logdir
+                # that is still there at the next failure gets the complaint then
+                self._vanished = True
+                return
             if self.failing is None:
                 self._complain(f"procsv: cannot write {self.layout.status} ({exc.strerror or exc}); "
                                "`procsv status` shows stale data until it can (the run goes on)")
             self.failing = str(exc)
             return
+        self._vanished = False
         if self.failing is not None:
             self._complain(f"procsv: {self.layout.status} is written again")
             self.failing = None
