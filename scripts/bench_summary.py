@@ -24,7 +24,8 @@ Runs in one process (the "trainer") plus the summary service processes it starts
 
 Runs (a), (b) and (c) ``--repeats`` times (default 3) and prints a table of medians with the
 spread (min to max), then the line ``cost_ratio=<x> throughput_per_s=<x> step_overhead=<x>
-step_overhead_min=<x> step_overhead_max=<x> read_floor=<x> repeats=<n> verified=<0|1>`` (medians).
+step_overhead_min=<x> step_overhead_max=<x> read_floor=<x> above_floor=<x> repeats=<n>
+verified=<0|1>`` (medians).
 Exits 1 if a verification failed in any run (a scalar of (b) not confirmed, dropped, or not read
 back exactly). Usage: ``python scripts/bench_summary.py [--quick] [--repeats N]``.
 """
@@ -272,10 +273,11 @@ def step_overhead(tmp: str, blocks: int, block_steps: int) -> dict[str, float]:
     on, off = statistics.median(per["log"]), statistics.median(per["off"])
     pairs = [a / b - 1 for a, b in zip(per["log"], per["off"])]
     floor = [a / b - 1 for a, b in zip(per["read"], per["off"])]
+    above = [(a - r) / b for a, r, b in zip(per["log"], per["read"], per["off"])]  # logging beyond the bare reads
     # at_boundary runs in the other blocks too (it has nothing to do there but costs its fast path)
     direct = inside[0] / (blocks * block_steps) / off
     return {"on": on, "off": off, "overhead": statistics.median(pairs), "unpaired": on / off - 1,
-            "floor": statistics.median(floor), "direct": direct, "dropped": float(sv.summaries_dropped)}
+            "floor": statistics.median(floor), "above_floor": statistics.median(above), "direct": direct, "dropped": float(sv.summaries_dropped)}
 
 
 def main() -> int:
@@ -308,6 +310,7 @@ def main() -> int:
     unpaired = [c["unpaired"] for _, _, c in runs]
     direct = [c["direct"] for _, _, c in runs]
     floor = [c["floor"] for _, _, c in runs]
+    above = [c["above_floor"] for _, _, c in runs]
     verified = all(b["procsv_ok"] and b["tb_ok"] for _, b, _ in runs)
     a0 = {k: med([a[k] for a, _, _ in runs]) for k in runs[0][0]}
     c0 = {k: med([c[k] for _, _, c in runs]) for k in ("on", "off")}
@@ -326,7 +329,8 @@ def main() -> int:
          f"medians {med(unpaired) * 100:+.2f}%; time inside procsv calls {med(direct) * 100:.2f}% of a step) "
          f"(goal <= 2%)"),
         ("(c) floor: the 10 values' .numpy()", f"{med(floor) * 100:+.2f}%", "",
-         f"the step-time cost of only reading the same values (spread {spread([f * 100 for f in floor], '+.2f')}%)"),
+         f"the step-time cost of only reading the same values (spread {spread([f * 100 for f in floor], '+.2f')}%); "
+         f"procsv's logging beyond it {med(above) * 100:+.2f}% (spread {spread([a * 100 for a in above], '+.2f')}%)"),
     ]
     print(f"medians of {len(runs)} runs")
     print(f"{'measurement':<38}{'procsv':>14}{'baseline':>24}   result")
@@ -335,6 +339,7 @@ def main() -> int:
         print(f"{name:<38}{ours:>14}{base:>24}   {result}")
     print(f"cost_ratio={med(cost):.4f} throughput_per_s={med(rate):.0f} step_overhead={med(overhead):.4f} "
           f"step_overhead_min={min(overhead):.4f} step_overhead_max={max(overhead):.4f} read_floor={med(floor):.4f} "
+          f"above_floor={med(above):.4f} "
           f"repeats={len(runs)} "
           f"verified={int(verified)}")
     return 0 if verified else 1
