@@ -68,3 +68,12 @@ def test_any_other_failure_is_reported_at_once(tmp_path):
     os.makedirs(os.path.join(layout.status, "blocker"))  # rename onto a non-empty directory fails
     write(w, clock, 1)
     assert len(said) == 1 and said[0].startswith(f"procsv: cannot write {layout.status}")
+
+
+def test_the_final_write_reports_a_vanished_directory_at_once(tmp_path):
+    """No write comes after the final one: its failure is reported even when it is the first."""
+    said: list[str] = []
+    w, layout, clock = writer(tmp_path, said)
+    shutil.rmtree(layout.meta)
+    w.maybe_write(lambda now, wall: {"step": 1}, force=True)
+    assert len(said) == 1 and said[0].startswith(f"procsv: cannot write {layout.status}")

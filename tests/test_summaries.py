@@ -113,7 +113,7 @@ def test_bad_value_is_not_buffered():
     assert len(buf) == 0 and len(buf.take()) == 0
 
 
-def test_real_tensors_are_read_at_the_hand_off_and_everything_else_is_checked_at_the_call():
+def test_real_tensors_are_read_at_the_call_and_everything_else_is_refused_there():
     """An eager scalar tensor is kept as is and read when the batch is taken (it cannot change);
     a variable is read at the call (it may change after); a tensor that is not one real number is
     refused at the call, and nothing of that call is kept."""
@@ -134,6 +134,31 @@ def test_real_tensors_are_read_at_the_hand_off_and_everything_else_is_checked_at
         ("loss", 4, 0.75), ("one", 4, 3.0), ("flag", 4, 1.0), ("var", 4, 2.5),
         ("half", 4, float(np.float16(0.1))), ("single", 5, -1.5)]
     assert all(type(value) is float for _, _, value, _ in rows)
+
+
+def test_a_first_call_from_inside_tf_function_is_a_clear_error_and_eager_logging_still_works(monkeypatch):
+    """The eager tensor type is learned outside any graph: a symbolic tensor logged inside a
+    tf.function (the first call of the process) gets the TypeError naming the tag, not an
+    AttributeError, and an eager bfloat16 logged afterwards is still read."""
+    tf = pytest.importorskip("tensorflow")
+    from procsv.trainer.summaries import values
+
+    monkeypatch.setattr(values, "_eager", None)
+    buf = SummaryBuffer()
+    errors: list[BaseException] = []
+
+    @tf.function
+    def inside(x: Any) -> Any:
+        try:
+            buf.scalars({"in_graph": x * 2}, step=1, wall=WALL)
+        except TypeError as exc:
+            errors.append(exc)
+        return x
+
+    inside(tf.constant(1.0))
+    assert len(errors) == 1 and "in_graph" in str(errors[0]) and "outside tf.function" in str(errors[0])
+    buf.scalars({"bf16": tf.constant(1.5, dtype=tf.bfloat16), "f32": tf.constant(0.25)}, step=2, wall=WALL)
+    assert [(tag, step, value) for tag, step, value, _ in buf.take().rows] == [("bf16", 2, 1.5), ("f32", 2, 0.25)]
 
 
 # ----------------------------------------------------------------------------- batching (on the injected clock)

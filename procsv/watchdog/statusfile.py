@@ -83,8 +83,8 @@ class StatusWriter:
     def maybe_write(self, build: Callable[[float, float], dict[str, Any]], force: bool = False) -> None:
         """Write if due. A failing write (ENOSPC, EIO) is reported once and retried at the next
         change: the run goes on without a fresh status file rather than stopping. A write that
-        finds its directory gone (ENOENT) is reported only if the next one does too: a logdir
-        being deleted is the loop's "lost" line, not this one."""
+        finds its directory gone (ENOENT) is reported only if the next one does too, or if it is
+        the final (``force``) one: a logdir being deleted is the loop's "lost" line, not this one."""
         now = self.clock()
         if not force and (not self.dirty or now - self._at < STATUS_EVERY):
             return
@@ -94,7 +94,7 @@ class StatusWriter:
             write_json(self.layout.status, build(now, self.wall()), durable=force)
         except OSError as exc:
             self.dirty = True
-            if exc.errno == errno.ENOENT and not self._vanished and self.failing is None:
+            if exc.errno == errno.ENOENT and not force and not self._vanished and self.failing is None:
                 # the directory is gone: the logdir is being deleted or moved, which the loop's
                 # check reports (and then nothing is written there) before the next try; a logdir
                 # that is still there at the next failure gets the complaint then

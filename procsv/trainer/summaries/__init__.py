@@ -2,7 +2,7 @@
 
 Runs in the trainer (any thread may log; the main thread sends at step boundaries). A bad tag or
 value raises in the caller's frame (:mod:`.values`), so the summary service never sees garbage.
-Logging only validates and appends to a bounded buffer (:mod:`.buffer`); the sender
+Logging only validates, reads eager values and appends to a bounded buffer (:mod:`.buffer`); the sender
 (:mod:`.sender`) hands batches to the summary service at step boundaries without ever blocking,
 keeps what the service has not yet acknowledged as written (its acks come back as messages on
 the same ZeroMQ connection), and restates it when the service asks (after a restart); see

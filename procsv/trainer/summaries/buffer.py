@@ -14,8 +14,8 @@ import sys
 import threading
 import time
 from collections import deque
-from itertools import repeat
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Callable, Mapping, Optional
 
 from procsv.ipc.columns import Row

@@ -8,6 +8,7 @@ copied, so the caller may reuse its own at once.
 from __future__ import annotations
 
 import operator
+import sys
 from typing import Any, Optional
 
 import numpy as _np
@@ -32,13 +33,17 @@ def as_float(tag: str, value: Any) -> float:
 def real(tag: str, value: Any) -> float:
     """``value`` (anything but a Python float) as a float; TypeError naming the tag if it is not one real number."""
     original = value
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and tf.is_symbolic_tensor(value):
+        # inside tf.function. Checked first: autograph converts this very code when a traced
+        # function calls it, and would turn float() below into a cast that returns a tensor
+        raise TypeError(_unreadable(tag, original))
     to_numpy = getattr(value, "_numpy", None) or getattr(value, "numpy", None)  # an eager tensor's is cheapest
     if to_numpy is not None:
         try:
             value = to_numpy()
-        except Exception:  # a symbolic tensor (inside tf.function), or a foreign object
-            raise TypeError(f"summary {tag!r}: cannot read the value of {type(original).__name__} here; "
-                            "log eager values, outside tf.function") from None
+        except Exception:  # a foreign object
+            raise TypeError(_unreadable(tag, original)) from None
         if type(value) in _REAL_SCALARS:
             return float(value)  # the common case: a scalar tensor gives a NumPy scalar
     kind = getattr(getattr(value, "dtype", None), "kind", "f")
@@ -52,6 +57,11 @@ def real(tag: str, value: Any) -> float:
                         f"{original!r:.60}") from None
 
 
+def _unreadable(tag: str, value: Any) -> str:
+    return (f"summary {tag!r}: cannot read the value of {type(value).__name__} here; "
+            "log eager values, outside tf.function")
+
+
 _eager: Optional[tuple[Any, frozenset[int]]] = None  # TF's eager tensor type, the enums of its real dtypes
 
 
@@ -63,7 +73,9 @@ def eager_kinds() -> tuple[Any, frozenset[int]]:
 
         reals = (tf.bool, tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64,
                  tf.uint8, tf.uint16, tf.uint32, tf.uint64)
-        _eager = (type(tf.constant(0.0)), frozenset(d.as_datatype_enum for d in reals))
+        with tf.init_scope():  # eager even when the first call comes from inside a tf.function
+            kind = type(tf.constant(0.0))
+        _eager = (kind, frozenset(d.as_datatype_enum for d in reals))
     return _eager
 
 
