@@ -137,9 +137,10 @@ def test_real_tensors_are_read_at_the_call_and_everything_else_is_refused_there(
 
 
 def test_a_first_call_from_inside_tf_function_is_a_clear_error_and_eager_logging_still_works(monkeypatch):
-    """The eager tensor type is learned outside any graph: a symbolic tensor logged inside a
-    tf.function (the first call of the process) gets the TypeError naming the tag, not an
-    AttributeError, and an eager bfloat16 logged afterwards is still read."""
+    """A symbolic tensor logged inside a tf.function -- a scalar (the first call of the process),
+    a histogram, an image, a text -- gets the TypeError naming the tag, and nothing is kept; the
+    eager tensor type is learned outside any graph, so an eager bfloat16 logged afterwards is
+    still read."""
     tf = pytest.importorskip("tensorflow")
     from procsv.trainer.summaries import values
 
@@ -149,14 +150,20 @@ def test_a_first_call_from_inside_tf_function_is_a_clear_error_and_eager_logging
 
     @tf.function
     def inside(x: Any) -> Any:
-        try:
-            buf.scalars({"in_graph": x * 2}, step=1, wall=WALL)
-        except TypeError as exc:
-            errors.append(exc)
+        calls = (lambda: buf.scalars({"in_graph": x * 2}, step=1, wall=WALL),
+                 lambda: buf.histogram("in_graph", x * 2, step=1, wall=WALL),
+                 lambda: buf.image("in_graph", tf.zeros([1, 2, 2, 1]), step=1, wall=WALL),
+                 lambda: buf.text("in_graph", tf.constant("a"), step=1, wall=WALL))
+        for call in calls:
+            try:
+                call()
+            except TypeError as exc:
+                errors.append(exc)
         return x
 
     inside(tf.constant(1.0))
-    assert len(errors) == 1 and "in_graph" in str(errors[0]) and "outside tf.function" in str(errors[0])
+    assert len(errors) == 4 and all("'in_graph'" in str(e) and "outside tf.function" in str(e) for e in errors)
+    assert len(buf) == 0
     buf.scalars({"bf16": tf.constant(1.5, dtype=tf.bfloat16), "f32": tf.constant(0.25)}, step=2, wall=WALL)
     assert [(tag, step, value) for tag, step, value, _ in buf.take().rows] == [("bf16", 2, 1.5), ("f32", 2, 0.25)]
 

@@ -33,11 +33,9 @@ def as_float(tag: str, value: Any) -> float:
 def real(tag: str, value: Any) -> float:
     """``value`` (anything but a Python float) as a float; TypeError naming the tag if it is not one real number."""
     original = value
-    tf = sys.modules.get("tensorflow")
-    if tf is not None and tf.is_symbolic_tensor(value):
-        # inside tf.function. Checked first: autograph converts this very code when a traced
-        # function calls it, and would turn float() below into a cast that returns a tensor
-        raise TypeError(_unreadable(tag, original))
+    # checked first: autograph converts this very code when a traced function calls it, and would
+    # turn float() below into a cast that returns a tensor
+    _refuse_symbolic(tag, value)
     to_numpy = getattr(value, "_numpy", None) or getattr(value, "numpy", None)  # an eager tensor's is cheapest
     if to_numpy is not None:
         try:
@@ -60,6 +58,13 @@ def real(tag: str, value: Any) -> float:
 def _unreadable(tag: str, value: Any) -> str:
     return (f"summary {tag!r}: cannot read the value of {type(value).__name__} here; "
             "log eager values, outside tf.function")
+
+
+def _refuse_symbolic(tag: str, value: Any) -> None:
+    """TypeError naming the tag for a symbolic tensor (a summary logged inside tf.function)."""
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and tf.is_symbolic_tensor(value):
+        raise TypeError(_unreadable(tag, value))
 
 
 _eager: Optional[tuple[Any, frozenset[int]]] = None  # TF's eager tensor type, the enums of its real dtypes
@@ -125,6 +130,7 @@ def as_step(step: Any) -> int:
 def _numeric_array(tag: str, what: str, data: Any) -> Any:
     import numpy as np
 
+    _refuse_symbolic(tag, data)
     if hasattr(data, "numpy"):
         data = data.numpy()
     try:
@@ -173,6 +179,7 @@ def text_strings(tag: str, text: Any) -> tuple[list[str], list[int]]:
     import numpy as np
 
     check_tag(tag)
+    _refuse_symbolic(tag, text)
     if hasattr(text, "numpy"):
         text = text.numpy()
     arr = np.asarray(text, dtype=object) if not isinstance(text, (str, bytes)) else np.asarray(text, dtype=object)
