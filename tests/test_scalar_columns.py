@@ -7,36 +7,41 @@ import gc
 from procsv.trainer.summaries.buffer import BUFFER_MAX, TRIM_SLACK, SummaryBuffer
 from procsv.trainer.summaries.scalar_columns import ScalarColumns
 
+def columns(rows: list[tuple[str, int, float, float]]) -> ScalarColumns:
+    """ScalarColumns holding ``rows`` (tag, step, value, wall time)."""
+    return ScalarColumns(*(list(c) for c in zip(*rows))) if rows else ScalarColumns()
+
+
 ROWS = [("a", 1, 0.5, 10.0), ("b", 1, 1.5, 10.0), ("a", 3, 2.5, 11.0), ("b", 2, 3.5, 12.0)]
 
 
 def test_rows_round_trip_and_slices_copy():
-    cols = ScalarColumns.of(ROWS)
+    cols = columns(ROWS)
     assert len(cols) == 4 and cols.rows == ROWS
     assert cols.span() == (1, 3)
     head, rest = cols.head(1), cols.tail_from(1)
     assert head.rows == ROWS[:1] and rest.rows == ROWS[1:]
     head.tags[0] = "changed"
     assert cols.rows == ROWS  # a slice is a copy
-    assert ScalarColumns().span() is None and ScalarColumns.of([]).rows == []
+    assert ScalarColumns().span() is None and columns([]).rows == []
 
 
 def test_since_keeps_the_rows_at_or_after_a_step_in_order():
-    cols = ScalarColumns.of(ROWS)
+    cols = columns(ROWS)
     assert cols.since(2).rows == [ROWS[2], ROWS[3]]
     assert cols.since(0).rows == ROWS and cols.since(4).rows == []
 
 
 def test_extend_prepend_drop_and_take_all():
-    cols = ScalarColumns.of(ROWS[1:3])
-    cols.prepend(ScalarColumns.of(ROWS[:1]))
-    cols.extend(ScalarColumns.of(ROWS[3:]))
+    cols = columns(ROWS[1:3])
+    cols.prepend(columns(ROWS[:1]))
+    cols.extend(columns(ROWS[3:]))
     assert cols.rows == ROWS
     cols.drop_front(2)
     assert cols.rows == ROWS[2:]
     taken = cols.take_all()
     assert taken.rows == ROWS[2:] and len(cols) == 0
-    cols.extend(ScalarColumns.of(ROWS[:1]))
+    cols.extend(columns(ROWS[:1]))
     assert taken.rows == ROWS[2:]  # the taken lists are no longer the buffer's
 
 

@@ -125,14 +125,8 @@ class SummaryBuffer:
             cols.steps.extend(repeat(step, n))
             cols.values += floats
             cols.walls.extend(repeat(wall, n))
-            over = len(cols) - self._skip - BUFFER_MAX
-            if over > 0:  # the oldest rows are dropped now, and removed once TRIM_SLACK of them wait
-                self._skip += over
-                self._dropped += over
-                self.dropped_total += over
-                if self._skip >= TRIM_SLACK:
-                    cols.drop_front(self._skip)
-                    self._skip = 0
+            if len(cols) - self._skip > BUFFER_MAX:
+                self._drop(remove=False)
         if len(self._cols) - self._skip >= BATCH_MAX:
             self.on_batch()
 
@@ -144,16 +138,21 @@ class SummaryBuffer:
                 check_tag(tag)
                 ok.add(tag)
 
-    def _trim(self) -> None:
-        """Under the lock: drop (and count) the oldest scalars beyond BUFFER_MAX, and remove the dropped ones."""
+    def _drop(self, remove: bool) -> None:
+        """Under the lock: the oldest scalars beyond BUFFER_MAX are dropped and counted; the dropped
+        ones are removed from the lists now if ``remove``, else once TRIM_SLACK of them wait."""
         over = len(self._cols) - self._skip - BUFFER_MAX
         if over > 0:
             self._skip += over
             self._dropped += over
             self.dropped_total += over
-        if self._skip:
+        if self._skip and (remove or self._skip >= TRIM_SLACK):
             self._cols.drop_front(self._skip)
             self._skip = 0
+
+    def _trim(self) -> None:
+        """Under the lock, before reading the lists: no dropped row is left in them."""
+        self._drop(remove=True)
 
     def proto(self, summary: Any, step: Any, wall: float) -> None:
         step = as_step(step)
@@ -272,11 +271,7 @@ class SummaryBuffer:
             self._items.extendleft(reversed(chunk.items))
             self._payload_bytes += sum(len(p[2]) for p in chunk.protos) + sum(len(i[1]) for i in chunk.items)
             self._dropped += chunk.dropped
-            over = len(self._cols) - BUFFER_MAX
-            if over > 0:
-                self._cols.drop_front(over)
-                self._dropped += over
-                self.dropped_total += over
+            self._trim()  # beyond the bound, the oldest go: the front of what was put back first
             self._trim_payloads()
 
     def restate(self, acked: Chunk, unacked: Chunk) -> None:
@@ -288,7 +283,8 @@ class SummaryBuffer:
             self._trim()
             over = len(self._cols) + len(acked.scalars) + len(unacked.scalars) - BUFFER_MAX
             cut = min(max(0, over), len(unacked.scalars))
-            scalars = acked.scalars.head(len(acked.scalars))
+            scalars = ScalarColumns()
+            scalars.extend(acked.scalars)
             scalars.extend(unacked.scalars.tail_from(cut))
             payload = self._payload_bytes + sum(len(p[2]) for p in acked.protos + unacked.protos) + \
                 sum(len(i[1]) for i in acked.items + unacked.items)

@@ -29,11 +29,6 @@ class ScalarColumns:
         self.values: list[float] = values if values is not None else []
         self.walls: list[float] = walls if walls is not None else []
 
-    @staticmethod
-    def of(rows: list[Row]) -> ScalarColumns:
-        """Columns holding ``rows`` (tag, step, value, wall time)."""
-        return ScalarColumns(*(list(c) for c in zip(*rows))) if rows else ScalarColumns()
-
     def __len__(self) -> int:
         return len(self.steps)
 
