@@ -40,11 +40,14 @@ def assert_one_value_per_step(scalars: dict[str, list[ea.ScalarEvent]], first: i
         assert steps == list(range(first, last + 1)), f"{tag}: {len(missing)} steps missing, e.g. {missing[:10]}"
 
 
-def test_three_trainer_sigkills_leave_exactly_one_value_per_step(logdir):
+@pytest.mark.parametrize("logging", [("--log-every-steps", "1"), ("--log-in-graph",)], ids=["eager", "in-graph"])
+def test_three_trainer_sigkills_leave_exactly_one_value_per_step(logdir, logging):
+    """Logged after each step (eager), or inside the step function (written by the graph, read at
+    the hand-off and before every snapshot)."""
     rng = random.Random()
     seed = rng.randrange(1 << 30)
     rng.seed(seed)
-    proc = launch(logdir, "--steps", "3000", "--log-every-steps", "1", "--save-model-secs", "1",
+    proc = launch(logdir, "--steps", "3000", *logging, "--save-model-secs", "1",
                   "--save-summaries-secs", "1", "--step-delay", "0.002")
     victims = []
     try:

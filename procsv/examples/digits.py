@@ -26,13 +26,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every-steps", type=int, default=10, help="log loss/accuracy every N steps")
+    p.add_argument("--log-in-graph", action="store_true",
+                   help="log loss/accuracy inside train_step instead, at every step (written by the graph)")
     p.add_argument("--print-every-steps", type=int, default=250)
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep this long per step (simulates a slower model)")
     p.add_argument("--strategy", choices=["default", "multiworker"], default="default",
                    help="multiworker: tf.distribute.MultiWorkerMirroredStrategy across the trainers of "
                         "`procsv launch --nproc N` (each takes its share of every global batch)")
     p.add_argument("--logdir", default=None, help="only when run without `procsv launch`")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.log_in_graph and args.strategy != "default":
+        p.error("--log-in-graph works with --strategy default only (a replica's step cannot log inside the graph)")
+    return args
 
 
 def load_data(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -121,6 +126,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
             acc = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, axis=1), y), tf.float32))
+            if args.log_in_graph:  # written by the graph at every call: nothing to read after the step
+                sv.log_scalars({"loss": loss, "accuracy": acc}, step=optimizer.iterations)
             return loss, acc
     rank, nproc = procsv.cluster.rank(), procsv.cluster.nproc()
 
@@ -151,7 +158,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if args.step_delay:
                 time.sleep(args.step_delay)
             step = sv.step
-            if step % args.log_every_steps == 0:
+            if not args.log_in_graph and step % args.log_every_steps == 0:
                 sv.log_scalars({"loss": loss, "accuracy": acc})
             if step % args.print_every_steps == 0 or step == args.steps:
                 print(f"digits: step {step} loss {float(loss):.4f} batch accuracy {float(acc):.3f}", flush=True)

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from procsv.ipc.columns import Row
 from procsv.ipc.messages import ItemKind, SummaryItem
+from procsv.trainer.summaries.graph_rings import GraphRings
 from procsv.trainer.summaries.scalar_columns import ScalarColumns
 from procsv.trainer.summaries.values import (as_step, check_tag, eager_kinds, histogram_values,
                                              image_pixels, read_floats, text_strings)
@@ -85,6 +86,8 @@ class SummaryBuffer:
         self._last_flush = clock()
         self._ok_tags: set[str] = set()
         self._eager: Optional[tuple[Any, frozenset[int]]] = None  # TF's eager tensor type, once TF is imported
+        self.graph = GraphRings()  # scalars logged inside tf.function, until collect_graph() reads them
+        self._graph_next = clock()  # when collect_graph(force=False) next reads the rings
         # called (from the logging thread) when a whole batch is waiting: the Supervisor opens its
         # step boundary's gate, so the batch goes at the next boundary instead of at the flush timer
         self.on_batch: Callable[[], None] = _nothing
@@ -94,6 +97,7 @@ class SummaryBuffer:
 
     def discard(self) -> None:
         """Forget everything buffered (a worker replica: only the chief writes summaries)."""
+        self.collect_graph(force=False)
         with self._lock:
             self._cols = ScalarColumns()
             self._skip = 0
@@ -129,6 +133,31 @@ class SummaryBuffer:
                 self._drop(remove=False)
         if len(self._cols) - self._skip >= BATCH_MAX:
             self.on_batch()
+
+    def collect_graph(self, force: bool) -> None:
+        """Move the rows that traced functions wrote into their rings (:mod:`.graph_rings`) into the
+        buffer, with the wall time of now; rows overwritten unread count as dropped. Main thread.
+        Unless ``force``, at most every FLUSH_EVERY (each ring costs an eager read)."""
+        if not self.graph:
+            return
+        now = self.clock()
+        if not force and now < self._graph_next:
+            return
+        self._graph_next = now + FLUSH_EVERY
+        rows = self.graph.drain()
+        if not rows.steps and not rows.lost:
+            return
+        wall = time.time()
+        with self._lock:
+            cols = self._cols
+            cols.tags += rows.tags
+            cols.steps += rows.steps
+            cols.values += rows.values
+            cols.walls.extend(repeat(wall, len(rows.steps)))
+            self._dropped += rows.lost
+            self.dropped_total += rows.lost
+            if len(cols) - self._skip > BUFFER_MAX:
+                self._drop(remove=False)
 
     def _check_tags(self, tags: list[str]) -> None:
         """ValueError for the first bad tag; the good ones are remembered (checked once per tag)."""

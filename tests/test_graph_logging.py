@@ -1,0 +1,156 @@
+"""Scalars logged inside a ``tf.function``: written by the graph into rings, read at the hand-off.
+
+Real TensorFlow throughout; the end-to-end test runs a real Supervisor (its summary service is a
+real process) and reads the event files back with TensorBoard's ``EventAccumulator``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing import event_accumulator as ea
+
+import procsv
+from procsv.trainer.summaries import SummaryBuffer
+from procsv.trainer.summaries.graph_rings import CAPACITY, GraphRings
+
+
+def test_a_supervisor_writes_every_call_of_a_traced_function_to_tensorboard(logdir):
+    v = tf.Variable(0.0)
+    it = tf.Variable(0, dtype=tf.int64)
+    sv = procsv.Supervisor(logdir=logdir, checkpoint=tf.train.Checkpoint(v=v, it=it), save_model_secs=0)
+
+    @tf.function
+    def step(x: tf.Tensor) -> tf.Tensor:
+        v.assign_add(x)
+        it.assign_add(1)
+        sv.log_scalars({"a": v, "twice": v * 2.0, "count": tf.cast(it, tf.int32)}, step=it)
+        sv.log_scalar("one", 1.0, step=it)  # a Python number inside the graph: written at every call too
+        return v
+
+    with sv.managed_session() as sess:
+        for _ in range(600):
+            sess.run(step, tf.constant(0.5))
+    assert sv.summaries_dropped == 0
+    acc = ea.EventAccumulator(logdir, size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    for tag, per_step in (("a", 0.5), ("twice", 1.0), ("count", 1.0), ("one", None)):
+        events = acc.Scalars(tag)
+        assert [e.step for e in events] == list(range(1, 601)), tag
+        expected = [1.0] * 600 if per_step is None else [per_step * k for k in range(1, 601)]
+        assert [e.value for e in events] == expected, tag
+
+
+def test_a_traced_function_called_outside_the_loop_still_logs_at_every_call():
+    rings = GraphRings()
+    it = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function
+    def f(x: tf.Tensor) -> None:
+        it.assign_add(1)
+        rings.log({"x": x, "sq": x * x}, step=it)
+
+    for k in range(5):
+        f(tf.constant(float(k)))
+    out = rings.drain()
+    assert out.tags == ["x", "sq"] * 5 and out.steps == [s for s in range(1, 6) for _ in (0, 1)]
+    assert out.values == [float(v) for k in range(5) for v in (k, k * k)] and out.lost == 0
+    assert rings.drain().steps == []  # read once
+
+
+def test_a_retrace_writes_into_the_same_ring_in_call_order():
+    rings = GraphRings()
+
+    @tf.function
+    def f(x: tf.Tensor, step: tf.Tensor) -> None:
+        rings.log({"m": tf.reduce_mean(tf.cast(x, tf.float32))}, step=step)
+
+    f(tf.constant([1.0, 3.0]), tf.constant(1, tf.int64))
+    f(tf.constant([[5]]), tf.constant(2, tf.int64))  # another signature: traced again
+    f(tf.constant([2.0, 4.0]), tf.constant(3, tf.int64))
+    assert f.experimental_get_tracing_count() >= 2  # (TF may trace a third time, with relaxed shapes)
+    out = rings.drain()
+    assert (out.steps, out.values) == ([1, 2, 3], [2.0, 5.0, 3.0])
+
+
+def test_rows_beyond_the_capacity_between_two_reads_are_counted_as_lost_and_the_newest_kept():
+    rings = GraphRings()
+    it = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function
+    def f() -> None:
+        it.assign_add(1)
+        rings.log({"s": tf.cast(it, tf.float32)}, step=it)
+
+    for _ in range(CAPACITY + 10):
+        f()
+    out = rings.drain()
+    assert out.lost == 10
+    assert out.steps == list(range(11, CAPACITY + 11))
+    assert out.values == [float(s) for s in range(11, CAPACITY + 11)]
+
+
+def test_the_buffer_collects_the_rings_rows_and_counts_the_lost_as_dropped():
+    buf = SummaryBuffer()
+    it = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function
+    def f() -> None:
+        it.assign_add(1)
+        buf.graph.log({"s": tf.cast(it, tf.float32)}, step=it)
+
+    for _ in range(CAPACITY + 3):
+        f()
+    buf.collect_graph(force=True)
+    chunk = buf.take(limit=CAPACITY + 10)
+    assert chunk.dropped == 3 and buf.dropped_total == 3
+    assert chunk.scalars.steps == list(range(4, CAPACITY + 4)) and set(chunk.scalars.tags) == {"s"}
+
+
+def _trace(fn) -> None:  # type: ignore[no-untyped-def]
+    tf.function(fn).get_concrete_function()
+
+
+@pytest.mark.parametrize("values, step, error, match", [
+    ({"a": tf.constant(1.0)}, None, TypeError, "needs step="),
+    ({"a": tf.constant(1.0)}, 1.5, TypeError, "step must be one integer, got a tensor of dtype float32"),
+    ({"a": tf.constant(1.0)}, tf.constant([1, 2]), TypeError, "step must be one integer"),
+    ({"a": tf.zeros([3])}, 1, TypeError, "'a'.*shape \\[3\\]"),
+    ({"a": tf.constant("text")}, 1, TypeError, "'a'.*dtype string"),
+    ({"a": tf.constant(1.0, tf.complex64)}, 1, TypeError, "'a'.*dtype complex64"),
+    ({"a": object()}, 1, TypeError, "'a'.*object"),
+    ({"  ": tf.constant(1.0)}, 1, ValueError, "tag must be a non-empty string"),
+    ([("a", 1.0)], 1, TypeError, "mapping"),
+])
+def test_bad_input_inside_a_traced_function_is_a_clear_error_at_the_trace(values, step, error, match):
+    rings = GraphRings()
+
+    def fn() -> None:
+        vals = {k: (tf.identity(v) if isinstance(v, tf.Tensor) else v) for k, v in values.items()} \
+            if isinstance(values, dict) else values
+        rings.log(vals, step=tf.identity(step) if isinstance(step, tf.Tensor) else step)
+
+    with pytest.raises(error, match=match):
+        _trace(fn)
+    assert not rings  # nothing half-registered
+
+
+def test_logging_inside_a_distribution_strategy_is_refused_at_the_trace():
+    rings = GraphRings()
+    with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+        with pytest.raises(TypeError, match="tf.distribute"):
+            _trace(lambda: rings.log({"a": tf.constant(1.0)}, step=1))
+
+
+def test_values_of_any_real_dtype_are_written_as_float32():
+    rings = GraphRings()
+
+    @tf.function
+    def f() -> None:
+        rings.log({"i": tf.constant(7, tf.int64), "b": tf.constant(True), "h": tf.constant(0.5, tf.float16),
+                   "d": tf.constant(1.0 / 3.0, tf.float64), "one": tf.constant([2.0])}, step=3)
+
+    f()
+    out = rings.drain()
+    assert out.values == [7.0, 1.0, 0.5, float(np.float32(1.0 / 3.0)), 2.0] and out.steps == [3] * 5
