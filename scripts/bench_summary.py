@@ -20,14 +20,18 @@ Runs in one process (the "trainer") plus the summary service processes it starts
       of the two overall medians is printed beside it). Each block ends with the hand-off of what
       it logged, inside its own timing: part of logging's cost is paid at the hand-off, every
       0.1 s, and in blocks shorter than that (50 steps, before) it fell as often into a block
-      without logging, which hid about half of it.
+      without logging, which hid about half of it. A fourth kind of block runs the same step with
+      the ten values logged inside its ``tf.function`` (``sv.log_scalars(..., step=
+      optimizer.iterations)``: written by the graph into ring-buffer variables, read at the
+      hand-off): ``graph_overhead``; its check is that every row the graph wrote was collected
+      and none dropped.
 
 Runs (a), (b) and (c) ``--repeats`` times (default 3) and prints a table of medians with the
 spread (min to max), then the line ``cost_ratio=<x> throughput_per_s=<x> step_overhead=<x>
-step_overhead_min=<x> step_overhead_max=<x> read_floor=<x> above_floor=<x> repeats=<n>
-verified=<0|1>`` (medians).
+step_overhead_min=<x> step_overhead_max=<x> read_floor=<x> above_floor=<x> graph_overhead=<x>
+repeats=<n> verified=<0|1>`` (medians).
 Exits 1 if a verification failed in any run (a scalar of (b) not confirmed, dropped, or not read
-back exactly). Usage: ``python scripts/bench_summary.py [--quick] [--repeats N]``.
+back exactly; a row of (c)'s in-graph logging not collected, or any dropped). Usage: ``python scripts/bench_summary.py [--quick] [--repeats N]``.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class Drained:
 
 class _Ring:
     """One call site's ring (one tuple of tags): values ``[CAPACITY, k]`` float32, steps ``[CAPACITY]``
-    int64, the count of rows ever written, and how many of them the trainer has read."""
+    int64, the index of the last row written (a counter from -1), and how many rows the trainer has read."""
 
     def __init__(self, tf: Any, tags: tuple[str, ...]) -> None:
         self.tags = tags
@@ -61,29 +61,30 @@ class _Ring:
             self.values = tf.Variable(tf.zeros([CAPACITY, len(tags)], tf.float32), trainable=False,
                                       name="procsv_summary_ring")
             self.steps = tf.Variable(tf.zeros([CAPACITY], tf.int64), trainable=False, name="procsv_summary_steps")
-            self.count = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="procsv_summary_count")
-        self.read = 0
+            self.count = tf.Variable(tf.constant(-1, tf.int64), trainable=False, name="procsv_summary_count")
+        self.read = 0  # rows read so far; the counter holds the index of the last row written (-1: none)
 
     def write(self, tf: Any, row: Any, step: Any) -> None:
-        """Add to the graph being traced: the row's index (a counter), then the row and its step there."""
-        at = tf.reshape(tf.math.floormod(self.count.assign_add(1) - 1, CAPACITY), [1, 1])
-        self.values.scatter_nd_update(at, tf.reshape(row, [1, len(self.tags)]))
-        self.steps.scatter_nd_update(at, tf.reshape(step, [1]))
+        """Add to the graph being traced: the row's index (the counter, which starts at -1), then the
+        row and its step there. Scalar-index scatters: no reshape ops (a step pays for every op)."""
+        at = tf.math.floormod(self.count.assign_add(1), CAPACITY)
+        tf.raw_ops.ResourceScatterUpdate(resource=self.values.handle, indices=at, updates=row)
+        tf.raw_ops.ResourceScatterUpdate(resource=self.steps.handle, indices=at, updates=step)
 
     def drain(self, into: Drained) -> None:
         """Append the rows written since the last drain, oldest first (eager reads: main thread)."""
-        total = int(self.count.numpy())
+        total = int(self.count.numpy()) + 1
         if total == self.read:
             return
         values, steps = self.values.numpy(), self.steps.numpy()
-        after = int(self.count.numpy())  # rows written meanwhile (another thread) may have overwritten some read
+        after = int(self.count.numpy()) + 1  # rows written meanwhile (another thread) may have overwritten some read
         first = max(self.read, after - CAPACITY)
         into.lost += first - self.read
         rows = np.arange(first, total) % CAPACITY
         into.tags += list(self.tags) * len(rows)
         into.steps += np.repeat(steps[rows], len(self.tags)).tolist()
         into.values += values[rows].reshape(-1).tolist()
-        self.read = total
+        self.read = max(total, first)  # (first > total: rows after total were overwritten too, and counted)
 
 
 class GraphRings:
@@ -141,7 +142,8 @@ def _graph_value(tf: Any, tag: str, value: Any) -> Any:
     n = t.shape.num_elements()
     if n is not None and n != 1:
         raise TypeError(f"summary {tag!r}: expected one real number, got a tensor of shape {t.shape.as_list()}")
-    return tf.reshape(tf.cast(t, tf.float32), [])
+    t = tf.cast(t, tf.float32)  # no op if it is float32 already
+    return t if t.shape.rank == 0 else tf.reshape(t, [])
 
 
 def _graph_step(tf: Any, step: Optional[Any]) -> Any:
@@ -156,4 +158,5 @@ def _graph_step(tf: Any, step: Optional[Any]) -> Any:
     if not t.dtype.is_integer or t.shape.num_elements() not in (None, 1):
         raise TypeError(f"summary step must be one integer, got a tensor of dtype {t.dtype.name}, shape "
                         f"{t.shape.as_list() if t.shape.rank is not None else '(unknown)'}")
-    return tf.reshape(tf.cast(t, tf.int64), [])
+    t = tf.cast(t, tf.int64)
+    return t if t.shape.rank == 0 else tf.reshape(t, [])
