@@ -47,16 +47,21 @@ class Orphans:
     def _adopted(self, known: set[int]) -> list[psutil.Process]:
         own_group = os.getpgrp()
         found: list[psutil.Process] = []
-        try:
-            children = psutil.Process().children()
-        except psutil.Error:
-            return found
-        for proc in children:
-            if proc.pid in known or proc.pid in self._killed:
+        pids = child_pids()
+        if pids is None:
+            try:
+                pids = [proc.pid for proc in psutil.Process().children()]
+            except psutil.Error:
+                return found
+        for pid in pids:
+            if pid in known or pid in self._killed:
                 continue
-            if self.outside_group_only and _group_of(proc.pid) in (own_group, None):
+            if self.outside_group_only and _group_of(pid) in (own_group, None):
                 continue
-            found.append(proc)
+            try:
+                found.append(psutil.Process(pid))
+            except psutil.Error:  # gone meanwhile
+                continue
         return found
 
     def sweep(self, known: set[int]) -> list[int]:
@@ -101,6 +106,28 @@ class Orphans:
     def pending(self) -> int:
         """Killed, not reaped yet."""
         return len(self._killed)
+
+
+def child_pids() -> Optional[list[int]]:
+    """This process's children, from ``/proc/self/task/*/children`` (an orphan is re-parented to any
+    live thread of its subreaper): a few small reads, where psutil's ``children()`` reads the stat
+    file of every process on the machine (1.3 ms with 75 processes here, every sweep). None where
+    the kernel does not offer those files (psutil is used then)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    pids: list[int] = []
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/children") as fh:
+                pids += [int(p) for p in fh.read().split()]
+        except FileNotFoundError:
+            if tid == str(os.getpid()):  # the main thread is alive: the kernel has no such files
+                return None
+        except (OSError, ValueError):
+            return None
+    return pids
 
 
 def _group_of(pid: int) -> Optional[int]:
