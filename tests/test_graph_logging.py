@@ -6,6 +6,9 @@ real process) and reads the event files back with TensorBoard's ``EventAccumulat
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -13,7 +16,7 @@ from tensorboard.backend.event_processing import event_accumulator as ea
 
 import procsv
 from procsv.trainer.summaries import SummaryBuffer
-from procsv.trainer.summaries.graph_rings import CAPACITY, GraphRings
+from procsv.trainer.summaries.graph_rings import CAPACITY, INCOMPLETE_GRACE, PROCESS_RINGS, GraphRings
 
 
 def test_a_supervisor_writes_every_call_of_a_traced_function_to_tensorboard(logdir):
@@ -42,7 +45,7 @@ def test_a_supervisor_writes_every_call_of_a_traced_function_to_tensorboard(logd
         assert [e.value for e in events] == expected, tag
 
 
-def test_a_traced_function_called_outside_the_loop_still_logs_at_every_call():
+def test_the_rings_hold_every_call_until_they_are_read_once():
     rings = GraphRings()
     it = tf.Variable(0, dtype=tf.int64)
 
@@ -92,7 +95,7 @@ def test_rows_beyond_the_capacity_between_two_reads_are_counted_as_lost_and_the_
 
 
 def test_the_buffer_collects_the_rings_rows_and_counts_the_lost_as_dropped():
-    buf = SummaryBuffer()
+    buf = SummaryBuffer(graph=GraphRings())
     it = tf.Variable(0, dtype=tf.int64)
 
     @tf.function
@@ -154,3 +157,136 @@ def test_values_of_any_real_dtype_are_written_as_float32():
     f()
     out = rings.drain()
     assert out.values == [7.0, 1.0, 0.5, float(np.float32(1.0 / 3.0)), 2.0] and out.steps == [3] * 5
+
+
+def test_rows_written_by_another_thread_while_the_trainer_reads_arrive_once_each_and_complete():
+    rings = GraphRings()
+    it = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function
+    def f() -> None:
+        k = it.assign_add(1)
+        work = tf.reduce_sum(tf.matmul(tf.ones([64, 64]), tf.ones([64, 64]) * tf.cast(k, tf.float32)))
+        rings.log({"k": tf.cast(k, tf.float32), "w": work}, step=k)  # the values take a while to compute
+
+    f()  # traced before the race
+    stop = threading.Event()
+
+    def writer() -> None:
+        while not stop.is_set():
+            f()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    steps: list[int] = []
+    values: list[float] = []
+    lost = 0
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        out = rings.drain()
+        steps += out.steps
+        values += out.values
+        lost += out.lost
+    stop.set()
+    thread.join()
+    out = rings.drain()
+    steps, values, lost = steps + out.steps, values + out.values, lost + out.lost
+    assert lost == 0
+    written = int(it.numpy())
+    assert steps[::2] == list(range(1, written + 1))  # every row once, in order, none half-written
+    assert values[::2] == [float(k) for k in range(1, written + 1)]
+    assert values[1::2] == [64.0 * 64 * 64 * k for k in range(1, written + 1)]
+
+
+def test_a_row_completed_between_the_trainers_reads_is_read_whole_or_at_the_next_read():
+    rings = GraphRings()
+
+    @tf.function
+    def f(step: tf.Tensor) -> None:
+        rings.log({"s": tf.cast(step, tf.float32)}, step=step)
+
+    f(tf.constant(1, tf.int64))
+    (ring,) = rings._rings.values()
+    ring.count.assign_add(1)  # another thread's call has taken index 1 and not written its row yet
+    real_steps = ring.steps
+
+    class CompletesWhenRead:  # that call completes its row while the trainer reads the rings
+        def numpy(self) -> np.ndarray:
+            ring.values.scatter_nd_update([[1]], [[2.0]])
+            real_steps.scatter_nd_update([[1]], [2])
+            ring.seq.scatter_nd_update([[1]], [1])
+            return real_steps.numpy()
+
+    ring.steps = CompletesWhenRead()
+    first = rings.drain(now=0.0)
+    ring.steps = real_steps
+    second = rings.drain(now=0.0)
+    assert (first.steps + second.steps, first.values + second.values) == ([1, 2], [1.0, 2.0])
+    assert first.lost == second.lost == 0
+
+
+def test_a_row_begun_and_never_completed_holds_the_read_back_for_a_grace_then_counts_as_lost():
+    rings = GraphRings()
+
+    @tf.function
+    def f(step: tf.Tensor) -> None:
+        rings.log({"s": tf.cast(step, tf.float32)}, step=step)
+
+    f(tf.constant(1, tf.int64))
+    (ring,) = rings._rings.values()
+    ring.count.assign_add(1)  # a row whose function failed between taking the index and writing it
+    f(tf.constant(3, tf.int64))
+    out = rings.drain(now=100.0)
+    assert (out.steps, out.lost) == ([1], 0)  # row 2 may still be on its way: the read stops there
+    assert rings.drain(now=100.0 + INCOMPLETE_GRACE / 2).steps == []
+    out = rings.drain(now=100.0 + INCOMPLETE_GRACE)
+    assert (out.steps, out.lost) == ([3], 1)
+
+
+def test_a_function_traced_under_one_supervisor_logs_under_the_next_one(logdir):
+    """TF's retry loop makes a new Supervisor per attempt; the function keeps writing into the
+    process's rings, which every Supervisor reads."""
+    it = tf.Variable(0, dtype=tf.int64)
+    holder: dict[str, procsv.Supervisor] = {}
+
+    @tf.function
+    def step() -> None:
+        it.assign_add(1)
+        holder["sv"].log_scalars({"retry/in_graph": tf.cast(it, tf.float32)}, step=it)
+
+    traces = []
+    for _ in range(2):
+        sv = holder["sv"] = procsv.Supervisor(logdir=logdir, checkpoint=tf.train.Checkpoint(it=it),
+                                              save_model_secs=0)
+        with sv.managed_session() as sess:
+            for _ in range(50):
+                sess.run(step)
+        assert sv.summaries_dropped == 0
+        traces.append(step.experimental_get_tracing_count())
+    acc = ea.EventAccumulator(logdir, size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("retry/in_graph")] == list(range(1, 101))
+    assert traces[0] == traces[1]  # not traced again under the second Supervisor: its graph writes where it was traced
+
+
+def test_rows_still_in_the_rings_hold_back_an_in_memory_snapshot_of_their_step(logdir):
+    """What decides whether a waiting in-memory snapshot may go to the checkpoint service reads the
+    rings first: a restart from that snapshot must not skip the rows only this process holds."""
+    it = tf.Variable(0, dtype=tf.int64)
+    sv = procsv.Supervisor(logdir=logdir, checkpoint=tf.train.Checkpoint(it=it), save_model_secs=0)
+
+    @tf.function
+    def step() -> None:
+        it.assign_add(1)
+        sv.log_scalars({"held": tf.cast(it, tf.float32)}, step=it)
+
+    with sv.managed_session() as sess:
+        for _ in range(5):
+            sess.run(step)
+        sv._flush_summaries(force=False, urgent=True)
+        written_before = sv._summaries_unwritten_from()
+        step()  # called directly: no step boundary, so its row waits in the ring
+        step()
+        assert PROCESS_RINGS  # the row is there, not yet read by anyone
+        unwritten = sv._summaries_unwritten_from()
+        assert unwritten is not None and unwritten <= 6 and (written_before is None or written_before <= 5)

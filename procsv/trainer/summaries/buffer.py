@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from procsv.ipc.columns import Row
 from procsv.ipc.messages import ItemKind, SummaryItem
-from procsv.trainer.summaries.graph_rings import GraphRings
+from procsv.trainer.summaries.graph_rings import PROCESS_RINGS, GraphRings
 from procsv.trainer.summaries.scalar_columns import ScalarColumns
 from procsv.trainer.summaries.values import (as_step, check_tag, eager_kinds, histogram_values,
                                              image_pixels, read_floats, text_strings)
@@ -73,7 +73,7 @@ class Chunk:
 class SummaryBuffer:
     """Validated summaries waiting for the hand-off; bounded (the oldest are dropped and counted)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, graph: GraphRings = PROCESS_RINGS) -> None:
         self.clock = clock
         self._lock = threading.Lock()
         self._cols = ScalarColumns()  # the scalars, oldest first; the first _skip of them already dropped
@@ -86,7 +86,7 @@ class SummaryBuffer:
         self._last_flush = clock()
         self._ok_tags: set[str] = set()
         self._eager: Optional[tuple[Any, frozenset[int]]] = None  # TF's eager tensor type, once TF is imported
-        self.graph = GraphRings()  # scalars logged inside tf.function, until collect_graph() reads them
+        self.graph = graph  # scalars logged inside tf.function (the process's rings), until collect_graph() reads them
         self._graph_next = clock()  # when collect_graph(force=False) next reads the rings
         # called (from the logging thread) when a whole batch is waiting: the Supervisor opens its
         # step boundary's gate, so the batch goes at the next boundary instead of at the flush timer
@@ -144,7 +144,7 @@ class SummaryBuffer:
         if not force and now < self._graph_next:
             return
         self._graph_next = now + FLUSH_EVERY
-        rows = self.graph.drain()
+        rows = self.graph.drain(now)
         if not rows.steps and not rows.lost:
             return
         wall = time.time()

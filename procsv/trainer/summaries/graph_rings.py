@@ -31,6 +31,7 @@ What differs from eager logging (documented in the README):
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -38,7 +39,8 @@ import numpy as np
 
 from procsv.trainer.summaries.values import check_tag
 
-CAPACITY = 4096  # rows each call site's ring holds between two hand-offs
+CAPACITY = 4096  # rows each ring (one per tuple of tags) holds between two reads
+INCOMPLETE_GRACE = 1.0  # seconds a row begun on another thread may take to complete before it counts as lost
 
 
 @dataclass
@@ -52,8 +54,10 @@ class Drained:
 
 
 class _Ring:
-    """One call site's ring (one tuple of tags): values ``[CAPACITY, k]`` float32, steps ``[CAPACITY]``
-    int64, the index of the last row written (a counter from -1), and how many rows the trainer has read."""
+    """One tuple of tags' ring (every call site logging exactly these tags writes into it): values
+    ``[CAPACITY, k]`` float32, steps ``[CAPACITY]`` int64, and for each slot the index of the row
+    last completed there (``seq``, int64); the index of the last row begun (a counter from -1); and
+    how many rows the trainer has read."""
 
     def __init__(self, tf: Any, tags: tuple[str, ...]) -> None:
         self.tags = tags
@@ -61,34 +65,65 @@ class _Ring:
             self.values = tf.Variable(tf.zeros([CAPACITY, len(tags)], tf.float32), trainable=False,
                                       name="procsv_summary_ring")
             self.steps = tf.Variable(tf.zeros([CAPACITY], tf.int64), trainable=False, name="procsv_summary_steps")
+            self.seq = tf.Variable(tf.fill([CAPACITY], tf.constant(-1, tf.int64)), trainable=False,
+                                   name="procsv_summary_seq")
             self.count = tf.Variable(tf.constant(-1, tf.int64), trainable=False, name="procsv_summary_count")
-        self.read = 0  # rows read so far; the counter holds the index of the last row written (-1: none)
+        self.read = 0  # rows read (or counted lost) so far: the index of the next row to read
+        self._waiting: Optional[tuple[int, float]] = None  # (row, since when) begun but not completed
 
     def write(self, tf: Any, row: Any, step: Any) -> None:
-        """Add to the graph being traced: the row's index (the counter, which starts at -1), then the
-        row and its step there. Scalar-index scatters: no reshape ops (a step pays for every op)."""
-        at = tf.math.floormod(self.count.assign_add(1), CAPACITY)
-        tf.raw_ops.ResourceScatterUpdate(resource=self.values.handle, indices=at, updates=row)
-        tf.raw_ops.ResourceScatterUpdate(resource=self.steps.handle, indices=at, updates=step)
+        """Add to the graph being traced: once the row's values are computed, its index (the counter),
+        then the row and its step there, then (after both) the slot's ``seq``: the row is complete.
+        Scalar-index scatters, no reshapes: a step pays for every op."""
+        with tf.control_dependencies([row, step]):  # a value that fails to compute takes no index
+            index = self.count.assign_add(1)
+        at = tf.math.floormod(index, CAPACITY)
+        done = [tf.raw_ops.ResourceScatterUpdate(resource=self.values.handle, indices=at, updates=row),
+                tf.raw_ops.ResourceScatterUpdate(resource=self.steps.handle, indices=at, updates=step)]
+        with tf.control_dependencies(done):
+            tf.raw_ops.ResourceScatterUpdate(resource=self.seq.handle, indices=at, updates=index)
 
-    def drain(self, into: Drained) -> None:
-        """Append the rows written since the last drain, oldest first (eager reads: main thread)."""
+    def drain(self, into: Drained, now: float) -> None:
+        """Append the rows completed since the last drain, oldest first (eager reads: main thread).
+
+        A row begun but not completed (its function is running on another thread) ends the read:
+        it and the rows after it are read next time. One still not completed after
+        :data:`INCOMPLETE_GRACE` seconds (its function failed between taking the index and writing)
+        counts as lost. Rows overwritten before they were read (more than CAPACITY behind) count as lost."""
         total = int(self.count.numpy()) + 1
         if total == self.read:
             return
+        # the marks first: a row marked complete had its values and step written before its mark,
+        # so they are read after it (a row overwritten meanwhile is caught by the count read after)
+        seq = self.seq.numpy()
         values, steps = self.values.numpy(), self.steps.numpy()
-        after = int(self.count.numpy()) + 1  # rows written meanwhile (another thread) may have overwritten some read
-        first = max(self.read, after - CAPACITY)
+        first = max(self.read, int(self.count.numpy()) + 1 - CAPACITY)  # rows written meanwhile may overwrite some
         into.lost += first - self.read
-        rows = np.arange(first, total) % CAPACITY
+        index = np.arange(first, total)
+        slots = index % CAPACITY
+        marks = seq[slots]
+        end = total
+        incomplete = np.flatnonzero(marks < index)
+        if len(incomplete):
+            row = first + int(incomplete[0])
+            if self._waiting is None or self._waiting[0] != row:
+                self._waiting = (row, now)
+            if now - self._waiting[1] < INCOMPLETE_GRACE:
+                end = row
+        n = end - first
+        good = marks[:n] == index[:n]  # (a mark above its row: overwritten since; below: never completed)
+        into.lost += n - int(good.sum())
+        rows = slots[:n][good]
         into.tags += list(self.tags) * len(rows)
         into.steps += np.repeat(steps[rows], len(self.tags)).tolist()
         into.values += values[rows].reshape(-1).tolist()
-        self.read = max(total, first)  # (first > total: rows after total were overwritten too, and counted)
+        self.read = max(end, first)
 
 
 class GraphRings:
-    """The rings of every call site traced so far, by tuple of tags."""
+    """The rings of every call site traced so far, by tuple of tags. One per process
+    (:data:`PROCESS_RINGS`): a function keeps writing where it was traced, whichever Supervisor
+    runs it later (TF's retry loop makes a new one per attempt), so every Supervisor reads them all."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -120,13 +155,14 @@ class GraphRings:
                 ring = self._rings[tags] = _Ring(tf, tags)
         ring.write(tf, row, step_t)
 
-    def drain(self) -> Drained:
-        """Every row written since the last drain (main thread: eager reads)."""
+    def drain(self, now: Optional[float] = None) -> Drained:
+        """Every row completed since the last drain (main thread: eager reads); ``now``: the
+        monotonic clock, for rows begun on another thread and not completed yet."""
         out = Drained([], [], [], 0)
         with self._lock:
             rings = list(self._rings.values())
         for ring in rings:
-            ring.drain(out)
+            ring.drain(out, time.monotonic() if now is None else now)
         return out
 
 
@@ -160,3 +196,6 @@ def _graph_step(tf: Any, step: Optional[Any]) -> Any:
                         f"{t.shape.as_list() if t.shape.rank is not None else '(unknown)'}")
     t = tf.cast(t, tf.int64)
     return t if t.shape.rank == 0 else tf.reshape(t, [])
+
+
+PROCESS_RINGS = GraphRings()  # what every Supervisor's summary buffer reads (see GraphRings)
