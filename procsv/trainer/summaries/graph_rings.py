@@ -2,29 +2,33 @@
 read in bulk at the hand-off.
 
 Runs in the trainer. :meth:`GraphRings.log` runs while TensorFlow traces the user's function (any
-thread): it adds a few ops to the traced graph that write the row (the values as float32 and the
-step as int64) into ring-buffer variables of that call site's tags, at the index a counter
-variable hands out. :meth:`GraphRings.drain` runs on the main thread at the summaries' hand-off
-(:meth:`procsv.trainer.summary_methods.SummaryMethods._flush_summaries`, and before every
-checkpoint snapshot): it reads each counter and, if rows were written, the ring's two variables,
-and gives the rows to the summary buffer in the order they were written.
+thread): it adds a dozen ops to the traced graph that write the row (the values as float32 and the
+step as int64) into the ring-buffer variables of that tuple of tags, at the index a counter
+variable hands out, and then mark the row complete. :meth:`GraphRings.drain` runs on the main
+thread at the summaries' hand-off (:meth:`procsv.trainer.summary_methods.SummaryMethods._flush_summaries`,
+and before every checkpoint snapshot): per ring with new rows, a few eager reads (the counter,
+the marks, the values and steps), and the complete rows go to the summary buffer in the order
+they were written. The functions may run on any thread: a row begun and not yet complete ends
+the read (see :meth:`_Ring.drain`). One set of rings per process (:data:`PROCESS_RINGS`).
 
 Why: an eager value logged after the step must be read from TensorFlow at once, one
 tensor-to-NumPy conversion per value, about 1 us in a training loop, and each step's log call is
 Python work on top (``scripts/bench_summary.py`` (c): ten eager scalars a step cost the digits step
 several percent, of which reading them alone is about half). Written by the graph, a row costs the
-step a handful of small ops that TensorFlow's executor runs beside the step's own, and the trainer
-reads thousands of rows in three eager reads.
+step a dozen small ops that TensorFlow's executor runs beside the step's own, and the trainer
+reads thousands of rows in a few eager reads.
 
 What differs from eager logging (documented in the README):
 
 - ``step=`` is required (a Python int or an integer tensor such as ``optimizer.iterations``): a
   traced function cannot see the Python step counter.
-- A row's wall time is the time of its hand-off (at most about :data:`~.buffer.FLUSH_EVERY` late
-  while the loop runs), not of its step.
-- A ring holds :data:`CAPACITY` rows; rows written beyond that between two hand-offs (a function
-  called many times outside the training loop, whose step boundaries do the hand-off) overwrite the
+- A row's wall time is the time of the read that takes it (up to a step plus about
+  :data:`~.buffer.FLUSH_EVERY` after its step ran), not of its step.
+- A ring holds :data:`CAPACITY` rows; rows written beyond that between two reads (a function
+  called many times outside the training loop, whose step boundaries do the reads) overwrite the
   oldest, which are counted as dropped, as the buffer's own drops are.
+- A function that logs this way cannot be exported with ``tf.saved_model.save``: no model tracks
+  the rings' variables.
 - Values are stored as float32 (what TensorBoard's scalar summaries hold).
 """
 
