@@ -253,6 +253,8 @@ def step_overhead(tmp: str, blocks: int, block_steps: int) -> dict[str, float]:
     # least do), "graph" (the same ten logged inside the tf.function: written by the graph)
     per: dict[str, list[float]] = {"log": [], "off": [], "read": [], "graph": []}
     graph_steps = 0
+    rings = sv._summaries.graph  # the process's rings: an earlier run of (c) in this process wrote into them too
+    rows_before = sum(ring.read for ring in rings._rings.values())
     inside = [0.0]  # time spent in procsv's summary calls during the logging blocks
     with sv.managed_session() as sess:
         settle()
@@ -292,7 +294,7 @@ def step_overhead(tmp: str, blocks: int, block_steps: int) -> dict[str, float]:
             for kind in (("log", "off", "read", "graph") if k % 2 else ("graph", "read", "off", "log")):
                 per[kind].append(block(kind))  # drift cancels in pairs
         sv._summaries.collect_graph(force=True)
-        graph_rows = sum(ring.read for ring in sv._summaries.graph._rings.values())
+        graph_rows = sum(ring.read for ring in rings._rings.values()) - rows_before
     on, off = statistics.median(per["log"]), statistics.median(per["off"])
     pairs = [a / b - 1 for a, b in zip(per["log"], per["off"])]
     floor = [a / b - 1 for a, b in zip(per["read"], per["off"])]
@@ -337,7 +339,8 @@ def main() -> int:
     floor = [c["floor"] for _, _, c in runs]
     above = [c["above_floor"] for _, _, c in runs]
     graph = [c["graph"] for _, _, c in runs]
-    verified = all(b["procsv_ok"] and b["tb_ok"] and c["graph_ok"] for _, b, c in runs)
+    verified_b = all(b["procsv_ok"] and b["tb_ok"] for _, b, _ in runs)
+    verified = verified_b and all(c["graph_ok"] for _, _, c in runs)
     a0 = {k: med([a[k] for a, _, _ in runs]) for k in runs[0][0]}
     c0 = {k: med([c[k] for _, _, c in runs]) for k in ("on", "off")}
     checks = "; ".join(f"{int(b['n']):,}/{int(b['n_tb']):,} read back, {int(b['dropped'])} dropped, waited "
@@ -349,7 +352,7 @@ def main() -> int:
          f"ratio {med(cost_float):.4f} (spread {spread(cost_float, '.4f')})"),
         ("(b) end-to-end scalars/s into files", f"{med(rate):,.0f}/s", f"{med(rate_tb):,.0f}/s",
          f"x{med(rate) / med(rate_tb):.1f} (spread {spread(rate, ',.0f')}/s); verified "
-         f"{'yes' if verified else 'NO'} ({checks}) (goal >= 100,000/s)"),
+         f"{'yes' if verified_b else 'NO'} ({checks}) (goal >= 100,000/s)"),
         ("(c) digits step, 10 scalars/step", f"{c0['on'] * 1e3:.3f} ms", f"{c0['off'] * 1e3:.3f} ms (no logging)",
          f"overhead {med(overhead) * 100:+.2f}% (spread {spread([o * 100 for o in overhead], '+.2f')}%; unpaired "
          f"medians {med(unpaired) * 100:+.2f}%; time inside procsv calls {med(direct) * 100:.2f}% of a step) "
