@@ -76,11 +76,12 @@ class _Ring:
         self._waiting: Optional[tuple[int, float]] = None  # (row, since when) begun but not completed
 
     def write(self, tf: Any, row: Any, step: Any) -> None:
-        """Add to the graph being traced: once the row's values are computed, its index (the counter),
-        then the row and its step there, then (after both) the slot's ``seq``: the row is complete.
-        Scalar-index scatters, no reshapes: a step pays for every op."""
-        with tf.control_dependencies([row, step]):  # a value that fails to compute takes no index
-            index = self.count.assign_add(1)
+        """Add to the graph being traced: the row's index (the counter), the row and its step there,
+        then (after both) the slot's ``seq``: the row is complete. Scalar-index scatters, no
+        reshapes: a step pays for every op. The index is taken without waiting for the values (they
+        come at the end of a step: only two writes then follow them); a call that fails between
+        taking it and writing leaves a row that is never complete (see :meth:`drain`)."""
+        index = self.count.assign_add(1)
         at = tf.math.floormod(index, CAPACITY)
         done = [tf.raw_ops.ResourceScatterUpdate(resource=self.values.handle, indices=at, updates=row),
                 tf.raw_ops.ResourceScatterUpdate(resource=self.steps.handle, indices=at, updates=step)]
