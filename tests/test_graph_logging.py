@@ -225,6 +225,32 @@ def test_a_row_completed_between_the_trainers_reads_is_read_whole_or_at_the_next
     assert first.lost == second.lost == 0
 
 
+def test_more_rows_than_the_ring_holds_written_during_one_read_are_all_counted_lost_once():
+    rings = GraphRings()
+
+    @tf.function
+    def f(step: tf.Tensor) -> None:
+        rings.log({"s": tf.cast(step, tf.float32)}, step=step)
+
+    f(tf.constant(1, tf.int64))
+    (ring,) = rings._rings.values()
+    real_values = ring.values
+
+    class FloodWhenRead:  # another thread writes CAPACITY + 5 rows while the trainer reads
+        def numpy(self) -> np.ndarray:
+            for step in range(2, CAPACITY + 7):
+                f(tf.constant(step, tf.int64))
+            return real_values.numpy()
+
+    ring.values = FloodWhenRead()
+    first = rings.drain(now=0.0)
+    ring.values = real_values
+    second = rings.drain(now=0.0)
+    # row 1 (step 1) and rows 2..6 (steps 2..6) were overwritten; the last CAPACITY rows come next
+    assert first.steps == [] and first.lost == 6
+    assert second.steps == list(range(7, CAPACITY + 7)) and second.lost == 0
+
+
 def test_a_row_begun_and_never_completed_holds_the_read_back_for_a_grace_then_counts_as_lost():
     rings = GraphRings()
 

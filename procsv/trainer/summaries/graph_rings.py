@@ -104,6 +104,9 @@ class _Ring:
         values, steps = self.values.numpy(), self.steps.numpy()
         first = max(self.read, int(self.count.numpy()) + 1 - CAPACITY)  # rows written meanwhile may overwrite some
         into.lost += first - self.read
+        if first >= total:  # more than CAPACITY rows were written during these reads: all counted lost
+            self.read = first
+            return
         index = np.arange(first, total)
         slots = index % CAPACITY
         marks = seq[slots]
