@@ -30,15 +30,22 @@ def test_a_supervisor_writes_every_call_of_a_traced_function_to_tensorboard(logd
         it.assign_add(1)
         sv.log_scalars({"a": v, "twice": v * 2.0, "count": tf.cast(it, tf.int32)}, step=it)
         sv.log_scalar("one", 1.0, step=it)  # a Python number inside the graph: written at every call too
+        sv.summary_computed(None, {"computed": v}, global_step=it)  # TF's form, a mapping of scalars
         return v
+
+    @tf.function
+    def no_step() -> None:
+        sv.summary_computed(None, {"computed": v})  # the step of the trace would be frozen in the graph
 
     with sv.managed_session() as sess:
         for _ in range(600):
             sess.run(step, tf.constant(0.5))
+        with pytest.raises(TypeError, match="needs step="):
+            no_step()
     assert sv.summaries_dropped == 0
     acc = ea.EventAccumulator(logdir, size_guidance={ea.SCALARS: 0})
     acc.Reload()
-    for tag, per_step in (("a", 0.5), ("twice", 1.0), ("count", 1.0), ("one", None)):
+    for tag, per_step in (("a", 0.5), ("twice", 1.0), ("count", 1.0), ("one", None), ("computed", 0.5)):
         events = acc.Scalars(tag)
         assert [e.step for e in events] == list(range(1, 601)), tag
         expected = [1.0] * 600 if per_step is None else [per_step * k for k in range(1, 601)]

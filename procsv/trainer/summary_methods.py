@@ -78,11 +78,10 @@ class SummaryMethods:
         ``RuntimeError`` with ``summary_writer=None``, as TF."""
         if not self._tf1.writer:
             raise RuntimeError("Writing a summary requires a summary writer (Supervisor(summary_writer=None)).")
-        step = self._state.step if global_step is None else global_step
-        if isinstance(summary, Mapping):
-            self.log_scalars(summary, step)
-        else:
-            self._summaries.proto(summary, step, time.time())
+        if isinstance(summary, Mapping):  # (inside a tf.function: global_step is required, never the traced step)
+            self.log_scalars(summary, global_step if global_step is not None or _tracing() else self._state.step)
+            return
+        self._summaries.proto(summary, self._state.step if global_step is None else global_step, time.time())
 
     @property
     def summaries_dropped(self) -> int:
