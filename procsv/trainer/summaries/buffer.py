@@ -16,7 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from procsv.ipc.columns import Row
 from procsv.ipc.messages import ItemKind, SummaryItem
@@ -123,14 +123,7 @@ class SummaryBuffer:
             eager = self._eager = eager_kinds()
         floats = read_floats(tags, list(values.values()), eager)
         n = len(tags)
-        with self._lock:
-            cols = self._cols
-            cols.tags += tags
-            cols.steps.extend(repeat(step, n))
-            cols.values += floats
-            cols.walls.extend(repeat(wall, n))
-            if len(cols) - self._skip > BUFFER_MAX:
-                self._drop(remove=False)
+        self._append(tags, repeat(step, n), floats, repeat(wall, n))
         if len(self._cols) - self._skip >= BATCH_MAX:
             self.on_batch()
 
@@ -147,15 +140,19 @@ class SummaryBuffer:
         rows = self.graph.drain(now)
         if not rows.steps and not rows.lost:
             return
-        wall = time.time()
+        self._append(rows.tags, rows.steps, rows.values, repeat(time.time(), len(rows.steps)), rows.lost)
+
+    def _append(self, tags: list[str], steps: Iterable[int], values: list[float], walls: Iterable[float],
+                lost: int = 0) -> None:
+        """Append validated rows (and count ``lost`` rows as dropped); beyond BUFFER_MAX the oldest are dropped."""
         with self._lock:
             cols = self._cols
-            cols.tags += rows.tags
-            cols.steps += rows.steps
-            cols.values += rows.values
-            cols.walls.extend(repeat(wall, len(rows.steps)))
-            self._dropped += rows.lost
-            self.dropped_total += rows.lost
+            cols.tags += tags
+            cols.steps.extend(steps)
+            cols.values += values
+            cols.walls.extend(walls)
+            self._dropped += lost
+            self.dropped_total += lost
             if len(cols) - self._skip > BUFFER_MAX:
                 self._drop(remove=False)
 

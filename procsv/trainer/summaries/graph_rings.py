@@ -154,9 +154,9 @@ class GraphRings:
         for tag in tags:
             check_tag(tag)
         step_t = _graph_step(tf, step)
-        row = tf.stack([_graph_value(tf, tag, values[tag]) for tag in tags]) if tags else None
-        if row is None:
+        if not tags:
             return
+        row = tf.stack([_graph_value(tf, tag, values[tag]) for tag in tags])
         with self._lock:
             ring = self._rings.get(tags)
             if ring is None:
