@@ -43,15 +43,21 @@ known = subprocess.Popen(["sleep", "30"])
 # a child that starts a grandchild in a session of its own and exits: the grandchild is adopted
 out = subprocess.run(["sh", "-c", "setsid sleep 30 > /dev/null 2>&1 & echo $!"], capture_output=True, text=True)
 orphan = int(out.stdout)
-deadline = time.monotonic() + 10
-while orphan not in (child_pids() or []) and time.monotonic() < deadline:
-    time.sleep(0.01)
-adopted = orphan in (child_pids() or [])
-killed = sweeper.sweep_and_reap({known.pid}, 5.0)
-alive = os.path.exists(f"/proc/{orphan}")
-known_alive = known.poll() is None
-known.kill()
-known.wait()
+try:
+    deadline = time.monotonic() + 10
+    while orphan not in (child_pids() or []) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    adopted = orphan in (child_pids() or [])
+    killed = sweeper.sweep_and_reap({known.pid}, 5.0)
+    alive = os.path.exists(f"/proc/{orphan}")
+    known_alive = known.poll() is None
+finally:  # nothing outlives this script, whatever failed
+    known.kill()
+    known.wait()
+    try:
+        os.kill(orphan, 9)
+    except ProcessLookupError:
+        pass
 print(json.dumps({"adopted": adopted, "killed": killed, "orphan": orphan, "alive": alive, "known_alive": known_alive}))
 """
 

@@ -114,9 +114,9 @@ def test_bad_value_is_not_buffered():
 
 
 def test_real_tensors_are_read_at_the_call_and_everything_else_is_refused_there():
-    """An eager scalar tensor is kept as is and read when the batch is taken (it cannot change);
-    a variable is read at the call (it may change after); a tensor that is not one real number is
-    refused at the call, and nothing of that call is kept."""
+    """An eager scalar tensor and a variable are read into floats at the call (a variable may change
+    after it); a tensor that is not one real number is refused at the call, and nothing of that
+    call is kept."""
     tf = pytest.importorskip("tensorflow")
     buf = SummaryBuffer()
     var = tf.Variable(2.5)
