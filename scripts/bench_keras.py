@@ -4,16 +4,24 @@
 The same model and data in every run (an MLP with two 1024-unit layers on 8,192 synthetic examples,
 128 batches an epoch, a seeded ``tf.data`` shuffle reshuffled every epoch, op determinism on):
 
-(a) per-epoch time, median of epochs 2..E of each run, for: plain ``fit`` with no callback;
-    ``fit`` with ``keras.callbacks.BackupAndRestore(save_freq=N)``; ``fit`` with
-    ``procsv.keras.BackupAndRestore(save_freq=N)`` under ``procsv launch``. The three run in turns,
-    ``--rounds`` times, in a rotating order. The machine is shared and its load drifts between runs,
-    so the overhead is paired: in each round, a callback's median epoch time over plain fit's in
-    the same round, minus 1; the figure is the median over the rounds (with its min-max).
-    Beside it, procsv's in-loop cost: the time the training loop spent inside procsv's step
-    boundary (bookkeeping, messages, the snapshot copies), measured around each batch in the
-    trainer itself, as a share of fit's time: not blurred by the machine's drift, but blind to the
-    checkpoint service's CPU competing with training.
+(a) the time overhead of each callback over plain ``fit``: plain ``fit`` with no callback, ``fit``
+    with ``keras.callbacks.BackupAndRestore(save_freq=N)`` and ``fit`` with
+    ``procsv.keras.BackupAndRestore(save_freq=N)`` under ``procsv launch`` run at the same time and
+    take turns (``lockstep.py``): each runs ``--turn-batches`` batches (16, about 0.13 s) while the
+    other two process trees are stopped with SIGSTOP (procsv's whole launch: watchdog, services,
+    standby, trainer), for ``--rounds`` rounds in a rotating order. This machine's speed drifts by
+    5-15 % from one second to the next, so separate runs, even interleaved, could not resolve 2 %;
+    turns of a tenth of a second see the same machine. The overhead is the callback's total time
+    over its turns against plain fit's, minus 1; its spread within a series is shown by quarters,
+    and the figure is the median over ``--repeats`` series of freshly started processes. The
+    first ``--warmup-rounds`` turns (tracing) are not measured, and procsv's standby is prepared
+    before the measured turns begin (with every trainer waiting), as it is in the first seconds of
+    a real run. In (a) the input pipeline has tf.data's autotuning off, in all three alike: its
+    thread stalled the first batch of an epoch that followed an idle wait for up to 2.56 s.
+    Beside it: procsv's in-loop cost (the time the training loop spent inside procsv's step
+    boundary, measured around each batch in the trainer itself) and the CPU its other processes
+    used per second of its turns (watchdog, services, standby, zygote: on 2 cores where training
+    keeps both busy, that CPU costs training about as much time).
 (b) resumed correctness after 3 SIGKILLs at random moments (after the first save), for both
     callbacks (Keras's is relaunched by this script after each kill, procsv's by its watchdog):
     whether the final weights equal those of the uninterrupted plain fit bit for bit; how many
@@ -44,7 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 HERE = os.path.abspath(__file__)
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -65,6 +73,11 @@ def child(args: argparse.Namespace) -> int:
     y = (x[:, :10].argmax(axis=1)).astype(np.int64)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(EXAMPLES, seed=1, reshuffle_each_iteration=True)
     ds = ds.batch(BATCH)
+    if args.turns:  # (a): tf.data's autotuning thread stalled the first batch of an epoch that followed
+        # an idle wait for up to 2.56 s (its optimization period), in every contender alike
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        ds = ds.with_options(options)
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(1024, activation="relu"),
                               keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)])
     model.compile(optimizer=keras.optimizers.Adam(1e-4),
@@ -88,6 +101,25 @@ def child(args: argparse.Namespace) -> int:
 
         procsv_cb = procsv.keras.BackupAndRestore(save_freq=args.save_freq)
         callbacks.append(procsv_cb)
+    if args.turns:  # (a): take turns with the other contenders (lockstep.py), K batches a turn
+        sys.path.insert(0, os.path.dirname(HERE))
+        from lockstep import Turns
+
+        class TakeTurns(keras.callbacks.Callback):  # type: ignore[misc]
+            def on_train_begin(self, logs: Any = None) -> None:  # after procsv's: its wrapper is timed
+                # here, not before fit: a hot standby runs the program up to procsv's on_train_begin
+                turns = Turns(args.dir, args.turns,
+                              extra=(lambda: procsv_cb.loop_secs) if procsv_cb is not None else float)
+                inner = model.train_function
+
+                def train_function(iterator: Any) -> Any:
+                    if not turns.block():
+                        model.stop_training = True  # this batch still runs; fit ends after it
+                    return inner(iterator)
+
+                model.train_function = train_function
+
+        callbacks.append(TakeTurns())
     if args.count:  # after the restore: the updates this attempt applies, kept through a SIGKILL
 
         class Count(keras.callbacks.Callback):  # type: ignore[misc]
@@ -113,9 +145,10 @@ def child(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------ the runs
-def child_cmd(mode: str, folder: str, epochs: int, save_freq: int, count: bool = False) -> list[str]:
+def child_cmd(mode: str, folder: str, epochs: int, save_freq: int, count: bool = False, turns: int = 0) -> list[str]:
     flags = ["--child", mode, "--dir", folder, "--epochs", str(epochs), "--save-freq", str(save_freq)]
     flags += ["--count"] if count else []
+    flags += ["--turns", str(turns)] if turns else []
     if mode == "procsv":
         return [sys.executable, "-m", "procsv", "launch", HERE, "--logdir", os.path.join(folder, "run"),
                 "--quiet", "--", *flags]
@@ -252,38 +285,105 @@ def killed_run(mode: str, root: str, epochs: int, save_freq: int, kills: int, rn
     return res
 
 
+MODES = ("plain", "keras", "procsv")
+
+
+def lockstep_series(root: str, args: argparse.Namespace) -> dict[str, Any]:
+    """(a), one repeat: the three contenders started at once and run in turns (``lockstep.py``)."""
+    sys.path.insert(0, os.path.dirname(HERE))
+    from lockstep import Contender, quiesce
+
+    contenders = []
+    for mode in MODES:
+        folder = tempfile.mkdtemp(prefix=f"{mode}-turns-", dir=root)
+        contenders.append(Contender(mode, folder, child_cmd(mode, folder, 100000, args.save_freq,
+                                                            turns=args.turn_batches), ENV, REPO))
+    secs: dict[str, list[float]] = {m: [] for m in MODES}
+    loop = 0.0
+    try:
+        for c in contenders:
+            c.connect(timeout=600)
+        procsv = contenders[MODES.index("procsv")]
+        trainer = procsv.pid
+        bg0 = 0.0
+        for r in range(args.warmup_rounds + args.rounds):
+            if r in (0, args.warmup_rounds):
+                # before any turn: the services import TF; after the warm-up turns (the step function
+                # traced): procsv prepares its standby after the first step. Let all that finish with
+                # no turn running, or it would be charged to procsv's turns only (the rest are stopped).
+                for c in contenders:
+                    c.resume()
+                quiesce(contenders)
+                for c in contenders:
+                    c.pause()
+                bg0 = procsv.cpu_secs(exclude=(trainer,))  # CPU of procsv's watchdog, services, standby
+            for c in contenders[r % 3:] + contenders[:r % 3]:
+                t, extra = c.turn()
+                if r >= args.warmup_rounds:
+                    secs[c.name].append(t)
+                    loop += extra if c.name == "procsv" else 0.0
+        background = procsv.cpu_secs(exclude=(trainer,)) - bg0
+        codes = {c.name: c.finish(timeout=600) for c in contenders}
+    except BaseException:
+        for c in contenders:
+            c.kill()
+        raise
+    if any(codes.values()):
+        raise SystemExit(f"bench_keras: a contender did not end cleanly: {codes}\n" +
+                         "\n".join(f"{c.name}: {c.tail()}" for c in contenders if codes[c.name]))
+    total = {m: sum(v) for m, v in secs.items()}
+    quarters = [slice(q * args.rounds // 4, (q + 1) * args.rounds // 4) for q in range(4)]
+    return {"over": {m: total[m] / total["plain"] - 1 for m in ("keras", "procsv")},
+            "quarters": {m: [sum(secs[m][q]) / sum(secs["plain"][q]) - 1 for q in quarters] for m in ("keras", "procsv")},
+            "epoch": {m: total[m] / len(secs[m]) * (EXAMPLES // BATCH) / args.turn_batches for m in MODES},
+            "in_loop": loop / total["procsv"],
+            "background_ms_per_s": background / total["procsv"] * 1000,
+            "secs": secs}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--child", choices=("plain", "keras", "procsv"))
+    p.add_argument("--child", choices=MODES)
     p.add_argument("--dir")
-    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=4, help="epochs of the uninterrupted and killed fits (default 4)")
     p.add_argument("--save-freq", type=int, default=100, help="N: save every N batches (default 100)")
-    p.add_argument("--rounds", type=int, default=5, help="runs of each mode for (a) (default 5)")
+    p.add_argument("--repeats", type=int, default=3, help="lockstep series for (a) (default 3)")
+    p.add_argument("--rounds", type=int, default=240, help="measured turns of each contender a series (default 240)")
+    p.add_argument("--warmup-rounds", type=int, default=16, help="turns not measured first (default 16: 2 epochs)")
+    p.add_argument("--turn-batches", type=int, default=16, help="K: batches a turn (default 16)")
     p.add_argument("--kills", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--turns", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return child(args)
 
     root = tempfile.mkdtemp(prefix="bench-keras-")
     try:
-        modes = ["plain", "keras", "procsv"]
-        epoch_secs: dict[str, list[float]] = {m: [] for m in modes}
-        first: dict[str, dict[str, Any]] = {}
-        in_loop: list[float] = []
-        for r in range(args.rounds):
-            for mode in modes[r % 3:] + modes[:r % 3]:
-                res = run_once(mode, root, args.epochs, args.save_freq)
-                epoch_secs[mode].append(statistics.median(res["epoch_secs"][1:]))
-                if mode == "procsv":  # time inside procsv's step boundary, measured in the loop itself
-                    in_loop.append(res["loop_secs"] / sum(res["epoch_secs"]))
-                first.setdefault(mode, res)
-                print(f"  round {r + 1} {mode:7s} median epoch {epoch_secs[mode][-1] * 1000:8.1f} ms", flush=True)
-        med = {m: statistics.median(v) for m, v in epoch_secs.items()}
-        paired = {m: [a / b - 1 for a, b in zip(epoch_secs[m], epoch_secs["plain"])] for m in ("keras", "procsv")}
-        over = {m: statistics.median(v) for m, v in paired.items()}
+        series = []
+        for rep in range(args.repeats):
+            res = lockstep_series(root, args)
+            series.append(res)
+            print(f"  series {rep + 1}: procsv {res['over']['procsv'] * 100:+.2f}% (quarters " +
+                  " ".join(f"{q * 100:+.1f}" for q in res["quarters"]["procsv"]) +
+                  f"), keras {res['over']['keras'] * 100:+.2f}% (quarters " +
+                  " ".join(f"{q * 100:+.1f}" for q in res["quarters"]["keras"]) +
+                  f"), in-loop {res['in_loop'] * 100:.2f}%, background {res['background_ms_per_s']:.1f} ms/s",
+                  flush=True)
+
+        def med(get: Callable[[dict[str, Any]], float]) -> float:
+            return float(statistics.median(get(r) for r in series))
+
+        def spread(get: Callable[[dict[str, Any]], float], scale: float = 100.0, fmt: str = "+.2f") -> str:
+            vals = [get(r) * scale for r in series]
+            return f"{min(vals):{fmt}}..{max(vals):{fmt}}"
+
+        over = {m: med(lambda r, m=m: r["over"][m]) for m in ("keras", "procsv")}
+        in_loop = med(lambda r: r["in_loop"])
         ratio = over["procsv"] / over["keras"] if over["keras"] > 0 else float("nan")
+
+        first = {m: run_once(m, root, args.epochs, args.save_freq) for m in MODES}  # uninterrupted fits
         reference = weights(first["plain"]["folder"])
         batches = args.epochs * (EXAMPLES // BATCH)
         same = {m: identical(weights(first[m]["folder"]), reference) for m in ("keras", "procsv")}
@@ -297,26 +397,29 @@ def main() -> int:
         redone = {m: killed[m]["updates"] - batches for m in killed}
 
         print()
-        print(f"{'':28s} {'plain fit':>12s} {'keras B&R':>12s} {'procsv B&R':>12s}")
-        print(f"{'median epoch (ms)':28s} {med['plain'] * 1000:12.1f} {med['keras'] * 1000:12.1f} "
-              f"{med['procsv'] * 1000:12.1f}")
-        print(f"{'  spread (min-max ms)':28s} " + " ".join(
-            f"{min(epoch_secs[m]) * 1000:5.0f}-{max(epoch_secs[m]) * 1000:<6.0f}" for m in modes))
-        print(f"{'overhead over plain fit':28s} {'':>12s} {over['keras'] * 100:11.2f}% {over['procsv'] * 100:11.2f}%")
-        print(f"{'  per-round min..max':28s} {'':>12s} " + " ".join(
-            f"{min(paired[m]) * 100:+5.1f}..{max(paired[m]) * 100:+.1f}%" for m in ("keras", "procsv")))
-        print(f"{'procsv in-loop cost':28s} {'':>12s} {'':>12s} {statistics.median(in_loop) * 100:11.2f}%  "
-              f"({min(in_loop) * 100:.2f}..{max(in_loop) * 100:.2f}%: step boundaries + snapshots, of fit's time)")
-        print(f"{'uninterrupted = plain fit':28s} {'':>12s} {str(same['keras']):>12s} {str(same['procsv']):>12s}")
-        print(f"{'SIGKILLs done':28s} {'':>12s} {killed['keras']['kills']:12d} {killed['procsv']['kills']:12d}")
-        print(f"{'resumed = uninterrupted':28s} {'':>12s} {str(exact['keras']):>12s} {str(exact['procsv']):>12s}")
-        print(f"{'batches twice in the weights':28s} {'':>12s} {repeated['keras']:12d} {repeated['procsv']:12d}")
-        print(f"{'updates redone (lost work)':28s} {'':>12s} {redone['keras']:12d} {redone['procsv']:12d}")
-        print(f"{'backup corrupted by a kill':28s} {'':>12s} {killed['keras']['corrupt']:12d} "
-              f"{killed['procsv']['corrupt']:12d}")
-        print(f"(save_freq={args.save_freq} batches, {EXAMPLES // BATCH} batches an epoch, {args.epochs} epochs, "
-              f"{args.rounds} rounds)")
-        print(f"fit_overhead={over['procsv']:.4f} in_loop_overhead={statistics.median(in_loop):.4f} "
+        print(f"{'':30s} {'plain fit':>14s} {'keras B&R':>14s} {'procsv B&R':>14s}")
+        print(f"{'epoch time, in turns (ms)':30s} " + " ".join(
+            f"{med(lambda r, m=m: r['epoch'][m]) * 1000:14.1f}" for m in MODES))
+        print(f"{'  spread over series':30s} " + " ".join(
+            f"{spread(lambda r, m=m: r['epoch'][m], 1000.0, '.0f'):>14s}" for m in MODES))
+        print(f"{'overhead over plain fit':30s} {'':>14s} {over['keras'] * 100:13.2f}% {over['procsv'] * 100:13.2f}%")
+        print(f"{'  spread over series':30s} {'':>14s} " + " ".join(
+            f"{spread(lambda r, m=m: r['over'][m]):>14s}" for m in ("keras", "procsv")))
+        print(f"{'procsv in-loop cost':30s} {'':>14s} {'':>14s} {in_loop * 100:13.2f}%  "
+              f"({spread(lambda r: r['in_loop'], fmt='.2f')}%: step boundaries + snapshots)")
+        print(f"{'procsv background CPU':30s} {'':>14s} {'':>14s} "
+              f"{med(lambda r: r['background_ms_per_s']):10.1f} ms/s  (watchdog, services, standby, zygote: "
+              f"{spread(lambda r: r['background_ms_per_s'], 1.0, '.1f')} ms per second of procsv's turns)")
+        print(f"{'uninterrupted = plain fit':30s} {'':>14s} {str(same['keras']):>14s} {str(same['procsv']):>14s}")
+        print(f"{'SIGKILLs done':30s} {'':>14s} {killed['keras']['kills']:14d} {killed['procsv']['kills']:14d}")
+        print(f"{'resumed = uninterrupted':30s} {'':>14s} {str(exact['keras']):>14s} {str(exact['procsv']):>14s}")
+        print(f"{'batches twice in the weights':30s} {'':>14s} {repeated['keras']:14d} {repeated['procsv']:14d}")
+        print(f"{'updates redone (lost work)':30s} {'':>14s} {redone['keras']:14d} {redone['procsv']:14d}")
+        print(f"{'backup corrupted by a kill':30s} {'':>14s} {killed['keras']['corrupt']:14d} "
+              f"{killed['procsv']['corrupt']:14d}")
+        print(f"(save_freq={args.save_freq} batches, {EXAMPLES // BATCH} batches an epoch; (a): {args.repeats} series "
+              f"of {args.rounds} turns of {args.turn_batches} batches per contender; (b): {args.epochs} epochs)")
+        print(f"fit_overhead={over['procsv']:.4f} in_loop_overhead={in_loop:.4f} "
               f"overhead_ratio_vs_keras={ratio:.3f} exact_procsv={int(exact['procsv'])} "
               f"exact_keras={int(exact['keras'])} repeated_batches_keras={repeated['keras']}")
         ok = exact["procsv"] and repeated["procsv"] == 0 and same["procsv"] and killed["procsv"]["kills"] == args.kills \

@@ -1,0 +1,188 @@
+"""Lockstep turns: several whole process trees take turns at training, so that they are compared
+at the same moments of a noisy machine.
+
+Used by ``bench_keras.py`` (a). On these shared 2-core machines the speed drifts by 5-15 % from
+one second to the next, in a single process with nothing else running: runs of a minute apiece,
+one after the other, cannot resolve a 2 % difference. Here each contender is a real process tree
+(``procsv launch`` with its watchdog, services and standby, or one plain ``python``), all started
+at once and all kept: the harness lets one tree run a block of K batches while every other tree
+is stopped with SIGSTOP, then the next, in a rotating order, for hundreds of rounds. A block
+lasts about a tenth of a second, so neighbouring blocks of different contenders see the same
+machine, and the sums over all blocks compare them.
+
+Stopping the trees that are not at their turn puts every contender's background work where it
+belongs: procsv's services, watchdog and standby run only during procsv's blocks (at their
+natural rate), and a checkpoint that the service is still writing when procsv's block ends is
+finished during procsv's next block, not during another contender's.
+
+The child side (:class:`Turns`) runs in the training process: :meth:`Turns.block` is called at
+each batch; every K batches it reports the block's time and waits for its next turn. Protocol,
+over two FIFOs in the child's folder: the child writes ``ready`` once, then one line per block
+(``<secs> <extra>``); the harness writes ``go`` or ``stop`` for each turn.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from typing import IO, Any, Callable, Optional
+
+import psutil
+
+GO, DONE = "turn.go", "turn.done"
+
+
+class Turns:
+    """The training process's side: blocks of ``k`` batches, each run only when given the turn."""
+
+    def __init__(self, folder: str, k: int, extra: Callable[[], float] = lambda: 0.0) -> None:
+        self.k, self.extra = k, extra
+        self.done: IO[str] = open(os.path.join(folder, DONE), "w", buffering=1)
+        self.done.write(f"ready {os.getpid()}\n")
+        self.go: IO[str] = open(os.path.join(folder, GO))
+        self.calls = 0
+        self.t0 = 0.0
+        self.x0 = 0.0
+
+    def block(self) -> bool:
+        """Called before each batch; False once the harness says stop (the caller ends ``fit``)."""
+        self.calls += 1
+        if (self.calls - 1) % self.k:
+            return True
+        if self.calls > 1:
+            self.done.write(f"{time.perf_counter() - self.t0:.9f} {self.extra() - self.x0:.9f}\n")
+        word = self.go.readline().strip()
+        self.t0, self.x0 = time.perf_counter(), self.extra()
+        return word == "go"
+
+
+class Contender:
+    """The harness's side of one process tree."""
+
+    def __init__(self, name: str, folder: str, cmd: list[str], env: dict[str, str], cwd: str) -> None:
+        self.name, self.folder = name, folder
+        for fifo in (GO, DONE):
+            os.mkfifo(os.path.join(folder, fifo))
+        self.log = open(os.path.join(folder, "stderr.txt"), "w")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, env=env, cwd=cwd,
+                                     start_new_session=True)
+        self.go: Optional[IO[str]] = None
+        self.done: Optional[IO[str]] = None
+        self.stopped: list[psutil.Process] = []
+        self.pid = 0  # the training process's (procsv's trainer, not its launch)
+
+    def connect(self, timeout: float) -> None:
+        """Wait for the child's ``ready`` (its model built, its first batch about to run)."""
+        fd = os.open(os.path.join(self.folder, DONE), os.O_RDONLY | os.O_NONBLOCK)
+        deadline = time.monotonic() + timeout
+        buf = b""
+        while not buf.endswith(b"\n"):
+            try:
+                buf += os.read(fd, 64)
+            except BlockingIOError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                os.close(fd)
+                raise SystemExit(f"lockstep: {self.name} ended or did not start (exit {self.proc.poll()}); "
+                                 f"its stderr: {self.tail()}")
+            time.sleep(0.05)
+        os.set_blocking(fd, True)
+        self.pid = int(buf.split()[1])
+        self.done = os.fdopen(fd)
+        self.go = open(os.path.join(self.folder, GO), "w", buffering=1)
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def pause(self) -> None:
+        """SIGSTOP every process of the tree (its trainer is waiting for its next turn)."""
+        self.stopped = self.tree()
+        for p in self.stopped:
+            try:
+                p.send_signal(signal.SIGSTOP)
+            except psutil.NoSuchProcess:
+                pass
+
+    def resume(self) -> None:
+        for p in self.tree():
+            try:
+                p.send_signal(signal.SIGCONT)
+            except psutil.NoSuchProcess:
+                pass
+
+    def turn(self) -> tuple[float, float]:
+        """Run one block: (its seconds, the child's extra figure over it)."""
+        assert self.go is not None and self.done is not None
+        self.resume()
+        self.go.write("go\n")
+        line = self.done.readline()
+        if not line:
+            raise SystemExit(f"lockstep: {self.name} ended mid-run (exit {self.proc.wait()}); its stderr: "
+                             f"{self.tail()}")
+        self.pause()
+        secs, extra = line.split()
+        return float(secs), float(extra)
+
+    def finish(self, timeout: float) -> int:
+        """Let it end ``fit`` normally (procsv commits and its launch exits) and return its exit code."""
+        assert self.go is not None
+        self.resume()
+        self.go.write("stop\n")
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.log.close()
+
+    def kill(self) -> None:
+        for p in self.tree():
+            try:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+    def tail(self) -> str:
+        try:
+            with open(os.path.join(self.folder, "stderr.txt")) as fh:
+                return fh.read()[-2000:]
+        except OSError:
+            return ""
+
+    def cpu_secs(self, exclude: Any = ()) -> float:
+        """CPU seconds used so far by the tree's processes, except the pids in ``exclude``."""
+        total = 0.0
+        for p in self.tree():
+            try:
+                if p.pid not in exclude:
+                    t = p.cpu_times()
+                    total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+
+def quiesce(contenders: list[Contender], max_secs: float = 60.0) -> None:
+    """Wait until every tree is idle (a standby being prepared, services importing TensorFlow)."""
+    deadline = time.monotonic() + max_secs
+    while time.monotonic() < deadline:
+        procs = [p for c in contenders for p in c.tree()]
+        for p in procs:
+            try:
+                p.cpu_percent()
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(0.5)
+        busy = 0.0
+        for p in procs:
+            try:
+                busy += p.cpu_percent()
+            except psutil.NoSuchProcess:
+                pass
+        if busy < 5:
+            return
