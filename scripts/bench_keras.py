@@ -96,9 +96,17 @@ def child(args: argparse.Namespace) -> int:
     if args.child == "keras":
         callbacks.append(keras.callbacks.BackupAndRestore(backup_dir=args.dir, save_freq=args.save_freq,
                                                           delete_checkpoint=False))
-    elif args.child == "procsv":
+    turns: Any = None
+    if args.child == "procsv":
         import procsv.keras
 
+        if args.turns:  # procsv's timers read the time trained, not the time spent waiting for turns
+            import functools
+
+            import procsv.trainer.keras_fit as keras_fit
+
+            setattr(keras_fit, "Supervisor", functools.partial(  # the Supervisor the callback creates
+                getattr(keras_fit, "Supervisor"), clock=lambda: turns.clock() if turns is not None else time.monotonic()))
         procsv_cb = procsv.keras.BackupAndRestore(save_freq=args.save_freq)
         callbacks.append(procsv_cb)
     if args.turns:  # (a): take turns with the other contenders (lockstep.py), K batches a turn
@@ -108,6 +116,7 @@ def child(args: argparse.Namespace) -> int:
         class TakeTurns(keras.callbacks.Callback):  # type: ignore[misc]
             def on_train_begin(self, logs: Any = None) -> None:  # after procsv's: its wrapper is timed
                 # here, not before fit: a hot standby runs the program up to procsv's on_train_begin
+                nonlocal turns
                 turns = Turns(args.dir, args.turns,
                               extra=(lambda: procsv_cb.loop_secs) if procsv_cb is not None else float)
                 inner = model.train_function
