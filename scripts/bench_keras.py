@@ -297,6 +297,18 @@ def killed_run(mode: str, root: str, epochs: int, save_freq: int, kills: int, rn
 MODES = ("plain", "keras", "procsv")
 
 
+def procsv_background(p: Any) -> bool:
+    """The processes of procsv's launch that work while its trainer waits for its turn: the
+    watchdog (the launch itself) and the two services. Not the trainer, the standby or the
+    zygote: they are idle then, and stopping a TensorFlow process wakes each of its dozens of
+    threads twice (to stop, to go on), a cost no real run has."""
+    try:
+        cmd = p.cmdline()
+    except Exception:
+        return False
+    return "launch" in cmd or any(c.startswith("procsv.services.") for c in cmd)
+
+
 def lockstep_series(root: str, args: argparse.Namespace) -> dict[str, Any]:
     """(a), one repeat: the three contenders started at once and run in turns (``lockstep.py``)."""
     sys.path.insert(0, os.path.dirname(HERE))
@@ -306,7 +318,8 @@ def lockstep_series(root: str, args: argparse.Namespace) -> dict[str, Any]:
     for mode in MODES:
         folder = tempfile.mkdtemp(prefix=f"{mode}-turns-", dir=root)
         contenders.append(Contender(mode, folder, child_cmd(mode, folder, 100000, args.save_freq,
-                                                            turns=args.turn_batches), ENV, REPO))
+                                                            turns=args.turn_batches), ENV, REPO,
+                                    background=procsv_background if mode == "procsv" else lambda p: False))
     secs: dict[str, list[float]] = {m: [] for m in MODES}
     loop = 0.0
     try:

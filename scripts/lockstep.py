@@ -71,8 +71,10 @@ class Turns:
 class Contender:
     """The harness's side of one process tree."""
 
-    def __init__(self, name: str, folder: str, cmd: list[str], env: dict[str, str], cwd: str) -> None:
+    def __init__(self, name: str, folder: str, cmd: list[str], env: dict[str, str], cwd: str,
+                 background: Callable[[psutil.Process], bool] = lambda p: False) -> None:
         self.name, self.folder = name, folder
+        self.background = background  # which processes of the tree to stop between its turns
         for fifo in (GO, DONE):
             os.mkfifo(os.path.join(folder, fifo))
         self.log = open(os.path.join(folder, "stderr.txt"), "w")
@@ -111,8 +113,8 @@ class Contender:
             return []
 
     def pause(self) -> None:
-        """SIGSTOP every process of the tree (its trainer is waiting for its next turn)."""
-        self.stopped = self.tree()
+        """SIGSTOP the tree's background processes (its trainer is waiting for its next turn)."""
+        self.stopped = [p for p in self.tree() if self.background(p)]
         for p in self.stopped:
             try:
                 p.send_signal(signal.SIGSTOP)
@@ -120,7 +122,7 @@ class Contender:
                 pass
 
     def resume(self) -> None:
-        for p in self.tree():
+        for p in self.stopped:
             try:
                 p.send_signal(signal.SIGCONT)
             except psutil.NoSuchProcess:
