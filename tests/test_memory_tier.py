@@ -67,6 +67,15 @@ def test_a_walk_of_the_object_graph_is_charged_at_its_own_rate():
     assert memory_tier.interval(0.001, budget=0.01, walk_secs=0.2, walk_every=10.0) == 10.0
 
 
+def test_disk_snapshots_take_their_share_of_the_budget_first():
+    # disk snapshots of 4 ms every 0.8 s take half of a 1 % budget: 2 ms copies get the other half
+    assert memory_tier.disk_share(0.004, 0.8) == pytest.approx(0.005)
+    assert memory_tier.interval(0.002, budget=0.01, disk_share=0.005) == pytest.approx(0.4)
+    # disk snapshots alone take the budget: one in-memory snapshot per walk
+    assert memory_tier.interval(0.002, budget=0.01, walk_every=10.0, disk_share=0.012) == 10.0
+    assert memory_tier.disk_share(None, 0.8) == 0.0 and memory_tier.disk_share(0.004, None) == 0.0
+
+
 class _Service:
     """The trainer's side of the checkpoint service for one agent: takes every snapshot, answers
     each read with what it holds; a read costs ``read_secs`` on the fake clock."""
@@ -347,3 +356,36 @@ def _fault_line(logdir: str) -> str:
             return next((l for l in fh if "fault injected: stuck at slot_complete" in l), "")
     except FileNotFoundError:
         return ""
+
+
+class _SlowCommitting(_Committing):
+    """Each disk snapshot handed over stops the loop ``send_secs`` on the fake clock."""
+
+    send_secs = 0.004
+
+    def send_snapshot(self, msg: SaveData, frames: list[object]) -> bool:
+        self.t += self.send_secs
+        return super().send_snapshot(msg, frames)
+
+
+def test_the_agent_leaves_the_in_memory_tier_what_its_disk_snapshots_leave_of_the_budget(tmp_path):
+    import tensorflow as tf
+
+    step_var = tf.Variable(0, dtype=tf.int64)
+    ckpt = tf.train.Checkpoint(w=tf.Variable(tf.ones([64, 64])), step=step_var)
+    svc = _SlowCommitting()
+    agent = _agent(tmp_path, ckpt, step_var, svc, save_checkpoint_steps=None, memory_budget=0.01)
+    agent.store.arena_for(arena_bytes_needed(ckpt))
+    ch = cast(TrainerChannels, svc)
+    for i, step in enumerate((100, 200, 300)):  # a disk snapshot every 0.8 s, each stopping the loop 4 ms
+        svc.t = 100.0 + 0.8 * i
+        agent.request(SaveReason.PERIODIC)
+        assert agent.poll(ch, step, svc.t) and agent.snapshot(ch, step)
+        svc.t += 0.1
+        agent.poll(ch, step + 1, svc.t + 1.0)  # the commit is read: nothing in flight
+        assert agent.in_flight is None
+    agent.copy_cost, agent.walk_cost = 0.002, 0.0
+    # the first walked the object graph (the walk's rate pays for that): the later two cost 4 ms, 0.8 s apart
+    assert agent._disk_cost == pytest.approx(0.004)
+    share = 0.004 / 0.8
+    assert agent._memory_next() == pytest.approx(agent.memory_at + 0.002 / (0.01 - share), rel=0.01)

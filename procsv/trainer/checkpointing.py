@@ -113,6 +113,10 @@ class CheckpointAgent:
         # internal preparations before every snapshot of either tier (Keras writes its position)
         self.prepare_snapshot: list[Callable[[], None]] = []
         self.last_snapshot_secs = 0.0  # how long the loop was stopped by the last snapshot
+        # what the disk snapshots take of the loop's time, which the in-memory tier's budget covers too
+        self._disk_cost: Optional[float] = None  # seconds one stops the loop (smoothed)
+        self._disk_gap: Optional[float] = None  # seconds between two (smoothed)
+        self._disk_at: Optional[float] = None  # when the last was taken
         # procsv.train's CheckpointSaverListeners: called with (step, reason) right before a snapshot is
         # taken, and with the step when the trainer learns that its checkpoint is committed
         self.before_snapshot: list[Callable[[int, SaveReason], None]] = []
@@ -275,7 +279,8 @@ class CheckpointAgent:
     def _memory_next(self) -> float:
         """When (on the clock) the budget allows the next in-memory snapshot."""
         return self.memory_at + memory_tier.interval(self.copy_cost or 0.0, self.memory_budget,
-                                                     walk_secs=self.walk_cost, walk_every=PLAN_MAX_AGE)
+                                                     walk_secs=self.walk_cost, walk_every=PLAN_MAX_AGE,
+                                                     disk_share=memory_tier.disk_share(self._disk_cost, self._disk_gap))
 
     def memory_snapshot(self, ch: TrainerChannels, step: int, unwritten_from: Optional[int] = None) -> bool:
         """Copy the state of ``step`` into a free slot; hand it to the service to hold (not to
@@ -351,12 +356,22 @@ class CheckpointAgent:
             self.store.slots.drop_waiting()
         return sent
 
+    def _disk_taken(self, secs: Optional[float], now: float) -> None:
+        """A disk snapshot stopped the loop ``secs`` (None: it walked the object graph, which the
+        walk's own rate pays for) and ended at ``now``: what the tier's budget leaves (memory_tier.disk_share)."""
+        if self._disk_at is not None:
+            self._disk_gap = memory_tier.smoothed_cost(self._disk_gap, now - self._disk_at)
+        self._disk_at = now
+        if secs is not None:
+            self._disk_cost = memory_tier.smoothed_cost(self._disk_cost, secs)
+
     def _send(self, ch: TrainerChannels, step: int, reason: SaveReason, busy_after: Busy = Busy.NONE) -> bool:
         slot = self.store.slots.free(ch.clock())
         if slot is None:  # cannot happen with no snapshot in flight to disk; wait for a slot all the same
             return False
         for before in self.before_snapshot:
             before(step, reason)
+        t_prepare = ch.clock()
         for prepare in self.prepare_snapshot:
             prepare()
         t0 = ch.clock()
@@ -364,15 +379,18 @@ class CheckpointAgent:
         ch.to_watchdog(Progress(os.getpid(), step, time.time(), Busy.SNAPSHOT))
         stuck_here("snapshot")
         self.checkpoint.save_counter.assign_add(1)
-        snap = self.store.take(step, slot, fresh=not self.store.plan_reusable(t0, PLAN_MAX_AGE))
+        reuse = self.store.plan_reusable(t0, PLAN_MAX_AGE)
+        snap = self.store.take(step, slot, fresh=not reuse)
         arena = self.store.ref_of(snap)
         sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena, slot, True), snap.frames)
         ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))
         if self._waiting is not None:  # an in-memory snapshot still waiting is older than this one: never send it
             self._waiting = None
             self.store.slots.drop_waiting()
-        self.last_snapshot_secs = ch.clock() - t0
-        self.memory_at, self.memory_step = ch.clock(), step
+        end = ch.clock()
+        self.last_snapshot_secs = end - t0
+        self.memory_at, self.memory_step = end, step
+        self._disk_taken(end - t_prepare if reuse else None, end)
         if sent:
             self.store.slots.sent_disk(slot)
             nbytes = snap.arena_bytes + sum(int(getattr(f, "nbytes", 0) or len(f)) for f in snap.frames)
