@@ -8,8 +8,11 @@ The same model and data in every run (an MLP with two 1024-unit layers on 8,192 
     with ``keras.callbacks.BackupAndRestore(save_freq=N)`` and ``fit`` with
     ``procsv.keras.BackupAndRestore(save_freq=N)`` under ``procsv launch`` run at the same time and
     take turns (``lockstep.py``): each runs ``--turn-batches`` batches (16, about 0.13 s) while the
-    other two process trees are stopped with SIGSTOP (procsv's whole launch: watchdog, services,
-    standby, trainer), for ``--rounds`` rounds in a rotating order. This machine's speed drifts by
+    other two wait (their training processes on a FIFO; procsv's watchdog and services stopped
+    with SIGSTOP, so that their work lands in procsv's turns), for ``--rounds`` rounds in a
+    rotating order. procsv's trainer timers read a clock that stands still while it waits, so its
+    in-memory snapshots and progress reports come as often per second of training as in a run of
+    its own. This machine's speed drifts by
     5-15 % from one second to the next, so separate runs, even interleaved, could not resolve 2 %;
     turns of a tenth of a second see the same machine. The overhead is the callback's total time
     over its turns against plain fit's, minus 1; its spread within a series is shown by quarters,

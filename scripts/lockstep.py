@@ -1,24 +1,34 @@
-"""Lockstep turns: several whole process trees take turns at training, so that they are compared
-at the same moments of a noisy machine.
+"""Lockstep turns: several process trees take turns at training, so that they are compared at
+the same moments of a noisy machine.
 
 Used by ``bench_keras.py`` (a). On these shared 2-core machines the speed drifts by 5-15 % from
 one second to the next, in a single process with nothing else running: runs of a minute apiece,
 one after the other, cannot resolve a 2 % difference. Here each contender is a real process tree
 (``procsv launch`` with its watchdog, services and standby, or one plain ``python``), all started
-at once and all kept: the harness lets one tree run a block of K batches while every other tree
-is stopped with SIGSTOP, then the next, in a rotating order, for hundreds of rounds. A block
-lasts about a tenth of a second, so neighbouring blocks of different contenders see the same
-machine, and the sums over all blocks compare them.
+at once and all kept: the harness lets one contender train a block of K batches while the others
+wait, then the next, in a rotating order, for hundreds of rounds. A block lasts about a tenth of
+a second, so neighbouring blocks of different contenders see the same machine, and the sums over
+all blocks compare them.
 
-Stopping the trees that are not at their turn puts every contender's background work where it
-belongs: procsv's services, watchdog and standby run only during procsv's blocks (at their
-natural rate), and a checkpoint that the service is still writing when procsv's block ends is
-finished during procsv's next block, not during another contender's.
+Between its turns a contender's training process waits on a FIFO, and its background processes
+(for procsv: the watchdog and the two services, named by the harness) are stopped with SIGSTOP.
+Their work then happens only during their own contender's turns (a checkpoint the service is
+still writing when procsv's turn ends is finished in procsv's next turn, not in another's). Idle
+TensorFlow processes (a trainer waiting, procsv's standby and zygote) are not stopped: stopping
+one wakes each of its dozens of threads twice, a cost no real run has.
+
+Time-driven work runs on the wall clock, which keeps going while a contender waits: its timers
+would fire up to three times as often per second of its turns as in a run of its own. The child
+side's :meth:`Turns.clock` stands still while it waits; the training program gives it to its
+timers (procsv's trainer: the in-memory snapshot interval, progress, hand-offs). The stopped
+services' and watchdog's own timers still read the wall clock: each fires at most once when its
+process goes on, so they are charged somewhat more per second of procsv's turns than in a real
+run (the figure is conservative for procsv).
 
 The child side (:class:`Turns`) runs in the training process: :meth:`Turns.block` is called at
 each batch; every K batches it reports the block's time and waits for its next turn. Protocol,
-over two FIFOs in the child's folder: the child writes ``ready`` once, then one line per block
-(``<secs> <extra>``); the harness writes ``go`` or ``stop`` for each turn.
+over two FIFOs in the child's folder: the child writes ``ready <pid>`` once, then one line per
+block (``<secs> <extra>``); the harness writes ``go`` or ``stop`` for each turn.
 """
 
 from __future__ import annotations
