@@ -397,9 +397,6 @@ def main() -> int:
                   f"), in-loop {res['in_loop'] * 100:.2f}%, background {res['background_ms_per_s']:.1f} ms/s",
                   flush=True)
 
-        def pick(key: str, mode: Optional[str] = None) -> Callable[[dict[str, Any]], float]:
-            return lambda r: float(r[key] if mode is None else r[key][mode])
-
         def med(get: Callable[[dict[str, Any]], float]) -> float:
             return float(statistics.median(get(r) for r in series))
 
@@ -407,8 +404,8 @@ def main() -> int:
             vals = [get(r) * scale for r in series]
             return f"{min(vals):{fmt}}..{max(vals):{fmt}}"
 
-        over = {m: med(pick("over", m)) for m in ("keras", "procsv")}
-        in_loop = med(pick("in_loop"))
+        over = {m: med(lambda r, m=m: r["over"][m]) for m in ("keras", "procsv")}
+        in_loop = med(lambda r: r["in_loop"])
         ratio = over["procsv"] / over["keras"] if over["keras"] > 0 else float("nan")
 
         first = {m: run_once(m, root, args.epochs, args.save_freq) for m in MODES}  # uninterrupted fits
@@ -427,17 +424,17 @@ def main() -> int:
         print()
         print(f"{'':30s} {'plain fit':>14s} {'keras B&R':>14s} {'procsv B&R':>14s}")
         print(f"{'epoch time, in turns (ms)':30s} " + " ".join(
-            f"{med(pick('epoch', m)) * 1000:14.1f}" for m in MODES))
+            f"{med(lambda r, m=m: r['epoch'][m]) * 1000:14.1f}" for m in MODES))
         print(f"{'  spread over series':30s} " + " ".join(
-            f"{spread(pick('epoch', m), 1000.0, '.0f'):>14s}" for m in MODES))
+            f"{spread(lambda r, m=m: r['epoch'][m], 1000.0, '.0f'):>14s}" for m in MODES))
         print(f"{'overhead over plain fit':30s} {'':>14s} {over['keras'] * 100:13.2f}% {over['procsv'] * 100:13.2f}%")
         print(f"{'  spread over series':30s} {'':>14s} " + " ".join(
-            f"{spread(pick('over', m)):>14s}" for m in ("keras", "procsv")))
+            f"{spread(lambda r, m=m: r['over'][m]):>14s}" for m in ("keras", "procsv")))
         print(f"{'procsv in-loop cost':30s} {'':>14s} {'':>14s} {in_loop * 100:13.2f}%  "
-              f"({spread(pick('in_loop'), fmt='.2f')}%: step boundaries + snapshots)")
+              f"({spread(lambda r: r['in_loop'], fmt='.2f')}%: step boundaries + snapshots)")
         print(f"{'procsv background CPU':30s} {'':>14s} {'':>14s} "
-              f"{med(pick('background_ms_per_s')):10.1f} ms/s  (watchdog, services, standby, zygote: "
-              f"{spread(pick('background_ms_per_s'), 1.0, '.1f')} ms per second of procsv's turns)")
+              f"{med(lambda r: r['background_ms_per_s']):10.1f} ms/s  (watchdog, services, standby, zygote: "
+              f"{spread(lambda r: r['background_ms_per_s'], 1.0, '.1f')} ms per second of procsv's turns)")
         print(f"{'uninterrupted = plain fit':30s} {'':>14s} {str(same['keras']):>14s} {str(same['procsv']):>14s}")
         print(f"{'SIGKILLs done':30s} {'':>14s} {killed['keras']['kills']:14d} {killed['procsv']['kills']:14d}")
         print(f"{'resumed = uninterrupted':30s} {'':>14s} {str(exact['keras']):>14s} {str(exact['procsv']):>14s}")

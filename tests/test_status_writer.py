@@ -1,6 +1,5 @@
 """procsv.watchdog.statusfile.StatusWriter: a failing write of status.json is reported once; a
-vanished directory (a logdir being deleted) only if it is still missing at the next write; a
-change of the step alone is written after STEP_EVERY, a change of state after STATUS_EVERY."""
+vanished directory (a logdir being deleted) only if it is still missing at the next write."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import os
 import shutil
 
 from procsv.common.layout import Layout
-from procsv.watchdog.statusfile import STEP_EVERY, STATUS_EVERY, StatusWriter
+from procsv.watchdog.statusfile import STATUS_EVERY, StatusWriter
 
 
 class Clock:
@@ -78,28 +77,3 @@ def test_the_final_write_reports_a_vanished_directory_at_once(tmp_path):
     shutil.rmtree(layout.meta)
     w.maybe_write(lambda now, wall: {"step": 1}, force=True)
     assert len(said) == 1 and said[0].startswith(f"procsv: cannot write {layout.status}")
-
-
-def test_a_step_alone_is_written_after_progress_every_and_a_state_change_after_status_every(tmp_path):
-    w, layout, clock = writer(tmp_path, [])
-    record = {"step": 0, "state": "running"}
-    w.maybe_write(lambda now, wall: dict(record))  # the first write
-
-    def on_disk() -> dict[str, object]:
-        with open(layout.status) as f:
-            return dict(json.load(f))
-
-    record["step"] = 1
-    w.progressed = True
-    clock.now += STATUS_EVERY
-    w.maybe_write(lambda now, wall: dict(record))
-    assert on_disk()["step"] == 0  # a step alone is not worth a write this soon
-    clock.now += STEP_EVERY - STATUS_EVERY
-    w.maybe_write(lambda now, wall: dict(record))
-    assert on_disk()["step"] == 1
-    record.update(step=2, state="stopping")
-    w.dirty = True  # a state change (with the step that came along)
-    clock.now += STATUS_EVERY
-    w.maybe_write(lambda now, wall: dict(record))
-    assert on_disk() == {"step": 2, "state": "stopping"}
-    assert STATUS_EVERY < STEP_EVERY

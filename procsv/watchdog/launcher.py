@@ -301,17 +301,8 @@ class Watchdog:
                 self.out.rejections.count(got)
                 self.out.changed()
                 continue
-            if isinstance(got.msg, Progress):
-                if not got.msg.busy:
-                    self.out.progress(got.msg.step)
-                before = [(c.state, c.busy) for c in self.view.children.values()]
-                reports = observe.heard(self.view, got.msg, self.clock())
-                self.out.record(reports)
-                if reports or before != [(c.state, c.busy) for c in self.view.children.values()]:
-                    self.out.changed()
-                else:
-                    self.out.progressed()  # ten a second from a trainer: the step alone is written less often
-                continue
+            if isinstance(got.msg, Progress) and not got.msg.busy:
+                self.out.progress(got.msg.step)
             self.out.record(observe.heard(self.view, got.msg, self.clock()))
             self.out.changed()
             if isinstance(got.msg, SaveResult) and not got.msg.ok:

@@ -90,10 +90,6 @@ class Reporter:
         """The view changed: ``status.json`` is due for a rewrite (throttled)."""
         self.status.dirty = True
 
-    def progressed(self) -> None:
-        """Only a step changed: ``status.json`` is rewritten for it less often (STEP_EVERY)."""
-        self.status.progressed = True
-
     def progress(self, step: int) -> None:
         """A completed step: for the report's timeline and the live line."""
         self.series.add(self.wall(), step)

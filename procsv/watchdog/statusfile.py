@@ -22,8 +22,7 @@ from procsv.watchdog import group, report
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.state import CHECKPOINT, SUMMARY, TRAINER, WORKER, RunView
 
-STATUS_EVERY = 0.5  # seconds: a change of the run's or a process's state is written this soon
-STEP_EVERY = 2.0  # seconds: a change of only the step (Progress) waits this long (a rename costs 1-2 ms)
+STATUS_EVERY = 0.5  # seconds
 STATUS_VERSION = 1
 
 
@@ -76,7 +75,6 @@ class StatusWriter:
         self.clock = clock
         self.wall = wall
         self.dirty = True
-        self.progressed = False  # only the step changed since the last write
         self._at = float("-inf")
         self._complain = complain
         self.failing: Optional[str] = None  # the error of the last write, while writes fail
@@ -88,10 +86,9 @@ class StatusWriter:
         finds its directory gone (ENOENT) is reported only if the next one does too, or if it is
         the final (``force``) one: a logdir being deleted is the loop's "lost" line, not this one."""
         now = self.clock()
-        if not force and not (self.dirty and now - self._at >= STATUS_EVERY
-                              or self.progressed and now - self._at >= STEP_EVERY):
+        if not force and (not self.dirty or now - self._at < STATUS_EVERY):
             return
-        self.dirty = self.progressed = False
+        self.dirty = False
         self._at = now
         try:
             write_json(self.layout.status, build(now, self.wall()), durable=force)
