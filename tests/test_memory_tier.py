@@ -110,15 +110,20 @@ def _agent(tmp_path: Any, ckpt: Any, step_var: Any, svc: _Service, save_checkpoi
                            keep_checkpoint_every_n_hours=None, clock=svc.clock, memory_budget=memory_budget)
 
 
-def test_an_in_memory_snapshot_is_charged_its_boundary_its_next_steps_slowdown_and_its_ack_reads(tmp_path):
+def _tiered_agent(tmp_path: Any, svc: _Service) -> tuple[CheckpointAgent, TrainerChannels]:
+    """An agent of a 64x64 variable with the in-memory tier on (1 %), its memory ready, on ``svc``."""
     import tensorflow as tf
 
     step_var = tf.Variable(0, dtype=tf.int64)
     ckpt = tf.train.Checkpoint(w=tf.Variable(tf.ones([64, 64])), step=step_var)
-    svc = _Service()
     agent = _agent(tmp_path, ckpt, step_var, svc, save_checkpoint_steps=None, memory_budget=0.01)
     agent.store.arena_for(arena_bytes_needed(ckpt))
-    ch = cast(TrainerChannels, svc)
+    return agent, cast(TrainerChannels, svc)
+
+
+def test_an_in_memory_snapshot_is_charged_its_boundary_its_next_steps_slowdown_and_its_ack_reads(tmp_path):
+    svc = _Service()
+    agent, ch = _tiered_agent(tmp_path, svc)
 
     assert agent.memory_snapshot(ch, 1)  # the first walks the object graph: charged as a walk
     agent.charge_memory(1, 100.0, 100.030)
@@ -369,14 +374,8 @@ class _SlowCommitting(_Committing):
 
 
 def test_the_agent_leaves_the_in_memory_tier_what_its_disk_snapshots_leave_of_the_budget(tmp_path):
-    import tensorflow as tf
-
-    step_var = tf.Variable(0, dtype=tf.int64)
-    ckpt = tf.train.Checkpoint(w=tf.Variable(tf.ones([64, 64])), step=step_var)
     svc = _SlowCommitting()
-    agent = _agent(tmp_path, ckpt, step_var, svc, save_checkpoint_steps=None, memory_budget=0.01)
-    agent.store.arena_for(arena_bytes_needed(ckpt))
-    ch = cast(TrainerChannels, svc)
+    agent, ch = _tiered_agent(tmp_path, svc)
     for i, step in enumerate((100, 200, 300)):  # a disk snapshot every 0.8 s, each stopping the loop 4 ms
         svc.t = 100.0 + 0.8 * i
         agent.request(SaveReason.PERIODIC)
