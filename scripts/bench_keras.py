@@ -404,7 +404,10 @@ def main() -> int:
             vals = [get(r) * scale for r in series]
             return f"{min(vals):{fmt}}..{max(vals):{fmt}}"
 
-        over = {m: med(lambda r, m=m: r["over"][m]) for m in ("keras", "procsv")}
+        def at(key: str, mode: str) -> Callable[[dict[str, Any]], float]:
+            return lambda r: float(r[key][mode])
+
+        over = {m: med(at("over", m)) for m in ("keras", "procsv")}
         in_loop = med(lambda r: r["in_loop"])
         ratio = over["procsv"] / over["keras"] if over["keras"] > 0 else float("nan")
 
@@ -424,12 +427,12 @@ def main() -> int:
         print()
         print(f"{'':30s} {'plain fit':>14s} {'keras B&R':>14s} {'procsv B&R':>14s}")
         print(f"{'epoch time, in turns (ms)':30s} " + " ".join(
-            f"{med(lambda r, m=m: r['epoch'][m]) * 1000:14.1f}" for m in MODES))
+            f"{med(at('epoch', m)) * 1000:14.1f}" for m in MODES))
         print(f"{'  spread over series':30s} " + " ".join(
-            f"{spread(lambda r, m=m: r['epoch'][m], 1000.0, '.0f'):>14s}" for m in MODES))
+            f"{spread(at('epoch', m), 1000.0, '.0f'):>14s}" for m in MODES))
         print(f"{'overhead over plain fit':30s} {'':>14s} {over['keras'] * 100:13.2f}% {over['procsv'] * 100:13.2f}%")
         print(f"{'  spread over series':30s} {'':>14s} " + " ".join(
-            f"{spread(lambda r, m=m: r['over'][m]):>14s}" for m in ("keras", "procsv")))
+            f"{spread(at('over', m)):>14s}" for m in ("keras", "procsv")))
         print(f"{'procsv in-loop cost':30s} {'':>14s} {'':>14s} {in_loop * 100:13.2f}%  "
               f"({spread(lambda r: r['in_loop'], fmt='.2f')}%: step boundaries + snapshots)")
         print(f"{'procsv background CPU':30s} {'':>14s} {'':>14s} "

@@ -14,11 +14,15 @@ the machine cancels out in pairs):
   cost of supervision, the goal's measurement) and once with it on (the default 0.01: the tier
   is budgeted at 1 % of the loop's time).
 
-The tier's series runs longer blocks (``--tier-block-steps``, 2000 steps, about 0.8 s): its
-interval runs on the wall clock, bare blocks included, so with 50-step blocks (20 ms, shorter than
-the interval) a snapshot would be due at almost every supervised block's start and the supervised
-steps would pay for the bare blocks' time too, about twice the budget. With blocks of a dozen
-intervals that bias is at most one snapshot per block.
+The Supervisor's clock (:class:`lockstep.TrainingClock`) stands still during the bare blocks: the
+step boundary's timers (progress reports every 0.1 s, summary hand-offs, the tier's interval)
+then fire as often per supervised step as in a loop of its own. On the wall clock, with a bare
+block between every two supervised ones, each would fire at nearly every supervised block's
+start and the supervised steps would pay for the bare blocks' time too: the boundary's periodic
+work about twice as often as in a real loop (measured: 1.3 us a step instead of about 0.6), and
+with the tier on, about twice its budget. Many short blocks (300 pairs of 50 steps, about 30 ms
+each), because this machine's speed drifts by several percent within a second: an A/A check (bare
+against bare) gave medians within 0.1-0.8 % with them, within 1-4 % with 30 pairs of 1000 steps.
 
 Throughput is steps per second; the ratio procsv / bare of each repeat is the median of the
 per-pair ratios. Prints a table with the spread over the repeats, then one line:
@@ -43,6 +47,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench_summary import settle  # noqa: E402  # scripts/ is this script's folder, first on sys.path
+from lockstep import TrainingClock  # noqa: E402
 
 
 def series(tmp: str, tier: bool, blocks: int, block_steps: int, parts: Any) -> dict[str, Any]:
@@ -54,8 +59,9 @@ def series(tmp: str, tier: bool, blocks: int, block_steps: int, parts: Any) -> d
     x_train, y_train, train_step, model, optimizer, batch_indices = parts
     os.environ["PROCSV_MEMORY_SNAPSHOTS"] = "0.01" if tier else "0"
     logdir = tempfile.mkdtemp(dir=tmp)
+    clock = TrainingClock()  # stands still during the bare blocks
     sv = procsv.Supervisor(logdir=logdir, checkpoint=tf.train.Checkpoint(model=model, optimizer=optimizer),
-                           save_model_secs=0, save_summaries_secs=0)
+                           save_model_secs=0, save_summaries_secs=0, clock=clock)
     per: dict[bool, list[float]] = {True: [], False: []}
     runs = 0
     step = 0
@@ -65,6 +71,8 @@ def series(tmp: str, tier: bool, blocks: int, block_steps: int, parts: Any) -> d
 
         def block(supervised: bool) -> float:
             nonlocal step, runs
+            if not supervised:
+                clock.pause()
             t0 = time.perf_counter()
             for _ in range(block_steps):
                 step += 1
@@ -74,7 +82,9 @@ def series(tmp: str, tier: bool, blocks: int, block_steps: int, parts: Any) -> d
                     runs += 1
                 else:
                     train_step(x_train[idx], y_train[idx])
-            return (time.perf_counter() - t0) / block_steps
+            secs = time.perf_counter() - t0
+            clock.resume()
+            return secs / block_steps
 
         block(True), block(False)  # warm up both paths (the trace is shared)
         for k in range(blocks):
@@ -91,10 +101,8 @@ def series(tmp: str, tier: bool, blocks: int, block_steps: int, parts: Any) -> d
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3, help="series per configuration (>= 3 for quoted figures)")
-    p.add_argument("--blocks", type=int, default=60, help="ABBA block pairs per series")
+    p.add_argument("--blocks", type=int, default=300, help="ABBA block pairs per series")
     p.add_argument("--block-steps", type=int, default=50)
-    p.add_argument("--tier-blocks", type=int, default=16, help="ABBA block pairs per series with the tier on")
-    p.add_argument("--tier-block-steps", type=int, default=2000)
     args = p.parse_args()
 
     import tensorflow as tf
@@ -121,8 +129,7 @@ def main() -> int:
     try:
         for _ in range(args.repeats):
             for tier in (False, True):
-                blocks, steps = (args.tier_blocks, args.tier_block_steps) if tier else (args.blocks, args.block_steps)
-                results[tier].append(series(tmp, tier, blocks, steps, parts))
+                results[tier].append(series(tmp, tier, args.blocks, args.block_steps, parts))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -137,7 +144,7 @@ def main() -> int:
                 ok = False
 
     def med(tier: bool, key: str) -> float:
-        return statistics.median(r[key] for r in results[tier])
+        return float(statistics.median(r[key] for r in results[tier]))
 
     def spread(tier: bool, key: str, scale: float = 1.0, fmt: str = ".4f") -> str:
         vals = [r[key] * scale for r in results[tier]]

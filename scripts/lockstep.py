@@ -44,6 +44,31 @@ import psutil
 GO, DONE = "turn.go", "turn.done"
 
 
+class TrainingClock:
+    """A monotonic clock that stands still between :meth:`pause` and :meth:`resume`: the time a
+    program has trained, when it takes turns with something else. Given to procsv's Supervisor as
+    its ``clock``, the step boundary's timers (progress, summary hand-offs, the in-memory snapshot
+    interval) fire as often per second of training as in a run of its own; on the wall clock,
+    with the other side's turns between, they would fire once at nearly every turn."""
+
+    def __init__(self) -> None:
+        self.waited = 0.0  # seconds spent paused
+        self._since: Optional[float] = None
+
+    def __call__(self) -> float:
+        now = time.monotonic() if self._since is None else self._since
+        return now - self.waited
+
+    def pause(self) -> None:
+        if self._since is None:
+            self._since = time.monotonic()
+
+    def resume(self) -> None:
+        if self._since is not None:
+            self.waited += time.monotonic() - self._since
+            self._since = None
+
+
 class Turns:
     """The training process's side: blocks of ``k`` batches, each run only when given the turn."""
 
@@ -55,14 +80,12 @@ class Turns:
         self.calls = 0
         self.t0 = 0.0
         self.x0 = 0.0
-        self.waited = 0.0  # seconds spent waiting for turns (stopped, or the others' turns)
+        self.training = TrainingClock()  # stands still while waiting for turns (stopped, or the others')
 
     def clock(self) -> float:
-        """A monotonic clock that stands still while this process waits for its turn: the time it
-        has trained. A program's timers that read it (procsv's: the in-memory snapshot interval,
-        progress, hand-offs) fire as often per second of training as in a run of its own; on the
-        wall clock they would fire up to three times as often per second of its turns."""
-        return time.monotonic() - self.waited
+        """The time this process has trained (:class:`TrainingClock`): on the wall clock, its
+        timers would fire up to three times as often per second of its turns."""
+        return self.training()
 
     def block(self) -> bool:
         """Called before each batch; False once the harness says stop (the caller ends ``fit``)."""
@@ -71,9 +94,9 @@ class Turns:
             return True
         if self.calls > 1:
             self.done.write(f"{time.perf_counter() - self.t0:.9f} {self.extra() - self.x0:.9f}\n")
-        w0 = time.monotonic()
+        self.training.pause()
         word = self.go.readline().strip()
-        self.waited += time.monotonic() - w0
+        self.training.resume()
         self.t0, self.x0 = time.perf_counter(), self.extra()
         return word == "go"
 
