@@ -103,14 +103,9 @@ def child(args: argparse.Namespace) -> int:
     if args.child == "procsv":
         import procsv.keras
 
-        if args.turns:  # procsv's timers read the time trained, not the time spent waiting for turns
-            import functools
-
-            import procsv.trainer.keras_fit as keras_fit
-
-            setattr(keras_fit, "Supervisor", functools.partial(  # the Supervisor the callback creates
-                getattr(keras_fit, "Supervisor"), clock=lambda: turns.clock() if turns is not None else time.monotonic()))
-        procsv_cb = procsv.keras.BackupAndRestore(save_freq=args.save_freq)
+        # in (a) procsv's timers read the time trained, not the time spent waiting for turns
+        procsv_cb = procsv.keras.BackupAndRestore(
+            save_freq=args.save_freq, clock=lambda: turns.clock() if turns is not None else time.monotonic())
         callbacks.append(procsv_cb)
     if args.turns:  # (a): take turns with the other contenders (lockstep.py), K batches a turn
         sys.path.insert(0, os.path.dirname(HERE))

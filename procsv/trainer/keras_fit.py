@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import keras
 import numpy as np
@@ -49,14 +49,15 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
 
     procsv's: ``save_secs`` (also checkpoint every N seconds), ``save_summaries_secs`` (batch-level
     scalars at most this often; epoch scalars at every epoch end; ``None``: epoch scalars only),
-    ``max_to_keep``, ``allow_reinit`` (see :class:`~procsv.trainer.supervisor.Supervisor`).
+    ``max_to_keep``, ``allow_reinit``, ``clock`` (the monotonic clock of its timers; see
+    :class:`~procsv.trainer.supervisor.Supervisor`).
     """
 
     def __init__(self, backup_dir: Optional[str] = None, save_freq: SaveFreq = "epoch",
                  double_checkpoint: bool = False, delete_checkpoint: bool = False,
                  save_before_preemption: bool = True, *, save_secs: Optional[float] = None,
                  save_summaries_secs: Optional[float] = 10.0, max_to_keep: int = 5,
-                 allow_reinit: bool = False) -> None:
+                 allow_reinit: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         if save_freq is not False and save_freq != "epoch" and (
                 isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1):
@@ -76,6 +77,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         self.save_summaries_secs = save_summaries_secs
         self.max_to_keep = max_to_keep
         self.allow_reinit = allow_reinit
+        self.clock = clock
         self.sv: Optional[Supervisor] = None
         self.resumed_at: Optional[tuple[int, int]] = None  # (epoch, batch) restored, None if fresh
         self.replayed_batches = 0  # drawn without training to put the input back (whole epochs + skip)
@@ -127,7 +129,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         self.sv = Supervisor(
             logdir=self.backup_dir, checkpoint=checkpoint,
             save_model_secs=self.save_secs, save_summaries_secs=None, max_to_keep=self.max_to_keep,
-            save_checkpoint_steps=every, allow_reinit=self.allow_reinit, increment_global_step=True)
+            save_checkpoint_steps=every, allow_reinit=self.allow_reinit, increment_global_step=True,
+            clock=self.clock)
         if self.sv._ckpt is not None:
             self.sv._ckpt.prepare_snapshot.append(self._write_position)
         self._sess = self.sv.prepare_or_wait_for_session()
