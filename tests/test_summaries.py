@@ -18,7 +18,7 @@ from procsv.trainer.summaries import sender as sender_mod
 
 WALL = 1_700_000_000.25
 TICK = FLUSH_EVERY * 1.01  # a step boundary per flush interval (and no float rounding at the boundary)
-ACK_POLL = sender_mod.ACK_POLL_EVERY * 1.01
+ACK_READ = FLUSH_EVERY * 1.01  # acks are read with each hand-off (every ACK_POLL_EVERY only while awaited)
 
 
 class FakeClock:
@@ -403,10 +403,33 @@ def test_acks_release_what_was_sent_and_reads_never_wait_at_a_boundary(clock):
     assert sender.unconfirmed() == 3
     svc.ack("other-session", 99)  # someone else's: ignored
     svc.ack("S", 2)
-    clock.advance(ACK_POLL)
+    clock.advance(ACK_READ)
     sender.at_boundary(3)
     assert sender.unconfirmed() == 1
     assert svc.waits and set(svc.waits) == {0.0}
+
+
+def test_acks_are_read_with_each_hand_off_and_every_10_ms_only_for_a_caller_waiting_for_them(clock):
+    buf, sender, svc = make_sender(clock)
+    buf.scalar("loss", 1.0, step=1, wall=WALL)
+    sender.at_boundary(1)
+    assert len(svc.batches) == 1 and sender.unconfirmed() == 1
+    svc.ack("S", 1)
+    reads = len(svc.waits)
+    clock.advance(sender_mod.ACK_POLL_EVERY * 1.01)
+    sender.at_boundary(1)  # a boundary between two hand-offs reads nothing
+    assert len(svc.waits) == reads and sender.unconfirmed() == 1 and sender.unwritten_from() == 1
+    sender.poll_acks(1)  # an in-memory snapshot waits for this step's rows: read now
+    assert len(svc.waits) == reads + 1 and sender.unconfirmed() == 0 and sender.unwritten_from() is None
+    sender.poll_acks(1)  # and at most every ACK_POLL_EVERY
+    assert len(svc.waits) == reads + 1
+    buf.scalar("loss", 2.0, step=2, wall=WALL)
+    clock.advance(TICK)
+    sender.at_boundary(2)  # sends step 2
+    svc.ack("S", 2)
+    clock.advance(sender_mod.ACK_POLL_EVERY * 1.01)
+    sender.at_boundary(2, urgent=True)  # a checkpoint in flight: its boundaries read every ACK_POLL_EVERY
+    assert sender.unconfirmed() == 0
 
 
 def test_a_restatement_request_puts_back_what_was_not_written(clock):
@@ -416,10 +439,10 @@ def test_a_restatement_request_puts_back_what_was_not_written(clock):
         sender.at_boundary(step)
         clock.advance(TICK)
     svc.ack("S", 2)  # batches 1, 2 written
-    clock.advance(ACK_POLL)
+    clock.advance(ACK_READ)
     sender.at_boundary(5)
     svc.ack("S", 0, resync_after=4)  # a restarted service saw batch 4 first
-    clock.advance(ACK_POLL)
+    clock.advance(ACK_READ)
     sender.at_boundary(5)
     assert sender.restatements == 1
     restated = svc.batches[-1]
@@ -446,7 +469,7 @@ def test_a_heartbeat_goes_out_every_second_even_when_the_window_is_full(clock, m
     heartbeat = svc.batches[-1]
     assert heartbeat.columns == 0 and not heartbeat.protos and not heartbeat.items and heartbeat.step == 30
     svc.ack("S", 0, resync_after=heartbeat.seq)  # the restarted service asks for everything
-    clock.advance(ACK_POLL)
+    clock.advance(ACK_READ)
     sender.at_boundary(30)
     assert sender.restatements == 1 and svc.batches[-1].resync_from == 1
 

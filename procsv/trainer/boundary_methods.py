@@ -25,6 +25,8 @@ from procsv.common.errors import TrainingStopped
 from procsv.trainer.step_boundary import NEVER, ProgressReporter, StepCounter, checkpoint_work
 from procsv.trainer.summary_methods import SummaryMethods
 
+COALESCE = 0.05  # s: a half's time-driven work due this soon is done at a boundary that runs anyway
+
 
 class BoundaryMethods(SummaryMethods):
     """The step boundary's work around each step (:meth:`ManagedSession.run` runs the step): each
@@ -52,16 +54,19 @@ class BoundaryMethods(SummaryMethods):
         half's step bound is checked after the step, in :meth:`ManagedSession.run`)."""
         state = self._state
         now = self._clock()
-        if now >= state.end_at:
-            self._after_boundary(now)
-        if step >= state.ckpt_step or now >= state.ckpt_at:
-            self._checkpoint_boundary(step)
+        after = now >= state.end_at  # (the timer's bound; its step bound is checked after the step)
+        if after:
+            self._after_boundary(now, slack=COALESCE)
+        # a boundary the other half's timer brought also does the reads and heartbeat due soon: the
+        # halves keep one rhythm (each ~10 times a second, else apart: 20 boundaries a second, not 10)
+        if step >= state.ckpt_step or now >= state.ckpt_at or (after and now + COALESCE >= state.ckpt_at):
+            self._checkpoint_boundary(step, ahead=COALESCE if after else 0.0)
 
     def _after_step(self) -> None:
         """After a step that must not wait for the next boundary: the progress-and-summaries half."""
         self._after_boundary(self._clock())
 
-    def _checkpoint_boundary(self, step: int) -> None:
+    def _checkpoint_boundary(self, step: int, ahead: float = 0.0) -> None:
         agent = self._ckpt
         if agent is None or self._channels is None or not self.is_chief:
             self._state.set_checkpoint(NEVER, NEVER)  # no checkpoint work in this session
@@ -69,7 +74,7 @@ class BoundaryMethods(SummaryMethods):
         # the state is still that of ``step``; its summaries are handed off first
         start = self._clock()
         checkpoint_work(agent, self._channels, step, start,
-                        lambda: self._flush_summaries(force=False, urgent=True), self._summaries_unwritten_from)
+                        lambda: self._flush_summaries(force=False, urgent=True), self._summaries_unwritten_from, ahead)
         agent.charge_memory(step, start, self._clock())  # what an in-memory snapshot cost the loop
         if agent.failure is not None:  # checkpoints keep failing: stop, the TF way
             self.coord.request_stop(agent.failure)
@@ -78,10 +83,11 @@ class BoundaryMethods(SummaryMethods):
         if agent.in_flight is not None:
             self._state.set_end(step + 1, self._state.end_at)  # summaries go right after every step now
 
-    def _after_boundary(self, now: float) -> None:
+    def _after_boundary(self, now: float, slack: float = 0.0) -> None:
+        """The progress-and-summaries half; a progress report due within ``slack`` s goes now."""
         ch = self._channels
         assert ch is not None
-        self._progress.after_step(ch, self._state.step, now)
+        self._progress.after_step(ch, self._state.step, now, slack)
         if self.save_summaries_secs and now >= self._next_summary:
             self._periodic_summaries(now)
         self._flush_summaries(force=False)

@@ -52,7 +52,7 @@ HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the check
 # or every READ_EVERY_STEPS steps whatever the clock says. A read that finds nothing is one system
 # call, yet 20-70 us right after a TF step (2 us if repeated at once): the boundary's main cost
 READ_EVERY = 0.01
-READ_IDLE = 0.05
+READ_IDLE = 0.1
 READ_EVERY_STEPS = 256
 PLAN_MAX_AGE = 10.0  # seconds a snapshot may reuse the object-graph walk of an earlier one (if the graph's shape is the same)
 
@@ -168,12 +168,13 @@ class CheckpointAgent:
                                  self.keep_checkpoint_every_n_hours, step,
                                  self.store.arena.ref() if self.store.arena is not None else None, self.in_flight))
 
-    def poll(self, ch: TrainerChannels, step: int, now: float) -> bool:
+    def poll(self, ch: TrainerChannels, step: int, now: float, ahead: float = 0.0) -> bool:
         """At a step boundary (``step`` steps completed): heartbeat, read the service's messages,
-        apply the every-N-steps trigger; True if a snapshot of ``step`` is due now."""
-        if now - self.last_heartbeat >= HEARTBEAT_EVERY:
+        apply the every-N-steps trigger; True if a snapshot of ``step`` is due now. A heartbeat or
+        read due within ``ahead`` s is done now (the boundary runs anyway: one rhythm, not two)."""
+        if now + ahead - self.last_heartbeat >= HEARTBEAT_EVERY:
             self.heartbeat(ch, step, now)
-        if now >= self._next_read or step - self._read_step >= READ_EVERY_STEPS:
+        if now + ahead >= self._next_read or step - self._read_step >= READ_EVERY_STEPS:
             self._read_service(ch, step, now)
         if self.in_flight is not None and now >= self.commits.overdue_at:
             self._overdue(ch, now)

@@ -83,13 +83,14 @@ class StepState:
 
 
 def checkpoint_work(agent: CheckpointAgent, ch: TrainerChannels, step: int, now: float,
-                    hand_off_summaries: Callable[[], None], unwritten_from: Callable[[], Optional[int]]) -> None:
+                    hand_off_summaries: Callable[[], None], unwritten_from: Callable[[], Optional[int]],
+                    ahead: float = 0.0) -> None:
     """The checkpoint work of the completed ``step``, before the next one runs: a snapshot to disk
     if one is due, else the hand-off of an in-memory snapshot waiting for its summaries, else a new
     in-memory snapshot if one is due. The summaries the program logged for ``step`` are handed off
     first (``hand_off_summaries``), so that a commit never gets ahead of them; ``unwritten_from``
-    gives the lowest step with a summary not confirmed written."""
-    if agent.poll(ch, step, now):
+    gives the lowest step with a summary not confirmed written; ``ahead``: see :meth:`CheckpointAgent.poll`."""
+    if agent.poll(ch, step, now, ahead):
         hand_off_summaries()
         agent.snapshot(ch, step)
     elif agent.waiting() and agent.release_memory(ch, unwritten_from()):
@@ -178,9 +179,11 @@ class ProgressReporter:
         """When the next report is due (at once before the first)."""
         return self.last + PROGRESS_EVERY if self.first_done else float("-inf")
 
-    def after_step(self, ch: TrainerChannels, step: int, now: float) -> None:
-        """``step`` steps are completed at ``now`` (the Supervisor's clock)."""
-        if not self.first_done or now - self.last >= PROGRESS_EVERY:
+    def after_step(self, ch: TrainerChannels, step: int, now: float, slack: float = 0.0) -> None:
+        """``step`` steps are completed at ``now`` (the Supervisor's clock). A report due within
+        ``slack`` seconds goes now: a boundary that a timer of the summaries' hand-off brought
+        passes half a period, so that the two keep one rhythm instead of making two boundaries a period."""
+        if not self.first_done or now + slack - self.last >= PROGRESS_EVERY:
             self.first_done = True
             self.last = now
             ch.to_watchdog(Progress(os.getpid(), step, time.time()))

@@ -103,8 +103,11 @@ class SummaryMethods:
         if not self.is_chief:
             return None
         self._summaries.collect_graph(force=True)  # the rings may hold rows of the steps in question
-        sender = getattr(self, "_summary_sender", None)
-        return sender.unwritten_from() if sender is not None else self._summaries.oldest_step()
+        sender: Optional[SummarySender] = getattr(self, "_summary_sender", None)
+        if sender is None:
+            return self._summaries.oldest_step()
+        sender.poll_acks(self._state.step)  # the acks that came since the last read (every 10 ms at most)
+        return sender.unwritten_from()
 
     def _flush_summaries(self, force: bool, urgent: bool = False, deadline: Optional[float] = None) -> None:
         """At a step boundary: hand off what is due (never blocks). ``force`` (at stop): hand off

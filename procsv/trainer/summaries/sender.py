@@ -4,7 +4,8 @@ Runs in the trainer's main thread, at step boundaries (:meth:`SummarySender.at_b
 the end (:meth:`SummarySender.close`). Batches go out as non-blocking sends on the trainer's
 DEALER to the summary service's ROUTER; the service answers each write with a
 :class:`~procsv.ipc.messages.SummaryAck` on the same connection, which the sender reads with a
-zero-timeout receive (at most every :data:`ACK_POLL_EVERY`). Sent batches are kept until
+zero-timeout receive: with each hand-off, and every :data:`ACK_POLL_EVERY` while something waits
+for them (a checkpoint in flight, :meth:`SummarySender.poll_acks`). Sent batches are kept until
 acknowledged as written; when the service asks for a restatement (it was restarted and never
 saw this session, or batches were lost with it) everything not acknowledged, and every
 acknowledged point at a step >= P, goes back in front of the buffer and the next batch carries
@@ -33,7 +34,12 @@ from procsv.trainer.summaries.buffer import BATCH_MAX, FLUSH_EVERY, Chunk, Summa
 
 WINDOW = 50_000  # rows sent but not yet acknowledged; beyond that, rows wait in the buffer
 SENDS_PER_BOUNDARY = 16  # batches one step boundary may send (a flood is spread over steps)
-ACK_POLL_EVERY = 0.01  # seconds between reads of the service's acks while batches are in flight
+ACK_POLL_EVERY = 0.01  # seconds between reads of the service's acks while something waits for them
+# work due within this many seconds is done at a boundary that runs anyway: the hand-off, the
+# progress report and the reads of acks then keep one rhythm (else each half of a period apart
+# makes a boundary of its own: on the digits example the after-step half ran 20 times a second
+# instead of 10, and with batches in flight an ack read every 10 ms, each 50-110 us after a step)
+COALESCE = FLUSH_EVERY / 2
 HEARTBEAT_EVERY = 1.0  # seconds: a (possibly empty) batch at least this often (step marks, acks)
 TAIL_MAX = 4 * BATCH_MAX  # acknowledged rows kept for a restatement of the current step
 CLOSE_WAIT_STEP = 0.01  # seconds: at close, how long one wait for acks may take
@@ -102,6 +108,7 @@ class SummarySender:
         self._released_step = -1  # the highest step of an acknowledged row no longer held (in the tail)
         now = self.clock()
         self._next_poll = now
+        self._last_read = float("-inf")  # when the acks were last read
         self._next_heartbeat = now
         self._wake = now  # before this, a boundary has nothing to do unless a batch is full or urgent
         self.restatements = 0
@@ -113,28 +120,44 @@ class SummarySender:
         return self._wake
 
     def at_boundary(self, step: int, urgent: bool = False) -> None:
-        """Read acks (rate-limited) and send what is due, within the window; cheap when idle."""
+        """Read acks (with each hand-off; every ACK_POLL_EVERY if ``urgent``) and send what is due,
+        within the window; cheap when idle. What is due within :data:`COALESCE` is done now."""
         now = self.clock()
+        due_by = now + COALESCE
         buf = self.buffer
-        if now < self._wake and not urgent and not buf.full():
+        if due_by < self._wake and not urgent and not buf.full():
             return
-        if self.inflight and now >= self._next_poll:
-            self._next_poll = now + ACK_POLL_EVERY
-            self._take_acks(step, 0.0)
+        every = ACK_POLL_EVERY if urgent else FLUSH_EVERY
+        if self.inflight and (due_by >= self._next_poll or (urgent and now >= self._last_read + every)):
+            self._next_poll = now + every
+            self._read(step, now)
         for _ in range(SENDS_PER_BOUNDARY):
-            heartbeat = now >= self._next_heartbeat
+            heartbeat = due_by >= self._next_heartbeat
             if self._inflight_rows >= WINDOW:
                 if heartbeat:  # an empty batch: a restarted service learns of us and can ask for a restatement
                     self._send_next(step, now, empty=True)
                 break
-            if not (buf.due(now) or (urgent and len(buf)) or heartbeat):
+            if not (buf.due(due_by) or (urgent and len(buf)) or heartbeat):
                 break
             if not self._send_next(step, now):
                 break
+        if self.inflight and self._next_poll <= now:  # the first batch in flight: its ack is read a period on
+            self._next_poll = now + every
         # an empty buffer has no partial batch to time: a row logged later waits at most FLUSH_EVERY
         # from now (else every idle boundary would find a stale flush time and do the full check)
         wake = min(buf.next_flush() if len(buf) else now + FLUSH_EVERY, self._next_heartbeat)
         self._wake = min(wake, self._next_poll) if self.inflight else wake
+
+    def poll_acks(self, step: int) -> None:
+        """Read the acks that arrived, at most every :data:`ACK_POLL_EVERY`: for a caller waiting for
+        rows to be written (an in-memory snapshot is held until its step's summaries are)."""
+        now = self.clock()
+        if self.inflight and now >= self._last_read + ACK_POLL_EVERY:
+            self._read(step, now)
+
+    def _read(self, step: int, now: float) -> None:
+        self._last_read = now
+        self._take_acks(step, 0.0)
 
     def _send_next(self, step: int, now: float, empty: bool = False) -> bool:
         chunk = Chunk() if empty else self.buffer.take()
