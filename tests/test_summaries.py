@@ -432,6 +432,16 @@ def test_acks_are_read_with_each_hand_off_and_every_10_ms_only_for_a_caller_wait
     assert sender.unconfirmed() == 0
 
 
+def test_boundaries_at_every_step_of_a_checkpoint_in_flight_read_acks_only_every_10_ms(clock):
+    buf, sender, svc = make_sender(clock)
+    for step in range(1, 101):  # 100 steps of 0.5 ms, each logging a row, a checkpoint in flight
+        buf.scalar("loss", float(step), step=step, wall=WALL)
+        sender.at_boundary(step, urgent=True)
+        clock.advance(0.0005)
+    assert len(svc.batches) == 100  # every step's rows leave at once
+    assert 4 <= len(svc.waits) <= 6  # 50 ms: acks read every ACK_POLL_EVERY, not at every step
+
+
 def test_a_restatement_request_puts_back_what_was_not_written(clock):
     buf, sender, svc = make_sender(clock)
     for step in range(1, 6):

@@ -128,7 +128,8 @@ class SummarySender:
         if due_by < self._wake and not urgent and not buf.full():
             return
         every = ACK_POLL_EVERY if urgent else FLUSH_EVERY
-        if self.inflight and (due_by >= self._next_poll or (urgent and now >= self._last_read + every)):
+        # (urgent: at every step's boundary, so every ACK_POLL_EVERY exactly; the slack is for the rhythm)
+        if self.inflight and (now >= self._last_read + every if urgent else due_by >= self._next_poll):
             self._next_poll = now + every
             self._read(step, now)
         for _ in range(SENDS_PER_BOUNDARY):
