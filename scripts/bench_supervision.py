@@ -19,10 +19,10 @@ step boundary's timers (progress reports every 0.1 s, summary hand-offs, the tie
 then fire as often per supervised step as in a loop of its own. On the wall clock, with a bare
 block between every two supervised ones, each would fire at nearly every supervised block's
 start and the supervised steps would pay for the bare blocks' time too: the boundary's periodic
-work about twice as often as in a real loop (measured: 1.3 us a step instead of about 0.6), and
-with the tier on, about twice its budget. Many short blocks (300 pairs of 50 steps, about 30 ms
-each), because this machine's speed drifts by several percent within a second: an A/A check (bare
-against bare) gave medians within 0.1-0.8 % with them, within 1-4 % with 30 pairs of 1000 steps.
+work about twice as often as in a real loop, and with the tier on, about twice its budget. Many
+short blocks (300 pairs of 50 steps, about 30 ms each), because this machine's speed drifts by
+several percent within a second: an A/A check (bare against bare, in the same process) gave
+medians within 0.1-0.8 % with 600 rounds of 50-step blocks, within 1-4 % with 32 of 1000 steps.
 
 Throughput is steps per second; the ratio procsv / bare of each repeat is the median of the
 per-pair ratios. Prints a table with the spread over the repeats, then one line:
