@@ -37,8 +37,8 @@ SENDS_PER_BOUNDARY = 16  # batches one step boundary may send (a flood is spread
 ACK_POLL_EVERY = 0.01  # seconds between reads of the service's acks while something waits for them
 # work due within this many seconds is done at a boundary that runs anyway: the hand-off, the
 # progress report and the reads of acks then keep one rhythm (else each half of a period apart
-# makes a boundary of its own: on the digits example the after-step half ran 20 times a second
-# instead of 10, and with batches in flight an ack read every 10 ms, each 50-110 us after a step)
+# makes a boundary of its own: on the digits example the after-step half ran 20-35 times a second
+# instead of 10, 50-300 us each right after a step; acks were read on a 10 ms timer of their own)
 COALESCE = FLUSH_EVERY / 2
 HEARTBEAT_EVERY = 1.0  # seconds: a (possibly empty) batch at least this often (step marks, acks)
 TAIL_MAX = 4 * BATCH_MAX  # acknowledged rows kept for a restatement of the current step
