@@ -23,9 +23,8 @@ from typing import Any
 
 from procsv.common.errors import TrainingStopped
 from procsv.trainer.step_boundary import NEVER, ProgressReporter, StepCounter, checkpoint_work
+from procsv.trainer.summaries.sender import COALESCE  # (time-driven work due this soon goes with a boundary that runs)
 from procsv.trainer.summary_methods import SummaryMethods
-
-COALESCE = 0.05  # s: a half's time-driven work due this soon is done at a boundary that runs anyway
 
 
 class BoundaryMethods(SummaryMethods):
