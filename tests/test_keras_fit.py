@@ -139,18 +139,30 @@ def _scalar_events(acc: EventAccumulator, tag: str) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
-def _wait_mid_second_epoch(logdir: str) -> int:
-    """Wait until the trainer is past the first epoch and in mid-epoch; returns the step seen then."""
-    def mid_epoch_step() -> int:
-        step: int = (raw_status(logdir) or {}).get("step", 0)
-        return step if step > BATCHES_PER_EPOCH + 5 and step % BATCHES_PER_EPOCH not in (0, 44) else 0
+BATCH_DELAY = 0.02  # --batch-delay of the SIGTERM tests: a batch takes at least this long
+SIGNAL_MARGIN = 0.25  # seconds a test may take from reading the status to its signal taking effect
 
-    seen: int = wait_for(mid_epoch_step, 120, what="a batch in mid-epoch, past the first epoch")
+
+def _wait_mid_second_epoch(logdir: str) -> int:
+    """Wait until the trainer is past the first epoch and a signal sent now is sure to land in
+    mid-epoch; returns the step seen then. ``status.json``'s step is up to half a second old (it is
+    written every 0.5 s, from a ``Progress`` up to 0.1 s old), long enough for the epoch to end
+    meanwhile; but a batch takes at least BATCH_DELAY, so the batches done by the time the signal
+    takes effect are bounded: the wait ends only when that bound is still short of the epoch's end."""
+    def mid_epoch_step() -> int:
+        st = raw_status(logdir) or {}
+        step: int = st.get("step", 0)
+        age = time.time() - st.get("updated_at", 0.0)
+        most = step + int((age + 0.1 + SIGNAL_MARGIN) / BATCH_DELAY) + 1  # batches done at the latest
+        done, late = step % BATCHES_PER_EPOCH, most - step // BATCHES_PER_EPOCH * BATCHES_PER_EPOCH
+        return step if step > BATCHES_PER_EPOCH and done > 0 and late < BATCHES_PER_EPOCH - 1 else 0
+
+    seen: int = wait_for(mid_epoch_step, 120, interval=0.02, what="a batch early in an epoch, past the first epoch")
     return seen
 
 
 def _launch_and_sigterm_mid_epoch(logdir: str, out_path: str, *extra: str) -> tuple[int, int, int]:
-    proc = launch(logdir, "--epochs", "4", "--batch-delay", "0.02", "--weights-out", out_path, *extra,
+    proc = launch(logdir, "--epochs", "4", "--batch-delay", str(BATCH_DELAY), "--weights-out", out_path, *extra,
                   target=EXAMPLE)
     try:
         _wait_mid_second_epoch(logdir)
@@ -178,7 +190,8 @@ def test_sigterm_to_the_trainer_itself_commits_its_batch_exits_42_and_the_launch
     # a preemption of the trainer alone (not of the launch, as above): "saved, restart me", and
     # the watchdog restarts it at once; save_freq is "epoch", so a mid-epoch resume is the stop's commit
     logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
-    proc = launch(logdir, "--epochs", "4", "--batch-delay", "0.02", "--weights-out", out_path, target=EXAMPLE)
+    proc = launch(logdir, "--epochs", "4", "--batch-delay", str(BATCH_DELAY), "--weights-out", out_path,
+                  target=EXAMPLE)
     try:
         seen = _wait_mid_second_epoch(logdir)
         os.kill(wait_for(lambda: _trainer_of_attempt(logdir, 1), 30, what="trainer attempt 1"), signal.SIGTERM)
