@@ -259,7 +259,7 @@ def step_overhead(tmp: str, blocks: int, block_steps: int) -> dict[str, float]:
         return metrics
 
     sv = procsv.Supervisor(logdir=os.path.join(tmp, "c"), checkpoint=None, save_summaries_secs=1)
-    # four kinds of block: "log" (sv.log_scalars), "off" (nothing), "read" (the floor: the same
+    # five kinds of block: "log" (sv.log_scalars), "off" (nothing), "read" (the floor: the same
     # ten values read with Tensor.numpy() and thrown away, which any logger of eager values must at
     # least do), "graph" (the same ten logged inside the tf.function: written by the graph),
     # "floor" (the same ten stacked and assigned to a variable inside it, without procsv)
