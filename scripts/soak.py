@@ -114,6 +114,7 @@ class Lifecycle:
         self.commits = 0
         self.last_commit_step = -1
         self.trainer_attempt = 0
+        self.standby_attempt = 0  # a hot standby is spawned as the next trainer attempt (and logs as it)
         self.chaos_kills = 0
         self.other_failures: list[dict[str, Any]] = []
         self.failed_saves: list[dict[str, Any]] = []
@@ -141,6 +142,8 @@ class Lifecycle:
                 self.last_commit_step = max(self.last_commit_step, ev["step"])
             elif kind == "spawned" and ev["role"] == "trainer":
                 self.trainer_attempt = max(self.trainer_attempt, ev["attempt"])
+            elif kind == "spawned" and ev["role"] == "standby":
+                self.standby_attempt = max(self.standby_attempt, ev["attempt"])
             elif kind == "chaos_kill":
                 self.chaos_kills += 1
             elif kind == "checkpoint_failed":
@@ -451,7 +454,9 @@ def main() -> int:
     # logs
     logs = os.path.join(logdir, "logs")
     kept = kept_attempt_files(logs) if os.path.isdir(logs) else {}
-    k = life.trainer_attempt
+    # the last trainer attempt spawned, or the standby spawned after it for the next one: a standby
+    # logs as the attempt it will become (logs/trainer.<n>.log), and its spawn rotates the logs too
+    k = max(life.trainer_attempt, life.standby_attempt)
     want = sorted({1} | set(range(max(1, k - args.keep_logs + 1), k + 1)))
     if k > 1 and k not in kept.get("trainer", []):
         want.remove(k)  # the last attempt was stopped before it opened its log (SIGTERM right after its spawn)
