@@ -44,6 +44,7 @@ def main() -> int:
 
     import tensorflow as tf
 
+    from bench_summary import ten_values_step  # scripts/ is this script's folder, first on sys.path
     from procsv.examples.digits import batch_indices, build_model, load_data
     from procsv.trainer.summaries.graph_rings import GraphRings
 
@@ -51,18 +52,7 @@ def main() -> int:
     model, optimizer, loss_fn = build_model()
     rings = GraphRings()  # its own rings, not the process's
 
-    def metrics_of(x: Any, y: Any) -> dict[str, Any]:  # bench_summary (c)'s ten values
-        with tf.GradientTape() as tape:
-            logits = model(x, training=True)
-            loss = loss_fn(y, logits)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        acc = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, axis=1), y), tf.float32))
-        norms = [tf.norm(g) for g in grads]
-        return {"loss": loss, "accuracy": acc, "logits/mean": tf.reduce_mean(logits),
-                "logits/max": tf.reduce_max(logits), "grad/norm0": norms[0], "grad/norm1": norms[1],
-                "grad/norm2": norms[2], "grad/norm3": norms[3], "grad/global": tf.linalg.global_norm(grads),
-                "lr": tf.constant(1e-3)}
+    metrics_of = ten_values_step(model, optimizer, loss_fn)  # bench_summary (c)'s ten values
 
     sink = tf.Variable(tf.zeros([10]), trainable=False)
 

@@ -218,16 +218,13 @@ def throughput(tmp: str, steps: int) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------- (c)
-def step_overhead(tmp: str, blocks: int, block_steps: int) -> dict[str, float]:
+def ten_values_step(model: Any, optimizer: Any, loss_fn: Any) -> Callable[[Any, Any], dict[str, Any]]:
+    """(c)'s training step of the digits model, returning the ten values it logs (also
+    ``bench_graph_ring.py``'s): loss, accuracy, two of the logits, four gradient norms, the global
+    norm and the learning rate."""
     import tensorflow as tf
 
-    import procsv
-    from procsv.examples.digits import batch_indices, build_model, load_data
-
-    x_train, y_train, _, _ = load_data(0)
-    model, optimizer, loss_fn = build_model()
-
-    def metrics_of(x: tf.Tensor, y: tf.Tensor) -> dict[str, tf.Tensor]:
+    def metrics_of(x: Any, y: Any) -> dict[str, Any]:
         with tf.GradientTape() as tape:
             logits = model(x, training=True)
             loss = loss_fn(y, logits)
@@ -239,6 +236,20 @@ def step_overhead(tmp: str, blocks: int, block_steps: int) -> dict[str, float]:
                 "logits/max": tf.reduce_max(logits), "grad/norm0": norms[0], "grad/norm1": norms[1],
                 "grad/norm2": norms[2], "grad/norm3": norms[3], "grad/global": tf.linalg.global_norm(grads),
                 "lr": tf.constant(1e-3)}
+
+    return metrics_of
+
+
+def step_overhead(tmp: str, blocks: int, block_steps: int) -> dict[str, float]:
+    import tensorflow as tf
+
+    import procsv
+    from procsv.examples.digits import batch_indices, build_model, load_data
+
+    x_train, y_train, _, _ = load_data(0)
+    model, optimizer, loss_fn = build_model()
+
+    metrics_of = ten_values_step(model, optimizer, loss_fn)
 
     @tf.function  # type: ignore[untyped-decorator]  # TensorFlow ships no type information
     def train_step(x: tf.Tensor, y: tf.Tensor) -> dict[str, tf.Tensor]:
