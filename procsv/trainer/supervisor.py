@@ -26,7 +26,8 @@ from procsv.ipc.messages import Busy, Progress, SaveReason, SessionLogEvent, Ses
 from procsv.ipc.transport import Endpoints
 from procsv.common import bootstrap, env
 from procsv.common.errors import ProcsvError
-from procsv.trainer import checkpoint_restore, outcome, replica, standby
+from procsv import cluster
+from procsv.trainer import checkpoint_restore, outcome, replica, standby, warmup
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint_restore import Pinned
 from procsv.trainer.checkpointing import CheckpointAgent
@@ -186,10 +187,12 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
 
     def warm_up(self, fn: Any, *args: Any, **kwargs: Any) -> None:
         """Trace ``fn`` (a ``tf.function``, e.g. the train step) for these example arguments when the
-        session is prepared, before the restore; in a hot standby before it waits, so that a promoted
-        standby's first step does not pay the tracing. Nothing runs (``get_concrete_function``): no
-        variable changes, no summary. Give arguments of the loop's shapes and dtypes (numpy arrays or
-        tensors; another shape is traced again at its first call, as always)."""
+        session is prepared, before the restore, and have TensorFlow instantiate the traced function
+        (optimize and place its graph); in a hot standby before it waits, so that a promoted
+        standby's first step pays neither. Nothing runs: no variable changes, no summary
+        (:mod:`procsv.trainer.warmup` says how). In a group (``--nproc`` > 1) it is only traced. Give
+        arguments of the loop's shapes and dtypes (numpy arrays or tensors; another shape is traced
+        again at its first call, as always)."""
         if not callable(getattr(fn, "get_concrete_function", None)):
             raise TypeError(f"Supervisor.warm_up takes a tf.function, not {type(fn).__name__}")
         self._warm_ups.append((fn, args, kwargs))
@@ -214,8 +217,9 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
         if not self._started and not self._stopped:
             outcome.register(self.outcome)  # once, even when reused after a stop
         self._started = True
+        alone = cluster.nproc() == 1  # a group's step runs collectives: only traced (warmup's docstring)
         for fn, args, kwargs in self._warm_ups:
-            fn.get_concrete_function(*args, **kwargs)
+            warmup.trace_and_instantiate(fn, args, kwargs, instantiate_too=alone)
         self._warm_ups = []  # traced once: a later prepare (after a stop) finds the trace in place
         if self._ctx is not None and standby.is_standby():
             standby.wait_for_promotion(self._ctx)  # a hot standby: everything before this is done already
