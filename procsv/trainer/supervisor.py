@@ -217,7 +217,7 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
         if not self._started and not self._stopped:
             outcome.register(self.outcome)  # once, even when reused after a stop
         self._started = True
-        alone = cluster.nproc() == 1  # a group's step runs collectives: only traced (warmup's docstring)
+        alone = cluster.nproc() == 1  # a group's step runs collectives: only traced (see warmup)
         for fn, args, kwargs in self._warm_ups:
             warmup.trace_and_instantiate(fn, args, kwargs, instantiate_too=alone)
         self._warm_ups = []  # traced once: a later prepare (after a stop) finds the trace in place

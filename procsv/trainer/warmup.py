@@ -16,6 +16,9 @@ cancelled call ("Function was cancelled before it was started", in
 ``FunctionLibraryRuntimeImpl::Run``) before any op of the body runs. A call that returns instead
 would have run the step: that is an error here, raised before anything is restored or trained
 (tests/test_warm_up.py pins the behaviour of the TensorFlow installed).
+
+In a group (``--nproc`` > 1) the Supervisor only traces: a group's step runs collectives with the
+other trainers, and a cancelled call of such a function has not been tried.
 """
 
 from __future__ import annotations
