@@ -37,9 +37,11 @@ def trace_and_instantiate(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 def instantiate(concrete: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Have TensorFlow instantiate ``concrete`` (a traced function) without running it. Returns
-    False where this TensorFlow offers no way (the private module moved, or the call is refused
-    for another reason, e.g. arguments it takes only when traced again): the first step then pays
-    the instantiation, as it would without this."""
+    False where this TensorFlow offers no way (the private module moved, or the call's arguments
+    are refused in Python, before TensorFlow sees the call): the first step then pays the
+    instantiation, as it would without this. Any other error propagates: one from TensorFlow's
+    runtime is the error the first step would raise (an instantiation that fails), or a sign that
+    something ran, which must not pass silently."""
     import tensorflow as tf
 
     try:
@@ -54,7 +56,7 @@ def instantiate(concrete: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
             concrete(*args, **kwargs)
     except tf.errors.CancelledError:
         return True  # instantiated, and refused before its first op
-    except Exception:  # noqa: BLE001  (not instantiated: nothing ran either)
+    except (TypeError, ValueError):  # the arguments did not bind: the call never reached TensorFlow
         return False
     raise UnsupportedState(
         f"this TensorFlow release ran {getattr(concrete, 'name', 'a function')!r} although its call was cancelled "
