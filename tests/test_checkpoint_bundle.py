@@ -134,6 +134,42 @@ def test_file_checksum_is_crc32c_by_default(tmp_path):
     assert crc32c.file_checksum(str(tmp_path / "empty")) == 0
 
 
+@pytest.mark.parametrize("size", [1, 64 * 1024 - 1, 64 * 1024, 64 * 1024 + 1, 8 * 1024 * 1024 - 1, 8 * 1024 * 1024,
+                                  8 * 1024 * 1024 + 1])
+def test_stream_checksum_covers_what_is_left_at_every_buffer_size(tmp_path, size):
+    """The read buffer is sized to what is left of the file: every size around its bounds, from a
+    handle already partly read, gives the CRC of exactly the rest."""
+    path = tmp_path / "f"
+    data = os.urandom(size)
+    path.write_bytes(data)
+    with open(path, "rb", buffering=0) as fh:
+        skip = min(size, 7)
+        fh.read(skip)
+        assert crc32c.stream_checksum(fh) == crc32c.value(data[skip:])
+    with open(path, "rb", buffering=0) as fh:
+        assert crc32c.stream_checksum(fh, "crc32") == zlib.crc32(data)
+
+
+def test_stream_checksum_reads_a_file_that_grew_after_the_buffer_was_sized(tmp_path, monkeypatch):
+    """The buffer is sized from fstat; bytes appended after that are still read (in more chunks)."""
+    path = tmp_path / "f"
+    head, tail = os.urandom(1000), os.urandom(200 * 1024)
+    path.write_bytes(head)
+    real = os.fstat
+
+    def grow_after_stat(fd):
+        st = real(fd)
+        with open(path, "ab") as out:
+            out.write(tail)
+        return st
+
+    monkeypatch.setattr(crc32c.os, "fstat", grow_after_stat)
+    with open(path, "rb", buffering=0) as fh:
+        crc = crc32c.stream_checksum(fh)
+    monkeypatch.undo()
+    assert crc == crc32c.value(head + tail)
+
+
 def test_file_checksum_crc32_is_zlibs(tmp_path):
     """The checksum of version-1 manifests, still verified."""
     path = tmp_path / "f"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import io
+import os
 import zlib
 from typing import Callable, Literal
 
@@ -39,6 +40,7 @@ CHECK_VALUE = 0xE3069283  # CRC-32C of b"123456789"
 _MASK_DELTA = 0xA282EAD8
 _POLY = 0x82F63B78  # CRC-32C, reflected
 _FILE_CHUNK = 8 << 20
+_MIN_CHUNK = 64 << 10  # a file that grows while read is still read in chunks of a sane size
 
 
 def _load_extend_at() -> Callable[[int, int, int], int]:
@@ -126,9 +128,17 @@ def file_checksum(path: str, algorithm: Algorithm = "crc32c") -> int:
 
 
 def stream_checksum(fh: io.RawIOBase, algorithm: Algorithm = "crc32c") -> int:
-    """The checksum of what is left to read in an unbuffered binary file (see :func:`file_checksum`)."""
+    """The checksum of what is left to read in an unbuffered binary file (see :func:`file_checksum`).
+
+    The read buffer is sized to what is left (at most :data:`_FILE_CHUNK`): a ctypes buffer is
+    zeroed when made, and an 8 MiB one for each small file of a checkpoint cost a promoted trainer's
+    restore 20 ms in first-touch page faults (3 files of 60 KB), where the checksums take 0.1 ms."""
     crc = 0
-    buf = (ctypes.c_char * _FILE_CHUNK)()
+    try:
+        left = os.fstat(fh.fileno()).st_size - fh.tell()
+    except (OSError, ValueError, io.UnsupportedOperation):
+        left = _FILE_CHUNK
+    buf = (ctypes.c_char * min(_FILE_CHUNK, max(_MIN_CHUNK, left + 1)))()  # +1: the read that finds the end
     address = ctypes.addressof(buf)
     view = memoryview(buf).cast("B")
     while True:
