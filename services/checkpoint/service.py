@@ -36,7 +36,6 @@ trainer's state reached memory).
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from typing import Any, Callable, Optional
@@ -51,6 +50,7 @@ from procsv.ipc.transport import CHECKPOINT_FRAME_MAX, Received, bind_private, d
 from procsv.common import env
 from procsv.common.bootstrap import ChildContext
 from procsv.common.layout import write_json
+from procsv.common.stopwake import StopWake
 from procsv.common.errors import CheckpointError
 from procsv.common.manifests import list_committed
 from procsv.services.checkpoint.arena import ArenaCache
@@ -120,24 +120,25 @@ class CheckpointService:
         if self.to_watchdog is not None:  # ready to commit: the watchdog's stall rule counts from here
             send(self.to_watchdog, Hello(Role.CHECKPOINT, os.getpid(), self.ctx.attempt))
 
-        signal.signal(signal.SIGTERM, self._on_term)
-        signal.signal(signal.SIGINT, self._on_term)
+        wake = StopWake(self.router, self._on_term)  # a SIGTERM ends the poll at once, not POLL_MS later
         while not self.stopping:
-            for got in drain(self.router, first_timeout_ms=POLL_MS, limit=1, routed=True, accept=ACCEPT):
-                if isinstance(got, ProtocolError):
-                    self.rejections.count(got)
-                else:
-                    self._handle(got)
+            if wake.wait(POLL_MS):
+                for got in drain(self.router, limit=1, routed=True, accept=ACCEPT):
+                    if isinstance(got, ProtocolError):
+                        self.rejections.count(got)
+                    else:
+                        self._handle(got)
             self._tick()
             if (self.rejections.total, self.held_count) != self._stats_written and self.clock() >= self._next_stats:
                 self._write_stats(durable=False)
+        wake.close()
         self._write_stats(durable=True)
         self.router.close(0)
         self.arenas.pin(None)
         self.arenas.drop()
         return 0
 
-    def _on_term(self, signum: int, frame: Any) -> None:
+    def _on_term(self, signum: int) -> None:
         self.stopping = True
 
     def _write_stats(self, durable: bool) -> None:

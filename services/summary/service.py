@@ -44,7 +44,6 @@ What a crash costs (the bound the README quotes):
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from typing import Any, Callable, Optional
@@ -55,6 +54,7 @@ from tensorboard.compat.proto import summary_pb2
 
 from procsv.common.bootstrap import ChildContext
 from procsv.common.layout import read_json, write_json
+from procsv.common.stopwake import StopWake
 from procsv.ipc.codec import ProtocolError
 from procsv.ipc.columns import Columns, decode_columns
 from procsv.ipc.messages import (Hello, ProtoRef, Role, RunScalars, SessionLogEvent, SessionStatus, SummaryAck,
@@ -85,6 +85,8 @@ _SESSION_STATUS = {SessionStatus.START: records.START, SessionStatus.STOP: recor
 
 class SummaryService:
     """The summary service: its sockets, the event files it appends to, the sessions and its counters."""
+
+    _wake: StopWake  # made in run(): SIGTERM/SIGINT, polled beside the ROUTER
 
     def __init__(self, ctx: ChildContext, clock: Callable[[], float] = time.monotonic) -> None:
         self.ctx = ctx
@@ -122,8 +124,7 @@ class SummaryService:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, self._on_term)
-        signal.signal(signal.SIGINT, self._on_term)
+        self._wake = StopWake(self.router, self._on_term)  # a SIGTERM ends the poll at once, not POLL_MS later
         self._write_stats(durable=False)  # its pid says: up, socket bound
         if self.to_watchdog is not None:
             send(self.to_watchdog, Hello(Role.SUMMARY, os.getpid(), self.ctx.attempt))
@@ -133,6 +134,7 @@ class SummaryService:
         deadline = self.clock() + DRAIN_SECS
         while self.clock() < deadline and self._burst(DRAIN_POLL_MS):
             pass
+        self._wake.close()
         out: list[bytes] = []
         self._flush_drops(out)
         self.file.write(b"".join(out))
@@ -142,7 +144,7 @@ class SummaryService:
         self.router.close(0)
         return 0
 
-    def _on_term(self, signum: int, frame: Any) -> None:
+    def _on_term(self, signum: int) -> None:
         self.stopping = True
 
     def _burst(self, wait_ms: int) -> int:
@@ -150,7 +152,9 @@ class SummaryService:
         with one os.write, then ack it; return how many messages were handled."""
         out: list[bytes] = []
         n = 0
-        for got in drain(self.router, first_timeout_ms=wait_ms, limit=BURST_MAX, routed=True, accept=ACCEPT):
+        if not self._wake.wait(wait_ms):
+            return 0
+        for got in drain(self.router, limit=BURST_MAX, routed=True, accept=ACCEPT):
             n += 1
             if isinstance(got, ProtocolError):
                 self.rejections.count(got)
