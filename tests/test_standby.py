@@ -164,6 +164,8 @@ def test_a_promoted_standby_traced_its_step_while_it_waited(logdir):
         log = fh.read()
     # traced once, before its first step: at prepare, which a standby reaches before it waits
     assert "finished 400 steps" in log and "traced train_step 1 time(s), 1 before its first step" in log, log
+    # and ran once on shadow copies of its variables, so that its first step found its kernels made
+    assert "standby ran train_step once on shadow copies of its variables" in log, log
 
 
 @pytest.mark.slow

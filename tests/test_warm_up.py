@@ -62,3 +62,121 @@ def test_a_function_that_runs_although_cancelled_is_an_error_not_a_silent_step()
     with pytest.raises(UnsupportedState, match="ran 'step' although its call was cancelled"):
         warmup.instantiate(IgnoresCancellation(), (1,), {})
     assert ran == [1]
+
+
+# ------------------------------------------------------------------------------ shadow run
+PLENTY = 1 << 40  # bytes of memory "available"
+
+
+def _dense_step() -> tuple[Any, Any, Any]:
+    """A small Keras model's training step (dense layers, Adam): only variable ops are stateful."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
+    optimizer = keras.optimizers.Adam(1e-2)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def body(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    rng = np.random.default_rng(0)
+    batch = (rng.normal(size=(32, 8)).astype(np.float32), rng.integers(0, 3, size=32).astype(np.int64))
+    return body, (model, optimizer), batch
+
+
+def _values(model: Any, optimizer: Any) -> list[Any]:
+    return [np.array(v.numpy()) for v in [*model.variables, *optimizer.variables]]
+
+
+def test_a_shadow_run_leaves_every_variable_as_it_was_and_the_next_steps_exactly_as_without_it() -> None:
+    import tensorflow as tf
+
+    body, (model, optimizer), batch = _dense_step()
+    before = _values(model, optimizer)
+    warmed = tf.function(body)
+    assert warmup.trace_and_instantiate(warmed, batch, {}, instantiate_too=True) is True
+    traced = warmed.experimental_get_tracing_count()  # 2: Keras builds its optimizer at the first trace
+    assert warmup.run_on_shadows(warmed, batch, {}, lambda: PLENTY) == ""
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(before, _values(model, optimizer)))
+    losses = [warmed(*batch).numpy() for _ in range(3)]
+    assert warmed.experimental_get_tracing_count() == traced  # the shadow run used the trace, made no other
+
+    # the same model built again from the same seed, stepped without any shadow run
+    plain_body, (plain_model, plain_optimizer), _ = _dense_step()
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(before, _values(plain_model, plain_optimizer)))
+    plain = tf.function(plain_body)
+    assert [plain(*batch).numpy() for _ in range(3)] == losses
+    assert all(a.tobytes() == b.tobytes()
+               for a, b in zip(_values(model, optimizer), _values(plain_model, plain_optimizer)))
+
+
+def test_a_step_with_a_random_kernel_of_its_own_is_not_run() -> None:
+    import tensorflow as tf
+
+    body, (model, optimizer), batch = _dense_step()
+
+    @tf.function  # type: ignore[untyped-decorator]
+    def noisy(x: Any, y: Any) -> Any:
+        return body(x + tf.random.uniform(tf.shape(x), seed=1), y)  # RandomUniform keeps its state in the kernel
+
+    before = _values(model, optimizer)
+    why = warmup.run_on_shadows(noisy, batch, {}, lambda: PLENTY)
+    assert "RandomUniform" in why
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(before, _values(model, optimizer)))
+
+
+def test_a_step_that_calls_python_is_not_run() -> None:
+    step, counter, calls = _step_with_side_effects()
+    why = warmup.run_on_shadows(step, (np.int64(5),), {}, lambda: PLENTY)
+    assert "EagerPyFunc" in why and calls == [] and int(counter.numpy()) == 0
+
+
+def test_a_captured_iterator_or_an_iterator_argument_is_not_advanced() -> None:
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.range(10)
+    captured = iter(ds)
+
+    @tf.function  # type: ignore[untyped-decorator]
+    def reads_captured(x: Any) -> Any:
+        return x + next(captured)
+
+    assert "IteratorGetNext" in warmup.run_on_shadows(reads_captured, (np.int64(1),), {}, lambda: PLENTY)
+    assert int(next(captured)) == 0
+
+    @tf.function  # type: ignore[untyped-decorator]
+    def reads_argument(it: Any) -> Any:
+        return next(it) + 1
+
+    given = iter(ds)
+    assert "IteratorGetNext" in warmup.run_on_shadows(reads_argument, (given,), {}, lambda: PLENTY)
+    assert int(next(given)) == 0
+
+
+def test_a_resource_argument_is_refused_at_the_call_before_anything_runs() -> None:
+    """An argument that is a resource (here a variable's handle, read by allowed ops only) is
+    refused where the call's inputs are known: a step's own argument is never stepped on."""
+    import tensorflow as tf
+
+    var = tf.Variable(5.0)
+
+    @tf.function  # type: ignore[untyped-decorator]
+    def bump(v: Any) -> Any:
+        return v.assign_add(1.0)
+
+    assert "an argument is a resource" in warmup.run_on_shadows(bump, (var,), {}, lambda: PLENTY)
+    assert float(var.numpy()) == 5.0
+
+
+def test_shadows_that_would_not_fit_in_memory_are_not_made() -> None:
+    import tensorflow as tf
+
+    body, (model, optimizer), batch = _dense_step()
+    why = warmup.run_on_shadows(tf.function(body), batch, {}, lambda: 1000)
+    assert "would not fit twice in the memory available" in why

@@ -43,6 +43,7 @@ def restore() -> None:
     """Every thread back to ``SCHED_OTHER`` (the promotion); threads created meanwhile inherited the idle policy."""
     try:
         _set_all(os.SCHED_OTHER)
+        _set_own_cache(os.SCHED_OTHER)
     except OSError as exc:  # not expected (lower() checked reversible()); say it rather than fail the promotion
         import sys
 
@@ -67,6 +68,26 @@ def _set_all(policy: int) -> None:
             os.sched_setscheduler(tid, policy, os.sched_param(0))
         except ProcessLookupError:
             pass  # the thread ended meanwhile
+
+
+def _set_own_cache(policy: int) -> None:
+    """Set the calling thread's policy through ``pthread_setschedparam`` too. glibc keeps a copy of a
+    thread's policy in its descriptor once it was set or read through pthreads, and a thread it
+    creates then takes that copy, not the kernel's. Seen here: after a standby had run its step once
+    (:func:`procsv.trainer.warmup.run_on_shadows`), the ZeroMQ threads it made once promoted set
+    themselves to ``SCHED_IDLE`` at start (strace), though every thread had been set back with
+    ``sched_setscheduler``. Raises OSError if glibc refuses."""
+    import ctypes
+
+    class _Param(ctypes.Structure):
+        _fields_ = [("sched_priority", ctypes.c_int)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.pthread_self.restype = ctypes.c_ulong
+    libc.pthread_setschedparam.argtypes = [ctypes.c_ulong, ctypes.c_int, ctypes.POINTER(_Param)]
+    err = libc.pthread_setschedparam(libc.pthread_self(), policy, ctypes.byref(_Param(0)))
+    if err:
+        raise OSError(err, os.strerror(err))
 
 
 def _threads() -> list[int]:

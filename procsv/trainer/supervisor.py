@@ -220,6 +220,8 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
         alone = cluster.nproc() == 1  # a group's step runs collectives: only traced (see warmup)
         for fn, args, kwargs in self._warm_ups:
             warmup.trace_and_instantiate(fn, args, kwargs, instantiate_too=alone)
+            if alone and self._ctx is not None and standby.is_standby():  # idle time: make its kernels too
+                warmup.standby_run(fn, args, kwargs)
         self._warm_ups = []  # traced once: a later prepare (after a stop) finds the trace in place
         if self._ctx is not None and standby.is_standby():
             standby.wait_for_promotion(self._ctx)  # a hot standby: everything before this is done already
