@@ -136,7 +136,7 @@ def stream_checksum(fh: io.RawIOBase, algorithm: Algorithm = "crc32c") -> int:
     crc = 0
     try:
         left = os.fstat(fh.fileno()).st_size - fh.tell()
-    except (OSError, ValueError, io.UnsupportedOperation):
+    except (OSError, ValueError, AttributeError):  # not a real file (no fileno/tell), or closed: read in whole chunks
         left = _FILE_CHUNK
     buf = (ctypes.c_char * min(_FILE_CHUNK, max(_MIN_CHUNK, left + 1)))()  # +1: the read that finds the end
     address = ctypes.addressof(buf)
