@@ -10,6 +10,7 @@ stand-in dataset is checked in-process with real TensorFlow.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -19,7 +20,7 @@ import pytest
 import tensorflow as tf
 from keras.src.backend.tensorflow.trainer import TFEpochIterator
 
-from conftest import PROGRAMS, REPO, finish, launch, quiet_env
+from conftest import PROGRAMS, REPO, finish, launch, lifecycle, quiet_env, wait_for
 from procsv.trainer import keras_warmup
 
 PROGRAM = os.path.join(PROGRAMS, "keras_warm.py")
@@ -41,6 +42,35 @@ def test_the_train_step_is_traced_before_the_first_batch_once_and_the_fit_is_unc
     assert code == 0, err
     assert "traced before the first batch: 1" in out, out
     assert "traced in all: 1" in out, out  # the first batch found the warm-up's trace: not traced again
+    a, b = _weights(plain), _weights(out_path)
+    assert len(a) == len(b) and all(x.tobytes() == y.tobytes() for x, y in zip(a, b))
+
+
+@pytest.mark.slow
+def test_a_promoted_standby_ran_the_train_step_on_shadow_copies_and_the_fit_is_unchanged(short_tmp):
+    """A hot standby runs Keras' step once on shadow copies of its variables (reading its stand-in
+    iterator, never the input) before it waits; promoted mid-fit, its first batch finds the kernels
+    made, and the final weights are still plain fit's, bit for bit."""
+    plain = os.path.join(short_tmp, "plain.npz")
+    done = subprocess.run([sys.executable, PROGRAM, plain, "--no-callback", "--slow"], capture_output=True,
+                          text=True, env=quiet_env(), cwd=REPO, timeout=180)
+    assert done.returncode == 0, done.stderr
+    logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "procsv.npz")
+    proc = launch(logdir, out_path, "--slow", target=PROGRAM, opts=("--standby", "hot"))
+    try:
+        ready = wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "standby_ready"], 120,
+                         what="a ready standby")[0]
+        first = [e for e in lifecycle(logdir) if e["event"] == "spawned" and e["role"] == "trainer"][0]
+        os.kill(first["pid"], signal.SIGKILL)
+    finally:
+        code, out, err = finish(proc, 180)
+    assert code == 0, err
+    promoted = [e for e in lifecycle(logdir) if e["event"] == "spawned" and e.get("via") == "standby"]
+    assert [e["pid"] for e in promoted] == [ready["pid"]]
+    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
+        log = fh.read()
+    assert "standby ran multi_step_on_iterator once on shadow copies of its variables" in log, log
+    assert "traced in all: 1" in log, log  # traced in the standby, before it waited: never again
     a, b = _weights(plain), _weights(out_path)
     assert len(a) == len(b) and all(x.tobytes() == y.tobytes() for x, y in zip(a, b))
 

@@ -159,6 +159,23 @@ def test_a_captured_iterator_or_an_iterator_argument_is_not_advanced() -> None:
     assert int(next(given)) == 0
 
 
+def test_a_stand_in_iterator_procsv_made_may_be_read_by_the_shadow_run() -> None:
+    """Keras' step takes an iterator: the stand-in procsv made for the warm-up (marked disposable)
+    is read; the variables are not touched."""
+    import tensorflow as tf
+
+    total = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function  # type: ignore[untyped-decorator]
+    def step(it: Any) -> Any:
+        return total.assign_add(next(it))
+
+    stand_in = warmup.disposable(iter(tf.data.Dataset.from_tensors(tf.constant(7, tf.int64))))
+    assert warmup.run_on_shadows(step, (stand_in,), {}, lambda: PLENTY) == ""
+    assert int(total.numpy()) == 0
+    assert list(stand_in) == []  # its one element was read by the shadow run
+
+
 def test_a_resource_argument_is_refused_at_the_call_before_anything_runs() -> None:
     """An argument that is a resource (here a variable's handle, read by allowed ops only) is
     refused where the call's inputs are known: a step's own argument is never stepped on."""

@@ -11,9 +11,10 @@ that ``tf.function`` and an iterator to trace it with, for :meth:`Supervisor.war
 
 The iterator is not one over the program's dataset: making one would draw the next seed of its
 shuffles (:mod:`procsv.trainer.keras_input`) and so change the batches of the run. It is an iterator
-over a stand-in dataset of the same element spec (zeros, never read: the instantiating call is
-cancelled before any op runs), so the trace is the one the first batch would make, and that batch
-finds it in the function's cache. Where no such stand-in can be made (an input that is not a plain
+over a stand-in dataset of the same element spec (one element of zeros: the instantiating call is
+cancelled before any op runs, and only a hot standby's run on shadow copies of the variables,
+:func:`procsv.trainer.warmup.run_on_shadows`, reads it), so the trace is the one the first batch
+would make, and that batch finds it in the function's cache. Where no such stand-in can be made (an input that is not a plain
 ``tf.data`` pipeline, elements other than dense tensors, a Keras whose train function looks
 otherwise, ``run_eagerly``), nothing is warmed up and the first batch traces as it always did.
 """
@@ -21,6 +22,8 @@ otherwise, ``run_eagerly``), nothing is warmed up and the first batch traces as 
 from __future__ import annotations
 
 from typing import Any, Optional
+
+from procsv.trainer import warmup
 
 
 def train_step_warm_up(train_function: Any, epoch_iterator: Any) -> Optional[tuple[Any, Any]]:
@@ -36,7 +39,7 @@ def train_step_warm_up(train_function: Any, epoch_iterator: Any) -> Optional[tup
     stand_in = _stand_in(dataset.element_spec)
     if stand_in is None:
         return None
-    return step, iter(stand_in)
+    return step, warmup.disposable(iter(stand_in))  # a hot standby's shadow run may read its one batch
 
 
 def _closure(fn: Any) -> dict[str, Any]:

@@ -25,6 +25,7 @@ other trainers, and a cancelled call of such a function has not been tried.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 from procsv.common.errors import UnsupportedState
@@ -77,6 +78,8 @@ _SAFE_STATEFUL = frozenset({
     "StatefulStandardNormalV2", "StatefulTruncatedNormal", "StatefulRandomBinomial",
 })
 _SAFE_PREFIXES = ("Resource",)  # ResourceApplyAdam, ResourceScatterAdd, ResourceGather...: on their resource input
+_ITERATOR_OPS = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"})
+_DISPOSABLE: "weakref.WeakSet[Any]" = weakref.WeakSet()  # iterators procsv made for a warm-up: theirs to spend
 MEMORY_SHARE = 0.25  # shadows may take at most this share of the memory available
 
 
@@ -84,9 +87,16 @@ class _Refused(Exception):
     """Raised inside the intercepted call, before anything runs."""
 
 
-def unsafe_ops(graph_def: Any) -> list[str]:
+def disposable(iterator: Any) -> Any:
+    """Mark an iterator procsv made for a warm-up (a stand-in, never the program's): a shadow run may
+    read from it. Returns it."""
+    _DISPOSABLE.add(iterator)
+    return iterator
+
+
+def unsafe_ops(graph_def: Any, also_safe: frozenset[str] = frozenset()) -> list[str]:
     """The stateful op types in ``graph_def`` (and the functions of its library) that keep state or
-    have effects outside their resource inputs, sorted."""
+    have effects outside their resource inputs (``also_safe`` aside), sorted."""
     from tensorflow.python.framework import op_def_registry
 
     found: set[str] = set()
@@ -95,7 +105,7 @@ def unsafe_ops(graph_def: Any) -> list[str]:
         nodes += list(fdef.node_def)
     for node in nodes:
         op_def = op_def_registry.get(node.op)
-        if op_def is None or (op_def.is_stateful and node.op not in _SAFE_STATEFUL
+        if op_def is None or (op_def.is_stateful and node.op not in _SAFE_STATEFUL and node.op not in also_safe
                               and not node.op.startswith(_SAFE_PREFIXES)):
             found.add(node.op)
     return sorted(found)
@@ -111,14 +121,19 @@ def run_on_shadows(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     Returns "" when it ran, else why not (nothing ran): a stateful op outside :data:`_SAFE_STATEFUL`
     (its kernel's state or effect would differ from a process that did not run it), a captured
     resource that is not a variable (an iterator, a table, a summary writer: no shadow is made of
-    those), an argument that is a resource (an iterator would lose a batch), shadows larger than
+    those), an argument that is a resource (an iterator would lose a batch) unless it is an
+    iterator procsv made for the warm-up (:func:`disposable`: then reading from it is allowed too),
+    shadows larger than
     :data:`MEMORY_SHARE` of ``available()`` bytes, or a TensorFlow without the hook used. A step that
     fails on the shadows is reported and not raised: the first real step runs it for real.
     """
     import tensorflow as tf
 
     concrete = fn.get_concrete_function(*args, **kwargs)  # traced already: found in the cache
-    unsafe = unsafe_ops(concrete.graph.as_graph_def())
+    # the components of the stand-in iterators procsv made (disposable): the only resources an argument may hold
+    owned = {id(t) for a in tf.nest.flatten((args, kwargs)) if _is_disposable(a)
+             for t in tf.nest.flatten(a, expand_composites=True)}
+    unsafe = unsafe_ops(concrete.graph.as_graph_def(), _ITERATOR_OPS if owned else frozenset())
     if unsafe:
         return f"it has op(s) with state or effects of their own: {', '.join(unsafe[:5])}"
     by_handle = {id(v.handle): v for v in concrete.variables}
@@ -142,7 +157,7 @@ def run_on_shadows(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
             shadows.append(tf.Variable(v.read_value(), shape=v.shape, trainable=False))
 
     def call_on_shadows(tensor_inputs: Any, captured_inputs: Any) -> Any:
-        if any(getattr(x, "dtype", None) in (tf.resource, tf.variant) for x in tensor_inputs):
+        if any(getattr(x, "dtype", None) in (tf.resource, tf.variant) and id(x) not in owned for x in tensor_inputs):
             raise _Refused("an argument is a resource or a dataset (an iterator would lose a batch)")
         if len(captured_inputs) != len(shadows):
             raise _Refused("its captures changed while it was called")
@@ -158,6 +173,13 @@ def run_on_shadows(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     finally:
         del concrete._call_flat
     return ""
+
+
+def _is_disposable(obj: Any) -> bool:
+    try:
+        return obj in _DISPOSABLE
+    except TypeError:  # not weakly referable: not one procsv marked
+        return False
 
 
 def standby_run(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:

@@ -1,5 +1,6 @@
 """A small Keras fit on a seeded tf.data shuffle (with a partial last batch) that reports when Keras'
-train step was traced: ``python keras_warm.py OUT.npz [--no-callback]``.
+train step was traced: ``python keras_warm.py OUT.npz [--no-callback] [--slow]`` (``--slow``: 24
+epochs, 40 ms a batch, long enough to kill its trainer once a hot standby is ready).
 
 Prints ``traced before the first batch: N`` (the traces of Keras' ``multi_step_on_iterator`` when the
 first batch begins) and ``traced in all: N`` after fit, and writes the final weights to OUT.npz.
@@ -7,6 +8,7 @@ first batch begins) and ``traced in all: N`` after fit, and writes the final wei
 
 import os
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -42,11 +44,17 @@ class Report(keras.callbacks.Callback):
             print(f"traced before the first batch: {traces()}", flush=True)
 
 
-callbacks = [Report()]
+class Slow(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.04)
+
+
+slow = "--slow" in sys.argv
+callbacks = [Report()] + ([Slow()] if slow else [])
 if "--no-callback" not in sys.argv:
     import procsv.keras
 
     callbacks.insert(0, procsv.keras.BackupAndRestore())
-model.fit(ds, epochs=3, callbacks=callbacks, verbose=0)
+model.fit(ds, epochs=24 if slow else 3, callbacks=callbacks, verbose=0)
 print(f"traced in all: {traces()}", flush=True)
 np.savez(sys.argv[1], *[np.asarray(w) for w in model.weights])
