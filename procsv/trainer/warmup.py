@@ -123,9 +123,9 @@ def run_on_shadows(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     resource that is not a variable (an iterator, a table, a summary writer: no shadow is made of
     those), an argument that is a resource (an iterator would lose a batch) unless it is an
     iterator procsv made for the warm-up (:func:`disposable`: then reading from it is allowed too),
-    shadows larger than
-    :data:`MEMORY_SHARE` of ``available()`` bytes, or a TensorFlow without the hook used. A step that
-    fails on the shadows is reported and not raised: the first real step runs it for real.
+    shadows larger than :data:`MEMORY_SHARE` of ``available()`` bytes, or a TensorFlow without the
+    hook used. A step that fails on the shadows is reported and not raised: the first real step
+    runs it for real. It costs the standby one step (and the copies) before it is ready.
     """
     import tensorflow as tf
 
