@@ -68,6 +68,39 @@ def test_a_function_that_runs_although_cancelled_is_an_error_not_a_silent_step()
 PLENTY = 1 << 40  # bytes of memory "available"
 
 
+def test_a_call_that_goes_around_the_shadow_hook_is_an_error_not_a_silent_step() -> None:
+    # no TensorFlow here calls a function other than through _call_flat; what procsv does if one
+    # does: the step ran on the program's own variables, and the standby stops before its restore
+    import tensorflow as tf
+
+    ran: list[int] = []
+
+    class BypassingConcrete:
+        variables: list[Any] = []
+        captured_inputs: list[Any] = []
+
+        class graph:
+            @staticmethod
+            def as_graph_def() -> Any:
+                return tf.compat.v1.GraphDef()
+
+        def _call_flat(self, tensor_inputs: Any, captured_inputs: Any) -> None:
+            raise AssertionError("not reached: the stand-in goes around it")
+
+        def __call__(self, *args: Any) -> None:
+            ran.append(1)
+
+    class Step:
+        __name__ = "step"
+
+        def get_concrete_function(self, *args: Any) -> BypassingConcrete:
+            return BypassingConcrete()
+
+    with pytest.raises(UnsupportedState, match="ran 'step' without going through ConcreteFunction._call_flat"):
+        warmup.run_on_shadows(Step(), (1,), {}, lambda: PLENTY)
+    assert ran == [1]
+
+
 def _dense_step() -> tuple[Any, Any, Any]:
     """A small Keras model's training step (dense layers, Adam): only variable ops are stateful."""
     import keras

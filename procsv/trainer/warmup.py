@@ -125,7 +125,9 @@ def run_on_shadows(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     iterator procsv made for the warm-up (:func:`disposable`: then reading from it is allowed too),
     shadows larger than :data:`MEMORY_SHARE` of ``available()`` bytes, or a TensorFlow without the
     hook used. A step that fails on the shadows is reported and not raised: the first real step
-    runs it for real. It costs the standby one step (and the copies) before it is ready.
+    runs it for real. It costs the standby one step (and the copies) before it is ready. A call
+    that ran without passing through the hook (a TensorFlow that calls the function some other
+    way: then it ran on the real variables) is an :class:`UnsupportedState` error, never silent.
     """
     import tensorflow as tf
 
@@ -156,7 +158,10 @@ def run_on_shadows(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
         with tf.device(v.device):
             shadows.append(tf.Variable(v.read_value(), shape=v.shape, trainable=False))
 
+    entered: list[bool] = []
+
     def call_on_shadows(tensor_inputs: Any, captured_inputs: Any) -> Any:
+        entered.append(True)
         if any(getattr(x, "dtype", None) in (tf.resource, tf.variant) and id(x) not in owned for x in tensor_inputs):
             raise _Refused("an argument is a resource or a dataset (an iterator would lose a batch)")
         if len(captured_inputs) != len(shadows):
@@ -172,6 +177,11 @@ def run_on_shadows(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
         return f"it failed on the shadow copies ({type(exc).__name__}: {str(exc).splitlines()[0]})"
     finally:
         del concrete._call_flat
+    if not entered:  # the call went around _call_flat: it ran on the program's own variables
+        raise UnsupportedState(
+            f"this TensorFlow release ran {getattr(fn, '__name__', 'a function')!r} without going through "
+            "ConcreteFunction._call_flat, so a hot standby's run on shadow copies changed the program's own variables "
+            "before the restore. Run with --standby fork, or report this with `pip show tensorflow`")
     return ""
 
 
