@@ -50,6 +50,23 @@ def test_a_trainer_that_crashes_after_every_checkpoint_keeps_making_progress(log
     assert restored == [50, 100, 150, 200]
 
 
+def test_a_commit_the_trainer_waited_for_counts_as_progress_though_the_watchdog_never_heard_of_it(logdir):
+    # the same crash loop, with the checkpoint service's notice of its second commit (step 100, the
+    # one attempt 2 waits for before it exits 1) never sent to the watchdog (a fault point): only
+    # the manifest on disk, read at the death, says that attempt 2 made progress. Without it the
+    # watchdog gave up ("1 restarts without a new checkpoint"), as it did when the notice of such a
+    # commit was read after the death (CI at 25e7395)
+    proc = launch(logdir, "--steps", "200", "--save-steps", "50", "--crash-after-commit", "--bad-attempts", "all",
+                  "--step-delay", "0.005", target=TINY, opts=("--max-restarts", "1"),
+                  env=quiet_env(PROCSV_FAULT="checkpoint:untold:2"))
+    code, out, err = finish(proc, timeout=400)
+    assert code == 0, err
+    events = lifecycle(logdir)
+    assert [e["step"] for e in events if e["event"] == "checkpoint_committed"] == [50, 150, 200]  # 100 untold
+    assert [e["step"] for e in events if e["event"] == "restored"] == [50, 100, 150, 200]
+    assert status_json(logdir)["restarts"] == 4
+
+
 def test_services_killed_with_sigkill_are_restarted_and_the_trainer_keeps_its_pid(logdir):
     proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--save-model-secs", "1")
     try:

@@ -564,3 +564,74 @@ def test_a_session_the_program_retries_in_the_same_attempt_does_not_rewrite_that
     assert rec["attempt"] == 2 and abs(rec["restore_s"] - 0.2) < 1e-9 and abs(rec["first_step_s"] - 0.3) < 1e-9
     assert rec["steps_redone"] == 10  # attempt 1 reached step 60; attempt 2 restored step 50
     assert sim.view.step == 151
+
+
+def _crash_after_commit_run(disk: bool) -> Sim:
+    """max-restarts 1; attempt 1 commits 50 (heard) and crashes; attempt 2 restores 50, commits 100
+    and crashes before the watchdog reads the service's notice of it; ``disk``: the watchdog reads
+    the manifest of 100 at the death (what procsv.watchdog.exits does)."""
+    sim = Sim(Limits(restart=RestartPolicy(max_restarts=1), hang=HangLimits(None, None)))
+    sim.start_trainer()
+    sim.commit(50)
+    sim.dies(TRAINER, 1)
+    (r,) = of(sim.tick(), Restart)
+    assert r.delay == 0.0
+    sim.tick()
+    sim.ready(50)
+    sim.progress(51)
+    if disk:
+        observe.committed_on_disk(sim.view, TRAINER, sim.trainer.attempt, 100)
+    sim.dies(TRAINER, 1)
+    return sim
+
+
+def test_a_commit_on_disk_whose_notice_the_watchdog_has_not_read_at_the_death_is_progress():
+    sim = _crash_after_commit_run(disk=True)
+    (r,) = of(sim.tick(), Restart)
+    assert r.delay == 0.0 and sim.view.history.failures_without_progress == 1
+    sim.commit(100)  # the notice, read after the death: counted once, not as the next attempt's progress
+    sim.tick()
+    assert sim.trainer.commit_base == 100
+    sim.ready(100)
+    sim.progress(101)
+    assert not sim.trainer.made_progress
+
+
+def test_without_the_commit_on_disk_the_same_run_gives_up_as_making_no_progress():
+    sim = _crash_after_commit_run(disk=False)  # what the watchdog did before (CI at 25e7395)
+    (g,) = of(sim.tick(), GiveUp)
+    assert "--max-restarts 1" in g.reason
+
+
+def test_a_late_notice_of_the_previous_attempt_s_commit_is_not_the_next_attempt_s_progress():
+    sim = Sim(Limits(restart=RestartPolicy(max_restarts=1), hang=HangLimits(None, None)))
+    sim.start_trainer()
+    observe.committed_on_disk(sim.view, TRAINER, 1, 50)  # at its death, before the notice
+    sim.dies(TRAINER, 1)
+    of(sim.tick(), Restart)
+    sim.tick()
+    assert sim.trainer.attempt == 2 and sim.trainer.commit_base == 50  # what the disk said counts as known
+    sim.commit(50)  # the notice arrives now, while attempt 2 restores
+    sim.ready(50)
+    sim.progress(51)
+    assert not sim.trainer.made_progress
+    sim.dies(TRAINER, 1)
+    (g,) = of(sim.tick(), GiveUp)  # a failure in a row without progress: beyond --max-restarts 1
+    assert "1 restarts without a new checkpoint" in g.reason
+
+
+def test_a_held_snapshot_of_the_previous_attempt_persisted_at_the_next_one_s_start_resets_the_count():
+    """The in-memory tier: each attempt's work is a held snapshot, persisted when the next attempt
+    asks at its start (a commit heard while that one is the trainer). A run that crashes every time
+    but keeps saving so is making progress, as it did before the disk check."""
+    sim = Sim(Limits(restart=RestartPolicy(max_restarts=1), hang=HangLimits(None, None)))
+    sim.start_trainer()
+    for k in range(1, 5):
+        sim.dies(TRAINER, KILLED)
+        (r,) = of(sim.tick(), Restart)
+        assert r.delay == 0.0
+        sim.tick()
+        sim.commit(40 * k)  # the predecessor's held snapshot, persisted at this attempt's recover query
+        sim.ready(40 * k)
+        sim.progress(40 * k + 1)
+    assert sim.view.run == RunState.RUNNING and sim.view.history.failures_without_progress == 1

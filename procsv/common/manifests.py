@@ -91,6 +91,27 @@ def list_committed(layout: Layout) -> list[Manifest]:
     return found
 
 
+def newest_committed_since(layout: Layout, since: float, above: int) -> Optional[int]:
+    """The highest step above ``above`` of a checkpoint committed at or after ``since`` (wall
+    time), or None. Only manifests whose name says a step above ``above`` are read, so this costs
+    one directory listing when there is none. A damaged manifest or one committed before
+    ``since`` (an earlier launch's) does not count."""
+    try:
+        names = os.listdir(layout.manifests)
+    except FileNotFoundError:
+        return None
+    steps = []
+    for name in names:
+        step = step_of_prefix(name[:-len(".json")]) if name.endswith(".json") and not name.startswith(".") else None
+        if step is not None and step > above:
+            steps.append((step, name))
+    for step, name in sorted(steps, reverse=True):
+        m = Manifest.from_json(read_json(os.path.join(layout.manifests, name)))
+        if m is not None and m.step == step and m.committed_at >= since:
+            return step
+    return None
+
+
 def damaged_manifests(layout: Layout) -> list[str]:
     """Names of manifest files that are not a readable manifest (truncated, edited, not JSON), sorted.
 

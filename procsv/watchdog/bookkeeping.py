@@ -44,6 +44,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         promoted.slot = promoted.role = TRAINER
         promoted.started = now  # the attempt starts now: its start-up limit and its recovery breakdown count from here
         promoted.set_state(ProcState.STARTING)
+        promoted.commit_base = view.commit_step
         view.children[TRAINER] = promoted
         view.attempts.append(promoted)
         view.restart_at = None

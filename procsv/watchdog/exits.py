@@ -18,13 +18,15 @@ from typing import Callable, Optional
 import zmq
 
 from procsv.common.layout import Layout, spilled_error_file
+from procsv.common.manifests import newest_committed_since
 from procsv.watchdog import observe
+from procsv.watchdog.bookkeeping import find
 from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.failures import ChildError, Failure, read_child_error
 from procsv.watchdog.prewarm import ForkedProcess
 from procsv.watchdog.reporting import Reporter
-from procsv.watchdog.state import RunView
+from procsv.watchdog.state import TRAINER, RunView
 
 STATUS_WAIT = 2.0  # seconds a forked trainer's exit status may take to come from the zygote
 
@@ -85,6 +87,7 @@ class ChildEnds:
         while not self._notices.empty():
             handle, died, at, wall = self._notices.get()
             if died and handle.pidfd >= 0:
+                self._commits_on_disk(handle)
                 err = self._child_error(handle, ex)
                 self.out.record(observe.death_noticed(self.view, handle.slot, handle.attempt, at, wall,
                                                       err.type if err is not None else ""))
@@ -115,6 +118,17 @@ class ChildEnds:
                 ex.drop_zygote(f"procsv: the pre-warmed trainer (zygote) did not report the exit of trainer "
                                f"pid {handle.pid} within {STATUS_WAIT:g} s; restarts will start fresh trainers")
 
+    def _commits_on_disk(self, handle: ChildProcess) -> None:
+        """A trainer died while the watchdog knows of no commit since it started: the one it may
+        have waited for is on disk before the service's notice of it is read (the notice and the
+        death come by different ways; on a loaded machine the death can come first)."""
+        child = find(self.view, handle.slot, handle.attempt)
+        if child is None or child.role != TRAINER or child.made_progress:
+            return
+        step = newest_committed_since(self.layout, self.out.started_wall, child.commit_base)
+        if step is not None:
+            observe.committed_on_disk(self.view, handle.slot, handle.attempt, step)
+
     def _child_error(self, handle: ChildProcess, ex: Executor) -> Optional[ChildError]:
         return read_child_error((self.layout.error_file(handle.role, handle.attempt),
                                  spilled_error_file(ex.runtime.path, handle.role, handle.attempt)), handle.pid)
@@ -123,6 +137,7 @@ class ChildEnds:
         code = handle.reap()
         ex.handles.pop((handle.slot, handle.attempt), None)
         self._heard_all()  # all it said before dying (a last checkpoint result), before its exit
+        self._commits_on_disk(handle)
         self.out.echo(handle)
         err = self._child_error(handle, ex)
         failure = Failure(handle.role, handle.attempt, handle.pid, code, self.wall(), handle.log_path, err)

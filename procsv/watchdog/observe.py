@@ -40,6 +40,7 @@ def spawned(view: RunView, slot: str, role: str, attempt: int, pid: int, now: fl
     view.children[slot] = child
     if role == TRAINER:
         view.attempts.append(child)
+        child.commit_base = view.commit_step
     if role in (TRAINER, STANDBY):
         view.forking_since = None
     if role == STANDBY:
@@ -157,7 +158,7 @@ def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
     view.commits += 1
     view.last_commit_at, view.last_commit_step, view.last_commit_secs = now, msg.step, msg.persist_secs
     for t in view.trainers():
-        t.made_progress = True
+        t.commit_seen = max(t.commit_seen, msg.step)
     return [Report(Event.CHECKPOINT_COMMITTED, {"step": msg.step, "path": msg.path, "reason": _plain(msg.reason),
                                                 "secs": round(msg.persist_secs, 4)})]
 
@@ -171,6 +172,18 @@ def _overdue(view: RunView, msg: SaveOverdue) -> list[Report]:
                           f"(waited {msg.waited_secs:.1f} s)")
     view.failed_saves += 1
     return []
+
+
+def committed_on_disk(view: RunView, slot: str, attempt: int, step: int) -> None:
+    """At a trainer's death: ``step`` was committed (a manifest on disk, since the launch began)
+    while the watchdog has not heard of it yet. The checkpoint service tells the watchdog after
+    the commit, and the trainer that waited for that commit may die before the notice is read:
+    its progress must not be missed for it (the restart policy would count a failure without
+    progress, and give up on a run that checkpoints every time it crashes)."""
+    child = find(view, slot, attempt)
+    if child is not None:
+        child.commit_seen = max(child.commit_seen, step)
+    view.commit_step = max(view.commit_step, step)  # the next attempt's base: the notice read later is not its progress
 
 
 def death_noticed(view: RunView, slot: str, attempt: int, at: float, wall: float,

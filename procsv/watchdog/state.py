@@ -65,7 +65,11 @@ class ChildView:
     step: int = 0
     busy: str = ""  # what the trainer said it is busy with since its last Progress ("" if nothing)
     save_overdue: str = ""  # its snapshot in flight passed its deadline (SaveOverdue): why, until acted on
-    made_progress: bool = False  # a checkpoint committed since this attempt started
+    # its progress (for the restart policy): the newest committed step the watchdog knew of when it
+    # became the trainer, and the newest it has seen committed since (a SaveResult heard while it was
+    # the trainer, or a manifest on disk read at its death)
+    commit_base: int = -1
+    commit_seen: int = -1
     # what the watchdog did to it
     signalled_at: Optional[float] = None  # a signal meant to end it was sent (hang, chaos)
     hang_cause: str = ""
@@ -103,6 +107,11 @@ class ChildView:
             return self.headline()
         return self.failure.root_cause(before_first_step=self.role == TRAINER and self.first_step_at is None,
                                        note=self.hang_cause)
+
+    @property
+    def made_progress(self) -> bool:
+        """A checkpoint newer than what this attempt started from was committed while it ran."""
+        return self.commit_seen > self.commit_base
 
     @property
     def reaped(self) -> bool:

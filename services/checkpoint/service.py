@@ -47,7 +47,7 @@ from procsv.ipc.messages import (CheckpointSetup, Hello, Message, RecoverQuery, 
                                  SaveRequest, SaveResult, SessionLogEvent, SessionStatus, SnapshotHeld)
 from procsv.ipc.rejections import Rejections
 from procsv.ipc.transport import CHECKPOINT_FRAME_MAX, Received, bind_private, drain, make_socket, send
-from procsv.common import env
+from procsv.common import env, faults
 from procsv.common.bootstrap import ChildContext
 from procsv.common.layout import write_json
 from procsv.common.stopwake import StopWake
@@ -328,10 +328,10 @@ class CheckpointService:
                   file=sys.stderr, flush=True)
             result = SaveResult(msg.step, msg.reason, False, None, detail, self.clock() - started)
         self.last_request = self.clock()
+        if self.to_watchdog is not None and not faults.fires("checkpoint", "untold"):
+            send(self.to_watchdog, result)  # first: a trainer that waits for this result may exit on it
         if reply_to == b"":
             self._reply(result)
-        if self.to_watchdog is not None:
-            send(self.to_watchdog, result)
         if result.ok and result.path:
             send(self.to_summary, SessionLogEvent(SessionStatus.CHECKPOINT, msg.step, result.path))
         try:
