@@ -14,22 +14,24 @@ service -- for open file descriptors, threads, RSS and memory mappings, and the 
 disk.
 
 How growth is measured. A process that was just started is still settling: lazy imports, the
-allocator's arenas, ZeroMQ's I/O threads, the first restore's caches. So samples taken before
-the ``--warmup-restarts``-th restart (default: a tenth of ``--restarts``, at least 2) are not
-compared. The run is periodic -- each trainer attempt connects to the services, maps its snapshot
-memory, checkpoints, is killed, and the watchdog reaps it and starts the next -- and the long-lived
-processes' counts follow that cycle, so samples are grouped by restart cycle (the restart count when taken; the cycle the soak stopped in is left out) and
-compared window to window, never sample to sample. A window's level of each count (fds, threads,
-mappings, RSS) is the median of all of its samples, and a count's growth is the last window's
-level minus the first's. The median is the count's steady state: a state that holds for a small
-part of a cycle (a commit's open file, a restart's dropped connection, a thread between a death and
-the next start) is caught by some samples and missed by others, and moves no median, while a leak
-raises every later sample. (Per-cycle peaks did not do: the checkpoint service holds 19 fds, 20
-for the moment a commit has a file open, which a sample every 0.25 s catches in about a third of
-the cycles; CI at 3d9a245 saw all three cycles of the first window miss it and all three of the
-last catch it, and reported a growth of 1 with no leak. Its lowest sample after warm-up was 19 in
-every cycle.) The windows are the first and the last k cycles after warm-up, k = a tenth of them,
-at least 3. The table also shows the raw first sample after warm-up and the raw last sample.
+allocator's arenas, ZeroMQ's I/O threads, the first restore's caches. So samples taken before the
+``--warmup-restarts``-th restart (default: a tenth of ``--restarts``, at least 2) are not compared.
+The run is periodic -- each trainer attempt connects to the services, maps its snapshot memory,
+checkpoints, is killed, and the watchdog reaps it and starts the next -- and the long-lived
+processes' counts follow that cycle, so samples are grouped by restart cycle (the restart count when
+taken; the cycle the soak stopped in is left out) and compared window to window, never sample to
+sample. An fd is known by its number and what it refers to (the inode of its socket, file, pipe or
+memfd) and a thread by its id; their growth is the number that stayed open (alive) through every
+sample of the last window minus the number that did through every sample of the first. A connection
+of a trainer attempt, a file a commit has open, a thread of one restart is new in each cycle and
+closed within it, so it is held through neither window, however large a share of the time it is open
+on a loaded machine; a leaked one stays open and is held through the last. (Counting did not do: the
+checkpoint service holds 19 fds, and 20 or 21 while another trainer attempt's connection is open or
+a commit has a file open. Under CI's load that was half of the samples or more: cycle peaks, then
+medians of counts, reported growths of 1 and 0.5 with no leak.) Mappings and RSS are levels: the
+median of all the window's samples, their growth (last window) - (first window). The windows are the
+first and the last k cycles after warm-up, k = a tenth of them, at least 3. The table also shows the
+raw first sample after warm-up and the raw last sample.
 
 Goals, each checked (the script exits 1 if one fails, naming it):
 
@@ -92,6 +94,11 @@ class Sample:
     threads: int
     rss: int
     maps: int  # memory mappings (lines of /proc/<pid>/maps): an mmap never undone shows here first
+    open_fds: frozenset[tuple[int, int, int]] = frozenset()  # each open fd: (number, st_dev, st_ino of its object)
+    tids: frozenset[int] = frozenset()  # the ids of its threads
+
+    def to_json(self) -> dict[str, Any]:
+        return {**vars(self), "open_fds": sorted(self.open_fds), "tids": sorted(self.tids)}
 
 
 @dataclass
@@ -188,6 +195,25 @@ def dir_size(path: str) -> tuple[int, int]:
     return total, files
 
 
+def fd_ids(pid: int) -> frozenset[tuple[int, int, int]]:
+    """The open fds of ``pid``, each as (number, st_dev, st_ino) of what it refers to: an fd that
+    stays open keeps both; one closed and opened again gets a new object (a socket, a temporary
+    file), and often another number. Several fds on one object (``/dev/null``) stay apart."""
+    folder = f"/proc/{pid}/fd"
+    found = set()
+    for name in os.listdir(folder):
+        try:
+            st = os.stat(os.path.join(folder, name))
+        except OSError:  # closed meanwhile
+            continue
+        found.add((int(name), st.st_dev, st.st_ino))
+    return frozenset(found)
+
+
+def thread_ids(pid: int) -> frozenset[int]:
+    return frozenset(int(name) for name in os.listdir(f"/proc/{pid}/task"))
+
+
 def count_maps(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/maps", "rb") as fh:
@@ -250,13 +276,17 @@ def growth(cycs: list[list[Sample]]) -> dict[str, float]:
     k = max(3, len(cycs) // 10) if len(cycs) >= 6 else max(1, len(cycs) // 2)
     first, last = cycs[:k], cycs[-k:]
 
+    def held(window: list[list[Sample]], key: str) -> int:
+        # what stayed open (alive) through every sample of the window
+        return len(frozenset.intersection(*(getattr(s, key) for cyc in window for s in cyc)))
+
     def level(window: list[list[Sample]], key: str) -> float:
         return float(statistics.median(getattr(s, key) for cyc in window for s in cyc))
 
-    def grew(key: str) -> float:
-        return level(last, key) - level(first, key)
-
-    return {"fds": grew("fds"), "threads": grew("threads"), "maps": grew("maps"), "rss_mb": grew("rss") / 2**20}
+    return {"fds": float(held(last, "open_fds") - held(first, "open_fds")),
+            "threads": float(held(last, "tids") - held(first, "tids")),
+            "maps": level(last, "maps") - level(first, "maps"),
+            "rss_mb": (level(last, "rss") - level(first, "rss")) / 2**20}
 
 
 def kept_attempt_files(logs: str) -> dict[str, list[int]]:
@@ -357,9 +387,9 @@ def main() -> int:
                         proc = psutil.Process(pid)
                         with proc.oneshot():
                             s = Sample(now, life.restarts, proc.num_fds(), proc.num_threads(),
-                                       proc.memory_info().rss, count_maps(pid))
+                                       proc.memory_info().rss, count_maps(pid), fd_ids(pid), thread_ids(pid))
                             created = proc.create_time()
-                    except psutil.Error:
+                    except (psutil.Error, OSError):
                         continue
                     if t is None:
                         t = tracked[role] = Tracked(role, pid, created)
@@ -502,7 +532,7 @@ def main() -> int:
     print(f"zombies: {len(zombies)}; leftovers: {len(left_procs)} processes, {len(left_dirs)} runtime directories")
     with open(os.path.join(work, "samples.json"), "w") as fh:  # for a second look (kept with --workdir or a failure)
         json.dump({"warmup_restarts": warmup, "logdir": logdir_samples,
-                   "processes": {t.role: {"pid": t.pid, "samples": [vars(x) for x in t.samples]}
+                   "processes": {t.role: {"pid": t.pid, "samples": [x.to_json() for x in t.samples]}
                                  for t in tracked.values()}}, fh)
     for f in failures:
         print(f"soak: FAILED: {f}", file=sys.stderr)
