@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 from procsv.common.layout import Layout, write_json
@@ -37,3 +38,41 @@ def test_an_earlier_launch_s_or_a_damaged_manifest_is_no_progress(tmp_path):
         fh.write("{}")  # no step in the name
     assert newest_committed_since(layout, LAUNCH, -1) == 100
     assert newest_committed_since(layout, LAUNCH, 100) is None
+
+
+def test_a_manifest_whose_step_in_the_file_differs_from_its_name_or_that_is_hidden_does_not_count(tmp_path):
+    layout = Layout(str(tmp_path))
+    _manifest(layout, 100, LAUNCH + 1)
+    os.rename(os.path.join(layout.manifests, "model.ckpt-100.json"), os.path.join(layout.manifests, "model.ckpt-200.json"))
+    _manifest(layout, 300, LAUNCH + 2)
+    os.rename(os.path.join(layout.manifests, "model.ckpt-300.json"), os.path.join(layout.manifests, ".model.ckpt-300.json"))
+    assert newest_committed_since(layout, LAUNCH, -1) is None
+    _manifest(layout, 50, LAUNCH + 3)
+    assert newest_committed_since(layout, LAUNCH, -1) == 50
+
+
+def test_what_cannot_be_read_as_a_manifest_is_none_not_an_error(tmp_path):
+    """The watchdog reads this at a trainer's death: nothing on disk may stop the run there."""
+    layout = Layout(str(tmp_path))
+    os.makedirs(os.path.dirname(layout.manifests), exist_ok=True)
+    with open(layout.manifests, "w") as fh:
+        fh.write("")  # a file where the folder should be
+    assert newest_committed_since(layout, LAUNCH, -1) is None
+    os.unlink(layout.manifests)
+    _manifest(layout, 100, LAUNCH + 1)
+    bad = {
+        "model.ckpt-400.json": '{"version": 2, "step": 1e999, "prefix": "p", "files": {}, "committed_at": 1e999, "reason": "x"}',
+        "model.ckpt-500.json": "[" * 100_000 + "]" * 100_000,  # deeper than the JSON parser recurses
+        "model.ckpt-600.json": None,  # a folder
+    }
+    for name, text in bad.items():
+        path = os.path.join(layout.manifests, name)
+        if text is None:
+            os.mkdir(path)
+        else:
+            with open(path, "w") as fh:
+                fh.write(text)
+    with open(os.path.join(layout.manifests, "model.ckpt-400.json")) as fh:
+        m = Manifest.from_json(json.load(fh))
+    assert m is None  # an overflowing step or time is damage, not an OverflowError
+    assert newest_committed_since(layout, LAUNCH, -1) == 100

@@ -620,6 +620,62 @@ def test_a_late_notice_of_the_previous_attempt_s_commit_is_not_the_next_attempt_
     assert "1 restarts without a new checkpoint" in g.reason
 
 
+def test_a_late_notice_of_a_commit_after_one_already_heard_is_not_the_next_attempt_s_progress():
+    """Attempt 1 commits 50 (heard) and 100, and dies before the notice of 100 is read: the disk is
+    read at every death (above what it is known to have committed), not only at one without known
+    progress, so 100 is known before attempt 2 starts, and its notice later is not attempt 2's."""
+    sim = Sim(Limits(restart=RestartPolicy(max_restarts=1), hang=HangLimits(None, None)))
+    sim.start_trainer()
+    sim.commit(50)
+    assert sim.trainer.made_progress and observe.unheard_floor(sim.trainer) == 50
+    observe.committed_on_disk(sim.view, TRAINER, 1, 100)  # what exits reads above that floor
+    sim.dies(TRAINER, 1)
+    of(sim.tick(), Restart)
+    sim.tick()
+    assert sim.trainer.attempt == 2 and sim.trainer.commit_base == 100
+    sim.ready(100)
+    sim.commit(100)  # the late notice
+    sim.progress(101)
+    assert not sim.trainer.made_progress
+    sim.dies(TRAINER, 1)
+    (g,) = of(sim.tick(), GiveUp)
+    assert "1 restarts without a new checkpoint" in g.reason
+
+
+def _restore_below_the_newest_commit(commit: int) -> Sim:
+    """max-restarts 1; attempt 1 commits 50 and 100 (heard) and dies; attempt 2 restores 50 (100
+    was skipped as corrupt), commits ``commit`` and dies."""
+    sim = Sim(Limits(restart=RestartPolicy(max_restarts=1), hang=HangLimits(None, None)))
+    sim.start_trainer()
+    sim.commit(50)
+    sim.commit(100)
+    sim.dies(TRAINER, 1)
+    of(sim.tick(), Restart)
+    sim.tick()
+    assert sim.trainer.commit_base == 100
+    sim.ready(50)
+    assert sim.trainer.commit_base == 50  # it started from what it restored
+    sim.progress(51)
+    if commit:
+        sim.commit(commit)
+    sim.dies(TRAINER, 1)
+    return sim
+
+
+def test_an_attempt_that_restored_below_the_newest_commit_makes_progress_with_a_commit_above_its_restore():
+    sim = _restore_below_the_newest_commit(75)  # below the corrupt 100, above its restore
+    assert sim.view.attempts[1].made_progress
+    (r,) = of(sim.tick(), Restart)
+    assert sim.view.history.failures_without_progress == 1  # this failure only: the count began again
+
+
+def test_an_attempt_that_restored_below_the_newest_commit_and_committed_nothing_made_no_progress():
+    sim = _restore_below_the_newest_commit(0)
+    assert not sim.view.attempts[1].made_progress
+    (g,) = of(sim.tick(), GiveUp)
+    assert "1 restarts without a new checkpoint" in g.reason
+
+
 def test_a_held_snapshot_of_the_previous_attempt_persisted_at_the_next_one_s_start_resets_the_count():
     """The in-memory tier: each attempt's work is a held snapshot, persisted when the next attempt
     asks at its start (a commit heard while that one is the trainer). A run that crashes every time

@@ -284,11 +284,13 @@ def write_json(path: str, obj: Any, *, durable: bool = True, mode: Optional[int]
 
 
 def read_json(path: str) -> Optional[Any]:
-    """Return the parsed file, or None if it does not exist or is not valid JSON."""
+    """Return the parsed file, or None if it does not exist or is not valid JSON (nested too deep
+    for the parser included)."""
     try:
         with open(path, "rb") as fh:
             return json.loads(fh.read())
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, json.JSONDecodeError, UnicodeDecodeError):
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, json.JSONDecodeError, UnicodeDecodeError,
+            RecursionError):
         return None
 
 

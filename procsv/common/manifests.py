@@ -67,7 +67,7 @@ class Manifest:
                 algo = next(a for a in CHECKSUMS if a in meta)
                 files[str(name)] = {"size": int(meta["size"]), algo: int(meta[algo])}
             return Manifest(int(obj["step"]), str(obj["prefix"]), files, float(obj["committed_at"]), str(obj["reason"]))
-        except (KeyError, TypeError, ValueError, AttributeError, StopIteration):
+        except (KeyError, TypeError, ValueError, AttributeError, StopIteration, OverflowError):
             return None
 
 
@@ -95,10 +95,11 @@ def newest_committed_since(layout: Layout, since: float, above: int) -> Optional
     """The highest step above ``above`` of a checkpoint committed at or after ``since`` (wall
     time), or None. Only manifests whose name says a step above ``above`` are read, so this costs
     one directory listing when there is none. A damaged manifest or one committed before
-    ``since`` (an earlier launch's) does not count."""
+    ``since`` (an earlier launch's) does not count, nor does one that cannot be read: the watchdog
+    calls this at a trainer's death, where an error must not stop the run."""
     try:
         names = os.listdir(layout.manifests)
-    except FileNotFoundError:
+    except OSError:  # not there yet, not a folder, an I/O error
         return None
     steps = []
     for name in names:
@@ -106,7 +107,10 @@ def newest_committed_since(layout: Layout, since: float, above: int) -> Optional
         if step is not None and step > above:
             steps.append((step, name))
     for step, name in sorted(steps, reverse=True):
-        m = Manifest.from_json(read_json(os.path.join(layout.manifests, name)))
+        try:
+            m = Manifest.from_json(read_json(os.path.join(layout.manifests, name)))
+        except OSError:
+            continue
         if m is not None and m.step == step and m.committed_at >= since:
             return step
     return None

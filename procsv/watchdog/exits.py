@@ -119,13 +119,13 @@ class ChildEnds:
                                f"pid {handle.pid} within {STATUS_WAIT:g} s; restarts will start fresh trainers")
 
     def _commits_on_disk(self, handle: ChildProcess) -> None:
-        """A trainer died while the watchdog knows of no commit since it started: the one it may
-        have waited for is on disk before the service's notice of it is read (the notice and the
-        death come by different ways; on a loaded machine the death can come first)."""
+        """A trainer died: the commit it may have waited for is on disk before the service's notice
+        of it is read (the notice and the death come by different ways; on a loaded machine the
+        death can come first)."""
         child = find(self.view, handle.slot, handle.attempt)
-        if child is None or child.role != TRAINER or child.made_progress:
+        if child is None or child.role != TRAINER:
             return
-        step = newest_committed_since(self.layout, self.out.started_wall, child.commit_base)
+        step = newest_committed_since(self.layout, self.out.started_wall, observe.unheard_floor(child))
         if step is not None:
             observe.committed_on_disk(self.view, handle.slot, handle.attempt, step)
 

@@ -106,6 +106,9 @@ def _ready(view: RunView, msg: TrainerReady, now: float, slot: Optional[str] = N
     view.step = child.step = child.work_step = msg.step
     if child.ready_at is None:  # the recovery's own restore; a later one is the program's retry loop
         child.ready_at, child.restored_step = now, msg.step
+        # it started from what it restored: below the newest commit known (that one was skipped as
+        # corrupt, or nothing was restored), a commit above its restore is its progress
+        child.commit_base = min(child.commit_base, msg.step)
     child.save_secs, child.save_steps = msg.save_secs, msg.save_steps
     view.commit_step = max(view.commit_step, msg.step)
     out = [Report(Event.RESTORED if msg.restored_from else Event.INITIALIZED,
@@ -172,6 +175,13 @@ def _overdue(view: RunView, msg: SaveOverdue) -> list[Report]:
                           f"(waited {msg.waited_secs:.1f} s)")
     view.failed_saves += 1
     return []
+
+
+def unheard_floor(child: ChildView) -> int:
+    """At a trainer's death: a manifest on disk above this step (committed since the launch began)
+    is a commit of its attempt the watchdog has not heard of yet. Read at every death, also of an
+    attempt already known to have made progress: its newest commit's notice may be the late one."""
+    return max(child.commit_base, child.commit_seen)
 
 
 def committed_on_disk(view: RunView, slot: str, attempt: int, step: int) -> None:
