@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import wait_for
-from procsv.watchdog.children import ChildProcess
+from procsv.watchdog.children import ECHO_READ, ChildProcess, complete_lines
 
 
 @pytest.fixture
@@ -56,3 +56,47 @@ def test_processes_with_their_own_logs_are_not_silenced(tmp_path, writer):
     b = ChildProcess("trainer", "trainer", 4, b_proc, str(tmp_path / "trainer.4.log"))  # type: ignore[arg-type]
     b.take_over_log([a, b])
     assert a.new_log_lines() == ["three"] and b.new_log_lines() == ["four"]
+
+
+@pytest.mark.parametrize("data, at_cap, lines, used", [
+    (b"", False, [], 0),
+    (b"one\ntwo\nthr", False, ["one", "two"], 8),
+    (b"epoch 1\r 10%\r 50%\r100%\ndone\r\n", False, ["100%", "done"], 29),  # a bar shows its last state, once
+    (b"a\n 10%\r 20%", False, ["a"], 7),  # the open bar's redrawn state is done with; " 20%" stays
+    (b"crlf\r", False, [], 0),  # a CRLF's first half: its line may still come whole
+    (b"x" * 8, True, ["x" * 8], 8),  # a chunk of the cap with no line end at all is a line of its own
+    (b"x" * 8, False, [], 0),
+])
+def test_complete_lines_are_what_a_terminal_shows_and_the_position_moves_past_redraws(data, at_cap, lines, used):
+    assert complete_lines(data, at_cap) == (lines, used)
+
+
+def test_a_progress_bar_that_redraws_for_hours_is_read_once_and_echoed_in_its_last_state(tmp_path, writer):
+    """A tqdm-style bar rewrites its line with carriage returns and ends it only at its end. The
+    echo once read the open line again from its start at every round (ten a second), so its cost
+    grew with the bar's length; it now moves past what was redrawn, and reads at most ECHO_READ."""
+    log = str(tmp_path / "trainer.1.log")
+    proc = writer(log, "start\n")
+    child = ChildProcess("trainer", "trainer", 1, proc, log)  # type: ignore[arg-type]
+    assert child.new_log_lines() == ["start"]
+    bar = "".join(f"\rstep {i:7d} [{'#' * (i * 40 // 200_000):40s}]" for i in range(200_000))  # ~11 MB
+    with open(log, "a") as fh:
+        fh.write(bar)
+    reads = -(-len(bar) // ECHO_READ)
+    for _ in range(reads):
+        assert child.new_log_lines() == []
+    assert os.path.getsize(log) - child.log_pos < 60  # each byte read once: only the bar's last state is left
+    with open(log, "a") as fh:
+        fh.write("\nafter\n")
+    assert child.new_log_lines() == [f"step  199999 [{'#' * 39:40s}]", "after"]
+
+
+def test_a_line_longer_than_a_read_is_echoed_in_pieces_not_read_again_and_again(tmp_path, writer):
+    log = str(tmp_path / "trainer.1.log")
+    with open(log, "w") as fh:
+        fh.write("x" * (ECHO_READ + 10))
+    proc = writer(log, "\n")
+    child = ChildProcess("trainer", "trainer", 1, proc, log)  # type: ignore[arg-type]
+    assert child.new_log_lines() == ["x" * ECHO_READ]
+    assert child.new_log_lines() == ["x" * 10]
+    assert child.new_log_lines() == []

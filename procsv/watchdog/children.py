@@ -24,6 +24,8 @@ from procsv.watchdog.prewarm import ForkedProcess
 
 Process = Union["subprocess.Popen[bytes]", ForkedProcess]
 
+ECHO_READ = 1 << 20  # a log's echo reads at most this much a round
+
 # stderr lines every TF process prints that say nothing about the user's program
 _NOISE = re.compile(r"^(WARNING: All log messages before absl|[EWI]0000 |.*(cuda|cuInit|oneDNN|TF-TRT|"
                     r"computation placer|cpu_feature_guard|rebuild TensorFlow with|AVX|Unable to register))")
@@ -103,21 +105,40 @@ class ChildProcess:
                 other.echoes = False
 
     def new_log_lines(self) -> list[str]:
-        """Complete lines its log gained since the last call, without TensorFlow's start-up noise."""
+        """Complete lines its log gained since the last call (at most ``ECHO_READ`` bytes of it),
+        without TensorFlow's start-up noise."""
         if not self.echoes:
             return []
         try:
             with open(self.log_path, "rb") as fh:
                 fh.seek(self.log_pos)
-                data = fh.read()
+                data = fh.read(ECHO_READ)
         except OSError:
             return []
-        end = data.rfind(b"\n")
-        if end < 0:
-            return []
-        self.log_pos += end + 1
-        return [line for line in data[:end].decode(errors="replace").splitlines()
-                if line.strip() and not _NOISE.match(line)]
+        lines, used = complete_lines(data, at_cap=len(data) == ECHO_READ)
+        self.log_pos += used
+        return [line for line in lines if line.strip() and not _NOISE.match(line)]
+
+
+def complete_lines(data: bytes, at_cap: bool) -> tuple[list[str], int]:
+    """The complete lines at the start of ``data`` (what a log gained), and how many bytes they and
+    what is done with take up. A line is what a terminal would show of it: the text after its last
+    carriage return (a progress bar redrawn in place shows its last state, once). The redrawn
+    states of a line still open are done with too, so a bar that runs for hours is not read again
+    at every round; a chunk of ``ECHO_READ`` bytes with neither is echoed as a line of its own."""
+    end = data.rfind(b"\n")
+    used = end + 1
+    lines = [_shown(seg) for seg in data[:used].split(b"\n")[:-1]]
+    cr = data.rfind(b"\r", used, len(data) - 1)  # not a last byte: it may be a CRLF's first half
+    if cr >= 0:
+        used = cr + 1
+    elif used == 0 and at_cap:
+        lines, used = [_shown(data)], len(data)
+    return lines, used
+
+
+def _shown(seg: bytes) -> str:
+    return seg.rstrip(b"\r").rsplit(b"\r", 1)[-1].decode(errors="replace")
 
 
 def watch_death(child: ChildProcess, mutex: RobustMutex, clock: Callable[[], float],
