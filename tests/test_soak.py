@@ -96,6 +96,13 @@ def test_rotation_spares_live_attempts_and_newer_files():
         retired(names, "trainer", current=3, keep=0)
 
 
+def test_rotation_of_a_group_worker_s_logs_by_its_task_name():
+    """A group's members log as ``worker1.<attempt>.log``: their role name has a digit in it."""
+    names = _names("worker1", range(1, 10), error=True) + _names("worker10", range(1, 10)) + _names("trainer", range(1, 10))
+    assert retired(names, "worker1", current=9, keep=2) == sorted(_names("worker1", range(2, 8), error=True))
+    assert retired(names, "worker10", current=9, keep=3) == sorted(_names("worker10", range(2, 7)))
+
+
 def test_rotate_deletes_only_what_retired_names(tmp_path):
     for name in _names("trainer", range(1, 7), error=True) + _names("summary", range(1, 7)) + ["lifecycle.jsonl"]:
         (tmp_path / name).write_text("x")

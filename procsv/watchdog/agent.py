@@ -44,6 +44,7 @@ from procsv.watchdog.children import Process
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.group import worker_slot
 from procsv.watchdog.limits import Limits
+from procsv.watchdog.logrotate import rotate
 from procsv.watchdog.nodes import BEAT_SECS, host_ip, node_identity
 from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable, zygote_env
 
@@ -261,6 +262,9 @@ class NodeAgent:
         member = Member(slot, attempt, proc)
         self.members[member.key] = member
         send(dealer, MemberStarted(slot, attempt, proc.pid))
+        # this host's members are the only writers of their per-attempt logs: rotate them here
+        rotate(self.layout.logs, slot, attempt, self.cfg.keep_logs,
+               live={m.attempt for m in self.members.values() if m.slot == slot})
 
     def _relay(self, dealer: "zmq.Socket[Any]", msg: Message) -> None:
         pid = getattr(msg, "pid", None)

@@ -24,7 +24,7 @@ from typing import Collection, Iterable
 
 DEFAULT_KEEP = 10
 
-_NAME = re.compile(r"^(?P<role>[a-z]+)\.(?P<attempt>[0-9]+)\.(?:log|error\.json)$")
+_NAME = re.compile(r"^(?P<role>[a-z]+[0-9]*)\.(?P<attempt>[0-9]+)\.(?:log|error\.json)$")  # worker1.3.log
 
 
 def retired(names: Iterable[str], role: str, current: int, keep: int, live: Collection[int] = ()) -> list[str]:
