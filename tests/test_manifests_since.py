@@ -6,7 +6,9 @@ import json
 import os
 
 from procsv.common.layout import Layout, write_json
-from procsv.common.manifests import Manifest, newest_committed_since
+from procsv.common import manifests
+from procsv.common.manifests import (Manifest, last_checkpoint, list_committed, newest_committed,
+                                      newest_committed_since)
 
 LAUNCH = 1_000_000.0  # the launch's start, wall time
 
@@ -76,3 +78,30 @@ def test_what_cannot_be_read_as_a_manifest_is_none_not_an_error(tmp_path):
         m = Manifest.from_json(json.load(fh))
     assert m is None  # an overflowing step or time is damage, not an OverflowError
     assert newest_committed_since(layout, LAUNCH, -1) == 100
+
+
+def test_newest_committed_is_list_committed_s_last_and_reads_only_from_the_top(tmp_path, monkeypatch):
+    """status.json's last checkpoint, written twice a second by the watchdog: a run keeping
+    thousands of checkpoints must not read thousands of manifests for it."""
+    layout = Layout(str(tmp_path))
+    assert newest_committed(layout) is None and last_checkpoint(layout) is None
+    for step in range(10, 2010, 10):
+        _manifest(layout, step, LAUNCH + step)
+    with open(os.path.join(layout.manifests, "model.ckpt-5000.json"), "w") as fh:
+        fh.write("{")  # damaged: skipped, as list_committed skips it
+    _manifest(layout, 4000, LAUNCH)
+    os.rename(os.path.join(layout.manifests, "model.ckpt-4000.json"), os.path.join(layout.manifests, "model.ckpt-4500.json"))
+    reads: list[str] = []
+    real = manifests.read_json
+    monkeypatch.setattr(manifests, "read_json", lambda path: reads.append(path) or real(path))
+    m = newest_committed(layout)
+    assert m is not None and m.step == 2000
+    assert len(reads) == 3  # 5000 (damaged), 4500 (says 4000 inside), 2000
+    monkeypatch.setattr(manifests, "read_json", real)
+    os.unlink(os.path.join(layout.manifests, "model.ckpt-4500.json"))
+    assert list_committed(layout)[-1] == m
+    assert last_checkpoint(layout) == {"step": 2000, "path": os.path.join(str(tmp_path), "model.ckpt-2000")}
+    for name in os.listdir(layout.manifests):
+        if name != "model.ckpt-5000.json":
+            os.unlink(os.path.join(layout.manifests, name))
+    assert newest_committed(layout) is None  # only a damaged one

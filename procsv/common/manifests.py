@@ -107,10 +107,7 @@ def newest_committed_since(layout: Layout, since: float, above: int) -> Optional
         if step is not None and step > above:
             steps.append((step, name))
     for step, name in sorted(steps, reverse=True):
-        try:
-            m = Manifest.from_json(read_json(os.path.join(layout.manifests, name)))
-        except OSError:
-            continue
+        m = _read(layout, name)
         if m is not None and m.step == step and m.committed_at >= since:
             return step
     return None
@@ -129,13 +126,42 @@ def damaged_manifests(layout: Layout) -> list[str]:
                   and Manifest.from_json(read_json(os.path.join(layout.manifests, n))) is None)
 
 
+def newest_committed(layout: Layout) -> Optional[Manifest]:
+    """The committed checkpoint of the highest step, or None. Reads manifests from the highest step
+    their names say down, and stops at the first readable one whose step is its name's: a run that
+    keeps thousands of checkpoints (``max_to_keep=0``, ``keep_checkpoint_every_n_hours``) costs a
+    listing, not thousands of reads (the watchdog asks at every status write, twice a second)."""
+    try:
+        names = os.listdir(layout.manifests)
+    except OSError:
+        return None
+    steps = []
+    for name in names:
+        step = step_of_prefix(name[:-len(".json")]) if name.endswith(".json") and not name.startswith(".") else None
+        if step is not None:
+            steps.append((step, name))
+    steps.sort(reverse=True)
+    i = 0
+    while i < len(steps):
+        same = [name for step, name in steps[i:] if step == steps[i][0]]  # prefixes of one step (rare)
+        found = [m for m in (_read(layout, name) for name in same) if m is not None and m.step == steps[i][0]]
+        if found:
+            return max(found, key=lambda m: m.committed_at)
+        i += len(same)
+    return None
+
+
+def _read(layout: Layout, name: str) -> Optional[Manifest]:
+    try:
+        return Manifest.from_json(read_json(os.path.join(layout.manifests, name)))
+    except OSError:
+        return None
+
+
 def last_checkpoint(layout: Layout) -> Optional[dict[str, Any]]:
     """The newest committed checkpoint as ``{"step", "path"}`` (for status.json), or None."""
-    committed = list_committed(layout)
-    if not committed:
-        return None
-    m = committed[-1]
-    return {"step": m.step, "path": m.path(layout.logdir)}
+    m = newest_committed(layout)
+    return None if m is None else {"step": m.step, "path": m.path(layout.logdir)}
 
 
 def verify(layout: Layout, manifest: Manifest, *, full: bool = True) -> None:
