@@ -10,7 +10,7 @@ fixed set of values is a ``str`` enum whose values are what travels on the wire.
 Who sends what (see docs/architecture.md for the full table):
 
 * any child -> watchdog (PUSH to ``watchdog.sock``): :class:`Hello`, :class:`TrainerReady`,
-  :class:`Progress`, :class:`SaveOverdue`, :class:`StandbyReady`, :class:`SaveResult`.
+  :class:`Progress`, :class:`SaveOverdue`, :class:`SummaryOverdue`, :class:`StandbyReady`, :class:`SaveResult`.
 * trainer <-> checkpoint service (DEALER/ROUTER on ``checkpoint.sock``): :class:`CheckpointSetup`,
   :class:`SaveData` (+ one frame per tensor), :class:`RecoverQuery` up; :class:`SaveRequest`,
   :class:`SaveResult`, :class:`SnapshotHeld`, :class:`RecoverReply` down.
@@ -41,7 +41,7 @@ from procsv.ipc.checkpoint_messages import (ArenaRef, CheckpointSetup, RecoverQu
                                             SaveRequest, SaveResult, SnapshotHeld, TensorSpec)
 from procsv.ipc.message_base import Busy, ItemKind, Message, Role, SaveReason, SessionStatus
 from procsv.ipc.summary_messages import ProtoRef, RunScalars, SessionLogEvent, SummaryAck, SummaryBatch, SummaryItem
-from procsv.ipc.watchdog_messages import Hello, Progress, SaveOverdue, StandbyReady, TrainerReady
+from procsv.ipc.watchdog_messages import Hello, Progress, SaveOverdue, StandbyReady, SummaryOverdue, TrainerReady
 from procsv.ipc.zygote_messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
 from procsv.ipc.node_messages import (MasterBeat, MemberEnded, MemberStarted, NodeHello, NodeStop, Relayed,
                                       SignalMember, StartMembers)
@@ -57,6 +57,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     SaveData,
     SaveResult,
     SaveOverdue,
+    SummaryOverdue,
     StandbyReady,
     SnapshotHeld,
     RecoverQuery,
@@ -83,7 +84,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
 __all__ = [
     "SCHEMA_VERSION", "ALL_MESSAGES", "Message",
     "Role", "SaveReason", "Busy", "SessionStatus", "ItemKind",
-    "Hello", "TrainerReady", "Progress", "SaveOverdue", "StandbyReady",
+    "Hello", "TrainerReady", "Progress", "SaveOverdue", "SummaryOverdue", "StandbyReady",
     "CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "SnapshotHeld",
     "RecoverQuery", "RecoverReply",
     "SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "RunScalars",

@@ -69,6 +69,21 @@ class SaveOverdue(Message):
 
 
 @dataclass(frozen=True)
+class SummaryOverdue(Message):
+    """Trainer -> watchdog: the oldest summary batch it handed to the summary service (rows from
+    ``step``) has had no :class:`SummaryAck` for ``waited_secs``, past ``deadline_secs``. Sent
+    once per deadline that passes, then when the wait has tripled; the watchdog replaces the
+    summary service (a live but stuck one: SIGSTOP, a hung disk), whose successor asks for what
+    was not written."""
+
+    KIND: ClassVar[str] = "summary_overdue"
+    pid: int
+    step: int
+    waited_secs: float
+    deadline_secs: float
+
+
+@dataclass(frozen=True)
 class StandbyReady(Message):
     """Standby trainer -> watchdog: it has run the program up to restoring and waits to be promoted."""
 
@@ -78,4 +93,4 @@ class StandbyReady(Message):
     prepare_secs: float
 
 
-__all__ = ["Hello", "TrainerReady", "Progress", "SaveOverdue", "StandbyReady"]
+__all__ = ["Hello", "TrainerReady", "Progress", "SaveOverdue", "SummaryOverdue", "StandbyReady"]

@@ -156,7 +156,7 @@ class Lifecycle:
                 self.chaos_kills += 1
             elif kind == "checkpoint_failed":
                 self.failed_saves.append(ev)  # a trainer killed mid-save fails its save: counted, not a finding
-            elif kind in ("gave_up", "checkpoint_stalled", "hang_detected", "zygote_gone"):
+            elif kind in ("gave_up", "checkpoint_stalled", "summary_stalled", "hang_detected", "zygote_gone"):
                 self.other_failures.append(ev)
 
 

@@ -77,6 +77,7 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
         [],
     ),
     ("save-overdue", m.SaveOverdue(pid=4242, step=1500, waited_secs=31.5, deadline_secs=30.0), []),
+    ("summary-overdue", m.SummaryOverdue(pid=4242, step=1500, waited_secs=31.5, deadline_secs=30.0), []),
     (
         "save-data-memory",
         m.SaveData(step=1501, reason=m.SaveReason.PERIODIC, basename="model.ckpt",

@@ -15,7 +15,9 @@ import time
 import pytest
 from tensorboard.backend.event_processing import event_accumulator as ea
 
-from conftest import committed_steps, finish, launch, raw_status, role_pid, status_json, wait_for
+from conftest import (committed_steps, finish, launch, lifecycle, quiet_env, raw_status, role_pid, status_json,
+                      wait_for)
+from procsv.common import env
 
 pytestmark = pytest.mark.slow
 
@@ -119,3 +121,41 @@ def test_killing_the_summary_service_neither_slows_training_nor_loses_summaries(
     assert med_down < 1.5 * med_healthy
     assert rate_down > 0.6 * rate_healthy
     assert worst_down < 1.0  # no step waited for the service
+
+
+def test_a_stopped_summary_service_is_found_stuck_and_replaced_and_nothing_is_lost(logdir):
+    """SIGSTOP leaves the service alive (its death is never noticed) and answering nothing: the
+    trainer's oldest batch passes its deadline (2 s here, 30 s by default), the trainer says so,
+    and the watchdog replaces the service, whose successor asks for what was not written."""
+    proc = launch(logdir, "--steps", "100000", "--log-every-steps", "1", "--step-delay", "0.005",
+                  "--save-model-secs", "2", "--save-summaries-secs", "1",
+                  env=quiet_env(**{env.SUMMARY_DEADLINE: "2"}))
+    try:
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 300, 120, what="training to run")
+        victim = role_pid(logdir, "summary")
+        os.kill(victim, signal.SIGSTOP)
+        new = wait_for(lambda: role_pid(logdir, "summary") not in (None, victim) and role_pid(logdir, "summary"),
+                       60, what="the watchdog to replace the stopped summary service")
+        stalled = [e for e in lifecycle(logdir) if e["event"] == "summary_stalled"]
+        assert [e["pid"] for e in stalled] == [victim], stalled
+        assert "had no answer within 2.0 s" in stalled[0]["reason"]
+        wait_for(lambda: any(f.endswith(f"procsv-{new}") for f in os.listdir(logdir)), 30,
+                 what="the new service's event file")
+        step_then = (raw_status(logdir) or {}).get("step", 0)
+        time.sleep(2.0)  # what was held back is restated and written meanwhile
+        assert (raw_status(logdir) or {}).get("step", 0) > step_then  # training went on
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        code, out, err = finish(proc, timeout=180)
+    assert code == 128 + signal.SIGTERM, err
+    assert "the summary service is stuck" in err
+    with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:
+        assert "has not confirmed the summaries of step" in fh.read()  # the trainer's own line
+    st = status_json(logdir)
+    summary = next(p for p in st["processes"] if p["role"] == "summary")
+    assert summary["pid"] == new and summary["restarts"] == 1
+    scalars = read_scalars(logdir)
+    first, last = scalars["loss"][0].step, scalars["loss"][-1].step
+    assert first == 1 and last >= st["step"] - 1
+    assert_one_value_per_step(scalars, first, last)
+    assert st["summaries"]["dropped"] == 0

@@ -9,12 +9,15 @@ the last completed).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, Callable, Mapping, Optional
 
+from procsv.common import env
 from procsv.trainer.step_boundary import StepState
 from procsv.trainer.summaries import SummaryBuffer, SummarySender
+from procsv.trainer.summaries.sender import SUMMARY_DEADLINE
 from procsv.trainer.tf1_args import Tf1Choices
 
 
@@ -109,6 +112,17 @@ class SummaryMethods:
         sender.poll_acks(self._state.step)  # the acks that came since the last read (every 10 ms at most)
         return sender.unwritten_from()
 
+    def _summaries_overdue(self, sender: SummarySender) -> None:
+        """The summary service has not confirmed a batch within its deadline: it is alive (else the
+        watchdog would have restarted it) but stuck. The watchdog is told, and replaces it."""
+        msg, sender.overdue = sender.overdue, None
+        assert msg is not None and self._channels is not None
+        told = self._channels.to_watchdog(msg)
+        then = ("the watchdog replaces it, and what was not written is sent again" if told else
+                "nothing replaces it in this mode (run under procsv launch for that)")
+        print(f"procsv: the summary service has not confirmed the summaries of step {msg.step} for "
+              f"{msg.waited_secs:.0f} s (deadline {msg.deadline_secs:.0f} s); {then}", file=sys.stderr, flush=True)
+
     def _flush_summaries(self, force: bool, urgent: bool = False, deadline: Optional[float] = None) -> None:
         """At a step boundary: hand off what is due (never blocks). ``force`` (at stop): hand off
         everything and wait, up to ``EXIT_WAIT_SECS``, until the summary service has written it."""
@@ -123,13 +137,15 @@ class SummaryMethods:
             assert self._channels is not None
             # the first call comes from the first step's boundary, or from stop() if no step ran
             start = self._state.step if not force else self._state.step + 1
-            sender = self._summary_sender = SummarySender(self._summaries, self._channels.to_summary,
-                                                          self._channels.summary_acks, self.save_summaries_secs,
-                                                          start)
+            sender = self._summary_sender = SummarySender(
+                self._summaries, self._channels.to_summary, self._channels.summary_acks, self.save_summaries_secs,
+                start, deadline=float(os.environ.get(env.SUMMARY_DEADLINE, SUMMARY_DEADLINE)))
         if not force:
             # while a checkpoint is being committed, send at every boundary: the rows of the steps it
             # covers must leave this process before a crash could make the restart skip them
             sender.at_boundary(self._state.step, urgent=urgent or getattr(self._ckpt, "in_flight", None) is not None)
+            if sender.overdue is not None:
+                self._summaries_overdue(sender)
             return
         grace = self.stop_grace_secs if deadline is None else max(0.0, deadline - self._clock())
         left = sender.close(self._state.step, min(sender.EXIT_WAIT_SECS, grace))

@@ -14,7 +14,7 @@ from procsv.watchdog.bookkeeping import find
 from procsv.watchdog.events import Event
 from procsv.watchdog.limits import Limits
 from procsv.watchdog.observe import Report
-from procsv.watchdog.state import WORKER, RunView
+from procsv.watchdog.state import SUMMARY, WORKER, RunView
 
 
 def signal_reports(view: RunView, action: Signal, limits: Limits) -> list[Report]:
@@ -42,6 +42,10 @@ def kill_reports(view: RunView, action: Kill, limits: Limits) -> list[Report]:
     """What to record when a child's process group is SIGKILLed."""
     child = find(view, action.slot, action.attempt)
     assert child is not None
+    if action.cause == Cause.STALL and child.role == SUMMARY:
+        return [Report(Event.SUMMARY_STALLED, {"pid": child.pid, "reason": action.reason},
+                       say=f"procsv: the summary service is stuck ({action.reason}); replacing it (pid {child.pid})",
+                       err=True)]
     if action.cause == Cause.STALL:
         return [Report(Event.CHECKPOINT_STALLED, {"pid": child.pid, "reason": action.reason},
                        say=f"procsv: checkpoints stalled ({action.reason}); replacing the checkpoint service "

@@ -24,7 +24,7 @@ class Cause(str, enum.Enum):
     HANG = "hang"  # no progress within --hang-timeout / --startup-timeout
     CHAOS = "chaos"  # --chaos
     SHUTDOWN = "shutdown"  # the run is over: the services flush and exit
-    STALL = "stall"  # steps complete but no checkpoint commits: the checkpoint service is stuck
+    STALL = "stall"  # steps complete but no checkpoint commits, or summaries are not confirmed: a service is stuck
     GROUP = "group"  # another member of the trainer group ended: the group restarts together
     STANDBY_UNREADY = "standby_unready"  # a restart is due and the standby is not ready: a fork replaces it
 

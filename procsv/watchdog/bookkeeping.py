@@ -21,7 +21,7 @@ from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, Gi
 from procsv.watchdog.failures import ChildError, Failure
 from procsv.watchdog.lifecycle import ProcState, RunState, transition
 from procsv.watchdog.limits import Limits
-from procsv.watchdog.state import STANDBY, TRAINER, ChildView, RunView
+from procsv.watchdog.state import STANDBY, SUMMARY, TRAINER, ChildView, RunView
 
 EXIT_CHECKPOINTS_FAILING = 3  # the launch's exit code when checkpoints kept failing (rule 8)
 EXIT_LOGDIR_LOST = 1  # the launch's exit code when the logdir was deleted or moved (rule 9)
@@ -119,6 +119,9 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
             child.hang_kill_at = None
         elif action.cause == Cause.STOP_GRACE:
             view.stop_deadline = None
+        elif action.cause == Cause.STALL and child.role == SUMMARY:
+            view.summary_overdue = ""
+            view.last_error = f"summary service stalled: {action.reason}"
         elif action.cause == Cause.STALL:
             view.commit_clock = now  # the next stall counts from the replacement
             for t in view.trainers():

@@ -43,7 +43,11 @@ Rules, in the order they are considered:
    steps complete but nothing commits for ``stall_factor`` times the trainer's save interval (at
    least ``stall_floor_secs``): the checkpoint service is SIGKILLed, which rule 1 then restarts;
    the restarted service tells the trainer its snapshot was lost. An overdue snapshot also counts
-   as a failed checkpoint for rule 8.
+   as a failed checkpoint for rule 8. The trainer says a summary batch had no ack within its
+   deadline (``SummaryOverdue``; only believed of a service that has run that long): the summary
+   service is SIGKILLed, rule 1 restarts it, and its successor asks the trainer for what was not
+   written (an in-memory snapshot waits for its step's summaries, so a stuck summary service
+   would otherwise stop the in-memory tier too).
 8. **Failing checkpoints.** ``checkpoint_failure_limit`` commits in a row fail (a full disk, a
    permission): training would go on burning compute that cannot be kept, so the run is stopped
    in order (the trainer still tries its emergency checkpoint) and fails with exit code 3.

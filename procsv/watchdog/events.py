@@ -57,6 +57,7 @@ class Event(str, enum.Enum):
     CHECKPOINT_COMMITTED = "checkpoint_committed"
     CHECKPOINT_FAILED = "checkpoint_failed"
     CHECKPOINT_STALLED = "checkpoint_stalled"
+    SUMMARY_STALLED = "summary_stalled"
     HANG_DETECTED = "hang_detected"
     CHAOS_KILL = "chaos_kill"
     PREEMPTED = "preempted"
@@ -87,6 +88,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.CHECKPOINT_COMMITTED: frozenset({"step", "path", "reason", "secs"}),
     Event.CHECKPOINT_FAILED: frozenset({"step", "error"}),
     Event.CHECKPOINT_STALLED: frozenset({"pid", "reason"}),
+    Event.SUMMARY_STALLED: frozenset({"pid", "reason"}),
     Event.HANG_DETECTED: frozenset({"pid", "attempt", "step", "reason"}),
     Event.CHAOS_KILL: frozenset({"role", "pid", "signal"}),
     Event.PREEMPTED: frozenset({"signal"}),

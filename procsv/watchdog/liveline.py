@@ -61,6 +61,8 @@ def event_text(event: Event, fields: Mapping[str, Any]) -> Optional[str]:
         return f"checkpoint step {f['step']} failed"
     if event == Event.CHECKPOINT_STALLED:
         return "checkpoint service stalled: replaced"
+    if event == Event.SUMMARY_STALLED:
+        return "summary service stalled: replaced"
     if event == Event.DEATH_NOTICED:
         return f"{f['role']}.{f['attempt']} died"
     if event == Event.EXITED:

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from procsv.ipc.messages import (Hello, Message, NodeHello, Progress, SaveOverdue, SaveResult, StandbyReady,
-                                 TrainerReady)
+                                 SummaryOverdue, TrainerReady)
 from procsv.watchdog.bookkeeping import find, request_stop
 from procsv.watchdog.events import Event
 from procsv.watchdog.failures import Failure
 from procsv.watchdog.lifecycle import ProcState
 from procsv.watchdog.group import blame, workers
-from procsv.watchdog.state import STANDBY, TRAINER, WORKER, ChildView, NodeView, RunView, ZygoteState
+from procsv.watchdog.state import STANDBY, SUMMARY, TRAINER, WORKER, ChildView, NodeView, RunView, ZygoteState
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,8 @@ def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -
         return _saved(view, msg, now)
     if isinstance(msg, SaveOverdue):
         return _overdue(view, msg)
+    if isinstance(msg, SummaryOverdue):
+        return _summary_overdue(view, msg, now)
     if isinstance(msg, StandbyReady):
         sb = view.standby()
         if sb is None or sb.pid != msg.pid or sb.standby_ready_at is not None:
@@ -174,6 +176,21 @@ def _overdue(view: RunView, msg: SaveOverdue) -> list[Report]:
     child.save_overdue = (f"the snapshot of step {msg.step} had no result within {msg.deadline_secs:.1f} s "
                           f"(waited {msg.waited_secs:.1f} s)")
     view.failed_saves += 1
+    return []
+
+
+def _summary_overdue(view: RunView, msg: SummaryOverdue, now: float) -> list[Report]:
+    """The trainer's oldest summary batch had no ack within its deadline. Only about a summary
+    service that has run for a whole deadline since its Hello (the batch may have gone to the one
+    before, whose replacement asks for it again within a heartbeat of its start)."""
+    if _trainer(view, msg.pid) is None:
+        return []
+    service = view.children.get(SUMMARY)
+    if service is None or service.state != ProcState.RUNNING or service.running_at is None \
+            or now - service.running_at < msg.deadline_secs:
+        return []
+    view.summary_overdue = (f"the summaries of step {msg.step} had no answer within {msg.deadline_secs:.1f} s "
+                            f"(waited {msg.waited_secs:.1f} s)")
     return []
 
 

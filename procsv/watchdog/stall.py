@@ -1,10 +1,12 @@
-"""Rule 7 of the decision function: checkpoint stalls, and the stalled service's replacement.
+"""Rule 7 of the decision function: checkpoint and summary stalls, and the stalled service's replacement.
 
 Runs in the watchdog. Pure: reads the observed view and the time ``now`` passed in, changes
 nothing. It owns the judgement "checkpoints stopped while training goes on":
 :func:`checkpoint_stall` says why (a ``SaveOverdue`` from the trainer, or no commit for
 ``stall_factor`` save intervals), and :func:`stall_actions` turns that into a SIGKILL of the
-checkpoint service, which rule 1 (:mod:`procsv.watchdog.judge`) then respawns.
+checkpoint service, which rule 1 (:mod:`procsv.watchdog.judge`) then respawns. A summary service
+the trainer says confirmed nothing within its deadline (``view.summary_overdue``, from a
+``SummaryOverdue``) is SIGKILLed the same way.
 :func:`procsv.watchdog.decide.decide` composes it.
 """
 
@@ -15,7 +17,7 @@ from typing import Optional
 from procsv.watchdog.actions import Action, Cause, Kill
 from procsv.watchdog.lifecycle import ProcState
 from procsv.watchdog.limits import Limits
-from procsv.watchdog.state import CHECKPOINT, RunView
+from procsv.watchdog.state import CHECKPOINT, SUMMARY, RunView
 
 
 def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]:
@@ -53,9 +55,17 @@ def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]
 
 
 def stall_actions(view: RunView, now: float, limits: Limits) -> list[Action]:
-    """Rule 7: checkpoints stopped while training goes on: replace the checkpoint service."""
+    """Rule 7: checkpoints stopped while training goes on: replace the checkpoint service; the
+    summary service confirms no summaries (``SummaryOverdue``): replace it."""
+    out: list[Action] = []
+    if view.stop_signal is not None:
+        return out
     service = view.children.get(CHECKPOINT)
-    if service is None or not service.live or service.killed or view.stop_signal is not None:
-        return []
-    reason = checkpoint_stall(view, now, limits)
-    return [] if reason is None else [Kill(service.slot, service.attempt, Cause.STALL, reason)]
+    if service is not None and service.live and not service.killed:
+        reason = checkpoint_stall(view, now, limits)
+        if reason is not None:
+            out.append(Kill(service.slot, service.attempt, Cause.STALL, reason))
+    summary = view.children.get(SUMMARY)
+    if view.summary_overdue and summary is not None and summary.live and not summary.killed:
+        out.append(Kill(summary.slot, summary.attempt, Cause.STALL, view.summary_overdue))
+    return out

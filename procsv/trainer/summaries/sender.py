@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from procsv.ipc.columns import encode_columns
-from procsv.ipc.messages import Message, ProtoRef, SummaryAck, SummaryBatch
+from procsv.ipc.messages import Message, ProtoRef, SummaryAck, SummaryBatch, SummaryOverdue
 from procsv.trainer.summaries.buffer import BATCH_MAX, FLUSH_EVERY, Chunk, SummaryBuffer
 
 WINDOW = 50_000  # rows sent but not yet acknowledged; beyond that, rows wait in the buffer
@@ -43,6 +43,9 @@ COALESCE = FLUSH_EVERY / 2
 HEARTBEAT_EVERY = 1.0  # seconds: a (possibly empty) batch at least this often (step marks, acks)
 TAIL_MAX = 4 * BATCH_MAX  # acknowledged rows kept for a restatement of the current step
 CLOSE_WAIT_STEP = 0.01  # seconds: at close, how long one wait for acks may take
+# seconds a batch may wait for its ack before the summary service counts as stuck (a live service
+# answers within a heartbeat; this leaves room for a slow disk's fsync)
+SUMMARY_DEADLINE = 30.0
 
 Send = Callable[[Message, Sequence[Any]], bool]
 """Non-blocking send of a message and its frames; False if the queue is full."""
@@ -76,6 +79,7 @@ class _Sent:
     chunk: Chunk
     min_step: int
     max_step: int
+    sent_at: float  # on the sender's clock
 
 
 class SummarySender:
@@ -90,8 +94,12 @@ class SummarySender:
 
     def __init__(self, buffer: SummaryBuffer, send: Send, read_acks: ReadAcks,
                  step_rate_secs: Optional[float] = None, start_step: Optional[int] = None,
-                 session: Optional[str] = None) -> None:
+                 session: Optional[str] = None, deadline: float = SUMMARY_DEADLINE) -> None:
         self.buffer = buffer
+        self.deadline = deadline
+        self._overdue_at = 0.0  # before this, no batch is judged overdue (the wait after one was)
+        # the oldest batch passed its deadline: what the caller tells the watchdog (then sets None)
+        self.overdue: Optional[SummaryOverdue] = None
         self._send = send
         self._read_acks = read_acks
         self.step_rate_secs = step_rate_secs
@@ -132,6 +140,8 @@ class SummarySender:
         if self.inflight and (now >= self._last_read + every if urgent else due_by >= self._next_poll):
             self._next_poll = now + every
             self._read(step, now)
+        if self.inflight and now >= max(self._overdue_at, self.inflight[0].sent_at + self.deadline):
+            self._judge_overdue(step, now)
         for _ in range(SENDS_PER_BOUNDARY):
             heartbeat = due_by >= self._next_heartbeat
             if self._inflight_rows >= WINDOW:
@@ -156,6 +166,21 @@ class SummarySender:
         if self.inflight and now >= self._last_read + ACK_POLL_EVERY:
             self._read(step, now)
 
+    def _judge_overdue(self, step: int, now: float) -> None:
+        """The oldest batch in flight may have passed its deadline: read the acks that came (a long
+        step may have kept them unread), and if it still has none, set :attr:`overdue`. The next is
+        judged when the wait has tripled (the service's replacement takes time)."""
+        self._read(step, now)
+        if not self.inflight:
+            return
+        oldest = self.inflight[0]
+        waited = now - oldest.sent_at
+        if waited < self.deadline:
+            return
+        self._overdue_at = now + 2 * waited
+        self.overdue = SummaryOverdue(os.getpid(), oldest.min_step if oldest.max_step >= 0 else step, waited,
+                                      self.deadline)
+
     def _read(self, step: int, now: float) -> None:
         self._last_read = now
         self._take_acks(step, 0.0)
@@ -179,7 +204,7 @@ class SummarySender:
         if self._resync_pending:
             self._resync_pending, self._resync_floor, self._last_resync_seq = False, None, seq
         lo, hi = span or (step + 1, -1)
-        self.inflight.append(_Sent(seq, chunk, lo, hi))
+        self.inflight.append(_Sent(seq, chunk, lo, hi, now))
         self._inflight_rows += len(chunk)
         return True
 
@@ -231,6 +256,7 @@ class SummarySender:
         a step larger than the tail, or steps logged out of order).
         """
         self.restatements += 1
+        self._overdue_at = 0.0  # a service that asks is alive: a new one is judged by the deadline alone
         if self.inflight:
             floor = min(s.min_step for s in self.inflight)
         else:
