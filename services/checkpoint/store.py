@@ -11,14 +11,16 @@ committed checkpoint as the latest loadable one:
 3. rename the data file(s), then the index, into the logdir; fsync the logdir.
 4. the manifest ``.procsv/checkpoints/<prefix>.json`` (atomic): **the commit point**.
 5. TF's ``checkpoint`` state file (atomic) naming it as the latest and the ones retention keeps;
-   the retired ones are deleted afterwards (:meth:`CheckpointStore.delete`), manifest first.
+   the retired ones are deleted afterwards (:meth:`CheckpointStore.delete`): each manifest is
+   renamed to ``<prefix>.pending``, then its files go, then that record.
 
 Retention is the only reason a checkpoint is deleted. One that fails verification (corrupt) is
 moved to ``.procsv/quarantine/<prefix>/`` (:meth:`CheckpointStore.quarantine`); one that cannot
 be read (:class:`UnreadableCheckpoint`) is left where it is.
 
 :meth:`CheckpointStore.recover` (at service start) deletes ``.procsv/tmp/*``, rolls back files
-named by a ``.pending`` record that never got its manifest, and rewrites the state file from the
+named by a ``.pending`` record that never got its manifest (an interrupted commit, or an
+interrupted deletion of a retired checkpoint), and rewrites the state file from the
 manifests, so a crash between steps 4 and 5 is repaired too.
 """
 
@@ -40,7 +42,7 @@ from procsv.common.manifests import Manifest, list_committed, manifest_path, ver
 from procsv.services.checkpoint.policy import retention
 
 FAULT_POINTS = ("before_data_write", "after_data_write", "before_rename", "after_rename",
-                "before_state_file", "after_state_file")
+                "before_state_file", "after_state_file", "mid_delete")
 
 
 def fault_point(name: str) -> None:
@@ -73,13 +75,15 @@ class CheckpointStore:
             pending = os.path.join(self.layout.manifests, name)
             if not os.path.exists(manifest_path(self.layout, prefix)):
                 record = read_json(pending) or {}
-                for fname in record.get("files", []):
+                files = record.get("files", []) if isinstance(record, dict) else []
+                for fname in files:  # a commit's intent lists names; a retired manifest maps them
                     if isinstance(fname, str) and "/" not in fname and fname.startswith(prefix + "."):
                         try:
                             os.unlink(os.path.join(self.layout.logdir, fname))
                         except FileNotFoundError:
                             pass
-                notes.append(f"rolled back uncommitted {prefix}")
+                retired = isinstance(record, dict) and "committed_at" in record
+                notes.append(f"finished deleting retired {prefix}" if retired else f"rolled back uncommitted {prefix}")
             os.unlink(pending)
         fsync_dir(self.layout.manifests)
         fsync_dir(self.layout.logdir)
@@ -237,13 +241,22 @@ class CheckpointStore:
                 f"to {folder}; nothing was deleted")
 
     def delete(self, retired: Sequence[Manifest]) -> None:
-        """Delete retired checkpoints: the manifest first, so a crash leaves orphan files, never a
-        manifest without files. Only files a manifest names are deleted."""
+        """Delete retired checkpoints. Each manifest is first renamed to ``<prefix>.pending`` (it
+        names the files, as a commit's intent record does): the checkpoint leaves the committed
+        list at once, never as a manifest without files, and a crash before its files are gone
+        leaves that record, by which :meth:`recover` finishes the deletion (before, the files
+        stayed in the logdir for good, named by nothing). Only files a manifest names are deleted."""
+        retiring = []
         for m in retired:
             try:
-                os.unlink(manifest_path(self.layout, m.prefix))
+                os.rename(manifest_path(self.layout, m.prefix), self._pending(m.prefix))
             except FileNotFoundError:
                 continue
+            retiring.append(m)
+        if not retiring:
+            return
+        fsync_dir(self.layout.manifests)
+        for m in retiring:
             for name in m.files:
                 if "/" in name or not name.startswith(m.prefix + "."):
                     continue
@@ -251,9 +264,14 @@ class CheckpointStore:
                     os.unlink(os.path.join(self.layout.logdir, name))
                 except FileNotFoundError:
                     pass
-        if retired:
-            fsync_dir(self.layout.manifests)
-            fsync_dir(self.layout.logdir)
+                fault_point("mid_delete")
+        fsync_dir(self.layout.logdir)
+        for m in retiring:
+            os.unlink(self._pending(m.prefix))
+        fsync_dir(self.layout.manifests)
+
+    def _pending(self, prefix: str) -> str:
+        return os.path.join(self.layout.manifests, prefix + ".pending")
 
     def _write_state(self, committed: list[Manifest]) -> None:
         write_state_file(self.layout, committed, self.last_preserved)
