@@ -8,12 +8,15 @@ moved or replaced while the run is live (filesystem events from
 :class:`~procsv.watchdog.logdirwatch.LogdirWatch` and a check every round) and turns it into an
 observation for the decision function (rule 9); at the end it writes the final status record
 where a moved logdir went.
-:func:`clear_group_records` removes earlier launches' trainer-group restore records at launch.
+:func:`clear_group_records` removes earlier launches' trainer-group restore records at launch, and
+:func:`clear_stale_temps` the temp files of atomic writes a kill cut short.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import stat
 from typing import Any, Callable, Optional
 
 from procsv.common.layout import Layout, write_json
@@ -120,3 +123,28 @@ def clear_group_records(layout: Layout) -> None:
             os.unlink(os.path.join(layout.group_records, name))
         except OSError:
             pass
+
+
+_TEMP = re.compile(r"^\.tmp-[a-z0-9_]{8}$")  # procsv.common.layout.atomic_write's temp files (tempfile's names)
+
+
+def clear_stale_temps(layout: Layout) -> list[str]:
+    """Remove the temp files of atomic writes a SIGKILL cut short (``.tmp-XXXXXXXX`` beside
+    status.json, the manifests, TF's state file, the logs), at launch: this launch holds the
+    logdir's lock and its children have not started, so no write of this run is in progress.
+    Returns the paths removed (regular files named exactly so, nothing else)."""
+    removed = []
+    for folder in (layout.logdir, layout.meta, layout.manifests, layout.logs):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                if _TEMP.match(name) and stat.S_ISREG(os.lstat(path).st_mode):
+                    os.unlink(path)
+                    removed.append(path)
+            except OSError:
+                pass
+    return removed

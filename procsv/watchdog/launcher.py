@@ -48,7 +48,7 @@ from procsv.watchdog.decide import decide
 from procsv.watchdog.events import Event
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.exits import ChildEnds
-from procsv.watchdog.housekeeping import LogdirGuard, Sweeper, clear_group_records
+from procsv.watchdog.housekeeping import LogdirGuard, Sweeper, clear_group_records, clear_stale_temps
 from procsv.watchdog.lifecycle import RunState
 from procsv.watchdog.metrics import MetricsServer, RunCollector
 from procsv.watchdog.nodes import NodeLink
@@ -135,6 +135,7 @@ class Watchdog:
         ex = self.ex = Executor(self.cfg, self.layout, pipes.runtime_dir, self.view, self.limits, self.out.record,
                                 self.clock, ends.register, ends.post_notice)
         clear_group_records(self.layout)  # an earlier launch's: nothing reads them any more
+        clear_stale_temps(self.layout)  # an earlier launch's writes a kill cut short
         if self.cfg.nnodes > 1 and self.cfg.master_addr:  # the other hosts' agents connect here
             self.link = NodeLink(pipes.zctx, self.layout, self.cfg.master_addr, self.clock)
             ex.remote = RemoteMembers(self.link, self.view, self.layout, self.cfg.nnodes, self.cfg.nproc,
