@@ -18,6 +18,7 @@ first_step             pid, step, secs_since_spawn
 checkpoint_committed   step, path, reason, secs
 checkpoint_failed      step, error
 checkpoint_stalled     pid (of the checkpoint service replaced), reason
+summary_stalled        pid (of the summary service replaced), reason
 hang_detected          pid, attempt, step, reason
 chaos_kill             role, pid, signal
 preempted              signal (the launch received it: an orderly stop begins)
