@@ -180,5 +180,14 @@ class SkipChaos:
     slot: str
 
 
+@dataclass(frozen=True)
+class StartZygote:
+    """The pre-warmed trainer was lost: start a new one (its ``attempt``-th), which restarts fork
+    from, and the hot standby with it, once it is ready."""
+
+    attempt: int
+
+
 Action = Union[Spawn, Signal, Kill, Restart, RespawnService, GiveUpService, GiveUpCheckpoints, Finish, GiveUp,
-               Settle, ArmChaos, SkipChaos, StopLogdirLost, Promote, StandbyGone, NodeLost, StopNodesMissing]
+               Settle, ArmChaos, SkipChaos, StopLogdirLost, Promote, StandbyGone, NodeLost, StopNodesMissing,
+               StartZygote]

@@ -17,11 +17,11 @@ from typing import Optional
 from procsv.watchdog import group, standby
 from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
                                      NodeLost, Promote, RespawnService, Restart, Settle, Signal, SkipChaos, Spawn,
-                                     StandbyGone, StopLogdirLost, StopNodesMissing)
+                                     StandbyGone, StartZygote, StopLogdirLost, StopNodesMissing)
 from procsv.watchdog.failures import ChildError, Failure
 from procsv.watchdog.lifecycle import ProcState, RunState, transition
 from procsv.watchdog.limits import Limits
-from procsv.watchdog.state import STANDBY, SUMMARY, TRAINER, ChildView, RunView
+from procsv.watchdog.state import STANDBY, SUMMARY, TRAINER, ChildView, RunView, ZygoteState
 
 EXIT_CHECKPOINTS_FAILING = 3  # the launch's exit code when checkpoints kept failing (rule 8)
 EXIT_LOGDIR_LOST = 1  # the launch's exit code when the logdir was deleted or moved (rule 9)
@@ -38,6 +38,9 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         return
     if isinstance(action, SkipChaos):
         view.chaos_at = None
+        return
+    if isinstance(action, StartZygote):
+        view.zygote, view.zygote_attempt, view.zygote_lost_at = ZygoteState.WARMING, action.attempt, None
         return
     if isinstance(action, Promote):
         promoted = view.children.pop(STANDBY)

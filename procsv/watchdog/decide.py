@@ -9,7 +9,7 @@ executor performs an action and notes it; deciding again with nothing new observ
 nothing new. Tests drive both with a fake clock and scripted observations
 (``tests/test_watchdog_decide.py``).
 
-This module owns the order of the rules and the run-level ones (2, 3, 6, 8, 9, 10); the other
+This module owns the order of the rules and the run-level ones (2, 3, 6, 8, 9, 10, 13); the other
 rules live in pure modules it composes: rule 1 in :mod:`procsv.watchdog.judge`, rule 4 in
 :mod:`procsv.watchdog.hang`, rule 5 in :mod:`procsv.watchdog.chaos`, rule 7 in
 :mod:`procsv.watchdog.stall`; the limits they read are :class:`~procsv.watchdog.limits.Limits`.
@@ -70,6 +70,11 @@ Rules, in the order they are considered:
    ``node_timeout`` is lost: its members count as dead (rule 11 restarts the group, rule 3 waits
    until every host is back); one that does not join, or come back, within ``rejoin_timeout``
    stops the run in order, which fails. Considered first, like rules 8 and 9.
+13. **The pre-warmed trainer.** One that was lost (it died, or stopped answering) is started
+   again (``StartZygote``) ``zygote_retry_secs`` after the loss, doubled per loss in a row (at
+   most ``zygote_retry_cap``), until ``zygote_retries`` in a row were lost without one becoming
+   ready. Meanwhile restarts start fresh trainers; once it is ready they fork again, and the hot
+   standby (rule 10) is prepared again.
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ import signal
 
 from procsv.watchdog import group, standby
 from procsv.watchdog.actions import (Action, Cause, Finish, GiveUp, GiveUpCheckpoints, Kill, Promote, Signal, Spawn,
-                                     StopLogdirLost, StopNodesMissing)
+                                     StartZygote, StopLogdirLost, StopNodesMissing)
 from procsv.watchdog.chaos import chaos_actions
 from procsv.watchdog.hang import hang_actions
 from procsv.watchdog.group import group_actions
@@ -119,6 +124,7 @@ def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Actio
     actions += group.hung_first(view, hangs)
     actions += chaos_actions(view, now, limits.chaos)
     actions += stall_actions(view, now, limits)
+    actions += _zygote_due(view, now, limits)
     if standby.may_prepare(view, now) and not any(isinstance(a, (Spawn, Promote)) for a in actions):
         actions.append(Spawn(STANDBY, STANDBY))
     return actions
@@ -145,8 +151,8 @@ def _restart_due(view: RunView, now: float, limits: Limits) -> list[Action]:
     """Rule 3: a pending trainer start."""
     if view.restart_at is None or now < view.restart_at or view.stop_signal is not None:
         return []
-    if view.zygote == ZygoteState.WARMING and now - view.launch_start < limits.zygote_wait:
-        return []
+    if view.zygote == ZygoteState.WARMING and not view.attempts and now - view.launch_start < limits.zygote_wait:
+        return []  # the first trainer waits for the first pre-warmed one; a restart never waits for a new one
     if group.draining(view) or hosts_missing(view, limits):
         return []  # rule 11: the last group's workers are not all reaped yet (their ports, their collectives)
     if view.forking_since is not None:
@@ -159,6 +165,24 @@ def _restart_due(view: RunView, now: float, limits: Limits) -> list[Action]:
     if sb is not None and sb.live and not sb.killed:  # not ready yet (kills in a row): fork instead
         return [Kill(sb.slot, sb.attempt, Cause.STANDBY_UNREADY), Spawn(TRAINER, TRAINER)]
     return [Spawn(TRAINER, TRAINER)]
+
+
+def zygote_retry_delay(losses: int, limits: Limits) -> float:
+    """How long after its ``losses``-th loss in a row a pre-warmed trainer is started again."""
+    return float(min(limits.zygote_retry_cap, limits.zygote_retry_secs * 2.0 ** max(0, losses - 1)))
+
+
+def _zygote_due(view: RunView, now: float, limits: Limits) -> list[Action]:
+    """Rule 13: the pre-warmed trainer was lost (it died, or stopped answering): a new one is
+    started after a backoff, so that a week-long run does not restart fresh, and without a
+    standby, for the rest of its life after one loss; not after ``zygote_retries`` in a row."""
+    if view.zygote != ZygoteState.LOST or view.zygote_lost_at is None or view.stop_signal is not None:
+        return []
+    if view.zygote_losses > limits.zygote_retries or view.forking_since is not None:
+        return []
+    if now < view.zygote_lost_at + zygote_retry_delay(view.zygote_losses, limits):
+        return []
+    return [StartZygote(view.zygote_attempt + 1)]
 
 
 def _shutdown(view: RunView, now: float, limits: Limits) -> list[Action]:

@@ -27,7 +27,7 @@ from procsv.watchdog import observe
 from procsv.watchdog.actionlines import kill_reports, restart_reports, signal_reports
 from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
                                      NodeLost, Promote, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
-                                     StopLogdirLost, StopNodesMissing)
+                                     StartZygote, StopLogdirLost, StopNodesMissing)
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.bookkeeping import find, note
 from procsv.watchdog.limits import Limits
@@ -38,7 +38,7 @@ from procsv.watchdog.failures import describe
 from procsv.watchdog.remote import RemoteMembers
 from procsv.watchdog.lifecycle import RunState
 from procsv.watchdog.observe import Report
-from procsv.watchdog.prewarm import FORK_REPLY_TIMEOUT, Zygote, ZygoteUnavailable
+from procsv.watchdog.prewarm import FORK_REPLY_TIMEOUT, Zygote, ZygoteUnavailable, zygote_env
 from procsv.watchdog.group import blame, worker_slot
 from procsv.watchdog.state import STANDBY, TRAINER, WORKER, RunView, ZygoteState
 
@@ -78,6 +78,7 @@ class Executor:
         self.handles: dict[tuple[str, int], ChildProcess] = {}
         self.zygote: Optional[Zygote] = None
         self.dead_zygotes: list[Zygote] = []  # forked trainers still need their exit statuses
+        self.on_zygote: Callable[[Zygote], None] = lambda z: None  # the loop watches a started zygote's pipe
         self.forks: dict[str, PendingFork] = {}  # by slot: trainers asked of the zygote, not answered yet
         self.remote: Optional[RemoteMembers] = None  # the other hosts' members (--nnodes), set by the launcher
         self.job = uuid.uuid4().hex[:12]  # names the group's restore records (the link's job id when there is one)
@@ -88,6 +89,11 @@ class Executor:
     # ------------------------------------------------------------------ the one entry point
     def perform(self, action: Action) -> None:
         now = self.clock()
+        if isinstance(action, StartZygote):
+            note(self.view, action, now, self.limits)
+            self.report([Report(say=f"procsv: starting a new pre-warmed trainer (zygote attempt {action.attempt})")])
+            self.start_zygote(action.attempt)
+            return
         if isinstance(action, Spawn):
             if action.role == TRAINER:
                 self._spawn_trainer_slot(action)
@@ -354,17 +360,21 @@ class Executor:
             watch_death(handle, mutex, self.clock, lambda died, at: self._on_death_notice(handle, died, at))
         return handle
 
-    def start_zygote(self, env: dict[str, str]) -> Zygote:
-        self.zygote = Zygote(env, self.layout.attempt_log("zygote", 1), self.cfg.cwd, self.cfg.preload, self.clock)
-        self.view.zygote = ZygoteState.WARMING
-        self.report([Report(Event.SPAWNED, {"role": "zygote", "attempt": 1, "pid": self.zygote.pid, "via": "fresh"})])
+    def start_zygote(self, attempt: int = 1) -> Zygote:
+        """Start the pre-warmed trainer (at launch, and again after a loss: rule 13)."""
+        self.zygote = Zygote(zygote_env(self.layout.logdir, self.runtime.path), self.layout.attempt_log("zygote", attempt),
+                             self.cfg.cwd, self.cfg.preload, self.clock)
+        self.view.zygote, self.view.zygote_attempt, self.view.zygote_lost_at = ZygoteState.WARMING, attempt, None
+        self.report([Report(Event.SPAWNED, {"role": "zygote", "attempt": attempt, "pid": self.zygote.pid,
+                                            "via": "fresh"})])
+        self.on_zygote(self.zygote)
         return self.zygote
 
     def drop_zygote(self, why: str) -> None:
         """Stop using the pre-warmed trainer; trainers start fresh from now on."""
         if self.zygote is None:
             return
-        self.report(observe.zygote_changed(self.view, ZygoteState.LOST, self.zygote.pid, why=why))
+        self.report(observe.zygote_changed(self.view, ZygoteState.LOST, self.zygote.pid, why=why, now=self.clock()))
         self.dead_zygotes.append(self.zygote)
         self.zygote = None
 

@@ -55,7 +55,6 @@ from procsv.watchdog.nodes import NodeLink
 from procsv.watchdog.remote import RemoteMembers
 from procsv.watchdog.observe import Report
 from procsv.watchdog.onfailure import run_on_failure
-from procsv.watchdog.prewarm import zygote_env
 from procsv.watchdog.reporting import Reporter, zygote_record
 from procsv.watchdog.state import SERVICE_ROLES, TRAINER, RunView, ZygoteState
 
@@ -151,8 +150,8 @@ class Watchdog:
             for role in SERVICE_ROLES:
                 ex.spawn(role, role)
             if self.cfg.prewarm:
-                z = ex.start_zygote(zygote_env(self.layout.logdir, pipes.runtime_dir))
-                pipes.poller.register(z.fd, zmq.POLLIN)
+                ex.on_zygote = lambda z: pipes.poller.register(z.fd, zmq.POLLIN)
+                ex.start_zygote()
             self.view.restart_at = self.clock()  # the first trainer (it waits for the zygote, if any)
             remote = ex.remote
             while not (self.view.finishing and not ex.handles and not (remote is not None and remote.live())):
@@ -318,7 +317,8 @@ class Watchdog:
                 self.pipes.poller.unregister(z.fd)
             except KeyError:
                 pass
-            self.ex.drop_zygote("procsv: the pre-warmed trainer (zygote) died; restarts will start fresh trainers")
+            self.ex.drop_zygote("procsv: the pre-warmed trainer (zygote) died; restarts start fresh trainers until "
+                                "a new one is ready")
         elif z.ready:
             self.out.record(observe.zygote_changed(self.view, ZygoteState.READY, z.pid, z.import_secs or 0.0))
         self.ex.poll_fork()  # a trainer it was asked for: answered, or to be started fresh now

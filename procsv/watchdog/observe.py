@@ -275,14 +275,17 @@ def stop_requested(view: RunView, signum: int, now: float, grace: float) -> list
 
 
 def zygote_changed(view: RunView, state: ZygoteState, pid: int, import_secs: float = 0.0,
-                   why: str = "") -> list[Report]:
-    """The pre-warmed trainer became ready, or was lost (``why``: the line to say, if any)."""
+                   why: str = "", now: Optional[float] = None) -> list[Report]:
+    """The pre-warmed trainer became ready, or was lost at ``now`` (``why``: the line to say, if any)."""
     if view.zygote == state:
         return []
     view.zygote = state
     if state == ZygoteState.READY:
+        view.zygote_losses = 0
         return [Report(Event.ZYGOTE_READY, {"pid": pid, "import_secs": round(import_secs, 3)})]
     if state == ZygoteState.LOST:
+        view.zygote_losses += 1
+        view.zygote_lost_at = now
         return [Report(Event.ZYGOTE_GONE, {"pid": pid}, say=why, err=True)]
     return []
 

@@ -1,0 +1,114 @@
+"""A lost pre-warmed trainer (zygote) is started again, so a long run does not restart fresh, and
+without a hot standby, for the rest of its life after one loss.
+
+Pure: rule 13 of the decision function on a fake clock (the backoff, the limit of losses in a
+row, the reset once one is ready, and a restart that never waits for a new zygote). Real: a
+launch whose zygote is SIGKILLed gets a new one, and the trainer's next restart is a promotion of
+the hot standby forked from it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from procsv.watchdog import observe
+from procsv.watchdog.actions import Spawn, StartZygote
+from procsv.watchdog.decide import Limits, zygote_retry_delay
+from procsv.watchdog.hang import HangLimits
+from procsv.watchdog.state import TRAINER, ZygoteState
+
+from conftest import PROGRAMS, finish, launch, lifecycle, wait_for
+from test_watchdog_decide import Sim, of
+
+TINY = os.path.join(PROGRAMS, "tiny_train.py")
+
+LIMITS = Limits(hang=HangLimits(None, None), zygote_retry_secs=10.0, zygote_retry_cap=35.0, zygote_retries=3)
+
+
+def _lose(sim: Sim) -> None:
+    observe.zygote_changed(sim.view, ZygoteState.LOST, 7, why="gone", now=sim.now)
+
+
+def test_a_lost_zygote_is_started_again_after_a_backoff_that_doubles_and_is_capped():
+    assert [zygote_retry_delay(n, LIMITS) for n in (1, 2, 3, 4)] == [10.0, 20.0, 35.0, 35.0]
+    sim = Sim(LIMITS, zygote=ZygoteState.READY)
+    sim.view.zygote_attempt = 1
+    sim.start_trainer(steps=3)
+    _lose(sim)
+    assert of(sim.tick(9.9), StartZygote) == []
+    assert of(sim.tick(0.1), StartZygote) == [StartZygote(2)]
+    assert sim.view.zygote == ZygoteState.WARMING and of(sim.tick(100.0), StartZygote) == []  # noted: not twice
+    _lose(sim)  # it died while warming up: the second loss in a row
+    assert of(sim.tick(19.9), StartZygote) == [] and of(sim.tick(0.1), StartZygote) == [StartZygote(3)]
+    observe.zygote_changed(sim.view, ZygoteState.READY, 8, 2.5)  # this one made it: the count starts again
+    _lose(sim)
+    assert of(sim.tick(10.0), StartZygote) == [StartZygote(4)]
+
+
+def test_after_the_limit_of_losses_in_a_row_no_zygote_is_started_any_more():
+    sim = Sim(LIMITS, zygote=ZygoteState.READY)
+    sim.view.zygote_attempt = 1
+    sim.start_trainer(steps=3)
+    for attempt in (2, 3, 4):
+        _lose(sim)
+        assert of(sim.tick(40.0), StartZygote) == [StartZygote(attempt)]
+    _lose(sim)  # the fourth in a row, beyond zygote_retries=3
+    assert of(sim.tick(1000.0), StartZygote) == [] and sim.view.zygote == ZygoteState.LOST
+
+
+def test_a_restart_while_a_new_zygote_warms_up_starts_fresh_at_once():
+    sim = Sim(LIMITS, zygote=ZygoteState.READY)
+    sim.start_trainer(steps=3)
+    sim.commit(3)
+    _lose(sim)
+    of(sim.tick(10.0), StartZygote)
+    assert sim.view.zygote == ZygoteState.WARMING
+    sim.dies(TRAINER, -9)
+    assert Spawn(TRAINER, TRAINER) in sim.tick(0.1) + sim.tick(0.1)  # not held for the zygote's import
+
+
+def test_no_zygote_is_started_during_a_stop_or_without_a_loss_time():
+    sim = Sim(LIMITS, zygote=ZygoteState.READY)
+    sim.start_trainer(steps=3)
+    observe.zygote_changed(sim.view, ZygoteState.LOST, 7)  # no time given: not a loss rule 13 counts from
+    assert of(sim.tick(100.0), StartZygote) == []
+    sim.view.zygote = ZygoteState.READY
+    _lose(sim)
+    sim.view.stop_signal = signal.SIGTERM
+    assert of(sim.tick(100.0), StartZygote) == []
+
+
+def _events(logdir: str, kind: str) -> list[dict]:
+    return [e for e in lifecycle(logdir) if e["event"] == kind]
+
+
+def test_a_killed_zygote_is_replaced_and_restarts_promote_a_standby_forked_from_the_new_one(logdir):
+    """Its forked trainer and standby die with it (their parent); the restart after that starts
+    fresh; 10 s after the loss a new zygote starts, a standby is forked from it once it is ready,
+    and the next restart is that standby's promotion."""
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--save-model-secs", "1", target=TINY,
+                  opts=("--standby", "hot"))
+    try:
+        wait_for(lambda: _events(logdir, "standby_ready"), 120, what="a hot standby")
+        first = next(e["pid"] for e in _events(logdir, "spawned") if e["role"] == "zygote")
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: _events(logdir, "zygote_gone"), 30, what="the zygote's loss")
+        second = wait_for(lambda: [e for e in _events(logdir, "spawned") if e["role"] == "zygote" and e["attempt"] == 2],
+                          60, what="a new zygote (10 s after the loss)")[0]
+        assert second["pid"] != first
+        wait_for(lambda: len(_events(logdir, "zygote_ready")) == 2, 120, what="the new zygote to be ready")
+        ready_at = len(lifecycle(logdir))
+        wait_for(lambda: [e for e in lifecycle(logdir)[ready_at:] if e["event"] == "standby_ready"], 120,
+                 what="a standby forked from the new zygote")
+        trainer = next(e["pid"] for e in reversed(_events(logdir, "spawned")) if e["role"] == "trainer")
+        killed_at = len(lifecycle(logdir))
+        os.kill(trainer, signal.SIGKILL)
+        promoted = wait_for(lambda: [e for e in lifecycle(logdir)[killed_at:] if e["event"] == "spawned"
+                                     and e["role"] == "trainer"], 60, what="the next trainer attempt")[0]
+        assert promoted["via"] == "standby", promoted
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    assert "starting a new pre-warmed trainer (zygote attempt 2)" in err + out
