@@ -9,6 +9,14 @@ from procsv.common.layout import Layout, write_json
 from procsv.common import manifests
 from procsv.common.manifests import (Manifest, last_checkpoint, list_committed, newest_committed,
                                       newest_committed_since)
+from procsv.watchdog import observe
+from procsv.watchdog.actions import GiveUp, Restart
+from procsv.watchdog.decide import Limits
+from procsv.watchdog.hang import HangLimits
+from procsv.watchdog.policy import RestartPolicy
+from procsv.watchdog.state import TRAINER
+
+from test_watchdog_decide import Sim, of
 
 LAUNCH = 1_000_000.0  # the launch's start, wall time
 
@@ -105,3 +113,42 @@ def test_newest_committed_is_list_committed_s_last_and_reads_only_from_the_top(t
         if name != "model.ckpt-5000.json":
             os.unlink(os.path.join(layout.manifests, name))
     assert newest_committed(layout) is None  # only a damaged one
+
+
+def _death(sim, layout: Layout, launch_wall: float) -> None:  # type: ignore[no-untyped-def]
+    """What procsv.watchdog.exits does at a trainer's death, on the Sim's clocks (wall = LAUNCH + now)."""
+    t = sim.trainer
+    since = observe.attempt_began_wall(t, launch_wall, LAUNCH + sim.now, sim.now)
+    step = newest_committed_since(layout, since, observe.unheard_floor(t))
+    if step is not None:
+        observe.committed_on_disk(sim.view, TRAINER, t.attempt, step)
+    sim.dies(TRAINER, -9)
+
+
+def test_an_earlier_attempt_s_commit_that_later_ones_skip_is_not_their_progress(tmp_path):
+    """Attempt 1 commits 40 and dies; every later attempt skips 40 (unreadable: it stays on disk),
+    restores 30 and dies before committing. Read since the launch began, 40 was each one's
+    progress (their base is their restore, 30), and the run restarted forever; read since each
+    attempt began, it gives up."""
+    layout = Layout(str(tmp_path))
+    sim = Sim(Limits(restart=RestartPolicy(max_restarts=2), hang=HangLimits(None, None)))
+    sim.start_trainer()
+    sim.now += 5.0
+    _manifest(layout, 40, LAUNCH + sim.now)
+    sim.commit(40)
+    sim.now += 1.0
+    _death(sim, layout, LAUNCH)
+    outcomes = []
+    for _ in range(4):
+        actions = sim.tick(1.0) + sim.tick(1.0)
+        outcomes.append("restart" if of(actions, Restart) else "give up" if of(actions, GiveUp) else "")
+        if not of(actions, Restart):
+            break
+        sim.tick(40.0)  # past any backoff: the next attempt starts
+        sim.now += 1.0
+        sim.ready(30)
+        sim.progress(31)
+        assert sim.trainer.commit_base == 30 and observe.unheard_floor(sim.trainer) == 30
+        sim.now += 2.0
+        _death(sim, layout, LAUNCH)
+    assert outcomes[0] == "restart" and outcomes[-1] == "give up", outcomes

@@ -125,7 +125,8 @@ class ChildEnds:
         child = find(self.view, handle.slot, handle.attempt)
         if child is None or child.role != TRAINER:
             return
-        step = newest_committed_since(self.layout, self.out.started_wall, observe.unheard_floor(child))
+        since = observe.attempt_began_wall(child, self.out.started_wall, self.wall(), self.clock())
+        step = newest_committed_since(self.layout, since, observe.unheard_floor(child))
         if step is not None:
             observe.committed_on_disk(self.view, handle.slot, handle.attempt, step)
 

@@ -194,6 +194,14 @@ def _summary_overdue(view: RunView, msg: SummaryOverdue, now: float) -> list[Rep
     return []
 
 
+def attempt_began_wall(child: ChildView, launch_wall: float, wall_now: float, clock_now: float) -> float:
+    """When ``child``'s attempt began (its spawn or promotion), on the wall clock the manifests'
+    ``committed_at`` is on: only a manifest committed since then can be its commit. (Since the
+    launch began was not enough: an earlier attempt's commit that the next attempts skip, say as
+    unreadable, was then every later attempt's progress, and the run never gave up.)"""
+    return max(launch_wall, wall_now - (clock_now - child.started))
+
+
 def unheard_floor(child: ChildView) -> int:
     """At a trainer's death: a manifest on disk above this step (committed since the launch began)
     is a commit of its attempt the watchdog has not heard of yet. Read at every death, also of an
