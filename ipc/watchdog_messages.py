@@ -70,8 +70,9 @@ class SaveOverdue(Message):
 
 @dataclass(frozen=True)
 class SummaryOverdue(Message):
-    """Trainer -> watchdog: the oldest summary batch it handed to the summary service (rows from
-    ``step``) has had no :class:`SummaryAck` for ``waited_secs``, past ``deadline_secs``. Sent
+    """Trainer -> watchdog: the summary service has confirmed none of the batches it was handed
+    (the oldest holds rows from ``step``) for ``waited_secs``, past ``deadline_secs``: no
+    :class:`SummaryAck` confirmed one since the oldest was sent or the last one was confirmed. Sent
     once per deadline that passes, then when the wait has tripled; the watchdog replaces the
     summary service (a live but stuck one: SIGSTOP, a hung disk), whose successor asks for what
     was not written."""

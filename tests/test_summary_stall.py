@@ -128,3 +128,32 @@ def test_no_summary_service_is_replaced_during_a_stop():
     request_stop(sim.view, signal.SIGTERM, sim.now, sim.limits.stop_grace_secs)
     _overdue(sim)
     assert not [k for k in of(sim.tick(0.1), Kill) if k.slot == SUMMARY]
+
+
+def test_an_overdue_about_a_service_that_died_meanwhile_does_not_kill_its_replacement():
+    """The message and the service's death can come in one round: the overdue names the attempt it
+    was about, and the respawned service is not killed for it."""
+    sim = Sim()
+    sim.start_trainer(steps=5)
+    sim.tick(60.0)
+    first = sim.view.children[SUMMARY].attempt
+    _overdue(sim)
+    sim.dies(SUMMARY, -9)  # it crashed (or a chaos kill) in the same round
+    actions = sim.tick(0.1)
+    assert of(actions, Kill) == [] and of(actions, RespawnService)
+    assert sim.view.children[SUMMARY].attempt == first + 1
+    assert [k for k in of(sim.tick(0.1) + sim.tick(60.0), Kill) if k.slot == SUMMARY] == []
+
+
+def test_a_service_that_lags_behind_a_flood_but_keeps_confirming_is_not_overdue():
+    """Its queue's head can wait longer than the deadline while it works through a flood: what
+    counts is that acks keep confirming batches, not how old the oldest unconfirmed one is."""
+    clock, svc, buf, sender = _sender()
+    step = 1
+    for _ in range(30):  # 90 s: a batch a step is sent, one batch every 3 s is confirmed
+        step = _steps(clock, buf, sender, step, 3.0)
+        svc.handle(1)
+    assert len(sender.inflight) > 100 and clock.t - sender.inflight[0].sent_at > DEADLINE
+    assert sender.overdue is None
+    step = _steps(clock, buf, sender, step, DEADLINE + 1.5)  # and now it confirms nothing
+    assert sender.overdue is not None and DEADLINE <= sender.overdue.waited_secs < DEADLINE + 1.5

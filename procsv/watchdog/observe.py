@@ -191,6 +191,7 @@ def _summary_overdue(view: RunView, msg: SummaryOverdue, now: float) -> list[Rep
         return []
     view.summary_overdue = (f"the summaries of step {msg.step} had no answer within {msg.deadline_secs:.1f} s "
                             f"(waited {msg.waited_secs:.1f} s)")
+    view.summary_overdue_for = service.attempt
     return []
 
 

@@ -66,6 +66,7 @@ def stall_actions(view: RunView, now: float, limits: Limits) -> list[Action]:
         if reason is not None:
             out.append(Kill(service.slot, service.attempt, Cause.STALL, reason))
     summary = view.children.get(SUMMARY)
-    if view.summary_overdue and summary is not None and summary.live and not summary.killed:
+    if view.summary_overdue and summary is not None and summary.attempt == view.summary_overdue_for \
+            and summary.live and not summary.killed:
         out.append(Kill(summary.slot, summary.attempt, Cause.STALL, view.summary_overdue))
     return out

@@ -171,6 +171,7 @@ class RunView:
     commit_step: int = -1  # the step of the last commit seen
     failed_saves: int = 0  # consecutive checkpoints that failed to commit (lost snapshots not counted)
     summary_overdue: str = ""  # the summary service confirmed no batch within the deadline (SummaryOverdue): why, until acted on
+    summary_overdue_for: int = 0  # ... the attempt of the summary service it is about (a later one is not killed for it)
     commits: int = 0  # checkpoints committed during this launch
     failed_commits: int = 0  # saves that failed during this launch (lost snapshots not counted)
     last_commit_at: Optional[float] = None  # when the last checkpoint of this launch committed

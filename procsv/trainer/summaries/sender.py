@@ -98,6 +98,7 @@ class SummarySender:
         self.buffer = buffer
         self.deadline = deadline
         self._overdue_at = 0.0  # before this, no batch is judged overdue (the wait after one was)
+        self._last_advance = float("-inf")  # when an ack last confirmed a batch (a lagging service still does)
         # the oldest batch passed its deadline: what the caller tells the watchdog (then sets None)
         self.overdue: Optional[SummaryOverdue] = None
         self._send = send
@@ -140,7 +141,7 @@ class SummarySender:
         if self.inflight and (now >= self._last_read + every if urgent else due_by >= self._next_poll):
             self._next_poll = now + every
             self._read(step, now)
-        if self.inflight and now >= max(self._overdue_at, self.inflight[0].sent_at + self.deadline):
+        if self.inflight and now >= max(self._overdue_at, self._silent_since() + self.deadline):
             self._judge_overdue(step, now)
         for _ in range(SENDS_PER_BOUNDARY):
             heartbeat = due_by >= self._next_heartbeat
@@ -166,15 +167,22 @@ class SummarySender:
         if self.inflight and now >= self._last_read + ACK_POLL_EVERY:
             self._read(step, now)
 
+    def _silent_since(self) -> float:
+        """Since when the service has confirmed nothing while a batch waits: the oldest batch's
+        send, or the last ack that confirmed one if later (a service that lags behind a flood but
+        keeps writing is not stuck, however old its queue's head)."""
+        return max(self.inflight[0].sent_at, self._last_advance)
+
     def _judge_overdue(self, step: int, now: float) -> None:
-        """The oldest batch in flight may have passed its deadline: read the acks that came (a long
-        step may have kept them unread), and if it still has none, set :attr:`overdue`. The next is
-        judged when the wait has tripled (the service's replacement takes time)."""
+        """The service may have confirmed nothing for the deadline while batches wait: read the
+        acks that came (a long step may have kept them unread), and if it still has not, set
+        :attr:`overdue`. The next is judged when the wait has tripled (the service's replacement
+        takes time)."""
         self._read(step, now)
         if not self.inflight:
             return
         oldest = self.inflight[0]
-        waited = now - oldest.sent_at
+        waited = now - self._silent_since()
         if waited < self.deadline:
             return
         self._overdue_at = now + 2 * waited
@@ -228,6 +236,8 @@ class SummarySender:
                 self._restate(step)
 
     def _acknowledge(self, written: int, step: int) -> None:
+        if self.inflight and self.inflight[0].seq <= written:
+            self._last_advance = self.clock()
         while self.inflight and self.inflight[0].seq <= written:
             sent = self.inflight.popleft()
             self._inflight_rows -= len(sent.chunk)
