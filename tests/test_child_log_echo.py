@@ -66,6 +66,8 @@ def test_processes_with_their_own_logs_are_not_silenced(tmp_path, writer):
     (b"crlf\r", False, [], 0),  # a CRLF's first half: its line may still come whole
     (b"x" * 8, True, ["x" * 8], 8),  # a chunk of the cap with no line end at all is a line of its own
     (b"x" * 8, False, [], 0),
+    (b"xx\xc3", True, ["xx"], 2),  # a cut never splits a UTF-8 character: its lead byte waits for the rest
+    (b"xx\xc3\xa9", True, ["xx\u00e9"], 4),
 ])
 def test_complete_lines_are_what_a_terminal_shows_and_the_position_moves_past_redraws(data, at_cap, lines, used):
     assert complete_lines(data, at_cap) == (lines, used)
@@ -100,3 +102,25 @@ def test_a_line_longer_than_a_read_is_echoed_in_pieces_not_read_again_and_again(
     assert child.new_log_lines() == ["x" * ECHO_READ]
     assert child.new_log_lines() == ["x" * 10]
     assert child.new_log_lines() == []
+
+
+def test_at_the_reap_the_rest_of_the_log_is_echoed_its_last_mib_if_more_is_left(tmp_path, writer):
+    """A child that dies with more than a read unread (it printed fast at the end) still shows its
+    last lines, where its traceback is, and a line says how much was not echoed."""
+    log = str(tmp_path / "trainer.1.log")
+    with open(log, "w") as fh:
+        fh.write("start\n")
+    proc = writer(log, "ready\n")
+    child = ChildProcess("trainer", "trainer", 1, proc, log)  # type: ignore[arg-type]
+    assert child.new_log_lines() == ["start", "ready"]
+    echoed_to = child.log_pos
+    with open(log, "a") as fh:
+        fh.write("".join(f"noise line {i:08d}\n" for i in range(200_000)))  # ~4 MB
+        fh.write("Traceback (most recent call last):\nValueError: boom\nno newline at the end")
+    lines = child.new_log_lines(final=True)
+    assert lines[0].startswith("procsv: ") and "bytes of trainer.1.log were not echoed" in lines[0]
+    assert lines[-3:] == ["Traceback (most recent call last):", "ValueError: boom", "no newline at the end"]
+    assert lines[1].startswith("noise line ") and len(lines[1]) == len("noise line 00000000")  # a whole line
+    assert child.log_pos == os.path.getsize(log) and child.new_log_lines(final=True) == []
+    skipped = int(lines[0].split()[1])
+    assert skipped + sum(len(line) + 1 for line in lines[1:]) - 1 == os.path.getsize(log) - echoed_to  # all accounted

@@ -23,7 +23,7 @@ from test_watchdog_decide import Sim, of
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
 
-LIMITS = Limits(hang=HangLimits(None, None), zygote_retry_secs=10.0, zygote_retry_cap=35.0, zygote_retries=3)
+LIMITS = Limits(hang=HangLimits(None, None), zygote_retry_secs=10.0, zygote_retry_cap=35.0, zygote_retries=4)
 
 
 def _lose(sim: Sim) -> None:
@@ -41,9 +41,14 @@ def test_a_lost_zygote_is_started_again_after_a_backoff_that_doubles_and_is_capp
     assert sim.view.zygote == ZygoteState.WARMING and of(sim.tick(100.0), StartZygote) == []  # noted: not twice
     _lose(sim)  # it died while warming up: the second loss in a row
     assert of(sim.tick(19.9), StartZygote) == [] and of(sim.tick(0.1), StartZygote) == [StartZygote(3)]
-    observe.zygote_changed(sim.view, ZygoteState.READY, 8, 2.5)  # this one made it: the count starts again
-    _lose(sim)
-    assert of(sim.tick(10.0), StartZygote) == [StartZygote(4)]
+    observe.zygote_changed(sim.view, ZygoteState.READY, 8, 2.5, now=sim.now)
+    sim.tick(60.0)
+    _lose(sim)  # ready for only a minute: the third loss in a row
+    assert of(sim.tick(34.9), StartZygote) == [] and of(sim.tick(0.1), StartZygote) == [StartZygote(4)]  # capped
+    observe.zygote_changed(sim.view, ZygoteState.READY, 9, 2.5, now=sim.now)
+    sim.tick(600.0)
+    _lose(sim)  # this one stayed ready 10 minutes: the count starts again
+    assert sim.view.zygote_losses == 1 and of(sim.tick(10.0), StartZygote) == [StartZygote(5)]
 
 
 def test_after_the_limit_of_losses_in_a_row_no_zygote_is_started_any_more():
@@ -53,7 +58,9 @@ def test_after_the_limit_of_losses_in_a_row_no_zygote_is_started_any_more():
     for attempt in (2, 3, 4):
         _lose(sim)
         assert of(sim.tick(40.0), StartZygote) == [StartZygote(attempt)]
-    _lose(sim)  # the fourth in a row, beyond zygote_retries=3
+        observe.zygote_changed(sim.view, ZygoteState.READY, 8, 2.5, now=sim.now)  # ready, briefly
+        sim.tick(5.0)
+    _lose(sim)  # the fourth in a row: zygote_retries=4
     assert of(sim.tick(1000.0), StartZygote) == [] and sim.view.zygote == ZygoteState.LOST
 
 

@@ -119,7 +119,9 @@ class SummaryMethods:
         assert msg is not None and self._channels is not None
         told = self._channels.to_watchdog(msg)
         then = ("the watchdog replaces it, and what was not written is sent again" if told else
-                "nothing replaces it in this mode (run under procsv launch for that)")
+                "nothing replaces it in this mode (run under procsv launch for that)"
+                if self._channels.watchdog is None else
+                "the watchdog could not be told now (its queue is full): it is told when the wait has tripled")
         print(f"procsv: the summary service has not confirmed the summaries of step {msg.step} for "
               f"{msg.waited_secs:.0f} s (deadline {msg.deadline_secs:.0f} s); {then}", file=sys.stderr, flush=True)
 

@@ -104,17 +104,32 @@ class ChildProcess:
                 self.log_pos = max(self.log_pos, other.log_pos)
                 other.echoes = False
 
-    def new_log_lines(self) -> list[str]:
+    def new_log_lines(self, final: bool = False) -> list[str]:
         """Complete lines its log gained since the last call (at most ``ECHO_READ`` bytes of it),
-        without TensorFlow's start-up noise."""
+        without TensorFlow's start-up noise. ``final`` (the process was reaped): the rest of the
+        log, its last line too; if more than ``ECHO_READ`` is left, only its last ``ECHO_READ``
+        bytes (where a traceback is), after a line saying how much was not echoed."""
         if not self.echoes:
             return []
+        skipped = 0
         try:
             with open(self.log_path, "rb") as fh:
-                fh.seek(self.log_pos)
+                left = os.fstat(fh.fileno()).st_size - self.log_pos
+                if final and left > ECHO_READ:
+                    skipped = left - ECHO_READ
+                fh.seek(self.log_pos + skipped)
                 data = fh.read(ECHO_READ)
         except OSError:
             return []
+        if final:
+            if skipped and b"\n" in data:  # start at a line's start
+                cut = data.index(b"\n") + 1
+                skipped, data = skipped + cut, data[cut:]
+            self.log_pos += skipped + len(data)
+            head = [f"procsv: {skipped} bytes of {os.path.basename(self.log_path)} were not echoed "
+                    f"(all of it is in {self.log_path})"] if skipped else []
+            return head + [line for line in (_shown(seg) for seg in data.split(b"\n"))
+                           if line.strip() and not _NOISE.match(line)]
         lines, used = complete_lines(data, at_cap=len(data) == ECHO_READ)
         self.log_pos += used
         return [line for line in lines if line.strip() and not _NOISE.match(line)]
@@ -133,8 +148,22 @@ def complete_lines(data: bytes, at_cap: bool) -> tuple[list[str], int]:
     if cr >= 0:
         used = cr + 1
     elif used == 0 and at_cap:
-        lines, used = [_shown(data)], len(data)
+        used = _char_boundary(data)
+        lines = [_shown(data[:used])]
     return lines, used
+
+
+def _char_boundary(data: bytes) -> int:
+    """Where ``data`` may be cut without splitting a UTF-8 character at its end (the cut of a
+    line longer than a read): before that character if it is incomplete, else at the end."""
+    i = len(data) - 1
+    while i >= 0 and len(data) - i <= 4 and data[i] & 0xC0 == 0x80:
+        i -= 1  # continuation bytes: back to their lead byte
+    if i <= 0 or len(data) - i > 4:
+        return len(data)
+    lead = data[i]
+    need = 2 if 0xC0 <= lead < 0xE0 else 3 if 0xE0 <= lead < 0xF0 else 4 if 0xF0 <= lead < 0xF8 else 1
+    return i if len(data) - i < need else len(data)
 
 
 def _shown(seg: bytes) -> str:

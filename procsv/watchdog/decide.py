@@ -72,8 +72,8 @@ Rules, in the order they are considered:
    stops the run in order, which fails. Considered first, like rules 8 and 9.
 13. **The pre-warmed trainer.** One that was lost (it died, or stopped answering) is started
    again (``StartZygote``) ``zygote_retry_secs`` after the loss, doubled per loss in a row (at
-   most ``zygote_retry_cap``), until ``zygote_retries`` in a row were lost without one becoming
-   ready. Meanwhile restarts start fresh trainers; once it is ready they fork again, and the hot
+   most ``zygote_retry_cap``), until ``zygote_retries`` were lost in a row (the count starts
+   again after one stayed ready for 10 minutes). Meanwhile restarts start fresh trainers; once it is ready they fork again, and the hot
    standby (rule 10) is prepared again.
 """
 
@@ -175,10 +175,11 @@ def zygote_retry_delay(losses: int, limits: Limits) -> float:
 def _zygote_due(view: RunView, now: float, limits: Limits) -> list[Action]:
     """Rule 13: the pre-warmed trainer was lost (it died, or stopped answering): a new one is
     started after a backoff, so that a week-long run does not restart fresh, and without a
-    standby, for the rest of its life after one loss; not after ``zygote_retries`` in a row."""
+    standby, for the rest of its life after one loss; not after ``zygote_retries`` in a row (a
+    loss counts anew only after one stayed ready for ``observe.ZYGOTE_STEADY_SECS``)."""
     if view.zygote != ZygoteState.LOST or view.zygote_lost_at is None or view.stop_signal is not None:
         return []
-    if view.zygote_losses > limits.zygote_retries or view.forking_since is not None:
+    if view.zygote_losses >= limits.zygote_retries or view.forking_since is not None:
         return []
     if now < view.zygote_lost_at + zygote_retry_delay(view.zygote_losses, limits):
         return []

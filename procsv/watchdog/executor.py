@@ -92,7 +92,11 @@ class Executor:
         if isinstance(action, StartZygote):
             note(self.view, action, now, self.limits)
             self.report([Report(say=f"procsv: starting a new pre-warmed trainer (zygote attempt {action.attempt})")])
-            self.start_zygote(action.attempt)
+            try:
+                self.start_zygote(action.attempt)
+            except OSError as exc:  # no memory or pids left (after an OOM kill, say): another loss, not a stop
+                self.report(observe.zygote_changed(self.view, ZygoteState.LOST, 0, now=self.clock(),
+                                                   why=f"procsv: could not start a pre-warmed trainer ({exc})"))
             return
         if isinstance(action, Spawn):
             if action.role == TRAINER:

@@ -139,7 +139,7 @@ class ChildEnds:
         ex.handles.pop((handle.slot, handle.attempt), None)
         self._heard_all()  # all it said before dying (a last checkpoint result), before its exit
         self._commits_on_disk(handle)
-        self.out.echo(handle)
+        self.out.echo(handle, final=True)
         err = self._child_error(handle, ex)
         failure = Failure(handle.role, handle.attempt, handle.pid, code, self.wall(), handle.log_path, err)
         self.out.record(observe.reaped(self.view, handle.slot, handle.attempt, failure, self.clock()))

@@ -320,7 +320,8 @@ class Watchdog:
             self.ex.drop_zygote("procsv: the pre-warmed trainer (zygote) died; restarts start fresh trainers until "
                                 "a new one is ready")
         elif z.ready:
-            self.out.record(observe.zygote_changed(self.view, ZygoteState.READY, z.pid, z.import_secs or 0.0))
+            self.out.record(observe.zygote_changed(self.view, ZygoteState.READY, z.pid, z.import_secs or 0.0,
+                                                   now=self.clock()))
         self.ex.poll_fork()  # a trainer it was asked for: answered, or to be started fresh now
 
 

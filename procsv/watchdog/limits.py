@@ -29,7 +29,7 @@ class Limits:
     zygote_wait: float = 120.0  # how long the first trainer waits for the pre-warmed trainer
     zygote_retry_secs: float = 10.0  # a lost pre-warmed trainer is started again after this, doubled per loss
     zygote_retry_cap: float = 600.0  # ... at most this long
-    zygote_retries: int = 5  # losses in a row (without becoming ready in between) after which it is not
+    zygote_retries: int = 5  # losses in a row after which it is not started again (observe.zygote_changed counts them)
     services_grace_secs: float = 30.0  # at the end, how long services may take to flush and exit
     stall_factor: float = 3.0  # no commit for this many save intervals while steps complete: a stall
     stall_floor_secs: float = 10.0  # ... but never sooner than this (a commit takes time)

@@ -283,18 +283,24 @@ def stop_requested(view: RunView, signum: int, now: float, grace: float) -> list
     return []
 
 
+ZYGOTE_STEADY_SECS = 600.0  # a pre-warmed trainer ready this long before its loss starts the count of losses again
+
+
 def zygote_changed(view: RunView, state: ZygoteState, pid: int, import_secs: float = 0.0,
                    why: str = "", now: Optional[float] = None) -> list[Report]:
-    """The pre-warmed trainer became ready, or was lost at ``now`` (``why``: the line to say, if any)."""
+    """The pre-warmed trainer became ready, or was lost, at ``now`` (``why``: the line to say, if
+    any). Losses count in a row unless the lost one had stayed ready ``ZYGOTE_STEADY_SECS``: one
+    that becomes ready and is lost again soon (an OOM kill each time) is not restarted forever."""
     if view.zygote == state:
         return []
     view.zygote = state
     if state == ZygoteState.READY:
-        view.zygote_losses = 0
+        view.zygote_ready_at = now
         return [Report(Event.ZYGOTE_READY, {"pid": pid, "import_secs": round(import_secs, 3)})]
     if state == ZygoteState.LOST:
-        view.zygote_losses += 1
-        view.zygote_lost_at = now
+        steady = view.zygote_ready_at is not None and now is not None and now - view.zygote_ready_at >= ZYGOTE_STEADY_SECS
+        view.zygote_losses = 1 if steady else view.zygote_losses + 1
+        view.zygote_lost_at, view.zygote_ready_at = now, None
         return [Report(Event.ZYGOTE_GONE, {"pid": pid}, say=why, err=True)]
     return []
 

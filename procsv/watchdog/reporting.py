@@ -80,10 +80,11 @@ class Reporter:
     def complain(self, text: str) -> None:
         self.say(text, err=True)
 
-    def echo(self, handle: ChildProcess) -> None:
-        """A child's new log lines, on the terminal (unless ``--quiet``)."""
+    def echo(self, handle: ChildProcess, final: bool = False) -> None:
+        """A child's new log lines, on the terminal (unless ``--quiet``); ``final``: it was reaped,
+        the rest of its log (see :meth:`ChildProcess.new_log_lines`)."""
         if not self.cfg.quiet:
-            for line in handle.new_log_lines():
+            for line in handle.new_log_lines(final):
                 self.term.line(f"[{handle.role}.{handle.attempt}] {line}")
 
     def changed(self) -> None:

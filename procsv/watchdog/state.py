@@ -150,7 +150,8 @@ class RunView:
     zygote: ZygoteState = ZygoteState.OFF
     zygote_attempt: int = 0  # the pre-warmed trainers started so far
     zygote_lost_at: Optional[float] = None  # when the current one was lost (None: not lost, or replaced)
-    zygote_losses: int = 0  # lost in a row, without one becoming ready in between
+    zygote_losses: int = 0  # lost in a row, without one staying ready for ZYGOTE_STEADY_SECS in between
+    zygote_ready_at: Optional[float] = None  # when the current one became ready
     children: dict[str, ChildView] = field(default_factory=dict)  # slot -> its current attempt
     attempts: list[ChildView] = field(default_factory=list)  # every trainer attempt, in order
     history: History = field(default_factory=History)
