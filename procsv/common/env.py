@@ -19,7 +19,7 @@ PRELOAD = "PROCSV_PRELOAD"  # comma-separated modules the zygote imports too
 CHECKPOINT_NICE = "PROCSV_CHECKPOINT_NICE"  # the checkpoint service's nice increment (default 10)
 CHECKPOINT_FAILURE_LIMIT = "PROCSV_CHECKPOINT_FAILURE_LIMIT"  # failed commits in a row that stop training (0: never)
 SAVE_DEADLINE = "PROCSV_SAVE_DEADLINE"  # seconds: the floor of a checkpoint's deadline (default 30)
-SUMMARY_DEADLINE = "PROCSV_SUMMARY_DEADLINE"  # seconds a summary batch may wait for its ack (default 30)
+SUMMARY_DEADLINE = "PROCSV_SUMMARY_DEADLINE"  # seconds the summary service may confirm nothing (default 30)
 ALLOW_REINIT = "PROCSV_ALLOW_REINIT"  # "1": start from step 0 if every committed checkpoint is corrupt
 FAULT = "PROCSV_FAULT"  # tests only: "<process>:<point>[:<n>]" (procsv.common.faults), e.g. "checkpoint:before_rename" kills the service there
 # once; "trainer:<point>[:<n>]" hangs the first trainer attempt there (snapshot, slot_complete: mid-copy)
@@ -34,8 +34,8 @@ RUN_STATE = "PROCSV_RUN_STATE"  # failed
 ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's last_error)
 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
-       CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE, RUN_STATE,
-       ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, RANK, NPROC, GROUP_PIN)
+       CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE,
+       RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, RANK, NPROC, GROUP_PIN)
 
 
 def memory_budget(default: float = 0.01) -> float:

@@ -97,16 +97,9 @@ def newest_committed_since(layout: Layout, since: float, above: int) -> Optional
     one directory listing when there is none. A damaged manifest or one committed before
     ``since`` (an earlier launch's) does not count, nor does one that cannot be read: the watchdog
     calls this at a trainer's death, where an error must not stop the run."""
-    try:
-        names = os.listdir(layout.manifests)
-    except OSError:  # not there yet, not a folder, an I/O error
-        return None
-    steps = []
-    for name in names:
-        step = step_of_prefix(name[:-len(".json")]) if name.endswith(".json") and not name.startswith(".") else None
-        if step is not None and step > above:
-            steps.append((step, name))
-    for step, name in sorted(steps, reverse=True):
+    for step, name in _named_steps(layout):
+        if step <= above:
+            break
         m = _read(layout, name)
         if m is not None and m.step == step and m.committed_at >= since:
             return step
@@ -131,16 +124,7 @@ def newest_committed(layout: Layout) -> Optional[Manifest]:
     their names say down, and stops at the first readable one whose step is its name's: a run that
     keeps thousands of checkpoints (``max_to_keep=0``, ``keep_checkpoint_every_n_hours``) costs a
     listing, not thousands of reads (the watchdog asks at every status write, twice a second)."""
-    try:
-        names = os.listdir(layout.manifests)
-    except OSError:
-        return None
-    steps = []
-    for name in names:
-        step = step_of_prefix(name[:-len(".json")]) if name.endswith(".json") and not name.startswith(".") else None
-        if step is not None:
-            steps.append((step, name))
-    steps.sort(reverse=True)
+    steps = _named_steps(layout)
     i = 0
     while i < len(steps):
         same = [name for step, name in steps[i:] if step == steps[i][0]]  # prefixes of one step (rare)
@@ -149,6 +133,21 @@ def newest_committed(layout: Layout) -> Optional[Manifest]:
             return max(found, key=lambda m: m.committed_at)
         i += len(same)
     return None
+
+
+def _named_steps(layout: Layout) -> list[tuple[int, str]]:
+    """(step its name says, name) of every manifest file, highest step first; none if the folder
+    cannot be listed (not there yet, not a folder, an I/O error)."""
+    try:
+        names = os.listdir(layout.manifests)
+    except OSError:
+        return []
+    steps = []
+    for name in names:
+        step = step_of_prefix(name[:-len(".json")]) if name.endswith(".json") and not name.startswith(".") else None
+        if step is not None:
+            steps.append((step, name))
+    return sorted(steps, reverse=True)
 
 
 def _read(layout: Layout, name: str) -> Optional[Manifest]:

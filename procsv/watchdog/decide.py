@@ -43,8 +43,8 @@ Rules, in the order they are considered:
    steps complete but nothing commits for ``stall_factor`` times the trainer's save interval (at
    least ``stall_floor_secs``): the checkpoint service is SIGKILLed, which rule 1 then restarts;
    the restarted service tells the trainer its snapshot was lost. An overdue snapshot also counts
-   as a failed checkpoint for rule 8. The trainer says a summary batch had no ack within its
-   deadline (``SummaryOverdue``; only believed of a service that has run that long): the summary
+   as a failed checkpoint for rule 8. The trainer says the summary service confirmed none of its
+   batches within the deadline (``SummaryOverdue``; only believed of a service that has run that long): the summary
    service is SIGKILLed, rule 1 restarts it, and its successor asks the trainer for what was not
    written (an in-memory snapshot waits for its step's summaries, so a stuck summary service
    would otherwise stop the in-memory tier too).
@@ -73,8 +73,8 @@ Rules, in the order they are considered:
 13. **The pre-warmed trainer.** One that was lost (it died, or stopped answering) is started
    again (``StartZygote``) ``zygote_retry_secs`` after the loss, doubled per loss in a row (at
    most ``zygote_retry_cap``), until ``zygote_retries`` were lost in a row (the count starts
-   again after one stayed ready for 10 minutes). Meanwhile restarts start fresh trainers; once it is ready they fork again, and the hot
-   standby (rule 10) is prepared again.
+   again after one stayed ready for 10 minutes). Meanwhile restarts start fresh trainers; once it
+   is ready they fork again, and the hot standby (rule 10) is prepared again.
 """
 
 from __future__ import annotations

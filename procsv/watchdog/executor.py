@@ -90,7 +90,6 @@ class Executor:
     def perform(self, action: Action) -> None:
         now = self.clock()
         if isinstance(action, StartZygote):
-            note(self.view, action, now, self.limits)
             self.report([Report(say=f"procsv: starting a new pre-warmed trainer (zygote attempt {action.attempt})")])
             try:
                 self.start_zygote(action.attempt)
@@ -365,10 +364,11 @@ class Executor:
         return handle
 
     def start_zygote(self, attempt: int = 1) -> Zygote:
-        """Start the pre-warmed trainer (at launch, and again after a loss: rule 13)."""
-        self.zygote = Zygote(zygote_env(self.layout.logdir, self.runtime.path), self.layout.attempt_log("zygote", attempt),
-                             self.cfg.cwd, self.cfg.preload, self.clock)
-        self.view.zygote, self.view.zygote_attempt, self.view.zygote_lost_at = ZygoteState.WARMING, attempt, None
+        """Start the pre-warmed trainer (at launch, and again after a loss: rule 13). It is noted as
+        warming first, so a start that raises is one more loss (:meth:`perform`)."""
+        note(self.view, StartZygote(attempt), self.clock(), self.limits)
+        self.zygote = Zygote(zygote_env(self.layout.logdir, self.runtime.path),
+                             self.layout.attempt_log("zygote", attempt), self.cfg.cwd, self.cfg.preload, self.clock)
         self.report([Report(Event.SPAWNED, {"role": "zygote", "attempt": attempt, "pid": self.zygote.pid,
                                             "via": "fresh"})])
         self.on_zygote(self.zygote)

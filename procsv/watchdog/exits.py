@@ -116,7 +116,8 @@ class ChildEnds:
                     and handle.proc.zygote is ex.zygote:
                 ex.zygote.kill()
                 ex.drop_zygote(f"procsv: the pre-warmed trainer (zygote) did not report the exit of trainer "
-                               f"pid {handle.pid} within {STATUS_WAIT:g} s; restarts start fresh trainers until a new one is ready")
+                               f"pid {handle.pid} within {STATUS_WAIT:g} s; restarts start fresh trainers until a "
+                               "new one is ready")
 
     def _commits_on_disk(self, handle: ChildProcess) -> None:
         """A trainer died: the commit it may have waited for is on disk before the service's notice

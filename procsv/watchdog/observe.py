@@ -180,8 +180,8 @@ def _overdue(view: RunView, msg: SaveOverdue) -> list[Report]:
 
 
 def _summary_overdue(view: RunView, msg: SummaryOverdue, now: float) -> list[Report]:
-    """The trainer's oldest summary batch had no ack within its deadline. Only about a summary
-    service that has run for a whole deadline since its Hello (the batch may have gone to the one
+    """The summary service confirmed none of the trainer's batches within the deadline. Only about
+    a summary service that has run for a whole deadline since its Hello (the batch may have gone to the one
     before, whose replacement asks for it again within a heartbeat of its start)."""
     if _trainer(view, msg.pid) is None:
         return []
@@ -298,7 +298,8 @@ def zygote_changed(view: RunView, state: ZygoteState, pid: int, import_secs: flo
         view.zygote_ready_at = now
         return [Report(Event.ZYGOTE_READY, {"pid": pid, "import_secs": round(import_secs, 3)})]
     if state == ZygoteState.LOST:
-        steady = view.zygote_ready_at is not None and now is not None and now - view.zygote_ready_at >= ZYGOTE_STEADY_SECS
+        ready_at = view.zygote_ready_at
+        steady = ready_at is not None and now is not None and now - ready_at >= ZYGOTE_STEADY_SECS
         view.zygote_losses = 1 if steady else view.zygote_losses + 1
         view.zygote_lost_at, view.zygote_ready_at = now, None
         return [Report(Event.ZYGOTE_GONE, {"pid": pid}, say=why, err=True)]

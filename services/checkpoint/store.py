@@ -150,7 +150,7 @@ class CheckpointStore:
                         f"{name} already exists in the logdir and was not committed by procsv; "
                         "move it away so procsv can write its checkpoint there"
                     )
-            write_json(os.path.join(self.layout.manifests, prefix + ".pending"), {"files": names})
+            write_json(self._pending(prefix), {"files": names})
             fault_point("before_rename")
             # data files first, index last: the index is what makes a prefix look complete to TF
             for name in sorted(names, key=lambda n: n.endswith(".index")):
@@ -159,7 +159,7 @@ class CheckpointStore:
             fault_point("after_rename")
             manifest = Manifest(step, prefix, files, self.clock(), reason)
             write_json(manifest_path(self.layout, prefix), manifest.to_json())
-            os.unlink(os.path.join(self.layout.manifests, prefix + ".pending"))
+            os.unlink(self._pending(prefix))
             fsync_dir(self.layout.manifests)
             fault_point("before_state_file")
             retired = self._apply_retention(max_to_keep, keep_every_n_hours)

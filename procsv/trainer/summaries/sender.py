@@ -43,8 +43,8 @@ COALESCE = FLUSH_EVERY / 2
 HEARTBEAT_EVERY = 1.0  # seconds: a (possibly empty) batch at least this often (step marks, acks)
 TAIL_MAX = 4 * BATCH_MAX  # acknowledged rows kept for a restatement of the current step
 CLOSE_WAIT_STEP = 0.01  # seconds: at close, how long one wait for acks may take
-# seconds a batch may wait for its ack before the summary service counts as stuck (a live service
-# answers within a heartbeat; this leaves room for a slow disk's fsync)
+# seconds the summary service may confirm none of the batches waiting for it before it counts as
+# stuck (a live service answers within a heartbeat; this leaves room for a slow disk's fsync)
 SUMMARY_DEADLINE = 30.0
 
 Send = Callable[[Message, Sequence[Any]], bool]
