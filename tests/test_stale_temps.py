@@ -25,9 +25,13 @@ def test_the_temp_files_of_cut_short_writes_go_and_nothing_else(tmp_path):
             "os.fsync = lambda fd: (print('written', flush=True), __import__('time').sleep(60))\n"
             f"layout.write_json({layout.status!r}, {{'state': 'running'}})\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline() == "written\n"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "written\n"
+    finally:
+        proc.send_signal(signal.SIGKILL)  # never left behind, whatever the assertion says
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
     left = [n for n in os.listdir(layout.meta) if n.startswith(".tmp-")]
     assert len(left) == 1 and not os.path.exists(layout.status)
     planted = [os.path.join(layout.meta, left[0])]

@@ -142,8 +142,8 @@ def test_a_stopped_summary_service_is_found_stuck_and_replaced_and_nothing_is_lo
         wait_for(lambda: any(f.endswith(f"procsv-{new}") for f in os.listdir(logdir)), 30,
                  what="the new service's event file")
         step_then = (raw_status(logdir) or {}).get("step", 0)
-        time.sleep(2.0)  # what was held back is restated and written meanwhile
-        assert (raw_status(logdir) or {}).get("step", 0) > step_then  # training went on
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > step_then + 100, 60,
+                 what="training to go on with the new service")  # meanwhile what was held back is restated
         proc.send_signal(signal.SIGTERM)
     finally:
         code, out, err = finish(proc, timeout=180)
