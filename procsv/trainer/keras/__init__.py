@@ -1,0 +1,3 @@
+"""``procsv.keras.BackupAndRestore``: Keras ``model.fit`` under procsv, resumed exactly. Runs in the
+trainer process, inside ``model.fit``.
+"""
