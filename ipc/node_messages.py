@@ -1,8 +1,8 @@
 """The messages between the job's watchdogs when a group spans hosts (``procsv launch --nnodes M``).
 
-Over ZeroMQ TCP, authenticated and encrypted with CURVE (:mod:`procsv.watchdog.curve`): node 0's
+Over ZeroMQ TCP, authenticated and encrypted with CURVE (:mod:`procsv.watchdog.multihost.curve`): node 0's
 watchdog (the master, which decides for the whole job) binds a ROUTER on ``--master-addr``; the
-node agent of every other host (:mod:`procsv.watchdog.agent`) connects a DEALER to it. Agents
+node agent of every other host (:mod:`procsv.watchdog.multihost.agent`) connects a DEALER to it. Agents
 send :class:`NodeHello` (also their heartbeat), :class:`MemberStarted`, :class:`MemberEnded` and
 :class:`Relayed` (a trainer's own report, as it sent it); the master sends :class:`MasterBeat`,
 :class:`StartMembers`, :class:`SignalMember` and :class:`NodeStop`.

@@ -183,7 +183,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         raise UsageError("--standby hot needs a single trainer: a group of --nproc trainers restarts together from "
                          "the pre-warmed trainer (--standby fork, the default with --nproc)")
     if args.chaos:
-        from procsv.watchdog.chaos import parse_chaos
+        from procsv.watchdog.rules.chaos import parse_chaos
 
         parse_chaos(args.chaos)  # a bad SPEC is a usage error before anything starts
     cfg = LaunchConfig(target=args.target, args=target_args, logdir=args.logdir, max_restarts=args.max_restarts,
@@ -199,7 +199,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        metrics_port=args.metrics_port, metrics_host=args.metrics_host or "127.0.0.1",
                        preload=[m.strip() for m in args.preload.split(",") if m.strip()])
     if cfg.node_rank > 0:
-        from procsv.watchdog.agent import NodeAgent
+        from procsv.watchdog.multihost.agent import NodeAgent
 
         return NodeAgent(cfg).run()
     return Watchdog(cfg).run()

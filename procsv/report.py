@@ -5,7 +5,7 @@ unless noted:
 
 - ``logs/report.json``: the recovery report written at the end of a launch (restarts with their
   recovery breakdown, steps re-done, goodput) and ``series``, the global step over wall time
-  (:class:`procsv.watchdog.series.StepSeries`);
+  (:class:`procsv.watchdog.publish.series.StepSeries`);
 - ``logs/lifecycle.jsonl``: the events of the last launch (from its ``launch`` record on): when
   each trainer attempt ended and why, what the next one restored, each committed checkpoint;
 - ``.procsv/status.json`` (through :func:`procsv.status.read_status`): the run's state, step and
@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 from procsv.common.layout import Layout, LogdirLock, read_json
 from procsv.common.manifests import list_committed
-from procsv.watchdog import report as recovery
+from procsv.watchdog.publish import recovery
 
 
 @dataclass(frozen=True)

@@ -10,16 +10,16 @@ in TF2 and what is not there yet.
 
 from __future__ import annotations
 
-from procsv.trainer.basic_hooks import (CheckpointSaverHook, CheckpointSaverListener, FeedFnHook, FinalOpsHook,
+from procsv.trainer.monitored.basic_hooks import (CheckpointSaverHook, CheckpointSaverListener, FeedFnHook, FinalOpsHook,
                                         GlobalStepWaiterHook, LoggingTensorHook, NanLossDuringTrainingError,
                                         NanTensorHook, ProfilerHook, StepCounterHook, StopAtStepHook,
                                         SummarySaverHook)
 from procsv.trainer.coordinator import Coordinator, LooperThread
-from procsv.trainer.hooks import (SecondOrStepTimer, SessionRunArgs, SessionRunContext, SessionRunHook,
+from procsv.trainer.monitored.hooks import (SecondOrStepTimer, SessionRunArgs, SessionRunContext, SessionRunHook,
                                   SessionRunValues, get_global_step, get_or_create_global_step)
-from procsv.trainer.monitored import (MonitoredSession, MonitoredTrainingSession, SingularMonitoredSession,
+from procsv.trainer.monitored.session import (MonitoredSession, MonitoredTrainingSession, SingularMonitoredSession,
                                       StepContext)
-from procsv.trainer.scaffold import ChiefSessionCreator, Scaffold, WorkerSessionCreator
+from procsv.trainer.monitored.scaffold import ChiefSessionCreator, Scaffold, WorkerSessionCreator
 from procsv.trainer.supervisor import Supervisor
 
 __all__ = [

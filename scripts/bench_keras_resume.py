@@ -10,7 +10,7 @@ by side on the same pipeline, in this process, with Keras' own epoch iterator (w
 - **drawn**: every batch of the earlier epochs is read again and thrown away (what procsv did for
   every input before; what it still does where the pipeline holds other state across epochs);
 - **seeds only**: each earlier epoch's iterator is made and nothing read
-  (:func:`procsv.trainer.keras_input.replay_epochs` on a pipeline whose only state across epochs is
+  (:func:`procsv.trainer.keras.input_position.replay_epochs` on a pipeline whose only state across epochs is
   its shuffles' seeds).
 
 The pipeline is a typical one: TFRecord files of serialized 32x32x3 images, parsed and normalized
@@ -23,7 +23,7 @@ batch); the script exits non-zero if not.
 
 (b) The first batch after the restore: Keras traces and instantiates its train step there (plain
 Keras, and procsv before this benchmark's change) against procsv's warm-up, which did both before
-the restore (``procsv.trainer.keras_warmup`` and ``Supervisor.warm_up``'s cancelled call: in a hot
+the restore (``procsv.trainer.keras.step_warmup`` and ``Supervisor.warm_up``'s cancelled call: in a hot
 standby, before it waits). Each sample is a freshly built model (the MLP of ``bench_keras.py`` on
 these images, fed from memory so that no file is read in the batch timed) whose first
 ``train_function`` call is timed, the two ways alternating, after one
@@ -54,7 +54,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from keras.src.backend.tensorflow.trainer import TFEpochIterator  # noqa: E402
 
-from procsv.trainer import keras_input, keras_warmup, warmup  # noqa: E402
+from procsv.trainer.keras import input_position
+from procsv.trainer.keras import step_warmup
+from procsv.trainer.standby import warmup  # noqa: E402
 
 BATCH = 64
 
@@ -100,17 +102,17 @@ def next_epoch(it: Any) -> list[bytes]:
     return out
 
 
-def replay(make: Callable[[], Any], epochs: int, drawn: bool) -> tuple[float, Any, keras_input.Replay]:
+def replay(make: Callable[[], Any], epochs: int, drawn: bool) -> tuple[float, Any, input_position.Replay]:
     it = epoch_iterator(make)
-    real = keras_input.draw_reason
+    real = input_position.draw_reason
     if drawn:  # the same code, told that every batch must be read
-        keras_input.draw_reason = lambda inp: "drawn (the baseline)"  # type: ignore[assignment]
+        input_position.draw_reason = lambda inp: "drawn (the baseline)"  # type: ignore[assignment]
     try:
         t0 = time.perf_counter()
-        result = keras_input.replay_epochs(keras_input.FitInput(it, None, True, None, epochs + 1), epochs)
+        result = input_position.replay_epochs(input_position.FitInput(it, None, True, None, epochs + 1), epochs)
         secs = time.perf_counter() - t0
     finally:
-        keras_input.draw_reason = real  # type: ignore[assignment]
+        input_position.draw_reason = real  # type: ignore[assignment]
     return secs, it, result
 
 
@@ -124,9 +126,9 @@ def first_batch(make: Callable[[], Any], warm: bool) -> tuple[float, int]:
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     it = epoch_iterator(make)
     model.make_train_function()
-    step = keras_warmup._closure(model.train_function)["multi_step_on_iterator"]
+    step = step_warmup._closure(model.train_function)["multi_step_on_iterator"]
     if warm:
-        found = keras_warmup.train_step_warm_up(model.train_function, it)
+        found = step_warmup.train_step_warm_up(model.train_function, it)
         assert found is not None
         warmup.trace_and_instantiate(found[0], (found[1],), {}, instantiate_too=True)
     with it.catch_stop_iteration():

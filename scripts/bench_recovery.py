@@ -33,7 +33,7 @@ pre-warmed fork without the tier, as before; an in-memory interval is the steps 
 snapshots a run's checkpoint service held, from ``.procsv/checkpoint_stats.json``: of the hot kill
 series, the interval in effect when its kills landed, which the steps re-done per kill are held to;
 and of the run with no kill, where it grows with the trainer's age, Young's interval
-(``procsv.trainer.memory_tier``)).
+(``procsv.trainer.checkpoint.memory_tier``)).
 """
 
 from __future__ import annotations

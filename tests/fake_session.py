@@ -71,6 +71,6 @@ class FakeCreator:
         return self._gs
 
     def create_session(self):
-        from procsv.trainer.scaffold import RawSession
+        from procsv.trainer.monitored.scaffold import RawSession
 
         return RawSession(self.supervisor, self.supervisor._session)

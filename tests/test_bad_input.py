@@ -265,9 +265,9 @@ def test_12_pure_a_lost_logdir_stops_the_run_once_in_order_and_fails_it():
     from test_watchdog_decide import Sim, of
 
     from procsv.watchdog import observe
-    from procsv.watchdog.actions import Cause, Restart, Signal, StopLogdirLost
-    from procsv.watchdog.lifecycle import RunState
-    from procsv.watchdog.state import TRAINER
+    from procsv.watchdog.rules.actions import Cause, Restart, Signal, StopLogdirLost
+    from procsv.watchdog.rules.lifecycle import RunState
+    from procsv.watchdog.rules.state import TRAINER
 
     sim = Sim()
     sim.start_trainer(steps=3)

@@ -23,7 +23,7 @@ from procsv.ipc.transport import Endpoints, drain, make_socket, send
 from procsv.common import spawn
 from procsv.common.layout import Layout, read_json
 from procsv.services.checkpoint.settings import CheckpointSettings
-from procsv.trainer.snapshot import take
+from procsv.trainer.checkpoint.snapshot import take
 
 MAX_TO_KEEP = 1000  # the user's setting; the service's old default was 5
 

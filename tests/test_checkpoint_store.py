@@ -15,7 +15,7 @@ from procsv.ipc.messages import SaveData
 from procsv.common.errors import CheckpointError, CorruptCheckpoint
 from procsv.common.layout import Layout, write_json
 from procsv.common.manifests import Manifest, list_committed, manifest_path, verify
-from procsv.trainer.snapshot import Plan, SnapshotArena, plan, take
+from procsv.trainer.checkpoint.snapshot import Plan, SnapshotArena, plan, take
 from procsv.services.checkpoint import writer as writer_mod
 from procsv.services.checkpoint.arena import ArenaCache
 from procsv.services.checkpoint.store import CheckpointStore

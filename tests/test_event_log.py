@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from procsv.watchdog import events
-from procsv.watchdog.events import SCHEMA, Event, EventLog, SchemaError
+from procsv.watchdog.publish import events
+from procsv.watchdog.publish.events import SCHEMA, Event, EventLog, SchemaError
 
 
 def _documented() -> dict[str, set[str]]:

@@ -1,4 +1,4 @@
-"""procsv.trainer.graph_shape: a reused object-graph walk is only ever one of the same graph.
+"""procsv.trainer.checkpoint.graph_shape: a reused object-graph walk is only ever one of the same graph.
 
 Real TensorFlow and Keras objects; each change a training program makes to its checkpoint's graph
 after the first walk (an optimizer building its slots, a variable replaced, a layer added, a
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from procsv.trainer import graph_shape
+from procsv.trainer.checkpoint import graph_shape
 
 
 def _keras() -> tuple:

@@ -11,13 +11,13 @@ import signal
 
 from procsv.ipc.messages import Progress, TrainerReady
 from procsv.watchdog import observe
-from procsv.watchdog.actions import Cause, GiveUp, Kill, Restart, Settle, Signal, Spawn
-from procsv.watchdog.decide import Limits
-from procsv.watchdog.failures import ChildError, Failure
-from procsv.watchdog.group import blame, worker_slot
-from procsv.watchdog.hang import HangLimits
-from procsv.watchdog.lifecycle import ProcState
-from procsv.watchdog.state import TRAINER, WORKER
+from procsv.watchdog.rules.actions import Cause, GiveUp, Kill, Restart, Settle, Signal, Spawn
+from procsv.watchdog.rules.decide import Limits
+from procsv.watchdog.rules.failures import ChildError, Failure
+from procsv.watchdog.rules.group import blame, worker_slot
+from procsv.watchdog.rules.hang import HangLimits
+from procsv.watchdog.rules.lifecycle import ProcState
+from procsv.watchdog.rules.state import TRAINER, WORKER
 
 from test_watchdog_decide import KILLED, Sim, of
 
@@ -139,7 +139,7 @@ def test_a_silent_worker_is_hung_and_its_end_restarts_the_group():
 
 
 def test_the_groups_state_for_procsv_status():
-    from procsv.watchdog.group import group_state
+    from procsv.watchdog.rules.group import group_state
 
     sim = GroupSim(Limits(hang=HangLimits(None, None), nproc=2))
     assert group_state(sim.view) == "starting"

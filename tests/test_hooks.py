@@ -15,7 +15,7 @@ import pytest
 
 from conftest import committed_steps
 
-from procsv.trainer import hooks as api
+from procsv.trainer.monitored import hooks as api
 
 
 pytestmark = pytest.mark.usefixtures("fresh_train_api")  # each test is a new program (conftest)

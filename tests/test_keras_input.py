@@ -1,4 +1,4 @@
-"""keras_input.replay_epochs: a resumed fit's input is put back where the uninterrupted run had it.
+"""input_position.replay_epochs: a resumed fit's input is put back where the uninterrupted run had it.
 
 In-process, with real Keras and tf.data: Keras' own epoch iterator (``TFEpochIterator``, what
 ``model.fit`` iterates) is run for some epochs, each batch drawn as the train function draws it;
@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 from keras.src.backend.tensorflow.trainer import TFEpochIterator
 
-from procsv.trainer import keras_input
+from procsv.trainer.keras import input_position
 
 N, BATCH, EPOCHS = 96, 8, 3
 X = np.arange(N, dtype=np.float32)
@@ -86,9 +86,9 @@ def _train_epoch(it: Any) -> list[list[float]]:
     return out
 
 
-def _resumed(pipeline: Any) -> tuple[keras_input.Replay, list[list[float]]]:
+def _resumed(pipeline: Any) -> tuple[input_position.Replay, list[list[float]]]:
     it = _epoch_iterator(pipeline)
-    replay = keras_input.replay_epochs(keras_input.FitInput(it, None, True, None, EPOCHS + 1), EPOCHS)
+    replay = input_position.replay_epochs(input_position.FitInput(it, None, True, None, EPOCHS + 1), EPOCHS)
     return replay, _train_epoch(it)
 
 
@@ -123,20 +123,20 @@ def test_a_pipeline_with_other_state_across_epochs_is_drawn_and_put_back_exactly
 def test_a_replay_that_draws_reports_as_it_goes_and_one_that_does_not_never_reports():
     reports: list[float] = []
     it = _epoch_iterator(lambda: DRAWN["a filter of unknown size"][0](""))
-    keras_input.replay_epochs(keras_input.FitInput(it, None, True, None, EPOCHS + 1), EPOCHS,
+    input_position.replay_epochs(input_position.FitInput(it, None, True, None, EPOCHS + 1), EPOCHS,
                               report=lambda: reports.append(1.0), report_every=0.0)
     assert len(reports) == EPOCHS * 8  # a report after every batch drawn: 64 examples, 8 batches an epoch
     reports.clear()
     ticks = iter(range(10_000))  # a clock that moves 1 s each time it is read
     it = _epoch_iterator(lambda: DRAWN["a filter of unknown size"][0](""))
-    keras_input.replay_epochs(keras_input.FitInput(it, None, True, None, EPOCHS + 1), EPOCHS,
+    input_position.replay_epochs(input_position.FitInput(it, None, True, None, EPOCHS + 1), EPOCHS,
                               report=lambda: reports.append(1.0), report_every=5.0, clock=lambda: float(next(ticks)))
     # the clock reads 0 at the start and 1, 3, 4, 5, 6, 7, 9, ... after the 24 batches (once more after a
     # report): reported after the first batch, then whenever 5 s passed since: batches 1, 6, 11, 16 and 21
     assert len(reports) == 5
     reports.clear()
     it = _epoch_iterator(lambda: SEEDS_ONLY["shuffle, map, prefetch"](""))
-    keras_input.replay_epochs(keras_input.FitInput(it, None, True, None, EPOCHS + 1), EPOCHS,
+    input_position.replay_epochs(input_position.FitInput(it, None, True, None, EPOCHS + 1), EPOCHS,
                               report=lambda: reports.append(1.0), report_every=0.0)
     assert reports == []
 
@@ -145,7 +145,7 @@ def test_not_drawing_a_pipeline_with_a_random_generator_in_a_map_would_change_it
     """Why such a pipeline is drawn: made to skip the reads, its next epoch is not the uninterrupted one."""
     epochs = _uninterrupted(_augmented)
     pipeline = _augmented
-    monkeypatch.setattr(keras_input, "draw_reason", lambda inp: None)
+    monkeypatch.setattr(input_position, "draw_reason", lambda inp: None)
     replay, next_epoch = _resumed(pipeline)
     assert replay.drawn == 0
     assert next_epoch != epochs[EPOCHS]
@@ -160,7 +160,7 @@ def test_steps_per_epoch_set_continues_one_iterator_across_epochs_so_it_is_drawn
     epochs = [_train_epoch(plain) for _ in range(EPOCHS + 1)]
     keras.utils.set_random_seed(0)
     it = TFEpochIterator(x=pipeline(), steps_per_epoch=5, distribute_strategy=tf.distribute.get_strategy())
-    replay = keras_input.replay_epochs(keras_input.FitInput(it, None, True, 5, EPOCHS + 1), EPOCHS)
+    replay = input_position.replay_epochs(input_position.FitInput(it, None, True, 5, EPOCHS + 1), EPOCHS)
     assert replay.draw_reason is not None and "steps_per_epoch" in replay.draw_reason
     assert replay.drawn == 5 * EPOCHS
     assert _train_epoch(it) == epochs[EPOCHS]

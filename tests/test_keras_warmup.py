@@ -21,7 +21,7 @@ import tensorflow as tf
 from keras.src.backend.tensorflow.trainer import TFEpochIterator
 
 from conftest import PROGRAMS, REPO, finish, launch, lifecycle, quiet_env, wait_for
-from procsv.trainer import keras_warmup
+from procsv.trainer.keras import step_warmup
 
 PROGRAM = os.path.join(PROGRAMS, "keras_warm.py")
 
@@ -82,7 +82,7 @@ def test_a_promoted_standby_ran_the_train_step_on_shadow_copies_and_the_fit_is_u
     (tf.TensorSpec((16, 8), tf.float32), tf.TensorSpec((16, None), tf.int32)),
 ], ids=["tuple", "dict", "fixed batch"])
 def test_the_stand_in_dataset_has_exactly_the_element_spec_of_the_input(spec):
-    stand_in = keras_warmup._stand_in(spec)
+    stand_in = step_warmup._stand_in(spec)
     assert stand_in is not None and stand_in.element_spec == spec
 
 
@@ -92,7 +92,7 @@ def test_the_stand_in_dataset_has_exactly_the_element_spec_of_the_input(spec):
     (tf.TensorSpec(None, tf.float32),),
 ], ids=["ragged", "string", "unknown rank"])
 def test_no_stand_in_for_elements_other_than_dense_numeric_tensors(spec):
-    assert keras_warmup._stand_in(spec) is None
+    assert step_warmup._stand_in(spec) is None
 
 
 def _compiled(run_eagerly: bool) -> keras.Model:
@@ -107,10 +107,10 @@ def test_the_warm_up_is_keras_train_step_traced_with_an_iterator_not_over_the_in
     dataset = tf.data.Dataset.from_tensor_slices((x, x[:, :2])).shuffle(32, seed=1).batch(8)
     it = TFEpochIterator(x=dataset, distribute_strategy=tf.distribute.get_strategy())
     model = _compiled(run_eagerly=False)
-    warm = keras_warmup.train_step_warm_up(model.train_function, it)
+    warm = step_warmup.train_step_warm_up(model.train_function, it)
     assert warm is not None
     step, iterator = warm
-    assert step is keras_warmup._closure(model.train_function)["multi_step_on_iterator"]
+    assert step is step_warmup._closure(model.train_function)["multi_step_on_iterator"]
     assert iterator.element_spec == dataset.element_spec
     assert float(tf.reduce_sum(next(iterator)[0])) == 0.0  # zeros of a stand-in, not the input's batch
 
@@ -119,4 +119,4 @@ def test_a_model_run_eagerly_has_nothing_to_warm_up():
     x = np.zeros((32, 8), np.float32)
     it = TFEpochIterator(x=tf.data.Dataset.from_tensor_slices((x, x[:, :2])).batch(8),
                          distribute_strategy=tf.distribute.get_strategy())
-    assert keras_warmup.train_step_warm_up(_compiled(run_eagerly=True).train_function, it) is None
+    assert step_warmup.train_step_warm_up(_compiled(run_eagerly=True).train_function, it) is None

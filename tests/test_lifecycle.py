@@ -1,4 +1,4 @@
-"""procsv.watchdog.lifecycle.transition: the legal state changes of a process and of a run."""
+"""procsv.watchdog.rules.lifecycle.transition: the legal state changes of a process and of a run."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from procsv.common.errors import ProcsvError
-from procsv.watchdog.lifecycle import IllegalTransition, ProcState, RunState, transition
+from procsv.watchdog.rules.lifecycle import IllegalTransition, ProcState, RunState, transition
 
 P, R = ProcState, RunState
 

@@ -10,10 +10,10 @@ import pty
 import select
 import time
 
-from procsv.watchdog.events import Event
-from procsv.watchdog.liveline import Facts, LiveLine, ago, due, event_text, format_line, wanted
-from procsv.watchdog.output import ERASE, Terminal
-from procsv.watchdog.series import StepSeries, halve, rate
+from procsv.watchdog.publish.events import Event
+from procsv.watchdog.publish.liveline import Facts, LiveLine, ago, due, event_text, format_line, wanted
+from procsv.watchdog.publish.output import ERASE, Terminal
+from procsv.watchdog.publish.series import StepSeries, halve, rate
 
 
 def test_the_live_line_is_drawn_on_a_terminal_only_and_not_when_quiet():

@@ -10,11 +10,11 @@ from procsv.common import manifests
 from procsv.common.manifests import (Manifest, last_checkpoint, list_committed, newest_committed,
                                       newest_committed_since)
 from procsv.watchdog import observe
-from procsv.watchdog.actions import GiveUp, Restart
-from procsv.watchdog.decide import Limits
-from procsv.watchdog.hang import HangLimits
-from procsv.watchdog.policy import RestartPolicy
-from procsv.watchdog.state import TRAINER
+from procsv.watchdog.rules.actions import GiveUp, Restart
+from procsv.watchdog.rules.decide import Limits
+from procsv.watchdog.rules.hang import HangLimits
+from procsv.watchdog.rules.policy import RestartPolicy
+from procsv.watchdog.rules.state import TRAINER
 
 from test_watchdog_decide import Sim, of
 

@@ -1,6 +1,6 @@
 """The in-memory snapshot tier: what a restart recovers from after a SIGKILL of the trainer.
 
-The decisions are pure (``procsv.trainer.memory_tier``, ``procsv.services.checkpoint.memory``) and
+The decisions are pure (``procsv.trainer.checkpoint.memory_tier``, ``procsv.services.checkpoint.memory``) and
 tested as such; the rest with real launches of the digits example, real SIGKILLs, and the final
 weights read back with plain TensorFlow and compared bit for bit with an uninterrupted run.
 """
@@ -23,11 +23,11 @@ from procsv.common.snapshot_memory import SLOT_COMPLETE, SLOT_WRITING
 from procsv.ipc.messages import SaveData, SaveReason, SaveResult, SnapshotHeld
 from procsv.services.checkpoint.arena import ArenaView
 from procsv.services.checkpoint.memory import persist_decision
-from procsv.trainer import memory_tier
+from procsv.trainer.checkpoint import memory_tier
 from procsv.trainer.channels import TrainerChannels
-from procsv.trainer.checkpointing import CheckpointAgent
-from procsv.trainer.memory_tier import Slots
-from procsv.trainer.snapshot import SnapshotArena, arena_bytes_needed
+from procsv.trainer.checkpoint.agent import CheckpointAgent
+from procsv.trainer.checkpoint.memory_tier import Slots
+from procsv.trainer.checkpoint.snapshot import SnapshotArena, arena_bytes_needed
 
 # the 1200-step digits run of conftest's clean_weights; disk checkpoints only every 100,000 steps and
 # at the end, so that what a restart finds on disk mid-run is nothing at all: anything it restores came from memory
@@ -231,7 +231,7 @@ def test_a_snapshot_after_the_optimizer_built_its_variables_holds_them(tmp_path)
     import keras
     import tensorflow as tf
 
-    from procsv.trainer.snapshot import GRAPH_KEY, plan
+    from procsv.trainer.checkpoint.snapshot import GRAPH_KEY, plan
 
     step_var = tf.Variable(0, dtype=tf.int64)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])

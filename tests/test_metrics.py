@@ -18,11 +18,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import PROGRAMS, committed_steps, finish, launch, quiet_env, run_processes, wait_for, wait_role_pid
 from procsv.cli import main
-from procsv.watchdog.failures import Failure
-from procsv.watchdog.lifecycle import RunState
-from procsv.watchdog.metrics import RunCollector, families
-from procsv.watchdog.runmetrics import RunSnapshot, StepRate, restart_cause, restart_counts, take_snapshot
-from procsv.watchdog.state import ChildView, RunView
+from procsv.watchdog.rules.failures import Failure
+from procsv.watchdog.rules.lifecycle import RunState
+from procsv.watchdog.publish.metrics import RunCollector, families
+from procsv.watchdog.publish.runmetrics import RunSnapshot, StepRate, restart_cause, restart_counts, take_snapshot
+from procsv.watchdog.rules.state import ChildView, RunView
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
 

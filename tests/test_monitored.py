@@ -14,7 +14,7 @@ import pytest
 from conftest import (committed_steps, finish, launch, launch_and_kill_trainer_once, lifecycle,
                       seed_example_restores, status_json, wait_for)
 
-from procsv.trainer import hooks as api
+from procsv.trainer.monitored import hooks as api
 
 # each test is a new program for procsv.train (conftest's fresh_train_api)
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_train_api")]
@@ -248,8 +248,8 @@ def test_feeds_reach_the_step_function_and_conflicting_feeds_are_an_error(logdir
 
 
 def test_monitored_training_session_defaults_follow_tensorflows_use_default_rules():
-    from procsv.trainer.monitored import USE_DEFAULT as D
-    from procsv.trainer.monitored import save_intervals
+    from procsv.trainer.monitored.session import USE_DEFAULT as D
+    from procsv.trainer.monitored.session import save_intervals
 
     assert save_intervals(D, D, D, D) == (600, None, 100, None)
     assert save_intervals(D, 50, D, 30) == (None, 50, None, 30)

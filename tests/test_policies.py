@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from procsv.common.manifests import Manifest
-from procsv.watchdog.policy import Action, History, RestartPolicy, TrainerExit, backoff, decide
+from procsv.watchdog.rules.policy import Action, History, RestartPolicy, TrainerExit, backoff, decide
 from procsv.services.checkpoint.policy import retention, save_due
 
 # ----------------------------------------------------------------------------- restart policy

@@ -18,9 +18,9 @@ from procsv.common.errors import (CheckpointError, CorruptCheckpoint, NoRestorab
                                   UnreadableCheckpoint)
 from procsv.common.layout import Layout
 from procsv.common.manifests import Manifest, list_committed, verify
-from procsv.trainer import restore
-from procsv.trainer.checkpointing import CheckpointAgent
-from procsv.trainer.restore import ReadRetry
+from procsv.trainer.checkpoint import restore
+from procsv.trainer.checkpoint.agent import CheckpointAgent
+from procsv.trainer.checkpoint.restore import ReadRetry
 from test_checkpoint_store import Harness, make_state
 
 

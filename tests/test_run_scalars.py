@@ -21,9 +21,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from conftest import PROGRAMS, committed_steps, finish, launch, quiet_env, wait_for, wait_role_pid
 from procsv.ipc.messages import RunScalars
 from procsv.services.summary.procsvrun import DROPPED_TAG, BadRunScalars, ProcsvRun
-from procsv.watchdog.lifecycle import RunState
-from procsv.watchdog.runscalars import SCALARS_EVERY, Sent, due
-from procsv.watchdog.state import ChildView, RunView
+from procsv.watchdog.rules.lifecycle import RunState
+from procsv.watchdog.publish.runscalars import SCALARS_EVERY, Sent, due
+from procsv.watchdog.rules.state import ChildView, RunView
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
 TENSORBOARD = os.path.join(os.path.dirname(sys.executable), "tensorboard")

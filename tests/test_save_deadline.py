@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from procsv.trainer.commits import ASSUMED_PERSIST_RATE, SAVE_DEADLINE_FACTOR, measured_rate, save_deadline
+from procsv.trainer.checkpoint.commits import ASSUMED_PERSIST_RATE, SAVE_DEADLINE_FACTOR, measured_rate, save_deadline
 
 
 def test_a_small_snapshot_gets_the_floor():

@@ -83,7 +83,7 @@ def test_a_snapshot_frame_above_the_checkpoint_socket_limit_is_refused_by_the_tr
     import tensorflow as tf
 
     from procsv.common.errors import UnsupportedState
-    from procsv.trainer import snapshot
+    from procsv.trainer.checkpoint import snapshot
 
     ckpt = tf.train.Checkpoint(w=tf.Variable(tf.zeros([64, 64])))
     _ = ckpt.save_counter

@@ -12,15 +12,16 @@ import signal
 
 import pytest
 
-from procsv.trainer import priority
+from procsv.trainer.standby import priority
 
 from conftest import (CLEAN_ARGS, final_weights, finish, launch, lifecycle, quiet_env, raw_status, wait_for,
                       wait_role_pid)
 from procsv.ipc.messages import StandbyReady
-from procsv.watchdog import observe, standby
-from procsv.watchdog.actions import Cause, Kill, Promote, Spawn, StandbyGone
-from procsv.watchdog.lifecycle import ProcState
-from procsv.watchdog.state import STANDBY, TRAINER, ZygoteState
+from procsv.watchdog import observe
+from procsv.watchdog.rules import standby
+from procsv.watchdog.rules.actions import Cause, Kill, Promote, Spawn, StandbyGone
+from procsv.watchdog.rules.lifecycle import ProcState
+from procsv.watchdog.rules.state import STANDBY, TRAINER, ZygoteState
 from test_watchdog_decide import KILLED, Sim, of
 
 ARGS = CLEAN_ARGS

@@ -1,4 +1,4 @@
-"""procsv.watchdog.statusfile.StatusWriter: a failing write of status.json is reported once; a
+"""procsv.watchdog.publish.statusfile.StatusWriter: a failing write of status.json is reported once; a
 vanished directory (a logdir being deleted) only if it is still missing at the next write."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import shutil
 
 from procsv.common.layout import Layout
-from procsv.watchdog.statusfile import STATUS_EVERY, StatusWriter
+from procsv.watchdog.publish.statusfile import STATUS_EVERY, StatusWriter
 
 
 class Clock:

@@ -3,7 +3,7 @@
 Pure parts: the trainer's :class:`SummarySender` judges its oldest batch in flight against the
 deadline (on a fake clock, against the model service of test_summary_restatement.py), and the
 watchdog's decision turns the trainer's ``SummaryOverdue`` into a SIGKILL of the summary service
-(:mod:`procsv.watchdog.stall`), believed only of a service that has run for a whole deadline.
+(:mod:`procsv.watchdog.rules.stall`), believed only of a service that has run for a whole deadline.
 The same against real processes (a SIGSTOPped service) is in test_summary_crash.py.
 """
 
@@ -14,9 +14,9 @@ import signal
 from procsv.ipc.messages import SummaryOverdue
 from procsv.trainer.summaries import SummaryBuffer, SummarySender
 from procsv.watchdog import observe
-from procsv.watchdog.actions import Cause, Kill, RespawnService
-from procsv.watchdog.bookkeeping import request_stop
-from procsv.watchdog.state import SUMMARY
+from procsv.watchdog.rules.actions import Cause, Kill, RespawnService
+from procsv.watchdog.rules.bookkeeping import request_stop
+from procsv.watchdog.rules.state import SUMMARY
 
 from test_summary_restatement import Clock, ModelService
 from test_watchdog_decide import Sim, of

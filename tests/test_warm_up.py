@@ -1,4 +1,4 @@
-"""Supervisor.warm_up's instantiation (procsv/trainer/warmup.py) against the TensorFlow installed:
+"""Supervisor.warm_up's instantiation (procsv/trainer/standby/warmup.py) against the TensorFlow installed:
 the traced step is instantiated by a cancelled call that runs none of its ops."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from procsv.common.errors import UnsupportedState
-from procsv.trainer import warmup
+from procsv.trainer.standby import warmup
 
 pytestmark = pytest.mark.slow  # imports TensorFlow
 

@@ -13,17 +13,18 @@ import signal
 from typing import Optional
 
 from procsv.ipc.messages import Hello, Progress, SaveOverdue, SaveResult, TrainerReady
-from procsv.watchdog import observe, report
-from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
+from procsv.watchdog import observe
+from procsv.watchdog.publish import recovery
+from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
                                      RespawnService, Restart, Settle, Signal, SkipChaos, Spawn)
-from procsv.watchdog.chaos import parse_chaos
-from procsv.watchdog.bookkeeping import note
-from procsv.watchdog.decide import Limits, decide
-from procsv.watchdog.failures import ChildError, Failure
-from procsv.watchdog.hang import HangLimits
-from procsv.watchdog.lifecycle import ProcState, RunState
-from procsv.watchdog.policy import RestartPolicy
-from procsv.watchdog.state import CHECKPOINT, SUMMARY, TRAINER, RunView, ZygoteState
+from procsv.watchdog.rules.chaos import parse_chaos
+from procsv.watchdog.rules.bookkeeping import note
+from procsv.watchdog.rules.decide import Limits, decide
+from procsv.watchdog.rules.failures import ChildError, Failure
+from procsv.watchdog.rules.hang import HangLimits
+from procsv.watchdog.rules.lifecycle import ProcState, RunState
+from procsv.watchdog.rules.policy import RestartPolicy
+from procsv.watchdog.rules.state import CHECKPOINT, SUMMARY, TRAINER, RunView, ZygoteState
 
 KILLED = -signal.SIGKILL
 
@@ -560,7 +561,7 @@ def test_a_session_the_program_retries_in_the_same_attempt_does_not_rewrite_that
     sim.now += 15.0
     sim.ready(150)  # the retried session, 15 s later
     sim.progress(151)
-    rec = report.recoveries([a.record() for a in sim.view.attempts])[-1]
+    rec = recovery.recoveries([a.record() for a in sim.view.attempts])[-1]
     assert rec["attempt"] == 2 and abs(rec["restore_s"] - 0.2) < 1e-9 and abs(rec["first_step_s"] - 0.3) < 1e-9
     assert rec["steps_redone"] == 10  # attempt 1 reached step 60; attempt 2 restored step 50
     assert sim.view.step == 151

@@ -8,9 +8,9 @@ import signal
 import pytest
 
 from procsv.common.errors import UsageError
-from procsv.watchdog.chaos import parse_chaos
-from procsv.watchdog.hang import HangLimits, hang_reason
-from procsv.watchdog.report import AttemptRecord, goodput, recoveries, summarize
+from procsv.watchdog.rules.chaos import parse_chaos
+from procsv.watchdog.rules.hang import HangLimits, hang_reason
+from procsv.watchdog.publish.recovery import AttemptRecord, goodput, recoveries, summarize
 
 LIMITS = HangLimits(hang_timeout=10.0, startup_timeout=60.0)
 

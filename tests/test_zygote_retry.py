@@ -13,10 +13,10 @@ import os
 import signal
 
 from procsv.watchdog import observe
-from procsv.watchdog.actions import Spawn, StartZygote
-from procsv.watchdog.decide import Limits, zygote_retry_delay
-from procsv.watchdog.hang import HangLimits
-from procsv.watchdog.state import TRAINER, ZygoteState
+from procsv.watchdog.rules.actions import Spawn, StartZygote
+from procsv.watchdog.rules.decide import Limits, zygote_retry_delay
+from procsv.watchdog.rules.hang import HangLimits
+from procsv.watchdog.rules.state import TRAINER, ZygoteState
 
 from conftest import PROGRAMS, finish, launch, lifecycle, wait_for
 from test_watchdog_decide import Sim, of

@@ -1,7 +1,7 @@
 """The layout of the trainer's snapshot memory, shared by the trainer (which writes it) and the
 checkpoint service (which reads it).
 
-Imported by the trainer (:mod:`procsv.trainer.snapshot`) and the checkpoint service
+Imported by the trainer (:mod:`procsv.trainer.checkpoint.snapshot`) and the checkpoint service
 (:mod:`procsv.services.checkpoint.arena`). The memory is one memfd: a header page, then equal
 slots, each page-aligned. The header holds two int64 per slot, native byte order: its state and
 the step it holds. The trainer sets ``WRITING`` (with the step) before it copies into a slot and

@@ -17,7 +17,9 @@ import runpy
 import sys
 
 from procsv.common import bootstrap
-from procsv.trainer import deathnotice, outcome, priority, standby
+from procsv.trainer import deathnotice, outcome
+from procsv.trainer.standby import priority
+from procsv.trainer.standby import wait as standby
 
 
 def main() -> int:

@@ -14,7 +14,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Optional
 
 from procsv.common.errors import TrainingStopped, UsageError
-from procsv.trainer.hooks import evaluate
+from procsv.trainer.monitored.hooks import evaluate
 from procsv.trainer.step_boundary import StepState
 
 if TYPE_CHECKING:

@@ -27,14 +27,17 @@ from procsv.ipc.transport import Endpoints
 from procsv.common import bootstrap, env
 from procsv.common.errors import ProcsvError
 from procsv import cluster
-from procsv.trainer import checkpoint_restore, outcome, replica, standby, warmup
+from procsv.trainer import outcome, replica
+from procsv.trainer.checkpoint import restore_at_start
+from procsv.trainer.standby import wait as standby
+from procsv.trainer.standby import warmup
 from procsv.trainer.channels import TrainerChannels
-from procsv.trainer.checkpoint_restore import Pinned
-from procsv.trainer.checkpointing import CheckpointAgent
+from procsv.trainer.checkpoint.restore_at_start import Pinned
+from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.coordinator import Coordinator
 from procsv.trainer.managed import ManagedSession, ManagedSessionContext
 from procsv.trainer.replica import GroupPin
-from procsv.trainer.restore import ReadRetry
+from procsv.trainer.checkpoint.restore import ReadRetry
 from procsv.trainer.standalone import OwnServices
 from procsv.trainer.step_boundary import ProgressReporter, StepCounter, StepState
 from procsv.trainer.stop_signals import StopSignals
@@ -42,7 +45,7 @@ from procsv.trainer.summaries import SummaryBuffer
 from procsv.trainer.boundary_methods import BoundaryMethods
 from procsv.trainer.supervisor_setup import agent_factory, layout_for, resolve_is_chief, trackable_state
 from procsv.trainer.tf1_args import USE_DEFAULT, Tf1Properties, add_camel_case_aliases, resolve
-from procsv.trainer.hooks import warn_once
+from procsv.trainer.monitored.hooks import warn_once
 from procsv.trainer.tf1_methods import Tf1Methods, warn_ignored_prepare_args
 
 
@@ -190,7 +193,7 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
         session is prepared, before the restore, and have TensorFlow instantiate the traced function
         (optimize and place its graph); in a hot standby before it waits, so that a promoted
         standby's first step pays neither. Nothing runs: no variable changes, no summary
-        (:mod:`procsv.trainer.warmup` says how). In a group (``--nproc`` > 1) it is only traced. Give
+        (:mod:`procsv.trainer.standby.warmup` says how). In a group (``--nproc`` > 1) it is only traced. Give
         arguments of the loop's shapes and dtypes (numpy arrays or tensors; another shape is traced
         again at its first call, as always)."""
         if not callable(getattr(fn, "get_concrete_function", None)):
@@ -237,7 +240,7 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
             pin = GroupPin(pin_path) if pin_path else None
             if self._ctx is not None and self._ctx.attempt > 1 and self.is_chief and not reused and pin is None:
                 if self._ckpt.memory_budget > 0:  # a dead trainer's in-memory snapshot, if the service held one
-                    checkpoint_restore.recover_memory(self._channels)
+                    restore_at_start.recover_memory(self._channels)
             # a group's workers restore exactly what the chief restored (a newer commit in between would diverge them)
             pinned = Pinned(pin.wait()) if pin is not None and not self.is_chief else None
             skipped = self._ckpt.restore_or_init(self._init, pinned=pinned)
@@ -315,7 +318,7 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
 
     def _report_busy(self, busy: Busy) -> None:
         """Tell the watchdog the step reached and what the trainer is busy with on purpose (``Busy.NONE``:
-        nothing); the watchdog judges hangs by it (:mod:`procsv.watchdog.hang`). No-op before a session."""
+        nothing); the watchdog judges hangs by it (:mod:`procsv.watchdog.rules.hang`). No-op before a session."""
         if self._channels is not None:
             self._channels.to_watchdog(Progress(os.getpid(), self._state.step, time.time(), busy))
 

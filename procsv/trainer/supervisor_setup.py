@@ -17,9 +17,9 @@ from typing import Any, Callable, Mapping, Optional
 from procsv.common import bootstrap, env
 from procsv.common.errors import UsageError
 from procsv.common.layout import Layout
-from procsv.trainer.checkpointing import CheckpointAgent
-from procsv.trainer.commits import SAVE_DEADLINE_FLOOR
-from procsv.trainer.restore import ReadRetry
+from procsv.trainer.checkpoint.agent import CheckpointAgent
+from procsv.trainer.checkpoint.commits import SAVE_DEADLINE_FLOOR
+from procsv.trainer.checkpoint.restore import ReadRetry
 from procsv.trainer.tf1_args import USE_DEFAULT
 
 

@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any, Callable, Mapping, Optional
 
 from procsv.common.errors import UsageError
-from procsv.trainer.hooks import warn_once
+from procsv.trainer.monitored.hooks import warn_once
 
 
 class _UseDefault:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import signal
 
-from procsv.watchdog.actions import Cause, Kill, Restart, Signal
-from procsv.watchdog.bookkeeping import find
-from procsv.watchdog.events import Event
-from procsv.watchdog.limits import Limits
+from procsv.watchdog.rules.actions import Cause, Kill, Restart, Signal
+from procsv.watchdog.rules.bookkeeping import find
+from procsv.watchdog.publish.events import Event
+from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.observe import Report
-from procsv.watchdog.state import SUMMARY, WORKER, RunView
+from procsv.watchdog.rules.state import SUMMARY, WORKER, RunView
 
 
 def signal_reports(view: RunView, action: Signal, limits: Limits) -> list[Report]:

@@ -4,9 +4,9 @@ Runs in the ``procsv launch`` process (the watchdog), called from its loop
 (:mod:`procsv.watchdog.launcher`). :class:`Plumbing` owns what the loop is built on and takes it
 down again in order: the private runtime directory (sockets only this user can reach), the ZeroMQ
 context, the PULL socket the children report to, the one poller, the non-blocking sender of
-procsv's own scalars (:class:`~procsv.watchdog.runscalars.ScalarSender`) and the wakeup socket
+procsv's own scalars (:class:`~procsv.watchdog.publish.runscalars.ScalarSender`) and the wakeup socket
 that turns SIGTERM/SIGINT into a readable fd. :func:`standby_choice` says once whether a hot
-standby may run (:mod:`procsv.watchdog.standby` holds the pure memory rule).
+standby may run (:mod:`procsv.watchdog.rules.standby` holds the pure memory rule).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import zmq
 
 from procsv.common.layout import RuntimeDir
 from procsv.ipc.transport import Endpoints, bind_private, make_socket
-from procsv.watchdog import standby
+from procsv.watchdog.rules import standby
 from procsv.watchdog.config import LaunchConfig
-from procsv.watchdog.runscalars import ScalarSender
-from procsv.watchdog.state import TRAINER, RunView
+from procsv.watchdog.publish.runscalars import ScalarSender
+from procsv.watchdog.rules.state import TRAINER, RunView
 
 Handler = Union[Callable[[int, Optional[FrameType]], Any], int, signal.Handlers, None]
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)

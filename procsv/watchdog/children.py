@@ -5,7 +5,7 @@ Runs in the watchdog. A :class:`ChildProcess` is one attempt of one slot: the pr
 pre-warmed trainer), a pidfd that becomes readable the moment it dies, its log file, and for a
 trainer the death-notice watch. Every child leads its own process group, so :meth:`kill_group`
 also takes whatever the child spawned. Effects only: what to do is decided elsewhere
-(:mod:`procsv.watchdog.decide`).
+(:mod:`procsv.watchdog.rules.decide`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Runs in the watchdog (and in the CLI, which builds it). :func:`check_target` refuses a TARGET
 that cannot run before anything starts; :meth:`LaunchConfig.limits` is what the decision
-function (:mod:`procsv.watchdog.decide`) is given.
+function (:mod:`procsv.watchdog.rules.decide`) is given.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from procsv.common.errors import UsageError
-from procsv.watchdog.chaos import parse_chaos
-from procsv.watchdog.limits import Limits
-from procsv.watchdog.hang import HangLimits
+from procsv.watchdog.rules.chaos import parse_chaos
+from procsv.watchdog.rules.limits import Limits
+from procsv.watchdog.rules.hang import HangLimits
 from procsv.watchdog.logrotate import DEFAULT_KEEP
-from procsv.watchdog.policy import RestartPolicy
+from procsv.watchdog.rules.policy import RestartPolicy
 
 
 @dataclass
@@ -36,7 +36,7 @@ class LaunchConfig:
     hang_grace_secs: float = 10.0
     chaos: Optional[str] = None
     prewarm: bool = True
-    standby: str = "auto"  # --standby: auto | hot | fork | off (procsv.watchdog.standby)
+    standby: str = "auto"  # --standby: auto | hot | fork | off (procsv.watchdog.rules.standby)
     preload: list[str] = field(default_factory=list)
     allow_reinit: bool = False  # --allow-reinit: passed to the trainer as PROCSV_ALLOW_REINIT
     cwd: str = field(default_factory=os.getcwd)
@@ -45,9 +45,9 @@ class LaunchConfig:
     on_failure: Optional[str] = None  # --on-failure CMD: run once when the run ends failed
     metrics_port: Optional[int] = None  # --metrics-port: serve Prometheus metrics there
     metrics_host: str = "127.0.0.1"  # --metrics-host
-    nproc: int = 1  # --nproc: trainers in the group (procsv.watchdog.group)
+    nproc: int = 1  # --nproc: trainers in the group (procsv.watchdog.rules.group)
     group_grace_secs: float = 0.5  # --group-grace-secs
-    nnodes: int = 1  # --nnodes: hosts of the job (procsv.watchdog.hosts)
+    nnodes: int = 1  # --nnodes: hosts of the job (procsv.watchdog.rules.hosts)
     node_rank: int = 0  # --node-rank: 0 is the master (this Watchdog), others run a NodeAgent
     master_addr: Optional[str] = None  # --master-addr HOST:PORT: node 0 binds it, the others connect
     rejoin_timeout: float = 300.0  # --rejoin-timeout

@@ -1,8 +1,8 @@
 """The executor: performs the decision function's actions on real processes.
 
-Runs in the watchdog. For each :mod:`~procsv.watchdog.actions` value it does the effect (start a
+Runs in the watchdog. For each :mod:`~procsv.watchdog.rules.actions` value it does the effect (start a
 process, from the pre-warmed trainer when it is ready; send a signal; kill a process group),
-records the action's consequences in the view (:func:`procsv.watchdog.bookkeeping.note`), and
+records the action's consequences in the view (:func:`procsv.watchdog.rules.bookkeeping.note`), and
 reports it (lifecycle event, terminal line). After starting an attempt it rotates that role's
 per-attempt log files (:mod:`procsv.watchdog.logrotate`). It also owns the live :class:`ChildProcess`
 handles, the pre-warmed trainer and the chaos plan's seeded generator.
@@ -25,22 +25,22 @@ from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
 from procsv.watchdog.actionlines import kill_reports, restart_reports, signal_reports
-from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
+from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
                                      NodeLost, Promote, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
                                      StartZygote, StopLogdirLost, StopNodesMissing)
 from procsv.watchdog.config import LaunchConfig
-from procsv.watchdog.bookkeeping import find, note
-from procsv.watchdog.limits import Limits
-from procsv.watchdog.events import Event
+from procsv.watchdog.rules.bookkeeping import find, note
+from procsv.watchdog.rules.limits import Limits
+from procsv.watchdog.publish.events import Event
 from procsv.watchdog.children import ChildProcess, Process, watch_death
 from procsv.watchdog.logrotate import rotate
-from procsv.watchdog.failures import describe
-from procsv.watchdog.remote import RemoteMembers
-from procsv.watchdog.lifecycle import RunState
+from procsv.watchdog.rules.failures import describe
+from procsv.watchdog.multihost.remote import RemoteMembers
+from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.observe import Report
 from procsv.watchdog.prewarm import FORK_REPLY_TIMEOUT, Zygote, ZygoteUnavailable, zygote_env
-from procsv.watchdog.group import blame, worker_slot
-from procsv.watchdog.state import STANDBY, TRAINER, WORKER, RunView, ZygoteState
+from procsv.watchdog.rules.group import blame, worker_slot
+from procsv.watchdog.rules.state import STANDBY, TRAINER, WORKER, RunView, ZygoteState
 
 Sink = Callable[[list[Report]], None]
 
@@ -255,7 +255,7 @@ class Executor:
         """Start the next attempt of ``slot`` and add it to the view. A trainer from the pre-warmed
         zygote is only asked for here (None is returned): :meth:`poll_fork` adds it when it answers.
         With ``--nproc N`` a trainer start is the whole group's: the chief and N-1 workers, each
-        with its own ``TF_CONFIG`` on ports chosen now (:mod:`procsv.watchdog.group`)."""
+        with its own ``TF_CONFIG`` on ports chosen now (:mod:`procsv.watchdog.rules.group`)."""
         prev = self.view.children.get(slot)
         attempt = prev.attempt + 1 if prev else 1
         if role != TRAINER:

@@ -20,13 +20,13 @@ import zmq
 from procsv.common.layout import Layout, spilled_error_file
 from procsv.common.manifests import newest_committed_since
 from procsv.watchdog import observe
-from procsv.watchdog.bookkeeping import find
+from procsv.watchdog.rules.bookkeeping import find
 from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.executor import Executor
-from procsv.watchdog.failures import ChildError, Failure, read_child_error
+from procsv.watchdog.rules.failures import ChildError, Failure, read_child_error
 from procsv.watchdog.prewarm import ForkedProcess
-from procsv.watchdog.reporting import Reporter
-from procsv.watchdog.state import TRAINER, RunView
+from procsv.watchdog.publish.reporting import Reporter
+from procsv.watchdog.rules.state import TRAINER, RunView
 
 STATUS_WAIT = 2.0  # seconds a forked trainer's exit status may take to come from the zygote
 

@@ -23,13 +23,13 @@ from procsv.common.layout import Layout, write_json
 from procsv.common.orphans import Orphans
 from procsv.watchdog import observe
 from procsv.watchdog.config import LaunchConfig
-from procsv.watchdog.events import Event
+from procsv.watchdog.publish.events import Event
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.logdirwatch import Identity, LogdirWatch, identity, lost_reason
 from procsv.watchdog.observe import Report
-from procsv.watchdog.state import RunView
-from procsv.watchdog.reporting import Reporter
-from procsv.watchdog.statusfile import status_record
+from procsv.watchdog.rules.state import RunView
+from procsv.watchdog.publish.reporting import Reporter
+from procsv.watchdog.publish.statusfile import status_record
 
 SWEEP_EVERY = 1.0  # seconds between sweeps for left-behind processes (also after every exit)
 FINAL_SWEEP_SECS = 5.0  # at the end, how long a sweep may wait for what it killed to be reaped

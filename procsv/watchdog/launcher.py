@@ -5,15 +5,15 @@ ZeroMQ poller: the PULL socket its children report to, a pidfd per child (readab
 the child dies), the pre-warmed trainer's pipe, a pipe the death-notice threads write to, and a
 wakeup fd for SIGTERM/SIGINT. Each round turns what arrived into observations
 (:mod:`procsv.watchdog.observe`), asks the one decision function
-(:func:`procsv.watchdog.decide.decide`) what to do at the current time, and lets the executor
+(:func:`procsv.watchdog.rules.decide.decide`) what to do at the current time, and lets the executor
 (:mod:`procsv.watchdog.executor`) do it; then the status file is refreshed, procsv's own
-TensorBoard scalars that are due go to the summary service (:mod:`procsv.watchdog.runscalars`,
+TensorBoard scalars that are due go to the summary service (:mod:`procsv.watchdog.publish.runscalars`,
 non-blocking) and, with ``--metrics-port``, a new metrics snapshot is published for the HTTP
-threads (:mod:`procsv.watchdog.metrics`). The loop ends when the run's outcome is decided and no
+threads (:mod:`procsv.watchdog.publish.metrics`). The loop ends when the run's outcome is decided and no
 child is left. Its collaborators own the rest: the sockets, poller and signal wakeup
 (:mod:`procsv.watchdog.bringup`), children's deaths and exits (:mod:`procsv.watchdog.exits`),
 left-behind processes and the logdir's identity (:mod:`procsv.watchdog.housekeeping`), and
-every output (:mod:`procsv.watchdog.reporting`).
+every output (:mod:`procsv.watchdog.publish.reporting`).
 
 The PULL socket takes only what children send the watchdog (``Hello``, ``TrainerReady``,
 ``Progress``, ``SaveResult``); anything else, malformed or of another schema version, is refused
@@ -44,19 +44,19 @@ from procsv.ipc.transport import drain
 from procsv.watchdog import observe
 from procsv.watchdog.bringup import Plumbing, standby_choice
 from procsv.watchdog.config import LaunchConfig, check_target
-from procsv.watchdog.decide import decide
-from procsv.watchdog.events import Event
+from procsv.watchdog.rules.decide import decide
+from procsv.watchdog.publish.events import Event
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.exits import ChildEnds
 from procsv.watchdog.housekeeping import LogdirGuard, Sweeper, clear_group_records, clear_stale_temps
-from procsv.watchdog.lifecycle import RunState
-from procsv.watchdog.metrics import MetricsServer, RunCollector
-from procsv.watchdog.nodes import NodeLink
-from procsv.watchdog.remote import RemoteMembers
+from procsv.watchdog.rules.lifecycle import RunState
+from procsv.watchdog.publish.metrics import MetricsServer, RunCollector
+from procsv.watchdog.multihost.nodes import NodeLink
+from procsv.watchdog.multihost.remote import RemoteMembers
 from procsv.watchdog.observe import Report
 from procsv.watchdog.onfailure import run_on_failure
-from procsv.watchdog.reporting import Reporter, zygote_record
-from procsv.watchdog.state import SERVICE_ROLES, TRAINER, RunView, ZygoteState
+from procsv.watchdog.publish.reporting import Reporter, zygote_record
+from procsv.watchdog.rules.state import SERVICE_ROLES, TRAINER, RunView, ZygoteState
 
 TICK_MS = 100
 EXIT_INTERNAL = 70  # the watchdog itself failed (EX_SOFTWARE); the run was stopped in order
@@ -71,7 +71,7 @@ class Watchdog:
     """One launch: its run's processes, from start to the last reaped child.
 
     The loop and its observations of messages and signals live here; its collaborators own the
-    rest: :class:`~procsv.watchdog.reporting.Reporter` (every output),
+    rest: :class:`~procsv.watchdog.publish.reporting.Reporter` (every output),
     :class:`~procsv.watchdog.bringup.Plumbing` (sockets, poller, signal wakeup),
     :class:`~procsv.watchdog.exits.ChildEnds` (deaths and exits),
     :class:`~procsv.watchdog.housekeeping.Sweeper` and :class:`~procsv.watchdog.housekeeping.LogdirGuard`,

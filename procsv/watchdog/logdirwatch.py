@@ -8,7 +8,7 @@ watchdog's loop through a pipe. The loop also compares the path's identity (devi
 with the one at the start every round of its loop and after a failed checkpoint (:func:`lost_reason`),
 which catches what no event of the parent reports (an ancestor moved or deleted, a move out of
 the parent folder, which inotify reports late). What to do about it is decided in
-:mod:`procsv.watchdog.decide` (rule 9).
+:mod:`procsv.watchdog.rules.decide` (rule 9).
 """
 
 from __future__ import annotations

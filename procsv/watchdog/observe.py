@@ -2,7 +2,7 @@
 
 Runs in the watchdog. Each function applies one observation -- a child started, a message
 arrived, a death notice, a reaped exit status, a stop signal, the pre-warmed trainer's state --
-to the :class:`~procsv.watchdog.state.RunView`, and returns what is worth recording about it as
+to the :class:`~procsv.watchdog.rules.state.RunView`, and returns what is worth recording about it as
 :class:`Report` values (a lifecycle event and/or a line for the terminal), which the watchdog's
 loop writes. No I/O and no clock here: times are passed in.
 """
@@ -16,12 +16,12 @@ from typing import Any, Optional
 
 from procsv.ipc.messages import (Hello, Message, NodeHello, Progress, SaveOverdue, SaveResult, StandbyReady,
                                  SummaryOverdue, TrainerReady)
-from procsv.watchdog.bookkeeping import find, request_stop
-from procsv.watchdog.events import Event
-from procsv.watchdog.failures import Failure
-from procsv.watchdog.lifecycle import ProcState
-from procsv.watchdog.group import blame, workers
-from procsv.watchdog.state import STANDBY, SUMMARY, TRAINER, WORKER, ChildView, NodeView, RunView, ZygoteState
+from procsv.watchdog.rules.bookkeeping import find, request_stop
+from procsv.watchdog.publish.events import Event
+from procsv.watchdog.rules.failures import Failure
+from procsv.watchdog.rules.lifecycle import ProcState
+from procsv.watchdog.rules.group import blame, workers
+from procsv.watchdog.rules.state import STANDBY, SUMMARY, TRAINER, WORKER, ChildView, NodeView, RunView, ZygoteState
 
 
 @dataclass(frozen=True)

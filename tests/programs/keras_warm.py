@@ -16,7 +16,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from procsv.trainer.keras_warmup import _closure  # noqa: E402
+from procsv.trainer.keras.step_warmup import _closure  # noqa: E402
 
 keras.utils.set_random_seed(0)
 tf.config.experimental.enable_op_determinism()

@@ -3,13 +3,13 @@
 Runs in the trainer's main thread, called by :class:`procsv.Supervisor`. It restores the newest
 committed checkpoint whose files pass their checksums (falling back past corrupt ones with one
 clear line each; retrying, then failing, on an unreadable one; refusing to start from step 0 when
-checkpoints exist but none restores: :mod:`procsv.trainer.checkpoint_restore`), answers the
+checkpoints exist but none restores: :mod:`procsv.trainer.checkpoint.restore_at_start`), answers the
 checkpoint service's :class:`SaveRequest` (the ``save_model_secs`` timer lives in the service) and
 its own every-``save_checkpoint_steps`` trigger with a snapshot, and at the end commits the last
 completed step within ``stop_grace_secs`` (``final`` on a clean finish, ``preempted`` after
 SIGTERM/SIGINT). This module decides when a snapshot is taken and where it goes.
 
-The loop pays only for the snapshot (:mod:`procsv.trainer.snapshot_store`: a copy into shared
+The loop pays only for the snapshot (:mod:`procsv.trainer.checkpoint.snapshot_store`: a copy into shared
 memory set up once, right after the restore, and pre-faulted by a low-priority thread); the
 service persists it while training goes on.
 
@@ -22,7 +22,7 @@ with a snapshot in flight, the restarted service says so on the next heartbeat (
 result) and the snapshot is taken again. The final checkpoint first waits for the one in flight.
 
 **Every snapshot in flight has a deadline**; each one that passes counts as a failed checkpoint
-and makes the watchdog replace the checkpoint service (:mod:`procsv.trainer.commits`, which also
+and makes the watchdog replace the checkpoint service (:mod:`procsv.trainer.checkpoint.commits`, which also
 counts failed commits in a row). The memory stays untouched until the snapshot is answered or
 reported ``lost``: a hung service may still be reading it.
 """
@@ -39,12 +39,13 @@ from procsv.ipc.messages import (Busy, CheckpointSetup, Progress, SaveData, Save
 from procsv.ipc.transport import NoReply
 from procsv.common.errors import CheckpointError
 from procsv.common.layout import Layout
-from procsv.trainer import checkpoint_restore, memory_tier
+from procsv.trainer.checkpoint import restore_at_start
+from procsv.trainer.checkpoint import memory_tier
 from procsv.trainer.channels import TrainerChannels
-from procsv.trainer.commits import SAVE_DEADLINE_FLOOR, CommitTracker
-from procsv.trainer.restore import ReadRetry
-from procsv.trainer.snapshot import arena_bytes_needed, self_test
-from procsv.trainer.snapshot_store import SnapshotStore, stuck_here
+from procsv.trainer.checkpoint.commits import SAVE_DEADLINE_FLOOR, CommitTracker
+from procsv.trainer.checkpoint.restore import ReadRetry
+from procsv.trainer.checkpoint.snapshot import arena_bytes_needed, self_test
+from procsv.trainer.checkpoint.snapshot_store import SnapshotStore, stuck_here
 
 HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the checkpoint service
 # the service's messages are read at a step boundary every READ_EVERY while an answer is awaited (a
@@ -94,7 +95,7 @@ class CheckpointAgent:
         self.last_heartbeat = 0.0
         self._next_read = 0.0  # when (on the clock) the boundary next reads the service's messages
         self._read_step = -READ_EVERY_STEPS  # the step of that last read
-        # the in-memory tier (procsv.trainer.memory_tier): off when the budget is 0
+        # the in-memory tier (procsv.trainer.checkpoint.memory_tier): off when the budget is 0
         self.memory_budget = memory_budget if saving else 0.0
         self.store = SnapshotStore(checkpoint, memory_tier.SLOTS if self.memory_budget > 0 else 1, clock)
         self.copy_cost: Optional[float] = None  # seconds an in-memory snapshot reusing a walk stops the loop (smoothed)
@@ -138,16 +139,16 @@ class CheckpointAgent:
         return self.commits.failure
 
     # ------------------------------------------------------------------ start
-    def restore_or_init(self, init: Callable[[], None], pinned: Optional[checkpoint_restore.Pinned] = None
+    def restore_or_init(self, init: Callable[[], None], pinned: Optional[restore_at_start.Pinned] = None
                         ) -> list[str]:
         """Restore the newest committed checkpoint that verifies and restores; return the corrupt
         prefixes passed over. With none committed: a plain-TF checkpoint of the logdir, else ``init``.
 
         Raises :class:`UnreadableCheckpoint` (a file stayed unreadable for ``read_retry.total_secs``)
         and :class:`NoRestorableCheckpoint` (every committed checkpoint is corrupt and not
-        ``allow_reinit``): the rules are in :mod:`procsv.trainer.restore`.
+        ``allow_reinit``): the rules are in :mod:`procsv.trainer.checkpoint.restore`.
         """
-        done = checkpoint_restore.restore_or_init(self.checkpoint, self.global_step, self.layout, init,
+        done = restore_at_start.restore_or_init(self.checkpoint, self.global_step, self.layout, init,
                                                   allow_reinit=self.allow_reinit, read_retry=self.read_retry,
                                                   clock=self.clock, sleep=self.sleep, pinned=pinned)
         if done.path is not None:

@@ -1,6 +1,6 @@
 """The checkpoint agent's bookkeeping of the snapshot in flight to disk, and of failed commits.
 
-Runs in the trainer's main thread, owned by :class:`procsv.trainer.checkpointing.CheckpointAgent`.
+Runs in the trainer's main thread, owned by :class:`procsv.trainer.checkpoint.agent.CheckpointAgent`.
 Pure bookkeeping: nothing here sends, prints to a socket or reads a clock; the agent passes the
 time in and performs what is decided (the :class:`SaveOverdue` to the watchdog, for one).
 

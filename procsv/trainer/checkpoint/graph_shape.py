@@ -1,7 +1,7 @@
 """Has the checkpoint's object graph changed since it was last walked? A cheap structural check.
 
 Runs in the trainer, at the step boundary of a snapshot. Walking the object graph the way
-``Checkpoint.write()`` does (:func:`procsv.trainer.snapshot.plan`: names, saveables, the
+``Checkpoint.write()`` does (:func:`procsv.trainer.checkpoint.snapshot.plan`: names, saveables, the
 serialized graph) costs milliseconds even for a small model (about 3 ms for a 3-layer Keras MLP
 with Adam here, 14 ms for a larger one), more than copying its variables, so a snapshot reuses the
 last walk when it can. It can only if the graph has the same objects in the same places: an

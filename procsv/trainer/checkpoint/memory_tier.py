@@ -1,7 +1,7 @@
 """The in-memory snapshot tier's decisions: when the next in-memory snapshot is due, and which
 slot of the snapshot memory it may be copied into.
 
-Runs in the trainer (called by :class:`procsv.trainer.checkpointing.CheckpointAgent` at step
+Runs in the trainer (called by :class:`procsv.trainer.checkpoint.agent.CheckpointAgent` at step
 boundaries). Pure: plain data and a ``now`` passed in; nothing here reads a clock or touches memory.
 
 The snapshot memory has :data:`SLOTS` slots when the tier is on (one when it is off). The
@@ -21,7 +21,7 @@ it to disk if the trainer dies. A slot may be written only if it holds none of:
 With three slots a disk snapshot always finds one, and an in-memory snapshot waits only while the
 service is busy committing. The rule keeps a held snapshot intact; should it ever be broken (a
 late acknowledgment after the grace), the slot header the trainer writes before and after each
-copy (:mod:`procsv.trainer.snapshot`) lets the service see the tear and refuse that snapshot.
+copy (:mod:`procsv.trainer.checkpoint.snapshot`) lets the service see the tear and refuse that snapshot.
 
 How often: each in-memory snapshot stops the loop, so the next is due when ``cost / budget``
 seconds have passed (:func:`interval`), which keeps the tier under ``budget`` (1 %) of the loop's

@@ -1,6 +1,6 @@
 """Which committed checkpoint the trainer restores, and when it refuses to start at all.
 
-Runs in the trainer, at start (called by :meth:`procsv.trainer.checkpointing.CheckpointAgent.restore_or_init`).
+Runs in the trainer, at start (called by :meth:`procsv.trainer.checkpoint.agent.CheckpointAgent.restore_or_init`).
 TensorFlow is not imported here: the caller passes ``attempt(manifest)``, which verifies and
 restores one checkpoint and raises :class:`CorruptCheckpoint` or :class:`UnreadableCheckpoint`;
 everything else it raises (a checkpoint that does not match the program) propagates unchanged.

@@ -1,9 +1,9 @@
 """Restore at start: the newest committed checkpoint that verifies and restores, else ``init``.
 
 Runs in the trainer's main thread, once per session, called by
-:meth:`procsv.trainer.checkpointing.CheckpointAgent.restore_or_init` before the first step. The
+:meth:`procsv.trainer.checkpoint.agent.CheckpointAgent.restore_or_init` before the first step. The
 rules of the walk (skip a corrupt checkpoint, retry then fail on an unreadable one, refuse to start
-from step 0 when checkpoints exist but none restores) are :mod:`procsv.trainer.restore`'s; this
+from step 0 when checkpoints exist but none restores) are :mod:`procsv.trainer.checkpoint.restore`'s; this
 module applies them to a logdir with TensorFlow: damaged manifests are reported (and refused when
 nothing else is committed), each checkpoint is verified against its manifest then restored (TF's
 read errors become :class:`CorruptCheckpoint` or :class:`UnreadableCheckpoint`, a checkpoint that
@@ -24,9 +24,9 @@ from procsv.ipc.transport import NoReply
 from procsv.common.errors import CorruptCheckpoint, MismatchedCheckpoint, NoRestorableCheckpoint, UnreadableCheckpoint
 from procsv.common.layout import Layout
 from procsv.common.manifests import Manifest, damaged_manifests, list_committed, step_of_prefix, unreadable_file, verify
-from procsv.trainer import restore
+from procsv.trainer.checkpoint import restore
 from procsv.trainer.channels import TrainerChannels
-from procsv.trainer.restore import ReadRetry
+from procsv.trainer.checkpoint.restore import ReadRetry
 
 RECOVER_WAIT = 15.0  # seconds a restarted trainer waits for the service to persist a held in-memory snapshot
 
@@ -48,7 +48,7 @@ def restore_or_init(checkpoint: Any, global_step: Any, layout: Layout, init: Cal
 
     Raises :class:`UnreadableCheckpoint` (a file stayed unreadable for ``read_retry.total_secs``)
     and :class:`NoRestorableCheckpoint` (every committed checkpoint is corrupt and not
-    ``allow_reinit``): the rules are in :mod:`procsv.trainer.restore`.
+    ``allow_reinit``): the rules are in :mod:`procsv.trainer.checkpoint.restore`.
 
     ``pinned``: a group's worker restores exactly what its chief restored (:class:`Pinned`).
     """

@@ -34,7 +34,7 @@ from procsv.ipc.messages import ArenaRef, TensorSpec
 from procsv.ipc.transport import CHECKPOINT_FRAME_MAX
 from procsv.common.errors import UnsupportedState
 from procsv.common.snapshot_memory import MAX_SLOTS, PAGE, SLOT_COMPLETE, SLOT_WRITING
-from procsv.trainer import graph_shape
+from procsv.trainer.checkpoint import graph_shape
 
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 ALIGN = 64  # each tensor's offset in the arena (and in the data file): what TF and dlpack expect
@@ -68,7 +68,7 @@ class SnapshotArena:
     ``/proc/<trainer pid>/fd/<fd>``, checks its inode, and maps it.
 
     Layout: one header page, then ``slots`` slots of ``slot_size`` bytes each (the in-memory tier
-    uses three: :mod:`procsv.trainer.memory_tier`). The header holds, per slot, two int64: its
+    uses three: :mod:`procsv.trainer.checkpoint.memory_tier`). The header holds, per slot, two int64: its
     state (:data:`SLOT_WRITING` while a copy is under way, :data:`SLOT_COMPLETE` after) and the
     step it holds. The trainer writes them before and after each copy, so a copy cut short by a
     kill is visible to the service as a torn slot, which it never persists
@@ -168,7 +168,7 @@ class Plan:
     variables (14 ms against well under 1 ms for a 64-64-10 MLP here), so the in-memory tier reuses
     a plan for a while; that is right only if every reader reads the live value (``reusable``:
     variables, and SaveSpecs that compute their tensor when asked), and as long as the graph has
-    the same objects in the same places (``shape``, checked by :mod:`procsv.trainer.graph_shape`
+    the same objects in the same places (``shape``, checked by :mod:`procsv.trainer.checkpoint.graph_shape`
     before each reuse; the caller also walks again every few seconds).
     """
 

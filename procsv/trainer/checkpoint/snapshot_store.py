@@ -1,8 +1,8 @@
 """The trainer's snapshot memory, and the copy of the training state into one of its slots.
 
-Runs in the trainer's main thread, owned by :class:`procsv.trainer.checkpointing.CheckpointAgent`,
+Runs in the trainer's main thread, owned by :class:`procsv.trainer.checkpoint.agent.CheckpointAgent`,
 which decides when a snapshot is taken and where it goes; this module only takes it. The memory is
-a shared arena (:class:`~procsv.trainer.snapshot.SnapshotArena`) set up once, right after the
+a shared arena (:class:`~procsv.trainer.checkpoint.snapshot.SnapshotArena`) set up once, right after the
 restore, and pre-faulted by a low-priority thread; it is made again, bigger, when the state
 outgrows it (new variables), and where no memfd can be made snapshots travel as ZeroMQ frames
 instead. A slot's header says ``writing`` while the copy runs, then ``complete``.
@@ -17,9 +17,9 @@ from typing import Any, Callable, Optional
 from procsv.common import faults
 from procsv.common.snapshot_memory import SLOT_COMPLETE, SLOT_WRITING
 from procsv.ipc.messages import ArenaRef
-from procsv.trainer.memory_tier import Slots
-from procsv.trainer import graph_shape
-from procsv.trainer.snapshot import Plan, Snapshot, SnapshotArena, plan, take
+from procsv.trainer.checkpoint.memory_tier import Slots
+from procsv.trainer.checkpoint import graph_shape
+from procsv.trainer.checkpoint.snapshot import Plan, Snapshot, SnapshotArena, plan, take
 
 
 def stuck_here(name: str, detail: str = "") -> None:
@@ -69,7 +69,7 @@ class SnapshotStore:
 
     def plan_reusable(self, now: float, max_age: float) -> bool:
         """The last walk of the object graph may be reused at ``now``: made under ``max_age`` s ago,
-        and the graph still has the same objects in the same places (:mod:`procsv.trainer.graph_shape`)."""
+        and the graph still has the same objects in the same places (:mod:`procsv.trainer.checkpoint.graph_shape`)."""
         return (self.plan is not None and self.plan.reusable and now - self.plan_at < max_age
                 and graph_shape.same(self.plan.shape, graph_shape.shape(self.checkpoint)))
 

@@ -8,12 +8,12 @@ to the summary service as TensorBoard scalars.
 
 How a resumed ``fit`` lands on the next batch of the interrupted epoch: ``on_train_begin`` restores
 the newest committed checkpoint, replays the input of the epochs before the interrupted one
-(:func:`procsv.trainer.keras_input.replay_epochs`: for a seeded ``tf.data`` shuffle, only its
+(:func:`procsv.trainer.keras.input_position.replay_epochs`: for a seeded ``tf.data`` shuffle, only its
 per-epoch seeds), and starts ``fit`` at that epoch. The model's
 train function is wrapped: its first calls in that epoch draw their batches and train on none
 (the batches already trained), the others run one step each through the Supervisor's step
 boundary (snapshots, progress, stop requests). Keras' train step is traced and instantiated
-before the restore (:mod:`procsv.trainer.keras_warmup`), so a promoted hot standby does not pay
+before the restore (:mod:`procsv.trainer.keras.step_warmup`), so a promoted hot standby does not pay
 for it at its first batch. A stop (SIGTERM, ``procsv stop``) is honoured at
 the next batch: nothing more is trained, ``fit`` ends, and the position reached is committed.
 """
@@ -30,8 +30,9 @@ import numpy as np
 
 from procsv.common.errors import TrainingStopped, UsageError
 from procsv.ipc.messages import Busy, SaveReason
-from procsv.trainer import keras_input, keras_warmup
-from procsv.trainer.hooks import warn_once
+from procsv.trainer.keras import input_position
+from procsv.trainer.keras import step_warmup
+from procsv.trainer.monitored.hooks import warn_once
 from procsv.trainer.managed import ManagedSession
 from procsv.trainer.supervisor import Supervisor
 
@@ -105,15 +106,15 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         self.resumed_at, self.replayed_batches, self._skip, self._skip_epoch = None, 0, 0, -1
         self._saved_metrics, self._last_logs, self._next_batch_log, self._stopped_mid_epoch = [], None, 0.0, False
         self.loop_secs = 0.0
-        inp = keras_input.fit_frame()
-        keras_input.check_finite(inp, self.params.get("steps"))
+        inp = input_position.fit_frame()
+        input_position.check_finite(inp, self.params.get("steps"))
         if not model.built:
             raise UsageError(f"procsv.keras.BackupAndRestore: model {model.name!r} is not built; build it before "
                              "fit() (give it a keras.Input, or call it on a batch)")
         if model.optimizer is None:
             raise UsageError(f"procsv.keras.BackupAndRestore: model {model.name!r} is not compiled; call "
                              "model.compile(optimizer=..., loss=...) before fit()")
-        keras_input.build_state(model, inp)  # every variable must exist to be restored into
+        input_position.build_state(model, inp)  # every variable must exist to be restored into
         # the position lives in Python while fit runs (no TF op per batch) and is written into
         # these variables right before each snapshot (CheckpointAgent.prepare_snapshot)
         self.epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="fit_epoch")
@@ -141,18 +142,18 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         if isinstance(stale, BackupAndRestore):  # left wrapped by a fit that raised: unwrap it
             train = stale._original_train
         self._original_train = train
-        warm = keras_warmup.train_step_warm_up(train, inp.epoch_iterator)
+        warm = step_warmup.train_step_warm_up(train, inp.epoch_iterator)
         if warm is not None:  # traced and instantiated now: in a hot standby, before it waits
             self.sv.warm_up(*warm)
         self._sess = self.sv.prepare_or_wait_for_session()
         self._epoch, self._batch = int(self.epoch_var.numpy()), int(self.batch_var.numpy())
-        for reason in keras_input.inexact_reasons(inp):
+        for reason in input_position.inexact_reasons(inp):
             print(f"procsv: warning: a resumed fit will not be bit-exact: {reason}", file=sys.stderr, flush=True)
         if self.sv.restored_from:
             epoch, batch = self._epoch, self._batch
             self.resumed_at = (epoch, batch)
             self._saved_metrics = [np.array(v.numpy()) for v in model.metrics_variables]
-            replay = keras_input.replay_epochs(inp, epoch, report=self._report_replay)
+            replay = input_position.replay_epochs(inp, epoch, report=self._report_replay)
             self.replayed_batches = replay.drawn + batch
             model._initial_epoch = epoch
             self._skip, self._skip_epoch = batch, epoch

@@ -1,6 +1,6 @@
 """Where ``model.fit``'s input stands, and whether it can be put back exactly.
 
-Runs in the trainer process, inside ``model.fit`` (called by :mod:`procsv.trainer.keras_fit`).
+Runs in the trainer process, inside ``model.fit`` (called by :mod:`procsv.trainer.keras.fit`).
 Keras keeps its input pipeline in locals of ``fit`` (the epoch iterator); :func:`fit_frame` finds
 them. A resumed ``fit`` starts at the interrupted epoch; :func:`replay_epochs` first runs the
 input of the epochs before it the way ``fit`` would have, training on none of it, so that a

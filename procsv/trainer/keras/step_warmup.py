@@ -1,7 +1,7 @@
 """What a Keras ``fit`` under procsv traces and instantiates before its restore: Keras' train step.
 
 Runs in the trainer process, inside ``model.fit``, in ``procsv.keras.BackupAndRestore.on_train_begin``
-(:mod:`procsv.trainer.keras_fit`) before the Supervisor prepares its session, so in a hot standby
+(:mod:`procsv.trainer.keras.fit`) before the Supervisor prepares its session, so in a hot standby
 before it waits to be promoted. Keras 3 makes its train function inside ``fit`` (``make_train_function``,
 before ``on_train_begin``): a plain Python function over a ``tf.function`` of the iterator,
 ``multi_step_on_iterator``, which is traced and instantiated at the first batch (about 0.4 s for the
@@ -10,10 +10,10 @@ that ``tf.function`` and an iterator to trace it with, for :meth:`Supervisor.war
 <procsv.trainer.supervisor.Supervisor.warm_up>`, which traces and instantiates it without running it.
 
 The iterator is not one over the program's dataset: making one would draw the next seed of its
-shuffles (:mod:`procsv.trainer.keras_input`) and so change the batches of the run. It is an iterator
+shuffles (:mod:`procsv.trainer.keras.input_position`) and so change the batches of the run. It is an iterator
 over a stand-in dataset of the same element spec (one element of zeros: the instantiating call is
 cancelled before any op runs, and only a hot standby's run on shadow copies of the variables,
-:func:`procsv.trainer.warmup.run_on_shadows`, reads it), so the trace is the one the first batch
+:func:`procsv.trainer.standby.warmup.run_on_shadows`, reads it), so the trace is the one the first batch
 would make, and that batch finds it in the function's cache. Where no such stand-in can be made (an input that is not a plain
 ``tf.data`` pipeline, elements other than dense tensors, a Keras whose train function looks
 otherwise, ``run_eagerly``), nothing is warmed up and the first batch traces as it always did.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from procsv.trainer import warmup
+from procsv.trainer.standby import warmup
 
 
 def train_step_warm_up(train_function: Any, epoch_iterator: Any) -> Optional[tuple[Any, Any]]:

@@ -9,7 +9,7 @@ lines go to the ``procsv.train`` logger at INFO.
 
 Defined here: the hooks that steer the run (stop at a step, checkpoint it, wait before it, feed
 its steps, read final values at its end). The hooks that watch each step and report it (NaN
-check, summaries, step rate, logging, profiling) are :mod:`procsv.trainer.observer_hooks`,
+check, summaries, step rate, logging, profiling) are :mod:`procsv.trainer.monitored.observer_hooks`,
 re-exported here: this module names every standard hook.
 """
 
@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from procsv.trainer import hooks as api
-from procsv.trainer.hook_support import need_global_step, supervisor_of, warn_if_not_logdir
-from procsv.trainer.hooks import (SecondOrStepTimer, SessionRunArgs, SessionRunContext, SessionRunHook,
+from procsv.trainer.monitored import hooks as api
+from procsv.trainer.monitored.hook_support import need_global_step, supervisor_of, warn_if_not_logdir
+from procsv.trainer.monitored.hooks import (SecondOrStepTimer, SessionRunArgs, SessionRunContext, SessionRunHook,
                                   SessionRunValues, logger)
-from procsv.trainer.observer_hooks import (LoggingTensorHook, NanLossDuringTrainingError, NanTensorHook, ProfilerHook,
+from procsv.trainer.monitored.observer_hooks import (LoggingTensorHook, NanLossDuringTrainingError, NanTensorHook, ProfilerHook,
                                            StepCounterHook, SummarySaverHook, write_summary)
 
 
@@ -52,7 +52,7 @@ class StopAtStepHook(SessionRunHook):
         self._gs = need_global_step("StopAtStepHook")
 
     def after_create_session(self, session: Any, coord: Any) -> None:
-        from procsv.trainer.scaffold import launch_start_step
+        from procsv.trainer.monitored.scaffold import launch_start_step
 
         step = api.read_step(self._gs)
         if self._last_step is None:

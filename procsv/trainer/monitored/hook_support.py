@@ -1,7 +1,7 @@
 """What TensorFlow's standard hooks read from their session: its Supervisor, clock and global step.
 
-Runs in the trainer process, in its main thread (the hooks of :mod:`procsv.trainer.basic_hooks`
-and :mod:`procsv.trainer.observer_hooks` call these from ``begin`` and ``after_create_session``).
+Runs in the trainer process, in its main thread (the hooks of :mod:`procsv.trainer.monitored.basic_hooks`
+and :mod:`procsv.trainer.monitored.observer_hooks` call these from ``begin`` and ``after_create_session``).
 A session may be a raw one with no :class:`procsv.Supervisor` behind it: then there is no logdir to
 compare and the clock is :func:`time.monotonic`.
 """
@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any, Callable, Optional
 
-from procsv.trainer import hooks as api
+from procsv.trainer.monitored import hooks as api
 
 
 def supervisor_of(session: Any) -> Any:

@@ -2,7 +2,7 @@
 
 Runs in the trainer process, in its main thread (called by ``MonitoredSession.run``). Each hook
 keeps TF's constructor, validation and call pattern (``tf.compat.v1.train.*Hook``), with TF2's and
-procsv's differences (see :mod:`procsv.trainer.basic_hooks`, which re-exports all of them):
+procsv's differences (see :mod:`procsv.trainer.monitored.basic_hooks`, which re-exports all of them):
 fetches are tensors, variables or callables read after the step; summaries go to the summary
 service through the session's :class:`procsv.Supervisor`; timers read its monotonic clock. Log
 lines go to the ``procsv.train`` logger at INFO.
@@ -15,9 +15,9 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
-from procsv.trainer import hooks as api
-from procsv.trainer.hook_support import clock_of, need_global_step, supervisor_of, warn_if_not_logdir
-from procsv.trainer.hooks import (NeverTriggerTimer, SecondOrStepTimer, SessionRunArgs, SessionRunContext,
+from procsv.trainer.monitored import hooks as api
+from procsv.trainer.monitored.hook_support import clock_of, need_global_step, supervisor_of, warn_if_not_logdir
+from procsv.trainer.monitored.hooks import (NeverTriggerTimer, SecondOrStepTimer, SessionRunArgs, SessionRunContext,
                                   SessionRunHook, SessionRunValues, logger)
 
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from procsv.common.errors import UsageError
 from procsv.common.layout import Layout
-from procsv.trainer import hooks as api
+from procsv.trainer.monitored import hooks as api
 
 _GRAPH_ONLY = {
     "init_op": "init_fn(scaffold, session) (TF2 variables are initialized when created)",

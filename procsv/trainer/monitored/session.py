@@ -27,9 +27,9 @@ import inspect
 from typing import Any, Callable, Optional, Sequence
 
 from procsv.common.errors import TrainingStopped
-from procsv.trainer import hooks as api
+from procsv.trainer.monitored import hooks as api
 from procsv.trainer.coordinator import clean_stop_types
-from procsv.trainer.scaffold import ChiefSessionCreator, RawSession, Scaffold, WorkerSessionCreator
+from procsv.trainer.monitored.scaffold import ChiefSessionCreator, RawSession, Scaffold, WorkerSessionCreator
 
 USE_DEFAULT: Any = object()
 
@@ -70,7 +70,7 @@ class _MonitoredSession:
 
     def __init__(self, session_creator: ChiefSessionCreator, hooks: Sequence[api.SessionRunHook],
                  stop_grace_period_secs: float) -> None:
-        from procsv.trainer.basic_hooks import CheckpointSaverHook
+        from procsv.trainer.monitored.basic_hooks import CheckpointSaverHook
 
         self._hooks = list(hooks)
         self._creator = session_creator
@@ -307,7 +307,7 @@ def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None, 
     ``procsv launch --nproc N`` (task 0 is the chief), else True, as the Supervisor's.
     """
     from procsv.common import bootstrap
-    from procsv.trainer import basic_hooks as bh
+    from procsv.trainer.monitored import basic_hooks as bh
     from procsv.trainer.supervisor_setup import resolve_is_chief
 
     is_chief = resolve_is_chief(is_chief, bootstrap.ChildContext.from_env())

@@ -74,7 +74,7 @@ def _set_own_cache(policy: int) -> None:
     """Set the calling thread's policy through ``pthread_setschedparam`` too. glibc keeps a copy of a
     thread's policy in its descriptor once it was set or read through pthreads, and a thread it
     creates then takes that copy, not the kernel's. Seen here: after a standby had run its step once
-    (:func:`procsv.trainer.warmup.run_on_shadows`), the ZeroMQ threads it made once promoted set
+    (:func:`procsv.trainer.standby.warmup.run_on_shadows`), the ZeroMQ threads it made once promoted set
     themselves to ``SCHED_IDLE`` at start (strace), though every thread had been set back with
     ``sched_setscheduler``. Raises OSError if glibc refuses."""
     import ctypes

@@ -2,11 +2,11 @@
 
 Runs in the trainer process, in the main thread, inside the first Supervisor's
 ``prepare_or_wait_for_session`` (or ``managed_session``) when ``PROCSV_STANDBY=1``: the watchdog
-forked this process from the zygote while another trainer trains (:mod:`procsv.watchdog.standby`).
+forked this process from the zygote while another trainer trains (:mod:`procsv.watchdog.rules.standby`).
 By then the program has done everything before that call: its module is imported, its data
 loaded, its model and optimizer built, its Supervisor created. The standby tells the watchdog
 (:class:`StandbyReady`) and waits for SIGUSR1, with no thread, no socket and no CPU spent (all its
-preparation ran at idle CPU priority where that can be undone: :mod:`procsv.trainer.priority`); SIGTERM
+preparation ran at idle CPU priority where that can be undone: :mod:`procsv.trainer.standby.priority`); SIGTERM
 ends it at once (exit 0: it has nothing to save). Promoted, it goes on exactly as a trainer that
 just reached this point: it connects to the services, asks for the dead trainer's in-memory
 snapshot, restores, and trains. What the program did before (printing, opening files) it did
@@ -29,7 +29,8 @@ from procsv.common import env
 from procsv.common.bootstrap import ChildContext
 from procsv.ipc.messages import StandbyReady
 from procsv.ipc.transport import make_socket, send
-from procsv.trainer import outcome, priority
+from procsv.trainer import outcome
+from procsv.trainer.standby import priority
 
 def is_standby() -> bool:
     return os.environ.get(env.STANDBY) == "1"

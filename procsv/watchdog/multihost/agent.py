@@ -2,7 +2,7 @@
 
 Runs in the ``procsv launch`` process of hosts 1..M-1. It decides nothing: node 0's watchdog (the
 master) holds the job's one decision function. The agent connects to the master over ZeroMQ TCP
-with the job's CURVE keys (:mod:`procsv.watchdog.curve`, read from the shared logdir), says who it
+with the job's CURVE keys (:mod:`procsv.watchdog.multihost.curve`, read from the shared logdir), says who it
 is and where its next members will listen (:class:`NodeHello`, also its heartbeat), starts the
 members it is asked for (:class:`StartMembers`: trainer processes with their ``TF_CONFIG``, forked
 from this host's own pre-warmed trainer when it is ready),
@@ -38,14 +38,14 @@ from procsv.ipc.codec import ProtocolError, encode
 from procsv.ipc.messages import (MasterBeat, MemberEnded, MemberStarted, Message, NodeHello, NodeStop, Progress,
                                  Relayed, SignalMember, StartMembers, TrainerReady)
 from procsv.ipc.transport import Endpoints, bind_private, drain, make_socket, send
-from procsv.watchdog import curve
+from procsv.watchdog.multihost import curve
 from procsv.common.orphans import become_subreaper
 from procsv.watchdog.children import Process
 from procsv.watchdog.config import LaunchConfig
-from procsv.watchdog.group import worker_slot
-from procsv.watchdog.limits import Limits
+from procsv.watchdog.rules.group import worker_slot
+from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.logrotate import rotate
-from procsv.watchdog.nodes import BEAT_SECS, host_ip, node_identity
+from procsv.watchdog.multihost.nodes import BEAT_SECS, host_ip, node_identity
 from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable, zygote_env
 
 TICK = 0.05

@@ -1,7 +1,7 @@
 """The master's end of a job that spans hosts: the CURVE-secured ROUTER its node agents connect to.
 
 Runs in the watchdog of node 0 (``procsv launch --nnodes M --node-rank 0 --master-addr HOST:PORT``).
-:class:`NodeLink` binds the ROUTER on ``--master-addr`` (TCP, CURVE: :mod:`procsv.watchdog.curve`
+:class:`NodeLink` binds the ROUTER on ``--master-addr`` (TCP, CURVE: :mod:`procsv.watchdog.multihost.curve`
 writes the job's fresh keys to the shared logdir first), receives what the agents send
 (:mod:`procsv.ipc.node_messages`) and turns it into observations of the view, and carries the
 executor's starts and signals of remote members to their agent. It beats every
@@ -20,7 +20,7 @@ from procsv.ipc.codec import ProtocolError, decode
 from procsv.ipc.messages import (MasterBeat, MemberEnded, MemberStarted, Message, NodeHello, NodeStop, Progress,
                                  Relayed, SignalMember, StartMembers, TrainerReady)
 from procsv.ipc.transport import drain, make_socket, send
-from procsv.watchdog import curve
+from procsv.watchdog.multihost import curve
 
 STOP_DRAIN_SECS = 0.5  # how long the master reads on after telling the agents the job is over
 BEAT_SECS = 0.5  # both ways: heartbeats; a peer silent for Limits.node_timeout is lost

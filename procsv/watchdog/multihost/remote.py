@@ -1,7 +1,7 @@
 """The members of a trainer group that run on other hosts (``--nnodes M``), seen from node 0.
 
 Runs in the watchdog of node 0 (the master). :class:`RemoteMembers` asks each other host's agent
-(over :class:`~procsv.watchdog.nodes.NodeLink`) to start its share of a group's attempt, and
+(over :class:`~procsv.watchdog.multihost.nodes.NodeLink`) to start its share of a group's attempt, and
 turns the agents' answers into observations of the view: a member started (``spawned``, via
 ``node<R>``), or ended (``exited``, with the error file the member wrote in the shared logdir).
 The executor signals and kills remote members through the same link.
@@ -14,11 +14,11 @@ from typing import Callable
 
 from procsv.common.layout import Layout
 from procsv.watchdog import observe
-from procsv.watchdog.failures import Failure, read_child_error
-from procsv.watchdog.group import worker_slot
-from procsv.watchdog.nodes import NodeLink
+from procsv.watchdog.rules.failures import Failure, read_child_error
+from procsv.watchdog.rules.group import worker_slot
+from procsv.watchdog.multihost.nodes import NodeLink
 from procsv.watchdog.observe import Report
-from procsv.watchdog.state import WORKER, RunView
+from procsv.watchdog.rules.state import WORKER, RunView
 
 
 class RemoteMembers:

@@ -4,7 +4,7 @@ Runs in the watchdog, and only when its stdout is a terminal and ``--quiet`` is 
 (:func:`wanted`). The loop feeds :class:`LiveLine` what it observes (each ``Progress``, each
 lifecycle event) and asks it once a round for a line; it answers at most every
 :data:`DRAW_EVERY` seconds of the injected clock (:func:`due`), so the loop pays a few string
-formats a second. Drawing is not done here: :class:`procsv.watchdog.output.Terminal`'s writer
+formats a second. Drawing is not done here: :class:`procsv.watchdog.publish.output.Terminal`'s writer
 thread erases the line, prints the output that scrolls above it, and draws the newest line again,
 so a terminal that stops reading never blocks the loop (redraws are dropped, not queued).
 
@@ -18,8 +18,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from procsv.watchdog.events import Event
-from procsv.watchdog.series import rate
+from procsv.watchdog.publish.events import Event
+from procsv.watchdog.publish.series import rate
 
 DRAW_EVERY = 0.25  # seconds between redraws at most
 RATE_WINDOW = 5.0  # seconds of progress the steps/s figure averages over

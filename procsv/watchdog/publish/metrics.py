@@ -3,7 +3,7 @@
 Runs in the watchdog process, in threads of its own: ``prometheus_client``'s HTTP server (a daemon
 thread, plus one short-lived thread per scrape). Nothing here runs in the watchdog's loop and
 nothing here can make it wait: the loop publishes an immutable
-:class:`~procsv.watchdog.runmetrics.RunSnapshot` (one reference replaced, at most every 0.5 s),
+:class:`~procsv.watchdog.publish.runmetrics.RunSnapshot` (one reference replaced, at most every 0.5 s),
 and a scrape builds the metric families from the latest one (:func:`families`, pure) plus the
 summary service's ``summary_stats.json``, read in the scrape's thread. So the freshness of a
 scrape is at most half a second; the checkpoint age is computed at the scrape.
@@ -30,7 +30,7 @@ from prometheus_client.metrics_core import (CounterMetricFamily, GaugeMetricFami
 
 from procsv.common.errors import UsageError
 from procsv.common.layout import read_json
-from procsv.watchdog.runmetrics import RunSnapshot
+from procsv.watchdog.publish.runmetrics import RunSnapshot
 
 RUN_STATES = ("running", "succeeded", "failed", "stopped")
 

@@ -7,7 +7,7 @@ queue is full the line is dropped and counted, and the count is reported once ou
 At exit, :meth:`Terminal.close` waits a bounded time for the queue to drain.
 
 With ``live`` (a terminal, no ``--quiet``), :meth:`Terminal.status` sets the live status line
-(:mod:`procsv.watchdog.liveline`): the writer erases it (``\r`` and erase-line), writes each line
+(:mod:`procsv.watchdog.publish.liveline`): the writer erases it (``\r`` and erase-line), writes each line
 of output, and draws it again below, so output scrolls above it. The loop only stores the newest
 text and queues one redraw if none is pending: a terminal that stops reading costs it nothing, and
 the redraws it missed are dropped, not queued.

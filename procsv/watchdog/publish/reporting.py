@@ -2,10 +2,10 @@
 
 Runs in the ``procsv launch`` process (the watchdog), called from its loop
 (:mod:`procsv.watchdog.launcher`). :class:`Reporter` owns every output of the loop: terminal
-lines and the live line (:mod:`procsv.watchdog.output`, :mod:`procsv.watchdog.liveline`), the
-lifecycle log (:mod:`procsv.watchdog.events`), ``status.json`` (:mod:`procsv.watchdog.statusfile`),
-the step series and the final ``logs/report.json`` (:mod:`procsv.watchdog.report`), and the
-snapshot the metrics threads serve (:mod:`procsv.watchdog.runmetrics`). None of it blocks the
+lines and the live line (:mod:`procsv.watchdog.publish.output`, :mod:`procsv.watchdog.publish.liveline`), the
+lifecycle log (:mod:`procsv.watchdog.publish.events`), ``status.json`` (:mod:`procsv.watchdog.publish.statusfile`),
+the step series and the final ``logs/report.json`` (:mod:`procsv.watchdog.publish.recovery`), and the
+snapshot the metrics threads serve (:mod:`procsv.watchdog.publish.runmetrics`). None of it blocks the
 loop: lines go through the terminal's writer thread, failing writes are reported once.
 """
 
@@ -16,18 +16,19 @@ from typing import Any, Callable, Optional
 
 from procsv.common.layout import Layout, write_json
 from procsv.ipc.rejections import Rejections
-from procsv.watchdog import liveline, report
+from procsv.watchdog.publish import liveline
+from procsv.watchdog.publish import recovery
 from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.config import LaunchConfig
-from procsv.watchdog.events import EventLog
-from procsv.watchdog.limits import Limits
+from procsv.watchdog.publish.events import EventLog
+from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.observe import Report
-from procsv.watchdog.output import Terminal
+from procsv.watchdog.publish.output import Terminal
 from procsv.watchdog.prewarm import Zygote
-from procsv.watchdog.runmetrics import PUBLISH_EVERY, RunSnapshot, StepRate, take_snapshot
-from procsv.watchdog.series import StepSeries
-from procsv.watchdog.state import RunView
-from procsv.watchdog.statusfile import StatusWriter, status_record
+from procsv.watchdog.publish.runmetrics import PUBLISH_EVERY, RunSnapshot, StepRate, take_snapshot
+from procsv.watchdog.publish.series import StepSeries
+from procsv.watchdog.rules.state import RunView
+from procsv.watchdog.publish.statusfile import StatusWriter, status_record
 
 
 def zygote_record(z: Optional[Zygote]) -> Optional[dict[str, Any]]:
@@ -124,7 +125,7 @@ class Reporter:
         if not final and not liveline.due(now, self.live.last_draw):
             return
         self.live.last_draw, self.live.drawn_step = now, view.step
-        gp = report.goodput([a.record() for a in view.attempts], view.launch_start, now)
+        gp = recovery.goodput([a.record() for a in view.attempts], view.launch_start, now)
         facts = self.live.facts(now, view.step, view.history.restarts, gp)
         self.term.status(liveline.format_line(facts, self.term.width()))
 
@@ -132,7 +133,7 @@ class Reporter:
     def final_report(self, view: RunView, limits: Limits) -> None:
         """``logs/report.json`` (not into a lost logdir); the recovery report on the terminal if
         anything was restarted or chaos was on."""
-        summary = report.summarize([a.record() for a in view.attempts], view.launch_start, self.clock())
+        summary = recovery.summarize([a.record() for a in view.attempts], view.launch_start, self.clock())
         points = self.series.points()
         if points and view.step > points[-1][1]:  # Progress is throttled: the last steps may be unsaid
             self.series.add(self.wall(), view.step)
@@ -144,4 +145,4 @@ class Reporter:
         except OSError:
             pass
         if summary["restarts"] or limits.chaos is not None:
-            self.say(report.render(summary))
+            self.say(recovery.render(summary))

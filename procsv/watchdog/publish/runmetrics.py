@@ -3,9 +3,9 @@
 Runs in the watchdog. The loop takes a :class:`RunSnapshot` at most every ``PUBLISH_EVERY``
 seconds (:func:`take_snapshot`, pure: the view and the times are passed in) and publishes it by
 replacing one reference. Readers in other threads -- the Prometheus endpoint
-(:mod:`procsv.watchdog.metrics`, in its HTTP server's threads) -- only ever see a whole snapshot
+(:mod:`procsv.watchdog.publish.metrics`, in its HTTP server's threads) -- only ever see a whole snapshot
 and never touch the view, which the loop changes without a lock. procsv's own TensorBoard scalars
-(:mod:`procsv.watchdog.runscalars`) read the same numbers from the loop itself.
+(:mod:`procsv.watchdog.publish.runscalars`) read the same numbers from the loop itself.
 
 Restarts are counted by cause (:func:`restart_cause`): ``hang``, ``chaos``, ``preempted`` (exit
 42 after a SIGTERM procsv did not send), the killing signal's name (``SIGKILL``, ``SIGSEGV``, ...)
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from procsv.common.bootstrap import EXIT_PREEMPTED
-from procsv.watchdog import report
-from procsv.watchdog.failures import signal_name
-from procsv.watchdog.lifecycle import RunState
-from procsv.watchdog.state import TRAINER, ChildView, RunView
+from procsv.watchdog.publish import recovery
+from procsv.watchdog.rules.failures import signal_name
+from procsv.watchdog.rules.lifecycle import RunState
+from procsv.watchdog.rules.state import TRAINER, ChildView, RunView
 
 PUBLISH_EVERY = 0.5  # seconds between snapshots (and so the freshness of a scrape)
 RATE_WINDOW = 10.0  # seconds of progress that steps/s is measured over
@@ -112,8 +112,8 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
         attempt=attempt,
         restarts=restart_counts(view.attempts),
         service_restarts=services,
-        steps_redone=sum(r["steps_redone"] or 0 for r in report.recoveries(records)),
-        goodput=report.goodput(records, view.launch_start, now),
+        steps_redone=sum(r["steps_redone"] or 0 for r in recovery.recoveries(records)),
+        goodput=recovery.goodput(records, view.launch_start, now),
         last_checkpoint_step=commit_step,
         last_checkpoint_at=commit_at,
         last_checkpoint_secs=view.last_commit_secs if view.last_commit_at is not None else None,

@@ -28,8 +28,8 @@ import zmq
 
 from procsv.ipc.messages import RunScalars
 from procsv.ipc.transport import make_socket, send
-from procsv.watchdog import report
-from procsv.watchdog.state import RunView
+from procsv.watchdog.publish import recovery
+from procsv.watchdog.rules.state import RunView
 
 SCALARS_EVERY = 10.0  # seconds between periodic points
 SNDHWM = 64  # points queued for a summary service that is down or slow; beyond that they are dropped
@@ -59,7 +59,7 @@ def due(view: RunView, now: float, wall: float, sent: Sent) -> tuple[list[RunSca
             i += 1  # died before a first step: the next attempt's recovery covers it
             continue
         records = records or [r.record() for r in attempts]
-        rec = report.recoveries(records)[i - 1]
+        rec = recovery.recoveries(records)[i - 1]
         tags, values = ["procsv/restarts"], [float(i)]
         if rec["total_s"] is not None:
             tags.append("procsv/recovery_secs")
@@ -80,7 +80,7 @@ def due(view: RunView, now: float, wall: float, sent: Sent) -> tuple[list[RunSca
     if stepped and (now >= sent.next_periodic or final):
         records = records or [r.record() for r in attempts]
         tags, values = ["procsv/restarts"], [float(max(0, len(attempts) - 1))]
-        goodput = report.goodput(records, view.launch_start, now)
+        goodput = recovery.goodput(records, view.launch_start, now)
         if goodput is not None:
             tags.append("procsv/goodput")
             values.append(goodput)

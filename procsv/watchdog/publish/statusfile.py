@@ -18,9 +18,10 @@ import psutil
 
 from procsv.common.layout import Layout, write_json
 from procsv.common.manifests import last_checkpoint
-from procsv.watchdog import group, report
+from procsv.watchdog.rules import group
+from procsv.watchdog.publish import recovery
 from procsv.watchdog.config import LaunchConfig
-from procsv.watchdog.state import CHECKPOINT, SUMMARY, TRAINER, WORKER, RunView
+from procsv.watchdog.rules.state import CHECKPOINT, SUMMARY, TRAINER, WORKER, RunView
 
 STATUS_EVERY = 0.5  # seconds
 STATUS_VERSION = 1
@@ -53,7 +54,7 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
         "restored_step": view.restored_step,
         "last_checkpoint": last_checkpoint(layout),
         "last_error": view.last_error,
-        "goodput": report.goodput([a.record() for a in view.attempts], view.launch_start, now),
+        "goodput": recovery.goodput([a.record() for a in view.attempts], view.launch_start, now),
         "prewarm": zygote,
         "exit_code": view.exit_code if view.finishing else None,
         "rejected": rejected or {"total": 0, "by_reason": {}},

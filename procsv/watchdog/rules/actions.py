@@ -1,8 +1,8 @@
 """What the watchdog's decision function asks for: one frozen dataclass per kind of action.
 
-Runs in the watchdog. :func:`procsv.watchdog.decide.decide` returns a list of these;
+Runs in the watchdog. :func:`procsv.watchdog.rules.decide.decide` returns a list of these;
 :class:`procsv.watchdog.executor.Executor` performs them (spawn, signal, kill) and
-:func:`procsv.watchdog.bookkeeping.note` records in the :class:`~procsv.watchdog.state.RunView` what
+:func:`procsv.watchdog.rules.bookkeeping.note` records in the :class:`~procsv.watchdog.rules.state.RunView` what
 each one changed, so that deciding again without a new observation asks for nothing new.
 """
 
@@ -12,8 +12,8 @@ import enum
 from dataclasses import dataclass
 from typing import Union
 
-from procsv.watchdog.lifecycle import RunState
-from procsv.watchdog.policy import History
+from procsv.watchdog.rules.lifecycle import RunState
+from procsv.watchdog.rules.policy import History
 
 
 class Cause(str, enum.Enum):

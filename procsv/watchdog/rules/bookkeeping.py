@@ -3,8 +3,8 @@
 Runs in the watchdog. Pure of effects like the rules: no clock (``now`` is passed in), no
 process, no file. The executor (:mod:`procsv.watchdog.executor`) performs an action and then
 calls :func:`note`, which records the action's consequences in the
-:class:`~procsv.watchdog.state.RunView`, so that deciding again
-(:func:`procsv.watchdog.decide.decide`) with nothing new observed returns nothing new. Also here:
+:class:`~procsv.watchdog.rules.state.RunView`, so that deciding again
+(:func:`procsv.watchdog.rules.decide.decide`) with nothing new observed returns nothing new. Also here:
 :func:`request_stop` (a stop request, also from :mod:`procsv.watchdog.observe`) and :func:`find`
 (an attempt of a slot), and the exit codes the run-level stops set.
 """
@@ -14,14 +14,15 @@ from __future__ import annotations
 import signal
 from typing import Optional
 
-from procsv.watchdog import group, standby
-from procsv.watchdog.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
+from procsv.watchdog.rules import group
+from procsv.watchdog.rules import standby
+from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
                                      NodeLost, Promote, RespawnService, Restart, Settle, Signal, SkipChaos, Spawn,
                                      StandbyGone, StartZygote, StopLogdirLost, StopNodesMissing)
-from procsv.watchdog.failures import ChildError, Failure
-from procsv.watchdog.lifecycle import ProcState, RunState, transition
-from procsv.watchdog.limits import Limits
-from procsv.watchdog.state import STANDBY, SUMMARY, TRAINER, ChildView, RunView, ZygoteState
+from procsv.watchdog.rules.failures import ChildError, Failure
+from procsv.watchdog.rules.lifecycle import ProcState, RunState, transition
+from procsv.watchdog.rules.limits import Limits
+from procsv.watchdog.rules.state import STANDBY, SUMMARY, TRAINER, ChildView, RunView, ZygoteState
 
 EXIT_CHECKPOINTS_FAILING = 3  # the launch's exit code when checkpoints kept failing (rule 8)
 EXIT_LOGDIR_LOST = 1  # the launch's exit code when the logdir was deleted or moved (rule 9)

@@ -9,7 +9,7 @@ Runs in the watchdog. SPEC is a comma-separated list of ``key=value``:
 Delays count from the moment the target completed its first step (the trainer) or started (a
 service) after the previous kill, so every attempt gets the same chance to make progress.
 Parsing and scheduling are pure; the watchdog performs the kill. :func:`chaos_actions` is rule 5
-of the decision function (:func:`procsv.watchdog.decide.decide` composes it): arm the plan once
+of the decision function (:func:`procsv.watchdog.rules.decide.decide` composes it): arm the plan once
 per attempt of the target, signal it when due, never while it is busy.
 """
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from procsv.common.errors import UsageError
-from procsv.watchdog.actions import Action, ArmChaos, Cause, Signal, SkipChaos
-from procsv.watchdog.state import TRAINER, RunView
+from procsv.watchdog.rules.actions import Action, ArmChaos, Cause, Signal, SkipChaos
+from procsv.watchdog.rules.state import TRAINER, RunView
 
 _ROLES = ("trainer", "checkpoint", "summary")
 

@@ -2,22 +2,22 @@
 
 Runs in the watchdog, but reads no clock, touches no process and no file:
 :func:`decide` ``(view, now, limits, draw) -> list[Action]`` looks at the observed state
-(:class:`~procsv.watchdog.state.RunView`), the time ``now`` (the watchdog's monotonic clock,
+(:class:`~procsv.watchdog.rules.state.RunView`), the time ``now`` (the watchdog's monotonic clock,
 passed in) and a uniform random ``draw`` in [0, 1) for the backoff jitter, and returns what to
-do. :func:`procsv.watchdog.bookkeeping.note` applies an action's consequences to the view. The
+do. :func:`procsv.watchdog.rules.bookkeeping.note` applies an action's consequences to the view. The
 executor performs an action and notes it; deciding again with nothing new observed then returns
 nothing new. Tests drive both with a fake clock and scripted observations
 (``tests/test_watchdog_decide.py``).
 
 This module owns the order of the rules and the run-level ones (2, 3, 6, 8, 9, 10, 13); the other
-rules live in pure modules it composes: rule 1 in :mod:`procsv.watchdog.judge`, rule 4 in
-:mod:`procsv.watchdog.hang`, rule 5 in :mod:`procsv.watchdog.chaos`, rule 7 in
-:mod:`procsv.watchdog.stall`; the limits they read are :class:`~procsv.watchdog.limits.Limits`.
+rules live in pure modules it composes: rule 1 in :mod:`procsv.watchdog.rules.judge`, rule 4 in
+:mod:`procsv.watchdog.rules.hang`, rule 5 in :mod:`procsv.watchdog.rules.chaos`, rule 7 in
+:mod:`procsv.watchdog.rules.stall`; the limits they read are :class:`~procsv.watchdog.rules.limits.Limits`.
 
 Rules, in the order they are considered:
 
 1. **Ended children.** A trainer attempt that was reaped, or whose death notice arrived, is
-   judged (:mod:`procsv.watchdog.judge`) by the restart policy (:func:`procsv.watchdog.policy.decide`): finish, stopped,
+   judged (:mod:`procsv.watchdog.rules.judge`) by the restart policy (:func:`procsv.watchdog.rules.policy.decide`): finish, stopped,
    restart (at once after progress or a preemption, else with backoff), or give up -- at once if
    it failed before its first step with an error a restart cannot cure (``permanent_errors``:
    a usage error, no restorable checkpoint, a checkpoint of another model, a syntax error), and
@@ -31,7 +31,7 @@ Rules, in the order they are considered:
    zygote: it is stopped in turn once it exists) the run is ``stopped``.
 3. **Restart timer.** A pending trainer start happens when due -- but the first one waits up to
    ``zygote_wait`` seconds for the pre-warmed trainer to be ready.
-4. **Hangs.** A trainer silent beyond its limit (:func:`procsv.watchdog.hang.hang_reason`; busy
+4. **Hangs.** A trainer silent beyond its limit (:func:`procsv.watchdog.rules.hang.hang_reason`; busy
    on purpose has a longer limit, never none) gets SIGTERM, then SIGKILL after ``hang_grace_secs``.
    If it then exits with "saved, restart me" (42), that still counts as a failure.
 5. **Chaos.** The target is armed once per attempt (after the trainer's first step, or when a
@@ -56,17 +56,17 @@ Rules, in the order they are considered:
    (``view.logdir_lost``, from filesystem events and a check every round): nothing the run
    writes from now on would land where the user looks, so the run is stopped in order and fails
    (exit 1). Considered first, like rule 8; not while a stop is already under way.
-10. **Hot standby** (:mod:`procsv.watchdog.standby`): one is prepared (forked from the zygote)
+10. **Hot standby** (:mod:`procsv.watchdog.rules.standby`): one is prepared (forked from the zygote)
    once the trainer has completed a step; a due restart (rule 3) promotes it if it is ready for
    that attempt, else kills it and forks. A standby that ends is settled by rule 1
    (``StandbyGone``: counted, with backoff, unless the watchdog ended it).
-11. **Groups** (:mod:`procsv.watchdog.group`, ``--nproc N``): the first member of a trainer
+11. **Groups** (:mod:`procsv.watchdog.rules.group`, ``--nproc N``): the first member of a trainer
    group whose end breaks it (the chief's end; a worker's death or non-zero exit) is what the
    chief's attempt is judged by (rule 1); the other members get SIGTERM, SIGKILL after
    ``group_grace_secs``; rule 3 starts the next group only once every worker is reaped. Rules 2
    (stop: the chief is asked to checkpoint; its workers are stopped once it ended) and 4 (hangs:
    of every member) apply to the group's members.
-12. **Hosts** (:mod:`procsv.watchdog.hosts`, ``--nnodes M``): a host whose agent is silent for
+12. **Hosts** (:mod:`procsv.watchdog.rules.hosts`, ``--nnodes M``): a host whose agent is silent for
    ``node_timeout`` is lost: its members count as dead (rule 11 restarts the group, rule 3 waits
    until every host is back); one that does not join, or come back, within ``rejoin_timeout``
    stops the run in order, which fails. Considered first, like rules 8 and 9.
@@ -81,18 +81,19 @@ from __future__ import annotations
 
 import signal
 
-from procsv.watchdog import group, standby
-from procsv.watchdog.actions import (Action, Cause, Finish, GiveUp, GiveUpCheckpoints, Kill, Promote, Signal, Spawn,
+from procsv.watchdog.rules import group
+from procsv.watchdog.rules import standby
+from procsv.watchdog.rules.actions import (Action, Cause, Finish, GiveUp, GiveUpCheckpoints, Kill, Promote, Signal, Spawn,
                                      StartZygote, StopLogdirLost, StopNodesMissing)
-from procsv.watchdog.chaos import chaos_actions
-from procsv.watchdog.hang import hang_actions
-from procsv.watchdog.group import group_actions
-from procsv.watchdog.hosts import host_actions, hosts_missing
-from procsv.watchdog.judge import judge
-from procsv.watchdog.lifecycle import ProcState, RunState
-from procsv.watchdog.limits import Limits
-from procsv.watchdog.stall import stall_actions
-from procsv.watchdog.state import STANDBY, TRAINER, RunView, ZygoteState
+from procsv.watchdog.rules.chaos import chaos_actions
+from procsv.watchdog.rules.hang import hang_actions
+from procsv.watchdog.rules.group import group_actions
+from procsv.watchdog.rules.hosts import host_actions, hosts_missing
+from procsv.watchdog.rules.judge import judge
+from procsv.watchdog.rules.lifecycle import ProcState, RunState
+from procsv.watchdog.rules.limits import Limits
+from procsv.watchdog.rules.stall import stall_actions
+from procsv.watchdog.rules.state import STANDBY, TRAINER, RunView, ZygoteState
 
 __all__ = ["Limits", "decide"]
 

@@ -1,7 +1,7 @@
 """Rule 11 of the decision function: a group of trainers (``procsv launch --nproc N``) lives and dies together.
 
-Runs in the watchdog. Pure: reads the observed :class:`~procsv.watchdog.state.RunView`, the
-time ``now`` passed in and the :class:`~procsv.watchdog.limits.Limits`; returns actions.
+Runs in the watchdog. Pure: reads the observed :class:`~procsv.watchdog.rules.state.RunView`, the
+time ``now`` passed in and the :class:`~procsv.watchdog.rules.limits.Limits`; returns actions.
 
 A ``tf.distribute`` worker group cannot outlive one of its members: when a worker dies the
 others fail in their next collective and can never continue, and a restarted worker alone
@@ -12,7 +12,7 @@ policy judges; the other tasks hold ``worker<R>`` slots with the chief's attempt
 - The first member whose end breaks the group -- the chief ending in any way, or a worker
   dying or exiting with a non-zero code (a worker that finished cleanly breaks nothing: the
   chief finishes too) -- is the group's *breaker*; :func:`blame` names it, and the chief's
-  judgement (:mod:`procsv.watchdog.judge`) uses its exit code, error and hang.
+  judgement (:mod:`procsv.watchdog.rules.judge`) uses its exit code, error and hang.
 - Every other live member then gets SIGTERM (cause ``group``), and SIGKILL after
   ``group_grace_secs``: a survivor can only fail in its next collective.
 - The next attempt starts all N together, only once every member of the last one is reaped
@@ -25,9 +25,9 @@ import math
 import signal
 from typing import Optional
 
-from procsv.watchdog.actions import Action, Cause, Kill, Signal
-from procsv.watchdog.lifecycle import ProcState
-from procsv.watchdog.state import TRAINER, WORKER, ChildView, RunView
+from procsv.watchdog.rules.actions import Action, Cause, Kill, Signal
+from procsv.watchdog.rules.lifecycle import ProcState
+from procsv.watchdog.rules.state import TRAINER, WORKER, ChildView, RunView
 
 
 def worker_slot(rank: int) -> str:

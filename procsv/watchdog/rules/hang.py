@@ -9,7 +9,7 @@ that reports, before its first step, that it is reading its input again (``Busy.
 Keras ``fit`` drawing earlier epochs, which may take longer than any fixed start-up allowance) gets
 ``startup_timeout`` from each such report instead of from its start.
 
-:func:`hang_actions` is rule 4 of the decision function (:func:`procsv.watchdog.decide.decide`
+:func:`hang_actions` is rule 4 of the decision function (:func:`procsv.watchdog.rules.decide.decide`
 composes it): a hung trainer gets SIGTERM, then SIGKILL once its grace (``hang_kill_at``) passed.
 """
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from procsv.ipc.message_base import Busy
-from procsv.watchdog.actions import Action, Cause, Kill, Signal
-from procsv.watchdog.state import ChildView, RunView
+from procsv.watchdog.rules.actions import Action, Cause, Kill, Signal
+from procsv.watchdog.rules.state import ChildView, RunView
 
 
 @dataclass(frozen=True)

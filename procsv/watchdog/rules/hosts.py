@@ -1,8 +1,8 @@
 """Rule 12 of the decision function: the other hosts of a job that spans hosts (``--nnodes M``).
 
 Runs in the watchdog of node 0 (the master, which decides for the whole job). Pure: reads the
-observed :class:`~procsv.watchdog.state.RunView` (each host's :class:`NodeView`, fed by its
-agent's heartbeats), the time ``now`` passed in and the :class:`~procsv.watchdog.limits.Limits`.
+observed :class:`~procsv.watchdog.rules.state.RunView` (each host's :class:`NodeView`, fed by its
+agent's heartbeats), the time ``now`` passed in and the :class:`~procsv.watchdog.rules.limits.Limits`.
 
 - A host whose agent has been silent for ``node_timeout`` seconds is lost (:class:`NodeLost`):
   its members count as dead, which breaks the group (rule 11); the next group waits until
@@ -13,9 +13,9 @@ agent's heartbeats), the time ``now`` passed in and the :class:`~procsv.watchdog
 
 from __future__ import annotations
 
-from procsv.watchdog.actions import Action, NodeLost, StopNodesMissing
-from procsv.watchdog.limits import Limits
-from procsv.watchdog.state import RunView
+from procsv.watchdog.rules.actions import Action, NodeLost, StopNodesMissing
+from procsv.watchdog.rules.limits import Limits
+from procsv.watchdog.rules.state import RunView
 
 
 def host_actions(view: RunView, now: float, limits: Limits) -> list[Action]:

@@ -3,10 +3,10 @@
 Runs in the watchdog. Pure: :func:`judge` reads the observed view, the time ``now`` passed in
 and the backoff jitter ``draw``, and returns actions; it changes nothing. It owns the restart
 judgement of a run's children: a trainer attempt goes to the restart policy
-(:func:`procsv.watchdog.policy.decide`), overruled by the errors a restart cannot cure
+(:func:`procsv.watchdog.rules.policy.decide`), overruled by the errors a restart cannot cure
 (:func:`hopeless`); a service is respawned unless it died too often within the window; a
-standby that ends is counted (:mod:`procsv.watchdog.standby`); anything ending after the run's
-outcome is decided is only settled. :func:`procsv.watchdog.decide.decide` composes it.
+standby that ends is counted (:mod:`procsv.watchdog.rules.standby`); anything ending after the run's
+outcome is decided is only settled. :func:`procsv.watchdog.rules.decide.decide` composes it.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from __future__ import annotations
 import signal
 
 from procsv.common.bootstrap import EXIT_PREEMPTED
-from procsv.watchdog.actions import Action, Finish, GiveUp, GiveUpService, RespawnService, Restart, Settle, StandbyGone
-from procsv.watchdog.lifecycle import RunState
-from procsv.watchdog.limits import Limits
-from procsv.watchdog.policy import Action as Verdict
-from procsv.watchdog.policy import TrainerExit
-from procsv.watchdog.policy import decide as restart_verdict
-from procsv.watchdog import group
-from procsv.watchdog.state import STANDBY, TRAINER, WORKER, ChildView, RunView
+from procsv.watchdog.rules.actions import Action, Finish, GiveUp, GiveUpService, RespawnService, Restart, Settle, StandbyGone
+from procsv.watchdog.rules.lifecycle import RunState
+from procsv.watchdog.rules.limits import Limits
+from procsv.watchdog.rules.policy import Action as Verdict
+from procsv.watchdog.rules.policy import TrainerExit
+from procsv.watchdog.rules.policy import decide as restart_verdict
+from procsv.watchdog.rules import group
+from procsv.watchdog.rules.state import STANDBY, TRAINER, WORKER, ChildView, RunView
 
 
 def judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: float) -> list[Action]:

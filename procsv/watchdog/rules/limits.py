@@ -2,7 +2,7 @@
 
 Runs in the watchdog. Plain data, no behaviour: :meth:`procsv.watchdog.config.LaunchConfig.limits`
 builds one :class:`Limits` from the command line, and the decision function
-(:func:`procsv.watchdog.decide.decide`) and its rule modules read it. Imported by the pure rule
+(:func:`procsv.watchdog.rules.decide.decide`) and its rule modules read it. Imported by the pure rule
 modules, so it imports only pure ones.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from procsv.watchdog.chaos import ChaosPlan
-from procsv.watchdog.hang import HangLimits
-from procsv.watchdog.policy import RestartPolicy
+from procsv.watchdog.rules.chaos import ChaosPlan
+from procsv.watchdog.rules.hang import HangLimits
+from procsv.watchdog.rules.policy import RestartPolicy
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Limits:
     # restart would resume from the last checkpoint and meet the same failure again
     program_errors: frozenset[str] = frozenset({"NanLossDuringTrainingError"})
     chaos: Optional[ChaosPlan] = None
-    nproc: int = 1  # trainers in the group (--nproc): task 0 the chief (procsv.watchdog.group)
+    nproc: int = 1  # trainers in the group (--nproc): task 0 the chief (procsv.watchdog.rules.group)
     group_grace_secs: float = 0.5  # a group's survivors get SIGTERM, then SIGKILL after this (rule 11)
     nnodes: int = 1  # hosts of the job (--nnodes): each runs nproc of the group's trainers
     node_timeout: float = 3.0  # a host whose agent is silent this long is lost (its members are dead)

@@ -4,20 +4,20 @@ Runs in the watchdog. Pure: reads the observed view and the time ``now`` passed 
 nothing. It owns the judgement "checkpoints stopped while training goes on":
 :func:`checkpoint_stall` says why (a ``SaveOverdue`` from the trainer, or no commit for
 ``stall_factor`` save intervals), and :func:`stall_actions` turns that into a SIGKILL of the
-checkpoint service, which rule 1 (:mod:`procsv.watchdog.judge`) then respawns. A summary service
+checkpoint service, which rule 1 (:mod:`procsv.watchdog.rules.judge`) then respawns. A summary service
 the trainer says confirmed nothing within its deadline (``view.summary_overdue``, from a
 ``SummaryOverdue``) is SIGKILLed the same way.
-:func:`procsv.watchdog.decide.decide` composes it.
+:func:`procsv.watchdog.rules.decide.decide` composes it.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from procsv.watchdog.actions import Action, Cause, Kill
-from procsv.watchdog.lifecycle import ProcState
-from procsv.watchdog.limits import Limits
-from procsv.watchdog.state import CHECKPOINT, SUMMARY, RunView
+from procsv.watchdog.rules.actions import Action, Cause, Kill
+from procsv.watchdog.rules.lifecycle import ProcState
+from procsv.watchdog.rules.limits import Limits
+from procsv.watchdog.rules.state import CHECKPOINT, SUMMARY, RunView
 
 
 def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]:

@@ -1,12 +1,12 @@
 """The hot standby's rules: whether one may run, when one is prepared, what a restart does with it.
 
-Runs in the watchdog. Pure: called by :func:`procsv.watchdog.decide.decide` with the observed
-:class:`~procsv.watchdog.state.RunView` and the time, and by the launcher with two numbers for the
+Runs in the watchdog. Pure: called by :func:`procsv.watchdog.rules.decide.decide` with the observed
+:class:`~procsv.watchdog.rules.state.RunView` and the time, and by the launcher with two numbers for the
 memory rule; nothing here touches a process.
 
 A hot standby is a second trainer process, forked from the pre-warmed zygote, that runs the
 program up to the point of restoring (its module imported, data loaded, model and optimizer
-built, the Supervisor created) and waits there for SIGUSR1 (:mod:`procsv.trainer.standby`).
+built, the Supervisor created) and waits there for SIGUSR1 (:mod:`procsv.trainer.standby.wait`).
 When the trainer dies, the restart promotes it instead of forking: it restores the newest
 checkpoint (the in-memory snapshot the checkpoint service just persisted) and trains on. Rules:
 
@@ -26,7 +26,7 @@ checkpoint (the in-memory snapshot the checkpoint service just persisted) and tr
 
 from __future__ import annotations
 
-from procsv.watchdog.state import RunView, ZygoteState, TRAINER
+from procsv.watchdog.rules.state import RunView, ZygoteState, TRAINER
 
 GIVE_UP_AFTER = 5  # standby ends in a row (not caused by the watchdog) after which none is prepared
 HEADROOM = 1 << 30  # bytes of memory left over beyond twice the trainer's size

@@ -1,7 +1,7 @@
 """What the watchdog knows about its run: plain data, changed only by observations and actions.
 
 Runs in the watchdog. :class:`RunView` is the whole picture the decision function
-(:func:`procsv.watchdog.decide.decide`) looks at: one :class:`ChildView` per attempt of every
+(:func:`procsv.watchdog.rules.decide.decide`) looks at: one :class:`ChildView` per attempt of every
 role, the restart history, the stop request, the timers and the pre-warmed trainer's state.
 Nothing here touches a process, a file or a clock: every time is a number passed in (the
 watchdog's monotonic clock), so tests build and drive a view with plain values.
@@ -18,13 +18,13 @@ import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
-from procsv.watchdog.failures import Failure
-from procsv.watchdog.lifecycle import ProcState, RunState, transition
-from procsv.watchdog.policy import History
-from procsv.watchdog.report import AttemptRecord
+from procsv.watchdog.rules.failures import Failure
+from procsv.watchdog.rules.lifecycle import ProcState, RunState, transition
+from procsv.watchdog.rules.policy import History
+from procsv.watchdog.publish.recovery import AttemptRecord
 
 TRAINER = "trainer"
-WORKER = "worker"  # the role of a group's task 1, 2, ... (slots ``worker1``, ...; procsv.watchdog.group)
+WORKER = "worker"  # the role of a group's task 1, 2, ... (slots ``worker1``, ...; procsv.watchdog.rules.group)
 STANDBY = "standby"  # the slot (and role) of the hot-standby trainer until it is promoted
 CHECKPOINT = "checkpoint"
 SUMMARY = "summary"
@@ -182,7 +182,7 @@ class RunView:
     chaos_at: Optional[float] = None  # the next chaos kill
     chaos_armed_for: Optional[tuple[str, int]] = None  # (slot, attempt) the current schedule targets
     chaos_next_delay: float = 0.0  # drawn from the plan's seeded generator by the executor
-    # the hot standby (procsv.watchdog.standby): whether one may run (None: not decided yet; the
+    # the hot standby (procsv.watchdog.rules.standby): whether one may run (None: not decided yet; the
     # memory rule needs the first trainer's size), when the next may be prepared, its failures in a row
     standby_ok: Optional[bool] = None
     standby_after: float = 0.0
