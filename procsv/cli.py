@@ -18,6 +18,7 @@ import time
 from typing import Optional, Sequence
 
 from procsv.common.errors import LogdirLocked, UsageError
+from procsv.common.layout import Layout
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -116,6 +117,22 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _report(layout: Layout, plot: Optional[str]) -> str:
+    """The text of ``procsv report``; with ``plot``, the timeline is drawn into that PNG too."""
+    from procsv.report import gather, render
+
+    rep = gather(layout)
+    if rep is None:
+        raise UsageError(f"no procsv run found in {layout.logdir!r} (no logs/lifecycle.jsonl, no .procsv/status.json)")
+    text = render(rep)
+    if plot is not None:
+        from procsv.reportplot import draw
+
+        draw(rep, plot)
+        text += f"\n  timeline: {os.path.abspath(plot)}"
+    return text
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     target_args: list[str] = []
@@ -139,9 +156,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return show(Layout(os.path.abspath(args.logdir)), args.role, args.attempt, sys.stdout, args.follow)
         if args.command == "report":
             from procsv.common.layout import Layout
-            from procsv.report import show as show_report
 
-            print(show_report(Layout(os.path.abspath(args.logdir)), args.plot), flush=True)
+            print(_report(Layout(os.path.abspath(args.logdir)), args.plot), flush=True)
             return EXIT_OK
         return _stop(args)
     except (UsageError, LogdirLocked) as exc:

@@ -16,13 +16,13 @@ unless noted:
 While the launch is live, or when it died before writing its report (a SIGKILLed watchdog), the
 report is built from the lifecycle events and the status record alone: no recovery breakdown, and
 a step series made of the events that name a step. :func:`gather` collects a :class:`RunReport`;
-:func:`render` is the text; :mod:`procsv.reportplot` draws it.
+:func:`render` is the text; :mod:`procsv.reportplot` draws it (the CLI calls both: this module never imports
+the plotting one, which imports it).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -232,19 +232,3 @@ def render(rep: RunReport) -> str:
     else:
         lines.append("  checkpoints: none committed in this launch")
     return "\n".join(lines)
-
-
-def show(layout: Layout, plot: Optional[str] = None) -> str:
-    """The text of ``procsv report``; with ``plot``, the timeline is drawn into that PNG too."""
-    from procsv.common.errors import UsageError
-
-    rep = gather(layout)
-    if rep is None:
-        raise UsageError(f"no procsv run found in {layout.logdir!r} (no logs/lifecycle.jsonl, no .procsv/status.json)")
-    text = render(rep)
-    if plot is not None:
-        from procsv.reportplot import draw
-
-        draw(rep, plot)
-        text += f"\n  timeline: {os.path.abspath(plot)}"
-    return text

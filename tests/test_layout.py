@@ -235,7 +235,7 @@ def test_lock_held_by_a_live_process_is_refused_and_taken_over_after_it_is_kille
 def test_an_error_record_the_logdir_cannot_take_goes_to_the_runtime_dir_where_the_watchdog_reads_it(tmp_path):
     from procsv.common.bootstrap import write_error_record
     from procsv.common.layout import spilled_error_file
-    from procsv.watchdog.rules.failures import read_child_error
+    from procsv.watchdog.children import read_child_error
 
     layout = Layout(str(tmp_path / "run"))
     os.makedirs(layout.logdir)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from procsv.common.bootstrap import EXIT_PREEMPTED
+from procsv.common.exitcodes import EXIT_PREEMPTED
 from procsv.trainer.outcome import EXIT_UNSAVED, Outcome
 
 

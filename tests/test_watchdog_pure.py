@@ -10,7 +10,8 @@ import pytest
 from procsv.common.errors import UsageError
 from procsv.watchdog.rules.chaos import parse_chaos
 from procsv.watchdog.rules.hang import HangLimits, hang_reason
-from procsv.watchdog.publish.recovery import AttemptRecord, goodput, recoveries, summarize
+from procsv.watchdog.publish.recovery import goodput, recoveries, summarize
+from procsv.watchdog.rules.state import AttemptRecord
 
 LIMITS = HangLimits(hang_timeout=10.0, startup_timeout=60.0)
 

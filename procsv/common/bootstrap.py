@@ -24,11 +24,6 @@ from procsv.ipc.transport import Endpoints
 
 _PR_SET_PDEATHSIG = 1
 
-# A trainer that a SIGTERM/SIGINT stopped after committing its emergency checkpoint exits with
-# this code: "my state is saved, restart me" (TensorFlow's PreemptionCheckpointHandler uses 42 too).
-EXIT_PREEMPTED = 42
-
-
 @dataclass(frozen=True)
 class ChildContext:
     """The coordinates of this child inside its run."""

@@ -5,7 +5,7 @@ ARGS as its ``sys.argv[1:]``, exactly as ``python -m TARGET`` / ``python TARGET`
 that it arms the parent-death signal, takes the death-notice mutex and catches an early SIGTERM;
 if TARGET raises, it writes the traceback to this attempt's error file (the watchdog prints it as
 the root cause) and exits non-zero. A run that a SIGTERM/SIGINT stopped after its emergency
-checkpoint exits with :data:`procsv.common.bootstrap.EXIT_PREEMPTED` (42), which the watchdog
+checkpoint exits with :data:`procsv.common.exitcodes.EXIT_PREEMPTED` (42), which the watchdog
 treats as "saved, restart me" unless it asked for the stop itself. What the program's
 Supervisors achieved arrives as a value (:mod:`procsv.trainer.outcome`).
 """
@@ -17,6 +17,7 @@ import runpy
 import sys
 
 from procsv.common import bootstrap
+from procsv.common.exitcodes import EXIT_PREEMPTED
 from procsv.trainer import deathnotice, outcome
 from procsv.trainer.standby import priority
 from procsv.trainer.standby import wait as standby
@@ -60,7 +61,7 @@ def _clean_exit() -> int:
     result = outcome.collect()
     if result.stopped_by_signal and result.unsaved:
         print("procsv: stopped by a signal, but the emergency checkpoint did not commit: exiting with code "
-              f"{outcome.EXIT_UNSAVED} (a failure), not {bootstrap.EXIT_PREEMPTED} (saved)", file=sys.stderr, flush=True)
+              f"{outcome.EXIT_UNSAVED} (a failure), not {EXIT_PREEMPTED} (saved)", file=sys.stderr, flush=True)
     elif result.unsaved:
         print("procsv: the program finished, but its final checkpoint did not commit: exiting with code "
               f"{outcome.EXIT_UNSAVED} (a failure), not 0, so that its last steps are not reported saved; a restart "

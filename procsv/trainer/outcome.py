@@ -17,7 +17,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from procsv.common.bootstrap import EXIT_PREEMPTED
+from procsv.common.exitcodes import EXIT_PREEMPTED
 
 EXIT_UNSAVED = 1  # the final (or, after a signal, the emergency) checkpoint did not commit
 

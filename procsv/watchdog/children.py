@@ -14,13 +14,15 @@ import os
 import re
 import signal
 import subprocess
-from typing import Callable, Iterable, Optional, Union
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 import psutil
 
+from procsv.common.layout import read_json
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog.deathwatch import DeathWatch
 from procsv.watchdog.prewarm import ForkedProcess
+from procsv.watchdog.rules.failures import ChildError
 
 Process = Union["subprocess.Popen[bytes]", ForkedProcess]
 
@@ -174,3 +176,14 @@ def watch_death(child: ChildProcess, mutex: RobustMutex, clock: Callable[[], flo
                 on_event: Callable[[bool, float], None]) -> None:
     """Start the death-notice watch of a trainer on the mutex it was told to hold."""
     child.watch = DeathWatch(mutex, alive=lambda: child.pidfd >= 0, on_event=on_event, clock=clock)
+
+
+def read_child_error(paths: Sequence[str], pid: int) -> Optional[ChildError]:
+    """The first error file of ``paths`` written by ``pid`` (not by an earlier process): the one
+    in ``logs/``, then the one a child spilled into the runtime directory when the logdir was full."""
+    for path in paths:
+        err = read_json(path)
+        if isinstance(err, dict) and err.get("pid") == pid:
+            return ChildError(str(err.get("type", "")), str(err.get("message", "")),
+                              str(err.get("traceback", "")), str(err.get("phase", "")))
+    return None

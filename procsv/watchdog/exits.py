@@ -21,9 +21,9 @@ from procsv.common.layout import Layout, spilled_error_file
 from procsv.common.manifests import newest_committed_since
 from procsv.watchdog import observe
 from procsv.watchdog.rules.bookkeeping import find
-from procsv.watchdog.children import ChildProcess
+from procsv.watchdog.children import ChildProcess, read_child_error
 from procsv.watchdog.executor import Executor
-from procsv.watchdog.rules.failures import ChildError, Failure, read_child_error
+from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.prewarm import ForkedProcess
 from procsv.watchdog.publish.reporting import Reporter
 from procsv.watchdog.rules.state import TRAINER, RunView

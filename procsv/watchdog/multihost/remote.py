@@ -14,7 +14,8 @@ from typing import Callable
 
 from procsv.common.layout import Layout
 from procsv.watchdog import observe
-from procsv.watchdog.rules.failures import Failure, read_child_error
+from procsv.watchdog.children import read_child_error
+from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.group import worker_slot
 from procsv.watchdog.multihost.nodes import NodeLink
 from procsv.watchdog.observe import Report

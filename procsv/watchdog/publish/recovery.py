@@ -13,24 +13,9 @@ were kept, divided by the wall time of the launch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional
 
-
-@dataclass
-class AttemptRecord:
-    """One trainer attempt's timeline for the recovery report: spawn, ready, first step, end."""
-
-    attempt: int
-    spawned: float
-    ready: Optional[float] = None
-    restored_step: int = 0
-    first_step: Optional[float] = None
-    last_progress: Optional[float] = None
-    last_step: int = 0
-    ended: Optional[float] = None
-    killed_at: Optional[float] = None  # when a signal meant to kill it was sent (chaos, hang)
-    cause: str = ""
+from procsv.watchdog.rules.state import AttemptRecord
 
 
 def _d(a: Optional[float], b: Optional[float]) -> Optional[float]:

@@ -20,7 +20,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Optional
 
-from procsv.common.bootstrap import EXIT_PREEMPTED
+from procsv.common.exitcodes import EXIT_PREEMPTED
 from procsv.watchdog.publish import recovery
 from procsv.watchdog.rules.failures import signal_name
 from procsv.watchdog.rules.lifecycle import RunState

@@ -3,7 +3,8 @@
 Runs in the watchdog. When a child is reaped the watchdog builds a :class:`Failure` from its exit
 status and, if the child wrote one, its error file (``logs/<role>.<attempt>.error.json``, written
 atomically by the child: :func:`procsv.common.bootstrap.write_error_file`, or into the runtime
-directory if the logdir could not take it). Every message about a
+directory if the logdir could not take it; read by :func:`procsv.watchdog.children.read_child_error`).
+Pure data: this module reads no file. Every message about a
 death -- the line on stderr, ``last_error`` in ``status.json``, the ``exited`` event -- is rendered
 from this record instead of being assembled where the death is handled.
 """
@@ -12,9 +13,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
-
-from procsv.common.layout import read_json
+from typing import Any, Optional
 
 
 @dataclass(frozen=True)
@@ -87,14 +86,3 @@ def describe(code: Optional[int]) -> str:
 def exit_fields(code: Optional[int]) -> dict[str, Any]:
     name = signal_name(code)
     return {"signal": name} if name else {"code": code}
-
-
-def read_child_error(paths: Sequence[str], pid: int) -> Optional[ChildError]:
-    """The first error file of ``paths`` written by ``pid`` (not by an earlier process): the one
-    in ``logs/``, then the one a child spilled into the runtime directory when the logdir was full."""
-    for path in paths:
-        err = read_json(path)
-        if isinstance(err, dict) and err.get("pid") == pid:
-            return ChildError(str(err.get("type", "")), str(err.get("message", "")),
-                              str(err.get("traceback", "")), str(err.get("phase", "")))
-    return None

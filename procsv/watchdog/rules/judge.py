@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import signal
 
-from procsv.common.bootstrap import EXIT_PREEMPTED
+from procsv.common.exitcodes import EXIT_PREEMPTED
 from procsv.watchdog.rules.actions import Action, Finish, GiveUp, GiveUpService, RespawnService, Restart, Settle, StandbyGone
 from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.rules.limits import Limits

@@ -7,7 +7,7 @@ Tests drive it with plain values.
 Rules:
 
 * exit code 0 -> finished; any exit while a stop was requested -> stopped.
-* exit code 42 (:data:`procsv.common.bootstrap.EXIT_PREEMPTED`: the trainer itself got SIGTERM, saved and
+* exit code 42 (:data:`procsv.common.exitcodes.EXIT_PREEMPTED`: the trainer itself got SIGTERM, saved and
   exited) -> restart at once; it is not a failure.
 * a trainer that dies before completing its first step is a *startup failure*; two in a row mean
   the program cannot start (bad import, bad arguments): give up, no restart storm.
@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from procsv.common.bootstrap import EXIT_PREEMPTED
+from procsv.common.exitcodes import EXIT_PREEMPTED
 
 
 class Action(str, enum.Enum):

@@ -21,7 +21,6 @@ from typing import Optional
 from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.lifecycle import ProcState, RunState, transition
 from procsv.watchdog.rules.policy import History
-from procsv.watchdog.publish.recovery import AttemptRecord
 
 TRAINER = "trainer"
 WORKER = "worker"  # the role of a group's task 1, 2, ... (slots ``worker1``, ...; procsv.watchdog.rules.group)
@@ -29,6 +28,22 @@ STANDBY = "standby"  # the slot (and role) of the hot-standby trainer until it i
 CHECKPOINT = "checkpoint"
 SUMMARY = "summary"
 SERVICE_ROLES = (SUMMARY, CHECKPOINT)
+
+
+@dataclass
+class AttemptRecord:
+    """One trainer attempt's timeline for the recovery report: spawn, ready, first step, end."""
+
+    attempt: int
+    spawned: float
+    ready: Optional[float] = None
+    restored_step: int = 0
+    first_step: Optional[float] = None
+    last_progress: Optional[float] = None
+    last_step: int = 0
+    ended: Optional[float] = None
+    killed_at: Optional[float] = None  # when a signal meant to kill it was sent (chaos, hang)
+    cause: str = ""
 
 
 class ZygoteState(str, enum.Enum):
