@@ -11,20 +11,39 @@ snapshots, progress, summaries) belongs to one thread.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 from procsv.common.errors import TrainingStopped, UsageError
+from procsv.trainer.coordinator import Coordinator
 from procsv.trainer.monitored.hooks import evaluate
 from procsv.trainer.step_boundary import StepState
 
-if TYPE_CHECKING:
-    from procsv.trainer.supervisor import Supervisor
+
+class SessionOwner(Protocol):
+    """What a session needs of the :class:`procsv.Supervisor` that made it (named here, not
+    imported: the Supervisor imports this module)."""
+
+    @property
+    def _state(self) -> StepState: ...
+
+    @property
+    def coord(self) -> Coordinator: ...
+
+    def should_stop(self) -> bool: ...
+
+    def request_stop(self, ex: Any = None) -> None: ...
+
+    def prepare_or_wait_for_session(self, *, start_standard_services: bool = True) -> "ManagedSession": ...
+
+    def stop(self, *, close_summary_writer: bool = True) -> None: ...
+
+    def _release(self) -> None: ...
 
 
 class ManagedSession:
     """What ``managed_session()`` yields. ``run(step_fn, *args)`` runs one training step."""
 
-    def __init__(self, sv: "Supervisor") -> None:
+    def __init__(self, sv: SessionOwner) -> None:
         self._sv = sv
         self._state: StepState = sv._state  # what each step reads and advances
         self._owner = threading.get_ident()
@@ -93,7 +112,7 @@ class ManagedSessionContext:
     """The ``with sv.managed_session():`` block: prepare on entry; on exit ``stop()`` and re-raise
     as TF (the block's exception, else a service's or thread's; clean-stop types are swallowed)."""
 
-    def __init__(self, sv: "Supervisor", start_standard_services: bool, close_summary_writer: bool) -> None:
+    def __init__(self, sv: SessionOwner, start_standard_services: bool, close_summary_writer: bool) -> None:
         self._sv = sv
         self._start = start_standard_services
         self._close = close_summary_writer
