@@ -22,7 +22,7 @@ codec and counted by reason (``rejected`` in the stats file; one log line per re
 :class:`~procsv.ipc.rejections.Rejections`); a malformed item inside a valid batch is reported,
 dropped and counted in ``service_dropped``. Neither ever stops the service.
 
-What a crash costs (the bound the README quotes):
+What a crash costs (the bound docs/guarantees.md quotes):
 
 * Killing this service (even SIGKILL, at any moment) loses no summary. The trainer keeps every
   batch until this service has written it to its event file; the restarted service asks for what

@@ -18,7 +18,7 @@ several percent, of which reading them alone is about half). Written by the grap
 step a dozen small ops that TensorFlow's executor runs beside the step's own, and the trainer
 reads thousands of rows in a few eager reads.
 
-What differs from eager logging (documented in the README):
+What differs from eager logging (documented in docs/python-api.md, "The Supervisor API"):
 
 - ``step=`` is required (a Python int or an integer tensor such as ``optimizer.iterations``): a
   traced function cannot see the Python step counter.
