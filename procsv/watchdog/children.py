@@ -21,12 +21,13 @@ import psutil
 from procsv.common.layout import read_json
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog.deathwatch import DeathWatch
-from procsv.watchdog.prewarm import ForkedProcess
+from procsv.watchdog.prewarm import ForkedProcess, Zygote
 from procsv.watchdog.rules.failures import ChildError
 
 Process = Union["subprocess.Popen[bytes]", ForkedProcess]
 
 ECHO_READ = 1 << 20  # a log's echo reads at most this much a round
+REAP_SECS = 5.0  # how long a SIGKILLed child may take to die before the watchdog stops waiting for it
 
 # stderr lines every TF process prints that say nothing about the user's program
 _NOISE = re.compile(r"^(WARNING: All log messages before absl|[EWI]0000 |.*(cuda|cuInit|oneDNN|TF-TRT|"
@@ -46,6 +47,7 @@ class ChildProcess:
         self.watch: Optional[DeathWatch] = None
         self.log_pos = 0
         self.echoes = True  # False once another attempt's process took over its log (see take_over_log)
+        self.killed_at: Optional[float] = None  # when it was first SIGKILLed (the watchdog's clock)
         try:
             self.create_time: Optional[float] = psutil.Process(proc.pid).create_time()
         except psutil.Error:
@@ -76,9 +78,23 @@ class ChildProcess:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def reap(self, timeout: float = 5.0) -> int:
-        """Wait for the exit status (SIGKILL after ``timeout``), kill what it left in its group, close the pidfd;
-        for a trainer, end its death watch and remove its death-notice mutex."""
+    def kill(self, now: float) -> None:
+        """SIGKILL the whole group, remembering when it was first done (see :meth:`unkillable`)."""
+        if self.killed_at is None:
+            self.killed_at = now
+        self.kill_group(signal.SIGKILL)
+
+    def unkillable(self, now: float, limit: float = REAP_SECS) -> bool:
+        """SIGKILLed at least ``limit`` seconds ago and still not dead (its pidfd not readable): a
+        process in uninterruptible sleep (I/O that does not return, a frozen cgroup)."""
+        return self.killed_at is not None and now - self.killed_at >= limit and self.pidfd >= 0 \
+            and not _readable(self.pidfd)
+
+    def reap(self, timeout: float = 5.0, kill_secs: float = REAP_SECS) -> Optional[int]:
+        """Wait for the exit status (SIGKILL after ``timeout``, then at most ``kill_secs`` more), kill
+        what it left in its group, close the pidfd; for a trainer, end its death watch and remove its
+        death-notice mutex. None: it did not die even of SIGKILL within ``kill_secs`` (see
+        :func:`unreaped_line`); it is left as it is and the pidfd stays open."""
         if self.watch is not None:
             self.watch.cancel()
         if self.proc.returncode is None:
@@ -86,7 +102,10 @@ class ChildProcess:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.kill_group(signal.SIGKILL)
-                self.proc.wait()
+                try:
+                    self.proc.wait(timeout=kill_secs)
+                except subprocess.TimeoutExpired:
+                    return None
         self.kill_group(signal.SIGKILL)  # anything the child left behind in its group
         if self.pidfd >= 0:
             os.close(self.pidfd)
@@ -170,6 +189,77 @@ def _char_boundary(data: bytes) -> int:
 
 def _shown(seg: bytes) -> str:
     return seg.rstrip(b"\r").rsplit(b"\r", 1)[-1].decode(errors="replace")
+
+
+def _readable(fd: int) -> bool:
+    """A pidfd is readable once its process has died."""
+    import select
+
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of ``pid`` (``D``: uninterruptible sleep), ``?`` if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError, UnicodeDecodeError):
+        return "?"
+
+
+def unreaped_line(role: str, pid: int, secs: float) -> str:
+    """The one line said of a child the watchdog stopped waiting for."""
+    return f"procsv: could not reap {role} (pid {pid}, state {process_state(pid)}) within {secs:g} s"
+
+
+class Unreaped:
+    """The children the watchdog stopped waiting for: SIGKILL did not end them within
+    ``REAP_SECS`` (uninterruptible sleep). Their SIGKILL is pending: one that dies later is reaped
+    by :meth:`reap_dead`; until then the sweeps for left-behind processes leave them alone."""
+
+    def __init__(self) -> None:
+        self._handles: list[ChildProcess] = []
+        self._pids: set[int] = set()
+
+    @property
+    def pids(self) -> set[int]:
+        return set(self._pids)
+
+    def add(self, handle: ChildProcess) -> str:
+        """Give up on ``handle``; returns the line to say."""
+        if handle.watch is not None:
+            handle.watch.cancel()  # no death notice is awaited any more
+        self._handles.append(handle)
+        return self.add_pid(handle.role, handle.pid)
+
+    def add_pid(self, role: str, pid: int) -> str:
+        self._pids.add(pid)
+        return unreaped_line(role, pid, REAP_SECS)
+
+    def reap_dead(self) -> None:
+        for handle in list(self._handles):
+            if handle.proc.poll() is not None:
+                self._handles.remove(handle)
+                self._pids.discard(handle.pid)
+                handle.reap(timeout=0.0, kill_secs=0.0)
+
+
+def end_all(handles: Sequence[ChildProcess], zygotes: Sequence[Zygote], unreaped: Unreaped,
+            clock: Callable[[], float]) -> list[str]:
+    """SIGKILL and reap every child and zygote left at the end of a launch, waiting at most
+    ``REAP_SECS`` for all of them together; returns a line for each one given up on."""
+    for z in zygotes:
+        z.kill()  # first: a stopped zygote would never report its trainers' exits
+    deadline = clock() + REAP_SECS  # one limit for all: each wait is what is left of it
+    lines = []
+    for handle in handles:
+        handle.kill(clock())
+        if handle.reap(timeout=max(0.0, deadline - clock()), kill_secs=0.0) is None:
+            lines.append(unreaped.add(handle))
+    for z in zygotes:
+        if not z.close(max(0.0, deadline - clock())):
+            lines.append(unreaped.add_pid("zygote", z.pid))
+    return lines
 
 
 def watch_death(child: ChildProcess, mutex: RobustMutex, clock: Callable[[], float],

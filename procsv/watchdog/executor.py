@@ -32,7 +32,7 @@ from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.rules.bookkeeping import find, note
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.publish.events import Event
-from procsv.watchdog.children import ChildProcess, Process, watch_death
+from procsv.watchdog.children import ChildProcess, Process, Unreaped, end_all, watch_death
 from procsv.watchdog.logrotate import rotate
 from procsv.watchdog.rules.failures import describe
 from procsv.watchdog.multihost.remote import RemoteMembers
@@ -77,6 +77,7 @@ class Executor:
         self._on_death_notice = on_death_notice
         self.handles: dict[tuple[str, int], ChildProcess] = {}
         self.zygote: Optional[Zygote] = None
+        self.unreaped = Unreaped()  # children SIGKILL did not end, given up on (see give_up)
         self.dead_zygotes: list[Zygote] = []  # forked trainers still need their exit statuses
         self.on_zygote: Callable[[Zygote], None] = lambda z: None  # the loop watches a started zygote's pipe
         self.forks: dict[str, PendingFork] = {}  # by slot: trainers asked of the zygote, not answered yet
@@ -157,7 +158,7 @@ class Executor:
         elif isinstance(action, Kill):
             reports += kill_reports(self.view, action, self.limits)
             if handle is not None:
-                handle.kill_group(signal.SIGKILL)
+                handle.kill(now)
             elif remote:
                 self.remote.link.signal(remote, action.slot, action.attempt, signal.SIGKILL,  # type: ignore[union-attr]
                                         kill=True)
@@ -388,13 +389,12 @@ class Executor:
 
     def close(self) -> None:
         """SIGKILL and reap whatever still runs (the end of the launch, however it ends)."""
-        for z in [self.zygote, *self.dead_zygotes]:
-            if z is not None:
-                z.kill()  # first: a stopped zygote would never report its trainers' exits
-        for handle in list(self.handles.values()):
-            handle.kill_group(signal.SIGKILL)
-            handle.reap()
+        zygotes = [z for z in [self.zygote, *self.dead_zygotes] if z is not None]
+        lines = end_all(list(self.handles.values()), zygotes, self.unreaped, self.clock)
         self.handles.clear()
-        for z in [self.zygote, *self.dead_zygotes]:
-            if z is not None:
-                z.close()
+        self.report([Report(say=line, err=True) for line in lines])
+
+    def give_up(self, handle: ChildProcess) -> None:
+        """Stop waiting for a child that SIGKILL did not end (:class:`~procsv.watchdog.children.Unreaped`)."""
+        self.handles.pop((handle.slot, handle.attempt), None)
+        self.report([Report(say=self.unreaped.add(handle), err=True)])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 from typing import Callable, Optional
 
 import zmq
@@ -108,6 +109,7 @@ class ChildEnds:
         """Forked trainers whose exit status is due from the zygote: reap those that have it; a
         zygote that does not report one within ``STATUS_WAIT`` is killed (the watchdog, a child
         subreaper, then inherits the trainer's zombie and reaps it itself)."""
+        self._give_up_unkillable(ex)
         for key, (handle, due) in list(self._awaiting_status.items()):
             if handle.proc.poll() is not None:
                 del self._awaiting_status[key]
@@ -118,6 +120,20 @@ class ChildEnds:
                 ex.drop_zygote(f"procsv: the pre-warmed trainer (zygote) did not report the exit of trainer "
                                f"pid {handle.pid} within {STATUS_WAIT:g} s; restarts start fresh trainers until a "
                                "new one is ready")
+
+    def _give_up_unkillable(self, ex: Executor) -> None:
+        """A child that SIGKILL has not ended for ``REAP_SECS`` (uninterruptible sleep: I/O that
+        does not return, a frozen cgroup) is given up on: it counts as killed (its SIGKILL is
+        pending) and the run goes on without waiting for it, so a stop or a failure still ends the
+        launch with its outcome (and ``--on-failure`` runs). One that dies later is reaped then."""
+        ex.unreaped.reap_dead()
+        for handle in list(ex.handles.values()):
+            if handle.unkillable(self.clock()):
+                if handle.pidfd in self._by_fd:
+                    self.poller.unregister(handle.pidfd)
+                    del self._by_fd[handle.pidfd]
+                ex.give_up(handle)
+                self._ended(handle, ex, -signal.SIGKILL)
 
     def _commits_on_disk(self, handle: ChildProcess) -> None:
         """A trainer died: the commit it may have waited for is on disk before the service's notice
@@ -137,7 +153,13 @@ class ChildEnds:
 
     def _reaped(self, handle: ChildProcess, ex: Executor) -> None:
         code = handle.reap()
+        if code is None:  # dead by its pidfd, yet no status within the limit
+            ex.give_up(handle)
+            code = -signal.SIGKILL
         ex.handles.pop((handle.slot, handle.attempt), None)
+        self._ended(handle, ex, code)
+
+    def _ended(self, handle: ChildProcess, ex: Executor, code: int) -> None:
         self._heard_all()  # all it said before dying (a last checkpoint result), before its exit
         self._commits_on_disk(handle)
         self.out.echo(handle, final=True)

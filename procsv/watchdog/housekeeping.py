@@ -53,7 +53,7 @@ class Sweeper:
         """Kill and reap processes of the run whose parent died (see :class:`Orphans`); ``final``:
         wait (a bounded while) until those killed are reaped."""
         self._next = self.clock() + SWEEP_EVERY
-        known = {h.pid for h in ex.handles.values()} | ex.zygote_pids()
+        known = {h.pid for h in ex.handles.values()} | ex.zygote_pids() | ex.unreaped.pids
         killed = self.orphans.sweep_and_reap(known, FINAL_SWEEP_SECS if final else 0.0, self.clock)
         if killed:
             self.record([Report(Event.ORPHANS_KILLED, {"pids": killed},

@@ -117,7 +117,9 @@ class Zygote:
         except ProcessLookupError:
             pass
 
-    def close(self) -> None:
+    def close(self, limit: Optional[float] = None) -> bool:
+        """Close the pipes, SIGKILL the zygote and reap it, waiting at most ``limit`` seconds for it
+        (None: as long as it takes); False if it did not die within that (uninterruptible sleep)."""
         for fd in (self._req_w, self._rep_r):
             try:
                 os.close(fd)
@@ -128,7 +130,11 @@ class Zygote:
                 os.killpg(self.popen.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        self.popen.wait()
+        try:
+            self.popen.wait(limit)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
 
 class ForkedProcess:
