@@ -106,6 +106,9 @@ def _parser() -> argparse.ArgumentParser:
                          "events), or a trainer group's workerN (--nproc/--nnodes)")
     lg.add_argument("--attempt", default="all", metavar="N|last|all", help="which attempt(s) (default all)")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
+    lg.add_argument("--launch", default="newest", metavar="N|newest|list",
+                    help="which launch of the logdir (default the newest; an earlier one's logs are in "
+                         "logs/launch-N/; 'list' lists them)")
     rp = sub.add_parser("report", help="the recovery report of a run's last launch; --plot draws its timeline")
     rp.add_argument("logdir")
     rp.add_argument("--plot", metavar="OUT.png", default=None,
@@ -153,7 +156,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from procsv.common.layout import Layout
             from procsv.logs import show
 
-            return show(Layout(os.path.abspath(args.logdir)), args.role, args.attempt, sys.stdout, args.follow)
+            return show(Layout(os.path.abspath(args.logdir)), args.role, args.attempt, sys.stdout, args.follow,
+                        launch=args.launch)
         if args.command == "report":
             from procsv.common.layout import Layout
 

@@ -9,6 +9,12 @@ filesystem events (the ``watchdog`` package), and ends once the run is over (its
 holds the logdir's lock), like ``docker logs -f``. A hot standby writes the trainer's next
 attempt log while it waits; until it is promoted that attempt is left out of ``all``, ``last``
 and following (its number still selects it).
+
+Attempt numbers start at 1 at every launch of a logdir; the newest launch's files are in
+``logs/``, each earlier one's in ``logs/launch-<n>/`` (the watchdog moves them there when the next
+launch begins, :func:`procsv.watchdog.logrotate.archive_launch`). ``procsv logs DIR`` shows the
+newest launch; ``--launch N`` an earlier one (``N`` as in the ``launch`` record of
+``lifecycle.jsonl``; ``--launch list`` lists them). Following is of the newest launch only.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import json
 import os
 import re
 import time
-from typing import IO, AbstractSet
+from typing import IO, AbstractSet, Optional
 
 from procsv.common.errors import UsageError
 from procsv.common.layout import Layout, LogdirLock
@@ -25,20 +31,50 @@ from procsv.common.layout import Layout, LogdirLock
 ROLES = ("trainer", "checkpoint", "summary", "zygote", "watchdog")
 
 
-def attempts(layout: Layout, role: str) -> list[tuple[int, str]]:
-    """The (attempt, path) of every log file of ``role`` that is there, oldest first."""
+_LAUNCH_DIR = re.compile(r"^launch-(\d+)$")
+
+
+def earlier_launches(layout: Layout) -> list[int]:
+    """The numbers of the earlier launches whose logs are kept (``logs/launch-<n>/``), oldest first."""
+    try:
+        names = os.listdir(layout.logs)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(int(m.group(1)) for m in map(_LAUNCH_DIR.match, names) if m is not None)
+
+
+def launch_folder(layout: Layout, launch: str) -> tuple[str, Optional[int]]:
+    """The folder of the launch ``--launch`` names (``newest``, or a number) and that number (None:
+    the newest, in ``logs/`` itself)."""
+    kept = earlier_launches(layout)
+    newest = (kept[-1] if kept else 0) + 1
+    if launch == "newest" or launch == str(newest):
+        return layout.logs, None
+    if not launch.isdigit():
+        raise UsageError(f"--launch must be a number, 'newest' or 'list', not {launch!r}")
+    if int(launch) not in kept:
+        names = ", ".join(map(str, kept)) or "none"
+        raise UsageError(f"no logs of launch {launch} in {layout.logs} (earlier launches kept: {names}; the newest "
+                         f"is {newest}; older ones are rotated away, see --keep-logs)")
+    return layout.launch_logs(int(launch)), int(launch)
+
+
+def attempts(layout: Layout, role: str, folder: Optional[str] = None) -> list[tuple[int, str]]:
+    """The (attempt, path) of every log file of ``role`` that is there (in ``folder``: default the
+    newest launch's, ``logs/``), oldest first."""
     if role == "watchdog":
         return [(1, layout.lifecycle)] if os.path.exists(layout.lifecycle) else []
+    folder = layout.logs if folder is None else folder
     pattern = re.compile(rf"^{re.escape(role)}\.(\d+)\.log$")
     found = []
     try:
-        names = os.listdir(layout.logs)
+        names = os.listdir(folder)
     except FileNotFoundError:
         return []
     for name in names:
         m = pattern.match(name)
         if m:
-            found.append((int(m.group(1)), os.path.join(layout.logs, name)))
+            found.append((int(m.group(1)), os.path.join(folder, name)))
     return sorted(found)
 
 
@@ -47,8 +83,10 @@ class Spawns:
     (its log holds the program's start and a wait; it trains only once promoted), read from
     ``lifecycle.jsonl`` incrementally (it grows for the whole run)."""
 
-    def __init__(self, layout: Layout) -> None:
+    def __init__(self, layout: Layout, launch: Optional[int] = None) -> None:
         self.path = layout.lifecycle
+        self.launch = launch  # which launch's spawns (None: the newest's, after the last launch record)
+        self.inside = launch is None
         self.offset = 0
         self.trainer: set[int] = set()
         self.standby: set[int] = set()
@@ -64,13 +102,17 @@ class Spawns:
         data = data[:data.rfind(b"\n") + 1]
         self.offset += len(data)
         for line in data.splitlines():
-            if b'"spawned"' not in line:
+            if b'"spawned"' not in line and b'"launch"' not in line:
                 continue
             try:
                 rec = json.loads(line)
             except ValueError:
                 continue
-            if rec.get("event") == "spawned" and isinstance(rec.get("attempt"), int):
+            if rec.get("event") == "launch":  # attempts count from 1 again: another launch's
+                if self.launch is None or rec.get("launch") == self.launch:
+                    self.trainer, self.standby = set(), set()
+                self.inside = self.launch is None or rec.get("launch") == self.launch
+            elif self.inside and rec.get("event") == "spawned" and isinstance(rec.get("attempt"), int):
                 {"trainer": self.trainer, "standby": self.standby}.get(rec.get("role"), set()).add(rec["attempt"])
         return True
 
@@ -139,12 +181,22 @@ class _Reader:
 
 
 def show(layout: Layout, role: str, attempt: str, out: IO[str], follow: bool = False,
-         liveness_secs: float = 1.0) -> int:
-    """Print the selected attempts; with ``follow``, keep printing until the run is over."""
-    found = attempts(layout, role)
+         liveness_secs: float = 1.0, launch: str = "newest") -> int:
+    """Print the selected attempts of the selected launch; with ``follow``, keep printing until the
+    run is over (the newest launch only)."""
+    if launch == "list":
+        kept = earlier_launches(layout)
+        for n in kept:
+            out.write(f"launch {n}: {layout.launch_logs(n)}\n")
+        out.write(f"launch {(kept[-1] if kept else 0) + 1}: {layout.logs} (the newest)\n")
+        return 0
+    folder, number = launch_folder(layout, launch)
+    if number is not None and follow:
+        raise UsageError(f"launch {number} has ended: -f follows the newest launch only")
+    found = attempts(layout, role, folder)
     if not found and not follow:
-        raise UsageError(f"no {role} log in {layout.logs}")
-    spawns = Spawns(layout)
+        raise UsageError(f"no {role} log in {folder}")
+    spawns = Spawns(layout, number)
     standby = spawns.only_standby() if role == "trainer" and spawns.update() else set()
     chosen = select(found, attempt, role, standby)
     readers: dict[str, _Reader] = {}

@@ -6,8 +6,9 @@ so that plain TF tools work on it; procsv's own bookkeeping under ``.procsv/`` a
     <logdir>/checkpoint                        TF checkpoint state file (text proto)
     <logdir>/model.ckpt-<step>.index|.data-*   TF-native checkpoints
     <logdir>/events.out.tfevents.*             TensorBoard event files
-    <logdir>/logs/trainer.<attempt>.log        each attempt's stdout+stderr
+    <logdir>/logs/trainer.<attempt>.log        each attempt's stdout+stderr (the newest launch)
     <logdir>/logs/trainer.<attempt>.error.json the child's own traceback, if it failed
+    <logdir>/logs/launch-<n>/                  an earlier launch's per-attempt logs and error files
     <logdir>/logs/lifecycle.jsonl              spawned / exited / restarted / committed ...
     <logdir>/logs/report.json                  the recovery report of the last launch
     <logdir>/.procsv/status.json               what ``procsv status`` reads (the watchdog writes it)
@@ -120,7 +121,13 @@ class Layout:
         return os.path.join(self.logdir, "checkpoint")
 
     def attempt_log(self, role: str, attempt: int) -> str:
+        """The newest launch's log of one attempt (an earlier launch's is under :meth:`launch_logs`)."""
         return os.path.join(self.logs, f"{role}.{attempt}.log")
+
+    def launch_logs(self, launch: int) -> str:
+        """Where the per-attempt logs and error files of an earlier launch ``launch`` (1, 2, ...)
+        are kept once the next launch began (``logs/launch-<n>/``)."""
+        return os.path.join(self.logs, f"launch-{launch}")
 
     def error_file(self, role: str, attempt: int) -> str:
         return os.path.join(self.logs, f"{role}.{attempt}.error.json")

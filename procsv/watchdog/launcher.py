@@ -49,6 +49,7 @@ from procsv.watchdog.publish.events import Event
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.exits import ChildEnds
 from procsv.watchdog.housekeeping import LogdirGuard, Sweeper, clear_group_records, clear_stale_temps
+from procsv.watchdog.logrotate import archive_launch
 from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.publish.metrics import MetricsServer, RunCollector
 from procsv.watchdog.multihost.nodes import NodeLink
@@ -135,6 +136,7 @@ class Watchdog:
                                 self.clock, ends.register, ends.post_notice)
         clear_group_records(self.layout)  # an earlier launch's: nothing reads them any more
         clear_stale_temps(self.layout)  # an earlier launch's writes a kill cut short
+        launch = archive_launch(self.layout.logs, self.cfg.keep_logs)  # an earlier launch's logs: logs/launch-<n>/
         if self.cfg.nnodes > 1 and self.cfg.master_addr:  # the other hosts' agents connect here
             self.link = NodeLink(pipes.zctx, self.layout, self.cfg.master_addr, self.clock)
             ex.remote = RemoteMembers(self.link, self.view, self.layout, self.cfg.nnodes, self.cfg.nproc,
@@ -143,7 +145,7 @@ class Watchdog:
             self.out.say(f"procsv: node 0 of {self.cfg.nnodes}: waiting for the other hosts at "
                          f"{self.cfg.master_addr} (job {self.link.job})")
         self.out.record([Report(Event.LAUNCH, {"target": self.cfg.target, "args": self.cfg.args,
-                                               "pid": os.getpid()},
+                                               "pid": os.getpid(), "launch": launch},
                                 say=f"procsv: launching {self.cfg.target} {' '.join(self.cfg.args)} in "
                                     f"{self.layout.logdir}")])
         try:

@@ -14,6 +14,11 @@ files are still to be read). Files of a previous launch of the same logdir numbe
 left alone until this launch's attempts pass them. Which files go is decided by the pure
 :func:`retired`; :func:`rotate` only lists and unlinks. A file that cannot be deleted is left
 in place (rotation never stops a run).
+
+Each launch of a logdir begins with :func:`archive_launch`: the previous launch's per-attempt
+files move into ``logs/launch-<n>/`` (its number), so attempt numbers, which start at 1 at every
+launch, name this launch's files only: a relaunch neither appends to nor echoes the previous
+launch's logs. The last ``keep`` earlier launches are kept.
 """
 
 from __future__ import annotations
@@ -25,6 +30,55 @@ from typing import Collection, Iterable
 DEFAULT_KEEP = 10
 
 _NAME = re.compile(r"^(?P<role>[a-z]+[0-9]*)\.(?P<attempt>[0-9]+)\.(?:log|error\.json)$")  # worker1.3.log
+_ANY_ATTEMPT = re.compile(r"^[a-z][a-z0-9-]*\.[0-9]+\.(?:log|error\.json)$")  # zygote-node1.1.log too
+LAUNCH_DIR = re.compile(r"^launch-(?P<n>[0-9]+)$")
+
+
+def launches(names: Iterable[str]) -> list[int]:
+    """The numbers of the earlier launches kept in ``logs/`` (a listing of it), oldest first."""
+    return sorted(int(m.group("n")) for m in map(LAUNCH_DIR.match, names) if m is not None)
+
+
+def archive_plan(names: Iterable[str], keep: int) -> tuple[int, list[str], list[int]]:
+    """Pure: from a listing of ``logs/``, (the number of the launch that begins, the per-attempt
+    files of the previous one to move into its ``launch-<n>/``, the earlier launches' folders to
+    delete so that ``keep`` are left). The previous launch is numbered one above the newest folder;
+    a launch that left no per-attempt file gets no folder (its number is the next one's)."""
+    names = list(names)
+    done = launches(names)
+    files = sorted(n for n in names if _ANY_ATTEMPT.match(n))
+    previous = (done[-1] if done else 0) + 1
+    if files:
+        done.append(previous)
+        return previous + 1, files, done[:-keep] if len(done) > keep else []
+    return previous, [], done[:-keep] if len(done) > keep else []
+
+
+def archive_launch(logs: str, keep: int) -> int:
+    """Move the previous launch's per-attempt files into ``logs/launch-<n>/`` and delete the
+    earlier launches' folders beyond ``keep``; returns this launch's number. Whatever cannot be
+    moved or deleted stays (a log is never a reason not to run)."""
+    import shutil
+
+    try:
+        names = os.listdir(logs)
+    except OSError:
+        return 1
+    current, files, drop = archive_plan(names, keep)
+    if files:
+        folder = os.path.join(logs, f"launch-{current - 1}")
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError:
+            return current
+        for name in files:
+            try:
+                os.replace(os.path.join(logs, name), os.path.join(folder, name))
+            except OSError:
+                continue
+    for n in drop:
+        shutil.rmtree(os.path.join(logs, f"launch-{n}"), ignore_errors=True)
+    return current
 
 
 def retired(names: Iterable[str], role: str, current: int, keep: int, live: Collection[int] = ()) -> list[str]:

@@ -8,7 +8,7 @@ truth. ``code``/``signal``: an exit status is either ``{"code": n}`` or ``{"sign
 =====================  ==========================================================================
 event                  fields
 =====================  ==========================================================================
-launch                 target, args, pid (the watchdog's)
+launch                 target, args, pid (the watchdog's), launch (its number per logdir, from 1)
 spawned                role, attempt, pid, via (``fresh``, ``zygote``, or ``node<R>``: another host's agent)
 zygote_ready           pid, import_secs
 zygote_gone            pid
@@ -79,7 +79,7 @@ class Event(str, enum.Enum):
 _RESTORE = frozenset({"pid", "step", "path", "secs", "skipped"})
 
 SCHEMA: dict[Event, frozenset[str]] = {
-    Event.LAUNCH: frozenset({"target", "args", "pid"}),
+    Event.LAUNCH: frozenset({"target", "args", "pid", "launch"}),
     Event.SPAWNED: frozenset({"role", "attempt", "pid", "via"}),
     Event.ZYGOTE_READY: frozenset({"pid", "import_secs"}),
     Event.ZYGOTE_GONE: frozenset({"pid"}),
