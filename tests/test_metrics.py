@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from typing import Any, Optional
@@ -242,3 +243,45 @@ def _registry(snap: Optional[RunSnapshot]) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunCollector(lambda: snap, "/nonexistent/stats.json", {}))
     return registry
+
+
+def test_before_this_launch_commits_the_checkpoint_age_is_the_newest_on_disk():
+    view = RunView(launch_start=0.0)
+    view.restored_step = 500
+    snap = take_snapshot(view, 30.0, 1000.0, 970.0, StepRate(), on_disk=(500, 400.0))
+    assert snap.last_checkpoint_step == 500 and snap.last_checkpoint_at == 400.0  # an earlier launch's commit
+    assert value(parse(generate_latest(_registry(snap)).decode()), "procsv_last_checkpoint_age_seconds") == 1000.0 - 400.0
+    view.last_commit_at, view.last_commit_step = 28.0, 600  # once this launch commits, its own
+    assert take_snapshot(view, 30.0, 1000.0, 970.0, StepRate(), on_disk=(500, 400.0)).last_checkpoint_at == 998.0
+
+
+def _registry(snap: RunSnapshot) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunCollector(lambda: snap, "/nonexistent", {"target": "t", "logdir": "d"}, wall=lambda: 1000.0))
+    return registry
+
+
+@pytest.mark.slow
+def test_a_relaunch_that_never_commits_still_reports_the_age_of_the_last_checkpoint(logdir):
+    import json
+
+    code, _, err = finish(launch(logdir, "--steps", "30", "--step-delay", "0.01", target=TINY,
+                                 opts=("--no-prewarm", "--standby", "off", "--quiet")), 120)
+    assert code == 0, err
+    newest = max(committed_steps(logdir))
+    with open(os.path.join(logdir, ".procsv", "checkpoints", f"model.ckpt-{newest}.json")) as fh:
+        committed_at = json.load(fh)["committed_at"]
+    port = free_port()
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--save-model-secs", "100000", target=TINY,
+                  opts=("--metrics-port", str(port), "--no-prewarm", "--standby", "off", "--quiet"))
+    try:
+        got = wait_for(lambda: (s := try_scrape(port)) and (value(s, "procsv_step") or 0) > newest and s, 120,
+                       what="the relaunch stepping past the restored checkpoint")
+        assert (value(got, "procsv_checkpoints_total") or 0) == 0  # this launch committed nothing
+        assert value(got, "procsv_last_checkpoint_step") == newest
+        assert value(got, "procsv_last_checkpoint_timestamp_seconds") == pytest.approx(committed_at, abs=0.01)
+        age = value(got, "procsv_last_checkpoint_age_seconds")  # the stuck-run alert's input
+        assert age is not None and abs(age - (time.time() - committed_at)) < 10
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        finish(proc)

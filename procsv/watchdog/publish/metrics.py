@@ -79,13 +79,14 @@ def families(snap: Optional[RunSnapshot], now: float, summaries_dropped: Optiona
                                    "launch.", value=snap.checkpoint_failures))
     if snap.last_checkpoint_step is not None:
         out.append(GaugeMetricFamily("procsv_last_checkpoint_step", "The step of the last committed checkpoint "
-                                     "(before the first commit of this launch: the one restored).",
+                                     "(before the first commit of this launch: the newest on disk).",
                                      value=snap.last_checkpoint_step))
     if snap.last_checkpoint_at is not None:
-        out.append(GaugeMetricFamily("procsv_last_checkpoint_age_seconds", "Seconds since the last checkpoint of "
-                                     "this launch committed.", value=max(0.0, now - snap.last_checkpoint_at)))
-        out.append(GaugeMetricFamily("procsv_last_checkpoint_timestamp_seconds", "When the last checkpoint of this "
-                                     "launch committed (Unix time).", value=snap.last_checkpoint_at))
+        out.append(GaugeMetricFamily("procsv_last_checkpoint_age_seconds", "Seconds since the newest committed "
+                                     "checkpoint of the run committed (an earlier launch's until this one commits).",
+                                     value=max(0.0, now - snap.last_checkpoint_at)))
+        out.append(GaugeMetricFamily("procsv_last_checkpoint_timestamp_seconds", "When the newest committed "
+                                     "checkpoint of the run committed (Unix time).", value=snap.last_checkpoint_at))
     if snap.last_checkpoint_secs is not None:
         out.append(GaugeMetricFamily("procsv_last_checkpoint_commit_seconds", "How long the checkpoint service took "
                                      "to persist the last checkpoint.", value=snap.last_checkpoint_secs))

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 from procsv.common.layout import Layout, write_json
 from procsv.ipc.rejections import Rejections
 from procsv.watchdog.publish import liveline
+from procsv.common.manifests import newest_committed
 from procsv.watchdog.publish import recovery
 from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.config import LaunchConfig
@@ -113,7 +114,9 @@ class Reporter:
         if not self._publishing or (now < self._next_publish and not force):
             return
         self._next_publish = now + PUBLISH_EVERY
-        self.snapshot = take_snapshot(view, now, self.wall(), self.started_wall, self._rate)
+        newest = newest_committed(self.layout) if view.last_commit_at is None else None  # until this launch commits
+        self.snapshot = take_snapshot(view, now, self.wall(), self.started_wall, self._rate,
+                                      None if newest is None else (newest.step, newest.committed_at))
 
     def draw_live(self, view: RunView) -> None:
         """Hand the live line to the terminal, at most every ``liveline.DRAW_EVERY`` seconds; once

@@ -44,8 +44,8 @@ class RunSnapshot:
     service_restarts: tuple[tuple[str, int], ...]  # (role, restarts) of the checkpoint and summary services
     steps_redone: int
     goodput: Optional[float]
-    last_checkpoint_step: Optional[int]  # the last commit of this launch (else the step restored at start)
-    last_checkpoint_at: Optional[float]  # when the last commit of this launch happened
+    last_checkpoint_step: Optional[int]  # the last commit of this launch (else the newest on disk, else restored)
+    last_checkpoint_at: Optional[float]  # when the last commit happened (this launch's, else the newest on disk)
     last_checkpoint_secs: Optional[float]  # how long it took to persist
     checkpoints: int  # commits during this launch
     checkpoint_failures: int  # failed saves during this launch
@@ -95,14 +95,20 @@ class StepRate:
         return (s1 - s0) / (t1 - t0) if t1 > t0 else None
 
 
-def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rate: StepRate) -> RunSnapshot:
-    """The snapshot at ``now`` (the watchdog's monotonic clock) / ``wall`` (epoch seconds)."""
+def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rate: StepRate,
+                  on_disk: Optional[tuple[int, float]] = None) -> RunSnapshot:
+    """The snapshot at ``now`` (the watchdog's monotonic clock) / ``wall`` (epoch seconds).
+    ``on_disk``: (step, commit time in epoch seconds) of the newest committed checkpoint in the
+    logdir, the last checkpoint until this launch commits one (a relaunch that never commits still
+    shows how old the run's last checkpoint is, so the stuck-run alert fires)."""
     records = [a.record() for a in view.attempts]
     trainer = view.children.get(TRAINER)
     attempt = trainer.attempt if trainer is not None else 0
     services = tuple(sorted((c.role, c.attempt - 1) for c in view.services()))
     commit_at = None if view.last_commit_at is None else wall - (now - view.last_commit_at)
     commit_step = view.last_commit_step if view.last_commit_step is not None else view.restored_step
+    if commit_at is None and on_disk is not None:
+        commit_step, commit_at = on_disk
     return RunSnapshot(
         taken_at=wall,
         live=view.run == RunState.RUNNING and not view.finishing,
