@@ -194,8 +194,11 @@ class CheckpointService:
                 self.recovered = None
                 self.trainer = identity
                 self.last_request = self.clock()  # a (re)started trainer just restored: no save at once
-                for note in self.store.quarantine_corrupt_after(msg.step):
-                    print(f"procsv checkpoint: {note}", file=sys.stderr, flush=True)
+                try:
+                    for note in self.store.quarantine_corrupt_after(msg.step):
+                        print(f"procsv checkpoint: {note}", file=sys.stderr, flush=True)
+                except OSError as exc:  # a full disk (mkdir, the state file): nothing is deleted; next trainer tries again
+                    _say(f"procsv checkpoint: could not quarantine checkpoints newer than step {msg.step}: {exc}")
             self.setup = msg
             self._remember(CheckpointSettings.from_setup(identity, msg))
             if msg.arena is not None:

@@ -91,10 +91,15 @@ class CheckpointStore:
         committed = list_committed(self.layout)
         named = _named_latest(self.layout.state_file)
         newest = committed[-1].prefix if committed else None
+        try:
+            self._write_state(committed)
+        except OSError as exc:  # a full disk: the service still starts (its commits fail and say why)
+            notes.append(f"could not rewrite the checkpoint state file from the manifests ({exc.strerror or exc}); "
+                         "the next commit rewrites it")
+            return notes
         if named is not None and os.path.basename(named) != newest:
             notes.append(f"the checkpoint state file named {named!r}, which is not the newest committed checkpoint "
                          f"(edited by hand?); rewrote it from the manifests: latest is {newest or 'none'}")
-        self._write_state(committed)
         return notes
 
     def commit(
@@ -151,22 +156,49 @@ class CheckpointStore:
                         "move it away so procsv can write its checkpoint there"
                     )
             write_json(self._pending(prefix), {"files": names})
-            fault_point("before_rename")
-            # data files first, index last: the index is what makes a prefix look complete to TF
-            for name in sorted(names, key=lambda n: n.endswith(".index")):
-                os.rename(os.path.join(tmpdir, name), os.path.join(self.layout.logdir, name))
-            fsync_dir(self.layout.logdir)
-            fault_point("after_rename")
-            manifest = Manifest(step, prefix, files, self.clock(), reason)
-            write_json(manifest_path(self.layout, prefix), manifest.to_json())
+            placed: list[str] = []
+            try:
+                fault_point("before_rename")
+                # data files first, index last: the index is what makes a prefix look complete to TF
+                for name in sorted(names, key=lambda n: n.endswith(".index")):
+                    os.rename(os.path.join(tmpdir, name), os.path.join(self.layout.logdir, name))
+                    placed.append(name)
+                fsync_dir(self.layout.logdir)
+                fault_point("after_rename")
+                manifest = Manifest(step, prefix, files, self.clock(), reason)
+                write_json(manifest_path(self.layout, prefix), manifest.to_json())
+            except OSError:
+                self._roll_back(prefix, placed)  # a full disk must not keep an uncommitted copy's space
+                raise
             os.unlink(self._pending(prefix))
             fsync_dir(self.layout.manifests)
             fault_point("before_state_file")
-            retired = self._apply_retention(max_to_keep, keep_every_n_hours)
+            try:
+                retired = self._apply_retention(max_to_keep, keep_every_n_hours)
+            except OSError as exc:
+                # committed (the manifest is the commit point) but the state file still names an
+                # older checkpoint: retire nothing it may name; the next commit rewrites it
+                print(f"procsv checkpoint: {prefix} is committed, but the checkpoint state file could not be "
+                      f"rewritten ({exc.strerror or exc}); it still names an older checkpoint until the next "
+                      "commit", file=sys.stderr, flush=True)
+                retired = []
             fault_point("after_state_file")
             return manifest, retired
         finally:
             shutil.rmtree(tmpdir, ignore_errors=True)
+
+    def _roll_back(self, prefix: str, placed: list[str]) -> None:
+        """Undo a commit that failed before its manifest: unlink the files already renamed into the
+        logdir, then the intent record (what :meth:`recover` would do at the next start)."""
+        for name in placed:
+            try:
+                os.unlink(os.path.join(self.layout.logdir, name))
+            except OSError:
+                pass
+        try:
+            os.unlink(self._pending(prefix))
+        except OSError:
+            pass
 
     def _apply_retention(self, max_to_keep: int, keep_every_n_hours: Optional[float]) -> list[Manifest]:
         plan = retention(list_committed(self.layout), max_to_keep, keep_every_n_hours, self.last_preserved)

@@ -5,6 +5,11 @@ user-space buffer), so what was written survives a crash of the service; :meth:`
 durable against a crash of the machine. Each service process starts its own file, named so that
 it sorts after every event file already in the logdir: TensorBoard reads a run's files in name
 order, and its ``SessionLog START`` purge needs the restarted service's events read last.
+
+On a full disk (or any other refused write) :meth:`EventFile.write` raises ``OSError`` and leaves
+the file as it was: a record the kernel took only in part is cut off again, so the file never
+holds a torn record that would end TensorBoard's reading of it. The file-version record that
+did not fit when the file was made is written before the next record that does.
 """
 
 from __future__ import annotations
@@ -45,28 +50,51 @@ class EventFile:
         self.path = os.path.join(logdir, next_file_name(logdir, now, tag))
         self._fd: Optional[int] = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         self._dirty = False
-        self.write(frame(file_version_event(now)))
-        self.sync()
-        fsync_dir(logdir)
+        self._size = 0  # bytes of whole records in the file
+        self._header: bytes = frame(file_version_event(now))  # written before the first record that fits
+        try:
+            self.write(b"")
+            self.sync()
+            fsync_dir(logdir)
+        except OSError:  # a full disk: the service runs on, and writes the header when there is room
+            pass
 
     def write(self, data: bytes) -> None:
-        """Append ``data`` (whole records) with as few ``os.write`` calls as the kernel allows."""
-        if not data or self._fd is None:
+        """Append ``data`` (whole records) with as few ``os.write`` calls as the kernel allows.
+
+        Raises ``OSError`` when the kernel refuses (ENOSPC, EIO); the file is then cut back to its
+        last whole record, and ``data`` is not in it."""
+        if self._fd is None or not (data or self._header):
             return
+        data = self._header + data
         view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
+        try:
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+        except OSError:
+            if len(view) != len(data):  # part of it went in: cut it off again
+                try:
+                    os.ftruncate(self._fd, self._size)
+                except OSError:
+                    pass
+            raise
+        self._size += len(data)
+        self._header = b""
         self._dirty = True
 
     def sync(self) -> None:
-        """fsync if anything was written since the last sync."""
+        """fsync if anything was written since the last sync; raises ``OSError`` as fsync does."""
         if self._fd is not None and self._dirty:
             os.fsync(self._fd)
             self._dirty = False
 
     def close(self) -> None:
+        """Sync (an error doing so is raised after the file is closed) and close."""
         if self._fd is not None:
-            self.sync()
-            os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None
+            try:
+                if self._dirty:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)

@@ -117,6 +117,7 @@ class SummaryService:
         self.stopping = False
         self._ack_to: dict[tuple[bytes, str], None] = {}  # (connection, session) to ack after this burst
         self._sync_now = False
+        self._write_error: Optional[str] = None  # why the last write to the event file failed (None: it did not)
         now = clock()
         self._next_fsync = now + FSYNC_SECS
         self._next_stats = now
@@ -137,9 +138,12 @@ class SummaryService:
         self._wake.close()
         out: list[bytes] = []
         self._flush_drops(out)
-        self.file.write(b"".join(out))
-        self.file.close()
-        self.procsv_run.close()
+        self._write(out, self.written)
+        for closing in (self.file.close, self.procsv_run.close):
+            try:
+                closing()
+            except OSError as exc:
+                self._write_failed("cannot sync the event files at exit", exc)
         self._write_stats(durable=True)
         self.router.close(0)
         return 0
@@ -154,6 +158,7 @@ class SummaryService:
         n = 0
         if not self._wake.wait(wait_ms):
             return 0
+        before = self.written
         for got in drain(self.router, limit=BURST_MAX, routed=True, accept=ACCEPT):
             n += 1
             if isinstance(got, ProtocolError):
@@ -162,18 +167,49 @@ class SummaryService:
             self._handle(got, out)
         if not n:
             return 0
-        self.file.write(b"".join(out))
+        self._write(out, before)
         if self._sync_now:
             self._sync_now = False
-            self.file.sync()
+            self._sync()
             self._next_fsync = self.clock() + FSYNC_SECS
         self._send_acks()
         return n
 
-    def _tick(self, now: float) -> None:
-        if now >= self._next_fsync:
+    def _write(self, out: list[bytes], before: int) -> None:
+        """Append ``out`` to the event file. When the disk refuses it (full: ENOSPC, or EIO), the
+        burst is dropped and its values (``written`` since ``before``) counted in
+        ``service_dropped``; the batches are still acknowledged (the trainer would otherwise hold
+        them, overflow and report the service stalled), and the service runs on."""
+        try:
+            self.file.write(b"".join(out))
+        except OSError as exc:
+            lost = self.written - before
+            self.written = before
+            self.service_dropped += lost
+            self._write_failed(f"dropped {lost} summary value(s): cannot write {self.file.path}", exc)
+            return
+        if self._write_error is not None:
+            self._complain(f"writing {self.file.path} again ({self._write_error} before)")
+            self._write_error = None
+
+    def _sync(self) -> None:
+        """fsync the event files; a refused fsync is said once, never a reason to stop."""
+        try:
             self.file.sync()
             self.procsv_run.sync()
+        except OSError as exc:
+            self._write_failed("cannot sync the event files", exc)
+
+    def _write_failed(self, what: str, exc: OSError) -> None:
+        """Say the first failure of a run of them (a full disk fails every write until it has room)."""
+        reason = exc.strerror or str(exc)
+        if self._write_error is None:
+            self._complain(f"{what} ({reason}); dropping and counting what cannot be written until it can")
+        self._write_error = reason
+
+    def _tick(self, now: float) -> None:
+        if now >= self._next_fsync:
+            self._sync()
             self._next_fsync = now + FSYNC_SECS
         if now >= self._next_stats:
             self._write_stats(durable=False)
