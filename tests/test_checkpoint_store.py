@@ -71,7 +71,7 @@ class Harness:
         manifest, retired = self.store.commit(
             step=step, reason="test", basename="model.ckpt", max_to_keep=max_to_keep, keep_every_n_hours=hours,
             write=lambda tmp: writer_mod.write_snapshot(tmp, msg, snap.frames, view))
-        self.store.delete(retired)
+        self.deferred = self.store.delete(retired)  # what a restore in progress kept from deletion
         return manifest
 
 

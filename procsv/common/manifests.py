@@ -10,16 +10,24 @@ Checksums are CRC-32C (Castagnoli, the checksum TensorFlow's own bundle format u
 :mod:`procsv.common.crc32c`. A manifest names its algorithm per file; new manifests always say
 ``"crc32c"``. Older ones (version 1, and version 2 written by an earlier procsv that fell back to
 zlib where google-crc32c was missing) may say ``"crc32"``: they are still read and verified.
+A checkpoint being restored is never deleted: a trainer lists, verifies and restores under a
+shared ``flock`` on ``.procsv/restore.lock`` (:func:`restoring`), and retention's deletion takes it
+exclusively without waiting (:func:`retiring`), leaving the retired checkpoints for later while
+a restore holds it.
+
 Imported by the trainer, the checkpoint service and the CLI.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import re
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from procsv.common import crc32c
 from procsv.common.errors import CorruptCheckpoint, UnreadableCheckpoint
@@ -73,6 +81,76 @@ class Manifest:
 
 def manifest_path(layout: Layout, prefix: str) -> str:
     return os.path.join(layout.manifests, prefix + ".json")
+
+
+# ------------------------------------------------------------------ restore vs retention
+RESTORE_LOCK = "restore.lock"  # in .procsv/: shared while a trainer restores, exclusive while retention deletes
+RESTORE_LOCK_WAIT = 30.0  # seconds a restore waits for a deletion in progress (a few unlinks) to finish
+
+
+def restore_lock_path(layout: Layout) -> str:
+    return os.path.join(layout.meta, RESTORE_LOCK)
+
+
+def _open_lock(layout: Layout) -> Optional[int]:
+    try:
+        return os.open(restore_lock_path(layout), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:  # a read-only or full logdir, .procsv/ missing: no lock to take
+        return None
+
+
+@contextmanager
+def restoring(layout: Layout, wait_secs: float = RESTORE_LOCK_WAIT, clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> Iterator[bool]:
+    """Hold a shared lock on ``.procsv/restore.lock`` while the trainer lists, verifies and restores
+    committed checkpoints, so retention deletes none of them meanwhile (:func:`retiring`). Yields
+    whether the lock is held: False when the file cannot be opened (a read-only logdir) or a
+    deletion held it for ``wait_secs``; the restore then goes on without it. The kernel drops the
+    lock when the trainer dies."""
+    fd = _open_lock(layout)
+    if fd is None:
+        yield False
+        return
+    try:
+        deadline = clock() + wait_secs
+        held = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                held = True
+                break
+            except BlockingIOError:  # a deletion in progress: it does not wait for anything
+                if clock() >= deadline:
+                    break
+                sleep(0.01)
+            except OSError:  # a filesystem without flock
+                break
+        yield held
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def retiring(layout: Layout) -> Iterator[bool]:
+    """Take ``.procsv/restore.lock`` exclusively without waiting, for retention's deletion. Yields
+    False while a trainer restores (:func:`restoring`): the caller deletes nothing then and tries
+    again later. True also when the lock file cannot be opened or locked (a full or read-only
+    logdir, no flock): then no restore can hold it either, and a full disk needs the space back."""
+    fd = _open_lock(layout)
+    if fd is None:
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            free = True
+        except BlockingIOError:
+            free = False
+        except OSError:
+            free = True
+        yield free
+    finally:
+        os.close(fd)
 
 
 def list_committed(layout: Layout) -> list[Manifest]:

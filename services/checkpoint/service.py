@@ -52,7 +52,7 @@ from procsv.common.bootstrap import ChildContext
 from procsv.common.layout import write_json
 from procsv.common.stopwake import StopWake
 from procsv.common.errors import CheckpointError
-from procsv.common.manifests import list_committed
+from procsv.common.manifests import Manifest, list_committed
 from procsv.services.checkpoint.arena import ArenaCache
 from procsv.services.checkpoint.memory import HeldSnapshot, TrainerLife, persist_decision
 from procsv.services.checkpoint.policy import save_due
@@ -108,6 +108,7 @@ class CheckpointService:
         self.held_count = 0  # in-memory snapshots held by this process
         self.held_steps: Optional[tuple[int, int]] = None  # the steps of the first and the last of them
         self._next_stats = clock()
+        self.retired: list[Manifest] = []  # retired checkpoints whose deletion waits for a restore to end
 
     def run(self) -> int:
         try:
@@ -155,6 +156,8 @@ class CheckpointService:
             _say(f"procsv checkpoint: could not write {self.ctx.layout.checkpoint_stats}: {exc}")
 
     def _tick(self) -> None:
+        if self.retired:
+            self._retire([])
         if self.memory is not None and self.life is not None and self.life.pid == self.memory.pid and self.life.dead():
             self._persist_memory(f"its trainer (pid {self.life.pid}) died")
         if self.trainer is None or self.setup is None:
@@ -310,7 +313,7 @@ class CheckpointService:
         """Commit ``msg``; tell the trainer (``reply_to``; by default the current one, None: nobody),
         the watchdog and the summary service; return the result."""
         started = self.clock()
-        retired: list[Any] = []
+        retired: list[Manifest] = []
         try:
             view = self.arenas.get(msg.arena) if msg.arena is not None else None
             manifest, retired = self.store.commit(
@@ -337,11 +340,25 @@ class CheckpointService:
             self._reply(result)
         if result.ok and result.path:
             send(self.to_summary, SessionLogEvent(SessionStatus.CHECKPOINT, msg.step, result.path))
-        try:
-            self.store.delete(retired)  # after the trainer heard: deleting old files is not on its path
-        except OSError as exc:
-            print(f"procsv checkpoint: could not delete retired checkpoints: {exc}", file=sys.stderr, flush=True)
+        self._retire(retired)  # after the trainer heard: deleting old files is not on its path
         return result
+
+    def _retire(self, retired: list[Manifest]) -> None:
+        """Delete ``retired`` and any retired earlier whose deletion waited for a restore
+        (:meth:`CheckpointStore.delete`); what a restore still holds waits for the next tick."""
+        waiting = {m.prefix: m for m in self.retired}
+        waiting.update((m.prefix, m) for m in retired)
+        if not waiting:
+            return
+        try:
+            self.retired = self.store.delete(list(waiting.values()))
+        except OSError as exc:
+            self.retired = []
+            _say(f"procsv checkpoint: could not delete retired checkpoints: {exc}")
+            return
+        if self.retired and retired:  # said once per commit, not at every tick it still waits
+            _say("procsv checkpoint: a trainer is restoring; deleting the retired "
+                 f"{', '.join(m.prefix for m in self.retired)} once it is done")
 
 
 def _say(text: str) -> None:

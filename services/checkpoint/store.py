@@ -38,7 +38,7 @@ from procsv.common import faults
 from procsv.common.errors import CheckpointError, CorruptCheckpoint, UnreadableCheckpoint
 from procsv.common.layout import Layout, fsync_dir, read_json, write_json
 from procsv.common.crc32c import file_checksum
-from procsv.common.manifests import Manifest, list_committed, manifest_path, verify, write_state_file
+from procsv.common.manifests import Manifest, list_committed, manifest_path, retiring, verify, write_state_file
 from procsv.services.checkpoint.policy import retention
 
 FAULT_POINTS = ("before_data_write", "after_data_write", "before_rename", "after_rename",
@@ -272,23 +272,39 @@ class CheckpointStore:
         return (f"quarantined corrupt checkpoint {m.prefix} ({why}): moved its manifest and {moved} file(s) "
                 f"to {folder}; nothing was deleted")
 
-    def delete(self, retired: Sequence[Manifest]) -> None:
-        """Delete retired checkpoints. Each manifest is first renamed to ``<prefix>.pending`` (it
+    def delete(self, retired: Sequence[Manifest]) -> list[Manifest]:
+        """Delete retired checkpoints, unless a trainer is restoring (it holds
+        ``.procsv/restore.lock``, :func:`~procsv.common.manifests.restoring`): then nothing is
+        deleted and ``retired`` is returned, to be passed again later (a checkpoint being restored
+        is never deleted; before, one retired by a commit that landed mid-restore lost its files
+        under the trainer, which called it corrupt and, with ``allow_reinit``, started from step 0).
+        Returns [] once done.
+
+        Each manifest is first renamed to ``<prefix>.pending`` (it
         names the files, as a commit's intent record does): the checkpoint leaves the committed
         list at once, never as a manifest without files, and a crash before its files are gone
         leaves that record, by which :meth:`recover` finishes the deletion (before, the files
         stayed in the logdir for good, named by nothing). Only files a manifest names are deleted."""
-        retiring = []
+        if not retired:
+            return []
+        with retiring(self.layout) as free:
+            if not free:
+                return list(retired)
+            self._delete(retired)
+        return []
+
+    def _delete(self, retired: Sequence[Manifest]) -> None:
+        retiring_now = []
         for m in retired:
             try:
                 os.rename(manifest_path(self.layout, m.prefix), self._pending(m.prefix))
             except FileNotFoundError:
                 continue
-            retiring.append(m)
-        if not retiring:
+            retiring_now.append(m)
+        if not retiring_now:
             return
         fsync_dir(self.layout.manifests)
-        for m in retiring:
+        for m in retiring_now:
             for name in m.files:
                 if "/" in name or not name.startswith(m.prefix + "."):
                     continue
@@ -298,7 +314,7 @@ class CheckpointStore:
                     pass
                 fault_point("mid_delete")
         fsync_dir(self.layout.logdir)
-        for m in retiring:
+        for m in retiring_now:
             os.unlink(self._pending(m.prefix))
         fsync_dir(self.layout.manifests)
 

@@ -23,12 +23,14 @@ from procsv.ipc.messages import RecoverQuery
 from procsv.ipc.transport import NoReply
 from procsv.common.errors import CorruptCheckpoint, MismatchedCheckpoint, NoRestorableCheckpoint, UnreadableCheckpoint
 from procsv.common.layout import Layout
-from procsv.common.manifests import Manifest, damaged_manifests, list_committed, step_of_prefix, unreadable_file, verify
+from procsv.common.manifests import (Manifest, damaged_manifests, list_committed, manifest_path, restoring, step_of_prefix,
+                                     unreadable_file, verify)
 from procsv.trainer.checkpoint import restore
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.restore import ReadRetry
 
 RECOVER_WAIT = 15.0  # seconds a restarted trainer waits for the service to persist a held in-memory snapshot
+RELIST_MAX = 3  # walks started again from a new listing when a checkpoint is retired under the restore
 
 
 @dataclass(frozen=True)
@@ -52,10 +54,41 @@ def restore_or_init(checkpoint: Any, global_step: Any, layout: Layout, init: Cal
 
     ``pinned``: a group's worker restores exactly what its chief restored (:class:`Pinned`).
     """
+    with restoring(layout):  # retention deletes none of these checkpoints meanwhile
+        if pinned is not None:
+            return _restore_pinned(checkpoint, global_step, layout, init, pinned.path)
+        return _restore_newest(checkpoint, global_step, layout, init, allow_reinit=allow_reinit,
+                               read_retry=read_retry, clock=clock, sleep=sleep)
+
+
+class _Retired(Exception):
+    """A checkpoint's file went missing because the checkpoint left the committed list meanwhile
+    (retention or the quarantine renamed its manifest away): not corrupt, list again."""
+
+
+def _restore_newest(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], None], *,
+                    allow_reinit: bool, read_retry: ReadRetry, clock: Callable[[], float],
+                    sleep: Callable[[float], None]) -> Restored:
+    """:func:`restore_or_init` without a pin, under the restore lock (or without it, where it
+    cannot be taken: then a checkpoint retired mid-restore makes the walk start again from a new
+    listing, at most :data:`RELIST_MAX` times)."""
+    for _ in range(RELIST_MAX):
+        try:
+            return _walk(checkpoint, global_step, layout, init, allow_reinit=allow_reinit,
+                         read_retry=read_retry, clock=clock, sleep=sleep)
+        except _Retired as gone:
+            print(f"procsv: checkpoint {gone} was retired while being read; listing the committed "
+                  "checkpoints again", file=sys.stderr, flush=True)
+    return _walk(checkpoint, global_step, layout, init, allow_reinit=allow_reinit, read_retry=read_retry,
+                 clock=clock, sleep=sleep, relist=False)
+
+
+def _walk(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], None], *,
+          allow_reinit: bool, read_retry: ReadRetry, clock: Callable[[], float],
+          sleep: Callable[[float], None], relist: bool = True) -> Restored:
+    """One listing of the committed checkpoints, then the walk of :func:`restore.choose` over it."""
     import tensorflow as tf
 
-    if pinned is not None:
-        return _restore_pinned(checkpoint, global_step, layout, init, pinned.path)
     committed = list_committed(layout)
     damaged = damaged_manifests(layout)
     for name in damaged:
@@ -72,8 +105,15 @@ def restore_or_init(checkpoint: Any, global_step: Any, layout: Layout, init: Cal
         print(f"procsv: skipping corrupt checkpoint {manifest.prefix} ({why}); trying an older one",
               file=sys.stderr, flush=True)
 
-    choice = restore.choose(committed, lambda m: verify_and_restore(checkpoint, global_step, layout, m),
-                            allow_reinit=allow_reinit, retry=read_retry, clock=clock, sleep=sleep,
+    def attempt(manifest: Manifest) -> None:
+        try:
+            verify_and_restore(checkpoint, global_step, layout, manifest)
+        except CorruptCheckpoint:
+            if relist and not os.path.exists(manifest_path(layout, manifest.prefix)):
+                raise _Retired(manifest.prefix) from None
+            raise
+
+    choice = restore.choose(committed, attempt, allow_reinit=allow_reinit, retry=read_retry, clock=clock, sleep=sleep,
                             on_corrupt=on_corrupt)
     path = choice.restored.path(layout.logdir) if choice.restored is not None else None
     if choice.restored is None:
