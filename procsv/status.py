@@ -113,6 +113,10 @@ def render(status: dict[str, Any], logdir: str) -> str:
     if refused:
         lines.append("  messages refused (malformed or foreign): "
                      + ", ".join(f"{role} {n}" for role, n in refused.items()))
+    blips = status.get("logdir_errors") or {}
+    if blips.get("count"):
+        lines.append(f"  logdir: {blips['count']} look(s) at it failed ({blips.get('last')}, a filesystem's blip; "
+                     "the run stops only after --logdir-timeout of failures in a row)")
     if status.get("last_error"):
         lines.append(f"  last error: {status['last_error']}")
     return "\n".join(lines)

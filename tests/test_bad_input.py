@@ -287,13 +287,13 @@ def test_12_watch_the_logdir_watch_wakes_on_an_event_and_names_what_happened(tmp
     import select
     import shutil
 
-    from procsv.watchdog.logdirwatch import LogdirWatch, identity, lost_reason
+    from procsv.watchdog.logdirwatch import LogdirHealth, LogdirWatch, identity, look
 
     path = tmp_path / "run"
     path.mkdir()
     (tmp_path / "sibling").mkdir()
     start = identity(str(path))
-    assert start is not None and lost_reason(str(path), start) is None
+    assert start is not None and LogdirHealth(start).judge(look(str(path)), 0.0) is None
     watch = LogdirWatch(str(path))
     watch.start()
     try:
@@ -310,7 +310,7 @@ def test_12_watch_the_logdir_watch_wakes_on_an_event_and_names_what_happened(tmp
         watch.drain()
         if how == "moved":
             assert watch.seen == f"it was moved to {tmp_path / 'elsewhere'}"
-            assert lost_reason(str(path), start) == "it was deleted or moved away"
+            assert LogdirHealth(start).judge(look(str(path)), 0.0) == "it was deleted or moved away"
         else:  # a new directory may even get the old inode number: the event is what tells
             assert watch.seen == "it was deleted or moved away"
     finally:

@@ -1,9 +1,9 @@
 """Fault injection points for tests: the one parser of ``PROCSV_FAULT``.
 
 Runs in whichever process reaches a point (the watchdog, the trainer, the checkpoint service);
-each process counts its own hits. ``PROCSV_FAULT`` is ``<process>:<point>[:<n>]``: the point fires
-the n-th time that process reaches it (default the first), and only in the process's first
-attempt, so that its restart runs normally. What a firing point does (die, hang, raise) is the
+each process counts its own hits. ``PROCSV_FAULT`` is ``<process>:<point>[:<n>[-<m>]]``: the point
+fires the n-th time that process reaches it (default the first), or every time from the n-th to
+the m-th, and only in the process's first attempt, so that its restart runs normally. What a firing point does (die, hang, raise) is the
 caller's: this module only says whether it fires. Never set outside tests.
 """
 
@@ -26,4 +26,7 @@ def fires(process: str, point: str) -> bool:
         return False
     key = (process, point)
     _hits[key] = _hits.get(key, 0) + 1
-    return _hits[key] == (int(nth) if nth.isdigit() else 1)
+    first, _, last = nth.partition("-")
+    lo = int(first) if first.isdigit() else 1
+    hi = int(last) if last.isdigit() else lo
+    return lo <= _hits[key] <= hi

@@ -51,6 +51,7 @@ class LaunchConfig:
     node_rank: int = 0  # --node-rank: 0 is the master (this Watchdog), others run a NodeAgent
     master_addr: Optional[str] = None  # --master-addr HOST:PORT: node 0 binds it, the others connect
     rejoin_timeout: float = 300.0  # --rejoin-timeout
+    logdir_timeout: float = 60.0  # --logdir-timeout: seconds of failed looks at the logdir that lose it
 
     @property
     def busy_timeout(self) -> Optional[float]:

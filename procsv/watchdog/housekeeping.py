@@ -25,7 +25,7 @@ from procsv.watchdog import observe
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.publish.events import Event
 from procsv.watchdog.executor import Executor
-from procsv.watchdog.logdirwatch import Identity, LogdirWatch, identity, lost_reason
+from procsv.watchdog.logdirwatch import Identity, LogdirHealth, LogdirWatch, identity, look
 from procsv.watchdog.observe import Report
 from procsv.watchdog.rules.state import RunView
 from procsv.watchdog.publish.reporting import Reporter
@@ -64,12 +64,16 @@ class Sweeper:
 class LogdirGuard:
     """The logdir's identity (device, inode) at the start and the filesystem watch on it."""
 
-    def __init__(self, layout: Layout, view: RunView, out: Reporter) -> None:
+    def __init__(self, layout: Layout, view: RunView, out: Reporter, timeout: float,
+                 clock: Callable[[], float]) -> None:
         self.layout = layout
         self.view = view
         self.out = out
+        self.timeout = timeout  # --logdir-timeout: seconds of failed looks in a row that lose the logdir
+        self.clock = clock
         self.watch = LogdirWatch(layout.logdir)
         self._id: Optional[Identity] = None
+        self.health: Optional[LogdirHealth] = None
 
     @property
     def fd(self) -> int:
@@ -78,6 +82,8 @@ class LogdirGuard:
 
     def start(self) -> None:
         self._id = identity(self.layout.logdir)
+        if self._id is not None:
+            self.health = LogdirHealth(self._id, self.timeout)
         self.watch.start()
 
     def on_event(self) -> None:
@@ -86,10 +92,16 @@ class LogdirGuard:
 
     def check(self) -> None:
         """Is the logdir still the directory the run started in? (after a filesystem event about it,
-        a failed checkpoint, and every round). What an event said (where it was moved) comes first."""
-        if self._id is None or self.view.logdir_lost is not None:
+        a failed checkpoint, and every round). What an event said (where it was moved) comes first; a
+        look that fails without saying the logdir is gone (EIO, ESTALE) is counted in the view and
+        loses the logdir only when every look of ``--logdir-timeout`` seconds failed."""
+        health = self.health
+        if health is None or self.view.logdir_lost is not None:
             return
-        reason = self.watch.seen or lost_reason(self.layout.logdir, self._id)
+        reason = self.watch.seen or health.judge(look(self.layout.logdir), self.clock())
+        if health.errors != self.view.logdir_errors:
+            self.view.logdir_errors, self.view.logdir_last_error = health.errors, health.last_error
+            self.out.changed()
         if reason is not None:
             self.out.record(observe.logdir_lost(self.view, reason))
             self.out.changed()

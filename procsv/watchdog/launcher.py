@@ -97,7 +97,7 @@ class Watchdog:
         self.view = RunView(launch_start=clock())
         self.out = Reporter(cfg, self.layout, clock, wall)
         self.internal_errors = 0
-        self.logdir = LogdirGuard(self.layout, self.view, self.out)
+        self.logdir = LogdirGuard(self.layout, self.view, self.out, cfg.logdir_timeout, clock)
         self.metrics: Optional[MetricsServer] = None
         self.link: Optional[NodeLink] = None  # the other hosts' agents (--nnodes > 1)
 

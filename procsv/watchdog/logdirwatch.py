@@ -4,38 +4,87 @@ Runs in the watchdog. :class:`LogdirWatch` runs the ``watchdog`` package's obser
 logdir's parent folder (not recursive: only entries of that folder, so the run's own writes
 inside the logdir cost nothing). An event that deletes the logdir or moves it away is the answer
 (:attr:`LogdirWatch.seen`: "it was moved to DEST" when the event says where); it wakes the
-watchdog's loop through a pipe. The loop also compares the path's identity (device and inode)
-with the one at the start every round of its loop and after a failed checkpoint (:func:`lost_reason`),
-which catches what no event of the parent reports (an ancestor moved or deleted, a move out of
-the parent folder, which inotify reports late). What to do about it is decided in
+watchdog's loop through a pipe. The loop also looks at the path (:func:`look`: its device and inode)
+every round of its loop and after a failed checkpoint, which catches what no event of the parent
+reports (an ancestor moved or deleted, a move out of the parent folder, which inotify reports
+late). :class:`LogdirHealth` judges the looks: the logdir is lost at once when the path is gone
+(ENOENT, ENOTDIR) or is another directory, but a look that fails otherwise (EIO, ESTALE, EACCES: a
+network filesystem's blip) is only counted, and the logdir is lost only after ``--logdir-timeout``
+seconds in which every look failed. What to do about a lost logdir is decided in
 :mod:`procsv.watchdog.rules.decide` (rule 9).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
+from dataclasses import dataclass
 from typing import Any, Optional
 
+from procsv.common import faults
+
 Identity = tuple[int, int]  # (st_dev, st_ino)
+DEFAULT_TIMEOUT = 60.0  # --logdir-timeout
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look at the logdir's path: its identity, or that there is none, or that the look failed."""
+
+    identity: Optional[Identity]  # the directory's (device, inode); None: no directory there, or the look failed
+    error: Optional[int] = None  # the errno of a look that failed for another reason than "not there"
+
+
+def look(path: str) -> Look:
+    """Look at the directory at ``path`` (one ``stat``)."""
+    try:
+        if faults.fires("watchdog", "logdir_eio"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return Look(None)
+    except OSError as exc:
+        return Look(None, exc.errno or 0)
+    return Look((st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None)
 
 
 def identity(path: str) -> Optional[Identity]:
-    """The (device, inode) of the directory at ``path``, or None if there is none."""
-    try:
-        st = os.stat(path)
-    except OSError:
+    """The (device, inode) of the directory at ``path``, or None if there is none (or it cannot be seen)."""
+    return look(path).identity
+
+
+class LogdirHealth:
+    """The verdict on successive looks at the logdir (pure: the time of each look is passed in).
+
+    Lost at once: the path is gone or is another directory. A failed look is a blip, counted in
+    :attr:`errors`; only ``timeout`` seconds in which every look failed make the logdir lost.
+    """
+
+    def __init__(self, start: Identity, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.start = start
+        self.timeout = timeout
+        self.errors = 0  # looks that failed (transient errors) during the launch
+        self.last_error: Optional[str] = None  # the errno name of the last one
+        self.failing_since: Optional[float] = None  # the first of the failed looks in a row
+
+    def judge(self, seen: Look, now: float) -> Optional[str]:
+        """Why the logdir is lost (one phrase), or None while it is not."""
+        if seen.error is not None:
+            self.errors += 1
+            self.last_error = errno.errorcode.get(seen.error, str(seen.error))
+            if self.failing_since is None:
+                self.failing_since = now
+            if now - self.failing_since >= self.timeout:
+                return (f"it could not be looked at for {now - self.failing_since:.0f} s ({self.last_error} on every "
+                        f"look; --logdir-timeout {self.timeout:g})")
+            return None
+        self.failing_since = None
+        if seen.identity is None:
+            return "it was deleted or moved away"
+        if seen.identity != self.start:
+            return "it was replaced by another directory (deleted or moved, then created again)"
         return None
-    return (st.st_dev, st.st_ino) if os.path.isdir(path) else None
-
-
-def lost_reason(path: str, start: Identity) -> Optional[str]:
-    """Why ``path`` is no longer the logdir the run started with (one phrase), or None if it is."""
-    now = identity(path)
-    if now is None:
-        return "it was deleted or moved away"
-    if now != start:
-        return "it was replaced by another directory (deleted or moved, then created again)"
-    return None
 
 
 class LogdirWatch:

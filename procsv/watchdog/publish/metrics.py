@@ -77,6 +77,9 @@ def families(snap: Optional[RunSnapshot], now: float, summaries_dropped: Optiona
                                    value=snap.checkpoints))
     out.append(CounterMetricFamily("procsv_checkpoint_failures", "Checkpoints that failed to commit during this "
                                    "launch.", value=snap.checkpoint_failures))
+    out.append(CounterMetricFamily("procsv_logdir_errors", "Looks at the logdir that failed without saying it "
+                                   "is gone (EIO, ESTALE: a filesystem's blip) during this launch.",
+                                   value=snap.logdir_errors))
     if snap.last_checkpoint_step is not None:
         out.append(GaugeMetricFamily("procsv_last_checkpoint_step", "The step of the last committed checkpoint "
                                      "(before the first commit of this launch: the newest on disk).",

@@ -50,6 +50,7 @@ class RunSnapshot:
     checkpoints: int  # commits during this launch
     checkpoint_failures: int  # failed saves during this launch
     started_at: float
+    logdir_errors: int = 0  # looks at the logdir that failed without saying it is gone (EIO, ESTALE)
 
 
 def restart_cause(prev: ChildView) -> Optional[str]:
@@ -126,4 +127,5 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
         checkpoints=view.commits,
         checkpoint_failures=view.failed_commits,
         started_at=started_at,
+        logdir_errors=view.logdir_errors,
     )

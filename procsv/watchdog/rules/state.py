@@ -194,6 +194,8 @@ class RunView:
     last_commit_step: Optional[int] = None  # ... its step
     last_commit_secs: float = 0.0  # ... and how long the checkpoint service took to persist it
     logdir_lost: Optional[str] = None  # why the logdir is no longer there (deleted, moved, replaced)
+    logdir_errors: int = 0  # looks at the logdir that failed without saying it is gone (EIO, ESTALE: blips)
+    logdir_last_error: Optional[str] = None  # the errno name of the last of them
     chaos_at: Optional[float] = None  # the next chaos kill
     chaos_armed_for: Optional[tuple[str, int]] = None  # (slot, attempt) the current schedule targets
     chaos_next_delay: float = 0.0  # drawn from the plan's seeded generator by the executor
