@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import PROGRAMS, committed_steps, finish, launch, quiet_env, run_processes, wait_for, wait_role_pid
 from procsv.cli import main
-from procsv.watchdog.rules.failures import Failure
+from procsv.watchdog.rules.failures import ExitReport, Failure
 from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.publish.metrics import RunCollector, families
 from procsv.watchdog.publish.runmetrics import RunSnapshot, StepRate, restart_cause, restart_counts, take_snapshot
@@ -152,8 +152,8 @@ def _attempt(n: int, **kw: Any) -> ChildView:
     return c
 
 
-def _failure(code: int) -> Failure:
-    return Failure("trainer", 1, 101, code, 0.0, "/x.log")
+def _failure(code: int, preempted: bool = False) -> Failure:
+    return Failure("trainer", 1, 101, code, 0.0, "/x.log", exit_report=ExitReport("SIGTERM", 5) if preempted else None)
 
 
 def test_restart_causes_are_known_once_and_never_change():
@@ -161,7 +161,9 @@ def test_restart_causes_are_known_once_and_never_change():
     assert restart_cause(_attempt(1, exit_code=-9, failure=_failure(-9))) == "SIGKILL"
     assert restart_cause(_attempt(1, exit_code=-11)) == "SIGSEGV"
     assert restart_cause(_attempt(1, exit_code=1)) == "exit_code"
-    assert restart_cause(_attempt(1, exit_code=42)) == "preempted"
+    # a 42 is a preemption only with the trainer's exit report (issue 38, point 2); the program's own is an exit code
+    assert restart_cause(_attempt(1, exit_code=42, failure=_failure(42, preempted=True))) == "preempted"
+    assert restart_cause(_attempt(1, exit_code=42, failure=_failure(42))) == "exit_code"
     assert restart_cause(_attempt(1, hang_cause="hang: no step for 2 s", signalled_at=5.0)) == "hang"
     assert restart_cause(_attempt(1, hang_cause="hang: x", signalled_at=5.0, exit_code=-9)) == "hang"
     assert restart_cause(_attempt(1, signalled_at=5.0)) == "chaos"

@@ -125,6 +125,39 @@ def test_trainer_crashing_after_every_checkpoint_never_gives_up():
     assert decisions[-1].history.restarts == 50
 
 
+PREEMPTED = TrainerExit(code=42, completed_a_step=True, made_progress=False, stop_requested=False, preempted=True)
+OWN_42 = TrainerExit(code=42, completed_a_step=True, made_progress=False, stop_requested=False)
+KILLED_AT_START = TrainerExit(code=-9, completed_a_step=False, made_progress=False, stop_requested=False,
+                              killed_from_outside=True)
+
+
+def test_a_preemption_restarts_at_once_and_resets_the_counts():
+    d = decide(NO_JITTER, History(restarts=4, failures_without_progress=3, startup_failures_in_a_row=1), PREEMPTED, 0.5)
+    assert d.action is Action.RESTART and d.delay == 0.0 and d.history == History(5, 0, 0)
+
+
+def test_a_42_without_the_exit_report_is_a_failure_that_backs_off_and_gives_up():
+    decisions = simulate(RestartPolicy(max_restarts=3, jitter=0.0), [OWN_42] * 10)
+    assert [d.action for d in decisions] == [Action.RESTART] * 3 + [Action.GIVE_UP]
+    assert [d.delay for d in decisions[:3]] == [0.0, 1.0, 2.0]
+    assert "--max-restarts 3" in decisions[-1].reason and "restart limit" in decisions[-1].reason
+
+
+def test_kills_from_outside_before_the_first_step_are_not_start_up_failures():
+    decisions = simulate(NO_JITTER, [STARTUP_CRASH] + [KILLED_AT_START] * 5)
+    assert [d.action for d in decisions] == [Action.RESTART] * 6
+    assert [d.history.startup_failures_in_a_row for d in decisions] == [1] * 6  # neither grown nor reset
+    assert [d.delay for d in decisions] == [0.0, 1.0, 2.0, 4.0, 8.0, 16.0]  # the normal backoff
+    d = decide(NO_JITTER, decisions[-1].history, STARTUP_CRASH, 0.5)  # its own failure again: the row is 2
+    assert d.action is Action.GIVE_UP and "start-up failure rule" in d.reason and "on its own" in d.reason
+
+
+def test_kills_from_outside_before_the_first_step_end_at_the_restart_limit_naming_it():
+    decisions = simulate(RestartPolicy(max_restarts=2, jitter=0.0), [KILLED_AT_START] * 5)
+    assert [d.action for d in decisions] == [Action.RESTART] * 2 + [Action.GIVE_UP]
+    assert "the restart limit" in decisions[-1].reason and "start-up" not in decisions[-1].reason
+
+
 def test_two_startup_failures_in_a_row_give_up_mentioning_start_up():
     decisions = simulate(RestartPolicy(max_restarts=10), [STARTUP_CRASH, STARTUP_CRASH])
     assert [d.action for d in decisions] == [Action.RESTART, Action.GIVE_UP]

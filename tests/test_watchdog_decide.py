@@ -20,7 +20,7 @@ from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, Give
 from procsv.watchdog.rules.chaos import parse_chaos
 from procsv.watchdog.rules.bookkeeping import note
 from procsv.watchdog.rules.decide import Limits, decide
-from procsv.watchdog.rules.failures import ChildError, Failure
+from procsv.watchdog.rules.failures import ChildError, ExitReport, Failure
 from procsv.watchdog.rules.hang import HangLimits
 from procsv.watchdog.rules.lifecycle import ProcState, RunState
 from procsv.watchdog.rules.policy import RestartPolicy
@@ -87,9 +87,12 @@ class Sim:
     def commit(self, step: int) -> None:
         observe.heard(self.view, SaveResult(step, "periodic", True, f"model.ckpt-{step}", None, 0.1), self.now)
 
-    def dies(self, slot: str, code: int) -> None:
+    def dies(self, slot: str, code: int, preempted: bool = False) -> None:
+        """``slot`` exited with ``code``; ``preempted``: its exit report says a stop signal stopped it
+        and its checkpoint committed (a trainer's 42 is a preemption only with it)."""
         c = self.view.children[slot]
-        failure = Failure(c.role, c.attempt, c.pid, code, 0.0, "log")
+        failure = Failure(c.role, c.attempt, c.pid, code, 0.0, "log",
+                          exit_report=ExitReport("SIGTERM", 2) if preempted else None)
         observe.reaped(self.view, slot, c.attempt, failure, self.now)
 
     def notice(self) -> None:
@@ -220,9 +223,96 @@ def test_a_death_notice_during_a_stop_waits_for_the_exit_status():
 def test_a_preempted_trainer_restarts_at_once_without_counting_a_failure():
     sim = Sim()
     sim.start_trainer(steps=2)
-    sim.dies(TRAINER, 42)
+    sim.dies(TRAINER, 42, preempted=True)  # its exit report: SIGTERM, checkpoint committed
     (r,) = of(sim.tick(), Restart)
     assert r.preempted and r.delay == 0.0 and sim.view.history.failures_without_progress == 0
+
+
+def test_a_42_the_program_returns_itself_is_a_failure_with_backoff_and_the_restart_limit():
+    # issue 38, point 2: sys.exit(42) / os._exit(42) without a stop signal and a procsv commit wrote
+    # no exit report; it used to restart at once with the counts reset, forever
+    sim = Sim(Limits(restart=RestartPolicy(max_restarts=3, jitter=0.0), hang=HangLimits(None, None)))
+    delays = []
+    sim.start_trainer(steps=2)
+    for attempt in range(1, 4):
+        sim.dies(TRAINER, 42)
+        (r,) = of(sim.tick(), Restart)
+        assert not r.preempted
+        delays.append(r.delay)
+        sim.now += r.delay
+        sim.start_trainer(steps=2)
+    assert delays == [0.0, 1.0, 2.0]
+    assert "exited with code 42 of its own, not as a preemption" in sim.view.last_error
+    sim.dies(TRAINER, 42)
+    (g,) = of(sim.tick(), GiveUp)
+    assert "the restart limit" in g.reason and "--max-restarts 3" in g.reason
+
+
+def test_a_42_before_the_first_step_without_an_exit_report_is_a_start_up_failure():
+    sim = Sim()
+    assert of(sim.tick(), Spawn)
+    sim.dies(TRAINER, 42)
+    assert not of(sim.tick(), Restart)[0].preempted
+    assert of(sim.tick(), Spawn)
+    sim.dies(TRAINER, 42)
+    (g,) = of(sim.tick(), GiveUp)
+    assert "start-up failure rule" in g.reason and "on its own" in g.reason
+
+
+def test_sigkills_before_the_first_step_are_not_start_up_failures_they_back_off_to_the_restart_limit():
+    # issue 38, point 4: kills from outside (the OOM killer, a flapping node) that land before the
+    # restarted trainer's first step used to end the run as "a start-up failure" after two
+    sim = Sim(Limits(restart=RestartPolicy(max_restarts=4, jitter=0.0), hang=HangLimits(None, None)))
+    sim.start_trainer(steps=3)
+    sim.dies(TRAINER, KILLED)
+    delays = [of(sim.tick(), Restart)[0].delay]
+    for _ in range(3):
+        assert of(sim.tick(delays[-1]), Spawn)
+        sim.ready(step=0)
+        sim.notice()  # the death notice comes before the exit status: no verdict yet
+        assert sim.tick() == []
+        sim.dies(TRAINER, KILLED)
+        (r,) = of(sim.tick(), Restart)
+        delays.append(r.delay)
+        assert sim.view.history.startup_failures_in_a_row == 0
+    assert delays == [0.0, 1.0, 2.0, 4.0]
+    assert of(sim.tick(delays[-1]), Spawn)
+    sim.dies(TRAINER, -signal.SIGTERM)
+    (g,) = of(sim.tick(), GiveUp)
+    assert "the restart limit" in g.reason and "start-up" not in g.reason
+
+
+def test_a_kill_between_two_own_start_up_failures_does_not_break_the_row_nor_count():
+    sim = Sim()
+    assert of(sim.tick(), Spawn)
+    sim.dies(TRAINER, 1)
+    assert of(sim.tick(), Restart) and of(sim.tick(), Spawn)
+    sim.dies(TRAINER, KILLED)
+    assert of(sim.tick(), Restart) and sim.view.history.startup_failures_in_a_row == 1
+    assert of(sim.tick(5.0), Spawn)
+    sim.dies(TRAINER, -signal.SIGSEGV)  # its own fault
+    (g,) = of(sim.tick(), GiveUp)
+    assert "start-up failure rule" in g.reason
+
+
+def test_a_hang_kill_before_the_first_step_is_still_a_start_up_failure():
+    sim = Sim(Limits(hang=HangLimits(10.0, 5.0), hang_grace_secs=1.0))
+    for attempt in (1, 2):
+        assert of(sim.tick(), Spawn)
+        assert of(sim.tick(5.5), Signal)
+        assert of(sim.tick(1.5), Kill)
+        sim.dies(TRAINER, KILLED)
+        actions = sim.tick()
+    (g,) = of(actions, GiveUp)
+    assert "start-up failure rule" in g.reason
+
+
+def test_a_death_notice_before_the_first_step_with_an_error_file_restarts_early_as_its_own_failure():
+    sim = Sim()
+    assert of(sim.tick(), Spawn)
+    observe.death_noticed(sim.view, TRAINER, 1, sim.now, 0.0, "RuntimeError")
+    (r,) = of(sim.tick(), Restart)
+    assert r.early and r.history.startup_failures_in_a_row == 1
 
 
 def test_exit_zero_finishes_the_run_and_the_services_are_stopped_then_killed():

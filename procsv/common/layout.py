@@ -286,6 +286,12 @@ def spilled_error_file(runtime_dir: str, role: str, attempt: int) -> str:
     return os.path.join(runtime_dir, f"{role}.{attempt}.error.json")
 
 
+def exit_report_file(runtime_dir: str, role: str, attempt: int) -> str:
+    """Where a trainer writes its exit report (a SIGTERM/SIGINT stopped it and its checkpoint
+    committed: exit 42 is a preemption) for the watchdog, which reads and removes it at the reap."""
+    return os.path.join(runtime_dir, f"{role}.{attempt}.exit.json")
+
+
 def write_json(path: str, obj: Any, *, durable: bool = True, mode: Optional[int] = None) -> None:
     atomic_write(path, json.dumps(obj, indent=1, sort_keys=True) + "\n", durable=durable, mode=mode)
 

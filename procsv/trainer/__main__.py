@@ -5,9 +5,11 @@ ARGS as its ``sys.argv[1:]``, exactly as ``python -m TARGET`` / ``python TARGET`
 that it arms the parent-death signal, takes the death-notice mutex and catches an early SIGTERM;
 if TARGET raises, it writes the traceback to this attempt's error file (the watchdog prints it as
 the root cause) and exits non-zero. A run that a SIGTERM/SIGINT stopped after its emergency
-checkpoint exits with :data:`procsv.common.exitcodes.EXIT_PREEMPTED` (42), which the watchdog
-treats as "saved, restart me" unless it asked for the stop itself. What the program's
-Supervisors achieved arrives as a value (:mod:`procsv.trainer.outcome`).
+checkpoint exits with :data:`procsv.common.exitcodes.EXIT_PREEMPTED` (42) and first writes its
+exit report saying so (``<runtime dir>/trainer.<attempt>.exit.json``); the watchdog treats a 42
+with that report as "saved, restart me" unless it asked for the stop itself, and any other 42 (the
+program's own ``sys.exit(42)``) as a failure. What the program's Supervisors achieved arrives as a
+value (:mod:`procsv.trainer.outcome`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+from typing import Optional
 
 from procsv.common import bootstrap
+from procsv.common.layout import exit_report_file, write_json
 from procsv.common.exitcodes import EXIT_PREEMPTED
 from procsv.trainer import deathnotice, outcome
 from procsv.trainer.standby import priority
@@ -47,17 +51,33 @@ def main() -> int:
             sys.path.insert(0, os.getcwd())
             runpy.run_module(target, run_name="__main__", alter_sys=True)
     except SystemExit as exc:
+        if exc.code == EXIT_PREEMPTED and outcome.collect().preempted:
+            return _clean_exit(ctx)  # the program's own 42 after procsv's preemption commit: one, truly
         if exc.code not in (0, None):
             bootstrap.write_error_file(ctx, exc, outcome.collect().phase)
             raise
-        return _clean_exit()
+        return _clean_exit(ctx)
     except BaseException as exc:
         bootstrap.write_error_file(ctx, exc, outcome.collect().phase)
         raise
-    return _clean_exit()
+    return _clean_exit(ctx)
 
 
-def _clean_exit() -> int:
+def _report_exit(ctx: Optional[bootstrap.ChildContext], result: outcome.Outcome) -> None:
+    """Tell the watchdog that this exit with 42 is a preemption: a SIGTERM/SIGINT stopped the
+    program and its checkpoint committed (the exit report, atomic, read at the reap). Without it
+    the watchdog judges a 42 as a failure (a program's own ``sys.exit(42)``)."""
+    report = outcome.exit_report(result, os.getpid(), ctx.role, ctx.attempt) if ctx is not None else None
+    if report is None or ctx is None or not ctx.supervised:
+        return
+    try:
+        write_json(exit_report_file(ctx.endpoints.runtime_dir, ctx.role, ctx.attempt), report)
+    except OSError as err:
+        print(f"procsv: could not write the exit report ({err}): the watchdog will count this preemption as a "
+              "failure", file=sys.stderr, flush=True)
+
+
+def _clean_exit(ctx: Optional[bootstrap.ChildContext]) -> int:
     result = outcome.collect()
     if result.stopped_by_signal and result.unsaved:
         print("procsv: stopped by a signal, but the emergency checkpoint did not commit: exiting with code "
@@ -66,8 +86,11 @@ def _clean_exit() -> int:
         print("procsv: the program finished, but its final checkpoint did not commit: exiting with code "
               f"{outcome.EXIT_UNSAVED} (a failure), not 0, so that its last steps are not reported saved; a restart "
               "resumes from the newest committed checkpoint", file=sys.stderr, flush=True)
+    code = result.clean_exit_code
+    if code == EXIT_PREEMPTED:
+        _report_exit(ctx, result)  # before the release: the watchdog may reap us right after it
     deathnotice.release()
-    return result.clean_exit_code
+    return code
 
 
 if __name__ == "__main__":

@@ -8,14 +8,15 @@ bootstrap and the Supervisor never import each other:
 * bootstrap -> Supervisor: a SIGTERM/SIGINT that arrived before any Supervisor installed its own
   handlers (:func:`catch_early_stop`, :func:`early_stop_signal`);
 * Supervisor -> bootstrap: an :class:`Outcome` per Supervisor, asked for at exit
-  (:func:`register`, :func:`collect`).
+  (:func:`register`, :func:`collect`); from it the bootstrap tells the watchdog whether an exit
+  with 42 is a preemption (:func:`exit_report`).
 """
 
 from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from procsv.common.exitcodes import EXIT_PREEMPTED
 
@@ -30,11 +31,21 @@ class Outcome:
     stopped_by_signal: bool = False  # a SIGTERM/SIGINT stopped training
     supervised: int = 0  # Supervisors that started a session
     unsaved: bool = False  # a final (or emergency) checkpoint did not commit
+    # the SIGTERM/SIGINT that stopped a Supervisor whose checkpoint of its last step then committed
+    # (0: none did): what makes an exit with 42 a preemption, which the trainer's exit report claims
+    saved_after: int = 0
 
     def merge(self, other: "Outcome") -> "Outcome":
         return Outcome(self.steps_completed + other.steps_completed,
                        self.stopped_by_signal or other.stopped_by_signal, self.supervised + other.supervised,
-                       self.unsaved or other.unsaved)
+                       self.unsaved or other.unsaved, self.saved_after or other.saved_after)
+
+    @property
+    def preempted(self) -> bool:
+        """A stop signal stopped training and the checkpoint committed: an exit with 42 is then a
+        preemption ("saved, restart me"), and the trainer says so in its exit report. Not for a
+        program without a checkpoint (nothing committed), nor when any final checkpoint failed."""
+        return self.stopped_by_signal and bool(self.saved_after) and not self.unsaved
 
     @property
     def phase(self) -> str:
@@ -49,6 +60,13 @@ class Outcome:
         if self.unsaved:
             return EXIT_UNSAVED
         return EXIT_PREEMPTED if self.stopped_by_signal else 0
+
+
+def of(steps_completed: int, stopped_by: Union[bool, int, None], unsaved: bool, saved: bool) -> Outcome:
+    """One Supervisor's outcome: ``stopped_by`` is the signal that stopped it (False or None: none),
+    ``saved`` whether the checkpoint of its last step is committed."""
+    signum = int(stopped_by) if stopped_by else 0
+    return Outcome(steps_completed, bool(signum), 1, unsaved, signum if saved else 0)
 
 
 _providers: list[Callable[[], Outcome]] = []
@@ -87,3 +105,16 @@ def catch_early_stop() -> None:
 def early_stop_signal() -> Optional[int]:
     """The stop signal received before a Supervisor started, if any."""
     return _early_signal
+
+
+def exit_report(result: Outcome, pid: int, role: str, attempt: int) -> Optional[dict[str, Any]]:
+    """The trainer's exit report for the watchdog when it exits with 42 as a preemption (None when
+    it is not one: the watchdog then judges the 42 as a failure). The bootstrap writes it."""
+    if not result.preempted:
+        return None
+    try:
+        name = signal.Signals(result.saved_after).name
+    except ValueError:
+        name = str(result.saved_after)
+    return {"pid": pid, "role": role, "attempt": attempt, "code": EXIT_PREEMPTED, "preempted": True,
+            "signal": name, "steps_completed": result.steps_completed}

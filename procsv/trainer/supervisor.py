@@ -338,7 +338,8 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
 
     def outcome(self) -> outcome.Outcome:
         """What this Supervisor achieved so far (the trainer's bootstrap reads it at exit)."""
-        return outcome.Outcome(self._counter.completed, self._stopped_by_signal, 1, self._unsaved)
+        ok = self.is_chief and self._ckpt is not None and self._ckpt.last_committed >= self._state.step  # its step saved
+        return outcome.of(self._counter.completed, self._stopped_by_signal and self.coord.stop_signal, self._unsaved, ok)
 
     # ----------------------------------------------------------------- internals
     def _reset_for_reuse(self) -> None:

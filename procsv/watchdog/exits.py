@@ -18,16 +18,16 @@ from typing import Callable, Optional
 
 import zmq
 
-from procsv.common.layout import Layout, spilled_error_file
+from procsv.common.layout import Layout, exit_report_file, read_json, spilled_error_file
 from procsv.common.manifests import newest_committed_since
 from procsv.watchdog import observe
 from procsv.watchdog.rules.bookkeeping import find
 from procsv.watchdog.children import ChildProcess, read_child_error
 from procsv.watchdog.executor import Executor
-from procsv.watchdog.rules.failures import ChildError, Failure
+from procsv.watchdog.rules.failures import ChildError, ExitReport, Failure
 from procsv.watchdog.prewarm import ForkedProcess
 from procsv.watchdog.publish.reporting import Reporter
-from procsv.watchdog.rules.state import TRAINER, RunView
+from procsv.watchdog.rules.state import STANDBY, TRAINER, RunView
 
 STATUS_WAIT = 2.0  # seconds a forked trainer's exit status may take to come from the zygote
 
@@ -151,6 +151,21 @@ class ChildEnds:
         return read_child_error((self.layout.error_file(handle.role, handle.attempt),
                                  spilled_error_file(ex.runtime.path, handle.role, handle.attempt)), handle.pid)
 
+    def _exit_report(self, handle: ChildProcess, ex: Executor) -> Optional[ExitReport]:
+        """The exit report the trainer wrote before exiting with 42 (read once, then removed: the
+        runtime directory would otherwise gather one per preemption of a month-long run). Only a
+        chief's counts (a promoted standby's too: it wrote it as the trainer it became); a group's
+        worker never commits a checkpoint, so its 42 is no preemption."""
+        if handle.role not in (TRAINER, STANDBY):
+            return None
+        path = exit_report_file(ex.runtime.path, TRAINER, handle.attempt)
+        report = ExitReport.from_record(read_json(path), handle.pid)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return report
+
     def _reaped(self, handle: ChildProcess, ex: Executor) -> None:
         code = handle.reap()
         if code is None:  # dead by its pidfd, yet no status within the limit
@@ -164,7 +179,8 @@ class ChildEnds:
         self._commits_on_disk(handle)
         self.out.echo(handle, final=True)
         err = self._child_error(handle, ex)
-        failure = Failure(handle.role, handle.attempt, handle.pid, code, self.wall(), handle.log_path, err)
+        failure = Failure(handle.role, handle.attempt, handle.pid, code, self.wall(), handle.log_path, err,
+                          self._exit_report(handle, ex))
         self.out.record(observe.reaped(self.view, handle.slot, handle.attempt, failure, self.clock()))
         self.out.changed()
         self._left_behind()  # what it left behind

@@ -8,8 +8,8 @@ and never touch the view, which the loop changes without a lock. procsv's own Te
 (:mod:`procsv.watchdog.publish.runscalars`) read the same numbers from the loop itself.
 
 Restarts are counted by cause (:func:`restart_cause`): ``hang``, ``chaos``, ``preempted`` (exit
-42 after a SIGTERM procsv did not send), the killing signal's name (``SIGKILL``, ``SIGSEGV``, ...)
-or ``exit_code`` (any other non-zero exit). A restart is counted once its cause is known: at once
+42 with the trainer's exit report: a SIGTERM procsv did not send, its checkpoint committed), the killing signal's name (``SIGKILL``, ``SIGSEGV``, ...)
+or ``exit_code`` (any other non-zero exit, a 42 of the program's own too). A restart is counted once its cause is known: at once
 for a hang or a chaos kill, else when the dead attempt is reaped (a restart on the death notice
 comes a few milliseconds before that). A cause never changes once known, so the counts only grow.
 """
@@ -20,7 +20,6 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Optional
 
-from procsv.common.exitcodes import EXIT_PREEMPTED
 from procsv.watchdog.publish import recovery
 from procsv.watchdog.rules.failures import signal_name
 from procsv.watchdog.rules.lifecycle import RunState
@@ -62,8 +61,8 @@ def restart_cause(prev: ChildView) -> Optional[str]:
     code = prev.exit_code
     if code is None:
         return None
-    if code == EXIT_PREEMPTED:
-        return "preempted"
+    if prev.failure is not None and prev.failure.preempted:
+        return "preempted"  # a 42 without the trainer's exit report is a plain exit code
     return signal_name(code) or "exit_code"
 
 

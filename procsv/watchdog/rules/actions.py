@@ -66,7 +66,7 @@ class Restart:
     attempt: int
     delay: float
     history: History
-    preempted: bool = False  # it saved its state and asked for a restart (exit code 42)
+    preempted: bool = False  # a SIGTERM/SIGINT stopped it and its checkpoint committed (exit 42 and its exit report)
     early: bool = False
 
 

@@ -15,6 +15,13 @@ import signal
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from procsv.common.exitcodes import EXIT_PREEMPTED
+
+# Deaths by these signals come from another process (the OOM killer, a flapping node, a user's
+# ``kill``, procsv's own chaos), never from a fault of the program itself; SIGSEGV, SIGABRT, SIGBUS,
+# SIGFPE, SIGILL, SIGPIPE, ... are the program's own. The start-up failure rule counts only the latter.
+OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+
 
 @dataclass(frozen=True)
 class ChildError:
@@ -24,6 +31,28 @@ class ChildError:
     message: str
     traceback: str
     phase: str
+
+
+@dataclass(frozen=True)
+class ExitReport:
+    """What a trainer said about its own exit with code 42 before it exited (its exit report,
+    ``<runtime dir>/<role>.<attempt>.exit.json``, written atomically by
+    :mod:`procsv.trainer.__main__` and read at the reap): a SIGTERM/SIGINT stopped it and the
+    checkpoint of its last step committed. Written only then, so its presence is the claim."""
+
+    stop_signal: str  # the stop signal it received: "SIGTERM" or "SIGINT"
+    steps_completed: int
+
+    @staticmethod
+    def from_record(record: Any, pid: int) -> Optional["ExitReport"]:
+        """The report in ``record`` (parsed JSON) if ``pid`` wrote it and it claims a saved
+        preemption; None for anything else (another process's, malformed, no claim)."""
+        if not isinstance(record, dict) or record.get("pid") != pid or record.get("preempted") is not True:
+            return None
+        sig, steps = record.get("signal"), record.get("steps_completed")
+        if not isinstance(sig, str) or not isinstance(steps, int) or isinstance(steps, bool):
+            return None
+        return ExitReport(sig, steps)
 
 
 @dataclass(frozen=True)
@@ -37,10 +66,23 @@ class Failure:
     time: float  # wall-clock time the end was noticed
     log_path: str
     error: Optional[ChildError] = None
+    exit_report: Optional[ExitReport] = None  # a trainer's own account of an exit with code 42
 
     @property
     def signal_name(self) -> Optional[str]:
         return signal_name(self.code)
+
+    @property
+    def preempted(self) -> bool:
+        """Exit code 42 and the trainer's exit report: a SIGTERM/SIGINT stopped it and its checkpoint
+        committed. A 42 without the report (``sys.exit(42)``, ``os._exit(42)``, TensorFlow's own
+        ``PreemptionCheckpointHandler`` without a procsv commit) is a failure like any other code."""
+        return self.code == EXIT_PREEMPTED and self.exit_report is not None
+
+    @property
+    def killed_from_outside(self) -> bool:
+        """Killed by a signal another process sends (:data:`OUTSIDE_SIGNALS`), not by its own fault."""
+        return killed_from_outside(self.code)
 
     def describe(self) -> str:
         """``was killed by SIGKILL`` or ``exited with code 3``."""
@@ -53,6 +95,9 @@ class Failure:
     def headline(self, before_first_step: bool = False) -> str:
         """One line: who, how, and the child's own exception if it recorded one."""
         head = f"{self.role} attempt {self.attempt} (pid {self.pid}) {self.describe()}"
+        if self.code == EXIT_PREEMPTED and self.exit_report is None:
+            head += (" of its own, not as a preemption (that is a SIGTERM/SIGINT to the trainer and its checkpoint "
+                     "committed): a failure")
         if before_first_step:
             head += " before completing a step"
         if self.error is not None:
@@ -76,6 +121,11 @@ def signal_name(code: Optional[int]) -> Optional[str]:
         return signal.Signals(-code).name
     except ValueError:
         return str(-code)
+
+
+def killed_from_outside(code: Optional[int]) -> bool:
+    """``code`` (subprocess's convention) is a death by one of :data:`OUTSIDE_SIGNALS`."""
+    return code is not None and code < 0 and -code in OUTSIDE_SIGNALS
 
 
 def describe(code: Optional[int]) -> str:

@@ -57,11 +57,21 @@ def _service(view: RunView, child: ChildView, now: float, limits: Limits) -> lis
 def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> list[Action]:
     """A trainer attempt that was reaped, or whose death notice arrived (that only ever restarts)."""
     who = group.blame(view, child)  # in a group, the member whose end broke it
+    if not child.reaped and not who.reaped and child.first_step_at is None and not who.noticed_error \
+            and not who.hang_cause:
+        # a death notice before the first step, with no error file: whether the program failed on
+        # its own (the start-up failure rule) or was killed from outside (not counted by that rule)
+        # is known only from the exit status
+        return []
     code = who.exit_code if who.reaped else 1  # a death notice: some unclean death
     assert code is not None
     if code == EXIT_PREEMPTED and who.hang_cause:
         code = 1  # it saved when terminated for a hang, but a hang is a failure: backoff applies
-    ex = TrainerExit(code, child.first_step_at is not None, child.made_progress, view.stop_signal is not None)
+    failure = who.failure if who.reaped else None
+    preempted = failure is not None and failure.preempted and not who.hang_cause
+    outside = failure is not None and failure.killed_from_outside and not who.hang_cause  # a hang kill: its own
+    ex = TrainerExit(code, child.first_step_at is not None, child.made_progress, view.stop_signal is not None,
+                     preempted=preempted, killed_from_outside=outside)
     verdict = restart_verdict(limits.restart, view.history, ex, draw)
     if not child.reaped:
         if verdict.action != Verdict.RESTART or hopeless(child, who.noticed_error, limits):
@@ -82,7 +92,7 @@ def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> li
     if error is not None and hopeless(child, error.type, limits):
         return [GiveUp(child.slot, child.attempt, f"the {_name(who)} cannot start: {error.type} (a restart would fail "
                        "the same way)", view.history)]
-    return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, preempted=code == EXIT_PREEMPTED)]
+    return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, preempted=preempted)]
 
 
 def _name(child: ChildView) -> str:

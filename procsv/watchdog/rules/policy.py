@@ -7,10 +7,16 @@ Tests drive it with plain values.
 Rules:
 
 * exit code 0 -> finished; any exit while a stop was requested -> stopped.
-* exit code 42 (:data:`procsv.common.exitcodes.EXIT_PREEMPTED`: the trainer itself got SIGTERM, saved and
-  exited) -> restart at once; it is not a failure.
-* a trainer that dies before completing its first step is a *startup failure*; two in a row mean
-  the program cannot start (bad import, bad arguments): give up, no restart storm.
+* a preemption -> restart at once; it is not a failure. A preemption is exit code 42
+  (:data:`procsv.common.exitcodes.EXIT_PREEMPTED`) *with* the trainer's exit report saying that a
+  SIGTERM/SIGINT stopped it and its checkpoint committed (``TrainerExit.preempted``). A 42 the
+  program returns itself is a failure like any other exit code.
+* a trainer that fails *on its own* (an exception, a non-zero exit, SIGSEGV/SIGABRT/SIGBUS) before
+  completing its first step is a *startup failure*; two in a row mean the program cannot start
+  (bad import, bad arguments): give up, no restart storm. A death by a signal from outside
+  (``TrainerExit.killed_from_outside``: SIGKILL, SIGTERM, ... from the OOM killer, a flapping node,
+  a user) says nothing about whether the program can start: it leaves that count as it was and goes
+  through the rest of the policy (backoff, ``max_restarts``).
 * otherwise restart. The first failure after progress restarts at once; each further failure
   without progress waits ``base * factor**(n-2)`` seconds (capped, with +-``jitter`` spread).
 * progress -- a checkpoint committed since the last (re)start -- resets the failure count, so a
@@ -64,6 +70,8 @@ class TrainerExit:
     completed_a_step: bool
     made_progress: bool  # a checkpoint committed since this attempt started
     stop_requested: bool
+    preempted: bool = False  # code 42 and its exit report: stopped by SIGTERM/SIGINT, checkpoint committed
+    killed_from_outside: bool = False  # killed by SIGKILL/SIGTERM/... from another process (not a hang kill)
 
 
 @dataclass(frozen=True)
@@ -90,16 +98,23 @@ def decide(policy: RestartPolicy, history: History, ex: TrainerExit, draw: float
         return Decision(Action.STOPPED, 0.0, "stop requested", history)
     if ex.code == 0:
         return Decision(Action.FINISH, 0.0, "trainer finished", history)
-    if ex.code == EXIT_PREEMPTED:
+    if ex.preempted and ex.code == EXIT_PREEMPTED:
         return Decision(Action.RESTART, 0.0, "trainer was preempted after saving its state",
                         History(history.restarts + 1, 0, 0))
     failures = 1 if ex.made_progress else history.failures_without_progress + 1
-    startup = 0 if ex.completed_a_step else history.startup_failures_in_a_row + 1
+    if ex.completed_a_step:
+        startup = 0
+    elif ex.killed_from_outside:
+        startup = history.startup_failures_in_a_row  # not the program's failure: the count neither grows nor resets
+    else:
+        startup = history.startup_failures_in_a_row + 1
     new = History(history.restarts, failures, startup)
-    if startup >= policy.startup_failure_limit:
+    if not ex.killed_from_outside and startup >= policy.startup_failure_limit:
         return Decision(Action.GIVE_UP, 0.0,
-                        f"the trainer failed before its first step {startup} times in a row (start-up failure)", new)
+                        f"the start-up failure rule: the trainer failed on its own before its first step {startup} "
+                        "times in a row (start-up failure)", new)
     if failures > policy.max_restarts:
         return Decision(Action.GIVE_UP, 0.0,
-                        f"{failures - 1} restarts without a new checkpoint (--max-restarts {policy.max_restarts})", new)
+                        f"the restart limit: {failures - 1} restarts without a new checkpoint "
+                        f"(--max-restarts {policy.max_restarts})", new)
     return Decision(Action.RESTART, backoff(policy, failures, draw), "trainer failed", replace(new, restarts=history.restarts + 1))
