@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, wait_for
-from procsv.common.layout import RUNTIME_OWNER, RuntimeDir, remove_stale_runtime_dirs
+from procsv.common.layout import RUNTIME_LOCK, RUNTIME_OWNER, RuntimeDir, release_runtime_dir, remove_stale_runtime_dirs
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
 
@@ -100,28 +100,56 @@ def test_the_runtime_directory_of_a_killed_launch_is_removed_by_the_next_one(log
     assert not os.path.exists(runtime)
 
 
-def test_only_runtime_directories_of_dead_owners_are_removed(tmp_path):
+def test_only_runtime_directories_whose_owner_lock_is_free_are_removed(tmp_path):
     folder = str(tmp_path)
-    mine = RuntimeDir.create().path  # owned by this live process
+    mine = RuntimeDir.create().path  # held by this live process
     try:
         dead = tempfile.mkdtemp(prefix="procsv-", dir=folder)
+        open(os.path.join(dead, RUNTIME_LOCK), "w").close()  # nobody holds it: its owner is gone
         with open(os.path.join(dead, RUNTIME_OWNER), "w") as fh:
-            fh.write("999999999 1.0\n")  # no such process
-        reused = tempfile.mkdtemp(prefix="procsv-", dir=folder)
-        with open(os.path.join(reused, RUNTIME_OWNER), "w") as fh:
-            fh.write(f"{os.getpid()} 1.0\n")  # a live pid, but another start time: a reused pid
-        unknown = tempfile.mkdtemp(prefix="procsv-", dir=folder)  # no owner record: not ours to judge
+            fh.write(f"{os.getpid()} {0.0!r}\n")  # what the record says is not asked
+        by_pid = tempfile.mkdtemp(prefix="procsv-", dir=folder)  # an older procsv's: an owner record, no lock
+        with open(os.path.join(by_pid, RUNTIME_OWNER), "w") as fh:
+            fh.write("999999999 1.0\n")  # no such pid here, which says nothing of another PID namespace
+        unknown = tempfile.mkdtemp(prefix="procsv-", dir=folder)  # nothing in it yet: being created
         other = tempfile.mkdtemp(prefix="other-", dir=folder)
-        with open(os.path.join(other, RUNTIME_OWNER), "w") as fh:
-            fh.write("999999999 1.0\n")
-        assert sorted(remove_stale_runtime_dirs(folder)) == sorted([dead, reused])
-        assert os.path.isdir(unknown) and os.path.isdir(other)
+        open(os.path.join(other, RUNTIME_LOCK), "w").close()
+        assert remove_stale_runtime_dirs(folder) == [dead]
+        assert os.path.isdir(by_pid) and os.path.isdir(unknown) and os.path.isdir(other)
         remove_stale_runtime_dirs(os.path.dirname(mine))  # the real temp folder: its owner lives
         assert os.path.isdir(mine)
     finally:
-        import shutil
+        release_runtime_dir(mine)
+    assert not os.path.exists(mine)
 
-        shutil.rmtree(mine, ignore_errors=True)
+
+def test_a_live_runtime_directory_of_another_pid_namespace_is_kept_and_removed_once_its_owner_died(tmp_path):
+    """Containers that share /tmp: the owner's pid means nothing in another PID namespace (here it
+    is 1 or 2, another process of ours), so liveness is the owner's lock. Before, this directory was
+    removed while its owner lived: its sockets went with it."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    code = ("import sys, time; from procsv.common.layout import RuntimeDir; "
+            "print(RuntimeDir.create().path, flush=True); sys.stdin.read()")
+    owner = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        path = owner.stdout.readline().strip()
+        assert path.startswith(str(tmp_path)), path
+        with open(os.path.join(path, RUNTIME_OWNER)) as fh:
+            assert int(fh.read().split()[0]) <= 2  # the owner's pid in its own namespace
+        assert remove_stale_runtime_dirs(str(tmp_path)) == []
+        assert os.path.isdir(path)
+    finally:
+        owner.stdin.close()  # the owner ends
+        owner.wait(30)
+    assert remove_stale_runtime_dirs(str(tmp_path)) == [path]
+    assert not os.path.exists(path)
 
 
 def test_a_temp_folder_too_long_for_socket_paths_puts_the_runtime_directory_in_tmp(logdir, tmp_path):

@@ -159,7 +159,9 @@ def _create_problem(logdir: str, exc: OSError) -> str:
 
 
 RUNTIME_PREFIX = "procsv-"
-RUNTIME_OWNER = "owner"  # "<pid> <create_time>" of the process that created the runtime directory
+RUNTIME_OWNER = "owner"  # "<pid> <create_time>" of the process that created the runtime directory (for people)
+RUNTIME_LOCK = "owner.lock"  # flocked by the owner for its whole life: how another process tells it lives
+_held: dict[str, int] = {}  # runtime directory -> the fd of the lock this process holds on it
 
 
 @dataclass(frozen=True)
@@ -170,16 +172,24 @@ class RuntimeDir:
 
     @staticmethod
     def create() -> "RuntimeDir":
-        """A new private runtime directory (mode 0700) in the temp folder, naming its owner.
+        """A new private runtime directory (mode 0700) in the temp folder, held by this process.
 
-        First removes the runtime directories of owners that are gone (a launch killed with
-        SIGKILL cannot remove its own): :func:`remove_stale_runtime_dirs`.
+        The process holds an exclusive ``flock`` on its ``owner.lock`` for as long as it lives (the
+        kernel drops it when the process dies, however it dies); the lock file is locked before it
+        is renamed into place, so no other process ever sees it unlocked while its owner lives.
+        First removes the runtime directories whose owner is gone (a launch killed with SIGKILL
+        cannot remove its own): :func:`remove_stale_runtime_dirs`.
         """
         folder = runtime_parent()
         remove_stale_runtime_dirs(folder)
         path = tempfile.mkdtemp(prefix=RUNTIME_PREFIX, dir=folder)
+        lock = os.path.join(path, RUNTIME_LOCK)
+        fd = os.open(lock + ".new", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(lock + ".new", lock)
+        _held[path] = fd  # open until the process ends (or release_runtime_dir)
         with open(os.path.join(path, RUNTIME_OWNER), "w") as fh:
-            fh.write(f"{os.getpid()} {_create_time(os.getpid())!r}\n")
+            fh.write(f"{os.getpid()} {_create_time(os.getpid())!r}\n")  # for people: who made it
         return RuntimeDir(path)
 
     def trainer_mutex(self, attempt: int, rank: int = 0) -> str:
@@ -217,9 +227,12 @@ def _create_time(pid: int) -> float:
 
 
 def remove_stale_runtime_dirs(folder: Optional[str] = None) -> list[str]:
-    """Remove this user's runtime directories whose owner process is gone; return their paths.
+    """Remove this user's runtime directories whose owner is gone; return their paths.
 
-    A directory without a readable owner record (another program's, or being created) is kept.
+    Liveness is the owner's lock (:data:`RUNTIME_LOCK`), never a pid: containers that share ``/tmp``
+    see each other's directories, but not each other's pids (a pid of another PID namespace is
+    absent here, or another process), while a ``flock`` is the kernel's, across namespaces. A
+    directory with no lock file (being created, another program's, or an older procsv's) is kept.
     """
     folder = folder or runtime_parent()
     removed: list[str] = []
@@ -229,21 +242,32 @@ def remove_stale_runtime_dirs(folder: Optional[str] = None) -> list[str]:
         return removed
     for name in names:
         path = os.path.join(folder, name)
-        if not name.startswith(RUNTIME_PREFIX):
+        if not name.startswith(RUNTIME_PREFIX) or path in _held:
             continue
         try:
             if os.lstat(path).st_uid != os.getuid() or not os.path.isdir(path):
                 continue
-            with open(os.path.join(path, RUNTIME_OWNER)) as fh:
-                pid_text, started_text = fh.read().split()
-            pid, started = int(pid_text), float(started_text)
-        except (OSError, ValueError):
+            fd = os.open(os.path.join(path, RUNTIME_LOCK), os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
             continue
-        if pid > 0 and _create_time(pid) == started:
-            continue  # its owner lives
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # its owner holds it: it lives
+        else:
+            shutil.rmtree(path, ignore_errors=True)  # under the lock: its owner is gone for good
+            removed.append(path)
+        finally:
+            os.close(fd)
     return removed
+
+
+def release_runtime_dir(path: str) -> None:
+    """Remove a runtime directory this process made, and let go of its lock."""
+    shutil.rmtree(path, ignore_errors=True)
+    fd = _held.pop(path, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def fsync_dir(path: str) -> None:

@@ -12,14 +12,13 @@ up nothing: that is what ``procsv launch`` is for.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from typing import Optional
 
 from procsv.common import spawn
 from procsv.common.orphans import Orphans, become_subreaper
-from procsv.common.layout import Layout, LogdirLock, RuntimeDir
+from procsv.common.layout import Layout, LogdirLock, RuntimeDir, release_runtime_dir
 from procsv.ipc.transport import Endpoints
 
 SERVICE_ROLES = ("summary", "checkpoint")
@@ -64,7 +63,7 @@ class OwnServices:
         self._sweep(known={proc.pid for proc in self.processes.values()})
         self.processes = {}
         if self.runtime_dir:
-            shutil.rmtree(self.runtime_dir, ignore_errors=True)
+            release_runtime_dir(self.runtime_dir)
             self.runtime_dir = ""
         self._lock.release()
 

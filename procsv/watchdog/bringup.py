@@ -11,7 +11,6 @@ standby may run (:mod:`procsv.watchdog.rules.standby` holds the pure memory rule
 
 from __future__ import annotations
 
-import shutil
 import signal
 import socket
 from types import FrameType
@@ -20,7 +19,7 @@ from typing import Any, Callable, Optional, Union
 import psutil
 import zmq
 
-from procsv.common.layout import RuntimeDir
+from procsv.common.layout import RuntimeDir, release_runtime_dir
 from procsv.ipc.transport import Endpoints, bind_private, make_socket
 from procsv.watchdog.rules import standby
 from procsv.watchdog.config import LaunchConfig
@@ -69,7 +68,7 @@ class Plumbing:
             self.scalars.close()
             self.scalars = None
         self.zctx.term()
-        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        release_runtime_dir(self.runtime_dir)
 
 
 def standby_choice(cfg: LaunchConfig, view: RunView) -> Optional[tuple[bool, str, str]]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import signal
-import shutil
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ import zmq
 from procsv.cluster import make_tf_config
 from procsv.common import spawn
 from procsv.common.env import RANK
-from procsv.common.layout import Layout, RuntimeDir
+from procsv.common.layout import Layout, RuntimeDir, release_runtime_dir
 from procsv.common.spawn import free_ports
 from procsv.ipc.codec import ProtocolError, encode
 from procsv.ipc.messages import (MasterBeat, MemberEnded, MemberStarted, Message, NodeHello, NodeStop, Progress,
@@ -118,7 +117,7 @@ class NodeAgent:
                 dealer.close(0)
             pull.close(0)
             zctx.term()
-            shutil.rmtree(runtime.path, ignore_errors=True)
+            release_runtime_dir(runtime.path)
         return self.stop_code if self.stop_code is not None else 1
 
     def _loop(self, zctx: "zmq.Context[Any]", pull: "zmq.Socket[Any]", stops: list[int]
