@@ -65,3 +65,44 @@ def test_a_failing_looper_target_stops_everyone_and_its_error_comes_out_of_join(
     assert coord.wait_for_stop(10)
     with pytest.raises(OSError, match="disk full"):
         coord.join(stop_grace_period_secs=10)
+
+
+@pytest.mark.parametrize("code", [0, None, False])
+def test_sys_exit_zero_is_no_error_and_comes_out_of_join_after_everything(code):
+    # sys.exit(0)/sys.exit(): the Supervisor must see no error (so it commits its final checkpoint),
+    # and the SystemExit still leaves join, so that the program exits where it asked to
+    coord = Coordinator(CLEAN)
+    asked = SystemExit(code)
+    coord.request_stop(asked)
+    assert coord.should_stop() and coord.exception is None and coord.exit_request is asked
+    with pytest.raises(SystemExit) as raised:
+        coord.join(stop_grace_period_secs=0)
+    assert raised.value is asked
+    coord.clear_stop()
+    assert coord.exit_request is None
+    coord.join(stop_grace_period_secs=0)  # nothing recorded any more
+
+
+def test_an_error_wins_over_sys_exit_zero_and_sys_exit_nonzero_is_an_error():
+    coord = Coordinator(CLEAN)
+    coord.request_stop(SystemExit(0))
+    failed = SystemExit(3)
+    coord.request_stop(failed)
+    assert coord.exception is failed
+    with pytest.raises(SystemExit) as raised:
+        coord.join(stop_grace_period_secs=0)
+    assert raised.value is failed
+
+
+def test_sys_exit_zero_in_a_looper_thread_is_a_clean_stop_that_join_re_raises():
+    coord = Coordinator(CLEAN)
+
+    def leave() -> None:
+        raise SystemExit(0)
+
+    LooperThread(coord, 0.001, leave).start()
+    assert coord.wait_for_stop(10)
+    assert coord.exception is None
+    with pytest.raises(SystemExit) as raised:
+        coord.join(stop_grace_period_secs=10)
+    assert raised.value.code == 0

@@ -3,6 +3,12 @@
 Runs in the trainer. ``request_stop`` may be called from any thread; a signal handler calls
 :meth:`Coordinator.request_stop_from_signal`, which only sets a flag (no lock is taken inside a
 signal handler, so it cannot deadlock the thread it interrupts).
+
+``sys.exit(0)`` / ``sys.exit()`` (a ``SystemExit`` whose code is 0 or None), from the block or from a
+thread, is a clean stop, not an error: it is kept apart from :attr:`Coordinator.exception` (so
+the Supervisor still commits its final checkpoint) as :attr:`Coordinator.exit_request`, and
+re-raised after everything else at :meth:`Coordinator.join`, so that the program still exits
+there. ``sys.exit(N)`` with any other code is the program's failure, recorded like any exception.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, TypeGuard
 
 from procsv.common.errors import TrainingStopped
 
@@ -20,6 +26,11 @@ def clean_stop_types() -> tuple[type[BaseException], ...]:
     import tensorflow as tf
 
     return (tf.errors.OutOfRangeError, StopIteration, TrainingStopped)
+
+
+def is_clean_exit(ex: object) -> TypeGuard[SystemExit]:
+    """``sys.exit(0)``, ``sys.exit()`` or ``sys.exit(None)``: the program asks to end, successfully."""
+    return isinstance(ex, SystemExit) and ex.code in (0, None)
 
 
 class Coordinator:
@@ -36,11 +47,14 @@ class Coordinator:
         # for the step loop's check (should_stop is two calls, beside a sub-millisecond step)
         self.asked = False
         self._exc: Optional[BaseException] = None
+        self._exit: Optional[SystemExit] = None  # the first sys.exit(0)/sys.exit(): re-raised at join
         self._threads: list[threading.Thread] = []
         self._joined = False
 
     def request_stop(self, ex: Any = None) -> None:
-        """Ask everyone to stop; the first non-clean exception is kept and re-raised at join.
+        """Ask everyone to stop; the first non-clean exception is kept and re-raised at join. A
+        ``sys.exit(0)``/``sys.exit()`` is no error (:attr:`exception` stays None): it is kept as
+        :attr:`exit_request` and re-raised at join when no error was recorded.
 
         ``ex`` is an exception or, as TF accepts, a ``sys.exc_info()`` tuple."""
         if isinstance(ex, tuple):
@@ -48,7 +62,9 @@ class Coordinator:
         if ex is not None and not isinstance(ex, BaseException):
             raise TypeError(f"request_stop(ex): an exception or a sys.exc_info() tuple, not {type(ex).__name__}")
         with self._lock:
-            if ex is not None and self._exc is None and not isinstance(ex, self._clean):
+            if is_clean_exit(ex):
+                self._exit = self._exit or ex
+            elif ex is not None and self._exc is None and not isinstance(ex, self._clean):
                 self._exc = ex
             self.asked = True
             self._event.set()
@@ -58,6 +74,7 @@ class Coordinator:
         (a Supervisor reused after a stop calls it before running steps again)."""
         with self._lock:
             self._exc = None
+            self._exit = None
             self._signalled = None
             self._joined = False
             self.asked = False
@@ -103,18 +120,28 @@ class Coordinator:
             self._threads.append(thread)
 
     def raise_requested_exception(self) -> None:
+        """Raise the recorded exception, else a recorded ``sys.exit(0)``/``sys.exit()``."""
         if self._exc is not None:
             raise self._exc
+        if self._exit is not None:
+            raise self._exit
 
     @property
     def exception(self) -> Optional[BaseException]:
+        """The first error recorded (never a clean stop, never a ``sys.exit(0)``)."""
         return self._exc
+
+    @property
+    def exit_request(self) -> Optional[SystemExit]:
+        """The first ``sys.exit(0)``/``sys.exit()`` that asked for the stop, if one did."""
+        return self._exit
 
     def join(self, threads: Optional[Iterable[threading.Thread]] = None, stop_grace_period_secs: float = 120,
              ignore_live_threads: bool = False) -> None:
         """Join the registered (and given) threads, as TF: first wait until they all ended or a stop
         was requested (no time limit: healthy threads are never cut short); only then do they get
-        ``stop_grace_period_secs`` to end. Re-raise the recorded exception, if any; else a
+        ``stop_grace_period_secs`` to end. Re-raise the recorded exception, if any, else a recorded
+        ``sys.exit(0)``/``sys.exit()`` (as TF re-raised whatever it recorded); else a
         ``RuntimeError`` naming the threads still alive, unless ``ignore_live_threads``."""
         with self._lock:
             all_threads = list(self._threads) + [t for t in (threads or []) if t not in self._threads]

@@ -110,7 +110,12 @@ class ManagedSession:
 
 class ManagedSessionContext:
     """The ``with sv.managed_session():`` block: prepare on entry; on exit ``stop()`` and re-raise
-    as TF (the block's exception, else a service's or thread's; clean-stop types are swallowed)."""
+    as TF (the block's exception, else a service's or thread's; clean-stop types are swallowed).
+
+    ``sys.exit(0)``/``sys.exit()`` from the block or from a thread is a clean stop: ``stop()``
+    commits the final checkpoint of the last completed step, then the ``SystemExit`` leaves the
+    block (the program exits 0, as it asked). ``sys.exit(N)``, N != 0, is an error like any other:
+    no final checkpoint, re-raised (:mod:`procsv.trainer.coordinator` keeps the two apart)."""
 
     def __init__(self, sv: SessionOwner, start_standard_services: bool, close_summary_writer: bool) -> None:
         self._sv = sv
