@@ -91,6 +91,12 @@ class CheckpointStore:
         committed = list_committed(self.layout)
         named = _named_latest(self.layout.state_file)
         newest = committed[-1].prefix if committed else None
+        if not committed and named is not None and _foreign(self.layout, named):
+            # a checkpoint procsv did not write (a plain tf.train.CheckpointManager run's): the trainer
+            # restores it at the step stored in it, through this file; the first commit replaces the file
+            notes.append(f"nothing committed yet; the checkpoint state file names {named!r}, which procsv did "
+                         "not write: left for the trainer to restore")
+            return notes
         try:
             self._write_state(committed)
         except OSError as exc:  # a full disk: the service still starts (its commits fail and say why)
@@ -335,6 +341,15 @@ def _last_preserved(state_file: str) -> Optional[float]:
     except (OSError, ValueError):
         return None
     return None
+
+
+def _foreign(layout: Layout, named: str) -> bool:
+    """Whether ``named`` (a state file's ``model_checkpoint_path``) is a checkpoint of the logdir that
+    procsv did not write: its ``.index`` file is there and no manifest (valid or damaged) names it."""
+    path = named if os.path.isabs(named) else os.path.join(layout.logdir, named)
+    return (os.path.dirname(os.path.abspath(path)) == os.path.abspath(layout.logdir)
+            and os.path.isfile(path + ".index")
+            and not os.path.exists(manifest_path(layout, os.path.basename(path))))
 
 
 def _named_latest(state_file: str) -> Optional[str]:

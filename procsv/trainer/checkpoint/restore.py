@@ -18,17 +18,27 @@ The rules, newest checkpoint first:
 * every committed checkpoint corrupt -> :class:`NoRestorableCheckpoint` with one line per
   checkpoint, unless ``allow_reinit``: then the caller starts from scratch.
 
+With nothing committed, a checkpoint procsv did not write (a plain ``tf.train.CheckpointManager``'s
+``ckpt-3``) is restored at the step stored in it (:func:`foreign_step`): its root's ``global_step``
+variable, else its ``step`` variable; never the number in its name, which counts saves. With
+neither, :class:`MismatchedCheckpoint`, one line: procsv does not guess a step.
+
 The clock and ``sleep`` are injected, so a test of the retry runs in no time.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
-from procsv.common.errors import CorruptCheckpoint, NoRestorableCheckpoint, UnreadableCheckpoint
+from procsv.common.errors import CorruptCheckpoint, MismatchedCheckpoint, NoRestorableCheckpoint, UnreadableCheckpoint
 from procsv.common.manifests import Manifest
+
+# the variables of the checkpoint's root object read as the step of a checkpoint procsv did not
+# write, first found wins (object-based checkpoints: "<name>/.ATTRIBUTES/VARIABLE_VALUE")
+FOREIGN_STEP_NAMES = ("global_step", "step")
 
 
 @dataclass(frozen=True)
@@ -111,3 +121,21 @@ def choose(committed: Sequence[Manifest], attempt: Callable[[Manifest], None], *
             + "\nto start from scratch anyway, launch with --allow-reinit (or Supervisor(allow_reinit=True)); "
             "the corrupt checkpoints are then moved to .procsv/quarantine/")
     return Choice(None, corrupt)
+
+
+def foreign_step(path: str, stored: Mapping[str, int]) -> tuple[str, int]:
+    """The step to resume a checkpoint procsv did not write at, and the name of the variable it was
+    read from: ``stored`` maps the :data:`FOREIGN_STEP_NAMES` the checkpoint holds as integer
+    scalars to their values. The number in ``path``'s name is never used: ``tf.train.CheckpointManager``
+    numbers its saves (``ckpt-3`` may hold step 30,000). Raises :class:`MismatchedCheckpoint`
+    (one line) when neither variable holds a step."""
+    for name in FOREIGN_STEP_NAMES:
+        if name in stored and stored[name] >= 0:
+            return name, stored[name]
+    base = os.path.basename(path)
+    raise MismatchedCheckpoint(
+        f"cannot tell which step {path} holds: procsv did not write it (no manifest), its root has no "
+        f"integer {' or '.join(repr(n) for n in FOREIGN_STEP_NAMES)} variable, and the number in its name "
+        f"({base!r}) counts saves, not steps; save the step in it as a variable named 'step' or "
+        "'global_step' (tf.train.Checkpoint(..., step=step_variable)), or move it and the logdir's "
+        "'checkpoint' file aside to start from step 0")

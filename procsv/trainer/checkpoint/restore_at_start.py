@@ -8,7 +8,7 @@ module applies them to a logdir with TensorFlow: damaged manifests are reported 
 nothing else is committed), each checkpoint is verified against its manifest then restored (TF's
 read errors become :class:`CorruptCheckpoint` or :class:`UnreadableCheckpoint`, a checkpoint that
 does not match the program a :class:`MismatchedCheckpoint`), and with nothing committed a plain-TF
-checkpoint of the logdir is restored. Before that, a restarted trainer asks the checkpoint service
+checkpoint of the logdir is restored, at the step stored in it (:func:`restore_foreign`). Before that, a restarted trainer asks the checkpoint service
 to persist the in-memory snapshot it held for the dead one (:func:`recover_memory`).
 """
 
@@ -23,7 +23,7 @@ from procsv.ipc.messages import RecoverQuery
 from procsv.ipc.transport import NoReply
 from procsv.common.errors import CorruptCheckpoint, MismatchedCheckpoint, NoRestorableCheckpoint, UnreadableCheckpoint
 from procsv.common.layout import Layout
-from procsv.common.manifests import (Manifest, damaged_manifests, list_committed, manifest_path, restoring, step_of_prefix,
+from procsv.common.manifests import (Manifest, damaged_manifests, list_committed, manifest_path, restoring,
                                      unreadable_file, verify)
 from procsv.trainer.checkpoint import restore
 from procsv.trainer.channels import TrainerChannels
@@ -119,7 +119,7 @@ def _walk(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], 
     if choice.restored is None:
         legacy = tf.train.latest_checkpoint(layout.logdir) if not committed and not damaged else None
         if legacy:
-            restore_path(checkpoint, global_step, legacy)
+            restore_foreign(checkpoint, global_step, legacy)
             path = legacy
         else:
             if committed:
@@ -150,7 +150,7 @@ def _restore_pinned(checkpoint: Any, global_step: Any, layout: Layout, init: Cal
     if manifest is not None:
         verify_and_restore(checkpoint, global_step, layout, manifest)
     else:  # a plain-TF checkpoint of the logdir, as the chief found it
-        restore_path(checkpoint, global_step, path)
+        restore_foreign(checkpoint, global_step, path)
     return Restored(path, [])
 
 
@@ -161,7 +161,7 @@ def verify_and_restore(checkpoint: Any, global_step: Any, layout: Layout, manife
 
     verify(layout, manifest)
     try:
-        restore_path(checkpoint, global_step, manifest.path(layout.logdir))
+        restore_path(checkpoint, global_step, manifest.path(layout.logdir), manifest.step)
     except (tf.errors.DataLossError, tf.errors.NotFoundError) as exc:
         raise CorruptCheckpoint(f"{manifest.prefix}: {str(exc).splitlines()[0]}") from None
     except (tf.errors.PermissionDeniedError, tf.errors.UnavailableError) as exc:
@@ -172,10 +172,11 @@ def verify_and_restore(checkpoint: Any, global_step: Any, layout: Layout, manife
         raise unreadable_file(manifest.prefix, exc.filename or "?", exc) from None
 
 
-def restore_path(checkpoint: Any, global_step: Any, path: str) -> None:
-    """Restore ``path`` and set ``global_step`` to the step its name says; a checkpoint that does
-    not match the program (a variable missing, or of another shape: a changed layer size) is a
-    :class:`MismatchedCheckpoint` naming the variable."""
+def restore_path(checkpoint: Any, global_step: Any, path: str, step: int) -> None:
+    """Restore ``path`` and set ``global_step`` to ``step`` (a manifest's, or what
+    :func:`restore_foreign` read); a checkpoint that does not match the program (a variable
+    missing, or of another shape: a changed layer size) is a :class:`MismatchedCheckpoint` naming
+    the variable."""
     try:
         status = checkpoint.restore(path)
         status.assert_existing_objects_matched()
@@ -184,9 +185,39 @@ def restore_path(checkpoint: Any, global_step: Any, path: str) -> None:
             f"checkpoint {path} does not match this program's state ({str(exc).splitlines()[0]}); "
             "restore it with the program that wrote it, or use a new --logdir"
         ) from None
-    step = step_of_prefix(path)
-    if step is not None and int(global_step.numpy()) != step:
+    if int(global_step.numpy()) != step:
         global_step.assign(step)
+
+
+def restore_foreign(checkpoint: Any, global_step: Any, path: str) -> None:
+    """Restore a checkpoint procsv did not write (a plain ``tf.train.CheckpointManager``'s
+    ``ckpt-3``, found through the logdir's ``checkpoint`` file when nothing is committed) at the step
+    stored in it: its root's ``global_step`` variable, else its ``step`` variable
+    (:func:`procsv.trainer.checkpoint.restore.foreign_step`; never the number in its name).
+    Neither: :class:`MismatchedCheckpoint`, before anything is restored. Without a ``global_step``
+    in the file, the program's ``global_step`` is left out of the restore's match (it is set from
+    the step read) and put back after it."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(path)
+    dtypes = reader.get_variable_to_dtype_map()
+    shapes = reader.get_variable_to_shape_map()
+    stored: dict[str, int] = {}
+    for name in restore.FOREIGN_STEP_NAMES:
+        key = f"{name}/.ATTRIBUTES/VARIABLE_VALUE"
+        if key in dtypes and dtypes[key].is_integer and list(shapes[key]) == []:
+            stored[name] = int(reader.get_tensor(key))
+    name, step = restore.foreign_step(path, stored)
+    print(f"procsv: {os.path.basename(path)} was not written by procsv: resuming at the step stored in its "
+          f"{name!r} variable, {step}", flush=True)
+    held = getattr(checkpoint, "global_step", None) if "global_step" not in stored else None
+    if held is not None:
+        delattr(checkpoint, "global_step")  # not in the file: no object to match it to
+    try:
+        restore_path(checkpoint, global_step, path, step)
+    finally:
+        if held is not None:
+            checkpoint.global_step = held
 
 
 def recover_memory(ch: TrainerChannels, wait_secs: float = RECOVER_WAIT) -> None:
