@@ -181,9 +181,9 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
                         close_summary_writer: bool = True) -> ManagedSessionContext:
         """Context manager: restore or initialize, yield a :class:`ManagedSession`, stop at exit.
 
-        OutOfRangeError, StopIteration and :class:`TrainingStopped` inside the block are a clean
-        stop and are not re-raised; any other exception (the block's, else a thread's) is re-raised
-        after the services stopped. The Supervisor can be used for another block afterwards.
+        OutOfRangeError, StopIteration and :class:`TrainingStopped` are a clean stop, not re-raised; so is
+        ``sys.exit(0)``/``sys.exit()``, re-raised after the final checkpoint; any other exception (the block's,
+        else a thread's) is re-raised after the services stopped. The Supervisor can serve another block after.
         """
         warn_ignored_prepare_args(master, config, True)  # prepare is called without them
         return ManagedSessionContext(self, start_standard_services, close_summary_writer)

@@ -72,7 +72,10 @@ class Tf1Methods:
 
     def loop(self, timer_interval_secs: Optional[float], target: Callable[..., Any], args: Any = None,
              kwargs: Any = None) -> LooperThread:
-        """Start a thread calling ``target`` every ``timer_interval_secs`` until a stop is requested."""
+        """Start a thread calling ``target`` every ``timer_interval_secs`` until a stop is requested.
+        An exception from ``target`` stops everyone and is re-raised at ``stop()``; ``sys.exit(0)``
+        or ``sys.exit()`` is a clean stop (final checkpoint, then the program exits 0), ``sys.exit(N)``
+        any other code the program's failure (:mod:`procsv.trainer.coordinator`)."""
         looper = LooperThread(self.coord, timer_interval_secs, target, args, kwargs)
         looper.start()
         return looper
