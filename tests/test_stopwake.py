@@ -1,15 +1,22 @@
-"""StopWake: a stop signal ends a service's ZeroMQ poll at once (the services' loops wait in one)."""
+"""StopWake: a stop signal ends a service's ZeroMQ poll at once (the services' loops wait in one);
+with the stop signals blocked from the start, only the parent's (or anyone's once it is gone) do."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
+import psutil
 import zmq
 
+from procsv.common.stopfrom import StopSignal, obeys
 from procsv.common.stopwake import StopWake
+
+from conftest import REPO, quiet_env, wait_for
 
 LONG_MS = 60_000  # a poll this long ends only on the signal (or the message) within the test's time
 
@@ -82,3 +89,69 @@ def test_a_waiting_message_is_reported_and_close_puts_the_handlers_back():
         ctx.term()
     assert signal.getsignal(signal.SIGTERM) is before
     assert signal.set_wakeup_fd(-1) == -1  # no wakeup fd left behind
+
+
+# ------------------------------------------ a stop signal's sender (procsv.common.stopfrom)
+PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs", "stop_from_parent.py")
+
+
+def test_a_helper_obeys_its_supervisor_and_anyone_only_once_the_supervisor_is_gone():
+    sig = StopSignal(signal.SIGTERM, sender=500)
+    assert obeys(sig, supervisor=500, supervisor_alive=True)  # the watchdog's own stop
+    assert not obeys(StopSignal(signal.SIGTERM, sender=777), supervisor=500, supervisor_alive=True)  # the job's
+    assert not obeys(StopSignal(signal.SIGINT, sender=0), supervisor=500, supervisor_alive=True)  # the kernel's
+    assert obeys(StopSignal(signal.SIGTERM, sender=777), supervisor=500, supervisor_alive=False)  # nobody else will
+
+
+def _text(path: str) -> str:
+    with open(path) as fh:
+        return fh.read()
+
+
+def test_a_sigterm_from_another_process_is_left_to_the_parent_and_the_parents_stops(tmp_path):
+    out, err = str(tmp_path / "out"), str(tmp_path / "err")
+    env = quiet_env()
+    env.pop("PROCSV_PARENT_PID", None)
+    with open(out, "w") as o, open(err, "w") as e:
+        proc = subprocess.Popen([sys.executable, PROGRAM], stdout=o, stderr=e, env=env, cwd=REPO)
+    try:
+        wait_for(lambda: "ready" in _text(out), 30, what="the program to wait")
+        kill = subprocess.run(["kill", "-TERM", str(proc.pid)], check=True)  # another process: like scancel's
+        assert kill.returncode == 0
+        wait_for(lambda: "left to the parent" in _text(err), 10, what="the line that the stop was left to the parent")
+        assert proc.poll() is None  # still running
+        assert "SIGTERM from pid " in _text(err) and f"(pid {os.getpid()})" in _text(err)
+        proc.send_signal(signal.SIGTERM)  # its parent's
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert _text(out).splitlines() == ["ready", f"stopped {signal.SIGTERM}"]
+
+
+def test_once_its_parent_is_gone_a_helper_obeys_anyones_sigterm(tmp_path):
+    out, err = str(tmp_path / "out"), str(tmp_path / "err")
+    env = quiet_env()
+    env.pop("PROCSV_PARENT_PID", None)
+    # sh starts the program in the background and exits: the program is re-parented (to init)
+    started = subprocess.run(["sh", "-c", 'PROCSV_PARENT_PID=$$ "$0" "$1" >"$2" 2>"$3" & echo $!',
+                              sys.executable, PROGRAM, out, err], capture_output=True, text=True, env=env, cwd=REPO,
+                             check=True)
+    pid = int(started.stdout.strip())
+    try:
+        wait_for(lambda: "ready" in _text(out), 30, what="the program to wait")
+        os.kill(pid, signal.SIGTERM)  # not from its parent, which is gone
+        wait_for(lambda: "stopped" in _text(out), 10, what="the orphan to stop")
+        wait_for(lambda: not _alive(pid), 10, what="the orphan to exit")
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert "left to" not in _text(err)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

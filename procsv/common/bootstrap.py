@@ -17,7 +17,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from procsv.common import env
+from procsv.common import env, stopfrom
 from procsv.common.layout import Layout, spilled_error_file, write_json
 from procsv.ipc.transport import Endpoints
 
@@ -108,11 +108,17 @@ def write_error_record(layout: Layout, role: str, attempt: int, exc: BaseExcepti
 
 
 def run_service(name: str, main: Callable[[ChildContext], int]) -> int:
-    """The whole bootstrap of a service process: die with the parent, read the context, run ``main``.
+    """The whole bootstrap of a service process: block the stop signals, die with the parent, read the
+    context, run ``main``.
 
+    The stop signals are blocked first, before any thread exists, so that every thread of the
+    service has them blocked and the service's loop reads them with their senders
+    (:mod:`procsv.common.stopfrom`): a service stops on its supervisor's SIGTERM, not on one sent
+    to every process of the job at once, which would cost the trainer's emergency checkpoint.
     A failure is recorded as this attempt's error file (with the traceback) and re-raised, so the
     process still exits non-zero and the watchdog prints the child's own traceback.
     """
+    stopfrom.block()
     die_with_parent()
     ctx = ChildContext.from_env()
     if ctx is None:

@@ -8,27 +8,37 @@ that much at the end of every run. :class:`StopWake` routes SIGTERM/SIGINT throu
 ``signal.set_wakeup_fd`` into a socket pair polled beside the service's socket: the poll returns as
 the signal arrives, and the loop sees its flag. The handler only records the signal (it runs
 between two Python bytecodes, so it never interrupts a commit half-way).
+
+Given an :class:`~procsv.common.stopfrom.Authority` in a process that blocked the stop signals at
+its start (:func:`procsv.common.stopfrom.block`: the services' bootstrap), the signals are read from
+a ``signalfd`` instead, with their senders, and only the authority's (or any, once it is gone) stop
+the loop; another is left to it with one line in the log. The handlers stay installed for a thread
+that did not block them (none does in procsv's services): such a signal stops the loop as before.
 """
 
 from __future__ import annotations
 
 import signal
 import socket
+import sys
 from typing import Any, Callable, Optional
 
 import zmq
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+from procsv.common.stopfrom import STOP_SIGNALS, Authority, SignalFd, blocked
 
 
 class StopWake:
     """SIGTERM/SIGINT as ``on_stop(signum)`` and a readable fd; :meth:`wait` polls ``sock`` beside it.
 
     Installs its handlers and the process's wakeup fd at construction (main thread only);
-    :meth:`close` puts the previous ones back.
+    :meth:`close` puts the previous ones back. With ``authority`` (and the stop signals blocked),
+    only a stop signal :meth:`Authority.obeys` reaches ``on_stop``; ``who`` names this process in
+    the line said for any other.
     """
 
-    def __init__(self, sock: zmq.Socket[Any], on_stop: Callable[[int], None]) -> None:
+    def __init__(self, sock: zmq.Socket[Any], on_stop: Callable[[int], None],
+                 authority: Optional[Authority] = None, who: str = "procsv") -> None:
         self._r, self._w = socket.socketpair()
         self._r.setblocking(False)
         self._w.setblocking(False)
@@ -36,6 +46,13 @@ class StopWake:
         self._sock = sock
         self._poller.register(sock, zmq.POLLIN)
         self._poller.register(self._r.fileno(), zmq.POLLIN)
+        self._on_stop = on_stop
+        self._who = who
+        sfd = SignalFd.open() if authority is not None and blocked() else None
+        self._senders: Optional[tuple[SignalFd, Authority]] = None
+        if sfd is not None and authority is not None:
+            self._senders = (sfd, authority)
+            self._poller.register(sfd.fileno(), zmq.POLLIN)
         self._old_wakeup: Optional[int] = signal.set_wakeup_fd(self._w.fileno(), warn_on_full_buffer=False)
         self._old = {s: signal.signal(s, lambda signum, frame: on_stop(signum)) for s in STOP_SIGNALS}
 
@@ -48,6 +65,13 @@ class StopWake:
                 self._r.recv(64)  # the signal numbers: the handler has recorded them
             except BlockingIOError:
                 pass
+        if self._senders is not None and self._senders[0].fileno() in ready:
+            sfd, authority = self._senders
+            for sig in sfd.read():
+                if authority.obeys(sig):
+                    self._on_stop(sig.signum)
+                else:
+                    print(authority.left_line(self._who, sig), file=sys.stderr, flush=True)
         return self._sock in ready
 
     def close(self) -> None:
@@ -57,5 +81,8 @@ class StopWake:
         for s, h in self._old.items():
             signal.signal(s, h)
         self._old = {}
+        if self._senders is not None:
+            self._senders[0].close()
+            self._senders = None
         self._r.close()
         self._w.close()

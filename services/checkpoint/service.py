@@ -5,7 +5,9 @@ Runs in the checkpoint service process (``python -m procsv.services.checkpoint``
 :class:`SaveData` snapshots, and receives :class:`SaveRequest` (the timer lives here, as
 ``save_model_secs``) and :class:`SaveResult`. Results also go to the watchdog and, as a
 ``SessionLog CHECKPOINT``, to the summary service (over a DEALER; it expects no answer there).
-SIGTERM ends the loop after the commit in progress, if any. Every timer runs on the injected
+SIGTERM from the watchdog (or from anyone once the watchdog is gone: a SIGTERM to every process of
+the job is left to the watchdog, which stops the trainer first, so that its emergency checkpoint
+commits here) ends the loop after the commit in progress, if any. Every timer runs on the injected
 monotonic ``clock``.
 
 The service runs at a lower CPU priority (``nice`` +10, ``PROCSV_CHECKPOINT_NICE`` overrides):
@@ -50,6 +52,7 @@ from procsv.ipc.transport import CHECKPOINT_FRAME_MAX, Received, bind_private, d
 from procsv.common import env, faults
 from procsv.common.bootstrap import ChildContext
 from procsv.common.layout import write_json
+from procsv.common.stopfrom import Authority
 from procsv.common.stopwake import StopWake
 from procsv.common.errors import CheckpointError
 from procsv.common.manifests import Manifest, list_committed
@@ -121,7 +124,7 @@ class CheckpointService:
         if self.to_watchdog is not None:  # ready to commit: the watchdog's stall rule counts from here
             send(self.to_watchdog, Hello(Role.CHECKPOINT, os.getpid(), self.ctx.attempt))
 
-        wake = StopWake(self.router, self._on_term)  # a SIGTERM ends the poll at once, not POLL_MS later
+        wake = StopWake(self.router, self._on_term, self._stop_authority(), "procsv checkpoint")  # woken at once
         while not self.stopping:
             if wake.wait(POLL_MS):
                 for got in drain(self.router, limit=1, routed=True, accept=ACCEPT):
@@ -141,6 +144,11 @@ class CheckpointService:
 
     def _on_term(self, signum: int) -> None:
         self.stopping = True
+
+    def _stop_authority(self) -> Authority:
+        """Whose SIGTERM/SIGINT stops this service: the process that started it (the watchdog, or the
+        trainer of a plain ``python train.py``), or anyone's once that one is gone."""
+        return Authority.parent("the watchdog" if self.ctx.supervised else "the trainer that started it")
 
     def _write_stats(self, durable: bool) -> None:
         """Replace ``checkpoint_stats.json`` (its ``pid`` says which process the counts are of)."""

@@ -20,7 +20,9 @@ its ``pid`` says this process is up). A message that is malformed, of another sc
 a kind this service does not take or with frames its header does not announce is refused by the
 codec and counted by reason (``rejected`` in the stats file; one log line per reason, see
 :class:`~procsv.ipc.rejections.Rejections`); a malformed item inside a valid batch is reported,
-dropped and counted in ``service_dropped``. Neither ever stops the service.
+dropped and counted in ``service_dropped``. Neither ever stops the service. SIGTERM stops it (after
+a short drain) when the watchdog sends it, or anyone once the watchdog is gone; one sent to every
+process of the job at once is left to the watchdog, which stops the trainer first.
 
 What a crash costs (the bound docs/guarantees.md quotes):
 
@@ -54,6 +56,7 @@ from tensorboard.compat.proto import summary_pb2
 
 from procsv.common.bootstrap import ChildContext
 from procsv.common.layout import read_json, write_json
+from procsv.common.stopfrom import Authority
 from procsv.common.stopwake import StopWake
 from procsv.ipc.codec import ProtocolError
 from procsv.ipc.columns import Columns, decode_columns
@@ -125,7 +128,7 @@ class SummaryService:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> int:
-        self._wake = StopWake(self.router, self._on_term)  # a SIGTERM ends the poll at once, not POLL_MS later
+        self._wake = StopWake(self.router, self._on_term, self._stop_authority(), "procsv summary")  # woken at once
         self._write_stats(durable=False)  # its pid says: up, socket bound
         if self.to_watchdog is not None:
             send(self.to_watchdog, Hello(Role.SUMMARY, os.getpid(), self.ctx.attempt))
@@ -150,6 +153,11 @@ class SummaryService:
 
     def _on_term(self, signum: int) -> None:
         self.stopping = True
+
+    def _stop_authority(self) -> Authority:
+        """Whose SIGTERM/SIGINT stops this service: the process that started it (the watchdog, or the
+        trainer of a plain ``python train.py``), or anyone's once that one is gone."""
+        return Authority.parent("the watchdog" if self.ctx.supervised else "the trainer that started it")
 
     def _burst(self, wait_ms: int) -> int:
         """Handle what arrives within ``wait_ms`` and right after (up to BURST_MAX messages), write it
