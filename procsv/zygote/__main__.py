@@ -9,6 +9,13 @@ runs ``procsv.trainer`` exactly as a freshly spawned trainer would, minus the ~4
 zygote reaps its children and reports each exit status with :class:`ChildExit`.
 
 Control pipe file descriptors come in ``PROCSV_ZYGOTE_FDS="read,write"``.
+
+The zygote's end takes the trainers it forked along (their parent-death signal is armed on it), so
+it stops only when its parent (the watchdog, or a node agent) says so or is gone: SIGTERM is
+blocked from the start and read with its sender (:mod:`procsv.common.stopfrom`); one sent to every
+process of the job at once is left to the watchdog, which stops the trainer in order (its emergency
+checkpoint first). A forked trainer gets the signals unblocked again; a hot standby keeps them
+blocked until its wait reads them (:mod:`procsv.trainer.standby.wait`).
 """
 
 from __future__ import annotations
@@ -23,15 +30,17 @@ import traceback
 
 from procsv.ipc.messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
 from procsv.ipc.pipe import FramedReader, write_framed
-from procsv.common import bootstrap, env
-
+from procsv.common import bootstrap, env, stopfrom
 
 
 def main() -> int:
+    stopfrom.block()  # first: TensorFlow's threads, made at its import, inherit the mask
     bootstrap.die_with_parent()
+    authority = stopfrom.Authority.parent("the watchdog")
     req_fd, rep_fd = (int(x) for x in os.environ[env.ZYGOTE_FDS].split(","))
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the watchdog decides; a terminal ^C is not for us
+    term = stopfrom.SignalFd.open((signal.SIGTERM,)) if stopfrom.blocked() else None
     t0 = time.monotonic()
     import tensorflow  # noqa: F401  (import only: no op may run in this process)
 
@@ -50,8 +59,12 @@ def main() -> int:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     reader = FramedReader(req_fd)
+    watched = [req_fd, wake_r] + ([term.fileno()] if term is not None else [])
+    inherited = (req_fd, rep_fd, wake_r, wake_w) + ((term.fileno(),) if term is not None else ())
     while True:
-        ready, _, _ = select.select([req_fd, wake_r], [], [], 1.0)
+        ready, _, _ = select.select(watched, [], [], 1.0)
+        if term is not None and term.fileno() in ready:
+            _on_stop_signals(term, authority)
         if wake_r in ready:
             try:
                 os.read(wake_r, 512)
@@ -65,7 +78,19 @@ def main() -> int:
                 return 0  # the watchdog is gone or done: our children die with us
             for req in requests:
                 if isinstance(req, ForkRequest):
-                    _fork(req, req_fd, rep_fd, (wake_r, wake_w))
+                    _fork(req, rep_fd, inherited)
+
+
+def _on_stop_signals(term: stopfrom.SignalFd, authority: stopfrom.Authority) -> None:
+    """End as a SIGTERM ends this process (killed by it) if the watchdog sent it or is gone; else
+    leave it to the watchdog, with a line in the log."""
+    for sig in term.read():
+        if authority.obeys(sig):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            stopfrom.unblock()
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered before kill() returns: this process ends here
+        else:
+            print(authority.left_line("procsv zygote", sig), file=sys.stderr, flush=True)
 
 
 def _reap(rep_fd: int) -> None:
@@ -80,7 +105,7 @@ def _reap(rep_fd: int) -> None:
         write_framed(rep_fd, ChildExit(pid, code))
 
 
-def _fork(req: ForkRequest, req_fd: int, rep_fd: int, wake: tuple[int, int]) -> None:
+def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...]) -> None:
     try:
         pid = os.fork()
     except OSError as exc:
@@ -91,7 +116,7 @@ def _fork(req: ForkRequest, req_fd: int, rep_fd: int, wake: tuple[int, int]) -> 
         return
     code = 70
     try:
-        code = _become_trainer(req, (req_fd, rep_fd, *wake))
+        code = _become_trainer(req, inherited)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
@@ -111,6 +136,8 @@ def _become_trainer(req: ForkRequest, inherited: tuple[int, ...]) -> int:
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
+    if req.env.get(env.STANDBY) != "1":  # a standby reads them in its wait, with their senders
+        stopfrom.unblock()
     for fd in inherited:
         os.close(fd)
     log = os.open(req.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -1,0 +1,131 @@
+"""A SIGTERM to every process of the job at once ends the run exactly like one to the watchdog alone.
+
+Slurm's ``scancel``, ``scontrol requeue`` and preemption signal every process of the job, and so do
+systemd's default ``KillMode=control-group`` and ``kill -TERM -<pgid>`` of each group. Here that is
+a real ``kill -TERM -<pgid>`` to every process group of the launch's process tree, in one pass
+(each child leads its own group, so the watchdog's group alone would reach only the watchdog): the
+services, the zygote and a hot standby must leave the stop to the watchdog, the emergency checkpoint
+of the last completed step must commit (read back and restored with plain TensorFlow), nothing may
+be left running, and the next launch resumes at that step.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from typing import Any
+
+import psutil
+import pytest
+
+from conftest import (committed_steps, finish, launch, lifecycle, raw_status, run_processes, seed_example_restores,
+                      status_json, wait_for)
+
+TARGET = "procsv.examples.seeds.basic"
+ARGS = ("--steps", "100000", "--step-delay", "0.005", "--save-checkpoint-steps", "1000000")
+
+
+def _tree(root: int) -> list[psutil.Process]:
+    top = psutil.Process(root)
+    return [top, *top.children(recursive=True)]
+
+
+def _sigterm_every_group(root: int) -> set[int]:
+    """``kill -TERM -<pgid>`` for every process group of ``root``'s tree, one right after the other;
+    returns the pids that were sent it (every process of the tree)."""
+    procs = _tree(root)
+    groups = set()
+    for p in procs:
+        try:
+            groups.add(os.getpgid(p.pid))
+        except ProcessLookupError:
+            pass
+    for g in groups:
+        try:
+            os.killpg(g, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    return {p.pid for p in procs}
+
+
+def _roles(st: dict[str, Any]) -> dict[str, int]:
+    return {p["role"]: p["pid"] for p in st["processes"]}
+
+
+def _outcome(logdir: str) -> list[tuple[Any, ...]]:
+    """What the lifecycle log says from the stop on, without pids, steps and times: each event, for an
+    exit the role and how it ended (a killed or failed service, a restart, a standby counted as
+    failed would all show here). In order up to the run's ``finished``; the exits of what the
+    shutdown then stops at once (services, standby) in any order."""
+    events = lifecycle(logdir)
+    first = next(i for i, e in enumerate(events) if e["event"] == "preempted")
+    seen = [("exited", e["role"], e.get("code"), e.get("signal")) if e["event"] == "exited" else (e["event"],)
+            for e in events[first:]]
+    end = seen.index(("finished",)) + 1
+    return seen[:end] + sorted(seen[end:], key=repr)
+
+
+def _run_and_stop(logdir: str, group: bool, standby: bool) -> tuple[int, str, str]:
+    """Launch, wait until it trains (with the zygote ready, and a ready standby if asked), stop it with
+    a SIGTERM to every process group (``group``) or to the watchdog alone; finish's result."""
+    opts = ("--standby", "hot" if standby else "fork")  # fork: the zygote, no standby
+    proc = launch(logdir, *ARGS, target=TARGET, opts=opts)
+    signalled = False
+    try:
+        want = {"watchdog", "trainer", "checkpoint", "summary"}
+        st = wait_for(lambda: (s := raw_status(logdir)) and s.get("step", 0) > 30 and want <= set(_roles(s)) and
+                      (s.get("prewarm") or {}).get("ready") and s, 120,
+                      what="training with every process up and the zygote ready")
+        pids = set(_roles(st).values()) | {st["prewarm"]["pid"]}
+        if standby:
+            ready = wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "standby_ready"], 120,
+                             what="a ready standby")
+            pids.add(ready[0]["pid"])
+        if group:
+            assert pids <= _sigterm_every_group(proc.pid)  # every process of the run got it
+        else:
+            proc.send_signal(signal.SIGTERM)
+        signalled = True
+    finally:
+        if not signalled:  # the wait failed: take the run down now, not after finish's timeout
+            for p in _tree(proc.pid):
+                p.kill()
+        code, out, err = finish(proc)
+    return code, out, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("standby", [False, True], ids=["plain", "standby_hot"])
+def test_sigterm_to_every_process_of_the_job_saves_the_last_step_like_one_to_the_watchdog(logdir, tmp_path,
+                                                                                             standby):
+    alone = str(tmp_path / "alone")
+    try:  # the reference: the same run stopped by a SIGTERM to the watchdog alone
+        code_alone, _, err_alone = _run_and_stop(alone, group=False, standby=standby)
+    finally:
+        for p in run_processes(alone):
+            p.kill()
+    assert code_alone == 128 + signal.SIGTERM, err_alone
+
+    code, out, err = _run_and_stop(logdir, group=True, standby=standby)
+    assert code == 128 + signal.SIGTERM, err
+    gone = wait_for(lambda: not run_processes(logdir), 5, what="every process of the run to exit")
+    assert gone
+    st = status_json(logdir)
+    assert st["state"] == "stopped", st
+    assert st["restarts"] == 0
+    step = st["step"]
+    assert committed_steps(logdir)[-1] == step > 30, (committed_steps(logdir), step, err)
+    seed_example_restores(logdir, step)  # plain TF: latest_checkpoint is that step, restores every value
+    assert _outcome(logdir) == _outcome(alone), err
+    # the services, the zygote and the standby said they left the stop to the watchdog
+    for role in ("checkpoint.1", "summary.1", "zygote.1") + (("trainer.2",) if standby else ()):
+        with open(os.path.join(logdir, "logs", f"{role}.log")) as fh:
+            assert "SIGTERM from pid" in (text := fh.read()) and "left to the watchdog" in text, (role, text)
+
+    again = launch(logdir, "--steps", str(step + 20), target=TARGET)
+    code, out, err = finish(again)
+    assert code == 0, err
+    assert f"restored step {step} " in out, out
+    assert status_json(logdir)["step"] == step + 20
+    seed_example_restores(logdir, step + 20)
