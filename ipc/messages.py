@@ -25,7 +25,7 @@ Who sends what (see docs/architecture.md for the full table):
 * master watchdog <-> node agents (``--nnodes M``: a ROUTER on ``--master-addr``, a DEALER per
   agent; ZeroMQ TCP with CURVE): :class:`NodeHello`, :class:`MemberStarted`, :class:`MemberEnded`,
   :class:`Relayed` up; :class:`MasterBeat`, :class:`StartMembers`, :class:`SignalMember`,
-  :class:`NodeStop` down (:mod:`procsv.ipc.node_messages`).
+  :class:`NodeStop`, :class:`NodeRefused` down (:mod:`procsv.ipc.node_messages`).
 
 This module is the schema's public entry: it holds :data:`SCHEMA_VERSION` and the registry
 :data:`ALL_MESSAGES` (every message type, by which the codec finds a ``KIND``), and re-exports the
@@ -43,8 +43,8 @@ from procsv.ipc.message_base import Busy, ItemKind, Message, Role, SaveReason, S
 from procsv.ipc.summary_messages import ProtoRef, RunScalars, SessionLogEvent, SummaryAck, SummaryBatch, SummaryItem
 from procsv.ipc.watchdog_messages import Hello, Progress, SaveOverdue, StandbyReady, SummaryOverdue, TrainerReady
 from procsv.ipc.zygote_messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
-from procsv.ipc.node_messages import (MasterBeat, MemberEnded, MemberStarted, NodeHello, NodeStop, Relayed,
-                                      SignalMember, StartMembers)
+from procsv.ipc.node_messages import (MasterBeat, MemberEnded, MemberStarted, NodeHello, NodeRefused, NodeStop,
+                                      Relayed, SignalMember, StartMembers)
 
 SCHEMA_VERSION = 2  # 2: SummaryBatch lost its JSON scalar rows, its protos are ProtoRef; SummaryAck
 
@@ -75,6 +75,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     StartMembers,
     SignalMember,
     NodeStop,
+    NodeRefused,
     MemberStarted,
     MemberEnded,
     Relayed,
@@ -89,5 +90,6 @@ __all__ = [
     "RecoverQuery", "RecoverReply",
     "SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "RunScalars",
     "ZygoteReady", "ForkRequest", "ForkReply", "ChildExit",
-    "NodeHello", "MasterBeat", "StartMembers", "SignalMember", "NodeStop", "MemberStarted", "MemberEnded", "Relayed",
+    "NodeHello", "MasterBeat", "StartMembers", "SignalMember", "NodeStop", "NodeRefused", "MemberStarted", "MemberEnded",
+    "Relayed",
 ]

@@ -5,7 +5,9 @@ watchdog (the master, which decides for the whole job) binds a ROUTER on ``--mas
 node agent of every other host (:mod:`procsv.watchdog.multihost.agent`) connects a DEALER to it. Agents
 send :class:`NodeHello` (also their heartbeat), :class:`MemberStarted`, :class:`MemberEnded` and
 :class:`Relayed` (a trainer's own report, as it sent it); the master sends :class:`MasterBeat`,
-:class:`StartMembers`, :class:`SignalMember` and :class:`NodeStop`.
+:class:`StartMembers`, :class:`SignalMember` and :class:`NodeStop`, and :class:`NodeRefused` to an
+agent whose claim of a node rank it refused. No message carries a key: the master knows each
+agent's public key from the CURVE handshake (ZeroMQ's ``User-Id`` of every frame).
 """
 
 from __future__ import annotations
@@ -70,6 +72,16 @@ class NodeStop(Message):
 
 
 @dataclass(frozen=True)
+class NodeRefused(Message):
+    """Master -> agent: its claim to be ``node`` is refused; ``reason`` says why (another agent
+    holds that rank in this launch, or the job has no such rank)."""
+
+    KIND: ClassVar[str] = "node_refused"
+    node: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class MemberStarted(Message):
     """Agent -> master: a member runs (pid on the agent's host)."""
 
@@ -101,5 +113,5 @@ class Relayed(Message):
     frames: int
 
 
-__all__ = ["NodeHello", "MasterBeat", "StartMembers", "SignalMember", "NodeStop", "MemberStarted", "MemberEnded",
-           "Relayed"]
+__all__ = ["NodeHello", "MasterBeat", "StartMembers", "SignalMember", "NodeStop", "NodeRefused", "MemberStarted",
+           "MemberEnded", "Relayed"]

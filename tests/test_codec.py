@@ -132,6 +132,7 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
     ("signal-member", m.SignalMember(slot="worker2", attempt=2, sig=15), []),
     ("kill-member", m.SignalMember(slot="worker2", attempt=2, sig=9, kill=True), []),
     ("node-stop", m.NodeStop(exit_code=0), []),
+    ("node-refused", m.NodeRefused(node=1, reason="node 1 is held by another agent in this launch"), []),
     ("member-started", m.MemberStarted(slot="worker3", attempt=1, pid=99), []),
     ("member-ended", m.MemberEnded(slot="worker3", attempt=1, pid=99, code=-9), []),
     ("relayed", m.Relayed(slot="worker3", frames=1), [b'{"v":2,"kind":"progress","body":{}}']),

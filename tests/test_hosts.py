@@ -9,8 +9,10 @@ root (``ip netns``); skipped otherwise.
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -39,6 +41,9 @@ def hosts() -> Iterator[None]:
         pytest.skip("needs root and iproute2 (ip netns) for the second host's network namespace")
     ip("netns", "del", NS, check=False)
     ip("link", "del", BRIDGE, check=False)
+    # the kernel tears a deleted namespace down later (its veth with it): an earlier run's may linger
+    wait_for(lambda: ip("link", "show", VETH, check=False).returncode != 0, 120, interval=0.5,
+             what=f"an earlier run's {VETH} to be gone")
     ip("link", "add", BRIDGE, "type", "bridge")
     ip("addr", "add", f"{MASTER_IP}/24", "dev", BRIDGE)
     ip("link", "set", BRIDGE, "up")
@@ -118,7 +123,7 @@ def test_a_group_over_two_hosts_waits_for_a_killed_host_to_come_back_and_finishe
     assert not host_pids()  # nothing of the job is left on the second host either
 
 
-def test_a_peer_without_the_jobs_client_key_is_refused_and_the_job_fails_after_the_rejoin_timeout(hosts, logdir):
+def test_a_peer_whose_key_is_not_filed_for_the_launch_is_refused_and_the_job_fails_after_the_rejoin_timeout(hosts, logdir):
     addr = master_addr()
     master = launch(logdir, *ARGS, "--steps", "50", opts=("--nnodes", "2", "--master-addr", addr,
                                                            "--rejoin-timeout", "8"))
@@ -126,9 +131,11 @@ def test_a_peer_without_the_jobs_client_key_is_refused_and_the_job_fails_after_t
     wait_for(lambda: os.path.exists(os.path.join(keys_dir, "job.json")), 60, what="the job's keys")
     assert os.stat(keys_dir).st_mode & 0o777 == 0o700
     assert all(os.stat(os.path.join(keys_dir, n)).st_mode & 0o777 == 0o600 for n in os.listdir(keys_dir))
-    # an intruder on the second host: it knows the server's public key but not the job's client key
+    with open(os.path.join(keys_dir, "job.json")) as fh:
+        server_public = json.load(fh)["server_public"]
+    # an intruder on the second host: it knows the server's public key, but no key of its own is filed
     rogue = subprocess.run(
-        ["ip", "netns", "exec", NS, sys.executable, "-c", ROGUE, addr, os.path.join(keys_dir, "server_public")],
+        ["ip", "netns", "exec", NS, sys.executable, "-c", ROGUE, addr, server_public],
         capture_output=True, text=True, timeout=60, env=quiet_env())
     assert rogue.returncode == 0, rogue.stderr
     assert "replies=0" in rogue.stdout, rogue.stdout
@@ -144,7 +151,7 @@ ROGUE = r"""
 import sys, time, zmq
 from procsv.ipc.messages import NodeHello
 from procsv.ipc.transport import send, drain
-addr, server_public = sys.argv[1], open(sys.argv[2], "rb").read().strip()
+addr, server_public = sys.argv[1], sys.argv[2].encode()
 ctx = zmq.Context()
 socks = []
 for curve in (True, False):  # with its own key pair, and in plain text
@@ -164,3 +171,103 @@ while time.monotonic() < deadline:
         replies += sum(1 for _ in drain(s, first_timeout_ms=100))
 print(f"replies={replies}")
 """
+
+
+def key_files(logdir: str) -> dict[str, dict[str, Any]]:
+    """The agents' public keys filed in the logdir for the current launch: file name -> its record."""
+    folder = os.path.join(logdir, ".procsv", "curve")
+    out = {}
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        if name.startswith("agent."):
+            with open(os.path.join(folder, name)) as fh:
+                out[name] = json.load(fh)
+    return out
+
+
+def secret_keys_in(logdir: str) -> list[str]:
+    """The files of the logdir (checkpoint data aside) that hold a CURVE secret key whose public key
+    is written in the logdir too: a key pair anyone who reads the logdir could use."""
+    import zmq
+
+    tokens: dict[bytes, set[str]] = {}
+    for root, _, names in os.walk(logdir):
+        for name in names:
+            path = os.path.join(root, name)
+            if ".data-" in name or name.endswith(".index") or os.path.getsize(path) > 1 << 20:
+                continue
+            with open(path, "rb") as fh:
+                for token in re.findall(rb"[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}", fh.read()):
+                    tokens.setdefault(token, set()).add(path)
+    found = []
+    for token, paths in tokens.items():
+        try:
+            if zmq.curve_public(token) in tokens:
+                found += sorted(paths)
+        except (ValueError, zmq.ZMQError):
+            pass
+    return found
+
+
+def test_the_server_secret_never_leaves_node_0_each_agent_files_only_its_public_key_and_the_keys_go_with_the_launch(
+        hosts, logdir):
+    addr = master_addr()
+    args = (*ARGS, "--steps", "50")
+    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr))
+    node1 = agent(logdir, addr, *args)
+    try:
+        wait_for(lambda: events(logdir, "node_joined"), 120, what="node 1 to join")
+        # the logdir holds public keys only: the server's (job.json) and the agent's own (its key file)
+        assert secret_keys_in(logdir) == []
+        with open(os.path.join(logdir, ".procsv", "curve", "job.json")) as fh:
+            job = json.load(fh)
+        filed = key_files(logdir)
+        assert len(filed) == 1, filed  # node 1's own key, for this launch
+        (name, record), = filed.items()
+        assert name.startswith(f"agent.{job['job']}.") and record["node"] == 1 and record["host"] == HOST1_IP
+        assert os.stat(os.path.join(logdir, ".procsv", "curve", name)).st_mode & 0o777 == 0o600
+    finally:
+        try:
+            code, out, err = finish(master)
+        finally:
+            acode, aout, aerr = finish(node1, timeout=30)
+    assert code == 0, err
+    assert acode == 0, aerr
+    assert not os.path.exists(os.path.join(logdir, ".procsv", "curve"))  # the launch's keys went with it
+
+
+def test_a_second_agent_claiming_a_node_another_agent_holds_is_refused_and_logged(hosts, logdir):
+    addr = master_addr()
+    args = (*ARGS, "--steps", "1000000")
+    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr))
+    first = agent(logdir, addr, *args)
+    second = None
+    try:
+        wait_for(lambda: events(logdir, "node_joined"), 120, what="node 1 to join")
+        second = agent(logdir, addr, *args)
+        scode, sout, serr = finish(second, timeout=60)
+        assert scode == 2, serr
+        assert "the master refuses this agent as node 1: node 1 is held by another agent" in serr, serr
+        assert "giving up" in serr.splitlines()[-1], serr
+        refused = events(logdir, "node_refused")
+        assert len(refused) == 1, refused  # logged once, however often it asked
+        assert refused[0]["node"] == 1 and refused[0]["host"] == HOST1_IP
+        assert "held by another agent" in refused[0]["reason"]
+        assert [r["pid"] for r in key_files(logdir).values()] == [first.pid]  # the refused agent removed its key
+        assert first.poll() is None
+        step = (raw_status(logdir) or {}).get("step", 0)
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > step + 50, 60, what="the group to go on")
+    finally:
+        try:
+            if master.poll() is None:
+                os.killpg(master.pid, signal.SIGTERM)
+            code, out, err = finish(master)
+        finally:
+            acode, aout, aerr = finish(first, timeout=30)
+            if second is not None and second.poll() is None:
+                os.killpg(second.pid, signal.SIGKILL)
+                second.wait()
+    assert code == 143, err
+    assert "refused an agent claiming node 1" in err
+    assert acode == 143 and "the job ended (exit code 143)" in aerr, aerr
+    assert len(events(logdir, "node_joined")) == 1
+    assert not host_pids()

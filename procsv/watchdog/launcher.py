@@ -138,7 +138,7 @@ class Watchdog:
         clear_stale_temps(self.layout)  # an earlier launch's writes a kill cut short
         launch = archive_launch(self.layout.logs, self.cfg.keep_logs)  # an earlier launch's logs: logs/launch-<n>/
         if self.cfg.nnodes > 1 and self.cfg.master_addr:  # the other hosts' agents connect here
-            self.link = NodeLink(pipes.zctx, self.layout, self.cfg.master_addr, self.clock)
+            self.link = NodeLink(pipes.zctx, self.layout, self.cfg.master_addr, self.clock, self.view, self.limits)
             ex.remote = RemoteMembers(self.link, self.view, self.layout, self.cfg.nnodes, self.cfg.nproc,
                                       self.out.record, self.clock)
             pipes.poller.register(self.link.sock, zmq.POLLIN)
@@ -213,6 +213,7 @@ class Watchdog:
             elif isinstance(msg, Relayed) and payload:
                 self.out.record(observe.heard(self.view, payload[0], self.clock(), slot=msg.slot))
             self.out.changed()
+        self.out.record(self.link.take_refusals())
 
     def _close(self) -> None:
         """The end of the launch: stop what is left, take the plumbing down, write the last words

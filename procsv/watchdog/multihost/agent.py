@@ -2,8 +2,9 @@
 
 Runs in the ``procsv launch`` process of hosts 1..M-1. It decides nothing: node 0's watchdog (the
 master) holds the job's one decision function. The agent connects to the master over ZeroMQ TCP
-with the job's CURVE keys (:mod:`procsv.watchdog.multihost.curve`, read from the shared logdir), says who it
-is and where its next members will listen (:class:`NodeHello`, also its heartbeat), starts the
+over CURVE (:mod:`procsv.watchdog.multihost.curve`) with a key pair of its own, made when it starts (the
+secret stays in its memory; it files the public key for the launch in the shared logdir and pins the
+master's public key from there), says which node it is and where its next members will listen (:class:`NodeHello`, also its heartbeat), starts the
 members it is asked for (:class:`StartMembers`: trainer processes with their ``TF_CONFIG``, forked
 from this host's own pre-warmed trainer when it is ready),
 signals them when told (:class:`SignalMember`), relays their reports (:class:`Relayed`) and tells
@@ -11,9 +12,12 @@ of their ends (:class:`MemberEnded`). It runs no checkpoint or summary service: 
 (task 0, on node 0) saves and writes summaries.
 
 If the master goes silent for ``node_timeout`` seconds, the agent SIGKILLs its members (they are
-part of a group that cannot go on) and keeps reconnecting, reloading the keys (a relaunched
-master writes new ones); after ``rejoin_timeout`` seconds it exits 1. SIGTERM/SIGINT stop the
-members and exit 143/130; :class:`NodeStop` exits with the job's exit code.
+part of a group that cannot go on) and keeps reconnecting, reloading the launch's public key and
+filing its own key again for a relaunched master's new launch; after ``rejoin_timeout`` seconds
+it exits 1. SIGTERM/SIGINT stop the members and exit 143/130; :class:`NodeStop` exits with the
+job's exit code. A master that refuses its claim of its node rank (:class:`NodeRefused`: another
+agent holds it) is asked again for :data:`CLAIM_PATIENCE` seconds (a holder that died is found lost
+by then), then the agent exits 2 with the master's reason. It removes its key file when it exits.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ from procsv.common.env import RANK
 from procsv.common.layout import Layout, RuntimeDir, release_runtime_dir
 from procsv.common.spawn import free_ports
 from procsv.ipc.codec import ProtocolError, encode
-from procsv.ipc.messages import (MasterBeat, MemberEnded, MemberStarted, Message, NodeHello, NodeStop, Progress,
-                                 Relayed, SignalMember, StartMembers, TrainerReady)
+from procsv.ipc.messages import (MasterBeat, MemberEnded, MemberStarted, Message, NodeHello, NodeRefused, NodeStop,
+                                 Progress, Relayed, SignalMember, StartMembers, TrainerReady)
 from procsv.ipc.transport import Endpoints, bind_private, drain, make_socket, send
 from procsv.watchdog.multihost import curve
 from procsv.common.orphans import become_subreaper
@@ -44,12 +48,13 @@ from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.rules.group import worker_slot
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.logrotate import rotate
-from procsv.watchdog.multihost.nodes import BEAT_SECS, host_ip, node_identity
+from procsv.watchdog.multihost.nodes import BEAT_SECS, host_ip
 from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable, zygote_env
 
 TICK = 0.05
 NODE_TIMEOUT = Limits.node_timeout  # the master silent this long: its members are stopped (as it counts them dead)
-MASTER_ACCEPT = frozenset({MasterBeat, StartMembers, SignalMember, NodeStop})
+CLAIM_PATIENCE = 2 * NODE_TIMEOUT  # refused this long: another agent live holds the node rank (exit 2)
+MASTER_ACCEPT = frozenset({MasterBeat, StartMembers, SignalMember, NodeStop, NodeRefused})
 MEMBER_ACCEPT = frozenset({Progress, TrainerReady})
 
 
@@ -78,6 +83,9 @@ class NodeAgent:
         self.members: dict[str, Member] = {}
         self.stop_code: Optional[int] = None
         self.job: Optional[str] = None
+        self.keys = curve.AgentKeys.new()  # this agent's own key pair; the secret never leaves this process
+        self.key_file: Optional[str] = None  # where its public key is filed for the current launch
+        self.refused_at: Optional[float] = None  # the master refuses this agent's claim of its node since
         self.heard_at = clock()  # the master's last word (the start counts as one)
         self.addresses = self._reserve()
         self.zygote: Optional[Zygote] = None  # this host's pre-warmed trainer (unless --no-prewarm)
@@ -117,6 +125,7 @@ class NodeAgent:
                 dealer.close(0)
             pull.close(0)
             zctx.term()
+            curve.unfile_agent_key(self.key_file)
             release_runtime_dir(runtime.path)
         return self.stop_code if self.stop_code is not None else 1
 
@@ -164,7 +173,7 @@ class NodeAgent:
         """Wait until node 0 has written the job's keys (so the logdir exists); False if told to
         stop, or if they do not appear within ``rejoin_timeout``."""
         deadline = self.clock() + self.cfg.rejoin_timeout
-        while curve.load_job_keys(self.layout) is None:
+        while curve.load_job(self.layout) is None:
             if stops:
                 self.stop_code = 128 + stops[0]
                 return False
@@ -178,25 +187,36 @@ class NodeAgent:
 
     # ------------------------------------------------------------------ the master's channel
     def _reconnect(self, zctx: "zmq.Context[Any]", old: "Optional[zmq.Socket[Any]]") -> "Optional[zmq.Socket[Any]]":
-        keys = curve.load_job_keys(self.layout)
-        if keys is None:
-            return old  # the master has not written this job's keys yet
+        job = curve.load_job(self.layout)
+        if job is None:
+            return old  # the master has not written this launch's job file yet
+        if job.job != self.job:  # a new launch of the master: file this agent's key for it
+            try:
+                path = curve.file_agent_key(self.layout, job.job, self.keys, self.cfg.node_rank, self.host)
+            except OSError as exc:
+                self.say(f"cannot file this agent's key in {self.layout.logdir} ({exc.strerror or exc}); "
+                         "trying again")
+                return old
+            curve.unfile_agent_key(self.key_file)
+            self.key_file, self.job = path, job.job
         if old is not None:
             old.close(0)
-        sock = make_socket(zctx, zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, node_identity(self.cfg.node_rank))
+        sock = make_socket(zctx, zmq.DEALER)  # no identity: the master knows this agent by its key
         sock.setsockopt(zmq.IMMEDIATE, 1)  # nothing is queued for a master that is not connected
-        curve.connect_as_agent(sock, keys)
+        curve.connect_as_agent(sock, self.keys, job)
         sock.connect(f"tcp://{self.cfg.master_addr}")
-        self.job = keys.job
         return sock
 
     def _from_master(self, dealer: "zmq.Socket[Any]") -> None:
         for got in drain(dealer, accept=MASTER_ACCEPT, limit=100):
             if isinstance(got, ProtocolError):
                 continue
-            self.heard_at = self.clock()
             msg = got.msg
+            if isinstance(msg, NodeRefused):
+                self._refused(msg)
+                continue
+            self.heard_at = self.clock()
+            self.refused_at = None
             if isinstance(msg, StartMembers):
                 self._start(dealer, msg)
             elif isinstance(msg, SignalMember):
@@ -212,6 +232,19 @@ class NodeAgent:
             elif isinstance(msg, NodeStop):
                 self.say(f"the job ended (exit code {msg.exit_code})")
                 self.stop_code = msg.exit_code
+
+    def _refused(self, msg: NodeRefused) -> None:
+        """The master refuses this agent's claim of its node rank: ask again (the holder may be a dead
+        agent the master has not found lost yet); after :data:`CLAIM_PATIENCE` s, exit 2."""
+        now = self.clock()
+        if self.refused_at is None:
+            self.refused_at = now
+            self.say(f"the master refuses this agent as node {msg.node}: {msg.reason}; asking again for "
+                     f"{CLAIM_PATIENCE:g} s")
+        elif now - self.refused_at > CLAIM_PATIENCE:
+            self.say(f"error: the master still refuses this agent as node {msg.node} after {CLAIM_PATIENCE:g} s: "
+                     f"{msg.reason}; giving up")
+            self.stop_code = 2
 
     def _start(self, dealer: "zmq.Socket[Any]", msg: StartMembers) -> None:
         """Start the members asked for: forked from the pre-warmed trainer when it is ready, else fresh."""

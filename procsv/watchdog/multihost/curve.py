@@ -1,100 +1,167 @@
 """The CURVE keys of a job that spans hosts, and the sockets they secure.
 
-Runs in the watchdogs of a ``procsv launch --nnodes M`` job: node 0's (the master) creates the
-keys; every other node's agent loads them. The scheme: at each launch the master generates a
-fresh server key pair and a fresh client key pair (``zmq.curve_keypair``) and writes them to
-``<logdir>/.procsv/curve/`` -- a directory of mode 0700 whose files are 0600, written atomically
-(write, fsync, rename) -- with the job's id. The logdir is shared by the job's hosts (as
-TensorFlow assumes for its checkpoints) and readable only by the job's user: a peer that cannot
-read those files cannot complete the CURVE handshake, because the master's ZAP handler
-(:class:`zmq.auth.thread.ThreadAuthenticator`) admits only the job's client public key. The
-connection is encrypted and authenticated both ways (the agents pin the server's public key).
+Runs in the watchdogs of a ``procsv launch --nnodes M`` job: node 0's (the master) and every other
+node's agent. No secret key is ever written anywhere:
+
+- The master makes a fresh server key pair at each launch (``zmq.curve_keypair``) and keeps its
+  secret in memory; it writes the job's id and the server's *public* key to
+  ``<logdir>/.procsv/curve/job.json`` (a folder of mode 0700, files 0600, atomic writes). Agents
+  pin that public key, so only the process holding the secret -- node 0's watchdog -- can answer
+  their handshake.
+- Each agent makes its own key pair when it starts, keeps the secret in memory, and files its
+  public key for the job it joins: ``.procsv/curve/agent.<job>.<key in hex>`` (0600). The
+  master's ZAP handler (:class:`zmq.auth.thread.ThreadAuthenticator` with a credentials callback)
+  admits a client key only if it is filed for this job, so joining takes write access to the
+  logdir's ``.procsv/curve/``; reading it gives public keys only.
+- Which node rank a key may speak for is decided by the master when the key first claims a rank
+  (:func:`procsv.watchdog.rules.hosts.claim_node`; :class:`~procsv.watchdog.multihost.nodes.NodeLink`).
+- The master clears the folder when a launch begins and removes it when the launch ends; an agent
+  removes its own key file when it exits.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import uuid
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import zmq
+from zmq.utils import z85
 
-from procsv.common.layout import Layout, atomic_write, read_json, write_json
+from procsv.common.layout import Layout, read_json, write_json
+
+JOB_FILE = "job.json"
+AGENT_PREFIX = "agent."
 
 
 @dataclass(frozen=True)
-class JobKeys:
-    """One job's keys (Z85 text) and its id."""
+class ServerKeys:
+    """The master's keys for one launch (Z85 text); the secret exists only in node 0's memory."""
+
+    job: str
+    public: bytes
+    secret: bytes
+
+
+@dataclass(frozen=True)
+class Job:
+    """What an agent reads of the current launch: its id and the server's public key (Z85)."""
 
     job: str
     server_public: bytes
-    server_secret: bytes
-    client_public: bytes
-    client_secret: bytes
+
+
+@dataclass(frozen=True)
+class AgentKeys:
+    """One agent's own key pair (Z85 text), made when it starts; the secret stays in its memory."""
+
+    public: bytes
+    secret: bytes
+
+    @staticmethod
+    def new() -> "AgentKeys":
+        public, secret = zmq.curve_keypair()
+        return AgentKeys(public, secret)
 
 
 def keys_dir(layout: Layout) -> str:
     return os.path.join(layout.meta, "curve")
 
 
-def create_job_keys(layout: Layout) -> JobKeys:
-    """New keys for a new job (the master, at each launch), replacing any earlier job's."""
+def fingerprint(public: bytes) -> str:
+    """A short name of a public key for people (logs, lifecycle records): 12 hex digits of its hash."""
+    return hashlib.sha256(public).hexdigest()[:12]
+
+
+def agent_key_path(layout: Layout, job: str, public: bytes) -> str:
+    """Where an agent files its public key for ``job``: the name is the key, so the master's check
+    is one lookup (no listing, no parsing of what an agent wrote)."""
+    return os.path.join(keys_dir(layout), f"{AGENT_PREFIX}{job}.{z85.decode(public).hex()}")
+
+
+def create_job(layout: Layout) -> ServerKeys:
+    """A new launch's server keys (the master): clears the folder of any earlier launch's files
+    (an older procsv's secret keys too), then writes ``job.json`` with the public key only."""
     folder = keys_dir(layout)
+    remove_job(layout)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     os.chmod(folder, 0o700)
-    server_public, server_secret = zmq.curve_keypair()
-    client_public, client_secret = zmq.curve_keypair()
-    keys = JobKeys(uuid.uuid4().hex[:12], server_public, server_secret, client_public, client_secret)
-    # 0600 from the first byte (a chmod after the rename left each file readable for an fsync's time)
-    for name in ("server_public", "server_secret", "client_public", "client_secret"):
-        atomic_write(os.path.join(folder, name), getattr(keys, name).decode("ascii"), mode=0o600)
-    write_json(os.path.join(folder, "job.json"), {"job": keys.job}, mode=0o600)  # last: the keys are complete
+    public, secret = zmq.curve_keypair()
+    keys = ServerKeys(uuid.uuid4().hex[:12], public, secret)
+    write_json(os.path.join(folder, JOB_FILE), {"job": keys.job, "server_public": public.decode("ascii")}, mode=0o600)
     return keys
 
 
-def load_job_keys(layout: Layout) -> Optional[JobKeys]:
-    """The current job's keys (an agent), or None if the master has not written them (or they are unreadable)."""
-    folder = keys_dir(layout)
-    record = read_json(os.path.join(folder, "job.json"))
-    if not isinstance(record, dict) or not isinstance(record.get("job"), str):
-        return None
+def remove_job(layout: Layout) -> None:
+    """Remove the keys folder (the master, at the end of its launch and before a new one)."""
+    shutil.rmtree(keys_dir(layout), ignore_errors=True)
+
+
+def load_job(layout: Layout) -> Optional[Job]:
+    """The current launch (an agent), or None if the master has not written it (or it is unreadable)."""
     try:
-        parts = {}
-        for name in ("server_public", "server_secret", "client_public", "client_secret"):
-            with open(os.path.join(folder, name), "rb") as fh:
-                parts[name] = fh.read().strip()
-    except OSError:
+        record = read_json(os.path.join(keys_dir(layout), JOB_FILE))
+    except OSError:  # EIO, EACCES, ESTALE: not readable now (the caller looks again)
         return None
-    return JobKeys(record["job"], **parts)
+    if not isinstance(record, dict):
+        return None
+    job, public = record.get("job"), record.get("server_public")
+    if not isinstance(job, str) or not isinstance(public, str) or len(public) != 40:
+        return None
+    return Job(job, public.encode("ascii"))
 
 
-class _OnlyTheJob:
-    """The ZAP credentials check: admit the job's client public key only."""
+def file_agent_key(layout: Layout, job: str, keys: AgentKeys, node: int, host: str) -> str:
+    """File this agent's public key for ``job`` (0600; who filed it is in the body, for people)."""
+    path = agent_key_path(layout, job, keys.public)
+    write_json(path, {"node": node, "host": host, "pid": os.getpid(), "public": keys.public.decode("ascii")},
+               mode=0o600)
+    return path
 
-    def __init__(self, client_public: bytes) -> None:
-        self._key = client_public  # Z85, as pyzmq's authenticator hands the client's key over
+
+def unfile_agent_key(path: Optional[str]) -> None:
+    """Remove a key file this agent filed (gone already: the master removed the folder)."""
+    if path is None:
+        return
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+class _FiledKeys:
+    """The ZAP credentials check: admit a client key only if an agent filed it for this job."""
+
+    def __init__(self, layout: Layout, job: str) -> None:
+        self._layout = layout
+        self._job = job
 
     def callback(self, domain: str, key: bytes) -> bool:
-        return bool(key == self._key)
+        try:  # Z85, as pyzmq's authenticator hands the client's key over
+            return os.path.isfile(agent_key_path(self._layout, self._job, key))
+        except (ValueError, KeyError, OSError):  # not a Z85 key; the logdir cannot be looked at
+            return False
 
 
-def serve(ctx: "zmq.Context[Any]", sock: "zmq.Socket[Any]", keys: JobKeys) -> Any:
-    """Make ``sock`` (not yet bound) a CURVE server that admits only this job's agents; returns
-    the authenticator thread, which the caller stops (``.stop()``) when it closes the socket."""
+def serve(ctx: "zmq.Context[Any]", sock: "zmq.Socket[Any]", layout: Layout, keys: ServerKeys) -> Any:
+    """Make ``sock`` (not yet bound) a CURVE server that admits only keys filed for this job;
+    returns the authenticator thread, which the caller stops (``.stop()``) when it closes the socket."""
     from zmq.auth.thread import ThreadAuthenticator
 
     auth = ThreadAuthenticator(ctx)
     auth.start()
-    auth.configure_curve_callback(domain="*", credentials_provider=_OnlyTheJob(keys.client_public))
-    sock.curve_secretkey = keys.server_secret
-    sock.curve_publickey = keys.server_public
+    auth.configure_curve_callback(domain="*", credentials_provider=_FiledKeys(layout, keys.job))
+    sock.curve_secretkey = keys.secret
+    sock.curve_publickey = keys.public
     sock.curve_server = True
     return auth
 
 
-def connect_as_agent(sock: "zmq.Socket[Any]", keys: JobKeys) -> None:
-    """Make ``sock`` (not yet connected) a CURVE client of this job's master."""
-    sock.curve_secretkey = keys.client_secret
-    sock.curve_publickey = keys.client_public
-    sock.curve_serverkey = keys.server_public
+def connect_as_agent(sock: "zmq.Socket[Any]", keys: AgentKeys, job: Job) -> None:
+    """Make ``sock`` (not yet connected) a CURVE client of this job's master, with the agent's own keys."""
+    sock.curve_secretkey = keys.secret
+    sock.curve_publickey = keys.public
+    sock.curve_serverkey = job.server_public

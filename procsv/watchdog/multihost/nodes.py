@@ -2,25 +2,35 @@
 
 Runs in the watchdog of node 0 (``procsv launch --nnodes M --node-rank 0 --master-addr HOST:PORT``).
 :class:`NodeLink` binds the ROUTER on ``--master-addr`` (TCP, CURVE: :mod:`procsv.watchdog.multihost.curve`
-writes the job's fresh keys to the shared logdir first), receives what the agents send
-(:mod:`procsv.ipc.node_messages`) and turns it into observations of the view, and carries the
-executor's starts and signals of remote members to their agent. It beats every
-:data:`BEAT_SECS` so that an agent notices a master that is gone.
+makes the launch's server keys, keeps the secret in memory and admits only agent keys filed for the
+launch), receives what the agents send (:mod:`procsv.ipc.node_messages`) and turns it into
+observations of the view, and carries the executor's starts and signals of remote members to their
+agent. Which agent speaks for which node is its CURVE key (ZeroMQ's ``User-Id`` of every frame), not
+anything it says or its socket's name: a key holds the node rank it first claims in a launch
+(:func:`~procsv.watchdog.rules.hosts.claim_node` decides); another key's claim of that rank is
+refused (:class:`~procsv.ipc.node_messages.NodeRefused`) and logged once (``node_refused``). It beats
+every :data:`BEAT_SECS` so that an agent notices a master that is gone, and removes the keys folder
+when the launch ends.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import zmq
 
 from procsv.common.layout import Layout
 from procsv.ipc.codec import ProtocolError, decode
-from procsv.ipc.messages import (MasterBeat, MemberEnded, MemberStarted, Message, NodeHello, NodeStop, Progress,
-                                 Relayed, SignalMember, StartMembers, TrainerReady)
-from procsv.ipc.transport import drain, make_socket, send
+from procsv.ipc.messages import (MasterBeat, MemberEnded, MemberStarted, Message, NodeHello, NodeRefused, NodeStop,
+                                 Progress, Relayed, SignalMember, StartMembers, TrainerReady)
+from procsv.ipc.transport import ReceiveTimeout, make_socket, recv, send
 from procsv.watchdog.multihost import curve
+from procsv.watchdog.observe import Report
+from procsv.watchdog.publish.events import Event
+from procsv.watchdog.rules.hosts import Claim, claim_node
+from procsv.watchdog.rules.limits import Limits
+from procsv.watchdog.rules.state import RunView
 
 STOP_DRAIN_SECS = 0.5  # how long the master reads on after telling the agents the job is over
 BEAT_SECS = 0.5  # both ways: heartbeats; a peer silent for Limits.node_timeout is lost
@@ -28,21 +38,42 @@ ACCEPT = frozenset({NodeHello, MemberStarted, MemberEnded, Relayed})
 RELAYED = frozenset({Progress, TrainerReady})  # what an agent may relay from its members
 
 
-def node_identity(node: int) -> bytes:
-    return f"node{node}".encode()
+@dataclass(frozen=True)
+class RefusedClaim:
+    """An agent's claim of a node rank that the master refused (logged once per key and node)."""
+
+    node: int
+    host: str
+    pid: int
+    key: str  # its public key's fingerprint
+    reason: str
+
+    def report(self) -> Report:
+        return Report(Event.NODE_REFUSED, {"node": self.node, "host": self.host, "pid": self.pid, "key": self.key,
+                                           "reason": self.reason},
+                      say=f"procsv: refused an agent claiming node {self.node} (at {self.host}, pid {self.pid}, "
+                          f"key {self.key}): {self.reason}", err=True)
 
 
 class NodeLink:
     """The ROUTER of the master; one per launch with ``--nnodes`` > 1."""
 
-    def __init__(self, zctx: "zmq.Context[Any]", layout: Layout, master_addr: str, clock: Callable[[], float]) -> None:
-        self.keys = curve.create_job_keys(layout)
+    def __init__(self, zctx: "zmq.Context[Any]", layout: Layout, master_addr: str, clock: Callable[[], float],
+                 view: RunView, limits: Limits) -> None:
+        self.layout = layout
+        self.keys = curve.create_job(layout)
         self.sock = make_socket(zctx, zmq.ROUTER)
-        self.auth = curve.serve(zctx, self.sock, self.keys)
+        self.auth = curve.serve(zctx, self.sock, layout, self.keys)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a node not connected fails (it is lost)
         self.sock.bind(f"tcp://{master_addr}")
         self.clock = clock
+        self.view = view
+        self.limits = limits
         self.known: set[int] = set()
+        self.holders: dict[int, str] = {}  # node -> the public key (Z85) that speaks for it in this launch
+        self.routes: dict[int, bytes] = {}  # node -> the routing id of its holder's latest connection
+        self.refusals: list[RefusedClaim] = []  # not reported yet (the launcher takes them)
+        self._refused: set[tuple[str, int]] = set()  # (key, node) already reported
         self._beat_at = float("-inf")
 
     @property
@@ -51,32 +82,70 @@ class NodeLink:
 
     def receive(self) -> list[tuple[int, Message, list[Any]]]:
         """What the agents sent: ``(node, message, payload)``; a relayed member report is decoded
-        here (its payload is the member's own frames). Malformed messages are dropped."""
+        here (its payload is the member's own frames). Malformed messages, and messages from a key
+        that holds no node, are dropped; a refused claim is answered and queued in :attr:`refusals`."""
         out: list[tuple[int, Message, list[Any]]] = []
-        for got in drain(self.sock, routed=True, accept=ACCEPT, limit=1000):
-            if isinstance(got, ProtocolError) or got.identity is None:
+        for _ in range(1000):
+            try:
+                frames = recv(self.sock, 0, copy=False)
+            except ReceiveTimeout:
+                break
+            if len(frames) < 2:
                 continue
-            name = got.identity.decode(errors="replace")
-            if not name.startswith("node") or not name[4:].isdigit():
+            try:
+                route, key = frames[0].bytes, str(frames[1].get("User-Id"))
+                msg, payload = decode(frames[1:], ACCEPT)
+            except (ProtocolError, zmq.ZMQError):
                 continue
-            node = int(name[4:])
-            if isinstance(got.msg, NodeHello) and got.msg.node != node:
-                continue  # an agent claims another node than its socket's identity
-            if isinstance(got.msg, Relayed):
+            node = self._speaker(route, key, msg)
+            if node is None:
+                continue
+            if isinstance(msg, Relayed):
                 try:
-                    inner, _ = decode(got.payload, RELAYED)
+                    inner, _ = decode(payload, RELAYED)
                 except ProtocolError:
                     continue
-                out.append((node, got.msg, [inner]))
+                out.append((node, msg, [inner]))
                 continue
             self.known.add(node)
-            out.append((node, got.msg, got.payload))
+            out.append((node, msg, payload))
+        return out
+
+    def _speaker(self, route: bytes, key: str, msg: Message) -> Optional[int]:
+        """The node ``key`` speaks for (a ``NodeHello`` is its claim), or None: drop the message."""
+        if not isinstance(msg, NodeHello):
+            node = next((n for n, k in self.holders.items() if k == key), None)
+            if node is not None:
+                self.routes[node] = route
+            return node
+        verdict, reason = claim_node(self.view, self.limits, msg.node, self.holders, key)
+        if verdict is Claim.REFUSED:
+            if (key, msg.node) not in self._refused:
+                self._refused.add((key, msg.node))
+                self.refusals.append(RefusedClaim(msg.node, msg.host, msg.pid, curve.fingerprint(key.encode()),
+                                                  reason))
+            try:
+                send(self.sock, NodeRefused(msg.node, reason), prefix=[route])
+            except zmq.ZMQError:
+                pass
+            return None
+        self.holders[msg.node] = key
+        self.routes[msg.node] = route
+        return msg.node
+
+    def take_refusals(self) -> list[Report]:
+        """The refused claims not reported yet, as lifecycle records."""
+        out = [r.report() for r in self.refusals]
+        self.refusals.clear()
         return out
 
     def send(self, node: int, msg: Message) -> bool:
         """Send to ``node``'s agent; False if it is not connected (or its queue is full)."""
+        route = self.routes.get(node)
+        if route is None:
+            return False
         try:
-            return send(self.sock, msg, prefix=[node_identity(node)])
+            return send(self.sock, msg, prefix=[route])
         except zmq.ZMQError:  # EHOSTUNREACH: not connected (ROUTER_MANDATORY)
             return False
 
@@ -107,8 +176,11 @@ class NodeLink:
                 self.receive()
 
     def close(self) -> None:
+        """Close the socket and remove the launch's keys (not from a logdir that was moved away)."""
         self.sock.close(linger=500)  # the NodeStop messages still get out
         self.auth.stop()
+        if self.view.logdir_lost is None:
+            curve.remove_job(self.layout)
 
 
 def host_ip(master_addr: str) -> str:

@@ -34,6 +34,7 @@ standby_ready          pid, attempt, secs (a hot standby waits, its program buil
 standby_decided        mode, reason (``--standby auto``: which mode the launch chose, and why)
 node_joined            node, host, pid (``--nnodes``: another host's agent connected, or came back)
 node_lost              node, host, silent_secs (its agent went silent: its trainers count as dead)
+node_refused           node, host, pid, key, reason (an agent's claim of a node rank another agent's key holds)
 =====================  ==========================================================================
 """
 
@@ -74,6 +75,7 @@ class Event(str, enum.Enum):
     STANDBY_DECIDED = "standby_decided"
     NODE_JOINED = "node_joined"
     NODE_LOST = "node_lost"
+    NODE_REFUSED = "node_refused"
 
 
 _RESTORE = frozenset({"pid", "step", "path", "secs", "skipped"})
@@ -105,6 +107,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.STANDBY_DECIDED: frozenset({"mode", "reason"}),
     Event.NODE_JOINED: frozenset({"node", "host", "pid"}),
     Event.NODE_LOST: frozenset({"node", "host", "silent_secs"}),
+    Event.NODE_REFUSED: frozenset({"node", "host", "pid", "key", "reason"}),
 }
 
 

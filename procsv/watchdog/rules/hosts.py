@@ -9,9 +9,15 @@ agent's heartbeats), the time ``now`` passed in and the :class:`~procsv.watchdog
   every host is connected again (:func:`hosts_missing`).
 - A host that never joined, or was lost and did not come back within ``rejoin_timeout``
   seconds, stops the run in order, which then fails (:class:`StopNodesMissing`).
+- Which agent may speak for a node rank (:func:`claim_node`): the first key that claims it in a
+  launch holds it; another key's claim is refused while the holder is connected, and wins once
+  the holder's host was found lost (its agent relaunched: a new agent makes a new key pair).
 """
 
 from __future__ import annotations
+
+import enum
+from typing import Mapping
 
 from procsv.watchdog.rules.actions import Action, NodeLost, StopNodesMissing
 from procsv.watchdog.rules.limits import Limits
@@ -46,3 +52,34 @@ def hosts_missing(view: RunView, limits: Limits) -> bool:
         if n is None or n.last_beat is None or n.lost_at is not None:
             return True
     return False
+
+
+class Claim(str, enum.Enum):
+    """The answer to an agent that says it is node R (:func:`claim_node`)."""
+
+    HELD = "held"  # this key already holds the node
+    BOUND = "bound"  # the node is free (never claimed, or its holder was found lost): this key holds it now
+    REFUSED = "refused"  # another key holds it and its host is not lost; or no such node in this job
+
+
+def claim_node(view: RunView, limits: Limits, node: int, holders: Mapping[int, str], key: str) -> tuple[Claim, str]:
+    """Whether ``key`` (an agent's public key, as its CURVE handshake proved it) may speak for
+    ``node``; ``holders``: which key holds which node in this launch. The reason says why not.
+    Pure: the master's link keeps the holders and acts on the answer."""
+    if not 1 <= node < limits.nnodes:
+        return Claim.REFUSED, f"this job has no node {node} (--nnodes {limits.nnodes}: nodes 1 to " \
+                              f"{limits.nnodes - 1} join node 0)"
+    holder = holders.get(node)
+    if holder == key:
+        return Claim.HELD, ""
+    other = next((n for n, k in holders.items() if k == key), None)
+    if other is not None:
+        return Claim.REFUSED, f"this agent already speaks for node {other} in this launch"
+    if holder is None:
+        return Claim.BOUND, f"node {node} had no agent in this launch"
+    n = view.nodes.get(node)
+    if n is None or n.lost_at is not None:
+        return Claim.BOUND, f"node {node}'s earlier agent was lost"
+    return Claim.REFUSED, f"node {node} is held by another agent in this launch" + \
+        (f" (at {n.host}, pid {n.pid})" if n.host else "") + \
+        f"; a second `procsv launch --node-rank {node}`? It is refused while that agent is connected"
