@@ -250,8 +250,9 @@ def _status(args: argparse.Namespace) -> int:
     if status is None and os.path.lexists(layout.status):
         from procsv.common.layout import LogdirLock
 
-        live = LogdirLock.holder(layout)
-        then = (f"the live launch (pid {live}) rewrites it within a second: try again" if live is not None
+        live = LogdirLock.held_by(layout)
+        then = (f"the live launch (pid {live.pid} on {live.hostname}) rewrites it within a second: try again"
+                if live is not None
                 else "the next `procsv launch` replaces it; its checkpoints are not affected")
         raise UsageError(f"{layout.status} is damaged (truncated or not a status record); {then}")
     if status is None:
@@ -268,32 +269,59 @@ def _status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _elsewhere(command: str, logdir: str, hostname: str, pid: int) -> UsageError:
+    """The one line of a command that would have to signal a process of another host."""
+    return UsageError(f"the run in {logdir!r} is led by the watchdog on host {hostname} (pid {pid} there: another "
+                      f"host or PID namespace, where no signal from here can reach it); run `procsv {command} "
+                      f"{logdir}` on that host")
+
+
 def _preempt(args: argparse.Namespace) -> int:
+    from procsv.common import pidfd as pidfds
     from procsv.common.layout import Layout, LogdirLock
     from procsv.status import read_status
 
     layout = Layout(os.path.abspath(args.logdir))
-    if LogdirLock.holder(layout) is None:
+    holder = LogdirLock.held_by(layout)
+    if holder is None:
         raise UsageError(f"no live procsv run holds {args.logdir!r}")
     status = read_status(layout) or {}
+    if not holder.here() or not status.get("here", True):
+        raise _elsewhere("preempt", args.logdir, holder.hostname, holder.pid)
     proc = next((p for p in status.get("processes", []) if p.get("role") == args.target and p.get("alive")), None)
-    if proc is None:
+    fd = None if proc is None else pidfds.open_recorded(int(proc["pid"]), create_time=proc.get("create_time"))
+    if proc is None or fd is None:  # (not the process recorded: a reused pid is never signalled)
         raise UsageError(f"the run in {args.logdir!r} has no live {args.target} process right now")
-    os.kill(int(proc["pid"]), getattr(signal, "SIG" + args.signal))
+    try:
+        pidfds.send(fd, getattr(signal, "SIG" + args.signal))
+    finally:
+        os.close(fd)
     print(f"procsv: sent SIG{args.signal} to the {args.target} (pid {proc['pid']})", flush=True)
     return EXIT_OK
 
 
 def _stop(args: argparse.Namespace) -> int:
+    from procsv.common import pidfd as pidfds
     from procsv.common.layout import Layout, LogdirLock
 
     layout = Layout(os.path.abspath(args.logdir))
-    pid = LogdirLock.holder(layout)
-    if pid is None:
+    holder = LogdirLock.held_by(layout)
+    if holder is None:
         raise UsageError(f"no live procsv run holds {args.logdir!r}")
-    if pid <= 0:
-        raise UsageError(f"the lock of {args.logdir!r} is held but names no pid")
-    os.kill(pid, signal.SIGTERM)
+    if holder.pid <= 0 or holder.host is None:
+        raise UsageError(f"the lock of {args.logdir!r} is held but does not say by which process of which host "
+                         "(an older procsv?): send SIGTERM to its `procsv launch` yourself")
+    if not holder.here():
+        raise _elsewhere("stop", args.logdir, holder.hostname, holder.pid)
+    fd = holder.open()
+    if fd is None:  # the lock outlived the process it names (inherited by a fork): that pid is not the run's
+        raise UsageError(f"the lock of {args.logdir!r} is held, but pid {holder.pid} is not the process that took it "
+                         "(it ended, and the lock is held by a process it passed it to); nothing was signalled")
+    try:
+        pidfds.send(fd, signal.SIGTERM)
+    finally:
+        os.close(fd)
+    pid = holder.pid
     print(f"procsv: asked pid {pid} to checkpoint and stop", flush=True)
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:

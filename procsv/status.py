@@ -6,6 +6,13 @@ checkpoint comes from the committed manifests, and a run whose watchdog is gone 
 as running -- plus the summary service's counters from ``<logdir>/.procsv/summary_stats.json``
 (that service writes it) and the messages each process refused (``rejected``: the watchdog's from
 ``status.json``, the services' from their stats files). :func:`watch` redraws the view on every change (``procsv status --watch``).
+
+Pids are checked only where they mean something: on the watchdog's host (the record's ``host_id``:
+the same kernel boot and PID namespace, :func:`procsv.common.pidfd.host_id`). Read from another
+host of a ``--nnodes`` job (or another container sharing the logdir), the watchdog is alive while
+it holds the logdir lock (a ``flock``, which a shared filesystem's hosts see: NFSv4, or one
+kernel's), and the other processes' liveness is not known there (``alive`` is None); a member on
+another node is never checked by its pid on node 0 either.
 """
 
 from __future__ import annotations
@@ -15,8 +22,9 @@ from typing import Any, Optional, TextIO
 
 import psutil
 
-from procsv.common.layout import Layout, read_json
+from procsv.common.layout import Layout, LogdirLock, read_json
 from procsv.common.manifests import last_checkpoint
+from procsv.common.pidfd import host_id
 
 
 def summary_counts(layout: Layout) -> Optional[dict[str, int]]:
@@ -73,9 +81,14 @@ def read_status(layout: Layout) -> Optional[dict[str, Any]]:
     status["last_checkpoint"] = last_checkpoint(layout)
     status["summaries"] = summary_counts(layout)
     status["rejected"] = rejected_counts(layout, status.get("rejected"))
+    here = status.get("host_id") in (None, host_id())  # (None: written by an older procsv)
+    status["here"] = here
     for proc in status.get("processes", []):
-        proc["alive"] = pid_alive(proc.get("pid"), proc.get("create_time"))
+        remote = proc.get("node") not in (None, 0)  # a member on another host of the job
+        proc["alive"] = pid_alive(proc.get("pid"), proc.get("create_time")) if here and not remote else None
     watchdog = next((p for p in status.get("processes", []) if p.get("role") == "watchdog"), None)
+    if watchdog is not None and not here:
+        watchdog["alive"] = LogdirLock.held_by(layout) is not None
     if status.get("state") == "running" and watchdog is not None and not watchdog["alive"]:
         status["state"] = "failed"
         status["last_error"] = status.get("last_error") or "the watchdog process died (killed?) without finishing"
@@ -85,6 +98,9 @@ def read_status(layout: Layout) -> Optional[dict[str, Any]]:
 def render(status: dict[str, Any], logdir: str) -> str:
     """A short human view of a status record."""
     lines = [f"procsv run in {logdir}: {status.get('state')}"]
+    if not status.get("here", True):
+        lines.append(f"  watchdog on host {status.get('host', '?')} (not this one: its pids are not checked from here; "
+                     "it is alive while it holds the logdir lock)")
     ck = status.get("last_checkpoint")
     ck_text = f"step {ck['step']} ({os.path.basename(ck['path'])})" if ck else "none"
     lines.append(f"  step {status.get('step')}, restarts {status.get('restarts')}, last checkpoint {ck_text}")
@@ -99,7 +115,7 @@ def render(status: dict[str, Any], logdir: str) -> str:
     if grp:
         lines.append(f"  trainer group of {grp.get('nproc')}: {grp.get('state')}")
     for p in status.get("processes", []):
-        alive = "alive" if p.get("alive") else "gone"
+        alive = {True: "alive", False: "gone"}.get(p.get("alive"), f"on {p.get('host') or status.get('host', '?')}")
         member = f"  rank {p['rank']} on {p.get('host')}, step {p.get('step')}" if "rank" in p else ""
         lines.append(f"  {p.get('role', '?'):<11} pid {p.get('pid')!s:<8} {p.get('state', '?'):<10} "
                      f"restarts {p.get('restarts', 0)}  ({alive}){member}")

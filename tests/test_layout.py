@@ -188,8 +188,12 @@ def test_acquire_records_our_pid(layout):
     lock.acquire()
     try:
         assert LogdirLock.holder(layout) == os.getpid()
-        with open(layout.lock) as fh:
-            assert fh.read().strip() == str(os.getpid())
+        from procsv.common.pidfd import ProcessRecord, host_id, start_ticks
+
+        with open(layout.lock) as fh:  # the pid, when it started, and where that pid means something
+            pid, ticks, host, _ = fh.read().split()
+        assert (int(pid), int(ticks), host) == (os.getpid(), start_ticks(os.getpid()), host_id())
+        assert LogdirLock.held_by(layout) == ProcessRecord.mine()
     finally:
         lock.release()
 
@@ -226,7 +230,7 @@ def test_lock_held_by_a_live_process_is_refused_and_taken_over_after_it_is_kille
         mine.acquire()
         assert LogdirLock.holder(layout) == os.getpid()
         with open(layout.lock) as fh:
-            assert fh.read().strip() == str(os.getpid())
+            assert fh.read().split()[0] == str(os.getpid())
     finally:
         kill(child)
         mine.release()

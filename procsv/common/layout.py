@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from procsv.common.errors import LogdirLocked, UsageError
+from procsv.common.pidfd import ProcessRecord
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -352,7 +353,7 @@ class LogdirLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            holder = os.pread(fd, 64, 0).decode(errors="replace").split(" ")[0].strip() or "?"
             os.close(fd)
             if exc.errno in (errno.EAGAIN, errno.EACCES):
                 raise LogdirLocked(
@@ -360,9 +361,9 @@ class LogdirLock:
                     f"stop it with `procsv stop {self.layout.logdir}` or choose another --logdir"
                 ) from None
             raise
-        stale = os.pread(fd, 64, 0).decode(errors="replace").strip() or None
+        stale = os.pread(fd, 64, 0).decode(errors="replace").split(" ")[0].strip() or None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, ProcessRecord.mine().line().encode(), 0)  # who holds it, where, since when
         self._fd = fd
         return stale
 
@@ -377,7 +378,12 @@ class LogdirLock:
 
     @staticmethod
     def holder(layout: Layout) -> Optional[int]:
-        """The pid of the live lock holder, or None if nobody holds it."""
+        """The live lock holder's pid (in its PID namespace: see :meth:`held_by`), or None (-1: no pid)."""
+        return None if (rec := LogdirLock.held_by(layout)) is None else rec.pid
+
+    @staticmethod
+    def held_by(layout: Layout) -> Optional[ProcessRecord]:
+        """What the live lock holder recorded of itself (pid, start, host), or None if nobody holds it."""
         try:
             fd = os.open(layout.lock, os.O_RDWR)
         except FileNotFoundError:
@@ -386,8 +392,7 @@ class LogdirLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
-                text = os.pread(fd, 64, 0).decode(errors="replace").strip()
-                return int(text) if text.isdigit() else -1
+                return ProcessRecord.parse(os.pread(fd, 512, 0).decode(errors="replace"))
             fcntl.flock(fd, fcntl.LOCK_UN)
             return None
         finally:

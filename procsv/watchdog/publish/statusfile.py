@@ -18,6 +18,7 @@ import psutil
 
 from procsv.common.layout import Layout, write_json
 from procsv.common.manifests import last_checkpoint
+from procsv.common.pidfd import host_id
 from procsv.watchdog.rules import group
 from procsv.watchdog.publish import recovery
 from procsv.watchdog.config import LaunchConfig
@@ -63,6 +64,8 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
         "target": cfg.target,
         "args": cfg.args,
         "logdir": layout.logdir,
+        "host": host,  # the watchdog's; its pids mean something only where host_id is the reader's
+        "host_id": host_id(),
         "started_at": started_wall,
         "updated_at": wall,
     }
