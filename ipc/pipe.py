@@ -19,10 +19,15 @@ _LEN = struct.Struct(">I")
 MAX_PIPE_MESSAGE = 16 << 20
 
 
+def framed(msg: Message) -> bytes:
+    """One message as it goes on the pipe: the length, then the JSON header (no payload frames)."""
+    data: bytes = encode(msg)[0]
+    return _LEN.pack(len(data)) + data
+
+
 def write_framed(fd: int, msg: Message) -> None:
     """Write one message (JSON header only, no payload frames) to a blocking pipe."""
-    data = encode(msg)[0]
-    view = memoryview(_LEN.pack(len(data)) + data)
+    view = memoryview(framed(msg))
     while view:
         n = os.write(fd, view)
         view = view[n:]

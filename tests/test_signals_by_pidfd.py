@@ -88,3 +88,98 @@ def test_stop_never_signals_a_reused_pid_when_the_lock_outlived_the_process_it_n
     assert res["stop"]["code"] == 2, res
     line = one_error_line(res["stop"])
     assert f"pid {res['taker']} is not the process that took it" in line and "nothing was signalled" in line
+
+
+@needs_root
+def test_a_trainer_the_pre_warmed_trainer_forked_and_reaped_is_never_signalled_by_its_reused_pid(tmp_path):
+    res = in_new_pid_namespace("reused-forked-pid", str(tmp_path))
+    assert res["code"] == 0, res  # its exit status, from the zygote
+    assert (res["after_signal"], res["after_group"], res["after_reap"]) == (True, True, True), res
+    assert res["pidfd_closed"] is True
+
+
+@pytest.fixture
+def zygote(tmp_path):
+    """A real pre-warmed trainer, ready (TensorFlow imported); SIGKILLed and reaped at the end."""
+    from procsv.common.layout import Layout, RuntimeDir, release_runtime_dir
+    from procsv.watchdog.prewarm import Zygote, zygote_env
+
+    lay = Layout(str(tmp_path / "run"))
+    lay.create()
+    runtime = RuntimeDir.create()
+    z = Zygote(zygote_env(lay.logdir, runtime.path), str(tmp_path / "zygote.log"), str(tmp_path))
+    try:
+        def ready() -> bool:
+            z.reader.wait(0.2)
+            z.pump()
+            assert z.alive(), (tmp_path / "zygote.log").read_text()
+            return z.ready
+
+        wait_for(ready, 120, what="the zygote to import TensorFlow")
+        yield z, lay, runtime.path
+    finally:
+        z.close(10)
+        release_runtime_dir(runtime.path)
+
+
+def _pipe_inodes() -> set[int]:
+    """The pipes this process has open (by inode)."""
+    found = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("pipe:["):
+            found.add(int(target[6:-1]))
+    return found
+
+
+def test_a_fork_asked_of_a_stopped_zygote_with_a_full_pipe_never_blocks_and_is_given_up_when_due(zygote, tmp_path):
+    from procsv.common import spawn
+    from procsv.watchdog.prewarm import FORK_REPLY_TIMEOUT
+
+    z, lay, runtime = zygote
+    env = spawn.child_env(role="trainer", attempt=1, logdir=lay.logdir, runtime_dir=runtime, supervised=True)
+    env["BIG"] = "x" * 100_000  # two requests are more than the pipe holds (64 KiB)
+    os.kill(z.pid, signal.SIGSTOP)
+    returned: list[float] = []
+
+    def ask() -> None:
+        for attempt in (1, 2, 3):
+            returned.append(z.request_fork(attempt, "t.py", [], env, str(tmp_path / "t.log"), str(tmp_path)))
+
+    asker = threading.Thread(target=ask, daemon=True)
+    asker.start()
+    asker.join(5.0)
+    try:
+        assert not asker.is_alive(), "request_fork blocked on the stopped zygote's full pipe"
+        assert len(returned) == 3 and z.unsent > 0  # what the pipe did not take waits
+        assert z.answer(1) is None  # no answer yet, and asking again does not block either
+        assert all(due > 0 for due in returned) and FORK_REPLY_TIMEOUT > 0
+    finally:
+        os.kill(z.pid, signal.SIGCONT)
+
+
+def test_a_lost_zygotes_pipes_are_closed_when_it_dies_and_when_it_is_killed(zygote, tmp_path):
+    from procsv.watchdog.prewarm import Zygote, zygote_env
+
+    z, lay, runtime = zygote
+    mine = {os.fstat(fd).st_ino for fd in (z.fd, z._req_w)}
+    assert mine <= _pipe_inodes()
+    os.kill(z.pid, signal.SIGKILL)  # it dies (a crash): its pipe reads as closed
+
+    def lost() -> bool:
+        z.pump()
+        return not z.alive()
+
+    wait_for(lost, 30, what="the zygote to be found dead")
+    assert not mine & _pipe_inodes() and z.closed
+    # one given up on by the watchdog (killed: it did not answer in time)
+    other = Zygote(zygote_env(lay.logdir, runtime), str(tmp_path / "zygote2.log"), str(tmp_path))
+    try:
+        theirs = {os.fstat(fd).st_ino for fd in (other.fd, other._req_w)}
+        other.kill()
+        assert not theirs & _pipe_inodes() and other.closed
+    finally:
+        assert other.close(10)

@@ -4,8 +4,11 @@ Runs in the watchdog. A :class:`ChildProcess` is one attempt of one slot: the pr
 ``subprocess.Popen``, or a :class:`~procsv.watchdog.prewarm.ForkedProcess` forked by the
 pre-warmed trainer), a pidfd that becomes readable the moment it dies, its log file, and for a
 trainer the death-notice watch. Every child leads its own process group, so :meth:`kill_group`
-also takes whatever the child spawned. Effects only: what to do is decided elsewhere
-(:mod:`procsv.watchdog.rules.decide`).
+also takes whatever the child spawned. Every signal goes through the pidfd
+(:mod:`procsv.common.pidfd`), never by pid: a forked trainer is reaped by the pre-warmed process,
+not by the watchdog, so its pid may already name another process when the watchdog signals it;
+its group is signalled only while the pidfd shows the leader unreaped. Effects only: what to do
+is decided elsewhere (:mod:`procsv.watchdog.rules.decide`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Callable, Iterable, Optional, Sequence, Union
 
 import psutil
 
+from procsv.common import pidfd as pidfds
 from procsv.common.layout import read_json
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog.deathwatch import DeathWatch
@@ -65,18 +69,16 @@ class ChildProcess:
         return self.proc.poll() is None
 
     def send_signal(self, sig: int) -> None:
-        """Signal the process itself (a trainer turns SIGTERM into an orderly stop)."""
-        try:
-            os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass
+        """Signal the process itself (a trainer turns SIGTERM into an orderly stop), through its
+        pidfd: nothing is sent once it is reaped."""
+        pidfds.send(self.pidfd, sig)
 
     def kill_group(self, sig: int = signal.SIGKILL) -> None:
-        """Signal the child's whole process group (it leads its own session)."""
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        """Signal the child's whole process group (it leads its own session), only while the child
+        is unreaped (its pidfd reaches it): then the group's id is still its own. After that, what
+        it left behind is the sweep's (:class:`~procsv.common.orphans.Orphans`: the watchdog is
+        their subreaper)."""
+        pidfds.send_group(self.pidfd, self.pid, sig)
 
     def kill(self, now: float) -> None:
         """SIGKILL the whole group, remembering when it was first done (see :meth:`unkillable`)."""
@@ -98,15 +100,18 @@ class ChildProcess:
         if self.watch is not None:
             self.watch.cancel()
         if self.proc.returncode is None:
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
+            # the death first, on the pidfd, without reaping: the group is killed while its
+            # leader is a zombie (its id not yet free), then the exit status is collected
+            if not self._died_within(timeout):
                 self.kill_group(signal.SIGKILL)
-                try:
-                    self.proc.wait(timeout=kill_secs)
-                except subprocess.TimeoutExpired:
+                if not self._died_within(kill_secs):
                     return None
-        self.kill_group(signal.SIGKILL)  # anything the child left behind in its group
+            self.kill_group(signal.SIGKILL)  # anything the child left behind in its group
+            try:
+                self.proc.wait(timeout=max(kill_secs, 1.0))
+            except subprocess.TimeoutExpired:
+                return None
+        self.kill_group(signal.SIGKILL)  # (a no-op once reaped: the pidfd no longer reaches it)
         if self.pidfd >= 0:
             os.close(self.pidfd)
             self.pidfd = -1
@@ -115,6 +120,14 @@ class ChildProcess:
         code = self.proc.returncode
         assert code is not None
         return code
+
+    def _died_within(self, secs: float) -> bool:
+        """Wait up to ``secs`` for the pidfd to become readable (the process died; not reaped)."""
+        if self.pidfd < 0:
+            return self.proc.poll() is not None
+        import select
+
+        return bool(select.select([self.pidfd], [], [], max(0.0, secs))[0])
 
     def take_over_log(self, others: Iterable["ChildProcess"]) -> None:
         """Become the only echo of a log file another live process writes too (a standby killed as

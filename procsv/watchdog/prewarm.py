@@ -5,10 +5,15 @@ learns when it is ready (TensorFlow imported), and turns a trainer spawn into a
 :class:`ForkRequest` -- a restart then costs a fork plus the trainer's own set-up instead of a
 fresh interpreter and a TensorFlow import. The request never blocks the watchdog's loop: its
 :class:`ForkReply` arrives on the pipe like any other message (:meth:`Zygote.answer`), and a
-zygote that does not answer within ``FORK_REPLY_TIMEOUT`` is given up for a fresh spawn. A forked trainer is the zygote's child, so its exit
-status arrives as a :class:`ChildExit` message; :class:`ForkedProcess` offers the slice of the
-``subprocess.Popen`` interface the watchdog uses (``pid``, ``poll``, ``wait``, ``returncode``).
-If the zygote dies, the watchdog falls back to fresh spawns.
+zygote that does not answer within ``FORK_REPLY_TIMEOUT`` is given up for a fresh spawn. Nor
+does the request's write block: the request pipe is non-blocking, and what a zygote that does not
+read (stopped, with its pipe full) leaves unwritten waits in :class:`Zygote`'s buffer, written on
+by every later request and :meth:`Zygote.answer`, until the answer's time is up. A forked trainer
+is the zygote's child, so its exit status arrives as a :class:`ChildExit` message;
+:class:`ForkedProcess` offers the slice of the ``subprocess.Popen`` interface the watchdog uses
+(``pid``, ``poll``, ``wait``, ``returncode``). If the zygote dies, the watchdog falls back to fresh
+spawns; a zygote found dead (its pipe at its end) or killed has both pipes closed at once (what it
+had sent is read first), so a lost zygote leaves no file descriptor behind.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from procsv.ipc.codec import ProtocolError
 from procsv.ipc.messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
-from procsv.ipc.pipe import FramedReader, write_framed
+from procsv.ipc.pipe import FramedReader, framed
 from procsv.common import env as envvars
 from procsv.common import spawn
 
@@ -50,7 +55,10 @@ class Zygote:
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(req_r, rep_w))
         os.close(req_r)
         os.close(rep_w)
+        os.set_blocking(self._req_w, False)  # a zygote that does not read never blocks the watchdog
+        self._unsent = bytearray()  # requests the pipe did not take yet
         self.reader = FramedReader(self._rep_r)
+        self._fd_number = self._rep_r
         self.ready = False
         self.import_secs: Optional[float] = None
         self.exits: dict[int, int] = {}
@@ -59,8 +67,9 @@ class Zygote:
 
     @property
     def fd(self) -> int:
-        """Readable when the zygote has something to say (register it in the poller)."""
-        return self._rep_r
+        """Readable when the zygote has something to say (register it in the poller). The number
+        stays what it was once the pipe is closed, so it can still be unregistered."""
+        return self._fd_number
 
     @property
     def pid(self) -> int:
@@ -74,6 +83,7 @@ class Zygote:
             msgs = self.reader.read_available()
         except (EOFError, ProtocolError):  # closed, or garbage on the pipe: either way, unusable
             self.dead = True
+            self._close_pipes()
             return []
         for msg in msgs:
             if isinstance(msg, ZygoteReady):
@@ -95,12 +105,31 @@ class Zygote:
         if not (self.ready and self.alive()):
             raise ZygoteUnavailable("the zygote is not ready")
         argv = ["procsv.trainer", target, *args]
-        write_framed(self._req_w, ForkRequest(attempt, argv, dict(env), log_path, cwd, rank))
+        self._unsent += framed(ForkRequest(attempt, argv, dict(env), log_path, cwd, rank))
+        self._flush()
         return self.clock() + FORK_REPLY_TIMEOUT
+
+    def _flush(self) -> None:
+        """Write what the request pipe takes now of the requests not yet sent (never waits)."""
+        while self._unsent and self._req_w >= 0:
+            try:
+                n = os.write(self._req_w, self._unsent)
+            except BlockingIOError:
+                return  # the zygote does not read: the rest waits (its answer will be late)
+            except OSError as exc:  # EPIPE: it is gone
+                raise ZygoteUnavailable(f"the zygote's request pipe: {exc.strerror or exc}") from None
+            del self._unsent[:n]
+
+    @property
+    def unsent(self) -> int:
+        """Bytes of requests the zygote's pipe has not taken yet."""
+        return len(self._unsent)
 
     def answer(self, attempt: int, rank: int = 0) -> Optional["ForkedProcess"]:
         """The trainer forked for ``attempt`` (task ``rank``), once its reply has been pumped; None until then.
         Raises :class:`ZygoteUnavailable` if the fork failed or the zygote died."""
+        if self._unsent and self.alive():
+            self._flush()
         reply = self.replies.pop((attempt, rank), None)
         if reply is not None:
             if reply.error or reply.pid <= 0:
@@ -111,20 +140,42 @@ class Zygote:
         return None
 
     def kill(self) -> None:
-        """SIGKILL the zygote (its pipe then reads as closed; :meth:`close` reaps it)."""
-        try:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        """SIGKILL the zygote, read what it had sent (the exits it reported), and close its pipes
+        (:meth:`close` reaps it). Its group is signalled only while it is unreaped (the watchdog
+        reaps it itself: until then its pid, the group's id, cannot be reused)."""
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.pump()
+        self.dead = True
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        """Close both pipes, once (the numbers are then -1: a later close cannot close a reused one).
+        A poller the reply pipe is still registered in reports the closed number as an error, and
+        the watchdog's loop unregisters it."""
+        for name in ("_req_w", "_rep_r"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                setattr(self, name, -1)
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._unsent.clear()
+
+    @property
+    def closed(self) -> bool:
+        """True once both pipes are closed (a lost zygote)."""
+        return self._req_w < 0 and self._rep_r < 0
 
     def close(self, limit: Optional[float] = None) -> bool:
         """Close the pipes, SIGKILL the zygote and reap it, waiting at most ``limit`` seconds for it
         (None: as long as it takes); False if it did not die within that (uninterruptible sleep)."""
-        for fd in (self._req_w, self._rep_r):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._close_pipes()
+        self.dead = True
         if self.popen.poll() is None:
             try:
                 os.killpg(self.popen.pid, signal.SIGKILL)
@@ -158,7 +209,10 @@ class ForkedProcess:
             left = 0.5 if deadline is None else deadline - clock()
             if left <= 0:
                 raise subprocess.TimeoutExpired(["trainer"], timeout or 0)
-            self.zygote.reader.wait(min(left, 0.5))
+            if not self.zygote.closed:
+                self.zygote.reader.wait(min(left, 0.5))
+            else:  # its zygote is gone: the status comes from waitpid (the watchdog adopted it)
+                time.sleep(min(left, 0.05))
         assert self.returncode is not None
         return self.returncode
 

@@ -7,7 +7,9 @@ secret stays in its memory; it files the public key for the launch in the shared
 master's public key from there), says which node it is and where its next members will listen (:class:`NodeHello`, also its heartbeat), starts the
 members it is asked for (:class:`StartMembers`: trainer processes with their ``TF_CONFIG``, forked
 from this host's own pre-warmed trainer when it is ready),
-signals them when told (:class:`SignalMember`), relays their reports (:class:`Relayed`) and tells
+signals them when told (:class:`SignalMember`; through each member's pidfd, never by pid: a member
+forked by the pre-warmed trainer is reaped by that process, so its pid may name another process by
+then), relays their reports (:class:`Relayed`) and tells
 of their ends (:class:`MemberEnded`). It runs no checkpoint or summary service: only the chief
 (task 0, on node 0) saves and writes summaries.
 
@@ -33,6 +35,7 @@ from typing import Any, Callable, Optional
 import zmq
 
 from procsv.cluster import make_tf_config
+from procsv.common import pidfd as pidfds
 from procsv.common import spawn
 from procsv.common.env import RANK
 from procsv.common.layout import Layout, RuntimeDir, release_runtime_dir
@@ -65,10 +68,22 @@ class Member:
     slot: str
     attempt: int
     proc: Process
+    pidfd: int = -1  # opened when it starts; every signal to it goes through this
 
     @property
     def key(self) -> str:
         return f"{self.slot}.{self.attempt}"
+
+    def signal(self, sig: int, group: bool = False) -> bool:
+        """Signal the member (``group``: its whole process group, only while it is unreaped)."""
+        if group:
+            return pidfds.send_group(self.pidfd, self.proc.pid, sig)
+        return pidfds.send(self.pidfd, sig)
+
+    def close(self) -> None:
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
 
 
 class NodeAgent:
@@ -89,6 +104,7 @@ class NodeAgent:
         self.heard_at = clock()  # the master's last word (the start counts as one)
         self.addresses = self._reserve()
         self.zygote: Optional[Zygote] = None  # this host's pre-warmed trainer (unless --no-prewarm)
+        self.lost_zygotes: list[Zygote] = []  # given up on (killed, pipes closed); reaped at the end
         self.forks: dict[tuple[int, int], tuple[str, float, dict[str, str]]] = {}  # (attempt, rank) -> slot, due, env
 
     def say(self, text: str) -> None:
@@ -117,8 +133,11 @@ class NodeAgent:
             if self.zygote is not None:
                 self.zygote.kill()  # first: a stopped zygote would never report its trainers' exits
             self._kill_all()
-            if self.zygote is not None:
-                self.zygote.close()
+            for m in self.members.values():
+                m.close()
+            for z in [self.zygote, *self.lost_zygotes]:
+                if z is not None:
+                    z.close()
             for s, h in old.items():
                 signal.signal(s, h)
             if dealer is not None:
@@ -222,13 +241,7 @@ class NodeAgent:
             elif isinstance(msg, SignalMember):
                 m = self.members.get(f"{msg.slot}.{msg.attempt}")
                 if m is not None and m.proc.poll() is None:
-                    try:
-                        if msg.kill:
-                            os.killpg(m.proc.pid, signal.SIGKILL)
-                        else:
-                            os.kill(m.proc.pid, msg.sig)
-                    except ProcessLookupError:
-                        pass
+                    m.signal(signal.SIGKILL if msg.kill else msg.sig, group=msg.kill)
             elif isinstance(msg, NodeStop):
                 self.say(f"the job ended (exit code {msg.exit_code})")
                 self.stop_code = msg.exit_code
@@ -262,7 +275,7 @@ class NodeAgent:
                     self.forks[(msg.attempt, rank)] = (slot, due, env)
                     continue
                 except (ZygoteUnavailable, OSError):
-                    self.zygote = None  # trainers start fresh from now on
+                    self._lose_zygote()  # trainers start fresh from now on
             self._started(dealer, slot, msg.attempt, spawn.spawn(spawn.trainer_argv(self.cfg.target, self.cfg.args),
                                                                   env, log_path, cwd=self.cfg.cwd))
         self.addresses = self._reserve()  # the next group's ports
@@ -283,15 +296,24 @@ class NodeAgent:
                 continue
             del self.forks[(attempt, rank)]
             if proc is None:
-                if self.zygote is not None:
-                    self.zygote.kill()
-                    self.zygote = None
+                self._lose_zygote()
                 proc = spawn.spawn(spawn.trainer_argv(self.cfg.target, self.cfg.args), env,
                                    self.layout.attempt_log(slot, attempt), cwd=self.cfg.cwd)
             self._started(dealer, slot, attempt, proc)
 
+    def _lose_zygote(self) -> None:
+        """Give up on the pre-warmed trainer: SIGKILL it and close its pipes (reaped at the end)."""
+        if self.zygote is not None:
+            self.zygote.kill()
+            self.lost_zygotes.append(self.zygote)
+            self.zygote = None
+
     def _started(self, dealer: "zmq.Socket[Any]", slot: str, attempt: int, proc: Process) -> None:
-        member = Member(slot, attempt, proc)
+        try:
+            fd = os.pidfd_open(proc.pid)
+        except OSError:  # already gone (and reaped by the pre-warmed trainer): nothing to signal
+            fd = -1
+        member = Member(slot, attempt, proc, fd)
         self.members[member.key] = member
         send(dealer, MemberStarted(slot, attempt, proc.pid))
         # this host's members are the only writers of their per-attempt logs: rotate them here
@@ -312,15 +334,13 @@ class NodeAgent:
             if code is None:
                 continue
             del self.members[key]
+            m.close()
             if dealer is not None:
                 send(dealer, MemberEnded(m.slot, m.attempt, m.proc.pid, code))
 
     def _kill_all(self) -> None:
         for m in self.members.values():
-            try:
-                os.killpg(m.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            m.signal(signal.SIGKILL, group=True)
         for m in self.members.values():
             try:
                 m.proc.wait(timeout=10)
