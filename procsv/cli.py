@@ -171,6 +171,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (UsageError, LogdirLocked) as exc:
         print(f"procsv: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except PermissionError as exc:
+        if args.command == "launch":
+            raise  # the launch checks its logdir first: one here is procsv's own failure, with its traceback
+        print(f"procsv: error: cannot read {exc.filename or args.logdir} ({exc.strerror}): `procsv {args.command}` "
+              "reads the run's files under its logdir and .procsv/; ask the run's owner for read access (or for "
+              "its --metrics-port endpoint)", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
