@@ -441,6 +441,38 @@ def test_service_crashes_outside_the_window_are_forgotten():
         assert of(sim.tick(11.0), RespawnService)
 
 
+def test_the_service_restart_budget_counts_each_service_alone():
+    # before: one window for both services, so two deaths of each within 60 s gave up on the run
+    sim = Sim(Limits(service_restart_limit=3, service_restart_window=60.0, hang=HangLimits(None, None)))
+    sim.start_trainer()
+    for k in range(3):
+        for role in (CHECKPOINT, SUMMARY):
+            sim.dies(role, KILLED)
+            (r,) = of(sim.tick(1.0), RespawnService)
+            assert r.slot == role and len(r.crashes) == k + 1
+    sim.dies(SUMMARY, KILLED)
+    (g,) = of(sim.tick(1.0), GiveUpService)  # the fourth death of one service within the window
+    assert g.slot == SUMMARY and len(g.crashes) == 4
+
+
+def test_a_service_death_procsv_caused_is_not_counted_against_the_restart_budget():
+    # before: each stall kill (and chaos kill) of a service counted, so a slow disk's replacements
+    # and a chaos schedule ended a healthy run with "service keeps failing"
+    sim = Sim(Limits(service_restart_limit=1, service_restart_window=60.0, hang=HangLimits(None, None)))
+    sim.start_trainer()
+    for _ in range(4):
+        c = sim.view.children[CHECKPOINT]
+        note(sim.view, Kill(CHECKPOINT, c.attempt, Cause.STALL, "no checkpoint committed"), sim.now, sim.limits)
+        sim.dies(CHECKPOINT, KILLED)
+        (r,) = of(sim.tick(1.0), RespawnService)
+        assert r.crashes == ()
+    sim.dies(CHECKPOINT, 1)  # its own failures still count
+    (r,) = of(sim.tick(1.0), RespawnService)
+    assert len(r.crashes) == 1
+    sim.dies(CHECKPOINT, 1)
+    assert of(sim.tick(1.0), GiveUpService)
+
+
 def test_chaos_arms_after_the_first_step_and_fires_on_schedule_never_on_a_busy_trainer():
     sim = Sim(Limits(chaos=parse_chaos("every=5"), hang=HangLimits(None, None)), chaos_delay=5.0)
     assert of(sim.tick(), Spawn)

@@ -141,10 +141,10 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
     elif isinstance(action, RespawnService):
         _settle(child)
         child.set_state(ProcState.RESTARTING)
-        view.service_crashes = action.crashes
+        view.service_crashes[child.slot] = action.crashes
     elif isinstance(action, GiveUpService):
         _settle(child)
-        view.service_crashes = action.crashes
+        view.service_crashes[child.slot] = action.crashes
         view.failed = True
         view.last_error = f"{child.role} service keeps failing: {child.headline()}"
         view.exit_code = 1

@@ -23,9 +23,9 @@ Rules, in the order they are considered:
    a usage error, no restorable checkpoint, a checkpoint of another model, a syntax error), and
    at any step if it failed as a program (``program_errors``: a NaN loss). A death
    notice alone only ever restarts (any other verdict waits for the exit status, so that it is
-   reported exactly). A service that dies is restarted at once, unless it died more than
-   ``service_restart_limit`` times within ``service_restart_window`` seconds: then the run stops
-   in order and fails. Anything ending after the run's outcome is decided is only settled.
+   reported exactly). A service that dies is restarted at once, unless it (each service counts alone)
+   died more than ``service_restart_limit`` times within ``service_restart_window`` seconds: then
+   the run stops in order and fails; a death procsv caused (a stall kill, chaos) is not counted. Anything ending after the run's outcome is decided is only settled.
 2. **Stop.** A stop request (SIGTERM/SIGINT) sends SIGTERM to a running trainer; past
    ``stop_grace_secs`` it is SIGKILLed; once no trainer is left (and none is being forked by the
    zygote: it is stopped in turn once it exists) the run is ``stopped``.

@@ -46,9 +46,14 @@ def hopeless(child: ChildView, error_type: str, limits: Limits) -> bool:
 
 
 def _service(view: RunView, child: ChildView, now: float, limits: Limits) -> list[Action]:
-    """A reaped service: respawned at once, unless it died more than ``service_restart_limit``
-    times within ``service_restart_window`` seconds."""
-    window = tuple(t for t in view.service_crashes if now - t < limits.service_restart_window) + (now,)
+    """A reaped service: respawned at once, unless that service (each counts alone) died more than
+    ``service_restart_limit`` times within ``service_restart_window`` seconds. A death procsv caused
+    (a stall kill, chaos: ``killed`` or ``signalled_at``) is respawned and not counted: the budget is
+    for a service that keeps failing on its own."""
+    earlier = tuple(t for t in view.service_crashes.get(child.slot, ()) if now - t < limits.service_restart_window)
+    if child.killed or child.signalled_at is not None:
+        return [RespawnService(child.slot, child.attempt, earlier)]
+    window = earlier + (now,)
     if len(window) > limits.service_restart_limit:
         return [GiveUpService(child.slot, child.attempt, window)]
     return [RespawnService(child.slot, child.attempt, window)]

@@ -182,7 +182,7 @@ class RunView:
     services_deadline: Optional[float] = None  # once the outcome is decided: SIGKILL what still runs after this
     restart_at: Optional[float] = None  # start the trainer (again) at this time
     forking_since: Optional[float] = None  # a trainer start asked of the zygote, not answered yet
-    service_crashes: tuple[float, ...] = ()
+    service_crashes: dict[str, tuple[float, ...]] = field(default_factory=dict)  # slot -> its deaths counted
     commit_clock: Optional[float] = None  # the last commit (or stall kill): checkpoint stalls count from here
     commit_step: int = -1  # the step of the last commit seen
     failed_saves: int = 0  # consecutive checkpoints that failed to commit (lost snapshots not counted)
