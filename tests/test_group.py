@@ -8,6 +8,7 @@ reads the outcome back from the lifecycle log and the checkpoints (with plain Te
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -163,3 +164,26 @@ def test_a_worker_that_claims_to_be_the_chief_is_a_usage_error_that_gives_up_at_
     gave_up = events(logdir, "gave_up")
     assert gave_up and "the trainer group's worker1 cannot start: UsageError" in gave_up[0]["reason"]
     assert "is_chief=True in trainer 1 of a group of 2" in err and "procsv.cluster.is_chief()" in err
+
+
+def test_a_groups_chief_takes_no_in_memory_snapshot_so_none_is_persisted_behind_the_groups_restart(logdir):
+    # before: the chief took in-memory snapshots like a lone trainer; killed with its group, its
+    # snapshot was persisted by the checkpoint service on its own (no RecoverQuery, no GroupPin): a
+    # commit of the dead attempt that could land after the next group pinned and restored an older one
+    proc = launch(logdir, "--strategy", "multiworker", "--save-model-secs", "1000", "--step-delay", "0.004",
+                  "--print-every-steps", "100000", "--steps", "100000", opts=GROUP)
+    try:
+        group_started(logdir, 1)
+        at_step(logdir, 600, timeout=180)  # several seconds of steps: a lone trainer holds snapshots by now
+        os.kill(wait_role_pid(logdir, "worker1"), signal.SIGKILL)
+        group_started(logdir, 2)
+        at_step(logdir, (raw_status(logdir) or {}).get("step", 0) + 50)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 143, err
+    with open(os.path.join(logdir, ".procsv", "checkpoint_stats.json")) as fh:
+        assert json.load(fh)["memory"]["held"] == 0
+    with open(os.path.join(logdir, "logs", "checkpoint.1.log")) as fh:
+        assert "in-memory" not in fh.read()
+    assert committed_steps(logdir) == [restores_with_plain_tf(logdir)]  # only the stop's checkpoint

@@ -93,8 +93,12 @@ def agent_factory(checkpoint: Any, global_step: Any, layout: Layout, *, basename
                   failure_limit: int, saving: bool) -> Callable[[], CheckpointAgent]:
     """Makes the :class:`CheckpointAgent` of each session (a new one for a session prepared again
     after a stop). ``procsv launch``'s ``PROCSV_CHECKPOINT_FAILURE_LIMIT`` and
-    ``PROCSV_SAVE_DEADLINE`` win over ``failure_limit`` and the default deadline floor."""
-    memory_budget = env.memory_budget()
+    ``PROCSV_SAVE_DEADLINE`` win over ``failure_limit`` and the default deadline floor. The in-memory
+    tier is off in a trainer group (``PROCSV_NPROC`` > 1)."""
+    # a group restores from disk only (each member the checkpoint its GroupPin names): its chief keeps no
+    # in-memory snapshot that the service would persist on its own behind the group's restart
+    in_group = int(os.environ.get(env.NPROC, "1") or 1) > 1
+    memory_budget = 0.0 if in_group else env.memory_budget()
     return lambda: CheckpointAgent(
         checkpoint, global_step, layout, basename=basename,
         save_model_secs=save_model_secs or None, save_checkpoint_steps=save_checkpoint_steps,
