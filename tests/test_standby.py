@@ -199,3 +199,19 @@ def _thread_policies(pid: int) -> dict[int, int]:
         except OSError:
             pass
     return out
+
+
+@pytest.mark.slow
+def test_a_run_that_ended_does_not_echo_its_standbys_preparation_lines(logdir):
+    # before: the standby, killed once the run had finished, was echoed at its reap as
+    # "[trainer.2] procsv: standby preparing ..." after "procsv: trainer finished", which read as
+    # if a new trainer had started
+    code, out, err = finish(launch(logdir, "--steps", "300", "--step-delay", "0.01", opts=("--standby", "hot")), 300)
+    assert code == 0, err
+    assert _events(logdir, "standby_ready"), "the run ended before its standby was ready: make it longer"
+    lines = out.splitlines()
+    end = [i for i, line in enumerate(lines) if line.startswith("procsv: trainer finished at step 300")]
+    assert end and lines[end[0] + 1:] == [], lines[end[0]:]  # the last line
+    assert "standby" not in out + err
+    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:  # what it said is still in its log
+        assert "standby ready after" in fh.read()

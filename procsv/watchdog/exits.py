@@ -177,7 +177,10 @@ class ChildEnds:
     def _ended(self, handle: ChildProcess, ex: Executor, code: int) -> None:
         self._heard_all()  # all it said before dying (a last checkpoint result), before its exit
         self._commits_on_disk(handle)
-        self.out.echo(handle, final=True)
+        if not (handle.slot == STANDBY and self.view.finishing):
+            # a standby never promoted, ended with the run: its preparation lines stay in its log (echoed
+            # after "trainer finished", they read as if a new trainer had started)
+            self.out.echo(handle, final=True)
         err = self._child_error(handle, ex)
         failure = Failure(handle.role, handle.attempt, handle.pid, code, self.wall(), handle.log_path, err,
                           self._exit_report(handle, ex))
