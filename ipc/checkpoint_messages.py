@@ -2,8 +2,9 @@
 
 The trainer (DEALER) and the checkpoint service (ROUTER on ``checkpoint.sock``) send them: up,
 :class:`CheckpointSetup`, :class:`SaveData` (with the :class:`TensorSpec` of each tensor and the
-:class:`ArenaRef` of the snapshot memory) and :class:`RecoverQuery`; down, :class:`SaveRequest`,
-:class:`SaveResult` (also pushed to the watchdog), :class:`SnapshotHeld` and :class:`RecoverReply`.
+:class:`ArenaRef` of the snapshot memory), :class:`RecoverQuery` and :class:`DeleteCheckpoints`; down,
+:class:`SaveRequest`, :class:`SaveResult` (also pushed to the watchdog), :class:`SnapshotHeld`,
+:class:`RecoverReply` and :class:`CheckpointsDeleted`.
 """
 
 from __future__ import annotations
@@ -127,5 +128,25 @@ class RecoverReply(Message):
     note: str
 
 
+@dataclass(frozen=True)
+class DeleteCheckpoints(Message):
+    """Trainer -> checkpoint service, at the end (Keras ``delete_checkpoint=True`` once ``fit``
+    completed): delete every committed checkpoint and the ``checkpoint`` state file, once no trainer
+    restores, then answer :class:`CheckpointsDeleted`."""
+
+    KIND: ClassVar[str] = "delete_checkpoints"
+    pid: int
+
+
+@dataclass(frozen=True)
+class CheckpointsDeleted(Message):
+    """Checkpoint service -> trainer: the answer to :class:`DeleteCheckpoints`: how many checkpoints
+    were deleted, or why not (``error``)."""
+
+    KIND: ClassVar[str] = "checkpoints_deleted"
+    deleted: int
+    error: Optional[str]
+
+
 __all__ = ["CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "SnapshotHeld", "RecoverQuery",
-           "RecoverReply"]
+           "RecoverReply", "DeleteCheckpoints", "CheckpointsDeleted"]

@@ -12,8 +12,9 @@ Who sends what (see docs/architecture.md for the full table):
 * any child -> watchdog (PUSH to ``watchdog.sock``): :class:`Hello`, :class:`TrainerReady`,
   :class:`Progress`, :class:`SaveOverdue`, :class:`SummaryOverdue`, :class:`StandbyReady`, :class:`SaveResult`.
 * trainer <-> checkpoint service (DEALER/ROUTER on ``checkpoint.sock``): :class:`CheckpointSetup`,
-  :class:`SaveData` (+ one frame per tensor), :class:`RecoverQuery` up; :class:`SaveRequest`,
-  :class:`SaveResult`, :class:`SnapshotHeld`, :class:`RecoverReply` down.
+  :class:`SaveData` (+ one frame per tensor), :class:`RecoverQuery`, :class:`DeleteCheckpoints` up;
+  :class:`SaveRequest`, :class:`SaveResult`, :class:`SnapshotHeld`, :class:`RecoverReply`,
+  :class:`CheckpointsDeleted` down.
 * trainer / checkpoint service <-> summary service (DEALER/ROUTER on ``summary.sock``):
   :class:`SummaryBatch` (+ its payload frames, see :mod:`procsv.ipc.columns`) and
   :class:`SessionLogEvent` up; :class:`SummaryAck` down, to the trainer that sent the batches.
@@ -37,7 +38,7 @@ messages from the modules that define them, one per channel: :mod:`procsv.ipc.wa
 
 from __future__ import annotations
 
-from procsv.ipc.checkpoint_messages import (ArenaRef, CheckpointSetup, RecoverQuery, RecoverReply, SaveData,
+from procsv.ipc.checkpoint_messages import (ArenaRef, CheckpointSetup, CheckpointsDeleted, DeleteCheckpoints, RecoverQuery, RecoverReply, SaveData,
                                             SaveRequest, SaveResult, SnapshotHeld, TensorSpec)
 from procsv.ipc.message_base import Busy, ItemKind, Message, Role, SaveReason, SessionStatus
 from procsv.ipc.summary_messages import ProtoRef, RunScalars, SessionLogEvent, SummaryAck, SummaryBatch, SummaryItem
@@ -62,6 +63,8 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     SnapshotHeld,
     RecoverQuery,
     RecoverReply,
+    DeleteCheckpoints,
+    CheckpointsDeleted,
     SummaryBatch,
     SummaryAck,
     SessionLogEvent,
@@ -87,7 +90,7 @@ __all__ = [
     "Role", "SaveReason", "Busy", "SessionStatus", "ItemKind",
     "Hello", "TrainerReady", "Progress", "SaveOverdue", "SummaryOverdue", "StandbyReady",
     "CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "SnapshotHeld",
-    "RecoverQuery", "RecoverReply",
+    "RecoverQuery", "RecoverReply", "DeleteCheckpoints", "CheckpointsDeleted",
     "SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "RunScalars",
     "ZygoteReady", "ForkRequest", "ForkReply", "ChildExit",
     "NodeHello", "MasterBeat", "StartMembers", "SignalMember", "NodeStop", "NodeRefused", "MemberStarted", "MemberEnded",

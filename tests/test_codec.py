@@ -89,6 +89,9 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
     ("standby-ready", m.StandbyReady(pid=4244, attempt=3, prepare_secs=0.61), []),
     ("recover-query", m.RecoverQuery(pid=4243), []),
     ("recover-reply", m.RecoverReply(step=1501, path="/runs/a/model.ckpt-1501", note=""), []),
+    ("delete-checkpoints", m.DeleteCheckpoints(pid=4243), []),
+    ("checkpoints-deleted", m.CheckpointsDeleted(deleted=3, error=None), []),
+    ("checkpoints-deleted-failed", m.CheckpointsDeleted(deleted=0, error="OSError: [Errno 5] Input/output error"), []),
     ("recover-reply-none", m.RecoverReply(step=-1, path=None, note="no in-memory snapshot is held"), []),
     (
         "summary-batch",

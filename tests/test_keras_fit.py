@@ -7,6 +7,7 @@ an epoch) in real processes. "Bit-identical" compares the final weights with tho
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import re
@@ -262,6 +263,30 @@ def test_delete_checkpoint_keeps_the_backup_of_an_interrupted_fit_and_deletes_on
     assert "notes.txt" in left and any(f.startswith("events.out.tfevents") for f in left)
     assert not [f for f in left if f.startswith("model.ckpt") or f == "checkpoint"], left
     assert committed_steps(logdir) == [] and tf.train.latest_checkpoint(logdir) is None
+
+
+def test_delete_checkpoint_deletes_through_the_checkpoint_service_which_waits_for_a_restore(short_tmp):
+    # before: the trainer unlinked the files itself (a second writer, invariant 1), under a restore
+    # in progress too (a shared flock on .procsv/restore.lock): here it deleted them at once
+    logdir = os.path.join(short_tmp, "run")
+    os.makedirs(os.path.join(logdir, ".procsv"))
+    lock = os.open(os.path.join(logdir, ".procsv", "restore.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(lock, fcntl.LOCK_SH)  # as a restoring trainer holds it
+    proc = launch(logdir, "--epochs", "1", "--save-freq", "10", "--delete-checkpoint", target=EXAMPLE)
+    try:
+        log = os.path.join(logdir, "logs", "checkpoint.1.log")
+        wait_for(lambda: proc.poll() is not None or (os.path.exists(log) and "deleting the checkpoints once"
+                                                     in open(log).read()), 300, what="the service's deletion")
+        assert proc.poll() is None and committed_steps(logdir), "deleted under a restore"
+        assert tf.train.latest_checkpoint(logdir) is not None
+    finally:
+        os.close(lock)  # the restore ends
+        code, out, err = finish(proc, 120)
+    assert code == 0, err
+    assert committed_steps(logdir) == [] and tf.train.latest_checkpoint(logdir) is None
+    assert not [f for f in os.listdir(logdir) if f.startswith("model.ckpt") or f == "checkpoint"]
+    with open(os.path.join(logdir, "logs", "checkpoint.1.log")) as fh:
+        assert "deleted " in fh.read()  # by the service
 
 
 def test_an_unseeded_shuffle_is_said_at_start(short_tmp):

@@ -7,7 +7,8 @@ exceptions are the end of training: :meth:`TrainerChannels.wait_save_result` wai
 deadline for the final checkpoint to commit (and raises :class:`~procsv.ipc.transport.NoReply`
 at the deadline), and the summary sender waits a little for its last acks; and the start of a
 restarted trainer: :meth:`TrainerChannels.recover` waits with a deadline for the service to
-persist a held in-memory snapshot (``NoReply`` likewise).
+persist a held in-memory snapshot (``NoReply`` likewise); and Keras's ``delete_checkpoint=True``:
+:meth:`TrainerChannels.delete_checkpoints` waits with a deadline for the service to delete them.
 
 Connections: a DEALER to the checkpoint service's ROUTER (``CheckpointSetup``/``SaveData`` up,
 ``SaveRequest``/``SaveResult`` down); a DEALER to the summary service's ROUTER (``SummaryBatch``
@@ -19,15 +20,16 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import zmq
 
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import (CheckpointSetup, Message, RecoverQuery, RecoverReply, SaveData, SaveResult,
-                                 SummaryAck)
+from procsv.ipc.messages import (CheckpointSetup, CheckpointsDeleted, DeleteCheckpoints, Message, RecoverQuery,
+                                 RecoverReply, SaveData, SaveResult, SummaryAck)
 from procsv.ipc.transport import Endpoints, NoReply, ReceiveTimeout, drain, make_socket, recv_message, send
 
+_Answer = TypeVar("_Answer", RecoverReply, CheckpointsDeleted)
 WAIT_SLICE_MS = 200  # a long wait is cut into slices this long (the deadline is checked between)
 
 
@@ -106,19 +108,29 @@ class TrainerChannels:
         raise :class:`NoReply` if none came by ``deadline`` (on :attr:`clock`) or the query could not
         be sent. Other messages meanwhile are dropped (none is expected: this runs before the first
         heartbeat)."""
+        return self._ask(query, RecoverReply, deadline, "the recover query",
+                         "no answer about a held in-memory snapshot by the deadline")
+
+    def delete_checkpoints(self, query: DeleteCheckpoints, deadline: float) -> CheckpointsDeleted:
+        """Ask the checkpoint service (the one writer of checkpoints) to delete every committed
+        checkpoint and return its answer; :class:`NoReply` as :meth:`recover`."""
+        return self._ask(query, CheckpointsDeleted, deadline, "the request to delete the checkpoints",
+                         "no answer from the checkpoint service about deleting the checkpoints by the deadline")
+
+    def _ask(self, query: Message, answer: type[_Answer], deadline: float, what: str, late: str) -> _Answer:
         if self.ckpt is None:
             raise NoReply("this process is connected to no checkpoint service (a worker replica)")
         if not send(self.ckpt, query):
-            raise NoReply("the recover query could not be handed to the checkpoint service (queue full)")
+            raise NoReply(f"{what} could not be handed to the checkpoint service (queue full)")
         while True:
             left_ms = int((deadline - self.clock()) * 1000)
             if left_ms <= 0:
-                raise NoReply("no answer about a held in-memory snapshot by the deadline")
+                raise NoReply(late)
             try:
                 msg = recv_message(self.ckpt, min(left_ms, WAIT_SLICE_MS)).msg
             except (ReceiveTimeout, ProtocolError):
                 continue
-            if isinstance(msg, RecoverReply):
+            if isinstance(msg, answer):
                 return msg
 
     def close(self) -> None:

@@ -27,7 +27,7 @@ in the logdir, a restarted service reads them at start, and a snapshot from a tr
 settings it does not have is held, uncommitted, until that trainer's next heartbeat.
 
 A message that is malformed, of another schema version or of a kind this service does not take
-(anything but ``CheckpointSetup`` and ``SaveData``) is refused by the codec, counted
+(anything but what :data:`ACCEPT` names) is refused by the codec, counted
 (:class:`~procsv.ipc.rejections.Rejections`) and never stops the loop; the counts are in
 ``<logdir>/.procsv/checkpoint_stats.json`` (written at start, at most every :data:`STATS_SECS`
 while they change, and at exit), which ``procsv status`` shows, beside how many in-memory
@@ -45,7 +45,7 @@ from typing import Any, Callable, Optional
 import zmq
 
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import (CheckpointSetup, Hello, Message, RecoverQuery, RecoverReply, Role, SaveData, SaveReason,
+from procsv.ipc.messages import (CheckpointSetup, CheckpointsDeleted, DeleteCheckpoints, Hello, Message, RecoverQuery, RecoverReply, Role, SaveData, SaveReason,
                                  SaveRequest, SaveResult, SessionLogEvent, SessionStatus, SnapshotHeld)
 from procsv.ipc.rejections import Rejections
 from procsv.ipc.transport import CHECKPOINT_FRAME_MAX, Received, bind_private, drain, make_socket, send
@@ -68,7 +68,7 @@ NICE = 10
 NICE_ENV = env.CHECKPOINT_NICE
 EXIT_WAIT = 5.0  # seconds a dead trainer may still be exiting when its successor asks for its snapshot
 STATS_SECS = 1.0  # checkpoint_stats.json is rewritten at most this often while its counts change
-ACCEPT = frozenset({CheckpointSetup, SaveData, RecoverQuery})  # what a trainer sends here; anything else is refused
+ACCEPT = frozenset({CheckpointSetup, SaveData, RecoverQuery, DeleteCheckpoints})  # what a trainer sends here; anything else is refused
 
 
 class CheckpointService:
@@ -112,6 +112,7 @@ class CheckpointService:
         self.held_steps: Optional[tuple[int, int]] = None  # the steps of the first and the last of them
         self._next_stats = clock()
         self.retired: list[Manifest] = []  # retired checkpoints whose deletion waits for a restore to end
+        self.delete_for: Optional[bytes] = None  # a trainer's DeleteCheckpoints that waits for a restore to end
 
     def run(self) -> int:
         try:
@@ -166,6 +167,8 @@ class CheckpointService:
     def _tick(self) -> None:
         if self.retired:
             self._retire([])
+        if self.delete_for is not None:
+            self._delete_all(self.delete_for)
         if self.memory is not None and self.life is not None and self.life.pid == self.memory.pid and self.life.dead():
             self._persist_memory(f"its trainer (pid {self.life.pid}) died")
         if self.trainer is None or self.setup is None:
@@ -189,6 +192,9 @@ class CheckpointService:
             return
         if isinstance(msg, RecoverQuery):
             self._recover(msg, identity)
+            return
+        if isinstance(msg, DeleteCheckpoints):
+            self._delete_all(identity)
             return
         if isinstance(msg, CheckpointSetup):
             if self.life is None or self.life.pid != msg.pid:
@@ -310,10 +316,7 @@ class CheckpointService:
         reply, self.recovered = self.recovered, None
         if reply is None:
             reply = RecoverReply(-1, None, "no in-memory snapshot is held")
-        try:
-            send(self.router, reply, prefix=[identity])
-        except zmq.ZMQError:
-            pass
+        self._answer(identity, reply)
 
     # ------------------------------------------------------------------ disk
     def _save(self, msg: SaveData, payload: list[Any], settings: CheckpointSettings,
@@ -367,6 +370,31 @@ class CheckpointService:
         if self.retired and retired:  # said once per commit, not at every tick it still waits
             _say("procsv checkpoint: a trainer is restoring; deleting the retired "
                  f"{', '.join(m.prefix for m in self.retired)} once it is done")
+
+    def _delete_all(self, identity: bytes) -> None:
+        """A trainer's :class:`DeleteCheckpoints`: delete every committed checkpoint once no trainer
+        restores (said once while one does), then answer it."""
+        waited, self.delete_for = self.delete_for is not None, None
+        try:
+            deleted = self.store.delete_all()
+        except OSError as exc:
+            _say(f"procsv checkpoint: could not delete the checkpoints: {exc}")
+            return self._answer(identity, CheckpointsDeleted(0, f"{type(exc).__name__}: {exc}"))
+        if deleted is None:
+            if not waited:
+                _say("procsv checkpoint: a trainer is restoring; deleting the checkpoints once it is done")
+            self.delete_for = identity
+            return
+        self.retired = []
+        self._release_memory("")
+        _say(f"procsv checkpoint: deleted {deleted} checkpoint(s), as the trainer asked")
+        self._answer(identity, CheckpointsDeleted(deleted, None))
+
+    def _answer(self, identity: bytes, msg: Message) -> None:
+        try:
+            send(self.router, msg, prefix=[identity])
+        except zmq.ZMQError:  # the trainer is gone
+            pass
 
 
 def _say(text: str) -> None:

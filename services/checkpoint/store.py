@@ -299,6 +299,23 @@ class CheckpointStore:
             self._delete(retired)
         return []
 
+    def delete_all(self) -> Optional[int]:
+        """Delete every committed checkpoint (a trainer's ``DeleteCheckpoints``: Keras's
+        ``delete_checkpoint=True``), the state file first, then each one as :meth:`delete` does
+        (pending record, files, record); None, deleting nothing, while a trainer restores. Returns
+        how many were deleted."""
+        with retiring(self.layout) as free:
+            if not free:
+                return None
+            committed = list_committed(self.layout)
+            try:
+                os.unlink(self.layout.state_file)  # first the pointer: a kill midway leaves no dangling one
+            except FileNotFoundError:
+                pass
+            fsync_dir(self.layout.logdir)
+            self._delete(committed)
+        return len(committed)
+
     def _delete(self, retired: Sequence[Manifest]) -> None:
         retiring_now = []
         for m in retired:

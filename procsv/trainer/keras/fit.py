@@ -29,7 +29,8 @@ import keras
 import numpy as np
 
 from procsv.common.errors import TrainingStopped, UsageError
-from procsv.ipc.messages import Busy, SaveReason
+from procsv.ipc.messages import Busy, DeleteCheckpoints, SaveReason
+from procsv.ipc.transport import NoReply
 from procsv.trainer.keras import input_position
 from procsv.trainer.keras import step_warmup
 from procsv.trainer.monitored.hooks import warn_once
@@ -190,9 +191,10 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             return
         model.train_function = self._original_train
         self.sv = None
-        sv.stop()  # commits the position reached (re-raises a recorded failure, as the Supervisor does)
         if self.delete_checkpoint and not self._stopped_mid_epoch:
-            _delete_own_checkpoints(sv)
+            sv.commit_checkpoint()  # the position reached, as stop() would (stop() then has nothing left to commit)
+            _delete_own_checkpoints(sv)  # while the checkpoint service is still connected
+        sv.stop()  # commits the position reached (re-raises a recorded failure, as the Supervisor does)
 
     # ------------------------------------------------------------------ the wrapped train function
     def _train_function(self, iterator: Any) -> Any:
@@ -271,23 +273,18 @@ def _scalars(logs: dict[str, Any]) -> dict[str, float]:
 
 
 def _delete_own_checkpoints(sv: Supervisor) -> None:
-    """``delete_checkpoint=True``: Keras removes its backup when ``fit`` completes. Here only procsv's
-    checkpoint files of this run go (data, index, manifests, the state file); the user's own files
-    and the event files stay."""
-    from procsv.common.manifests import list_committed, manifest_path
-
-    layout = sv.layout
-    manifests = list_committed(layout)
-    _remove(layout.state_file)  # first the pointers, then the data: a kill midway leaves no dangling manifest
-    for manifest in manifests:
-        _remove(manifest_path(layout, manifest.prefix))
-    for manifest in manifests:
-        for name in manifest.files:
-            _remove(os.path.join(layout.logdir, name))
-
-
-def _remove(path: str) -> None:
+    """``delete_checkpoint=True``: Keras removes its backup when ``fit`` completes. Here the checkpoint
+    service, the one writer of checkpoints (invariant 1), deletes procsv's checkpoints of this run
+    (data, index, manifests, the state file) once no trainer restores; the user's own files and the
+    event files stay. Waits for its answer up to ``stop_grace_secs``; a failure is said, not raised."""
+    channels = sv._channels
+    if channels is None or not sv.is_chief:
+        return
     try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
+        answer = channels.delete_checkpoints(DeleteCheckpoints(os.getpid()),
+                                             channels.clock() + sv.stop_grace_secs)
+    except NoReply as exc:
+        print(f"procsv: the checkpoints were not deleted: {exc}", file=sys.stderr, flush=True)
+        return
+    if answer.error:
+        print(f"procsv: the checkpoints were not deleted: {answer.error}", file=sys.stderr, flush=True)
