@@ -29,3 +29,18 @@ def test_one_fast_commit_cannot_shorten_the_deadline_much_but_a_slow_one_lengthe
 def test_a_result_without_size_or_time_keeps_the_rate():
     assert measured_rate(5e6, 0, 1.0) == 5e6
     assert measured_rate(5e6, 100, 0.0) == 5e6
+
+
+def test_a_commit_that_keeps_writing_past_its_deadline_gets_another_and_one_that_stops_is_overdue():
+    from procsv.ipc.messages import SaveReason
+    from procsv.trainer.checkpoint.commits import CommitTracker
+
+    t = CommitTracker(deadline_floor=30.0)
+    t.sent(100, SaveReason.PERIODIC, 1_000, now=0.0)
+    assert t.overdue_at == 30.0
+    assert not t.progressing(0, now=30.0)  # nothing written since it was sent: overdue
+    t.sent(101, SaveReason.PERIODIC, 1_000, now=40.0)
+    assert t.progressing(4 << 20, now=70.0) and t.overdue_at == 100.0  # slow, not dead: a whole deadline more
+    assert t.progressing(0, now=100.0) and t.overdue_at == 130.0  # its files renamed into place: still moving
+    assert not t.progressing(0, now=130.0)  # then nothing for a whole deadline: overdue
+    assert t.extended == 2

@@ -31,7 +31,7 @@ BLOCK_SIZE = 262144  # tensorflow/core/lib/io/table_options.h
 RESTART_INTERVAL = 16
 TABLE_MAGIC = 0xDB4775248B80FB57
 DIRECT_ALIGN = 4096  # O_DIRECT: buffer address, file offset and length in multiples of this
-WRITE_CHUNK = 256 << 20
+WRITE_CHUNK = 4 << 20  # one pwrite: a file grows as it is written (a commit's progress shows at its deadline)
 
 
 @dataclass(frozen=True)

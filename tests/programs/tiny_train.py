@@ -9,6 +9,7 @@
     --save-steps N         checkpoint every N steps
     --raise-at-step K      raise --raise-kind (outofrange|stopiteration|value) inside step K
     --chatty BYTES         print a line of BYTES characters every step
+    --ballast-mb N         checkpoint N MB more (a variable of zeros): a commit that takes time to write
     --spawn-orphan FILE    start a helper in its own session (setsid: it escapes the process group and
                            the parent-death signal) on bad attempts; write "<pid> <runtime dir>" to FILE
 """
@@ -39,6 +40,7 @@ p.add_argument("--spawn-orphan", default=None, metavar="FILE")
 p.add_argument("--orphan-via-shell", action="store_true",
                help="the --spawn-orphan helper is a grandchild: a shell starts it with setsid and exits")
 p.add_argument("--chatty", type=int, default=0, metavar="BYTES")
+p.add_argument("--ballast-mb", type=int, default=0)
 args = p.parse_args()
 if args.crash_after_commit and not args.save_steps:
     p.error("--crash-after-commit commits at the first --save-steps step: give --save-steps")
@@ -65,7 +67,10 @@ def spawn_orphan() -> None:
     os.replace(args.spawn_orphan + ".tmp", args.spawn_orphan)
 
 
-sv = procsv.Supervisor(logdir=args.logdir, checkpoint={"weights": weights}, save_model_secs=args.save_model_secs,
+state = {"weights": weights}
+if args.ballast_mb:
+    state["ballast"] = tf.Variable(tf.zeros([args.ballast_mb * 2**18]))
+sv = procsv.Supervisor(logdir=args.logdir, checkpoint=state, save_model_secs=args.save_model_secs,
                        save_checkpoint_steps=args.save_steps)
 
 

@@ -241,7 +241,14 @@ class CheckpointAgent(MemoryTierMethods):
         return at_step, at  # (an in-memory snapshot blocked by a slot or an ack: looked at again at the read)
 
     def _overdue(self, ch: TrainerChannels, now: float) -> None:
-        """A deadline of the snapshot in flight passed: a failed checkpoint, and the watchdog is told."""
+        """A deadline of the snapshot in flight passed: unless its commit is still writing (slow, not
+        dead: said once), a failed checkpoint, and the watchdog is told."""
+        if self.commits.progressing(_bytes_being_written(self.layout.tmp), now):
+            if self.commits.extended == 1:
+                print(f"procsv: the checkpoint of step {self.commits.step} is slow: still being written after "
+                      f"{now - self.commits.since:.1f} s ({self.commits.written / 1e6:.1f} MB so far); waiting while "
+                      "it makes progress", file=sys.stderr, flush=True)
+            return
         overdue = self.commits.overdue(now)
         ch.to_watchdog(overdue)
         self.commits.failed(overdue.step,
@@ -352,3 +359,16 @@ class CheckpointAgent(MemoryTierMethods):
             print(f"procsv: {reason} checkpoint committed at step {step}", flush=True)
         return result
 
+
+def _bytes_being_written(tmp: str) -> int:
+    """The bytes in the checkpoint service's unfinished files (``.procsv/tmp/``, a commit's first
+    step), read at a commit's deadline only; 0 if none can be read."""
+    total = 0
+    try:
+        with os.scandir(tmp) as entries:
+            for entry in entries:
+                total += _bytes_being_written(entry.path) if entry.is_dir(follow_symlinks=False) \
+                    else entry.stat(follow_symlinks=False).st_size
+    except OSError:
+        pass
+    return total

@@ -5,8 +5,11 @@ Pure bookkeeping: nothing here sends, prints to a socket or reads a clock; the a
 time in and performs what is decided (the :class:`SaveOverdue` to the watchdog, for one).
 
 **Every snapshot in flight has a deadline** (:func:`save_deadline`: ten times what its size takes
-at the persist rate measured on earlier commits, never under ``save_deadline_floor``). Each time a
-deadline passes without a result (the deadline, then each time the wait has tripled: the service's
+at the persist rate measured on earlier commits, never under ``save_deadline_floor``). A commit
+still making progress when its deadline passes (the bytes in the service's unfinished files changed
+since the last look: written, or renamed into place: :meth:`CommitTracker.progressing`) is slow, not dead: it gets a whole deadline
+more, as often as it keeps growing (storage 10x slower than measured is slow storage). Each time a
+deadline passes without a result and without progress (the deadline, then each time the wait has tripled: the service's
 replacement takes time), that counts as a failed checkpoint and the watchdog is told
 (:class:`SaveOverdue`): it replaces the checkpoint service, whose successor reports the snapshot
 ``lost``, and it is taken again. After ``failure_limit`` failed commits in a row the tracker holds
@@ -68,6 +71,8 @@ class CommitTracker:
         self.nbytes = 0
         self.since = 0.0  # when it was sent
         self.overdue_at = 0.0  # when it is (next) declared overdue
+        self.written = 0  # the bytes in its commit's unfinished files at the last deadline (progressing)
+        self.extended = 0  # deadlines it passed while making progress
 
     def sent(self, step: int, reason: SaveReason, nbytes: int, now: float) -> None:
         """The snapshot of ``step`` (``nbytes``) was handed to the service at ``now``."""
@@ -76,11 +81,24 @@ class CommitTracker:
         self.nbytes = nbytes
         self.since = now
         self.overdue_at = now + save_deadline(nbytes, self.persist_rate, self.deadline_floor)
+        self.written = self.extended = 0
 
     def answered(self) -> None:
         """The result of the snapshot in flight arrived: none is in flight now (its size and reason
         stay readable for :meth:`committed` and a retake)."""
         self.step = None
+
+    def progressing(self, written: int, now: float) -> bool:
+        """A deadline of the snapshot in flight passed at ``now``, and its commit has written
+        ``written`` bytes in its unfinished files: True if that changed since the last look (the
+        first: since it was sent, with none): bytes written, or files renamed into place. Then it is
+        slow, not dead: its next deadline is a whole deadline from ``now``."""
+        moved = written != self.written
+        self.written = written
+        if moved:
+            self.extended += 1
+            self.overdue_at = now + save_deadline(self.nbytes, self.persist_rate, self.deadline_floor)
+        return moved
 
     def overdue(self, now: float) -> SaveOverdue:
         """A deadline of the snapshot in flight passed at ``now``: the next is due when the wait has

@@ -1,0 +1,79 @@
+"""A commit on storage far slower than measured is slow, not dead: real throttled storage.
+
+The logdir is an ext4 filesystem on a loop device; once the first checkpoint committed at full
+speed, the checkpoint service is moved into a blkio cgroup that throttles its writes to that
+device (the kernel's own limit on the bios it submits: its data is written with ``O_DIRECT``).
+Needs root and the cgroup v1 blkio controller; skipped without them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import uuid
+
+import pytest
+import tensorflow as tf
+
+from conftest import PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, wait_for, wait_role_pid
+
+BLKIO = "/sys/fs/cgroup/blkio"
+
+
+@pytest.fixture
+def slow_disk(tmp_path):
+    """(mount point, "major:minor" of its device, a blkio cgroup folder with no limit yet)."""
+    if os.geteuid() != 0 or not os.path.isdir(BLKIO):
+        pytest.skip("needs root and the cgroup v1 blkio controller")
+    image, mnt = tmp_path / "disk.img", tmp_path / "mnt"
+    mnt.mkdir()
+    with open(image, "wb") as fh:
+        fh.truncate(400 << 20)
+    loop = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True, text=True, check=True).stdout.strip()
+    group = os.path.join(BLKIO, f"procsv-test-{uuid.uuid4().hex[:8]}")
+    try:
+        subprocess.run(["mkfs.ext4", "-q", loop], check=True)
+        subprocess.run(["mount", loop, str(mnt)], check=True)
+        os.mkdir(group)
+        st = os.stat(loop)
+        yield str(mnt), f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}", group
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+        subprocess.run(["losetup", "-d", loop], capture_output=True)
+        if os.path.isdir(group):
+            os.rmdir(group)
+
+
+def test_a_commit_ten_times_slower_than_measured_is_waited_for_while_it_writes(slow_disk):
+    # before: past its deadline (here the 3 s floor) the trainer called the commit overdue, the
+    # watchdog SIGKILLed the checkpoint service mid-write and the snapshot was taken again, to be
+    # killed again: three failures in a row and the run gave up (exit 3) though every byte was moving
+    mnt, device, group = slow_disk
+    logdir = os.path.join(mnt, "run")
+    proc = launch(logdir, "--ballast-mb", "24", "--save-model-secs", "6", "--steps", "1000000", "--step-delay", "0.01",
+                  target=os.path.join(PROGRAMS, "tiny_train.py"),
+                  env=quiet_env(PROCSV_SAVE_DEADLINE="3", PROCSV_MEMORY_SNAPSHOTS="0"))
+    try:
+        wait_for(lambda: committed_steps(logdir), 120, what="a first commit at full speed")
+        with open(os.path.join(group, "cgroup.procs"), "w") as fh:
+            fh.write(str(wait_role_pid(logdir, "checkpoint")))
+        with open(os.path.join(group, "blkio.throttle.write_bps_device"), "w") as fh:
+            fh.write(f"{device} {4 << 20}")  # 24 MB take 6 s: 2x the deadline, far over 10x the measured time
+        fast = len(committed_steps(logdir))
+        wait_for(lambda: len(committed_steps(logdir)) >= fast + 2 or proc.poll() is not None, 120,
+                 what="two slow commits")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc, 120)
+    assert code == 128 + signal.SIGTERM, err
+    events = lifecycle(logdir)
+    assert not [e for e in events if e["event"] in ("checkpoint_stalled", "checkpoint_failed")], err
+    assert not re.search(r"checkpoint at step \d+ failed", out + err), out + err
+    assert "is slow: still being written" in out + err
+    assert len(committed_steps(logdir)) >= fast + 2
+    weights = tf.Variable(tf.zeros([4]))
+    step = committed_steps(logdir)[-1]
+    tf.train.Checkpoint(weights=weights).restore(tf.train.latest_checkpoint(logdir)).expect_partial()
+    assert weights.numpy()[0] == step
