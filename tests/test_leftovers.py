@@ -123,7 +123,7 @@ def test_only_runtime_directories_whose_owner_lock_is_free_are_removed(tmp_path)
     assert not os.path.exists(mine)
 
 
-def test_a_live_runtime_directory_of_another_pid_namespace_is_kept_and_removed_once_its_owner_died(tmp_path):
+def test_a_live_runtime_directory_of_another_pid_namespace_is_kept_and_removed_once_its_owner_died(short_tmp):
     """Containers that share /tmp: the owner's pid means nothing in another PID namespace (here it
     is 1 or 2, another process of ours), so liveness is the owner's lock. Before, this directory was
     removed while its owner lived: its sockets went with it."""
@@ -137,18 +137,18 @@ def test_a_live_runtime_directory_of_another_pid_namespace_is_kept_and_removed_o
             "print(RuntimeDir.create().path, flush=True); sys.stdin.read()")
     owner = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "TMPDIR": str(tmp_path)})
+                             env={**os.environ, "TMPDIR": short_tmp})
     try:
         path = owner.stdout.readline().strip()
-        assert path.startswith(str(tmp_path)), path
+        assert path.startswith(short_tmp), path
         with open(os.path.join(path, RUNTIME_OWNER)) as fh:
             assert int(fh.read().split()[0]) <= 2  # the owner's pid in its own namespace
-        assert remove_stale_runtime_dirs(str(tmp_path)) == []
+        assert remove_stale_runtime_dirs(short_tmp) == []
         assert os.path.isdir(path)
     finally:
         owner.stdin.close()  # the owner ends
         owner.wait(30)
-    assert remove_stale_runtime_dirs(str(tmp_path)) == [path]
+    assert remove_stale_runtime_dirs(short_tmp) == [path]
     assert not os.path.exists(path)
 
 

@@ -45,8 +45,9 @@ from typing import Any, Callable, Optional
 import zmq
 
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import (CheckpointSetup, CheckpointsDeleted, DeleteCheckpoints, Hello, Message, RecoverQuery, RecoverReply, Role, SaveData, SaveReason,
-                                 SaveRequest, SaveResult, SessionLogEvent, SessionStatus, SnapshotHeld)
+from procsv.ipc.messages import (CheckpointSetup, DeleteCheckpoints, Hello, Message, RecoverQuery, RecoverReply, Role,
+                                 SaveData, SaveReason, SaveRequest, SaveResult, SessionLogEvent, SessionStatus,
+                                 SnapshotHeld)
 from procsv.ipc.rejections import Rejections
 from procsv.ipc.transport import CHECKPOINT_FRAME_MAX, Received, bind_private, drain, make_socket, send
 from procsv.common import env, faults
@@ -60,6 +61,7 @@ from procsv.services.checkpoint.arena import ArenaCache
 from procsv.services.checkpoint.memory import HeldSnapshot, TrainerLife, persist_decision
 from procsv.services.checkpoint.policy import save_due
 from procsv.services.checkpoint.settings import CheckpointSettings, load as load_settings, store as store_settings
+from procsv.services.checkpoint.deletions import Deletions
 from procsv.services.checkpoint.store import CheckpointStore
 from procsv.services.checkpoint.writer import write_snapshot
 
@@ -111,8 +113,7 @@ class CheckpointService:
         self.held_count = 0  # in-memory snapshots held by this process
         self.held_steps: Optional[tuple[int, int]] = None  # the steps of the first and the last of them
         self._next_stats = clock()
-        self.retired: list[Manifest] = []  # retired checkpoints whose deletion waits for a restore to end
-        self.delete_for: Optional[bytes] = None  # a trainer's DeleteCheckpoints that waits for a restore to end
+        self.deletions = Deletions(self.store, _say)  # what waits for a restore to end before it is deleted
 
     def run(self) -> int:
         try:
@@ -165,10 +166,10 @@ class CheckpointService:
             _say(f"procsv checkpoint: could not write {self.ctx.layout.checkpoint_stats}: {exc}")
 
     def _tick(self) -> None:
-        if self.retired:
-            self._retire([])
-        if self.delete_for is not None:
-            self._delete_all(self.delete_for)
+        if self.deletions.retired:
+            self.deletions.retire([])
+        if self.deletions.delete_for is not None:
+            self._delete_all(self.deletions.delete_for)
         if self.memory is not None and self.life is not None and self.life.pid == self.memory.pid and self.life.dead():
             self._persist_memory(f"its trainer (pid {self.life.pid}) died")
         if self.trainer is None or self.setup is None:
@@ -351,44 +352,17 @@ class CheckpointService:
             self._reply(result)
         if result.ok and result.path:
             send(self.to_summary, SessionLogEvent(SessionStatus.CHECKPOINT, msg.step, result.path))
-        self._retire(retired)  # after the trainer heard: deleting old files is not on its path
+        self.deletions.retire(retired)  # after the trainer heard: deleting old files is not on its path
         return result
 
-    def _retire(self, retired: list[Manifest]) -> None:
-        """Delete ``retired`` and any retired earlier whose deletion waited for a restore
-        (:meth:`CheckpointStore.delete`); what a restore still holds waits for the next tick."""
-        waiting = {m.prefix: m for m in self.retired}
-        waiting.update((m.prefix, m) for m in retired)
-        if not waiting:
-            return
-        try:
-            self.retired = self.store.delete(list(waiting.values()))
-        except OSError as exc:
-            self.retired = []
-            _say(f"procsv checkpoint: could not delete retired checkpoints: {exc}")
-            return
-        if self.retired and retired:  # said once per commit, not at every tick it still waits
-            _say("procsv checkpoint: a trainer is restoring; deleting the retired "
-                 f"{', '.join(m.prefix for m in self.retired)} once it is done")
-
     def _delete_all(self, identity: bytes) -> None:
-        """A trainer's :class:`DeleteCheckpoints`: delete every committed checkpoint once no trainer
-        restores (said once while one does), then answer it."""
-        waited, self.delete_for = self.delete_for is not None, None
-        try:
-            deleted = self.store.delete_all()
-        except OSError as exc:
-            _say(f"procsv checkpoint: could not delete the checkpoints: {exc}")
-            return self._answer(identity, CheckpointsDeleted(0, f"{type(exc).__name__}: {exc}"))
-        if deleted is None:
-            if not waited:
-                _say("procsv checkpoint: a trainer is restoring; deleting the checkpoints once it is done")
-            self.delete_for = identity
+        """A trainer's :class:`DeleteCheckpoints` (:meth:`Deletions.delete_all`); answered once done."""
+        answer = self.deletions.delete_all(identity)
+        if answer is None:
             return
-        self.retired = []
-        self._release_memory("")
-        _say(f"procsv checkpoint: deleted {deleted} checkpoint(s), as the trainer asked")
-        self._answer(identity, CheckpointsDeleted(deleted, None))
+        if answer.error is None:
+            self._release_memory("")
+        self._answer(identity, answer)
 
     def _answer(self, identity: bytes, msg: Message) -> None:
         try:
