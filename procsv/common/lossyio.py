@@ -1,10 +1,11 @@
-"""Output a full disk cannot turn into a crash: the stdout and stderr of procsv's services.
+"""Output a full disk cannot turn into a crash: the stdout and stderr of procsv's services and trainer.
 
-Runs in the checkpoint and the summary service (installed first thing by their ``__main__``).
-Their stdout and stderr are appended to ``logs/<role>.<attempt>.log`` in the logdir, so when
-that filesystem is full every ``print`` raises ``OSError`` (ENOSPC) -- even the one in the
-``except`` clause that reports a failed save, and the service died of its own report, was
-restarted, died again and the crash-loop limit ended the run with exit 1. :func:`install`
+Runs in the checkpoint and the summary service and in the trainer (installed first thing by their
+``__main__``). Their stdout and stderr are appended to ``logs/<role>.<attempt>.log`` in the
+logdir, so when that filesystem is full every ``print`` raises ``OSError`` (ENOSPC) -- even the
+one in the ``except`` clause that reports a failed save, and the service died of its own report,
+was restarted, died again and the crash-loop limit ended the run with exit 1; the trainer (and
+its standby) died of its program's or procsv's own line (exit 70) and was restarted. :func:`install`
 replaces both streams with line-buffered writers that send each line with ``os.write`` to the
 same file descriptor and drop (and count) what the kernel refuses.
 """

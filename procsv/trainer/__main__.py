@@ -19,7 +19,7 @@ import runpy
 import sys
 from typing import Optional
 
-from procsv.common import bootstrap
+from procsv.common import bootstrap, lossyio
 from procsv.common.layout import exit_report_file, write_json
 from procsv.common.exitcodes import EXIT_PREEMPTED
 from procsv.trainer import deathnotice, outcome
@@ -28,6 +28,7 @@ from procsv.trainer.standby import wait as standby
 
 
 def main() -> int:
+    lossyio.install()  # a line printed on a full disk is dropped (counted), not the trainer's death
     bootstrap.die_with_parent()
     deathnotice.hold_from_env()  # released only on a clean exit: any other death is noticed at once
     outcome.catch_early_stop()
