@@ -271,3 +271,37 @@ def test_a_second_agent_claiming_a_node_another_agent_holds_is_refused_and_logge
     assert acode == 143 and "the job ended (exit code 143)" in aerr, aerr
     assert len(events(logdir, "node_joined")) == 1
     assert not host_pids()
+
+
+def test_status_writes_stalled_on_node_0_for_20_s_lose_no_host_and_restart_nothing(hosts, logdir):
+    """Before: the write ran in node 0's loop, which beats to the agents; after 3 s without a beat
+    the agent SIGKILLed its trainers and the group restarted. The stall is the fault point
+    ``status_stall``: its first four writes past step 0 block 5 s each, in the logdir writer thread."""
+    addr = master_addr()
+    args = (*ARGS, "--steps", "1000000")
+    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr),
+                    env=quiet_env(PROCSV_FAULT="watchdog:status_stall:1-4"))
+    node1 = agent(logdir, addr, *args)
+    try:
+        wait_for(lambda: events(logdir, "first_step"), 120, what="the group's first step")
+        start = time.time()
+        # four stalled writes (20 s at most from now); a record built after them is written at once
+        wait_for(lambda: (raw_status(logdir) or {}).get("updated_at", 0) > start + 21, 90,
+                 what="status.json written again after the stall")
+        step = (raw_status(logdir) or {}).get("step", 0)
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > step + 50, 60, what="the group to go on")
+        assert node1.poll() is None
+        os.killpg(master.pid, signal.SIGTERM)
+    finally:
+        try:
+            code, out, err = finish(master)
+        finally:
+            acode, aout, aerr = finish(node1, timeout=30)
+    assert code == 143, err
+    assert acode == 143, aerr
+    assert "silent" not in aerr, aerr
+    assert not events(logdir, "node_lost")
+    assert not events(logdir, "restarting")
+    assert len(events(logdir, "first_step")) == 1
+    assert {(r["role"], r["attempt"]) for r in events(logdir, "spawned") if r["role"] == "worker1"} == {("worker1", 1)}
+    assert not host_pids()

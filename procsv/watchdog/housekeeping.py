@@ -5,8 +5,9 @@ Runs in the ``procsv launch`` process (the watchdog), called from its loop
 parent died (:class:`~procsv.common.orphans.Orphans`), every :data:`SWEEP_EVERY` seconds, after
 every exit and once more at the end. :class:`LogdirGuard` notices a logdir that was deleted,
 moved or replaced while the run is live (filesystem events from
-:class:`~procsv.watchdog.logdirwatch.LogdirWatch` and a check every round) and turns it into an
-observation for the decision function (rule 9); at the end it writes the final status record
+:class:`~procsv.watchdog.logdirwatch.LogdirWatch` and a look every round, done by the logdir writer
+thread so that a hung filesystem never hangs the loop) and turns it into an observation for the
+decision function (rule 9); at the end it writes the final status record
 where a moved logdir went.
 :func:`clear_group_records` removes earlier launches' trainer-group restore records at launch, and
 :func:`clear_stale_temps` the temp files of atomic writes a kill cut short.
@@ -25,7 +26,7 @@ from procsv.watchdog import observe
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.publish.events import Event
 from procsv.watchdog.executor import Executor
-from procsv.watchdog.logdirwatch import Identity, LogdirHealth, LogdirWatch, identity, look
+from procsv.watchdog.logdirwatch import Identity, LogdirHealth, LogdirWatch, identity
 from procsv.watchdog.observe import Report
 from procsv.watchdog.rules.state import RunView
 from procsv.watchdog.publish.reporting import Reporter
@@ -84,6 +85,7 @@ class LogdirGuard:
         self._id = identity(self.layout.logdir)
         if self._id is not None:
             self.health = LogdirHealth(self._id, self.timeout)
+        self.out.io.start = self._id
         self.watch.start()
 
     def on_event(self) -> None:
@@ -92,13 +94,21 @@ class LogdirGuard:
 
     def check(self) -> None:
         """Is the logdir still the directory the run started in? (after a filesystem event about it,
-        a failed checkpoint, and every round). What an event said (where it was moved) comes first; a
-        look that fails without saying the logdir is gone (EIO, ESTALE) is counted in the view and
-        loses the logdir only when every look of ``--logdir-timeout`` seconds failed."""
+        a failed checkpoint, and every round). What an event said (where it was moved) comes first;
+        then the newest look the logdir writer thread took, and a new look is asked for. A look that
+        fails without saying the logdir is gone (EIO, ESTALE) is counted in the view and loses the
+        logdir only when every look of ``--logdir-timeout`` seconds failed; so does a look that has
+        not returned for that long."""
         health = self.health
         if health is None or self.view.logdir_lost is not None:
             return
-        reason = self.watch.seen or health.judge(look(self.layout.logdir), self.clock())
+        io = self.out.io
+        looked = io.take_look()
+        reason = self.watch.seen or (health.judge(*looked) if looked is not None else None)
+        since = io.look_since
+        if reason is None and since is not None:
+            reason = health.judge_pending(since, self.clock())
+        io.ask_look()
         if health.errors != self.view.logdir_errors:
             self.view.logdir_errors, self.view.logdir_last_error = health.errors, health.last_error
             self.out.changed()

@@ -6,7 +6,9 @@ the child dies), the pre-warmed trainer's pipe, a pipe the death-notice threads 
 wakeup fd for SIGTERM/SIGINT. Each round turns what arrived into observations
 (:mod:`procsv.watchdog.observe`), asks the one decision function
 (:func:`procsv.watchdog.rules.decide.decide`) what to do at the current time, and lets the executor
-(:mod:`procsv.watchdog.executor`) do it; then the status file is refreshed, procsv's own
+(:mod:`procsv.watchdog.executor`) do it; then the status file is refreshed (by the logdir writer
+thread, :mod:`procsv.watchdog.publish.diskio`, as are the lifecycle log, the echo of the trainer's
+log and the look at the logdir: the loop never waits on the logdir's filesystem), procsv's own
 TensorBoard scalars that are due go to the summary service (:mod:`procsv.watchdog.publish.runscalars`,
 non-blocking) and, with ``--metrics-port``, a new metrics snapshot is published for the HTTP
 threads (:mod:`procsv.watchdog.publish.metrics`). The loop ends when the run's outcome is decided and no
@@ -232,8 +234,7 @@ class Watchdog:
             self.logdir.final_status_where_it_went(self.cfg, self.clock(), self.wall(), self.out.started_wall,
                                                    zygote_record(self.ex.zygote))
         self.out.final_report(self.view, self.limits)
-        if self.out.events is not None:
-            self.out.events.close()
+        self.out.close_io()
         if self.cfg.on_failure and self.view.run == RunState.FAILED:
             run_on_failure(self.cfg.on_failure, self.layout.logdir, self.view.exit_code, self.view.run.value,
                            self.view.last_error, self.out.complain)
@@ -257,7 +258,8 @@ class Watchdog:
         self.out.record(observe.stop_requested(self.view, signal.SIGTERM, self.clock(), self.cfg.stop_grace_secs))
 
     def round(self) -> None:
-        """Decide at the current time and perform the actions; echo logs; refresh the status file."""
+        """Decide at the current time and perform the actions; then hand the echo of the trainer's log,
+        a look at the logdir and the status file to the logdir writer thread (none of it waits)."""
         fault_point("round", self.view.step)
         self.ends.check_awaiting(self.ex)
         self.ex.poll_fork()
@@ -280,7 +282,7 @@ class Watchdog:
             self.out.echo(trainer)
         if self.sweeper.due():
             self.sweeper.sweep(self.ex)
-        self.logdir.check()  # one stat a round: before any write of status.json into a lost logdir
+        self.logdir.check()  # one look a round (by the logdir writer): before a write of status.json
         self.out.write_status(self.view, self.ex.zygote)
         if self.pipes.scalars is not None:
             self.pipes.scalars.tick(self.view, self.clock(), self.wall())

@@ -4,13 +4,15 @@ Runs in the watchdog. :class:`LogdirWatch` runs the ``watchdog`` package's obser
 logdir's parent folder (not recursive: only entries of that folder, so the run's own writes
 inside the logdir cost nothing). An event that deletes the logdir or moves it away is the answer
 (:attr:`LogdirWatch.seen`: "it was moved to DEST" when the event says where); it wakes the
-watchdog's loop through a pipe. The loop also looks at the path (:func:`look`: its device and inode)
-every round of its loop and after a failed checkpoint, which catches what no event of the parent
-reports (an ancestor moved or deleted, a move out of the parent folder, which inotify reports
-late). :class:`LogdirHealth` judges the looks: the logdir is lost at once when the path is gone
-(ENOENT, ENOTDIR) or is another directory, but a look that fails otherwise (EIO, ESTALE, EACCES: a
-network filesystem's blip) is only counted, and the logdir is lost only after ``--logdir-timeout``
-seconds in which every look failed. What to do about a lost logdir is decided in
+watchdog's loop through a pipe. The loop also has the path looked at (:func:`look`: its device
+and inode) every round of its loop and after a failed checkpoint, by the logdir writer thread
+(:mod:`procsv.watchdog.publish.diskio`: a ``stat`` on a hung filesystem does not return), which
+catches what no event of the parent reports (an ancestor moved or deleted, a move out of the parent
+folder, which inotify reports late). :class:`LogdirHealth` judges the looks: the logdir is lost at
+once when the path is gone (ENOENT, ENOTDIR) or is another directory, but a look that fails
+otherwise (EIO, ESTALE, EACCES: a network filesystem's blip) is only counted, and the logdir is lost
+only after ``--logdir-timeout`` seconds in which every look failed, or in which a look did not
+return. What to do about a lost logdir is decided in
 :mod:`procsv.watchdog.rules.decide` (rule 9).
 """
 
@@ -67,6 +69,14 @@ class LogdirHealth:
         self.errors = 0  # looks that failed (transient errors) during the launch
         self.last_error: Optional[str] = None  # the errno name of the last one
         self.failing_since: Optional[float] = None  # the first of the failed looks in a row
+
+    def judge_pending(self, since: float, now: float) -> Optional[str]:
+        """Why the logdir is lost, or None while it is not, when a look asked for at ``since`` has not
+        returned by ``now`` (a ``stat`` on a hung filesystem): after ``timeout`` it is lost."""
+        if now - since < self.timeout:
+            return None
+        return (f"a look at it has not returned for {now - since:.0f} s (--logdir-timeout {self.timeout:g}: its "
+                "filesystem hangs)")
 
     def judge(self, seen: Look, now: float) -> Optional[str]:
         """Why the logdir is lost (one phrase), or None while it is not."""

@@ -142,13 +142,15 @@ class EventLog:
         self.lost = 0  # records that could not be written (ENOSPC, EIO): reported once, then counted
         self._fh: Optional[IO[str]] = open(path, "a", buffering=1)
 
-    def write(self, event: Event, **fields: Any) -> None:
-        """Append one record; a failing write is counted and reported once, never raised."""
+    def write(self, event: Event, at: Optional[float] = None, **fields: Any) -> None:
+        """Append one record (``at``: when it happened, wall time; default now); a failing write is
+        counted and reported once, never raised."""
         check(event, fields)
         if self._fh is None:
             return
         try:
-            self._fh.write(json.dumps({"time": self._wall(), "event": event.value, **fields}) + "\n")
+            when = self._wall() if at is None else at
+            self._fh.write(json.dumps({"time": when, "event": event.value, **fields}) + "\n")
         except OSError as exc:
             self.lost += 1
             if self.lost == 1:

@@ -6,7 +6,9 @@ lines and the live line (:mod:`procsv.watchdog.publish.output`, :mod:`procsv.wat
 lifecycle log (:mod:`procsv.watchdog.publish.events`), ``status.json`` (:mod:`procsv.watchdog.publish.statusfile`),
 the step series and the final ``logs/report.json`` (:mod:`procsv.watchdog.publish.recovery`), and the
 snapshot the metrics threads serve (:mod:`procsv.watchdog.publish.runmetrics`). None of it blocks the
-loop: lines go through the terminal's writer thread, failing writes are reported once.
+loop: lines go through the terminal's writer thread, and everything that touches the logdir (the
+lifecycle log, ``status.json``, the echo of a child's log, ``logs/report.json``) through the logdir
+writer thread (:mod:`procsv.watchdog.publish.diskio`); failing writes are reported once.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from procsv.common.manifests import newest_committed
 from procsv.watchdog.publish import recovery
 from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.config import LaunchConfig
+from procsv.watchdog.publish.diskio import DiskIO
 from procsv.watchdog.publish.events import EventLog
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.observe import Report
@@ -55,29 +58,32 @@ class Reporter:
         self.term = Terminal(live=liveline.wanted(cfg.quiet, sys.stdout.isatty()))
         self.live = liveline.LiveLine() if self.term.live else None
         self.series = StepSeries()  # the step over wall time, for the report's timeline
-        self.status = StatusWriter(layout, clock, wall, complain=self.complain)
+        # its complaints come from the logdir writer thread: straight to the terminal
+        self.status = StatusWriter(layout, clock, wall, complain=lambda text: self.term.line(text, True))
         self.rejections = Rejections("procsv", "status.json, `procsv status`", self.complain)
         self.events: Optional[EventLog] = None
+        self.io = DiskIO(layout, self.term, self.status, clock)  # every write into the logdir, off the loop
         self.snapshot: Optional[RunSnapshot] = None  # replaced whole by the loop; read by the metrics threads
         self._publishing = cfg.metrics_port is not None
         self._rate = StepRate()
         self._next_publish = 0.0
 
     def open_events(self) -> None:
-        self.events = EventLog(self.layout.lifecycle, self.wall, complain=self.complain)
+        self.events = self.io.events = EventLog(self.layout.lifecycle, self.wall,
+                                                complain=lambda text: self.term.line(text, True))
 
     # ------------------------------------------------------------------ lines and events
     def record(self, reports: list[Report]) -> None:
         for r in reports:
-            if r.event is not None and self.events is not None:
-                self.events.write(r.event, **r.fields)
+            if r.event is not None:
+                self.io.event(r.event, r.fields, self.wall())
             if r.event is not None and self.live is not None:
                 self.live.event(r.event, r.fields, self.clock())
             if r.say:
                 self.say(r.say, err=r.err)
 
     def say(self, text: str, err: bool = False) -> None:
-        self.term.line(text, err)
+        self.io.line(text, err)
 
     def complain(self, text: str) -> None:
         self.say(text, err=True)
@@ -86,8 +92,7 @@ class Reporter:
         """A child's new log lines, on the terminal (unless ``--quiet``); ``final``: it was reaped,
         the rest of its log (see :meth:`ChildProcess.new_log_lines`)."""
         if not self.cfg.quiet:
-            for line in handle.new_log_lines(final):
-                self.term.line(f"[{handle.role}.{handle.attempt}] {line}")
+            self.io.echo(handle, final)
 
     def changed(self) -> None:
         """The view changed: ``status.json`` is due for a rewrite (throttled)."""
@@ -101,12 +106,14 @@ class Reporter:
 
     # ------------------------------------------------------------------ every round
     def write_status(self, view: RunView, zygote: Optional[Zygote], force: bool = False) -> None:
-        """Rewrite ``status.json`` if due (``force``: now, durably); never into a lost logdir."""
-        if view.logdir_lost is not None:
+        """Hand ``status.json`` to the logdir writer if due (``force``: now, durably); never into a
+        lost logdir. The record is built here (the view is the loop's); the writer reads its
+        ``last_checkpoint``."""
+        if view.logdir_lost is not None or not self.status.due(force):
             return
-        self.status.maybe_write(lambda now, wall: status_record(view, self.cfg, self.layout, now, wall,
-                                                                self.started_wall, zygote_record(zygote),
-                                                                self.rejections.record()), force=force)
+        self.io.write_status(status_record(view, self.cfg, self.layout, self.clock(), self.wall(), self.started_wall,
+                                           zygote_record(zygote), self.rejections.record(), on_disk=False),
+                             durable=force)
 
     def publish(self, view: RunView, force: bool = False) -> None:
         """Replace the snapshot the metrics endpoint serves, at most every ``PUBLISH_EVERY`` seconds."""
@@ -142,10 +149,23 @@ class Reporter:
             self.series.add(self.wall(), view.step)
         summary.update(started_at=self.started_wall, ended_at=self.wall(),
                        series=[[round(t, 3), s] for t, s in self.series.points()])
-        try:
-            if view.logdir_lost is None:
-                write_json(self.layout.report, summary)
-        except OSError:
-            pass
+        if view.logdir_lost is None:
+            self.io.call(lambda: _write_report(self.layout, summary))
         if summary["restarts"] or limits.chaos is not None:
             self.say(recovery.render(summary))
+
+    def close_io(self) -> None:
+        """The last of the logdir's writes: close the lifecycle log after what is queued, and wait a
+        bounded time for the writer thread (:meth:`DiskIO.close`)."""
+        events = self.events
+        if events is not None:
+            self.io.call(events.close)
+        self.io.close()
+
+
+def _write_report(layout: Layout, summary: dict[str, Any]) -> None:
+    """``logs/report.json`` (in the logdir writer thread); a failing write is left unsaid."""
+    try:
+        write_json(layout.report, summary)
+    except OSError:
+        pass

@@ -1,9 +1,10 @@
 """``<logdir>/.procsv/status.json``: the watchdog's record of its run, for ``procsv status``.
 
 Runs in the watchdog, the file's only writer (:mod:`procsv.status` is the reader the CLI uses).
-:func:`status_record` builds the record from the view (pure); :class:`StatusWriter` replaces the
-file atomically, at most every :data:`STATUS_EVERY` seconds while the run goes on (not fsync'd:
-it is rewritten constantly), and once more, durably, at the end.
+:func:`status_record` builds the record from the view (in the loop); :class:`StatusWriter` says
+when a write is due (in the loop) and replaces the file atomically (in the logdir writer thread,
+:mod:`procsv.watchdog.publish.diskio`), at most every :data:`STATUS_EVERY` seconds while the run
+goes on (not fsync'd: it is rewritten constantly), and once more, durably, at the end.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Callable, Optional
 
 import psutil
 
+from procsv.common import faults
 from procsv.common.layout import Layout, write_json
 from procsv.common.manifests import last_checkpoint
 from procsv.common.pidfd import host_id
@@ -26,12 +28,16 @@ from procsv.watchdog.rules.state import CHECKPOINT, SUMMARY, TRAINER, WORKER, Ru
 
 STATUS_EVERY = 0.5  # seconds
 STATUS_VERSION = 1
+STALL_SECS = 5.0  # how long the fault point status_stall blocks a write (tests only)
 
 
 def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, wall: float, started_wall: float,
-                  zygote: Optional[dict[str, Any]], rejected: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+                  zygote: Optional[dict[str, Any]], rejected: Optional[dict[str, Any]] = None,
+                  on_disk: bool = True) -> dict[str, Any]:
     """The status record at ``now`` (monotonic) / ``wall`` (epoch seconds); ``rejected``: the
-    messages the watchdog refused (:meth:`procsv.ipc.rejections.Rejections.record`)."""
+    messages the watchdog refused (:meth:`procsv.ipc.rejections.Rejections.record`). ``on_disk``
+    False: ``last_checkpoint`` is left None, for the logdir writer thread to read (the loop reads
+    nothing from the logdir)."""
     procs: list[dict[str, Any]] = [{"role": "watchdog", "pid": os.getpid(),
                                     "state": "exited" if view.finishing else "running", "restarts": 0,
                                     "create_time": psutil.Process().create_time()}]
@@ -53,7 +59,7 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
         "step": view.step,
         "restarts": view.history.restarts,
         "restored_step": view.restored_step,
-        "last_checkpoint": last_checkpoint(layout),
+        "last_checkpoint": last_checkpoint(layout) if on_disk else None,
         "last_error": view.last_error,
         "goodput": recovery.goodput([a.record() for a in view.attempts], view.launch_start, now),
         "prewarm": zygote,
@@ -85,21 +91,33 @@ class StatusWriter:
         self.failing: Optional[str] = None  # the error of the last write, while writes fail
         self._vanished = False  # the last write found the directory gone (ENOENT): not reported yet
 
-    def maybe_write(self, build: Callable[[float, float], dict[str, Any]], force: bool = False) -> None:
-        """Write if due. A failing write (ENOSPC, EIO) is reported once and retried at the next
-        change: the run goes on without a fresh status file rather than stopping. A write that
-        finds its directory gone (ENOENT) is reported only if the next one does too, or if it is
-        the final (``force``) one: a logdir being deleted is the loop's "lost" line, not this one."""
+    def due(self, force: bool = False) -> bool:
+        """Whether a record is to be written now (it changed and :data:`STATUS_EVERY` passed, or
+        ``force``); if so, the write is counted as done now."""
         now = self.clock()
         if not force and (not self.dirty or now - self._at < STATUS_EVERY):
-            return
+            return False
         self.dirty = False
         self._at = now
+        return True
+
+    def maybe_write(self, build: Callable[[float, float], dict[str, Any]], force: bool = False) -> None:
+        """Write if due (:meth:`due`), the record ``build(now, wall)`` returns."""
+        if self.due(force):
+            self.write(build(self.clock(), self.wall()), durable=force)
+
+    def write(self, record: dict[str, Any], durable: bool = False) -> None:
+        """Replace the file with ``record`` (``durable``: fsync'd). A failing write (ENOSPC, EIO) is
+        reported once and retried at the next change: the run goes on without a fresh status file
+        rather than stopping. A write that finds its directory gone (ENOENT) is reported only if the
+        next one does too, or if it is the final (``durable``) one: a logdir being deleted is the
+        loop's "lost" line, not this one."""
+        stall(record)
         try:
-            write_json(self.layout.status, build(now, self.wall()), durable=force)
+            write_json(self.layout.status, record, durable=durable)
         except OSError as exc:
             self.dirty = True
-            if exc.errno == errno.ENOENT and not force and not self._vanished and self.failing is None:
+            if exc.errno == errno.ENOENT and not durable and not self._vanished and self.failing is None:
                 # the directory is gone: the logdir is being deleted or moved, which the loop's
                 # check reports (and then nothing is written there) before the next try; a logdir
                 # that is still there at the next failure gets the complaint then
@@ -114,3 +132,10 @@ class StatusWriter:
         if self.failing is not None:
             self._complain(f"procsv: {self.layout.status} is written again")
             self.failing = None
+
+
+def stall(record: dict[str, Any]) -> None:
+    """The fault point ``watchdog:status_stall`` (tests only): a write of a record past step 0
+    blocks for :data:`STALL_SECS`, as a write on a stalled network filesystem does."""
+    if record.get("step", 0) > 0 and faults.fires("watchdog", "status_stall"):
+        time.sleep(STALL_SECS)

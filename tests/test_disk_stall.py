@@ -1,0 +1,133 @@
+"""The watchdog's loop never waits on the logdir's filesystem (issue 39, point 2).
+
+A write of ``status.json`` on a stalled network filesystem blocks for as long as the stall lasts.
+The fault point ``watchdog:status_stall`` (:func:`procsv.watchdog.publish.statusfile.stall`) blocks
+every write of a record past step 0 for 5 s, in whichever thread writes it; a SIGKILLed trainer must
+still be restarted at once. Also the pure parts: a look at the logdir that does not return counts
+as failing, and the writer thread keeps lifecycle records in order with the time they happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+from conftest import finish, launch, lifecycle, quiet_env, raw_status, wait_for
+
+from procsv.common.layout import Layout
+from procsv.watchdog.logdirwatch import Look, LogdirHealth
+from procsv.watchdog.publish.diskio import DiskIO
+from procsv.watchdog.publish.events import Event, EventLog
+from procsv.watchdog.publish.statusfile import StatusWriter
+
+ARGS = ("--steps", "1000000", "--save-model-secs", "1", "--step-delay", "0.004", "--print-every-steps", "100000")
+
+
+def test_a_trainer_killed_while_status_writes_stall_is_restarted_at_once(logdir):
+    """Before: the write ran in the loop, which noticed the death and spawned the next trainer only
+    after the write in progress (5 s after the kill). The first three writes past step 0 stall: the
+    first one's record names the trainer, and it is killed while the second one stalls."""
+    proc = launch(logdir, *ARGS, env=quiet_env(PROCSV_FAULT="watchdog:status_stall:1-3"))
+    try:
+        st = wait_for(lambda: (s := raw_status(logdir)) and s.get("step", 0) > 0 and s, 180,
+                      what="a status record past step 0")
+        pid = next(p["pid"] for p in st["processes"] if p["role"] == "trainer")
+        killed = time.time()
+        os.kill(pid, signal.SIGKILL)
+        spawned = wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "spawned"
+                                    and e["role"] == "trainer" and e["attempt"] == 2], 60,
+                           what="the second trainer's spawn in lifecycle.jsonl")[0]
+        os.killpg(proc.pid, signal.SIGTERM)
+    finally:
+        code, out, err = finish(proc)
+    noticed = [e for e in lifecycle(logdir) if e["event"] == "death_noticed" and e["attempt"] == 1
+               and e["role"] == "trainer"]
+    assert noticed and noticed[0]["noticed"] - killed < 1.5, noticed
+    assert spawned["time"] - killed < 4.0, (spawned, killed)  # restart delay 1 s (backoff), then a fork
+    assert code == 143, err
+    finished = [e for e in lifecycle(logdir) if e["event"] == "finished"]  # the last records were written
+    assert [(e["state"], e["exit_code"]) for e in finished] == [("stopped", 143)]
+    assert (raw_status(logdir) or {}).get("exit_code") == 143
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_look_that_has_not_returned_for_the_timeout_loses_the_logdir():
+    health = LogdirHealth((1, 2), timeout=60.0)
+    assert health.judge_pending(since=100.0, now=159.0) is None
+    assert health.judge_pending(since=100.0, now=160.0) == \
+        "a look at it has not returned for 60 s (--logdir-timeout 60: its filesystem hangs)"
+    assert health.judge(Look((1, 2)), 161.0) is None  # a look that returned clears it
+
+
+class Out:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def write(self, text: str) -> None:
+        self.lines.append(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def echo_of(text: str) -> object:
+    """A child's handle whose log gained one line."""
+    return type("Handle", (), {"role": "trainer", "attempt": 1, "new_log_lines": lambda self, final: [text]})()
+
+
+def test_the_writer_thread_keeps_records_in_order_with_their_own_time_and_lines_behind_an_echo(tmp_path):
+    from procsv.watchdog.publish.output import Terminal
+
+    layout = Layout(str(tmp_path / "run"))
+    layout.create()
+    out = Out()
+    term = Terminal(out=out, err=out)  # type: ignore[arg-type]
+    clock = Clock()
+    io = DiskIO(layout, term, StatusWriter(layout, clock), clock)
+    io.events = EventLog(layout.lifecycle)
+    gate = threading.Event()
+    io.call(gate.wait)  # the disk stalls: nothing queued after this is done until it is set
+    for i in range(50):
+        io.event(Event.RESTARTED, {"attempt": i}, wall=1000.0 + i)
+    io.echo(echo_of("from the child"), final=True)  # type: ignore[arg-type]
+    io.line("procsv: after the child")
+    assert out.lines == []  # the loop did not wait
+    gate.set()
+    assert io.close() is True
+    term.close()
+    assert "".join(out.lines) == "[trainer.1] from the child\nprocsv: after the child\n"
+    with open(layout.lifecycle) as fh:
+        records = [json.loads(line) for line in fh]
+    assert [(r["attempt"], r["time"]) for r in records] == [(i, 1000.0 + i) for i in range(50)]
+
+
+def test_a_writer_stuck_at_the_end_is_left_and_the_lines_behind_it_are_written_directly(tmp_path):
+    from procsv.watchdog.publish.output import Terminal
+
+    layout = Layout(str(tmp_path / "run"))
+    layout.create()
+    out = Out()
+    term = Terminal(out=out, err=out)  # type: ignore[arg-type]
+    io = DiskIO(layout, term, StatusWriter(layout, time.monotonic))
+    gate = threading.Event()
+    try:
+        io.echo(echo_of("from the child"), final=True)  # type: ignore[arg-type]
+        io.call(gate.wait)  # a hard-mounted server that died
+        io.line("procsv: the run failed")
+        assert io.close(wait=0.2) is False
+        term.close()
+        text = "".join(out.lines)
+        assert text.startswith("[trainer.1] from the child\nprocsv: the run failed\n"), text
+        assert "did not finish in 0.2 s (its filesystem hangs?)" in text
+    finally:
+        gate.set()
