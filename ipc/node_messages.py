@@ -6,7 +6,8 @@ node agent of every other host (:mod:`procsv.watchdog.multihost.agent`) connects
 send :class:`NodeHello` (also their heartbeat), :class:`MemberStarted`, :class:`MemberEnded` and
 :class:`Relayed` (a trainer's own report, as it sent it); the master sends :class:`MasterBeat`,
 :class:`StartMembers`, :class:`SignalMember` and :class:`NodeStop`, and :class:`NodeRefused` to an
-agent whose claim of a node rank it refused. No message carries a key: the master knows each
+agent whose claim of a node rank it refused; both carry node 0's ``--node-timeout``, which every
+agent uses for node 0 (how long it may be silent). No message carries a key: the master knows each
 agent's public key from the CURVE handshake (ZeroMQ's ``User-Id`` of every frame).
 """
 
@@ -34,10 +35,12 @@ class NodeHello(Message):
 
 @dataclass(frozen=True)
 class MasterBeat(Message):
-    """Master -> agent, every heartbeat: the job is alive (an agent that stops hearing it stops its members)."""
+    """Master -> agent, every heartbeat: the job is alive (an agent that stops hearing it for
+    ``node_timeout`` seconds, node 0's ``--node-timeout``, stops its members)."""
 
     KIND: ClassVar[str] = "master_beat"
     job: str
+    node_timeout: float
 
 
 @dataclass(frozen=True)
@@ -74,11 +77,13 @@ class NodeStop(Message):
 @dataclass(frozen=True)
 class NodeRefused(Message):
     """Master -> agent: its claim to be ``node`` is refused; ``reason`` says why (another agent
-    holds that rank in this launch, or the job has no such rank)."""
+    holds that rank in this launch, or the job has no such rank). The agent asks again for twice
+    ``node_timeout`` (node 0's ``--node-timeout``: a holder that died is found lost by then)."""
 
     KIND: ClassVar[str] = "node_refused"
     node: int
     reason: str
+    node_timeout: float
 
 
 @dataclass(frozen=True)

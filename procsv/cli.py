@@ -70,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--rejoin-timeout", type=float, default=300.0, metavar="SECS",
                     help="with --nnodes: how long a lost (or not yet joined) host may take to come back before "
                          "the run stops and fails (default 300)")
+    la.add_argument("--node-timeout", type=float, default=15.0, metavar="SECS",
+                    help="with --nnodes: node 0 finds a host lost when its agent is silent this long, and every "
+                         "agent stops its trainers when node 0 is silent this long (node 0's value: it sends it "
+                         "to the agents) (default 15)")
     la.add_argument("--logdir-timeout", type=float, default=60.0, metavar="SECS",
                     help="a look at the logdir that fails (EIO, ESTALE: a network filesystem's blip) is counted; "
                          "the run stops as 'logdir lost' only after this many seconds in which every look failed "
@@ -210,6 +214,8 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                              f"hosts reach), not {args.master_addr!r}")
     if not args.logdir_timeout > 0:
         raise UsageError(f"--logdir-timeout must be > 0, not {args.logdir_timeout:g}")
+    if not args.node_timeout > 0:
+        raise UsageError(f"--node-timeout must be > 0, not {args.node_timeout:g}")
     if not args.rejoin_timeout > 0:
         raise UsageError(f"--rejoin-timeout must be > 0, not {args.rejoin_timeout:g}")
     if args.nproc * args.nnodes > 1 and args.standby == "hot":
@@ -227,7 +233,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        if args.nproc * args.nnodes > 1 and args.standby == "auto" else args.standby,
                        nproc=args.nproc, group_grace_secs=args.group_grace_secs, nnodes=args.nnodes,
                        node_rank=args.node_rank, master_addr=args.master_addr, rejoin_timeout=args.rejoin_timeout,
-                       logdir_timeout=args.logdir_timeout,
+                       logdir_timeout=args.logdir_timeout, node_timeout=args.node_timeout,
                        on_checkpoint_failure=args.on_checkpoint_failure,
                        allow_reinit=args.allow_reinit, keep_logs=args.keep_logs, on_failure=args.on_failure,
                        metrics_port=args.metrics_port, metrics_host=args.metrics_host or "127.0.0.1",

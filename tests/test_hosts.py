@@ -20,9 +20,10 @@ import sys
 import time
 from typing import Any, Iterator
 
+import psutil
 import pytest
 
-from conftest import finish, launch, lifecycle, quiet_env, raw_status, wait_for
+from conftest import finish, launch, lifecycle, quiet_env, raw_status, wait_for, wait_role_pid
 
 # one bridge, namespace and subnet per pytest-xdist worker: two workers may run these tests at once
 _W = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
@@ -112,7 +113,10 @@ def test_a_group_over_two_hosts_waits_for_a_killed_host_to_come_back_and_finishe
     assert acode == 0 and "the job ended (exit code 0)" in aerr, aerr
     joined = events(logdir, "node_joined")
     assert [(r["node"], r["host"]) for r in joined] == [(1, HOST1_IP), (1, HOST1_IP)]
-    assert events(logdir, "node_lost")[0]["node"] == 1
+    lost = events(logdir, "node_lost")[0]
+    assert lost["node"] == 1
+    assert lost["reason"] == f"its agent sent no heartbeat for {lost['silent_secs']:.1f} s (--node-timeout 15)"
+    assert f"procsv: node 1 ({HOST1_IP}) is lost: {lost['reason']}; its trainers count as dead" in err
     assert len(events(logdir, "restarting")) == 1
     spawned = {(r["role"], r["attempt"], r["via"]) for r in events(logdir, "spawned") if r["role"] == "worker1"}
     assert spawned == {("worker1", 1, "node1"), ("worker1", 2, "node1")}
@@ -305,3 +309,46 @@ def test_status_writes_stalled_on_node_0_for_20_s_lose_no_host_and_restart_nothi
     assert len(events(logdir, "first_step")) == 1
     assert {(r["role"], r["attempt"]) for r in events(logdir, "spawned") if r["role"] == "worker1"} == {("worker1", 1)}
     assert not host_pids()
+
+
+def test_every_agent_takes_node_0s_node_timeout_and_its_expiry_names_the_cause(hosts, logdir):
+    """Node 0 runs with --node-timeout 4, the agent with the default (15): stopped with SIGSTOP,
+    node 0 beats no more, and the agent stops its trainer after 4 s, saying why."""
+    addr = master_addr()
+    args = (*ARGS, "--steps", "1000000")
+    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4"))
+    node1 = agent(logdir, addr, *args)
+    try:
+        wait_for(lambda: events(logdir, "first_step"), 120, what="the group's first step")
+        worker = wait_role_pid(logdir, "worker1")
+        os.kill(master.pid, signal.SIGSTOP)  # the watchdog only: its trainer and services run on
+        stopped = time.monotonic()
+        try:
+            wait_for(lambda: not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE,
+                     12, what="node 1's agent to stop its trainer")
+            silent = time.monotonic() - stopped
+        finally:
+            os.kill(master.pid, signal.SIGCONT)
+        assert 3.5 < silent < 12, silent
+        assert node1.poll() is None  # it waits for node 0 to come back (--rejoin-timeout)
+    finally:
+        if master.poll() is None:
+            os.killpg(master.pid, signal.SIGTERM)  # its NodeStop ends the agent
+        try:
+            code, out, err = finish(master)
+        finally:
+            acode, aout, aerr = finish(node1, timeout=30)
+    assert code == 143, err
+    assert acode == 143, aerr
+    assert re.search(r"procsv node 1: the master is silent for [0-9.]+ s \(no heartbeat from node 0 for longer than "
+                     r"its --node-timeout 4\): stopping this host's trainers", aerr), aerr
+    assert not host_pids()
+
+
+def test_a_node_timeout_that_is_not_positive_is_a_usage_error(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", "--logdir",
+                          str(tmp_path / "r"), "--nnodes", "2", "--master-addr", "127.0.0.1:5999",
+                          "--node-timeout", "0"], capture_output=True, text=True, env=quiet_env(), timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip() == "procsv: error: --node-timeout must be > 0, not 0"
+    assert not os.path.exists(tmp_path / "r")

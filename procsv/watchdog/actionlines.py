@@ -1,4 +1,4 @@
-"""The lines and lifecycle events the executor records for the signals, kills and restarts it performs.
+"""The lines and lifecycle events the executor records for the signals, kills, restarts and lost hosts.
 
 Runs in the watchdog. Pure: each function reads the view (and the limits) and returns
 :class:`~procsv.watchdog.observe.Report` values; :class:`procsv.watchdog.executor.Executor`
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 
-from procsv.watchdog.rules.actions import Cause, Kill, Restart, Signal
+from procsv.watchdog.rules.actions import Cause, Kill, NodeLost, Restart, Signal
 from procsv.watchdog.rules.bookkeeping import find
 from procsv.watchdog.publish.events import Event
 from procsv.watchdog.rules.limits import Limits
@@ -77,3 +77,12 @@ _KILL_LINES = {
     Cause.STANDBY_UNREADY: "procsv: the standby trainer is not ready yet; forking a new trainer instead",
     Cause.GROUP: "procsv: a member of the trainer group did not stop in time; killing it",
 }
+
+
+def node_lost_reports(action: NodeLost, host: str, limits: Limits) -> list[Report]:
+    """What to record when a host is found lost (rule 12): its cause, named with ``--node-timeout``."""
+    why = f"its agent sent no heartbeat for {action.silent_secs:.1f} s (--node-timeout {limits.node_timeout:g})"
+    return [Report(Event.NODE_LOST, {"node": action.node, "host": host, "silent_secs": round(action.silent_secs, 3),
+                                     "reason": why},
+                   say=f"procsv: node {action.node} ({host}) is lost: {why}; its trainers count as dead; the group "
+                       f"restarts once it is back (waiting up to --rejoin-timeout {limits.rejoin_timeout:g} s)", err=True)]

@@ -52,6 +52,7 @@ class LaunchConfig:
     master_addr: Optional[str] = None  # --master-addr HOST:PORT: node 0 binds it, the others connect
     rejoin_timeout: float = 300.0  # --rejoin-timeout
     logdir_timeout: float = 60.0  # --logdir-timeout: seconds of failed looks at the logdir that lose it
+    node_timeout: float = 15.0  # --node-timeout: node 0's, for its agents and (sent to them) for itself
 
     @property
     def busy_timeout(self) -> Optional[float]:
@@ -66,7 +67,7 @@ class LaunchConfig:
                       checkpoint_failure_limit=3 if self.on_checkpoint_failure == "stop" else 0,
                       chaos=parse_chaos(self.chaos) if self.chaos else None, nproc=self.nproc,
                       group_grace_secs=self.group_grace_secs, nnodes=self.nnodes,
-                      rejoin_timeout=self.rejoin_timeout)
+                      rejoin_timeout=self.rejoin_timeout, node_timeout=self.node_timeout)
 
 
 def check_target(target: str, cwd: str) -> None:

@@ -24,7 +24,7 @@ from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUT
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
-from procsv.watchdog.actionlines import kill_reports, restart_reports, signal_reports
+from procsv.watchdog.actionlines import kill_reports, node_lost_reports, restart_reports, signal_reports
 from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
                                      NodeLost, Promote, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
                                      StartZygote, StopLogdirLost, StopNodesMissing)
@@ -120,11 +120,7 @@ class Executor:
         if isinstance(action, NodeLost):
             host = self.view.nodes[action.node].host
             note(self.view, action, now, self.limits)
-            self.report([Report(Event.NODE_LOST, {"node": action.node, "host": host,
-                                                  "silent_secs": round(action.silent_secs, 3)},
-                                say=f"procsv: node {action.node} ({host}) is lost: silent for {action.silent_secs:.1f} s; "
-                                    f"its trainers count as dead; the group restarts once it is back (waiting up "
-                                    f"to --rejoin-timeout {self.limits.rejoin_timeout:g} s)", err=True)])
+            self.report(node_lost_reports(action, host, self.limits))
             return
         if isinstance(action, StopNodesMissing):
             note(self.view, action, now, self.limits)

@@ -13,12 +13,14 @@ then), relays their reports (:class:`Relayed`) and tells
 of their ends (:class:`MemberEnded`). It runs no checkpoint or summary service: only the chief
 (task 0, on node 0) saves and writes summaries.
 
-If the master goes silent for ``node_timeout`` seconds, the agent SIGKILLs its members (they are
-part of a group that cannot go on) and keeps reconnecting, reloading the launch's public key and
+If the master goes silent for ``node_timeout`` seconds (node 0's ``--node-timeout``, which every
+:class:`MasterBeat` and :class:`NodeRefused` carries; until the first of them, this agent's own
+``--node-timeout``), the agent SIGKILLs its members (they are part of a group that cannot go on)
+and says why and keeps reconnecting, reloading the launch's public key and
 filing its own key again for a relaunched master's new launch; after ``rejoin_timeout`` seconds
 it exits 1. SIGTERM/SIGINT stop the members and exit 143/130; :class:`NodeStop` exits with the
 job's exit code. A master that refuses its claim of its node rank (:class:`NodeRefused`: another
-agent holds it) is asked again for :data:`CLAIM_PATIENCE` seconds (a holder that died is found lost
+agent holds it) is asked again for twice ``node_timeout`` seconds (a holder that died is found lost
 by then), then the agent exits 2 with the master's reason. It removes its key file when it exits.
 """
 
@@ -49,14 +51,12 @@ from procsv.common.orphans import become_subreaper
 from procsv.watchdog.children import Process
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.rules.group import worker_slot
-from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.logrotate import rotate
 from procsv.watchdog.multihost.nodes import BEAT_SECS, host_ip
 from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable, zygote_env
 
 TICK = 0.05
-NODE_TIMEOUT = Limits.node_timeout  # the master silent this long: its members are stopped (as it counts them dead)
-CLAIM_PATIENCE = 2 * NODE_TIMEOUT  # refused this long: another agent live holds the node rank (exit 2)
+CLAIM_PATIENCE = 2  # refused for this many node timeouts: another agent live holds the node rank (exit 2)
 MASTER_ACCEPT = frozenset({MasterBeat, StartMembers, SignalMember, NodeStop, NodeRefused})
 MEMBER_ACCEPT = frozenset({Progress, TrainerReady})
 
@@ -102,6 +102,7 @@ class NodeAgent:
         self.key_file: Optional[str] = None  # where its public key is filed for the current launch
         self.refused_at: Optional[float] = None  # the master refuses this agent's claim of its node since
         self.heard_at = clock()  # the master's last word (the start counts as one)
+        self.node_timeout = cfg.node_timeout  # the master silent this long: its members are stopped (node 0's, once heard)
         self.addresses = self._reserve()
         self.zygote: Optional[Zygote] = None  # this host's pre-warmed trainer (unless --no-prewarm)
         self.lost_zygotes: list[Zygote] = []  # given up on (killed, pipes closed); reaped at the end
@@ -160,7 +161,8 @@ class NodeAgent:
             if stops:
                 self.stop_code = 128 + stops[0]
                 break
-            if dealer is None or (now - self.heard_at > 2 * NODE_TIMEOUT and now - connected_at > NODE_TIMEOUT):
+            timeout = self.node_timeout
+            if dealer is None or (now - self.heard_at > 2 * timeout and now - connected_at > timeout):
                 dealer = self._reconnect(zctx, dealer)  # (again: a relaunched master has new keys)
                 connected_at = now
             if self.zygote is not None:
@@ -177,8 +179,9 @@ class NodeAgent:
                     send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(),
                                            self.addresses, sorted(self.members)))
             silent = now - self.heard_at
-            if silent > NODE_TIMEOUT and self.members:
-                self.say(f"the master is silent for {silent:.1f} s: stopping this host's trainers")
+            if silent > timeout and self.members:
+                self.say(f"the master is silent for {silent:.1f} s (no heartbeat from node 0 for longer than its "
+                         f"--node-timeout {timeout:g}): stopping this host's trainers")
                 self._kill_all()
             if silent > self.cfg.rejoin_timeout:
                 self.say(f"the master did not come back within --rejoin-timeout {self.cfg.rejoin_timeout:g} s; "
@@ -231,6 +234,8 @@ class NodeAgent:
             if isinstance(got, ProtocolError):
                 continue
             msg = got.msg
+            if isinstance(msg, (MasterBeat, NodeRefused)):
+                self.node_timeout = msg.node_timeout  # node 0's: the job has one
             if isinstance(msg, NodeRefused):
                 self._refused(msg)
                 continue
@@ -248,14 +253,15 @@ class NodeAgent:
 
     def _refused(self, msg: NodeRefused) -> None:
         """The master refuses this agent's claim of its node rank: ask again (the holder may be a dead
-        agent the master has not found lost yet); after :data:`CLAIM_PATIENCE` s, exit 2."""
+        agent the master has not found lost yet); after twice node 0's ``--node-timeout``, exit 2."""
         now = self.clock()
+        patience = CLAIM_PATIENCE * self.node_timeout
         if self.refused_at is None:
             self.refused_at = now
             self.say(f"the master refuses this agent as node {msg.node}: {msg.reason}; asking again for "
-                     f"{CLAIM_PATIENCE:g} s")
-        elif now - self.refused_at > CLAIM_PATIENCE:
-            self.say(f"error: the master still refuses this agent as node {msg.node} after {CLAIM_PATIENCE:g} s: "
+                     f"{patience:g} s (twice node 0's --node-timeout)")
+        elif now - self.refused_at > patience:
+            self.say(f"error: the master still refuses this agent as node {msg.node} after {patience:g} s: "
                      f"{msg.reason}; giving up")
             self.stop_code = 2
 

@@ -9,7 +9,8 @@ agent. Which agent speaks for which node is its CURVE key (ZeroMQ's ``User-Id`` 
 anything it says or its socket's name: a key holds the node rank it first claims in a launch
 (:func:`~procsv.watchdog.rules.hosts.claim_node` decides); another key's claim of that rank is
 refused (:class:`~procsv.ipc.node_messages.NodeRefused`) and logged once (``node_refused``). It beats
-every :data:`BEAT_SECS` so that an agent notices a master that is gone, and removes the keys folder
+every :data:`BEAT_SECS` (each beat carries node 0's ``--node-timeout``, which the agents use for it)
+so that an agent notices a master that is gone, and removes the keys folder
 when the launch ends.
 """
 
@@ -33,7 +34,7 @@ from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.state import RunView
 
 STOP_DRAIN_SECS = 0.5  # how long the master reads on after telling the agents the job is over
-BEAT_SECS = 0.5  # both ways: heartbeats; a peer silent for Limits.node_timeout is lost
+BEAT_SECS = 0.5  # both ways: heartbeats; a peer silent for Limits.node_timeout (--node-timeout) is lost
 ACCEPT = frozenset({NodeHello, MemberStarted, MemberEnded, Relayed})
 RELAYED = frozenset({Progress, TrainerReady})  # what an agent may relay from its members
 
@@ -125,7 +126,7 @@ class NodeLink:
                 self.refusals.append(RefusedClaim(msg.node, msg.host, msg.pid, curve.fingerprint(key.encode()),
                                                   reason))
             try:
-                send(self.sock, NodeRefused(msg.node, reason), prefix=[route])
+                send(self.sock, NodeRefused(msg.node, reason, self.limits.node_timeout), prefix=[route])
             except zmq.ZMQError:
                 pass
             return None
@@ -162,7 +163,7 @@ class NodeLink:
             return
         self._beat_at = now
         for node in self.known:
-            self.send(node, MasterBeat(self.job))
+            self.send(node, MasterBeat(self.job, self.limits.node_timeout))
 
     def stop_all(self, exit_code: int) -> None:
         """The job is over: every agent stops its members and exits."""

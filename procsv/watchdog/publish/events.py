@@ -33,7 +33,7 @@ logdir_lost            path, reason (the logdir was deleted, moved or replaced: 
 standby_ready          pid, attempt, secs (a hot standby waits, its program built, since spawn)
 standby_decided        mode, reason (``--standby auto``: which mode the launch chose, and why)
 node_joined            node, host, pid (``--nnodes``: another host's agent connected, or came back)
-node_lost              node, host, silent_secs (its agent went silent: its trainers count as dead)
+node_lost              node, host, silent_secs, reason (its agent went silent: its trainers count as dead)
 node_refused           node, host, pid, key, reason (an agent's claim of a node rank another agent's key holds)
 =====================  ==========================================================================
 """
@@ -106,7 +106,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.STANDBY_READY: frozenset({"pid", "attempt", "secs"}),
     Event.STANDBY_DECIDED: frozenset({"mode", "reason"}),
     Event.NODE_JOINED: frozenset({"node", "host", "pid"}),
-    Event.NODE_LOST: frozenset({"node", "host", "silent_secs"}),
+    Event.NODE_LOST: frozenset({"node", "host", "silent_secs", "reason"}),
     Event.NODE_REFUSED: frozenset({"node", "host", "pid", "key", "reason"}),
 }
 

@@ -45,7 +45,7 @@ class Limits:
     nproc: int = 1  # trainers in the group (--nproc): task 0 the chief (procsv.watchdog.rules.group)
     group_grace_secs: float = 0.5  # a group's survivors get SIGTERM, then SIGKILL after this (rule 11)
     nnodes: int = 1  # hosts of the job (--nnodes): each runs nproc of the group's trainers
-    node_timeout: float = 3.0  # a host whose agent is silent this long is lost (its members are dead)
+    node_timeout: float = 15.0  # --node-timeout: a host whose agent is silent this long is lost (its members are dead)
     rejoin_timeout: float = 300.0  # a lost (or never joined) host may take this long to come back
 
     @property
