@@ -84,11 +84,14 @@ class DiskIO:
         self.look_since: Optional[float] = None  # a look asked for at this time has not returned yet
         self._looked: Optional[tuple[Look, float]] = None  # the newest look's result and when it returned
         self._gone = False  # the newest look saw no logdir, or another one: status.json is not written
+        self._closed = False  # closed: lines go straight to the terminal, nothing else is taken
         self._thread = threading.Thread(target=self._run, name="procsv-logdir-io", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ the loop's side
     def _put(self, item: _Item) -> bool:
+        if self._closed:
+            return False
         try:
             self._queue.put_nowait(item)
         except queue.Full:
@@ -108,7 +111,7 @@ class DiskIO:
 
     def line(self, text: str, err: bool = False) -> None:
         """One of the watchdog's terminal lines: straight to the terminal, or behind a queued echo."""
-        if self._sent == self._done:
+        if self._closed or self._sent == self._done:
             self.term.line(text, err)
         elif self._put(_Line(text, err)):
             self._sent += 1
@@ -157,6 +160,7 @@ class DiskIO:
         deadline = self.clock() + wait
         while not self._put(None) and self.clock() < deadline:
             time.sleep(0.01)
+        self._closed = True
         self._thread.join(max(0.0, deadline - self.clock()))
         if not self._thread.is_alive():
             return True
