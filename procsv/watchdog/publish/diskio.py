@@ -105,9 +105,9 @@ class DiskIO:
     def event(self, event: Event, fields: dict[str, Any], wall: float) -> None:
         """Append a lifecycle record (recorded at ``wall``), after everything queued before it."""
         check(event, fields)  # here: a record outside the schema is the loop's bug, raised in the loop
-        log = self.events
+        log, record = self.events, dict(fields)  # a copy: the loop may reuse its dict
         if log is not None:
-            self._put(_Job(lambda: log.write(event, at=wall, **fields)))
+            self._put(_Job(lambda: log.write(event, at=wall, **record)))
 
     def line(self, text: str, err: bool = False) -> None:
         """One of the watchdog's terminal lines: straight to the terminal, or behind a queued echo."""
