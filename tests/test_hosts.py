@@ -352,3 +352,30 @@ def test_a_node_timeout_that_is_not_positive_is_a_usage_error(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip() == "procsv: error: --node-timeout must be > 0, not 0"
     assert not os.path.exists(tmp_path / "r")
+
+
+def test_a_host_lost_during_node_0s_orderly_stop_does_not_keep_the_launch_alive(hosts, logdir):
+    """SIGTERM reaches node 0 and, at the same moment, node 1's agent dies (a scheduler ending the
+    whole job kills hosts too). Its members die with it, and no agent is left to report them: node 0
+    finds the host lost after --node-timeout and ends. Before: rule 12 decided nothing once the run
+    was finishing, and node 0 waited for the lost host's members for ever."""
+    addr = master_addr()
+    args = (*ARGS, "--steps", "1000000")
+    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4"))
+    node1 = agent(logdir, addr, *args)
+    try:
+        wait_for(lambda: events(logdir, "first_step"), 120, what="the group's first step")
+        os.killpg(master.pid, signal.SIGTERM)
+        os.killpg(node1.pid, signal.SIGKILL)  # the agent and, by their parent-death signal, its members
+        ended = time.monotonic()
+        code, out, err = finish(master, timeout=60)
+        took = time.monotonic() - ended
+    finally:
+        if master.poll() is None:
+            os.killpg(master.pid, signal.SIGKILL)
+        finish(node1, timeout=30)
+    assert code == 143, err
+    assert took < 40, took
+    lost = events(logdir, "node_lost")
+    assert len(lost) == 1 and lost[0]["node"] == 1, lost
+    wait_for(lambda: not host_pids(), 10, what="no process of the job left")

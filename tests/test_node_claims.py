@@ -83,3 +83,17 @@ def test_a_key_speaks_for_one_node_and_a_node_outside_the_job_is_refused():
         verdict, reason = m.hello(node, B)
         assert verdict is Claim.REFUSED and f"this job has no node {node}" in reason
     assert m.holders == {1: A, 2: C}
+
+
+def test_a_host_silent_while_the_run_finishes_is_still_found_lost_but_nothing_is_given_up():
+    """Rule 12 during the orderly stop: a silent host is lost (the launch waits for no member of it);
+    a host that never joined or stays away is no reason to give up a run that is ending anyway."""
+    from procsv.watchdog.rules.actions import NodeLost
+
+    m = Master()
+    m.hello(1, A)
+    m.tick(1.0)
+    m.view.finishing = True
+    late = LIMITS.rejoin_timeout + 100.0  # node 2 never joined: past the rejoin timeout too
+    actions = host_actions(m.view, late, LIMITS)
+    assert [type(a) for a in actions] == [NodeLost] and actions[0].node == 1

@@ -68,5 +68,8 @@ class RemoteMembers:
         self.report(observe.reaped(self.view, slot, attempt, failure, self.clock()))
 
     def live(self) -> bool:
-        """A member on another host that has not ended yet (or is still being started)."""
-        return bool(self.pending) or any(c.node != 0 and not c.reaped for c in self.view.children.values())
+        """A member on another host that has not ended yet (or is still being started); the members of
+        a host found lost are not waited for (no agent is left to report their end)."""
+        lost = {node for node, n in self.view.nodes.items() if n.lost_at is not None}
+        return bool(self.pending) or any(c.node != 0 and not c.reaped and c.node not in lost
+                                         for c in self.view.children.values())

@@ -6,7 +6,8 @@ agent's heartbeats), the time ``now`` passed in and the :class:`~procsv.watchdog
 
 - A host whose agent has been silent for ``node_timeout`` seconds is lost (:class:`NodeLost`):
   its members count as dead, which breaks the group (rule 11); the next group waits until
-  every host is connected again (:func:`hosts_missing`).
+  every host is connected again (:func:`hosts_missing`). Also while the run finishes: the launch
+  waits for no member of a lost host.
 - A host that never joined, or was lost and did not come back within ``rejoin_timeout``
   seconds, stops the run in order, which then fails (:class:`StopNodesMissing`).
 - Which agent may speak for a node rank (:func:`claim_node`): the first key that claims it in a
@@ -26,20 +27,23 @@ from procsv.watchdog.rules.state import RunView
 
 def host_actions(view: RunView, now: float, limits: Limits) -> list[Action]:
     """Rule 12: hosts lost, and hosts that stay away too long."""
-    if limits.nnodes <= 1 or view.finishing:
+    if limits.nnodes <= 1:
         return []
     out: list[Action] = []
     for node in range(1, limits.nnodes):
         n = view.nodes.get(node)
         if n is None or n.last_beat is None:
-            if now - view.launch_start > limits.rejoin_timeout and view.stop_signal is None:
+            if now - view.launch_start > limits.rejoin_timeout and view.stop_signal is None and not view.finishing:
                 return [StopNodesMissing(node, f"node {node} did not join within --rejoin-timeout "
                                                f"{limits.rejoin_timeout:g} s (is `procsv launch --node-rank {node}` "
                                                "running there, and can it reach --master-addr?)")]
             continue
         if n.lost_at is None and now - n.last_beat > limits.node_timeout:
+            # also while the run finishes: a host that dies during the orderly stop reports its
+            # members' ends no more, and the launch waits for them until their host is found lost
             out.append(NodeLost(node, now - n.last_beat))
-        elif n.lost_at is not None and now - n.lost_at > limits.rejoin_timeout and view.stop_signal is None:
+        elif n.lost_at is not None and now - n.lost_at > limits.rejoin_timeout and view.stop_signal is None \
+                and not view.finishing:
             return [StopNodesMissing(node, f"node {node} ({n.host}) was lost and did not come back within "
                                            f"--rejoin-timeout {limits.rejoin_timeout:g} s")]
     return out
