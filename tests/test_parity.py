@@ -281,6 +281,10 @@ def test_the_table_parses_and_its_rows_are_well_formed(text):
 
 
 def test_every_name_a_row_gives_exists_in_procsv(text, instances):
+    import procsv
+    from procsv import train
+
+    assert procsv.Supervisor is train.Supervisor  # the Supervisor rows are procsv.Supervisor's too
     rows, _ = parse_rows(text)
     assert check_names(rows, instances) == []
 
