@@ -15,6 +15,9 @@ look names up (TensorFlow is imported, eager; nothing runs in graph mode, no ser
 
 Each check is a function returning the problems it finds, so that
 :func:`test_each_check_finds_a_broken_table` can show that each one fails on a broken copy.
+
+``python tests/test_parity.py --renumber`` rewrites the page's ``#`` column (1..N in order) and its
+counts table from the rows, after rows were added or their status changed; it changes nothing else.
 """
 
 from __future__ import annotations
@@ -311,6 +314,11 @@ def test_the_checked_in_seed_items_are_what_the_seed_pages_hold():
     assert parity_seeds.extract(folder) == parity_seeds.checked_in()
 
 
+def test_renumbering_the_page_changes_nothing(text):
+    """The page is as ``--renumber`` writes it (so the helper is safe to run after an edit)."""
+    assert renumber(text) == text
+
+
 def _row_line(text: str, item: str) -> str:
     (line,) = [line for line in text.splitlines() if line.startswith("| ") and f"| {item} |" in line]
     return line
@@ -376,3 +384,38 @@ def test_each_check_finds_a_broken_table(text, instances, breakage):
     assert broken != text
     problems = all_problems(broken, instances, items)
     assert any(BREAKAGES[breakage] in p for p in problems), problems
+
+
+def renumber(text: str) -> str:
+    """The page with its rows numbered 1..N in order and its counts table recomputed from the rows."""
+    out = []
+    number = 0
+    in_table = False
+    for line in text.split("\n"):
+        if line.strip() == HEADER:
+            in_table = True
+        elif in_table and not line.startswith("|"):
+            in_table = False
+        elif in_table and _cells(line)[0].isdigit():
+            number += 1
+            line = re.sub(r"^\|\s*\d+\s*\|", f"| {number} |", line)
+        out.append(line)
+    text = "\n".join(out)
+    rows, _ = parse_rows(text)
+    head, rest = text.split(COUNTS_MARK, 1)
+    lines = rest.lstrip("\n").split("\n")
+    end = next(i for i, line in enumerate(lines) if not line.startswith("|"))
+    table = ["| part | rows | " + " | ".join(STATUSES) + " |", "|---|---|---|---|---|"]
+    for part, c in recount(rows).items():
+        cells = [str(c["rows"]), *(str(c[s]) for s in STATUSES)]
+        table.append(f"| {part} | " + " | ".join(cells) + " |" if part != "all" else
+                     "| **all** | " + " | ".join(f"**{v}**" for v in cells) + " |")
+    return head + COUNTS_MARK + "\n" + "\n".join(table + lines[end:])
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--renumber"]:
+        sys.exit("usage: python tests/test_parity.py --renumber")
+    DOC.write_text(renumber(DOC.read_text(encoding="utf-8")), encoding="utf-8")
