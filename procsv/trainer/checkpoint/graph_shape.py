@@ -26,8 +26,14 @@ Shape = list[tuple[int, str, Any]]  # (parent's position, edge name, child); (-1
 
 def shape(ckpt: Any) -> Optional[Shape]:
     """The edges of ``ckpt``'s object graph (see the module docstring), or None if they cannot be
-    told apart from a change reliably."""
+    told apart from a change reliably. A name-based checkpoint (a TF1 graph's variables) has one
+    edge per variable, from itself: its variables never change."""
     import tensorflow as tf
+
+    from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
+
+    if isinstance(ckpt, NameBasedCheckpoint):
+        return [(0, key, ckpt) for key in ckpt.keys()]
 
     view = tf.__internal__.tracking.ObjectGraphView(ckpt)
     seen = {id(ckpt)}

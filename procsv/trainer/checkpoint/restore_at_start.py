@@ -26,6 +26,7 @@ from procsv.common.layout import Layout
 from procsv.common.manifests import (Manifest, damaged_manifests, list_committed, manifest_path, restoring,
                                      unreadable_file, verify)
 from procsv.trainer.checkpoint import restore
+from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.restore import ReadRetry
 
@@ -176,7 +177,8 @@ def restore_path(checkpoint: Any, global_step: Any, path: str, step: int) -> Non
     """Restore ``path`` and set ``global_step`` to ``step`` (a manifest's, or what
     :func:`restore_foreign` read); a checkpoint that does not match the program (a variable
     missing, or of another shape: a changed layer size) is a :class:`MismatchedCheckpoint` naming
-    the variable."""
+    the variable. A name-based checkpoint's step is always assigned: its global step may still show
+    the value it saw before the restore."""
     try:
         status = checkpoint.restore(path)
         status.assert_existing_objects_matched()
@@ -185,7 +187,7 @@ def restore_path(checkpoint: Any, global_step: Any, path: str, step: int) -> Non
             f"checkpoint {path} does not match this program's state ({str(exc).splitlines()[0]}); "
             "restore it with the program that wrote it, or use a new --logdir"
         ) from None
-    if int(global_step.numpy()) != step:
+    if isinstance(checkpoint, NameBasedCheckpoint) or int(global_step.numpy()) != step:
         global_step.assign(step)
 
 
@@ -196,9 +198,13 @@ def restore_foreign(checkpoint: Any, global_step: Any, path: str) -> None:
     (:func:`procsv.trainer.checkpoint.restore.foreign_step`; never the number in its name).
     Neither: :class:`MismatchedCheckpoint`, before anything is restored. Without a ``global_step``
     in the file, the program's ``global_step`` is left out of the restore's match (it is set from
-    the step read) and put back after it."""
+    the step read) and put back after it. A TF1 ``Saver``'s ``model.ckpt-N`` is read by name
+    (:func:`_restore_foreign_by_name`)."""
     import tensorflow as tf
 
+    if isinstance(checkpoint, NameBasedCheckpoint):
+        _restore_foreign_by_name(checkpoint, global_step, path)
+        return
     reader = tf.train.load_checkpoint(path)
     dtypes = reader.get_variable_to_dtype_map()
     shapes = reader.get_variable_to_shape_map()
@@ -218,6 +224,29 @@ def restore_foreign(checkpoint: Any, global_step: Any, path: str) -> None:
     finally:
         if held is not None:
             checkpoint.global_step = held
+
+
+def _restore_foreign_by_name(checkpoint: NameBasedCheckpoint, global_step: Any, path: str) -> None:
+    """:func:`restore_foreign` for a TF1 graph program: the step is the file's value of the program's
+    global step variable (under its own key, ``global_step`` as TF1 makes it), else of a ``step``
+    key; without the program's key in the file, that variable is left out of the restore and set
+    from the step read."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(path)
+    dtypes = reader.get_variable_to_dtype_map()
+    shapes = reader.get_variable_to_shape_map()
+    own = checkpoint.key_of(getattr(global_step, "var", None))
+    stored: dict[str, int] = {}
+    for name in restore.FOREIGN_STEP_NAMES:
+        key = own if name == "global_step" and own is not None and own in dtypes else name
+        if key in dtypes and dtypes[key].is_integer and list(shapes[key]) == []:
+            stored[name] = int(reader.get_tensor(key))
+    name, step = restore.foreign_step(path, stored)
+    print(f"procsv: {os.path.basename(path)} was not written by procsv: resuming at the step stored in its "
+          f"{name!r} variable, {step}", flush=True)
+    with checkpoint.leaving_out({own} if own is not None and own not in dtypes else set()):
+        restore_path(checkpoint, global_step, path, step)
 
 
 def recover_memory(ch: TrainerChannels, wait_secs: float = RECOVER_WAIT) -> None:

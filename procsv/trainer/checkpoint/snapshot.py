@@ -17,6 +17,11 @@ the next update then allocates fresh pages, about 0.4 s per GiB). The service ma
 memory and writes it to disk without another copy. Strings, variants (a ``tf.data`` iterator's
 state, serialized with ``tf.io.serialize_tensor``) and the object graph are small and travel as
 ZeroMQ frames.
+
+A TF1 graph program's state (:class:`~procsv.trainer.checkpoint.name_based.NameBasedCheckpoint`)
+takes the same path with no object graph to walk: its variables are read with one
+``session.run``, arrive as NumPy arrays keyed by their graph names, and the snapshot has no
+object-graph entry, so that ``tf.compat.v1.train.Saver`` restores the checkpoint as one of its own.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from procsv.ipc.transport import CHECKPOINT_FRAME_MAX
 from procsv.common.errors import UnsupportedState
 from procsv.common.snapshot_memory import MAX_SLOTS, PAGE, SLOT_COMPLETE, SLOT_WRITING
 from procsv.trainer.checkpoint import graph_shape
+from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
 
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 ALIGN = 64  # each tensor's offset in the arena (and in the data file): what TF and dlpack expect
@@ -52,6 +58,8 @@ def _serialize(ckpt: Any) -> tuple[list[Any], Any]:
 
 def self_test(ckpt: Any) -> None:
     """Raise UnsupportedState now if this TF release lacks the snapshot route procsv uses."""
+    if isinstance(ckpt, NameBasedCheckpoint):  # read by its own session.run: no private route
+        return
     try:
         _serialize(ckpt)
     except (AttributeError, TypeError, ValueError) as exc:
@@ -173,7 +181,7 @@ class Plan:
     """
 
     readers: list[tuple[str, Callable[[], Any]]]
-    graph: bytes
+    graph: Optional[bytes]  # None: a name-based checkpoint (no object graph; its values are read in one batch)
     reusable: bool
     layout: Optional["Layout"] = None  # where the last snapshot with this plan put each tensor
     shape: Optional[graph_shape.Shape] = None  # the graph's edges when walked (None: never reuse)
@@ -181,6 +189,8 @@ class Plan:
 
 def plan(ckpt: Any) -> Plan:
     """Walk ``ckpt``'s object graph now."""
+    if isinstance(ckpt, NameBasedCheckpoint):
+        return Plan([], None, True, shape=graph_shape.shape(ckpt))
     edges = graph_shape.shape(ckpt)
     named, graph_proto = _serialize(ckpt)
     readers: list[tuple[str, Callable[[], Any]]] = []
@@ -195,7 +205,9 @@ def plan(ckpt: Any) -> Plan:
     return Plan(readers, graph_proto.SerializeToString(), reusable and edges is not None, shape=edges)
 
 
-def _gather(ckpt: Any, known: Optional[Plan] = None) -> tuple[list[tuple[str, Any]], bytes]:
+def _gather(ckpt: Any, known: Optional[Plan] = None) -> tuple[list[tuple[str, Any]], Optional[bytes]]:
+    if isinstance(ckpt, NameBasedCheckpoint):
+        return list(ckpt.gather()), None
     p = known if known is not None else plan(ckpt)
     return [(key, read()) for key, read in p.readers], p.graph
 
@@ -244,23 +256,39 @@ def _layout(tensors: list[tuple[str, Any]]) -> Layout:
     out = Layout([], [], [], [], 0)
     pos = 0
     for key, t in tensors:
-        name = t.dtype.name
+        dtype = _tf_dtype(key, t)
+        name = dtype.name
         out.names.append(name)
         if name in _FRAME_DTYPES:
             out.offsets.append(None)
             out.dtypes.append(None)
             out.nbytes.append(0)
             continue
-        if name == "resource" or not t.dtype.is_numpy_compatible:
+        if name == "resource" or not dtype.is_numpy_compatible:
             raise UnsupportedState(f"{key}: tensors of dtype {name} cannot be checkpointed by procsv")
         pos = -(-pos // ALIGN) * ALIGN
-        size = int(np.prod(t.shape.as_list(), dtype=np.int64)) * t.dtype.size
+        shape = list(t.shape) if isinstance(t, np.ndarray) else t.shape.as_list()
+        size = int(np.prod(shape, dtype=np.int64)) * dtype.size
         out.offsets.append(pos)
-        out.dtypes.append(np.dtype(t.dtype.as_numpy_dtype))
+        out.dtypes.append(np.dtype(dtype.as_numpy_dtype))
         out.nbytes.append(size)
         pos += size
     out.total = pos
     return out
+
+
+def _tf_dtype(key: str, t: Any) -> Any:
+    """The TensorFlow dtype of a tensor, or of a NumPy array read by a session (bytes: string)."""
+    if not isinstance(t, np.ndarray):
+        return t.dtype
+    import tensorflow as tf
+
+    if t.dtype.kind in "OSU":
+        return tf.string
+    try:
+        return tf.as_dtype(t.dtype)
+    except TypeError:
+        raise UnsupportedState(f"{key}: arrays of dtype {t.dtype} cannot be checkpointed by procsv") from None
 
 
 def _arrays(tensors: list[tuple[str, Any]], layout: Layout) -> Optional[list[Any]]:
@@ -323,8 +351,9 @@ def take(ckpt: Any, place: Callable[[int], Optional[tuple[SnapshotArena, int]]],
                 np.copyto(arena.array[offset:offset + src.nbytes], src.reshape(-1).view(np.uint8))
             specs.append(TensorSpec(key, name, list(src.shape), offset=offset))
     del tensors, arrays  # drop every reference to the variables' buffers: their next update writes in place
-    specs.append(TensorSpec(GRAPH_KEY, "string", [], [len(graph)]))
-    frames.append(graph)
+    if graph is not None:  # (a name-based checkpoint has no object graph: TF1's Saver reads it as its own)
+        specs.append(TensorSpec(GRAPH_KEY, "string", [], [len(graph)]))
+        frames.append(graph)
     framed = [spec for spec in specs if spec.offset is None]
     for spec, frame in zip(framed, frames):
         size = frame.nbytes if isinstance(frame, np.ndarray) else len(frame)
@@ -335,14 +364,15 @@ def take(ckpt: Any, place: Callable[[int], Optional[tuple[SnapshotArena, int]]],
 
 
 def _add_frame(specs: list[TensorSpec], frames: list[Any], key: str, t: Any) -> None:
-    if t.dtype.name == "variant":
+    if not isinstance(t, np.ndarray) and t.dtype.name == "variant":
         import tensorflow as tf
 
         data = tf.io.serialize_tensor(t).numpy()
         specs.append(TensorSpec(key, "variant", t.shape.as_list()))
         frames.append(data)
         return
-    arr = np.asarray(t.numpy())
-    items = [x if isinstance(x, bytes) else bytes(x) for x in arr.reshape(-1).tolist()]
+    arr = t if isinstance(t, np.ndarray) else np.asarray(t.numpy())
+    items = [x if isinstance(x, bytes) else x.encode() if isinstance(x, str) else bytes(x)
+             for x in arr.reshape(-1).tolist()]
     specs.append(TensorSpec(key, "string", list(arr.shape), [len(x) for x in items]))
     frames.append(b"".join(items))

@@ -1,0 +1,216 @@
+"""A TF1 graph program's training state, as the checkpoint agent handles it.
+
+Runs in the trainer process, main thread, graph mode only. :class:`GraphCheckpoint` presents a
+graph's variables through the surface of ``tf.train.Checkpoint`` that
+:class:`~procsv.trainer.checkpoint.agent.CheckpointAgent`, :mod:`procsv.trainer.checkpoint.snapshot`
+and :mod:`procsv.trainer.checkpoint.restore_at_start` use
+(:class:`~procsv.trainer.checkpoint.name_based.NameBasedCheckpoint`): a snapshot reads every variable
+with one ``session.run`` and keys it by its TF1 name (``w1``, ``w1/Momentum``, ``global_step``: what
+``tf.compat.v1.train.Saver`` writes), with no object graph; a restore assigns them by name in the
+live session. :class:`GraphGlobalStep` looks like the eager global step: ``numpy()``, ``assign``,
+``assign_add``.
+
+Every op either needs is built once, at construction (the Supervisor finalizes the graph after
+that): a snapshot, a restore or an assignment adds nothing to the graph, however often it runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from procsv.common.errors import UnsupportedState
+from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint, RestoreStatus
+
+SessionGetter = Callable[[], Any]  # returns the live tf.compat.v1.Session (or anything with its run())
+SCOPE = "procsv"  # the name scope of the ops built here
+
+
+class SaveCounter:
+    """``tf.train.Checkpoint.save_counter``'s surface, as a plain counter (a TF1 checkpoint has none)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def assign_add(self, n: int) -> None:
+        self.value += int(n)
+
+    def numpy(self) -> np.int64:
+        return np.int64(self.value)
+
+
+def _variables(graph: Any) -> list[Any]:
+    import tensorflow as tf
+
+    seen: dict[int, Any] = {}
+    for key in (tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, tf.compat.v1.GraphKeys.LOCAL_VARIABLES,
+                tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, tf.compat.v1.GraphKeys.MODEL_VARIABLES):
+        for v in graph.get_collection(key):
+            seen.setdefault(id(v), v)
+    return list(seen.values())
+
+
+def _as_variable(key: str, value: Any) -> Any:
+    """``value`` as a variable: a variable as it is; a tensor standing for one (what
+    ``Saver``'s own normalization of a var list gives: a resource variable's read, a reference
+    variable's ref) as the variable of its graph it reads."""
+    import tensorflow as tf
+
+    if isinstance(value, tf.Variable):
+        if getattr(value, "_save_slice_info", None) is not None:
+            raise UnsupportedState(f"{key}: partitioned (sliced) variables are not supported")
+        return value
+    if isinstance(value, (list, tuple)) or not hasattr(value, "op"):
+        raise UnsupportedState(f"{key}: {type(value).__name__} in the saver's var list; procsv checkpoints "
+                               "variables only (partitioned variables and SaveableObjects are not supported)")
+    op = value.op
+    if op.type in ("ReadVariableOp", "Identity") and op.inputs:
+        op = op.inputs[0].op
+    for var in _variables(value.graph):
+        if var.op is op:
+            return var
+    raise UnsupportedState(f"{key}: {value.name} is no variable of its graph; procsv checkpoints variables only")
+
+
+def normalize(var_list: Union[Mapping[str, Any], Sequence[Any]]) -> dict[str, Any]:
+    """``var_list`` as ``tf.compat.v1.train.Saver`` keys it: a mapping kept (values made variables),
+    a list keyed by each variable's graph name (``var.op.name``)."""
+    if isinstance(var_list, Mapping):
+        return {str(k): _as_variable(str(k), v) for k, v in var_list.items()}
+    out: dict[str, Any] = {}
+    for v in var_list:
+        var = _as_variable(getattr(v, "name", "?"), v)
+        key = var.op.name
+        if key in out and out[key] is not var:
+            raise ValueError(f"two variables are saved under the same name {key!r}")
+        out[key] = var
+    return out
+
+
+class GraphCheckpoint(NameBasedCheckpoint):
+    """The variables of ``var_list`` (checkpoint key -> variable, or a list of variables keyed by
+    their graph names), read and assigned through ``session()``, the live session.
+
+    Build it before the graph is finalized: its read, restore and assign ops are made here.
+    """
+
+    def __init__(self, var_list: Union[Mapping[str, Any], Sequence[Any]], session: SessionGetter) -> None:
+        import tensorflow as tf
+
+        self.var_list = normalize(var_list)
+        if not self.var_list:
+            raise ValueError("GraphCheckpoint: no variables to checkpoint")
+        self.session = session
+        self.save_counter = SaveCounter()
+        graphs = {id(v.graph): v.graph for v in self.var_list.values()}
+        if len(graphs) != 1:
+            raise ValueError("GraphCheckpoint: the variables belong to more than one graph")
+        self.graph = next(iter(graphs.values()))
+        self._keys = list(self.var_list)
+        self._dtypes = [v.dtype.base_dtype for v in self.var_list.values()]
+        with self.graph.as_default(), tf.name_scope(f"{SCOPE}/checkpoint"):
+            self._reads = [_read_op(v) for v in self.var_list.values()]
+            self._prefix = tf.compat.v1.placeholder(tf.string, shape=[], name="restore_prefix")
+            self._assigns: list[Any] = []
+            for key, var, dtype in zip(self._keys, self.var_list.values(), self._dtypes):
+                with tf.device("/cpu:0"):
+                    value = tf.raw_ops.RestoreV2(prefix=self._prefix, tensor_names=[key], shape_and_slices=[""],
+                                                 dtypes=[dtype])[0]
+                value.set_shape(var.shape)
+                self._assigns.append(var.assign(value, read_value=False))
+
+    def keys(self) -> list[str]:
+        return list(self._keys)
+
+    def key_of(self, variable: Any) -> Optional[str]:
+        for key, var in self.var_list.items():
+            if var is variable:
+                return key
+        return None
+
+    def gather(self) -> list[tuple[str, np.ndarray]]:
+        """Every variable's value, read with one ``session.run``."""
+        values = self.session().run(self._reads)
+        return [(key, np.asarray(value)) for key, value in zip(self._keys, values)]
+
+    def restore(self, path: str) -> RestoreStatus:
+        """Assign every variable (but those left out) its value in ``path``, in one ``session.run``.
+
+        Checked first against the checkpoint's index, so that nothing is assigned unless everything
+        matches: a variable missing from it or stored with another shape or dtype raises
+        ``ValueError`` naming it. A damaged file raises TensorFlow's own error (``DataLossError``:
+        the restore at start then passes over to an older checkpoint)."""
+        import tensorflow as tf
+
+        reader = tf.train.load_checkpoint(path)
+        shapes = reader.get_variable_to_shape_map()
+        dtypes = reader.get_variable_to_dtype_map()
+        run: list[Any] = []
+        for key, var, dtype, assign in zip(self._keys, self.var_list.values(), self._dtypes, self._assigns):
+            if key in self.left_out:
+                continue
+            if key not in shapes:
+                raise ValueError(f"variable {key!r} is not in the checkpoint {path}")
+            if list(shapes[key]) != var.shape.as_list():
+                raise ValueError(f"variable {key!r} has shape {var.shape.as_list()} in this program and "
+                                 f"{list(shapes[key])} in the checkpoint {path}")
+            if dtypes[key] != dtype:
+                raise ValueError(f"variable {key!r} is {dtype.name} in this program and {dtypes[key].name} "
+                                 f"in the checkpoint {path}")
+            run.append(assign)
+        if run:
+            self.session().run(run, feed_dict={self._prefix: path})
+        return RestoreStatus()
+
+
+def _read_op(var: Any) -> Any:
+    """A tensor reading ``var``'s current value: a resource variable's new ``ReadVariableOp`` (so
+    call this once per use), a reference variable's snapshot."""
+    return var.value()
+
+
+class GraphGlobalStep:
+    """The graph's global step variable, as the rest of procsv sees an eager global step.
+
+    ``numpy()`` is the value :meth:`observe` last set (the graph session calls it after each
+    ``run``, which fetches the step anyway), read through the session when nothing was observed
+    since construction or :meth:`forget`. ``assign`` and ``assign_add`` run ops built here, once.
+    """
+
+    def __init__(self, var: Any, session: SessionGetter) -> None:
+        import tensorflow as tf
+
+        self.var = var
+        self.session = session
+        self.observed: Optional[int] = None
+        dtype = var.dtype.base_dtype
+        with var.graph.as_default(), tf.name_scope(f"{SCOPE}/global_step"):
+            self._value = tf.compat.v1.placeholder(dtype, shape=[], name="value")
+            self._assign = var.assign(self._value, read_value=True)
+            self._assign_add = var.assign_add(self._value, read_value=True)
+            self._read = _read_op(var)
+
+    @property
+    def dtype(self) -> Any:
+        return self.var.dtype.base_dtype
+
+    def observe(self, value: Any) -> None:
+        """The step's value after a run (fetched with it)."""
+        self.observed = int(value)
+
+    def forget(self) -> None:
+        """The variable may have changed outside the runs observed (a new session, an init): the next
+        :meth:`numpy` reads it."""
+        self.observed = None
+
+    def numpy(self) -> np.int64:
+        if self.observed is not None:
+            return np.int64(self.observed)
+        return np.int64(self.session().run(self._read))
+
+    def assign(self, value: Any) -> None:
+        self.observed = int(self.session().run(self._assign, feed_dict={self._value: int(value)}))
+
+    def assign_add(self, value: Any) -> None:
+        self.observed = int(self.session().run(self._assign_add, feed_dict={self._value: int(value)}))
