@@ -96,9 +96,10 @@ def _fresh(w1_shape: tuple[int, int] = (4, 8), extra: bool = False) -> tuple[Any
     return m, tf.compat.v1.Session(graph=m.graph), init
 
 
-def _restore(logdir: str, w1_shape: tuple[int, int] = (4, 8), extra: bool = False
+def _restore(logdir: str, w1_shape: tuple[int, int] = (4, 8), extra: bool = False, stale: int = -5
              ) -> tuple[restore_at_start.Restored, dict[str, np.ndarray], int]:
-    """Restore at start, as the agent does, into a fresh graph: what it did, the values, the step."""
+    """Restore at start, as the agent does, into a fresh graph: what it did, the values, the step.
+    The global step has observed ``stale`` before (a value from runs before the restore)."""
     from procsv.trainer.graph.state import GraphCheckpoint, GraphGlobalStep
     import tensorflow as tf
 
@@ -107,7 +108,7 @@ def _restore(logdir: str, w1_shape: tuple[int, int] = (4, 8), extra: bool = Fals
         with m.graph.as_default():
             ckpt = GraphCheckpoint(tf.compat.v1.global_variables(), lambda: sess)
         gs = GraphGlobalStep(m.global_step, lambda: sess)
-        gs.observe(-5)  # a stale observation: the restore must set the step all the same
+        gs.observe(stale)  # a stale observation: the restore must set the step all the same
         done = restore_at_start.restore_or_init(ckpt, gs, Layout(logdir), lambda: sess.run(init), allow_reinit=False,
                                                 read_retry=ReadRetry(total_secs=0.1), clock=time.monotonic,
                                                 sleep=time.sleep)
@@ -264,33 +265,51 @@ def test_a_tf1_checkpoint_with_a_step_key_but_no_global_step_resumes_at_it_leavi
             path = saver.save(sess, os.path.join(logdir, "model.ckpt"), global_step=1)
     finally:
         sess.close()
-    done, got, step = _restore(logdir)
+    # observed 4 already: only the variable, never restored from this file, tells the step is not set
+    done, got, step = _restore(logdir, stale=4)
     assert done.path == path and step == 4
     _same(got, want)
 
 
+class CountingSession:
+    """A session that counts its runs."""
+
+    def __init__(self, sess: Any) -> None:
+        self.sess = sess
+        self.runs = 0
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        self.runs += 1
+        return self.sess.run(*args, **kwargs)
+
+
 @pytest.mark.slow
-def test_snapshots_restores_and_assignments_do_not_grow_the_graph(graph_run):
+def test_snapshots_restores_and_assignments_do_not_grow_the_graph_and_take_one_run_each(graph_run):
     from procsv.trainer.graph.state import GraphCheckpoint, GraphGlobalStep
     import tensorflow as tf
 
-    logdir, _ = graph_run
+    logdir, at = graph_run
     m, sess, init = _fresh()
+    counting = CountingSession(sess)
     try:
         with m.graph.as_default():
-            ckpt = GraphCheckpoint(tf.compat.v1.global_variables(), lambda: sess)
+            ckpt = GraphCheckpoint(tf.compat.v1.global_variables(), lambda: counting)
         gs = GraphGlobalStep(m.global_step, lambda: sess)
         before = len(m.graph.get_operations())
         m.graph.finalize()  # an op added from here on raises
         sess.run(init)
         for i in range(3):
+            counting.runs = 0
             snap = take(ckpt, lambda n: None)
+            assert counting.runs == 1
             assert GRAPH_KEY not in [s.key for s in snap.specs] and len(snap.frames) == len(ckpt.keys())
             ckpt.restore(os.path.join(logdir, "model.ckpt-6")).assert_existing_objects_matched()
+            assert counting.runs == 2
+            _same(prog.values(sess, m.graph), at[6])
             gs.assign(10 + i)
             gs.assign_add(2)
             gs.forget()
-            assert int(gs.numpy()) == 12 + i
+            assert int(gs.numpy()) == 12 + i == int(sess.run(gs.tensor))
             prog.train(sess, m, 1)
         assert len(m.graph.get_operations()) == before
     finally:

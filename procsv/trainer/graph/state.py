@@ -195,6 +195,11 @@ class GraphGlobalStep:
     def dtype(self) -> Any:
         return self.var.dtype.base_dtype
 
+    @property
+    def tensor(self) -> Any:
+        """A tensor reading the step (built once): what a graph session adds to each run's fetches."""
+        return self._read
+
     def observe(self, value: Any) -> None:
         """The step's value after a run (fetched with it)."""
         self.observed = int(value)
