@@ -175,7 +175,8 @@ def test_a_graph_snapshot_commits_a_checkpoint_a_plain_tf1_saver_restores_bit_eq
         got = prog.values(sess, m.graph)
     finally:
         sess.close()
-    assert {"w1/Momentum", "b2/Momentum", "global_step"} <= set(got)
+    assert {"w1/Momentum", "b2/Momentum", "global_step", "tag"} <= set(got)
+    assert got["tag"].tolist() == [b"graph", b"mode"]
     _same(got, at[6])
     assert int(got["global_step"]) == 6
 
@@ -340,7 +341,7 @@ def test_a_graph_programs_in_memory_snapshot_is_persisted_when_it_dies_and_resto
             proc.wait()
         svc.close()
         shutil.rmtree(runtime, ignore_errors=True)
-    with np.load(out) as npz:
+    with np.load(out, allow_pickle=True) as npz:  # (the string variable: written by our own child)
         want = {k.replace("|", "/"): npz[k] for k in npz.files}
     done, got, step = _restore(logdir)
     assert done.path is not None and done.path.endswith("model.ckpt-7")

@@ -28,7 +28,8 @@ class Model:
 
 
 def build(graph: Any, w1_shape: tuple[int, int] = (4, 8), extra: bool = False) -> Model:
-    """A 4-8-3 MLP from ``get_variable``/``matmul``, a MomentumOptimizer step and the global step."""
+    """A 4-8-3 MLP from ``get_variable``/``matmul``, a MomentumOptimizer step, the global step and a
+    string variable (it travels as a frame, not through the shared memory)."""
     import tensorflow as tf
 
     with graph.as_default():
@@ -41,6 +42,7 @@ def build(graph: Any, w1_shape: tuple[int, int] = (4, 8), extra: bool = False) -
         b2 = tf.compat.v1.get_variable("b2", [3], initializer=tf.compat.v1.zeros_initializer())
         if extra:
             tf.compat.v1.get_variable("w3", [3, 3], initializer=init)
+        tf.compat.v1.get_variable("tag", initializer=tf.constant([b"graph", b"mode"]), trainable=False)  # a frame
         logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
         gs = tf.compat.v1.train.get_or_create_global_step()

@@ -93,6 +93,8 @@ class GraphCheckpoint(NameBasedCheckpoint):
     their graph names), read and assigned through ``session()``, the live session.
 
     Build it before the graph is finalized: its read, restore and assign ops are made here.
+    ``session()`` is called only when a snapshot or a restore runs (the agent's ``restore_or_init``
+    is the first), so the session may be created after this.
     """
 
     def __init__(self, var_list: Union[Mapping[str, Any], Sequence[Any]], session: SessionGetter) -> None:
