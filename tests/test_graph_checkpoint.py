@@ -318,12 +318,16 @@ def test_snapshots_restores_and_assignments_do_not_grow_the_graph_and_take_one_r
 
 
 @pytest.mark.slow
-def test_a_graph_programs_in_memory_snapshot_is_persisted_when_it_dies_and_restores_bit_equal(tmp_path):
+@pytest.mark.parametrize("kind", ["resource", "ref"])
+def test_a_graph_programs_in_memory_snapshot_is_persisted_when_it_dies_and_restores_bit_equal(tmp_path, kind):
+    """In a program with eager execution disabled; with ``ref``, with TF1's reference variables
+    (``disable_v2_behavior``), which a snapshot reads and a restore assigns as well: the restore
+    runs here, and in such a program again."""
     logdir = str(tmp_path / "run")
     runtime = tempfile_short()
     out = str(tmp_path / "at7.npz")
     svc = Service(logdir, runtime)
-    proc = subprocess.Popen([sys.executable, PROGRAM, logdir, runtime, out], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, PROGRAM, logdir, runtime, out, kind], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert proc.stdout is not None
@@ -341,9 +345,19 @@ def test_a_graph_programs_in_memory_snapshot_is_persisted_when_it_dies_and_resto
             proc.wait()
         svc.close()
         shutil.rmtree(runtime, ignore_errors=True)
-    with np.load(out, allow_pickle=True) as npz:  # (the string variable: written by our own child)
-        want = {k.replace("|", "/"): npz[k] for k in npz.files}
+    want = _load(out)
     done, got, step = _restore(logdir)
     assert done.path is not None and done.path.endswith("model.ckpt-7")
     assert step == 7
     _same(got, want)
+    again = str(tmp_path / "restored.npz")
+    proc = subprocess.run([sys.executable, PROGRAM, logdir, "-", again, kind, "restore"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert f"RESTORED 7 {done.path}" in proc.stdout
+    _same(_load(again), want)
+
+
+def _load(path: str) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=True) as npz:  # (the string variable: written by our own child)
+        return {k.replace("|", "/"): npz[k] for k in npz.files}

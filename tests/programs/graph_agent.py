@@ -1,11 +1,13 @@
 """A TF1 graph program's state handed to the checkpoint agent by hand (no Supervisor), for
 tests/test_graph_checkpoint.py, which imports its model and helpers and runs it as a program.
 
-As a program (``python graph_agent.py LOGDIR RUNTIME OUT``) it plays a trainer in TF1 graph mode
-(eager execution disabled for the whole process) against the checkpoint service the test started:
+As a program (``python graph_agent.py LOGDIR RUNTIME OUT [resource|ref] [hold|restore]``) it plays a trainer in
+TF1 graph mode (eager execution disabled for the whole process; with ``ref``, every TF2 behaviour
+disabled, so that ``get_variable`` makes TF1's reference variables) against the checkpoint service the test started:
 restores or initializes, trains 3 steps, commits them to disk, trains to step 7, takes an
 in-memory snapshot of step 7, waits until the service holds it, writes every variable's value at
-step 7 to OUT (``.npz``), prints ``HELD 7`` and waits to be killed.
+step 7 to OUT (``.npz``), prints ``HELD 7`` and waits to be killed. With ``restore`` it only
+restores (the agent's restore at start), writes every variable's value to OUT and exits.
 """
 
 from __future__ import annotations
@@ -94,19 +96,33 @@ def agent_for(m: Model, sess: Any, logdir: str, memory_budget: float = 0.0) -> t
     return agent, ckpt, gs
 
 
-def main(logdir: str, runtime: str, out: str) -> None:
+def _save(out: str, sess: Any, graph: Any) -> None:
+    np.savez(out, **{k.replace("/", "|"): v for k, v in values(sess, graph).items()})
+
+
+def main(logdir: str, runtime: str, out: str, kind: str = "resource", mode: str = "hold") -> None:
     import tensorflow as tf
 
     from procsv.ipc.messages import SaveReason
     from procsv.ipc.transport import Endpoints
     from procsv.trainer.channels import TrainerChannels
 
-    tf.compat.v1.disable_eager_execution()
+    if kind == "ref":
+        tf.compat.v1.disable_v2_behavior()
+    else:
+        tf.compat.v1.disable_eager_execution()
     m = build(tf.compat.v1.get_default_graph())
+    if (type(m.global_step).__name__ == "RefVariable") != (kind == "ref"):
+        sys.exit(f"{kind} variables asked for, {type(m.global_step).__name__} made")
     with m.graph.as_default():
         init = tf.compat.v1.global_variables_initializer()
     sess = tf.compat.v1.Session(graph=m.graph)
     agent, _, gs = agent_for(m, sess, logdir, memory_budget=0.01)
+    if mode == "restore":
+        agent.restore_or_init(lambda: sys.exit("nothing to restore"))
+        _save(out, sess, m.graph)
+        print(f"RESTORED {int(gs.numpy())} {agent.restored_from}", flush=True)
+        return
     ch = TrainerChannels(Endpoints(runtime), supervised=False)
     agent.restore_or_init(lambda: sess.run(init))
     step = train(sess, m, 3)
@@ -121,7 +137,7 @@ def main(logdir: str, runtime: str, out: str) -> None:
         time.sleep(0.01)
     if not agent.memory_snapshot(ch, step):
         sys.exit("the in-memory snapshot was not handed to the service")
-    np.savez(out, **{k.replace("/", "|"): v for k, v in values(sess, m.graph).items()})
+    _save(out, sess, m.graph)
     deadline = time.monotonic() + 120
     while agent.store.slots.held != step:
         if time.monotonic() > deadline:
@@ -134,4 +150,4 @@ def main(logdir: str, runtime: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:6])
