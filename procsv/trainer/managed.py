@@ -3,7 +3,10 @@
 Runs in the trainer process. ``sess.run(step_fn, *args)`` on the thread that prepared the session
 is one training step. ``sess.run(fetches)`` with tensors, variables or a structure of them (and
 ``sess.evaluate(...)``) only reads values, from any thread: it is no step and touches none of the
-trainer's sockets. A step function run from another thread (TF1 programs ran a train op from
+trainer's sockets. Any other fetch (a structure holding a step function, ``run([step_fn, loss])``;
+a string, a number) is refused with :class:`procsv.UsageError` naming the form that works
+(:func:`readable_fetches`): an eager session cannot run it as a step, and reading it would call
+the function outside the step accounting or hand the fetch back unrun. A step function run from another thread (TF1 programs ran a train op from
 ``sv.loop`` threads) is refused with :class:`procsv.UsageError`: the step boundary (checkpoint
 snapshots, progress, summaries) belongs to one thread.
 """
@@ -17,6 +20,36 @@ from procsv.common.errors import TrainingStopped, UsageError
 from procsv.trainer.coordinator import Coordinator
 from procsv.trainer.monitored.hooks import evaluate
 from procsv.trainer.step_boundary import StepState
+
+
+RUN_FORMS = ("sess.run(step_fn, *args) runs one training step (return the loss from step_fn to get it); "
+             "sess.run(tensor_or_variable) or sess.run([tensors/variables]) reads values")
+
+
+def _readable(leaf: Any) -> bool:
+    """A fetch an eager session can read: None, a tensor, a variable (Keras' too: it has ``numpy``)."""
+    import tensorflow as tf
+
+    if leaf is None or isinstance(leaf, (tf.Tensor, tf.Variable)):
+        return True
+    return not callable(leaf) and callable(getattr(leaf, "numpy", None))
+
+
+def readable_fetches(fetches: Any, where: str = "sess.run") -> None:
+    """Raise :class:`UsageError` unless every leaf of ``fetches`` is something to read (see
+    :func:`_readable`). A step function inside a structure (``run([step_fn, loss])``) would be
+    called with no arguments outside the step accounting; a string (TF1's ``"loss:0"``) or a
+    number would come back unrun: TF1's graph ran them, an eager session cannot."""
+    import tensorflow as tf
+
+    for leaf in tf.nest.flatten(fetches):
+        if _readable(leaf):
+            continue
+        what = (f"a step function, {getattr(leaf, '__name__', type(leaf).__name__)}" if callable(leaf)
+                else f"{type(leaf).__name__} {leaf!r:.40}")
+        inside = "" if leaf is fetches else f" inside a {type(fetches).__name__}"
+        raise UsageError(f"{where}() got {what}{inside}, which an eager session can neither run as a step nor "
+                         f"read; {RUN_FORMS}")
 
 
 class SessionOwner(Protocol):
@@ -54,7 +87,7 @@ class ManagedSession:
         (unless the program advanced it itself: see ``Supervisor(increment_global_step=...)``).
 
         ``run(tensors/variables/structure)`` returns their values and is no step, from any thread.
-        Raises :class:`TrainingStopped` (a clean stop) if a stop was already requested, and
+        Any other fetch (``run([step_fn, loss])``, a string) raises :class:`UsageError`. Raises :class:`TrainingStopped` (a clean stop) if a stop was already requested, and
         :class:`UsageError` for a step function from a thread other than the session's.
 
         The step and its boundary are in this one frame (see :class:`StepState` for why): the stop
@@ -66,6 +99,7 @@ class ManagedSession:
             import tensorflow as tf
 
             if not callable(step_fn) or isinstance(step_fn, (tf.Tensor, tf.Variable)):
+                readable_fetches(step_fn)
                 return evaluate(step_fn)
             self._step_types.add(type(step_fn))
         if threading.get_ident() != self._owner:

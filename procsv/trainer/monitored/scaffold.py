@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from procsv.common.errors import UsageError
 from procsv.common.layout import Layout
+from procsv.trainer.managed import readable_fetches
 from procsv.trainer.monitored import hooks as api
 
 _GRAPH_ONLY = {
@@ -99,7 +100,8 @@ class RawSession:
     ``run(step_fn, *args, **kwargs)`` runs one training step through the Supervisor (it counts:
     the global step advances, checkpoints happen at its boundary) but calls no hook, as TF's raw
     ``tf.Session`` ran a train op without hooks. ``run(fetches)`` with tensors, variables or a
-    structure of them returns their values and is not a step; ``evaluate(fetches)`` always reads
+    structure of them returns their values and is not a step (a structure holding a step function,
+    ``run([step_fn, loss])``, is a :class:`procsv.UsageError`); ``evaluate(fetches)`` always reads
     (a callable is called, not counted as a step).
     """
 
@@ -120,6 +122,7 @@ class RawSession:
 
         if callable(fetches) and not isinstance(fetches, (tf.Tensor, tf.Variable)):
             return self._managed.run(fetches, *args, **kwargs)
+        readable_fetches(fetches, "session.run")  # run([step_fn, loss]): refused, never called outside a step
         for name in ("feed_dict", "options", "run_metadata"):
             if kwargs.pop(name, None) is not None:
                 api.warn_once(f"raw.{name}", f"session.run(fetches, {name}=...) has no meaning in TF2 and is ignored")

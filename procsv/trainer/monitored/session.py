@@ -127,9 +127,13 @@ class _MonitoredSession:
         if self._closed:
             raise RuntimeError("Session is already closed.")
         if not callable(fetches) or isinstance(fetches, (tf.Tensor, tf.Variable)):
-            raise TypeError("MonitoredSession.run takes a step function: sess.run(step_fn, *args, **kwargs) runs "
-                            "one training step; to read tensors or variables use "
-                            "sess.raw_session().run(fetches) or the hooks' SessionRunArgs")
+            held = [x for x in tf.nest.flatten(fetches) if callable(x) and not isinstance(x, (tf.Tensor, tf.Variable))]
+            got = f"a {type(fetches).__name__} holding a step function ({getattr(held[0], '__name__', '?')})" if held \
+                else f"a {type(fetches).__name__}"
+            raise TypeError(f"MonitoredSession.run takes a step function, not {got}: sess.run(step_fn, *args, "
+                            "**kwargs) runs one training step (return the loss from step_fn to get it); to read "
+                            "tensors or variables use the hooks' SessionRunArgs (or, in a SingularMonitoredSession, "
+                            "sess.raw_session().run(fetches))")
         sv = self._sv
         if self._stop_requested:
             raise RuntimeError("Run called even after should_stop requested.")
