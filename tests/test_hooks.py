@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("fresh_train_api")  # each test is a new pr
 def _session(logdir, hooks, state=None, **creator):
     from procsv import train
 
-    scaffold = train.Scaffold(checkpoint=state) if state is not None else None
+    scaffold = train.Scaffold(checkpoint=state)  # None: checkpoints off
     return train.MonitoredSession(train.ChiefSessionCreator(scaffold=scaffold, checkpoint_dir=logdir, **creator),
                                   hooks=hooks)
 

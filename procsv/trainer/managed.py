@@ -6,7 +6,8 @@ is one training step. ``sess.run(fetches)`` with tensors, variables or a structu
 trainer's sockets. Any other fetch (a structure holding a step function, ``run([step_fn, loss])``;
 a string, a number) is refused with :class:`procsv.UsageError` naming the form that works
 (:func:`readable_fetches`): an eager session cannot run it as a step, and reading it would call
-the function outside the step accounting or hand the fetch back unrun. A step function run from another thread (TF1 programs ran a train op from
+the function outside the step accounting or hand the fetch back unrun. A step function run from
+another thread (TF1 programs ran a train op from
 ``sv.loop`` threads) is refused with :class:`procsv.UsageError`: the step boundary (checkpoint
 snapshots, progress, summaries) belongs to one thread.
 """
@@ -87,7 +88,8 @@ class ManagedSession:
         (unless the program advanced it itself: see ``Supervisor(increment_global_step=...)``).
 
         ``run(tensors/variables/structure)`` returns their values and is no step, from any thread.
-        Any other fetch (``run([step_fn, loss])``, a string) raises :class:`UsageError`. Raises :class:`TrainingStopped` (a clean stop) if a stop was already requested, and
+        Any other fetch (``run([step_fn, loss])``, a string) raises :class:`UsageError`. Raises
+        :class:`TrainingStopped` (a clean stop) if a stop was already requested, and
         :class:`UsageError` for a step function from a thread other than the session's.
 
         The step and its boundary are in this one frame (see :class:`StepState` for why): the stop

@@ -22,13 +22,13 @@ from procsv.common.layout import Layout, read_json, write_json
 from procsv.common.manifests import list_committed
 
 
-def wait_for_committed(layout: Layout, max_wait_secs: float, poll_secs: float,
+def wait_for_committed(layout: Optional[Layout], max_wait_secs: float, poll_secs: float,
                        clock: Callable[[], float] = time.monotonic, events: bool = True) -> float:
     """Wait until the logdir holds a committed checkpoint; return the seconds waited.
 
     Raises ``tf.errors.DeadlineExceededError`` after ``max_wait_secs``. ``events=False`` polls only
     (every ``poll_secs``, as TF1's workers did): the baseline ``scripts/bench_group.py`` compares."""
-    if list_committed(layout):
+    if layout is None or list_committed(layout):  # no logdir: no checkpoint to wait for (TF waited for none)
         return 0.0
     os.makedirs(layout.logdir, exist_ok=True)  # the chief creates it too: a worker may come first
     t0 = clock()

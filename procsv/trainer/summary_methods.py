@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable, Mapping, Optional
 
 from procsv.common import env
+from procsv.common.layout import Layout
 from procsv.trainer.step_boundary import StepState
 from procsv.trainer.summaries import SummaryBuffer, SummarySender
 from procsv.trainer.summaries.sender import SUMMARY_DEADLINE
@@ -39,6 +40,7 @@ class SummaryMethods:
     _next_summary: float
     save_summaries_secs: Optional[float]
     is_chief: bool
+    layout: Optional[Layout]  # None: no logdir (plain python), so no summaries are written (as TF)
     stop_grace_secs: float
     summary_fn: Optional[Callable[[], Mapping[str, Any]]]
 
@@ -103,7 +105,7 @@ class SummaryMethods:
     def _summaries_unwritten_from(self) -> Optional[int]:
         """The lowest step with a logged summary the summary service has not confirmed written
         (None: every one is, or this process keeps none)."""
-        if not self.is_chief:
+        if not self.is_chief or self.layout is None:
             return None
         self._summaries.collect_graph(force=True)  # the rings may hold rows of the steps in question
         sender: Optional[SummarySender] = getattr(self, "_summary_sender", None)
@@ -128,7 +130,7 @@ class SummaryMethods:
     def _flush_summaries(self, force: bool, urgent: bool = False, deadline: Optional[float] = None) -> None:
         """At a step boundary: hand off what is due (never blocks). ``force`` (at stop): hand off
         everything and wait, up to ``EXIT_WAIT_SECS``, until the summary service has written it."""
-        if not self.is_chief:  # only the chief writes summaries (as TF): a worker's are not kept
+        if not self.is_chief or self.layout is None:  # only the chief writes summaries (as TF), in a logdir
             self._summaries.discard()
             return
         # what traced functions wrote into their rings: at most every FLUSH_EVERY, and all of it

@@ -44,7 +44,7 @@ from procsv.trainer.stop_signals import StopSignals
 from procsv.trainer.summaries import SummaryBuffer
 from procsv.trainer.boundary_methods import BoundaryMethods
 from procsv.trainer.supervisor_setup import agent_factory, layout_for, resolve_is_chief, trackable_state
-from procsv.trainer.tf1_args import USE_DEFAULT, Tf1Properties, add_camel_case_aliases, resolve
+from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, Tf1Properties, add_camel_case_aliases, resolve
 from procsv.trainer.monitored.hooks import warn_once
 from procsv.trainer.tf1_methods import Tf1Methods, warn_ignored_prepare_args
 
@@ -55,7 +55,7 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
     Args mirror ``tf.compat.v1.train.Supervisor``; the TF2-specific ones:
 
     * ``checkpoint``: what to save -- a ``tf.train.Checkpoint`` or a mapping of names to trackables
-      (model, optimizer, ...). ``None`` disables checkpoints (like ``saver=None`` in TF1).
+      (model, optimizer, ...). ``None`` disables checkpoints; nothing passed: ``tf1_args.state_given``.
     * ``global_step``: an int64 ``tf.Variable``; created if not given. It is saved in the
       checkpoint as ``global_step`` and advanced by one by every ``session.run(step_fn)``, unless
       the program advances it itself (detected at its first steps and re-checked every 100;
@@ -83,7 +83,7 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
         self,
         logdir: Optional[str] = None,
         is_chief: Optional[bool] = None,
-        checkpoint: Any = None,
+        checkpoint: Any = NOT_PASSED,
         global_step: Any = None,
         init_fn: Optional[Callable[[Any], None]] = None,
         save_model_secs: Optional[float] = 600,
@@ -130,7 +130,7 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
         self.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours
         self.save_checkpoint_steps = save_checkpoint_steps
         self.init_fn = init_fn
-        self._tf1 = resolve(checkpoint, summary_fn, saver, summary_op, summary_writer, {
+        self._tf1 = resolve(checkpoint, summary_fn, saver, summary_op, summary_writer, self.logdir, {
             "graph": graph, "ready_op": ready_op, "ready_for_local_init_op": ready_for_local_init_op,
             "init_op": init_op, "init_feed_dict": init_feed_dict, "local_init_op": local_init_op,
             "session_manager": session_manager, "local_init_run_options": local_init_run_options})
@@ -138,7 +138,7 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
         self.increment_global_step = increment_global_step
         self.coord = Coordinator(clock=clock)
 
-        checkpoint, self._global_step, created = trackable_state(checkpoint, global_step, saver)
+        checkpoint, self._global_step, created = trackable_state(checkpoint, global_step)
         self._counter = StepCounter(self._global_step, increment_global_step, private=created)
         self.checkpoint = checkpoint
         self._new_agent = agent_factory(
@@ -232,7 +232,7 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
         self._signals.install(self.coord)
         endpoints = self._connect_services()
         self._channels = TrainerChannels(endpoints, supervised=self._ctx is not None and self._ctx.supervised,
-                                         clock=self._clock, services=self.is_chief)
+                                         clock=self._clock, services=self.is_chief and self.layout is not None)
         self._session = ManagedSession(self)
         skipped: list[str] = []
         if self._ckpt is not None:
@@ -374,7 +374,7 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
     def _connect_services(self) -> Endpoints:
         if self._ctx is not None:
             return self._ctx.endpoints
-        if not self.is_chief:  # a worker connects to no service: the chief's process runs them
+        if not self.is_chief or self.layout is None:  # a worker (or no logdir) connects to no service
             return Endpoints("")
         self._own = OwnServices(self.layout)
         return self._own.start()

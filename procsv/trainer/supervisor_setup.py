@@ -11,7 +11,6 @@ of their arguments: the Supervisor keeps what they return.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any, Callable, Mapping, Optional
 
 from procsv.common import bootstrap, env
@@ -37,30 +36,30 @@ def resolve_is_chief(is_chief: Optional[bool], ctx: Optional[bootstrap.ChildCont
 
 
 def layout_for(logdir: Optional[str], ctx: Optional[bootstrap.ChildContext], *, is_chief: bool,
-               checkpoint_basename: str, read_retry_secs: float) -> Layout:
-    """The run's :class:`Layout`: ``logdir``, else the launch's (``ctx``). Raises
-    :class:`UsageError` for a missing logdir or one other than the launch's, for ``is_chief=False``
-    under ``procsv launch``, a ``checkpoint_basename`` that is no plain file name and a negative
+               checkpoint_basename: str, read_retry_secs: float) -> Optional[Layout]:
+    """The run's :class:`Layout`: ``logdir``, else the launch's (``ctx``); None for no logdir in plain
+    python (TF's meaning: nothing saved, no summaries). Raises :class:`UsageError` for a logdir
+    other than the launch's, for ``is_chief=False`` under ``procsv launch``, a ``checkpoint_basename`` that is no plain file name and a negative
     ``read_retry_secs``."""
     launched = ctx.layout.logdir if ctx else None
     if logdir is None:
         logdir = launched
-    if logdir is None:
-        raise UsageError("Supervisor needs a logdir: pass logdir=... or run under `procsv launch --logdir DIR`")
+    if "/" in checkpoint_basename or not checkpoint_basename:
+        raise UsageError(f"checkpoint_basename {checkpoint_basename!r} must be a plain file name")
+    if read_retry_secs < 0:
+        raise UsageError(f"read_retry_secs must be >= 0, not {read_retry_secs!r}")
+    if logdir is None:  # plain python without a logdir: TF's meaning, no checkpoints and no summaries
+        return None
     if launched and os.path.abspath(logdir) != os.path.abspath(launched):
         raise UsageError(f"Supervisor(logdir={logdir!r}) differs from the launch's --logdir {launched!r}")
     if not is_chief and ctx is not None and ctx.supervised and not ctx.in_group:
         raise UsageError("is_chief=False under procsv launch without --nproc: the launch runs one trainer, the "
                          "chief, and a worker saves nothing, so nothing would be saved; drop is_chief=False, or "
                          "launch a group with --nproc N")
-    if "/" in checkpoint_basename or not checkpoint_basename:
-        raise UsageError(f"checkpoint_basename {checkpoint_basename!r} must be a plain file name")
-    if read_retry_secs < 0:
-        raise UsageError(f"read_retry_secs must be >= 0, not {read_retry_secs!r}")
     return Layout(os.path.abspath(logdir))
 
 
-def trackable_state(checkpoint: Any, global_step: Any, saver: Any) -> tuple[Any, Any, bool]:
+def trackable_state(checkpoint: Any, global_step: Any) -> tuple[Any, Any, bool]:
     """The state to save (a ``tf.train.Checkpoint``, built from a mapping of names to trackables;
     None: nothing is saved), the ``global_step`` variable (the one given, else the checkpoint's
     ``global_step``, else a new int64 one; the checkpoint holds it as ``global_step``) and whether
@@ -79,15 +78,10 @@ def trackable_state(checkpoint: Any, global_step: Any, saver: Any) -> tuple[Any,
         global_step = existing if not created else tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     if checkpoint is not None and getattr(checkpoint, "global_step", None) is None:
         checkpoint.global_step = global_step
-    if checkpoint is None and saver is not None:
-        print("procsv: warning: Supervisor(checkpoint=None): nothing will be saved, and a restarted trainer "
-              "starts again from step 0 (TF's Supervisor saved every variable of its graph; TF2 has no graph "
-              "to collect them from); pass checkpoint=tf.train.Checkpoint(model=..., optimizer=...)",
-              file=sys.stderr, flush=True)
     return checkpoint, global_step, created
 
 
-def agent_factory(checkpoint: Any, global_step: Any, layout: Layout, *, basename: str,
+def agent_factory(checkpoint: Any, global_step: Any, layout: Optional[Layout], *, basename: str,
                   save_model_secs: Optional[float], save_checkpoint_steps: Optional[int], max_to_keep: int,
                   keep_checkpoint_every_n_hours: Optional[float], allow_reinit: bool, read_retry_secs: float,
                   failure_limit: int, saving: bool) -> Callable[[], CheckpointAgent]:
@@ -99,11 +93,16 @@ def agent_factory(checkpoint: Any, global_step: Any, layout: Layout, *, basename
     # in-memory snapshot that the service would persist on its own behind the group's restart
     in_group = int(os.environ.get(env.NPROC, "1") or 1) > 1
     memory_budget = 0.0 if in_group else env.memory_budget()
-    return lambda: CheckpointAgent(
-        checkpoint, global_step, layout, basename=basename,
-        save_model_secs=save_model_secs or None, save_checkpoint_steps=save_checkpoint_steps,
-        max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
-        allow_reinit=allow_reinit, read_retry=ReadRetry(total_secs=read_retry_secs),
-        failure_limit=int(os.environ.get(env.CHECKPOINT_FAILURE_LIMIT, failure_limit)),
-        save_deadline_floor=float(os.environ.get(env.SAVE_DEADLINE, SAVE_DEADLINE_FLOOR)), saving=saving,
-        memory_budget=memory_budget)
+
+    def agent() -> CheckpointAgent:
+        if layout is None:
+            raise UsageError("no logdir: nothing is saved or restored")  # never asked: no state to save then
+        return CheckpointAgent(
+            checkpoint, global_step, layout, basename=basename,
+            save_model_secs=save_model_secs or None, save_checkpoint_steps=save_checkpoint_steps,
+            max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+            allow_reinit=allow_reinit, read_retry=ReadRetry(total_secs=read_retry_secs),
+            failure_limit=int(os.environ.get(env.CHECKPOINT_FAILURE_LIMIT, failure_limit)),
+            save_deadline_floor=float(os.environ.get(env.SAVE_DEADLINE, SAVE_DEADLINE_FLOOR)), saving=saving,
+            memory_budget=memory_budget)
+    return agent

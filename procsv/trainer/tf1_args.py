@@ -11,6 +11,7 @@ they are accepted, ignored, and warned about once, naming what to use instead. A
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Callable, Mapping, Optional
 
 from procsv.common.errors import UsageError
@@ -25,6 +26,24 @@ class _UseDefault:
 
 
 USE_DEFAULT: Any = _UseDefault()
+
+
+class _NotPassed:
+    """The default of ``checkpoint=`` (the Supervisor's, ``Scaffold``'s, ``MonitoredTrainingSession``'s):
+    the program named no state to save. ``None`` is the opt-out (checkpoints off)."""
+
+    def __repr__(self) -> str:
+        return "<checkpoint not passed>"
+
+
+NOT_PASSED: Any = _NotPassed()
+
+# TF1's default Saver collected every variable of the graph; an eager program has no graph to
+# collect them from, so a Supervisor given nothing to save refuses to start instead of saving nothing
+NOTHING_TO_SAVE = ("nothing to save was passed: pass checkpoint=tf.train.Checkpoint(model=..., optimizer=...) (the "
+                   "state a restarted trainer resumes from; an eager program has no graph whose variables a default "
+                   "saver would collect), or checkpoint=None to run without checkpoints (a restart then starts from "
+                   "step 0)")
 
 # graph-era arguments: accepted, ignored, warned once with the TF2 way to do it
 IGNORED = {
@@ -57,16 +76,51 @@ def _is_default(value: Any) -> bool:
     return value is USE_DEFAULT
 
 
+def state_given(checkpoint: Any, saver: Any, logdir: Optional[str]) -> Any:
+    """``checkpoint`` as passed, ``None`` when the program opted out (``checkpoint=None``,
+    ``saver=None``) or saves nowhere (``logdir=None`` in plain python: TF's Supervisor without a
+    logdir saved and restored nothing; a ``checkpoint`` given then is warned about once). Raises
+    :class:`UsageError` (:data:`NOTHING_TO_SAVE`) in an eager program that passed neither
+    ``checkpoint`` nor ``saver`` (or a ``saver`` that is no ``tf.train.Checkpoint``), so that no run
+    goes on saving nothing. A graph program (eager execution off) is not judged here."""
+    import tensorflow as tf
+
+    if logdir is None:
+        if checkpoint is not NOT_PASSED and checkpoint is not None:
+            warn_once("Supervisor.no_logdir", "Supervisor(logdir=None) outside procsv launch: no checkpoint is "
+                                              "saved or restored and no summary written (as TF's Supervisor "
+                                              "without a logdir); pass logdir=... to save the checkpoint= given")
+        return None
+    if checkpoint is None and saver is not None:  # the opt-out (saver=None warns of its own)
+        print("procsv: warning: Supervisor(checkpoint=None): nothing will be saved, and a restarted trainer "
+              "starts again from step 0 (TF's Supervisor saved every variable of its graph; TF2 has no graph "
+              "to collect them from); pass checkpoint=tf.train.Checkpoint(model=..., optimizer=...)",
+              file=sys.stderr, flush=True)
+    if checkpoint is not NOT_PASSED or not tf.executing_eagerly():
+        return None if checkpoint is NOT_PASSED else checkpoint
+    if _is_default(saver):
+        raise UsageError(NOTHING_TO_SAVE)
+    if saver is not None and not isinstance(saver, (tf.train.Checkpoint, Mapping)):
+        raise UsageError(f"Supervisor(saver={type(saver).__name__}) cannot save an eager program's state, so "
+                         f"{NOTHING_TO_SAVE}")
+    return None
+
+
 def resolve(checkpoint: Any, summary_fn: Optional[Callable[[], Mapping[str, Any]]], saver: Any, summary_op: Any,
-            summary_writer: Any, ignored: Mapping[str, Any]) -> Tf1Choices:
+            summary_writer: Any, logdir: Optional[str], ignored: Mapping[str, Any]) -> Tf1Choices:
     """Apply TF's ``USE_DEFAULT``/``None`` rules to ``saver``, ``summary_op``, ``summary_writer``
-    and warn once about every graph-era argument given a value."""
+    (:func:`state_given` to ``checkpoint``: refused when nothing was passed to save; ``logdir``
+    None: nothing saved and no summary writer, as TF) and warn once about every graph-era argument
+    given a value."""
     import tensorflow as tf
 
     for name, value in ignored.items():
         if value is not None and not _is_default(value):
             warn_once(f"Supervisor.{name}", f"Supervisor({name}=...) has no meaning in TF2 and is ignored; "
                                             f"use {IGNORED[name]}")
+    checkpoint = state_given(checkpoint, saver, logdir)
+    if logdir is None:
+        saver, summary_writer = (saver if saver is None else USE_DEFAULT), None
     if saver is None:
         if checkpoint is not None:
             raise UsageError("Supervisor(saver=None, checkpoint=...): saver=None turns checkpoints off; "

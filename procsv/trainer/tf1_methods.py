@@ -34,16 +34,18 @@ class Tf1Methods:
     a mixin that owns no state (it reads the Supervisor's ``coord`` and ``layout``)."""
 
     coord: Coordinator
-    layout: Layout
+    layout: Optional[Layout]  # None: no logdir in plain python (TF's meaning: nothing saved, no summaries)
     checkpoint_basename: str
 
     @property
-    def save_path(self) -> str:
-        return os.path.join(self.layout.logdir, self.checkpoint_basename)
+    def save_path(self) -> Optional[str]:
+        """Where checkpoints go (``<logdir>/<checkpoint_basename>``), None without a logdir, as TF."""
+        return os.path.join(self.layout.logdir, self.checkpoint_basename) if self.layout is not None else None
 
     @property
-    def logdir(self) -> str:
-        return self.layout.logdir
+    def logdir(self) -> Optional[str]:
+        """The logdir (the launch's under ``procsv launch``), None without one, as TF."""
+        return self.layout.logdir if self.layout is not None else None
 
     def start_standard_services(self, sess: Any = None) -> list[Any]:
         """TF started its checkpoint, summary and step-counter threads here. procsv's services are

@@ -58,7 +58,7 @@ class StopAtStepHook(SessionRunHook):
         if self._last_step is None:
             assert self._num_steps is not None
             sv = supervisor_of(session)
-            start = launch_start_step(sv.logdir) if sv is not None else None
+            start = launch_start_step(sv.logdir) if sv is not None and sv.logdir is not None else None
             self._last_step = (step if start is None else start) + self._num_steps
         if step >= self._last_step:
             coord.request_stop()

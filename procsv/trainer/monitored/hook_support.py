@@ -37,7 +37,7 @@ def need_global_step(hook: str) -> Any:
 def warn_if_not_logdir(what: str, given: Optional[str], session: Any) -> None:
     """Warn once if a hook was given a folder (``given``) other than the session's logdir."""
     sv = supervisor_of(session)
-    if given and sv is not None and os.path.abspath(given) != os.path.abspath(sv.logdir):
+    if given and sv is not None and sv.logdir is not None and os.path.abspath(given) != os.path.abspath(sv.logdir):
         api.warn_once(f"{what}.dir", f"{what}: {given!r} is not the session's logdir {sv.logdir!r}; procsv's services "
                                      "write there (pass checkpoint_dir to the session creator)")
 

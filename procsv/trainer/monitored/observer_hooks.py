@@ -237,7 +237,7 @@ class ProfilerHook(SessionRunHook):
         self._timer.clock = clock_of(session)
         if not self._output_dir:
             sv = supervisor_of(session)
-            self._output_dir = sv.logdir if sv is not None else os.getcwd()
+            self._output_dir = sv.logdir if sv is not None and sv.logdir is not None else os.getcwd()
 
     def before_run(self, run_context: SessionRunContext) -> Optional[SessionRunArgs]:
         import tensorflow as tf

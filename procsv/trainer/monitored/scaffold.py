@@ -5,7 +5,9 @@ Runs in the trainer process. TF1's Scaffold held graph pieces (init_op, ready_op
 saver, summary_op); TF2 has no graph, so the stand-ins are plain Python:
 
 * ``checkpoint``: the state to save and restore (a ``tf.train.Checkpoint`` or a mapping of names
-  to trackables), the stand-in for ``saver``;
+  to trackables), the stand-in for ``saver``; ``None`` turns checkpoints off, and passing nothing
+  makes the session creator's Supervisor refuse to start (as ``procsv.Supervisor()``: an eager
+  program has no graph whose variables a default saver would collect);
 * ``init_fn(scaffold, session)``: called when no checkpoint was restored (``init_op`` is not
   needed: TF2 variables are initialized when created);
 * ``local_init_fn(session)``: called on every session creation, after restore or init;
@@ -28,6 +30,7 @@ from typing import Any, Callable, Mapping, Optional
 from procsv.common.errors import UsageError
 from procsv.common.layout import Layout
 from procsv.trainer.managed import readable_fetches
+from procsv.trainer.tf1_args import NOT_PASSED
 from procsv.trainer.monitored import hooks as api
 
 _GRAPH_ONLY = {
@@ -47,7 +50,7 @@ class Scaffold:
     def __init__(self, init_op: Any = None, init_feed_dict: Any = None, init_fn: Optional[Callable[..., Any]] = None,
                  ready_op: Any = None, ready_for_local_init_op: Any = None, local_init_op: Any = None,
                  summary_op: Any = None, saver: Any = None, copy_from_scaffold: Optional["Scaffold"] = None,
-                 local_init_feed_dict: Any = None, *, checkpoint: Any = None, global_step: Any = None,
+                 local_init_feed_dict: Any = None, *, checkpoint: Any = NOT_PASSED, global_step: Any = None,
                  local_init_fn: Optional[Callable[[Any], Any]] = None,
                  ready_fn: Optional[Callable[[Any], Any]] = None) -> None:
         given = {"init_op": init_op, "init_feed_dict": init_feed_dict, "ready_op": ready_op,
@@ -63,7 +66,7 @@ class Scaffold:
             src: Scaffold = copy_from_scaffold
             init_fn = init_fn or src.init_fn
             summary_op = summary_op if summary_op is not None else src.summary_op
-            checkpoint = checkpoint if checkpoint is not None else src.checkpoint
+            checkpoint = checkpoint if checkpoint is not NOT_PASSED else src.checkpoint
             global_step = global_step if global_step is not None else src.global_step
             local_init_fn = local_init_fn or src.local_init_fn
             ready_fn = ready_fn or src.ready_fn
@@ -168,6 +171,7 @@ class ChiefSessionCreator:
             import tensorflow as tf
 
             ckpt = self.scaffold.checkpoint
+            ckpt = None if ckpt is NOT_PASSED else ckpt  # refused by the Supervisor (create_session)
             if ckpt is not None and not isinstance(ckpt, tf.train.Checkpoint):
                 if not isinstance(ckpt, Mapping):
                     raise UsageError("checkpoint must be a tf.train.Checkpoint or a mapping of names to trackables")
@@ -203,12 +207,9 @@ class ChiefSessionCreator:
             elif scaffold.init_fn is not None:
                 scaffold.init_fn(scaffold, raw_of(managed))
 
-        if self._checkpoint is None:
-            api.warn_once("creator.no_checkpoint", "no state to save: checkpoints are off; pass "
-                                                   "Scaffold(checkpoint=tf.train.Checkpoint(model=..., optimizer=...)) "
-                                                   "(TF2 has no graph to collect variables from)")
         opts = dict(self.supervisor_options)
-        sv = Supervisor(logdir=self.checkpoint_dir, checkpoint=self._checkpoint, global_step=gs, init_fn=init, **opts)
+        state = NOT_PASSED if scaffold.checkpoint is NOT_PASSED else self._checkpoint  # nothing passed: refused
+        sv = Supervisor(logdir=self.checkpoint_dir, checkpoint=state, global_step=gs, init_fn=init, **opts)
         self.supervisor = sv
         try:
             managed = sv.prepare_or_wait_for_session()

@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 from procsv.common.errors import TrainingStopped
 from procsv.trainer.monitored import hooks as api
 from procsv.trainer.coordinator import clean_stop_types
+from procsv.trainer.tf1_args import NOT_PASSED
 from procsv.trainer.monitored.scaffold import ChiefSessionCreator, RawSession, Scaffold, WorkerSessionCreator
 
 USE_DEFAULT: Any = object()
@@ -297,7 +298,7 @@ def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None, 
                              stop_grace_period_secs: float = 120, log_step_count_steps: Optional[int] = 100,
                              max_wait_secs: float = 7200, save_checkpoint_steps: Any = USE_DEFAULT,
                              summary_dir: Optional[str] = None, save_graph_def: bool = True,
-                             checkpoint: Any = None) -> MonitoredSession:
+                             checkpoint: Any = NOT_PASSED) -> MonitoredSession:
     """A MonitoredSession with TensorFlow's standard hooks, saving through procsv's services.
 
     As TF: checkpoints every 600 s unless ``save_checkpoint_steps`` is given, summaries every 100
@@ -305,7 +306,8 @@ def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None, 
     ``log_step_count_steps``. The chief's hooks, in order: ``chief_only_hooks``, StepCounterHook,
     SummarySaverHook, CheckpointSaverHook, then ``hooks``. ``checkpoint_dir`` defaults to the
     launch's ``--logdir``. ``checkpoint`` (procsv addition) is the state to save, as
-    ``Scaffold(checkpoint=...)``. ``is_chief=False``: a worker replica (:class:`WorkerSessionCreator`:
+    ``Scaffold(checkpoint=...)``; passing neither is refused with a :class:`procsv.UsageError` naming
+    ``checkpoint=`` (``checkpoint=None``: no checkpoints). ``is_chief=False``: a worker replica (:class:`WorkerSessionCreator`:
     restores the chief's checkpoints from ``checkpoint_dir``, saves nothing, only ``hooks`` run).
     ``save_graph_def`` has no effect (no graph). ``is_chief`` defaults to the task's under
     ``procsv launch --nproc N`` (task 0 is the chief), else True, as the Supervisor's.
@@ -318,7 +320,7 @@ def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None, 
 
     save_checkpoint_secs, save_checkpoint_steps, save_summaries_steps, save_summaries_secs = save_intervals(
         save_checkpoint_secs, save_checkpoint_steps, save_summaries_steps, save_summaries_secs)
-    if checkpoint is not None:
+    if checkpoint is not NOT_PASSED:  # None too: the opt-out
         scaffold = Scaffold(copy_from_scaffold=scaffold, checkpoint=checkpoint) if scaffold else Scaffold(
             checkpoint=checkpoint)
     scaffold = scaffold or Scaffold()
