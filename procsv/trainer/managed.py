@@ -28,10 +28,11 @@ RUN_FORMS = ("sess.run(step_fn, *args) runs one training step (return the loss f
 
 
 def _readable(leaf: Any) -> bool:
-    """A fetch an eager session can read: None, a tensor, a variable (Keras' too: it has ``numpy``)."""
+    """A fetch an eager session can read: None, a tensor (a composite one too), a variable (Keras'
+    too: it has ``numpy``)."""
     import tensorflow as tf
 
-    if leaf is None or isinstance(leaf, (tf.Tensor, tf.Variable)):
+    if leaf is None or isinstance(leaf, (tf.Tensor, tf.Variable)) or tf.is_tensor(leaf):  # sparse, ragged too
         return True
     return not callable(leaf) and callable(getattr(leaf, "numpy", None))
 
