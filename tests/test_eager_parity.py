@@ -172,3 +172,128 @@ def test_no_logdir_in_plain_python_runs_with_no_checkpoint_and_no_summary_as_tf(
         while not mon.should_stop():
             mon.run(lambda: v.assign_add(1.0))
     assert float(v.numpy()) == 2.0 and os.listdir(tmp_path) == []
+
+
+# ----------------------------------------------------------------- point 4: sv.saver and sv.summary_writer
+def test_sv_saver_saves_through_the_service_restores_and_lists_as_tf1s_saver(logdir, tmp_path):
+    import os
+    import threading
+
+    import tensorflow as tf
+
+    import procsv
+    from conftest import committed_steps
+
+    w = tf.Variable(0.0)
+    sv = procsv.Supervisor(logdir=logdir, checkpoint={"w": w}, save_model_secs=None)
+    assert sv.saver is sv.saver and sv.saver.w is w  # one object; the saved Checkpoint's attributes
+    with sv.managed_session() as sess:
+        for _ in range(3):
+            sess.run(lambda: w.assign_add(1.0))
+        prefix = sv.saver.save(sess, sv.save_path, global_step=sv.global_step)
+        assert prefix == os.path.join(os.path.abspath(logdir), "model.ckpt-3")  # TF's return: the prefix
+        assert committed_steps(logdir) == [3] and tf.train.latest_checkpoint(logdir) == prefix  # committed now
+        back = tf.Variable(-1.0)
+        tf.train.Checkpoint(w=back).restore(prefix).expect_partial()
+        assert float(back.numpy()) == 3.0 and sv.saver.last_checkpoints == [prefix]
+        for bad, match in (((sess, os.path.join(str(tmp_path), "elsewhere")), "pass sv.save_path"),
+                           ((sess, sv.save_path, 7), r"global_step=7\) at step 3")):
+            with pytest.raises(procsv.UsageError, match=match):
+                sv.saver.save(*bad)
+        refused: list[BaseException] = []
+
+        def from_a_thread() -> None:
+            try:
+                sv.saver.save(sess, sv.save_path)
+            except procsv.UsageError as exc:
+                refused.append(exc)
+
+        t = threading.Thread(target=from_a_thread)
+        t.start()
+        t.join()
+        assert refused and "only on the thread" in str(refused[0])
+        sess.run(lambda: w.assign_add(1.0))
+        sess.run(lambda: w.assign_add(1.0))
+        sv.saver.restore(sess, prefix)  # back to the committed step 3, verified against its manifest
+        assert float(w.numpy()) == 3.0 and sv.step == 3 and int(sv.global_step.numpy()) == 3
+        sess.run(lambda: w.assign_add(1.0))
+    assert committed_steps(logdir) == [3, 4]  # the final checkpoint follows the restored history
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(logdir))
+    assert reader.get_tensor("w/.ATTRIBUTES/VARIABLE_VALUE") == 4.0
+
+    # a warm start from a plain TF checkpoint, as TF1 programs did in init_fn
+    plain = tf.train.Checkpoint(w=tf.Variable(10.0), global_step=tf.Variable(20, dtype=tf.int64))
+    warm = plain.write(str(tmp_path / "pretrained" / "ckpt"))
+    v = tf.Variable(0.0)
+    other = str(tmp_path / "run2")
+    sv2 = procsv.Supervisor(logdir=other, checkpoint={"w": v}, save_model_secs=None,
+                            init_fn=lambda sess: sv2.saver.restore(sess, warm))
+    with sv2.managed_session() as sess:
+        assert float(v.numpy()) == 10.0 and sv2.step == 20
+        sess.run(lambda: v.assign_add(1.0))
+    assert committed_steps(other) == [21]
+
+
+def test_sv_summary_writer_has_tf_filewriters_methods_written_by_the_service(logdir):
+    import tensorflow as tf
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import procsv
+
+    def summary(tag: str, value: float) -> object:
+        return tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag=tag, simple_value=value)])
+
+    def scalars() -> dict[str, list[tuple[int, float]]]:
+        acc = EventAccumulator(logdir)
+        acc.Reload()
+        return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+    w = tf.Variable(0.0)
+    sv = procsv.Supervisor(logdir=logdir, checkpoint={"w": w}, save_model_secs=None, save_summaries_secs=None)
+    writer = sv.summary_writer
+    assert writer is sv.summary_writer and writer.get_logdir() == sv.logdir
+    with sv.managed_session() as sess:
+        sess.run(lambda: w.assign_add(1.0))
+        writer.add_summary(summary("a", 1.5), 1)
+        writer.add_event(tf.compat.v1.Event(step=1, summary=summary("b", 2.5)))
+        writer.add_session_log(tf.compat.v1.SessionLog(status=tf.compat.v1.SessionLog.CHECKPOINT,
+                                                       checkpoint_path="x"), 1)
+        writer.flush()  # written by the summary service when flush returns
+        assert scalars() == {"a": [(1, 1.5)], "b": [(1, 2.5)]}
+        writer.close()
+        writer.add_summary(summary("after_close", 1.0), 1)  # dropped, as TF's closed writer does
+        writer.reopen()
+        writer.add_summary(summary("reopened", 3.0), 1)
+        with pytest.raises(procsv.UsageError, match="summaries and session logs"):
+            writer.add_event(tf.compat.v1.Event(step=1, graph_def=b""))
+    found = scalars()
+    assert found["reopened"] == [(1, 3.0)] and "after_close" not in found
+
+
+def test_a_passed_summary_writer_is_used_in_the_logdir_and_refused_elsewhere(logdir, tmp_path):
+    import os
+
+    import tensorflow as tf
+
+    import procsv
+
+    os.makedirs(logdir)
+    with tf.Graph().as_default():  # TF1's FileWriter exists only in graph mode
+        here = tf.compat.v1.summary.FileWriter(logdir)
+        there = tf.compat.v1.summary.FileWriter(str(tmp_path / "elsewhere"))
+    try:
+        sv = procsv.Supervisor(logdir=logdir, checkpoint={"w": tf.Variable(1.0)}, summary_writer=here)
+        assert sv.summary_writer.get_logdir() == os.path.abspath(logdir)  # the service writes there
+        with pytest.raises(procsv.UsageError, match="is not the logdir") as err:
+            procsv.Supervisor(logdir=logdir, checkpoint={"w": tf.Variable(1.0)}, summary_writer=there)
+        assert "\n" not in str(err.value) and "summary service writes a run's event files into its logdir" in str(
+            err.value)
+        with pytest.raises(procsv.UsageError, match="without a logdir.*pass logdir="):
+            procsv.Supervisor(checkpoint={"w": tf.Variable(1.0)}, summary_writer=there)
+        v2 = tf.summary.create_file_writer(logdir)
+        with pytest.raises(procsv.UsageError, match="whose directory TensorFlow 2 does not tell"):
+            procsv.Supervisor(logdir=logdir, checkpoint={"w": tf.Variable(1.0)}, summary_writer=v2)
+        v2.close()
+    finally:
+        here.close()
+        there.close()

@@ -158,7 +158,7 @@ def test_the_supervisor_properties_of_the_seeds_have_their_tf2_meaning(logdir, c
     sv = procsv.Supervisor(logdir=logdir, checkpoint={"w": w})
     assert sv.save_summaries_secs == 120 and sv.save_model_secs == 600 and sv.is_chief  # TF's defaults
     assert sv.save_path == os.path.join(os.path.abspath(logdir), "model.ckpt")
-    assert isinstance(sv.saver, tf.train.Checkpoint) and sv.saver.w is w  # TF2's Saver: what is saved
+    assert isinstance(sv.saver.checkpoint, tf.train.Checkpoint) and sv.saver.w is w  # TF1's Saver over what is saved
     assert isinstance(sv.global_step, tf.Variable) and sv.saver.global_step is sv.global_step
     assert sv.summary_op is None  # USE_DEFAULT and no summary_fn: no periodic summaries to compute
     assert sv.session_manager is None and sv.graph is None

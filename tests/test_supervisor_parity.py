@@ -98,7 +98,7 @@ def test_every_tf1_constructor_argument_is_accepted_and_graph_era_ones_warn_once
     assert "init_fn(session)" in text  # names what to do instead
     assert sv.init_op == "i" and sv.ready_op == "r" and sv.ready_for_local_init_op == "rl"
     assert sv.init_feed_dict == {"a": 1} and sv.session_manager == "sm" and sv.graph is None
-    assert sv.saver is sv.checkpoint and sv.summary_writer is not None
+    assert sv.saver.checkpoint is sv.checkpoint and sv.summary_writer is not None  # TF1's Saver over it (issue 40)
     assert sv.save_model_secs == 7 and sv.save_path.endswith("m.ckpt") and sv.is_chief
     assert int(sv.global_step.numpy()) == 0
 
@@ -116,7 +116,7 @@ def test_none_turns_the_services_off_as_tf(logdir, caplog):
     fn = lambda: {"a": 1.0}  # noqa: E731
     assert _sv(logdir, checkpoint={"w": tf.Variable(1.0)}, summary_op=fn).summary_op is fn  # the TF2 summary_op
     ckpt = tf.train.Checkpoint(w=tf.Variable(1.0))
-    assert _sv(logdir, saver=ckpt).saver is ckpt  # a tf.train.Checkpoint is the TF2 saver
+    assert _sv(logdir, saver=ckpt).saver.checkpoint is ckpt  # a tf.train.Checkpoint is the TF2 saver
     quiet = _sv(logdir, checkpoint={"w": tf.Variable(1.0)}, summary_writer=None, summary_fn=fn)
     assert quiet.summary_writer is None and quiet.summary_op is None
     with pytest.raises(RuntimeError, match="requires a summary writer"):

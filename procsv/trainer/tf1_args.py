@@ -5,7 +5,8 @@ default piece; ``None`` turns that service off, as in TensorFlow: ``saver=None``
 restores) nothing, ``summary_op=None`` computes no automatic summaries, ``summary_writer=None``
 writes none. The graph-era arguments (``graph``, ``init_op``, ``ready_op``...) have no TF2 meaning:
 they are accepted, ignored, and warned about once, naming what to use instead. Also here: the
-``summary_writer`` stand-in, the TF1 properties and TensorFlow's CamelCase method aliases.
+refusal of a Supervisor given nothing to save (:func:`state_given`), the TF1 properties (``saver``
+and ``summary_writer`` are :mod:`procsv.trainer.tf1_objects`) and TensorFlow's CamelCase aliases.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from procsv.common.errors import UsageError
 from procsv.trainer.monitored.hooks import warn_once
+from procsv.trainer.tf1_objects import SaverShim, SummaryWriterShim, check_passed_writer
 
 
 class _UseDefault:
@@ -119,6 +121,8 @@ def resolve(checkpoint: Any, summary_fn: Optional[Callable[[], Mapping[str, Any]
             warn_once(f"Supervisor.{name}", f"Supervisor({name}=...) has no meaning in TF2 and is ignored; "
                                             f"use {IGNORED[name]}")
     checkpoint = state_given(checkpoint, saver, logdir)
+    if summary_writer is not None and not _is_default(summary_writer):
+        check_passed_writer(summary_writer, logdir)  # its directory must be the logdir: then it is used
     if logdir is None:
         saver, summary_writer = (saver if saver is None else USE_DEFAULT), None
     if saver is None:
@@ -142,34 +146,10 @@ def resolve(checkpoint: Any, summary_fn: Optional[Callable[[], Mapping[str, Any]
             warn_once("Supervisor.summary_op", "Supervisor(summary_op=...) must be a callable returning "
                                                "{tag: value} in TF2 (or use summary_fn=); this one is ignored")
     writer = summary_writer is not None
-    if writer and not _is_default(summary_writer):
-        warn_once("Supervisor.summary_writer", "Supervisor(summary_writer=...) is ignored: procsv's summary "
-                                               "service writes the logdir's event file; sv.summary_writer forwards")
     if not writer:
         summary_fn = None
     given = dict(ignored, saver=saver, summary_op=summary_op, summary_writer=summary_writer)
     return Tf1Choices(checkpoint, summary_fn, writer, given)
-
-
-class SummaryWriterShim:
-    """``sv.summary_writer``: TF's ``add_summary(summary, global_step)`` forwarded to the summary
-    service (through ``sv.summary_computed``); ``flush``/``close`` are the service's business."""
-
-    def __init__(self, summary_computed: Callable[..., None]) -> None:
-        self._computed = summary_computed
-
-    def add_summary(self, summary: Any, global_step: Optional[int] = None) -> None:
-        self._computed(None, summary, global_step)
-
-    def add_session_log(self, session_log: Any, global_step: Optional[int] = None) -> None:
-        warn_once("writer.add_session_log", "summary_writer.add_session_log() is ignored: the Supervisor writes "
-                                            "SessionLog START/STOP itself")
-
-    def flush(self) -> None:
-        """Nothing to do: the Supervisor hands summaries off at step boundaries and at stop."""
-
-    def close(self) -> None:
-        """Nothing to do: the summary service closes its event file."""
 
 
 class Tf1Properties:
@@ -213,17 +193,26 @@ class Tf1Properties:
         return self._tf1.summary_fn
 
     @property
-    def saver(self) -> Any:
-        """The ``tf.train.Checkpoint`` that is saved (TF2's saver), or None when checkpoints are off."""
-        return getattr(self, "checkpoint", None)
+    def saver(self) -> Optional[SaverShim]:
+        """TF1's ``Saver`` over the checkpoint service (``save``, ``restore``, ``last_checkpoints``...;
+        its other attributes are the saved ``tf.train.Checkpoint``'s), or None when checkpoints are off."""
+        if getattr(self, "checkpoint", None) is None:
+            return None
+        shim: Optional[SaverShim] = self.__dict__.get("_saver_shim")
+        if shim is None:
+            shim = self.__dict__["_saver_shim"] = SaverShim(self)
+        return shim
 
     @property
     def summary_writer(self) -> Optional[SummaryWriterShim]:
-        """None with ``summary_writer=None``; else an object whose ``add_summary(summary, step)``
-        goes to the summary service."""
+        """None with ``summary_writer=None`` or without a logdir; else TF's ``FileWriter`` methods
+        over the summary service (one object per Supervisor: ``close`` holds until ``reopen``)."""
         if not self._tf1.writer:
             return None
-        return SummaryWriterShim(getattr(self, "summary_computed"))
+        shim: Optional[SummaryWriterShim] = self.__dict__.get("_writer_shim")
+        if shim is None:
+            shim = self.__dict__["_writer_shim"] = SummaryWriterShim(self)
+        return shim
 
 
 def add_camel_case_aliases(cls: type) -> None:

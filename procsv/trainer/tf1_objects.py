@@ -1,0 +1,257 @@
+"""``sv.saver`` and ``sv.summary_writer``: TF1's ``Saver`` and ``FileWriter`` methods over procsv's services.
+
+Runs in the trainer process, in an eager program (a graph program's are elsewhere). TF1 programs
+call ``sv.saver.save(sess, sv.save_path, global_step=...)``, ``sv.saver.restore(sess, path)`` and
+``sv.summary_writer.add_summary(...)`` themselves; here those calls keep TF's meaning while the
+writing stays with the checkpoint and summary services:
+
+* :class:`SaverShim`: ``save`` commits a checkpoint of the session's current step through the
+  checkpoint service (atomic, manifest, retention) and returns its prefix as TF did
+  (``<logdir>/<basename>-<step>``); ``restore`` verifies and restores a committed checkpoint (or
+  restores a plain TF one); ``last_checkpoints`` lists the committed ones, oldest first. Any other
+  attribute is the ``tf.train.Checkpoint``'s (what is saved). What procsv cannot do as TF did is a
+  :class:`UsageError` of one line, never a quiet difference.
+* :class:`SummaryWriterShim`: ``add_summary``, ``add_session_log``, ``add_event`` go to the summary
+  service (through the Supervisor's buffer, handed off at step boundaries); ``flush`` hands off and
+  waits until the service has written them; ``close`` flushes and drops later ``add_*`` calls
+  until ``reopen``, as TF's writer; ``get_logdir`` is the logdir.
+
+Saving, restoring, flushing and session logs use the trainer's sockets, which belong to the thread
+that prepared the session: from any other thread they are a :class:`UsageError`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Optional
+
+from procsv.common.errors import CheckpointError, UsageError
+from procsv.common.manifests import list_committed
+from procsv.ipc.messages import Busy, SaveReason, SessionLogEvent, SessionStatus
+from procsv.trainer.monitored.hooks import warn_once
+
+_STATUS = {1: SessionStatus.START, 2: SessionStatus.STOP, 3: SessionStatus.CHECKPOINT}  # SessionLog.SessionStatus
+
+
+def _on_session_thread(sv: Any, what: str) -> None:
+    """Raise :class:`UsageError` unless a session is open and this is the thread that prepared it."""
+    session = getattr(sv, "_session", None)
+    if session is None or sv._channels is None:
+        raise UsageError(f"{what} needs an open session: call it inside `with sv.managed_session() as sess:`")
+    if threading.get_ident() != session._owner:
+        raise UsageError(f"{what} from thread {threading.current_thread().name!r}: it runs only on the thread that "
+                         "entered managed_session() (the trainer's sockets are that thread's)")
+
+
+def _int_step(global_step: Any) -> Optional[int]:
+    if global_step is None:
+        return None
+    numpy = getattr(global_step, "numpy", None)
+    return int(numpy() if callable(numpy) else global_step)
+
+
+class SaverShim:
+    """``sv.saver``: TF1's ``Saver`` methods over the checkpoint service (see the module docstring)."""
+
+    def __init__(self, sv: Any) -> None:
+        self._sv = sv
+
+    @property
+    def checkpoint(self) -> Any:
+        """The ``tf.train.Checkpoint`` that is saved (TF2's saver)."""
+        return self._sv.checkpoint
+
+    def __getattr__(self, name: str) -> Any:  # the checkpoint's own attributes (``sv.saver.model``...)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._sv.checkpoint, name)
+
+    def save(self, sess: Any, save_path: str, global_step: Any = None, latest_filename: Optional[str] = None,
+             meta_graph_suffix: str = "meta", write_meta_graph: bool = True, write_state: bool = True,
+             strip_default_attrs: bool = False, save_debug_info: bool = False) -> str:
+        """Commit a checkpoint of the session's current step through the checkpoint service and
+        return its prefix, ``<logdir>/<checkpoint_basename>-<step>`` (TF's return value; the step is
+        always in the name, as with ``global_step=``). ``save_path`` must be ``sv.save_path``: the
+        service writes a run's checkpoints, manifests and retention in its logdir only. Raises
+        :class:`UsageError` for another path, a ``global_step`` other than the session's step (a
+        checkpoint is named by the step it holds), a worker (only the chief saves), or a call
+        outside the session's thread; :class:`CheckpointError` if the commit failed. The meta graph
+        options mean nothing in eager mode (TF ignores them there too); ``latest_filename`` and
+        ``write_state=False`` are warned about: the service keeps the logdir's ``checkpoint`` file."""
+        sv = self._sv
+        _on_session_thread(sv, "sv.saver.save(sess, save_path)")
+        if not sv.is_chief:
+            raise UsageError("sv.saver.save() in a worker (is_chief=False): only the chief saves")
+        if os.path.abspath(save_path) != os.path.abspath(sv.save_path):
+            raise UsageError(f"sv.saver.save(sess, {save_path!r}): the checkpoint service writes this run's "
+                             f"checkpoints as {sv.save_path}-<step> only (their manifests and retention live in the "
+                             "logdir); pass sv.save_path")
+        step = sv._state.step
+        asked = _int_step(global_step)
+        if asked is not None and asked != step:
+            raise UsageError(f"sv.saver.save(global_step={asked}) at step {step}: a checkpoint is named by the step "
+                             "it holds; pass global_step=sv.global_step (or leave it out)")
+        if latest_filename is not None or not write_state:
+            warn_once("saver.save.state", "sv.saver.save(latest_filename=..., write_state=False) is ignored: the "
+                                          "checkpoint service keeps the logdir's `checkpoint` state file")
+        ckpt = sv._ckpt
+        prefix = f"{sv.save_path}-{step}"
+        if step <= ckpt.last_committed:
+            return prefix  # already committed: TF would have written the same state again
+        sv._report_busy(Busy.FINAL_CHECKPOINT)  # the watchdog's longer limit while we wait for the commit
+        sv._flush_summaries(force=False, urgent=True)  # hand off before the commit, as at a step
+        result = ckpt.final(sv._channels, step, SaveReason.STEPS, sv.stop_grace_secs)
+        sv._report_busy(Busy.NONE)
+        if ckpt.last_committed < step:
+            why = result.error if result is not None and result.error else "it did not commit in time"
+            raise CheckpointError(f"sv.saver.save() at step {step}: {why}")
+        return prefix
+
+    def restore(self, sess: Any, save_path: str) -> None:
+        """Restore ``save_path``: a committed checkpoint of the logdir is verified against its
+        manifest first (:class:`CorruptCheckpoint` if it does not match); any other (a plain
+        ``tf.train.Checkpoint``'s) restores what it holds of the saved state, its ``global_step`` too
+        if it has one, as TF1's restore did. The session's step becomes the restored global step.
+        Works in ``init_fn`` (before the first step: a warm start) and between steps; restoring a
+        step older than the newest committed one during a session is a :class:`UsageError` (the run's
+        history would fork: its next checkpoints would be named like committed ones)."""
+        from procsv.trainer.checkpoint import restore_at_start
+
+        sv = self._sv
+        if sv.checkpoint is None:
+            raise UsageError("sv.saver.restore(): this Supervisor saves nothing (checkpoint=None)")
+        session = getattr(sv, "_session", None)
+        if session is not None and threading.get_ident() != session._owner:
+            raise UsageError("sv.saver.restore() from another thread than the one that entered managed_session()")
+        sv._counter.sync()
+        path = os.path.abspath(save_path)
+        layout = sv.layout
+        manifest = next((m for m in list_committed(layout) if m.path(layout.logdir) == path), None) \
+            if layout is not None else None
+        ckpt = sv._ckpt
+        step = manifest.step if manifest is not None else None
+        if ckpt is not None and step is not None and sv._started and step < ckpt.last_committed:
+            raise UsageError(f"sv.saver.restore(sess, {save_path!r}) during a session whose newest checkpoint is "
+                             f"step {ckpt.last_committed}: restore it at the start (init_fn), or use a new logdir")
+        if manifest is not None and layout is not None:
+            restore_at_start.verify_and_restore(sv.checkpoint, sv._global_step, layout, manifest)
+        else:  # TF1's restore: what the file holds of the saved state (a warm start); its global_step if it has one
+            sv.checkpoint.restore(path).assert_nontrivial_match().expect_partial()
+        sv._state.step = int(sv._global_step.numpy())
+
+    @property
+    def last_checkpoints(self) -> list[str]:
+        """The committed checkpoints that retention keeps, oldest first (TF's list of the ones not deleted)."""
+        layout = self._sv.layout
+        return [m.path(layout.logdir) for m in list_committed(layout)] if layout is not None else []
+
+    def recover_last_checkpoints(self, checkpoint_paths: Any) -> None:
+        """TF rebuilt its retention list from ``checkpoint_paths``; procsv's checkpoint service keeps
+        retention over the logdir's committed checkpoints itself (``max_to_keep``,
+        ``keep_checkpoint_every_n_hours``), so ``last_checkpoints`` already lists them: nothing to do."""
+
+    def set_last_checkpoints_with_time(self, last_checkpoints_with_time: Any) -> None:
+        """As :meth:`recover_last_checkpoints`: retention is the checkpoint service's."""
+
+    def export_meta_graph(self, *args: Any, **kwargs: Any) -> None:
+        raise UsageError("sv.saver.export_meta_graph(): an eager program has no graph to export; save a model "
+                         "with tf.saved_model.save")
+
+
+class SummaryWriterShim:
+    """``sv.summary_writer``: TF's ``FileWriter`` methods over the summary service (see the module docstring)."""
+
+    def __init__(self, sv: Any) -> None:
+        self._sv = sv
+        self._closed = False
+
+    def get_logdir(self) -> Optional[str]:
+        """The directory the summary service writes the event files into: the run's logdir."""
+        logdir: Optional[str] = self._sv.logdir
+        return logdir
+
+    def add_summary(self, summary: Any, global_step: Any = None) -> None:
+        """A ``Summary`` proto (or its serialized bytes, or ``{tag: scalar}``) at ``global_step``
+        (default: the current step); dropped after :meth:`close`, as TF."""
+        if not self._closed:
+            self._sv.summary_computed(None, summary, _int_step(global_step))
+
+    def add_session_log(self, session_log: Any, global_step: Any = None) -> None:
+        """A ``SessionLog`` (START, STOP or CHECKPOINT with its path) at ``global_step``, written after
+        what was logged before it. TensorBoard reads a START at step S as a restart there, hiding the
+        points at steps >= S written before it. On the session's thread only."""
+        if self._closed:
+            return
+        sv = self._sv
+        _on_session_thread(sv, "sv.summary_writer.add_session_log()")
+        status = _STATUS.get(int(getattr(session_log, "status", 0)))
+        if status is None:
+            raise UsageError(f"add_session_log(): status {getattr(session_log, 'status', None)!r} is none of "
+                             "SessionLog.START, STOP, CHECKPOINT")
+        step = sv._state.step if global_step is None else _int_step(global_step)
+        sv._flush_summaries(force=False, urgent=True)
+        sv._channels.to_summary(SessionLogEvent(status, int(step or 0), str(getattr(session_log,
+                                                                                   "checkpoint_path", ""))))
+
+    def add_event(self, event: Any) -> None:
+        """An ``Event`` proto holding a ``summary`` or a ``session_log`` (at ``event.step``); any other
+        kind (a graph, run metadata, a log message) is a :class:`UsageError`: the summary service
+        writes summaries and session logs."""
+        kind = event.WhichOneof("what")
+        if kind == "summary":
+            self.add_summary(event.summary, event.step)
+        elif kind == "session_log":
+            self.add_session_log(event.session_log, event.step)
+        else:
+            raise UsageError(f"add_event(): an event holding {kind!r} cannot be written by procsv's summary service "
+                             "(it writes summaries and session logs)")
+
+    def add_graph(self, *args: Any, **kwargs: Any) -> None:
+        raise UsageError("sv.summary_writer.add_graph(): an eager program has no graph; use "
+                         "tf.summary.trace_on/trace_export with a writer of your own")
+
+    add_meta_graph = add_graph
+
+    def flush(self) -> None:
+        """Hand off what was logged and wait (up to 10 s) until the summary service has written it.
+        From another thread than the session's it is handed off at the next step boundary instead."""
+        sv = self._sv
+        session = getattr(sv, "_session", None)
+        if sv._channels is None or session is None or threading.get_ident() != session._owner:
+            return
+        sv._flush_summaries(force=True)
+
+    def close(self) -> None:
+        """Flush, then drop further ``add_*`` calls until :meth:`reopen` (TF's writer after close)."""
+        self.flush()
+        self._closed = True
+
+    def reopen(self) -> None:
+        """Accept ``add_*`` calls again after :meth:`close`."""
+        self._closed = False
+
+
+def check_passed_writer(summary_writer: Any, logdir: Optional[str]) -> None:
+    """``Supervisor(summary_writer=W)``: W's directory is used when it is the run's logdir (the
+    summary service writes the run's event files there: ``procsv.common.layout``, top level); any
+    other directory, no logdir, or a writer whose directory cannot be known (TF2's
+    ``tf.summary.create_file_writer``: TensorFlow 2 does not tell it) is a :class:`UsageError`."""
+    import tensorflow as tf
+
+    get_logdir = getattr(summary_writer, "get_logdir", None)
+    where = get_logdir() if callable(get_logdir) else None
+    rule = ("procsv's summary service writes a run's event files into its logdir only, beside its checkpoints "
+            "(one run, one directory)")
+    if where is None:
+        kind = ("a tf.summary.SummaryWriter, whose directory TensorFlow 2 does not tell"
+                if isinstance(summary_writer, tf.summary.SummaryWriter) else f"a {type(summary_writer).__name__}")
+        raise UsageError(f"Supervisor(summary_writer=...) got {kind}: {rule}; leave summary_writer out "
+                         "(sv.summary_writer then writes into the logdir), or pass logdir= the directory you meant")
+    if logdir is None:
+        raise UsageError(f"Supervisor(summary_writer=<a writer of {where!r}>) without a logdir: {rule}; pass "
+                         f"logdir={where!r}")
+    if os.path.abspath(str(where)) != os.path.abspath(logdir):
+        raise UsageError(f"Supervisor(summary_writer=<a writer of {where!r}>): {rule}, and {where!r} is not the "
+                         f"logdir {logdir!r}; pass logdir={where!r} (under procsv launch: --logdir), or leave "
+                         "summary_writer out")
