@@ -4,6 +4,8 @@ real TensorFlow, checkpoints and events read back with TensorFlow's and TensorBo
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_train_api")]
@@ -297,3 +299,21 @@ def test_a_passed_summary_writer_is_used_in_the_logdir_and_refused_elsewhere(log
     finally:
         here.close()
         there.close()
+
+
+def test_keras_backup_and_restore_without_a_backup_dir_in_plain_python_is_still_refused(tmp_path, monkeypatch):
+    """No logdir means "save nothing" for a Supervisor (point 3), never for BackupAndRestore, whose
+    whole point is the backup (Keras' own refuses an empty backup_dir too)."""
+    import keras
+    import numpy as np
+
+    import procsv
+    import procsv.keras
+
+    monkeypatch.chdir(tmp_path)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.zeros((8, 4), np.float32), np.zeros((8, 2), np.float32)
+    with pytest.raises(procsv.UsageError, match="needs backup_dir=...: without one nothing would be backed up"):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[procsv.keras.BackupAndRestore()])
+    assert os.listdir(tmp_path) == []

@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional, Union
 import keras
 import numpy as np
 
+from procsv.common import bootstrap
 from procsv.common.errors import TrainingStopped, UsageError
 from procsv.ipc.messages import Busy, DeleteCheckpoints, SaveReason
 from procsv.ipc.transport import NoReply
@@ -115,6 +116,9 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         if model.optimizer is None:
             raise UsageError(f"procsv.keras.BackupAndRestore: model {model.name!r} is not compiled; call "
                              "model.compile(optimizer=..., loss=...) before fit()")
+        if self.backup_dir is None and bootstrap.ChildContext.from_env() is None:  # Keras' own needs a backup_dir too
+            raise UsageError("procsv.keras.BackupAndRestore() outside procsv launch needs backup_dir=...: without "
+                             "one nothing would be backed up")
         input_position.build_state(model, inp)  # every variable must exist to be restored into
         # the position lives in Python while fit runs (no TF op per batch) and is written into
         # these variables right before each snapshot (CheckpointAgent.prepare_snapshot)
