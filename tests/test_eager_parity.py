@@ -222,6 +222,12 @@ def test_sv_saver_saves_through_the_service_restores_and_lists_as_tf1s_saver(log
     assert committed_steps(logdir) == [3, 4]  # the final checkpoint follows the restored history
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(logdir))
     assert reader.get_tensor("w/.ATTRIBUTES/VARIABLE_VALUE") == 4.0
+    with sv.managed_session() as sess:  # a session again: it restored step 4, the newest
+        with pytest.raises(procsv.UsageError, match="whose newest checkpoint is step 4"):
+            sv.saver.restore(sess, prefix)  # going back to 3 would fork the run's history
+        assert sv.step == 4 and float(w.numpy()) == 4.0
+    with pytest.raises(procsv.UsageError, match="needs an open session"):
+        sv.saver.save(None, sv.save_path)
 
     # a warm start from a plain TF checkpoint, as TF1 programs did in init_fn
     plain = tf.train.Checkpoint(w=tf.Variable(10.0), global_step=tf.Variable(20, dtype=tf.int64))

@@ -63,7 +63,7 @@ class SaverShim:
         return self._sv.checkpoint
 
     def __getattr__(self, name: str) -> Any:  # the checkpoint's own attributes (``sv.saver.model``...)
-        if name.startswith("__"):
+        if name.startswith("_"):  # never its own (a copy before __init__ has no _sv: no recursion)
             raise AttributeError(name)
         return getattr(self._sv.checkpoint, name)
 
