@@ -20,10 +20,11 @@ from procsv.trainer.monitored.hooks import (SecondOrStepTimer, SessionRunArgs, S
 from procsv.trainer.monitored.session import (MonitoredSession, MonitoredTrainingSession, SingularMonitoredSession,
                                       StepContext)
 from procsv.trainer.monitored.scaffold import ChiefSessionCreator, Scaffold, WorkerSessionCreator
+from procsv.trainer.graph.session_manager import SessionManager
 from procsv.trainer.supervisor import Supervisor
 
 __all__ = [
-    "Supervisor", "Coordinator", "LooperThread",
+    "Supervisor", "SessionManager", "Coordinator", "LooperThread",
     "MonitoredSession", "MonitoredTrainingSession", "SingularMonitoredSession", "ChiefSessionCreator",
     "WorkerSessionCreator", "Scaffold", "StepContext",
     "SessionRunHook", "SessionRunArgs", "SessionRunContext", "SessionRunValues", "SecondOrStepTimer",

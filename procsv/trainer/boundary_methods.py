@@ -1,4 +1,5 @@
-"""The Supervisor's step boundary (a mixin): what ``session.run(step_fn)`` does before and after the step.
+"""The Supervisor's step boundary (a mixin): what ``session.run(step_fn)`` does before and after the step,
+and the commit of a checkpoint on demand (``commit_checkpoint``: at the stop, or when asked).
 
 Runs in the trainer's main thread, the one that prepared the session. The work: the checkpoint
 work of the completed step (:func:`step_boundary.checkpoint_work`), before the next step runs;
@@ -19,8 +20,11 @@ by a logging thread (:meth:`_batch_waiting`).
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import time
+from typing import Any, Optional
 
+from procsv.ipc.messages import Busy, Progress, SaveReason
 from procsv.common.errors import TrainingStopped
 from procsv.trainer.step_boundary import NEVER, ProgressReporter, StepCounter, checkpoint_work
 from procsv.trainer.summaries.sender import COALESCE  # (time-driven work due this soon goes with a boundary that runs)
@@ -33,6 +37,7 @@ class BoundaryMethods(SummaryMethods):
 
     _counter: StepCounter
     _progress: ProgressReporter
+    _unsaved: bool
     coord: Any
 
     def _start_bounds(self) -> None:
@@ -98,3 +103,23 @@ class BoundaryMethods(SummaryMethods):
             at = min(at, sender.wake_at) if sender is not None else float("-inf")
         urgent = self._ckpt is not None and self._ckpt.in_flight is not None
         self._state.set_end(self._state.step + 1 if urgent else NEVER, at)
+
+    def _report_busy(self, busy: Busy) -> None:
+        """Tell the watchdog the step reached and what the trainer is busy with on purpose (``Busy.NONE``:
+        nothing); the watchdog judges hangs by it (:mod:`procsv.watchdog.rules.hang`). No-op before a session."""
+        if self._channels is not None:
+            self._channels.to_watchdog(Progress(os.getpid(), self._state.step, time.time(), busy))
+
+    def commit_checkpoint(self, deadline: Optional[float] = None) -> bool:
+        """Commit a checkpoint of the last completed step now, waiting up to ``stop_grace_secs``
+        (``preempted`` after SIGTERM/SIGINT, else ``final``); True if that step is committed.
+        ``stop()`` calls it; so does ``procsv.train``'s CheckpointSaverHook at ``end()``."""
+        if self._ckpt is None or self._channels is None or not self.is_chief:
+            return False  # only the chief saves
+        self._report_busy(Busy.FINAL_CHECKPOINT)
+        self._flush_summaries(force=False, urgent=True)  # hand off before the commit, as at a step
+        reason = SaveReason.PREEMPTED if self.coord.stop_signal is not None else SaveReason.FINAL
+        grace = self.stop_grace_secs if deadline is None else max(0.0, deadline - self._clock())
+        self._ckpt.final(self._channels, self._state.step, reason, grace)
+        self._unsaved = self._ckpt.last_committed < self._state.step
+        return not self._unsaved

@@ -68,7 +68,8 @@ class SessionOwner(Protocol):
 
     def request_stop(self, ex: Any = None) -> None: ...
 
-    def prepare_or_wait_for_session(self, *, start_standard_services: bool = True) -> "ManagedSession": ...
+    def prepare_or_wait_for_session(self, master: str = "", config: Any = None, *,
+                                    start_standard_services: bool = True) -> Any: ...
 
     def stop(self, *, close_summary_writer: bool = True) -> None: ...
 
@@ -154,17 +155,22 @@ class ManagedSessionContext:
     block (the program exits 0, as it asked). ``sys.exit(N)``, N != 0, is an error like any other:
     no final checkpoint, re-raised (:mod:`procsv.trainer.coordinator` keeps the two apart)."""
 
-    def __init__(self, sv: SessionOwner, start_standard_services: bool, close_summary_writer: bool) -> None:
+    def __init__(self, sv: SessionOwner, start_standard_services: bool, close_summary_writer: bool,
+                 master: str = "", config: Any = None) -> None:
         self._sv = sv
         self._start = start_standard_services
         self._close = close_summary_writer
+        self._master, self._config = master, config  # (graph mode: the tf.compat.v1.Session's)
+        self._session: Any = None
 
-    def __enter__(self) -> ManagedSession:
+    def __enter__(self) -> Any:
         try:
-            return self._sv.prepare_or_wait_for_session(start_standard_services=self._start)
+            self._session = self._sv.prepare_or_wait_for_session(self._master, self._config,
+                                                                 start_standard_services=self._start)
         except BaseException:
             self._sv._release()
             raise
+        return self._session
 
     def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> bool:
         sv = self._sv
@@ -176,6 +182,8 @@ class ManagedSessionContext:
             if err is exc:
                 return False  # re-raised with its own traceback
             raise
+        finally:
+            self._session.close()  # as TF closed the session after stop() (graph mode; eager: nothing)
         if exc is None:
             return False
         return sv.coord.exception is None  # clean-stop types are swallowed

@@ -43,6 +43,7 @@ class SummaryMethods:
     layout: Optional[Layout]  # None: no logdir (plain python), so no summaries are written (as TF)
     stop_grace_secs: float
     summary_fn: Optional[Callable[[], Mapping[str, Any]]]
+    _graph_summary: Callable[[], None]
 
     def log_scalar(self, tag: str, value: Any, step: Optional[int] = None) -> None:
         """Log one scalar (non-blocking). Raises TypeError/ValueError here for a bad tag or value.
@@ -95,12 +96,14 @@ class SummaryMethods:
 
     # ----------------------------------------------------------------- at step boundaries
     def _periodic_summaries(self, now: float) -> None:
-        """Every ``save_summaries_secs``: the user's ``summary_fn``. (``global_step/sec`` is written by the
+        """Every ``save_summaries_secs``: the user's ``summary_fn``, and in graph mode ``summary_op``. (``global_step/sec`` is written by the
         summary service, from the step marks every batch carries: see ``services/summary/sessions.py``.)"""
         assert self.save_summaries_secs
         self._next_summary = now + self.save_summaries_secs
         if self.summary_fn is not None:
             self.log_scalars(self.summary_fn())
+        if self._tf1.graph is not None:
+            self._graph_summary()  # graph mode: summary_op (procsv.trainer.graph.supervised)
 
     def _summaries_unwritten_from(self) -> Optional[int]:
         """The lowest step with a logged summary the summary service has not confirmed written

@@ -22,7 +22,7 @@ import os
 import time
 from typing import Any, Callable, Mapping, Optional
 
-from procsv.ipc.messages import Busy, Progress, SaveReason, SessionLogEvent, SessionStatus, TrainerReady
+from procsv.ipc.messages import Busy, SessionLogEvent, SessionStatus, TrainerReady
 from procsv.ipc.transport import Endpoints
 from procsv.common import bootstrap, env
 from procsv.common.errors import ProcsvError
@@ -43,13 +43,14 @@ from procsv.trainer.step_boundary import ProgressReporter, StepCounter, StepStat
 from procsv.trainer.stop_signals import StopSignals
 from procsv.trainer.summaries import SummaryBuffer
 from procsv.trainer.boundary_methods import BoundaryMethods
-from procsv.trainer.supervisor_setup import agent_factory, layout_for, resolve_is_chief, trackable_state
-from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, Tf1Properties, add_camel_case_aliases, resolve
+from procsv.trainer.supervisor_setup import agent_factory, layout_for, resolve_is_chief, state_to_save
+from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, Tf1Properties, add_camel_case_aliases
+from procsv.trainer.graph.supervised import GraphMethods
 from procsv.trainer.monitored.hooks import warn_once
 from procsv.trainer.tf1_methods import Tf1Methods, warn_ignored_prepare_args
 
 
-class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
+class Supervisor(BoundaryMethods, GraphMethods, Tf1Properties, Tf1Methods):
     """Checkpoints, summaries, restore-on-restart and stop coordination for a TF2 training loop.
 
     Args mirror ``tf.compat.v1.train.Supervisor``; the TF2-specific ones:
@@ -130,16 +131,20 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
         self.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours
         self.save_checkpoint_steps = save_checkpoint_steps
         self.init_fn = init_fn
-        self._tf1 = resolve(checkpoint, summary_fn, saver, summary_op, summary_writer, self.logdir, {
-            "graph": graph, "ready_op": ready_op, "ready_for_local_init_op": ready_for_local_init_op,
-            "init_op": init_op, "init_feed_dict": init_feed_dict, "local_init_op": local_init_op,
-            "session_manager": session_manager, "local_init_run_options": local_init_run_options})
-        checkpoint, self.summary_fn = self._tf1.checkpoint, self._tf1.summary_fn
+        # graph mode (a TF1 graph program) or eager: the TF1 arguments, the state to save, the global step
+        self._tf1, checkpoint, self._global_step, created = state_to_save(
+            checkpoint, summary_fn, saver, summary_op, summary_writer, global_step, self.logdir, {
+                "graph": graph, "ready_op": ready_op, "ready_for_local_init_op": ready_for_local_init_op,
+                "init_op": init_op, "init_feed_dict": init_feed_dict, "local_init_op": local_init_op,
+                "session_manager": session_manager, "local_init_run_options": local_init_run_options},
+            max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+            recovery_wait_secs=recovery_wait_secs, increment_global_step=increment_global_step)
+        self.summary_fn = self._tf1.summary_fn
         self.increment_global_step = increment_global_step
         self.coord = Coordinator(clock=clock)
-
-        checkpoint, self._global_step, created = trackable_state(checkpoint, global_step)
-        self._counter = StepCounter(self._global_step, increment_global_step, private=created)
+        # (graph mode: the program's runs advance the global step; GraphSession observes it)
+        self._counter = StepCounter(self._global_step, False if self._tf1.graph else increment_global_step,
+                                    private=created)
         self.checkpoint = checkpoint
         self._new_agent = agent_factory(
             checkpoint, self._global_step, self.layout, basename=checkpoint_basename,
@@ -154,7 +159,7 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
         self._channels: Optional[TrainerChannels] = None
         self._summaries = SummaryBuffer(clock)
         self._summaries.on_batch = self._batch_waiting
-        self._session: Optional[ManagedSession] = None
+        self._session: Optional[Any] = None  # a ManagedSession, or a GraphSession in graph mode
         self._own: Optional[OwnServices] = None
         self._stopped_by_signal = False
         self._unsaved = False  # the final checkpoint did not commit
@@ -185,8 +190,8 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
         ``sys.exit(0)``/``sys.exit()``, re-raised after the final checkpoint; any other exception (the block's,
         else a thread's) is re-raised after the services stopped. The Supervisor can serve another block after.
         """
-        warn_ignored_prepare_args(master, config, True)  # prepare is called without them
-        return ManagedSessionContext(self, start_standard_services, close_summary_writer)
+        warn_ignored_prepare_args(master, config, True, graph_mode=self._tf1.graph is not None)
+        return ManagedSessionContext(self, start_standard_services, close_summary_writer, master, config)
 
     def warm_up(self, fn: Any, *args: Any, **kwargs: Any) -> None:
         """Trace ``fn`` (a ``tf.function``, e.g. the train step) for these example arguments when the
@@ -201,14 +206,15 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
         self._warm_ups.append((fn, args, kwargs))
 
     def prepare_or_wait_for_session(self, master: str = "", config: Any = None, wait_for_checkpoint: bool = False,
-                                    max_wait_secs: float = 7200, start_standard_services: bool = True) -> ManagedSession:
-        """Restore the newest committed checkpoint (or initialize) and return the session. Called
+                                    max_wait_secs: float = 7200, start_standard_services: bool = True) -> Any:
+        """Restore the newest committed checkpoint (or initialize) and return the session (graph
+        mode: a :class:`procsv.trainer.graph.session.GraphSession`). Called
         again after :meth:`stop`, it starts afresh: the stop is cleared and the state restored
         again from the newest checkpoint, as TF's SessionManager did for a new session."""
         if self._started and not self._stopped:
             assert self._session is not None
             return self._session
-        warn_ignored_prepare_args(master, config, start_standard_services)
+        warn_ignored_prepare_args(master, config, start_standard_services, graph_mode=self._tf1.graph is not None)
         if wait_for_checkpoint:  # wait for the chief's first checkpoint (filesystem events; DeadlineExceededError)
             replica.wait_for_committed(self.layout, max_wait_secs, self.recovery_wait_secs, self._clock)
         # a session again after a stop, or a new Supervisor after another one's session, in this process
@@ -233,7 +239,7 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
         endpoints = self._connect_services()
         self._channels = TrainerChannels(endpoints, supervised=self._ctx is not None and self._ctx.supervised,
                                          clock=self._clock, services=self.is_chief and self.layout is not None)
-        self._session = ManagedSession(self)
+        self._session = self._open_session(master, config) if self._tf1.graph else ManagedSession(self)
         skipped: list[str] = []
         if self._ckpt is not None:
             pin_path = os.environ.get(env.GROUP_PIN) if self._in_group() else None
@@ -248,6 +254,8 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
                 pin.publish(self.restored_from or None)
         else:
             self._init()
+        if self._tf1.graph is not None:
+            self._graph_ready(start_standard_services)  # local_init_op, ready_op, live; queue runners
         self._state.step = int(self._global_step.numpy())
         pid = os.getpid()
         attempt = self._ctx.attempt if self._ctx else 1
@@ -316,26 +324,6 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
         finally:
             self._release(deadline)
 
-    def _report_busy(self, busy: Busy) -> None:
-        """Tell the watchdog the step reached and what the trainer is busy with on purpose (``Busy.NONE``:
-        nothing); the watchdog judges hangs by it (:mod:`procsv.watchdog.rules.hang`). No-op before a session."""
-        if self._channels is not None:
-            self._channels.to_watchdog(Progress(os.getpid(), self._state.step, time.time(), busy))
-
-    def commit_checkpoint(self, deadline: Optional[float] = None) -> bool:
-        """Commit a checkpoint of the last completed step now, waiting up to ``stop_grace_secs``
-        (``preempted`` after SIGTERM/SIGINT, else ``final``); True if that step is committed.
-        ``stop()`` calls it; so does ``procsv.train``'s CheckpointSaverHook at ``end()``."""
-        if self._ckpt is None or self._channels is None or not self.is_chief:
-            return False  # only the chief saves
-        self._report_busy(Busy.FINAL_CHECKPOINT)
-        self._flush_summaries(force=False, urgent=True)  # hand off before the commit, as at a step
-        reason = SaveReason.PREEMPTED if self.coord.stop_signal is not None else SaveReason.FINAL
-        grace = self.stop_grace_secs if deadline is None else max(0.0, deadline - self._clock())
-        self._ckpt.final(self._channels, self._state.step, reason, grace)
-        self._unsaved = self._ckpt.last_committed < self._state.step
-        return not self._unsaved
-
     def outcome(self) -> outcome.Outcome:
         """What this Supervisor achieved so far (the trainer's bootstrap reads it at exit)."""
         ok = self.is_chief and self._ckpt is not None and self._ckpt.last_committed >= self._state.step  # its step saved
@@ -364,8 +352,9 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
 
     @property
     def global_step(self) -> Any:
-        """The global step variable (int64). Handing it out makes procsv advance it at every step."""
-        return self._counter.expose()
+        """The global step variable (int64). Handing it out makes procsv advance it at every step.
+        Graph mode: the graph's global step variable."""
+        return self._tf1.graph.global_step if self._tf1.graph is not None else self._counter.expose()
 
     def _in_group(self) -> bool:
         """One trainer of a ``procsv launch --nproc N`` group."""
@@ -380,7 +369,9 @@ class Supervisor(BoundaryMethods, Tf1Properties, Tf1Methods):
         return self._own.start()
 
     def _init(self) -> None:
-        if self.init_fn is not None:
+        if self._tf1.graph is not None:
+            self._graph_initialize()  # init_op (init_feed_dict), then init_fn
+        elif self.init_fn is not None:
             self.init_fn(self._session)
 
     def _release(self, deadline: Optional[float] = None) -> None:

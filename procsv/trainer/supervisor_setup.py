@@ -3,7 +3,7 @@
 Runs in the trainer process, inside ``Supervisor.__init__``: which logdir (the launch's, or the
 one given; they must agree) and the refusal of arguments that cannot work (:func:`layout_for`);
 the state to save, as a ``tf.train.Checkpoint`` holding the ``global_step`` variable
-(:func:`trackable_state`); and how each session's :class:`CheckpointAgent` is made, with the
+(:func:`trackable_state`), or in graph mode the graph's, with TF1's defaults (:func:`state_to_save`); and how each session's :class:`CheckpointAgent` is made, with the
 settings ``procsv launch`` passes through the environment (:func:`agent_factory`). Free functions
 of their arguments: the Supervisor keeps what they return.
 """
@@ -19,7 +19,7 @@ from procsv.common.layout import Layout
 from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.checkpoint.commits import SAVE_DEADLINE_FLOOR
 from procsv.trainer.checkpoint.restore import ReadRetry
-from procsv.trainer.tf1_args import USE_DEFAULT
+from procsv.trainer.tf1_args import USE_DEFAULT, Tf1Choices, resolve
 
 
 def resolve_is_chief(is_chief: Optional[bool], ctx: Optional[bootstrap.ChildContext]) -> bool:
@@ -79,6 +79,24 @@ def trackable_state(checkpoint: Any, global_step: Any) -> tuple[Any, Any, bool]:
     if checkpoint is not None and getattr(checkpoint, "global_step", None) is None:
         checkpoint.global_step = global_step
     return checkpoint, global_step, created
+
+
+def state_to_save(checkpoint: Any, summary_fn: Any, saver: Any, summary_op: Any, summary_writer: Any,
+                  global_step: Any, logdir: Optional[str], args: Mapping[str, Any], **graph_settings: Any
+                  ) -> tuple[Tf1Choices, Any, Any, bool]:
+    """The TF1 arguments' meaning, the state to save, the global step and whether procsv created it:
+    in graph mode (:func:`procsv.trainer.graph.defaults.is_graph_mode`) TF1's own meaning, with
+    TF's defaults built in the program's graph (``graph_settings``: max_to_keep...); else their
+    TF2 meaning (:func:`procsv.trainer.tf1_args.resolve`, :func:`trackable_state`)."""
+    from procsv.trainer.graph.defaults import is_graph_mode, resolve_graph
+
+    if is_graph_mode(args["graph"]):
+        tf1 = resolve_graph(checkpoint, summary_fn, saver, summary_op, summary_writer, global_step, logdir, args,
+                            **graph_settings)
+        return tf1, tf1.checkpoint, tf1.graph.step, False
+    tf1 = resolve(checkpoint, summary_fn, saver, summary_op, summary_writer, logdir, args)
+    state, step, created = trackable_state(tf1.checkpoint, global_step)
+    return tf1, state, step, created
 
 
 def agent_factory(checkpoint: Any, global_step: Any, layout: Optional[Layout], *, basename: str,

@@ -72,6 +72,7 @@ class Tf1Choices:
     summary_fn: Optional[Callable[[], Mapping[str, Any]]]  # None: no automatic summaries
     writer: bool  # False: ``summary_writer=None``, summaries are refused (TF: "requires a summary writer")
     given: dict[str, Any]  # the TF1 values as passed (the properties return them)
+    graph: Any = None  # graph mode: the GraphSetup (procsv.trainer.graph.defaults); None: eager
 
 
 def _is_default(value: Any) -> bool:
@@ -158,8 +159,9 @@ class Tf1Properties:
     _tf1: Tf1Choices
 
     @property
-    def graph(self) -> None:
-        return None
+    def graph(self) -> Any:
+        """The program's ``tf.Graph`` in graph mode; None in eager mode."""
+        return self._tf1.graph.graph if self._tf1.graph is not None else None
 
     @property
     def init_op(self) -> Any:
@@ -189,13 +191,18 @@ class Tf1Properties:
 
     @property
     def summary_op(self) -> Any:
-        """The TF2 summary callable (``summary_fn``), or None when automatic summaries are off."""
+        """Graph mode: the summary op (None when off). Eager: the TF2 summary callable
+        (``summary_fn``), or None when automatic summaries are off."""
+        if self._tf1.graph is not None:
+            return self._tf1.graph.summary_op
         return self._tf1.summary_fn
 
     @property
-    def saver(self) -> Optional[SaverShim]:
+    def saver(self) -> Any:
         """TF1's ``Saver`` over the checkpoint service (``save``, ``restore``, ``last_checkpoints``...;
         its other attributes are the saved ``tf.train.Checkpoint``'s), or None when checkpoints are off."""
+        if self._tf1.graph is not None:
+            return getattr(self, "_graph_saver")
         if getattr(self, "checkpoint", None) is None:
             return None
         shim: Optional[SaverShim] = self.__dict__.get("_saver_shim")

@@ -19,14 +19,31 @@ from procsv.trainer.coordinator import Coordinator, LooperThread
 from procsv.trainer.monitored.hooks import warn_once
 
 
-def warn_ignored_prepare_args(master: str, config: Any, start_standard_services: bool) -> None:
-    """Warn once about ``prepare_or_wait_for_session``'s arguments that mean nothing in TF2."""
+def warn_ignored_prepare_args(master: str, config: Any, start_standard_services: bool, graph_mode: bool = False
+                              ) -> None:
+    """Warn once about ``prepare_or_wait_for_session``'s arguments that mean nothing in TF2 (in
+    graph mode ``master`` and ``config`` are the session's)."""
     if not start_standard_services:
         warn_once("Supervisor.start_standard_services", "start_standard_services=False: procsv's checkpoint "
                                                         "and summary services are processes and always run")
-    if master or config is not None:
+    if (master or config is not None) and not graph_mode:
         warn_once("Supervisor.prepare", "master and config have no TF2 meaning and are ignored (the newest "
                                         "checkpoint, if any, is restored)")
+
+
+class _QueueCoord:
+    """The Supervisor's Coordinator as a queue runner sees it: the error of an enqueue that the
+    stop cancelled (the runner closes its queue then) is no error, as with TF's Coordinator, which
+    keeps no error raised after a stop."""
+
+    def __init__(self, coord: Coordinator) -> None:
+        self._coord = coord
+
+    def request_stop(self, ex: Any = None) -> None:
+        self._coord.request_stop(None if self._coord.should_stop() else ex)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._coord, name)
 
 
 class Tf1Methods:
@@ -53,7 +70,20 @@ class Tf1Methods:
         return []
 
     def start_queue_runners(self, sess: Any = None, queue_runners: Any = None) -> list[Any]:
-        """TF2 has no queue runners (use ``tf.data``): nothing to start, so []."""
+        """Graph mode: start the threads of ``queue_runners`` (default: the graph's
+        ``QUEUE_RUNNERS`` collection) on ``sess`` under the Supervisor's Coordinator, as TF; the
+        threads (joined at ``stop()``). Eager: TF2 has no queue runners (use ``tf.data``), so []."""
+        setup = getattr(self, "_tf1").graph
+        if setup is not None:
+            import tensorflow as tf
+
+            if queue_runners is None:
+                queue_runners = setup.graph.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS)
+            session = getattr(sess if sess is not None else setup.session, "raw", sess)
+            threads: list[Any] = []
+            for qr in queue_runners:
+                threads.extend(qr.create_threads(session, coord=_QueueCoord(self.coord), daemon=True, start=True))
+            return threads
         if queue_runners:
             warn_once("Supervisor.start_queue_runners", "start_queue_runners(queue_runners=...): TF2 has no queue "
                                                         "runners; feed the steps from a tf.data.Dataset instead")

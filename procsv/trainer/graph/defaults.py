@@ -1,0 +1,184 @@
+"""The graph-mode Supervisor's TF1 arguments with their TF1 meaning, and TF's defaults for them.
+
+Runs in the trainer process, inside ``Supervisor.__init__`` when the program is a TF1 graph
+program (:func:`is_graph_mode`: ``graph=`` is a ``tf.Graph``, or eager execution is disabled).
+:func:`resolve_graph` builds, in the program's graph and as TF's ``Supervisor`` did, every piece
+the program left at ``USE_DEFAULT``: ``global_step`` (the graph's; created if it has none),
+``saver`` (a ``tf.compat.v1.train.Saver`` over every saveable global variable, with
+``max_to_keep`` and ``keep_checkpoint_every_n_hours``), ``init_op``
+(``global_variables_initializer``), ``ready_op`` (``report_uninitialized_variables``),
+``ready_for_local_init_op`` and ``local_init_op`` (the collections', else local variables and
+tables), ``summary_op`` (``merge_all``) and the ``SessionManager``; ``None`` turns a piece off,
+as in TF. It also builds what procsv needs of the graph (the reads of the global step after its
+writers: :mod:`procsv.trainer.graph.steps`; the state adapters of
+:mod:`procsv.trainer.graph.state`), then finalizes the graph, as TF's Supervisor did: nothing
+grows it from then on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+from typing import Any, Mapping, Optional
+
+from procsv.common.errors import UsageError
+from procsv.trainer.graph.session_manager import SessionManager
+from procsv.trainer.graph.steps import StepProbe, global_step_of
+from procsv.trainer.monitored.hooks import warn_once
+from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, Tf1Choices
+from procsv.trainer.tf1_objects import check_passed_writer
+
+
+def is_graph_mode(graph: Any) -> bool:
+    """A graph program: ``graph`` is a ``tf.Graph``, or TF runs graphs (``disable_eager_execution``)."""
+    import tensorflow as tf
+
+    return isinstance(graph, tf.Graph) or not tf.compat.v1.executing_eagerly_outside_functions()
+
+
+@dataclasses.dataclass
+class GraphSetup:
+    """Everything the graph-mode Supervisor resolved: TF1's pieces and procsv's adapters."""
+
+    graph: Any
+    global_step: Any  # the graph's variable
+    probe: StepProbe
+    saver: Any  # the tf.compat.v1.train.Saver whose variables are saved (None: checkpoints off)
+    init_op: Any
+    init_feed_dict: Any
+    ready_op: Any
+    ready_for_local_init_op: Any
+    local_init_op: Any
+    summary_op: Any
+    summary_default: bool  # summary_op is TF's default (merge_all): turned off, said once, if it cannot run
+    session_manager: SessionManager
+    step: Any  # the global step as the rest of procsv reads it (numpy(), assign())
+    checkpoint: Any = None  # what the checkpoint agent snapshots and restores (None: checkpoints off)
+    session: Any = None  # the current GraphSession
+    summary_off: Optional[str] = None  # why the default summary_op was turned off
+
+    def raw_session(self) -> Any:
+        """The live ``tf.compat.v1.Session`` (the state adapters read and assign through it)."""
+        if self.session is None:
+            raise RuntimeError("no session of the graph is open")
+        return self.session.raw
+
+
+def _first(graph: Any, key: str) -> Any:
+    items = graph.get_collection(key)
+    return items[0] if items else None
+
+
+def resolve_graph(checkpoint: Any, summary_fn: Any, saver: Any, summary_op: Any, summary_writer: Any,
+                  global_step: Any, logdir: Optional[str], args: Mapping[str, Any], *, max_to_keep: int,
+                  keep_checkpoint_every_n_hours: Optional[float], recovery_wait_secs: float,
+                  increment_global_step: Optional[bool]) -> Tf1Choices:
+    """TF's defaults for the TF1 arguments (``args``: graph, ready_op, ... as passed), built in the
+    graph, which is then finalized. ``logdir`` None: nothing is saved or restored and no summary
+    written, as TF. Raises :class:`UsageError` for ``checkpoint=`` (eager state)."""
+    import tensorflow as tf
+
+    if checkpoint is not NOT_PASSED and checkpoint is not None:
+        raise UsageError("Supervisor(checkpoint=...) is the state of an eager program; a graph program saves its "
+                         "graph's variables: leave checkpoint out (or pass saver=tf.compat.v1.train.Saver(var_list))")
+    graph = args["graph"] if isinstance(args["graph"], tf.Graph) else tf.compat.v1.get_default_graph()
+    keys = tf.compat.v1.GraphKeys
+    with graph.as_default():
+        variable, created = global_step_of(graph, None if global_step is USE_DEFAULT else global_step)
+        if created or increment_global_step:
+            warn_once("Supervisor.graph_global_step", "the graph has no global step (or increment_global_step=True): "
+                      "procsv advances one at every sess.run of the session, each run is a step; pass "
+                      "global_step=tf.compat.v1.train.get_or_create_global_step() to minimize() instead")
+        probe = StepProbe(graph, variable, counts_every_run=bool(created or increment_global_step))
+        if saver is USE_DEFAULT:
+            saver = _first(graph, keys.SAVERS)
+            if saver is None and tf.compat.v1.global_variables():
+                saver = tf.compat.v1.train.Saver(max_to_keep=max_to_keep,
+                                                 keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours or 10000.0)
+                graph.add_to_collection(keys.SAVERS, saver)
+        elif saver is not None and not isinstance(saver, tf.compat.v1.train.Saver):
+            raise UsageError(f"Supervisor(saver=...) in a graph program takes a tf.compat.v1.train.Saver, "
+                             f"not {type(saver).__name__}")
+        init_op, ready_op, rl_op, local_op = (args["init_op"], args["ready_op"], args["ready_for_local_init_op"],
+                                              args["local_init_op"])
+        if ready_op is USE_DEFAULT:
+            ready_op = _first(graph, keys.READY_OP)
+            if ready_op is None:
+                ready_op = tf.compat.v1.report_uninitialized_variables()
+                graph.add_to_collection(keys.READY_OP, ready_op)
+        if rl_op is USE_DEFAULT:
+            rl_op = _first(graph, keys.READY_FOR_LOCAL_INIT_OP)
+        if init_op is USE_DEFAULT:
+            init_op = _first(graph, keys.INIT_OP)
+            if init_op is None:
+                init_op = tf.compat.v1.global_variables_initializer()
+                graph.add_to_collection(keys.INIT_OP, init_op)
+        if local_op is USE_DEFAULT:
+            local_op = _first(graph, keys.LOCAL_INIT_OP)
+            if local_op is None:
+                local_op = tf.group(tf.compat.v1.local_variables_initializer(), tf.compat.v1.tables_initializer())
+                graph.add_to_collection(keys.LOCAL_INIT_OP, local_op)
+        default_summary = summary_op is USE_DEFAULT
+        if default_summary:
+            summary_op = _first(graph, keys.SUMMARY_OP)
+            if summary_op is None:
+                summary_op = tf.compat.v1.summary.merge_all()
+                if summary_op is not None:
+                    graph.add_to_collection(keys.SUMMARY_OP, summary_op)
+        manager = args["session_manager"]
+        if manager is None:
+            manager = SessionManager(local_init_op=local_op, ready_op=ready_op, ready_for_local_init_op=rl_op,
+                                     graph=graph, recovery_wait_secs=recovery_wait_secs,
+                                     local_init_run_options=args["local_init_run_options"])
+        setup = GraphSetup(graph, variable, probe, saver, init_op, args["init_feed_dict"], ready_op, rl_op, local_op,
+                           summary_op, default_summary, manager, step=None)
+        setup.step, setup.checkpoint = _adapters(setup)
+    graph.finalize()
+    if logdir is None:  # TF: no logdir, no checkpoints and no summaries
+        setup.checkpoint, summary_writer = None, None
+    writer = summary_writer is not None
+    if writer and summary_writer is not USE_DEFAULT:
+        check_passed_writer(summary_writer, logdir)  # its directory must be the logdir: then it is used
+    if not writer:
+        setup.summary_op = None
+    given = dict(args, saver=saver, summary_op=setup.summary_op, summary_writer=summary_writer, init_op=init_op,
+                 ready_op=ready_op, ready_for_local_init_op=rl_op, local_init_op=local_op, session_manager=manager,
+                 graph=graph)
+    return Tf1Choices(None if setup.checkpoint is None else setup.checkpoint,
+                      summary_fn if writer else None, writer, given, graph=setup)
+
+
+def _adapters(setup: GraphSetup) -> tuple[Any, Any]:
+    """The global step and the checkpoint as the checkpoint agent reads them
+    (:mod:`procsv.trainer.graph.state`); the checkpoint is None with ``saver=None``."""
+    try:
+        state = importlib.import_module("procsv.trainer.graph.state")
+    except ImportError:  # the state adapters are not there yet: no checkpoints (said once)
+        print("procsv: warning: this procsv has no graph-mode checkpoints yet: nothing is saved",
+              file=sys.stderr, flush=True)
+        return _ObservedStep(setup), None
+    step = state.GraphGlobalStep(setup.global_step, setup.raw_session)
+    if setup.saver is None:
+        return step, None
+    from tensorflow.python.training.saving import saveable_object_util
+
+    var_list = saveable_object_util.op_list_to_dict(setup.saver._var_list)
+    return step, state.GraphCheckpoint(var_list, setup.raw_session)
+
+
+class _ObservedStep:
+    """The global step's value as last observed (read through the session before any step)."""
+
+    def __init__(self, setup: GraphSetup) -> None:
+        self._setup = setup
+        self._value: Optional[int] = None
+
+    def observe(self, value: int) -> None:
+        self._value = value
+
+    def numpy(self) -> int:
+        if self._value is None:
+            return int(self._setup.raw_session().run(self._setup.global_step))
+        return self._value
+

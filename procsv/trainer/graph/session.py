@@ -1,0 +1,125 @@
+"""The session a graph-mode ``Supervisor.managed_session()`` yields: a ``tf.compat.v1.Session`` with step boundaries.
+
+Runs in the trainer process (graph mode). :class:`GraphSession` wraps a real
+``tf.compat.v1.Session`` of the program's graph: ``run(fetches, feed_dict, options,
+run_metadata)`` returns what the plain session returns, for any fetch structure. A run that writes
+the global step (:mod:`procsv.trainer.graph.steps`) fetches, in the same call, the global step's
+value after it; when that value changed the run was a step, and the step boundary runs right after
+it returns, before its results go back to the program: progress to the watchdog, the snapshot for
+the checkpoint service when one is due, the summaries' hand-off (``summary_op`` with this run's
+``feed_dict``). So a checkpoint is always a state the program had between two runs.
+
+Only runs on the thread that prepared the session have boundaries; a run from another thread (a
+queue runner, an ``sv.loop`` thread) is a plain run, and a step it makes is seen by the next step of
+the session's thread. ``partial_run`` and callables from ``make_callable`` are plain runs too.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional, Protocol
+
+from procsv.common.errors import TrainingStopped
+from procsv.trainer.graph.steps import StepProbe
+from procsv.trainer.step_boundary import StepState
+
+
+class GraphOwner(Protocol):
+    """What a graph session needs of the Supervisor that made it."""
+
+    @property
+    def _state(self) -> StepState: ...
+
+    def should_stop(self) -> bool: ...
+
+
+class GraphSession:
+    """What a graph-mode ``managed_session()`` / ``prepare_or_wait_for_session()`` returns."""
+
+    def __init__(self, owner: GraphOwner, session: Any, probe: StepProbe,
+                 observe: Optional[Callable[[int], None]] = None) -> None:
+        self._sv = owner
+        self._state: StepState = owner._state
+        self._sess = session
+        self._probe = probe
+        self._observe = observe
+        self._owner = threading.get_ident()
+        self.live = False  # the Supervisor sets it once the session is prepared: boundaries from then on
+        self.step_feed: Any = None  # the feed_dict of the run that made the last step (summary_op runs with it)
+
+    @property
+    def raw(self) -> Any:
+        """The ``tf.compat.v1.Session`` inside (for procsv's own runs: restore, snapshots, summaries)."""
+        return self._sess
+
+    def run(self, fetches: Any, feed_dict: Any = None, options: Any = None, run_metadata: Any = None) -> Any:
+        """``tf.compat.v1.Session.run``; a run that advanced the global step is a step, and its
+        boundary runs before this returns. Raises :class:`TrainingStopped` (a clean stop) for a run
+        that would write the global step after a stop was requested, as an eager step does."""
+        if not self.live or threading.get_ident() != self._owner:
+            return self._sess.run(fetches, feed_dict, options, run_metadata)
+        extra = self._probe.extra_fetch(fetches, feed_dict)
+        if extra is None:
+            return self._sess.run(fetches, feed_dict, options, run_metadata)
+        state = self._state
+        if state.coord.asked and state.coord.should_stop():
+            raise TrainingStopped("a stop was requested; the training loop should end")
+        out, value = self._sess.run((fetches, extra), feed_dict, options, run_metadata)
+        step = int(value)
+        if step != state.step:
+            self._stepped(state, step, feed_dict)
+        return out
+
+    def _stepped(self, state: StepState, step: int, feed_dict: Any) -> None:
+        """The run just returned made ``step``: the boundary, with the state of that step."""
+        state.counter.completed += 1
+        if self._observe is not None:
+            self._observe(step)
+        state.step = step
+        self.step_feed = feed_dict
+        if step >= state.ckpt_step or state.clock() >= state.at:
+            state.boundary(step)
+        if state.step >= state.end_step:
+            state.after_step()
+
+    # ------------------------------------------------------------------ the rest of tf.compat.v1.Session
+    def partial_run_setup(self, fetches: Any, feeds: Any = None) -> Any:
+        return self._sess.partial_run_setup(fetches, feeds)
+
+    def partial_run(self, handle: Any, fetches: Any, feed_dict: Any = None) -> Any:
+        return self._sess.partial_run(handle, fetches, feed_dict)
+
+    def make_callable(self, fetches: Any, feed_list: Any = None, accept_options: bool = False) -> Any:
+        return self._sess.make_callable(fetches, feed_list, accept_options)
+
+    @property
+    def graph(self) -> Any:
+        return self._sess.graph
+
+    @property
+    def graph_def(self) -> Any:
+        return self._sess.graph_def
+
+    @property
+    def sess_str(self) -> str:
+        return str(self._sess.sess_str)
+
+    def as_default(self) -> Any:
+        return self._sess.as_default()
+
+    def list_devices(self) -> Any:
+        return self._sess.list_devices()
+
+    def should_stop(self) -> bool:
+        return self._sv.should_stop()
+
+    def close(self) -> None:
+        """Close the session (``managed_session`` does at the end of its block, as TF)."""
+        self.live = False
+        self._sess.close()
+
+    def __enter__(self) -> "GraphSession":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

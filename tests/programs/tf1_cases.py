@@ -1,0 +1,205 @@
+"""Graph-mode cases, one per run: ``python tf1_cases.py CASE LOGDIR [--tf]``; prints ``result <json>``.
+
+Each case builds a small graph and runs a graph-mode ``procsv.Supervisor`` (``--tf``: TensorFlow's
+own classes instead, where the case compares with them), and prints what it observed: what ran
+at the start, what the session returned, what raised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import tensorflow as tf  # noqa: E402
+
+tf.compat.v1.disable_eager_execution()
+CASE, LOGDIR = sys.argv[1], sys.argv[2]
+USE_TF = "--tf" in sys.argv
+if USE_TF:
+    Supervisor, SessionManager = tf.compat.v1.train.Supervisor, tf.compat.v1.train.SessionManager
+else:
+    import procsv
+    from procsv.train import SessionManager
+
+    Supervisor = procsv.Supervisor
+log: list[str] = []
+
+
+def model() -> tuple[object, object, object]:
+    """A counter model: ``v`` (from ``init_feed_dict``'s placeholder), a local variable, a train op."""
+    start = tf.compat.v1.placeholder_with_default(1.0, [], name="start")
+    v = tf.compat.v1.get_variable("v", initializer=start)
+    local = tf.compat.v1.get_variable("local", initializer=0.0, collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+    gs = tf.compat.v1.train.get_or_create_global_step()
+    train = tf.group(v.assign_add(1.0), gs.assign_add(1))
+    return start, v, (local, train, gs)
+
+
+def run_session(**kwargs: object) -> dict[str, object]:
+    """A Supervisor of the case's graph; one managed session: 3 training runs; what was seen."""
+    start, v, (local, train, gs) = model()
+    sv = Supervisor(logdir=LOGDIR, save_summaries_secs=None, **kwargs)
+    try:
+        with sv.managed_session() as sess:
+            seen = {"v": float(sess.run(v)), "local": float(sess.run(local))}
+            for _ in range(3):
+                sess.run(train)
+            seen.update(v_end=float(sess.run(v)), step=int(sess.run(gs)))
+    except RuntimeError as exc:
+        return {"error": str(exc).split(".")[0]}
+    return seen
+
+
+def case_defaults() -> dict[str, object]:
+    """init_op (fed by init_feed_dict), init_fn and local_init_op on a fresh start."""
+    with tf.Graph().as_default():
+        start, v, (local, train, gs) = model()
+        init_local = tf.group(local.initializer)
+        with tf.control_dependencies([init_local]):
+            init_local = tf.group(local.assign_add(5.0))
+
+        def init_fn(sess: object) -> None:
+            log.append(f"init_fn v={float(sess.run(v))}")  # type: ignore[attr-defined]
+
+        sv = Supervisor(logdir=LOGDIR, save_summaries_secs=None, init_feed_dict={start: 10.0},
+                        local_init_op=init_local, init_fn=init_fn)
+        with sv.managed_session() as sess:
+            seen = {"v": float(sess.run(v)), "local": float(sess.run(local))}
+            for _ in range(3):
+                sess.run(train)
+            seen.update(v_end=float(sess.run(v)), step=int(sess.run(gs)))
+    return dict(seen, log=log)
+
+
+def case_no_init_op() -> dict[str, object]:
+    """init_op=None, nothing else: the ready_op finds the variables uninitialized (TF's RuntimeError)."""
+    with tf.Graph().as_default():
+        return run_session(init_op=None)
+
+
+def case_nothing_to_init() -> dict[str, object]:
+    """init_op=None, local_init_op=None, no init_fn: TF's RuntimeError before anything runs."""
+    with tf.Graph().as_default():
+        return run_session(init_op=None, local_init_op=None, ready_op=None)
+
+
+def case_init_fn_only() -> dict[str, object]:
+    """init_op=None with an init_fn that initializes: ready."""
+    with tf.Graph().as_default():
+        start, v, (local, train, gs) = model()
+        op = tf.compat.v1.global_variables_initializer()
+
+        def init_fn(sess: object) -> None:
+            sess.run(op)  # type: ignore[attr-defined]
+            log.append("init_fn")
+
+        sv = Supervisor(logdir=LOGDIR, save_summaries_secs=None, init_op=None, init_fn=init_fn)
+        with sv.managed_session() as sess:
+            return {"v": float(sess.run(v)), "log": log}
+
+
+def case_not_ready_for_local_init() -> dict[str, object]:
+    """ready_for_local_init_op reports a variable: TF's RuntimeError naming it."""
+    with tf.Graph().as_default():
+        _, v, (local, *_rest) = model()
+        never = tf.compat.v1.get_variable("never", initializer=0.0, collections=["other"])
+        return _plain_error(ready_for_local_init_op=tf.compat.v1.report_uninitialized_variables([never]),
+                            local_init_op=local.initializer)
+
+
+def _plain_error(**kwargs: object) -> dict[str, object]:
+    sv = Supervisor(logdir=LOGDIR, save_summaries_secs=None, **kwargs)
+    try:
+        with sv.managed_session():
+            return {"error": None}
+    except RuntimeError as exc:
+        return {"error": str(exc)}
+
+
+def case_queue_runners() -> dict[str, object]:
+    """The graph's queue runners start with the session; a non-collected one with start_queue_runners."""
+    with tf.Graph().as_default():
+        counter = tf.compat.v1.get_variable("counter", initializer=0, dtype=tf.int32)
+        queue = tf.queue.FIFOQueue(10, [tf.int32])
+        tf.compat.v1.train.add_queue_runner(tf.compat.v1.train.QueueRunner(queue, [queue.enqueue(counter.assign_add(1))]))
+        other = tf.queue.FIFOQueue(10, [tf.int32])
+        extra = tf.compat.v1.train.QueueRunner(other, [other.enqueue(tf.constant(7))])
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        train = tf.group(queue.dequeue(), gs.assign_add(1))
+        got = queue.dequeue()
+        dequeue_other = other.dequeue()
+        sv = Supervisor(logdir=LOGDIR, save_summaries_secs=None)
+        with sv.managed_session() as sess:
+            sess.run(train)
+            first = [int(sess.run(got)) for _ in range(3)]
+            threads = sv.start_queue_runners(sess, [extra])
+            seven = int(sess.run(dequeue_other))
+            names = sorted({type(t).__name__ for t in threads})
+        return {"first": first, "seven": seven, "threads": names}
+
+
+def case_summary_placeholder() -> dict[str, object]:
+    """merge_all needs a placeholder no run feeds: said once, turned off; summary_computed still works."""
+    with tf.Graph().as_default():
+        z = tf.compat.v1.placeholder(tf.float32, [], name="z")
+        tf.compat.v1.summary.scalar("z", z)
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        train = gs.assign_add(1)
+        hand = tf.compat.v1.summary.scalar("hand", tf.cast(gs, tf.float32) * 2.0, collections=["mine"])
+        sv = Supervisor(logdir=LOGDIR, save_summaries_secs=0.01)
+        with sv.managed_session() as sess:
+            for _ in range(20):
+                _, summ = sess.run([train, hand])
+                sv.summary_computed(sess, summ)
+                threading.Event().wait(0.01)
+            return {"summary_op_off": sv.summary_op is None, "step": int(sess.run(gs))}
+
+
+def case_session_manager() -> dict[str, object]:
+    """SessionManager as TF's page says: prepare, recover, wait (the same script runs TF's own with --tf)."""
+    out: dict[str, object] = {}
+    with tf.Graph().as_default() as g:
+        v = tf.compat.v1.get_variable("v", initializer=3.0)
+        init = tf.compat.v1.global_variables_initializer()
+        ready = tf.compat.v1.report_uninitialized_variables()
+        saver = tf.compat.v1.train.Saver()
+        bump = v.assign_add(1.0)
+        ckdir = os.path.join(LOGDIR, "sm")
+        os.makedirs(ckdir, exist_ok=True)
+        try:
+            SessionManager(ready_for_local_init_op=ready, graph=g)
+        except ValueError as exc:
+            out["rl_without_local"] = str(exc).split(",")[0]
+        sm = SessionManager(ready_op=ready, graph=g, recovery_wait_secs=0.1)
+        sess, restored = sm.recover_session("", saver=saver, checkpoint_dir=ckdir)
+        out["recover_empty"] = restored
+        try:
+            sm.prepare_session("", init_op=None, saver=saver, checkpoint_dir=ckdir)
+        except RuntimeError as exc:
+            out["prepare_nothing"] = str(exc)
+        calls: list[float] = []
+        sess = sm.prepare_session("", init_op=init, saver=saver, checkpoint_dir=ckdir,
+                                  init_fn=lambda s: calls.append(float(s.run(v))))
+        out["prepared"], out["init_fn_saw"] = float(sess.run(bump)), list(calls)
+        saver.save(sess, os.path.join(ckdir, "model.ckpt"), global_step=1)
+        calls.clear()
+        sess2 = sm.prepare_session("", init_op=init, saver=saver, checkpoint_dir=ckdir,
+                                   init_fn=lambda s: calls.append(1.0))
+        out["restored"], out["init_fn_on_restore"] = float(sess2.run(v)), calls
+        sess3, restored = sm.recover_session("", saver=saver, checkpoint_dir=ckdir)
+        out["recovered"] = [restored, float(sess3.run(v))]
+        try:
+            SessionManager(ready_op=tf.constant(["never ready"]), graph=g,
+                           recovery_wait_secs=0.1).wait_for_session("", max_wait_secs=0.3)
+        except tf.errors.DeadlineExceededError as exc:
+            out["wait_deadline"] = exc.message
+        out["wait_ready"] = type(SessionManager(graph=g).wait_for_session("", max_wait_secs=0.3)).__name__
+    return out
+
+
+if __name__ == "__main__":
+    result = globals()[f"case_{CASE}"]()
+    print("result " + json.dumps(result, sort_keys=True), flush=True)
