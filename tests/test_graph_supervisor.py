@@ -98,3 +98,98 @@ def test_a_default_summary_op_that_cannot_run_is_said_once_and_turned_off_and_tr
     acc.Reload()
     # (computed in the step's own run, so of the global step before the run: TF1's order, 0 at step 1)
     assert [(e.step, e.value) for e in acc.Scalars("hand")] == [(s, 2.0 * (s - 1)) for s in range(1, 21)]
+
+
+def _plain_restore(prefix: str) -> dict[str, np.ndarray]:
+    """Every variable of a checkpoint, restored by a plain tf.compat.v1.train.Saver in a fresh graph
+    of the same model (in a process of its own: graph mode)."""
+    code = ("import sys, numpy as np; sys.path.insert(0, %r); import tf1_mlp; tf = tf1_mlp.setup_tf(); "
+            "tf1_mlp.build(tf); sess = tf.compat.v1.Session(); tf.compat.v1.train.Saver().restore(sess, %r); "
+            "np.savez(%r, **tf1_mlp.variables(tf, sess))") % (PROGRAMS, prefix, prefix + ".restored.npz")
+    done = _run(["-c", code])
+    assert done.returncode == 0, done.stderr[-3000:]
+    with np.load(prefix + ".restored.npz") as data:
+        return {k: data[k] for k in data.files}
+
+
+def _npz(path: str) -> dict[str, np.ndarray]:
+    with np.load(path) as data:
+        return {k: data[k] for k in data.files}
+
+
+def _bit_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    return sorted(a) == sorted(b) and all(a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+def test_its_checkpoints_are_tf1_checkpoints_and_a_second_run_resumes_without_init(tmp_path):
+    """The checkpoints a plain run leaves are found by tf.train.latest_checkpoint and restored by a
+    plain Saver in a fresh graph (every variable: weights, momentum slots, global_step); run again,
+    the program resumes at the saved step, and init_fn ran on the fresh start only."""
+    logdir, init_log = str(tmp_path / "run"), str(tmp_path / "init.log")
+    first = _run([TRAIN, "--logdir", logdir, "--steps", "30", "--save-model-secs", "0.2", "--step-delay", "0.02",
+                  "--init-fn-log", init_log, "--out", str(tmp_path / "first.npz")])
+    assert first.returncode == 0, first.stderr[-3000:]
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest == os.path.join(logdir, "model.ckpt-30")
+    restored = _plain_restore(latest)
+    assert sorted(restored) == ["b1", "b1/Momentum", "b2", "b2/Momentum", "global_step", "w1", "w1/Momentum",
+                                "w2", "w2/Momentum"]
+    assert _bit_equal(restored, _npz(str(tmp_path / "first.npz")))
+    second = _run([TRAIN, "--logdir", logdir, "--steps", "40", "--init-fn-log", init_log])
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "start 30" in second.stdout and "done 40" in second.stdout
+    with open(init_log) as fh:
+        assert fh.read().splitlines() == ["init_fn at step 0"]
+    assert tf.train.latest_checkpoint(logdir) == os.path.join(logdir, "model.ckpt-40")
+
+
+def test_a_graph_mlp_killed_at_random_moments_ends_bit_equal_to_a_plain_session_loop(short_tmp):
+    """Under procsv launch, the graph MLP (feed_dict batches chosen by the global step, deterministic
+    ops) is SIGKILLed three times at random moments after a commit; it ends with every global
+    variable bit-equal to the same graph trained uninterrupted in a plain tf.compat.v1.Session loop,
+    in the program and in its last checkpoint read by a plain Saver."""
+    import random
+    import signal
+    import time
+
+    from conftest import committed_steps, finish, launch, lifecycle, raw_status, wait_for
+
+    steps = 300
+    reference = os.path.join(short_tmp, "plain.npz")
+    done = _run([os.path.join(PROGRAMS, "tf1_mlp.py"), "--steps", str(steps), "--out", reference])
+    assert done.returncode == 0, done.stderr[-3000:]
+    logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "sv.npz")
+    proc = launch(logdir, "--steps", str(steps), "--step-delay", "0.01", "--save-model-secs", "0.3", "--out", out,
+                  target=TRAIN)
+    rng = random.Random(40)
+    try:
+        last = -1
+        for attempt in (1, 2, 3):
+            wait_for(lambda: committed_steps(logdir) and committed_steps(logdir)[-1] > last, 120,
+                     what=f"a commit by trainer attempt {attempt}")
+            time.sleep(rng.uniform(0.0, 0.4))  # a random moment after that commit
+            pid = wait_for(lambda: [p["pid"] for p in (raw_status(logdir) or {}).get("processes", [])
+                                    if p["role"] == "trainer" and p.get("attempt") == attempt
+                                    and p["state"] == "running"], 30, what=f"trainer attempt {attempt}")[0]
+            os.kill(pid, signal.SIGKILL)
+            last = committed_steps(logdir)[-1]
+    finally:
+        code, stdout, stderr = finish(proc, 300)
+    assert code == 0, stderr[-3000:]
+    deaths = [e for e in lifecycle(logdir) if e["event"] == "exited" and e["role"] == "trainer"
+              and e.get("signal") == "SIGKILL"]
+    assert len(deaths) == 3
+    starts = []
+    for attempt in (1, 2, 3, 4):
+        with open(os.path.join(logdir, "logs", f"trainer.{attempt}.log")) as fh:
+            starts += [int(line.split()[1]) for line in fh if line.startswith("start ")]
+    assert len(starts) == 4 and all(0 < s < steps for s in starts[1:]), starts  # each kill landed mid-run
+    plain = _npz(reference)
+    assert _bit_equal(_npz(out), plain)
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest == os.path.join(logdir, f"model.ckpt-{steps}")
+    assert _bit_equal(_plain_restore(latest), plain)

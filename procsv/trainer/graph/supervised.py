@@ -50,6 +50,9 @@ class GraphMethods:
 
         setup = self._tf1.graph
         raw = tf.compat.v1.Session(master, graph=setup.graph, config=config)
+        forget = getattr(setup.step, "forget", None)
+        if forget is not None:
+            forget()  # a new session: the step is read again, never the last session's
         setup.session = GraphSession(self, raw, setup.probe, getattr(setup.step, "observe", None))
         return setup.session  # type: ignore[no-any-return]
 
