@@ -3,10 +3,12 @@
 Runs in the trainer process, when a Supervisor is built. ``Supervisor.USE_DEFAULT`` builds the
 default piece; ``None`` turns that service off, as in TensorFlow: ``saver=None`` saves (and
 restores) nothing, ``summary_op=None`` computes no automatic summaries, ``summary_writer=None``
-writes none. The graph-era arguments (``graph``, ``init_op``, ``ready_op``...) have no TF2 meaning:
-they are accepted, ignored, and warned about once, naming what to use instead. Also here: the
-refusal of a Supervisor given nothing to save (:func:`state_given`), the TF1 properties (``saver``
-and ``summary_writer`` are :mod:`procsv.trainer.tf1_objects`) and TensorFlow's CamelCase aliases.
+writes none. In an eager program the graph-era arguments (``graph``, ``init_op``, ``ready_op``...)
+have no TF2 meaning: they are accepted, ignored, and warned about once, naming what to use
+instead; in a graph program they keep their TF1 meaning (:mod:`procsv.trainer.graph.defaults`).
+Also here: the refusal of a Supervisor given nothing to save (:func:`state_given`), the TF1
+properties (``saver`` and ``summary_writer`` are :mod:`procsv.trainer.tf1_objects`) and
+TensorFlow's CamelCase aliases.
 """
 
 from __future__ import annotations
