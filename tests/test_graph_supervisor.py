@@ -96,8 +96,7 @@ def test_a_default_summary_op_that_cannot_run_is_said_once_and_turned_off_and_tr
     assert result == {"summary_op_off": True, "step": 20}
     acc = EventAccumulator(logdir, size_guidance={"scalars": 0})
     acc.Reload()
-    # (computed in the step's own run, so of the global step before the run: TF1's order, 0 at step 1)
-    assert [(e.step, e.value) for e in acc.Scalars("hand")] == [(s, 2.0 * (s - 1)) for s in range(1, 21)]
+    assert [(e.step, e.value) for e in acc.Scalars("hand")] == [(s, 2.0 * s) for s in range(1, 21)]
 
 
 def _plain_restore(prefix: str) -> dict[str, np.ndarray]:
@@ -193,3 +192,30 @@ def test_a_graph_mlp_killed_at_random_moments_ends_bit_equal_to_a_plain_session_
     latest = tf.train.latest_checkpoint(logdir)
     assert latest == os.path.join(logdir, f"model.ckpt-{steps}")
     assert _bit_equal(_plain_restore(latest), plain)
+
+
+def test_a_run_is_a_step_when_it_writes_the_global_step_on_the_sessions_thread(tmp_path):
+    """sv.step after each run: reads (loss, the global step, a variable) are no steps; the train op
+    fetched alone, in a list, a dict, by name or inside a group is; a step made by another thread is
+    seen at the session thread's next step. A graph without a global step gets one, and then every
+    run is a step."""
+    seen = _case("steps", str(tmp_path / "steps"))["seen"]
+    assert seen == [["loss", 0], ["op", 1], ["list", 2], ["dict", 3], ["by name", 4], ["group", 5],
+                    ["global step", 5], ["w", 5], ["other thread", 5, 6], ["after", 7]]
+    assert _case("no_global_step", str(tmp_path / "none")) == {"steps": [1, 2, 3], "global_step": "global_step",
+                                                              "w": 4.0}
+
+
+def test_a_restore_runs_neither_init_op_nor_init_fn_as_tf_and_saver_save_commits_through_the_service(tmp_path):
+    """A first Supervisor trains 4 steps and calls sv.saver.save; a second on the same logdir
+    restores (v and the global step), runs neither init_op nor init_fn, so that a variable outside
+    the saver is not ready (TF's RuntimeError); a third initializes it with its local_init_op. The
+    same results as TF's own Supervisor, and procsv's checkpoint is a committed one (a manifest)."""
+    from conftest import committed_steps
+
+    ours = _case("restore", str(tmp_path / "ours"))
+    theirs = _case("restore", str(tmp_path / "tf"), tf_own=True)
+    assert ours == theirs
+    assert ours == {"first": [1.0, 0], "saved": "model.ckpt-4", "second": "Init operations did not make model ready",
+                    "third": [5.0, 4], "log": ["init_fn first"]}
+    assert 4 in committed_steps(str(tmp_path / "ours"))

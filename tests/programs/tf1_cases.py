@@ -152,7 +152,8 @@ def case_summary_placeholder() -> dict[str, object]:
         sv = Supervisor(logdir=LOGDIR, save_summaries_secs=0.01)
         with sv.managed_session() as sess:
             for _ in range(20):
-                _, summ = sess.run([train, hand])
+                sess.run(train)
+                summ = sess.run(hand)
                 sv.summary_computed(sess, summ)
                 threading.Event().wait(0.01)
             return {"summary_op_off": sv.summary_op is None, "step": int(sess.run(gs))}
@@ -197,6 +198,75 @@ def case_session_manager() -> dict[str, object]:
         except tf.errors.DeadlineExceededError as exc:
             out["wait_deadline"] = exc.message
         out["wait_ready"] = type(SessionManager(graph=g).wait_for_session("", max_wait_secs=0.3)).__name__
+    return out
+
+
+def case_steps() -> dict[str, object]:
+    """Which runs are steps (procsv only): sv.step after each run of a list of fetches."""
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [], name="x")
+        w = tf.compat.v1.get_variable("w", initializer=1.0)
+        loss = tf.square(w * x)
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(loss, global_step=gs, name="train")
+        grouped = tf.group(train)
+        feed = {x: 2.0}
+        sv = Supervisor(logdir=LOGDIR, save_summaries_secs=None)
+        seen: list[object] = []
+        with sv.managed_session() as sess:
+            for name, fetches in [("loss", loss), ("op", train), ("list", [train, loss]), ("dict", {"t": train}),
+                                  ("by name", "train"), ("group", grouped), ("global step", gs), ("w", w)]:
+                sess.run(fetches, feed_dict=feed)
+                seen.append([name, sv.step])
+            other = threading.Thread(target=lambda: sess.run(train, feed_dict=feed))
+            other.start()
+            other.join()
+            seen.append(["other thread", sv.step, int(sess.run(gs))])
+            sess.run(train, feed_dict=feed)
+            seen.append(["after", sv.step])
+        return {"seen": seen}
+
+
+def case_no_global_step() -> dict[str, object]:
+    """A graph without a global step: procsv makes one and every run of the session is a step."""
+    with tf.Graph().as_default():
+        w = tf.compat.v1.get_variable("w", initializer=1.0)
+        bump = w.assign_add(1.0)
+        sv = Supervisor(logdir=LOGDIR, save_summaries_secs=None)
+        with sv.managed_session() as sess:
+            steps = []
+            for _ in range(3):
+                sess.run(bump)
+                steps.append(sv.step)
+            return {"steps": steps, "global_step": sv.global_step.op.name, "w": float(sess.run(w))}
+
+
+def case_restore() -> dict[str, object]:
+    """A second Supervisor on the logdir of a first that saved with sv.saver.save: restored, init_op
+    and init_fn not run; a variable outside the saver stays uninitialized (TF's ready_op error), or
+    is initialized by a local_init_op."""
+    out: dict[str, object] = {}
+    for phase in ("first", "second", "third"):
+        with tf.Graph().as_default():
+            start, v, (local, train, gs) = model()
+            extra = tf.compat.v1.get_variable("extra", initializer=5.0)
+            kwargs: dict[str, object] = {"saver": tf.compat.v1.train.Saver([v, gs]),
+                                         "init_fn": lambda sess, phase=phase: log.append(f"init_fn {phase}")}
+            if phase == "third":
+                kwargs["local_init_op"] = tf.group(local.initializer, extra.initializer)
+            sv = Supervisor(logdir=LOGDIR, save_summaries_secs=None, save_model_secs=None, **kwargs)
+            try:
+                with sv.managed_session() as sess:
+                    out[phase] = [float(sess.run(v)), int(sess.run(gs))]
+                    if phase == "first":
+                        for _ in range(4):
+                            sess.run(train)
+                        path = sv.saver.save(sess, sv.save_path, global_step=gs)
+                        out["saved"] = os.path.basename(path)
+                        sv.request_stop()
+            except RuntimeError as exc:
+                out[phase] = str(exc).split(".")[0]
+    out["log"] = log
     return out
 
 

@@ -57,6 +57,7 @@ class GraphSetup:
     checkpoint: Any = None  # what the checkpoint agent snapshots and restores (None: checkpoints off)
     session: Any = None  # the current GraphSession
     summary_off: Optional[str] = None  # why the default summary_op was turned off
+    prepared: bool = False  # the session being prepared was initialized and found ready
 
     def raw_session(self) -> Any:
         """The live ``tf.compat.v1.Session`` (the state adapters read and assign through it)."""

@@ -57,10 +57,14 @@ class GraphMethods:
         return setup.session  # type: ignore[no-any-return]
 
     def _graph_initialize(self) -> None:
-        """A fresh start (nothing restored): ``init_op`` with ``init_feed_dict``, then ``init_fn``."""
+        """A fresh start (nothing restored): ``init_op`` with ``init_feed_dict``, then ``init_fn``,
+        ``local_init_op`` and the ready check."""
         setup = self._tf1.graph
         initialize(self._session, setup.init_op, setup.init_feed_dict, self.init_fn,
                    getattr(setup.session_manager, "_local_init_op", None))
+        # ready before anything reads the state (the checkpoint agent reads the global step next)
+        finish_preparation(setup.session_manager, self._session, setup.init_op, self.init_fn)
+        setup.prepared = True
 
     def _graph_ready(self, start_queue_runners: bool) -> None:
         """After the restore or the initialization: ``local_init_op``, the ready check (TF's
@@ -68,7 +72,9 @@ class GraphMethods:
         ``start_standard_services``, the graph's queue runners start."""
         setup = self._tf1.graph
         sess = setup.session
-        finish_preparation(setup.session_manager, sess, setup.init_op, self.init_fn)
+        if not setup.prepared:  # restored: local_init_op and the ready check now
+            finish_preparation(setup.session_manager, sess, setup.init_op, self.init_fn)
+        setup.prepared = False  # (for the next session)
         observe = getattr(setup.step, "observe", None)
         if observe is not None:
             observe(int(sess.raw.run(setup.global_step)))
