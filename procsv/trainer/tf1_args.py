@@ -203,8 +203,6 @@ class Tf1Properties:
     def saver(self) -> Any:
         """TF1's ``Saver`` over the checkpoint service (``save``, ``restore``, ``last_checkpoints``...;
         its other attributes are the saved ``tf.train.Checkpoint``'s), or None when checkpoints are off."""
-        if self._tf1.graph is not None:
-            return getattr(self, "_graph_saver")
         if getattr(self, "checkpoint", None) is None:
             return None
         shim: Optional[SaverShim] = self.__dict__.get("_saver_shim")

@@ -1,6 +1,7 @@
 """``sv.saver`` and ``sv.summary_writer``: TF1's ``Saver`` and ``FileWriter`` methods over procsv's services.
 
-Runs in the trainer process, in an eager program (a graph program's are elsewhere). TF1 programs
+Runs in the trainer process, in an eager program and in a graph program (whose ``sv.saver``'s other
+attributes are its ``tf.compat.v1.train.Saver``'s, and whose restore is that Saver's, by name). TF1 programs
 call ``sv.saver.save(sess, sv.save_path, global_step=...)``, ``sv.saver.restore(sess, path)`` and
 ``sv.summary_writer.add_summary(...)`` themselves; here those calls keep TF's meaning while the
 writing stays with the checkpoint and summary services:
@@ -65,7 +66,8 @@ class SaverShim:
     def __getattr__(self, name: str) -> Any:  # the checkpoint's own attributes (``sv.saver.model``...)
         if name.startswith("_"):  # never its own (a copy before __init__ has no _sv: no recursion)
             raise AttributeError(name)
-        return getattr(self._sv.checkpoint, name)
+        graph = self._sv._tf1.graph  # graph mode: the tf.compat.v1.train.Saver's (``saver_def``...)
+        return getattr(graph.saver if graph is not None else self._sv.checkpoint, name)
 
     def save(self, sess: Any, save_path: str, global_step: Any = None, latest_filename: Optional[str] = None,
              meta_graph_suffix: str = "meta", write_meta_graph: bool = True, write_state: bool = True,
@@ -88,6 +90,9 @@ class SaverShim:
                              f"checkpoints as {sv.save_path}-<step> only (their manifests and retention live in the "
                              "logdir); pass sv.save_path")
         step = sv._state.step
+        graph = sv._tf1.graph
+        if graph is not None and hasattr(global_step, "graph"):  # graph mode: the global step tensor's value
+            global_step = graph.session.raw.run(global_step)
         asked = _int_step(global_step)
         if asked is not None and asked != step:
             raise UsageError(f"sv.saver.save(global_step={asked}) at step {step}: a checkpoint is named by the step "
@@ -136,6 +141,9 @@ class SaverShim:
                              f"step {ckpt.last_committed}: restore it at the start (init_fn), or use a new logdir")
         if manifest is not None and layout is not None:
             restore_at_start.verify_and_restore(sv.checkpoint, sv._global_step, layout, manifest)
+        elif sv._tf1.graph is not None:  # graph mode: every variable of the saver, by name, as TF's Saver
+            sv.checkpoint.restore(path)
+            sv._global_step.forget()  # (the step is read again from the variable)
         else:  # TF1's restore: what the file holds of the saved state (a warm start); its global_step if it has one
             sv.checkpoint.restore(path).assert_nontrivial_match().expect_partial()
         sv._state.step = int(sv._global_step.numpy())
@@ -154,7 +162,10 @@ class SaverShim:
     def set_last_checkpoints_with_time(self, last_checkpoints_with_time: Any) -> None:
         """As :meth:`recover_last_checkpoints`: retention is the checkpoint service's."""
 
-    def export_meta_graph(self, *args: Any, **kwargs: Any) -> None:
+    def export_meta_graph(self, *args: Any, **kwargs: Any) -> Any:
+        graph = self._sv._tf1.graph
+        if graph is not None:  # graph mode: the Saver's own (it writes only the file asked for)
+            return graph.saver.export_meta_graph(*args, **kwargs)
         raise UsageError("sv.saver.export_meta_graph(): an eager program has no graph to export; save a model "
                          "with tf.saved_model.save")
 

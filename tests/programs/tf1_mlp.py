@@ -58,7 +58,11 @@ def build(tf: Any) -> SimpleNamespace:
     train_op = tf.compat.v1.train.MomentumOptimizer(0.05, 0.9).minimize(loss, global_step=gs)
     tf.compat.v1.summary.scalar("loss", loss)
     tf.compat.v1.summary.histogram("w2", w2)
-    return SimpleNamespace(x=x, y=y, w1=w1, b1=b1, w2=w2, b2=b2, loss=loss, gs=gs, train_op=train_op)
+    # a forward value (a direct read of a variable the same run updates may see either value: TF
+    # orders nothing between them)
+    mean_logits = tf.reduce_mean(logits, axis=0)
+    return SimpleNamespace(x=x, y=y, w1=w1, b1=b1, w2=w2, b2=b2, loss=loss, gs=gs, train_op=train_op,
+                           mean_logits=mean_logits)
 
 
 def variables(tf: Any, sess: Any) -> dict[str, np.ndarray]:

@@ -44,7 +44,7 @@ else:
     from procsv import Supervisor
 
 m = tf1_mlp.build(tf)
-Pair = collections.namedtuple("Pair", ["loss", "bias"])
+Pair = collections.namedtuple("Pair", ["loss", "logits"])
 
 
 def init_fn(sess) -> None:
@@ -70,8 +70,8 @@ FETCHES = [
     ("op", lambda: m.train_op),
     ("list", lambda: [m.train_op, m.loss]),
     ("dict", lambda: {"train": m.train_op, "loss": m.loss}),
-    ("tuple", lambda: (m.train_op, (m.loss, m.b2))),
-    ("nested", lambda: {"t": m.train_op, "more": [m.loss, {"b": m.b2}], "pair": Pair(m.loss, m.b2)}),
+    ("tuple", lambda: (m.train_op, (m.loss, m.mean_logits))),
+    ("nested", lambda: {"t": m.train_op, "more": [m.loss, {"b": m.mean_logits}], "pair": Pair(m.loss, m.mean_logits)}),
 ]
 
 sv = Supervisor(logdir=args.logdir, init_fn=init_fn, save_model_secs=args.save_model_secs,

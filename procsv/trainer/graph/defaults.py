@@ -18,12 +18,11 @@ grows it from then on.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import sys
 from typing import Any, Mapping, Optional
 
 from procsv.common.errors import UsageError
 from procsv.trainer.graph.session_manager import SessionManager
+from procsv.trainer.graph.state import GraphCheckpoint, GraphGlobalStep
 from procsv.trainer.graph.steps import StepProbe, global_step_of
 from procsv.trainer.monitored.hooks import warn_once
 from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, Tf1Choices
@@ -150,36 +149,11 @@ def resolve_graph(checkpoint: Any, summary_fn: Any, saver: Any, summary_op: Any,
                       summary_fn if writer else None, writer, given, graph=setup)
 
 
-def _adapters(setup: GraphSetup) -> tuple[Any, Any]:
+def _adapters(setup: GraphSetup) -> tuple[GraphGlobalStep, Optional[GraphCheckpoint]]:
     """The global step and the checkpoint as the checkpoint agent reads them
-    (:mod:`procsv.trainer.graph.state`); the checkpoint is None with ``saver=None``."""
-    try:
-        state = importlib.import_module("procsv.trainer.graph.state")
-    except ImportError:  # the state adapters are not there yet: no checkpoints (said once)
-        print("procsv: warning: this procsv has no graph-mode checkpoints yet: nothing is saved",
-              file=sys.stderr, flush=True)
-        return _ObservedStep(setup), None
-    step = state.GraphGlobalStep(setup.global_step, setup.raw_session)
+    (:mod:`procsv.trainer.graph.state`, built before the graph is finalized); the checkpoint is
+    None with ``saver=None``."""
+    step = GraphGlobalStep(setup.global_step, setup.raw_session)
     if setup.saver is None:
         return step, None
-    from tensorflow.python.training.saving import saveable_object_util
-
-    var_list = saveable_object_util.op_list_to_dict(setup.saver._var_list)
-    return step, state.GraphCheckpoint(var_list, setup.raw_session)
-
-
-class _ObservedStep:
-    """The global step's value as last observed (read through the session before any step)."""
-
-    def __init__(self, setup: GraphSetup) -> None:
-        self._setup = setup
-        self._value: Optional[int] = None
-
-    def observe(self, value: int) -> None:
-        self._value = value
-
-    def numpy(self) -> int:
-        if self._value is None:
-            return int(self._setup.raw_session().run(self._setup.global_step))
-        return self._value
-
+    return step, GraphCheckpoint(setup.saver._var_list, setup.raw_session)

@@ -1,4 +1,4 @@
-"""The Supervisor's graph-mode methods (a mixin): its session, its start, its summaries, its saver.
+"""The Supervisor's graph-mode methods (a mixin): its session, its start, its summaries.
 
 Runs in the trainer process, on the thread that prepares the session. In graph mode
 (``Supervisor._tf1.graph`` is a :class:`procsv.trainer.graph.defaults.GraphSetup`) the session is
@@ -6,21 +6,18 @@ a :class:`GraphSession` over a ``tf.compat.v1.Session`` of the program's graph; 
 ``init_op`` (with ``init_feed_dict``) then ``init_fn(sess)``, a restore neither; then, either way,
 ``local_init_op`` and the ``ready_op`` check, as TF's ``SessionManager.prepare_session``. At a step
 boundary every ``save_summaries_secs`` the chief runs ``summary_op`` with the feed_dict of the run
-that made the step and hands the serialized ``Summary`` to the summary service. ``sv.saver.save``
-commits through the checkpoint service.
+that made the step and hands the serialized ``Summary`` to the summary service. (``sv.saver`` is
+:class:`procsv.trainer.tf1_objects.SaverShim`, as in eager mode: its ``save`` commits through the
+checkpoint service.)
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import threading
 from typing import Any, Callable, Optional
 
-from procsv.ipc.messages import Busy, SaveReason
 from procsv.trainer.graph.session import GraphSession
 from procsv.trainer.graph.session_manager import finish_preparation, initialize
-from procsv.trainer.monitored.hooks import warn_once
 from procsv.trainer.tf1_args import Tf1Choices
 
 
@@ -30,16 +27,9 @@ class GraphMethods:
     _tf1: Tf1Choices
     _session: Any
     _state: Any
-    _ckpt: Any
-    _channels: Any
     coord: Any
     is_chief: bool
     init_fn: Optional[Callable[[Any], None]]
-    stop_grace_secs: float
-    checkpoint_basename: str
-    logdir: str
-    _report_busy: Callable[[Busy], None]
-    _flush_summaries: Callable[..., None]
     summary_computed: Callable[..., None]
     start_queue_runners: Callable[..., list[Any]]
     should_stop: Callable[[], bool]
@@ -103,51 +93,3 @@ class GraphMethods:
                   "in your run and pass them to sv.summary_computed(sess, summary)", file=sys.stderr, flush=True)
             return
         self.summary_computed(sess, value, self._state.step)
-
-    @property
-    def _graph_saver(self) -> Optional["GraphSaver"]:
-        saver = self._tf1.graph.saver
-        return None if saver is None else GraphSaver(saver, self)
-
-    def _save_now(self, save_path: str) -> Optional[str]:
-        """``sv.saver.save``: commit the current step through the checkpoint service now (from the
-        session's thread; from another thread at its next step boundary). The path of the
-        checkpoint, or None (no checkpoints here: a worker, no session, checkpoints off)."""
-        agent = self._ckpt
-        if agent is None or self._channels is None or not self.is_chief:
-            return None
-        prefix = os.path.join(self.logdir, self.checkpoint_basename)
-        if os.path.abspath(save_path) != prefix:
-            warn_once("Supervisor.saver.save", f"saver.save(sess, {save_path!r}): procsv's checkpoint service "
-                                               f"writes the checkpoints into the logdir, as {prefix}-<step>")
-        step = self._state.step
-        sess = self._tf1.graph.session
-        if sess is None or threading.get_ident() != sess._owner:
-            agent.request(SaveReason.PERIODIC)
-            return f"{prefix}-{step}"
-        self._report_busy(Busy.FINAL_CHECKPOINT)
-        try:
-            self._flush_summaries(force=False, urgent=True)  # hand off before the commit, as at a step
-            agent.final(self._channels, step, SaveReason.PERIODIC, self.stop_grace_secs)
-        finally:
-            self._report_busy(Busy.NONE)
-            self._state.open_checkpoint()
-        return f"{prefix}-{step}" if agent.last_committed >= step else None
-
-
-class GraphSaver:
-    """``sv.saver`` in graph mode: the program's ``tf.compat.v1.train.Saver``, whose ``save`` asks
-    the checkpoint service for an atomic commit (manifest, retention) instead of writing itself."""
-
-    def __init__(self, saver: Any, sv: GraphMethods) -> None:
-        self._saver = saver
-        self._sv = sv
-
-    def save(self, sess: Any, save_path: str, global_step: Any = None, latest_filename: Any = None,
-             meta_graph_suffix: str = "meta", write_meta_graph: bool = True, write_state: bool = True,
-             strip_default_attrs: bool = False, save_debug_info: bool = False) -> Optional[str]:
-        """Commit the current step through the checkpoint service; its path (``<logdir>/<basename>-<step>``)."""
-        return self._sv._save_now(save_path)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._saver, name)
