@@ -54,8 +54,8 @@ def run_session(**kwargs: object) -> dict[str, object]:
 
 
 def case_defaults() -> dict[str, object]:
-    """init_op (fed by init_feed_dict), init_fn and local_init_op on a fresh start."""
-    with tf.Graph().as_default():
+    """init_op (fed by init_feed_dict), init_fn and local_init_op on a fresh start; graph= passed."""
+    with tf.Graph().as_default() as graph:
         start, v, (local, train, gs) = model()
         init_local = tf.group(local.initializer)
         with tf.control_dependencies([init_local]):
@@ -65,9 +65,11 @@ def case_defaults() -> dict[str, object]:
             log.append(f"init_fn v={float(sess.run(v))}")  # type: ignore[attr-defined]
 
         sv = Supervisor(logdir=LOGDIR, save_summaries_secs=None, init_feed_dict={start: 10.0},
-                        local_init_op=init_local, init_fn=init_fn)
+                        local_init_op=init_local, init_fn=init_fn, graph=graph)
         with sv.managed_session() as sess:
-            seen = {"v": float(sess.run(v)), "local": float(sess.run(local))}
+            seen = {"v": float(sess.run(v)), "local": float(sess.run(local)),
+                    "session_graph": sess.graph is graph, "global_step": sv.global_step is gs,
+                    "init_feed_dict": sv.init_feed_dict == {start: 10.0}}
             for _ in range(3):
                 sess.run(train)
             seen.update(v_end=float(sess.run(v)), step=int(sess.run(gs)))
