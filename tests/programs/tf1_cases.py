@@ -226,6 +226,12 @@ def case_steps() -> dict[str, object]:
             seen.append(["other thread", sv.step, int(sess.run(gs))])
             sess.run(train, feed_dict=feed)
             seen.append(["after", sv.step])
+            sv.request_stop()
+            seen.append(["read after the stop", float(sess.run(loss, feed_dict=feed))])
+            try:
+                sess.run(train, feed_dict=feed)
+            except procsv.TrainingStopped:
+                seen.append(["step after the stop", "TrainingStopped", sv.step])
         return {"seen": seen}
 
 
