@@ -814,3 +814,29 @@ def test_a_held_snapshot_of_the_previous_attempt_persisted_at_the_next_one_s_sta
         sim.ready(40 * k)
         sim.progress(40 * k + 1)
     assert sim.view.run == RunState.RUNNING and sim.view.history.failures_without_progress == 1
+
+
+def test_a_trainer_that_exits_4_diverging_is_final_no_restart_failed_exit_4():
+    # issue 41: exit 4 is "diverging": a restart would resume from the newest finite checkpoint and
+    # meet the same numbers again. It used to restart like any failure (after progress: at once)
+    sim = Sim(Limits(restart=RestartPolicy(max_restarts=10, jitter=0.0), hang=HangLimits(None, None)))
+    sim.start_trainer(steps=5)
+    sim.commit(5)  # progress: any other failure would restart at once
+    sim.dies(TRAINER, 4)
+    actions = sim.tick()
+    assert not of(actions, Restart) and not of(actions, Spawn)
+    (g,) = of(actions, GiveUp)
+    assert g.exit_code == 4 and "diverging" in g.reason
+    assert sim.view.run == RunState.FAILED and sim.view.exit_code == 4
+    for _ in range(5):
+        assert not of(sim.tick(10.0), Spawn)
+
+
+def test_a_death_notice_of_a_diverging_trainer_waits_for_its_exit_status():
+    sim = Sim()
+    sim.start_trainer(steps=3)
+    observe.death_noticed(sim.view, TRAINER, 1, sim.now, 0.0, "TrainingDiverged")
+    assert not of(sim.tick(), Restart)
+    sim.dies(TRAINER, 4)
+    (g,) = of(sim.tick(), GiveUp)
+    assert g.exit_code == 4 and sim.view.exit_code == 4

@@ -131,12 +131,13 @@ class Finish:
 
 @dataclass(frozen=True)
 class GiveUp:
-    """The restart policy gives up on the trainer: the run failed."""
+    """The restart policy gives up on the trainer: the run failed (the launch exits ``exit_code``)."""
 
     slot: str
     attempt: int
     reason: str
     history: History
+    exit_code: int = 1  # 4 (EXIT_DIVERGING) when the trainer stopped on diverging training
 
 
 @dataclass(frozen=True)

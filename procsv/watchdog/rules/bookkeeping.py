@@ -94,7 +94,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         view.history = action.history
         if isinstance(action, GiveUp) and child is not None:
             view.last_error = group.blame(view, child).headline()
-        run, code = (action.run, action.exit_code) if isinstance(action, Finish) else (RunState.FAILED, 1)
+        run, code = (action.run, action.exit_code) if isinstance(action, Finish) else (RunState.FAILED, action.exit_code)
         if view.failed:  # a service kept failing: the orderly stop that followed is a failure
             run = RunState.FAILED
         view.run = transition(view.run, run)  # type: ignore[assignment]

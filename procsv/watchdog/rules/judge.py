@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import signal
 
-from procsv.common.exitcodes import EXIT_PREEMPTED
+from procsv.common.exitcodes import DIVERGING_ERROR, EXIT_DIVERGING, EXIT_PREEMPTED
 from procsv.watchdog.rules.actions import Action, Finish, GiveUp, GiveUpService, RespawnService, Restart, Settle, StandbyGone
 from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.rules.limits import Limits
@@ -79,7 +79,8 @@ def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> li
                      preempted=preempted, killed_from_outside=outside)
     verdict = restart_verdict(limits.restart, view.history, ex, draw)
     if not child.reaped:
-        if verdict.action != Verdict.RESTART or hopeless(child, who.noticed_error, limits):
+        if verdict.action != Verdict.RESTART or hopeless(child, who.noticed_error, limits) \
+                or who.noticed_error == DIVERGING_ERROR:
             return []  # stopping or giving up: wait for the exit status to tell the whole story
         return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, early=True)]
     if verdict.action == Verdict.FINISH:
@@ -88,7 +89,8 @@ def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> li
         sig = view.stop_signal or signal.SIGTERM
         return [Finish(child.slot, child.attempt, RunState.STOPPED, 128 + sig, verdict.history)]
     if verdict.action == Verdict.GIVE_UP:
-        return [GiveUp(child.slot, child.attempt, verdict.reason, verdict.history)]
+        return [GiveUp(child.slot, child.attempt, verdict.reason, verdict.history,
+                       EXIT_DIVERGING if code == EXIT_DIVERGING else 1)]
     error = who.failure.error if who.failure is not None else None
     if error is not None and error.type in limits.program_errors:
         return [GiveUp(child.slot, child.attempt, f"the {_name(who)} failed with {error.type}: a failure of the program, "

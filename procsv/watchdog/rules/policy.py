@@ -11,6 +11,9 @@ Rules:
   (:data:`procsv.common.exitcodes.EXIT_PREEMPTED`) *with* the trainer's exit report saying that a
   SIGTERM/SIGINT stopped it and its checkpoint committed (``TrainerExit.preempted``). A 42 the
   program returns itself is a failure like any other exit code.
+* exit code 4 (:data:`procsv.common.exitcodes.EXIT_DIVERGING`): the trainer stopped because its
+  training diverged (non-finite values it could not roll back past): give up, no restart (one would
+  resume from the newest finite checkpoint and meet the same numbers again); the launch exits 4.
 * a trainer that fails *on its own* (an exception, a non-zero exit, SIGSEGV/SIGABRT/SIGBUS) before
   completing its first step is a *startup failure*; two in a row mean the program cannot start
   (bad import, bad arguments): give up, no restart storm. A death by a signal from outside
@@ -29,7 +32,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from procsv.common.exitcodes import EXIT_PREEMPTED
+from procsv.common.exitcodes import EXIT_DIVERGING, EXIT_PREEMPTED
 
 
 class Action(str, enum.Enum):
@@ -98,6 +101,10 @@ def decide(policy: RestartPolicy, history: History, ex: TrainerExit, draw: float
         return Decision(Action.STOPPED, 0.0, "stop requested", history)
     if ex.code == 0:
         return Decision(Action.FINISH, 0.0, "trainer finished", history)
+    if ex.code == EXIT_DIVERGING:
+        return Decision(Action.GIVE_UP, 0.0,
+                        f"the trainer is diverging: it stopped with exit code {EXIT_DIVERGING} on non-finite values "
+                        "(a restart would resume from the newest finite checkpoint and meet them again)", history)
     if ex.preempted and ex.code == EXIT_PREEMPTED:
         return Decision(Action.RESTART, 0.0, "trainer was preempted after saving its state",
                         History(history.restarts + 1, 0, 0))
