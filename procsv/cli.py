@@ -45,6 +45,16 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--on-checkpoint-failure", choices=["stop", "continue"], default="stop",
                     help="after 3 checkpoints in a row fail to commit: stop the run in order and exit 3 "
                          "(default), or continue training without checkpoints")
+    la.add_argument("--on-nonfinite", choices=["rollback", "stop", "continue"], default=None,
+                    help="when a step's loss (or a snapshot's weights) is NaN or infinite: stop in order and exit 4 "
+                         "(stop), or train on (continue); either way no poisoned checkpoint is committed "
+                         "(default: the Supervisor's on_nonfinite, else stop; rollback is not available yet and "
+                         "stops)")
+    la.add_argument("--max-skips", type=int, default=3, metavar="K",
+                    help="with --on-nonfinite rollback: more than K skipped steps within --skip-window steps stop "
+                         "the run with exit code 4 (default 3)")
+    la.add_argument("--skip-window", type=int, default=1000, metavar="W",
+                    help="the window of steps --max-skips counts in (default 1000)")
     la.add_argument("--no-prewarm", action="store_true",
                     help="start every trainer as a fresh process instead of forking it from a pre-warmed one")
     la.add_argument("--standby", choices=["auto", "hot", "fork", "off"], default="auto",
@@ -218,6 +228,10 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         raise UsageError(f"--node-timeout must be > 0, not {args.node_timeout:g}")
     if not args.rejoin_timeout > 0:
         raise UsageError(f"--rejoin-timeout must be > 0, not {args.rejoin_timeout:g}")
+    if args.max_skips < 0:
+        raise UsageError(f"--max-skips must be >= 0, not {args.max_skips}")
+    if args.skip_window < 1:
+        raise UsageError(f"--skip-window must be >= 1, not {args.skip_window}")
     if args.nproc * args.nnodes > 1 and args.standby == "hot":
         raise UsageError("--standby hot needs a single trainer: a group of --nproc trainers restarts together from "
                          "the pre-warmed trainer (--standby fork, the default with --nproc)")
@@ -234,7 +248,8 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        nproc=args.nproc, group_grace_secs=args.group_grace_secs, nnodes=args.nnodes,
                        node_rank=args.node_rank, master_addr=args.master_addr, rejoin_timeout=args.rejoin_timeout,
                        logdir_timeout=args.logdir_timeout, node_timeout=args.node_timeout,
-                       on_checkpoint_failure=args.on_checkpoint_failure,
+                       on_checkpoint_failure=args.on_checkpoint_failure, on_nonfinite=args.on_nonfinite,
+                       max_skips=args.max_skips, skip_window=args.skip_window,
                        allow_reinit=args.allow_reinit, keep_logs=args.keep_logs, on_failure=args.on_failure,
                        metrics_port=args.metrics_port, metrics_host=args.metrics_host or "127.0.0.1",
                        preload=[m.strip() for m in args.preload.split(",") if m.strip()])

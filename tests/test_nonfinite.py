@@ -4,8 +4,14 @@ detection of a non-finite loss, never committing a poisoned state, and the ``--o
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
-from conftest import PROGRAMS, finish, launch, lifecycle, status_json
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, status_json
 
 EXIT_TRAIN = os.path.join(PROGRAMS, "exit_train.py")
 
@@ -27,3 +33,122 @@ def test_a_trainer_that_exits_4_ends_the_launch_diverging_failed_no_restart_on_f
     assert calls.read_text() == "4\n"
     st = status_json(logdir)
     assert st is not None and st["state"] == "failed"
+
+
+NAN_TRAIN = os.path.join(PROGRAMS, "nan_train.py")
+
+
+def _checkpoint_values(prefix: str) -> dict[str, np.ndarray]:
+    reader = tf.train.load_checkpoint(prefix)
+    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if "VARIABLE_VALUE" in k}
+
+
+def _assert_finite(prefix: str) -> None:
+    values = _checkpoint_values(prefix)
+    assert values, prefix
+    for key, value in values.items():
+        if key.startswith("low/"):
+            assert np.isinf(value).all()  # running_min: legitimately +inf, kept as it is
+        elif np.issubdtype(np.asarray(value).dtype, np.floating):
+            assert np.isfinite(value).all(), (prefix, key, value)
+
+
+def _all_committed_are_finite(logdir: str) -> list[int]:
+    steps = committed_steps(logdir)
+    for step in steps:
+        _assert_finite(os.path.join(logdir, f"model.ckpt-{step}"))
+    return steps
+
+
+def test_weights_that_turn_nan_are_never_committed_and_continue_trains_on(logdir):
+    # before: every checkpoint after step 25 (and the final one at 60) held NaN weights and momentum,
+    # and tf.train.latest_checkpoint pointed at one of them
+    proc = launch(logdir, "--how", "weights", "--nan-at", "25", target=NAN_TRAIN, opts=("--on-nonfinite", "continue"))
+    code, out, err = finish(proc, 180)
+    assert code == 0, err
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest is not None and int(latest.rsplit("-", 1)[1]) < 25, latest
+    _assert_finite(latest)
+    steps = _all_committed_are_finite(logdir)
+    assert steps and max(steps) < 25, steps
+    said = out + err  # the trainer's lines are echoed with its prefix
+    assert "non-finite training at step" in said and "w/.ATTRIBUTES/VARIABLE_VALUE" in said, said
+    assert "the final checkpoint is not committed" in said, said
+    assert len(_events(logdir, "spawned", "trainer")) == 1  # no restart: a kept-out final is no failure
+    assert status_json(logdir)["state"] == "succeeded"
+
+
+def test_a_nan_loss_with_on_nonfinite_stop_stops_in_order_exit_4_and_the_newest_checkpoint_is_finite(logdir):
+    proc = launch(logdir, "--how", "return", "--nan-at", "25", target=NAN_TRAIN, opts=("--on-nonfinite", "stop"))
+    code, out, err = finish(proc, 180)
+    assert code == 4, err
+    assert "non-finite training at step 25: the loss of step 25 is NaN or infinite" in err, err
+    assert "giving up: the trainer is diverging" in err, err
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest is not None and int(latest.rsplit("-", 1)[1]) < 25, latest
+    _all_committed_are_finite(logdir)
+    assert len(_events(logdir, "spawned", "trainer")) == 1
+    assert status_json(logdir)["state"] == "failed"
+
+
+@pytest.mark.parametrize("how", ["dict", "log"])
+def test_plain_python_stops_with_exit_4_on_a_nan_loss_by_default(tmp_path, how):
+    logdir = str(tmp_path / "run")
+    done = subprocess.run([sys.executable, NAN_TRAIN, "--logdir", logdir, "--how", how, "--nan-at", "25"],
+                          capture_output=True, text=True, env=quiet_env(), timeout=180)
+    assert done.returncode == 4, done.stderr
+    assert "non-finite training at step 25" in done.stderr, done.stderr
+    assert "nan_train: ended" not in done.stdout  # the program did not go on after the block
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest is None or int(latest.rsplit("-", 1)[1]) < 25
+    if latest is not None:
+        _assert_finite(latest)
+
+
+def test_a_returned_loss_is_checked_in_bulk_at_the_snapshot_not_read_at_every_step(tmp_path, monkeypatch):
+    # the step's loss tensor is kept, not read: the reads of the whole run are those procsv made
+    # anyway plus one per check (at a snapshot), however many steps ran
+    from tensorflow.python.framework import ops
+
+    import procsv
+
+    monkeypatch.setenv("PROCSV_MEMORY_SNAPSHOTS", "0")
+    reads = [0]
+    real = ops._EagerTensorBase.numpy
+
+    def counting(self):  # type: ignore[no-untyped-def]
+        reads[0] += 1
+        return real(self)
+
+    monkeypatch.setattr(ops._EagerTensorBase, "numpy", counting)
+
+    def run(name: str, returns_loss: bool) -> tuple[int, procsv.Supervisor, tf.Variable]:
+        w = tf.Variable(tf.ones([4]))
+
+        @tf.function
+        def train(x):  # type: ignore[no-untyped-def]
+            err = w * x - 1.0
+            w.assign_sub(0.01 * err * x)
+            return tf.reduce_sum(err * err)
+
+        sv = procsv.Supervisor(logdir=str(tmp_path / name), checkpoint={"w": w}, save_model_secs=600,
+                               save_checkpoint_steps=50, on_nonfinite="continue")
+        with sv.managed_session() as sess:
+            before = reads[0]
+            for s in range(1, 301):
+                x = tf.fill([4], float("nan") if s == 120 else 1.0 + (s % 7) / 10)
+                out = sess.run(lambda: train(x))
+                assert returns_loss or out is not None
+                if not returns_loss:
+                    sess.run(lambda: None)  # the same steps' work, nothing returned: nothing watched
+            during = reads[0] - before
+        return during, sv, w
+
+    watched, sv, _ = run("watched", True)
+    assert sv._nonfinite.first is not None and sv._nonfinite.first.first_step == 120
+    checks = sv._nonfinite.losses.reads
+    assert 1 <= checks <= 2 * 300 // 50 + 2, checks  # one read per check (two where a NaN was found)
+    assert watched < 300 // 2, watched  # nowhere near one read per step
+    latest = tf.train.latest_checkpoint(str(tmp_path / "watched"))
+    assert latest is not None and int(latest.rsplit("-", 1)[1]) < 120
+    _assert_finite(latest)

@@ -28,6 +28,9 @@ MEMORY_SNAPSHOTS = "PROCSV_MEMORY_SNAPSHOTS"  # the in-memory tier's share of lo
 RANK = "PROCSV_RANK"  # this trainer's task index in a group (procsv launch --nproc N): 0 is the chief
 NPROC = "PROCSV_NPROC"  # the number of trainers in the group, over every host (1 without --nproc)
 GROUP_PIN = "PROCSV_GROUP_PIN"  # a group's record of what its chief restored (procsv.trainer.replica.GroupPin)
+ON_NONFINITE = "PROCSV_ON_NONFINITE"  # --on-nonfinite: rollback | stop | continue (procsv.trainer.nonfinite)
+MAX_SKIPS = "PROCSV_MAX_SKIPS"  # --max-skips: skipped steps allowed within --skip-window steps
+SKIP_WINDOW = "PROCSV_SKIP_WINDOW"  # --skip-window
 # given to the --on-failure command (besides LOGDIR): how the run ended
 EXIT_CODE = "PROCSV_EXIT_CODE"  # the launch's exit code
 RUN_STATE = "PROCSV_RUN_STATE"  # failed
@@ -35,7 +38,7 @@ ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's 
 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE,
-       RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, RANK, NPROC, GROUP_PIN)
+       RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, RANK, NPROC, GROUP_PIN, ON_NONFINITE, MAX_SKIPS, SKIP_WINDOW)
 
 
 def memory_budget(default: float = 0.01) -> float:

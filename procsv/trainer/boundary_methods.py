@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from procsv.ipc.messages import Busy, Progress, SaveReason
 from procsv.common.errors import TrainingStopped
+from procsv.trainer.checkpoint.agent import CheckpointAgent
+from procsv.trainer.nonfinite.errors import NonFiniteState
+from procsv.trainer.nonfinite.watch import NonfiniteWatch
 from procsv.trainer.step_boundary import NEVER, ProgressReporter, StepCounter, checkpoint_work
 from procsv.trainer.summaries.sender import COALESCE  # (time-driven work due this soon goes with a boundary that runs)
 from procsv.trainer.summary_methods import SummaryMethods
@@ -38,6 +41,9 @@ class BoundaryMethods(SummaryMethods):
     _counter: StepCounter
     _progress: ProgressReporter
     _unsaved: bool
+    _nonfinite: NonfiniteWatch
+    _new_agent: Callable[[], CheckpointAgent]
+    stop_grace_secs: float
     coord: Any
 
     def _start_bounds(self) -> None:
@@ -77,8 +83,12 @@ class BoundaryMethods(SummaryMethods):
             return
         # the state is still that of ``step``; its summaries are handed off first
         start = self._clock()
-        checkpoint_work(agent, self._channels, step, start,
-                        lambda: self._flush_summaries(force=False, urgent=True), self._summaries_unwritten_from, ahead)
+        try:
+            checkpoint_work(agent, self._channels, step, start,
+                            lambda: self._flush_summaries(force=False, urgent=True), self._summaries_unwritten_from,
+                            ahead)
+        except NonFiniteState as bad:  # the snapshot was refused: the policy decides (stop raises)
+            self._nonfinite_refused(bad, False)
         agent.charge_memory(step, start, self._clock())  # what an in-memory snapshot cost the loop
         if agent.failure is not None:  # checkpoints keep failing: stop, the TF way
             self.coord.request_stop(agent.failure)
@@ -121,5 +131,33 @@ class BoundaryMethods(SummaryMethods):
         reason = SaveReason.PREEMPTED if self.coord.stop_signal is not None else SaveReason.FINAL
         grace = self.stop_grace_secs if deadline is None else max(0.0, deadline - self._clock())
         self._ckpt.final(self._channels, self._state.step, reason, grace)
-        self._unsaved = self._ckpt.last_committed < self._state.step
+        self._unsaved = self._ckpt.last_committed < self._state.step and not self._ckpt.refused_final
         return not self._unsaved
+
+    # ------------------------------------------------------------------ non-finite training (issue 41)
+    def _attach_nonfinite(self, on_nonfinite: Optional[str], tags: Sequence[str], ignore: Sequence[str]) -> None:
+        """Watch this Supervisor's losses and snapshots (:mod:`procsv.trainer.nonfinite`); every
+        checkpoint agent it makes, this session's and later ones', checks its snapshots."""
+        self._nonfinite = NonfiniteWatch(on_nonfinite, tags, ignore)
+        self._state.losses = self._nonfinite.losses
+        make = self._new_agent
+
+        def new_agent() -> CheckpointAgent:
+            agent = make()
+            agent.store.watch = self._nonfinite
+            agent.on_refused.append(self._nonfinite_refused)
+            return agent
+
+        self._new_agent = new_agent
+        if self._ckpt is not None:
+            self._ckpt.store.watch = self._nonfinite
+            self._ckpt.on_refused.append(self._nonfinite_refused)
+
+    def _nonfinite_refused(self, bad: NonFiniteState, final: bool) -> None:
+        """A snapshot of a poisoned state was refused (``final``: the final checkpoint): the policy."""
+        agent, ch = self._ckpt, self._channels
+        if self._nonfinite.stops and ch is not None:  # stopping in order: what was logged, and the finite
+            self._flush_summaries(force=True)  # snapshot in flight, are kept (it passed these checks)
+            if agent is not None and agent.in_flight is not None:
+                agent.wait_in_flight(ch, bad.step, self._clock() + self.stop_grace_secs)
+        self._nonfinite.refused(bad, agent.last_committed if agent is not None else -1, final)

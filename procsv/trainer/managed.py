@@ -127,6 +127,8 @@ class ManagedSession:
         counted = state.counter.advance(before)
         if counted is not None:
             state.step = counted
+        if state.losses is not None:  # kept, not read: checked in bulk where procsv reads the state anyway
+            state.losses.keep_step(state.step, out)
         if state.step >= state.end_step:
             state.after_step()
         return out

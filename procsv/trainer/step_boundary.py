@@ -37,7 +37,7 @@ class StepState:
     the two halves' bounds: the checkpoint half's ``ckpt_step`` / ``ckpt_at``, the
     progress-and-summaries half's ``end_step`` / ``end_at`` (:mod:`procsv.trainer.boundary_methods`
     computes them), and their earliest time ``at``. Holds what a step calls: the Supervisor's
-    ``clock``, ``coord``, :class:`StepCounter`, and its boundary work (``boundary(step)`` before a
+    ``clock``, ``coord``, :class:`StepCounter`, the watched losses (``losses``), and its boundary work (``boundary(step)`` before a
     step whose bound has passed, ``after_step()`` after one that must not wait).
 
     Why one slotted object: beside a sub-millisecond step, the check that a boundary has nothing
@@ -48,7 +48,7 @@ class StepState:
     """
 
     __slots__ = ("step", "ckpt_step", "ckpt_at", "end_step", "end_at", "at", "clock", "coord", "counter",
-                 "boundary", "after_step")
+                 "boundary", "after_step", "losses")
 
     def __init__(self, clock: Callable[[], float], coord: Any, counter: "StepCounter",
                  boundary: Callable[[int], None], after_step: Callable[[], None]) -> None:
@@ -58,6 +58,7 @@ class StepState:
         self.counter = counter
         self.boundary = boundary
         self.after_step = after_step
+        self.losses: Optional[Any] = None  # the LossWatch each step's returned loss goes to (procsv.trainer.nonfinite)
         self.ckpt_step: float = 0  # NEVER (inf) when no step-count trigger is pending
         self.ckpt_at = self.end_at = self.at = float("-inf")
         self.end_step: float = 0

@@ -53,6 +53,8 @@ class SummaryMethods:
             self._summaries.graph.log({tag: value}, step)
             return
         self._summaries.scalar(tag, value, self._state.step if step is None else step, time.time())
+        if self._state.losses is not None and tag in self._state.losses.tags:  # a watched tag (nonfinite_tags)
+            self._state.losses.keep(self._state.step if step is None else step, value)
 
     def log_scalars(self, values: Mapping[str, Any], step: Optional[int] = None) -> None:
         """Log several scalars of one step; if any is invalid, none is logged. Inside a ``tf.function``:
@@ -62,6 +64,8 @@ class SummaryMethods:
             self._summaries.graph.log(values, step)
             return
         self._summaries.scalars(values, self._state.step if step is None else step, time.time())
+        if self._state.losses is not None:  # the watched tags (nonfinite_tags)
+            self._state.losses.keep_scalars(self._state.step if step is None else step, values)
 
     def log_histogram(self, tag: str, values: Any, step: Optional[int] = None, buckets: Optional[int] = None,
                       description: str = "") -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from procsv.ipc.messages import Busy, SessionLogEvent, SessionStatus, TrainerReady
 from procsv.ipc.transport import Endpoints
@@ -29,10 +29,8 @@ from procsv.common.errors import ProcsvError
 from procsv import cluster
 from procsv.trainer import outcome, replica
 from procsv.trainer.checkpoint import restore_at_start
-from procsv.trainer.standby import wait as standby
-from procsv.trainer.standby import warmup
+from procsv.trainer.standby import wait as standby, warmup
 from procsv.trainer.channels import TrainerChannels
-from procsv.trainer.checkpoint.restore_at_start import Pinned
 from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.coordinator import Coordinator
 from procsv.trainer.managed import ManagedSession, ManagedSessionContext
@@ -113,6 +111,7 @@ class Supervisor(BoundaryMethods, GraphMethods, Tf1Properties, Tf1Methods):
         summary_writer: Any = USE_DEFAULT,
         local_init_run_options: Any = None,
         increment_global_step: Optional[bool] = None,
+        on_nonfinite: Optional[str] = None, nonfinite_tags: Sequence[str] = ("loss",), nonfinite_ignore: Sequence[str] = ()
     ) -> None:
         self._clock = clock  # every timer of the step boundary (progress, summaries, saves) reads it
 
@@ -155,6 +154,7 @@ class Supervisor(BoundaryMethods, GraphMethods, Tf1Properties, Tf1Methods):
         # what each step reads: the step, and when the step boundary next may have work (boundary_methods)
         self._state = StepState(clock, self.coord, self._counter, self._boundary, self._after_step)
         self._ckpt: Optional[CheckpointAgent] = self._agent() if checkpoint is not None else None
+        self._attach_nonfinite(on_nonfinite, nonfinite_tags, nonfinite_ignore)  # boundary_methods; docs/python-api.md
 
         self._channels: Optional[TrainerChannels] = None
         self._summaries = SummaryBuffer(clock)
@@ -248,7 +248,7 @@ class Supervisor(BoundaryMethods, GraphMethods, Tf1Properties, Tf1Methods):
                 if self._ckpt.memory_budget > 0:  # a dead trainer's in-memory snapshot, if the service held one
                     restore_at_start.recover_memory(self._channels)
             # a group's workers restore exactly what the chief restored (a newer commit in between would diverge them)
-            pinned = Pinned(pin.wait()) if pin is not None and not self.is_chief else None
+            pinned = restore_at_start.Pinned(pin.wait()) if pin is not None and not self.is_chief else None
             skipped = self._ckpt.restore_or_init(self._init, pinned=pinned)
             if pin is not None and self.is_chief:
                 pin.publish(self.restored_from or None)

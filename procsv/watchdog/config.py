@@ -41,6 +41,9 @@ class LaunchConfig:
     allow_reinit: bool = False  # --allow-reinit: passed to the trainer as PROCSV_ALLOW_REINIT
     cwd: str = field(default_factory=os.getcwd)
     on_checkpoint_failure: str = "stop"  # stop | continue
+    on_nonfinite: Optional[str] = None  # --on-nonfinite: rollback | stop | continue (None: the Supervisor's)
+    max_skips: int = 3  # --max-skips: skipped steps allowed within --skip-window steps
+    skip_window: int = 1000  # --skip-window
     keep_logs: int = DEFAULT_KEEP  # --keep-logs: per-attempt log files kept per role besides attempt 1's
     on_failure: Optional[str] = None  # --on-failure CMD: run once when the run ends failed
     metrics_port: Optional[int] = None  # --metrics-port: serve Prometheus metrics there

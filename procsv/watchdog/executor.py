@@ -19,8 +19,8 @@ from typing import Callable, Optional
 from procsv.common import spawn
 from procsv.common.spawn import free_ports
 from procsv.cluster import make_tf_config
-from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, GROUP_PIN, NPROC, RANK,
-                               STANDBY as STANDBY_ENV)
+from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, GROUP_PIN, MAX_SKIPS, NPROC,
+                               ON_NONFINITE, RANK, SKIP_WINDOW, STANDBY as STANDBY_ENV)
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
@@ -246,6 +246,9 @@ class Executor:
                               supervised=True)
         env[CHECKPOINT_FAILURE_LIMIT] = str(self.limits.checkpoint_failure_limit)
         env[ALLOW_REINIT] = "1" if self.cfg.allow_reinit else "0"
+        if self.cfg.on_nonfinite is not None:
+            env[ON_NONFINITE] = self.cfg.on_nonfinite
+        env[MAX_SKIPS], env[SKIP_WINDOW] = str(self.cfg.max_skips), str(self.cfg.skip_window)
         return env
 
     def spawn(self, slot: str, role: str) -> Optional[ChildProcess]:

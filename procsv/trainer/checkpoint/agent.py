@@ -47,6 +47,7 @@ from procsv.trainer.checkpoint.memory_methods import PLAN_MAX_AGE, READ_EVERY, M
 from procsv.trainer.checkpoint.restore import ReadRetry
 from procsv.trainer.checkpoint.snapshot import arena_bytes_needed, self_test
 from procsv.trainer.checkpoint.snapshot_store import SnapshotStore, stuck_here
+from procsv.trainer.nonfinite.errors import NonFiniteState
 
 HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the checkpoint service
 # the service's messages are read at a step boundary every READ_EVERY while an answer is awaited (a
@@ -122,7 +123,9 @@ class CheckpointAgent(MemoryTierMethods):
         # taken, and with the step when the trainer learns that its checkpoint is committed
         self.before_snapshot: list[Callable[[int, SaveReason], None]] = []
         self.on_commit: list[Callable[[int], None]] = []
+        self.on_refused: list[Callable[[NonFiniteState, bool], None]] = []  # (refused, at the final checkpoint)
         self.wake: Callable[[], None] = lambda: None  # a save was requested outside the boundary (opens its gate)
+        self.refused_final = False  # the final checkpoint was refused: its state is not finite (procsv.trainer.nonfinite)
         # restore() creates save_counter; create it now so every snapshot contains it, as save() does
         _ = checkpoint.save_counter
         self_test(checkpoint)
@@ -288,7 +291,13 @@ class CheckpointAgent(MemoryTierMethods):
         stuck_here("snapshot")
         self.checkpoint.save_counter.assign_add(1)
         reuse = self.store.plan_reusable(t0, PLAN_MAX_AGE)
-        snap = self.store.take(step, slot, fresh=not reuse)
+        try:
+            snap = self.store.take(step, slot, fresh=not reuse)
+        except NonFiniteState:  # refused: nothing is sent, nor retried before the next trigger
+            ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))
+            self.pending = None
+            self.memory_at, self.memory_step = ch.clock(), step
+            raise
         arena = self.store.ref_of(snap)
         sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena, slot, True), snap.frames)
         ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))
@@ -329,6 +338,11 @@ class CheckpointAgent(MemoryTierMethods):
             self._on_result(result)
         return self.in_flight is None, result
 
+    def wait_in_flight(self, ch: TrainerChannels, step: int, deadline: float) -> bool:
+        """Wait until ``deadline`` for the snapshot in flight to be answered (a stop that takes no
+        checkpoint of its own: the one in flight is the last); True if it was."""
+        return self._await_in_flight(ch, step, deadline)[0]
+
     def final(self, ch: TrainerChannels, step: int, reason: SaveReason, grace_secs: float) -> Optional[SaveResult]:
         """Commit ``step`` (unless it already is) within ``grace_secs``; return the result."""
         if step <= self.last_committed:
@@ -344,7 +358,14 @@ class CheckpointAgent(MemoryTierMethods):
             if step <= self.last_committed:
                 return result
         self.heartbeat(ch, step, ch.clock())  # a just-restarted service learns our settings before the snapshot
-        if not self._send(ch, step, reason, busy_after=Busy.FINAL_CHECKPOINT):
+        try:
+            sent = self._send(ch, step, reason, busy_after=Busy.FINAL_CHECKPOINT)
+        except NonFiniteState as bad:
+            self.refused_final = True
+            for refused in self.on_refused:
+                refused(bad, True)  # the policy: --on-nonfinite stop raises
+            return None
+        if not sent:
             print(f"procsv: the {reason} checkpoint at step {step} could not be handed to the checkpoint "
                   "service (queue full); the previous checkpoint is kept", file=sys.stderr, flush=True)
             return None

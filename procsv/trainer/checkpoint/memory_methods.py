@@ -16,6 +16,7 @@ from procsv.ipc.messages import SaveData, SaveReason
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint import memory_tier
 from procsv.trainer.checkpoint.snapshot_store import SnapshotStore
+from procsv.trainer.nonfinite.errors import NonFiniteState
 
 READ_EVERY = 0.01  # seconds between reads of the service's messages while an answer is awaited (see agent.py)
 PLAN_MAX_AGE = 10.0  # seconds a snapshot may reuse the object-graph walk of an earlier one (if the graph's shape is the same)
@@ -78,7 +79,11 @@ class MemoryTierMethods:
         for prepare in self.prepare_snapshot:
             prepare()
         reuse = self.store.plan_reusable(t0, PLAN_MAX_AGE)
-        snap = self.store.take(step, slot, fresh=not reuse)
+        try:
+            snap = self.store.take(step, slot, fresh=not reuse)
+        except NonFiniteState:  # refused: the slot stays free; the next is due an interval later
+            self.memory_at, self.memory_step = ch.clock(), step
+            raise
         arena = self.store.ref_of(snap)
         self.memory_at, self.memory_step = ch.clock(), step
         self.memory_taken += 1

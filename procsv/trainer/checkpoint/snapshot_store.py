@@ -20,6 +20,7 @@ from procsv.ipc.messages import ArenaRef
 from procsv.trainer.checkpoint.memory_tier import Slots
 from procsv.trainer.checkpoint import graph_shape
 from procsv.trainer.checkpoint.snapshot import Plan, Snapshot, SnapshotArena, plan, take
+from procsv.trainer.nonfinite.watch import NonfiniteWatch
 
 
 def stuck_here(name: str, detail: str = "") -> None:
@@ -48,6 +49,7 @@ class SnapshotStore:
         self.slots = Slots(slots)
         self.plan: Optional[Plan] = None  # the last object-graph walk (snapshot.Plan) and when it was made
         self.plan_at = float("-inf")
+        self.watch: Optional[NonfiniteWatch] = None  # checks each snapshot (procsv.trainer.nonfinite)
 
     def arena_for(self, nbytes: int, background: bool = False) -> Optional[SnapshotArena]:
         """The snapshot memory, (re)created when the state has outgrown it (new variables)."""
@@ -75,7 +77,11 @@ class SnapshotStore:
 
     def take(self, step: int, slot: int, fresh: bool = True) -> Snapshot:
         """Copy the state into ``slot`` (its header says writing, then complete) and gather the rest;
-        walk the object graph again unless not ``fresh`` (then :attr:`plan` is reused)."""
+        walk the object graph again unless not ``fresh`` (then :attr:`plan` is reused). With a
+        :attr:`watch`, a poisoned state raises :class:`NonFiniteState` (before the copy if a watched
+        loss was non-finite, else after it, before the slot is marked complete)."""
+        if self.watch is not None:
+            self.watch.precheck(step)
         if fresh or self.plan is None:
             self.plan, self.plan_at = plan(self.checkpoint), self.clock()
         def place(nbytes: int) -> Optional[tuple[SnapshotArena, int]]:
@@ -86,6 +92,9 @@ class SnapshotStore:
             return arena, arena.base(slot)
 
         snap = take(self.checkpoint, place, self.plan)
+        if self.watch is not None:
+            memory = self.arena.array if self.arena is not None and snap.arena_bytes else None
+            self.watch.verify(step, self.checkpoint, self.plan, snap.specs, snap.frames, memory)
         if self.arena is not None and snap.arena_bytes:
             stuck_here("slot_complete", f" of step {step} in slot {slot}")
             self.arena.mark(slot, SLOT_COMPLETE, step)

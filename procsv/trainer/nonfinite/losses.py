@@ -1,0 +1,105 @@
+"""The watched losses of the steps since the last check, checked in bulk.
+
+Runs in the trainer's main thread. Each step's returned loss (a scalar, or the ``"loss"`` entry of
+a dict) and each scalar logged under a watched tag is kept as it is: a host value (a Python or
+NumPy number) is looked at at once, which costs no read; a tensor stays on its device. Nothing is
+read from a device at a step. :meth:`LossWatch.check` runs where procsv reads the state anyway
+(before a snapshot; at the final checkpoint): the kept tensors are stacked and reduced with one
+``tf.reduce_all(tf.math.is_finite(...))``, one host read for all of them; only when that says
+something is non-finite are their values read (one more) to find the first bad step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+COMPACT_AT = 1024  # kept scalars stacked into one tensor (a device op, no read) past this many
+
+
+class LossWatch:
+    """The losses kept since the last :meth:`check`: host values already judged (``host_bad``: the
+    first non-finite one's step), device scalars with their steps (``pending``), and stacked
+    ``chunks`` of earlier ones. ``reads`` counts the host reads :meth:`check` made."""
+
+    def __init__(self, tags: tuple[str, ...]) -> None:
+        self.tags = frozenset(tags)
+        self.host_bad: Optional[int] = None
+        self.pending: list[Any] = []
+        self.steps: list[int] = []
+        self.chunks: list[tuple[list[int], Any]] = []
+        self.reads = 0
+
+    def keep_step(self, step: int, out: Any) -> None:
+        """The value step ``step`` returned: its loss is kept (anything else is ignored)."""
+        if isinstance(out, dict):
+            out = out.get("loss")
+            if out is None:
+                return
+        self.keep(step, out)
+
+    def keep_scalars(self, step: int, values: Any) -> None:
+        """Scalars logged for ``step`` (a mapping of tags to values): the watched tags' are kept."""
+        if not self.tags:
+            return
+        for tag, value in values.items():
+            if tag in self.tags:
+                self.keep(step, value)
+
+    def keep(self, step: int, value: Any) -> None:
+        if isinstance(value, (float, int)):
+            if not math.isfinite(value) and (self.host_bad is None or step < self.host_bad):
+                self.host_bad = step
+            return
+        dtype = getattr(value, "dtype", None)
+        if dtype is None or getattr(value, "ndim", getattr(getattr(value, "shape", None), "rank", None)) != 0:
+            return  # not a scalar: not a loss procsv watches
+        if not hasattr(value, "device"):  # a NumPy scalar: on the host already
+            try:
+                finite = bool(math.isfinite(float(value)))
+            except (TypeError, ValueError):
+                return
+            if not finite and (self.host_bad is None or step < self.host_bad):
+                self.host_bad = step
+            return
+        if not getattr(dtype, "is_floating", False):
+            return
+        self.pending.append(value)
+        self.steps.append(step)
+        if len(self.pending) >= COMPACT_AT:
+            self._compact()
+
+    def _compact(self) -> None:
+        import tensorflow as tf
+
+        stacked = tf.stack([tf.cast(v, tf.float32) for v in self.pending])
+        self.chunks.append((self.steps, stacked))
+        self.pending, self.steps = [], []
+
+    def check(self) -> Optional[int]:
+        """The first step kept since the last check whose loss is NaN or infinite (None: none);
+        forgets what it checked. One host read for all the kept device scalars, one more if any is bad."""
+        first = self.host_bad
+        self.host_bad = None
+        if self.pending:
+            self._compact()
+        if not self.chunks:
+            return first
+        import numpy as np
+        import tensorflow as tf
+
+        chunks, self.chunks = self.chunks, []
+        steps = [s for chunk_steps, _ in chunks for s in chunk_steps]
+        values = chunks[0][1] if len(chunks) == 1 else tf.concat([c for _, c in chunks], 0)
+        self.reads += 1
+        if bool(tf.reduce_all(tf.math.is_finite(values)).numpy()):
+            return first
+        self.reads += 1
+        bad = np.flatnonzero(~np.isfinite(values.numpy()))
+        found = min(steps[int(i)] for i in bad)
+        return found if first is None else min(first, found)
+
+    def forget(self) -> None:
+        """Drop everything kept (after a restore: those steps are undone)."""
+        self.host_bad = None
+        self.pending, self.steps, self.chunks = [], [], []

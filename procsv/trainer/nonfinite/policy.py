@@ -1,0 +1,58 @@
+"""The ``--on-nonfinite`` policy and its bounds, as plain values: no clock, no TensorFlow.
+
+Runs in the trainer (and its parsing in ``procsv launch``). ``rollback`` restores the newest finite
+snapshot and skips the poisoned step; ``stop`` stops in order with exit code 4; ``continue`` trains
+on (procsv only never commits a poisoned state). :class:`SkipBudget` is the bound on skipped steps:
+more than ``max_skips`` within ``skip_window`` steps stops the run with exit code 4.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional
+
+DEFAULT_MAX_SKIPS = 3
+DEFAULT_SKIP_WINDOW = 1000
+
+
+class OnNonfinite(str, enum.Enum):
+    """What the trainer does when it finds a non-finite loss or state."""
+
+    ROLLBACK = "rollback"
+    STOP = "stop"
+    CONTINUE = "continue"
+
+
+def parse(value: Optional[str], default: OnNonfinite) -> OnNonfinite:
+    """``value`` (None: ``default``) as a policy; anything else raises ValueError with one clear line."""
+    if value is None or value == "":
+        return default
+    try:
+        return OnNonfinite(value)
+    except ValueError:
+        raise ValueError(f"on_nonfinite must be one of rollback, stop, continue, not {value!r}") from None
+
+
+@dataclass
+class SkipBudget:
+    """The steps skipped so far, and whether one more is within ``max_skips`` per ``skip_window`` steps."""
+
+    max_skips: int = DEFAULT_MAX_SKIPS
+    skip_window: int = DEFAULT_SKIP_WINDOW
+    skipped: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.max_skips < 0:
+            raise ValueError(f"max_skips must be >= 0, not {self.max_skips}")
+        if self.skip_window < 1:
+            raise ValueError(f"skip_window must be >= 1, not {self.skip_window}")
+
+    def allows(self, step: int) -> bool:
+        """Skipping ``step`` keeps within the bound: at most ``max_skips`` skips in the window of
+        ``skip_window`` steps that ends at ``step`` (``step`` counted)."""
+        recent = [s for s in self.skipped if step - s < self.skip_window]
+        return len(recent) + 1 <= self.max_skips
+
+    def skip(self, step: int) -> None:
+        self.skipped.append(step)

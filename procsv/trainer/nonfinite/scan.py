@@ -1,0 +1,118 @@
+"""Looking for non-finite values in a snapshot, on the copy procsv already made.
+
+Runs in the trainer's main thread, right after a snapshot's tensors were copied into the snapshot
+memory (:mod:`procsv.trainer.checkpoint.snapshot`), before the slot is marked complete: the check
+reads that host copy as NumPy arrays, never the variables again (no device read).
+
+Which values are poison: every NaN in a floating tensor; and +-inf in a trainable variable or an
+optimizer's variable (its slots: momentum, velocity). Other state may legitimately hold +-inf (a
+mask, a running min/max). Tensors whose key or variable name contains one of ``ignore`` are not
+looked at.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from procsv.ipc.messages import TensorSpec
+
+FLOATS = ("float16", "float32", "float64", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Rules:
+    """For one walk of the object graph: the keys whose +-inf is poison too (``strict``), and those
+    not looked at (``skip``)."""
+
+    strict: frozenset[str]
+    skip: frozenset[str]
+
+
+def _variable_of(spec: Any) -> Optional[Any]:
+    import tensorflow as tf
+
+    fn = getattr(spec, "_tensor", None)
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        if isinstance(value, tf.Variable):
+            return value
+    return None
+
+
+def _optimizer_variables(ckpt: Any) -> set[int]:
+    """The ids of the variables of every Keras optimizer in ``ckpt``'s object graph."""
+    keras = sys.modules.get("keras")
+    base = getattr(getattr(keras, "optimizers", None), "Optimizer", None)
+    if base is None:
+        return set()
+    import tensorflow as tf
+
+    out: set[int] = set()
+    for obj in tf.__internal__.tracking.ObjectGraphView(ckpt).descendants():
+        if isinstance(obj, base):
+            out.update(id(v) for v in obj.variables)
+    return out
+
+
+def rules(ckpt: Any, ignore: Sequence[str]) -> Rules:
+    """Walk ``ckpt`` once: which keys are strict, which are ignored."""
+    from procsv.trainer.checkpoint.snapshot import _serialize
+
+    named, _ = _serialize(ckpt)
+    slots = _optimizer_variables(ckpt)
+    strict: set[str] = set()
+    skip: set[str] = set()
+    for saveable in named:
+        for spec in saveable.specs:
+            var = _variable_of(spec)
+            name = str(getattr(var, "name", "")) if var is not None else ""
+            if any(s in spec.name or (name and s in name) for s in ignore):
+                skip.add(spec.name)
+            elif var is not None and (var.trainable or id(var) in slots):
+                strict.add(spec.name)
+    return Rules(frozenset(strict), frozenset(skip))
+
+
+_NP: dict[str, Any] = {}
+
+
+def _np_dtype(name: str) -> Any:
+    dtype = _NP.get(name)
+    if dtype is None:
+        import tensorflow as tf
+
+        dtype = _NP[name] = np.dtype(tf.as_dtype(name).as_numpy_dtype)
+    return dtype
+
+
+def nonfinite_keys(specs: Sequence[TensorSpec], frames: Sequence[Any], memory: Optional[np.ndarray],
+                   rule: Rules) -> tuple[str, ...]:
+    """The keys of the snapshot's floating tensors that hold poison: read from ``memory`` (the
+    snapshot memory's bytes, for a spec with an offset) or from its frame (an array)."""
+    framed = iter(frames)
+    bad: list[str] = []
+    for spec in specs:
+        frame = next(framed) if spec.offset is None else None
+        if spec.dtype not in FLOATS or spec.key in rule.skip:
+            continue
+        dtype = _np_dtype(spec.dtype)
+        if spec.offset is not None and memory is not None:
+            count = int(np.prod(spec.shape, dtype=np.int64))
+            arr = memory[spec.offset:spec.offset + count * dtype.itemsize].view(dtype)
+        elif isinstance(frame, np.ndarray):
+            arr = frame.reshape(-1).view(dtype) if frame.dtype != dtype else frame
+        else:
+            continue
+        if spec.key in rule.strict:
+            if not bool(np.isfinite(arr).all()):
+                bad.append(spec.key)
+        elif bool(np.isnan(arr).any()):
+            bad.append(spec.key)
+    return tuple(bad)

@@ -1,0 +1,89 @@
+"""One Supervisor's watch over non-finite training: what it keeps, checks and does.
+
+Runs in the trainer's main thread. :class:`NonfiniteWatch` holds the policy (``Supervisor(
+on_nonfinite=...)``, else ``procsv launch --on-nonfinite`` through ``PROCSV_ON_NONFINITE``), the
+watched losses (:class:`~procsv.trainer.nonfinite.losses.LossWatch`), and the checks a snapshot
+passes through (:meth:`precheck` before its copy, :meth:`verify` on the copy); a refused snapshot
+raises :class:`~procsv.trainer.nonfinite.errors.NonFiniteState`, which the checkpoint agent cleans
+up after and the step boundary hands to :meth:`refused`: the policy's decision.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from procsv.common import env
+from procsv.trainer.nonfinite import policy, scan
+from procsv.trainer.nonfinite.errors import NonFiniteState, TrainingDiverged
+from procsv.trainer.nonfinite.losses import LossWatch
+from procsv.trainer.nonfinite.policy import OnNonfinite, SkipBudget
+
+DEFAULT = OnNonfinite.STOP  # until rollback lands (issue 41): never train on, nor keep, a poisoned state
+
+
+class NonfiniteWatch:
+    """The policy, the kept losses, the rules of the last walk of the object graph (per plan),
+    the refusals so far (``refusals``), and the first one (``first``)."""
+
+    def __init__(self, on_nonfinite: Optional[str], tags: Sequence[str], ignore: Sequence[str],
+                 max_skips: Optional[int] = None, skip_window: Optional[int] = None) -> None:
+        if isinstance(tags, str) or isinstance(ignore, str):
+            raise TypeError("nonfinite_tags and nonfinite_ignore take a tuple of strings, not one string")
+        self.policy = policy.parse(on_nonfinite if on_nonfinite is not None else os.environ.get(env.ON_NONFINITE),
+                                   DEFAULT)
+        self.losses = LossWatch(tuple(tags))
+        self.ignore = tuple(ignore)
+        self.budget = SkipBudget(
+            max_skips if max_skips is not None else int(os.environ.get(env.MAX_SKIPS, policy.DEFAULT_MAX_SKIPS)),
+            skip_window if skip_window is not None else int(os.environ.get(env.SKIP_WINDOW,
+                                                                            policy.DEFAULT_SKIP_WINDOW)))
+        self._rules: Optional[tuple[Any, scan.Rules]] = None
+        self.refusals = 0
+        self.first: Optional[NonFiniteState] = None
+
+    # ------------------------------------------------------------------ the checks of a snapshot
+    def precheck(self, step: int) -> None:
+        """Before the state of ``step`` is copied: the losses kept since the last check (one read)."""
+        bad = self.losses.check()
+        if bad is not None:
+            raise NonFiniteState(step, bad)
+
+    def verify(self, step: int, ckpt: Any, plan: Any, specs: Any, frames: Any, memory: Optional[np.ndarray]) -> None:
+        """The copy of the state of ``step`` (in ``memory``, or ``frames``): poison refuses it."""
+        if self._rules is None or self._rules[0] is not plan:
+            self._rules = (plan, scan.rules(ckpt, self.ignore))
+        keys = scan.nonfinite_keys(specs, frames, memory, self._rules[1])
+        if keys:
+            raise NonFiniteState(step, None, keys)
+
+    # ------------------------------------------------------------------ the policy
+    @property
+    def stops(self) -> bool:
+        """A refusal stops training (every policy but ``continue``, for now)."""
+        return self.policy != OnNonfinite.CONTINUE
+
+    def refused(self, bad: NonFiniteState, last_committed: int, final: bool = False) -> None:
+        """A snapshot of ``bad.step`` was refused; ``last_committed``: the newest committed step (-1:
+        none). ``stop`` raises :class:`TrainingDiverged`; ``continue`` says so once and trains on."""
+        self.refusals += 1
+        newest = (f"the newest committed checkpoint (step {last_committed}) is the newest finite one"
+                  if last_committed >= 0 else "no checkpoint was committed before it")
+        if self.policy == OnNonfinite.CONTINUE:
+            if self.first is None or final:
+                kept = "the final checkpoint is not" if final else "no checkpoint of this state is"
+                print(f"procsv: non-finite training at step {bad.first_step}: {bad.describe()}; {kept} committed "
+                      f"({newest}); --on-nonfinite continue: training on", file=sys.stderr, flush=True)
+            self.first = self.first or bad
+            return
+        self.first = self.first or bad
+        message = (f"procsv: non-finite training at step {bad.first_step}: {bad.describe()}; --on-nonfinite "
+                   f"{self.policy.value}: stopping in order with exit code 4 (diverging), without a checkpoint of "
+                   f"this state: {newest}")
+        if self.policy == OnNonfinite.ROLLBACK:
+            message += " (rollback is not available yet: stopped instead)"
+        print(message, file=sys.stderr, flush=True)
+        raise TrainingDiverged(message.removeprefix("procsv: "))

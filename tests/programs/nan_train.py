@@ -1,0 +1,70 @@
+"""A tiny training module whose state turns non-finite at given steps (issue 41).
+
+    --nan-at N            the input of step N is NaN (repeatable): its loss, gradient, weights and
+                          momentum turn NaN (with --how weights only the weights, the loss stays finite)
+    --how H               return: the step returns its loss tensor; dict: returns {"loss": ..., "n": 1};
+                          log: logs it with sv.log_scalar("loss", ...) and returns nothing;
+                          weights: returns nothing, and sets the weights to NaN at --nan-at
+    --steps N             train to step N
+    --save-steps K        a checkpoint every K steps
+    --policy P            Supervisor(on_nonfinite=P) (default: not given)
+    --step-delay S        seconds each step sleeps (default 0.02: the checkpoint service keeps up)
+    --logdir DIR          for a plain `python nan_train.py` run
+
+The input of step s is a function of s alone (1 + (s % 7) / 10), so a run is reproducible.
+"""
+
+import argparse
+import time
+
+import tensorflow as tf
+
+import procsv
+
+p = argparse.ArgumentParser()
+p.add_argument("--nan-at", type=int, action="append", default=[])
+p.add_argument("--how", choices=["return", "dict", "log", "weights"], default="return")
+p.add_argument("--steps", type=int, default=60)
+p.add_argument("--save-steps", type=int, default=10)
+p.add_argument("--policy", default=None)
+p.add_argument("--step-delay", type=float, default=0.02)
+p.add_argument("--logdir", default=None)
+args = p.parse_args()
+
+w = tf.Variable(tf.ones([4]), name="w")
+m = tf.Variable(tf.zeros([4]), trainable=False, name="momentum")
+low = tf.Variable(tf.fill([4], float("inf")), trainable=False, name="running_min")  # legitimately inf
+sv = procsv.Supervisor(logdir=args.logdir, checkpoint={"w": w, "m": m, "low": low}, save_model_secs=600,
+                       save_checkpoint_steps=args.save_steps, on_nonfinite=args.policy, nonfinite_ignore=("low",))
+
+
+@tf.function
+def train(x):
+    err = w * x - 1.0
+    m.assign(0.9 * m + 2.0 * err * x)
+    w.assign_sub(0.01 * m)
+    return tf.reduce_sum(err * err)
+
+
+def step():
+    s = sv.step
+    poisoned = s in args.nan_at
+    x = tf.fill([4], float("nan") if poisoned and args.how != "weights" else 1.0 + (s % 7) / 10)
+    loss = train(x)
+    time.sleep(args.step_delay)
+    if args.how == "weights" and poisoned:
+        w.assign(tf.fill([4], float("nan")))
+    if args.how == "weights":
+        return None  # no loss to watch: only the snapshot's check can see the NaN weights
+    if args.how == "return":
+        return loss
+    if args.how == "dict":
+        return {"loss": loss, "n": 1}
+    sv.log_scalar("loss", loss)
+    return None
+
+
+with sv.managed_session() as sess:
+    while not sv.should_stop() and sv.step < args.steps:
+        sess.run(step)
+print(f"nan_train: ended at step {sv.step}", flush=True)
