@@ -46,10 +46,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="after 3 checkpoints in a row fail to commit: stop the run in order and exit 3 "
                          "(default), or continue training without checkpoints")
     la.add_argument("--on-nonfinite", choices=["rollback", "stop", "continue"], default=None,
-                    help="when a step's loss (or a snapshot's weights) is NaN or infinite: stop in order and exit 4 "
-                         "(stop), or train on (continue); either way no poisoned checkpoint is committed "
-                         "(default: the Supervisor's on_nonfinite, else stop; rollback is not available yet and "
-                         "stops)")
+                    help="when a step's loss (or a snapshot's weights) is NaN or infinite: restore the newest "
+                         "finite checkpoint in place, replay, retry the bad step and skip it if it is non-finite "
+                         "again (rollback), stop in order and exit 4 (stop), or train on (continue); never is a "
+                         "poisoned checkpoint committed (default: the Supervisor's on_nonfinite, else rollback)")
     la.add_argument("--max-skips", type=int, default=3, metavar="K",
                     help="with --on-nonfinite rollback: more than K skipped steps within --skip-window steps stop "
                          "the run with exit code 4 (default 3)")

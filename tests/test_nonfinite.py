@@ -92,9 +92,10 @@ def test_a_nan_loss_with_on_nonfinite_stop_stops_in_order_exit_4_and_the_newest_
 
 
 @pytest.mark.parametrize("how", ["dict", "log"])
-def test_plain_python_stops_with_exit_4_on_a_nan_loss_by_default(tmp_path, how):
+def test_plain_python_with_on_nonfinite_stop_exits_4_on_a_nan_loss(tmp_path, how):
     logdir = str(tmp_path / "run")
-    done = subprocess.run([sys.executable, NAN_TRAIN, "--logdir", logdir, "--how", how, "--nan-at", "25"],
+    done = subprocess.run([sys.executable, NAN_TRAIN, "--logdir", logdir, "--how", how, "--nan-at", "25",
+                           "--policy", "stop"],
                           capture_output=True, text=True, env=quiet_env(), timeout=180)
     assert done.returncode == 4, done.stderr
     assert "non-finite training at step 25" in done.stderr, done.stderr
@@ -152,3 +153,41 @@ def test_a_returned_loss_is_checked_in_bulk_at_the_snapshot_not_read_at_every_st
     latest = tf.train.latest_checkpoint(str(tmp_path / "watched"))
     assert latest is not None and int(latest.rsplit("-", 1)[1]) < 120
     _assert_finite(latest)
+
+
+def _values(logdir: str) -> dict[str, bytes]:
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest is not None and latest.endswith("model.ckpt-60"), latest
+    return {k: v.tobytes() for k, v in _checkpoint_values(latest).items()}
+
+
+def test_rollback_skips_a_poisoned_step_and_the_weights_equal_a_plain_run_that_never_applied_it(logdir, tmp_path):
+    # before: no rollback; the run trained on NaN weights and committed them. Now (the default under
+    # procsv launch): restore step 20 in place, replay, retry step 25, skip it, train on to 60
+    code, out, err = finish(launch(logdir, "--nan-at", "25", target=NAN_TRAIN), 240)
+    said = out + err
+    assert code == 0, said
+    assert "retrying step 25 once" in said and "skipped step 25" in said, said
+    assert len(_events(logdir, "spawned", "trainer")) == 1  # in place: no process restart
+    _all_committed_are_finite(logdir)
+    plain = str(tmp_path / "plain")
+    done = subprocess.run([sys.executable, NAN_TRAIN, "--logdir", plain, "--skip-at", "25"],
+                          capture_output=True, text=True, env=quiet_env(), timeout=180)
+    assert done.returncode == 0, done.stderr
+    rolled, baseline = _values(logdir), _values(plain)
+    assert rolled.keys() == baseline.keys()
+    for key in ("w/.ATTRIBUTES/VARIABLE_VALUE", "m/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE"):
+        assert rolled[key] == baseline[key], key  # bit-equal
+
+
+def test_more_skips_than_max_skips_within_the_window_stop_the_run_with_exit_4(logdir):
+    nan_at = [a for s in (21, 23, 25, 27) for a in ("--nan-at", str(s))]
+    code, out, err = finish(launch(logdir, *nan_at, target=NAN_TRAIN, opts=("--max-skips", "3")), 300)
+    said = out + err
+    assert code == 4, said
+    for step in (21, 23, 25):
+        assert f"skipped step {step} " in said, said
+    assert "skipped step 27" not in said
+    assert "--max-skips 3" in said and "giving up: the trainer is diverging" in said, said
+    _all_committed_are_finite(logdir)
+    assert status_json(logdir)["state"] == "failed"

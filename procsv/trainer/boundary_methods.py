@@ -22,28 +22,24 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
 
 from procsv.ipc.messages import Busy, Progress, SaveReason
 from procsv.common.errors import TrainingStopped
-from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.nonfinite.errors import NonFiniteState
-from procsv.trainer.nonfinite.watch import NonfiniteWatch
+from procsv.trainer.nonfinite.methods import NonfiniteMethods
 from procsv.trainer.step_boundary import NEVER, ProgressReporter, StepCounter, checkpoint_work
 from procsv.trainer.summaries.sender import COALESCE  # (time-driven work due this soon goes with a boundary that runs)
 from procsv.trainer.summary_methods import SummaryMethods
 
 
-class BoundaryMethods(SummaryMethods):
+class BoundaryMethods(SummaryMethods, NonfiniteMethods):
     """The step boundary's work around each step (:meth:`ManagedSession.run` runs the step): each
     half's work, and its bounds."""
 
     _counter: StepCounter
     _progress: ProgressReporter
     _unsaved: bool
-    _nonfinite: NonfiniteWatch
-    _new_agent: Callable[[], CheckpointAgent]
-    stop_grace_secs: float
     coord: Any
 
     def _start_bounds(self) -> None:
@@ -63,6 +59,8 @@ class BoundaryMethods(SummaryMethods):
         """Before a step: the halves whose bounds have passed, then their new bounds (the end
         half's step bound is checked after the step, in :meth:`ManagedSession.run`)."""
         state = self._state
+        if self._nonfinite_work():
+            return  # rolled back or skipped: the step count moved (ManagedSession.run reads it again)
         now = self._clock()
         after = now >= state.end_at  # (the timer's bound; its step bound is checked after the step)
         if after:
@@ -71,6 +69,7 @@ class BoundaryMethods(SummaryMethods):
         # halves keep one rhythm (each ~10 times a second, else apart: 20 boundaries a second, not 10)
         if step >= state.ckpt_step or now >= state.ckpt_at or (after and now + COALESCE >= state.ckpt_at):
             self._checkpoint_boundary(step, ahead=COALESCE if after else 0.0)
+            self._nonfinite_work()  # a rollback there may have work due at once
 
     def _after_step(self) -> None:
         """After a step that must not wait for the next boundary: the progress-and-summaries half."""
@@ -94,6 +93,7 @@ class BoundaryMethods(SummaryMethods):
             self.coord.request_stop(agent.failure)
             raise TrainingStopped(str(agent.failure))
         self._state.set_checkpoint(*agent.next_work(step, self._clock()))
+        self._bound_nonfinite()  # a rollback's next work (procsv.trainer.nonfinite.methods)
         if agent.in_flight is not None:
             self._state.set_end(step + 1, self._state.end_at)  # summaries go right after every step now
 
@@ -133,31 +133,3 @@ class BoundaryMethods(SummaryMethods):
         self._ckpt.final(self._channels, self._state.step, reason, grace)
         self._unsaved = self._ckpt.last_committed < self._state.step and not self._ckpt.refused_final
         return not self._unsaved
-
-    # ------------------------------------------------------------------ non-finite training (issue 41)
-    def _attach_nonfinite(self, on_nonfinite: Optional[str], tags: Sequence[str], ignore: Sequence[str]) -> None:
-        """Watch this Supervisor's losses and snapshots (:mod:`procsv.trainer.nonfinite`); every
-        checkpoint agent it makes, this session's and later ones', checks its snapshots."""
-        self._nonfinite = NonfiniteWatch(on_nonfinite, tags, ignore)
-        self._state.losses = self._nonfinite.losses
-        make = self._new_agent
-
-        def new_agent() -> CheckpointAgent:
-            agent = make()
-            agent.store.watch = self._nonfinite
-            agent.on_refused.append(self._nonfinite_refused)
-            return agent
-
-        self._new_agent = new_agent
-        if self._ckpt is not None:
-            self._ckpt.store.watch = self._nonfinite
-            self._ckpt.on_refused.append(self._nonfinite_refused)
-
-    def _nonfinite_refused(self, bad: NonFiniteState, final: bool) -> None:
-        """A snapshot of a poisoned state was refused (``final``: the final checkpoint): the policy."""
-        agent, ch = self._ckpt, self._channels
-        if self._nonfinite.stops and ch is not None:  # stopping in order: what was logged, and the finite
-            self._flush_summaries(force=True)  # snapshot in flight, are kept (it passed these checks)
-            if agent is not None and agent.in_flight is not None:
-                agent.wait_in_flight(ch, bad.step, self._clock() + self.stop_grace_secs)
-        self._nonfinite.refused(bad, agent.last_committed if agent is not None else -1, final)

@@ -118,6 +118,7 @@ class ManagedSession:
         before = state.step
         if before >= state.ckpt_step or state.clock() >= state.at:
             state.boundary(before)
+            before = state.step  # a rollback or a skipped step moved it (procsv.trainer.nonfinite)
         state.step = before + 1
         try:
             out = step_fn(*args, **kwargs)

@@ -2,6 +2,7 @@
 
     --nan-at N            the input of step N is NaN (repeatable): its loss, gradient, weights and
                           momentum turn NaN (with --how weights only the weights, the loss stays finite)
+    --skip-at N           step N does nothing (repeatable): the plain run that never applied step N
     --how H               return: the step returns its loss tensor; dict: returns {"loss": ..., "n": 1};
                           log: logs it with sv.log_scalar("loss", ...) and returns nothing;
                           weights: returns nothing, and sets the weights to NaN at --nan-at
@@ -23,6 +24,7 @@ import procsv
 
 p = argparse.ArgumentParser()
 p.add_argument("--nan-at", type=int, action="append", default=[])
+p.add_argument("--skip-at", type=int, action="append", default=[])
 p.add_argument("--how", choices=["return", "dict", "log", "weights"], default="return")
 p.add_argument("--steps", type=int, default=60)
 p.add_argument("--save-steps", type=int, default=10)
@@ -48,6 +50,8 @@ def train(x):
 
 def step():
     s = sv.step
+    if s in args.skip_at:
+        return None
     poisoned = s in args.nan_at
     x = tf.fill([4], float("nan") if poisoned and args.how != "weights" else 1.0 + (s % 7) / 10)
     loss = train(x)

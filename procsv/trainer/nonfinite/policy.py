@@ -51,8 +51,11 @@ class SkipBudget:
     def allows(self, step: int) -> bool:
         """Skipping ``step`` keeps within the bound: at most ``max_skips`` skips in the window of
         ``skip_window`` steps that ends at ``step`` (``step`` counted)."""
-        recent = [s for s in self.skipped if step - s < self.skip_window]
-        return len(recent) + 1 <= self.max_skips
+        return len(self.recent(step)) + 1 <= self.max_skips
+
+    def recent(self, step: int) -> list[int]:
+        """The skipped steps within the window that ends at ``step``."""
+        return [s for s in self.skipped if step - s < self.skip_window]
 
     def skip(self, step: int) -> None:
         self.skipped.append(step)

@@ -22,7 +22,7 @@ from procsv.trainer.nonfinite.errors import NonFiniteState, TrainingDiverged
 from procsv.trainer.nonfinite.losses import LossWatch
 from procsv.trainer.nonfinite.policy import OnNonfinite, SkipBudget
 
-DEFAULT = OnNonfinite.STOP  # until rollback lands (issue 41): never train on, nor keep, a poisoned state
+DEFAULT = OnNonfinite.ROLLBACK  # issue 41: under procsv launch and in plain python
 
 
 class NonfiniteWatch:
@@ -42,6 +42,13 @@ class NonfiniteWatch:
             skip_window if skip_window is not None else int(os.environ.get(env.SKIP_WINDOW,
                                                                             policy.DEFAULT_SKIP_WINDOW)))
         self._rules: Optional[tuple[Any, scan.Rules]] = None
+        # rollback (procsv.trainer.nonfinite.methods): the bad step being retried or skipped, whether
+        # it is skipped, the boundary at which that is due, the steps retried once already
+        self.target: Optional[int] = None
+        self.skipping = False
+        self.due: Optional[int] = None
+        self.retried: set[int] = set()
+        self.rollbacks = 0
         self.refusals = 0
         self.first: Optional[NonFiniteState] = None
 
@@ -63,10 +70,10 @@ class NonfiniteWatch:
     # ------------------------------------------------------------------ the policy
     @property
     def stops(self) -> bool:
-        """A refusal stops training (every policy but ``continue``, for now)."""
+        """A refusal that is not rolled back stops training (every policy but ``continue``)."""
         return self.policy != OnNonfinite.CONTINUE
 
-    def refused(self, bad: NonFiniteState, last_committed: int, final: bool = False) -> None:
+    def refused(self, bad: NonFiniteState, last_committed: int, final: bool = False, why: str = "") -> None:
         """A snapshot of ``bad.step`` was refused; ``last_committed``: the newest committed step (-1:
         none). ``stop`` raises :class:`TrainingDiverged`; ``continue`` says so once and trains on."""
         self.refusals += 1
@@ -84,6 +91,6 @@ class NonfiniteWatch:
                    f"{self.policy.value}: stopping in order with exit code 4 (diverging), without a checkpoint of "
                    f"this state: {newest}")
         if self.policy == OnNonfinite.ROLLBACK:
-            message += " (rollback is not available yet: stopped instead)"
+            message += f" (no rollback: {why})"
         print(message, file=sys.stderr, flush=True)
         raise TrainingDiverged(message.removeprefix("procsv: "))

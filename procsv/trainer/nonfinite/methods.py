@@ -1,0 +1,175 @@
+"""The Supervisor's side of non-finite training (a mixin of its step boundary): the watch's
+wiring, the policy's decision on a refused snapshot, and ``rollback``'s restore, replay, retry and skip.
+
+Runs in the trainer's main thread, at step boundaries only (:mod:`procsv.trainer.boundary_methods`
+calls it). ``rollback`` when a watched loss of step B was found non-finite: the snapshot in flight
+is waited for; the newest committed checkpoint R (R < B: no snapshot of a poisoned state is ever
+committed) is restored in place, from disk; the program's loop then replays R+1 .. B-1 (the step
+numbers it reads come back with the restore) and runs B once more, whose loss is read right after
+it. If it is non-finite again, R is restored again, the loop replays to B-1, and B is skipped:
+its step function is not called (with the input a function of the step, its input is consumed),
+no variable changes, and the step count advances past it. More than ``max_skips`` skips within
+``skip_window`` steps, a poisoned state without a known bad step (only the weights were
+non-finite), or no committed checkpoint before B stop training with exit code 4 instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable, Optional, Sequence
+
+from procsv.ipc.messages import SessionLogEvent, SessionStatus
+from procsv.trainer.checkpoint.agent import CheckpointAgent
+from procsv.trainer.nonfinite.errors import NonFiniteState
+from procsv.trainer.nonfinite.policy import OnNonfinite
+from procsv.trainer.nonfinite.watch import NonfiniteWatch
+from procsv.trainer.step_boundary import StepCounter, StepState
+
+
+class NonfiniteMethods:
+    """The watch (``_nonfinite``) of one Supervisor, and what a refused snapshot makes it do."""
+
+    _nonfinite: NonfiniteWatch
+    _new_agent: Callable[[], CheckpointAgent]
+    _ckpt: Optional[CheckpointAgent]
+    _channels: Any
+    _state: StepState
+    _counter: StepCounter
+    _clock: Callable[[], float]
+    checkpoint: Any
+    stop_grace_secs: float
+
+    def _flush_summaries(self, force: bool, urgent: bool = False, deadline: Optional[float] = None) -> None:
+        raise NotImplementedError  # (SummaryMethods)
+
+    def _attach_nonfinite(self, on_nonfinite: Optional[str], tags: Sequence[str], ignore: Sequence[str]) -> None:
+        """Watch this Supervisor's losses and snapshots (:mod:`procsv.trainer.nonfinite`); every
+        checkpoint agent it makes, this session's and later ones', checks its snapshots."""
+        self._nonfinite = NonfiniteWatch(on_nonfinite, tags, ignore)
+        self._state.losses = self._nonfinite.losses
+        make = self._new_agent
+
+        def new_agent() -> CheckpointAgent:
+            agent = make()
+            agent.store.watch = self._nonfinite
+            agent.on_refused.append(self._nonfinite_refused)
+            return agent
+
+        self._new_agent = new_agent
+        if self._ckpt is not None:
+            self._ckpt.store.watch = self._nonfinite
+            self._ckpt.on_refused.append(self._nonfinite_refused)
+
+    def _nonfinite_refused(self, bad: NonFiniteState, final: bool) -> None:
+        """A snapshot of a poisoned state was refused (``final``: the final checkpoint): the policy."""
+        watch = self._nonfinite
+        why = ""
+        if watch.policy == OnNonfinite.ROLLBACK:
+            why = "the final checkpoint's state" if final else self._roll_back(bad.bad_step, bad.describe())
+            if not why:
+                return
+        self._stop_diverged(bad, why, final)
+
+    def _stop_diverged(self, bad: NonFiniteState, why: str, final: bool) -> None:
+        agent, ch = self._ckpt, self._channels
+        if self._nonfinite.stops and ch is not None:  # stopping in order: what was logged, and the finite
+            self._flush_summaries(force=True)  # snapshot in flight, are kept (it passed these checks)
+            if agent is not None and agent.in_flight is not None:
+                agent.wait_in_flight(ch, bad.step, self._clock() + self.stop_grace_secs)
+        self._nonfinite.refused(bad, agent.last_committed if agent is not None else -1, final, why)
+
+    # ------------------------------------------------------------------ rollback
+    def _roll_back(self, bad_step: Optional[int], what: str) -> str:
+        """Restore the newest committed checkpoint before ``bad_step`` in place and arrange its retry
+        (or, retried once already, its skip). Returns "" if rolled back, else why it cannot be."""
+        watch, agent, ch = self._nonfinite, self._ckpt, self._channels
+        if bad_step is None:
+            return "only the weights were found non-finite, at a snapshot: the step that made them so is not known"
+        if agent is None or ch is None:
+            return "no checkpoint to roll back to (checkpoint=None)"
+        skip = bad_step in watch.retried
+        if skip and not watch.budget.allows(bad_step):
+            return (f"step {bad_step} would be skip {len(watch.budget.recent(bad_step)) + 1} within "
+                    f"{watch.budget.skip_window} steps (--max-skips {watch.budget.max_skips}; skipped so far: "
+                    f"{', '.join(map(str, watch.budget.skipped)) or 'none'})")
+        if agent.in_flight is not None:
+            agent.wait_in_flight(ch, bad_step, self._clock() + self.stop_grace_secs)
+        restored = agent.last_committed
+        if restored < 0 or restored >= bad_step:
+            return f"no committed checkpoint before step {bad_step} to roll back to"
+        self._flush_summaries(force=True)
+        prefix = os.path.join(agent.layout.logdir, f"{agent.basename}-{restored}")
+        self.checkpoint.read(prefix).expect_partial()
+        self._counter.pending = 0  # the variable holds the restored step
+        self._state.step = restored
+        watch.losses.forget()
+        ch.to_summary(SessionLogEvent(SessionStatus.START, restored + 1))  # TensorBoard drops the undone steps
+        watch.target, watch.skipping = bad_step, skip
+        watch.due = self._next_due(restored)
+        watch.rollbacks += 1
+        self._bound_nonfinite()
+        then = f"skipping step {bad_step} (non-finite again when retried)" if skip else f"retrying step {bad_step} once"
+        print(f"procsv: non-finite training at step {bad_step}: {what}; --on-nonfinite rollback: restored step "
+              f"{restored} from {os.path.basename(prefix)}, replaying to step {bad_step - 1}, then {then}",
+              file=sys.stderr, flush=True)
+        return ""
+
+    def _next_due(self, step: int) -> Optional[int]:
+        """The next boundary at or after ``step`` with rollback work: a step skipped before, which the
+        replay skips again (uncounted), or the bad step's skip or retry."""
+        watch = self._nonfinite
+        if watch.target is None:
+            return None
+        due = [s - 1 for s in watch.budget.skipped if s - 1 >= step and s < watch.target]
+        due.append(watch.target - 1 if watch.skipping else watch.target)
+        return min(due)
+
+    def _bound_nonfinite(self) -> None:
+        """The checkpoint half's boundary comes no later than the rollback's next work."""
+        due = self._nonfinite.due
+        if due is not None and due < self._state.ckpt_step:
+            self._state.set_checkpoint(due, self._state.ckpt_at)
+
+    def _nonfinite_work(self) -> bool:
+        """The rollback's work due at the current step, as often as it moves the step; True if it did."""
+        moved = False
+        while True:
+            due, step = self._nonfinite.due, self._state.step
+            if due is None or step < due or not self._nonfinite_due(step):
+                return moved
+            moved = True
+
+    def _nonfinite_due(self, step: int) -> bool:
+        """At the boundary after ``step`` (the rollback's ``due``): check the replayed steps (one
+        read), then skip the bad step or judge its retry. True if the step count moved."""
+        watch = self._nonfinite
+        target = watch.target
+        watch.due = None
+        assert target is not None
+        if step + 1 in watch.budget.skipped and step + 1 < target:  # the replay meets a step skipped before
+            self._counter.advance(step)
+            self._state.step = step + 1
+            watch.due = self._next_due(step + 1)
+            self._bound_nonfinite()
+            return True
+        bad = watch.losses.check()
+        if bad is not None and (bad < target or not watch.skipping):
+            if bad == target:
+                watch.retried.add(target)
+            why = self._roll_back(bad, f"the loss of step {bad} is NaN or infinite"
+                                  + (" again when retried" if bad == target else ""))
+            if why:
+                self._stop_diverged(NonFiniteState(step, bad), why, False)
+            return True
+        if not watch.skipping:  # the retried step was finite this time
+            print(f"procsv: step {target} was finite when retried; training on", file=sys.stderr, flush=True)
+            watch.target = None
+            return False
+        watch.budget.skip(target)
+        self._counter.advance(step)  # the step count moves past the skipped step; no variable changes
+        self._state.step = target
+        watch.target = None
+        print(f"procsv: skipped step {target} (its loss was NaN or infinite twice); training on from step "
+              f"{target + 1}", file=sys.stderr, flush=True)
+        return True
