@@ -1,0 +1,80 @@
+"""The pure parts of non-finite training (issue 41): the skip bound, the policy's parsing, the bulk
+loss check and the scan of a snapshot's copy, with plain values (no process runs)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import quiet_env
+from procsv.ipc.messages import TensorSpec
+from procsv.trainer.nonfinite.losses import LossWatch
+from procsv.trainer.nonfinite.policy import OnNonfinite, SkipBudget, parse
+from procsv.trainer.nonfinite.scan import Rules, nonfinite_keys
+
+
+def test_the_skip_bound_counts_skips_within_the_window_ending_at_the_step():
+    budget = SkipBudget(max_skips=3, skip_window=100)
+    for step in (10, 20, 30):
+        assert budget.allows(step)
+        budget.skip(step)
+    assert not budget.allows(50)  # a 4th within 100 steps
+    assert budget.recent(109) == [10, 20, 30] and budget.recent(110) == [20, 30]
+    assert budget.allows(110)  # step 10 left the window
+    assert not SkipBudget(max_skips=0).allows(1)
+    with pytest.raises(ValueError, match="max_skips must be >= 0, not -1"):
+        SkipBudget(max_skips=-1)
+    with pytest.raises(ValueError, match="skip_window must be >= 1, not 0"):
+        SkipBudget(skip_window=0)
+
+
+def test_the_policy_parses_its_three_names_and_refuses_others_in_one_line():
+    assert parse(None, OnNonfinite.ROLLBACK) == OnNonfinite.ROLLBACK
+    assert parse("stop", OnNonfinite.ROLLBACK) == OnNonfinite.STOP
+    with pytest.raises(ValueError, match="on_nonfinite must be one of rollback, stop, continue, not 'halt'"):
+        parse("halt", OnNonfinite.ROLLBACK)
+
+
+def test_host_losses_are_judged_at_once_and_device_losses_with_one_read_per_check(monkeypatch):
+    watch = LossWatch(("loss",))
+    watch.keep_step(1, 0.5)
+    watch.keep_step(2, {"loss": math.nan, "acc": 1.0})
+    watch.keep_step(3, np.float32(np.inf))
+    assert watch.check() == 2 and watch.reads == 0  # all on the host: no read at all
+    for step in range(1, 5001):
+        watch.keep_step(step, tf.constant(float("nan") if step in (4321, 4999) else 1.0))
+    watch.keep_step(5001, tf.constant([1.0, math.nan]))  # not a scalar: not a loss
+    watch.keep_scalars(5002, {"other": tf.constant(math.nan), "loss": tf.constant(2.0)})
+    assert watch.check() == 4321 and watch.reads == 2  # one read found something, one more found where
+    watch.keep_step(5003, tf.constant(1.0))
+    assert watch.check() is None and watch.reads == 3
+    assert watch.check() is None and watch.reads == 3  # nothing kept: nothing read
+
+
+def test_a_snapshot_copy_is_poisoned_by_nan_anywhere_and_inf_only_where_strict():
+    memory = np.zeros(4096, dtype=np.uint8)
+    values = {"w": np.array([1.0, np.inf], np.float32), "low": np.array([np.inf, -np.inf], np.float32),
+              "mask": np.array([np.nan], np.float64), "n": np.array([7], np.int64)}
+    specs, offset = [], 0
+    for key, arr in values.items():
+        memory[offset:offset + arr.nbytes] = arr.view(np.uint8)
+        specs.append(TensorSpec(key, str(arr.dtype), list(arr.shape), offset=offset))
+        offset += 64
+    specs.append(TensorSpec("_CHECKPOINTABLE_OBJECT_GRAPH", "string", [], [3]))
+    rule = Rules(strict=frozenset({"w"}), skip=frozenset())
+    assert nonfinite_keys(specs, [b"abc"], memory, rule) == ("w", "mask")
+    assert nonfinite_keys(specs, [b"abc"], memory, Rules(frozenset(), frozenset({"mask"}))) == ()
+    framed = [TensorSpec("w", "float32", [2]), specs[-1]]
+    assert nonfinite_keys(framed, [values["w"], b"abc"], None, rule) == ("w",)
+
+
+def test_max_skips_out_of_range_is_refused_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "procsv", "launch", "x.py", "--logdir", str(tmp_path / "r"),
+                           "--max-skips", "-1"], capture_output=True, text=True, env=quiet_env(), timeout=60)
+    assert done.returncode == 2
+    assert "--max-skips must be >= 0, not -1" in done.stderr
