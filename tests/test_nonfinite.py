@@ -4,6 +4,7 @@ detection of a non-finite loss, never committing a poisoned state, and the ``--o
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, status_json
+from conftest import (PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, status_json,
+                      wait_for, wait_role_pid)
 
 EXIT_TRAIN = os.path.join(PROGRAMS, "exit_train.py")
 
@@ -191,3 +193,29 @@ def test_more_skips_than_max_skips_within_the_window_stop_the_run_with_exit_4(lo
     assert "--max-skips 3" in said and "giving up: the trainer is diverging" in said, said
     _all_committed_are_finite(logdir)
     assert status_json(logdir)["state"] == "failed"
+
+
+def test_rollback_then_a_sigkill_of_the_trainer_still_ends_bit_equal_to_the_plain_run(logdir, tmp_path):
+    # the restarted trainer resumes from the newest committed (finite) state; if that is before the
+    # poisoned step it meets it again and skips it again: the result is the same either way
+    proc = launch(logdir, "--nan-at", "25", "--step-delay", "0.05", target=NAN_TRAIN)
+    log = os.path.join(logdir, "logs", "trainer.1.log")
+    try:
+        wait_for(lambda: os.path.exists(log) and "skipped step 25" in open(log).read(), 180, what="step 25 skipped")
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 32, 120, what="training past the skip")
+        os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
+        code, out, err = finish(proc, 240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert code == 0, err
+    assert len(_events(logdir, "spawned", "trainer")) == 2  # the kill's restart, and no other
+    _all_committed_are_finite(logdir)
+    plain = str(tmp_path / "plain")
+    done = subprocess.run([sys.executable, NAN_TRAIN, "--logdir", plain, "--skip-at", "25"],
+                          capture_output=True, text=True, env=quiet_env(), timeout=180)
+    assert done.returncode == 0, done.stderr
+    rolled, baseline = _values(logdir), _values(plain)
+    for key in ("w/.ATTRIBUTES/VARIABLE_VALUE", "m/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE"):
+        assert rolled[key] == baseline[key], key
