@@ -78,3 +78,16 @@ def test_max_skips_out_of_range_is_refused_in_one_line(tmp_path):
                            "--max-skips", "-1"], capture_output=True, text=True, env=quiet_env(), timeout=60)
     assert done.returncode == 2
     assert "--max-skips must be >= 0, not -1" in done.stderr
+
+
+def test_losses_of_several_dtypes_are_checked_together_and_a_large_float64_is_finite():
+    watch = LossWatch(("loss",))
+    watch.keep_step(1, tf.constant(1e300, tf.float64))  # inf in float32: must not be taken for one
+    watch.keep_step(2, tf.constant(1.0, tf.float16))
+    watch.keep_step(3, tf.constant(2.0, tf.bfloat16))
+    assert watch.check() is None
+    for step in range(1, 1100):  # a chunk of float32, then float64
+        watch.keep_step(step, tf.constant(1.0))
+    for step in range(1100, 1200):
+        watch.keep_step(step, tf.constant(float("inf") if step == 1150 else 1.0, tf.float64))
+    assert watch.check() == 1150

@@ -72,7 +72,12 @@ class LossWatch:
     def _compact(self) -> None:
         import tensorflow as tf
 
-        stacked = tf.stack([tf.cast(v, tf.float32) for v in self.pending])
+        try:
+            stacked = tf.stack(self.pending)  # one op: the kept scalars share a dtype, as a loop's losses do
+        except (TypeError, ValueError, tf.errors.InvalidArgumentError):
+            stacked = tf.stack([tf.cast(v, tf.float64) for v in self.pending])  # mixed dtypes: one op each
+        if stacked.dtype != tf.float64 and stacked.dtype != tf.float32:
+            stacked = tf.cast(stacked, tf.float64)  # float16/bfloat16: concatenable with the others
         self.chunks.append((self.steps, stacked))
         self.pending, self.steps = [], []
 
@@ -90,7 +95,7 @@ class LossWatch:
 
         chunks, self.chunks = self.chunks, []
         steps = [s for chunk_steps, _ in chunks for s in chunk_steps]
-        values = chunks[0][1] if len(chunks) == 1 else tf.concat([c for _, c in chunks], 0)
+        values = chunks[0][1] if len(chunks) == 1 else tf.concat([tf.cast(c, tf.float64) for _, c in chunks], 0)
         self.reads += 1
         if bool(tf.reduce_all(tf.math.is_finite(values)).numpy()):
             return first
