@@ -63,8 +63,11 @@ def _optimizer_variables(ckpt: Any) -> set[int]:
 
 def rules(ckpt: Any, ignore: Sequence[str]) -> Rules:
     """Walk ``ckpt`` once: which keys are strict, which are ignored."""
+    from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
     from procsv.trainer.checkpoint.snapshot import _serialize
 
+    if isinstance(ckpt, NameBasedCheckpoint):
+        return _name_based_rules(ckpt, ignore)
     named, _ = _serialize(ckpt)
     slots = _optimizer_variables(ckpt)
     strict: set[str] = set()
@@ -77,6 +80,23 @@ def rules(ckpt: Any, ignore: Sequence[str]) -> Rules:
                 skip.add(spec.name)
             elif var is not None and (var.trainable or id(var) in slots):
                 strict.add(spec.name)
+    return Rules(frozenset(strict), frozenset(skip))
+
+
+def _name_based_rules(ckpt: Any, ignore: Sequence[str]) -> Rules:
+    """:func:`rules` for a TF1 graph program's checkpoint (keys are the variables' graph names): its
+    trainable variables are strict, and so are their optimizer slots, which TF1 names
+    ``<variable>/<slot>`` (``w1/Momentum``, ``w1/Adam_1``)."""
+    variables: dict[str, Any] = dict(getattr(ckpt, "var_list", {}))
+    trainable = {key for key, var in variables.items() if bool(getattr(var, "trainable", False))}
+    strict: set[str] = set()
+    skip: set[str] = set()
+    for key, var in variables.items():
+        name = str(getattr(var, "name", ""))
+        if any(s in key or (name and s in name) for s in ignore):
+            skip.add(key)
+        elif key in trainable or any(key.startswith(t + "/") for t in trainable):
+            strict.add(key)
     return Rules(frozenset(strict), frozenset(skip))
 
 
