@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 
-from conftest import finish, launch, lifecycle, quiet_env, raw_status, wait_for
+from conftest import committed_steps, finish, launch, lifecycle, quiet_env, raw_status, wait_for, wait_role_pid
 
 from procsv.common.layout import Layout
 from procsv.watchdog.logdirwatch import Look, LogdirHealth
@@ -51,6 +51,56 @@ def test_a_trainer_killed_while_status_writes_stall_is_restarted_at_once(logdir)
     finished = [e for e in lifecycle(logdir) if e["event"] == "finished"]  # the last records were written
     assert [(e["state"], e["exit_code"]) for e in finished] == [("stopped", 143)]
     assert (raw_status(logdir) or {}).get("exit_code") == 143
+
+
+def test_a_trainer_whose_end_cannot_be_read_from_a_stalled_logdir_is_restarted_and_resumes(logdir, tmp_path):
+    """The fault point ``watchdog:error_read_stall`` blocks the reads of the trainer's error file at its
+    death notice and at its exit (the first two reads) until the test creates the gate file, as reads
+    of a stalled network filesystem block until the stall ends. Before: the loop did those reads
+    itself and stopped in the first one: no status record, no decision, no restart until the stall
+    ended. Now the reader thread stalls; the loop decides without the reads once their bound has
+    passed (the failure record says so), restarts the trainer, which resumes from its checkpoint,
+    and goes on writing status.json; when the stall ends, the late reads change nothing."""
+    gate = str(tmp_path / "gate")
+    stopped = False
+    proc = launch(logdir, *ARGS,
+                  env=quiet_env(PROCSV_FAULT="watchdog:error_read_stall:1-2", PROCSV_FAULT_GATE=gate))
+    try:
+        wait_for(lambda: committed_steps(logdir), 180, what="a committed checkpoint")
+        pid = wait_role_pid(logdir, "trainer")
+        os.kill(pid, signal.SIGKILL)
+        # while the reads stall (the gate is closed): the death is decided and the trainer restarted ...
+        restored = wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "restored"], 90,
+                            what="the next attempt's restore while the reads of the logdir stall")[0]
+        # ... and the loop goes on: it builds status records that show the new attempt training
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > restored["step"] + 50, 60,
+                 what="status.json to show the new attempt training while the reads stall")
+        assert not os.path.exists(gate)
+        opened = time.time()
+        with open(gate, "w"):
+            pass  # the stall ends: the late reads return
+        wait_for(lambda: (raw_status(logdir) or {}).get("updated_at", 0) > opened + 1, 30,
+                 what="status.json written after the stall ended")
+        os.killpg(proc.pid, signal.SIGTERM)
+        stopped = True
+    finally:
+        with open(gate, "a"):
+            pass
+        if not stopped:
+            os.killpg(proc.pid, signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 143, err
+    records = lifecycle(logdir)
+    ends = [e for e in records if e["event"] == "exited" and e["role"] == "trainer" and e["attempt"] == 1]
+    assert [(e["pid"], e.get("signal")) for e in ends] == [(pid, "SIGKILL")]  # decided once
+    assert [e["attempt"] for e in records if e["event"] == "spawned" and e["role"] == "trainer"] == [1, 2]
+    assert [e["attempt"] for e in records if e["event"] == "restarted"] == [2]
+    assert restored["step"] > 0 and restored["step"] in committed_steps(logdir)
+    import tensorflow as tf
+
+    assert tf.train.load_checkpoint(restored["path"]).get_variable_to_shape_map()  # a real checkpoint, read back
+    assert (f"trainer attempt 1 (pid {pid}) was killed by SIGKILL (its error file and exit report could not be "
+            "read within 3 s: the logdir's filesystem stalls; decided without them)") in err, err
 
 
 class Clock:

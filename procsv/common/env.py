@@ -23,6 +23,7 @@ SUMMARY_DEADLINE = "PROCSV_SUMMARY_DEADLINE"  # seconds the summary service may 
 ALLOW_REINIT = "PROCSV_ALLOW_REINIT"  # "1": start from step 0 if every committed checkpoint is corrupt
 FAULT = "PROCSV_FAULT"  # tests only: "<process>:<point>[:<n>]" (procsv.common.faults), e.g. "checkpoint:before_rename" kills the service there
 # once; "trainer:<point>[:<n>]" hangs the first trainer attempt there (snapshot, slot_complete: mid-copy)
+FAULT_GATE = "PROCSV_FAULT_GATE"  # tests only: a file whose creation ends a stalling fault point's stall
 STANDBY = "PROCSV_STANDBY"  # "1": this trainer is a hot standby (waits for SIGUSR1 before restoring)
 MEMORY_SNAPSHOTS = "PROCSV_MEMORY_SNAPSHOTS"  # the in-memory tier's share of loop time (default 0.01; 0: off)
 RANK = "PROCSV_RANK"  # this trainer's task index in a group (procsv launch --nproc N): 0 is the chief
@@ -38,7 +39,8 @@ ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's 
 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE,
-       RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, RANK, NPROC, GROUP_PIN, ON_NONFINITE, MAX_SKIPS, SKIP_WINDOW)
+       RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, RANK, NPROC, GROUP_PIN, ON_NONFINITE, MAX_SKIPS, SKIP_WINDOW,
+       FAULT_GATE)
 
 
 def memory_budget(default: float = 0.01) -> float:

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import os
 
+import time
+
 from procsv.common import env
+
+STALL_MAX = 120.0  # seconds a stalling point blocks at most when its gate never opens
 
 _hits: dict[tuple[str, str], int] = {}
 
@@ -30,3 +34,15 @@ def fires(process: str, point: str) -> bool:
     lo = int(first) if first.isdigit() else 1
     hi = int(last) if last.isdigit() else lo
     return lo <= _hits[key] <= hi
+
+
+def stall(process: str, point: str) -> None:
+    """A stalling point: if it :func:`fires`, block until the file ``PROCSV_FAULT_GATE`` names exists
+    (at most :data:`STALL_MAX` seconds), as an ``open`` or a ``read`` on a stalled network
+    filesystem blocks until the stall ends."""
+    if not fires(process, point):
+        return
+    gate = os.environ.get(env.FAULT_GATE, "")
+    deadline = time.monotonic() + STALL_MAX
+    while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.02)

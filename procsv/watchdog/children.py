@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Optional, Sequence, Union
 
 import psutil
 
+from procsv.common import faults
 from procsv.common import pidfd as pidfds
 from procsv.common.layout import read_json
 from procsv.common.mutex import RobustMutex
@@ -283,7 +284,9 @@ def watch_death(child: ChildProcess, mutex: RobustMutex, clock: Callable[[], flo
 
 def read_child_error(paths: Sequence[str], pid: int) -> Optional[ChildError]:
     """The first error file of ``paths`` written by ``pid`` (not by an earlier process): the one
-    in ``logs/``, then the one a child spilled into the runtime directory when the logdir was full."""
+    in ``logs/``, then the one a child spilled into the runtime directory when the logdir was full.
+    (The fault point ``watchdog:error_read_stall`` stalls it: tests only.)"""
+    faults.stall("watchdog", "error_read_stall")
     for path in paths:
         err = read_json(path)
         if isinstance(err, dict) and err.get("pid") == pid:

@@ -6,7 +6,11 @@ per child in the loop's poller (readable the moment the child dies), death notic
 death-watch threads (:mod:`procsv.watchdog.deathwatch`) hand over through a queue and a pipe, and
 the exit statuses of trainers forked by the zygote, which come from the zygote and never through
 a blocking wait. Each becomes an observation (:func:`procsv.watchdog.observe.death_noticed`,
-:func:`procsv.watchdog.observe.reaped`) for the decision function.
+:func:`procsv.watchdog.observe.reaped`) for the decision function once what is read at the end
+(:mod:`procsv.watchdog.endreads`: the error file, the exit report, a commit not heard of yet) has
+come from the logdir reader thread, or :data:`~procsv.watchdog.endreads.READ_WAIT` has passed
+without it: the loop never reads the logdir itself. Ends are observed in the order they came in
+(a death notice before its child's exit), each once.
 """
 
 from __future__ import annotations
@@ -14,22 +18,37 @@ from __future__ import annotations
 import os
 import queue
 import signal
+from collections import deque
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import zmq
 
-from procsv.common.layout import Layout, exit_report_file, read_json, spilled_error_file
-from procsv.common.manifests import newest_committed_since
+from procsv.common.layout import Layout, exit_report_file, spilled_error_file
 from procsv.watchdog import observe
+from procsv.watchdog.diskjobs import DiskJobs, Job
+from procsv.watchdog.endreads import READ_WAIT, EndReads, read_end, taken
 from procsv.watchdog.rules.bookkeeping import find
-from procsv.watchdog.children import ChildProcess, read_child_error
+from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.executor import Executor
-from procsv.watchdog.rules.failures import ChildError, ExitReport, Failure
+from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.prewarm import ForkedProcess
 from procsv.watchdog.publish.reporting import Reporter
 from procsv.watchdog.rules.state import STANDBY, TRAINER, RunView
 
 STATUS_WAIT = 2.0  # seconds a forked trainer's exit status may take to come from the zygote
+
+
+@dataclass(frozen=True)
+class _End:
+    """A death notice (``code`` None) or an exit, its reads asked of the reader thread."""
+
+    handle: ChildProcess
+    code: Optional[int]
+    at: float  # when it came in (the loop's clock)
+    wall: float
+    reads: Job[EndReads]
+    due: float  # decided without the reads after this
 
 
 class ChildEnds:
@@ -42,7 +61,7 @@ class ChildEnds:
 
     def __init__(self, poller: zmq.Poller, view: RunView, layout: Layout, out: Reporter,
                  clock: Callable[[], float], wall: Callable[[], float],
-                 heard_all: Callable[[], None], left_behind: Callable[[], None]) -> None:
+                 heard_all: Callable[[], None], left_behind: Callable[[], None], reader: DiskJobs) -> None:
         self.poller = poller
         self.view = view
         self.layout = layout
@@ -56,7 +75,14 @@ class ChildEnds:
         os.set_blocking(self._notice_w, False)
         self._by_fd: dict[int, ChildProcess] = {}
         self._awaiting_status: dict[tuple[str, int], tuple[ChildProcess, float]] = {}  # forked, exited, no status yet
+        self.reader = reader
+        self._ends: "deque[_End]" = deque()  # in the order they came in, their reads asked for
         poller.register(self._notice_r, zmq.POLLIN)
+
+    @property
+    def pending(self) -> bool:
+        """An end waits for its reads: the launch is not over before it is observed."""
+        return bool(self._ends)
 
     @property
     def notice_fd(self) -> int:
@@ -88,11 +114,7 @@ class ChildEnds:
         while not self._notices.empty():
             handle, died, at, wall = self._notices.get()
             if died and handle.pidfd >= 0:
-                self._commits_on_disk(handle)
-                err = self._child_error(handle, ex)
-                self.out.record(observe.death_noticed(self.view, handle.slot, handle.attempt, at, wall,
-                                                      err.type if err is not None else ""))
-                self.out.changed()
+                self._ask(handle, None, at, wall, ex)
 
     def on_exit(self, handle: ChildProcess, ex: Executor) -> None:
         """A pidfd became readable: reap the child and record how it ended. A trainer forked by the
@@ -135,37 +157,6 @@ class ChildEnds:
                 ex.give_up(handle)
                 self._ended(handle, ex, -signal.SIGKILL)
 
-    def _commits_on_disk(self, handle: ChildProcess) -> None:
-        """A trainer died: the commit it may have waited for is on disk before the service's notice
-        of it is read (the notice and the death come by different ways; on a loaded machine the
-        death can come first)."""
-        child = find(self.view, handle.slot, handle.attempt)
-        if child is None or child.role != TRAINER:
-            return
-        since = observe.attempt_began_wall(child, self.out.started_wall, self.wall(), self.clock())
-        step = newest_committed_since(self.layout, since, observe.unheard_floor(child))
-        if step is not None:
-            observe.committed_on_disk(self.view, handle.slot, handle.attempt, step)
-
-    def _child_error(self, handle: ChildProcess, ex: Executor) -> Optional[ChildError]:
-        return read_child_error((self.layout.error_file(handle.role, handle.attempt),
-                                 spilled_error_file(ex.runtime.path, handle.role, handle.attempt)), handle.pid)
-
-    def _exit_report(self, handle: ChildProcess, ex: Executor) -> Optional[ExitReport]:
-        """The exit report the trainer wrote before exiting with 42 (read once, then removed: the
-        runtime directory would otherwise gather one per preemption of a month-long run). Only a
-        chief's counts (a promoted standby's too: it wrote it as the trainer it became); a group's
-        worker never commits a checkpoint, so its 42 is no preemption."""
-        if handle.role not in (TRAINER, STANDBY):
-            return None
-        path = exit_report_file(ex.runtime.path, TRAINER, handle.attempt)
-        report = ExitReport.from_record(read_json(path), handle.pid)
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-        return report
-
     def _reaped(self, handle: ChildProcess, ex: Executor) -> None:
         code = handle.reap()
         if code is None:  # dead by its pidfd, yet no status within the limit
@@ -176,14 +167,54 @@ class ChildEnds:
 
     def _ended(self, handle: ChildProcess, ex: Executor, code: int) -> None:
         self._heard_all()  # all it said before dying (a last checkpoint result), before its exit
-        self._commits_on_disk(handle)
-        if not (handle.slot == STANDBY and self.view.finishing):
-            # a standby never promoted, ended with the run: its preparation lines stay in its log (echoed
-            # after "trainer finished", they read as if a new trainer had started)
-            self.out.echo(handle, final=True)
-        err = self._child_error(handle, ex)
-        failure = Failure(handle.role, handle.attempt, handle.pid, code, self.wall(), handle.log_path, err,
-                          self._exit_report(handle, ex))
-        self.out.record(observe.reaped(self.view, handle.slot, handle.attempt, failure, self.clock()))
-        self.out.changed()
+        self._ask(handle, code, self.clock(), self.wall(), ex)
         self._left_behind()  # what it left behind
+
+    def _ask(self, handle: ChildProcess, code: Optional[int], at: float, wall: float, ex: Executor) -> None:
+        """Hand the reads at ``handle``'s end to the reader thread (:func:`~procsv.watchdog.endreads.read_end`);
+        :meth:`settle` observes the end when they are done. A trainer's commit on disk counts from
+        when its attempt began, above what the watchdog has heard of: the commit it may have waited
+        for is on disk before the service's notice of it is read (the notice and the death come by
+        different ways; on a loaded machine the death can come first)."""
+        child = find(self.view, handle.slot, handle.attempt)
+        since = None
+        if child is not None and child.role == TRAINER:
+            since = (observe.attempt_began_wall(child, self.out.started_wall, self.wall(), self.clock()),
+                     observe.unheard_floor(child))
+        # the exit report: only a chief's counts (a promoted standby's too: it wrote it as the trainer it
+        # became); a group's worker never commits a checkpoint, so its 42 is no preemption
+        report = exit_report_file(ex.runtime.path, TRAINER, handle.attempt) \
+            if code is not None and handle.role in (TRAINER, STANDBY) else None
+        paths = (self.layout.error_file(handle.role, handle.attempt),
+                 spilled_error_file(ex.runtime.path, handle.role, handle.attempt))
+        layout, pid = self.layout, handle.pid
+        job = self.reader.submit(lambda: read_end(layout, paths, pid, report, since))
+        self._ends.append(_End(handle, code, at, wall, job, self.clock() + READ_WAIT))
+
+    def settle(self, ex: Executor) -> None:
+        """Observe the ends whose reads are done, or past :data:`~procsv.watchdog.endreads.READ_WAIT`
+        (decided without them), in the order they came in (the reader does the reads in that order)."""
+        while self._ends:
+            end = self._ends[0]
+            if not end.reads.done and self.clock() < end.due:
+                return
+            self._ends.popleft()
+            reads, unread = taken(end.reads)
+            handle = end.handle
+            if reads is not None and reads.committed is not None:
+                observe.committed_on_disk(self.view, handle.slot, handle.attempt, reads.committed)
+            err = reads.error if reads is not None else None
+            if end.code is None:
+                self.out.record(observe.death_noticed(self.view, handle.slot, handle.attempt, end.at, end.wall,
+                                                      err.type if err is not None else ""))
+                self.out.changed()
+                continue
+            self._heard_all()  # what arrived while the reads were done: still before its exit
+            if not (handle.slot == STANDBY and self.view.finishing):
+                # a standby never promoted, ended with the run: its preparation lines stay in its log (echoed
+                # after "trainer finished", they read as if a new trainer had started)
+                self.out.echo(handle, final=True)
+            failure = Failure(handle.role, handle.attempt, handle.pid, end.code, end.wall, handle.log_path, err,
+                              reads.report if reads is not None else None, unread)
+            self.out.record(observe.reaped(self.view, handle.slot, handle.attempt, failure, end.at))
+            self.out.changed()

@@ -132,8 +132,10 @@ class Watchdog:
         self.logdir.start()
         pipes = self.pipes = Plumbing()
         ends = self.ends = ChildEnds(pipes.poller, self.view, self.layout, self.out, self.clock, self.wall,
-                                     lambda: self._drain_messages(limit=None), lambda: self.sweeper.sweep(self.ex))
+                                     lambda: self._drain_messages(limit=None), lambda: self.sweeper.sweep(self.ex),
+                                     self.out.io.reads)
         pipes.poller.register(self.logdir.fd, zmq.POLLIN)
+        pipes.poller.register(self.out.io.reads.fd, zmq.POLLIN)  # a read of the logdir is done
         ex = self.ex = Executor(self.cfg, self.layout, pipes.runtime_dir, self.view, self.limits, self.out.record,
                                 self.clock, ends.register, ends.post_notice)
         clear_group_records(self.layout)  # an earlier launch's: nothing reads them any more
@@ -142,7 +144,7 @@ class Watchdog:
         if self.cfg.nnodes > 1 and self.cfg.master_addr:  # the other hosts' agents connect here
             self.link = NodeLink(pipes.zctx, self.layout, self.cfg.master_addr, self.clock, self.view, self.limits)
             ex.remote = RemoteMembers(self.link, self.view, self.layout, self.cfg.nnodes, self.cfg.nproc,
-                                      self.out.record, self.clock)
+                                      self.out.record, self.clock, self.out.io.reads)
             pipes.poller.register(self.link.sock, zmq.POLLIN)
             self.out.say(f"procsv: node 0 of {self.cfg.nnodes}: waiting for the other hosts at "
                          f"{self.cfg.master_addr} (job {self.link.job})")
@@ -158,7 +160,8 @@ class Watchdog:
                 ex.start_zygote()
             self.view.restart_at = self.clock()  # the first trainer (it waits for the zygote, if any)
             remote = ex.remote
-            while not (self.view.finishing and not ex.handles and not (remote is not None and remote.live())):
+            while not (self.view.finishing and not ex.handles and not ends.pending
+                       and not (remote is not None and remote.live())):
                 try:
                     for sock, _ in pipes.poller.poll(TICK_MS):
                         self._dispatch(sock)
@@ -185,6 +188,9 @@ class Watchdog:
             self.ends.drain_notices(self.ex)
         elif sock == self.logdir.fd:
             self.logdir.on_event()
+        elif sock == self.out.io.reads.fd:
+            self.out.io.reads.woken()
+            self._settle()
         elif isinstance(sock, int) and (handle := self.ends.handle_for(sock)) is not None:
             self.ends.on_exit(handle, self.ex)
         else:
@@ -246,7 +252,8 @@ class Watchdog:
         A further error while stopping re-raises: the ``finally`` then kills everything.
         """
         self.internal_errors += 1
-        write_error_record(self.layout, "watchdog", 1, exc, "run")
+        layout = self.layout
+        self.out.io.call(lambda: write_error_record(layout, "watchdog", 1, exc, "run"))  # never in the loop
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
         self.out.say(f"procsv: internal error in the watchdog: {type(exc).__name__}: {exc}; stopping the run in "
                      f"order (traceback in {self.layout.error_file('watchdog', 1)})\n{text}", err=True)
@@ -262,6 +269,7 @@ class Watchdog:
         a look at the logdir and the status file to the logdir writer thread (none of it waits)."""
         fault_point("round", self.view.step)
         self.ends.check_awaiting(self.ex)
+        self._settle()  # ends whose reads are done, or past their bound
         self.ex.poll_fork()
         if self.link is not None:
             self.link.beat()
@@ -288,6 +296,12 @@ class Watchdog:
             self.pipes.scalars.tick(self.view, self.clock(), self.wall())
         self.out.publish(self.view)
         self.out.draw_live(self.view)
+
+    def _settle(self) -> None:
+        """Observe the ends (here and on other hosts) whose reads of the logdir are done or overdue."""
+        self.ends.settle(self.ex)
+        if self.ex.remote is not None and self.ex.remote.settle():
+            self.out.changed()
 
     def _decide_standby(self) -> None:
         """Whether a hot standby may run (once: ``--standby``, and for ``auto`` the memory rule at

@@ -3,19 +3,24 @@
 Runs in the watchdog of node 0 (the master). :class:`RemoteMembers` asks each other host's agent
 (over :class:`~procsv.watchdog.multihost.nodes.NodeLink`) to start its share of a group's attempt, and
 turns the agents' answers into observations of the view: a member started (``spawned``, via
-``node<R>``), or ended (``exited``, with the error file the member wrote in the shared logdir).
+``node<R>``), or ended (``exited``, with the error file the member wrote in the shared logdir, read
+by the logdir reader thread: the end is observed when the read is done, or without it once
+:data:`~procsv.watchdog.endreads.READ_WAIT` has passed).
 The executor signals and kills remote members through the same link.
 """
 
 from __future__ import annotations
 
 import signal
-from typing import Callable
+from collections import deque
+from typing import Callable, Optional
 
 from procsv.common.layout import Layout
 from procsv.watchdog import observe
 from procsv.watchdog.children import read_child_error
-from procsv.watchdog.rules.failures import Failure
+from procsv.watchdog.diskjobs import DiskJobs, Job
+from procsv.watchdog.endreads import READ_WAIT, unread_note
+from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.group import worker_slot
 from procsv.watchdog.multihost.nodes import NodeLink
 from procsv.watchdog.observe import Report
@@ -26,7 +31,7 @@ class RemoteMembers:
     """Node 0's side of the other hosts' members; one per launch with ``--nnodes`` > 1."""
 
     def __init__(self, link: NodeLink, view: RunView, layout: Layout, nnodes: int, nproc: int,
-                 report: Callable[[list[Report]], None], clock: Callable[[], float]) -> None:
+                 report: Callable[[list[Report]], None], clock: Callable[[], float], reader: DiskJobs) -> None:
         self.link = link
         self.view = view
         self.layout = layout
@@ -35,6 +40,9 @@ class RemoteMembers:
         self.report = report
         self.clock = clock
         self.pending: dict[str, int] = {}  # slot -> attempt: members asked of an agent, not started yet
+        self.reader = reader
+        # ends whose error file is being read: (slot, attempt, pid, code, wall, the read, due), in order
+        self._ends: "deque[tuple[str, int, int, int, float, Job[Optional[ChildError]], float]]" = deque()
 
     def start(self, attempt: int, cluster: list[str], env: dict[str, str]) -> None:
         """Ask every other host for its tasks of the group's ``attempt`` (host R runs R*N .. R*N+N-1)."""
@@ -63,9 +71,25 @@ class RemoteMembers:
         child = self.view.children.get(slot)
         if child is None or child.attempt != attempt or child.pid != pid:
             return
-        err = read_child_error((self.layout.error_file(slot, attempt),), pid)
-        failure = Failure(slot, attempt, pid, code, wall, self.layout.attempt_log(slot, attempt), err)
-        self.report(observe.reaped(self.view, slot, attempt, failure, self.clock()))
+        path = self.layout.error_file(slot, attempt)
+        job = self.reader.submit(lambda: read_child_error((path,), pid))
+        self._ends.append((slot, attempt, pid, code, wall, job, self.clock() + READ_WAIT))
+
+    def settle(self) -> bool:
+        """Observe the ends whose error file was read, or is overdue (decided without it), in order;
+        True if one was."""
+        settled = False
+        while self._ends:
+            slot, attempt, pid, code, wall, job, due = self._ends[0]
+            if not job.done and self.clock() < due:
+                break
+            settled = True
+            self._ends.popleft()
+            unread = "" if job.done else unread_note(READ_WAIT)
+            failure = Failure(slot, attempt, pid, code, wall, self.layout.attempt_log(slot, attempt), job.result,
+                              unread=unread)
+            self.report(observe.reaped(self.view, slot, attempt, failure, self.clock()))
+        return settled
 
     def live(self) -> bool:
         """A member on another host that has not ended yet (or is still being started); the members of

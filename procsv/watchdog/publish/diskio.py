@@ -15,7 +15,11 @@ on the logdir and a daemon thread does it, in the order it was handed over:
 - looks at the logdir (:func:`~procsv.watchdog.logdirwatch.look`): one at a time; the loop reads
   :meth:`DiskIO.take_look` and :attr:`DiskIO.look_since` (a look that has not returned for
   ``--logdir-timeout`` counts as failing);
-- other writes (the final ``logs/report.json``).
+- other writes (the final ``logs/report.json``, the watchdog's own error record).
+
+Reads whose result the loop waits for (the error file and exit report at a child's end, the
+newest checkpoint for the metrics endpoint) go to a second thread, :attr:`DiskIO.reads`
+(:class:`~procsv.watchdog.diskjobs.DiskJobs`), so that they do not queue behind writes.
 
 The watchdog's own terminal lines go straight to the terminal's writer, unless an echo or a line is
 still queued here: then they queue behind it, so a child's lines and the watchdog's keep their
@@ -36,6 +40,7 @@ from typing import Any, Callable, Optional, Union
 from procsv.common.layout import Layout
 from procsv.common.manifests import last_checkpoint
 from procsv.watchdog.children import ChildProcess
+from procsv.watchdog.diskjobs import DiskJobs
 from procsv.watchdog.logdirwatch import Identity, Look, look
 from procsv.watchdog.publish.events import Event, EventLog, check
 from procsv.watchdog.publish.output import Terminal
@@ -87,6 +92,7 @@ class DiskIO:
         self._closed = False  # closed: lines go straight to the terminal, nothing else is taken
         self._thread = threading.Thread(target=self._run, name="procsv-logdir-io", daemon=True)
         self._thread.start()
+        self.reads = DiskJobs("procsv-logdir-read")  # reads whose results the loop takes when done
 
     # ------------------------------------------------------------------ the loop's side
     def _put(self, item: _Item) -> bool:
@@ -157,6 +163,7 @@ class DiskIO:
     def close(self, wait: float = CLOSE_WAIT_SECS) -> bool:
         """Stop after what is queued, waiting at most ``wait`` seconds. False: the thread is stuck (its
         filesystem hangs); the lines it did not get to are written to the terminal now."""
+        self.reads.close()
         deadline = self.clock() + wait
         while not self._put(None) and self.clock() < deadline:
             time.sleep(0.01)

@@ -67,6 +67,7 @@ class Failure:
     log_path: str
     error: Optional[ChildError] = None
     exit_report: Optional[ExitReport] = None  # a trainer's own account of an exit with code 42
+    unread: str = ""  # what could not be read at its end, and why (a stalled logdir): decided without it
 
     @property
     def signal_name(self) -> Optional[str]:
@@ -102,6 +103,8 @@ class Failure:
             head += " before completing a step"
         if self.error is not None:
             head += f": {self.error.type}: {self.error.message}"
+        if self.unread:
+            head += f" ({self.unread})"
         return head
 
     def root_cause(self, before_first_step: bool = False, note: str = "") -> str:
