@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -101,6 +102,77 @@ def test_a_trainer_whose_end_cannot_be_read_from_a_stalled_logdir_is_restarted_a
     assert tf.train.load_checkpoint(restored["path"]).get_variable_to_shape_map()  # a real checkpoint, read back
     assert (f"trainer attempt 1 (pid {pid}) was killed by SIGKILL (its error file and exit report could not be "
             "read within 3 s: the logdir's filesystem stalls; decided without them)") in err, err
+
+
+def test_a_restart_whose_log_rotation_stalls_does_not_stop_the_loop(logdir, tmp_path):
+    """Fresh trainers (``--no-prewarm``): the rotation of the restarted trainer's logs (the fourth
+    rotation: the two services, attempt 1, attempt 2) stalls on the fault point
+    ``watchdog:rotate_stall`` until the test creates the gate file. Before: the loop rotated after
+    the spawn and stopped there: the metrics endpoint kept the dead attempt's snapshot. Now the
+    writer thread stalls (status.json with it) and the loop goes on: the metrics it publishes show
+    attempt 2 training; once the stall ends the records are written, in order."""
+    from test_metrics import free_port, try_scrape, value
+
+    gate, port = str(tmp_path / "gate"), free_port()
+    stopped = False
+    proc = launch(logdir, *ARGS, opts=("--no-prewarm", "--metrics-port", str(port)),
+                  env=quiet_env(PROCSV_FAULT="watchdog:rotate_stall:4", PROCSV_FAULT_GATE=gate))
+    try:
+        wait_for(lambda: committed_steps(logdir), 180, what="a committed checkpoint")
+        pid = wait_role_pid(logdir, "trainer")
+        os.kill(pid, signal.SIGKILL)
+
+        def training(attempt: int, above: float) -> bool:
+            got = try_scrape(port)
+            return got is not None and value(got, "procsv_trainer_attempt") == attempt \
+                and (value(got, "procsv_step") or 0) > above
+
+        wait_for(lambda: training(2, 0), 120, what="the metrics to show attempt 2 while the rotation stalls")
+        step = value(try_scrape(port) or {}, "procsv_step") or 0
+        wait_for(lambda: training(2, step + 50), 60, what="attempt 2 to train on while the rotation stalls")
+        assert not os.path.exists(gate)
+        with open(gate, "w"):
+            pass
+        os.killpg(proc.pid, signal.SIGTERM)
+        stopped = True
+    finally:
+        with open(gate, "a"):
+            pass
+        if not stopped:
+            os.killpg(proc.pid, signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 143, err
+    records = lifecycle(logdir)
+    assert [e["attempt"] for e in records if e["event"] == "spawned" and e["role"] == "trainer"] == [1, 2]
+    assert [(e["attempt"], e.get("signal")) for e in records if e["event"] == "exited" and e["role"] == "trainer"] \
+        == [(1, "SIGKILL"), (2, None)]
+    restored = [e for e in records if e["event"] == "restored"]
+    assert len(restored) == 1 and restored[0]["step"] in committed_steps(logdir)
+
+
+def test_starting_a_child_never_waits_for_its_log_to_open(tmp_path):
+    """The log is a FIFO without a reader: an open of it blocks, as an open on a stalled network
+    filesystem does. Before: the starter opened the log and blocked with it. Now the child opens
+    its own log (procsv.common.spawn.logged_argv) and the start returns; the child's output is in
+    the log once it can be opened."""
+    from procsv.common import spawn
+
+    log = str(tmp_path / "trainer.1.log")
+    os.mkfifo(log)
+    started: list[object] = []
+    code = "import sys; print('CHILD-OUT', flush=True); sys.stderr.write('CHILD-ERR\\n')"
+    starter = threading.Thread(target=lambda: started.append(spawn.spawn([sys.executable, "-c", code], {}, log)),
+                               daemon=True)
+    starter.start()
+    try:
+        wait_for(lambda: started, 30, what="spawn() to return while the log cannot be opened")
+    finally:
+        fd = os.open(log, os.O_RDONLY)  # the stall ends (it also frees a starter blocked in the open)
+    with os.fdopen(fd, "rb") as fh:
+        text = fh.read().decode()
+    proc = started[0]
+    assert proc.wait(30) == 0  # type: ignore[attr-defined]
+    assert text == "CHILD-OUT\nCHILD-ERR\n"
 
 
 class Clock:

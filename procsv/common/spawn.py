@@ -49,29 +49,46 @@ def trainer_argv(target: str, args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "procsv.trainer", target, *args]
 
 
+# The child opens its own log: a /bin/sh that appends its stdout and stderr to the log and execs the
+# program (the same pid). The starter (the watchdog's loop) never waits on the log's filesystem: an
+# open on a stalled network filesystem blocks the child, not the loop. If the log cannot be opened,
+# Python says why in one line (on the starter's stderr) and the program runs with its output
+# discarded. $0: the log, $1: this Python, $2: the program that says why, then the argv.
+_OPEN_LOG = """log=$0 py=$1 why=$2; shift 2
+if { command exec >>"$log"; } 2>/dev/null; then exec 2>&1
+else "$py" -S -c "$why" "$log"; exec >/dev/null 2>&1; fi
+exec "$@"
+"""
+_WHY = """import os, sys
+try:
+    os.close(os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+except OSError as exc:
+    print(f"procsv: cannot open {sys.argv[1]} ({exc.strerror or exc}); this process's output is discarded",
+          file=sys.stderr, flush=True)
+"""
+
+
+def logged_argv(argv: Sequence[str], log_path: str) -> list[str]:
+    """``argv`` run with its stdout and stderr appended to ``log_path``, which the child opens itself
+    (see :data:`_OPEN_LOG`): start it with the starter's own stdout and stderr."""
+    return ["/bin/sh", "-c", _OPEN_LOG, log_path, sys.executable, _WHY, *argv]
+
+
 def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: str, cwd: Optional[str] = None) -> subprocess.Popen[bytes]:
-    """Start one child in its own session, stdout and stderr appended to ``log_path``.
+    """Start one child in its own session, stdout and stderr appended to ``log_path``, opened by the
+    child itself (:func:`logged_argv`): starting it never waits on the logdir's filesystem.
 
     If the log cannot be opened (EIO, a logs/ folder gone) the child still starts, its output
     discarded, with one line on stderr: a log is never a reason to leave a process down.
     """
-    try:
-        log = open(log_path, "ab", buffering=0)
-    except OSError as exc:
-        print(f"procsv: cannot open {log_path} ({exc.strerror or exc}); this process's output is discarded",
-              file=sys.stderr, flush=True)
-        log = open(os.devnull, "ab", buffering=0)
-    with log:
-        return subprocess.Popen(
-            list(argv),
-            env=dict(env),
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-        )
+    return subprocess.Popen(
+        logged_argv(argv, log_path),
+        env=dict(env),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:

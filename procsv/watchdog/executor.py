@@ -3,9 +3,10 @@
 Runs in the watchdog. For each :mod:`~procsv.watchdog.rules.actions` value it does the effect (start a
 process, from the pre-warmed trainer when it is ready; send a signal; kill a process group),
 records the action's consequences in the view (:func:`procsv.watchdog.rules.bookkeeping.note`), and
-reports it (lifecycle event, terminal line). After starting an attempt it rotates that role's
-per-attempt log files (:mod:`procsv.watchdog.logrotate`). It also owns the live :class:`ChildProcess`
-handles, the pre-warmed trainer and the chaos plan's seeded generator.
+reports it (lifecycle event, terminal line). A start never waits on the logdir: a child opens its
+own log (:func:`procsv.common.spawn.logged_argv`), and the rotation of that role's per-attempt log
+files (:mod:`procsv.watchdog.logrotate`) goes to the logdir writer thread (:attr:`Executor.disk`).
+It also owns the live :class:`ChildProcess` handles, the pre-warmed trainer and the chaos plan's seeded generator.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ class Executor:
         self.on_zygote: Callable[[Zygote], None] = lambda z: None  # the loop watches a started zygote's pipe
         self.forks: dict[str, PendingFork] = {}  # by slot: trainers asked of the zygote, not answered yet
         self.remote: Optional[RemoteMembers] = None  # the other hosts' members (--nnodes), set by the launcher
+        self.disk: Callable[[Callable[[], object]], None] = lambda work: None if work() else None  # the launcher's: the writer thread
+        self.reading: Callable[[str], set[int]] = lambda role: set()  # attempts whose end is being read (kept)
         self.job = uuid.uuid4().hex[:12]  # names the group's restore records (the link's job id when there is one)
         self.chaos_rng = chaos_rng or random.Random(limits.chaos.seed if limits.chaos else None)
         if limits.chaos is not None:
@@ -356,8 +359,9 @@ class Executor:
         self.handles[(slot, attempt)] = handle
         self._register(handle)
         # a standby writes the trainer's next attempt log (its promotion starts no process: rotate now)
-        rotate(self.layout.logs, handle.role, attempt, self.cfg.keep_logs,
-               live={h.attempt for h in self.handles.values() if h.role == handle.role})
+        logs, name, keep = self.layout.logs, handle.role, self.cfg.keep_logs
+        live = {h.attempt for h in self.handles.values() if h.role == name} | self.reading(name)
+        self.disk(lambda: rotate(logs, name, attempt, keep, live=live))
         self.report(observe.spawned(self.view, slot, role, attempt, handle.pid, self.clock(), via, handle.create_time))
         if mutex is not None:
             watch_death(handle, mutex, self.clock, lambda died, at: self._on_death_notice(handle, died, at))

@@ -79,6 +79,10 @@ class ChildEnds:
         self._ends: "deque[_End]" = deque()  # in the order they came in, their reads asked for
         poller.register(self._notice_r, zmq.POLLIN)
 
+    def reading(self, role: str) -> set[int]:
+        """The attempts of ``role`` whose end is still being read (log rotation keeps their files)."""
+        return {e.handle.attempt for e in self._ends if e.handle.role == role}
+
     @property
     def pending(self) -> bool:
         """An end waits for its reads: the launch is not over before it is observed."""

@@ -13,7 +13,8 @@ attempt is still live (an early restart on a death notice starts K before K-1 is
 files are still to be read). Files of a previous launch of the same logdir numbered above K are
 left alone until this launch's attempts pass them. Which files go is decided by the pure
 :func:`retired`; :func:`rotate` only lists and unlinks. A file that cannot be deleted is left
-in place (rotation never stops a run).
+in place (rotation never stops a run). The watchdog and the node agents run :func:`rotate` in a
+thread of their own (it lists and unlinks in the logdir), never in their loops.
 
 Each launch of a logdir begins with :func:`archive_launch`: the previous launch's per-attempt
 files move into ``logs/launch-<n>/`` (its number), so attempt numbers, which start at 1 at every
@@ -26,6 +27,8 @@ from __future__ import annotations
 import os
 import re
 from typing import Collection, Iterable
+
+from procsv.common import faults
 
 DEFAULT_KEEP = 10
 
@@ -102,6 +105,7 @@ def retired(names: Iterable[str], role: str, current: int, keep: int, live: Coll
 
 def rotate(logs: str, role: str, current: int, keep: int, live: Collection[int] = ()) -> list[str]:
     """Delete the per-attempt files of ``role`` that :func:`retired` names; returns the paths deleted."""
+    faults.stall("watchdog", "rotate_stall")  # tests only: a listing that blocks, as on a stalled filesystem
     if current - keep <= 1:
         return []  # nothing can be retired yet: skip the listing
     try:

@@ -49,10 +49,10 @@ class Zygote:
         env = dict(env)
         env[envvars.ZYGOTE_FDS] = f"{req_r},{rep_w}"
         env[envvars.PRELOAD] = ",".join(preload)
-        with open(log_path, "ab", buffering=0) as log:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "procsv.zygote"], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(req_r, rep_w))
+        # it opens its log itself (spawn.logged_argv): a start never waits on the logdir's filesystem
+        self.popen = subprocess.Popen(
+            spawn.logged_argv([sys.executable, "-m", "procsv.zygote"], log_path), env=env, cwd=cwd,
+            stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(req_r, rep_w))
         os.close(req_r)
         os.close(rep_w)
         os.set_blocking(self._req_w, False)  # a zygote that does not read never blocks the watchdog

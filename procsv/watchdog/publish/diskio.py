@@ -54,7 +54,7 @@ CLOSE_WAIT_SECS = 10.0  # at the end, how long the loop waits for what is queued
 class _Job:
     """Work on the disk; ``terminal``: it hands lines to the terminal too (an echo)."""
 
-    run: Callable[[], None]
+    run: Callable[[], object]
     terminal: bool = False
 
 
@@ -156,7 +156,7 @@ class DiskIO:
         got, self._looked = self._looked, None
         return got
 
-    def call(self, fn: Callable[[], None]) -> None:
+    def call(self, fn: Callable[[], object]) -> None:
         """Any other write into the logdir, in order."""
         self._put(_Job(fn))
 
