@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import psutil
 import pytest
@@ -77,11 +77,12 @@ def master_addr() -> str:
     return f"{MASTER_IP}:{random.randint(30000, 60000)}"
 
 
-def agent(logdir: str, addr: str, *target_args: str, opts: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+def agent(logdir: str, addr: str, *target_args: str, opts: tuple[str, ...] = (),
+          env: Optional[dict[str, str]] = None) -> subprocess.Popen[str]:
     """Node 1's ``procsv launch``, in the second host's namespace."""
     cmd = ["ip", "netns", "exec", NS, sys.executable, "-m", "procsv", "launch", "procsv.examples.digits",
            "--logdir", logdir, "--nnodes", "2", "--node-rank", "1", "--master-addr", addr, *opts, "--", *target_args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=quiet_env(),
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or quiet_env(),
                             start_new_session=True)
 
 
@@ -342,6 +343,52 @@ def test_every_agent_takes_node_0s_node_timeout_and_its_expiry_names_the_cause(h
     assert acode == 143, aerr
     assert re.search(r"procsv node 1: the master is silent for [0-9.]+ s \(no heartbeat from node 0 for longer than "
                      r"its --node-timeout 4\): stopping this host's trainers", aerr), aerr
+    assert not host_pids()
+
+
+def test_an_agent_whose_log_rotation_stalls_at_a_restart_keeps_beating_to_node_0(hosts, logdir, tmp_path):
+    """Node 0 runs with --node-timeout 4. Its trainer is SIGKILLed and the group restarts: node 1's
+    agent starts worker1 again, and the rotation of its logs (the agent's second) stalls on the fault
+    point ``watchdog:rotate_stall`` until the test creates the gate file. Before: the agent rotated
+    in its loop and stopped beating there; node 0 found node 1 lost after 4 s. Now the agent's
+    logdir thread stalls, the agent beats on, and the restarted group trains past six checkpoints
+    (more than 4 s) with node 1 still in it."""
+    addr = master_addr()
+    args = (*ARGS, "--steps", "1000000")
+    gate = str(tmp_path / "gate")
+    stopped = False
+    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4"))
+    node1 = agent(logdir, addr, *args,
+                  env=quiet_env(PROCSV_FAULT="watchdog:rotate_stall:2", PROCSV_FAULT_GATE=gate))
+    try:
+        wait_for(lambda: events(logdir, "checkpoint_committed"), 180, what="the group's first checkpoint")
+        os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
+        wait_for(lambda: [r for r in events(logdir, "spawned") if r["role"] == "worker1" and r["attempt"] == 2], 90,
+                 what="node 1 to start worker1 again")
+        restored = wait_for(lambda: events(logdir, "restored"), 90, what="the restarted group's restore")[0]
+        wait_for(lambda: len([r for r in events(logdir, "checkpoint_committed") if r["step"] > restored["step"]]) >= 6,
+                 120, what="six checkpoints of the restarted group while node 1's rotation stalls")
+        assert not os.path.exists(gate)
+        assert not events(logdir, "node_lost")
+        with open(gate, "w"):
+            pass
+        os.killpg(master.pid, signal.SIGTERM)
+        stopped = True
+    finally:
+        with open(gate, "a"):
+            pass
+        if not stopped:
+            os.killpg(master.pid, signal.SIGTERM)
+        try:
+            code, out, err = finish(master)
+        finally:
+            acode, aout, aerr = finish(node1, timeout=30)
+    assert code == 143, err
+    assert acode == 143, aerr
+    assert "silent" not in aerr, aerr
+    assert not events(logdir, "node_lost")
+    assert [r["attempt"] for r in events(logdir, "spawned") if r["role"] == "worker1"] == [1, 2]
+    assert [r["attempt"] for r in events(logdir, "restarted")] == [2]
     assert not host_pids()
 
 

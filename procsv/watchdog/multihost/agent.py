@@ -11,7 +11,10 @@ signals them when told (:class:`SignalMember`; through each member's pidfd, neve
 forked by the pre-warmed trainer is reaped by that process, so its pid may name another process by
 then), relays their reports (:class:`Relayed`) and tells
 of their ends (:class:`MemberEnded`). It runs no checkpoint or summary service: only the chief
-(task 0, on node 0) saves and writes summaries.
+(task 0, on node 0) saves and writes summaries. Its loop never waits on the shared logdir: the
+reads and writes of a reconnect (the job file, this agent's key file) and the rotation of its
+members' logs are jobs of a thread of its own (:class:`~procsv.watchdog.diskjobs.DiskJobs`), and a
+member opens its own log (:func:`procsv.common.spawn.logged_argv`); it beats to node 0 meanwhile.
 
 If the master goes silent for ``node_timeout`` seconds (node 0's ``--node-timeout``, which every
 :class:`MasterBeat` and :class:`NodeRefused` carries; until the first of them, this agent's own
@@ -50,6 +53,7 @@ from procsv.watchdog.multihost import curve
 from procsv.common.orphans import become_subreaper
 from procsv.watchdog.children import Process
 from procsv.watchdog.config import LaunchConfig
+from procsv.watchdog.diskjobs import DiskJobs, Job
 from procsv.watchdog.rules.group import worker_slot
 from procsv.watchdog.logrotate import rotate
 from procsv.watchdog.multihost.nodes import BEAT_SECS, host_ip
@@ -86,6 +90,16 @@ class Member:
             self.pidfd = -1
 
 
+@dataclass(frozen=True)
+class _Rejoin:
+    """What a reconnect read in the logdir: the launch's job (None: not written yet), this agent's
+    key file newly filed for it, or why it could not be filed."""
+
+    job: Optional[curve.Job] = None
+    key_file: Optional[str] = None
+    problem: str = ""
+
+
 class NodeAgent:
     """One host's agent; :meth:`run` returns the exit code."""
 
@@ -107,6 +121,8 @@ class NodeAgent:
         self.zygote: Optional[Zygote] = None  # this host's pre-warmed trainer (unless --no-prewarm)
         self.lost_zygotes: list[Zygote] = []  # given up on (killed, pipes closed); reaped at the end
         self.forks: dict[tuple[int, int], tuple[str, float, dict[str, str]]] = {}  # (attempt, rank) -> slot, due, env
+        self.disk = DiskJobs("procsv-agent-logdir")  # its work on the shared logdir, off the loop
+        self._rejoin: Optional[Job[_Rejoin]] = None  # a reconnect's reads and writes in the logdir, in flight
 
     def say(self, text: str) -> None:
         print(f"procsv node {self.cfg.node_rank}: {text}", file=sys.stderr, flush=True)
@@ -145,6 +161,7 @@ class NodeAgent:
                 dealer.close(0)
             pull.close(0)
             zctx.term()
+            self.disk.close()
             curve.unfile_agent_key(self.key_file)
             release_runtime_dir(runtime.path)
         return self.stop_code if self.stop_code is not None else 1
@@ -162,9 +179,13 @@ class NodeAgent:
                 self.stop_code = 128 + stops[0]
                 break
             timeout = self.node_timeout
-            if dealer is None or (now - self.heard_at > 2 * timeout and now - connected_at > timeout):
-                dealer = self._reconnect(zctx, dealer)  # (again: a relaunched master has new keys)
+            if self._rejoin is None and (dealer is None or (now - self.heard_at > 2 * timeout
+                                                            and now - connected_at > timeout)):
+                self._rejoin = self.disk.submit(self._read_job)  # (again: a relaunched master has new keys)
                 connected_at = now
+            if self._rejoin is not None and self._rejoin.done:
+                dealer = self._reconnect(zctx, dealer, self._rejoin)
+                self._rejoin = None
             if self.zygote is not None:
                 self.zygote.pump()
             if dealer is not None:
@@ -208,24 +229,35 @@ class NodeAgent:
         return True
 
     # ------------------------------------------------------------------ the master's channel
-    def _reconnect(self, zctx: "zmq.Context[Any]", old: "Optional[zmq.Socket[Any]]") -> "Optional[zmq.Socket[Any]]":
+    def _read_job(self) -> "_Rejoin":
+        """In the logdir thread: the launch's job file and, for a new launch, this agent's key filed for it."""
         job = curve.load_job(self.layout)
-        if job is None:
-            return old  # the master has not written this launch's job file yet
-        if job.job != self.job:  # a new launch of the master: file this agent's key for it
-            try:
-                path = curve.file_agent_key(self.layout, job.job, self.keys, self.cfg.node_rank, self.host)
-            except OSError as exc:
-                self.say(f"cannot file this agent's key in {self.layout.logdir} ({exc.strerror or exc}); "
-                         "trying again")
-                return old
-            curve.unfile_agent_key(self.key_file)
-            self.key_file, self.job = path, job.job
+        if job is None or job.job == self.job:
+            return _Rejoin(job)
+        try:
+            return _Rejoin(job, curve.file_agent_key(self.layout, job.job, self.keys, self.cfg.node_rank, self.host))
+        except OSError as exc:
+            return _Rejoin(job, problem=f"cannot file this agent's key in {self.layout.logdir} "
+                                        f"({exc.strerror or exc}); trying again")
+
+    def _reconnect(self, zctx: "zmq.Context[Any]", old: "Optional[zmq.Socket[Any]]", read: "Job[_Rejoin]"
+                   ) -> "Optional[zmq.Socket[Any]]":
+        """Connect to the master with what the logdir thread read (:meth:`_read_job`)."""
+        got = read.result
+        if got is None or got.job is None:
+            return old  # the master has not written this launch's job file yet (or the read failed)
+        if got.problem:
+            self.say(got.problem)
+            return old
+        if got.key_file is not None:  # a new launch of the master: this agent's key is filed for it
+            stale = self.key_file
+            self.disk.submit(lambda: curve.unfile_agent_key(stale))
+            self.key_file, self.job = got.key_file, got.job.job
         if old is not None:
             old.close(0)
         sock = make_socket(zctx, zmq.DEALER)  # no identity: the master knows this agent by its key
         sock.setsockopt(zmq.IMMEDIATE, 1)  # nothing is queued for a master that is not connected
-        curve.connect_as_agent(sock, self.keys, job)
+        curve.connect_as_agent(sock, self.keys, got.job)
         sock.connect(f"tcp://{self.cfg.master_addr}")
         return sock
 
@@ -322,9 +354,10 @@ class NodeAgent:
         member = Member(slot, attempt, proc, fd)
         self.members[member.key] = member
         send(dealer, MemberStarted(slot, attempt, proc.pid))
-        # this host's members are the only writers of their per-attempt logs: rotate them here
-        rotate(self.layout.logs, slot, attempt, self.cfg.keep_logs,
-               live={m.attempt for m in self.members.values() if m.slot == slot})
+        # this host's members are the only writers of their per-attempt logs: rotate them here (off the loop)
+        logs, keep, live = self.layout.logs, self.cfg.keep_logs, {m.attempt for m in self.members.values()
+                                                                    if m.slot == slot}
+        self.disk.submit(lambda: rotate(logs, slot, attempt, keep, live=live))
 
     def _relay(self, dealer: "zmq.Socket[Any]", msg: Message) -> None:
         pid = getattr(msg, "pid", None)
