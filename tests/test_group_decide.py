@@ -169,3 +169,35 @@ def test_of_members_hung_at_once_a_stopped_one_is_signalled_and_blamed_not_the_p
     assert sim.view.last_error is not None and sim.view.last_error.startswith("worker2 attempt 1"), sim.view.last_error
     assert "hang" in sim.view.last_error
     assert not [a for a in sim.log if isinstance(a, Signal) and a.slot == "worker1" and a.cause == Cause.HANG]
+
+
+def test_while_a_killed_members_end_is_read_its_peers_are_not_found_hung():
+    """The stopped worker was killed as hung; its exit came in, but what is read at its end (its
+    error file, by the reader thread) is not back yet. Its peers, silent past the hang timeout
+    while they waited for it, are not signalled as hung meanwhile (before the end was observed at
+    once; the chief was then found hung too in the round between), and once its end is observed
+    rule 11 stops them."""
+    sim = GroupSim(Limits(hang=HangLimits(5.0, 60.0), nproc=2, hang_grace_secs=1.0))
+    sim.tick()
+    sim.group_ready()
+    sim.group_progress(1)
+    sim.member(W1).stopped = True
+    acts = sim.tick(5.5)
+    assert [(a.slot, a.cause) for a in of(acts, Signal)] == [(W1, Cause.HANG)]
+    assert [(a.slot, a.cause) for a in of(sim.tick(1.1), Kill)] == [(W1, Cause.HANG)]
+    sim.member(W1).stopped = False  # killed: no longer stopped (a zombie until it is reaped)
+    observe.end_came(sim.view, W1, 1, sim.now)
+    for _ in range(5):  # the rounds until the reads are back
+        assert not [a for a in sim.tick(0.1) if isinstance(a, (Signal, Kill)) and a.cause == Cause.HANG]
+    sim.reaps(W1, KILLED)
+    acts = sim.tick(0.01)
+    assert [(a.slot, a.cause) for a in of(acts, Signal)] == [(TRAINER, Cause.GROUP)]
+
+
+def test_a_trainer_whose_end_came_in_is_not_found_hung():
+    sim = GroupSim(Limits(hang=HangLimits(5.0, 60.0), nproc=1, hang_grace_secs=1.0))
+    sim.tick()
+    sim.group_ready()
+    sim.group_progress(1)
+    observe.end_came(sim.view, TRAINER, 1, sim.now)
+    assert not of(sim.tick(10.0), Signal)

@@ -180,6 +180,7 @@ class ChildEnds:
         when its attempt began, above what the watchdog has heard of: the commit it may have waited
         for is on disk before the service's notice of it is read (the notice and the death come by
         different ways; on a loaded machine the death can come first)."""
+        observe.end_came(self.view, handle.slot, handle.attempt, at)
         child = find(self.view, handle.slot, handle.attempt)
         since = None
         if child is not None and child.role == TRAINER:

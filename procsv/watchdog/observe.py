@@ -222,6 +222,15 @@ def committed_on_disk(view: RunView, slot: str, attempt: int, step: int) -> None
     view.commit_step = max(view.commit_step, step)  # the next attempt's base: the notice read later is not its progress
 
 
+def end_came(view: RunView, slot: str, attempt: int, now: float) -> None:
+    """A child's exit or death notice came in; what is read at its end (:mod:`procsv.watchdog.endreads`)
+    is not back yet. Until :func:`death_noticed` or :func:`reaped` it is not judged hung, nor are the
+    members of its group (rule 4): it is known to be dead."""
+    child = find(view, slot, attempt)
+    if child is not None and child.ending_at is None:
+        child.ending_at = now
+
+
 def death_noticed(view: RunView, slot: str, attempt: int, at: float, wall: float,
                   error_type: str = "") -> list[Report]:
     """The trainer's death notice (its mutex's owner died): an unclean death, before the reap.

@@ -71,6 +71,7 @@ class RemoteMembers:
         child = self.view.children.get(slot)
         if child is None or child.attempt != attempt or child.pid != pid:
             return
+        observe.end_came(self.view, slot, attempt, self.clock())
         path = self.layout.error_file(slot, attempt)
         job = self.reader.submit(lambda: read_child_error((path,), pid))
         self._ends.append((slot, attempt, pid, code, wall, job, self.clock() + READ_WAIT))

@@ -62,8 +62,8 @@ def hang_reason(now: float, *, started: float, last_progress: Optional[float], b
 
 def hang_actions(view: RunView, t: ChildView, now: float, limits: HangLimits) -> list[Action]:
     """Rule 4: a trainer that makes no progress."""
-    if not t.live or view.stop_signal is not None:
-        return []
+    if not t.live or t.ending_at is not None or view.stop_signal is not None:
+        return []  # (an attempt whose end came in is observed as ended within a bound: not hung)
     if t.hang_kill_at is not None:
         return [Kill(t.slot, t.attempt, Cause.HANG)] if now >= t.hang_kill_at else []
     if t.hang_cause:

@@ -95,6 +95,7 @@ class ChildView:
     noticed_wall: Optional[float] = None  # the same moment on the wall clock, for the lifecycle log
     noticed_error: str = ""  # the exception type its error file named when its death was noticed
     ended_at: Optional[float] = None
+    ending_at: Optional[float] = None  # its exit or death notice came in; observed once what is read at its end is back
     exit_code: Optional[int] = None  # set when reaped: >= 0 exit status, < 0 killed by signal -code
     failure: Optional[Failure] = None
     settled: bool = False  # the decision about its end has been taken
