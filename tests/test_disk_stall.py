@@ -253,3 +253,51 @@ def test_a_writer_stuck_at_the_end_is_left_and_the_lines_behind_it_are_written_d
         assert "did not finish in 0.2 s (its filesystem hangs?)" in text
     finally:
         gate.set()
+
+
+def test_the_metrics_snapshot_never_waits_for_the_newest_checkpoint_on_disk(tmp_path):
+    """With --metrics-port, until the launch commits, the snapshot shows the newest checkpoint on
+    disk. Its manifest here is a FIFO without a writer: a read of it blocks, as a read on a stalled
+    network filesystem does. Before: the loop read it in ``Reporter.publish`` and blocked. Now the
+    reader thread reads it; ``publish`` returns, and a snapshot after the stall ends shows it."""
+    from procsv.common.manifests import Manifest
+    from procsv.watchdog.config import LaunchConfig
+    from procsv.watchdog.publish.reporting import Reporter
+    from procsv.watchdog.rules.state import RunView
+
+    layout = Layout(str(tmp_path / "run"))
+    layout.create()
+    os.makedirs(layout.manifests, exist_ok=True)
+    stalled = os.path.join(layout.manifests, "model.ckpt-100.json")
+    os.mkfifo(stalled)
+    clock = Clock()
+    out = Reporter(LaunchConfig("t", [], layout.logdir, quiet=True, metrics_port=1), layout, clock, lambda: 5000.0)
+    view = RunView(launch_start=clock())
+    published: list[object] = []
+    publisher = threading.Thread(target=lambda: published.append(out.publish(view, force=True)), daemon=True)
+    publisher.start()
+    try:
+        wait_for(lambda: published, 30, what="publish() to return while the manifest cannot be read")
+        assert out.snapshot is not None and out.snapshot.last_checkpoint_step is None  # not known yet
+    finally:
+        m = Manifest(100, "model.ckpt-100", {"model.ckpt-100.index": {"size": 1, "crc32c": 0}}, 4000.0, "steps")
+        with open(stalled, "w") as fh:  # the stall ends (it also frees a reader blocked in the open)
+            json.dump(m.to_json(), fh)
+
+    def shown() -> object:
+        out.publish(view, force=True)
+        return out.snapshot is not None and out.snapshot.last_checkpoint_step == 100
+
+    wait_for(shown, 30, what="a snapshot showing the checkpoint read after the stall")
+    wait_for(lambda: _release(stalled), 30, what="the next read of the FIFO, to end it")
+    out.close_io()
+    out.term.close()
+
+
+def _release(fifo: str) -> bool:
+    """End a read blocked in the open of ``fifo`` (it reads nothing); False while no reader waits."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        return False
+    return True
