@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
+from procsv.common.env import MAX_SKIPS, ON_NONFINITE, SKIP_WINDOW
 from procsv.common.errors import UsageError
 from procsv.watchdog.rules.chaos import parse_chaos
 from procsv.watchdog.rules.limits import Limits
@@ -56,6 +57,13 @@ class LaunchConfig:
     rejoin_timeout: float = 300.0  # --rejoin-timeout
     logdir_timeout: float = 60.0  # --logdir-timeout: seconds of failed looks at the logdir that lose it
     node_timeout: float = 15.0  # --node-timeout: node 0's, for its agents and (sent to them) for itself
+
+    def nonfinite_env(self) -> dict[str, str]:
+        """What the trainer is told of --on-nonfinite, --max-skips and --skip-window (procsv.trainer.nonfinite)."""
+        out = {MAX_SKIPS: str(self.max_skips), SKIP_WINDOW: str(self.skip_window)}
+        if self.on_nonfinite is not None:
+            out[ON_NONFINITE] = self.on_nonfinite
+        return out
 
     @property
     def busy_timeout(self) -> Optional[float]:

@@ -4,9 +4,8 @@ Runs in the watchdog. For each :mod:`~procsv.watchdog.rules.actions` value it do
 process, from the pre-warmed trainer when it is ready; send a signal; kill a process group),
 records the action's consequences in the view (:func:`procsv.watchdog.rules.bookkeeping.note`), and
 reports it (lifecycle event, terminal line). A start never waits on the logdir: a child opens its
-own log (:func:`procsv.common.spawn.logged_argv`), and the rotation of that role's per-attempt log
-files (:mod:`procsv.watchdog.logrotate`) goes to the logdir writer thread (:attr:`Executor.disk`).
-It also owns the live :class:`ChildProcess` handles, the pre-warmed trainer and the chaos plan's seeded generator.
+own log (:func:`procsv.common.spawn.logged_argv`); rotating per-attempt logs (:mod:`~procsv.watchdog.logrotate`)
+is the writer thread's (:attr:`Executor.disk`). It owns the live handles, the pre-warmed trainer, the chaos rng.
 """
 
 from __future__ import annotations
@@ -20,8 +19,8 @@ from typing import Callable, Optional
 from procsv.common import spawn
 from procsv.common.spawn import free_ports
 from procsv.cluster import make_tf_config
-from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, GROUP_PIN, MAX_SKIPS, NPROC,
-                               ON_NONFINITE, RANK, SKIP_WINDOW, STANDBY as STANDBY_ENV)
+from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, GROUP_PIN, NPROC, RANK,
+                               STANDBY as STANDBY_ENV)
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
@@ -249,9 +248,7 @@ class Executor:
                               supervised=True)
         env[CHECKPOINT_FAILURE_LIMIT] = str(self.limits.checkpoint_failure_limit)
         env[ALLOW_REINIT] = "1" if self.cfg.allow_reinit else "0"
-        if self.cfg.on_nonfinite is not None:
-            env[ON_NONFINITE] = self.cfg.on_nonfinite
-        env[MAX_SKIPS], env[SKIP_WINDOW] = str(self.cfg.max_skips), str(self.cfg.skip_window)
+        env.update(self.cfg.nonfinite_env())
         return env
 
     def spawn(self, slot: str, role: str) -> Optional[ChildProcess]:
