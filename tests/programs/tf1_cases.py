@@ -278,6 +278,90 @@ def case_restore() -> dict[str, object]:
     return out
 
 
+def case_graph_file() -> dict[str, object]:
+    """A chief and a worker (``is_chief=False``) on a logdir each: is ``graph.pbtxt`` there after the
+    session started?"""
+    out: dict[str, object] = {}
+    for role, chief in (("chief", True), ("worker", False)):
+        with tf.Graph().as_default():
+            start, v, (local, train, gs) = model()
+            logdir = os.path.join(LOGDIR, role)
+            sv = Supervisor(logdir=logdir, save_summaries_secs=None, save_model_secs=None, is_chief=chief)
+            with sv.managed_session() as sess:
+                sess.run(train)
+                out[role] = os.path.exists(os.path.join(logdir, "graph.pbtxt"))
+                sv.request_stop()
+    return out
+
+
+def case_master_config() -> dict[str, object]:
+    """``managed_session(master, config)`` and ``prepare_or_wait_for_session(master=, config=)``:
+    the session's target and ConfigProto; three training runs on a local in-process server."""
+    out: dict[str, object] = {}
+    server = tf.distribute.Server.create_local_server()
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, allow_soft_placement=True)
+    for how in ("managed", "prepare"):
+        with tf.Graph().as_default():
+            start, v, (local, train, gs) = model()
+            sv = Supervisor(logdir=os.path.join(LOGDIR, how), save_summaries_secs=None, save_model_secs=None)
+            if how == "managed":
+                with sv.managed_session(server.target, config) as sess:
+                    out[how] = _master_config_seen(sess, server.target, train, gs)
+            else:
+                sess = sv.prepare_or_wait_for_session(master=server.target, config=config)
+                out[how] = _master_config_seen(sess, server.target, train, gs)
+                sv.stop()
+    return out
+
+
+def _master_config_seen(sess: object, target: str, train: object, gs: object) -> dict[str, object]:
+    raw = getattr(sess, "raw", sess)
+    for _ in range(3):
+        sess.run(train)  # type: ignore[attr-defined]
+    conf = raw._config  # the ConfigProto the tf.compat.v1.Session was made with
+    return {"sess_str": _text(sess.sess_str), "raw_target": _text(raw.sess_str), "target": _text(target),  # type: ignore[attr-defined]
+            "intra_op": conf.intra_op_parallelism_threads if conf is not None else None,
+            "soft": conf.allow_soft_placement if conf is not None else None,
+            "step": int(sess.run(gs))}  # type: ignore[attr-defined]
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def case_local_init_run_options() -> dict[str, object]:
+    """``local_init_run_options`` reach the run of ``local_init_op``: a RunOptions with
+    ``timeout_in_ms=1`` on a local_init_op that blocks (a dequeue of an empty queue) fails it with
+    DeadlineExceeded, as TF; without the options it would block."""
+    with tf.Graph().as_default():
+        start, v, (local, train, gs) = model()
+        queue = tf.queue.FIFOQueue(1, [tf.float32])
+        blocking = tf.group(local.assign(queue.dequeue()))
+        opts = tf.compat.v1.RunOptions(timeout_in_ms=1)
+        sv = Supervisor(logdir=LOGDIR, save_summaries_secs=None, save_model_secs=None, local_init_op=blocking,
+                        local_init_run_options=opts)
+        try:
+            with sv.managed_session() as sess:
+                return {"error": None, "v": float(sess.run(v))}
+        except tf.errors.DeadlineExceededError as exc:
+            return {"error": type(exc).__name__}
+
+
+def case_no_logdir() -> dict[str, object]:
+    """``logdir=None``: five training runs; what the Supervisor says it has (nothing saved, no summaries)."""
+    with tf.Graph().as_default():
+        start, v, (local, train, gs) = model()
+        tf.compat.v1.summary.scalar("v", v)
+        sv = Supervisor(logdir=None, save_summaries_secs=0.01, save_model_secs=0.01)
+        with sv.managed_session() as sess:
+            for _ in range(5):
+                sess.run(train)
+                threading.Event().wait(0.02)
+            seen = {"v": float(sess.run(v)), "step": int(sess.run(gs)), "save_path": sv.save_path,
+                    "no_summary_writer": sv.summary_writer is None, "no_summary_op": sv.summary_op is None}
+        return dict(seen, cwd_files=sorted(os.listdir(".")))
+
+
 if __name__ == "__main__":
     result = globals()[f"case_{CASE}"]()
     print("result " + json.dumps(result, sort_keys=True), flush=True)

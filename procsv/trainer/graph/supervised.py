@@ -6,16 +6,20 @@ a :class:`GraphSession` over a ``tf.compat.v1.Session`` of the program's graph; 
 ``init_op`` (with ``init_feed_dict``) then ``init_fn(sess)``, a restore neither; then, either way,
 ``local_init_op`` and the ``ready_op`` check, as TF's ``SessionManager.prepare_session``. At a step
 boundary every ``save_summaries_secs`` the chief runs ``summary_op`` with the feed_dict of the run
-that made the step and hands the serialized ``Summary`` to the summary service. (``sv.saver`` is
+that made the step and hands the serialized ``Summary`` to the summary service. When the session
+is ready the chief writes the graph to ``<logdir>/graph.pbtxt`` (as TF's ``Supervisor._write_graph``;
+atomically; not into the event file: the summary service writes ``Summary`` events only). (``sv.saver`` is
 :class:`procsv.trainer.tf1_objects.SaverShim`, as in eager mode: its ``save`` commits through the
 checkpoint service.)
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Callable, Optional
 
+from procsv.common.layout import Layout, atomic_write
 from procsv.trainer.graph.session import GraphSession
 from procsv.trainer.graph.session_manager import finish_preparation, initialize
 from procsv.trainer.tf1_args import Tf1Choices
@@ -29,6 +33,7 @@ class GraphMethods:
     _state: Any
     coord: Any
     is_chief: bool
+    layout: Optional[Layout]
     init_fn: Optional[Callable[[Any], None]]
     summary_computed: Callable[..., None]
     start_queue_runners: Callable[..., list[Any]]
@@ -69,6 +74,8 @@ class GraphMethods:
         if observe is not None:
             observe(int(sess.raw.run(setup.global_step)))
         sess.live = True
+        if self.is_chief and self.layout is not None:  # TF: the chief, after prepare_session
+            write_graph(setup.graph, self.layout.logdir)
         if start_queue_runners:
             self.start_queue_runners(sess)
 
@@ -93,3 +100,14 @@ class GraphMethods:
                   "in your run and pass them to sv.summary_computed(sess, summary)", file=sys.stderr, flush=True)
             return
         self.summary_computed(sess, value, self._state.step)
+
+
+GRAPH_FILE = "graph.pbtxt"
+
+
+def write_graph(graph: Any, logdir: str) -> str:
+    """``graph`` as a text GraphDef (with shapes, as TF's Supervisor) in ``<logdir>/graph.pbtxt``,
+    written aside, fsynced and renamed; returns its path."""
+    path = os.path.join(logdir, GRAPH_FILE)
+    atomic_write(path, str(graph.as_graph_def(add_shapes=True)))  # a message's str is its text format
+    return path

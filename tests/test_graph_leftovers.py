@@ -1,0 +1,63 @@
+"""Graph mode, the rest of TF's Supervisor: ``graph.pbtxt`` in the logdir, ``master`` and ``config``
+reaching the session, ``local_init_run_options``, and a graph program without a logdir.
+
+Every graph program runs in its own process (``tests/programs/tf1_cases.py`` and ``tf1_train.py``):
+eager execution is never disabled in the pytest process. Where TensorFlow's own Supervisor can run
+the same case, the test runs it too and compares (``--tf``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import PROGRAMS, REPO, quiet_env
+
+CASES = os.path.join(PROGRAMS, "tf1_cases.py")
+TRAIN = os.path.join(PROGRAMS, "tf1_train.py")
+
+
+def _case(name: str, logdir: str, tf_own: bool = False, cwd: str = REPO) -> dict:
+    done = subprocess.run([sys.executable, CASES, name, logdir] + (["--tf"] if tf_own else []),
+                          capture_output=True, text=True, env=quiet_env(), cwd=cwd, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
+    assert len(lines) == 1, done.stdout + done.stderr[-3000:]
+    return json.loads(lines[0][len("result "):])
+
+
+def _graph_def(path: str):  # type: ignore[no-untyped-def]
+    """``path`` parsed as a text GraphDef (in this process: parsing needs no graph mode)."""
+    import tensorflow as tf
+    from google.protobuf import text_format
+
+    with open(path) as fh:
+        return text_format.Parse(fh.read(), tf.compat.v1.GraphDef())
+
+
+def test_the_chief_writes_graph_pbtxt_when_the_session_starts_and_a_worker_none(tmp_path):
+    """As TF's Supervisor (``_write_graph`` after ``prepare_session``, chief only): the chief's
+    logdir holds ``graph.pbtxt`` once the session is ready, a text GraphDef with the program's ops
+    and their shapes; a worker (``is_chief=False``) writes none. The MLP program's file holds its
+    variables, its matmuls and its optimizer, as TF's own Supervisor's file does."""
+    assert _case("graph_file", str(tmp_path / "cases")) == {"chief": True, "worker": False}
+    assert not os.path.exists(tmp_path / "cases" / "worker" / "graph.pbtxt")
+    for who, extra in (("ours", []), ("tf", ["--tf", "--no-summary-op"])):
+        done = subprocess.run([sys.executable, TRAIN, "--logdir", str(tmp_path / who), "--steps", "3", *extra],
+                              capture_output=True, text=True, env=quiet_env(), cwd=REPO, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    ours = _graph_def(str(tmp_path / "ours" / "graph.pbtxt"))
+    theirs = _graph_def(str(tmp_path / "tf" / "graph.pbtxt"))
+    names = {node.name for node in ours.node}
+    assert {"x", "y", "w1", "b1", "w2", "b2", "global_step"} <= names
+    assert "MatMul" in {node.op for node in ours.node}
+    assert any(node.op.endswith("ApplyMomentum") for node in ours.node)
+    mine = {node.name: node for node in ours.node}
+    assert {node.name for node in theirs.node} <= names  # TF's graph; procsv's may add its own ops
+    # add_shapes=True, as TF: the same nodes carry their output shapes
+    assert [n.name for n in theirs.node if "_output_shapes" in n.attr] == \
+        [n.name for n in theirs.node if "_output_shapes" in mine[n.name].attr]
+    assert "_output_shapes" in mine["w1"].attr
+    assert not [n for n in os.listdir(tmp_path / "ours") if n.startswith("graph.pbtxt") and n != "graph.pbtxt"]
