@@ -61,3 +61,45 @@ def test_the_chief_writes_graph_pbtxt_when_the_session_starts_and_a_worker_none(
         [n.name for n in theirs.node if "_output_shapes" in mine[n.name].attr]
     assert "_output_shapes" in mine["w1"].attr
     assert not [n for n in os.listdir(tmp_path / "ours") if n.startswith("graph.pbtxt") and n != "graph.pbtxt"]
+
+
+def test_master_and_config_make_the_session_as_tf_on_a_local_server(tmp_path):
+    """``managed_session(master, config)`` and ``prepare_or_wait_for_session(master=, config=)``
+    make the ``tf.compat.v1.Session`` with that target and ConfigProto: the session's ``sess_str``
+    is a local ``tf.distribute.Server``'s target, its config the one passed, and the program trains
+    on it; the same as TF's own Supervisor."""
+    ours = _case("master_config", str(tmp_path / "ours"))
+    theirs = _case("master_config", str(tmp_path / "tf"), tf_own=True)
+    for how in ("managed", "prepare"):
+        seen = ours[how]
+        assert seen["target"].startswith("grpc://localhost:")
+        assert seen["sess_str"] == seen["raw_target"] == seen["target"]
+        assert (seen["intra_op"], seen["soft"], seen["step"]) == (1, True, 3)
+        tf_seen = theirs[how]
+        assert tf_seen["sess_str"] == tf_seen["raw_target"] == tf_seen["target"]
+        targets = ("target", "sess_str", "raw_target")  # each run's own server
+        assert {k: v for k, v in seen.items() if k not in targets} == \
+            {k: v for k, v in tf_seen.items() if k not in targets}
+
+
+def test_local_init_run_options_reach_the_run_of_local_init_op_as_tf(tmp_path):
+    """A ``local_init_op`` that blocks (a dequeue of an empty queue) with
+    ``local_init_run_options=RunOptions(timeout_in_ms=1)``: the session's start fails with TF's
+    DeadlineExceededError, as TF's own Supervisor's (without the options it would block)."""
+    assert _case("local_init_run_options", str(tmp_path / "ours")) == {"error": "DeadlineExceededError"}
+    assert _case("local_init_run_options", str(tmp_path / "tf"), tf_own=True) == {"error": "DeadlineExceededError"}
+
+
+def test_a_graph_program_without_a_logdir_trains_and_writes_nothing(tmp_path):
+    """``Supervisor(logdir=None)`` in a graph program, with summaries and saves asked for every
+    10ms: it trains as TF's own Supervisor does (same values, ``save_path`` None, no summary
+    writer, ``sv.summary_op`` still TF's ``merge_all`` op, which nothing runs), and nothing is
+    written where it runs."""
+    for who in ("ours", "tf"):
+        os.makedirs(tmp_path / who)
+    ours = _case("no_logdir", "-", cwd=str(tmp_path / "ours"))
+    theirs = _case("no_logdir", "-", tf_own=True, cwd=str(tmp_path / "tf"))
+    assert ours == theirs
+    assert ours == {"v": 6.0, "step": 5, "save_path": None, "no_summary_writer": True, "summary_op": "MergeSummary",
+                    "cwd_files": []}
+    assert os.listdir(tmp_path / "ours") == []

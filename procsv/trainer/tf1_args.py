@@ -193,7 +193,8 @@ class Tf1Properties:
 
     @property
     def summary_op(self) -> Any:
-        """Graph mode: the summary op (None when off). Eager: the TF2 summary callable
+        """Graph mode: the summary op (None for ``summary_op=None`` or a default turned off; without a
+        writer TF's op, which nothing runs). Eager: the TF2 summary callable
         (``summary_fn``), or None when automatic summaries are off."""
         if self._tf1.graph is not None:
             return self._tf1.graph.summary_op

@@ -320,6 +320,7 @@ def _master_config_seen(sess: object, target: str, train: object, gs: object) ->
         sess.run(train)  # type: ignore[attr-defined]
     conf = raw._config  # the ConfigProto the tf.compat.v1.Session was made with
     return {"sess_str": _text(sess.sess_str), "raw_target": _text(raw.sess_str), "target": _text(target),  # type: ignore[attr-defined]
+            "sess_str_type": type(sess.sess_str).__name__,  # type: ignore[attr-defined]
             "intra_op": conf.intra_op_parallelism_threads if conf is not None else None,
             "soft": conf.allow_soft_placement if conf is not None else None,
             "step": int(sess.run(gs))}  # type: ignore[attr-defined]
@@ -358,7 +359,7 @@ def case_no_logdir() -> dict[str, object]:
                 sess.run(train)
                 threading.Event().wait(0.02)
             seen = {"v": float(sess.run(v)), "step": int(sess.run(gs)), "save_path": sv.save_path,
-                    "no_summary_writer": sv.summary_writer is None, "no_summary_op": sv.summary_op is None}
+                    "no_summary_writer": sv.summary_writer is None, "summary_op": getattr(getattr(sv.summary_op, "op", None), "type", None)}
         return dict(seen, cwd_files=sorted(os.listdir(".")))
 
 

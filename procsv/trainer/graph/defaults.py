@@ -57,6 +57,7 @@ class GraphSetup:
     session: Any = None  # the current GraphSession
     summary_off: Optional[str] = None  # why the default summary_op was turned off
     prepared: bool = False  # the session being prepared was initialized and found ready
+    summary_written: bool = True  # False without a writer: summary_op stays sv.summary_op (TF) but never runs
 
     def raw_session(self) -> Any:
         """The live ``tf.compat.v1.Session`` (the state adapters read and assign through it)."""
@@ -140,8 +141,8 @@ def resolve_graph(checkpoint: Any, summary_fn: Any, saver: Any, summary_op: Any,
     writer = summary_writer is not None
     if writer and summary_writer is not USE_DEFAULT:
         check_passed_writer(summary_writer, logdir)  # its directory must be the logdir: then it is used
-    if not writer:
-        setup.summary_op = None
+    if not writer:  # TF keeps sv.summary_op (merge_all) without a writer; it only never runs
+        setup.summary_written = False
     given = dict(args, saver=saver, summary_op=setup.summary_op, summary_writer=summary_writer, init_op=init_op,
                  ready_op=ready_op, ready_for_local_init_op=rl_op, local_init_op=local_op, session_manager=manager,
                  graph=graph)

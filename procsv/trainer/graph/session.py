@@ -101,8 +101,8 @@ class GraphSession:
         return self._sess.graph_def
 
     @property
-    def sess_str(self) -> str:
-        return str(self._sess.sess_str)
+    def sess_str(self) -> Any:
+        return self._sess.sess_str  # as TF: the target as given (bytes for a tf.distribute.Server's)
 
     def as_default(self) -> Any:
         return self._sess.as_default()

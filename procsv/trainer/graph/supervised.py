@@ -83,7 +83,9 @@ class GraphMethods:
         """Every ``save_summaries_secs``, at a step boundary (chief only): ``summary_op``."""
         setup = self._tf1.graph
         sess = setup.session
-        if setup.summary_op is None or not self.is_chief or sess is None or not sess.live:
+        if setup.summary_op is None or not setup.summary_written or not self.is_chief:
+            return  # (no writer: TF's summary_op is sv.summary_op, but nothing runs it)
+        if sess is None or not sess.live:
             return
         import tensorflow as tf
 
