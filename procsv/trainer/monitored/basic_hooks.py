@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from procsv.trainer.monitored import hooks as api
-from procsv.trainer.monitored.hook_support import need_global_step, supervisor_of, warn_if_not_logdir
+from procsv.trainer.monitored.hook_support import (global_step_fetch, graph_mode, need_global_step, read_global_step, supervisor_of,
+                                                  warn_if_not_logdir)
 from procsv.trainer.monitored.hooks import (SecondOrStepTimer, SessionRunArgs, SessionRunContext, SessionRunHook,
                                   SessionRunValues, logger)
 from procsv.trainer.monitored.observer_hooks import (LoggingTensorHook, NanLossDuringTrainingError, NanTensorHook, ProfilerHook,
@@ -33,6 +34,8 @@ class StopAtStepHook(SessionRunHook):
     counts from the step the launch's first trainer started at (TF counted from session creation
     and kept that through its in-process recovery; a procsv restart is that recovery). A session
     whose restored step already reached it stops before running a step (TF ran one more).
+    In graph mode, as TF: every run also fetches the global step, and when that value plus one
+    reaches ``last_step`` the step is read again after the run to decide.
     """
 
     def __init__(self, num_steps: Optional[int] = None, last_step: Optional[int] = None) -> None:
@@ -43,18 +46,20 @@ class StopAtStepHook(SessionRunHook):
         self._num_steps = num_steps
         self._last_step = last_step
         self._gs: Any = None
+        self._graph = False
 
     @property
     def last_step(self) -> Optional[int]:
         return self._last_step
 
     def begin(self) -> None:
-        self._gs = need_global_step("StopAtStepHook")
+        self._graph = graph_mode()
+        self._gs = global_step_fetch("StopAtStepHook") if self._graph else need_global_step("StopAtStepHook")
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         from procsv.trainer.monitored.scaffold import launch_start_step
 
-        step = api.read_step(self._gs)
+        step = read_global_step(session, self._gs)
         if self._last_step is None:
             assert self._num_steps is not None
             sv = supervisor_of(session)
@@ -63,8 +68,17 @@ class StopAtStepHook(SessionRunHook):
         if step >= self._last_step:
             coord.request_stop()
 
+    def before_run(self, run_context: SessionRunContext) -> Optional[SessionRunArgs]:
+        return SessionRunArgs(self._gs) if self._graph else None
+
     def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
         assert self._last_step is not None
+        if self._graph:
+            # the value fetched may be from before or after this run's increment: check again
+            if int(run_values.results) + 1 >= self._last_step and \
+                    int(run_context.session.run(self._gs)) >= self._last_step:
+                run_context.request_stop()
+            return
         if api.read_step(self._gs) >= self._last_step:
             run_context.request_stop()
 
@@ -96,7 +110,8 @@ class CheckpointSaverHook(SessionRunHook):
     (``save_model_secs``: the service's timer, which keeps ticking while a step stalls) or
     ``save_steps`` (every multiple of N). As TF, a new session without a checkpoint saves at once,
     and ``end()`` saves the last step. Listeners see every checkpoint, the Supervisor's final and
-    emergency ones included. ``saver`` and ``save_graph_def`` are accepted and ignored.
+    emergency ones included. ``save_graph_def`` is accepted and ignored; ``saver`` too, except in
+    graph mode, where it is the Saver the Supervisor saves and restores (else the Scaffold's).
     """
 
     def __init__(self, checkpoint_dir: str, save_secs: Optional[float] = None, save_steps: Optional[int] = None,
@@ -104,9 +119,10 @@ class CheckpointSaverHook(SessionRunHook):
                  listeners: Optional[Sequence[CheckpointSaverListener]] = None, save_graph_def: bool = True) -> None:
         if saver is not None and scaffold is not None:
             raise ValueError("You cannot provide both saver and scaffold.")
-        if saver is not None:
+        if saver is not None and not graph_mode():
             api.warn_once("ckpt.saver", "CheckpointSaverHook(saver=...) is ignored: the state to save is "
                                         "Scaffold(checkpoint=tf.train.Checkpoint(...))")
+        self._saver = saver if graph_mode() else None
         SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps)  # TF's validation
         self._checkpoint_dir = checkpoint_dir
         self._save_secs = save_secs
@@ -118,8 +134,11 @@ class CheckpointSaverHook(SessionRunHook):
         self._stop = False
 
     def supervisor_options(self) -> dict[str, Any]:
-        return {"save_model_secs": self._save_secs, "save_checkpoint_steps": self._save_steps,
+        opts = {"save_model_secs": self._save_secs, "save_checkpoint_steps": self._save_steps,
                 "checkpoint_basename": self._basename}
+        if self._saver is not None:  # graph mode: the Saver whose variables are saved
+            opts["saver"] = self._saver
+        return opts
 
     def begin(self) -> None:
         need_global_step("CheckpointSaverHook")
@@ -170,21 +189,31 @@ class CheckpointSaverHook(SessionRunHook):
 
 # ---------------------------------------------------------------------------- final ops, waiting, feeding
 class FinalOpsHook(SessionRunHook):
-    """Reads ``final_ops`` (tensors, variables, callables or a structure) at ``end()``: ``final_ops_values``."""
+    """Reads ``final_ops`` (tensors, variables, callables or a structure) at ``end()``: ``final_ops_values``.
+    In graph mode, as TF: ``session.run(final_ops, feed_dict=final_ops_feed_dict)``."""
 
     def __init__(self, final_ops: Any, final_ops_feed_dict: Any = None) -> None:
-        if final_ops_feed_dict is not None:
+        if final_ops_feed_dict is not None and not graph_mode():
             api.warn_once("final.feed", "FinalOpsHook(final_ops_feed_dict=...) is ignored in TF2: make final_ops a "
                                         "callable that takes what it needs")
         self._final_ops = final_ops
+        self._final_ops_feed_dict = final_ops_feed_dict
         self._final_ops_values: Any = None
+        self._graph = False
 
     @property
     def final_ops_values(self) -> Any:
         return self._final_ops_values
 
+    def begin(self) -> None:
+        self._graph = graph_mode()
+
     def end(self, session: Any) -> None:
-        if self._final_ops is not None:
+        if self._final_ops is None:
+            return
+        if self._graph:
+            self._final_ops_values = session.run(self._final_ops, feed_dict=self._final_ops_feed_dict)
+        else:
             self._final_ops_values = api.evaluate(self._final_ops)
 
 
@@ -206,7 +235,7 @@ class GlobalStepWaiterHook(SessionRunHook):
         if self._started:
             return None
         self._started = True
-        step = api.read_step(self._gs)
+        step = read_global_step(run_context.session, self._gs)
         if self._wait_until_step > 0 and step < self._wait_until_step:
             api.warn_once("waiter", f"GlobalStepWaiterHook: the global step is {step}, below wait_until_step="
                                     f"{self._wait_until_step}, and nothing else advances it (one trainer): starting now")

@@ -4,6 +4,9 @@ Runs in the trainer process, in its main thread (the hooks of :mod:`procsv.train
 and :mod:`procsv.trainer.monitored.observer_hooks` call these from ``begin`` and ``after_create_session``).
 A session may be a raw one with no :class:`procsv.Supervisor` behind it: then there is no logdir to
 compare and the clock is :func:`time.monotonic`.
+
+Graph mode (a TF1 program: TensorFlow is not executing eagerly when a hook's ``begin()`` runs) is
+told by :func:`graph_mode`; there the global step is the graph's and is read by running it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import time
 from typing import Any, Callable, Optional
 
 from procsv.trainer.monitored import hooks as api
+from procsv.trainer.monitored.hooks import graph_mode
 
 
 def supervisor_of(session: Any) -> Any:
@@ -27,11 +31,29 @@ def clock_of(session: Any) -> Callable[[], float]:
 
 
 def need_global_step(hook: str) -> Any:
-    """The global step variable; raises RuntimeError, as TF does, if ``hook`` needs one and there is none."""
+    """The global step variable (in graph mode the default graph's); raises RuntimeError, as TF
+    does, if ``hook`` needs one and there is none."""
     gs = api.get_global_step()
     if gs is None:
         raise RuntimeError(f"Global step should be created to use {hook}.")
     return gs
+
+
+def global_step_fetch(hook: str) -> Any:
+    """Graph mode: the tensor a hook fetches to see the global step in a run, TF's own (the graph's
+    cached ``global_step + 0`` read, made here if missing: call it in ``begin()``, before the graph
+    is finalized). Like TF's, its value may be from before or after the run's increment."""
+    from tensorflow.python.training import training_util
+
+    need_global_step(hook)
+    return training_util._get_or_create_global_step_read()
+
+
+def read_global_step(session: Any, gs: Any) -> int:
+    """The global step's value now: in graph mode by running it in ``session``, else read eagerly."""
+    if graph_mode():
+        return int(session.run(gs))
+    return api.read_step(gs)
 
 
 def warn_if_not_logdir(what: str, given: Optional[str], session: Any) -> None:
@@ -42,4 +64,4 @@ def warn_if_not_logdir(what: str, given: Optional[str], session: Any) -> None:
                                      "write there (pass checkpoint_dir to the session creator)")
 
 
-__all__ = ["supervisor_of", "clock_of", "need_global_step", "warn_if_not_logdir"]
+__all__ = ["supervisor_of", "clock_of", "graph_mode", "need_global_step", "global_step_fetch", "read_global_step", "warn_if_not_logdir"]

@@ -11,13 +11,15 @@ function returned.
 
 Also here: :class:`SecondOrStepTimer` (TF's "every N steps or N seconds" rule, on an injectable
 monotonic clock), :func:`evaluate` (fetches -> values), the process-wide global step
-(:func:`get_or_create_global_step`, TF2's stand-in for the graph's global step) and
-:func:`warn_once` for the TF1 arguments that have no TF2 meaning.
+(:func:`get_or_create_global_step`, TF2's stand-in for the graph's global step; in graph mode,
+:func:`graph_mode`, the graph's own) and :func:`warn_once` for the TF1 arguments that have no TF2
+meaning. In graph mode a run is a ``session.run``: see :mod:`procsv.trainer.monitored.graph_hooked`.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -38,19 +40,45 @@ def warn_once(key: str, message: str) -> None:
 _global_step: Any = None
 
 
+def graph_mode() -> bool:
+    """True in a TF1 graph program: TensorFlow imported and not executing eagerly (eager execution
+    disabled, or inside ``with tf.Graph().as_default()``), and not tracing a ``tf.function``."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None or tf.executing_eagerly():
+        return False
+    return not getattr(tf.compat.v1.get_default_graph(), "building_function", False)
+
+
+def _graph_tf(graph: Any) -> Any:
+    """TensorFlow if the global step is a graph's (``graph`` given, or graph mode), else None."""
+    if graph is None and not graph_mode():
+        return None
+    import tensorflow as tf
+
+    return tf
+
+
 def get_global_step(graph: Any = None) -> Any:
     """The process's global step variable (int64), or None before one exists.
 
-    TF2 has no graph to look it up in: a process has one global step, created by
-    :func:`get_or_create_global_step` or adopted from the Supervisor a session creator builds.
-    ``graph`` is accepted and ignored.
+    In eager mode a process has one global step, created by :func:`get_or_create_global_step` or
+    adopted from the Supervisor a session creator builds, and ``graph`` is ignored. In graph mode
+    (``graph`` given, or TensorFlow not executing eagerly) it is TF's: the graph's (default: the
+    default graph's) global step, as ``tf.compat.v1.train.get_global_step``.
     """
+    tf = _graph_tf(graph)
+    if tf is not None:
+        return tf.compat.v1.train.get_global_step(graph)
     return _global_step
 
 
 def get_or_create_global_step(graph: Any = None) -> Any:
-    """The process's global step variable, created (int64, 0, not trainable) if there is none."""
+    """The process's global step variable, created (int64, 0, not trainable) if there is none; in
+    graph mode the graph's, as ``tf.compat.v1.train.get_or_create_global_step``."""
     global _global_step
+    graph_tf = _graph_tf(graph)
+    if graph_tf is not None:
+        return graph_tf.compat.v1.train.get_or_create_global_step(graph)
     if _global_step is None:
         import tensorflow as tf
 
@@ -220,6 +248,6 @@ class NeverTriggerTimer(SecondOrStepTimer):
 
 __all__ = [
     "SessionRunArgs", "SessionRunContext", "SessionRunHook", "SessionRunValues", "SecondOrStepTimer",
-    "NeverTriggerTimer", "evaluate", "get_global_step", "get_or_create_global_step", "set_global_step",
+    "NeverTriggerTimer", "evaluate", "get_global_step", "graph_mode", "get_or_create_global_step", "set_global_step",
     "warn_once",
 ]

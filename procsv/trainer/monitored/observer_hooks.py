@@ -1,4 +1,5 @@
-"""TensorFlow's standard hooks that watch each step and report it: NaN check, summaries, step rate, logging, profiling.
+"""TensorFlow's standard hooks that watch each step and report it: NaN check, summaries, step rate, logging
+(and profiling, re-exported from :mod:`procsv.trainer.monitored.profiler_hook`).
 
 Runs in the trainer process, in its main thread (called by ``MonitoredSession.run``). Each hook
 keeps TF's constructor, validation and call pattern (``tf.compat.v1.train.*Hook``), with TF2's and
@@ -6,17 +7,25 @@ procsv's differences (see :mod:`procsv.trainer.monitored.basic_hooks`, which re-
 fetches are tensors, variables or callables read after the step; summaries go to the summary
 service through the session's :class:`procsv.Supervisor`; timers read its monotonic clock. Log
 lines go to the ``procsv.train`` logger at INFO.
+
+In graph mode (a TF1 program, :func:`procsv.trainer.monitored.hooks.graph_mode` at ``begin()``)
+each keeps TF1's meaning on tensors: the global step and the hook's tensors are fetched in the
+same ``session.run`` (:mod:`procsv.trainer.monitored.graph_hooked`), the step read again after
+the run when a timer triggers, as TF; summaries go through the session's Supervisor
+(``summary_computed``), or, on a session without one, to ``output_dir`` with TF's
+``FileWriterCache``.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
 from procsv.trainer.monitored import hooks as api
-from procsv.trainer.monitored.hook_support import clock_of, need_global_step, supervisor_of, warn_if_not_logdir
+from procsv.trainer.monitored.hook_support import (clock_of, global_step_fetch, graph_mode, need_global_step, read_global_step,
+                                                  supervisor_of, warn_if_not_logdir)
+from procsv.trainer.monitored.profiler_hook import ProfilerHook
 from procsv.trainer.monitored.hooks import (NeverTriggerTimer, SecondOrStepTimer, SessionRunArgs, SessionRunContext,
                                   SessionRunHook, SessionRunValues, logger)
 
@@ -79,13 +88,40 @@ class SummarySaverHook(SessionRunHook):
         self._scaffold = scaffold
         self._summary_op = summary_op
         self._sv: Any = None
+        self._session: Any = None
+        self._gs: Any = None  # graph mode: the global step, fetched with every run
+        self._next_step: Optional[int] = None
+        self._request_summary = False
+
+    def begin(self) -> None:
+        self._gs = global_step_fetch("SummarySaverHook") if graph_mode() else None
+        self._next_step = None
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         self._sv = supervisor_of(session)
+        self._session = session
         self._timer.clock = clock_of(session)
         warn_if_not_logdir("SummarySaverHook", self._output_dir, session)
 
+    def _ops(self) -> list[Any]:
+        op = self._summary_op if self._summary_op is not None else getattr(self._scaffold, "summary_op", None)
+        if op is None:
+            return []
+        return list(op) if isinstance(op, (list, tuple)) else [op]
+
+    def before_run(self, run_context: SessionRunContext) -> Optional[SessionRunArgs]:
+        if self._gs is None:
+            return None
+        self._request_summary = self._next_step is None or self._timer.should_trigger_for_step(self._next_step)
+        requests: dict[str, Any] = {"global_step": self._gs}
+        if self._request_summary and self._ops():
+            requests["summary"] = self._ops()
+        return SessionRunArgs(requests)
+
     def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
+        if self._gs is not None:
+            self._graph_after_run(run_context, run_values)
+            return
         step = api.read_step(self._sv.global_step)
         if not self._timer.should_trigger_for_step(step):
             return
@@ -93,6 +129,27 @@ class SummarySaverHook(SessionRunHook):
         op = self._summary_op if self._summary_op is not None else getattr(self._scaffold, "summary_op", None)
         if op is not None:
             write_summary(self._sv, op, step)
+
+    def _graph_after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
+        step = int(run_values.results["global_step"]) + 1
+        if self._next_step is None or self._request_summary:
+            step = int(run_context.session.run(self._gs))
+        if self._request_summary:
+            self._timer.update_last_triggered_step(step)
+            for summary in run_values.results.get("summary", []):
+                write_graph_summary(self._sv, self._session, self._output_dir, summary, step)
+        self._next_step = step + 1
+
+
+def write_graph_summary(sv: Any, session: Any, output_dir: Optional[str], summary: Any, step: int) -> None:
+    """Graph mode: write a ``Summary`` (proto or bytes) at ``step`` through the Supervisor, or, on a
+    session without one, into ``output_dir`` with TF's ``FileWriterCache`` (nothing without either)."""
+    if sv is not None:
+        sv.summary_computed(session, summary, step)
+    elif output_dir:
+        import tensorflow as tf
+
+        tf.compat.v1.summary.FileWriterCache.get(output_dir).add_summary(summary, step)
 
 
 def write_summary(sv: Any, op: Any, step: int) -> None:
@@ -129,25 +186,47 @@ class StepCounterHook(SessionRunHook):
         self._timer = SecondOrStepTimer(every_steps=every_n_steps, every_secs=every_n_secs)
         self._output_dir = output_dir
         self._sv: Any = None
+        self._session: Any = None
+        self._gs: Any = None
+        self._graph = False
         self.last_rate: Optional[float] = None
 
     def begin(self) -> None:
-        need_global_step("StepCounterHook")
+        self._graph = graph_mode()
+        self._gs = global_step_fetch("StepCounterHook") if self._graph else need_global_step("StepCounterHook")
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         self._sv = supervisor_of(session)
+        self._session = session
         self._timer.clock = clock_of(session)
-        self._timer.update_last_triggered_step(api.read_step(self._sv.global_step))
+        if not self._graph:  # graph mode, as TF: the first run's step starts the count
+            self._timer.update_last_triggered_step(read_global_step(session, self._gs))
+
+    def before_run(self, run_context: SessionRunContext) -> Optional[SessionRunArgs]:
+        return SessionRunArgs(self._gs) if self._graph else None
 
     def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
-        step = api.read_step(self._sv.global_step)
+        if self._graph:
+            # as TF: the fetched value may be from before this run's increment; read it again to count
+            if not self._timer.should_trigger_for_step(int(run_values.results) + 1):
+                return
+            step = int(run_context.session.run(self._gs))
+        else:
+            step = api.read_step(self._sv.global_step)
         if not self._timer.should_trigger_for_step(step):
             return
         secs, steps = self._timer.update_last_triggered_step(step)
         if secs is not None and steps is not None and secs > 0:
             self.last_rate = steps / secs
             logger.info("global_step/sec: %g", self.last_rate)
-            self._sv.log_scalar("global_step/sec", self.last_rate, step)
+            if self._sv is not None:
+                self._sv.log_scalar("global_step/sec", self.last_rate, step)
+            elif self._graph:
+                import tensorflow as tf
+
+                summary = tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag="global_step/sec",
+                                                                                 simple_value=self.last_rate)])
+                write_graph_summary(None, self._session, self._output_dir, summary, step)
 
 
 # ---------------------------------------------------------------------------- logging, profiling
@@ -156,6 +235,8 @@ class LoggingTensorHook(SessionRunHook):
 
     ``tensors``: a mapping of tags to tensors, variables or callables, or a list of them (tagged
     by their ``name`` or ``__name__``, else ``tensor_<i>``). ``formatter(values)`` returns the line.
+    In graph mode they may also be tensor names (``"loss:0"``, or an op name ``"loss"`` for its
+    only output), found in the graph at ``begin()``, as TF.
     """
 
     def __init__(self, tensors: Any, every_n_iter: Optional[int] = None, every_n_secs: Optional[float] = None,
@@ -170,10 +251,11 @@ class LoggingTensorHook(SessionRunHook):
         else:
             self._tensors = {}
             for i, item in enumerate(tensors):
-                if isinstance(item, str):
+                if isinstance(item, str) and not graph_mode():
                     raise ValueError(f"tensor names ({item!r}) have no meaning in TF2: pass the tensors, "
                                      "variables or callables themselves")
-                tag = getattr(item, "name", None) or getattr(item, "__name__", None) or f"tensor_{i}"
+                tag = item if isinstance(item, str) else (getattr(item, "name", None) or getattr(item, "__name__", None)
+                                                          or f"tensor_{i}")
                 self._tensors[str(tag)] = item
         self._timer: SecondOrStepTimer = (NeverTriggerTimer() if only_at_end
                                           else SecondOrStepTimer(every_secs=every_n_secs, every_steps=every_n_iter))
@@ -181,17 +263,25 @@ class LoggingTensorHook(SessionRunHook):
         self._formatter = formatter
         self._iter_count = 0
         self._should_trigger = False
+        self._fetches: dict[str, Any] = self._tensors
+        self._graph = False
 
     def begin(self) -> None:
         self._timer.reset()
         self._iter_count = 0
+        self._graph = graph_mode()
+        if self._graph:
+            import tensorflow as tf
+
+            graph = tf.compat.v1.get_default_graph()
+            self._fetches = {tag: _as_graph_element(graph, t) for tag, t in self._tensors.items()}
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         self._timer.clock = clock_of(session)
 
     def before_run(self, run_context: SessionRunContext) -> Optional[SessionRunArgs]:
         self._should_trigger = self._timer.should_trigger_for_step(self._iter_count)
-        return SessionRunArgs(self._tensors) if self._should_trigger else None
+        return SessionRunArgs(self._fetches) if self._should_trigger else None
 
     def _log_tensors(self, values: dict[str, Any]) -> None:
         secs, _ = self._timer.update_last_triggered_step(self._iter_count)
@@ -212,57 +302,24 @@ class LoggingTensorHook(SessionRunHook):
 
     def end(self, session: Any) -> None:
         if self._at_end:
-            self._log_tensors(api.evaluate(self._tensors))
+            self._log_tensors(session.run(self._fetches) if self._graph else api.evaluate(self._tensors))
 
 
-class ProfilerHook(SessionRunHook):
-    """Traces one step with ``tf.profiler.experimental`` every ``save_steps`` or ``save_secs``, into
-    ``output_dir`` (default: the logdir; TensorBoard's Profile tab reads ``plugins/profile``). As
-    TF, the first run is not traced. ``show_dataflow``/``show_memory`` are accepted and ignored."""
-
-    def __init__(self, save_steps: Optional[int] = None, save_secs: Optional[float] = None, output_dir: str = "",
-                 show_dataflow: bool = True, show_memory: bool = False) -> None:
-        self._timer = SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps)
-        self._output_dir = output_dir
-        self._next_step: Optional[int] = None
-        self._tracing = False
-        self._gs: Any = None
-        self.traced_steps: list[int] = []
-
-    def begin(self) -> None:
-        self._next_step = None
-        self._gs = need_global_step("ProfilerHook")
-
-    def after_create_session(self, session: Any, coord: Any) -> None:
-        self._timer.clock = clock_of(session)
-        if not self._output_dir:
-            sv = supervisor_of(session)
-            self._output_dir = sv.logdir if sv is not None and sv.logdir is not None else os.getcwd()
-
-    def before_run(self, run_context: SessionRunContext) -> Optional[SessionRunArgs]:
-        import tensorflow as tf
-
-        if self._next_step is not None and self._timer.should_trigger_for_step(self._next_step):
-            try:
-                tf.profiler.experimental.start(self._output_dir)
-                self._tracing = True
-            except tf.errors.OpError as exc:  # another profiler session is running
-                api.warn_once("profiler", f"ProfilerHook: could not start a trace ({exc}); skipping")
-        return None
-
-    def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
-        import tensorflow as tf
-
-        step = api.read_step(self._gs)
-        if self._tracing:
-            tf.profiler.experimental.stop()
-            self._tracing = False
-            self._timer.update_last_triggered_step(step)
-            self.traced_steps.append(step)
-        self._next_step = step + 1
+def _as_graph_element(graph: Any, obj: Any) -> Any:
+    """A tensor name (or an op name, for its only output) as the graph's tensor; anything else as is."""
+    if not isinstance(obj, str):
+        return obj
+    if ":" in obj:
+        return graph.as_graph_element(obj)
+    element = graph.as_graph_element(obj + ":0")
+    try:
+        graph.as_graph_element(obj + ":1")
+    except (KeyError, ValueError):
+        return element
+    raise ValueError(f"Name {obj} is ambiguous, as this `Operation` has multiple outputs (at least 2).")
 
 
 __all__ = [
     "NanTensorHook", "NanLossDuringTrainingError", "SummarySaverHook", "write_summary", "StepCounterHook",
-    "LoggingTensorHook", "ProfilerHook",
+    "LoggingTensorHook", "ProfilerHook", "write_graph_summary",
 ]
