@@ -17,6 +17,15 @@ saver, summary_op); TF2 has no graph, so the stand-ins are plain Python:
   a mapping of tags to tensors, variables or callables; :class:`SummarySaverHook` writes it.
 
 The graph-only arguments are accepted, ignored and warned about once, naming what to use instead.
+
+In graph mode (a TF1 program: :func:`procsv.trainer.monitored.hooks.graph_mode` when the Scaffold
+is made) a Scaffold is TF's: it keeps ``init_op``, ``init_feed_dict``, ``ready_op``,
+``ready_for_local_init_op``, ``local_init_op``, ``local_init_feed_dict``, ``summary_op``,
+``saver`` and ``init_fn`` (read as TF's ``init_fn(session)``, which calls yours with the
+scaffold), ``finalize()`` makes TF's defaults for the others and freezes the graph
+(:mod:`procsv.trainer.monitored.graph_scaffold`), and the session creators build a graph-mode
+Supervisor from them (:mod:`procsv.trainer.monitored.graph_creator`).
+
 A session creator builds the Supervisor (``checkpoint_dir`` is its logdir, defaulting to the
 launch's ``--logdir``) and returns the raw session (:class:`RawSession`) once restored or
 initialized. Checkpoints and summaries go through procsv's checkpoint and summary services.
@@ -31,7 +40,8 @@ from procsv.common.errors import UsageError
 from procsv.common.layout import Layout
 from procsv.trainer.managed import readable_fetches
 from procsv.trainer.tf1_args import NOT_PASSED
-from procsv.trainer.monitored import hooks as api
+from procsv.trainer.monitored import graph_scaffold, hooks as api
+from procsv.trainer.monitored.hooks import graph_mode
 
 _GRAPH_ONLY = {
     "init_op": "init_fn(scaffold, session) (TF2 variables are initialized when created)",
@@ -53,6 +63,11 @@ class Scaffold:
                  local_init_feed_dict: Any = None, *, checkpoint: Any = NOT_PASSED, global_step: Any = None,
                  local_init_fn: Optional[Callable[[Any], Any]] = None,
                  ready_fn: Optional[Callable[[Any], Any]] = None) -> None:
+        self._graph_mode = graph_mode()
+        if self._graph_mode:
+            self._graph_init(init_op, init_feed_dict, init_fn, ready_op, ready_for_local_init_op, local_init_op,
+                             summary_op, saver, copy_from_scaffold, local_init_feed_dict, global_step)
+            return
         given = {"init_op": init_op, "init_feed_dict": init_feed_dict, "ready_op": ready_op,
                  "ready_for_local_init_op": ready_for_local_init_op, "local_init_op": local_init_op,
                  "local_init_feed_dict": local_init_feed_dict, "saver": saver}
@@ -77,9 +92,63 @@ class Scaffold:
         self.checkpoint: Any = checkpoint
         self.global_step: Any = global_step
         self._finalized = False
+        # TF1 fields that have no TF2 object behind them
+        self.init_op: Any = None
+        self.ready_op: Any = None
+        self.ready_for_local_init_op: Any = None
+        self.local_init_op: Any = None
+        self.init_feed_dict: Any = None
+        self.local_init_feed_dict: Any = None
+        self.saver: Any = None
+        self._user_init_fn: Optional[Callable[..., Any]] = init_fn
+
+    def _graph_init(self, init_op: Any, init_feed_dict: Any, init_fn: Optional[Callable[..., Any]], ready_op: Any,
+                    ready_for_local_init_op: Any, local_init_op: Any, summary_op: Any, saver: Any,
+                    copy_from_scaffold: Optional["Scaffold"], local_init_feed_dict: Any, global_step: Any) -> None:
+        """Graph mode: TF's fields; a field not given is copied from ``copy_from_scaffold``, as TF."""
+        if copy_from_scaffold is not None:
+            if not isinstance(copy_from_scaffold, Scaffold):
+                raise TypeError("copy_from_scaffold is not a Scaffold instance.")
+            src = copy_from_scaffold
+
+            def pick(mine: Any, theirs: Any) -> Any:
+                return mine if mine is not None else theirs
+
+            init_op, init_feed_dict = pick(init_op, src.init_op), pick(init_feed_dict, src.init_feed_dict)
+            init_fn = pick(init_fn, src._user_init_fn)
+            ready_op, local_init_op = pick(ready_op, src.ready_op), pick(local_init_op, src.local_init_op)
+            ready_for_local_init_op = pick(ready_for_local_init_op, src.ready_for_local_init_op)
+            local_init_feed_dict = pick(local_init_feed_dict, src.local_init_feed_dict)
+            summary_op, saver = pick(summary_op, src.summary_op), pick(saver, src.saver)
+            global_step = pick(global_step, src.global_step)
+        self._user_init_fn = init_fn
+        user_init_fn = init_fn
+        self.init_fn = (lambda session: user_init_fn(self, session)) if user_init_fn is not None else None
+        self.local_init_fn = None
+        self.ready_fn = None
+        self.init_op, self.init_feed_dict, self.ready_op = init_op, init_feed_dict, ready_op
+        self.ready_for_local_init_op, self.local_init_op = ready_for_local_init_op, local_init_op
+        self.local_init_feed_dict, self.summary_op, self.saver = local_init_feed_dict, summary_op, saver
+        self.checkpoint = None
+        self.global_step = global_step
+        self._finalized = False
+
+    @property
+    def graph_mode(self) -> bool:
+        """True for a TF1 graph program's Scaffold (made while not executing eagerly)."""
+        return self._graph_mode
+
+    def fill_defaults(self) -> None:
+        """Graph mode: TF's default for every piece not given (the graph is not frozen yet)."""
+        if self._graph_mode:
+            graph_scaffold.fill_defaults(self)
 
     def finalize(self) -> "Scaffold":
-        """TF1 froze the graph here; TF2 has none. Kept for the call order; returns self."""
+        """Graph mode: make TF's defaults and freeze the graph, as TF. Eager mode has no graph:
+        kept for the call order. Returns self."""
+        if self._graph_mode:
+            graph_scaffold.fill_defaults(self)
+            graph_scaffold.finalize_graph()
         self._finalized = True
         return self
 
@@ -87,14 +156,8 @@ class Scaffold:
     def finalized(self) -> bool:
         return self._finalized
 
-    # TF1 properties that have no TF2 object behind them
-    init_op = None
-    ready_op = None
-    ready_for_local_init_op = None
-    local_init_op = None
-    init_feed_dict = None
-    local_init_feed_dict = None
-    saver = None
+    get_or_default = staticmethod(graph_scaffold.get_or_default)
+    default_local_init_op = staticmethod(graph_scaffold.default_local_init_op)
 
 
 class RawSession:
@@ -143,19 +206,25 @@ class ChiefSessionCreator:
     ``--logdir``) that restores the newest valid checkpoint or initializes.
 
     ``master`` and ``config`` are accepted and ignored (warned once): a TF2 program runs its ops
-    in-process. ``checkpoint_filename_with_path`` is restored when the logdir has no checkpoint of
-    its own (a restarted trainer resumes from its own latest one instead).
+    in-process. In graph mode (a Scaffold made while not executing eagerly) the Supervisor is a
+    graph-mode one built from the Scaffold's pieces (:mod:`procsv.trainer.monitored.graph_creator`),
+    ``config`` is its session's ``ConfigProto`` and ``master`` must be local (``""``).
+    ``checkpoint_filename_with_path`` is restored when the logdir has no checkpoint of its own (a
+    restarted trainer resumes from its own latest one instead).
     """
 
     def __init__(self, scaffold: Optional[Scaffold] = None, master: str = "", config: Any = None,
                  checkpoint_dir: Optional[str] = None, checkpoint_filename_with_path: Optional[str] = None) -> None:
-        if master:
+        graph = graph_mode()
+        if master and not graph:
             api.warn_once("creator.master", "master=... has no meaning for a TF2 program and is ignored; "
                                             "use tf.distribute for remote workers")
-        if config is not None:
+        if config is not None and not graph:
             api.warn_once("creator.config", "config=... (a ConfigProto) is ignored; use tf.config "
                                             "(tf.config.threading, tf.config.set_visible_devices) instead")
         self.scaffold = scaffold or Scaffold()
+        self.master = master
+        self.config = config  # graph mode: the graph session's ConfigProto
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_filename_with_path = checkpoint_filename_with_path
         # set by MonitoredSession before create_session (from its CheckpointSaverHook and arguments)
@@ -186,8 +255,15 @@ class ChiefSessionCreator:
             api.set_global_step(gs)
         return self._global_step
 
-    def create_session(self) -> RawSession:
+    def create_session(self) -> Any:
+        """The session, restored or initialized (a :class:`RawSession`; in graph mode a
+        :class:`procsv.trainer.monitored.graph_creator.GraphRawSession`)."""
         from procsv.trainer.supervisor import Supervisor
+
+        if self.scaffold.graph_mode:
+            from procsv.trainer.monitored import graph_creator
+
+            return graph_creator.create(self)
 
         gs = self.global_step()
         scaffold = self.scaffold

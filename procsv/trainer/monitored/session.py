@@ -19,6 +19,10 @@ Runs in the trainer process, in its main thread. The call order is TensorFlow's
 
 TensorFlow's in-process recovery (re-create the session on ``AbortedError``/``UnavailableError``
 and re-run) is procsv's watchdog restarting the trainer, which restores the latest checkpoint.
+
+In graph mode (a TF1 program: TensorFlow not executing eagerly when the session is made) these
+classes are TF1's, ``run(fetches, feed_dict, options, run_metadata)`` included, in-process
+recovery too: everything is handed to :class:`procsv.trainer.monitored.graph_session.GraphMonitoredSession`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from procsv.common.errors import TrainingStopped
 from procsv.trainer.monitored import hooks as api
+from procsv.trainer.monitored.graph_session import GraphMonitoredSession
 from procsv.trainer.coordinator import clean_stop_types
 from procsv.trainer.tf1_args import NOT_PASSED
 from procsv.trainer.monitored.scaffold import ChiefSessionCreator, RawSession, Scaffold, WorkerSessionCreator
@@ -70,9 +75,10 @@ class _MonitoredSession:
     """The hooks and raw session behind a MonitoredSession: calls the hooks around each run and ends in order."""
 
     def __init__(self, session_creator: ChiefSessionCreator, hooks: Sequence[api.SessionRunHook],
-                 stop_grace_period_secs: float) -> None:
+                 stop_grace_period_secs: float, should_recover: bool = True) -> None:
         from procsv.trainer.monitored.basic_hooks import CheckpointSaverHook
 
+        self._graph: Optional[GraphMonitoredSession] = None
         self._hooks = list(hooks)
         self._creator = session_creator
         self._stop_requested = False
@@ -86,6 +92,10 @@ class _MonitoredSession:
             opts.update(savers[0].supervisor_options())
             if len(savers) > 1:
                 api.warn_once("ms.savers", "several CheckpointSaverHooks: the first one's save_secs/save_steps apply")
+        if session_creator.scaffold.graph_mode:
+            self._graph = GraphMonitoredSession(session_creator, self._hooks, stop_grace_period_secs, should_recover,
+                                                StepContext)
+            return
         session_creator.global_step()  # hooks read the process's global step from begin() on
         for h in self._hooks:
             h.begin()
@@ -103,16 +113,18 @@ class _MonitoredSession:
 
     # ------------------------------------------------------------------ TF API
     @property
-    def graph(self) -> None:
-        """TF2 has no graph: None."""
-        return None
+    def graph(self) -> Any:
+        """TF2 has no graph: None (graph mode: the graph)."""
+        return self._graph.graph if self._graph is not None else None
 
     @property
     def supervisor(self) -> Any:
         """The :class:`procsv.Supervisor` behind this session (log_scalar, step, ...)."""
-        return self._sv
+        return self._graph.supervisor if self._graph is not None else self._sv
 
     def should_stop(self) -> bool:
+        if self._graph is not None:
+            return self._graph.should_stop()
         return self._stop_requested or bool(self._sv.should_stop())
 
     def run(self, fetches: Any, *args: Any, **kwargs: Any) -> Any:
@@ -125,6 +137,8 @@ class _MonitoredSession:
         """
         import tensorflow as tf
 
+        if self._graph is not None:
+            return self._graph.run(fetches, *args, **kwargs)
         if self._closed:
             raise RuntimeError("Session is already closed.")
         if not callable(fetches) or isinstance(fetches, (tf.Tensor, tf.Variable)):
@@ -194,6 +208,8 @@ class _MonitoredSession:
         if names != ["step_context"] and names != ["self", "step_context"]:
             raise ValueError("`step_fn` may either have one `step_context` argument, or `self` and `step_context` "
                              f"arguments if it's an instance method. Got {tuple(names)} instead.")
+        if self._graph is not None:
+            return self._graph.run_step_fn(step_fn)
         try:
             return step_fn(StepContext(self._raw, self.run))
         except StopIteration:
@@ -203,15 +219,22 @@ class _MonitoredSession:
     def request_stop(self) -> None:
         """End the loop (procsv addition; TF's hooks use ``run_context.request_stop()``)."""
         self._stop_requested = True
+        if self._graph is not None:
+            self._graph.request_stop()
 
     def close(self) -> None:
         """``end()`` on every hook, then stop the Supervisor (final checkpoint, summaries flushed)."""
+        if self._graph is not None:
+            self._graph.close()
+            return
         self._close_internal(None)
 
     def __enter__(self) -> "_MonitoredSession":
         return self
 
     def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> bool:
+        if self._graph is not None:
+            return self._graph.exit(exc)
         clean = exc is not None and isinstance(exc, clean_stop_types())
         self._close_internal(None if clean else exc)
         return clean
@@ -262,11 +285,11 @@ class SingularMonitoredSession(_MonitoredSession):
                  stop_grace_period_secs: float = 120, checkpoint_filename_with_path: Optional[str] = None) -> None:
         creator = ChiefSessionCreator(scaffold=scaffold, master=master, config=config, checkpoint_dir=checkpoint_dir,
                                       checkpoint_filename_with_path=checkpoint_filename_with_path)
-        super().__init__(creator, hooks or [], stop_grace_period_secs)
+        super().__init__(creator, hooks or [], stop_grace_period_secs, should_recover=False)
 
-    def raw_session(self) -> RawSession:
-        """The session without hooks (see :class:`RawSession`)."""
-        return self._raw
+    def raw_session(self) -> Any:
+        """The session without hooks (see :class:`RawSession`; graph mode: the Supervisor's graph session)."""
+        return self._graph.raw_session() if self._graph is not None else self._raw
 
 
 def save_intervals(save_checkpoint_secs: Any, save_checkpoint_steps: Any, save_summaries_steps: Any,

@@ -1,0 +1,112 @@
+"""The session creators' graph mode: a graph-mode :class:`procsv.Supervisor` built from a Scaffold.
+
+Runs in the trainer process, in its main thread (``ChiefSessionCreator.create_session`` /
+``WorkerSessionCreator.create_session`` of a TF1 graph program, called by a MonitoredSession).
+The first creation fills the Scaffold's defaults, builds the Supervisor from TF's pieces
+(``init_op``, ``init_feed_dict``, ``init_fn``, ``ready_op``, ``ready_for_local_init_op``,
+``local_init_op``, ``saver``; ``summary_op=None``: a MonitoredSession's summaries are its
+SummarySaverHook's) and freezes the graph; every creation (the first, and each in-process
+recovery after an ``AbortedError``/``UnavailableError``) is ``prepare_or_wait_for_session()`` on
+that Supervisor: the newest committed checkpoint restored, or the variables initialized.
+``checkpoint_filename_with_path`` is restored (with the Scaffold's saver, after ``init_op``) when
+the logdir has no checkpoint of its own, as in eager mode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from procsv.trainer.monitored import hooks as api
+
+
+class GraphRawSession:
+    """The session hooks, ``StepContext.session`` and ``raw_session()`` get in graph mode: the
+    Supervisor's graph session (a ``tf.compat.v1.Session`` to the program: ``run``, ``graph``,
+    ``partial_run``, ``as_default``, ...; no hooks run here), with ``supervisor`` beside it."""
+
+    def __init__(self, session: Any, supervisor: Any) -> None:
+        self._session = session
+        self.supervisor = supervisor
+
+    def run(self, fetches: Any, feed_dict: Any = None, options: Any = None, run_metadata: Any = None) -> Any:
+        return self._session.run(fetches, feed_dict=feed_dict, options=options, run_metadata=run_metadata)
+
+    @property
+    def graph(self) -> Any:
+        return self._session.graph
+
+    @property
+    def session(self) -> Any:
+        """The Supervisor's own graph session."""
+        return self._session
+
+    def should_stop(self) -> bool:
+        return bool(self.supervisor.should_stop())
+
+    def __getattr__(self, name: str) -> Any:  # partial_run, partial_run_setup, as_default, sess_str, ...
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._session, name)
+
+
+def _queue_runners_started(sv: Any, session: Any) -> None:
+    import tensorflow as tf
+
+    if tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
+        sv.start_queue_runners(session)
+
+
+def create(creator: Any) -> GraphRawSession:
+    """A graph session for ``creator`` (a Chief/WorkerSessionCreator; see the module docstring)."""
+    if creator.supervisor is None:
+        creator.supervisor = _build_supervisor(creator)
+    sv = creator.supervisor
+    try:
+        session = sv.prepare_or_wait_for_session(config=creator.config)
+        raw = GraphRawSession(session, sv)
+        _queue_runners_started(sv, session)
+    except BaseException:
+        sv._release()
+        raise
+    return raw
+
+
+def _build_supervisor(creator: Any) -> Any:
+    import tensorflow as tf
+
+    from procsv.common.errors import UsageError
+    from procsv.trainer.supervisor import Supervisor
+
+    if creator.master:
+        raise UsageError(f"master={creator.master!r}: procsv runs a graph program's session in-process; pass master=''")
+    scaffold = creator.scaffold
+    scaffold.fill_defaults()
+    if scaffold.local_init_feed_dict is not None:
+        api.warn_once("graph.local_init_feed_dict", "Scaffold(local_init_feed_dict=...) is ignored: the Supervisor "
+                                                    "runs local_init_op without feeds (as TF's Supervisor)")
+    opts = dict(creator.supervisor_options)
+    opts.pop("save_summaries_secs", None)
+    is_chief = opts.pop("is_chief", True)
+    saver = opts.pop("saver", None) or scaffold.saver
+    path = creator.checkpoint_filename_with_path
+    user_init_fn = scaffold.init_fn
+
+    def init_fn(session: Any) -> None:
+        if path:
+            saver.restore(session, path)
+            print(f"procsv: restored {path} (checkpoint_filename_with_path)", flush=True)
+        elif user_init_fn is not None:
+            user_init_fn(session)
+
+    extra: dict[str, Any] = {}
+    if scaffold.global_step is not None:
+        extra["global_step"] = scaffold.global_step
+    sv = Supervisor(logdir=creator.checkpoint_dir, graph=tf.compat.v1.get_default_graph(), is_chief=is_chief,
+                    init_op=scaffold.init_op, init_feed_dict=scaffold.init_feed_dict, init_fn=init_fn,
+                    ready_op=scaffold.ready_op, ready_for_local_init_op=scaffold.ready_for_local_init_op,
+                    local_init_op=scaffold.local_init_op, summary_op=None, saver=saver, **extra, **opts)
+    scaffold.finalize()
+    return sv
+
+
+__all__ = ["GraphRawSession", "create"]

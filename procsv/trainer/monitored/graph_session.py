@@ -1,0 +1,209 @@
+"""``MonitoredSession`` in graph mode: TF1's hooked, coordinated and recoverable session on procsv's Supervisor.
+
+Runs in the trainer process, in its main thread. ``procsv.train.MonitoredSession`` and
+``SingularMonitoredSession`` made in a TF1 graph program (TensorFlow not executing eagerly) hand
+everything to :class:`GraphMonitoredSession`. The call order is TensorFlow's:
+
+* creation: ``begin()`` on every hook; the session creator builds the graph-mode Supervisor,
+  freezes the graph and restores the newest committed checkpoint or initializes
+  (:mod:`procsv.trainer.monitored.graph_creator`); the graph's queue runners start under the
+  Supervisor's coordinator; ``after_create_session(session, coord)`` on every hook;
+* ``run(fetches, feed_dict, options, run_metadata)``: one ``session.run`` with every hook's
+  ``SessionRunArgs`` merged in (:mod:`procsv.trainer.monitored.graph_hooked`); a run during which
+  the global step changed is a step for the Supervisor (its step boundary: progress, checkpoints);
+* **recovery**: a run (or a creation) that raises ``AbortedError`` or ``UnavailableError`` stops
+  the Supervisor's session without a final checkpoint (the failed run may have changed some
+  variables), prepares a new one, which restores the newest committed checkpoint, calls
+  ``after_create_session`` on every hook again and re-runs the call, in this process (not a
+  trainer restart), as TF's ``_RecoverableSession``. ``SingularMonitoredSession`` does not recover;
+* a run after a hook's stop is a ``RuntimeError``; after SIGTERM/SIGINT or a checkpoint failure
+  :class:`procsv.TrainingStopped`, a clean stop (as in eager mode);
+* exit: ``end(session)`` on every hook on a clean exit only (``OutOfRangeError``,
+  ``StopIteration``, ``TrainingStopped``), then the Supervisor stops (a final checkpoint unless
+  the block failed) and the graph is unfrozen if it was not frozen before, as TF.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+from procsv.common.errors import TrainingStopped
+from procsv.trainer.coordinator import clean_stop_types
+from procsv.trainer.monitored.graph_hooked import GraphHookedSession
+
+
+def _preemption_errors() -> tuple[type[BaseException], ...]:
+    import tensorflow as tf
+
+    return (tf.errors.AbortedError, tf.errors.UnavailableError)
+
+
+class GraphMonitoredSession:
+    """A MonitoredSession of a graph program (see the module docstring)."""
+
+    def __init__(self, session_creator: Any, hooks: Sequence[Any], stop_grace_period_secs: float,
+                 should_recover: bool, step_context: Callable[[Any, Callable[..., Any]], Any]) -> None:
+        import tensorflow as tf
+
+        self._tf_graph = tf.compat.v1.get_default_graph()
+        self._graph_was_finalized = self._tf_graph.finalized
+        self._hooks = list(hooks)
+        self._creator = session_creator
+        self._recover = should_recover
+        self._step_context = step_context
+        self._closed = False
+        self._stop_requested = False
+        self._raw: Any = None
+        self._sess: Optional[GraphHookedSession] = None
+        for h in self._hooks:
+            h.begin()
+        self._sess = self._create_recovering()
+
+    # ------------------------------------------------------------------ creation, recovery
+    def _create(self) -> GraphHookedSession:
+        raw = self._creator.create_session()
+        sv = self._creator.supervisor
+        try:
+            for h in self._hooks:
+                h.after_create_session(raw, sv.coord)
+        except BaseException as exc:
+            self._stop_supervisor(exc)
+            raise
+        self._raw = raw
+        return GraphHookedSession(raw, self._hooks)
+
+    def _create_recovering(self) -> GraphHookedSession:
+        while True:
+            try:
+                return self._create()
+            except _preemption_errors() as exc:
+                if not self._recover:
+                    self._closed = True
+                    raise
+                self._log_recovery(exc, "while the session was being created")
+
+    def _log_recovery(self, exc: BaseException, where: str) -> None:
+        print(f"procsv: {type(exc).__name__} {where}: a new session restores the newest checkpoint "
+              f"(in-process recovery, as TF's MonitoredSession): {exc}", flush=True)
+
+    def _recover_from(self, exc: BaseException) -> None:
+        """Stop the Supervisor's session without a final checkpoint; the next run prepares a new one."""
+        self._log_recovery(exc, "in a run")
+        sv = self._creator.supervisor
+        sv.request_stop(exc)  # recorded: the stop writes no checkpoint of a half-applied run
+        getattr(sv, "_stop_quietly", sv.stop)()
+        self._sess = None
+        self._raw = None
+
+    def _stop_supervisor(self, exc: Optional[BaseException]) -> None:
+        sv = self._creator.supervisor
+        if sv is None:
+            return
+        if exc is not None:
+            sv.request_stop(exc)
+        getattr(sv, "_stop_quietly", sv.stop)()
+
+    # ------------------------------------------------------------------ TF API
+    @property
+    def graph(self) -> Any:
+        return self._tf_graph
+
+    @property
+    def supervisor(self) -> Any:
+        """The :class:`procsv.Supervisor` behind this session."""
+        return self._creator.supervisor
+
+    def raw_session(self) -> Any:
+        """The Supervisor's graph session, without hooks."""
+        return self._raw
+
+    def should_stop(self) -> bool:
+        if self._closed or self._stop_requested:
+            return True
+        if self._sess is not None and self._sess.should_stop():
+            return True
+        return bool(self._creator.supervisor.should_stop())
+
+    def _check_run(self) -> None:
+        if self._closed:
+            raise RuntimeError("Session is already closed.")
+        sv = self._creator.supervisor
+        if self._stop_requested or (self._sess is not None and self._sess.should_stop() and not sv.should_stop()):
+            raise RuntimeError("Run called even after should_stop requested.")
+        if sv.should_stop():
+            if sv.coord.stop_signal is not None or sv.coord.exception is not None:
+                raise TrainingStopped("a stop was requested (preemption or a failure); the training loop should end")
+            raise RuntimeError("Run called even after should_stop requested.")
+
+    def run(self, fetches: Any, feed_dict: Any = None, options: Any = None, run_metadata: Any = None) -> Any:
+        """``session.run`` with the hooks around it; recovers from AbortedError/UnavailableError."""
+        return self._recovering(lambda sess: sess.run(fetches, feed_dict=feed_dict, options=options,
+                                                      run_metadata=run_metadata))
+
+    def _recovering(self, call: Callable[[GraphHookedSession], Any]) -> Any:
+        while True:
+            if self._sess is None:
+                self._sess = self._create_recovering()
+            self._check_run()
+            try:
+                return call(self._sess)
+            except _preemption_errors() as exc:
+                if not self._recover:
+                    raise
+                self._recover_from(exc)
+            except Exception as original:
+                # as TF's coordinated session: an error another thread recorded is the cause
+                recorded = self._creator.supervisor.coord.exception
+                if recorded is not None and recorded is not original:
+                    raise recorded from None
+                raise
+
+    def run_step_fn(self, step_fn: Callable[[Any], Any]) -> Any:
+        """``step_fn(step_context)``: ``step_context.session`` is the raw session,
+        ``run_with_hooks`` a run with the hooks; recovers as ``run`` (the step function is called again)."""
+        def call(sess: GraphHookedSession) -> Any:
+            return step_fn(self._step_context(self._raw, sess.run))
+
+        try:
+            return self._recovering(call)
+        except StopIteration:
+            self._stop_requested = True
+            raise
+
+    def request_stop(self) -> None:
+        self._stop_requested = True
+
+    def close(self) -> None:
+        self.close_internal(None)
+
+    def exit(self, exc: Optional[BaseException]) -> bool:
+        """The ``with`` block's end: True (suppress) for a clean stop."""
+        clean = exc is not None and isinstance(exc, clean_stop_types())
+        self.close_internal(None if clean else exc)
+        return clean
+
+    def close_internal(self, exc: Optional[BaseException]) -> None:
+        """``end()`` on every hook unless the block failed (``exc``) or a failure was recorded
+        elsewhere; then stop the Supervisor; a recorded failure is raised after the stop."""
+        if self._closed:
+            return
+        self._closed = True
+        sv = self._creator.supervisor
+        try:
+            if exc is None and sv.coord.exception is None and self._raw is not None:
+                try:
+                    for h in self._hooks:
+                        h.end(self._raw)
+                except BaseException as err:
+                    self._stop_supervisor(err)
+                    raise
+            self._stop_supervisor(exc)
+            if sv.coord.exception is not None and sv.coord.exception is not exc:
+                raise sv.coord.exception
+        finally:
+            self._sess = None
+            if not self._graph_was_finalized:
+                self._tf_graph._unsafe_unfinalize()
+
+
+__all__ = ["GraphMonitoredSession"]
