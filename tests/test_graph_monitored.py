@@ -77,3 +77,185 @@ def test_scaffold_in_graph_mode_keeps_tensorflows_pieces_and_finalize_makes_the_
         tf.compat.v1.add_to_collection(keys.READY_OP, tf.constant([""]))
         with pytest.raises(RuntimeError, match='More than one item in the collection "ready_op"'):
             train.Scaffold().finalize()
+
+
+# ------------------------------------------------------------------ programs: plain python, procsv launch
+def _run_program(*args: str, timeout: float = 300) -> str:
+    out = subprocess.run([sys.executable, PROGRAM, *args], capture_output=True, text=True, env=quiet_env(),
+                         timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def _load(path: str) -> dict[str, np.ndarray]:
+    with np.load(path) as data:
+        return {k: data[k] for k in data.files}
+
+
+def _bit_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
+                                        and a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """plain(steps): every global variable after ``steps`` runs of the train op in a plain
+    ``tf.compat.v1.Session`` loop (made once per step count)."""
+    made: dict[int, dict[str, np.ndarray]] = {}
+    folder = tmp_path_factory.mktemp("plain")
+
+    def get(steps: int) -> dict[str, np.ndarray]:
+        if steps not in made:
+            path = str(folder / f"plain{steps}.npz")
+            _run_program("--mode", "plain", "--steps", str(steps), "--out", path)
+            made[steps] = _load(path)
+        return made[steps]
+
+    return get
+
+
+def _saver_values(logdir: str) -> dict[str, np.ndarray]:
+    """The newest checkpoint, restored by a TF1 Saver in a fresh graph (the program's variables)."""
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest is not None
+    reader = tf.train.load_checkpoint(latest)
+    return {name.replace("/", "__"): reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+def test_a_tf1_program_under_monitored_training_session_with_hooks_ends_bit_equal_to_the_plain_loop(short_tmp, plain):
+    logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "final.npz")
+    stdout = _run_program("--steps", "120", "--out", out, "--logdir", logdir)
+    assert "finished at step 120 after 120 runs" in stdout
+    final = _load(out)
+    assert _bit_equal(final, plain(120))
+    # its final checkpoint has TF1's names and the same values
+    saved = _saver_values(logdir)
+    assert _bit_equal({k: saved[k] for k in final}, final)
+
+
+def _trainer_exits(logdir: str) -> list[dict]:
+    return [e for e in lifecycle(logdir) if e["event"] == "exited" and e["role"] == "trainer"]
+
+
+def test_an_aborted_run_recovers_in_process_from_the_newest_checkpoint_and_is_no_trainer_restart(short_tmp, plain):
+    import re
+
+    logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "final.npz")
+    proc = launch(logdir, "--steps", "150", "--abort-at", "30", "--out", out, target=PROGRAM)
+    code, stdout, err = finish(proc, 300)
+    assert code == 0, err[-3000:]
+    assert "AbortedError after the run that reached step 30" in stdout
+    after = stdout[stdout.index("AbortedError in a run"):]  # procsv's recovery line, then its restore
+    restored = [int(s) for s in re.findall(r"procsv: restored step (\d+)", after)]
+    assert len(restored) == 1 and restored[0] <= 30, stdout
+    # runs 1..30 (the 30th aborted after it ran), then steps restored+1 .. 150 again, in one process
+    assert f"finished at step 150 after {30 + 150 - restored[0]} runs in this process" in stdout, stdout
+    exits = _trainer_exits(logdir)
+    assert len(exits) == 1 and exits[0].get("code") == 0, exits
+    assert len([e for e in lifecycle(logdir) if e["event"] == "spawned" and e.get("role") == "trainer"]) == 1
+    assert _bit_equal(_load(out), plain(150))
+
+
+def _trainer_of_attempt(logdir: str, attempt: int):
+    for p in (raw_status(logdir) or {}).get("processes", []):
+        if p["role"] == "trainer" and p.get("attempt") == attempt and p["state"] == "running":
+            return p["pid"]
+    return None
+
+
+def test_three_sigkills_at_random_moments_and_monitored_training_session_ends_bit_equal_to_the_plain_loop(
+        short_tmp, plain):
+    logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "final.npz")
+    steps = 600  # ~10 ms a run: each attempt is killed within 0.5 s of its first commit past the last one
+    proc = launch(logdir, "--steps", str(steps), "--step-delay", "0.01", "--out", out, target=PROGRAM)
+    rng = random.Random(40)
+    killed_at = []
+    try:
+        last = -1
+        for attempt in (1, 2, 3):
+            wait_for(lambda: committed_steps(logdir) and committed_steps(logdir)[-1] > last, 120,
+                     what=f"a commit by trainer attempt {attempt}")
+            time.sleep(rng.uniform(0.0, 0.5))
+            pid = wait_for(lambda: _trainer_of_attempt(logdir, attempt), 30, what=f"trainer attempt {attempt}")
+            killed_at.append((raw_status(logdir) or {}).get("step"))
+            os.kill(pid, signal.SIGKILL)
+            last = committed_steps(logdir)[-1]
+    finally:
+        code, stdout, err = finish(proc, 400)
+    assert code == 0, err[-3000:]
+    deaths = [e for e in _trainer_exits(logdir) if e.get("signal") == "SIGKILL"]
+    assert len(deaths) == 3
+    assert all(s is not None and 0 < s < steps for s in killed_at), killed_at  # each landed mid-run
+    assert "finished at step 600" in stdout
+    assert _bit_equal(_load(out), plain(steps))
+    saved = _saver_values(logdir)  # the final checkpoint too, read by TF
+    assert _bit_equal({k: saved[k] for k in plain(steps)}, plain(steps))
+
+
+# ------------------------------------------------------------------ in-process sessions
+def test_tensorflows_own_hook_and_listener_classes_run_step_fn_and_raw_session_in_graph_mode(logdir):
+    import tensorflow as tf
+
+    from procsv import train
+
+    calls = []
+
+    class Listener(tf.compat.v1.train.CheckpointSaverListener):
+        def before_save(self, session, global_step_value):
+            calls.append(("before_save", global_step_value))
+
+        def after_save(self, session, global_step_value):
+            calls.append(("after_save", global_step_value))
+
+    class Hook(tf.compat.v1.train.SessionRunHook):
+        def begin(self):
+            calls.append("begin")
+
+        def after_create_session(self, session, coord):
+            calls.append(("after_create_session", int(session.run(tf.compat.v1.train.get_global_step()))))
+
+        def before_run(self, run_context):
+            return tf.compat.v1.train.SessionRunArgs({"loss": m["loss"]})
+
+        def after_run(self, run_context, run_values):
+            calls.append(("after_run", round(float(run_values.results["loss"]), 4)))
+
+        def end(self, session):
+            calls.append(("end", int(session.run(m["gs"]))))
+
+    with tf.Graph().as_default() as graph:
+        m = _model(tf)
+        saver_hook = train.CheckpointSaverHook(logdir, save_steps=2, listeners=[Listener()])
+        with train.SingularMonitoredSession(hooks=[Hook(), saver_hook], checkpoint_dir=logdir) as sess:
+            assert sess.graph is graph and graph.finalized
+            first = sess.run(m["loss"])
+            step = sess.run_step_fn(lambda step_context: step_context.run_with_hooks([m["train_op"], m["gs"]])[1])
+            assert sess.raw_session().run(m["gs"]) == step == 1  # no hook runs for the raw session
+            with pytest.raises(ValueError, match="step_context"):
+                sess.run_step_fn(lambda ctx: None)
+            sess.run(m["train_op"])
+        assert not graph.finalized  # unfrozen again, as TF
+    assert first == 1.0
+    runs = [c for c in calls if c[0] == "after_run"]
+    assert calls[:2] == ["begin", ("after_create_session", 0)] and len(runs) == 3 and calls[-1] == ("end", 2)
+    saves = [c for c in calls if c[0] in ("before_save", "after_save")]
+    assert ("before_save", 2) in saves and ("after_save", 2) in saves
+    assert committed_steps(logdir)[-1] == 2
+
+
+def test_singular_monitored_session_does_not_recover_from_an_aborted_run(logdir):
+    import tensorflow as tf
+
+    from procsv import train
+
+    class Abort(train.SessionRunHook):
+        def after_run(self, run_context, run_values):
+            raise tf.errors.AbortedError(None, None, "aborted")
+
+    with tf.Graph().as_default():
+        m = _model(tf)
+        with pytest.raises(tf.errors.AbortedError):
+            with train.SingularMonitoredSession(hooks=[Abort()], checkpoint_dir=logdir) as sess:
+                sess.run(m["train_op"])

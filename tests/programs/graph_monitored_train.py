@@ -33,6 +33,7 @@ parser.add_argument("--out", required=True)
 parser.add_argument("--step-delay", type=float, default=0.0)
 parser.add_argument("--abort-at", type=int, default=-1)
 parser.add_argument("--save-checkpoint-secs", type=float, default=1.0)
+parser.add_argument("--logdir", default=None, help="checkpoint_dir (default: the launch's --logdir)")
 args = parser.parse_args()
 
 def build() -> tuple[tf.Tensor, tf.Operation]:
@@ -98,7 +99,8 @@ def main() -> int:
     final = train.FinalOpsHook(variables)
     losses = LossHook(loss)
     hooks = [train.StopAtStepHook(last_step=args.steps), losses, final]
-    with train.MonitoredTrainingSession(hooks=hooks, save_checkpoint_secs=args.save_checkpoint_secs,
+    with train.MonitoredTrainingSession(checkpoint_dir=args.logdir, hooks=hooks,
+                                        save_checkpoint_secs=args.save_checkpoint_secs,
                                         save_summaries_steps=50, log_step_count_steps=100) as sess:
         while not sess.should_stop():
             sess.run(train_op)
