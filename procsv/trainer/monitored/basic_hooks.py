@@ -131,6 +131,7 @@ class CheckpointSaverHook(SessionRunHook):
         self._listeners = list(listeners or [])
         self._session: Any = None
         self._agent: Any = None
+        self._gs: Any = None
         self._stop = False
 
     def supervisor_options(self) -> dict[str, Any]:
@@ -141,7 +142,7 @@ class CheckpointSaverHook(SessionRunHook):
         return opts
 
     def begin(self) -> None:
-        need_global_step("CheckpointSaverHook")
+        self._gs = need_global_step("CheckpointSaverHook") if graph_mode() else None
         for listener in self._listeners:
             listener.begin()
 
@@ -157,8 +158,12 @@ class CheckpointSaverHook(SessionRunHook):
             return
         self._agent.before_snapshot.append(self._before_save)
         self._agent.on_commit.append(self._after_save)
-        if self._agent.last_committed < api.read_step(sv.global_step):
+        if self._agent.last_committed < self._step(session, sv):
             self._agent.request(SaveReason.STEPS)  # as TF: a checkpoint right at session creation
+
+    def _step(self, session: Any, sv: Any) -> int:
+        """The global step now (graph mode: run in the session)."""
+        return read_global_step(session, self._gs) if self._gs is not None else api.read_step(sv.global_step)
 
     def _before_save(self, step: int, reason: Any) -> None:
         logger.info("Calling checkpoint listeners before saving checkpoint %d...", step)
@@ -178,7 +183,7 @@ class CheckpointSaverHook(SessionRunHook):
 
     def end(self, session: Any) -> None:
         sv = supervisor_of(session)
-        step = api.read_step(sv.global_step) if sv is not None else 0
+        step = self._step(session, sv) if sv is not None or self._gs is not None else 0
         if self._agent is not None:
             sv.commit_checkpoint()
             self._agent.before_snapshot.remove(self._before_save)
