@@ -15,7 +15,9 @@ session) and makes every ``run`` one ``session.run`` with the hooks around it, a
 * ``after_run(run_context, SessionRunValues(results, options, run_metadata))`` on every hook,
   ``results`` being the values of that hook's own fetches (None if it asked for none);
 * a hook's ``run_context.request_stop()`` makes ``should_stop()`` True after the run; a ``run``
-  after that is a ``RuntimeError``, as TF's.
+  after that is a ``RuntimeError``, as TF's. ``should_stop()`` is also True when the wrapped
+  session has one that says so (the Supervisor's stop); a run then is left to the MonitoredSession
+  to refuse (:class:`procsv.TrainingStopped` after a signal).
 
 It needs no Supervisor and calls no ``begin``/``after_create_session``/``end``: the
 MonitoredSession around it does.
@@ -83,7 +85,7 @@ class GraphHookedSession:
         values of ``fetches`` (the caller's only)."""
         from tensorflow.core.protobuf import config_pb2
 
-        if self.should_stop():
+        if self._should_stop:  # a hook's stop (the wrapped session's own is its owner's to judge)
             raise RuntimeError("Run called even after should_stop requested.")
         run_context = api.SessionRunContext(api.SessionRunArgs(fetches, dict(feed_dict) if feed_dict is not None else None),
                                            self._sess)
