@@ -240,9 +240,11 @@ def test_tensorflows_own_hook_and_listener_classes_run_step_fn_and_raw_session_i
         assert not graph.finalized  # unfrozen again, as TF
     assert first == 1.0
     runs = [c for c in calls if c[0] == "after_run"]
-    assert calls[:2] == ["begin", ("after_create_session", 0)] and len(runs) == 3 and calls[-1] == ("end", 2)
-    saves = [c for c in calls if c[0] in ("before_save", "after_save")]
-    assert ("before_save", 2) in saves and ("after_save", 2) in saves
+    assert calls[:2] == ["begin", ("after_create_session", 0)] and len(runs) == 3
+    # as TF: the hooks end in order, the CheckpointSaverHook's end() saving the last step (listeners around it)
+    # (an earlier checkpoint's after_save may come in between: commits are asynchronous)
+    tail = calls[calls.index(("end", 2)):]
+    assert ("before_save", 2) in tail and tail[-1] == ("after_save", 2), calls
     assert committed_steps(logdir)[-1] == 2
 
 

@@ -219,14 +219,14 @@ class StepCounterHook(SessionRunHook):
         if secs is not None and steps is not None and secs > 0:
             self.last_rate = steps / secs
             logger.info("global_step/sec: %g", self.last_rate)
-            if self._sv is not None:
-                self._sv.log_scalar("global_step/sec", self.last_rate, step)
-            elif self._graph:
+            if self._graph:  # a Summary proto, as TF's hook writes it
                 import tensorflow as tf
 
                 summary = tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag="global_step/sec",
                                                                                  simple_value=self.last_rate)])
-                write_graph_summary(None, self._session, self._output_dir, summary, step)
+                write_graph_summary(self._sv, self._session, self._output_dir, summary.SerializeToString(), step)
+            elif self._sv is not None:
+                self._sv.log_scalar("global_step/sec", self.last_rate, step)
 
 
 # ---------------------------------------------------------------------------- logging, profiling
