@@ -188,6 +188,8 @@ def test_three_sigkills_at_random_moments_and_monitored_training_session_ends_bi
     deaths = [e for e in _trainer_exits(logdir) if e.get("signal") == "SIGKILL"]
     assert len(deaths) == 3
     assert all(s is not None and 0 < s < steps for s in killed_at), killed_at  # each landed mid-run
+    restores = [e["step"] for e in lifecycle(logdir) if e["event"] == "restored"]
+    assert len(restores) == 3 and all(0 < s < steps for s in restores), restores  # each attempt resumed mid-run
     assert "finished at step 600" in stdout
     assert _bit_equal(_load(out), plain(steps))
     saved = _saver_values(logdir)  # the final checkpoint too, read by TF
