@@ -317,3 +317,23 @@ def test_logging_tensor_hook_refuses_tensor_names_only_in_eager_mode():
             sess.run(tf.compat.v1.global_variables_initializer())
             sess.run(m["train_op"])
             assert sess.run(hook._fetches) == {name: sess.run(m["loss"])}
+
+
+def test_final_ops_feed_dict_and_logging_at_end_with_a_formatter_in_graph_mode(caplog):
+    import tensorflow as tf
+
+    from procsv import train
+
+    with tf.Graph().as_default():
+        m = _model(tf)
+        plain = train.FinalOpsHook(m["loss"])
+        final = train.FinalOpsHook(m["loss"], final_ops_feed_dict={m["scale"]: 2.0})
+        logging_hook = train.LoggingTensorHook({"loss": m["loss"]}, at_end=True,
+                                               formatter=lambda values: f"final loss {values['loss']:.6f}")
+        with caplog.at_level(logging.INFO):
+            losses, values = _drive(tf, [train.StopAtStepHook(last_step=3), plain, final, logging_hook], m)
+    loss = plain.final_ops_values  # the final variables' loss (scale 1)
+    assert len(losses) == 3 and loss > 0
+    assert final.final_ops_values == pytest.approx(2 * loss)  # run with final_ops_feed_dict
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("final loss")] == [
+        f"final loss {loss:.6f}"]

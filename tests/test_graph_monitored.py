@@ -265,3 +265,47 @@ def test_singular_monitored_session_does_not_recover_from_an_aborted_run(logdir)
         with pytest.raises(tf.errors.AbortedError):
             with train.SingularMonitoredSession(hooks=[Abort()], checkpoint_dir=logdir) as sess:
                 sess.run(m["train_op"])
+
+
+def test_a_tf1_checkpoint_to_start_from_queue_runners_out_of_range_and_a_step_context_stop_in_graph_mode(logdir, tmp_path):
+    import tensorflow as tf
+
+    from procsv import train
+
+    start = str(tmp_path / "tf1" / "model.ckpt")
+    with tf.Graph().as_default():  # a TF1 Saver's checkpoint (of step 7, w = 5) made by plain TF
+        m = _model(tf)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run([m["w"].assign(5.0), m["gs"].assign(7)])
+            path = tf.compat.v1.train.Saver().save(sess, start, global_step=7)
+
+    with tf.Graph().as_default():
+        m = _model(tf)
+        queue = tf.queue.FIFOQueue(10, tf.float32)
+        tf.compat.v1.train.add_queue_runner(tf.compat.v1.train.QueueRunner(queue, [queue.enqueue(1.0)]))
+        size = queue.size()
+        final = train.FinalOpsHook({"w": m["w"], "gs": m["gs"]})
+        with train.SingularMonitoredSession(hooks=[final], checkpoint_dir=logdir,
+                                            checkpoint_filename_with_path=path) as sess:
+            raw = sess.raw_session()
+            assert raw.run(m["gs"]) == 7 and raw.run(m["w"]) == 5.0  # restored from the TF1 checkpoint
+            wait_for(lambda: raw.run(size) > 0, 30, what="the queue runner started at creation")
+            sess.run(m["train_op"])
+            sess.run(m["train_op"])
+            raise tf.errors.OutOfRangeError(None, None, "input exhausted")  # a clean end of the block
+        assert final.final_ops_values["gs"] == 9  # end() ran: the exit was clean
+        assert committed_steps(logdir)[-1] == 9
+
+    with tf.Graph().as_default():
+        m = _model(tf)
+        with train.MonitoredSession(train.ChiefSessionCreator(checkpoint_dir=logdir)) as sess:
+            assert sess.run(m["gs"]) == 9  # the logdir's own checkpoint wins now
+
+            def stop(step_context):
+                step_context.run_with_hooks(m["train_op"])
+                step_context.request_stop()
+
+            sess.run_step_fn(stop)
+        assert sess.should_stop()
+        assert committed_steps(logdir)[-1] == 10
