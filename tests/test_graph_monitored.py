@@ -133,6 +133,15 @@ def test_a_tf1_program_under_monitored_training_session_with_hooks_ends_bit_equa
     # its final checkpoint has TF1's names and the same values
     saved = _saver_values(logdir)
     assert _bit_equal({k: saved[k] for k in final}, final)
+    # the SummarySaverHook (every 50 steps: the Scaffold's merge_all) and the StepCounterHook (every 100)
+    # wrote through the summary service
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    acc = ea.EventAccumulator(logdir, size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    steps = [e.step for e in acc.Scalars("loss")]
+    assert steps[0] == 1 and len(steps) == 3 and all(45 <= b - a <= 50 for a, b in zip(steps, steps[1:])), steps
+    assert [e.step for e in acc.Scalars("global_step/sec")] in ([100], [101]), acc.Tags()
 
 
 def _trainer_exits(logdir: str) -> list[dict]:

@@ -51,6 +51,7 @@ def build() -> tuple[tf.Tensor, tf.Operation]:
     logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2
     loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
     train_op = tf.compat.v1.train.MomentumOptimizer(0.05, 0.9).minimize(loss, global_step=gs)
+    tf.compat.v1.summary.scalar("loss", loss)  # the Scaffold's default summary_op (merge_all) writes it
     return loss, train_op
 
 
