@@ -318,3 +318,24 @@ def test_a_tf1_checkpoint_to_start_from_queue_runners_out_of_range_and_a_step_co
             sess.run_step_fn(stop)
         assert sess.should_stop()
         assert committed_steps(logdir)[-1] == 10
+
+
+def test_sigterm_commits_the_last_step_of_a_tf1_program_and_a_relaunch_ends_bit_equal_to_the_plain_loop(short_tmp, plain):
+    logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "final.npz")
+    args = ("--steps", "300", "--step-delay", "0.01", "--save-checkpoint-secs", "1000", "--out", out)
+    proc = launch(logdir, *args, target=PROGRAM)
+    try:
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 20, 120, what="training to start")
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        code, stdout, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    stopped = committed_steps(logdir)[-1]
+    assert 20 < stopped < 300
+    assert f"finished at step {stopped} after {stopped} runs" in stdout  # the block ended early, cleanly
+    reasons = [e["reason"] for e in lifecycle(logdir) if e["event"] == "checkpoint_committed"]
+    assert reasons[-1] == "preempted"
+    code, stdout, err = finish(launch(logdir, *args, target=PROGRAM))
+    assert code == 0, err[-3000:]
+    assert f"finished at step 300 after {300 - stopped} runs in this process" in stdout, stdout
+    assert _bit_equal(_load(out), plain(300))
