@@ -339,3 +339,23 @@ def test_sigterm_commits_the_last_step_of_a_tf1_program_and_a_relaunch_ends_bit_
     assert code == 0, err[-3000:]
     assert f"finished at step 300 after {300 - stopped} runs in this process" in stdout, stdout
     assert _bit_equal(_load(out), plain(300))
+
+
+def test_a_worker_session_in_graph_mode_restores_the_chiefs_checkpoint_and_saves_nothing(logdir):
+    import tensorflow as tf
+
+    from procsv import train
+
+    with tf.Graph().as_default():
+        m = _model(tf)
+        with train.MonitoredTrainingSession(checkpoint_dir=logdir, save_checkpoint_secs=None) as sess:
+            for _ in range(5):
+                sess.run(m["train_op"])
+    assert committed_steps(logdir) == [5]
+    with tf.Graph().as_default():
+        m = _model(tf)
+        with train.MonitoredTrainingSession(is_chief=False, checkpoint_dir=logdir) as sess:
+            assert sess.run(m["gs"]) == 5  # the chief's checkpoint, restored with TF1's names
+            sess.run(m["train_op"])
+            assert sess.run(m["gs"]) == 6
+    assert committed_steps(logdir) == [5]  # a worker saves nothing
