@@ -359,3 +359,16 @@ def test_a_worker_session_in_graph_mode_restores_the_chiefs_checkpoint_and_saves
             sess.run(m["train_op"])
             assert sess.run(m["gs"]) == 6
     assert committed_steps(logdir) == [5]  # a worker saves nothing
+
+
+def test_sv_log_scalar_in_a_tf1_program_after_the_graph_is_frozen(short_tmp):
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    logdir = os.path.join(short_tmp, "run")
+    out = subprocess.run([sys.executable, os.path.join(PROGRAMS, "graph_log_scalar.py"), logdir],
+                         capture_output=True, text=True, env=quiet_env(), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "finalized=True" in out.stdout
+    acc = ea.EventAccumulator(logdir, size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("my/scalar")] == [(1, 0.0), (2, 1.0), (3, 2.0)]

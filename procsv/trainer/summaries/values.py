@@ -79,7 +79,12 @@ def eager_kinds() -> tuple[Any, frozenset[int]]:
         reals = (tf.bool, tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64,
                  tf.uint8, tf.uint16, tf.uint32, tf.uint64)
         with tf.init_scope():  # eager even when the first call comes from inside a tf.function
-            kind = type(tf.constant(0.0))
+            if tf.executing_eagerly():
+                kind = type(tf.constant(0.0))
+            else:  # a TF1 graph program: a constant would be an op in its graph, which may be frozen
+                from tensorflow.python.framework.ops import EagerTensor
+
+                kind = EagerTensor
         _eager = (kind, frozenset(d.as_datatype_enum for d in reals))
     return _eager
 
