@@ -372,3 +372,21 @@ def test_sv_log_scalar_in_a_tf1_program_after_the_graph_is_frozen(short_tmp):
     acc = ea.EventAccumulator(logdir, size_guidance={ea.SCALARS: 0})
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("my/scalar")] == [(1, 0.0), (2, 1.0), (3, 2.0)]
+
+
+def test_the_session_creators_master_and_config_reach_the_graph_session(logdir):
+    import tensorflow as tf
+
+    from procsv import train
+
+    server = tf.distribute.Server.create_local_server()
+    config = tf.compat.v1.ConfigProto(log_device_placement=False, intra_op_parallelism_threads=1)
+    with tf.Graph().as_default():
+        m = _model(tf)
+        creator = train.ChiefSessionCreator(checkpoint_dir=logdir, master=server.target, config=config)
+        with train.MonitoredSession(creator) as sess:
+            sess.run(m["train_op"])
+            raw = sess._graph.raw_session()
+            assert raw.sess_str == server.target.encode()  # a session on that server (bytes, as TF's)
+            assert raw.session.raw._config.intra_op_parallelism_threads == 1  # made with that ConfigProto
+            assert raw.run(m["gs"]) == 1

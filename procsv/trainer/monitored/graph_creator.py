@@ -62,7 +62,7 @@ def create(creator: Any) -> GraphRawSession:
         creator.supervisor = _build_supervisor(creator)
     sv = creator.supervisor
     try:
-        session = sv.prepare_or_wait_for_session(config=creator.config)
+        session = sv.prepare_or_wait_for_session(master=creator.master, config=creator.config)
         raw = GraphRawSession(session, sv)
         _queue_runners_started(sv, session)
     except BaseException:
@@ -74,11 +74,8 @@ def create(creator: Any) -> GraphRawSession:
 def _build_supervisor(creator: Any) -> Any:
     import tensorflow as tf
 
-    from procsv.common.errors import UsageError
     from procsv.trainer.supervisor import Supervisor
 
-    if creator.master:
-        raise UsageError(f"master={creator.master!r}: procsv runs a graph program's session in-process; pass master=''")
     scaffold = creator.scaffold
     scaffold.fill_defaults()
     if scaffold.local_init_feed_dict is not None:

@@ -208,7 +208,7 @@ class ChiefSessionCreator:
     ``master`` and ``config`` are accepted and ignored (warned once): a TF2 program runs its ops
     in-process. In graph mode (a Scaffold made while not executing eagerly) the Supervisor is a
     graph-mode one built from the Scaffold's pieces (:mod:`procsv.trainer.monitored.graph_creator`),
-    ``config`` is its session's ``ConfigProto`` and ``master`` must be local (``""``).
+    ``master`` and ``config`` are its session's target and ``ConfigProto``, as TF.
     ``checkpoint_filename_with_path`` is restored when the logdir has no checkpoint of its own (a
     restarted trainer resumes from its own latest one instead).
     """
