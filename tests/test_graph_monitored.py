@@ -390,3 +390,48 @@ def test_the_session_creators_master_and_config_reach_the_graph_session(logdir):
             assert raw.sess_str == server.target.encode()  # a session on that server (bytes, as TF's)
             assert raw.session.raw._config.intra_op_parallelism_threads == 1  # made with that ConfigProto
             assert raw.run(m["gs"]) == 1
+
+
+def _on_server(sess, server, m):
+    """The graph session inside a monitored session: made on ``server`` with the test's ConfigProto."""
+    raw = sess._graph.raw_session()
+    assert raw.sess_str == server.target.encode()
+    assert raw.session.raw._config.intra_op_parallelism_threads == 1
+    return raw
+
+
+def test_master_and_config_reach_the_graph_session_of_every_monitored_session_and_creator(logdir):
+    """MonitoredTrainingSession(master=, config=) (chief and worker), SingularMonitoredSession(master=,
+    config=) and WorkerSessionCreator(master=, config=): the graph session is made on that target
+    with that ConfigProto, as TF's, and trains."""
+    import tensorflow as tf
+
+    from procsv import train
+
+    server = tf.distribute.Server.create_local_server()
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1)
+    with tf.Graph().as_default():
+        m = _model(tf)
+        with train.MonitoredTrainingSession(master=server.target, config=config, checkpoint_dir=logdir,
+                                            save_checkpoint_secs=None) as sess:
+            sess.run(m["train_op"])
+            assert _on_server(sess, server, m).run(m["gs"]) == 1
+    with tf.Graph().as_default():
+        m = _model(tf)
+        with train.SingularMonitoredSession(master=server.target, config=config, checkpoint_dir=logdir) as sess:
+            assert sess.run(m["gs"]) == 1  # restored
+            sess.run(m["train_op"])
+            assert _on_server(sess, server, m).run(m["gs"]) == 2
+    assert committed_steps(logdir)[-1] == 2
+    with tf.Graph().as_default():
+        m = _model(tf)
+        with train.MonitoredTrainingSession(is_chief=False, master=server.target, config=config,
+                                            checkpoint_dir=logdir) as sess:
+            assert _on_server(sess, server, m).run(m["gs"]) == 2
+    with tf.Graph().as_default():
+        m = _model(tf)
+        creator = train.WorkerSessionCreator(master=server.target, config=config, checkpoint_dir=logdir)
+        with train.MonitoredSession(creator) as sess:
+            sess.run(m["train_op"])
+            assert _on_server(sess, server, m).run(m["gs"]) == 3
+    assert committed_steps(logdir)[-1] == 2  # the workers saved nothing
