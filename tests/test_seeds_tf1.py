@@ -6,7 +6,8 @@ nothing else in the file names procsv (but the shared model module, which import
 only). The twin runs under TensorFlow's own classes, as a plain ``python`` program, and finishes
 with a checkpoint a fresh-graph ``tf.compat.v1.train.Saver`` restores; for the MonitoredSession
 family (whose saver hook saves between runs and at the end) that checkpoint is at ``--steps`` and
-holds the variables of an uninterrupted plain-``Session`` run, bit for bit.
+holds the variables of an uninterrupted plain-``Session`` run, bit for bit; the manual summaries
+example writes its ``loss`` summaries at steps 0, 100 and 200.
 
 (b) Each procsv file runs under ``procsv launch`` with one SIGKILL of the trainer mid-run and
 finishes (exit 0); its newest checkpoint, found by ``tf.train.latest_checkpoint``, is
@@ -155,6 +156,17 @@ def test_the_tensorflow_twin_runs_under_tensorflows_own_classes(example: str, tm
         assert_bit_equal(got, variables_after(STEPS))
     else:  # TF's Supervisor saves from a thread on a timer, and not at the end
         assert 0 <= int(got["global_step"]) <= STEPS
+    if example == "manual_summaries":
+        assert loss_summary_steps(logdir) == [0, 100, 200]
+
+
+def loss_summary_steps(logdir: str) -> list[int]:
+    """The steps of the ``loss`` scalars in ``logdir``'s event files (TensorBoard's reader)."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    acc = ea.EventAccumulator(logdir, size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    return [e.step for e in acc.Scalars("loss")]
 
 
 def launch_and_kill_once(logdir: str, example: str) -> tuple[int, str, str]:
@@ -191,9 +203,5 @@ def test_an_example_survives_a_sigkill_under_procsv_launch(example: str, logdir:
         assert "print_loss: loss " in out
     if example == "retry":
         assert "retry: aborted at step 170; retrying" in out
-    if example == "manual_summaries":  # summary_op=None: only the summaries computed by hand, every 100 steps
-        from tensorboard.backend.event_processing import event_accumulator as ea
-
-        acc = ea.EventAccumulator(logdir, size_guidance={ea.SCALARS: 0})
-        acc.Reload()
-        assert [e.step for e in acc.Scalars("loss")] == [0, 100, 200]
+    if example == "manual_summaries":  # summary_op=None: only the summaries computed by hand, every 100 steps, once
+        assert loss_summary_steps(logdir) == [0, 100, 200]

@@ -65,7 +65,7 @@ def build(step_delay: float = 0.0) -> Model:
     ys = tf.constant([[3.0 * x + 2.0] for x in XS], name="ys")
     w = tf.compat.v1.get_variable("w", shape=[1, 1], initializer=tf.compat.v1.zeros_initializer())
     b = tf.compat.v1.get_variable("b", shape=[1], initializer=tf.compat.v1.zeros_initializer())
-    loss = tf.reduce_mean(tf.square(tf.matmul(xs, w) + b - ys), name="loss")
+    loss = tf.reduce_mean(tf.square(tf.matmul(xs, w) + b - ys))
     global_step = tf.compat.v1.train.get_or_create_global_step()
     train_op = tf.compat.v1.train.GradientDescentOptimizer(LEARNING_RATE).minimize(loss, global_step=global_step)
     if step_delay:
