@@ -19,6 +19,9 @@ in pairs):
   million seconds), no summaries (``summary_op=None``, ``save_summaries_secs=0``), once with
   the in-memory snapshot tier off (``PROCSV_MEMORY_SNAPSHOTS=0``: the goal's measurement) and
   once with it on (the default 0.01);
+* ``floor``: a second plain ``Session`` whose every run also fetches the global step (one more
+  fetch in the same call): the least a supervisor adds that learns of each step by fetching the
+  global step with the program's own run, as procsv's graph session does (issue 40's design);
 * optionally (``--contenders ...,tf``) TensorFlow's own ``tf.compat.v1.train.Supervisor`` on the
   same terms, for reference (with ``summary_writer=None``: its session is then a plain ``Session``
   and nothing of it runs during the timed window, an A/A check of the harness).
@@ -31,7 +34,8 @@ boundary's timers fire as often per supervised step as in a loop of its own.
 Throughput is steps per second; the ratio supervised / plain of each series is the median of the
 per-pair ratios. Prints a table with the spread over the repeats, then one line:
 ``graph_supervision_ratio=<x> graph_supervision_ratio_tier=<x> step_ms_plain=<x> step_ms=<x>``
-(medians over repeats; ``graph_tf_supervisor_ratio=<x>`` too with the ``tf`` contender). Exits 1
+(medians over repeats; also ``graph_fetch_floor_ratio=<x>``, and ``graph_tf_supervisor_ratio=<x>``
+with the ``tf`` contender). Exits 1
 if a correctness check fails: the supervised global step must equal the ``sess.run`` calls made,
 both sessions must start equal and end bit-equal (every global variable: weights, Adam slots,
 ``global_step``) with the same last loss, and with the tier on procsv must have taken in-memory
@@ -41,6 +45,7 @@ snapshots.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -48,7 +53,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
@@ -62,7 +67,7 @@ from lockstep import TrainingClock  # noqa: E402
 BATCH = 64
 SEED = 0
 CONTENDERS = {"procsv": "procsv, supervision only (tier off)", "procsv-tier": "procsv, with the in-memory tier",
-              "tf": "TensorFlow's own Supervisor"}
+              "floor": "floor: plain, + the global step fetched", "tf": "TensorFlow's own Supervisor"}
 
 
 @dataclass
@@ -77,6 +82,7 @@ class Graph:
     global_step: Any
     init_op: Any
     variables: list[Any]
+    step_read: Any  # a read of the global step (unordered with the run's increment): what the floor fetches with each run
 
 
 def build_graph() -> Graph:
@@ -98,7 +104,32 @@ def build_graph() -> Graph:
         train_op = tf.compat.v1.train.AdamOptimizer(1e-3).minimize(loss, global_step=global_step)
         init_op = tf.compat.v1.global_variables_initializer()
         variables = tf.compat.v1.global_variables()
-    return Graph(g, x, y, train_op, loss, global_step, init_op, variables)
+        step_read = tf.identity(global_step.read_value(), name="step_read")
+    return Graph(g, x, y, train_op, loss, global_step, init_op, variables, step_read)
+
+
+class FetchingStep:
+    """The floor contender's session: a plain ``Session`` whose every ``run`` also fetches the global
+    step, in the same call, and returns only what was asked."""
+
+    def __init__(self, m: Graph) -> None:
+        import tensorflow as tf
+
+        self._sess = tf.compat.v1.Session(graph=m.graph)
+        self._sess.run(m.init_op)
+        self._step = m.step_read
+
+    def run(self, fetches: Any, feed_dict: Optional[dict[Any, Any]] = None) -> Any:
+        return self._sess.run([fetches, self._step], feed_dict)[0]
+
+
+@contextlib.contextmanager
+def floor_session(m: Graph) -> Iterator[FetchingStep]:
+    sess = FetchingStep(m)
+    try:
+        yield sess
+    finally:
+        sess._sess.close()
 
 
 def supervisor(contender: str, m: Graph, logdir: str, clock: TrainingClock) -> Any:
@@ -137,9 +168,9 @@ def series(tmp: str, contender: str, blocks: int, block_steps: int, data: tuple[
     per: dict[bool, list[float]] = {True: [], False: []}
     steps = {True: 0, False: 0}
     last_loss: dict[bool, float] = {}
-    sv = supervisor(contender, m, logdir, clock)
+    sv = supervisor(contender, m, logdir, clock) if contender != "floor" else None
     try:
-        with sv.managed_session() as sess:
+        with (sv.managed_session() if sv is not None else floor_session(m)) as sess:
             settle()
             start = int(sess.run(m.global_step))
             same_start = all(np.array_equal(a, b) for a, b in zip(plain.run(m.variables), sess.run(m.variables)))
@@ -179,7 +210,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3, help="series per contender (>= 3 for quoted figures)")
     p.add_argument("--blocks", type=int, default=300, help="ABBA block pairs per series")
     p.add_argument("--block-steps", type=int, default=50)
-    p.add_argument("--contenders", default="procsv,procsv-tier",
+    p.add_argument("--contenders", default="procsv,procsv-tier,floor",
                    help=f"comma-separated, of {', '.join(CONTENDERS)} (tf: TensorFlow's own Supervisor, for reference)")
     args = p.parse_args()
     contenders = [c for c in args.contenders.split(",") if c]
@@ -237,7 +268,7 @@ def main() -> int:
         print(f"snapshots taken with the tier: {', '.join(str(r['taken']) for r in results['procsv-tier'])}")
     print("goal: throughput ratio >= 0.98 (procsv, supervision only)")
     keys = {"procsv": "graph_supervision_ratio", "procsv-tier": "graph_supervision_ratio_tier",
-            "tf": "graph_tf_supervisor_ratio"}
+            "floor": "graph_fetch_floor_ratio", "tf": "graph_tf_supervisor_ratio"}
     first = contenders[0]
     print(" ".join([f"{keys[c]}={med(c, 'ratio'):.4f}" for c in contenders]
                    + [f"step_ms_plain={med(first, 'plain') * 1e3:.3f}", f"step_ms={med(first, 'supervised') * 1e3:.3f}",
