@@ -46,22 +46,8 @@ MONITORED = {"monitored_session": (), "run_step_fn": (), "monitored_training": (
 EXAMPLES = {**SUPERVISOR, **MONITORED}
 COMMON = ("--steps", str(STEPS), "--save-model-secs", "1", "--save-checkpoint-steps", "50", "--step-delay", "0.01")
 
-# (b) for these examples is a strict xfail, with the reason: expected to pass once it is gone. The
-# graph-mode Supervisor is on main; on a scratch merge of it (before the non-finite check below
-# landed) with the MonitoredSession branch, 7 of the 8 passed (retry did not).
-SNAPSHOT = ("main's non-finite check of each snapshot (trainer/nonfinite/watch.py -> scan.rules -> "
-            "checkpoint/snapshot._serialize) treats the graph program's GraphCheckpoint as a tf.train.Checkpoint: "
-            "AttributeError: 'GraphCheckpoint' object has no attribute '_maybe_initialize_trackable' at the first "
-            "checkpoint, so no graph program commits one; expected to pass once that is fixed")
-SECOND_SUPERVISOR = ("a second procsv.Supervisor on the same, finalized graph (the retry after AbortedError) raises "
-                     "'Graph is finalized and cannot be modified' in trainer/graph/steps.py's StepProbe (TensorFlow's "
-                     "own Supervisor reuses the graph's collections): the trainer exits and is restarted at every retry")
-MONITORED_GRAPH = ("expected to pass once the MonitoredSession family's graph path (issue 40, engineer C's branch) is on "
-                   "main: today MonitoredSession fails in a graph program with 'numpy() is only available when eager "
-                   "execution is enabled'")
-PENDING = {"basic": SNAPSHOT, "loop": SNAPSHOT, "manual_summaries": SNAPSHOT,
-           "retry": f"{SNAPSHOT}; and {SECOND_SUPERVISOR}",
-           **{example: f"{MONITORED_GRAPH}; and {SNAPSHOT}" for example in MONITORED}}
+# (b) for an example listed here is a strict xfail with the reason (none today: every example passes)
+PENDING: dict[str, str] = {}
 
 
 def examples_under_procsv() -> list[Any]:

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional
 from procsv.common.errors import UsageError
 from procsv.trainer.graph.session_manager import SessionManager
 from procsv.trainer.graph.state import GraphCheckpoint, GraphGlobalStep
+from procsv.trainer.graph.built import once_per_graph
 from procsv.trainer.graph.steps import StepProbe, global_step_of
 from procsv.trainer.monitored.hooks import warn_once
 from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, Tf1Choices
@@ -91,7 +92,8 @@ def resolve_graph(checkpoint: Any, summary_fn: Any, saver: Any, summary_op: Any,
             warn_once("Supervisor.graph_global_step", "the graph has no global step (or increment_global_step=True): "
                       "procsv advances one at every sess.run of the session, each run is a step; pass "
                       "global_step=tf.compat.v1.train.get_or_create_global_step() to minimize() instead")
-        probe = StepProbe(graph, variable, counts_every_run=bool(created or increment_global_step))
+        counts = bool(created or increment_global_step)  # (a second Supervisor on this graph reuses the probe)
+        probe = once_per_graph(graph, ("probe", variable.name, counts), lambda: StepProbe(graph, variable, counts))
         if saver is USE_DEFAULT:
             saver = _first(graph, keys.SAVERS)
             if saver is None and tf.compat.v1.global_variables():

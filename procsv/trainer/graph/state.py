@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from procsv.common.errors import UnsupportedState
+from procsv.trainer.graph.built import once_per_graph
 from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint, RestoreStatus
 
 SessionGetter = Callable[[], Any]  # returns the live tf.compat.v1.Session (or anything with its run())
@@ -111,16 +112,22 @@ class GraphCheckpoint(NameBasedCheckpoint):
         self.graph = next(iter(graphs.values()))
         self._keys = list(self.var_list)
         self._dtypes = [v.dtype.base_dtype for v in self.var_list.values()]
-        with self.graph.as_default(), tf.name_scope(f"{SCOPE}/checkpoint"):
-            self._reads = [_read_op(v) for v in self.var_list.values()]
-            self._prefix = tf.compat.v1.placeholder(tf.string, shape=[], name="restore_prefix")
-            self._assigns: list[Any] = []
-            for key, var, dtype in zip(self._keys, self.var_list.values(), self._dtypes):
-                with tf.device("/cpu:0"):
-                    value = tf.raw_ops.RestoreV2(prefix=self._prefix, tensor_names=[key], shape_and_slices=[""],
-                                                 dtypes=[dtype])[0]
-                value.set_shape(var.shape)
-                self._assigns.append(var.assign(value, read_value=False))
+        def build() -> tuple[list[Any], Any, list[Any]]:
+            with self.graph.as_default(), tf.name_scope(f"{SCOPE}/checkpoint"):
+                reads = [_read_op(v) for v in self.var_list.values()]
+                prefix = tf.compat.v1.placeholder(tf.string, shape=[], name="restore_prefix")
+                assigns: list[Any] = []
+                for key, var, dtype in zip(self._keys, self.var_list.values(), self._dtypes):
+                    with tf.device("/cpu:0"):
+                        value = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[key], shape_and_slices=[""],
+                                                     dtypes=[dtype])[0]
+                    value.set_shape(var.shape)
+                    assigns.append(var.assign(value, read_value=False))
+            return reads, prefix, assigns
+
+        # a second Supervisor on the same (finalized) graph reuses them (procsv.trainer.graph.built)
+        key = ("checkpoint", tuple((k, v.name) for k, v in self.var_list.items()))
+        self._reads, self._prefix, self._assigns = once_per_graph(self.graph, key, build)
 
     def keys(self) -> list[str]:
         return list(self._keys)
@@ -187,11 +194,13 @@ class GraphGlobalStep:
         self.session = session
         self.observed: Optional[int] = None
         dtype = var.dtype.base_dtype
-        with var.graph.as_default(), tf.name_scope(f"{SCOPE}/global_step"):
-            self._value = tf.compat.v1.placeholder(dtype, shape=[], name="value")
-            self._assign = var.assign(self._value, read_value=True)
-            self._assign_add = var.assign_add(self._value, read_value=True)
-            self._read = _read_op(var)
+        def build() -> tuple[Any, Any, Any, Any]:
+            with var.graph.as_default(), tf.name_scope(f"{SCOPE}/global_step"):
+                value = tf.compat.v1.placeholder(dtype, shape=[], name="value")
+                return value, var.assign(value, read_value=True), var.assign_add(value, read_value=True), _read_op(var)
+
+        built = once_per_graph(var.graph, ("global_step", var.name), build)
+        self._value, self._assign, self._assign_add, self._read = built
 
     @property
     def dtype(self) -> Any:
