@@ -435,3 +435,29 @@ def test_master_and_config_reach_the_graph_session_of_every_monitored_session_an
             sess.run(m["train_op"])
             assert _on_server(sess, server, m).run(m["gs"]) == 3
     assert committed_steps(logdir)[-1] == 2  # the workers saved nothing
+
+
+def test_scalars_an_eager_function_logged_earlier_in_the_process_do_not_break_a_graph_session(logdir):
+    """The process's rings of scalars logged inside a tf.function (eager variables, made by an earlier
+    eager program or test in this process) are read at a graph session's step boundary inside a
+    ``tf.Graph().as_default()`` block: they are read eagerly there (init_scope), never with a
+    graph-mode ``numpy()`` (which raised NotImplementedError and failed the run: seen in CI when an
+    eager test ran before this file in the same worker)."""
+    import tensorflow as tf
+
+    from procsv import train
+    from procsv.trainer.summaries.graph_rings import PROCESS_RINGS
+
+    @tf.function
+    def eager_step() -> None:
+        PROCESS_RINGS.log({"eager/x": tf.constant(1.5)}, tf.constant(7, tf.int64))
+
+    eager_step()
+    with tf.Graph().as_default():
+        m = _model(tf)
+        with train.MonitoredTrainingSession(checkpoint_dir=logdir, save_checkpoint_secs=None,
+                                            save_summaries_steps=1) as sess:
+            for _ in range(3):
+                sess.run(m["train_op"])
+            assert sess.run(m["gs"]) == 3
+    assert committed_steps(logdir) == [3]

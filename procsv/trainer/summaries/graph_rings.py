@@ -166,11 +166,20 @@ class GraphRings:
     def drain(self, now: Optional[float] = None) -> Drained:
         """Every row completed since the last drain (main thread: eager reads); ``now``: the
         monotonic clock, for rows begun on another thread and not completed yet."""
+        import tensorflow as tf
+
         out = Drained([], [], [], 0)
         with self._lock:
             rings = list(self._rings.values())
-        for ring in rings:
-            ring.drain(out, time.monotonic() if now is None else now)
+        if not rings:
+            return out
+        # the rings are eager variables: read them eagerly, also from a TF1 graph session's boundary
+        # inside a ``tf.Graph().as_default()`` block (an eager function logged in this process earlier)
+        with tf.init_scope():
+            if not tf.executing_eagerly():  # eager execution is off in this process: no eager ring to read
+                return out
+            for ring in rings:
+                ring.drain(out, time.monotonic() if now is None else now)
         return out
 
 
