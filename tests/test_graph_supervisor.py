@@ -199,13 +199,17 @@ def test_a_graph_mlp_killed_at_random_moments_ends_bit_equal_to_a_plain_session_
 def test_a_run_is_a_step_when_it_writes_the_global_step_on_the_sessions_thread(tmp_path):
     """sv.step after each run: reads (loss, the global step, a variable) are no steps; the train op
     fetched alone, in a list, a dict, by name or inside a group is; a step made by another thread is
-    seen at the session thread's next step; after a stop request a run that would be a step raises
+    seen at the session thread's next step; a writer that sets it (an assign), one that adds 2, and
+    one whose constant is fed move sv.step by what they wrote; over 250 steps of the train op (whose
+    steps are inferred, the variable read only every 100 or at a due boundary) sv.step equals the
+    variable after each; after a stop request a run that would be a step raises
     TrainingStopped (a clean stop, as an eager step), a read still runs. A graph without a global
     step gets one, and then every run is a step."""
     seen = _case("steps", str(tmp_path / "steps"))["seen"]
     assert seen == [["loss", 0], ["op", 1], ["list", 2], ["dict", 3], ["by name", 4], ["group", 5],
                     ["global step", 5], ["w", 5], ["other thread", 5, 6], ["after", 7],
-                    ["read after the stop", seen[10][1]], ["step after the stop", "TrainingStopped", 7]]
+                    ["assign", 20], ["add 2", 22], ["add 2 fed 5", 27], ["250 more", 277, []],
+                    ["read after the stop", seen[14][1]], ["step after the stop", "TrainingStopped", 277]]
     assert _case("no_global_step", str(tmp_path / "none")) == {"steps": [1, 2, 3], "global_step": "global_step",
                                                               "w": 4.0}
 

@@ -212,6 +212,8 @@ def case_steps() -> dict[str, object]:
         gs = tf.compat.v1.train.get_or_create_global_step()
         train = tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(loss, global_step=gs, name="train")
         grouped = tf.group(train)
+        jump = gs.assign(20)
+        by_two = tf.compat.v1.assign_add(gs, 2)
         feed = {x: 2.0}
         sv = Supervisor(logdir=LOGDIR, save_summaries_secs=None)
         seen: list[object] = []
@@ -226,6 +228,18 @@ def case_steps() -> dict[str, object]:
             seen.append(["other thread", sv.step, int(sess.run(gs))])
             sess.run(train, feed_dict=feed)
             seen.append(["after", sv.step])
+            sess.run(jump)  # a writer that adds no constant: its value is read
+            seen.append(["assign", sv.step])
+            sess.run(by_two)
+            seen.append(["add 2", sv.step])
+            sess.run(by_two, feed_dict={by_two.op.inputs[1]: 5})  # its constant fed: read, not inferred
+            seen.append(["add 2 fed 5", sv.step])
+            lagged = []  # 250 steps: sv.step equals the variable after each (steps inferred, not read)
+            for _ in range(250):
+                sess.run(train, feed_dict=feed)
+                if sv.step != int(sess.run(gs)):
+                    lagged.append([sv.step, int(sess.run(gs))])
+            seen.append(["250 more", sv.step, lagged])
             sv.request_stop()
             seen.append(["read after the stop", float(sess.run(loss, feed_dict=feed))])
             try:

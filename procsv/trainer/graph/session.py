@@ -20,7 +20,7 @@ import threading
 from typing import Any, Callable, Optional, Protocol
 
 from procsv.common.errors import TrainingStopped
-from procsv.trainer.graph.steps import StepProbe
+from procsv.trainer.graph.steps import VERIFY_EVERY, StepProbe
 from procsv.trainer.step_boundary import StepState
 
 
@@ -46,6 +46,10 @@ class GraphSession:
         self._owner = threading.get_ident()
         self.live = False  # the Supervisor sets it once the session is prepared: boundaries from then on
         self.step_feed: Any = None  # the feed_dict of the run that made the last step (summary_op runs with it)
+        # inferred steps since the global step was last read; VERIFY_EVERY forces a read (another
+        # thread's run that wrote it, a session with a remote target, where others may write it)
+        self._unread = VERIFY_EVERY  # (the first step reads it: where the session started)
+        self._infer = not probe.counts_every_run and not getattr(session, "sess_str", "")
 
     @property
     def raw(self) -> Any:
@@ -57,15 +61,35 @@ class GraphSession:
         boundary runs before this returns. Raises :class:`TrainingStopped` (a clean stop) for a run
         that would write the global step after a stop was requested, as an eager step does."""
         if not self.live or threading.get_ident() != self._owner:
+            if self.live and self._infer and self._probe.plan(fetches, feed_dict) is not None:
+                self._unread = VERIFY_EVERY  # another thread advanced it: read it at the next step
             return self._sess.run(fetches, feed_dict, options, run_metadata)
-        extra = self._probe.extra_fetch(fetches, feed_dict)
-        if extra is None:
-            return self._sess.run(fetches, feed_dict, options, run_metadata)
+        if self._infer:
+            plan = self._probe.plan(fetches, feed_dict)
+            if plan is None:
+                return self._sess.run(fetches, feed_dict, options, run_metadata)
+            extra = plan.read
+            added = plan.add
+        else:
+            extra = self._probe.extra_fetch(fetches, feed_dict)
+            if extra is None:
+                return self._sess.run(fetches, feed_dict, options, run_metadata)
+            added = None
         state = self._state
         if state.coord.asked and state.coord.should_stop():
             raise TrainingStopped("a stop was requested; the training loop should end")
-        out, value = self._sess.run((fetches, extra), feed_dict, options, run_metadata)
-        step = int(value)
+        if added is not None and self._unread < VERIFY_EVERY:
+            out = self._sess.run(fetches, feed_dict, options, run_metadata)
+            step = state.step + added
+            if step >= state.ckpt_step or step >= state.end_step or state.clock() >= state.at:
+                step = int(self._sess.run(self._probe.read))  # a boundary is due: the exact value
+                self._unread = 0
+            else:
+                self._unread += 1
+        else:
+            out, value = self._sess.run((fetches, extra), feed_dict, options, run_metadata)
+            step = int(value)
+            self._unread = 0
         if step != state.step:
             self._stepped(state, step, feed_dict)
         return out
