@@ -54,6 +54,7 @@ from procsv.watchdog.housekeeping import LogdirGuard, Sweeper, clear_group_recor
 from procsv.watchdog.logrotate import archive_launch
 from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.publish.metrics import MetricsServer, RunCollector
+from procsv.watchdog.publish.probes import LoopPulse
 from procsv.watchdog.multihost.nodes import NodeLink
 from procsv.watchdog.multihost.remote import RemoteMembers
 from procsv.watchdog.observe import Report
@@ -101,15 +102,18 @@ class Watchdog:
         self.internal_errors = 0
         self.logdir = LogdirGuard(self.layout, self.view, self.out, cfg.logdir_timeout, clock)
         self.metrics: Optional[MetricsServer] = None
+        self.pulse: Optional[LoopPulse] = None  # what /healthz and /readyz answer from (with --metrics-port)
         self.link: Optional[NodeLink] = None  # the other hosts' agents (--nnodes > 1)
 
     # ------------------------------------------------------------------ main
     def run(self) -> int:
         check_target(self.cfg.target, self.cfg.cwd)
         if self.cfg.metrics_port is not None:  # bound before anything else: a port in use starts nothing
+            self.pulse = LoopPulse(self.clock)
             self.metrics = MetricsServer(self.cfg.metrics_host, self.cfg.metrics_port,
                                          RunCollector(lambda: self.out.snapshot, self.layout.summary_stats,
-                                                      {"target": self.cfg.target, "logdir": self.layout.logdir}))
+                                                      {"target": self.cfg.target, "logdir": self.layout.logdir}),
+                                         self.pulse)
         try:
             self.layout.create()
             stale = self.lock.acquire()
@@ -297,6 +301,10 @@ class Watchdog:
             self.pipes.scalars.tick(self.view, self.clock(), self.wall())
         self.out.publish(self.view)
         self.out.draw_live(self.view)
+        if self.pulse is not None:
+            self.pulse.turned(self.view)  # /healthz: the loop turns; /readyz: training started
+            if self.view.step > 0:
+                faults.stall("watchdog", "loop_stall")  # tests only: a loop stuck after a round (/healthz 503)
 
     def _settle(self) -> None:
         """Observe the ends (here and on other hosts) whose reads of the logdir are done or overdue."""

@@ -17,19 +17,28 @@ global one): the run's collector and ``prometheus_client``'s process collector f
 itself (``procsv_watchdog_process_*``: CPU, RSS, fds; it reads ``/proc/self`` at the scrape).
 The server binds before any process of the run starts: an address in use (or not of this
 machine) is a :class:`~procsv.common.errors.UsageError`, one line, exit 2.
+
+The same endpoint answers the probes ``/healthz`` and ``/readyz``
+(:mod:`procsv.watchdog.publish.probes`, from the loop's :class:`~procsv.watchdog.publish.probes.LoopPulse`);
+every other path is the metrics, as ``prometheus_client`` serves them.
 """
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.metrics_core import (CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric,
                                             StateSetMetricFamily)
 
 from procsv.common.errors import UsageError
 from procsv.common.layout import read_json
+from procsv.watchdog.publish.probes import LoopPulse
 from procsv.watchdog.publish.runmetrics import RunSnapshot
 
 RUN_STATES = ("running", "succeeded", "failed", "stopped")
@@ -122,19 +131,49 @@ class RunCollector:
         yield from families(self._latest(), self._wall(), summaries_dropped(self._stats_path), self._info)
 
 
-class MetricsServer:
-    """The HTTP endpoint (``/metrics``, and any path), bound at construction and served by a daemon thread."""
+class _Quiet(WSGIRequestHandler):
+    """No line per request on the watchdog's stderr (a probe comes every few seconds)."""
 
-    def __init__(self, host: str, port: int, collector: RunCollector) -> None:
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+        pass
+
+
+def probe_app(metrics: Callable[..., Iterable[bytes]], pulse: LoopPulse) -> Callable[..., Iterable[bytes]]:
+    """A WSGI app: ``/healthz`` and ``/readyz`` from ``pulse``, every other path ``metrics``."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        got = pulse.answer(environ.get("PATH_INFO", ""))
+        if got is None:
+            return metrics(environ, start_response)
+        start_response(got.status, [("Content-Type", "text/plain; charset=utf-8"), ("Cache-Control", "no-store")])
+        return [got.text.encode()]
+
+    return app
+
+
+class MetricsServer:
+    """The HTTP endpoint (``/metrics`` and any path; ``/healthz``, ``/readyz``), bound at construction and
+    served by a daemon thread."""
+
+    def __init__(self, host: str, port: int, collector: RunCollector, pulse: LoopPulse) -> None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector)
         ProcessCollector(namespace="procsv_watchdog", registry=registry)
         self.address = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
         try:
-            self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+            family, _, _, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                        flags=socket.AI_PASSIVE)[0]
+
+            class Server(ThreadingWSGIServer):
+                address_family = family
+
+            self._server = make_server(str(where[0]), port, probe_app(make_wsgi_app(registry), pulse), Server,
+                                       handler_class=_Quiet)
         except OSError as exc:  # EADDRINUSE, EADDRNOTAVAIL, EACCES; a name that does not resolve (gaierror)
             raise UsageError(f"cannot serve metrics on {self.address} (--metrics-host/--metrics-port): "
                              f"{exc.strerror or exc}; nothing was started") from None
+        self._thread = threading.Thread(target=self._server.serve_forever, name="procsv-metrics", daemon=True)
+        self._thread.start()
 
     @property
     def url(self) -> str:
