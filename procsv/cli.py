@@ -255,8 +255,16 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        preload=[m.strip() for m in args.preload.split(",") if m.strip()])
     if cfg.node_rank > 0:
         from procsv.watchdog.multihost.agent import NodeAgent
+        from procsv.watchdog.publish.metrics import MetricsServer
+        from procsv.watchdog.publish.probes import LoopPulse
 
-        return NodeAgent(cfg).run()
+        pulse = LoopPulse(time.monotonic)  # bound before anything starts; the probes only: the metrics are node 0's
+        probes = None if cfg.metrics_port is None else MetricsServer(cfg.metrics_host, cfg.metrics_port, None, pulse)
+        try:
+            return NodeAgent(cfg, pulse=pulse).run()
+        finally:
+            if probes is not None:
+                probes.close()
     return Watchdog(cfg).run()
 
 

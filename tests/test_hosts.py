@@ -24,6 +24,8 @@ import psutil
 import pytest
 
 from conftest import finish, launch, lifecycle, quiet_env, raw_status, wait_for, wait_role_pid
+from test_metrics import free_port
+from test_probes import probe
 
 # one bridge, namespace and subnet per pytest-xdist worker: two workers may run these tests at once
 _W = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
@@ -95,9 +97,13 @@ def test_a_group_over_two_hosts_waits_for_a_killed_host_to_come_back_and_finishe
     args = (*ARGS, "--steps", "1200")
     opts = ("--nnodes", "2", "--master-addr", addr)
     master = launch(logdir, *args, opts=opts)
-    first = agent(logdir, addr, *args)
+    port = free_port()  # node 1's probes, on its own address: as a kubelet probes a pod's IP
+    first = agent(logdir, addr, *args, opts=("--metrics-port", str(port), "--metrics-host", "0.0.0.0"))
     try:
+        assert wait_for(lambda: probe(port, "/readyz", HOST1_IP), 60, what="node 1's probes") == 503
         wait_for(lambda: events(logdir, "first_step"), 120, what="the group's first step")
+        wait_for(lambda: probe(port, "/readyz", HOST1_IP) == 200, 60, what="node 1 ready after its member's step")
+        assert probe(port, "/healthz", HOST1_IP) == 200 and probe(port, "/metrics", HOST1_IP) == 404
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 150, 120, what="step 150")
         for pid in host_pids():  # the whole host goes: its agent and its trainer
             os.kill(pid, signal.SIGKILL)

@@ -20,10 +20,10 @@ from test_metrics import free_port, try_scrape, value
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
 
 
-def probe(port: int, path: str) -> Optional[int]:
+def probe(port: int, path: str, host: str = "127.0.0.1") -> Optional[int]:
     """The status code of a GET of ``path`` (None: nothing answers)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=5) as resp:
             code: int = resp.status
             return code
     except urllib.error.HTTPError as exc:
@@ -120,6 +120,12 @@ def test_the_endpoint_answers_probes_and_metrics_on_other_paths():
         assert got is not None and value(got, "procsv_up") == 0.0  # /metrics is unchanged
     finally:
         server.close()
+    agent = MetricsServer("127.0.0.1", port, None, pulse)  # a node agent's: the probes only
+    try:
+        assert probe(port, "/healthz") == 503 and probe(port, "/readyz") == 503
+        assert probe(port, "/metrics") == 404
+    finally:
+        agent.close()
 
 
 # ----------------------------------------------------------------------------- a real launch

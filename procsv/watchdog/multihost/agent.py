@@ -1,30 +1,30 @@
 """The node agent: ``procsv launch --nnodes M --node-rank R`` (R > 0) on each other host of a job.
 
-Runs in the ``procsv launch`` process of hosts 1..M-1. It decides nothing: node 0's watchdog (the
-master) holds the job's one decision function. The agent connects to the master over ZeroMQ TCP
-over CURVE (:mod:`procsv.watchdog.multihost.curve`) with a key pair of its own, made when it starts (the
-secret stays in its memory; it files the public key for the launch in the shared logdir and pins the
-master's public key from there), says which node it is and where its next members will listen (:class:`NodeHello`, also its heartbeat), starts the
-members it is asked for (:class:`StartMembers`: trainer processes with their ``TF_CONFIG``, forked
-from this host's own pre-warmed trainer when it is ready),
-signals them when told (:class:`SignalMember`; through each member's pidfd, never by pid: a member
-forked by the pre-warmed trainer is reaped by that process, so its pid may name another process by
-then), relays their reports (:class:`Relayed`) and tells
-of their ends (:class:`MemberEnded`). It runs no checkpoint or summary service: only the chief
-(task 0, on node 0) saves and writes summaries. Its loop never waits on the shared logdir: the
-reads and writes of a reconnect (the job file, this agent's key file) and the rotation of its
-members' logs are jobs of a thread of its own (:class:`~procsv.watchdog.diskjobs.DiskJobs`), and a
-member opens its own log (:func:`procsv.common.spawn.logged_argv`); it beats to node 0 meanwhile.
+Runs in the ``procsv launch`` process of hosts 1..M-1. It decides nothing: node 0's watchdog (the master) holds
+the job's one decision function. The agent connects to the master over ZeroMQ TCP over CURVE
+(:mod:`procsv.watchdog.multihost.curve`) with a key pair of its own, made when it starts (the secret stays in
+its memory; it files the public key for the launch in the shared logdir and pins the master's public key from
+there), says which node it is and where its next members will listen (:class:`NodeHello`, also its heartbeat),
+starts the members it is asked for (:class:`StartMembers`: trainer processes with their ``TF_CONFIG``, forked
+from this host's own pre-warmed trainer when it is ready), signals them when told (:class:`SignalMember`;
+through each member's pidfd, never by pid: a member forked by the pre-warmed trainer is reaped by that process,
+so its pid may name another process by then), relays their reports (:class:`Relayed`) and tells of their ends
+(:class:`MemberEnded`). It runs no checkpoint or summary service: only the chief (task 0, on node 0) saves and
+writes summaries. Its loop never waits on the shared logdir: the reads and writes of a reconnect (the job file,
+this agent's key file) and the rotation of its members' logs are jobs of a thread of its own
+(:class:`~procsv.watchdog.diskjobs.DiskJobs`), and a member opens its own log
+(:func:`procsv.common.spawn.logged_argv`); it beats to node 0 meanwhile.
 
 If the master goes silent for ``node_timeout`` seconds (node 0's ``--node-timeout``, which every
 :class:`MasterBeat` and :class:`NodeRefused` carries; until the first of them, this agent's own
-``--node-timeout``), the agent SIGKILLs its members (they are part of a group that cannot go on)
-and says why and keeps reconnecting, reloading the launch's public key and
-filing its own key again for a relaunched master's new launch; after ``rejoin_timeout`` seconds
-it exits 1. SIGTERM/SIGINT stop the members and exit 143/130; :class:`NodeStop` exits with the
-job's exit code. A master that refuses its claim of its node rank (:class:`NodeRefused`: another
-agent holds it) is asked again for twice ``node_timeout`` seconds (a holder that died is found lost
-by then), then the agent exits 2 with the master's reason. It removes its key file when it exits.
+``--node-timeout``), the agent SIGKILLs its members (they are part of a group that cannot go on) and says why
+and keeps reconnecting, reloading the launch's public key and filing its own key again for a relaunched master's
+new launch; after ``rejoin_timeout`` seconds it exits 1. SIGTERM/SIGINT stop the members and exit 143/130;
+:class:`NodeStop` exits with the job's exit code. A master that refuses its claim of its node rank
+(:class:`NodeRefused`: another agent holds it) is asked again for twice ``node_timeout`` seconds (a holder that
+died is found lost by then), then the agent exits 2 with the master's reason. It removes its key file when it
+exits. Its loop stamps ``pulse``, from which ``--metrics-port`` (served by :mod:`procsv.cli`) answers only the
+probes ``/healthz`` (the loop turns) and ``/readyz`` (a member of this host completed a step).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from procsv.common.orphans import become_subreaper
 from procsv.watchdog.children import Process
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.diskjobs import DiskJobs, Job
+from procsv.watchdog.publish.probes import LoopPulse
 from procsv.watchdog.rules.group import worker_slot
 from procsv.watchdog.logrotate import rotate
 from procsv.watchdog.multihost.nodes import BEAT_SECS, host_ip
@@ -103,7 +104,8 @@ class _Rejoin:
 class NodeAgent:
     """One host's agent; :meth:`run` returns the exit code."""
 
-    def __init__(self, cfg: LaunchConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, cfg: LaunchConfig, clock: Callable[[], float] = time.monotonic,
+                 pulse: Optional[LoopPulse] = None) -> None:
         assert cfg.master_addr is not None
         self.cfg = cfg
         self.layout = Layout(os.path.abspath(cfg.logdir))
@@ -123,6 +125,7 @@ class NodeAgent:
         self.forks: dict[tuple[int, int], tuple[str, float, dict[str, str]]] = {}  # (attempt, rank) -> slot, due, env
         self.disk = DiskJobs("procsv-agent-logdir")  # its work on the shared logdir, off the loop
         self._rejoin: Optional[Job[_Rejoin]] = None  # a reconnect's reads and writes in the logdir, in flight
+        self.pulse, self.stepped = pulse or LoopPulse(clock), False  # what --metrics-port's probes answer from
 
     def say(self, text: str) -> None:
         print(f"procsv node {self.cfg.node_rank}: {text}", file=sys.stderr, flush=True)
@@ -209,6 +212,7 @@ class NodeAgent:
                          "giving up")
                 self.stop_code = 1
                 break
+            self.pulse.beat(self.stepped)
             time.sleep(TICK)
         return dealer
 
@@ -225,6 +229,7 @@ class NodeAgent:
                          f"{self.cfg.rejoin_timeout:g} s (is node 0's `procsv launch` running with this --logdir?)")
                 self.stop_code = 1
                 return False
+            self.pulse.beat(False)
             time.sleep(0.1)
         return True
 
@@ -364,6 +369,7 @@ class NodeAgent:
         member = next((m for m in self.members.values() if m.proc.pid == pid), None)
         if member is None:
             return
+        self.stepped = self.stepped or (isinstance(msg, Progress) and not msg.busy)
         frames = encode(msg)
         send(dealer, Relayed(member.slot, len(frames)), frames)
 

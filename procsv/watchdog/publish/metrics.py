@@ -138,15 +138,18 @@ class _Quiet(WSGIRequestHandler):
         pass
 
 
-def probe_app(metrics: Callable[..., Iterable[bytes]], pulse: LoopPulse) -> Callable[..., Iterable[bytes]]:
-    """A WSGI app: ``/healthz`` and ``/readyz`` from ``pulse``, every other path ``metrics``."""
+def probe_app(metrics: Optional[Callable[..., Iterable[bytes]]], pulse: LoopPulse) -> Callable[..., Iterable[bytes]]:
+    """A WSGI app: ``/healthz`` and ``/readyz`` from ``pulse``, every other path ``metrics`` (None: 404,
+    a node agent's endpoint, which serves only the probes)."""
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         got = pulse.answer(environ.get("PATH_INFO", ""))
-        if got is None:
+        if got is None and metrics is not None:
             return metrics(environ, start_response)
-        start_response(got.status, [("Content-Type", "text/plain; charset=utf-8"), ("Cache-Control", "no-store")])
-        return [got.text.encode()]
+        status, text = (got.status, got.text) if got is not None else \
+            ("404 Not Found", "this node serves only /healthz and /readyz: the metrics are node 0's\n")
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Cache-Control", "no-store")])
+        return [text.encode()]
 
     return app
 
@@ -155,10 +158,12 @@ class MetricsServer:
     """The HTTP endpoint (``/metrics`` and any path; ``/healthz``, ``/readyz``), bound at construction and
     served by a daemon thread."""
 
-    def __init__(self, host: str, port: int, collector: RunCollector, pulse: LoopPulse) -> None:
+    def __init__(self, host: str, port: int, collector: Optional[RunCollector], pulse: LoopPulse) -> None:
+        """``collector`` None: the probes only (a node agent's ``--metrics-port``)."""
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(collector)
-        ProcessCollector(namespace="procsv_watchdog", registry=registry)
+        if collector is not None:
+            registry.register(collector)
+            ProcessCollector(namespace="procsv_watchdog", registry=registry)
         self.address = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
         try:
             family, _, _, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
@@ -167,7 +172,8 @@ class MetricsServer:
             class Server(ThreadingWSGIServer):
                 address_family = family
 
-            self._server = make_server(str(where[0]), port, probe_app(make_wsgi_app(registry), pulse), Server,
+            app = probe_app(make_wsgi_app(registry) if collector is not None else None, pulse)
+            self._server = make_server(str(where[0]), port, app, Server,
                                        handler_class=_Quiet)
         except OSError as exc:  # EADDRINUSE, EADDRNOTAVAIL, EACCES; a name that does not resolve (gaierror)
             raise UsageError(f"cannot serve metrics on {self.address} (--metrics-host/--metrics-port): "
