@@ -18,3 +18,19 @@ EXIT_DIVERGING = 4
 # The exception type name (in the trainer's error file) of that stop: a death noticed with it waits
 # for the exit status instead of restarting early.
 DIVERGING_ERROR = "TrainingDiverged"
+
+# The exit codes of ``procsv launch`` (node 0's watchdog, and a node agent, which exits with the
+# job's), as docs/guarantees.md lists them: what a scheduler's exit-code policy may name (a
+# Kubernetes podFailurePolicy, examples/kubernetes/). 128+N is a signal N: after an orderly stop
+# for SIGINT/SIGTERM, which procsv handles; without one for SIGKILL, which no process can handle.
+LAUNCH_EXIT_CODES: dict[int, str] = {
+    0: "the trainer finished",
+    1: "the run failed (start-up failure, too many restarts, a service dying, the logdir lost)",
+    2: "bad input (usage, a TARGET that cannot be found, a logdir not writable or in use)",
+    3: "checkpoints kept failing to commit: training was stopped in order",
+    EXIT_DIVERGING: "diverging: the trainer stopped because its training diverged; never restarted",
+    70: "procsv itself failed (an internal error of the watchdog); the run was stopped in order",
+    128 + 2: "stopped in order on SIGINT",
+    128 + 15: "stopped in order on SIGTERM",
+    128 + 9: "killed by SIGKILL (the OOM killer, or a kubelet once the grace period ran out): no orderly stop",
+}
