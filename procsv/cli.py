@@ -258,7 +258,8 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         from procsv.watchdog.publish.metrics import MetricsServer
         from procsv.watchdog.publish.probes import LoopPulse
 
-        pulse = LoopPulse(time.monotonic)  # bound before anything starts; the probes only: the metrics are node 0's
+        pulse = LoopPulse(time.monotonic)  # what the agent's loop stamps; its probes answer from it
+        # bound before anything starts (a port in use: exit 2); the probes only: the metrics are node 0's
         probes = None if cfg.metrics_port is None else MetricsServer(cfg.metrics_host, cfg.metrics_port, None, pulse)
         try:
             return NodeAgent(cfg, pulse=pulse).run()

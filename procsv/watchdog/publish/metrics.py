@@ -1,7 +1,7 @@
 """``procsv launch --metrics-port PORT``: Prometheus text metrics of the run, served by the watchdog.
 
-Runs in the watchdog process, in threads of its own: ``prometheus_client``'s HTTP server (a daemon
-thread, plus one short-lived thread per scrape). Nothing here runs in the watchdog's loop and
+Runs in the watchdog process, in threads of its own: a ``wsgiref`` HTTP server of ``prometheus_client``'s
+WSGI app (a daemon thread, plus one short-lived thread per scrape). Nothing here runs in the watchdog's loop and
 nothing here can make it wait: the loop publishes an immutable
 :class:`~procsv.watchdog.publish.runmetrics.RunSnapshot` (one reference replaced, at most every 0.5 s),
 and a scrape builds the metric families from the latest one (:func:`families`, pure) plus the
