@@ -56,6 +56,13 @@ class SessionStatus(StrEnum):
     CHECKPOINT = "checkpoint"
 
 
+class RestoreSource(StrEnum):
+    """Where a :class:`RolledBack` restore read its state: the in-memory tier, or a committed checkpoint on disk."""
+
+    MEMORY = "memory"
+    DISK = "disk"
+
+
 class ItemKind(StrEnum):
     """The kind of a :class:`SummaryItem`."""
 
@@ -71,4 +78,4 @@ class Message:
     KIND: ClassVar[str] = ""
 
 
-__all__ = ["Message", "Role", "SaveReason", "Busy", "SessionStatus", "ItemKind"]
+__all__ = ["Message", "Role", "SaveReason", "Busy", "SessionStatus", "ItemKind", "RestoreSource"]

@@ -10,7 +10,8 @@ fixed set of values is a ``str`` enum whose values are what travels on the wire.
 Who sends what (see docs/architecture.md for the full table):
 
 * any child -> watchdog (PUSH to ``watchdog.sock``): :class:`Hello`, :class:`TrainerReady`,
-  :class:`Progress`, :class:`SaveOverdue`, :class:`SummaryOverdue`, :class:`StandbyReady`, :class:`SaveResult`.
+  :class:`Progress`, :class:`SaveOverdue`, :class:`SummaryOverdue`, :class:`StandbyReady`, :class:`SaveResult`,
+  and non-finite training's :class:`NonfiniteDetected`, :class:`RolledBack`, :class:`StepSkipped` (trainer).
 * trainer <-> checkpoint service (DEALER/ROUTER on ``checkpoint.sock``): :class:`CheckpointSetup`,
   :class:`SaveData` (+ one frame per tensor), :class:`RecoverQuery`, :class:`DeleteCheckpoints` up;
   :class:`SaveRequest`, :class:`SaveResult`, :class:`SnapshotHeld`, :class:`RecoverReply`,
@@ -40,9 +41,10 @@ from __future__ import annotations
 
 from procsv.ipc.checkpoint_messages import (ArenaRef, CheckpointSetup, CheckpointsDeleted, DeleteCheckpoints, RecoverQuery, RecoverReply, SaveData,
                                             SaveRequest, SaveResult, SnapshotHeld, TensorSpec)
-from procsv.ipc.message_base import Busy, ItemKind, Message, Role, SaveReason, SessionStatus
+from procsv.ipc.message_base import Busy, ItemKind, Message, RestoreSource, Role, SaveReason, SessionStatus
 from procsv.ipc.summary_messages import ProtoRef, RunScalars, SessionLogEvent, SummaryAck, SummaryBatch, SummaryItem
-from procsv.ipc.watchdog_messages import Hello, Progress, SaveOverdue, StandbyReady, SummaryOverdue, TrainerReady
+from procsv.ipc.watchdog_messages import (Hello, NonfiniteDetected, Progress, RolledBack, SaveOverdue, StandbyReady,
+                                         StepSkipped, SummaryOverdue, TrainerReady)
 from procsv.ipc.zygote_messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
 from procsv.ipc.node_messages import (MasterBeat, MemberEnded, MemberStarted, NodeHello, NodeRefused, NodeStop,
                                       Relayed, SignalMember, StartMembers)
@@ -60,6 +62,9 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     SaveOverdue,
     SummaryOverdue,
     StandbyReady,
+    NonfiniteDetected,
+    RolledBack,
+    StepSkipped,
     SnapshotHeld,
     RecoverQuery,
     RecoverReply,
@@ -87,8 +92,9 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
 
 __all__ = [
     "SCHEMA_VERSION", "ALL_MESSAGES", "Message",
-    "Role", "SaveReason", "Busy", "SessionStatus", "ItemKind",
+    "Role", "SaveReason", "Busy", "SessionStatus", "ItemKind", "RestoreSource",
     "Hello", "TrainerReady", "Progress", "SaveOverdue", "SummaryOverdue", "StandbyReady",
+    "NonfiniteDetected", "RolledBack", "StepSkipped",
     "CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "SnapshotHeld",
     "RecoverQuery", "RecoverReply", "DeleteCheckpoints", "CheckpointsDeleted",
     "SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "RunScalars",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
-from procsv.ipc.message_base import Busy, Message, Role
+from procsv.ipc.message_base import Busy, Message, RestoreSource, Role
 
 
 @dataclass(frozen=True)
@@ -94,4 +94,55 @@ class StandbyReady(Message):
     prepare_secs: float
 
 
-__all__ = ["Hello", "TrainerReady", "Progress", "SaveOverdue", "SummaryOverdue", "StandbyReady"]
+@dataclass(frozen=True)
+class NonfiniteDetected(Message):
+    """Trainer -> watchdog: a watched loss, or the state a snapshot copied, was found NaN or
+    infinite (issue 41), at the moment the trainer found it (the bulk check before a snapshot, or
+    right after a retried step). ``step``: the first step known to be poisoned (the snapshot's own
+    step when only its weights were); ``what``: one line on what was found; ``epoch``/``batch``: the
+    input position of ``step`` where procsv knows it (Keras ``fit``), else None (the step is the position)."""
+
+    KIND: ClassVar[str] = "nonfinite_detected"
+    pid: int
+    step: int
+    wall_time: float
+    what: str
+    epoch: Optional[int] = None
+    batch: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class RolledBack(Message):
+    """Trainer -> watchdog: ``--on-nonfinite rollback`` restored ``restored_step`` in place (no
+    process restart) because step ``step`` was poisoned, from ``source`` (``path``), in
+    ``restore_secs``; the program replays to ``step`` - 1 and then retries ``step`` once (``skip``
+    False) or skips it (``skip`` True: it was non-finite again when retried)."""
+
+    KIND: ClassVar[str] = "rolled_back"
+    pid: int
+    step: int
+    restored_step: int
+    source: RestoreSource
+    path: str
+    skip: bool
+    restore_secs: float
+    wall_time: float
+
+
+@dataclass(frozen=True)
+class StepSkipped(Message):
+    """Trainer -> watchdog: step ``step`` was skipped (its loss was non-finite twice): its input is
+    consumed, no variable changed, the global step moved past it. ``skipped``: the steps this
+    trainer has skipped so far, this one included; ``epoch``/``batch`` as in :class:`NonfiniteDetected`."""
+
+    KIND: ClassVar[str] = "step_skipped"
+    pid: int
+    step: int
+    wall_time: float
+    skipped: int
+    epoch: Optional[int] = None
+    batch: Optional[int] = None
+
+
+__all__ = ["Hello", "TrainerReady", "Progress", "SaveOverdue", "SummaryOverdue", "StandbyReady", "NonfiniteDetected",
+           "RolledBack", "StepSkipped"]

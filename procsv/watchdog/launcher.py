@@ -40,8 +40,9 @@ from procsv.common import env, faults
 from procsv.common.bootstrap import write_error_record
 from procsv.common.layout import Layout, LogdirLock
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import (Hello, MemberEnded, MemberStarted, NodeHello, Progress, Relayed, SaveOverdue,
-                                 SaveResult, StandbyReady, SummaryOverdue, TrainerReady)
+from procsv.ipc.messages import (Hello, MemberEnded, MemberStarted, NodeHello, NonfiniteDetected, Progress, Relayed,
+                                 RolledBack, SaveOverdue, SaveResult, StandbyReady, StepSkipped, SummaryOverdue,
+                                 TrainerReady)
 from procsv.ipc.transport import drain
 from procsv.watchdog import observe
 from procsv.watchdog.bringup import Plumbing, standby_choice
@@ -66,7 +67,8 @@ TICK_MS = 100
 EXIT_INTERNAL = 70  # the watchdog itself failed (EX_SOFTWARE); the run was stopped in order
 MAX_INTERNAL_ERRORS = 3  # beyond this many, stop trying to stop in order
 DRAIN_MAX = 1000  # messages read from the PULL socket per wakeup (the poller fires again for the rest)
-ACCEPT = frozenset({Hello, TrainerReady, Progress, SaveResult, SaveOverdue, SummaryOverdue, StandbyReady})  # what children send
+ACCEPT = frozenset({Hello, TrainerReady, Progress, SaveResult, SaveOverdue, SummaryOverdue, StandbyReady,
+                    NonfiniteDetected, RolledBack, StepSkipped})  # what children send
 
 __all__ = ["LaunchConfig", "Watchdog", "check_target"]
 

@@ -14,8 +14,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from procsv.ipc.messages import (Hello, Message, NodeHello, Progress, SaveOverdue, SaveResult, StandbyReady,
-                                 SummaryOverdue, TrainerReady)
+from procsv.ipc.messages import (Hello, Message, NodeHello, NonfiniteDetected, Progress, RolledBack, SaveOverdue,
+                                 SaveResult, StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
 from procsv.watchdog.rules.bookkeeping import find, request_stop
 from procsv.watchdog.publish.events import Event
 from procsv.watchdog.rules.failures import Failure
@@ -73,6 +73,8 @@ def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -
         return _overdue(view, msg)
     if isinstance(msg, SummaryOverdue):
         return _summary_overdue(view, msg, now)
+    if isinstance(msg, (NonfiniteDetected, RolledBack, StepSkipped)):
+        return _nonfinite(view, msg, slot)
     if isinstance(msg, StandbyReady):
         sb = view.standby()
         if sb is None or sb.pid != msg.pid or sb.standby_ready_at is not None:
@@ -166,6 +168,26 @@ def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
         t.commit_seen = max(t.commit_seen, msg.step)
     return [Report(Event.CHECKPOINT_COMMITTED, {"step": msg.step, "path": msg.path, "reason": _plain(msg.reason),
                                                 "secs": round(msg.persist_secs, 4)})]
+
+
+def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped, slot: Optional[str]) -> list[Report]:
+    """Non-finite training (issue 41), as the trainer tells it: a lifecycle event each; the run's
+    rollbacks and skipped steps counted (a step skipped again after a restart is one step)."""
+    if _trainer(view, msg.pid, slot) is None:
+        return []
+    if isinstance(msg, NonfiniteDetected):
+        view.nonfinite_found += 1
+        return [Report(Event.NONFINITE_DETECTED, {"pid": msg.pid, "step": msg.step, "epoch": msg.epoch,
+                                                  "batch": msg.batch, "what": msg.what})]
+    if isinstance(msg, RolledBack):
+        view.rollbacks += 1
+        return [Report(Event.ROLLED_BACK, {"pid": msg.pid, "step": msg.step, "restored_step": msg.restored_step,
+                                           "source": _plain(msg.source), "path": msg.path, "skip": msg.skip,
+                                           "secs": round(msg.restore_secs, 4)})]
+    if msg.step not in view.skipped_steps:
+        view.skipped_steps = sorted([*view.skipped_steps, msg.step])
+    return [Report(Event.STEP_SKIPPED, {"pid": msg.pid, "step": msg.step, "epoch": msg.epoch, "batch": msg.batch,
+                                        "skipped": len(view.skipped_steps)})]
 
 
 def _overdue(view: RunView, msg: SaveOverdue) -> list[Report]:

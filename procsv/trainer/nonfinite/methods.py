@@ -19,8 +19,9 @@ import os
 import sys
 from typing import Any, Callable, Optional, Sequence
 
-from procsv.ipc.messages import SessionLogEvent, SessionStatus
+from procsv.ipc.messages import RestoreSource, SessionLogEvent, SessionStatus
 from procsv.trainer.checkpoint.agent import CheckpointAgent
+from procsv.trainer.nonfinite import notices
 from procsv.trainer.nonfinite.errors import NonFiniteState
 from procsv.trainer.nonfinite.policy import OnNonfinite
 from procsv.trainer.nonfinite.watch import NonfiniteWatch
@@ -64,6 +65,7 @@ class NonfiniteMethods:
     def _nonfinite_refused(self, bad: NonFiniteState, final: bool) -> None:
         """A snapshot of a poisoned state was refused (``final``: the final checkpoint): the policy."""
         watch = self._nonfinite
+        notices.tell(self._channels, notices.detected(bad.first_step, bad.describe(), watch.position))
         why = ""
         if watch.policy == OnNonfinite.ROLLBACK:
             why = "the final checkpoint's state" if final else self._roll_back(bad.bad_step, bad.describe())
@@ -100,7 +102,9 @@ class NonfiniteMethods:
             return f"no committed checkpoint before step {bad_step} to roll back to"
         self._flush_summaries(force=True)
         prefix = os.path.join(agent.layout.logdir, f"{agent.basename}-{restored}")
+        began = self._clock()
         self.checkpoint.read(prefix).expect_partial()
+        secs = self._clock() - began
         self._counter.pending = 0  # the variable holds the restored step
         self._state.step = restored
         watch.losses.forget()
@@ -109,6 +113,7 @@ class NonfiniteMethods:
         watch.due = self._next_due(restored)
         watch.rollbacks += 1
         self._bound_nonfinite()
+        notices.tell(ch, notices.rolled_back(bad_step, restored, RestoreSource.DISK, prefix, skip, secs))
         then = f"skipping step {bad_step} (non-finite again when retried)" if skip else f"retrying step {bad_step} once"
         print(f"procsv: non-finite training at step {bad_step}: {what}; --on-nonfinite rollback: restored step "
               f"{restored} from {os.path.basename(prefix)}, replaying to step {bad_step - 1}, then {then}",
@@ -157,6 +162,8 @@ class NonfiniteMethods:
         if bad is not None and (bad < target or not watch.skipping):
             if bad == target:
                 watch.retried.add(target)
+            notices.tell(self._channels, notices.detected(bad, f"the loss of step {bad} is NaN or infinite",
+                                                          watch.position))
             why = self._roll_back(bad, f"the loss of step {bad} is NaN or infinite"
                                   + (" again when retried" if bad == target else ""))
             if why:
@@ -167,6 +174,7 @@ class NonfiniteMethods:
             watch.target = None
             return False
         watch.budget.skip(target)
+        notices.tell(self._channels, notices.skipped(target, len(watch.budget.skipped), watch.position))
         self._counter.advance(step)  # the step count moves past the skipped step; no variable changes
         self._state.step = target
         watch.target = None

@@ -20,6 +20,7 @@ from procsv.common import env
 from procsv.trainer.nonfinite import policy, scan
 from procsv.trainer.nonfinite.errors import NonFiniteState, TrainingDiverged
 from procsv.trainer.nonfinite.losses import LossWatch
+from procsv.trainer.nonfinite.notices import Position
 from procsv.trainer.nonfinite.policy import OnNonfinite, SkipBudget
 
 DEFAULT = OnNonfinite.ROLLBACK  # issue 41: under procsv launch and in plain python
@@ -49,6 +50,7 @@ class NonfiniteWatch:
         self.due: Optional[int] = None
         self.retried: set[int] = set()
         self.rollbacks = 0
+        self.position: Optional[Position] = None  # a step's input position, where known (Keras fit's (epoch, batch))
         self.refusals = 0
         self.first: Optional[NonFiniteState] = None
 

@@ -35,6 +35,11 @@ standby_decided        mode, reason (``--standby auto``: which mode the launch c
 node_joined            node, host, pid (``--nnodes``: another host's agent connected, or came back)
 node_lost              node, host, silent_secs, reason (its agent went silent: its trainers count as dead)
 node_refused           node, host, pid, key, reason (an agent's claim of a node rank another agent's key holds)
+nonfinite_detected     pid, step (the first poisoned one), epoch, batch (its input position, Keras; else null), what
+                       (a watched loss or a snapshot's state was found NaN or infinite)
+rolled_back            pid, step (the poisoned one), restored_step, source (``memory`` | ``disk``), path, skip, secs
+                       (skip true: the step is skipped; false: it is retried once; secs: the restore's)
+step_skipped           pid, step (the global step it would have completed), epoch, batch, skipped (the run's so far)
 =====================  ==========================================================================
 """
 
@@ -76,6 +81,9 @@ class Event(str, enum.Enum):
     NODE_JOINED = "node_joined"
     NODE_LOST = "node_lost"
     NODE_REFUSED = "node_refused"
+    NONFINITE_DETECTED = "nonfinite_detected"
+    ROLLED_BACK = "rolled_back"
+    STEP_SKIPPED = "step_skipped"
 
 
 _RESTORE = frozenset({"pid", "step", "path", "secs", "skipped"})
@@ -108,6 +116,9 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.NODE_JOINED: frozenset({"node", "host", "pid"}),
     Event.NODE_LOST: frozenset({"node", "host", "silent_secs", "reason"}),
     Event.NODE_REFUSED: frozenset({"node", "host", "pid", "key", "reason"}),
+    Event.NONFINITE_DETECTED: frozenset({"pid", "step", "epoch", "batch", "what"}),
+    Event.ROLLED_BACK: frozenset({"pid", "step", "restored_step", "source", "path", "skip", "secs"}),
+    Event.STEP_SKIPPED: frozenset({"pid", "step", "epoch", "batch", "skipped"}),
 }
 
 

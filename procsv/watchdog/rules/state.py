@@ -205,6 +205,11 @@ class RunView:
     standby_ok: Optional[bool] = None
     standby_after: float = 0.0
     standby_failures: int = 0
+    # non-finite training (issue 41), as the trainer told it: losses or states found non-finite,
+    # in-place rollbacks, and the global steps skipped (each would have completed that step), sorted
+    nonfinite_found: int = 0
+    rollbacks: int = 0
+    skipped_steps: list[int] = field(default_factory=list)
     # the other hosts of a job that spans hosts (--nnodes): node rank -> what its agent said
     nodes: dict[int, NodeView] = field(default_factory=dict)
 

@@ -1,0 +1,46 @@
+"""What the trainer tells the watchdog about non-finite training, the moment it happens (issue 41).
+
+Runs in the trainer's main thread, at step boundaries (:mod:`procsv.trainer.nonfinite.methods`
+calls it). Each function builds one message of the schema (:mod:`procsv.ipc.watchdog_messages`):
+:class:`~procsv.ipc.messages.NonfiniteDetected` when a poisoned loss or state is found,
+:class:`~procsv.ipc.messages.RolledBack` when ``--on-nonfinite rollback`` restored a finite state
+in place, :class:`~procsv.ipc.messages.StepSkipped` when a step is skipped; :func:`tell` pushes it
+to the watchdog (non-blocking; nothing is sent in plain python, where no watchdog listens). The
+watchdog writes each as a lifecycle event and counts them (``procsv status``, the report, metrics).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Optional
+
+from procsv.ipc.messages import Message, NonfiniteDetected, RestoreSource, RolledBack, StepSkipped
+
+# the input position of a step, where procsv knows it (Keras fit: (epoch, batch)); None: the step is the position
+Position = Callable[[int], Optional[tuple[int, int]]]
+
+
+def tell(channels: Any, msg: Message) -> None:
+    """Push ``msg`` to the watchdog, if this trainer has one (a full queue drops it: never blocks)."""
+    if channels is not None:
+        channels.to_watchdog(msg)
+
+
+def _at(position: Optional[Position], step: int) -> tuple[Optional[int], Optional[int]]:
+    where = position(step) if position is not None else None
+    return (None, None) if where is None else where
+
+
+def detected(step: int, what: str, position: Optional[Position] = None) -> NonfiniteDetected:
+    epoch, batch = _at(position, step)
+    return NonfiniteDetected(os.getpid(), step, time.time(), what, epoch, batch)
+
+
+def rolled_back(step: int, restored: int, source: RestoreSource, path: str, skip: bool, secs: float) -> RolledBack:
+    return RolledBack(os.getpid(), step, restored, source, path, skip, secs, time.time())
+
+
+def skipped(step: int, count: int, position: Optional[Position] = None) -> StepSkipped:
+    epoch, batch = _at(position, step)
+    return StepSkipped(os.getpid(), step, time.time(), count, epoch, batch)
