@@ -60,6 +60,8 @@ class RunReport:
     restarts: list[Restart] = field(default_factory=list)
     checkpoints: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step) of each commit
     series: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step)
+    skipped: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step) of each non-finite step skipped
+    rollbacks: int = 0  # in-place restores after a non-finite loss (issue 41)
 
 
 def read_events(path: str) -> list[dict[str, Any]]:
@@ -162,6 +164,24 @@ def event_series(events: list[dict[str, Any]]) -> list[tuple[float, int]]:
     return [(float(e["time"]), int(e["step"])) for e in events if e.get("event") in named and "step" in e]
 
 
+def nonfinite(events: list[dict[str, Any]], summary: Optional[dict[str, Any]]) -> tuple[list[tuple[float, int]], int]:
+    """(wall time, step) of each step skipped as non-finite (once each: a step met again after a
+    restart is skipped again), and the rollbacks: from ``report.json`` when it has them, the times
+    (and a live launch's steps) from the ``step_skipped`` events."""
+    when: dict[int, float] = {}
+    for e in events:
+        if e.get("event") == "step_skipped" and isinstance(e.get("step"), int):
+            when.setdefault(int(e["step"]), float(e["time"]))
+    rollbacks = sum(1 for e in events if e.get("event") == "rolled_back")
+    if summary is not None and isinstance(summary.get("skipped_steps"), list):
+        steps = [int(s) for s in summary["skipped_steps"]]
+        rollbacks = int(summary.get("rollbacks") or 0)
+    else:
+        steps = sorted(when)
+    last = float(events[-1]["time"]) if events else 0.0
+    return [(when.get(s, last), s) for s in steps], rollbacks
+
+
 def gather(layout: Layout) -> Optional[RunReport]:
     """The report of the last launch in ``layout``, or None if procsv never ran there."""
     from procsv.status import read_status
@@ -186,6 +206,7 @@ def gather(layout: Layout) -> Optional[RunReport]:
         restarts=restarts(events), checkpoints=commits(events, layout, started))
     series = (summary or {}).get("series")
     rep.series = [(float(t), int(s)) for t, s in series] if isinstance(series, list) and series else event_series(events)
+    rep.skipped, rep.rollbacks = nonfinite(events, summary)
     return rep
 
 
@@ -225,6 +246,9 @@ def render(rep: RunReport) -> str:
             back = f"; attempt {r.attempt} restored step {r.restored_step}" + \
                 ("" if r.restore_secs is None else f" in {r.restore_secs:.2f} s")
         lines.append(f"  restart at {_clock(r.at)} [{r.label}]: {r.cause}{back}")
+    if rep.skipped or rep.rollbacks:
+        lines.append(f"  non-finite: {rep.rollbacks} rollback(s), {len(rep.skipped)} step(s) skipped (NaN or infinite "
+                     f"loss twice): {', '.join(str(s) for _, s in rep.skipped) or 'none'}")
     if rep.checkpoints:
         steps = [s for _, s in rep.checkpoints]
         lines.append(f"  checkpoints: {len(steps)} committed in this launch (steps {steps[0]}..{steps[-1]}), "

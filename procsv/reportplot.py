@@ -4,8 +4,8 @@ Runs in the user's shell (the CLI), never in a process of the run. matplotlib is
 extra ``procsv[plot]``; without it :func:`draw` raises a :class:`~procsv.common.errors.UsageError`
 that says how to install it. It uses the Agg backend (no display needed) and draws: the global
 step over wall time since the launch (the watchdog's downsampled ``series``), each restart as a
-vertical line labelled with its cause, each committed checkpoint as a tick on the curve, and the
-goodput in the title. The picture is :data:`WIDTH` x :data:`HEIGHT` pixels.
+vertical line labelled with its cause, each committed checkpoint as a tick on the curve, each step
+skipped as non-finite (issue 41) as a cross at its step, and the goodput in the title. The picture is :data:`WIDTH` x :data:`HEIGHT` pixels.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def segments(series: list[tuple[float, int]]) -> list[list[tuple[float, int]]]:
 def draw(rep: RunReport, path: str) -> None:
     """Write the timeline of ``rep`` to the PNG file ``path`` (replaced atomically)."""
     plt = _pyplot()
-    times = [t for t, _ in rep.series] + [t for t, _ in rep.checkpoints] + [r.at for r in rep.restarts]
+    times = [t for t, _ in rep.series] + [t for t, _ in rep.checkpoints] + [r.at for r in rep.restarts] + \
+        [t for t, _ in rep.skipped]
     t0 = rep.started_at if rep.started_at is not None else min(times, default=0.0)
     t_end = max([*times, rep.ended_at or t0, t0])
     div, unit = time_unit(t_end - t0)
@@ -69,6 +70,10 @@ def draw(rep: RunReport, path: str) -> None:
             ax.plot([(t - t0) / div for t, _ in rep.checkpoints], [s for _, s in rep.checkpoints], linestyle="none",
                     marker="|", markersize=12, markeredgewidth=1.5, color="#2ca02c",
                     label=f"checkpoint committed ({len(rep.checkpoints)})")
+        if rep.skipped:
+            ax.plot([(t - t0) / div for t, _ in rep.skipped], [s for _, s in rep.skipped], linestyle="none",
+                    marker="x", markersize=9, markeredgewidth=2, color="#ff7f0e",
+                    label=f"step skipped, non-finite ({len(rep.skipped)})")
         top = max([s for _, s in rep.series] + [s for _, s in rep.checkpoints] + [rep.step, 1])
         for i, r in enumerate(rep.restarts):
             x = (r.at - t0) / div
@@ -84,7 +89,7 @@ def draw(rep: RunReport, path: str) -> None:
         ax.set_title(f"procsv: {os.path.basename(rep.logdir.rstrip('/'))} -- {rep.state}, step {rep.step}, "
                      f"{len(rep.restarts)} restart(s), goodput {good}")
         ax.grid(True, alpha=0.3)
-        if rep.series or rep.checkpoints or rep.restarts:
+        if rep.series or rep.checkpoints or rep.restarts or rep.skipped:
             ax.legend(loc="lower right")
         fig.subplots_adjust(left=0.07, right=0.98, top=0.91, bottom=0.12)
         tmp = f"{path}.tmp-{os.getpid()}.png"

@@ -106,6 +106,10 @@ def render(status: dict[str, Any], logdir: str) -> str:
     lines.append(f"  step {status.get('step')}, restarts {status.get('restarts')}, last checkpoint {ck_text}")
     if status.get("restored_step") is not None:
         lines.append(f"  trainer restored from step {status['restored_step']}")
+    skipped, rollbacks = status.get("skipped_steps") or [], status.get("rollbacks") or 0
+    if skipped or rollbacks:
+        steps = ", ".join(map(str, skipped)) if skipped else "none"
+        lines.append(f"  non-finite: {rollbacks} rollback(s), {len(skipped)} step(s) skipped: {steps}")
     if status.get("goodput") is not None:
         lines.append(f"  goodput {status['goodput']:.3f} (time on kept steps / wall time)")
     prewarm = status.get("prewarm")

@@ -1,25 +1,74 @@
 """Non-finite training made visible (issue 41): one real ``procsv launch`` whose step 25 is poisoned,
-read back from the lifecycle log; and the watchdog's observation of the trainer's messages (pure)."""
+read back through every output (the lifecycle log, ``procsv status``/``--json``, ``logs/report.json``,
+``procsv report`` and its plot, the metrics endpoint, procsv's own TensorBoard scalars); and the
+pure pieces (the watchdog's observation, the live line, the due scalars)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from typing import Optional
 
 import pytest
+from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import PROGRAMS, finish, launch, lifecycle
+from conftest import PROGRAMS, REPO, finish, launch, lifecycle, quiet_env, wait_for
 from procsv.ipc.messages import NonfiniteDetected, RestoreSource, RolledBack, StepSkipped
 from procsv.watchdog import observe
+from procsv.watchdog.publish import liveline
 from procsv.watchdog.publish.events import SCHEMA, Event, check
+from procsv.watchdog.publish.runscalars import Sent, due
 from procsv.watchdog.rules.state import ChildView, RunView
 
 NAN_TRAIN = os.path.join(PROGRAMS, "nan_train.py")
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _scrape(port: int) -> Optional[dict[str, float]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+    return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples if not s.labels}
+
+
+def _procsv(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "procsv", *args], capture_output=True, text=True, env=quiet_env(),
+                          cwd=REPO, timeout=120)
+
+
 @pytest.mark.slow
-def test_a_skipped_step_is_told_as_lifecycle_events_when_they_happen(logdir):
-    # before: the rollback and the skip were lines in the trainer's log only: no lifecycle event
-    code, out, err = finish(launch(logdir, "--nan-at", "25", "--steps", "60", target=NAN_TRAIN, opts=("--quiet",)), 240)
+def test_a_skipped_step_shows_in_events_status_report_plot_metrics_and_tensorboard(logdir, tmp_path):
+    # before: the rollback and the skip were lines in the trainer's log only: no lifecycle event, nothing
+    # in status.json, report.json, the metrics or procsv's scalars
+    port = _free_port()
+    proc = launch(logdir, "--nan-at", "25", "--steps", "120", "--step-delay", "0.03", target=NAN_TRAIN,
+                  opts=("--metrics-port", str(port), "--quiet"))
+    try:
+        live = wait_for(lambda: (s := _scrape(port)) and s.get("procsv_steps_skipped_total") == 1.0 and s, 180,
+                        what="the skipped step in the metrics")
+        assert live["procsv_rollbacks_total"] == 2.0  # the retry's, then the skip's
+        code, out, err = finish(proc, 240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
     assert code == 0, err
 
     # the lifecycle log: in the order they happened, with their fields
@@ -35,6 +84,34 @@ def test_a_skipped_step_is_told_as_lifecycle_events_when_they_happen(logdir):
     assert [(e["restored_step"], e["source"], e["skip"]) for e in back] == [(20, "disk", False), (20, "disk", True)]
     assert all(e["path"].endswith("model.ckpt-20") and e["secs"] >= 0 for e in back)
     assert mine[-1]["skipped"] == 1 and mine[-1]["epoch"] is None
+
+    st = _procsv("status", logdir, "--json")
+    assert st.returncode == 0, st.stderr
+    record = json.loads(st.stdout)
+    assert record["skipped_steps"] == [25] and record["rollbacks"] == 2
+    text = _procsv("status", logdir).stdout
+    assert "non-finite: 2 rollback(s), 1 step(s) skipped: 25" in text, text
+
+    with open(os.path.join(logdir, "logs", "report.json")) as fh:
+        saved = json.load(fh)
+    assert saved["skipped_steps"] == [25] and saved["rollbacks"] == 2
+    report = _procsv("report", logdir)
+    assert report.returncode == 0, report.stderr
+    assert "non-finite: 2 rollback(s), 1 step(s) skipped (NaN or infinite loss twice): 25" in report.stdout
+    png = str(tmp_path / "timeline.png")
+    drawn = _procsv("report", logdir, "--plot", png)
+    assert drawn.returncode == 0, drawn.stderr
+    with Image.open(png) as img:
+        pixels = img.convert("RGB")
+        colors = {pixels.getpixel((x, y)) for x in range(img.size[0]) for y in range(img.size[1])}
+    assert (255, 127, 14) in colors  # the skipped step's cross
+
+    acc = EventAccumulator(os.path.join(logdir, "procsv"))
+    acc.Reload()
+    skipped = [(e.step, e.value) for e in acc.Scalars("procsv/steps_skipped")]
+    rollbacks = [(e.step, e.value) for e in acc.Scalars("procsv/rollbacks")]
+    assert skipped[-1] == (25, 1.0), skipped
+    assert rollbacks[-1] == (25, 2.0), rollbacks
 
 
 # ----------------------------------------------------------------------------- pure
@@ -61,3 +138,26 @@ def test_the_watchdog_turns_the_trainers_messages_into_events_and_counts():
         assert r.event is not None and set(r.fields) == SCHEMA[r.event]
     assert got[1].fields["source"] == "memory" and got[2].fields["epoch"] == 2 and got[2].fields["batch"] == 7
     assert view.skipped_steps == [25] and view.rollbacks == 1 and view.nonfinite_found == 1
+
+
+def test_the_live_line_names_the_event_and_counts_skipped_steps():
+    line = liveline.LiveLine()
+    line.event(Event.STEP_SKIPPED, {"pid": 1, "step": 25, "epoch": None, "batch": None, "skipped": 1}, 1.0)
+    facts = line.facts(1.0, 30, 0, 0.9, 1)
+    text = liveline.format_line(facts, 200)
+    assert "skipped step 25 (non-finite)" in text and "| skipped 1" in text, text
+    assert liveline.event_text(Event.ROLLED_BACK, {"step": 25, "restored_step": 20, "skip": False}) == \
+        "rolled back to step 20 (retrying step 25)"
+    assert "skipped" not in liveline.format_line(liveline.LiveLine().facts(1.0, 30, 0, 0.9), 200)
+
+
+def test_a_rollback_and_a_skip_are_each_a_scalar_point_once():
+    view = _view()
+    view.step, view.rollbacks = 30, 1
+    points, sent = due(view, 1.0, 100.0, Sent(next_periodic=1e9))
+    assert [(p.step, p.tags, p.values) for p in points] == [(30, ["procsv/rollbacks", "procsv/steps_skipped"],
+                                                             [1.0, 0.0])]
+    view.rollbacks, view.skipped_steps, view.step = 2, [25], 26
+    points, sent = due(view, 2.0, 101.0, sent)
+    assert [(p.step, p.values) for p in points] == [(25, [2.0, 1.0])]
+    assert due(view, 3.0, 102.0, sent)[0] == []

@@ -84,6 +84,12 @@ def event_text(event: Event, fields: Mapping[str, Any]) -> Optional[str]:
         return f"finished: {f['state']} at step {f['step']}"
     if event == Event.LOGDIR_LOST:
         return "the logdir was lost: stopping"
+    if event == Event.NONFINITE_DETECTED:
+        return f"non-finite loss at step {f['step']}"
+    if event == Event.ROLLED_BACK:
+        return f"rolled back to step {f['restored_step']} ({'skipping' if f['skip'] else 'retrying'} step {f['step']})"
+    if event == Event.STEP_SKIPPED:
+        return f"skipped step {f['step']} (non-finite)"
     return None
 
 
@@ -97,6 +103,7 @@ class Facts:
     restarts: int
     goodput: Optional[float]
     last_event: str
+    skipped: int = 0  # non-finite steps skipped (issue 41)
 
 
 def format_line(facts: Facts, width: int) -> str:
@@ -106,6 +113,8 @@ def format_line(facts: Facts, width: int) -> str:
     good = "-" if facts.goodput is None else f"{facts.goodput:.2f}"
     parts = [f"procsv | step {facts.step}", f"{rate_text} steps/s", f"checkpoint {ckpt}",
              f"restarts {facts.restarts}", f"goodput {good}"]
+    if facts.skipped:
+        parts.append(f"skipped {facts.skipped}")
     if facts.last_event:
         parts.append(facts.last_event)
     text = " | ".join(parts)
@@ -137,8 +146,8 @@ class LiveLine:
         if text is not None:
             self.last_event = text
 
-    def facts(self, now: float, step: int, restarts: int, goodput: Optional[float]) -> Facts:
+    def facts(self, now: float, step: int, restarts: int, goodput: Optional[float], skipped: int = 0) -> Facts:
         points = list(self._progress)
         steps_per_sec = rate(points, RATE_WINDOW) if points and now - points[-1][0] < RATE_WINDOW else None
         return Facts(step, steps_per_sec, None if self.committed_at is None else now - self.committed_at,
-                     restarts, goodput, self.last_event)
+                     restarts, goodput, self.last_event, skipped)

@@ -147,7 +147,7 @@ class Reporter:
             return
         self.live.last_draw, self.live.drawn_step = now, view.step
         gp = recovery.goodput([a.record() for a in view.attempts], view.launch_start, now)
-        facts = self.live.facts(now, view.step, view.history.restarts, gp)
+        facts = self.live.facts(now, view.step, view.history.restarts, gp, len(view.skipped_steps))
         self.term.status(liveline.format_line(facts, self.term.width()))
 
     # ------------------------------------------------------------------ the end
@@ -158,7 +158,8 @@ class Reporter:
         points = self.series.points()
         if points and view.step > points[-1][1]:  # Progress is throttled: the last steps may be unsaid
             self.series.add(self.wall(), view.step)
-        summary.update(started_at=self.started_wall, ended_at=self.wall(),
+        summary.update(started_at=self.started_wall, ended_at=self.wall(), skipped_steps=list(view.skipped_steps),
+                       rollbacks=view.rollbacks,
                        series=[[round(t, 3), s] for t, s in self.series.points()])
         if view.logdir_lost is None:
             self.io.call(lambda: _write_report(self.layout, summary))

@@ -50,6 +50,8 @@ class RunSnapshot:
     checkpoint_failures: int  # failed saves during this launch
     started_at: float
     logdir_errors: int = 0  # looks at the logdir that failed without saying it is gone (EIO, ESTALE)
+    steps_skipped: int = 0  # non-finite steps skipped (issue 41)
+    rollbacks: int = 0  # in-place restores of a finite state after a non-finite loss
 
 
 def restart_cause(prev: ChildView) -> Optional[str]:
@@ -127,4 +129,6 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
         checkpoint_failures=view.failed_commits,
         started_at=started_at,
         logdir_errors=view.logdir_errors,
+        steps_skipped=len(view.skipped_steps),
+        rollbacks=view.rollbacks,
     )

@@ -9,6 +9,8 @@ the :class:`~procsv.ipc.messages.RunScalars` due now, by global step:
 * a **commit**, at the checkpoint's step: ``procsv/checkpoint_commit_secs`` (the checkpoint
   service's persist time) and ``procsv/checkpoint_age_secs`` 0 (if several commit within one round
   of the loop, only the last is sent);
+* a **non-finite event** (issue 41), when a rollback or a skipped step was reported: ``procsv/rollbacks``
+  and ``procsv/steps_skipped`` (the run's counts), at the newest skipped step (else at the step then);
 * every :data:`SCALARS_EVERY` seconds once a step was completed, and once when the outcome is
   decided: ``procsv/restarts``, ``procsv/goodput`` and ``procsv/checkpoint_age_secs`` (since the
   last commit of this launch).
@@ -42,6 +44,7 @@ class Sent:
     next_periodic: float = 0.0
     commits: int = 0  # ``view.commits`` when the last commit point went out
     recovered: int = 1  # trainer attempts (by index in ``view.attempts``) whose recovery point is out or moot
+    nonfinite: tuple[int, int] = (0, 0)  # (rollbacks, skipped steps) when the last non-finite point went out
     final: bool = False
 
 
@@ -75,6 +78,11 @@ def due(view: RunView, now: float, wall: float, sent: Sent) -> tuple[list[RunSca
                               ["procsv/checkpoint_commit_secs", "procsv/checkpoint_age_secs"],
                               [float(view.last_commit_secs), 0.0]))
         sent = replace(sent, commits=view.commits)
+    counts = (view.rollbacks, len(view.skipped_steps))
+    if counts != sent.nonfinite:
+        at = view.skipped_steps[-1] if counts[1] != sent.nonfinite[1] else view.step
+        out.append(RunScalars(at, wall, ["procsv/rollbacks", "procsv/steps_skipped"], [float(c) for c in counts]))
+        sent = replace(sent, nonfinite=counts)
     stepped = any(a.first_step_at is not None for a in attempts)
     final = view.finishing and not sent.final
     if stepped and (now >= sent.next_periodic or final):
