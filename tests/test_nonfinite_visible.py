@@ -161,3 +161,34 @@ def test_a_rollback_and_a_skip_are_each_a_scalar_point_once():
     points, sent = due(view, 2.0, 101.0, sent)
     assert [(p.step, p.values) for p in points] == [(25, [2.0, 1.0])]
     assert due(view, 3.0, 102.0, sent)[0] == []
+
+
+# ----------------------------------------------------------------------------- the switch the benchmark measures with
+
+
+def test_nonfinite_check_0_turns_detection_off_for_measuring_its_cost(tmp_path, monkeypatch):
+    # before: there was no way to run without detection (nonfinite_tags=() still watched the returned
+    # loss and scanned every snapshot), so its cost could not be measured against a run without it
+    import numpy as np
+    import tensorflow as tf
+
+    import procsv
+
+    monkeypatch.setenv("PROCSV_NONFINITE_CHECK", "0")
+    w = tf.Variable(tf.ones([4]))
+
+    @tf.function
+    def train(x):  # type: ignore[no-untyped-def]
+        err = w * x - 1.0
+        w.assign_sub(0.01 * err * x)
+        return tf.reduce_sum(err * err)
+
+    sv = procsv.Supervisor(logdir=str(tmp_path), checkpoint={"w": w}, save_model_secs=600, save_checkpoint_steps=10,
+                           on_nonfinite="stop")
+    with sv.managed_session() as sess:
+        for s in range(1, 31):
+            sess.run(lambda: train(tf.fill([4], float("nan") if s == 12 else 1.0)))
+    assert sv._nonfinite.losses.reads == 0 and sv._nonfinite.refusals == 0  # nothing kept, checked or refused
+    latest = tf.train.latest_checkpoint(str(tmp_path))
+    assert latest is not None and latest.endswith("-30"), latest  # committed as it was: NaN
+    assert np.isnan(tf.train.load_checkpoint(latest).get_tensor("w/.ATTRIBUTES/VARIABLE_VALUE")).all()

@@ -32,6 +32,7 @@ GROUP_PIN = "PROCSV_GROUP_PIN"  # a group's record of what its chief restored (p
 ON_NONFINITE = "PROCSV_ON_NONFINITE"  # --on-nonfinite: rollback | stop | continue (procsv.trainer.nonfinite)
 MAX_SKIPS = "PROCSV_MAX_SKIPS"  # --max-skips: skipped steps allowed within --skip-window steps
 SKIP_WINDOW = "PROCSV_SKIP_WINDOW"  # --skip-window
+NONFINITE_CHECK = "PROCSV_NONFINITE_CHECK"  # "0": no non-finite detection at all (to measure what it costs)
 # given to the --on-failure command (besides LOGDIR): how the run ended
 EXIT_CODE = "PROCSV_EXIT_CODE"  # the launch's exit code
 RUN_STATE = "PROCSV_RUN_STATE"  # failed
@@ -40,7 +41,7 @@ ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE,
        RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, RANK, NPROC, GROUP_PIN, ON_NONFINITE, MAX_SKIPS, SKIP_WINDOW,
-       FAULT_GATE)
+       FAULT_GATE, NONFINITE_CHECK)
 
 
 def memory_budget(default: float = 0.01) -> float:

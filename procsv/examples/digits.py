@@ -4,6 +4,12 @@ Run in the trainer process by ``procsv launch procsv.examples.digits --logdir DI
 or directly with ``python -m procsv.examples.digits --logdir DIR``. Deterministic given ``--seed``:
 the batch of step ``s`` is a pure function of (seed, s), so a run resumed from a checkpoint at
 step S takes exactly the batches an uninterrupted run would have taken after S.
+
+A step returns ``{"loss": ..., "accuracy": ...}``: procsv watches the ``"loss"`` entry for NaN or
+infinity (issue 41). ``--nan-at-steps`` poisons the batches of given steps with a NaN (for
+``scripts/bench_nonfinite.py`` and trying ``--on-nonfinite``); ``--skip-steps`` is the plain run
+that never applies given steps (their step function does nothing), which a run that rolled back
+and skipped those steps ends bit-equal to.
 """
 
 from __future__ import annotations
@@ -33,11 +39,23 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--strategy", choices=["default", "multiworker"], default="default",
                    help="multiworker: tf.distribute.MultiWorkerMirroredStrategy across the trainers of "
                         "`procsv launch --nproc N` (each takes its share of every global batch)")
+    p.add_argument("--nan-at-steps", type=_steps, default=(), metavar="N,M,...",
+                   help="a NaN in the input of these global steps (off by default)")
+    p.add_argument("--skip-steps", type=_steps, default=(), metavar="N,M,...",
+                   help="these global steps train on nothing (the run that never applied them)")
     p.add_argument("--logdir", default=None, help="only when run without `procsv launch`")
     args = p.parse_args(argv)
     if args.log_in_graph and args.strategy != "default":
         p.error("--log-in-graph works with --strategy default only (a replica's step cannot log inside the graph)")
     return args
+
+
+def _steps(text: str) -> tuple[int, ...]:
+    """``"30,70"`` as global steps (``argparse`` turns the ValueError into one usage line)."""
+    steps = tuple(int(s) for s in text.split(",") if s.strip())
+    if any(s < 1 for s in steps):
+        raise ValueError(text)
+    return steps
 
 
 def load_data(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -130,7 +148,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         model, optimizer, loss_fn = build_model()
 
         @tf.function  # type: ignore[untyped-decorator]  # TensorFlow ships no type information
-        def train_step(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        def train_step(x: tf.Tensor, y: tf.Tensor) -> dict[str, tf.Tensor]:
             with tf.GradientTape() as tape:
                 logits = model(x, training=True)
                 loss = loss_fn(y, logits)
@@ -139,7 +157,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             acc = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, axis=1), y), tf.float32))
             if args.log_in_graph:  # written by the graph at every call: nothing to read after the step
                 sv.log_scalars({"loss": loss, "accuracy": acc}, step=optimizer.iterations)
-            return loss, acc
+            return {"loss": loss, "accuracy": acc}  # the "loss" entry is watched for NaN (issue 41)
     rank, nproc = procsv.cluster.rank(), procsv.cluster.nproc()
 
     def test_accuracy() -> float:
@@ -157,6 +175,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # traced while a hot standby waits, so that a promoted one's first step does not pay for it
     shard = slice(rank, None, nproc) if args.strategy == "multiworker" else slice(None)  # this task's share
     sv.warm_up(train_step, x_train[:args.batch_size][shard], y_train[:args.batch_size][shard])
+
+    def one_step() -> Any:
+        """One step; inside it ``sv.step`` is the step being run, and its batch is a function of that
+        step alone: a step run again after a rollback, or the one after a skipped step, takes its own."""
+        s = sv.step
+        if s in args.skip_steps:
+            return None  # applies nothing; the global step moves past it
+        idx = batch_indices(args.seed, s, len(x_train), args.batch_size)[shard]
+        x = x_train[idx]
+        if s in args.nan_at_steps:
+            x = x.copy()
+            x[0, 0] = np.nan  # a poisoned batch: the loss, the gradients and the update turn NaN
+        return train_step(x, y_train[idx])
+
     t0 = time.monotonic()
     with sv.managed_session() as sess:
         traced_early = train_step.experimental_get_tracing_count()
@@ -164,8 +196,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if start >= args.steps:
             print(f"digits: already trained to step {start} (--steps {args.steps}); nothing to do", flush=True)
         while not sv.should_stop() and sv.step < args.steps:
-            idx = batch_indices(args.seed, sv.step + 1, len(x_train), args.batch_size)[shard]
-            loss, acc = sess.run(train_step, x_train[idx], y_train[idx])
+            out = sess.run(one_step)
+            if out is None:
+                continue  # a --skip-steps step
+            loss, acc = (out["loss"], out["accuracy"]) if isinstance(out, dict) else out
             if args.step_delay:
                 time.sleep(args.step_delay)
             step = sv.step

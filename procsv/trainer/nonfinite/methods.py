@@ -19,6 +19,7 @@ import os
 import sys
 from typing import Any, Callable, Optional, Sequence
 
+from procsv.common import env
 from procsv.ipc.messages import RestoreSource, SessionLogEvent, SessionStatus
 from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.nonfinite import notices
@@ -48,6 +49,8 @@ class NonfiniteMethods:
         """Watch this Supervisor's losses and snapshots (:mod:`procsv.trainer.nonfinite`); every
         checkpoint agent it makes, this session's and later ones', checks its snapshots."""
         self._nonfinite = NonfiniteWatch(on_nonfinite, tags, ignore)
+        if os.environ.get(env.NONFINITE_CHECK, "").strip().lower() in ("0", "off", "no", "false"):
+            return  # no detection at all: no loss kept, no snapshot scanned (what it costs: scripts/bench_nonfinite.py)
         self._state.losses = self._nonfinite.losses
         make = self._new_agent
 

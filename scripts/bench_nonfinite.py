@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Benchmark: what a poisoned batch costs a run under ``procsv launch --on-nonfinite rollback`` (issue 41).
+
+The digits example (``procsv.examples.digits``) with a NaN in the input of the steps ``--poison``
+(its ``--nan-at-steps`` flag): the step's loss, gradients and Adam update turn NaN; procsv finds
+the loss non-finite at its next bulk check, restores the newest finite state in place, replays to
+the step before, retries the step once, finds it NaN again, restores again, replays, and skips it.
+
+(a) Recovery, ``--repeats`` launches (each with every poisoned step): for each poisoned step,
+    **detection to the first good step after the skip** (the ``nonfinite_detected`` event's time in
+    ``logs/lifecycle.jsonl`` to the wall time of the loss the example logs at the step after the
+    skipped one, read back with TensorBoard's ``EventAccumulator``; one machine, one wall clock),
+    the **steps replayed** per rollback (the poisoned step - 1 - the restored step; two rollbacks
+    per skipped step: the retry's and the skip's) and where the restore read from (``source``:
+    ``memory`` or ``disk``). Correctness: each launch exits 0, skips exactly the poisoned steps
+    (``skipped_steps`` in ``logs/report.json``) and ends with final weights (every variable of
+    the model and the optimizer in the final checkpoint) **bit-equal** to a plain run of the
+    example that never applied those steps (``--skip-steps``): ``exact=1``.
+(b) The cost of detection in a run with no NaN: the same plain run of the example with detection
+    on (the default) and off (``PROCSV_NONFINITE_CHECK=0``), interleaved, ``--repeats`` of each;
+    the step time is the wall time between the losses logged at steps ``--warmup`` and the last,
+    per step (checkpoints, in-memory snapshots and detection's bulk checks included).
+    ``detect_overhead`` = median(on) / median(off) - 1 (goal: <= 0.01).
+
+Figures are medians over the repeats, with the spread (min..max) in the table. Prints the tables,
+then one line:
+``nonfinite_recovery_s=<x> replayed_steps=<x> detect_overhead=<x> exact=<0|1> skipped_steps=<a,b>``
+and exits 1 if a correctness check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+# oneDNN off, as in every benchmark and test here: with it on, this TensorFlow's fused MatMul+BiasAdd+Relu
+# maps the poisoned NaN to 0 in the forward pass (the loss stays finite) while the gradient still turns
+# the weights NaN: then only a snapshot's scan finds them, the bad step is not known, and the run stops
+# with exit code 4 instead of rolling back (measured here: exit 4 at the first snapshot after the NaN)
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0", PYTHONUNBUFFERED="1")
+os.environ.update(TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0")  # this process reads checkpoints and events
+EXAMPLE = "procsv.examples.digits"
+
+
+class BenchError(Exception):
+    pass
+
+
+def events(logdir: str) -> list[dict[str, Any]]:
+    with open(os.path.join(logdir, "logs", "lifecycle.jsonl")) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def losses(logdir: str) -> dict[int, float]:
+    """Global step -> wall time of the loss the example logged there (after TensorBoard's purge of
+    the steps a rollback undid: the value that stands)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(logdir, size_guidance={"scalars": 0})
+    acc.Reload()
+    return {e.step: e.wall_time for e in acc.Scalars("loss")}
+
+
+def final_weights(logdir: str, steps: int) -> dict[str, bytes]:
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(os.path.join(logdir, f"model.ckpt-{steps}"))
+    return {k: reader.get_tensor(k).tobytes() for k in reader.get_variable_to_shape_map()
+            if k.endswith("VARIABLE_VALUE") and not k.startswith("save_counter")}
+
+
+def example_args(args: argparse.Namespace, steps: int, log_every: int) -> list[str]:
+    return ["--steps", str(steps), "--save-checkpoint-steps", str(args.interval), "--save-model-secs", "600",
+            "--log-every-steps", str(log_every), "--print-every-steps", str(steps)]
+
+
+def poisoned_launch(args: argparse.Namespace, logdir: str) -> dict[str, Any]:
+    poison = ",".join(map(str, args.poison))
+    cmd = [sys.executable, "-m", "procsv", "launch", EXAMPLE, "--logdir", logdir, "--quiet", "--",
+           *example_args(args, args.steps, 1), "--nan-at-steps", poison]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    if done.returncode != 0:
+        raise BenchError(f"the poisoned launch exited {done.returncode}: {done.stderr[-2000:]}")
+    ev = events(logdir)
+    logged = losses(logdir)
+    out: dict[str, Any] = {"recovery": [], "replayed": [], "sources": set()}
+    for p in args.poison:
+        detected = next((e for e in ev if e["event"] == "nonfinite_detected" and e["step"] == p), None)
+        skipped = next((e for e in ev if e["event"] == "step_skipped" and e["step"] == p), None)
+        back = [e for e in ev if e["event"] == "rolled_back" and e["step"] == p]
+        if detected is None or skipped is None or len(back) != 2 or p + 1 not in logged:
+            raise BenchError(f"step {p}: detected {detected}, rolled back {back}, skipped {skipped}, "
+                             f"loss at {p + 1} logged: {p + 1 in logged}")
+        out["recovery"].append(logged[p + 1] - detected["time"])
+        out["replayed"] += [p - 1 - e["restored_step"] for e in back]
+        out["sources"] |= {e["source"] for e in back}
+    with open(os.path.join(logdir, "logs", "report.json")) as fh:
+        out["skipped_steps"] = json.load(fh).get("skipped_steps")
+    out["weights"] = final_weights(logdir, args.steps)
+    return out
+
+
+def plain_run(args: argparse.Namespace, logdir: str, steps: int, log_every: int, extra: list[str],
+              env: dict[str, str]) -> None:
+    cmd = [sys.executable, "-m", EXAMPLE, "--logdir", logdir, *example_args(args, steps, log_every), *extra]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    if done.returncode != 0:
+        raise BenchError(f"{' '.join(cmd[2:])} exited {done.returncode}: {done.stderr[-2000:]}")
+
+
+def step_time(logdir: str, warmup: int) -> float:
+    logged = sorted((s, t) for s, t in losses(logdir).items() if s >= warmup)
+    (s0, t0), (s1, t1) = logged[0], logged[-1]
+    return (t1 - t0) / (s1 - s0)
+
+
+def spread(values: list[float], fmt: str = "{:.3f}") -> str:
+    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}..{fmt.format(max(values))})"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--steps", type=int, default=300, help="steps of each poisoned launch")
+    p.add_argument("--poison", type=int, nargs="+", default=[110, 230], help="the steps whose input holds a NaN")
+    p.add_argument("--interval", type=int, default=50, help="a checkpoint every N steps (--save-checkpoint-steps)")
+    p.add_argument("--overhead-steps", type=int, default=2000, help="steps of each run of (b)")
+    p.add_argument("--warmup", type=int, default=200, help="(b): step time measured from this step on")
+    args = p.parse_args()
+    if args.repeats < 1 or any(not 1 < s < args.steps for s in args.poison):
+        p.error("--repeats must be >= 1 and every --poison step within 2..--steps-1")
+    args.poison = sorted(set(args.poison))
+    ok = True
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench_nonfinite_") as tmp:
+        plain = os.path.join(tmp, "plain")
+        plain_run(args, plain, args.steps, 10, ["--skip-steps", ",".join(map(str, args.poison))], ENV)
+        baseline = final_weights(plain, args.steps)
+        runs = []
+        for r in range(args.repeats):
+            run = poisoned_launch(args, os.path.join(tmp, f"poisoned{r}"))
+            if run["skipped_steps"] != args.poison:
+                print(f"bench_nonfinite: run {r} skipped {run['skipped_steps']}, not {args.poison}", file=sys.stderr)
+                ok = False
+            if run["weights"].keys() != baseline.keys() or any(run["weights"][k] != baseline[k] for k in baseline):
+                print(f"bench_nonfinite: run {r}'s final weights differ from the plain run that skips "
+                      f"{args.poison}", file=sys.stderr)
+                ok = False
+            runs.append(run)
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for r in range(args.repeats):
+            for on in (True, False):
+                logdir = os.path.join(tmp, f"overhead-{'on' if on else 'off'}{r}")
+                plain_run(args, logdir, args.overhead_steps, 10, [],
+                          ENV if on else dict(ENV, PROCSV_NONFINITE_CHECK="0"))
+                times[on].append(step_time(logdir, args.warmup))
+    recovery = [statistics.median(run["recovery"]) for run in runs]
+    replayed = [float(statistics.median(run["replayed"])) for run in runs]
+    sources = sorted(set().union(*(run["sources"] for run in runs)))
+    on, off = statistics.median(times[True]), statistics.median(times[False])
+    overhead = on / off - 1
+    print(f"{'(a) a poisoned step, rolled back and skipped':<46} {'median (spread over runs)':>28}")
+    print(f"{'detection -> first good step after the skip (s)':<46} {spread(recovery):>28}")
+    print(f"{'steps replayed per rollback (two per skip)':<46} {spread(replayed, '{:.1f}'):>28}")
+    print(f"{'restored from':<46} {', '.join(sources):>28}")
+    print(f"(digits, {args.steps} steps, NaN input at steps {args.poison}, a checkpoint every {args.interval} steps; "
+          f"{args.repeats} launches)")
+    print(f"\n{'(b) step time, no NaN':<46} {'ms per step (spread)':>28}")
+    print(f"{'detection on':<46} {spread([t * 1000 for t in times[True]]):>28}")
+    print(f"{'detection off (PROCSV_NONFINITE_CHECK=0)':<46} {spread([t * 1000 for t in times[False]]):>28}")
+    print(f"{'overhead':<46} {overhead:>27.2%}")
+    print(f"({args.overhead_steps} steps from step {args.warmup}, interleaved; {time.monotonic() - began:.0f} s in all)")
+    print(f"nonfinite_recovery_s={statistics.median(recovery):.3f} replayed_steps={statistics.median(replayed):.1f} "
+          f"detect_overhead={overhead:.4f} exact={int(ok)} skipped_steps={','.join(map(str, args.poison))}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BenchError as exc:
+        print(f"bench_nonfinite: {exc}", file=sys.stderr)
+        sys.exit(1)
