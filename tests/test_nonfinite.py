@@ -86,6 +86,9 @@ def test_a_nan_loss_with_on_nonfinite_stop_stops_in_order_exit_4_and_the_newest_
     assert code == 4, err
     assert "non-finite training at step 25: the loss of step 25 is NaN or infinite" in err, err
     assert "giving up: the trainer is diverging" in err, err
+    found = _events(logdir, "nonfinite_detected")  # told to the watchdog before the trainer stopped
+    assert [(e["step"], e["what"]) for e in found] == [(25, "the loss of step 25 is NaN or infinite")], found
+    assert not _events(logdir, "rolled_back") and not _events(logdir, "step_skipped")
     latest = tf.train.latest_checkpoint(logdir)
     assert latest is not None and int(latest.rsplit("-", 1)[1]) < 25, latest
     _all_committed_are_finite(logdir)
