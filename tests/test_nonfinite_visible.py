@@ -151,6 +151,20 @@ def test_the_live_line_names_the_event_and_counts_skipped_steps():
     assert "skipped" not in liveline.format_line(liveline.LiveLine().facts(1.0, 30, 0, 0.9), 200)
 
 
+def test_procsv_report_takes_skipped_steps_from_report_json_else_from_the_events_of_a_live_launch():
+    from procsv.report import nonfinite
+
+    events = [{"time": 10.0, "event": "launch"},
+              {"time": 11.0, "event": "rolled_back", "step": 25},
+              {"time": 12.0, "event": "rolled_back", "step": 25},
+              {"time": 12.5, "event": "step_skipped", "step": 25},
+              {"time": 20.0, "event": "step_skipped", "step": 25},  # met again after a restart
+              {"time": 30.0, "event": "step_skipped", "step": 40}]
+    assert nonfinite(events, None) == ([(12.5, 25), (30.0, 40)], 2)  # live: what the events say
+    assert nonfinite(events, {"skipped_steps": [25, 40, 50], "rollbacks": 6}) == ([(12.5, 25), (30.0, 40), (30.0, 50)], 6)
+    assert nonfinite([{"time": 1.0, "event": "launch"}], {"series": []}) == ([], 0)  # an older report.json
+
+
 def test_a_rollback_and_a_skip_are_each_a_scalar_point_once():
     view = _view()
     view.step, view.rollbacks = 30, 1
