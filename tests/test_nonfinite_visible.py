@@ -206,3 +206,30 @@ def test_nonfinite_check_0_turns_detection_off_for_measuring_its_cost(tmp_path, 
     latest = tf.train.latest_checkpoint(str(tmp_path))
     assert latest is not None and latest.endswith("-30"), latest  # committed as it was: NaN
     assert np.isnan(tf.train.load_checkpoint(latest).get_tensor("w/.ATTRIBUTES/VARIABLE_VALUE")).all()
+
+
+def test_a_keras_fit_names_each_steps_input_position_for_the_non_finite_events(tmp_path):
+    # before: the events' epoch and batch were always null: nothing told the watch where a step's input was
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import procsv.keras
+    from procsv.trainer.nonfinite import notices
+
+    x = np.random.default_rng(0).normal(size=(100, 8)).astype(np.float32)
+    ds = tf.data.Dataset.from_tensor_slices((x, x[:, :4].argmax(axis=1))).batch(16)  # 7 batches an epoch
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    model.compile(keras.optimizers.SGD(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    backup = procsv.keras.BackupAndRestore(backup_dir=str(tmp_path))
+    seen: dict[int, object] = {}
+
+    class Grab(keras.callbacks.Callback):  # before BackupAndRestore's on_train_end, which lets its Supervisor go
+        def on_train_end(self, logs=None):  # type: ignore[no-untyped-def]
+            assert backup.sv is not None
+            seen.update({s: backup.sv._nonfinite.position(s) for s in (1, 7, 8, 14, 15)})  # type: ignore[misc]
+
+    model.fit(ds, epochs=2, callbacks=[Grab(), backup], verbose=0)
+    assert seen == {1: (0, 0), 7: (0, 6), 8: (1, 0), 14: (1, 6), 15: (1, 7)}  # 15: past the end, as if it ran
+    msg = notices.detected(8, "the loss of step 8 is NaN or infinite", lambda s: seen[s])  # type: ignore[arg-type,return-value]
+    assert (msg.step, msg.epoch, msg.batch) == (8, 1, 0)

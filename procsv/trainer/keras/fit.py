@@ -99,6 +99,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         self._stopped_mid_epoch = False  # fit ends at a stop request: the epoch's logs are partial
         self.loop_secs = 0.0  # time the training loop spent in procsv (step boundaries, snapshots), this fit
         self._train_secs = 0.0
+        self._epoch_starts: dict[int, int] = {}  # epoch -> the global step of its first batch (this fit's)
 
     # ------------------------------------------------------------------ keras callback API
     def on_train_begin(self, logs: Any = None) -> None:
@@ -107,7 +108,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         model = self.model
         self.resumed_at, self.replayed_batches, self._skip, self._skip_epoch = None, 0, 0, -1
         self._saved_metrics, self._last_logs, self._next_batch_log, self._stopped_mid_epoch = [], None, 0.0, False
-        self.loop_secs = 0.0
+        self.loop_secs, self._epoch_starts = 0.0, {}
         inp = input_position.fit_frame()
         input_position.check_finite(inp, self.params.get("steps"))
         if not model.built:
@@ -142,6 +143,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             clock=self.clock)
         if self.sv._ckpt is not None:
             self.sv._ckpt.prepare_snapshot.append(self._write_position)
+        self.sv._nonfinite.position = self._position_of  # non-finite events name (epoch, batch)
         train = model.train_function
         stale = getattr(train, "__self__", None)
         if isinstance(stale, BackupAndRestore):  # left wrapped by a fit that raised: unwrap it
@@ -214,6 +216,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             return self._logs()
         if sv.should_stop():
             return self._stop_here()  # a stop was asked for: train no further batch
+        self._epoch_starts.setdefault(self._epoch, sv.step + 1 - self._batch // spe)
         t0 = time.perf_counter()
         try:
             logs = sess.run(self._timed_train, iterator)
@@ -242,6 +245,15 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         step: the watchdog gives each report ``--startup-timeout``, not the whole replay)."""
         if self.sv is not None:
             self.sv._report_busy(Busy.INPUT)
+
+    def _position_of(self, step: int) -> Optional[tuple[int, int]]:
+        """The (epoch, batch) of global step ``step``, Keras's indices from 0 (with ``steps_per_execution``
+        > 1: the step's first batch), if this fit ran it; for the non-finite lifecycle events."""
+        known = [(start, epoch) for epoch, start in self._epoch_starts.items() if start <= step]
+        if not known:
+            return None
+        start, epoch = max(known)
+        return epoch, (step - start) * self._spe
 
     def _write_position(self) -> None:
         self.epoch_var.assign(self._epoch)
