@@ -227,3 +227,23 @@ def test_a_restore_runs_neither_init_op_nor_init_fn_as_tf_and_saver_save_commits
     assert ours == {"first": [1.0, 0], "saved": "model.ckpt-4", "second": "Init operations did not make model ready",
                     "third": [5.0, 4], "log": ["init_fn first"]}
     assert 4 in committed_steps(str(tmp_path / "ours"))
+
+
+def test_start_standard_services_raises_as_tensorflows_and_starts_what_start_standard_services_false_held_back(
+        tmp_path):
+    """TF's start_standard_services: RuntimeError for a worker, a warning and None without a logdir
+    (TensorFlow's Supervisor.start_standard_services code, its message). With
+    managed_session(start_standard_services=False) nothing of the session's checkpoint (every 3
+    steps) and summary_op schedules is taken in its first 10 steps; after
+    sv.start_standard_services(sess) both run (the last checkpoint is the stop's)."""
+    logdir = str(tmp_path / "run")
+    seen = _case("standard_services", logdir)
+    assert seen["worker"] == {"error": "Only chief supervisor can start standard services"}
+    assert seen["no_logdir"] == {"returned": None}
+    assert seen["started"] == []
+    steps = seen["checkpoint_steps"]
+    assert steps[-1] == 20 and min(steps) > 10 and len(steps) >= 2, steps  # one on the schedule, after the start
+    acc = EventAccumulator(logdir, size_guidance={"scalars": 0})
+    acc.Reload()
+    summarized = [e.step for e in acc.Scalars("value")]
+    assert summarized and min(summarized) > 10, summarized

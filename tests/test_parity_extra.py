@@ -200,23 +200,37 @@ def test_init_fn_checkpoint_basename_and_a_periodic_summary_op_in_a_real_session
         assert w.numpy() == 15.0 and not inits
 
 
-def test_prepare_or_wait_for_session_warns_once_about_master_config_and_start_standard_services(logdir, caplog):
+def test_prepare_or_wait_for_session_warns_once_about_master_config_and_start_standard_services_false_holds_back_checkpoints(
+        logdir, caplog):
+    """Eager: master and config are warned about once. start_standard_services() raises TF's
+    RuntimeError for a worker and returns None without a logdir. start_standard_services=False is TF's: the
+    every-step checkpoints wait for sv.start_standard_services(sess), called after step 3 (steps 1
+    and 2 are never saved; step 3 may be, at the next boundary, as TF's checkpoint thread saved
+    when it started), then run; the stop's checkpoint is kept."""
     import tensorflow as tf
 
     import procsv
-
-    w = tf.Variable(0.0)
-    sv = procsv.Supervisor(logdir=logdir, checkpoint={"w": w}, save_model_secs=None)
-    sess = sv.prepare_or_wait_for_session("grpc://x:1", config=object(), start_standard_services=False)
-    sess.run(lambda: w.assign_add(1.0))
-    sv.stop()
-    text = caplog.text
-    assert text.count("master and config have no TF2 meaning") == 1
-    assert text.count("start_standard_services=False") == 1
-    assert int(sv.global_step.numpy()) == 1  # nothing else changed: the step ran and was saved
     from conftest import committed_steps
 
-    assert committed_steps(logdir) == [1]
+    w = tf.Variable(0.0)
+    sv = procsv.Supervisor(logdir=logdir, checkpoint={"w": w}, save_model_secs=None, save_checkpoint_steps=1,
+                           max_to_keep=10)
+    sess = sv.prepare_or_wait_for_session("grpc://x:1", config=object(), start_standard_services=False)
+    for _ in range(3):
+        sess.run(lambda: w.assign_add(1.0))
+    assert sv.start_standard_services(sess) == []
+    for _ in range(2):
+        sess.run(lambda: w.assign_add(1.0))
+    sv.stop()
+    assert caplog.text.count("master and config have no TF2 meaning") == 1
+    assert "start_standard_services=False" not in caplog.text  # no longer "has no effect"
+    assert int(sv.global_step.numpy()) == 5
+    steps = committed_steps(logdir)
+    assert steps and min(steps) >= 3 and steps[-1] == 5, steps
+    # TF's checks, as in graph mode: a worker raises, no logdir warns and returns None
+    with pytest.raises(RuntimeError, match="^Only chief supervisor can start standard services"):
+        procsv.Supervisor(logdir=logdir, is_chief=False, checkpoint=None).start_standard_services(None)
+    assert procsv.Supervisor(logdir=None, checkpoint=None).start_standard_services(None) is None
 
 
 def test_managed_session_warns_once_about_master_and_config_as_prepare_does(logdir, caplog):

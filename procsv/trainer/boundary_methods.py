@@ -40,12 +40,21 @@ class BoundaryMethods(SummaryMethods, NonfiniteMethods):
     _counter: StepCounter
     _progress: ProgressReporter
     _unsaved: bool
+    _standard_started: bool  # False: the program has not called start_standard_services() yet
     coord: Any
 
     def _start_bounds(self) -> None:
         """A new session: the checkpoint half at its first boundary, the other after its first step."""
         self._state.open_checkpoint()
         self._state.set_end(0, NEVER)
+
+    def _open_halves(self) -> None:
+        """``start_standard_services()`` in a live session: both halves at the next boundary, the
+        periodic summaries one interval from now."""
+        if self._channels is not None:
+            self._next_summary = self._clock() + (self.save_summaries_secs or 0)
+            self._state.open_checkpoint()
+            self._state.open_end()
 
     def _save_requested(self) -> None:
         """A save was requested outside the boundary (the checkpoint agent calls it)."""
@@ -77,7 +86,7 @@ class BoundaryMethods(SummaryMethods, NonfiniteMethods):
 
     def _checkpoint_boundary(self, step: int, ahead: float = 0.0) -> None:
         agent = self._ckpt
-        if agent is None or self._channels is None or not self.is_chief:
+        if agent is None or self._channels is None or not self.is_chief or not self._standard_started:
             self._state.set_checkpoint(NEVER, NEVER)  # no checkpoint work in this session
             return
         # the state is still that of ``step``; its summaries are handed off first
@@ -102,11 +111,12 @@ class BoundaryMethods(SummaryMethods, NonfiniteMethods):
         ch = self._channels
         assert ch is not None
         self._progress.after_step(ch, self._state.step, now, slack)
-        if self.save_summaries_secs and now >= self._next_summary:
+        periodic = self.save_summaries_secs and self._standard_started
+        if periodic and now >= self._next_summary:
             self._periodic_summaries(now)
         self._flush_summaries(force=False)
         at = self._progress.next_at()
-        if self.save_summaries_secs:
+        if periodic:
             at = min(at, self._next_summary)
         if self.is_chief:  # a worker only discards what it logged: at its progress reports
             sender = getattr(self, "_summary_sender", None)

@@ -167,6 +167,7 @@ class Supervisor(BoundaryMethods, GraphMethods, Tf1Properties, Tf1Methods):
         self._progress = ProgressReporter()
         self._next_summary = 0.0
         self._started = False
+        self._standard_started = True  # a session's periodic checkpoints and summaries run (tf1_methods)
         self._stopped = False  # stop() ran: a further prepare_or_wait_for_session() starts afresh
         self._warm_ups: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []  # warm_up(): traced at prepare
 
@@ -190,7 +191,7 @@ class Supervisor(BoundaryMethods, GraphMethods, Tf1Properties, Tf1Methods):
         ``sys.exit(0)``/``sys.exit()``, re-raised after the final checkpoint; any other exception (the block's,
         else a thread's) is re-raised after the services stopped. The Supervisor can serve another block after.
         """
-        warn_ignored_prepare_args(master, config, True, graph_mode=self._tf1.graph is not None)
+        warn_ignored_prepare_args(master, config, graph_mode=self._tf1.graph is not None)
         return ManagedSessionContext(self, start_standard_services, close_summary_writer, master, config)
 
     def warm_up(self, fn: Any, *args: Any, **kwargs: Any) -> None:
@@ -214,7 +215,7 @@ class Supervisor(BoundaryMethods, GraphMethods, Tf1Properties, Tf1Methods):
         if self._started and not self._stopped:
             assert self._session is not None
             return self._session
-        warn_ignored_prepare_args(master, config, start_standard_services, graph_mode=self._tf1.graph is not None)
+        warn_ignored_prepare_args(master, config, graph_mode=self._tf1.graph is not None)
         if wait_for_checkpoint:  # wait for the chief's first checkpoint (filesystem events; DeadlineExceededError)
             replica.wait_for_committed(self.layout, max_wait_secs, self.recovery_wait_secs, self._clock)
         # a session again after a stop, or a new Supervisor after another one's session, in this process
@@ -226,6 +227,7 @@ class Supervisor(BoundaryMethods, GraphMethods, Tf1Properties, Tf1Methods):
         if not self._started and not self._stopped:
             outcome.register(self.outcome)  # once, even when reused after a stop
         self._started = True
+        self._standard_started = start_standard_services  # False: the program calls start_standard_services()
         alone = cluster.nproc() == 1  # a group's step runs collectives: only traced (see warmup)
         for fn, args, kwargs in self._warm_ups:
             warmup.trace_and_instantiate(fn, args, kwargs, instantiate_too=alone)
@@ -259,7 +261,7 @@ class Supervisor(BoundaryMethods, GraphMethods, Tf1Properties, Tf1Methods):
         self._state.step = int(self._global_step.numpy())
         pid = os.getpid()
         attempt = self._ctx.attempt if self._ctx else 1
-        saving = self._ckpt is not None and self.is_chief
+        saving = self._ckpt is not None and self.is_chief and start_standard_services  # (else no stall judged)
         self._channels.to_watchdog(TrainerReady(pid, attempt, self._state.step, self.restored_from,
                                                 self._clock() - t0, skipped,
                                                 self.save_model_secs if saving else None,

@@ -3,7 +3,8 @@
 Runs in the trainer process. Stop coordination is the Supervisor's :class:`Coordinator`
 (``request_stop``, ``should_stop``, ``stop_on_exception``, ``wait_for_stop``, ``loop``); TF's
 thread starters have nothing to start, because procsv's services are processes running since the
-session was prepared (``start_standard_services``, ``start_queue_runners``); and the TF1 path
+session was prepared (``start_queue_runners``; ``start_standard_services`` only lets the trainer's
+periodic work begin, see there); and the TF1 path
 properties (``save_path``, ``logdir``). The Supervisor's own behaviour is not here: its session
 lifecycle is :mod:`procsv.trainer.supervisor`, the TF1 constructor arguments and properties
 :mod:`procsv.trainer.tf1_args`.
@@ -19,13 +20,9 @@ from procsv.trainer.coordinator import Coordinator, LooperThread
 from procsv.trainer.monitored.hooks import warn_once
 
 
-def warn_ignored_prepare_args(master: str, config: Any, start_standard_services: bool, graph_mode: bool = False
-                              ) -> None:
+def warn_ignored_prepare_args(master: str, config: Any, graph_mode: bool = False) -> None:
     """Warn once about ``prepare_or_wait_for_session``'s arguments that mean nothing in TF2 (in
     graph mode ``master`` and ``config`` are the session's)."""
-    if not start_standard_services:
-        warn_once("Supervisor.start_standard_services", "start_standard_services=False: procsv's checkpoint "
-                                                        "and summary services are processes and always run")
     if (master or config is not None) and not graph_mode:
         warn_once("Supervisor.prepare", "master and config have no TF2 meaning and are ignored (the newest "
                                         "checkpoint, if any, is restored)")
@@ -53,6 +50,9 @@ class Tf1Methods:
     coord: Coordinator
     layout: Optional[Layout]  # None: no logdir in plain python (TF's meaning: nothing saved, no summaries)
     checkpoint_basename: str
+    is_chief: bool
+    _open_halves: Callable[[], None]
+    _standard_started: bool  # False: a session prepared with start_standard_services=False, not yet started
 
     @property
     def save_path(self) -> Optional[str]:
@@ -64,9 +64,26 @@ class Tf1Methods:
         """The logdir (the launch's under ``procsv launch``), None without one, as TF."""
         return self.layout.logdir if self.layout is not None else None
 
-    def start_standard_services(self, sess: Any = None) -> list[Any]:
-        """TF started its checkpoint, summary and step-counter threads here. procsv's services are
-        separate processes, running since the session was prepared: no thread to return, so []."""
+    def start_standard_services(self, sess: Any = None) -> Optional[list[Any]]:
+        """Start the periodic checkpoints and summaries of a session prepared with
+        ``start_standard_services=False``, as TF started its checkpoint, summary and step-counter
+        threads here. procsv's services are processes running since the session was prepared; what
+        waits for this call is the trainer's part: until then it hands the checkpoint service no
+        snapshot on its schedule (``save_model_secs``, ``save_checkpoint_steps``, the in-memory tier)
+        and computes no periodic summary (``summary_op``, ``summary_fn``). From the next step
+        boundary on, both run. No thread to return: ``[]``. As TF: a non-chief raises
+        ``RuntimeError``; without a logdir it warns and returns None (TF's docstring says
+        ``ValueError``; its code warns)."""
+        if not self.is_chief:
+            raise RuntimeError("Only chief supervisor can start standard services. "
+                               "Because only chief supervisors can write events.")
+        if self.layout is None:
+            warn_once("Supervisor.start_standard_services.logdir",
+                      "Standard services need a 'logdir' passed to the SessionManager")
+            return None
+        if not self._standard_started:
+            self._standard_started = True
+            self._open_halves()  # the next step boundary does the checkpoint and summary work
         return []
 
     def start_queue_runners(self, sess: Any = None, queue_runners: Any = None) -> list[Any]:

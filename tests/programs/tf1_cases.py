@@ -377,6 +377,46 @@ def case_no_logdir() -> dict[str, object]:
         return dict(seen, cwd_files=sorted(os.listdir(".")))
 
 
+def _standard_services_errors() -> dict[str, object]:
+    """``start_standard_services(sess)`` of a worker (``is_chief=False``: TF's RuntimeError) and of a
+    Supervisor without a logdir (TF warns and returns None)."""
+    out: dict[str, object] = {}
+    for what, kwargs in (("worker", {"logdir": os.path.join(LOGDIR, "worker"), "is_chief": False}),
+                         ("no_logdir", {"logdir": None})):
+        with tf.Graph().as_default():
+            model()
+            sv = Supervisor(save_summaries_secs=None, save_model_secs=None, **kwargs)
+            try:
+                out[what] = {"returned": sv.start_standard_services(None)}
+            except RuntimeError as exc:
+                out[what] = {"error": str(exc).split(".")[0]}
+    return out
+
+
+def case_standard_services() -> dict[str, object]:
+    """What ``start_standard_services`` of a worker and of a Supervisor without a logdir do; then
+    ``managed_session(start_standard_services=False)`` (procsv only): 10 runs, no checkpoint on the
+    every-3-steps schedule and no summary_op summary; then ``sv.start_standard_services(sess)`` and 10
+    more runs: both on their schedules. The steps of every checkpoint the logdir keeps are printed
+    (the last one is the stop's)."""
+    with tf.Graph().as_default():
+        start, v, (local, train, gs) = model()
+        tf.compat.v1.summary.scalar("value", v)
+        sv = Supervisor(logdir=LOGDIR, save_summaries_secs=0.05, save_model_secs=None, save_checkpoint_steps=3,
+                        max_to_keep=100)
+        with sv.managed_session(start_standard_services=False) as sess:
+            for _ in range(10):
+                sess.run(train)
+                threading.Event().wait(0.02)
+            started = sv.start_standard_services(sess)
+            for _ in range(10):
+                sess.run(train)
+                threading.Event().wait(0.02)
+    state = tf.train.get_checkpoint_state(LOGDIR)
+    steps = sorted(int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths) if state else []
+    return {"started": started, "checkpoint_steps": steps, **_standard_services_errors()}
+
+
 if __name__ == "__main__":
     result = globals()[f"case_{CASE}"]()
     print("result " + json.dumps(result, sort_keys=True), flush=True)
