@@ -461,3 +461,75 @@ def test_scalars_an_eager_function_logged_earlier_in_the_process_do_not_break_a_
                 sess.run(m["train_op"])
             assert sess.run(m["gs"]) == 3
     assert committed_steps(logdir) == [3]
+
+
+def _writer_events(tf, folder):
+    """What a writer's event files in ``folder`` hold: the steps of each scalar tag, the SessionLog statuses."""
+    import glob
+
+    tags, logs = {}, []
+    for path in sorted(glob.glob(os.path.join(folder, "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            if event.HasField("session_log"):
+                logs.append(int(event.session_log.status))
+            for value in event.summary.value:
+                tags.setdefault(value.tag, []).append(event.step)
+    return tags, logs
+
+
+def test_summary_saver_and_step_counter_hooks_write_into_a_passed_summary_writers_own_directory(logdir, tmp_path):
+    """Graph mode, as TensorFlow's own hooks (run here too, on TF's SingularMonitoredSession): a
+    FileWriter passed as summary_writer= gets the SummarySaverHook's summaries (from step 1, every
+    2 steps), a SessionLog START, and the StepCounterHook's global_step/sec, in its own directory
+    (not the logdir); read back with EventAccumulator."""
+    import tensorflow as tf
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from procsv import train
+
+    seen = {}
+    for name, api in (("tf", tf.compat.v1.train), ("procsv", train)):
+        folder = str(tmp_path / f"writer-{name}")
+        with tf.Graph().as_default():
+            m = _model(tf)
+            writer = tf.compat.v1.summary.FileWriter(folder)
+            hooks = [api.SummarySaverHook(save_steps=2, summary_writer=writer, summary_op=tf.compat.v1.summary.merge_all()),
+                     api.StepCounterHook(every_n_steps=2, summary_writer=writer)]
+            kwargs = {"checkpoint_dir": logdir} if name == "procsv" else {}
+            with api.SingularMonitoredSession(hooks=hooks, **kwargs) as sess:
+                for _ in range(6):
+                    sess.run(m["train_op"])
+            writer.close()
+        seen[name] = _writer_events(tf, folder)
+        acc = EventAccumulator(folder, size_guidance={"scalars": 0})
+        acc.Reload()
+        assert [e.step for e in acc.Scalars("loss")] == seen[name][0]["loss"]
+    tags, logs = seen["procsv"]
+    assert tags["loss"][0] == 1 and len(tags["loss"]) >= 3 and tags.get("global_step/sec"), tags
+    assert logs == seen["tf"][1] == [int(tf.compat.v1.SessionLog.START)]
+    assert set(tags) == set(seen["tf"][0]) == {"loss", "global_step/sec"}
+    assert tags["loss"][0] == seen["tf"][0]["loss"][0]
+
+
+def test_a_checkpoint_saver_hooks_scaffold_names_the_saver_that_saves_as_in_tensorflow(logdir, tmp_path):
+    """Graph mode: CheckpointSaverHook(scaffold=Scaffold(saver=Saver([w, global_step]))) saves with
+    that Saver (not the session's default one over every variable, the Momentum slot too), as
+    TensorFlow's own hook on TF's SingularMonitoredSession: the same variables in the checkpoint,
+    read back with tf.train.list_variables."""
+    import tensorflow as tf
+
+    from procsv import train
+
+    names = {}
+    for name, api in (("tf", tf.compat.v1.train), ("procsv", train)):
+        folder = logdir if name == "procsv" else str(tmp_path / "tf")
+        with tf.Graph().as_default():
+            m = _model(tf)
+            scaffold = api.Scaffold(saver=tf.compat.v1.train.Saver({"w": m["w"], "global_step": m["gs"]}))
+            hook = api.CheckpointSaverHook(folder, save_steps=2, scaffold=scaffold)
+            kwargs = {"checkpoint_dir": logdir} if name == "procsv" else {}
+            with api.SingularMonitoredSession(hooks=[hook], **kwargs) as sess:
+                for _ in range(3):
+                    sess.run(m["train_op"])
+        names[name] = {n for n, _ in tf.train.list_variables(tf.train.latest_checkpoint(folder))}
+    assert names["procsv"] == names["tf"] == {"w", "global_step"}

@@ -111,7 +111,8 @@ class CheckpointSaverHook(SessionRunHook):
     ``save_steps`` (every multiple of N). As TF, a new session without a checkpoint saves at once,
     and ``end()`` saves the last step. Listeners see every checkpoint, the Supervisor's final and
     emergency ones included. ``save_graph_def`` is accepted and ignored; ``saver`` too, except in
-    graph mode, where it is the Saver the Supervisor saves and restores (else the Scaffold's).
+    graph mode, where it is the Saver the Supervisor saves and restores; else, in graph mode, the
+    Saver of the hook's ``scaffold`` (as TF), else the session creator's Scaffold's.
     """
 
     def __init__(self, checkpoint_dir: str, save_secs: Optional[float] = None, save_steps: Optional[int] = None,
@@ -123,6 +124,7 @@ class CheckpointSaverHook(SessionRunHook):
             api.warn_once("ckpt.saver", "CheckpointSaverHook(saver=...) is ignored: the state to save is "
                                         "Scaffold(checkpoint=tf.train.Checkpoint(...))")
         self._saver = saver if graph_mode() else None
+        self._scaffold = scaffold
         SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps)  # TF's validation
         self._checkpoint_dir = checkpoint_dir
         self._save_secs = save_secs
@@ -139,7 +141,14 @@ class CheckpointSaverHook(SessionRunHook):
                 "checkpoint_basename": self._basename}
         if self._saver is not None:  # graph mode: the Saver whose variables are saved
             opts["saver"] = self._saver
+        elif self._scaffold_saver() is not None:  # graph mode, as TF: else the hook's Scaffold's Saver
+            opts["saver"] = self._scaffold_saver()
         return opts
+
+    def _scaffold_saver(self) -> Any:
+        """Graph mode: the Saver of the Scaffold passed to the hook (None until its ``finalize()``
+        if it was left to the default; that default is the session's default Saver, as TF's)."""
+        return getattr(self._scaffold, "saver", None) if self._scaffold is not None and graph_mode() else None
 
     def begin(self) -> None:
         self._gs = need_global_step("CheckpointSaverHook") if graph_mode() else None

@@ -26,6 +26,7 @@ from procsv.trainer.monitored import hooks as api
 from procsv.trainer.monitored.hook_support import (clock_of, global_step_fetch, graph_mode, need_global_step, read_global_step,
                                                   supervisor_of, warn_if_not_logdir)
 from procsv.trainer.monitored.profiler_hook import ProfilerHook
+from procsv.trainer.tf1_objects import SummaryWriterShim
 from procsv.trainer.monitored.hooks import (NeverTriggerTimer, SecondOrStepTimer, SessionRunArgs, SessionRunContext,
                                   SessionRunHook, SessionRunValues, logger)
 
@@ -72,17 +73,20 @@ class SummarySaverHook(SessionRunHook):
     """Writes ``summary_op`` (or ``scaffold.summary_op``) every ``save_steps`` or ``save_secs``,
     at the global step, through the summary service. ``summary_op`` in TF2: a callable returning
     ``{tag: value}`` (scalars; arrays become histograms), a ``Summary`` proto or its bytes; a mapping
-    of tags to tensors, variables or callables; or a list of those. ``summary_writer`` is ignored:
-    the summary service writes the logdir's event files (``output_dir`` should be the logdir)."""
+    of tags to tensors, variables or callables; or a list of those. Without ``summary_writer`` the
+    summary service writes the logdir's event files (``output_dir`` should be the logdir). Graph
+    mode, as TF: a passed ``summary_writer`` (a ``tf.compat.v1.summary.FileWriter``, or
+    ``sv.summary_writer``) gets the summaries, and a ``SessionLog`` START at the first run, in its
+    own directory, and is flushed at ``end()``; in eager mode only ``sv.summary_writer`` has a meaning
+    (TF1's ``FileWriter`` does not work under eager execution): another writer is warned about once
+    and ignored."""
 
     def __init__(self, save_steps: Optional[int] = None, save_secs: Optional[float] = None,
                  output_dir: Optional[str] = None, summary_writer: Any = None, scaffold: Any = None,
                  summary_op: Any = None) -> None:
         if (scaffold is None and summary_op is None) or (scaffold is not None and summary_op is not None):
             raise ValueError("Exactly one of scaffold or summary_op must be provided.")
-        if summary_writer is not None:
-            api.warn_once("summary.writer", "SummarySaverHook(summary_writer=...) is ignored: procsv's summary "
-                                            "service writes the logdir's event files")
+        self._writer = summary_writer
         self._timer = SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps)
         self._output_dir = output_dir
         self._scaffold = scaffold
@@ -96,12 +100,16 @@ class SummarySaverHook(SessionRunHook):
     def begin(self) -> None:
         self._gs = global_step_fetch("SummarySaverHook") if graph_mode() else None
         self._next_step = None
+        if self._writer is not None and self._gs is None and not isinstance(self._writer, SummaryWriterShim):
+            api.warn_once("summary.writer", "SummarySaverHook(summary_writer=...) is ignored in an eager program: "
+                                            "procsv's summary service writes the logdir's event files")
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         self._sv = supervisor_of(session)
         self._session = session
         self._timer.clock = clock_of(session)
-        warn_if_not_logdir("SummarySaverHook", self._output_dir, session)
+        if self._writer is None:  # (a writer's own directory is where its summaries go, as TF)
+            warn_if_not_logdir("SummarySaverHook", self._output_dir, session)
 
     def _ops(self) -> list[Any]:
         op = self._summary_op if self._summary_op is not None else getattr(self._scaffold, "summary_op", None)
@@ -134,17 +142,30 @@ class SummarySaverHook(SessionRunHook):
         step = int(run_values.results["global_step"]) + 1
         if self._next_step is None or self._request_summary:
             step = int(run_context.session.run(self._gs))
+        writer = self._writer
+        if self._next_step is None and writer is not None and not isinstance(writer, SummaryWriterShim):
+            import tensorflow as tf
+
+            writer.add_session_log(tf.compat.v1.SessionLog(status=tf.compat.v1.SessionLog.START), step)
         if self._request_summary:
             self._timer.update_last_triggered_step(step)
             for summary in run_values.results.get("summary", []):
-                write_graph_summary(self._sv, self._session, self._output_dir, summary, step)
+                write_graph_summary(self._sv, self._session, self._output_dir, summary, step, writer)
         self._next_step = step + 1
 
+    def end(self, session: Any) -> None:
+        if self._writer is not None and self._gs is not None:
+            self._writer.flush()  # as TF
 
-def write_graph_summary(sv: Any, session: Any, output_dir: Optional[str], summary: Any, step: int) -> None:
-    """Graph mode: write a ``Summary`` (proto or bytes) at ``step`` through the Supervisor, or, on a
-    session without one, into ``output_dir`` with TF's ``FileWriterCache`` (nothing without either)."""
-    if sv is not None:
+
+def write_graph_summary(sv: Any, session: Any, output_dir: Optional[str], summary: Any, step: int,
+                        writer: Any = None) -> None:
+    """Graph mode: write a ``Summary`` (proto or bytes) at ``step`` with the hook's ``writer`` if it
+    was given one (TF's ``summary_writer=``), else through the Supervisor, or, on a session without
+    one, into ``output_dir`` with TF's ``FileWriterCache`` (nothing without any)."""
+    if writer is not None:
+        writer.add_summary(summary, step)
+    elif sv is not None:
         sv.summary_computed(session, summary, step)
     elif output_dir:
         import tensorflow as tf
@@ -177,7 +198,8 @@ def write_summary(sv: Any, op: Any, step: int) -> None:
 
 class StepCounterHook(SessionRunHook):
     """Logs ``global_step/sec`` (a line and a summary of that tag) every ``every_n_steps`` or
-    ``every_n_secs``. ``summary_writer`` is ignored (the summary service writes)."""
+    ``every_n_secs``, through the summary service; graph mode, as TF: into ``summary_writer`` if one
+    is passed (its own directory). Eager mode: as :class:`SummarySaverHook`'s ``summary_writer``."""
 
     def __init__(self, every_n_steps: Optional[int] = 100, every_n_secs: Optional[float] = None,
                  output_dir: Optional[str] = None, summary_writer: Any = None) -> None:
@@ -185,6 +207,7 @@ class StepCounterHook(SessionRunHook):
             raise ValueError("exactly one of every_n_steps and every_n_secs should be provided.")
         self._timer = SecondOrStepTimer(every_steps=every_n_steps, every_secs=every_n_secs)
         self._output_dir = output_dir
+        self._writer = summary_writer
         self._sv: Any = None
         self._session: Any = None
         self._gs: Any = None
@@ -194,6 +217,9 @@ class StepCounterHook(SessionRunHook):
     def begin(self) -> None:
         self._graph = graph_mode()
         self._gs = global_step_fetch("StepCounterHook") if self._graph else need_global_step("StepCounterHook")
+        if self._writer is not None and not self._graph and not isinstance(self._writer, SummaryWriterShim):
+            api.warn_once("step_counter.writer", "StepCounterHook(summary_writer=...) is ignored in an eager program: "
+                                                 "procsv's summary service writes the logdir's event files")
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         self._sv = supervisor_of(session)
@@ -224,7 +250,8 @@ class StepCounterHook(SessionRunHook):
 
                 summary = tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag="global_step/sec",
                                                                                  simple_value=self.last_rate)])
-                write_graph_summary(self._sv, self._session, self._output_dir, summary.SerializeToString(), step)
+                write_graph_summary(self._sv, self._session, self._output_dir, summary.SerializeToString(), step,
+                                    self._writer)
             elif self._sv is not None:
                 self._sv.log_scalar("global_step/sec", self.last_rate, step)
 
