@@ -337,3 +337,34 @@ def test_final_ops_feed_dict_and_logging_at_end_with_a_formatter_in_graph_mode(c
     assert final.final_ops_values == pytest.approx(2 * loss)  # run with final_ops_feed_dict
     assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("final loss")] == [
         f"final loss {loss:.6f}"]
+
+
+def test_global_step_waiter_hook_in_graph_mode_starts_at_its_step_and_refuses_a_wait_that_could_never_end():
+    """Graph mode: the graph's global step at wait_until_step (4, as restored) starts at once, as
+    TF; below it (3 < 5) a UsageError at the first run, before the train op ran (TF would poll forever)."""
+    import tensorflow as tf
+
+    from procsv import train
+    from procsv.common.errors import UsageError
+    from procsv.trainer.coordinator import Coordinator
+    from procsv.trainer.monitored.graph_hooked import GraphHookedSession
+
+    for wait, start in ((4, 4), (5, 3)):
+        with tf.Graph().as_default():
+            m = _model(tf)
+            hook = train.GlobalStepWaiterHook(wait_until_step=wait)
+            hook.begin()
+            sess = tf.compat.v1.Session()
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(m["gs"].assign(start))
+            hook.after_create_session(sess, Coordinator())
+            hooked = GraphHookedSession(sess, [hook])
+            if wait <= start:
+                hooked.run(m["train_op"])
+                hooked.run(m["train_op"])
+                assert sess.run(m["gs"]) == start + 2
+            else:
+                with pytest.raises(UsageError, match="wait_until_step=5\\): the global step is 3, .* could never end"):
+                    hooked.run(m["train_op"])
+                assert sess.run(m["gs"]) == start
+            sess.close()

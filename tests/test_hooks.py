@@ -268,7 +268,7 @@ def test_logging_final_ops_feed_fn_waiter_and_profiler_hooks(logdir, caplog):
     final = train.FinalOpsHook({"w": w, "twice": lambda: 2 * w})
     feeder = train.FeedFnHook(lambda: {"lr": 0.1 * len(fed)})
     profiler = train.ProfilerHook(save_steps=3)
-    hooks = [logging_hook, formatted, final, feeder, train.GlobalStepWaiterHook(wait_until_step=3), profiler]
+    hooks = [logging_hook, formatted, final, feeder, train.GlobalStepWaiterHook(wait_until_step=0), profiler]
 
     def step(feed_dict):
         fed.append(feed_dict["lr"])
@@ -283,12 +283,35 @@ def test_logging_final_ops_feed_fn_waiter_and_profiler_hooks(logdir, caplog):
     assert sum(line.startswith("custom ['Variable") for line in lines) == 2  # runs 1 and 4
     assert final.final_ops_values["w"] == 5.0 and final.final_ops_values["twice"] == 10.0
     assert fed == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
-    assert any("GlobalStepWaiterHook" in line for line in lines)
     assert profiler.traced_steps == [2, 5]  # not the first run, as TF; then every 3 steps
     assert os.listdir(os.path.join(logdir, "plugins", "profile"))
 
 
 # ------------------------------------------------------------------ fast, on a fake Supervisor (no services)
+def test_global_step_waiter_hook_starts_at_once_at_its_step_and_refuses_a_wait_that_could_never_end():
+    """Eager: a global step already at wait_until_step (a restored one) starts at once, as TF; one
+    below it would never get there (only this process's runs advance it): a UsageError naming both
+    at the first run, before any step ran (TF's hook would poll forever)."""
+    from fake_session import FakeCreator
+
+    from procsv import train
+    from procsv.common.errors import UsageError
+
+    creator = FakeCreator()
+    creator.global_step().assign(5)  # as restored
+    ran = []
+    with train.MonitoredSession(creator, [train.GlobalStepWaiterHook(wait_until_step=5)]) as sess:
+        for _ in range(2):
+            sess.run(lambda: ran.append(1))
+    assert len(ran) == 2 and int(creator.global_step().numpy()) == 7
+    creator = FakeCreator()
+    creator.global_step().assign(2)
+    with pytest.raises(UsageError, match=r"wait_until_step=3\): the global step is 2, .* could never end"):
+        with train.MonitoredSession(creator, [train.GlobalStepWaiterHook(wait_until_step=3)]) as sess:
+            sess.run(lambda: ran.append(2))
+    assert ran == [1, 1] and int(creator.global_step().numpy()) == 2
+
+
 def test_summaries_by_seconds_and_the_step_rate_read_the_supervisors_clock():
     from fake_session import FakeCreator
 

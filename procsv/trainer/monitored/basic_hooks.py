@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from procsv.common.errors import UsageError
 from procsv.trainer.monitored import hooks as api
 from procsv.trainer.monitored.hook_support import (global_step_fetch, graph_mode, need_global_step, read_global_step, supervisor_of,
                                                   warn_if_not_logdir)
@@ -232,9 +233,15 @@ class FinalOpsHook(SessionRunHook):
 
 
 class GlobalStepWaiterHook(SessionRunHook):
-    """Delays training until the global step reaches ``wait_until_step`` (TF: a worker waiting for
-    the chief). procsv runs one trainer, whose own steps are the only ones that advance the global
-    step, so waiting could never end: if the step is below it, this logs a warning and starts."""
+    """Delays training until the global step reaches ``wait_until_step`` (TF: a worker polling the
+    step a parameter server holds, until the chief's runs bring it there).
+
+    In procsv a process's global step advances only by its own runs: one trainer, or each member
+    of a ``--nproc`` group counting its own steps (no parameter server holds a shared one). So at
+    the first run, as TF: ``wait_until_step`` <= 0 or a step already there (a restored one) starts
+    at once; a step below it could never reach it while this process waits, and is a
+    :class:`procsv.UsageError` naming both (never a hang, never a silent start).
+    """
 
     def __init__(self, wait_until_step: int) -> None:
         self._wait_until_step = wait_until_step
@@ -248,11 +255,16 @@ class GlobalStepWaiterHook(SessionRunHook):
     def before_run(self, run_context: SessionRunContext) -> Optional[SessionRunArgs]:
         if self._started:
             return None
-        self._started = True
+        if self._wait_until_step <= 0:
+            self._started = True
+            return None
         step = read_global_step(run_context.session, self._gs)
-        if self._wait_until_step > 0 and step < self._wait_until_step:
-            api.warn_once("waiter", f"GlobalStepWaiterHook: the global step is {step}, below wait_until_step="
-                                    f"{self._wait_until_step}, and nothing else advances it (one trainer): starting now")
+        if step < self._wait_until_step:
+            raise UsageError(
+                f"GlobalStepWaiterHook(wait_until_step={self._wait_until_step}): the global step is {step}, and in "
+                "procsv only this process's own runs advance it (no parameter server holds a step another worker "
+                "advances), so the wait could never end; pass wait_until_step<={step} or leave the hook out")
+        self._started = True
         return None
 
 
