@@ -25,7 +25,7 @@ from enum import Enum, StrEnum
 from functools import lru_cache
 from typing import AbstractSet, Any, Optional, Sequence, Union
 
-from procsv.ipc.messages import ALL_MESSAGES, SCHEMA_VERSION, Message, Relayed, SaveData, SummaryBatch
+from procsv.ipc.messages import ALL_MESSAGES, SCHEMA_VERSION, GraphEvent, Message, Relayed, SaveData, SummaryBatch
 
 _BY_KIND: dict[str, type[Message]] = {m.KIND: m for m in ALL_MESSAGES}
 
@@ -120,8 +120,8 @@ def payload_frames(msg: Message) -> int:
     """How many payload frames follow ``msg``'s header (see :mod:`procsv.ipc.messages`).
 
     ``SaveData``: one per tensor without an ``offset`` (one with an offset needs ``arena``);
-    ``SummaryBatch``: one per proto, one for the columns if any, one per item; ``Relayed``: its
-    ``frames``; others: none.
+    ``SummaryBatch``: one per proto, one for the columns if any, one per item; ``GraphEvent``: one;
+    ``Relayed``: its ``frames``; others: none.
     """
     if isinstance(msg, SaveData):
         if msg.arena is None and any(t.offset is not None for t in msg.tensors):
@@ -131,6 +131,8 @@ def payload_frames(msg: Message) -> int:
         if msg.columns < 0:
             raise ProtocolError(f"SummaryBatch.columns: {msg.columns} is negative")
         return len(msg.protos) + (1 if msg.columns else 0) + len(msg.items)
+    if isinstance(msg, GraphEvent):
+        return 1
     if isinstance(msg, Relayed):
         if msg.frames < 1:
             raise ProtocolError(f"Relayed.frames: {msg.frames} (a relayed message has at least its header)")

@@ -18,7 +18,8 @@ Who sends what (see docs/architecture.md for the full table):
   :class:`CheckpointsDeleted` down.
 * trainer / checkpoint service <-> summary service (DEALER/ROUTER on ``summary.sock``):
   :class:`SummaryBatch` (+ its payload frames, see :mod:`procsv.ipc.columns`) and
-  :class:`SessionLogEvent` up; :class:`SummaryAck` down, to the trainer that sent the batches.
+  :class:`SessionLogEvent` up (the trainer also :class:`GraphEvent`, + its one frame); :class:`SummaryAck`
+  down, to the trainer that sent the batches.
 * watchdog -> summary service (a DEALER the watchdog connects to ``summary.sock``):
   :class:`RunScalars`, procsv's own TensorBoard scalars (no reply).
 * watchdog <-> zygote (the pre-warmed trainer; length-prefixed frames on a pipe pair, see
@@ -42,7 +43,8 @@ from __future__ import annotations
 from procsv.ipc.checkpoint_messages import (ArenaRef, CheckpointSetup, CheckpointsDeleted, DeleteCheckpoints, RecoverQuery, RecoverReply, SaveData,
                                             SaveRequest, SaveResult, SnapshotHeld, TensorSpec)
 from procsv.ipc.message_base import Busy, ItemKind, Message, RestoreSource, Role, SaveReason, SessionStatus
-from procsv.ipc.summary_messages import ProtoRef, RunScalars, SessionLogEvent, SummaryAck, SummaryBatch, SummaryItem
+from procsv.ipc.summary_messages import (GraphEvent, ProtoRef, RunScalars, SessionLogEvent, SummaryAck, SummaryBatch,
+                                         SummaryItem)
 from procsv.ipc.watchdog_messages import (Hello, NonfiniteDetected, Progress, RolledBack, SaveOverdue, StandbyReady,
                                          StepSkipped, SummaryOverdue, TrainerReady)
 from procsv.ipc.zygote_messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
@@ -73,6 +75,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     SummaryBatch,
     SummaryAck,
     SessionLogEvent,
+    GraphEvent,
     RunScalars,
     ZygoteReady,
     ForkRequest,
@@ -97,7 +100,7 @@ __all__ = [
     "NonfiniteDetected", "RolledBack", "StepSkipped",
     "CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "SnapshotHeld",
     "RecoverQuery", "RecoverReply", "DeleteCheckpoints", "CheckpointsDeleted",
-    "SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "RunScalars",
+    "SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "GraphEvent", "RunScalars",
     "ZygoteReady", "ForkRequest", "ForkReply", "ChildExit",
     "NodeHello", "MasterBeat", "StartMembers", "SignalMember", "NodeStop", "NodeRefused", "MemberStarted", "MemberEnded",
     "Relayed",

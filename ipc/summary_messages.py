@@ -1,7 +1,8 @@
 """The messages of the summary channel, to and from the summary service (ROUTER on ``summary.sock``).
 
 Up, from DEALERs: the trainer sends :class:`SummaryBatch` (its payload described by
-:class:`ProtoRef` and :class:`SummaryItem`, its scalar rows by :mod:`procsv.ipc.columns`); the
+:class:`ProtoRef` and :class:`SummaryItem`, its scalar rows by :mod:`procsv.ipc.columns`) and, in
+graph mode, :class:`GraphEvent` (a GraphDef or MetaGraphDef for TensorBoard's graph view); the
 trainer and the checkpoint service send :class:`SessionLogEvent`; the watchdog sends
 :class:`RunScalars` (no reply). Down: the summary service answers the trainer that sent the
 batches with :class:`SummaryAck`.
@@ -104,6 +105,19 @@ class SessionLogEvent(Message):
 
 
 @dataclass(frozen=True)
+class GraphEvent(Message):
+    """Trainer (graph mode, the chief) -> summary service: one payload frame, a serialized
+    ``GraphDef`` (``meta`` False: TF's ``SummaryWriter.add_graph``) or ``MetaGraphDef`` (``meta``
+    True: ``add_meta_graph``), written as an ``Event`` at ``step`` into the run's event file. The
+    service refuses a frame that does not parse as one. No reply."""
+
+    KIND: ClassVar[str] = "graph_event"
+    step: int
+    wall_time: float
+    meta: bool = False
+
+
+@dataclass(frozen=True)
 class RunScalars(Message):
     """Watchdog -> summary service: procsv's own scalars at global step ``step``.
 
@@ -120,4 +134,4 @@ class RunScalars(Message):
     values: list[float]
 
 
-__all__ = ["SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "RunScalars"]
+__all__ = ["SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "GraphEvent", "RunScalars"]

@@ -123,6 +123,8 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
     ("session-log-start", m.SessionLogEvent(status=m.SessionStatus.START, step=0), []),
     ("session-log-checkpoint", m.SessionLogEvent(status=m.SessionStatus.CHECKPOINT, step=1500,
                                                  checkpoint_path="/runs/a/model.ckpt-1500"), []),
+    ("graph-event", m.GraphEvent(step=0, wall_time=1_700_000_000.25), [b"\n\x0b\n\x01x\x12\x06Const"]),
+    ("meta-graph-event", m.GraphEvent(step=12, wall_time=1_700_000_000.5, meta=True), [b""]),
     ("run-scalars", m.RunScalars(step=1201, wall_time=1_700_000_123.5, tags=["procsv/restarts", "procsv/goodput"],
                                  values=[2.0, 0.875]), []),
     ("run-scalars-empty", m.RunScalars(step=0, wall_time=0.0, tags=[], values=[]), []),

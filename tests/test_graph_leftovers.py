@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
 from conftest import PROGRAMS, REPO, quiet_env
 
 CASES = os.path.join(PROGRAMS, "tf1_cases.py")
@@ -37,11 +39,12 @@ def _graph_def(path: str):  # type: ignore[no-untyped-def]
         return text_format.Parse(fh.read(), tf.compat.v1.GraphDef())
 
 
-def test_the_chief_writes_graph_pbtxt_when_the_session_starts_and_a_worker_none(tmp_path):
+def test_the_chief_writes_graph_pbtxt_and_a_graph_event_when_the_session_starts_and_a_worker_none(tmp_path):
     """As TF's Supervisor (``_write_graph`` after ``prepare_session``, chief only): the chief's
     logdir holds ``graph.pbtxt`` once the session is ready, a text GraphDef with the program's ops
     and their shapes; a worker (``is_chief=False``) writes none. The MLP program's file holds its
-    variables, its matmuls and its optimizer, as TF's own Supervisor's file does."""
+    variables, its matmuls and its optimizer, as TF's own Supervisor's file does; its event file
+    holds the same GraphDef (TensorBoard's graph view, read with EventAccumulator), as TF's does."""
     assert _case("graph_file", str(tmp_path / "cases")) == {"chief": True, "worker": False}
     assert not os.path.exists(tmp_path / "cases" / "worker" / "graph.pbtxt")
     for who, extra in (("ours", []), ("tf", ["--tf", "--no-summary-op"])):
@@ -61,6 +64,15 @@ def test_the_chief_writes_graph_pbtxt_when_the_session_starts_and_a_worker_none(
         [n.name for n in theirs.node if "_output_shapes" in mine[n.name].attr]
     assert "_output_shapes" in mine["w1"].attr
     assert not [n for n in os.listdir(tmp_path / "ours") if n.startswith("graph.pbtxt") and n != "graph.pbtxt"]
+    # the GraphDef in the event file too (TF's summary_writer.add_graph), through the summary service
+    events = {}
+    for who in ("ours", "tf"):
+        acc = EventAccumulator(str(tmp_path / who))
+        acc.Reload()
+        assert acc.Tags()["graph"], who
+        events[who] = acc.Graph()
+    assert {node.name for node in events["ours"].node} == names
+    assert {node.name for node in events["tf"].node} <= names
 
 
 def test_master_and_config_make_the_session_as_tf_on_a_local_server(tmp_path):

@@ -533,3 +533,61 @@ def test_a_checkpoint_saver_hooks_scaffold_names_the_saver_that_saves_as_in_tens
                     sess.run(m["train_op"])
         names[name] = {n for n, _ in tf.train.list_variables(tf.train.latest_checkpoint(folder))}
     assert names["procsv"] == names["tf"] == {"w", "global_step"}
+
+
+def test_monitored_training_session_save_graph_def_writes_graph_pbtxt_and_the_graph_events_as_tensorflows(logdir, tmp_path):
+    """Graph mode: MonitoredTrainingSession(save_graph_def=True) (its CheckpointSaverHook's) writes
+    graph.pbtxt, a GraphDef event and a MetaGraphDef event (read with EventAccumulator) into the
+    checkpoint_dir; save_graph_def=False no graph.pbtxt, and still both events (TF's writer is opened
+    with the graph). The same as TensorFlow's own MonitoredTrainingSession, run here too."""
+    import tensorflow as tf
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from procsv import train
+
+    seen = {}
+    for name, api in (("tf", tf.compat.v1.train), ("procsv", train)):
+        for save in (True, False):
+            folder = str(tmp_path / f"{name}-{save}") if name == "tf" else os.path.join(logdir, str(save))
+            with tf.Graph().as_default():
+                m = _model(tf)
+                with api.MonitoredTrainingSession(checkpoint_dir=folder, save_checkpoint_steps=2, save_summaries_steps=None,
+                                                  save_summaries_secs=None, log_step_count_steps=None,
+                                                  save_graph_def=save) as sess:
+                    for _ in range(2):
+                        sess.run(m["train_op"])
+            acc = EventAccumulator(folder)
+            acc.Reload()
+            tags = acc.Tags()
+            seen[(name, save)] = (os.path.exists(os.path.join(folder, "graph.pbtxt")), tags["graph"], tags["meta_graph"])
+            if save:
+                assert "global_step" in {node.name for node in acc.Graph().node}
+                assert acc.MetaGraph().saver_def.filename_tensor_name
+    assert seen[("procsv", True)] == seen[("tf", True)] == (True, True, True)
+    # TF's hooks open their writer with the graph (FileWriter(logdir, graph=...)): both events either way
+    assert seen[("procsv", False)] == seen[("tf", False)] == (False, True, True)
+
+
+def test_a_scaffolds_local_init_feed_dict_feeds_its_local_init_op_as_tensorflows(logdir):
+    """Graph mode: Scaffold(local_init_op=..., local_init_feed_dict={placeholder: 7.0}): the
+    local_init_op runs with that feed when the session is made (a local variable assigned from an
+    unfed placeholder would fail otherwise), as TensorFlow's own SingularMonitoredSession."""
+    import tensorflow as tf
+
+    from procsv import train
+
+    seen = {}
+    for name, api in (("tf", tf.compat.v1.train), ("procsv", train)):
+        with tf.Graph().as_default():
+            m = _model(tf)
+            fed = tf.compat.v1.placeholder(tf.float32, [], name="fed")
+            local = tf.compat.v1.get_variable("local", initializer=0.0,
+                                              collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+            with tf.control_dependencies([local.initializer]):
+                local_init = tf.group(local.assign(fed), tf.compat.v1.tables_initializer())
+            scaffold = api.Scaffold(local_init_op=local_init, local_init_feed_dict={fed: 7.0})
+            kwargs = {"checkpoint_dir": logdir} if name == "procsv" else {}
+            with api.SingularMonitoredSession(scaffold=scaffold, **kwargs) as sess:
+                sess.run(m["train_op"])
+                seen[name] = float(sess.run(local))
+    assert seen == {"tf": 7.0, "procsv": 7.0}

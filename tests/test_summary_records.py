@@ -75,6 +75,16 @@ def test_session_log_and_file_version_events_are_what_protobuf_serializes():
                                                                 file_version="brain.Event:2").SerializeToString()
 
 
+def test_graph_and_meta_graph_events_are_what_protobuf_serializes():
+    from tensorboard.compat.proto import graph_pb2, meta_graph_pb2, node_def_pb2
+
+    graph = graph_pb2.GraphDef(node=[node_def_pb2.NodeDef(name="x", op="Const")]).SerializeToString()
+    meta = meta_graph_pb2.MetaGraphDef(graph_def=graph_pb2.GraphDef.FromString(graph)).SerializeToString()
+    assert records.graph_event(WALL, 0, graph) == event_pb2.Event(wall_time=WALL, graph_def=graph).SerializeToString()
+    assert records.graph_event(WALL, 4, meta, meta=True) == event_pb2.Event(wall_time=WALL, step=4,
+                                                                             meta_graph_def=meta).SerializeToString()
+
+
 def test_scalar_encoder_groups_runs_of_one_step_into_one_event(tmp_path):
     tags = ["loss", "accuracy", "a/long/tag/ünïcode"]
     index = np.array([0, 1, 2, 0, 1, 0])

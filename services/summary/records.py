@@ -62,6 +62,12 @@ def summary_event(wall_time: float, step: int, summary: bytes) -> bytes:
     return _event_head(wall_time, step) + _field(5, summary)
 
 
+def graph_event(wall_time: float, step: int, graph: bytes, meta: bool = False) -> bytes:
+    """A serialized ``Event`` carrying a serialized ``GraphDef`` (field 4), or a ``MetaGraphDef``
+    (field 9) when ``meta``: what TensorBoard's graph view reads."""
+    return _event_head(wall_time, step) + _field(9 if meta else 4, graph)
+
+
 def file_version_event(wall_time: float) -> bytes:
     """The first ``Event`` of every event file: ``file_version: "brain.Event:2"``."""
     return _event_head(wall_time, 0) + _field(3, b"brain.Event:2")

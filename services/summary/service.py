@@ -1,8 +1,8 @@
 """The summary service's loop: receive summary batches, write TensorBoard event files, ack them.
 
 Runs in the summary service process (``python -m procsv.services.summary``); imports no TensorFlow.
-It binds the ROUTER socket ``summary.sock``: the trainer's DEALER sends :class:`SummaryBatch` and
-:class:`SessionLogEvent` (START, STOP), the checkpoint service's DEALER sends ``SessionLog
+It binds the ROUTER socket ``summary.sock``: the trainer's DEALER sends :class:`SummaryBatch`,
+:class:`SessionLogEvent` (START, STOP) and, in graph mode, :class:`GraphEvent`, the checkpoint service's DEALER sends ``SessionLog
 CHECKPOINT``, the watchdog's DEALER sends :class:`RunScalars`, procsv's own scalars, written into
 the run ``procsv`` (``<logdir>/procsv/``, :mod:`procsv.services.summary.procsvrun`).
 
@@ -52,7 +52,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import zmq
-from tensorboard.compat.proto import summary_pb2
+from tensorboard.compat.proto import graph_pb2, meta_graph_pb2, summary_pb2
 
 from procsv.common.bootstrap import ChildContext
 from procsv.common.layout import read_json, write_json
@@ -60,8 +60,8 @@ from procsv.common.stopfrom import Authority
 from procsv.common.stopwake import StopWake
 from procsv.ipc.codec import ProtocolError
 from procsv.ipc.columns import Columns, decode_columns
-from procsv.ipc.messages import (Hello, ProtoRef, Role, RunScalars, SessionLogEvent, SessionStatus, SummaryAck,
-                                 SummaryBatch)
+from procsv.ipc.messages import (GraphEvent, Hello, ProtoRef, Role, RunScalars, SessionLogEvent, SessionStatus,
+                                 SummaryAck, SummaryBatch)
 from procsv.ipc.rejections import Rejections
 from procsv.ipc.transport import SUMMARY_FRAME_MAX, Received, bind_private, drain, make_socket, send
 from procsv.services.summary import records
@@ -80,7 +80,7 @@ DRAIN_SECS = 2.0
 KEEP_SESSIONS = 20  # sessions remembered (for acks and in the stats file)
 DROPPED_TAG = "procsv/summaries_dropped"
 COLUMN_FRAMES = 1  # the scalar columns of a batch travel in one frame (see procsv.ipc.columns)
-ACCEPT = frozenset({SummaryBatch, SessionLogEvent, RunScalars})  # from trainers, the checkpoint service, the watchdog
+ACCEPT = frozenset({SummaryBatch, SessionLogEvent, GraphEvent, RunScalars})  # from trainers, the checkpoint service, the watchdog
 
 _SESSION_STATUS = {SessionStatus.START: records.START, SessionStatus.STOP: records.STOP,
                    SessionStatus.CHECKPOINT: records.CHECKPOINT}
@@ -236,6 +236,8 @@ class SummaryService:
             out.append(records.frame(records.session_log_event(time.time(), msg.step, status, msg.checkpoint_path)))
             if msg.status in (SessionStatus.CHECKPOINT, SessionStatus.STOP):
                 self._sync_now = True
+        elif isinstance(msg, GraphEvent):
+            self._graph(msg, got.payload[0], out)
         elif isinstance(msg, RunScalars):
             try:
                 self.procsv_run.write(msg, self.dropped())
@@ -286,6 +288,18 @@ class SummaryService:
             if rate is not None:
                 summary = records.scalar_summary("global_step/sec", rate)
                 out.append(records.frame(records.summary_event(msg.wall_time or time.time(), msg.step, summary)))
+
+    def _graph(self, msg: GraphEvent, frame: Any, out: list[bytes]) -> None:
+        """A graph-mode trainer's GraphDef (or MetaGraphDef): checked, then one event."""
+        data = frame.bytes if hasattr(frame, "bytes") else bytes(frame)
+        try:
+            (meta_graph_pb2.MetaGraphDef if msg.meta else graph_pb2.GraphDef).FromString(data)
+        except Exception as exc:  # a protobuf DecodeError: drop this one only
+            self._complain(f"dropped a malformed {'meta graph' if msg.meta else 'graph'}: {exc}")
+            self.service_dropped += 1
+            return
+        out.append(records.frame(records.graph_event(msg.wall_time, msg.step, data, msg.meta)))
+        self._sync_now = True
 
     def _proto(self, ref: ProtoRef, frame: Any, below: Optional[int], out: list[bytes]) -> None:
         data = frame.bytes if hasattr(frame, "bytes") else bytes(frame)

@@ -8,7 +8,11 @@ a :class:`GraphSession` over a ``tf.compat.v1.Session`` of the program's graph; 
 boundary every ``save_summaries_secs`` the chief runs ``summary_op`` with the feed_dict of the run
 that made the step and hands the serialized ``Summary`` to the summary service. When the session
 is ready the chief writes the graph to ``<logdir>/graph.pbtxt`` (as TF's ``Supervisor._write_graph``;
-atomically; not into the event file: the summary service writes ``Summary`` events only). (``sv.saver`` is
+atomically) and, unless ``summary_writer=None``, hands its GraphDef to the summary service for the
+event file (a :class:`~procsv.ipc.messages.GraphEvent`: TF's ``summary_writer.add_graph``). A
+MonitoredSession's Supervisor also hands over the MetaGraphDef (TF's hooks open their writer with
+the graph: ``FileWriter(logdir, graph=...)`` writes both), and writes ``graph.pbtxt`` only for a
+``CheckpointSaverHook(save_graph_def=True)``, as TF. (``sv.saver`` is
 :class:`procsv.trainer.tf1_objects.SaverShim`, as in eager mode: its ``save`` commits through the
 checkpoint service.)
 """
@@ -17,9 +21,11 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any, Callable, Optional
 
 from procsv.common.layout import Layout, atomic_write
+from procsv.ipc.messages import GraphEvent
 from procsv.trainer.graph.session import GraphSession
 from procsv.trainer.graph.session_manager import finish_preparation, initialize
 from procsv.trainer.tf1_args import Tf1Choices
@@ -29,6 +35,12 @@ class GraphMethods:
     """Graph mode's part of the Supervisor (it owns no state beyond the GraphSetup's)."""
 
     _tf1: Tf1Choices
+    _channels: Any
+    # what the chief writes of the graph when the session is ready: graph.pbtxt (TF's Supervisor;
+    # a MonitoredSession's CheckpointSaverHook(save_graph_def=True)); the GraphDef event, and the
+    # MetaGraphDef event too with meta_graph_event (a MonitoredSession's, as TF's hooks' writers)
+    graph_file_written: bool = True
+    meta_graph_event: bool = False
     _session: Any
     _state: Any
     coord: Any
@@ -74,10 +86,25 @@ class GraphMethods:
         if observe is not None:
             observe(int(sess.raw.run(setup.global_step)))
         sess.live = True
-        if self.is_chief and self.layout is not None:  # TF: the chief, after prepare_session
-            write_graph(setup.graph, self.layout.logdir)
+        if self.is_chief and self.layout is not None:  # TF: the chief
+            if self.graph_file_written:
+                write_graph(setup.graph, self.layout.logdir)
+            if setup.summary_written and self._channels is not None:
+                self._graph_events(setup)
         if start_queue_runners:
             self.start_queue_runners(sess)
+
+    def _graph_events(self, setup: Any) -> None:
+        """The GraphDef (as TF's ``add_graph``: with shapes, at step 0), and with ``meta_graph_event``
+        the MetaGraphDef with the Saver's SaverDef (TF's CheckpointSaverHook), to the summary service."""
+        graph_def = setup.graph.as_graph_def(add_shapes=True)
+        self._channels.to_summary(GraphEvent(0, time.time()), [graph_def.SerializeToString()])
+        if self.meta_graph_event:
+            from tensorflow.python.framework import meta_graph
+
+            saver_def = getattr(setup.saver, "saver_def", None)
+            meta = meta_graph.create_meta_graph_def(graph_def=graph_def, saver_def=saver_def)
+            self._channels.to_summary(GraphEvent(0, time.time(), meta=True), [meta.SerializeToString()])
 
     def _graph_summary(self) -> None:
         """Every ``save_summaries_secs``, at a step boundary (chief only): ``summary_op``."""

@@ -111,7 +111,9 @@ class CheckpointSaverHook(SessionRunHook):
     (``save_model_secs``: the service's timer, which keeps ticking while a step stalls) or
     ``save_steps`` (every multiple of N). As TF, a new session without a checkpoint saves at once,
     and ``end()`` saves the last step. Listeners see every checkpoint, the Supervisor's final and
-    emergency ones included. ``save_graph_def`` is accepted and ignored; ``saver`` too, except in
+    emergency ones included. ``save_graph_def``: in graph mode, as TF, the chief writes
+    ``graph.pbtxt`` when the session is ready (eager mode has no graph: ignored; the GraphDef and
+    MetaGraphDef events are written either way, as TF's writer does). ``saver`` is ignored, except in
     graph mode, where it is the Saver the Supervisor saves and restores; else, in graph mode, the
     Saver of the hook's ``scaffold`` (as TF), else the session creator's Scaffold's.
     """
@@ -126,6 +128,7 @@ class CheckpointSaverHook(SessionRunHook):
                                         "Scaffold(checkpoint=tf.train.Checkpoint(...))")
         self._saver = saver if graph_mode() else None
         self._scaffold = scaffold
+        self._save_graph_def = save_graph_def
         SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps)  # TF's validation
         self._checkpoint_dir = checkpoint_dir
         self._save_secs = save_secs
@@ -144,6 +147,8 @@ class CheckpointSaverHook(SessionRunHook):
             opts["saver"] = self._saver
         elif self._scaffold_saver() is not None:  # graph mode, as TF: else the hook's Scaffold's Saver
             opts["saver"] = self._scaffold_saver()
+        if graph_mode():  # graph.pbtxt when the session is ready
+            opts["save_graph_def"] = self._save_graph_def
         return opts
 
     def _scaffold_saver(self) -> Any:

@@ -4,7 +4,7 @@ Runs in the trainer process, in its main thread (``ChiefSessionCreator.create_se
 ``WorkerSessionCreator.create_session`` of a TF1 graph program, called by a MonitoredSession).
 The first creation fills the Scaffold's defaults, builds the Supervisor from TF's pieces
 (``init_op``, ``init_feed_dict``, ``init_fn``, ``ready_op``, ``ready_for_local_init_op``,
-``local_init_op``, ``saver``; ``summary_op=None``: a MonitoredSession's summaries are its
+``local_init_op`` (fed ``local_init_feed_dict``, as TF), ``saver``; ``summary_op=None``: a MonitoredSession's summaries are its
 SummarySaverHook's) and freezes the graph; every creation (the first, and each in-process
 recovery after an ``AbortedError``/``UnavailableError``) is ``prepare_or_wait_for_session()`` on
 that Supervisor: the newest committed checkpoint restored, or the variables initialized.
@@ -15,8 +15,6 @@ the logdir has no checkpoint of its own, as in eager mode.
 from __future__ import annotations
 
 from typing import Any
-
-from procsv.trainer.monitored import hooks as api
 
 
 class GraphRawSession:
@@ -78,13 +76,11 @@ def _build_supervisor(creator: Any) -> Any:
 
     scaffold = creator.scaffold
     scaffold.fill_defaults()
-    if scaffold.local_init_feed_dict is not None:
-        api.warn_once("graph.local_init_feed_dict", "Scaffold(local_init_feed_dict=...) is ignored: the Supervisor "
-                                                    "runs local_init_op without feeds (as TF's Supervisor)")
     opts = dict(creator.supervisor_options)
     opts.pop("save_summaries_secs", None)
     is_chief = opts.pop("is_chief", True)
     saver = opts.pop("saver", None) or scaffold.saver
+    graph_file = opts.pop("save_graph_def", False)  # a CheckpointSaverHook's (TF: only that hook writes graph.pbtxt)
     path = creator.checkpoint_filename_with_path
     user_init_fn = scaffold.init_fn
 
@@ -96,12 +92,20 @@ def _build_supervisor(creator: Any) -> Any:
             user_init_fn(session)
 
     extra: dict[str, Any] = {}
+    if scaffold.local_init_feed_dict is not None:  # as TF's session creator: its SessionManager feeds local_init_op
+        from procsv.trainer.graph.session_manager import SessionManager
+
+        extra["session_manager"] = SessionManager(
+            local_init_op=scaffold.local_init_op, ready_op=scaffold.ready_op,
+            ready_for_local_init_op=scaffold.ready_for_local_init_op, graph=tf.compat.v1.get_default_graph(),
+            local_init_feed_dict=scaffold.local_init_feed_dict)
     if scaffold.global_step is not None:
         extra["global_step"] = scaffold.global_step
     sv = Supervisor(logdir=creator.checkpoint_dir, graph=tf.compat.v1.get_default_graph(), is_chief=is_chief,
                     init_op=scaffold.init_op, init_feed_dict=scaffold.init_feed_dict, init_fn=init_fn,
                     ready_op=scaffold.ready_op, ready_for_local_init_op=scaffold.ready_for_local_init_op,
                     local_init_op=scaffold.local_init_op, summary_op=None, saver=saver, **extra, **opts)
+    sv.graph_file_written, sv.meta_graph_event = bool(graph_file), True
     scaffold.finalize()
     return sv
 

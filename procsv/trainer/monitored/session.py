@@ -332,7 +332,7 @@ def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None, 
     ``Scaffold(checkpoint=...)``; passing neither is refused with a :class:`procsv.UsageError` naming
     ``checkpoint=`` (``checkpoint=None``: no checkpoints). ``is_chief=False``: a worker replica (:class:`WorkerSessionCreator`:
     restores the chief's checkpoints from ``checkpoint_dir``, saves nothing, only ``hooks`` run).
-    ``save_graph_def`` has no effect (no graph). ``is_chief`` defaults to the task's under
+    ``save_graph_def`` (graph mode): the CheckpointSaverHook's, as TF (eager: no graph, no effect). ``is_chief`` defaults to the task's under
     ``procsv launch --nproc N`` (task 0 is the chief), else True, as the Supervisor's.
     """
     from procsv.common import bootstrap
@@ -365,7 +365,8 @@ def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None, 
     if checkpoint_dir and ((save_checkpoint_secs and save_checkpoint_secs > 0)
                            or (save_checkpoint_steps and save_checkpoint_steps > 0)):
         all_hooks.append(bh.CheckpointSaverHook(checkpoint_dir, save_secs=save_checkpoint_secs,
-                                                save_steps=save_checkpoint_steps, scaffold=scaffold))
+                                                save_steps=save_checkpoint_steps, scaffold=scaffold,
+                                                save_graph_def=save_graph_def))
     all_hooks.extend(hooks or [])
     return MonitoredSession(creator, all_hooks, stop_grace_period_secs)
 
