@@ -165,8 +165,8 @@ def test_the_supervisor_properties_of_the_seeds_have_their_tf2_meaning(logdir, c
     assert isinstance(sv.coord, procsv.Coordinator) and callable(sv.summary_writer.add_summary)
     fn = lambda: {"w": 1.0}  # noqa: E731
     assert procsv.Supervisor(logdir=logdir, checkpoint={"w": w}, summary_op=fn).summary_op is fn
-    assert sv.start_queue_runners(None, [object()]) == []  # TF2 has no queue runners: warned, nothing started
-    assert "TF2 has no queue runners" in caplog.text
+    with pytest.raises(RuntimeError, match="^Queues are not compatible with eager execution"):  # as TF's
+        sv.start_queue_runners(None, [object()])
 
 
 def test_init_fn_checkpoint_basename_and_a_periodic_summary_op_in_a_real_session(logdir):

@@ -133,7 +133,9 @@ def test_camel_case_aliases_and_queue_runners(logdir):
                          ("SummaryComputed", "summary_computed"), ("StartQueueRunners", "start_queue_runners"),
                          ("StartStandardServices", "start_standard_services")):
         assert getattr(procsv.Supervisor, camel) is getattr(procsv.Supervisor, snake)
-    assert sv.start_queue_runners(None) == [] and sv.start_standard_services(None) == []
+    assert sv.start_standard_services(None) == []
+    with pytest.raises(RuntimeError, match="^Queues are not compatible with eager execution"):  # as TF's, eager
+        sv.start_queue_runners(None)
     try:
         raise KeyError("k")
     except KeyError:

@@ -3,8 +3,8 @@
 Runs in the trainer process. Stop coordination is the Supervisor's :class:`Coordinator`
 (``request_stop``, ``should_stop``, ``stop_on_exception``, ``wait_for_stop``, ``loop``); TF's
 thread starters have nothing to start, because procsv's services are processes running since the
-session was prepared (``start_queue_runners``; ``start_standard_services`` only lets the trainer's
-periodic work begin, see there); and the TF1 path
+session was prepared (``start_standard_services`` only lets the trainer's periodic work begin, see
+there); the graph's queue runners (``start_queue_runners``); and the TF1 path
 properties (``save_path``, ``logdir``). The Supervisor's own behaviour is not here: its session
 lifecycle is :mod:`procsv.trainer.supervisor`, the TF1 constructor arguments and properties
 :mod:`procsv.trainer.tf1_args`.
@@ -89,7 +89,8 @@ class Tf1Methods:
     def start_queue_runners(self, sess: Any = None, queue_runners: Any = None) -> list[Any]:
         """Graph mode: start the threads of ``queue_runners`` (default: the graph's
         ``QUEUE_RUNNERS`` collection) on ``sess`` under the Supervisor's Coordinator, as TF; the
-        threads (joined at ``stop()``). Eager: TF2 has no queue runners (use ``tf.data``), so []."""
+        threads (joined at ``stop()``). Eager: TF's ``RuntimeError`` (queues are not compatible with
+        eager execution; feed the steps from a ``tf.data.Dataset``)."""
         setup = getattr(self, "_tf1").graph
         if setup is not None:
             import tensorflow as tf
@@ -101,10 +102,7 @@ class Tf1Methods:
             for qr in queue_runners:
                 threads.extend(qr.create_threads(session, coord=_QueueCoord(self.coord), daemon=True, start=True))
             return threads
-        if queue_runners:
-            warn_once("Supervisor.start_queue_runners", "start_queue_runners(queue_runners=...): TF2 has no queue "
-                                                        "runners; feed the steps from a tf.data.Dataset instead")
-        return []
+        raise RuntimeError("Queues are not compatible with eager execution.")
 
     def request_stop(self, ex: Any = None) -> None:
         """Ask for a stop; ``ex`` (an exception or a ``sys.exc_info()`` tuple) is re-raised at the end."""
