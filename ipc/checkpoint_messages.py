@@ -74,7 +74,10 @@ class SaveData(Message):
     One frame per tensor without an ``offset``; the others lie in ``arena``, in snapshot slot
     ``slot``, which the trainer leaves untouched until the matching :class:`SaveResult` arrives.
     ``persist=False`` is an in-memory snapshot: the service holds it (the newest one only) and
-    answers :class:`SnapshotHeld`; it writes it to disk only if the trainer dies.
+    answers :class:`SnapshotHeld`; it writes it to disk only if the trainer dies. ``meta_graph``
+    (graph mode): one more frame, last, a serialized ``MetaGraphDef`` the service writes as
+    ``<prefix>.meta`` beside the checkpoint (TF's ``Saver.save(write_meta_graph=True)``), committed
+    and retired with it.
     """
 
     KIND: ClassVar[str] = "save_data"
@@ -85,6 +88,7 @@ class SaveData(Message):
     arena: Optional[ArenaRef] = None
     slot: int = 0
     persist: bool = True
+    meta_graph: bool = False
 
 
 @dataclass(frozen=True)

@@ -119,14 +119,15 @@ def decode(frames: Frames, accept: Optional[AbstractSet[type[Message]]] = None) 
 def payload_frames(msg: Message) -> int:
     """How many payload frames follow ``msg``'s header (see :mod:`procsv.ipc.messages`).
 
-    ``SaveData``: one per tensor without an ``offset`` (one with an offset needs ``arena``);
+    ``SaveData``: one per tensor without an ``offset`` (one with an offset needs ``arena``), and
+    one for the meta graph if ``meta_graph``;
     ``SummaryBatch``: one per proto, one for the columns if any, one per item; ``GraphEvent``: one;
     ``Relayed``: its ``frames``; others: none.
     """
     if isinstance(msg, SaveData):
         if msg.arena is None and any(t.offset is not None for t in msg.tensors):
             raise ProtocolError("SaveData: a tensor at an offset, but no arena")
-        return sum(1 for t in msg.tensors if t.offset is None)
+        return sum(1 for t in msg.tensors if t.offset is None) + (1 if msg.meta_graph else 0)
     if isinstance(msg, SummaryBatch):
         if msg.columns < 0:
             raise ProtocolError(f"SummaryBatch.columns: {msg.columns} is negative")

@@ -49,6 +49,9 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
         [],
     ),
     ("save-request", m.SaveRequest(reason=m.SaveReason.PERIODIC), []),
+    ("save-data-meta-graph", m.SaveData(step=3, reason=m.SaveReason.STEPS, basename="model.ckpt",
+                                        tensors=[m.TensorSpec(key="w", dtype="float32", shape=[2])], meta_graph=True),
+     [b"\x00\x00\x80?\x00\x00\x00@", b"meta-graph-def"]),
     (
         "save-data",
         m.SaveData(

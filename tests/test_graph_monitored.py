@@ -537,9 +537,9 @@ def test_a_checkpoint_saver_hooks_scaffold_names_the_saver_that_saves_as_in_tens
 
 def test_monitored_training_session_save_graph_def_writes_graph_pbtxt_and_the_graph_events_as_tensorflows(logdir, tmp_path):
     """Graph mode: MonitoredTrainingSession(save_graph_def=True) (its CheckpointSaverHook's) writes
-    graph.pbtxt, a GraphDef event and a MetaGraphDef event (read with EventAccumulator) into the
-    checkpoint_dir; save_graph_def=False no graph.pbtxt, and still both events (TF's writer is opened
-    with the graph). The same as TensorFlow's own MonitoredTrainingSession, run here too."""
+    graph.pbtxt, a GraphDef event and a MetaGraphDef event (read with EventAccumulator) and a
+    <prefix>.meta per checkpoint into the checkpoint_dir; save_graph_def=False neither graph.pbtxt nor
+    .meta files, and still both events (TF's writer is opened with the graph). The same as TensorFlow's own MonitoredTrainingSession, run here too."""
     import tensorflow as tf
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -559,13 +559,15 @@ def test_monitored_training_session_save_graph_def_writes_graph_pbtxt_and_the_gr
             acc = EventAccumulator(folder)
             acc.Reload()
             tags = acc.Tags()
-            seen[(name, save)] = (os.path.exists(os.path.join(folder, "graph.pbtxt")), tags["graph"], tags["meta_graph"])
+            metas = any(n.endswith(".meta") for n in os.listdir(folder))  # model.ckpt-<step>.meta, TF's Saver's
+            seen[(name, save)] = (os.path.exists(os.path.join(folder, "graph.pbtxt")), tags["graph"], tags["meta_graph"],
+                                  metas)
             if save:
                 assert "global_step" in {node.name for node in acc.Graph().node}
                 assert acc.MetaGraph().saver_def.filename_tensor_name
-    assert seen[("procsv", True)] == seen[("tf", True)] == (True, True, True)
+    assert seen[("procsv", True)] == seen[("tf", True)] == (True, True, True, True)
     # TF's hooks open their writer with the graph (FileWriter(logdir, graph=...)): both events either way
-    assert seen[("procsv", False)] == seen[("tf", False)] == (False, True, True)
+    assert seen[("procsv", False)] == seen[("tf", False)] == (False, True, True, False)
 
 
 def test_a_scaffolds_local_init_feed_dict_feeds_its_local_init_op_as_tensorflows(logdir):

@@ -124,7 +124,8 @@ def _bit_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
 
 def test_its_checkpoints_are_tf1_checkpoints_and_a_second_run_resumes_without_init(tmp_path):
     """The checkpoints a plain run leaves are found by tf.train.latest_checkpoint and restored by a
-    plain Saver in a fresh graph (every variable: weights, momentum slots, global_step); run again,
+    plain Saver in a fresh graph (every variable: weights, momentum slots, global_step), and each
+    has its <prefix>.meta, which imports and restores them, as TF's Saver writes it; run again,
     the program resumes at the saved step, and init_fn ran on the fresh start only."""
     logdir, init_log = str(tmp_path / "run"), str(tmp_path / "init.log")
     first = _run([TRAIN, "--logdir", logdir, "--steps", "30", "--save-model-secs", "0.2", "--step-delay", "0.02",
@@ -138,12 +139,31 @@ def test_its_checkpoints_are_tf1_checkpoints_and_a_second_run_resumes_without_in
     assert sorted(restored) == ["b1", "b1/Momentum", "b2", "b2/Momentum", "global_step", "w1", "w1/Momentum",
                                 "w2", "w2/Momentum"]
     assert _bit_equal(restored, _npz(str(tmp_path / "first.npz")))
+    _meta_files_are_the_kept_checkpoints(tf, logdir, restored)
     second = _run([TRAIN, "--logdir", logdir, "--steps", "40", "--init-fn-log", init_log])
     assert second.returncode == 0, second.stderr[-3000:]
     assert "start 30" in second.stdout and "done 40" in second.stdout
     with open(init_log) as fh:
         assert fh.read().splitlines() == ["init_fn at step 0"]
     assert tf.train.latest_checkpoint(logdir) == os.path.join(logdir, "model.ckpt-40")
+    _meta_files_are_the_kept_checkpoints(tf, logdir)
+
+
+def _meta_files_are_the_kept_checkpoints(tf, logdir: str, values=None) -> None:  # type: ignore[no-untyped-def]
+    """As TF's Saver.save(write_meta_graph=True): every checkpoint the state file keeps has its
+    <prefix>.meta and no other .meta is left (retention removed them with their checkpoints); the
+    newest one's meta graph, imported into a fresh graph, restores the checkpoint (``values``)."""
+    state = tf.train.get_checkpoint_state(logdir)
+    kept = {os.path.basename(p) for p in state.all_model_checkpoint_paths}
+    assert {n[:-len(".meta")] for n in os.listdir(logdir) if n.endswith(".meta")} == kept
+    if values is not None:
+        latest = tf.train.latest_checkpoint(logdir)
+        with tf.Graph().as_default():
+            saver = tf.compat.v1.train.import_meta_graph(latest + ".meta")
+            with tf.compat.v1.Session() as sess:
+                saver.restore(sess, latest)
+                got = {v.op.name: sess.run(v) for v in tf.compat.v1.global_variables()}
+        assert _bit_equal(got, values)
 
 
 def test_a_graph_mlp_killed_at_random_moments_ends_bit_equal_to_a_plain_session_loop(short_tmp):
@@ -235,7 +255,8 @@ def test_start_standard_services_raises_as_tensorflows_and_starts_what_start_sta
     (TensorFlow's Supervisor.start_standard_services code, its message). With
     managed_session(start_standard_services=False) nothing of the session's checkpoint (every 3
     steps) and summary_op schedules is taken in its first 10 steps; after
-    sv.start_standard_services(sess) both run (the last checkpoint is the stop's)."""
+    sv.start_standard_services(sess) both run (the last checkpoint is the stop's). In the same run,
+    sv.summary_writer.add_meta_graph writes a MetaGraphDef into the event file, as TF's writer."""
     logdir = str(tmp_path / "run")
     seen = _case("standard_services", logdir)
     assert seen["worker"] == {"error": "Only chief supervisor can start standard services"}
@@ -247,3 +268,6 @@ def test_start_standard_services_raises_as_tensorflows_and_starts_what_start_sta
     acc.Reload()
     summarized = [e.step for e in acc.Scalars("value")]
     assert summarized and min(summarized) > 10, summarized
+    # the session's GraphDef (the Supervisor's add_graph) and sv.summary_writer.add_meta_graph's MetaGraphDef
+    assert acc.Tags()["graph"] and acc.Tags()["meta_graph"]
+    assert "global_step" in {node.name for node in acc.MetaGraph().graph_def.node}

@@ -15,7 +15,8 @@ writing stays with the checkpoint and summary services:
 * :class:`SummaryWriterShim`: ``add_summary``, ``add_session_log``, ``add_event`` go to the summary
   service (through the Supervisor's buffer, handed off at step boundaries); ``flush`` hands off and
   waits until the service has written them; ``close`` flushes and drops later ``add_*`` calls
-  until ``reopen``, as TF's writer; ``get_logdir`` is the logdir.
+  until ``reopen``, as TF's writer; ``get_logdir`` is the logdir; in graph mode ``add_graph`` and
+  ``add_meta_graph`` send the graph to the summary service for the event file.
 
 Saving, restoring, flushing and session logs use the trainer's sockets, which belong to the thread
 that prepared the session: from any other thread they are a :class:`UsageError`.
@@ -25,11 +26,12 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any, Optional
 
 from procsv.common.errors import CheckpointError, UsageError
 from procsv.common.manifests import list_committed
-from procsv.ipc.messages import Busy, SaveReason, SessionLogEvent, SessionStatus
+from procsv.ipc.messages import Busy, GraphEvent, SaveReason, SessionLogEvent, SessionStatus
 from procsv.trainer.monitored.hooks import warn_once
 
 _STATUS = {1: SessionStatus.START, 2: SessionStatus.STOP, 3: SessionStatus.CHECKPOINT}  # SessionLog.SessionStatus
@@ -218,11 +220,31 @@ class SummaryWriterShim:
             raise UsageError(f"add_event(): an event holding {kind!r} cannot be written by procsv's summary service "
                              "(it writes summaries and session logs)")
 
-    def add_graph(self, *args: Any, **kwargs: Any) -> None:
-        raise UsageError("sv.summary_writer.add_graph(): an eager program has no graph; use "
-                         "tf.summary.trace_on/trace_export with a writer of your own")
+    def add_graph(self, graph: Any = None, global_step: Any = None, graph_def: Any = None) -> None:
+        """Graph mode: ``graph``'s GraphDef (or ``graph_def``) into the event file at ``global_step``
+        (default 0, as TF), through the summary service; on the session's thread only. An eager
+        program has no graph: :class:`UsageError`."""
+        if graph_def is None and graph is not None and hasattr(graph, "as_graph_def"):
+            graph_def = graph.as_graph_def(add_shapes=True)
+        self._graph_event("add_graph", graph_def, global_step, meta=False)
 
-    add_meta_graph = add_graph
+    def add_meta_graph(self, meta_graph_def: Any, global_step: Any = None) -> None:
+        """Graph mode: a ``MetaGraphDef`` into the event file (TensorBoard's ``meta_graph``), as
+        :meth:`add_graph`."""
+        self._graph_event("add_meta_graph", meta_graph_def, global_step, meta=True)
+
+    def _graph_event(self, what: str, proto: Any, global_step: Any, meta: bool) -> None:
+        sv = self._sv
+        if getattr(sv, "_tf1").graph is None:
+            raise UsageError(f"sv.summary_writer.{what}(): an eager program has no graph; use "
+                             "tf.summary.trace_on/trace_export with a writer of your own")
+        if proto is None:
+            raise UsageError(f"sv.summary_writer.{what}(): pass a graph or graph_def")
+        if self._closed:
+            return
+        _on_session_thread(sv, f"sv.summary_writer.{what}()")
+        data = proto if isinstance(proto, bytes) else proto.SerializeToString()
+        sv._channels.to_summary(GraphEvent(int(_int_step(global_step) or 0), time.time(), meta=meta), [data])
 
     def flush(self) -> None:
         """Hand off what was logged and wait (up to 10 s) until the summary service has written it.

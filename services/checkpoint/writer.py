@@ -44,6 +44,10 @@ def write_snapshot(tmp_prefix: str, msg: SaveData, payload: Sequence[Any], view:
     """
     in_arena = [t for t in msg.tensors if t.offset is not None]
     framed = [t for t in msg.tensors if t.offset is None]
+    if msg.meta_graph and payload:  # graph mode: the MetaGraphDef, last; <prefix>.meta beside the checkpoint
+        meta, payload = payload[-1], payload[:-1]
+        with open(tmp_prefix + ".meta", "wb") as fh:  # (in the commit's tmp folder: fsynced, renamed, retired with it)
+            fh.write(meta.bytes if hasattr(meta, "bytes") else bytes(meta))
     if len(framed) != len(payload):
         raise CheckpointError(f"snapshot has {len(framed)} framed tensors but {len(payload)} frames")
     if in_arena and view is None:

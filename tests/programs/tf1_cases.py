@@ -409,6 +409,8 @@ def case_standard_services() -> dict[str, object]:
                 sess.run(train)
                 threading.Event().wait(0.02)
             started = sv.start_standard_services(sess)
+            meta = tf.compat.v1.train.export_meta_graph()  # sv.summary_writer's TF1 methods in graph mode
+            sv.summary_writer.add_meta_graph(meta, 3)
             for _ in range(10):
                 sess.run(train)
                 threading.Event().wait(0.02)

@@ -68,6 +68,8 @@ class CheckpointAgent(MemoryTierMethods):
     snapshot in flight to disk and the failed commits its :class:`CommitTracker`.
     """
 
+    meta_graph: Optional[bytes] = None  # graph mode: a serialized MetaGraphDef written beside each checkpoint
+
     def __init__(self, checkpoint: Any, global_step: Any, layout: Layout, *, basename: str,
                  save_model_secs: Optional[float], save_checkpoint_steps: Optional[int], max_to_keep: int,
                  keep_checkpoint_every_n_hours: Optional[float], allow_reinit: bool = False,
@@ -299,7 +301,9 @@ class CheckpointAgent(MemoryTierMethods):
             self.memory_at, self.memory_step = ch.clock(), step
             raise
         arena = self.store.ref_of(snap)
-        sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena, slot, True), snap.frames)
+        meta = self.meta_graph  # graph mode: <prefix>.meta too (TF's Saver.save(write_meta_graph=True))
+        sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena, slot, True, meta is not None),
+                                snap.frames if meta is None else [*snap.frames, meta])
         ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))
         if self._waiting is not None:  # an in-memory snapshot still waiting is older than this one: never send it
             self._waiting = None

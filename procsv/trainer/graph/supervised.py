@@ -12,7 +12,9 @@ atomically) and, unless ``summary_writer=None``, hands its GraphDef to the summa
 event file (a :class:`~procsv.ipc.messages.GraphEvent`: TF's ``summary_writer.add_graph``). A
 MonitoredSession's Supervisor also hands over the MetaGraphDef (TF's hooks open their writer with
 the graph: ``FileWriter(logdir, graph=...)`` writes both), and writes ``graph.pbtxt`` only for a
-``CheckpointSaverHook(save_graph_def=True)``, as TF. (``sv.saver`` is
+``CheckpointSaverHook(save_graph_def=True)``, as TF; with ``graph.pbtxt``, each checkpoint gets its
+``<prefix>.meta`` (the Saver's MetaGraphDef, written by the checkpoint service beside it, as TF's
+``Saver.save(write_meta_graph=True)``). (``sv.saver`` is
 :class:`procsv.trainer.tf1_objects.SaverShim`, as in eager mode: its ``save`` commits through the
 checkpoint service.)
 """
@@ -89,6 +91,10 @@ class GraphMethods:
         if self.is_chief and self.layout is not None:  # TF: the chief
             if self.graph_file_written:
                 write_graph(setup.graph, self.layout.logdir)
+                agent = getattr(self, "_ckpt", None)
+                if agent is not None and setup.saver is not None:  # TF's Saver.save writes <prefix>.meta
+                    with setup.graph.as_default():
+                        agent.meta_graph = setup.saver.export_meta_graph().SerializeToString()
             if setup.summary_written and self._channels is not None:
                 self._graph_events(setup)
         if start_queue_runners:
