@@ -2,9 +2,9 @@
 
 Runs in the trainer process. Stop coordination is the Supervisor's :class:`Coordinator`
 (``request_stop``, ``should_stop``, ``stop_on_exception``, ``wait_for_stop``, ``loop``); TF's
-thread starters have nothing to start, because procsv's services are processes running since the
-session was prepared (``start_standard_services`` only lets the trainer's periodic work begin, see
-there); the graph's queue runners (``start_queue_runners``); and the TF1 path
+thread starters: ``start_standard_services`` (procsv's services are processes running since the
+session was prepared; the call lets the trainer's periodic work begin, see there) and
+``start_queue_runners`` (the graph's queue runners); and the TF1 path
 properties (``save_path``, ``logdir``). The Supervisor's own behaviour is not here: its session
 lifecycle is :mod:`procsv.trainer.supervisor`, the TF1 constructor arguments and properties
 :mod:`procsv.trainer.tf1_args`.
