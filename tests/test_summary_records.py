@@ -85,6 +85,26 @@ def test_graph_and_meta_graph_events_are_what_protobuf_serializes():
                                                                              meta_graph_def=meta).SerializeToString()
 
 
+def test_the_service_writes_a_graph_event_only_when_its_frame_parses():
+    """A GraphEvent whose frame is no GraphDef is dropped, counted and said once, and the next one
+    is written (the summary service goes on)."""
+    from types import SimpleNamespace
+
+    from tensorboard.compat.proto import graph_pb2, node_def_pb2
+
+    from procsv.ipc.messages import GraphEvent
+    from procsv.services.summary.service import SummaryService
+
+    said: list[str] = []
+    service = SimpleNamespace(service_dropped=0, _sync_now=False, _complain=said.append)
+    out: list[bytes] = []
+    SummaryService._graph(service, GraphEvent(0, WALL), b"\x0a\xff", out)  # type: ignore[arg-type]
+    assert out == [] and service.service_dropped == 1 and "dropped a malformed graph" in said[0]
+    graph = graph_pb2.GraphDef(node=[node_def_pb2.NodeDef(name="x", op="Const")]).SerializeToString()
+    SummaryService._graph(service, GraphEvent(0, WALL), graph, out)  # type: ignore[arg-type]
+    assert out == [records.frame(records.graph_event(WALL, 0, graph))] and service._sync_now
+
+
 def test_scalar_encoder_groups_runs_of_one_step_into_one_event(tmp_path):
     tags = ["loss", "accuracy", "a/long/tag/ünïcode"]
     index = np.array([0, 1, 2, 0, 1, 0])
