@@ -59,16 +59,31 @@ def test_a_tf1_program_gets_what_a_plain_session_returns_and_its_merge_all_summa
     assert "cannot run" not in ours.stderr
 
 
-@pytest.mark.parametrize("case", ["defaults", "no_init_op", "nothing_to_init", "init_fn_only",
-                                  "not_ready_for_local_init", "queue_runners", "session_manager"])
-def test_the_tf1_arguments_and_session_manager_do_what_tensorflows_do_on_a_fresh_start(case, tmp_path):
+FRESH_STARTS = ["defaults", "no_init_op", "nothing_to_init", "init_fn_only", "not_ready_for_local_init",
+                "queue_runners", "session_manager"]
+
+
+def _cases(names: list[str], base: str, tf_own: bool = False) -> dict[str, dict]:
+    """Several cases run one after another in one process (one TensorFlow import): name -> result."""
+    done = _run([CASES, ",".join(names), base] + (["--tf"] if tf_own else []))
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("result "):
+            name, _, value = line[len("result "):].partition(" ")
+            found[name] = json.loads(value)
+    assert sorted(found) == sorted(names), done.stdout + done.stderr[-3000:]
+    return found
+
+
+def test_the_tf1_arguments_and_session_manager_do_what_tensorflows_do_on_a_fresh_start(tmp_path):
     """init_op with init_feed_dict, init_fn, local_init_op, ready_op, ready_for_local_init_op (TF's
     RuntimeErrors), the queue runners started with the session and by start_queue_runners, and
     SessionManager's prepare_session/recover_session/wait_for_session: the same results as
-    TensorFlow's own Supervisor and SessionManager."""
-    ours = _case(case, str(tmp_path / "ours"))
-    theirs = _case(case, str(tmp_path / "tf"), tf_own=True)
-    assert ours == theirs
+    TensorFlow's own Supervisor and SessionManager. (Each case in its own graph and logdir; the
+    cases of each side run in one process.)"""
+    ours = _cases(FRESH_STARTS, str(tmp_path / "ours"))
+    theirs = _cases(FRESH_STARTS, str(tmp_path / "tf"), tf_own=True)
     expected = {
         "defaults": lambda r: r == {"v": 10.0, "local": 5.0, "v_end": 13.0, "step": 3, "log": ["init_fn v=10.0"],
                                     "session_graph": True, "global_step": True,
@@ -83,8 +98,17 @@ def test_the_tf1_arguments_and_session_manager_do_what_tensorflows_do_on_a_fresh
                                       and r["init_fn_on_restore"] == [] and r["recovered"] == [True, 4.0]
                                       and "not ready" in r["wait_deadline"] and r["wait_ready"] == "Session"
                                       and r["prepare_nothing"].startswith("Model is not initialized and no init_op")),
-    }[case]
-    assert expected(ours), ours
+    }
+
+    def as_expected(case: str) -> bool:
+        try:
+            return bool(expected[case](ours[case]))
+        except (KeyError, TypeError, AttributeError):  # a result without the keys it must have
+            return False
+
+    wrong = {case: (ours[case], theirs[case]) for case in FRESH_STARTS
+             if ours[case] != theirs[case] or not as_expected(case)}
+    assert wrong == {}, wrong
 
 
 def test_a_default_summary_op_that_cannot_run_is_said_once_and_turned_off_and_training_goes_on(tmp_path):

@@ -1,4 +1,7 @@
-"""Graph-mode cases, one per run: ``python tf1_cases.py CASE LOGDIR [--tf]``; prints ``result <json>``.
+"""Graph-mode cases: ``python tf1_cases.py CASE LOGDIR [--tf]`` prints ``result <json>``;
+``python tf1_cases.py CASE1,CASE2,... BASE [--tf]`` runs each case in turn in this one process (each
+in its own graph, with ``BASE/CASE`` as its logdir) and prints ``result CASE <json>`` for each (a
+case that raised: ``{"raised": "<type>: <message>"}``), saving a TensorFlow import per case.
 
 Each case builds a small graph and runs a graph-mode ``procsv.Supervisor`` (``--tf``: TensorFlow's
 own classes instead, where the case compares with them), and prints what it observed: what ran
@@ -420,5 +423,16 @@ def case_standard_services() -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    result = globals()[f"case_{CASE}"]()
-    print("result " + json.dumps(result, sort_keys=True), flush=True)
+    if "," not in CASE:
+        result = globals()[f"case_{CASE}"]()
+        print("result " + json.dumps(result, sort_keys=True), flush=True)
+    else:
+        base = LOGDIR
+        for name in CASE.split(","):
+            LOGDIR = os.path.join(base, name)
+            log.clear()
+            try:
+                result = globals()[f"case_{name}"]()
+            except Exception as exc:  # noqa: BLE001  (reported, and the next case runs)
+                result = {"raised": f"{type(exc).__name__}: {exc}"}
+            print(f"result {name} " + json.dumps(result, sort_keys=True), flush=True)
