@@ -66,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="run N trainer processes as one tf.distribute worker group (TF_CONFIG on free ports, "
                          "task 0 the chief, which saves): any member's death or hang restarts the whole group "
                          "from the latest checkpoint (default 1)")
+    la.add_argument("--ps", type=int, default=0, metavar="N",
+                    help="TF1 between-graph replication: run N parameter-server tasks (tf.distribute.Server "
+                         "each) and --workers M tasks of TARGET (worker 0 the chief), each restarted alone")
+    la.add_argument("--workers", type=int, default=0, metavar="M", help="with --ps: the worker tasks (see --ps)")
     la.add_argument("--group-grace-secs", type=float, default=0.5, metavar="SECS",
                     help="with --nproc: once a member of the group ended, the others get SIGTERM and are "
                          "SIGKILLed after this many seconds (default 0.5)")
@@ -195,6 +199,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
+    from procsv.watchdog.config import check_ps
     from procsv.watchdog.launcher import LaunchConfig, Watchdog
 
     for flag, value, low, note in (("--max-restarts", args.max_restarts, 0, ""),
@@ -232,6 +237,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         raise UsageError(f"--max-skips must be >= 0, not {args.max_skips}")
     if args.skip_window < 1:
         raise UsageError(f"--skip-window must be >= 1, not {args.skip_window}")
+    check_ps(args.ps, args.workers, args.nproc, args.nnodes, args.standby)
     if args.nproc * args.nnodes > 1 and args.standby == "hot":
         raise UsageError("--standby hot needs a single trainer: a group of --nproc trainers restarts together from "
                          "the pre-warmed trainer (--standby fork, the default with --nproc)")
@@ -244,8 +250,8 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        startup_timeout=args.startup_timeout, hang_grace_secs=args.hang_grace_secs,
                        chaos=args.chaos, prewarm=not args.no_prewarm and args.standby != "off",
                        standby="off" if args.no_prewarm else "fork"
-                       if args.nproc * args.nnodes > 1 and args.standby == "auto" else args.standby,
-                       nproc=args.nproc, group_grace_secs=args.group_grace_secs, nnodes=args.nnodes,
+                       if max(args.nproc, args.workers) * args.nnodes > 1 and args.standby == "auto"
+                       else args.standby, nproc=args.workers if args.ps else args.nproc, ps=args.ps, group_grace_secs=args.group_grace_secs, nnodes=args.nnodes,
                        node_rank=args.node_rank, master_addr=args.master_addr, rejoin_timeout=args.rejoin_timeout,
                        logdir_timeout=args.logdir_timeout, node_timeout=args.node_timeout,
                        on_checkpoint_failure=args.on_checkpoint_failure, on_nonfinite=args.on_nonfinite,

@@ -5,13 +5,20 @@ own ``TF_CONFIG`` (the cluster's addresses on free ports procsv chose, and this 
 which ``tf.distribute.MultiWorkerMirroredStrategy`` reads by itself; these functions say the same
 for a program that needs its task without parsing ``TF_CONFIG``. Without ``--nproc`` (or in plain
 ``python train.py``) there is one trainer: rank 0 of 1, the chief.
+
+``procsv launch --ps N --workers M`` (TF1 between-graph replication, ``docs/parameter-servers.md``)
+gives every worker task a ``TF_CONFIG`` with a ``ps`` and a ``worker`` job: :func:`cluster_spec` is
+it as a ``tf.train.ClusterSpec`` (for ``tf.compat.v1.train.replica_device_setter``) and
+:func:`server_target` this worker's own in-process ``tf.distribute.Server``'s target (the ``master``
+string of the Supervisor page's replicas example), started once per process.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import threading
+from typing import Any, Optional
 
 from procsv.common import env
 
@@ -46,4 +53,51 @@ def make_tf_config(addresses: list[str], index: int) -> str:
     return json.dumps({"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}})
 
 
-__all__ = ["rank", "nproc", "is_chief", "tf_config", "make_tf_config"]
+def ps_tasks() -> int:
+    """How many parameter-server tasks the launch runs (``--ps N``; 0 without)."""
+    return int(os.environ.get(env.PS, "0") or 0)
+
+
+def make_ps_tf_config(ps: list[str], workers: list[str], task_type: str, index: int) -> str:
+    """The ``TF_CONFIG`` of task ``index`` of ``task_type`` (``ps`` or ``worker``) in a
+    parameter-server cluster (worker 0 is the chief, as in the Supervisor page's example)."""
+    return json.dumps({"cluster": {"ps": list(ps), "worker": list(workers)},
+                       "task": {"type": task_type, "index": index}})
+
+
+def cluster_spec() -> Any:
+    """The launch's cluster as a ``tf.train.ClusterSpec`` (from ``TF_CONFIG``). Raises ``RuntimeError``
+    when the launch gave no ``TF_CONFIG`` (not under ``procsv launch --ps/--nproc``)."""
+    import tensorflow as tf
+
+    cluster = tf_config().get("cluster")
+    if not isinstance(cluster, dict) or not cluster:
+        raise RuntimeError("no cluster in TF_CONFIG: launch with procsv launch --ps N --workers M")
+    return tf.train.ClusterSpec(cluster)
+
+
+_server: Optional[Any] = None
+_server_lock = threading.Lock()
+
+
+def server_target() -> str:
+    """This task's own in-process ``tf.distribute.Server``'s target (``grpc://host:port``), the
+    ``master`` string for ``managed_session(...)``; the server is started at the first call and
+    kept for the life of the process. ``""`` (an in-process session) without a cluster in
+    ``TF_CONFIG``, so the program also runs alone."""
+    global _server
+    cfg = tf_config()
+    task = cfg.get("task")
+    if not isinstance(cfg.get("cluster"), dict) or not isinstance(task, dict):
+        return ""
+    with _server_lock:
+        if _server is None:
+            import tensorflow as tf
+
+            _server = tf.distribute.Server(cluster_spec(), job_name=str(task.get("type", "worker")),
+                                           task_index=int(task.get("index", 0)), start=True)
+        return str(_server.target)
+
+
+__all__ = ["rank", "nproc", "is_chief", "tf_config", "make_tf_config", "ps_tasks", "make_ps_tf_config",
+           "cluster_spec", "server_target"]

@@ -19,7 +19,8 @@ from typing import Mapping, Optional, Sequence
 
 from procsv.common import env as envvars
 
-SERVICE_MODULES = {"checkpoint": "procsv.services.checkpoint", "summary": "procsv.services.summary"}
+SERVICE_MODULES = {"checkpoint": "procsv.services.checkpoint", "summary": "procsv.services.summary",
+                   "ps": "procsv.ps_server"}  # ps: a parameter-server task (procsv launch --ps N)
 
 
 def child_env(

@@ -51,6 +51,7 @@ class LaunchConfig:
     metrics_host: str = "127.0.0.1"  # --metrics-host
     nproc: int = 1  # --nproc: trainers in the group (procsv.watchdog.rules.group)
     group_grace_secs: float = 0.5  # --group-grace-secs
+    ps: int = 0  # --ps N (with --workers M, which sets nproc): parameter servers (procsv.watchdog.rules.tasks)
     nnodes: int = 1  # --nnodes: hosts of the job (procsv.watchdog.rules.hosts)
     node_rank: int = 0  # --node-rank: 0 is the master (this Watchdog), others run a NodeAgent
     master_addr: Optional[str] = None  # --master-addr HOST:PORT: node 0 binds it, the others connect
@@ -78,7 +79,28 @@ class LaunchConfig:
                       checkpoint_failure_limit=3 if self.on_checkpoint_failure == "stop" else 0,
                       chaos=parse_chaos(self.chaos) if self.chaos else None, nproc=self.nproc,
                       group_grace_secs=self.group_grace_secs, nnodes=self.nnodes,
-                      rejoin_timeout=self.rejoin_timeout, node_timeout=self.node_timeout)
+                      rejoin_timeout=self.rejoin_timeout, node_timeout=self.node_timeout, ps=self.ps)
+
+
+def check_ps(ps: int, workers: int, nproc: int, nnodes: int, standby: str) -> None:
+    """Raise UsageError for ``--ps N --workers M`` (TF1 between-graph replication) combined wrongly:
+    both or neither, N >= 1 and M >= 1, never with ``--nproc`` (a MultiWorkerMirroredStrategy group),
+    ``--nnodes`` (one host for now) or ``--standby hot`` (a standby replaces one trainer)."""
+    if ps == 0 and workers == 0:
+        return
+    if ps < 0 or workers < 0:
+        raise UsageError(f"--ps and --workers must be >= 1, not --ps {ps} --workers {workers}")
+    if nproc != 1:
+        raise UsageError(f"--nproc {nproc} with --ps/--workers: --nproc runs a MultiWorkerMirroredStrategy group, "
+                         "--ps N --workers M parameter servers and workers; use one or the other")
+    if ps == 0 or workers == 0:
+        raise UsageError("--ps N and --workers M go together (N parameter servers, M workers running TARGET, "
+                         f"worker 0 the chief), not --ps {ps} --workers {workers}")
+    if nnodes != 1:
+        raise UsageError("--ps/--workers runs every task on this host; --nnodes is not supported with them yet")
+    if standby == "hot":
+        raise UsageError("--standby hot needs a single trainer; with --ps/--workers each task restarts alone "
+                         "from the pre-warmed trainer (--standby fork, the default with --ps)")
 
 
 def check_target(target: str, cwd: str) -> None:

@@ -1,11 +1,11 @@
 """The executor: performs the decision function's actions on real processes.
 
-Runs in the watchdog. For each :mod:`~procsv.watchdog.rules.actions` value it does the effect (start a
-process, from the pre-warmed trainer when it is ready; send a signal; kill a process group),
-records the action's consequences in the view (:func:`procsv.watchdog.rules.bookkeeping.note`), and
-reports it (lifecycle event, terminal line). A start never waits on the logdir: a child opens its
-own log (:func:`procsv.common.spawn.logged_argv`); rotating per-attempt logs (:mod:`~procsv.watchdog.logrotate`)
-is the writer thread's (:attr:`Executor.disk`). It owns the live handles, the pre-warmed trainer, the chaos rng.
+Runs in the watchdog. For each :mod:`~procsv.watchdog.rules.actions` value it does the effect (start a process,
+from the pre-warmed trainer when it is ready; send a signal; kill a process group), records the action's
+consequences in the view (:func:`procsv.watchdog.rules.bookkeeping.note`), and reports it (lifecycle event,
+terminal line). A start never waits on the logdir: a child opens its own log (:func:`procsv.common.spawn.logged_argv`);
+rotating per-attempt logs (:mod:`~procsv.watchdog.logrotate`) is the writer thread's (:attr:`Executor.disk`).
+It owns the live handles, the pre-warmed trainer, the chaos rng; ``--ps`` tasks start through :mod:`.pstasks`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from procsv.common import spawn
-from procsv.common.spawn import free_ports
 from procsv.cluster import make_tf_config
 from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, GROUP_PIN, NPROC, RANK,
                                STANDBY as STANDBY_ENV)
@@ -38,9 +37,10 @@ from procsv.watchdog.rules.failures import describe
 from procsv.watchdog.multihost.remote import RemoteMembers
 from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.observe import Report
+from procsv.watchdog.pstasks import PsCluster
 from procsv.watchdog.prewarm import FORK_REPLY_TIMEOUT, Zygote, ZygoteUnavailable, zygote_env
 from procsv.watchdog.rules.group import blame, worker_slot
-from procsv.watchdog.rules.state import STANDBY, TRAINER, WORKER, RunView, ZygoteState
+from procsv.watchdog.rules.state import PS, STANDBY, TRAINER, WORKER, RunView, ZygoteState
 
 Sink = Callable[[list[Report]], None]
 
@@ -66,13 +66,8 @@ class Executor:
                  report: Sink, clock: Callable[[], float], register: Callable[[ChildProcess], None],
                  on_death_notice: Callable[[ChildProcess, bool, float], None],
                  chaos_rng: Optional[random.Random] = None) -> None:
-        self.cfg = cfg
-        self.layout = layout
-        self.runtime = RuntimeDir(runtime_dir)
-        self.view = view
-        self.limits = limits
-        self.report = report
-        self.clock = clock
+        self.cfg, self.layout, self.runtime, self.view = cfg, layout, RuntimeDir(runtime_dir), view
+        self.limits, self.report, self.clock = limits, report, clock
         self._register = register
         self._on_death_notice = on_death_notice
         self.handles: dict[tuple[str, int], ChildProcess] = {}
@@ -85,6 +80,7 @@ class Executor:
         self.disk: Callable[[Callable[[], object]], None] = lambda work: None if work() else None  # the launcher's: the writer thread
         self.reading: Callable[[str], set[int]] = lambda role: set()  # attempts whose end is being read (kept)
         self.job = uuid.uuid4().hex[:12]  # names the group's restore records (the link's job id when there is one)
+        self.ps_cluster = PsCluster(limits.ps, limits.nproc) if limits.ps else None  # --ps N --workers M
         self.chaos_rng = chaos_rng or random.Random(limits.chaos.seed if limits.chaos else None)
         if limits.chaos is not None:
             view.chaos_next_delay = limits.chaos.delay(self.chaos_rng)
@@ -105,7 +101,8 @@ class Executor:
                 self._spawn_trainer_slot(action)
             elif action.role == STANDBY:
                 self._spawn_standby()
-            else:
+            else:  # a service, or a task of --ps restarted alone (rule 14)
+                note(self.view, action, self.clock(), self.limits)
                 self.spawn(action.slot, action.role)
             return
         if isinstance(action, Promote):
@@ -252,10 +249,11 @@ class Executor:
         return env
 
     def spawn(self, slot: str, role: str) -> Optional[ChildProcess]:
-        """Start the next attempt of ``slot`` and add it to the view. A trainer from the pre-warmed
-        zygote is only asked for here (None is returned): :meth:`poll_fork` adds it when it answers.
-        With ``--nproc N`` a trainer start is the whole group's: the chief and N-1 workers, each
-        with its own ``TF_CONFIG`` on ports chosen now (:mod:`procsv.watchdog.rules.group`)."""
+        """Start the next attempt of ``slot`` and add it to the view (a trainer forked by the zygote:
+        :meth:`poll_fork` adds it; None is returned). With ``--nproc N`` a trainer start is the whole
+        group's, each with its own ``TF_CONFIG`` on ports chosen now (:mod:`procsv.watchdog.rules.group`)."""
+        if self.ps_cluster is not None and role in (TRAINER, WORKER, PS):  # --ps: each task alone (pstasks)
+            return self.ps_cluster.start(self, slot, role)
         prev = self.view.children.get(slot)
         attempt = prev.attempt + 1 if prev else 1
         if role != TRAINER:
@@ -266,7 +264,7 @@ class Executor:
             return self._spawn_member(TRAINER, TRAINER, attempt, 0, {})
         host = self.cfg.master_addr.rpartition(":")[0] if self.remote is not None and self.cfg.master_addr \
             else "127.0.0.1"
-        cluster = [f"{host}:{port}" for port in free_ports(n, host)]
+        cluster = [f"{host}:{port}" for port in spawn.free_ports(n, host)]
         for node in range(1, self.limits.nnodes):  # each agent reported its next members' addresses
             cluster += self.view.nodes[node].addresses[:n]
         job = self.remote.link.job if self.remote is not None else self.job
@@ -350,7 +348,7 @@ class Executor:
     def _started(self, slot: str, role: str, attempt: int, proc: Process, log_path: str,
                  mutex: Optional[RobustMutex], via: str) -> ChildProcess:
         # a standby is a trainer process; a group's worker is known by its task (worker1.3.log)
-        handle = ChildProcess(slot, TRAINER if role == STANDBY else slot if role == WORKER else role, attempt, proc,
+        handle = ChildProcess(slot, TRAINER if role == STANDBY else slot if role in (WORKER, PS) else role, attempt, proc,
                               log_path)
         handle.take_over_log(self.handles.values())
         self.handles[(slot, attempt)] = handle

@@ -71,6 +71,17 @@ class Restart:
 
 
 @dataclass(frozen=True)
+class RestartTask:
+    """A parameter server or a non-chief worker of ``--ps`` ended: start it again, alone, after ``delay``
+    (:mod:`procsv.watchdog.rules.tasks`); ``history`` is that task's own."""
+
+    slot: str
+    attempt: int
+    delay: float
+    history: History
+
+
+@dataclass(frozen=True)
 class RespawnService:
     """A service died while the run goes on: start it again at once."""
 
@@ -189,6 +200,6 @@ class StartZygote:
     attempt: int
 
 
-Action = Union[Spawn, Signal, Kill, Restart, RespawnService, GiveUpService, GiveUpCheckpoints, Finish, GiveUp,
+Action = Union[Spawn, Signal, Kill, Restart, RestartTask, RespawnService, GiveUpService, GiveUpCheckpoints, Finish, GiveUp,
                Settle, ArmChaos, SkipChaos, StopLogdirLost, Promote, StandbyGone, NodeLost, StopNodesMissing,
                StartZygote]

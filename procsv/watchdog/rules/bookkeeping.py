@@ -17,7 +17,7 @@ from typing import Optional
 from procsv.watchdog.rules import group
 from procsv.watchdog.rules import standby
 from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
-                                     NodeLost, Promote, RespawnService, Restart, Settle, Signal, SkipChaos, Spawn,
+                                     NodeLost, Promote, RespawnService, Restart, RestartTask, Settle, Signal, SkipChaos, Spawn,
                                      StandbyGone, StartZygote, StopLogdirLost, StopNodesMissing)
 from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.lifecycle import ProcState, RunState, transition
@@ -33,6 +33,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
     if isinstance(action, Spawn):
         if action.role == TRAINER:
             view.restart_at = None
+        view.task_due.pop(action.slot, None)  # a --ps task restarted alone (rule 14)
         return
     if isinstance(action, ArmChaos):
         view.chaos_at, view.chaos_armed_for = action.at, (action.slot, action.attempt)
@@ -138,6 +139,12 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         view.restart_at = now + action.delay
         if not action.preempted:
             view.last_error = group.blame(view, child).headline()
+    elif isinstance(action, RestartTask):
+        _settle(child)
+        child.set_state(ProcState.RESTARTING)
+        view.task_history[child.slot] = action.history
+        view.task_due[child.slot] = now + action.delay
+        view.last_error = child.headline()
     elif isinstance(action, RespawnService):
         _settle(child)
         child.set_state(ProcState.RESTARTING)

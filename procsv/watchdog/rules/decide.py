@@ -75,6 +75,10 @@ Rules, in the order they are considered:
    most ``zygote_retry_cap``), until ``zygote_retries`` were lost in a row (the count starts
    again after one stayed ready for 10 minutes). Meanwhile restarts start fresh trainers; once it
    is ready they fork again, and the hot standby (rule 10) is prepared again.
+14. **Parameter-server tasks** (:mod:`procsv.watchdog.rules.tasks`, ``--ps N --workers M``): no
+   task's end breaks another; a parameter server or a non-chief worker that ended is judged by
+   the restart policy with its own history and started again alone when due; the chief is
+   judged by rule 1 and restarted alone by rule 3.
 """
 
 from __future__ import annotations
@@ -82,7 +86,7 @@ from __future__ import annotations
 import signal
 
 from procsv.watchdog.rules import group
-from procsv.watchdog.rules import standby
+from procsv.watchdog.rules import standby, tasks
 from procsv.watchdog.rules.actions import (Action, Cause, Finish, GiveUp, GiveUpCheckpoints, Kill, Promote, Signal, Spawn,
                                      StartZygote, StopLogdirLost, StopNodesMissing)
 from procsv.watchdog.rules.chaos import chaos_actions
@@ -119,6 +123,7 @@ def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Actio
     actions += _stop(view, now)
     actions += group_actions(view, now, limits.group_grace_secs)
     actions += _restart_due(view, now, limits)
+    actions += tasks.due_starts(view, now)
     hangs: list[Action] = []
     for member in view.trainers() + group.workers(view):
         hangs += hang_actions(view, member, now, limits.hang)

@@ -60,8 +60,8 @@ def workers(view: RunView) -> list[ChildView]:
 
 
 def members(view: RunView, chief: ChildView) -> list[ChildView]:
-    """The chief's attempt and the workers started with it."""
-    return [chief] + [w for w in workers(view) if w.attempt == chief.attempt]
+    """The chief's attempt and the workers started with it (with ``--ps`` the chief alone: rule 14)."""
+    return [chief] + [w for w in workers(view) if w.attempt == chief.attempt and not view.tasks_alone]
 
 
 def breaks(child: ChildView) -> bool:
@@ -115,7 +115,7 @@ def group_actions(view: RunView, now: float, grace: float) -> list[Action]:
 
 def draining(view: RunView) -> bool:
     """A worker of the last attempt is not reaped and settled yet: the next group must wait."""
-    return any(not w.reaped or not w.settled for w in workers(view))
+    return not view.tasks_alone and any(not w.reaped or not w.settled for w in workers(view))
 
 
 def _why(first: ChildView) -> str:
@@ -129,6 +129,8 @@ def hung_first(view: RunView, actions: list[Action]) -> list[Action]:
     broke the group, or a member's end came in (observed once what is read at its end is back), none is
     signalled as hung any more: rule 11 stops them all."""
     chief = view.children.get(TRAINER)
+    if view.tasks_alone:
+        return actions  # --ps: no collectives, each task is judged alone (rule 14)
     ending = chief is not None and any(c.live and c.ending_at is not None for c in [chief, *workers(view)])
     if chief is not None and workers(view) and (ending or breaker(view, chief) is not None):
         return [a for a in actions if not (isinstance(a, Signal) and a.cause == Cause.HANG)]

@@ -47,6 +47,7 @@ class Limits:
     nnodes: int = 1  # hosts of the job (--nnodes): each runs nproc of the group's trainers
     node_timeout: float = 15.0  # --node-timeout: a host whose agent is silent this long is lost (its members are dead)
     rejoin_timeout: float = 300.0  # a lost (or never joined) host may take this long to come back
+    ps: int = 0  # --ps N: parameter-server tasks; > 0: nproc is --workers and each task restarts alone (rule 14)
 
     @property
     def world(self) -> int:

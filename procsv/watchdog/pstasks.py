@@ -1,0 +1,69 @@
+"""Starting the tasks of ``procsv launch --ps N --workers M`` (TF1 between-graph replication).
+
+Runs in the watchdog, called by the executor (:meth:`procsv.watchdog.executor.Executor.spawn`).
+:class:`PsCluster` owns the cluster's addresses: free ports on 127.0.0.1, chosen once at the first
+start and kept for the run, so that a task restarted alone serves (a parameter server) or dials
+(a worker) the same addresses as before. The first trainer start starts every task: the N
+parameter servers (slots ``ps0`` ...: :mod:`procsv.ps_server`, fresh processes), the workers 1 ..
+M-1 (slots ``worker1`` ...) and the chief (worker 0, slot ``trainer``), the workers from the
+pre-warmed trainer when it is ready; every later start is one task's
+(:mod:`procsv.watchdog.rules.tasks` decides which).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+from procsv.cluster import make_ps_tf_config
+from procsv.common.env import NPROC, PS as PS_ENV, RANK
+from procsv.common.layout import Layout
+from procsv.common.mutex import RobustMutex
+from procsv.common.spawn import free_ports
+from procsv.watchdog.children import ChildProcess
+from procsv.watchdog.rules.group import rank_of, worker_slot
+from procsv.watchdog.rules.state import PS, TRAINER, WORKER, RunView
+from procsv.watchdog.rules.tasks import ps_slot
+
+HOST = "127.0.0.1"
+
+
+class Starter(Protocol):
+    """What starting a task needs of the executor."""
+
+    view: RunView
+    layout: Layout
+
+    def _env(self, role: str, attempt: int) -> dict[str, str]: ...
+
+    def _spawn_member(self, slot: str, role: str, attempt: int, rank: int, extra: dict[str, str]
+                      ) -> Optional[ChildProcess]: ...
+
+    def _fresh(self, slot: str, role: str, attempt: int, env: dict[str, str], log_path: str,
+               mutex: Optional[RobustMutex]) -> ChildProcess: ...
+
+
+class PsCluster:
+    """The addresses of the parameter servers and the workers, and the start of one task."""
+
+    def __init__(self, ps: int, workers: int) -> None:
+        ports = free_ports(ps + workers, HOST)
+        self.ps = [f"{HOST}:{p}" for p in ports[:ps]]
+        self.workers = [f"{HOST}:{p}" for p in ports[ps:]]
+
+    def start(self, ex: Starter, slot: str, role: str) -> Optional[ChildProcess]:
+        """Start the next attempt of ``slot``; the first start of the chief starts every task."""
+        prev = ex.view.children.get(slot)
+        attempt = prev.attempt + 1 if prev else 1
+        if role == PS:
+            env = ex._env(slot, attempt)
+            env["TF_CONFIG"] = make_ps_tf_config(self.ps, self.workers, "ps", int(slot[len(PS):]))
+            return ex._fresh(slot, PS, attempt, env, ex.layout.attempt_log(slot, attempt), None)
+        if role == TRAINER and prev is None:  # the run's first start: every task
+            for i in range(len(self.ps)):
+                self.start(ex, ps_slot(i), PS)
+            for rank in range(1, len(self.workers)):
+                self.start(ex, worker_slot(rank), WORKER)
+        rank = rank_of(slot)
+        extra = {NPROC: str(len(self.workers)), RANK: str(rank), PS_ENV: str(len(self.ps)),
+                 "TF_CONFIG": make_ps_tf_config(self.ps, self.workers, "worker", rank)}
+        return ex._spawn_member(slot, TRAINER if rank == 0 else WORKER, attempt, rank, extra)

@@ -1,0 +1,78 @@
+"""Rule 14 of the decision function: with parameter servers each task restarts alone.
+
+Runs in the watchdog. Pure: reads the observed :class:`~procsv.watchdog.rules.state.RunView`, the
+time ``now`` passed in, the :class:`~procsv.watchdog.rules.limits.Limits` and the backoff ``draw``;
+returns actions.
+
+``procsv launch --ps N --workers M`` (TF1 between-graph replication; ``view.tasks_alone``) runs N
+parameter servers (slots ``ps0`` ...), the chief (worker 0, slot ``trainer``) and workers 1 .. M-1
+(slots ``worker1`` ...). Unlike a ``--nproc`` group (:mod:`procsv.watchdog.rules.group`) no task's
+end breaks the others: the variables live on the parameter servers, and every worker's session
+finds them there.
+
+- The chief is judged as a lone trainer is (rule 1, :mod:`procsv.watchdog.rules.judge`): its own
+  restart history, restarted alone by rule 3.
+- A worker that exits 0 finished (nothing more); a parameter server or a worker that ends any other
+  way is judged by the restart policy (:func:`procsv.watchdog.rules.policy.decide`) with *its own*
+  history (``view.task_history``), so ``--max-restarts`` counts per task: :class:`RestartTask` (at
+  once, or after the backoff), or :class:`GiveUp` (the run stops in order and fails; the default,
+  and for now the only choice, of what giving up on one task means).
+- A due task start (``view.task_due``) is :class:`Spawn` of that slot alone, never while a stop is
+  requested or once the outcome is decided.
+
+What a parameter server's death means for the workers is TensorFlow's: its variables are gone, so
+every worker's next run fails (``UnavailableError`` while it is down, then ``FailedPreconditionError``
+on the uninitialized variables of the restarted one): nobody trains on them. Each such worker ends
+and is restarted alone; the restarted chief restores the newest checkpoint into the parameter
+servers and the others wait for ``ready_op`` (``docs/parameter-servers.md``).
+"""
+
+from __future__ import annotations
+
+from procsv.common.exitcodes import EXIT_PREEMPTED
+from procsv.watchdog.rules.actions import Action, GiveUp, RestartTask, Settle, Spawn
+from procsv.watchdog.rules.limits import Limits
+from procsv.watchdog.rules.policy import Action as Verdict
+from procsv.watchdog.rules.policy import History, TrainerExit
+from procsv.watchdog.rules.policy import decide as restart_verdict
+from procsv.watchdog.rules.state import PS, WORKER, ChildView, RunView
+
+
+def ps_slot(index: int) -> str:
+    """The slot (and the log name) of parameter server ``index``: ``ps0``, ``ps1``, ..."""
+    return f"{PS}{index}"
+
+
+def role_of(slot: str) -> str:
+    """The role of a --ps task's slot other than the chief's: ``ps`` or ``worker``."""
+    return PS if slot.startswith(PS) else WORKER
+
+
+def judge_task(view: RunView, child: ChildView, now: float, limits: Limits, draw: float) -> list[Action]:
+    """Rule 14: a parameter server or a non-chief worker ended (judged on its exit status)."""
+    if not child.reaped:
+        return []  # a death notice: the exit status tells whether it finished
+    if child.role == WORKER and child.exit_code == 0:
+        return [Settle(child.slot, child.attempt)]  # it finished; the chief decides the run
+    code = child.exit_code if child.exit_code is not None else 1
+    failure = child.failure
+    preempted = failure is not None and failure.preempted and code == EXIT_PREEMPTED
+    outside = failure is not None and failure.killed_from_outside
+    if child.role == PS and code == 0:
+        code = 1  # a parameter server serves until the run's end: exiting before it is a loss
+    ex = TrainerExit(code, child.first_step_at is not None or child.role == PS, child.made_progress,
+                     view.stop_signal is not None, preempted=preempted, killed_from_outside=outside)
+    history = view.task_history.get(child.slot, History())
+    verdict = restart_verdict(limits.restart, history, ex, draw)
+    if verdict.action == Verdict.STOPPED:
+        return [Settle(child.slot, child.attempt)]
+    if verdict.action == Verdict.GIVE_UP:
+        return [GiveUp(child.slot, child.attempt, f"{child.slot}: {verdict.reason}", view.history)]
+    return [RestartTask(child.slot, child.attempt, verdict.delay, verdict.history)]
+
+
+def due_starts(view: RunView, now: float) -> list[Action]:
+    """Rule 14: the tasks whose restart is due, each started alone."""
+    if view.stop_signal is not None or view.finishing:
+        return []
+    return [Spawn(slot, role_of(slot)) for slot, due in sorted(view.task_due.items()) if now >= due]

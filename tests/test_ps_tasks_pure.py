@@ -1,0 +1,156 @@
+"""Issue 43, pure: ``--ps N --workers M``'s argument checks and rule 14 (each task restarted alone).
+
+No process runs: the argument checks are :func:`procsv.watchdog.config.check_ps` and the launch's
+``main`` returning before anything starts; rule 14 runs in the simulator of
+``test_watchdog_decide`` (a fake clock and a fake executor around the real view, observations and
+decisions), with the tasks of a parameter-server launch: the chief in ``trainer``, ``worker1`` and
+``ps0``, each started alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from procsv.cli import EXIT_USAGE, main
+from procsv.common.errors import UsageError
+from procsv.ipc.messages import Progress, TrainerReady
+from procsv.watchdog import observe
+from procsv.watchdog.config import check_ps
+from procsv.watchdog.rules.actions import GiveUp, Kill, Restart, RestartTask, Settle, Signal, Spawn
+from procsv.watchdog.rules.decide import Limits
+from procsv.watchdog.rules.failures import Failure
+from procsv.watchdog.rules.hang import HangLimits
+from procsv.watchdog.rules.policy import RestartPolicy
+from procsv.watchdog.rules.state import PS, TRAINER, WORKER
+
+from test_watchdog_decide import KILLED, Sim, of
+
+
+# ------------------------------------------------------------------ the arguments
+@pytest.mark.parametrize("ps,workers,nproc,nnodes,standby,words", [
+    (1, 2, 2, 1, "auto", "--nproc 2 with --ps"),
+    (1, 0, 1, 1, "auto", "go together"),
+    (0, 2, 1, 1, "auto", "go together"),
+    (-1, 2, 1, 1, "auto", "must be >= 1"),
+    (1, 2, 1, 2, "auto", "--nnodes is not supported"),
+    (1, 2, 1, 1, "hot", "--standby hot"),
+])
+def test_wrong_ps_arguments_are_usage_errors(ps: int, workers: int, nproc: int, nnodes: int, standby: str,
+                                              words: str) -> None:
+    with pytest.raises(UsageError, match=words):
+        check_ps(ps, workers, nproc, nnodes, standby)
+
+
+@pytest.mark.parametrize("ps,workers", [(0, 0), (1, 1), (2, 3)])
+def test_right_ps_arguments_pass(ps: int, workers: int) -> None:
+    check_ps(ps, workers, 1, 1, "auto")
+
+
+def test_launch_with_nproc_and_ps_exits_2_with_one_line_and_starts_nothing(tmp_path, capsys) -> None:
+    logdir = tmp_path / "run"
+    code = main(["launch", "procsv.examples.seeds_tf1.replicas", "--logdir", str(logdir), "--nproc", "2",
+                 "--ps", "1", "--workers", "2"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE == 2
+    assert err.count("\n") == 1 and err.startswith("procsv: error: --nproc 2 with --ps")
+    assert not logdir.exists()  # refused before the logdir was made
+
+
+# ------------------------------------------------------------------ rule 14
+class PsSim(Sim):
+    """A parameter-server launch: the first trainer start starts ``ps0``, ``worker1`` and the chief."""
+
+    def __init__(self, limits: Limits) -> None:
+        super().__init__(limits)
+        self.view.tasks_alone = True
+
+    def spawn(self, slot: str, role: str) -> None:
+        first = role == TRAINER and TRAINER not in self.view.children
+        if first:
+            super().spawn("ps0", PS)
+            super().spawn("worker1", WORKER)
+        super().spawn(slot, role)
+
+    def reaps(self, slot: str, code: int) -> None:
+        c = self.view.children[slot]
+        observe.reaped(self.view, slot, c.attempt, Failure(c.slot, c.attempt, c.pid, code, 0.0, "log", None), self.now)
+
+    def steps(self, slot: str, step: int) -> None:
+        c = self.view.children[slot]
+        if c.ready_at is None:
+            observe.heard(self.view, TrainerReady(c.pid, c.attempt, 0, None, 0.1, [], None, None), self.now)
+        observe.heard(self.view, Progress(c.pid, step, 0.0, ""), self.now)
+
+
+def ps_launch(max_restarts: int = 10) -> PsSim:
+    sim = PsSim(Limits(hang=HangLimits(None, None), nproc=2, ps=1, restart=RestartPolicy(max_restarts=max_restarts)))
+    assert sim.tick() == [Spawn(TRAINER, TRAINER)]
+    for slot in (TRAINER, "worker1"):
+        sim.steps(slot, 5)
+    return sim
+
+
+def test_a_killed_worker_is_restarted_alone_and_nobody_else_is_touched() -> None:
+    sim = ps_launch()
+    chief, ps0 = sim.view.children[TRAINER], sim.view.children["ps0"]
+    sim.reaps("worker1", KILLED)
+    acts = sim.tick(1.0)
+    assert acts == [RestartTask("worker1", 1, 0.0, acts[0].history)]  # type: ignore[attr-defined]
+    assert sim.tick(0.01) == [Spawn("worker1", WORKER)]  # due at once: it had stepped
+    assert sim.view.children["worker1"].attempt == 2
+    assert sim.tick(1.0) == []
+    assert not of(sim.log, Signal) and not of(sim.log, Kill) and not of(sim.log, Restart)
+    assert sim.view.children[TRAINER] is chief and sim.view.children["ps0"] is ps0 and chief.live and ps0.live
+    assert sim.view.history.restarts == 0  # the chief's own count is untouched
+
+
+def test_a_killed_parameter_server_is_restarted_alone() -> None:
+    sim = ps_launch()
+    sim.reaps("ps0", KILLED)
+    acts = sim.tick(1.0)
+    assert [type(a) for a in acts] == [RestartTask] and acts[0].slot == "ps0"
+    assert sim.tick(0.01) == [Spawn("ps0", PS)]
+    assert sim.view.children["ps0"].attempt == 2 and sim.view.children["ps0"].role == PS
+
+
+def test_a_killed_chief_is_restarted_alone_by_the_restart_policy() -> None:
+    sim = ps_launch()
+    worker = sim.view.children["worker1"]
+    sim.reaps(TRAINER, KILLED)
+    acts = sim.tick(1.0)
+    assert [type(a) for a in acts] == [Restart]
+    assert sim.tick(0.01) == [Spawn(TRAINER, TRAINER)]
+    assert sim.view.children[TRAINER].attempt == 2
+    assert sim.view.children["worker1"] is worker and worker.live and not of(sim.log, Signal)
+
+
+def test_a_worker_that_finished_is_settled_and_not_restarted() -> None:
+    sim = ps_launch()
+    sim.reaps("worker1", 0)
+    assert sim.tick(1.0) == [Settle("worker1", 1)]
+    assert sim.tick(5.0) == [] and sim.view.children["worker1"].attempt == 1
+
+
+def test_max_restarts_counts_per_task_a_crash_looping_worker_is_given_up_on() -> None:
+    sim = ps_launch(max_restarts=2)
+    for n in range(2):  # two restarts without a checkpoint (the backoff delays the second)
+        sim.reaps("worker1", 1)
+        assert of(sim.tick(0.5), RestartTask)
+        assert sim.tick(60.0) == [Spawn("worker1", WORKER)]  # after the backoff
+        assert sim.view.children["worker1"].attempt == n + 2
+        sim.steps("worker1", 10 + n)  # it steps again (no start-up failure) ...
+        sim.steps(TRAINER, 10 + n)  # ... and the chief keeps stepping meanwhile
+    sim.reaps("worker1", 1)
+    acts = sim.tick(0.5)
+    assert [type(a) for a in acts] == [GiveUp] and "worker1" in acts[0].reason  # type: ignore[attr-defined]
+    assert "--max-restarts 2" in acts[0].reason  # type: ignore[attr-defined]
+    assert sim.view.history.restarts == 0  # the chief was never restarted: the count was worker1's alone
+
+
+def test_a_task_that_ends_during_a_stop_is_not_restarted() -> None:
+    sim = ps_launch()
+    sim.view.stop_signal = 15
+    sim.reaps("worker1", KILLED)
+    acts = sim.tick(1.0)
+    assert of(acts, Settle) == [Settle("worker1", 1)] and not of(acts, RestartTask)
+    assert not of(sim.tick(60.0), Spawn)
