@@ -243,7 +243,7 @@ class Supervisor(BoundaryMethods, GraphMethods, Tf1Properties, Tf1Methods):
                                          clock=self._clock, services=self.is_chief and self.layout is not None)
         self._session = self._open_session(master, config) if self._tf1.graph else ManagedSession(self)
         skipped: list[str] = []
-        if self._ckpt is not None:
+        if self._ckpt is not None and (self.is_chief or not cluster.ps_tasks()):  # --ps: only the chief restores
             pin_path = os.environ.get(env.GROUP_PIN) if self._in_group() else None
             pin = GroupPin(pin_path) if pin_path else None
             if self._ctx is not None and self._ctx.attempt > 1 and self.is_chief and not reused and pin is None:
@@ -372,6 +372,8 @@ class Supervisor(BoundaryMethods, GraphMethods, Tf1Properties, Tf1Methods):
 
     def _init(self) -> None:
         if self._tf1.graph is not None:
+            if not self.is_chief and cluster.ps_tasks():  # --ps: the chief makes the model ready
+                return self._graph_wait_for_chief()
             self._graph_initialize()  # init_op (init_feed_dict), then init_fn
         elif self.init_fn is not None:
             self.init_fn(self._session)

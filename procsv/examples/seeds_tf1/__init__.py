@@ -19,8 +19,7 @@ does not exist with Keras 3) as the seeds' "...add operations to the graph...", 
 * :mod:`.monitored_session`: ``MonitoredSession`` with a ``CheckpointSaverHook`` and a ``SummarySaverHook``;
 * :mod:`.run_step_fn`: ``MonitoredSession.run_step_fn`` with a ``StepContext``;
 * :mod:`.monitored_training`: ``MonitoredTrainingSession`` (the session the seeds recommend instead);
-* :mod:`.singular_monitored`: ``SingularMonitoredSession`` (TensorFlow's docstring example).
-
-The Supervisor page's "Use for multiple replicas" is not here: it comes with the parameter-server
-replicas, an issue of its own (see ``README.md`` in this folder).
+* :mod:`.singular_monitored`: ``SingularMonitoredSession`` (TensorFlow's docstring example);
+* :mod:`.replicas`: "Use for multiple replicas", under ``procsv launch --ps N --workers M`` (it needs
+  a cluster, so it has no plain twin; ``tests/test_ps_replicas.py`` runs it).
 """

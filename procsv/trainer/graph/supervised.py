@@ -29,7 +29,8 @@ from typing import Any, Callable, Optional
 from procsv.common.layout import Layout, atomic_write
 from procsv.ipc.messages import GraphEvent
 from procsv.trainer.graph.session import GraphSession
-from procsv.trainer.graph.session_manager import finish_preparation, initialize
+from procsv.common.errors import TrainingStopped
+from procsv.trainer.graph.session_manager import finish_preparation, initialize, ready
 from procsv.trainer.tf1_args import Tf1Choices
 
 
@@ -74,6 +75,19 @@ class GraphMethods:
         # ready before anything reads the state (the checkpoint agent reads the global step next)
         finish_preparation(setup.session_manager, self._session, setup.init_op, self.init_fn)
         setup.prepared = True
+
+    def _graph_wait_for_chief(self) -> None:
+        """A non-chief worker of ``procsv launch --ps N --workers M``: the variables live on the
+        parameter servers, where the chief initializes them or restores the newest checkpoint; wait
+        until ``ready_op`` reports none uninitialized (as TF's ``SessionManager.wait_for_session``,
+        polling every ``recovery_wait_secs`` but at least every 0.5 s), never restoring or
+        initializing them itself; :meth:`_graph_ready` then runs ``local_init_op`` and the ready check.
+        A stop requested meanwhile raises :class:`TrainingStopped` (a clean stop)."""
+        manager = self._tf1.graph.session_manager
+        poll = min(0.5, max(0.01, float(getattr(self, "recovery_wait_secs", 0.5))))
+        while not ready(getattr(manager, "_ready_op", None), self._session)[0]:
+            if self.coord.wait_for_stop(poll):
+                raise TrainingStopped("a stop was requested while waiting for the chief to initialize the model")
 
     def _graph_ready(self, start_queue_runners: bool) -> None:
         """After the restore or the initialization: ``local_init_op``, the ready check (TF's
