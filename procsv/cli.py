@@ -125,7 +125,8 @@ def _parser() -> argparse.ArgumentParser:
     lg.add_argument("logdir")
     lg.add_argument("--role", default="trainer", type=_log_role, metavar="ROLE",
                     help="whose log: trainer (default), checkpoint, summary, zygote, watchdog (its lifecycle "
-                         "events), or a trainer group's workerN (--nproc/--nnodes)")
+                         "events), a trainer group's workerN (--nproc/--nnodes, --workers) or a parameter "
+                         "server's psN (--ps)")
     lg.add_argument("--attempt", default="all", metavar="N|last|all", help="which attempt(s) (default all)")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
     lg.add_argument("--launch", default="newest", metavar="N|newest|list",
@@ -276,12 +277,13 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
 
 
 def _log_role(value: str) -> str:
-    """``procsv logs --role``: a fixed role, or ``worker<N>`` (a group's task N >= 1)."""
+    """``procsv logs --role``: a fixed role, ``worker<N>`` (a group's task N >= 1) or ``ps<N>`` (--ps)."""
     if value in ("trainer", "checkpoint", "summary", "zygote", "watchdog") or \
-            (value.startswith("worker") and value[6:].isdigit() and int(value[6:]) >= 1):
+            (value.startswith("worker") and value[6:].isdigit() and int(value[6:]) >= 1) or \
+            (value.startswith("ps") and value[2:].isdigit()):
         return value
-    raise argparse.ArgumentTypeError(f"invalid role {value!r} (trainer, checkpoint, summary, zygote, watchdog or "
-                                     "workerN)")
+    raise argparse.ArgumentTypeError(f"invalid role {value!r} (trainer, checkpoint, summary, zygote, watchdog, "
+                                     "workerN or psN)")
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -154,3 +154,13 @@ def test_a_task_that_ends_during_a_stop_is_not_restarted() -> None:
     acts = sim.tick(1.0)
     assert of(acts, Settle) == [Settle("worker1", 1)] and not of(acts, RestartTask)
     assert not of(sim.tick(60.0), Spawn)
+
+
+def test_logs_role_takes_a_parameter_server(tmp_path, capsys) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "ps0.1.log").write_text("procsv ps: task ps0 serving at grpc://127.0.0.1:1\n")
+    (logs / "ps0.2.log").write_text("procsv ps: task ps0 serving at grpc://127.0.0.1:1 again\n")
+    assert main(["logs", str(tmp_path), "--role", "ps0", "--attempt", "last"]) == 0
+    out = capsys.readouterr().out
+    assert "ps0 attempt 2" in out and "again" in out and "ps0.1.log" not in out
