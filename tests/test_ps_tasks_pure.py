@@ -16,7 +16,7 @@ from procsv.common.errors import UsageError
 from procsv.ipc.messages import Progress, TrainerReady
 from procsv.watchdog import observe
 from procsv.watchdog.config import check_ps
-from procsv.watchdog.rules.actions import GiveUp, Kill, Restart, RestartTask, Settle, Signal, Spawn
+from procsv.watchdog.rules.actions import Finish, GiveUp, Kill, Restart, RestartTask, Settle, Signal, Spawn
 from procsv.watchdog.rules.decide import Limits
 from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.hang import HangLimits
@@ -164,3 +164,19 @@ def test_logs_role_takes_a_parameter_server(tmp_path, capsys) -> None:
     assert main(["logs", str(tmp_path), "--role", "ps0", "--attempt", "last"]) == 0
     out = capsys.readouterr().out
     assert "ps0 attempt 2" in out and "again" in out and "ps0.1.log" not in out
+
+
+def test_a_stop_goes_to_the_chief_first_and_the_other_tasks_are_stopped_once_it_ended() -> None:
+    from procsv.watchdog.rules.bookkeeping import request_stop
+    from procsv.watchdog.rules.lifecycle import RunState
+
+    sim = ps_launch()
+    request_stop(sim.view, 15, sim.now, sim.limits.stop_grace_secs)
+    acts = sim.tick(0.1)
+    assert [(a.slot, a.sig) for a in of(acts, Signal)] == [(TRAINER, 15)]  # the chief commits first
+    sim.reaps(TRAINER, 42)
+    acts = sim.tick(0.1)
+    assert [type(a) for a in acts] == [Finish] and acts[0].run == RunState.STOPPED  # type: ignore[attr-defined]
+    acts = sim.tick(0.1)  # rule 6: every other task is stopped now
+    assert {a.slot for a in of(acts, Signal)} >= {"worker1", "ps0"}
+    assert not of(sim.log, RestartTask) and not of(sim.log, Restart)
