@@ -8,9 +8,9 @@ One launch of ``procsv.examples.seeds_tf1.replicas`` with one parameter server a
    untouched), and it finds the model initialized (``ready_op``) and steps again;
 2. the chief SIGKILLed: restarted alone, it restores the newest checkpoint and goes on, and
    checkpoints resume (a newer one commits); the worker and the parameter server untouched;
-3. the parameter server SIGKILLed (its variables are lost): procsv restarts it; the workers' sessions
-   fail on it and each is restarted alone; the chief restores the newest checkpoint into the
-   parameter server and everyone steps again;
+3. the parameter server SIGKILLed (its variables are lost): procsv restarts it and ends the worker
+   and the chief (their sessions lost its variables), each restarted alone; the chief restores the
+   newest checkpoint into the parameter server and everyone steps again;
 4. the run trains to ``--steps`` and exits 0; ``tf.train.latest_checkpoint`` is the chief's final one, and a
    fresh-graph ``tf.compat.v1.train.Saver`` restores from it variables that match the step it holds
    (an uninterrupted plain run's at that step, to the staleness of asynchronous updates): nobody
@@ -104,6 +104,7 @@ def test_each_task_is_restarted_alone_and_the_replicas_example_trains_to_the_end
             os.killpg(proc.pid, signal.SIGTERM)
             finish(proc, 120)
     assert code == 0, err[-3000:]
+    assert "a parameter server died and its variables with it; killing the worker task" in out + err
     import tensorflow as tf
 
     latest = tf.train.latest_checkpoint(logdir)

@@ -16,7 +16,7 @@ from procsv.common.errors import UsageError
 from procsv.ipc.messages import Progress, TrainerReady
 from procsv.watchdog import observe
 from procsv.watchdog.config import check_ps
-from procsv.watchdog.rules.actions import Finish, GiveUp, Kill, Restart, RestartTask, Settle, Signal, Spawn
+from procsv.watchdog.rules.actions import Cause, Finish, GiveUp, Kill, Restart, RestartTask, Settle, Signal, Spawn
 from procsv.watchdog.rules.decide import Limits
 from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.hang import HangLimits
@@ -104,13 +104,21 @@ def test_a_killed_worker_is_restarted_alone_and_nobody_else_is_touched() -> None
     assert sim.view.history.restarts == 0  # the chief's own count is untouched
 
 
-def test_a_killed_parameter_server_is_restarted_alone() -> None:
+def test_a_killed_parameter_server_is_restarted_and_every_worker_is_ended_and_restarted_alone() -> None:
     sim = ps_launch()
     sim.reaps("ps0", KILLED)
     acts = sim.tick(1.0)
-    assert [type(a) for a in acts] == [RestartTask] and acts[0].slot == "ps0"
+    assert [type(a) for a in acts] == [RestartTask, Kill, Kill] and acts[0].slot == "ps0"
+    assert sorted((a.slot, a.cause) for a in of(acts, Kill)) == [(TRAINER, Cause.PS_LOST), ("worker1", Cause.PS_LOST)]
     assert sim.tick(0.01) == [Spawn("ps0", PS)]
     assert sim.view.children["ps0"].attempt == 2 and sim.view.children["ps0"].role == PS
+    sim.reaps(TRAINER, KILLED)
+    sim.reaps("worker1", KILLED)
+    acts = sim.tick(0.01)
+    assert [type(a) for a in acts] == [Restart, RestartTask]
+    assert acts[1].delay == 0.0 and acts[1].history.restarts == 0  # type: ignore[attr-defined]  # not counted
+    sim.tick(0.01)  # each started again alone
+    assert sim.view.children[TRAINER].attempt == 2 and sim.view.children["worker1"].attempt == 2
 
 
 def test_a_killed_chief_is_restarted_alone_by_the_restart_policy() -> None:

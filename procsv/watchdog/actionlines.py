@@ -76,6 +76,8 @@ _KILL_LINES = {
     Cause.SHUTDOWN: "procsv: the {role} process did not stop in time; killing it",
     Cause.STANDBY_UNREADY: "procsv: the standby trainer is not ready yet; forking a new trainer instead",
     Cause.GROUP: "procsv: a member of the trainer group did not stop in time; killing it",
+    Cause.PS_LOST: "procsv: a parameter server died and its variables with it; killing the {role} task (it is "
+                   "restarted alone; the chief restores the newest checkpoint)",
 }
 
 

@@ -27,6 +27,7 @@ class Cause(str, enum.Enum):
     STALL = "stall"  # steps complete but no checkpoint commits, or summaries are not confirmed: a service is stuck
     GROUP = "group"  # another member of the trainer group ended: the group restarts together
     STANDBY_UNREADY = "standby_unready"  # a restart is due and the standby is not ready: a fork replaces it
+    PS_LOST = "ps_lost"  # --ps: a parameter server died; every worker's session lost its variables (rule 14)
 
 
 @dataclass(frozen=True)

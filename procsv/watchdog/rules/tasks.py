@@ -20,22 +20,25 @@ finds them there.
 - A due task start (``view.task_due``) is :class:`Spawn` of that slot alone, never while a stop is
   requested or once the outcome is decided.
 
-What a parameter server's death means for the workers is TensorFlow's: its variables are gone, so
-every worker's next run fails (``UnavailableError`` while it is down, then ``FailedPreconditionError``
-on the uninitialized variables of the restarted one): nobody trains on them. Each such worker ends
-and is restarted alone; the restarted chief restores the newest checkpoint into the parameter
-servers and the others wait for ``ready_op`` (``docs/parameter-servers.md``).
+- A parameter server that ended lost its variables, and every worker's session with them (their
+  runs fail, ``UnavailableError`` while it is down, then ``FailedPreconditionError`` on the
+  uninitialized variables of the restarted one, but only after gRPC notices: seconds). So with its
+  :class:`RestartTask` every live worker and the chief are SIGKILLed at once (:class:`Kill`, cause
+  ``ps_lost``); each is restarted alone, the chief restores the newest checkpoint into the
+  parameter servers and the others wait for ``ready_op`` (``docs/parameter-servers.md``). A worker
+  procsv killed so is restarted at once and not counted (the parameter server's death is); the
+  chief is judged by rule 1 as any killed trainer.
 """
 
 from __future__ import annotations
 
 from procsv.common.exitcodes import EXIT_PREEMPTED
-from procsv.watchdog.rules.actions import Action, GiveUp, RestartTask, Settle, Spawn
+from procsv.watchdog.rules.actions import Action, Cause, GiveUp, Kill, RestartTask, Settle, Spawn
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.policy import Action as Verdict
 from procsv.watchdog.rules.policy import History, TrainerExit
 from procsv.watchdog.rules.policy import decide as restart_verdict
-from procsv.watchdog.rules.state import PS, WORKER, ChildView, RunView
+from procsv.watchdog.rules.state import PS, TRAINER, WORKER, ChildView, RunView
 
 
 def ps_slot(index: int) -> str:
@@ -54,6 +57,9 @@ def judge_task(view: RunView, child: ChildView, now: float, limits: Limits, draw
         return []  # a death notice: the exit status tells whether it finished
     if child.role == WORKER and child.exit_code == 0:
         return [Settle(child.slot, child.attempt)]  # it finished; the chief decides the run
+    history = view.task_history.get(child.slot, History())
+    if child.role == WORKER and child.killed and not child.hang_cause and view.stop_signal is None:
+        return [RestartTask(child.slot, child.attempt, 0.0, history)]  # procsv killed it (ps_lost): not counted
     code = child.exit_code if child.exit_code is not None else 1
     failure = child.failure
     preempted = failure is not None and failure.preempted and code == EXIT_PREEMPTED
@@ -62,13 +68,17 @@ def judge_task(view: RunView, child: ChildView, now: float, limits: Limits, draw
         code = 1  # a parameter server serves until the run's end: exiting before it is a loss
     ex = TrainerExit(code, child.first_step_at is not None or child.role == PS, child.made_progress,
                      view.stop_signal is not None, preempted=preempted, killed_from_outside=outside)
-    history = view.task_history.get(child.slot, History())
     verdict = restart_verdict(limits.restart, history, ex, draw)
     if verdict.action == Verdict.STOPPED:
         return [Settle(child.slot, child.attempt)]
     if verdict.action == Verdict.GIVE_UP:
         return [GiveUp(child.slot, child.attempt, f"{child.slot}: {verdict.reason}", view.history)]
-    return [RestartTask(child.slot, child.attempt, verdict.delay, verdict.history)]
+    out: list[Action] = [RestartTask(child.slot, child.attempt, verdict.delay, verdict.history)]
+    if child.role == PS:  # every worker's session lost its variables: end them now, not when gRPC notices
+        why = f"{child.slot} (pid {child.pid}) ended"
+        out += [Kill(w.slot, w.attempt, Cause.PS_LOST, why) for w in view.children.values()
+                if w.role in (TRAINER, WORKER) and w.live and not w.killed]
+    return out
 
 
 def due_starts(view: RunView, now: float) -> list[Action]:
