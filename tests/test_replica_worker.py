@@ -164,3 +164,18 @@ def test_a_monitored_worker_session_restores_runs_only_its_own_hooks_and_writes_
             sess.run(lambda: None)
     assert seen == [61, 62, 63, 64, 65]
     assert _tree(logdir) == before
+
+
+def test_an_eager_program_under_ps_is_refused_in_one_line(tmp_path, monkeypatch):
+    import procsv
+    from procsv.common import env
+
+    monkeypatch.setenv(env.LOGDIR, str(tmp_path))
+    monkeypatch.setenv(env.RUNTIME_DIR, str(tmp_path / "rt"))
+    monkeypatch.setenv(env.WATCHDOG, "1")
+    monkeypatch.setenv(env.PS, "1")  # procsv launch --ps 1 --workers 2, task 0
+    monkeypatch.setenv(env.NPROC, "2")
+    monkeypatch.setenv(env.RANK, "0")
+    with pytest.raises(procsv.UsageError, match="--ps/--workers runs TF1 between-graph replication") as exc:
+        procsv.Supervisor(checkpoint=None)
+    assert "\n" not in str(exc.value)

@@ -41,7 +41,8 @@ from procsv.trainer.step_boundary import ProgressReporter, StepCounter, StepStat
 from procsv.trainer.stop_signals import StopSignals
 from procsv.trainer.summaries import SummaryBuffer
 from procsv.trainer.boundary_methods import BoundaryMethods
-from procsv.trainer.supervisor_setup import agent_factory, layout_for, resolve_is_chief, state_to_save
+from procsv.trainer.supervisor_setup import (agent_factory, layout_for, refuse_eager_under_ps, resolve_is_chief,
+                                             state_to_save)
 from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, Tf1Properties, add_camel_case_aliases
 from procsv.trainer.graph.supervised import GraphMethods
 from procsv.trainer.monitored.hooks import warn_once
@@ -138,6 +139,7 @@ class Supervisor(BoundaryMethods, GraphMethods, Tf1Properties, Tf1Methods):
                 "session_manager": session_manager, "local_init_run_options": local_init_run_options},
             max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
             recovery_wait_secs=recovery_wait_secs, increment_global_step=increment_global_step)
+        refuse_eager_under_ps(self._tf1.graph is not None, self._ctx)
         self.summary_fn = self._tf1.summary_fn
         self.increment_global_step = increment_global_step
         self.coord = Coordinator(clock=clock)

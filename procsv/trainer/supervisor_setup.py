@@ -35,6 +35,16 @@ def resolve_is_chief(is_chief: Optional[bool], ctx: Optional[bootstrap.ChildCont
     return bool(is_chief)
 
 
+def refuse_eager_under_ps(graph_mode: bool, ctx: Optional[bootstrap.ChildContext]) -> None:
+    """Raise :class:`UsageError` for an eager program under ``procsv launch --ps N --workers M``: the
+    parameter servers hold a TF1 graph's variables (``replica_device_setter``); an eager program's
+    workers would each train variables of their own and save nothing in common."""
+    if not graph_mode and ctx is not None and ctx.supervised and int(os.environ.get(env.PS, "0") or 0) > 0:
+        raise UsageError("procsv launch --ps/--workers runs TF1 between-graph replication: build the model in a "
+                         "graph (tf.compat.v1.disable_eager_execution(), variables under "
+                         "tf.compat.v1.train.replica_device_setter); an eager program uses --nproc N")
+
+
 def layout_for(logdir: Optional[str], ctx: Optional[bootstrap.ChildContext], *, is_chief: bool,
                checkpoint_basename: str, read_retry_secs: float) -> Optional[Layout]:
     """The run's :class:`Layout`: ``logdir``, else the launch's (``ctx``); None for no logdir in plain
