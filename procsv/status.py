@@ -117,7 +117,10 @@ def render(status: dict[str, Any], logdir: str) -> str:
         lines.append(f"  pre-warmed trainer pid {prewarm['pid']} ({'ready' if prewarm['ready'] else 'warming up'})")
     grp = status.get("group")
     if grp:
-        lines.append(f"  trainer group of {grp.get('nproc')}: {grp.get('state')}")
+        if grp.get("ps"):  # --ps N --workers M: each task restarts alone
+            lines.append(f"  {grp.get('nproc')} worker(s) and {grp['ps']} parameter server(s), each restarted alone")
+        else:
+            lines.append(f"  trainer group of {grp.get('nproc')}: {grp.get('state')}")
     for p in status.get("processes", []):
         alive = {True: "alive", False: "gone"}.get(p.get("alive"), f"on {p.get('host') or status.get('host', '?')}")
         member = f"  rank {p['rank']} on {p.get('host')}, step {p.get('step')}" if "rank" in p else ""

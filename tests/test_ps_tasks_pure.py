@@ -188,3 +188,15 @@ def test_a_stop_goes_to_the_chief_first_and_the_other_tasks_are_stopped_once_it_
     acts = sim.tick(0.1)  # rule 6: every other task is stopped now
     assert {a.slot for a in of(acts, Signal)} >= {"worker1", "ps0"}
     assert not of(sim.log, RestartTask) and not of(sim.log, Restart)
+
+
+def test_status_says_workers_and_parameter_servers_not_a_trainer_group() -> None:
+    from procsv.status import render
+
+    ps = {"state": "running", "step": 7, "restarts": 0, "group": {"nproc": 2, "state": "running", "ps": 1},
+          "processes": [{"role": "ps0", "pid": 11, "state": "starting", "restarts": 1}]}
+    text = render(ps, "/run")
+    assert "2 worker(s) and 1 parameter server(s), each restarted alone" in text and "trainer group" not in text
+    assert "ps0" in text
+    group = {**ps, "group": {"nproc": 2, "state": "running", "ps": 0}}
+    assert "trainer group of 2: running" in render(group, "/run")

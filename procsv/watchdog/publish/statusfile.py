@@ -54,7 +54,8 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
                 entry.update(rank=group.rank_of(c.slot), node=c.node, host=node.host if node else host, step=c.step)
             procs.append(entry)
     return {
-        "group": {"nproc": cfg.nproc, "state": group.group_state(view)} if cfg.nproc > 1 else None,
+        "group": {"nproc": cfg.nproc, "state": group.group_state(view), "ps": cfg.ps} if cfg.nproc > 1 or cfg.ps
+        else None,
         "version": STATUS_VERSION,
         "state": view.run.value,
         "step": view.step,
