@@ -250,9 +250,10 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        stop_grace_secs=args.stop_grace_secs, quiet=args.quiet, hang_timeout=args.hang_timeout,
                        startup_timeout=args.startup_timeout, hang_grace_secs=args.hang_grace_secs,
                        chaos=args.chaos, prewarm=not args.no_prewarm and args.standby != "off",
-                       standby="off" if args.no_prewarm else "fork"
-                       if max(args.nproc, args.workers) * args.nnodes > 1 and args.standby == "auto"
-                       else args.standby, nproc=args.workers if args.ps else args.nproc, ps=args.ps, group_grace_secs=args.group_grace_secs, nnodes=args.nnodes,
+                       standby="off" if args.no_prewarm else "fork"  # a group, or --ps: no hot standby
+                       if (args.nproc * args.nnodes > 1 or args.ps) and args.standby == "auto" else args.standby,
+                       nproc=args.workers if args.ps else args.nproc, ps=args.ps,
+                       group_grace_secs=args.group_grace_secs, nnodes=args.nnodes,
                        node_rank=args.node_rank, master_addr=args.master_addr, rejoin_timeout=args.rejoin_timeout,
                        logdir_timeout=args.logdir_timeout, node_timeout=args.node_timeout,
                        on_checkpoint_failure=args.on_checkpoint_failure, on_nonfinite=args.on_nonfinite,

@@ -200,3 +200,26 @@ def test_status_says_workers_and_parameter_servers_not_a_trainer_group() -> None
     assert "ps0" in text
     group = {**ps, "group": {"nproc": 2, "state": "running", "ps": 0}}
     assert "trainer group of 2: running" in render(group, "/run")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ps_launch_config_has_no_hot_standby_and_its_workers_as_nproc(workers: int, tmp_path, monkeypatch) -> None:
+    # a hot standby runs the program up to its restore: under --ps it would start a second server on
+    # the chief's port; --ps forks each task from the pre-warmed trainer instead (even with one worker)
+    import procsv.watchdog.launcher as launcher
+
+    seen = []
+
+    class Captured:
+        def __init__(self, cfg):  # type: ignore[no-untyped-def]
+            seen.append(cfg)
+
+        def run(self) -> int:
+            return 0
+
+    monkeypatch.setattr(launcher, "Watchdog", Captured)
+    assert main(["launch", "procsv.examples.seeds_tf1.replicas", "--logdir", str(tmp_path), "--ps", "1",
+                 "--workers", str(workers)]) == 0
+    (cfg,) = seen
+    assert (cfg.standby, cfg.ps, cfg.nproc) == ("fork", 1, workers)
+    assert (cfg.limits().ps, cfg.limits().nproc) == (1, workers)
