@@ -4,6 +4,7 @@ detection of a non-finite loss, never committing a poisoned state, and the ``--o
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -222,3 +223,25 @@ def test_rollback_then_a_sigkill_of_the_trainer_still_ends_bit_equal_to_the_plai
     rolled, baseline = _values(logdir), _values(plain)
     for key in ("w/.ATTRIBUTES/VARIABLE_VALUE", "m/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE"):
         assert rolled[key] == baseline[key], key
+
+
+def test_rollback_restores_the_in_memory_snapshot_in_place_when_no_checkpoint_is_on_disk(logdir, tmp_path):
+    # before: the rollback read the newest committed checkpoint from disk only; with none on disk
+    # before the poisoned step (--save-steps 1000) there was nothing to roll back to. Now the
+    # trainer's own in-memory snapshot of a step before 25 is verified and restored in place
+    code, out, err = finish(launch(logdir, "--nan-at", "25", "--save-steps", "1000", "--step-delay", "0.04",
+                                   target=NAN_TRAIN), 240)
+    said = out + err
+    assert code == 0, said
+    assert [s for s in committed_steps(logdir) if 0 < s < 60] == []  # nothing on disk to roll back to
+    restored = re.findall(r"restored step (\d+) from the in-memory snapshot", said)
+    assert len(restored) == 2 and 0 < int(restored[0]) < 25, said  # the retry's rollback and the skip's
+    assert "skipped step 25" in said, said
+    assert len(_events(logdir, "spawned", "trainer")) == 1
+    plain = str(tmp_path / "plain")
+    done = subprocess.run([sys.executable, NAN_TRAIN, "--logdir", plain, "--skip-at", "25", "--save-steps", "1000"],
+                          capture_output=True, text=True, env=quiet_env(), timeout=180)
+    assert done.returncode == 0, done.stderr
+    rolled, baseline = _values(logdir), _values(plain)
+    for key in ("w/.ATTRIBUTES/VARIABLE_VALUE", "m/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE"):
+        assert rolled[key] == baseline[key], key  # bit-equal

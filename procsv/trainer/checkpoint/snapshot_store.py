@@ -19,6 +19,7 @@ from procsv.common.snapshot_memory import SLOT_COMPLETE, SLOT_WRITING
 from procsv.ipc.messages import ArenaRef
 from procsv.trainer.checkpoint.memory_tier import Slots
 from procsv.trainer.checkpoint import graph_shape
+from procsv.trainer.checkpoint.memory_restore import Copy
 from procsv.trainer.checkpoint.snapshot import Plan, Snapshot, SnapshotArena, plan, take
 from procsv.trainer.nonfinite.watch import NonfiniteWatch
 
@@ -50,6 +51,7 @@ class SnapshotStore:
         self.plan: Optional[Plan] = None  # the last object-graph walk (snapshot.Plan) and when it was made
         self.plan_at = float("-inf")
         self.watch: Optional[NonfiniteWatch] = None  # checks each snapshot (procsv.trainer.nonfinite)
+        self.copies: dict[int, Copy] = {}  # slot -> the snapshot copied into it (a rollback may restore it)
 
     def arena_for(self, nbytes: int, background: bool = False) -> Optional[SnapshotArena]:
         """The snapshot memory, (re)created when the state has outgrown it (new variables)."""
@@ -60,6 +62,7 @@ class SnapshotStore:
             self.arena.close()
             self.arena = None
             self.slots = Slots(self.slots.n)
+            self.copies = {}
         try:
             self.arena = SnapshotArena(nbytes, self.slots.n)
         except OSError as exc:  # no memfd here: snapshots travel as ZeroMQ frames instead
@@ -88,6 +91,7 @@ class SnapshotStore:
             arena = self.arena_for(nbytes)
             if arena is None:
                 return None
+            self.copies.pop(slot, None)
             arena.mark(slot, SLOT_WRITING, step)
             return arena, arena.base(slot)
 
@@ -99,6 +103,7 @@ class SnapshotStore:
             stuck_here("slot_complete", f" of step {step} in slot {slot}")
             self.arena.mark(slot, SLOT_COMPLETE, step)
             self.slots.written(slot, step)
+            self.copies[slot] = Copy(slot, step, tuple(snap.specs), tuple(snap.frames))
         return snap
 
     def ref_of(self, snap: Snapshot) -> Optional[ArenaRef]:

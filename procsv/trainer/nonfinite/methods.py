@@ -2,15 +2,18 @@
 wiring, the policy's decision on a refused snapshot, and ``rollback``'s restore, replay, retry and skip.
 
 Runs in the trainer's main thread, at step boundaries only (:mod:`procsv.trainer.boundary_methods`
-calls it). ``rollback`` when a watched loss of step B was found non-finite: the snapshot in flight
-is waited for; the newest committed checkpoint R (R < B: no snapshot of a poisoned state is ever
-committed) is restored in place, from disk; the program's loop then replays R+1 .. B-1 (the step
-numbers it reads come back with the restore) and runs B once more, whose loss is read right after
-it. If it is non-finite again, R is restored again, the loop replays to B-1, and B is skipped:
-its step function is not called (with the input a function of the step, its input is consumed),
-no variable changes, and the step count advances past it. More than ``max_skips`` skips within
-``skip_window`` steps, a poisoned state without a known bad step (only the weights were
-non-finite), or no committed checkpoint before B stop training with exit code 4 instead.
+calls it). ``rollback`` when a watched loss of step B was found non-finite: the newest finite state
+R before B (no snapshot of a poisoned state is ever taken or committed) is restored in place: the
+newest snapshot in the trainer's own snapshot memory when it is at least as new as the newest
+committed checkpoint and verifies (:mod:`procsv.trainer.checkpoint.memory_restore`), else the
+newest committed checkpoint, from disk (once the snapshot in flight, if any, is committed). The
+program's loop then replays R+1 .. B-1 (the step numbers it reads come back with the restore) and
+runs B once more, whose loss is read right after it. If it is non-finite again, R is restored
+again, the loop replays to B-1, and B is skipped: its step function is not called (with the input
+a function of the step, its input is consumed), no variable changes, and the step count advances
+past it. More than ``max_skips`` skips within ``skip_window`` steps, a poisoned state without a
+known bad step (only the weights were non-finite), or no finite state before B stop training with
+exit code 4 instead.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from typing import Any, Callable, Optional, Sequence
 
 from procsv.common import env
 from procsv.ipc.messages import RestoreSource, SessionLogEvent, SessionStatus
+from procsv.trainer.checkpoint import memory_restore
 from procsv.trainer.checkpoint.agent import CheckpointAgent
-from procsv.trainer.nonfinite import notices
+from procsv.trainer.nonfinite import notices, scan
 from procsv.trainer.nonfinite.errors import NonFiniteState
 from procsv.trainer.nonfinite.policy import OnNonfinite
 from procsv.trainer.nonfinite.watch import NonfiniteWatch
@@ -98,15 +102,20 @@ class NonfiniteMethods:
             return (f"step {bad_step} would be skip {len(watch.budget.recent(bad_step)) + 1} within "
                     f"{watch.budget.skip_window} steps (--max-skips {watch.budget.max_skips}; skipped so far: "
                     f"{', '.join(map(str, watch.budget.skipped)) or 'none'})")
-        if agent.in_flight is not None:
-            agent.wait_in_flight(ch, bad_step, self._clock() + self.stop_grace_secs)
-        restored = agent.last_committed
-        if restored < 0 or restored >= bad_step:
-            return f"no committed checkpoint before step {bad_step} to roll back to"
-        self._flush_summaries(force=True)
-        prefix = os.path.join(agent.layout.logdir, f"{agent.basename}-{restored}")
         began = self._clock()
-        self.checkpoint.read(prefix).expect_partial()
+        restored, source, path = self._restore_memory(agent, bad_step)
+        kind = RestoreSource.MEMORY
+        if restored < 0:
+            if agent.in_flight is not None:
+                agent.wait_in_flight(ch, bad_step, self._clock() + self.stop_grace_secs)
+            restored = agent.last_committed
+            if restored < 0 or restored >= bad_step:
+                return f"no committed checkpoint or in-memory snapshot before step {bad_step} to roll back to"
+            self._flush_summaries(force=True)
+            source, kind = f"{agent.basename}-{restored}", RestoreSource.DISK
+            path = os.path.join(agent.layout.logdir, source)
+            began = self._clock()
+            self.checkpoint.read(path).expect_partial()
         secs = self._clock() - began
         self._counter.pending = 0  # the variable holds the restored step
         self._state.step = restored
@@ -116,12 +125,36 @@ class NonfiniteMethods:
         watch.due = self._next_due(restored)
         watch.rollbacks += 1
         self._bound_nonfinite()
-        notices.tell(ch, notices.rolled_back(bad_step, restored, RestoreSource.DISK, prefix, skip, secs))
+        notices.tell(ch, notices.rolled_back(bad_step, restored, kind, path, skip, secs))
         then = f"skipping step {bad_step} (non-finite again when retried)" if skip else f"retrying step {bad_step} once"
         print(f"procsv: non-finite training at step {bad_step}: {what}; --on-nonfinite rollback: restored step "
-              f"{restored} from {os.path.basename(prefix)}, replaying to step {bad_step - 1}, then {then}",
+              f"{restored} from {source}, replaying to step {bad_step - 1}, then {then}",
               file=sys.stderr, flush=True)
         return ""
+
+    def _restore_memory(self, agent: CheckpointAgent, bad_step: int) -> tuple[int, str, str]:
+        """Restore the newest in-memory snapshot before ``bad_step`` in place if it is at least as new
+        as the newest committed checkpoint and verifies (:mod:`procsv.trainer.checkpoint.memory_restore`);
+        returns its step, where it came from in words and as a path (the snapshot memory's, and
+        its slot), or (-1, "", "") for the disk."""
+        store = agent.store
+        copy = memory_restore.newest_before(store.copies, store.arena, bad_step)
+        if copy is None or store.arena is None or copy.step < agent.last_committed:
+            return -1, "", ""
+        ignore = self._nonfinite.ignore
+        frames = list(copy.frames)
+
+        def poison(specs: Any, memory: Any) -> tuple[str, ...]:
+            return scan.nonfinite_keys(specs, frames, memory, scan.rules(self.checkpoint, ignore))
+
+        why = memory_restore.problem(self.checkpoint, copy, store.arena, poison)
+        if why:
+            print(f"procsv: not rolling back to the in-memory snapshot of step {copy.step} ({why}); "
+                  "restoring from disk", file=sys.stderr, flush=True)
+            return -1, "", ""
+        self._flush_summaries(force=True)
+        memory_restore.restore(self.checkpoint, copy, store.arena)
+        return copy.step, "the in-memory snapshot", f"{store.arena.ref().path}#slot{copy.slot}"
 
     def _next_due(self, step: int) -> Optional[int]:
         """The next boundary at or after ``step`` with rollback work: a step skipped before, which the
