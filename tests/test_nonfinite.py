@@ -187,13 +187,18 @@ def test_rollback_skips_a_poisoned_step_and_the_weights_equal_a_plain_run_that_n
 
 
 def test_more_skips_than_max_skips_within_the_window_stop_the_run_with_exit_4(logdir):
-    nan_at = [a for s in (21, 23, 25, 27) for a in ("--nan-at", str(s))]
-    code, out, err = finish(launch(logdir, *nan_at, target=NAN_TRAIN, opts=("--max-skips", "3")), 300)
+    # each poisoned step a checkpoint interval after the one before: every rollback restores a newer
+    # snapshot (20, then 30 or later, ...), so the snapshot bound (3 restores of one snapshot
+    # followed by a non-finite within 10 steps) never trips first; the 4th skip does (the
+    # checkpoint of step 60 finds 57's loss at the latest: --steps 70)
+    nan_at = [a for s in (21, 33, 45, 57) for a in ("--nan-at", str(s))]
+    code, out, err = finish(launch(logdir, *nan_at, "--steps", "70", target=NAN_TRAIN, opts=("--max-skips", "3")),
+                            300)
     said = out + err
     assert code == 4, said
-    for step in (21, 23, 25):
+    for step in (21, 33, 45):
         assert f"skipped step {step} " in said, said
-    assert "skipped step 27" not in said
+    assert "skipped step 57" not in said
     assert "--max-skips 3" in said and "giving up: the trainer is diverging" in said, said
     _all_committed_are_finite(logdir)
     assert status_json(logdir)["state"] == "failed"
@@ -245,3 +250,22 @@ def test_rollback_restores_the_in_memory_snapshot_in_place_when_no_checkpoint_is
     rolled, baseline = _values(logdir), _values(plain)
     for key in ("w/.ATTRIBUTES/VARIABLE_VALUE", "m/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE"):
         assert rolled[key] == baseline[key], key  # bit-equal
+
+
+def test_a_snapshot_that_turns_non_finite_within_10_steps_of_each_of_3_restores_stops_the_run_with_exit_4(logdir):
+    # before: steps 21, 23 and 25 were each retried and skipped from the same step-20 checkpoint
+    # (3 skips: within --max-skips 3) and the run ended 0. The third restore of that snapshot
+    # followed by a non-finite loss within 10 steps now stops it, diverging (disk only: the
+    # snapshot restored is the checkpoint of step 20 every time)
+    nan_at = [a for s in (21, 23, 25) for a in ("--nan-at", str(s))]
+    code, out, err = finish(launch(logdir, *nan_at, "--steps", "40", target=NAN_TRAIN,
+                                   env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0")), 300)
+    said = out + err
+    assert code == 4, said
+    assert "skipped step 21 " in said and "skipped step 23 " in said and "skipped step 25" not in said, said
+    assert ("the snapshot of step 20 turned non-finite within 10 steps of each of 3 restores (at steps 21, 23, 25)"
+            in said), said
+    assert "giving up: the trainer is diverging" in said, said
+    assert len(_events(logdir, "spawned", "trainer")) == 1  # no restart
+    assert status_json(logdir)["state"] == "failed"
+    _all_committed_are_finite(logdir)

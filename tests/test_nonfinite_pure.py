@@ -14,7 +14,7 @@ import tensorflow as tf
 from conftest import quiet_env
 from procsv.ipc.messages import TensorSpec
 from procsv.trainer.nonfinite.losses import LossWatch
-from procsv.trainer.nonfinite.policy import OnNonfinite, SkipBudget, parse
+from procsv.trainer.nonfinite.policy import OnNonfinite, RestoreBound, SkipBudget, parse
 from procsv.trainer.nonfinite.scan import Rules, nonfinite_keys
 
 
@@ -31,6 +31,27 @@ def test_the_skip_bound_counts_skips_within_the_window_ending_at_the_step():
         SkipBudget(max_skips=-1)
     with pytest.raises(ValueError, match="skip_window must be >= 1, not 0"):
         SkipBudget(skip_window=0)
+
+
+def test_a_snapshot_that_turns_non_finite_within_10_steps_of_each_of_3_restores_is_diverging():
+    bound = RestoreBound()
+    assert bound.exceeded(21) is None and bound.found == {}  # nothing restored yet: the first finding
+    bound.restored(20)
+    assert bound.exceeded(21) is None  # the retry of 21 turned non-finite again: 1
+    bound.restored(20)  # the skip's restore: the same finding, counted once
+    assert bound.exceeded(21) is None and bound.found == {20: [21]}
+    assert bound.exceeded(23) is None  # 2
+    bound.restored(20)
+    why = bound.exceeded(30)  # 3, the 10th step after the restore
+    assert why == ("the snapshot of step 20 turned non-finite within 10 steps of each of 3 restores "
+                   "(at steps 21, 23, 30)")
+    other = RestoreBound()
+    other.restored(20)
+    assert other.exceeded(31) is None and other.found == {}  # 11 steps after it: not counted
+    for snapshot, bad in ((20, 21), (22, 23), (24, 25)):  # each a newer snapshot: none counts 3
+        other.restored(snapshot)
+        assert other.exceeded(bad) is None
+    assert other.found == {20: [21], 22: [23], 24: [25]}
 
 
 def test_the_policy_parses_its_three_names_and_refuses_others_in_one_line():

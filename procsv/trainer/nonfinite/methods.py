@@ -90,8 +90,9 @@ class NonfiniteMethods:
 
     # ------------------------------------------------------------------ rollback
     def _roll_back(self, bad_step: Optional[int], what: str) -> str:
-        """Restore the newest committed checkpoint before ``bad_step`` in place and arrange its retry
-        (or, retried once already, its skip). Returns "" if rolled back, else why it cannot be."""
+        """Restore the newest finite snapshot before ``bad_step`` in place and arrange its retry (or,
+        retried once already, its skip). Returns "" if rolled back, else why it cannot be (the
+        skip bound, or the snapshot bound of :class:`~procsv.trainer.nonfinite.policy.RestoreBound`)."""
         watch, agent, ch = self._nonfinite, self._ckpt, self._channels
         if bad_step is None:
             return "only the weights were found non-finite, at a snapshot: the step that made them so is not known"
@@ -102,6 +103,9 @@ class NonfiniteMethods:
             return (f"step {bad_step} would be skip {len(watch.budget.recent(bad_step)) + 1} within "
                     f"{watch.budget.skip_window} steps (--max-skips {watch.budget.max_skips}; skipped so far: "
                     f"{', '.join(map(str, watch.budget.skipped)) or 'none'})")
+        diverging = watch.restores.exceeded(bad_step)
+        if diverging:
+            return diverging
         began = self._clock()
         restored, source, path = self._restore_memory(agent, bad_step)
         kind = RestoreSource.MEMORY
@@ -124,6 +128,7 @@ class NonfiniteMethods:
         watch.target, watch.skipping = bad_step, skip
         watch.due = self._next_due(restored)
         watch.rollbacks += 1
+        watch.restores.restored(restored)
         self._bound_nonfinite()
         notices.tell(ch, notices.rolled_back(bad_step, restored, kind, path, skip, secs))
         then = f"skipping step {bad_step} (non-finite again when retried)" if skip else f"retrying step {bad_step} once"

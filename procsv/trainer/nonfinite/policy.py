@@ -4,6 +4,8 @@ Runs in the trainer (and its parsing in ``procsv launch``). ``rollback`` restore
 snapshot and skips the poisoned step; ``stop`` stops in order with exit code 4; ``continue`` trains
 on (procsv only never commits a poisoned state). :class:`SkipBudget` is the bound on skipped steps:
 more than ``max_skips`` within ``skip_window`` steps stops the run with exit code 4.
+:class:`RestoreBound` is the other bound: a snapshot that turns non-finite within
+:data:`RESTORE_WINDOW` steps of each of :data:`RESTORE_LIMIT` restores stops it too.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Optional
 
 DEFAULT_MAX_SKIPS = 3
 DEFAULT_SKIP_WINDOW = 1000
+RESTORE_WINDOW = 10  # steps after a restore within which a non-finite loss counts against the snapshot restored
+RESTORE_LIMIT = 3  # restores of one snapshot, each followed by that, before the run is diverging
 
 
 class OnNonfinite(str, enum.Enum):
@@ -59,3 +63,39 @@ class SkipBudget:
 
     def skip(self, step: int) -> None:
         self.skipped.append(step)
+
+
+@dataclass
+class RestoreBound:
+    """Whether the snapshots rolled back to keep turning non-finite: ``last`` is the step of the
+    snapshot restored last (None: none yet), ``found`` the bad steps each snapshot led to within
+    ``window`` steps of a restore of it. The retry and the skip of one bad step restore the same
+    snapshot twice for one finding: a bad step counts once per snapshot."""
+
+    window: int = RESTORE_WINDOW
+    limit: int = RESTORE_LIMIT
+    last: Optional[int] = None
+    found: dict[int, list[int]] = field(default_factory=dict)
+
+    def restored(self, step: int) -> None:
+        """The snapshot of ``step`` was just restored."""
+        self.last = step
+
+    def turned(self, bad: int) -> list[int]:
+        """A non-finite loss at step ``bad`` was found since the last restore: the bad steps the
+        restored snapshot led to within the window (this one counted; empty: outside the window,
+        or nothing restored yet)."""
+        if self.last is None or not 0 < bad - self.last <= self.window:
+            return []
+        steps = self.found.setdefault(self.last, [])
+        if bad not in steps:
+            steps.append(bad)
+        return list(steps)
+
+    def exceeded(self, bad: int) -> Optional[str]:
+        """:meth:`turned`, and why the run is diverging if the snapshot reached the limit (None: not)."""
+        steps = self.turned(bad)
+        if len(steps) < self.limit:
+            return None
+        return (f"the snapshot of step {self.last} turned non-finite within {self.window} steps of each of "
+                f"{len(steps)} restores (at steps {', '.join(map(str, steps))})")

@@ -21,7 +21,7 @@ from procsv.trainer.nonfinite import policy, scan
 from procsv.trainer.nonfinite.errors import NonFiniteState, TrainingDiverged
 from procsv.trainer.nonfinite.losses import LossWatch
 from procsv.trainer.nonfinite.notices import Position
-from procsv.trainer.nonfinite.policy import OnNonfinite, SkipBudget
+from procsv.trainer.nonfinite.policy import OnNonfinite, RestoreBound, SkipBudget
 
 DEFAULT = OnNonfinite.ROLLBACK  # issue 41: under procsv launch and in plain python
 
@@ -42,6 +42,7 @@ class NonfiniteWatch:
             max_skips if max_skips is not None else int(os.environ.get(env.MAX_SKIPS, policy.DEFAULT_MAX_SKIPS)),
             skip_window if skip_window is not None else int(os.environ.get(env.SKIP_WINDOW,
                                                                             policy.DEFAULT_SKIP_WINDOW)))
+        self.restores = RestoreBound()
         self._rules: Optional[tuple[Any, scan.Rules]] = None
         # rollback (procsv.trainer.nonfinite.methods): the bad step being retried or skipped, whether
         # it is skipped, the boundary at which that is due, the steps retried once already
