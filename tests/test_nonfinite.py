@@ -269,3 +269,36 @@ def test_a_snapshot_that_turns_non_finite_within_10_steps_of_each_of_3_restores_
     assert len(_events(logdir, "spawned", "trainer")) == 1  # no restart
     assert status_json(logdir)["state"] == "failed"
     _all_committed_are_finite(logdir)
+
+
+def test_a_skipped_step_consumes_its_element_of_a_checkpointed_tf_data_iterator(logdir, tmp_path):
+    # before: the skip called no step function, so the poisoned element 25 stayed next in the
+    # iterator and step 26 took it: non-finite again, skipped again, ... until exit 4. Now the skip
+    # takes and discards it: one skip, and the weights equal a plain run that discarded element 25
+    code, out, err = finish(launch(logdir, "--input", "iterator", "--nan-at", "25", "--wait-checkpoint", "10",
+                                   target=NAN_TRAIN), 240)
+    said = out + err
+    assert code == 0, said
+    assert "skipped step 25" in said and said.count("skipped step") == 1, said
+    plain = str(tmp_path / "plain")
+    done = subprocess.run([sys.executable, NAN_TRAIN, "--logdir", plain, "--input", "iterator", "--skip-at", "25"],
+                          capture_output=True, text=True, env=quiet_env(), timeout=180)
+    assert done.returncode == 0, done.stderr
+    rolled, baseline = _values(logdir), _values(plain)
+    for key in ("w/.ATTRIBUTES/VARIABLE_VALUE", "m/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE"):
+        assert rolled[key] == baseline[key], key  # bit-equal
+    # the data position: each final checkpoint's iterator restored into one whose map yields the
+    # element's index: past the elements the program's map had already made (prefetched, restored
+    # as they were: values in [1, 1.6]), the first index is where the input goes on; the same
+    position = _next_index(logdir)
+    assert position >= 60 and position == _next_index(plain), position  # steps 1-60 took elements 0-59
+
+
+def _next_index(where: str) -> int:
+    it = iter(tf.data.Dataset.range(1_000_000).map(lambda k: tf.fill([4], tf.cast(k, tf.float32))))
+    tf.train.Checkpoint(input=it).read(tf.train.latest_checkpoint(where)).expect_partial()
+    for _ in range(100):
+        value = float(next(it).numpy()[0])
+        if value >= 2:
+            return int(value)
+    raise AssertionError(f"no index within 100 elements of {where}")

@@ -10,12 +10,18 @@
     --save-steps K        a checkpoint every K steps
     --policy P            Supervisor(on_nonfinite=P) (default: not given)
     --step-delay S        seconds each step sleeps (default 0.02: the checkpoint service keeps up)
+    --input I             step: the input is computed from the step; iterator: it is the next element
+                          of a tf.data iterator the checkpoint tracks (element k, taken at step k + 1, is
+                          NaN for k + 1 in --nan-at; --skip-at takes and discards the element)
+    --wait-checkpoint K   the first step past K waits (at most 120 s) until the checkpoint of step K is
+                          committed (so that a slow first commit cannot hold every later one back)
     --logdir DIR          for a plain `python nan_train.py` run
 
 The input of step s is a function of s alone (1 + (s % 7) / 10), so a run is reproducible.
 """
 
 import argparse
+import os
 import time
 
 import tensorflow as tf
@@ -30,13 +36,26 @@ p.add_argument("--steps", type=int, default=60)
 p.add_argument("--save-steps", type=int, default=10)
 p.add_argument("--policy", default=None)
 p.add_argument("--step-delay", type=float, default=0.02)
+p.add_argument("--input", choices=["step", "iterator"], default="step")
+p.add_argument("--wait-checkpoint", type=int, default=None)
 p.add_argument("--logdir", default=None)
 args = p.parse_args()
 
 w = tf.Variable(tf.ones([4]), name="w")
 m = tf.Variable(tf.zeros([4]), trainable=False, name="momentum")
 low = tf.Variable(tf.fill([4], float("inf")), trainable=False, name="running_min")  # legitimately inf
-sv = procsv.Supervisor(logdir=args.logdir, checkpoint={"w": w, "m": m, "low": low}, save_model_secs=600,
+state = {"w": w, "m": m, "low": low}
+if args.input == "iterator":
+    poisoned_at = tf.constant(args.nan_at + [-1], dtype=tf.int64)
+
+    def element(k):
+        x = tf.fill([4], 1.0 + tf.cast(k % 7, tf.float32) / 10)
+        poisoned = tf.reduce_any(tf.equal(poisoned_at, k + 1))  # element k is taken at step k + 1
+        return tf.where(poisoned, tf.fill([4], float("nan")), x)
+
+    it = iter(tf.data.Dataset.range(1_000_000).map(element))
+    state["input"] = it
+sv = procsv.Supervisor(logdir=args.logdir, checkpoint=state, save_model_secs=600,
                        save_checkpoint_steps=args.save_steps, on_nonfinite=args.policy, nonfinite_ignore=("low",))
 
 
@@ -50,10 +69,21 @@ def train(x):
 
 def step():
     s = sv.step
+    if args.wait_checkpoint is not None and s > args.wait_checkpoint:
+        want = os.path.join(sv.layout.logdir, f"model.ckpt-{args.wait_checkpoint}.index")
+        deadline = time.monotonic() + 120
+        while not os.path.exists(want) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        args.wait_checkpoint = None
     if s in args.skip_at:
+        if args.input == "iterator":
+            next(it)  # the plain run that never applied step s: its element is taken all the same
         return None
     poisoned = s in args.nan_at
-    x = tf.fill([4], float("nan") if poisoned and args.how != "weights" else 1.0 + (s % 7) / 10)
+    if args.input == "iterator":
+        x = next(it)
+    else:
+        x = tf.fill([4], float("nan") if poisoned and args.how != "weights" else 1.0 + (s % 7) / 10)
     loss = train(x)
     time.sleep(args.step_delay)
     if args.how == "weights" and poisoned:

@@ -9,9 +9,10 @@ committed checkpoint and verifies (:mod:`procsv.trainer.checkpoint.memory_restor
 newest committed checkpoint, from disk (once the snapshot in flight, if any, is committed). The
 program's loop then replays R+1 .. B-1 (the step numbers it reads come back with the restore) and
 runs B once more, whose loss is read right after it. If it is non-finite again, R is restored
-again, the loop replays to B-1, and B is skipped: its step function is not called (with the input
-a function of the step, its input is consumed), no variable changes, and the step count advances
-past it. More than ``max_skips`` skips within ``skip_window`` steps, a poisoned state without a
+again, the loop replays to B-1, and B is skipped: its step function is not called, its input is
+consumed (the next element of each ``tf.data`` iterator the checkpoint tracks is taken and
+discarded, :mod:`.inputs`; with the input a function of the step there is nothing to take), no
+variable changes, and the step count advances past it. More than ``max_skips`` skips within ``skip_window`` steps, a poisoned state without a
 known bad step (only the weights were non-finite), or no finite state before B stop training with
 exit code 4 instead.
 """
@@ -26,7 +27,7 @@ from procsv.common import env
 from procsv.ipc.messages import RestoreSource, SessionLogEvent, SessionStatus
 from procsv.trainer.checkpoint import memory_restore
 from procsv.trainer.checkpoint.agent import CheckpointAgent
-from procsv.trainer.nonfinite import notices, scan
+from procsv.trainer.nonfinite import inputs, notices, scan
 from procsv.trainer.nonfinite.errors import NonFiniteState
 from procsv.trainer.nonfinite.policy import OnNonfinite
 from procsv.trainer.nonfinite.watch import NonfiniteWatch
@@ -194,6 +195,7 @@ class NonfiniteMethods:
         watch.due = None
         assert target is not None
         if step + 1 in watch.budget.skipped and step + 1 < target:  # the replay meets a step skipped before
+            inputs.consume(self.checkpoint)
             self._counter.advance(step)
             self._state.step = step + 1
             watch.due = self._next_due(step + 1)
@@ -216,6 +218,7 @@ class NonfiniteMethods:
             return False
         watch.budget.skip(target)
         notices.tell(self._channels, notices.skipped(target, len(watch.budget.skipped), watch.position))
+        inputs.consume(self.checkpoint)  # its input: the data position moves past it
         self._counter.advance(step)  # the step count moves past the skipped step; no variable changes
         self._state.step = target
         watch.target = None
