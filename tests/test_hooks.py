@@ -124,7 +124,10 @@ def test_stop_at_step_stops_at_exactly_that_global_step_also_when_resumed(logdir
 
 
 @pytestmark_slow
-def test_nan_loss_fails_the_run_skips_end_and_saves_nothing(logdir):
+def test_nan_loss_fails_the_run_skips_end_and_saves_nothing(logdir, monkeypatch):
+    # TF's NanTensorHook behaviour, which procsv keeps unless it rolls the NaN back itself (issue 41:
+    # under the default --on-nonfinite rollback procsv watches the hook's tensor instead)
+    monkeypatch.setenv("PROCSV_ON_NONFINITE", "stop")
     import tensorflow as tf
 
     from procsv import train
@@ -148,7 +151,10 @@ def test_nan_loss_fails_the_run_skips_end_and_saves_nothing(logdir):
 
 
 @pytestmark_slow
-def test_nan_loss_without_fail_requests_a_stop_and_the_run_ends_cleanly(logdir, caplog):
+def test_nan_loss_without_fail_requests_a_stop_and_the_run_ends_cleanly(logdir, caplog, monkeypatch):
+    # TF's behaviour, kept under --on-nonfinite continue (rollback watches the hook's tensor instead;
+    # stop would end the run with exit 4 when the final checkpoint finds step 4's NaN loss)
+    monkeypatch.setenv("PROCSV_ON_NONFINITE", "continue")
     import tensorflow as tf
 
     from procsv import train

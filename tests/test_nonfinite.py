@@ -302,3 +302,50 @@ def _next_index(where: str) -> int:
         if value >= 2:
             return int(value)
     raise AssertionError(f"no index within 100 elements of {where}")
+
+
+NAN_MONITORED = os.path.join(PROGRAMS, "nan_monitored.py")
+
+
+def _monitored_values(where: str) -> dict[str, bytes]:
+    latest = tf.train.latest_checkpoint(where)
+    assert latest is not None and latest.endswith("model.ckpt-40"), latest
+    return {k: v.tobytes() for k, v in _checkpoint_values(latest).items()}
+
+
+def test_procsv_train_a_poisoned_step_watched_by_a_nan_tensor_hook_is_rolled_back_and_skipped(logdir, tmp_path):
+    # before: the NanTensorHook read its tensor after the run and raised NanLossDuringTrainingError
+    # before procsv could roll back. Now procsv watches the hook's tensor (kept, checked in bulk),
+    # rolls back, skips step 25, and the hook never sees the NaN
+    code, out, err = finish(launch(logdir, "--nan-at", "25", target=NAN_MONITORED), 240)
+    said = out + err
+    assert code == 0, said
+    assert "skipped step 25" in said and "NaN loss during training" not in said, said
+    assert len(_events(logdir, "spawned", "trainer")) == 1
+    _all_committed_are_finite(logdir)
+    plain = str(tmp_path / "plain")
+    done = subprocess.run([sys.executable, NAN_MONITORED, "--logdir", plain, "--skip-at", "25"],
+                          capture_output=True, text=True, env=quiet_env(), timeout=180)
+    assert done.returncode == 0, done.stderr
+    rolled, baseline = _monitored_values(logdir), _monitored_values(plain)
+    for key in ("w/.ATTRIBUTES/VARIABLE_VALUE", "m/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE"):
+        assert rolled[key] == baseline[key], key  # bit-equal
+
+
+def test_procsv_train_a_poisoned_region_that_trips_the_bound_stops_with_exit_4(logdir, tmp_path):
+    # steps 21 and 23: the second skip is over --max-skips 1 (the checkpoint of step 30 finds each
+    # at the latest): the step boundary inside sess.run stops the session with exit 4
+    code, out, err = finish(launch(logdir, "--nan-at", "21", "--nan-at", "23", target=NAN_MONITORED,
+                                   opts=("--max-skips", "1")), 240)
+    said = out + err
+    assert code == 4, said
+    assert "skipped step 21" in said and "skipped step 23" not in said and "--max-skips 1" in said, said
+    assert "giving up: the trainer is diverging" in said, said
+    assert status_json(logdir)["state"] == "failed"
+    _all_committed_are_finite(logdir)
+    # the final checkpoint finds step 40's NaN (no snapshot after it before the end): before, the
+    # session's quiet stop swallowed that exit 4 and the run ended 0 with its last step poisoned
+    done = subprocess.run([sys.executable, NAN_MONITORED, "--logdir", str(tmp_path / "plain"), "--nan-at", "40"],
+                          capture_output=True, text=True, env=quiet_env(), timeout=180)
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "non-finite training at step 40" in done.stderr and "the final checkpoint's state" in done.stderr

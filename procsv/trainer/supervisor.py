@@ -33,6 +33,7 @@ from procsv.trainer.standby import wait as standby, warmup
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.coordinator import Coordinator
+from procsv.trainer.nonfinite.errors import TrainingDiverged
 from procsv.trainer.managed import ManagedSession, ManagedSessionContext
 from procsv.trainer.replica import GroupPin
 from procsv.trainer.checkpoint.restore import ReadRetry
@@ -301,9 +302,12 @@ class Supervisor(BoundaryMethods, GraphMethods, Tf1Properties, Tf1Methods):
             self._stop_services(deadline, close_summary_writer)
 
     def _stop_quietly(self) -> None:
-        """stop() that re-raises nothing: procsv.train's sessions raise the recorded exception themselves."""
+        """stop() that re-raises nothing but a diverging stop (exit 4: the final checkpoint refused a
+        poisoned state): procsv.train's sessions raise the recorded exception themselves."""
         try:
             self.stop(ignore_live_threads=True)
+        except TrainingDiverged:
+            raise
         except BaseException:
             pass
 

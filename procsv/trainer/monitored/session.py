@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from procsv.common.errors import TrainingStopped
 from procsv.trainer.monitored import hooks as api
+from procsv.trainer.monitored import nan_watch
 from procsv.trainer.monitored.graph_session import GraphMonitoredSession
 from procsv.trainer.coordinator import clean_stop_types
 from procsv.trainer.tf1_args import NOT_PASSED
@@ -102,6 +103,7 @@ class _MonitoredSession:
         session_creator.scaffold.finalize()
         self._raw: RawSession = session_creator.create_session()
         self._sv = session_creator.supervisor
+        self._nan_watched = nan_watch.watched_hooks(self._sv, self._hooks)
         try:
             for h in self._hooks:
                 h.after_create_session(self._raw, self._sv.coord)
@@ -187,8 +189,11 @@ class _MonitoredSession:
                                               "feed_dict parameter; this one has none, so they are ignored: pass "
                                               "the batch as arguments, sess.run(step_fn, x, y)")
         out = sv._session.run(fetches, *args, **kwargs)
-        results = {i: api.evaluate(req.fetches) for i, req in requests.items()}
+        nan_watch.keep(sv, [req.fetches for i, req in requests.items() if i in self._nan_watched])
+        results = {i: api.evaluate(req.fetches) for i, req in requests.items() if i not in self._nan_watched}
         for i, h in enumerate(self._hooks):
+            if i in self._nan_watched:
+                continue  # procsv watches its tensor (rollback): a NaN it rolls back never reaches the hook
             req = requests.get(i)
             h.after_run(ctx, api.SessionRunValues(results.get(i), req.options if req else None, None, out))
         self._stop_requested = self._stop_requested or ctx.stop_requested
