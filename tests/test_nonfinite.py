@@ -349,3 +349,44 @@ def test_procsv_train_a_poisoned_region_that_trips_the_bound_stops_with_exit_4(l
                           capture_output=True, text=True, env=quiet_env(), timeout=180)
     assert done.returncode == 4, done.stdout + done.stderr
     assert "non-finite training at step 40" in done.stderr and "the final checkpoint's state" in done.stderr
+
+
+NAN_GRAPH = os.path.join(PROGRAMS, "nan_graph.py")
+
+
+def _graph_values(where: str) -> dict[str, bytes]:
+    latest = tf.train.latest_checkpoint(where)
+    assert latest is not None and latest.endswith("model.ckpt-40"), latest
+    reader = tf.train.load_checkpoint(latest)
+    return {k: reader.get_tensor(k).tobytes() for k in ("w", "w/Momentum", "global_step")}
+
+
+def test_graph_mode_a_poisoned_step_whose_fetched_loss_is_nan_is_rolled_back_and_skipped(logdir, tmp_path):
+    # before: a TF1 program's fetched loss was not watched (NumPy 2's scalars were taken for device
+    # tensors and dropped), only the snapshot's weights were seen non-finite: the bad step unknown,
+    # the run stopped with exit 4. Now the run's value for the tensor named "loss" is kept, the
+    # variables are restored by name from model.ckpt-20, the global step is assigned past step 25
+    code, out, err = finish(launch(logdir, "--nan-at", "25", target=NAN_GRAPH), 240)
+    said = out + err
+    assert code == 0, said
+    assert "restored step 20 from model.ckpt-20" in said and "skipped step 25" in said, said
+    assert len(_events(logdir, "spawned", "trainer")) == 1
+    plain = str(tmp_path / "plain")
+    done = subprocess.run([sys.executable, NAN_GRAPH, "--logdir", plain, "--skip-at", "25"],
+                          capture_output=True, text=True, env=quiet_env(), timeout=180)
+    assert done.returncode == 0, done.stderr
+    rolled, baseline = _graph_values(logdir), _graph_values(plain)
+    for step in committed_steps(logdir):
+        reader = tf.train.load_checkpoint(os.path.join(logdir, f"model.ckpt-{step}"))
+        assert np.isfinite(reader.get_tensor("w")).all() and np.isfinite(reader.get_tensor("w/Momentum")).all()
+    assert rolled == baseline  # bit-equal: w, its momentum slot, the global step
+
+
+def test_graph_mode_a_poisoned_region_that_trips_the_bound_stops_with_exit_4(logdir):
+    code, out, err = finish(launch(logdir, "--nan-at", "21", "--nan-at", "23", target=NAN_GRAPH,
+                                   opts=("--max-skips", "1")), 240)
+    said = out + err
+    assert code == 4, said
+    assert "skipped step 21" in said and "skipped step 23" not in said and "--max-skips 1" in said, said
+    assert "giving up: the trainer is diverging" in said, said
+    assert status_json(logdir)["state"] == "failed"

@@ -91,16 +91,18 @@ class GraphSession:
             step = int(value)
             self._unread = 0
         if step != state.step:
-            self._stepped(state, step, feed_dict)
+            self._stepped(state, step, feed_dict, fetches, out)
         return out
 
-    def _stepped(self, state: StepState, step: int, feed_dict: Any) -> None:
+    def _stepped(self, state: StepState, step: int, feed_dict: Any, fetches: Any = None, out: Any = None) -> None:
         """The run just returned made ``step``: the boundary, with the state of that step."""
         state.counter.completed += 1
         if self._observe is not None:
             self._observe(step)
         state.step = step
         self.step_feed = feed_dict
+        if state.losses is not None and state.losses.tags:  # the run's watched losses: host values already
+            keep_watched(state.losses, step, fetches, out)
         if step >= state.ckpt_step or state.clock() >= state.at:
             state.boundary(step)
         if state.step >= state.end_step:
@@ -147,3 +149,20 @@ class GraphSession:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def keep_watched(losses: Any, step: int, fetch: Any, value: Any, key: Any = None) -> None:
+    """Keep, as the loss of ``step``, each value a run returned for a fetch under a watched name
+    (``nonfinite_tags``): a dict entry of that key, or a tensor whose op's name ends in it (``loss``,
+    ``model/loss``); ``value`` has ``fetch``'s structure, as ``Session.run`` returns it. Nothing is
+    read: a run's values are on the host."""
+    if isinstance(fetch, dict):
+        for k, f in fetch.items():
+            keep_watched(losses, step, f, value[k], k)
+    elif isinstance(fetch, (list, tuple)):
+        for f, v in zip(fetch, value):
+            keep_watched(losses, step, f, v)
+    else:
+        name = fetch.split(":")[0] if isinstance(fetch, str) else getattr(getattr(fetch, "op", None), "name", "")
+        if key in losses.tags or (name and name.rsplit("/", 1)[-1] in losses.tags):
+            losses.keep(step, value)

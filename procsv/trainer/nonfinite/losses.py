@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
+import numpy as np
+
 COMPACT_AT = 1024  # kept scalars stacked into one tensor (a device op, no read) past this many
 
 
@@ -54,7 +56,8 @@ class LossWatch:
         dtype = getattr(value, "dtype", None)
         if dtype is None or getattr(value, "ndim", getattr(getattr(value, "shape", None), "rank", None)) != 0:
             return  # not a scalar: not a loss procsv watches
-        if not hasattr(value, "device"):  # a NumPy scalar: on the host already
+        if isinstance(value, (np.generic, np.ndarray)) or not hasattr(value, "device"):  # on the host already
+            # (NumPy 2's scalars and arrays have a .device too: "cpu", not a TensorFlow device)
             try:
                 finite = bool(math.isfinite(float(value)))
             except (TypeError, ValueError):
@@ -90,7 +93,6 @@ class LossWatch:
             self._compact()
         if not self.chunks:
             return first
-        import numpy as np
         import tensorflow as tf
 
         chunks, self.chunks = self.chunks, []

@@ -27,6 +27,7 @@ from procsv.common import env
 from procsv.ipc.messages import RestoreSource, SessionLogEvent, SessionStatus
 from procsv.trainer.checkpoint import memory_restore
 from procsv.trainer.checkpoint.agent import CheckpointAgent
+from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
 from procsv.trainer.nonfinite import inputs, notices, scan
 from procsv.trainer.nonfinite.errors import NonFiniteState
 from procsv.trainer.nonfinite.policy import OnNonfinite
@@ -120,8 +121,14 @@ class NonfiniteMethods:
             source, kind = f"{agent.basename}-{restored}", RestoreSource.DISK
             path = os.path.join(agent.layout.logdir, source)
             began = self._clock()
-            self.checkpoint.read(path).expect_partial()
+            if isinstance(agent.store.checkpoint, NameBasedCheckpoint):  # a TF1 graph program's variables
+                agent.store.checkpoint.restore(path)
+            else:
+                self.checkpoint.read(path).expect_partial()
         secs = self._clock() - began
+        forget = getattr(self._counter.global_step, "forget", None)
+        if forget is not None:  # a graph program's global step: its last observed value is undone
+            forget()
         self._counter.pending = 0  # the variable holds the restored step
         self._state.step = restored
         watch.losses.forget()
@@ -144,6 +151,8 @@ class NonfiniteMethods:
         returns its step, where it came from in words and as a path (the snapshot memory's, and
         its slot), or (-1, "", "") for the disk."""
         store = agent.store
+        if isinstance(store.checkpoint, NameBasedCheckpoint):  # no assign-from-memory ops in its frozen graph
+            return -1, ""
         copy = memory_restore.newest_before(store.copies, store.arena, bad_step)
         if copy is None or store.arena is None or copy.step < agent.last_committed:
             return -1, "", ""
@@ -161,6 +170,13 @@ class NonfiniteMethods:
         self._flush_summaries(force=True)
         memory_restore.restore(self.checkpoint, copy, store.arena)
         return copy.step, "the in-memory snapshot", f"{store.arena.ref().path}#slot{copy.slot}"
+
+    def _advance_past(self, step: int) -> None:
+        """The global step moves from ``step`` past the skipped step: procsv's count, or, where the
+        program counts itself (a graph program's optimizer), its variable, assigned."""
+        counted = self._counter.advance(step)
+        if counted is not None and counted != step + 1:
+            self._counter.global_step.assign(step + 1)
 
     def _next_due(self, step: int) -> Optional[int]:
         """The next boundary at or after ``step`` with rollback work: a step skipped before, which the
@@ -196,7 +212,7 @@ class NonfiniteMethods:
         assert target is not None
         if step + 1 in watch.budget.skipped and step + 1 < target:  # the replay meets a step skipped before
             inputs.consume(self.checkpoint)
-            self._counter.advance(step)
+            self._advance_past(step)
             self._state.step = step + 1
             watch.due = self._next_due(step + 1)
             self._bound_nonfinite()
@@ -219,7 +235,7 @@ class NonfiniteMethods:
         watch.budget.skip(target)
         notices.tell(self._channels, notices.skipped(target, len(watch.budget.skipped), watch.position))
         inputs.consume(self.checkpoint)  # its input: the data position moves past it
-        self._counter.advance(step)  # the step count moves past the skipped step; no variable changes
+        self._advance_past(step)  # the step count moves past the skipped step; no other variable changes
         self._state.step = target
         watch.target = None
         print(f"procsv: skipped step {target} (its loss was NaN or infinite twice); training on from step "
