@@ -152,7 +152,7 @@ class NonfiniteMethods:
         its slot), or (-1, "", "") for the disk."""
         store = agent.store
         if isinstance(store.checkpoint, NameBasedCheckpoint):  # no assign-from-memory ops in its frozen graph
-            return -1, ""
+            return -1, "", ""
         copy = memory_restore.newest_before(store.copies, store.arena, bad_step)
         if copy is None or store.arena is None or copy.step < agent.last_committed:
             return -1, "", ""
