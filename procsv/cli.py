@@ -73,14 +73,17 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--group-grace-secs", type=float, default=0.5, metavar="SECS",
                     help="with --nproc: once a member of the group ended, the others get SIGTERM and are "
                          "SIGKILLed after this many seconds (default 0.5)")
-    la.add_argument("--nnodes", type=int, default=1, metavar="M",
+    la.add_argument("--nnodes", type=int, default=None, metavar="M",
                     help="hosts of the job: run `procsv launch` on each with the same TARGET, --logdir (a "
                          "shared filesystem), --nproc, --nnodes and --master-addr, and its own --node-rank; "
-                         "node 0 decides for all (default 1)")
-    la.add_argument("--node-rank", type=int, default=0, metavar="R", help="this host's rank, 0 to M-1 (default 0)")
+                         "node 0 decides for all (default 1; in a Slurm step, SLURM_STEP_NUM_NODES)")
+    la.add_argument("--node-rank", type=int, default=None, metavar="R",
+                    help="this host's rank, 0 to M-1 (default 0; in a Slurm step SLURM_NODEID, in a Kubernetes "
+                         "Indexed Job JOB_COMPLETION_INDEX)")
     la.add_argument("--master-addr", default=None, metavar="HOST:PORT",
                     help="with --nnodes: where node 0 listens for the other hosts (TCP, encrypted and "
-                         "authenticated with CURVE keys it writes to the logdir)")
+                         "authenticated with CURVE keys it writes to the logdir; default PROCSV_MASTER_ADDR, "
+                         "in a Slurm step the step's first host and a port from the job id)")
     la.add_argument("--rejoin-timeout", type=float, default=300.0, metavar="SECS",
                     help="with --nnodes: how long a lost (or not yet joined) host may take to come back before "
                          "the run stops and fails (default 300)")
@@ -221,6 +224,10 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         raise UsageError(f"--nproc must be >= 1, not {args.nproc}")
     if not args.group_grace_secs >= 0:
         raise UsageError(f"--group-grace-secs must be >= 0, not {args.group_grace_secs:g}")
+    from procsv.watchdog.multihost.placement import place
+
+    placed = place(os.environ, args.nnodes, args.node_rank, args.master_addr)
+    args.nnodes, args.node_rank, args.master_addr = placed.nnodes, placed.node_rank, placed.master_addr
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         raise UsageError(f"--node-rank must be from 0 to --nnodes - 1 ({args.nnodes - 1}), not {args.node_rank}")
     if args.nnodes > 1:
@@ -260,7 +267,9 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        max_skips=args.max_skips, skip_window=args.skip_window,
                        allow_reinit=args.allow_reinit, keep_logs=args.keep_logs, on_failure=args.on_failure,
                        metrics_port=args.metrics_port, metrics_host=args.metrics_host or "127.0.0.1",
-                       preload=[m.strip() for m in args.preload.split(",") if m.strip()])
+                       preload=[m.strip() for m in args.preload.split(",") if m.strip()], job_id=placed.job_id)
+    if placed.taken_from:
+        print(placed.taken_from, file=sys.stderr, flush=True)
     if cfg.node_rank > 0:
         from procsv.watchdog.multihost.agent import NodeAgent
         from procsv.watchdog.publish.metrics import MetricsServer

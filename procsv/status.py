@@ -101,6 +101,8 @@ def render(status: dict[str, Any], logdir: str) -> str:
     if not status.get("here", True):
         lines.append(f"  watchdog on host {status.get('host', '?')} (not this one: its pids are not checked from here; "
                      "it is alive while it holds the logdir lock)")
+    if status.get("job"):
+        lines.append(f"  scheduler job {status['job']}")
     ck = status.get("last_checkpoint")
     ck_text = f"step {ck['step']} ({os.path.basename(ck['path'])})" if ck else "none"
     lines.append(f"  step {status.get('step')}, restarts {status.get('restarts')}, last checkpoint {ck_text}")

@@ -34,6 +34,8 @@ ON_NONFINITE = "PROCSV_ON_NONFINITE"  # --on-nonfinite: rollback | stop | contin
 MAX_SKIPS = "PROCSV_MAX_SKIPS"  # --max-skips: skipped steps allowed within --skip-window steps
 SKIP_WINDOW = "PROCSV_SKIP_WINDOW"  # --skip-window
 NONFINITE_CHECK = "PROCSV_NONFINITE_CHECK"  # "0": no non-finite detection at all (to measure what it costs)
+MASTER_ADDR = "PROCSV_MASTER_ADDR"  # read by procsv launch: --master-addr when the flag is not given (Kubernetes)
+PREEMPT_SIGNAL = "PROCSV_PREEMPT_SIGNAL"  # the number of --preempt-signal: every child of the run ignores it
 # given to the --on-failure command (besides LOGDIR): how the run ended
 EXIT_CODE = "PROCSV_EXIT_CODE"  # the launch's exit code
 RUN_STATE = "PROCSV_RUN_STATE"  # failed
@@ -42,7 +44,7 @@ ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE,
        RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, RANK, NPROC, GROUP_PIN, ON_NONFINITE, MAX_SKIPS, SKIP_WINDOW,
-       FAULT_GATE, NONFINITE_CHECK, PS)
+       FAULT_GATE, NONFINITE_CHECK, PS, MASTER_ADDR, PREEMPT_SIGNAL)
 
 
 def memory_budget(default: float = 0.01) -> float:

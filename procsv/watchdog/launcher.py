@@ -114,7 +114,8 @@ class Watchdog:
             self.pulse = LoopPulse(self.clock)
             self.metrics = MetricsServer(self.cfg.metrics_host, self.cfg.metrics_port,
                                          RunCollector(lambda: self.out.snapshot, self.layout.summary_stats,
-                                                      {"target": self.cfg.target, "logdir": self.layout.logdir}),
+                                                      {"target": self.cfg.target, "logdir": self.layout.logdir,
+                                                       **({"job": self.cfg.job_id} if self.cfg.job_id else {})}),
                                          self.pulse)
         try:
             self.layout.create()

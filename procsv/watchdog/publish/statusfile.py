@@ -72,6 +72,7 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
         "logdir_errors": {"count": view.logdir_errors, "last": view.logdir_last_error},
         "processes": procs,
         "target": cfg.target,
+        "job": cfg.job_id,  # the scheduler's job id (SLURM_JOB_ID), None outside one
         "args": cfg.args,
         "logdir": layout.logdir,
         "host": host,  # the watchdog's; its pids mean something only where host_id is the reader's
