@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from procsv.common import env
 from procsv.common.errors import LogdirLocked, UsageError
 from procsv.common.layout import Layout
 
@@ -35,6 +36,13 @@ def _parser() -> argparse.ArgumentParser:
                          "(default 10)")
     la.add_argument("--stop-grace-secs", type=float, default=120.0,
                     help="on SIGTERM/SIGINT, how long the trainer may take to checkpoint and exit (default 120)")
+    la.add_argument("--preempt-signal", default="USR2", metavar="SIG",
+                    help="a signal that asks the run to checkpoint its last completed step and stop in order, "
+                         "like SIGTERM, handled by the watchdog only: every other procsv process ignores it "
+                         "(default USR2, e.g. from sbatch --signal=B:USR2@120; exit code 128+SIG)")
+    la.add_argument("--requeue-on-preempt", action="store_true",
+                    help="after a stop on --preempt-signal, run `scontrol requeue $SLURM_JOB_ID` once (logged) so "
+                         "Slurm starts the job again, resuming at the saved step")
     la.add_argument("--quiet", action="store_true", help="do not echo the trainer's output")
     la.add_argument("--hang-timeout", type=float, default=600.0,
                     help="restart a trainer that completes no step for this long (default 600 s; 0 = off)")
@@ -249,6 +257,9 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
     if args.nproc * args.nnodes > 1 and args.standby == "hot":
         raise UsageError("--standby hot needs a single trainer: a group of --nproc trainers restarts together from "
                          "the pre-warmed trainer (--standby fork, the default with --nproc)")
+    from procsv.watchdog.multihost.slurm import after_run, parse_preempt_signal, warn_grace
+
+    preempt_signal = parse_preempt_signal(args.preempt_signal, args.requeue_on_preempt, placed.job_id)
     if args.chaos:
         from procsv.watchdog.rules.chaos import parse_chaos
 
@@ -267,14 +278,18 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        max_skips=args.max_skips, skip_window=args.skip_window,
                        allow_reinit=args.allow_reinit, keep_logs=args.keep_logs, on_failure=args.on_failure,
                        metrics_port=args.metrics_port, metrics_host=args.metrics_host or "127.0.0.1",
-                       preload=[m.strip() for m in args.preload.split(",") if m.strip()], job_id=placed.job_id)
+                       preload=[m.strip() for m in args.preload.split(",") if m.strip()], job_id=placed.job_id,
+                       preempt_signal=preempt_signal)
     if placed.taken_from:
         print(placed.taken_from, file=sys.stderr, flush=True)
+    os.environ[env.PREEMPT_SIGNAL] = str(preempt_signal)  # every child inherits it and ignores that signal
+    warn_grace(cfg.stop_grace_secs, placed.job_id)
     if cfg.node_rank > 0:
         from procsv.watchdog.multihost.agent import NodeAgent
         from procsv.watchdog.publish.metrics import MetricsServer
         from procsv.watchdog.publish.probes import LoopPulse
 
+        signal.signal(preempt_signal, signal.SIG_IGN)  # node 0 decides the stop; it reaches this host from there
         pulse = LoopPulse(time.monotonic)  # what the agent's loop stamps; its probes answer from it
         # bound before anything starts (a port in use: exit 2); the probes only: the metrics are node 0's
         probes = None if cfg.metrics_port is None else MetricsServer(cfg.metrics_host, cfg.metrics_port, None, pulse)
@@ -283,7 +298,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         finally:
             if probes is not None:
                 probes.close()
-    return Watchdog(cfg).run()
+    return after_run(Watchdog(cfg).run(), preempt_signal, args.requeue_on_preempt, placed.job_id)
 
 
 def _log_role(value: str) -> str:

@@ -58,7 +58,12 @@ class ChildContext:
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """Ask the kernel to send ``sig`` to this process when its parent dies; exit if it already has."""
+    """Ask the kernel to send ``sig`` to this process when its parent dies; exit if it already has.
+    Also ignore the run's ``--preempt-signal`` (:data:`env.PREEMPT_SIGNAL`; the spawn's shell ignores
+    it before exec already): the watchdog alone handles it."""
+    preempt = os.environ.get(env.PREEMPT_SIGNAL, "")
+    if preempt.isdigit():
+        signal.signal(int(preempt), signal.SIG_IGN)
     parent = os.environ.get(env.PARENT_PID)
     try:
         libc = ctypes.CDLL(None, use_errno=True)

@@ -34,7 +34,8 @@ class Plumbing:
     """The runtime directory, the ZeroMQ context and sockets, the poller and the signal wakeup of
     one launch; :meth:`close` restores the signal handlers and removes the runtime directory."""
 
-    def __init__(self) -> None:
+    def __init__(self, preempt_signal: Optional[int] = None) -> None:
+        self.stops = STOP_SIGNALS + ((preempt_signal,) if preempt_signal is not None else ())
         self.runtime_dir = RuntimeDir.create().path  # mode 0700: sockets only we can reach
         self.zctx: zmq.Context[Any] = zmq.Context()
         self.pull = make_socket(self.zctx, zmq.PULL)
@@ -46,16 +47,16 @@ class Plumbing:
         self.wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._old_wakeup = signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
-        self._old: dict[int, Handler] = {s: signal.signal(s, lambda signum, frame: None) for s in STOP_SIGNALS}
+        self._old: dict[int, Handler] = {s: signal.signal(s, lambda signum, frame: None) for s in self.stops}
         self.poller.register(self.wake_r.fileno(), zmq.POLLIN)
 
     def stop_signals(self) -> list[int]:
-        """The SIGTERM/SIGINT that arrived since the last call (in order)."""
+        """The SIGTERM/SIGINT (and --preempt-signal) that arrived since the last call (in order)."""
         try:
             data = self.wake_r.recv(64)
         except BlockingIOError:
             return []
-        return [signum for signum in data if signum in STOP_SIGNALS]
+        return [signum for signum in data if signum in self.stops]
 
     def close(self) -> None:
         signal.set_wakeup_fd(self._old_wakeup)

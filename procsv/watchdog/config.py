@@ -58,6 +58,7 @@ class LaunchConfig:
     rejoin_timeout: float = 300.0  # --rejoin-timeout
     logdir_timeout: float = 60.0  # --logdir-timeout: seconds of failed looks at the logdir that lose it
     node_timeout: float = 15.0  # --node-timeout: node 0's, for its agents and (sent to them) for itself
+    preempt_signal: int = 12  # --preempt-signal (SIGUSR2): a stop like SIGTERM's, handled by the watchdog only
     job_id: Optional[str] = None  # the scheduler's job id (SLURM_JOB_ID): names the run in status and metrics
 
     def nonfinite_env(self) -> dict[str, str]:

@@ -137,7 +137,7 @@ class Watchdog:
         self.out.open_events()
         self.sweeper = Sweeper(self.clock, self.out.record)
         self.logdir.start()
-        pipes = self.pipes = Plumbing()
+        pipes = self.pipes = Plumbing(self.cfg.preempt_signal)
         ends = self.ends = ChildEnds(pipes.poller, self.view, self.layout, self.out, self.clock, self.wall,
                                      lambda: self._drain_messages(limit=None), lambda: self.sweeper.sweep(self.ex),
                                      self.out.io.reads)
