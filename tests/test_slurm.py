@@ -1,0 +1,168 @@
+"""procsv under a real Slurm (tests/slurm_fixture.py): the examples in examples/slurm/ as sbatch jobs.
+
+* ``scontrol requeue`` of a running ``sbatch --requeue`` job of the digits example: SIGTERM to every
+  process of the job; the job comes back and ends COMPLETED at its last step with 0 steps lost and
+  the weights of a plain uninterrupted run; its job id names the run in status.json and the metrics;
+* ``scancel --signal=USR2 --batch`` (as ``sbatch --signal=B:USR2@T`` delivers it) with
+  ``--requeue-on-preempt``: the run saves, stops in order, requeues its job, and the second run
+  finishes;
+* a 2-node job (``srun --ntasks-per-node=1``, ``--nproc 1`` per node, MultiWorkerMirroredStrategy)
+  takes --nnodes/--node-rank/--master-addr from the step and survives a SIGKILL of node 1's trainer;
+* ``scontrol show hostnames`` expands every host list of tests/test_placement.py as procsv does.
+
+Each prints its figures (steps lost, requeue-to-first-step time split into Slurm's and procsv's part).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any, Iterator
+
+import pytest
+
+from conftest import CLEAN_ARGS, REPO, final_weights, lifecycle, quiet_env, raw_status, wait_for
+from slurm_fixture import NODES, Cluster, slurm  # noqa: F401  (the session's cluster)
+from test_placement import HOSTLISTS
+
+pytestmark = pytest.mark.slow
+EXAMPLES = os.path.join(REPO, "examples", "slurm")
+NODE0, NODE1 = list(NODES)
+
+
+def submit(cluster: Cluster, script: str, logdir: str, out: str, *sbatch: str, **env: str) -> str:
+    """``sbatch --parsable`` one of examples/slurm/ with its settings in the environment; the job id."""
+    job_env = quiet_env(PYTHON=sys.executable, LOGDIR=logdir, **cluster.env, **env)
+    r = subprocess.run(["sbatch", "--parsable", f"--output={out}", f"--chdir={REPO}", *sbatch,
+                        os.path.join(EXAMPLES, script)], capture_output=True, text=True, env=job_env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip().split(";")[0]
+
+
+@pytest.fixture
+def jobs(slurm: Cluster) -> Iterator[list[str]]:  # noqa: F811
+    """The test's job ids: cancelled at teardown (nothing of a failed test stays queued or running)."""
+    ids: list[str] = []
+    yield ids
+    for job in ids:
+        slurm.cmd("scancel", job, check=False)
+    for job in ids:
+        wait_for(lambda: slurm.job(job).get("JobState") not in ("RUNNING", "COMPLETING"), 60, interval=0.5,
+                 what=f"job {job} to end")
+
+
+def ended(cluster: Cluster, job: str) -> dict[str, str]:
+    info = cluster.job(job)
+    return info if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL") else {}
+
+
+def events(logdir: str, name: str) -> list[dict[str, Any]]:
+    return [e for e in lifecycle(logdir) if e["event"] == name]
+
+
+def figures(logdir: str, out: str, requeued_at: float, what: str) -> tuple[int, float, float]:
+    """(steps lost, Slurm's part, procsv's part of the time from the requeue to the first step of the
+    requeued job), printed. Slurm's part: from the first run's ``finished`` record to the batch
+    script's start line of the second run (it includes procsv's exit after that record); procsv's:
+    the orderly stop, and the second run's start up to its first step."""
+    first_end, second_end = events(logdir, "finished")
+    lost = first_end["step"] - events(logdir, "restored")[-1]["step"]
+    with open(out) as fh:
+        starts = [float(line.split()[-1]) for line in fh if " start " in line and line.startswith("procsv job")]
+    first_step = events(logdir, "first_step")[-1]["time"]
+    slurm_part = starts[1] - first_end["time"]
+    procsv_part = (first_end["time"] - requeued_at) + (first_step - starts[1])
+    print(f"\n{what}: {lost} steps lost (stopped at step {first_end['step']}); requeue to first step "
+          f"{first_step - requeued_at:.1f} s = procsv's orderly stop {first_end['time'] - requeued_at:.1f} s + "
+          f"{slurm_part:.1f} s to the batch script's second start (procsv's exit, Slurm's cleanup, its hold of a "
+          f"requeued job: cred_expire 10 s here, 120 s by default; scheduling) + procsv's start to the first step "
+          f"{first_step - starts[1]:.1f} s")
+    return lost, slurm_part, procsv_part
+
+
+def same_weights(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a.keys() == b.keys() and len(a) > 4
+    for key in a:
+        assert (a[key] == b[key]).all(), f"{key} differs from the uninterrupted run"
+
+
+def test_scontrol_show_hostnames_expands_every_host_list_as_procsv_does(slurm):  # noqa: F811
+    for text, hosts in HOSTLISTS.items():
+        assert slurm.cmd("scontrol", "show", "hostnames", text).split() == hosts, text
+
+
+def test_a_requeued_job_ends_completed_at_its_last_step_with_no_step_lost_and_exact_weights(
+        slurm, jobs, tmp_path, clean_weights):  # noqa: F811
+    logdir, out = str(tmp_path / "run"), str(tmp_path / "job.out")
+    port = 19000 + os.getpid() % 1000
+    jobs.append(job := submit(slurm, "train.sbatch", logdir, out, f"--nodelist={NODE0}",
+                              TRAIN_ARGS=" ".join(CLEAN_ARGS),
+                              PROCSV_OPTS=f"--metrics-port {port} --metrics-host {NODE0}"))
+    st = wait_for(lambda: (s := raw_status(logdir)) and s.get("step", 0) >= 300 and s, 180, what="step 300")
+    assert st["job"] == job  # the job id names the run
+    with urllib.request.urlopen(f"http://{NODE0}:{port}/metrics", timeout=10) as resp:
+        assert f'job="{job}"' in next(line for line in resp.read().decode().splitlines()
+                                     if line.startswith("procsv_run_info"))
+    requeued_at = time.time()
+    slurm.cmd("scontrol", "requeue", job)
+    info = wait_for(lambda: ended(slurm, job), 300, interval=0.5, what=f"job {job} to end")
+    with open(out) as fh:
+        text = fh.read()
+    assert (info["JobState"], info["Restarts"], info["ExitCode"]) == ("COMPLETED", "1", "0:0"), text
+    stop, done = events(logdir, "finished")
+    assert (stop["state"], stop["exit_code"], done["state"], done["step"]) == ("stopped", 143, "succeeded", 1200)
+    lost, _, _ = figures(logdir, out, requeued_at, "scontrol requeue")
+    assert lost == 0
+    same_weights(final_weights(logdir), clean_weights)
+    assert "KillWait" not in text  # --stop-grace-secs 25 fits in KillWait 30: no warning
+
+
+def test_a_warning_signal_to_the_batch_shell_saves_requeues_and_the_second_run_finishes(slurm, jobs, tmp_path):  # noqa: F811
+    logdir, out = str(tmp_path / "run"), str(tmp_path / "job.out")
+    jobs.append(job := submit(slurm, "train.sbatch", logdir, out, f"--nodelist={NODE0}",
+                              TRAIN_ARGS=" ".join(CLEAN_ARGS)))
+    wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 300, 180, what="step 300")
+    signalled_at = time.time()
+    slurm.cmd("scancel", "--signal=USR2", "--batch", job)
+    info = wait_for(lambda: ended(slurm, job), 300, interval=0.5, what=f"job {job} to end")
+    with open(out) as fh:
+        text = fh.read()
+    assert (info["JobState"], info["Restarts"], info["ExitCode"]) == ("COMPLETED", "1", "0:0"), text
+    assert [e["signal"] for e in events(logdir, "preempted")] == ["SIGUSR2"]
+    stop, done = events(logdir, "finished")
+    assert (stop["state"], stop["exit_code"], done["state"], done["step"]) == ("stopped", 140, "succeeded", 1200)
+    assert text.count(f"procsv: --requeue-on-preempt: ran `scontrol requeue {job}`") == 1, text
+    lost, _, _ = figures(logdir, out, signalled_at, "scancel --signal=USR2 --batch, --requeue-on-preempt")
+    assert lost == 0
+
+
+def test_a_two_node_job_takes_its_placement_from_the_step_and_survives_a_sigkill_of_one_nodes_trainer(
+        slurm, jobs, tmp_path):  # noqa: F811
+    from test_group import restores_with_plain_tf
+
+    logdir, out = str(tmp_path / "run"), str(tmp_path / "job.out")
+    args = "--strategy multiworker --steps 600 --save-model-secs 1 --step-delay 0.004 --print-every-steps 100000"
+    jobs.append(job := submit(slurm, "train-multinode.sbatch", logdir, out, "--nodes=2", TRAIN_ARGS=args,
+                              PROCSV_OPTS="--stop-grace-secs 40"))
+    st = wait_for(lambda: (s := raw_status(logdir)) and s.get("step", 0) >= 150 and
+                  any(p.get("role") == "worker1" for p in s["processes"]) and s, 240, what="the group at step 150")
+    worker = next(p for p in st["processes"] if p["role"] == "worker1")["pid"]
+    # node 1's trainer: one PID namespace here, only the network is apart
+    assert os.stat(f"/proc/{worker}/ns/net").st_ino == os.stat("/run/netns/pvs2").st_ino
+    os.kill(worker, signal.SIGKILL)
+    info = wait_for(lambda: ended(slurm, job), 300, interval=0.5, what=f"job {job} to end")
+    with open(out) as fh:
+        text = fh.read()
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), text
+    port = 10000 + int(job) % 20000
+    assert (f"procsv: from the Slurm step ({job}.0): --nnodes 2 (SLURM_STEP_NUM_NODES), --node-rank 0 "
+            f"(SLURM_NODEID), --master-addr {NODE0}:{port}") in text
+    assert f"--node-rank 1 (SLURM_NODEID), --master-addr {NODE0}:{port}" in text
+    assert "is longer than Slurm's KillWait (30 s)" in text  # --stop-grace-secs 40
+    assert [r["node"] for r in events(logdir, "node_joined")] == [1]
+    assert len(events(logdir, "restarting")) == 1
+    assert events(logdir, "finished")[-1]["step"] == 600 == restores_with_plain_tf(logdir)
