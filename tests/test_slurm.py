@@ -8,6 +8,7 @@
   finishes;
 * a 2-node job (``srun --ntasks-per-node=1``, ``--nproc 1`` per node, MultiWorkerMirroredStrategy)
   takes --nnodes/--node-rank/--master-addr from the step and survives a SIGKILL of node 1's trainer;
+  the warning signal, forwarded by the batch script to the srun step, saves and requeues it;
 * ``scontrol show hostnames`` expands every host list of tests/test_placement.py as procsv does.
 
 Each prints its figures (steps lost, requeue-to-first-step time split into Slurm's and procsv's part).
@@ -140,12 +141,15 @@ def test_a_warning_signal_to_the_batch_shell_saves_requeues_and_the_second_run_f
     assert lost == 0
 
 
-def test_a_two_node_job_takes_its_placement_from_the_step_and_survives_a_sigkill_of_one_nodes_trainer(
+def test_a_two_node_job_takes_its_placement_from_the_step_survives_a_sigkill_and_a_forwarded_warning_signal(
         slurm, jobs, tmp_path):  # noqa: F811
+    """The multi-node example: no placement flag; node 1's trainer SIGKILLed (one group restart); then
+    the warning signal to the batch shell, which forwards it to the srun step: node 0 saves, stops in
+    order and requeues the job, and the second run finishes."""
     from test_group import restores_with_plain_tf
 
     logdir, out = str(tmp_path / "run"), str(tmp_path / "job.out")
-    args = "--strategy multiworker --steps 600 --save-model-secs 1 --step-delay 0.004 --print-every-steps 100000"
+    args = "--strategy multiworker --steps 1500 --save-model-secs 1 --step-delay 0.004 --print-every-steps 100000"
     jobs.append(job := submit(slurm, "train-multinode.sbatch", logdir, out, "--nodes=2", TRAIN_ARGS=args,
                               PROCSV_OPTS="--stop-grace-secs 40"))
     st = wait_for(lambda: (s := raw_status(logdir)) and s.get("step", 0) >= 150 and
@@ -154,15 +158,23 @@ def test_a_two_node_job_takes_its_placement_from_the_step_and_survives_a_sigkill
     # node 1's trainer: one PID namespace here, only the network is apart
     assert os.stat(f"/proc/{worker}/ns/net").st_ino == os.stat("/run/netns/pvs2").st_ino
     os.kill(worker, signal.SIGKILL)
+    wait_for(lambda: len(events(logdir, "first_step")) == 2, 120, what="the restarted group's first step")
+    signalled_at = time.time()
+    slurm.cmd("scancel", "--signal=USR2", "--batch", job)
     info = wait_for(lambda: ended(slurm, job), 300, interval=0.5, what=f"job {job} to end")
     with open(out) as fh:
         text = fh.read()
-    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), text
+    assert (info["JobState"], info["Restarts"], info["ExitCode"]) == ("COMPLETED", "1", "0:0"), text
     port = 10000 + int(job) % 20000
     assert (f"procsv: from the Slurm step ({job}.0): --nnodes 2 (SLURM_STEP_NUM_NODES), --node-rank 0 "
             f"(SLURM_NODEID), --master-addr {NODE0}:{port}") in text
     assert f"--node-rank 1 (SLURM_NODEID), --master-addr {NODE0}:{port}" in text
     assert "is longer than Slurm's KillWait (30 s)" in text  # --stop-grace-secs 40
-    assert [r["node"] for r in events(logdir, "node_joined")] == [1]
-    assert len(events(logdir, "restarting")) == 1
-    assert events(logdir, "finished")[-1]["step"] == 600 == restores_with_plain_tf(logdir)
+    assert len([e for e in events(logdir, "restarting")]) == 1  # the SIGKILL's group restart
+    assert [e["signal"] for e in events(logdir, "preempted")] == ["SIGUSR2"]
+    stop, done = events(logdir, "finished")
+    assert (stop["state"], stop["exit_code"], done["state"], done["step"]) == ("stopped", 140, "succeeded", 1500)
+    assert text.count(f"procsv: --requeue-on-preempt: ran `scontrol requeue {job}`") == 1, text
+    lost, _, _ = figures(logdir, out, signalled_at, "2 nodes, USR2 forwarded to the srun step, --requeue-on-preempt")
+    assert lost == 0
+    assert restores_with_plain_tf(logdir) == 1500
