@@ -110,3 +110,11 @@ def test_the_launch_says_what_it_took_and_refuses_a_bad_step_in_one_line(tmp_pat
         "procsv: error: the Slurm step runs 6 tasks on 3 nodes: run one `procsv launch` per node "
         "(srun --ntasks-per-node=1; --nproc N starts N trainers on each), or give --nnodes and --node-rank"]
     assert not (tmp_path / "run").exists()
+
+
+def test_procsv_status_names_the_scheduler_job_of_the_run():
+    from procsv.status import render
+
+    record = {"state": "running", "step": 5, "restarts": 0, "job": "4242", "processes": []}
+    assert "  scheduler job 4242" in render(record, "/runs/x").splitlines()
+    assert "scheduler job" not in render(dict(record, job=None), "/runs/x")
