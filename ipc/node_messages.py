@@ -31,6 +31,7 @@ class NodeHello(Message):
     pid: int
     addresses: list[str]
     live: list[str] = field(default_factory=list)
+    stop: int = 0  # a stop signal the agent got (0: none): node 0 stops the whole job in order
 
 
 @dataclass(frozen=True)

@@ -129,3 +129,34 @@ def test_sigterm_to_every_process_of_the_job_saves_the_last_step_like_one_to_the
     assert f"restored step {step} " in out, out
     assert status_json(logdir)["step"] == step + 20
     seed_example_restores(logdir, step + 20)
+
+
+@pytest.mark.slow
+def test_sigterm_to_every_process_of_a_group_is_left_to_the_watchdog_by_the_worker_and_the_chief_commits(logdir):
+    """A group (--nproc 2, MultiWorkerMirroredStrategy): a worker that stopped on the job-wide SIGTERM
+    at its own step boundary, one step apart from the chief, failed the chief's next collective before
+    its emergency checkpoint (seen under Slurm's scontrol requeue). The worker leaves it to the
+    watchdog, which stops it after the chief committed its last step."""
+    from test_group import restores_with_plain_tf
+
+    proc = launch(logdir, "--strategy", "multiworker", "--save-model-secs", "1000", "--step-delay", "0.004",
+                  "--print-every-steps", "100000", "--steps", "100000", opts=("--nproc", "2"))
+    signalled = False
+    try:
+        st = wait_for(lambda: (s := raw_status(logdir)) and s.get("step", 0) > 100 and
+                      {"trainer", "worker1"} <= set(_roles(s)) and s, 180, what="the group at step 100")
+        assert set(_roles(st).values()) <= _sigterm_every_group(proc.pid)
+        signalled = True
+    finally:
+        if not signalled:
+            for p in _tree(proc.pid):
+                p.kill()
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    with open(os.path.join(logdir, "logs", "worker1.1.log")) as fh:
+        assert "procsv worker1: SIGTERM from pid" in fh.read()  # left to the watchdog
+    committed = [e for e in lifecycle(logdir) if e["event"] == "checkpoint_committed"]
+    assert [e["reason"] for e in committed] == ["preempted"], committed
+    assert committed[-1]["step"] >= status_json(logdir)["step"] > 100
+    assert restores_with_plain_tf(logdir) == committed[-1]["step"]
+    assert [e["code"] for e in lifecycle(logdir) if e["event"] == "exited" and e["role"] == "trainer"] == [42]

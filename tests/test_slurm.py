@@ -65,23 +65,27 @@ def events(logdir: str, name: str) -> list[dict[str, Any]]:
     return [e for e in lifecycle(logdir) if e["event"] == name]
 
 
-def figures(logdir: str, out: str, requeued_at: float, what: str) -> tuple[int, float, float]:
+def figures(logdir: str, out: str, requeued_at: float, what: str, k: int = 0) -> tuple[int, float, float]:
     """(steps lost, Slurm's part, procsv's part of the time from the requeue to the first step of the
-    requeued job), printed. Slurm's part: from the first run's ``finished`` record to the batch
-    script's start line of the second run (it includes procsv's exit after that record); procsv's:
-    the orderly stop, and the second run's start up to its first step."""
-    first_end, second_end = events(logdir, "finished")
-    lost = first_end["step"] - events(logdir, "restored")[-1]["step"]
+    requeued job), printed, for the job's ``k``-th interruption (0: the first). Slurm's part: from the
+    stopped run's ``finished`` record to the batch script's start line of the next run (it includes
+    procsv's exit after that record); procsv's: the orderly stop, and the next run's start up to its
+    first step."""
+    end = events(logdir, "finished")[k]
+    # the run's last step: its last commit (the emergency checkpoint) or the last step the watchdog heard of
+    last = max([end["step"]] + [e["step"] for e in events(logdir, "checkpoint_committed") if e["time"] <= end["time"]])
+    after = [e for e in lifecycle(logdir) if e["time"] > end["time"]]
+    lost = last - next(e for e in after if e["event"] == "restored")["step"]
+    first_step = next(e for e in after if e["event"] == "first_step")["time"]
     with open(out) as fh:
-        starts = [float(line.split()[-1]) for line in fh if " start " in line and line.startswith("procsv job")]
-    first_step = events(logdir, "first_step")[-1]["time"]
-    slurm_part = starts[1] - first_end["time"]
-    procsv_part = (first_end["time"] - requeued_at) + (first_step - starts[1])
-    print(f"\n{what}: {lost} steps lost (stopped at step {first_end['step']}); requeue to first step "
-          f"{first_step - requeued_at:.1f} s = procsv's orderly stop {first_end['time'] - requeued_at:.1f} s + "
-          f"{slurm_part:.1f} s to the batch script's second start (procsv's exit, Slurm's cleanup, its hold of a "
+        start = [float(line.split()[-1]) for line in fh if " start " in line and line.startswith("procsv job")][k + 1]
+    slurm_part = start - end["time"]
+    procsv_part = (end["time"] - requeued_at) + (first_step - start)
+    print(f"\n{what}: {lost} steps lost (stopped at step {last}); requeue to first step "
+          f"{first_step - requeued_at:.1f} s = procsv's orderly stop {end['time'] - requeued_at:.1f} s + "
+          f"{slurm_part:.1f} s to the batch script's next start (procsv's exit, Slurm's cleanup, its hold of a "
           f"requeued job: cred_expire 10 s here, 120 s by default; scheduling) + procsv's start to the first step "
-          f"{first_step - starts[1]:.1f} s")
+          f"{first_step - start:.1f} s")
     return lost, slurm_part, procsv_part
 
 
@@ -141,15 +145,17 @@ def test_a_warning_signal_to_the_batch_shell_saves_requeues_and_the_second_run_f
     assert lost == 0
 
 
-def test_a_two_node_job_takes_its_placement_from_the_step_survives_a_sigkill_and_a_forwarded_warning_signal(
+def test_a_two_node_job_takes_its_placement_from_the_step_survives_a_sigkill_and_a_requeue_and_forwards_the_warning(
         slurm, jobs, tmp_path):  # noqa: F811
-    """The multi-node example: no placement flag; node 1's trainer SIGKILLed (one group restart); then
-    the warning signal to the batch shell, which forwards it to the srun step: node 0 saves, stops in
-    order and requeues the job, and the second run finishes."""
+    """The multi-node example: no placement flag; node 1's trainer SIGKILLed (one group restart);
+    ``scontrol requeue`` (SIGTERM to every process on both nodes: node 1's agent leaves it to node 0,
+    whose chief commits the last step; the next run resumes there); then the warning signal to the
+    batch shell, which forwards it to the srun step: node 0 saves its last step and stops in order
+    (exit 140; no --requeue-on-preempt here: the single-node test requeues)."""
     from test_group import restores_with_plain_tf
 
     logdir, out = str(tmp_path / "run"), str(tmp_path / "job.out")
-    args = "--strategy multiworker --steps 1500 --save-model-secs 1 --step-delay 0.004 --print-every-steps 100000"
+    args = "--strategy multiworker --steps 100000 --save-model-secs 1000 --step-delay 0.004 --print-every-steps 100000"
     jobs.append(job := submit(slurm, "train-multinode.sbatch", logdir, out, "--nodes=2", TRAIN_ARGS=args,
                               PROCSV_OPTS="--stop-grace-secs 40"))
     st = wait_for(lambda: (s := raw_status(logdir)) and s.get("step", 0) >= 150 and
@@ -159,22 +165,25 @@ def test_a_two_node_job_takes_its_placement_from_the_step_survives_a_sigkill_and
     assert os.stat(f"/proc/{worker}/ns/net").st_ino == os.stat("/run/netns/pvs2").st_ino
     os.kill(worker, signal.SIGKILL)
     wait_for(lambda: len(events(logdir, "first_step")) == 2, 120, what="the restarted group's first step")
-    signalled_at = time.time()
+    requeued_at = time.time()
+    slurm.cmd("scontrol", "requeue", job)
+    wait_for(lambda: len(events(logdir, "first_step")) == 3, 240, what="the requeued job's first step")
     slurm.cmd("scancel", "--signal=USR2", "--batch", job)
     info = wait_for(lambda: ended(slurm, job), 300, interval=0.5, what=f"job {job} to end")
     with open(out) as fh:
         text = fh.read()
-    assert (info["JobState"], info["Restarts"], info["ExitCode"]) == ("COMPLETED", "1", "0:0"), text
+    assert (info["JobState"], info["Restarts"], info["ExitCode"]) == ("FAILED", "1", "140:0"), text
     port = 10000 + int(job) % 20000
     assert (f"procsv: from the Slurm step ({job}.0): --nnodes 2 (SLURM_STEP_NUM_NODES), --node-rank 0 "
             f"(SLURM_NODEID), --master-addr {NODE0}:{port}") in text
     assert f"--node-rank 1 (SLURM_NODEID), --master-addr {NODE0}:{port}" in text
     assert "is longer than Slurm's KillWait (30 s)" in text  # --stop-grace-secs 40
-    assert len([e for e in events(logdir, "restarting")]) == 1  # the SIGKILL's group restart
-    assert [e["signal"] for e in events(logdir, "preempted")] == ["SIGUSR2"]
-    stop, done = events(logdir, "finished")
-    assert (stop["state"], stop["exit_code"], done["state"], done["step"]) == ("stopped", 140, "succeeded", 1500)
-    assert text.count(f"procsv: --requeue-on-preempt: ran `scontrol requeue {job}`") == 1, text
-    lost, _, _ = figures(logdir, out, signalled_at, "2 nodes, USR2 forwarded to the srun step, --requeue-on-preempt")
-    assert lost == 0
-    assert restores_with_plain_tf(logdir) == 1500
+    assert "procsv node 1: SIGTERM received: node 0 stops the job in order" in text
+    assert len(events(logdir, "restarting")) == 1  # the SIGKILL's group restart
+    assert [e["signal"] for e in events(logdir, "preempted")] == ["SIGTERM", "SIGUSR2"]
+    stops = [(e["state"], e["exit_code"]) for e in events(logdir, "finished")]
+    assert stops == [("stopped", 143), ("stopped", 140)]
+    assert figures(logdir, out, requeued_at, "2 nodes, scontrol requeue")[0] == 0
+    last = events(logdir, "checkpoint_committed")[-1]
+    assert last["reason"] == "preempted" and last["step"] >= events(logdir, "finished")[-1]["step"]
+    assert restores_with_plain_tf(logdir) == last["step"]  # the warning's stop saved its last step

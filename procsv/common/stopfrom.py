@@ -148,3 +148,30 @@ class SignalFd:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def forward_to_handlers(authority: Authority, who: str) -> bool:
+    """For a process whose stop signals stay blocked (a group worker forked by the zygote): a daemon
+    thread reads them with their senders and hands the ones ``authority`` sent (anyone's once it is
+    gone) to this process's Python handlers in the main thread (``_thread.interrupt_main``), and
+    says in the log that it left any other to ``authority``. False (nothing started) where the
+    senders cannot be read: the caller unblocks the signals then."""
+    import _thread
+    import select
+    import threading
+
+    sfd = SignalFd.open()
+    if sfd is None:
+        return False
+
+    def run() -> None:
+        while True:
+            select.select([sfd], [], [])
+            for sig in sfd.read():
+                if authority.obeys(sig):
+                    _thread.interrupt_main(signal.Signals(sig.signum))
+                else:
+                    print(authority.left_line(who, sig), flush=True)
+
+    threading.Thread(target=run, name="procsv-stop-signals", daemon=True).start()
+    return True

@@ -130,14 +130,28 @@ def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...]) -> None:
             os._exit(code)
 
 
+def _leaves_stops_to_supervisor(child_env: dict[str, str]) -> bool:
+    """A supervised group's worker (task > 0): a stop signal sent to every process of the job would end
+    it at its own step boundary, one step apart from the chief, whose next collective then fails
+    before its emergency checkpoint. It obeys only this zygote's parent (the watchdog, or a node
+    agent), which stops the workers once the chief has committed (``stopfrom.forward_to_handlers``)."""
+    if child_env.get(env.WATCHDOG) != "1" or child_env.get(env.RANK, "0") in ("", "0"):
+        return False
+    zygote, parent = os.getppid(), os.environ.get(env.PARENT_PID, "")  # (still the zygote's environment)
+    if not parent.isdigit():
+        return False
+    authority = stopfrom.Authority(int(parent), "the watchdog", lambda: os.getppid() == zygote)
+    return stopfrom.forward_to_handlers(authority, f"procsv worker{child_env.get(env.RANK)}")
+
+
 def _become_trainer(req: ForkRequest, inherited: tuple[int, ...]) -> int:
     """In the forked child: shed the zygote's state, then run procsv.trainer."""
     os.setsid()
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
-    if req.env.get(env.STANDBY) != "1":  # a standby reads them in its wait, with their senders
-        stopfrom.unblock()
+    if req.env.get(env.STANDBY) != "1" and not _leaves_stops_to_supervisor(req.env):
+        stopfrom.unblock()  # (a standby reads them in its wait, with their senders)
     for fd in inherited:
         os.close(fd)
     log = os.open(req.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

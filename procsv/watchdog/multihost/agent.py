@@ -19,12 +19,13 @@ If the master goes silent for ``node_timeout`` seconds (node 0's ``--node-timeou
 :class:`MasterBeat` and :class:`NodeRefused` carries; until the first of them, this agent's own
 ``--node-timeout``), the agent SIGKILLs its members (they are part of a group that cannot go on) and says why
 and keeps reconnecting, reloading the launch's public key and filing its own key again for a relaunched master's
-new launch; after ``rejoin_timeout`` seconds it exits 1. SIGTERM/SIGINT stop the members and exit 143/130;
-:class:`NodeStop` exits with the job's exit code. A master that refuses its claim of its node rank
-(:class:`NodeRefused`: another agent holds it) is asked again for twice ``node_timeout`` seconds (a holder that
-died is found lost by then), then the agent exits 2 with the master's reason. It removes its key file when it
-exits. Its loop stamps ``pulse``, from which ``--metrics-port`` (served by :mod:`procsv.cli`) answers only the
-probes ``/healthz`` (the loop turns) and ``/readyz`` (a member of this host completed a step).
+new launch; after ``rejoin_timeout`` seconds it exits 1. A SIGTERM/SIGINT is left to node 0 while connected
+(:mod:`.agentstop`), else it stops the members and exits 143/130; :class:`NodeStop` exits with the job's exit
+code. A master that refuses its claim of its node rank (:class:`NodeRefused`: another agent holds it) is asked
+again for twice ``node_timeout`` seconds (a holder that died is found lost by then), then the agent exits 2 with
+the master's reason. It removes its key file when it exits. Its loop stamps ``pulse``, from which
+``--metrics-port`` (served by :mod:`procsv.cli`) answers only the probes ``/healthz`` (the loop turns) and
+``/readyz`` (a member of this host completed a step).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from procsv.ipc.codec import ProtocolError, encode
 from procsv.ipc.messages import (MasterBeat, MemberEnded, MemberStarted, Message, NodeHello, NodeRefused, NodeStop,
                                  Progress, Relayed, SignalMember, StartMembers, TrainerReady)
 from procsv.ipc.transport import Endpoints, bind_private, drain, make_socket, send
-from procsv.watchdog.multihost import curve
+from procsv.watchdog.multihost import agentstop, curve
 from procsv.common.orphans import become_subreaper
 from procsv.watchdog.children import Process
 from procsv.watchdog.config import LaunchConfig
@@ -119,13 +120,14 @@ class NodeAgent:
         self.refused_at: Optional[float] = None  # the master refuses this agent's claim of its node since
         self.heard_at = clock()  # the master's last word (the start counts as one)
         self.node_timeout = cfg.node_timeout  # the master silent this long: its members are stopped (node 0's, once heard)
-        self.addresses = self._reserve()
+        self.addresses = [f"{self.host}:{p}" for p in free_ports(self.cfg.nproc, self.host)]  # its members' next
         self.zygote: Optional[Zygote] = None  # this host's pre-warmed trainer (unless --no-prewarm)
         self.lost_zygotes: list[Zygote] = []  # given up on (killed, pipes closed); reaped at the end
         self.forks: dict[tuple[int, int], tuple[str, float, dict[str, str]]] = {}  # (attempt, rank) -> slot, due, env
         self.disk = DiskJobs("procsv-agent-logdir")  # its work on the shared logdir, off the loop
         self._rejoin: Optional[Job[_Rejoin]] = None  # a reconnect's reads and writes in the logdir, in flight
         self.pulse, self.stepped = pulse or LoopPulse(clock), False  # what --metrics-port's probes answer from
+        self.stop = agentstop.StopRequest(cfg.stop_grace_secs + 2 * cfg.node_timeout)  # a stop signal, left to node 0
 
     def say(self, text: str) -> None:
         print(f"procsv node {self.cfg.node_rank}: {text}", file=sys.stderr, flush=True)
@@ -178,10 +180,10 @@ class NodeAgent:
         self.heard_at = self.clock()
         while self.stop_code is None:
             now = self.clock()
-            if stops:
-                self.stop_code = 128 + stops[0]
-                break
             timeout = self.node_timeout
+            self.stop_code = self.stop.take(stops, now, dealer is not None and now - self.heard_at <= timeout, self.say)
+            if self.stop_code is not None:  # (None until now: the loop's condition)
+                break
             if self._rejoin is None and (dealer is None or (now - self.heard_at > 2 * timeout
                                                             and now - connected_at > timeout)):
                 self._rejoin = self.disk.submit(self._read_job)  # (again: a relaunched master has new keys)
@@ -201,7 +203,7 @@ class NodeAgent:
                 if now - beat_at >= BEAT_SECS:
                     beat_at = now
                     send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(),
-                                           self.addresses, sorted(self.members)))
+                                           self.addresses, sorted(self.members), self.stop.signum or 0))
             silent = now - self.heard_at
             if silent > timeout and self.members:
                 self.say(f"the master is silent for {silent:.1f} s (no heartbeat from node 0 for longer than its "
@@ -321,7 +323,7 @@ class NodeAgent:
                     self._lose_zygote()  # trainers start fresh from now on
             self._started(dealer, slot, msg.attempt, spawn.spawn(spawn.trainer_argv(self.cfg.target, self.cfg.args),
                                                                   env, log_path, cwd=self.cfg.cwd))
-        self.addresses = self._reserve()  # the next group's ports
+        self.addresses = [f"{self.host}:{p}" for p in free_ports(self.cfg.nproc, self.host)]  # the next group's
 
     def _forked(self, dealer: "zmq.Socket[Any]") -> None:
         """Complete the forks asked of the pre-warmed trainer (a fresh start if it fails or is late)."""
@@ -391,10 +393,6 @@ class NodeAgent:
                 m.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-
-    def _reserve(self) -> list[str]:
-        """Addresses on this host for the next group's members (free ports now)."""
-        return [f"{self.host}:{port}" for port in free_ports(self.cfg.nproc, self.host)]
 
 
 __all__ = ["NodeAgent"]
