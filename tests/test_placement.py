@@ -118,3 +118,23 @@ def test_procsv_status_names_the_scheduler_job_of_the_run():
     record = {"state": "running", "step": 5, "restarts": 0, "job": "4242", "processes": []}
     assert "  scheduler job 4242" in render(record, "/runs/x").splitlines()
     assert "scheduler job" not in render(dict(record, job=None), "/runs/x")
+
+
+def test_the_kubernetes_manifests_placement_is_what_procsv_decides_for_each_pod():
+    """examples/kubernetes/: pod i of each Job (JOB_COMPLETION_INDEX=i) is node i, node 0's pod at
+    PROCSV_MASTER_ADDR, --nnodes the Job's completions; no flag of the command sets the rank."""
+    from test_k8s_manifests import _command, job_specs
+
+    specs = list(job_specs())
+    assert len(specs) == 2
+    for where, spec in specs:
+        pod = spec["template"]["spec"]
+        flags, _ = _command(pod)
+        assert flags.node_rank is None and flags.master_addr is None, where
+        env = {e["name"]: e["value"] for e in pod["containers"][0].get("env", []) if "value" in e}
+        for index in range(spec["completions"]):
+            p = place(dict(env, JOB_COMPLETION_INDEX=str(index)), flags.nnodes, None, None)
+            assert (p.nnodes, p.node_rank, p.master_addr) == (spec["completions"], index, env["PROCSV_MASTER_ADDR"])
+        host = env["PROCSV_MASTER_ADDR"].rsplit(":", 1)[0]
+        assert host.split(".")[0].endswith("-0"), where  # pod 0 (index 0)
+        assert host.split(".")[1] == pod.get("subdomain", "procsv-digits"), where  # (a JobSet sets it itself)

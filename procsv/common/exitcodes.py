@@ -22,7 +22,8 @@ DIVERGING_ERROR = "TrainingDiverged"
 # The exit codes of ``procsv launch`` (node 0's watchdog, and a node agent, which exits with the
 # job's), as docs/guarantees.md lists them: what a scheduler's exit-code policy may name (a
 # Kubernetes podFailurePolicy, examples/kubernetes/). 128+N is a signal N: after an orderly stop
-# for SIGINT/SIGTERM, which procsv handles; without one for SIGKILL, which no process can handle.
+# for SIGINT/SIGTERM and the --preempt-signal (SIGUSR2, 12, by default), which procsv handles; without one for
+# SIGKILL, which no process can handle.
 LAUNCH_EXIT_CODES: dict[int, str] = {
     0: "the trainer finished",
     1: "the run failed (start-up failure, too many restarts, a service dying, the logdir lost)",
@@ -32,5 +33,6 @@ LAUNCH_EXIT_CODES: dict[int, str] = {
     70: "procsv itself failed (an internal error of the watchdog); the run was stopped in order",
     128 + 2: "stopped in order on SIGINT",
     128 + 15: "stopped in order on SIGTERM",
+    128 + 12: "stopped in order on --preempt-signal, USR2 by default (another SIG: 128+SIG); the last step committed",
     128 + 9: "killed by SIGKILL (the OOM killer, or a kubelet once the grace period ran out): no orderly stop",
 }
