@@ -167,6 +167,9 @@ def start(root: str = ROOT) -> Cluster:
     """Write the config, make the network, start munged, slurmctld and both slurmd; wait until both
     nodes are idle."""
     stop(root)
+    for name in os.listdir(root) if os.path.isdir(root) else []:  # an earlier session's logs and pid files
+        if name.endswith((".log", ".pid")):
+            os.remove(os.path.join(root, name))
     for sub in ("state", "spool"):
         os.makedirs(os.path.join(root, sub), exist_ok=True)
     os.chmod(root, 0o755)
