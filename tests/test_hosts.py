@@ -432,3 +432,32 @@ def test_a_host_lost_during_node_0s_orderly_stop_does_not_keep_the_launch_alive(
     lost = events(logdir, "node_lost")
     assert len(lost) == 1 and lost[0]["node"] == 1, lost
     wait_for(lambda: not host_pids(), 10, what="no process of the job left")
+
+
+def test_sigterm_to_node_1s_agent_alone_stops_the_whole_job_in_order_from_node_0(hosts, logdir):
+    """A SIGTERM to one host's `procsv launch` (an agent connected to node 0) is left to node 0, which
+    stops the whole job in order: the chief commits its last step, both launches exit 143. Before:
+    the agent SIGKILLed its members and exited; node 0 found the host lost and waited for it."""
+    addr = master_addr()
+    args = (*ARGS, "--save-model-secs", "1000", "--steps", "1000000")
+    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr))
+    node1 = agent(logdir, addr, *args)
+    try:
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 100, 120, what="step 100")
+        os.kill(node1.pid, signal.SIGTERM)  # ip netns exec execs the launch: this is the agent
+        code, out, err = finish(master, timeout=120)
+    finally:
+        if master.poll() is None:
+            os.killpg(master.pid, signal.SIGKILL)
+        acode, aout, aerr = finish(node1, timeout=60)
+    assert code == 143, err
+    assert "procsv node 1: SIGTERM received: node 0 stops the job in order" in aerr
+    assert acode == 143 and "the job ended (exit code 143)" in aerr, aerr
+    assert [e["signal"] for e in events(logdir, "preempted")] == ["SIGTERM"]
+    assert not events(logdir, "node_lost") and not events(logdir, "restarting")
+    committed = events(logdir, "checkpoint_committed")
+    assert [e["reason"] for e in committed] == ["preempted"] and committed[-1]["step"] >= 100
+    from test_group import restores_with_plain_tf
+
+    assert restores_with_plain_tf(logdir) == committed[-1]["step"]
+    wait_for(lambda: not host_pids(), 10, what="no process of the job left")
