@@ -211,27 +211,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
+    from procsv.launch_args import check_numbers
     from procsv.watchdog.config import check_ps
     from procsv.watchdog.launcher import LaunchConfig, Watchdog
 
-    for flag, value, low, note in (("--max-restarts", args.max_restarts, 0, ""),
-                                   ("--hang-grace-secs", args.hang_grace_secs, 0, ""),
-                                   ("--hang-timeout", args.hang_timeout, 0, " (0 turns it off)"),
-                                   ("--startup-timeout", args.startup_timeout, 0, " (0 turns it off)")):
-        if not value >= low:  # also refuses nan
-            raise UsageError(f"{flag} must be >= {low}{note}, not {value:g}")
-    if not args.stop_grace_secs > 0:
-        raise UsageError(f"--stop-grace-secs must be > 0, not {args.stop_grace_secs:g}")
-    if args.keep_logs < 1:
-        raise UsageError(f"--keep-logs must be >= 1, not {args.keep_logs}")
-    if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
-        raise UsageError(f"--metrics-port must be a port number from 1 to 65535, not {args.metrics_port}")
-    if args.metrics_host is not None and args.metrics_port is None:
-        raise UsageError("--metrics-host needs --metrics-port")
-    if args.nproc < 1:
-        raise UsageError(f"--nproc must be >= 1, not {args.nproc}")
-    if not args.group_grace_secs >= 0:
-        raise UsageError(f"--group-grace-secs must be >= 0, not {args.group_grace_secs:g}")
+    check_numbers(args)
     from procsv.watchdog.multihost.placement import place
 
     placed = place(os.environ, args.nnodes, args.node_rank, args.master_addr)
@@ -243,16 +227,6 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
             raise UsageError(f"--nnodes {args.nnodes} needs --master-addr HOST:PORT (node 0's address the other "
                              f"hosts reach), not {args.master_addr!r}")
-    if not args.logdir_timeout > 0:
-        raise UsageError(f"--logdir-timeout must be > 0, not {args.logdir_timeout:g}")
-    if not args.node_timeout > 0:
-        raise UsageError(f"--node-timeout must be > 0, not {args.node_timeout:g}")
-    if not args.rejoin_timeout > 0:
-        raise UsageError(f"--rejoin-timeout must be > 0, not {args.rejoin_timeout:g}")
-    if args.max_skips < 0:
-        raise UsageError(f"--max-skips must be >= 0, not {args.max_skips}")
-    if args.skip_window < 1:
-        raise UsageError(f"--skip-window must be >= 1, not {args.skip_window}")
     check_ps(args.ps, args.workers, args.nproc, args.nnodes, args.standby)
     if args.nproc * args.nnodes > 1 and args.standby == "hot":
         raise UsageError("--standby hot needs a single trainer: a group of --nproc trainers restarts together from "

@@ -76,14 +76,22 @@ def _cases(names: list[str], base: str, tf_own: bool = False) -> dict[str, dict]
     return found
 
 
-def test_the_tf1_arguments_and_session_manager_do_what_tensorflows_do_on_a_fresh_start(tmp_path):
+@pytest.fixture(scope="module")
+def fresh_starts(tmp_path_factory) -> tuple[dict[str, dict], dict[str, dict]]:
+    """Every fresh-start case's result, ours and TensorFlow's: each side's cases in one process."""
+    base = tmp_path_factory.mktemp("fresh_starts")
+    return _cases(FRESH_STARTS, str(base / "ours")), _cases(FRESH_STARTS, str(base / "tf"), tf_own=True)
+
+
+@pytest.mark.parametrize("case", FRESH_STARTS)
+def test_the_tf1_arguments_and_session_manager_do_what_tensorflows_do_on_a_fresh_start(case, fresh_starts):
     """init_op with init_feed_dict, init_fn, local_init_op, ready_op, ready_for_local_init_op (TF's
     RuntimeErrors), the queue runners started with the session and by start_queue_runners, and
     SessionManager's prepare_session/recover_session/wait_for_session: the same results as
     TensorFlow's own Supervisor and SessionManager. (Each case in its own graph and logdir; the
-    cases of each side run in one process.)"""
-    ours = _cases(FRESH_STARTS, str(tmp_path / "ours"))
-    theirs = _cases(FRESH_STARTS, str(tmp_path / "tf"), tf_own=True)
+    cases of each side run one after another in one process, shared by this module's cases.)"""
+    ours, theirs = fresh_starts[0][case], fresh_starts[1][case]
+    assert ours == theirs
     expected = {
         "defaults": lambda r: r == {"v": 10.0, "local": 5.0, "v_end": 13.0, "step": 3, "log": ["init_fn v=10.0"],
                                     "session_graph": True, "global_step": True,
@@ -98,17 +106,8 @@ def test_the_tf1_arguments_and_session_manager_do_what_tensorflows_do_on_a_fresh
                                       and r["init_fn_on_restore"] == [] and r["recovered"] == [True, 4.0]
                                       and "not ready" in r["wait_deadline"] and r["wait_ready"] == "Session"
                                       and r["prepare_nothing"].startswith("Model is not initialized and no init_op")),
-    }
-
-    def as_expected(case: str) -> bool:
-        try:
-            return bool(expected[case](ours[case]))
-        except (KeyError, TypeError, AttributeError):  # a result without the keys it must have
-            return False
-
-    wrong = {case: (ours[case], theirs[case]) for case in FRESH_STARTS
-             if ours[case] != theirs[case] or not as_expected(case)}
-    assert wrong == {}, wrong
+    }[case]
+    assert expected(ours), ours
 
 
 def test_a_default_summary_op_that_cannot_run_is_said_once_and_turned_off_and_training_goes_on(tmp_path):

@@ -221,9 +221,8 @@ class Supervisor(BoundaryMethods, GraphMethods, Tf1Properties, Tf1Methods):
         warn_ignored_prepare_args(master, config, graph_mode=self._tf1.graph is not None)
         if wait_for_checkpoint:  # wait for the chief's first checkpoint (filesystem events; DeadlineExceededError)
             replica.wait_for_committed(self.layout, max_wait_secs, self.recovery_wait_secs, self._clock)
-        # a session again after a stop, or a new Supervisor after another one's session, in this process
-        # (TF's retry loop): the in-memory snapshot the service may hold is this process's own, not a
-        # dead predecessor's, so it is not asked for (the newest checkpoint on disk is restored)
+        # a session again after a stop, or a new Supervisor after another's session, in this process (TF's
+        # retry loop): the service's in-memory snapshot is this process's own, not asked for (disk's newest)
         reused = self._stopped or (not self._started and outcome.any_registered())
         if self._stopped:
             self._reset_for_reuse()
