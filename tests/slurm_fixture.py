@@ -25,9 +25,11 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Iterator, Optional
 
 import pytest
+
+from conftest import wait_for
 
 ROOT = "/tmp/procsv-slurm"
 BRIDGE, PREFIX = "pvsbr0", "10.81.0"
@@ -152,17 +154,6 @@ def _pid(path: str) -> Optional[int]:
     return pid
 
 
-def _wait(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
-
-
 def start(root: str = ROOT) -> Cluster:
     """Write the config, make the network, start munged, slurmctld and both slurmd; wait until both
     nodes are idle."""
@@ -209,7 +200,7 @@ def start(root: str = ROOT) -> Cluster:
                 cluster.cmd("scontrol", "update", f"nodename={n}", "state=resume", check=False)
         return len(states) == len(NODES) and all(s == "idle" for s in states.values())
 
-    _wait(idle, 60, "both Slurm nodes idle")
+    wait_for(idle, 60, interval=0.2, what="both Slurm nodes idle")
     return cluster
 
 
@@ -231,15 +222,15 @@ def stop(root: str = ROOT) -> None:
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
             try:
-                _wait(lambda: _pid(path) is None, 10, f"{path} to exit")
+                wait_for(lambda: _pid(path) is None, 10, interval=0.2, what=f"{path} to exit")
             except AssertionError:
                 os.kill(pid, signal.SIGKILL)
     for i in range(1, len(NODES) + 1):
         _ip("netns", "del", f"pvs{i}", check=False)
     _ip("link", "del", BRIDGE, check=False)
     for i in range(1, len(NODES) + 1):
-        _wait(lambda: _ip("link", "show", f"pvsv{i}", check=False).returncode != 0, 60,
-              f"the veth pvsv{i} to be gone")
+        wait_for(lambda: _ip("link", "show", f"pvsv{i}", check=False).returncode != 0, 60, interval=0.2,
+                 what=f"the veth pvsv{i} to be gone")
     shutil.rmtree(os.path.join(root, "state"), ignore_errors=True)
     shutil.rmtree(os.path.join(root, "spool"), ignore_errors=True)
 
