@@ -126,12 +126,14 @@ def _why(first: ChildView) -> str:
 def hung_first(view: RunView, actions: list[Action]) -> list[Action]:
     """Rule 4 in a group: while a member is seen stopped (SIGSTOP), only stopped members are
     signalled as hung: the others are blocked waiting for them in a collective. Once a member
-    broke the group, or a member's end came in (observed once what is read at its end is back), none is
-    signalled as hung any more: rule 11 stops them all."""
+    broke the group, a member's end came in (observed once what is read at its end is back), or a
+    member is already being stopped as hung (once SIGKILLed it is no longer seen stopped, and its exit
+    may not have come in yet), none other is signalled as hung any more: rule 11 stops them all."""
     chief = view.children.get(TRAINER)
     if view.tasks_alone:
         return actions  # --ps: no collectives, each task is judged alone (rule 14)
-    ending = chief is not None and any(c.live and c.ending_at is not None for c in [chief, *workers(view)])
+    ending = chief is not None and any(c.live and (c.ending_at is not None or bool(c.hang_cause))
+                                       for c in [chief, *workers(view)])
     if chief is not None and workers(view) and (ending or breaker(view, chief) is not None):
         return [a for a in actions if not (isinstance(a, Signal) and a.cause == Cause.HANG)]
     stopped = {c.slot for c in view.children.values() if c.stopped and c.live}
