@@ -78,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="TF1 between-graph replication: run N parameter-server tasks (tf.distribute.Server "
                          "each) and --workers M tasks of TARGET (worker 0 the chief), each restarted alone")
     la.add_argument("--workers", type=int, default=0, metavar="M", help="with --ps: the worker tasks (see --ps)")
+    la.add_argument("--coordinator", action="store_true",
+                    help="with --ps: TF2 ParameterServerStrategy: the M workers are servers too, TARGET runs once "
+                         "as the chief (the coordinator, TF_CONFIG task chief/0)")
     la.add_argument("--group-grace-secs", type=float, default=0.5, metavar="SECS",
                     help="with --nproc: once a member of the group ended, the others get SIGTERM and are "
                          "SIGKILLed after this many seconds (default 0.5)")
@@ -211,7 +214,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
-    from procsv.launch_args import check_numbers
+    from procsv.launch_args import check_coordinator, check_numbers
     from procsv.watchdog.config import check_ps
     from procsv.watchdog.launcher import LaunchConfig, Watchdog
 
@@ -228,6 +231,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
             raise UsageError(f"--nnodes {args.nnodes} needs --master-addr HOST:PORT (node 0's address the other "
                              f"hosts reach), not {args.master_addr!r}")
     check_ps(args.ps, args.workers, args.nproc, args.nnodes, args.standby)
+    check_coordinator(args.coordinator, args.ps)
     if args.nproc * args.nnodes > 1 and args.standby == "hot":
         raise UsageError("--standby hot needs a single trainer: a group of --nproc trainers restarts together from "
                          "the pre-warmed trainer (--standby fork, the default with --nproc)")
@@ -244,7 +248,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        chaos=args.chaos, prewarm=not args.no_prewarm and args.standby != "off",
                        standby="off" if args.no_prewarm else "fork"  # a group, or --ps: no hot standby
                        if (args.nproc * args.nnodes > 1 or args.ps) and args.standby == "auto" else args.standby,
-                       nproc=args.workers if args.ps else args.nproc, ps=args.ps,
+                       nproc=args.workers if args.ps else args.nproc, ps=args.ps, coordinator=args.coordinator,
                        group_grace_secs=args.group_grace_secs, nnodes=args.nnodes,
                        node_rank=args.node_rank, master_addr=args.master_addr, rejoin_timeout=args.rejoin_timeout,
                        logdir_timeout=args.logdir_timeout, node_timeout=args.node_timeout,

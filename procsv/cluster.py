@@ -11,6 +11,11 @@ gives every worker task a ``TF_CONFIG`` with a ``ps`` and a ``worker`` job: :fun
 it as a ``tf.train.ClusterSpec`` (for ``tf.compat.v1.train.replica_device_setter``) and
 :func:`server_target` this worker's own in-process ``tf.distribute.Server``'s target (the ``master``
 string of the Supervisor page's replicas example), started once per process.
+
+``procsv launch --ps N --workers M --coordinator`` (TF2 ``ParameterServerStrategy``) runs TARGET
+once, as task ``chief/0`` of a cluster with a ``chief``, a ``worker`` and a ``ps`` job
+(:func:`make_pss_tf_config`): ``tf.distribute.cluster_resolver.TFConfigClusterResolver()`` reads it
+unchanged. To procsv that chief is a lone trainer (:func:`rank` 0 of :func:`nproc` 1).
 """
 
 from __future__ import annotations
@@ -65,6 +70,13 @@ def make_ps_tf_config(ps: list[str], workers: list[str], task_type: str, index: 
                        "task": {"type": task_type, "index": index}})
 
 
+def make_pss_tf_config(chief: list[str], workers: list[str], ps: list[str], task_type: str, index: int) -> str:
+    """The ``TF_CONFIG`` of task ``index`` of ``task_type`` (``chief``, ``worker`` or ``ps``) in a
+    ``ParameterServerStrategy`` cluster: TensorFlow's convention, the coordinator is ``chief``."""
+    return json.dumps({"cluster": {"chief": list(chief), "worker": list(workers), "ps": list(ps)},
+                       "task": {"type": task_type, "index": index}})
+
+
 def cluster_spec() -> Any:
     """The launch's cluster as a ``tf.train.ClusterSpec`` (from ``TF_CONFIG``). Raises ``RuntimeError``
     when the launch gave no ``TF_CONFIG`` (not under ``procsv launch --ps/--nproc``)."""
@@ -100,4 +112,4 @@ def server_target() -> str:
 
 
 __all__ = ["rank", "nproc", "is_chief", "tf_config", "make_tf_config", "ps_tasks", "make_ps_tf_config",
-           "cluster_spec", "server_target"]
+           "make_pss_tf_config", "cluster_spec", "server_target"]

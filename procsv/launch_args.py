@@ -1,4 +1,5 @@
-"""``procsv launch``'s numeric flags checked before anything starts: one line each, a :class:`UsageError`.
+"""``procsv launch``'s numeric flags and flag combinations checked before anything starts: one line
+each, a :class:`UsageError`.
 
 Runs in the process of the ``procsv`` command (:mod:`procsv.cli`), before the watchdog starts.
 """
@@ -40,3 +41,11 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise UsageError(f"--max-skips must be >= 0, not {args.max_skips}")
     if args.skip_window < 1:
         raise UsageError(f"--skip-window must be >= 1, not {args.skip_window}")
+
+
+def check_coordinator(coordinator: bool, ps: int) -> None:
+    """Refuse ``--coordinator`` without ``--ps N --workers M``: it names the mode of a parameter-server
+    cluster (TF2 ``ParameterServerStrategy``, TARGET once as the chief) and means nothing alone."""
+    if coordinator and ps <= 0:
+        raise UsageError("--coordinator needs --ps N --workers M (TF2 ParameterServerStrategy: N parameter "
+                         "servers and M workers that procsv starts, TARGET runs once as the chief)")

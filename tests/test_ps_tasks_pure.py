@@ -15,6 +15,7 @@ from procsv.cli import EXIT_USAGE, main
 from procsv.common.errors import UsageError
 from procsv.ipc.messages import Progress, TrainerReady
 from procsv.watchdog import observe
+from procsv.launch_args import check_coordinator
 from procsv.watchdog.config import check_ps
 from procsv.watchdog.rules.actions import Cause, Finish, GiveUp, Kill, Restart, RestartTask, Settle, Signal, Spawn
 from procsv.watchdog.rules.decide import Limits
@@ -44,6 +45,22 @@ def test_wrong_ps_arguments_are_usage_errors(ps: int, workers: int, nproc: int, 
 @pytest.mark.parametrize("ps,workers", [(0, 0), (1, 1), (2, 3)])
 def test_right_ps_arguments_pass(ps: int, workers: int) -> None:
     check_ps(ps, workers, 1, 1, "auto")
+
+
+def test_coordinator_without_ps_is_a_usage_error_and_with_ps_passes() -> None:
+    with pytest.raises(UsageError, match="--coordinator needs --ps N --workers M"):
+        check_coordinator(True, 0)
+    check_coordinator(True, 1)
+    check_coordinator(False, 0)
+
+
+def test_launch_with_coordinator_and_no_ps_exits_2_with_one_line_and_starts_nothing(tmp_path, capsys) -> None:
+    logdir = tmp_path / "run"
+    code = main(["launch", "procsv.examples.ps_strategy", "--logdir", str(logdir), "--coordinator"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE == 2
+    assert err.count("\n") == 1 and err.startswith("procsv: error: --coordinator needs --ps N --workers M")
+    assert not logdir.exists()
 
 
 def test_launch_with_nproc_and_ps_exits_2_with_one_line_and_starts_nothing(tmp_path, capsys) -> None:
@@ -202,8 +219,9 @@ def test_status_says_workers_and_parameter_servers_not_a_trainer_group() -> None
     assert "trainer group of 2: running" in render(group, "/run")
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_ps_launch_config_has_no_hot_standby_and_its_workers_as_nproc(workers: int, tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("workers,coordinator", [(1, False), (2, False), (2, True)])
+def test_ps_launch_config_has_no_hot_standby_and_its_workers_as_nproc(workers: int, coordinator: bool, tmp_path,
+                                                                      monkeypatch) -> None:
     # a hot standby runs the program up to its restore: under --ps it would start a second server on
     # the chief's port; --ps forks each task from the pre-warmed trainer instead (even with one worker)
     import procsv.watchdog.launcher as launcher
@@ -219,7 +237,7 @@ def test_ps_launch_config_has_no_hot_standby_and_its_workers_as_nproc(workers: i
 
     monkeypatch.setattr(launcher, "Watchdog", Captured)
     assert main(["launch", "procsv.examples.seeds_tf1.replicas", "--logdir", str(tmp_path), "--ps", "1",
-                 "--workers", str(workers)]) == 0
+                 "--workers", str(workers), *(["--coordinator"] if coordinator else [])]) == 0
     (cfg,) = seen
-    assert (cfg.standby, cfg.ps, cfg.nproc) == ("fork", 1, workers)
-    assert (cfg.limits().ps, cfg.limits().nproc) == (1, workers)
+    assert (cfg.standby, cfg.ps, cfg.nproc, cfg.coordinator) == ("fork", 1, workers, coordinator)
+    assert (cfg.limits().ps, cfg.limits().nproc, cfg.limits().coordinator) == (1, workers, coordinator)

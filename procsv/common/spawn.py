@@ -20,7 +20,8 @@ from typing import Mapping, Optional, Sequence
 from procsv.common import env as envvars
 
 SERVICE_MODULES = {"checkpoint": "procsv.services.checkpoint", "summary": "procsv.services.summary",
-                   "ps": "procsv.ps_server"}  # ps: a parameter-server task (procsv launch --ps N)
+                   "ps": "procsv.ps_server",  # ps: a parameter-server task (procsv launch --ps N)
+                   "server": "procsv.ps_server"}  # a worker task of --coordinator: a server too
 
 
 def child_env(

@@ -52,6 +52,7 @@ class LaunchConfig:
     nproc: int = 1  # --nproc: trainers in the group (procsv.watchdog.rules.group)
     group_grace_secs: float = 0.5  # --group-grace-secs
     ps: int = 0  # --ps N (with --workers M, which sets nproc): parameter servers (procsv.watchdog.rules.tasks)
+    coordinator: bool = False  # --coordinator: TF2 ParameterServerStrategy (the workers are servers too)
     nnodes: int = 1  # --nnodes: hosts of the job (procsv.watchdog.rules.hosts)
     node_rank: int = 0  # --node-rank: 0 is the master (this Watchdog), others run a NodeAgent
     master_addr: Optional[str] = None  # --master-addr HOST:PORT: node 0 binds it, the others connect
@@ -81,7 +82,8 @@ class LaunchConfig:
                       checkpoint_failure_limit=3 if self.on_checkpoint_failure == "stop" else 0,
                       chaos=parse_chaos(self.chaos) if self.chaos else None, nproc=self.nproc,
                       group_grace_secs=self.group_grace_secs, nnodes=self.nnodes,
-                      rejoin_timeout=self.rejoin_timeout, node_timeout=self.node_timeout, ps=self.ps)
+                      rejoin_timeout=self.rejoin_timeout, node_timeout=self.node_timeout, ps=self.ps,
+                      coordinator=self.coordinator)
 
 
 def check_ps(ps: int, workers: int, nproc: int, nnodes: int, standby: str) -> None:

@@ -40,7 +40,7 @@ from procsv.watchdog.observe import Report
 from procsv.watchdog.pstasks import PsCluster
 from procsv.watchdog.prewarm import FORK_REPLY_TIMEOUT, Zygote, ZygoteUnavailable, zygote_env
 from procsv.watchdog.rules.group import blame, worker_slot
-from procsv.watchdog.rules.state import PS, STANDBY, TRAINER, WORKER, RunView, ZygoteState
+from procsv.watchdog.rules.state import PS, SERVER, STANDBY, TRAINER, WORKER, RunView, ZygoteState
 
 Sink = Callable[[list[Report]], None]
 
@@ -80,7 +80,7 @@ class Executor:
         self.disk: Callable[[Callable[[], object]], None] = lambda work: None if work() else None  # the launcher's: the writer thread
         self.reading: Callable[[str], set[int]] = lambda role: set()  # attempts whose end is being read (kept)
         self.job = uuid.uuid4().hex[:12]  # names the group's restore records (the link's job id when there is one)
-        self.ps_cluster = PsCluster(limits.ps, limits.nproc) if limits.ps else None  # --ps N --workers M
+        self.ps_cluster = PsCluster(limits.ps, limits.nproc, limits.coordinator) if limits.ps else None  # --ps N --workers M
         self.chaos_rng = chaos_rng or random.Random(limits.chaos.seed if limits.chaos else None)
         if limits.chaos is not None:
             view.chaos_next_delay = limits.chaos.delay(self.chaos_rng)
@@ -252,7 +252,7 @@ class Executor:
         """Start the next attempt of ``slot`` and add it to the view (a trainer forked by the zygote:
         :meth:`poll_fork` adds it; None is returned). With ``--nproc N`` a trainer start is the whole
         group's, each with its own ``TF_CONFIG`` on ports chosen now (:mod:`procsv.watchdog.rules.group`)."""
-        if self.ps_cluster is not None and role in (TRAINER, WORKER, PS):  # --ps: each task alone (pstasks)
+        if self.ps_cluster is not None and role in (TRAINER, WORKER, PS, SERVER):  # --ps: each task alone (pstasks)
             return self.ps_cluster.start(self, slot, role)
         prev = self.view.children.get(slot)
         attempt = prev.attempt + 1 if prev else 1
@@ -348,7 +348,7 @@ class Executor:
     def _started(self, slot: str, role: str, attempt: int, proc: Process, log_path: str,
                  mutex: Optional[RobustMutex], via: str) -> ChildProcess:
         # a standby is a trainer process; a group's worker is known by its task (worker1.3.log)
-        handle = ChildProcess(slot, TRAINER if role == STANDBY else slot if role in (WORKER, PS) else role, attempt, proc,
+        handle = ChildProcess(slot, TRAINER if role == STANDBY else slot if role in (WORKER, PS, SERVER) else role, attempt, proc,
                               log_path)
         handle.take_over_log(self.handles.values())
         self.handles[(slot, attempt)] = handle

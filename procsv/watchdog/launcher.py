@@ -99,7 +99,7 @@ class Watchdog:
         self.limits = cfg.limits()
         self.layout = Layout(os.path.abspath(cfg.logdir))
         self.lock = LogdirLock(self.layout)
-        self.view = RunView(launch_start=clock(), tasks_alone=cfg.ps > 0)
+        self.view = RunView(launch_start=clock(), tasks_alone=cfg.ps > 0, coordinator=cfg.coordinator)
         self.out = Reporter(cfg, self.layout, clock, wall)
         self.internal_errors = 0
         self.logdir = LogdirGuard(self.layout, self.view, self.out, cfg.logdir_timeout, clock)

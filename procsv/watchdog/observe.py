@@ -21,7 +21,7 @@ from procsv.watchdog.publish.events import Event
 from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.group import blame, workers
-from procsv.watchdog.rules.state import PS, STANDBY, SUMMARY, TRAINER, WORKER, ChildView, NodeView, RunView, ZygoteState
+from procsv.watchdog.rules.state import PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, ChildView, NodeView, RunView, ZygoteState
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def spawned(view: RunView, slot: str, role: str, attempt: int, pid: int, now: fl
         view.forking_since = None
     if role == STANDBY:
         child.state = ProcState.STANDBY
-    name = slot if role in (WORKER, PS) else role  # a group's workers and the ps tasks by their task: worker1, ps0
+    name = slot if role in (WORKER, PS, SERVER) else role  # a group's workers, the --ps tasks by their task: worker1, ps0
     return [Report(Event.SPAWNED, {"role": name, "attempt": attempt, "pid": pid, "via": via})]
 
 
@@ -165,7 +165,7 @@ def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
     view.commits += 1
     view.last_commit_at, view.last_commit_step, view.last_commit_secs = now, msg.step, msg.persist_secs
     for t in view.children.values():
-        if t.role in (TRAINER, WORKER, PS):  # a --ps task's progress too: its restarts count per task
+        if t.role in (TRAINER, WORKER, PS, SERVER):  # a --ps task's progress too: its restarts count per task
             t.commit_seen = max(t.commit_seen, msg.step)
     return [Report(Event.CHECKPOINT_COMMITTED, {"step": msg.step, "path": msg.path, "reason": _plain(msg.reason),
                                                 "secs": round(msg.persist_secs, 4)})]

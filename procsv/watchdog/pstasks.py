@@ -1,4 +1,5 @@
-"""Starting the tasks of ``procsv launch --ps N --workers M`` (TF1 between-graph replication).
+"""Starting the tasks of ``procsv launch --ps N --workers M`` (TF1 between-graph replication, and
+with ``--coordinator`` TF2 ``ParameterServerStrategy``).
 
 Runs in the watchdog, called by the executor (:meth:`procsv.watchdog.executor.Executor.spawn`).
 :class:`PsCluster` owns the cluster's addresses: free ports on 127.0.0.1, chosen once at the first
@@ -8,20 +9,27 @@ parameter servers (slots ``ps0`` ...: :mod:`procsv.ps_server`, fresh processes),
 M-1 (slots ``worker1`` ...) and the chief (worker 0, slot ``trainer``), the workers from the
 pre-warmed trainer when it is ready; every later start is one task's
 (:mod:`procsv.watchdog.rules.tasks` decides which).
+
+With ``--coordinator`` the M workers are servers as the parameter servers are (slots ``worker0`` ..
+``worker<M-1>``, role ``server``, :mod:`procsv.ps_server` too) and the trainer slot runs TARGET once,
+as TensorFlow's ``chief`` task (the coordinator), with its own address in the cluster:
+``TF_CONFIG`` ``{"cluster": {"chief": [...], "worker": [...], "ps": [...]}, "task": {"type":
+"chief", "index": 0}}``, what ``TFConfigClusterResolver`` reads. The coordinator is told it is a
+lone trainer (``PROCSV_NPROC`` 1, no ``PROCSV_PS``): its Supervisor checkpoints as any eager one.
 """
 
 from __future__ import annotations
 
 from typing import Optional, Protocol
 
-from procsv.cluster import make_ps_tf_config
+from procsv.cluster import make_ps_tf_config, make_pss_tf_config
 from procsv.common.env import NPROC, PS as PS_ENV, RANK
 from procsv.common.layout import Layout
 from procsv.common.mutex import RobustMutex
 from procsv.common.spawn import free_ports
 from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.rules.group import rank_of, worker_slot
-from procsv.watchdog.rules.state import PS, TRAINER, WORKER, RunView
+from procsv.watchdog.rules.state import PS, SERVER, TRAINER, WORKER, RunView
 from procsv.watchdog.rules.tasks import ps_slot
 
 HOST = "127.0.0.1"
@@ -43,27 +51,43 @@ class Starter(Protocol):
 
 
 class PsCluster:
-    """The addresses of the parameter servers and the workers, and the start of one task."""
+    """The addresses of the parameter servers and the workers (and with ``coordinator`` the chief's),
+    and the start of one task."""
 
-    def __init__(self, ps: int, workers: int) -> None:
-        ports = free_ports(ps + workers, HOST)
+    def __init__(self, ps: int, workers: int, coordinator: bool = False) -> None:
+        ports = free_ports(ps + workers + (1 if coordinator else 0), HOST)
         self.ps = [f"{HOST}:{p}" for p in ports[:ps]]
-        self.workers = [f"{HOST}:{p}" for p in ports[ps:]]
+        self.workers = [f"{HOST}:{p}" for p in ports[ps:ps + workers]]
+        self.chief = [f"{HOST}:{p}" for p in ports[ps + workers:]]  # --coordinator: the coordinator's address
+        self.coordinator = coordinator
+
+    def _tf_config(self, task_type: str, index: int) -> str:
+        if self.coordinator:
+            return make_pss_tf_config(self.chief, self.workers, self.ps, task_type, index)
+        return make_ps_tf_config(self.ps, self.workers, task_type, index)
+
+    def _server(self, ex: Starter, slot: str, role: str, attempt: int) -> ChildProcess:
+        """A parameter server, or with ``--coordinator`` a worker: a fresh :mod:`procsv.ps_server`."""
+        env = ex._env(slot, attempt)
+        job, index = ("ps", int(slot[len(PS):])) if role == PS else ("worker", rank_of(slot))
+        env["TF_CONFIG"] = self._tf_config(job, index)
+        return ex._fresh(slot, role, attempt, env, ex.layout.attempt_log(slot, attempt), None)
 
     def start(self, ex: Starter, slot: str, role: str) -> Optional[ChildProcess]:
         """Start the next attempt of ``slot``; the first start of the chief starts every task."""
         prev = ex.view.children.get(slot)
         attempt = prev.attempt + 1 if prev else 1
-        if role == PS:
-            env = ex._env(slot, attempt)
-            env["TF_CONFIG"] = make_ps_tf_config(self.ps, self.workers, "ps", int(slot[len(PS):]))
-            return ex._fresh(slot, PS, attempt, env, ex.layout.attempt_log(slot, attempt), None)
+        if role in (PS, SERVER):
+            return self._server(ex, slot, role, attempt)
         if role == TRAINER and prev is None:  # the run's first start: every task
             for i in range(len(self.ps)):
                 self.start(ex, ps_slot(i), PS)
-            for rank in range(1, len(self.workers)):
-                self.start(ex, worker_slot(rank), WORKER)
+            for rank in range(0 if self.coordinator else 1, len(self.workers)):
+                self.start(ex, worker_slot(rank), SERVER if self.coordinator else WORKER)
+        if self.coordinator:  # TARGET once, as the chief: a lone trainer to procsv
+            extra = {NPROC: "1", RANK: "0", "TF_CONFIG": self._tf_config("chief", 0)}
+            return ex._spawn_member(slot, TRAINER, attempt, 0, extra)
         rank = rank_of(slot)
         extra = {NPROC: str(len(self.workers)), RANK: str(rank), PS_ENV: str(len(self.ps)),
-                 "TF_CONFIG": make_ps_tf_config(self.ps, self.workers, "worker", rank)}
+                 "TF_CONFIG": self._tf_config("worker", rank)}
         return ex._spawn_member(slot, TRAINER if rank == 0 else WORKER, attempt, rank, extra)

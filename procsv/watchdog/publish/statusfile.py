@@ -24,7 +24,7 @@ from procsv.common.pidfd import host_id
 from procsv.watchdog.rules import group
 from procsv.watchdog.publish import recovery
 from procsv.watchdog.config import LaunchConfig
-from procsv.watchdog.rules.state import CHECKPOINT, PS, SUMMARY, TRAINER, WORKER, RunView
+from procsv.watchdog.rules.state import CHECKPOINT, PS, SERVER, SUMMARY, TRAINER, WORKER, RunView
 
 STATUS_EVERY = 0.5  # seconds
 STATUS_VERSION = 1
@@ -44,12 +44,13 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
     host = socket.gethostname()
     members = [TRAINER] + sorted((w.slot for w in group.workers(view)), key=group.rank_of)
     ps = sorted((c.slot for c in view.children.values() if c.role == PS), key=lambda s: int(s[len(PS):]))
-    for slot in (*members, *ps, CHECKPOINT, SUMMARY):
+    servers = sorted((c.slot for c in view.children.values() if c.role == SERVER), key=group.rank_of)  # --coordinator
+    for slot in (*members, *servers, *ps, CHECKPOINT, SUMMARY):
         c = view.children.get(slot)
         if c is not None:
-            entry = {"role": c.slot if c.role in (WORKER, PS) else c.role, "pid": c.pid, "state": c.state.value,
+            entry = {"role": c.slot if c.role in (WORKER, PS, SERVER) else c.role, "pid": c.pid, "state": c.state.value,
                      "restarts": c.attempt - 1, "attempt": c.attempt, "create_time": c.create_time}
-            if cfg.nproc > 1 and c.role in (TRAINER, WORKER):  # a group's member: its task, host and step
+            if (cfg.nproc > 1 or cfg.ps) and c.role in (TRAINER, WORKER):  # a group's member: its task, host and step
                 node = view.nodes.get(c.node)
                 entry.update(rank=group.rank_of(c.slot), node=c.node, host=node.host if node else host, step=c.step)
             procs.append(entry)

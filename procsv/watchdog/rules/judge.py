@@ -21,14 +21,14 @@ from procsv.watchdog.rules.policy import Action as Verdict
 from procsv.watchdog.rules.policy import TrainerExit
 from procsv.watchdog.rules.policy import decide as restart_verdict
 from procsv.watchdog.rules import group, tasks
-from procsv.watchdog.rules.state import PS, STANDBY, TRAINER, WORKER, ChildView, RunView
+from procsv.watchdog.rules.state import PS, SERVER, STANDBY, TRAINER, WORKER, ChildView, RunView
 
 
 def judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: float) -> list[Action]:
     """Rule 1: an attempt ended (or its death was noticed)."""
     if view.finishing:
         return [Settle(child.slot, child.attempt)] if child.reaped else []
-    if view.tasks_alone and child.role in (WORKER, PS):  # rule 14: --ps, each task restarts alone
+    if view.tasks_alone and child.role in (WORKER, PS, SERVER):  # rule 14: --ps, each task restarts alone
         return tasks.judge_task(view, child, now, limits, draw)
     if child.role == WORKER:  # rule 11 stops the rest of its group; the chief's attempt is what is judged
         return [Settle(child.slot, child.attempt)] if child.reaped else []

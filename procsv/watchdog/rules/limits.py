@@ -48,6 +48,7 @@ class Limits:
     node_timeout: float = 15.0  # --node-timeout: a host whose agent is silent this long is lost (its members are dead)
     rejoin_timeout: float = 300.0  # a lost (or never joined) host may take this long to come back
     ps: int = 0  # --ps N: parameter-server tasks; > 0: nproc is --workers and each task restarts alone (rule 14)
+    coordinator: bool = False  # --coordinator (with --ps): the workers are servers, TARGET runs once as the chief
 
     @property
     def world(self) -> int:

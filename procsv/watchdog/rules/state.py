@@ -25,6 +25,7 @@ from procsv.watchdog.rules.policy import History
 TRAINER = "trainer"
 WORKER = "worker"  # the role of a group's task 1, 2, ... (slots ``worker1``, ...; procsv.watchdog.rules.group)
 PS = "ps"  # a parameter-server task of procsv launch --ps N (slots ``ps0``, ...; procsv.watchdog.rules.tasks)
+SERVER = "server"  # a worker task of --ps N --workers M --coordinator: a plain server (slots ``worker0``, ...)
 STANDBY = "standby"  # the slot (and role) of the hot-standby trainer until it is promoted
 CHECKPOINT = "checkpoint"
 SUMMARY = "summary"
@@ -186,6 +187,7 @@ class RunView:
     forking_since: Optional[float] = None  # a trainer start asked of the zygote, not answered yet
     service_crashes: dict[str, tuple[float, ...]] = field(default_factory=dict)  # slot -> its deaths counted
     tasks_alone: bool = False  # --ps N --workers M: each task restarts alone (procsv.watchdog.rules.tasks)
+    coordinator: bool = False  # ... --coordinator: the workers are servers (role SERVER), the trainer the chief
     task_history: dict[str, History] = field(default_factory=dict)  # slot -> its restarts (a --ps task's own)
     task_due: dict[str, float] = field(default_factory=dict)  # slot -> when the task is started again
     commit_clock: Optional[float] = None  # the last commit (or stall kill): checkpoint stalls count from here
@@ -221,7 +223,7 @@ class RunView:
         return [c for c in self.children.values() if c.role == TRAINER]
 
     def services(self) -> list[ChildView]:
-        return [c for c in self.children.values() if c.role not in (TRAINER, STANDBY, WORKER, PS)]
+        return [c for c in self.children.values() if c.role not in (TRAINER, STANDBY, WORKER, PS, SERVER)]
 
     def standby(self) -> Optional[ChildView]:
         """The hot-standby trainer, while it is one (not yet promoted)."""

@@ -28,6 +28,15 @@ finds them there.
   parameter servers and the others wait for ``ready_op`` (``docs/parameter-servers.md``). A worker
   procsv killed so is restarted at once and not counted (the parameter server's death is); the
   chief is judged by rule 1 as any killed trainer.
+
+``--coordinator`` (TF2 ``ParameterServerStrategy``; ``view.coordinator``): the M workers are plain
+servers too (role ``server``, slots ``worker0`` ...), judged as a parameter server is, and the chief
+(slot ``trainer``) is the coordinator, the only process that runs TARGET. A worker server that ended
+is restarted alone and nothing else is touched: the coordinator's ``ClusterCoordinator`` reschedules
+the functions it lost on the other workers and uses it again once it is back. A parameter server
+that ended takes the coordinator with it (``ParameterServerStrategy`` cannot survive it): the
+coordinator is SIGKILLed with the restart, restarted, and restores the newest checkpoint into the
+parameter servers before it dispatches again; the worker servers hold no state and keep running.
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.policy import Action as Verdict
 from procsv.watchdog.rules.policy import History, TrainerExit
 from procsv.watchdog.rules.policy import decide as restart_verdict
-from procsv.watchdog.rules.state import PS, TRAINER, WORKER, ChildView, RunView
+from procsv.watchdog.rules.state import PS, SERVER, TRAINER, WORKER, ChildView, RunView
 
 
 def ps_slot(index: int) -> str:
@@ -46,9 +55,10 @@ def ps_slot(index: int) -> str:
     return f"{PS}{index}"
 
 
-def role_of(slot: str) -> str:
-    """The role of a --ps task's slot other than the chief's: ``ps`` or ``worker``."""
-    return PS if slot.startswith(PS) else WORKER
+def role_of(slot: str, coordinator: bool = False) -> str:
+    """The role of a --ps task's slot other than the chief's: ``ps``, or ``worker`` (``server`` with
+    ``--coordinator``)."""
+    return PS if slot.startswith(PS) else SERVER if coordinator else WORKER
 
 
 def judge_task(view: RunView, child: ChildView, now: float, limits: Limits, draw: float) -> list[Action]:
@@ -60,13 +70,14 @@ def judge_task(view: RunView, child: ChildView, now: float, limits: Limits, draw
     history = view.task_history.get(child.slot, History())
     if child.role == WORKER and child.killed and not child.hang_cause and view.stop_signal is None:
         return [RestartTask(child.slot, child.attempt, 0.0, history)]  # procsv killed it (ps_lost): not counted
+    server = child.role in (PS, SERVER)  # serves until the run's end: exiting before it is a loss
     code = child.exit_code if child.exit_code is not None else 1
     failure = child.failure
     preempted = failure is not None and failure.preempted and code == EXIT_PREEMPTED
     outside = failure is not None and failure.killed_from_outside
-    if child.role == PS and code == 0:
-        code = 1  # a parameter server serves until the run's end: exiting before it is a loss
-    ex = TrainerExit(code, child.first_step_at is not None or child.role == PS, child.made_progress,
+    if server and code == 0:
+        code = 1
+    ex = TrainerExit(code, child.first_step_at is not None or server, child.made_progress,
                      view.stop_signal is not None, preempted=preempted, killed_from_outside=outside)
     verdict = restart_verdict(limits.restart, history, ex, draw)
     if verdict.action == Verdict.STOPPED:
@@ -85,4 +96,4 @@ def due_starts(view: RunView, now: float) -> list[Action]:
     """Rule 14: the tasks whose restart is due, each started alone."""
     if view.stop_signal is not None or view.finishing:
         return []
-    return [Spawn(slot, role_of(slot)) for slot, due in sorted(view.task_due.items()) if now >= due]
+    return [Spawn(slot, role_of(slot, view.coordinator)) for slot, due in sorted(view.task_due.items()) if now >= due]

@@ -1,0 +1,129 @@
+"""Issue 43, pure: ``--ps N --workers M --coordinator`` (TF2 ``ParameterServerStrategy``).
+
+No process runs. The cluster's start (:class:`procsv.watchdog.pstasks.PsCluster`) with a fake
+executor: every ``TF_CONFIG`` it hands out (that TensorFlow's ``TFConfigClusterResolver`` reads it
+is shown by the real launches of ``test_ps_strategy.py``); and rule 14 with the coordinator's tasks in the simulator of
+``test_watchdog_decide`` (``ps0``, the worker servers ``worker0`` and ``worker1``, the coordinator in
+``trainer``), each started alone.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+from procsv.common.env import NPROC, PS as PS_ENV, RANK
+from procsv.watchdog.pstasks import PsCluster
+from procsv.watchdog.rules.actions import Cause, Kill, Restart, RestartTask, Signal, Spawn
+from procsv.watchdog.rules.decide import Limits
+from procsv.watchdog.rules.hang import HangLimits
+from procsv.watchdog.rules.state import PS, SERVER, TRAINER, RunView
+
+from test_ps_tasks_pure import PsSim
+from test_watchdog_decide import KILLED, of
+
+
+class FakeStarter:
+    """The executor as :class:`PsCluster` sees it: records each start (slot, role, how, env)."""
+
+    def __init__(self) -> None:
+        self.view = RunView(launch_start=0.0, tasks_alone=True, coordinator=True)
+        self.layout = None  # type: ignore[assignment]
+        self.started: list[tuple[str, str, str, dict[str, str]]] = []
+
+    def _env(self, role: str, attempt: int) -> dict[str, str]:
+        return {"PROCSV_ROLE": role}
+
+    def _spawn_member(self, slot: str, role: str, attempt: int, rank: int, extra: dict[str, str]) -> None:
+        self.started.append((slot, role, "member", {**self._env(slot, attempt), **extra}))
+
+    def _fresh(self, slot: str, role: str, attempt: int, env: dict[str, str], log_path: str, mutex: object) -> None:
+        self.started.append((slot, role, "fresh", env))
+
+
+class Logs:
+    def attempt_log(self, name: str, attempt: int) -> str:
+        return f"logs/{name}.{attempt}.log"
+
+
+def test_the_coordinator_is_the_chief_task_and_the_workers_are_servers() -> None:
+    ex = FakeStarter()
+    ex.layout = Logs()  # type: ignore[assignment]
+    cluster = PsCluster(2, 2, coordinator=True)
+    cluster.start(ex, TRAINER, TRAINER)  # type: ignore[arg-type]
+    assert [(slot, role, how) for slot, role, how, _ in ex.started] == [
+        ("ps0", PS, "fresh"), ("ps1", PS, "fresh"), ("worker0", SERVER, "fresh"), ("worker1", SERVER, "fresh"),
+        (TRAINER, TRAINER, "member")]
+    addresses: Optional[dict[str, list[str]]] = None
+    for slot, role, _, env in ex.started:
+        cfg = json.loads(env["TF_CONFIG"])
+        addresses = addresses or cfg["cluster"]
+        assert cfg["cluster"] == addresses  # one cluster, every task's
+        want = {"ps0": ("ps", 0), "ps1": ("ps", 1), "worker0": ("worker", 0), "worker1": ("worker", 1),
+                TRAINER: ("chief", 0)}[slot]
+        assert (cfg["task"]["type"], cfg["task"]["index"]) == want
+    assert addresses is not None and sorted(addresses) == ["chief", "ps", "worker"]
+    assert (len(addresses["chief"]), len(addresses["worker"]), len(addresses["ps"])) == (1, 2, 2)
+    assert len({a for job in addresses.values() for a in job}) == 5  # a port each
+    chief_env = ex.started[-1][3]
+    assert (chief_env[NPROC], chief_env[RANK]) == ("1", "0") and PS_ENV not in chief_env  # a lone trainer to procsv
+    # a task restarted alone keeps its address; the coordinator's next attempt too
+    ex.started.clear()
+    cluster.start(ex, "worker1", SERVER)  # type: ignore[arg-type]
+    assert [(s, r) for s, r, _, _ in ex.started] == [("worker1", SERVER)]
+    assert json.loads(ex.started[0][3]["TF_CONFIG"])["cluster"] == addresses
+
+
+class CoordinatorSim(PsSim):
+    """A --coordinator launch: the first trainer start starts ``ps0``, ``worker0`` and ``worker1``
+    (servers) and the coordinator."""
+
+    def __init__(self, limits: Limits) -> None:
+        super(PsSim, self).__init__(limits)
+        self.view.tasks_alone = self.view.coordinator = True
+
+    def spawn(self, slot: str, role: str) -> None:
+        if role == TRAINER and TRAINER not in self.view.children:
+            for s, r in (("ps0", PS), ("worker0", SERVER), ("worker1", SERVER)):
+                super(PsSim, self).spawn(s, r)
+        super(PsSim, self).spawn(slot, role)
+
+
+def coordinator_launch() -> CoordinatorSim:
+    sim = CoordinatorSim(Limits(hang=HangLimits(None, None), nproc=2, ps=1, coordinator=True))
+    assert sim.tick() == [Spawn(TRAINER, TRAINER)]
+    sim.steps(TRAINER, 5)
+    return sim
+
+
+def test_a_killed_worker_server_is_restarted_alone_and_the_coordinator_is_not_touched() -> None:
+    sim = coordinator_launch()
+    chief, ps0, other = sim.view.children[TRAINER], sim.view.children["ps0"], sim.view.children["worker0"]
+    sim.reaps("worker1", KILLED)
+    acts = sim.tick(1.0)
+    assert [type(a) for a in acts] == [RestartTask] and acts[0].slot == "worker1"  # type: ignore[attr-defined]
+    assert sim.tick(0.01) == [Spawn("worker1", SERVER)]  # a server is due at once, as a parameter server
+    assert sim.view.children["worker1"].attempt == 2 and sim.view.children["worker1"].role == SERVER
+    assert sim.tick(1.0) == []
+    assert not of(sim.log, Signal) and not of(sim.log, Kill) and not of(sim.log, Restart)
+    assert all(sim.view.children[s] is c and c.live for s, c in ((TRAINER, chief), ("ps0", ps0), ("worker0", other)))
+
+
+def test_a_killed_parameter_server_takes_the_coordinator_with_it_and_not_the_worker_servers() -> None:
+    sim = coordinator_launch()
+    sim.reaps("ps0", KILLED)
+    acts = sim.tick(1.0)
+    assert [type(a) for a in acts] == [RestartTask, Kill] and acts[0].slot == "ps0"  # type: ignore[attr-defined]
+    assert [(a.slot, a.cause) for a in of(acts, Kill)] == [(TRAINER, Cause.PS_LOST)]
+    assert sim.tick(0.01) == [Spawn("ps0", PS)]
+    sim.reaps(TRAINER, KILLED)
+    assert [type(a) for a in sim.tick(0.01)] == [Restart]  # judged by rule 1: it restores the newest checkpoint
+    sim.tick(0.01)
+    assert sim.view.children[TRAINER].attempt == 2
+    assert sim.view.children["worker0"].attempt == 1 and sim.view.children["worker1"].attempt == 1
+
+
+def test_a_server_that_exits_0_before_the_end_is_a_loss_and_is_restarted() -> None:
+    sim = coordinator_launch()
+    sim.reaps("worker0", 0)
+    assert [type(a) for a in sim.tick(1.0)] == [RestartTask]
