@@ -280,9 +280,10 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
 
 
 def _log_role(value: str) -> str:
-    """``procsv logs --role``: a fixed role, ``worker<N>`` (a group's task N >= 1) or ``ps<N>`` (--ps)."""
+    """``procsv logs --role``: a fixed role, ``worker<N>`` (a group's task N >= 1; with --coordinator
+    N >= 0) or ``ps<N>`` (--ps)."""
     if value in ("trainer", "checkpoint", "summary", "zygote", "watchdog") or \
-            (value.startswith("worker") and value[6:].isdigit() and int(value[6:]) >= 1) or \
+            (value.startswith("worker") and value[6:].isdigit()) or \
             (value.startswith("ps") and value[2:].isdigit()):
         return value
     raise argparse.ArgumentTypeError(f"invalid role {value!r} (trainer, checkpoint, summary, zygote, watchdog, "

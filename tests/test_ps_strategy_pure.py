@@ -127,3 +127,13 @@ def test_a_server_that_exits_0_before_the_end_is_a_loss_and_is_restarted() -> No
     sim = coordinator_launch()
     sim.reaps("worker0", 0)
     assert [type(a) for a in sim.tick(1.0)] == [RestartTask]
+
+
+def test_logs_role_takes_worker0_a_coordinators_worker_server(tmp_path, capsys) -> None:
+    from procsv.cli import main
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "worker0.1.log").write_text("procsv ps: task worker0 serving at grpc://127.0.0.1:1\n")
+    assert main(["logs", str(tmp_path), "--role", "worker0"]) == 0
+    assert "task worker0 serving" in capsys.readouterr().out
