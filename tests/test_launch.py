@@ -62,7 +62,7 @@ def test_sigkill_of_the_trainer_restarts_it_from_the_latest_checkpoint(logdir):
         code, out, err = finish(proc)
     assert code == 0, err
     st = status_json(logdir)
-    assert st["state"] == "succeeded" and st["restarts"] == 1 and st["step"] == 2500
+    assert st["state"] == "succeeded" and st["restarts"] == 1 and st["step"] == 2500, (st, err[-4000:])
     assert st["restored_step"] > 0
     trainer = next(p for p in st["processes"] if p["role"] == "trainer")
     assert trainer["pid"] != victim and trainer["restarts"] == 1
