@@ -117,3 +117,46 @@ def test_each_task_is_restarted_alone_and_the_replicas_example_trains_to_the_end
     assert step >= STEPS and named <= step
     want = variables_after(step)
     assert got["w"] == pytest.approx(want["w"], abs=0.05) and got["b"] == pytest.approx(want["b"], abs=0.05)
+
+
+def test_sigterm_under_ps_stops_the_workers_then_the_chief_commits_its_last_step_and_every_task_ends(
+        short_tmp: str) -> None:
+    """SIGTERM to the launch (``--ps 1 --workers 2``): the chief's preempted checkpoint holds the last
+    step any task completed (0 steps lost: before, the other worker stepped on after the chief's
+    commit, and blocked on the stopped parameter server until it was SIGKILLed); every task stops, the
+    launch exits 143 as without --ps, and no process of the run is left."""
+    from procsv.examples.seeds_tf1.model import checkpoint_variables
+    from conftest import lifecycle, run_processes
+
+    logdir = os.path.join(short_tmp, "run")
+    proc = launch(logdir, "--steps", "100000", "--save-model-secs", "1000", "--step-delay", "0.02",
+                  target="procsv.examples.seeds_tf1.replicas", opts=("--ps", "1", "--workers", "2"))
+    try:
+        wait_for(lambda: proc.poll() is not None or (stepping(logdir, "trainer", 1, 20)
+                                                      and stepping(logdir, "worker1", 1, 20)), 180,
+                 what="the chief and worker1 stepping")
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc, 120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            finish(proc, 60)
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    assert not run_processes(logdir)
+    events = lifecycle(logdir)
+    committed = [e for e in events if e["event"] == "checkpoint_committed"]
+    assert [e["reason"] for e in committed] == ["preempted"], committed
+    last = {e["role"]: e for e in raw_status(logdir)["processes"]}  # type: ignore[index]
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest is not None
+    held = int(checkpoint_variables(latest)["global_step"])
+    # the chief's last completed step is what it committed; no task completed a step past it
+    assert held == committed[-1]["step"] == last["trainer"]["step"] >= last["worker1"]["step"] > 20, (held, last)
+    exits = {(e["role"], e.get("code"), e.get("signal")) for e in events if e["event"] == "exited"}
+    assert not [x for x in exits if x[2] == "SIGKILL"], exits  # every task stopped in order
+    assert ("trainer", 42, None) in exits
+    ended = [e["role"] for e in events if e["event"] == "exited" and e["role"] in ("trainer", "worker1", "ps")]
+    assert ended.index("worker1") < ended.index("trainer") < ended.index("ps"), ended

@@ -191,20 +191,51 @@ def test_logs_role_takes_a_parameter_server(tmp_path, capsys) -> None:
     assert "ps0 attempt 2" in out and "again" in out and "ps0.1.log" not in out
 
 
-def test_a_stop_goes_to_the_chief_first_and_the_other_tasks_are_stopped_once_it_ended() -> None:
+def test_a_stop_goes_to_the_other_workers_first_then_the_chief_commits_then_the_parameter_servers_stop() -> None:
+    # before: the chief was signalled first and committed while worker1 still stepped (its steps
+    # after the commit were lost), and ps0 was stopped together with worker1, which then blocked on it
     from procsv.watchdog.rules.bookkeeping import request_stop
     from procsv.watchdog.rules.lifecycle import RunState
 
     sim = ps_launch()
     request_stop(sim.view, 15, sim.now, sim.limits.stop_grace_secs)
     acts = sim.tick(0.1)
-    assert [(a.slot, a.sig) for a in of(acts, Signal)] == [(TRAINER, 15)]  # the chief commits first
+    assert [(a.slot, a.sig) for a in of(acts, Signal)] == [("worker1", 15)]  # not the chief yet
+    assert not of(sim.tick(0.1), Signal)  # the chief waits while worker1 is live
+    sim.reaps("worker1", 42)
+    acts = sim.tick(0.1)
+    assert of(acts, Settle) == [Settle("worker1", 1)] and not of(acts, RestartTask)
+    assert [(a.slot, a.sig) for a in of(acts, Signal)] == [(TRAINER, 15)]  # now the chief commits
     sim.reaps(TRAINER, 42)
     acts = sim.tick(0.1)
     assert [type(a) for a in acts] == [Finish] and acts[0].run == RunState.STOPPED  # type: ignore[attr-defined]
-    acts = sim.tick(0.1)  # rule 6: every other task is stopped now
-    assert {a.slot for a in of(acts, Signal)} >= {"worker1", "ps0"}
-    assert not of(sim.log, RestartTask) and not of(sim.log, Restart)
+    acts = sim.tick(0.1)  # rule 6: the parameter server is stopped now, its workers all ended
+    assert "ps0" in {a.slot for a in of(acts, Signal)}
+    assert not of(sim.log, RestartTask) and not of(sim.log, Restart) and not of(sim.log, Kill)
+
+
+def test_a_worker_that_does_not_stop_is_killed_at_half_the_grace_and_the_chief_is_signalled_after_it() -> None:
+    from procsv.watchdog.rules.bookkeeping import request_stop
+
+    sim = ps_launch()
+    grace = sim.limits.stop_grace_secs
+    request_stop(sim.view, 15, sim.now, grace)
+    assert [a.slot for a in of(sim.tick(0.1), Signal)] == ["worker1"]
+    assert not of(sim.tick(grace / 2 - 0.5), Kill)
+    assert [(a.slot, a.cause) for a in of(sim.tick(0.5), Kill)] == [("worker1", Cause.STOP_GRACE)]
+    assert not of(sim.tick(0.1), Signal)
+    sim.reaps("worker1", KILLED)
+    assert [a.slot for a in of(sim.tick(0.1), Signal)] == [TRAINER]
+
+
+def test_a_shutdown_holds_the_parameter_servers_until_every_worker_ended() -> None:
+    sim = ps_launch(max_restarts=0)
+    sim.reaps(TRAINER, 1)  # given up on the chief: the run fails and shuts down
+    assert of(sim.tick(0.5), GiveUp)
+    acts = sim.tick(0.1)
+    assert "worker1" in (sent := {a.slot for a in of(acts, Signal)}) and "ps0" not in sent  # held: worker1 runs
+    sim.reaps("worker1", 1)
+    assert "ps0" in {a.slot for a in of(sim.tick(0.1), Signal)}
 
 
 def test_status_says_workers_and_parameter_servers_not_a_trainer_group() -> None:

@@ -97,7 +97,7 @@ from procsv.watchdog.rules.judge import judge
 from procsv.watchdog.rules.lifecycle import ProcState, RunState
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.stall import stall_actions
-from procsv.watchdog.rules.state import STANDBY, TRAINER, RunView, ZygoteState
+from procsv.watchdog.rules.state import PS, STANDBY, TRAINER, RunView, ZygoteState
 
 __all__ = ["Limits", "decide"]
 
@@ -120,7 +120,7 @@ def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Actio
         return actions  # the run's outcome is decided; the next round shuts down
     if view.finishing:
         return actions + _shutdown(view, now, limits)
-    actions += _stop(view, now)
+    actions += _stop(view, now, limits)
     actions += group_actions(view, now, limits.group_grace_secs)
     actions += _restart_due(view, now, limits)
     actions += tasks.due_starts(view, now)
@@ -137,14 +137,16 @@ def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Actio
 
 
 # ------------------------------------------------------------------------------ run-level rules
-def _stop(view: RunView, now: float) -> list[Action]:
-    """Rule 2: a stop was requested."""
+def _stop(view: RunView, now: float, limits: Limits) -> list[Action]:
+    """Rule 2: a stop was requested (with parameter servers the other workers are stopped first: rule 14)."""
     if view.stop_signal is None:
         return []
-    out: list[Action] = []
+    out, workers_first = tasks.stop_workers_first(view, now, limits.stop_grace_secs)
     live = [t for t in view.trainers() if t.live]
     for t in live:
         if t.state in (ProcState.STARTING, ProcState.RUNNING):
+            if workers_first:
+                continue
             out.append(Signal(t.slot, t.attempt, signal.SIGTERM, Cause.STOP))
         elif view.stop_deadline is not None and now >= view.stop_deadline:
             out.append(Kill(t.slot, t.attempt, Cause.STOP_GRACE))
@@ -199,6 +201,8 @@ def _shutdown(view: RunView, now: float, limits: Limits) -> list[Action]:
         if not c.live:
             continue  # noticed dead already: only its reap is missing
         if c.state in (ProcState.STARTING, ProcState.RUNNING, ProcState.STANDBY):
+            if c.role == PS and tasks.ps_held(view):
+                continue  # rule 14: its workers first
             out.append(Signal(c.slot, c.attempt, signal.SIGTERM, Cause.SHUTDOWN))
         elif view.services_deadline is not None and now >= view.services_deadline and not c.killed:
             out.append(Kill(c.slot, c.attempt, Cause.SHUTDOWN))

@@ -41,8 +41,11 @@ parameter servers before it dispatches again; the worker servers hold no state a
 
 from __future__ import annotations
 
+import signal
+
 from procsv.common.exitcodes import EXIT_PREEMPTED
-from procsv.watchdog.rules.actions import Action, Cause, GiveUp, Kill, RestartTask, Settle, Spawn
+from procsv.watchdog.rules.actions import Action, Cause, GiveUp, Kill, RestartTask, Settle, Signal, Spawn
+from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.policy import Action as Verdict
 from procsv.watchdog.rules.policy import History, TrainerExit
@@ -90,6 +93,32 @@ def judge_task(view: RunView, child: ChildView, now: float, limits: Limits, draw
         out += [Kill(w.slot, w.attempt, Cause.PS_LOST, why) for w in view.children.values()
                 if w.role in (TRAINER, WORKER) and w.live and not w.killed]
     return out
+
+
+def stop_workers_first(view: RunView, now: float, grace: float) -> tuple[list[Action], bool]:
+    """Rule 14 under a stop (rule 2): the non-chief workers are stopped before the chief is asked to
+    commit, so that its last checkpoint holds every update applied to the parameter servers (a
+    worker stepping after the chief's commit would lose its steps). SIGTERM to each (it stops at its
+    step boundary), SIGKILL once half the stop grace has passed; returns the actions and whether
+    the chief must still wait (a non-chief worker is live)."""
+    if not view.tasks_alone or view.stop_signal is None:
+        return [], False
+    out: list[Action] = []
+    live = [w for w in view.children.values() if w.role == WORKER and w.live]
+    half = view.stop_deadline - grace / 2 if view.stop_deadline is not None else now
+    for w in live:
+        if w.state in (ProcState.STARTING, ProcState.RUNNING):
+            out.append(Signal(w.slot, w.attempt, signal.SIGTERM, Cause.STOP))
+        elif now >= half and not w.killed:
+            out.append(Kill(w.slot, w.attempt, Cause.STOP_GRACE))
+    return out, bool(live)
+
+
+def ps_held(view: RunView) -> bool:
+    """Rule 6 with parameter servers: a parameter server is stopped only once no worker (the chief
+    included) is live, since a worker whose parameter server is gone blocks in its run until gRPC
+    gives up, and would not stop at its step boundary."""
+    return view.tasks_alone and any(c.live and c.role in (TRAINER, WORKER) for c in view.children.values())
 
 
 def due_starts(view: RunView, now: float) -> list[Action]:
