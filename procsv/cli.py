@@ -81,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--coordinator", action="store_true",
                     help="with --ps: TF2 ParameterServerStrategy: the M workers are servers too, TARGET runs once "
                          "as the chief (the coordinator, TF_CONFIG task chief/0)")
+    la.add_argument("--on-worker-give-up", choices=["stop", "continue"], default=None,
+                    help="with --ps: a non-chief worker given up on (--max-restarts) stops the run (stop: it "
+                         "fails, exit 1), or the others train on without it (continue, the default)")
     la.add_argument("--group-grace-secs", type=float, default=0.5, metavar="SECS",
                     help="with --nproc: once a member of the group ended, the others get SIGTERM and are "
                          "SIGKILLed after this many seconds (default 0.5)")
@@ -230,7 +233,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
             raise UsageError(f"--nnodes {args.nnodes} needs --master-addr HOST:PORT (node 0's address the other "
                              f"hosts reach), not {args.master_addr!r}")
-    check_ps(args.ps, args.workers, args.nproc, args.nnodes, args.standby)
+    check_ps(args.ps, args.workers, args.nproc, args.nnodes, args.standby, args.on_worker_give_up)
     check_coordinator(args.coordinator, args.ps)
     if args.nproc * args.nnodes > 1 and args.standby == "hot":
         raise UsageError("--standby hot needs a single trainer: a group of --nproc trainers restarts together from "
@@ -249,6 +252,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        standby="off" if args.no_prewarm else "fork"  # a group, or --ps: no hot standby
                        if (args.nproc * args.nnodes > 1 or args.ps) and args.standby == "auto" else args.standby,
                        nproc=args.workers if args.ps else args.nproc, ps=args.ps, coordinator=args.coordinator,
+                       worker_give_up=args.on_worker_give_up or "continue",
                        group_grace_secs=args.group_grace_secs, nnodes=args.nnodes,
                        node_rank=args.node_rank, master_addr=args.master_addr, rejoin_timeout=args.rejoin_timeout,
                        logdir_timeout=args.logdir_timeout, node_timeout=args.node_timeout,

@@ -119,23 +119,36 @@ def test_each_task_is_restarted_alone_and_the_replicas_example_trains_to_the_end
     assert got["w"] == pytest.approx(want["w"], abs=0.05) and got["b"] == pytest.approx(want["b"], abs=0.05)
 
 
-def test_sigterm_under_ps_stops_the_workers_then_the_chief_commits_its_last_step_and_every_task_ends(
+def test_a_worker_given_up_on_leaves_the_others_training_then_sigterm_commits_the_last_step_and_every_task_ends(
         short_tmp: str) -> None:
-    """SIGTERM to the launch (``--ps 1 --workers 2``): the chief's preempted checkpoint holds the last
-    step any task completed (0 steps lost: before, the other worker stepped on after the chief's
-    commit, and blocked on the stopped parameter server until it was SIGKILLed); every task stops, the
-    launch exits 143 as without --ps, and no process of the run is left."""
+    """One launch, ``--ps 1 --workers 3 --max-restarts 0``:
+
+    1. worker2 SIGKILLed is given up on at once (``--on-worker-give-up continue``, the default): it is not
+       started again, the run goes on (the chief and worker1 keep stepping, nobody restarted);
+    2. SIGTERM to the launch: the chief's preempted checkpoint holds the last step any task completed
+       (0 steps lost: before, worker1 stepped on after the chief's commit, and blocked on the stopped
+       parameter server until it was SIGKILLed); every task stops in order, the launch exits 143 as
+       without --ps, and no process of the run is left.
+    """
     from procsv.examples.seeds_tf1.model import checkpoint_variables
     from conftest import lifecycle, run_processes
 
     logdir = os.path.join(short_tmp, "run")
     proc = launch(logdir, "--steps", "100000", "--save-model-secs", "1000", "--step-delay", "0.02",
-                  target="procsv.examples.seeds_tf1.replicas", opts=("--ps", "1", "--workers", "2"))
+                  target="procsv.examples.seeds_tf1.replicas",
+                  opts=("--ps", "1", "--workers", "3", "--max-restarts", "0"))
     try:
-        wait_for(lambda: proc.poll() is not None or (stepping(logdir, "trainer", 1, 20)
-                                                      and stepping(logdir, "worker1", 1, 20)), 180,
-                 what="the chief and worker1 stepping")
+        wait_for(lambda: proc.poll() is not None or all(stepping(logdir, r, 1, 10) for r in ("trainer", "worker1",
+                                                                                              "worker2")), 180,
+                 what="the chief, worker1 and worker2 stepping")
         assert proc.poll() is None, proc.communicate()[1][-2000:]
+        os.kill(entry(logdir, "worker2")["pid"], signal.SIGKILL)
+        gave_up = wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "task_gave_up"], 60,
+                           what="worker2 given up on")
+        assert gave_up[0]["role"] == "worker2" and "--max-restarts 0" in gave_up[0]["reason"], gave_up
+        at = {r: entry(logdir, r)["step"] for r in ("trainer", "worker1")}
+        wait_for(lambda: all(stepping(logdir, r, 1, at[r] + 10) for r in at), 60, what="the others stepping on")
+        assert proc.poll() is None and entry(logdir, "worker2")["attempt"] == 1  # not restarted; the run goes on
         proc.send_signal(signal.SIGTERM)
         code, out, err = finish(proc, 120)
     finally:
@@ -143,8 +156,10 @@ def test_sigterm_under_ps_stops_the_workers_then_the_chief_commits_its_last_step
             os.killpg(proc.pid, signal.SIGKILL)
             finish(proc, 60)
     assert code == 128 + signal.SIGTERM, err[-3000:]
+    assert "giving up on worker2: " in err and "training on without it" in err, err[-3000:]
     assert not run_processes(logdir)
     events = lifecycle(logdir)
+    assert not [e for e in events if e["event"] in ("restarted", "gave_up")]
     committed = [e for e in events if e["event"] == "checkpoint_committed"]
     assert [e["reason"] for e in committed] == ["preempted"], committed
     last = {e["role"]: e for e in raw_status(logdir)["processes"]}  # type: ignore[index]
@@ -155,8 +170,8 @@ def test_sigterm_under_ps_stops_the_workers_then_the_chief_commits_its_last_step
     held = int(checkpoint_variables(latest)["global_step"])
     # the chief's last completed step is what it committed; no task completed a step past it
     assert held == committed[-1]["step"] == last["trainer"]["step"] >= last["worker1"]["step"] > 20, (held, last)
-    exits = {(e["role"], e.get("code"), e.get("signal")) for e in events if e["event"] == "exited"}
-    assert not [x for x in exits if x[2] == "SIGKILL"], exits  # every task stopped in order
+    exits = [(e["role"], e.get("code"), e.get("signal")) for e in events if e["event"] == "exited"]
+    assert [x for x in exits if x[2] == "SIGKILL"] == [("worker2", None, "SIGKILL")], exits  # the rest in order
     assert ("trainer", 42, None) in exits
-    ended = [e["role"] for e in events if e["event"] == "exited" and e["role"] in ("trainer", "worker1", "ps")]
+    ended = [r for r, _, _ in exits if r in ("trainer", "worker1", "ps")]
     assert ended.index("worker1") < ended.index("trainer") < ended.index("ps"), ended

@@ -17,10 +17,11 @@ from procsv.ipc.messages import Progress, TrainerReady
 from procsv.watchdog import observe
 from procsv.launch_args import check_coordinator
 from procsv.watchdog.config import check_ps
-from procsv.watchdog.rules.actions import Cause, Finish, GiveUp, Kill, Restart, RestartTask, Settle, Signal, Spawn
+from procsv.watchdog.rules.actions import Action, Cause, Finish, GiveUp, GiveUpTask, Kill, Restart, RestartTask, Settle, Signal, Spawn
 from procsv.watchdog.rules.decide import Limits
 from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.hang import HangLimits
+from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.rules.policy import RestartPolicy
 from procsv.watchdog.rules.state import PS, TRAINER, WORKER
 
@@ -40,6 +41,12 @@ def test_wrong_ps_arguments_are_usage_errors(ps: int, workers: int, nproc: int, 
                                               words: str) -> None:
     with pytest.raises(UsageError, match=words):
         check_ps(ps, workers, nproc, nnodes, standby)
+
+
+def test_on_worker_give_up_without_ps_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="--on-worker-give-up stop goes with --ps"):
+        check_ps(0, 0, 1, 1, "auto", "stop")
+    check_ps(1, 2, 1, 1, "auto", "stop")
 
 
 @pytest.mark.parametrize("ps,workers", [(0, 0), (1, 1), (2, 3)])
@@ -99,8 +106,9 @@ class PsSim(Sim):
         observe.heard(self.view, Progress(c.pid, step, 0.0, ""), self.now)
 
 
-def ps_launch(max_restarts: int = 10) -> PsSim:
-    sim = PsSim(Limits(hang=HangLimits(None, None), nproc=2, ps=1, restart=RestartPolicy(max_restarts=max_restarts)))
+def ps_launch(max_restarts: int = 10, worker_give_up: str = "continue") -> PsSim:
+    sim = PsSim(Limits(hang=HangLimits(None, None), nproc=2, ps=1, restart=RestartPolicy(max_restarts=max_restarts),
+                       worker_give_up=worker_give_up))
     assert sim.tick() == [Spawn(TRAINER, TRAINER)]
     for slot in (TRAINER, "worker1"):
         sim.steps(slot, 5)
@@ -156,8 +164,8 @@ def test_a_worker_that_finished_is_settled_and_not_restarted() -> None:
     assert sim.tick(5.0) == [] and sim.view.children["worker1"].attempt == 1
 
 
-def test_max_restarts_counts_per_task_a_crash_looping_worker_is_given_up_on() -> None:
-    sim = ps_launch(max_restarts=2)
+def crash_loop(sim: PsSim) -> list[Action]:
+    """worker1 fails three times in a row without a new checkpoint (--max-restarts 2); the last decision."""
     for n in range(2):  # two restarts without a checkpoint (the backoff delays the second)
         sim.reaps("worker1", 1)
         assert of(sim.tick(0.5), RestartTask)
@@ -166,10 +174,44 @@ def test_max_restarts_counts_per_task_a_crash_looping_worker_is_given_up_on() ->
         sim.steps("worker1", 10 + n)  # it steps again (no start-up failure) ...
         sim.steps(TRAINER, 10 + n)  # ... and the chief keeps stepping meanwhile
     sim.reaps("worker1", 1)
-    acts = sim.tick(0.5)
+    return sim.tick(0.5)
+
+
+def test_max_restarts_counts_per_task_a_crash_looping_worker_is_given_up_on_and_stop_fails_the_run() -> None:
+    # --on-worker-give-up stop (this test asserted the GiveUp before the option existed; it now names it)
+    sim = ps_launch(max_restarts=2, worker_give_up="stop")
+    acts = crash_loop(sim)
     assert [type(a) for a in acts] == [GiveUp] and "worker1" in acts[0].reason  # type: ignore[attr-defined]
     assert "--max-restarts 2" in acts[0].reason  # type: ignore[attr-defined]
     assert sim.view.history.restarts == 0  # the chief was never restarted: the count was worker1's alone
+
+
+def test_a_worker_given_up_on_under_continue_leaves_the_others_training() -> None:
+    sim = ps_launch(max_restarts=2)  # --on-worker-give-up continue, the default
+    chief, ps0 = sim.view.children[TRAINER], sim.view.children["ps0"]
+    acts = crash_loop(sim)
+    assert [type(a) for a in acts] == [GiveUpTask] and acts[0].slot == "worker1"  # type: ignore[attr-defined]
+    assert "--max-restarts 2" in acts[0].reason  # type: ignore[attr-defined]
+    assert not sim.view.finishing and sim.view.run == RunState.RUNNING
+    assert sim.view.task_history["worker1"].restarts == 2
+    sim.steps(TRAINER, 40)
+    assert sim.tick(600.0) == []  # never started again, nobody signalled
+    assert sim.view.children["worker1"].attempt == 3 and sim.view.children["worker1"].settled
+    assert sim.view.children[TRAINER] is chief and sim.view.children["ps0"] is ps0 and chief.live and ps0.live
+    assert not of(sim.log, Signal) and not of(sim.log, Kill)
+
+
+def test_a_parameter_server_given_up_on_fails_the_run_whatever_the_worker_option() -> None:
+    sim = ps_launch(max_restarts=0)
+    sim.reaps("ps0", 1)
+    acts = sim.tick(0.5)
+    assert [type(a) for a in acts] == [GiveUp] and "ps0" in acts[0].reason  # type: ignore[attr-defined]
+
+
+def test_a_chief_given_up_on_fails_the_run_whatever_the_worker_option() -> None:
+    sim = ps_launch(max_restarts=0)
+    sim.reaps(TRAINER, 1)
+    assert [type(a) for a in sim.tick(0.5)] == [GiveUp]
 
 
 def test_a_task_that_ends_during_a_stop_is_not_restarted() -> None:
@@ -272,3 +314,4 @@ def test_ps_launch_config_has_no_hot_standby_and_its_workers_as_nproc(workers: i
     (cfg,) = seen
     assert (cfg.standby, cfg.ps, cfg.nproc, cfg.coordinator) == ("fork", 1, workers, coordinator)
     assert (cfg.limits().ps, cfg.limits().nproc, cfg.limits().coordinator) == (1, workers, coordinator)
+    assert cfg.limits().worker_give_up == "continue"  # the default

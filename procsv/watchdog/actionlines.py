@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 
-from procsv.watchdog.rules.actions import Cause, Kill, NodeLost, Restart, Signal
+from procsv.watchdog.rules.actions import Cause, GiveUpTask, Kill, NodeLost, Restart, Signal
 from procsv.watchdog.rules.bookkeeping import find
 from procsv.watchdog.publish.events import Event
 from procsv.watchdog.rules.limits import Limits
@@ -88,3 +88,14 @@ def node_lost_reports(action: NodeLost, host: str, limits: Limits) -> list[Repor
                                      "reason": why},
                    say=f"procsv: node {action.node} ({host}) is lost: {why}; its trainers count as dead; the group "
                        f"restarts once it is back (waiting up to --rejoin-timeout {limits.rejoin_timeout:g} s)", err=True)]
+
+
+def task_gave_up_reports(view: RunView, action: GiveUpTask) -> list[Report]:
+    """What to record when a ``--ps`` worker is given up on and the others train on (rule 14)."""
+    child = find(view, action.slot, action.attempt)
+    assert child is not None
+    left = sum(1 for c in view.children.values() if c.role == WORKER and c.live)
+    return [Report(Event.TASK_GAVE_UP, {"role": action.slot, "attempt": action.attempt, "reason": action.reason,
+                                        "error": view.last_error},
+                   say=f"procsv: giving up on {action.reason}; training on without it (the chief and {left} other "
+                       f"worker(s); --on-worker-give-up continue).\n{child.root_cause()}", err=True)]

@@ -53,6 +53,7 @@ class LaunchConfig:
     group_grace_secs: float = 0.5  # --group-grace-secs
     ps: int = 0  # --ps N (with --workers M, which sets nproc): parameter servers (procsv.watchdog.rules.tasks)
     coordinator: bool = False  # --coordinator: TF2 ParameterServerStrategy (the workers are servers too)
+    worker_give_up: str = "continue"  # --on-worker-give-up: stop | continue (procsv.watchdog.rules.tasks)
     nnodes: int = 1  # --nnodes: hosts of the job (procsv.watchdog.rules.hosts)
     node_rank: int = 0  # --node-rank: 0 is the master (this Watchdog), others run a NodeAgent
     master_addr: Optional[str] = None  # --master-addr HOST:PORT: node 0 binds it, the others connect
@@ -83,14 +84,17 @@ class LaunchConfig:
                       chaos=parse_chaos(self.chaos) if self.chaos else None, nproc=self.nproc,
                       group_grace_secs=self.group_grace_secs, nnodes=self.nnodes,
                       rejoin_timeout=self.rejoin_timeout, node_timeout=self.node_timeout, ps=self.ps,
-                      coordinator=self.coordinator)
+                      coordinator=self.coordinator, worker_give_up=self.worker_give_up)
 
 
-def check_ps(ps: int, workers: int, nproc: int, nnodes: int, standby: str) -> None:
+def check_ps(ps: int, workers: int, nproc: int, nnodes: int, standby: str, worker_give_up: Optional[str] = None) -> None:
     """Raise UsageError for ``--ps N --workers M`` (TF1 between-graph replication) combined wrongly:
     both or neither, N >= 1 and M >= 1, never with ``--nproc`` (a MultiWorkerMirroredStrategy group),
     ``--nnodes`` (one host for now) or ``--standby hot`` (a standby replaces one trainer)."""
     if ps == 0 and workers == 0:
+        if worker_give_up is not None:
+            raise UsageError(f"--on-worker-give-up {worker_give_up} goes with --ps N --workers M (a worker given "
+                             "up on there may leave the others training); without --ps a give-up ends the run")
         return
     if ps < 0 or workers < 0:
         raise UsageError(f"--ps and --workers must be >= 1, not --ps {ps} --workers {workers}")

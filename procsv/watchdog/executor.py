@@ -23,9 +23,9 @@ from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUT
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
-from procsv.watchdog.actionlines import kill_reports, node_lost_reports, restart_reports, signal_reports
-from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
-                                     NodeLost, Promote, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
+from procsv.watchdog.actionlines import kill_reports, node_lost_reports, restart_reports, signal_reports, task_gave_up_reports
+from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, GiveUpTask,
+                                     Kill, NodeLost, Promote, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
                                      StartZygote, StopLogdirLost, StopNodesMissing)
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.rules.bookkeeping import find, note
@@ -160,6 +160,8 @@ class Executor:
         note(self.view, action, now, self.limits)
         if isinstance(action, Restart):
             reports += restart_reports(self.view, action)
+        elif isinstance(action, GiveUpTask):
+            reports += task_gave_up_reports(self.view, action)
         elif isinstance(action, RespawnService):
             assert child is not None
             reports.append(Report(say=f"procsv: {child.headline()}; restarting the {child.role} service", err=True))

@@ -27,6 +27,7 @@ exited                 role, attempt, pid, noticed, code | signal
 restarting             attempt (the next one), delay, error
 restarted              attempt (the one being started)
 gave_up                reason, error
+task_gave_up           role (a --ps worker), attempt, reason, error (given up on; the run trains on)
 finished               state, exit_code, step
 orphans_killed         pids (processes of the run whose parent died, adopted and killed)
 logdir_lost            path, reason (the logdir was deleted, moved or replaced: the run stops)
@@ -73,6 +74,7 @@ class Event(str, enum.Enum):
     RESTARTING = "restarting"
     RESTARTED = "restarted"
     GAVE_UP = "gave_up"
+    TASK_GAVE_UP = "task_gave_up"
     FINISHED = "finished"
     ORPHANS_KILLED = "orphans_killed"
     LOGDIR_LOST = "logdir_lost"
@@ -108,6 +110,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.RESTARTING: frozenset({"attempt", "delay", "error"}),
     Event.RESTARTED: frozenset({"attempt"}),
     Event.GAVE_UP: frozenset({"reason", "error"}),
+    Event.TASK_GAVE_UP: frozenset({"role", "attempt", "reason", "error"}),
     Event.FINISHED: frozenset({"state", "exit_code", "step"}),
     Event.ORPHANS_KILLED: frozenset({"pids"}),
     Event.LOGDIR_LOST: frozenset({"path", "reason"}),

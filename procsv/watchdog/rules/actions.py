@@ -83,6 +83,17 @@ class RestartTask:
 
 
 @dataclass(frozen=True)
+class GiveUpTask:
+    """The restart policy gave up on a non-chief worker of ``--ps`` and ``--on-worker-give-up continue``
+    says the run trains on without it (:mod:`procsv.watchdog.rules.tasks`); ``history`` is its own."""
+
+    slot: str
+    attempt: int
+    reason: str
+    history: History
+
+
+@dataclass(frozen=True)
 class RespawnService:
     """A service died while the run goes on: start it again at once."""
 
@@ -201,6 +212,6 @@ class StartZygote:
     attempt: int
 
 
-Action = Union[Spawn, Signal, Kill, Restart, RestartTask, RespawnService, GiveUpService, GiveUpCheckpoints, Finish, GiveUp,
+Action = Union[Spawn, Signal, Kill, Restart, RestartTask, GiveUpTask, RespawnService, GiveUpService, GiveUpCheckpoints, Finish, GiveUp,
                Settle, ArmChaos, SkipChaos, StopLogdirLost, Promote, StandbyGone, NodeLost, StopNodesMissing,
                StartZygote]

@@ -17,7 +17,7 @@ from typing import Optional
 from procsv.watchdog.rules import group
 from procsv.watchdog.rules import standby
 from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
-                                     NodeLost, Promote, RespawnService, Restart, RestartTask, Settle, Signal, SkipChaos, Spawn,
+                                     NodeLost, Promote, RespawnService, Restart, RestartTask, GiveUpTask, Settle, Signal, SkipChaos, Spawn,
                                      StandbyGone, StartZygote, StopLogdirLost, StopNodesMissing)
 from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.lifecycle import ProcState, RunState, transition
@@ -144,6 +144,10 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         child.set_state(ProcState.RESTARTING)
         view.task_history[child.slot] = action.history
         view.task_due[child.slot] = now + action.delay
+        view.last_error = child.headline()
+    elif isinstance(action, GiveUpTask):
+        _settle(child)
+        view.task_history[child.slot] = action.history
         view.last_error = child.headline()
     elif isinstance(action, RespawnService):
         _settle(child)

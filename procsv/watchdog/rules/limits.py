@@ -49,6 +49,7 @@ class Limits:
     rejoin_timeout: float = 300.0  # a lost (or never joined) host may take this long to come back
     ps: int = 0  # --ps N: parameter-server tasks; > 0: nproc is --workers and each task restarts alone (rule 14)
     coordinator: bool = False  # --coordinator (with --ps): the workers are servers, TARGET runs once as the chief
+    worker_give_up: str = "continue"  # --on-worker-give-up: a --ps worker given up on stops the run, or not (rule 14)
 
     @property
     def world(self) -> int:

@@ -15,8 +15,11 @@ finds them there.
 - A worker that exits 0 finished (nothing more); a parameter server or a worker that ends any other
   way is judged by the restart policy (:func:`procsv.watchdog.rules.policy.decide`) with *its own*
   history (``view.task_history``), so ``--max-restarts`` counts per task: :class:`RestartTask` (at
-  once, or after the backoff), or :class:`GiveUp` (the run stops in order and fails; the default,
-  and for now the only choice, of what giving up on one task means).
+  once, or after the backoff), or, past ``--max-restarts``, a give-up: for a parameter server
+  :class:`GiveUp` (the run stops in order and fails: its variables cannot be served); for a non-chief
+  worker :class:`GiveUpTask` (``--on-worker-give-up continue``, the default: the others train on
+  without it, as under TensorFlow's own Supervisor, where one replica's end stops no other) or
+  :class:`GiveUp` (``stop``).
 - A due task start (``view.task_due``) is :class:`Spawn` of that slot alone, never while a stop is
   requested or once the outcome is decided.
 
@@ -44,7 +47,7 @@ from __future__ import annotations
 import signal
 
 from procsv.common.exitcodes import EXIT_PREEMPTED
-from procsv.watchdog.rules.actions import Action, Cause, GiveUp, Kill, RestartTask, Settle, Signal, Spawn
+from procsv.watchdog.rules.actions import Action, Cause, GiveUp, GiveUpTask, Kill, RestartTask, Settle, Signal, Spawn
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.policy import Action as Verdict
@@ -86,6 +89,8 @@ def judge_task(view: RunView, child: ChildView, now: float, limits: Limits, draw
     if verdict.action == Verdict.STOPPED:
         return [Settle(child.slot, child.attempt)]
     if verdict.action == Verdict.GIVE_UP:
+        if child.role == WORKER and limits.worker_give_up == "continue":
+            return [GiveUpTask(child.slot, child.attempt, f"{child.slot}: {verdict.reason}", verdict.history)]
         return [GiveUp(child.slot, child.attempt, f"{child.slot}: {verdict.reason}", view.history)]
     out: list[Action] = [RestartTask(child.slot, child.attempt, verdict.delay, verdict.history)]
     if child.role == PS:  # every worker's session lost its variables: end them now, not when gRPC notices
