@@ -287,3 +287,27 @@ def test_a_relaunch_that_never_commits_still_reports_the_age_of_the_last_checkpo
     finally:
         proc.send_signal(signal.SIGTERM)
         finish(proc)
+
+
+def test_a_ps_launch_counts_restarts_per_task_with_role_labels():
+    # issue 43: before, only the chief's restarts (procsv_restarts) were counted under --ps
+    view = RunView(launch_start=0.0)
+    view.tasks_alone = True
+    view.children = {"trainer": ChildView("trainer", "trainer", 3, 10, 0.0),
+                     "worker1": ChildView("worker1", "worker", 2, 11, 0.0),
+                     "worker2": ChildView("worker2", "worker", 1, 12, 0.0),
+                     "ps0": ChildView("ps0", "ps", 2, 13, 0.0),
+                     "checkpoint": ChildView("checkpoint", "checkpoint", 4, 14, 0.0)}
+    snap = take_snapshot(view, 30.0, 1000.0, 970.0, StepRate())
+    assert snap.task_restarts == (("chief", "chief", 2), ("ps0", "ps", 1), ("worker1", "worker", 1),
+                                  ("worker2", "worker", 0))
+    got = parse(generate_latest(_registry(snap)).decode())
+    assert value(got, "procsv_task_restarts_total", task="chief", role="chief") == 2.0
+    assert value(got, "procsv_task_restarts_total", task="worker1", role="worker") == 1.0
+    assert value(got, "procsv_task_restarts_total", task="worker2", role="worker") == 0.0
+    assert value(got, "procsv_task_restarts_total", task="ps0", role="ps") == 1.0
+    assert not [k for k in got if k[0] == "procsv_task_restarts_total" and dict(k[1])["task"] == "checkpoint"]
+    view.tasks_alone = False  # without --ps: no per-task family (a group restarts whole: procsv_restarts)
+    plain = take_snapshot(view, 30.0, 1000.0, 970.0, StepRate())
+    assert plain.task_restarts == ()
+    assert "procsv_task_restarts" not in {fam.name for fam in families(plain, 0.0, 7, {})}

@@ -19,8 +19,11 @@ One launch of ``procsv.examples.seeds_tf1.replicas`` with one parameter server a
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -58,8 +61,12 @@ def log_of(logdir: str, name: str) -> str:
 def test_each_task_is_restarted_alone_and_the_replicas_example_trains_to_the_end(short_tmp: str) -> None:
     from procsv.examples.seeds_tf1.model import checkpoint_variables, variables_after
 
+    from test_metrics import free_port, scrape, value
+
     logdir = os.path.join(short_tmp, "run")
-    proc = launch(logdir, *ARGS, target="procsv.examples.seeds_tf1.replicas", opts=("--ps", "1", "--workers", "2"))
+    port = free_port()
+    proc = launch(logdir, *ARGS, target="procsv.examples.seeds_tf1.replicas",
+                  opts=("--ps", "1", "--workers", "2", "--metrics-port", str(port)))
     try:
         wait_for(lambda: proc.poll() is not None or [s for s in committed_steps(logdir) if s > 0], 180,
                  what="a committed checkpoint")
@@ -98,6 +105,10 @@ def test_each_task_is_restarted_alone_and_the_replicas_example_trains_to_the_end
         wait_for(lambda: stepping(logdir, "worker1", 3, 0), 120, what="worker1 stepping again after the ps")
         assert int(restored.split("restored step ")[1].split()[0]) >= before
         assert entry(logdir, "ps0")["attempt"] == 2
+        got = wait_for(lambda: (s := scrape(port)) and value(s, "procsv_task_restarts_total", task="ps0",
+                                                             role="ps") == 1.0 and s, 10, what="the ps restart scraped")
+        assert value(got, "procsv_task_restarts_total", task="chief", role="chief") == 2.0  # killed, then ps_lost
+        assert value(got, "procsv_task_restarts_total", task="worker1", role="worker") == 2.0
         code, out, err = finish(proc, 300)
     finally:
         if proc.poll() is None:
@@ -105,6 +116,14 @@ def test_each_task_is_restarted_alone_and_the_replicas_example_trains_to_the_end
             finish(proc, 120)
     assert code == 0, err[-3000:]
     assert "a parameter server died and its variables with it; killing the worker task" in out + err
+    with open(os.path.join(logdir, "logs", "report.json")) as fh:
+        tasks = json.load(fh)["tasks"]
+    assert tasks == {"chief": {"role": "chief", "restarts": 2, "given_up": False},
+                     "worker1": {"role": "worker", "restarts": 2, "given_up": False},
+                     "ps0": {"role": "ps", "restarts": 1, "given_up": False}}
+    report = subprocess.run([sys.executable, "-m", "procsv", "report", logdir], capture_output=True, text=True,
+                            timeout=60)
+    assert "tasks: chief 2 restart(s), ps0 1 restart(s), worker1 2 restart(s)" in report.stdout, report.stdout
     import tensorflow as tf
 
     latest = tf.train.latest_checkpoint(logdir)
@@ -175,3 +194,7 @@ def test_a_worker_given_up_on_leaves_the_others_training_then_sigterm_commits_th
     assert ("trainer", 42, None) in exits
     ended = [r for r, _, _ in exits if r in ("trainer", "worker1", "ps")]
     assert ended.index("worker1") < ended.index("trainer") < ended.index("ps"), ended
+    with open(os.path.join(logdir, "logs", "report.json")) as fh:
+        tasks = json.load(fh)["tasks"]
+    assert tasks["worker2"] == {"role": "worker", "restarts": 0, "given_up": True}, tasks
+    assert [t["restarts"] for t in tasks.values()] == [0, 0, 0, 0]

@@ -40,3 +40,28 @@ def test_only_the_last_launch_counts():
     events = [_ev(0.0, "launch"), _ev(1.0, "restarting", attempt=2), _ev(5.0, "launch"), _ev(6.0, "first_step", step=1)]
     assert last_launch(events) == events[2:]
     assert restarts(last_launch(events)) == []
+
+
+def test_a_ps_launch_reports_restarts_per_task_and_the_workers_given_up_on():
+    # issue 43: before, report.json and `procsv report` counted the chief's restarts only
+    from procsv.report import RunReport, render
+    from procsv.watchdog.publish import recovery
+    from procsv.watchdog.publish.runmetrics import task_summary
+    from procsv.watchdog.rules.state import ChildView, RunView
+
+    view = RunView(launch_start=0.0)
+    view.tasks_alone = True
+    view.children = {"trainer": ChildView("trainer", "trainer", 2, 10, 0.0),
+                     "worker1": ChildView("worker1", "worker", 3, 11, 0.0),
+                     "ps0": ChildView("ps0", "ps", 1, 12, 0.0),
+                     "summary": ChildView("summary", "summary", 1, 13, 0.0)}
+    view.tasks_given_up = ["worker1"]
+    tasks = task_summary(view)
+    assert tasks == {"chief": {"role": "chief", "restarts": 1, "given_up": False},
+                     "ps0": {"role": "ps", "restarts": 0, "given_up": False},
+                     "worker1": {"role": "worker", "restarts": 2, "given_up": True}}
+    summary = {**recovery.summarize([], 0.0, 10.0), "tasks": tasks}
+    text = render(RunReport("/run", "stopped", 50, None, None, None, None, summary))
+    assert "  tasks: chief 1 restart(s), ps0 0 restart(s), worker1 2 restart(s) (given up on)" in text
+    view.tasks_alone = False
+    assert task_summary(view) == {}

@@ -77,6 +77,12 @@ def families(snap: Optional[RunSnapshot], now: float, summaries_dropped: Optiona
     for role, n in snap.service_restarts:
         services.add_metric([role], n)
     out.append(services)
+    if snap.task_restarts:  # --ps: each task restarts alone
+        tasks = CounterMetricFamily("procsv_task_restarts", "Restarts of each task of a --ps launch (the chief, "
+                                    "workerN, psN), by task and role.", labels=["task", "role"])
+        for task, role, n in snap.task_restarts:
+            tasks.add_metric([task, role], n)
+        out.append(tasks)
     out.append(CounterMetricFamily("procsv_steps_redone", "Steps trained again after restarts (done after the "
                                    "checkpoint the next attempt restored).", value=snap.steps_redone))
     if snap.goodput is not None:

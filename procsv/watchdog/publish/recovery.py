@@ -84,4 +84,9 @@ def render(summary: dict[str, Any]) -> str:
             lines.append(f"  {r['attempt']:>7} {f(r['detect_s']):>9} {f(r['respawn_s']):>9} {f(r['restore_s']):>9} "
                          f"{f(r['first_step_s']):>10} {f(r['total_s']):>8} {r['steps_redone'] if r['steps_redone'] is not None else '-':>6}  "
                          f"{r['cause'][:60]}")
+    tasks = summary.get("tasks")
+    if isinstance(tasks, dict) and tasks:
+        lines.append("  tasks: " + ", ".join(f"{t} {v['restarts']} restart(s)" + (" (given up on)" if v.get("given_up")
+                                                                                  else "")
+                                             for t, v in tasks.items()))
     return "\n".join(lines)

@@ -30,7 +30,7 @@ from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.observe import Report
 from procsv.watchdog.publish.output import Terminal
 from procsv.watchdog.prewarm import Zygote
-from procsv.watchdog.publish.runmetrics import PUBLISH_EVERY, RunSnapshot, StepRate, take_snapshot
+from procsv.watchdog.publish.runmetrics import PUBLISH_EVERY, RunSnapshot, StepRate, take_snapshot, task_summary
 from procsv.watchdog.publish.series import StepSeries
 from procsv.watchdog.rules.state import RunView
 from procsv.watchdog.publish.statusfile import StatusWriter, status_record
@@ -159,7 +159,7 @@ class Reporter:
         if points and view.step > points[-1][1]:  # Progress is throttled: the last steps may be unsaid
             self.series.add(self.wall(), view.step)
         summary.update(started_at=self.started_wall, ended_at=self.wall(), skipped_steps=list(view.skipped_steps),
-                       rollbacks=view.rollbacks,
+                       rollbacks=view.rollbacks, **({"tasks": task_summary(view)} if view.tasks_alone else {}),
                        series=[[round(t, 3), s] for t, s in self.series.points()])
         if view.logdir_lost is None:
             self.io.call(lambda: _write_report(self.layout, summary))

@@ -23,7 +23,7 @@ from typing import Optional
 from procsv.watchdog.publish import recovery
 from procsv.watchdog.rules.failures import signal_name
 from procsv.watchdog.rules.lifecycle import RunState
-from procsv.watchdog.rules.state import TRAINER, ChildView, RunView
+from procsv.watchdog.rules.state import PS, TRAINER, WORKER, ChildView, RunView
 
 PUBLISH_EVERY = 0.5  # seconds between snapshots (and so the freshness of a scrape)
 RATE_WINDOW = 10.0  # seconds of progress that steps/s is measured over
@@ -52,6 +52,7 @@ class RunSnapshot:
     logdir_errors: int = 0  # looks at the logdir that failed without saying it is gone (EIO, ESTALE)
     steps_skipped: int = 0  # non-finite steps skipped (issue 41)
     rollbacks: int = 0  # in-place restores of a finite state after a non-finite loss
+    task_restarts: tuple[tuple[str, str, int], ...] = ()  # --ps: (task, role, restarts) of every task (task_rows)
 
 
 def restart_cause(prev: ChildView) -> Optional[str]:
@@ -66,6 +67,24 @@ def restart_cause(prev: ChildView) -> Optional[str]:
     if prev.failure is not None and prev.failure.preempted:
         return "preempted"  # a 42 without the trainer's exit report is a plain exit code
     return signal_name(code) or "exit_code"
+
+
+def task_rows(view: RunView) -> tuple[tuple[str, str, int], ...]:
+    """With ``--ps``: ``(task, role, restarts)`` of every task, sorted: the chief (task and role
+    ``chief``), ``worker<R>`` (role ``worker``), ``ps<I>`` (role ``ps``); its restarts are its attempts
+    after the first, whatever ended them (a parameter server's death ends every worker: each counts).
+    Empty without ``--ps``."""
+    if not view.tasks_alone:
+        return ()
+    rows = [("chief" if c.role == TRAINER else c.slot, "chief" if c.role == TRAINER else c.role, c.attempt - 1)
+            for c in view.children.values() if c.role in (TRAINER, WORKER, PS)]
+    return tuple(sorted(rows))
+
+
+def task_summary(view: RunView) -> dict[str, dict[str, object]]:
+    """``report.json``'s ``tasks`` (``--ps`` only): task -> its role, restarts and whether it was given up on."""
+    return {task: {"role": role, "restarts": n, "given_up": task in view.tasks_given_up}
+            for task, role, n in task_rows(view)}
 
 
 def restart_counts(attempts: list[ChildView]) -> tuple[tuple[str, int], ...]:
@@ -131,4 +150,5 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
         logdir_errors=view.logdir_errors,
         steps_skipped=len(view.skipped_steps),
         rollbacks=view.rollbacks,
+        task_restarts=task_rows(view),
     )

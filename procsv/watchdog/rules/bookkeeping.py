@@ -148,6 +148,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
     elif isinstance(action, GiveUpTask):
         _settle(child)
         view.task_history[child.slot] = action.history
+        view.tasks_given_up.append(child.slot)
         view.last_error = child.headline()
     elif isinstance(action, RespawnService):
         _settle(child)

@@ -190,6 +190,7 @@ class RunView:
     coordinator: bool = False  # ... --coordinator: the workers are servers (role SERVER), the trainer the chief
     task_history: dict[str, History] = field(default_factory=dict)  # slot -> its restarts (a --ps task's own)
     task_due: dict[str, float] = field(default_factory=dict)  # slot -> when the task is started again
+    tasks_given_up: list[str] = field(default_factory=list)  # --ps workers given up on, the run training on
     commit_clock: Optional[float] = None  # the last commit (or stall kill): checkpoint stalls count from here
     commit_step: int = -1  # the step of the last commit seen
     failed_saves: int = 0  # consecutive checkpoints that failed to commit (lost snapshots not counted)
