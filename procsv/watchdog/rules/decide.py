@@ -78,7 +78,10 @@ Rules, in the order they are considered:
 14. **Parameter-server tasks** (:mod:`procsv.watchdog.rules.tasks`, ``--ps N --workers M``): no
    task's end breaks another; a parameter server or a non-chief worker that ended is judged by
    the restart policy with its own history and started again alone when due; the chief is
-   judged by rule 1 and restarted alone by rule 3.
+   judged by rule 1 and restarted alone by rule 3. A non-chief worker given up on ends the run
+   (``--on-worker-give-up stop``) or not (``continue``, the default). A stop (rule 2) goes to the
+   non-chief workers first and to the chief once none is live; rule 6 stops a parameter server
+   only once no worker is live.
 """
 
 from __future__ import annotations
