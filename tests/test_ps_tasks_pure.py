@@ -268,6 +268,9 @@ def test_a_worker_that_does_not_stop_is_killed_at_half_the_grace_and_the_chief_i
     assert not of(sim.tick(0.1), Signal)
     sim.reaps("worker1", KILLED)
     assert [a.slot for a in of(sim.tick(0.1), Signal)] == [TRAINER]
+    # the worker's kill left the chief's own deadline: a chief that does not stop is killed at the grace's end
+    assert not of(sim.tick(grace / 2 - 1.0), Kill)
+    assert [(a.slot, a.cause) for a in of(sim.tick(1.0), Kill)] == [(TRAINER, Cause.STOP_GRACE)]
 
 
 def test_a_shutdown_holds_the_parameter_servers_until_every_worker_ended() -> None:

@@ -50,6 +50,9 @@ def kill_reports(view: RunView, action: Kill, limits: Limits) -> list[Report]:
         return [Report(Event.CHECKPOINT_STALLED, {"pid": child.pid, "reason": action.reason},
                        say=f"procsv: checkpoints stalled ({action.reason}); replacing the checkpoint service "
                            f"(pid {child.pid})", err=True)]
+    if action.cause == Cause.STOP_GRACE and child.role == WORKER:  # --ps: the other workers stop first (rule 14)
+        return [Report(say=f"procsv: {child.slot} did not stop within {limits.stop_grace_secs / 2:g} s (half of "
+                           "--stop-grace-secs); killing it before the chief commits", err=True)]
     grace = limits.hang_grace_secs if action.cause == Cause.HANG else limits.stop_grace_secs
     return [Report(say=_KILL_LINES[action.cause].format(grace=grace, role=child.role))]
 

@@ -122,8 +122,8 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         child.killed = True
         if action.cause == Cause.HANG:
             child.hang_kill_at = None
-        elif action.cause == Cause.STOP_GRACE:
-            view.stop_deadline = None
+        elif action.cause == Cause.STOP_GRACE and child.role == TRAINER:
+            view.stop_deadline = None  # (a --ps worker killed at half the grace leaves the chief's deadline)
         elif action.cause == Cause.STALL and child.role == SUMMARY:
             view.summary_overdue = ""
             view.last_error = f"summary service stalled: {action.reason}"
