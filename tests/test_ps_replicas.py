@@ -8,9 +8,10 @@ One launch of ``procsv.examples.seeds_tf1.replicas`` with one parameter server a
    untouched), and it finds the model initialized (``ready_op``) and steps again;
 2. the chief SIGKILLed: restarted alone, it restores the newest checkpoint and goes on, and
    checkpoints resume (a newer one commits); the worker and the parameter server untouched;
-3. the parameter server SIGKILLed (its variables are lost): procsv restarts it and ends the worker
-   and the chief (their sessions lost its variables), each restarted alone; the chief restores the
-   newest checkpoint into the parameter server and everyone steps again;
+3. the parameter server SIGKILLed (its variables are lost): procsv restarts it (forked from the
+   pre-warmed trainer, as at its first start) and ends the worker and the chief (their sessions lost
+   its variables), each restarted alone; the chief restores the newest checkpoint into the parameter
+   server and everyone steps again;
 4. the run trains to ``--steps`` and exits 0; ``tf.train.latest_checkpoint`` is the chief's final one, and a
    fresh-graph ``tf.compat.v1.train.Saver`` restores from it variables that match the step it holds
    (an uninterrupted plain run's at that step, to the staleness of asynchronous updates): nobody
@@ -105,6 +106,10 @@ def test_each_task_is_restarted_alone_and_the_replicas_example_trains_to_the_end
         wait_for(lambda: stepping(logdir, "worker1", 3, 0), 120, what="worker1 stepping again after the ps")
         assert int(restored.split("restored step ")[1].split()[0]) >= before
         assert entry(logdir, "ps0")["attempt"] == 2
+        # forked from the pre-warmed trainer, TensorFlow imported (fresh, it took seconds to serve again)
+        from conftest import lifecycle
+        assert [e["via"] for e in lifecycle(logdir) if e["event"] == "spawned" and e["role"] == "ps0"] == \
+            ["zygote", "zygote"]
         got = wait_for(lambda: (s := scrape(port)) and value(s, "procsv_task_restarts_total", task="ps0",
                                                              role="ps") == 1.0 and s, 10, what="the ps restart scraped")
         assert value(got, "procsv_task_restarts_total", task="chief", role="chief") == 2.0  # killed, then ps_lost

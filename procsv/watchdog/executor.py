@@ -13,7 +13,6 @@ from __future__ import annotations
 import random
 import signal
 import uuid
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 from procsv.common import spawn
@@ -31,7 +30,7 @@ from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.rules.bookkeeping import find, note
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.publish.events import Event
-from procsv.watchdog.children import ChildProcess, Process, Unreaped, end_all, watch_death
+from procsv.watchdog.children import ChildProcess, PendingFork, Process, Unreaped, end_all, watch_death
 from procsv.watchdog.logrotate import rotate
 from procsv.watchdog.rules.failures import describe
 from procsv.watchdog.multihost.remote import RemoteMembers
@@ -43,20 +42,6 @@ from procsv.watchdog.rules.group import blame, worker_slot
 from procsv.watchdog.rules.state import PS, SERVER, STANDBY, TRAINER, WORKER, RunView, ZygoteState
 
 Sink = Callable[[list[Report]], None]
-
-
-@dataclass
-class PendingFork:
-    """A trainer start asked of the zygote: what the fresh spawn needs if the zygote fails."""
-
-    slot: str
-    attempt: int
-    env: dict[str, str]
-    log_path: str
-    mutex: Optional[RobustMutex]
-    due: float  # the zygote's answer is overdue after this (the watchdog's clock)
-    role: str = TRAINER  # TRAINER, WORKER (a group's task ``rank``) or STANDBY
-    rank: int = 0
 
 
 class Executor:

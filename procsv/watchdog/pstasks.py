@@ -5,13 +5,14 @@ Runs in the watchdog, called by the executor (:meth:`procsv.watchdog.executor.Ex
 :class:`PsCluster` owns the cluster's addresses: free ports on 127.0.0.1, chosen once at the first
 start and kept for the run, so that a task restarted alone serves (a parameter server) or dials
 (a worker) the same addresses as before. The first trainer start starts every task: the N
-parameter servers (slots ``ps0`` ...: :mod:`procsv.ps_server`, fresh processes), the workers 1 ..
-M-1 (slots ``worker1`` ...) and the chief (worker 0, slot ``trainer``), the workers from the
-pre-warmed trainer when it is ready; every later start is one task's
-(:mod:`procsv.watchdog.rules.tasks` decides which).
+parameter servers (slots ``ps0`` ...: :mod:`procsv.ps_server`), the workers 1 .. M-1 (slots
+``worker1`` ...) and the chief (worker 0, slot ``trainer``), every one forked from the pre-warmed
+trainer when it is ready (a parameter server so serves again in a fraction of a second instead of
+the seconds a fresh process takes to import TensorFlow, which its workers wait for), else fresh;
+every later start is one task's (:mod:`procsv.watchdog.rules.tasks` decides which).
 
 With ``--coordinator`` the M workers are servers as the parameter servers are (slots ``worker0`` ..
-``worker<M-1>``, role ``server``, :mod:`procsv.ps_server` too) and the trainer slot runs TARGET once,
+``worker<M-1>``, role ``server``, :mod:`procsv.ps_server` too; every server fresh) and the trainer slot runs TARGET once,
 as TensorFlow's ``chief`` task (the coordinator), with its own address in the cluster:
 ``TF_CONFIG`` ``{"cluster": {"chief": [...], "worker": [...], "ps": [...]}, "task": {"type":
 "chief", "index": 0}}``, what ``TFConfigClusterResolver`` reads. The coordinator is told it is a
@@ -20,19 +21,24 @@ lone trainer (``PROCSV_NPROC`` 1, no ``PROCSV_PS``): its Supervisor checkpoints 
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 from procsv.cluster import make_ps_tf_config, make_pss_tf_config
 from procsv.common.env import NPROC, PS as PS_ENV, RANK
 from procsv.common.layout import Layout
 from procsv.common.mutex import RobustMutex
 from procsv.common.spawn import free_ports
-from procsv.watchdog.children import ChildProcess
+from procsv.watchdog import observe
+from procsv.watchdog.children import ChildProcess, PendingFork
+from procsv.watchdog.config import LaunchConfig
+from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable
 from procsv.watchdog.rules.group import rank_of, worker_slot
 from procsv.watchdog.rules.state import PS, SERVER, TRAINER, WORKER, RunView
 from procsv.watchdog.rules.tasks import ps_slot
 
 HOST = "127.0.0.1"
+PS_SERVER = "procsv.ps_server"  # the zygote runs this module in the child it forks for a parameter server
+PS_FORK_RANK = 1000  # parameter server i's fork is answered under this + i (the workers' under their task)
 
 
 class Starter(Protocol):
@@ -40,6 +46,10 @@ class Starter(Protocol):
 
     view: RunView
     layout: Layout
+    cfg: LaunchConfig
+    zygote: Optional[Zygote]
+    forks: dict[str, PendingFork]
+    clock: Callable[[], float]
 
     def _env(self, role: str, attempt: int) -> dict[str, str]: ...
 
@@ -66,12 +76,20 @@ class PsCluster:
             return make_pss_tf_config(self.chief, self.workers, self.ps, task_type, index)
         return make_ps_tf_config(self.ps, self.workers, task_type, index)
 
-    def _server(self, ex: Starter, slot: str, role: str, attempt: int) -> ChildProcess:
-        """A parameter server, or with ``--coordinator`` a worker: a fresh :mod:`procsv.ps_server`."""
+    def _server(self, ex: Starter, slot: str, role: str, attempt: int) -> Optional[ChildProcess]:
+        """A parameter server, or with ``--coordinator`` a worker: :mod:`procsv.ps_server`. In TF1 mode
+        a parameter server is forked from the pre-warmed trainer when it is ready (None: the
+        executor's poll_fork adds it when the zygote answers): every worker waits for it. With
+        ``--coordinator`` every server starts fresh (a forked parameter server was tried there: the
+        restarted coordinator did not step again within 180 s in ``tests/test_ps_strategy.py``)."""
         env = ex._env(slot, attempt)
         job, index = ("ps", int(slot[len(PS):])) if role == PS else ("worker", rank_of(slot))
         env["TF_CONFIG"] = self._tf_config(job, index)
-        return ex._fresh(slot, role, attempt, env, ex.layout.attempt_log(slot, attempt), None)
+        log = ex.layout.attempt_log(slot, attempt)
+        if role == PS and not self.coordinator and _fork_server(ex, slot, role, attempt, env, log,
+                                                                PS_FORK_RANK + index):
+            return None
+        return ex._fresh(slot, role, attempt, env, log, None)
 
     def start(self, ex: Starter, slot: str, role: str) -> Optional[ChildProcess]:
         """Start the next attempt of ``slot``; the first start of the chief starts every task."""
@@ -91,3 +109,18 @@ class PsCluster:
         extra = {NPROC: str(len(self.workers)), RANK: str(rank), PS_ENV: str(len(self.ps)),
                  "TF_CONFIG": self._tf_config("worker", rank)}
         return ex._spawn_member(slot, TRAINER if rank == 0 else WORKER, attempt, rank, extra)
+
+
+def _fork_server(ex: Starter, slot: str, role: str, attempt: int, env: dict[str, str], log: str, key: int) -> bool:
+    """Ask the pre-warmed trainer for a server task (False: it is not ready, or failed: start it
+    fresh; a zygote that failed is found out, and replaced, at the next trainer start)."""
+    zygote = ex.zygote
+    if zygote is None or not zygote.ready:
+        return False
+    try:
+        due = zygote.request_fork(attempt, PS_SERVER, [], env, log, ex.cfg.cwd, key)
+    except (ZygoteUnavailable, OSError):
+        return False
+    ex.forks[slot] = PendingFork(slot, attempt, env, log, None, due, role, key)
+    observe.fork_requested(ex.view, ex.clock())
+    return True

@@ -5,7 +5,8 @@ and any ``PROCSV_PRELOAD`` modules) but never runs a TensorFlow op: a process th
 imported TensorFlow can fork children that train normally, whereas forking after any op
 deadlocks the child. When the watchdog sends a :class:`ForkRequest` on its pipe, the zygote forks;
 the child becomes the trainer (new session, its own log file, the attempt's environment) and
-runs ``procsv.trainer`` exactly as a freshly spawned trainer would, minus the ~4 s import. The
+runs ``procsv.trainer`` exactly as a freshly spawned trainer would, minus the ~4 s import (a
+request whose target is ``procsv.ps_server`` makes a ``--ps`` parameter server instead). The
 zygote reaps its children and reports each exit status with :class:`ChildExit`.
 
 Control pipe file descriptors come in ``PROCSV_ZYGOTE_FDS="read,write"``.
@@ -169,6 +170,11 @@ def _become_trainer(req: ForkRequest, inherited: tuple[int, ...]) -> int:
     np = sys.modules.get("numpy")
     if np is not None:
         np.random.seed()  # as in a fresh process: numpy's global generator is not shared across forks
+    if req.argv[1:] == ["procsv.ps_server"]:  # a --ps parameter server (procsv.watchdog.pstasks), TF imported
+        from procsv.ps_server import main as ps_main
+
+        bootstrap.die_with_parent()
+        return ps_main()
     from procsv.trainer.__main__ import main as trainer_main
 
     sys.argv = list(req.argv)
