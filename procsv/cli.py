@@ -82,8 +82,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="with --ps: TF2 ParameterServerStrategy: the M workers are servers too, TARGET runs once "
                          "as the chief (the coordinator, TF_CONFIG task chief/0)")
     la.add_argument("--on-worker-give-up", choices=["stop", "continue"], default=None,
-                    help="with --ps: a non-chief worker given up on (--max-restarts) stops the run (stop: it "
-                         "fails, exit 1), or the others train on without it (continue, the default)")
+                    help="with --ps: a non-chief worker (a --coordinator worker server) given up on "
+                         "(--max-restarts) stops the run (stop: it fails, exit 1), or the others train on "
+                         "without it (continue, the default)")
     la.add_argument("--group-grace-secs", type=float, default=0.5, metavar="SECS",
                     help="with --nproc: once a member of the group ended, the others get SIGTERM and are "
                          "SIGKILLed after this many seconds (default 0.5)")

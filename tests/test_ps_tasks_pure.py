@@ -318,3 +318,35 @@ def test_ps_launch_config_has_no_hot_standby_and_its_workers_as_nproc(workers: i
     assert (cfg.standby, cfg.ps, cfg.nproc, cfg.coordinator) == ("fork", 1, workers, coordinator)
     assert (cfg.limits().ps, cfg.limits().nproc, cfg.limits().coordinator) == (1, workers, coordinator)
     assert cfg.limits().worker_give_up == "continue"  # the default
+
+
+@pytest.mark.parametrize("give_up", ["continue", "stop"])
+def test_a_coordinators_worker_server_given_up_on_follows_the_option(give_up: str) -> None:
+    # --coordinator: the worker servers (role server) are workers too; ClusterCoordinator runs their
+    # functions on the others, so continue trains on without one, stop fails the run
+    from test_ps_strategy_pure import CoordinatorSim
+
+    sim = CoordinatorSim(Limits(hang=HangLimits(None, None), nproc=2, ps=1, coordinator=True,
+                                restart=RestartPolicy(max_restarts=0), worker_give_up=give_up))
+    assert sim.tick() == [Spawn(TRAINER, TRAINER)]
+    sim.steps(TRAINER, 5)
+    sim.reaps("worker1", KILLED)
+    acts = sim.tick(1.0)
+    assert [type(a) for a in acts] == [GiveUpTask if give_up == "continue" else GiveUp]
+    assert acts[0].slot == "worker1"  # type: ignore[attr-defined]
+    assert sim.view.finishing == (give_up == "stop")
+    if give_up == "continue":
+        assert sim.view.tasks_given_up == ["worker1"] and sim.tick(60.0) == []
+
+
+def test_a_coordinators_tasks_are_counted_per_task_with_the_server_role() -> None:
+    from test_ps_strategy_pure import CoordinatorSim
+    from procsv.watchdog.publish.runmetrics import task_rows
+
+    sim = CoordinatorSim(Limits(hang=HangLimits(None, None), nproc=2, ps=1, coordinator=True))
+    sim.tick()
+    sim.reaps("worker1", KILLED)
+    sim.tick(1.0)
+    sim.tick(0.01)
+    assert task_rows(sim.view) == (("chief", "chief", 0), ("ps0", "ps", 0), ("worker0", "server", 0),
+                                   ("worker1", "server", 1))

@@ -14,7 +14,7 @@ from procsv.watchdog.rules.bookkeeping import find
 from procsv.watchdog.publish.events import Event
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.observe import Report
-from procsv.watchdog.rules.state import SUMMARY, WORKER, RunView
+from procsv.watchdog.rules.state import SERVER, SUMMARY, WORKER, RunView
 
 
 def signal_reports(view: RunView, action: Signal, limits: Limits) -> list[Report]:
@@ -97,7 +97,7 @@ def task_gave_up_reports(view: RunView, action: GiveUpTask) -> list[Report]:
     """What to record when a ``--ps`` worker is given up on and the others train on (rule 14)."""
     child = find(view, action.slot, action.attempt)
     assert child is not None
-    left = sum(1 for c in view.children.values() if c.role == WORKER and c.live)
+    left = sum(1 for c in view.children.values() if c.role in (WORKER, SERVER) and c.live)
     return [Report(Event.TASK_GAVE_UP, {"role": action.slot, "attempt": action.attempt, "reason": action.reason,
                                         "error": view.last_error},
                    say=f"procsv: giving up on {action.reason}; training on without it (the chief and {left} other "

@@ -23,7 +23,7 @@ from typing import Optional
 from procsv.watchdog.publish import recovery
 from procsv.watchdog.rules.failures import signal_name
 from procsv.watchdog.rules.lifecycle import RunState
-from procsv.watchdog.rules.state import PS, TRAINER, WORKER, ChildView, RunView
+from procsv.watchdog.rules.state import PS, SERVER, TRAINER, WORKER, ChildView, RunView
 
 PUBLISH_EVERY = 0.5  # seconds between snapshots (and so the freshness of a scrape)
 RATE_WINDOW = 10.0  # seconds of progress that steps/s is measured over
@@ -71,13 +71,14 @@ def restart_cause(prev: ChildView) -> Optional[str]:
 
 def task_rows(view: RunView) -> tuple[tuple[str, str, int], ...]:
     """With ``--ps``: ``(task, role, restarts)`` of every task, sorted: the chief (task and role
-    ``chief``), ``worker<R>`` (role ``worker``), ``ps<I>`` (role ``ps``); its restarts are its attempts
+    ``chief``; with ``--coordinator`` the coordinator), ``worker<R>`` (role ``worker``; ``server``
+    with ``--coordinator``), ``ps<I>`` (role ``ps``); its restarts are its attempts
     after the first, whatever ended them (a parameter server's death ends every worker: each counts).
     Empty without ``--ps``."""
     if not view.tasks_alone:
         return ()
     rows = [("chief" if c.role == TRAINER else c.slot, "chief" if c.role == TRAINER else c.role, c.attempt - 1)
-            for c in view.children.values() if c.role in (TRAINER, WORKER, PS)]
+            for c in view.children.values() if c.role in (TRAINER, WORKER, PS, SERVER)]
     return tuple(sorted(rows))
 
 

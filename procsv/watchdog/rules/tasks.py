@@ -89,7 +89,7 @@ def judge_task(view: RunView, child: ChildView, now: float, limits: Limits, draw
     if verdict.action == Verdict.STOPPED:
         return [Settle(child.slot, child.attempt)]
     if verdict.action == Verdict.GIVE_UP:
-        if child.role == WORKER and limits.worker_give_up == "continue":
+        if child.role in (WORKER, SERVER) and limits.worker_give_up == "continue":  # a --coordinator worker too
             return [GiveUpTask(child.slot, child.attempt, f"{child.slot}: {verdict.reason}", verdict.history)]
         return [GiveUp(child.slot, child.attempt, f"{child.slot}: {verdict.reason}", view.history)]
     out: list[Action] = [RestartTask(child.slot, child.attempt, verdict.delay, verdict.history)]
