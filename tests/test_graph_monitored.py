@@ -361,6 +361,44 @@ def test_a_worker_session_in_graph_mode_restores_the_chiefs_checkpoint_and_saves
     assert committed_steps(logdir) == [5]  # a worker saves nothing
 
 
+def test_a_worker_under_ps_waits_for_the_chief_up_to_max_wait_secs_then_raises_deadline_exceeded(logdir, monkeypatch):
+    """Graph mode under ``--ps`` (the variables live on a server the chief initializes): a worker's
+    MonitoredTrainingSession(is_chief=False, max_wait_secs=) and WorkerSessionCreator(max_wait_secs=)
+    wait for ready_op, then raise TF's DeadlineExceededError while no chief has initialized the model
+    (TF's SessionManager.wait_for_session); once it has, the worker's session comes up with the
+    chief's values, never initializing them itself."""
+    import tensorflow as tf
+
+    from procsv import train
+    from procsv.common import env
+
+    monkeypatch.setenv(env.PS, "1")  # procsv launch --ps 1: a non-chief waits for its chief
+    server = tf.distribute.Server.create_local_server()  # the shared variables' server; no chief yet
+    with tf.Graph().as_default():
+        _model(tf)
+        with pytest.raises(tf.errors.DeadlineExceededError, match="Session was not ready after waiting 1 secs"):
+            train.MonitoredTrainingSession(is_chief=False, master=server.target, checkpoint_dir=logdir,
+                                           max_wait_secs=1)
+    with tf.Graph().as_default():
+        _model(tf)
+        creator = train.WorkerSessionCreator(master=server.target, checkpoint_dir=logdir, max_wait_secs=2)
+        with pytest.raises(tf.errors.DeadlineExceededError, match="Session was not ready after waiting 2 secs"):
+            train.MonitoredSession(creator)
+    with tf.Graph().as_default():  # the chief initializes the model on the server
+        m = _model(tf)
+        with tf.compat.v1.Session(server.target) as chief:
+            chief.run(tf.compat.v1.global_variables_initializer())
+            chief.run(m["w"].assign(3.0))
+    with tf.Graph().as_default():
+        m = _model(tf)
+        with train.MonitoredTrainingSession(is_chief=False, master=server.target, checkpoint_dir=logdir,
+                                            max_wait_secs=1) as sess:
+            assert sess.run(m["w"]) == 3.0  # the chief's value: the worker initialized nothing
+            sess.run(m["train_op"])
+            assert sess.run(m["gs"]) == 1
+    assert committed_steps(logdir) == []  # a worker saves nothing
+
+
 def test_sv_log_scalar_in_a_tf1_program_after_the_graph_is_frozen(short_tmp):
     from tensorboard.backend.event_processing import event_accumulator as ea
 

@@ -116,7 +116,6 @@ class Supervisor(BoundaryMethods, GraphMethods, Tf1Properties, Tf1Methods):
         on_nonfinite: Optional[str] = None, nonfinite_tags: Sequence[str] = ("loss",), nonfinite_ignore: Sequence[str] = ()
     ) -> None:
         self._clock = clock  # every timer of the step boundary (progress, summaries, saves) reads it
-
         self._ctx = bootstrap.ChildContext.from_env()
         is_chief = resolve_is_chief(is_chief, self._ctx)
         self.layout = layout_for(logdir, self._ctx, is_chief=is_chief, checkpoint_basename=checkpoint_basename,
@@ -219,6 +218,7 @@ class Supervisor(BoundaryMethods, GraphMethods, Tf1Properties, Tf1Methods):
             assert self._session is not None
             return self._session
         warn_ignored_prepare_args(master, config, graph_mode=self._tf1.graph is not None)
+        self._max_wait_secs = max_wait_secs  # graph mode under --ps: a non-chief's wait for ready_op (as TF's)
         if wait_for_checkpoint:  # wait for the chief's first checkpoint (filesystem events; DeadlineExceededError)
             replica.wait_for_committed(self.layout, max_wait_secs, self.recovery_wait_secs, self._clock)
         # a session again after a stop, or a new Supervisor after another's session, in this process (TF's

@@ -53,6 +53,7 @@ class GraphMethods:
     summary_computed: Callable[..., None]
     start_queue_runners: Callable[..., list[Any]]
     should_stop: Callable[[], bool]
+    _clock: Callable[[], float]
 
     def _open_session(self, master: str, config: Any) -> GraphSession:
         """A new session of the graph (not live: no boundaries until :meth:`_graph_ready`)."""
@@ -82,10 +83,22 @@ class GraphMethods:
         until ``ready_op`` reports none uninitialized (as TF's ``SessionManager.wait_for_session``,
         polling every ``recovery_wait_secs`` but at least every 0.5 s), never restoring or
         initializing them itself; :meth:`_graph_ready` then runs ``local_init_op`` and the ready check.
-        A stop requested meanwhile raises :class:`TrainingStopped` (a clean stop)."""
+        As TF's, ``DeadlineExceededError`` when the model is still not ready ``max_wait_secs`` after
+        the wait began (``prepare_or_wait_for_session(max_wait_secs=)``, 7200 by default; a
+        ``WorkerSessionCreator``'s and ``MonitoredTrainingSession``'s own ``max_wait_secs``): TF
+        gives up when what is left of it is less than one more poll. A stop requested meanwhile
+        raises :class:`TrainingStopped` (a clean stop)."""
         manager = self._tf1.graph.session_manager
         poll = min(0.5, max(0.01, float(getattr(self, "recovery_wait_secs", 0.5))))
+        limit = getattr(self, "_max_wait_secs", 7200)
+        limit = float("inf") if limit is None else float(limit)
+        start = self._clock()
         while not ready(getattr(manager, "_ready_op", None), self._session)[0]:
+            if self._clock() - start + poll > limit:
+                import tensorflow as tf
+
+                raise tf.errors.DeadlineExceededError(None, None, "Session was not ready after waiting %d secs."
+                                                      % limit)
             if self.coord.wait_for_stop(poll):
                 raise TrainingStopped("a stop was requested while waiting for the chief to initialize the model")
 

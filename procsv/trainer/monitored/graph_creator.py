@@ -7,7 +7,9 @@ The first creation fills the Scaffold's defaults, builds the Supervisor from TF'
 ``local_init_op`` (fed ``local_init_feed_dict``, as TF), ``saver``; ``summary_op=None``: a MonitoredSession's summaries are its
 SummarySaverHook's) and freezes the graph; every creation (the first, and each in-process
 recovery after an ``AbortedError``/``UnavailableError``) is ``prepare_or_wait_for_session()`` on
-that Supervisor: the newest committed checkpoint restored, or the variables initialized.
+that Supervisor: the newest committed checkpoint restored, or the variables initialized (a
+worker under ``procsv launch --ps``: waited for, until its chief made them ready, at most the
+``WorkerSessionCreator``'s ``max_wait_secs``, then TF's ``DeadlineExceededError``).
 ``checkpoint_filename_with_path`` is restored (with the Scaffold's saver, after ``init_op``) when
 the logdir has no checkpoint of its own, as in eager mode.
 """
@@ -60,7 +62,9 @@ def create(creator: Any) -> GraphRawSession:
         creator.supervisor = _build_supervisor(creator)
     sv = creator.supervisor
     try:
-        session = sv.prepare_or_wait_for_session(master=creator.master, config=creator.config)
+        # a worker's max_wait_secs bounds its wait for the chief (graph mode under --ps), as TF's wait_for_session
+        wait = getattr(creator, "max_wait_secs", 7200)
+        session = sv.prepare_or_wait_for_session(master=creator.master, config=creator.config, max_wait_secs=wait)
         raw = GraphRawSession(session, sv)
         _queue_runners_started(sv, session)
     except BaseException:

@@ -313,8 +313,10 @@ class WorkerSessionCreator(ChiefSessionCreator):
     newest committed checkpoint from ``checkpoint_dir`` (procsv addition; default: the launch's
     ``--logdir``), or initializes when there is none yet, and never saves or writes summaries.
     In TF2 the replicas of a ``tf.distribute`` job start together (the strategy's own start-up
-    waits for every worker), so a worker does not wait for a checkpoint here; ``max_wait_secs`` is
-    kept for TF's signature and bounds ``Supervisor.prepare_or_wait_for_session(wait_for_checkpoint=True)``.
+    waits for every worker), so a worker does not wait for a checkpoint here. In graph mode under
+    ``procsv launch --ps`` the worker waits for the chief to make ``ready_op`` pass, and
+    ``max_wait_secs`` bounds that wait as in TF (``DeadlineExceededError``; see
+    :mod:`procsv.trainer.monitored.graph_creator`); an eager worker has nothing to wait for.
     """
 
     def __init__(self, scaffold: Optional[Scaffold] = None, master: str = "", config: Any = None,
