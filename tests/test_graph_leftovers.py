@@ -2,7 +2,8 @@
 reaching the session, ``local_init_run_options``, and a graph program without a logdir.
 
 Every graph program runs in its own process (``tests/programs/tf1_cases.py`` and ``tf1_train.py``):
-eager execution is never disabled in the pytest process. Where TensorFlow's own Supervisor can run
+eager execution is never disabled in the pytest process (the ``'local'`` master's test builds its
+graphs in ``tf.Graph().as_default()`` blocks in this process). Where TensorFlow's own Supervisor can run
 the same case, the test runs it too and compares (``--tf``).
 """
 
@@ -13,6 +14,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import PROGRAMS, REPO, quiet_env
@@ -115,3 +117,31 @@ def test_a_graph_program_without_a_logdir_trains_and_writes_nothing(tmp_path):
     assert ours == {"v": 6.0, "step": 5, "save_path": None, "no_summary_writer": True, "summary_op": "MergeSummary",
                     "cwd_files": []}
     assert os.listdir(tmp_path / "ours") == []
+
+
+def test_master_local_is_a_session_through_an_in_process_rpc_master():
+    """The Supervisor page: "Specifying 'local' requests a session that uses the RPC-based Master
+    interface" (see ``tf.distribute.Server.create_local_server``). ``managed_session('local')`` in a
+    graph program makes its session on an in-process local server (a ``grpc://localhost:`` target,
+    one server for the process) and trains there; TensorFlow 2.21's own ``Session('local')`` has no
+    session factory for that target (``NotFoundError``), which is why procsv makes the server."""
+    import tensorflow as tf
+
+    import procsv
+
+    targets = []
+    for run in range(2):
+        with tf.Graph().as_default() as graph:
+            gs = tf.compat.v1.train.get_or_create_global_step()
+            v = tf.compat.v1.get_variable("v", initializer=1.0)
+            train = tf.group(v.assign_add(1.0), gs.assign_add(1))
+            if run == 0:
+                with pytest.raises(tf.errors.NotFoundError, match="No session factory"):
+                    tf.compat.v1.Session("local")
+            sv = procsv.Supervisor(logdir=None, graph=graph)  # (no services: the session is what is tested)
+            with sv.managed_session("local") as sess:
+                for _ in range(3):
+                    sess.run(train)
+                assert (sess.run(v), sess.run(gs)) == (4.0, 3)
+                targets.append(sess.raw.sess_str)
+    assert targets[0].startswith(b"grpc://localhost:") and targets[1] == targets[0]

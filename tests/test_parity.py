@@ -354,7 +354,7 @@ def _break(text: str, breakage: str) -> str:
         return text.replace(_row_line(text, "`Supervisor(init_fn=)`") + "\n", "\n")
     if breakage == "n/a status":
         return _replace_row(text, "`Supervisor`: master `'local'` requests a session through the RPC master interface",
-                            "| MISSING |", "| n/a |")
+                            "| PARTIAL |", "| n/a |")
     if breakage == "partial without missing":
         return _replace_row(text, "`Supervisor.saver`", "Missing:", "Lacking:")
     assert breakage == "wrong kind"

@@ -2,7 +2,8 @@
 
 Runs in the trainer process, on the thread that prepares the session. In graph mode
 (``Supervisor._tf1.graph`` is a :class:`procsv.trainer.graph.defaults.GraphSetup`) the session is
-a :class:`GraphSession` over a ``tf.compat.v1.Session`` of the program's graph; a fresh start runs
+a :class:`GraphSession` over a ``tf.compat.v1.Session`` of the program's graph on ``master``
+(``'local'``: an in-process local server's target, :func:`session_target`); a fresh start runs
 ``init_op`` (with ``init_feed_dict``) then ``init_fn(sess)``, a restore neither; then, either way,
 ``local_init_op`` and the ``ready_op`` check, as TF's ``SessionManager.prepare_session``. At a step
 boundary every ``save_summaries_secs`` the chief runs ``summary_op`` with the feed_dict of the run
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -60,7 +62,7 @@ class GraphMethods:
         import tensorflow as tf
 
         setup = self._tf1.graph
-        raw = tf.compat.v1.Session(master, graph=setup.graph, config=config)
+        raw = tf.compat.v1.Session(session_target(master), graph=setup.graph, config=config)
         forget = getattr(setup.step, "forget", None)
         if forget is not None:
             forget()  # a new session: the step is read again, never the last session's
@@ -165,6 +167,25 @@ class GraphMethods:
 
 
 GRAPH_FILE = "graph.pbtxt"
+_local_server: Optional[Any] = None
+_local_lock = threading.Lock()
+
+
+def session_target(master: str) -> str:
+    """The ``tf.compat.v1.Session`` target of the Supervisor's ``master``: as given, except
+    ``'local'``, which the Supervisor page defines as "a session that uses the RPC-based Master
+    interface" (see ``tf.distribute.Server.create_local_server``): the target of one in-process
+    local server, started at the first such session and kept for the life of the process.
+    (TensorFlow 2.21's own ``Session('local')`` has no session factory for it: ``NotFoundError``.)"""
+    global _local_server
+    if master != "local":
+        return master
+    with _local_lock:
+        if _local_server is None:
+            import tensorflow as tf
+
+            _local_server = tf.distribute.Server.create_local_server()
+        return str(_local_server.target)
 
 
 def write_graph(graph: Any, logdir: str) -> str:
