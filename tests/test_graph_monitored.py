@@ -399,6 +399,38 @@ def test_a_worker_under_ps_waits_for_the_chief_up_to_max_wait_secs_then_raises_d
     assert committed_steps(logdir) == []  # a worker saves nothing
 
 
+def test_procsv_train_saver_is_tensorflows_saver_and_names_what_the_checkpoint_service_saves(logdir):
+    """``procsv.train.Saver`` is ``tf.compat.v1.train.Saver``. A graph MonitoredTrainingSession whose
+    Scaffold has ``procsv.train.Saver(var_list=[w, global_step])``: procsv's checkpoint service
+    commits what that Saver names (with TF1's names, not the Momentum slot), which
+    ``tf.train.latest_checkpoint`` finds and the same Saver restores in a plain ``tf.compat.v1.Session``.
+    As TF's page says of a MonitoredSession, "it cannot be sent to saver.save"."""
+    import tensorflow as tf
+
+    from procsv import train
+
+    assert train.Saver is tf.compat.v1.train.Saver
+    with tf.Graph().as_default():
+        m = _model(tf)
+        scaffold = train.Scaffold(saver=train.Saver(var_list=[m["w"], m["gs"]]))
+        with train.MonitoredTrainingSession(checkpoint_dir=logdir, scaffold=scaffold, save_checkpoint_secs=None) as sess:
+            for _ in range(3):
+                sess.run(m["train_op"])
+            w = sess.run(m["w"])
+            with pytest.raises(TypeError, match="'sess' must be a Session"):
+                scaffold.saver.save(sess, os.path.join(logdir, "elsewhere"))
+    assert committed_steps(logdir) == [3]
+    path = tf.train.latest_checkpoint(logdir)
+    assert path is not None and path.endswith("model.ckpt-3")
+    assert {name for name, _ in tf.train.list_variables(path)} == {"w", "global_step"}
+    with tf.Graph().as_default():
+        m = _model(tf)
+        with tf.compat.v1.Session() as plain:
+            train.Saver(var_list=[m["w"], m["gs"]]).restore(plain, path)
+            assert (plain.run(m["w"]), plain.run(m["gs"])) == (w, 3)
+            assert w != 1.0  # three steps trained it
+
+
 def test_sv_log_scalar_in_a_tf1_program_after_the_graph_is_frozen(short_tmp):
     from tensorboard.backend.event_processing import event_accumulator as ea
 
