@@ -390,3 +390,72 @@ def test_graph_mode_a_poisoned_region_that_trips_the_bound_stops_with_exit_4(log
     assert "skipped step 21" in said and "skipped step 23" not in said and "--max-skips 1" in said, said
     assert "giving up: the trainer is diverging" in said, said
     assert status_json(logdir)["state"] == "failed"
+
+
+def _nan_graph_model(nan_at: int):
+    """A TF1 graph whose input is computed in the graph from the global step (the step a run makes,
+    ``s``): NaN at step ``nan_at``; its loss tensor is named ``objective``, so procsv's watch of
+    tensors named ``loss`` does not see it: only a NanTensorHook does."""
+    gs = tf.compat.v1.train.get_or_create_global_step()
+    w = tf.compat.v1.get_variable("w", initializer=tf.ones([4]))
+    s = gs + 1
+    x = tf.where(tf.equal(s, nan_at), tf.fill([4], float("nan")), tf.fill([4], 1.0 + tf.cast(s % 7, tf.float32) / 10))
+    err = w * x - 1.0
+    objective = tf.reduce_sum(err * err, name="objective")
+    train_op = tf.compat.v1.train.MomentumOptimizer(0.01, 0.9).minimize(objective, global_step=gs)
+    return gs, x, objective, train_op
+
+
+@pytest.mark.usefixtures("fresh_train_api")
+def test_graph_mode_a_nan_tensor_hooks_nan_is_rolled_back_and_skipped_bit_equal_to_a_plain_session_loop(logdir, tmp_path,
+                                                                                                     capfd):
+    # before: a graph MonitoredTrainingSession's NanTensorHook read its tensor after the run and raised
+    # NanLossDuringTrainingError at step 25 (procsv watched only fetches named "loss"). Now procsv keeps
+    # the hook's value as the step's loss and never calls the hook: the check before the snapshot of
+    # step 30 finds step 25, restores model.ckpt-20, retries step 25 once, then skips it. A run that
+    # makes no step still reaches the hook (nothing procsv would roll back)
+    from procsv import train
+
+    class CommitWait(tf.compat.v1.train.SessionRunHook):
+        """After each run, wait until the snapshot in flight (if any) is answered: each snapshot
+        is then taken at its step (10, 20, 30), never held back by the one before, whatever the
+        machine's load (the training loop itself runs 40 steps in well under a second)."""
+
+        def after_run(self, run_context, run_values):
+            sv = run_context.session.supervisor
+            assert sv._ckpt.wait_in_flight(sv._channels, sv.step, sv._clock() + 120)
+
+    with tf.Graph().as_default():
+        gs, x, objective, train_op = _nan_graph_model(25)
+        hooks = [train.StopAtStepHook(last_step=40), train.NanTensorHook(objective), CommitWait()]
+        with train.MonitoredTrainingSession(checkpoint_dir=logdir, hooks=hooks, save_checkpoint_steps=10,
+                                            save_checkpoint_secs=None, save_summaries_steps=None,
+                                            log_step_count_steps=None) as sess:
+            # a run that makes no step has nothing to roll back: the hook sees its NaN, as TF's
+            with pytest.raises(train.NanLossDuringTrainingError):
+                sess.run(objective, feed_dict={x: [float("nan")] * 4})
+            while not sess.should_stop():
+                sess.run(train_op)
+    said = "".join(capfd.readouterr())
+    assert "restored step 20 from model.ckpt-20" in said and "skipped step 25" in said, said
+    assert "NaN loss during training" not in said, said
+    assert _all_graph_committed_are_finite(logdir)[-1] == 40
+    plain = str(tmp_path / "plain")
+    with tf.Graph().as_default():  # the same graph in a plain session loop that never applies step 25
+        gs, x, objective, train_op = _nan_graph_model(25)
+        skip = tf.compat.v1.assign_add(gs, 1)
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as plain_sess:
+            plain_sess.run(tf.compat.v1.global_variables_initializer())
+            for s in range(1, 41):
+                plain_sess.run(skip if s == 25 else train_op)
+            saver.save(plain_sess, os.path.join(plain, "model.ckpt"), global_step=40)
+    assert _graph_values(logdir) == _graph_values(plain)  # bit-equal: w, its momentum slot, the global step
+
+
+def _all_graph_committed_are_finite(logdir: str) -> list[int]:
+    steps = committed_steps(logdir)
+    for step in steps:
+        reader = tf.train.load_checkpoint(os.path.join(logdir, f"model.ckpt-{step}"))
+        assert np.isfinite(reader.get_tensor("w")).all() and np.isfinite(reader.get_tensor("w/Momentum")).all(), step
+    return steps

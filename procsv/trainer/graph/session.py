@@ -50,6 +50,10 @@ class GraphSession:
         # thread's run that wrote it, a session with a remote target, where others may write it)
         self._unread = VERIFY_EVERY  # (the first step reads it: where the session started)
         self._infer = not probe.counts_every_run and not getattr(session, "sess_str", "")
+        # keys of a run's dict of fetches whose values are kept as the step's losses whatever their
+        # names (a MonitoredSession's watched NanTensorHooks' fetches; set around that run only,
+        # emptied when a step kept them)
+        self.watch_keys: tuple[Any, ...] = ()
 
     @property
     def raw(self) -> Any:
@@ -101,8 +105,12 @@ class GraphSession:
             self._observe(step)
         state.step = step
         self.step_feed = feed_dict
-        if state.losses is not None and state.losses.tags:  # the run's watched losses: host values already
-            keep_watched(state.losses, step, fetches, out)
+        if state.losses is not None:  # the run's watched losses: host values already
+            if state.losses.tags:
+                keep_watched(state.losses, step, fetches, out)
+            for key in self.watch_keys:
+                keep_all(state.losses, step, out[key])
+            self.watch_keys = ()  # kept: the hooked run sees that its watched values were taken
         if step >= state.ckpt_step or state.clock() >= state.at:
             state.boundary(step)
         if state.step >= state.end_step:
@@ -166,3 +174,21 @@ def keep_watched(losses: Any, step: int, fetch: Any, value: Any, key: Any = None
         name = fetch.split(":")[0] if isinstance(fetch, str) else getattr(getattr(fetch, "op", None), "name", "")
         if key in losses.tags or (name and name.rsplit("/", 1)[-1] in losses.tags):
             losses.keep(step, value)
+
+
+def keep_all(losses: Any, step: int, value: Any) -> None:
+    """Keep every value of a run's result (a structure of host values: a watched ``NanTensorHook``'s
+    fetches) as a loss of ``step``; an array counts as non-finite when any element is."""
+    import numpy as np
+
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            keep_all(losses, step, item)
+        return
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        return  # not a number (an op's None): nothing to judge
+    losses.keep(step, array if array.ndim == 0 else np.float64(0.0 if np.isfinite(array).all() else np.nan))

@@ -20,7 +20,12 @@ session) and makes every ``run`` one ``session.run`` with the hooks around it, a
   to refuse (:class:`procsv.TrainingStopped` after a signal).
 
 It needs no Supervisor and calls no ``begin``/``after_create_session``/``end``: the
-MonitoredSession around it does.
+MonitoredSession around it does. The hooks at the indices in ``watched`` (a MonitoredSession's
+``NanTensorHook`` s under ``--on-nonfinite rollback``, :mod:`procsv.trainer.monitored.nan_watch`)
+are asked for their fetches but not called after a run that made a step: the values of their
+fetches go to the Supervisor's graph session as the step's watched losses
+(``GraphSession.watch_keys``), so that a NaN procsv rolls back never reaches them; after a run that
+made no step (nothing procsv would roll back) they are called, as TF's.
 """
 
 from __future__ import annotations
@@ -54,10 +59,14 @@ def _raise_if_intersects(feeds1: Mapping[Any, Any], feeds2: Mapping[Any, Any], m
 class GraphHookedSession:
     """A graph session whose ``run`` calls the hooks around it (see the module docstring)."""
 
-    def __init__(self, sess: Any, hooks: Sequence[Any]) -> None:
+    def __init__(self, sess: Any, hooks: Sequence[Any], watched: frozenset[int] = frozenset()) -> None:
         self._sess = sess
         self._hooks = list(hooks)
         self._should_stop = False
+        self._watched = watched
+        # the Supervisor's graph session inside (the MonitoredSession's raw session holds it): it keeps
+        # the watched hooks' values as the losses of the step the run makes
+        self._keeper: Any = getattr(sess, "session", None) if watched else None
 
     @property
     def session(self) -> Any:
@@ -95,8 +104,18 @@ class GraphHookedSession:
         actual_fetches: dict[Any, Any] = {CALLER: fetches}
         feeds = self._before_run(run_context, actual_fetches, feed_dict, merged_options)
         metadata = run_metadata if run_metadata is not None else config_pb2.RunMetadata()
-        outputs = self._sess.run(actual_fetches, feed_dict=feeds, options=merged_options, run_metadata=metadata)
+        keys = tuple(i for i in self._watched if i in actual_fetches) if self._keeper is not None else ()
+        if keys:
+            self._keeper.watch_keys = keys
+        try:
+            outputs = self._sess.run(actual_fetches, feed_dict=feeds, options=merged_options, run_metadata=metadata)
+            kept = bool(keys) and not self._keeper.watch_keys  # the run made a step, which kept them
+        finally:
+            if keys:
+                self._keeper.watch_keys = ()
         for i, hook in enumerate(self._hooks):
+            if kept and i in self._watched:
+                continue  # procsv watches its tensor (rollback): a NaN it rolls back never reaches the hook
             hook.after_run(run_context, api.SessionRunValues(outputs.get(i), merged_options, metadata))
         self._should_stop = self._should_stop or run_context.stop_requested
         return outputs[CALLER]

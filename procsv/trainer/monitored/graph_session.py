@@ -11,6 +11,8 @@ everything to :class:`GraphMonitoredSession`. The call order is TensorFlow's:
 * ``run(fetches, feed_dict, options, run_metadata)``: one ``session.run`` with every hook's
   ``SessionRunArgs`` merged in (:mod:`procsv.trainer.monitored.graph_hooked`); a run during which
   the global step changed is a step for the Supervisor (its step boundary: progress, checkpoints);
+  under ``--on-nonfinite rollback`` a ``NanTensorHook``'s tensor is procsv's to watch, as in eager
+  mode (:mod:`procsv.trainer.monitored.nan_watch`): kept as the step's loss, the hook not called;
 * **recovery**: a run (or a creation) that raises ``AbortedError`` or ``UnavailableError`` stops
   the Supervisor's session without a final checkpoint (the failed run may have changed some
   variables), prepares a new one, which restores the newest committed checkpoint, calls
@@ -29,6 +31,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from procsv.common.errors import TrainingStopped
 from procsv.trainer.coordinator import clean_stop_types
+from procsv.trainer.monitored import nan_watch
 from procsv.trainer.monitored.graph_hooked import GraphHookedSession
 
 
@@ -70,7 +73,7 @@ class GraphMonitoredSession:
             self._stop_supervisor(exc)
             raise
         self._raw = raw
-        return GraphHookedSession(raw, self._hooks)
+        return GraphHookedSession(raw, self._hooks, nan_watch.watched_hooks(sv, self._hooks))
 
     def _create_recovering(self) -> GraphHookedSession:
         while True:
