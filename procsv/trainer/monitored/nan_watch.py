@@ -2,10 +2,10 @@
 
 Runs in the trainer's main thread, around each ``MonitoredSession.run`` (an eager program's;
 graph mode: :mod:`procsv.trainer.monitored.graph_session` picks the hooks with
-:func:`watched_hooks`, :mod:`procsv.trainer.monitored.graph_hooked` skips them after the run, and
-the Supervisor's graph session keeps their run's values as the losses of the step it made). With ``--on-nonfinite rollback`` (the
-default) procsv watches what each :class:`~procsv.trainer.monitored.observer_hooks.NanTensorHook`
-watches: its tensor (or, with none, what the step function returned, which procsv keeps anyway)
+:func:`watched_hooks`, :mod:`procsv.trainer.monitored.graph_hooked` skips them after a run that
+made a step, and the Supervisor's graph session keeps their values as that step's losses). With
+``--on-nonfinite rollback`` (the default) procsv watches what each
+:class:`~procsv.trainer.monitored.observer_hooks.NanTensorHook` watches: its tensor (or, with none, what the step function returned, which procsv keeps anyway)
 is kept with the step's losses (:class:`~procsv.trainer.nonfinite.losses.LossWatch`, checked in
 bulk where procsv reads the state: no host read at each step), and the hook itself is not called,
 so that a NaN procsv rolls back never reaches it. Under ``stop`` and ``continue`` the hook keeps
