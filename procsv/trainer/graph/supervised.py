@@ -28,10 +28,11 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from procsv import cluster
 from procsv.common.layout import Layout, atomic_write
 from procsv.ipc.messages import GraphEvent
+from procsv.trainer.graph import readiness
 from procsv.trainer.graph.session import GraphSession
-from procsv.common.errors import TrainingStopped
 from procsv.trainer.graph.session_manager import finish_preparation, initialize, ready
 from procsv.trainer.tf1_args import Tf1Choices
 
@@ -82,27 +83,28 @@ class GraphMethods:
     def _graph_wait_for_chief(self) -> None:
         """A non-chief worker of ``procsv launch --ps N --workers M``: the variables live on the
         parameter servers, where the chief initializes them or restores the newest checkpoint; wait
-        until ``ready_op`` reports none uninitialized (as TF's ``SessionManager.wait_for_session``,
-        polling every ``recovery_wait_secs`` but at least every 0.5 s), never restoring or
-        initializing them itself; :meth:`_graph_ready` then runs ``local_init_op`` and the ready check.
-        As TF's, ``DeadlineExceededError`` when the model is still not ready ``max_wait_secs`` after
-        the wait began (``prepare_or_wait_for_session(max_wait_secs=)``, 7200 by default; a
-        ``WorkerSessionCreator``'s and ``MonitoredTrainingSession``'s own ``max_wait_secs``): TF
-        gives up when what is left of it is less than one more poll. A stop requested meanwhile
-        raises :class:`TrainingStopped` (a clean stop)."""
+        until ``ready_op`` reports none uninitialized (as TF's ``SessionManager.wait_for_session``),
+        never restoring or initializing them itself; :meth:`_graph_ready` then runs ``local_init_op``
+        and the ready check. The chief's notice (:mod:`procsv.trainer.graph.readiness`) wakes the wait
+        at once; without one, a look every ``recovery_wait_secs`` but at least every 2 s. As TF's,
+        ``DeadlineExceededError`` when the model is still not ready ``max_wait_secs`` after the wait
+        began (``prepare_or_wait_for_session(max_wait_secs=)``, 7200 by default; a
+        ``WorkerSessionCreator``'s and ``MonitoredTrainingSession``'s own ``max_wait_secs``). A stop
+        requested meanwhile raises :class:`~procsv.common.errors.TrainingStopped` (a clean stop)."""
         manager = self._tf1.graph.session_manager
-        poll = min(0.5, max(0.01, float(getattr(self, "recovery_wait_secs", 0.5))))
+        poll = min(readiness.FALLBACK_POLL_SECS, max(0.01, float(getattr(self, "recovery_wait_secs", 0.5))))
         limit = getattr(self, "_max_wait_secs", 7200)
         limit = float("inf") if limit is None else float(limit)
-        start = self._clock()
-        while not ready(getattr(manager, "_ready_op", None), self._session)[0]:
-            if self._clock() - start + poll > limit:
-                import tensorflow as tf
+        waited = readiness.wait_until_ready(lambda: ready(getattr(manager, "_ready_op", None), self._session)[0],
+                                            self.layout, poll, limit, self.coord.should_stop, self._clock)
+        if not waited.ready:
+            import tensorflow as tf
 
-                raise tf.errors.DeadlineExceededError(None, None, "Session was not ready after waiting %d secs."
-                                                      % limit)
-            if self.coord.wait_for_stop(poll):
-                raise TrainingStopped("a stop was requested while waiting for the chief to initialize the model")
+            raise tf.errors.DeadlineExceededError(None, None, "Session was not ready after waiting %d secs." % limit)
+        if waited.looks > 1:
+            print(f"procsv: waited {waited.seconds:.2f} s for the chief to make the model ready ({waited.looks} "
+                  f"looks at ready_op, {waited.woken_by_notice} woken by the chief's notice)", file=sys.stderr,
+                  flush=True)
 
     def _graph_ready(self, start_queue_runners: bool) -> None:
         """After the restore or the initialization: ``local_init_op``, the ready check (TF's
@@ -117,6 +119,8 @@ class GraphMethods:
         if observe is not None:
             observe(int(sess.raw.run(setup.global_step)))
         sess.live = True
+        if self.is_chief and cluster.ps_tasks():  # --ps: the waiting workers look at ready_op now
+            readiness.tell_ready(self.layout, int(sess.raw.run(setup.global_step)))
         if self.is_chief and self.layout is not None:  # TF: the chief
             if self.graph_file_written:
                 write_graph(setup.graph, self.layout.logdir)
