@@ -116,7 +116,8 @@ class RolledBack(Message):
     """Trainer -> watchdog: ``--on-nonfinite rollback`` restored ``restored_step`` in place (no
     process restart) because step ``step`` was poisoned, from ``source`` (``path``), in
     ``restore_secs``; the program replays to ``step`` - 1 and then retries ``step`` once (``skip``
-    False) or skips it (``skip`` True: it was non-finite again when retried)."""
+    False) or skips it (``skip`` True: it was non-finite again when retried); ``epoch``/``batch``:
+    the input position of ``step`` as in :class:`NonfiniteDetected`."""
 
     KIND: ClassVar[str] = "rolled_back"
     pid: int
@@ -127,6 +128,8 @@ class RolledBack(Message):
     skip: bool
     restore_secs: float
     wall_time: float
+    epoch: Optional[int] = None
+    batch: Optional[int] = None
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,8 @@ def _view() -> RunView:
 def test_the_watchdog_turns_the_trainers_messages_into_events_and_counts():
     view = _view()
     got = observe.heard(view, NonfiniteDetected(4242, 25, 1.0, "the loss of step 25 is NaN or infinite"), 1.0)
-    got += observe.heard(view, RolledBack(4242, 25, 20, RestoreSource.MEMORY, "", True, 0.01, 1.0), 1.0)
+    got += observe.heard(view, RolledBack(4242, 25, 20, RestoreSource.MEMORY, "", True, 0.01, 1.0, epoch=2, batch=7),
+                         1.0)
     got += observe.heard(view, StepSkipped(4242, 25, 1.0, 1, epoch=2, batch=7), 1.0)
     got += observe.heard(view, StepSkipped(4242, 25, 2.0, 1), 2.0)  # met again after a restart: one step
     got += observe.heard(view, StepSkipped(9999, 30, 2.0, 1), 2.0)  # not the trainer's: ignored
@@ -142,6 +143,7 @@ def test_the_watchdog_turns_the_trainers_messages_into_events_and_counts():
     for r in got:
         assert r.event is not None and set(r.fields) == SCHEMA[r.event]
     assert got[1].fields["source"] == "memory" and got[2].fields["epoch"] == 2 and got[2].fields["batch"] == 7
+    assert (got[1].fields["epoch"], got[1].fields["batch"]) == (2, 7)  # a rollback names Keras' (epoch, batch) too
     assert view.skipped_steps == [25] and view.rollbacks == 1 and view.nonfinite_found == 1
 
 

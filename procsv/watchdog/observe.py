@@ -184,7 +184,8 @@ def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped,
         view.rollbacks += 1
         return [Report(Event.ROLLED_BACK, {"pid": msg.pid, "step": msg.step, "restored_step": msg.restored_step,
                                            "source": _plain(msg.source), "path": msg.path, "skip": msg.skip,
-                                           "secs": round(msg.restore_secs, 4)})]
+                                           "secs": round(msg.restore_secs, 4), "epoch": msg.epoch,
+                                           "batch": msg.batch})]
     if msg.step not in view.skipped_steps:
         view.skipped_steps = sorted([*view.skipped_steps, msg.step])
     return [Report(Event.STEP_SKIPPED, {"pid": msg.pid, "step": msg.step, "epoch": msg.epoch, "batch": msg.batch,

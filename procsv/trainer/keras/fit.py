@@ -16,6 +16,10 @@ boundary (snapshots, progress, stop requests). Keras' train step is traced and i
 before the restore (:mod:`procsv.trainer.keras.step_warmup`), so a promoted hot standby does not pay
 for it at its first batch. A stop (SIGTERM, ``procsv stop``) is honoured at
 the next batch: nothing more is trained, ``fit`` ends, and the position reached is committed.
+
+Each batch is trained by :class:`procsv.trainer.keras.replay.BatchReplay`'s step (Keras' own, which
+also returns the batch and its own loss), so that ``--on-nonfinite rollback`` can restore an
+earlier state in place and train the batches since then again (:mod:`procsv.trainer.keras.rollback`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from procsv.ipc.messages import Busy, DeleteCheckpoints, SaveReason
 from procsv.ipc.transport import NoReply
 from procsv.trainer.keras import input_position
 from procsv.trainer.keras import step_warmup
+from procsv.trainer.keras.replay import LOGS, BatchReplay
+from procsv.trainer.keras.rollback import FitRollback
 from procsv.trainer.monitored.hooks import warn_once
 from procsv.trainer.managed import ManagedSession
 from procsv.trainer.supervisor import Supervisor
@@ -41,7 +47,7 @@ from procsv.trainer.supervisor import Supervisor
 SaveFreq = Union[str, int, bool]
 
 
-class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras ships no type information
+class BackupAndRestore(FitRollback, keras.callbacks.Callback):  # type: ignore[misc]  # keras ships no type information
     """Back up ``fit``'s state through procsv and resume it at the next batch after any interruption.
 
     Keras' arguments: ``backup_dir`` (default: the launch's ``--logdir``), ``save_freq``
@@ -90,7 +96,10 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         self._sess: Optional[ManagedSession] = None
         self._original_train: Any = None
         self._spe = 1
-        self._epoch = self._batch = 0  # the position: the epoch, and the batches done in it
+        self._epoch = self._batch = 0  # the position a snapshot records: the epoch, and the batches done in it
+        self._live_epoch = self._live_batch = 0  # where fit's own loop is (a rollback's replay is behind it)
+        self._replay: Optional[BatchReplay] = None
+        self._drew = False
         self._skip = 0
         self._skip_epoch = -1
         self._saved_metrics: list[Any] = []
@@ -149,11 +158,21 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         if isinstance(stale, BackupAndRestore):  # left wrapped by a fit that raised: unwrap it
             train = stale._original_train
         self._original_train = train
+        dataset = getattr(inp.epoch_iterator, "_distributed_dataset", None)
+        self._replay = BatchReplay(model, train, dataset.element_spec if isinstance(dataset, tf.data.Dataset)
+                                   else None, self._spe)
+        watch = self.sv._nonfinite
+        watch.replay_unsupported = self._replay.unsupported
+        watch.on_restored.append(self._restored)
+        watch.on_skipped.append(self._skipped)
         warm = step_warmup.train_step_warm_up(train, inp.epoch_iterator)
+        if warm is not None and self._replay.traced is not None:
+            warm = (self._replay.traced, warm[1])  # the step fit runs here: Keras' own, its batch kept
         if warm is not None:  # traced and instantiated now: in a hot standby, before it waits
             self.sv.warm_up(*warm)
         self._sess = self.sv.prepare_or_wait_for_session()
         self._epoch, self._batch = int(self.epoch_var.numpy()), int(self.batch_var.numpy())
+        self._live_epoch, self._live_batch = self._epoch, self._batch
         for reason in input_position.inexact_reasons(inp):
             print(f"procsv: warning: a resumed fit will not be bit-exact: {reason}", file=sys.stderr, flush=True)
         if self.sv.restored_from:
@@ -174,7 +193,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         model.train_function = self._train_function
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        self._epoch, self._batch = epoch, 0
+        self._epoch, self._batch = self._live_epoch, self._live_batch = epoch, 0
         if epoch == self._skip_epoch and self._saved_metrics:
             # fit reset the metrics for this epoch: put back the part of it trained before the stop
             for var, value in zip(self.model.metrics_variables, self._saved_metrics):
@@ -184,6 +203,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         sv = self.sv
         assert sv is not None
+        if self.params.get("steps") is None and self._settle() and logs is not None:  # (else settled at its last batch)
+            logs.update(_scalars(dict(self.model.get_metrics_result())))  # the epoch without the poisoned batch
         if logs and not self._stopped_mid_epoch:
             values = dict(logs)
             values.setdefault("learning_rate", self._learning_rate())
@@ -196,6 +217,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         if sv is None:
             return
         model.train_function = self._original_train
+        if not self._stopped_mid_epoch:
+            self._settle()  # a non-finite loss since the last check: rolled back now, not refused at the end
         self.sv = None
         if self.delete_checkpoint and not self._stopped_mid_epoch:
             sv.commit_checkpoint()  # the position reached, as stop() would (stop() then has nothing left to commit)
@@ -213,16 +236,29 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
                 next(iterator)
             self._skip -= n
             self._batch += n
+            self._live_batch = self._batch
             return self._logs()
         if sv.should_stop():
             return self._stop_here()  # a stop was asked for: train no further batch
-        self._epoch_starts.setdefault(self._epoch, sv.step + 1 - self._batch // spe)
+        self._epoch_starts.setdefault(self._live_epoch, sv.step + 1 - self._live_batch // spe)
         t0 = time.perf_counter()
+        replay = self._replay
         try:
-            logs = sess.run(self._timed_train, iterator)
+            if replay is None or replay.unsupported:
+                logs = sess.run(self._timed_train, iterator)
+            else:  # the batches a rollback restored before are trained again first (see _kept_step)
+                self._drew = False
+                while not self._drew:
+                    logs = sess.run(self._kept_step, iterator)[LOGS]
         except TrainingStopped:
             return self._stop_here()
-        self._batch += spe
+        self._live_batch += spe
+        self._epoch, self._batch = self._live_epoch, self._live_batch
+        if replay is not None and not replay.unsupported:
+            agent = sv._ckpt
+            replay.forget_through(agent.last_committed if agent is not None else sv.step)
+            if self._live_batch == self.params.get("steps") and self._settle():  # the epoch's last batch
+                logs = self.model.get_metrics_result()  # the epoch's logs without the poisoned batch
         self._last_logs = logs
         if self.save_summaries_secs:
             now = sv._clock()

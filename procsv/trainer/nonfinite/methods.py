@@ -100,6 +100,8 @@ class NonfiniteMethods:
             return "only the weights were found non-finite, at a snapshot: the step that made them so is not known"
         if agent is None or ch is None:
             return "no checkpoint to roll back to (checkpoint=None)"
+        if watch.replay_unsupported:
+            return watch.replay_unsupported
         skip = bad_step in watch.retried
         if skip and not watch.budget.allows(bad_step):
             return (f"step {bad_step} would be skip {len(watch.budget.recent(bad_step)) + 1} within "
@@ -137,8 +139,10 @@ class NonfiniteMethods:
         watch.due = self._next_due(restored)
         watch.rollbacks += 1
         watch.restores.restored(restored)
+        for hook in watch.on_restored:
+            hook(restored)
         self._bound_nonfinite()
-        notices.tell(ch, notices.rolled_back(bad_step, restored, kind, path, skip, secs))
+        notices.tell(ch, notices.rolled_back(bad_step, restored, kind, path, skip, secs, watch.position))
         then = f"skipping step {bad_step} (non-finite again when retried)" if skip else f"retrying step {bad_step} once"
         print(f"procsv: non-finite training at step {bad_step}: {what}; --on-nonfinite rollback: restored step "
               f"{restored} from {source}, replaying to step {bad_step - 1}, then {then}",
@@ -170,6 +174,13 @@ class NonfiniteMethods:
         self._flush_summaries(force=True)
         memory_restore.restore(self.checkpoint, copy, store.arena)
         return copy.step, "the in-memory snapshot", f"{store.arena.ref().path}#slot{copy.slot}"
+
+    def _skip_input(self, step: int) -> None:
+        """Skipped step ``step`` consumes its input; a program's own hooks (Keras fit: its iteration
+        counter, its position) move past it too."""
+        inputs.consume(self.checkpoint)
+        for hook in self._nonfinite.on_skipped:
+            hook(step)
 
     def _advance_past(self, step: int) -> None:
         """The global step moves from ``step`` past the skipped step: procsv's count, or, where the
@@ -211,7 +222,7 @@ class NonfiniteMethods:
         watch.due = None
         assert target is not None
         if step + 1 in watch.budget.skipped and step + 1 < target:  # the replay meets a step skipped before
-            inputs.consume(self.checkpoint)
+            self._skip_input(step + 1)
             self._advance_past(step)
             self._state.step = step + 1
             watch.due = self._next_due(step + 1)
@@ -234,7 +245,7 @@ class NonfiniteMethods:
             return False
         watch.budget.skip(target)
         notices.tell(self._channels, notices.skipped(target, len(watch.budget.skipped), watch.position))
-        inputs.consume(self.checkpoint)  # its input: the data position moves past it
+        self._skip_input(target)  # its input: the data position moves past it
         self._advance_past(step)  # the step count moves past the skipped step; no other variable changes
         self._state.step = target
         watch.target = None

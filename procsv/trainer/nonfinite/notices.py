@@ -37,8 +37,10 @@ def detected(step: int, what: str, position: Optional[Position] = None) -> Nonfi
     return NonfiniteDetected(os.getpid(), step, time.time(), what, epoch, batch)
 
 
-def rolled_back(step: int, restored: int, source: RestoreSource, path: str, skip: bool, secs: float) -> RolledBack:
-    return RolledBack(os.getpid(), step, restored, source, path, skip, secs, time.time())
+def rolled_back(step: int, restored: int, source: RestoreSource, path: str, skip: bool, secs: float,
+                position: Optional[Position] = None) -> RolledBack:
+    epoch, batch = _at(position, step)
+    return RolledBack(os.getpid(), step, restored, source, path, skip, secs, time.time(), epoch, batch)
 
 
 def skipped(step: int, count: int, position: Optional[Position] = None) -> StepSkipped:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -52,6 +52,11 @@ class NonfiniteWatch:
         self.retried: set[int] = set()
         self.rollbacks = 0
         self.position: Optional[Position] = None  # a step's input position, where known (Keras fit's (epoch, batch))
+        # a program whose loop cannot go back (Keras fit) replays the restored steps itself: why it
+        # cannot ("" if it can), and what it does when a step is restored or skipped
+        self.replay_unsupported = ""
+        self.on_restored: list[Callable[[int], None]] = []
+        self.on_skipped: list[Callable[[int], None]] = []
         self.refusals = 0
         self.first: Optional[NonFiniteState] = None
 

@@ -120,7 +120,8 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.NODE_LOST: frozenset({"node", "host", "silent_secs", "reason"}),
     Event.NODE_REFUSED: frozenset({"node", "host", "pid", "key", "reason"}),
     Event.NONFINITE_DETECTED: frozenset({"pid", "step", "epoch", "batch", "what"}),
-    Event.ROLLED_BACK: frozenset({"pid", "step", "restored_step", "source", "path", "skip", "secs"}),
+    Event.ROLLED_BACK: frozenset({"pid", "step", "restored_step", "source", "path", "skip", "secs", "epoch",
+                                  "batch"}),
     Event.STEP_SKIPPED: frozenset({"pid", "step", "epoch", "batch", "skipped"}),
 }
 

@@ -1,0 +1,69 @@
+"""A tiny Keras ``fit`` whose input of given batches is NaN (issue 41), under procsv.keras.BackupAndRestore.
+
+    --nan-at I          the input of batch I (counted over the whole fit from 0: epoch * --batches +
+                        batch) is NaN (repeatable): its loss, gradients and, applied, the weights turn NaN
+    --zero-weight-at I  batch I has sample weight 0 (repeatable): with SGD (no momentum) a zero
+                        gradient, so the plain run that never applied batch I (its iteration counted)
+    --epochs E          epochs of --batches N batches each (steps_per_epoch=N over one stream of
+                        E * N batches: batch I is the same input whichever epoch reads it)
+    --save-freq K       BackupAndRestore(save_freq=K)
+    --batch-delay S     seconds each batch sleeps (a callback's on_train_batch_end)
+    --no-callback       a plain fit, without procsv
+    --weights-out F     write the final weights and the optimizer's iteration count here (.npz)
+
+The input of batch I is a function of I alone, so a run is reproducible and its plain twin computable.
+"""
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--nan-at", type=int, action="append", default=[])
+p.add_argument("--zero-weight-at", type=int, action="append", default=[])
+p.add_argument("--epochs", type=int, default=3)
+p.add_argument("--batches", type=int, default=10)
+p.add_argument("--save-freq", type=int, default=5)
+p.add_argument("--batch-delay", type=float, default=0.0)
+p.add_argument("--no-callback", action="store_true")
+p.add_argument("--weights-out", default=None)
+args = p.parse_args()
+
+keras.utils.set_random_seed(0)
+poisoned = tf.constant(args.nan_at + [-1], dtype=tf.int64)
+zeroed = tf.constant(args.zero_weight_at + [-1], dtype=tf.int64)
+
+
+def batch(i):  # type: ignore[no-untyped-def]
+    x = tf.reshape(tf.sin(tf.cast(i * 32 + tf.range(32, dtype=tf.int64), tf.float32) * 0.37), [8, 4])
+    y = tf.reduce_sum(x, axis=1, keepdims=True) * 0.5 + 0.1
+    x = tf.where(tf.reduce_any(tf.equal(poisoned, i)), tf.fill([8, 4], float("nan")), x)
+    weight = tf.where(tf.reduce_any(tf.equal(zeroed, i)), tf.zeros([8]), tf.ones([8]))
+    return x, y, weight
+
+
+data = tf.data.Dataset.range(args.epochs * args.batches).map(batch)
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(1)])
+model.compile(keras.optimizers.SGD(0.05), "mse")
+
+
+class Delay(keras.callbacks.Callback):  # type: ignore[misc]
+    def on_train_batch_end(self, batch, logs=None):  # type: ignore[no-untyped-def]
+        time.sleep(args.batch_delay)
+
+
+callbacks = [Delay()] if args.batch_delay else []
+if not args.no_callback:
+    import procsv.keras
+
+    callbacks.append(procsv.keras.BackupAndRestore(save_freq=args.save_freq))
+model.fit(data, epochs=args.epochs, steps_per_epoch=args.batches, callbacks=callbacks, verbose=0)
+if args.weights_out:
+    np.savez(args.weights_out, *model.get_weights(), np.asarray(model.optimizer.iterations.numpy()))
+print(f"fit done: {int(model.optimizer.iterations.numpy())} iterations", flush=True)

@@ -1,0 +1,111 @@
+"""Non-finite training in Keras ``fit`` under procsv.keras.BackupAndRestore (issue 41): a poisoned batch
+rolled back in place, replayed, retried and skipped; a poisoned region that trips ``--max-skips``.
+
+Each run is ``tests/programs/keras_nan.py`` (30 batches of 8, 3 epochs of 10, a checkpoint every 5
+batches) under a real ``procsv launch``; its batch I is a function of I alone, so the plain ``fit``
+that never applied a batch (its sample weight 0: with SGD a zero gradient, its iteration counted)
+is computable, in its own process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from conftest import PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, status_json
+
+KERAS_NAN = os.path.join(PROGRAMS, "keras_nan.py")
+NONFINITE_EVENTS = ("nonfinite_detected", "rolled_back", "step_skipped")
+
+
+def _events(logdir: str, *kinds: str) -> list[dict]:
+    return [e for e in lifecycle(logdir) if e["event"] in kinds]
+
+
+def _trainers_spawned(logdir: str) -> int:
+    return len([e for e in lifecycle(logdir) if e["event"] == "spawned" and e["role"] == "trainer"])
+
+
+def _npz(path: str) -> list[np.ndarray]:
+    with np.load(path) as data:
+        return [data[f"arr_{i}"] for i in range(len(data.files))]
+
+
+def _finite_checkpoint(prefix: str) -> dict[str, np.ndarray]:
+    """Every tensor of a committed checkpoint, read back by TensorFlow; fails on a non-finite float."""
+    reader = tf.train.load_checkpoint(prefix)
+    values = {k: reader.get_tensor(k) for k, _ in tf.train.list_variables(prefix) if k != "_CHECKPOINTABLE_OBJECT_GRAPH"}
+    for key, value in values.items():
+        if np.asarray(value).dtype.kind == "f":
+            assert np.isfinite(value).all(), (prefix, key, value)
+    return values
+
+
+def test_keras_fit_rolls_a_poisoned_batch_back_in_place_skips_it_and_ends_bit_equal_to_a_fit_without_it(
+        short_tmp):
+    # before: the batch loss was not watched as a step's, nothing replayed fit's batches, and the
+    # final checkpoint found the poisoned state: exit 4 at the end of fit ("no rollback: the final
+    # checkpoint's state"). Now: rolled back in place (one trainer), batch 13 (epoch 1, batch 3:
+    # global step 14) retried and skipped, the batches since the restored snapshot trained again
+    logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
+    code, stdout, stderr = finish(launch(logdir, "--nan-at", "13", "--weights-out", out, target=KERAS_NAN), 240)
+    said = stdout + stderr
+    assert code == 0, said
+    assert "retrying step 14 once" in said and "skipped step 14 " in said, said
+    assert _trainers_spawned(logdir) == 1  # in place: no process restart
+
+    mine = _events(logdir, *NONFINITE_EVENTS)
+    assert [e["event"] for e in mine] == ["nonfinite_detected", "rolled_back", "nonfinite_detected", "rolled_back",
+                                          "step_skipped"], mine
+    assert all((e["step"], e["epoch"], e["batch"]) == (14, 1, 3) for e in mine), mine  # Keras' (epoch, batch)
+    assert [e["skip"] for e in mine if e["event"] == "rolled_back"] == [False, True]
+    assert status_json(logdir)["skipped_steps"] == [14]
+
+    plain = os.path.join(short_tmp, "plain.npz")
+    done = subprocess.run([sys.executable, KERAS_NAN, "--no-callback", "--zero-weight-at", "13", "--weights-out", plain],
+                          capture_output=True, text=True, env=quiet_env(), timeout=180)
+    assert done.returncode == 0, done.stderr
+    rolled, baseline = _npz(out), _npz(plain)
+    assert len(rolled) == len(baseline) == 5  # 4 weights, then the optimizer's iteration count
+    for a, b in zip(rolled, baseline):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), (a, b)  # bit-equal
+    assert int(rolled[-1]) == 30  # the skipped batch counted as an iteration, as the plain fit's did
+
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest is not None and latest.endswith("model.ckpt-30"), latest
+    values = _finite_checkpoint(latest)
+    assert int(values["global_step/.ATTRIBUTES/VARIABLE_VALUE"]) == 30
+    assert int(values["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]) == 30
+    kernel = values["optimizer/_trainable_variables/0/.ATTRIBUTES/VARIABLE_VALUE"]
+    assert kernel.tobytes() == baseline[0].tobytes()  # what was committed is what fit ended with
+
+
+def test_keras_fit_a_poisoned_region_beyond_max_skips_stops_with_exit_4_and_commits_no_nan(short_tmp):
+    # before: exit 4 too, but at the end of fit, when the final checkpoint's check found batch 13's
+    # loss, nothing rolled back or skipped. Now batch 13 is skipped (the one skip --max-skips 1
+    # allows); batch 15 would be the second within the window: the run stops in order, diverging,
+    # and no committed checkpoint holds a NaN
+    logdir = os.path.join(short_tmp, "run")
+    code, stdout, stderr = finish(launch(logdir, "--nan-at", "13", "--nan-at", "15", "--nan-at", "16",
+                                         target=KERAS_NAN, opts=("--max-skips", "1")), 240)
+    said = stdout + stderr
+    assert code == 4, said
+    assert "skipped step 14 " in said, said
+    assert "step 16 would be skip 2 within 1000 steps (--max-skips 1; skipped so far: 14)" in said, said
+    assert "giving up: the trainer is diverging" in said, said
+    assert _trainers_spawned(logdir) == 1  # no restart
+    assert status_json(logdir)["state"] == "failed"
+    skipped = _events(logdir, "step_skipped")
+    assert [(e["step"], e["epoch"], e["batch"]) for e in skipped] == [(14, 1, 3)], skipped
+    found = _events(logdir, "nonfinite_detected")
+    assert (found[-1]["step"], found[-1]["epoch"], found[-1]["batch"]) == (16, 1, 5), found
+    steps = committed_steps(logdir)
+    assert steps and max(steps) < 16, steps  # nothing at or after the poisoned step 16
+    for step in steps:
+        _finite_checkpoint(os.path.join(logdir, f"model.ckpt-{step}"))
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest is not None and latest.endswith(f"model.ckpt-{max(steps)}"), latest
