@@ -109,3 +109,34 @@ def test_keras_fit_a_poisoned_region_beyond_max_skips_stops_with_exit_4_and_comm
         _finite_checkpoint(os.path.join(logdir, f"model.ckpt-{step}"))
     latest = tf.train.latest_checkpoint(logdir)
     assert latest is not None and latest.endswith(f"model.ckpt-{max(steps)}"), latest
+
+
+def test_the_watched_loss_of_a_keras_batch_is_its_own_not_the_epochs_running_mean():
+    # logs["loss"] is the epoch's running mean in Keras 3: once a batch of the epoch was NaN it stays
+    # NaN for the rest of the epoch. What procsv watches is the loss the batch itself handed Keras'
+    # loss tracker (before: procsv watched logs["loss"]; there was no BatchReplay)
+    import keras
+
+    from procsv.trainer.keras.replay import LOGS, LOSS, BatchReplay
+
+    x = np.arange(48, dtype=np.float32).reshape(12, 4) / 48
+    data = tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1, keepdims=True))).batch(4)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    model.make_train_function()
+    replay = BatchReplay(model, model.train_function, data.element_spec, 1)
+    assert replay.unsupported == ""
+    it = iter(data)
+    first = replay.run(it)
+    assert float(first[LOSS]) == float(first[LOGS]["loss"])  # one batch in: the mean is that batch's loss
+    model._loss_tracker.total.assign(float("nan"))  # the epoch's mean, as after a NaN batch
+    second = replay.run(it)
+    assert np.isnan(float(second[LOGS]["loss"]))  # the running mean: NaN for the rest of the epoch
+    own = float(second[LOSS])
+    assert np.isfinite(own) and own > 0, own  # the batch's own loss
+    replay.keep(2, 0, 1, second["data"])
+    assert "procsv_batch_loss" not in second[LOGS]  # fit's logs are Keras' own
+    assert replay.traced.experimental_get_tracing_count() == 1
+    again = replay.again(2)  # the kept batch trained again, through the same traced step
+    assert replay.traced.experimental_get_tracing_count() == 1
+    assert np.isfinite(float(again[LOSS]))

@@ -2,8 +2,9 @@
 train step was traced: ``python keras_warm.py OUT.npz [--no-callback] [--slow]`` (``--slow``: 24
 epochs, 40 ms a batch, long enough to kill its trainer once a hot standby is ready).
 
-Prints ``traced before the first batch: N`` (the traces of Keras' ``multi_step_on_iterator`` when the
-first batch begins) and ``traced in all: N`` after fit, and writes the final weights to OUT.npz.
+Prints ``traced before the first batch: N`` (the traces of the step fit runs when the first batch
+begins: Keras' ``multi_step_on_iterator``, or under procsv its step that keeps the batch,
+:mod:`procsv.trainer.keras.replay`) and ``traced in all: N`` after fit, and writes the final weights to OUT.npz.
 """
 
 import os
@@ -28,7 +29,13 @@ model.compile(keras.optimizers.Adam(1e-2), keras.losses.SparseCategoricalCrossen
               metrics=["accuracy"])
 
 
+backup = None  # procsv's callback
+
+
 def traces() -> int:
+    replay = getattr(backup, "_replay", None)
+    if replay is not None and replay.traced is not None:  # the step procsv runs: Keras' own, its batch kept
+        return int(replay.traced.experimental_get_tracing_count())
     fn = model.train_function  # inside fit, procsv's wrapper of Keras' own
     fn = getattr(getattr(fn, "__self__", None), "_original_train", fn)
     return int(_closure(fn)["multi_step_on_iterator"].experimental_get_tracing_count())
@@ -54,7 +61,8 @@ callbacks = [Report()] + ([Slow()] if slow else [])
 if "--no-callback" not in sys.argv:
     import procsv.keras
 
-    callbacks.insert(0, procsv.keras.BackupAndRestore())
+    backup = procsv.keras.BackupAndRestore()
+    callbacks.insert(0, backup)
 model.fit(ds, epochs=24 if slow else 3, callbacks=callbacks, verbose=0)
 print(f"traced in all: {traces()}", flush=True)
 np.savez(sys.argv[1], *[np.asarray(w) for w in model.weights])

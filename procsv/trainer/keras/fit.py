@@ -42,6 +42,7 @@ from procsv.trainer.keras.replay import LOGS, BatchReplay
 from procsv.trainer.keras.rollback import FitRollback
 from procsv.trainer.monitored.hooks import warn_once
 from procsv.trainer.managed import ManagedSession
+from procsv.trainer.nonfinite.policy import OnNonfinite
 from procsv.trainer.supervisor import Supervisor
 
 SaveFreq = Union[str, int, bool]
@@ -163,6 +164,7 @@ class BackupAndRestore(FitRollback, keras.callbacks.Callback):  # type: ignore[m
                                    else None, self._spe)
         watch = self.sv._nonfinite
         watch.replay_unsupported = self._replay.unsupported
+        self._replay.keeping = watch.policy == OnNonfinite.ROLLBACK and self.sv._state.losses is not None
         watch.on_restored.append(self._restored)
         watch.on_skipped.append(self._skipped)
         warm = step_warmup.train_step_warm_up(train, inp.epoch_iterator)
