@@ -85,15 +85,17 @@ def test_keras_fit_rolls_a_poisoned_batch_back_in_place_skips_it_and_ends_bit_eq
 
 
 def test_keras_fit_a_poisoned_region_beyond_max_skips_stops_with_exit_4_and_commits_no_nan(short_tmp):
-    # before: exit 4 too, but at the end of fit, when the final checkpoint's check found batch 13's
-    # loss, nothing rolled back or skipped. Now batch 13 is skipped (the one skip --max-skips 1
-    # allows); batch 15 would be the second within the window: the run stops in order, diverging,
-    # and no committed checkpoint holds a NaN
+    # before: Keras' TerminateOnNaN (in this fit's callbacks) saw batch 13's NaN running mean and
+    # ended fit, and the final checkpoint's check stopped the run with exit 4; nothing was rolled
+    # back or skipped. Now each batch's loss is checked before TerminateOnNaN reads it: batch 13 is
+    # skipped (the one skip --max-skips 1 allows); batch 15 would be the second within the window:
+    # the run stops in order, diverging, and no committed checkpoint holds a NaN
     logdir = os.path.join(short_tmp, "run")
     code, stdout, stderr = finish(launch(logdir, "--nan-at", "13", "--nan-at", "15", "--nan-at", "16",
-                                         target=KERAS_NAN, opts=("--max-skips", "1")), 240)
+                                         "--terminate-on-nan", target=KERAS_NAN, opts=("--max-skips", "1")), 240)
     said = stdout + stderr
     assert code == 4, said
+    assert "Invalid loss" not in said, said  # TerminateOnNaN never saw a NaN procsv rolled back
     assert "skipped step 14 " in said, said
     assert "step 16 would be skip 2 within 1000 steps (--max-skips 1; skipped so far: 14)" in said, said
     assert "giving up: the trainer is diverging" in said, said

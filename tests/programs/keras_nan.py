@@ -8,6 +8,7 @@
                         E * N batches: batch I is the same input whichever epoch reads it)
     --save-freq K       BackupAndRestore(save_freq=K)
     --batch-delay S     seconds each batch sleeps (a callback's on_train_batch_end)
+    --terminate-on-nan  also keras.callbacks.TerminateOnNaN (it stops fit at a batch whose logs["loss"] is NaN)
     --no-callback       a plain fit, without procsv
     --weights-out F     write the final weights and the optimizer's iteration count here (.npz)
 
@@ -31,6 +32,7 @@ p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--batches", type=int, default=10)
 p.add_argument("--save-freq", type=int, default=5)
 p.add_argument("--batch-delay", type=float, default=0.0)
+p.add_argument("--terminate-on-nan", action="store_true")
 p.add_argument("--no-callback", action="store_true")
 p.add_argument("--weights-out", default=None)
 args = p.parse_args()
@@ -59,6 +61,8 @@ class Delay(keras.callbacks.Callback):  # type: ignore[misc]
 
 
 callbacks = [Delay()] if args.batch_delay else []
+if args.terminate_on_nan:
+    callbacks.append(keras.callbacks.TerminateOnNaN())
 if not args.no_callback:
     import procsv.keras
 

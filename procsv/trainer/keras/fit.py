@@ -101,6 +101,7 @@ class BackupAndRestore(FitRollback, keras.callbacks.Callback):  # type: ignore[m
         self._live_epoch = self._live_batch = 0  # where fit's own loop is (a rollback's replay is behind it)
         self._replay: Optional[BatchReplay] = None
         self._drew = False
+        self._each_batch = False  # check each batch's loss at once (a TerminateOnNaN reads it anyway)
         self._skip = 0
         self._skip_epoch = -1
         self._saved_metrics: list[Any] = []
@@ -165,6 +166,10 @@ class BackupAndRestore(FitRollback, keras.callbacks.Callback):  # type: ignore[m
         watch = self.sv._nonfinite
         watch.replay_unsupported = self._replay.unsupported
         self._replay.keeping = watch.policy == OnNonfinite.ROLLBACK and self.sv._state.losses is not None
+        # keras.callbacks.TerminateOnNaN reads each batch's logs["loss"]: checked (that one read) and
+        # rolled back before it sees a NaN procsv rolls back
+        self._each_batch = self._replay.keeping and any(
+            isinstance(c, keras.callbacks.TerminateOnNaN) for c in getattr(inp.callbacks, "callbacks", None) or ())
         watch.on_restored.append(self._restored)
         watch.on_skipped.append(self._skipped)
         warm = step_warmup.train_step_warm_up(train, inp.epoch_iterator)
@@ -259,7 +264,7 @@ class BackupAndRestore(FitRollback, keras.callbacks.Callback):  # type: ignore[m
         if replay is not None and not replay.unsupported:
             agent = sv._ckpt
             replay.forget_through(agent.last_committed if agent is not None else sv.step)
-            if self._live_batch == self.params.get("steps") and self._settle():  # the epoch's last batch
+            if (self._each_batch or self._live_batch == self.params.get("steps")) and self._settle():  # epoch's end
                 logs = self.model.get_metrics_result()  # the epoch's logs without the poisoned batch
         self._last_logs = logs
         if self.save_summaries_secs:

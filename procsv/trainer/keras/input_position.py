@@ -46,6 +46,7 @@ class FitInput:
     shuffle: Any
     steps_per_epoch: Optional[int]
     epochs: int
+    callbacks: Any = None  # fit's CallbackList
 
 
 def fit_frame() -> FitInput:
@@ -55,7 +56,7 @@ def fit_frame() -> FitInput:
         names = frame.f_locals
         if frame.f_code.co_name == "fit" and "epoch_iterator" in names:
             return FitInput(names["epoch_iterator"], names.get("x"), names.get("shuffle", True),
-                            names.get("steps_per_epoch"), int(names.get("epochs", 1)))
+                            names.get("steps_per_epoch"), int(names.get("epochs", 1)), names.get("callbacks"))
         frame = frame.f_back  # type: ignore[assignment]  # None ends the loop
     raise UsageError("procsv.keras.BackupAndRestore works inside Keras 3's model.fit (TensorFlow backend); "
                      "no fit() call was found around the callback")

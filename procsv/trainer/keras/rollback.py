@@ -7,7 +7,9 @@ fit is at are trained again here, from the batches :class:`~procsv.trainer.keras
 kept, all inside the one call of the train function ``fit`` made (:meth:`FitRollback._kept_step`,
 called by ``sess.run`` until it has drawn fit's own next batch). A non-finite loss is found where
 procsv reads the state anyway (before a snapshot), and also at the end of each epoch (so that its
-logs are of the epoch without the poisoned batch) and of ``fit`` (:meth:`FitRollback._settle`). A
+logs are of the epoch without the poisoned batch) and of ``fit`` (:meth:`FitRollback._settle`); after
+every batch when ``keras.callbacks.TerminateOnNaN`` reads each batch's ``logs["loss"]`` anyway (so
+that a NaN rolled back never reaches it). A
 skipped step advances Keras' iteration counter as if it ran; the (epoch, batch) position a
 snapshot records follows the restored and the replayed steps.
 """
