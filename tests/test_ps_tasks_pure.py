@@ -146,6 +146,25 @@ def test_a_killed_parameter_server_is_restarted_and_every_worker_is_ended_and_re
     assert sim.view.children[TRAINER].attempt == 2 and sim.view.children["worker1"].attempt == 2
 
 
+def test_a_chief_whose_death_was_noticed_is_started_again_only_once_reaped_its_port_is_free() -> None:
+    """A real run: after a parameter server's SIGKILL, the chief (SIGKILLed with ps_lost) was noticed
+    dead and the next one forked 0.1 s before the old one was reaped; it failed with "Could not start
+    gRPC server" (the old one still held the chief's port) and cost one more restart."""
+    sim = ps_launch()
+    sim.reaps("ps0", KILLED)
+    sim.tick(1.0)  # ps0 restarted; the chief and worker1 are SIGKILLed (ps_lost)
+    sim.tick(0.01)
+    chief = sim.view.children[TRAINER]
+    observe.death_noticed(sim.view, TRAINER, chief.attempt, sim.now, 0.0)  # its death notice, before the reap
+    sim.reaps("worker1", KILLED)
+    for _ in range(5):
+        assert not [a for a in sim.tick(0.02) if isinstance(a, Spawn) and a.slot == TRAINER]
+    assert sim.view.children[TRAINER] is chief
+    sim.reaps(TRAINER, KILLED)
+    acts = sim.tick(0.01) + sim.tick(0.01)
+    assert Spawn(TRAINER, TRAINER) in acts and sim.view.children[TRAINER].attempt == 2
+
+
 def test_a_killed_chief_is_restarted_alone_by_the_restart_policy() -> None:
     sim = ps_launch()
     worker = sim.view.children["worker1"]

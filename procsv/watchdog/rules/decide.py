@@ -166,6 +166,8 @@ def _restart_due(view: RunView, now: float, limits: Limits) -> list[Action]:
         return []  # the first trainer waits for the first pre-warmed one; a restart never waits for a new one
     if group.draining(view) or hosts_missing(view, limits):
         return []  # rule 11: the last group's workers are not all reaped yet (their ports, their collectives)
+    if tasks.chief_held(view):
+        return []  # rule 14: --ps, the last chief still holds its port
     if view.forking_since is not None:
         return []  # a standby asked of the zygote: wait for its answer (milliseconds), then decide
     if standby.promotable(view):

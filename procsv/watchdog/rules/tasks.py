@@ -126,6 +126,15 @@ def ps_held(view: RunView) -> bool:
     return view.tasks_alone and any(c.live and c.role in (TRAINER, WORKER) for c in view.children.values())
 
 
+def chief_held(view: RunView) -> bool:
+    """Rule 3 with parameter servers: an attempt of the chief is not reaped yet. Its gRPC server (the
+    Supervisor's ``server_target()``, or ``ParameterServerStrategy``'s coordinator) holds the port
+    ``TF_CONFIG`` gives the chief, the same for the next attempt, and TensorFlow's server does not
+    share a port: a next chief started before the reap fails with "Could not start gRPC server" and
+    costs a restart. So the next one waits for the reap (milliseconds after a death notice)."""
+    return view.tasks_alone and any(c.role == TRAINER and not c.reaped for c in view.attempts)
+
+
 def due_starts(view: RunView, now: float) -> list[Action]:
     """Rule 14: the tasks whose restart is due, each started alone."""
     if view.stop_signal is not None or view.finishing:
