@@ -19,6 +19,8 @@ class Role(StrEnum):
     TRAINER = "trainer"
     CHECKPOINT = "checkpoint"
     SUMMARY = "summary"
+    PS = "ps"  # a parameter-server task of --ps N (its Hello names its slot: ps0, ...)
+    SERVER = "server"  # a worker server of --ps N --workers M --coordinator (slot worker0, ...)
 
 
 class SaveReason(StrEnum):

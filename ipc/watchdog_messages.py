@@ -21,6 +21,7 @@ class Hello(Message):
     role: Role
     pid: int
     attempt: int
+    slot: str = ""  # a --ps server task's slot (ps0, worker0, ...); "" for the others (their slot is their role)
 
 
 @dataclass(frozen=True)

@@ -35,9 +35,30 @@ def main() -> int:
     job, index = str(task["type"]), int(task.get("index", 0))
     server = tf.distribute.Server(cluster.cluster_spec(), job_name=job, task_index=index, start=True)
     print(f"procsv ps: task {job}{index} serving at {server.target}", flush=True)
+    _hello(job, index)
     signum = signal.sigwait(stop)
     print(f"procsv ps: task {job}{index} stopping ({signal.Signals(signum).name})", flush=True)
     return 0
+
+
+def _hello(job: str, index: int) -> None:
+    """Tell the watchdog the server is up (its ``status`` entry turns ``running``); best effort."""
+    from procsv.common.bootstrap import ChildContext
+
+    ctx = ChildContext.from_env()
+    if ctx is None or not ctx.supervised:
+        return
+    import zmq
+
+    from procsv.ipc.messages import Hello, Role
+    from procsv.ipc.transport import make_socket, send
+
+    zctx = zmq.Context()
+    sock = make_socket(zctx, zmq.PUSH, linger_ms=1000)
+    sock.connect(ctx.endpoints.watchdog)
+    send(sock, Hello(Role.PS if job == "ps" else Role.SERVER, os.getpid(), ctx.attempt, slot=f"{job}{index}"))
+    sock.close()  # (lingers up to 1 s to deliver it)
+    zctx.term()
 
 
 if __name__ == "__main__":

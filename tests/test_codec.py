@@ -15,6 +15,7 @@ from procsv.ipc.codec import ProtocolError, decode, encode
 SAMPLES: list[tuple[str, m.Message, list]] = [
     ("hello-trainer", m.Hello(role="trainer", pid=4242, attempt=1), []),
     ("hello-checkpoint", m.Hello(role="checkpoint", pid=17, attempt=3), []),
+    ("hello-ps", m.Hello(role="ps", pid=18, attempt=2, slot="ps0"), []),
     ("ready-fresh", m.TrainerReady(pid=4242, attempt=1, step=0, restored_from=None, restore_secs=0.0), []),
     (
         "ready-restored",
@@ -457,7 +458,7 @@ def test_summary_item_kind_is_validated_in_a_nested_item():
 
 
 def test_wire_values_of_the_enums_are_the_old_strings():
-    assert [r.value for r in m.Role] == ["trainer", "checkpoint", "summary"]
+    assert [r.value for r in m.Role] == ["trainer", "checkpoint", "summary", "ps", "server"]  # (ps, server: --ps tasks)
     assert {r.value for r in m.SaveReason} == {"periodic", "steps", "final", "preempted", "lost", "memory"}
     assert [b.value for b in m.Busy] == ["", "snapshot", "final_checkpoint", "input"]
     assert [s.value for s in m.SessionStatus] == ["start", "stop", "checkpoint"]

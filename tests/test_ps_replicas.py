@@ -75,6 +75,7 @@ def test_each_task_is_restarted_alone_and_the_replicas_example_trains_to_the_end
         chief, ps0 = entry(logdir, "trainer"), entry(logdir, "ps0")
         worker = wait_for(lambda: stepping(logdir, "worker1", 1, 0), 60, what="worker1 stepping")
         assert ps0["attempt"] == 1 and chief["attempt"] == 1
+        wait_for(lambda: entry(logdir, "ps0").get("state") == "running", 30, what="ps0 running in status.json")
 
         # 1. a worker down: the chief steps on; the worker is restarted alone and steps again
         os.kill(worker["pid"], signal.SIGSTOP)
@@ -106,6 +107,7 @@ def test_each_task_is_restarted_alone_and_the_replicas_example_trains_to_the_end
         wait_for(lambda: stepping(logdir, "worker1", 3, 0), 120, what="worker1 stepping again after the ps")
         assert int(restored.split("restored step ")[1].split()[0]) >= before
         assert entry(logdir, "ps0")["attempt"] == 2
+        wait_for(lambda: entry(logdir, "ps0").get("state") == "running", 30, what="ps0's restart running")
         # forked from the pre-warmed trainer, TensorFlow imported (fresh, it took seconds to serve again)
         from conftest import lifecycle
         assert [e["via"] for e in lifecycle(logdir) if e["event"] == "spawned" and e["role"] == "ps0"] == \

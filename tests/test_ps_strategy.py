@@ -105,6 +105,8 @@ def test_each_task_of_the_coordinators_cluster_is_restarted_alone(short_tmp: str
         chief = wait_for(lambda: stepping(logdir, 1, 0), 60, what="the coordinator stepping")
         servers = {r: entry(logdir, r) for r in ("worker0", "worker1", "ps0")}
         assert all(e.get("attempt") == 1 for e in servers.values()), servers
+        wait_for(lambda: all(entry(logdir, r).get("state") == "running" for r in servers), 30,
+                 what="every server running in status.json (its Hello)")
 
         # 1. a worker server killed: the coordinator steps on (on worker0) while it is down and after
         # it is back; procsv restarts it alone, on the same address

@@ -58,7 +58,7 @@ def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -
     """A message from a child (stale ones, from an attempt that is not current, change nothing).
     ``slot``: relayed by another host's agent for that member (pids of hosts may coincide)."""
     if isinstance(msg, Hello):
-        child = view.children.get(msg.role)
+        child = view.children.get(msg.slot or msg.role)
         if child is not None and child.pid == msg.pid and child.state == ProcState.STARTING:
             child.set_state(ProcState.RUNNING)
             child.running_at = now
