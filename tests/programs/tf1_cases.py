@@ -217,6 +217,8 @@ def case_steps() -> dict[str, object]:
         grouped = tf.group(train)
         jump = gs.assign(20)
         by_two = tf.compat.v1.assign_add(gs, 2)
+        z = tf.compat.v1.placeholder(tf.float32, [], name="z")
+        watched = tf.identity(z, name="loss")  # a watched loss (nonfinite_tags "loss") that trains nothing
         feed = {x: 2.0}
         sv = Supervisor(logdir=LOGDIR, save_summaries_secs=None)
         seen: list[object] = []
@@ -243,13 +245,62 @@ def case_steps() -> dict[str, object]:
                 if sv.step != int(sess.run(gs)):
                     lagged.append([sv.step, int(sess.run(gs))])
             seen.append(["250 more", sv.step, lagged])
+            plans = _run_plans(sv, sess, train, loss, watched, x, z)
             sv.request_stop()
             seen.append(["read after the stop", float(sess.run(loss, feed_dict=feed))])
             try:
                 sess.run(train, feed_dict=feed)
             except procsv.TrainingStopped:
                 seen.append(["step after the stop", "TrainingStopped", sv.step])
-        return {"seen": seen}
+        return {"seen": seen, "plans": plans}
+
+
+def _run_plans(sv: object, sess: object, train: object, loss: object, watched: object, x: object,
+               z: object) -> dict[str, object]:
+    """What a run of a structure already seen works out again: the probe's plan and the walk of the
+    fetches for watched losses are counted over 50 steps of [train, watched] (a new list and feed
+    dict each time); the watched loss is still handed over when not finite; a list changed in place
+    is planned anew."""
+    import math
+
+    import procsv.trainer.graph.session as graph_session
+
+    out: dict[str, object] = {}
+    mutated = [loss]
+    sess.run(mutated, feed_dict={x: 2.0})
+    before = sv.step
+    mutated.append(train)  # the same list object, now with the train op: a step
+    sess.run(mutated, feed_dict={x: 2.0})
+    out["list changed in place"] = sv.step - before
+    sess.run([train, watched], feed_dict={x: 2.0, z: 1.0})  # seen once
+    calls = {"plan": 0, "keep_watched": 0}
+    probe, walk = sess._probe, graph_session.keep_watched
+    plan = probe.plan
+    losses = sv._state.losses
+    kept: list[object] = []
+
+    def counted_plan(*args: object) -> object:
+        calls["plan"] += 1
+        return plan(*args)
+
+    def counted_walk(*args: object) -> None:
+        calls["keep_watched"] += 1
+        walk(*args)
+
+    probe.plan, graph_session.keep_watched = counted_plan, counted_walk
+    losses.keep = lambda step, value: kept.append([step, "nan" if math.isnan(value) else float(value)])
+    try:
+        for _ in range(50):
+            sess.run([train, watched], feed_dict={x: 2.0, z: 1.0})
+        start = sv.step
+        sess.run([train, watched], feed_dict={x: 2.0, z: float("nan")})
+    finally:
+        del probe.plan, losses.keep
+        graph_session.keep_watched = walk
+    out["worked out again in 51 runs"] = calls
+    out["kept"] = kept
+    out["nan step"] = sv.step - start
+    return out
 
 
 def case_no_global_step() -> dict[str, object]:

@@ -16,10 +16,11 @@ the session's thread. ``partial_run`` and callables from ``make_callable`` are p
 
 from __future__ import annotations
 
-import threading
+from threading import get_ident
 from typing import Any, Callable, Optional, Protocol
 
 from procsv.common.errors import TrainingStopped
+from procsv.trainer.graph.runplan import CACHE_MAX, RunPlan, keep_losses, make_plan, plan_key
 from procsv.trainer.graph.steps import VERIFY_EVERY, StepProbe
 from procsv.trainer.step_boundary import StepState
 
@@ -43,7 +44,7 @@ class GraphSession:
         self._sess = session
         self._probe = probe
         self._observe = observe
-        self._owner = threading.get_ident()
+        self._owner = get_ident()
         self.live = False  # the Supervisor sets it once the session is prepared: boundaries from then on
         self.step_feed: Any = None  # the feed_dict of the run that made the last step (summary_op runs with it)
         # inferred steps since the global step was last read; VERIFY_EVERY forces a read (another
@@ -54,6 +55,7 @@ class GraphSession:
         # names (a MonitoredSession's watched NanTensorHooks' fetches; set around that run only,
         # emptied when a step kept them)
         self.watch_keys: tuple[Any, ...] = ()
+        self._plans: dict[Any, RunPlan] = {}  # fetch structure (procsv.trainer.graph.runplan.plan_key) -> its plan
 
     @property
     def raw(self) -> Any:
@@ -64,57 +66,89 @@ class GraphSession:
         """``tf.compat.v1.Session.run``; a run that advanced the global step is a step, and its
         boundary runs before this returns. Raises :class:`TrainingStopped` (a clean stop) for a run
         that would write the global step after a stop was requested, as an eager step does."""
-        if not self.live or threading.get_ident() != self._owner:
+        if not self.live or get_ident() != self._owner:
             if self.live and self._infer and self._probe.plan(fetches, feed_dict) is not None:
                 self._unread = VERIFY_EVERY  # another thread advanced it: read it at the next step
             return self._sess.run(fetches, feed_dict, options, run_metadata)
-        if self._infer:
-            plan = self._probe.plan(fetches, feed_dict)
-            if plan is None:
-                return self._sess.run(fetches, feed_dict, options, run_metadata)
-            extra = plan.read
-            added = plan.add
-        else:
-            extra = self._probe.extra_fetch(fetches, feed_dict)
-            if extra is None:
-                return self._sess.run(fetches, feed_dict, options, run_metadata)
-            added = None
         state = self._state
+        key = plan_key(fetches, feed_dict)
+        plan = self._plans.get(key) if key is not None else None
+        if plan is None or plan.losses is not state.losses:
+            plan = self._plan(fetches, feed_dict, key)
+        read = plan.read
+        if read is None:  # writes no global step: no step
+            return self._sess.run(fetches, feed_dict, options, run_metadata)
         if state.coord.asked and state.coord.should_stop():
             raise TrainingStopped("a stop was requested; the training loop should end")
-        if added is not None and self._unread < VERIFY_EVERY:
+        add = plan.add
+        if add is not None and self._unread < VERIFY_EVERY:
             out = self._sess.run(fetches, feed_dict, options, run_metadata)
-            step = state.step + added
-            if step >= state.ckpt_step or step >= state.end_step or state.clock() >= state.at:
-                step = int(self._sess.run(self._probe.read))  # a boundary is due: the exact value
-                self._unread = 0
-            else:
+            step = state.step + add
+            if step < state.ckpt_step and step < state.end_step and state.clock() < state.at:
+                # no boundary due: the step's bookkeeping (as _stepped's), inline
                 self._unread += 1
+                state.counter.completed += 1
+                if self._observe is not None:
+                    self._observe(step)
+                state.step = step
+                self.step_feed = feed_dict
+                if plan.watch:
+                    keep_losses(plan, step, out)
+                elif plan.watch is None:
+                    self._keep_walked(state, step, fetches, out)
+                return out
+            step = int(self._sess.run(self._probe.read))  # a boundary is due: the exact value
+            self._unread = 0
         else:
-            out, value = self._sess.run((fetches, extra), feed_dict, options, run_metadata)
+            out, value = self._sess.run((fetches, read), feed_dict, options, run_metadata)
             step = int(value)
             self._unread = 0
         if step != state.step:
-            self._stepped(state, step, feed_dict, fetches, out)
+            self._stepped(state, step, feed_dict, fetches, out, plan)
         return out
 
-    def _stepped(self, state: StepState, step: int, feed_dict: Any, fetches: Any = None, out: Any = None) -> None:
+    def _plan(self, fetches: Any, feed_dict: Any, key: Any) -> RunPlan:
+        """The plan of a structure not seen (or seen with other watched losses): made, and cached
+        when it has a ``key``."""
+        if self._infer:
+            found = self._probe.plan(fetches, feed_dict)
+            step = (None, None) if found is None else (found.read, found.add)
+        else:
+            step = (self._probe.extra_fetch(fetches, feed_dict), None)
+        plan = make_plan(fetches, feed_dict, step, self._state.losses, key)
+        if plan.held is not None:
+            if len(self._plans) >= CACHE_MAX:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan
+
+    def _stepped(self, state: StepState, step: int, feed_dict: Any, fetches: Any = None, out: Any = None,
+                 plan: Optional[RunPlan] = None) -> None:
         """The run just returned made ``step``: the boundary, with the state of that step."""
         state.counter.completed += 1
         if self._observe is not None:
             self._observe(step)
         state.step = step
         self.step_feed = feed_dict
-        if state.losses is not None:  # the run's watched losses: host values already
-            if state.losses.tags:
-                keep_watched(state.losses, step, fetches, out)
-            for key in self.watch_keys:
-                keep_all(state.losses, step, out[key])
-            self.watch_keys = ()  # kept: the hooked run sees that its watched values were taken
+        if plan is not None and plan.watch is not None and not self.watch_keys:
+            keep_losses(plan, step, out)  # the run's watched losses: host values already
+        else:
+            self._keep_walked(state, step, fetches, out)
         if step >= state.ckpt_step or state.clock() >= state.at:
             state.boundary(step)
         if state.step >= state.end_step:
             state.after_step()
+
+    def _keep_walked(self, state: StepState, step: int, fetches: Any, out: Any) -> None:
+        """The watched losses of a run whose structure has no plan of its own (a dict, a nested
+        list): found by walking it, and a watched NanTensorHook's fetches (``watch_keys``)."""
+        losses = state.losses
+        if losses is not None:  # host values already
+            if losses.tags:
+                keep_watched(losses, step, fetches, out)
+            for key in self.watch_keys:
+                keep_all(losses, step, out[key])
+            self.watch_keys = ()  # kept: the hooked run sees that its watched values were taken
 
     # ------------------------------------------------------------------ the rest of tf.compat.v1.Session
     def partial_run_setup(self, fetches: Any, feeds: Any = None) -> Any:
