@@ -251,7 +251,9 @@ def test_a_run_is_a_step_when_it_writes_the_global_step_on_the_sessions_thread(t
 
     The per-run cost (issue 40): what depends only on a run's structure is worked out once. Over 51
     more steps of [train op, a watched loss] (a new list and feed dict each time) the probe is not
-    asked which writer the run reaches and the fetches are not walked for watched losses; the
+    asked which writer the run reaches, the fetches are not walked for watched losses, and the
+    session runs nothing else (at the 5 boundaries made due among them, the global step's exact
+    value comes fetched with the step's own run, not read by a run of its own); the
     watched loss is still handed to the LossWatch when it is NaN (a finite one is judged on the
     spot: nothing to keep), at the step it came with; a list changed in place is planned anew (a
     step once it holds the train op)."""
@@ -261,7 +263,8 @@ def test_a_run_is_a_step_when_it_writes_the_global_step_on_the_sessions_thread(t
                     ["global step", 5], ["w", 5], ["other thread", 5, 6], ["after", 7],
                     ["assign", 20], ["add 2", 22], ["add 2 fed 5", 27], ["250 more", 277, []],
                     ["read after the stop", seen[14][1]], ["step after the stop", "TrainingStopped", 330]]
-    assert result["plans"] == {"list changed in place": 1, "worked out again in 51 runs": {"plan": 0, "keep_watched": 0},
+    assert result["plans"] == {"list changed in place": 1, "boundaries made due were made": True,
+                               "worked out again in 51 runs": {"plan": 0, "keep_watched": 0, "other runs": 0},
                                "kept": [[330, "nan"]], "nan step": 1}
     assert _case("no_global_step", str(tmp_path / "none")) == {"steps": [1, 2, 3], "global_step": "global_step",
                                                               "w": 4.0}

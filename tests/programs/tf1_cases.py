@@ -259,8 +259,9 @@ def _run_plans(sv: object, sess: object, train: object, loss: object, watched: o
                z: object) -> dict[str, object]:
     """What a run of a structure already seen works out again: the probe's plan and the walk of the
     fetches for watched losses are counted over 50 steps of [train, watched] (a new list and feed
-    dict each time); the watched loss is still handed over when not finite; a list changed in place
-    is planned anew."""
+    dict each time), and the session's runs of anything else (a read of the global step alone)
+    while a boundary is made due every 10th step; the watched loss is still handed over when not
+    finite; a list changed in place is planned anew."""
     import math
 
     import procsv.trainer.graph.session as graph_session
@@ -273,8 +274,25 @@ def _run_plans(sv: object, sess: object, train: object, loss: object, watched: o
     sess.run(mutated, feed_dict={x: 2.0})
     out["list changed in place"] = sv.step - before
     sess.run([train, watched], feed_dict={x: 2.0, z: 1.0})  # seen once
-    calls = {"plan": 0, "keep_watched": 0}
-    probe, walk = sess._probe, graph_session.keep_watched
+    calls = {"plan": 0, "keep_watched": 0, "other runs": 0, "boundaries": 0}
+    probe, walk, raw, state = sess._probe, graph_session.keep_watched, sess._sess, sv._state
+    boundary = state.boundary
+
+    class Counting:
+        """The session's tf.compat.v1.Session, counting the runs of anything but a list or tuple."""
+
+        def run(self, fetches: object, *args: object) -> object:
+            if not isinstance(fetches, (list, tuple)):
+                calls["other runs"] += 1
+            return raw.run(fetches, *args)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(raw, name)
+
+    def counted_boundary(step: int) -> None:
+        calls["boundaries"] += 1
+        boundary(step)
+
     plan = probe.plan
     losses = sv._state.losses
     kept: list[object] = []
@@ -289,14 +307,19 @@ def _run_plans(sv: object, sess: object, train: object, loss: object, watched: o
 
     probe.plan, graph_session.keep_watched = counted_plan, counted_walk
     losses.keep = lambda step, value: kept.append([step, "nan" if math.isnan(value) else float(value)])
+    sess._sess, state.boundary = Counting(), counted_boundary
     try:
-        for _ in range(50):
+        for i in range(50):
+            if i % 10 == 0:
+                state.open_end()  # the progress half's work is due at the next step's boundary
             sess.run([train, watched], feed_dict={x: 2.0, z: 1.0})
         start = sv.step
         sess.run([train, watched], feed_dict={x: 2.0, z: float("nan")})
     finally:
         del probe.plan, losses.keep
-        graph_session.keep_watched = walk
+        graph_session.keep_watched, sess._sess, state.boundary = walk, raw, boundary
+    boundaries = calls.pop("boundaries")
+    out["boundaries made due were made"] = boundaries >= 5
     out["worked out again in 51 runs"] = calls
     out["kept"] = kept
     out["nan step"] = sv.step - start

@@ -82,10 +82,10 @@ class GraphSession:
             raise TrainingStopped("a stop was requested; the training loop should end")
         add = plan.add
         if add is not None and self._unread < VERIFY_EVERY:
-            out = self._sess.run(fetches, feed_dict, options, run_metadata)
             step = state.step + add
             if step < state.ckpt_step and step < state.end_step and state.clock() < state.at:
-                # no boundary due: the step's bookkeeping (as _stepped's), inline
+                # no boundary due at the step this run makes: inferred, its bookkeeping (as _stepped's) inline
+                out = self._sess.run(fetches, feed_dict, options, run_metadata)
                 self._unread += 1
                 state.counter.completed += 1
                 if self._observe is not None:
@@ -97,12 +97,11 @@ class GraphSession:
                 elif plan.watch is None:
                     self._keep_walked(state, step, fetches, out)
                 return out
-            step = int(self._sess.run(self._probe.read))  # a boundary is due: the exact value
-            self._unread = 0
-        else:
-            out, value = self._sess.run((fetches, read), feed_dict, options, run_metadata)
-            step = int(value)
-            self._unread = 0
+        # the exact value (a boundary may be due, or it is time to verify, or no constant is known):
+        # the read after the run's writer, fetched with it
+        out, value = self._sess.run((fetches, read), feed_dict, options, run_metadata)
+        step = int(value)
+        self._unread = 0
         if step != state.step:
             self._stepped(state, step, feed_dict, fetches, out, plan)
         return out
