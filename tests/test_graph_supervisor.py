@@ -256,16 +256,19 @@ def test_a_run_is_a_step_when_it_writes_the_global_step_on_the_sessions_thread(t
     value comes fetched with the step's own run, not read by a run of its own); the
     watched loss is still handed to the LossWatch when it is NaN (a finite one is judged on the
     spot: nothing to keep), at the step it came with; a list changed in place is planned anew (a
-    step once it holds the train op)."""
+    step once it holds the train op); a boundary whose time comes during a step's run (a 0.2 s
+    step, the progress half due 0.05 s after it began) is made right after that run, at its step,
+    not put off to the next step."""
     result = _case("steps", str(tmp_path / "steps"))
     seen = result["seen"]
     assert seen == [["loss", 0], ["op", 1], ["list", 2], ["dict", 3], ["by name", 4], ["group", 5],
                     ["global step", 5], ["w", 5], ["other thread", 5, 6], ["after", 7],
                     ["assign", 20], ["add 2", 22], ["add 2 fed 5", 27], ["250 more", 277, []],
-                    ["read after the stop", seen[14][1]], ["step after the stop", "TrainingStopped", 330]]
+                    ["read after the stop", seen[14][1]], ["step after the stop", "TrainingStopped", 333]]
     assert result["plans"] == {"list changed in place": 1, "boundaries made due were made": True,
+                               "boundary made right after the slow run": True,
                                "worked out again in 51 runs": {"plan": 0, "keep_watched": 0, "other runs": 0},
-                               "kept": [[330, "nan"]], "nan step": 1}
+                               "kept": [[331, "nan"]], "nan step": 1}
     assert _case("no_global_step", str(tmp_path / "none")) == {"steps": [1, 2, 3], "global_step": "global_step",
                                                               "w": 4.0}
 

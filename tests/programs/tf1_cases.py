@@ -14,8 +14,10 @@ import json
 import os
 import sys
 import threading
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()
@@ -219,8 +221,10 @@ def case_steps() -> dict[str, object]:
         by_two = tf.compat.v1.assign_add(gs, 2)
         z = tf.compat.v1.placeholder(tf.float32, [], name="z")
         watched = tf.identity(z, name="loss")  # a watched loss (nonfinite_tags "loss") that trains nothing
+        slow = tf.compat.v1.py_func(lambda: time.sleep(0.2) or np.float32(0), [], tf.float32, name="slow")
         feed = {x: 2.0}
-        sv = Supervisor(logdir=LOGDIR, save_summaries_secs=None)
+        clock = StoppableClock()
+        sv = Supervisor(logdir=LOGDIR, save_summaries_secs=None, clock=clock)
         seen: list[object] = []
         with sv.managed_session() as sess:
             for name, fetches in [("loss", loss), ("op", train), ("list", [train, loss]), ("dict", {"t": train}),
@@ -245,7 +249,7 @@ def case_steps() -> dict[str, object]:
                 if sv.step != int(sess.run(gs)):
                     lagged.append([sv.step, int(sess.run(gs))])
             seen.append(["250 more", sv.step, lagged])
-            plans = _run_plans(sv, sess, train, loss, watched, x, z)
+            plans = _run_plans(sv, sess, clock, train, loss, watched, slow, x, z)
             sv.request_stop()
             seen.append(["read after the stop", float(sess.run(loss, feed_dict=feed))])
             try:
@@ -255,13 +259,24 @@ def case_steps() -> dict[str, object]:
         return {"seen": seen, "plans": plans}
 
 
-def _run_plans(sv: object, sess: object, train: object, loss: object, watched: object, x: object,
-               z: object) -> dict[str, object]:
+class StoppableClock:
+    """The Supervisor's clock: monotonic, or standing still while ``stopped`` (no boundary's time comes)."""
+
+    def __init__(self) -> None:
+        self.stopped: float | None = None
+
+    def __call__(self) -> float:
+        return time.monotonic() if self.stopped is None else self.stopped
+
+
+def _run_plans(sv: object, sess: object, clock: StoppableClock, train: object, loss: object, watched: object,
+               slow: object, x: object, z: object) -> dict[str, object]:
     """What a run of a structure already seen works out again: the probe's plan and the walk of the
     fetches for watched losses are counted over 50 steps of [train, watched] (a new list and feed
     dict each time), and the session's runs of anything else (a read of the global step alone)
-    while a boundary is made due every 10th step; the watched loss is still handed over when not
-    finite; a list changed in place is planned anew."""
+    while a boundary is made due every 10th step (the clock stands still: no other boundary
+    comes due); the watched loss is still handed over when not finite; a list changed in place is
+    planned anew; a boundary whose time comes during a (0.2 s) run is made right after it."""
     import math
 
     import procsv.trainer.graph.session as graph_session
@@ -274,7 +289,9 @@ def _run_plans(sv: object, sess: object, train: object, loss: object, watched: o
     sess.run(mutated, feed_dict={x: 2.0})
     out["list changed in place"] = sv.step - before
     sess.run([train, watched], feed_dict={x: 2.0, z: 1.0})  # seen once
+    sess.run([train, slow], feed_dict={x: 2.0})  # seen once
     calls = {"plan": 0, "keep_watched": 0, "other runs": 0, "boundaries": 0}
+    boundary_steps: list[int] = []
     probe, walk, raw, state = sess._probe, graph_session.keep_watched, sess._sess, sv._state
     boundary = state.boundary
 
@@ -291,6 +308,7 @@ def _run_plans(sv: object, sess: object, train: object, loss: object, watched: o
 
     def counted_boundary(step: int) -> None:
         calls["boundaries"] += 1
+        boundary_steps.append(step)
         boundary(step)
 
     plan = probe.plan
@@ -308,6 +326,7 @@ def _run_plans(sv: object, sess: object, train: object, loss: object, watched: o
     probe.plan, graph_session.keep_watched = counted_plan, counted_walk
     losses.keep = lambda step, value: kept.append([step, "nan" if math.isnan(value) else float(value)])
     sess._sess, state.boundary = Counting(), counted_boundary
+    clock.stopped = time.monotonic()
     try:
         for i in range(50):
             if i % 10 == 0:
@@ -315,14 +334,22 @@ def _run_plans(sv: object, sess: object, train: object, loss: object, watched: o
             sess.run([train, watched], feed_dict={x: 2.0, z: 1.0})
         start = sv.step
         sess.run([train, watched], feed_dict={x: 2.0, z: float("nan")})
+        out["nan step"] = sv.step - start
+        sess._sess = raw
+        clock.stopped = None
+        sess.run([train, watched], feed_dict={x: 2.0, z: 1.0})  # bounds set on the running clock again
+        del boundary_steps[:]
+        state.set_end(state.end_step, clock() + 0.05)  # the progress half's time comes during the next run
+        sess.run([train, slow], feed_dict={x: 2.0})
+        out["boundary made right after the slow run"] = boundary_steps == [sv.step]
     finally:
+        clock.stopped = None
         del probe.plan, losses.keep
         graph_session.keep_watched, sess._sess, state.boundary = walk, raw, boundary
     boundaries = calls.pop("boundaries")
     out["boundaries made due were made"] = boundaries >= 5
     out["worked out again in 51 runs"] = calls
     out["kept"] = kept
-    out["nan step"] = sv.step - start
     return out
 
 

@@ -86,6 +86,12 @@ class GraphSession:
             if step < state.ckpt_step and step < state.end_step and state.clock() < state.at:
                 # no boundary due at the step this run makes: inferred, its bookkeeping (as _stepped's) inline
                 out = self._sess.run(fetches, feed_dict, options, run_metadata)
+                if state.clock() >= state.at:  # its time came during the run: the boundary now, at the exact step
+                    self._unread = 0
+                    exact = int(self._sess.run(self._probe.read))
+                    if exact != state.step:
+                        self._stepped(state, exact, feed_dict, fetches, out, plan)
+                    return out
                 self._unread += 1
                 state.counter.completed += 1
                 if self._observe is not None:

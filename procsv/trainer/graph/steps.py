@@ -21,7 +21,10 @@ beside the run's fetches only where the exact value matters (a boundary may be d
 the run makes: decided before the run, from the step inferred and the clock), every
 :data:`VERIFY_EVERY` inferred steps, and after a run from another thread reached a writer; a
 fetch of the global step costs 2-3 % of a small model's step (``scripts/bench_graph.py``'s floor),
-an inference nothing (and a run of the read alone, after the run, a whole ``Session.run``).
+an inference nothing. When a boundary's time comes during a run (it was not due when the run
+began) the session reads the global step after it with a run of ``read`` alone (a whole
+``Session.run``), so that the boundary is not put off to the next step (a slow step's progress
+would reach the watchdog a step late).
 
 When the graph has no global step, procsv creates one (``get_or_create_global_step``) that no op
 of the program writes: then every ``run`` is a step, and its extra fetch is an increment
@@ -118,6 +121,7 @@ class StepProbe:
         self._cache: dict[tuple[Any, ...], Optional[Plan]] = {}
         self.after: dict[str, Any] = {}
         self.increments: dict[str, tuple[int, Any]] = {}  # writer name -> (the constant it adds, its Const tensor)
+        self.read: Any = None  # a read of the global step alone (a run of its own, after another)
         with graph.as_default():
             if counts_every_run:
                 self.increment = tf.compat.v1.assign_add(variable, 1, use_locking=True, name="procsv_step_increment")
@@ -133,6 +137,7 @@ class StepProbe:
                 added = _constant_added(op)
                 if added is not None:
                     self.increments[op.name] = added
+            self.read = tf.identity(variable.read_value(), name="procsv_step_read")
 
     def extra_fetch(self, fetches: Any, feed_dict: Any) -> Optional[Any]:
         """What to fetch beside ``fetches`` to learn the global step after the run, or None when
