@@ -3,11 +3,15 @@
 Runs in the trainer process (graph mode). :class:`GraphSession` wraps a real
 ``tf.compat.v1.Session`` of the program's graph: ``run(fetches, feed_dict, options,
 run_metadata)`` returns what the plain session returns, for any fetch structure. A run that writes
-the global step (:mod:`procsv.trainer.graph.steps`) fetches, in the same call, the global step's
-value after it; when that value changed the run was a step, and the step boundary runs right after
-it returns, before its results go back to the program: progress to the watchdog, the snapshot for
+the global step (:mod:`procsv.trainer.graph.steps`) is a step: the step it made is inferred (the
+step before plus the constant its writer adds) or, where the exact value matters, the global
+step's value after it is fetched in the same call; the step boundary runs right after the run
+returns, before its results go back to the program: progress to the watchdog, the snapshot for
 the checkpoint service when one is due, the summaries' hand-off (``summary_op`` with this run's
-``feed_dict``). So a checkpoint is always a state the program had between two runs.
+``feed_dict``). So a checkpoint is always a state the program had between two runs. What a run
+needs of its fetch structure (its writer, the watched losses among its fetches) is worked out the
+first time and found again by identity (:mod:`procsv.trainer.graph.runplan`): a step that is no
+boundary costs a few lookups and comparisons beside ``Session.run``.
 
 Only runs on the thread that prepared the session have boundaries; a run from another thread (a
 queue runner, an ``sv.loop`` thread) is a plain run, and a step it makes is seen by the next step of
