@@ -49,22 +49,31 @@ def test_three_trainer_sigkills_leave_exactly_one_value_per_step(logdir, logging
     rng = random.Random()
     seed = rng.randrange(1 << 30)
     rng.seed(seed)
+    # the kill moments are tied to steps, each a random step of its own stretch, all far below the
+    # run's 3000: a kill tied to wall time could come after the run had ended (under load a trainer
+    # can run 1000s of steps while waiting for a commit), and find the trainer gone
+    targets = [250 + 500 * k + rng.randrange(250) for k in range(3)]
     proc = launch(logdir, "--steps", "3000", *logging, "--save-model-secs", "1",
                   "--save-summaries-secs", "1", "--step-delay", "0.002")
     victims = []
     try:
-        for _ in range(3):
+        for target in targets:
             before = committed_steps(logdir)[-1:] or [0]
             pid = wait_for(lambda: role_pid(logdir, "trainer") not in (None, *victims) and
                            role_pid(logdir, "trainer"), 120, what="a new trainer")
             wait_for(lambda: (committed_steps(logdir)[-1:] or [0])[0] > before[0], 120,
                      what="a checkpoint from the new trainer")
-            time.sleep(rng.uniform(0.0, 1.5))  # a random moment: mid-step, mid-send or mid-commit
-            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= target, 120, interval=0.01,
+                     what=f"step {target}")  # a random moment: mid-step, mid-send or mid-commit
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # say which: the run over, or this trainer replaced meanwhile
+                raise AssertionError(f"trainer {pid} gone before its kill at step {target}: seed {seed}, "
+                                     f"status {raw_status(logdir)}, lifecycle {lifecycle(logdir)[-6:]}") from None
             victims.append(pid)
     finally:
         code, out, err = finish(proc, timeout=300)
-    assert code == 0, f"seed {seed}\n{err}"
+    assert code == 0, f"seed {seed}, kills at steps {targets}\n{err}"
     st = status_json(logdir)
     assert st["state"] == "succeeded" and st["restarts"] == 3 and st["step"] == 3000
     assert_one_value_per_step(read_scalars(logdir), 1, 3000)
