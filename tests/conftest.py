@@ -199,13 +199,14 @@ CLEAN_ARGS = ("--steps", "1200", "--save-model-secs", "1000", "--step-delay", "0
 
 
 @pytest.fixture(scope="session")
-def clean_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def clean_weights(shared_result: Callable[[str, Callable[[str], None]], str]) -> dict[str, Any]:
     """The final weights of an uninterrupted digits run of ``CLEAN_ARGS`` (the same whatever the
-    checkpoint schedule), once per test worker."""
-    logdir = str(tmp_path_factory.mktemp("clean"))
-    code, out, err = finish(launch(logdir, *CLEAN_ARGS))
-    assert code == 0, err
-    return final_weights(logdir)
+    checkpoint schedule), run once per test session (``shared_result``: every worker reads it)."""
+    def produce(logdir: str) -> None:
+        code, out, err = finish(launch(logdir, *CLEAN_ARGS))
+        assert code == 0, err
+
+    return final_weights(shared_result("clean-digits", produce))
 
 
 def launch_and_kill_trainer_once(logdir: str, *target_args: str, target: str,

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from conftest import (PROGRAMS, REPO, committed_steps, final_weights, finish, launch, lifecycle, quiet_env, raw_status,
-                      role_pid, wait_role_pid, run_processes, status_json, wait_for)
+from conftest import (CLEAN_ARGS, PROGRAMS, REPO, committed_steps, final_weights, finish, launch, lifecycle, quiet_env,
+                      raw_status, role_pid, wait_role_pid, run_processes, status_json, wait_for)
 
 pytestmark = pytest.mark.slow
 
@@ -228,11 +228,10 @@ def test_plain_python_run_without_launch_checkpoints_and_resumes(logdir):
     assert committed_steps(logdir)[-1] == 350
 
 
-def test_a_killed_and_resumed_run_ends_with_bit_identical_weights(tmp_path, logdir):
-    args = ("--steps", "1200", "--save-checkpoint-steps", "100", "--save-model-secs", "1000", "--step-delay", "0.003")
-    clean = str(tmp_path / "clean")
-    code, out, err = finish(launch(clean, *args))
-    assert code == 0, err
+def test_a_killed_and_resumed_run_ends_with_bit_identical_weights(logdir, clean_weights):
+    """The reference is conftest's uninterrupted run of the same CLEAN_ARGS (made once per session);
+    this run checkpoints every 100 steps, so its kill comes after a commit at step 100 or later."""
+    args = (*CLEAN_ARGS, "--save-checkpoint-steps", "100")
     proc = launch(logdir, *args)
     try:
         wait_for(lambda: committed_steps(logdir), 90, what="the first checkpoint")
@@ -241,7 +240,7 @@ def test_a_killed_and_resumed_run_ends_with_bit_identical_weights(tmp_path, logd
         code, out, err = finish(proc)
     assert code == 0, err
     assert status_json(logdir)["restarts"] == 1
-    a, b = final_weights(clean), final_weights(logdir)
+    a, b = clean_weights, final_weights(logdir)
     assert a.keys() == b.keys() and len([k for k in a if "_trainable_variables" in k]) == 4
     for key in a:
         assert (a[key] == b[key]).all(), f"{key} differs after a kill and resume"
