@@ -141,19 +141,46 @@ def assert_bit_equal(got: dict[str, Any], want: dict[str, Any]) -> None:
         assert np.array_equal(got[name], want[name]) and got[name].dtype == want[name].dtype, (name, got[name], want[name])
 
 
+def run_every_twin(folder: str) -> None:
+    """Run every example's TensorFlow twin as a plain ``python`` program, all at once (most of each
+    run's time is waiting: its step delay, TensorFlow's threads), each in ``folder/<example>``:
+    the program, its logdir ``run``, and its exit code, stdout and stderr in files."""
+    procs = {}
+    try:
+        for example in sorted(EXAMPLES):
+            here = Path(folder) / example
+            here.mkdir()
+            program = here / f"{example}_tf.py"
+            program.write_text(tf_twin((FOLDER / f"{example}.py").read_text()))
+            with open(here / "stdout", "w") as out, open(here / "stderr", "w") as err:
+                procs[example] = subprocess.Popen(
+                    [sys.executable, str(program), "--logdir", str(here / "run"), *COMMON, *EXAMPLES[example]],
+                    stdout=out, stderr=err, env=quiet_env(), cwd=str(here))
+        for example, proc in procs.items():
+            (Path(folder) / example / "code").write_text(str(proc.wait(timeout=300)))
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def twins(shared_result: Any) -> Path:
+    """The folder of ``run_every_twin``, made once per test session (every worker reads it)."""
+    return Path(shared_result("seeds-tf1-twins", run_every_twin))
+
+
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
-def test_the_tensorflow_twin_runs_under_tensorflows_own_classes(example: str, tmp_path: Path) -> None:
+def test_the_tensorflow_twin_runs_under_tensorflows_own_classes(example: str, twins: Path) -> None:
     import tensorflow as tf
 
     from procsv.examples.seeds_tf1.model import variables_after
 
-    program = tmp_path / f"{example}_tf.py"
-    program.write_text(tf_twin((FOLDER / f"{example}.py").read_text()))
-    logdir = str(tmp_path / "run")
-    out = subprocess.run([sys.executable, str(program), "--logdir", logdir, *COMMON, *EXAMPLES[example]],
-                         capture_output=True, text=True, env=quiet_env(), cwd=str(tmp_path), timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert f"{example}: finished" in out.stdout
+    here = twins / example
+    logdir = str(here / "run")
+    assert (here / "code").read_text() == "0", (here / "stderr").read_text()
+    assert f"{example}: finished" in (here / "stdout").read_text()
     assert not os.path.exists(os.path.join(logdir, ".procsv"))  # TensorFlow's own classes ran: no procsv in it
     latest = tf.train.latest_checkpoint(logdir)
     assert latest is not None
