@@ -143,28 +143,27 @@ def test_sigkill_of_the_watchdog_takes_every_process_of_the_run_along(logdir):
         assert f"restored step {saved[-1]} " in out
 
 
-def test_a_second_launch_on_a_live_logdir_is_refused(logdir):
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01")
+def test_a_second_launch_on_a_live_logdir_is_refused_and_procsv_stop_from_another_shell_stops_it_in_order(logdir):
+    """One live run for both: a second launch on its logdir is refused (exit 2, naming the live
+    run's pid) and starts nothing; then ``procsv stop`` from another shell stops the run in order
+    (exit 143, the emergency checkpoint at the last step), and a second ``procsv stop`` finds no run."""
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.005")
+    stop_asked = False
     try:
         wait_for(lambda: raw_status(logdir), 60, what="the first launch to start")
         second = launch(logdir, "--steps", "10")
         code, out, err = finish(second, timeout=60)
-        assert code == 2
+        assert code == 2, "the second launch"
         assert "in use by a live procsv run" in err and str(proc.pid) in err
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        finish(proc)
-
-
-def test_procsv_stop_from_another_shell_stops_the_run_in_order(logdir):
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.005")
-    try:
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 10, 90, what="training to start")
         out = subprocess.run([sys.executable, "-m", "procsv", "stop", logdir], capture_output=True, text=True,
                              env=quiet_env(), timeout=200)
+        stop_asked = True
         assert out.returncode == 0, out.stderr
         assert "run stopped" in out.stdout
     finally:
+        if not stop_asked:  # failed before the stop: end the run
+            proc.send_signal(signal.SIGTERM)
         code, stdout, err = finish(proc)
     assert code == 128 + signal.SIGTERM
     st = status_json(logdir)
