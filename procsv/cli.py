@@ -235,7 +235,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
             raise UsageError(f"--nnodes {args.nnodes} needs --master-addr HOST:PORT (node 0's address the other "
                              f"hosts reach), not {args.master_addr!r}")
     check_ps(args.ps, args.workers, args.nproc, args.nnodes, args.standby, args.on_worker_give_up)
-    check_coordinator(args.coordinator, args.ps)
+    check_coordinator(args.coordinator, args.ps, args.nnodes)
     if args.nproc * args.nnodes > 1 and args.standby == "hot":
         raise UsageError("--standby hot needs a single trainer: a group of --nproc trainers restarts together from "
                          "the pre-warmed trainer (--standby fork, the default with --nproc)")

@@ -43,9 +43,13 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise UsageError(f"--skip-window must be >= 1, not {args.skip_window}")
 
 
-def check_coordinator(coordinator: bool, ps: int) -> None:
+def check_coordinator(coordinator: bool, ps: int, nnodes: int = 1) -> None:
     """Refuse ``--coordinator`` without ``--ps N --workers M``: it names the mode of a parameter-server
-    cluster (TF2 ``ParameterServerStrategy``, TARGET once as the chief) and means nothing alone."""
+    cluster (TF2 ``ParameterServerStrategy``, TARGET once as the chief) and means nothing alone; and
+    with ``--nnodes`` (its servers run on one host)."""
+    if coordinator and nnodes > 1:
+        raise UsageError("--coordinator runs every task on this host; --nnodes is supported with --ps in TF1 mode "
+                         "only (without --coordinator)")
     if coordinator and ps <= 0:
         raise UsageError("--coordinator needs --ps N --workers M (TF2 ParameterServerStrategy: N parameter "
                          "servers and M workers that procsv starts, TARGET runs once as the chief)")

@@ -34,7 +34,7 @@ from test_watchdog_decide import KILLED, Sim, of
     (1, 0, 1, 1, "auto", "go together"),
     (0, 2, 1, 1, "auto", "go together"),
     (-1, 2, 1, 1, "auto", "must be >= 1"),
-    (1, 2, 1, 2, "auto", "--nnodes is not supported"),
+    (1, 1, 1, 2, "auto", "every host runs at least one worker"),
     (1, 2, 1, 1, "hot", "--standby hot"),
 ])
 def test_wrong_ps_arguments_are_usage_errors(ps: int, workers: int, nproc: int, nnodes: int, standby: str,

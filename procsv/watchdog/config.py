@@ -90,7 +90,7 @@ class LaunchConfig:
 def check_ps(ps: int, workers: int, nproc: int, nnodes: int, standby: str, worker_give_up: Optional[str] = None) -> None:
     """Raise UsageError for ``--ps N --workers M`` (TF1 between-graph replication) combined wrongly:
     both or neither, N >= 1 and M >= 1, never with ``--nproc`` (a MultiWorkerMirroredStrategy group),
-    ``--nnodes`` (one host for now) or ``--standby hot`` (a standby replaces one trainer)."""
+    fewer workers than ``--nnodes`` hosts, or ``--standby hot`` (a standby replaces one trainer)."""
     if ps == 0 and workers == 0:
         if worker_give_up is not None:
             raise UsageError(f"--on-worker-give-up {worker_give_up} goes with --ps N --workers M (a worker given "
@@ -104,8 +104,9 @@ def check_ps(ps: int, workers: int, nproc: int, nnodes: int, standby: str, worke
     if ps == 0 or workers == 0:
         raise UsageError("--ps N and --workers M go together (N parameter servers, M workers running TARGET, "
                          f"worker 0 the chief), not --ps {ps} --workers {workers}")
-    if nnodes != 1:
-        raise UsageError("--ps/--workers runs every task on this host; --nnodes is not supported with them yet")
+    if workers < nnodes:
+        raise UsageError(f"--workers {workers} over --nnodes {nnodes}: every host runs at least one worker "
+                         "(the parameter servers and the chief run on node 0)")
     if standby == "hot":
         raise UsageError("--standby hot needs a single trainer; with --ps/--workers each task restarts alone "
                          "from the pre-warmed trainer (--standby fork, the default with --ps)")

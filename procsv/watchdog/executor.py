@@ -65,7 +65,9 @@ class Executor:
         self.disk: Callable[[Callable[[], object]], None] = lambda work: None if work() else None  # the launcher's: the writer thread
         self.reading: Callable[[str], set[int]] = lambda role: set()  # attempts whose end is being read (kept)
         self.job = uuid.uuid4().hex[:12]  # names the group's restore records (the link's job id when there is one)
-        self.ps_cluster = PsCluster(limits.ps, limits.nproc, limits.coordinator) if limits.ps else None  # --ps N --workers M
+        ps_host = cfg.master_addr.rpartition(":")[0] if limits.nnodes > 1 and cfg.master_addr else "127.0.0.1"
+        self.ps_cluster = PsCluster(limits.ps, limits.nproc, limits.coordinator, limits.nnodes, ps_host) \
+            if limits.ps else None  # --ps N --workers M
         self.chaos_rng = chaos_rng or random.Random(limits.chaos.seed if limits.chaos else None)
         if limits.chaos is not None:
             view.chaos_next_delay = limits.chaos.delay(self.chaos_rng)

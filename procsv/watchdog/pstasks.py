@@ -2,14 +2,18 @@
 with ``--coordinator`` TF2 ``ParameterServerStrategy``).
 
 Runs in the watchdog, called by the executor (:meth:`procsv.watchdog.executor.Executor.spawn`).
-:class:`PsCluster` owns the cluster's addresses: free ports on 127.0.0.1, chosen once at the first
-start and kept for the run, so that a task restarted alone serves (a parameter server) or dials
+:class:`PsCluster` owns the cluster's addresses: free ports on 127.0.0.1 (over several hosts,
+``--nnodes K``: node 0's address for the parameter servers and node 0's workers, and for another
+host's workers the addresses its agent offered, :func:`procsv.watchdog.rules.tasks.task_node`
+placing each worker), chosen once at the first start and kept for the run, so that a task restarted alone serves (a parameter server) or dials
 (a worker) the same addresses as before. The first trainer start starts every task: the N
 parameter servers (slots ``ps0`` ...: :mod:`procsv.ps_server`), the workers 1 .. M-1 (slots
 ``worker1`` ...) and the chief (worker 0, slot ``trainer``), every one forked from the pre-warmed
 trainer when it is ready (a parameter server so serves again in a fraction of a second instead of
 the seconds a fresh process takes to import TensorFlow, which its workers wait for), else fresh;
-every later start is one task's (:mod:`procsv.watchdog.rules.tasks` decides which).
+every later start is one task's (:mod:`procsv.watchdog.rules.tasks` decides which). A worker of
+another host is started by that host's agent (:meth:`RemoteMembers.start_task`), with its whole
+``TF_CONFIG``.
 
 With ``--coordinator`` the M workers are servers as the parameter servers are (slots ``worker0`` ..
 ``worker<M-1>``, role ``server``, :mod:`procsv.ps_server` too; every server fresh) and the trainer slot runs TARGET once,
@@ -31,10 +35,11 @@ from procsv.common.spawn import free_ports
 from procsv.watchdog import observe
 from procsv.watchdog.children import ChildProcess, PendingFork
 from procsv.watchdog.config import LaunchConfig
+from procsv.watchdog.multihost.remote import RemoteMembers
 from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable
 from procsv.watchdog.rules.group import rank_of, worker_slot
 from procsv.watchdog.rules.state import PS, SERVER, TRAINER, WORKER, RunView
-from procsv.watchdog.rules.tasks import ps_slot
+from procsv.watchdog.rules.tasks import ps_slot, task_node
 
 HOST = "127.0.0.1"
 PS_SERVER = "procsv.ps_server"  # the zygote runs this module in the child it forks for a parameter server
@@ -50,6 +55,7 @@ class Starter(Protocol):
     zygote: Optional[Zygote]
     forks: dict[str, PendingFork]
     clock: Callable[[], float]
+    remote: Optional[RemoteMembers]
 
     def _env(self, role: str, attempt: int) -> dict[str, str]: ...
 
@@ -64,12 +70,21 @@ class PsCluster:
     """The addresses of the parameter servers and the workers (and with ``coordinator`` the chief's),
     and the start of one task."""
 
-    def __init__(self, ps: int, workers: int, coordinator: bool = False) -> None:
-        ports = free_ports(ps + workers + (1 if coordinator else 0), HOST)
-        self.ps = [f"{HOST}:{p}" for p in ports[:ps]]
-        self.workers = [f"{HOST}:{p}" for p in ports[ps:ps + workers]]
-        self.chief = [f"{HOST}:{p}" for p in ports[ps + workers:]]  # --coordinator: the coordinator's address
+    def __init__(self, ps: int, workers: int, coordinator: bool = False, nnodes: int = 1, host: str = HOST) -> None:
+        ports = free_ports(ps + workers + (1 if coordinator else 0), host)
+        self.ps = [f"{host}:{p}" for p in ports[:ps]]
+        self.workers = [f"{host}:{p}" for p in ports[ps:ps + workers]]  # another host's: set at the first start
+        self.chief = [f"{host}:{p}" for p in ports[ps + workers:]]  # --coordinator: the coordinator's address
         self.coordinator = coordinator
+        self.nnodes = nnodes
+
+    def _place(self, view: RunView) -> None:
+        """At the first start (every host joined: rule 3 waits for them), each other host's workers
+        take addresses its agent offered on its own host."""
+        for rank in range(len(self.workers)):
+            node = task_node(worker_slot(rank), len(self.workers), self.nnodes)
+            if node:
+                self.workers[rank] = view.nodes[node].addresses[rank]
 
     def _tf_config(self, task_type: str, index: int) -> str:
         if self.coordinator:
@@ -98,6 +113,8 @@ class PsCluster:
         if role in (PS, SERVER):
             return self._server(ex, slot, role, attempt)
         if role == TRAINER and prev is None:  # the run's first start: every task
+            if self.nnodes > 1:
+                self._place(ex.view)
             for i in range(len(self.ps)):
                 self.start(ex, ps_slot(i), PS)
             for rank in range(0 if self.coordinator else 1, len(self.workers)):
@@ -108,6 +125,10 @@ class PsCluster:
         rank = rank_of(slot)
         extra = {NPROC: str(len(self.workers)), RANK: str(rank), PS_ENV: str(len(self.ps)),
                  "TF_CONFIG": self._tf_config("worker", rank)}
+        node = task_node(slot, len(self.workers), self.nnodes)
+        if node and ex.remote is not None:  # another host's worker: its agent starts it
+            ex.remote.start_task(node, slot, attempt, rank, extra)
+            return None
         return ex._spawn_member(slot, TRAINER if rank == 0 else WORKER, attempt, rank, extra)
 
 

@@ -310,8 +310,8 @@ class NodeAgent:
             slot = worker_slot(rank)
             env = spawn.child_env(role=slot, attempt=msg.attempt, logdir=self.layout.logdir,
                                   runtime_dir=self.runtime, supervised=True)
-            env.update(msg.env)
-            env.update({"TF_CONFIG": make_tf_config(msg.cluster, rank), RANK: str(rank)})
+            env.update(msg.env)  # a --ps worker's carries its whole TF_CONFIG; a group member's is built here
+            env.update({"TF_CONFIG": msg.env.get("TF_CONFIG") or make_tf_config(msg.cluster, rank), RANK: str(rank)})
             log_path = self.layout.attempt_log(slot, msg.attempt)
             if self.zygote is not None and self.zygote.ready and self.zygote.alive():
                 try:

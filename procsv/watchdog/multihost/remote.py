@@ -55,6 +55,13 @@ class RemoteMembers:
         if self.pending:
             observe.fork_requested(self.view, self.clock())
 
+    def start_task(self, node: int, slot: str, attempt: int, rank: int, env: dict[str, str]) -> None:
+        """Ask host ``node`` for one task restarted alone (``--ps``: a worker), ``env`` with its whole
+        ``TF_CONFIG``."""
+        self.link.start(node, attempt, [rank], [], env)
+        self.pending[slot] = attempt
+        observe.fork_requested(self.view, self.clock())
+
     def started(self, node: int, slot: str, attempt: int, pid: int) -> None:
         """An agent started a member it was asked for (a stale one is killed at once)."""
         if self.pending.get(slot) != attempt:

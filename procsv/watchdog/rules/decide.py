@@ -126,7 +126,7 @@ def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Actio
     actions += _stop(view, now, limits)
     actions += group_actions(view, now, limits.group_grace_secs)
     actions += _restart_due(view, now, limits)
-    actions += tasks.due_starts(view, now)
+    actions += tasks.due_starts(view, now, limits)
     hangs: list[Action] = []
     for member in view.trainers() + group.workers(view):
         hangs += hang_actions(view, member, now, limits.hang)

@@ -53,5 +53,5 @@ class Limits:
 
     @property
     def world(self) -> int:
-        """The group's size over every host."""
-        return self.nproc * self.nnodes
+        """The group's size over every host (with ``--ps``: the workers, spread over the hosts)."""
+        return self.nproc if self.ps else self.nproc * self.nnodes

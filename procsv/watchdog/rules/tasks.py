@@ -40,6 +40,13 @@ the functions it lost on the other workers and uses it again once it is back. A 
 that ended takes the coordinator with it (``ParameterServerStrategy`` cannot survive it): the
 coordinator is SIGKILLed with the restart, restarted, and restores the newest checkpoint into the
 parameter servers before it dispatches again; the worker servers hold no state and keep running.
+
+Over several hosts (``--nnodes K``, TF1 mode; :func:`task_node`): the parameter servers and the
+chief run on node 0, the workers are spread over the hosts in blocks, as ``--nproc`` spreads a
+group's members. A task is restarted on its own host (node 0 decides, that host's agent starts
+it); a host found lost (rule 12) ends every task on it (judged here as any end), and a task of a
+host that is lost or not back yet is started only once its host is connected again (a host that
+stays away past ``--rejoin-timeout`` stops the run, rule 12).
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.policy import Action as Verdict
 from procsv.watchdog.rules.policy import History, TrainerExit
 from procsv.watchdog.rules.policy import decide as restart_verdict
+from procsv.watchdog.rules.group import rank_of
 from procsv.watchdog.rules.state import PS, SERVER, TRAINER, WORKER, ChildView, RunView
 
 
@@ -65,6 +73,15 @@ def role_of(slot: str, coordinator: bool = False) -> str:
     """The role of a --ps task's slot other than the chief's: ``ps``, or ``worker`` (``server`` with
     ``--coordinator``)."""
     return PS if slot.startswith(PS) else SERVER if coordinator else WORKER
+
+
+def task_node(slot: str, workers: int, nnodes: int) -> int:
+    """The host (node rank) that runs ``slot`` over ``nnodes`` hosts: the parameter servers and the
+    chief (worker 0) on node 0, worker R on node ``R * nnodes // workers`` (blocks as even as the
+    count allows, node 0's first: ``--workers 4 --nnodes 2`` puts workers 0, 1 on node 0 and 2, 3 on node 1)."""
+    if nnodes <= 1 or slot.startswith(PS) or workers <= 0:
+        return 0
+    return rank_of(slot) * nnodes // workers
 
 
 def judge_task(view: RunView, child: ChildView, now: float, limits: Limits, draw: float) -> list[Action]:
@@ -135,8 +152,12 @@ def chief_held(view: RunView) -> bool:
     return view.tasks_alone and any(c.role == TRAINER and not c.reaped for c in view.attempts)
 
 
-def due_starts(view: RunView, now: float) -> list[Action]:
-    """Rule 14: the tasks whose restart is due, each started alone."""
+def due_starts(view: RunView, now: float, limits: Limits) -> list[Action]:
+    """Rule 14: the tasks whose restart is due, each started alone on its host; a task whose host is
+    lost (or has not joined) waits for it."""
     if view.stop_signal is not None or view.finishing:
         return []
-    return [Spawn(slot, role_of(slot, view.coordinator)) for slot, due in sorted(view.task_due.items()) if now >= due]
+    away = {node for node in range(1, limits.nnodes)
+            if (n := view.nodes.get(node)) is None or n.last_beat is None or n.lost_at is not None}
+    return [Spawn(slot, role_of(slot, view.coordinator)) for slot, due in sorted(view.task_due.items())
+            if now >= due and task_node(slot, limits.nproc, limits.nnodes) not in away]
