@@ -18,7 +18,7 @@ from procsv.launch_args import check_coordinator
 from procsv.watchdog.config import check_ps
 from procsv.watchdog.pstasks import PsCluster
 from procsv.watchdog.rules.actions import Spawn
-from procsv.watchdog.rules.decide import Limits
+from procsv.watchdog.rules.decide import Limits, decide
 from procsv.watchdog.rules.state import PS, TRAINER, WORKER, ChildView, NodeView, RunView
 from procsv.watchdog.rules.tasks import due_starts, task_node
 
@@ -78,6 +78,20 @@ def test_a_task_whose_host_is_lost_is_restarted_only_once_its_host_is_back() -> 
     view.nodes[1].lost_at, view.nodes[1].last_beat = None, 31.0  # its agent is back
     assert due_starts(view, 32.0, limits) == [Spawn("ps0", PS), Spawn("worker1", WORKER)]
     assert due_starts(view, 20.0, limits) == []  # not due yet
+
+
+def test_the_chiefs_restart_does_not_wait_for_a_lost_host_but_the_first_start_waits_for_every_host() -> None:
+    limits = Limits(ps=1, nproc=2, nnodes=2)
+    view = RunView(launch_start=0.0, tasks_alone=True)
+    view.nodes[1] = NodeView(1, "10.0.0.2")  # not joined yet
+    view.restart_at = 0.0
+    assert [a for a in decide(view, 1.0, limits, 0.5) if isinstance(a, Spawn)] == []  # the first start waits
+    view.nodes[1].last_beat = 1.0
+    assert Spawn(TRAINER, TRAINER) in decide(view, 2.0, limits, 0.5)
+    chief = ChildView(TRAINER, TRAINER, 1, 100, 2.0, exit_code=-9, settled=True)
+    view.children[TRAINER], view.attempts = chief, [chief]
+    view.nodes[1].lost_at, view.restart_at = 30.0, 31.0  # node 1 lost, the chief's restart due
+    assert Spawn(TRAINER, TRAINER) in decide(view, 32.0, limits, 0.5)  # node 0's chief restarts without node 1
 
 
 def test_ps_over_hosts_needs_a_worker_on_every_host_and_the_coordinator_stays_on_one() -> None:

@@ -164,8 +164,11 @@ def _restart_due(view: RunView, now: float, limits: Limits) -> list[Action]:
         return []
     if view.zygote == ZygoteState.WARMING and not view.attempts and now - view.launch_start < limits.zygote_wait:
         return []  # the first trainer waits for the first pre-warmed one; a restart never waits for a new one
-    if group.draining(view) or hosts_missing(view, limits):
-        return []  # rule 11: the last group's workers are not all reaped yet (their ports, their collectives)
+    if group.draining(view) or (hosts_missing(view, limits) and not (view.tasks_alone and view.attempts)):
+        # rule 11: the last group's workers are not all reaped yet (their ports, their collectives); rule 12:
+        # a group waits for every host. With --ps only the first start does (every task's address):
+        # the chief's restart is its own, on node 0
+        return []
     if tasks.chief_held(view):
         return []  # rule 14: --ps, the last chief still holds its port
     if view.forking_since is not None:
