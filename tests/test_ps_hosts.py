@@ -5,7 +5,8 @@ sharing the logdir. One launch of ``procsv.examples.seeds_tf1.replicas`` with ``
 --nnodes 2``: the parameter server and the chief run on node 0, worker1 on node 1 (started by node
 1's agent, its ``TF_CONFIG`` naming every task's own host address). worker1 SIGKILLed on node 1 is
 restarted alone on node 1 while the chief steps on (the chief and the parameter server untouched);
-the run trains to the end, and the chief's checkpoint is read back with a fresh-graph ``Saver``.
+then the whole of node 1 is SIGKILLed (its agent too): the host is lost (``--node-timeout``), the
+chief steps on, and worker1 is started on node 1 again once its agent is back; the run trains to the end, and the chief's checkpoint is read back with a fresh-graph ``Saver``.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ import sys
 
 import pytest
 
-from conftest import committed_steps, finish, launch, quiet_env, wait_for
+from conftest import committed_steps, finish, launch, lifecycle, quiet_env, wait_for
 from test_hosts import HOST1_IP, MASTER_IP, NS, host_pids, hosts, master_addr  # noqa: F401 (hosts: the fixture)
 from test_ps_replicas import entry, stepping
 
 pytestmark = pytest.mark.slow
 
-STEPS = 400
+STEPS = 1000
 ARGS = ("--steps", str(STEPS), "--save-model-secs", "1", "--step-delay", "0.05")
 TARGET = "procsv.examples.seeds_tf1.replicas"
 
@@ -46,18 +47,22 @@ def reachable(host: str, port: int) -> bool:
         return False
 
 
-def test_a_worker_on_node_1_is_restarted_alone_there_and_the_run_trains_to_the_end(hosts: None,
-                                                                                    short_tmp: str) -> None:
+def test_a_worker_on_node_1_is_restarted_alone_there_then_after_its_host_is_lost_and_the_run_trains_to_the_end(
+        hosts: None, short_tmp: str) -> None:
     from procsv.examples.seeds_tf1.model import checkpoint_variables, variables_after
 
     logdir = os.path.join(short_tmp, "run")
     addr = master_addr()
-    ps = ("--ps", "1", "--workers", "2", "--nnodes", "2", "--master-addr", addr)
+    ps = ("--ps", "1", "--workers", "2", "--nnodes", "2", "--master-addr", addr, "--node-timeout", "3")
     master = launch(logdir, *ARGS, target=TARGET, opts=ps)
-    node1 = subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, "-m", "procsv", "launch", TARGET,
-                              "--logdir", logdir, *ps, "--node-rank", "1", "--", *ARGS],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=quiet_env(),
-                             start_new_session=True)
+
+    def agent() -> subprocess.Popen[str]:
+        return subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, "-m", "procsv", "launch", TARGET,
+                                 "--logdir", logdir, *ps, "--node-rank", "1", "--", *ARGS],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=quiet_env(),
+                                start_new_session=True)
+
+    node1 = agent()
     try:
         wait_for(lambda: master.poll() is not None or [s for s in committed_steps(logdir) if s > 0], 240,
                  what="a committed checkpoint")
@@ -79,6 +84,20 @@ def test_a_worker_on_node_1_is_restarted_alone_there_and_the_run_trains_to_the_e
         now = entry(logdir, "trainer")
         assert (now["pid"], now["attempt"]) == (chief["pid"], 1) and now["step"] > down  # the chief stepped on
         assert (entry(logdir, "ps0")["pid"], entry(logdir, "ps0")["attempt"]) == (ps0["pid"], 1)
+
+        # the whole of node 1 lost (its agent too): worker1 counts as dead; the chief steps on; once
+        # node 1's agent is back, worker1 is started there again
+        for pid in host_pids():
+            os.kill(pid, signal.SIGKILL)
+        node1.wait(30)
+        wait_for(lambda: [e for e in lifecycle(logdir) if e.get("event") == "node_lost"], 60, what="node 1 lost")
+        lost = entry(logdir, "trainer")["step"]
+        wait_for(lambda: entry(logdir, "trainer")["step"] > lost + 20, 60, what="the chief stepping on without node 1")
+        assert (entry(logdir, "trainer")["pid"], entry(logdir, "ps0")["pid"]) == (chief["pid"], ps0["pid"])
+        node1 = agent()
+        w3 = wait_for(lambda: stepping(logdir, "worker1", 3, 0), 180, what="worker1 stepping on node 1 again")
+        assert w3["pid"] in host_pids() and listening(w3["pid"], NS) == ports
+        assert entry(logdir, "trainer")["attempt"] == 1
         code, out, err = finish(master, 300)
     finally:
         if master.poll() is None:
