@@ -11,6 +11,7 @@ chief steps on, and worker1 is started on node 1 again once its agent is back; t
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -71,6 +72,7 @@ def test_a_worker_on_node_1_is_restarted_alone_there_then_after_its_host_is_lost
         chief, ps0 = entry(logdir, "trainer"), entry(logdir, "ps0")
         remote = host_pids()
         assert worker["pid"] in remote and chief["pid"] not in remote and ps0["pid"] not in remote
+        assert (worker["node"], worker["host"], chief["node"]) == (1, HOST1_IP, 0)  # procsv status says where
         # each task's server listens on its own host's address, reachable from the other host
         ports = listening(worker["pid"], NS)
         assert ports and all(reachable(HOST1_IP, p) for p in ports)
@@ -106,6 +108,11 @@ def test_a_worker_on_node_1_is_restarted_alone_there_then_after_its_host_is_lost
         acode, aout, aerr = finish(node1, 60)
     assert code == 0, err[-3000:]
     assert acode == 0, aerr[-2000:]
+    with open(os.path.join(logdir, "logs", "report.json")) as fh:
+        tasks = json.load(fh)["tasks"]
+    assert tasks == {"chief": {"role": "chief", "restarts": 0, "given_up": False},
+                     "worker1": {"role": "worker", "restarts": 2, "given_up": False},  # killed, then its host lost
+                     "ps0": {"role": "ps", "restarts": 0, "given_up": False}}
     import tensorflow as tf
 
     latest = tf.train.latest_checkpoint(logdir)
