@@ -47,7 +47,8 @@ class MasterBeat(Message):
 @dataclass(frozen=True)
 class StartMembers(Message):
     """Master -> agent: start these tasks of the group's attempt ``attempt``; ``env`` is what every
-    member's environment gets besides its own task (``TF_CONFIG`` is built from ``cluster``)."""
+    member's environment gets besides its own task (``TF_CONFIG`` is built from ``cluster``, unless
+    ``env`` carries it: a ``--ps`` worker's, one rank, ``cluster`` empty)."""
 
     KIND: ClassVar[str] = "start_members"
     attempt: int
