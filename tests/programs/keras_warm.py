@@ -1,6 +1,7 @@
 """A small Keras fit on a seeded tf.data shuffle (with a partial last batch) that reports when Keras'
-train step was traced: ``python keras_warm.py OUT.npz [--no-callback] [--slow]`` (``--slow``: 24
-epochs, 40 ms a batch, long enough to kill its trainer once a hot standby is ready).
+train step was traced: ``python keras_warm.py OUT.npz [--no-callback] [--slow [--no-sleep]]`` (``--slow``: 24
+epochs, 40 ms a batch, long enough to kill its trainer once a hot standby is ready; ``--no-sleep``:
+the same 24 epochs without the 40 ms, for the plain reference fit, whose weights the sleep never changes).
 
 Prints ``traced before the first batch: N`` (the traces of the step fit runs when the first batch
 begins: Keras' ``multi_step_on_iterator``, or under procsv its step that keeps the batch,
@@ -57,7 +58,7 @@ class Slow(keras.callbacks.Callback):
 
 
 slow = "--slow" in sys.argv
-callbacks = [Report()] + ([Slow()] if slow else [])
+callbacks = [Report()] + ([Slow()] if slow and "--no-sleep" not in sys.argv else [])
 if "--no-callback" not in sys.argv:
     import procsv.keras
 
