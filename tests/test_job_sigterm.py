@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psutil
@@ -100,14 +101,19 @@ def _run_and_stop(logdir: str, group: bool, standby: bool) -> tuple[int, str, st
 def test_sigterm_to_every_process_of_the_job_saves_the_last_step_like_one_to_the_watchdog(logdir, tmp_path,
                                                                                              standby):
     alone = str(tmp_path / "alone")
-    try:  # the reference: the same run stopped by a SIGTERM to the watchdog alone
-        code_alone, _, err_alone = _run_and_stop(alone, group=False, standby=standby)
-    finally:
-        for p in run_processes(alone):
-            p.kill()
+    # the reference, the same run stopped by a SIGTERM to the watchdog alone, runs beside the job's:
+    # each has its own logdir, and each is stopped once it trains
+    with ThreadPoolExecutor(1) as pool:
+        reference = pool.submit(_run_and_stop, alone, group=False, standby=standby)
+        try:
+            code, out, err = _run_and_stop(logdir, group=True, standby=standby)
+        finally:
+            try:
+                code_alone, _, err_alone = reference.result()
+            finally:
+                for p in run_processes(alone):
+                    p.kill()
     assert code_alone == 128 + signal.SIGTERM, err_alone
-
-    code, out, err = _run_and_stop(logdir, group=True, standby=standby)
     assert code == 128 + signal.SIGTERM, err
     gone = wait_for(lambda: not run_processes(logdir), 5, what="every process of the run to exit")
     assert gone
