@@ -140,20 +140,29 @@ def test_a_worker_failing_at_import_fails_the_group_start_with_backoff_and_no_st
 
 
 def test_bad_group_and_multi_host_options_are_one_line_usage_errors(tmp_path):
-    for opts, words in ((("--nproc", "0"), "--nproc must be >= 1"),
-                        (("--nproc", "2", "--standby", "hot"), "--standby hot needs a single trainer"),
-                        (("--nproc", "2", "--group-grace-secs", "-1"), "--group-grace-secs must be >= 0"),
-                        (("--nnodes", "2"), "--nnodes 2 needs --master-addr HOST:PORT"),
-                        (("--nnodes", "2", "--master-addr", "h:x"), "--nnodes 2 needs --master-addr HOST:PORT"),
-                        (("--nnodes", "2", "--node-rank", "2", "--master-addr", "h:1"), "--node-rank must be from 0 to"),
-                        (("--rejoin-timeout", "0"), "--rejoin-timeout must be > 0")):
-        out = subprocess.run([sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", "--logdir",
-                              str(tmp_path / "run"), *opts], capture_output=True, text=True, env=quiet_env(),
-                             timeout=60)
-        assert out.returncode == 2, out.stderr
-        lines = out.stderr.strip().splitlines()
-        assert len(lines) == 1 and words in lines[0], out.stderr
-        assert not os.path.exists(tmp_path / "run")
+    cases = ((("--nproc", "0"), "--nproc must be >= 1"),
+             (("--nproc", "2", "--standby", "hot"), "--standby hot needs a single trainer"),
+             (("--nproc", "2", "--group-grace-secs", "-1"), "--group-grace-secs must be >= 0"),
+             (("--nnodes", "2"), "--nnodes 2 needs --master-addr HOST:PORT"),
+             (("--nnodes", "2", "--master-addr", "h:x"), "--nnodes 2 needs --master-addr HOST:PORT"),
+             (("--nnodes", "2", "--node-rank", "2", "--master-addr", "h:1"), "--node-rank must be from 0 to"),
+             (("--rejoin-timeout", "0"), "--rejoin-timeout must be > 0"))
+    # the launches start at once (each with a logdir of its own), then each is judged
+    procs = [subprocess.Popen([sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", "--logdir",
+                               str(tmp_path / f"run{i}"), *opts], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=quiet_env(), start_new_session=True) for i, (opts, _) in enumerate(cases)]
+    try:
+        done = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for i, ((opts, words), p, (_, err)) in enumerate(zip(cases, procs, done)):
+        assert p.returncode == 2, (opts, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0], (opts, err)
+        assert not os.path.exists(tmp_path / f"run{i}"), opts
 
 
 def test_a_worker_that_claims_to_be_the_chief_is_a_usage_error_that_gives_up_at_once(logdir):
