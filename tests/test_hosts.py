@@ -95,7 +95,7 @@ def events(logdir: str, name: str) -> list[dict[str, Any]]:
 def test_a_group_over_two_hosts_waits_for_a_killed_host_to_come_back_and_finishes(hosts, logdir):
     addr = master_addr()
     args = (*ARGS, "--steps", "1200")
-    opts = ("--nnodes", "2", "--master-addr", addr)
+    opts = ("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4")  # the host found lost 4 s after
     master = launch(logdir, *args, opts=opts)
     port = free_port()  # node 1's probes, on its own address: as a kubelet probes a pod's IP
     first = agent(logdir, addr, *args, opts=("--metrics-port", str(port), "--metrics-host", "0.0.0.0"))
@@ -122,7 +122,7 @@ def test_a_group_over_two_hosts_waits_for_a_killed_host_to_come_back_and_finishe
     assert [(r["node"], r["host"]) for r in joined] == [(1, HOST1_IP), (1, HOST1_IP)]
     lost = events(logdir, "node_lost")[0]
     assert lost["node"] == 1
-    assert lost["reason"] == f"its agent sent no heartbeat for {lost['silent_secs']:.1f} s (--node-timeout 15)"
+    assert lost["reason"] == f"its agent sent no heartbeat for {lost['silent_secs']:.1f} s (--node-timeout 4)"
     assert f"procsv: node 1 ({HOST1_IP}) is lost: {lost['reason']}; its trainers count as dead" in err
     assert len(events(logdir, "restarting")) == 1
     spawned = {(r["role"], r["attempt"], r["via"]) for r in events(logdir, "spawned") if r["role"] == "worker1"}
@@ -249,7 +249,8 @@ def test_the_server_secret_never_leaves_node_0_each_agent_files_only_its_public_
 def test_a_second_agent_claiming_a_node_another_agent_holds_is_refused_and_logged(hosts, logdir):
     addr = master_addr()
     args = (*ARGS, "--steps", "1000000")
-    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr))
+    # --node-timeout 4: the refused agent asks again for twice that long (8 s) before it gives up
+    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4"))
     first = agent(logdir, addr, *args)
     second = None
     try:
@@ -259,6 +260,7 @@ def test_a_second_agent_claiming_a_node_another_agent_holds_is_refused_and_logge
         assert scode == 2, serr
         assert "the master refuses this agent as node 1: node 1 is held by another agent" in serr, serr
         assert "giving up" in serr.splitlines()[-1], serr
+        assert "the master still refuses this agent as node 1 after 8 s:" in serr, serr  # twice node 0's 4 s
         refused = events(logdir, "node_refused")
         assert len(refused) == 1, refused  # logged once, however often it asked
         assert refused[0]["node"] == 1 and refused[0]["host"] == HOST1_IP
@@ -284,20 +286,21 @@ def test_a_second_agent_claiming_a_node_another_agent_holds_is_refused_and_logge
     assert not host_pids()
 
 
-def test_status_writes_stalled_on_node_0_for_20_s_lose_no_host_and_restart_nothing(hosts, logdir):
+def test_status_writes_stalled_on_node_0_for_10_s_lose_no_host_and_restart_nothing(hosts, logdir):
     """Before: the write ran in node 0's loop, which beats to the agents; after 3 s without a beat
     the agent SIGKILLed its trainers and the group restarted. The stall is the fault point
-    ``status_stall``: its first four writes past step 0 block 5 s each, in the logdir writer thread."""
+    ``status_stall``: its first two writes past step 0 block 5 s each, in the logdir writer thread,
+    2.5 times node 0's --node-timeout of 4 s."""
     addr = master_addr()
     args = (*ARGS, "--steps", "1000000")
-    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr),
-                    env=quiet_env(PROCSV_FAULT="watchdog:status_stall:1-4"))
+    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4"),
+                    env=quiet_env(PROCSV_FAULT="watchdog:status_stall:1-2"))
     node1 = agent(logdir, addr, *args)
     try:
         wait_for(lambda: events(logdir, "first_step"), 120, what="the group's first step")
         start = time.time()
-        # four stalled writes (20 s at most from now); a record built after them is written at once
-        wait_for(lambda: (raw_status(logdir) or {}).get("updated_at", 0) > start + 21, 90,
+        # two stalled writes (10 s at most from now); a record built after them is written at once
+        wait_for(lambda: (raw_status(logdir) or {}).get("updated_at", 0) > start + 11, 90,
                  what="status.json written again after the stall")
         step = (raw_status(logdir) or {}).get("step", 0)
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > step + 50, 60, what="the group to go on")
@@ -396,6 +399,13 @@ def test_an_agent_whose_log_rotation_stalls_at_a_restart_keeps_beating_to_node_0
     assert [r["attempt"] for r in events(logdir, "spawned") if r["role"] == "worker1"] == [1, 2]
     assert [r["attempt"] for r in events(logdir, "restarted")] == [2]
     assert not host_pids()
+
+
+def test_node_0s_node_timeout_is_15_s_unless_given():
+    from procsv.cli import _parser
+
+    args = _parser().parse_args(["launch", "procsv.examples.digits", "--logdir", "r", "--nnodes", "2"])
+    assert args.node_timeout == 15.0
 
 
 def test_a_node_timeout_that_is_not_positive_is_a_usage_error(tmp_path):
