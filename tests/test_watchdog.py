@@ -94,7 +94,7 @@ def test_services_killed_with_sigkill_are_restarted_and_the_trainer_keeps_its_pi
 
 
 def test_procsv_preempt_of_the_trainer_saves_and_restarts_it(logdir):
-    proc = launch(logdir, "--steps", "3000", "--step-delay", "0.004", "--save-model-secs", "1000")
+    proc = launch(logdir, "--steps", "1500", "--step-delay", "0.004", "--save-model-secs", "1000")
     try:
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 50, 90, what="training to start")
         out = subprocess.run([sys.executable, "-m", "procsv", "preempt", logdir, "--target", "trainer"],
