@@ -221,22 +221,22 @@ def test_a_run_that_ended_does_not_echo_its_standbys_preparation_lines(logdir):
 def test_a_promoted_standbys_own_traceback_is_in_the_giving_up_message(logdir):
     # the view keeps a promoted standby's history, but it runs and writes its error file as the
     # trainer's attempt (trainer.2.error.json), which is where the watchdog reads it
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.02", "--raise-at-step", "1500",
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.02", "--raise-at-step", "600",
                   target=os.path.join(PROGRAMS, "tiny_train.py"), opts=("--standby", "hot", "--max-restarts", "1"))
     try:
         ready = wait_for(lambda: _events(logdir, "standby_ready"), 120, what="a ready standby")[0]
-        assert (raw_status(logdir) or {}).get("step", 0) < 1500
+        assert (raw_status(logdir) or {}).get("step", 0) < 600
         os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)  # failure 1: the standby takes over
     finally:
-        code, out, err = finish(proc, 300)  # it fails at step 1500 in turn: failure 2, the run gives up
+        code, out, err = finish(proc, 300)  # it fails at step 600 in turn: failure 2, the run gives up
     assert code == 1, err
     promoted = {e["attempt"]: e["pid"] for e in _events(logdir, "spawned") if e.get("via") == "standby"}
     failed = {e["attempt"] for e in _events(logdir, "exited") if e["role"] == "trainer" and e.get("code") == 1}
-    judged = failed & set(promoted)  # promoted standbys that failed on their own, at step 1500
+    judged = failed & set(promoted)  # promoted standbys that failed on their own, at step 600
     assert judged, (promoted, failed)
     for n in judged:  # its error file was found and read: the line of its exit names its error
         assert os.path.exists(os.path.join(logdir, "logs", f"trainer.{n}.error.json"))
-        assert f"trainer attempt {n} (pid {promoted[n]}) exited with code 1: ValueError: bad batch at step 1500" \
+        assert f"trainer attempt {n} (pid {promoted[n]}) exited with code 1: ValueError: bad batch at step 600" \
             in err, err
     giving_up = err[err.index("procsv: giving up"):]
-    assert "ValueError: bad batch at step 1500" in giving_up and "Traceback" in giving_up, giving_up
+    assert "ValueError: bad batch at step 600" in giving_up and "Traceback" in giving_up, giving_up
