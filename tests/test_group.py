@@ -48,7 +48,7 @@ def restores_with_plain_tf(logdir: str) -> int:
 
 
 def test_a_killed_worker_then_a_killed_chief_each_restart_the_whole_group_which_finishes(logdir):
-    proc = launch(logdir, *ARGS, "--steps", "900", opts=GROUP)
+    proc = launch(logdir, *ARGS, "--steps", "600", opts=GROUP)
     try:
         group_started(logdir, 1)
         at_step(logdir, 150)
@@ -81,8 +81,8 @@ def test_a_killed_worker_then_a_killed_chief_each_restart_the_whole_group_which_
     restored = [r["step"] for r in events(logdir, "restored")]
     assert len(restored) == 2 and all(s > 0 for s in restored)
     assert "procsv: worker1 (pid" in err and "the whole group restarts together" in err
-    assert committed_steps(logdir)[-1] == 900
-    assert restores_with_plain_tf(logdir) == 900
+    assert committed_steps(logdir)[-1] == 600
+    assert restores_with_plain_tf(logdir) == 600
 
 
 def test_sigterm_to_the_launch_stops_the_group_at_a_committed_step_and_a_relaunch_resumes_exactly_there(logdir):
@@ -107,7 +107,7 @@ def test_sigterm_to_the_launch_stops_the_group_at_a_committed_step_and_a_relaunc
 
 def test_a_sigstopped_worker_is_found_hung_and_the_group_restarts_without_it(logdir):
     opts = GROUP + ("--hang-timeout", "3", "--hang-grace-secs", "1")
-    proc = launch(logdir, *ARGS, "--steps", "700", opts=opts)
+    proc = launch(logdir, *ARGS, "--steps", "400", opts=opts)
     try:
         group_started(logdir, 1)
         at_step(logdir, 100)
@@ -122,7 +122,7 @@ def test_a_sigstopped_worker_is_found_hung_and_the_group_restarts_without_it(log
     restarting = events(logdir, "restarting")
     assert [r["attempt"] for r in restarting] == [2] and restarting[0]["error"].startswith("worker1 attempt 1")
     assert "procsv: worker1 attempt 1" in err and "is hung" in err
-    assert restores_with_plain_tf(logdir) == 700
+    assert restores_with_plain_tf(logdir) == 400
 
 
 def test_a_worker_failing_at_import_fails_the_group_start_with_backoff_and_no_storm(logdir):
