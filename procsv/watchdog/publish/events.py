@@ -38,8 +38,9 @@ node_lost              node, host, silent_secs, reason (its agent went silent: i
 node_refused           node, host, pid, key, reason (an agent's claim of a node rank another agent's key holds)
 nonfinite_detected     pid, step (the first poisoned one), epoch, batch (its input position, Keras; else null), what
                        (a watched loss or a snapshot's state was found NaN or infinite)
-rolled_back            pid, step (the poisoned one), restored_step, source (``memory`` | ``disk``), path, skip, secs
-                       (skip true: the step is skipped; false: it is retried once; secs: the restore's)
+rolled_back            pid, step, epoch, batch, restored_step, source (``memory`` | ``disk``), path, skip, secs
+                       (step: the poisoned one; epoch, batch: its input position, Keras, else null; skip
+                       true: the step is skipped; false: it is retried once; secs: the restore's)
 step_skipped           pid, step (the global step it would have completed), epoch, batch, skipped (the run's so far)
 =====================  ==========================================================================
 """
