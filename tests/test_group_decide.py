@@ -89,6 +89,19 @@ def test_a_workers_death_stops_the_rest_of_the_group_and_restarts_all_once_every
     assert sim.trainer.attempt == 2 and sim.member(W1).attempt == 2 and sim.member("worker2").attempt == 2
 
 
+def test_a_workers_death_noticed_with_its_error_file_names_the_error_in_the_early_restart():
+    """A worker failing at import wrote its error file and died: its death notice (before its reap)
+    carries the exception type, and the group's early restart names it (CI saw only "died")."""
+    sim = group(2)
+    sim.tick(1.0)
+    observe.death_noticed(sim.view, W1, sim.member(W1).attempt, sim.now, 0.0, "ModuleNotFoundError")
+    sim.tick(0.01)
+    sim.reaps(TRAINER, KILLED)
+    sim.tick(0.01)
+    assert sim.view.last_error is not None and sim.view.last_error.startswith(f"{W1} attempt 1"), sim.view.last_error
+    assert "ModuleNotFoundError" in sim.view.last_error, sim.view.last_error
+
+
 def test_the_chiefs_death_noticed_early_restarts_the_group_once_the_workers_are_gone():
     sim = group(2)
     sim.tick(1.0)

@@ -115,7 +115,8 @@ class ChildView:
             name = self.slot if self.role == WORKER else self.role
             if self.hang_cause:
                 return f"{name} attempt {self.attempt} (pid {self.pid}) was found hung ({self.hang_cause})"
-            return f"{name} attempt {self.attempt} (pid {self.pid}) died"
+            died = f"{name} attempt {self.attempt} (pid {self.pid}) died"
+            return f"{died}: {self.noticed_error} (its error file)" if self.noticed_error else died
         head = self.failure.headline(before_first_step=self.role == TRAINER and self.first_step_at is None)
         return f"{head} ({self.hang_cause})" if self.hang_cause else head
 
