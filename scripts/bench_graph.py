@@ -19,6 +19,12 @@ in pairs):
   million seconds), no summaries (``summary_op=None``, ``save_summaries_secs=0``), once with
   the in-memory snapshot tier off (``PROCSV_MEMORY_SNAPSHOTS=0``: the goal's measurement) and
   once with it on (the default 0.01);
+* ``procsv-session``: ``procsv`` with its callable road off (``PROCSV_GRAPH_FAST_RUN=0``): every run
+  through ``Session.run``, so what supervision itself costs beside a plain loop;
+* ``callable``: a plain loop through one TensorFlow C++ callable
+  (``Session._make_callable_from_options``), the fastest plain loop TF 1 offers and the road
+  procsv's session takes for such runs (:mod:`procsv.trainer.graph.fastrun`): its ratio bounds
+  what procsv's can reach;
 * ``floor``: a second plain ``Session`` whose every run also fetches the global step (one more
   fetch in the same call): the least a supervisor adds that learns of each step by fetching the
   global step with the program's own run, as procsv's graph session does (issue 40's design);
@@ -67,6 +73,8 @@ from lockstep import TrainingClock  # noqa: E402
 BATCH = 64
 SEED = 0
 CONTENDERS = {"procsv": "procsv, supervision only (tier off)", "procsv-tier": "procsv, with the in-memory tier",
+              "procsv-session": "procsv, no callable (Session.run inside)",
+              "callable": "plain, through TF's C++ callable",
               "floor": "floor: plain, + the global step fetched", "tf": "TensorFlow's own Supervisor"}
 
 
@@ -123,9 +131,30 @@ class FetchingStep:
         return self._sess.run([fetches, self._step], feed_dict)[0]
 
 
+class CallableStep:
+    """The callable contender's session: a plain ``Session`` whose ``run([train_op, loss], {x:, y:})``
+    goes through one TensorFlow C++ callable (``Session._make_callable_from_options``), as a
+    hand-tuned TF1 loop (or Keras's TF1 backend) would: no Python feed or fetch handling per run."""
+
+    def __init__(self, m: Graph) -> None:
+        import tensorflow as tf
+        from tensorflow.core.protobuf import config_pb2
+
+        self._sess = tf.compat.v1.Session(graph=m.graph)
+        self._sess.run(m.init_op)
+        self._x, self._y = m.x, m.y
+        self._call = self._sess._make_callable_from_options(config_pb2.CallableOptions(
+            feed=[m.x.name, m.y.name], fetch=[m.loss.name], target=[m.train_op.name]))
+
+    def run(self, fetches: Any, feed_dict: Optional[dict[Any, Any]] = None) -> Any:
+        if isinstance(fetches, list) and feed_dict is not None:
+            return [None, self._call(feed_dict[self._x], feed_dict[self._y])[0]]
+        return self._sess.run(fetches, feed_dict)  # the checks' reads
+
+
 @contextlib.contextmanager
-def floor_session(m: Graph) -> Iterator[FetchingStep]:
-    sess = FetchingStep(m)
+def floor_session(m: Graph, contender: str = "floor") -> Iterator[Any]:
+    sess = FetchingStep(m) if contender == "floor" else CallableStep(m)
     try:
         yield sess
     finally:
@@ -160,6 +189,7 @@ def series(tmp: str, contender: str, blocks: int, block_steps: int, data: tuple[
 
     x_train, y_train = data
     os.environ["PROCSV_MEMORY_SNAPSHOTS"] = "0.01" if contender == "procsv-tier" else "0"
+    os.environ["PROCSV_GRAPH_FAST_RUN"] = "0" if contender == "procsv-session" else "1"
     logdir = tempfile.mkdtemp(dir=tmp)
     m = build_graph()
     clock = TrainingClock()  # stands still during the plain blocks
@@ -168,9 +198,9 @@ def series(tmp: str, contender: str, blocks: int, block_steps: int, data: tuple[
     per: dict[bool, list[float]] = {True: [], False: []}
     steps = {True: 0, False: 0}
     last_loss: dict[bool, float] = {}
-    sv = supervisor(contender, m, logdir, clock) if contender != "floor" else None
+    sv = supervisor(contender, m, logdir, clock) if contender not in ("floor", "callable") else None
     try:
-        with (sv.managed_session() if sv is not None else floor_session(m)) as sess:
+        with (sv.managed_session() if sv is not None else floor_session(m, contender)) as sess:
             settle()
             start = int(sess.run(m.global_step))
             same_start = all(np.array_equal(a, b) for a, b in zip(plain.run(m.variables), sess.run(m.variables)))
@@ -210,7 +240,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3, help="series per contender (>= 3 for quoted figures)")
     p.add_argument("--blocks", type=int, default=300, help="ABBA block pairs per series")
     p.add_argument("--block-steps", type=int, default=50)
-    p.add_argument("--contenders", default="procsv,procsv-tier,floor",
+    p.add_argument("--contenders", default="procsv,procsv-session,callable,procsv-tier,floor",
                    help=f"comma-separated, of {', '.join(CONTENDERS)} (tf: TensorFlow's own Supervisor, for reference)")
     args = p.parse_args()
     contenders = [c for c in args.contenders.split(",") if c]
@@ -268,6 +298,7 @@ def main() -> int:
         print(f"snapshots taken with the tier: {', '.join(str(r['taken']) for r in results['procsv-tier'])}")
     print("goal: throughput ratio >= 0.98 (procsv, supervision only)")
     keys = {"procsv": "graph_supervision_ratio", "procsv-tier": "graph_supervision_ratio_tier",
+            "procsv-session": "graph_session_run_ratio", "callable": "graph_callable_ratio",
             "floor": "graph_fetch_floor_ratio", "tf": "graph_tf_supervisor_ratio"}
     first = contenders[0]
     print(" ".join([f"{keys[c]}={med(c, 'ratio'):.4f}" for c in contenders]

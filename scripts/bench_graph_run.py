@@ -133,6 +133,7 @@ def main() -> int:
             raw = sess._sess
             stub = StubSession(int(raw.run(m.global_step)))
             sess._sess = stub
+            sess._plans.clear()  # plans made over the stub (no callable: Session.run's road, the stub's)
             try:
                 base, over = [], []
                 for _ in range(args.repeats):
@@ -140,6 +141,7 @@ def main() -> int:
                     over.append(per_run(sess.run, m, feeds, args.runs, time.thread_time))
             finally:
                 sess._sess = raw
+                sess._plans.clear()
             # the stub's steps trained nothing: the Supervisor's step back to the variable's
             step = int(raw.run(m.global_step))
             sv._state.step = step

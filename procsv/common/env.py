@@ -34,6 +34,7 @@ ON_NONFINITE = "PROCSV_ON_NONFINITE"  # --on-nonfinite: rollback | stop | contin
 MAX_SKIPS = "PROCSV_MAX_SKIPS"  # --max-skips: skipped steps allowed within --skip-window steps
 SKIP_WINDOW = "PROCSV_SKIP_WINDOW"  # --skip-window
 NONFINITE_CHECK = "PROCSV_NONFINITE_CHECK"  # "0": no non-finite detection at all (to measure what it costs)
+GRAPH_FAST_RUN = "PROCSV_GRAPH_FAST_RUN"  # "0": a graph session's runs all through Session.run (no callables)
 MASTER_ADDR = "PROCSV_MASTER_ADDR"  # read by procsv launch: --master-addr when the flag is not given (Kubernetes)
 PREEMPT_SIGNAL = "PROCSV_PREEMPT_SIGNAL"  # the number of --preempt-signal: every child of the run ignores it
 # given to the --on-failure command (besides LOGDIR): how the run ended

@@ -39,9 +39,11 @@ class RunPlan:
     the global step when that is known (then nothing is fetched beside it); ``watch``, the indices
     of the fetches that are watched losses (-1: the single fetch itself), or None when the
     structure must be walked (:func:`keep_watched`); ``losses``, the LossWatch ``watch`` was worked
-    out for; ``held``, the fetches and fed keys whose identities key the plan."""
+    out for; ``held``, the fetches and fed keys whose identities key the plan; ``fast`` and
+    ``fast_read``, its runs through a callable (:mod:`procsv.trainer.graph.fastrun`), without and
+    with ``read`` fetched beside them, where a callable can do them as ``Session.run`` does."""
 
-    __slots__ = ("read", "add", "watch", "losses", "held")
+    __slots__ = ("read", "add", "watch", "losses", "held", "fast", "fast_read")
 
     def __init__(self, read: Any, add: Optional[int], watch: Optional[tuple[int, ...]], losses: Any,
                  held: Any = None) -> None:
@@ -50,6 +52,8 @@ class RunPlan:
         self.watch = watch
         self.losses = losses
         self.held = held
+        self.fast: Any = None
+        self.fast_read: Any = None
 
 
 def plan_key(fetches: Any, feed_dict: Any) -> Optional[Hashable]:

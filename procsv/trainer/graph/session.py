@@ -24,6 +24,7 @@ from threading import get_ident
 from typing import Any, Callable, Optional, Protocol
 
 from procsv.common.errors import TrainingStopped
+from procsv.trainer.graph.fastrun import MISS, fast_run
 from procsv.trainer.graph.runplan import CACHE_MAX, RunPlan, keep_losses, make_plan, plan_key
 from procsv.trainer.graph.steps import VERIFY_EVERY, StepProbe
 from procsv.trainer.step_boundary import StepState
@@ -79,8 +80,13 @@ class GraphSession:
         plan = self._plans.get(key) if key is not None else None
         if plan is None or plan.losses is not state.losses:
             plan = self._plan(fetches, feed_dict, key)
+        plain = options is None and run_metadata is None
         read = plan.read
         if read is None:  # writes no global step: no step
+            if plain and plan.fast is not None:
+                out = plan.fast(feed_dict)
+                if out is not MISS:
+                    return out
             return self._sess.run(fetches, feed_dict, options, run_metadata)
         if state.coord.asked and state.coord.should_stop():
             raise TrainingStopped("a stop was requested; the training loop should end")
@@ -89,7 +95,9 @@ class GraphSession:
             step = state.step + add
             if step < state.ckpt_step and step < state.end_step and state.clock() < state.at:
                 # no boundary due at the step this run makes: inferred, its bookkeeping (as _stepped's) inline
-                out = self._sess.run(fetches, feed_dict, options, run_metadata)
+                out = plan.fast(feed_dict) if plain and plan.fast is not None else MISS
+                if out is MISS:
+                    out = self._sess.run(fetches, feed_dict, options, run_metadata)
                 if state.clock() >= state.at:  # its time came during the run: the boundary now, at the exact step
                     self._unread = 0
                     exact = int(self._sess.run(self._probe.read))
@@ -109,7 +117,10 @@ class GraphSession:
                 return out
         # the exact value (a boundary may be due, or it is time to verify, or no constant is known):
         # the read after the run's writer, fetched with it
-        out, value = self._sess.run((fetches, read), feed_dict, options, run_metadata)
+        both = plan.fast_read(feed_dict) if plain and plan.fast_read is not None else MISS
+        if both is MISS:
+            both = self._sess.run((fetches, read), feed_dict, options, run_metadata)
+        out, value = both
         step = int(value)
         self._unread = 0
         if step != state.step:
@@ -126,6 +137,9 @@ class GraphSession:
             step = (self._probe.extra_fetch(fetches, feed_dict), None)
         plan = make_plan(fetches, feed_dict, step, self._state.losses, key)
         if plan.held is not None:
+            plan.fast = fast_run(self._sess, fetches, feed_dict)
+            if plan.read is not None:
+                plan.fast_read = fast_run(self._sess, fetches, feed_dict, plan.read)
             if len(self._plans) >= CACHE_MAX:
                 self._plans.clear()
             self._plans[key] = plan
