@@ -14,14 +14,17 @@ engineer taking the core does not advance):
   checkpoint or summary due, the in-memory tier off) running ``[train_op, loss]`` with a new list
   and feed dict each time, as a training loop does, with its ``tf.compat.v1.Session`` replaced by a
   stub that returns at once, minus the stub called alone: step inference, the step's bookkeeping,
-  the watched loss's check, the boundary's bounds;
+  the watched loss's check, the boundary's bounds (the plans are made over the stub, which has no
+  callables: the ``Session.run`` road's Python);
 * ``run_us``, ``make_callable_us``, ``c_callable_us``: one real step of the digits MLP in a plain
   ``Session``: ``sess.run([train_op, loss], feed_dict)``; ``sess.make_callable([train_op, loss],
   [x, y])`` (with a feed list TensorFlow 2.21's callable builds the feed dict and calls
   ``Session.run``: the same cost, so a plain loop using it is no faster contender); the C++
   callable (``Session._make_callable_from_options``: no Python fetch or feed handling, the part of
   ``run_us`` that is TensorFlow's own Python is ``run_us - c_callable_us``).
-* ``procsv_step_us``: the same real step on the procsv session (interleaved with ``run_us``'s blocks);
+* ``procsv_step_us``: the same real step on the procsv session (interleaved with ``run_us``'s blocks),
+  which takes the C++ callable for it (:mod:`procsv.trainer.graph.fastrun`): compare with
+  ``c_callable_us``;
 * each real figure again as ``*_cpu_us``: this process's CPU time per step (all its threads:
   TensorFlow's too), which other processes on the machine do not advance.
 
