@@ -135,3 +135,41 @@ def test_the_callable_road_can_be_turned_off(monkeypatch, off):
         with sv.managed_session() as sess:
             sess.run([m.train_op, m.loss], {m.x: np.zeros((2, 4), np.float32), m.y: np.zeros(2, np.int64)})
             assert sess._plans and all(p.fast is None for p in sess._plans.values())
+
+
+def test_a_callable_from_make_callable_makes_steps_and_returns_what_tfs_returns():
+    """A program that trains through ``sess.make_callable([train_op, loss], [x, y])`` (TF's way to
+    cut ``Session.run``'s Python) makes steps the Supervisor counts, with TF's values (compared with
+    a plain session's callable, bit for bit); the no-feed and ``accept_options`` forms too, and a
+    bad ``feed_list`` is refused when the callable is made, as TF refuses it."""
+    import procsv
+
+    rng = np.random.default_rng(1)
+    batches = [(rng.normal(size=(8, 4)).astype(np.float32), rng.integers(0, 3, 8)) for _ in range(5)]
+    results = {}
+    for who in ("procsv", "plain"):
+        with tf.Graph().as_default() as graph:
+            m = Model()
+            if who == "procsv":
+                sv = procsv.Supervisor(logdir=None, graph=graph, init_op=m.init_op)
+                context: Any = sv.managed_session()
+            else:
+                context = tf.compat.v1.Session(graph=graph)
+            with context as sess:
+                if who == "plain":
+                    sess.run(m.init_op)
+                with pytest.raises(TypeError, match="feed_list"):
+                    sess.make_callable(m.loss, m.x)
+                train = sess.make_callable([m.train_op, m.loss], [m.x, m.y])
+                out = [train(bx, by) for bx, by in batches]
+                step_op = sess.make_callable(m.train_op, [m.x, m.y])
+                out.append(step_op(*batches[0]))
+                read = sess.make_callable(m.w)
+                traced = sess.make_callable(m.w, accept_options=True)
+                out += [read(), traced(run_metadata=tf.compat.v1.RunMetadata())]
+                if who == "procsv":
+                    assert sv._state.step == 6, "each call of the callables that train is a step"
+                out.append(int(sess.run(m.global_step)))
+            results[who] = out
+    assert _same(results["procsv"], results["plain"])
+    assert results["plain"][-1] == 6

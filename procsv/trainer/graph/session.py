@@ -15,7 +15,8 @@ boundary costs a few lookups and comparisons beside ``Session.run``.
 
 Only runs on the thread that prepared the session have boundaries; a run from another thread (a
 queue runner, an ``sv.loop`` thread) is a plain run, and a step it makes is seen by the next step of
-the session's thread. ``partial_run`` and callables from ``make_callable`` are plain runs too.
+the session's thread. ``partial_run`` is a plain run too; a callable from ``make_callable`` runs
+through this session's ``run``.
 """
 
 from __future__ import annotations
@@ -181,7 +182,23 @@ class GraphSession:
         return self._sess.partial_run(handle, fetches, feed_dict)
 
     def make_callable(self, fetches: Any, feed_list: Any = None, accept_options: bool = False) -> Any:
-        return self._sess.make_callable(fetches, feed_list, accept_options)
+        """``Session.make_callable``, whose calls are runs of this session (steps and boundaries, the
+        callable road of :mod:`procsv.trainer.graph.fastrun`): TF's own would train unseen. Checked
+        as TF checks it, when it is made."""
+        self._sess.make_callable(fetches, feed_list, accept_options)  # TF's errors, at the same moment
+        run = self.run
+        if feed_list is not None:  # as TF 2.21's: a feed dict from the arguments, options passed on
+            def generic(*feed_args: Any, **kwargs: Any) -> Any:
+                return run(fetches, dict(zip(feed_list, feed_args)), **kwargs)
+            return generic
+        if accept_options:
+            def with_options(options: Any = None, run_metadata: Any = None) -> Any:
+                return run(fetches, None, options, run_metadata)
+            return with_options
+
+        def plain() -> Any:
+            return run(fetches)
+        return plain
 
     @property
     def graph(self) -> Any:
