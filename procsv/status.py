@@ -121,11 +121,15 @@ def render(status: dict[str, Any], logdir: str) -> str:
     if grp:
         if grp.get("ps"):  # --ps N --workers M: each task restarts alone
             lines.append(f"  {grp.get('nproc')} worker(s) and {grp['ps']} parameter server(s), each restarted alone")
+        elif (grp.get("nnodes") or 1) > 1:  # --nnodes: nproc is each host's share
+            lines.append(f"  trainer group of {grp['nnodes'] * grp.get('nproc', 1)} ({grp.get('nproc')} on each of "
+                         f"{grp['nnodes']} hosts): {grp.get('state')}")
         else:
             lines.append(f"  trainer group of {grp.get('nproc')}: {grp.get('state')}")
     for p in status.get("processes", []):
         alive = {True: "alive", False: "gone"}.get(p.get("alive"), f"on {p.get('host') or status.get('host', '?')}")
-        member = f"  rank {p['rank']} on {p.get('host')}, step {p.get('step')}" if "rank" in p else ""
+        member = f"  rank {p['rank']} on node {p.get('node')} ({p.get('host')}), step {p.get('step')}" \
+            if "rank" in p else ""
         lines.append(f"  {p.get('role', '?'):<11} pid {p.get('pid')!s:<8} {p.get('state', '?'):<10} "
                      f"restarts {p.get('restarts', 0)}  ({alive}){member}")
     summ = status.get("summaries")

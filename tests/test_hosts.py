@@ -15,6 +15,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +25,8 @@ import psutil
 import pytest
 
 from conftest import finish, launch, lifecycle, quiet_env, raw_status, wait_for, wait_role_pid
+from procsv.common.layout import Layout
+from procsv.status import read_status, render
 from test_metrics import free_port
 from test_probes import probe
 
@@ -105,6 +108,14 @@ def test_a_group_over_two_hosts_waits_for_a_killed_host_to_come_back_and_finishe
         wait_for(lambda: probe(port, "/readyz", HOST1_IP) == 200, 60, what="node 1 ready after its member's step")
         assert probe(port, "/healthz", HOST1_IP) == 200 and probe(port, "/metrics", HOST1_IP) == 404
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 150, 120, what="step 150")
+        # both members run (a group steps together): procsv status says where each is (node 1's by its address)
+        st = read_status(Layout(logdir))
+        assert st is not None and st["group"] is not None and st["group"]["nnodes"] == 2, st
+        where = {p["role"]: (p.get("rank"), p.get("node"), p.get("host")) for p in st["processes"]
+                 if p["role"] in ("trainer", "worker1")}
+        assert where == {"trainer": (0, 0, socket.gethostname()), "worker1": (1, 1, HOST1_IP)}, st
+        line = next(ln for ln in render(st, logdir).splitlines() if ln.lstrip().startswith("worker1"))
+        assert f"rank 1 on node 1 ({HOST1_IP}), step " in line, line
         for pid in host_pids():  # the whole host goes: its agent and its trainer
             os.kill(pid, signal.SIGKILL)
         first.wait(10)

@@ -45,18 +45,19 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
     members = [TRAINER] + sorted((w.slot for w in group.workers(view)), key=group.rank_of)
     ps = sorted((c.slot for c in view.children.values() if c.role == PS), key=lambda s: int(s[len(PS):]))
     servers = sorted((c.slot for c in view.children.values() if c.role == SERVER), key=group.rank_of)  # --coordinator
+    grouped = cfg.nproc * cfg.nnodes > 1 or cfg.ps > 0  # --nproc, --nnodes (one trainer per host too), --ps
     for slot in (*members, *servers, *ps, CHECKPOINT, SUMMARY):
         c = view.children.get(slot)
         if c is not None:
             entry = {"role": c.slot if c.role in (WORKER, PS, SERVER) else c.role, "pid": c.pid, "state": c.state.value,
                      "restarts": c.attempt - 1, "attempt": c.attempt, "create_time": c.create_time}
-            if (cfg.nproc > 1 or cfg.ps) and c.role in (TRAINER, WORKER):  # a group's member: its task, host and step
+            if grouped and c.role in (TRAINER, WORKER):  # a group's member: its task, its node and host, its step
                 node = view.nodes.get(c.node)
                 entry.update(rank=group.rank_of(c.slot), node=c.node, host=node.host if node else host, step=c.step)
             procs.append(entry)
     return {
-        "group": {"nproc": cfg.nproc, "state": group.group_state(view), "ps": cfg.ps} if cfg.nproc > 1 or cfg.ps
-        else None,
+        "group": {"nproc": cfg.nproc, "nnodes": cfg.nnodes, "state": group.group_state(view), "ps": cfg.ps}
+        if grouped else None,
         "version": STATUS_VERSION,
         "state": view.run.value,
         "step": view.step,
