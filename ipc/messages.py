@@ -27,8 +27,9 @@ Who sends what (see docs/architecture.md for the full table):
   :class:`ChildExit` up.
 * master watchdog <-> node agents (``--nnodes M``: a ROUTER on ``--master-addr``, a DEALER per
   agent; ZeroMQ TCP with CURVE): :class:`NodeHello`, :class:`MemberStarted`, :class:`MemberEnded`,
-  :class:`Relayed` up; :class:`MasterBeat`, :class:`StartMembers`, :class:`SignalMember`,
-  :class:`NodeStop`, :class:`NodeRefused` down (:mod:`procsv.ipc.node_messages`).
+  :class:`Relayed` (a member's own report, one of :data:`RELAYABLE`) up; :class:`MasterBeat`,
+  :class:`StartMembers`, :class:`SignalMember`, :class:`NodeStop`, :class:`NodeRefused` down
+  (:mod:`procsv.ipc.node_messages`).
 
 This module is the schema's public entry: it holds :data:`SCHEMA_VERSION` and the registry
 :data:`ALL_MESSAGES` (every message type, by which the codec finds a ``KIND``), and re-exports the
@@ -48,8 +49,8 @@ from procsv.ipc.summary_messages import (GraphEvent, ProtoRef, RunScalars, Sessi
 from procsv.ipc.watchdog_messages import (Hello, NonfiniteDetected, Progress, RolledBack, SaveOverdue, StandbyReady,
                                          StepSkipped, SummaryOverdue, TrainerReady)
 from procsv.ipc.zygote_messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
-from procsv.ipc.node_messages import (MasterBeat, MemberEnded, MemberStarted, NodeHello, NodeRefused, NodeStop,
-                                      Relayed, SignalMember, StartMembers)
+from procsv.ipc.node_messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStarted, NodeHello, NodeRefused,
+                                      NodeStop, Relayed, SignalMember, StartMembers)
 
 SCHEMA_VERSION = 2  # 2: SummaryBatch lost its JSON scalar rows, its protos are ProtoRef; SummaryAck
 
@@ -103,5 +104,5 @@ __all__ = [
     "SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "GraphEvent", "RunScalars",
     "ZygoteReady", "ForkRequest", "ForkReply", "ChildExit",
     "NodeHello", "MasterBeat", "StartMembers", "SignalMember", "NodeStop", "NodeRefused", "MemberStarted", "MemberEnded",
-    "Relayed",
+    "Relayed", "RELAYABLE",
 ]

@@ -4,8 +4,8 @@ Over ZeroMQ TCP, authenticated and encrypted with CURVE (:mod:`procsv.watchdog.m
 watchdog (the master, which decides for the whole job) binds a ROUTER on ``--master-addr``; the
 node agent of every other host (:mod:`procsv.watchdog.multihost.agent`) connects a DEALER to it. Agents
 send :class:`NodeHello` (also their heartbeat), :class:`MemberStarted`, :class:`MemberEnded` and
-:class:`Relayed` (a trainer's own report, as it sent it); the master sends :class:`MasterBeat`,
-:class:`StartMembers`, :class:`SignalMember` and :class:`NodeStop`, and :class:`NodeRefused` to an
+:class:`Relayed` (a trainer's own report, as it sent it: one of :data:`RELAYABLE`); the master sends
+:class:`MasterBeat`, :class:`StartMembers`, :class:`SignalMember` and :class:`NodeStop`, and :class:`NodeRefused` to an
 agent whose claim of a node rank it refused; both carry node 0's ``--node-timeout``, which every
 agent uses for node 0 (how long it may be silent). No message carries a key: the master knows each
 agent's public key from the CURVE handshake (ZeroMQ's ``User-Id`` of every frame).
@@ -17,6 +17,12 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from procsv.ipc.message_base import Message
+from procsv.ipc.watchdog_messages import NonfiniteDetected, Progress, RolledBack, StepSkipped, TrainerReady
+
+# what a member on another host tells its watchdog, which its agent relays to node 0 in a Relayed (the
+# agent's PULL takes only these, node 0 decodes only these from a Relayed's frames): a trainer's progress
+# and restore, and non-finite training (issue 41). Not the chief's (on node 0): Save/SummaryOverdue.
+RELAYABLE: frozenset[type[Message]] = frozenset({Progress, TrainerReady, NonfiniteDetected, RolledBack, StepSkipped})
 
 
 @dataclass(frozen=True)
@@ -112,8 +118,9 @@ class MemberEnded(Message):
 
 @dataclass(frozen=True)
 class Relayed(Message):
-    """Agent -> master: one report a member sent its agent (``Progress``, ``TrainerReady``), whose
-    ``frames`` frames follow as the payload exactly as the member encoded them."""
+    """Agent -> master: one report a member sent its agent (one of :data:`RELAYABLE`: ``Progress``,
+    ``TrainerReady``, ``NonfiniteDetected``, ``RolledBack``, ``StepSkipped``), whose ``frames`` frames
+    follow as the payload exactly as the member encoded them."""
 
     KIND: ClassVar[str] = "relayed"
     slot: str
@@ -121,4 +128,4 @@ class Relayed(Message):
 
 
 __all__ = ["NodeHello", "MasterBeat", "StartMembers", "SignalMember", "NodeStop", "NodeRefused", "MemberStarted",
-           "MemberEnded", "Relayed"]
+           "MemberEnded", "Relayed", "RELAYABLE"]

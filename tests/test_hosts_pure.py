@@ -1,21 +1,37 @@
-"""A job over hosts (``--nnodes``) without launching one: what node 0 says of each member.
+"""A job over hosts (``--nnodes``) without launching one: what node 0 says of each member, and what
+another host's agent relays of its members' reports.
 
 In-process: the status record (:func:`~procsv.watchdog.publish.statusfile.status_record`) and
-``procsv status``'s view of it, built from a view the watchdog's own observations made. The real
-two-host launches are in ``test_hosts.py``.
+``procsv status``'s view of it, built from a view the watchdog's own observations made; and the
+relay of a member's reports through the real sockets, the agent's PULL (a member's PUSH, as a
+trainer's), its CURVE DEALER and node 0's ROUTER (:class:`~procsv.watchdog.multihost.nodes.NodeLink`),
+with this test process as the member. The real two-host launches are in ``test_hosts.py``.
 """
 
 from __future__ import annotations
 
+import os
 import socket
-from typing import Any
+import time
+from typing import Any, Optional
 
+import zmq
+
+from conftest import wait_for
 from procsv.common.layout import Layout
-from procsv.ipc.messages import NodeHello, Progress
+from procsv.ipc.messages import NodeHello, Progress, Relayed, RestoreSource
+from procsv.ipc.transport import Endpoints, bind_private, make_socket, send
 from procsv.status import render
+from procsv.trainer.nonfinite import notices
 from procsv.watchdog import observe
 from procsv.watchdog.config import LaunchConfig
+from procsv.watchdog.multihost import curve
+from procsv.watchdog.multihost.agent import Member, NodeAgent
+from procsv.watchdog.multihost.nodes import NodeLink
+from procsv.watchdog.publish.events import Event
 from procsv.watchdog.publish.statusfile import status_record
+from procsv.watchdog.rules.hang import HangLimits
+from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.state import TRAINER, WORKER, RunView
 
 HOST1 = "10.0.0.2"
@@ -68,3 +84,83 @@ def test_each_member_of_a_group_over_two_hosts_has_its_rank_node_and_host_as_on_
     alone = status_record(group_view(1), LaunchConfig("t", [], layout.logdir), layout, 4.0, 4.0, 0.0, None,
                           on_disk=False)
     assert alone["group"] is None and "rank" not in members(alone)[TRAINER]  # one trainer: no group
+
+
+class ThisProcess:
+    """The member the agent runs: this test process, which reports as a trainer does."""
+
+    pid = os.getpid()
+
+    def poll(self) -> Optional[int]:
+        return None
+
+
+def test_an_agent_relays_its_members_non_finite_reports_to_node_0_as_they_sent_them(short_tmp) -> None:
+    """A member on host 1 tells its agent of a non-finite loss, a rollback and a skipped step
+    (issue 41), then its progress. Before: the agent's PULL took only ``Progress`` and
+    ``TrainerReady`` (the three were refused there as unexpected kinds) and node 0 decoded only
+    those two from a ``Relayed``: node 0 heard only the progress, and its events, ``skipped_steps``
+    and ``rollbacks`` missed the skip."""
+    from test_metrics import free_port
+
+    layout = Layout(os.path.join(short_tmp, "run"))
+    layout.create()
+    addr = f"127.0.0.1:{free_port()}"
+    view = RunView(launch_start=0.0)
+    master_ctx: zmq.Context[Any] = zmq.Context()
+    agent_ctx: zmq.Context[Any] = zmq.Context()
+    link = NodeLink(master_ctx, layout, addr, time.monotonic, view, Limits(hang=HangLimits(None, None), nnodes=2))
+    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
+                                   master_addr=addr))
+    endpoint = Endpoints(short_tmp).watchdog
+    pull = make_socket(agent_ctx, zmq.PULL)  # the agent's, as in NodeAgent.run
+    bind_private(pull, endpoint)
+    member = make_socket(agent_ctx, zmq.PUSH)  # the member's channel to its watchdog, here its agent
+    member.connect(endpoint)
+    dealer = None
+    try:
+        read = agent.disk.submit(agent._read_job)  # the agent files its key for the launch, then connects
+        wait_for(lambda: read.done, 30, what="the agent's key filed")
+        dealer = agent._reconnect(agent_ctx, None, read)
+        assert dealer is not None
+
+        def joined() -> bool:  # its hello is its claim of node 1 (sent again until the handshake is done)
+            send(dealer, NodeHello(1, 1, agent.host, os.getpid(), agent.addresses, []))
+            return any(isinstance(msg, NodeHello) for _, msg, _ in link.receive())
+
+        wait_for(joined, 30, what="node 1 to join node 0")
+        agent.members["worker1.1"] = Member("worker1", 1, ThisProcess())  # type: ignore[arg-type]
+        observe.spawned(view, "worker1", WORKER, 1, os.getpid(), 1.0, "node1")
+        view.children["worker1"].node = 1
+        sent = [notices.detected(25, "the loss of step 25 is NaN or infinite"),
+                notices.rolled_back(25, 20, RestoreSource.MEMORY, "/dev/shm/arena#slot1", True, 0.02),
+                notices.skipped(25, 1),
+                Progress(os.getpid(), 26, time.time())]
+        for msg in sent:
+            assert send(member, msg)
+        heard: list[tuple[int, Any, list[Any]]] = []
+
+        def relayed() -> bool:
+            agent.relay(pull, dealer)
+            heard.extend(got for got in link.receive() if not isinstance(got[1], NodeHello))  # (late hellos)
+            return any(isinstance(payload[0], Progress) for _, _, payload in heard if payload)
+
+        wait_for(relayed, 30, what="the member's progress relayed to node 0")
+        assert [(node, type(msg), msg.slot) for node, msg, _ in heard] == [(1, Relayed, "worker1")] * 4
+        assert [payload[0] for _, _, payload in heard] == sent  # each as the member sent it
+        reports = [r for _, msg, payload in heard for r in observe.heard(view, payload[0], 2.0, slot=msg.slot)]
+    finally:
+        for sock in (member, pull, dealer):
+            if sock is not None:
+                sock.close(0)
+        link.close()
+        agent.disk.close()
+        curve.unfile_agent_key(agent.key_file)
+        agent_ctx.term()
+        master_ctx.term()
+    # node 0 observes them as the launcher's _on_nodes does: the events, the counts status.json shows
+    assert [r.event for r in reports if r.event] == [Event.NONFINITE_DETECTED, Event.ROLLED_BACK, Event.STEP_SKIPPED]
+    assert (view.nonfinite_found, view.rollbacks, view.skipped_steps) == (1, 1, [25])
+    record = status_record(view, LaunchConfig("t", [], layout.logdir, nnodes=2), layout, 3.0, 3.0, 0.0, None,
+                           on_disk=False)
+    assert (record["skipped_steps"], record["rollbacks"]) == ([25], 1)

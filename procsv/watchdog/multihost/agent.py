@@ -8,7 +8,8 @@ there), says which node it is and where its next members will listen (:class:`No
 starts the members it is asked for (:class:`StartMembers`: trainer processes with their ``TF_CONFIG``, forked
 from this host's own pre-warmed trainer when it is ready), signals them when told (:class:`SignalMember`;
 through each member's pidfd, never by pid: a member forked by the pre-warmed trainer is reaped by that process,
-so its pid may name another process by then), relays their reports (:class:`Relayed`) and tells of their ends
+so its pid may name another process by then), relays their reports (:class:`Relayed`: progress, restore and
+non-finite training, :data:`~procsv.ipc.node_messages.RELAYABLE`) and tells of their ends
 (:class:`MemberEnded`). It runs no checkpoint or summary service: only the chief (task 0, on node 0) saves and
 writes summaries. Its loop never waits on the shared logdir: the reads and writes of a reconnect (the job file,
 this agent's key file) and the rotation of its members' logs are jobs of a thread of its own
@@ -47,8 +48,8 @@ from procsv.common.env import RANK
 from procsv.common.layout import Layout, RuntimeDir, release_runtime_dir
 from procsv.common.spawn import free_ports
 from procsv.ipc.codec import ProtocolError, encode
-from procsv.ipc.messages import (MasterBeat, MemberEnded, MemberStarted, Message, NodeHello, NodeRefused, NodeStop,
-                                 Progress, Relayed, SignalMember, StartMembers, TrainerReady)
+from procsv.ipc.messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStarted, Message, NodeHello, NodeRefused,
+                                 NodeStop, Progress, Relayed, SignalMember, StartMembers)
 from procsv.ipc.transport import Endpoints, bind_private, drain, make_socket, send
 from procsv.watchdog.multihost import agentstop, curve
 from procsv.common.orphans import become_subreaper
@@ -64,7 +65,7 @@ from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable, zygote_env
 TICK = 0.05
 CLAIM_PATIENCE = 2  # refused for this many node timeouts: another agent live holds the node rank (exit 2)
 MASTER_ACCEPT = frozenset({MasterBeat, StartMembers, SignalMember, NodeStop, NodeRefused})
-MEMBER_ACCEPT = frozenset({Progress, TrainerReady})
+MEMBER_ACCEPT = RELAYABLE  # what its members report (as to a watchdog), all relayed to node 0
 
 
 @dataclass
@@ -196,9 +197,7 @@ class NodeAgent:
             if dealer is not None:
                 self._from_master(dealer)
                 self._forked(dealer)
-                for got in drain(pull, accept=MEMBER_ACCEPT, limit=1000):
-                    if not isinstance(got, ProtocolError):
-                        self._relay(dealer, got.msg)
+                self.relay(pull, dealer)
                 self._reap(dealer)
                 if now - beat_at >= BEAT_SECS:
                     beat_at = now
@@ -366,14 +365,16 @@ class NodeAgent:
                                                                     if m.slot == slot}
         self.disk.submit(lambda: rotate(logs, slot, attempt, keep, live=live))
 
-    def _relay(self, dealer: "zmq.Socket[Any]", msg: Message) -> None:
-        pid = getattr(msg, "pid", None)
-        member = next((m for m in self.members.values() if m.proc.pid == pid), None)
-        if member is None:
-            return
-        self.stepped = self.stepped or (isinstance(msg, Progress) and not msg.busy)
-        frames = encode(msg)
-        send(dealer, Relayed(member.slot, len(frames)), frames)
+    def relay(self, pull: "zmq.Socket[Any]", dealer: "zmq.Socket[Any]") -> None:
+        """Relay to node 0 what this host's members reported (:data:`MEMBER_ACCEPT`), each as they sent it."""
+        for got in drain(pull, accept=MEMBER_ACCEPT, limit=1000):
+            msg: Optional[Message] = None if isinstance(got, ProtocolError) else got.msg
+            member = next((m for m in self.members.values() if m.proc.pid == getattr(msg, "pid", None)), None)
+            if msg is None or member is None:
+                continue
+            self.stepped = self.stepped or (isinstance(msg, Progress) and not msg.busy)
+            frames = encode(msg)
+            send(dealer, Relayed(member.slot, len(frames)), frames)
 
     def _reap(self, dealer: Optional["zmq.Socket[Any]"]) -> None:
         for key, m in list(self.members.items()):

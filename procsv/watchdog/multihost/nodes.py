@@ -23,8 +23,8 @@ import zmq
 
 from procsv.common.layout import Layout
 from procsv.ipc.codec import ProtocolError, decode
-from procsv.ipc.messages import (MasterBeat, MemberEnded, MemberStarted, Message, NodeHello, NodeRefused, NodeStop,
-                                 Progress, Relayed, SignalMember, StartMembers, TrainerReady)
+from procsv.ipc.messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStarted, Message, NodeHello, NodeRefused,
+                                 NodeStop, Relayed, SignalMember, StartMembers)
 from procsv.ipc.transport import ReceiveTimeout, make_socket, recv, send
 from procsv.watchdog.multihost import curve
 from procsv.watchdog.observe import Report
@@ -36,7 +36,7 @@ from procsv.watchdog.rules.state import RunView
 STOP_DRAIN_SECS = 0.5  # how long the master reads on after telling the agents the job is over
 BEAT_SECS = 0.5  # both ways: heartbeats; a peer silent for Limits.node_timeout (--node-timeout) is lost
 ACCEPT = frozenset({NodeHello, MemberStarted, MemberEnded, Relayed})
-RELAYED = frozenset({Progress, TrainerReady})  # what an agent may relay from its members
+RELAYED = RELAYABLE  # what an agent may relay from its members (progress, restore, non-finite training)
 
 
 @dataclass(frozen=True)
