@@ -22,7 +22,8 @@ import pytest
 
 from conftest import committed_steps, finish, launch, lifecycle, quiet_env, wait_for
 from test_hosts import HOST1_IP, MASTER_IP, NS, host_pids, hosts, master_addr  # noqa: F401 (hosts: the fixture)
-from test_ps_replicas import entry, stepping
+from ps_helpers import entry
+from test_ps_replicas import stepping
 
 pytestmark = pytest.mark.slow
 

@@ -30,19 +30,12 @@ from typing import Any
 import pytest
 
 from conftest import committed_steps, finish, launch, raw_status, wait_for
+from ps_helpers import entry, log_of
 
 pytestmark = pytest.mark.slow
 
 STEPS = 600
 ARGS = ("--steps", str(STEPS), "--save-model-secs", "1", "--step-delay", "0.05")  # at most 40 steps/s in all
-
-
-def entry(logdir: str, role: str) -> dict[str, Any]:
-    """``role``'s entry of ``status.json`` (``{}`` until it has one)."""
-    for p in (raw_status(logdir) or {}).get("processes", []):
-        if p["role"] == role:
-            return dict(p)
-    return {}
 
 
 def stepping(logdir: str, role: str, attempt: int, past: int) -> dict[str, Any]:
@@ -51,12 +44,6 @@ def stepping(logdir: str, role: str, attempt: int, past: int) -> dict[str, Any]:
     return e if e.get("attempt") == attempt and e.get("state") == "running" and e.get("step", 0) > past else {}
 
 
-def log_of(logdir: str, name: str) -> str:
-    try:
-        with open(os.path.join(logdir, "logs", name)) as fh:
-            return fh.read()
-    except FileNotFoundError:
-        return ""
 
 
 def test_each_task_is_restarted_alone_and_the_replicas_example_trains_to_the_end(short_tmp: str) -> None:

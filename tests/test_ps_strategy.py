@@ -15,20 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import committed_steps, finish, launch, raw_status, wait_for
+from conftest import committed_steps, finish, launch, wait_for
+from ps_helpers import entry, log_of
 
 pytestmark = pytest.mark.slow
 
 TARGET = "procsv.examples.ps_strategy"
 OPTS = ("--ps", "1", "--workers", "2", "--coordinator")
-
-
-def log_of(logdir: str, name: str) -> str:
-    try:
-        with open(os.path.join(logdir, "logs", name)) as fh:
-            return fh.read()
-    except FileNotFoundError:
-        return ""
 
 
 def restored(path: str) -> dict[str, np.ndarray]:
@@ -66,14 +59,6 @@ def test_the_coordinator_trains_to_the_end_and_its_checkpoint_holds_the_trained_
     np.testing.assert_allclose(got["w"], want["w"], rtol=0, atol=1e-6)
     np.testing.assert_allclose(got["b"], want["b"], rtol=0, atol=1e-6)
     assert not np.allclose(got["w"], replay(39)["w"], rtol=0, atol=1e-6)  # the comparison tells a step apart
-
-
-def entry(logdir: str, role: str) -> dict[str, Any]:
-    """``role``'s entry of ``status.json`` (``{}`` until it has one)."""
-    for p in (raw_status(logdir) or {}).get("processes", []):
-        if p["role"] == role:
-            return dict(p)
-    return {}
 
 
 def stepping(logdir: str, attempt: int, past: int) -> dict[str, Any]:
