@@ -135,12 +135,15 @@ def chief_first_step(logdir: str, attempt: int) -> Optional[dict[str, Any]]:
 
 
 def launch(logdir: str, opts: list[str], example: list[str], group: tuple[str, ...] = ("--nproc", "2"),
-           prefix: tuple[str, ...] = (), out_name: str = ".out") -> subprocess.Popen[bytes]:
+           prefix: tuple[str, ...] = (), out_name: str = ".out",
+           env: Optional[dict[str, str]] = None) -> subprocess.Popen[bytes]:
+    """``procsv launch`` of the digits example in its own session, its output in ``logdir + out_name``
+    (``env``: ``ENV`` unless given)."""
     cmd = [*prefix, sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", *group, "--logdir", logdir,
            "--quiet", *opts, "--", *example]
     with open(logdir + out_name, "wb") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=ENV, start_new_session=True,
-                                cwd=os.path.dirname(logdir))
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=ENV if env is None else env,
+                                start_new_session=True, cwd=os.path.dirname(logdir))
 
 
 def stop(proc: subprocess.Popen[bytes], grace: float = 120.0) -> Optional[int]:

@@ -35,10 +35,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # this process too: reading the events imports TensorFlow
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+from bench_group import launch, status, wait  # noqa: E402  # scripts/ is this script's folder, first on sys.path
+
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0", PYTHONUNBUFFERED="1")
 ENV.pop("PROCSV_LOGDIR", None)
 ENV.pop("PROCSV_RUNTIME_DIR", None)
@@ -48,28 +51,8 @@ EVERY_STEP = ("loss", "accuracy")  # the example logs these at every step with -
 WINDOW = 3.0  # seconds of each window (healthy; stopped before the SIGKILL)
 
 
-def wait(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
-
-
-def raw_status(logdir: str) -> dict[str, Any]:
-    try:
-        with open(os.path.join(logdir, ".procsv", "status.json")) as fh:
-            st: dict[str, Any] = json.load(fh)
-            return st
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
 def role_pid(logdir: str, role: str) -> Optional[int]:
-    for p in raw_status(logdir).get("processes", []):
+    for p in status(logdir).get("processes", []):
         if p["role"] == role:
             return int(p["pid"])
     return None
@@ -114,11 +97,9 @@ def pace(walls: list[float]) -> dict[str, float]:
 
 
 def one_run(logdir: str) -> tuple[dict[str, float], dict[str, float], list[str]]:
-    cmd = [sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", "--logdir", logdir, "--", *EXAMPLE]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
-                            start_new_session=True)
+    proc = launch(logdir, [], EXAMPLE, group=(), env=ENV)  # its output in logdir + ".out"
     try:
-        wait(lambda: raw_status(logdir).get("step", 0) > 300, 300, "training to run")
+        wait(lambda: status(logdir).get("step", 0) > 300, 300, "training to run")
         victim = wait(lambda: role_pid(logdir, "summary"), 30, "the summary service's pid")
         t_healthy = time.time()
         time.sleep(WINDOW)  # the reference window: the service healthy
@@ -133,7 +114,7 @@ def one_run(logdir: str) -> tuple[dict[str, float], dict[str, float], list[str]]
              "the new service's event file")
         time.sleep(2.0)  # what was held back is restated and written meanwhile
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=300)
+        proc.wait(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -146,7 +127,8 @@ def one_run(logdir: str) -> tuple[dict[str, float], dict[str, float], list[str]]
     scalars = read_scalars(logdir)
     wrong = check(scalars, final, proc.returncode, replaced)
     if proc.returncode != 128 + signal.SIGTERM:
-        wrong.append(err.strip()[-2000:])
+        with open(logdir + ".out", errors="replace") as fh:
+            wrong.append(fh.read().strip()[-2000:])
     walls = [w for _, w in scalars.get("loss", [])]
     healthy, down = pace([w for w in walls if t_healthy <= w < t_down]), pace([w for w in walls if t_down <= w < t_up])
     if min(healthy["steps"], down["steps"]) < 3:
