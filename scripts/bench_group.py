@@ -47,6 +47,7 @@ from procsv.common.layout import Layout
 from procsv.common.manifests import list_committed
 from procsv.common.spawn import free_ports
 from procsv.trainer.replica import wait_for_committed
+from results_table import median_spread  # scripts/ is this script's folder, first on sys.path
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
 EXAMPLE = ["--strategy", "multiworker", "--step-delay", "0.005", "--print-every-steps", "100000"]
@@ -447,7 +448,7 @@ def main() -> int:
     poll_ms = med(notice[False]) * 1000 * 30 / args.poll
 
     def cell(v: list[float], fmt: str = ".3f") -> str:
-        return f"{med(v):{fmt}} ({min(v):{fmt}}-{max(v):{fmt}})"
+        return median_spread(v, fmt)
 
     def part(key: str, rows: list[list[dict[str, float]]]) -> str:
         return cell([med([x[key] for x in rs]) for rs in rows])

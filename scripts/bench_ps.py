@@ -53,6 +53,8 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from results_table import median_spread  # scripts/ is this script's folder, first on sys.path
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAM = os.path.join(REPO, "scripts", "bench_ps_program.py")
 PS, WORKERS = 2, 3
@@ -275,7 +277,7 @@ def run_plain(work: str, delay: float) -> float:
 
 
 def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.3g} ({min(values):.3g} .. {max(values):.3g})"
+    return median_spread(values, ".3g", " .. ")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
