@@ -2,13 +2,16 @@
 
 The rules are pure and driven with the decision function's simulator; the rest with real launches
 of the digits example, real SIGKILLs (of the trainer, of the standby, several in a row), the
-lifecycle log, and the final weights compared bit for bit with an uninterrupted run.
+lifecycle log, and the final weights compared bit for bit with an uninterrupted run; a SIGUSR1 sent
+to the standby by the test (anyone but the watchdog) promotes nothing.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -111,6 +114,67 @@ def test_memory_allows_a_standby_beside_a_trainer_only_with_room_to_spare():
     assert not standby.memory_allows(4 << 30, 8 << 30)[0]  # 2 x 4 GiB + 1 GiB > 8 GiB
 
 
+# ---------------------------------------------------------------------------------------- the wait alone
+WAIT = os.path.join(PROGRAMS, "standby_wait.py")
+
+
+def _sigusr1_from_another_process(pid: int) -> int:
+    """Send ``pid`` a SIGUSR1 from a new process (a user's ``kill -USR1``); that process's pid."""
+    sender = subprocess.Popen([sys.executable, "-c", f"import os; os.kill({pid}, {int(signal.SIGUSR1)})"])
+    assert sender.wait(30) == 0
+    return sender.pid
+
+
+def _text(path: str) -> str:
+    with open(path) as fh:
+        return fh.read()
+
+
+def _waiting_standby(out: str) -> int:
+    """The standby's pid once it waits to be promoted."""
+    def pid() -> int:
+        text = _text(out)
+        return int(text.split()[1]) if "waiting to be promoted" in text else 0
+    return wait_for(pid, 30, what="the standby waiting")
+
+
+def test_a_forked_standby_is_promoted_by_its_zygotes_parent_alone(tmp_path):
+    out = str(tmp_path / "out")
+    with open(out, "w") as fh:
+        proc = subprocess.Popen([sys.executable, WAIT, "forked"], stdout=fh, stderr=subprocess.STDOUT,
+                                env=quiet_env(), start_new_session=True)
+    try:
+        pid = _waiting_standby(out)
+        other = _sigusr1_from_another_process(pid)
+        wait_for(lambda: f"procsv standby: SIGUSR1 from pid {other} ignored: a standby is promoted only by the "
+                         f"watchdog (pid {os.getpid()})" in _text(out), 30, what="the ignored line")
+        assert proc.poll() is None and "promoted from standby" not in _text(out)  # still waiting
+        os.kill(pid, signal.SIGUSR1)  # from the zygote's parent: the watchdog
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = _text(out)
+    assert "procsv: promoted from standby" in text and text.rstrip().endswith("promoted"), text
+
+
+def test_a_standby_not_forked_by_a_zygote_is_promoted_by_anyone_as_before(tmp_path):
+    out = str(tmp_path / "out")
+    with open(out, "w") as fh:
+        proc = subprocess.Popen([sys.executable, WAIT, "plain"], stdout=fh, stderr=subprocess.STDOUT,
+                                env=quiet_env(), start_new_session=True)
+    try:
+        _sigusr1_from_another_process(_waiting_standby(out))
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = _text(out)
+    assert "procsv: promoted from standby" in text and "ignored" not in text, text
+
+
 # ---------------------------------------------------------------------------------------- real runs
 def _events(logdir: str, name: str) -> list[dict]:
     return [e for e in lifecycle(logdir) if e["event"] == name]
@@ -170,7 +234,7 @@ def test_a_promoted_standby_traced_its_step_while_it_waited(logdir):
 
 
 @pytest.mark.slow
-def test_killing_the_standby_prepares_another_and_leaves_the_trainer_alone(logdir):
+def test_killing_the_standby_prepares_another_and_only_the_watchdog_promotes_it(logdir):
     proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", opts=("--standby", "hot"))
     try:
         ready = wait_for(lambda: _events(logdir, "standby_ready"), 120, what="a ready standby")[0]
@@ -181,10 +245,32 @@ def test_killing_the_standby_prepares_another_and_leaves_the_trainer_alone(logdi
         st = raw_status(logdir)
         assert st["restarts"] == 0 and wait_role_pid(logdir, "trainer") == trainer
         os.kill(trainer, 0)  # alive
+
+        # a SIGUSR1 from anyone but the watchdog (kill -USR1, scancel --signal=USR1, systemd's to every
+        # process): before, the standby took it for its promotion and trained beside the trainer
+        os.kill(again["pid"], signal.SIGUSR1)
+        ignored = f"procsv standby: SIGUSR1 from pid {os.getpid()} ignored: a standby is promoted only by the watchdog"
+        log = os.path.join(logdir, "logs", "trainer.2.log")
+        wait_for(lambda: ignored in _text(log), 30, what="the standby's line for the ignored SIGUSR1")
+        step = raw_status(logdir)["step"]
+        st = wait_for(lambda: (s := raw_status(logdir)) and s["step"] > step and s, 30, what="the trainer stepping on")
+        procs = {p["role"]: p["pid"] for p in st["processes"]}
+        assert procs["trainer"] == trainer and again["pid"] not in procs.values(), procs  # (status lists no standby)
+        assert st["restarts"] == 0 and not [e for e in _events(logdir, "spawned") if e.get("via") == "standby"]
+        os.kill(again["pid"], 0)  # still there, a standby: the last word of the events on it is its readiness
+        assert [e["event"] for e in lifecycle(logdir) if e.get("pid") == again["pid"]][-1] == "standby_ready"
+        # the watchdog's own promotion still works: that same standby replaces the killed trainer and trains
+        os.kill(trainer, signal.SIGKILL)
+        promoted = wait_for(lambda: [e for e in _events(logdir, "spawned") if e.get("via") == "standby"], 60,
+                            what="the promotion")
+        assert [(e["pid"], e["attempt"]) for e in promoted] == [(again["pid"], 2)]
+        wait_for(lambda: [e for e in _events(logdir, "first_step") if e["pid"] == again["pid"]], 60,
+                 what="the promoted standby's first step")
     finally:
         proc.send_signal(signal.SIGTERM)
         code, out, err = finish(proc)
     assert code == 128 + signal.SIGTERM, err
+    assert raw_status(logdir)["restarts"] == 1  # the watchdog's promotion alone
     assert "the standby trainer" in err  # its end was said, with a backoff
     gone = [e for e in _events(logdir, "exited") if e["pid"] in (ready["pid"], again["pid"])]
     assert len(gone) == 2  # both reaped: the second one at the end of the run, nothing left behind

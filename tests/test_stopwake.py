@@ -13,7 +13,7 @@ import time
 import psutil
 import zmq
 
-from procsv.common.stopfrom import StopSignal, obeys
+from procsv.common.stopfrom import PROMOTE, Authority, StopSignal, obeys
 from procsv.common.stopwake import StopWake
 
 from conftest import REPO, quiet_env, wait_for
@@ -101,6 +101,15 @@ def test_a_helper_obeys_its_supervisor_and_anyone_only_once_the_supervisor_is_go
     assert not obeys(StopSignal(signal.SIGTERM, sender=777), supervisor=500, supervisor_alive=True)  # the job's
     assert not obeys(StopSignal(signal.SIGINT, sender=0), supervisor=500, supervisor_alive=True)  # the kernel's
     assert obeys(StopSignal(signal.SIGTERM, sender=777), supervisor=500, supervisor_alive=False)  # nobody else will
+
+
+def test_a_standbys_promotion_is_the_watchdogs_alone_even_once_it_is_gone():
+    gone = Authority(500, "the watchdog", lambda: False)
+    assert gone.sent(StopSignal(PROMOTE, sender=500))
+    assert not gone.sent(StopSignal(PROMOTE, sender=777))  # unlike a stop, not anyone's once it is gone
+    assert not gone.sent(StopSignal(PROMOTE, sender=0))
+    assert gone.ignored_line("procsv standby", StopSignal(PROMOTE, sender=777), "a standby is promoted") == \
+        "procsv standby: SIGUSR1 from pid 777 ignored: a standby is promoted only by the watchdog (pid 500)"
 
 
 def _text(path: str) -> str:

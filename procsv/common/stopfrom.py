@@ -14,6 +14,12 @@ A Python signal handler never learns the sender, so the stop signals are blocked
 from the process's start (:func:`block`, before any thread exists: a thread inherits its creator's
 mask) and read from a ``signalfd(2)`` (:class:`SignalFd`), whose records carry the sender's pid.
 Linux only; elsewhere :func:`block` does nothing and the processes keep their plain handlers.
+
+A hot standby's promotion (:data:`PROMOTE`, SIGUSR1) is read the same way: the zygote forks a
+standby with it blocked too, and the standby's wait obeys it only from the watchdog
+(:meth:`Authority.sent`: not even once the watchdog is gone, for there is then no run to train
+for), so that a ``kill -USR1``, ``scancel --signal=USR1`` or systemd's signal to every process of
+the job never starts a second trainer beside the one it stands by for.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Callable, Optional, Sequence
 from procsv.common import env
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+PROMOTE = signal.SIGUSR1  # the watchdog's to a hot standby: become the trainer (procsv.trainer.standby.wait)
 _SIGSET_WORDS = 1024 // (8 * ctypes.sizeof(ctypes.c_ulong))
 _SFD_NONBLOCK = os.O_NONBLOCK
 _SFD_CLOEXEC = os.O_CLOEXEC
@@ -37,7 +44,8 @@ _INFO_HEAD = struct.Struct("=IiiII")  # ssi_signo, ssi_errno, ssi_code, ssi_pid,
 
 @dataclass(frozen=True)
 class StopSignal:
-    """One stop signal as the kernel recorded it: its number and the pid that sent it (0: the kernel)."""
+    """One signal as the kernel recorded it (a stop signal, or a standby's :data:`PROMOTE`): its number
+    and the pid that sent it (0: the kernel)."""
 
     signum: int
     sender: int
@@ -72,38 +80,50 @@ class Authority:
     def obeys(self, sig: StopSignal) -> bool:
         return obeys(sig, self.pid, self.alive())
 
+    def sent(self, sig: StopSignal) -> bool:
+        """Whether this process itself sent ``sig`` (pure): what a promotion needs, from no one else even
+        once it is gone."""
+        return sig.sender == self.pid
+
     def left_line(self, who: str, sig: StopSignal) -> str:
         """The log line for a stop signal left to the supervisor."""
         sender = "the kernel" if sig.sender == 0 else f"pid {sig.sender}"
         return (f"{who}: {sig.name} from {sender} left to {self.title} (pid {self.pid}), which stops this process "
                 "when the run has stopped in order")
 
+    def ignored_line(self, who: str, sig: StopSignal, what: str) -> str:
+        """The log line for a signal ignored because it did not come from this process (``what`` it
+        would have done)."""
+        sender = "the kernel" if sig.sender == 0 else f"pid {sig.sender}"
+        return f"{who}: {sig.name} from {sender} ignored: {what} only by {self.title} (pid {self.pid})"
 
-def block() -> bool:
-    """Block the stop signals in the calling thread, and so in every thread it creates from now on;
-    True if they are blocked (False where ``pthread_sigmask`` is missing)."""
+
+def block(signals: Sequence[int] = STOP_SIGNALS) -> bool:
+    """Block ``signals`` (the stop signals) in the calling thread, and so in every thread it creates
+    from now on; True if they are blocked (False where ``pthread_sigmask`` is missing)."""
     try:
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     except (AttributeError, OSError):
         return False
     return True
 
 
-def unblock() -> None:
-    """Deliver the stop signals to the calling thread's handlers again."""
+def unblock(signals: Sequence[int] = STOP_SIGNALS) -> None:
+    """Deliver ``signals`` (the stop signals) to the calling thread's handlers again."""
     try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
     except (AttributeError, OSError):
         pass
 
 
-def blocked() -> bool:
-    """Whether the calling thread has the stop signals blocked (:func:`block` ran at the start)."""
+def blocked(signals: Sequence[int] = STOP_SIGNALS) -> bool:
+    """Whether the calling thread has ``signals`` (the stop signals: :func:`block` ran at the start)
+    blocked."""
     try:
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     except (AttributeError, OSError):
         return False
-    return all(s in mask for s in STOP_SIGNALS)
+    return all(s in mask for s in signals)
 
 
 class SignalFd:

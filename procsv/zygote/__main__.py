@@ -16,7 +16,8 @@ it stops only when its parent (the watchdog, or a node agent) says so or is gone
 blocked from the start and read with its sender (:mod:`procsv.common.stopfrom`); one sent to every
 process of the job at once is left to the watchdog, which stops the trainer in order (its emergency
 checkpoint first). A forked trainer gets the signals unblocked again; a hot standby keeps them
-blocked until its wait reads them (:mod:`procsv.trainer.standby.wait`).
+blocked, and is forked with its promotion (SIGUSR1) blocked as well, until its wait reads them with
+their senders (:mod:`procsv.trainer.standby.wait`: it is promoted only by the watchdog).
 """
 
 from __future__ import annotations
@@ -107,12 +108,18 @@ def _reap(rep_fd: int) -> None:
 
 
 def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...]) -> None:
+    # a standby is forked with its promotion blocked too, so that it reads one with its sender in its
+    # wait (from its first instant: no SIGUSR1 from anyone ends or promotes it meanwhile)
+    promotion = (stopfrom.PROMOTE,) if req.env.get(env.STANDBY) == "1" else ()
+    stopfrom.block(promotion)
     try:
         pid = os.fork()
     except OSError as exc:
+        stopfrom.unblock(promotion)
         write_framed(rep_fd, ForkReply(req.attempt, 0, f"fork failed: {exc}", req.rank))
         return
     if pid:
+        stopfrom.unblock(promotion)
         write_framed(rep_fd, ForkReply(req.attempt, pid, None, req.rank))
         return
     code = 70

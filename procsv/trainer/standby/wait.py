@@ -5,14 +5,18 @@ Runs in the trainer process, in the main thread, inside the first Supervisor's
 forked this process from the zygote while another trainer trains (:mod:`procsv.watchdog.rules.standby`).
 By then the program has done everything before that call: its module is imported, its data
 loaded, its model and optimizer built, its Supervisor created. The standby tells the watchdog
-(:class:`StandbyReady`) and waits for SIGUSR1, with no thread, no socket and no CPU spent (all its
-preparation ran at idle CPU priority where that can be undone: :mod:`procsv.trainer.standby.priority`); the
-watchdog's SIGTERM ends it at once (exit 0: it has nothing to save). A SIGTERM/SIGINT from anyone
-else (Slurm's or systemd's to every process of the job at once) is left to the watchdog while it
-lives, so that the run ends as a stop of the watchdog alone ends it: the zygote forks a standby
-with the stop signals blocked (:mod:`procsv.common.stopfrom`), and the wait reads them with their
-senders; at the promotion they are unblocked, and one still pending reaches the trainer's stop
-handlers like any stop of a trainer. Promoted, it goes on exactly as a trainer that
+(:class:`StandbyReady`) and waits for the watchdog's SIGUSR1, with no thread, no socket and no CPU spent
+(all its preparation ran at idle CPU priority where that can be undone:
+:mod:`procsv.trainer.standby.priority`); the watchdog's SIGTERM ends it at once (exit 0: it has
+nothing to save). A SIGTERM/SIGINT from anyone else (Slurm's or systemd's to every process of the
+job at once) is left to the watchdog while it lives, so that the run ends as a stop of the watchdog
+alone ends it; a SIGUSR1 from anyone else (``kill -USR1``, ``scancel --signal=USR1``) is ignored,
+with a line in the log naming its sender: promoted by anyone, the standby would train beside the
+trainer it stands by for. The zygote forks a standby with the stop signals and SIGUSR1 blocked
+(:mod:`procsv.common.stopfrom`), and the wait reads them with their senders; at the promotion a
+SIGUSR1 still pending is read (and ignored), the signals are unblocked, and a stop signal still
+pending reaches the trainer's stop handlers like any stop of a trainer. A standby not forked with
+them blocked takes a SIGUSR1 from anyone, as it always did. Promoted, it goes on exactly as a trainer that
 just reached this point: it connects to the services, asks for the dead trainer's in-memory
 snapshot, restores, and trains. What the program did before (printing, opening files) it did
 when the standby was prepared, not at the promotion.
@@ -25,7 +29,7 @@ import select
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, Optional
 
 import psutil
 import zmq
@@ -37,15 +41,17 @@ from procsv.ipc.transport import make_socket, send
 from procsv.trainer import outcome
 from procsv.trainer.standby import priority
 
+
 def is_standby() -> bool:
     return os.environ.get(env.STANDBY) == "1"
 
 
 def wait_for_promotion(ctx: ChildContext) -> None:
-    """Block until SIGUSR1 (promotion); exit 0 on SIGTERM. Afterwards this process is no standby."""
+    """Block until the watchdog's SIGUSR1 (promotion); exit 0 on its SIGTERM. Afterwards this process is
+    no standby."""
     promoted = False
 
-    def on_promote(signum: int, frame: Any) -> None:
+    def on_promote(signum: int, frame: Any) -> None:  # only where SIGUSR1 is not blocked (_Senders)
         nonlocal promoted
         promoted = True
 
@@ -54,11 +60,11 @@ def wait_for_promotion(ctx: ChildContext) -> None:
     old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
     old_usr1 = signal.signal(signal.SIGUSR1, on_promote)
     old_term = signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))  # unless blocked (below)
-    senders = _stop_senders()
+    senders = _Senders.open()
     if outcome.early_stop_signal() is not None:
         os._exit(0)  # the run ended while this standby was still getting ready
     if senders is not None:
-        _take_stop_signals(*senders)  # one that came while it was getting ready
+        senders.take_stops()  # one that came while it was getting ready
     prepared = max(0.0, time.time() - psutil.Process().create_time())
     if ctx.supervised:
         zctx: zmq.Context[Any] = zmq.Context()
@@ -69,14 +75,16 @@ def wait_for_promotion(ctx: ChildContext) -> None:
         zctx.term()
     print(f"procsv: standby ready after {prepared:.2f} s; waiting to be promoted", flush=True)
     waited = time.monotonic()
-    watched = [r] + ([senders[0].fileno()] if senders is not None else [])
+    watched = [r] + (senders.fds() if senders is not None else [])
     try:
         while not promoted:
             ready, _, _ = select.select(watched, [], [], 5.0)
             if r in ready:
                 os.read(r, 512)  # the signal numbers: their handlers have run
-            if senders is not None and not promoted and senders[0].fileno() in ready:
-                _take_stop_signals(*senders)
+            if senders is not None:
+                promoted = promoted or senders.take_promotion()
+                if not promoted:
+                    senders.take_stops()
     finally:
         signal.set_wakeup_fd(old_wakeup)
         signal.signal(signal.SIGUSR1, old_usr1)
@@ -84,34 +92,71 @@ def wait_for_promotion(ctx: ChildContext) -> None:
         os.close(r)
         os.close(w)
         if senders is not None:  # now a trainer: a stop signal still pending goes to its handlers
-            senders[0].close()
-            stopfrom.unblock()
+            senders.close()
     os.environ[env.STANDBY] = "0"
     priority.restore()  # back to normal CPU priority, every thread (a no-op if it was never lowered)
     print(f"procsv: promoted from standby (waited {time.monotonic() - waited:.1f} s)", file=sys.stderr, flush=True)
 
 
-def _stop_senders() -> "tuple[stopfrom.SignalFd, stopfrom.Authority] | None":
-    """The stop signals with their senders, when the zygote forked this standby with them blocked;
-    the authority is the watchdog, the zygote's parent (the standby dies with the zygote, which dies
+class _Senders:
+    """The signals a standby forked by the zygote has blocked, read with their senders: the stop
+    signals (the watchdog's, or anyone's once it is gone, end the wait) and SIGUSR1 (the watchdog's
+    alone promotes). The watchdog is the zygote's parent (the standby dies with the zygote, which dies
     with the watchdog: while the zygote is this process's parent, the watchdog lives)."""
-    if not stopfrom.blocked():
-        return None  # not forked by a zygote: SIGTERM ends the wait from anyone, as it always did
-    zygote = os.getppid()
-    try:
-        watchdog = psutil.Process(zygote).ppid()
-    except psutil.Error:
-        watchdog = 0
-    sfd = stopfrom.SignalFd.open() if watchdog else None
-    if sfd is None:  # no way to read the senders: the handlers take any stop signal again
-        stopfrom.unblock()
-        return None
-    return sfd, stopfrom.Authority(watchdog, "the watchdog", lambda: os.getppid() == zygote)
 
+    def __init__(self, stops: stopfrom.SignalFd, promotions: Optional[stopfrom.SignalFd],
+                 watchdog: stopfrom.Authority) -> None:
+        self.stops = stops
+        self.promotions = promotions
+        self.watchdog = watchdog
 
-def _take_stop_signals(sfd: stopfrom.SignalFd, authority: stopfrom.Authority) -> None:
-    """Exit 0 on a stop signal the watchdog sent (or anyone's once it is gone); say so for another."""
-    for sig in sfd.read():
-        if authority.obeys(sig):
-            os._exit(0)
-        print(authority.left_line("procsv standby", sig), flush=True)
+    @staticmethod
+    def open() -> "Optional[_Senders]":
+        """None where the stop signals are not blocked (not forked by a zygote: a SIGTERM ends the wait
+        from anyone, as it always did) or their senders cannot be read (then they are unblocked, and
+        SIGUSR1 too: the handlers take them from anyone again). A SIGUSR1 that is not blocked is left
+        to its handler."""
+        if not stopfrom.blocked():
+            stopfrom.unblock((stopfrom.PROMOTE,))
+            return None
+        zygote = os.getppid()
+        try:
+            watchdog = psutil.Process(zygote).ppid()
+        except psutil.Error:
+            watchdog = 0
+        stops = stopfrom.SignalFd.open() if watchdog else None
+        if stops is None:
+            stopfrom.unblock(stopfrom.STOP_SIGNALS + (stopfrom.PROMOTE,))
+            return None
+        promotions = stopfrom.SignalFd.open((stopfrom.PROMOTE,)) if stopfrom.blocked((stopfrom.PROMOTE,)) else None
+        if promotions is None:
+            stopfrom.unblock((stopfrom.PROMOTE,))
+        return _Senders(stops, promotions, stopfrom.Authority(watchdog, "the watchdog", lambda: os.getppid() == zygote))
+
+    def fds(self) -> list[int]:
+        return [self.stops.fileno()] + ([self.promotions.fileno()] if self.promotions is not None else [])
+
+    def take_stops(self) -> None:
+        """Exit 0 on a stop signal the watchdog sent (or anyone's once it is gone); say so for another."""
+        for sig in self.stops.read():
+            if self.watchdog.obeys(sig):
+                os._exit(0)
+            print(self.watchdog.left_line("procsv standby", sig), flush=True)
+
+    def take_promotion(self) -> bool:
+        """Whether a pending SIGUSR1 came from the watchdog; says so in the log for anyone else's."""
+        promoted = False
+        for sig in self.promotions.read() if self.promotions is not None else []:
+            if self.watchdog.sent(sig):
+                promoted = True
+            else:
+                print(self.watchdog.ignored_line("procsv standby", sig, "a standby is promoted"), flush=True)
+        return promoted
+
+    def close(self) -> None:
+        """Read a SIGUSR1 still pending (delivered, it would end the trainer), then unblock the signals."""
+        self.take_promotion()
+        self.stops.close()
+        if self.promotions is not None:
+            self.promotions.close()
+        stopfrom.unblock(stopfrom.STOP_SIGNALS + (stopfrom.PROMOTE,))
