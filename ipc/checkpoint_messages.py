@@ -77,7 +77,9 @@ class SaveData(Message):
     answers :class:`SnapshotHeld`; it writes it to disk only if the trainer dies. ``meta_graph``
     (graph mode): one more frame, last, a serialized ``MetaGraphDef`` the service writes as
     ``<prefix>.meta`` beside the checkpoint (TF's ``Saver.save(write_meta_graph=True)``), committed
-    and retired with it.
+    and retired with it. Every disk snapshot of a graph program carries it; an in-memory one only
+    until the service said it holds this trainer's (:class:`SnapshotHeld` ``meta_graph``): the
+    service keeps the last one each trainer sent and writes it with a held snapshot that came without.
     """
 
     KIND: ClassVar[str] = "save_data"
@@ -106,10 +108,14 @@ class SaveResult(Message):
 
 @dataclass(frozen=True)
 class SnapshotHeld(Message):
-    """Checkpoint service -> trainer: it now holds the in-memory snapshot of ``step`` (its newest)."""
+    """Checkpoint service -> trainer: it now holds the in-memory snapshot of ``step`` (its newest).
+    ``meta_graph``: with this trainer's ``MetaGraphDef`` (the one it sent last, with this snapshot
+    or an earlier one), which a commit of the snapshot writes as ``<prefix>.meta``; False tells a
+    graph program's trainer to send it again (a restarted service has none)."""
 
     KIND: ClassVar[str] = "snapshot_held"
     step: int
+    meta_graph: bool = False
 
 
 @dataclass(frozen=True)

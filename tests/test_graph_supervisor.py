@@ -239,6 +239,46 @@ def test_a_graph_mlp_killed_at_random_moments_ends_bit_equal_to_a_plain_session_
     assert _bit_equal(_plain_restore(latest), plain)
 
 
+def test_the_checkpoint_committed_from_memory_at_a_kill_has_the_meta_graph_that_restores_it(short_tmp):
+    """Under procsv launch with the in-memory tier on (its default share, said explicitly), the
+    graph MLP saves to disk only every 600 s; SIGKILLed once the checkpoint service has held two
+    in-memory snapshots (the second sent without the MetaGraphDef, which the first carried), the
+    service commits the newest: it is the newest checkpoint (tf.train.latest_checkpoint), of reason
+    memory, with its <prefix>.meta as TF's Saver writes it, whose meta graph, imported into a fresh
+    graph, restores it (its global step) with its Saver."""
+    import signal
+
+    from conftest import finish, launch, quiet_env, wait_for, wait_role_pid
+    from procsv.common.layout import Layout, read_json
+
+    logdir = os.path.join(short_tmp, "run")
+    stats = Layout(logdir).checkpoint_stats
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TRAIN,
+                  env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0.01"))
+    try:
+        wait_for(lambda: ((read_json(stats) or {}).get("memory") or {}).get("held", 0) >= 2, 120,
+                 what="two in-memory snapshots held by the checkpoint service")
+        import tensorflow as tf
+
+        before = tf.train.latest_checkpoint(logdir)  # (none: no disk checkpoint within 600 s)
+        os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
+        latest = wait_for(lambda: tf.train.latest_checkpoint(logdir) not in (None, before) and
+                          tf.train.latest_checkpoint(logdir), 120, what="the held snapshot's commit")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, _, err = finish(proc)
+    step = int(latest.rsplit("-", 1)[1])
+    manifest = read_json(os.path.join(logdir, ".procsv", "checkpoints", f"model.ckpt-{step}.json"))
+    assert manifest["reason"] == "memory", err[-3000:]
+    assert os.path.basename(latest) + ".meta" in manifest["files"]
+    with tf.Graph().as_default():
+        saver = tf.compat.v1.train.import_meta_graph(latest + ".meta")
+        with tf.compat.v1.Session() as sess:
+            saver.restore(sess, latest)
+            assert int(sess.run(tf.compat.v1.train.get_global_step())) == step > 0
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+
+
 def test_a_run_is_a_step_when_it_writes_the_global_step_on_the_sessions_thread(tmp_path):
     """sv.step after each run: reads (loss, the global step, a variable) are no steps; the train op
     fetched alone, in a list, a dict, by name or inside a group is; a step made by another thread is

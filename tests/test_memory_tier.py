@@ -256,6 +256,39 @@ def test_a_snapshot_after_the_optimizer_built_its_variables_holds_them(tmp_path)
         assert {t.key for t in msg.tensors} == want, (msg.step, msg.persist)
 
 
+class _HoldingMeta(_Service):
+    """A service that says, with each acknowledgment, whether it holds the trainer's MetaGraphDef."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames: list[list[object]] = []
+        self.holds_meta = True
+
+    def send_snapshot(self, msg: SaveData, frames: list[object]) -> bool:
+        self.frames.append(list(frames))
+        return super().send_snapshot(msg, frames)
+
+    def poll_checkpoint(self) -> list[object]:
+        return [SnapshotHeld(self.sent[-1].step, self.holds_meta)] if self.sent else []
+
+
+def test_a_graph_trainer_sends_its_meta_graph_with_in_memory_snapshots_only_until_the_service_holds_it(tmp_path):
+    """The first in-memory snapshot of a graph program carries its MetaGraphDef (the last frame);
+    once the service says it holds it, the next ones do not; when a service says it holds none (a
+    restarted one), the next carries it again, and then no more."""
+    svc = _HoldingMeta()
+    agent, ch = _tiered_agent(tmp_path, svc)
+    agent.meta_graph = b"the MetaGraphDef"
+    for step in (1, 2, 3, 4, 5):
+        svc.holds_meta = step != 3
+        assert agent.memory_snapshot(ch, step)
+        svc.t += 1.0
+        agent.poll(ch, step, svc.t)  # reads the acknowledgment
+    assert [m.meta_graph for m in svc.sent] == [True, False, False, True, False]
+    assert [f[-1] == b"the MetaGraphDef" for f in svc.frames] == [True, False, False, True, False]
+    assert all(len(f) == len(svc.frames[1]) + m.meta_graph for f, m in zip(svc.frames, svc.sent))
+
+
 def test_a_snapshot_cost_never_credits_a_step_faster_than_typical():
     charge = memory_tier.Charge(step=5, spent=0.002, ended=1.0, reused=True, typical=0.0004)
     assert memory_tier.snapshot_cost(charge, next_step_secs=0.0001, ack_reads=0.0) == pytest.approx(0.002)

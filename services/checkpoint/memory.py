@@ -9,10 +9,18 @@ small frames, and its pinned mapping, which outlives the trainer) and answers
 trainer dies, or a restarted trainer asks (:class:`RecoverQuery`) before restoring, the held
 snapshot is committed like any checkpoint (reason ``memory``) if it is newer than every committed
 one (:func:`persist_decision`) and its slot header says its copy was whole.
+
+A graph program's trainer sends its ``MetaGraphDef`` (one more frame) with every disk snapshot
+but with an in-memory one only until the service says it holds it: the service keeps the last one
+a trainer sent (:class:`KeptMetaGraph`, by the trainer's connection) and adds it to that trainer's
+in-memory snapshots that come without (:func:`with_kept_meta_graph`), so that a commit of one has
+its ``<prefix>.meta`` as a disk snapshot's has. A new trainer (a restart, perhaps of another
+graph) is a new connection: it never gets a dead trainer's graph, and sends its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 from dataclasses import dataclass
@@ -31,6 +39,32 @@ class HeldSnapshot:
     view: Optional[ArenaView]
     identity: bytes  # the ZeroMQ identity of the trainer that sent it
     pid: Optional[int]  # that trainer's pid, from its CheckpointSetup (None: not known yet)
+
+
+@dataclass(frozen=True)
+class KeptMetaGraph:
+    """The ``MetaGraphDef`` frame a trainer (graph mode) sent last, and that trainer's identity."""
+
+    identity: bytes  # the ZeroMQ identity of the trainer's connection
+    frame: Any
+
+
+def kept_meta_graph(msg: SaveData, payload: list[Any], identity: bytes,
+                    kept: Optional[KeptMetaGraph]) -> Optional[KeptMetaGraph]:
+    """What the service keeps after ``msg`` from ``identity``: the ``MetaGraphDef`` it carries
+    (its last frame), else what it kept before."""
+    if msg.meta_graph and payload:
+        return KeptMetaGraph(identity, payload[-1])
+    return kept
+
+
+def with_kept_meta_graph(msg: SaveData, payload: list[Any], identity: bytes,
+                         kept: Optional[KeptMetaGraph]) -> tuple[SaveData, list[Any]]:
+    """``msg`` with the ``MetaGraphDef`` its trainer sent before (as the last frame), if it came
+    without and the one kept is that trainer's; else as it is."""
+    if msg.meta_graph or kept is None or kept.identity != identity:
+        return msg, payload
+    return dataclasses.replace(msg, meta_graph=True), [*payload, kept.frame]
 
 
 class TrainerLife:

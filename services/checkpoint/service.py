@@ -58,7 +58,8 @@ from procsv.common.stopwake import StopWake
 from procsv.common.errors import CheckpointError
 from procsv.common.manifests import Manifest, list_committed
 from procsv.services.checkpoint.arena import ArenaCache
-from procsv.services.checkpoint.memory import HeldSnapshot, TrainerLife, persist_decision
+from procsv.services.checkpoint.memory import (HeldSnapshot, KeptMetaGraph, TrainerLife, kept_meta_graph,
+                                               persist_decision, with_kept_meta_graph)
 from procsv.services.checkpoint.policy import save_due
 from procsv.services.checkpoint.settings import CheckpointSettings, load as load_settings, store as store_settings
 from procsv.services.checkpoint.deletions import Deletions
@@ -108,6 +109,7 @@ class CheckpointService:
         self.memory: Optional[HeldSnapshot] = None
         self.life: Optional[TrainerLife] = None
         self.recovered: Optional[RecoverReply] = None
+        self.meta_graph: Optional[KeptMetaGraph] = None  # graph mode: the MetaGraphDef a trainer sent last
         self.rejections = Rejections("procsv checkpoint", os.path.relpath(ctx.layout.checkpoint_stats, ctx.layout.logdir), _say)
         self._stats_written: Optional[tuple[int, int]] = None  # (rejections, snapshots held) last written
         self.held_count = 0  # in-memory snapshots held by this process
@@ -238,6 +240,7 @@ class CheckpointService:
         elif isinstance(msg, SaveData) and not msg.persist:
             self._hold(msg, payload, identity)
         elif isinstance(msg, SaveData):
+            self.meta_graph = kept_meta_graph(msg, payload, identity, self.meta_graph)
             self.trainer = identity
             self.last_received = msg.step
             if self.memory is not None and self.memory.msg.step <= msg.step:
@@ -261,7 +264,10 @@ class CheckpointService:
 
     # ------------------------------------------------------------------ the in-memory tier
     def _hold(self, msg: SaveData, payload: list[Any], identity: bytes) -> None:
-        """Keep ``msg`` (an in-memory snapshot) as the newest, releasing the one held before."""
+        """Keep ``msg`` (an in-memory snapshot) as the newest, releasing the one held before; with
+        its trainer's ``MetaGraphDef`` (graph mode), whether it came with it or before."""
+        self.meta_graph = kept_meta_graph(msg, payload, identity, self.meta_graph)
+        msg, payload = with_kept_meta_graph(msg, payload, identity, self.meta_graph)
         try:
             view = self.arenas.get(msg.arena) if msg.arena is not None else None
         except CheckpointError as exc:
@@ -274,7 +280,7 @@ class CheckpointService:
         self.trainer = identity
         self.held_count += 1
         self.held_steps = (self.held_steps[0] if self.held_steps else msg.step, msg.step)
-        self._reply(SnapshotHeld(msg.step))
+        self._reply(SnapshotHeld(msg.step, msg.meta_graph))
 
     def _release_memory(self, why: str) -> None:
         if self.memory is not None and why:

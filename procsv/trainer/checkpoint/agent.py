@@ -207,7 +207,7 @@ class CheckpointAgent(MemoryTierMethods):
             elif isinstance(msg, SaveResult):
                 self._on_result(msg)
             elif isinstance(msg, SnapshotHeld):
-                self.store.slots.acknowledged(msg.step)
+                self.memory_held(msg)
         wait = READ_IDLE
         if self.in_flight is not None:
             wait = READ_EVERY

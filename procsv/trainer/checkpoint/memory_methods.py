@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from procsv.ipc.messages import SaveData, SaveReason
+from procsv.ipc.messages import SaveData, SaveReason, SnapshotHeld
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint import memory_tier
 from procsv.trainer.checkpoint.snapshot_store import SnapshotStore
@@ -43,6 +43,9 @@ class MemoryTierMethods:
     _disk_cost: Optional[float]
     _disk_gap: Optional[float]
     _disk_at: Optional[float]
+    meta_graph: Optional[bytes]  # graph mode: the serialized MetaGraphDef (CheckpointAgent's)
+    _meta_sent: Optional[bytes] = None  # the MetaGraphDef last sent with an in-memory snapshot
+    _meta_held: Optional[bytes] = None  # ... once the service said it holds it (SnapshotHeld), until it says not
 
     def _answer_awaited(self, at: float) -> None:
         raise NotImplementedError  # CheckpointAgent's
@@ -87,8 +90,12 @@ class MemoryTierMethods:
         arena = self.store.ref_of(snap)
         self.memory_at, self.memory_step = ch.clock(), step
         self.memory_taken += 1
-        self._waiting = (SaveData(step, SaveReason.MEMORY, self.basename, snap.specs, arena, slot, False),
-                         list(snap.frames))
+        # graph mode: the MetaGraphDef only until the service holds it (it adds it to the ones without)
+        meta = self.meta_graph if self.meta_graph is not self._meta_held else None
+        if meta is not None:
+            self._meta_sent = meta
+        self._waiting = (SaveData(step, SaveReason.MEMORY, self.basename, snap.specs, arena, slot, False,
+                                  meta is not None), list(snap.frames) if meta is None else [*snap.frames, meta])
         self.store.slots.wait_to_send(slot, step)
         self._uncharged = reuse
         return self.release_memory(ch, unwritten_from)
@@ -120,6 +127,12 @@ class MemoryTierMethods:
                 typical = (start - self._normal_from[0]) / (step - self._normal_from[1])
             self._charge = memory_tier.Charge(step, end - start, end, self._uncharged, typical)
             self._uncharged = None
+
+    def memory_held(self, msg: SnapshotHeld) -> None:
+        """The service holds the in-memory snapshot of ``msg.step``; with our MetaGraphDef or not
+        (a restarted service has none: the next snapshot carries it again)."""
+        self.store.slots.acknowledged(msg.step)
+        self._meta_held = self._meta_sent if msg.meta_graph else None
 
     def waiting(self) -> bool:
         """An in-memory snapshot is copied and waits for its summaries (see :meth:`release_memory`)."""
