@@ -125,7 +125,9 @@ def test_a_held_snapshot_sent_without_the_meta_graph_is_committed_with_its_train
         assert second.hold(18, None).meta_graph
         second.die()
         wait_for(lambda: committed_steps(logdir) == [18], 60, what=f"the second commit and the first's retirement\n{log()}")
-        assert _metas(logdir) == {"model.ckpt-18.meta": b"graph of the second trainer"}
+        # (the retired manifest goes first, its files after it)
+        wait_for(lambda: _metas(logdir) == {"model.ckpt-18.meta": b"graph of the second trainer"}, 60,
+                 what=f"the retired checkpoint's .meta to be deleted with it\n{log()}")
     finally:
         for trainer in trainers:
             trainer.close()
