@@ -14,7 +14,7 @@ import tensorflow as tf
 from conftest import quiet_env
 from procsv.ipc.messages import TensorSpec
 from procsv.trainer.nonfinite.losses import LossWatch
-from procsv.trainer.nonfinite.policy import OnNonfinite, RestoreBound, SkipBudget, parse
+from procsv.trainer.nonfinite.policy import OnNonfinite, RestoreBound, SkipBudget, in_place_refusal, parse
 from procsv.trainer.nonfinite.scan import Rules, nonfinite_keys
 
 
@@ -31,6 +31,16 @@ def test_the_skip_bound_counts_skips_within_the_window_ending_at_the_step():
         SkipBudget(max_skips=-1)
     with pytest.raises(ValueError, match="skip_window must be >= 1, not 0"):
         SkipBudget(skip_window=0)
+
+
+def test_a_member_of_a_mirrored_trainer_group_cannot_roll_back_in_place_a_single_trainer_or_a_ps_task_can():
+    assert in_place_refusal(1, 0) == ""  # a single trainer
+    assert in_place_refusal(1, 2) == "" and in_place_refusal(3, 2) == ""  # --ps: not a mirrored group (left as it was)
+    why = in_place_refusal(2, 0)
+    assert why.startswith("rollback in place is not available in a trainer group (2 members under "
+                          "MultiWorkerMirroredStrategy")
+    assert "--on-nonfinite continue" in why and "fix the input and relaunch" in why
+    assert "(8 members" in in_place_refusal(8, 0)
 
 
 def test_a_snapshot_that_turns_non_finite_within_10_steps_of_each_of_3_restores_is_diverging():

@@ -15,6 +15,12 @@ discarded, :mod:`.inputs`; with the input a function of the step there is nothin
 variable changes, and the step count advances past it. More than ``max_skips`` skips within ``skip_window`` steps, a poisoned state without a
 known bad step (only the weights were non-finite), or no finite state before B stop training with
 exit code 4 instead.
+
+In a trainer group (``procsv launch --nproc N``, MultiWorkerMirroredStrategy: each member holds its
+own copy of the variables and every step is a collective) ``rollback`` does not restore in place:
+only the chief checks, and a chief that restored and replayed alone would train out of lock with
+the others. It stops in order with exit code 4 instead, as ``stop`` does, saying why
+(:func:`~procsv.trainer.nonfinite.policy.in_place_refusal`).
 """
 
 from __future__ import annotations
@@ -23,12 +29,13 @@ import os
 import sys
 from typing import Any, Callable, Optional, Sequence
 
+from procsv import cluster
 from procsv.common import env
 from procsv.ipc.messages import RestoreSource, SessionLogEvent, SessionStatus
 from procsv.trainer.checkpoint import memory_restore
 from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
-from procsv.trainer.nonfinite import inputs, notices, scan
+from procsv.trainer.nonfinite import inputs, notices, policy, scan
 from procsv.trainer.nonfinite.errors import NonFiniteState
 from procsv.trainer.nonfinite.policy import OnNonfinite
 from procsv.trainer.nonfinite.watch import NonfiniteWatch
@@ -55,6 +62,10 @@ class NonfiniteMethods:
         """Watch this Supervisor's losses and snapshots (:mod:`procsv.trainer.nonfinite`); every
         checkpoint agent it makes, this session's and later ones', checks its snapshots."""
         self._nonfinite = NonfiniteWatch(on_nonfinite, tags, ignore)
+        spec = cluster.tf_config().get("cluster")
+        spec = spec if isinstance(spec, dict) else {}
+        members = max(cluster.nproc(), len(spec.get("worker") or ()) + len(spec.get("chief") or ()))
+        self._nonfinite.group_refusal = policy.in_place_refusal(members, cluster.ps_tasks() + len(spec.get("ps") or ()))
         if os.environ.get(env.NONFINITE_CHECK, "").strip().lower() in ("0", "off", "no", "false"):
             return  # no detection at all: no loss kept, no snapshot scanned (what it costs: scripts/bench_nonfinite.py)
         self._state.losses = self._nonfinite.losses
@@ -96,6 +107,8 @@ class NonfiniteMethods:
         retried once already, its skip). Returns "" if rolled back, else why it cannot be (the
         skip bound, or the snapshot bound of :class:`~procsv.trainer.nonfinite.policy.RestoreBound`)."""
         watch, agent, ch = self._nonfinite, self._ckpt, self._channels
+        if watch.group_refusal:
+            return watch.group_refusal
         if bad_step is None:
             return "only the weights were found non-finite, at a snapshot: the step that made them so is not known"
         if agent is None or ch is None:

@@ -6,6 +6,7 @@ on (procsv only never commits a poisoned state). :class:`SkipBudget` is the boun
 more than ``max_skips`` within ``skip_window`` steps stops the run with exit code 4.
 :class:`RestoreBound` is the other bound: a snapshot that turns non-finite within
 :data:`RESTORE_WINDOW` steps of each of :data:`RESTORE_LIMIT` restores stops it too.
+:func:`in_place_refusal` says why a member of a trainer group cannot roll back in place.
 """
 
 from __future__ import annotations
@@ -36,6 +37,20 @@ def parse(value: Optional[str], default: OnNonfinite) -> OnNonfinite:
         return OnNonfinite(value)
     except ValueError:
         raise ValueError(f"on_nonfinite must be one of rollback, stop, continue, not {value!r}") from None
+
+
+def in_place_refusal(members: int, ps: int) -> str:
+    """Why ``rollback`` cannot restore in place in a trainer of a group of ``members`` trainers with
+    ``ps`` parameter servers ("" if it can: a single trainer; a ``--ps`` task is left as it was, its
+    variables are not mirrored). In a MultiWorkerMirroredStrategy group every member holds its own copy of
+    the variables and every step is a collective: a chief that restored and replayed alone would
+    train out of lock with the others (members on different states, or a hang in a collective)."""
+    if members <= 1 or ps > 0:
+        return ""
+    return (f"rollback in place is not available in a trainer group ({members} members under "
+            "MultiWorkerMirroredStrategy: one member restoring and replaying alone would train out of lock with "
+            "the others); relaunch with --on-nonfinite continue to train on, or fix the input and relaunch: the "
+            "group resumes from the newest committed checkpoint")
 
 
 @dataclass

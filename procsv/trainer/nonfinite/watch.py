@@ -55,6 +55,7 @@ class NonfiniteWatch:
         # a program whose loop cannot go back (Keras fit) replays the restored steps itself: why it
         # cannot ("" if it can), and what it does when a step is restored or skipped
         self.replay_unsupported = ""
+        self.group_refusal = ""  # why a member of a trainer group cannot roll back in place ("" if it can)
         self.on_restored: list[Callable[[int], None]] = []
         self.on_skipped: list[Callable[[int], None]] = []
         self.refusals = 0
