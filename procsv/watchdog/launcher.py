@@ -17,8 +17,9 @@ child is left. Its collaborators own the rest: the sockets, poller and signal wa
 left-behind processes and the logdir's identity (:mod:`procsv.watchdog.housekeeping`), and
 every output (:mod:`procsv.watchdog.publish.reporting`).
 
-The PULL socket takes only what children send the watchdog (``Hello``, ``TrainerReady``,
-``Progress``, ``SaveResult``); anything else, malformed or of another schema version, is refused
+The PULL socket takes only what children send the watchdog (:data:`ACCEPT`: ``Hello``,
+``TrainerReady``, ``Progress``, ``SaveResult``, the overdue notices, ``StandbyReady`` and the
+non-finite reports; ``docs/architecture.md`` lists them with their senders); anything else, malformed or of another schema version, is refused
 by the codec, counted by reason (``rejected`` in ``status.json``) and said once per reason
 (:class:`~procsv.ipc.rejections.Rejections`). At most :data:`DRAIN_MAX` messages are read per
 wakeup, so a flood of them cannot keep the loop from deciding.
