@@ -267,6 +267,11 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
     if placed.taken_from:
         print(placed.taken_from, file=sys.stderr, flush=True)
     os.environ[env.PREEMPT_SIGNAL] = str(preempt_signal)  # every child inherits it and ignores that signal
+    # SIGUSR1 is the watchdog's to send (a hot standby's promotion, which reads it with its sender): one
+    # from anyone else (kill -USR1, scancel --signal=USR1, to every process) ends nothing. Ignored here,
+    # and so by every child (an ignored signal stays ignored across fork and exec; a standby keeps it
+    # blocked, and a blocked signal is queued even when ignored, so its promotion still arrives)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     warn_grace(cfg.stop_grace_secs, placed.job_id)
     if cfg.node_rank > 0:
         from procsv.watchdog.multihost.agent import NodeAgent

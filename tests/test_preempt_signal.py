@@ -4,7 +4,8 @@ Slurm's warning signal (``sbatch --signal=USR2@T``, or ``scancel --signal=USR2``
 process of the step. Here a real ``kill -USR2 -<pgid>`` goes to every process group of a launch with
 a hot standby: every procsv process but the watchdog has the signal ignored (read from
 ``/proc/<pid>/status``), the run saves its last completed step (read back with plain TensorFlow) and
-stops in order with exit code 128+12, and the standby is not promoted. Pure checks of the flag's
+stops in order with exit code 128+12, and the standby is not promoted. Before it, a SIGUSR1 to every
+process (``scancel --signal=USR1``) ends nothing and promotes no standby (only the watchdog's does). Pure checks of the flag's
 value and of the KillWait warning too.
 """
 
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from conftest import committed_steps, finish, launch, lifecycle, raw_status, run_processes, seed_example_restores, \
@@ -60,6 +62,15 @@ def test_usr2_to_every_process_saves_the_last_step_and_stops_in_order_handled_by
         ignoring = {role: signal.SIGUSR2 in _ignored(pid) for role, pid in children.items()}
         assert ignoring == {role: True for role in children}, ignoring
         assert signal.SIGUSR2 not in _ignored(proc.pid)  # the watchdog handles it
+        # a SIGUSR1 to every process (scancel --signal=USR1) ends nothing and promotes no standby
+        assert set(children.values()) <= _signal_every_group(proc.pid, signal.SIGUSR1)
+        at = st["step"]
+        wait_for(lambda: (s := raw_status(logdir)) and s.get("step", 0) > at + 20, 120,
+                 what="training on after SIGUSR1 to every process")
+        alive = {role: psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                 for role, pid in {**children, "watchdog": proc.pid}.items()}
+        assert alive == {role: True for role in alive}, alive
+        assert _roles(raw_status(logdir))["trainer"] == roles["trainer"]
         assert set(children.values()) <= _signal_every_group(proc.pid, signal.SIGUSR2)
         signalled = True
     finally:
