@@ -62,6 +62,7 @@ from procsv.common import spawn  # noqa: E402
 from procsv.common.layout import Layout, read_json  # noqa: E402
 from procsv.trainer.channels import read_summary_acks  # noqa: E402
 from procsv.trainer.summaries import SummaryBuffer, SummarySender  # noqa: E402
+from results_table import span  # noqa: E402  # scripts/ is this script's folder, first on sys.path
 
 TAGS10 = [f"metric/{i}" for i in range(10)]
 
@@ -350,11 +351,8 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    def med(values: list[float]) -> float:
-        return statistics.median(values)
-
-    def spread(values: list[float], fmt: str) -> str:
-        return f"{format(min(values), fmt)} to {format(max(values), fmt)}"
+    med = statistics.median
+    spread = span
 
     cost = [a["procsv_tensor"] / a["tf_tensor"] for a, _, _ in runs]
     cost_float = [a["procsv_float"] / a["tf_float"] for a, _, _ in runs]

@@ -41,6 +41,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # this process too: reading 
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 from bench_group import launch, status, wait  # noqa: E402  # scripts/ is this script's folder, first on sys.path
+from results_table import span  # noqa: E402
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0", PYTHONUNBUFFERED="1")
 ENV.pop("PROCSV_LOGDIR", None)
@@ -150,11 +151,8 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    def med(values: list[float]) -> float:
-        return statistics.median(values)
-
-    def spread(values: list[float], fmt: str) -> str:
-        return f"{format(min(values), fmt)} to {format(max(values), fmt)}"
+    med = statistics.median
+    spread = span
 
     healthy = [h["median"] * 1e3 for h, _, _ in runs]
     down = [d["median"] * 1e3 for _, d, _ in runs]

@@ -10,7 +10,8 @@ raise the same exception with the same message.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -32,6 +33,24 @@ class Model:
         self.rows = tf.compat.v1.data.make_one_shot_iterator(tf.data.Dataset.range(2)).get_next(name="rows")
         self.name = tf.constant("a name", name="text")
         self.init_op = tf.compat.v1.global_variables_initializer()
+
+
+@contextlib.contextmanager
+def _session(who: str) -> Iterator[tuple[Model, Any, Any]]:
+    """A fresh copy of :class:`Model`'s graph, initialized, in procsv's managed session (``who`` is
+    ``"procsv"``: with its Supervisor, without a logdir) or in a plain ``Session`` (no Supervisor)."""
+    import procsv
+
+    with tf.Graph().as_default() as graph:
+        m = Model()
+        if who == "procsv":
+            sv = procsv.Supervisor(logdir=None, graph=graph, init_op=m.init_op)
+            with sv.managed_session() as sess:
+                yield m, sess, sv
+        else:
+            with tf.compat.v1.Session(graph=graph) as sess:
+                sess.run(m.init_op)
+                yield m, sess, None
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -58,7 +77,6 @@ def test_every_kind_of_run_gives_what_a_plain_session_gives_and_eligible_runs_ta
     refuses, an op's failure, a placeholder not fed, an iterator's end, a closed session): the
     same values and exceptions as a plain session's. The callable really ran the first kind
     (plans with a callable; the step counted by the Supervisor matches the graph's)."""
-    import procsv
     from procsv.trainer.graph.fastrun import FastRun
 
     rng = np.random.default_rng(0)
@@ -94,28 +112,19 @@ def test_every_kind_of_run_gives_what_a_plain_session_gives_and_eligible_runs_ta
 
     results: dict[str, list[tuple[str, Any]]] = {}
     for who in ("procsv", "plain"):
-        with tf.Graph().as_default() as graph:
-            m = Model()
-            if who == "procsv":
-                sv = procsv.Supervisor(logdir=None, graph=graph, init_op=m.init_op)
-                context: Any = sv.managed_session()
-            else:
-                context = tf.compat.v1.Session(graph=graph)
-            with context as sess:
-                if who == "plain":
-                    sess.run(m.init_op)
-                planned = runs(m)
-                out = [_outcome(lambda: sess.run(f, d, **kw)) for f, d, kw in planned]
-                out.append(("step", int(sess.run(m.global_step))))
-                if who == "procsv":
-                    fast = [p for p in sess._plans.values() if isinstance(p.fast, FastRun)]
-                    assert len(fast) >= 5, "the list, tuple, tensor, op and one-feed runs have callables"
-                    assert sv._state.step == out[-1][1] == 7
-                    meta = planned[12][2]["run_metadata"]
-                    assert meta.step_stats.dev_stats, "options and run_metadata reached Session.run"
-                raw = sess.raw if who == "procsv" else sess
-            out.append(_outcome(lambda: raw.run(m.loss, {m.x: bx, m.y: by})))  # closed
-            results[who] = out
+        with _session(who) as (m, sess, sv):
+            planned = runs(m)
+            out = [_outcome(lambda: sess.run(f, d, **kw)) for f, d, kw in planned]
+            out.append(("step", int(sess.run(m.global_step))))
+            if sv is not None:
+                fast = [p for p in sess._plans.values() if isinstance(p.fast, FastRun)]
+                assert len(fast) >= 5, "the list, tuple, tensor, op and one-feed runs have callables"
+                assert sv._state.step == out[-1][1] == 7
+                meta = planned[12][2]["run_metadata"]
+                assert meta.step_stats.dev_stats, "options and run_metadata reached Session.run"
+            raw = sess.raw if sv is not None else sess
+        out.append(_outcome(lambda: raw.run(m.loss, {m.x: bx, m.y: by})))  # closed
+        results[who] = out
     kinds = [k for k, _ in results["plain"]]
     assert kinds.count("InvalidArgumentError") == 2 and "ValueError" in kinds and "OutOfRangeError" in kinds
     assert kinds[-1] == "RuntimeError"
@@ -126,15 +135,10 @@ def test_every_kind_of_run_gives_what_a_plain_session_gives_and_eligible_runs_ta
 @pytest.mark.parametrize("off", ["0"])
 def test_the_callable_road_can_be_turned_off(monkeypatch, off):
     """``PROCSV_GRAPH_FAST_RUN=0``: no plan gets a callable; the runs are Session.run's."""
-    import procsv
-
     monkeypatch.setenv("PROCSV_GRAPH_FAST_RUN", off)
-    with tf.Graph().as_default() as graph:
-        m = Model()
-        sv = procsv.Supervisor(logdir=None, graph=graph, init_op=m.init_op)
-        with sv.managed_session() as sess:
-            sess.run([m.train_op, m.loss], {m.x: np.zeros((2, 4), np.float32), m.y: np.zeros(2, np.int64)})
-            assert sess._plans and all(p.fast is None for p in sess._plans.values())
+    with _session("procsv") as (m, sess, _):
+        sess.run([m.train_op, m.loss], {m.x: np.zeros((2, 4), np.float32), m.y: np.zeros(2, np.int64)})
+        assert sess._plans and all(p.fast is None for p in sess._plans.values())
 
 
 def test_a_callable_from_make_callable_makes_steps_and_returns_what_tfs_returns():
@@ -142,34 +146,23 @@ def test_a_callable_from_make_callable_makes_steps_and_returns_what_tfs_returns(
     cut ``Session.run``'s Python) makes steps the Supervisor counts, with TF's values (compared with
     a plain session's callable, bit for bit); the no-feed and ``accept_options`` forms too, and a
     bad ``feed_list`` is refused when the callable is made, as TF refuses it."""
-    import procsv
-
     rng = np.random.default_rng(1)
     batches = [(rng.normal(size=(8, 4)).astype(np.float32), rng.integers(0, 3, 8)) for _ in range(5)]
     results = {}
     for who in ("procsv", "plain"):
-        with tf.Graph().as_default() as graph:
-            m = Model()
-            if who == "procsv":
-                sv = procsv.Supervisor(logdir=None, graph=graph, init_op=m.init_op)
-                context: Any = sv.managed_session()
-            else:
-                context = tf.compat.v1.Session(graph=graph)
-            with context as sess:
-                if who == "plain":
-                    sess.run(m.init_op)
-                with pytest.raises(TypeError, match="feed_list"):
-                    sess.make_callable(m.loss, m.x)
-                train = sess.make_callable([m.train_op, m.loss], [m.x, m.y])
-                out = [train(bx, by) for bx, by in batches]
-                step_op = sess.make_callable(m.train_op, [m.x, m.y])
-                out.append(step_op(*batches[0]))
-                read = sess.make_callable(m.w)
-                traced = sess.make_callable(m.w, accept_options=True)
-                out += [read(), traced(run_metadata=tf.compat.v1.RunMetadata())]
-                if who == "procsv":
-                    assert sv._state.step == 6, "each call of the callables that train is a step"
-                out.append(int(sess.run(m.global_step)))
-            results[who] = out
+        with _session(who) as (m, sess, sv):
+            with pytest.raises(TypeError, match="feed_list"):
+                sess.make_callable(m.loss, m.x)
+            train = sess.make_callable([m.train_op, m.loss], [m.x, m.y])
+            out = [train(bx, by) for bx, by in batches]
+            step_op = sess.make_callable(m.train_op, [m.x, m.y])
+            out.append(step_op(*batches[0]))
+            read = sess.make_callable(m.w)
+            traced = sess.make_callable(m.w, accept_options=True)
+            out += [read(), traced(run_metadata=tf.compat.v1.RunMetadata())]
+            if sv is not None:
+                assert sv._state.step == 6, "each call of the callables that train is a step"
+            out.append(int(sess.run(m.global_step)))
+        results[who] = out
     assert _same(results["procsv"], results["plain"])
     assert results["plain"][-1] == 6

@@ -8,10 +8,12 @@ to the standby by the test (anyone but the watchdog) promotes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from typing import Any, Iterator
 
 import pytest
 
@@ -138,12 +140,24 @@ def _waiting_standby(out: str) -> int:
     return wait_for(pid, 30, what="the standby waiting")
 
 
-def test_a_forked_standby_is_promoted_by_its_zygotes_parent_alone(tmp_path):
+@contextlib.contextmanager
+def _standby_wait(tmp_path: Any, mode: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``standby_wait.py MODE`` started in a session of its own, its output in a file: the process
+    and that file's path; killed (its whole session) if still running at the end."""
     out = str(tmp_path / "out")
     with open(out, "w") as fh:
-        proc = subprocess.Popen([sys.executable, WAIT, "forked"], stdout=fh, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen([sys.executable, WAIT, mode], stdout=fh, stderr=subprocess.STDOUT,
                                 env=quiet_env(), start_new_session=True)
     try:
+        yield proc, out
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_a_forked_standby_is_promoted_by_its_zygotes_parent_alone(tmp_path):
+    with _standby_wait(tmp_path, "forked") as (proc, out):
         pid = _waiting_standby(out)
         other = _sigusr1_from_another_process(pid)
         wait_for(lambda: f"procsv standby: SIGUSR1 from pid {other} ignored: a standby is promoted only by the "
@@ -151,26 +165,14 @@ def test_a_forked_standby_is_promoted_by_its_zygotes_parent_alone(tmp_path):
         assert proc.poll() is None and "promoted from standby" not in _text(out)  # still waiting
         os.kill(pid, signal.SIGUSR1)  # from the zygote's parent: the watchdog
         assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     text = _text(out)
     assert "procsv: promoted from standby" in text and text.rstrip().endswith("promoted"), text
 
 
 def test_a_standby_not_forked_by_a_zygote_is_promoted_by_anyone_as_before(tmp_path):
-    out = str(tmp_path / "out")
-    with open(out, "w") as fh:
-        proc = subprocess.Popen([sys.executable, WAIT, "plain"], stdout=fh, stderr=subprocess.STDOUT,
-                                env=quiet_env(), start_new_session=True)
-    try:
+    with _standby_wait(tmp_path, "plain") as (proc, out):
         _sigusr1_from_another_process(_waiting_standby(out))
         assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     text = _text(out)
     assert "procsv: promoted from standby" in text and "ignored" not in text, text
 
