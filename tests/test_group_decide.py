@@ -116,6 +116,27 @@ def test_the_chiefs_death_noticed_early_restarts_the_group_once_the_workers_are_
     assert sim.tick() == [Spawn(TRAINER, TRAINER)] and sim.trainer.attempt == 2
 
 
+def test_a_chief_that_stopped_on_non_finite_training_is_the_cause_even_if_its_workers_death_came_in_first():
+    """A chief stopping with exit 4 (diverging) leaves the group; its worker fails in its next
+    collective, and the worker's death notice can come in before the chief's exit (CI saw it: the
+    group was restarted from the newest finite checkpoint, met the same NaN, and only then gave up).
+    The chief's stop is the cause: give up with exit 4, no restart."""
+    sim = group(2)
+    sim.tick(1.0)
+    observe.death_noticed(sim.view, W1, sim.member(W1).attempt, sim.now, 0.0, "UnavailableError")
+    acts = sim.tick(0.01)
+    assert of(acts, Signal) and not of(acts, Restart)
+    sim.reaps(TRAINER, 4, "TrainingDiverged")
+    acts = sim.tick(0.01)
+    assert not of(acts, Restart), acts
+    gave_up = of(acts, GiveUp)
+    assert gave_up and gave_up[0].exit_code == 4 and "diverging" in gave_up[0].reason, acts
+    assert blame(sim.view, sim.trainer).slot == TRAINER
+    sim.reaps(W1, 1, "UnavailableError")
+    sim.tick(0.01)
+    assert sim.view.exit_code == 4 and sim.view.history.restarts == 0
+
+
 def test_a_worker_that_finished_cleanly_breaks_nothing_and_the_chiefs_success_ends_the_run():
     sim = group(2)
     sim.reaps(W1, 0)

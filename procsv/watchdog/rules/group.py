@@ -13,6 +13,9 @@ policy judges; the other tasks hold ``worker<R>`` slots with the chief's attempt
   dying or exiting with a non-zero code (a worker that finished cleanly breaks nothing: the
   chief finishes too) -- is the group's *breaker*; :func:`blame` names it, and the chief's
   judgement (:mod:`procsv.watchdog.rules.judge`) uses its exit code, error and hang.
+  A member found hung, else one that stopped on diverging training (exit code 4), is blamed before
+  the breaker: its peers' failures in their next collective are its consequence, and their ends
+  may come in first.
 - Every other live member then gets SIGTERM (cause ``group``), and SIGKILL after
   ``group_grace_secs``: a survivor can only fail in its next collective.
 - The next attempt starts all N together, only once every member of the last one is reaped
@@ -25,6 +28,7 @@ import math
 import signal
 from typing import Optional
 
+from procsv.common.exitcodes import DIVERGING_ERROR, EXIT_DIVERGING
 from procsv.watchdog.rules.actions import Action, Cause, Kill, Signal
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.state import TRAINER, WORKER, ChildView, RunView
@@ -91,7 +95,17 @@ def blame(view: RunView, chief: ChildView) -> ChildView:
     hung = [m for m in members(view, chief) if m.hang_cause]
     if hung:  # a member found hung is the cause, whoever ended first (its peers failed waiting for it)
         return min(hung, key=lambda m: m.signalled_at if m.signalled_at is not None else math.inf)
+    diverged = [m for m in members(view, chief) if diverging(m)]
+    if diverged:  # a member that stopped on non-finite training is the cause, whoever's end came in first:
+        # its peers failed in their next collective when it left, and their deaths can be noticed before its exit
+        return min(diverged, key=lambda m: m.ended_at if m.ended_at is not None else math.inf)
     return breaker(view, chief) or chief
+
+
+def diverging(member: ChildView) -> bool:
+    """Whether this member stopped on its own because its training diverged (exit code 4, or its
+    error file names ``TrainingDiverged``)."""
+    return (member.reaped and member.exit_code == EXIT_DIVERGING) or member.noticed_error == DIVERGING_ERROR
 
 
 def group_actions(view: RunView, now: float, grace: float) -> list[Action]:
