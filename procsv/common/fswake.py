@@ -15,9 +15,17 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
 
+# what the watchdog package (>= 2.3) also reports on Linux that changes nothing: a file opened, or
+# closed after reading. Waking on them, a waiter woke itself by reading what it waits for (status.json,
+# the logs, a folder's listing) and read again at once: `procsv status --watch` and `procsv logs -f`
+# each used more than a whole core beside the training they watched.
+NOT_CHANGES = frozenset({"opened", "closed_no_write"})
+
+
 @contextmanager
 def wakeups(path: str, recursive: bool = False, only: Optional[str] = None) -> Iterator[threading.Event]:
-    """An event set on each filesystem change under the directory ``path`` (``only``: of that file)."""
+    """An event set on each filesystem change under the directory ``path`` (``only``: of that file):
+    a file or folder created, written, closed after writing, moved or deleted; never a mere open or read."""
     from watchdog.events import FileSystemEvent, FileSystemEventHandler
     from watchdog.observers import Observer
 
@@ -28,6 +36,8 @@ def wakeups(path: str, recursive: bool = False, only: Optional[str] = None) -> I
         """Sets the wake event on any filesystem event (or only on events naming ``target``)."""
 
         def on_any_event(self, event: FileSystemEvent) -> None:
+            if event.event_type in NOT_CHANGES:
+                return
             if target is None:
                 woken.set()
                 return
