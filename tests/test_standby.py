@@ -328,3 +328,43 @@ def test_a_promoted_standbys_own_traceback_is_in_the_giving_up_message(logdir):
             in err, err
     giving_up = err[err.index("procsv: giving up"):]
     assert "ValueError: bad batch at step 600" in giving_up and "Traceback" in giving_up, giving_up
+
+
+@pytest.mark.slow
+def test_a_standbys_exit_status_late_from_the_zygote_costs_the_trainer_nothing(logdir):
+    """A standby's exit status comes from the zygote that forked it, and a killed standby tears
+    down at idle CPU priority: under load its status came seconds after its death. Past 2 s the
+    watchdog killed the zygote, and with it (their parent-death signal) the live trainer it had
+    forked: an unasked restart (seen at load 20: CI's standby and preemption tests counted one
+    restart too many). Here the zygote is stopped (SIGSTOP) so that the status cannot come, the
+    standby is SIGKILLed, and the trainer must train on untouched; once the zygote runs again its
+    report settles the standby and a new one is prepared."""
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=os.path.join(PROGRAMS, "tiny_train.py"),
+                  opts=("--standby", "hot"))
+    zygote = 0
+    try:
+        ready = wait_for(lambda: _events(logdir, "standby_ready"), 120, what="a ready standby")[0]
+        zygote = next(e["pid"] for e in _events(logdir, "spawned") if e["role"] == "zygote")
+        trainer = wait_role_pid(logdir, "trainer")
+        os.kill(zygote, signal.SIGSTOP)  # alive, but it reports nothing now
+        os.kill(ready["pid"], signal.SIGKILL)
+        wait_for(lambda: _events(logdir, "death_noticed"), 30, what="the standby's death notice")
+        step = (raw_status(logdir) or {}).get("step", 0)
+        # well past the 2 s the watchdog gave the zygote: the trainer trains on, nothing restarts
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > step + 300, 120, what="300 more steps")
+        assert not _events(logdir, "zygote_gone"), _events(logdir, "zygote_gone")
+        assert wait_role_pid(logdir, "trainer") == trainer and raw_status(logdir)["restarts"] == 0
+        os.kill(zygote, signal.SIGCONT)
+        zygote = 0
+        wait_for(lambda: len(_events(logdir, "standby_ready")) >= 2, 120, what="the next standby")
+        assert [e["pid"] for e in _events(logdir, "exited") if e["role"] == "standby"] == [ready["pid"]]
+    finally:
+        if zygote:
+            os.kill(zygote, signal.SIGCONT)
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    assert "did not report the exit" not in err
+    assert raw_status(logdir)["restarts"] == 0
+    assert not [e for e in _events(logdir, "exited") if e["role"] == "trainer" and e["pid"] == trainer and
+                e.get("code") not in (42, 0)]

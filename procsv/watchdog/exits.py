@@ -133,15 +133,18 @@ class ChildEnds:
 
     def check_awaiting(self, ex: Executor) -> None:
         """Forked trainers whose exit status is due from the zygote: reap those that have it; a
-        zygote that does not report one within ``STATUS_WAIT`` is killed (the watchdog, a child
-        subreaper, then inherits the trainer's zombie and reaps it itself)."""
+        zygote that does not report a trainer's within ``STATUS_WAIT`` is killed (the watchdog, a
+        child subreaper, then inherits the trainer's zombie and reaps it itself). A standby's status
+        is waited for as long as it takes: a killed standby tears down at idle CPU priority, so under
+        load its status comes late, and killing the zygote for it would kill the live trainer the
+        zygote forked too (their parent-death signal); nothing waits on a standby's end."""
         self._give_up_unkillable(ex)
         for key, (handle, due) in list(self._awaiting_status.items()):
             if handle.proc.poll() is not None:
                 del self._awaiting_status[key]
                 self._reaped(handle, ex)
-            elif self.clock() >= due and ex.zygote is not None and isinstance(handle.proc, ForkedProcess) \
-                    and handle.proc.zygote is ex.zygote:
+            elif self.clock() >= due and handle.slot != STANDBY and ex.zygote is not None \
+                    and isinstance(handle.proc, ForkedProcess) and handle.proc.zygote is ex.zygote:
                 ex.zygote.kill()
                 ex.drop_zygote(f"procsv: the pre-warmed trainer (zygote) did not report the exit of trainer "
                                f"pid {handle.pid} within {STATUS_WAIT:g} s; restarts start fresh trainers until a "
