@@ -22,6 +22,9 @@ from procsv.common.manifests import list_committed, verify
 from procsv.services.checkpoint.store import FAULT_POINTS
 
 pytestmark = pytest.mark.slow
+# No test here restarts a trainer: its hot standby would never be promoted, so none is prepared
+# (the first trainer is still forked from the pre-warmed one, as by default)
+NO_STANDBY = ("--standby", "fork")
 
 
 def _restore_plain(path: str) -> int:
@@ -58,7 +61,10 @@ def _service_deaths(logdir: str) -> list[dict]:
 @pytest.mark.parametrize("point", FAULT_POINTS)
 def test_service_killed_at_each_commit_step_leaves_a_loadable_latest_and_the_run_finishes(logdir, point):
     env = quiet_env(PROCSV_FAULT=f"checkpoint:{point}:2")  # the second commit: there is a previous one
-    proc = launch(logdir, "--steps", "1200", "--save-model-secs", "0.3", "--step-delay", "0.004", env=env)
+    # 600 steps of 10 ms: at least as long a run as before (1200 of 4 ms, a step computes ~2 ms more), half
+    # the steps to compute
+    proc = launch(logdir, "--steps", "600", "--save-model-secs", "0.3", "--step-delay", "0.01", env=env,
+                  opts=NO_STANDBY)
     try:
         wait_for(lambda: _service_deaths(logdir), 120, what=f"the service to die at {point}")
         trainer = wait_role_pid(logdir, "trainer")
@@ -69,11 +75,11 @@ def test_service_killed_at_each_commit_step_leaves_a_loadable_latest_and_the_run
     death = _service_deaths(logdir)[0]
     assert death["signal"] == "SIGKILL" and death["attempt"] == 1
     st = status_json(logdir)
-    assert st["state"] == "succeeded" and st["step"] == 1200
+    assert st["state"] == "succeeded" and st["step"] == 600
     roles = {p["role"]: p for p in st["processes"]}
     assert roles["trainer"]["pid"] == trainer and roles["trainer"]["restarts"] == 0
     assert roles["checkpoint"]["restarts"] == 1
-    assert _latest_loads(logdir) == 1200 == committed_steps(logdir)[-1]
+    assert _latest_loads(logdir) == 600 == committed_steps(logdir)[-1]
     _all_committed_verify(logdir)
     assert os.listdir(os.path.join(logdir, ".procsv", "tmp")) == []
     leftovers = [n for n in os.listdir(logdir) if n.startswith("model.ckpt-")
@@ -82,7 +88,9 @@ def test_service_killed_at_each_commit_step_leaves_a_loadable_latest_and_the_run
 
 
 def test_sigkill_of_the_checkpoint_service_restarts_it_and_the_next_checkpoint_commits(logdir):
-    proc = launch(logdir, "--steps", "2500", "--save-model-secs", "0.3", "--step-delay", "0.005")
+    # 1250 steps of 12 ms: at least as long a run as before (2500 of 5 ms, a step computes ~2 ms more), half
+    # the steps to compute
+    proc = launch(logdir, "--steps", "1250", "--save-model-secs", "0.3", "--step-delay", "0.012", opts=NO_STANDBY)
     try:
         wait_for(lambda: committed_steps(logdir), 90, what="the first committed checkpoint")
         trainer, victim = wait_role_pid(logdir, "trainer"), wait_role_pid(logdir, "checkpoint")
@@ -97,14 +105,15 @@ def test_sigkill_of_the_checkpoint_service_restarts_it_and_the_next_checkpoint_c
     assert code == 0, err
     st = status_json(logdir)
     trainer_rec = next(p for p in st["processes"] if p["role"] == "trainer")
-    assert trainer_rec["pid"] == trainer and trainer_rec["restarts"] == 0 and st["step"] == 2500
+    assert trainer_rec["pid"] == trainer and trainer_rec["restarts"] == 0 and st["step"] == 1250
     assert _service_deaths(logdir)[0]["signal"] == "SIGKILL"
-    assert _latest_loads(logdir) == 2500
+    assert _latest_loads(logdir) == 1250
     _all_committed_verify(logdir)
 
 
 def _finished_run(logdir: str) -> None:
-    code, out, err = finish(launch(logdir, "--steps", "400", "--save-model-secs", "0.2", "--step-delay", "0.004"))
+    code, out, err = finish(launch(logdir, "--steps", "400", "--save-model-secs", "0.2", "--step-delay", "0.004",
+                                   opts=NO_STANDBY))
     assert code == 0, err
     assert committed_steps(logdir)[-1] == 400
 
@@ -133,7 +142,7 @@ def test_corrupt_newest_checkpoints_fall_back_with_a_clear_line_and_the_run_fini
     index = os.path.join(logdir, f"model.ckpt-{second}.index")
     os.truncate(index, os.path.getsize(index) // 2)  # "file is too short to be an sstable"
     truncated = os.path.getsize(index)
-    code, out, err = finish(launch(logdir, "--steps", "450"))
+    code, out, err = finish(launch(logdir, "--steps", "450", opts=NO_STANDBY))
     assert code == 0, err
     assert f"procsv: skipping corrupt checkpoint model.ckpt-{newest} " in out
     assert f"procsv: skipping corrupt checkpoint model.ckpt-{second} " in out
@@ -185,7 +194,7 @@ def test_unreadable_checkpoints_fail_the_launch_clearly_touch_nothing_and_the_ru
         os.mkdir(os.path.join(logdir, name))
         moved.append(name)
     before, seen = _checkpoint_files(logdir), len(lifecycle(logdir))
-    code, out, err = finish(launch(logdir, "--steps", "450", opts=("--allow-reinit",)))
+    code, out, err = finish(launch(logdir, "--steps", "450", opts=("--allow-reinit", *NO_STANDBY)))
     assert code == 1, out + err
     said = out + err
     assert f"UnreadableCheckpoint: cannot read checkpoint model.ckpt-{steps[-1]}; " in said
@@ -199,7 +208,7 @@ def test_unreadable_checkpoints_fail_the_launch_clearly_touch_nothing_and_the_ru
     for name in moved:
         os.rmdir(os.path.join(logdir, name))
         os.rename(stash / name, os.path.join(logdir, name))
-    code, out, err = finish(launch(logdir, "--steps", "450"))
+    code, out, err = finish(launch(logdir, "--steps", "450", opts=NO_STANDBY))
     assert code == 0, err
     assert f"restored step {steps[-1]} " in out  # the progress was never lost
     assert _latest_loads(logdir) == 450
@@ -213,7 +222,7 @@ def test_every_checkpoint_corrupt_refuses_step_0_and_starts_from_scratch_only_wi
         index = os.path.join(logdir, f"model.ckpt-{step}.index")
         os.truncate(index, os.path.getsize(index) - 1)
     before, seen = _checkpoint_files(logdir), len(lifecycle(logdir))
-    code, out, err = finish(launch(logdir, "--steps", "420"))
+    code, out, err = finish(launch(logdir, "--steps", "420", opts=NO_STANDBY))
     assert code == 1, out + err
     said = out + err
     assert "NoRestorableCheckpoint: refusing to start from step 0: none of the " in said
@@ -224,7 +233,7 @@ def test_every_checkpoint_corrupt_refuses_step_0_and_starts_from_scratch_only_wi
     assert _checkpoint_files(logdir) == before and committed_steps(logdir) == steps
     assert not [e for e in lifecycle(logdir)[seen:] if e["event"] in ("initialized", "restored")]
     seen = len(lifecycle(logdir))
-    code, out, err = finish(launch(logdir, "--steps", "60", opts=("--allow-reinit",)))
+    code, out, err = finish(launch(logdir, "--steps", "60", opts=("--allow-reinit", *NO_STANDBY)))
     assert code == 0, err
     assert "starting from scratch as allowed (allow_reinit)" in out + err
     (init,) = [e for e in lifecycle(logdir)[seen:] if e["event"] == "initialized"]
@@ -271,8 +280,8 @@ def test_with_continue_a_full_filesystem_fails_the_save_clearly_keeps_the_previo
     logdir = str(mnt / "run")
     (mnt / "run").mkdir()
     (mnt / "run" / "notes.txt").write_text("not procsv's")
-    proc = launch(logdir, "--steps", "100000", "--save-model-secs", "0.3", "--step-delay", "0.005",
-                  opts=("--on-checkpoint-failure", "continue"))
+    proc = launch(logdir, "--steps", "100000", "--save-model-secs", "0.3", "--step-delay", "0.01",
+                  opts=("--on-checkpoint-failure", "continue", *NO_STANDBY))
     try:
         wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two committed checkpoints")
         trainer = wait_role_pid(logdir, "trainer")
@@ -303,7 +312,7 @@ def test_with_continue_a_full_filesystem_fails_the_save_clearly_keeps_the_previo
 def test_checkpoints_that_keep_failing_stop_the_run_in_order_with_exit_code_3(small_fs):
     mnt = small_fs
     logdir = str(mnt / "run")
-    proc = launch(logdir, "--steps", "100000", "--save-model-secs", "0.3", "--step-delay", "0.005")
+    proc = launch(logdir, "--steps", "100000", "--save-model-secs", "0.3", "--step-delay", "0.01", opts=NO_STANDBY)
     try:
         wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two committed checkpoints")
         _fill(str(mnt / "filler"), leave=48 << 10)  # every further checkpoint fails
@@ -328,7 +337,7 @@ def test_without_a_watchdog_the_program_sees_failing_checkpoints_the_tf_way_and_
     mnt = small_fs
     logdir = str(mnt / "run")
     proc = subprocess.Popen([sys.executable, "-m", "procsv.examples.digits", "--logdir", logdir, "--steps", "100000",
-                             "--save-model-secs", "0.3", "--step-delay", "0.005"], stdout=subprocess.PIPE,
+                             "--save-model-secs", "0.3", "--step-delay", "0.01"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=quiet_env(), start_new_session=True)
     try:
         wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two committed checkpoints")
