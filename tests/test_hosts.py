@@ -35,6 +35,9 @@ _W = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
 BRIDGE, NS, VETH, PREFIX = f"pvtbr{_W}", f"pvt{_W}", f"pvtv{_W}", f"10.78.{_W}"
 MASTER_IP, HOST1_IP = f"{PREFIX}.1", f"{PREFIX}.11"
 ARGS = ("--strategy", "multiworker", "--save-model-secs", "1", "--step-delay", "0.004", "--print-every-steps", "100000")
+# for a run that waits on time (a timeout, a stall, checkpoints), not on steps: fewer steps in that
+# time, each of which costs CPU in both members (a collective)
+PACED = (*ARGS, "--step-delay", "0.02")
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -95,9 +98,14 @@ def events(logdir: str, name: str) -> list[dict[str, Any]]:
     return [r for r in lifecycle(logdir) if r.get("event") == name]
 
 
-def test_a_group_over_two_hosts_waits_for_a_killed_host_to_come_back_and_finishes(hosts, logdir):
+def test_a_group_over_two_hosts_keeps_node_0s_secret_waits_for_a_killed_host_to_come_back_and_finishes(hosts, logdir):
+    """Node 1's host is SIGKILLed (agent and trainer) at step 150: node 0 finds it lost, the group
+    waits (no restart without it), a new agent joins and the group finishes from the checkpoint.
+    While the first agent runs, the CURVE keys: the server secret never leaves node 0 (the logdir
+    holds public keys only), the agent files only its own public key (0600) for this launch; and
+    the launch's keys go with it (the killed agent's key file too)."""
     addr = master_addr()
-    args = (*ARGS, "--steps", "1200")
+    args = (*ARGS, "--steps", "800")
     opts = ("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4")  # the host found lost 4 s after
     master = launch(logdir, *args, opts=opts)
     port = free_port()  # node 1's probes, on its own address: as a kubelet probes a pod's IP
@@ -107,6 +115,16 @@ def test_a_group_over_two_hosts_waits_for_a_killed_host_to_come_back_and_finishe
         wait_for(lambda: events(logdir, "first_step"), 120, what="the group's first step")
         wait_for(lambda: probe(port, "/readyz", HOST1_IP) == 200, 60, what="node 1 ready after its member's step")
         assert probe(port, "/healthz", HOST1_IP) == 200 and probe(port, "/metrics", HOST1_IP) == 404
+        wait_for(lambda: events(logdir, "node_joined"), 120, what="node 1 to join")
+        # the logdir holds public keys only: the server's (job.json) and the agent's own (its key file)
+        assert secret_keys_in(logdir) == []
+        with open(os.path.join(logdir, ".procsv", "curve", "job.json")) as fh:
+            job = json.load(fh)
+        filed = key_files(logdir)
+        assert len(filed) == 1, filed  # node 1's own key, for this launch
+        (name, record), = filed.items()
+        assert name.startswith(f"agent.{job['job']}.") and record["node"] == 1 and record["host"] == HOST1_IP
+        assert os.stat(os.path.join(logdir, ".procsv", "curve", name)).st_mode & 0o777 == 0o600
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 150, 120, what="step 150")
         # both members run (a group steps together): procsv status says where each is (node 1's by its address)
         st = read_status(Layout(logdir))
@@ -138,11 +156,12 @@ def test_a_group_over_two_hosts_waits_for_a_killed_host_to_come_back_and_finishe
     assert len(events(logdir, "restarting")) == 1
     spawned = {(r["role"], r["attempt"], r["via"]) for r in events(logdir, "spawned") if r["role"] == "worker1"}
     assert spawned == {("worker1", 1, "node1"), ("worker1", 2, "node1")}
-    assert events(logdir, "finished")[-1]["step"] == 1200
+    assert events(logdir, "finished")[-1]["step"] == 800
     from test_group import restores_with_plain_tf
 
-    assert restores_with_plain_tf(logdir) == 1200
+    assert restores_with_plain_tf(logdir) == 800
     assert not host_pids()  # nothing of the job is left on the second host either
+    assert not os.path.exists(os.path.join(logdir, ".procsv", "curve"))  # the launch's keys went with it
 
 
 def test_a_peer_whose_key_is_not_filed_for_the_launch_is_refused_and_the_job_fails_after_the_rejoin_timeout(hosts, logdir):
@@ -230,113 +249,11 @@ def secret_keys_in(logdir: str) -> list[str]:
     return found
 
 
-def test_the_server_secret_never_leaves_node_0_each_agent_files_only_its_public_key_and_the_keys_go_with_the_launch(
-        hosts, logdir):
-    addr = master_addr()
-    args = (*ARGS, "--steps", "50")
-    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr))
-    node1 = agent(logdir, addr, *args)
-    try:
-        wait_for(lambda: events(logdir, "node_joined"), 120, what="node 1 to join")
-        # the logdir holds public keys only: the server's (job.json) and the agent's own (its key file)
-        assert secret_keys_in(logdir) == []
-        with open(os.path.join(logdir, ".procsv", "curve", "job.json")) as fh:
-            job = json.load(fh)
-        filed = key_files(logdir)
-        assert len(filed) == 1, filed  # node 1's own key, for this launch
-        (name, record), = filed.items()
-        assert name.startswith(f"agent.{job['job']}.") and record["node"] == 1 and record["host"] == HOST1_IP
-        assert os.stat(os.path.join(logdir, ".procsv", "curve", name)).st_mode & 0o777 == 0o600
-    finally:
-        try:
-            code, out, err = finish(master)
-        finally:
-            acode, aout, aerr = finish(node1, timeout=30)
-    assert code == 0, err
-    assert acode == 0, aerr
-    assert not os.path.exists(os.path.join(logdir, ".procsv", "curve"))  # the launch's keys went with it
-
-
-def test_a_second_agent_claiming_a_node_another_agent_holds_is_refused_and_logged(hosts, logdir):
-    addr = master_addr()
-    args = (*ARGS, "--steps", "1000000")
-    # --node-timeout 4: the refused agent asks again for twice that long (8 s) before it gives up
-    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4"))
-    first = agent(logdir, addr, *args)
-    second = None
-    try:
-        wait_for(lambda: events(logdir, "node_joined"), 120, what="node 1 to join")
-        second = agent(logdir, addr, *args)
-        scode, sout, serr = finish(second, timeout=60)
-        assert scode == 2, serr
-        assert "the master refuses this agent as node 1: node 1 is held by another agent" in serr, serr
-        assert "giving up" in serr.splitlines()[-1], serr
-        assert "the master still refuses this agent as node 1 after 8 s:" in serr, serr  # twice node 0's 4 s
-        refused = events(logdir, "node_refused")
-        assert len(refused) == 1, refused  # logged once, however often it asked
-        assert refused[0]["node"] == 1 and refused[0]["host"] == HOST1_IP
-        assert "held by another agent" in refused[0]["reason"]
-        assert [r["pid"] for r in key_files(logdir).values()] == [first.pid]  # the refused agent removed its key
-        assert first.poll() is None
-        step = (raw_status(logdir) or {}).get("step", 0)
-        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > step + 50, 60, what="the group to go on")
-    finally:
-        try:
-            if master.poll() is None:
-                os.killpg(master.pid, signal.SIGTERM)
-            code, out, err = finish(master)
-        finally:
-            acode, aout, aerr = finish(first, timeout=30)
-            if second is not None and second.poll() is None:
-                os.killpg(second.pid, signal.SIGKILL)
-                second.wait()
-    assert code == 143, err
-    assert "refused an agent claiming node 1" in err
-    assert acode == 143 and "the job ended (exit code 143)" in aerr, aerr
-    assert len(events(logdir, "node_joined")) == 1
-    assert not host_pids()
-
-
-def test_status_writes_stalled_on_node_0_for_10_s_lose_no_host_and_restart_nothing(hosts, logdir):
-    """Before: the write ran in node 0's loop, which beats to the agents; after 3 s without a beat
-    the agent SIGKILLed its trainers and the group restarted. The stall is the fault point
-    ``status_stall``: its first two writes past step 0 block 5 s each, in the logdir writer thread,
-    2.5 times node 0's --node-timeout of 4 s."""
-    addr = master_addr()
-    args = (*ARGS, "--steps", "1000000")
-    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4"),
-                    env=quiet_env(PROCSV_FAULT="watchdog:status_stall:1-2"))
-    node1 = agent(logdir, addr, *args)
-    try:
-        wait_for(lambda: events(logdir, "first_step"), 120, what="the group's first step")
-        start = time.time()
-        # two stalled writes (10 s at most from now); a record built after them is written at once
-        wait_for(lambda: (raw_status(logdir) or {}).get("updated_at", 0) > start + 11, 90,
-                 what="status.json written again after the stall")
-        step = (raw_status(logdir) or {}).get("step", 0)
-        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > step + 50, 60, what="the group to go on")
-        assert node1.poll() is None
-        os.killpg(master.pid, signal.SIGTERM)
-    finally:
-        try:
-            code, out, err = finish(master)
-        finally:
-            acode, aout, aerr = finish(node1, timeout=30)
-    assert code == 143, err
-    assert acode == 143, aerr
-    assert "silent" not in aerr, aerr
-    assert not events(logdir, "node_lost")
-    assert not events(logdir, "restarting")
-    assert len(events(logdir, "first_step")) == 1
-    assert {(r["role"], r["attempt"]) for r in events(logdir, "spawned") if r["role"] == "worker1"} == {("worker1", 1)}
-    assert not host_pids()
-
-
 def test_every_agent_takes_node_0s_node_timeout_and_its_expiry_names_the_cause(hosts, logdir):
     """Node 0 runs with --node-timeout 4, the agent with the default (15): stopped with SIGSTOP,
     node 0 beats no more, and the agent stops its trainer after 4 s, saying why."""
     addr = master_addr()
-    args = (*ARGS, "--steps", "1000000")
+    args = (*PACED, "--steps", "1000000")
     master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4"))
     node1 = agent(logdir, addr, *args)
     try:
@@ -366,21 +283,45 @@ def test_every_agent_takes_node_0s_node_timeout_and_its_expiry_names_the_cause(h
     assert not host_pids()
 
 
-def test_an_agent_whose_log_rotation_stalls_at_a_restart_keeps_beating_to_node_0(hosts, logdir, tmp_path):
-    """Node 0 runs with --node-timeout 4. Its trainer is SIGKILLed and the group restarts: node 1's
-    agent starts worker1 again, and the rotation of its logs (the agent's second) stalls on the fault
-    point ``watchdog:rotate_stall`` until the test creates the gate file. Before: the agent rotated
-    in its loop and stopped beating there; node 0 found node 1 lost after 4 s. Now the agent's
-    logdir thread stalls, the agent beats on, and the restarted group trains past six checkpoints
-    (more than 4 s) with node 1 still in it."""
+def test_a_second_agent_claiming_a_held_node_is_refused_and_an_agent_whose_log_rotation_stalls_keeps_beating(
+        hosts, logdir, tmp_path):
+    """One run, node 0 with --node-timeout 4, two things of node 1's agent.
+
+    The claim: a second agent claiming node 1, which the first agent holds, is refused (exit 2),
+    asks again for twice node 0's timeout (8 s) before it gives up, is logged once, removes its key,
+    and the group goes on.
+
+    The stall: then node 0's trainer is SIGKILLed and the group restarts: node 1's agent starts
+    worker1 again, and the rotation of its logs (the agent's second) stalls on the fault point
+    ``watchdog:rotate_stall`` until the test creates the gate file. Before: the agent rotated in its
+    loop and stopped beating there; node 0 found node 1 lost after 4 s. Now the agent's logdir
+    thread stalls, the agent beats on, and the restarted group trains past six checkpoints (more
+    than 4 s) with node 1 still in it."""
     addr = master_addr()
-    args = (*ARGS, "--steps", "1000000")
+    args = (*PACED, "--steps", "1000000")
     gate = str(tmp_path / "gate")
     stopped = False
     master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4"))
-    node1 = agent(logdir, addr, *args,
+    first = agent(logdir, addr, *args,
                   env=quiet_env(PROCSV_FAULT="watchdog:rotate_stall:2", PROCSV_FAULT_GATE=gate))
+    second = None
     try:
+        wait_for(lambda: events(logdir, "node_joined"), 120, what="node 1 to join")
+        second = agent(logdir, addr, *args)
+        scode, sout, serr = finish(second, timeout=60)
+        assert scode == 2, serr
+        assert "the master refuses this agent as node 1: node 1 is held by another agent" in serr, serr
+        assert "giving up" in serr.splitlines()[-1], serr
+        assert "the master still refuses this agent as node 1 after 8 s:" in serr, serr  # twice node 0's 4 s
+        refused = events(logdir, "node_refused")
+        assert len(refused) == 1, refused  # logged once, however often it asked
+        assert refused[0]["node"] == 1 and refused[0]["host"] == HOST1_IP
+        assert "held by another agent" in refused[0]["reason"]
+        assert [r["pid"] for r in key_files(logdir).values()] == [first.pid]  # the refused agent removed its key
+        assert first.poll() is None
+        step = (raw_status(logdir) or {}).get("step", 0)
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > step + 50, 60, what="the group to go on")
+
         wait_for(lambda: events(logdir, "checkpoint_committed"), 180, what="the group's first checkpoint")
         os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
         wait_for(lambda: [r for r in events(logdir, "spawned") if r["role"] == "worker1" and r["attempt"] == 2], 90,
@@ -397,15 +338,20 @@ def test_an_agent_whose_log_rotation_stalls_at_a_restart_keeps_beating_to_node_0
     finally:
         with open(gate, "a"):
             pass
-        if not stopped:
+        if not stopped and master.poll() is None:
             os.killpg(master.pid, signal.SIGTERM)
         try:
             code, out, err = finish(master)
         finally:
-            acode, aout, aerr = finish(node1, timeout=30)
+            acode, aout, aerr = finish(first, timeout=30)
+            if second is not None and second.poll() is None:
+                os.killpg(second.pid, signal.SIGKILL)
+                second.wait()
     assert code == 143, err
-    assert acode == 143, aerr
+    assert "refused an agent claiming node 1" in err
+    assert acode == 143 and "the job ended (exit code 143)" in aerr, aerr
     assert "silent" not in aerr, aerr
+    assert len(events(logdir, "node_joined")) == 1
     assert not events(logdir, "node_lost")
     assert [r["attempt"] for r in events(logdir, "spawned") if r["role"] == "worker1"] == [1, 2]
     assert [r["attempt"] for r in events(logdir, "restarted")] == [2]
@@ -455,15 +401,34 @@ def test_a_host_lost_during_node_0s_orderly_stop_does_not_keep_the_launch_alive(
     wait_for(lambda: not host_pids(), 10, what="no process of the job left")
 
 
-def test_sigterm_to_node_1s_agent_alone_stops_the_whole_job_in_order_from_node_0(hosts, logdir):
-    """A SIGTERM to one host's `procsv launch` (an agent connected to node 0) is left to node 0, which
-    stops the whole job in order: the chief commits its last step, both launches exit 143. Before:
-    the agent SIGKILLed its members and exited; node 0 found the host lost and waited for it."""
+def test_status_writes_stalled_on_node_0_lose_no_host_and_a_sigterm_to_node_1s_agent_stops_the_job_in_order(
+        hosts, logdir):
+    """One run, node 0 with --node-timeout 4 and --save-model-secs 1000, two things of node 0's.
+
+    The stall, 10 s of status writes: before, the write ran in node 0's loop, which beats to the
+    agents; after 3 s without a beat the agent SIGKILLed its trainers and the group restarted. The
+    stall is the fault point ``status_stall``: its first two writes past step 0 block 5 s each, in
+    the logdir writer thread, 2.5 times node 0's --node-timeout of 4 s. No host is lost, nothing
+    restarts.
+
+    Then a SIGTERM to one host's `procsv launch` (an agent connected to node 0) is left to node 0,
+    which stops the whole job in order: the chief commits its last step (the run's only
+    checkpoint), both launches exit 143. Before: the agent SIGKILLed its members and exited; node 0
+    found the host lost and waited for it."""
     addr = master_addr()
-    args = (*ARGS, "--save-model-secs", "1000", "--steps", "1000000")
-    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr))
+    args = (*PACED, "--save-model-secs", "1000", "--steps", "1000000")
+    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4"),
+                    env=quiet_env(PROCSV_FAULT="watchdog:status_stall:1-2"))
     node1 = agent(logdir, addr, *args)
     try:
+        wait_for(lambda: events(logdir, "first_step"), 120, what="the group's first step")
+        start = time.time()
+        # two stalled writes (10 s at most from now); a record built after them is written at once
+        wait_for(lambda: (raw_status(logdir) or {}).get("updated_at", 0) > start + 11, 90,
+                 what="status.json written again after the stall")
+        step = (raw_status(logdir) or {}).get("step", 0)
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > step + 50, 60, what="the group to go on")
+        assert node1.poll() is None
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 100, 120, what="step 100")
         os.kill(node1.pid, signal.SIGTERM)  # ip netns exec execs the launch: this is the agent
         code, out, err = finish(master, timeout=120)
@@ -474,8 +439,13 @@ def test_sigterm_to_node_1s_agent_alone_stops_the_whole_job_in_order_from_node_0
     assert code == 143, err
     assert "procsv node 1: SIGTERM received: node 0 stops the job in order" in aerr
     assert acode == 143 and "the job ended (exit code 143)" in aerr, aerr
+    # nothing said the master silent during the stall (the SIGTERM's own line names that case)
+    assert "silent" not in aerr[:aerr.index("SIGTERM received")], aerr
+    assert "the master is silent" not in aerr, aerr
     assert [e["signal"] for e in events(logdir, "preempted")] == ["SIGTERM"]
     assert not events(logdir, "node_lost") and not events(logdir, "restarting")
+    assert len(events(logdir, "first_step")) == 1
+    assert {(r["role"], r["attempt"]) for r in events(logdir, "spawned") if r["role"] == "worker1"} == {("worker1", 1)}
     committed = events(logdir, "checkpoint_committed")
     assert [e["reason"] for e in committed] == ["preempted"] and committed[-1]["step"] >= 100
     from test_group import restores_with_plain_tf
