@@ -179,11 +179,12 @@ def test_a_groups_chief_takes_no_in_memory_snapshot_so_none_is_persisted_behind_
     # before: the chief took in-memory snapshots like a lone trainer; killed with its group, its
     # snapshot was persisted by the checkpoint service on its own (no RecoverQuery, no GroupPin): a
     # commit of the dead attempt that could land after the next group pinned and restored an older one
-    proc = launch(logdir, "--strategy", "multiworker", "--save-model-secs", "1000", "--step-delay", "0.004",
+    # steps of 20 ms: the seconds it needs, with fewer steps (each a collective that costs CPU in both)
+    proc = launch(logdir, "--strategy", "multiworker", "--save-model-secs", "1000", "--step-delay", "0.02",
                   "--print-every-steps", "100000", "--steps", "100000", opts=GROUP)
     try:
         group_started(logdir, 1)
-        at_step(logdir, 600, timeout=180)  # several seconds of steps: a lone trainer holds snapshots by now
+        at_step(logdir, 200, timeout=180)  # 4 s of steps at least: a lone trainer holds snapshots by now
         os.kill(wait_role_pid(logdir, "worker1"), signal.SIGKILL)
         group_started(logdir, 2)
         at_step(logdir, (raw_status(logdir) or {}).get("step", 0) + 50)
