@@ -132,23 +132,32 @@ class ChildEnds:
         self._reaped(handle, ex)
 
     def check_awaiting(self, ex: Executor) -> None:
-        """Forked trainers whose exit status is due from the zygote: reap those that have it; a
+        """Forked trainers whose exit status is due from the zygote: reap those that have it. A
         zygote that does not report a trainer's within ``STATUS_WAIT`` is killed (the watchdog, a
-        child subreaper, then inherits the trainer's zombie and reaps it itself). A standby's status
-        is waited for as long as it takes: a killed standby tears down at idle CPU priority, so under
-        load its status comes late, and killing the zygote for it would kill the live trainer the
-        zygote forked too (their parent-death signal); nothing waits on a standby's end."""
+        child subreaper, then inherits the trainer's zombie and reaps it itself), but only while no
+        other process it forked lives: their parent-death signal would kill them with it, and a slow
+        zygote under load (not a hung one) cost the run a promoted standby or a freshly forked
+        trainer, an unasked restart. A standby's status is waited for as long as it takes: a killed
+        standby tears down at idle CPU priority, so under load its status comes late, and nothing
+        waits on a standby's end."""
         self._give_up_unkillable(ex)
         for key, (handle, due) in list(self._awaiting_status.items()):
             if handle.proc.poll() is not None:
                 del self._awaiting_status[key]
                 self._reaped(handle, ex)
             elif self.clock() >= due and handle.slot != STANDBY and ex.zygote is not None \
-                    and isinstance(handle.proc, ForkedProcess) and handle.proc.zygote is ex.zygote:
+                    and isinstance(handle.proc, ForkedProcess) and handle.proc.zygote is ex.zygote \
+                    and not self._forked_alive(ex):
                 ex.zygote.kill()
                 ex.drop_zygote(f"procsv: the pre-warmed trainer (zygote) did not report the exit of trainer "
                                f"pid {handle.pid} within {STATUS_WAIT:g} s; restarts start fresh trainers until a "
                                "new one is ready")
+
+    def _forked_alive(self, ex: Executor) -> bool:
+        """Whether a process the current zygote forked still lives (not dead with its status due)."""
+        return any(isinstance(h.proc, ForkedProcess) and h.proc.zygote is ex.zygote
+                   and (h.slot, h.attempt) not in self._awaiting_status and h.proc.poll() is None
+                   for h in ex.handles.values())
 
     def _give_up_unkillable(self, ex: Executor) -> None:
         """A child that SIGKILL has not ended for ``REAP_SECS`` (uninterruptible sleep: I/O that
