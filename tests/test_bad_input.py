@@ -28,10 +28,12 @@ case  what                                        test
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+from typing import Callable, NamedTuple
 
 import psutil
 import pytest
@@ -108,8 +110,53 @@ def test_4_a_module_that_never_creates_a_supervisor_is_told_nothing_was_supervis
     assert committed_steps(logdir) == []
 
 
-def test_5_a_supervisor_without_checkpoint_warns_at_start_that_nothing_will_be_saved(logdir):
-    code, out, err = finish(launch(logdir, "--no-checkpoint", "--steps", "20", target=BAD, opts=FAST), 120)
+class Finished(NamedTuple):
+    logdir: str
+    code: int
+    out: str
+    err: str
+
+
+def _finished_run(shared_result: Callable[[str, Callable[[str], None]], str], name: str, *args: str,
+                  opts: tuple[str, ...] = FAST, damaged_status: bytes = b"") -> Finished:
+    """``procsv launch bad_train.py ARGS`` run to its end once per test session (``shared_result``:
+    every pytest-xdist worker reads the same run) in ``<folder>/run`` (with ``damaged_status`` as its
+    status.json before the launch, if given); the tests that share it each check their part. Every
+    process of the run is killed at its end, and a run that left one behind is not kept."""
+    def produce(folder: str) -> None:
+        logdir = os.path.join(folder, "run")
+        if damaged_status:
+            os.makedirs(os.path.join(logdir, ".procsv"))
+            with open(os.path.join(logdir, ".procsv", "status.json"), "wb") as fh:
+                fh.write(damaged_status)
+        try:
+            code, out, err = finish(launch(logdir, *args, target=BAD, opts=opts), 120)
+        finally:
+            leftovers = run_processes(logdir)
+            for proc in leftovers:
+                proc.kill()
+        assert not leftovers, f"processes of the run were left behind: {[p.pid for p in leftovers]}"
+        with open(os.path.join(folder, "result.json"), "w") as fh:
+            json.dump({"code": code, "out": out, "err": err}, fh)
+
+    folder = shared_result(name, produce)
+    with open(os.path.join(folder, "result.json")) as fh:
+        result = json.load(fh)
+    return Finished(os.path.join(folder, "run"), result["code"], result["out"], result["err"])
+
+
+@pytest.fixture(scope="module")
+def unsaved_nan_image(shared_result) -> Finished:
+    """One finished 30-step run of bad_train.py that misbehaves in three ways at once, each read by
+    its own test: ``Supervisor(checkpoint=None)`` (test 5), a NaN, +inf and -inf scalar at every step
+    with ``--on-nonfinite continue`` (test 20: by default a NaN "loss" is a non-finite training, issue
+    41, which stops the run) and a 100 MB image at step 2 (test 21)."""
+    return _finished_run(shared_result, "bad-input-unsaved-nan-image", "--no-checkpoint", "--nan", "--big-image",
+                         "--steps", "30", opts=FAST + ("--on-nonfinite", "continue"))
+
+
+def test_5_a_supervisor_without_checkpoint_warns_at_start_that_nothing_will_be_saved(unsaved_nan_image):
+    logdir, code, out, err = unsaved_nan_image
     assert code == 0, err
     warning = [line for line in out.splitlines() if "nothing will be saved" in line]
     assert len(warning) == 1 and "Supervisor(checkpoint=None)" in warning[0] and "saved every variable" in warning[0], out
@@ -319,10 +366,14 @@ def test_12_watch_the_logdir_watch_wakes_on_an_event_and_names_what_happened(tmp
 
 
 # ------------------------------------------------------------------------ state files
-def test_15_a_damaged_status_file_is_one_line_for_status_and_a_new_launch_replaces_it(logdir):
+DAMAGED_STATUS = (b'{"state": "runn', b"\x00\xff garbage", b'["a", "list"]', b'{"processes": "x"}')
+
+
+def test_15_a_damaged_status_file_is_one_line_for_status_and_a_new_launch_replaces_it(logdir, seeded):
+    """The new launch is ``seeded``'s: it starts on the last of these damaged files."""
     meta = os.path.join(logdir, ".procsv")
     os.makedirs(meta)
-    for garbage in (b'{"state": "runn', b"\x00\xff garbage", b'["a", "list"]', b'{"processes": "x"}'):
+    for garbage in DAMAGED_STATUS:
         with open(os.path.join(meta, "status.json"), "wb") as fh:
             fh.write(garbage)
         out = _procsv("status", logdir)
@@ -330,20 +381,19 @@ def test_15_a_damaged_status_file_is_one_line_for_status_and_a_new_launch_replac
         line = _one_error_line(out.stderr)
         assert "status.json is damaged (truncated or not a status record)" in line
         assert "the next `procsv launch` replaces it" in line
-    code, out, err = finish(launch(logdir, "--steps", "10", "--save-steps", "5", target=BAD, opts=FAST), 120)
-    assert code == 0, err
-    st = status_json(logdir)
-    assert st["state"] == "succeeded" and st["step"] == 10
+    st = status_json(seeded)
+    assert st["state"] == "succeeded" and st["step"] == 30
 
 
 @pytest.fixture(scope="module")
-def seeded(tmp_path_factory):
-    """A finished run of bad_train.py with several checkpoints, the last at step 30 (copied by each test)."""
-    path = str(tmp_path_factory.mktemp("seed") / "run")
-    code, out, err = finish(launch(path, "--steps", "30", "--save-steps", "10", target=BAD, opts=FAST), 120)
-    assert code == 0, err
-    assert len(committed_steps(path)) >= 2 and committed_steps(path)[-1] == 30
-    return path
+def seeded(shared_result):
+    """A finished run of bad_train.py with several checkpoints, the last at step 30 (copied by each test),
+    launched on a logdir whose status.json is damaged (test 15: the launch replaces it)."""
+    run = _finished_run(shared_result, "bad-input-seeded", "--steps", "30", "--save-steps", "10",
+                        damaged_status=DAMAGED_STATUS[-1])
+    assert run.code == 0, run.err
+    assert len(committed_steps(run.logdir)) >= 2 and committed_steps(run.logdir)[-1] == 30
+    return run.logdir
 
 
 def _copy(src: str, dst: str) -> None:
@@ -437,11 +487,12 @@ def test_19_a_trainer_that_ignores_sigterm_is_killed_after_the_grace_period_and_
     assert not run_processes(logdir)
 
 
-def test_20_nan_and_inf_summaries_are_kept_counted_and_shown_by_status(logdir):
+def test_20_nan_and_inf_summaries_are_kept_counted_and_shown_by_status(unsaved_nan_image):
+    import math
+
     from tensorboard.backend.event_processing import event_accumulator as ea
 
-    # --on-nonfinite continue: a NaN "loss" is a non-finite training by default (issue 41): it stops the run
-    code, out, err = finish(launch(logdir, "--nan", "--steps", "30", target=BAD, opts=FAST + ("--on-nonfinite", "continue")), 120)
+    logdir, code, out, err = unsaved_nan_image
     assert code == 0, err
     st = status_json(logdir)
     assert st["summaries"]["nonfinite"] == 3 * 30 and st["summaries"]["dropped"] == 0
@@ -449,26 +500,24 @@ def test_20_nan_and_inf_summaries_are_kept_counted_and_shown_by_status(logdir):
     assert "90 NaN or infinite scalars (kept as logged: check the loss)" in human.stdout
     acc = ea.EventAccumulator(logdir, size_guidance={ea.SCALARS: 0})
     acc.Reload()
-    import math
-
     assert [e.step for e in acc.Scalars("loss")] == list(range(1, 31))
     assert all(math.isnan(e.value) for e in acc.Scalars("loss"))
     assert all(e.value == math.inf for e in acc.Scalars("up"))
     assert all(e.value == -math.inf for e in acc.Scalars("down"))
 
 
-def test_21_a_100_mb_image_is_refused_at_the_call_and_the_run_goes_on(logdir):
+def test_21_a_100_mb_image_is_refused_at_the_call_and_the_run_goes_on(unsaved_nan_image):
     from tensorboard.backend.event_processing import event_accumulator as ea
 
-    code, out, err = finish(launch(logdir, "--big-image", "--steps", "10", target=BAD, opts=FAST), 120)
+    logdir, code, out, err = unsaved_nan_image
     assert code == 0, err
     refused = [line for line in out.splitlines() if "log_image refused" in line]
     assert len(refused) == 1, out
     assert "image 'huge': 95.4 MiB is more than the 16 MiB one summary may take" in refused[0]
-    assert "bad: done at step 10" in out
+    assert "bad: done at step 30" in out
     acc = ea.EventAccumulator(logdir, size_guidance={ea.SCALARS: 0, ea.IMAGES: 0})
     acc.Reload()
-    assert [e.step for e in acc.Scalars("ok")] == list(range(1, 11))
+    assert [e.step for e in acc.Scalars("ok")] == list(range(1, 31))
     assert "huge" not in acc.Tags()["images"]
     assert status_json(logdir)["summaries"]["dropped"] == 0
 
