@@ -70,7 +70,9 @@ def test_procsv_preempt_of_the_trainer_is_still_a_preemption_with_max_restarts_0
 
 
 def test_chaos_sigterm_to_the_trainer_is_still_a_preemption(logdir):
-    proc = launch(logdir, "--steps", "250", "--step-delay", "0.02", target=TINY,
+    # chaos counts 1.5 s from each attempt's first step: the first attempt, at least 150 * 0.02 = 3 s
+    # long, is signalled once at least; each restart more only costs a standby's warm-up
+    proc = launch(logdir, "--steps", "150", "--step-delay", "0.02", target=TINY,
                   opts=("--max-restarts", "0", "--chaos", "every=1.5,target=trainer,signal=TERM"))
     code, out, err = finish(proc, 300)
     assert code == 0, err
