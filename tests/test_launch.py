@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+from typing import NamedTuple
 
 import pytest
 
@@ -52,17 +54,50 @@ def test_example_finishes_and_its_final_checkpoint_restores_with_plain_tf(logdir
     assert "trainer finished at step 400" in out
 
 
-def test_sigkill_of_the_trainer_restarts_it_from_the_latest_checkpoint(logdir):
-    proc = launch(logdir, "--steps", "2500", "--save-model-secs", "1", "--step-delay", "0.002")
-    try:
-        wait_for(lambda: committed_steps(logdir), 90, what="the first committed checkpoint")
-        victim = wait_role_pid(logdir, "trainer")
-        os.kill(victim, signal.SIGKILL)
-    finally:
-        code, out, err = finish(proc)
+class KilledRun(NamedTuple):
+    logdir: str
+    victim: int  # the pid of the SIGKILLed trainer
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(shared_result) -> KilledRun:
+    """One digits run of CLEAN_ARGS checkpointing every 100 steps whose trainer is SIGKILLed once its
+    first checkpoint committed (a commit at step 100 or later), run to its end (the default hot
+    standby); made once per test session (``shared_result``: every pytest-xdist worker reads the
+    same run), and the restart tests below each check their part of it. Every process of the run is
+    killed at its end, and a run that left one behind is not kept."""
+    def produce(folder: str) -> None:
+        logdir = os.path.join(folder, "run")
+        proc = launch(logdir, *CLEAN_ARGS, "--save-checkpoint-steps", "100")
+        victim = 0
+        try:
+            wait_for(lambda: committed_steps(logdir), 90, what="the first checkpoint")
+            victim = wait_role_pid(logdir, "trainer")
+            os.kill(victim, signal.SIGKILL)
+        finally:
+            code, out, err = finish(proc)
+            leftovers = run_processes(logdir)
+            for p in leftovers:
+                p.kill()
+        assert not leftovers, f"processes of the run were left behind: {[p.pid for p in leftovers]}"
+        with open(os.path.join(folder, "result.json"), "w") as fh:
+            json.dump({"victim": victim, "code": code, "out": out, "err": err}, fh)
+
+    folder = shared_result("launch-killed-and-resumed", produce)
+    with open(os.path.join(folder, "result.json")) as fh:
+        result = json.load(fh)
+    return KilledRun(os.path.join(folder, "run"), result["victim"], result["code"], result["out"], result["err"])
+
+
+def test_sigkill_of_the_trainer_restarts_it_from_the_latest_checkpoint(killed_and_resumed):
+    logdir, victim, code, out, err = killed_and_resumed
     assert code == 0, err
     st = status_json(logdir)
-    assert st["state"] == "succeeded" and st["restarts"] == 1 and st["step"] == 2500, (st, err[-4000:])
+    steps = int(CLEAN_ARGS[CLEAN_ARGS.index("--steps") + 1])
+    assert st["state"] == "succeeded" and st["restarts"] == 1 and st["step"] == steps, (st, err[-4000:])
     assert st["restored_step"] > 0
     trainer = next(p for p in st["processes"] if p["role"] == "trainer")
     assert trainer["pid"] != victim and trainer["restarts"] == 1
@@ -75,50 +110,37 @@ def test_sigkill_of_the_trainer_restarts_it_from_the_latest_checkpoint(logdir):
     assert [e["step"] for e in events if e["event"] == "restored"] == [st["restored_step"]]
 
 
-def test_status_json_lists_four_live_processes_with_distinct_pids(logdir):
-    # no hot standby (a fifth process: tests/test_standby.py)
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", opts=("--standby", "fork"))
-    try:
-        st = wait_for(lambda: (s := status_json(logdir)) and s["step"] > 0 and
-                      sum(p["alive"] for p in s["processes"]) == 4 and s, 90, what="a running status")
-        assert st["state"] == "running"
-        roles = {p["role"]: p for p in st["processes"]}
-        assert set(roles) == {"watchdog", "trainer", "checkpoint", "summary"}
-        assert len({p["pid"] for p in st["processes"]}) == 4
-        assert roles["watchdog"]["pid"] == proc.pid
-        assert all(p["restarts"] == 0 for p in st["processes"])
-        human = subprocess.run([sys.executable, "-m", "procsv", "status", logdir], capture_output=True, text=True,
-                               env=quiet_env(), timeout=30)
-        assert human.returncode == 0 and "running" in human.stdout and "trainer" in human.stdout
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        finish(proc)
+def test_a_killed_and_resumed_run_ends_with_bit_identical_weights(killed_and_resumed, clean_weights):
+    """The reference is conftest's uninterrupted run of the same CLEAN_ARGS (made once per session);
+    this run checkpoints every 100 steps, so its kill comes after a commit at step 100 or later."""
+    logdir, _, code, _, err = killed_and_resumed
+    assert code == 0, err
+    assert status_json(logdir)["restarts"] == 1
+    a, b = clean_weights, final_weights(logdir)
+    assert a.keys() == b.keys() and len([k for k in a if "_trainable_variables" in k]) == 4
+    for key in a:
+        assert (a[key] == b[key]).all(), f"{key} differs after a kill and resume"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_stop_signal_checkpoints_the_last_step_and_leaves_no_process(logdir, sig):
+def test_sigint_checkpoints_the_last_step_and_leaves_no_process(logdir):
+    """Ctrl-C to the launch: exit 130, the emergency checkpoint holds the last step, nothing is left
+    running. (SIGTERM, with a later launch resuming from exactly that step: ``procsv stop`` in
+    test_a_second_launch_on_a_live_logdir_is_refused_...)"""
     proc = launch(logdir, "--steps", "100000", "--step-delay", "0.005", "--save-model-secs", "1000")
     try:
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 20, 90, what="training to start")
         children = run_processes(logdir)
         assert len(children) >= 4
-        proc.send_signal(sig)
+        proc.send_signal(signal.SIGINT)
     finally:
         code, out, err = finish(proc)
-    assert code == 128 + sig, err
+    assert code == 128 + signal.SIGINT, err
     gone = wait_for(lambda: not run_processes(logdir), 5, what="every process of the run to exit")
     assert gone
     st = status_json(logdir)
     assert st["state"] == "stopped"
     assert committed_steps(logdir)[-1] == st["step"] > 20  # the emergency checkpoint holds the last step
     assert any(e["event"] == "preempted" for e in lifecycle(logdir))
-    if sig == signal.SIGTERM:  # a later launch resumes from exactly that step
-        saved = st["step"]
-        again = launch(logdir, "--steps", str(saved + 30))
-        code, out, err = finish(again)
-        assert code == 0, err
-        assert f"restored step {saved} " in out
-        assert status_json(logdir)["step"] == saved + 30
 
 
 def test_sigkill_of_the_watchdog_takes_every_process_of_the_run_along(logdir):
@@ -136,18 +158,27 @@ def test_sigkill_of_the_watchdog_takes_every_process_of_the_run_along(logdir):
     assert status_json(logdir)["state"] == "failed"  # its watchdog is gone: not reported as running
     # the dead launch's lock is stale: a new launch takes it over and resumes
     saved = committed_steps(logdir)
-    again = launch(logdir, "--steps", str((saved[-1] if saved else 0) + 20))
+    again = launch(logdir, "--steps", str((saved[-1] if saved else 0) + 20),
+                   opts=("--standby", "fork"))  # it restarts nothing: no hot standby
     code, out, err = finish(again)
     assert code == 0, err
     if saved:
         assert f"restored step {saved[-1]} " in out
 
 
-def test_a_second_launch_on_a_live_logdir_is_refused_and_procsv_stop_from_another_shell_stops_it_in_order(logdir):
-    """One live run for both: a second launch on its logdir is refused (exit 2, naming the live
-    run's pid) and starts nothing; then ``procsv stop`` from another shell stops the run in order
-    (exit 143, the emergency checkpoint at the last step), and a second ``procsv stop`` finds no run."""
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.005")
+def test_a_second_launch_on_a_live_logdir_is_refused_status_lists_four_processes_and_procsv_stop_saves_the_last_step(
+        logdir):
+    """One live run for all of these (the default hot standby: a fifth process, never listed among
+    the processes of ``status.json``; tests/test_standby.py):
+
+    * a second launch on its logdir is refused (exit 2, naming the live run's pid) and starts nothing;
+    * ``procsv status --json`` lists four live processes (watchdog, trainer, checkpoint, summary) with
+      distinct pids, the watchdog's the launch's, none restarted, and ``procsv status`` says running;
+    * ``procsv stop`` from another shell (a SIGTERM to the watchdog) stops the run in order: exit 143,
+      every process gone, the emergency checkpoint holds the last step (the periodic ones are 1000 s
+      apart), a ``preempted`` event; a second ``procsv stop`` finds no run;
+    * a later launch resumes from exactly that step."""
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.005", "--save-model-secs", "1000")
     stop_asked = False
     try:
         wait_for(lambda: raw_status(logdir), 60, what="the first launch to start")
@@ -155,7 +186,19 @@ def test_a_second_launch_on_a_live_logdir_is_refused_and_procsv_stop_from_anothe
         code, out, err = finish(second, timeout=60)
         assert code == 2, "the second launch"
         assert "in use by a live procsv run" in err and str(proc.pid) in err
-        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 10, 90, what="training to start")
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 20, 90, what="training to start")
+        st = wait_for(lambda: (s := status_json(logdir)) and s["step"] > 0 and
+                      sum(p["alive"] for p in s["processes"]) == 4 and s, 90, what="a running status")
+        assert st["state"] == "running"
+        roles = {p["role"]: p for p in st["processes"]}
+        assert set(roles) == {"watchdog", "trainer", "checkpoint", "summary"}
+        assert len({p["pid"] for p in st["processes"]}) == 4
+        assert roles["watchdog"]["pid"] == proc.pid
+        assert all(p["restarts"] == 0 for p in st["processes"])
+        human = subprocess.run([sys.executable, "-m", "procsv", "status", logdir], capture_output=True, text=True,
+                               env=quiet_env(), timeout=30)
+        assert human.returncode == 0 and "running" in human.stdout and "trainer" in human.stdout
+        assert len(run_processes(logdir)) >= 4
         out = subprocess.run([sys.executable, "-m", "procsv", "stop", logdir], capture_output=True, text=True,
                              env=quiet_env(), timeout=200)
         stop_asked = True
@@ -165,12 +208,21 @@ def test_a_second_launch_on_a_live_logdir_is_refused_and_procsv_stop_from_anothe
         if not stop_asked:  # failed before the stop: end the run
             proc.send_signal(signal.SIGTERM)
         code, stdout, err = finish(proc)
-    assert code == 128 + signal.SIGTERM
+    assert code == 128 + signal.SIGTERM, err
+    gone = wait_for(lambda: not run_processes(logdir), 5, what="every process of the run to exit")
+    assert gone
     st = status_json(logdir)
-    assert st["state"] == "stopped" and committed_steps(logdir)[-1] == st["step"]
+    assert st["state"] == "stopped"
+    assert committed_steps(logdir)[-1] == st["step"] > 20  # the emergency checkpoint holds the last step
+    assert any(e["event"] == "preempted" for e in lifecycle(logdir))
     again = subprocess.run([sys.executable, "-m", "procsv", "stop", logdir], capture_output=True, text=True,
                            env=quiet_env(), timeout=60)
     assert again.returncode == 2 and "no live procsv run" in again.stderr
+    saved = st["step"]  # a later launch resumes from exactly that step
+    code, out, err = finish(launch(logdir, "--steps", str(saved + 30), opts=("--standby", "fork")))  # restarts nothing
+    assert code == 0, err
+    assert f"restored step {saved} " in out
+    assert status_json(logdir)["step"] == saved + 30
 
 
 def test_a_target_that_does_not_exist_is_one_clear_line_and_starts_nothing(logdir):
@@ -225,21 +277,3 @@ def test_plain_python_run_without_launch_checkpoints_and_resumes(logdir):
     assert second.returncode == 0, second.stderr
     assert "restored step 300 " in second.stdout
     assert committed_steps(logdir)[-1] == 350
-
-
-def test_a_killed_and_resumed_run_ends_with_bit_identical_weights(logdir, clean_weights):
-    """The reference is conftest's uninterrupted run of the same CLEAN_ARGS (made once per session);
-    this run checkpoints every 100 steps, so its kill comes after a commit at step 100 or later."""
-    args = (*CLEAN_ARGS, "--save-checkpoint-steps", "100")
-    proc = launch(logdir, *args)
-    try:
-        wait_for(lambda: committed_steps(logdir), 90, what="the first checkpoint")
-        os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
-    finally:
-        code, out, err = finish(proc)
-    assert code == 0, err
-    assert status_json(logdir)["restarts"] == 1
-    a, b = clean_weights, final_weights(logdir)
-    assert a.keys() == b.keys() and len([k for k in a if "_trainable_variables" in k]) == 4
-    for key in a:
-        assert (a[key] == b[key]).all(), f"{key} differs after a kill and resume"
