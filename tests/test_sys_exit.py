@@ -19,6 +19,8 @@ from conftest import PROGRAMS, committed_steps, finish, launch, quiet_env, statu
 pytestmark = pytest.mark.slow
 
 EXIT_TRAIN = os.path.join(PROGRAMS, "exit_train.py")
+# none of these runs restarts its trainer: no hot standby (one would only warm up to be stopped at the end)
+NO_STANDBY = ("--standby", "fork")
 
 
 def _checkpoint_holds(logdir: str) -> tuple[str, int, float]:
@@ -39,7 +41,7 @@ def _checkpoint_holds(logdir: str) -> tuple[str, int, float]:
 ])
 def test_sys_exit_zero_in_the_block_commits_the_final_checkpoint_and_succeeds(logdir, where, code, final):
     code_, out, err = finish(launch(logdir, "--exit-at-step", "7", "--exit-code", code, "--exit-from", where,
-                                    target=EXIT_TRAIN))
+                                    target=EXIT_TRAIN, opts=NO_STANDBY))
     assert code_ == 0, err
     assert "went on after the block" not in out
     assert _checkpoint_holds(logdir) == (f"model.ckpt-{final}", final, float(final))
@@ -50,7 +52,7 @@ def test_sys_exit_zero_in_the_block_commits_the_final_checkpoint_and_succeeds(lo
 
 def test_sys_exit_zero_in_an_sv_loop_thread_is_a_clean_stop_with_a_final_checkpoint(logdir):
     code, out, err = finish(launch(logdir, "--exit-at-step", "20", "--exit-code", "0", "--exit-from", "loop",
-                                   target=EXIT_TRAIN))
+                                   target=EXIT_TRAIN, opts=NO_STANDBY))
     assert code == 0, err
     assert "went on after the block" not in out
     name, step, weight = _checkpoint_holds(logdir)
