@@ -129,7 +129,7 @@ def test_sigterm_to_every_process_of_the_job_saves_the_last_step_like_one_to_the
         with open(os.path.join(logdir, "logs", f"{role}.log")) as fh:
             assert "SIGTERM from pid" in (text := fh.read()) and "left to the watchdog" in text, (role, text)
 
-    again = launch(logdir, "--steps", str(step + 20), target=TARGET)
+    again = launch(logdir, "--steps", str(step + 20), target=TARGET, opts=("--standby", "fork"))  # restarts nothing
     code, out, err = finish(again)
     assert code == 0, err
     assert f"restored step {step} " in out, out
