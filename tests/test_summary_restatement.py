@@ -80,14 +80,25 @@ class ModelService:
         self.sessions = Sessions()
 
     def read_back(self) -> dict[str, list[tuple[int, float]]]:
-        """What TensorBoard's EventAccumulator (purge on) shows: a START at P forgets steps >= P."""
-        shown: dict[str, list[tuple[int, float]]] = {}
-        for ev in self.events:
+        """What TensorBoard's EventAccumulator (purge on) shows: a START at P forgets steps >= P.
+
+        A point is shown unless a START after it in the file is at or below its step: one pass
+        from the end of the file finds the lowest START after each point, one from the start keeps
+        the shown points in file order."""
+        kept = [False] * len(self.events)
+        lowest = float("inf")  # the lowest START after the event at hand
+        for k in range(len(self.events) - 1, -1, -1):
+            ev = self.events[k]
             if ev[0] == "start":
-                for tag in shown:
-                    shown[tag] = [p for p in shown[tag] if p[0] < ev[1]]
+                lowest = min(lowest, ev[1])
             else:
-                shown.setdefault(ev[1], []).append((ev[2], ev[3]))
+                kept[k] = ev[2] < lowest
+        shown: dict[str, list[tuple[int, float]]] = {}
+        for ev, keep in zip(self.events, kept):
+            if ev[0] == "row":
+                points = shown.setdefault(ev[1], [])  # a tag once written is shown, even with no point left
+                if keep:
+                    points.append((ev[2], ev[3]))
         return shown
 
 
@@ -118,9 +129,9 @@ def run_model(seed: int, steps: int, big_every: int, outage: tuple[int, int] = (
     for step in range(1, steps + 1):
         # most steps log 3 scalars; some log far more than a batch (and than the sender's tail)
         n = rng.randrange(5000, 30000) if big_every and step % big_every == 0 else tags
-        for i in range(n):
-            tag, value = f"t{i}", float(step * 100000 + i)
-            buf.scalar(tag, value, step, 0.0)
+        values = {f"t{i}": float(step * 100000 + i) for i in range(n)}
+        buf.scalars(values, step, 0.0)  # the rows of n scalar() calls, in order, in one call
+        for tag, value in values.items():
             logged.setdefault(tag, []).append((step, value))
         sender.at_boundary(step)
         clock.t += rng.choice(ticks)
