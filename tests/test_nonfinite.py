@@ -3,6 +3,7 @@ detection of a non-finite loss, never committing a poisoned state, and the ``--o
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -17,6 +18,43 @@ from conftest import (PROGRAMS, committed_steps, finish, launch, lifecycle, quie
                       wait_for, wait_role_pid)
 
 EXIT_TRAIN = os.path.join(PROGRAMS, "exit_train.py")
+NAN_TRAIN = os.path.join(PROGRAMS, "nan_train.py")
+NAN_MONITORED = os.path.join(PROGRAMS, "nan_monitored.py")
+NAN_GRAPH = os.path.join(PROGRAMS, "nan_graph.py")
+
+# The plain runs (no watchdog) that never applied step 25: the references a rolled-back run must
+# equal bit for bit. Each is the program run as `python <program> --logdir <folder> <args>`, all of
+# them in one process (one TensorFlow import for the five), in this order: nan_graph.py turns eager
+# execution off for the rest of its process, so it comes last
+PLAIN_RUNS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "skip-25": (NAN_TRAIN, ("--skip-at", "25")),
+    "skip-25-no-checkpoint": (NAN_TRAIN, ("--skip-at", "25", "--save-steps", "1000")),
+    "iterator-skip-25": (NAN_TRAIN, ("--input", "iterator", "--skip-at", "25")),
+    "monitored-skip-25": (NAN_MONITORED, ("--skip-at", "25")),
+    "graph-skip-25": (NAN_GRAPH, ("--skip-at", "25")),
+}
+_PLAIN_DRIVER = """
+import json, runpy, sys
+from procsv.trainer.monitored import hooks
+for logdir, program, args in json.loads(sys.argv[1]):
+    hooks.set_global_step(None)  # each program is a new one for procsv.train, as in a process of its own
+    hooks._warned.clear()
+    sys.argv = [program, "--logdir", logdir, *args]
+    runpy.run_path(program, run_name="__main__")
+"""
+
+
+@pytest.fixture(scope="module")
+def plain_runs(shared_result) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """name -> the logdir of that plain run of PLAIN_RUNS, made once per test session."""
+    def produce(folder: str) -> None:
+        runs = [(os.path.join(folder, name), program, list(args)) for name, (program, args) in PLAIN_RUNS.items()]
+        done = subprocess.run([sys.executable, "-c", _PLAIN_DRIVER, json.dumps(runs)], capture_output=True,
+                              text=True, env=quiet_env(), timeout=800, cwd=folder)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    folder = shared_result("nonfinite-plain-runs", produce)
+    return {name: os.path.join(folder, name) for name in PLAIN_RUNS}
 
 
 def _events(logdir: str, kind: str, role: str = "") -> list[dict]:
@@ -36,9 +74,6 @@ def test_a_trainer_that_exits_4_ends_the_launch_diverging_failed_no_restart_on_f
     assert calls.read_text() == "4\n"
     st = status_json(logdir)
     assert st is not None and st["state"] == "failed"
-
-
-NAN_TRAIN = os.path.join(PROGRAMS, "nan_train.py")
 
 
 def _checkpoint_values(prefix: str) -> dict[str, np.ndarray]:
@@ -167,7 +202,7 @@ def _values(logdir: str) -> dict[str, bytes]:
     return {k: v.tobytes() for k, v in _checkpoint_values(latest).items()}
 
 
-def test_rollback_skips_a_poisoned_step_and_the_weights_equal_a_plain_run_that_never_applied_it(logdir, tmp_path):
+def test_rollback_skips_a_poisoned_step_and_the_weights_equal_a_plain_run_that_never_applied_it(logdir, plain_runs):
     # before: no rollback; the run trained on NaN weights and committed them. Now (the default under
     # procsv launch): restore step 20 in place, replay, retry step 25, skip it, train on to 60
     code, out, err = finish(launch(logdir, "--nan-at", "25", target=NAN_TRAIN), 240)
@@ -176,10 +211,7 @@ def test_rollback_skips_a_poisoned_step_and_the_weights_equal_a_plain_run_that_n
     assert "retrying step 25 once" in said and "skipped step 25" in said, said
     assert len(_events(logdir, "spawned", "trainer")) == 1  # in place: no process restart
     _all_committed_are_finite(logdir)
-    plain = str(tmp_path / "plain")
-    done = subprocess.run([sys.executable, NAN_TRAIN, "--logdir", plain, "--skip-at", "25"],
-                          capture_output=True, text=True, env=quiet_env(), timeout=180)
-    assert done.returncode == 0, done.stderr
+    plain = plain_runs["skip-25"]  # python nan_train.py --skip-at 25
     rolled, baseline = _values(logdir), _values(plain)
     assert rolled.keys() == baseline.keys()
     for key in ("w/.ATTRIBUTES/VARIABLE_VALUE", "m/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE"):
@@ -204,7 +236,7 @@ def test_more_skips_than_max_skips_within_the_window_stop_the_run_with_exit_4(lo
     assert status_json(logdir)["state"] == "failed"
 
 
-def test_rollback_then_a_sigkill_of_the_trainer_still_ends_bit_equal_to_the_plain_run(logdir, tmp_path):
+def test_rollback_then_a_sigkill_of_the_trainer_still_ends_bit_equal_to_the_plain_run(logdir, plain_runs):
     # the restarted trainer resumes from the newest committed (finite) state; if that is before the
     # poisoned step it meets it again and skips it again: the result is the same either way
     proc = launch(logdir, "--nan-at", "25", "--step-delay", "0.05", target=NAN_TRAIN)
@@ -221,16 +253,13 @@ def test_rollback_then_a_sigkill_of_the_trainer_still_ends_bit_equal_to_the_plai
     assert code == 0, err
     assert len(_events(logdir, "spawned", "trainer")) == 2  # the kill's restart, and no other
     _all_committed_are_finite(logdir)
-    plain = str(tmp_path / "plain")
-    done = subprocess.run([sys.executable, NAN_TRAIN, "--logdir", plain, "--skip-at", "25"],
-                          capture_output=True, text=True, env=quiet_env(), timeout=180)
-    assert done.returncode == 0, done.stderr
+    plain = plain_runs["skip-25"]  # python nan_train.py --skip-at 25
     rolled, baseline = _values(logdir), _values(plain)
     for key in ("w/.ATTRIBUTES/VARIABLE_VALUE", "m/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE"):
         assert rolled[key] == baseline[key], key
 
 
-def test_rollback_restores_the_in_memory_snapshot_in_place_when_no_checkpoint_is_on_disk(logdir, tmp_path):
+def test_rollback_restores_the_in_memory_snapshot_in_place_when_no_checkpoint_is_on_disk(logdir, plain_runs):
     # before: the rollback read the newest committed checkpoint from disk only; with none on disk
     # before the poisoned step (--save-steps 1000) there was nothing to roll back to. Now the
     # trainer's own in-memory snapshot of a step before 25 is verified and restored in place
@@ -243,10 +272,7 @@ def test_rollback_restores_the_in_memory_snapshot_in_place_when_no_checkpoint_is
     assert len(restored) == 2 and 0 < int(restored[0]) < 25, said  # the retry's rollback and the skip's
     assert "skipped step 25" in said, said
     assert len(_events(logdir, "spawned", "trainer")) == 1
-    plain = str(tmp_path / "plain")
-    done = subprocess.run([sys.executable, NAN_TRAIN, "--logdir", plain, "--skip-at", "25", "--save-steps", "1000"],
-                          capture_output=True, text=True, env=quiet_env(), timeout=180)
-    assert done.returncode == 0, done.stderr
+    plain = plain_runs["skip-25-no-checkpoint"]  # python nan_train.py --skip-at 25 --save-steps 1000
     rolled, baseline = _values(logdir), _values(plain)
     for key in ("w/.ATTRIBUTES/VARIABLE_VALUE", "m/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE"):
         assert rolled[key] == baseline[key], key  # bit-equal
@@ -271,7 +297,7 @@ def test_a_snapshot_that_turns_non_finite_within_10_steps_of_each_of_3_restores_
     _all_committed_are_finite(logdir)
 
 
-def test_a_skipped_step_consumes_its_element_of_a_checkpointed_tf_data_iterator(logdir, tmp_path):
+def test_a_skipped_step_consumes_its_element_of_a_checkpointed_tf_data_iterator(logdir, plain_runs):
     # before: the skip called no step function, so the poisoned element 25 stayed next in the
     # iterator and step 26 took it: non-finite again, skipped again, ... until exit 4. Now the skip
     # takes and discards it: one skip, and the weights equal a plain run that discarded element 25
@@ -280,10 +306,7 @@ def test_a_skipped_step_consumes_its_element_of_a_checkpointed_tf_data_iterator(
     said = out + err
     assert code == 0, said
     assert "skipped step 25" in said and said.count("skipped step") == 1, said
-    plain = str(tmp_path / "plain")
-    done = subprocess.run([sys.executable, NAN_TRAIN, "--logdir", plain, "--input", "iterator", "--skip-at", "25"],
-                          capture_output=True, text=True, env=quiet_env(), timeout=180)
-    assert done.returncode == 0, done.stderr
+    plain = plain_runs["iterator-skip-25"]  # python nan_train.py --input iterator --skip-at 25
     rolled, baseline = _values(logdir), _values(plain)
     for key in ("w/.ATTRIBUTES/VARIABLE_VALUE", "m/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE"):
         assert rolled[key] == baseline[key], key  # bit-equal
@@ -304,16 +327,13 @@ def _next_index(where: str) -> int:
     raise AssertionError(f"no index within 100 elements of {where}")
 
 
-NAN_MONITORED = os.path.join(PROGRAMS, "nan_monitored.py")
-
-
 def _monitored_values(where: str) -> dict[str, bytes]:
     latest = tf.train.latest_checkpoint(where)
     assert latest is not None and latest.endswith("model.ckpt-40"), latest
     return {k: v.tobytes() for k, v in _checkpoint_values(latest).items()}
 
 
-def test_procsv_train_a_poisoned_step_watched_by_a_nan_tensor_hook_is_rolled_back_and_skipped(logdir, tmp_path):
+def test_procsv_train_a_poisoned_step_watched_by_a_nan_tensor_hook_is_rolled_back_and_skipped(logdir, plain_runs):
     # before: the NanTensorHook read its tensor after the run and raised NanLossDuringTrainingError
     # before procsv could roll back. Now procsv watches the hook's tensor (kept, checked in bulk),
     # rolls back, skips step 25, and the hook never sees the NaN
@@ -323,10 +343,7 @@ def test_procsv_train_a_poisoned_step_watched_by_a_nan_tensor_hook_is_rolled_bac
     assert "skipped step 25" in said and "NaN loss during training" not in said, said
     assert len(_events(logdir, "spawned", "trainer")) == 1
     _all_committed_are_finite(logdir)
-    plain = str(tmp_path / "plain")
-    done = subprocess.run([sys.executable, NAN_MONITORED, "--logdir", plain, "--skip-at", "25"],
-                          capture_output=True, text=True, env=quiet_env(), timeout=180)
-    assert done.returncode == 0, done.stderr
+    plain = plain_runs["monitored-skip-25"]  # python nan_monitored.py --skip-at 25
     rolled, baseline = _monitored_values(logdir), _monitored_values(plain)
     for key in ("w/.ATTRIBUTES/VARIABLE_VALUE", "m/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE"):
         assert rolled[key] == baseline[key], key  # bit-equal
@@ -351,9 +368,6 @@ def test_procsv_train_a_poisoned_region_that_trips_the_bound_stops_with_exit_4(l
     assert "non-finite training at step 40" in done.stderr and "the final checkpoint's state" in done.stderr
 
 
-NAN_GRAPH = os.path.join(PROGRAMS, "nan_graph.py")
-
-
 def _graph_values(where: str) -> dict[str, bytes]:
     latest = tf.train.latest_checkpoint(where)
     assert latest is not None and latest.endswith("model.ckpt-40"), latest
@@ -361,7 +375,7 @@ def _graph_values(where: str) -> dict[str, bytes]:
     return {k: reader.get_tensor(k).tobytes() for k in ("w", "w/Momentum", "global_step")}
 
 
-def test_graph_mode_a_poisoned_step_whose_fetched_loss_is_nan_is_rolled_back_and_skipped(logdir, tmp_path):
+def test_graph_mode_a_poisoned_step_whose_fetched_loss_is_nan_is_rolled_back_and_skipped(logdir, plain_runs):
     # before: a TF1 program's fetched loss was not watched (NumPy 2's scalars were taken for device
     # tensors and dropped), only the snapshot's weights were seen non-finite: the bad step unknown,
     # the run stopped with exit 4. Now the run's value for the tensor named "loss" is kept, the
@@ -371,10 +385,7 @@ def test_graph_mode_a_poisoned_step_whose_fetched_loss_is_nan_is_rolled_back_and
     assert code == 0, said
     assert "restored step 20 from model.ckpt-20" in said and "skipped step 25" in said, said
     assert len(_events(logdir, "spawned", "trainer")) == 1
-    plain = str(tmp_path / "plain")
-    done = subprocess.run([sys.executable, NAN_GRAPH, "--logdir", plain, "--skip-at", "25"],
-                          capture_output=True, text=True, env=quiet_env(), timeout=180)
-    assert done.returncode == 0, done.stderr
+    plain = plain_runs["graph-skip-25"]  # python nan_graph.py --skip-at 25
     rolled, baseline = _graph_values(logdir), _graph_values(plain)
     for step in committed_steps(logdir):
         reader = tf.train.load_checkpoint(os.path.join(logdir, f"model.ckpt-{step}"))
