@@ -23,6 +23,8 @@ pytestmark = pytest.mark.slow
 SIZES = {ea.SCALARS: 0, ea.TENSORS: 0, ea.HISTOGRAMS: 0, ea.IMAGES: 0}
 EVERY_STEP = ("loss", "accuracy")  # the example logs these at every step with --log-every-steps 1
 STOPPED_SECS = 3.0  # how long the summary service stays stopped (SIGSTOP) before its SIGKILL
+# the summary service's tests restart no trainer: no hot standby prepares for a restart that never comes
+NO_TRAINER_RESTART = ("--standby", "fork")
 
 
 def read_scalars(logdir: str) -> dict[str, list[ea.ScalarEvent]]:
@@ -90,7 +92,7 @@ def test_killing_the_summary_service_loses_no_summary_and_no_step_waits_for_it(l
     service. The trainer's pace with the service down against healthy is a benchmark figure
     (``scripts/bench_summary_outage.py``), not asserted here."""
     proc = launch(logdir, "--steps", "100000", "--log-every-steps", "1", "--step-delay", "0.005",
-                  "--save-model-secs", "2", "--save-summaries-secs", "1")
+                  "--save-model-secs", "2", "--save-summaries-secs", "1", opts=NO_TRAINER_RESTART)
     try:
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 300, 120, what="training to run")
         victim = role_pid(logdir, "summary")
@@ -133,7 +135,7 @@ def test_a_stopped_summary_service_is_found_stuck_and_replaced_and_nothing_is_lo
     and the watchdog replaces the service, whose successor asks for what was not written."""
     proc = launch(logdir, "--steps", "100000", "--log-every-steps", "1", "--step-delay", "0.005",
                   "--save-model-secs", "2", "--save-summaries-secs", "1",
-                  env=quiet_env(**{env.SUMMARY_DEADLINE: "2"}))
+                  env=quiet_env(**{env.SUMMARY_DEADLINE: "2"}), opts=NO_TRAINER_RESTART)
     try:
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 300, 120, what="training to run")
         victim = role_pid(logdir, "summary")
