@@ -10,6 +10,7 @@ stand-in dataset is checked in-process with real TensorFlow.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,31 +38,68 @@ def _plain_fit(out_path: str, *args: str) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True, env=quiet_env(), cwd=REPO, start_new_session=True)
 
 
-def test_the_train_step_is_traced_before_the_first_batch_once_and_the_fit_is_unchanged(short_tmp):
-    plain = os.path.join(short_tmp, "plain.npz")
-    reference = _plain_fit(plain)
+class _PlainFit:
+    """The plain fit both launches here are compared with (24 epochs, ``--slow --no-sleep``): started
+    once, by whichever test first calls :meth:`start` at the moment it chose, and read by both."""
+
+    def __init__(self, folder: str) -> None:
+        self.path = os.path.join(folder, "plain.npz")
+        self.proc: subprocess.Popen[str] | None = None
+        self.done: tuple[int, str, str] | None = None
+
+    def start(self) -> None:
+        if self.proc is None:
+            self.proc = _plain_fit(self.path, "--slow", "--no-sleep")
+
+    def result(self) -> tuple[int, str, str]:
+        """(exit code, stdout, stderr) of the plain fit, waiting for it."""
+        assert self.proc is not None, "the plain fit was never started"
+        if self.done is None:
+            self.done = finish(self.proc, 180)
+        return self.done
+
+
+@pytest.fixture(scope="module")
+def plain_fit():
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="pt-", dir="/tmp")
+    plain = _PlainFit(folder)
     try:
-        out_path = os.path.join(short_tmp, "procsv.npz")
-        code, out, err = finish(launch(os.path.join(short_tmp, "run"), out_path, target=PROGRAM), 180)
+        yield plain
     finally:
-        pcode, pout, perr = finish(reference, 180)
+        if plain.proc is not None and plain.done is None:
+            try:
+                os.killpg(plain.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            plain.proc.communicate()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_train_step_is_traced_before_the_first_batch_once_and_the_fit_is_unchanged(short_tmp, plain_fit):
+    # the launch's fit is the standby test's (24 epochs) without its 40 ms a batch, so one plain fit serves
+    # both; its trainer is never replaced, so no hot standby is made to wait unused (--standby fork)
+    plain_fit.start()
+    out_path = os.path.join(short_tmp, "procsv.npz")
+    code, out, err = finish(launch(os.path.join(short_tmp, "run"), out_path, "--slow", "--no-sleep",
+                                   target=PROGRAM, opts=("--standby", "fork")), 180)
+    pcode, pout, perr = plain_fit.result()
     assert pcode == 0, perr
     assert "traced before the first batch: 0" in pout  # plain Keras traces at its first batch
     assert code == 0, err
     assert "traced before the first batch: 1" in out, out
     assert "traced in all: 1" in out, out  # the first batch found the warm-up's trace: not traced again
-    a, b = _weights(plain), _weights(out_path)
+    a, b = _weights(plain_fit.path), _weights(out_path)
     assert len(a) == len(b) and all(x.tobytes() == y.tobytes() for x, y in zip(a, b))
 
 
 @pytest.mark.slow
-def test_a_promoted_standby_ran_the_train_step_on_shadow_copies_and_the_fit_is_unchanged(short_tmp):
+def test_a_promoted_standby_ran_the_train_step_on_shadow_copies_and_the_fit_is_unchanged(short_tmp, plain_fit):
     """A hot standby runs Keras' step once on shadow copies of its variables (reading its stand-in
     iterator, never the input) before it waits; promoted mid-fit, its first batch finds the kernels
     made, and the final weights are still plain fit's, bit for bit."""
-    plain = os.path.join(short_tmp, "plain.npz")
     logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "procsv.npz")
-    reference = None
     proc = launch(logdir, out_path, "--slow", target=PROGRAM, opts=("--standby", "hot"))
     try:
         ready = wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "standby_ready"], 120,
@@ -69,16 +107,13 @@ def test_a_promoted_standby_ran_the_train_step_on_shadow_copies_and_the_fit_is_u
         first = [e for e in lifecycle(logdir) if e["event"] == "spawned" and e["role"] == "trainer"][0]
         os.kill(first["pid"], signal.SIGKILL)
         # the plain fit runs beside the promoted standby's rest of the fit (not before the standby is
-        # ready, which must happen within the first trainer's fit): the same 24 epochs, without the
-        # sleep, which changes no weight
-        reference = _plain_fit(plain, "--slow", "--no-sleep")
+        # ready, which must happen within the first trainer's fit), unless the test above started it:
+        # the same 24 epochs, without the sleep, which changes no weight
+        plain_fit.start()
     finally:
-        try:
-            code, out, err = finish(proc, 180)
-        finally:
-            if reference is not None:
-                pcode, _, perr = finish(reference, 180)
-    assert reference is not None and pcode == 0, perr
+        code, out, err = finish(proc, 180)
+    pcode, _, perr = plain_fit.result()
+    assert pcode == 0, perr
     assert code == 0, err
     promoted = [e for e in lifecycle(logdir) if e["event"] == "spawned" and e.get("via") == "standby"]
     assert [e["pid"] for e in promoted] == [ready["pid"]]
@@ -87,7 +122,7 @@ def test_a_promoted_standby_ran_the_train_step_on_shadow_copies_and_the_fit_is_u
     # the step fit runs under procsv: Keras' one_step_on_data with its batch kept (issue 41's rollback)
     assert "standby ran one_step_keeping_its_batch once on shadow copies of its variables" in log, log
     assert "traced in all: 1" in log, log  # traced in the standby, before it waited: never again
-    a, b = _weights(plain), _weights(out_path)
+    a, b = _weights(plain_fit.path), _weights(out_path)
     assert len(a) == len(b) and all(x.tobytes() == y.tobytes() for x, y in zip(a, b))
 
 
