@@ -2,7 +2,8 @@
 
 Every run here is the built-in example ``procsv.examples.keras_fit`` (the digits MLP, 45 batches
 an epoch) in real processes. "Bit-identical" compares the final weights with those of a plain
-``fit`` of the same program without any callback, run in its own process.
+``fit`` of the same program without any callback, run in a process of its own (one for the plain
+fits of every input kind, one after another).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import fcntl
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,26 +29,40 @@ from conftest import (PROGRAMS, REPO, committed_steps, finish, launch, lifecycle
 EXAMPLE = "procsv.examples.keras_fit"
 BATCHES_PER_EPOCH = 45  # ceil(1438 training digits / 32)
 KINDS = ("tfdata", "numpy", "pydataset")
+# for the launches whose trainer is never replaced (no restart, nothing about restarts asserted): no hot
+# standby is made to wait unused (--standby fork: the pre-warmed trainer only); a launch that restarts
+# or might restart its trainer keeps the default, which is what users get
+NO_STANDBY = ("--standby", "fork")
 
 
-def _plain_fit(kind: str, epochs: int, out: str) -> None:
-    done = subprocess.run([sys.executable, "-m", EXAMPLE, "--no-callback", "--input", kind, "--epochs", str(epochs),
-                           "--weights-out", out], capture_output=True, text=True, env=quiet_env(), cwd=REPO,
-                          timeout=300)
+_PLAIN_FITS = """
+import sys
+from procsv.examples.keras_fit import main
+folder, epochs = sys.argv[1], sys.argv[2]
+for kind in sys.argv[3:]:
+    assert main(["--no-callback", "--input", kind, "--epochs", epochs, "--weights-out", f"{folder}/{kind}.npz"]) == 0
+"""
+
+
+def _plain_fits(epochs: int, folder: str) -> None:
+    """The plain fit of the example (no callback) of every input kind, one after another in one process
+    (one start of TensorFlow, not three): each seeds Keras and makes its model and input anew."""
+    done = subprocess.run([sys.executable, "-c", _PLAIN_FITS, folder, str(epochs), *KINDS], capture_output=True,
+                          text=True, env=quiet_env(), cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr
 
 
 @pytest.fixture(scope="module")
 def reference(shared_result):
     """reference(kind, epochs): the final weights of an uninterrupted plain fit (computed once per
-    session, whichever pytest-xdist worker first needs it: several tests compare with the same one)."""
+    session for every kind, whichever pytest-xdist worker first needs one: several tests compare with
+    the same one)."""
     cache: dict[tuple[str, int], list[np.ndarray]] = {}
 
     def get(kind: str, epochs: int) -> list[np.ndarray]:
         if (kind, epochs) not in cache:
-            folder = shared_result(f"keras-reference-{kind}-{epochs}",
-                                   lambda f: _plain_fit(kind, epochs, os.path.join(f, "w.npz")))
-            cache[(kind, epochs)] = _weights(os.path.join(folder, "w.npz"))
+            folder = shared_result(f"keras-references-{epochs}", lambda f: _plain_fits(epochs, f))
+            cache[(kind, epochs)] = _weights(os.path.join(folder, f"{kind}.npz"))
         return cache[(kind, epochs)]
 
     return get
@@ -96,7 +112,7 @@ def test_three_sigkills_at_random_batches_resume_mid_epoch_and_end_bit_identical
             wait_for(lambda: committed_steps(logdir) and committed_steps(logdir)[-1] > last, 120,
                      what=f"a commit by trainer attempt {attempt}")
             time.sleep(rng.uniform(0.0, 0.3))  # a random batch after that commit
-            pid = wait_for(lambda: _trainer_of_attempt(logdir, attempt), 30, what=f"trainer attempt {attempt}")
+            pid = wait_for(lambda: _trainer_of_attempt(logdir, attempt), 120, what=f"trainer attempt {attempt}")
             os.kill(pid, signal.SIGKILL)
             last = committed_steps(logdir)[-1]
     finally:
@@ -114,20 +130,35 @@ def test_three_sigkills_at_random_batches_resume_mid_epoch_and_end_bit_identical
     assert _bit_identical(_weights(out_path), reference(kind, epochs))
 
 
-def test_a_full_fit_under_procsv_equals_plain_fit_and_logs_its_scalars_through_the_summary_service(
-        short_tmp, reference):
-    logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
-    code, out, err = finish(launch(logdir, "--epochs", "2", "--weights-out", out_path, target=EXAMPLE), 300)
+FULL_EPOCHS = 4  # as the SIGTERM tests' fits: one plain reference serves them all
+
+
+def _full_fit(folder: str) -> None:
+    code, out, err = finish(launch(os.path.join(folder, "run"), "--epochs", str(FULL_EPOCHS), "--weights-out",
+                                   os.path.join(folder, "w.npz"), target=EXAMPLE, opts=NO_STANDBY), 300)
     assert code == 0, err
-    assert _bit_identical(_weights(out_path), reference("tfdata", 2))  # the callback changes nothing
-    assert _position(tf.train.latest_checkpoint(logdir)) == (1, BATCHES_PER_EPOCH, 2 * BATCHES_PER_EPOCH)
+
+
+@pytest.fixture
+def full_fit(shared_result) -> str:
+    """The folder of one uninterrupted fit under procsv launch (``run/`` its logdir, ``w.npz`` its final
+    weights), made once per session: one test reads it, another resumes a copy of it."""
+    return shared_result(f"keras-fit-full-{FULL_EPOCHS}", _full_fit)
+
+
+def test_a_full_fit_under_procsv_equals_plain_fit_and_logs_its_scalars_through_the_summary_service(
+        full_fit, reference):
+    logdir, out_path = os.path.join(full_fit, "run"), os.path.join(full_fit, "w.npz")
+    assert _bit_identical(_weights(out_path), reference("tfdata", FULL_EPOCHS))  # the callback changes nothing
+    assert _position(tf.train.latest_checkpoint(logdir)) == (FULL_EPOCHS - 1, BATCHES_PER_EPOCH,
+                                                             FULL_EPOCHS * BATCHES_PER_EPOCH)
     acc = EventAccumulator(logdir, size_guidance={"tensors": 0, "scalars": 0})
     acc.Reload()
     tags = set(acc.Tags()["tensors"]) | set(acc.Tags()["scalars"])
     for tag in ("epoch_loss", "epoch_accuracy", "epoch_val_loss", "epoch_val_accuracy", "epoch_learning_rate",
                 "batch_loss", "batch_learning_rate"):
         assert tag in tags, tags
-    assert [step for step, _ in _scalar_events(acc, "epoch_loss")] == [0, 1]
+    assert [step for step, _ in _scalar_events(acc, "epoch_loss")] == list(range(FULL_EPOCHS))
     batch_lr = _scalar_events(acc, "batch_learning_rate")  # logged with the batch scalars (Adam(1e-3))
     assert batch_lr and all(value == pytest.approx(1e-3) for _, value in batch_lr), batch_lr
     assert not [f for f in os.listdir(logdir) if f.startswith("events.out") and "procsv" not in f]
@@ -164,7 +195,7 @@ def _wait_mid_second_epoch(logdir: str) -> int:
 
 def _launch_and_sigterm_mid_epoch(logdir: str, out_path: str, *extra: str) -> tuple[int, int, int]:
     proc = launch(logdir, "--epochs", "4", "--batch-delay", str(BATCH_DELAY), "--weights-out", out_path, *extra,
-                  target=EXAMPLE)
+                  target=EXAMPLE, opts=NO_STANDBY)
     try:
         _wait_mid_second_epoch(logdir)
         proc.send_signal(signal.SIGTERM)
@@ -175,12 +206,36 @@ def _launch_and_sigterm_mid_epoch(logdir: str, out_path: str, *extra: str) -> tu
     return _position(tf.train.latest_checkpoint(logdir))
 
 
-def test_sigterm_mid_epoch_commits_the_batch_that_finished_and_a_relaunch_resumes_there(short_tmp, reference):
-    logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
-    epoch, batch, trained = _launch_and_sigterm_mid_epoch(logdir, out_path)
+def _sigterm_mid_epoch_with_delete_checkpoint(folder: str) -> None:
+    logdir = os.path.join(folder, "run")
+    os.makedirs(logdir)
+    with open(os.path.join(logdir, "notes.txt"), "w") as fh:
+        fh.write("mine")
+    _launch_and_sigterm_mid_epoch(logdir, os.path.join(folder, "w.npz"), "--delete-checkpoint")
+
+
+@pytest.fixture
+def stopped_mid_epoch(shared_result, short_tmp) -> str:
+    """A logdir holding a copy of one fit (tfdata, 4 epochs, save_freq "epoch", ``--delete-checkpoint``,
+    a file ``notes.txt`` of the user's beside it) that ``procsv launch`` stopped on SIGTERM in mid-epoch,
+    past the first epoch (exit 143, no final weights written: asserted when it is made). The run is made
+    once per session and each test relaunches its own copy, as it relaunched its own stopped run before."""
+    seed = os.path.join(shared_result("keras-fit-sigterm-mid-epoch", _sigterm_mid_epoch_with_delete_checkpoint),
+                        "run")
+    logdir = os.path.join(short_tmp, "run")
+    shutil.copytree(seed, logdir, ignore=shutil.ignore_patterns("lock"))
+    return logdir
+
+
+def test_sigterm_mid_epoch_commits_the_batch_that_finished_and_a_relaunch_resumes_there(stopped_mid_epoch,
+                                                                                       short_tmp, reference):
+    # the stopped fit ran with delete_checkpoint, which acts only once a fit completes (the test below)
+    logdir, out_path = stopped_mid_epoch, os.path.join(short_tmp, "w.npz")
+    epoch, batch, trained = _position(tf.train.latest_checkpoint(logdir))
     assert 0 < batch < BATCHES_PER_EPOCH and trained == epoch * BATCHES_PER_EPOCH + batch
     assert status_json(logdir)["step"] == trained == committed_steps(logdir)[-1]
-    code, out, err = finish(launch(logdir, "--epochs", "4", "--weights-out", out_path, target=EXAMPLE), 300)
+    code, out, err = finish(launch(logdir, "--epochs", "4", "--weights-out", out_path, target=EXAMPLE,
+                                   opts=NO_STANDBY), 300)
     assert code == 0, err
     assert _resumes(out) == [(epoch + 1, batch + 1, trained)]
     # past the first epoch, a seeded tf.data shuffle is put back without reading its earlier epochs
@@ -223,7 +278,8 @@ def test_a_corrupt_newest_backup_falls_back_to_the_previous_one_and_still_ends_b
         fh.seek(-1, os.SEEK_CUR)
         fh.write(bytes([byte[0] ^ 0xFF]))
     previous = _position(os.path.join(logdir, f"model.ckpt-{steps[-2]}"))
-    code, out, err = finish(launch(logdir, "--epochs", "4", "--weights-out", out_path, target=EXAMPLE), 300)
+    code, out, err = finish(launch(logdir, "--epochs", "4", "--weights-out", out_path, target=EXAMPLE,
+                                   opts=NO_STANDBY), 300)
     assert code == 0, err
     assert newest in err + out  # said, not silent
     assert _resumes(out) == [(previous[0] + 1, previous[1] + 1, previous[2])]
@@ -246,16 +302,13 @@ def test_delete_checkpoint_removes_only_procsvs_checkpoint_files_when_fit_comple
 
 
 def test_delete_checkpoint_keeps_the_backup_of_an_interrupted_fit_and_deletes_only_procsvs_once_it_completes(
-        short_tmp, reference):
+        stopped_mid_epoch, short_tmp, reference):
     # as Keras: the backup goes only when fit completes; a stopped fit is no completed fit
-    logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
-    os.makedirs(logdir)
-    with open(os.path.join(logdir, "notes.txt"), "w") as fh:
-        fh.write("mine")
-    epoch, batch, trained = _launch_and_sigterm_mid_epoch(logdir, out_path, "--delete-checkpoint")
+    logdir, out_path = stopped_mid_epoch, os.path.join(short_tmp, "w.npz")
+    epoch, batch, trained = _position(tf.train.latest_checkpoint(logdir))
     assert committed_steps(logdir)[-1] == trained and 0 < batch < BATCHES_PER_EPOCH
     code, out, err = finish(launch(logdir, "--epochs", "4", "--weights-out", out_path, "--delete-checkpoint",
-                                   target=EXAMPLE), 300)
+                                   target=EXAMPLE, opts=NO_STANDBY), 300)
     assert code == 0, err
     assert _resumes(out) == [(epoch + 1, batch + 1, trained)]
     assert _bit_identical(_weights(out_path), reference("tfdata", 4))
@@ -272,7 +325,7 @@ def test_delete_checkpoint_deletes_through_the_checkpoint_service_which_waits_fo
     os.makedirs(os.path.join(logdir, ".procsv"))
     lock = os.open(os.path.join(logdir, ".procsv", "restore.lock"), os.O_RDWR | os.O_CREAT, 0o644)
     fcntl.flock(lock, fcntl.LOCK_SH)  # as a restoring trainer holds it
-    proc = launch(logdir, "--epochs", "1", "--save-freq", "10", "--delete-checkpoint", target=EXAMPLE)
+    proc = launch(logdir, "--epochs", "1", "--save-freq", "10", "--delete-checkpoint", target=EXAMPLE, opts=NO_STANDBY)
     try:
         log = os.path.join(logdir, "logs", "checkpoint.1.log")
         wait_for(lambda: proc.poll() is not None or (os.path.exists(log) and "deleting the checkpoints once"
@@ -291,7 +344,7 @@ def test_delete_checkpoint_deletes_through_the_checkpoint_service_which_waits_fo
 
 def test_an_unseeded_shuffle_is_said_at_start(short_tmp):
     logdir = os.path.join(short_tmp, "run")
-    code, out, err = finish(launch(logdir, "--epochs", "1", "--unseeded", target=EXAMPLE), 300)
+    code, out, err = finish(launch(logdir, "--epochs", "1", "--unseeded", target=EXAMPLE, opts=NO_STANDBY), 300)
     assert code == 0, err
     lines = [line for line in (out + err).splitlines() if "will not be bit-exact" in line]
     assert lines and "shuffles without a seed" in lines[0], err
@@ -307,12 +360,11 @@ def test_an_infinite_dataset_without_steps_per_epoch_is_one_clear_error_and_no_r
     assert committed_steps(logdir) == []
 
 
-def test_a_changed_model_on_resume_is_an_error_naming_the_variable(short_tmp):
-    logdir = os.path.join(short_tmp, "run")
-    code, out, err = finish(launch(logdir, "--epochs", "1", target=EXAMPLE), 300)
-    assert code == 0, err
+def test_a_changed_model_on_resume_is_an_error_naming_the_variable(full_fit, short_tmp):
+    logdir = os.path.join(short_tmp, "run")  # a copy of a completed fit of the 64-unit model
+    shutil.copytree(os.path.join(full_fit, "run"), logdir, ignore=shutil.ignore_patterns("lock"))
     kept = committed_steps(logdir)
-    code, out, err = finish(launch(logdir, "--epochs", "2", "--hidden", "32", target=EXAMPLE), 300)
+    code, out, err = finish(launch(logdir, "--epochs", str(FULL_EPOCHS + 1), "--hidden", "32", target=EXAMPLE), 300)
     assert code != 0
     assert "MismatchedCheckpoint" in err and "model" in err and "kernel" in err, err
     assert committed_steps(logdir) == kept  # the checkpoint of the other model is kept as it was
