@@ -23,13 +23,39 @@ CASES = os.path.join(PROGRAMS, "tf1_cases.py")
 TRAIN = os.path.join(PROGRAMS, "tf1_train.py")
 
 
-def _case(name: str, logdir: str, tf_own: bool = False, cwd: str = REPO) -> dict:
-    done = subprocess.run([sys.executable, CASES, name, logdir] + (["--tf"] if tf_own else []),
-                          capture_output=True, text=True, env=quiet_env(), cwd=cwd, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
-    assert len(lines) == 1, done.stdout + done.stderr[-3000:]
-    return json.loads(lines[0][len("result "):])
+# Each side's cases run one after another in one process (one TensorFlow import a side, see
+# tf1_cases.py), each in its own graph with BASE/<case> as its logdir; the process runs in an empty
+# folder of its own (no_logdir: nothing is written where it runs). Made once per test session.
+OURS = ["no_logdir", "graph_file", "master_config", "local_init_run_options"]
+THEIRS = ["no_logdir", "master_config", "local_init_run_options"]
+
+
+def _run_cases(folder: str) -> None:
+    for side, names, extra in (("ours", OURS, []), ("tf", THEIRS, ["--tf"])):
+        cwd = os.path.join(folder, f"cwd-{side}")
+        os.makedirs(cwd)
+        done = subprocess.run([sys.executable, CASES, ",".join(names), os.path.join(folder, side), *extra],
+                              capture_output=True, text=True, env=quiet_env(), cwd=cwd, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        with open(os.path.join(folder, f"{side}.stdout"), "w") as fh:
+            fh.write(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def cases(shared_result) -> tuple[str, dict[str, dict[str, dict]]]:  # type: ignore[no-untyped-def]
+    """The folder of ``_run_cases`` and each side's results: side ("ours", "tf") -> case -> result."""
+    folder = shared_result("graph-leftovers-cases", _run_cases)
+    found: dict[str, dict[str, dict]] = {}
+    for side, names in (("ours", OURS), ("tf", THEIRS)):
+        with open(os.path.join(folder, f"{side}.stdout")) as fh:
+            stdout = fh.read()
+        found[side] = {}
+        for line in stdout.splitlines():
+            if line.startswith("result "):
+                name, _, value = line[len("result "):].partition(" ")
+                found[side][name] = json.loads(value)
+        assert sorted(found[side]) == sorted(names), stdout
+    return folder, found
 
 
 def _graph_def(path: str):  # type: ignore[no-untyped-def]
@@ -41,14 +67,15 @@ def _graph_def(path: str):  # type: ignore[no-untyped-def]
         return text_format.Parse(fh.read(), tf.compat.v1.GraphDef())
 
 
-def test_the_chief_writes_graph_pbtxt_and_a_graph_event_when_the_session_starts_and_a_worker_none(tmp_path):
+def test_the_chief_writes_graph_pbtxt_and_a_graph_event_when_the_session_starts_and_a_worker_none(tmp_path, cases):
     """As TF's Supervisor (``_write_graph`` after ``prepare_session``, chief only): the chief's
     logdir holds ``graph.pbtxt`` once the session is ready, a text GraphDef with the program's ops
     and their shapes; a worker (``is_chief=False``) writes none. The MLP program's file holds its
     variables, its matmuls and its optimizer, as TF's own Supervisor's file does; its event file
     holds the same GraphDef (TensorBoard's graph view, read with EventAccumulator), as TF's does."""
-    assert _case("graph_file", str(tmp_path / "cases")) == {"chief": True, "worker": False}
-    assert not os.path.exists(tmp_path / "cases" / "worker" / "graph.pbtxt")
+    folder, found = cases
+    assert found["ours"]["graph_file"] == {"chief": True, "worker": False}
+    assert not os.path.exists(os.path.join(folder, "ours", "graph_file", "worker", "graph.pbtxt"))
     for who, extra in (("ours", []), ("tf", ["--tf", "--no-summary-op"])):
         done = subprocess.run([sys.executable, TRAIN, "--logdir", str(tmp_path / who), "--steps", "3", *extra],
                               capture_output=True, text=True, env=quiet_env(), cwd=REPO, timeout=300)
@@ -77,13 +104,12 @@ def test_the_chief_writes_graph_pbtxt_and_a_graph_event_when_the_session_starts_
     assert {node.name for node in events["tf"].node} <= names
 
 
-def test_master_and_config_make_the_session_as_tf_on_a_local_server(tmp_path):
+def test_master_and_config_make_the_session_as_tf_on_a_local_server(cases):
     """``managed_session(master, config)`` and ``prepare_or_wait_for_session(master=, config=)``
     make the ``tf.compat.v1.Session`` with that target and ConfigProto: the session's ``sess_str``
     is a local ``tf.distribute.Server``'s target, its config the one passed, and the program trains
     on it; the same as TF's own Supervisor."""
-    ours = _case("master_config", str(tmp_path / "ours"))
-    theirs = _case("master_config", str(tmp_path / "tf"), tf_own=True)
+    ours, theirs = cases[1]["ours"]["master_config"], cases[1]["tf"]["master_config"]
     for how in ("managed", "prepare"):
         seen = ours[how]
         assert seen["target"].startswith("grpc://localhost:")
@@ -96,27 +122,25 @@ def test_master_and_config_make_the_session_as_tf_on_a_local_server(tmp_path):
             {k: v for k, v in tf_seen.items() if k not in targets}
 
 
-def test_local_init_run_options_reach_the_run_of_local_init_op_as_tf(tmp_path):
+def test_local_init_run_options_reach_the_run_of_local_init_op_as_tf(cases):
     """A ``local_init_op`` that blocks (a dequeue of an empty queue) with
     ``local_init_run_options=RunOptions(timeout_in_ms=1)``: the session's start fails with TF's
     DeadlineExceededError, as TF's own Supervisor's (without the options it would block)."""
-    assert _case("local_init_run_options", str(tmp_path / "ours")) == {"error": "DeadlineExceededError"}
-    assert _case("local_init_run_options", str(tmp_path / "tf"), tf_own=True) == {"error": "DeadlineExceededError"}
+    assert cases[1]["ours"]["local_init_run_options"] == {"error": "DeadlineExceededError"}
+    assert cases[1]["tf"]["local_init_run_options"] == {"error": "DeadlineExceededError"}
 
 
-def test_a_graph_program_without_a_logdir_trains_and_writes_nothing(tmp_path):
+def test_a_graph_program_without_a_logdir_trains_and_writes_nothing(cases):
     """``Supervisor(logdir=None)`` in a graph program, with summaries and saves asked for every
     10ms: it trains as TF's own Supervisor does (same values, ``save_path`` None, no summary
     writer, ``sv.summary_op`` still TF's ``merge_all`` op, which nothing runs), and nothing is
     written where it runs."""
-    for who in ("ours", "tf"):
-        os.makedirs(tmp_path / who)
-    ours = _case("no_logdir", "-", cwd=str(tmp_path / "ours"))
-    theirs = _case("no_logdir", "-", tf_own=True, cwd=str(tmp_path / "tf"))
+    folder, found = cases
+    ours, theirs = found["ours"]["no_logdir"], found["tf"]["no_logdir"]
     assert ours == theirs
     assert ours == {"v": 6.0, "step": 5, "save_path": None, "no_summary_writer": True, "summary_op": "MergeSummary",
                     "cwd_files": []}
-    assert os.listdir(tmp_path / "ours") == []
+    assert os.listdir(os.path.join(folder, "cwd-ours")) == []
 
 
 def test_master_local_is_a_session_through_an_in_process_rpc_master():
