@@ -63,34 +63,48 @@ FRESH_STARTS = ["defaults", "no_init_op", "nothing_to_init", "init_fn_only", "no
                 "queue_runners", "session_manager"]
 
 
-def _cases(names: list[str], base: str, tf_own: bool = False) -> dict[str, dict]:
-    """Several cases run one after another in one process (one TensorFlow import): name -> result."""
-    done = _run([CASES, ",".join(names), base] + (["--tf"] if tf_own else []))
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = {}
-    for line in done.stdout.splitlines():
-        if line.startswith("result "):
-            name, _, value = line[len("result "):].partition(" ")
-            found[name] = json.loads(value)
-    assert sorted(found) == sorted(names), done.stdout + done.stderr[-3000:]
-    return found
+# Every tf1_cases.py case of this module, each side's in one process (one TensorFlow import a side):
+# each case in its own graph, with BASE/<side>/<case> as its logdir; made once per test session.
+OURS = FRESH_STARTS + ["restore", "steps", "no_global_step", "summary_placeholder", "standard_services"]
+THEIRS = FRESH_STARTS + ["restore"]
+
+
+def _run_cases(folder: str) -> None:
+    for side, names, extra in (("ours", OURS, []), ("tf", THEIRS, ["--tf"])):
+        done = _run([CASES, ",".join(names), os.path.join(folder, side), *extra])
+        assert done.returncode == 0, done.stderr[-3000:]
+        for stream in ("stdout", "stderr"):
+            with open(os.path.join(folder, f"{side}.{stream}"), "w") as fh:
+                fh.write(getattr(done, stream))
 
 
 @pytest.fixture(scope="module")
-def fresh_starts(tmp_path_factory) -> tuple[dict[str, dict], dict[str, dict]]:
-    """Every fresh-start case's result, ours and TensorFlow's: each side's cases in one process."""
-    base = tmp_path_factory.mktemp("fresh_starts")
-    return _cases(FRESH_STARTS, str(base / "ours")), _cases(FRESH_STARTS, str(base / "tf"), tf_own=True)
+def cases(shared_result) -> tuple[str, dict[str, dict[str, dict]], str]:  # type: ignore[no-untyped-def]
+    """The cases' folder, each side's results (side "ours" or "tf" -> case -> result), and the
+    stderr of our side's process."""
+    folder = shared_result("graph-supervisor-cases", _run_cases)
+    found: dict[str, dict[str, dict]] = {}
+    for side, names in (("ours", OURS), ("tf", THEIRS)):
+        with open(os.path.join(folder, f"{side}.stdout")) as fh:
+            stdout = fh.read()
+        found[side] = {}
+        for line in stdout.splitlines():
+            if line.startswith("result "):
+                name, _, value = line[len("result "):].partition(" ")
+                found[side][name] = json.loads(value)
+        assert sorted(found[side]) == sorted(names), stdout
+    with open(os.path.join(folder, "ours.stderr")) as fh:
+        return folder, found, fh.read()
 
 
 @pytest.mark.parametrize("case", FRESH_STARTS)
-def test_the_tf1_arguments_and_session_manager_do_what_tensorflows_do_on_a_fresh_start(case, fresh_starts):
+def test_the_tf1_arguments_and_session_manager_do_what_tensorflows_do_on_a_fresh_start(case, cases):
     """init_op with init_feed_dict, init_fn, local_init_op, ready_op, ready_for_local_init_op (TF's
     RuntimeErrors), the queue runners started with the session and by start_queue_runners, and
     SessionManager's prepare_session/recover_session/wait_for_session: the same results as
     TensorFlow's own Supervisor and SessionManager. (Each case in its own graph and logdir; the
     cases of each side run one after another in one process, shared by this module's cases.)"""
-    ours, theirs = fresh_starts[0][case], fresh_starts[1][case]
+    ours, theirs = cases[1]["ours"][case], cases[1]["tf"][case]
     assert ours == theirs
     expected = {
         "defaults": lambda r: r == {"v": 10.0, "local": 5.0, "v_end": 13.0, "step": 3, "log": ["init_fn v=10.0"],
@@ -110,15 +124,14 @@ def test_the_tf1_arguments_and_session_manager_do_what_tensorflows_do_on_a_fresh
     assert expected(ours), ours
 
 
-def test_a_default_summary_op_that_cannot_run_is_said_once_and_turned_off_and_training_goes_on(tmp_path):
+def test_a_default_summary_op_that_cannot_run_is_said_once_and_turned_off_and_training_goes_on(cases):
     """merge_all over a placeholder no run feeds: TF's summary thread failed the training; procsv
     says so once, turns the default summary_op off, and sv.summary_computed still writes."""
-    logdir = str(tmp_path / "run")
-    done = _run([CASES, "summary_placeholder", logdir])
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stderr.count("default summary_op (merge_all) cannot run") == 1, done.stderr[-3000:]
-    result = json.loads(done.stdout.split("result ", 1)[1])
-    assert result == {"summary_op_off": True, "step": 20}
+    folder, found, stderr = cases
+    logdir = os.path.join(folder, "ours", "summary_placeholder")
+    # (said once in the whole process that ran every case of ours)
+    assert stderr.count("default summary_op (merge_all) cannot run") == 1, stderr[-3000:]
+    assert found["ours"]["summary_placeholder"] == {"summary_op_off": True, "step": 20}
     acc = EventAccumulator(logdir, size_guidance={"scalars": 0})
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("hand")] == [(s, 2.0 * s) for s in range(1, 21)]
@@ -126,14 +139,21 @@ def test_a_default_summary_op_that_cannot_run_is_said_once_and_turned_off_and_tr
 
 def _plain_restore(prefix: str) -> dict[str, np.ndarray]:
     """Every variable of a checkpoint, restored by a plain tf.compat.v1.train.Saver in a fresh graph
-    of the same model (in a process of its own: graph mode)."""
-    code = ("import sys, numpy as np; sys.path.insert(0, %r); import tf1_mlp; tf = tf1_mlp.setup_tf(); "
-            "tf1_mlp.build(tf); sess = tf.compat.v1.Session(); tf.compat.v1.train.Saver().restore(sess, %r); "
-            "np.savez(%r, **tf1_mlp.variables(tf, sess))") % (PROGRAMS, prefix, prefix + ".restored.npz")
-    done = _run(["-c", code])
-    assert done.returncode == 0, done.stderr[-3000:]
-    with np.load(prefix + ".restored.npz") as data:
-        return {k: data[k] for k in data.files}
+    of the same model (built in this process, in a ``tf.Graph().as_default()`` block: eager
+    execution stays on outside it)."""
+    import importlib.util
+
+    import tensorflow as tf
+
+    spec = importlib.util.spec_from_file_location("tf1_mlp", os.path.join(PROGRAMS, "tf1_mlp.py"))
+    assert spec is not None and spec.loader is not None
+    tf1_mlp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tf1_mlp)
+    with tf.Graph().as_default():
+        tf1_mlp.build(tf)
+        with tf.compat.v1.Session() as sess:
+            tf.compat.v1.train.Saver().restore(sess, prefix)
+            return dict(tf1_mlp.variables(tf, sess))
 
 
 def _npz(path: str) -> dict[str, np.ndarray]:
@@ -216,7 +236,7 @@ def test_a_graph_mlp_killed_at_random_moments_ends_bit_equal_to_a_plain_session_
             time.sleep(rng.uniform(0.0, 0.4))  # a random moment after that commit
             pid = wait_for(lambda: [p["pid"] for p in (raw_status(logdir) or {}).get("processes", [])
                                     if p["role"] == "trainer" and p.get("attempt") == attempt
-                                    and p["state"] == "running"], 30, what=f"trainer attempt {attempt}")[0]
+                                    and p["state"] == "running"], 120, what=f"trainer attempt {attempt}")[0]
             os.kill(pid, signal.SIGKILL)
             last = committed_steps(logdir)[-1]
     finally:
@@ -279,7 +299,7 @@ def test_the_checkpoint_committed_from_memory_at_a_kill_has_the_meta_graph_that_
     assert code == 128 + signal.SIGTERM, err[-3000:]
 
 
-def test_a_run_is_a_step_when_it_writes_the_global_step_on_the_sessions_thread(tmp_path):
+def test_a_run_is_a_step_when_it_writes_the_global_step_on_the_sessions_thread(cases):
     """sv.step after each run: reads (loss, the global step, a variable) are no steps; the train op
     fetched alone, in a list, a dict, by name or inside a group is; a step made by another thread is
     seen at the session thread's next step; a writer that sets it (an assign), one that adds 2, and
@@ -299,7 +319,7 @@ def test_a_run_is_a_step_when_it_writes_the_global_step_on_the_sessions_thread(t
     step once it holds the train op); a boundary whose time comes during a step's run (a 0.2 s
     step, the progress half due 0.05 s after it began) is made right after that run, at its step,
     not put off to the next step."""
-    result = _case("steps", str(tmp_path / "steps"))
+    result = cases[1]["ours"]["steps"]
     seen = result["seen"]
     assert seen == [["loss", 0], ["op", 1], ["list", 2], ["dict", 3], ["by name", 4], ["group", 5],
                     ["global step", 5], ["w", 5], ["other thread", 5, 6], ["after", 7],
@@ -309,35 +329,34 @@ def test_a_run_is_a_step_when_it_writes_the_global_step_on_the_sessions_thread(t
                                "boundary made right after the slow run": True,
                                "worked out again in 51 runs": {"plan": 0, "keep_watched": 0, "other runs": 0},
                                "kept": [[331, "nan"]], "nan step": 1}
-    assert _case("no_global_step", str(tmp_path / "none")) == {"steps": [1, 2, 3], "global_step": "global_step",
-                                                              "w": 4.0}
+    assert cases[1]["ours"]["no_global_step"] == {"steps": [1, 2, 3], "global_step": "global_step", "w": 4.0}
 
 
-def test_a_restore_runs_neither_init_op_nor_init_fn_as_tf_and_saver_save_commits_through_the_service(tmp_path):
+def test_a_restore_runs_neither_init_op_nor_init_fn_as_tf_and_saver_save_commits_through_the_service(cases):
     """A first Supervisor trains 4 steps and calls sv.saver.save; a second on the same logdir
     restores (v and the global step), runs neither init_op nor init_fn, so that a variable outside
     the saver is not ready (TF's RuntimeError); a third initializes it with its local_init_op. The
     same results as TF's own Supervisor, and procsv's checkpoint is a committed one (a manifest)."""
     from conftest import committed_steps
 
-    ours = _case("restore", str(tmp_path / "ours"))
-    theirs = _case("restore", str(tmp_path / "tf"), tf_own=True)
+    folder, found, _ = cases
+    ours, theirs = found["ours"]["restore"], found["tf"]["restore"]
     assert ours == theirs
     assert ours == {"first": [1.0, 0], "saved": "model.ckpt-4", "second": "Init operations did not make model ready",
                     "third": [5.0, 4], "log": ["init_fn first"]}
-    assert 4 in committed_steps(str(tmp_path / "ours"))
+    assert 4 in committed_steps(os.path.join(folder, "ours", "restore"))
 
 
 def test_start_standard_services_raises_as_tensorflows_and_starts_what_start_standard_services_false_held_back(
-        tmp_path):
+        cases):
     """TF's start_standard_services: RuntimeError for a worker, a warning and None without a logdir
     (TensorFlow's Supervisor.start_standard_services code, its message). With
     managed_session(start_standard_services=False) nothing of the session's checkpoint (every 3
     steps) and summary_op schedules is taken in its first 10 steps; after
     sv.start_standard_services(sess) both run (the last checkpoint is the stop's). In the same run,
     sv.summary_writer.add_meta_graph writes a MetaGraphDef into the event file, as TF's writer."""
-    logdir = str(tmp_path / "run")
-    seen = _case("standard_services", logdir)
+    logdir = os.path.join(cases[0], "ours", "standard_services")
+    seen = cases[1]["ours"]["standard_services"]
     assert seen["worker"] == {"error": "Only chief supervisor can start standard services"}
     assert seen["no_logdir"] == {"returned": None}
     assert seen["started"] == []
