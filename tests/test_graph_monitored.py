@@ -97,19 +97,24 @@ def _bit_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
                                         and a[k].tobytes() == b[k].tobytes() for k in a)
 
 
+PLAIN_STEPS = (120, 150, 300, 600)  # every step count a test below compares with
+
+
+def _plain_references(folder: str) -> None:
+    _run_program("--mode", "plain", "--plain-at", ",".join(map(str, PLAIN_STEPS)),
+                 "--out", os.path.join(folder, "plain{steps}.npz"))
+
+
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory):
+def plain(shared_result):
     """plain(steps): every global variable after ``steps`` runs of the train op in a plain
-    ``tf.compat.v1.Session`` loop (made once per step count)."""
-    made: dict[int, dict[str, np.ndarray]] = {}
-    folder = tmp_path_factory.mktemp("plain")
+    ``tf.compat.v1.Session`` loop (one loop, read after each of ``PLAIN_STEPS``' runs, made once
+    per test session)."""
+    folder = shared_result("graph-monitored-plain", _plain_references)
 
     def get(steps: int) -> dict[str, np.ndarray]:
-        if steps not in made:
-            path = str(folder / f"plain{steps}.npz")
-            _run_program("--mode", "plain", "--steps", str(steps), "--out", path)
-            made[steps] = _load(path)
-        return made[steps]
+        assert steps in PLAIN_STEPS, steps
+        return _load(os.path.join(folder, f"plain{steps}.npz"))
 
     return get
 
@@ -188,7 +193,7 @@ def test_three_sigkills_at_random_moments_and_monitored_training_session_ends_bi
             wait_for(lambda: committed_steps(logdir) and committed_steps(logdir)[-1] > last, 120,
                      what=f"a commit by trainer attempt {attempt}")
             time.sleep(rng.uniform(0.0, 0.5))
-            pid = wait_for(lambda: _trainer_of_attempt(logdir, attempt), 30, what=f"trainer attempt {attempt}")
+            pid = wait_for(lambda: _trainer_of_attempt(logdir, attempt), 120, what=f"trainer attempt {attempt}")
             killed_at.append((raw_status(logdir) or {}).get("step"))
             os.kill(pid, signal.SIGKILL)
             last = committed_steps(logdir)[-1]

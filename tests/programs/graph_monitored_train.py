@@ -6,6 +6,8 @@ procsv``: ``procsv.train.MonitoredTrainingSession`` with ``StopAtStepHook``, a h
 TensorFlow's own ``SessionRunHook`` that fetches the loss, and ``FinalOpsHook`` reading every global
 variable at the end; ``--mode plain``: ``tf.compat.v1.Session`` for ``--steps`` runs of the train op.
 Both write every global variable to ``--out`` (npz, keys ``name`` with ``/`` as ``__``).
+``--mode plain --plain-at N1,N2,...``: one plain loop of max(N) runs, writing the variables after
+each N's run to ``--out`` with ``{steps}`` replaced by N (several references, one TensorFlow import).
 ``--abort-at N``: the loss hook raises ``AbortedError`` from ``after_run`` of this process's N-th
 run, once: after the train op changed the variables, as a session aborted mid-run (what TF's
 MonitoredSession recovers from in-process: a new session restored from the newest checkpoint).
@@ -34,6 +36,7 @@ parser.add_argument("--step-delay", type=float, default=0.0)
 parser.add_argument("--abort-at", type=int, default=-1)
 parser.add_argument("--save-checkpoint-secs", type=float, default=1.0)
 parser.add_argument("--logdir", default=None, help="checkpoint_dir (default: the launch's --logdir)")
+parser.add_argument("--plain-at", default="", help="--mode plain: step counts N1,N2,... (--out holds {steps})")
 args = parser.parse_args()
 
 def build() -> tuple[tf.Tensor, tf.Operation]:
@@ -55,10 +58,11 @@ def build() -> tuple[tf.Tensor, tf.Operation]:
     return loss, train_op
 
 
-def write(values: dict[str, np.ndarray]) -> None:
-    tmp = args.out + ".tmp.npz"
+def write(values: dict[str, np.ndarray], path: str = "") -> None:
+    path = path or args.out
+    tmp = path + ".tmp.npz"
     np.savez(tmp, **{k.replace("/", "__"): v for k, v in values.items()})
-    os.replace(tmp, args.out)
+    os.replace(tmp, path)
 
 
 class LossHook(tf.compat.v1.train.SessionRunHook):
@@ -88,11 +92,15 @@ def main() -> int:
     loss, train_op = build()
     variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
     if args.mode == "plain":
+        at = sorted({int(n) for n in args.plain_at.split(",")}) if args.plain_at else []
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
-            for _ in range(args.steps):
+            for run in range(1, (at[-1] if at else args.steps) + 1):
                 sess.run(train_op)
-            write(sess.run(variables))
+                if run in at:
+                    write(sess.run(variables), args.out.format(steps=run))
+            if not at:
+                write(sess.run(variables))
         return 0
 
     from procsv import train
