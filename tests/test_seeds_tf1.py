@@ -3,7 +3,8 @@
 (a) Each example differs from its TensorFlow twin only in import lines: the twin is generated here
 from the procsv file by swapping its procsv imports back to ``tensorflow.compat.v1.train``, and
 nothing else in the file names procsv (but the shared model module, which imports TensorFlow
-only). The twin runs under TensorFlow's own classes, as a plain ``python`` program, and finishes
+only). The twin runs under TensorFlow's own classes, as a plain ``python`` program (the twins one
+after another in one process, ``tests/programs/tf1_twins.py``), and finishes
 with a checkpoint a fresh-graph ``tf.compat.v1.train.Saver`` restores; for the MonitoredSession
 family (whose saver hook saves between runs and at the end) that checkpoint is at ``--steps`` and
 holds the variables of an uninterrupted plain-``Session`` run, bit for bit; the manual summaries
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import json
 import os
 import signal
 import subprocess
@@ -142,27 +144,23 @@ def assert_bit_equal(got: dict[str, Any], want: dict[str, Any]) -> None:
 
 
 def run_every_twin(folder: str) -> None:
-    """Run every example's TensorFlow twin as a plain ``python`` program, all at once (most of each
-    run's time is waiting: its step delay, TensorFlow's threads), each in ``folder/<example>``:
-    the program, its logdir ``run``, and its exit code, stdout and stderr in files."""
-    procs = {}
-    try:
-        for example in sorted(EXAMPLES):
-            here = Path(folder) / example
-            here.mkdir()
-            program = here / f"{example}_tf.py"
-            program.write_text(tf_twin((FOLDER / f"{example}.py").read_text()))
-            with open(here / "stdout", "w") as out, open(here / "stderr", "w") as err:
-                procs[example] = subprocess.Popen(
-                    [sys.executable, str(program), "--logdir", str(here / "run"), *COMMON, *EXAMPLES[example]],
-                    stdout=out, stderr=err, env=quiet_env(), cwd=str(here))
-        for example, proc in procs.items():
-            (Path(folder) / example / "code").write_text(str(proc.wait(timeout=300)))
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    """Run every example's TensorFlow twin as a plain ``python`` program, one after another in one
+    process (``tests/programs/tf1_twins.py``: one TensorFlow import for all), each in
+    ``folder/<example>``: the program, its logdir ``run``, and its exit code, stdout and stderr in
+    files."""
+    spec = []
+    for example in sorted(EXAMPLES):
+        here = Path(folder) / example
+        here.mkdir()
+        program = here / f"{example}_tf.py"
+        program.write_text(tf_twin((FOLDER / f"{example}.py").read_text()))
+        spec.append({"program": str(program), "argv": ["--logdir", str(here / "run"), *COMMON, *EXAMPLES[example]],
+                     "cwd": str(here), "out": str(here)})
+    (Path(folder) / "spec.json").write_text(json.dumps(spec))
+    done = subprocess.run([sys.executable, str(Path(REPO) / "tests" / "programs" / "tf1_twins.py"),
+                           str(Path(folder) / "spec.json")], capture_output=True, text=True, env=quiet_env(),
+                          cwd=folder, timeout=800)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
