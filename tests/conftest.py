@@ -226,6 +226,23 @@ def launch_and_kill_trainer_once(logdir: str, *target_args: str, target: str,
     return code, out, err
 
 
+def case_results(folder: str, sides: tuple[tuple[str, list[str]], ...]) -> dict[str, dict[str, Any]]:
+    """What ``tests/programs/tf1_cases.py`` printed for each side, read from ``<folder>/<side>.stdout``:
+    side -> case -> its result (each ``result NAME JSON`` line); fails unless each side has exactly
+    its ``names``."""
+    found: dict[str, dict[str, Any]] = {}
+    for side, names in sides:
+        with open(os.path.join(folder, f"{side}.stdout")) as fh:
+            stdout = fh.read()
+        found[side] = {}
+        for line in stdout.splitlines():
+            if line.startswith("result "):
+                name, _, value = line[len("result "):].partition(" ")
+                found[side][name] = json.loads(value)
+        assert sorted(found[side]) == sorted(names), stdout
+    return found
+
+
 @pytest.fixture(scope="session")
 def shared_result(tmp_path_factory, worker_id):
     """shared_result(name, produce): the folder ``produce(folder)`` filled, made once per test

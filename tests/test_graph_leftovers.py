@@ -9,7 +9,6 @@ the same case, the test runs it too and compares (``--tf``).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import sys
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import PROGRAMS, REPO, quiet_env
+from conftest import PROGRAMS, REPO, case_results, quiet_env
 
 CASES = os.path.join(PROGRAMS, "tf1_cases.py")
 TRAIN = os.path.join(PROGRAMS, "tf1_train.py")
@@ -45,16 +44,7 @@ def _run_cases(folder: str) -> None:
 def cases(shared_result) -> tuple[str, dict[str, dict[str, dict]]]:  # type: ignore[no-untyped-def]
     """The folder of ``_run_cases`` and each side's results: side ("ours", "tf") -> case -> result."""
     folder = shared_result("graph-leftovers-cases", _run_cases)
-    found: dict[str, dict[str, dict]] = {}
-    for side, names in (("ours", OURS), ("tf", THEIRS)):
-        with open(os.path.join(folder, f"{side}.stdout")) as fh:
-            stdout = fh.read()
-        found[side] = {}
-        for line in stdout.splitlines():
-            if line.startswith("result "):
-                name, _, value = line[len("result "):].partition(" ")
-                found[side][name] = json.loads(value)
-        assert sorted(found[side]) == sorted(names), stdout
+    found = case_results(folder, (("ours", list(OURS)), ("tf", list(THEIRS))))
     return folder, found
 
 

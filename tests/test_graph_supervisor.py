@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import PROGRAMS, REPO, quiet_env
+from conftest import PROGRAMS, REPO, case_results, quiet_env
 
 TRAIN = os.path.join(PROGRAMS, "tf1_train.py")
 CASES = os.path.join(PROGRAMS, "tf1_cases.py")
@@ -83,16 +83,7 @@ def cases(shared_result) -> tuple[str, dict[str, dict[str, dict]], str]:  # type
     """The cases' folder, each side's results (side "ours" or "tf" -> case -> result), and the
     stderr of our side's process."""
     folder = shared_result("graph-supervisor-cases", _run_cases)
-    found: dict[str, dict[str, dict]] = {}
-    for side, names in (("ours", OURS), ("tf", THEIRS)):
-        with open(os.path.join(folder, f"{side}.stdout")) as fh:
-            stdout = fh.read()
-        found[side] = {}
-        for line in stdout.splitlines():
-            if line.startswith("result "):
-                name, _, value = line[len("result "):].partition(" ")
-                found[side][name] = json.loads(value)
-        assert sorted(found[side]) == sorted(names), stdout
+    found = case_results(folder, (("ours", list(OURS)), ("tf", list(THEIRS))))
     with open(os.path.join(folder, "ours.stderr")) as fh:
         return folder, found, fh.read()
 
