@@ -126,10 +126,11 @@ def run_processes(logdir: str) -> list[psutil.Process]:
 def fresh_train_api():
     """Each test is a new program for ``procsv.train``: no global step yet, every warning not yet given.
     (Test modules of that API use it for every test: ``pytestmark = pytest.mark.usefixtures(...)``.)"""
+    from procsv.trainer import once
     from procsv.trainer.monitored import hooks as api
 
     api.set_global_step(None)
-    api._warned.clear()
+    once._warned.clear()
     yield
     api.set_global_step(None)
 

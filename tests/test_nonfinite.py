@@ -35,10 +35,11 @@ PLAIN_RUNS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 _PLAIN_DRIVER = """
 import json, runpy, sys
+from procsv.trainer import once
 from procsv.trainer.monitored import hooks
 for logdir, program, args in json.loads(sys.argv[1]):
     hooks.set_global_step(None)  # each program is a new one for procsv.train, as in a process of its own
-    hooks._warned.clear()
+    once._warned.clear()
     sys.argv = [program, "--logdir", logdir, *args]
     runpy.run_path(program, run_name="__main__")
 """

@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 from procsv.ipc.messages import Busy, Progress, SaveReason
 from procsv.common.errors import TrainingStopped
-from procsv.trainer.nonfinite.errors import NonFiniteState
+from procsv.common.errors import NonFiniteState
 from procsv.trainer.nonfinite.methods import NonfiniteMethods
 from procsv.trainer.step_boundary import NEVER, ProgressReporter, StepCounter, checkpoint_work
 from procsv.trainer.summaries.sender import COALESCE  # (time-driven work due this soon goes with a boundary that runs)

@@ -19,7 +19,6 @@ from typing import Any, Optional, Protocol
 
 from procsv.common.errors import TrainingStopped, UsageError
 from procsv.trainer.coordinator import Coordinator
-from procsv.trainer.monitored.hooks import evaluate
 from procsv.trainer.step_boundary import StepState
 
 
@@ -35,6 +34,25 @@ def _readable(leaf: Any) -> bool:
     if leaf is None or isinstance(leaf, (tf.Tensor, tf.Variable)) or tf.is_tensor(leaf):  # sparse, ragged too
         return True
     return not callable(leaf) and callable(getattr(leaf, "numpy", None))
+
+
+def evaluate(fetches: Any) -> Any:
+    """The current values of ``fetches``: a tensor or variable becomes a numpy value, a callable is
+    called (no arguments) and its result converted, None stays None; structures keep their shape."""
+    import tensorflow as tf
+
+    def one(x: Any) -> Any:
+        if x is None:
+            return None
+        if callable(x) and not isinstance(x, (tf.Tensor, tf.Variable)):
+            x = x()
+        if isinstance(x, (tf.Tensor, tf.Variable)):
+            return x.numpy()
+        return x
+
+    if fetches is None:
+        return None
+    return tf.nest.map_structure(one, fetches)
 
 
 def readable_fetches(fetches: Any, where: str = "sess.run") -> None:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 from procsv.ipc.messages import Progress
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.agent import CheckpointAgent
-from procsv.trainer.monitored.hooks import warn_once
+from procsv.trainer.once import warn_once
 
 NEVER = float("inf")
 PROGRESS_EVERY = 0.1  # seconds between Progress messages to the watchdog

@@ -33,7 +33,7 @@ from procsv.trainer.standby import wait as standby, warmup
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.coordinator import Coordinator
-from procsv.trainer.nonfinite.errors import TrainingDiverged
+from procsv.common.errors import TrainingDiverged
 from procsv.trainer.managed import ManagedSession, ManagedSessionContext
 from procsv.trainer.replica import GroupPin
 from procsv.trainer.checkpoint.restore import ReadRetry
@@ -46,7 +46,7 @@ from procsv.trainer.supervisor_setup import (agent_factory, layout_for, refuse_e
                                              state_to_save)
 from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, Tf1Properties, add_camel_case_aliases
 from procsv.trainer.graph.supervised import GraphMethods
-from procsv.trainer.monitored.hooks import warn_once
+from procsv.trainer.once import warn_once
 from procsv.trainer.tf1_methods import Tf1Methods, warn_ignored_prepare_args
 
 

@@ -18,7 +18,7 @@ import sys
 from typing import Any, Callable, Mapping, Optional
 
 from procsv.common.errors import UsageError
-from procsv.trainer.monitored.hooks import warn_once
+from procsv.trainer.once import warn_once
 from procsv.trainer.tf1_objects import SaverShim, SummaryWriterShim, check_passed_writer
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 from procsv.common.layout import Layout
 from procsv.trainer.coordinator import Coordinator, LooperThread
-from procsv.trainer.monitored.hooks import warn_once
+from procsv.trainer.once import warn_once
 
 
 def warn_ignored_prepare_args(master: str, config: Any, graph_mode: bool = False) -> None:

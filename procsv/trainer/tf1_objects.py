@@ -32,7 +32,7 @@ from typing import Any, Optional
 from procsv.common.errors import CheckpointError, UsageError
 from procsv.common.manifests import list_committed
 from procsv.ipc.messages import Busy, GraphEvent, SaveReason, SessionLogEvent, SessionStatus
-from procsv.trainer.monitored.hooks import warn_once
+from procsv.trainer.once import warn_once
 
 _STATUS = {1: SessionStatus.START, 2: SessionStatus.STOP, 3: SessionStatus.CHECKPOINT}  # SessionLog.SessionStatus
 

@@ -47,7 +47,7 @@ from procsv.trainer.checkpoint.memory_methods import PLAN_MAX_AGE, READ_EVERY, M
 from procsv.trainer.checkpoint.restore import ReadRetry
 from procsv.trainer.checkpoint.snapshot import arena_bytes_needed, self_test
 from procsv.trainer.checkpoint.snapshot_store import SnapshotStore, stuck_here
-from procsv.trainer.nonfinite.errors import NonFiniteState
+from procsv.common.errors import NonFiniteState
 
 HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the checkpoint service
 # the service's messages are read at a step boundary every READ_EVERY while an answer is awaited (a

@@ -16,7 +16,7 @@ from procsv.ipc.messages import SaveData, SaveReason, SnapshotHeld
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint import memory_tier
 from procsv.trainer.checkpoint.snapshot_store import SnapshotStore
-from procsv.trainer.nonfinite.errors import NonFiniteState
+from procsv.common.errors import NonFiniteState
 
 READ_EVERY = 0.01  # seconds between reads of the service's messages while an answer is awaited (see agent.py)
 PLAN_MAX_AGE = 10.0  # seconds a snapshot may reuse the object-graph walk of an earlier one (if the graph's shape is the same)

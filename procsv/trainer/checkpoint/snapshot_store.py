@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 from procsv.common import faults
 from procsv.common.snapshot_memory import SLOT_COMPLETE, SLOT_WRITING
@@ -21,7 +21,18 @@ from procsv.trainer.checkpoint.memory_tier import Slots
 from procsv.trainer.checkpoint import graph_shape
 from procsv.trainer.checkpoint.memory_restore import Copy
 from procsv.trainer.checkpoint.snapshot import Plan, Snapshot, SnapshotArena, plan, take
-from procsv.trainer.nonfinite.watch import NonfiniteWatch
+
+
+class SnapshotCheck(Protocol):
+    """What checks each snapshot before it may be kept (procsv.trainer.nonfinite's watch): raises
+    :class:`~procsv.common.errors.NonFiniteState` for a poisoned state."""
+
+    def precheck(self, step: int) -> None:
+        """Before the copy: the watched losses up to ``step``."""
+
+    def verify(self, step: int, ckpt: Any, plan: Optional[Plan], specs: Sequence[Any], frames: Sequence[Any],
+               memory: Any) -> None:
+        """After the copy, before the slot is marked complete: the copied tensors."""
 
 
 def stuck_here(name: str, detail: str = "") -> None:
@@ -50,7 +61,7 @@ class SnapshotStore:
         self.slots = Slots(slots)
         self.plan: Optional[Plan] = None  # the last object-graph walk (snapshot.Plan) and when it was made
         self.plan_at = float("-inf")
-        self.watch: Optional[NonfiniteWatch] = None  # checks each snapshot (procsv.trainer.nonfinite)
+        self.watch: Optional[SnapshotCheck] = None  # checks each snapshot (procsv.trainer.nonfinite)
         self.copies: dict[int, Copy] = {}  # slot -> the snapshot copied into it (a rollback may restore it)
 
     def arena_for(self, nbytes: int, background: bool = False) -> Optional[SnapshotArena]:

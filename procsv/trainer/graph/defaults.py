@@ -25,7 +25,7 @@ from procsv.trainer.graph.session_manager import SessionManager
 from procsv.trainer.graph.state import GraphCheckpoint, GraphGlobalStep
 from procsv.trainer.graph.built import once_per_graph
 from procsv.trainer.graph.steps import StepProbe, global_step_of
-from procsv.trainer.monitored.hooks import warn_once
+from procsv.trainer.once import warn_once
 from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, Tf1Choices
 from procsv.trainer.tf1_objects import check_passed_writer
 

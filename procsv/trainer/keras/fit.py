@@ -40,7 +40,7 @@ from procsv.trainer.keras import input_position
 from procsv.trainer.keras import step_warmup
 from procsv.trainer.keras.replay import LOGS, BatchReplay
 from procsv.trainer.keras.rollback import FitRollback
-from procsv.trainer.monitored.hooks import warn_once
+from procsv.trainer.once import warn_once
 from procsv.trainer.managed import ManagedSession
 from procsv.trainer.nonfinite.policy import OnNonfinite
 from procsv.trainer.supervisor import Supervisor

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from procsv.trainer.keras.replay import BatchReplay
 from procsv.trainer.managed import ManagedSession
-from procsv.trainer.nonfinite.errors import NonFiniteState
+from procsv.common.errors import NonFiniteState
 from procsv.trainer.nonfinite.policy import OnNonfinite
 from procsv.trainer.supervisor import Supervisor
 

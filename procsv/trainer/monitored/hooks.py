@@ -10,10 +10,10 @@ arrive in ``after_run`` as ``run_values.results``; ``run_values.step_result`` is
 function returned.
 
 Also here: :class:`SecondOrStepTimer` (TF's "every N steps or N seconds" rule, on an injectable
-monotonic clock), :func:`evaluate` (fetches -> values), the process-wide global step
+monotonic clock), the process-wide global step
 (:func:`get_or_create_global_step`, TF2's stand-in for the graph's global step; in graph mode,
-:func:`graph_mode`, the graph's own) and :func:`warn_once` for the TF1 arguments that have no TF2
-meaning. In graph mode a run is a ``session.run``: see :mod:`procsv.trainer.monitored.graph_hooked`.
+:func:`graph_mode`, the graph's own). (``evaluate`` is :mod:`procsv.trainer.managed`'s and
+``warn_once`` :mod:`procsv.trainer.once`'s, named here too for the hooks.) In graph mode a run is a ``session.run``: see :mod:`procsv.trainer.monitored.graph_hooked`.
 """
 
 from __future__ import annotations
@@ -23,17 +23,10 @@ import sys
 import time
 from typing import Any, Callable, NamedTuple, Optional
 
+from procsv.trainer.managed import evaluate
+from procsv.trainer.once import warn_once
+
 logger = logging.getLogger("procsv.train")
-
-_warned: set[str] = set()
-
-
-def warn_once(key: str, message: str) -> None:
-    """Log ``message`` as a warning the first time ``key`` is seen in this process."""
-    if key in _warned:
-        return
-    _warned.add(key)
-    logger.warning("procsv.train: %s", message)
 
 
 # ---------------------------------------------------------------------------- the global step
@@ -94,26 +87,6 @@ def set_global_step(variable: Any) -> None:
 
 def read_step(variable: Any) -> int:
     return int(variable.numpy())
-
-
-# ---------------------------------------------------------------------------- fetches
-def evaluate(fetches: Any) -> Any:
-    """The current values of ``fetches``: a tensor or variable becomes a numpy value, a callable is
-    called (no arguments) and its result converted, None stays None; structures keep their shape."""
-    import tensorflow as tf
-
-    def one(x: Any) -> Any:
-        if x is None:
-            return None
-        if callable(x) and not isinstance(x, (tf.Tensor, tf.Variable)):
-            x = x()
-        if isinstance(x, (tf.Tensor, tf.Variable)):
-            return x.numpy()
-        return x
-
-    if fetches is None:
-        return None
-    return tf.nest.map_structure(one, fetches)
 
 
 # ---------------------------------------------------------------------------- run values

@@ -36,7 +36,7 @@ from procsv.trainer.checkpoint import memory_restore
 from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
 from procsv.trainer.nonfinite import inputs, notices, policy, scan
-from procsv.trainer.nonfinite.errors import NonFiniteState
+from procsv.common.errors import NonFiniteState
 from procsv.trainer.nonfinite.policy import OnNonfinite
 from procsv.trainer.nonfinite.watch import NonfiniteWatch
 from procsv.trainer.step_boundary import StepCounter, StepState

@@ -4,7 +4,7 @@ Runs in the trainer's main thread. :class:`NonfiniteWatch` holds the policy (``S
 on_nonfinite=...)``, else ``procsv launch --on-nonfinite`` through ``PROCSV_ON_NONFINITE``), the
 watched losses (:class:`~procsv.trainer.nonfinite.losses.LossWatch`), and the checks a snapshot
 passes through (:meth:`precheck` before its copy, :meth:`verify` on the copy); a refused snapshot
-raises :class:`~procsv.trainer.nonfinite.errors.NonFiniteState`, which the checkpoint agent cleans
+raises :class:`~procsv.common.errors.NonFiniteState`, which the checkpoint agent cleans
 up after and the step boundary hands to :meth:`refused`: the policy's decision.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 
 from procsv.common import env
 from procsv.trainer.nonfinite import policy, scan
-from procsv.trainer.nonfinite.errors import NonFiniteState, TrainingDiverged
+from procsv.common.errors import NonFiniteState, TrainingDiverged
 from procsv.trainer.nonfinite.losses import LossWatch
 from procsv.trainer.nonfinite.notices import Position
 from procsv.trainer.nonfinite.policy import OnNonfinite, RestoreBound, SkipBudget
