@@ -192,7 +192,7 @@ def bench_size(size_bytes: int, rounds: int, workdir: str) -> Results:
     sv = procsv.Supervisor(logdir=logdir, checkpoint={"params": model.params, "m": model.m, "v": model.v},
                            save_model_secs=None, save_summaries_secs=None, max_to_keep=1, stop_grace_secs=120)
     with sv.managed_session() as sess:
-        agent = sv._ckpt  # the trainer-side checkpoint agent: the bench triggers saves through it
+        agent = sv._keeper.agent  # the trainer-side checkpoint agent: the bench triggers saves through it
         assert agent is not None
         service = [p.pid for p in psutil.Process().children() if "procsv.services.checkpoint" in " ".join(p.cmdline())]
         run_steps(sess, model, 3)

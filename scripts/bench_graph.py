@@ -177,7 +177,8 @@ def supervisor(contender: str, m: Graph, logdir: str, clock: TrainingClock) -> A
 
 def snapshots_taken(sv: Any) -> Optional[int]:
     """In-memory snapshots procsv's Supervisor took (None: it does not say)."""
-    taken = getattr(getattr(sv, "_ckpt", None), "memory_taken", None)
+    keeper = getattr(sv, "_keeper", None)
+    taken = keeper.agent.memory_taken if keeper is not None else None
     return int(taken) if taken is not None else None
 
 

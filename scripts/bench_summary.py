@@ -122,7 +122,7 @@ def cost_per_scalar(tmp: str, steps: int) -> dict[str, float]:
         settle()
         sess.run(lambda: None)
         handoff = [0.0]
-        wrap_timer(sv._summary_sender, "at_boundary", handoff)
+        wrap_timer(sv._summaries.sender, "at_boundary", handoff)
         for name, vals in (("procsv_tensor", values), ("procsv_float", floats)):
             handoff[0] = 0.0
             spent = 0.0
@@ -277,7 +277,7 @@ def step_overhead(tmp: str, blocks: int, block_steps: int) -> dict[str, float]:
     # "floor" (the same ten stacked and assigned to a variable inside it, without procsv)
     per: dict[str, list[float]] = {"log": [], "off": [], "read": [], "graph": [], "floor": []}
     graph_steps = 0
-    rings = sv._summaries.graph  # the process's rings: an earlier run of (c) in this process wrote into them too
+    rings = sv._summaries.buffer.graph  # the process's rings: an earlier run of (c) in this process wrote into them too
     rows_before = sum(ring.read for ring in rings._rings.values())
     inside = [0.0]  # time spent in procsv's summary calls during the logging blocks
     with sv.managed_session() as sess:
@@ -305,22 +305,22 @@ def step_overhead(tmp: str, blocks: int, block_steps: int) -> dict[str, float]:
                 elif kind == "read":
                     for value in metrics.values():
                         value.numpy()
-            sender = getattr(sv, "_summary_sender", None)  # made at the first boundary after a log
+            sender = sv._summaries.sender  # made at the first boundary after a log
             if sender is not None:  # this block's own logging is handed off in its time
                 if kind == "graph":
-                    sv._summaries.collect_graph(force=True)
+                    sv._summaries.buffer.collect_graph(force=True)
                 sender.at_boundary(step, urgent=True)
             return (time.perf_counter() - t0) / block_steps
 
         for kind in per:  # trace and warm up
             block(kind)
         sv.log_scalars(sess.run(train_step, x_train[:64], y_train[:64]))  # creates the sender
-        wrap_timer(sv._summary_sender, "at_boundary", inside)
+        wrap_timer(sv._summaries.sender, "at_boundary", inside)
         inside[0] = 0.0
         for k in range(blocks):
             for kind in (("log", "off", "read", "graph", "floor") if k % 2 else ("floor", "graph", "read", "off", "log")):
                 per[kind].append(block(kind))  # drift cancels in pairs
-        sv._summaries.collect_graph(force=True)
+        sv._summaries.buffer.collect_graph(force=True)
         graph_rows = sum(ring.read for ring in rings._rings.values()) - rows_before
     on, off = statistics.median(per["log"]), statistics.median(per["off"])
     pairs = [a / b - 1 for a, b in zip(per["log"], per["off"])]

@@ -91,7 +91,7 @@ def series(tmp: str, tier: bool, blocks: int, block_steps: int, parts: Any) -> d
             for supervised in ((True, False) if k % 2 else (False, True)):
                 per[supervised].append(block(supervised))
         advanced = sv.step - start
-        taken = sv._ckpt.memory_taken if sv._ckpt is not None else 0
+        taken = sv._keeper.agent.memory_taken if sv._keeper is not None else 0
     shutil.rmtree(logdir, ignore_errors=True)
     ratios = [bare / sup for bare, sup in zip(per[False], per[True])]  # throughput procsv / bare, per pair
     return {"bare": statistics.median(per[False]), "procsv": statistics.median(per[True]),

@@ -31,7 +31,7 @@ class FakeSupervisor:
         self.secs_per_step = secs_per_step
         self.coord = Coordinator(clock=self._clock)
         self.logdir = "/nonexistent/fake-logdir"
-        self._ckpt = None
+        self._keeper = None  # (a procsv.Supervisor's CheckpointKeeper: none, nothing is saved)
         self._session = FakeManaged(self)
         self.scalars: list[tuple[str, float, int]] = []
         self.stopped = False

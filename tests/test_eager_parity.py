@@ -89,9 +89,9 @@ def test_a_supervisor_given_nothing_to_save_is_refused_at_construction(logdir, c
     assert not os.path.exists(logdir)  # refused before anything was created or started
     capsys.readouterr()
     off = procsv.Supervisor(logdir=logdir, checkpoint=None)  # the documented opt-out, with today's warning
-    assert off._ckpt is None and "Supervisor(checkpoint=None): nothing will be saved" in capsys.readouterr().err
-    assert procsv.Supervisor(logdir=logdir, saver=None)._ckpt is None
-    assert procsv.Supervisor(logdir=logdir, saver={"w": tf.Variable(1.0)})._ckpt is not None
+    assert off._keeper is None and "Supervisor(checkpoint=None): nothing will be saved" in capsys.readouterr().err
+    assert procsv.Supervisor(logdir=logdir, saver=None)._keeper is None
+    assert procsv.Supervisor(logdir=logdir, saver={"w": tf.Variable(1.0)})._keeper is not None
 
 
 def test_monitored_sessions_given_nothing_to_save_are_refused_with_the_same_line(logdir):
@@ -148,7 +148,7 @@ def test_no_logdir_in_plain_python_runs_with_no_checkpoint_and_no_summary_as_tf(
     monkeypatch.chdir(tmp_path)  # anything written to "." would show here
     w = tf.Variable(0.0)
     sv = procsv.Supervisor(checkpoint={"w": w})  # a checkpoint given, but nowhere to save it: warned, not saved
-    assert sv.logdir is None and sv.save_path is None and sv._ckpt is None and sv.summary_writer is None
+    assert sv.logdir is None and sv.save_path is None and sv._keeper is None and sv.summary_writer is None
     seen: list[float] = []
 
     def read_then_stop() -> None:  # the seed's sv.loop target: reads a value from another thread, then stops

@@ -310,10 +310,10 @@ def test_rows_still_in_the_rings_hold_back_an_in_memory_snapshot_of_their_step(l
         for _ in range(5):
             sess.run(step)
         deadline = time.monotonic() + 20
-        while sv._summaries_unwritten_from() is not None and time.monotonic() < deadline:
-            sv._flush_summaries(force=False, urgent=True)  # hand off, and read the service's acks
+        while sv._summaries.unwritten_from() is not None and time.monotonic() < deadline:
+            sv._summaries.flush(force=False, urgent=True)  # hand off, and read the service's acks
             time.sleep(0.01)
-        assert sv._summaries_unwritten_from() is None  # steps 1-5 are written
+        assert sv._summaries.unwritten_from() is None  # steps 1-5 are written
         step()  # called directly: no step boundary, so rows 6 and 7 wait in the ring, read by nobody
         step()
-        assert sv._summaries_unwritten_from() == 6
+        assert sv._summaries.unwritten_from() == 6

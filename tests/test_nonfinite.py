@@ -188,8 +188,8 @@ def test_a_returned_loss_is_checked_in_bulk_at_the_snapshot_not_read_at_every_st
         return during, sv, w
 
     watched, sv, _ = run("watched", True)
-    assert sv._nonfinite.first is not None and sv._nonfinite.first.first_step == 120
-    checks = sv._nonfinite.losses.reads
+    assert sv._rollback.watch.first is not None and sv._rollback.watch.first.first_step == 120
+    checks = sv._rollback.watch.losses.reads
     assert 1 <= checks <= 2 * 300 // 50 + 2, checks  # one read per check (two where a NaN was found)
     assert watched < 300 // 2, watched  # nowhere near one read per step
     latest = tf.train.latest_checkpoint(str(tmp_path / "watched"))
@@ -438,7 +438,7 @@ def test_graph_mode_a_nan_tensor_hooks_nan_is_rolled_back_and_skipped_bit_equal_
 
         def after_run(self, run_context, run_values):
             sv = run_context.session.supervisor
-            assert sv._ckpt.wait_in_flight(sv._channels, sv.step, sv._clock() + 120)
+            assert sv._keeper.agent.wait_in_flight(sv._channels, sv.step, sv._clock() + 120)
 
     with tf.Graph().as_default():
         gs, x, objective, train_op = _nan_graph_model(25)

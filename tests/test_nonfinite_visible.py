@@ -209,7 +209,7 @@ def test_nonfinite_check_0_turns_detection_off_for_measuring_its_cost(tmp_path, 
     with sv.managed_session() as sess:
         for s in range(1, 31):
             sess.run(lambda: train(tf.fill([4], float("nan") if s == 12 else 1.0)))
-    assert sv._nonfinite.losses.reads == 0 and sv._nonfinite.refusals == 0  # nothing kept, checked or refused
+    assert sv._rollback.watch.losses.reads == 0 and sv._rollback.watch.refusals == 0  # nothing kept, checked or refused
     latest = tf.train.latest_checkpoint(str(tmp_path))
     assert latest is not None and latest.endswith("-30"), latest  # committed as it was: NaN
     assert np.isnan(tf.train.load_checkpoint(latest).get_tensor("w/.ATTRIBUTES/VARIABLE_VALUE")).all()
@@ -234,7 +234,7 @@ def test_a_keras_fit_names_each_steps_input_position_for_the_non_finite_events(t
     class Grab(keras.callbacks.Callback):  # before BackupAndRestore's on_train_end, which lets its Supervisor go
         def on_train_end(self, logs=None):  # type: ignore[no-untyped-def]
             assert backup.sv is not None
-            seen.update({s: backup.sv._nonfinite.position(s) for s in (1, 7, 8, 14, 15)})  # type: ignore[misc]
+            seen.update({s: backup.sv._rollback.watch.position(s) for s in (1, 7, 8, 14, 15)})  # type: ignore[misc]
 
     model.fit(ds, epochs=2, callbacks=[Grab(), backup], verbose=0)
     assert seen == {1: (0, 0), 7: (0, 6), 8: (1, 0), 14: (1, 6), 15: (1, 7)}  # 15: past the end, as if it ran

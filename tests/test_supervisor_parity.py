@@ -109,7 +109,7 @@ def test_none_turns_the_services_off_as_tf(logdir, caplog):
     from procsv.common.errors import UsageError
 
     sv = _sv(logdir, saver=None, summary_op=None)
-    assert sv.saver is None and sv._ckpt is None and sv.summary_op is None
+    assert sv.saver is None and sv._keeper is None and sv.summary_op is None
     assert "saver=None" in caplog.text
     with pytest.raises(UsageError, match="saver=None"):
         _sv(logdir, saver=None, checkpoint={"w": tf.Variable(1.0)})
@@ -265,11 +265,11 @@ def test_zero_or_none_save_model_secs_turns_periodic_checkpoints_off_and_the_wri
 
     for secs in (0, None):
         sv = _sv(logdir, checkpoint={"w": tf.Variable(1.0)}, save_model_secs=secs)
-        assert sv._ckpt is not None and sv._ckpt.save_model_secs is None
+        assert sv._keeper is not None and sv._keeper.agent.save_model_secs is None
     sv = _sv(logdir, checkpoint={"w": tf.Variable(1.0)})
     sv.summary_writer.add_summary({"a": 1.0}, 5)  # TF's writer.add_summary(summary, step) -> the service
     sv.summary_writer.flush()
-    assert len(sv._summaries) == 1
+    assert len(sv._summaries.buffer) == 1
 
 
 @pytest.mark.slow

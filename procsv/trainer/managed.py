@@ -15,7 +15,7 @@ snapshots, progress, summaries) belongs to one thread.
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from procsv.common.errors import TrainingStopped, UsageError
 from procsv.trainer.coordinator import Coordinator
@@ -73,11 +73,8 @@ def readable_fetches(fetches: Any, where: str = "sess.run") -> None:
 
 
 class SessionOwner(Protocol):
-    """What a session needs of the :class:`procsv.Supervisor` that made it (named here, not
+    """What the ``with`` block needs of the :class:`procsv.Supervisor` that made it (named here, not
     imported: the Supervisor imports this module)."""
-
-    @property
-    def _state(self) -> StepState: ...
 
     @property
     def coord(self) -> Coordinator: ...
@@ -97,9 +94,9 @@ class SessionOwner(Protocol):
 class ManagedSession:
     """What ``managed_session()`` yields. ``run(step_fn, *args)`` runs one training step."""
 
-    def __init__(self, sv: SessionOwner) -> None:
-        self._sv = sv
-        self._state: StepState = sv._state  # what each step reads and advances
+    def __init__(self, state: StepState, should_stop: Callable[[], bool]) -> None:
+        self._should_stop = should_stop  # the Supervisor's coordinator's
+        self._state = state  # what each step reads and advances (the Supervisor's step state)
         self._owner = threading.get_ident()
         self._step_types: set[type] = set()  # types of step functions seen: callable, not a tensor or variable
 
@@ -157,7 +154,7 @@ class ManagedSession:
         return evaluate(fetches)
 
     def should_stop(self) -> bool:
-        return self._sv.should_stop()
+        return self._should_stop()
 
     def close(self) -> None:
         """TF closed the session after ``stop()``; here the Supervisor's stop releases everything."""

@@ -17,6 +17,7 @@ import sys
 from typing import Optional
 
 from procsv.common import spawn
+from procsv.common.bootstrap import ChildContext
 from procsv.common.orphans import Orphans, become_subreaper
 from procsv.common.layout import Layout, LogdirLock, RuntimeDir, release_runtime_dir
 from procsv.ipc.transport import Endpoints
@@ -79,3 +80,15 @@ class OwnServices:
             print(f"procsv: killed {len(killed)} process(es) the run left behind in a session of their own "
                   f"(pids {', '.join(map(str, killed))}): a helper started with setsid outlived the run",
                   file=sys.stderr, flush=True)
+
+
+def connect(ctx: Optional[ChildContext], chief: bool, layout: Optional[Layout]) -> tuple[Endpoints, Optional[OwnServices]]:
+    """The services a Supervisor's session talks to: the launch's (``ctx``), else, in plain python, two
+    this process starts for a chief with a logdir (returned, to release at the stop); a worker, or a
+    Supervisor without a logdir, connects to none."""
+    if ctx is not None:
+        return ctx.endpoints, None
+    if not chief or layout is None:
+        return Endpoints(""), None
+    own = OwnServices(layout)
+    return own.start(), own

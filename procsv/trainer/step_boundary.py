@@ -4,13 +4,13 @@ Runs in the trainer's main thread, on the thread that prepared the session, neve
 thread. Before a step, the checkpoint work of the step just completed (:func:`checkpoint_work`),
 while the state is still that step's; after it, the advance of ``global_step``
 (:class:`StepCounter`) and the progress report to the watchdog (:class:`ProgressReporter`). The
-summaries' part of the boundary is :mod:`procsv.trainer.summary_methods`.
+boundary's work itself is :class:`procsv.trainer.boundary.StepBoundary`'s.
 
 Most boundaries have nothing to do, and even looking costs: beside a sub-millisecond step, the
 boundary's own Python runs with the caches the step emptied (13 us a step, measured in a digits
 loop, for checks that take 2 us in isolation). So the boundary sits behind the bounds of
 :class:`StepState`: the first step and the first time (on the Supervisor's clock) at which it may
-have work, computed when it last did its work (:mod:`procsv.trainer.boundary_methods`); in
+have work, computed when it last did its work (:mod:`procsv.trainer.boundary`); in
 between, a clock read and a few comparisons on one small object.
 """
 
@@ -30,12 +30,20 @@ PROGRESS_EVERY = 0.1  # seconds between Progress messages to the watchdog
 DETECT_EVERY = 100  # after its first 3 steps, a check every this many steps that the program does not count itself
 
 
+def _nothing_before(step: int) -> None:
+    """The boundary work of a step state no step boundary has claimed yet."""
+
+
+def _nothing_after() -> None:
+    """The after-step work of a step state no step boundary has claimed yet."""
+
+
 class StepState:
     """What :meth:`procsv.trainer.managed.ManagedSession.run` reads at every step, in one object.
 
     Owns the steps completed (``step``: the Supervisor's step; the one being run, inside a step) and
     the two halves' bounds: the checkpoint half's ``ckpt_step`` / ``ckpt_at``, the
-    progress-and-summaries half's ``end_step`` / ``end_at`` (:mod:`procsv.trainer.boundary_methods`
+    progress-and-summaries half's ``end_step`` / ``end_at`` (:class:`procsv.trainer.boundary.StepBoundary`
     computes them), and their earliest time ``at``. Holds what a step calls: the Supervisor's
     ``clock``, ``coord``, :class:`StepCounter`, the watched losses (``losses``), and its boundary work (``boundary(step)`` before a
     step whose bound has passed, ``after_step()`` after one that must not wait).
@@ -50,14 +58,14 @@ class StepState:
     __slots__ = ("step", "ckpt_step", "ckpt_at", "end_step", "end_at", "at", "clock", "coord", "counter",
                  "boundary", "after_step", "losses")
 
-    def __init__(self, clock: Callable[[], float], coord: Any, counter: "StepCounter",
-                 boundary: Callable[[int], None], after_step: Callable[[], None]) -> None:
+    def __init__(self, clock: Callable[[], float], coord: Any, counter: "StepCounter") -> None:
         self.step = 0
         self.clock = clock
         self.coord = coord
         self.counter = counter
-        self.boundary = boundary
-        self.after_step = after_step
+        # the boundary work (procsv.trainer.boundary.StepBoundary installs its own when it is made)
+        self.boundary: Callable[[int], None] = _nothing_before
+        self.after_step: Callable[[], None] = _nothing_after
         self.losses: Optional[Any] = None  # the LossWatch each step's returned loss goes to (procsv.trainer.nonfinite)
         self.ckpt_step: float = 0  # NEVER (inf) when no step-count trigger is pending
         self.ckpt_at = self.end_at = self.at = float("-inf")

@@ -4,22 +4,33 @@ Runs in the trainer process, inside ``Supervisor.__init__``: which logdir (the l
 one given; they must agree) and the refusal of arguments that cannot work (:func:`layout_for`);
 the state to save, as a ``tf.train.Checkpoint`` holding the ``global_step`` variable
 (:func:`trackable_state`), or in graph mode the graph's, with TF1's defaults (:func:`state_to_save`); and how each session's :class:`CheckpointAgent` is made, with the
-settings ``procsv launch`` passes through the environment (:func:`agent_factory`). Free functions
-of their arguments: the Supervisor keeps what they return.
+settings ``procsv launch`` passes through the environment (:func:`agent_factory`); and its
+collaborators, each given what it needs (:func:`collaborators`). Free functions of their arguments:
+the Supervisor keeps what they return.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from procsv.common import bootstrap, env
 from procsv.common.errors import UsageError
 from procsv.common.layout import Layout
+from procsv.trainer.boundary import StepBoundary
 from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.checkpoint.commits import SAVE_DEADLINE_FLOOR
+from procsv.trainer.checkpoint.keeper import CheckpointKeeper
 from procsv.trainer.checkpoint.restore import ReadRetry
+from procsv.trainer.coordinator import Coordinator
+from procsv.trainer.graph.supervised import GraphSupervision
+from procsv.trainer.nonfinite.rollback import NonfiniteRollback
+from procsv.trainer.step_boundary import StepState
+from procsv.trainer.summaries.log import SummaryLog
 from procsv.trainer.tf1_args import USE_DEFAULT, Tf1Choices, resolve
+from procsv.trainer.tf1_objects import Tf1Parts
+from procsv.trainer.tf1_surface import Tf1Surface
 
 
 def resolve_is_chief(is_chief: Optional[bool], ctx: Optional[bootstrap.ChildContext]) -> bool:
@@ -134,3 +145,47 @@ def agent_factory(checkpoint: Any, global_step: Any, layout: Optional[Layout], *
             save_deadline_floor=float(os.environ.get(env.SAVE_DEADLINE, SAVE_DEADLINE_FLOOR)), saving=saving,
             memory_budget=memory_budget)
     return agent
+
+
+@dataclasses.dataclass(frozen=True)
+class Collaborators:
+    """A Supervisor's collaborators (``docs/architecture.md``, "The trainer's collaborators")."""
+
+    keeper: Optional[CheckpointKeeper]  # None: nothing is saved (checkpoint=None, or no logdir)
+    summaries: SummaryLog
+    rollback: NonfiniteRollback
+    boundary: StepBoundary
+    graph: Optional[GraphSupervision]  # graph mode only
+    surface: Tf1Surface
+
+
+def collaborators(state: StepState, coord: Coordinator, tf1: Tf1Choices, checkpoint: Any, global_step: Any,
+                  layout: Optional[Layout], clock: Callable[[], float],
+                  make_agent: Optional[Callable[[], CheckpointAgent]], *, chief: bool, basename: str,
+                  save_summaries_secs: Optional[float], stop_grace_secs: float, recovery_wait_secs: float,
+                  init_fn: Optional[Callable[[Any], None]], nonfinite: tuple[Optional[str], Sequence[str], Sequence[str]],
+                  session_thread: Callable[[], Optional[int]], connected: Callable[[], bool],
+                  started: Callable[[], bool]) -> Collaborators:
+    """Build a Supervisor's collaborators around its step ``state`` and ``coord``, each given what it
+    needs (``make_agent``: None when nothing is saved); the last three are the Supervisor's session
+    as the TF1 shims see it (:class:`~procsv.trainer.tf1_objects.Tf1Parts`)."""
+    keeper = CheckpointKeeper(make_agent) if make_agent is not None else None
+    if keeper is not None:
+        counter = state.counter
+        keeper.configure(lambda agent: agent.prepare_snapshot.append(counter.sync))  # the step is in each snapshot
+    summaries = SummaryLog(state, clock, chief=chief, writes=chief and layout is not None, writer=tf1.writer,
+                           save_summaries_secs=save_summaries_secs, stop_grace_secs=stop_grace_secs,
+                           summary_fn=tf1.summary_fn)
+    rollback = NonfiniteRollback(state, state.counter, keeper, checkpoint, lambda: summaries.flush(force=True), clock,
+                                 stop_grace_secs, *nonfinite)
+    boundary = StepBoundary(state, clock, coord, keeper, summaries, rollback, chief=chief,
+                            stop_grace_secs=stop_grace_secs)
+    graph = None
+    if tf1.graph is not None:
+        graph = GraphSupervision(tf1.graph, state, coord, keeper, summaries.summary_computed, clock, chief=chief,
+                                 layout=layout, init_fn=init_fn, recovery_wait_secs=recovery_wait_secs)
+        summaries.graph_summary = graph.summary  # summary_op, every save_summaries_secs
+    surface = Tf1Surface(tf1, coord, Tf1Parts(
+        checkpoint, tf1.graph, layout, basename, chief, stop_grace_secs, state, state.counter, global_step, keeper,
+        boundary, summaries, session_thread=session_thread, connected=connected, started=started))
+    return Collaborators(keeper, summaries, rollback, boundary, graph, surface)

@@ -6,20 +6,20 @@ restores) nothing, ``summary_op=None`` computes no automatic summaries, ``summar
 writes none. In an eager program the graph-era arguments (``graph``, ``init_op``, ``ready_op``...)
 have no TF2 meaning: they are accepted, ignored, and warned about once, naming what to use
 instead; in a graph program they keep their TF1 meaning (:mod:`procsv.trainer.graph.defaults`).
-Also here: the refusal of a Supervisor given nothing to save (:func:`state_given`), the TF1
-properties (``saver`` and ``summary_writer`` are :mod:`procsv.trainer.tf1_objects`) and
-TensorFlow's CamelCase aliases.
+Also here: the refusal of a Supervisor given nothing to save (:func:`state_given`), the check of a
+passed ``summary_writer`` (:func:`check_passed_writer`) and TensorFlow's CamelCase aliases. (The TF1
+properties and methods are :mod:`procsv.trainer.tf1_surface`'s.)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from typing import Any, Callable, Mapping, Optional
 
 from procsv.common.errors import UsageError
 from procsv.trainer.once import warn_once
-from procsv.trainer.tf1_objects import SaverShim, SummaryWriterShim, check_passed_writer
 
 
 class _UseDefault:
@@ -155,75 +155,32 @@ def resolve(checkpoint: Any, summary_fn: Optional[Callable[[], Mapping[str, Any]
     return Tf1Choices(checkpoint, summary_fn, writer, given)
 
 
-class Tf1Properties:
-    """The TF1 properties of the Supervisor that have no TF2 object behind them (mixin)."""
-
-    _tf1: Tf1Choices
-
-    @property
-    def graph(self) -> Any:
-        """The program's ``tf.Graph`` in graph mode; None in eager mode."""
-        return self._tf1.graph.graph if self._tf1.graph is not None else None
-
-    @property
-    def init_op(self) -> Any:
-        return self._tf1.given.get("init_op")
-
-    @property
-    def init_feed_dict(self) -> Any:
-        return self._tf1.given.get("init_feed_dict")
-
-    @property
-    def ready_op(self) -> Any:
-        return self._tf1.given.get("ready_op")
-
-    @property
-    def ready_for_local_init_op(self) -> Any:
-        return self._tf1.given.get("ready_for_local_init_op")
-
-    @property
-    def local_init_op(self) -> Any:
-        return self._tf1.given.get("local_init_op")
-
-    @property
-    def session_manager(self) -> Any:
-        """What was passed as ``session_manager`` (ignored: the Supervisor restores itself), or None."""
-        value = self._tf1.given.get("session_manager")
-        return None if _is_default(value) else value
-
-    @property
-    def summary_op(self) -> Any:
-        """Graph mode: the summary op (None for ``summary_op=None`` or a default turned off; without a
-        writer TF's op, which nothing runs). Eager: the TF2 summary callable
-        (``summary_fn``), or None when automatic summaries are off."""
-        if self._tf1.graph is not None:
-            return self._tf1.graph.summary_op
-        return self._tf1.summary_fn
-
-    @property
-    def saver(self) -> Any:
-        """TF1's ``Saver`` over the checkpoint service (``save``, ``restore``, ``last_checkpoints``...;
-        its other attributes are the saved ``tf.train.Checkpoint``'s), or None when checkpoints are off."""
-        if getattr(self, "checkpoint", None) is None:
-            return None
-        shim: Optional[SaverShim] = self.__dict__.get("_saver_shim")
-        if shim is None:
-            shim = self.__dict__["_saver_shim"] = SaverShim(self)
-        return shim
-
-    @property
-    def summary_writer(self) -> Optional[SummaryWriterShim]:
-        """None with ``summary_writer=None`` or without a logdir; else TF's ``FileWriter`` methods
-        over the summary service (one object per Supervisor: ``close`` holds until ``reopen``)."""
-        if not self._tf1.writer:
-            return None
-        shim: Optional[SummaryWriterShim] = self.__dict__.get("_writer_shim")
-        if shim is None:
-            shim = self.__dict__["_writer_shim"] = SummaryWriterShim(self)
-        return shim
-
-
 def add_camel_case_aliases(cls: type) -> None:
     """TensorFlow's Supervisor has these CamelCase names for its methods (supervisor.py, the end)."""
     for camel, snake in CAMEL_CASE.items():
         setattr(cls, camel, getattr(cls, snake))
+
+
+def check_passed_writer(summary_writer: Any, logdir: Optional[str]) -> None:
+    """``Supervisor(summary_writer=W)``: W's directory is used when it is the run's logdir (the
+    summary service writes the run's event files there: ``procsv.common.layout``, top level); any
+    other directory, no logdir, or a writer whose directory cannot be known (TF2's
+    ``tf.summary.create_file_writer``: TensorFlow 2 does not tell it) is a :class:`UsageError`."""
+    import tensorflow as tf
+
+    get_logdir = getattr(summary_writer, "get_logdir", None)
+    where = get_logdir() if callable(get_logdir) else None
+    rule = ("procsv's summary service writes a run's event files into its logdir only, beside its checkpoints "
+            "(one run, one directory)")
+    if where is None:
+        kind = ("a tf.summary.SummaryWriter, whose directory TensorFlow 2 does not tell"
+                if isinstance(summary_writer, tf.summary.SummaryWriter) else f"a {type(summary_writer).__name__}")
+        raise UsageError(f"Supervisor(summary_writer=...) got {kind}: {rule}; leave summary_writer out "
+                         "(sv.summary_writer then writes into the logdir), or pass logdir= the directory you meant")
+    if logdir is None:
+        raise UsageError(f"Supervisor(summary_writer=<a writer of {where!r}>) without a logdir: {rule}; pass "
+                         f"logdir={where!r}")
+    if os.path.abspath(str(where)) != os.path.abspath(logdir):
+        raise UsageError(f"Supervisor(summary_writer=<a writer of {where!r}>): {rule}, and {where!r} is not the "
+                         f"logdir {logdir!r}; pass logdir={where!r} (under procsv launch: --logdir), or leave "
+                         "summary_writer out")

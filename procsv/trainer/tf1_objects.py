@@ -24,25 +24,56 @@ that prepared the session: from any other thread they are a :class:`UsageError`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from procsv.common.errors import CheckpointError, UsageError
+from procsv.common.layout import Layout
 from procsv.common.manifests import list_committed
-from procsv.ipc.messages import Busy, GraphEvent, SaveReason, SessionLogEvent, SessionStatus
+from procsv.ipc.messages import GraphEvent, SaveReason, SessionLogEvent, SessionStatus
+from procsv.trainer.boundary import StepBoundary
+from procsv.trainer.checkpoint.keeper import CheckpointKeeper
 from procsv.trainer.once import warn_once
+from procsv.trainer.step_boundary import StepCounter, StepState
+from procsv.trainer.summaries.log import SummaryLog
 
 _STATUS = {1: SessionStatus.START, 2: SessionStatus.STOP, 3: SessionStatus.CHECKPOINT}  # SessionLog.SessionStatus
 
 
-def _on_session_thread(sv: Any, what: str) -> None:
+@dataclasses.dataclass(frozen=True)
+class Tf1Parts:
+    """What ``sv.saver`` and ``sv.summary_writer`` translate to: the Supervisor's collaborators and settings."""
+
+    checkpoint: Any  # the saved state (a tf.train.Checkpoint, or graph mode's name-based one); None: nothing
+    graph: Any  # graph mode: the GraphSetup (procsv.trainer.graph.defaults); None: eager
+    layout: Optional[Layout]  # None: no logdir (plain python)
+    basename: str
+    chief: bool
+    stop_grace_secs: float
+    state: StepState
+    counter: StepCounter
+    global_step: Any
+    keeper: Optional[CheckpointKeeper]  # None: nothing is saved
+    boundary: StepBoundary
+    summaries: SummaryLog
+    session_thread: Callable[[], Optional[int]]  # the thread that prepared the open session (None: no session)
+    connected: Callable[[], bool]  # a session holds the trainer's sockets now
+    started: Callable[[], bool]  # a session was prepared (and not stopped since... or stopped: see Supervisor)
+
+    @property
+    def save_path(self) -> Optional[str]:
+        return os.path.join(self.layout.logdir, self.basename) if self.layout is not None else None
+
+
+def _on_session_thread(parts: Tf1Parts, what: str) -> None:
     """Raise :class:`UsageError` unless a session is open and this is the thread that prepared it."""
-    session = getattr(sv, "_session", None)
-    if session is None or sv._channels is None:
+    owner = parts.session_thread()
+    if owner is None or not parts.connected():
         raise UsageError(f"{what} needs an open session: call it inside `with sv.managed_session() as sess:`")
-    if threading.get_ident() != session._owner:
+    if threading.get_ident() != owner:
         raise UsageError(f"{what} from thread {threading.current_thread().name!r}: it runs only on the thread that "
                          "entered managed_session() (the trainer's sockets are that thread's)")
 
@@ -57,19 +88,19 @@ def _int_step(global_step: Any) -> Optional[int]:
 class SaverShim:
     """``sv.saver``: TF1's ``Saver`` methods over the checkpoint service (see the module docstring)."""
 
-    def __init__(self, sv: Any) -> None:
-        self._sv = sv
+    def __init__(self, parts: Tf1Parts) -> None:
+        self._parts = parts
 
     @property
     def checkpoint(self) -> Any:
         """The ``tf.train.Checkpoint`` that is saved (TF2's saver)."""
-        return self._sv.checkpoint
+        return self._parts.checkpoint
 
     def __getattr__(self, name: str) -> Any:  # the checkpoint's own attributes (``sv.saver.model``...)
-        if name.startswith("_"):  # never its own (a copy before __init__ has no _sv: no recursion)
+        if name.startswith("_"):  # never its own (a copy before __init__ has no _parts: no recursion)
             raise AttributeError(name)
-        graph = self._sv._tf1.graph  # graph mode: the tf.compat.v1.train.Saver's (``saver_def``...)
-        return getattr(graph.saver if graph is not None else self._sv.checkpoint, name)
+        graph = self._parts.graph  # graph mode: the tf.compat.v1.train.Saver's (``saver_def``...)
+        return getattr(graph.saver if graph is not None else self._parts.checkpoint, name)
 
     def save(self, sess: Any, save_path: str, global_step: Any = None, latest_filename: Optional[str] = None,
              meta_graph_suffix: str = "meta", write_meta_graph: bool = True, write_state: bool = True,
@@ -83,16 +114,16 @@ class SaverShim:
         outside the session's thread; :class:`CheckpointError` if the commit failed. The meta graph
         options mean nothing in eager mode (TF ignores them there too); ``latest_filename`` and
         ``write_state=False`` are warned about: the service keeps the logdir's ``checkpoint`` file."""
-        sv = self._sv
+        sv = self._parts
         _on_session_thread(sv, "sv.saver.save(sess, save_path)")
-        if not sv.is_chief:
+        if not sv.chief:
             raise UsageError("sv.saver.save() in a worker (is_chief=False): only the chief saves")
-        if os.path.abspath(save_path) != os.path.abspath(sv.save_path):
+        if sv.save_path is None or os.path.abspath(save_path) != os.path.abspath(sv.save_path):
             raise UsageError(f"sv.saver.save(sess, {save_path!r}): the checkpoint service writes this run's "
                              f"checkpoints as {sv.save_path}-<step> only (their manifests and retention live in the "
                              "logdir); pass sv.save_path")
-        step = sv._state.step
-        graph = sv._tf1.graph
+        step = sv.state.step
+        graph = sv.graph
         if graph is not None and hasattr(global_step, "graph"):  # graph mode: the global step tensor's value
             global_step = graph.session.raw.run(global_step)
         asked = _int_step(global_step)
@@ -102,14 +133,12 @@ class SaverShim:
         if latest_filename is not None or not write_state:
             warn_once("saver.save.state", "sv.saver.save(latest_filename=..., write_state=False) is ignored: the "
                                           "checkpoint service keeps the logdir's `checkpoint` state file")
-        ckpt = sv._ckpt
+        assert sv.keeper is not None  # (a logdir and something to save: sv.saver is None otherwise)
+        ckpt = sv.keeper.agent
         prefix = f"{sv.save_path}-{step}"
         if step <= ckpt.last_committed:
             return prefix  # already committed: TF would have written the same state again
-        sv._report_busy(Busy.FINAL_CHECKPOINT)  # the watchdog's longer limit while we wait for the commit
-        sv._flush_summaries(force=False, urgent=True)  # hand off before the commit, as at a step
-        result = ckpt.final(sv._channels, step, SaveReason.STEPS, sv.stop_grace_secs)
-        sv._report_busy(Busy.NONE)
+        result = sv.boundary.save_now(SaveReason.STEPS)
         if ckpt.last_committed < step:
             why = result.error if result is not None and result.error else "it did not commit in time"
             raise CheckpointError(f"sv.saver.save() at step {step}: {why}")
@@ -125,35 +154,35 @@ class SaverShim:
         history would fork: its next checkpoints would be named like committed ones)."""
         from procsv.trainer.checkpoint import restore_at_start
 
-        sv = self._sv
+        sv = self._parts
         if sv.checkpoint is None:
             raise UsageError("sv.saver.restore(): this Supervisor saves nothing (checkpoint=None)")
-        session = getattr(sv, "_session", None)
-        if session is not None and threading.get_ident() != session._owner:
+        owner = sv.session_thread()
+        if owner is not None and threading.get_ident() != owner:
             raise UsageError("sv.saver.restore() from another thread than the one that entered managed_session()")
-        sv._counter.sync()
+        sv.counter.sync()
         path = os.path.abspath(save_path)
         layout = sv.layout
         manifest = next((m for m in list_committed(layout) if m.path(layout.logdir) == path), None) \
             if layout is not None else None
-        ckpt = sv._ckpt
+        ckpt = sv.keeper.agent if sv.keeper is not None else None
         step = manifest.step if manifest is not None else None
-        if ckpt is not None and step is not None and sv._started and step < ckpt.last_committed:
+        if ckpt is not None and step is not None and sv.started() and step < ckpt.last_committed:
             raise UsageError(f"sv.saver.restore(sess, {save_path!r}) during a session whose newest checkpoint is "
                              f"step {ckpt.last_committed}: restore it at the start (init_fn), or use a new logdir")
         if manifest is not None and layout is not None:
-            restore_at_start.verify_and_restore(sv.checkpoint, sv._global_step, layout, manifest)
-        elif sv._tf1.graph is not None:  # graph mode: every variable of the saver, by name, as TF's Saver
+            restore_at_start.verify_and_restore(sv.checkpoint, sv.global_step, layout, manifest)
+        elif sv.graph is not None:  # graph mode: every variable of the saver, by name, as TF's Saver
             sv.checkpoint.restore(path)
-            sv._global_step.forget()  # (the step is read again from the variable)
+            sv.global_step.forget()  # (the step is read again from the variable)
         else:  # TF1's restore: what the file holds of the saved state (a warm start); its global_step if it has one
             sv.checkpoint.restore(path).assert_nontrivial_match().expect_partial()
-        sv._state.step = int(sv._global_step.numpy())
+        sv.state.step = int(sv.global_step.numpy())
 
     @property
     def last_checkpoints(self) -> list[str]:
         """The committed checkpoints that retention keeps, oldest first (TF's list of the ones not deleted)."""
-        layout = self._sv.layout
+        layout = self._parts.layout
         return [m.path(layout.logdir) for m in list_committed(layout)] if layout is not None else []
 
     def recover_last_checkpoints(self, checkpoint_paths: Any) -> None:
@@ -165,7 +194,7 @@ class SaverShim:
         """As :meth:`recover_last_checkpoints`: retention is the checkpoint service's."""
 
     def export_meta_graph(self, *args: Any, **kwargs: Any) -> Any:
-        graph = self._sv._tf1.graph
+        graph = self._parts.graph
         if graph is not None:  # graph mode: the Saver's own (it writes only the file asked for)
             return graph.saver.export_meta_graph(*args, **kwargs)
         raise UsageError("sv.saver.export_meta_graph(): an eager program has no graph to export; save a model "
@@ -175,20 +204,19 @@ class SaverShim:
 class SummaryWriterShim:
     """``sv.summary_writer``: TF's ``FileWriter`` methods over the summary service (see the module docstring)."""
 
-    def __init__(self, sv: Any) -> None:
-        self._sv = sv
+    def __init__(self, parts: Tf1Parts) -> None:
+        self._parts = parts
         self._closed = False
 
     def get_logdir(self) -> Optional[str]:
         """The directory the summary service writes the event files into: the run's logdir."""
-        logdir: Optional[str] = self._sv.logdir
-        return logdir
+        return self._parts.layout.logdir if self._parts.layout is not None else None
 
     def add_summary(self, summary: Any, global_step: Any = None) -> None:
         """A ``Summary`` proto (or its serialized bytes, or ``{tag: scalar}``) at ``global_step``
         (default: the current step); dropped after :meth:`close`, as TF."""
         if not self._closed:
-            self._sv.summary_computed(None, summary, _int_step(global_step))
+            self._parts.summaries.summary_computed(None, summary, _int_step(global_step))
 
     def add_session_log(self, session_log: Any, global_step: Any = None) -> None:
         """A ``SessionLog`` (START, STOP or CHECKPOINT with its path) at ``global_step``, written after
@@ -196,16 +224,15 @@ class SummaryWriterShim:
         points at steps >= S written before it. On the session's thread only."""
         if self._closed:
             return
-        sv = self._sv
+        sv = self._parts
         _on_session_thread(sv, "sv.summary_writer.add_session_log()")
         status = _STATUS.get(int(getattr(session_log, "status", 0)))
         if status is None:
             raise UsageError(f"add_session_log(): status {getattr(session_log, 'status', None)!r} is none of "
                              "SessionLog.START, STOP, CHECKPOINT")
-        step = sv._state.step if global_step is None else _int_step(global_step)
-        sv._flush_summaries(force=False, urgent=True)
-        sv._channels.to_summary(SessionLogEvent(status, int(step or 0), str(getattr(session_log,
-                                                                                   "checkpoint_path", ""))))
+        step = sv.state.step if global_step is None else _int_step(global_step)
+        sv.summaries.flush(force=False, urgent=True)
+        sv.summaries.send(SessionLogEvent(status, int(step or 0), str(getattr(session_log, "checkpoint_path", ""))))
 
     def add_event(self, event: Any) -> None:
         """An ``Event`` proto holding a ``summary`` or a ``session_log`` (at ``event.step``); any other
@@ -234,8 +261,8 @@ class SummaryWriterShim:
         self._graph_event("add_meta_graph", meta_graph_def, global_step, meta=True)
 
     def _graph_event(self, what: str, proto: Any, global_step: Any, meta: bool) -> None:
-        sv = self._sv
-        if getattr(sv, "_tf1").graph is None:
+        sv = self._parts
+        if sv.graph is None:
             raise UsageError(f"sv.summary_writer.{what}(): an eager program has no graph; use "
                              "tf.summary.trace_on/trace_export with a writer of your own")
         if proto is None:
@@ -244,16 +271,16 @@ class SummaryWriterShim:
             return
         _on_session_thread(sv, f"sv.summary_writer.{what}()")
         data = proto if isinstance(proto, bytes) else proto.SerializeToString()
-        sv._channels.to_summary(GraphEvent(int(_int_step(global_step) or 0), time.time(), meta=meta), [data])
+        sv.summaries.send(GraphEvent(int(_int_step(global_step) or 0), time.time(), meta=meta), [data])
 
     def flush(self) -> None:
         """Hand off what was logged and wait (up to 10 s) until the summary service has written it.
         From another thread than the session's it is handed off at the next step boundary instead."""
-        sv = self._sv
-        session = getattr(sv, "_session", None)
-        if sv._channels is None or session is None or threading.get_ident() != session._owner:
+        sv = self._parts
+        owner = sv.session_thread()
+        if not sv.connected() or owner is None or threading.get_ident() != owner:
             return
-        sv._flush_summaries(force=True)
+        sv.summaries.flush(force=True)
 
     def close(self) -> None:
         """Flush, then drop further ``add_*`` calls until :meth:`reopen` (TF's writer after close)."""
@@ -264,27 +291,3 @@ class SummaryWriterShim:
         """Accept ``add_*`` calls again after :meth:`close`."""
         self._closed = False
 
-
-def check_passed_writer(summary_writer: Any, logdir: Optional[str]) -> None:
-    """``Supervisor(summary_writer=W)``: W's directory is used when it is the run's logdir (the
-    summary service writes the run's event files there: ``procsv.common.layout``, top level); any
-    other directory, no logdir, or a writer whose directory cannot be known (TF2's
-    ``tf.summary.create_file_writer``: TensorFlow 2 does not tell it) is a :class:`UsageError`."""
-    import tensorflow as tf
-
-    get_logdir = getattr(summary_writer, "get_logdir", None)
-    where = get_logdir() if callable(get_logdir) else None
-    rule = ("procsv's summary service writes a run's event files into its logdir only, beside its checkpoints "
-            "(one run, one directory)")
-    if where is None:
-        kind = ("a tf.summary.SummaryWriter, whose directory TensorFlow 2 does not tell"
-                if isinstance(summary_writer, tf.summary.SummaryWriter) else f"a {type(summary_writer).__name__}")
-        raise UsageError(f"Supervisor(summary_writer=...) got {kind}: {rule}; leave summary_writer out "
-                         "(sv.summary_writer then writes into the logdir), or pass logdir= the directory you meant")
-    if logdir is None:
-        raise UsageError(f"Supervisor(summary_writer=<a writer of {where!r}>) without a logdir: {rule}; pass "
-                         f"logdir={where!r}")
-    if os.path.abspath(str(where)) != os.path.abspath(logdir):
-        raise UsageError(f"Supervisor(summary_writer=<a writer of {where!r}>): {rule}, and {where!r} is not the "
-                         f"logdir {logdir!r}; pass logdir={where!r} (under procsv launch: --logdir), or leave "
-                         "summary_writer out")

@@ -102,11 +102,11 @@ with sv.managed_session() as sess:
             # wait for this step's commit: on a loaded machine the checkpoint service may still be
             # importing TensorFlow, and an asynchronous commit may not land before the run ends
             deadline = time.monotonic() + 300
-            while sv._ckpt.last_committed < sv.step and time.monotonic() < deadline:
+            while sv._keeper.agent.last_committed < sv.step and time.monotonic() < deadline:
                 sv.commit_checkpoint()
-            if sv._ckpt.last_committed < sv.step:
+            if sv._keeper.agent.last_committed < sv.step:
                 sys.exit("tiny: no checkpoint committed within 300 s")
-            print(f"tiny: crashing after the commit of step {sv._ckpt.last_committed}", flush=True)
+            print(f"tiny: crashing after the commit of step {sv._keeper.agent.last_committed}", flush=True)
             sys.stdout.flush()
             os._exit(1)
 print(f"tiny: done at step {sv.step}, weights {weights.numpy()[0]:g}", flush=True)

@@ -1,7 +1,7 @@
 """Restoring the training state in place from the trainer's own in-memory snapshot (issue 41's rollback).
 
 Runs in the trainer's main thread, at a step boundary, called by the non-finite rollback
-(:mod:`procsv.trainer.nonfinite.methods`). Every snapshot the trainer copied into its snapshot
+(:mod:`procsv.trainer.nonfinite.rollback`). Every snapshot the trainer copied into its snapshot
 memory (:mod:`procsv.trainer.checkpoint.snapshot`) lies in a slot whose header says ``complete``
 and the step, next to the specs and small frames :class:`~procsv.trainer.checkpoint.snapshot_store.SnapshotStore`
 keeps for it (:class:`Copy`). The newest such copy before a poisoned step is restored from there,

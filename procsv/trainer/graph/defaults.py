@@ -26,8 +26,7 @@ from procsv.trainer.graph.state import GraphCheckpoint, GraphGlobalStep
 from procsv.trainer.graph.built import once_per_graph
 from procsv.trainer.graph.steps import StepProbe, global_step_of
 from procsv.trainer.once import warn_once
-from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, Tf1Choices
-from procsv.trainer.tf1_objects import check_passed_writer
+from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, Tf1Choices, check_passed_writer
 
 
 def is_graph_mode(graph: Any) -> bool:

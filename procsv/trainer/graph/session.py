@@ -22,7 +22,7 @@ through this session's ``run``.
 from __future__ import annotations
 
 from threading import get_ident
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional
 
 from procsv.common.errors import TrainingStopped
 from procsv.trainer.graph.fastrun import MISS, fast_run
@@ -31,22 +31,13 @@ from procsv.trainer.graph.steps import VERIFY_EVERY, StepProbe
 from procsv.trainer.step_boundary import StepState
 
 
-class GraphOwner(Protocol):
-    """What a graph session needs of the Supervisor that made it."""
-
-    @property
-    def _state(self) -> StepState: ...
-
-    def should_stop(self) -> bool: ...
-
-
 class GraphSession:
     """What a graph-mode ``managed_session()`` / ``prepare_or_wait_for_session()`` returns."""
 
-    def __init__(self, owner: GraphOwner, session: Any, probe: StepProbe,
+    def __init__(self, state: StepState, should_stop: Callable[[], bool], session: Any, probe: StepProbe,
                  observe: Optional[Callable[[int], None]] = None) -> None:
-        self._sv = owner
-        self._state: StepState = owner._state
+        self._should_stop = should_stop  # the Supervisor's coordinator's
+        self._state = state  # what each step reads and advances (the Supervisor's step state)
         self._sess = session
         self._probe = probe
         self._observe = observe
@@ -219,7 +210,7 @@ class GraphSession:
         return self._sess.list_devices()
 
     def should_stop(self) -> bool:
-        return self._sv.should_stop()
+        return self._should_stop()
 
     def close(self) -> None:
         """Close the session (``managed_session`` does at the end of its block, as TF)."""

@@ -1,7 +1,7 @@
-"""The Supervisor's graph-mode methods (a mixin): its session, its start, its summaries.
+"""The Supervisor's graph-mode collaborator (:class:`GraphSupervision`): its session, its start, its summaries.
 
-Runs in the trainer process, on the thread that prepares the session. In graph mode
-(``Supervisor._tf1.graph`` is a :class:`procsv.trainer.graph.defaults.GraphSetup`) the session is
+Runs in the trainer process, on the thread that prepares the session. In graph mode (the
+Supervisor's TF1 arguments resolved to a :class:`procsv.trainer.graph.defaults.GraphSetup`) the session is
 a :class:`GraphSession` over a ``tf.compat.v1.Session`` of the program's graph on ``master``
 (``'local'``: an in-process local server's target, :func:`session_target`); a fresh start runs
 ``init_op`` (with ``init_feed_dict``) then ``init_fn(sess)``, a restore neither; then, either way,
@@ -31,72 +31,94 @@ from typing import Any, Callable, Optional
 from procsv import cluster
 from procsv.common.layout import Layout, atomic_write
 from procsv.ipc.messages import GraphEvent
+from procsv.trainer.channels import TrainerChannels
+from procsv.trainer.checkpoint.keeper import CheckpointKeeper
+from procsv.trainer.coordinator import Coordinator
 from procsv.trainer.graph import readiness
 from procsv.trainer.graph.session import GraphSession
 from procsv.trainer.graph.session_manager import finish_preparation, initialize, ready
-from procsv.trainer.tf1_args import Tf1Choices
+from procsv.trainer.step_boundary import StepState
 
 
-class GraphMethods:
-    """Graph mode's part of the Supervisor (it owns no state beyond the GraphSetup's)."""
+class GraphSupervision:
+    """Graph mode's collaborator of the Supervisor: its session of the program's graph, the
+    preparation TF's SessionManager did, what the chief writes of the graph, and ``summary_op``.
 
-    _tf1: Tf1Choices
-    _channels: Any
-    # what the chief writes of the graph when the session is ready: graph.pbtxt (TF's Supervisor;
-    # a MonitoredSession's CheckpointSaverHook(save_graph_def=True)); the GraphDef event, and the
-    # MetaGraphDef event too with meta_graph_event (a MonitoredSession's, as TF's hooks' writers)
-    graph_file_written: bool = True
-    meta_graph_event: bool = False
-    _session: Any
-    _state: Any
-    coord: Any
-    is_chief: bool
-    layout: Optional[Layout]
-    init_fn: Optional[Callable[[Any], None]]
-    summary_computed: Callable[..., None]
-    start_queue_runners: Callable[..., list[Any]]
-    should_stop: Callable[[], bool]
-    _clock: Callable[[], float]
+    Owns the :class:`~procsv.trainer.graph.defaults.GraphSetup` (``setup``: the graph, its ops, its
+    Saver, the session of today) and what the chief writes of the graph when the session is ready:
+    ``graph.pbtxt`` with ``graph_file_written`` (TF's Supervisor; a MonitoredSession's
+    ``CheckpointSaverHook(save_graph_def=True)``), the GraphDef event, and the MetaGraphDef event too
+    with ``meta_graph_event`` (a MonitoredSession's, as TF's hooks' writers). Given: the step state and
+    the coordinator (the session's steps and stops), the checkpoints (their agent writes each
+    checkpoint's ``.meta``), ``summary_computed`` (where ``summary_op``'s value goes), and the session's
+    channels (:meth:`attach`)."""
 
-    def _open_session(self, master: str, config: Any) -> GraphSession:
-        """A new session of the graph (not live: no boundaries until :meth:`_graph_ready`)."""
+    def __init__(self, setup: Any, state: StepState, coord: Coordinator, keeper: Optional[CheckpointKeeper],
+                 summary_computed: Callable[..., None], clock: Callable[[], float], *, chief: bool,
+                 layout: Optional[Layout], init_fn: Optional[Callable[[Any], None]],
+                 recovery_wait_secs: float) -> None:
+        self.setup = setup
+        self._state = state
+        self._coord = coord
+        self._keeper = keeper
+        self._summary_computed = summary_computed
+        self._clock = clock
+        self._chief = chief
+        self._layout = layout
+        self._init_fn = init_fn
+        self._recovery_wait_secs = recovery_wait_secs
+        self._channels: Optional[TrainerChannels] = None
+        self.graph_file_written = True
+        self.meta_graph_event = False
+        self.max_wait_secs: Optional[float] = 7200  # a non-chief's wait for ready_op under --ps (as TF's)
+
+    def attach(self, channels: TrainerChannels) -> None:
+        """A session is prepared: the graph's events go through ``channels``."""
+        self._channels = channels
+
+    def detach(self) -> None:
+        self._channels = None
+
+    def open_session(self, master: str, config: Any) -> GraphSession:
+        """A new session of the graph (not live: no boundaries until :meth:`ready`)."""
         import tensorflow as tf
 
-        setup = self._tf1.graph
+        setup = self.setup
         raw = tf.compat.v1.Session(session_target(master), graph=setup.graph, config=config)
         forget = getattr(setup.step, "forget", None)
         if forget is not None:
             forget()  # a new session: the step is read again, never the last session's
-        setup.session = GraphSession(self, raw, setup.probe, getattr(setup.step, "observe", None))
+        setup.session = GraphSession(self._state, self._coord.should_stop, raw, setup.probe,
+                                     getattr(setup.step, "observe", None))
         return setup.session  # type: ignore[no-any-return]
 
-    def _graph_initialize(self) -> None:
+    def initialize(self) -> None:
         """A fresh start (nothing restored): ``init_op`` with ``init_feed_dict``, then ``init_fn``,
         ``local_init_op`` and the ready check."""
-        setup = self._tf1.graph
-        initialize(self._session, setup.init_op, setup.init_feed_dict, self.init_fn,
+        setup = self.setup
+        initialize(setup.session, setup.init_op, setup.init_feed_dict, self._init_fn,
                    getattr(setup.session_manager, "_local_init_op", None))
         # ready before anything reads the state (the checkpoint agent reads the global step next)
-        finish_preparation(setup.session_manager, self._session, setup.init_op, self.init_fn)
+        finish_preparation(setup.session_manager, setup.session, setup.init_op, self._init_fn)
         setup.prepared = True
 
-    def _graph_wait_for_chief(self) -> None:
+    def wait_for_chief(self) -> None:
         """A non-chief worker of ``procsv launch --ps N --workers M``: the variables live on the
         parameter servers, where the chief initializes them or restores the newest checkpoint; wait
         until ``ready_op`` reports none uninitialized (as TF's ``SessionManager.wait_for_session``),
-        never restoring or initializing them itself; :meth:`_graph_ready` then runs ``local_init_op``
+        never restoring or initializing them itself; :meth:`ready` then runs ``local_init_op``
         and the ready check. The chief's notice (:mod:`procsv.trainer.graph.readiness`) wakes the wait
         at once; without one, a look every ``recovery_wait_secs`` but at least every 2 s. As TF's,
         ``DeadlineExceededError`` when the model is still not ready ``max_wait_secs`` after the wait
         began (``prepare_or_wait_for_session(max_wait_secs=)``, 7200 by default; a
         ``WorkerSessionCreator``'s and ``MonitoredTrainingSession``'s own ``max_wait_secs``). A stop
         requested meanwhile raises :class:`~procsv.common.errors.TrainingStopped` (a clean stop)."""
-        manager = self._tf1.graph.session_manager
-        poll = min(readiness.FALLBACK_POLL_SECS, max(0.01, float(getattr(self, "recovery_wait_secs", 0.5))))
-        limit = getattr(self, "_max_wait_secs", 7200)
-        limit = float("inf") if limit is None else float(limit)
-        waited = readiness.wait_until_ready(lambda: ready(getattr(manager, "_ready_op", None), self._session)[0],
-                                            self.layout, poll, limit, self.coord.should_stop, self._clock)
+        manager = self.setup.session_manager
+        poll = min(readiness.FALLBACK_POLL_SECS, max(0.01, float(self._recovery_wait_secs)))
+        limit = float("inf") if self.max_wait_secs is None else float(self.max_wait_secs)
+        session = self.setup.session
+        waited = readiness.wait_until_ready(lambda: ready(getattr(manager, "_ready_op", None), session)[0],
+                                            self._layout, poll, limit, self._coord.should_stop, self._clock)
         if not waited.ready:
             import tensorflow as tf
 
@@ -106,36 +128,37 @@ class GraphMethods:
                   f"looks at ready_op, {waited.woken_by_notice} woken by the chief's notice)", file=sys.stderr,
                   flush=True)
 
-    def _graph_ready(self, start_queue_runners: bool) -> None:
+    def ready(self, start_queue_runners: Callable[[Any], Any], start: bool) -> None:
         """After the restore or the initialization: ``local_init_op``, the ready check (TF's
         ``RuntimeError`` if not ready), and the session goes live; then, as TF with
-        ``start_standard_services``, the graph's queue runners start."""
-        setup = self._tf1.graph
+        ``start_standard_services`` (``start``), the graph's queue runners start."""
+        setup = self.setup
         sess = setup.session
         if not setup.prepared:  # restored: local_init_op and the ready check now
-            finish_preparation(setup.session_manager, sess, setup.init_op, self.init_fn)
+            finish_preparation(setup.session_manager, sess, setup.init_op, self._init_fn)
         setup.prepared = False  # (for the next session)
         observe = getattr(setup.step, "observe", None)
         if observe is not None:
             observe(int(sess.raw.run(setup.global_step)))
         sess.live = True
-        if self.is_chief and cluster.ps_tasks():  # --ps: the waiting workers look at ready_op now
-            readiness.tell_ready(self.layout, int(sess.raw.run(setup.global_step)))
-        if self.is_chief and self.layout is not None:  # TF: the chief
+        if self._chief and cluster.ps_tasks():  # --ps: the waiting workers look at ready_op now
+            readiness.tell_ready(self._layout, int(sess.raw.run(setup.global_step)))
+        if self._chief and self._layout is not None:  # TF: the chief
             if self.graph_file_written:
-                write_graph(setup.graph, self.layout.logdir)
-                agent = getattr(self, "_ckpt", None)
+                write_graph(setup.graph, self._layout.logdir)
+                agent = self._keeper.agent if self._keeper is not None else None
                 if agent is not None and setup.saver is not None:  # TF's Saver.save writes <prefix>.meta
                     with setup.graph.as_default():
                         agent.meta_graph = setup.saver.export_meta_graph().SerializeToString()
             if setup.summary_written and self._channels is not None:
                 self._graph_events(setup)
-        if start_queue_runners:
-            self.start_queue_runners(sess)
+        if start:
+            start_queue_runners(sess)
 
     def _graph_events(self, setup: Any) -> None:
         """The GraphDef (as TF's ``add_graph``: with shapes, at step 0), and with ``meta_graph_event``
         the MetaGraphDef with the Saver's SaverDef (TF's CheckpointSaverHook), to the summary service."""
+        assert self._channels is not None
         graph_def = setup.graph.as_graph_def(add_shapes=True)
         self._channels.to_summary(GraphEvent(0, time.time()), [graph_def.SerializeToString()])
         if self.meta_graph_event:
@@ -145,11 +168,11 @@ class GraphMethods:
             meta = meta_graph.create_meta_graph_def(graph_def=graph_def, saver_def=saver_def)
             self._channels.to_summary(GraphEvent(0, time.time(), meta=True), [meta.SerializeToString()])
 
-    def _graph_summary(self) -> None:
+    def summary(self) -> None:
         """Every ``save_summaries_secs``, at a step boundary (chief only): ``summary_op``."""
-        setup = self._tf1.graph
+        setup = self.setup
         sess = setup.session
-        if setup.summary_op is None or not setup.summary_written or not self.is_chief:
+        if setup.summary_op is None or not setup.summary_written or not self._chief:
             return  # (no writer: TF's summary_op is sv.summary_op, but nothing runs it)
         if sess is None or not sess.live:
             return
@@ -159,7 +182,7 @@ class GraphMethods:
             value = sess.raw.run(setup.summary_op, feed_dict=sess.step_feed)
         except tf.errors.OpError as exc:
             if not setup.summary_default:
-                self.coord.request_stop(exc)  # TF's summary thread stopped the training with it
+                self._coord.request_stop(exc)  # TF's summary thread stopped the training with it
                 return
             setup.summary_op = None
             setup.summary_off = exc.message.splitlines()[0] if exc.message else type(exc).__name__
@@ -167,7 +190,7 @@ class GraphMethods:
                   f"the feed_dict of the step's run ({setup.summary_off}); it is turned off. Compute summaries "
                   "in your run and pass them to sv.summary_computed(sess, summary)", file=sys.stderr, flush=True)
             return
-        self.summary_computed(sess, value, self._state.step)
+        self._summary_computed(sess, value, self._state.step)
 
 
 GRAPH_FILE = "graph.pbtxt"

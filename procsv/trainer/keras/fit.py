@@ -34,12 +34,11 @@ import numpy as np
 
 from procsv.common import bootstrap
 from procsv.common.errors import TrainingStopped, UsageError
-from procsv.ipc.messages import Busy, DeleteCheckpoints, SaveReason
-from procsv.ipc.transport import NoReply
+from procsv.ipc.messages import Busy, SaveReason
 from procsv.trainer.keras import input_position
 from procsv.trainer.keras import step_warmup
 from procsv.trainer.keras.replay import LOGS, BatchReplay
-from procsv.trainer.keras.rollback import FitRollback
+from procsv.trainer.keras.rollback import FitPosition, FitRollback
 from procsv.trainer.once import warn_once
 from procsv.trainer.managed import ManagedSession
 from procsv.trainer.nonfinite.policy import OnNonfinite
@@ -48,7 +47,7 @@ from procsv.trainer.supervisor import Supervisor
 SaveFreq = Union[str, int, bool]
 
 
-class BackupAndRestore(FitRollback, keras.callbacks.Callback):  # type: ignore[misc]  # keras ships no type information
+class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras ships no type information
     """Back up ``fit``'s state through procsv and resume it at the next batch after any interruption.
 
     Keras' arguments: ``backup_dir`` (default: the launch's ``--logdir``), ``save_freq``
@@ -96,11 +95,8 @@ class BackupAndRestore(FitRollback, keras.callbacks.Callback):  # type: ignore[m
         self.replayed_batches = 0  # drawn without training to put the input back (whole epochs + skip)
         self._sess: Optional[ManagedSession] = None
         self._original_train: Any = None
-        self._spe = 1
-        self._epoch = self._batch = 0  # the position a snapshot records: the epoch, and the batches done in it
-        self._live_epoch = self._live_batch = 0  # where fit's own loop is (a rollback's replay is behind it)
-        self._replay: Optional[BatchReplay] = None
-        self._drew = False
+        self._at = FitPosition()  # where this fit is (the position a snapshot records, and fit's own loop)
+        self._rollback: Optional[FitRollback] = None  # the replay of fit's batches after a rollback
         self._each_batch = False  # check each batch's loss at once (a TerminateOnNaN reads it anyway)
         self._skip = 0
         self._skip_epoch = -1
@@ -110,7 +106,6 @@ class BackupAndRestore(FitRollback, keras.callbacks.Callback):  # type: ignore[m
         self._stopped_mid_epoch = False  # fit ends at a stop request: the epoch's logs are partial
         self.loop_secs = 0.0  # time the training loop spent in procsv (step boundaries, snapshots), this fit
         self._train_secs = 0.0
-        self._epoch_starts: dict[int, int] = {}  # epoch -> the global step of its first batch (this fit's)
 
     # ------------------------------------------------------------------ keras callback API
     def on_train_begin(self, logs: Any = None) -> None:
@@ -119,7 +114,7 @@ class BackupAndRestore(FitRollback, keras.callbacks.Callback):  # type: ignore[m
         model = self.model
         self.resumed_at, self.replayed_batches, self._skip, self._skip_epoch = None, 0, 0, -1
         self._saved_metrics, self._last_logs, self._next_batch_log, self._stopped_mid_epoch = [], None, 0.0, False
-        self.loop_secs, self._epoch_starts = 0.0, {}
+        self.loop_secs = 0.0
         inp = input_position.fit_frame()
         input_position.check_finite(inp, self.params.get("steps"))
         if not model.built:
@@ -143,47 +138,47 @@ class BackupAndRestore(FitRollback, keras.callbacks.Callback):  # type: ignore[m
             model=model, optimizer=model.optimizer,
             fit=tf.train.Checkpoint(epoch=self.epoch_var, batch=self.batch_var),
             metrics=tf.train.Checkpoint(**metrics))
-        self._spe = int(getattr(model, "steps_per_execution", 1) or 1)
+        self._at = at = FitPosition(spe=int(getattr(model, "steps_per_execution", 1) or 1))
         every = None
         if isinstance(self.save_freq, int) and not isinstance(self.save_freq, bool):
-            every = max(1, -(-self.save_freq // self._spe))  # global steps are train-function calls
+            every = max(1, -(-self.save_freq // at.spe))  # global steps are train-function calls
         self.sv = Supervisor(
             logdir=self.backup_dir, checkpoint=checkpoint,
             save_model_secs=self.save_secs, save_summaries_secs=None, max_to_keep=self.max_to_keep,
             save_checkpoint_steps=every, allow_reinit=self.allow_reinit, increment_global_step=True,
             clock=self.clock)
-        if self.sv._ckpt is not None:
-            self.sv._ckpt.prepare_snapshot.append(self._write_position)
-        self.sv._nonfinite.position = self._position_of  # non-finite events name (epoch, batch)
+        sv = self.sv
+        if sv._keeper is not None:
+            sv._keeper.configure(lambda agent: agent.prepare_snapshot.append(self._write_position))
+        rollback = sv._rollback
+        rollback.watch.position = at.of  # non-finite events name (epoch, batch)
         train = model.train_function
         stale = getattr(train, "__self__", None)
         if isinstance(stale, BackupAndRestore):  # left wrapped by a fit that raised: unwrap it
             train = stale._original_train
         self._original_train = train
         dataset = getattr(inp.epoch_iterator, "_distributed_dataset", None)
-        self._replay = BatchReplay(model, train, dataset.element_spec if isinstance(dataset, tf.data.Dataset)
-                                   else None, self._spe)
-        watch = self.sv._nonfinite
-        watch.replay_unsupported = self._replay.unsupported
-        self._replay.keeping = watch.policy == OnNonfinite.ROLLBACK and self.sv._state.losses is not None
+        batches = BatchReplay(model, train, dataset.element_spec if isinstance(dataset, tf.data.Dataset)
+                              else None, at.spe)
+        self._rollback = FitRollback(model, batches, at, self.epoch_var, self.batch_var, lambda: sv.step, rollback)
+        rollback.watch.replay_unsupported = batches.unsupported
+        batches.keeping = rollback.watch.policy == OnNonfinite.ROLLBACK and rollback.detecting
         # keras.callbacks.TerminateOnNaN reads each batch's logs["loss"]: checked (that one read) and
         # rolled back before it sees a NaN procsv rolls back
-        self._each_batch = self._replay.keeping and any(
+        self._each_batch = batches.keeping and any(
             isinstance(c, keras.callbacks.TerminateOnNaN) for c in getattr(inp.callbacks, "callbacks", None) or ())
-        watch.on_restored.append(self._restored)
-        watch.on_skipped.append(self._skipped)
         warm = step_warmup.train_step_warm_up(train, inp.epoch_iterator)
-        if warm is not None and self._replay.traced is not None:
-            warm = (self._replay.traced, warm[1])  # the step fit runs here: Keras' own, its batch kept
+        if warm is not None and batches.traced is not None:
+            warm = (batches.traced, warm[1])  # the step fit runs here: Keras' own, its batch kept
         if warm is not None:  # traced and instantiated now: in a hot standby, before it waits
-            self.sv.warm_up(*warm)
-        self._sess = self.sv.prepare_or_wait_for_session()
-        self._epoch, self._batch = int(self.epoch_var.numpy()), int(self.batch_var.numpy())
-        self._live_epoch, self._live_batch = self._epoch, self._batch
+            sv.warm_up(*warm)
+        self._sess = sv.prepare_or_wait_for_session()
+        at.epoch, at.batch = int(self.epoch_var.numpy()), int(self.batch_var.numpy())
+        at.live_epoch, at.live_batch = at.epoch, at.batch
         for reason in input_position.inexact_reasons(inp):
             print(f"procsv: warning: a resumed fit will not be bit-exact: {reason}", file=sys.stderr, flush=True)
-        if self.sv.restored_from:
-            epoch, batch = self._epoch, self._batch
+        if sv.restored_from:
+            epoch, batch = at.epoch, at.batch
             self.resumed_at = (epoch, batch)
             self._saved_metrics = [np.array(v.numpy()) for v in model.metrics_variables]
             replay = input_position.replay_epochs(inp, epoch, report=self._report_replay)
@@ -195,12 +190,12 @@ class BackupAndRestore(FitRollback, keras.callbacks.Callback):  # type: ignore[m
                 how = (f"{replay.drawn} batches drawn: {replay.draw_reason}" if replay.draw_reason is not None
                        else "no batch drawn: only the shuffle seeds put back")
                 replayed = f"; input of {epoch} epoch(s) put back in {replay.secs:.2f} s, {how}"
-            print(f"procsv: fit resumes at epoch {epoch + 1}, batch {batch + 1} ({self.sv.step * self._spe} "
+            print(f"procsv: fit resumes at epoch {epoch + 1}, batch {batch + 1} ({sv.step * at.spe} "
                   f"batches trained{replayed})", flush=True)
         model.train_function = self._train_function
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        self._epoch, self._batch = self._live_epoch, self._live_batch = epoch, 0
+        self._at.epoch, self._at.batch = self._at.live_epoch, self._at.live_batch = epoch, 0
         if epoch == self._skip_epoch and self._saved_metrics:
             # fit reset the metrics for this epoch: put back the part of it trained before the stop
             for var, value in zip(self.model.metrics_variables, self._saved_metrics):
@@ -216,8 +211,8 @@ class BackupAndRestore(FitRollback, keras.callbacks.Callback):  # type: ignore[m
             values = dict(logs)
             values.setdefault("learning_rate", self._learning_rate())
             sv.log_scalars({f"epoch_{k}": v for k, v in _scalars(values).items()}, step=epoch)
-        if self.save_freq == "epoch" and sv._ckpt is not None and not self._stopped_mid_epoch:
-            sv._ckpt.request(SaveReason.STEPS)  # taken at the next batch boundary, or by the final commit
+        if self.save_freq == "epoch" and sv._keeper is not None and not self._stopped_mid_epoch:
+            sv._keeper.agent.request(SaveReason.STEPS)  # taken at the next batch boundary, or by the final commit
 
     def on_train_end(self, logs: Any = None) -> None:
         sv, model = self.sv, self.model
@@ -235,40 +230,43 @@ class BackupAndRestore(FitRollback, keras.callbacks.Callback):  # type: ignore[m
     # ------------------------------------------------------------------ the wrapped train function
     def _train_function(self, iterator: Any) -> Any:
         """What ``fit`` calls for each batch (each ``steps_per_execution`` batches)."""
-        sv, sess, spe = self.sv, self._sess, self._spe
+        sv, sess, at = self.sv, self._sess, self._at
+        spe = at.spe
         assert sv is not None and sess is not None
         if self._skip > 0:  # trained before the interruption: draw the batches, train on none
             n = min(spe, self._skip)
             for _ in range(n):
                 next(iterator)
             self._skip -= n
-            self._batch += n
-            self._live_batch = self._batch
+            at.batch += n
+            at.live_batch = at.batch
             return self._logs()
         if sv.should_stop():
             return self._stop_here()  # a stop was asked for: train no further batch
-        self._epoch_starts.setdefault(self._live_epoch, sv.step + 1 - self._live_batch // spe)
+        at.epoch_starts.setdefault(at.live_epoch, sv.step + 1 - at.live_batch // spe)
         t0 = time.perf_counter()
-        replay = self._replay
+        rollback = self._rollback
+        replay = rollback.replay if rollback is not None else None
+        self._train_secs = 0.0
         try:
-            if replay is None or replay.unsupported:
+            if rollback is None or replay is None or replay.unsupported:
                 logs = sess.run(self._timed_train, iterator)
-            else:  # the batches a rollback restored before are trained again first (see _kept_step)
-                self._drew = False
-                while not self._drew:
-                    logs = sess.run(self._kept_step, iterator)[LOGS]
+            else:  # the batches a rollback restored before are trained again first (see FitRollback.kept_step)
+                rollback.drew = False
+                while not rollback.drew:
+                    logs = sess.run(rollback.kept_step, iterator)[LOGS]
+                self._train_secs = rollback.train_secs
         except TrainingStopped:
             return self._stop_here()
-        self._live_batch += spe
-        self._epoch, self._batch = self._live_epoch, self._live_batch
+        at.live_batch += spe
+        at.to_live()
         if replay is not None and not replay.unsupported:
-            agent = sv._ckpt
-            replay.forget_through(agent.last_committed if agent is not None else sv.step)
-            if (self._each_batch or self._live_batch == self.params.get("steps")) and self._settle():  # epoch's end
+            replay.forget_through(sv._keeper.agent.last_committed if sv._keeper is not None else sv.step)
+            if (self._each_batch or at.live_batch == self.params.get("steps")) and self._settle():  # epoch's end
                 logs = self.model.get_metrics_result()  # the epoch's logs without the poisoned batch
         self._last_logs = logs
         if self.save_summaries_secs:
-            now = sv._clock()
+            now = self.clock()
             if now >= self._next_batch_log:  # batch-level scalars, at most every save_summaries_secs
                 self._next_batch_log = now + self.save_summaries_secs
                 values = dict(logs)
@@ -287,20 +285,18 @@ class BackupAndRestore(FitRollback, keras.callbacks.Callback):  # type: ignore[m
         """Tell the watchdog the resumed fit is still reading its earlier epochs (before its first
         step: the watchdog gives each report ``--startup-timeout``, not the whole replay)."""
         if self.sv is not None:
-            self.sv._report_busy(Busy.INPUT)
+            self.sv._boundary.report_busy(Busy.INPUT)
 
-    def _position_of(self, step: int) -> Optional[tuple[int, int]]:
-        """The (epoch, batch) of global step ``step``, Keras's indices from 0 (with ``steps_per_execution``
-        > 1: the step's first batch), if this fit ran it; for the non-finite lifecycle events."""
-        known = [(start, epoch) for epoch, start in self._epoch_starts.items() if start <= step]
-        if not known:
-            return None
-        start, epoch = max(known)
-        return epoch, (step - start) * self._spe
+    def _settle(self) -> bool:
+        """A non-finite loss since the last check rolled back now (:meth:`FitRollback.settle`); True if so."""
+        sv, sess, rollback = self.sv, self._sess, self._rollback
+        if sv is None or sess is None or rollback is None:
+            return False
+        return rollback.settle(sess, sv._keeper is not None)
 
     def _write_position(self) -> None:
-        self.epoch_var.assign(self._epoch)
-        self.batch_var.assign(self._batch)
+        self.epoch_var.assign(self._at.epoch)
+        self.batch_var.assign(self._at.batch)
 
     def _stop_here(self) -> Any:
         self.model.stop_training = True
@@ -336,14 +332,8 @@ def _delete_own_checkpoints(sv: Supervisor) -> None:
     service, the one writer of checkpoints (invariant 1), deletes procsv's checkpoints of this run
     (data, index, manifests, the state file) once no trainer restores; the user's own files and the
     event files stay. Waits for its answer up to ``stop_grace_secs``; a failure is said, not raised."""
-    channels = sv._channels
-    if channels is None or not sv.is_chief:
+    if sv._keeper is None or not sv.is_chief:
         return
-    try:
-        answer = channels.delete_checkpoints(DeleteCheckpoints(os.getpid()),
-                                             channels.clock() + sv.stop_grace_secs)
-    except NoReply as exc:
-        print(f"procsv: the checkpoints were not deleted: {exc}", file=sys.stderr, flush=True)
-        return
-    if answer.error:
-        print(f"procsv: the checkpoints were not deleted: {answer.error}", file=sys.stderr, flush=True)
+    why = sv._keeper.delete_all(sv.stop_grace_secs)
+    if why:
+        print(f"procsv: the checkpoints were not deleted: {why}", file=sys.stderr, flush=True)

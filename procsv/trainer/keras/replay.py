@@ -2,7 +2,7 @@
 
 Runs in the trainer process, inside ``model.fit`` (:mod:`procsv.trainer.keras.fit` drives it). Keras'
 loop only goes forward, so when ``--on-nonfinite rollback`` restores an earlier state in place
-(:mod:`procsv.trainer.nonfinite.methods`), the batches between that state and the bad one are
+(:mod:`procsv.trainer.nonfinite.rollback`), the batches between that state and the bad one are
 trained again from here: each batch ``fit`` trains is drawn by :class:`BatchReplay`'s own step
 function, which is Keras' (``one_step_on_data(iterator.get_next())``, as ``multi_step_on_iterator`` runs
 it) but also returns the batch it drew and the batch's own loss; the batch is kept under its

@@ -1,13 +1,13 @@
 """``procsv.keras.BackupAndRestore``'s side of ``--on-nonfinite rollback``: fit's batches trained again.
 
-Runs in the trainer process, inside ``model.fit`` (a mixin of :class:`procsv.trainer.keras.fit.BackupAndRestore`).
+Runs in the trainer process, inside ``model.fit`` (:class:`FitRollback`, owned by :class:`procsv.trainer.keras.fit.BackupAndRestore`).
 Keras' loop only goes forward; when the Supervisor restores an earlier state in place
-(:mod:`procsv.trainer.nonfinite.methods`) the step count goes back, and the steps up to the one
+(:mod:`procsv.trainer.nonfinite.rollback`) the step count goes back, and the steps up to the one
 fit is at are trained again here, from the batches :class:`~procsv.trainer.keras.replay.BatchReplay`
-kept, all inside the one call of the train function ``fit`` made (:meth:`FitRollback._kept_step`,
+kept, all inside the one call of the train function ``fit`` made (:meth:`FitRollback.kept_step`,
 called by ``sess.run`` until it has drawn fit's own next batch). A non-finite loss is found where
 procsv reads the state anyway (before a snapshot), and also at the end of each epoch (so that its
-logs are of the epoch without the poisoned batch) and of ``fit`` (:meth:`FitRollback._settle`); after
+logs are of the epoch without the poisoned batch) and of ``fit`` (:meth:`FitRollback.settle`); after
 every batch when ``keras.callbacks.TerminateOnNaN`` reads each batch's ``logs["loss"]`` anyway (so
 that a NaN rolled back never reaches it). A
 skipped step advances Keras' iteration counter as if it ran; the (epoch, batch) position a
@@ -16,82 +16,113 @@ snapshot records follows the restored and the replayed steps.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+from procsv.common.errors import NonFiniteState
 from procsv.trainer.keras.replay import BatchReplay
 from procsv.trainer.managed import ManagedSession
-from procsv.common.errors import NonFiniteState
 from procsv.trainer.nonfinite.policy import OnNonfinite
-from procsv.trainer.supervisor import Supervisor
+from procsv.trainer.nonfinite.rollback import NonfiniteRollback
 
 
 class _NoLiveInput(Exception):
     """A step past the batches fit has drawn, outside fit's loop (the rollback settled at the end)."""
 
 
+@dataclasses.dataclass
+class FitPosition:
+    """Where one ``fit`` is. ``epoch``/``batch``: the position a snapshot records (the epoch, and the
+    batches done in it); ``live_epoch``/``live_batch``: where fit's own loop is (a rollback's replay is
+    behind it); ``epoch_starts``: the global step of each epoch's first batch (this fit's); ``spe``:
+    Keras' ``steps_per_execution`` (batches per global step)."""
+
+    spe: int = 1
+    epoch: int = 0
+    batch: int = 0
+    live_epoch: int = 0
+    live_batch: int = 0
+    epoch_starts: dict[int, int] = dataclasses.field(default_factory=dict)
+
+    def of(self, step: int) -> Optional[tuple[int, int]]:
+        """The (epoch, batch) of global step ``step``, Keras's indices from 0 (with ``steps_per_execution``
+        > 1: the step's first batch), if this fit ran it; for the non-finite lifecycle events."""
+        known = [(start, epoch) for epoch, start in self.epoch_starts.items() if start <= step]
+        if not known:
+            return None
+        start, epoch = max(known)
+        return epoch, (step - start) * self.spe
+
+    def to_live(self) -> None:
+        """The position a snapshot records is where fit's loop is."""
+        self.epoch, self.batch = self.live_epoch, self.live_batch
+
+
 class FitRollback:
-    """The rollback's replay of a fit's batches (mixed into ``BackupAndRestore``)."""
+    """The rollback's replay of one fit's batches, owned by its ``BackupAndRestore``.
 
-    model: Any
-    sv: Optional[Supervisor]
-    epoch_var: Any
-    batch_var: Any
-    _sess: Optional[ManagedSession]
-    _replay: Optional[BatchReplay]
-    _spe: int
-    _epoch: int
-    _batch: int
-    _live_epoch: int
-    _live_batch: int
-    _drew: bool
-    _train_secs: float
+    Owns the batches kept (``replay``: :class:`BatchReplay`), whether the last ``sess.run`` drew fit's
+    own next batch (``drew``) and how long its train step took (``train_secs``). Given: the model,
+    fit's position (it moves it on a restore, a replayed batch and a skip), the variables the position
+    is saved in, the Supervisor's step (``step``: read at each call) and its rollback (it registers its
+    ``restored`` and ``skipped`` there)."""
 
-    def _position_of(self, step: int) -> Optional[tuple[int, int]]:
-        raise NotImplementedError  # (BackupAndRestore)
+    def __init__(self, model: Any, replay: BatchReplay, position: FitPosition, epoch_var: Any, batch_var: Any,
+                 step: Callable[[], int], rollback: NonfiniteRollback) -> None:
+        self.model = model
+        self._step = step
+        self.replay = replay
+        self.position = position
+        self._epoch_var, self._batch_var = epoch_var, batch_var
+        self._rollback = rollback
+        self.drew = False
+        self.train_secs = 0.0
+        rollback.watch.on_restored.append(self.restored)
+        rollback.watch.on_skipped.append(self.skipped)
 
-    def _kept_step(self, iterator: Any) -> Any:
-        """One step, in ``sess.run``: the batch kept for it if a rollback put the step count back
-        (its position is the one a snapshot after it records), else the next batch of ``iterator``,
-        kept. Returns {"logs", "loss": the batch's own loss, "data"}; the Supervisor keeps the loss."""
-        replay = self._replay
-        assert replay is not None and self.sv is not None
-        step = self.sv.step
+    def kept_step(self, iterator: Any) -> Any:
+        """One step, in ``sess.run``: the batch kept for it if a rollback put the step count back (its
+        position is the one a snapshot after it records), else the next batch of ``iterator``, kept.
+        Returns {"logs", "loss": the batch's own loss, "data"}; the Supervisor keeps the loss."""
+        replay, where = self.replay, self.position
+        step = self._step()
         kept = replay.kept.get(step)
         if kept is not None:
             epoch, index, _ = kept
             if index == 0:  # the first batch of an epoch: Keras reset the metrics before it
                 self.model.reset_metrics()
             out = replay.again(step)
-            self._epoch, self._batch = epoch, index + 1
+            where.epoch, where.batch = epoch, index + 1
             return out
         if iterator is None:
             raise _NoLiveInput(f"step {step}")
         t0 = time.perf_counter()
         out = replay.run(iterator)
-        self._train_secs = time.perf_counter() - t0
-        replay.keep(step, self._live_epoch, self._live_batch, out["data"])
-        self._drew = True
+        self.train_secs = time.perf_counter() - t0
+        replay.keep(step, where.live_epoch, where.live_batch, out["data"])
+        self.drew = True
         return out
 
-    def _settle(self) -> bool:
+    def settle(self, sess: ManagedSession, checkpointed: bool) -> bool:
         """Check the losses kept since the last check (one read) and, if one is non-finite, roll back,
         replay, retry and skip now, as a snapshot's check would have later; True if it rolled back.
-        At the end of an epoch (its logs are the epoch's) and of fit (its final checkpoint)."""
-        sv, sess, replay = self.sv, self._sess, self._replay
-        if sv is None or sess is None or replay is None or replay.unsupported or sv._ckpt is None:
+        At the end of an epoch (its logs are the epoch's) and of fit (its final checkpoint).
+        ``checkpointed``: something is saved (else there is nothing to roll back to)."""
+        rollback, replay, step = self._rollback, self.replay, self._step
+        if replay.unsupported or not checkpointed:
             return False
-        watch = sv._nonfinite
-        if watch.policy != OnNonfinite.ROLLBACK or sv._state.losses is None:
+        watch = rollback.watch
+        if watch.policy != OnNonfinite.ROLLBACK or not rollback.detecting:
             return False
-        last, moved = sv.step, False
+        last, moved = step(), False
         while True:
-            if sv._nonfinite_work():  # the retry's judgement or a skip, due at this step
+            if rollback.work():  # the retry's judgement or a skip, due at this step
                 moved = True
                 continue
-            if sv.step < last:
+            if step() < last:
                 try:
-                    sess.run(self._kept_step, None)
+                    sess.run(self.kept_step, None)
                 except _NoLiveInput:
                     pass  # a skip at that boundary reached the last step: nothing more to replay
                 continue
@@ -99,16 +130,17 @@ class FitRollback:
             if bad is None:
                 return moved
             moved = True
-            sv._nonfinite_refused(NonFiniteState(sv.step, bad), False)  # rolls back, or stops (exit 4)
+            rollback.refused(NonFiniteState(step(), bad), False)  # rolls back, or stops (exit 4)
 
-    def _restored(self, step: int) -> None:
+    def restored(self, step: int) -> None:
         """A rollback restored ``step``: the position a snapshot records is the restored one."""
-        self._epoch, self._batch = int(self.epoch_var.numpy()), int(self.batch_var.numpy())
+        self.position.epoch, self.position.batch = int(self._epoch_var.numpy()), int(self._batch_var.numpy())
 
-    def _skipped(self, step: int) -> None:
+    def skipped(self, step: int) -> None:
         """Step ``step`` was skipped: Keras' iteration counter moves past it as if it ran (a learning
         rate schedule too), and the position past its batch."""
-        self.model.optimizer.iterations.assign_add(self._spe)
-        where = self._position_of(step)
-        if where is not None:
-            self._epoch, self._batch = where[0], where[1] + self._spe
+        where = self.position
+        self.model.optimizer.iterations.assign_add(where.spe)
+        at = where.of(step)
+        if at is not None:
+            where.epoch, where.batch = at[0], at[1] + where.spe

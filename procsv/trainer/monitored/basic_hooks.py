@@ -167,7 +167,8 @@ class CheckpointSaverHook(SessionRunHook):
         self._session = session
         warn_if_not_logdir("CheckpointSaverHook", self._checkpoint_dir, session)
         sv = supervisor_of(session)
-        self._agent = getattr(sv, "_ckpt", None)
+        keeper = getattr(sv, "_keeper", None)  # (a procsv.Supervisor's CheckpointKeeper)
+        self._agent = keeper.agent if keeper is not None else None
         if self._agent is None:
             api.warn_once("ckpt.none", "CheckpointSaverHook: the session has no state to save (no checkpoint=...)")
             return

@@ -109,7 +109,8 @@ def _build_supervisor(creator: Any) -> Any:
                     init_op=scaffold.init_op, init_feed_dict=scaffold.init_feed_dict, init_fn=init_fn,
                     ready_op=scaffold.ready_op, ready_for_local_init_op=scaffold.ready_for_local_init_op,
                     local_init_op=scaffold.local_init_op, summary_op=None, saver=saver, **extra, **opts)
-    sv.graph_file_written, sv.meta_graph_event = bool(graph_file), True
+    assert sv._graph is not None  # (a graph program's Supervisor)
+    sv._graph.graph_file_written, sv._graph.meta_graph_event = bool(graph_file), True
     scaffold.finalize()
     return sv
 

@@ -23,8 +23,8 @@ def watched_hooks(sv: Any, hooks: Sequence[Any]) -> frozenset[int]:
     """The indices of ``hooks`` whose tensor procsv watches instead of the hook (rollback only)."""
     from procsv.trainer.monitored.observer_hooks import NanTensorHook
 
-    watch = getattr(sv, "_nonfinite", None)
-    if watch is None or watch.policy != OnNonfinite.ROLLBACK:
+    rollback = getattr(sv, "_rollback", None)  # (a procsv.Supervisor's NonfiniteRollback)
+    if rollback is None or rollback.watch.policy != OnNonfinite.ROLLBACK:
         return frozenset()
     return frozenset(i for i, h in enumerate(hooks) if isinstance(h, NanTensorHook))
 

@@ -1,7 +1,7 @@
 """The input of a skipped step, where procsv knows it: the ``tf.data`` iterators the checkpoint tracks.
 
 Runs in the trainer's main thread, at the step boundary where the rollback skips a step
-(:mod:`procsv.trainer.nonfinite.methods`). A skipped step's function is not called, so the element
+(:mod:`procsv.trainer.nonfinite.rollback`). A skipped step's function is not called, so the element
 it would have taken is still next in each checkpointed iterator: :func:`consume` takes it (one
 ``get_next`` per iterator, the element discarded), so that the data position moves past the
 skipped step as it would have had the step run, and the replay after a later rollback passes the

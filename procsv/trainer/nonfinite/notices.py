@@ -1,6 +1,6 @@
 """What the trainer tells the watchdog about non-finite training, the moment it happens (issue 41).
 
-Runs in the trainer's main thread, at step boundaries (:mod:`procsv.trainer.nonfinite.methods`
+Runs in the trainer's main thread, at step boundaries (:mod:`procsv.trainer.nonfinite.rollback`
 calls it). Each function builds one message of the schema (:mod:`procsv.ipc.watchdog_messages`):
 :class:`~procsv.ipc.messages.NonfiniteDetected` when a poisoned loss or state is found,
 :class:`~procsv.ipc.messages.RolledBack` when ``--on-nonfinite rollback`` restored a finite state

@@ -44,7 +44,7 @@ class NonfiniteWatch:
                                                                             policy.DEFAULT_SKIP_WINDOW)))
         self.restores = RestoreBound()
         self._rules: Optional[tuple[Any, scan.Rules]] = None
-        # rollback (procsv.trainer.nonfinite.methods): the bad step being retried or skipped, whether
+        # rollback (procsv.trainer.nonfinite.rollback): the bad step being retried or skipped, whether
         # it is skipped, the boundary at which that is due, the steps retried once already
         self.target: Optional[int] = None
         self.skipping = False

@@ -31,6 +31,35 @@ from typing import Any, Callable
 from procsv.common.errors import UnsupportedState
 
 
+class WarmUps:
+    """The functions a Supervisor was asked to warm up (``Supervisor.warm_up``), until they are: owns
+    the list, each entry traced once (a later session after a stop finds the trace in place)."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+
+    def warm_up(self, fn: Any, *args: Any, **kwargs: Any) -> None:
+        """Trace ``fn`` (a ``tf.function``, e.g. the train step) for these example arguments when the
+        session is prepared, before the restore, and have TensorFlow instantiate the traced function
+        (optimize and place its graph); in a hot standby before it waits, so that a promoted
+        standby's first step pays neither. Nothing runs: no variable changes, no summary (this
+        module's docstring says how). In a group (``--nproc`` > 1) it is only traced. Give
+        arguments of the loop's shapes and dtypes (numpy arrays or tensors; another shape is traced
+        again at its first call, as always)."""
+        if not callable(getattr(fn, "get_concrete_function", None)):
+            raise TypeError(f"Supervisor.warm_up takes a tf.function, not {type(fn).__name__}")
+        self._pending.append((fn, args, kwargs))
+
+    def run(self, alone: bool, standby: bool) -> None:
+        """Trace (and, ``alone``: not in a group, instantiate) every pending function; in a hot
+        ``standby`` also run each once on shadows of its variables (idle time: make its kernels too)."""
+        for fn, args, kwargs in self._pending:
+            trace_and_instantiate(fn, args, kwargs, instantiate_too=alone)
+            if alone and standby:
+                standby_run(fn, args, kwargs)
+        self._pending = []
+
+
 def trace_and_instantiate(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], instantiate_too: bool) -> bool:
     """Trace ``fn`` for these arguments and, if ``instantiate_too``, instantiate what was traced.
     Returns whether it was instantiated."""

@@ -5,7 +5,7 @@ Runs in the trainer. :meth:`GraphRings.log` runs while TensorFlow traces the use
 thread): it adds a dozen ops to the traced graph that write the row (the values as float32 and the
 step as int64) into the ring-buffer variables of that tuple of tags, at the index a counter
 variable hands out, and then mark the row complete. :meth:`GraphRings.drain` runs on the main
-thread at the summaries' hand-off (:meth:`procsv.trainer.summary_methods.SummaryMethods._flush_summaries`,
+thread at the summaries' hand-off (:meth:`procsv.trainer.summaries.log.SummaryLog.flush`,
 and before every checkpoint snapshot): per ring with new rows, a few eager reads (the counter,
 the marks, the values and steps), and the complete rows go to the summary buffer in the order
 they were written. The functions may run on any thread: a row begun and not yet complete ends

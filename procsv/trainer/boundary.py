@@ -1,0 +1,201 @@
+"""The Supervisor's step boundary: what ``session.run(step_fn)`` does before and after the step, and
+the commit of a checkpoint on demand (:meth:`StepBoundary.commit_checkpoint`: at the stop, or when asked).
+
+Runs in the trainer's main thread, the one that prepared the session. The work: the checkpoint
+work of the completed step (:func:`~procsv.trainer.step_boundary.checkpoint_work`), before the next
+step runs; the rollback's work when a non-finite loss was met (:mod:`procsv.trainer.nonfinite.rollback`);
+the progress report, the periodic summaries and the hand-off of logged summaries.
+
+Most boundaries have none of it to do, and even looking costs (see
+:mod:`procsv.trainer.step_boundary`). So each of the two halves (checkpoint work; progress and
+summaries) computes, when it does its work, the first step and time at which it may have work
+again, and :class:`~procsv.trainer.step_boundary.StepState` holds them for each step to read: a
+boundary before them costs a clock read and two comparisons. The progress-and-summaries half also
+runs right after a step when that step must not wait for the next one: a session's first step
+(reported at once) and, while a checkpoint is in flight, every step (its summaries must leave the
+process before a crash could make a restart skip them). Whoever changes a trigger from outside
+opens its half: a save requested by a callback (:meth:`StepBoundary.save_requested`), a summary
+batch filled by a logging thread (:meth:`StepBoundary.batch_waiting`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Optional
+
+from procsv.common.errors import NonFiniteState, TrainingStopped
+from procsv.ipc.messages import Busy, Progress, SaveReason
+from procsv.trainer.channels import TrainerChannels
+from procsv.trainer.checkpoint.keeper import CheckpointKeeper
+from procsv.trainer.coordinator import Coordinator
+from procsv.trainer.nonfinite.rollback import NonfiniteRollback
+from procsv.trainer.step_boundary import NEVER, ProgressReporter, StepState, checkpoint_work
+from procsv.trainer.summaries.log import SummaryLog
+from procsv.trainer.summaries.sender import COALESCE  # (time-driven work due this soon goes with a boundary that runs)
+
+
+class StepBoundary:
+    """The work around each step (:meth:`ManagedSession.run` runs the step) of one Supervisor: each
+    half's work, and its bounds.
+
+    Owns the bounds it writes into the step state, the progress reports (:class:`ProgressReporter`),
+    whether the session's periodic work runs (``standard_started``: False until a program that
+    prepared with ``start_standard_services=False`` calls it) and whether the last final checkpoint
+    failed to commit (``unsaved``). Given: the step state (it installs its two callbacks there), the
+    checkpoints (None: nothing is saved), the summaries, the rollback, the coordinator it stops
+    through when checkpoints keep failing, and the session's channels (:meth:`attach`)."""
+
+    def __init__(self, state: StepState, clock: Callable[[], float], coord: Coordinator,
+                 keeper: Optional[CheckpointKeeper], summaries: SummaryLog, rollback: NonfiniteRollback, *,
+                 chief: bool, stop_grace_secs: float) -> None:
+        self.state = state
+        self._clock = clock
+        self._coord = coord
+        self._keeper = keeper
+        self._summaries = summaries
+        self._rollback = rollback
+        self._chief = chief
+        self._stop_grace_secs = stop_grace_secs
+        self._channels: Optional[TrainerChannels] = None
+        self.progress = ProgressReporter()
+        self.standard_started = True  # a session's periodic checkpoints and summaries run
+        self.unsaved = False  # the final checkpoint did not commit
+        state.boundary = self.before_step
+        state.after_step = self.after_step
+        summaries.buffer.on_batch = self.batch_waiting
+        if keeper is not None:
+            keeper.configure(self._wake_on_request)
+
+    def _wake_on_request(self, agent: Any) -> None:
+        agent.wake = self.save_requested
+
+    # ----------------------------------------------------------------- the session
+    def attach(self, channels: TrainerChannels) -> None:
+        """A session is prepared: its reports go through ``channels``."""
+        self._channels = channels
+
+    def detach(self) -> None:
+        self._channels = None
+
+    def reset(self) -> None:
+        """A session again after a stop: its first step is reported at once; nothing unsaved yet."""
+        self.unsaved = False
+        self.progress.first_done = False
+
+    def start(self) -> None:
+        """A new session: the checkpoint half at its first boundary, the other after its first step."""
+        self.state.open_checkpoint()
+        self.state.set_end(0, NEVER)
+
+    def start_standard_services(self) -> None:
+        """``start_standard_services()`` in a live session: both halves at the next boundary, the
+        periodic summaries one interval from now."""
+        if self.standard_started:
+            return
+        self.standard_started = True
+        if self._channels is not None:
+            self._summaries.restart_periodic()
+            self.state.open_checkpoint()
+            self.state.open_end()
+
+    def save_requested(self) -> None:
+        """A save was requested outside the boundary (the checkpoint agent calls it)."""
+        self.state.open_checkpoint()
+
+    def batch_waiting(self) -> None:
+        """A whole summary batch is waiting (the buffer calls it, from the logging thread)."""
+        self.state.open_end()
+
+    # ----------------------------------------------------------------- around a step
+    def before_step(self, step: int) -> None:
+        """Before a step: the halves whose bounds have passed, then their new bounds (the end
+        half's step bound is checked after the step, in :meth:`ManagedSession.run`)."""
+        state = self.state
+        if self._rollback.work():
+            return  # rolled back or skipped: the step count moved (ManagedSession.run reads it again)
+        now = self._clock()
+        after = now >= state.end_at  # (the timer's bound; its step bound is checked after the step)
+        if after:
+            self._after_boundary(now, slack=COALESCE)
+        # a boundary the other half's timer brought also does the reads and heartbeat due soon: the
+        # halves keep one rhythm (each ~10 times a second, else apart: 20 boundaries a second, not 10)
+        if step >= state.ckpt_step or now >= state.ckpt_at or (after and now + COALESCE >= state.ckpt_at):
+            self._checkpoint_boundary(step, ahead=COALESCE if after else 0.0)
+            self._rollback.work()  # a rollback there may have work due at once
+
+    def after_step(self) -> None:
+        """After a step that must not wait for the next boundary: the progress-and-summaries half."""
+        self._after_boundary(self._clock())
+
+    def _checkpoint_boundary(self, step: int, ahead: float = 0.0) -> None:
+        agent = self._keeper.agent if self._keeper is not None else None
+        if agent is None or self._channels is None or not self._chief or not self.standard_started:
+            self.state.set_checkpoint(NEVER, NEVER)  # no checkpoint work in this session
+            return
+        # the state is still that of ``step``; its summaries are handed off first
+        start = self._clock()
+        summaries = self._summaries
+        try:
+            checkpoint_work(agent, self._channels, step, start, lambda: summaries.flush(force=False, urgent=True),
+                            summaries.unwritten_from, ahead)
+        except NonFiniteState as bad:  # the snapshot was refused: the policy decides (stop raises)
+            self._rollback.refused(bad, False)
+        agent.charge_memory(step, start, self._clock())  # what an in-memory snapshot cost the loop
+        if agent.failure is not None:  # checkpoints keep failing: stop, the TF way
+            self._coord.request_stop(agent.failure)
+            raise TrainingStopped(str(agent.failure))
+        self.state.set_checkpoint(*agent.next_work(step, self._clock()))
+        self._rollback.bound()  # a rollback's next work
+        if agent.in_flight is not None:
+            self.state.set_end(step + 1, self.state.end_at)  # summaries go right after every step now
+
+    def _after_boundary(self, now: float, slack: float = 0.0) -> None:
+        """The progress-and-summaries half; a progress report due within ``slack`` s goes now."""
+        ch = self._channels
+        assert ch is not None
+        summaries = self._summaries
+        self.progress.after_step(ch, self.state.step, now, slack)
+        periodic = summaries.save_summaries_secs and self.standard_started
+        if periodic and now >= summaries.next_periodic:
+            summaries.periodic(now)
+        agent = self._keeper.agent if self._keeper is not None else None
+        in_flight = agent is not None and agent.in_flight is not None
+        summaries.flush(force=False, in_flight=in_flight)
+        at = min(self.progress.next_at(), summaries.wake_at())
+        if periodic:
+            at = min(at, summaries.next_periodic)
+        self.state.set_end(self.state.step + 1 if in_flight else NEVER, at)
+
+    # ----------------------------------------------------------------- on demand
+    def report_busy(self, busy: Busy) -> None:
+        """Tell the watchdog the step reached and what the trainer is busy with on purpose (``Busy.NONE``:
+        nothing); the watchdog judges hangs by it (:mod:`procsv.watchdog.rules.hang`). No-op before a session."""
+        if self._channels is not None:
+            self._channels.to_watchdog(Progress(os.getpid(), self.state.step, time.time(), busy))
+
+    def commit_checkpoint(self, deadline: Optional[float] = None) -> bool:
+        """``Supervisor.commit_checkpoint``: commit a checkpoint of the last completed step now, waiting
+        up to ``stop_grace_secs`` (``preempted`` after SIGTERM/SIGINT, else ``final``); True if that step
+        is committed. The Supervisor's ``stop()`` calls it; so does ``procsv.train``'s
+        CheckpointSaverHook at ``end()``."""
+        agent = self._keeper.agent if self._keeper is not None else None
+        if agent is None or self._channels is None or not self._chief:
+            return False  # only the chief saves
+        self.report_busy(Busy.FINAL_CHECKPOINT)
+        self._summaries.flush(force=False, urgent=True)  # hand off before the commit, as at a step
+        reason = SaveReason.PREEMPTED if self._coord.stop_signal is not None else SaveReason.FINAL
+        grace = self._stop_grace_secs if deadline is None else max(0.0, deadline - self._clock())
+        agent.final(self._channels, self.state.step, reason, grace)
+        self.unsaved = agent.last_committed < self.state.step and not agent.refused_final
+        return not self.unsaved
+
+    def save_now(self, reason: SaveReason) -> Any:
+        """``sv.saver.save()``: commit the current step now (``reason``), the watchdog told the trainer
+        waits on purpose; returns the service's result (None: none came in time)."""
+        assert self._keeper is not None and self._channels is not None
+        self.report_busy(Busy.FINAL_CHECKPOINT)  # the watchdog's longer limit while we wait for the commit
+        self._summaries.flush(force=False, urgent=True)  # hand off before the commit, as at a step
+        result = self._keeper.agent.final(self._channels, self.state.step, reason, self._stop_grace_secs)
+        self.report_busy(Busy.NONE)
+        return result

@@ -1,0 +1,238 @@
+"""The Supervisor's summaries collaborator: ``log_scalar`` ... ``summary_computed`` and their hand-off.
+
+Runs in the trainer process. Every ``log_*`` call validates here (TypeError/ValueError in the
+caller's frame) and only appends to the bounded :class:`SummaryBuffer`; the hand-off to the summary
+service (:class:`SummarySender`) happens at step boundaries, when the step boundary calls
+:meth:`SummaryLog.flush`. ``step`` defaults to the current step (the one running inside
+``session.run``, else the last completed), read from the step state it is given.
+
+:class:`SummaryLog` owns the buffer, the sender of the open session (made at the first hand-off,
+dropped by :meth:`SummaryLog.detach`), the periodic summaries' schedule (``summary_fn``, and in
+graph mode the graph's ``summary_op`` through the ``graph_summary`` callable it is given) and the
+session's connection to the summary service (:meth:`SummaryLog.attach`). It reads, never writes,
+the step state: the step and the watched losses (``losses``: a logged value of a watched tag is
+kept for the non-finite check).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
+
+from procsv.common import env
+from procsv.ipc.messages import Message
+from procsv.trainer.channels import TrainerChannels
+from procsv.trainer.summaries.buffer import SummaryBuffer
+from procsv.trainer.summaries.sender import SUMMARY_DEADLINE, SummarySender
+
+
+class WatchedLosses(Protocol):
+    """The non-finite watch's losses (procsv.trainer.nonfinite.losses.LossWatch), as a log call keeps them."""
+
+    tags: Any
+
+    def keep(self, step: int, value: Any) -> None: ...
+
+    def keep_scalars(self, step: int, values: Mapping[str, Any]) -> None: ...
+
+
+class StepView(Protocol):
+    """What a log call reads of the step state (procsv.trainer.step_boundary.StepState)."""
+
+    step: int
+    losses: Optional[Any]  # a WatchedLosses, or None when nothing is watched
+
+
+def _tracing() -> bool:
+    """A ``tf.function`` is being traced on this thread (0.06 us when TF runs eagerly)."""
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and not tf.executing_eagerly() and bool(tf.inside_function())
+
+
+class SummaryLog:
+    """The summary API of one Supervisor and the hand-off of what it logged.
+
+    ``chief``: this trainer is the chief; ``writes``: it is, and has a logdir: only then are summaries
+    written (as TF); anyone else's logged values are discarded at each hand-off. ``writer``: False for ``summary_writer=None`` (``summary_computed``
+    raises, as TF). ``summary_fn``: the periodic scalars (None: none), every ``save_summaries_secs``."""
+
+    def __init__(self, state: StepView, clock: Callable[[], float], *, chief: bool, writes: bool, writer: bool,
+                 save_summaries_secs: Optional[float], stop_grace_secs: float,
+                 summary_fn: Optional[Callable[[], Mapping[str, Any]]],
+                 graph_summary: Optional[Callable[[], None]] = None) -> None:
+        self._state = state
+        self._clock = clock
+        self.chief = chief
+        self.writes = writes
+        self.writer = writer
+        self.save_summaries_secs = save_summaries_secs
+        self.stop_grace_secs = stop_grace_secs
+        self.summary_fn = summary_fn
+        self.graph_summary = graph_summary  # graph mode: runs summary_op (procsv.trainer.graph.supervised)
+        self.buffer = SummaryBuffer(clock)
+        self.next_periodic = 0.0  # when (on the clock) the periodic summaries are next due
+        self._channels: Optional[TrainerChannels] = None
+        self._sender: Optional[SummarySender] = None
+
+    # ----------------------------------------------------------------- the session's connection
+    def attach(self, channels: TrainerChannels) -> None:
+        """A session is prepared: hand-offs go through ``channels``; periodic summaries one interval on."""
+        self._channels = channels
+        self.restart_periodic()
+
+    def detach(self) -> None:
+        """The session is released (its sockets closed)."""
+        self._channels = None
+
+    def reset(self) -> None:
+        """A session again after a stop: a new sender (the next hand-off makes it)."""
+        self._sender = None
+
+    def send(self, msg: Message, payload: Sequence[Any] = ()) -> None:
+        """Send ``msg`` (a session log, a graph) to the summary service now, behind what was handed off
+        before it; the session must be attached."""
+        assert self._channels is not None
+        self._channels.to_summary(msg, payload)
+
+    # ----------------------------------------------------------------- the API
+    def log_scalar(self, tag: str, value: Any, step: Optional[int] = None) -> None:
+        """Log one scalar (non-blocking). Raises TypeError/ValueError here for a bad tag or value.
+        Inside a ``tf.function``: written by the graph at every call (``step=`` required; see
+        :mod:`procsv.trainer.summaries.graph_rings`)."""
+        if _tracing():
+            self.buffer.graph.log({tag: value}, step)
+            return
+        state = self._state
+        self.buffer.scalar(tag, value, state.step if step is None else step, time.time())
+        if state.losses is not None and tag in state.losses.tags:  # a watched tag (nonfinite_tags)
+            state.losses.keep(state.step if step is None else step, value)
+
+    def log_scalars(self, values: Mapping[str, Any], step: Optional[int] = None) -> None:
+        """Log several scalars of one step; if any is invalid, none is logged. Inside a ``tf.function``:
+        written by the graph at every call (``step=`` required; see
+        :mod:`procsv.trainer.summaries.graph_rings`)."""
+        if _tracing():
+            self.buffer.graph.log(values, step)
+            return
+        state = self._state
+        self.buffer.scalars(values, state.step if step is None else step, time.time())
+        if state.losses is not None:  # the watched tags (nonfinite_tags)
+            state.losses.keep_scalars(state.step if step is None else step, values)
+
+    def log_histogram(self, tag: str, values: Any, step: Optional[int] = None, buckets: Optional[int] = None,
+                      description: str = "") -> None:
+        """Log the distribution of ``values`` (any shape), as ``tf.summary.histogram`` (30 buckets)."""
+        self.buffer.histogram(tag, values, self._state.step if step is None else step, time.time(), buckets,
+                              description)
+
+    def log_image(self, tag: str, images: Any, step: Optional[int] = None, max_outputs: int = 3,
+                  description: str = "") -> None:
+        """Log images: ``[k, h, w, c]`` (or one ``[h, w, c]``), c in 1-4, uint8 or floats in [0, 1]."""
+        self.buffer.image(tag, images, self._state.step if step is None else step, time.time(), max_outputs,
+                          description)
+
+    def log_text(self, tag: str, text: Any, step: Optional[int] = None, description: str = "") -> None:
+        """Log a string (or an array of strings), shown by TensorBoard's Text dashboard."""
+        self.buffer.text(tag, text, self._state.step if step is None else step, time.time(), description)
+
+    def summary_computed(self, sess: Any, summary: Any, global_step: Optional[int] = None) -> None:
+        """Log a ``Summary`` proto (or its bytes, or a mapping of scalar tags to values).
+        ``RuntimeError`` with ``summary_writer=None``, as TF."""
+        if not self.writer:
+            raise RuntimeError("Writing a summary requires a summary writer (Supervisor(summary_writer=None)).")
+        if isinstance(summary, Mapping):  # (inside a tf.function: global_step is required, never the traced step)
+            self.log_scalars(summary, global_step if global_step is not None or _tracing() else self._state.step)
+            return
+        self.buffer.proto(summary, self._state.step if global_step is None else global_step, time.time())
+
+    @property
+    def sender(self) -> Optional[SummarySender]:
+        """The open session's sender (None before its first hand-off)."""
+        return self._sender
+
+    @property
+    def summaries_dropped(self) -> int:
+        """Summaries this process had to drop so far (its bounded buffer overflowed while the service lagged)."""
+        return self.buffer.dropped_total
+
+    # ----------------------------------------------------------------- at step boundaries
+    def restart_periodic(self) -> None:
+        """The periodic summaries are next due one ``save_summaries_secs`` from now."""
+        self.next_periodic = self._clock() + (self.save_summaries_secs or 0)
+
+    def periodic(self, now: float) -> None:
+        """Every ``save_summaries_secs``: the user's ``summary_fn``, and in graph mode ``summary_op``.
+        (``global_step/sec`` is written by the summary service, from the step marks every batch
+        carries: see ``services/summary/sessions.py``.)"""
+        assert self.save_summaries_secs
+        self.next_periodic = now + self.save_summaries_secs
+        if self.summary_fn is not None:
+            self.log_scalars(self.summary_fn())
+        if self.graph_summary is not None:
+            self.graph_summary()
+
+    def wake_at(self) -> float:
+        """When the sender next has time-driven work (-inf: at every boundary; inf for a worker: it only
+        discards what it logged, at its progress reports)."""
+        if not self.chief:
+            return float("inf")
+        return self._sender.wake_at if self._sender is not None else float("-inf")
+
+    def unwritten_from(self) -> Optional[int]:
+        """The lowest step with a logged summary the summary service has not confirmed written
+        (None: every one is, or this process keeps none)."""
+        if not self.writes:
+            return None
+        self.buffer.collect_graph(force=True)  # the rings may hold rows of the steps in question
+        sender = self._sender
+        if sender is None:
+            return self.buffer.oldest_step()
+        sender.poll_acks(self._state.step)  # the acks that came since the last read (every 10 ms at most)
+        return sender.unwritten_from()
+
+    def _overdue(self, sender: SummarySender) -> None:
+        """The summary service has not confirmed a batch within its deadline: it is alive (else the
+        watchdog would have restarted it) but stuck. The watchdog is told, and replaces it."""
+        msg, sender.overdue = sender.overdue, None
+        assert msg is not None and self._channels is not None
+        told = self._channels.to_watchdog(msg)
+        then = ("the watchdog replaces it, and what was not written is sent again" if told else
+                "nothing replaces it in this mode (run under procsv launch for that)"
+                if self._channels.watchdog is None else
+                "the watchdog could not be told now (its queue is full): it is told when the wait has tripled")
+        print(f"procsv: the summary service has not confirmed the summaries of step {msg.step} for "
+              f"{msg.waited_secs:.0f} s (deadline {msg.deadline_secs:.0f} s); {then}", file=sys.stderr, flush=True)
+
+    def flush(self, force: bool, urgent: bool = False, deadline: Optional[float] = None,
+              in_flight: bool = False) -> None:
+        """At a step boundary: hand off what is due (never blocks); ``urgent`` (before a snapshot):
+        everything logged, the graph's rings too. ``in_flight``: a checkpoint is being committed, so
+        send at every boundary: the rows of the steps it covers must leave this process before a
+        crash could make the restart skip them. ``force`` (at stop): hand off everything and wait,
+        up to ``EXIT_WAIT_SECS``, until the summary service has written it."""
+        if not self.writes:  # only the chief writes summaries (as TF), in a logdir
+            self.buffer.discard()
+            return
+        # what traced functions wrote into their rings: at most every FLUSH_EVERY, and all of it
+        # before a snapshot (urgent) or at the stop
+        self.buffer.collect_graph(force=force or urgent)
+        sender = self._sender
+        if sender is None:
+            assert self._channels is not None
+            # the first call comes from the first step's boundary, or from stop() if no step ran
+            start = self._state.step if not force else self._state.step + 1
+            sender = self._sender = SummarySender(
+                self.buffer, self._channels.to_summary, self._channels.summary_acks, self.save_summaries_secs,
+                start, deadline=float(os.environ.get(env.SUMMARY_DEADLINE, SUMMARY_DEADLINE)))
+        if not force:
+            sender.at_boundary(self._state.step, urgent=urgent or in_flight)
+            if sender.overdue is not None:
+                self._overdue(sender)
+            return
+        grace = self.stop_grace_secs if deadline is None else max(0.0, deadline - self._clock())
+        left = sender.close(self._state.step, min(sender.EXIT_WAIT_SECS, grace))
+        if left:
+            print(f"procsv: {left} summaries were not confirmed written by the summary service at exit",
+                  file=sys.stderr, flush=True)
