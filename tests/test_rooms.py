@@ -3,6 +3,9 @@
 * no package folder under ``procsv/``, ``ipc/`` and ``services/`` holds more than 20 modules, and no
   module is over 400 lines (a newcomer finds the room, and the room is small);
 * no import circle, counting imports inside functions and under ``if TYPE_CHECKING:``;
+* within ``procsv/trainer/`` and ``procsv/watchdog/``, no circle between rooms either (a room is a
+  module or a folder directly inside): every import runs down, none back up to a room that imports
+  the importer's (the trainer's collaborators stand on the rooms they use, as the watchdog's do);
 * ``procsv/watchdog/rules/`` (the decision function) reaches, through every import it makes and
   theirs, only the standard library's pure modules, procsv's error, exit-code and message-base
   types, and ``rules/`` itself: no clock of its own, no socket, no file;
@@ -117,6 +120,23 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def room_cycles(edges: dict[str, set[str]], package: str) -> list[list[str]]:
+    """The circles between the rooms of ``package`` (each module or folder directly inside it): a
+    module's imports of another room's modules are imports between the two rooms."""
+    prefix = package + "."
+
+    def room(module: str) -> Optional[str]:
+        return module[len(prefix):].split(".")[0] if module.startswith(prefix) else None
+
+    between: dict[str, set[str]] = {}
+    for module, deps in edges.items():
+        here = room(module)
+        if here is None:
+            continue
+        between.setdefault(here, set()).update(r for r in map(room, deps) if r is not None and r != here)
+    return cycles(between)
+
+
 def reach(edges: dict[str, set[str]], start: str) -> dict[str, str]:
     """Every module imported, directly or not, by the modules under ``start``: name -> who imports it."""
     seen: dict[str, str] = {}
@@ -165,6 +185,12 @@ def test_no_package_folder_holds_more_than_20_modules_and_no_module_is_over_400_
 
 def test_no_import_circle_anywhere():
     assert cycles(graph(modules())) == []
+
+
+def test_no_room_of_the_trainer_or_the_watchdog_imports_back_up():
+    edges = graph(modules())
+    assert room_cycles(edges, "procsv.trainer") == []
+    assert room_cycles(edges, "procsv.watchdog") == []
 
 
 def test_the_decision_function_reaches_no_io_through_its_imports():
@@ -218,6 +244,19 @@ def test_a_circle_through_a_function_level_or_type_checking_import_is_found(tmp_
         "procsv/d.py": "from procsv import a\n",  # imports into the circle, not part of it
     })
     assert cycles(edges) == [["procsv.a", "procsv.b", "procsv.c"]]
+
+
+def test_a_room_that_imports_back_up_is_found_though_no_module_circle_is(tmp_path):
+    edges = _plant(tmp_path, {
+        "procsv/__init__.py": "",
+        "procsv/trainer/__init__.py": "",
+        "procsv/trainer/top.py": "from procsv.trainer.low import util\n",
+        "procsv/trainer/low/__init__.py": "",
+        "procsv/trainer/low/util.py": "",
+        "procsv/trainer/low/other.py": "def f():\n    from procsv.trainer import top\n",  # back up, from another module
+    })
+    assert cycles(edges) == []  # no module imports itself back
+    assert room_cycles(edges, "procsv.trainer") == [["low", "top"]]
 
 
 def test_a_relative_import_and_a_parent_package_are_read_as_python_reads_them(tmp_path):

@@ -26,6 +26,7 @@ from procsv.common.errors import ProcsvError, TrainingDiverged
 from procsv.ipc.messages import Busy, SessionLogEvent, SessionStatus, TrainerReady
 from procsv.trainer import outcome
 from procsv.trainer import replica
+from procsv.trainer.boundary import StepBoundary
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.restore import ReadRetry
 from procsv.trainer.coordinator import Coordinator, LooperThread
@@ -36,11 +37,12 @@ from procsv.trainer.standby import wait as standby
 from procsv.trainer.standby.warmup import WarmUps
 from procsv.trainer.step_boundary import StepCounter, StepState
 from procsv.trainer.stop_signals import StopSignals
+from procsv.trainer.summaries.log import SummaryLog
 from procsv.trainer.supervisor_setup import (agent_factory, collaborators, layout_for, refuse_eager_under_ps,
                                              resolve_is_chief, state_to_save)
 from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, add_camel_case_aliases
 from procsv.trainer.tf1_objects import SaverShim, SummaryWriterShim
-from procsv.trainer.tf1_surface import Forward, warn_ignored_prepare_args
+from procsv.trainer.tf1_surface import Forward, Tf1Surface, warn_ignored_prepare_args
 
 
 class Supervisor:
@@ -74,36 +76,36 @@ class Supervisor:
     USE_DEFAULT: Any = USE_DEFAULT  # TF's: build the default piece (None turns that service off)
 
     # the summaries (SummaryLog)
-    log_scalar: Forward[Callable[..., None]] = Forward("_summaries", cache=True)
-    log_scalars: Forward[Callable[..., None]] = Forward("_summaries", cache=True)
-    log_histogram: Forward[Callable[..., None]] = Forward("_summaries", cache=True)
-    log_image: Forward[Callable[..., None]] = Forward("_summaries", cache=True)
-    log_text: Forward[Callable[..., None]] = Forward("_summaries", cache=True)
-    summary_computed: Forward[Callable[..., None]] = Forward("_summaries", cache=True)
-    summaries_dropped: Forward[int] = Forward("_summaries")
+    log_scalar: Forward[Callable[..., None]] = Forward(SummaryLog, "_summaries", cache=True)
+    log_scalars: Forward[Callable[..., None]] = Forward(SummaryLog, "_summaries", cache=True)
+    log_histogram: Forward[Callable[..., None]] = Forward(SummaryLog, "_summaries", cache=True)
+    log_image: Forward[Callable[..., None]] = Forward(SummaryLog, "_summaries", cache=True)
+    log_text: Forward[Callable[..., None]] = Forward(SummaryLog, "_summaries", cache=True)
+    summary_computed: Forward[Callable[..., None]] = Forward(SummaryLog, "_summaries", cache=True)
+    summaries_dropped: Forward[int] = Forward(SummaryLog, "_summaries")
     # stop coordination (Coordinator)
-    request_stop: Forward[Callable[..., None]] = Forward("coord", cache=True)
-    should_stop: Forward[Callable[[], bool]] = Forward("coord", cache=True)
-    stop_on_exception: Forward[Callable[[], Any]] = Forward("coord", cache=True)
-    wait_for_stop: Forward[Callable[[], None]] = Forward("coord", cache=True)
+    request_stop: Forward[Callable[..., None]] = Forward(Coordinator, "coord", cache=True)
+    should_stop: Forward[Callable[[], bool]] = Forward(Coordinator, "coord", cache=True)
+    stop_on_exception: Forward[Callable[[], Any]] = Forward(Coordinator, "coord", cache=True)
+    wait_for_stop: Forward[Callable[[], None]] = Forward(Coordinator, "coord", cache=True)
     # TF1's surface (Tf1Surface)
-    graph: Forward[Any] = Forward("_surface")
-    init_op: Forward[Any] = Forward("_surface")
-    init_feed_dict: Forward[Any] = Forward("_surface")
-    ready_op: Forward[Any] = Forward("_surface")
-    ready_for_local_init_op: Forward[Any] = Forward("_surface")
-    local_init_op: Forward[Any] = Forward("_surface")
-    session_manager: Forward[Any] = Forward("_surface")
-    summary_op: Forward[Any] = Forward("_surface")
-    saver: Forward[Optional[SaverShim]] = Forward("_surface")
-    summary_writer: Forward[Optional[SummaryWriterShim]] = Forward("_surface")
-    save_path: Forward[Optional[str]] = Forward("_surface")
-    logdir: Forward[Optional[str]] = Forward("_surface")
-    start_standard_services: Forward[Callable[..., Optional[list[Any]]]] = Forward("_surface", cache=True)
-    start_queue_runners: Forward[Callable[..., list[Any]]] = Forward("_surface", cache=True)
-    loop: Forward[Callable[..., LooperThread]] = Forward("_surface", cache=True)
-    warm_up: Forward[Callable[..., None]] = Forward("_warm_ups", cache=True)  # standby.warmup.WarmUps
-    commit_checkpoint: Forward[Callable[..., bool]] = Forward("_boundary", cache=True)  # boundary.StepBoundary
+    graph: Forward[Any] = Forward(Tf1Surface, "_surface")
+    init_op: Forward[Any] = Forward(Tf1Surface, "_surface")
+    init_feed_dict: Forward[Any] = Forward(Tf1Surface, "_surface")
+    ready_op: Forward[Any] = Forward(Tf1Surface, "_surface")
+    ready_for_local_init_op: Forward[Any] = Forward(Tf1Surface, "_surface")
+    local_init_op: Forward[Any] = Forward(Tf1Surface, "_surface")
+    session_manager: Forward[Any] = Forward(Tf1Surface, "_surface")
+    summary_op: Forward[Any] = Forward(Tf1Surface, "_surface")
+    saver: Forward[Optional[SaverShim]] = Forward(Tf1Surface, "_surface")
+    summary_writer: Forward[Optional[SummaryWriterShim]] = Forward(Tf1Surface, "_surface")
+    save_path: Forward[Optional[str]] = Forward(Tf1Surface, "_surface")
+    logdir: Forward[Optional[str]] = Forward(Tf1Surface, "_surface")
+    start_standard_services: Forward[Callable[..., Optional[list[Any]]]] = Forward(Tf1Surface, "_surface", cache=True)
+    start_queue_runners: Forward[Callable[..., list[Any]]] = Forward(Tf1Surface, "_surface", cache=True)
+    loop: Forward[Callable[..., LooperThread]] = Forward(Tf1Surface, "_surface", cache=True)
+    warm_up: Forward[Callable[..., None]] = Forward(WarmUps, "_warm_ups", cache=True)  # standby.warmup.WarmUps
+    commit_checkpoint: Forward[Callable[..., bool]] = Forward(StepBoundary, "_boundary", cache=True)  # boundary.StepBoundary
 
     def __init__(
         self,

@@ -27,11 +27,14 @@ T = TypeVar("T")
 class Forward(Generic[T]):
     """A public name of the Supervisor that is one of its collaborators': ``sv.should_stop`` is
     ``sv.coord.should_stop``. Declared in the class body as ``should_stop: Forward[Callable[[], bool]] =
-    Forward("coord")``; read on an instance it is the collaborator's attribute (a bound method, or a
-    property's value). ``cache``: a method's bound method is kept in the instance's dict at the first
-    read, so later calls cost what a plain method call does (only for a collaborator never replaced)."""
+    Forward(Coordinator, "coord")``; read on an instance it is the collaborator's attribute (a bound
+    method, or a property's value); read on the class, the collaborator class's (its function or
+    property: its docstring and signature). ``cache``: a method's bound method is kept in the
+    instance's dict at the first read, so later calls cost what a plain method call does (only for a
+    collaborator never replaced)."""
 
-    def __init__(self, collaborator: str, cache: bool = False) -> None:
+    def __init__(self, kind: type, collaborator: str, cache: bool = False) -> None:
+        self.kind = kind
         self.collaborator = collaborator
         self.cache = cache
         self.name = ""
@@ -40,14 +43,14 @@ class Forward(Generic[T]):
         self.name = name
 
     @overload
-    def __get__(self, obj: None, objtype: Optional[type] = None) -> "Forward[T]": ...
+    def __get__(self, obj: None, objtype: Optional[type] = None) -> Any: ...
 
     @overload
     def __get__(self, obj: object, objtype: Optional[type] = None) -> T: ...
 
     def __get__(self, obj: Optional[object], objtype: Optional[type] = None) -> Any:
         if obj is None:
-            return self
+            return getattr(self.kind, self.name)
         value = getattr(getattr(obj, self.collaborator), self.name)
         if self.cache:
             obj.__dict__[self.name] = value

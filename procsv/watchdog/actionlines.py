@@ -1,7 +1,7 @@
 """The lines and lifecycle events the executor records for the signals, kills, restarts and lost hosts.
 
 Runs in the watchdog. Pure: each function reads the view (and the limits) and returns
-:class:`~procsv.watchdog.observe.Report` values; :class:`procsv.watchdog.executor.Executor`
+:class:`~procsv.watchdog.publish.events.Report` values; :class:`procsv.watchdog.executor.Executor`
 writes them when it performs the action.
 """
 
@@ -13,7 +13,7 @@ from procsv.watchdog.rules.actions import Cause, GiveUpTask, Kill, NodeLost, Res
 from procsv.watchdog.rules.bookkeeping import find
 from procsv.watchdog.publish.events import Event
 from procsv.watchdog.rules.limits import Limits
-from procsv.watchdog.observe import Report
+from procsv.watchdog.publish.events import Report
 from procsv.watchdog.rules.state import SERVER, SUMMARY, WORKER, RunView
 
 

@@ -35,7 +35,7 @@ from procsv.watchdog.logrotate import rotate
 from procsv.watchdog.rules.failures import describe
 from procsv.watchdog.multihost.remote import RemoteMembers
 from procsv.watchdog.rules.lifecycle import RunState
-from procsv.watchdog.observe import Report
+from procsv.watchdog.publish.events import Report
 from procsv.watchdog.pstasks import PsCluster
 from procsv.watchdog.prewarm import FORK_REPLY_TIMEOUT, Zygote, ZygoteUnavailable, zygote_env
 from procsv.watchdog.rules.group import blame, worker_slot

@@ -27,7 +27,7 @@ from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.publish.events import Event
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.logdirwatch import Identity, LogdirHealth, LogdirWatch, identity
-from procsv.watchdog.observe import Report
+from procsv.watchdog.publish.events import Report
 from procsv.watchdog.rules.state import RunView
 from procsv.watchdog.publish.reporting import Reporter
 from procsv.watchdog.publish.statusfile import status_record

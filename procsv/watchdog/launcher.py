@@ -59,7 +59,7 @@ from procsv.watchdog.publish.metrics import MetricsServer, RunCollector
 from procsv.watchdog.publish.probes import LoopPulse
 from procsv.watchdog.multihost.nodes import NodeLink
 from procsv.watchdog.multihost.remote import RemoteMembers
-from procsv.watchdog.observe import Report
+from procsv.watchdog.publish.events import Report
 from procsv.watchdog.onfailure import run_on_failure
 from procsv.watchdog.publish.reporting import Reporter, zygote_record
 from procsv.watchdog.rules.state import SERVICE_ROLES, TRAINER, RunView, ZygoteState

@@ -3,7 +3,7 @@
 Runs in the watchdog. Each function applies one observation -- a child started, a message
 arrived, a death notice, a reaped exit status, a stop signal, the pre-warmed trainer's state --
 to the :class:`~procsv.watchdog.rules.state.RunView`, and returns what is worth recording about it as
-:class:`Report` values (a lifecycle event and/or a line for the terminal), which the watchdog's
+:class:`~procsv.watchdog.publish.events.Report` values (a lifecycle event and/or a line for the terminal), which the watchdog's
 loop writes. No I/O and no clock here: times are passed in.
 """
 
@@ -11,27 +11,16 @@ from __future__ import annotations
 
 import os
 import signal
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from procsv.ipc.messages import (Hello, Message, NodeHello, NonfiniteDetected, Progress, RolledBack, SaveOverdue,
                                  SaveResult, StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
 from procsv.watchdog.rules.bookkeeping import find, request_stop
-from procsv.watchdog.publish.events import Event
+from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.group import blame, workers
 from procsv.watchdog.rules.state import PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, ChildView, NodeView, RunView, ZygoteState
-
-
-@dataclass(frozen=True)
-class Report:
-    """Something to record: a lifecycle event (with its fields) and/or a line for the terminal."""
-
-    event: Optional[Event] = None
-    fields: dict[str, Any] = field(default_factory=dict)
-    say: str = ""
-    err: bool = False  # the line goes to stderr
 
 
 def spawned(view: RunView, slot: str, role: str, attempt: int, pid: int, now: float, via: str,

@@ -23,7 +23,7 @@ from procsv.watchdog.endreads import READ_WAIT, unread_note
 from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.group import worker_slot
 from procsv.watchdog.multihost.nodes import NodeLink
-from procsv.watchdog.observe import Report
+from procsv.watchdog.publish.events import Report
 from procsv.watchdog.rules.state import WORKER, RunView
 
 

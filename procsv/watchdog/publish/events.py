@@ -50,6 +50,7 @@ from __future__ import annotations
 import enum
 import json
 import time
+from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Optional
 
 
@@ -145,6 +146,16 @@ def check(event: Event, fields: dict[str, Any]) -> None:
             want.add(name)
     if set(fields) != want:
         raise SchemaError(f"{event.value}: fields {sorted(fields)} are not {sorted(want)}")
+
+
+@dataclass(frozen=True)
+class Report:
+    """Something to record: a lifecycle event (with its fields) and/or a line for the terminal."""
+
+    event: Optional[Event] = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    say: str = ""
+    err: bool = False  # the line goes to stderr
 
 
 class EventLog:

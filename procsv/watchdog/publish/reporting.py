@@ -27,7 +27,7 @@ from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.publish.diskio import DiskIO
 from procsv.watchdog.publish.events import EventLog
 from procsv.watchdog.rules.limits import Limits
-from procsv.watchdog.observe import Report
+from procsv.watchdog.publish.events import Report
 from procsv.watchdog.publish.output import Terminal
 from procsv.watchdog.prewarm import Zygote
 from procsv.watchdog.publish.runmetrics import PUBLISH_EVERY, RunSnapshot, StepRate, take_snapshot, task_summary
