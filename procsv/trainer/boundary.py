@@ -30,6 +30,7 @@ from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.keeper import CheckpointKeeper
 from procsv.trainer.coordinator import Coordinator
 from procsv.trainer.nonfinite.rollback import NonfiniteRollback
+from procsv.trainer.settings import Settings
 from procsv.trainer.step_boundary import NEVER, ProgressReporter, StepState, checkpoint_work
 from procsv.trainer.summaries.log import SummaryLog
 from procsv.trainer.summaries.sender import COALESCE  # (time-driven work due this soon goes with a boundary that runs)
@@ -44,11 +45,12 @@ class StepBoundary:
     prepared with ``start_standard_services=False`` calls it) and whether the last final checkpoint
     failed to commit (``unsaved``). Given: the step state (it installs its two callbacks there), the
     checkpoints (None: nothing is saved), the summaries, the rollback, the coordinator it stops
-    through when checkpoints keep failing, and the session's channels (:meth:`attach`)."""
+    through when checkpoints keep failing, the Supervisor's settings (read live) and the session's
+    channels (:meth:`attach`)."""
 
     def __init__(self, state: StepState, clock: Callable[[], float], coord: Coordinator,
-                 keeper: Optional[CheckpointKeeper], summaries: SummaryLog, rollback: NonfiniteRollback, *,
-                 chief: bool, stop_grace_secs: float) -> None:
+                 keeper: Optional[CheckpointKeeper], summaries: SummaryLog, rollback: NonfiniteRollback,
+                 settings: Settings, *, chief: bool) -> None:
         self.state = state
         self._clock = clock
         self._coord = coord
@@ -56,7 +58,7 @@ class StepBoundary:
         self._summaries = summaries
         self._rollback = rollback
         self._chief = chief
-        self._stop_grace_secs = stop_grace_secs
+        self._settings = settings  # stop_grace_secs, save_summaries_secs: read live
         self._channels: Optional[TrainerChannels] = None
         self.progress = ProgressReporter()
         self.standard_started = True  # a session's periodic checkpoints and summaries run
@@ -156,7 +158,7 @@ class StepBoundary:
         assert ch is not None
         summaries = self._summaries
         self.progress.after_step(ch, self.state.step, now, slack)
-        periodic = summaries.save_summaries_secs and self.standard_started
+        periodic = self._settings.save_summaries_secs and self.standard_started
         if periodic and now >= summaries.next_periodic:
             summaries.periodic(now)
         agent = self._keeper.agent if self._keeper is not None else None
@@ -185,7 +187,7 @@ class StepBoundary:
         self.report_busy(Busy.FINAL_CHECKPOINT)
         self._summaries.flush(force=False, urgent=True)  # hand off before the commit, as at a step
         reason = SaveReason.PREEMPTED if self._coord.stop_signal is not None else SaveReason.FINAL
-        grace = self._stop_grace_secs if deadline is None else max(0.0, deadline - self._clock())
+        grace = self._settings.stop_grace_secs if deadline is None else max(0.0, deadline - self._clock())
         agent.final(self._channels, self.state.step, reason, grace)
         self.unsaved = agent.last_committed < self.state.step and not agent.refused_final
         return not self.unsaved
@@ -196,6 +198,7 @@ class StepBoundary:
         assert self._keeper is not None and self._channels is not None
         self.report_busy(Busy.FINAL_CHECKPOINT)  # the watchdog's longer limit while we wait for the commit
         self._summaries.flush(force=False, urgent=True)  # hand off before the commit, as at a step
-        result = self._keeper.agent.final(self._channels, self.state.step, reason, self._stop_grace_secs)
+        result = self._keeper.agent.final(self._channels, self.state.step, reason,
+                                           self._settings.stop_grace_secs)
         self.report_busy(Busy.NONE)
         return result

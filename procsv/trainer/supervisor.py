@@ -11,7 +11,8 @@ The Supervisor is thin: it owns the session's lifecycle (prepare, stop, the fina
 release, a session again after a stop) and its collaborators, each with its own state and given
 what it needs (:func:`procsv.trainer.supervisor_setup.collaborators` builds them; who calls whom:
 ``docs/architecture.md``, "The trainer's collaborators"). Its public names that are a
-collaborator's are :class:`~procsv.trainer.tf1_surface.Forward` declarations.
+collaborator's, and the settings its collaborators read live, are the descriptors of
+:mod:`procsv.trainer.settings`.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from procsv.trainer.supervisor_setup import (agent_factory, collaborators, layou
                                              resolve_is_chief, state_to_save)
 from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, add_camel_case_aliases
 from procsv.trainer.tf1_objects import SaverShim, SummaryWriterShim
-from procsv.trainer.tf1_surface import Forward, Tf1Surface, warn_ignored_prepare_args
+from procsv.trainer.settings import Forward, ForwardValue, Setting, Settings
+from procsv.trainer.tf1_surface import Tf1Surface, warn_ignored_prepare_args
 
 
 class Supervisor:
@@ -75,37 +77,42 @@ class Supervisor:
 
     USE_DEFAULT: Any = USE_DEFAULT  # TF's: build the default piece (None turns that service off)
 
-    # the summaries (SummaryLog)
-    log_scalar: Forward[Callable[..., None]] = Forward(SummaryLog, "_summaries", cache=True)
-    log_scalars: Forward[Callable[..., None]] = Forward(SummaryLog, "_summaries", cache=True)
-    log_histogram: Forward[Callable[..., None]] = Forward(SummaryLog, "_summaries", cache=True)
-    log_image: Forward[Callable[..., None]] = Forward(SummaryLog, "_summaries", cache=True)
-    log_text: Forward[Callable[..., None]] = Forward(SummaryLog, "_summaries", cache=True)
-    summary_computed: Forward[Callable[..., None]] = Forward(SummaryLog, "_summaries", cache=True)
-    summaries_dropped: Forward[int] = Forward(SummaryLog, "_summaries")
-    # stop coordination (Coordinator)
-    request_stop: Forward[Callable[..., None]] = Forward(Coordinator, "coord", cache=True)
-    should_stop: Forward[Callable[[], bool]] = Forward(Coordinator, "coord", cache=True)
-    stop_on_exception: Forward[Callable[[], Any]] = Forward(Coordinator, "coord", cache=True)
-    wait_for_stop: Forward[Callable[[], None]] = Forward(Coordinator, "coord", cache=True)
-    # TF1's surface (Tf1Surface)
-    graph: Forward[Any] = Forward(Tf1Surface, "_surface")
-    init_op: Forward[Any] = Forward(Tf1Surface, "_surface")
-    init_feed_dict: Forward[Any] = Forward(Tf1Surface, "_surface")
-    ready_op: Forward[Any] = Forward(Tf1Surface, "_surface")
-    ready_for_local_init_op: Forward[Any] = Forward(Tf1Surface, "_surface")
-    local_init_op: Forward[Any] = Forward(Tf1Surface, "_surface")
-    session_manager: Forward[Any] = Forward(Tf1Surface, "_surface")
-    summary_op: Forward[Any] = Forward(Tf1Surface, "_surface")
-    saver: Forward[Optional[SaverShim]] = Forward(Tf1Surface, "_surface")
-    summary_writer: Forward[Optional[SummaryWriterShim]] = Forward(Tf1Surface, "_surface")
-    save_path: Forward[Optional[str]] = Forward(Tf1Surface, "_surface")
-    logdir: Forward[Optional[str]] = Forward(Tf1Surface, "_surface")
-    start_standard_services: Forward[Callable[..., Optional[list[Any]]]] = Forward(Tf1Surface, "_surface", cache=True)
-    start_queue_runners: Forward[Callable[..., list[Any]]] = Forward(Tf1Surface, "_surface", cache=True)
-    loop: Forward[Callable[..., LooperThread]] = Forward(Tf1Surface, "_surface", cache=True)
-    warm_up: Forward[Callable[..., None]] = Forward(WarmUps, "_warm_ups", cache=True)  # standby.warmup.WarmUps
-    commit_checkpoint: Forward[Callable[..., bool]] = Forward(StepBoundary, "_boundary", cache=True)  # boundary.StepBoundary
+    # the collaborators' methods and values (SummaryLog, Coordinator, Tf1Surface, StepBoundary, WarmUps)
+    log_scalar = Forward(SummaryLog.log_scalar, "_summaries")
+    log_scalars = Forward(SummaryLog.log_scalars, "_summaries")
+    log_histogram = Forward(SummaryLog.log_histogram, "_summaries")
+    log_image = Forward(SummaryLog.log_image, "_summaries")
+    log_text = Forward(SummaryLog.log_text, "_summaries")
+    summary_computed = Forward(SummaryLog.summary_computed, "_summaries")
+    summaries_dropped: ForwardValue[int] = ForwardValue("_summaries", "Summaries this process had to drop so far.")
+    request_stop = Forward(Coordinator.request_stop, "coord")
+    should_stop = Forward(Coordinator.should_stop, "coord")
+    stop_on_exception = Forward(Coordinator.stop_on_exception, "coord")
+    wait_for_stop = Forward(Coordinator.wait_for_stop, "coord")
+    start_standard_services = Forward(Tf1Surface.start_standard_services, "_surface")
+    start_queue_runners = Forward(Tf1Surface.start_queue_runners, "_surface")
+    loop = Forward(Tf1Surface.loop, "_surface")
+    commit_checkpoint = Forward(StepBoundary.commit_checkpoint, "_boundary")
+    warm_up = Forward(WarmUps.warm_up, "_warm_ups")
+    graph: ForwardValue[Any] = ForwardValue("_surface", "The program's tf.Graph in graph mode; None in eager mode.")
+    init_op: ForwardValue[Any] = ForwardValue("_surface")
+    init_feed_dict: ForwardValue[Any] = ForwardValue("_surface")
+    ready_op: ForwardValue[Any] = ForwardValue("_surface")
+    ready_for_local_init_op: ForwardValue[Any] = ForwardValue("_surface")
+    local_init_op: ForwardValue[Any] = ForwardValue("_surface")
+    session_manager: ForwardValue[Any] = ForwardValue("_surface")
+    summary_op: ForwardValue[Any] = ForwardValue("_surface")
+    saver: ForwardValue[Optional[SaverShim]] = ForwardValue("_surface", "TF1's Saver over the checkpoint service.")
+    summary_writer: ForwardValue[Optional[SummaryWriterShim]] = ForwardValue("_surface", "TF's FileWriter methods.")
+    save_path: ForwardValue[Optional[str]] = ForwardValue("_surface", "<logdir>/<checkpoint_basename>, or None.")
+    logdir: ForwardValue[Optional[str]] = ForwardValue("_surface", "The logdir, or None without one.")
+    # settings a program may change after construction (read live by the collaborators)
+    save_summaries_secs: Setting[Optional[float]] = Setting()
+    summary_fn: Setting[Optional[Callable[[], Mapping[str, Any]]]] = Setting()
+    stop_grace_secs: Setting[float] = Setting()
+    recovery_wait_secs: Setting[float] = Setting()
+    init_fn: Setting[Optional[Callable[[Any], None]]] = Setting()
+    checkpoint_basename: Setting[str] = Setting()
 
     def __init__(
         self,
@@ -150,14 +157,9 @@ class Supervisor:
         self.allow_reinit = allow_reinit or os.environ.get(env.ALLOW_REINIT) == "1"
         self.is_chief = is_chief
         self.save_model_secs = save_model_secs
-        self.save_summaries_secs = save_summaries_secs
-        self.recovery_wait_secs = recovery_wait_secs
-        self.stop_grace_secs = stop_grace_secs
-        self.checkpoint_basename = checkpoint_basename
         self.max_to_keep = max_to_keep
         self.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours
         self.save_checkpoint_steps = save_checkpoint_steps
-        self.init_fn = init_fn
         # graph mode (a TF1 graph program) or eager: the TF1 arguments, the state to save, the global step
         self._tf1, checkpoint, self._global_step, created = state_to_save(
             checkpoint, summary_fn, saver, summary_op, summary_writer, global_step, self.layout.logdir if self.layout else None, {
@@ -167,7 +169,8 @@ class Supervisor:
             max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
             recovery_wait_secs=recovery_wait_secs, increment_global_step=increment_global_step)
         refuse_eager_under_ps(self._tf1.graph is not None, self._ctx)
-        self.summary_fn = self._tf1.summary_fn
+        self._settings = Settings(save_summaries_secs, self._tf1.summary_fn, stop_grace_secs, recovery_wait_secs,
+                                  init_fn, checkpoint_basename)
         self.increment_global_step = increment_global_step
         self.checkpoint = checkpoint
         self.coord = Coordinator(clock=clock)
@@ -179,15 +182,13 @@ class Supervisor:
 
         # the collaborators (supervisor_setup.Collaborators says who is given what)
         parts = collaborators(
-            self._state, self.coord, self._tf1, checkpoint, self._global_step, self.layout, clock,
+            self._state, self.coord, self._tf1, checkpoint, self._global_step, self.layout, clock, self._settings,
             agent_factory(checkpoint, self._global_step, self.layout, basename=checkpoint_basename,
                           save_model_secs=save_model_secs, save_checkpoint_steps=save_checkpoint_steps,
                           max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                           allow_reinit=self.allow_reinit, read_retry_secs=read_retry_secs,
                           failure_limit=checkpoint_failure_limit, saving=is_chief) if checkpoint is not None else None,
-            chief=is_chief, basename=checkpoint_basename, save_summaries_secs=save_summaries_secs,
-            stop_grace_secs=stop_grace_secs, recovery_wait_secs=recovery_wait_secs, init_fn=init_fn,
-            nonfinite=(on_nonfinite, nonfinite_tags, nonfinite_ignore), session_thread=self._session_thread,
+            chief=is_chief, nonfinite=(on_nonfinite, nonfinite_tags, nonfinite_ignore), session_thread=self._session_thread,
             connected=lambda: self._channels is not None, started=lambda: self._started)
         self._keeper, self._summaries, self._rollback = parts.keeper, parts.summaries, parts.rollback
         self._boundary, self._graph, self._surface = parts.boundary, parts.graph, parts.surface
@@ -266,8 +267,8 @@ class Supervisor:
         for part in (self._keeper, self._summaries, self._rollback, self._boundary, self._graph):
             if part is not None:
                 part.attach(channels)
-        self._session = (self._graph.open_session(master, config) if self._graph is not None
-                         else ManagedSession(self._state, self.coord.should_stop))
+        self._session = (self._graph.open_session(master, config, self.should_stop) if self._graph is not None
+                         else ManagedSession(self._state, self.should_stop))  # (a subclass's should_stop too)
         skipped: list[str] = []
         if self._keeper is not None and (self.is_chief or not cluster.ps_tasks()):  # --ps: only the chief restores
             in_group = self._ctx is not None and self._ctx.supervised and self._ctx.in_group

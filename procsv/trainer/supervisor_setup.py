@@ -26,6 +26,7 @@ from procsv.trainer.checkpoint.restore import ReadRetry
 from procsv.trainer.coordinator import Coordinator
 from procsv.trainer.graph.supervised import GraphSupervision
 from procsv.trainer.nonfinite.rollback import NonfiniteRollback
+from procsv.trainer.settings import Settings
 from procsv.trainer.step_boundary import StepState
 from procsv.trainer.summaries.log import SummaryLog
 from procsv.trainer.tf1_args import USE_DEFAULT, Tf1Choices, resolve
@@ -160,32 +161,28 @@ class Collaborators:
 
 
 def collaborators(state: StepState, coord: Coordinator, tf1: Tf1Choices, checkpoint: Any, global_step: Any,
-                  layout: Optional[Layout], clock: Callable[[], float],
-                  make_agent: Optional[Callable[[], CheckpointAgent]], *, chief: bool, basename: str,
-                  save_summaries_secs: Optional[float], stop_grace_secs: float, recovery_wait_secs: float,
-                  init_fn: Optional[Callable[[Any], None]], nonfinite: tuple[Optional[str], Sequence[str], Sequence[str]],
+                  layout: Optional[Layout], clock: Callable[[], float], settings: Settings,
+                  make_agent: Optional[Callable[[], CheckpointAgent]], *, chief: bool,
+                  nonfinite: tuple[Optional[str], Sequence[str], Sequence[str]],
                   session_thread: Callable[[], Optional[int]], connected: Callable[[], bool],
                   started: Callable[[], bool]) -> Collaborators:
-    """Build a Supervisor's collaborators around its step ``state`` and ``coord``, each given what it
-    needs (``make_agent``: None when nothing is saved); the last three are the Supervisor's session
-    as the TF1 shims see it (:class:`~procsv.trainer.tf1_objects.Tf1Parts`)."""
+    """Build a Supervisor's collaborators around its step ``state``, ``coord`` and ``settings`` (shared:
+    read live), each given what it needs (``make_agent``: None when nothing is saved); the last three
+    are the Supervisor's session as the TF1 shims see it (:class:`~procsv.trainer.tf1_objects.Tf1Parts`)."""
     keeper = CheckpointKeeper(make_agent) if make_agent is not None else None
     if keeper is not None:
         counter = state.counter
         keeper.configure(lambda agent: agent.prepare_snapshot.append(counter.sync))  # the step is in each snapshot
-    summaries = SummaryLog(state, clock, chief=chief, writes=chief and layout is not None, writer=tf1.writer,
-                           save_summaries_secs=save_summaries_secs, stop_grace_secs=stop_grace_secs,
-                           summary_fn=tf1.summary_fn)
+    summaries = SummaryLog(state, clock, settings, chief=chief, writes=chief and layout is not None, writer=tf1.writer)
     rollback = NonfiniteRollback(state, state.counter, keeper, checkpoint, lambda: summaries.flush(force=True), clock,
-                                 stop_grace_secs, *nonfinite)
-    boundary = StepBoundary(state, clock, coord, keeper, summaries, rollback, chief=chief,
-                            stop_grace_secs=stop_grace_secs)
+                                 settings, *nonfinite)
+    boundary = StepBoundary(state, clock, coord, keeper, summaries, rollback, settings, chief=chief)
     graph = None
     if tf1.graph is not None:
-        graph = GraphSupervision(tf1.graph, state, coord, keeper, summaries.summary_computed, clock, chief=chief,
-                                 layout=layout, init_fn=init_fn, recovery_wait_secs=recovery_wait_secs)
+        graph = GraphSupervision(tf1.graph, state, coord, keeper, summaries.summary_computed, clock, settings,
+                                 chief=chief, layout=layout)
         summaries.graph_summary = graph.summary  # summary_op, every save_summaries_secs
     surface = Tf1Surface(tf1, coord, Tf1Parts(
-        checkpoint, tf1.graph, layout, basename, chief, stop_grace_secs, state, state.counter, global_step, keeper,
-        boundary, summaries, session_thread=session_thread, connected=connected, started=started))
+        checkpoint, tf1.graph, layout, settings, chief, state, state.counter, global_step, keeper, boundary,
+        summaries, session_thread=session_thread, connected=connected, started=started))
     return Collaborators(keeper, summaries, rollback, boundary, graph, surface)

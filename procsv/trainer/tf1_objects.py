@@ -37,6 +37,7 @@ from procsv.ipc.messages import GraphEvent, SaveReason, SessionLogEvent, Session
 from procsv.trainer.boundary import StepBoundary
 from procsv.trainer.checkpoint.keeper import CheckpointKeeper
 from procsv.trainer.once import warn_once
+from procsv.trainer.settings import Settings
 from procsv.trainer.step_boundary import StepCounter, StepState
 from procsv.trainer.summaries.log import SummaryLog
 
@@ -50,9 +51,8 @@ class Tf1Parts:
     checkpoint: Any  # the saved state (a tf.train.Checkpoint, or graph mode's name-based one); None: nothing
     graph: Any  # graph mode: the GraphSetup (procsv.trainer.graph.defaults); None: eager
     layout: Optional[Layout]  # None: no logdir (plain python)
-    basename: str
+    settings: Settings  # the Supervisor's, read live (checkpoint_basename, stop_grace_secs)
     chief: bool
-    stop_grace_secs: float
     state: StepState
     counter: StepCounter
     global_step: Any
@@ -65,7 +65,7 @@ class Tf1Parts:
 
     @property
     def save_path(self) -> Optional[str]:
-        return os.path.join(self.layout.logdir, self.basename) if self.layout is not None else None
+        return os.path.join(self.layout.logdir, self.settings.checkpoint_basename) if self.layout is not None else None
 
 
 def _on_session_thread(parts: Tf1Parts, what: str) -> None:

@@ -1,6 +1,6 @@
 """The Supervisor's TF1 surface: ``tf.compat.v1.train.Supervisor``'s properties and methods that only
-translate to procsv's collaborators (:class:`Tf1Surface`), and how the Supervisor shows them
-(:class:`Forward`).
+translate to procsv's collaborators (:class:`Tf1Surface`; the Supervisor shows them with the
+descriptors of :mod:`procsv.trainer.settings`).
 
 Runs in the trainer process. Nothing here owns training state: the TF1 properties return what the
 constructor's TF1 arguments decided (:class:`~procsv.trainer.tf1_args.Tf1Choices`) or the graph's
@@ -14,48 +14,12 @@ and ``start_queue_runners`` (the graph's queue runners); stop coordination is th
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, Optional, TypeVar, overload
+from typing import Any, Callable, Optional
 
 from procsv.trainer.coordinator import Coordinator, LooperThread
 from procsv.trainer.once import warn_once
 from procsv.trainer.tf1_args import USE_DEFAULT, Tf1Choices
 from procsv.trainer.tf1_objects import SaverShim, SummaryWriterShim, Tf1Parts
-
-T = TypeVar("T")
-
-
-class Forward(Generic[T]):
-    """A public name of the Supervisor that is one of its collaborators': ``sv.should_stop`` is
-    ``sv.coord.should_stop``. Declared in the class body as ``should_stop: Forward[Callable[[], bool]] =
-    Forward(Coordinator, "coord")``; read on an instance it is the collaborator's attribute (a bound
-    method, or a property's value); read on the class, the collaborator class's (its function or
-    property: its docstring and signature). ``cache``: a method's bound method is kept in the
-    instance's dict at the first read, so later calls cost what a plain method call does (only for a
-    collaborator never replaced)."""
-
-    def __init__(self, kind: type, collaborator: str, cache: bool = False) -> None:
-        self.kind = kind
-        self.collaborator = collaborator
-        self.cache = cache
-        self.name = ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, obj: None, objtype: Optional[type] = None) -> Any: ...
-
-    @overload
-    def __get__(self, obj: object, objtype: Optional[type] = None) -> T: ...
-
-    def __get__(self, obj: Optional[object], objtype: Optional[type] = None) -> Any:
-        if obj is None:
-            return getattr(self.kind, self.name)
-        value = getattr(getattr(obj, self.collaborator), self.name)
-        if self.cache:
-            obj.__dict__[self.name] = value
-        return value
-
 
 class _QueueCoord:
     """The Supervisor's Coordinator as a queue runner sees it: the error of an enqueue that the

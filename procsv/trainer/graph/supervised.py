@@ -37,6 +37,7 @@ from procsv.trainer.coordinator import Coordinator
 from procsv.trainer.graph import readiness
 from procsv.trainer.graph.session import GraphSession
 from procsv.trainer.graph.session_manager import finish_preparation, initialize, ready
+from procsv.trainer.settings import Settings
 from procsv.trainer.step_boundary import StepState
 
 
@@ -50,13 +51,12 @@ class GraphSupervision:
     ``CheckpointSaverHook(save_graph_def=True)``), the GraphDef event, and the MetaGraphDef event too
     with ``meta_graph_event`` (a MonitoredSession's, as TF's hooks' writers). Given: the step state and
     the coordinator (the session's steps and stops), the checkpoints (their agent writes each
-    checkpoint's ``.meta``), ``summary_computed`` (where ``summary_op``'s value goes), and the session's
-    channels (:meth:`attach`)."""
+    checkpoint's ``.meta``), ``summary_computed`` (where ``summary_op``'s value goes), the Supervisor's
+    settings (read live) and the session's channels (:meth:`attach`)."""
 
     def __init__(self, setup: Any, state: StepState, coord: Coordinator, keeper: Optional[CheckpointKeeper],
-                 summary_computed: Callable[..., None], clock: Callable[[], float], *, chief: bool,
-                 layout: Optional[Layout], init_fn: Optional[Callable[[Any], None]],
-                 recovery_wait_secs: float) -> None:
+                 summary_computed: Callable[..., None], clock: Callable[[], float], settings: Settings, *,
+                 chief: bool, layout: Optional[Layout]) -> None:
         self.setup = setup
         self._state = state
         self._coord = coord
@@ -65,8 +65,7 @@ class GraphSupervision:
         self._clock = clock
         self._chief = chief
         self._layout = layout
-        self._init_fn = init_fn
-        self._recovery_wait_secs = recovery_wait_secs
+        self._settings = settings  # init_fn, recovery_wait_secs: read live
         self._channels: Optional[TrainerChannels] = None
         self.graph_file_written = True
         self.meta_graph_event = False
@@ -79,8 +78,9 @@ class GraphSupervision:
     def detach(self) -> None:
         self._channels = None
 
-    def open_session(self, master: str, config: Any) -> GraphSession:
-        """A new session of the graph (not live: no boundaries until :meth:`ready`)."""
+    def open_session(self, master: str, config: Any, should_stop: Callable[[], bool]) -> GraphSession:
+        """A new session of the graph (not live: no boundaries until :meth:`ready`), whose
+        ``should_stop()`` is ``should_stop`` (the Supervisor's)."""
         import tensorflow as tf
 
         setup = self.setup
@@ -88,7 +88,7 @@ class GraphSupervision:
         forget = getattr(setup.step, "forget", None)
         if forget is not None:
             forget()  # a new session: the step is read again, never the last session's
-        setup.session = GraphSession(self._state, self._coord.should_stop, raw, setup.probe,
+        setup.session = GraphSession(self._state, should_stop, raw, setup.probe,
                                      getattr(setup.step, "observe", None))
         return setup.session  # type: ignore[no-any-return]
 
@@ -96,10 +96,10 @@ class GraphSupervision:
         """A fresh start (nothing restored): ``init_op`` with ``init_feed_dict``, then ``init_fn``,
         ``local_init_op`` and the ready check."""
         setup = self.setup
-        initialize(setup.session, setup.init_op, setup.init_feed_dict, self._init_fn,
+        initialize(setup.session, setup.init_op, setup.init_feed_dict, self._settings.init_fn,
                    getattr(setup.session_manager, "_local_init_op", None))
         # ready before anything reads the state (the checkpoint agent reads the global step next)
-        finish_preparation(setup.session_manager, setup.session, setup.init_op, self._init_fn)
+        finish_preparation(setup.session_manager, setup.session, setup.init_op, self._settings.init_fn)
         setup.prepared = True
 
     def wait_for_chief(self) -> None:
@@ -114,7 +114,7 @@ class GraphSupervision:
         ``WorkerSessionCreator``'s and ``MonitoredTrainingSession``'s own ``max_wait_secs``). A stop
         requested meanwhile raises :class:`~procsv.common.errors.TrainingStopped` (a clean stop)."""
         manager = self.setup.session_manager
-        poll = min(readiness.FALLBACK_POLL_SECS, max(0.01, float(self._recovery_wait_secs)))
+        poll = min(readiness.FALLBACK_POLL_SECS, max(0.01, float(self._settings.recovery_wait_secs)))
         limit = float("inf") if self.max_wait_secs is None else float(self.max_wait_secs)
         session = self.setup.session
         waited = readiness.wait_until_ready(lambda: ready(getattr(manager, "_ready_op", None), session)[0],
@@ -135,7 +135,7 @@ class GraphSupervision:
         setup = self.setup
         sess = setup.session
         if not setup.prepared:  # restored: local_init_op and the ready check now
-            finish_preparation(setup.session_manager, sess, setup.init_op, self._init_fn)
+            finish_preparation(setup.session_manager, sess, setup.init_op, self._settings.init_fn)
         setup.prepared = False  # (for the next session)
         observe = getattr(setup.step, "observe", None)
         if observe is not None:

@@ -42,6 +42,7 @@ from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
 from procsv.trainer.nonfinite import inputs, notices, policy, scan
 from procsv.trainer.nonfinite.policy import OnNonfinite
 from procsv.trainer.nonfinite.watch import NonfiniteWatch
+from procsv.trainer.settings import Settings
 from procsv.trainer.step_boundary import StepCounter, StepState
 
 
@@ -60,10 +61,11 @@ class NonfiniteRollback:
     state (it moves the step on a restore or a skip, and bounds the checkpoint half's next boundary
     by the rollback's next work), the step counter, the checkpoints (their agent holds the snapshot
     memory and the newest committed step), the saved state (``checkpoint``, restored in place) and
-    ``flush_summaries`` (everything logged is handed off before a restore or a stop)."""
+    ``flush_summaries`` (everything logged is handed off before a restore or a stop) and the
+    Supervisor's settings (the ``stop_grace_secs`` a wait for the snapshot in flight takes at most)."""
 
     def __init__(self, state: StepState, counter: StepCounter, keeper: Optional[CheckpointKeeper], checkpoint: Any,
-                 flush_summaries: Callable[[], None], clock: Callable[[], float], stop_grace_secs: float,
+                 flush_summaries: Callable[[], None], clock: Callable[[], float], settings: Settings,
                  on_nonfinite: Optional[str], tags: Sequence[str], ignore: Sequence[str]) -> None:
         self._state = state
         self._counter = counter
@@ -71,7 +73,7 @@ class NonfiniteRollback:
         self._checkpoint = checkpoint
         self._flush_summaries = flush_summaries
         self._clock = clock
-        self._stop_grace_secs = stop_grace_secs
+        self._settings = settings  # stop_grace_secs: read live
         self._channels: Optional[TrainerChannels] = None
         self.watch = NonfiniteWatch(on_nonfinite, tags, ignore)
         self.watch.group_refusal = _group_refusal()
@@ -115,7 +117,7 @@ class NonfiniteRollback:
         if self.watch.stops and ch is not None:  # stopping in order: what was logged, and the finite
             self._flush_summaries()  # snapshot in flight, are kept (it passed these checks)
             if agent is not None and agent.in_flight is not None:
-                agent.wait_in_flight(ch, bad.step, self._clock() + self._stop_grace_secs)
+                agent.wait_in_flight(ch, bad.step, self._clock() + self._settings.stop_grace_secs)
         self.watch.refused(bad, agent.last_committed if agent is not None else -1, final, why)
 
     # ------------------------------------------------------------------ rollback
@@ -145,7 +147,7 @@ class NonfiniteRollback:
         kind = RestoreSource.MEMORY
         if restored < 0:
             if agent.in_flight is not None:
-                agent.wait_in_flight(ch, bad_step, self._clock() + self._stop_grace_secs)
+                agent.wait_in_flight(ch, bad_step, self._clock() + self._settings.stop_grace_secs)
             restored = agent.last_committed
             if restored < 0 or restored >= bad_step:
                 return f"no committed checkpoint or in-memory snapshot before step {bad_step} to roll back to"

@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 from procsv.common import env
 from procsv.ipc.messages import Message
 from procsv.trainer.channels import TrainerChannels
+from procsv.trainer.settings import Settings
 from procsv.trainer.summaries.buffer import SummaryBuffer
 from procsv.trainer.summaries.sender import SUMMARY_DEADLINE, SummarySender
 
@@ -56,20 +57,17 @@ class SummaryLog:
 
     ``chief``: this trainer is the chief; ``writes``: it is, and has a logdir: only then are summaries
     written (as TF); anyone else's logged values are discarded at each hand-off. ``writer``: False for ``summary_writer=None`` (``summary_computed``
-    raises, as TF). ``summary_fn``: the periodic scalars (None: none), every ``save_summaries_secs``."""
+    raises, as TF). ``settings``: the Supervisor's, read live (``summary_fn``: the periodic scalars,
+    None: none, every ``save_summaries_secs``; ``stop_grace_secs``)."""
 
-    def __init__(self, state: StepView, clock: Callable[[], float], *, chief: bool, writes: bool, writer: bool,
-                 save_summaries_secs: Optional[float], stop_grace_secs: float,
-                 summary_fn: Optional[Callable[[], Mapping[str, Any]]],
-                 graph_summary: Optional[Callable[[], None]] = None) -> None:
+    def __init__(self, state: StepView, clock: Callable[[], float], settings: Settings, *, chief: bool, writes: bool,
+                 writer: bool, graph_summary: Optional[Callable[[], None]] = None) -> None:
         self._state = state
         self._clock = clock
+        self._settings = settings  # save_summaries_secs, summary_fn, stop_grace_secs: read live
         self.chief = chief
         self.writes = writes
         self.writer = writer
-        self.save_summaries_secs = save_summaries_secs
-        self.stop_grace_secs = stop_grace_secs
-        self.summary_fn = summary_fn
         self.graph_summary = graph_summary  # graph mode: runs summary_op (procsv.trainer.graph.supervised)
         self.buffer = SummaryBuffer(clock)
         self.next_periodic = 0.0  # when (on the clock) the periodic summaries are next due
@@ -160,16 +158,17 @@ class SummaryLog:
     # ----------------------------------------------------------------- at step boundaries
     def restart_periodic(self) -> None:
         """The periodic summaries are next due one ``save_summaries_secs`` from now."""
-        self.next_periodic = self._clock() + (self.save_summaries_secs or 0)
+        self.next_periodic = self._clock() + (self._settings.save_summaries_secs or 0)
 
     def periodic(self, now: float) -> None:
         """Every ``save_summaries_secs``: the user's ``summary_fn``, and in graph mode ``summary_op``.
         (``global_step/sec`` is written by the summary service, from the step marks every batch
         carries: see ``services/summary/sessions.py``.)"""
-        assert self.save_summaries_secs
-        self.next_periodic = now + self.save_summaries_secs
-        if self.summary_fn is not None:
-            self.log_scalars(self.summary_fn())
+        every, summary_fn = self._settings.save_summaries_secs, self._settings.summary_fn
+        assert every
+        self.next_periodic = now + every
+        if summary_fn is not None:
+            self.log_scalars(summary_fn())
         if self.graph_summary is not None:
             self.graph_summary()
 
@@ -224,14 +223,14 @@ class SummaryLog:
             # the first call comes from the first step's boundary, or from stop() if no step ran
             start = self._state.step if not force else self._state.step + 1
             sender = self._sender = SummarySender(
-                self.buffer, self._channels.to_summary, self._channels.summary_acks, self.save_summaries_secs,
+                self.buffer, self._channels.to_summary, self._channels.summary_acks, self._settings.save_summaries_secs,
                 start, deadline=float(os.environ.get(env.SUMMARY_DEADLINE, SUMMARY_DEADLINE)))
         if not force:
             sender.at_boundary(self._state.step, urgent=urgent or in_flight)
             if sender.overdue is not None:
                 self._overdue(sender)
             return
-        grace = self.stop_grace_secs if deadline is None else max(0.0, deadline - self._clock())
+        grace = self._settings.stop_grace_secs if deadline is None else max(0.0, deadline - self._clock())
         left = sender.close(self._state.step, min(sender.EXIT_WAIT_SECS, grace))
         if left:
             print(f"procsv: {left} summaries were not confirmed written by the summary service at exit",

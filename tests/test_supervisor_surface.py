@@ -1,0 +1,96 @@
+"""The Supervisor's public surface as a program uses it, beyond calling a method on an instance:
+a subclass's override (with ``super()``), a method called through the class, and the settings a
+program changes after construction (``sv.summary_fn``, ``sv.save_summaries_secs``). The
+Supervisor forwards many public names to its collaborators (``procsv.trainer.tf1_surface.Forward``);
+these keep what a plain method or attribute of the Supervisor did before it had collaborators.
+
+Runs in the test's process: a plain-python Supervisor with a logdir starts its two services as child
+processes (real ZeroMQ); the summaries are read back from the event files with TensorBoard's reader.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_train_api")]
+
+
+def test_a_subclass_override_calling_super_stays_in_force_and_the_session_asks_it(logdir):
+    import tensorflow as tf
+
+    import procsv
+
+    calls: list[str] = []
+
+    class StopAtFive(procsv.Supervisor):  # a program's subclass: stop after 5 steps; prefix its scalars
+        def should_stop(self) -> bool:
+            calls.append("should_stop")
+            return super().should_stop() or self.step >= 5
+
+        def log_scalar(self, tag, value, step=None):  # type: ignore[no-untyped-def]
+            calls.append("log_scalar")
+            super().log_scalar("sub/" + tag, value, step)
+
+    v = tf.Variable(1.0)
+    sv = StopAtFive(logdir=logdir, checkpoint={"v": v}, save_summaries_secs=None, save_model_secs=None)
+    assert sv.should_stop() is False and sv.should_stop() is False
+    sv.log_scalar("a", 1.0)
+    sv.log_scalar("b", 2.0)
+    assert calls == ["should_stop", "should_stop", "log_scalar", "log_scalar"]  # the override, every time
+    calls.clear()
+    steps = 0
+    with sv.managed_session() as sess:
+        while not sess.should_stop() and steps < 20:  # the session's should_stop is the Supervisor's
+            sess.run(lambda: v.assign_add(1.0))
+            steps += 1
+    assert steps == 5, steps
+    assert calls.count("should_stop") == 6  # five steps run, the sixth look stops
+
+
+def test_forwarded_methods_called_through_the_class_act_on_the_instance_given(logdir):
+    import tensorflow as tf
+
+    import procsv
+
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    v = tf.Variable(1.0)
+    sv = procsv.Supervisor(logdir=logdir, checkpoint={"v": v}, save_summaries_secs=None, save_model_secs=None)
+    procsv.Supervisor.warm_up(sv, tf.function(lambda x: x + 1), tf.constant(1.0))  # an unbound call
+    with sv.managed_session() as sess:
+        sess.run(lambda: v.assign_add(1.0))
+        procsv.Supervisor.log_scalar(sv, "through/class", 1.0, step=1)
+        assert procsv.Supervisor.should_stop(sv) is False
+        procsv.Supervisor.request_stop(sv)
+        assert sv.should_stop() is True and procsv.Supervisor.ShouldStop(sv) is True
+    assert procsv.Supervisor.log_scalar.__doc__ == sv.log_scalar.__doc__  # help() shows the method's own doc
+    acc = ea.EventAccumulator(logdir)
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("through/class")] == [1]
+
+
+def test_summary_settings_changed_after_construction_are_the_ones_used(logdir):
+    import tensorflow as tf
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    import procsv
+
+    v = tf.Variable(1.0)
+    sv = procsv.Supervisor(logdir=logdir, checkpoint={"v": v}, summary_fn=lambda: {"first_fn": 1.0},
+                           save_summaries_secs=None, save_model_secs=None)
+    sv.summary_fn = lambda: {"late_fn": 7.0}  # plain attributes: a program may set them before its session
+    sv.save_summaries_secs = 0.05
+    with sv.managed_session() as sess:
+        t_end = time.monotonic() + 1.0
+        while time.monotonic() < t_end:  # a second of steps: about 20 periods of 0.05 s
+            sess.run(lambda: v.assign_add(1.0))
+            time.sleep(0.005)
+    acc = ea.EventAccumulator(logdir)
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert "first_fn" not in tags, tags
+    assert "late_fn" in tags and len(acc.Scalars("late_fn")) >= 3, tags
+    assert os.path.exists(os.path.join(logdir, "checkpoint"))
