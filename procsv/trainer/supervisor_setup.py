@@ -59,12 +59,12 @@ def refuse_eager_under_ps(graph_mode: bool, ctx: Optional[bootstrap.ChildContext
 
 def layout_for(logdir: Optional[str], ctx: Optional[bootstrap.ChildContext], *, is_chief: bool,
                checkpoint_basename: str, read_retry_secs: float) -> Optional[Layout]:
-    """The run's :class:`Layout`: ``logdir``, else the launch's (``ctx``); None for no logdir in plain
+    """The run's :class:`Layout`: ``logdir``, else (None, or TF's ``''``) the launch's (``ctx``); None for no logdir in plain
     python (TF's meaning: nothing saved, no summaries). Raises :class:`UsageError` for a logdir
     other than the launch's, for ``is_chief=False`` under ``procsv launch``, a ``checkpoint_basename`` that is no plain file name and a negative
     ``read_retry_secs``."""
     launched = ctx.layout.logdir if ctx else None
-    if logdir is None:
+    if not logdir:  # None, or TF's "no logdir" ''
         logdir = launched
     if "/" in checkpoint_basename or not checkpoint_basename:
         raise UsageError(f"checkpoint_basename {checkpoint_basename!r} must be a plain file name")
@@ -180,7 +180,7 @@ def collaborators(state: StepState, coord: Coordinator, tf1: Tf1Choices, checkpo
     graph = None
     if tf1.graph is not None:
         graph = GraphSupervision(tf1.graph, state, coord, keeper, summaries.summary_computed, clock, settings,
-                                 chief=chief, layout=layout)
+                                 boundary.commit_checkpoint, chief=chief, layout=layout)
         summaries.graph_summary = graph.summary  # summary_op, every save_summaries_secs
     surface = Tf1Surface(tf1, coord, Tf1Parts(
         checkpoint, tf1.graph, layout, settings, chief, state, state.counter, global_step, keeper, boundary,

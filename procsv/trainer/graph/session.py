@@ -35,8 +35,10 @@ class GraphSession:
     """What a graph-mode ``managed_session()`` / ``prepare_or_wait_for_session()`` returns."""
 
     def __init__(self, state: StepState, should_stop: Callable[[], bool], session: Any, probe: StepProbe,
-                 observe: Optional[Callable[[int], None]] = None) -> None:
-        self._should_stop = should_stop  # the Supervisor's coordinator's
+                 observe: Optional[Callable[[int], None]] = None,
+                 before_close: Optional[Callable[[], None]] = None) -> None:
+        self._should_stop = should_stop  # the Supervisor's
+        self._before_close = before_close  # what must read the state through this session before it closes
         self._state = state  # what each step reads and advances (the Supervisor's step state)
         self._sess = session
         self._probe = probe
@@ -213,7 +215,11 @@ class GraphSession:
         return self._should_stop()
 
     def close(self) -> None:
-        """Close the session (``managed_session`` does at the end of its block, as TF)."""
+        """Close the session (``managed_session`` does at the end of its block, as TF). A live session
+        closed by the program first (TF's documented ``sess.close(); sv.stop()``) has the Supervisor's
+        final checkpoint taken now, while the state can still be read through it."""
+        if self.live and self._before_close is not None:
+            self._before_close()
         self.live = False
         self._sess.close()
 

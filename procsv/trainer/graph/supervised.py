@@ -52,11 +52,12 @@ class GraphSupervision:
     with ``meta_graph_event`` (a MonitoredSession's, as TF's hooks' writers). Given: the step state and
     the coordinator (the session's steps and stops), the checkpoints (their agent writes each
     checkpoint's ``.meta``), ``summary_computed`` (where ``summary_op``'s value goes), the Supervisor's
-    settings (read live) and the session's channels (:meth:`attach`)."""
+    settings (read live), ``commit`` (the final checkpoint, taken when the program closes the session
+    before the stop) and the session's channels (:meth:`attach`)."""
 
     def __init__(self, setup: Any, state: StepState, coord: Coordinator, keeper: Optional[CheckpointKeeper],
-                 summary_computed: Callable[..., None], clock: Callable[[], float], settings: Settings, *,
-                 chief: bool, layout: Optional[Layout]) -> None:
+                 summary_computed: Callable[..., None], clock: Callable[[], float], settings: Settings,
+                 commit: Callable[[], bool], *, chief: bool, layout: Optional[Layout]) -> None:
         self.setup = setup
         self._state = state
         self._coord = coord
@@ -66,6 +67,7 @@ class GraphSupervision:
         self._chief = chief
         self._layout = layout
         self._settings = settings  # init_fn, recovery_wait_secs: read live
+        self._commit = commit  # the final checkpoint (StepBoundary.commit_checkpoint)
         self._channels: Optional[TrainerChannels] = None
         self.graph_file_written = True
         self.meta_graph_event = False
@@ -89,8 +91,15 @@ class GraphSupervision:
         if forget is not None:
             forget()  # a new session: the step is read again, never the last session's
         setup.session = GraphSession(self._state, should_stop, raw, setup.probe,
-                                     getattr(setup.step, "observe", None))
+                                     getattr(setup.step, "observe", None), before_close=self._before_close)
         return setup.session  # type: ignore[no-any-return]
+
+    def _before_close(self) -> None:
+        """The program closes the live session before ``sv.stop()`` (TF's documented pattern): the
+        stop's final checkpoint reads the state through the session, so it is taken now (none when an
+        error was recorded, as at the stop); the stop then finds that step committed."""
+        if self._coord.exception is None and self._channels is not None:
+            self._commit()
 
     def initialize(self) -> None:
         """A fresh start (nothing restored): ``init_op`` with ``init_feed_dict``, then ``init_fn``,
