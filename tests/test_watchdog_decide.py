@@ -12,6 +12,8 @@ import itertools
 import signal
 from typing import Optional
 
+import pytest
+
 from procsv.ipc.messages import Hello, Progress, SaveOverdue, SaveResult, TrainerReady
 from procsv.watchdog import observe
 from procsv.watchdog.publish import recovery
@@ -215,9 +217,38 @@ def test_a_death_notice_during_a_stop_waits_for_the_exit_status():
     assert of(sim.tick(), Signal) == [Signal(TRAINER, 1, signal.SIGTERM, Cause.STOP)]
     sim.notice()
     assert sim.tick() == []  # a stop is not a restart: the exit status tells how it ended
-    sim.dies(TRAINER, 42)
+    sim.dies(TRAINER, 42, preempted=True)
     (f,) = of(sim.tick(), Finish)
     assert f.run == RunState.STOPPED and f.exit_code == 128 + signal.SIGTERM
+
+
+@pytest.mark.parametrize("code, preempted, saved", [(42, True, True), (0, False, True), (1, False, False),
+                                                    (42, False, False), (KILLED, False, False)],
+                         ids=["saved_42", "finished_0", "unsaved_1", "42_without_report", "killed_at_grace"])
+def test_a_stop_ends_128_plus_the_signal_only_when_the_last_step_is_saved(code, preempted, saved):
+    """Issue 51, point 3: 128+N tells a scheduler "stopped in order, nothing lost" (a Kubernetes
+    podFailurePolicy ignores 143). A stop whose trainer exited 1 (its emergency checkpoint did not
+    commit), 42 without its exit report, or was SIGKILLed at the grace ends with 1."""
+    sim = Sim()
+    sim.start_trainer(steps=3)
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
+    assert of(sim.tick(), Signal) == [Signal(TRAINER, 1, signal.SIGTERM, Cause.STOP)]
+    sim.dies(TRAINER, code, preempted=preempted)
+    (f,) = of(sim.tick(), Finish)
+    assert f.run == RunState.STOPPED
+    assert (f.exit_code, f.unsaved) == ((128 + signal.SIGTERM, False) if saved else (1, True))
+    assert sim.view.exit_code == f.exit_code
+
+
+def test_a_stop_before_the_first_step_loses_nothing_and_ends_128_plus_the_signal():
+    sim = Sim()
+    assert any(isinstance(a, Spawn) for a in sim.tick())
+    sim.ready()
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
+    sim.tick()
+    sim.dies(TRAINER, -signal.SIGTERM)
+    (f,) = of(sim.tick(), Finish)
+    assert (f.exit_code, f.unsaved) == (128 + signal.SIGTERM, False)
 
 
 def test_a_preempted_trainer_restarts_at_once_without_counting_a_failure():

@@ -35,6 +35,7 @@ def child_env(
             envvars.ROLE: role,
             envvars.ATTEMPT: str(attempt),
             envvars.PARENT_PID: str(os.getpid()),
+            envvars.SUPERVISOR_PID: str(os.getpid()),  # kept when the zygote forks it (PARENT_PID is not)
             envvars.WATCHDOG: "1" if supervised else "0",
         }
     )
