@@ -223,7 +223,7 @@ class Watchdog:
         for node, msg, payload in self.link.receive():
             if isinstance(msg, NodeHello):
                 self.out.record(observe.node_hello(self.view, msg, self.clock()))
-                if msg.stop in (signal.SIGTERM, signal.SIGINT) and self.view.stop_signal is None:  # left to us
+                if msg.stop in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) and self.view.stop_signal is None:  # left to us
                     self.out.record(observe.stop_requested(self.view, msg.stop, self.clock(), self.cfg.stop_grace_secs))
             elif isinstance(msg, MemberStarted) and self.ex.remote is not None:
                 self.ex.remote.started(node, msg.slot, msg.attempt, msg.pid)
