@@ -93,3 +93,22 @@ def test_a_snapshot_in_flight_to_a_stopped_service_at_the_end_gets_it_replaced_a
     with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:
         log = fh.read()
     assert "within 3.0 s" in log and "final checkpoint committed at step 600" in log, log
+
+
+def test_snapshots_refused_under_on_nonfinite_continue_never_get_the_checkpoint_service_killed(logdir):
+    """Issue 51, point 5: once the state is non-finite, --on-nonfinite continue refuses every snapshot
+    (procsv never commits a poisoned state), so nothing commits; the stall rule SIGKILLed the healthy
+    checkpoint service every three save intervals (here: 30 steps and the 10 s floor), forever. The
+    trainer says why nothing commits, and the stall rule counts from its last refusal."""
+    proc = launch(logdir, "--how", "return", "--nan-at", "25", "--steps", "1500", "--save-steps", "10",
+                  "--step-delay", "0.02", target=os.path.join(PROGRAMS, "nan_train.py"),
+                  opts=("--on-nonfinite", "continue", "--standby", "off"))
+    code, out, err = finish(proc, 300)
+    assert code == 0, err[-3000:]
+    events = lifecycle(logdir)
+    assert not [e for e in events if e["event"] == "checkpoint_stalled"], err[-3000:]
+    assert len([e for e in events if e["event"] == "spawned" and e["role"] == "checkpoint"]) == 1
+    refused = [e for e in events if e["event"] == "nonfinite_detected"]
+    assert len(refused) > 100 and max(committed_steps(logdir)) < 25  # a refusal every 10 steps, from step 30
+    said = out + err
+    assert "no checkpoint commits: the snapshot of step" in said and "snapshots refused since step 25" in said, said[-3000:]

@@ -14,7 +14,7 @@ from typing import Optional
 
 import pytest
 
-from procsv.ipc.messages import Hello, Progress, SaveOverdue, SaveResult, TrainerReady
+from procsv.ipc.messages import Hello, NonfiniteDetected, Progress, SaveOverdue, SaveResult, TrainerReady
 from procsv.watchdog import observe
 from procsv.watchdog.publish import recovery
 from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
@@ -595,6 +595,25 @@ def test_a_step_schedule_stalls_by_steps_and_a_busy_trainer_never_stalls():
     quiet.progress(1)
     quiet.progress(2, busy="final_checkpoint")
     assert quiet.tick(100.0) == []  # waiting for its own last commit: not a stall of training
+
+
+def test_snapshots_the_trainer_refuses_as_non_finite_are_not_a_stall_of_the_service():
+    """Issue 51, point 5: under --on-nonfinite continue every snapshot of a non-finite state is refused
+    by the trainer (never sent), so nothing commits; the stall rule SIGKILLed the healthy service
+    every three save intervals. The silence counts from the trainer's last refusal (NonfiniteDetected)."""
+    sim = Sim(Limits(hang=HangLimits(None, None), stall_floor_secs=10.0))
+    assert of(sim.tick(), Spawn)
+    sim.ready(save_secs=2.0)
+    sim.progress(1)
+    sim.commit(1)
+    for k in range(1, 31):  # 60 s: a refusal at every save interval
+        assert sim.tick(2.0) == [], k
+        sim.progress(100 * k)
+        observe.heard(sim.view, NonfiniteDetected(sim.trainer.pid, 100 * k, 0.0, "the loss is NaN"), sim.now)
+    assert sim.tick(9.9) == []  # the refusals end (a rollback): a hung service is still found, from the last one
+    sim.progress(4000)
+    (kill,) = sim.tick(0.2)
+    assert kill == Kill(CHECKPOINT, 1, Cause.STALL, kill.reason) and "10.1 s" in kill.reason
 
 
 def test_an_overdue_snapshot_replaces_the_checkpoint_service_at_once_and_counts_as_a_failed_save():

@@ -74,7 +74,7 @@ def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -
     if isinstance(msg, SummaryOverdue):
         return _summary_overdue(view, msg, now)
     if isinstance(msg, (NonfiniteDetected, RolledBack, StepSkipped)):
-        return _nonfinite(view, msg, slot)
+        return _nonfinite(view, msg, slot, now)
     if isinstance(msg, StandbyReady):
         sb = view.standby()
         if sb is None or sb.pid != msg.pid or sb.standby_ready_at is not None:
@@ -171,13 +171,17 @@ def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
                                                 "secs": round(msg.persist_secs, 4)})]
 
 
-def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped, slot: Optional[str]) -> list[Report]:
+def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped, slot: Optional[str],
+               now: float) -> list[Report]:
     """Non-finite training (issue 41), as the trainer tells it: a lifecycle event each; the run's
-    rollbacks and skipped steps counted (a step skipped again after a restart is one step)."""
-    if _trainer(view, msg.pid, slot) is None:
+    rollbacks and skipped steps counted (a step skipped again after a restart is one step). A
+    detection is a snapshot the trainer refused: the stall rule counts the silence from it."""
+    trainer = _trainer(view, msg.pid, slot)
+    if trainer is None:
         return []
     if isinstance(msg, NonfiniteDetected):
         view.nonfinite_found += 1
+        trainer.refused_at = now
         return [Report(Event.NONFINITE_DETECTED, {"pid": msg.pid, "step": msg.step, "epoch": msg.epoch,
                                                   "batch": msg.batch, "what": msg.what})]
     if isinstance(msg, RolledBack):

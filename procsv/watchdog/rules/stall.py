@@ -25,8 +25,11 @@ def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]
 
     Judged on the current trainer's own schedule (``save_model_secs`` / ``save_checkpoint_steps``):
     its steps complete (it is not busy) but nothing committed for ``stall_factor`` intervals
-    (at least ``stall_floor_secs``), counted from its first step, the last commit or the checkpoint
-    service's start, whichever is latest. A hung service (a dead NFS server, SIGSTOP) or a lost result looks like this.
+    (at least ``stall_floor_secs``), counted from its first step, the last commit, the checkpoint
+    service's readiness or the trainer's last refusal of a snapshot of a non-finite state, whichever
+    is latest. A hung service (a dead NFS server, SIGSTOP) or a lost result looks like this; a
+    trainer that refuses every snapshot (``--on-nonfinite continue`` once its state is non-finite:
+    procsv never commits a poisoned state) does not: nothing was sent to the service to commit.
     """
     overdue = [t.save_overdue for t in view.trainers() if t.live and t.save_overdue]
     if overdue:
@@ -37,6 +40,8 @@ def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]
     t = trainers[0]
     first = t.first_step_at if t.first_step_at is not None else now
     since = first if view.commit_clock is None else max(first, view.commit_clock)
+    if t.refused_at is not None:
+        since = max(since, t.refused_at)  # the trainer's own choice, not the service's stall
     service = view.children.get(CHECKPOINT)
     if service is not None:
         if service.state == ProcState.STARTING:
