@@ -14,7 +14,8 @@ from typing import Optional
 
 import pytest
 
-from procsv.ipc.messages import Hello, NonfiniteDetected, Progress, SaveOverdue, SaveResult, TrainerReady
+from procsv.ipc.messages import (Hello, NonfiniteDetected, Progress, SaveOverdue, SaveResult, ServiceLoading,
+                                 TrainerReady)
 from procsv.watchdog import observe
 from procsv.watchdog.publish import recovery
 from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
@@ -614,6 +615,40 @@ def test_snapshots_the_trainer_refuses_as_non_finite_are_not_a_stall_of_the_serv
     sim.progress(4000)
     (kill,) = sim.tick(0.2)
     assert kill == Kill(CHECKPOINT, 1, Cause.STALL, kill.reason) and "10.1 s" in kill.reason
+
+
+def test_a_service_loading_what_its_commit_needs_is_never_killed_and_its_window_counts_from_readiness():
+    """Issue 51, point 7: a checkpoint holding a tf.data iterator makes the checkpoint service import
+    TensorFlow at its first commit (8.5 s at load ~5, minutes at its lower priority on a busy
+    machine); the stall rule (10 s floor) and the trainer's overdue snapshot killed it, and its
+    successor began the same import. A load the service announces (ServiceLoading) is no stall."""
+    sim = Sim(Limits(hang=HangLimits(None, None), stall_floor_secs=10.0, loading_limit_secs=900.0))
+    assert of(sim.tick(), Spawn)
+    sim.ready(save_secs=1.0)
+    sim.progress(1)
+    service = sim.view.children[CHECKPOINT]
+    observe.heard(sim.view, ServiceLoading(CHECKPOINT, service.pid, 1, "TensorFlow"), sim.now)
+    for k in range(1, 13):  # two minutes of loading, steps going on
+        sim.progress(100 * k)
+        assert sim.tick(10.0) == [], k
+    observe.heard(sim.view, SaveOverdue(sim.trainer.pid, 1, 31.0, 30.0), sim.now)  # the trainer's deadline passed
+    assert sim.tick(1.0) == [] and sim.view.failed_saves == 0  # a commit still loading: slow, not stuck
+    reports = observe.heard(sim.view, ServiceLoading(CHECKPOINT, service.pid, 1, "TensorFlow", True, 121.0), sim.now)
+    assert any("loaded TensorFlow in 121.0 s" in r.say for r in reports)
+    sim.progress(2000)
+    assert sim.tick(9.9) == []  # its window counts from readiness
+    (kill,) = sim.tick(0.2)
+    assert kill == Kill(CHECKPOINT, 1, Cause.STALL, kill.reason)
+
+    stuck = Sim(Limits(hang=HangLimits(None, None), stall_floor_secs=10.0, loading_limit_secs=900.0))
+    assert of(stuck.tick(), Spawn)
+    stuck.ready(save_secs=1.0)
+    stuck.progress(1)
+    pid = stuck.view.children[CHECKPOINT].pid
+    observe.heard(stuck.view, ServiceLoading(CHECKPOINT, pid, 1, "TensorFlow"), stuck.now)
+    assert stuck.tick(899.0) == []
+    (kill,) = stuck.tick(2.0)  # a load that never ends is bounded
+    assert kill.slot == CHECKPOINT and "loading what its checkpoints need for 901.0 s" in kill.reason
 
 
 def test_an_overdue_snapshot_replaces_the_checkpoint_service_at_once_and_counts_as_a_failed_save():

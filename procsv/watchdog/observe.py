@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from procsv.ipc.messages import (Hello, Message, NodeHello, NonfiniteDetected, Progress, RolledBack, SaveOverdue,
+                                 ServiceLoading,
                                  SaveResult, StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
 from procsv.watchdog.rules.bookkeeping import find, request_stop
 from procsv.watchdog.publish.events import Event
 from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.group import blame, workers
-from procsv.watchdog.rules.state import PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, ChildView, NodeView, RunView, ZygoteState
+from procsv.watchdog.rules.state import CHECKPOINT, PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, ChildView, NodeView, RunView, ZygoteState
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,10 @@ def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -
         if child is not None and child.pid == msg.pid and child.state == ProcState.STARTING:
             child.set_state(ProcState.RUNNING)
             child.running_at = now
+            child.loading_since = None
         return []
+    if isinstance(msg, ServiceLoading):
+        return _loading(view, msg, now)
     if isinstance(msg, TrainerReady):
         return _ready(view, msg, now, slot)
     if isinstance(msg, Progress):
@@ -196,10 +200,29 @@ def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped,
                                         "skipped": len(view.skipped_steps)})]
 
 
+def _loading(view: RunView, msg: ServiceLoading, now: float) -> list[Report]:
+    """A service loads what it needs (TensorFlow: a variant tensor), before its Hello or a commit: the
+    stall rule leaves it alone meanwhile and counts its window from when it is loaded (readiness)."""
+    child = view.children.get(msg.role)
+    if child is None or child.pid != msg.pid or not child.live:
+        return []
+    if not msg.done:
+        child.loading_since = now
+        return []
+    child.loading_since = None
+    if child.state == ProcState.RUNNING:
+        child.running_at = now
+    return [Report(say=f"procsv: the {msg.role} service loaded {msg.what} in {msg.secs:.1f} s (its checkpoints "
+                       "need it); its stall window counts from now")]
+
+
 def _overdue(view: RunView, msg: SaveOverdue) -> list[Report]:
-    """The trainer gave up waiting for a snapshot's result: the checkpoint service is stuck (rule 7)."""
+    """The trainer gave up waiting for a snapshot's result: the checkpoint service is stuck (rule 7),
+    unless it said it is loading what that commit needs (then it is slow, not stuck)."""
     child = _trainer(view, msg.pid)
     if child is None:
+        return []
+    if (service := view.children.get(CHECKPOINT)) is not None and service.loading_since is not None:
         return []
     child.save_overdue = (f"the snapshot of step {msg.step} had no result within {msg.deadline_secs:.1f} s "
                           f"(waited {msg.waited_secs:.1f} s)")
