@@ -139,7 +139,10 @@ def test_a_checkpoint_service_loading_tensorflow_for_a_tf_data_iterator_is_not_a
     burners = _burn()
     try:
         for launch_no in (1, 2):
-            proc = launch(logdir, *args, target=os.path.join(PROGRAMS, "nan_train.py"), opts=("--standby", "off"))
+            # launch 1: a snapshot deadline of 3 s (the floor is 30 s), which the load outlasts
+            extra = quiet_env(**{env.SAVE_DEADLINE: "3"}) if launch_no == 1 else None
+            proc = launch(logdir, *args, target=os.path.join(PROGRAMS, "nan_train.py"), opts=("--standby", "off"),
+                          env=extra)
             try:
                 before = max(committed_steps(logdir), default=-1)
                 wait_for(lambda: proc.poll() is not None or max(committed_steps(logdir), default=-1) > before + 20, 600,
@@ -157,6 +160,9 @@ def test_a_checkpoint_service_loading_tensorflow_for_a_tf_data_iterator_is_not_a
             if launch_no == 1:  # found out at its first commit: loaded then, the watchdog told
                 assert "loading TensorFlow for this commit (a variant tensor" in service, service[-3000:]
                 assert "procsv: the checkpoint service loaded TensorFlow in" in out + err, err[-3000:]
+                trainer = _text(logdir, "trainer.1.log")  # the load grew a file the trainer sees: slow, not dead
+                assert "failed: no result from the checkpoint service" not in trainer, trainer[-3000:]
+                assert "is slow: still being written" in trainer, trainer[-3000:]
             else:  # the next launch's service loaded it before it said it was ready
                 assert "before saying ready (this run's checkpoints need it: a variant tensor" in service, service
                 assert "loading TensorFlow for this commit" not in service

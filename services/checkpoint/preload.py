@@ -15,12 +15,16 @@ every later service (a replacement, the next launch's) imports it before it says
 its start, at normal priority, in parallel with the pre-warmed trainer. An import at a commit runs
 at normal priority too: in a thread made before the service lowered its own (``nice`` is per
 thread on Linux), which the commit waits for; at the service's +10 on a busy machine the same
-import took minutes.
+import took minutes. Meanwhile a file in ``.procsv/tmp/`` grows by a byte a second: the trainer,
+which at a snapshot's deadline looks whether the commit's unfinished files grow, takes the commit
+for slow, not dead (no failed checkpoint counted, no ``SaveOverdue``); the service's next start
+removes it with every other leftover there.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import threading
 import time
@@ -71,6 +75,7 @@ class Loader:
     def _import_when_asked(self) -> None:
         self._asked.wait()
         try:
+            faults.stall("checkpoint", "loading")  # tests: a load that takes as long as the test says
             import tensorflow  # noqa: F401
         except BaseException as exc:  # re-raised in the commit that waits for it
             self._error = exc
@@ -100,9 +105,11 @@ class Loader:
     def _load(self) -> float:
         t0 = self.clock()
         self._tell(False, 0.0)
-        faults.stall("checkpoint", "loading")  # tests: a load that takes as long as the test says
         self._asked.set()
-        self._done.wait()  # (an import cannot be cut short; the watchdog bounds a load that never ends)
+        folder = os.path.join(self.layout.tmp, f"loading.{os.getpid()}")  # (a folder: the start's cleanup takes it)
+        while not self._done.wait(1.0):  # (an import cannot be cut short; the watchdog bounds a load that never ends)
+            _grow(folder)
+        shutil.rmtree(folder, ignore_errors=True)
         if self._error is not None:
             raise self._error
         secs = self.clock() - t0
@@ -112,3 +119,17 @@ class Loader:
     def _tell(self, done: bool, secs: float) -> None:
         if self.to_watchdog is not None:
             send(self.to_watchdog, ServiceLoading(Role.CHECKPOINT, os.getpid(), self.attempt, WHAT, done, secs))
+
+
+def _grow(folder: str) -> None:
+    """One more byte in a file of ``folder``: progress the trainer can see (best effort: a full disk
+    has none)."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(os.path.join(folder, WHAT.lower()), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, b".")
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
