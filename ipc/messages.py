@@ -10,7 +10,7 @@ fixed set of values is a ``str`` enum whose values are what travels on the wire.
 Who sends what (see docs/architecture.md for the full table):
 
 * any child -> watchdog (PUSH to ``watchdog.sock``): :class:`Hello`, :class:`TrainerReady`,
-  :class:`Progress`, :class:`SaveOverdue`, :class:`SummaryOverdue`, :class:`StandbyReady`, :class:`SaveResult`,
+  :class:`Progress`, :class:`SaveOverdue`, :class:`ServiceLoading`, :class:`SummaryOverdue`, :class:`StandbyReady`, :class:`SaveResult`,
   and non-finite training's :class:`NonfiniteDetected`, :class:`RolledBack`, :class:`StepSkipped` (trainer).
 * trainer <-> checkpoint service (DEALER/ROUTER on ``checkpoint.sock``): :class:`CheckpointSetup`,
   :class:`SaveData` (+ one frame per tensor), :class:`RecoverQuery`, :class:`DeleteCheckpoints` up;
@@ -46,8 +46,8 @@ from procsv.ipc.checkpoint_messages import (ArenaRef, CheckpointSetup, Checkpoin
 from procsv.ipc.message_base import Busy, ItemKind, Message, RestoreSource, Role, SaveReason, SessionStatus
 from procsv.ipc.summary_messages import (GraphEvent, ProtoRef, RunScalars, SessionLogEvent, SummaryAck, SummaryBatch,
                                          SummaryItem)
-from procsv.ipc.watchdog_messages import (Hello, NonfiniteDetected, Progress, RolledBack, SaveOverdue, StandbyReady,
-                                         StepSkipped, SummaryOverdue, TrainerReady)
+from procsv.ipc.watchdog_messages import (Hello, NonfiniteDetected, Progress, RolledBack, SaveOverdue, ServiceLoading,
+                                         StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
 from procsv.ipc.zygote_messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
 from procsv.ipc.node_messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStarted, NodeHello, NodeRefused,
                                       NodeStop, Relayed, SignalMember, StartMembers)
@@ -63,6 +63,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     SaveData,
     SaveResult,
     SaveOverdue,
+    ServiceLoading,
     SummaryOverdue,
     StandbyReady,
     NonfiniteDetected,
@@ -97,7 +98,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
 __all__ = [
     "SCHEMA_VERSION", "ALL_MESSAGES", "Message",
     "Role", "SaveReason", "Busy", "SessionStatus", "ItemKind", "RestoreSource",
-    "Hello", "TrainerReady", "Progress", "SaveOverdue", "SummaryOverdue", "StandbyReady",
+    "Hello", "TrainerReady", "Progress", "SaveOverdue", "ServiceLoading", "SummaryOverdue", "StandbyReady",
     "NonfiniteDetected", "RolledBack", "StepSkipped",
     "CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "SnapshotHeld",
     "RecoverQuery", "RecoverReply", "DeleteCheckpoints", "CheckpointsDeleted",

@@ -70,6 +70,22 @@ class SaveOverdue(Message):
 
 
 @dataclass(frozen=True)
+class ServiceLoading(Message):
+    """Service -> watchdog: the service is loading ``what`` it needs (TensorFlow, for a snapshot with
+    a variant tensor: a ``tf.data`` iterator's state), before its Hello at start or before a commit;
+    ``done`` once loaded, after ``secs``. The stall rule never kills a service while it loads, and
+    counts its window from when it is loaded (its readiness)."""
+
+    KIND: ClassVar[str] = "service_loading"
+    role: Role
+    pid: int
+    attempt: int
+    what: str
+    done: bool = False
+    secs: float = 0.0
+
+
+@dataclass(frozen=True)
 class SummaryOverdue(Message):
     """Trainer -> watchdog: the summary service has confirmed none of the batches it was handed
     (the oldest holds rows from ``step``) for ``waited_secs``, past ``deadline_secs``: no
@@ -148,5 +164,5 @@ class StepSkipped(Message):
     batch: Optional[int] = None
 
 
-__all__ = ["Hello", "TrainerReady", "Progress", "SaveOverdue", "SummaryOverdue", "StandbyReady", "NonfiniteDetected",
+__all__ = ["Hello", "TrainerReady", "Progress", "SaveOverdue", "ServiceLoading", "SummaryOverdue", "StandbyReady", "NonfiniteDetected",
            "RolledBack", "StepSkipped"]

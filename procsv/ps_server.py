@@ -5,18 +5,29 @@ the program writes no server code. A parameter server (role ``ps``, slots ``ps0`
 ``ps<N-1>``), and with ``--coordinator`` (TF2 ``ParameterServerStrategy``) each worker too (role
 ``server``, slots ``worker0`` ... ``worker<M-1>``): the job name is ``TF_CONFIG``'s task type
 (``{"task": {"type": "ps", "index": i}}`` or ``"worker"``). It starts the server on the port procsv
-chose and serves until SIGTERM or SIGINT, then exits 0. A parameter server's variables live only in
+chose and serves until SIGTERM or SIGINT from the process that started it, then exits 0. A parameter
+server's variables live only in
 this process: when it dies they are lost, and the chief restores the newest checkpoint into the
 restarted one (``docs/parameter-servers.md``). A worker server holds no state of the model.
+
+A stop is its supervisor's to give (:mod:`procsv.common.stopfrom`, as in the services and the
+zygote): the stop signals are blocked from the start and read with their senders, and only the
+process that started the task (``PROCSV_SUPERVISOR_PID``: the watchdog or a node agent, also when
+the zygote forked the task) or anyone once that is gone stops it. A job-wide SIGTERM (Slurm's
+``scancel``, systemd's ``KillMode=control-group``) would otherwise end the parameter servers first,
+and the chief's emergency checkpoint, which reads their variables, would block in gRPC until the
+grace ran out; the watchdog stops the servers last, once the chief committed.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 
 from procsv import cluster
+from procsv.common import env, stopfrom
 
 JOBS = ("ps", "worker")
 
@@ -28,17 +39,41 @@ def main() -> int:
         print(f"procsv ps: TF_CONFIG names no ps or worker task ({cfg!r}); a server task is started by "
               "procsv launch --ps N --workers M", file=sys.stderr, flush=True)
         return 2
-    stop = {signal.SIGTERM, signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # waited for below, before TensorFlow's threads start
+    stopfrom.block()  # read below with their senders; before TensorFlow's threads start (they inherit the mask)
+    authority = supervisor()
     import tensorflow as tf
 
     job, index = str(task["type"]), int(task.get("index", 0))
     server = tf.distribute.Server(cluster.cluster_spec(), job_name=job, task_index=index, start=True)
     print(f"procsv ps: task {job}{index} serving at {server.target}", flush=True)
     _hello(job, index)
-    signum = signal.sigwait(stop)
-    print(f"procsv ps: task {job}{index} stopping ({signal.Signals(signum).name})", flush=True)
+    name = wait_for_stop(authority, f"procsv ps: task {job}{index}")
+    print(f"procsv ps: task {job}{index} stopping ({name})", flush=True)
     return 0
+
+
+def supervisor() -> stopfrom.Authority:
+    """The process whose stop signals this task obeys: the one that started it (``PROCSV_SUPERVISOR_PID``;
+    without it, the parent), there while this process's parent at its start is (a task the zygote forked
+    dies with the zygote, and the zygote with the watchdog)."""
+    raw = os.environ.get(env.SUPERVISOR_PID) or os.environ.get(env.PARENT_PID, "")
+    parent = os.getppid()
+    pid = int(raw) if raw.isdigit() else parent
+    return stopfrom.Authority(pid, "the watchdog", lambda: os.getppid() == parent)
+
+
+def wait_for_stop(authority: stopfrom.Authority, who: str) -> str:
+    """Block until a stop signal ``authority`` obeys arrives (one from anyone else is logged and left to
+    it); the signal's name. Where the senders cannot be read (no signalfd), the first stop signal."""
+    sfd = stopfrom.SignalFd.open()
+    if sfd is None:
+        return signal.Signals(signal.sigwait(set(stopfrom.STOP_SIGNALS))).name
+    while True:
+        select.select([sfd], [], [])
+        for sig in sfd.read():
+            if authority.obeys(sig):
+                return sig.name
+            print(authority.left_line(who, sig), flush=True)
 
 
 def _hello(job: str, index: int) -> None:

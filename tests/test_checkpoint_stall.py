@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -93,3 +95,78 @@ def test_a_snapshot_in_flight_to_a_stopped_service_at_the_end_gets_it_replaced_a
     with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:
         log = fh.read()
     assert "within 3.0 s" in log and "final checkpoint committed at step 600" in log, log
+
+
+def test_snapshots_refused_under_on_nonfinite_continue_never_get_the_checkpoint_service_killed(logdir):
+    """Issue 51, point 5: once the state is non-finite, --on-nonfinite continue refuses every snapshot
+    (procsv never commits a poisoned state), so nothing commits; the stall rule SIGKILLed the healthy
+    checkpoint service every three save intervals (here: 30 steps and the 10 s floor), forever. The
+    trainer says why nothing commits, and the stall rule counts from its last refusal."""
+    proc = launch(logdir, "--how", "return", "--nan-at", "25", "--steps", "1500", "--save-steps", "10",
+                  "--step-delay", "0.02", target=os.path.join(PROGRAMS, "nan_train.py"),
+                  opts=("--on-nonfinite", "continue", "--standby", "off"))
+    code, out, err = finish(proc, 300)
+    assert code == 0, err[-3000:]
+    events = lifecycle(logdir)
+    assert not [e for e in events if e["event"] == "checkpoint_stalled"], err[-3000:]
+    assert len([e for e in events if e["event"] == "spawned" and e["role"] == "checkpoint"]) == 1
+    refused = [e for e in events if e["event"] == "nonfinite_detected"]
+    assert len(refused) > 100 and max(committed_steps(logdir)) < 25  # a refusal every 10 steps, from step 30
+    said = out + err
+    assert "no checkpoint commits: the snapshot of step" in said and "snapshots refused since step 25" in said, said[-3000:]
+
+
+def _burn(n: int = 2) -> list[subprocess.Popen]:
+    """``n`` CPU-bound processes beside the run (load): the caller kills them."""
+    return [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]
+
+
+def _text(logdir: str, name: str) -> str:
+    try:
+        with open(os.path.join(logdir, "logs", name)) as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return ""
+
+
+def test_a_checkpoint_service_loading_tensorflow_for_a_tf_data_iterator_is_not_a_stall_at_load(logdir):
+    """Issue 51, point 7, with two CPU-bound processes beside the run: a checkpoint that holds a
+    tf.data iterator (a variant tensor) makes the checkpoint service import TensorFlow at its first
+    commit, which the stall rule (10 s floor) took for a stall: it killed the service before its
+    first commit, and its successor began the same import. The service now tells the watchdog it is
+    loading, and remembers the need: the next launch's service loads TensorFlow before its Hello."""
+    args = ("--input", "iterator", "--steps", "1000000", "--save-steps", "10", "--step-delay", "0.02")
+    burners = _burn()
+    try:
+        for launch_no in (1, 2):
+            # launch 1: a snapshot deadline of 3 s (the floor is 30 s), which the load outlasts
+            extra = quiet_env(**{env.SAVE_DEADLINE: "3"}) if launch_no == 1 else None
+            proc = launch(logdir, *args, target=os.path.join(PROGRAMS, "nan_train.py"), opts=("--standby", "off"),
+                          env=extra)
+            try:
+                before = max(committed_steps(logdir), default=-1)
+                wait_for(lambda: proc.poll() is not None or max(committed_steps(logdir), default=-1) > before + 20, 600,
+                         what=f"launch {launch_no}'s first checkpoints")
+                assert proc.poll() is None, proc.communicate()[1][-3000:]
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                code, out, err = finish(proc, 300)
+            assert code == 128 + signal.SIGTERM, err[-3000:]
+            events = lifecycle(logdir)
+            events = events[max(i for i, e in enumerate(events) if e["event"] == "launch"):]  # this launch's
+            assert not [e for e in events if e["event"] == "checkpoint_stalled"], err[-3000:]
+            assert [e["attempt"] for e in events if e["event"] == "spawned" and e["role"] == "checkpoint"] == [1]
+            service = _text(logdir, "checkpoint.1.log")
+            if launch_no == 1:  # found out at its first commit: loaded then, the watchdog told
+                assert "loading TensorFlow for this commit (a variant tensor" in service, service[-3000:]
+                assert "procsv: the checkpoint service loaded TensorFlow in" in out + err, err[-3000:]
+                trainer = _text(logdir, "trainer.1.log")  # the load grew a file the trainer sees: slow, not dead
+                assert "failed: no result from the checkpoint service" not in trainer, trainer[-3000:]
+                assert "is slow: still being written" in trainer, trainer[-3000:]
+            else:  # the next launch's service loaded it before it said it was ready
+                assert "before saying ready (this run's checkpoints need it: a variant tensor" in service, service
+                assert "loading TensorFlow for this commit" not in service
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()

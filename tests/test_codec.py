@@ -16,6 +16,9 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
     ("hello-trainer", m.Hello(role="trainer", pid=4242, attempt=1), []),
     ("hello-checkpoint", m.Hello(role="checkpoint", pid=17, attempt=3), []),
     ("hello-ps", m.Hello(role="ps", pid=18, attempt=2, slot="ps0"), []),
+    ("service-loading", m.ServiceLoading(role="checkpoint", pid=17, attempt=1, what="TensorFlow"), []),
+    ("service-loaded", m.ServiceLoading(role="checkpoint", pid=17, attempt=1, what="TensorFlow", done=True, secs=8.5),
+     []),
     ("ready-fresh", m.TrainerReady(pid=4242, attempt=1, step=0, restored_from=None, restore_secs=0.0), []),
     (
         "ready-restored",

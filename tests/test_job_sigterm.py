@@ -35,6 +35,11 @@ def _tree(root: int) -> list[psutil.Process]:
 def _sigterm_every_group(root: int) -> set[int]:
     """``kill -TERM -<pgid>`` for every process group of ``root``'s tree, one right after the other;
     returns the pids that were sent it (every process of the tree)."""
+    return _signal_every_group(root, signal.SIGTERM)
+
+
+def _signal_every_group(root: int, sig: int) -> set[int]:
+    """``kill -<sig> -<pgid>`` for every process group of ``root``'s tree (see :func:`_sigterm_every_group`)."""
     procs = _tree(root)
     groups = set()
     for p in procs:
@@ -44,7 +49,7 @@ def _sigterm_every_group(root: int) -> set[int]:
             pass
     for g in groups:
         try:
-            os.killpg(g, signal.SIGTERM)
+            os.killpg(g, sig)
         except ProcessLookupError:
             pass
     return {p.pid for p in procs}
@@ -166,3 +171,42 @@ def test_sigterm_to_every_process_of_a_group_is_left_to_the_watchdog_by_the_work
     assert committed[-1]["step"] >= status_json(logdir)["step"] > 100
     assert restores_with_plain_tf(logdir) == committed[-1]["step"]
     assert [e["code"] for e in lifecycle(logdir) if e["event"] == "exited" and e["role"] == "trainer"] == [42]
+
+
+@pytest.mark.slow
+def test_sighup_to_every_process_of_the_run_is_an_orderly_stop_with_exit_129(logdir):
+    """Issue 51, point 4: a closed ssh session or a killed tmux pane (without nohup) sends SIGHUP. By
+    its default action it ended every process at once: no checkpoint, the in-memory snapshot lost
+    with the checkpoint service, ``status.json`` left at ``running``. The watchdog now stops the run
+    in order on it (exit 128+1), and every child has it ignored from its start: the trainer commits
+    its last step, and the services, the zygote and a hot standby live until the watchdog stops them."""
+    proc = launch(logdir, *ARGS, target=TARGET, opts=("--standby", "hot"))
+    signalled = False
+    try:
+        st = wait_for(lambda: (s := raw_status(logdir)) and s.get("step", 0) > 30 and
+                      {"watchdog", "trainer", "checkpoint", "summary"} <= set(_roles(s)) and
+                      (s.get("prewarm") or {}).get("ready") and s, 120, what="training with the zygote ready")
+        ready = wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "standby_ready"], 120,
+                         what="a ready standby")
+        pids = set(_roles(st).values()) | {st["prewarm"]["pid"], ready[0]["pid"]}
+        assert pids <= _signal_every_group(proc.pid, signal.SIGHUP)  # every process of the run got it
+        signalled = True
+    finally:
+        if not signalled:
+            for p in _tree(proc.pid):
+                p.kill()
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGHUP, err
+    assert "procsv: SIGHUP received, asking the trainer to checkpoint and stop" in err + out, err
+    gone = wait_for(lambda: not run_processes(logdir), 5, what="every process of the run to exit")
+    assert gone
+    st = status_json(logdir)
+    assert st["state"] == "stopped", st
+    assert st["restarts"] == 0
+    step = st["step"]
+    committed = [e for e in lifecycle(logdir) if e["event"] == "checkpoint_committed"]
+    assert committed[-1]["reason"] == "preempted" and committed_steps(logdir)[-1] == step > 30, (committed, err)
+    seed_example_restores(logdir, step)
+    ended = {e["role"]: (e.get("code"), e.get("signal")) for e in lifecycle(logdir) if e["event"] == "exited"}
+    assert ended["trainer"] == (42, None), ended  # stopped by the watchdog's SIGTERM, saved
+    assert all(sig != "SIGHUP" for _, sig in ended.values()), ended  # none died of the SIGHUP itself

@@ -146,14 +146,14 @@ def test_the_pod_failure_policy_names_only_procsvs_exit_codes_as_the_issue_asks(
 
 def test_procsvs_exit_code_table_holds_every_code_the_launch_exits_with_and_the_docs_list():
     code_constants = {EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CHECKPOINTS_FAILING, EXIT_DIVERGING, EXIT_LOGDIR_LOST,
-                      EXIT_INTERNAL, 128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGKILL,
+                      EXIT_INTERNAL, 128 + signal.SIGHUP, 128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGKILL,
                       128 + signal.SIGUSR2}  # --preempt-signal's default
     assert code_constants == set(LAUNCH_EXIT_CODES)
     text = (ROOT / "docs" / "guarantees.md").read_text()
     table = text.split("## Exit codes of `procsv launch`", 1)[1].split("\n## ", 1)[0]
     documented = {int(n) for n in re.findall(r"^\| (\d+) \|", table, re.M)}
     assert documented and documented <= set(LAUNCH_EXIT_CODES)
-    assert set(LAUNCH_EXIT_CODES) - documented == {130, 137, 140, 143}  # the docs' row "128+N"
+    assert set(LAUNCH_EXIT_CODES) - documented == {129, 130, 137, 140, 143}  # the docs' row "128+N"
     assert "| 128+N |" in table
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from conftest import HERE, quiet_env
+from conftest import HERE, PROGRAMS, committed_steps, finish, launch, quiet_env, wait_for
 from procsv.common.manifests import list_committed, restore_lock_path
 from procsv.trainer.checkpoint import restore_at_start
 from test_checkpoint_store import Harness, make_state
@@ -125,3 +126,43 @@ def test_the_lock_a_restore_and_a_deletion_take(tmp_path):
             assert not held and 0.5 <= sum(fake.pauses) < 0.52
     with restoring(layout) as held:
         assert held
+
+
+@pytest.mark.slow
+def test_a_process_forked_in_init_fn_does_not_hold_the_restore_lock_so_retention_still_deletes(tmp_path):
+    """Issue 51, point 6: ``init`` (the program's ``init_fn``) ran under the restore lock; a process
+    forked there inherited its descriptor (O_CLOEXEC is not close-on-fork) and held the shared lock
+    while it lived, so retention never deleted a checkpoint again and a long run filled its disk.
+    Real launch: a fresh logdir (nothing to restore, so init runs), a child forked in init_fn that
+    lives as long as the trainer, a commit every 5 steps, max_to_keep 5."""
+    import psutil
+
+    from procsv.common.layout import Layout
+    from procsv.common.manifests import retiring
+
+    logdir, forked = str(tmp_path / "run"), str(tmp_path / "forked")
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--save-steps", "5", "--fork-in-init", forked,
+                  target=os.path.join(PROGRAMS, "tiny_train.py"), opts=("--standby", "off"))
+    try:
+        wait_for(lambda: proc.poll() is not None or (committed_steps(logdir) or [0])[-1] >= 60, 180,
+                 what="twelve commits")
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        with open(forked) as fh:
+            child = psutil.Process(int(fh.read()))
+        assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE  # it still lives
+        # retention keeps the newest 5 (a commit may land between the listing and its deletion)
+        kept = wait_for(lambda: (c := committed_steps(logdir)) and c[-1] >= 60 and len(c) <= 5 and c, 60,
+                        what="retention to delete the older checkpoints")
+        assert kept[0] > 5, kept
+
+
+        def free() -> bool:
+            with retiring(Layout(logdir)) as got:
+                return got
+
+        # no restore holds the lock (retention itself holds it a moment while it deletes)
+        assert wait_for(free, 10, what="the restore lock free")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc, 120)
+    assert code == 128 + signal.SIGTERM, err[-3000:]

@@ -12,7 +12,10 @@ import itertools
 import signal
 from typing import Optional
 
-from procsv.ipc.messages import Hello, Progress, SaveOverdue, SaveResult, TrainerReady
+import pytest
+
+from procsv.ipc.messages import (Hello, NonfiniteDetected, Progress, SaveOverdue, SaveResult, ServiceLoading,
+                                 TrainerReady)
 from procsv.watchdog import observe
 from procsv.watchdog.publish import recovery
 from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
@@ -215,9 +218,38 @@ def test_a_death_notice_during_a_stop_waits_for_the_exit_status():
     assert of(sim.tick(), Signal) == [Signal(TRAINER, 1, signal.SIGTERM, Cause.STOP)]
     sim.notice()
     assert sim.tick() == []  # a stop is not a restart: the exit status tells how it ended
-    sim.dies(TRAINER, 42)
+    sim.dies(TRAINER, 42, preempted=True)
     (f,) = of(sim.tick(), Finish)
     assert f.run == RunState.STOPPED and f.exit_code == 128 + signal.SIGTERM
+
+
+@pytest.mark.parametrize("code, preempted, saved", [(42, True, True), (0, False, True), (1, False, False),
+                                                    (42, False, False), (KILLED, False, False)],
+                         ids=["saved_42", "finished_0", "unsaved_1", "42_without_report", "killed_at_grace"])
+def test_a_stop_ends_128_plus_the_signal_only_when_the_last_step_is_saved(code, preempted, saved):
+    """Issue 51, point 3: 128+N tells a scheduler "stopped in order, nothing lost" (a Kubernetes
+    podFailurePolicy ignores 143). A stop whose trainer exited 1 (its emergency checkpoint did not
+    commit), 42 without its exit report, or was SIGKILLed at the grace ends with 1."""
+    sim = Sim()
+    sim.start_trainer(steps=3)
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
+    assert of(sim.tick(), Signal) == [Signal(TRAINER, 1, signal.SIGTERM, Cause.STOP)]
+    sim.dies(TRAINER, code, preempted=preempted)
+    (f,) = of(sim.tick(), Finish)
+    assert f.run == RunState.STOPPED
+    assert (f.exit_code, f.unsaved) == ((128 + signal.SIGTERM, False) if saved else (1, True))
+    assert sim.view.exit_code == f.exit_code
+
+
+def test_a_stop_before_the_first_step_loses_nothing_and_ends_128_plus_the_signal():
+    sim = Sim()
+    assert any(isinstance(a, Spawn) for a in sim.tick())
+    sim.ready()
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
+    sim.tick()
+    sim.dies(TRAINER, -signal.SIGTERM)
+    (f,) = of(sim.tick(), Finish)
+    assert (f.exit_code, f.unsaved) == (128 + signal.SIGTERM, False)
 
 
 def test_a_preempted_trainer_restarts_at_once_without_counting_a_failure():
@@ -564,6 +596,59 @@ def test_a_step_schedule_stalls_by_steps_and_a_busy_trainer_never_stalls():
     quiet.progress(1)
     quiet.progress(2, busy="final_checkpoint")
     assert quiet.tick(100.0) == []  # waiting for its own last commit: not a stall of training
+
+
+def test_snapshots_the_trainer_refuses_as_non_finite_are_not_a_stall_of_the_service():
+    """Issue 51, point 5: under --on-nonfinite continue every snapshot of a non-finite state is refused
+    by the trainer (never sent), so nothing commits; the stall rule SIGKILLed the healthy service
+    every three save intervals. The silence counts from the trainer's last refusal (NonfiniteDetected)."""
+    sim = Sim(Limits(hang=HangLimits(None, None), stall_floor_secs=10.0))
+    assert of(sim.tick(), Spawn)
+    sim.ready(save_secs=2.0)
+    sim.progress(1)
+    sim.commit(1)
+    for k in range(1, 31):  # 60 s: a refusal at every save interval
+        assert sim.tick(2.0) == [], k
+        sim.progress(100 * k)
+        observe.heard(sim.view, NonfiniteDetected(sim.trainer.pid, 100 * k, 0.0, "the loss is NaN"), sim.now)
+    assert sim.tick(9.9) == []  # the refusals end (a rollback): a hung service is still found, from the last one
+    sim.progress(4000)
+    (kill,) = sim.tick(0.2)
+    assert kill == Kill(CHECKPOINT, 1, Cause.STALL, kill.reason) and "10.1 s" in kill.reason
+
+
+def test_a_service_loading_what_its_commit_needs_is_never_killed_and_its_window_counts_from_readiness():
+    """Issue 51, point 7: a checkpoint holding a tf.data iterator makes the checkpoint service import
+    TensorFlow at its first commit (8.5 s at load ~5, minutes at its lower priority on a busy
+    machine); the stall rule (10 s floor) and the trainer's overdue snapshot killed it, and its
+    successor began the same import. A load the service announces (ServiceLoading) is no stall."""
+    sim = Sim(Limits(hang=HangLimits(None, None), stall_floor_secs=10.0, loading_limit_secs=900.0))
+    assert of(sim.tick(), Spawn)
+    sim.ready(save_secs=1.0)
+    sim.progress(1)
+    service = sim.view.children[CHECKPOINT]
+    observe.heard(sim.view, ServiceLoading(CHECKPOINT, service.pid, 1, "TensorFlow"), sim.now)
+    for k in range(1, 13):  # two minutes of loading, steps going on
+        sim.progress(100 * k)
+        assert sim.tick(10.0) == [], k
+    observe.heard(sim.view, SaveOverdue(sim.trainer.pid, 1, 31.0, 30.0), sim.now)  # the trainer's deadline passed
+    assert sim.tick(1.0) == [] and sim.view.failed_saves == 0  # a commit still loading: slow, not stuck
+    reports = observe.heard(sim.view, ServiceLoading(CHECKPOINT, service.pid, 1, "TensorFlow", True, 121.0), sim.now)
+    assert any("loaded TensorFlow in 121.0 s" in r.say for r in reports)
+    sim.progress(2000)
+    assert sim.tick(9.9) == []  # its window counts from readiness
+    (kill,) = sim.tick(0.2)
+    assert kill == Kill(CHECKPOINT, 1, Cause.STALL, kill.reason)
+
+    stuck = Sim(Limits(hang=HangLimits(None, None), stall_floor_secs=10.0, loading_limit_secs=900.0))
+    assert of(stuck.tick(), Spawn)
+    stuck.ready(save_secs=1.0)
+    stuck.progress(1)
+    pid = stuck.view.children[CHECKPOINT].pid
+    observe.heard(stuck.view, ServiceLoading(CHECKPOINT, pid, 1, "TensorFlow"), stuck.now)
+    assert stuck.tick(899.0) == []
+    (kill,) = stuck.tick(2.0)  # a load that never ends is bounded
+    assert kill.slot == CHECKPOINT and "loading what its checkpoints need for 901.0 s" in kill.reason
 
 
 def test_an_overdue_snapshot_replaces_the_checkpoint_service_at_once_and_counts_as_a_failed_save():

@@ -12,6 +12,7 @@ RUNTIME_DIR = "PROCSV_RUNTIME_DIR"  # the run's private runtime directory (socke
 ROLE = "PROCSV_ROLE"  # trainer | checkpoint | summary | zygote
 ATTEMPT = "PROCSV_ATTEMPT"  # 1, 2, ... per role
 PARENT_PID = "PROCSV_PARENT_PID"  # the process the child must die with
+SUPERVISOR_PID = "PROCSV_SUPERVISOR_PID"  # the process that started the child (the watchdog, a node agent): its stops
 WATCHDOG = "PROCSV_WATCHDOG"  # "1" when a watchdog supervises this child
 DEATH_MUTEX = "PROCSV_DEATH_MUTEX"  # the trainer's death-notice mutex file
 ZYGOTE_FDS = "PROCSV_ZYGOTE_FDS"  # "read,write": the zygote's control pipe
@@ -42,7 +43,7 @@ EXIT_CODE = "PROCSV_EXIT_CODE"  # the launch's exit code
 RUN_STATE = "PROCSV_RUN_STATE"  # failed
 ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's last_error)
 
-ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
+ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, SUPERVISOR_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE,
        RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, RANK, NPROC, GROUP_PIN, ON_NONFINITE, MAX_SKIPS, SKIP_WINDOW,
        FAULT_GATE, NONFINITE_CHECK, PS, MASTER_ADDR, PREEMPT_SIGNAL)

@@ -22,15 +22,18 @@ DIVERGING_ERROR = "TrainingDiverged"
 # The exit codes of ``procsv launch`` (node 0's watchdog, and a node agent, which exits with the
 # job's), as docs/guarantees.md lists them: what a scheduler's exit-code policy may name (a
 # Kubernetes podFailurePolicy, examples/kubernetes/). 128+N is a signal N: after an orderly stop
-# for SIGINT/SIGTERM and the --preempt-signal (SIGUSR2, 12, by default), which procsv handles; without one for
+# for SIGHUP/SIGINT/SIGTERM and the --preempt-signal (SIGUSR2, 12, by default), which procsv handles, and only when the
+# checkpoint of the last step committed (else 1: procsv.watchdog.rules.judge.stop_saved); without one for
 # SIGKILL, which no process can handle.
 LAUNCH_EXIT_CODES: dict[int, str] = {
     0: "the trainer finished",
-    1: "the run failed (start-up failure, too many restarts, a service dying, the logdir lost)",
+    1: "the run failed (start-up failure, too many restarts, a service dying, the logdir lost, a stop by a signal "
+       "whose checkpoint of the last step did not commit)",
     2: "bad input (usage, a TARGET that cannot be found, a logdir not writable or in use)",
     3: "checkpoints kept failing to commit: training was stopped in order",
     EXIT_DIVERGING: "diverging: the trainer stopped because its training diverged; never restarted",
     70: "procsv itself failed (an internal error of the watchdog); the run was stopped in order",
+    128 + 1: "stopped in order on SIGHUP (a closed ssh session or terminal, a killed tmux pane)",
     128 + 2: "stopped in order on SIGINT",
     128 + 15: "stopped in order on SIGTERM",
     128 + 12: "stopped in order on --preempt-signal, USR2 by default (another SIG: 128+SIG); the last step committed",

@@ -35,6 +35,7 @@ def child_env(
             envvars.ROLE: role,
             envvars.ATTEMPT: str(attempt),
             envvars.PARENT_PID: str(os.getpid()),
+            envvars.SUPERVISOR_PID: str(os.getpid()),  # kept when the zygote forks it (PARENT_PID is not)
             envvars.WATCHDOG: "1" if supervised else "0",
         }
     )
@@ -52,14 +53,16 @@ def trainer_argv(target: str, args: Sequence[str]) -> list[str]:
 
 
 # The child opens its own log: a /bin/sh that appends its stdout and stderr to the log and execs the
-# program (the same pid); it first ignores the run's --preempt-signal (its number in the environment;
-# an ignored signal stays ignored across exec and fork: only the watchdog handles it). The starter
+# program (the same pid); it first ignores the run's --preempt-signal (its number in the environment)
+# and SIGHUP (a closed ssh session or terminal: the watchdog stops the run in order on it, with its
+# checkpoint); an ignored signal stays ignored across exec and fork: only the watchdog handles them. The starter
 # (the watchdog's loop) never waits on the log's filesystem: an open on a stalled network
 # filesystem blocks the child, not the loop. If the log cannot be opened,
 # Python says why in one line (on the starter's stderr) and the program runs with its output
 # discarded. $0: the log, $1: this Python, $2: the program that says why, then the argv.
 _OPEN_LOG = """log=$0 py=$1 why=$2; shift 2
 [ -n "${preempt}" ] && trap '' "${preempt}"
+trap '' HUP
 if { command exec >>"$log"; } 2>/dev/null; then exec 2>&1
 else "$py" -S -c "$why" "$log"; exec >/dev/null 2>&1; fi
 exec "$@"

@@ -27,7 +27,10 @@ from procsv.watchdog.publish.runscalars import ScalarSender
 from procsv.watchdog.rules.state import TRAINER, RunView
 
 Handler = Union[Callable[[int, Optional[FrameType]], Any], int, signal.Handlers, None]
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGHUP (a closed ssh session, a killed tmux pane or terminal, without nohup) stops the run in order
+# too (exit 129); every child has it ignored from its start (procsv.common.spawn), so one sent to every
+# process of the run ends nothing behind the watchdog's back
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Plumbing:
@@ -51,7 +54,7 @@ class Plumbing:
         self.poller.register(self.wake_r.fileno(), zmq.POLLIN)
 
     def stop_signals(self) -> list[int]:
-        """The SIGTERM/SIGINT (and --preempt-signal) that arrived since the last call (in order)."""
+        """The SIGTERM/SIGINT/SIGHUP (and --preempt-signal) that arrived since the last call (in order)."""
         try:
             data = self.wake_r.recv(64)
         except BlockingIOError:

@@ -175,7 +175,11 @@ class Executor:
                 code = child.exit_code
                 line = (f"procsv: trainer finished at step {self.view.step}" if action.run == RunState.SUCCEEDED
                         else f"procsv: trainer stopped at step {self.view.step} ({describe(code)})")
-                reports.append(Report(say=line))
+                if action.unsaved:
+                    newest = f"step {self.view.commit_step}" if self.view.commit_step >= 0 else "none"
+                    line += (f": its checkpoint of the last step did not commit (the newest committed checkpoint: "
+                             f"{newest}); exit code {action.exit_code}, not 128+signal (nothing lost)")
+                reports.append(Report(say=line, err=action.unsaved))
                 if action.run == RunState.SUCCEEDED and not any(a.ready_at is not None for a in self.view.attempts):
                     reports.append(Report(say=f"procsv: warning: {self.cfg.target} exited with code 0 without ever "
                                               "entering a procsv.Supervisor's managed_session(): nothing was "

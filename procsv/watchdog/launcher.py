@@ -42,6 +42,7 @@ from procsv.common.bootstrap import write_error_record
 from procsv.common.layout import Layout, LogdirLock
 from procsv.ipc.codec import ProtocolError
 from procsv.ipc.messages import (Hello, MemberEnded, MemberStarted, NodeHello, NonfiniteDetected, Progress, Relayed,
+                                 ServiceLoading,
                                  RolledBack, SaveOverdue, SaveResult, StandbyReady, StepSkipped, SummaryOverdue,
                                  TrainerReady)
 from procsv.ipc.transport import drain
@@ -69,7 +70,7 @@ EXIT_INTERNAL = 70  # the watchdog itself failed (EX_SOFTWARE); the run was stop
 MAX_INTERNAL_ERRORS = 3  # beyond this many, stop trying to stop in order
 DRAIN_MAX = 1000  # messages read from the PULL socket per wakeup (the poller fires again for the rest)
 ACCEPT = frozenset({Hello, TrainerReady, Progress, SaveResult, SaveOverdue, SummaryOverdue, StandbyReady,
-                    NonfiniteDetected, RolledBack, StepSkipped})  # what children send
+                    NonfiniteDetected, RolledBack, StepSkipped, ServiceLoading})  # what children send
 
 __all__ = ["LaunchConfig", "Watchdog", "check_target"]
 
@@ -223,7 +224,7 @@ class Watchdog:
         for node, msg, payload in self.link.receive():
             if isinstance(msg, NodeHello):
                 self.out.record(observe.node_hello(self.view, msg, self.clock()))
-                if msg.stop in (signal.SIGTERM, signal.SIGINT) and self.view.stop_signal is None:  # left to us
+                if msg.stop in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) and self.view.stop_signal is None:  # left to us
                     self.out.record(observe.stop_requested(self.view, msg.stop, self.clock(), self.cfg.stop_grace_secs))
             elif isinstance(msg, MemberStarted) and self.ex.remote is not None:
                 self.ex.remote.started(node, msg.slot, msg.attempt, msg.pid)

@@ -14,13 +14,14 @@ import signal
 from typing import Any, Optional
 
 from procsv.ipc.messages import (Hello, Message, NodeHello, NonfiniteDetected, Progress, RolledBack, SaveOverdue,
+                                 ServiceLoading,
                                  SaveResult, StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
 from procsv.watchdog.rules.bookkeeping import find, request_stop
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.group import blame, workers
-from procsv.watchdog.rules.state import PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, ChildView, NodeView, RunView, ZygoteState
+from procsv.watchdog.rules.state import CHECKPOINT, PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, ChildView, NodeView, RunView, ZygoteState
 
 
 def spawned(view: RunView, slot: str, role: str, attempt: int, pid: int, now: float, via: str,
@@ -51,7 +52,10 @@ def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -
         if child is not None and child.pid == msg.pid and child.state == ProcState.STARTING:
             child.set_state(ProcState.RUNNING)
             child.running_at = now
+            child.loading_since = None
         return []
+    if isinstance(msg, ServiceLoading):
+        return _loading(view, msg, now)
     if isinstance(msg, TrainerReady):
         return _ready(view, msg, now, slot)
     if isinstance(msg, Progress):
@@ -63,7 +67,7 @@ def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -
     if isinstance(msg, SummaryOverdue):
         return _summary_overdue(view, msg, now)
     if isinstance(msg, (NonfiniteDetected, RolledBack, StepSkipped)):
-        return _nonfinite(view, msg, slot)
+        return _nonfinite(view, msg, slot, now)
     if isinstance(msg, StandbyReady):
         sb = view.standby()
         if sb is None or sb.pid != msg.pid or sb.standby_ready_at is not None:
@@ -160,13 +164,17 @@ def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
                                                 "secs": round(msg.persist_secs, 4)})]
 
 
-def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped, slot: Optional[str]) -> list[Report]:
+def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped, slot: Optional[str],
+               now: float) -> list[Report]:
     """Non-finite training (issue 41), as the trainer tells it: a lifecycle event each; the run's
-    rollbacks and skipped steps counted (a step skipped again after a restart is one step)."""
-    if _trainer(view, msg.pid, slot) is None:
+    rollbacks and skipped steps counted (a step skipped again after a restart is one step). A
+    detection is a snapshot the trainer refused: the stall rule counts the silence from it."""
+    trainer = _trainer(view, msg.pid, slot)
+    if trainer is None:
         return []
     if isinstance(msg, NonfiniteDetected):
         view.nonfinite_found += 1
+        trainer.refused_at = now
         return [Report(Event.NONFINITE_DETECTED, {"pid": msg.pid, "step": msg.step, "epoch": msg.epoch,
                                                   "batch": msg.batch, "what": msg.what})]
     if isinstance(msg, RolledBack):
@@ -181,10 +189,29 @@ def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped,
                                         "skipped": len(view.skipped_steps)})]
 
 
+def _loading(view: RunView, msg: ServiceLoading, now: float) -> list[Report]:
+    """A service loads what it needs (TensorFlow: a variant tensor), before its Hello or a commit: the
+    stall rule leaves it alone meanwhile and counts its window from when it is loaded (readiness)."""
+    child = view.children.get(msg.role)
+    if child is None or child.pid != msg.pid or not child.live:
+        return []
+    if not msg.done:
+        child.loading_since = now
+        return []
+    child.loading_since = None
+    if child.state == ProcState.RUNNING:
+        child.running_at = now
+    return [Report(say=f"procsv: the {msg.role} service loaded {msg.what} in {msg.secs:.1f} s (its checkpoints "
+                       "need it); its stall window counts from now")]
+
+
 def _overdue(view: RunView, msg: SaveOverdue) -> list[Report]:
-    """The trainer gave up waiting for a snapshot's result: the checkpoint service is stuck (rule 7)."""
+    """The trainer gave up waiting for a snapshot's result: the checkpoint service is stuck (rule 7),
+    unless it said it is loading what that commit needs (then it is slow, not stuck)."""
     child = _trainer(view, msg.pid)
     if child is None:
+        return []
+    if (service := view.children.get(CHECKPOINT)) is not None and service.loading_since is not None:
         return []
     child.save_overdue = (f"the snapshot of step {msg.step} had no result within {msg.deadline_secs:.1f} s "
                           f"(waited {msg.waited_secs:.1f} s)")

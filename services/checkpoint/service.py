@@ -64,7 +64,8 @@ from procsv.services.checkpoint.policy import save_due
 from procsv.services.checkpoint.settings import CheckpointSettings, load as load_settings, store as store_settings
 from procsv.services.checkpoint.deletions import Deletions
 from procsv.services.checkpoint.store import CheckpointStore
-from procsv.services.checkpoint.writer import write_snapshot
+from procsv.services.checkpoint.preload import Loader
+from procsv.services.checkpoint.writer import needs_tensorflow, write_snapshot
 
 POLL_MS = 100
 NICE = 10
@@ -116,8 +117,10 @@ class CheckpointService:
         self.held_steps: Optional[tuple[int, int]] = None  # the steps of the first and the last of them
         self._next_stats = clock()
         self.deletions = Deletions(self.store, _say)  # what waits for a restore to end before it is deleted
+        self.loader = Loader(ctx.layout, self.to_watchdog, ctx.attempt, _say, clock)  # TensorFlow, when needed
 
     def run(self) -> int:
+        self.loader.at_start()  # before the lower priority and the Hello: what this run's commits need
         try:
             os.nice(int(os.environ.get(NICE_ENV, NICE)))
         except (OSError, ValueError):
@@ -334,6 +337,10 @@ class CheckpointService:
         retired: list[Manifest] = []
         try:
             view = self.arenas.get(msg.arena) if msg.arena is not None else None
+            why = needs_tensorflow(msg)
+            if why:
+                self.loader.before_commit(why)  # the watchdog is told: a commit still loading is no stall
+                started = self.clock()  # (the persist time the trainer measures its deadlines by)
             manifest, retired = self.store.commit(
                 step=msg.step,
                 reason=msg.reason,

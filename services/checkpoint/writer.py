@@ -52,9 +52,21 @@ def write_snapshot(tmp_prefix: str, msg: SaveData, payload: Sequence[Any], view:
         raise CheckpointError(f"snapshot has {len(framed)} framed tensors but {len(payload)} frames")
     if in_arena and view is None:
         raise CheckpointError("snapshot refers to shared memory but names none")
-    if framed_shard.native(framed) and all(t.dtype in framed_shard.DTYPES for t in in_arena):
+    if not needs_tensorflow(msg):
         return _write_native(tmp_prefix, in_arena, framed, payload, view)
     return write_with_tensorflow(tmp_prefix, in_arena, framed, payload, view)
+
+
+def needs_tensorflow(msg: SaveData) -> str:
+    """Why ``msg``'s snapshot takes TensorFlow's path ("" if the native writer writes it all)."""
+    framed = [t for t in msg.tensors if t.offset is None]
+    odd = sorted({t.dtype for t in msg.tensors if t.offset is not None and t.dtype not in framed_shard.DTYPES})
+    if framed_shard.native(framed) and not odd:
+        return ""
+    if any(t.dtype == "variant" for t in framed):
+        return "a variant tensor: a tf.data iterator's state"
+    return "a dtype the native writer does not know: " + ", ".join(
+        odd or sorted({t.dtype for t in framed if t.dtype not in framed_shard.DTYPES}))
 
 
 def _write_native(tmp_prefix: str, in_arena: list[TensorSpec], framed: list[TensorSpec], payload: Sequence[Any],

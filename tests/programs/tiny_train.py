@@ -10,6 +10,8 @@
     --raise-at-step K      raise --raise-kind (outofrange|stopiteration|value) inside step K
     --chatty BYTES         print a line of BYTES characters every step
     --ballast-mb N         checkpoint N MB more (a variable of zeros): a commit that takes time to write
+    --fork-in-init FILE    init_fn forks a child that lives as long as the trainer (a data loader's
+                           worker); its pid goes to FILE
     --spawn-orphan FILE    start a helper in its own session (setsid: it escapes the process group and
                            the parent-death signal) on bad attempts; write "<pid> <runtime dir>" to FILE
 """
@@ -41,6 +43,8 @@ p.add_argument("--orphan-via-shell", action="store_true",
                help="the --spawn-orphan helper is a grandchild: a shell starts it with setsid and exits")
 p.add_argument("--chatty", type=int, default=0, metavar="BYTES")
 p.add_argument("--ballast-mb", type=int, default=0)
+p.add_argument("--fork-in-init", default=None, metavar="FILE",
+               help="init_fn forks a child that lives as long as this process; its pid is written to FILE")
 args = p.parse_args()
 if args.crash_after_commit and not args.save_steps:
     p.error("--crash-after-commit commits at the first --save-steps step: give --save-steps")
@@ -70,8 +74,23 @@ def spawn_orphan() -> None:
 state = {"weights": weights}
 if args.ballast_mb:
     state["ballast"] = tf.Variable(tf.zeros([args.ballast_mb * 2**18]))
+
+
+def fork_in_init(session) -> None:
+    """A process forked inside init_fn (a data loader's worker): it lives as long as this one."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(0)
+    with open(args.fork_in_init + ".tmp", "w") as fh:
+        fh.write(f"{pid}\n")
+    os.replace(args.fork_in_init + ".tmp", args.fork_in_init)
+
+
 sv = procsv.Supervisor(logdir=args.logdir, checkpoint=state, save_model_secs=args.save_model_secs,
-                       save_checkpoint_steps=args.save_steps)
+                       save_checkpoint_steps=args.save_steps, init_fn=fork_in_init if args.fork_in_init else None)
 
 
 def step():

@@ -54,12 +54,22 @@ def restore_or_init(checkpoint: Any, global_step: Any, layout: Layout, init: Cal
     ``allow_reinit``): the rules are in :mod:`procsv.trainer.checkpoint.restore`.
 
     ``pinned``: a group's worker restores exactly what its chief restored (:class:`Pinned`).
+
+    ``init`` runs after the restore lock is released: it runs the program's ``init_fn``, and a
+    process forked there (a data loader's worker, ``multiprocessing``) would inherit the lock's
+    descriptor (close-on-exec is not close-on-fork) and hold the shared lock for as long as it
+    lives, so that retention never deleted a checkpoint again and a long run filled its disk.
     """
+    wanted: list[bool] = []
     with restoring(layout):  # retention deletes none of these checkpoints meanwhile
         if pinned is not None:
-            return _restore_pinned(checkpoint, global_step, layout, init, pinned.path)
-        return _restore_newest(checkpoint, global_step, layout, init, allow_reinit=allow_reinit,
-                               read_retry=read_retry, clock=clock, sleep=sleep)
+            done = _restore_pinned(checkpoint, global_step, layout, lambda: wanted.append(True), pinned.path)
+        else:
+            done = _restore_newest(checkpoint, global_step, layout, lambda: wanted.append(True),
+                                   allow_reinit=allow_reinit, read_retry=read_retry, clock=clock, sleep=sleep)
+    if wanted:  # nothing restored: initialize, outside the lock (nothing it guards is read from now on)
+        init()
+    return done
 
 
 class _Retired(Exception):

@@ -84,7 +84,9 @@ class NonfiniteWatch:
 
     def refused(self, bad: NonFiniteState, last_committed: int, final: bool = False, why: str = "") -> None:
         """A snapshot of ``bad.step`` was refused; ``last_committed``: the newest committed step (-1:
-        none). ``stop`` raises :class:`TrainingDiverged`; ``continue`` says so once and trains on."""
+        none). ``stop`` raises :class:`TrainingDiverged`; ``continue`` says so and trains on, and says
+        again, at the 2nd, 4th, 8th ... refusal, why no checkpoint commits (a month-long run that went
+        non-finite is not silent about it; the watchdog's stall rule knows it from the same refusal)."""
         self.refusals += 1
         newest = (f"the newest committed checkpoint (step {last_committed}) is the newest finite one"
                   if last_committed >= 0 else "no checkpoint was committed before it")
@@ -93,6 +95,10 @@ class NonfiniteWatch:
                 kept = "the final checkpoint is not" if final else "no checkpoint of this state is"
                 print(f"procsv: non-finite training at step {bad.first_step}: {bad.describe()}; {kept} committed "
                       f"({newest}); --on-nonfinite continue: training on", file=sys.stderr, flush=True)
+            elif self.refusals & (self.refusals - 1) == 0:  # a power of two
+                print(f"procsv: no checkpoint commits: the snapshot of step {bad.step} was refused, the state is "
+                      f"non-finite ({self.refusals} snapshots refused since step {self.first.first_step}; {newest}); "
+                      "--on-nonfinite continue never commits a poisoned state", file=sys.stderr, flush=True)
             self.first = self.first or bad
             return
         self.first = self.first or bad

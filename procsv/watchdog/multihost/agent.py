@@ -141,7 +141,7 @@ class NodeAgent:
         pull = make_socket(zctx, zmq.PULL)  # the members report here, as to a watchdog
         bind_private(pull, Endpoints(runtime.path).watchdog)
         stops: list[int] = []
-        old = {s: signal.signal(s, lambda signum, frame: stops.append(signum)) for s in (signal.SIGTERM, signal.SIGINT)}
+        old = {s: signal.signal(s, lambda signum, frame: stops.append(signum)) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         become_subreaper()  # the trainers its pre-warmed trainer forks stay ours if that one dies
         dealer: Optional[zmq.Socket[Any]] = None
         self.say(f"joining the job at {self.cfg.master_addr} as {self.host} ({self.cfg.nproc} trainer(s))")

@@ -143,13 +143,15 @@ class StopNodesMissing:
 
 @dataclass(frozen=True)
 class Finish:
-    """A trainer attempt's end decides the run: it ``succeeded`` or was ``stopped``."""
+    """A trainer attempt's end decides the run: it ``succeeded`` or was ``stopped`` (``unsaved``: a stop
+    after which the last step's checkpoint did not commit)."""
 
     slot: str
     attempt: int
     run: RunState
     exit_code: int
     history: History
+    unsaved: bool = False
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,10 @@ from procsv.watchdog.rules.policy import decide as restart_verdict
 from procsv.watchdog.rules import group, tasks
 from procsv.watchdog.rules.state import PS, SERVER, STANDBY, TRAINER, WORKER, ChildView, RunView
 
+# The launch's exit code for a stop (a signal) after which the trainer's last step is not saved: not
+# 128+N, which says "stopped in order, nothing lost" (a Kubernetes podFailurePolicy ignores it)
+EXIT_STOP_UNSAVED = 1
+
 
 def judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: float) -> list[Action]:
     """Rule 1: an attempt ended (or its death was noticed)."""
@@ -38,6 +42,16 @@ def judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: flo
     if child.role != TRAINER:
         return _service(view, child, now, limits) if child.reaped else []
     return _trainer(view, child, limits, draw)
+
+
+def stop_saved(child: ChildView) -> bool:
+    """Whether a trainer that ended during a stop left its last step saved: it exited 0 (its final
+    checkpoint committed, else it exits 1), or 42 with its exit report (a preemption: its emergency
+    checkpoint committed), or it completed no step (nothing to save). Not so for an exit with 1
+    (the emergency checkpoint did not commit) nor a SIGKILL at the stop's grace."""
+    if child.first_step_at is None or child.exit_code == 0:
+        return True
+    return child.failure is not None and child.failure.preempted
 
 
 def hopeless(child: ChildView, error_type: str, limits: Limits) -> bool:
@@ -89,7 +103,9 @@ def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> li
         return [Finish(child.slot, child.attempt, RunState.SUCCEEDED, 0, verdict.history)]
     if verdict.action == Verdict.STOPPED:
         sig = view.stop_signal or signal.SIGTERM
-        return [Finish(child.slot, child.attempt, RunState.STOPPED, 128 + sig, verdict.history)]
+        if stop_saved(child):
+            return [Finish(child.slot, child.attempt, RunState.STOPPED, 128 + sig, verdict.history)]
+        return [Finish(child.slot, child.attempt, RunState.STOPPED, EXIT_STOP_UNSAVED, verdict.history, unsaved=True)]
     if verdict.action == Verdict.GIVE_UP:
         return [GiveUp(child.slot, child.attempt, verdict.reason, verdict.history,
                        EXIT_DIVERGING if code == EXIT_DIVERGING else 1)]

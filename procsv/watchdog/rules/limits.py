@@ -33,6 +33,7 @@ class Limits:
     services_grace_secs: float = 30.0  # at the end, how long services may take to flush and exit
     stall_factor: float = 3.0  # no commit for this many save intervals while steps complete: a stall
     stall_floor_secs: float = 10.0  # ... but never sooner than this (a commit takes time)
+    loading_limit_secs: float = 900.0  # a service loading what it needs (TensorFlow) is stuck only after this
     checkpoint_failure_limit: int = 3  # consecutive failed commits that stop the run (0: never)
     # a trainer that fails before its first step with one of these (the type named in its error
     # file) cannot start this way however often it is restarted: give up at once

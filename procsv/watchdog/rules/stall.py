@@ -25,9 +25,18 @@ def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]
 
     Judged on the current trainer's own schedule (``save_model_secs`` / ``save_checkpoint_steps``):
     its steps complete (it is not busy) but nothing committed for ``stall_factor`` intervals
-    (at least ``stall_floor_secs``), counted from its first step, the last commit or the checkpoint
-    service's start, whichever is latest. A hung service (a dead NFS server, SIGSTOP) or a lost result looks like this.
+    (at least ``stall_floor_secs``), counted from its first step, the last commit, the checkpoint
+    service's readiness (its Hello, or the end of a load it announced: ``ServiceLoading``, during
+    which, up to ``loading_limit_secs``, it is never judged stuck) or the trainer's last refusal of a snapshot of a non-finite state, whichever
+    is latest. A hung service (a dead NFS server, SIGSTOP) or a lost result looks like this; a
+    trainer that refuses every snapshot (``--on-nonfinite continue`` once its state is non-finite:
+    procsv never commits a poisoned state) does not: nothing was sent to the service to commit.
     """
+    service = view.children.get(CHECKPOINT)
+    if service is not None and service.loading_since is not None:
+        if now - service.loading_since < limits.loading_limit_secs:
+            return None  # loading what its commits need (ServiceLoading): never killed meanwhile
+        return f"loading what its checkpoints need for {now - service.loading_since:.1f} s"
     overdue = [t.save_overdue for t in view.trainers() if t.live and t.save_overdue]
     if overdue:
         return overdue[0]
@@ -37,7 +46,8 @@ def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]
     t = trainers[0]
     first = t.first_step_at if t.first_step_at is not None else now
     since = first if view.commit_clock is None else max(first, view.commit_clock)
-    service = view.children.get(CHECKPOINT)
+    if t.refused_at is not None:
+        since = max(since, t.refused_at)  # the trainer's own choice, not the service's stall
     if service is not None:
         if service.state == ProcState.STARTING:
             return None  # a (re)started service still importing TensorFlow is not stuck (SaveOverdue still applies)

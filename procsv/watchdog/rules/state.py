@@ -82,6 +82,8 @@ class ChildView:
     step: int = 0
     busy: str = ""  # what the trainer said it is busy with since its last Progress ("" if nothing)
     save_overdue: str = ""  # its snapshot in flight passed its deadline (SaveOverdue): why, until acted on
+    refused_at: Optional[float] = None  # it last refused a snapshot of a non-finite state (NonfiniteDetected)
+    loading_since: Optional[float] = None  # a service loading what it needs (ServiceLoading), until loaded
     # its progress (for the restart policy): the newest committed step the watchdog knew of when it
     # became the trainer, and the newest it has seen committed since (a SaveResult heard while it was
     # the trainer, or a manifest on disk read at its death)

@@ -1,0 +1,135 @@
+"""What the checkpoint service loads before it commits: TensorFlow, when this run's snapshots need it.
+
+Runs in the checkpoint service. Most checkpoints are written without TensorFlow
+(:mod:`procsv.services.checkpoint.writer`); a snapshot with a variant tensor (a ``tf.data``
+iterator's state, what an exact resume needs) or a dtype the native writer does not know takes
+TensorFlow's path, and importing TensorFlow takes seconds of CPU (8.5 s on a loaded machine, more
+at the service's lower priority). A service that began that import at a commit looked stuck to the
+watchdog's stall rule, which killed it, and its successor began the same import.
+
+So the service says so: :class:`Loader` tells the watchdog with a
+:class:`~procsv.ipc.messages.ServiceLoading` before the import and once it is done (the stall rule
+never kills a service while it loads and counts its window from then), and remembers in the logdir
+(``.procsv/checkpoint_needs.json``, atomically) that this run's checkpoints need TensorFlow, so that
+every later service (a replacement, the next launch's) imports it before it says it is ready: at
+its start, at normal priority, in parallel with the pre-warmed trainer. An import at a commit runs
+at normal priority too: in a thread made before the service lowered its own (``nice`` is per
+thread on Linux), which the commit waits for; at the service's +10 on a busy machine the same
+import took minutes. Meanwhile a file in ``.procsv/tmp/`` grows by a byte a second: the trainer,
+which at a snapshot's deadline looks whether the commit's unfinished files grow, takes the commit
+for slow, not dead (no failed checkpoint counted, no ``SaveOverdue``); the service's next start
+removes it with every other leftover there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import zmq
+
+from procsv.common import faults
+from procsv.common.layout import Layout, read_json, write_json
+from procsv.ipc.messages import Role, ServiceLoading
+from procsv.ipc.transport import send
+
+WHAT = "TensorFlow"
+
+
+def needs_path(layout: Layout) -> str:
+    return os.path.join(layout.meta, "checkpoint_needs.json")
+
+
+def needed(layout: Layout) -> str:
+    """Why this run's checkpoints need TensorFlow ("" if no service found they do)."""
+    got = read_json(needs_path(layout))
+    why = got.get("tensorflow") if isinstance(got, dict) else None
+    return why if isinstance(why, str) else ""
+
+
+def loaded() -> bool:
+    return "tensorflow" in sys.modules
+
+
+class Loader:
+    """Loads TensorFlow for one checkpoint service, telling the watchdog (``to_watchdog``, None
+    outside a launch) and remembering the need in ``layout``; ``say`` prints a line."""
+
+    def __init__(self, layout: Layout, to_watchdog: Optional[zmq.Socket[Any]], attempt: int,
+                 say: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> None:
+        self.layout = layout
+        self.to_watchdog = to_watchdog
+        self.attempt = attempt
+        self.say = say
+        self.clock = clock
+        self._asked = threading.Event()
+        self._done = threading.Event()
+        self._error: Optional[BaseException] = None
+        # made now, before the service lowers its priority: the import at a commit runs at this one
+        threading.Thread(target=self._import_when_asked, name="procsv-loader", daemon=True).start()
+
+    def _import_when_asked(self) -> None:
+        self._asked.wait()
+        try:
+            faults.stall("checkpoint", "loading")  # tests: a load that takes as long as the test says
+            import tensorflow  # noqa: F401
+        except BaseException as exc:  # re-raised in the commit that waits for it
+            self._error = exc
+        self._done.set()
+
+    def at_start(self) -> None:
+        """Before the service's Hello: load what an earlier service of this run found it needs."""
+        why = needed(self.layout)
+        if why and not loaded():
+            secs = self._load()
+            self.say(f"procsv checkpoint: loaded {WHAT} in {secs:.1f} s before saying ready (this run's "
+                     f"checkpoints need it: {why})")
+
+    def before_commit(self, why: str) -> None:
+        """Before a commit whose snapshot needs TensorFlow (``why``), if it is not loaded yet."""
+        if loaded():
+            return
+        self.say(f"procsv checkpoint: loading {WHAT} for this commit ({why}); the watchdog is told, and "
+                 "the next checkpoint service of this run loads it before it says it is ready")
+        try:
+            write_json(needs_path(self.layout), {"tensorflow": why})
+        except OSError as exc:  # a full disk: the next service finds out at its first commit again
+            self.say(f"procsv checkpoint: could not write {needs_path(self.layout)}: {exc}")
+        secs = self._load()
+        self.say(f"procsv checkpoint: loaded {WHAT} in {secs:.1f} s")
+
+    def _load(self) -> float:
+        t0 = self.clock()
+        self._tell(False, 0.0)
+        self._asked.set()
+        folder = os.path.join(self.layout.tmp, f"loading.{os.getpid()}")  # (a folder: the start's cleanup takes it)
+        while not self._done.wait(1.0):  # (an import cannot be cut short; the watchdog bounds a load that never ends)
+            _grow(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        if self._error is not None:
+            raise self._error
+        secs = self.clock() - t0
+        self._tell(True, secs)
+        return secs
+
+    def _tell(self, done: bool, secs: float) -> None:
+        if self.to_watchdog is not None:
+            send(self.to_watchdog, ServiceLoading(Role.CHECKPOINT, os.getpid(), self.attempt, WHAT, done, secs))
+
+
+def _grow(folder: str) -> None:
+    """One more byte in a file of ``folder``: progress the trainer can see (best effort: a full disk
+    has none)."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(os.path.join(folder, WHAT.lower()), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, b".")
+        finally:
+            os.close(fd)
+    except OSError:
+        pass

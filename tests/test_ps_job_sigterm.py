@@ -1,0 +1,91 @@
+"""Issue 51, point 3: a SIGTERM to every process of a ``--ps`` job, and a stop that saved nothing.
+
+Slurm's ``scancel`` and requeue, systemd's ``KillMode=control-group``: a real ``kill -TERM -<pgid>``
+to every process group of the launch, in one pass. The parameter servers and (with
+``--coordinator``) the worker servers used to stop on it at once, so the chief's emergency
+checkpoint blocked in gRPC until the grace ran out, nothing committed, and the launch still exited
+143. Each server task now leaves the stop to the watchdog (its log says so), which stops it once the
+chief committed its last step. And a stop whose final checkpoint did not commit (here: the
+checkpoint service frozen, SIGSTOP) exits 1, not the 143 a Kubernetes podFailurePolicy ignores.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+import pytest
+
+from conftest import committed_steps, finish, launch, lifecycle, raw_status, run_processes, wait_for
+from ps_helpers import entry, log_of
+from test_job_sigterm import _sigterm_every_group, _tree
+
+pytestmark = pytest.mark.slow
+
+CASES = {
+    "coordinator": ("procsv.examples.ps_strategy", ("--ps", "1", "--workers", "2", "--coordinator"),
+                    ("worker0", "worker1", "ps0")),
+    "tf1_replicas": ("procsv.examples.seeds_tf1.replicas", ("--ps", "1", "--workers", "2"), ("ps0",)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_sigterm_to_every_process_of_a_ps_job_is_left_to_the_watchdog_and_the_chief_commits(short_tmp: str,
+                                                                                            case: str) -> None:
+    target, opts, servers = CASES[case]
+    logdir = os.path.join(short_tmp, "run")
+    proc = launch(logdir, "--steps", "100000", "--save-model-secs", "1000", "--step-delay", "0.05", target=target,
+                  opts=opts + ("--stop-grace-secs", "40"))
+    signalled = False
+    try:
+        wait_for(lambda: proc.poll() is not None or (entry(logdir, "trainer").get("step", 0) > 10 and
+                                                      all(entry(logdir, s).get("state") == "running"
+                                                          for s in servers)), 240,
+                 what="the chief stepping with every server task running")
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        pids = {entry(logdir, s)["pid"] for s in servers + ("trainer",)}
+        assert pids <= _sigterm_every_group(proc.pid)  # every task got it
+        signalled = True
+    finally:
+        if not signalled:
+            for p in _tree(proc.pid):
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+        code, out, err = finish(proc, 240)
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    committed = [e for e in lifecycle(logdir) if e["event"] == "checkpoint_committed" and e["reason"] == "preempted"]
+    assert committed, (committed_steps(logdir), err[-3000:])
+    assert committed[-1]["step"] == committed_steps(logdir)[-1] > 10
+    for s in servers:  # each server left the job-wide SIGTERM to the watchdog, and stopped on the watchdog's
+        text = log_of(logdir, f"{s}.1.log")
+        assert "SIGTERM from pid" in text and "left to the watchdog" in text, (s, text[-2000:])
+        assert f"procsv ps: task {s} stopping (SIGTERM)" in text, (s, text[-2000:])
+    assert wait_for(lambda: not run_processes(logdir), 5, what="every process of the run to exit")
+
+
+def test_a_stop_whose_checkpoint_did_not_commit_does_not_exit_143(short_tmp: str) -> None:
+    logdir = os.path.join(short_tmp, "run")
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.005", "--save-checkpoint-steps", "1000000",
+                  target="procsv.examples.seeds.basic", opts=("--stop-grace-secs", "3"))
+    stopped = None
+    try:
+        st = wait_for(lambda: proc.poll() is not None or ((s := raw_status(logdir)) and s.get("step", 0) > 30 and s),
+                      120, what="training")
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        stopped = next(p["pid"] for p in st["processes"] if p["role"] == "checkpoint")
+        os.kill(stopped, signal.SIGSTOP)  # frozen: no snapshot it is sent commits
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc, 120)
+    finally:
+        if proc.poll() is None:
+            for p in _tree(proc.pid):
+                p.kill()
+            finish(proc, 30)
+    assert code == 1, err[-3000:]
+    assert "its checkpoint of the last step did not commit" in err and "exit code 1, not 128+signal" in err, err[-3000:]
+    assert not [e for e in lifecycle(logdir) if e["event"] == "checkpoint_committed" and e["reason"] == "preempted"]
+    assert (raw_status(logdir) or {}).get("state") == "stopped"
+    assert wait_for(lambda: not run_processes(logdir), 10, what="every process of the run to exit")
