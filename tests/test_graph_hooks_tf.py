@@ -265,3 +265,40 @@ def test_the_timers_of_summaries_step_rate_and_profiling_in_graph_mode_read_time
             steps.setdefault(v.tag, []).append(e.step)
     assert steps == {"gs": [1, 4, 7], "global_step/sec": [4, 7]}
     assert sorted(f for f in os.listdir(out) if f.startswith("timeline-")) == ["timeline-4.json", "timeline-7.json"]
+
+
+def test_in_procsvs_graph_session_step_0_is_saved_at_creation_and_a_listeners_stop_follows_the_run_that_saved(logdir):
+    """procsv's own SingularMonitoredSession (a real Supervisor and checkpoint service): as TF's
+    hook, a fresh session commits ``model.ckpt-0`` at ``after_create_session`` (listeners called,
+    the checkpoint committed when ``after_save`` sees it), and an ``after_save`` that returns True
+    stops the loop right after the run whose step was saved (TF's save is synchronous; here the
+    run waits for the commit because the hook has listeners)."""
+    import tensorflow as tf
+
+    from conftest import committed_steps
+    from procsv import train
+
+    calls = []
+
+    class Listener(train.CheckpointSaverListener):
+        def before_save(self, session, step):
+            calls.append(("before", step))
+
+        def after_save(self, session, step):
+            calls.append(("after", step, step in committed_steps(logdir)))
+            return step == 2
+
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        train_op = tf.compat.v1.assign_add(gs, 1)
+        hook = train.CheckpointSaverHook(logdir, save_steps=1, listeners=[Listener()])
+        seen = []
+        with train.SingularMonitoredSession(hooks=[hook], checkpoint_dir=logdir) as sess:
+            assert calls == [("before", 0), ("after", 0, True)]
+            while not sess.should_stop() and len(seen) < 10:
+                sess.run(train_op)
+                seen.append(int(sess.raw_session().run(gs)))
+    assert seen == [1, 2]
+    assert calls == [("before", 0), ("after", 0, True), ("before", 1), ("after", 1, True), ("before", 2),
+                     ("after", 2, True)]
+    assert committed_steps(logdir) == [0, 1, 2]

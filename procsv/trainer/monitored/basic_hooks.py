@@ -111,9 +111,13 @@ class CheckpointSaverHook(SessionRunHook):
 
     The Supervisor runs the timer: a MonitoredSession gives it this hook's ``save_secs``
     (``save_model_secs``: the service's timer, which keeps ticking while a step stalls) or
-    ``save_steps`` (every multiple of N). As TF, a new session without a checkpoint saves at once,
-    and ``end()`` saves the last step. Listeners see every checkpoint, the Supervisor's final and
-    emergency ones included. ``save_graph_def``: in graph mode, as TF, the chief writes
+    ``save_steps`` (every multiple of N). As TF, a new session without a checkpoint saves at once
+    (graph mode: committed in ``after_create_session``, its listeners called there), and ``end()``
+    saves the last step. Listeners see every checkpoint, the Supervisor's final and emergency ones
+    included; in graph mode a run whose step was handed to the service waits for its commit when
+    there are listeners, so that ``after_save`` (and a stop it asks for) comes right after that run,
+    as TF's synchronous save. On a graph session without a Supervisor the hook saves as TF's,
+    with TF's Saver (:mod:`procsv.trainer.monitored.plain_saver`). ``save_graph_def``: in graph mode, as TF, the chief writes
     ``graph.pbtxt`` when the session is ready (eager mode has no graph: ignored; the GraphDef and
     MetaGraphDef events are written either way, as TF's writer does). ``saver`` is ignored, except in
     graph mode, where it is the Saver the Supervisor saves and restores; else, in graph mode, the
@@ -197,8 +201,11 @@ class CheckpointSaverHook(SessionRunHook):
             return
         self._agent.before_snapshot.append(self._before_save)
         self._agent.on_commit.append(self._after_save)
-        if self._agent.last_committed < self._step(session, sv):
-            self._agent.request(SaveReason.STEPS)  # as TF: a checkpoint right at session creation
+        if self._agent.last_committed < self._step(session, sv):  # as TF: a checkpoint right at session creation
+            if self._gs is not None and sv.is_chief:  # graph mode, as TF: committed now, listeners called
+                sv.saver.save(session, sv.save_path)
+            else:
+                self._agent.request(SaveReason.STEPS)
 
     def _step(self, session: Any, sv: Any) -> int:
         """The global step now (graph mode: run in the session)."""
@@ -225,8 +232,23 @@ class CheckpointSaverHook(SessionRunHook):
         if plain is not None:
             plain.after_run(run_context, run_values)
             return
+        if self._gs is not None and self._listeners and self._agent is not None and self._agent.in_flight is not None:
+            self._await_commit(supervisor_of(run_context.session))
         if self._stop:
             run_context.request_stop()
+
+    def _await_commit(self, sv: Any) -> None:
+        """Graph mode with listeners, as TF's synchronous save: the checkpoint this run's step boundary
+        handed to the service is waited for (up to ``stop_grace_secs``; the watchdog is told the
+        trainer is busy committing), so that ``after_save``, and a stop it asks for, come right after
+        the run that saved."""
+        from procsv.ipc.messages import Busy
+
+        sv._report_busy(Busy.FINAL_CHECKPOINT)
+        try:
+            self._agent.wait_in_flight(sv._channels, self._agent.in_flight, sv._clock() + sv.stop_grace_secs)
+        finally:
+            sv._report_busy(Busy.NONE)
 
     def end(self, session: Any) -> None:
         plain = self._plain_for(session)
