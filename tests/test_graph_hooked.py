@@ -339,19 +339,24 @@ def test_final_ops_feed_dict_and_logging_at_end_with_a_formatter_in_graph_mode(c
         f"final loss {loss:.6f}"]
 
 
-def test_global_step_waiter_hook_in_graph_mode_starts_at_its_step_and_refuses_a_wait_that_could_never_end():
-    """Graph mode: the graph's global step at wait_until_step (4, as restored) starts at once, as
-    TF; below it (3 < 5) a UsageError at the first run, before the train op ran (TF would poll forever)."""
+def test_global_step_waiter_hook_in_graph_mode_starts_at_its_step_and_waits_for_another_writer():
+    """Graph mode, as TF: the graph's global step at wait_until_step (4, as restored) starts at
+    once; below it (3 < 5) the first run waits, reading the step every 0.5 s, until another writer
+    (here a thread, as another worker's runs under a parameter server) brings it to 5, and only then
+    runs the train op."""
+    import threading
+    import time
+
     import tensorflow as tf
 
     from procsv import train
-    from procsv.common.errors import UsageError
     from procsv.trainer.coordinator import Coordinator
     from procsv.trainer.monitored.graph_hooked import GraphHookedSession
 
     for wait, start in ((4, 4), (5, 3)):
         with tf.Graph().as_default():
             m = _model(tf)
+            to_wait = m["gs"].assign(wait)
             hook = train.GlobalStepWaiterHook(wait_until_step=wait)
             hook.begin()
             sess = tf.compat.v1.Session()
@@ -364,7 +369,11 @@ def test_global_step_waiter_hook_in_graph_mode_starts_at_its_step_and_refuses_a_
                 hooked.run(m["train_op"])
                 assert sess.run(m["gs"]) == start + 2
             else:
-                with pytest.raises(UsageError, match="wait_until_step=5\\): the global step is 3, .* could never end"):
-                    hooked.run(m["train_op"])
-                assert sess.run(m["gs"]) == start
+                writer = threading.Timer(1.0, lambda: sess.run(to_wait))
+                writer.start()
+                t0 = time.monotonic()
+                hooked.run(m["train_op"])  # waits for step 5, then runs once
+                waited = time.monotonic() - t0
+                writer.join()
+                assert waited >= 0.9 and sess.run(m["gs"]) == wait + 1
             sess.close()

@@ -266,7 +266,7 @@ def test_logging_final_ops_feed_fn_waiter_and_profiler_hooks(logdir, caplog):
 
     from procsv import train
 
-    caplog.set_level(logging.INFO, logger="procsv.train")
+    caplog.set_level(logging.INFO, logger="tensorflow")  # the hooks log through tf.compat.v1.logging, as TF's
     w = tf.Variable(0.0)
     fed = []
     logging_hook = train.LoggingTensorHook({"w": w}, every_n_iter=2, at_end=True)
@@ -283,7 +283,7 @@ def test_logging_final_ops_feed_fn_waiter_and_profiler_hooks(logdir, caplog):
     with _session(logdir, hooks, {"w": w}) as sess:
         for _ in range(5):
             sess.run(step)
-    lines = [r.getMessage() for r in caplog.records if r.name == "procsv.train"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "tensorflow"]
     assert [line.split(" (")[0] for line in lines if line.startswith("w = ")] == ["w = 1.0", "w = 3.0", "w = 5.0",
                                                                                    "w = 5.0"]
     assert sum(line.startswith("custom ['Variable") for line in lines) == 2  # runs 1 and 4
@@ -348,14 +348,17 @@ def test_logging_by_seconds_and_at_end_only():
                                      formatter=lambda v: f"end={v['step']}")
     handler = logging.Handler()
     handler.emit = lambda record: lines.append(record.getMessage())
-    api.logger.addHandler(handler)
-    api.logger.setLevel(logging.INFO)
+    tf_logger = logging.getLogger("tensorflow")  # the hooks log through tf.compat.v1.logging, as TF's
+    level = tf_logger.level
+    tf_logger.addHandler(handler)
+    tf_logger.setLevel(logging.INFO)
     try:
         with train.MonitoredSession(FakeCreator(secs_per_step=1.0), [every, at_end]) as sess:
             for _ in range(6):
                 sess.run(lambda: None)
     finally:
-        api.logger.removeHandler(handler)
+        tf_logger.removeHandler(handler)
+        tf_logger.setLevel(level)
     # run 1 triggers (the first); the trigger is recorded when the line is logged, after the step
     # (t=1001, as TF), so the next is the first run starting >= 2.5 s after that: run 5 (t=1004)
     assert lines == ["step=1", "step=5", "end=6"]

@@ -192,6 +192,19 @@ class StepBoundary:
         self.unsaved = agent.last_committed < self.state.step and not agent.refused_final
         return not self.unsaved
 
+    def await_in_flight(self) -> None:
+        """Wait for the snapshot in flight to be answered (up to ``stop_grace_secs``; the watchdog is
+        told the trainer is busy committing): TF's synchronous save, for a ``CheckpointSaverHook``
+        whose listeners' ``after_save`` must come right after the run that saved."""
+        agent = self._keeper.agent if self._keeper is not None else None
+        if agent is None or self._channels is None or agent.in_flight is None:
+            return
+        self.report_busy(Busy.FINAL_CHECKPOINT)
+        try:
+            agent.wait_in_flight(self._channels, agent.in_flight, self._clock() + self._settings.stop_grace_secs)
+        finally:
+            self.report_busy(Busy.NONE)
+
     def save_now(self, reason: SaveReason) -> Any:
         """``sv.saver.save()``: commit the current step now (``reason``), the watchdog told the trainer
         waits on purpose; returns the service's result (None: none came in time)."""

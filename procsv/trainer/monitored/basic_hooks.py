@@ -15,6 +15,7 @@ re-exported here: this module names every standard hook.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from procsv.common.errors import UsageError
@@ -22,7 +23,8 @@ from procsv.trainer.monitored import hooks as api
 from procsv.trainer.monitored.hook_support import (global_step_fetch, graph_mode, need_global_step, read_global_step, supervisor_of,
                                                   warn_if_not_logdir)
 from procsv.trainer.monitored.hooks import (SecondOrStepTimer, SessionRunArgs, SessionRunContext, SessionRunHook,
-                                  SessionRunValues, logger)
+                                  SessionRunValues)
+from procsv.trainer.monitored.plain_saver import PlainSaving
 from procsv.trainer.monitored.observer_hooks import (LoggingTensorHook, NanLossDuringTrainingError, NanTensorHook, ProfilerHook,
                                            StepCounterHook, SummarySaverHook, write_summary)
 
@@ -109,9 +111,13 @@ class CheckpointSaverHook(SessionRunHook):
 
     The Supervisor runs the timer: a MonitoredSession gives it this hook's ``save_secs``
     (``save_model_secs``: the service's timer, which keeps ticking while a step stalls) or
-    ``save_steps`` (every multiple of N). As TF, a new session without a checkpoint saves at once,
-    and ``end()`` saves the last step. Listeners see every checkpoint, the Supervisor's final and
-    emergency ones included. ``save_graph_def``: in graph mode, as TF, the chief writes
+    ``save_steps`` (every multiple of N). As TF, a new session without a checkpoint saves at once
+    (graph mode: committed in ``after_create_session``, its listeners called there), and ``end()``
+    saves the last step. Listeners see every checkpoint, the Supervisor's final and emergency ones
+    included; in graph mode a run whose step was handed to the service waits for its commit when
+    there are listeners, so that ``after_save`` (and a stop it asks for) comes right after that run,
+    as TF's synchronous save. On a graph session without a Supervisor the hook saves as TF's,
+    with TF's Saver (:mod:`procsv.trainer.monitored.plain_saver`). ``save_graph_def``: in graph mode, as TF, the chief writes
     ``graph.pbtxt`` when the session is ready (eager mode has no graph: ignored; the GraphDef and
     MetaGraphDef events are written either way, as TF's writer does). ``saver`` is ignored, except in
     graph mode, where it is the Saver the Supervisor saves and restores; else, in graph mode, the
@@ -129,7 +135,9 @@ class CheckpointSaverHook(SessionRunHook):
         self._saver = saver if graph_mode() else None
         self._scaffold = scaffold
         self._save_graph_def = save_graph_def
-        SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps)  # TF's validation
+        self._timer = SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps)  # TF's validation too
+        self._plain: Optional[PlainSaving] = None  # graph mode: TF's saving, on a session without a Supervisor
+        self._steps_per_run = 1000000  # as TF: read the step after every run unless told a run's step count
         self._checkpoint_dir = checkpoint_dir
         self._save_secs = save_secs
         self._save_steps = save_steps
@@ -139,6 +147,13 @@ class CheckpointSaverHook(SessionRunHook):
         self._agent: Any = None
         self._gs: Any = None
         self._stop = False
+
+    def _set_steps_per_run(self, steps_per_run: int) -> None:
+        """TF's protocol for runs that advance the global step by ``steps_per_run`` (TPU-style loops):
+        a run whose step before it plus ``steps_per_run`` does not reach the next save is not read again."""
+        self._steps_per_run = steps_per_run
+        if self._plain is not None:
+            self._plain.steps_per_run = steps_per_run
 
     def supervisor_options(self) -> dict[str, Any]:
         opts = {"save_model_secs": self._save_secs, "save_checkpoint_steps": self._save_steps,
@@ -158,12 +173,25 @@ class CheckpointSaverHook(SessionRunHook):
 
     def begin(self) -> None:
         self._gs = need_global_step("CheckpointSaverHook") if graph_mode() else None
+        self._plain = None
+        if self._gs is not None:
+            self._plain = PlainSaving(self._checkpoint_dir, self._basename, self._timer, self._saver, self._scaffold,
+                                      self._listeners, self._save_graph_def, global_step_fetch("CheckpointSaverHook"))
+            self._plain.steps_per_run = self._steps_per_run
         for listener in self._listeners:
             listener.begin()
+
+    def _plain_for(self, session: Any) -> Optional[PlainSaving]:
+        """TF's saving if ``session`` is a graph session without a Supervisor, else None."""
+        return self._plain if self._plain is not None and supervisor_of(session) is None else None
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         from procsv.ipc.messages import SaveReason
 
+        plain = self._plain_for(session)
+        if plain is not None:
+            plain.after_create_session(session)
+            return
         self._session = session
         warn_if_not_logdir("CheckpointSaverHook", self._checkpoint_dir, session)
         sv = supervisor_of(session)
@@ -174,30 +202,56 @@ class CheckpointSaverHook(SessionRunHook):
             return
         self._agent.before_snapshot.append(self._before_save)
         self._agent.on_commit.append(self._after_save)
-        if self._agent.last_committed < self._step(session, sv):
-            self._agent.request(SaveReason.STEPS)  # as TF: a checkpoint right at session creation
+        if self._agent.last_committed < self._step(session, sv):  # as TF: a checkpoint right at session creation
+            if self._gs is not None and sv.is_chief:  # graph mode, as TF: committed now, listeners called
+                sv.saver.save(session, sv.save_path)
+            else:
+                self._agent.request(SaveReason.STEPS)
 
     def _step(self, session: Any, sv: Any) -> int:
         """The global step now (graph mode: run in the session)."""
         return read_global_step(session, self._gs) if self._gs is not None else api.read_step(sv.global_step)
 
     def _before_save(self, step: int, reason: Any) -> None:
-        logger.info("Calling checkpoint listeners before saving checkpoint %d...", step)
+        api.tf_logging().info("Calling checkpoint listeners before saving checkpoint %d...", step)
         for listener in self._listeners:
             listener.before_save(self._session, step)
 
     def _after_save(self, step: int) -> None:
-        logger.info("Calling checkpoint listeners after saving checkpoint %d...", step)
+        api.tf_logging().info("Calling checkpoint listeners after saving checkpoint %d...", step)
         for listener in self._listeners:
             if listener.after_save(self._session, step):
-                logger.info("A CheckpointSaverListener requested a training stop. Stopping at step %d.", step)
+                api.tf_logging().info("A CheckpointSaverListener requested a training stop. Stopping at step %d.", step)
                 self._stop = True
 
+    def before_run(self, run_context: SessionRunContext) -> Optional[SessionRunArgs]:
+        plain = self._plain_for(run_context.session)
+        return SessionRunArgs(plain.gs_read) if plain is not None else None
+
     def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
+        plain = self._plain_for(run_context.session)
+        if plain is not None:
+            plain.after_run(run_context, run_values)
+            return
+        if self._gs is not None and self._listeners and self._agent is not None and self._agent.in_flight is not None:
+            self._await_commit(supervisor_of(run_context.session))
         if self._stop:
             run_context.request_stop()
 
+    def _await_commit(self, sv: Any) -> None:
+        """Graph mode with listeners, as TF's synchronous save: the checkpoint this run's step boundary
+        handed to the service is waited for (up to ``stop_grace_secs``; the watchdog is told the
+        trainer is busy committing), so that ``after_save``, and a stop it asks for, come right after
+        the run that saved."""
+        sv._boundary.await_in_flight()
+
     def end(self, session: Any) -> None:
+        plain = self._plain_for(session)
+        if plain is not None:
+            step = plain.end(session)
+            for listener in self._listeners:
+                listener.end(session, step)
+            return
         sv = supervisor_of(session)
         step = self._step(session, sv) if sv is not None or self._gs is not None else 0
         if self._agent is not None:
@@ -233,7 +287,17 @@ class FinalOpsHook(SessionRunHook):
         if self._final_ops is None:
             return
         if self._graph:
-            self._final_ops_values = session.run(self._final_ops, feed_dict=self._final_ops_feed_dict)
+            import tensorflow as tf
+
+            try:
+                self._final_ops_values = session.run(self._final_ops, feed_dict=self._final_ops_feed_dict)
+            except (tf.errors.OutOfRangeError, StopIteration):
+                api.tf_logging().warning(
+                    "An OutOfRangeError or StopIteration exception is raised by the code in FinalOpsHook. This "
+                    "typically means the Ops running by the FinalOpsHook have a dependency back to some input "
+                    "source, which should not happen. The final ops should only read variables, not another "
+                    "batch of input.")
+                raise
         else:
             self._final_ops_values = api.evaluate(self._final_ops)
 
@@ -242,27 +306,36 @@ class GlobalStepWaiterHook(SessionRunHook):
     """Delays training until the global step reaches ``wait_until_step`` (TF: a worker polling the
     step a parameter server holds, until the chief's runs bring it there).
 
-    In procsv a process's global step advances only by its own runs: one trainer, or each member
-    of a ``--nproc`` group counting its own steps (no parameter server holds a shared one). So at
-    the first run, as TF: ``wait_until_step`` <= 0 or a step already there (a restored one) starts
-    at once; a step below it could never reach it while this process waits, and is a
-    :class:`procsv.UsageError` naming both (never a hang, never a silent start).
+    Graph mode, as TF: at the first run, ``wait_until_step`` <= 0 starts at once; else the hook
+    reads the global step every 0.5 s (``time.sleep``) until it is there, logging through
+    ``tf.compat.v1.logging`` (the step is the graph's: under ``procsv launch --ps`` the chief's runs
+    advance it, as TF's parameter server; a wait that never ends makes no step, so procsv's hang
+    detection ends it). Eager mode: a process's global step advances only by its own runs (one
+    trainer, or each member of a ``--nproc`` group counting its own steps), so a step below it
+    could never reach it while this process waits: a :class:`procsv.UsageError` naming both at the
+    first run (never a hang, never a silent start); a step already there (a restored one) starts
+    at once.
     """
 
     def __init__(self, wait_until_step: int) -> None:
         self._wait_until_step = wait_until_step
         self._started = False
         self._gs: Any = None
+        self._graph = False
 
     def begin(self) -> None:
         self._started = False
-        self._gs = need_global_step("GlobalStepWaiterHook")
+        self._graph = graph_mode()
+        self._gs = global_step_fetch("GlobalStepWaiterHook") if self._graph else need_global_step("GlobalStepWaiterHook")
 
     def before_run(self, run_context: SessionRunContext) -> Optional[SessionRunArgs]:
         if self._started:
             return None
         if self._wait_until_step <= 0:
             self._started = True
+            return None
+        if self._graph:
+            self._wait(run_context.session)
             return None
         step = read_global_step(run_context.session, self._gs)
         if step < self._wait_until_step:
@@ -272,6 +345,22 @@ class GlobalStepWaiterHook(SessionRunHook):
                 "advances), so the wait could never end; pass wait_until_step<={step} or leave the hook out")
         self._started = True
         return None
+
+    def _wait(self, session: Any) -> None:
+        """TF's wait: poll the graph's global step every 0.5 s until it reaches ``wait_until_step``."""
+        log = api.tf_logging()
+        log.info("Waiting for global step %d before starting training.", self._wait_until_step)
+        last_logged = 0
+        while True:
+            step = int(session.run(self._gs))
+            if step >= self._wait_until_step:
+                self._started = True
+                return
+            if step - last_logged > 1000:
+                log.info("Waiting for global step %d before starting training. Current step is %d.",
+                         self._wait_until_step, step)
+                last_logged = step
+            time.sleep(0.5)
 
 
 class FeedFnHook(SessionRunHook):

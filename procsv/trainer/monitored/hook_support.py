@@ -3,7 +3,7 @@
 Runs in the trainer process, in its main thread (the hooks of :mod:`procsv.trainer.monitored.basic_hooks`
 and :mod:`procsv.trainer.monitored.observer_hooks` call these from ``begin`` and ``after_create_session``).
 A session may be a raw one with no :class:`procsv.Supervisor` behind it: then there is no logdir to
-compare and the clock is :func:`time.monotonic`.
+compare and the clock is TF's, :func:`procsv.trainer.monitored.hooks.wall_clock`.
 
 Graph mode (a TF1 program: TensorFlow is not executing eagerly when a hook's ``begin()`` runs) is
 told by :func:`graph_mode`; there the global step is the graph's and is read by running it.
@@ -25,9 +25,10 @@ def supervisor_of(session: Any) -> Any:
 
 
 def clock_of(session: Any) -> Callable[[], float]:
-    """The monotonic clock the hooks' timers read: the Supervisor's (tests inject one), else the real one."""
+    """The clock the hooks' timers read: a clock injected into the session's Supervisor (tests
+    inject one), else TF's (``time.time``, :func:`procsv.trainer.monitored.hooks.wall_clock`)."""
     clock: Callable[[], float] = getattr(supervisor_of(session), "_clock", time.monotonic)
-    return clock
+    return api.wall_clock if clock is time.monotonic else clock
 
 
 def need_global_step(hook: str) -> Any:

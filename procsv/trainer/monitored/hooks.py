@@ -10,7 +10,8 @@ arrive in ``after_run`` as ``run_values.results``; ``run_values.step_result`` is
 function returned.
 
 Also here: :class:`SecondOrStepTimer` (TF's "every N steps or N seconds" rule, on an injectable
-monotonic clock), the process-wide global step
+clock that defaults to TF's, :func:`wall_clock`), :func:`tf_logging` (where the hooks' lines go, as
+TF's: ``tf.compat.v1.logging``), the process-wide global step
 (:func:`get_or_create_global_step`, TF2's stand-in for the graph's global step; in graph mode,
 :func:`graph_mode`, the graph's own). (``evaluate`` is :mod:`procsv.trainer.managed`'s and
 ``warn_once`` :mod:`procsv.trainer.once`'s, named here too for the hooks.) In graph mode a run is a ``session.run``: see :mod:`procsv.trainer.monitored.graph_hooked`.
@@ -26,7 +27,23 @@ from typing import Any, Callable, NamedTuple, Optional
 from procsv.trainer.managed import evaluate
 from procsv.trainer.once import warn_once
 
-logger = logging.getLogger("procsv.train")
+logger = logging.getLogger("procsv.train")  # procsv's own warnings (warn_once); the hooks' lines: tf_logging()
+
+
+def tf_logging() -> Any:
+    """TensorFlow's logging module, where the standard hooks log their lines as TF's do
+    (``tf.compat.v1.logging``: the ``tensorflow`` logger, its verbosity and handlers). Looked up at
+    each call, so a program (or test) that replaces one of its functions sees the hooks' calls."""
+    from tensorflow.python.platform import tf_logging as tf_log
+
+    return tf_log
+
+
+def wall_clock() -> float:
+    """TF's clock for the hooks' timers: ``time.time()``, read at each call (a program that mocks
+    ``time.time`` moves the hooks' timers, as TF's)."""
+    return time.time()
+
 
 
 # ---------------------------------------------------------------------------- the global step
@@ -164,12 +181,13 @@ class SessionRunHook:
 class SecondOrStepTimer:
     """Triggers every ``every_secs`` seconds or every ``every_steps`` steps (exactly one of them).
 
-    The first call always triggers; never twice for the same step. ``clock`` is monotonic
-    (TensorFlow's reads the wall clock); tests pass a fake one.
+    The first call always triggers; never twice for the same step. ``clock`` is TF's,
+    :func:`wall_clock` (``time.time``: an interval between hook triggers, never a timeout); tests
+    pass a fake one, and a Supervisor's injected clock replaces it (:func:`hook_support.clock_of`).
     """
 
     def __init__(self, every_secs: Optional[float] = None, every_steps: Optional[int] = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = wall_clock) -> None:
         if every_secs is None and every_steps is None:
             raise ValueError("Either every_secs or every_steps should be provided.")
         if every_secs is not None and every_steps is not None:
@@ -222,5 +240,5 @@ class NeverTriggerTimer(SecondOrStepTimer):
 __all__ = [
     "SessionRunArgs", "SessionRunContext", "SessionRunHook", "SessionRunValues", "SecondOrStepTimer",
     "NeverTriggerTimer", "evaluate", "get_global_step", "graph_mode", "get_or_create_global_step", "set_global_step",
-    "warn_once",
+    "warn_once", "tf_logging", "wall_clock",
 ]

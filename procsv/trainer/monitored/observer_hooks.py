@@ -28,7 +28,7 @@ from procsv.trainer.monitored.hook_support import (clock_of, global_step_fetch, 
 from procsv.trainer.monitored.profiler_hook import ProfilerHook
 from procsv.trainer.tf1_objects import SummaryWriterShim
 from procsv.trainer.monitored.hooks import (NeverTriggerTimer, SecondOrStepTimer, SessionRunArgs, SessionRunContext,
-                                  SessionRunHook, SessionRunValues, logger)
+                                  SessionRunHook, SessionRunValues)
 
 
 # ---------------------------------------------------------------------------- NaN
@@ -62,9 +62,9 @@ class NanTensorHook(SessionRunHook):
         if any(leaf.dtype.kind in "fc" and np.isnan(leaf).any() for leaf in leaves):
             message = "Model diverged with loss = NaN."
             if self._fail:
-                logger.error(message)
+                api.tf_logging().error(message)
                 raise NanLossDuringTrainingError
-            logger.warning(message)
+            api.tf_logging().warning(message)
             run_context.request_stop()
 
 
@@ -199,7 +199,9 @@ def write_summary(sv: Any, op: Any, step: int) -> None:
 class StepCounterHook(SessionRunHook):
     """Logs ``global_step/sec`` (a line and a summary of that tag) every ``every_n_steps`` or
     ``every_n_secs``, through the summary service; graph mode, as TF: into ``summary_writer`` if one
-    is passed (its own directory). Eager mode: as :class:`SummarySaverHook`'s ``summary_writer``."""
+    is passed (its own directory), the tag is ``<the global step's op name>/sec``, and a run that
+    did not advance the global step is warned about (``tf.compat.v1.logging``, the first 5 times).
+    Eager mode: as :class:`SummarySaverHook`'s ``summary_writer``."""
 
     def __init__(self, every_n_steps: Optional[int] = 100, every_n_secs: Optional[float] = None,
                  output_dir: Optional[str] = None, summary_writer: Any = None) -> None:
@@ -212,11 +214,22 @@ class StepCounterHook(SessionRunHook):
         self._session: Any = None
         self._gs: Any = None
         self._graph = False
+        self._tag = "global_step/sec"
+        self._steps_per_run = 1
+        self._last_stale: Optional[int] = None
         self.last_rate: Optional[float] = None
+
+    def _set_steps_per_run(self, steps_per_run: int) -> None:
+        """TF's protocol for runs that advance the global step by ``steps_per_run``: the step is read
+        again after a run only when the step before it plus ``steps_per_run`` may trigger."""
+        self._steps_per_run = steps_per_run
 
     def begin(self) -> None:
         self._graph = graph_mode()
         self._gs = global_step_fetch("StepCounterHook") if self._graph else need_global_step("StepCounterHook")
+        self._last_stale = None
+        if self._graph:
+            self._tag = api.get_global_step().op.name + "/sec"  # as TF
         if self._writer is not None and not self._graph and not isinstance(self._writer, SummaryWriterShim):
             api.warn_once("step_counter.writer", "StepCounterHook(summary_writer=...) is ignored in an eager program: "
                                                  "procsv's summary service writes the logdir's event files")
@@ -233,27 +246,41 @@ class StepCounterHook(SessionRunHook):
 
     def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
         if self._graph:
-            # as TF: the fetched value may be from before this run's increment; read it again to count
-            if not self._timer.should_trigger_for_step(int(run_values.results) + 1):
-                return
-            step = int(run_context.session.run(self._gs))
-        else:
-            step = api.read_step(self._sv.global_step)
-        if not self._timer.should_trigger_for_step(step):
+            self._graph_after_run(run_context, int(run_values.results))
             return
-        secs, steps = self._timer.update_last_triggered_step(step)
-        if secs is not None and steps is not None and secs > 0:
-            self.last_rate = steps / secs
-            logger.info("global_step/sec: %g", self.last_rate)
-            if self._graph:  # a Summary proto, as TF's hook writes it
-                import tensorflow as tf
+        step = api.read_step(self._sv.global_step)
+        if self._timer.should_trigger_for_step(step):
+            self._record(step)
 
-                summary = tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag="global_step/sec",
-                                                                                 simple_value=self.last_rate)])
-                write_graph_summary(self._sv, self._session, self._output_dir, summary.SerializeToString(), step,
-                                    self._writer)
-            elif self._sv is not None:
-                self._sv.log_scalar("global_step/sec", self.last_rate, step)
+    def _graph_after_run(self, run_context: SessionRunContext, stale: int) -> None:
+        """As TF: the fetched value may be from before this run's increment; read it again to count."""
+        if self._timer.should_trigger_for_step(stale + self._steps_per_run):
+            step = int(run_context.session.run(self._gs))
+            if self._timer.should_trigger_for_step(step):
+                self._record(step, run_context.session)
+        if stale == self._last_stale:
+            log = api.tf_logging()
+            log.log_first_n(log.WARN, "It seems that global step (tf.train.get_global_step) has not been increased. "
+                            "Current value (could be stable): %s vs previous value: %s. You could increase the global "
+                            "step by passing tf.train.get_global_step() to Optimizer.apply_gradients or "
+                            "Optimizer.minimize.", 5, stale, self._last_stale)
+        self._last_stale = stale
+
+    def _record(self, step: int, session: Any = None) -> None:
+        secs, steps = self._timer.update_last_triggered_step(step)
+        if secs is None or steps is None or secs <= 0:
+            return
+        self.last_rate = steps / secs
+        api.tf_logging().info("%s: %g", self._tag, self.last_rate)
+        if self._graph:  # a Summary proto, as TF's hook writes it
+            import tensorflow as tf
+
+            summary = tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag=self._tag,
+                                                                             simple_value=self.last_rate)])
+            write_graph_summary(self._sv, session if session is not None else self._session, self._output_dir,
+                                summary.SerializeToString(), step, self._writer)
+        elif self._sv is not None:
+            self._sv.log_scalar(self._tag, self.last_rate, step)
 
 
 # ---------------------------------------------------------------------------- logging, profiling
@@ -314,13 +341,13 @@ class LoggingTensorHook(SessionRunHook):
         secs, _ = self._timer.update_last_triggered_step(self._iter_count)
         with np.printoptions(suppress=True):
             if self._formatter is not None:
-                logger.info(self._formatter(values))
+                api.tf_logging().info(self._formatter(values))
                 return
             line = ", ".join(f"{tag} = {values[tag]}" for tag in self._tensors)
         if secs is not None:
-            logger.info("%s (%.3f sec)", line, secs)
+            api.tf_logging().info("%s (%.3f sec)", line, secs)
         else:
-            logger.info("%s", line)
+            api.tf_logging().info("%s", line)
 
     def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
         if self._should_trigger:

@@ -15,7 +15,7 @@ from typing import Any, Optional
 from procsv.trainer.monitored import hooks as api
 from procsv.trainer.monitored.hook_support import clock_of, global_step_fetch, graph_mode, need_global_step, supervisor_of
 from procsv.trainer.monitored.hooks import SecondOrStepTimer, SessionRunArgs, SessionRunContext, SessionRunHook, \
-    SessionRunValues, logger
+    SessionRunValues
 
 
 class ProfilerHook(SessionRunHook):
@@ -24,7 +24,9 @@ class ProfilerHook(SessionRunHook):
     TF, the first run is not traced. ``show_dataflow``/``show_memory`` are accepted and ignored.
     In graph mode, as TF: the traced run gets ``RunOptions(trace_level=FULL_TRACE)`` and its step
     stats are written as ``timeline-<step>.json`` (Chrome trace format, with ``show_dataflow`` and
-    ``show_memory``) into ``output_dir``; the run metadata is not added to an event file."""
+    ``show_memory``) into ``output_dir``, and the run's RunMetadata is added (tag ``step_<step>``) to
+    the event file of ``output_dir``'s ``SummaryWriterCache`` writer, unless that is the session's
+    logdir (where only procsv's summary service writes)."""
 
     def __init__(self, save_steps: Optional[int] = None, save_secs: Optional[float] = None, output_dir: str = "",
                  show_dataflow: bool = True, show_memory: bool = False) -> None:
@@ -89,13 +91,27 @@ class ProfilerHook(SessionRunHook):
             step = int(run_context.session.run(self._gs))
             self._timer.update_last_triggered_step(step)
             path = os.path.join(self._output_dir, f"timeline-{step}.json")
-            logger.info("Saving timeline for %d into '%s'.", step, path)
+            api.tf_logging().info("Saving timeline for %d into '%s'.", step, path)
             os.makedirs(self._output_dir, exist_ok=True)
             with open(path, "w") as fh:
                 fh.write(timeline.Timeline(run_values.run_metadata.step_stats).generate_chrome_trace_format(
                     **self._show))
             self.traced_steps.append(step)
+            writer = self._metadata_writer(run_context.session)
+            if writer is not None:
+                writer.add_run_metadata(run_values.run_metadata, "step_%d" % step)
         self._next_step = step + 1
+
+    def _metadata_writer(self, session: Any) -> Any:
+        """Graph mode, as TF: the ``SummaryWriterCache`` writer of ``output_dir``, which gets each traced
+        run's RunMetadata (TensorBoard's graph page shows it); None when ``output_dir`` is the
+        session's logdir, whose event files only procsv's summary service writes."""
+        from tensorflow.python.training.summary_io import SummaryWriterCache
+
+        sv = supervisor_of(session)
+        if sv is not None and sv.logdir is not None and os.path.abspath(sv.logdir) == os.path.abspath(self._output_dir):
+            return None
+        return SummaryWriterCache.get(self._output_dir)
 
 
 __all__ = ["ProfilerHook"]
