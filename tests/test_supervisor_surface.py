@@ -94,3 +94,47 @@ def test_summary_settings_changed_after_construction_are_the_ones_used(logdir):
     assert "first_fn" not in tags, tags
     assert "late_fn" in tags and len(acc.Scalars("late_fn")) >= 3, tags
     assert os.path.exists(os.path.join(logdir, "checkpoint"))
+
+
+def test_graph_mode_the_sessions_should_stop_is_the_supervisors_a_subclass_override_too(logdir):
+    import tensorflow as tf
+
+    import procsv
+
+    class StopAtFive(procsv.Supervisor):
+        def should_stop(self) -> bool:
+            return super().should_stop() or self.step >= 5
+
+    with tf.Graph().as_default():
+        w = tf.compat.v1.get_variable("w", initializer=1.0)
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(tf.square(w), global_step=gs)
+        sv = StopAtFive(logdir=logdir, save_summaries_secs=None, save_model_secs=None)
+        runs = 0
+        with sv.managed_session() as sess:
+            while not sess.should_stop() and runs < 20:  # TF1's loop: the session asks the Supervisor
+                sess.run(train)
+                runs += 1
+    assert runs == 5 and sv.step == 5, (runs, sv.step)
+
+
+def test_the_stop_commits_through_sv_commit_checkpoint_a_subclass_override_too(logdir):
+    import tensorflow as tf
+
+    import procsv
+
+    commits: list[bool] = []
+
+    class Logged(procsv.Supervisor):  # a program's subclass that logs each commit it asks for
+        def commit_checkpoint(self, deadline=None):  # type: ignore[no-untyped-def]
+            done = super().commit_checkpoint(deadline)
+            commits.append(done)
+            return done
+
+    v = tf.Variable(1.0)
+    sv = Logged(logdir=logdir, checkpoint={"v": v}, save_summaries_secs=None, save_model_secs=None)
+    with sv.managed_session() as sess:
+        for _ in range(3):
+            sess.run(lambda: v.assign_add(1.0))
+    assert commits == [True]  # the final checkpoint, through the override
+    assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-3")

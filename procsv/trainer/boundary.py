@@ -86,7 +86,9 @@ class StepBoundary:
         self.progress.first_done = False
 
     def start(self) -> None:
-        """A new session: the checkpoint half at its first boundary, the other after its first step."""
+        """A new session, prepared: the checkpoint half at its first boundary, the other after its first
+        step; the periodic summaries one interval from now."""
+        self._summaries.restart_periodic()
         self.state.open_checkpoint()
         self.state.set_end(0, NEVER)
 

@@ -346,7 +346,7 @@ class Supervisor:
         try:
             self._stopped_by_signal = self.coord.stop_signal is not None
             if self.coord.exception is None and self._keeper is not None and self.is_chief:
-                self._boundary.commit_checkpoint(deadline)
+                self.commit_checkpoint(deadline)  # (a subclass may override it)
             else:
                 self._boundary.report_busy(Busy.NONE)
             self._summaries.flush(force=True, deadline=deadline)

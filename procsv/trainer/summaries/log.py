@@ -76,9 +76,8 @@ class SummaryLog:
 
     # ----------------------------------------------------------------- the session's connection
     def attach(self, channels: TrainerChannels) -> None:
-        """A session is prepared: hand-offs go through ``channels``; periodic summaries one interval on."""
+        """A session is being prepared: hand-offs go through ``channels``."""
         self._channels = channels
-        self.restart_periodic()
 
     def detach(self) -> None:
         """The session is released (its sockets closed)."""
