@@ -143,19 +143,19 @@ def test_an_in_memory_snapshot_is_charged_its_boundary_its_next_steps_slowdown_a
     agent.charge_memory(1, 100.0, 100.030)
     assert agent.next_work(1, 100.030)[0] == 2  # the step after it is measured: the next boundary is its
     agent.charge_memory(2, 100.031, 100.0312)  # no typical step known yet: the boundary alone
-    assert (agent.walk_cost, agent.copy_cost) == (pytest.approx(0.030), None)
+    assert (agent.memory.walk_cost, agent.memory.copy_cost) == (pytest.approx(0.030), None)
     agent.charge_memory(3, 100.0316, 100.0317)  # nothing taken, nothing pending: nothing charged
-    assert agent.walk_cost == pytest.approx(0.030)
+    assert agent.memory.walk_cost == pytest.approx(0.030)
 
     svc.read_secs, svc.t = 0.001, 100.0702
     agent.poll(ch, 101, svc.t)  # a read made only for the in-memory snapshot's acknowledgment: 1 ms
     assert agent.store.slots.held == 1 and svc.t == pytest.approx(100.0712)
     assert agent.memory_snapshot(ch, 102)
     agent.charge_memory(102, 100.0712, 100.0732)  # its boundary stopped the loop 2 ms; a step took 0.4 ms before
-    assert agent.copy_cost is None and agent.next_work(102, 100.0732)[0] == 103
+    assert agent.memory.copy_cost is None and agent.next_work(102, 100.0732)[0] == 103
     agent.charge_memory(103, 100.0746, 100.0747)  # the step after it took 1.4 ms: 1 ms more than typical
-    assert agent.copy_cost == pytest.approx(0.002 + 0.001 + 0.001)
-    assert agent._memory_next() == pytest.approx(agent.memory_at + 0.004 / (0.01 - 0.030 / 10.0))
+    assert agent.memory.copy_cost == pytest.approx(0.002 + 0.001 + 0.001)
+    assert agent.memory.next_due() == pytest.approx(agent.memory.at + 0.004 / (0.01 - 0.030 / 10.0))
     assert [m.step for m in svc.sent] == [1, 102] and not any(m.persist for m in svc.sent)
 
 
@@ -163,13 +163,13 @@ def test_the_trainers_age_on_the_agents_clock_sets_youngs_interval_and_a_restore
     svc = _Service()
     agent, _ = _tiered_agent(tmp_path, svc)
     agent.restore_or_init(lambda: None)  # nothing committed: initialized at t = 100
-    agent.copy_cost = 0.003
-    assert agent._memory_next() == pytest.approx(100.0 + 0.3)  # young: the budget's interval
-    agent.memory_at = 100.0 + 3600.0  # a snapshot an hour later on the same clock
-    assert agent._memory_next() == pytest.approx(3700.0 + math.sqrt(2 * 0.003 * 3600.0))
+    agent.memory.copy_cost = 0.003
+    assert agent.memory.next_due() == pytest.approx(100.0 + 0.3)  # young: the budget's interval
+    agent.memory.at = 100.0 + 3600.0  # a snapshot an hour later on the same clock
+    assert agent.memory.next_due() == pytest.approx(3700.0 + math.sqrt(2 * 0.003 * 3600.0))
     svc.t = 5000.0
     agent.restore_or_init(lambda: None)  # a new session restores: its age starts again
-    assert agent._memory_next() == pytest.approx(5000.0 + 0.3)
+    assert agent.memory.next_due() == pytest.approx(5000.0 + 0.3)
 
 
 def test_the_every_n_steps_trigger_does_not_fire_for_the_step_a_restart_restored(tmp_path):
@@ -443,8 +443,8 @@ def test_the_agent_leaves_the_in_memory_tier_what_its_disk_snapshots_leave_of_th
         svc.t += 0.1
         agent.poll(ch, step + 1, svc.t + 1.0)  # the commit is read: nothing in flight
         assert agent.in_flight is None
-    agent.copy_cost, agent.walk_cost = 0.002, 0.0
+    agent.memory.copy_cost, agent.memory.walk_cost = 0.002, 0.0
     # the first walked the object graph (the walk's rate pays for that): the later two cost 4 ms, 0.8 s apart
-    assert agent._disk_cost == pytest.approx(0.004)
+    assert agent.memory.disk_cost == pytest.approx(0.004)
     share = 0.004 / 0.8
-    assert agent._memory_next() == pytest.approx(agent.memory_at + 0.002 / (0.01 - share), rel=0.01)
+    assert agent.memory.next_due() == pytest.approx(agent.memory.at + 0.002 / (0.01 - share), rel=0.01)

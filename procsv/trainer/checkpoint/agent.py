@@ -43,7 +43,7 @@ from procsv.trainer.checkpoint import restore_at_start
 from procsv.trainer.checkpoint import memory_tier
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.commits import SAVE_DEADLINE_FLOOR, CommitTracker
-from procsv.trainer.checkpoint.memory_methods import PLAN_MAX_AGE, READ_EVERY, MemoryTierMethods
+from procsv.trainer.checkpoint.memory import PLAN_MAX_AGE, READ_EVERY, MemoryTier
 from procsv.trainer.checkpoint.restore import ReadRetry
 from procsv.trainer.checkpoint.snapshot import arena_bytes_needed, self_test
 from procsv.trainer.checkpoint.snapshot_store import SnapshotStore, stuck_here
@@ -52,20 +52,22 @@ from procsv.common.errors import NonFiniteState
 HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the checkpoint service
 # the service's messages are read at a step boundary every READ_EVERY while an answer is awaited (a
 # snapshot in flight or unacknowledged), else every READ_IDLE (only a timer's SaveRequest can come),
-# or every READ_EVERY_STEPS steps whatever the clock says (READ_EVERY: memory_methods). A read that finds nothing is one system
+# or every READ_EVERY_STEPS steps whatever the clock says (READ_EVERY: memory.py). A read that finds nothing is one system
 # call, yet 20-70 us right after a TF step (2 us if repeated at once): the boundary's main cost
 READ_IDLE = 0.1
 READ_EVERY_STEPS = 256
 
 
-class CheckpointAgent(MemoryTierMethods):
+class CheckpointAgent:
     """The trainer's checkpointing for one session: restore, snapshot triggers, final commit.
 
     Owns the policy it heartbeats to the checkpoint service, the trigger pending for the next step
-    boundary, the newest step known committed, the in-memory tier's schedule (when and of which
-    step the last snapshot was taken, what one costs, the one waiting for its summaries) and the
+    boundary, the newest step known committed, the preparations before every snapshot and the
     listeners ``procsv.train`` registers; the snapshot memory is its :class:`SnapshotStore`, the
-    snapshot in flight to disk and the failed commits its :class:`CommitTracker`.
+    snapshot in flight to disk and the failed commits its :class:`CommitTracker`, the in-memory
+    tier (its schedule, what a snapshot costs, the one waiting for its summaries) its
+    :class:`MemoryTier` (``memory``), which shares the snapshot memory; the tier's names callers
+    use on the agent forward to it (``memory_snapshot`` with the agent's ``meta_graph``).
     """
 
     meta_graph: Optional[bytes] = None  # graph mode: a serialized MetaGraphDef written beside each checkpoint
@@ -100,27 +102,11 @@ class CheckpointAgent(MemoryTierMethods):
         # the in-memory tier (procsv.trainer.checkpoint.memory_tier): off when the budget is 0
         self.memory_budget = memory_budget if saving else 0.0
         self.store = SnapshotStore(checkpoint, memory_tier.SLOTS if self.memory_budget > 0 else 1, clock)
-        self.copy_cost: Optional[float] = None  # seconds an in-memory snapshot reusing a walk stops the loop (smoothed)
-        self.walk_cost = 0.0  # seconds the last walk of the object graph added to its snapshot
-        # what the in-memory snapshots cost the loop (see charge_memory)
-        self._uncharged: Optional[bool] = None  # one was taken at this boundary: did it reuse a walk?
-        self._charge: Optional[memory_tier.Charge] = None  # one whose next step is not measured yet
-        self._ack_reads = 0.0  # seconds of reads of the service made while only an in-memory ack was awaited
-        self._normal_from: Optional[tuple[float, int]] = None  # (time, step) after which steps ran undisturbed
-        self.memory_at = float("-inf")  # when the last snapshot (either tier) was taken
-        self.began: Optional[float] = None  # when the state was restored (or initialized): the trainer's age counts from it
-        self.memory_step = -1  # ... and of which step
-        self.memory_taken = 0  # in-memory snapshots taken by this process
-        # an in-memory snapshot copied but not handed to the service until its step's summaries
-        # are written (its SaveData and frames): see release_memory
-        self._waiting: Optional[tuple[SaveData, list[Any]]] = None
         # internal preparations before every snapshot of either tier (Keras writes its position)
         self.prepare_snapshot: list[Callable[[], None]] = []
+        self.memory = MemoryTier(self.store, self.memory_budget, basename, self.prepare_snapshot,
+                                 self._answer_awaited)  # the in-memory tier, which shares the snapshot memory
         self.last_snapshot_secs = 0.0  # how long the loop was stopped by the last snapshot
-        # what the disk snapshots take of the loop's time, which the in-memory tier's budget covers too
-        self._disk_cost: Optional[float] = None  # seconds one stops the loop (smoothed)
-        self._disk_gap: Optional[float] = None  # seconds between two (smoothed)
-        self._disk_at: Optional[float] = None  # when the last was taken
         # procsv.train's CheckpointSaverListeners: called with (step, reason) right before a snapshot is
         # taken, and with the step when the trainer learns that its checkpoint is committed
         self.before_snapshot: list[Callable[[int, SaveReason], None]] = []
@@ -142,6 +128,29 @@ class CheckpointAgent(MemoryTierMethods):
         """Set once ``failure_limit`` checkpoints in a row failed to commit: the Supervisor stops with it."""
         return self.commits.failure
 
+    # ------------------------------------------------------------------ the in-memory tier's names, forwarded to it
+    @property
+    def memory_taken(self) -> int:
+        return self.memory.taken
+
+    def memory_due(self, step: int, now: float) -> bool:  # call after poll() said no disk snapshot is due
+        return self.memory.due(step, now)
+
+    def memory_snapshot(self, ch: TrainerChannels, step: int, unwritten_from: Optional[int] = None) -> bool:
+        return self.memory.snapshot(ch, step, self.meta_graph, unwritten_from)
+
+    def charge_memory(self, step: int, start: float, end: float) -> None:
+        self.memory.charge(step, start, end)
+
+    def memory_held(self, msg: SnapshotHeld) -> None:
+        self.memory.held(msg)
+
+    def waiting(self) -> bool:
+        return self.memory.waiting()
+
+    def release_memory(self, ch: TrainerChannels, unwritten_from: Optional[int]) -> bool:
+        return self.memory.release(ch, unwritten_from)
+
     # ------------------------------------------------------------------ start
     def restore_or_init(self, init: Callable[[], None], pinned: Optional[restore_at_start.Pinned] = None
                         ) -> list[str]:
@@ -161,8 +170,7 @@ class CheckpointAgent(MemoryTierMethods):
             self.last_committed = int(self.global_step.numpy())
         # the restored (or initial) state is on disk or rebuilt by init: the first in-memory
         # snapshot is of a step trained after it
-        self.memory_step, self.memory_at = int(self.global_step.numpy()), self.clock()
-        self.began = self.memory_at
+        self.memory.start(int(self.global_step.numpy()), self.clock())
         if self.saving:
             self.store.arena_for(arena_bytes_needed(self.checkpoint), background=True)
         return done.corrupt
@@ -195,25 +203,15 @@ class CheckpointAgent(MemoryTierMethods):
     def _read_service(self, ch: TrainerChannels, step: int, now: float) -> None:
         """Take every message the checkpoint service has sent (without waiting)."""
         self._read_step = step
-        if self.in_flight is None and self.store.slots.unacked is not None:
-            t0 = ch.clock()  # a read the in-memory tier made necessary: part of its cost (charge_memory)
-            messages = ch.poll_checkpoint()
-            self._ack_reads += ch.clock() - t0
-        else:
-            messages = ch.poll_checkpoint()
+        messages = ch.poll_checkpoint() if self.in_flight is not None else self.memory.poll_for_ack(ch)
         for msg in messages:
             if isinstance(msg, SaveRequest):
                 self.pending = self.pending or msg.reason
             elif isinstance(msg, SaveResult):
                 self._on_result(msg)
             elif isinstance(msg, SnapshotHeld):
-                self.memory_held(msg)
-        wait = READ_IDLE
-        if self.in_flight is not None:
-            wait = READ_EVERY
-        elif self.store.slots.unacked is not None:  # its ack matters only to the next in-memory snapshot
-            wait = min(READ_IDLE, max(READ_EVERY, self._memory_next() - now))
-        self._next_read = now + wait
+                self.memory.held(msg)
+        self._next_read = now + (READ_EVERY if self.in_flight is not None else self.memory.read_wait(now, READ_IDLE))
 
     def _answer_awaited(self, at: float) -> None:  # a snapshot was just sent: read its answer by ``at``
         self._next_read = min(self._next_read, at)
@@ -234,15 +232,15 @@ class CheckpointAgent(MemoryTierMethods):
         service (a freed slot or a ready arena is seen then). Every boundary while a save is
         pending, a snapshot in flight or one waiting for its summaries, and the one after an in-memory
         snapshot (its cost is measured there: :meth:`charge_memory`)."""
-        if (self.pending is not None or self.in_flight is not None or self._waiting is not None
-                or self._charge is not None):
+        if (self.pending is not None or self.in_flight is not None or self.memory.waiting()
+                or self.memory.measuring()):
             return step + 1, now
         at_step = self._read_step + READ_EVERY_STEPS
         if self.save_checkpoint_steps:
             at_step = min(at_step, (step // self.save_checkpoint_steps + 1) * self.save_checkpoint_steps)
         at = min(self._next_read, self.last_heartbeat + HEARTBEAT_EVERY)
-        if self._memory_ready(now):
-            at = min(at, self._memory_next())
+        if self.memory.ready(now):
+            at = min(at, self.memory.next_due())
         return at_step, at  # (an in-memory snapshot blocked by a slot or an ack: looked at again at the read)
 
     def _overdue(self, ch: TrainerChannels, now: float) -> None:
@@ -298,20 +296,17 @@ class CheckpointAgent(MemoryTierMethods):
         except NonFiniteState:  # refused: nothing is sent, nor retried before the next trigger
             ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))
             self.pending = None
-            self.memory_at, self.memory_step = ch.clock(), step
+            self.memory.skipped(step, ch.clock())
             raise
         arena = self.store.ref_of(snap)
         meta = self.meta_graph  # graph mode: <prefix>.meta too (TF's Saver.save(write_meta_graph=True))
         sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena, slot, True, meta is not None),
                                 snap.frames if meta is None else [*snap.frames, meta])
         ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))
-        if self._waiting is not None:  # an in-memory snapshot still waiting is older than this one: never send it
-            self._waiting = None
-            self.store.slots.drop_waiting()
+        self.memory.superseded()  # an in-memory snapshot still waiting is older than this one: never send it
         end = ch.clock()
         self.last_snapshot_secs = end - t0
-        self.memory_at, self.memory_step = end, step
-        self._disk_taken(end - t_prepare if reuse else None, end)
+        self.memory.disk_taken(step, end, end - t_prepare if reuse else None)
         if sent:
             self.store.slots.sent_disk(slot)
             nbytes = snap.arena_bytes + sum(int(getattr(f, "nbytes", 0) or len(f)) for f in snap.frames)
