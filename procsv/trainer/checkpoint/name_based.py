@@ -11,6 +11,7 @@ it, so that none of them imports the graph-mode code.
 
 from __future__ import annotations
 
+import abc
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -32,25 +33,26 @@ class RestoreStatus:
         return self
 
 
-class NameBasedCheckpoint:
-    """A checkpoint of named variables, snapshotted with one read and restored by name."""
+class NameBasedCheckpoint(abc.ABC):
+    """A checkpoint of named variables, snapshotted with one read and restored by name (an interface:
+    :class:`procsv.trainer.graph.state.GraphCheckpoint` implements it)."""
 
+    @abc.abstractmethod
     def keys(self) -> list[str]:
         """The checkpoint keys of the variables, in a fixed order."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def gather(self) -> list[tuple[str, np.ndarray]]:
         """Every variable's current value, keyed as in :meth:`keys`."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def restore(self, path: str) -> RestoreStatus:
         """Restore every variable (but those left out: :meth:`leaving_out`) from ``path``, by name;
         raise ``ValueError`` naming the variable when one is missing or of another shape or dtype."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def key_of(self, variable: Any) -> str | None:
         """The key ``variable`` is saved under (None: it is not in this checkpoint)."""
-        raise NotImplementedError
 
     @contextmanager
     def leaving_out(self, keys: set[str]) -> Iterator[None]:
