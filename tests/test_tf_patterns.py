@@ -8,6 +8,10 @@ committed is read back with TensorFlow's own readers.
   stop does not raise, and the final checkpoint holds the state the session had when it closed.
 * ``Supervisor(logdir='')`` is TF's "no logdir" (``if logdir:``): nothing is written anywhere, and
   ``summary_computed`` raises TF's "requires a summary writer".
+* a worker's Supervisor (``is_chief=False``) refuses a ref variable without a device, TF's
+  ``ValueError`` (``testSetupFail``);
+* the Saver ``import_meta_graph`` returns (a SaverDef's, with no variable list) restores and saves
+  the graph's variables (``testRestoreFromMetaGraph``).
 """
 
 from __future__ import annotations
@@ -61,3 +65,47 @@ def test_an_empty_logdir_is_no_logdir_nothing_is_written_and_summaries_need_a_wr
         sess.close()
         sv.stop()
     assert os.listdir(tmp_path) == []  # no checkpoint, event file, lock or runtime folder in the current directory
+
+
+def test_a_worker_supervisor_refuses_unplaced_variables_as_tf_and_takes_placed_ones(logdir):
+    import tensorflow as tf
+
+    import procsv
+
+    with tf.Graph().as_default():
+        tf.compat.v1.Variable([1.0, 2.0], name="v", use_resource=False)  # a ref variable: TF's check is on those
+        with pytest.raises(ValueError, match="must have their device set"):
+            procsv.Supervisor(logdir=logdir, is_chief=False)
+    with tf.Graph().as_default(), tf.compat.v1.device("/job:ps"):
+        tf.compat.v1.Variable([1.0, 2.0], name="v", use_resource=False)
+        assert procsv.Supervisor(logdir=logdir, is_chief=False).is_chief is False
+
+
+def test_the_saver_import_meta_graph_returns_restores_and_saves_the_graphs_variables(logdir):
+    import tensorflow as tf
+
+    import procsv
+
+    with tf.Graph().as_default():
+        v = tf.compat.v1.Variable(5, dtype=tf.int64, name="v0", use_resource=False)  # "v0:0" is its value
+        step = tf.compat.v1.train.get_or_create_global_step()
+        train = tf.group(v.assign_add(2), step.assign_add(1))
+        sv = procsv.Supervisor(logdir=logdir, save_model_secs=None, save_summaries_secs=None)
+        sess = sv.prepare_or_wait_for_session("")
+        for _ in range(3):
+            sess.run(train)
+        prefix = sv.saver.save(sess, sv.save_path)
+        sv.stop()
+    assert prefix.endswith("model.ckpt-3") and os.path.exists(prefix + ".meta")
+
+    with tf.Graph().as_default():
+        saver = tf.compat.v1.train.import_meta_graph(prefix + ".meta")  # a Saver of a SaverDef: no var_list
+        sv = procsv.Supervisor(logdir=logdir, saver=saver, save_model_secs=None, save_summaries_secs=None)
+        sess = sv.prepare_or_wait_for_session("")
+        assert sess.run("v0:0") == 11 and sv.restored_from is not None  # crashed: 'NoneType' is not iterable
+        train = tf.compat.v1.get_default_graph().get_operation_by_name(train.name)
+        sess.run(train)
+        again = sv.saver.save(sess, sv.save_path)
+        sv.stop()
+    assert again.endswith("model.ckpt-4")
+    assert int(tf.train.load_checkpoint(again).get_tensor("v0")) == 13

@@ -39,7 +39,7 @@ from procsv.trainer.standby.warmup import WarmUps
 from procsv.trainer.step_boundary import StepCounter, StepState
 from procsv.trainer.stop_signals import StopSignals
 from procsv.trainer.summaries.log import SummaryLog
-from procsv.trainer.supervisor_setup import (agent_factory, collaborators, layout_for, refuse_eager_under_ps,
+from procsv.trainer.supervisor_setup import (agent_factory, check_placement, collaborators, layout_for,
                                              resolve_is_chief, state_to_save)
 from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, add_camel_case_aliases
 from procsv.trainer.tf1_objects import SaverShim, SummaryWriterShim
@@ -168,7 +168,7 @@ class Supervisor:
                 "session_manager": session_manager, "local_init_run_options": local_init_run_options},
             max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
             recovery_wait_secs=recovery_wait_secs, increment_global_step=increment_global_step)
-        refuse_eager_under_ps(self._tf1.graph is not None, self._ctx)
+        check_placement(self._tf1, self._ctx, is_chief)  # --ps: a graph program; TF's replica devices
         self._settings = Settings(save_summaries_secs, self._tf1.summary_fn, stop_grace_secs, recovery_wait_secs,
                                   init_fn, checkpoint_basename)
         self.increment_global_step = increment_global_step

@@ -57,6 +57,19 @@ def refuse_eager_under_ps(graph_mode: bool, ctx: Optional[bootstrap.ChildContext
                          "tf.compat.v1.train.replica_device_setter); an eager program uses --nproc N")
 
 
+def check_placement(tf1: Tf1Choices, ctx: Optional[bootstrap.ChildContext], is_chief: bool) -> None:
+    """Where the program's state lives, checked before anything runs: an eager program is refused
+    under ``--ps`` (:func:`refuse_eager_under_ps`); in a graph program, a replica that is not the chief
+    needs every variable placed, as TF's ``Supervisor._verify_setup`` (its ``ValueError``: a worker's
+    unplaced variables would be its own, not the parameter servers' it shares with the chief)."""
+    refuse_eager_under_ps(tf1.graph is not None, ctx)
+    if tf1.graph is None or is_chief:
+        return
+    for op in tf1.graph.graph.get_operations():
+        if op.type in ("Variable", "VariableV2") and not op.device:
+            raise ValueError(f"When using replicas, all Variables must have their device set: {op}")
+
+
 def layout_for(logdir: Optional[str], ctx: Optional[bootstrap.ChildContext], *, is_chief: bool,
                checkpoint_basename: str, read_retry_secs: float) -> Optional[Layout]:
     """The run's :class:`Layout`: ``logdir``, else (None, or TF's ``''``) the launch's (``ctx``); None for no logdir in plain

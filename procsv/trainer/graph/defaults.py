@@ -155,7 +155,12 @@ def _adapters(setup: GraphSetup) -> tuple[GraphGlobalStep, Optional[GraphCheckpo
     """The global step and the checkpoint as the checkpoint agent reads them
     (:mod:`procsv.trainer.graph.state`, built before the graph is finalized); the checkpoint is
     None with ``saver=None``."""
+    import tensorflow as tf
+
     step = GraphGlobalStep(setup.global_step, setup.raw_session)
     if setup.saver is None:
         return step, None
-    return step, GraphCheckpoint(setup.saver._var_list, setup.raw_session)
+    var_list = setup.saver._var_list
+    if var_list is None:  # a Saver of a SaverDef (import_meta_graph's): it saves the graph's variables
+        var_list = setup.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    return step, GraphCheckpoint(var_list, setup.raw_session)
