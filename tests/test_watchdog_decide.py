@@ -241,6 +241,19 @@ def test_a_stop_ends_128_plus_the_signal_only_when_the_last_step_is_saved(code, 
     assert sim.view.exit_code == f.exit_code
 
 
+def test_a_stop_whose_preempted_checkpoint_committed_ends_128_plus_the_signal_though_killed_at_the_grace():
+    """A program that outlives the grace after its stop's checkpoint committed (a slow teardown after
+    the Supervisor's block) is SIGKILLed, and lost nothing: not exit 1 with 'did not commit'."""
+    sim = Sim()
+    sim.start_trainer(steps=3)
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
+    assert of(sim.tick(), Signal) == [Signal(TRAINER, 1, signal.SIGTERM, Cause.STOP)]
+    observe.heard(sim.view, SaveResult(3, "preempted", True, "model.ckpt-3", None, 0.1), sim.now)
+    sim.dies(TRAINER, KILLED)
+    (f,) = of(sim.tick(), Finish)
+    assert (f.exit_code, f.unsaved) == (128 + signal.SIGTERM, False)
+
+
 def test_a_stop_before_the_first_step_loses_nothing_and_ends_128_plus_the_signal():
     sim = Sim()
     assert any(isinstance(a, Spawn) for a in sim.tick())

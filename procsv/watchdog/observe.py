@@ -160,6 +160,8 @@ def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
     for t in view.children.values():
         if t.role in (TRAINER, WORKER, PS, SERVER):  # a --ps task's progress too: its restarts count per task
             t.commit_seen = max(t.commit_seen, msg.step)
+        if t.role == TRAINER and _plain(msg.reason) == "preempted":  # its stop's checkpoint of its last step
+            t.stop_committed = True
     return [Report(Event.CHECKPOINT_COMMITTED, {"step": msg.step, "path": msg.path, "reason": _plain(msg.reason),
                                                 "secs": round(msg.persist_secs, 4)})]
 
