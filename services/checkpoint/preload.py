@@ -111,6 +111,7 @@ class Loader:
         self._tell(False, 0.0)
         self._asked.set()
         folder = os.path.join(self.layout.tmp, f"loading.{os.getpid()}")  # (a folder: the start's cleanup takes it)
+        _grow(folder)  # the load began: its first deadline extends (a trainer may look before a second passed)
         last = self._sign()
         while not self._done.wait(1.0):  # (an import cannot be cut short; the watchdog bounds a load that never ends)
             now = self._sign()
