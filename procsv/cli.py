@@ -287,7 +287,9 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         finally:
             if probes is not None:
                 probes.close()
-    return after_run(Watchdog(cfg).run(), preempt_signal, args.requeue_on_preempt, placed.job_id)
+    watchdog = Watchdog(cfg)
+    code = watchdog.run()
+    return after_run(code, preempt_signal, args.requeue_on_preempt, placed.job_id, watchdog.view.stop_signal)
 
 
 def _log_role(value: str) -> str:

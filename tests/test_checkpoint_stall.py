@@ -170,3 +170,78 @@ def test_a_checkpoint_service_loading_tensorflow_for_a_tf_data_iterator_is_not_a
         for b in burners:
             b.kill()
             b.wait()
+
+
+def _launch_loading_forever(logdir: str, gate: str) -> tuple[subprocess.Popen, int]:
+    """A launch whose first checkpoint service's TensorFlow import (at its first commit, for a
+    tf.data iterator's variant tensor) hangs until ``gate`` exists (the fault point in the import
+    thread: an import deadlocked on a lock, or blocked on a stalled filesystem). A snapshot deadline
+    of 8 s (the floor is 30 s): past the loader's first sign of life, well within the test's wait.
+    Returns the launch and the service's pid, once it said it is loading."""
+    proc = launch(logdir, "--input", "iterator", "--steps", "1000000", "--save-steps", "10", "--step-delay", "0.02",
+                  target=os.path.join(PROGRAMS, "nan_train.py"), opts=("--standby", "off"),
+                  env=quiet_env(**{env.SAVE_DEADLINE: "8", env.FAULT: "checkpoint:loading", env.FAULT_GATE: gate}))
+    wait_for(lambda: proc.poll() is not None or "loading TensorFlow for this commit" in _text(logdir, "checkpoint.1.log"),
+             300, what="the checkpoint service to begin loading TensorFlow at its first commit")
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    stuck = role_pid(logdir, "checkpoint")
+    assert stuck is not None
+    return proc, stuck
+
+
+def test_a_checkpoint_service_stopped_while_loading_tensorflow_is_replaced_and_training_goes_on(logdir, tmp_path):
+    """A service SIGSTOPped (or in uninterruptible sleep) while it loads TensorFlow for a commit grows
+    no file: the trainer's snapshot deadline passes with no progress and it tells the watchdog
+    (SaveOverdue), which must replace the service as it does for any stuck commit. The watchdog
+    ignored every SaveOverdue while the service had said it was loading (up to 900 s): nothing
+    replaced it, and the trainer counted a failed checkpoint at each deadline (three in a row stop
+    training: exit 3)."""
+    gate = str(tmp_path / "gate")
+    proc, stuck = _launch_loading_forever(logdir, gate)
+    try:
+        grown = os.path.join(logdir, ".procsv", "tmp", f"loading.{stuck}", "tensorflow")
+        wait_for(lambda: proc.poll() is not None or os.path.exists(grown), 60,
+                 what="the loader's file (the service alive and loading)")
+        os.kill(stuck, signal.SIGSTOP)
+        stall = wait_for(lambda: proc.poll() is not None or
+                         [e for e in lifecycle(logdir) if e["event"] == "checkpoint_stalled"], 60,
+                         what="the watchdog to replace the stopped, loading checkpoint service")
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert stall[0]["pid"] == stuck, stall
+        wait_for(lambda: proc.poll() is not None or committed_steps(logdir), 300,
+                 what="a checkpoint committed by the replacement service")
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+    finally:
+        open(gate, "w").close()
+        try:
+            os.kill(stuck, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc, 300)
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+
+
+def test_a_checkpoint_service_whose_tensorflow_import_hangs_is_replaced_long_before_the_loading_limit(logdir, tmp_path):
+    """An import that hangs for real (a deadlock on an import lock, a stalled filesystem) while the
+    service's main thread lives: the file the loader grows for the trainer ('slow, not dead') must
+    grow only while the import makes progress, or the trainer never finds the commit overdue and
+    nothing notices the hang before loading_limit_secs (900 s): no checkpoint for 15 minutes, and a
+    kill -9 of the trainer then loses them all. Here the import hangs for up to 120 s (the fault's
+    bound); the trainer's 8 s deadline must get the service replaced within a minute."""
+    gate = str(tmp_path / "gate")
+    proc, stuck = _launch_loading_forever(logdir, gate)
+    try:
+        stall = wait_for(lambda: proc.poll() is not None or
+                         [e for e in lifecycle(logdir) if e["event"] == "checkpoint_stalled"], 60,
+                         what="the watchdog to replace the checkpoint service whose import hangs")
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert stall[0]["pid"] == stuck, stall
+        wait_for(lambda: proc.poll() is not None or committed_steps(logdir), 300,
+                 what="a checkpoint committed by the replacement service")
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+    finally:
+        open(gate, "w").close()
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc, 300)
+    assert code == 128 + signal.SIGTERM, err[-3000:]

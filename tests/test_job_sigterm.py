@@ -210,3 +210,98 @@ def test_sighup_to_every_process_of_the_run_is_an_orderly_stop_with_exit_129(log
     ended = {e["role"]: (e.get("code"), e.get("signal")) for e in lifecycle(logdir) if e["event"] == "exited"}
     assert ended["trainer"] == (42, None), ended  # stopped by the watchdog's SIGTERM, saved
     assert all(sig != "SIGHUP" for _, sig in ended.values()), ended  # none died of the SIGHUP itself
+
+
+@pytest.mark.slow
+def test_a_closed_terminal_is_an_orderly_stop_with_exit_129_though_the_terminal_is_gone(logdir):
+    """Issue 51, point 4, as a closed ssh session or a killed tmux pane really does it: the launch
+    runs on a terminal (its controlling tty, its stdout and stderr), and the terminal goes away (the
+    master side closed: the kernel hangs the tty up and sends SIGHUP). Every later write of the
+    watchdog to its stdout or stderr then fails (EIO): the stop must still be orderly (exit 129, the
+    last step committed, status.json stopped), not end in an error of the watchdog's own lines."""
+    import fcntl
+    import pty
+    import sys
+    import termios
+
+    from conftest import REPO, quiet_env
+
+    master, slave = pty.openpty()
+
+    def _take_terminal() -> None:  # in the child, after setsid: the pty becomes its controlling terminal
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    cmd = [sys.executable, "-m", "procsv", "launch", TARGET, "--logdir", logdir, "--standby", "off", "--", *ARGS]
+    proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, env=quiet_env(), cwd=REPO,
+                            start_new_session=True, preexec_fn=_take_terminal)
+    os.close(slave)
+    closed = False
+    try:
+        reader = ThreadPoolExecutor(1)  # drain the terminal (as a terminal would) until it is closed
+        said: list[bytes] = []
+
+        def _drain() -> None:
+            while True:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                said.append(chunk)
+
+        reader.submit(_drain)
+        wait_for(lambda: proc.poll() is not None or ((s := raw_status(logdir)) and s.get("step", 0) > 30), 120,
+                 what="training on a terminal")
+        assert proc.poll() is None, b"".join(said)[-3000:]
+        os.close(master)  # the terminal goes away: the kernel hangs it up (SIGHUP to the launch)
+        closed = True
+        code = proc.wait(120)
+        reader.shutdown(wait=False)
+    finally:
+        if not closed:
+            os.close(master)
+        if proc.poll() is None:
+            for p in _tree(proc.pid):
+                p.kill()
+            proc.wait(30)
+    events = lifecycle(logdir)
+    assert code == 128 + signal.SIGHUP, (code, events[-5:])
+    assert wait_for(lambda: not run_processes(logdir), 10, what="every process of the run to exit")
+    st = status_json(logdir)
+    assert st["state"] == "stopped", st
+    committed = [e for e in events if e["event"] == "checkpoint_committed"]
+    assert committed and committed[-1]["reason"] == "preempted" and committed_steps(logdir)[-1] == st["step"], events[-8:]
+
+
+@pytest.mark.slow
+def test_sighup_to_a_plain_python_run_in_a_terminal_is_an_orderly_stop(tmp_path):
+    """Issue 51, point 4 covered ``procsv launch`` only: a plain ``python train.py`` (the Supervisor
+    starts its own services) in a terminal whose ssh session closes got SIGHUP's default action:
+    killed, no checkpoint, where a SIGTERM commits the last step. A SIGHUP to its process group (as
+    the terminal's hang-up sends it) now stops it in order, exactly as a SIGTERM does."""
+    import glob
+    import sys
+
+    from conftest import PROGRAMS, quiet_env
+
+    logdir = str(tmp_path / "run")
+    proc = subprocess.Popen([sys.executable, os.path.join(PROGRAMS, "tiny_train.py"), "--logdir", logdir,
+                             "--steps", "100000", "--step-delay", "0.01", "--chatty", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=quiet_env(),
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # (the trainer's own lines: bounded by the communicate below)
+            if line.startswith("tiny: step 50 "):
+                os.killpg(proc.pid, signal.SIGHUP)
+                break
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    assert proc.returncode == 0, out[-3000:]  # as after a SIGTERM in this mode, not -SIGHUP
+    assert "procsv: preempted checkpoint committed at step" in out, out[-3000:]
+    step = int(out.split("procsv: preempted checkpoint committed at step ")[1].split()[0])
+    assert step >= 50 and glob.glob(os.path.join(logdir, f"model.ckpt-{step}.index")), out[-3000:]

@@ -123,3 +123,48 @@ def test_kill_wait_is_read_from_scontrol_show_config_and_a_longer_grace_is_warne
         "preemption SIGKILLs every process of the job 30 s after its SIGTERM, so a checkpoint still being written "
         "then is lost; give --stop-grace-secs 30 or less (or ask for a longer KillWait)")
     assert grace_warning(30, 30) == grace_warning(120, None) == ""
+
+
+@pytest.mark.slow
+def test_a_preemption_whose_last_checkpoint_did_not_commit_is_still_requeued(logdir, tmp_path):
+    """Issue 51, point 3 made a stop whose checkpoint of the last step did not commit exit 1, not
+    128+N, and --requeue-on-preempt requeued only on 128+N: a preemption whose emergency checkpoint
+    missed (a frozen checkpoint service here; a slow filesystem, a KillWait shorter than the save)
+    ended the job for good, though its newest committed checkpoint is intact and a requeued job
+    resumes there. An unattended run must be requeued all the same (exit code still 1: steps were
+    lost). A fake ``scontrol`` on PATH records what it is asked."""
+    import os
+
+    from conftest import quiet_env
+
+    calls = tmp_path / "scontrol.calls"
+    fake = tmp_path / "bin" / "scontrol"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
+                    'if [ "$1" = show ]; then echo "KillWait                = 30 sec"; fi\n')
+    fake.chmod(0o755)
+    env = quiet_env(SLURM_JOB_ID="4242", PATH=f"{fake.parent}:{os.environ['PATH']}")
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.005", "--save-checkpoint-steps", "200",
+                  target=TARGET, opts=("--standby", "off", "--stop-grace-secs", "3", "--requeue-on-preempt"), env=env)
+    stopped = None
+    try:
+        wait_for(lambda: proc.poll() is not None or committed_steps(logdir), 120, what="a periodic checkpoint")
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        stopped = wait_for(lambda: role_of(logdir, "checkpoint"), 10, what="the checkpoint service's pid")
+        os.kill(stopped, signal.SIGSTOP)  # frozen: the emergency checkpoint cannot commit
+        proc.send_signal(signal.SIGUSR2)
+        code, out, err = finish(proc, 120)
+    finally:
+        if proc.poll() is None:
+            for p in _tree(proc.pid):
+                p.kill()
+            finish(proc, 30)
+    assert code == 1, err[-3000:]
+    assert "its checkpoint of the last step did not commit" in err, err[-3000:]
+    assert "requeue 4242" in (calls.read_text() if calls.exists() else ""), err[-3000:]
+    assert "procsv: --requeue-on-preempt: ran `scontrol requeue 4242`" in err, err[-3000:]
+
+
+def role_of(logdir: str, role: str) -> int | None:
+    st = raw_status(logdir) or {}
+    return next((p["pid"] for p in st.get("processes", []) if p["role"] == role), None)

@@ -17,7 +17,7 @@ import signal
 import psutil
 import pytest
 
-from conftest import committed_steps, finish, launch, lifecycle, raw_status, run_processes, wait_for
+from conftest import PROGRAMS, committed_steps, finish, launch, lifecycle, raw_status, run_processes, wait_for
 from ps_helpers import entry, log_of
 from test_job_sigterm import _sigterm_every_group, _tree
 
@@ -89,3 +89,33 @@ def test_a_stop_whose_checkpoint_did_not_commit_does_not_exit_143(short_tmp: str
     assert not [e for e in lifecycle(logdir) if e["event"] == "checkpoint_committed" and e["reason"] == "preempted"]
     assert (raw_status(logdir) or {}).get("state") == "stopped"
     assert wait_for(lambda: not run_processes(logdir), 10, what="every process of the run to exit")
+
+
+def test_a_stop_whose_last_step_committed_exits_128_plus_n_though_the_program_outlives_the_grace(short_tmp: str) -> None:
+    """The other side of the exit code: a stop whose preempted checkpoint of the last step committed
+    lost nothing, even when the program then takes longer than --stop-grace-secs to exit (a slow
+    teardown after the Supervisor's block: joining loader threads, an upload) and is SIGKILLed at
+    the grace. judge.stop_saved counted every SIGKILL at the grace as unsaved: exit 1 and a line
+    saying the checkpoint of the last step did not commit, naming that very step as the newest."""
+    logdir = os.path.join(short_tmp, "run")
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--linger", "120",
+                  target=os.path.join(PROGRAMS, "tiny_train.py"), opts=("--standby", "off", "--stop-grace-secs", "3"))
+    try:
+        wait_for(lambda: proc.poll() is not None or (raw_status(logdir) or {}).get("step", 0) > 30, 120,
+                 what="training")
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc, 120)
+    finally:
+        if proc.poll() is None:
+            for p in _tree(proc.pid):
+                p.kill()
+            finish(proc, 30)
+    committed = [e for e in lifecycle(logdir) if e["event"] == "checkpoint_committed"]
+    assert committed and committed[-1]["reason"] == "preempted", err[-3000:]
+    with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:
+        assert "tiny: lingering" in fh.read()  # it was still running at the grace
+    ended = [e for e in lifecycle(logdir) if e["event"] == "exited" and e["role"] == "trainer"]
+    assert ended and ended[-1].get("signal") == "SIGKILL", ended
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    assert "did not commit" not in err, err[-3000:]

@@ -241,6 +241,19 @@ def test_a_stop_ends_128_plus_the_signal_only_when_the_last_step_is_saved(code, 
     assert sim.view.exit_code == f.exit_code
 
 
+def test_a_stop_whose_preempted_checkpoint_committed_ends_128_plus_the_signal_though_killed_at_the_grace():
+    """A program that outlives the grace after its stop's checkpoint committed (a slow teardown after
+    the Supervisor's block) is SIGKILLed, and lost nothing: not exit 1 with 'did not commit'."""
+    sim = Sim()
+    sim.start_trainer(steps=3)
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
+    assert of(sim.tick(), Signal) == [Signal(TRAINER, 1, signal.SIGTERM, Cause.STOP)]
+    observe.heard(sim.view, SaveResult(3, "preempted", True, "model.ckpt-3", None, 0.1), sim.now)
+    sim.dies(TRAINER, KILLED)
+    (f,) = of(sim.tick(), Finish)
+    assert (f.exit_code, f.unsaved) == (128 + signal.SIGTERM, False)
+
+
 def test_a_stop_before_the_first_step_loses_nothing_and_ends_128_plus_the_signal():
     sim = Sim()
     assert any(isinstance(a, Spawn) for a in sim.tick())
@@ -631,7 +644,6 @@ def test_a_service_loading_what_its_commit_needs_is_never_killed_and_its_window_
     for k in range(1, 13):  # two minutes of loading, steps going on
         sim.progress(100 * k)
         assert sim.tick(10.0) == [], k
-    observe.heard(sim.view, SaveOverdue(sim.trainer.pid, 1, 31.0, 30.0), sim.now)  # the trainer's deadline passed
     assert sim.tick(1.0) == [] and sim.view.failed_saves == 0  # a commit still loading: slow, not stuck
     reports = observe.heard(sim.view, ServiceLoading(CHECKPOINT, service.pid, 1, "TensorFlow", True, 121.0), sim.now)
     assert any("loaded TensorFlow in 121.0 s" in r.say for r in reports)
@@ -649,6 +661,25 @@ def test_a_service_loading_what_its_commit_needs_is_never_killed_and_its_window_
     assert stuck.tick(899.0) == []
     (kill,) = stuck.tick(2.0)  # a load that never ends is bounded
     assert kill.slot == CHECKPOINT and "loading what its checkpoints need for 901.0 s" in kill.reason
+
+
+def test_an_overdue_snapshot_replaces_a_loading_checkpoint_service_at_once():
+    """A load that makes progress grows a file the trainer watches (slow, not dead: no SaveOverdue);
+    a SaveOverdue during a load says the load stopped (SIGSTOP, a deadlocked import). It was ignored
+    for up to loading_limit_secs (900 s), while the trainer counted a failed checkpoint at each
+    deadline (three in a row stop training); it replaces the service at once, as at any commit."""
+    sim = Sim(Limits(hang=HangLimits(None, None), stall_floor_secs=10.0, loading_limit_secs=900.0))
+    assert of(sim.tick(), Spawn)
+    sim.ready(save_secs=1.0)
+    sim.progress(1)
+    service = sim.view.children[CHECKPOINT]
+    observe.heard(sim.view, ServiceLoading(CHECKPOINT, service.pid, 1, "TensorFlow"), sim.now)
+    sim.progress(100)
+    assert sim.tick(20.0) == []
+    observe.heard(sim.view, SaveOverdue(sim.trainer.pid, 1, 31.0, 30.0), sim.now)  # no progress at its deadline
+    (kill,) = sim.tick(0.1)
+    assert kill == Kill(CHECKPOINT, 1, Cause.STALL, kill.reason) and "had no result within 30.0 s" in kill.reason
+    assert sim.view.failed_saves == 1
 
 
 def test_an_overdue_snapshot_replaces_the_checkpoint_service_at_once_and_counts_as_a_failed_save():

@@ -178,7 +178,7 @@ class Executor:
                 if action.unsaved:
                     newest = f"step {self.view.commit_step}" if self.view.commit_step >= 0 else "none"
                     line += (f": its checkpoint of the last step did not commit (the newest committed checkpoint: "
-                             f"{newest}); exit code {action.exit_code}, not 128+signal (nothing lost)")
+                             f"{newest}); exit code {action.exit_code}, not 128+signal (which says nothing was lost)")
                 reports.append(Report(say=line, err=action.unsaved))
                 if action.run == RunState.SUCCEEDED and not any(a.ready_at is not None for a in self.view.attempts):
                     reports.append(Report(say=f"procsv: warning: {self.cfg.target} exited with code 0 without ever "

@@ -21,7 +21,7 @@ from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.group import blame, workers
-from procsv.watchdog.rules.state import CHECKPOINT, PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, ChildView, NodeView, RunView, ZygoteState
+from procsv.watchdog.rules.state import PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, ChildView, NodeView, RunView, ZygoteState
 
 
 def spawned(view: RunView, slot: str, role: str, attempt: int, pid: int, now: float, via: str,
@@ -160,6 +160,8 @@ def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
     for t in view.children.values():
         if t.role in (TRAINER, WORKER, PS, SERVER):  # a --ps task's progress too: its restarts count per task
             t.commit_seen = max(t.commit_seen, msg.step)
+        if t.role == TRAINER and _plain(msg.reason) == "preempted":  # its stop's checkpoint of its last step
+            t.stop_committed = True
     return [Report(Event.CHECKPOINT_COMMITTED, {"step": msg.step, "path": msg.path, "reason": _plain(msg.reason),
                                                 "secs": round(msg.persist_secs, 4)})]
 
@@ -206,12 +208,12 @@ def _loading(view: RunView, msg: ServiceLoading, now: float) -> list[Report]:
 
 
 def _overdue(view: RunView, msg: SaveOverdue) -> list[Report]:
-    """The trainer gave up waiting for a snapshot's result: the checkpoint service is stuck (rule 7),
-    unless it said it is loading what that commit needs (then it is slow, not stuck)."""
+    """The trainer gave up waiting for a snapshot's result: the checkpoint service is stuck (rule 7).
+    Also while the service says it is loading what that commit needs: a load that makes progress
+    grows a file the trainer watches (slow, not dead: no SaveOverdue), so one comes only from a load
+    that stopped (SIGSTOP, a deadlocked import, a stalled filesystem)."""
     child = _trainer(view, msg.pid)
     if child is None:
-        return []
-    if (service := view.children.get(CHECKPOINT)) is not None and service.loading_since is not None:
         return []
     child.save_overdue = (f"the snapshot of step {msg.step} had no result within {msg.deadline_secs:.1f} s "
                           f"(waited {msg.waited_secs:.1f} s)")

@@ -15,7 +15,9 @@ every later service (a replacement, the next launch's) imports it before it says
 its start, at normal priority, in parallel with the pre-warmed trainer. An import at a commit runs
 at normal priority too: in a thread made before the service lowered its own (``nice`` is per
 thread on Linux), which the commit waits for; at the service's +10 on a busy machine the same
-import took minutes. Meanwhile a file in ``.procsv/tmp/`` grows by a byte a second: the trainer,
+import took minutes. Meanwhile a file in ``.procsv/tmp/`` grows by a byte each second in which the
+import moved (a module more, or CPU time of its thread: :func:`progressing`; a deadlocked or stopped
+import grows nothing, and the trainer's SaveOverdue gets the service replaced): the trainer,
 which at a snapshot's deadline looks whether the commit's unfinished files grow, takes the commit
 for slow, not dead (no failed checkpoint counted, no ``SaveOverdue``); the service's next start
 removes it with every other leftover there.
@@ -38,6 +40,7 @@ from procsv.ipc.messages import Role, ServiceLoading
 from procsv.ipc.transport import send
 
 WHAT = "TensorFlow"
+MIN_CPU_SECS = 0.02  # CPU of the loader thread in a second that shows an import at work (a deadlock: none)
 
 
 def needs_path(layout: Layout) -> str:
@@ -70,7 +73,8 @@ class Loader:
         self._done = threading.Event()
         self._error: Optional[BaseException] = None
         # made now, before the service lowers its priority: the import at a commit runs at this one
-        threading.Thread(target=self._import_when_asked, name="procsv-loader", daemon=True).start()
+        self._thread = threading.Thread(target=self._import_when_asked, name="procsv-loader", daemon=True)
+        self._thread.start()
 
     def _import_when_asked(self) -> None:
         self._asked.wait()
@@ -107,8 +111,13 @@ class Loader:
         self._tell(False, 0.0)
         self._asked.set()
         folder = os.path.join(self.layout.tmp, f"loading.{os.getpid()}")  # (a folder: the start's cleanup takes it)
+        _grow(folder)  # the load began: its first deadline extends (a trainer may look before a second passed)
+        last = self._sign()
         while not self._done.wait(1.0):  # (an import cannot be cut short; the watchdog bounds a load that never ends)
-            _grow(folder)
+            now = self._sign()
+            if progressing(last, now):  # only a load that moves looks alive to the trainer
+                _grow(folder)
+            last = now
         shutil.rmtree(folder, ignore_errors=True)
         if self._error is not None:
             raise self._error
@@ -116,9 +125,29 @@ class Loader:
         self._tell(True, secs)
         return secs
 
+    def _sign(self) -> tuple[int, float]:
+        """What the import has done so far: the modules loaded, and the loader thread's CPU time."""
+        return len(sys.modules), _cpu_secs(self._thread.ident)
+
     def _tell(self, done: bool, secs: float) -> None:
         if self.to_watchdog is not None:
             send(self.to_watchdog, ServiceLoading(Role.CHECKPOINT, os.getpid(), self.attempt, WHAT, done, secs))
+
+
+def progressing(before: tuple[int, float], after: tuple[int, float]) -> bool:
+    """Whether an import moved between two looks a second apart (:meth:`Loader._sign`): a module more,
+    or :data:`MIN_CPU_SECS` of the loader thread's CPU. A deadlocked import (an import lock, a
+    stalled filesystem) does neither, so the trainer's deadline finds it overdue and the watchdog
+    replaces the service, instead of a file that grows as long as the service's main thread lives."""
+    return after[0] != before[0] or after[1] - before[1] >= MIN_CPU_SECS
+
+
+def _cpu_secs(ident: Optional[int]) -> float:
+    """The CPU time of the thread ``ident`` (0.0 where it cannot be read: then only modules count)."""
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(ident)) if ident is not None else 0.0
+    except (OSError, AttributeError):
+        return 0.0
 
 
 def _grow(folder: str) -> None:

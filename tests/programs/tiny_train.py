@@ -45,6 +45,8 @@ p.add_argument("--chatty", type=int, default=0, metavar="BYTES")
 p.add_argument("--ballast-mb", type=int, default=0)
 p.add_argument("--fork-in-init", default=None, metavar="FILE",
                help="init_fn forks a child that lives as long as this process; its pid is written to FILE")
+p.add_argument("--linger", type=float, default=0.0, metavar="SECS",
+               help="after the supervised block ends (its last checkpoint committed), sleep SECS (a slow teardown)")
 args = p.parse_args()
 if args.crash_after_commit and not args.save_steps:
     p.error("--crash-after-commit commits at the first --save-steps step: give --save-steps")
@@ -129,3 +131,8 @@ with sv.managed_session() as sess:
             sys.stdout.flush()
             os._exit(1)
 print(f"tiny: done at step {sv.step}, weights {weights.numpy()[0]:g}", flush=True)
+if args.linger:
+    print(f"tiny: lingering {args.linger:g} s after the supervised block", flush=True)
+    deadline = time.monotonic() + args.linger
+    while time.monotonic() < deadline:  # (a SIGTERM here is the bootstrap's: remembered, not an exit)
+        time.sleep(0.05)

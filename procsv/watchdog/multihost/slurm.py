@@ -16,6 +16,7 @@ import sys
 from typing import Optional
 
 from procsv.common.errors import UsageError
+from procsv.watchdog.rules.judge import EXIT_STOP_UNSAVED
 
 SCONTROL_TIMEOUT = 10.0  # seconds a call of scontrol may take (a controller that does not answer)
 
@@ -57,10 +58,15 @@ def kill_wait() -> Optional[int]:
     return parse_kill_wait(out.stdout) if out.returncode == 0 else None
 
 
-def after_run(code: int, preempt_signal: int, requeue_on_preempt: bool, job_id: Optional[str]) -> int:
+def after_run(code: int, preempt_signal: int, requeue_on_preempt: bool, job_id: Optional[str],
+              stopped_by: Optional[int] = None) -> int:
     """After node 0's loop ended with ``code``: with ``--requeue-on-preempt``, a stop on the preempt
-    signal requeues the job (once, saying so); returns ``code``."""
-    if requeue_on_preempt and code == 128 + preempt_signal and job_id:
+    signal requeues the job (once, saying so); returns ``code``. So does a stop on it (``stopped_by``:
+    the signal the watchdog stopped on) whose checkpoint of the last step did not commit (exit
+    :data:`EXIT_STOP_UNSAVED`): the newest committed checkpoint is intact and the requeued job
+    resumes there, where not requeuing would end an unattended run for good."""
+    unsaved = code == EXIT_STOP_UNSAVED and stopped_by == preempt_signal
+    if requeue_on_preempt and (code == 128 + preempt_signal or unsaved) and job_id:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the requeue's own SIGTERM: the run is over, say it
         print(requeue(job_id)[1], file=sys.stderr, flush=True)  # the run stopped and released its logdir
     return code
@@ -79,7 +85,7 @@ def requeue(job_id: str) -> tuple[bool, str]:
         why = (out.stderr or out.stdout).strip().splitlines()[-1:] or [f"exit code {out.returncode}"]
         return False, f"procsv: error: --requeue-on-preempt: `scontrol requeue {job_id}` failed: {why[0]}"
     return True, (f"procsv: --requeue-on-preempt: ran `scontrol requeue {job_id}`: Slurm starts the job again, "
-                  "which resumes from the checkpoint just committed")
+                  "which resumes from the newest committed checkpoint")
 
 
 # signals that cannot be a --preempt-signal: uncatchable, already a stop, procsv's own (USR1 promotes a

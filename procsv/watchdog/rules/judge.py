@@ -47,9 +47,11 @@ def judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: flo
 def stop_saved(child: ChildView) -> bool:
     """Whether a trainer that ended during a stop left its last step saved: it exited 0 (its final
     checkpoint committed, else it exits 1), or 42 with its exit report (a preemption: its emergency
-    checkpoint committed), or it completed no step (nothing to save). Not so for an exit with 1
-    (the emergency checkpoint did not commit) nor a SIGKILL at the stop's grace."""
-    if child.first_step_at is None or child.exit_code == 0:
+    checkpoint committed), or it completed no step (nothing to save), or the watchdog heard its
+    stop's (preempted) checkpoint commit, whatever its end (a program SIGKILLed at the grace in a
+    slow teardown after the Supervisor's block lost nothing). Not so for an exit with 1 (the
+    emergency checkpoint did not commit) nor a SIGKILL at the stop's grace before that commit."""
+    if child.first_step_at is None or child.exit_code == 0 or child.stop_committed:
         return True
     return child.failure is not None and child.failure.preempted
 

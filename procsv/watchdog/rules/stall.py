@@ -27,19 +27,20 @@ def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]
     its steps complete (it is not busy) but nothing committed for ``stall_factor`` intervals
     (at least ``stall_floor_secs``), counted from its first step, the last commit, the checkpoint
     service's readiness (its Hello, or the end of a load it announced: ``ServiceLoading``, during
-    which, up to ``loading_limit_secs``, it is never judged stuck) or the trainer's last refusal of a snapshot of a non-finite state, whichever
-    is latest. A hung service (a dead NFS server, SIGSTOP) or a lost result looks like this; a
+    which, up to ``loading_limit_secs``, the window does not apply) or the trainer's last refusal of a snapshot of a non-finite state, whichever
+    is latest. A snapshot the trainer found overdue (``SaveOverdue``) is a stall at once, during a
+    load too: a load that makes progress grows a file the trainer watches, so it sends none then. A hung service (a dead NFS server, SIGSTOP) or a lost result looks like this; a
     trainer that refuses every snapshot (``--on-nonfinite continue`` once its state is non-finite:
     procsv never commits a poisoned state) does not: nothing was sent to the service to commit.
     """
+    overdue = [t.save_overdue for t in view.trainers() if t.live and t.save_overdue]
+    if overdue:  # (also during a load: the trainer saw it make no progress)
+        return overdue[0]
     service = view.children.get(CHECKPOINT)
     if service is not None and service.loading_since is not None:
         if now - service.loading_since < limits.loading_limit_secs:
-            return None  # loading what its commits need (ServiceLoading): never killed meanwhile
+            return None  # loading what its commits need (ServiceLoading): not judged by the window meanwhile
         return f"loading what its checkpoints need for {now - service.loading_since:.1f} s"
-    overdue = [t.save_overdue for t in view.trainers() if t.live and t.save_overdue]
-    if overdue:
-        return overdue[0]
     trainers = [t for t in view.trainers() if t.live and t.first_step_at is not None and not t.busy]
     if not trainers:
         return None

@@ -89,6 +89,7 @@ class ChildView:
     # the trainer, or a manifest on disk read at its death)
     commit_base: int = -1
     commit_seen: int = -1
+    stop_committed: bool = False  # a stop's (preempted) checkpoint of its last step committed (SaveResult)
     # what the watchdog did to it
     signalled_at: Optional[float] = None  # a signal meant to end it was sent (hang, chaos)
     hang_cause: str = ""
