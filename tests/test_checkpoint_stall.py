@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -162,7 +163,10 @@ def test_a_checkpoint_service_loading_tensorflow_for_a_tf_data_iterator_is_not_a
                 assert "procsv: the checkpoint service loaded TensorFlow in" in out + err, err[-3000:]
                 trainer = _text(logdir, "trainer.1.log")  # the load grew a file the trainer sees: slow, not dead
                 assert "failed: no result from the checkpoint service" not in trainer, trainer[-3000:]
-                assert "is slow: still being written" in trainer, trainer[-3000:]
+                loaded = re.search(r"the checkpoint service loaded TensorFlow in ([0-9.]+) s", out + err)
+                assert loaded is not None, err[-3000:]
+                if float(loaded.group(1)) > 3.5:  # past the 3 s deadline (a quick import may beat it: nothing to see)
+                    assert "is slow: still being written" in trainer, trainer[-3000:]
             else:  # the next launch's service loaded it before it said it was ready
                 assert "before saying ready (this run's checkpoints need it: a variant tensor" in service, service
                 assert "loading TensorFlow for this commit" not in service
