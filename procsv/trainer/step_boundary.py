@@ -58,14 +58,16 @@ class StepState:
     __slots__ = ("step", "ckpt_step", "ckpt_at", "end_step", "end_at", "at", "clock", "coord", "counter",
                  "boundary", "after_step", "losses")
 
-    def __init__(self, clock: Callable[[], float], coord: Any, counter: "StepCounter") -> None:
+    def __init__(self, clock: Callable[[], float], coord: Any, counter: "StepCounter",
+                 boundary: Callable[[int], None] = _nothing_before,
+                 after_step: Callable[[], None] = _nothing_after) -> None:
         self.step = 0
         self.clock = clock
         self.coord = coord
         self.counter = counter
         # the boundary work (procsv.trainer.boundary.StepBoundary installs its own when it is made)
-        self.boundary: Callable[[int], None] = _nothing_before
-        self.after_step: Callable[[], None] = _nothing_after
+        self.boundary = boundary
+        self.after_step = after_step
         self.losses: Optional[Any] = None  # the LossWatch each step's returned loss goes to (procsv.trainer.nonfinite)
         self.ckpt_step: float = 0  # NEVER (inf) when no step-count trigger is pending
         self.ckpt_at = self.end_at = self.at = float("-inf")

@@ -34,7 +34,7 @@ backup = None  # procsv's callback
 
 
 def traces() -> int:
-    replay = getattr(backup, "_replay", None)
+    replay = getattr(getattr(backup, "_rollback", None), "replay", None)  # (FitRollback's BatchReplay)
     if replay is not None and replay.traced is not None:  # the step procsv runs: Keras' own, its batch kept
         return int(replay.traced.experimental_get_tracing_count())
     fn = model.train_function  # inside fit, procsv's wrapper of Keras' own
