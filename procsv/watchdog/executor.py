@@ -58,9 +58,10 @@ class Executor:
         self.handles: dict[tuple[str, int], ChildProcess] = {}
         self.zygote: Optional[Zygote] = None
         self.unreaped = Unreaped()  # children SIGKILL did not end, given up on (see give_up)
-        self.dead_zygotes: list[Zygote] = []  # forked trainers still need their exit statuses
+        self.dead_zygotes: list[Zygote] = []  # given up on (killed, pipes closed); reaped at the end
         self.on_zygote: Callable[[Zygote], None] = lambda z: None  # the loop watches a started zygote's pipe
         self.forks: dict[str, PendingFork] = {}  # by slot: trainers asked of the zygote, not answered yet
+        # (one forked already is the watchdog's child before its answer is read: the sweep spares it)
         self.remote: Optional[RemoteMembers] = None  # the other hosts' members (--nnodes), set by the launcher
         self.disk: Callable[[Callable[[], object]], None] = lambda work: None if work() else None  # the launcher's: the writer thread
         self.reading: Callable[[str], set[int]] = lambda role: set()  # attempts whose end is being read (kept)

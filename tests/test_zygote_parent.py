@@ -1,0 +1,130 @@
+"""The watchdog is every forked trainer's parent (issue 51, point 1): the zygote double-forks.
+
+The trainer (or standby) a pre-warmed trainer (zygote) forks is re-parented to the process that
+asked for it (a child subreaper), which reaps it itself: a slow, stopped or killed zygote costs the
+next fork only, never a live trainer, and no exit status waits on the zygote. Real launches of a
+tiny TensorFlow program with a zygote stopped by SIGSTOP, and a real zygote asked for a fork that
+dies at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from conftest import PROGRAMS, finish, launch, lifecycle, raw_status, wait_for, wait_role_pid
+
+TINY = os.path.join(PROGRAMS, "tiny_train.py")
+
+
+def _events(logdir: str, name: str) -> list[dict]:
+    return [e for e in lifecycle(logdir) if e["event"] == name]
+
+
+def _zygote_pid(logdir: str) -> int:
+    return int(next(e["pid"] for e in _events(logdir, "spawned") if e["role"] == "zygote"))
+
+
+@pytest.mark.slow
+def test_a_fork_reply_later_than_the_limit_costs_no_live_trainer(logdir):
+    """Before: the promoted standby (forked by the zygote) armed its parent-death signal on the
+    zygote; the next standby's fork, asked of the stopped zygote, got no reply in 10 s, the zygote
+    was killed and the healthy trainer with it (a second, unasked restart)."""
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "hot"))
+    zygote = 0
+    try:
+        ready = wait_for(lambda: _events(logdir, "standby_ready"), 120, what="a ready standby")[0]
+        zygote = _zygote_pid(logdir)
+        first = wait_role_pid(logdir, "trainer")
+        os.kill(zygote, signal.SIGSTOP)  # alive, but it answers no fork now
+        os.kill(first, signal.SIGKILL)  # the standby is promoted; the next standby is asked of the zygote
+        wait_for(lambda: [e for e in _events(logdir, "spawned") if e.get("via") == "standby"], 60, what="the promotion")
+        wait_for(lambda: _events(logdir, "zygote_gone"), 90, what="the zygote given up (no fork reply in 10 s)")
+        step = (raw_status(logdir) or {}).get("step", 0)
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > step + 200, 120, what="200 more steps")
+        assert wait_role_pid(logdir, "trainer") == ready["pid"]
+        assert raw_status(logdir)["restarts"] == 1  # the one asked for: the kill of the first trainer
+        os.kill(ready["pid"], 0)  # the promoted standby lives
+    finally:
+        if zygote:
+            try:
+                os.kill(zygote, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    assert "did not answer the fork request" in err, err
+    trainers = [(e["pid"], e.get("signal")) for e in _events(logdir, "exited") if e["role"] == "trainer"]
+    assert trainers[0] == (first, "SIGKILL") and trainers[1][0] == ready["pid"] and trainers[1][1] is None, trainers
+
+
+@pytest.mark.slow
+def test_a_launch_whose_zygote_is_frozen_still_exits_when_asked_to_stop(logdir):
+    """Before: the standby's exit status could come only from the zygote, which was stopped: the
+    launch waited for it forever after a SIGTERM."""
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "hot"))
+    zygote = 0
+    try:
+        ready = wait_for(lambda: _events(logdir, "standby_ready"), 120, what="a ready standby")[0]
+        zygote = _zygote_pid(logdir)
+        os.kill(zygote, signal.SIGSTOP)
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc, 60)
+        zygote = 0
+    finally:
+        if zygote:
+            os.kill(zygote, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 128 + signal.SIGTERM, err
+    assert ready["pid"] in [e["pid"] for e in _events(logdir, "exited")]  # the standby's end was its own
+
+
+def test_a_fork_that_dies_at_once_is_reaped_by_the_zygotes_parent(tmp_path):
+    """Before: the zygote reaped a fork that died before the watchdog opened its pidfd, and
+    ``pidfd_open`` raised ProcessLookupError in the watchdog (an internal error: exit 70). Now the
+    fork is the asking process's own child, a zombie until it reaps it: its pidfd opens and its
+    exit code is read."""
+    from procsv.common import spawn
+    from procsv.common.layout import Layout, RuntimeDir, release_runtime_dir
+    from procsv.watchdog.children import ChildProcess, process_state
+    from procsv.watchdog.prewarm import Zygote, zygote_env
+
+    lay = Layout(str(tmp_path / "run"))
+    lay.create()
+    runtime = RuntimeDir.create()
+    target = tmp_path / "ends.py"
+    target.write_text("import os\nos._exit(3)\n")
+    z = Zygote(zygote_env(lay.logdir, runtime.path), str(tmp_path / "zygote.log"), str(tmp_path))
+    try:
+        def ready() -> bool:
+            z.reader.wait(0.2)
+            z.pump()
+            assert z.alive(), (tmp_path / "zygote.log").read_text()
+            return z.ready
+
+        wait_for(ready, 120, what="the zygote to import TensorFlow")
+        env = spawn.child_env(role="trainer", attempt=1, logdir=lay.logdir, runtime_dir=runtime.path,
+                              supervised=False)
+        z.request_fork(1, str(target), [], env, str(tmp_path / "trainer.log"), str(tmp_path))
+
+        def answered():  # type: ignore[no-untyped-def]
+            z.reader.wait(0.2)
+            z.pump()
+            return z.answer(1)
+
+        proc = wait_for(answered, 60, what="the fork's reply")
+        # it ends before its handle is made (as a fork that dies at once, under load, does)
+        wait_for(lambda: process_state(proc.pid) in ("Z", "?"), 60, what="the fork to end")
+        try:  # and whoever is its parent had 2 s to reap it (the zygote did, before)
+            wait_for(lambda: process_state(proc.pid) == "?", 2.0)
+        except AssertionError:
+            pass
+        handle = ChildProcess("trainer", "trainer", 1, proc, str(tmp_path / "trainer.log"))
+        assert handle.reap(timeout=10) == 3
+    finally:
+        z.close(10)
+        release_runtime_dir(runtime.path)
