@@ -9,6 +9,7 @@ dies at once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
@@ -83,21 +84,16 @@ def test_a_launch_whose_zygote_is_frozen_still_exits_when_asked_to_stop(logdir):
     assert ready["pid"] in [e["pid"] for e in _events(logdir, "exited")]  # the standby's end was its own
 
 
-def test_a_fork_that_dies_at_once_is_reaped_by_the_zygotes_parent(tmp_path):
-    """Before: the zygote reaped a fork that died before the watchdog opened its pidfd, and
-    ``pidfd_open`` raised ProcessLookupError in the watchdog (an internal error: exit 70). Now the
-    fork is the asking process's own child, a zombie until it reaps it: its pidfd opens and its
-    exit code is read."""
-    from procsv.common import spawn
+@contextlib.contextmanager
+def _zygote(tmp_path):  # type: ignore[no-untyped-def]
+    """A real zygote made by this process (TensorFlow imported, ready; it copies this process's
+    stderr as it is now), with a layout and a runtime directory; SIGKILLed and reaped at the end."""
     from procsv.common.layout import Layout, RuntimeDir, release_runtime_dir
-    from procsv.watchdog.children import ChildProcess, process_state
     from procsv.watchdog.prewarm import Zygote, zygote_env
 
     lay = Layout(str(tmp_path / "run"))
     lay.create()
     runtime = RuntimeDir.create()
-    target = tmp_path / "ends.py"
-    target.write_text("import os\nos._exit(3)\n")
     z = Zygote(zygote_env(lay.logdir, runtime.path), str(tmp_path / "zygote.log"), str(tmp_path))
     try:
         def ready() -> bool:
@@ -107,16 +103,38 @@ def test_a_fork_that_dies_at_once_is_reaped_by_the_zygotes_parent(tmp_path):
             return z.ready
 
         wait_for(ready, 120, what="the zygote to import TensorFlow")
-        env = spawn.child_env(role="trainer", attempt=1, logdir=lay.logdir, runtime_dir=runtime.path,
-                              supervised=False)
-        z.request_fork(1, str(target), [], env, str(tmp_path / "trainer.log"), str(tmp_path))
+        yield z, lay, runtime.path
+    finally:
+        z.close(10)
+        release_runtime_dir(runtime.path)
 
-        def answered():  # type: ignore[no-untyped-def]
-            z.reader.wait(0.2)
-            z.pump()
-            return z.answer(1)
 
-        proc = wait_for(answered, 60, what="the fork's reply")
+def _fork(z, lay, runtime: str, tmp_path, target: str, log_path: str):  # type: ignore[no-untyped-def]
+    """Ask ``z`` for a fork running ``target``; its answer (an Adopted process)."""
+    from procsv.common import spawn
+
+    env = spawn.child_env(role="trainer", attempt=1, logdir=lay.logdir, runtime_dir=runtime, supervised=False)
+    z.request_fork(1, target, [], env, log_path, str(tmp_path))
+
+    def answered():  # type: ignore[no-untyped-def]
+        z.reader.wait(0.2)
+        z.pump()
+        return z.answer(1)
+
+    return wait_for(answered, 60, what="the fork's reply")
+
+
+def test_a_fork_that_dies_at_once_is_reaped_by_the_zygotes_parent(tmp_path):
+    """Before: the zygote reaped a fork that died before the watchdog opened its pidfd, and
+    ``pidfd_open`` raised ProcessLookupError in the watchdog (an internal error: exit 70). Now the
+    fork is the asking process's own child, a zombie until it reaps it: its pidfd opens and its
+    exit code is read."""
+    from procsv.watchdog.children import ChildProcess, process_state
+
+    target = tmp_path / "ends.py"
+    target.write_text("import os\nos._exit(3)\n")
+    with _zygote(tmp_path) as (z, lay, runtime):
+        proc = _fork(z, lay, runtime, tmp_path, str(target), str(tmp_path / "trainer.log"))
         # it ends before its handle is made (as a fork that dies at once, under load, does)
         wait_for(lambda: process_state(proc.pid) in ("Z", "?"), 60, what="the fork to end")
         try:  # and whoever is its parent had 2 s to reap it (the zygote did, before)
@@ -125,6 +143,22 @@ def test_a_fork_that_dies_at_once_is_reaped_by_the_zygotes_parent(tmp_path):
             pass
         handle = ChildProcess("trainer", "trainer", 1, proc, str(tmp_path / "trainer.log"))
         assert handle.reap(timeout=10) == 3
-    finally:
-        z.close(10)
-        release_runtime_dir(runtime.path)
+
+
+def test_a_fork_whose_log_cannot_be_opened_still_starts(capfd, tmp_path):
+    """Issue 51, point 2. Before: the fork exited 1 at the open of its log (its folder gone, EIO,
+    a quota), before the program ran, with the cause only in the zygote's log. Now it runs with its
+    output discarded, after one line on the stderr of the process that asked for it, as a fresh
+    spawn does (``spawn.spawn``)."""
+    ran = tmp_path / "ran"
+    target = tmp_path / "runs.py"
+    target.write_text(f"print('CHILD-OUT')\nopen({str(ran)!r}, 'w').close()\nraise SystemExit(7)\n")
+    missing = str(tmp_path / "gone" / "trainer.1.log")  # its folder does not exist
+    with _zygote(tmp_path) as (z, lay, runtime):  # made in the test: it copies capfd's stderr
+        proc = _fork(z, lay, runtime, tmp_path, str(target), missing)
+        assert proc.wait(60) == 7  # the program ran to its own exit
+    assert ran.exists()
+    err = capfd.readouterr().err
+    assert err.count("procsv: cannot open") == 1, err
+    assert f"{missing} (No such file or directory); this process's output is discarded" in err, err
+    assert "CHILD-OUT" not in err and "CHILD-OUT" not in (tmp_path / "zygote.log").read_text()

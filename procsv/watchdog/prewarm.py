@@ -51,15 +51,18 @@ class Zygote:
         become_subreaper()  # what it forks is re-parented to this process, not to init
         req_r, self._req_w = os.pipe()
         self._rep_r, rep_w = os.pipe()
+        say = _dup_stderr()  # where a fork whose log cannot be opened says so (this process's stderr)
         env = dict(env)
-        env[envvars.ZYGOTE_FDS] = f"{req_r},{rep_w}"
+        env[envvars.ZYGOTE_FDS] = f"{req_r},{rep_w},{say}"
         env[envvars.PRELOAD] = ",".join(preload)
         # it opens its log itself (spawn.logged_argv): a start never waits on the logdir's filesystem
         self.popen = subprocess.Popen(
             spawn.logged_argv([sys.executable, "-m", "procsv.zygote"], log_path), env=env, cwd=cwd,
-            stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(req_r, rep_w))
+            stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(req_r, rep_w) + ((say,) if say >= 0 else ()))
         os.close(req_r)
         os.close(rep_w)
+        if say >= 0:
+            os.close(say)
         os.set_blocking(self._req_w, False)  # a zygote that does not read never blocks the watchdog
         self._unsent = bytearray()  # requests the pipe did not take yet
         self.reader = FramedReader(self._rep_r)
@@ -225,6 +228,14 @@ class Adopted:
                 raise subprocess.TimeoutExpired(["trainer"], timeout or 0)
             time.sleep(0.01)
         return code
+
+
+def _dup_stderr() -> int:
+    """A copy of this process's stderr for the zygote (-1 if it has none)."""
+    try:
+        return os.dup(2)
+    except OSError:
+        return -1
 
 
 def zygote_env(logdir: str, runtime_dir: str) -> dict[str, str]:

@@ -14,7 +14,9 @@ environment, and runs ``procsv.trainer`` exactly as a freshly spawned trainer wo
 instead). Nothing the zygote forked depends on it afterwards: a slow, stopped or killed zygote
 costs the next fork only.
 
-Control pipe file descriptors come in ``PROCSV_ZYGOTE_FDS="read,write"``.
+Control pipe file descriptors come in ``PROCSV_ZYGOTE_FDS="read,write,say"``: ``say`` is the
+parent's stderr, where a forked trainer whose log cannot be opened says so (as a fresh spawn's
+shell does) before it runs with its output discarded.
 
 The zygote stops only when its parent says so or is gone: SIGTERM is blocked from the start and
 read with its sender (:mod:`procsv.common.stopfrom`); one sent to every process of the job at once
@@ -45,7 +47,7 @@ def main() -> int:
     stopfrom.block()  # first: TensorFlow's threads, made at its import, inherit the mask
     bootstrap.die_with_parent()
     authority = stopfrom.Authority.parent("the watchdog")
-    req_fd, rep_fd = (int(x) for x in os.environ[env.ZYGOTE_FDS].split(","))
+    req_fd, rep_fd, say_fd = (int(x) for x in (os.environ[env.ZYGOTE_FDS] + ",-1").split(",")[:3])
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the watchdog decides; a terminal ^C is not for us
     term = stopfrom.SignalFd.open((signal.SIGTERM,)) if stopfrom.blocked() else None
@@ -65,6 +67,7 @@ def main() -> int:
     reader = FramedReader(req_fd)
     watched = [req_fd] + ([term.fileno()] if term is not None else [])
     inherited = (req_fd, rep_fd) + ((term.fileno(),) if term is not None else ())
+    say = say_fd if say_fd >= 0 else sys.stderr.fileno()
     while True:
         ready, _, _ = select.select(watched, [], [], 1.0)
         if term is not None and term.fileno() in ready:
@@ -76,7 +79,7 @@ def main() -> int:
                 return 0  # the watchdog is gone or done (what we forked is not ours: it goes on)
             for req in requests:
                 if isinstance(req, ForkRequest):
-                    _fork(req, rep_fd, inherited)
+                    _fork(req, rep_fd, inherited, say)
 
 
 def _on_stop_signals(term: stopfrom.SignalFd, authority: stopfrom.Authority) -> None:
@@ -91,7 +94,7 @@ def _on_stop_signals(term: stopfrom.SignalFd, authority: stopfrom.Authority) -> 
             print(authority.left_line("procsv zygote", sig), file=sys.stderr, flush=True)
 
 
-def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...]) -> None:
+def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...], say: int) -> None:
     """Fork the trainer through an intermediate child that exits at once (see the module docstring),
     and reply with the trainer's pid once that intermediate is reaped."""
     # a standby is forked with its promotion blocked too, so that it reads one with its sender in its
@@ -109,7 +112,7 @@ def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...]) -> None:
         return
     if middle == 0:
         os.close(r)
-        _intermediate(req, w, inherited)
+        _intermediate(req, w, inherited, say)
     os.close(w)
     stopfrom.unblock(promotion)
     said = b""
@@ -124,7 +127,7 @@ def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...]) -> None:
         write_framed(rep_fd, ForkReply(req.attempt, 0, text or "fork failed", req.rank))
 
 
-def _intermediate(req: ForkRequest, w: int, inherited: tuple[int, ...]) -> NoReturn:
+def _intermediate(req: ForkRequest, w: int, inherited: tuple[int, ...], say: int) -> NoReturn:
     """In the intermediate child: fork the trainer, tell the zygote its pid on ``w``, exit."""
     try:
         pid = os.fork()
@@ -137,7 +140,7 @@ def _intermediate(req: ForkRequest, w: int, inherited: tuple[int, ...]) -> NoRet
     os.close(w)  # the zygote reads until the intermediate's end closes it
     code = 70
     try:
-        code = _become_trainer(req, inherited)
+        code = _become_trainer(req, inherited, say)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
@@ -166,6 +169,21 @@ def _adopted_by(parent: int) -> bool:
     return os.getppid() == parent
 
 
+def _open_log(path: str, say: int) -> int:
+    """The attempt's log, opened for appending; if it cannot be (EIO, ESTALE, a quota, a removed
+    ``logs/``), one line on ``say`` (the parent's stderr) and ``/dev/null``: as a fresh spawn, the
+    trainer still starts, its output discarded (a log is never a reason to leave a process down)."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        line = f"procsv: cannot open {path} ({exc.strerror or exc}); this process's output is discarded\n"
+        try:
+            os.write(say, line.encode(errors="replace"))
+        except OSError:
+            pass
+        return os.open(os.devnull, os.O_WRONLY)
+
+
 def _leaves_stops_to_supervisor(child_env: dict[str, str]) -> bool:
     """A supervised group's worker (task > 0): a stop signal sent to every process of the job would end
     it at its own step boundary, one step apart from the chief, whose next collective then fails
@@ -180,7 +198,7 @@ def _leaves_stops_to_supervisor(child_env: dict[str, str]) -> bool:
     return stopfrom.forward_to_handlers(authority, f"procsv worker{child_env.get(env.RANK)}")
 
 
-def _become_trainer(req: ForkRequest, inherited: tuple[int, ...]) -> int:
+def _become_trainer(req: ForkRequest, inherited: tuple[int, ...], say: int) -> int:
     """In the forked trainer: become the zygote's parent's child, shed the zygote's state, then run
     procsv.trainer (which arms the parent-death signal on that parent, :func:`bootstrap.die_with_parent`)."""
     raw = os.environ.get(env.PARENT_PID, "")  # the zygote's parent (the zygote's own environment still)
@@ -191,9 +209,9 @@ def _become_trainer(req: ForkRequest, inherited: tuple[int, ...]) -> int:
         signal.signal(sig, signal.SIG_DFL)
     if req.env.get(env.STANDBY) != "1" and not _leaves_stops_to_supervisor(req.env):
         stopfrom.unblock()  # (a standby reads them in its wait, with their senders)
-    for fd in inherited:
+    log = _open_log(req.log_path, say)
+    for fd in inherited + ((say,) if say > 2 else ()):
         os.close(fd)
-    log = os.open(req.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log, 1)
