@@ -12,10 +12,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
-from conftest import PROGRAMS, finish, launch, lifecycle, raw_status, wait_for, wait_role_pid
+from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, wait_for, wait_role_pid
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
 
@@ -162,3 +164,17 @@ def test_a_fork_whose_log_cannot_be_opened_still_starts(capfd, tmp_path):
     assert err.count("procsv: cannot open") == 1, err
     assert f"{missing} (No such file or directory); this process's output is discarded" in err, err
     assert "CHILD-OUT" not in err and "CHILD-OUT" not in (tmp_path / "zygote.log").read_text()
+
+
+@pytest.mark.slow
+def test_status_after_the_run_names_no_pre_warmed_trainer(logdir):
+    """Issue 51, point 8. Before: ``procsv status`` of a run that had ended still listed
+    "pre-warmed trainer pid N (ready)" (the last status.json kept the zygote the end had killed)."""
+    code, out, err = finish(launch(logdir, "--steps", "30", "--step-delay", "0.01", target=TINY), 300)
+    assert code == 0, err
+    assert any(e["role"] == "zygote" for e in _events(logdir, "spawned"))  # there was one during the run
+    assert raw_status(logdir)["prewarm"] is None
+    shown = subprocess.run([sys.executable, "-m", "procsv", "status", logdir], capture_output=True, text=True,
+                           env=quiet_env(), timeout=60)
+    assert shown.returncode == 0 and "succeeded" in shown.stdout, shown.stdout + shown.stderr
+    assert "pre-warmed" not in shown.stdout, shown.stdout
