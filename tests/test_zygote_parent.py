@@ -178,3 +178,34 @@ def test_status_after_the_run_names_no_pre_warmed_trainer(logdir):
                            env=quiet_env(), timeout=60)
     assert shown.returncode == 0 and "succeeded" in shown.stdout, shown.stdout + shown.stderr
     assert "pre-warmed" not in shown.stdout, shown.stdout
+
+
+@pytest.mark.slow
+def test_a_standby_fork_that_is_never_answered_leaves_no_mutex(logdir):
+    """Issue 51, point 9 (found on the way). Before: the death-notice mutex made for a standby whose
+    fork was never answered (the zygote given up) stayed in the runtime directory and mapped in the
+    watchdog for the rest of the run."""
+    import psutil
+
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "hot"))
+    zygote = 0
+    try:
+        wait_for(lambda: [e for e in _events(logdir, "spawned") if e["role"] == "trainer"], 120, what="the trainer")
+        zygote = _zygote_pid(logdir)
+        os.kill(zygote, signal.SIGSTOP)  # before the trainer's first step: the standby's fork is never answered
+        assert not _events(logdir, "first_step"), "the trainer stepped before the zygote was stopped"
+        wait_for(lambda: _events(logdir, "zygote_gone"), 90, what="the zygote given up")
+        zygote = 0
+        runtime = psutil.Process(wait_role_pid(logdir, "checkpoint")).environ()["PROCSV_RUNTIME_DIR"]
+        step = (raw_status(logdir) or {}).get("step", 0)
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > step + 20, 60, what="20 more steps")
+        assert sorted(n for n in os.listdir(runtime) if n.endswith(".mutex")) == ["trainer.1.mutex"]
+        with open(f"/proc/{proc.pid}/maps") as fh:
+            assert [line.split()[-1] for line in fh if line.rstrip().endswith(".mutex")] \
+                == [os.path.join(runtime, "trainer.1.mutex")]
+    finally:
+        if zygote:
+            os.kill(zygote, signal.SIGCONT)
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err

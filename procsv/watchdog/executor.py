@@ -212,6 +212,8 @@ class Executor:
         try:
             due = self.zygote.request_fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd)
         except (ZygoteUnavailable, OSError) as exc:
+            if mutex is not None:
+                mutex.remove()
             self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); no standby, restarts start fresh")
             return
         self.forks[STANDBY] = PendingFork(STANDBY, attempt, env, log_path, mutex, due, STANDBY)
@@ -322,6 +324,8 @@ class Executor:
             return
         if pending.slot == STANDBY:  # no standby this time; the zygote is given up below or was already
             self.view.forking_since = None
+            if pending.mutex is not None:
+                pending.mutex.remove()  # no process will hold it
         if self.zygote is not None:
             self.zygote.kill()  # a zygote that does not answer is not trusted with the next one either
             self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({why}); starting a fresh one")
@@ -386,3 +390,4 @@ class Executor:
         """Stop waiting for a child that SIGKILL did not end (:class:`~procsv.watchdog.children.Unreaped`)."""
         self.handles.pop((handle.slot, handle.attempt), None)
         self.report([Report(say=self.unreaped.add(handle), err=True)])
+
