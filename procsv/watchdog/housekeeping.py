@@ -59,7 +59,9 @@ class Sweeper:
         if ex.forks and not final:
             return
         known = {h.pid for h in ex.handles.values()} | ex.zygote_pids() | ex.unreaped.pids
-        killed = self.orphans.sweep_and_reap(known, FINAL_SWEEP_SECS if final else 0.0, self.clock)
+        # a zygote's group: its intermediate forked ahead of a request, re-parented here at its end (Zygote.close)
+        killed = self.orphans.sweep_and_reap(known, FINAL_SWEEP_SECS if final else 0.0, self.clock,
+                                             frozenset(ex.zygote_pids()))
         if killed:
             self.record([Report(Event.ORPHANS_KILLED, {"pids": killed},
                                 say=f"procsv: killed {len(killed)} process(es) the run left behind (pids "

@@ -140,7 +140,7 @@ class Zygote:
         if reply is not None:
             if reply.error or reply.pid <= 0:
                 raise ZygoteUnavailable(reply.error or "fork failed")
-            return Adopted.take(reply.pid)
+            return Adopted.take(reply.pid, self.pid)
         if not self.alive():
             raise ZygoteUnavailable("the zygote died")
         return None
@@ -178,10 +178,13 @@ class Zygote:
         return self._req_w < 0 and self._rep_r < 0
 
     def close(self, limit: Optional[float] = None) -> bool:
-        """Close the pipes, SIGKILL the zygote and reap it, waiting at most ``limit`` seconds for it
-        (None: as long as it takes); False if it did not die within that (uninterruptible sleep)."""
+        """Close the pipes, SIGKILL the zygote (its group) and reap it, waiting at most ``limit``
+        seconds for it (None: as long as it takes); False if it did not die within that
+        (uninterruptible sleep). What its group leaves to this process (the intermediate it forked
+        ahead of the next request, re-parented here at its end) is reaped within the same limit."""
         self._close_pipes()
         self.dead = True
+        until = None if limit is None else time.monotonic() + limit
         if self.popen.poll() is None:
             try:
                 os.killpg(self.popen.pid, signal.SIGKILL)
@@ -191,7 +194,15 @@ class Zygote:
             self.popen.wait(limit)
         except subprocess.TimeoutExpired:
             return False
-        return True
+        while True:  # (its intermediate ends with it: SIGKILLed with its group, or at its pipe's end)
+            try:
+                pid, _ = os.waitpid(-self.popen.pid, os.WNOHANG)
+            except ChildProcessError:
+                return True
+            if pid == 0:
+                if until is not None and time.monotonic() >= until:
+                    return True
+                time.sleep(0.01)
 
 
 class Adopted:
@@ -203,19 +214,24 @@ class Adopted:
         self.returncode: Optional[int] = None
 
     @staticmethod
-    def take(pid: int) -> "Adopted":
-        """The fork ``pid`` the zygote reported, checked to be this process's child: unreaped (a
-        zombie if it died at once), so its pid names it until :meth:`poll` reaps it."""
-        if pid <= 0 or parent_of(pid) != os.getpid():
-            raise ZygoteUnavailable(f"the forked trainer (pid {pid}) is not this process's child")
-        return Adopted(pid)
+    def take(pid: int, zygote: int) -> "Adopted":
+        """The fork ``pid`` the zygote reported, checked to be this process's child, or the child
+        of the zygote's intermediate that is re-parenting it to this process as it exits (the reply
+        does not wait for that exit). Either way it is unreaped (a zombie if it died at once: only
+        this process will reap it), so its pid names it until :meth:`poll` reaps it."""
+        for _ in range(2):  # twice: the intermediate may be reaped between the two reads
+            parent = parent_of(pid) if pid > 0 else None
+            if parent == os.getpid() or (parent is not None and parent_of(parent) == zygote):
+                return Adopted(pid)
+        raise ZygoteUnavailable(f"the forked trainer (pid {pid}) is not this process's child")
 
     def poll(self) -> Optional[int]:
         if self.returncode is None:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # (not ours to reap: never happens to a pid take() checked)
-                self.returncode = -signal.SIGKILL
+            except ChildProcessError:  # not re-parented to this process yet (its intermediate exits)
+                if parent_of(self.pid) is None:  # (gone: never happens to a pid take() checked)
+                    self.returncode = -signal.SIGKILL
                 return self.returncode
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)

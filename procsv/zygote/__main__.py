@@ -34,8 +34,9 @@ import signal
 import sys
 import time
 import traceback
-from typing import NoReturn
+from typing import NoReturn, Optional
 
+from procsv.ipc.codec import ProtocolError
 from procsv.ipc.messages import ForkReply, ForkRequest, ZygoteReady
 from procsv.ipc.pipe import FramedReader, write_framed
 from procsv.common import bootstrap, env, stopfrom
@@ -68,6 +69,7 @@ def main() -> int:
     watched = [req_fd] + ([term.fileno()] if term is not None else [])
     inherited = (req_fd, rep_fd) + ((term.fileno(),) if term is not None else ())
     say = say_fd if say_fd >= 0 else sys.stderr.fileno()
+    spare = _spare(inherited, say)
     while True:
         ready, _, _ = select.select(watched, [], [], 1.0)
         if term is not None and term.fileno() in ready:
@@ -79,7 +81,8 @@ def main() -> int:
                 return 0  # the watchdog is gone or done (what we forked is not ours: it goes on)
             for req in requests:
                 if isinstance(req, ForkRequest):
-                    _fork(req, rep_fd, inherited, say)
+                    _fork(req, rep_fd, spare or _spare(inherited, say))
+                    spare = _spare(inherited, say)  # for the next request (after this one's reply)
 
 
 def _on_stop_signals(term: stopfrom.SignalFd, authority: stopfrom.Authority) -> None:
@@ -94,53 +97,80 @@ def _on_stop_signals(term: stopfrom.SignalFd, authority: stopfrom.Authority) -> 
             print(authority.left_line("procsv zygote", sig), file=sys.stderr, flush=True)
 
 
-def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...], say: int) -> None:
-    """Fork the trainer through an intermediate child that exits at once (see the module docstring),
-    and reply with the trainer's pid once that intermediate is reaped."""
-    # a standby is forked with its promotion blocked too, so that it reads one with its sender in its
-    # wait (from its first instant: no SIGUSR1 from anyone ends or promotes it meanwhile)
-    promotion = (stopfrom.PROMOTE,) if req.env.get(env.STANDBY) == "1" else ()
-    stopfrom.block(promotion)
-    r, w = os.pipe()
+Spare = tuple[int, int, int]  # an intermediate waiting for its request: pid, request pipe, reply pipe
+
+
+def _spare(inherited: tuple[int, ...], say: int) -> Optional[Spare]:
+    """Fork the next request's intermediate now, between requests: a request then waits for one
+    fork, its trainer's, as it did when the zygote forked the trainer itself. None if fork fails."""
+    req_r, req_w = os.pipe()
+    said_r, said_w = os.pipe()
     try:
-        middle = os.fork()
-    except OSError as exc:
-        os.close(r)
-        os.close(w)
-        stopfrom.unblock(promotion)
-        write_framed(rep_fd, ForkReply(req.attempt, 0, f"fork failed: {exc}", req.rank))
+        pid = os.fork()
+    except OSError:
+        for fd in (req_r, req_w, said_r, said_w):
+            os.close(fd)
+        return None
+    if pid == 0:
+        for fd in (req_w, said_r) + inherited:  # the zygote's pipes: its end must read as theirs at once
+            os.close(fd)
+        _intermediate(req_r, said_w, say)
+    os.close(req_r)
+    os.close(said_w)
+    return pid, req_w, said_r
+
+
+def _fork(req: ForkRequest, rep_fd: int, spare: Optional[Spare]) -> None:
+    """Hand ``req`` to the intermediate (see the module docstring), reply with the trainer's pid as
+    soon as the intermediate says it, then reap the intermediate (its exit, which unmaps a copy of
+    this process, is off the reply's path)."""
+    if spare is None:
+        write_framed(rep_fd, ForkReply(req.attempt, 0, "fork failed (no intermediate)", req.rank))
         return
-    if middle == 0:
-        os.close(r)
-        _intermediate(req, w, inherited, say)
-    os.close(w)
-    stopfrom.unblock(promotion)
+    pid, req_w, said_r = spare
     said = b""
-    while chunk := os.read(r, 64):  # the trainer's pid, or why there is none; then its end
-        said += chunk
-    os.close(r)
-    os.waitpid(middle, 0)  # the trainer is the parent's child from the intermediate's exit on
-    text = said.decode(errors="replace")
+    try:
+        write_framed(req_w, req)
+        while not said.endswith(b"\n") and (chunk := os.read(said_r, 256)):  # the trainer's pid, or why none
+            said += chunk
+    except OSError as exc:
+        said = f"fork failed: {exc}".encode()
+    os.close(req_w)
+    os.close(said_r)
+    text = said.decode(errors="replace").strip()
     if text.isdigit():
         write_framed(rep_fd, ForkReply(req.attempt, int(text), None, req.rank))
     else:
         write_framed(rep_fd, ForkReply(req.attempt, 0, text or "fork failed", req.rank))
+    os.waitpid(pid, 0)  # the trainer is the parent's child from the intermediate's exit on
 
 
-def _intermediate(req: ForkRequest, w: int, inherited: tuple[int, ...], say: int) -> NoReturn:
-    """In the intermediate child: fork the trainer, tell the zygote its pid on ``w``, exit."""
+def _intermediate(req_r: int, said_w: int, say: int) -> NoReturn:
+    """In the intermediate: wait for its request (exit at the zygote's end), fork the trainer, say
+    its pid on ``said_w``, exit."""
+    reader = FramedReader(req_r)
+    req: Optional[ForkRequest] = None
+    try:
+        while req is None:
+            reader.wait(60.0)
+            req = next((m for m in reader.read_available() if isinstance(m, ForkRequest)), None)
+    except (EOFError, ProtocolError):
+        os._exit(0)
+    # a standby is forked with its promotion blocked too, so that it reads one with its sender in its
+    # wait (from its first instant: no SIGUSR1 from anyone ends or promotes it meanwhile)
+    if req.env.get(env.STANDBY) == "1":
+        stopfrom.block((stopfrom.PROMOTE,))
     try:
         pid = os.fork()
     except OSError as exc:
-        os.write(w, f"fork failed: {exc}".encode())
+        os.write(said_w, f"fork failed: {exc}\n".encode())
         os._exit(1)
     if pid:
-        os.write(w, str(pid).encode())
+        os.write(said_w, f"{pid}\n".encode())
         os._exit(0)
-    os.close(w)  # the zygote reads until the intermediate's end closes it
     code = 70
     try:
-        code = _become_trainer(req, inherited, say)
+        code = _become_trainer(req, (said_w, req_r), say)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
@@ -202,8 +232,8 @@ def _become_trainer(req: ForkRequest, inherited: tuple[int, ...], say: int) -> i
     """In the forked trainer: become the zygote's parent's child, shed the zygote's state, then run
     procsv.trainer (which arms the parent-death signal on that parent, :func:`bootstrap.die_with_parent`)."""
     raw = os.environ.get(env.PARENT_PID, "")  # the zygote's parent (the zygote's own environment still)
-    if not raw.isdigit() or not _adopted_by(int(raw)):
-        return 70  # its parent died first: nothing may run unsupervised
+    if not raw.isdigit():
+        return 70
     os.setsid()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
@@ -226,6 +256,8 @@ def _become_trainer(req: ForkRequest, inherited: tuple[int, ...], say: int) -> i
     np = sys.modules.get("numpy")
     if np is not None:
         np.random.seed()  # as in a fresh process: numpy's global generator is not shared across forks
+    if not _adopted_by(int(raw)):  # (waited for last: the set-up above overlaps the intermediate's exit)
+        return 70  # its parent died first: nothing may run unsupervised
     if req.argv[1:] == ["procsv.ps_server"]:  # a --ps parameter server (procsv.watchdog.pstasks), TF imported
         from procsv.ps_server import main as ps_main
 
