@@ -4,11 +4,11 @@ Runs in the zygote, a child of the watchdog (or of a node agent). It imports Ten
 procsv's trainer code, and any ``PROCSV_PRELOAD`` modules) but never runs a TensorFlow op: a process
 that has only imported TensorFlow can fork children that train normally, whereas forking after any
 op deadlocks the child. When its parent sends a :class:`ForkRequest` on its pipe, the zygote forks
-twice over: the intermediate child forks the trainer and exits at once, so the trainer is
-re-parented to the zygote's parent (a child subreaper), which reaps it itself; the
-:class:`ForkReply` names it once the intermediate is reaped (by then it is the parent's child). The
-trainer waits for that re-parenting, arms its parent-death signal on the zygote's parent (checking
-after that it still is its parent), takes a new session, its own log file and the attempt's
+twice over: an intermediate child, forked ahead of the request, forks the trainer, says its pid and
+exits at once, so the trainer is re-parented to the zygote's parent (a child subreaper), which reaps
+it itself; the :class:`ForkReply` names it as soon as the intermediate has said it. The trainer sets
+itself up, waits for that re-parenting, arms its parent-death signal on the zygote's parent
+(checking after that it still is its parent), takes a new session, its own log file and the attempt's
 environment, and runs ``procsv.trainer`` exactly as a freshly spawned trainer would, minus the
 ~4 s import (a request whose target is ``procsv.ps_server`` makes a ``--ps`` parameter server
 instead). Nothing the zygote forked depends on it afterwards: a slow, stopped or killed zygote
