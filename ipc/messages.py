@@ -23,8 +23,8 @@ Who sends what (see docs/architecture.md for the full table):
 * watchdog -> summary service (a DEALER the watchdog connects to ``summary.sock``):
   :class:`RunScalars`, procsv's own TensorBoard scalars (no reply).
 * watchdog <-> zygote (the pre-warmed trainer; length-prefixed frames on a pipe pair, see
-  :mod:`procsv.ipc.pipe`): :class:`ForkRequest` down; :class:`ZygoteReady`, :class:`ForkReply`,
-  :class:`ChildExit` up.
+  :mod:`procsv.ipc.pipe`): :class:`ForkRequest` down; :class:`ZygoteReady`, :class:`ForkReply` up
+  (a forked trainer is the watchdog's own child: its exit status is the watchdog's ``waitpid``).
 * master watchdog <-> node agents (``--nnodes M``: a ROUTER on ``--master-addr``, a DEALER per
   agent; ZeroMQ TCP with CURVE): :class:`NodeHello`, :class:`MemberStarted`, :class:`MemberEnded`,
   :class:`Relayed` (a member's own report, one of :data:`RELAYABLE`) up; :class:`MasterBeat`,
@@ -48,7 +48,7 @@ from procsv.ipc.summary_messages import (GraphEvent, ProtoRef, RunScalars, Sessi
                                          SummaryItem)
 from procsv.ipc.watchdog_messages import (Hello, NonfiniteDetected, Progress, RolledBack, SaveOverdue, ServiceLoading,
                                          StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
-from procsv.ipc.zygote_messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
+from procsv.ipc.zygote_messages import ForkReply, ForkRequest, ZygoteReady
 from procsv.ipc.node_messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStarted, NodeHello, NodeRefused,
                                       NodeStop, Relayed, SignalMember, StartMembers)
 
@@ -82,7 +82,6 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     ZygoteReady,
     ForkRequest,
     ForkReply,
-    ChildExit,
     NodeHello,
     MasterBeat,
     StartMembers,
@@ -103,7 +102,7 @@ __all__ = [
     "CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "SnapshotHeld",
     "RecoverQuery", "RecoverReply", "DeleteCheckpoints", "CheckpointsDeleted",
     "SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "GraphEvent", "RunScalars",
-    "ZygoteReady", "ForkRequest", "ForkReply", "ChildExit",
+    "ZygoteReady", "ForkRequest", "ForkReply",
     "NodeHello", "MasterBeat", "StartMembers", "SignalMember", "NodeStop", "NodeRefused", "MemberStarted", "MemberEnded",
     "Relayed", "RELAYABLE",
 ]

@@ -1,8 +1,8 @@
 """The messages of the zygote's pipe, between the watchdog and the pre-warmed trainer (zygote).
 
 Length-prefixed frames on a pipe pair (:mod:`procsv.ipc.pipe`): the watchdog sends
-:class:`ForkRequest`; the zygote sends :class:`ZygoteReady`, :class:`ForkReply` and
-:class:`ChildExit`.
+:class:`ForkRequest`; the zygote sends :class:`ZygoteReady` and :class:`ForkReply` (no exit
+status: what the zygote forks is its parent's child, reaped there).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class ForkRequest(Message):
 
 @dataclass(frozen=True)
 class ForkReply(Message):
-    """Zygote -> watchdog: the forked trainer's pid, or why the fork failed."""
+    """Zygote -> watchdog: the forked trainer's pid (the watchdog's own child by then), or why the fork failed."""
 
     KIND: ClassVar[str] = "fork_reply"
     attempt: int
@@ -46,13 +46,4 @@ class ForkReply(Message):
     rank: int = 0
 
 
-@dataclass(frozen=True)
-class ChildExit(Message):
-    """Zygote -> watchdog: a forked trainer was reaped; ``code`` < 0 means killed by signal -code."""
-
-    KIND: ClassVar[str] = "child_exit"
-    pid: int
-    code: int
-
-
-__all__ = ["ZygoteReady", "ForkRequest", "ForkReply", "ChildExit"]
+__all__ = ["ZygoteReady", "ForkRequest", "ForkReply"]

@@ -92,6 +92,8 @@ def read_status(layout: Layout) -> Optional[dict[str, Any]]:
     if status.get("state") == "running" and watchdog is not None and not watchdog["alive"]:
         status["state"] = "failed"
         status["last_error"] = status.get("last_error") or "the watchdog process died (killed?) without finishing"
+    if status.get("state") != "running":
+        status["prewarm"] = None  # it ends with its watchdog (a record of an older procsv still names it)
     return status
 
 

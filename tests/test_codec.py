@@ -144,7 +144,6 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
                                    cwd="/r"), []),
     ("fork-reply-ok", m.ForkReply(attempt=2, pid=1234), []),
     ("fork-reply-error", m.ForkReply(attempt=2, pid=0, error="OSError: fork failed"), []),
-    ("child-exit-signal", m.ChildExit(pid=1234, code=-9), []),
     ("node-hello", m.NodeHello(node=1, nproc=2, host="h1", pid=77, addresses=["10.0.0.2:4000", "10.0.0.2:4001"],
                                live=["worker2.1"]), []),
     ("master-beat", m.MasterBeat(job="j1", node_timeout=15.0), []),

@@ -85,3 +85,23 @@ def test_creating_a_mutex_twice_at_one_path_is_refused(tmp_path):
     RobustMutex(str(tmp_path / "m"), create=True)
     with pytest.raises(FileExistsError):
         RobustMutex(str(tmp_path / "m"), create=True)
+
+
+def test_a_watch_closed_before_its_thread_ends_deletes_the_mutex_as_the_thread_ends(tmp_path):
+    """Issue 51, point 9. Before: ``close`` of a watch whose thread had not ended within its timeout
+    (a loaded machine) left the mapping and the file for good: a reaped trainer's mutex outlived it."""
+    path = str(tmp_path / "trainer.5.mutex")
+    mutex = RobustMutex(path, create=True)
+    inside, go = threading.Event(), threading.Event()
+
+    def alive() -> bool:  # the thread is held here, as one a loaded machine does not run
+        inside.set()
+        go.wait(30)
+        return False
+
+    watch = DeathWatch(mutex, alive=alive, on_event=lambda died, at: None)
+    assert inside.wait(10)
+    assert watch.close(timeout=0.1) is False and os.path.exists(path)  # its thread still runs: kept
+    go.set()
+    watch.thread.join(10)
+    assert not watch.thread.is_alive() and not os.path.exists(path)

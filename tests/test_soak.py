@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+from typing import Any
 
 import psutil
 import pytest
@@ -129,9 +130,16 @@ def test_restarts_keep_the_first_and_last_logs_and_no_reaped_trainers_mutex(logd
         wait_for(lambda: sum(e["event"] == "restarted" for e in lifecycle(logdir)) >= 5, 120, 0.1,
                  what="5 trainer restarts")
         runtime = psutil.Process(role_pid(logdir, "checkpoint")).environ()["PROCSV_RUNTIME_DIR"]
-        files, maps = _mutexes(proc.pid, runtime)
-        # the live attempt's, and the one before it if it is not reaped yet; never one per restart
-        assert len(files) <= 2 and len(maps) <= 2, (files, maps)
+        # the live attempt's, the one before it if it is not reaped yet, and the standby's: a live one, or
+        # one killed as not ready at the restart and still dying at idle CPU priority (a promoted standby
+        # keeps its standby.<attempt> file as the trainer); never one per restart: seen at every 0.1 s
+        # over the next 5 restarts
+        def listing() -> Any:
+            files, maps = _mutexes(proc.pid, runtime)
+            assert len(files) <= 3 and len(maps) <= 3, (files, maps)
+            return sum(e["event"] == "restarted" for e in lifecycle(logdir)) >= 10
+
+        wait_for(listing, 120, 0.1, what="5 more trainer restarts")
     finally:
         proc.send_signal(signal.SIGTERM)
         code, out, err = finish(proc)

@@ -331,47 +331,49 @@ def test_a_promoted_standbys_own_traceback_is_in_the_giving_up_message(logdir):
 
 
 @pytest.mark.slow
-def test_exit_statuses_late_from_the_zygote_cost_no_live_trainer(logdir):
-    """A forked process's exit status comes from the zygote that forked it. Past 2 s without it the
-    watchdog killed the zygote, and with it (their parent-death signal) every live trainer it had
-    forked: an unasked restart. Under load the zygote was that late: a killed standby tears down at
-    idle CPU priority (CI's standby and preemption tests counted one restart too many, and a
-    helper saw it at load 20-28 for a killed trainer too). Here the zygote is stopped (SIGSTOP) so
-    that no status can come: (1) the standby is SIGKILLed: the trainer trains on, nothing restarts;
+def test_a_stopped_zygote_delays_no_exit_and_costs_no_live_trainer(logdir):
+    """A forked process's exit status came from the zygote that forked it, so a stopped or slow
+    zygote delayed it, and past 2 s without it the watchdog killed the zygote and with it every live
+    trainer it had forked (an unasked restart). Since issue 51 the watchdog is every forked
+    process's parent and reaps it itself. Here the zygote is stopped (SIGSTOP): (1) the standby is
+    SIGKILLed: it is reaped while the zygote is stopped, the trainer trains on, nothing restarts;
     (2) once the zygote has run again and a new standby is ready, the trainer is SIGKILLed: the
-    standby is promoted and trains on, one restart. Each time the late status is reaped once the
-    zygote runs again, and the zygote is never given up."""
+    standby is promoted and trains on, one restart, and the killed trainer is reaped while the
+    zygote is stopped. The zygote is never given up (it runs again before a fork asked of it is due)."""
     proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=os.path.join(PROGRAMS, "tiny_train.py"),
                   opts=("--standby", "hot"))
     zygote = 0
 
-    def trains_on_past_the_wait() -> None:  # well past the 2 s the watchdog gave the zygote
+    def trains_on() -> None:
         step = (raw_status(logdir) or {}).get("step", 0)
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > step + 300, 120, what="300 more steps")
         assert not _events(logdir, "zygote_gone"), _events(logdir, "zygote_gone")
+
+    def reaped(pid: int) -> list[dict]:
+        return [e for e in _events(logdir, "exited") if e["pid"] == pid]
 
     try:
         ready = wait_for(lambda: _events(logdir, "standby_ready"), 120, what="a ready standby")[0]
         zygote = next(e["pid"] for e in _events(logdir, "spawned") if e["role"] == "zygote")
         trainer = wait_role_pid(logdir, "trainer")
-        os.kill(zygote, signal.SIGSTOP)  # alive, but it reports nothing now
+        os.kill(zygote, signal.SIGSTOP)  # alive, but it does nothing now
         os.kill(ready["pid"], signal.SIGKILL)
-        wait_for(lambda: _events(logdir, "death_noticed"), 30, what="the standby's death notice")
-        trains_on_past_the_wait()
+        wait_for(lambda: reaped(ready["pid"]), 60, what="the standby reaped while the zygote is stopped")
         assert wait_role_pid(logdir, "trainer") == trainer and raw_status(logdir)["restarts"] == 0
         os.kill(zygote, signal.SIGCONT)
+        trains_on()
+        assert wait_role_pid(logdir, "trainer") == trainer and raw_status(logdir)["restarts"] == 0
         nxt = wait_for(lambda: _events(logdir, "standby_ready")[1:], 120, what="the next standby")[0]
         assert [e["pid"] for e in _events(logdir, "exited") if e["role"] == "standby"] == [ready["pid"]]
 
         os.kill(zygote, signal.SIGSTOP)
         os.kill(trainer, signal.SIGKILL)
         wait_for(lambda: [e for e in _events(logdir, "spawned") if e.get("via") == "standby"], 60, what="the promotion")
-        trains_on_past_the_wait()
-        assert wait_role_pid(logdir, "trainer") == nxt["pid"] and raw_status(logdir)["restarts"] == 1
+        wait_for(lambda: reaped(trainer), 60, what="the killed trainer reaped while the zygote is stopped")
         os.kill(zygote, signal.SIGCONT)
         zygote = 0
-        wait_for(lambda: [e for e in _events(logdir, "exited") if e["pid"] == trainer], 60,
-                 what="the killed trainer's status, once the zygote runs")
+        trains_on()
+        assert wait_role_pid(logdir, "trainer") == nxt["pid"] and raw_status(logdir)["restarts"] == 1
     finally:
         if zygote:
             os.kill(zygote, signal.SIGCONT)

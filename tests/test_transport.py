@@ -131,15 +131,15 @@ def test_wait_save_result_returns_the_result_for_its_step(tmp_path):
 def test_pipe_messages_round_trip_and_eof_is_reported():
     import os
 
-    from procsv.ipc.messages import ChildExit, ForkReply
+    from procsv.ipc.messages import ForkReply, ZygoteReady
 
     r, w = os.pipe()
     reader = pipe.FramedReader(r)
     assert reader.read_available() == []
     pipe.write_framed(w, ForkReply(attempt=2, pid=1234))
-    pipe.write_framed(w, ChildExit(pid=1234, code=-9))
+    pipe.write_framed(w, ZygoteReady(pid=1234, import_secs=4.5))
     assert reader.wait(2.0)
-    assert reader.read_available() == [ForkReply(attempt=2, pid=1234), ChildExit(pid=1234, code=-9)]
+    assert reader.read_available() == [ForkReply(attempt=2, pid=1234), ZygoteReady(pid=1234, import_secs=4.5)]
     os.close(w)
     with pytest.raises(EOFError):
         reader.read_available()

@@ -134,7 +134,7 @@ def test_killed_services_restart_under_the_same_trainer_and_its_restarts_fork_fr
     Services killed with SIGKILL are restarted and the trainer keeps its pid: the restarted
     checkpoint service commits, no restart is counted but the services' own (the standby is not
     used: nothing of the trainer's dies). Then restarts fork from the pre-warmed trainer, and fall
-    back to a fresh trainer if it dies."""
+    back to a fresh trainer if it dies (which the trainer it forked outlives)."""
     proc = launch(logdir, "--steps", "100000", "--step-delay", PACED, "--save-model-secs", "1",
                   opts=("--standby", "fork"))
     try:
@@ -163,7 +163,12 @@ def test_killed_services_restart_under_the_same_trainer_and_its_restarts_fork_fr
         wait_for(lambda: any(e["event"] == "first_step" and e["pid"] == _spawned(logdir)[1]["pid"]
                              for e in lifecycle(logdir)), 60, what="the forked trainer's first step")
         zygote = (raw_status(logdir) or {})["prewarm"]["pid"]
-        os.kill(zygote, signal.SIGKILL)  # takes its forked trainer along (parent-death signal)
+        forked = _spawned(logdir)[1]["pid"]
+        os.kill(zygote, signal.SIGKILL)  # the trainer it forked is the watchdog's child: it trains on
+        wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "zygote_gone"], 30, what="the zygote's loss")
+        os.kill(forked, 0)
+        assert len(_spawned(logdir)) == 2 and (raw_status(logdir) or {}).get("restarts") == 1
+        os.kill(forked, signal.SIGKILL)  # restarted before a new zygote is ready: fresh
         wait_for(lambda: len(_spawned(logdir)) == 3, 60, what="a fresh trainer after the zygote died")
         assert _spawned(logdir)[2]["via"] == "fresh"
         wait_for(lambda: any(e["event"] == "first_step" and e["pid"] == _spawned(logdir)[2]["pid"]

@@ -95,4 +95,4 @@ def test_a_zygote_that_does_not_answer_never_blocks_the_watchdog_loop(logdir):
         proc.send_signal(signal.SIGTERM)
         code, out, err = finish(proc)
     assert code == 128 + signal.SIGTERM, err
-    assert "pre-warmed trainer (zygote) did not report the exit of trainer" in err or "did not answer the fork request" in err
+    assert "did not answer the fork request" in err  # (no exit status comes from the zygote any more)

@@ -91,29 +91,38 @@ def _events(logdir: str, kind: str) -> list[dict]:
 
 
 def test_a_killed_zygote_is_replaced_and_restarts_promote_a_standby_forked_from_the_new_one(logdir):
-    """Its forked trainer and standby die with it (their parent); the restart after that starts
-    fresh; 10 s after the loss a new zygote starts, a standby is forked from it once it is ready,
-    and the next restart is that standby's promotion."""
+    """The trainer and the standby it forked live on (the watchdog is their parent, issue 51); 10 s
+    after the loss a new zygote starts; the next restart promotes the standby already there, the
+    standby after it is forked from the new zygote once it is ready, and the restart after that is
+    its promotion."""
     proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--save-model-secs", "1", target=TINY,
                   opts=("--standby", "hot"))
     try:
-        wait_for(lambda: _events(logdir, "standby_ready"), 120, what="a hot standby")
+        ready = wait_for(lambda: _events(logdir, "standby_ready"), 120, what="a hot standby")[0]
         first = next(e["pid"] for e in _events(logdir, "spawned") if e["role"] == "zygote")
+        trainer = next(e["pid"] for e in reversed(_events(logdir, "spawned")) if e["role"] == "trainer")
         os.kill(first, signal.SIGKILL)
         wait_for(lambda: _events(logdir, "zygote_gone"), 30, what="the zygote's loss")
         second = wait_for(lambda: [e for e in _events(logdir, "spawned") if e["role"] == "zygote" and e["attempt"] == 2],
                           60, what="a new zygote (10 s after the loss)")[0]
         assert second["pid"] != first
         wait_for(lambda: len(_events(logdir, "zygote_ready")) == 2, 120, what="the new zygote to be ready")
-        ready_at = len(lifecycle(logdir))
-        wait_for(lambda: [e for e in lifecycle(logdir)[ready_at:] if e["event"] == "standby_ready"], 120,
-                 what="a standby forked from the new zygote")
-        trainer = next(e["pid"] for e in reversed(_events(logdir, "spawned")) if e["role"] == "trainer")
-        killed_at = len(lifecycle(logdir))
-        os.kill(trainer, signal.SIGKILL)
-        promoted = wait_for(lambda: [e for e in lifecycle(logdir)[killed_at:] if e["event"] == "spawned"
-                                     and e["role"] == "trainer"], 60, what="the next trainer attempt")[0]
-        assert promoted["via"] == "standby", promoted
+        os.kill(trainer, 0)  # the trainer and the standby the lost zygote forked live on
+        os.kill(ready["pid"], 0)
+        assert not [e for e in _events(logdir, "exited") if e["pid"] in (trainer, ready["pid"])]
+        for round_ in (1, 2):  # the standby already there, then one forked from the new zygote
+            ready_at = len(lifecycle(logdir))
+            if round_ == 2:
+                wait_for(lambda: [e for e in lifecycle(logdir)[ready_at:] if e["event"] == "standby_ready"], 120,
+                         what="a standby forked from the new zygote")
+            trainer = next(e["pid"] for e in reversed(_events(logdir, "spawned")) if e["role"] == "trainer")
+            killed_at = len(lifecycle(logdir))
+            os.kill(trainer, signal.SIGKILL)
+            promoted = wait_for(lambda: [e for e in lifecycle(logdir)[killed_at:] if e["event"] == "spawned"
+                                         and e["role"] == "trainer"], 60, what="the next trainer attempt")[0]
+            assert promoted["via"] == "standby", promoted
+            if round_ == 1:
+                assert promoted["pid"] == ready["pid"]
     finally:
         proc.send_signal(signal.SIGTERM)
         code, out, err = finish(proc)

@@ -89,6 +89,14 @@ class RobustMutex:
             lib.munmap(self._addr, _REGION)
             self._addr = None
 
+    def remove(self) -> None:
+        """:meth:`close`, and delete the file (the watchdog's, once no process holds it or will)."""
+        self.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
     def _mapped(self) -> ctypes.c_void_p:
         if self._addr is None:
             raise ValueError(f"the mutex in {self.path} was closed")

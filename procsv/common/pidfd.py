@@ -1,7 +1,7 @@
 """Signals that reach only the process meant: by pidfd, never by a pid read later.
 
 Runs in every process that signals another one it did not just spawn: the watchdog (its children,
-and the trainers the pre-warmed process forked and reaps itself), a node agent (its members) and
+the trainers the pre-warmed process forked among them), a node agent (its members) and
 the ``procsv`` CLI (``stop``, ``preempt``). A pid names a process only while that process is
 unreaped; once reaped, the number is reused, so a signal sent by number later may reach an
 unrelated process. A pidfd stays bound to the process it was opened on: a signal through it reaches
@@ -47,6 +47,15 @@ def start_ticks(pid: int) -> Optional[int]:
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             return int(fh.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def parent_of(pid: int) -> Optional[int]:
+    """The parent of ``pid`` (``/proc/<pid>/stat`` field 4); None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return None
 

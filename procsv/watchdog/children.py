@@ -1,14 +1,14 @@
 """The watchdog's handles on its child processes: start, signal, kill, reap, read their logs.
 
 Runs in the watchdog. A :class:`ChildProcess` is one attempt of one slot: the process (a
-``subprocess.Popen``, or a :class:`~procsv.watchdog.prewarm.ForkedProcess` forked by the
-pre-warmed trainer), a pidfd that becomes readable the moment it dies, its log file, and for a
-trainer the death-notice watch. Every child leads its own process group, so :meth:`kill_group`
-also takes whatever the child spawned. Every signal goes through the pidfd
-(:mod:`procsv.common.pidfd`), never by pid: a forked trainer is reaped by the pre-warmed process,
-not by the watchdog, so its pid may already name another process when the watchdog signals it;
-its group is signalled only while the pidfd shows the leader unreaped. Effects only: what to do
-is decided elsewhere (:mod:`procsv.watchdog.rules.decide`).
+``subprocess.Popen``, or an :class:`~procsv.watchdog.prewarm.Adopted` trainer the pre-warmed
+trainer forked, re-parented to the watchdog), a pidfd that becomes readable the moment it dies,
+its log file, and for a trainer the death-notice watch. Every one is the watchdog's own child,
+reaped by the watchdog alone. Every child leads its own process group, so :meth:`kill_group` also
+takes whatever the child spawned. Every signal goes through the pidfd (:mod:`procsv.common.pidfd`),
+never by pid: once a child is reaped its pid may name another process; its group is signalled only
+while the pidfd shows the leader unreaped. Effects only: what to do is decided elsewhere
+(:mod:`procsv.watchdog.rules.decide`).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from procsv.common import pidfd as pidfds
 from procsv.common.layout import read_json
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog.deathwatch import DeathWatch
-from procsv.watchdog.prewarm import ForkedProcess, Zygote
+from procsv.watchdog.prewarm import Adopted, Zygote
 from procsv.watchdog.rules.failures import ChildError
 from procsv.watchdog.rules.state import TRAINER
 
-Process = Union["subprocess.Popen[bytes]", ForkedProcess]
+Process = Union["subprocess.Popen[bytes]", Adopted]
 
 ECHO_READ = 1 << 20  # a log's echo reads at most this much a round
 REAP_SECS = 5.0  # how long a SIGKILLed child may take to die before the watchdog stops waiting for it
@@ -281,7 +281,7 @@ def end_all(handles: Sequence[ChildProcess], zygotes: Sequence[Zygote], unreaped
     """SIGKILL and reap every child and zygote left at the end of a launch, waiting at most
     ``REAP_SECS`` for all of them together; returns a line for each one given up on."""
     for z in zygotes:
-        z.kill()  # first: a stopped zygote would never report its trainers' exits
+        z.kill()
     deadline = clock() + REAP_SECS  # one limit for all: each wait is what is left of it
     lines = []
     for handle in handles:

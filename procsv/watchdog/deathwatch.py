@@ -7,7 +7,6 @@ Runs in the watchdog. See :mod:`procsv.common.mutex` for why a robust mutex beat
 from __future__ import annotations
 
 import errno
-import os
 import threading
 import time
 from typing import Callable
@@ -32,6 +31,9 @@ class DeathWatch:
         self._alive = alive
         self._on_event = on_event
         self._cancelled = False
+        self._ended = False  # the thread has returned (under _lock)
+        self._release_at_end = False  # close() timed out: the thread releases the mutex as it returns
+        self._lock = threading.Lock()
         self.waiting = False  # True once the trainer holds the mutex and the watch blocks on it
         self.thread = threading.Thread(target=self._run, name="procsv-deathwatch", daemon=True)
         self.thread.start()
@@ -44,21 +46,30 @@ class DeathWatch:
 
         The thread returns within milliseconds of the trainer's death (the kernel wakes a waiter on
         a dead owner's robust mutex at its exit; the polling before it ends on :meth:`cancel`).
-        If it has not ended within ``timeout``, the mapping and the file are left as they are
-        (never unmapped under a waiting thread) and False is returned.
+        If it has not ended within ``timeout`` (a loaded machine), False is returned and the thread
+        unmaps and deletes them itself as it returns (never unmapped under a waiting thread, and
+        never left behind by a reaped trainer).
         """
         self.cancel()
         self.thread.join(timeout)
-        if self.thread.is_alive():
-            return False
-        self.mutex.close()
-        try:
-            os.unlink(self.mutex.path)
-        except OSError:
-            pass
+        with self._lock:
+            if not self._ended:
+                self._release_at_end = True
+                return False
+        self.mutex.remove()
         return True
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        finally:
+            with self._lock:
+                self._ended = True
+                release = self._release_at_end
+            if release:
+                self.mutex.remove()
+
+    def _watch(self) -> None:
         while not self._cancelled:
             rc = self.mutex.trylock()
             if rc == errno.EBUSY:

@@ -58,9 +58,10 @@ class Executor:
         self.handles: dict[tuple[str, int], ChildProcess] = {}
         self.zygote: Optional[Zygote] = None
         self.unreaped = Unreaped()  # children SIGKILL did not end, given up on (see give_up)
-        self.dead_zygotes: list[Zygote] = []  # forked trainers still need their exit statuses
+        self.dead_zygotes: list[Zygote] = []  # given up on (killed, pipes closed); reaped at the end
         self.on_zygote: Callable[[Zygote], None] = lambda z: None  # the loop watches a started zygote's pipe
         self.forks: dict[str, PendingFork] = {}  # by slot: trainers asked of the zygote, not answered yet
+        # (one forked already is the watchdog's child before its answer is read: the sweep spares it)
         self.remote: Optional[RemoteMembers] = None  # the other hosts' members (--nnodes), set by the launcher
         self.disk: Callable[[Callable[[], object]], None] = lambda work: None if work() else None  # the launcher's: the writer thread
         self.reading: Callable[[str], set[int]] = lambda role: set()  # attempts whose end is being read (kept)
@@ -215,6 +216,8 @@ class Executor:
         try:
             due = self.zygote.request_fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd)
         except (ZygoteUnavailable, OSError) as exc:
+            if mutex is not None:
+                mutex.remove()
             self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); no standby, restarts start fresh")
             return
         self.forks[STANDBY] = PendingFork(STANDBY, attempt, env, log_path, mutex, due, STANDBY)
@@ -325,6 +328,8 @@ class Executor:
             return
         if pending.slot == STANDBY:  # no standby this time; the zygote is given up below or was already
             self.view.forking_since = None
+            if pending.mutex is not None:
+                pending.mutex.remove()  # no process will hold it
         if self.zygote is not None:
             self.zygote.kill()  # a zygote that does not answer is not trusted with the next one either
             self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({why}); starting a fresh one")
@@ -389,3 +394,4 @@ class Executor:
         """Stop waiting for a child that SIGKILL did not end (:class:`~procsv.watchdog.children.Unreaped`)."""
         self.handles.pop((handle.slot, handle.attempt), None)
         self.report([Report(say=self.unreaped.add(handle), err=True)])
+

@@ -3,9 +3,8 @@
 Runs in the ``procsv launch`` process (the watchdog), called from its loop
 (:mod:`procsv.watchdog.launcher`). :class:`ChildEnds` owns three ways a death comes in: a pidfd
 per child in the loop's poller (readable the moment the child dies), death notices that the
-death-watch threads (:mod:`procsv.watchdog.deathwatch`) hand over through a queue and a pipe, and
-the exit statuses of trainers forked by the zygote, which come from the zygote and never through
-a blocking wait. Each becomes an observation (:func:`procsv.watchdog.observe.death_noticed`,
+death-watch threads (:mod:`procsv.watchdog.deathwatch`) hand over through a queue and a pipe; every child, a trainer
+the zygote forked too, is the watchdog's own and reaped by it at its pidfd. Each becomes an observation (:func:`procsv.watchdog.observe.death_noticed`,
 :func:`procsv.watchdog.observe.reaped`) for the decision function once what is read at the end
 (:mod:`procsv.watchdog.endreads`: the error file, the exit report, a commit not heard of yet) has
 come from the logdir reader thread, or :data:`~procsv.watchdog.endreads.READ_WAIT` has passed
@@ -32,11 +31,8 @@ from procsv.watchdog.rules.bookkeeping import find
 from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.rules.failures import Failure
-from procsv.watchdog.prewarm import ForkedProcess
 from procsv.watchdog.publish.reporting import Reporter
 from procsv.watchdog.rules.state import STANDBY, TRAINER, RunView
-
-STATUS_WAIT = 2.0  # seconds a forked trainer's exit status may take to come from the zygote
 
 
 @dataclass(frozen=True)
@@ -52,8 +48,7 @@ class _End:
 
 
 class ChildEnds:
-    """The children's pidfds (registered in the loop's poller), the death notices not yet read,
-    and the forked trainers that exited with their status still due from the zygote.
+    """The children's pidfds (registered in the loop's poller) and the death notices not yet read.
 
     ``heard_all`` reads every message still queued (a dead child's last words come before its
     exit); ``left_behind`` sweeps for processes a reaped child left behind.
@@ -74,7 +69,6 @@ class ChildEnds:
         self._notice_r, self._notice_w = os.pipe()
         os.set_blocking(self._notice_w, False)
         self._by_fd: dict[int, ChildProcess] = {}
-        self._awaiting_status: dict[tuple[str, int], tuple[ChildProcess, float]] = {}  # forked, exited, no status yet
         self.reader = reader
         self._ends: "deque[_End]" = deque()  # in the order they came in, their reads asked for
         poller.register(self._notice_r, zmq.POLLIN)
@@ -121,45 +115,13 @@ class ChildEnds:
                 self._ask(handle, None, at, wall, ex)
 
     def on_exit(self, handle: ChildProcess, ex: Executor) -> None:
-        """A pidfd became readable: reap the child and record how it ended. A trainer forked by the
-        zygote gets its exit status from the zygote: until that arrives it waits in
-        ``_awaiting_status`` (see :meth:`check_awaiting`), never in a blocking wait."""
+        """A pidfd became readable: reap the child (the watchdog's own, forked or spawned) and record
+        how it ended."""
         self.poller.unregister(handle.pidfd)
         del self._by_fd[handle.pidfd]
-        if isinstance(handle.proc, ForkedProcess) and handle.proc.poll() is None:
-            self._awaiting_status[(handle.slot, handle.attempt)] = (handle, self.clock() + STATUS_WAIT)
-            return
         self._reaped(handle, ex)
 
-    def check_awaiting(self, ex: Executor) -> None:
-        """Forked trainers whose exit status is due from the zygote: reap those that have it. A
-        zygote that does not report a trainer's within ``STATUS_WAIT`` is killed (the watchdog, a
-        child subreaper, then inherits the trainer's zombie and reaps it itself), but only while no
-        other process it forked lives: their parent-death signal would kill them with it, and a slow
-        zygote under load (not a hung one) cost the run a promoted standby or a freshly forked
-        trainer, an unasked restart. A standby's status is waited for as long as it takes: a killed
-        standby tears down at idle CPU priority, so under load its status comes late, and nothing
-        waits on a standby's end."""
-        self._give_up_unkillable(ex)
-        for key, (handle, due) in list(self._awaiting_status.items()):
-            if handle.proc.poll() is not None:
-                del self._awaiting_status[key]
-                self._reaped(handle, ex)
-            elif self.clock() >= due and handle.slot != STANDBY and ex.zygote is not None \
-                    and isinstance(handle.proc, ForkedProcess) and handle.proc.zygote is ex.zygote \
-                    and not self._forked_alive(ex):
-                ex.zygote.kill()
-                ex.drop_zygote(f"procsv: the pre-warmed trainer (zygote) did not report the exit of trainer "
-                               f"pid {handle.pid} within {STATUS_WAIT:g} s; restarts start fresh trainers until a "
-                               "new one is ready")
-
-    def _forked_alive(self, ex: Executor) -> bool:
-        """Whether a process the current zygote forked still lives (not dead with its status due)."""
-        return any(isinstance(h.proc, ForkedProcess) and h.proc.zygote is ex.zygote
-                   and (h.slot, h.attempt) not in self._awaiting_status and h.proc.poll() is None
-                   for h in ex.handles.values())
-
-    def _give_up_unkillable(self, ex: Executor) -> None:
+    def check_unkillable(self, ex: Executor) -> None:
         """A child that SIGKILL has not ended for ``REAP_SECS`` (uninterruptible sleep: I/O that
         does not return, a frozen cgroup) is given up on: it counts as killed (its SIGKILL is
         pending) and the run goes on without waiting for it, so a stop or a failure still ends the

@@ -52,10 +52,16 @@ class Sweeper:
 
     def sweep(self, ex: Executor, final: bool = False) -> None:
         """Kill and reap processes of the run whose parent died (see :class:`Orphans`); ``final``:
-        wait (a bounded while) until those killed are reaped."""
+        wait (a bounded while) until those killed are reaped. Not while a fork asked of the zygote is
+        unanswered (but for the final sweep): the trainer it forked is the watchdog's child (re-parented)
+        before the answer naming it is read, and would be taken for one left behind."""
         self._next = self.clock() + SWEEP_EVERY
+        if ex.forks and not final:
+            return
         known = {h.pid for h in ex.handles.values()} | ex.zygote_pids() | ex.unreaped.pids
-        killed = self.orphans.sweep_and_reap(known, FINAL_SWEEP_SECS if final else 0.0, self.clock)
+        # a zygote's group: its intermediate forked ahead of a request, re-parented here at its end (Zygote.close)
+        killed = self.orphans.sweep_and_reap(known, FINAL_SWEEP_SECS if final else 0.0, self.clock,
+                                             frozenset(ex.zygote_pids()))
         if killed:
             self.record([Report(Event.ORPHANS_KILLED, {"pids": killed},
                                 say=f"procsv: killed {len(killed)} process(es) the run left behind (pids "

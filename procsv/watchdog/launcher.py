@@ -62,7 +62,7 @@ from procsv.watchdog.multihost.nodes import NodeLink
 from procsv.watchdog.multihost.remote import RemoteMembers
 from procsv.watchdog.publish.events import Report
 from procsv.watchdog.onfailure import run_on_failure
-from procsv.watchdog.publish.reporting import Reporter, zygote_record
+from procsv.watchdog.publish.reporting import Reporter
 from procsv.watchdog.rules.state import SERVICE_ROLES, TRAINER, RunView, ZygoteState
 
 TICK_MS = 100
@@ -246,11 +246,11 @@ class Watchdog:
         self.sweeper.sweep(self.ex, final=True)
         self.pipes.close()
         self.out.publish(self.view, force=True)  # the last word of the metrics endpoint: up 0, the outcome
+        # the last status names no pre-warmed trainer: ex.close() killed it
         if self.view.logdir_lost is None:  # never write into a logdir that is gone or moved
-            self.out.write_status(self.view, self.ex.zygote, force=True)
+            self.out.write_status(self.view, None, force=True)
         else:
-            self.logdir.final_status_where_it_went(self.cfg, self.clock(), self.wall(), self.out.started_wall,
-                                                   zygote_record(self.ex.zygote))
+            self.logdir.final_status_where_it_went(self.cfg, self.clock(), self.wall(), self.out.started_wall, None)
         self.out.final_report(self.view, self.limits)
         self.out.close_io()
         if self.cfg.on_failure and self.view.run == RunState.FAILED:
@@ -280,7 +280,7 @@ class Watchdog:
         """Decide at the current time and perform the actions; then hand the echo of the trainer's log,
         a look at the logdir and the status file to the logdir writer thread (none of it waits)."""
         fault_point("round", self.view.step)
-        self.ends.check_awaiting(self.ex)
+        self.ends.check_unkillable(self.ex)
         self._settle()  # ends whose reads are done, or past their bound
         self.ex.poll_fork()
         if self.link is not None:

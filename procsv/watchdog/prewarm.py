@@ -1,19 +1,21 @@
 """The watchdog's side of the pre-warmed trainer: start the zygote, ask it for trainers.
 
-Runs in the watchdog. :class:`Zygote` starts ``python -m procsv.zygote`` with a pair of pipes,
-learns when it is ready (TensorFlow imported), and turns a trainer spawn into a
+Runs in the watchdog (and in a node agent). :class:`Zygote` starts ``python -m procsv.zygote`` with a
+pair of pipes, learns when it is ready (TensorFlow imported), and turns a trainer spawn into a
 :class:`ForkRequest` -- a restart then costs a fork plus the trainer's own set-up instead of a
 fresh interpreter and a TensorFlow import. The request never blocks the watchdog's loop: its
 :class:`ForkReply` arrives on the pipe like any other message (:meth:`Zygote.answer`), and a
 zygote that does not answer within ``FORK_REPLY_TIMEOUT`` is given up for a fresh spawn. Nor
 does the request's write block: the request pipe is non-blocking, and what a zygote that does not
 read (stopped, with its pipe full) leaves unwritten waits in :class:`Zygote`'s buffer, written on
-by every later request and :meth:`Zygote.answer`, until the answer's time is up. A forked trainer
-is the zygote's child, so its exit status arrives as a :class:`ChildExit` message;
-:class:`ForkedProcess` offers the slice of the ``subprocess.Popen`` interface the watchdog uses
-(``pid``, ``poll``, ``wait``, ``returncode``). If the zygote dies, the watchdog falls back to fresh
-spawns; a zygote found dead (its pipe at its end) or killed has both pipes closed at once (what it
-had sent is read first), so a lost zygote leaves no file descriptor behind.
+by every later request and :meth:`Zygote.answer`, until the answer's time is up.
+
+The zygote forks twice over (:mod:`procsv.zygote`): the trainer it names in its reply has been
+re-parented to this process (a child subreaper, made one by :class:`Zygote`), so it is this
+process's own child, an :class:`Adopted` process reaped here by ``waitpid`` as a ``Popen``'s is;
+nothing about it waits on the zygote. If the zygote dies, the watchdog falls back to fresh spawns;
+a zygote found dead (its pipe at its end) or killed has both pipes closed at once (what it had sent
+is read first), so a lost zygote leaves no file descriptor behind.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
+from procsv.ipc.messages import ForkReply, ForkRequest, ZygoteReady
 from procsv.ipc.pipe import FramedReader, framed
 from procsv.common import env as envvars
 from procsv.common import spawn
+from procsv.common.orphans import become_subreaper
+from procsv.common.pidfd import parent_of
 
 FORK_REPLY_TIMEOUT = 10.0
 
@@ -44,24 +48,27 @@ class Zygote:
     def __init__(self, env: Mapping[str, str], log_path: str, cwd: str, preload: Sequence[str] = (),
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
+        become_subreaper()  # what it forks is re-parented to this process, not to init
         req_r, self._req_w = os.pipe()
         self._rep_r, rep_w = os.pipe()
+        say = _dup_stderr()  # where a fork whose log cannot be opened says so (this process's stderr)
         env = dict(env)
-        env[envvars.ZYGOTE_FDS] = f"{req_r},{rep_w}"
+        env[envvars.ZYGOTE_FDS] = f"{req_r},{rep_w},{say}"
         env[envvars.PRELOAD] = ",".join(preload)
         # it opens its log itself (spawn.logged_argv): a start never waits on the logdir's filesystem
         self.popen = subprocess.Popen(
             spawn.logged_argv([sys.executable, "-m", "procsv.zygote"], log_path), env=env, cwd=cwd,
-            stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(req_r, rep_w))
+            stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(req_r, rep_w) + ((say,) if say >= 0 else ()))
         os.close(req_r)
         os.close(rep_w)
+        if say >= 0:
+            os.close(say)
         os.set_blocking(self._req_w, False)  # a zygote that does not read never blocks the watchdog
         self._unsent = bytearray()  # requests the pipe did not take yet
         self.reader = FramedReader(self._rep_r)
         self._fd_number = self._rep_r
         self.ready = False
         self.import_secs: Optional[float] = None
-        self.exits: dict[int, int] = {}
         self.replies: dict[tuple[int, int], ForkReply] = {}  # by (attempt, rank), until taken by answer()
         self.dead = False
 
@@ -76,7 +83,7 @@ class Zygote:
         return int(self.popen.pid)
 
     def pump(self) -> list[Any]:
-        """Read whatever the zygote sent; returns the messages (exits are also recorded)."""
+        """Read whatever the zygote sent; returns the messages (replies are also recorded)."""
         if self.dead:
             return []
         try:
@@ -89,8 +96,6 @@ class Zygote:
             if isinstance(msg, ZygoteReady):
                 self.ready = True
                 self.import_secs = msg.import_secs
-            elif isinstance(msg, ChildExit):
-                self.exits[msg.pid] = msg.code
             elif isinstance(msg, ForkReply):
                 self.replies[(msg.attempt, msg.rank)] = msg
         return msgs
@@ -125,22 +130,23 @@ class Zygote:
         """Bytes of requests the zygote's pipe has not taken yet."""
         return len(self._unsent)
 
-    def answer(self, attempt: int, rank: int = 0) -> Optional["ForkedProcess"]:
+    def answer(self, attempt: int, rank: int = 0) -> Optional["Adopted"]:
         """The trainer forked for ``attempt`` (task ``rank``), once its reply has been pumped; None until then.
-        Raises :class:`ZygoteUnavailable` if the fork failed or the zygote died."""
+        Raises :class:`ZygoteUnavailable` if the fork failed, the zygote died, or the pid it names
+        is not this process's child."""
         if self._unsent and self.alive():
             self._flush()
         reply = self.replies.pop((attempt, rank), None)
         if reply is not None:
             if reply.error or reply.pid <= 0:
                 raise ZygoteUnavailable(reply.error or "fork failed")
-            return ForkedProcess(reply.pid, self)
+            return Adopted.take(reply.pid, self.pid)
         if not self.alive():
             raise ZygoteUnavailable("the zygote died")
         return None
 
     def kill(self) -> None:
-        """SIGKILL the zygote, read what it had sent (the exits it reported), and close its pipes
+        """SIGKILL the zygote, read what it had sent, and close its pipes
         (:meth:`close` reaps it). Its group is signalled only while it is unreaped (the watchdog
         reaps it itself: until then its pid, the group's id, cannot be reused)."""
         if self.popen.poll() is None:
@@ -172,10 +178,13 @@ class Zygote:
         return self._req_w < 0 and self._rep_r < 0
 
     def close(self, limit: Optional[float] = None) -> bool:
-        """Close the pipes, SIGKILL the zygote and reap it, waiting at most ``limit`` seconds for it
-        (None: as long as it takes); False if it did not die within that (uninterruptible sleep)."""
+        """Close the pipes, SIGKILL the zygote (its group) and reap it, waiting at most ``limit``
+        seconds for it (None: as long as it takes); False if it did not die within that
+        (uninterruptible sleep). What its group leaves to this process (the intermediate it forked
+        ahead of the next request, re-parented here at its end) is reaped within the same limit."""
         self._close_pipes()
         self.dead = True
+        until = None if limit is None else time.monotonic() + limit
         if self.popen.poll() is None:
             try:
                 os.killpg(self.popen.pid, signal.SIGKILL)
@@ -185,61 +194,64 @@ class Zygote:
             self.popen.wait(limit)
         except subprocess.TimeoutExpired:
             return False
-        return True
+        while True:  # (its intermediate ends with it: SIGKILLed with its group, or at its pipe's end)
+            try:
+                pid, _ = os.waitpid(-self.popen.pid, os.WNOHANG)
+            except ChildProcessError:
+                return True
+            if pid == 0:
+                if until is not None and time.monotonic() >= until:
+                    return True
+                time.sleep(0.01)
 
 
-class ForkedProcess:
-    """A trainer forked by the zygote, seen through the Popen methods the watchdog uses."""
+class Adopted:
+    """A trainer the zygote forked, re-parented to this process: its own child, reaped here with
+    ``waitpid``, seen through the ``subprocess.Popen`` methods the watchdog uses."""
 
-    def __init__(self, pid: int, zygote: Zygote) -> None:
+    def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.zygote = zygote
         self.returncode: Optional[int] = None
+
+    @staticmethod
+    def take(pid: int, zygote: int) -> "Adopted":
+        """The fork ``pid`` the zygote reported, checked to be this process's child, or the child
+        of the zygote's intermediate that is re-parenting it to this process as it exits (the reply
+        does not wait for that exit). Either way it is unreaped (a zombie if it died at once: only
+        this process will reap it), so its pid names it until :meth:`poll` reaps it."""
+        for _ in range(2):  # twice: the intermediate may be reaped between the two reads
+            parent = parent_of(pid) if pid > 0 else None
+            if parent == os.getpid() or (parent is not None and parent_of(parent) == zygote):
+                return Adopted(pid)
+        raise ZygoteUnavailable(f"the forked trainer (pid {pid}) is not this process's child")
 
     def poll(self) -> Optional[int]:
         if self.returncode is None:
-            self.zygote.pump()
-            self._settle()
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # not re-parented to this process yet (its intermediate exits)
+                if parent_of(self.pid) is None:  # (gone: never happens to a pid take() checked)
+                    self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def wait(self, timeout: Optional[float] = None) -> int:
-        clock = self.zygote.clock
-        deadline = None if timeout is None else clock() + timeout
-        while self.poll() is None:
-            left = 0.5 if deadline is None else deadline - clock()
-            if left <= 0:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
                 raise subprocess.TimeoutExpired(["trainer"], timeout or 0)
-            if not self.zygote.closed:
-                self.zygote.reader.wait(min(left, 0.5))
-            else:  # its zygote is gone: the status comes from waitpid (the watchdog adopted it)
-                time.sleep(min(left, 0.05))
-        assert self.returncode is not None
-        return self.returncode
-
-    def _settle(self) -> None:
-        if self.pid in self.zygote.exits:
-            self.returncode = self.zygote.exits.pop(self.pid)
-            return
-        if self.zygote.alive():
-            return
-        try:  # the zygote is gone: the watchdog (a child subreaper) adopted this trainer
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:
-            if not _exists(self.pid):
-                self.returncode = -signal.SIGKILL  # died with the zygote (parent-death signal); status lost
-            return
-        if pid:
-            self.returncode = os.waitstatus_to_exitcode(status)
+            time.sleep(0.01)
+        return code
 
 
-def _exists(pid: int) -> bool:
+def _dup_stderr() -> int:
+    """A copy of this process's stderr for the zygote (-1 if it has none)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return os.dup(2)
+    except OSError:
+        return -1
 
 
 def zygote_env(logdir: str, runtime_dir: str) -> dict[str, str]:

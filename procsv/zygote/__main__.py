@@ -1,23 +1,28 @@
 """Entry point and loop of the zygote process: ``python -m procsv.zygote``.
 
-Runs in the zygote, a child of the watchdog. It imports TensorFlow (and procsv's trainer code,
-and any ``PROCSV_PRELOAD`` modules) but never runs a TensorFlow op: a process that has only
-imported TensorFlow can fork children that train normally, whereas forking after any op
-deadlocks the child. When the watchdog sends a :class:`ForkRequest` on its pipe, the zygote forks;
-the child becomes the trainer (new session, its own log file, the attempt's environment) and
-runs ``procsv.trainer`` exactly as a freshly spawned trainer would, minus the ~4 s import (a
-request whose target is ``procsv.ps_server`` makes a ``--ps`` parameter server instead). The
-zygote reaps its children and reports each exit status with :class:`ChildExit`.
+Runs in the zygote, a child of the watchdog (or of a node agent). It imports TensorFlow (and
+procsv's trainer code, and any ``PROCSV_PRELOAD`` modules) but never runs a TensorFlow op: a process
+that has only imported TensorFlow can fork children that train normally, whereas forking after any
+op deadlocks the child. When its parent sends a :class:`ForkRequest` on its pipe, the zygote forks
+twice over: an intermediate child, forked ahead of the request, forks the trainer, says its pid and
+exits at once, so the trainer is re-parented to the zygote's parent (a child subreaper), which reaps
+it itself; the :class:`ForkReply` names it as soon as the intermediate has said it. The trainer sets
+itself up, waits for that re-parenting, arms its parent-death signal on the zygote's parent
+(checking after that it still is its parent), takes a new session, its own log file and the attempt's
+environment, and runs ``procsv.trainer`` exactly as a freshly spawned trainer would, minus the
+~4 s import (a request whose target is ``procsv.ps_server`` makes a ``--ps`` parameter server
+instead). Nothing the zygote forked depends on it afterwards: a slow, stopped or killed zygote
+costs the next fork only.
 
-Control pipe file descriptors come in ``PROCSV_ZYGOTE_FDS="read,write"``.
+Control pipe file descriptors come in ``PROCSV_ZYGOTE_FDS="read,write,say"``: ``say`` is the
+parent's stderr, where a forked trainer whose log cannot be opened says so (as a fresh spawn's
+shell does) before it runs with its output discarded.
 
-The zygote's end takes the trainers it forked along (their parent-death signal is armed on it), so
-it stops only when its parent (the watchdog, or a node agent) says so or is gone: SIGTERM is
-blocked from the start and read with its sender (:mod:`procsv.common.stopfrom`); one sent to every
-process of the job at once is left to the watchdog, which stops the trainer in order (its emergency
-checkpoint first). A forked trainer gets the signals unblocked again; a hot standby keeps them
+The zygote stops only when its parent says so or is gone: SIGTERM is blocked from the start and
+read with its sender (:mod:`procsv.common.stopfrom`); one sent to every process of the job at once
+is left to the watchdog. A forked trainer gets the signals unblocked again; a hot standby keeps them
 blocked, and is forked with its promotion (SIGUSR1) blocked as well, until its wait reads them with
-their senders (:mod:`procsv.trainer.standby.wait`: it is promoted only by the watchdog).
+their senders (:mod:`procsv.trainer.standby.wait`: it is promoted only by the watchdog, its parent).
 """
 
 from __future__ import annotations
@@ -29,17 +34,21 @@ import signal
 import sys
 import time
 import traceback
+from typing import NoReturn, Optional
 
-from procsv.ipc.messages import ChildExit, ForkReply, ForkRequest, ZygoteReady
+from procsv.ipc.codec import ProtocolError
+from procsv.ipc.messages import ForkReply, ForkRequest, ZygoteReady
 from procsv.ipc.pipe import FramedReader, write_framed
 from procsv.common import bootstrap, env, stopfrom
+
+ADOPTION_WAIT = 30.0  # seconds a trainer waits for the intermediate child's exit to re-parent it
 
 
 def main() -> int:
     stopfrom.block()  # first: TensorFlow's threads, made at its import, inherit the mask
     bootstrap.die_with_parent()
     authority = stopfrom.Authority.parent("the watchdog")
-    req_fd, rep_fd = (int(x) for x in os.environ[env.ZYGOTE_FDS].split(","))
+    req_fd, rep_fd, say_fd = (int(x) for x in (os.environ[env.ZYGOTE_FDS] + ",-1").split(",")[:3])
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the watchdog decides; a terminal ^C is not for us
     term = stopfrom.SignalFd.open((signal.SIGTERM,)) if stopfrom.blocked() else None
@@ -56,31 +65,24 @@ def main() -> int:
             print(f"procsv zygote: could not preload {name!r}: {exc}", file=sys.stderr, flush=True)
     write_framed(rep_fd, ZygoteReady(os.getpid(), time.monotonic() - t0))
 
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
     reader = FramedReader(req_fd)
-    watched = [req_fd, wake_r] + ([term.fileno()] if term is not None else [])
-    inherited = (req_fd, rep_fd, wake_r, wake_w) + ((term.fileno(),) if term is not None else ())
+    watched = [req_fd] + ([term.fileno()] if term is not None else [])
+    inherited = (req_fd, rep_fd) + ((term.fileno(),) if term is not None else ())
+    say = say_fd if say_fd >= 0 else sys.stderr.fileno()
+    spare = _spare(inherited, say)
     while True:
         ready, _, _ = select.select(watched, [], [], 1.0)
         if term is not None and term.fileno() in ready:
             _on_stop_signals(term, authority)
-        if wake_r in ready:
-            try:
-                os.read(wake_r, 512)
-            except BlockingIOError:
-                pass
-        _reap(rep_fd)
         if req_fd in ready:
             try:
                 requests = reader.read_available()
             except EOFError:
-                return 0  # the watchdog is gone or done: our children die with us
+                return 0  # the watchdog is gone or done (what we forked is not ours: it goes on)
             for req in requests:
                 if isinstance(req, ForkRequest):
-                    _fork(req, rep_fd, inherited)
+                    _fork(req, rep_fd, spare or _spare(inherited, say))
+                    spare = _spare(inherited, say)  # for the next request (after this one's reply)
 
 
 def _on_stop_signals(term: stopfrom.SignalFd, authority: stopfrom.Authority) -> None:
@@ -95,36 +97,80 @@ def _on_stop_signals(term: stopfrom.SignalFd, authority: stopfrom.Authority) -> 
             print(authority.left_line("procsv zygote", sig), file=sys.stderr, flush=True)
 
 
-def _reap(rep_fd: int) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        write_framed(rep_fd, ChildExit(pid, code))
+Spare = tuple[int, int, int]  # an intermediate waiting for its request: pid, request pipe, reply pipe
 
 
-def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...]) -> None:
+def _spare(inherited: tuple[int, ...], say: int) -> Optional[Spare]:
+    """Fork the next request's intermediate now, between requests: a request then waits for one
+    fork, its trainer's, as it did when the zygote forked the trainer itself. None if fork fails."""
+    req_r, req_w = os.pipe()
+    said_r, said_w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        for fd in (req_r, req_w, said_r, said_w):
+            os.close(fd)
+        return None
+    if pid == 0:
+        for fd in (req_w, said_r) + inherited:  # the zygote's pipes: its end must read as theirs at once
+            os.close(fd)
+        _intermediate(req_r, said_w, say)
+    os.close(req_r)
+    os.close(said_w)
+    return pid, req_w, said_r
+
+
+def _fork(req: ForkRequest, rep_fd: int, spare: Optional[Spare]) -> None:
+    """Hand ``req`` to the intermediate (see the module docstring), reply with the trainer's pid as
+    soon as the intermediate says it, then reap the intermediate (its exit, which unmaps a copy of
+    this process, is off the reply's path)."""
+    if spare is None:
+        write_framed(rep_fd, ForkReply(req.attempt, 0, "fork failed (no intermediate)", req.rank))
+        return
+    pid, req_w, said_r = spare
+    said = b""
+    try:
+        write_framed(req_w, req)
+        while not said.endswith(b"\n") and (chunk := os.read(said_r, 256)):  # the trainer's pid, or why none
+            said += chunk
+    except OSError as exc:
+        said = f"fork failed: {exc}".encode()
+    os.close(req_w)
+    os.close(said_r)
+    text = said.decode(errors="replace").strip()
+    if text.isdigit():
+        write_framed(rep_fd, ForkReply(req.attempt, int(text), None, req.rank))
+    else:
+        write_framed(rep_fd, ForkReply(req.attempt, 0, text or "fork failed", req.rank))
+    os.waitpid(pid, 0)  # the trainer is the parent's child from the intermediate's exit on
+
+
+def _intermediate(req_r: int, said_w: int, say: int) -> NoReturn:
+    """In the intermediate: wait for its request (exit at the zygote's end), fork the trainer, say
+    its pid on ``said_w``, exit."""
+    reader = FramedReader(req_r)
+    req: Optional[ForkRequest] = None
+    try:
+        while req is None:
+            reader.wait(60.0)
+            req = next((m for m in reader.read_available() if isinstance(m, ForkRequest)), None)
+    except (EOFError, ProtocolError):
+        os._exit(0)
     # a standby is forked with its promotion blocked too, so that it reads one with its sender in its
     # wait (from its first instant: no SIGUSR1 from anyone ends or promotes it meanwhile)
-    promotion = (stopfrom.PROMOTE,) if req.env.get(env.STANDBY) == "1" else ()
-    stopfrom.block(promotion)
+    if req.env.get(env.STANDBY) == "1":
+        stopfrom.block((stopfrom.PROMOTE,))
     try:
         pid = os.fork()
     except OSError as exc:
-        stopfrom.unblock(promotion)
-        write_framed(rep_fd, ForkReply(req.attempt, 0, f"fork failed: {exc}", req.rank))
-        return
+        os.write(said_w, f"fork failed: {exc}\n".encode())
+        os._exit(1)
     if pid:
-        stopfrom.unblock(promotion)
-        write_framed(rep_fd, ForkReply(req.attempt, pid, None, req.rank))
-        return
+        os.write(said_w, f"{pid}\n".encode())
+        os._exit(0)
     code = 70
     try:
-        code = _become_trainer(req, inherited)
+        code = _become_trainer(req, (said_w, req_r), say)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
@@ -138,6 +184,36 @@ def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...]) -> None:
             os._exit(code)
 
 
+def _adopted_by(parent: int) -> bool:
+    """Wait (at most ``ADOPTION_WAIT``) until this process is ``parent``'s child: the intermediate
+    child's exit re-parents it. False if it is not then (``parent`` is gone, or no subreaper)."""
+    middle = os.getppid()
+    if middle != parent:
+        try:
+            fd = os.pidfd_open(middle)
+        except OSError:  # gone already
+            fd = -1
+        if fd >= 0:
+            select.select([fd], [], [], ADOPTION_WAIT)  # readable at its exit, after the re-parenting
+            os.close(fd)
+    return os.getppid() == parent
+
+
+def _open_log(path: str, say: int) -> int:
+    """The attempt's log, opened for appending; if it cannot be (EIO, ESTALE, a quota, a removed
+    ``logs/``), one line on ``say`` (the parent's stderr) and ``/dev/null``: as a fresh spawn, the
+    trainer still starts, its output discarded (a log is never a reason to leave a process down)."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        line = f"procsv: cannot open {path} ({exc.strerror or exc}); this process's output is discarded\n"
+        try:
+            os.write(say, line.encode(errors="replace"))
+        except OSError:
+            pass
+        return os.open(os.devnull, os.O_WRONLY)
+
+
 def _leaves_stops_to_supervisor(child_env: dict[str, str]) -> bool:
     """A supervised group's worker (task > 0): a stop signal sent to every process of the job would end
     it at its own step boundary, one step apart from the chief, whose next collective then fails
@@ -145,24 +221,27 @@ def _leaves_stops_to_supervisor(child_env: dict[str, str]) -> bool:
     agent), which stops the workers once the chief has committed (``stopfrom.forward_to_handlers``)."""
     if child_env.get(env.WATCHDOG) != "1" or child_env.get(env.RANK, "0") in ("", "0"):
         return False
-    zygote, parent = os.getppid(), os.environ.get(env.PARENT_PID, "")  # (still the zygote's environment)
+    parent = os.environ.get(env.PARENT_PID, "")  # (set to the zygote's parent by _become_trainer)
     if not parent.isdigit():
         return False
-    authority = stopfrom.Authority(int(parent), "the watchdog", lambda: os.getppid() == zygote)
+    authority = stopfrom.Authority.parent("the watchdog")
     return stopfrom.forward_to_handlers(authority, f"procsv worker{child_env.get(env.RANK)}")
 
 
-def _become_trainer(req: ForkRequest, inherited: tuple[int, ...]) -> int:
-    """In the forked child: shed the zygote's state, then run procsv.trainer."""
+def _become_trainer(req: ForkRequest, inherited: tuple[int, ...], say: int) -> int:
+    """In the forked trainer: become the zygote's parent's child, shed the zygote's state, then run
+    procsv.trainer (which arms the parent-death signal on that parent, :func:`bootstrap.die_with_parent`)."""
+    raw = os.environ.get(env.PARENT_PID, "")  # the zygote's parent (the zygote's own environment still)
+    if not raw.isdigit():
+        return 70
     os.setsid()
-    signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
     if req.env.get(env.STANDBY) != "1" and not _leaves_stops_to_supervisor(req.env):
         stopfrom.unblock()  # (a standby reads them in its wait, with their senders)
-    for fd in inherited:
+    log = _open_log(req.log_path, say)
+    for fd in inherited + ((say,) if say > 2 else ()):
         os.close(fd)
-    log = os.open(req.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log, 1)
@@ -172,11 +251,13 @@ def _become_trainer(req: ForkRequest, inherited: tuple[int, ...]) -> int:
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     os.environ.clear()
     os.environ.update(req.env)
-    os.environ[env.PARENT_PID] = str(os.getppid())
+    os.environ[env.PARENT_PID] = raw
     os.chdir(req.cwd)
     np = sys.modules.get("numpy")
     if np is not None:
         np.random.seed()  # as in a fresh process: numpy's global generator is not shared across forks
+    if not _adopted_by(int(raw)):  # (waited for last: the set-up above overlaps the intermediate's exit)
+        return 70  # its parent died first: nothing may run unsupervised
     if req.argv[1:] == ["procsv.ps_server"]:  # a --ps parameter server (procsv.watchdog.pstasks), TF imported
         from procsv.ps_server import main as ps_main
 

@@ -1,8 +1,9 @@
 """A hot standby's wait without TensorFlow or a launch: ``standby_wait.py forked|plain``.
 
 ``forked``: this process plays the zygote: it blocks the stop signals and SIGUSR1, as the zygote
-does for a standby, and forks the standby, which waits (its watchdog: this process's parent, the
-test). ``plain``: this process itself waits with nothing blocked (a standby not forked by a
+does for a standby, and forks the standby, which waits; its watchdog is this process's parent, the
+test, named in its ``PROCSV_PARENT_PID`` as the zygote names its own parent (the re-parenting to the
+watchdog, a child subreaper, is left out: the standby stays this process's child). ``plain``: this process itself waits with nothing blocked (a standby not forked by a
 zygote). The standby prints ``standby <pid>`` first, then the wait's own lines; promoted, it
 prints ``promoted`` and exits 0 (the zygote exits with its code)."""
 
@@ -31,6 +32,7 @@ def main() -> int:
     if sys.argv[1] == "plain":
         return standby()
     stopfrom.block(stopfrom.STOP_SIGNALS + (stopfrom.PROMOTE,))
+    os.environ["PROCSV_PARENT_PID"] = str(os.getppid())
     pid = os.fork()
     if pid == 0:
         code = 1

@@ -101,8 +101,8 @@ def wait_for_promotion(ctx: ChildContext) -> None:
 class _Senders:
     """The signals a standby forked by the zygote has blocked, read with their senders: the stop
     signals (the watchdog's, or anyone's once it is gone, end the wait) and SIGUSR1 (the watchdog's
-    alone promotes). The watchdog is the zygote's parent (the standby dies with the zygote, which dies
-    with the watchdog: while the zygote is this process's parent, the watchdog lives)."""
+    alone promotes). The watchdog is this process's parent (``PROCSV_PARENT_PID``: the zygote's
+    fork is re-parented to it), and lives while it is."""
 
     def __init__(self, stops: stopfrom.SignalFd, promotions: Optional[stopfrom.SignalFd],
                  watchdog: stopfrom.Authority) -> None:
@@ -119,19 +119,15 @@ class _Senders:
         if not stopfrom.blocked():
             stopfrom.unblock((stopfrom.PROMOTE,))
             return None
-        zygote = os.getppid()
-        try:
-            watchdog = psutil.Process(zygote).ppid()
-        except psutil.Error:
-            watchdog = 0
-        stops = stopfrom.SignalFd.open() if watchdog else None
+        watchdog = stopfrom.Authority.parent("the watchdog")
+        stops = stopfrom.SignalFd.open()
         if stops is None:
             stopfrom.unblock(stopfrom.STOP_SIGNALS + (stopfrom.PROMOTE,))
             return None
         promotions = stopfrom.SignalFd.open((stopfrom.PROMOTE,)) if stopfrom.blocked((stopfrom.PROMOTE,)) else None
         if promotions is None:
             stopfrom.unblock((stopfrom.PROMOTE,))
-        return _Senders(stops, promotions, stopfrom.Authority(watchdog, "the watchdog", lambda: os.getppid() == zygote))
+        return _Senders(stops, promotions, watchdog)
 
     def fds(self) -> list[int]:
         return [self.stops.fileno()] + ([self.promotions.fileno()] if self.promotions is not None else [])

@@ -7,8 +7,8 @@ its memory; it files the public key for the launch in the shared logdir and pins
 there), says which node it is and where its next members will listen (:class:`NodeHello`, also its heartbeat),
 starts the members it is asked for (:class:`StartMembers`: trainer processes with their ``TF_CONFIG``, forked
 from this host's own pre-warmed trainer when it is ready), signals them when told (:class:`SignalMember`;
-through each member's pidfd, never by pid: a member forked by the pre-warmed trainer is reaped by that process,
-so its pid may name another process by then), relays their reports (:class:`Relayed`: progress, restore and
+through each member's pidfd, never by pid: once reaped, its pid may name another process; every member, one
+forked by the pre-warmed trainer too, is the agent's own child, reaped by the agent), relays their reports (:class:`Relayed`: progress, restore and
 non-finite training, :data:`~procsv.ipc.node_messages.RELAYABLE`) and tells of their ends
 (:class:`MemberEnded`). It runs no checkpoint or summary service: only the chief (task 0, on node 0) saves and
 writes summaries. Its loop never waits on the shared logdir: the reads and writes of a reconnect (the job file,
@@ -142,7 +142,7 @@ class NodeAgent:
         bind_private(pull, Endpoints(runtime.path).watchdog)
         stops: list[int] = []
         old = {s: signal.signal(s, lambda signum, frame: stops.append(signum)) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-        become_subreaper()  # the trainers its pre-warmed trainer forks stay ours if that one dies
+        become_subreaper()  # what its pre-warmed trainer forks is re-parented to the agent, and left-behind helpers
         dealer: Optional[zmq.Socket[Any]] = None
         self.say(f"joining the job at {self.cfg.master_addr} as {self.host} ({self.cfg.nproc} trainer(s))")
         try:
@@ -154,7 +154,7 @@ class NodeAgent:
                 dealer = self._loop(zctx, pull, stops)
         finally:
             if self.zygote is not None:
-                self.zygote.kill()  # first: a stopped zygote would never report its trainers' exits
+                self.zygote.kill()
             self._kill_all()
             for m in self.members.values():
                 m.close()
@@ -353,10 +353,7 @@ class NodeAgent:
             self.zygote = None
 
     def _started(self, dealer: "zmq.Socket[Any]", slot: str, attempt: int, proc: Process) -> None:
-        try:
-            fd = os.pidfd_open(proc.pid)
-        except OSError:  # already gone (and reaped by the pre-warmed trainer): nothing to signal
-            fd = -1
+        fd = os.pidfd_open(proc.pid)  # its own unreaped child (a zombie if it died at once): opens
         member = Member(slot, attempt, proc, fd)
         self.members[member.key] = member
         send(dealer, MemberStarted(slot, attempt, proc.pid))
