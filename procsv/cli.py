@@ -240,7 +240,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
     if args.nproc * args.nnodes > 1 and args.standby == "hot":
         raise UsageError("--standby hot needs a single trainer: a group of --nproc trainers restarts together from "
                          "the pre-warmed trainer (--standby fork, the default with --nproc)")
-    from procsv.watchdog.multihost.slurm import EXIT_STOP_UNSAVED, after_run, parse_preempt_signal, warn_grace
+    from procsv.watchdog.multihost.slurm import after_run, parse_preempt_signal, warn_grace
 
     preempt_signal = parse_preempt_signal(args.preempt_signal, args.requeue_on_preempt, placed.job_id)
     if args.chaos:
@@ -289,8 +289,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                 probes.close()
     watchdog = Watchdog(cfg)
     code = watchdog.run()
-    stopped_by = watchdog.view.stop_signal if code == EXIT_STOP_UNSAVED else None  # (an unsaved stop's signal)
-    return after_run(code, preempt_signal, args.requeue_on_preempt, placed.job_id, stopped_by)
+    return after_run(code, preempt_signal, args.requeue_on_preempt, placed.job_id, lambda: watchdog.view.stop_signal)
 
 
 def _log_role(value: str) -> str:

@@ -13,7 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
 from procsv.common.errors import UsageError
 from procsv.watchdog.rules.judge import EXIT_STOP_UNSAVED
@@ -59,13 +59,13 @@ def kill_wait() -> Optional[int]:
 
 
 def after_run(code: int, preempt_signal: int, requeue_on_preempt: bool, job_id: Optional[str],
-              stopped_by: Optional[int] = None) -> int:
+              stopped_by: Callable[[], Optional[int]] = lambda: None) -> int:
     """After node 0's loop ended with ``code``: with ``--requeue-on-preempt``, a stop on the preempt
-    signal requeues the job (once, saying so); returns ``code``. So does a stop on it (``stopped_by``:
-    the signal the watchdog stopped on) whose checkpoint of the last step did not commit (exit
+    signal requeues the job (once, saying so); returns ``code``. So does a stop on it (``stopped_by()``:
+    the signal the watchdog stopped on, asked only then) whose checkpoint of the last step did not commit (exit
     :data:`EXIT_STOP_UNSAVED`): the newest committed checkpoint is intact and the requeued job
     resumes there, where not requeuing would end an unattended run for good."""
-    unsaved = code == EXIT_STOP_UNSAVED and stopped_by == preempt_signal
+    unsaved = code == EXIT_STOP_UNSAVED and stopped_by() == preempt_signal
     if requeue_on_preempt and (code == 128 + preempt_signal or unsaved) and job_id:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the requeue's own SIGTERM: the run is over, say it
         print(requeue(job_id)[1], file=sys.stderr, flush=True)  # the run stopped and released its logdir
