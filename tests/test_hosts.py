@@ -396,7 +396,9 @@ def test_a_host_lost_during_node_0s_orderly_stop_does_not_keep_the_launch_alive(
         if master.poll() is None:
             os.killpg(master.pid, signal.SIGKILL)
         finish(node1, timeout=30)
-    assert code == 143, err
+    # stopped by the SIGTERM: 143 when the chief's last step is committed, else (its worker died with the host,
+    # so its collectives fail and its last steps cannot be saved) 1, saying so (issue 51: 128+N says nothing lost)
+    assert code == 143 or (code == 1 and "its checkpoint of the last step did not commit" in err), err
     assert took < 40, took
     lost = events(logdir, "node_lost")
     assert len(lost) == 1 and lost[0]["node"] == 1, lost
