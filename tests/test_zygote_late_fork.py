@@ -82,3 +82,35 @@ def test_the_sweep_of_an_unanswered_fork_is_not_the_replacements_death(logdir):
         proc.send_signal(signal.SIGTERM)
         code, out, err = finish(proc)
     assert code == 128 + signal.SIGTERM, err
+
+
+def _zombies(pid: int) -> list[int]:
+    out = []
+    for child in _children(pid):
+        try:
+            with open(f"/proc/{child}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    out.append(child)
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.slow
+def test_a_lost_zygote_leaves_no_zombie(logdir):
+    """Before: a zygote given up on (here SIGKILLed) was reaped only at the launch's end, and so was
+    its intermediate (re-parented to the watchdog at the zygote's end): two zombies per lost zygote
+    for the rest of a run that may last a month."""
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "fork"))
+    try:
+        for lost in (1, 2):
+            wait_for(lambda: len(_events(logdir, "zygote_ready")) >= lost, 120, what=f"zygote {lost} ready")
+            zygote = _events(logdir, "zygote_ready")[-1]["pid"]
+            wait_for(lambda: _children(zygote), 30, what="its spare intermediate")
+            os.kill(zygote, signal.SIGKILL)
+            wait_for(lambda: len(_events(logdir, "zygote_gone")) >= lost, 30, what=f"zygote {lost} given up")
+        wait_for(lambda: not _zombies(proc.pid), 10, what="no zombie child of the watchdog")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
