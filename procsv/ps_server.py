@@ -55,7 +55,7 @@ def main() -> int:
 def supervisor() -> stopfrom.Authority:
     """The process whose stop signals this task obeys: the one that started it (``PROCSV_SUPERVISOR_PID``;
     without it, the parent), there while this process's parent at its start is (a task the zygote forked
-    dies with the zygote, and the zygote with the watchdog)."""
+    is the watchdog's child by then: the zygote double-forks, and this runs after the re-parenting)."""
     raw = os.environ.get(env.SUPERVISOR_PID) or os.environ.get(env.PARENT_PID, "")
     parent = os.getppid()
     pid = int(raw) if raw.isdigit() else parent

@@ -25,6 +25,7 @@ import psutil
 
 from procsv.common import faults
 from procsv.common import pidfd as pidfds
+from procsv.common.env import DEATH_MUTEX
 from procsv.common.layout import read_json
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog.deathwatch import DeathWatch
@@ -55,6 +56,24 @@ class PendingFork:
     due: float  # the zygote's answer is overdue after this (the watchdog's clock)
     role: str = TRAINER  # TRAINER, WORKER (a group's task ``rank``), STANDBY or PS
     rank: int = 0  # the key of the zygote's answer: the task, or PS_FORK_RANK + i for parameter server i
+
+    def fresh_mutex(self) -> Optional[RobustMutex]:
+        """The death-notice mutex of the fresh start that replaces this fork, given up on: a new file.
+        The fork may have started all the same (the zygote stalled after its intermediate forked it),
+        and that late trainer holds (or will open) the old one: shared, its kill by the sweep would
+        read as the replacement's death. The old file is removed (a late opener finds none)."""
+        if self.mutex is None:
+            return None
+        old = self.mutex.path
+        self.mutex.remove()
+        self.mutex = None
+        self.env.pop(DEATH_MUTEX, None)
+        try:
+            self.mutex = RobustMutex(old.removesuffix(".mutex") + ".fresh.mutex", create=True)
+        except OSError:
+            return None  # no early notice: the pidfd alone tells of the death
+        self.env[DEATH_MUTEX] = self.mutex.path
+        return self.mutex
 
 
 class ChildProcess:

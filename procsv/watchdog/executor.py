@@ -334,7 +334,8 @@ class Executor:
             self.zygote.kill()  # a zygote that does not answer is not trusted with the next one either
             self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({why}); starting a fresh one")
         if pending.slot != STANDBY:
-            self._fresh(pending.slot, pending.role, pending.attempt, pending.env, pending.log_path, pending.mutex)
+            mutex = pending.fresh_mutex()  # (the fork may have started late: it holds the old one)
+            self._fresh(pending.slot, pending.role, pending.attempt, pending.env, pending.log_path, mutex)
 
     def _fresh(self, slot: str, role: str, attempt: int, env: dict[str, str], log_path: str,
                mutex: Optional[RobustMutex]) -> ChildProcess:

@@ -56,6 +56,7 @@ class Sweeper:
         unanswered (but for the final sweep): the trainer it forked is the watchdog's child (re-parented)
         before the answer naming it is read, and would be taken for one left behind."""
         self._next = self.clock() + SWEEP_EVERY
+        ex.dead_zygotes[:] = [z for z in ex.dead_zygotes if not z.reap_dead()]  # their groups are spared below till then
         if ex.forks and not final:
             return
         known = {h.pid for h in ex.handles.values()} | ex.zygote_pids() | ex.unreaped.pids

@@ -177,6 +177,20 @@ class Zygote:
         """True once both pipes are closed (a lost zygote)."""
         return self._req_w < 0 and self._rep_r < 0
 
+    def reap_dead(self) -> bool:
+        """A zygote given up on: reap it once it is dead, and what its group left to this process (the
+        intermediate it forked ahead of a request, re-parented here at its end); True once nothing of
+        it is left (never waits). Else each lost zygote left two zombies until the launch's end."""
+        if self.popen.poll() is None:
+            return False
+        while True:
+            try:
+                pid, _ = os.waitpid(-self.popen.pid, os.WNOHANG)
+            except ChildProcessError:
+                return True
+            if pid == 0:
+                return False
+
     def close(self, limit: Optional[float] = None) -> bool:
         """Close the pipes, SIGKILL the zygote (its group) and reap it, waiting at most ``limit``
         seconds for it (None: as long as it takes); False if it did not die within that

@@ -1,0 +1,116 @@
+"""A fork the zygote made but never answered (issue 51, point 1, reviewed): the late trainer.
+
+Since the zygote double-forks, a trainer its intermediate forked is the watchdog's child at once,
+whether or not the zygote's reply naming it is ever read. A zygote stopped between handing the
+request to its intermediate and replying leaves such a trainer running unknown to the watchdog; at
+the reply's limit the watchdog starts the same attempt fresh, and the left-behind sweep kills the
+late one. The two are the same attempt of the same slot (same log, same death-notice mutex): the
+sweep's kill must not be taken for the death of the fresh replacement. A real launch of a tiny
+TensorFlow program; the zygote and its spare intermediate are stopped with SIGSTOP in turn.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from conftest import PROGRAMS, finish, launch, lifecycle, raw_status, wait_for, wait_role_pid
+
+TINY = os.path.join(PROGRAMS, "tiny_train.py")
+
+
+def _events(logdir: str, name: str) -> list[dict]:
+    return [e for e in lifecycle(logdir) if e["event"] == name]
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as fh:
+            out += [int(p) for p in fh.read().split()]
+    return out
+
+
+def _wchan(pid: int) -> str:
+    with open(f"/proc/{pid}/wchan") as fh:
+        return fh.read()
+
+
+def _cont(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.mark.slow
+def test_the_sweep_of_an_unanswered_fork_is_not_the_replacements_death(logdir):
+    """Before: the fresh attempt 2 was given the death-notice mutex the late one held; the sweep's kill
+    of the late one was noticed as attempt 2's death (its first step then started an unasked attempt 3
+    beside it, never reaped), and the launch did not end on SIGTERM within 180 s."""
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "fork"))
+    stopped: list[int] = []
+    try:
+        wait_for(lambda: _events(logdir, "zygote_ready"), 120, what="the zygote to be ready")
+        zygote = int(next(e["pid"] for e in _events(logdir, "spawned") if e["role"] == "zygote"))
+        first = wait_role_pid(logdir, "trainer")
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 20, 120, what="the first trainer's steps")
+        middle = wait_for(lambda: _children(zygote), 30, what="the zygote's spare intermediate")[0]
+        os.kill(middle, signal.SIGSTOP)  # the request reaches it; the zygote then waits for its answer
+        stopped.append(middle)
+        os.kill(first, signal.SIGKILL)  # attempt 2 is asked of the zygote
+        wait_for(lambda: "pipe_read" in _wchan(zygote), 60, what="the zygote to wait for its intermediate")
+        os.kill(zygote, signal.SIGSTOP)  # it will not reply
+        stopped.append(zygote)
+        os.kill(middle, signal.SIGCONT)  # the intermediate forks attempt 2 and exits: the watchdog's child
+        wait_for(lambda: _events(logdir, "zygote_gone"), 60, what="the zygote given up (no reply in 10 s)")
+        wait_for(lambda: [e for e in _events(logdir, "spawned") if e["role"] == "trainer" and e["attempt"] == 2],
+                 30, what="attempt 2 started fresh")
+        wait_for(lambda: _events(logdir, "orphans_killed"), 30, what="the late trainer swept")
+        fresh = next(e["pid"] for e in _events(logdir, "spawned") if e["role"] == "trainer" and e["attempt"] == 2)
+        wait_for(lambda: len(_events(logdir, "zygote_ready")) > 1, 120, what="a new zygote ready")
+        step = (raw_status(logdir) or {}).get("step", 0)
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > step + 300, 120, what="300 more steps")
+        assert raw_status(logdir)["restarts"] == 1, lifecycle(logdir)  # the one asked for: the first trainer's kill
+        assert not [e for e in _events(logdir, "death_noticed") if e["attempt"] == 2], lifecycle(logdir)
+        os.kill(fresh, 0)  # the fresh attempt 2 lives on
+    finally:
+        for pid in stopped:
+            _cont(pid)
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+
+
+def _zombies(pid: int) -> list[int]:
+    out = []
+    for child in _children(pid):
+        try:
+            with open(f"/proc/{child}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    out.append(child)
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.slow
+def test_a_lost_zygote_leaves_no_zombie(logdir):
+    """Before: a zygote given up on (here SIGKILLed) was reaped only at the launch's end, and so was
+    its intermediate (re-parented to the watchdog at the zygote's end): two zombies per lost zygote
+    for the rest of a run that may last a month."""
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "fork"))
+    try:
+        for lost in (1, 2):
+            wait_for(lambda: len(_events(logdir, "zygote_ready")) >= lost, 120, what=f"zygote {lost} ready")
+            zygote = _events(logdir, "zygote_ready")[-1]["pid"]
+            wait_for(lambda: _children(zygote), 30, what="its spare intermediate")
+            os.kill(zygote, signal.SIGKILL)
+            wait_for(lambda: len(_events(logdir, "zygote_gone")) >= lost, 30, what=f"zygote {lost} given up")
+        wait_for(lambda: not _zombies(proc.pid), 10, what="no zombie child of the watchdog")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
