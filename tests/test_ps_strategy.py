@@ -8,6 +8,7 @@ at step ``s`` holds are :func:`procsv.examples.ps_strategy.replay`'s, whichever 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import committed_steps, finish, launch, wait_for
+from conftest import committed_steps, finish, launch, lifecycle, wait_for
 from ps_helpers import entry, log_of
 
 pytestmark = pytest.mark.slow
@@ -59,6 +60,16 @@ def test_the_coordinator_trains_to_the_end_and_its_checkpoint_holds_the_trained_
     np.testing.assert_allclose(got["w"], want["w"], rtol=0, atol=1e-6)
     np.testing.assert_allclose(got["b"], want["b"], rtol=0, atol=1e-6)
     assert not np.allclose(got["w"], replay(39)["w"], rtol=0, atol=1e-6)  # the comparison tells a step apart
+
+
+def _what_each_said(logdir: str) -> str:
+    """The last lifecycle records and the tail of every task's newest log, for a failure's message."""
+    records = "\n".join(json.dumps(e) for e in lifecycle(logdir)[-25:])
+    tails = []
+    folder = os.path.join(logdir, "logs")
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        tails.append(f"--- {name}\n{log_of(logdir, name)[-1500:]}")
+    return f"lifecycle (last 25):\n{records}\n" + "\n".join(tails)
 
 
 def stepping(logdir: str, attempt: int, past: int) -> dict[str, Any]:
@@ -126,7 +137,10 @@ def test_each_task_of_the_coordinators_cluster_is_restarted_alone(short_tmp: str
         before = committed_steps(logdir)[-1]
         os.kill(servers["ps0"]["pid"], signal.SIGKILL)
         wait_for(lambda: entry(logdir, "ps0").get("attempt") == 2, 60, what="ps0 restarted")
-        c3 = wait_for(lambda: stepping(logdir, 3, 0), 180, what="the coordinator stepping after the ps")
+        try:
+            c3 = wait_for(lambda: stepping(logdir, 3, 0), 180, what="the coordinator stepping after the ps")
+        except AssertionError as timed_out:  # seen about once in ten suites, not understood yet: keep what each said
+            raise AssertionError(f"{timed_out}\n{_what_each_said(logdir)}") from None
         text = log_of(logdir, "trainer.3.log")
         r3 = restored_step(text)
         assert r3 >= before and text.index("procsv: restored step") < text.index("ps_strategy: coordinator at step")
