@@ -50,7 +50,11 @@ def test_a_nan_loss_in_a_group_with_rollback_stops_the_whole_group_in_order_with
     line = [s for s in out.splitlines() if s.startswith("[trainer.1] procsv: non-finite training at step 40")]
     assert len(line) == 1, out
     assert "--on-nonfinite rollback: stopping in order with exit code 4 (diverging)" in line[0]
-    assert "the newest committed checkpoint (step 30) is the newest finite one" in line[0]
+    # commits are asynchronous, one in flight: at 4 ms a step under load the step-30 snapshot may still be
+    # waiting behind step 20's commit at step 40 (seen in a fresh clone's CI); the line names the newest that is
+    steps = committed_steps(logdir)
+    assert steps and steps[-1] < 40, steps
+    assert f"the newest committed checkpoint (step {steps[-1]}) is the newest finite one" in line[0], line[0]
     assert "rollback in place is not available in a trainer group (2 members" in line[0]
     assert "--on-nonfinite continue" in line[0] and "fix the input and relaunch" in line[0]
     assert "procsv: giving up: the trainer is diverging" in err and line[0].split("procsv: ", 1)[1] in err
@@ -64,8 +68,7 @@ def test_a_nan_loss_in_a_group_with_rollback_stops_the_whole_group_in_order_with
     # no member trained past the poisoned step: the worker did not run on alone to the end
     assert "[worker1.1] digits: step 50" not in out and "digits: finished" not in out, out
     assert (raw_status(logdir) or {}).get("exit_code") == 4
-    # every committed checkpoint is finite; the newest is the last one before the poisoned step
-    steps = committed_steps(logdir)
-    assert steps and steps[-1] == 30, steps
+    # every committed checkpoint is finite; the newest is from before the poisoned step (above)
+    assert committed_steps(logdir) == steps
     for step in steps:
         assert finite_floats(os.path.join(logdir, f"model.ckpt-{step}")) > 0
