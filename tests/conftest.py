@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import fcntl
 import json
 import os
@@ -268,3 +270,28 @@ def shared_result(tmp_path_factory, worker_id):
         return str(folder)
 
     return get
+
+
+@contextlib.contextmanager
+def ready_zygote(tmp_path):  # type: ignore[no-untyped-def]
+    """A real zygote made by this process (TensorFlow imported, ready; it copies this process's
+    stderr as it is now), with a layout and a runtime directory; SIGKILLed and reaped at the end."""
+    from procsv.common.layout import Layout, RuntimeDir, release_runtime_dir
+    from procsv.watchdog.prewarm import Zygote, zygote_env
+
+    lay = Layout(str(tmp_path / "run"))
+    lay.create()
+    runtime = RuntimeDir.create()
+    z = Zygote(zygote_env(lay.logdir, runtime.path), str(tmp_path / "zygote.log"), str(tmp_path))
+    try:
+        def ready() -> bool:
+            z.reader.wait(0.2)
+            z.pump()
+            assert z.alive(), (tmp_path / "zygote.log").read_text()
+            return z.ready
+
+        wait_for(ready, 120, what="the zygote to import TensorFlow")
+        yield z, lay, runtime.path
+    finally:
+        z.close(10)
+        release_runtime_dir(runtime.path)

@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
-from conftest import PROGRAMS, REPO, finish, launch, quiet_env, raw_status, wait_for
+from conftest import PROGRAMS, REPO, finish, launch, quiet_env, raw_status, ready_zygote, wait_for
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
 PIDNS = os.path.join(PROGRAMS, "pidns.py")
@@ -101,25 +101,8 @@ def test_a_trainer_the_pre_warmed_trainer_forked_and_reaped_is_never_signalled_b
 @pytest.fixture
 def zygote(tmp_path):
     """A real pre-warmed trainer, ready (TensorFlow imported); SIGKILLed and reaped at the end."""
-    from procsv.common.layout import Layout, RuntimeDir, release_runtime_dir
-    from procsv.watchdog.prewarm import Zygote, zygote_env
-
-    lay = Layout(str(tmp_path / "run"))
-    lay.create()
-    runtime = RuntimeDir.create()
-    z = Zygote(zygote_env(lay.logdir, runtime.path), str(tmp_path / "zygote.log"), str(tmp_path))
-    try:
-        def ready() -> bool:
-            z.reader.wait(0.2)
-            z.pump()
-            assert z.alive(), (tmp_path / "zygote.log").read_text()
-            return z.ready
-
-        wait_for(ready, 120, what="the zygote to import TensorFlow")
-        yield z, lay, runtime.path
-    finally:
-        z.close(10)
-        release_runtime_dir(runtime.path)
+    with ready_zygote(tmp_path) as made:
+        yield made
 
 
 def _pipe_inodes() -> set[int]:

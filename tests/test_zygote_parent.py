@@ -9,7 +9,6 @@ dies at once.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -17,7 +16,8 @@ import sys
 
 import pytest
 
-from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, wait_for, wait_role_pid
+from conftest import (PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, ready_zygote, wait_for,
+                      wait_role_pid)
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
 
@@ -86,29 +86,6 @@ def test_a_launch_whose_zygote_is_frozen_still_exits_when_asked_to_stop(logdir):
     assert ready["pid"] in [e["pid"] for e in _events(logdir, "exited")]  # the standby's end was its own
 
 
-@contextlib.contextmanager
-def _zygote(tmp_path):  # type: ignore[no-untyped-def]
-    """A real zygote made by this process (TensorFlow imported, ready; it copies this process's
-    stderr as it is now), with a layout and a runtime directory; SIGKILLed and reaped at the end."""
-    from procsv.common.layout import Layout, RuntimeDir, release_runtime_dir
-    from procsv.watchdog.prewarm import Zygote, zygote_env
-
-    lay = Layout(str(tmp_path / "run"))
-    lay.create()
-    runtime = RuntimeDir.create()
-    z = Zygote(zygote_env(lay.logdir, runtime.path), str(tmp_path / "zygote.log"), str(tmp_path))
-    try:
-        def ready() -> bool:
-            z.reader.wait(0.2)
-            z.pump()
-            assert z.alive(), (tmp_path / "zygote.log").read_text()
-            return z.ready
-
-        wait_for(ready, 120, what="the zygote to import TensorFlow")
-        yield z, lay, runtime.path
-    finally:
-        z.close(10)
-        release_runtime_dir(runtime.path)
 
 
 def _fork(z, lay, runtime: str, tmp_path, target: str, log_path: str):  # type: ignore[no-untyped-def]
@@ -135,7 +112,7 @@ def test_a_fork_that_dies_at_once_is_reaped_by_the_zygotes_parent(tmp_path):
 
     target = tmp_path / "ends.py"
     target.write_text("import os\nos._exit(3)\n")
-    with _zygote(tmp_path) as (z, lay, runtime):
+    with ready_zygote(tmp_path) as (z, lay, runtime):
         proc = _fork(z, lay, runtime, tmp_path, str(target), str(tmp_path / "trainer.log"))
         # it ends before its handle is made (as a fork that dies at once, under load, does)
         wait_for(lambda: process_state(proc.pid) in ("Z", "?"), 60, what="the fork to end")
@@ -156,7 +133,7 @@ def test_a_fork_whose_log_cannot_be_opened_still_starts(capfd, tmp_path):
     target = tmp_path / "runs.py"
     target.write_text(f"print('CHILD-OUT')\nopen({str(ran)!r}, 'w').close()\nraise SystemExit(7)\n")
     missing = str(tmp_path / "gone" / "trainer.1.log")  # its folder does not exist
-    with _zygote(tmp_path) as (z, lay, runtime):  # made in the test: it copies capfd's stderr
+    with ready_zygote(tmp_path) as (z, lay, runtime):  # made in the test: it copies capfd's stderr
         proc = _fork(z, lay, runtime, tmp_path, str(target), missing)
         assert proc.wait(60) == 7  # the program ran to its own exit
     assert ran.exists()
