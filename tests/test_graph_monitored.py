@@ -173,6 +173,10 @@ def test_an_aborted_run_recovers_in_process_from_the_newest_checkpoint_and_is_no
     assert _bit_equal(_load(out), plain(150))
 
 
+def _restores(logdir: str) -> list[int]:
+    return [e["step"] for e in lifecycle(logdir) if e["event"] == "restored"]
+
+
 def _trainer_of_attempt(logdir: str, attempt: int):
     for p in (raw_status(logdir) or {}).get("processes", []):
         if p["role"] == "trainer" and p.get("attempt") == attempt and p["state"] == "running":
@@ -190,6 +194,12 @@ def test_three_sigkills_at_random_moments_and_monitored_training_session_ends_bi
     try:
         last = -1
         for attempt in (1, 2, 3):
+            if attempt > 1:
+                # this attempt's own restore first: the killed attempt's snapshot in flight can still
+                # commit after the kill, and that commit is not one by this attempt
+                restored = wait_for(lambda: _restores(logdir)[attempt - 2:], 120,
+                                    what=f"trainer attempt {attempt}'s restore")
+                last = max(last, restored[0])
             wait_for(lambda: committed_steps(logdir) and committed_steps(logdir)[-1] > last, 120,
                      what=f"a commit by trainer attempt {attempt}")
             time.sleep(rng.uniform(0.0, 0.5))
@@ -203,7 +213,7 @@ def test_three_sigkills_at_random_moments_and_monitored_training_session_ends_bi
     deaths = [e for e in _trainer_exits(logdir) if e.get("signal") == "SIGKILL"]
     assert len(deaths) == 3
     assert all(s is not None and 0 < s < steps for s in killed_at), killed_at  # each landed mid-run
-    restores = [e["step"] for e in lifecycle(logdir) if e["event"] == "restored"]
+    restores = _restores(logdir)
     assert len(restores) == 3 and all(0 < s < steps for s in restores), restores  # each attempt resumed mid-run
     assert "finished at step 600" in stdout
     assert _bit_equal(_load(out), plain(steps))
