@@ -210,7 +210,7 @@ def _loading(view: RunView, msg: ServiceLoading, now: float) -> list[Report]:
 def _overdue(view: RunView, msg: SaveOverdue) -> list[Report]:
     """The trainer gave up waiting for a snapshot's result: the checkpoint service is stuck (rule 7).
     Also while the service says it is loading what that commit needs: a load that makes progress
-    grows a file the trainer watches (slow, not dead: no SaveOverdue), so one comes only from a load
+    sends the trainer CommitLoading (slow, not dead: no SaveOverdue), so one comes only from a load
     that stopped (SIGSTOP, a deadlocked import, a stalled filesystem)."""
     child = _trainer(view, msg.pid)
     if child is None:

@@ -117,7 +117,8 @@ class CheckpointService:
         self.held_steps: Optional[tuple[int, int]] = None  # the steps of the first and the last of them
         self._next_stats = clock()
         self.deletions = Deletions(self.store, _say)  # what waits for a restore to end before it is deleted
-        self.loader = Loader(ctx.layout, self.to_watchdog, ctx.attempt, _say, clock)  # TensorFlow, when needed
+        # TensorFlow, when needed: the watchdog and the trainer whose snapshot waits are told meanwhile
+        self.loader = Loader(ctx.layout, self.to_watchdog, (self.router, ACCEPT), ctx.attempt, _say, clock)
 
     def run(self) -> int:
         self.loader.at_start()  # before the lower priority and the Hello: what this run's commits need
@@ -132,13 +133,15 @@ class CheckpointService:
             send(self.to_watchdog, Hello(Role.CHECKPOINT, os.getpid(), self.ctx.attempt))
 
         wake = StopWake(self.router, self._on_term, self._stop_authority(), "procsv checkpoint")  # woken at once
+        early = self.loader.early  # what came while it loaded, before its Hello
         while not self.stopping:
-            if wake.wait(POLL_MS):
-                for got in drain(self.router, limit=1, routed=True, accept=ACCEPT):
+            if early or wake.wait(POLL_MS):
+                for got in early or drain(self.router, limit=1, routed=True, accept=ACCEPT):
                     if isinstance(got, ProtocolError):
                         self.rejections.count(got)
                     else:
                         self._handle(got)
+                early = []
             self._tick()
             if (self.rejections.total, self.held_count) != self._stats_written and self.clock() >= self._next_stats:
                 self._write_stats(durable=False)
@@ -339,7 +342,7 @@ class CheckpointService:
             view = self.arenas.get(msg.arena) if msg.arena is not None else None
             why = needs_tensorflow(msg)
             if why:
-                self.loader.before_commit(why)  # the watchdog is told: a commit still loading is no stall
+                self.loader.before_commit(why, msg.step, self.trainer if reply_to == b"" else None)  # no stall: told
                 started = self.clock()  # (the persist time the trainer measures its deadlines by)
             manifest, retired = self.store.commit(
                 step=msg.step,
