@@ -102,7 +102,8 @@ def test_snapshots_refused_under_on_nonfinite_continue_never_get_the_checkpoint_
     """Issue 51, point 5: once the state is non-finite, --on-nonfinite continue refuses every snapshot
     (procsv never commits a poisoned state), so nothing commits; the stall rule SIGKILLed the healthy
     checkpoint service every three save intervals (here: 30 steps and the 10 s floor), forever. The
-    trainer says why nothing commits, and the stall rule counts from its last refusal."""
+    trainer says why nothing commits, and the stall rule counts from its last refusal. Its refusals'
+    nonfinite_detected records are coalesced, and procsv status and report count every one."""
     proc = launch(logdir, "--how", "return", "--nan-at", "25", "--steps", "1500", "--save-steps", "10",
                   "--step-delay", "0.02", target=os.path.join(PROGRAMS, "nan_train.py"),
                   opts=("--on-nonfinite", "continue", "--standby", "off"))
@@ -112,9 +113,21 @@ def test_snapshots_refused_under_on_nonfinite_continue_never_get_the_checkpoint_
     assert not [e for e in events if e["event"] == "checkpoint_stalled"], err[-3000:]
     assert len([e for e in events if e["event"] == "spawned" and e["role"] == "checkpoint"]) == 1
     refused = [e for e in events if e["event"] == "nonfinite_detected"]
-    assert len(refused) > 100 and max(committed_steps(logdir)) < 25  # a refusal every 10 steps, from step 30
+    told = sum(e["repeats"] for e in refused)
+    assert told > 100 and max(committed_steps(logdir)) < 25  # a refusal every 10 steps, from step 30
     said = out + err
     assert "no checkpoint commits: the snapshot of step" in said and "snapshots refused since step 25" in said, said[-3000:]
+    # ... coalesced in lifecycle.jsonl (one record each grew it by ~71 MB a day): the first, at most one
+    # a minute, the last (at the trainer's end); procsv status and report still say how many
+    span = refused[-1]["time"] - refused[0]["time"]
+    assert 2 <= len(refused) <= 2 + span / 60, [(e["time"], e["repeats"]) for e in refused]
+    assert refused[0]["repeats"] == 1 and refused[0]["step"] == 25, refused[0]
+    status = raw_status(logdir)
+    assert status is not None and status["nonfinite_detected"] == told, status
+    for command in ("status", "report"):
+        shown = subprocess.run([sys.executable, "-m", "procsv", command, logdir], capture_output=True, text=True,
+                               env=quiet_env(), timeout=120)
+        assert shown.returncode == 0 and f"{told} time(s) found non-finite" in shown.stdout, shown
 
 
 def _burn(n: int = 2) -> list[subprocess.Popen]:

@@ -20,6 +20,7 @@ from typing import Optional
 
 from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.lifecycle import ProcState, RunState, transition
+from procsv.watchdog.rules.nonfinitelog import NonfiniteLog
 from procsv.watchdog.rules.policy import History
 
 TRAINER = "trainer"
@@ -219,6 +220,7 @@ class RunView:
     # non-finite training (issue 41), as the trainer told it: losses or states found non-finite,
     # in-place rollbacks, and the global steps skipped (each would have completed that step), sorted
     nonfinite_found: int = 0
+    nonfinite_log: NonfiniteLog = field(default_factory=NonfiniteLog)  # the records not written yet (coalesced)
     rollbacks: int = 0
     skipped_steps: list[int] = field(default_factory=list)
     # the other hosts of a job that spans hosts (--nnodes): node rank -> what its agent said
