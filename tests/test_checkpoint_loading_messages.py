@@ -105,3 +105,38 @@ def test_a_service_loading_before_its_hello_tells_the_trainer_whose_snapshot_wai
     assert said["early"] == ["Received"], said  # the heartbeat, for the service's loop after its Hello
     assert not [n for n in seen if n.startswith("loading.")], seen
 
+
+
+def test_checkpoint_needs_json_follows_what_the_commits_need_and_is_safe_to_delete(logdir, monkeypatch):
+    """Issue 51: ``.procsv/checkpoint_needs.json`` was written once and never cleared: a run whose
+    program no longer checkpoints a tf.data iterator imported TensorFlow at every service's start for
+    good. It says what this run's commits need: rewritten when a commit needs something else, removed
+    when a commit needs nothing, and a missing file only means the next commit that needs TensorFlow
+    finds out (and records it) again (the first test above)."""
+    from procsv.common.layout import Layout
+    from procsv.services.checkpoint import preload
+    from procsv.services.checkpoint.service import ACCEPT
+
+    meta = os.path.join(logdir, ".procsv")
+    os.makedirs(meta)
+    path = os.path.join(meta, "checkpoint_needs.json")
+    with open(path, "w") as f:
+        json.dump({"tensorflow": "a variant tensor"}, f)
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind("ipc://" + os.path.join(logdir, "ckpt.sock"))
+    said: list[str] = []
+    try:
+        loader = preload.Loader(Layout(logdir), None, (router, ACCEPT), 1, said.append)
+        monkeypatch.setattr(preload, "loaded", lambda: True)  # TensorFlow is loaded here (the service's start did)
+        assert not loader.before_commit("a dtype the native writer does not know (bfloat16)", 3, None)
+        with open(path) as f:  # another need: rewritten (atomically)
+            assert json.load(f) == {"tensorflow": "a dtype the native writer does not know (bfloat16)"}
+        assert not loader.before_commit("", 4, None)  # this commit needs nothing: the file goes
+        assert not os.path.exists(path)
+        assert [line for line in said if "no longer need TensorFlow" in line], said
+        assert not loader.before_commit("", 5, None)  # (and stays gone, said once)
+        assert len([line for line in said if "no longer need" in line]) == 1 and not os.path.exists(path)
+        assert preload.needed(Layout(logdir)) == ""  # the next service loads nothing before its Hello
+    finally:
+        router.close(0)

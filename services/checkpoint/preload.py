@@ -74,6 +74,7 @@ class Loader:
         self.early: list[Received | ProtocolError] = []  # what trainers sent during a load at start
         self._waits: Optional[tuple[bytes, int]] = None  # the trainer and step whose commit waits for a load
         self._at_start = False
+        self._recorded: Optional[str] = None  # what checkpoint_needs.json says (read once), "" if nothing
         self.to_watchdog = to_watchdog
         self.attempt = attempt
         self.say = say
@@ -104,20 +105,42 @@ class Loader:
             self.say(f"procsv checkpoint: loaded {WHAT} in {secs:.1f} s before saying ready (this run's "
                      f"checkpoints need it: {why})")
 
-    def before_commit(self, why: str, step: int, trainer: Optional[bytes]) -> None:
-        """Before the commit of ``step`` whose snapshot needs TensorFlow (``why``), if it is not loaded
-        yet; ``trainer``: the identity of the trainer that waits for it (None: none does)."""
-        if loaded():
-            return
+    def before_commit(self, why: str, step: int, trainer: Optional[bytes]) -> bool:
+        """Before the commit of ``step``: ``why`` its snapshot needs TensorFlow ("": it does not);
+        ``trainer``: the identity of the trainer that waits for it (None: none does). Loads it if it is
+        needed and not loaded yet (True then), and keeps ``checkpoint_needs.json`` saying what the
+        commits need."""
+        self._record(why)
+        if not why or loaded():
+            return False
         self._waits = (trainer, step) if trainer is not None else None
         self.say(f"procsv checkpoint: loading {WHAT} for this commit ({why}); the watchdog is told, and "
                  "the next checkpoint service of this run loads it before it says it is ready")
-        try:
-            write_json(needs_path(self.layout), {"tensorflow": why})
-        except OSError as exc:  # a full disk: the next service finds out at its first commit again
-            self.say(f"procsv checkpoint: could not write {needs_path(self.layout)}: {exc}")
         secs = self._load()
         self.say(f"procsv checkpoint: loaded {WHAT} in {secs:.1f} s")
+        return True
+
+    def _record(self, why: str) -> None:
+        """Make ``checkpoint_needs.json`` say what this commit needs: ``why``, or (``""``) nothing, by
+        removing it, so that a run whose checkpoints stopped needing TensorFlow (its program changed)
+        no longer loads it at each service's start. A full disk: the next service finds out again."""
+        if self._recorded is None:
+            self._recorded = needed(self.layout)
+        if why == self._recorded:
+            return
+        path = needs_path(self.layout)
+        try:
+            if why:
+                write_json(path, {"tensorflow": why})
+            else:
+                os.unlink(path)
+                self.say(f"procsv checkpoint: this run's checkpoints no longer need {WHAT}: removed {path}")
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self.say(f"procsv checkpoint: could not write {path}: {exc}")
+            return
+        self._recorded = why
 
     def _load(self) -> float:
         t0 = self.clock()

@@ -340,10 +340,8 @@ class CheckpointService:
         retired: list[Manifest] = []
         try:
             view = self.arenas.get(msg.arena) if msg.arena is not None else None
-            why = needs_tensorflow(msg)
-            if why:
-                self.loader.before_commit(why, msg.step, self.trainer if reply_to == b"" else None)  # no stall: told
-                started = self.clock()  # (the persist time the trainer measures its deadlines by)
+            if self.loader.before_commit(needs_tensorflow(msg), msg.step, self.trainer if reply_to == b"" else None):
+                started = self.clock()  # loaded, no stall (told); the persist time the trainer's deadlines use
             manifest, retired = self.store.commit(
                 step=msg.step,
                 reason=msg.reason,
