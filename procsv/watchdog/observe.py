@@ -32,17 +32,16 @@ def spawned(view: RunView, slot: str, role: str, attempt: int, pid: int, now: fl
     if role == TRAINER:
         view.attempts.append(child)
     child.commit_base = view.commit_step
-    if role in (TRAINER, STANDBY):
-        view.forking_since = None
     if role == STANDBY:
         child.state = ProcState.STANDBY
     name = slot if role in (WORKER, PS, SERVER) else role  # a group's workers, the --ps tasks by their task: worker1, ps0
     return [Report(Event.SPAWNED, {"role": name, "attempt": attempt, "pid": pid, "via": via})]
 
 
-def fork_requested(view: RunView, now: float) -> None:
-    """A trainer was asked of the pre-warmed zygote; :func:`spawned` follows when it answers."""
-    view.forking_since = now
+def fork_requested(view: RunView) -> None:
+    """A trainer was asked of the pre-warmed zygote (or of another host); :func:`spawned` follows
+    when it answers, and the executor's poll_fork says when none is pending any more."""
+    view.forking = True
 
 
 def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -> list[Report]:

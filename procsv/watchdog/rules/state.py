@@ -189,7 +189,7 @@ class RunView:
     stop_deadline: Optional[float] = None  # SIGKILL the trainer after this (stop grace)
     services_deadline: Optional[float] = None  # once the outcome is decided: SIGKILL what still runs after this
     restart_at: Optional[float] = None  # start the trainer (again) at this time
-    forking_since: Optional[float] = None  # a trainer start asked of the zygote, not answered yet
+    forking: bool = False  # a trainer start asked of the zygote or another host, not answered yet (Executor.poll_fork)
     service_crashes: dict[str, tuple[float, ...]] = field(default_factory=dict)  # slot -> its deaths counted
     tasks_alone: bool = False  # --ps N --workers M: each task restarts alone (procsv.watchdog.rules.tasks)
     coordinator: bool = False  # ... --coordinator: the workers are servers (role SERVER), the trainer the chief
