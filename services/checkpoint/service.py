@@ -3,7 +3,8 @@
 Runs in the checkpoint service process (``python -m procsv.services.checkpoint``). It binds the ROUTER
 ``checkpoint.sock``; the trainer's DEALER sends :class:`CheckpointSetup` (policy + heartbeat) and
 :class:`SaveData` snapshots, and receives :class:`SaveRequest` (the timer lives here, as
-``save_model_secs``) and :class:`SaveResult`. Results also go to the watchdog and, as a
+``save_model_secs``), :class:`SaveResult`, and :class:`CommitLoading` while a commit waits for a load
+(:mod:`procsv.services.checkpoint.preload`). Results also go to the watchdog and, as a
 ``SessionLog CHECKPOINT``, to the summary service (over a DEALER; it expects no answer there).
 SIGTERM from the watchdog (or from anyone once the watchdog is gone: a SIGTERM to every process of
 the job is left to the watchdog, which stops the trainer first, so that its emergency checkpoint
