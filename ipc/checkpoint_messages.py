@@ -3,8 +3,8 @@
 The trainer (DEALER) and the checkpoint service (ROUTER on ``checkpoint.sock``) send them: up,
 :class:`CheckpointSetup`, :class:`SaveData` (with the :class:`TensorSpec` of each tensor and the
 :class:`ArenaRef` of the snapshot memory), :class:`RecoverQuery` and :class:`DeleteCheckpoints`; down,
-:class:`SaveRequest`, :class:`SaveResult` (also pushed to the watchdog), :class:`SnapshotHeld`,
-:class:`RecoverReply` and :class:`CheckpointsDeleted`.
+:class:`SaveRequest`, :class:`SaveResult` (also pushed to the watchdog), :class:`CommitLoading`,
+:class:`SnapshotHeld`, :class:`RecoverReply` and :class:`CheckpointsDeleted`.
 """
 
 from __future__ import annotations
@@ -107,6 +107,19 @@ class SaveResult(Message):
 
 
 @dataclass(frozen=True)
+class CommitLoading(Message):
+    """Checkpoint service -> trainer: the commit of the snapshot of ``step`` waits for the service to
+    load ``what`` it needs (TensorFlow, for a variant tensor), and that load moved in the last second
+    (a module more, or CPU time of the import). Sent once when the load begins and then each second in
+    which it moves, so the trainer takes the commit for slow, not dead, at its deadline; a load that
+    hangs (a deadlocked import, SIGSTOP) sends none, and the deadline finds the commit overdue."""
+
+    KIND: ClassVar[str] = "commit_loading"
+    step: int
+    what: str
+
+
+@dataclass(frozen=True)
 class SnapshotHeld(Message):
     """Checkpoint service -> trainer: it now holds the in-memory snapshot of ``step`` (its newest).
     ``meta_graph``: with this trainer's ``MetaGraphDef`` (the one it sent last, with this snapshot
@@ -158,5 +171,5 @@ class CheckpointsDeleted(Message):
     error: Optional[str]
 
 
-__all__ = ["CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "SnapshotHeld", "RecoverQuery",
+__all__ = ["CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "CommitLoading", "SnapshotHeld", "RecoverQuery",
            "RecoverReply", "DeleteCheckpoints", "CheckpointsDeleted"]

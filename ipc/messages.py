@@ -14,7 +14,7 @@ Who sends what (see docs/architecture.md for the full table):
   and non-finite training's :class:`NonfiniteDetected`, :class:`RolledBack`, :class:`StepSkipped` (trainer).
 * trainer <-> checkpoint service (DEALER/ROUTER on ``checkpoint.sock``): :class:`CheckpointSetup`,
   :class:`SaveData` (+ one frame per tensor), :class:`RecoverQuery`, :class:`DeleteCheckpoints` up;
-  :class:`SaveRequest`, :class:`SaveResult`, :class:`SnapshotHeld`, :class:`RecoverReply`,
+  :class:`SaveRequest`, :class:`SaveResult`, :class:`CommitLoading`, :class:`SnapshotHeld`, :class:`RecoverReply`,
   :class:`CheckpointsDeleted` down.
 * trainer / checkpoint service <-> summary service (DEALER/ROUTER on ``summary.sock``):
   :class:`SummaryBatch` (+ its payload frames, see :mod:`procsv.ipc.columns`) and
@@ -41,7 +41,7 @@ messages from the modules that define them, one per channel: :mod:`procsv.ipc.wa
 
 from __future__ import annotations
 
-from procsv.ipc.checkpoint_messages import (ArenaRef, CheckpointSetup, CheckpointsDeleted, DeleteCheckpoints, RecoverQuery, RecoverReply, SaveData,
+from procsv.ipc.checkpoint_messages import (ArenaRef, CheckpointSetup, CommitLoading, CheckpointsDeleted, DeleteCheckpoints, RecoverQuery, RecoverReply, SaveData,
                                             SaveRequest, SaveResult, SnapshotHeld, TensorSpec)
 from procsv.ipc.message_base import Busy, ItemKind, Message, RestoreSource, Role, SaveReason, SessionStatus
 from procsv.ipc.summary_messages import (GraphEvent, ProtoRef, RunScalars, SessionLogEvent, SummaryAck, SummaryBatch,
@@ -69,6 +69,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     NonfiniteDetected,
     RolledBack,
     StepSkipped,
+    CommitLoading,
     SnapshotHeld,
     RecoverQuery,
     RecoverReply,
@@ -99,7 +100,7 @@ __all__ = [
     "Role", "SaveReason", "Busy", "SessionStatus", "ItemKind", "RestoreSource",
     "Hello", "TrainerReady", "Progress", "SaveOverdue", "ServiceLoading", "SummaryOverdue", "StandbyReady",
     "NonfiniteDetected", "RolledBack", "StepSkipped",
-    "CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "SnapshotHeld",
+    "CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "CommitLoading", "SnapshotHeld",
     "RecoverQuery", "RecoverReply", "DeleteCheckpoints", "CheckpointsDeleted",
     "SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "GraphEvent", "RunScalars",
     "ZygoteReady", "ForkRequest", "ForkReply",

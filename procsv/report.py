@@ -62,6 +62,7 @@ class RunReport:
     series: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step)
     skipped: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step) of each non-finite step skipped
     rollbacks: int = 0  # in-place restores after a non-finite loss (issue 41)
+    detected: int = 0  # non-finite losses or snapshot states found (the nonfinite_detected records' repeats)
 
 
 def read_events(path: str) -> list[dict[str, Any]]:
@@ -207,6 +208,7 @@ def gather(layout: Layout) -> Optional[RunReport]:
     series = (summary or {}).get("series")
     rep.series = [(float(t), int(s)) for t, s in series] if isinstance(series, list) and series else event_series(events)
     rep.skipped, rep.rollbacks = nonfinite(events, summary)
+    rep.detected = sum(int(e.get("repeats") or 1) for e in events if e.get("event") == "nonfinite_detected")
     return rep
 
 
@@ -246,9 +248,10 @@ def render(rep: RunReport) -> str:
             back = f"; attempt {r.attempt} restored step {r.restored_step}" + \
                 ("" if r.restore_secs is None else f" in {r.restore_secs:.2f} s")
         lines.append(f"  restart at {_clock(r.at)} [{r.label}]: {r.cause}{back}")
-    if rep.skipped or rep.rollbacks:
+    if rep.skipped or rep.rollbacks or rep.detected:
         lines.append(f"  non-finite: {rep.rollbacks} rollback(s), {len(rep.skipped)} step(s) skipped (NaN or infinite "
-                     f"loss twice): {', '.join(str(s) for _, s in rep.skipped) or 'none'}")
+                     f"loss twice): {', '.join(str(s) for _, s in rep.skipped) or 'none'}; "
+                     f"{rep.detected} time(s) found non-finite")
     if rep.checkpoints:
         steps = [s for _, s in rep.checkpoints]
         lines.append(f"  checkpoints: {len(steps)} committed in this launch (steps {steps[0]}..{steps[-1]}), "

@@ -111,9 +111,11 @@ def render(status: dict[str, Any], logdir: str) -> str:
     if status.get("restored_step") is not None:
         lines.append(f"  trainer restored from step {status['restored_step']}")
     skipped, rollbacks = status.get("skipped_steps") or [], status.get("rollbacks") or 0
-    if skipped or rollbacks:
+    found = status.get("nonfinite_detected") or 0
+    if skipped or rollbacks or found:
         steps = ", ".join(map(str, skipped)) if skipped else "none"
-        lines.append(f"  non-finite: {rollbacks} rollback(s), {len(skipped)} step(s) skipped: {steps}")
+        lines.append(f"  non-finite: {rollbacks} rollback(s), {len(skipped)} step(s) skipped: {steps}; "
+                     f"{found} time(s) found non-finite")
     if status.get("goodput") is not None:
         lines.append(f"  goodput {status['goodput']:.3f} (time on kept steps / wall time)")
     prewarm = status.get("prewarm")

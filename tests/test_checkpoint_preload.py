@@ -1,8 +1,8 @@
 """The checkpoint service's loader (services/checkpoint/preload.py): what counts as a load at work.
 
-The loader grows a file in ``.procsv/tmp/`` that the trainer takes for a commit that is slow, not
-dead. It must grow only while the import moves (a module more, or CPU time of the loader thread):
-a deadlocked import (an import lock, a stalled filesystem) grew it as long as the service's main
+The loader tells the trainer (``CommitLoading``) that a commit waiting for it is slow, not dead. It
+must do so only while the import moves (a module more, or CPU time of the loader thread): a
+deadlocked import (an import lock, a stalled filesystem) looked alive as long as the service's main
 thread lived, so neither the trainer's deadline nor the watchdog's SaveOverdue rule noticed the hang
 before ``loading_limit_secs`` (900 s). Real threads here: one that computes, one that waits.
 """

@@ -102,7 +102,8 @@ def test_snapshots_refused_under_on_nonfinite_continue_never_get_the_checkpoint_
     """Issue 51, point 5: once the state is non-finite, --on-nonfinite continue refuses every snapshot
     (procsv never commits a poisoned state), so nothing commits; the stall rule SIGKILLed the healthy
     checkpoint service every three save intervals (here: 30 steps and the 10 s floor), forever. The
-    trainer says why nothing commits, and the stall rule counts from its last refusal."""
+    trainer says why nothing commits, and the stall rule counts from its last refusal. Its refusals'
+    nonfinite_detected records are coalesced, and procsv status and report count every one."""
     proc = launch(logdir, "--how", "return", "--nan-at", "25", "--steps", "1500", "--save-steps", "10",
                   "--step-delay", "0.02", target=os.path.join(PROGRAMS, "nan_train.py"),
                   opts=("--on-nonfinite", "continue", "--standby", "off"))
@@ -112,9 +113,21 @@ def test_snapshots_refused_under_on_nonfinite_continue_never_get_the_checkpoint_
     assert not [e for e in events if e["event"] == "checkpoint_stalled"], err[-3000:]
     assert len([e for e in events if e["event"] == "spawned" and e["role"] == "checkpoint"]) == 1
     refused = [e for e in events if e["event"] == "nonfinite_detected"]
-    assert len(refused) > 100 and max(committed_steps(logdir)) < 25  # a refusal every 10 steps, from step 30
+    told = sum(e["repeats"] for e in refused)
+    assert told > 100 and max(committed_steps(logdir)) < 25  # a refusal every 10 steps, from step 30
     said = out + err
     assert "no checkpoint commits: the snapshot of step" in said and "snapshots refused since step 25" in said, said[-3000:]
+    # ... coalesced in lifecycle.jsonl (one record each grew it by ~71 MB a day): the first, at most one
+    # a minute, the last (at the trainer's end); procsv status and report still say how many
+    span = refused[-1]["time"] - refused[0]["time"]
+    assert 2 <= len(refused) <= 2 + span / 60, [(e["time"], e["repeats"]) for e in refused]
+    assert refused[0]["repeats"] == 1 and refused[0]["step"] == 25, refused[0]
+    status = raw_status(logdir)
+    assert status is not None and status["nonfinite_detected"] == told, status
+    for command in ("status", "report"):
+        shown = subprocess.run([sys.executable, "-m", "procsv", command, logdir], capture_output=True, text=True,
+                               env=quiet_env(), timeout=120)
+        assert shown.returncode == 0 and f"{told} time(s) found non-finite" in shown.stdout, shown
 
 
 def _burn(n: int = 2) -> list[subprocess.Popen]:
@@ -161,12 +174,14 @@ def test_a_checkpoint_service_loading_tensorflow_for_a_tf_data_iterator_is_not_a
             if launch_no == 1:  # found out at its first commit: loaded then, the watchdog told
                 assert "loading TensorFlow for this commit (a variant tensor" in service, service[-3000:]
                 assert "procsv: the checkpoint service loaded TensorFlow in" in out + err, err[-3000:]
-                trainer = _text(logdir, "trainer.1.log")  # the load grew a file the trainer sees: slow, not dead
+                trainer = _text(logdir, "trainer.1.log")  # the service told the trainer (CommitLoading): slow, not dead
                 assert "failed: no result from the checkpoint service" not in trainer, trainer[-3000:]
                 loaded = re.search(r"the checkpoint service loaded TensorFlow in ([0-9.]+) s", out + err)
                 assert loaded is not None, err[-3000:]
                 if float(loaded.group(1)) > 3.5:  # past the 3 s deadline (a quick import may beat it: nothing to see)
-                    assert "is slow: still being written" in trainer, trainer[-3000:]
+                    assert "is slow: the checkpoint service still loads TensorFlow for it" in trainer, trainer[-3000:]
+                assert not os.path.exists(os.path.join(logdir, ".procsv", "tmp")) or \
+                    not [n for n in os.listdir(os.path.join(logdir, ".procsv", "tmp")) if n.startswith("loading.")]
             else:  # the next launch's service loaded it before it said it was ready
                 assert "before saying ready (this run's checkpoints need it: a variant tensor" in service, service
                 assert "loading TensorFlow for this commit" not in service
@@ -194,8 +209,8 @@ def _launch_loading_forever(logdir: str, gate: str) -> tuple[subprocess.Popen, i
 
 
 def test_a_checkpoint_service_stopped_while_loading_tensorflow_is_replaced_and_training_goes_on(logdir, tmp_path):
-    """A service SIGSTOPped (or in uninterruptible sleep) while it loads TensorFlow for a commit grows
-    no file: the trainer's snapshot deadline passes with no progress and it tells the watchdog
+    """A service SIGSTOPped (or in uninterruptible sleep) while it loads TensorFlow for a commit sends
+    the trainer no CommitLoading: the trainer's snapshot deadline passes with no progress and it tells the watchdog
     (SaveOverdue), which must replace the service as it does for any stuck commit. The watchdog
     ignored every SaveOverdue while the service had said it was loading (up to 900 s): nothing
     replaced it, and the trainer counted a failed checkpoint at each deadline (three in a row stop
@@ -203,10 +218,7 @@ def test_a_checkpoint_service_stopped_while_loading_tensorflow_is_replaced_and_t
     gate = str(tmp_path / "gate")
     proc, stuck = _launch_loading_forever(logdir, gate)
     try:
-        grown = os.path.join(logdir, ".procsv", "tmp", f"loading.{stuck}", "tensorflow")
-        wait_for(lambda: proc.poll() is not None or os.path.exists(grown), 60,
-                 what="the loader's file (the service alive and loading)")
-        os.kill(stuck, signal.SIGSTOP)
+        os.kill(stuck, signal.SIGSTOP)  # (it said it is loading: its CommitLoading went to the trainer before that line)
         stall = wait_for(lambda: proc.poll() is not None or
                          [e for e in lifecycle(logdir) if e["event"] == "checkpoint_stalled"], 60,
                          what="the watchdog to replace the stopped, loading checkpoint service")
@@ -228,8 +240,8 @@ def test_a_checkpoint_service_stopped_while_loading_tensorflow_is_replaced_and_t
 
 def test_a_checkpoint_service_whose_tensorflow_import_hangs_is_replaced_long_before_the_loading_limit(logdir, tmp_path):
     """An import that hangs for real (a deadlock on an import lock, a stalled filesystem) while the
-    service's main thread lives: the file the loader grows for the trainer ('slow, not dead') must
-    grow only while the import makes progress, or the trainer never finds the commit overdue and
+    service's main thread lives: the CommitLoading the loader sends the trainer ('slow, not dead') must
+    come only while the import makes progress, or the trainer never finds the commit overdue and
     nothing notices the hang before loading_limit_secs (900 s): no checkpoint for 15 minutes, and a
     kill -9 of the trainer then loses them all. Here the import hangs for up to 120 s (the fault's
     bound); the trainer's 8 s deadline must get the service replaced within a minute."""

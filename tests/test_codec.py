@@ -92,6 +92,7 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
                    arena=m.ArenaRef(path="/proc/4242/fd/9", ino=77, size=3 * 8192), slot=1, persist=False),
         [],
     ),
+    ("commit-loading", m.CommitLoading(step=1501, what="TensorFlow"), []),
     ("snapshot-held", m.SnapshotHeld(step=1501, meta_graph=True), []),
     ("standby-ready", m.StandbyReady(pid=4244, attempt=3, prepare_secs=0.61), []),
     ("nonfinite-detected", m.NonfiniteDetected(pid=4242, step=25, wall_time=1_700_000_000.5,

@@ -25,6 +25,7 @@ from procsv.watchdog import observe
 from procsv.watchdog.publish import liveline
 from procsv.watchdog.publish.events import SCHEMA, Event, check
 from procsv.watchdog.publish.runscalars import Sent, due
+from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.state import ChildView, RunView
 
 NAN_TRAIN = os.path.join(PROGRAMS, "nan_train.py")
@@ -240,3 +241,30 @@ def test_a_keras_fit_names_each_steps_input_position_for_the_non_finite_events(t
     assert seen == {1: (0, 0), 7: (0, 6), 8: (1, 0), 14: (1, 6), 15: (1, 7)}  # 15: past the end, as if it ran
     msg = notices.detected(8, "the loss of step 8 is NaN or infinite", lambda s: seen[s])  # type: ignore[arg-type,return-value]
     assert (msg.step, msg.epoch, msg.batch) == (8, 1, 0)
+
+
+def test_refused_snapshots_of_one_trainer_are_coalesced_in_the_lifecycle_and_every_one_counted():
+    """Issue 51: under --on-nonfinite continue every snapshot is refused and told (NonfiniteDetected):
+    one nonfinite_detected record each grew lifecycle.jsonl by ~71 MB a day. A trainer's first is
+    written at once, then at most one a minute (``repeats``: the detections it stands for), and its
+    last when it ends; a rollback or a skipped step ends a series (each rollback keeps its record)."""
+    view = _view()
+    got = []
+    for i in range(200):  # a refusal every 0.2 s for 40 s, then the trainer's end
+        got += observe.heard(view, NonfiniteDetected(4242, 25, 1.0, "the state is non-finite"), 10.0 + 0.2 * i)
+    assert [r.fields["repeats"] for r in got] == [1]  # the first; the rest wait (under a minute)
+    got += observe.heard(view, NonfiniteDetected(4242, 25, 1.0, "the state is non-finite"), 70.0)  # a minute on
+    assert [r.fields["repeats"] for r in got] == [1, 200]
+    got += observe.heard(view, NonfiniteDetected(4242, 25, 1.0, "the state is non-finite"), 71.0)
+    got += observe.reaped(view, "trainer", 1, Failure("trainer", 1, 4242, 1, 72.0, ""), 72.0)  # its end
+    found = [r for r in got if r.event == Event.NONFINITE_DETECTED]
+    assert [r.fields["repeats"] for r in found] == [1, 200, 1] and got[-1].event == Event.EXITED
+    assert sum(r.fields["repeats"] for r in found) == view.nonfinite_found == 202
+    for r in found:
+        assert set(r.fields) == SCHEMA[Event.NONFINITE_DETECTED]
+    # --on-nonfinite rollback: detected, rolled back, detected again at once: a record each
+    view = _view()
+    seq = observe.heard(view, NonfiniteDetected(4242, 25, 1.0, "x"), 1.0)
+    seq += observe.heard(view, RolledBack(4242, 25, 20, RestoreSource.MEMORY, "", False, 0.01, 1.0), 1.1)
+    seq += observe.heard(view, NonfiniteDetected(4242, 25, 1.0, "x"), 1.2)
+    assert [r.event for r in seq] == [Event.NONFINITE_DETECTED, Event.ROLLED_BACK, Event.NONFINITE_DETECTED]

@@ -664,7 +664,7 @@ def test_a_service_loading_what_its_commit_needs_is_never_killed_and_its_window_
 
 
 def test_an_overdue_snapshot_replaces_a_loading_checkpoint_service_at_once():
-    """A load that makes progress grows a file the trainer watches (slow, not dead: no SaveOverdue);
+    """A load that makes progress tells the trainer so (CommitLoading: slow, not dead, no SaveOverdue);
     a SaveOverdue during a load says the load stopped (SIGSTOP, a deadlocked import). It was ignored
     for up to loading_limit_secs (900 s), while the trainer counted a failed checkpoint at each
     deadline (three in a row stop training); it replaces the service at once, as at any commit."""

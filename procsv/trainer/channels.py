@@ -87,9 +87,10 @@ class TrainerChannels:
             return []
         return [r.msg for r in drain(self.ckpt) if not isinstance(r, ProtocolError)]
 
-    def wait_save_result(self, step: int, deadline: float) -> SaveResult:
+    def wait_save_result(self, step: int, deadline: float,
+                         other: Callable[[Message], None] = lambda msg: None) -> SaveResult:
         """Wait until ``deadline`` (on :attr:`clock`) for the result of the save at ``step``; raise
-        :class:`NoReply` if it has not come by then. Other messages meanwhile are dropped."""
+        :class:`NoReply` if it has not come by then. Other messages meanwhile go to ``other``."""
         if self.ckpt is None:
             raise NoReply("this process is connected to no checkpoint service (a worker replica)")
         while True:
@@ -102,6 +103,7 @@ class TrainerChannels:
                 continue
             if isinstance(msg, SaveResult) and msg.step == step:
                 return msg
+            other(msg)
 
     def recover(self, query: RecoverQuery, deadline: float) -> RecoverReply:
         """Ask the checkpoint service to persist a held in-memory snapshot and return its answer;

@@ -221,7 +221,7 @@ class Executor:
             self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); no standby, restarts start fresh")
             return
         self.forks[STANDBY] = PendingFork(STANDBY, attempt, env, log_path, mutex, due, STANDBY)
-        observe.fork_requested(self.view, self.clock())
+        observe.fork_requested(self.view)
 
     def _promote(self, action: Promote) -> None:
         """Wake the standby (SIGUSR1): it becomes the trainer's next attempt and restores."""
@@ -293,7 +293,7 @@ class Executor:
                 due = self.zygote.request_fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd,
                                                rank)
                 self.forks[slot] = PendingFork(slot, attempt, env, log_path, mutex, due, role, rank)
-                observe.fork_requested(self.view, self.clock())
+                observe.fork_requested(self.view)
                 return None
             except (ZygoteUnavailable, OSError) as exc:
                 self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); starting a fresh one")
@@ -306,8 +306,7 @@ class Executor:
         for slot in list(self.forks):
             self._poll_one(self.forks[slot])
         # a group's members are answered one by one: the view is forking until the last answer
-        remote = self.remote is not None and bool(self.remote.pending)
-        self.view.forking_since = (self.view.forking_since or self.clock()) if self.forks or remote else None
+        self.view.forking = bool(self.forks or (self.remote is not None and self.remote.pending))
 
     def _poll_one(self, pending: PendingFork) -> None:
         proc: Optional[Process] = None
@@ -326,10 +325,8 @@ class Executor:
         if proc is not None:
             self._started(pending.slot, pending.role, pending.attempt, proc, pending.log_path, pending.mutex, "zygote")
             return
-        if pending.slot == STANDBY:  # no standby this time; the zygote is given up below or was already
-            self.view.forking_since = None
-            if pending.mutex is not None:
-                pending.mutex.remove()  # no process will hold it
+        if pending.slot == STANDBY and pending.mutex is not None:  # no standby this time: no process will hold it
+            pending.mutex.remove()  # (the zygote is given up below, or was already)
         if self.zygote is not None:
             self.zygote.kill()  # a zygote that does not answer is not trusted with the next one either
             self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({why}); starting a fresh one")

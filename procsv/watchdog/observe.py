@@ -21,6 +21,7 @@ from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.group import blame, workers
+from procsv.watchdog.rules.nonfinitelog import detected, ended
 from procsv.watchdog.rules.state import PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, ChildView, NodeView, RunView, ZygoteState
 
 
@@ -31,17 +32,16 @@ def spawned(view: RunView, slot: str, role: str, attempt: int, pid: int, now: fl
     if role == TRAINER:
         view.attempts.append(child)
     child.commit_base = view.commit_step
-    if role in (TRAINER, STANDBY):
-        view.forking_since = None
     if role == STANDBY:
         child.state = ProcState.STANDBY
     name = slot if role in (WORKER, PS, SERVER) else role  # a group's workers, the --ps tasks by their task: worker1, ps0
     return [Report(Event.SPAWNED, {"role": name, "attempt": attempt, "pid": pid, "via": via})]
 
 
-def fork_requested(view: RunView, now: float) -> None:
-    """A trainer was asked of the pre-warmed zygote; :func:`spawned` follows when it answers."""
-    view.forking_since = now
+def fork_requested(view: RunView) -> None:
+    """A trainer was asked of the pre-warmed zygote (or of another host); :func:`spawned` follows
+    when it answers, and the executor's poll_fork says when none is pending any more."""
+    view.forking = True
 
 
 def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -> list[Report]:
@@ -168,27 +168,29 @@ def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
 
 def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped, slot: Optional[str],
                now: float) -> list[Report]:
-    """Non-finite training (issue 41), as the trainer tells it: a lifecycle event each; the run's
+    """Non-finite training (issue 41), as the trainer tells it: a lifecycle event each (detections
+    coalesced: rules/nonfinitelog); the run's
     rollbacks and skipped steps counted (a step skipped again after a restart is one step). A
     detection is a snapshot the trainer refused: the stall rule counts the silence from it."""
     trainer = _trainer(view, msg.pid, slot)
     if trainer is None:
         return []
-    if isinstance(msg, NonfiniteDetected):
+    if isinstance(msg, NonfiniteDetected):  # its record coalesced (rules/nonfinitelog: a count in ``repeats``)
         view.nonfinite_found += 1
         trainer.refused_at = now
-        return [Report(Event.NONFINITE_DETECTED, {"pid": msg.pid, "step": msg.step, "epoch": msg.epoch,
-                                                  "batch": msg.batch, "what": msg.what})]
+        fields = {"pid": msg.pid, "step": msg.step, "epoch": msg.epoch, "batch": msg.batch, "what": msg.what}
+        return [Report(Event.NONFINITE_DETECTED, f) for f in detected(view.nonfinite_log, msg.pid, fields, now)]
+    out = [Report(Event.NONFINITE_DETECTED, f) for f in ended(view.nonfinite_log)]  # acted on: the next one is a first
     if isinstance(msg, RolledBack):
         view.rollbacks += 1
-        return [Report(Event.ROLLED_BACK, {"pid": msg.pid, "step": msg.step, "restored_step": msg.restored_step,
-                                           "source": _plain(msg.source), "path": msg.path, "skip": msg.skip,
-                                           "secs": round(msg.restore_secs, 4), "epoch": msg.epoch,
-                                           "batch": msg.batch})]
+        return out + [Report(Event.ROLLED_BACK, {"pid": msg.pid, "step": msg.step, "restored_step": msg.restored_step,
+                                                 "source": _plain(msg.source), "path": msg.path, "skip": msg.skip,
+                                                 "secs": round(msg.restore_secs, 4), "epoch": msg.epoch,
+                                                 "batch": msg.batch})]
     if msg.step not in view.skipped_steps:
         view.skipped_steps = sorted([*view.skipped_steps, msg.step])
-    return [Report(Event.STEP_SKIPPED, {"pid": msg.pid, "step": msg.step, "epoch": msg.epoch, "batch": msg.batch,
-                                        "skipped": len(view.skipped_steps)})]
+    return out + [Report(Event.STEP_SKIPPED, {"pid": msg.pid, "step": msg.step, "epoch": msg.epoch, "batch": msg.batch,
+                                              "skipped": len(view.skipped_steps)})]
 
 
 def _loading(view: RunView, msg: ServiceLoading, now: float) -> list[Report]:
@@ -210,7 +212,7 @@ def _loading(view: RunView, msg: ServiceLoading, now: float) -> list[Report]:
 def _overdue(view: RunView, msg: SaveOverdue) -> list[Report]:
     """The trainer gave up waiting for a snapshot's result: the checkpoint service is stuck (rule 7).
     Also while the service says it is loading what that commit needs: a load that makes progress
-    grows a file the trainer watches (slow, not dead: no SaveOverdue), so one comes only from a load
+    sends the trainer CommitLoading (slow, not dead: no SaveOverdue), so one comes only from a load
     that stopped (SIGSTOP, a deadlocked import, a stalled filesystem)."""
     child = _trainer(view, msg.pid)
     if child is None:
@@ -300,8 +302,10 @@ def reaped(view: RunView, slot: str, attempt: int, failure: Failure, now: float)
     if child.ended_at is None:
         child.ended_at = now
     noticed = child.noticed_wall if child.noticed_wall is not None else failure.time
-    out = [Report(Event.EXITED, {"role": _role(child), "attempt": attempt, "pid": child.pid, "noticed": noticed,
-                                 **failure.fields()})]
+    out = [Report(Event.NONFINITE_DETECTED, f) for f in (ended(view.nonfinite_log) if view.nonfinite_log.pid == child.pid
+                                                          else [])]  # its last detections' record, if unwritten
+    out.append(Report(Event.EXITED, {"role": _role(child), "attempt": attempt, "pid": child.pid, "noticed": noticed,
+                                     **failure.fields()}))
     if child.settled_early:  # restarted on its death notice already: say how it died, now that we know
         view.last_error = blame(view, child).headline()  # in a group: the member whose end broke it
         out.append(Report(say=f"procsv: {view.last_error}; restarted (restart {view.history.restarts})", err=True))

@@ -208,15 +208,10 @@ class Zygote:
             self.popen.wait(limit)
         except subprocess.TimeoutExpired:
             return False
-        while True:  # (its intermediate ends with it: SIGKILLed with its group, or at its pipe's end)
-            try:
-                pid, _ = os.waitpid(-self.popen.pid, os.WNOHANG)
-            except ChildProcessError:
-                return True
-            if pid == 0:
-                if until is not None and time.monotonic() >= until:
-                    return True
-                time.sleep(0.01)
+        # (its intermediate ends with it: SIGKILLed with its group, or at its pipe's end)
+        while not self.reap_dead() and (until is None or time.monotonic() < until):
+            time.sleep(0.01)
+        return True
 
 
 class Adopted:

@@ -143,5 +143,5 @@ def _fork_server(ex: Starter, slot: str, role: str, attempt: int, env: dict[str,
     except (ZygoteUnavailable, OSError):
         return False
     ex.forks[slot] = PendingFork(slot, attempt, env, log, None, due, role, key)
-    observe.fork_requested(ex.view, ex.clock())
+    observe.fork_requested(ex.view)
     return True

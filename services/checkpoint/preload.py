@@ -15,29 +15,32 @@ every later service (a replacement, the next launch's) imports it before it says
 its start, at normal priority, in parallel with the pre-warmed trainer. An import at a commit runs
 at normal priority too: in a thread made before the service lowered its own (``nice`` is per
 thread on Linux), which the commit waits for; at the service's +10 on a busy machine the same
-import took minutes. Meanwhile a file in ``.procsv/tmp/`` grows by a byte each second in which the
-import moved (a module more, or CPU time of its thread: :func:`progressing`; a deadlocked or stopped
-import grows nothing, and the trainer's SaveOverdue gets the service replaced): the trainer,
-which at a snapshot's deadline looks whether the commit's unfinished files grow, takes the commit
-for slow, not dead (no failed checkpoint counted, no ``SaveOverdue``); the service's next start
-removes it with every other leftover there.
+import took minutes. Meanwhile the service tells the trainer whose commit waits, on the checkpoint
+socket, with a :class:`~procsv.ipc.messages.CommitLoading` when the load begins and then each second
+in which the import moved (a module more, or CPU time of its thread: :func:`progressing`; a
+deadlocked or stopped import sends nothing, and the trainer's SaveOverdue gets the service
+replaced): the trainer, at a snapshot's deadline, takes the commit for slow, not dead (no failed
+checkpoint counted, no ``SaveOverdue``). The loader sends it on the service's ROUTER from the
+service's main thread, which waits for the load (the import runs in its own thread). A load at start,
+before the Hello, keeps what trainers send meanwhile (:attr:`Loader.early`, for the service's loop)
+and tells the newest one whose snapshot waits (:func:`awaited`).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import AbstractSet, Any, Callable, Optional
 
 import zmq
 
 from procsv.common import faults
 from procsv.common.layout import Layout, read_json, write_json
-from procsv.ipc.messages import Role, ServiceLoading
-from procsv.ipc.transport import send
+from procsv.ipc.codec import ProtocolError
+from procsv.ipc.messages import CheckpointSetup, CommitLoading, Message, Role, SaveData, ServiceLoading
+from procsv.ipc.transport import Received, drain, send
 
 WHAT = "TensorFlow"
 MIN_CPU_SECS = 0.02  # CPU of the loader thread in a second that shows an import at work (a deadlock: none)
@@ -60,11 +63,18 @@ def loaded() -> bool:
 
 class Loader:
     """Loads TensorFlow for one checkpoint service, telling the watchdog (``to_watchdog``, None
-    outside a launch) and remembering the need in ``layout``; ``say`` prints a line."""
+    outside a launch) and the trainer whose snapshot waits (on the service's ROUTER of ``trainers``,
+    which takes those message classes), and remembering the need in ``layout``; ``say`` prints a line."""
 
-    def __init__(self, layout: Layout, to_watchdog: Optional[zmq.Socket[Any]], attempt: int,
+    def __init__(self, layout: Layout, to_watchdog: Optional[zmq.Socket[Any]],
+                 trainers: tuple[zmq.Socket[Any], AbstractSet[type[Message]]], attempt: int,
                  say: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> None:
         self.layout = layout
+        self.router, self.accept = trainers
+        self.early: list[Received | ProtocolError] = []  # what trainers sent during a load at start
+        self._waits: Optional[tuple[bytes, int]] = None  # the trainer and step whose commit waits for a load
+        self._at_start = False
+        self._recorded: Optional[str] = None  # what checkpoint_needs.json says (read once), "" if nothing
         self.to_watchdog = to_watchdog
         self.attempt = attempt
         self.say = say
@@ -89,41 +99,77 @@ class Loader:
         """Before the service's Hello: load what an earlier service of this run found it needs."""
         why = needed(self.layout)
         if why and not loaded():
+            self._at_start = True
             secs = self._load()
+            self._at_start = False
             self.say(f"procsv checkpoint: loaded {WHAT} in {secs:.1f} s before saying ready (this run's "
                      f"checkpoints need it: {why})")
 
-    def before_commit(self, why: str) -> None:
-        """Before a commit whose snapshot needs TensorFlow (``why``), if it is not loaded yet."""
-        if loaded():
-            return
+    def before_commit(self, why: str, step: int, trainer: Optional[bytes]) -> bool:
+        """Before the commit of ``step``: ``why`` its snapshot needs TensorFlow ("": it does not);
+        ``trainer``: the identity of the trainer that waits for it (None: none does). Loads it if it is
+        needed and not loaded yet (True then), and keeps ``checkpoint_needs.json`` saying what the
+        commits need."""
+        self._record(why)
+        if not why or loaded():
+            return False
+        self._waits = (trainer, step) if trainer is not None else None
         self.say(f"procsv checkpoint: loading {WHAT} for this commit ({why}); the watchdog is told, and "
                  "the next checkpoint service of this run loads it before it says it is ready")
-        try:
-            write_json(needs_path(self.layout), {"tensorflow": why})
-        except OSError as exc:  # a full disk: the next service finds out at its first commit again
-            self.say(f"procsv checkpoint: could not write {needs_path(self.layout)}: {exc}")
         secs = self._load()
         self.say(f"procsv checkpoint: loaded {WHAT} in {secs:.1f} s")
+        return True
+
+    def _record(self, why: str) -> None:
+        """Make ``checkpoint_needs.json`` say what this commit needs: ``why``, or (``""``) nothing, by
+        removing it, so that a run whose checkpoints stopped needing TensorFlow (its program changed)
+        no longer loads it at each service's start. A full disk: the next service finds out again."""
+        if self._recorded is None:
+            self._recorded = needed(self.layout)
+        if why == self._recorded:
+            return
+        path = needs_path(self.layout)
+        try:
+            if why:
+                write_json(path, {"tensorflow": why})
+            else:
+                os.unlink(path)
+                self.say(f"procsv checkpoint: this run's checkpoints no longer need {WHAT}: removed {path}")
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self.say(f"procsv checkpoint: could not write {path}: {exc}")
+            return
+        self._recorded = why
 
     def _load(self) -> float:
         t0 = self.clock()
         self._tell(False, 0.0)
         self._asked.set()
-        folder = os.path.join(self.layout.tmp, f"loading.{os.getpid()}")  # (a folder: the start's cleanup takes it)
-        _grow(folder)  # the load began: its first deadline extends (a trainer may look before a second passed)
+        self._moved()  # the load began: its first deadline extends (a trainer may look before a second passed)
         last = self._sign()
         while not self._done.wait(1.0):  # (an import cannot be cut short; the watchdog bounds a load that never ends)
             now = self._sign()
             if progressing(last, now):  # only a load that moves looks alive to the trainer
-                _grow(folder)
+                self._moved()
             last = now
-        shutil.rmtree(folder, ignore_errors=True)
         if self._error is not None:
             raise self._error
         secs = self.clock() - t0
         self._tell(True, secs)
         return secs
+
+    def _moved(self) -> None:
+        """The load began or moved: tell the trainer whose snapshot waits for it. At start (before the
+        Hello, no commit) that is the newest word of a trainer on one, read from the ROUTER now."""
+        if self._at_start:
+            self.early.extend(drain(self.router, routed=True, accept=self.accept))
+            self._waits = awaited(self.early)
+        if self._waits is not None:
+            try:
+                send(self.router, CommitLoading(self._waits[1], WHAT), prefix=[self._waits[0]])
+            except zmq.ZMQError:  # the trainer is gone (unroutable)
+                self._waits = None
 
     def _sign(self) -> tuple[int, float]:
         """What the import has done so far: the modules loaded, and the loader thread's CPU time."""
@@ -138,7 +184,7 @@ def progressing(before: tuple[int, float], after: tuple[int, float]) -> bool:
     """Whether an import moved between two looks a second apart (:meth:`Loader._sign`): a module more,
     or :data:`MIN_CPU_SECS` of the loader thread's CPU. A deadlocked import (an import lock, a
     stalled filesystem) does neither, so the trainer's deadline finds it overdue and the watchdog
-    replaces the service, instead of a file that grows as long as the service's main thread lives."""
+    replaces the service, instead of a sign of life sent as long as the service's main thread lives."""
     return after[0] != before[0] or after[1] - before[1] >= MIN_CPU_SECS
 
 
@@ -150,15 +196,13 @@ def _cpu_secs(ident: Optional[int]) -> float:
         return 0.0
 
 
-def _grow(folder: str) -> None:
-    """One more byte in a file of ``folder``: progress the trainer can see (best effort: a full disk
-    has none)."""
-    try:
-        os.makedirs(folder, exist_ok=True)
-        fd = os.open(os.path.join(folder, WHAT.lower()), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, b".")
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+def awaited(early: list[Received | ProtocolError]) -> Optional[tuple[bytes, int]]:
+    """The trainer (its identity) and the step of the snapshot it waits for, from what a service
+    received while it loaded before its Hello: the newest word of a trainer on it (a heartbeat's
+    snapshot in flight, lost with the service before, or a snapshot sent since); None if none waits."""
+    for got in reversed(early):
+        if isinstance(got, Received) and got.identity is not None and (
+                isinstance(got.msg, CheckpointSetup) or isinstance(got.msg, SaveData) and got.msg.persist):
+            step = got.msg.in_flight if isinstance(got.msg, CheckpointSetup) else got.msg.step
+            return None if step is None else (got.identity, step)
+    return None

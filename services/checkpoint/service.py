@@ -3,7 +3,8 @@
 Runs in the checkpoint service process (``python -m procsv.services.checkpoint``). It binds the ROUTER
 ``checkpoint.sock``; the trainer's DEALER sends :class:`CheckpointSetup` (policy + heartbeat) and
 :class:`SaveData` snapshots, and receives :class:`SaveRequest` (the timer lives here, as
-``save_model_secs``) and :class:`SaveResult`. Results also go to the watchdog and, as a
+``save_model_secs``), :class:`SaveResult`, and :class:`CommitLoading` while a commit waits for a load
+(:mod:`procsv.services.checkpoint.preload`). Results also go to the watchdog and, as a
 ``SessionLog CHECKPOINT``, to the summary service (over a DEALER; it expects no answer there).
 SIGTERM from the watchdog (or from anyone once the watchdog is gone: a SIGTERM to every process of
 the job is left to the watchdog, which stops the trainer first, so that its emergency checkpoint
@@ -117,7 +118,8 @@ class CheckpointService:
         self.held_steps: Optional[tuple[int, int]] = None  # the steps of the first and the last of them
         self._next_stats = clock()
         self.deletions = Deletions(self.store, _say)  # what waits for a restore to end before it is deleted
-        self.loader = Loader(ctx.layout, self.to_watchdog, ctx.attempt, _say, clock)  # TensorFlow, when needed
+        # TensorFlow, when needed: the watchdog and the trainer whose snapshot waits are told meanwhile
+        self.loader = Loader(ctx.layout, self.to_watchdog, (self.router, ACCEPT), ctx.attempt, _say, clock)
 
     def run(self) -> int:
         self.loader.at_start()  # before the lower priority and the Hello: what this run's commits need
@@ -132,13 +134,15 @@ class CheckpointService:
             send(self.to_watchdog, Hello(Role.CHECKPOINT, os.getpid(), self.ctx.attempt))
 
         wake = StopWake(self.router, self._on_term, self._stop_authority(), "procsv checkpoint")  # woken at once
+        early = self.loader.early  # what came while it loaded, before its Hello
         while not self.stopping:
-            if wake.wait(POLL_MS):
-                for got in drain(self.router, limit=1, routed=True, accept=ACCEPT):
+            if early or wake.wait(POLL_MS):
+                for got in early or drain(self.router, limit=1, routed=True, accept=ACCEPT):
                     if isinstance(got, ProtocolError):
                         self.rejections.count(got)
                     else:
                         self._handle(got)
+                early = []
             self._tick()
             if (self.rejections.total, self.held_count) != self._stats_written and self.clock() >= self._next_stats:
                 self._write_stats(durable=False)
@@ -337,10 +341,8 @@ class CheckpointService:
         retired: list[Manifest] = []
         try:
             view = self.arenas.get(msg.arena) if msg.arena is not None else None
-            why = needs_tensorflow(msg)
-            if why:
-                self.loader.before_commit(why)  # the watchdog is told: a commit still loading is no stall
-                started = self.clock()  # (the persist time the trainer measures its deadlines by)
+            if self.loader.before_commit(needs_tensorflow(msg), msg.step, self.trainer if reply_to == b"" else None):
+                started = self.clock()  # loaded, no stall (told); the persist time the trainer's deadlines use
             manifest, retired = self.store.commit(
                 step=msg.step,
                 reason=msg.reason,

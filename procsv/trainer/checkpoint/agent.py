@@ -34,7 +34,7 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from procsv.ipc.messages import (Busy, CheckpointSetup, Progress, SaveData, SaveReason, SaveRequest, SaveResult,
+from procsv.ipc.messages import (Busy, CheckpointSetup, CommitLoading, Progress, SaveData, SaveReason, SaveRequest, SaveResult,
                                  SnapshotHeld)
 from procsv.ipc.transport import NoReply
 from procsv.common.errors import CheckpointError
@@ -211,6 +211,8 @@ class CheckpointAgent:
                 self._on_result(msg)
             elif isinstance(msg, SnapshotHeld):
                 self.memory.held(msg)
+            elif isinstance(msg, CommitLoading):
+                self.commits.load_moved(msg)
         self._next_read = now + (READ_EVERY if self.in_flight is not None else self.memory.read_wait(now, READ_IDLE))
 
     def _answer_awaited(self, at: float) -> None:  # a snapshot was just sent: read its answer by ``at``
@@ -248,9 +250,10 @@ class CheckpointAgent:
         dead: said once), a failed checkpoint, and the watchdog is told."""
         if self.commits.progressing(_bytes_being_written(self.layout.tmp), now):
             if self.commits.extended == 1:
-                print(f"procsv: the checkpoint of step {self.commits.step} is slow: still being written after "
-                      f"{now - self.commits.since:.1f} s ({self.commits.written / 1e6:.1f} MB so far); waiting while "
-                      "it makes progress", file=sys.stderr, flush=True)
+                doing = (f"the checkpoint service still loads {self.commits.loading} for it" if self.commits.loading
+                         else f"still being written ({self.commits.written / 1e6:.1f} MB so far)")
+                print(f"procsv: the checkpoint of step {self.commits.step} is slow: {doing} after "
+                      f"{now - self.commits.since:.1f} s; waiting while it makes progress", file=sys.stderr, flush=True)
             return
         overdue = self.commits.overdue(now)
         ch.to_watchdog(overdue)
@@ -331,7 +334,8 @@ class CheckpointAgent:
             if now - self.last_heartbeat >= HEARTBEAT_EVERY:
                 self.heartbeat(ch, step, now)
             try:
-                result = ch.wait_save_result(self.in_flight, min(deadline, self.commits.overdue_at, now + HEARTBEAT_EVERY))
+                result = ch.wait_save_result(self.in_flight, min(deadline, self.commits.overdue_at, now + HEARTBEAT_EVERY),
+                                             lambda msg: self.commits.load_moved(msg) if isinstance(msg, CommitLoading) else None)
             except NoReply:
                 continue
             self._on_result(result)

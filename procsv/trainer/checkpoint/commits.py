@@ -7,7 +7,8 @@ time in and performs what is decided (the :class:`SaveOverdue` to the watchdog, 
 **Every snapshot in flight has a deadline** (:func:`save_deadline`: ten times what its size takes
 at the persist rate measured on earlier commits, never under ``save_deadline_floor``). A commit
 still making progress when its deadline passes (the bytes in the service's unfinished files changed
-since the last look: written, or renamed into place: :meth:`CommitTracker.progressing`) is slow, not dead: it gets a whole deadline
+since the last look: written, or renamed into place; or the service said the load of what the commit
+needs moved, :class:`CommitLoading`: :meth:`CommitTracker.progressing`) is slow, not dead: it gets a whole deadline
 more, as often as it keeps growing (storage 10x slower than measured is slow storage). Each time a
 deadline passes without a result and without progress (the deadline, then each time the wait has tripled: the service's
 replacement takes time), that counts as a failed checkpoint and the watchdog is told
@@ -23,7 +24,7 @@ import sys
 from typing import Optional
 
 from procsv.common.errors import CheckpointError
-from procsv.ipc.messages import SaveOverdue, SaveReason
+from procsv.ipc.messages import CommitLoading, SaveOverdue, SaveReason
 
 SAVE_DEADLINE_FLOOR = 30.0  # seconds: no snapshot is declared overdue sooner (a loaded disk's fsync)
 SAVE_DEADLINE_FACTOR = 10.0  # ... nor before this many times its expected persist time
@@ -73,6 +74,8 @@ class CommitTracker:
         self.overdue_at = 0.0  # when it is (next) declared overdue
         self.written = 0  # the bytes in its commit's unfinished files at the last deadline (progressing)
         self.extended = 0  # deadlines it passed while making progress
+        self.loading = ""  # what the service said its commit waits for (CommitLoading), "" if it said nothing
+        self.loads_told = 0  # ... the CommitLoading messages since the last look (progressing)
 
     def sent(self, step: int, reason: SaveReason, nbytes: int, now: float) -> None:
         """The snapshot of ``step`` (``nbytes``) was handed to the service at ``now``."""
@@ -81,7 +84,14 @@ class CommitTracker:
         self.nbytes = nbytes
         self.since = now
         self.overdue_at = now + save_deadline(nbytes, self.persist_rate, self.deadline_floor)
-        self.written = self.extended = 0
+        self.written = self.extended = self.loads_told = 0
+        self.loading = ""
+
+    def load_moved(self, msg: CommitLoading) -> None:
+        """The service says the load of what the commit of ``msg.step`` needs began or moved."""
+        if msg.step == self.step:
+            self.loading = msg.what
+            self.loads_told += 1
 
     def answered(self) -> None:
         """The result of the snapshot in flight arrived: none is in flight now (its size and reason
@@ -91,10 +101,11 @@ class CommitTracker:
     def progressing(self, written: int, now: float) -> bool:
         """A deadline of the snapshot in flight passed at ``now``, and its commit has written
         ``written`` bytes in its unfinished files: True if that changed since the last look (the
-        first: since it was sent, with none): bytes written, or files renamed into place. Then it is
-        slow, not dead: its next deadline is a whole deadline from ``now``."""
-        moved = written != self.written
-        self.written = written
+        first: since it was sent, with none): bytes written, or files renamed into place; or if the
+        service said its load moved since (:meth:`load_moved`). Then it is slow, not dead: its next
+        deadline is a whole deadline from ``now``."""
+        moved = written != self.written or self.loads_told > 0
+        self.written, self.loads_told = written, 0
         if moved:
             self.extended += 1
             self.overdue_at = now + save_deadline(self.nbytes, self.persist_rate, self.deadline_floor)

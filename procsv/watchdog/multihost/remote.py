@@ -53,14 +53,14 @@ class RemoteMembers:
             for rank in ranks:
                 self.pending[worker_slot(rank)] = attempt
         if self.pending:
-            observe.fork_requested(self.view, self.clock())
+            observe.fork_requested(self.view)
 
     def start_task(self, node: int, slot: str, attempt: int, rank: int, env: dict[str, str]) -> None:
         """Ask host ``node`` for one task restarted alone (``--ps``: a worker), ``env`` with its whole
         ``TF_CONFIG``."""
         self.link.start(node, attempt, [rank], [], env)
         self.pending[slot] = attempt
-        observe.fork_requested(self.view, self.clock())
+        observe.fork_requested(self.view)
 
     def started(self, node: int, slot: str, attempt: int, pid: int) -> None:
         """An agent started a member it was asked for (a stale one is killed at once)."""

@@ -37,7 +37,8 @@ node_joined            node, host, pid (``--nnodes``: another host's agent conne
 node_lost              node, host, silent_secs, reason (its agent went silent: its trainers count as dead)
 node_refused           node, host, pid, key, reason (an agent's claim of a node rank another agent's key holds)
 nonfinite_detected     pid, step (the first poisoned one), epoch, batch (its input position, Keras; else null), what
-                       (a watched loss or a snapshot's state was found NaN or infinite)
+                       (a watched loss or a snapshot's state was found NaN or infinite), repeats (the detections
+                       this record stands for: coalesced, a trainer's first, then at most one a minute, and its last)
 rolled_back            pid, step, epoch, batch, restored_step, source (``memory`` | ``disk``), path, skip, secs
                        (step: the poisoned one; epoch, batch: its input position, Keras, else null; skip
                        true: the step is skipped; false: it is retried once; secs: the restore's)
@@ -121,7 +122,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.NODE_JOINED: frozenset({"node", "host", "pid"}),
     Event.NODE_LOST: frozenset({"node", "host", "silent_secs", "reason"}),
     Event.NODE_REFUSED: frozenset({"node", "host", "pid", "key", "reason"}),
-    Event.NONFINITE_DETECTED: frozenset({"pid", "step", "epoch", "batch", "what"}),
+    Event.NONFINITE_DETECTED: frozenset({"pid", "step", "epoch", "batch", "what", "repeats"}),
     Event.ROLLED_BACK: frozenset({"pid", "step", "restored_step", "source", "path", "skip", "secs", "epoch",
                                   "batch"}),
     Event.STEP_SKIPPED: frozenset({"pid", "step", "epoch", "batch", "skipped"}),

@@ -65,6 +65,7 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
         "restored_step": view.restored_step,
         "skipped_steps": list(view.skipped_steps),  # non-finite steps skipped (issue 41): the global step each would have completed
         "rollbacks": view.rollbacks,  # in-place restores of a finite state after a non-finite loss
+        "nonfinite_detected": view.nonfinite_found,  # non-finite losses or snapshot states the trainer found (every one)
         "last_checkpoint": last_checkpoint(layout) if on_disk else None,
         "last_error": view.last_error,
         "goodput": recovery.goodput([a.record() for a in view.attempts], view.launch_start, now),

@@ -153,7 +153,7 @@ def _stop(view: RunView, now: float, limits: Limits) -> list[Action]:
             out.append(Signal(t.slot, t.attempt, signal.SIGTERM, Cause.STOP))
         elif view.stop_deadline is not None and now >= view.stop_deadline:
             out.append(Kill(t.slot, t.attempt, Cause.STOP_GRACE))
-    if not live and view.forking_since is None:  # stopped before a trainer started, or while a restart was pending
+    if not live and not view.forking:  # stopped before a trainer started, or while a restart was pending
         out.append(Finish(TRAINER, 0, RunState.STOPPED, 128 + view.stop_signal, view.history))
     return out
 
@@ -171,7 +171,7 @@ def _restart_due(view: RunView, now: float, limits: Limits) -> list[Action]:
         return []
     if tasks.chief_held(view):
         return []  # rule 14: --ps, the last chief still holds its port
-    if view.forking_since is not None:
+    if view.forking:
         return []  # a standby asked of the zygote: wait for its answer (milliseconds), then decide
     if standby.promotable(view):
         sb = view.standby()
@@ -195,7 +195,7 @@ def _zygote_due(view: RunView, now: float, limits: Limits) -> list[Action]:
     loss counts anew only after one stayed ready for ``observe.ZYGOTE_STEADY_SECS``)."""
     if view.zygote != ZygoteState.LOST or view.zygote_lost_at is None or view.stop_signal is not None:
         return []
-    if view.zygote_losses >= limits.zygote_retries or view.forking_since is not None:
+    if view.zygote_losses >= limits.zygote_retries or view.forking:
         return []
     if now < view.zygote_lost_at + zygote_retry_delay(view.zygote_losses, limits):
         return []

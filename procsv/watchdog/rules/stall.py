@@ -29,7 +29,7 @@ def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]
     service's readiness (its Hello, or the end of a load it announced: ``ServiceLoading``, during
     which, up to ``loading_limit_secs``, the window does not apply) or the trainer's last refusal of a snapshot of a non-finite state, whichever
     is latest. A snapshot the trainer found overdue (``SaveOverdue``) is a stall at once, during a
-    load too: a load that makes progress grows a file the trainer watches, so it sends none then. A hung service (a dead NFS server, SIGSTOP) or a lost result looks like this; a
+    load too: a load that makes progress tells the trainer so (CommitLoading), so it sends none then. A hung service (a dead NFS server, SIGSTOP) or a lost result looks like this; a
     trainer that refuses every snapshot (``--on-nonfinite continue`` once its state is non-finite:
     procsv never commits a poisoned state) does not: nothing was sent to the service to commit.
     """

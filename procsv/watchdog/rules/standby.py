@@ -51,7 +51,7 @@ def may_prepare(view: RunView, now: float) -> bool:
     """Rule 10: a standby should be prepared now."""
     if view.standby_ok is not True or view.stop_signal is not None or view.finishing:
         return False
-    if view.zygote != ZygoteState.READY or view.forking_since is not None or view.restart_at is not None:
+    if view.zygote != ZygoteState.READY or view.forking or view.restart_at is not None:
         return False
     current = view.standby()
     if current is not None and not current.settled:

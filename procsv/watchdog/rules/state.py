@@ -20,6 +20,7 @@ from typing import Optional
 
 from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.lifecycle import ProcState, RunState, transition
+from procsv.watchdog.rules.nonfinitelog import NonfiniteLog
 from procsv.watchdog.rules.policy import History
 
 TRAINER = "trainer"
@@ -188,7 +189,7 @@ class RunView:
     stop_deadline: Optional[float] = None  # SIGKILL the trainer after this (stop grace)
     services_deadline: Optional[float] = None  # once the outcome is decided: SIGKILL what still runs after this
     restart_at: Optional[float] = None  # start the trainer (again) at this time
-    forking_since: Optional[float] = None  # a trainer start asked of the zygote, not answered yet
+    forking: bool = False  # a trainer start asked of the zygote or another host, not answered yet (Executor.poll_fork)
     service_crashes: dict[str, tuple[float, ...]] = field(default_factory=dict)  # slot -> its deaths counted
     tasks_alone: bool = False  # --ps N --workers M: each task restarts alone (procsv.watchdog.rules.tasks)
     coordinator: bool = False  # ... --coordinator: the workers are servers (role SERVER), the trainer the chief
@@ -219,6 +220,7 @@ class RunView:
     # non-finite training (issue 41), as the trainer told it: losses or states found non-finite,
     # in-place rollbacks, and the global steps skipped (each would have completed that step), sorted
     nonfinite_found: int = 0
+    nonfinite_log: NonfiniteLog = field(default_factory=NonfiniteLog)  # the records not written yet (coalesced)
     rollbacks: int = 0
     skipped_steps: list[int] = field(default_factory=list)
     # the other hosts of a job that spans hosts (--nnodes): node rank -> what its agent said
