@@ -229,6 +229,43 @@ def launch_and_kill_trainer_once(logdir: str, *target_args: str, target: str,
     return code, out, err
 
 
+def restores(logdir: str) -> list[int]:
+    """The steps of the run's ``restored`` lifecycle records, in order."""
+    return [e["step"] for e in lifecycle(logdir) if e["event"] == "restored"]
+
+
+def trainer_of_attempt(logdir: str, attempt: int) -> Optional[int]:
+    """The pid of the running trainer of ``attempt``, from status.json, or None."""
+    for p in (raw_status(logdir) or {}).get("processes", []):
+        if p["role"] == "trainer" and p.get("attempt") == attempt and p["state"] == "running":
+            return int(p["pid"])
+    return None
+
+
+def sigkill_attempts_after_their_commits(logdir: str, attempts: int, rng: Any, max_delay: float,
+                                         timeout: float = 120) -> list[int]:
+    """SIGKILL trainer attempts 1..``attempts``, each at a random moment (up to ``max_delay`` s) after
+    its first commit past step 0; returns the step each kill landed at (as far as the test can
+    tell: status.json's step, or the newest commit when status.json lags it). An attempt after the
+    first is killed only after its own restore and a commit past it: the killed attempt's snapshot
+    in flight can still commit after the kill, and that commit is not one by the next attempt."""
+    killed_at: list[int] = []
+    last = 0
+    for attempt in range(1, attempts + 1):
+        if attempt > 1:
+            mine = wait_for(lambda: restores(logdir)[attempt - 2:], timeout, what=f"trainer attempt {attempt}'s restore")
+            last = max(last, mine[0])
+        wait_for(lambda: committed_steps(logdir) and committed_steps(logdir)[-1] > last, timeout,
+                 what=f"a commit by trainer attempt {attempt}")
+        time.sleep(rng.uniform(0.0, max_delay))
+        pid = wait_for(lambda: trainer_of_attempt(logdir, attempt), timeout, what=f"trainer attempt {attempt}")
+        newest = committed_steps(logdir)[-1]
+        killed_at.append(max((raw_status(logdir) or {}).get("step") or 0, newest))
+        os.kill(pid, signal.SIGKILL)
+        last = committed_steps(logdir)[-1]
+    return killed_at
+
+
 def case_results(folder: str, sides: tuple[tuple[str, list[str]], ...]) -> dict[str, dict[str, Any]]:
     """What ``tests/programs/tf1_cases.py`` printed for each side, read from ``<folder>/<side>.stdout``:
     side -> case -> its result (each ``result NAME JSON`` line); fails unless each side has exactly

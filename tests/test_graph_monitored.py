@@ -15,12 +15,12 @@ import random
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 from conftest import PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, wait_for
+from conftest import restores, sigkill_attempts_after_their_commits
 
 pytestmark = pytest.mark.usefixtures("fresh_train_api")
 
@@ -173,48 +173,21 @@ def test_an_aborted_run_recovers_in_process_from_the_newest_checkpoint_and_is_no
     assert _bit_equal(_load(out), plain(150))
 
 
-def _restores(logdir: str) -> list[int]:
-    return [e["step"] for e in lifecycle(logdir) if e["event"] == "restored"]
-
-
-def _trainer_of_attempt(logdir: str, attempt: int):
-    for p in (raw_status(logdir) or {}).get("processes", []):
-        if p["role"] == "trainer" and p.get("attempt") == attempt and p["state"] == "running":
-            return p["pid"]
-    return None
-
-
 def test_three_sigkills_at_random_moments_and_monitored_training_session_ends_bit_equal_to_the_plain_loop(
         short_tmp, plain):
     logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "final.npz")
     steps = 600  # ~10 ms a run: each attempt is killed within 0.5 s of its first commit past the last one
     proc = launch(logdir, "--steps", str(steps), "--step-delay", "0.01", "--out", out, target=PROGRAM)
-    rng = random.Random(40)
-    killed_at = []
     try:
-        last = -1
-        for attempt in (1, 2, 3):
-            if attempt > 1:
-                # this attempt's own restore first: the killed attempt's snapshot in flight can still
-                # commit after the kill, and that commit is not one by this attempt
-                restored = wait_for(lambda: _restores(logdir)[attempt - 2:], 120,
-                                    what=f"trainer attempt {attempt}'s restore")
-                last = max(last, restored[0])
-            wait_for(lambda: committed_steps(logdir) and committed_steps(logdir)[-1] > last, 120,
-                     what=f"a commit by trainer attempt {attempt}")
-            time.sleep(rng.uniform(0.0, 0.5))
-            pid = wait_for(lambda: _trainer_of_attempt(logdir, attempt), 120, what=f"trainer attempt {attempt}")
-            killed_at.append((raw_status(logdir) or {}).get("step"))
-            os.kill(pid, signal.SIGKILL)
-            last = committed_steps(logdir)[-1]
+        killed_at = sigkill_attempts_after_their_commits(logdir, 3, random.Random(40), 0.5)
     finally:
         code, stdout, err = finish(proc, 400)
     assert code == 0, err[-3000:]
     deaths = [e for e in _trainer_exits(logdir) if e.get("signal") == "SIGKILL"]
     assert len(deaths) == 3
     assert all(s is not None and 0 < s < steps for s in killed_at), killed_at  # each landed mid-run
-    restores = _restores(logdir)
-    assert len(restores) == 3 and all(0 < s < steps for s in restores), restores  # each attempt resumed mid-run
+    restored = restores(logdir)
+    assert len(restored) == 3 and all(0 < s < steps for s in restored), restored  # each attempt resumed mid-run
     assert "finished at step 600" in stdout
     assert _bit_equal(_load(out), plain(steps))
     saved = _saver_values(logdir)  # the final checkpoint too, read by TF

@@ -206,10 +206,8 @@ def test_a_graph_mlp_killed_at_random_moments_ends_bit_equal_to_a_plain_session_
     variable bit-equal to the same graph trained uninterrupted in a plain tf.compat.v1.Session loop,
     in the program and in its last checkpoint read by a plain Saver."""
     import random
-    import signal
-    import time
 
-    from conftest import committed_steps, finish, launch, lifecycle, raw_status, wait_for
+    from conftest import finish, launch, lifecycle, sigkill_attempts_after_their_commits
 
     steps = 300
     reference = os.path.join(short_tmp, "plain.npz")
@@ -218,18 +216,8 @@ def test_a_graph_mlp_killed_at_random_moments_ends_bit_equal_to_a_plain_session_
     logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "sv.npz")
     proc = launch(logdir, "--steps", str(steps), "--step-delay", "0.01", "--save-model-secs", "0.3", "--out", out,
                   target=TRAIN)
-    rng = random.Random(40)
     try:
-        last = -1
-        for attempt in (1, 2, 3):
-            wait_for(lambda: committed_steps(logdir) and committed_steps(logdir)[-1] > last, 120,
-                     what=f"a commit by trainer attempt {attempt}")
-            time.sleep(rng.uniform(0.0, 0.4))  # a random moment after that commit
-            pid = wait_for(lambda: [p["pid"] for p in (raw_status(logdir) or {}).get("processes", [])
-                                    if p["role"] == "trainer" and p.get("attempt") == attempt
-                                    and p["state"] == "running"], 120, what=f"trainer attempt {attempt}")[0]
-            os.kill(pid, signal.SIGKILL)
-            last = committed_steps(logdir)[-1]
+        sigkill_attempts_after_their_commits(logdir, 3, random.Random(40), 0.4)  # each at a random moment
     finally:
         code, stdout, stderr = finish(proc, 300)
     assert code == 0, stderr[-3000:]

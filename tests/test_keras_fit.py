@@ -24,7 +24,7 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import (PROGRAMS, REPO, committed_steps, finish, launch, lifecycle, quiet_env, raw_status,
-                      status_json, wait_for)
+                      sigkill_attempts_after_their_commits, status_json, trainer_of_attempt, wait_for)
 
 EXAMPLE = "procsv.examples.keras_fit"
 BATCHES_PER_EPOCH = 45  # ceil(1438 training digits / 32)
@@ -86,13 +86,6 @@ def _position(prefix: str) -> tuple[int, int, int]:
             int(get("global_step/.ATTRIBUTES/VARIABLE_VALUE")))
 
 
-def _trainer_of_attempt(logdir: str, attempt: int):
-    for p in (raw_status(logdir) or {}).get("processes", []):
-        if p["role"] == "trainer" and p.get("attempt") == attempt and p["state"] == "running":
-            return p["pid"]
-    return None
-
-
 def _resumes(out: str) -> list[tuple[int, int, int]]:
     """The (epoch, batch, batches trained) of every "fit resumes at ..." line, 1-based as printed."""
     return [(int(e), int(b), int(n)) for e, b, n in
@@ -105,16 +98,8 @@ def test_three_sigkills_at_random_batches_resume_mid_epoch_and_end_bit_identical
     epochs = 4  # 180 batches; each attempt is killed within ~0.3 s of its first commit (every 7 batches)
     proc = launch(logdir, "--input", kind, "--epochs", str(epochs), "--save-freq", "7", "--batch-delay", "0.02",
                   "--weights-out", out_path, target=EXAMPLE)
-    rng = random.Random(kind)
     try:
-        last = -1
-        for attempt in (1, 2, 3):
-            wait_for(lambda: committed_steps(logdir) and committed_steps(logdir)[-1] > last, 120,
-                     what=f"a commit by trainer attempt {attempt}")
-            time.sleep(rng.uniform(0.0, 0.3))  # a random batch after that commit
-            pid = wait_for(lambda: _trainer_of_attempt(logdir, attempt), 120, what=f"trainer attempt {attempt}")
-            os.kill(pid, signal.SIGKILL)
-            last = committed_steps(logdir)[-1]
+        sigkill_attempts_after_their_commits(logdir, 3, random.Random(kind), 0.3)  # each at a random batch
     finally:
         code, out, err = finish(proc, 300)
     assert code == 0, err
@@ -252,7 +237,7 @@ def test_sigterm_to_the_trainer_itself_commits_its_batch_exits_42_and_the_launch
                   target=EXAMPLE)
     try:
         seen = _wait_mid_second_epoch(logdir)
-        os.kill(wait_for(lambda: _trainer_of_attempt(logdir, 1), 30, what="trainer attempt 1"), signal.SIGTERM)
+        os.kill(wait_for(lambda: trainer_of_attempt(logdir, 1), 30, what="trainer attempt 1"), signal.SIGTERM)
     finally:
         code, out, err = finish(proc, 300)
     assert code == 0, err
