@@ -10,6 +10,14 @@ the function outside the step accounting or hand the fetch back unrun. A step fu
 another thread (TF1 programs ran a train op from
 ``sv.loop`` threads) is refused with :class:`procsv.UsageError`: the step boundary (checkpoint
 snapshots, progress, summaries) belongs to one thread.
+
+A run whose boundary moved the step (``--on-nonfinite rollback`` restored an earlier state, or
+skipped a step: :mod:`procsv.trainer.nonfinite.rollback`) returns None without calling its step
+function: the function and its arguments were for the step after the one the run began at, which
+is no longer the next step (a batch computed for step 700 and passed in, ``sess.run(step_fn, x,
+y)``, would otherwise train step 701 after 700 was skipped, or the first replayed step after a
+restore). The loop's next run reads ``sv.step`` again. procsv's own step functions that read the
+step themselves (Keras ``fit``'s) are marked :func:`follows_moves` and are called.
 """
 
 from __future__ import annotations
@@ -24,6 +32,16 @@ from procsv.trainer.step_boundary import StepState
 
 RUN_FORMS = ("sess.run(step_fn, *args) runs one training step (return the loss from step_fn to get it); "
              "sess.run(tensor_or_variable) or sess.run([tensors/variables]) reads values")
+
+
+_FOLLOWS = "_procsv_follows_moves"
+
+
+def follows_moves(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a step function that reads the step itself and takes its own input for it: a run is
+    called even when its boundary moved the step (see the module)."""
+    setattr(fn, _FOLLOWS, True)
+    return fn
 
 
 def _readable(leaf: Any) -> bool:
@@ -133,7 +151,8 @@ class ManagedSession:
         before = state.step
         if before >= state.ckpt_step or state.clock() >= state.at:
             state.boundary(before)
-            before = state.step  # a rollback or a skipped step moved it (procsv.trainer.nonfinite)
+            if state.step != before and not getattr(step_fn, _FOLLOWS, False):
+                return None  # a rollback or a skipped step moved it: this call was for another step (see the module)
         state.step = before + 1
         try:
             out = step_fn(*args, **kwargs)
