@@ -10,7 +10,8 @@
     --step-delay S        seconds each step sleeps besides its work
     --bind B              inside: the step function computes its batch from ``sv.step``; args: the loop
                           computes the batch of step ``sv.step + 1`` and passes it, ``sess.run(step, x, y)``
-    --kill-after N        (with --kill-file F) once step N ran, write F and wait (at most 120 s) to be killed
+    --kill-after N        (with --kill-file F) the --kill-visit'th time step N ran in this process (default the
+                          first), unless F exists: write this process's pid to F and wait (at most 120 s) to be killed
     --logdir DIR          for a plain `python nan_keras_loop.py` run
 
 The input of step s is a function of s alone (the step ``sv.step`` says), so a run is reproducible
@@ -40,6 +41,7 @@ p.add_argument("--step-delay", type=float, default=0.0)
 p.add_argument("--bind", choices=["inside", "args"], default="inside")
 p.add_argument("--kill-after", type=int, default=None)
 p.add_argument("--kill-file", default=None)
+p.add_argument("--kill-visit", type=int, default=1)
 p.add_argument("--logdir", default=None)
 args = p.parse_args()
 
@@ -82,6 +84,7 @@ def step(x=None, y=None, s=None):  # type: ignore[no-untyped-def]
     return loss
 
 
+visits = 0
 with sv.managed_session() as sess:
     while not sv.should_stop() and sv.step < args.steps:
         if args.bind == "args":
@@ -89,9 +92,11 @@ with sv.managed_session() as sess:
             sess.run(step, *batch(s), s)
         else:
             sess.run(step)
-        if args.kill_file and sv.step == args.kill_after and not os.path.exists(args.kill_file):
-            with open(args.kill_file, "w") as fh:
+        visits += sv.step == args.kill_after
+        if args.kill_file and visits == args.kill_visit and sv.step == args.kill_after and not os.path.exists(args.kill_file):
+            with open(args.kill_file + ".tmp", "w") as fh:
                 fh.write(str(os.getpid()))
+            os.replace(args.kill_file + ".tmp", args.kill_file)
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 time.sleep(0.05)

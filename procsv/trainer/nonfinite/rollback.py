@@ -39,7 +39,7 @@ from procsv.trainer.checkpoint import memory_restore
 from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.checkpoint.keeper import CheckpointKeeper
 from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
-from procsv.trainer.nonfinite import inputs, notices, policy, scan
+from procsv.trainer.nonfinite import inputs, notices, policy, records, scan
 from procsv.trainer.nonfinite.policy import OnNonfinite
 from procsv.trainer.nonfinite.watch import NonfiniteWatch
 from procsv.trainer.settings import Settings
@@ -76,6 +76,7 @@ class NonfiniteRollback:
         self._settings = settings  # stop_grace_secs: read live
         self._channels: Optional[TrainerChannels] = None
         self.watch = NonfiniteWatch(on_nonfinite, tags, ignore)
+        self._again: set[int] = set()  # steps skipped before this session that it said it skips again
         self.watch.group_refusal = _group_refusal()
         # (off: no detection at all, no loss kept, no snapshot scanned; what it costs: scripts/bench_nonfinite.py)
         self.detecting = os.environ.get(env.NONFINITE_CHECK, "").strip().lower() not in ("0", "off", "no", "false")
@@ -95,6 +96,23 @@ class NonfiniteRollback:
 
     def detach(self) -> None:
         self._channels = None
+
+    def resume(self, step: int, lifecycle: Optional[str]) -> None:
+        """A session begins at ``step`` (restored or initialized): under ``rollback``, every step this
+        run skipped before (an earlier trainer's, a relaunch's: the ``step_skipped`` records of the
+        run's ``lifecycle`` file, :mod:`.records`) stays skipped: one after ``step`` is skipped again
+        when the loop reaches it, and each counts against ``--max-skips``. Not in Keras ``fit``
+        (``on_skipped`` hooks: its resume replays its own epochs)."""
+        watch = self.watch
+        if not self.detecting or watch.policy != OnNonfinite.ROLLBACK or watch.on_skipped:
+            return
+        for s in records.skipped_steps(lifecycle):
+            if s not in watch.budget.skipped:
+                watch.budget.skip(s)
+        watch.budget.skipped.sort()
+        if watch.target is None:
+            watch.due = self._next_due(step)
+            self.bound()
 
     @property
     def _agent(self) -> Optional[CheckpointAgent]:
@@ -208,6 +226,35 @@ class NonfiniteRollback:
         memory_restore.restore(checkpoint, copy, store.arena)
         return copy.step, "the in-memory snapshot", f"{store.arena.ref().path}#slot{copy.slot}"
 
+    def settle_at_end(self, replay: Optional[Callable[[], None]]) -> None:
+        """The loop ended on its own at the current step E, before the final checkpoint: under
+        ``rollback``, the losses kept since the last check are checked (one read) and a non-finite
+        one at step B is rolled back, replayed and retried or skipped like any other, by ``replay``
+        (one more run of the loop's last step function, which reads its step itself) until the step
+        is E again. ``replay`` None (the last step function was handed its input as arguments):
+        nothing is checked here, and the final checkpoint's check stops the run with exit code 4 as
+        ``stop`` does. Raises :class:`~procsv.common.errors.TrainingDiverged` where a rollback
+        cannot be (the skip bound, ...)."""
+        watch = self.watch
+        if not self.detecting or watch.policy != OnNonfinite.ROLLBACK or replay is None or watch.group_refusal:
+            return
+        end = self._state.step
+        while True:
+            if self.work():  # the retry's judgement or a skip, due at this step
+                continue
+            if self._state.step < end:
+                replay()
+                continue
+            bad = watch.losses.check()
+            if bad is None:
+                return
+            what = f"the loss of step {bad} is NaN or infinite (found when the loop ended)"
+            notices.tell(self._channels, notices.detected(bad, what, watch.position))
+            why = self._roll_back(bad, what)
+            if why:
+                self._stop_diverged(NonFiniteState(end, bad), why, False)
+                return
+
     def _skip_input(self, step: int) -> None:
         """Skipped step ``step`` consumes its input; a program's own hooks (Keras fit: its iteration
         counter, its position) move past it too."""
@@ -224,13 +271,13 @@ class NonfiniteRollback:
 
     def _next_due(self, step: int) -> Optional[int]:
         """The next boundary at or after ``step`` with rollback work: a step skipped before, which the
-        replay skips again (uncounted), or the bad step's skip or retry."""
+        replay (or a resumed session) skips again (uncounted), or the bad step's skip or retry."""
         watch = self.watch
-        if watch.target is None:
-            return None
-        due = [s - 1 for s in watch.budget.skipped if s - 1 >= step and s < watch.target]
-        due.append(watch.target - 1 if watch.skipping else watch.target)
-        return min(due)
+        target = watch.target
+        due = [s - 1 for s in watch.budget.skipped if s - 1 >= step and (target is None or s < target)]
+        if target is not None:
+            due.append(target - 1 if watch.skipping else target)
+        return min(due) if due else None
 
     def bound(self) -> None:
         """The checkpoint half's boundary comes no later than the rollback's next work."""
@@ -253,14 +300,19 @@ class NonfiniteRollback:
         watch = self.watch
         target = watch.target
         watch.due = None
-        assert target is not None
-        if step + 1 in watch.budget.skipped and step + 1 < target:  # the replay meets a step skipped before
+        if step + 1 in watch.budget.skipped and (target is None or step + 1 < target):  # a step skipped before
             self._skip_input(step + 1)
             self._advance_past(step)
             self._state.step = step + 1
+            if target is None and step + 1 not in self._again:  # met in a resumed session, not in a replay
+                self._again.add(step + 1)
+                print(f"procsv: skipping step {step + 1} again (this run skipped it before); training on from "
+                      f"step {step + 2}", file=sys.stderr, flush=True)
             watch.due = self._next_due(step + 1)
             self.bound()
             return True
+        if target is None:
+            return False
         bad = watch.losses.check()
         if bad is not None and (bad < target or not watch.skipping):
             if bad == target:
@@ -275,6 +327,8 @@ class NonfiniteRollback:
         if not watch.skipping:  # the retried step was finite this time
             print(f"procsv: step {target} was finite when retried; training on", file=sys.stderr, flush=True)
             watch.target = None
+            watch.due = self._next_due(step)
+            self.bound()
             return False
         watch.budget.skip(target)
         notices.tell(self._channels, notices.skipped(target, len(watch.budget.skipped), watch.position))
@@ -282,6 +336,8 @@ class NonfiniteRollback:
         self._advance_past(step)  # the step count moves past the skipped step; no other variable changes
         self._state.step = target
         watch.target = None
+        watch.due = self._next_due(target)  # a later step skipped before (a resumed session's)
+        self.bound()
         print(f"procsv: skipped step {target} (its loss was NaN or infinite twice); training on from step "
               f"{target + 1}", file=sys.stderr, flush=True)
         return True
