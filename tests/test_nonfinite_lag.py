@@ -123,3 +123,20 @@ def test_a_nan_first_seen_when_the_loop_ends_is_rolled_back_and_replayed_not_exi
     assert "skipped step 55" in said and "final checkpoint committed at step 60" in said, said
     assert _skipped(logdir) == [55], said
     assert _final_variables(logdir, 60) == _plain(str(tmp_path), "sgd", (55,), "--steps", "60", steps=60)
+
+
+@pytest.mark.usefixtures("busy")
+def test_a_step_whose_gradient_is_nan_and_loss_finite_is_found_and_skipped_not_the_next_one(logdir, tmp_path):
+    # step 45 adds a loss term whose value is 0 and whose gradient is NaN: its loss is finite, the
+    # weights after it are not, and the first non-finite loss is step 46's. Before: 46 was retried
+    # and skipped (the replay applied 45 again each time), then 47, 48, until exit 4. Now the skip
+    # of 46 finds the weights before it non-finite after the replay, restores again, checks the
+    # weights after each replayed step, and skips 45, the step that poisoned them
+    code, out, err = finish(launch(logdir, "--grad-nan-at", "45", *LAGGING, target=NAN_LOOP,
+                                   env=quiet_env(**NO_MEMORY_TIER)), 300)
+    said = out + err
+    assert code == 0, said
+    assert "the weights turned non-finite at step 45" in said and "skipped step 45" in said, said
+    assert "skipped step 46" not in said, said
+    assert _skipped(logdir) == [45], said
+    assert _final_variables(logdir) == _plain(str(tmp_path), "sgd", (45,))  # bit-equal, every variable

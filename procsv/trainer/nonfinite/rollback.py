@@ -13,7 +13,13 @@ right after it. If it is non-finite again, R is restored again, the loop replays
 skipped: its step function is not called, its input is consumed (the next element of each
 ``tf.data`` iterator the checkpoint tracks is taken and discarded, :mod:`.inputs`; with the input a
 function of the step there is nothing to take), no variable changes, and the step count advances
-past it. More than ``max_skips`` skips within ``skip_window`` steps, a poisoned state without a
+past it. If, when the replay reaches B-1 for the skip, the trainable variables are non-finite
+already (every loss before B finite: a replayed step S's gradient was non-finite, its loss not, and
+B only showed it), R is restored once more and the weights are checked after each replayed step
+(one read each); the first step after which they are non-finite is S, which is skipped instead of
+B. Steps skipped before (this session's, or an earlier trainer's of the run: :meth:`NonfiniteRollback.resume`)
+are skipped again wherever the loop meets them. A non-finite loss still unchecked when the loop
+ends is rolled back the same way before the final checkpoint (:meth:`NonfiniteRollback.settle_at_end`). More than ``max_skips`` skips within ``skip_window`` steps, a poisoned state without a
 known bad step (only the weights were non-finite), or no finite state before B stop training with
 exit code 4 instead.
 
@@ -77,6 +83,7 @@ class NonfiniteRollback:
         self._channels: Optional[TrainerChannels] = None
         self.watch = NonfiniteWatch(on_nonfinite, tags, ignore)
         self._again: set[int] = set()  # steps skipped before this session that it said it skips again
+        self._weights: Optional[list[Any]] = None  # the trainable variables a bisect checks (walked once)
         self.watch.group_refusal = _group_refusal()
         # (off: no detection at all, no loss kept, no snapshot scanned; what it costs: scripts/bench_nonfinite.py)
         self.detecting = os.environ.get(env.NONFINITE_CHECK, "").strip().lower() not in ("0", "off", "no", "false")
@@ -277,7 +284,36 @@ class NonfiniteRollback:
         due = [s - 1 for s in watch.budget.skipped if s - 1 >= step and (target is None or s < target)]
         if target is not None:
             due.append(target - 1 if watch.skipping else target)
+            if watch.bisecting:
+                due.append(step)  # the weights after every replayed step
         return min(due) if due else None
+
+    def _trainable(self) -> list[Any]:
+        """The state's trainable variables (walked once)."""
+        if self._weights is None:
+            agent = self._agent
+            self._weights = scan.trainable(agent.store.checkpoint if agent is not None else None)
+        return self._weights
+
+    def _poisoned_by(self, step: int) -> bool:
+        """At the boundary after replayed ``step``, while bisecting: if the weights are non-finite
+        now (one read), ``step`` poisoned them (its gradient, not its loss): restore again, replay to
+        the step before it and skip it, instead of the bad step that showed it; True if so."""
+        watch = self.watch
+        target = watch.target
+        if scan.all_finite(self._trainable()):
+            return False
+        watch.bisecting = False
+        print(f"procsv: the weights turned non-finite at step {step}, whose loss was finite (a non-finite gradient): "
+              f"skipping step {step}, not step {target}", file=sys.stderr, flush=True)
+        notices.tell(self._channels, notices.detected(step, f"the weights turned non-finite at step {step} (its loss "
+                                                            "was finite)", watch.position))
+        watch.retried.add(step)
+        watch.target = None
+        why = self._roll_back(step, f"the weights turned non-finite at step {step}")
+        if why:
+            self._stop_diverged(NonFiniteState(step, step), why, False)
+        return True
 
     def bound(self) -> None:
         """The checkpoint half's boundary comes no later than the rollback's next work."""
@@ -313,6 +349,14 @@ class NonfiniteRollback:
             return True
         if target is None:
             return False
+        if watch.bisecting and step < target:
+            if self._poisoned_by(step):
+                return True
+            if step < target - 1:
+                watch.due = self._next_due(step + 1)
+                self.bound()
+                return False
+            watch.bisecting = False  # no replayed step poisoned them this time: the bad step is skipped as planned
         bad = watch.losses.check()
         if bad is not None and (bad < target or not watch.skipping):
             if bad == target:
@@ -330,6 +374,18 @@ class NonfiniteRollback:
             watch.due = self._next_due(step)
             self.bound()
             return False
+        if not watch.bisecting and not scan.all_finite(self._trainable()):
+            # the state before the bad step is non-finite already, its losses finite: a replayed
+            # step's gradient was non-finite (its loss not), and the bad step only showed it
+            watch.bisecting = True
+            print(f"procsv: the weights before step {target} are non-finite after the replay, every loss before it "
+                  f"finite: a replayed step's gradient was not; restoring again and checking the weights after each "
+                  f"replayed step", file=sys.stderr, flush=True)
+            why = self._roll_back(target, f"the weights before step {target} are non-finite")
+            if why:
+                self._stop_diverged(NonFiniteState(step, target), why, False)
+            return True
+        watch.bisecting = False
         watch.budget.skip(target)
         notices.tell(self._channels, notices.skipped(target, len(watch.budget.skipped), watch.position))
         self._skip_input(target)  # its input: the data position moves past it
