@@ -10,6 +10,14 @@ the function outside the step accounting or hand the fetch back unrun. A step fu
 another thread (TF1 programs ran a train op from
 ``sv.loop`` threads) is refused with :class:`procsv.UsageError`: the step boundary (checkpoint
 snapshots, progress, summaries) belongs to one thread.
+
+A run whose boundary moved the step (``--on-nonfinite rollback`` restored an earlier state, or
+skipped a step: :mod:`procsv.trainer.nonfinite.rollback`) returns None without calling its step
+function: the function and its arguments were for the step after the one the run began at, which
+is no longer the next step (a batch computed for step 700 and passed in, ``sess.run(step_fn, x,
+y)``, would otherwise train step 701 after 700 was skipped, or the first replayed step after a
+restore). The loop's next run reads ``sv.step`` again. procsv's own step functions that read the
+step themselves (Keras ``fit``'s) are marked :func:`follows_moves` and are called.
 """
 
 from __future__ import annotations
@@ -17,13 +25,23 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional, Protocol
 
-from procsv.common.errors import TrainingStopped, UsageError
+from procsv.common.errors import TrainingDiverged, TrainingStopped, UsageError
 from procsv.trainer.coordinator import Coordinator
 from procsv.trainer.step_boundary import StepState
 
 
 RUN_FORMS = ("sess.run(step_fn, *args) runs one training step (return the loss from step_fn to get it); "
              "sess.run(tensor_or_variable) or sess.run([tensors/variables]) reads values")
+
+
+_FOLLOWS = "_procsv_follows_moves"
+
+
+def follows_moves(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a step function that reads the step itself and takes its own input for it: a run is
+    called even when its boundary moved the step (see the module)."""
+    setattr(fn, _FOLLOWS, True)
+    return fn
 
 
 def _readable(leaf: Any) -> bool:
@@ -88,6 +106,8 @@ class SessionOwner(Protocol):
 
     def stop(self, *, close_summary_writer: bool = True) -> None: ...
 
+    def settle_at_end(self) -> None: ...
+
     def _release(self) -> None: ...
 
 
@@ -99,6 +119,10 @@ class ManagedSession:
         self._state = state  # what each step reads and advances (the Supervisor's step state)
         self._owner = threading.get_ident()
         self._step_types: set[type] = set()  # types of step functions seen: callable, not a tensor or variable
+        # the last step function run, if it took no arguments (it reads its step itself): what a rollback
+        # at the loop's end replays with (see replay_last); None: there is none, or it was handed its input
+        self.last_replayable: Optional[Callable[[], Any]] = None
+        self.moved = False  # the last run's boundary moved the step: it returned None, its step function not called
 
     def run(self, step_fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``step_fn(*args, **kwargs)`` as one step, then advance ``global_step`` by one
@@ -133,7 +157,12 @@ class ManagedSession:
         before = state.step
         if before >= state.ckpt_step or state.clock() >= state.at:
             state.boundary(before)
-            before = state.step  # a rollback or a skipped step moved it (procsv.trainer.nonfinite)
+            self.moved = state.step != before and not getattr(step_fn, _FOLLOWS, False)
+            if self.moved:
+                return None  # a rollback or a skipped step moved it: this call was for another step (see the module)
+            before = state.step  # (a step function that follows moves runs the step after the new one)
+        self.moved = False
+        self.last_replayable = step_fn if not (args or kwargs) or getattr(step_fn, _FOLLOWS, False) else None
         state.step = before + 1
         try:
             out = step_fn(*args, **kwargs)
@@ -148,6 +177,17 @@ class ManagedSession:
         if state.step >= state.end_step:
             state.after_step()
         return out
+
+    def replay_last(self) -> Optional[Callable[[], None]]:
+        """One more run of the last step function, for a rollback after the loop ended (None: it
+        took its input as arguments, which procsv cannot make for another step)."""
+        fn = self.last_replayable
+        if fn is None:
+            return None
+
+        def again() -> None:
+            self.run(fn)
+        return again
 
     def evaluate(self, fetches: Any) -> Any:
         """The current values of ``fetches`` (a callable is called); never a step; any thread."""
@@ -192,8 +232,14 @@ class ManagedSessionContext:
 
     def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> bool:
         sv = self._sv
-        if exc is not None:
-            sv.request_stop(exc)
+        settled: Optional[BaseException] = None
+        if exc is None and not sv.coord.should_stop():  # the loop ended on its own: its last losses, judged
+            try:
+                sv.settle_at_end()
+            except TrainingDiverged as err:
+                settled = err
+        if exc is not None or settled is not None:
+            sv.request_stop(exc or settled)
         try:
             sv.stop(close_summary_writer=self._close)
         except BaseException as err:
@@ -202,6 +248,8 @@ class ManagedSessionContext:
             raise
         finally:
             self._session.close()  # as TF closed the session after stop() (graph mode; eager: nothing)
+        if settled is not None:
+            raise settled
         if exc is None:
             return False
         return sv.coord.exception is None  # clean-stop types are swallowed

@@ -292,6 +292,8 @@ class Supervisor:
         if self.restored_from:
             print(f"procsv: restored step {step} from {os.path.basename(self.restored_from)}", flush=True)
         self._boundary.start()
+        if self.is_chief and self.layout is not None:  # the steps this run skipped before stay skipped
+            self._rollback.resume(step, self.layout.lifecycle)
         return self._session
 
     def stop(self, threads: Any = None, close_summary_writer: bool = True, ignore_live_threads: bool = False) -> None:
@@ -314,6 +316,12 @@ class Supervisor:
                             ignore_live_threads=ignore_live_threads)
         finally:
             self._stop_services(deadline, close_summary_writer)
+
+    def settle_at_end(self) -> None:
+        """The ``with`` block's loop ended on its own: a non-finite loss not checked yet is rolled back
+        and replayed now, before the final checkpoint (:meth:`NonfiniteRollback.settle_at_end`)."""
+        if self._graph is None and isinstance(self._session, ManagedSession) and self.is_chief:
+            self._rollback.settle_at_end(self._session.replay_last())
 
     def outcome(self) -> outcome.Outcome:
         """What this Supervisor achieved so far (the trainer's bootstrap reads it at exit)."""

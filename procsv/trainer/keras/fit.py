@@ -40,7 +40,7 @@ from procsv.trainer.keras import step_warmup
 from procsv.trainer.keras.replay import LOGS, BatchReplay
 from procsv.trainer.keras.rollback import FitPosition, FitRollback
 from procsv.trainer.once import warn_once
-from procsv.trainer.managed import ManagedSession
+from procsv.trainer.managed import ManagedSession, follows_moves
 from procsv.trainer.nonfinite.policy import OnNonfinite
 from procsv.trainer.supervisor import Supervisor
 
@@ -275,6 +275,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         self.loop_secs += time.perf_counter() - t0 - self._train_secs
         return logs
 
+    @follows_moves
     def _timed_train(self, iterator: Any) -> Any:
         t0 = time.perf_counter()
         logs = self._original_train(iterator)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 from procsv.common.errors import NonFiniteState
 from procsv.trainer.keras.replay import BatchReplay
-from procsv.trainer.managed import ManagedSession
+from procsv.trainer.managed import ManagedSession, follows_moves
 from procsv.trainer.nonfinite.policy import OnNonfinite
 from procsv.trainer.nonfinite.rollback import NonfiniteRollback
 
@@ -81,6 +81,7 @@ class FitRollback:
         rollback.watch.on_restored.append(self.restored)
         rollback.watch.on_skipped.append(self.skipped)
 
+    @follows_moves
     def kept_step(self, iterator: Any) -> Any:
         """One step, in ``sess.run``: the batch kept for it if a rollback put the step count back (its
         position is the one a snapshot after it records), else the next batch of ``iterator``, kept.

@@ -189,6 +189,8 @@ class _MonitoredSession:
                                               "feed_dict parameter; this one has none, so they are ignored: pass "
                                               "the batch as arguments, sess.run(step_fn, x, y)")
         out = sv._session.run(fetches, *args, **kwargs)
+        if getattr(sv._session, "moved", False):  # a rollback or a skip moved the step: no step ran, no
+            return None  # hook sees one (procsv.trainer.managed); the loop's next run is the next step
         nan_watch.keep(sv, [req.fetches for i, req in requests.items() if i in self._nan_watched])
         results = {i: api.evaluate(req.fetches) for i, req in requests.items() if i not in self._nan_watched}
         for i, h in enumerate(self._hooks):

@@ -13,7 +13,13 @@ right after it. If it is non-finite again, R is restored again, the loop replays
 skipped: its step function is not called, its input is consumed (the next element of each
 ``tf.data`` iterator the checkpoint tracks is taken and discarded, :mod:`.inputs`; with the input a
 function of the step there is nothing to take), no variable changes, and the step count advances
-past it. More than ``max_skips`` skips within ``skip_window`` steps, a poisoned state without a
+past it. If, when the replay reaches B-1 for the skip, the trainable variables are non-finite
+already (every loss before B finite: a replayed step S's gradient was non-finite, its loss not, and
+B only showed it), R is restored once more and the weights are checked after each replayed step
+(one read each); the first step after which they are non-finite is S, which is skipped instead of
+B. Steps skipped before (this session's, or an earlier trainer's of the run: :meth:`NonfiniteRollback.resume`)
+are skipped again wherever the loop meets them. A non-finite loss still unchecked when the loop
+ends is rolled back the same way before the final checkpoint (:meth:`NonfiniteRollback.settle_at_end`). More than ``max_skips`` skips within ``skip_window`` steps, a poisoned state without a
 known bad step (only the weights were non-finite), or no finite state before B stop training with
 exit code 4 instead.
 
@@ -39,7 +45,7 @@ from procsv.trainer.checkpoint import memory_restore
 from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.checkpoint.keeper import CheckpointKeeper
 from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
-from procsv.trainer.nonfinite import inputs, notices, policy, scan
+from procsv.trainer.nonfinite import inputs, notices, policy, records, scan
 from procsv.trainer.nonfinite.policy import OnNonfinite
 from procsv.trainer.nonfinite.watch import NonfiniteWatch
 from procsv.trainer.settings import Settings
@@ -76,6 +82,8 @@ class NonfiniteRollback:
         self._settings = settings  # stop_grace_secs: read live
         self._channels: Optional[TrainerChannels] = None
         self.watch = NonfiniteWatch(on_nonfinite, tags, ignore)
+        self._again: set[int] = set()  # steps skipped before this session that it said it skips again
+        self._weights: Optional[list[Any]] = None  # the trainable variables a bisect checks (walked once)
         self.watch.group_refusal = _group_refusal()
         # (off: no detection at all, no loss kept, no snapshot scanned; what it costs: scripts/bench_nonfinite.py)
         self.detecting = os.environ.get(env.NONFINITE_CHECK, "").strip().lower() not in ("0", "off", "no", "false")
@@ -95,6 +103,23 @@ class NonfiniteRollback:
 
     def detach(self) -> None:
         self._channels = None
+
+    def resume(self, step: int, lifecycle: Optional[str]) -> None:
+        """A session begins at ``step`` (restored or initialized): under ``rollback``, every step this
+        run skipped before (an earlier trainer's, a relaunch's: the ``step_skipped`` records of the
+        run's ``lifecycle`` file, :mod:`.records`) stays skipped: one after ``step`` is skipped again
+        when the loop reaches it, and each counts against ``--max-skips``. Not in Keras ``fit``
+        (``on_skipped`` hooks: its resume replays its own epochs)."""
+        watch = self.watch
+        if not self.detecting or watch.policy != OnNonfinite.ROLLBACK or watch.on_skipped:
+            return
+        for s in records.skipped_steps(lifecycle):
+            if s not in watch.budget.skipped:
+                watch.budget.skip(s)
+        watch.budget.skipped.sort()
+        if watch.target is None:
+            watch.due = self._next_due(step)
+            self.bound()
 
     @property
     def _agent(self) -> Optional[CheckpointAgent]:
@@ -208,6 +233,35 @@ class NonfiniteRollback:
         memory_restore.restore(checkpoint, copy, store.arena)
         return copy.step, "the in-memory snapshot", f"{store.arena.ref().path}#slot{copy.slot}"
 
+    def settle_at_end(self, replay: Optional[Callable[[], None]]) -> None:
+        """The loop ended on its own at the current step E, before the final checkpoint: under
+        ``rollback``, the losses kept since the last check are checked (one read) and a non-finite
+        one at step B is rolled back, replayed and retried or skipped like any other, by ``replay``
+        (one more run of the loop's last step function, which reads its step itself) until the step
+        is E again. ``replay`` None (the last step function was handed its input as arguments):
+        nothing is checked here, and the final checkpoint's check stops the run with exit code 4 as
+        ``stop`` does. Raises :class:`~procsv.common.errors.TrainingDiverged` where a rollback
+        cannot be (the skip bound, ...)."""
+        watch = self.watch
+        if not self.detecting or watch.policy != OnNonfinite.ROLLBACK or replay is None or watch.group_refusal:
+            return
+        end = self._state.step
+        while True:
+            if self.work():  # the retry's judgement or a skip, due at this step
+                continue
+            if self._state.step < end:
+                replay()
+                continue
+            bad = watch.losses.check()
+            if bad is None:
+                return
+            what = f"the loss of step {bad} is NaN or infinite (found when the loop ended)"
+            notices.tell(self._channels, notices.detected(bad, what, watch.position))
+            why = self._roll_back(bad, what)
+            if why:
+                self._stop_diverged(NonFiniteState(end, bad), why, False)
+                return
+
     def _skip_input(self, step: int) -> None:
         """Skipped step ``step`` consumes its input; a program's own hooks (Keras fit: its iteration
         counter, its position) move past it too."""
@@ -224,13 +278,42 @@ class NonfiniteRollback:
 
     def _next_due(self, step: int) -> Optional[int]:
         """The next boundary at or after ``step`` with rollback work: a step skipped before, which the
-        replay skips again (uncounted), or the bad step's skip or retry."""
+        replay (or a resumed session) skips again (uncounted), or the bad step's skip or retry."""
         watch = self.watch
-        if watch.target is None:
-            return None
-        due = [s - 1 for s in watch.budget.skipped if s - 1 >= step and s < watch.target]
-        due.append(watch.target - 1 if watch.skipping else watch.target)
-        return min(due)
+        target = watch.target
+        due = [s - 1 for s in watch.budget.skipped if s - 1 >= step and (target is None or s < target)]
+        if target is not None:
+            due.append(target - 1 if watch.skipping else target)
+            if watch.bisecting:
+                due.append(step)  # the weights after every replayed step
+        return min(due) if due else None
+
+    def _trainable(self) -> list[Any]:
+        """The state's trainable variables (walked once)."""
+        if self._weights is None:
+            agent = self._agent
+            self._weights = scan.trainable(agent.store.checkpoint if agent is not None else None)
+        return self._weights
+
+    def _poisoned_by(self, step: int) -> bool:
+        """At the boundary after replayed ``step``, while bisecting: if the weights are non-finite
+        now (one read), ``step`` poisoned them (its gradient, not its loss): restore again, replay to
+        the step before it and skip it, instead of the bad step that showed it; True if so."""
+        watch = self.watch
+        target = watch.target
+        if scan.all_finite(self._trainable()):
+            return False
+        watch.bisecting = False
+        print(f"procsv: the weights turned non-finite at step {step}, whose loss was finite (a non-finite gradient): "
+              f"skipping step {step}, not step {target}", file=sys.stderr, flush=True)
+        notices.tell(self._channels, notices.detected(step, f"the weights turned non-finite at step {step} (its loss "
+                                                            "was finite)", watch.position))
+        watch.retried.add(step)
+        watch.target = None
+        why = self._roll_back(step, f"the weights turned non-finite at step {step}")
+        if why:
+            self._stop_diverged(NonFiniteState(step, step), why, False)
+        return True
 
     def bound(self) -> None:
         """The checkpoint half's boundary comes no later than the rollback's next work."""
@@ -253,14 +336,27 @@ class NonfiniteRollback:
         watch = self.watch
         target = watch.target
         watch.due = None
-        assert target is not None
-        if step + 1 in watch.budget.skipped and step + 1 < target:  # the replay meets a step skipped before
+        if step + 1 in watch.budget.skipped and (target is None or step + 1 < target):  # a step skipped before
             self._skip_input(step + 1)
             self._advance_past(step)
             self._state.step = step + 1
+            if target is None and step + 1 not in self._again:  # met in a resumed session, not in a replay
+                self._again.add(step + 1)
+                print(f"procsv: skipping step {step + 1} again (this run skipped it before); training on from "
+                      f"step {step + 2}", file=sys.stderr, flush=True)
             watch.due = self._next_due(step + 1)
             self.bound()
             return True
+        if target is None:
+            return False
+        if watch.bisecting and step < target:
+            if self._poisoned_by(step):
+                return True
+            if step < target - 1:
+                watch.due = self._next_due(step + 1)
+                self.bound()
+                return False
+            watch.bisecting = False  # no replayed step poisoned them this time: the bad step is skipped as planned
         bad = watch.losses.check()
         if bad is not None and (bad < target or not watch.skipping):
             if bad == target:
@@ -275,13 +371,29 @@ class NonfiniteRollback:
         if not watch.skipping:  # the retried step was finite this time
             print(f"procsv: step {target} was finite when retried; training on", file=sys.stderr, flush=True)
             watch.target = None
+            watch.due = self._next_due(step)
+            self.bound()
             return False
+        if not watch.bisecting and not scan.all_finite(self._trainable()):
+            # the state before the bad step is non-finite already, its losses finite: a replayed
+            # step's gradient was non-finite (its loss not), and the bad step only showed it
+            watch.bisecting = True
+            print(f"procsv: the weights before step {target} are non-finite after the replay, every loss before it "
+                  f"finite: a replayed step's gradient was not; restoring again and checking the weights after each "
+                  f"replayed step", file=sys.stderr, flush=True)
+            why = self._roll_back(target, f"the weights before step {target} are non-finite")
+            if why:
+                self._stop_diverged(NonFiniteState(step, target), why, False)
+            return True
+        watch.bisecting = False
         watch.budget.skip(target)
         notices.tell(self._channels, notices.skipped(target, len(watch.budget.skipped), watch.position))
         self._skip_input(target)  # its input: the data position moves past it
         self._advance_past(step)  # the step count moves past the skipped step; no other variable changes
         self._state.step = target
         watch.target = None
+        watch.due = self._next_due(target)  # a later step skipped before (a resumed session's)
+        self.bound()
         print(f"procsv: skipped step {target} (its loss was NaN or infinite twice); training on from step "
               f"{target + 1}", file=sys.stderr, flush=True)
         return True

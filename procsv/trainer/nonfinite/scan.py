@@ -100,6 +100,33 @@ def _name_based_rules(ckpt: Any, ignore: Sequence[str]) -> Rules:
     return Rules(frozenset(strict), frozenset(skip))
 
 
+def trainable(ckpt: Any) -> list[Any]:
+    """The trainable floating variables in ``ckpt``'s object graph, each once (none for a TF1 graph
+    program's state): what a non-finite gradient poisons first."""
+    from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
+    from procsv.trainer.checkpoint.snapshot import _serialize
+
+    if ckpt is None or isinstance(ckpt, NameBasedCheckpoint):
+        return []
+    named, _ = _serialize(ckpt)
+    out: dict[int, Any] = {}
+    for saveable in named:
+        for spec in saveable.specs:
+            var = _variable_of(spec)
+            if var is not None and var.trainable and var.dtype.is_floating:
+                out.setdefault(id(var), var)
+    return list(out.values())
+
+
+def all_finite(variables: Sequence[Any]) -> bool:
+    """Every value of ``variables`` is finite (one host read for all of them; True for none)."""
+    if not variables:
+        return True
+    import tensorflow as tf
+
+    return bool(tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in variables])).numpy())
+
+
 _NP: dict[str, Any] = {}
 
 

@@ -1,0 +1,103 @@
+"""A custom training loop of a Keras model whose state turns non-finite at given steps (issue 52).
+
+    --optimizer O         sgd: SGD with momentum 0.9; adam: Adam
+    --nan-at N            the input of step N is NaN (repeatable): its loss, gradients and update turn NaN
+    --grad-nan-at N       step N adds a loss term whose value is 0 and whose gradient is NaN (repeatable):
+                          the loss of step N is finite, the weights after it are not, the loss of N + 1 is NaN
+    --skip-at N           step N does nothing (repeatable): the plain run that never applied step N
+    --steps N             train to step N
+    --save-steps K        a checkpoint every K steps
+    --step-delay S        seconds each step sleeps besides its work
+    --bind B              inside: the step function computes its batch from ``sv.step``; args: the loop
+                          computes the batch of step ``sv.step + 1`` and passes it, ``sess.run(step, x, y)``
+    --kill-after N        (with --kill-file F) the --kill-visit'th time step N ran in this process (default the
+                          first), unless F exists: write this process's pid to F and wait (at most 120 s) to be killed
+    --logdir DIR          for a plain `python nan_keras_loop.py` run
+
+The input of step s is a function of s alone (the step ``sv.step`` says), so a run is reproducible
+and its plain twin (``--skip-at``) computable. The step function returns the loss tensor.
+"""
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import procsv  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+p.add_argument("--nan-at", type=int, action="append", default=[])
+p.add_argument("--grad-nan-at", type=int, action="append", default=[])
+p.add_argument("--skip-at", type=int, action="append", default=[])
+p.add_argument("--steps", type=int, default=60)
+p.add_argument("--save-steps", type=int, default=10)
+p.add_argument("--step-delay", type=float, default=0.0)
+p.add_argument("--bind", choices=["inside", "args"], default="inside")
+p.add_argument("--kill-after", type=int, default=None)
+p.add_argument("--kill-file", default=None)
+p.add_argument("--kill-visit", type=int, default=1)
+p.add_argument("--logdir", default=None)
+args = p.parse_args()
+
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+optimizer = keras.optimizers.SGD(0.05, momentum=0.9) if args.optimizer == "sgd" else keras.optimizers.Adam(0.01)
+optimizer.build(model.trainable_variables)
+sv = procsv.Supervisor(logdir=args.logdir, checkpoint=tf.train.Checkpoint(model=model, optimizer=optimizer),
+                       save_model_secs=600, save_checkpoint_steps=args.save_steps)
+
+
+def batch(s: int) -> tuple[np.ndarray, np.ndarray]:
+    x = np.sin((s * 32 + np.arange(32, dtype=np.float32)) * 0.37).reshape(8, 4).astype(np.float32)
+    y = x.sum(axis=1, keepdims=True) * 0.5 + 0.1
+    if s in args.nan_at:
+        x[0, 0] = np.nan
+    return x, y
+
+
+@tf.function
+def train(x, y, grad_nan):  # type: ignore[no-untyped-def]
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        if grad_nan:  # value 0, gradient NaN: the norm of a zero vector (x / |x| = 0 / 0)
+            loss += tf.norm(model.trainable_variables[0] * 0.0)
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+
+def step(x=None, y=None, s=None):  # type: ignore[no-untyped-def]
+    s = sv.step if s is None else s
+    if s in args.skip_at:
+        return None
+    if x is None:
+        x, y = batch(s)
+    loss = train(x, y, s in args.grad_nan_at)
+    if args.step_delay:
+        time.sleep(args.step_delay)
+    return loss
+
+
+visits = 0
+with sv.managed_session() as sess:
+    while not sv.should_stop() and sv.step < args.steps:
+        if args.bind == "args":
+            s = sv.step + 1
+            sess.run(step, *batch(s), s)
+        else:
+            sess.run(step)
+        visits += sv.step == args.kill_after
+        if args.kill_file and visits == args.kill_visit and sv.step == args.kill_after and not os.path.exists(args.kill_file):
+            with open(args.kill_file + ".tmp", "w") as fh:
+                fh.write(str(os.getpid()))
+            os.replace(args.kill_file + ".tmp", args.kill_file)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+print(f"nan_keras_loop: ended at step {sv.step}", flush=True)
