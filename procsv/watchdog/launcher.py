@@ -159,7 +159,7 @@ class Watchdog:
             self.out.say(f"procsv: node 0 of {self.cfg.nnodes}: waiting for the other hosts at "
                          f"{self.cfg.master_addr} (job {self.link.job})")
         self.out.record([Report(Event.LAUNCH, {"target": self.cfg.target, "args": self.cfg.args,
-                                               "pid": os.getpid(), "launch": launch},
+                                               "pid": os.getpid(), "launch": launch}, at=self.out.started_wall,
                                 say=f"procsv: launching {self.cfg.target} {' '.join(self.cfg.args)} in "
                                     f"{self.layout.logdir}")])
         try:
