@@ -287,7 +287,9 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         finally:
             if probes is not None:
                 probes.close()
-    watchdog = Watchdog(cfg)
+    import psutil
+
+    watchdog = Watchdog(cfg, born=psutil.Process().create_time())
     code = watchdog.run()
     return after_run(code, preempt_signal, args.requeue_on_preempt, placed.job_id, lambda: watchdog.view.stop_signal)
 

@@ -31,7 +31,8 @@ def attempt(c: ChildView, now: float) -> Attempt:
 
 def of_launch(view: RunView, now: float) -> Breakdown:
     """Where this launch's time went, from its start to ``now``."""
-    return breakdown(Launch(view.launch_start, now, view.stop_signal is not None,
+    start = view.launch_start if view.process_start is None else min(view.launch_start, view.process_start)
+    return breakdown(Launch(start, now, view.stop_signal is not None,
                             tuple(attempt(c, now) for c in view.attempts)))
 
 

@@ -9,7 +9,7 @@ truth. ``code``/``signal``: an exit status is either ``{"code": n}`` or ``{"sign
 event                  fields
 =====================  ==========================================================================
 launch                 target, args, pid (the watchdog's), launch (its number per logdir, from 1)
-                       (its time: when the watchdog started; it is written once the logdir is locked)
+                       (its time: when the watchdog process started; it is written once the logdir is locked)
 spawned                role, attempt, pid, via (``fresh``, ``zygote``, or ``node<R>``: another host's agent)
 zygote_ready           pid, import_secs
 zygote_gone            pid

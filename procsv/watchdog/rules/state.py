@@ -190,6 +190,7 @@ class RunView:
     """Everything the decision function looks at."""
 
     launch_start: float
+    process_start: Optional[float] = None  # the watchdog process's start (before its imports), if known
     zygote: ZygoteState = ZygoteState.OFF
     zygote_attempt: int = 0  # the pre-warmed trainers started so far
     zygote_lost_at: Optional[float] = None  # when the current one was lost (None: not lost, or replaced)
