@@ -161,7 +161,7 @@ class Reporter:
         if points and view.step > points[-1][1]:  # Progress is throttled: the last steps may be unsaid
             self.series.add(self.wall(), view.step)
         summary.update(started_at=self.started_wall, ended_at=self.wall(), skipped_steps=list(view.skipped_steps),
-                       breakdown=spent.to_json(), goodput=badput.goodput(view, now, spent),
+                       breakdown=spent.to_json(), goodput=badput.goodput(view, now, spent), wall_s=spent.wall,
                        rollbacks=view.rollbacks, **({"tasks": task_summary(view)} if view.tasks_alone else {}),
                        series=[[round(t, 3), s] for t, s in self.series.points()])
         if view.logdir_lost is None:
