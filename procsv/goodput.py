@@ -175,14 +175,17 @@ def launches_from_events(events: list[dict[str, Any]], now: Optional[float] = No
     out = []
     for n, g in enumerate(groups):
         last = n + 1 == len(groups)
-        end = now if last and now is not None else max(float(e["time"]) for e in g)
+        live = now if last and now is not None else None
+        end = live if live is not None else max(float(e["time"]) for e in g)
         number = int(g[0].get("launch") or n + 1) if g[0].get("event") == "launch" else n + 1
         out.append(Launch(float(g[0]["time"]), end, any(e.get("event") == "preempted" for e in g),
-                          tuple(_attempts(g)), number))
+                          tuple(_attempts(g, live)), number))
     return out
 
 
-def _attempts(g: list[dict[str, Any]]) -> list[Attempt]:
+def _attempts(g: list[dict[str, Any]], live: Optional[float] = None) -> list[Attempt]:
+    """The trainer attempts of one launch's records; ``live``: the launch is going on at that time
+    (an attempt that stepped and has not ended is stepping until then)."""
     by_pid: dict[Any, dict[str, dict[str, Any]]] = {}
     order = []
     for e in g:
@@ -206,6 +209,7 @@ def _attempts(g: list[dict[str, Any]]) -> list[Attempt]:
         kills = [float(x["time"]) for x in (r.get("hang_detected"), r.get("chaos_kill")) if x]
         ended = min(kills + ends) if kills + ends else None
         last_step = int(trained["step"]) if trained else (int(first["step"]) if first else 0)
+        running = live is not None and first is not None and trained is None and ended is None
         out.append(Attempt(
             spawned=float(r["spawned"]["time"]),
             ready=None if ready is None else float(ready["time"]),
@@ -213,7 +217,8 @@ def _attempts(g: list[dict[str, Any]]) -> list[Attempt]:
             restored_step=0 if ready is None else int(ready["step"]),
             first_step=None if first is None else float(first["time"]),
             first_step_no=0 if first is None else int(first["step"]),
-            last_at=None if not trained or trained.get("step_at") is None else float(trained["step_at"]),
+            last_at=live if running else
+            (None if not trained or trained.get("step_at") is None else float(trained["step_at"])),
             last_step=last_step, ended=ended, hung="hang_detected" in r,
             busy_secs=float(trained.get("busy_secs") or 0.0) if trained else 0.0,
             busy_from=None if not trained or trained.get("busy_from") is None else float(trained["busy_from"])))

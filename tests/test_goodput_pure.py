@@ -99,3 +99,10 @@ def test_a_hung_attempt_s_wait_for_its_kill_is_detection():
     assert b.secs["restart"] == pytest.approx((40 - 10) + (43 - 40))
     assert b.secs["redone"] == pytest.approx(7)  # steps 1..20 (3 to 10): attempt 2 started again from 0
     assert sum(b.secs.values()) == pytest.approx(50)
+
+
+def test_a_live_launch_s_running_attempt_is_stepping_until_now():
+    events = _launch_with_a_kill_and_a_preemption()[:-4]  # launch 2 goes on: its trainer stepped from 45
+    b = gp.breakdown(gp.launches_from_events(events, now=60.0)[-1])
+    assert b.wall == pytest.approx(20) and b.secs["productive"] == pytest.approx(60 - 45)
+    assert b.secs["unaccounted"] == pytest.approx(0) and sum(b.secs.values()) == pytest.approx(20)
