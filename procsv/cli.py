@@ -17,6 +17,8 @@ import sys
 import time
 from typing import Optional, Sequence
 
+import psutil
+
 from procsv.common import env
 from procsv.common.errors import LogdirLocked, UsageError
 from procsv.common.layout import Layout
@@ -287,7 +289,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         finally:
             if probes is not None:
                 probes.close()
-    watchdog = Watchdog(cfg)
+    watchdog = Watchdog(cfg, born=psutil.Process().create_time())  # the launch began with this process
     code = watchdog.run()
     return after_run(code, preempt_signal, args.requeue_on_preempt, placed.job_id, lambda: watchdog.view.stop_signal)
 
@@ -304,7 +306,6 @@ def _log_role(value: str) -> str:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from procsv.common.layout import Layout
     from procsv.status import read_status, render, watch
 
     layout = Layout(os.path.abspath(args.logdir))

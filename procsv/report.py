@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from procsv import goodput as gp
 from procsv.common.layout import Layout, LogdirLock, read_json
 from procsv.common.manifests import list_committed
 from procsv.watchdog.publish import recovery
@@ -63,6 +64,8 @@ class RunReport:
     skipped: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step) of each non-finite step skipped
     rollbacks: int = 0  # in-place restores after a non-finite loss (issue 41)
     detected: int = 0  # non-finite losses or snapshot states found (the nonfinite_detected records' repeats)
+    launches: list[tuple[int, gp.Breakdown]] = field(default_factory=list)  # (launch number, where its time went)
+    lifetime: Optional[gp.Breakdown] = None  # every launch of the logdir, and the gaps between them
 
 
 def read_events(path: str) -> list[dict[str, Any]]:
@@ -188,7 +191,8 @@ def gather(layout: Layout) -> Optional[RunReport]:
     from procsv.status import read_status
 
     status = read_status(layout)
-    events = last_launch(read_events(layout.lifecycle))
+    every = read_events(layout.lifecycle)
+    events = last_launch(every)
     if status is None and not events:
         return None
     status = status or {}
@@ -209,6 +213,9 @@ def gather(layout: Layout) -> Optional[RunReport]:
     rep.series = [(float(t), int(s)) for t, s in series] if isinstance(series, list) and series else event_series(events)
     rep.skipped, rep.rollbacks = nonfinite(events, summary)
     rep.detected = sum(int(e.get("repeats") or 1) for e in events if e.get("event") == "nonfinite_detected")
+    launches = gp.launches_from_events(every, now=time.time() if live is not None else None)
+    per, rep.lifetime = gp.run_breakdown(launches)
+    rep.launches = [(la.number, b) for la, b in zip(launches, per)]
     return rep
 
 
@@ -252,6 +259,8 @@ def render(rep: RunReport) -> str:
         lines.append(f"  non-finite: {rep.rollbacks} rollback(s), {len(rep.skipped)} step(s) skipped (NaN or infinite "
                      f"loss twice): {', '.join(str(s) for _, s in rep.skipped) or 'none'}; "
                      f"{rep.detected} time(s) found non-finite")
+    if rep.lifetime is not None and rep.launches:
+        lines.append(gp.render(rep.launches, rep.lifetime))
     if rep.checkpoints:
         steps = [s for _, s in rep.checkpoints]
         lines.append(f"  checkpoints: {len(steps)} committed in this launch (steps {steps[0]}..{steps[-1]}), "

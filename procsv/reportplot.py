@@ -5,7 +5,9 @@ extra ``procsv[plot]``; without it :func:`draw` raises a :class:`~procsv.common.
 that says how to install it. It uses the Agg backend (no display needed) and draws: the global
 step over wall time since the launch (the watchdog's downsampled ``series``), each restart as a
 vertical line labelled with its cause, each committed checkpoint as a tick on the curve, each step
-skipped as non-finite (issue 41) as a cross at its step, and the goodput in the title. The picture is :data:`WIDTH` x :data:`HEIGHT` pixels.
+skipped as non-finite (issue 41) as a cross at its step, and the goodput in the title; below it, where
+the time went (:mod:`procsv.goodput`): a stacked bar per launch of the logdir, and one of all of them.
+The picture is :data:`WIDTH` x :data:`HEIGHT` pixels.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import os
 from typing import Any
 
 from procsv.common.errors import UsageError
+from procsv.goodput import KINDS
 from procsv.report import RunReport
 
 WIDTH, HEIGHT, DPI = 1200, 500, 100
+COLORS = {"productive": "#2ca02c", "startup": "#9467bd", "restoring": "#8c564b", "checkpoint": "#17becf",
+          "redone": "#ff7f0e", "restart": "#e377c2", "stopped": "#7f7f7f", "unaccounted": "#bcbd22"}
 INSTALL_HINT = "pip install 'procsv[plot]'"
 
 
@@ -62,7 +67,12 @@ def draw(rep: RunReport, path: str) -> None:
 
     fig = plt.figure(figsize=(WIDTH / DPI, HEIGHT / DPI), dpi=DPI)
     try:
-        ax = fig.add_subplot(1, 1, 1)
+        bars = [(f"launch {n}", b) for n, b in rep.launches]
+        if rep.lifetime is not None and len(bars) > 1:
+            bars.append(("all", rep.lifetime))
+        ax = fig.add_axes((0.07, 0.42 if bars else 0.12, 0.91, 0.49 if bars else 0.79))
+        if bars:
+            _time_bars(fig.add_axes((0.07, 0.1, 0.91, 0.16)), bars)
         for i, seg in enumerate(segments(rep.series)):  # one per trainer attempt: the gaps are the recoveries
             ax.plot([(t - t0) / div for t, _ in seg], [s for _, s in seg], color="#1f77b4", linewidth=1.5,
                     marker="." if len(seg) == 1 else None, label="global step" if i == 0 else None)
@@ -91,9 +101,24 @@ def draw(rep: RunReport, path: str) -> None:
         ax.grid(True, alpha=0.3)
         if rep.series or rep.checkpoints or rep.restarts or rep.skipped:
             ax.legend(loc="lower right")
-        fig.subplots_adjust(left=0.07, right=0.98, top=0.91, bottom=0.12)
         tmp = f"{path}.tmp-{os.getpid()}.png"
         fig.savefig(tmp, dpi=DPI, format="png")
         os.replace(tmp, path)
     finally:
         plt.close(fig)
+
+
+def _time_bars(ax: Any, bars: list[tuple[str, Any]]) -> None:
+    """Where the time went: one horizontal bar per launch (and all of them), stacked by kind, in
+    shares of its wall time."""
+    for row, (label, spent) in enumerate(bars):
+        left = 0.0
+        for kind in KINDS:
+            share = spent.secs[kind] / spent.wall if spent.wall > 0 else 0.0
+            ax.barh(row, share, left=left, color=COLORS[kind], label=kind if row == 0 else None, height=0.7)
+            left += share
+    ax.set_yticks(range(len(bars)), [label for label, _ in bars], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("share of the wall time (where the time went)", fontsize=8)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.02), ncol=len(KINDS), fontsize=8, frameon=False)

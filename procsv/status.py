@@ -22,6 +22,7 @@ from typing import Any, Optional, TextIO
 
 import psutil
 
+from procsv.goodput import KINDS
 from procsv.common.layout import Layout, LogdirLock, read_json
 from procsv.common.manifests import last_checkpoint
 from procsv.common.pidfd import host_id
@@ -118,6 +119,11 @@ def render(status: dict[str, Any], logdir: str) -> str:
                      f"{found} time(s) found non-finite")
     if status.get("goodput") is not None:
         lines.append(f"  goodput {status['goodput']:.3f} (time on kept steps / wall time)")
+    spent = status.get("breakdown")
+    if isinstance(spent, dict) and spent.get("wall_s"):
+        shares = [f"{k} {float(spent.get(k + '_s') or 0) / float(spent['wall_s']):.0%}" for k in KINDS
+                  if spent.get(k + "_s")]
+        lines.append(f"  this launch's {float(spent['wall_s']):.0f} s: " + ", ".join(shares))
     prewarm = status.get("prewarm")
     if prewarm:
         lines.append(f"  pre-warmed trainer pid {prewarm['pid']} ({'ready' if prewarm['ready'] else 'warming up'})")

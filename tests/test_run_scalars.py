@@ -139,7 +139,9 @@ def test_nothing_is_due_before_the_first_step():
 
 def test_periodic_points_every_interval_and_one_at_the_end():
     view = RunView(launch_start=0.0)
-    a1 = _attempt(1, ready_at=1.0, first_step_at=2.0, last_progress_at=4.0, last_work_at=4.0, work_step=40)
+    # spawned before it restored (goodput counts its steps from its spawn on)
+    a1 = _attempt(1, started=0.5, ready_at=1.0, first_step_at=2.0, last_progress_at=4.0, last_work_at=4.0,
+                  work_step=40)
     view.attempts, view.step = [a1], 40
     points, sent = due(view, 4.0, 1004.0, Sent())
     (p,) = points

@@ -156,10 +156,8 @@ class Supervisor:
                                  read_retry_secs=read_retry_secs)
         self.allow_reinit = allow_reinit or os.environ.get(env.ALLOW_REINIT) == "1"
         self.is_chief = is_chief
-        self.save_model_secs = save_model_secs
-        self.max_to_keep = max_to_keep
-        self.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours
-        self.save_checkpoint_steps = save_checkpoint_steps
+        self.save_model_secs, self.save_checkpoint_steps = save_model_secs, save_checkpoint_steps
+        self.max_to_keep, self.keep_checkpoint_every_n_hours = max_to_keep, keep_checkpoint_every_n_hours
         # graph mode (a TF1 graph program) or eager: the TF1 arguments, the state to save, the global step
         self._tf1, checkpoint, self._global_step, created = state_to_save(
             checkpoint, summary_fn, saver, summary_op, summary_writer, global_step, self.layout.logdir if self.layout else None, {
@@ -171,8 +169,7 @@ class Supervisor:
         check_placement(self._tf1, self._ctx, is_chief)  # --ps: a graph program; TF's replica devices
         self._settings = Settings(save_summaries_secs, self._tf1.summary_fn, stop_grace_secs, recovery_wait_secs,
                                   init_fn, checkpoint_basename)
-        self.increment_global_step = increment_global_step
-        self.checkpoint = checkpoint
+        self.increment_global_step, self.checkpoint = increment_global_step, checkpoint
         self.coord = Coordinator(clock=clock)
         # (graph mode: the program's runs advance the global step; GraphSession observes it)
         self._counter = StepCounter(self._global_step, False if self._tf1.graph else increment_global_step,
@@ -318,8 +315,7 @@ class Supervisor:
             self._stop_services(deadline, close_summary_writer)
 
     def settle_at_end(self) -> None:
-        """The ``with`` block's loop ended on its own: a non-finite loss not checked yet is rolled back
-        and replayed now, before the final checkpoint (:meth:`NonfiniteRollback.settle_at_end`)."""
+        """The loop ended on its own: an unchecked non-finite loss is rolled back and replayed now."""
         if self._graph is None and isinstance(self._session, ManagedSession) and self.is_chief:
             self._rollback.settle_at_end(self._session.replay_last())
 
@@ -327,8 +323,7 @@ class Supervisor:
         """What this Supervisor achieved so far (the trainer's bootstrap reads it at exit)."""
         agent = self._keeper.agent if self._keeper is not None else None
         ok = self.is_chief and agent is not None and agent.last_committed >= self._state.step  # its step saved
-        return outcome.of(self._counter.completed, self._stopped_by_signal and self.coord.stop_signal,
-                          self._boundary.unsaved, ok)
+        return outcome.of(self._counter.completed, self._stopped_by_signal and self.coord.stop_signal, self._boundary.unsaved, ok)
 
     # ----------------------------------------------------------------- internals
     def _stop_quietly(self) -> None:
@@ -336,15 +331,13 @@ class Supervisor:
         poisoned state): procsv.train's sessions raise the recorded exception themselves."""
         try:
             self.stop(ignore_live_threads=True)
-        except TrainingDiverged:
-            raise
-        except BaseException:
-            pass
+        except BaseException as exc:
+            if isinstance(exc, TrainingDiverged):
+                raise
 
     def _stop_services(self, deadline: Optional[float] = None, close_summary_writer: bool = True) -> None:
         """The second half of stop(): final checkpoint, summaries, release (no join)."""
-        if deadline is None:
-            deadline = self._clock() + self.stop_grace_secs
+        deadline = self._clock() + self.stop_grace_secs if deadline is None else deadline
         self.coord.request_stop()
         self._stopped = self._started
         channels = self._channels
@@ -377,8 +370,7 @@ class Supervisor:
 
     def _session_thread(self) -> Optional[int]:
         """The thread that prepared the session of today (None: no session yet)."""
-        session = self._session
-        return None if session is None else int(session._owner)
+        return None if self._session is None else int(self._session._owner)
 
     def _init(self) -> None:
         if self._graph is not None:

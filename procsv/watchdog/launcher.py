@@ -93,7 +93,10 @@ class Watchdog:
     sweeper: Sweeper
 
     def __init__(self, cfg: LaunchConfig, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, rng: Optional[random.Random] = None) -> None:
+                 wall: Callable[[], float] = time.time, rng: Optional[random.Random] = None,
+                 born: Optional[float] = None) -> None:
+        """``born``: when the ``procsv launch`` process started (wall time): the launch's start, so
+        that its interpreter's start and imports count in the launch's wall time (start-up)."""
         self.cfg = cfg
         self.clock = clock
         self.wall = wall
@@ -101,8 +104,11 @@ class Watchdog:
         self.limits = cfg.limits()
         self.layout = Layout(os.path.abspath(cfg.logdir))
         self.lock = LogdirLock(self.layout)
+        since = 0.0 if born is None else max(0.0, wall() - born)
         self.view = RunView(launch_start=clock(), tasks_alone=cfg.ps > 0, coordinator=cfg.coordinator)
+        self.view.process_start = self.view.launch_start - since
         self.out = Reporter(cfg, self.layout, clock, wall)
+        self.out.started_wall -= since
         self.internal_errors = 0
         self.logdir = LogdirGuard(self.layout, self.view, self.out, cfg.logdir_timeout, clock)
         self.metrics: Optional[MetricsServer] = None
@@ -159,7 +165,7 @@ class Watchdog:
             self.out.say(f"procsv: node 0 of {self.cfg.nnodes}: waiting for the other hosts at "
                          f"{self.cfg.master_addr} (job {self.link.job})")
         self.out.record([Report(Event.LAUNCH, {"target": self.cfg.target, "args": self.cfg.args,
-                                               "pid": os.getpid(), "launch": launch},
+                                               "pid": os.getpid(), "launch": launch}, at=self.out.started_wall,
                                 say=f"procsv: launching {self.cfg.target} {' '.join(self.cfg.args)} in "
                                     f"{self.layout.logdir}")])
         try:

@@ -103,6 +103,7 @@ def _ready(view: RunView, msg: TrainerReady, now: float, slot: Optional[str] = N
     view.step = child.step = child.work_step = msg.step
     if child.ready_at is None:  # the recovery's own restore; a later one is the program's retry loop
         child.ready_at, child.restored_step = now, msg.step
+        child.restore_secs = msg.restore_secs
         # it started from what it restored: below the newest commit known (that one was skipped as
         # corrupt, or nothing was restored), a commit above its restore is its progress
         child.commit_base = min(child.commit_base, msg.step)
@@ -127,6 +128,7 @@ def _progress(view: RunView, msg: Progress, now: float, slot: Optional[str] = No
     out = []
     if child.first_step_at is None and not busy:
         child.first_step_at = now
+        child.first_step_no = msg.step
         if child.role == TRAINER:
             out.append(Report(Event.FIRST_STEP, {"pid": msg.pid, "step": msg.step,
                                                  "secs_since_spawn": round(now - child.started, 3)}))
@@ -135,7 +137,7 @@ def _progress(view: RunView, msg: Progress, now: float, slot: Optional[str] = No
     child.step = msg.step
     if child.role == TRAINER:  # the run's step is the chief's (a group's workers take the same steps)
         view.step = msg.step
-    child.busy = busy
+    child.note_busy(busy, now)
     child.last_progress_at = now
     if not busy:
         child.last_work_at, child.work_step = now, msg.step
@@ -304,6 +306,8 @@ def reaped(view: RunView, slot: str, attempt: int, failure: Failure, now: float)
     noticed = child.noticed_wall if child.noticed_wall is not None else failure.time
     out = [Report(Event.NONFINITE_DETECTED, f) for f in (ended(view.nonfinite_log) if view.nonfinite_log.pid == child.pid
                                                           else [])]  # its last detections' record, if unwritten
+    if child.role == TRAINER:
+        out.append(Report(Event.TRAINED, child.trained(now, failure.time)))
     out.append(Report(Event.EXITED, {"role": _role(child), "attempt": attempt, "pid": child.pid, "noticed": noticed,
                                      **failure.fields()}))
     if child.settled_early:  # restarted on its death notice already: say how it died, now that we know

@@ -25,7 +25,7 @@ from procsv.services.summary.eventfile import EventFile
 
 RUN = "procsv"  # the subdirectory of the logdir, and so the run's name in TensorBoard
 DROPPED_TAG = "procsv/summaries_dropped"
-TAGS_MAX = 64  # tags per message (the watchdog sends fewer than 10)
+TAGS_MAX = 64  # tags per message (the watchdog sends fewer than 15)
 
 
 class BadRunScalars(ValueError):

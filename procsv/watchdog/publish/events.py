@@ -9,6 +9,7 @@ truth. ``code``/``signal``: an exit status is either ``{"code": n}`` or ``{"sign
 event                  fields
 =====================  ==========================================================================
 launch                 target, args, pid (the watchdog's), launch (its number per logdir, from 1)
+                       (its time: when the watchdog process started; it is written once the logdir is locked)
 spawned                role, attempt, pid, via (``fresh``, ``zygote``, or ``node<R>``: another host's agent)
 zygote_ready           pid, import_secs
 zygote_gone            pid
@@ -24,6 +25,9 @@ chaos_kill             role, pid, signal
 preempted              signal (the launch received it: an orderly stop begins)
 death_noticed          role, attempt, pid, noticed (wall time of the death notice)
 exited                 role, attempt, pid, noticed, code | signal
+trained                role (trainer), attempt, pid, step (its last completed), step_at (then), busy_secs, busy_from
+                       (step_at: null before its first step; busy_secs: its loop blocked by snapshots;
+                       busy_from: blocked from then to its end, or null): written just before its ``exited``
 restarting             attempt (the next one), delay, error
 restarted              attempt (the one being started)
 gave_up                reason, error
@@ -36,9 +40,10 @@ standby_decided        mode, reason (``--standby auto``: which mode the launch c
 node_joined            node, host, pid (``--nnodes``: another host's agent connected, or came back)
 node_lost              node, host, silent_secs, reason (its agent went silent: its trainers count as dead)
 node_refused           node, host, pid, key, reason (an agent's claim of a node rank another agent's key holds)
-nonfinite_detected     pid, step (the first poisoned one), epoch, batch (its input position, Keras; else null), what
-                       (a watched loss or a snapshot's state was found NaN or infinite), repeats (the detections
-                       this record stands for: coalesced, a trainer's first, then at most one a minute, and its last)
+nonfinite_detected     pid, step (the first poisoned one), epoch, batch (its input position, Keras), what, repeats
+                       (what: a watched loss or a snapshot's state was found NaN or infinite; batch/epoch: null
+                       outside Keras; repeats: the detections this record stands for, coalesced: a trainer's
+                       first, then at most one a minute, and its last)
 rolled_back            pid, step, epoch, batch, restored_step, source (``memory`` | ``disk``), path, skip, secs
                        (step: the poisoned one; epoch, batch: its input position, Keras, else null; skip
                        true: the step is skipped; false: it is retried once; secs: the restore's)
@@ -74,6 +79,7 @@ class Event(str, enum.Enum):
     PREEMPTED = "preempted"
     DEATH_NOTICED = "death_noticed"
     EXITED = "exited"
+    TRAINED = "trained"
     RESTARTING = "restarting"
     RESTARTED = "restarted"
     GAVE_UP = "gave_up"
@@ -110,6 +116,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.PREEMPTED: frozenset({"signal"}),
     Event.DEATH_NOTICED: frozenset({"role", "attempt", "pid", "noticed"}),
     Event.EXITED: frozenset({"role", "attempt", "pid", "noticed", "code|signal"}),
+    Event.TRAINED: frozenset({"role", "attempt", "pid", "step", "step_at", "busy_secs", "busy_from"}),
     Event.RESTARTING: frozenset({"attempt", "delay", "error"}),
     Event.RESTARTED: frozenset({"attempt"}),
     Event.GAVE_UP: frozenset({"reason", "error"}),
@@ -157,6 +164,7 @@ class Report:
     fields: dict[str, Any] = field(default_factory=dict)
     say: str = ""
     err: bool = False  # the line goes to stderr
+    at: Optional[float] = None  # when it happened (wall time), if not now
 
 
 class EventLog:

@@ -88,6 +88,13 @@ def families(snap: Optional[RunSnapshot], now: float, summaries_dropped: Optiona
     if snap.goodput is not None:
         out.append(GaugeMetricFamily("procsv_goodput", "Share of the launch's wall time spent on steps that were "
                                      "kept (0..1).", value=snap.goodput))
+    if snap.time_by_kind:
+        spent = GaugeMetricFamily("procsv_time_seconds", "Where this launch's wall time went, by kind (productive, "
+                                  "startup, restoring, checkpoint, redone, restart, stopped, unaccounted): they "
+                                  "sum to the time since the launch started.", labels=["kind"])
+        for kind, secs in snap.time_by_kind:
+            spent.add_metric([kind], secs)
+        out.append(spent)
     out.append(CounterMetricFamily("procsv_checkpoints", "Checkpoints committed during this launch.",
                                    value=snap.checkpoints))
     out.append(CounterMetricFamily("procsv_checkpoint_failures", "Checkpoints that failed to commit during this "

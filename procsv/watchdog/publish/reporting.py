@@ -21,7 +21,7 @@ from procsv.ipc.rejections import Rejections
 from procsv.watchdog.publish import liveline
 from procsv.common.manifests import Manifest, newest_committed
 from procsv.watchdog.diskjobs import Job
-from procsv.watchdog.publish import recovery
+from procsv.watchdog.publish import badput, recovery
 from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.publish.diskio import DiskIO
@@ -79,7 +79,7 @@ class Reporter:
     def record(self, reports: list[Report]) -> None:
         for r in reports:
             if r.event is not None:
-                self.io.event(r.event, r.fields, self.wall())
+                self.io.event(r.event, r.fields, self.wall() if r.at is None else r.at)
             if r.event is not None and self.live is not None:
                 self.live.event(r.event, r.fields, self.clock())
             if r.say:
@@ -146,7 +146,7 @@ class Reporter:
         if not final and not liveline.due(now, self.live.last_draw):
             return
         self.live.last_draw, self.live.drawn_step = now, view.step
-        gp = recovery.goodput([a.record() for a in view.attempts], view.launch_start, now)
+        gp = badput.goodput(view, now)
         facts = self.live.facts(now, view.step, view.history.restarts, gp, len(view.skipped_steps))
         self.term.status(liveline.format_line(facts, self.term.width()))
 
@@ -154,11 +154,14 @@ class Reporter:
     def final_report(self, view: RunView, limits: Limits) -> None:
         """``logs/report.json`` (not into a lost logdir); the recovery report on the terminal if
         anything was restarted or chaos was on."""
-        summary = recovery.summarize([a.record() for a in view.attempts], view.launch_start, self.clock())
+        now = self.clock()
+        spent = badput.of_launch(view, now)
+        summary = recovery.summarize([a.record() for a in view.attempts], view.launch_start, now)
         points = self.series.points()
         if points and view.step > points[-1][1]:  # Progress is throttled: the last steps may be unsaid
             self.series.add(self.wall(), view.step)
         summary.update(started_at=self.started_wall, ended_at=self.wall(), skipped_steps=list(view.skipped_steps),
+                       breakdown=spent.to_json(), goodput=badput.goodput(view, now, spent), wall_s=spent.wall,
                        rollbacks=view.rollbacks, **({"tasks": task_summary(view)} if view.tasks_alone else {}),
                        series=[[round(t, 3), s] for t, s in self.series.points()])
         if view.logdir_lost is None:

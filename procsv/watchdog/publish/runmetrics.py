@@ -20,7 +20,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Optional
 
-from procsv.watchdog.publish import recovery
+from procsv.watchdog.publish import badput, recovery
 from procsv.watchdog.rules.failures import signal_name
 from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.rules.state import PS, SERVER, TRAINER, WORKER, ChildView, RunView
@@ -53,6 +53,7 @@ class RunSnapshot:
     steps_skipped: int = 0  # non-finite steps skipped (issue 41)
     rollbacks: int = 0  # in-place restores of a finite state after a non-finite loss
     task_restarts: tuple[tuple[str, str, int], ...] = ()  # --ps: (task, role, restarts) of every task (task_rows)
+    time_by_kind: tuple[tuple[str, float], ...] = ()  # where this launch's time went (procsv.goodput.KINDS)
 
 
 def restart_cause(prev: ChildView) -> Optional[str]:
@@ -124,6 +125,7 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
     logdir, the last checkpoint until this launch commits one (a relaunch that never commits still
     shows how old the run's last checkpoint is, so the stuck-run alert fires)."""
     records = [a.record() for a in view.attempts]
+    spent = badput.of_launch(view, now)
     trainer = view.children.get(TRAINER)
     attempt = trainer.attempt if trainer is not None else 0
     services = tuple(sorted((c.role, c.attempt - 1) for c in view.services()))
@@ -141,7 +143,7 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
         restarts=restart_counts(view.attempts),
         service_restarts=services,
         steps_redone=sum(r["steps_redone"] or 0 for r in recovery.recoveries(records)),
-        goodput=recovery.goodput(records, view.launch_start, now),
+        goodput=badput.goodput(view, now, spent),
         last_checkpoint_step=commit_step,
         last_checkpoint_at=commit_at,
         last_checkpoint_secs=view.last_commit_secs if view.last_commit_at is not None else None,
@@ -152,4 +154,5 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
         steps_skipped=len(view.skipped_steps),
         rollbacks=view.rollbacks,
         task_restarts=task_rows(view),
+        time_by_kind=tuple(spent.secs.items()),
     )

@@ -12,8 +12,9 @@ the :class:`~procsv.ipc.messages.RunScalars` due now, by global step:
 * a **non-finite event** (issue 41), when a rollback or a skipped step was reported: ``procsv/rollbacks``
   and ``procsv/steps_skipped`` (the run's counts), at the newest skipped step (else at the step then);
 * every :data:`SCALARS_EVERY` seconds once a step was completed, and once when the outcome is
-  decided: ``procsv/restarts``, ``procsv/goodput`` and ``procsv/checkpoint_age_secs`` (since the
-  last commit of this launch).
+  decided: ``procsv/restarts``, ``procsv/goodput``, ``procsv/time_share/<kind>`` (the share of
+  this launch's wall time so far of each kind of :mod:`procsv.goodput`) and
+  ``procsv/checkpoint_age_secs`` (since the last commit of this launch).
 
 The summary service adds ``procsv/summaries_dropped`` to each point and writes them into the run
 ``procsv`` (:mod:`procsv.services.summary.procsvrun`). :class:`ScalarSender` sends them on a
@@ -30,7 +31,7 @@ import zmq
 
 from procsv.ipc.messages import RunScalars
 from procsv.ipc.transport import make_socket, send
-from procsv.watchdog.publish import recovery
+from procsv.watchdog.publish import badput, recovery
 from procsv.watchdog.rules.state import RunView
 
 SCALARS_EVERY = 10.0  # seconds between periodic points
@@ -88,10 +89,14 @@ def due(view: RunView, now: float, wall: float, sent: Sent) -> tuple[list[RunSca
     if stepped and (now >= sent.next_periodic or final):
         records = records or [r.record() for r in attempts]
         tags, values = ["procsv/restarts"], [float(max(0, len(attempts) - 1))]
-        goodput = recovery.goodput(records, view.launch_start, now)
+        spent = badput.of_launch(view, now)
+        goodput = badput.goodput(view, now, spent)
         if goodput is not None:
             tags.append("procsv/goodput")
             values.append(goodput)
+        if spent.wall > 0:
+            tags += [f"procsv/time_share/{k}" for k in spent.secs]
+            values += [v / spent.wall for v in spent.secs.values()]
         if view.last_commit_at is not None:
             tags.append("procsv/checkpoint_age_secs")
             values.append(max(0.0, now - view.last_commit_at))

@@ -22,7 +22,7 @@ from procsv.common.layout import Layout, write_json
 from procsv.common.manifests import last_checkpoint
 from procsv.common.pidfd import host_id
 from procsv.watchdog.rules import group
-from procsv.watchdog.publish import recovery
+from procsv.watchdog.publish import badput, recovery
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.rules.state import CHECKPOINT, PS, SERVER, SUMMARY, TRAINER, WORKER, RunView
 
@@ -55,6 +55,7 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
                 node = view.nodes.get(c.node)
                 entry.update(rank=group.rank_of(c.slot), node=c.node, host=node.host if node else host, step=c.step)
             procs.append(entry)
+    spent = badput.of_launch(view, now)
     return {
         "group": {"nproc": cfg.nproc, "nnodes": cfg.nnodes, "state": group.group_state(view), "ps": cfg.ps}
         if grouped else None,
@@ -68,7 +69,8 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
         "nonfinite_detected": view.nonfinite_found,  # non-finite losses or snapshot states the trainer found (every one)
         "last_checkpoint": last_checkpoint(layout) if on_disk else None,
         "last_error": view.last_error,
-        "goodput": recovery.goodput([a.record() for a in view.attempts], view.launch_start, now),
+        "goodput": badput.goodput(view, now, spent),
+        "breakdown": spent.to_json(),
         "prewarm": zygote,
         "exit_code": view.exit_code if view.finishing else None,
         "rejected": rejected or {"total": 0, "by_reason": {}},

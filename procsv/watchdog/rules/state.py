@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.lifecycle import ProcState, RunState, transition
@@ -82,6 +82,10 @@ class ChildView:
     work_step: int = 0  # the step of that Progress (or the restored step before it)
     step: int = 0
     busy: str = ""  # what the trainer said it is busy with since its last Progress ("" if nothing)
+    busy_since: Optional[float] = None  # when that began (goodput: the loop blocked by a snapshot)
+    busy_secs: float = 0.0  # its busy spans that ended before now, in total
+    restore_secs: float = 0.0  # its TrainerReady's
+    first_step_no: int = 0  # the step of its first completed step
     save_overdue: str = ""  # its snapshot in flight passed its deadline (SaveOverdue): why, until acted on
     refused_at: Optional[float] = None  # it last refused a snapshot of a non-finite state (NonfiniteDetected)
     loading_since: Optional[float] = None  # a service loading what it needs (ServiceLoading), until loaded
@@ -109,6 +113,23 @@ class ChildView:
     node: int = 0  # the host (--node-rank) it runs on: 0 is the master's own
     stopped: bool = False  # a group member seen stopped (SIGSTOP: state T) while the group made no step
     broken_by: Optional["ChildView"] = None  # a group's chief: the member whose end broke its attempt, once judged
+
+    def note_busy(self, busy: str, now: float) -> None:
+        """A Progress said ``busy`` (or "" for a completed step): add up the time it was busy."""
+        if busy and self.busy_since is None:
+            self.busy_since = now
+        elif not busy and self.busy_since is not None:
+            self.busy_secs += now - self.busy_since
+            self.busy_since = None
+        self.busy = busy
+
+    def trained(self, now: float, wall: float) -> dict[str, Any]:
+        """A trainer's ``trained`` lifecycle record, at its end ``now`` (``wall`` on the wall clock)."""
+        def at(t: Optional[float]) -> Optional[float]:
+            return None if t is None else round(wall - (now - t), 3)
+        return {"role": self.role, "attempt": self.attempt, "pid": self.pid, "step": self.work_step,
+                "step_at": at(self.last_work_at if self.first_step_at is not None else None),
+                "busy_secs": round(self.busy_secs, 3), "busy_from": at(self.busy_since)}
 
     def set_state(self, new: ProcState) -> None:
         self.state = transition(self.state, new)  # type: ignore[assignment]
@@ -170,6 +191,7 @@ class RunView:
     """Everything the decision function looks at."""
 
     launch_start: float
+    process_start: Optional[float] = None  # the watchdog process's start (before its imports), if known
     zygote: ZygoteState = ZygoteState.OFF
     zygote_attempt: int = 0  # the pre-warmed trainers started so far
     zygote_lost_at: Optional[float] = None  # when the current one was lost (None: not lost, or replaced)

@@ -1,0 +1,44 @@
+"""The live launch's goodput breakdown (:mod:`procsv.goodput`), from the watchdog's own view.
+
+Runs in the watchdog: ``status.json``, the Prometheus snapshot, procsv's TensorBoard scalars and
+``logs/report.json`` take it from here. Pure: the view and ``now`` (the watchdog's monotonic
+clock, which the view's times are on) are passed in. It reads only what the watchdog already keeps
+of each trainer attempt (its spawn, restore, first and last completed step, its snapshot busy
+spans, its end): nothing new is asked of the trainer.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from procsv.goodput import Attempt, Breakdown, Launch, breakdown
+from procsv.watchdog.rules.state import ChildView, RunView
+
+
+def attempt(c: ChildView, now: float) -> Attempt:
+    """``c`` as :func:`procsv.goodput.breakdown` sees it; a live attempt is stepping up to ``now``
+    (or blocked by a snapshot since its busy span began)."""
+    ended: Optional[float] = c.ended_at
+    if c.signalled_at is not None:
+        ended = c.signalled_at if ended is None else min(ended, c.signalled_at)
+    last = c.last_work_at if c.first_step_at is not None else None
+    if ended is None and c.first_step_at is not None and c.busy_since is None:
+        last = now
+    return Attempt(spawned=c.started, ready=c.ready_at, restore_secs=c.restore_secs, restored_step=c.restored_step,
+                   first_step=c.first_step_at, first_step_no=c.first_step_no, last_at=last, last_step=c.work_step,
+                   ended=ended, hung=bool(c.hang_cause), busy_secs=c.busy_secs, busy_from=c.busy_since)
+
+
+def of_launch(view: RunView, now: float) -> Breakdown:
+    """Where this launch's time went, from its start to ``now``."""
+    start = view.launch_start if view.process_start is None else min(view.launch_start, view.process_start)
+    return breakdown(Launch(start, now, view.stop_signal is not None,
+                            tuple(attempt(c, now) for c in view.attempts)))
+
+
+def goodput(view: RunView, now: float, spent: Optional[Breakdown] = None) -> Optional[float]:
+    """The launch's goodput so far (its ``productive`` share of the wall time); None before the
+    first completed step. ``spent``: :func:`of_launch` at ``now``, if taken already."""
+    if not any(a.first_step_at is not None for a in view.attempts):
+        return None
+    return (spent or of_launch(view, now)).goodput

@@ -1,0 +1,98 @@
+"""Where the time went (issue 53), on a real run: two SIGKILLs of the trainer, a preemption
+(SIGTERM to the launch) and a relaunch of the same logdir. The kinds of ``procsv.goodput`` sum to
+each launch's wall time and to the run's (gaps included) within 1 %, each kind the run had is
+there, and ``procsv report`` prints the table; ``report.json`` and ``status.json`` carry the
+last launch's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import (PROGRAMS, REPO, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, wait_for,
+                      wait_role_pid)
+from procsv import goodput as gp
+
+pytestmark = pytest.mark.slow
+TINY = os.path.join(PROGRAMS, "tiny_train.py")
+ENV = quiet_env(PROCSV_MEMORY_SNAPSHOTS="0")  # restores from disk: the killed attempts re-do steps
+
+
+def _first_steps(logdir: str) -> int:
+    return sum(1 for e in lifecycle(logdir) if e["event"] == "first_step")
+
+
+def _kill_past_a_commit(logdir: str, attempt: int) -> None:
+    """SIGKILL the trainer of ``attempt`` once it committed a checkpoint and stepped 30 past it."""
+    wait_for(lambda: _first_steps(logdir) >= attempt, 120, what=f"attempt {attempt}'s first step")
+    base = max(committed_steps(logdir) or [0])
+    newest = wait_for(lambda: [s for s in committed_steps(logdir) if s > base], 120, what="a new commit")[-1]
+    wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= newest + 30, 60, what=f"step {newest + 30}")
+    pid = wait_role_pid(logdir, "trainer")
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: any(e["event"] == "exited" and e.get("pid") == pid for e in lifecycle(logdir)), 60,
+             what="the kill's exit record")
+
+
+def test_kinds_sum_to_the_wall_time_across_kills_a_preemption_and_a_relaunch(logdir):
+    args = ("--step-delay", "0.01", "--save-steps", "100")
+    proc = launch(logdir, "--steps", "100000", *args, target=TINY, env=ENV)
+    try:
+        _kill_past_a_commit(logdir, 1)
+        _kill_past_a_commit(logdir, 2)
+        wait_for(lambda: _first_steps(logdir) >= 3, 120, what="attempt 3's first step")
+        proc.send_signal(signal.SIGTERM)  # a preemption: the launch saves and stops
+    finally:
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    time.sleep(1.0)  # the time between the preemption and the relaunch: `stopped`
+    resumed = max(committed_steps(logdir))
+    code, out, err = finish(launch(logdir, "--steps", str(resumed + 150), *args, target=TINY, env=ENV))
+    assert code == 0, err
+
+    events = lifecycle(logdir)
+    assert sum(1 for e in events if e["event"] == "trained") == 4  # one per trainer attempt of either launch
+    launches = gp.launches_from_events(events)
+    assert [la.stopped for la in launches] == [True, False] and [len(la.attempts) for la in launches] == [3, 1]
+    per, total = gp.run_breakdown(launches)
+    for la, b in zip(launches, per):
+        assert abs(sum(b.secs.values()) - (la.end - la.start)) <= 0.01 * (la.end - la.start), b.secs
+    assert abs(sum(total.secs.values()) - total.wall) <= 0.01 * total.wall, total.secs
+    assert abs(total.wall - (launches[1].end - launches[0].start)) <= 0.01 * total.wall
+    s = total.secs
+    for kind in ("productive", "startup", "restoring", "redone", "restart", "stopped"):
+        assert s[kind] > 0, (kind, s)
+    assert s["stopped"] >= launches[1].start - launches[0].end >= 1.0
+    # every second of the launch with the kills and the preemption has a kind; in the relaunch, only
+    # its orderly end (the last step to the services' exits) is left unaccounted
+    assert per[0].secs["unaccounted"] <= 0.01 * per[0].wall, per[0].secs
+    last_step_at = max(e["step_at"] for e in events if e["event"] == "trained")
+    assert per[1].secs["unaccounted"] <= launches[1].end - last_step_at + 0.01, (per[1].secs, last_step_at)
+    # each kill was 30+ steps (10 ms each) past the checkpoint the next attempt restored
+    assert s["redone"] >= 2 * 30 * 0.01, s
+
+    done = subprocess.run([sys.executable, "-m", "procsv", "report", logdir], capture_output=True, text=True,
+                          env=quiet_env(), cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.split()[:2] == ["launch", "1"] for line in lines), done.stdout
+    assert any(line.split()[:3] == ["all", "2", "launches"] for line in lines), done.stdout
+    assert any(line.strip().startswith("cumulative: productive ") for line in lines), done.stdout
+
+    with open(os.path.join(logdir, "logs", "report.json")) as fh:
+        saved = json.load(fh)["breakdown"]  # the last launch's, as the watchdog saw it
+    assert abs(sum(saved[f"{k}_s"] for k in gp.KINDS) - saved["wall_s"]) <= 0.01 * saved["wall_s"], saved
+    # the watchdog's own view of its launch and the lifecycle records agree: the same start (the
+    # launch record's time is the watchdog's start), and the report is taken as the watchdog closes
+    # its plumbing, a moment after its last record
+    assert 0 <= saved["wall_s"] - per[1].wall <= 0.01 * per[1].wall + 0.5, (saved, per[1].wall)
+    for kind in ("productive", "restoring", "checkpoint", "redone", "restart"):
+        assert abs(saved[f"{kind}_s"] - per[1].secs[kind]) <= 0.01 * per[1].wall + 0.1, (kind, saved, per[1].secs)
+    shown = (raw_status(logdir) or {}).get("breakdown")
+    assert shown is not None and shown["productive_s"] > 0, shown

@@ -1,0 +1,108 @@
+"""``procsv.goodput`` on hand-made lifecycle records: each kind is bounded by the records
+docs/observability.md names, and the kinds sum to the wall time (issue 53)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from procsv import goodput as gp
+
+
+def _ev(t: float, event: str, **fields: Any) -> dict[str, Any]:
+    return {"time": t, "event": event, **fields}
+
+
+def _launch_with_a_kill_and_a_preemption() -> list[dict[str, Any]]:
+    """Launch 1 at 0: attempt 1 (pid 11) spawned at 2, restored step 0 in 0.5 s at 4, first step
+    (step 1) at 5, its last step 101 at 15 (1 s of it blocked by snapshots), SIGKILLed and noticed
+    at 15.5; attempt 2 (pid 12) spawned at 17.5 restores step 51 in 1 s at 19.5, first step 52 at
+    20, preempted at 30: its last step 152 at 30 then a final checkpoint from 30 to 31, ends 31.5;
+    the services stop at 32. Launch 2 at 40: attempt 1 (pid 21) restores step 152 and ends at 50."""
+    return [
+        _ev(0, "launch", target="t", args=[], pid=1, launch=1),
+        _ev(2, "spawned", role="trainer", attempt=1, pid=11, via="zygote"),
+        _ev(4, "initialized", pid=11, step=0, path=None, secs=0.5, skipped=[]),
+        _ev(5, "first_step", pid=11, step=1, secs_since_spawn=3),
+        _ev(15.5, "death_noticed", role="trainer", attempt=1, pid=11, noticed=15.5),
+        _ev(15.6, "trained", role="trainer", attempt=1, pid=11, step=101, step_at=15, busy_secs=1.0, busy_from=None),
+        _ev(15.6, "exited", role="trainer", attempt=1, pid=11, noticed=15.5, signal="SIGKILL"),
+        _ev(15.6, "restarting", attempt=2, delay=2.0, error="x"),
+        _ev(17.5, "spawned", role="trainer", attempt=2, pid=12, via="zygote"),
+        _ev(19.5, "restored", pid=12, step=51, path="p", secs=1.0, skipped=[]),
+        _ev(20, "first_step", pid=12, step=52, secs_since_spawn=2.5),
+        _ev(30, "preempted", signal="SIGTERM"),
+        _ev(31.5, "trained", role="trainer", attempt=2, pid=12, step=152, step_at=30, busy_secs=0.0, busy_from=30.0),
+        _ev(31.5, "exited", role="trainer", attempt=2, pid=12, noticed=31.5, code=42),
+        _ev(31.6, "finished", state="stopped", exit_code=143, step=152),
+        _ev(32, "exited", role="checkpoint", attempt=1, pid=3, noticed=32, code=0),
+        _ev(40, "launch", target="t", args=[], pid=2, launch=2),
+        _ev(41, "spawned", role="trainer", attempt=1, pid=21, via="fresh"),
+        _ev(44, "restored", pid=21, step=152, path="p", secs=1.0, skipped=[]),
+        _ev(45, "first_step", pid=21, step=153, secs_since_spawn=4),
+        _ev(49, "trained", role="trainer", attempt=1, pid=21, step=193, step_at=49, busy_secs=0.0, busy_from=None),
+        _ev(49, "exited", role="trainer", attempt=1, pid=21, noticed=49, code=0),
+        _ev(49.1, "finished", state="succeeded", exit_code=0, step=193),
+        _ev(50, "exited", role="summary", attempt=1, pid=4, noticed=50, code=0),
+    ]
+
+
+def test_each_kind_is_bounded_by_its_records_and_they_sum_to_the_wall_time():
+    launches = gp.launches_from_events(_launch_with_a_kill_and_a_preemption())
+    assert [(la.start, la.end, la.stopped, la.number) for la in launches] == [(0, 32, True, 1), (40, 50, False, 2)]
+    per, total = gp.run_breakdown(launches)
+    one = per[0].secs
+    # launch to spawn 2; spawn to restore start 1.5; restore end to first step 1; attempt 2: 1 + 0.5
+    assert one["startup"] == pytest.approx(2 + 1.5 + 1 + 1 + 0.5)
+    assert one["restoring"] == pytest.approx(0.5 + 1.0)
+    # attempt 1 stepped 5..15 with 1 s blocked: 9 s over steps 1..101, of which 1..51 were kept
+    # (attempt 2 restored 51): 4.5 s kept, 4.5 s re-done, plus 15..15.5 lost with the kill
+    assert one["checkpoint"] == pytest.approx(1.0 + 1.5)  # attempt 2's final checkpoint: 30 to its end 31.5
+    assert one["productive"] == pytest.approx(4.5 + 10)  # attempt 2's steps, all kept by launch 2
+    assert one["redone"] == pytest.approx(4.5 + 0.5)
+    assert one["restart"] == pytest.approx(17.5 - 15.5)
+    assert one["stopped"] == pytest.approx(32 - 31.5)
+    assert one["unaccounted"] == pytest.approx(0)
+    assert sum(one.values()) == pytest.approx(32)
+    two = per[1].secs
+    assert (two["startup"], two["restoring"], two["productive"], two["unaccounted"]) == pytest.approx((1 + 2 + 1, 1, 4, 1))
+    assert total.wall == pytest.approx(50) and total.secs["stopped"] == pytest.approx(0.5 + 8)
+    assert sum(total.secs.values()) == pytest.approx(50)
+    assert total.goodput == pytest.approx((14.5 + 4) / 50)
+    text = gp.render([(1, per[0]), (2, per[1])], total)
+    assert "all 2 launches" in text and "cumulative: productive 37.0%" in text
+
+
+def test_a_relaunch_that_restores_an_older_step_makes_the_last_launch_s_tail_redone():
+    events = _launch_with_a_kill_and_a_preemption()
+    events = [dict(e, step=132) if e["event"] == "restored" and e["pid"] == 21 else e for e in events]
+    per, _ = gp.run_breakdown(gp.launches_from_events(events))
+    # attempt 2 of launch 1 stepped 52..152 in 10 s; 132 kept: 8 s productive, 2 s re-done
+    assert per[0].secs["productive"] == pytest.approx(4.5 + 8)
+    assert per[0].secs["redone"] == pytest.approx(4.5 + 0.5 + 2)
+
+
+def test_a_hung_attempt_s_wait_for_its_kill_is_detection():
+    events = [
+        _ev(0, "launch", target="t", args=[], pid=1, launch=1),
+        _ev(1, "spawned", role="trainer", attempt=1, pid=11, via="zygote"),
+        _ev(2, "initialized", pid=11, step=0, path=None, secs=0.0, skipped=[]),
+        _ev(3, "first_step", pid=11, step=1, secs_since_spawn=2),
+        _ev(40, "hang_detected", pid=11, attempt=1, step=20, reason="no step"),
+        _ev(41, "trained", role="trainer", attempt=1, pid=11, step=20, step_at=10, busy_secs=0.0, busy_from=None),
+        _ev(41, "exited", role="trainer", attempt=1, pid=11, noticed=41, signal="SIGKILL"),
+        _ev(43, "spawned", role="trainer", attempt=2, pid=12, via="zygote"),
+        _ev(44, "initialized", pid=12, step=0, path=None, secs=0.0, skipped=[]),
+    ]
+    b = gp.breakdown(gp.launches_from_events(events, now=50.0)[0])
+    assert b.secs["restart"] == pytest.approx((40 - 10) + (43 - 40))
+    assert b.secs["redone"] == pytest.approx(7)  # steps 1..20 (3 to 10): attempt 2 started again from 0
+    assert sum(b.secs.values()) == pytest.approx(50)
+
+
+def test_a_live_launch_s_running_attempt_is_stepping_until_now():
+    events = _launch_with_a_kill_and_a_preemption()[:-4]  # launch 2 goes on: its trainer stepped from 45
+    b = gp.breakdown(gp.launches_from_events(events, now=60.0)[-1])
+    assert b.wall == pytest.approx(20) and b.secs["productive"] == pytest.approx(60 - 45)
+    assert b.secs["unaccounted"] == pytest.approx(0) and sum(b.secs.values()) == pytest.approx(20)
