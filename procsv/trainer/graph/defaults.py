@@ -163,4 +163,6 @@ def _adapters(setup: GraphSetup) -> tuple[GraphGlobalStep, Optional[GraphCheckpo
     var_list = setup.saver._var_list
     if var_list is None:  # a Saver of a SaverDef (import_meta_graph's): it saves the graph's variables
         var_list = setup.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-    return step, GraphCheckpoint(var_list, setup.raw_session)
+    checkpoint = GraphCheckpoint(var_list, setup.raw_session)
+    checkpoint.step_key = checkpoint.key_of(setup.global_step)
+    return step, checkpoint
