@@ -191,6 +191,50 @@ def test_restore_at_start_restores_a_graph_checkpoint_bit_equal_and_sets_the_ste
 
 
 @pytest.mark.slow
+def test_a_restore_keeps_the_global_step_stored_in_the_checkpoint_whatever_its_name_says(tmp_path):
+    """A committed checkpoint whose name says another step than the global step stored in it (as
+    procsv named a final checkpoint by its own count before: ``model.ckpt-7`` holding 6) restores,
+    through the real service's commit and the restore at start, at the stored step: the global
+    step variable and procsv's step are 6 (was: 7, the name's step assigned over the stored one)."""
+    import tensorflow as tf
+
+    from procsv.trainer.graph.state import GraphCheckpoint, GraphGlobalStep
+
+    logdir, runtime = str(tmp_path / "run"), tempfile_short()
+    svc = Service(logdir, runtime)
+    m = prog.build(tf.Graph())
+    with m.graph.as_default():
+        init = tf.compat.v1.global_variables_initializer()
+    sess = tf.compat.v1.Session(graph=m.graph)
+    try:
+        agent, _, gs = prog.agent_for(m, sess, logdir)  # (no step_key: named by the step it is given)
+        assert agent.restore_or_init(lambda: sess.run(init)) == []
+        assert prog.train(sess, m, 6) == 6
+        _commit(agent, svc, gs, 7)
+        stored = prog.values(sess, m.graph)
+    finally:
+        sess.close()
+        svc.close()
+        shutil.rmtree(runtime, ignore_errors=True)
+    assert committed_steps(logdir) == [7]
+    m2, sess2, init2 = _fresh()
+    try:
+        with m2.graph.as_default():
+            ckpt = GraphCheckpoint(tf.compat.v1.global_variables(), lambda: sess2)
+        ckpt.step_key = ckpt.key_of(m2.global_step)  # what the Supervisor sets: the program's global step
+        gs2 = GraphGlobalStep(m2.global_step, lambda: sess2)
+        gs2.observe(-5)  # stale: read again after the restore
+        done = restore_at_start.restore_or_init(ckpt, gs2, Layout(logdir), lambda: sess2.run(init2),
+                                                allow_reinit=False, read_retry=ReadRetry(total_secs=0.1),
+                                                clock=time.monotonic, sleep=time.sleep)
+        assert done.path is not None and done.path.endswith("model.ckpt-7")
+        assert int(sess2.run(m2.global_step)) == 6 and int(gs2.numpy()) == 6
+        _same(prog.values(sess2, m2.graph), stored)
+    finally:
+        sess2.close()
+
+
+@pytest.mark.slow
 def test_a_corrupt_newest_graph_checkpoint_is_passed_over_for_the_one_before(graph_run, tmp_path):
     logdir, at = graph_run
     copy = str(tmp_path / "run")

@@ -65,8 +65,9 @@ FRESH_STARTS = ["defaults", "no_init_op", "nothing_to_init", "init_fn_only", "no
 
 # Every tf1_cases.py case of this module, each side's in one process (one TensorFlow import a side):
 # each case in its own graph, with BASE/<side>/<case> as its logdir; made once per test session.
-OURS = FRESH_STARTS + ["restore", "steps", "no_global_step", "summary_placeholder", "standard_services"]
-THEIRS = FRESH_STARTS + ["restore"]
+OURS = FRESH_STARTS + ["restore", "steps", "no_global_step", "summary_placeholder", "standard_services",
+                       "save_model_secs_zero"]
+THEIRS = FRESH_STARTS + ["restore", "no_global_step", "save_model_secs_zero"]
 
 
 def _run_cases(folder: str) -> None:
@@ -286,7 +287,9 @@ def test_a_run_is_a_step_when_it_writes_the_global_step_on_the_sessions_thread(c
     steps are inferred, the variable read only every 100 or at a due boundary) sv.step equals the
     variable after each; after a stop request a run that would be a step raises
     TrainingStopped (a clean stop, as an eager step), a read still runs. A graph without a global
-    step gets one, and then every run is a step.
+    step gets none (as TF's Supervisor: sv.global_step None, init_op built before the Supervisor or
+    an init_fn make it ready, an empty Saver runs with and without a logdir, the same results as
+    TF's), and every run is a step, counted in Python.
 
     The per-run cost (issue 40): what depends only on a run's structure is worked out once. Over 51
     more steps of [train op, a watched loss] (a new list and feed dict each time) the probe is not
@@ -308,7 +311,21 @@ def test_a_run_is_a_step_when_it_writes_the_global_step_on_the_sessions_thread(c
                                "boundary made right after the slow run": True,
                                "worked out again in 51 runs": {"plan": 0, "keep_watched": 0, "other runs": 0},
                                "kept": [[331, "nan"]], "nan step": 1}
-    assert cases[1]["ours"]["no_global_step"] == {"steps": [1, 2, 3], "global_step": "global_step", "w": 4.0}
+    ours, theirs = cases[1]["ours"]["no_global_step"], cases[1]["tf"]["no_global_step"]
+    assert ours.pop("steps") == [1, 2, 3]  # counted in Python: no op of procsv's in the graph
+    assert ours == theirs == {"global_step": None, "w": 4.0, "variables": ["w"], "init_op_before": 2.0,
+                              "init_fn": 3.0, "empty_saver_no_logdir": 5.0, "empty_saver": 5.0}
+
+
+def test_save_model_secs_zero_saves_nothing_as_tensorflows_supervisor(cases):
+    """save_model_secs=0: no checkpoint at all, as TF's Supervisor (no timed one, none at the stop of
+    a managed session, none at sess.close() before sv.stop()), so a second Supervisor on the logdir
+    starts at step 0 again; the same results as TF's own (was: a final checkpoint of step 3, and the
+    second started at 3)."""
+    ours, theirs = cases[1]["ours"]["save_model_secs_zero"], cases[1]["tf"]["save_model_secs_zero"]
+    assert ours == theirs == {"managed 1 first step": 0, "managed 2 first step": 0, "managed files": [],
+                              "close_then_stop 1 first step": 0, "close_then_stop 2 first step": 0,
+                              "close_then_stop files": []}
 
 
 def test_a_restore_runs_neither_init_op_nor_init_fn_as_tf_and_saver_save_commits_through_the_service(cases):

@@ -189,6 +189,8 @@ class Supervisor:
             connected=lambda: self._channels is not None, started=lambda: self._started)
         self._keeper, self._summaries, self._rollback = parts.keeper, parts.summaries, parts.rollback
         self._boundary, self._graph, self._surface = parts.boundary, parts.graph, parts.surface
+        if self._graph is not None:
+            self._graph.final_wanted = self._final_wanted
 
         # the session's lifecycle
         self._channels: Optional[TrainerChannels] = None
@@ -335,6 +337,12 @@ class Supervisor:
             if isinstance(exc, TrainingDiverged):
                 raise
 
+    def _final_wanted(self) -> bool:
+        """Whether the stop (or a graph session's close before it) commits a final checkpoint: not
+        for a graph program's ``save_model_secs=0`` without ``save_checkpoint_steps``, which saves
+        nothing, as TF's Supervisor (no checkpoint thread, and its stop saves none)."""
+        return not (self._tf1.graph is not None and self.save_model_secs == 0 and not self.save_checkpoint_steps)
+
     def _stop_services(self, deadline: Optional[float] = None, close_summary_writer: bool = True) -> None:
         """The second half of stop(): final checkpoint, summaries, release (no join)."""
         deadline = self._clock() + self.stop_grace_secs if deadline is None else deadline
@@ -346,7 +354,7 @@ class Supervisor:
             return
         try:
             self._stopped_by_signal = self.coord.stop_signal is not None
-            if self.coord.exception is None and self._keeper is not None and self.is_chief:
+            if self.coord.exception is None and self._keeper is not None and self.is_chief and self._final_wanted():
                 self.commit_checkpoint(deadline)  # (a subclass may override it)
             else:
                 self._boundary.report_busy(Busy.NONE)

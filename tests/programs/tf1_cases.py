@@ -354,17 +354,46 @@ def _run_plans(sv: object, sess: object, clock: StoppableClock, train: object, l
 
 
 def case_no_global_step() -> dict[str, object]:
-    """A graph without a global step: procsv makes one and every run of the session is a step."""
+    """Graphs without a global step, as TF's Supervisor takes them: nothing is added to the graph
+    (``sv.global_step`` None, the graph's variables the program's), so an ``init_op`` built before
+    the Supervisor, or ``init_op=None`` with an ``init_fn``, makes the model ready; a graph with no
+    variable to save (an empty Saver) runs with and without a logdir. procsv only: every run of the
+    session is a step (``sv.step``), counted in Python."""
+    out: dict[str, object] = {}
     with tf.Graph().as_default():
         w = tf.compat.v1.get_variable("w", initializer=1.0)
         bump = w.assign_add(1.0)
-        sv = Supervisor(logdir=LOGDIR, save_summaries_secs=None)
+        sv = Supervisor(logdir=os.path.join(LOGDIR, "a"), save_summaries_secs=None)
         with sv.managed_session() as sess:
             steps = []
             for _ in range(3):
                 sess.run(bump)
-                steps.append(sv.step)
-            return {"steps": steps, "global_step": sv.global_step.op.name, "w": float(sess.run(w))}
+                steps.append(getattr(sv, "step", None))
+            out.update(global_step=sv.global_step, w=float(sess.run(w)),
+                       variables=[v.op.name for v in tf.compat.v1.global_variables()])
+            if not USE_TF:
+                out["steps"] = steps
+    with tf.Graph().as_default():
+        v = tf.compat.v1.get_variable("v", initializer=2.0)
+        init = tf.compat.v1.global_variables_initializer()
+        sv = Supervisor(logdir=os.path.join(LOGDIR, "b"), init_op=init, save_summaries_secs=None)
+        sess = sv.prepare_or_wait_for_session("")
+        out["init_op_before"] = float(sess.run(v))
+        sv.stop()
+    with tf.Graph().as_default():
+        v = tf.compat.v1.get_variable("v", initializer=3.0)
+        sv = Supervisor(logdir=os.path.join(LOGDIR, "c"), init_op=None, init_fn=lambda s: s.run(v.initializer),
+                        save_summaries_secs=None)
+        sess = sv.prepare_or_wait_for_session("")
+        out["init_fn"] = float(sess.run(v))
+        sv.stop()
+    for name, logdir in (("empty_saver_no_logdir", None), ("empty_saver", os.path.join(LOGDIR, "d"))):
+        with tf.Graph().as_default():
+            c = tf.constant(5.0)
+            sv = Supervisor(logdir=logdir, saver=tf.compat.v1.train.Saver(allow_empty=True), save_summaries_secs=None)
+            with sv.managed_session() as sess:
+                out[name] = float(sess.run(c))
+    return out
 
 
 def case_restore() -> dict[str, object]:
@@ -523,6 +552,35 @@ def case_standard_services() -> dict[str, object]:
     return {"started": started, "checkpoint_steps": steps, **_standard_services_errors()}
 
 
+def case_save_model_secs_zero() -> dict[str, object]:
+    """``save_model_secs=0``: nothing is saved, as TF's Supervisor (no timed checkpoint, none at the
+    stop, none at ``sess.close()`` before ``sv.stop()``); a second Supervisor on the logdir starts at 0."""
+    out: dict[str, object] = {}
+    for how in ("managed", "close_then_stop"):
+        logdir = os.path.join(LOGDIR, how)
+        for attempt in (1, 2):
+            with tf.Graph().as_default():
+                gs = tf.compat.v1.train.get_or_create_global_step()
+                w = tf.compat.v1.get_variable("w", initializer=1.0)
+                train = tf.group(w.assign_add(1.0), gs.assign_add(1))
+                sv = Supervisor(logdir=logdir, save_model_secs=0, save_summaries_secs=None, summary_op=None)
+                if how == "managed":
+                    with sv.managed_session() as sess:
+                        first = int(sess.run(gs))
+                        for _ in range(3):
+                            sess.run(train)
+                else:
+                    sess = sv.prepare_or_wait_for_session("")
+                    first = int(sess.run(gs))
+                    for _ in range(3):
+                        sess.run(train)
+                    sess.close()
+                    sv.stop()
+            out[f"{how} {attempt} first step"] = first
+        out[f"{how} files"] = sorted(n for n in os.listdir(logdir) if n.startswith(("model.ckpt", "checkpoint")))
+    return out
+
+
 if __name__ == "__main__":
     if "," not in CASE:
         result = globals()[f"case_{CASE}"]()
@@ -537,3 +595,4 @@ if __name__ == "__main__":
             except Exception as exc:  # noqa: BLE001  (reported, and the next case runs)
                 result = {"raised": f"{type(exc).__name__}: {exc}"}
             print(f"result {name} " + json.dumps(result, sort_keys=True), flush=True)
+

@@ -301,6 +301,8 @@ class CheckpointAgent:
             self.pending = None
             self.memory.skipped(step, ch.clock())
             raise
+        if snap.step is not None:  # named by the global step stored in it, not by the step counted here
+            step = snap.step
         arena = self.store.ref_of(snap)
         meta = self.meta_graph  # graph mode: <prefix>.meta too (TF's Saver.save(write_meta_graph=True))
         sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena, slot, True, meta is not None),
@@ -372,6 +374,7 @@ class CheckpointAgent:
             print(f"procsv: the {reason} checkpoint at step {step} could not be handed to the checkpoint "
                   "service (queue full); the previous checkpoint is kept", file=sys.stderr, flush=True)
             return None
+        step = self.in_flight if self.in_flight is not None else step  # the step stored in it names it
         try:
             result = ch.wait_save_result(step, deadline)
         except NoReply:

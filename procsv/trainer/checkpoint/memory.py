@@ -135,6 +135,8 @@ class MemoryTier:
         except NonFiniteState:  # refused: the slot stays free; the next is due an interval later
             self.skipped(step, ch.clock())
             raise
+        if snap.step is not None:  # named by the global step stored in it
+            step = snap.step
         arena = self.store.ref_of(snap)
         self.at, self.step = ch.clock(), step
         self.taken += 1

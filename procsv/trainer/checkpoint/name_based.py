@@ -35,7 +35,13 @@ class RestoreStatus:
 
 class NameBasedCheckpoint(abc.ABC):
     """A checkpoint of named variables, snapshotted with one read and restored by name (an interface:
-    :class:`procsv.trainer.graph.state.GraphCheckpoint` implements it)."""
+    :class:`procsv.trainer.graph.state.GraphCheckpoint` implements it).
+
+    ``step_key``: the key the program's global step is saved under (None: it saves none); a
+    snapshot is named by that variable's value in it, and a restore leaves the step it restores.
+    """
+
+    step_key: str | None = None
 
     @abc.abstractmethod
     def keys(self) -> list[str]:

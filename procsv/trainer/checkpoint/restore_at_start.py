@@ -185,10 +185,12 @@ def verify_and_restore(checkpoint: Any, global_step: Any, layout: Layout, manife
 
 def restore_path(checkpoint: Any, global_step: Any, path: str, step: int) -> None:
     """Restore ``path`` and set ``global_step`` to ``step`` (a manifest's, or what
-    :func:`restore_foreign` read); a checkpoint that does not match the program (a variable
-    missing, or of another shape: a changed layer size) is a :class:`MismatchedCheckpoint` naming
-    the variable. A name-based checkpoint's step is always assigned: its global step may still show
-    the value it saw before the restore."""
+    :func:`restore_foreign` read) unless the restore itself set it; a checkpoint that does not
+    match the program (a variable missing, or of another shape: a changed layer size) is a
+    :class:`MismatchedCheckpoint` naming the variable. A name-based checkpoint that restored its
+    global step (its ``step_key``, not left out) keeps the value stored in it: a restore never moves
+    the global step (the step is read again from the variable); one that did not (no global step
+    saved, or left out: a foreign checkpoint without one) gets ``step`` assigned."""
     try:
         status = checkpoint.restore(path)
         status.assert_existing_objects_matched()
@@ -197,7 +199,14 @@ def restore_path(checkpoint: Any, global_step: Any, path: str, step: int) -> Non
             f"checkpoint {path} does not match this program's state ({str(exc).splitlines()[0]}); "
             "restore it with the program that wrote it, or use a new --logdir"
         ) from None
-    if isinstance(checkpoint, NameBasedCheckpoint) or int(global_step.numpy()) != step:
+    if isinstance(checkpoint, NameBasedCheckpoint):
+        if checkpoint.step_key is not None and checkpoint.step_key not in checkpoint.left_out:
+            forget = getattr(global_step, "forget", None)
+            if forget is not None:
+                forget()  # the session's variable holds the stored step; what was observed before is stale
+            return
+        global_step.assign(step)
+    elif int(global_step.numpy()) != step:
         global_step.assign(step)
 
 

@@ -167,6 +167,7 @@ class Snapshot:
     specs: list[TensorSpec]
     frames: list[Any]
     arena_bytes: int
+    step: Optional[int] = None  # the global step stored in it (a name-based checkpoint's ``step_key``), if known
 
 
 @dataclass
@@ -323,6 +324,7 @@ def take(ckpt: Any, place: Callable[[int], Optional[tuple[SnapshotArena, int]]],
     When ``place`` gives None every tensor travels as a frame (host copies), as a fallback.
     """
     tensors, graph = _gather(ckpt, known)
+    stored = _stored_step(ckpt, tensors)
     layout = known.layout if known is not None else None
     arrays = _arrays(tensors, layout) if layout is not None else None
     if layout is None or arrays is None:
@@ -360,7 +362,20 @@ def take(ckpt: Any, place: Callable[[int], Optional[tuple[SnapshotArena, int]]],
         if size > CHECKPOINT_FRAME_MAX:  # the service's socket would drop it (and the connection)
             raise UnsupportedState(f"{spec.key}: {size} bytes in one frame, above the checkpoint socket's limit of "
                                    f"{CHECKPOINT_FRAME_MAX} (procsv.ipc.transport.CHECKPOINT_FRAME_MAX)")
-    return Snapshot(specs, frames, total if arena is not None else 0)
+    return Snapshot(specs, frames, total if arena is not None else 0, stored)
+
+
+def _stored_step(ckpt: Any, tensors: list[tuple[str, Any]]) -> Optional[int]:
+    """The global step's value among the gathered ``tensors`` of a name-based checkpoint that saves
+    one (its ``step_key``), read in the same ``session.run`` as every other variable: the step the
+    checkpoint holds, which names it. None for an eager checkpoint or one without a global step."""
+    key = getattr(ckpt, "step_key", None) if isinstance(ckpt, NameBasedCheckpoint) else None
+    if key is None:
+        return None
+    for name, value in tensors:
+        if name == key:
+            return int(np.asarray(value).reshape(()))
+    return None
 
 
 def _add_frame(specs: list[TensorSpec], frames: list[Any], key: str, t: Any) -> None:

@@ -90,7 +90,9 @@ class SnapshotStore:
                 and graph_shape.same(self.plan.shape, graph_shape.shape(self.checkpoint)))
 
     def take(self, step: int, slot: int, fresh: bool = True) -> Snapshot:
-        """Copy the state into ``slot`` (its header says writing, then complete) and gather the rest;
+        """Copy the state into ``slot`` (its header says writing, then complete) and gather the rest
+        (the snapshot's ``step`` is the global step stored in it when the checkpoint knows it, and
+        then replaces ``step`` from the copy on: a checkpoint is named by the step it holds);
         walk the object graph again unless not ``fresh`` (then :attr:`plan` is reused). With a
         :attr:`watch`, a poisoned state raises :class:`NonFiniteState` (before the copy if a watched
         loss was non-finite, else after it, before the slot is marked complete)."""
@@ -107,6 +109,8 @@ class SnapshotStore:
             return arena, arena.base(slot)
 
         snap = take(self.checkpoint, place, self.plan)
+        if snap.step is not None:  # the global step stored in it names it (another thread may have moved it)
+            step = snap.step
         if self.watch is not None:
             memory = self.arena.array if self.arena is not None and snap.arena_bytes else None
             self.watch.verify(step, self.checkpoint, self.plan, snap.specs, snap.frames, memory)

@@ -3,7 +3,7 @@
 Runs in the trainer process, inside ``Supervisor.__init__`` when the program is a TF1 graph
 program (:func:`is_graph_mode`: ``graph=`` is a ``tf.Graph``, or eager execution is disabled).
 :func:`resolve_graph` builds, in the program's graph and as TF's ``Supervisor`` did, every piece
-the program left at ``USE_DEFAULT``: ``global_step`` (the graph's; created if it has none),
+the program left at ``USE_DEFAULT``: ``global_step`` (the graph's; none if it has none: procsv adds nothing to it),
 ``saver`` (a ``tf.compat.v1.train.Saver`` over every saveable global variable, with
 ``max_to_keep`` and ``keep_checkpoint_every_n_hours``), ``init_op``
 (``global_variables_initializer``), ``ready_op`` (``report_uninitialized_variables``),
@@ -18,11 +18,11 @@ grows it from then on.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 from procsv.common.errors import UsageError
 from procsv.trainer.graph.session_manager import SessionManager
-from procsv.trainer.graph.state import GraphCheckpoint, GraphGlobalStep
+from procsv.trainer.graph.state import CountedStep, GraphCheckpoint, GraphGlobalStep
 from procsv.trainer.graph.built import once_per_graph
 from procsv.trainer.graph.steps import StepProbe, global_step_of
 from procsv.trainer.once import warn_once
@@ -41,7 +41,7 @@ class GraphSetup:
     """Everything the graph-mode Supervisor resolved: TF1's pieces and procsv's adapters."""
 
     graph: Any
-    global_step: Any  # the graph's variable
+    global_step: Any  # the graph's variable (None: it has none; procsv counts the runs in Python)
     probe: StepProbe
     saver: Any  # the tf.compat.v1.train.Saver whose variables are saved (None: checkpoints off)
     init_op: Any
@@ -85,14 +85,17 @@ def resolve_graph(checkpoint: Any, summary_fn: Any, saver: Any, summary_op: Any,
                          "graph's variables: leave checkpoint out (or pass saver=tf.compat.v1.train.Saver(var_list))")
     graph = args["graph"] if isinstance(args["graph"], tf.Graph) else tf.compat.v1.get_default_graph()
     keys = tf.compat.v1.GraphKeys
+    if graph.finalized:  # the program finalized it (a Scaffold's finalize): procsv's own reads are built, then
+        graph._unsafe_unfinalize()  # it is finalized again below; the program's part is left as it was
     with graph.as_default():
-        variable, created = global_step_of(graph, None if global_step is USE_DEFAULT else global_step)
-        if created or increment_global_step:
-            warn_once("Supervisor.graph_global_step", "the graph has no global step (or increment_global_step=True): "
-                      "procsv advances one at every sess.run of the session, each run is a step; pass "
-                      "global_step=tf.compat.v1.train.get_or_create_global_step() to minimize() instead")
-        counts = bool(created or increment_global_step)  # (a second Supervisor on this graph reuses the probe)
-        probe = once_per_graph(graph, ("probe", variable.name, counts), lambda: StepProbe(graph, variable, counts))
+        variable = global_step_of(graph, None if global_step is USE_DEFAULT or global_step is None else global_step)
+        if variable is not None and increment_global_step:
+            warn_once("Supervisor.graph_global_step", "increment_global_step=True: procsv advances the graph's "
+                      "global step at every sess.run of the session, each run is a step")
+        counts = bool(variable is None or increment_global_step)  # (a second Supervisor on this graph reuses the probe)
+        probe = once_per_graph(graph, ("probe", "" if variable is None else variable.name, counts),
+                               lambda: StepProbe(graph, variable, counts)) if variable is not None \
+            else StepProbe(graph, None, True)
         if saver is USE_DEFAULT:
             saver = _first(graph, keys.SAVERS)
             if saver is None and tf.compat.v1.global_variables():
@@ -135,7 +138,7 @@ def resolve_graph(checkpoint: Any, summary_fn: Any, saver: Any, summary_op: Any,
                                      local_init_run_options=args["local_init_run_options"])
         setup = GraphSetup(graph, variable, probe, saver, init_op, args["init_feed_dict"], ready_op, rl_op, local_op,
                            summary_op, default_summary, manager, step=None)
-        setup.step, setup.checkpoint = _adapters(setup)
+        setup.step, setup.checkpoint = _adapters(setup, saving=logdir is not None)
     graph.finalize()
     if logdir is None:  # TF: no logdir, no checkpoints and no summaries
         setup.checkpoint, summary_writer = None, None
@@ -151,16 +154,22 @@ def resolve_graph(checkpoint: Any, summary_fn: Any, saver: Any, summary_op: Any,
                       summary_fn if writer else None, writer, given, graph=setup)
 
 
-def _adapters(setup: GraphSetup) -> tuple[GraphGlobalStep, Optional[GraphCheckpoint]]:
+def _adapters(setup: GraphSetup, saving: bool) -> tuple[Union[GraphGlobalStep, CountedStep], Optional[GraphCheckpoint]]:
     """The global step and the checkpoint as the checkpoint agent reads them
-    (:mod:`procsv.trainer.graph.state`, built before the graph is finalized); the checkpoint is
-    None with ``saver=None``."""
+    (:mod:`procsv.trainer.graph.state`, built before the graph is finalized; a graph without a
+    global step gets a :class:`CountedStep`, nothing in the graph); the checkpoint is None with
+    ``saver=None``, without a logdir (not ``saving``: nothing built for it) and when the saver has
+    no variable to save (nothing to checkpoint, as TF's Saver then saves nothing of the graph)."""
     import tensorflow as tf
 
-    step = GraphGlobalStep(setup.global_step, setup.raw_session)
-    if setup.saver is None:
+    step = CountedStep() if setup.global_step is None else GraphGlobalStep(setup.global_step, setup.raw_session)
+    if setup.saver is None or not saving:
         return step, None
     var_list = setup.saver._var_list
     if var_list is None:  # a Saver of a SaverDef (import_meta_graph's): it saves the graph's variables
         var_list = setup.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-    return step, GraphCheckpoint(var_list, setup.raw_session)
+    if not var_list:
+        return step, None
+    checkpoint = GraphCheckpoint(var_list, setup.raw_session)
+    checkpoint.step_key = checkpoint.key_of(setup.global_step) if setup.global_step is not None else None
+    return step, checkpoint

@@ -70,6 +70,12 @@ class GraphSession:
                 self._unread = VERIFY_EVERY  # another thread advanced it: read it at the next step
             return self._sess.run(fetches, feed_dict, options, run_metadata)
         state = self._state
+        if self._probe.variable is None:  # the graph has no global step: every run is a step, counted here
+            if state.coord.asked and state.coord.should_stop():
+                raise TrainingStopped("a stop was requested; the training loop should end")
+            out = self._sess.run(fetches, feed_dict, options, run_metadata)
+            self._stepped(state, state.step + 1, feed_dict, fetches, out)
+            return out
         key = plan_key(fetches, feed_dict)
         plan = self._plans.get(key) if key is not None else None
         if plan is None or plan.losses is not state.losses:

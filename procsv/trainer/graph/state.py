@@ -179,6 +179,39 @@ def _read_op(var: Any) -> Any:
     return var.value()
 
 
+class CountedStep:
+    """The step of a graph without a global step, with :class:`GraphGlobalStep`'s surface: a count
+    kept in Python (the session counts every run as a step; a restore sets it from the checkpoint's
+    manifest). Nothing is built in the program's graph: TF's Supervisor adds no global step either."""
+
+    var: Any = None
+    tensor: Any = None
+
+    def __init__(self) -> None:
+        self.observed = 0
+
+    @property
+    def dtype(self) -> Any:
+        import tensorflow as tf
+
+        return tf.int64
+
+    def observe(self, value: Any) -> None:
+        self.observed = int(value)
+
+    def forget(self) -> None:
+        """A new session: the count goes on (there is no variable to read it from)."""
+
+    def numpy(self) -> np.int64:
+        return np.int64(self.observed)
+
+    def assign(self, value: Any) -> None:
+        self.observed = int(value)
+
+    def assign_add(self, value: Any, read_value: bool = True) -> None:
+        self.observed += int(value)
+
+
 class GraphGlobalStep:
     """The graph's global step variable, as the rest of procsv sees an eager global step.
 

@@ -26,9 +26,12 @@ began) the session reads the global step after it with a run of ``read`` alone (
 ``Session.run``), so that the boundary is not put off to the next step (a slow step's progress
 would reach the watchdog a step late).
 
-When the graph has no global step, procsv creates one (``get_or_create_global_step``) that no op
-of the program writes: then every ``run`` is a step, and its extra fetch is an increment
-(``counts_every_run``), as an eager ``sess.run(step_fn)`` is one step.
+When the graph has no global step, procsv adds none (the program's graph is the program's: its
+``init_op`` and ``ready_op`` were built without one, as TF's Supervisor leaves it): every ``run``
+of the session is a step, counted in Python (``variable`` None, ``counts_every_run``; the session
+counts, :class:`procsv.trainer.graph.state.CountedStep` holds the count). With
+``increment_global_step=True`` on a graph that has one, procsv advances it at every run instead
+(its extra fetch is an increment).
 """
 
 from __future__ import annotations
@@ -53,18 +56,15 @@ class Plan:
         self.add = add
 
 
-def global_step_of(graph: Any, given: Any) -> tuple[Any, bool]:
-    """The global step variable (``given``, else the graph's collection or ``global_step:0``,
-    else a new one) and whether procsv created it (then nothing of the program writes it)."""
+def global_step_of(graph: Any, given: Any) -> Optional[Any]:
+    """The global step variable (``given``, else the graph's collection or ``global_step:0``), or
+    None when the graph has none: procsv creates none (it counts the runs instead)."""
     import tensorflow as tf
 
     if given is not None:
-        return _variable_of(graph, given), False
+        return _variable_of(graph, given)
     found = tf.compat.v1.train.get_global_step(graph)
-    if found is not None:
-        return _variable_of(graph, found), False
-    with graph.as_default():
-        return tf.compat.v1.train.get_or_create_global_step(graph), True
+    return None if found is None else _variable_of(graph, found)
 
 
 def _variable_of(graph: Any, value: Any) -> Any:
@@ -108,8 +108,9 @@ def _flatten(graph: Any, fetches: Any) -> list[Any]:
 class StepProbe:
     """The global step's writers, a read after each, and which of them each fetch structure runs.
 
-    ``variable``: the global step; ``counts_every_run``: procsv advances it at every run (the
-    program has none); ``after``: writer op name -> a read of the global step that runs after it.
+    ``variable``: the global step (None: the graph has none, every run is a step counted in Python,
+    and nothing is built); ``counts_every_run``: every run is a step (procsv advances ``variable``
+    at each, when there is one); ``after``: writer op name -> a read of the global step that runs after it.
     """
 
     def __init__(self, graph: Any, variable: Any, counts_every_run: bool) -> None:
@@ -122,6 +123,10 @@ class StepProbe:
         self.after: dict[str, Any] = {}
         self.increments: dict[str, tuple[int, Any]] = {}  # writer name -> (the constant it adds, its Const tensor)
         self.read: Any = None  # a read of the global step alone (a run of its own, after another)
+        self.increment: Any = None
+        if variable is None:  # nothing to read or advance: the graph stays as the program built it
+            self.counts_every_run = True
+            return
         with graph.as_default():
             if counts_every_run:
                 self.increment = tf.compat.v1.assign_add(variable, 1, use_locking=True, name="procsv_step_increment")

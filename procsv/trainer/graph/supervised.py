@@ -68,6 +68,7 @@ class GraphSupervision:
         self._layout = layout
         self._settings = settings  # init_fn, recovery_wait_secs: read live
         self._commit = commit  # the final checkpoint (StepBoundary.commit_checkpoint)
+        self.final_wanted: Callable[[], bool] = lambda: True  # the Supervisor's: save_model_secs=0 saves nothing
         self._channels: Optional[TrainerChannels] = None
         self.graph_file_written = True
         self.meta_graph_event = False
@@ -98,7 +99,7 @@ class GraphSupervision:
         """The program closes the live session before ``sv.stop()`` (TF's documented pattern): the
         stop's final checkpoint reads the state through the session, so it is taken now (none when an
         error was recorded, as at the stop); the stop then finds that step committed."""
-        if self._coord.exception is None and self._channels is not None:
+        if self._coord.exception is None and self._channels is not None and self.final_wanted():
             self._commit()
 
     def initialize(self) -> None:
@@ -147,11 +148,11 @@ class GraphSupervision:
             finish_preparation(setup.session_manager, sess, setup.init_op, self._settings.init_fn)
         setup.prepared = False  # (for the next session)
         observe = getattr(setup.step, "observe", None)
-        if observe is not None:
+        if observe is not None and setup.global_step is not None:
             observe(int(sess.raw.run(setup.global_step)))
         sess.live = True
         if self._chief and cluster.ps_tasks():  # --ps: the waiting workers look at ready_op now
-            readiness.tell_ready(self._layout, int(sess.raw.run(setup.global_step)))
+            readiness.tell_ready(self._layout, int(setup.step.numpy()))
         if self._chief and self._layout is not None:  # TF: the chief
             if self.graph_file_written:
                 write_graph(setup.graph, self._layout.logdir)
