@@ -189,8 +189,8 @@ class Supervisor:
             connected=lambda: self._channels is not None, started=lambda: self._started)
         self._keeper, self._summaries, self._rollback = parts.keeper, parts.summaries, parts.rollback
         self._boundary, self._graph, self._surface = parts.boundary, parts.graph, parts.surface
-        if self._graph is not None:
-            self._graph.final_wanted = self._final_wanted
+        if self._graph is not None:  # save_model_secs=0 without save_checkpoint_steps: no final one, as TF's
+            self._graph.final_wanted = lambda: not (self.save_model_secs == 0 and not self.save_checkpoint_steps)
 
         # the session's lifecycle
         self._channels: Optional[TrainerChannels] = None
@@ -232,10 +232,9 @@ class Supervisor:
 
     def prepare_or_wait_for_session(self, master: str = "", config: Any = None, wait_for_checkpoint: bool = False,
                                     max_wait_secs: float = 7200, start_standard_services: bool = True) -> Any:
-        """Restore the newest committed checkpoint (or initialize) and return the session (graph
-        mode: a :class:`procsv.trainer.graph.session.GraphSession`). Called
-        again after :meth:`stop`, it starts afresh: the stop is cleared and the state restored
-        again from the newest checkpoint, as TF's SessionManager did for a new session."""
+        """Restore the newest committed checkpoint (or initialize) and return the session (graph mode: a
+        :class:`procsv.trainer.graph.session.GraphSession`). Called again after :meth:`stop`, it starts afresh:
+        the stop is cleared and the state restored from the newest checkpoint, as TF's SessionManager did."""
         if self._started and not self._stopped:
             assert self._session is not None
             return self._session
@@ -244,8 +243,7 @@ class Supervisor:
             self._graph.max_wait_secs = max_wait_secs  # under --ps: a non-chief's wait for ready_op (as TF's)
         if wait_for_checkpoint:  # wait for the chief's first checkpoint (filesystem events; DeadlineExceededError)
             replica.wait_for_committed(self.layout, max_wait_secs, self.recovery_wait_secs, self._clock)
-        # a session again after a stop, or a new Supervisor after another's session, in this process (TF's
-        # retry loop): the service's in-memory snapshot is this process's own, not asked for (disk's newest)
+        # a session again in this process (TF's retry loop): its in-memory snapshot is not asked for (disk's newest)
         reused = self._stopped or (not self._started and outcome.any_registered())
         if self._stopped:
             self._reset_for_reuse()
@@ -337,12 +335,6 @@ class Supervisor:
             if isinstance(exc, TrainingDiverged):
                 raise
 
-    def _final_wanted(self) -> bool:
-        """Whether the stop (or a graph session's close before it) commits a final checkpoint: not
-        for a graph program's ``save_model_secs=0`` without ``save_checkpoint_steps``, which saves
-        nothing, as TF's Supervisor (no checkpoint thread, and its stop saves none)."""
-        return not (self._tf1.graph is not None and self.save_model_secs == 0 and not self.save_checkpoint_steps)
-
     def _stop_services(self, deadline: Optional[float] = None, close_summary_writer: bool = True) -> None:
         """The second half of stop(): final checkpoint, summaries, release (no join)."""
         deadline = self._clock() + self.stop_grace_secs if deadline is None else deadline
@@ -354,7 +346,8 @@ class Supervisor:
             return
         try:
             self._stopped_by_signal = self.coord.stop_signal is not None
-            if self.coord.exception is None and self._keeper is not None and self.is_chief and self._final_wanted():
+            if self.coord.exception is None and self._keeper is not None and self.is_chief and \
+                    (self._graph is None or self._graph.final_wanted()):
                 self.commit_checkpoint(deadline)  # (a subclass may override it)
             else:
                 self._boundary.report_busy(Busy.NONE)
@@ -376,8 +369,7 @@ class Supervisor:
         if self._keeper is not None:
             self._keeper.renew()
 
-    def _session_thread(self) -> Optional[int]:
-        """The thread that prepared the session of today (None: no session yet)."""
+    def _session_thread(self) -> Optional[int]:  # the thread that prepared today's session (None: none yet)
         return None if self._session is None else int(self._session._owner)
 
     def _init(self) -> None:
@@ -397,8 +389,7 @@ class Supervisor:
                 if part is not None:
                     part.detach()
         if self._own is not None:
-            grace = self.stop_grace_secs if deadline is None else max(1.0, deadline - self._clock())
-            self._own.release(grace)
+            self._own.release(self.stop_grace_secs if deadline is None else max(1.0, deadline - self._clock()))
             self._own = None
         self._signals.restore()
 
