@@ -242,7 +242,7 @@ class Supervisor:
             return self._session
         warn_ignored_prepare_args(master, config, graph_mode=self._tf1.graph is not None)
         if self._graph is not None:
-            self._graph.max_wait_secs = max_wait_secs  # under --ps: a non-chief's wait for ready_op (as TF's)
+            self._graph.max_wait_secs = max_wait_secs  # a non-chief's wait for its chief (as TF's)
         if wait_for_checkpoint:  # wait for the chief's first checkpoint (filesystem events; DeadlineExceededError)
             replica.wait_for_committed(self.layout, max_wait_secs, self.recovery_wait_secs, self._clock)
         # a session again after a stop, or a new Supervisor after another's session, in this process (TF's
@@ -270,7 +270,7 @@ class Supervisor:
         self._session = (self._graph.open_session(master, config, self.should_stop) if self._graph is not None
                          else ManagedSession(self._state, self.should_stop))  # (a subclass's should_stop too)
         skipped: list[str] = []
-        if self._keeper is not None and (self.is_chief or not cluster.ps_tasks()):  # --ps: only the chief restores
+        if self._keeper is not None and (self.is_chief or self._graph is None or self._graph.worker_restores()):
             in_group = self._ctx is not None and self._ctx.supervised and self._ctx.in_group
             skipped = self._keeper.restore(self._init, chief=self.is_chief,
                                            restarted=self._ctx is not None and self._ctx.attempt > 1, reused=reused,
@@ -374,7 +374,7 @@ class Supervisor:
 
     def _init(self) -> None:
         if self._graph is not None:
-            if not self.is_chief and cluster.ps_tasks():  # --ps: the chief makes the model ready
+            if not self.is_chief:  # TF's wait_for_session: the chief makes the model ready, never a worker
                 return self._graph.wait_for_chief()
             self._graph.initialize()  # init_op (init_feed_dict), then init_fn
         elif self.init_fn is not None:
