@@ -40,7 +40,7 @@ from procsv.trainer.step_boundary import StepCounter, StepState
 from procsv.trainer.stop_signals import StopSignals
 from procsv.trainer.summaries.log import SummaryLog
 from procsv.trainer.supervisor_setup import (agent_factory, check_placement, collaborators, layout_for,
-                                             resolve_is_chief, state_to_save)
+                                             resolve_is_chief, retention, state_to_save)
 from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, add_camel_case_aliases
 from procsv.trainer.tf1_objects import SaverShim, SummaryWriterShim
 from procsv.trainer.settings import Forward, ForwardValue, Setting, Settings
@@ -157,8 +157,6 @@ class Supervisor:
         self.allow_reinit = allow_reinit or os.environ.get(env.ALLOW_REINIT) == "1"
         self.is_chief = is_chief
         self.save_model_secs = save_model_secs
-        self.max_to_keep = max_to_keep
-        self.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours
         self.save_checkpoint_steps = save_checkpoint_steps
         # graph mode (a TF1 graph program) or eager: the TF1 arguments, the state to save, the global step
         self._tf1, checkpoint, self._global_step, created = state_to_save(
@@ -168,6 +166,7 @@ class Supervisor:
                 "session_manager": session_manager, "local_init_run_options": local_init_run_options},
             max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
             recovery_wait_secs=recovery_wait_secs, increment_global_step=increment_global_step)
+        self.max_to_keep, self.keep_checkpoint_every_n_hours = retention(self._tf1, max_to_keep, keep_checkpoint_every_n_hours)
         check_placement(self._tf1, self._ctx, is_chief)  # --ps: a graph program; TF's replica devices
         self._settings = Settings(save_summaries_secs, self._tf1.summary_fn, stop_grace_secs, recovery_wait_secs,
                                   init_fn, checkpoint_basename)
@@ -185,7 +184,7 @@ class Supervisor:
             self._state, self.coord, self._tf1, checkpoint, self._global_step, self.layout, clock, self._settings,
             agent_factory(checkpoint, self._global_step, self.layout, basename=checkpoint_basename,
                           save_model_secs=save_model_secs, save_checkpoint_steps=save_checkpoint_steps,
-                          max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+                          max_to_keep=self.max_to_keep, keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours,
                           allow_reinit=self.allow_reinit, read_retry_secs=read_retry_secs,
                           failure_limit=checkpoint_failure_limit, saving=is_chief) if checkpoint is not None else None,
             chief=is_chief, nonfinite=(on_nonfinite, nonfinite_tags, nonfinite_ignore), session_thread=self._session_thread,
