@@ -163,6 +163,8 @@ class GraphSession:
                 keep_losses(plan, step, out)  # the run's watched losses: host values already
             else:
                 self._keep_walked(state, step, fetches, out)
+            if newer_only and state.coord.asked and state.coord.should_stop():
+                return  # counted; the stop (perhaps releasing the channels now) takes the final checkpoint
             if step >= state.ckpt_step or state.clock() >= state.at:
                 state.boundary(step)
             if state.step >= state.end_step:
