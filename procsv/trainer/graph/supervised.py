@@ -120,13 +120,29 @@ class GraphSupervision:
         server (a target, or ``procsv launch --ps``) may share the chief's variables: restoring or
         initializing them would rewind the chief, so the worker only waits for ``ready_op``
         (:meth:`wait_for_chief`), as TF's ``SessionManager.wait_for_session``."""
-        session = self.setup.session
-        if cluster.ps_tasks() or (session is not None and session.sess_str):
-            return False
+        if not self._own_variables() or self._ready_look():
+            return False  # shared: wait for ready_op; ready at the first look (nothing to restore), as TF's
         limit = float("inf") if self.max_wait_secs is None else float(self.max_wait_secs)
         replica.wait_for_committed(self._layout, limit, max(0.01, float(self._settings.recovery_wait_secs)),
                                    self._clock)
         return True
+
+    def _own_variables(self) -> bool:
+        """The session's variables are this process's own: no target, no ``--ps``."""
+        session = self.setup.session
+        return not cluster.ps_tasks() and not (session is not None and session.sess_str)
+
+    def _ready_look(self) -> bool:
+        """One look, as TF's ``wait_for_session``: ``local_init_op`` once it may run, then ``ready_op``;
+        True (and the session marked prepared) when ready. A session of this process's own variables
+        first has the step counter procsv added (a graph without a global step) set, as the chief's is:
+        it is procsv's, not the program's, so no ``init_op`` of the program runs."""
+        setup = self.setup
+        if setup.probe.counts_every_run and self._own_variables():
+            setup.session.raw.run(setup.global_step.initializer)
+        manager, session = setup.session_manager, setup.session
+        setup.prepared = bool(manager._try_run_local_init_op(session)[0]) and ready(manager._ready_op, session)[0]
+        return bool(setup.prepared)
 
     def wait_for_chief(self) -> None:
         """A non-chief worker (``is_chief=False``) whose variables are the chief's (a session on a
@@ -140,20 +156,16 @@ class GraphSupervision:
         began (``prepare_or_wait_for_session(max_wait_secs=)``, 7200 by default; a
         ``WorkerSessionCreator``'s and ``MonitoredTrainingSession``'s own ``max_wait_secs``). A stop
         requested meanwhile raises :class:`~procsv.common.errors.TrainingStopped` (a clean stop)."""
-        manager = self.setup.session_manager
         poll = min(readiness.FALLBACK_POLL_SECS, max(0.01, float(self._settings.recovery_wait_secs)))
         limit = float("inf") if self.max_wait_secs is None else float(self.max_wait_secs)
-        session = self.setup.session
-
-        def is_ready() -> bool:  # as TF's wait_for_session: local_init_op once it may run, then ready_op
-            return bool(manager._try_run_local_init_op(session)[0]) and ready(manager._ready_op, session)[0]
-
-        waited = readiness.wait_until_ready(is_ready, self._layout, poll, limit, self._coord.should_stop, self._clock)
+        if self.setup.prepared:
+            return  # ready at the first look (worker_restores)
+        waited = readiness.wait_until_ready(self._ready_look, self._layout, poll, limit, self._coord.should_stop,
+                                            self._clock)
         if not waited.ready:
             import tensorflow as tf
 
             raise tf.errors.DeadlineExceededError(None, None, "Session was not ready after waiting %d secs." % limit)
-        self.setup.prepared = True  # local_init_op ran and the model is ready: ready() runs neither again
         if waited.looks > 1:
             print(f"procsv: waited {waited.seconds:.2f} s for the chief to make the model ready ({waited.looks} "
                   f"looks at ready_op, {waited.woken_by_notice} woken by the chief's notice)", file=sys.stderr,
