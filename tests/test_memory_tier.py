@@ -102,14 +102,14 @@ class _Service:
     def clock(self) -> float:
         return self.t
 
-    def send_snapshot(self, msg: SaveData, frames: list[object]) -> bool:
+    def send_snapshot(self, msg: SaveData, frames: list[object], until: Optional[float] = None) -> bool:
         self.sent.append(msg)
         return True
 
     def setup(self, msg: object) -> None:  # the agent's heartbeat
         pass
 
-    def poll_checkpoint(self) -> list[object]:
+    def poll_checkpoint(self, timeout: float = 0.0) -> list[object]:
         self.t += self.read_secs
         return [SnapshotHeld(self.sent[-1].step)] if self.sent else []
 
@@ -195,7 +195,7 @@ class _Committing(_Service):
         super().__init__()
         self.answered: set[int] = set()
 
-    def poll_checkpoint(self) -> list[object]:
+    def poll_checkpoint(self, timeout: float = 0.0) -> list[object]:
         done = [m for m in self.sent if m.persist and m.step not in self.answered]
         self.answered.update(m.step for m in done)
         return [SaveResult(m.step, m.reason, True, f"model.ckpt-{m.step}", None, 0.01) for m in done]
@@ -264,11 +264,11 @@ class _HoldingMeta(_Service):
         self.frames: list[list[object]] = []
         self.holds_meta = True
 
-    def send_snapshot(self, msg: SaveData, frames: list[object]) -> bool:
+    def send_snapshot(self, msg: SaveData, frames: list[object], until: Optional[float] = None) -> bool:
         self.frames.append(list(frames))
-        return super().send_snapshot(msg, frames)
+        return super().send_snapshot(msg, frames, until)
 
-    def poll_checkpoint(self) -> list[object]:
+    def poll_checkpoint(self, timeout: float = 0.0) -> list[object]:
         return [SnapshotHeld(self.sent[-1].step, self.holds_meta)] if self.sent else []
 
 
@@ -428,9 +428,9 @@ class _SlowCommitting(_Committing):
 
     send_secs = 0.004
 
-    def send_snapshot(self, msg: SaveData, frames: list[object]) -> bool:
+    def send_snapshot(self, msg: SaveData, frames: list[object], until: Optional[float] = None) -> bool:
         self.t += self.send_secs
-        return super().send_snapshot(msg, frames)
+        return super().send_snapshot(msg, frames, until)
 
 
 def test_the_agent_leaves_the_in_memory_tier_what_its_disk_snapshots_leave_of_the_budget(tmp_path):

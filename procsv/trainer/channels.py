@@ -1,7 +1,8 @@
 """The trainer's three ZeroMQ connections, all owned by the trainer's main thread.
 
 Runs in the trainer. Nothing here ever blocks the training loop: sends are non-blocking (a full
-queue returns False and the caller counts a drop), and the checkpoint and summary sockets are
+queue returns False and the caller counts a drop; only an explicit save's snapshot waits for
+room, with a deadline), and the checkpoint and summary sockets are
 read with zero-timeout receives (:func:`procsv.ipc.transport.drain`) at step boundaries. The
 exceptions are the end of training: :meth:`TrainerChannels.wait_save_result` waits with a
 deadline for the final checkpoint to commit (and raises :class:`~procsv.ipc.transport.NoReply`
@@ -78,14 +79,25 @@ class TrainerChannels:
         if self.ckpt is not None:
             send(self.ckpt, msg)
 
-    def send_snapshot(self, msg: SaveData, frames: Sequence[Any]) -> bool:
-        return self.ckpt is not None and send(self.ckpt, msg, frames)
+    def send_snapshot(self, msg: SaveData, frames: Sequence[Any], until: Optional[float] = None) -> bool:
+        """Hand a snapshot to the checkpoint service; False if its queue is full. With ``until`` (on
+        :attr:`clock`: an explicit save) a full queue is waited on until then instead."""
+        if self.ckpt is None:
+            return False
+        while not send(self.ckpt, msg, frames):
+            left_ms = 0 if until is None else int((until - self.clock()) * 1000)
+            if left_ms <= 0:
+                return False
+            self.ckpt.poll(min(left_ms, WAIT_SLICE_MS), zmq.POLLOUT)
+        return True
 
-    def poll_checkpoint(self) -> list[Message]:
-        """Every message the checkpoint service has sent, without waiting (malformed ones are dropped)."""
+    def poll_checkpoint(self, timeout: float = 0.0) -> list[Message]:
+        """Every message the checkpoint service has sent, waiting up to ``timeout`` s for the first
+        (0: none); malformed ones are dropped."""
         if self.ckpt is None:
             return []
-        return [r.msg for r in drain(self.ckpt) if not isinstance(r, ProtocolError)]
+        return [r.msg for r in drain(self.ckpt, first_timeout_ms=max(0, int(timeout * 1000)))
+                if not isinstance(r, ProtocolError)]
 
     def wait_save_result(self, step: int, deadline: float,
                          other: Callable[[Message], None] = lambda msg: None) -> SaveResult:

@@ -40,7 +40,7 @@ from procsv.trainer.step_boundary import StepCounter, StepState
 from procsv.trainer.stop_signals import StopSignals
 from procsv.trainer.summaries.log import SummaryLog
 from procsv.trainer.supervisor_setup import (agent_factory, check_placement, collaborators, layout_for,
-                                             resolve_is_chief, state_to_save)
+                                             resolve_is_chief, retention, state_to_save)
 from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, add_camel_case_aliases
 from procsv.trainer.tf1_objects import SaverShim, SummaryWriterShim
 from procsv.trainer.settings import Forward, ForwardValue, Setting, Settings
@@ -157,7 +157,6 @@ class Supervisor:
         self.allow_reinit = allow_reinit or os.environ.get(env.ALLOW_REINIT) == "1"
         self.is_chief = is_chief
         self.save_model_secs, self.save_checkpoint_steps = save_model_secs, save_checkpoint_steps
-        self.max_to_keep, self.keep_checkpoint_every_n_hours = max_to_keep, keep_checkpoint_every_n_hours
         # graph mode (a TF1 graph program) or eager: the TF1 arguments, the state to save, the global step
         self._tf1, checkpoint, self._global_step, created = state_to_save(
             checkpoint, summary_fn, saver, summary_op, summary_writer, global_step, self.layout.logdir if self.layout else None, {
@@ -166,6 +165,7 @@ class Supervisor:
                 "session_manager": session_manager, "local_init_run_options": local_init_run_options},
             max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
             recovery_wait_secs=recovery_wait_secs, increment_global_step=increment_global_step)
+        self.max_to_keep, self.keep_checkpoint_every_n_hours = retention(self._tf1, max_to_keep, keep_checkpoint_every_n_hours)
         check_placement(self._tf1, self._ctx, is_chief)  # --ps: a graph program; TF's replica devices
         self._settings = Settings(save_summaries_secs, self._tf1.summary_fn, stop_grace_secs, recovery_wait_secs,
                                   init_fn, checkpoint_basename)
@@ -182,7 +182,7 @@ class Supervisor:
             self._state, self.coord, self._tf1, checkpoint, self._global_step, self.layout, clock, self._settings,
             agent_factory(checkpoint, self._global_step, self.layout, basename=checkpoint_basename,
                           save_model_secs=save_model_secs, save_checkpoint_steps=save_checkpoint_steps,
-                          max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+                          max_to_keep=self.max_to_keep, keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours,
                           allow_reinit=self.allow_reinit, read_retry_secs=read_retry_secs,
                           failure_limit=checkpoint_failure_limit, saving=is_chief) if checkpoint is not None else None,
             chief=is_chief, nonfinite=(on_nonfinite, nonfinite_tags, nonfinite_ignore), session_thread=self._session_thread,
@@ -240,7 +240,7 @@ class Supervisor:
             return self._session
         warn_ignored_prepare_args(master, config, graph_mode=self._tf1.graph is not None)
         if self._graph is not None:
-            self._graph.max_wait_secs = max_wait_secs  # under --ps: a non-chief's wait for ready_op (as TF's)
+            self._graph.max_wait_secs = max_wait_secs  # a non-chief's wait for its chief (as TF's)
         if wait_for_checkpoint:  # wait for the chief's first checkpoint (filesystem events; DeadlineExceededError)
             replica.wait_for_committed(self.layout, max_wait_secs, self.recovery_wait_secs, self._clock)
         # a session again in this process (TF's retry loop): its in-memory snapshot is not asked for (disk's newest)
@@ -267,7 +267,7 @@ class Supervisor:
         self._session = (self._graph.open_session(master, config, self.should_stop) if self._graph is not None
                          else ManagedSession(self._state, self.should_stop))  # (a subclass's should_stop too)
         skipped: list[str] = []
-        if self._keeper is not None and (self.is_chief or not cluster.ps_tasks()):  # --ps: only the chief restores
+        if self._keeper is not None and (self.is_chief or self._graph is None or self._graph.worker_restores()):
             in_group = self._ctx is not None and self._ctx.supervised and self._ctx.in_group
             skipped = self._keeper.restore(self._init, chief=self.is_chief,
                                            restarted=self._ctx is not None and self._ctx.attempt > 1, reused=reused,
@@ -374,7 +374,7 @@ class Supervisor:
 
     def _init(self) -> None:
         if self._graph is not None:
-            if not self.is_chief and cluster.ps_tasks():  # --ps: the chief makes the model ready
+            if not self.is_chief:  # TF's wait_for_session: the chief makes the model ready, never a worker
                 return self._graph.wait_for_chief()
             self._graph.initialize()  # init_op (init_feed_dict), then init_fn
         elif self.init_fn is not None:

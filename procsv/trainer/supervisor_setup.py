@@ -134,6 +134,17 @@ def state_to_save(checkpoint: Any, summary_fn: Any, saver: Any, summary_op: Any,
     return tf1, state, step, created
 
 
+def retention(tf1: Tf1Choices, max_to_keep: int, keep_hours: Optional[float]) -> tuple[int, Optional[float]]:
+    """The retention the checkpoint service applies: in graph mode the saved ``tf.compat.v1.train.Saver``'s
+    own ``max_to_keep`` and ``keep_checkpoint_every_n_hours`` (a Saver passed as ``saver=``, a
+    Scaffold's, or the default one built from these arguments), as TF's Saver would apply them (its
+    ``max_to_keep`` None or 0 keeps every checkpoint); else the Supervisor's arguments."""
+    saver = getattr(tf1.graph, "saver", None)
+    if saver is None or not hasattr(saver, "_max_to_keep"):
+        return max_to_keep, keep_hours
+    return int(saver._max_to_keep or 0), saver._keep_checkpoint_every_n_hours
+
+
 def agent_factory(checkpoint: Any, global_step: Any, layout: Optional[Layout], *, basename: str,
                   save_model_secs: Optional[float], save_checkpoint_steps: Optional[int], max_to_keep: int,
                   keep_checkpoint_every_n_hours: Optional[float], allow_reinit: bool, read_retry_secs: float,

@@ -426,15 +426,17 @@ def case_restore() -> dict[str, object]:
 
 
 def case_graph_file() -> dict[str, object]:
-    """A chief and a worker (``is_chief=False``) on a logdir each: is ``graph.pbtxt`` there after the
-    session started?"""
+    """A chief and a worker (``is_chief=False``) on a logdir each, both with sessions on one local
+    server (the worker's model is the one the chief initialized there, as TF's worker waits for):
+    is ``graph.pbtxt`` there after the session started?"""
     out: dict[str, object] = {}
+    server = tf.distribute.Server.create_local_server()
     for role, chief in (("chief", True), ("worker", False)):
         with tf.Graph().as_default():
             start, v, (local, train, gs) = model()
             logdir = os.path.join(LOGDIR, role)
             sv = Supervisor(logdir=logdir, save_summaries_secs=None, save_model_secs=None, is_chief=chief)
-            with sv.managed_session() as sess:
+            with sv.managed_session(server.target) as sess:
                 sess.run(train)
                 out[role] = os.path.exists(os.path.join(logdir, "graph.pbtxt"))
                 sv.request_stop()

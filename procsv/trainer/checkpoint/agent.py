@@ -21,6 +21,9 @@ step: a checkpoint is never older than needed and the memory never holds two. If
 with a snapshot in flight, the restarted service says so on the next heartbeat (a ``lost``
 result) and the snapshot is taken again. The final checkpoint first waits for the one in flight.
 
+**An explicit save (final, ``sv.saver.save``) is never refused for a full queue**: it blocks, up
+to ``stop_grace_secs``, for a snapshot slot and socket room (:meth:`CheckpointAgent._free_slot`).
+
 **Every snapshot in flight has a deadline**; each one that passes counts as a failed checkpoint
 and makes the watchdog replace the checkpoint service (:mod:`procsv.trainer.checkpoint.commits`, which also
 counts failed commits in a row). The memory stays untouched until the snapshot is answered or
@@ -37,17 +40,16 @@ from typing import Any, Callable, Optional
 from procsv.ipc.messages import (Busy, CheckpointSetup, CommitLoading, Progress, SaveData, SaveReason, SaveRequest, SaveResult,
                                  SnapshotHeld)
 from procsv.ipc.transport import NoReply
-from procsv.common.errors import CheckpointError
+from procsv.common.errors import CheckpointError, NonFiniteState
 from procsv.common.layout import Layout
 from procsv.trainer.checkpoint import restore_at_start
 from procsv.trainer.checkpoint import memory_tier
 from procsv.trainer.channels import TrainerChannels
-from procsv.trainer.checkpoint.commits import SAVE_DEADLINE_FLOOR, CommitTracker
+from procsv.trainer.checkpoint.commits import SAVE_DEADLINE_FLOOR, CommitTracker, bytes_being_written
 from procsv.trainer.checkpoint.memory import PLAN_MAX_AGE, READ_EVERY, MemoryTier
 from procsv.trainer.checkpoint.restore import ReadRetry
 from procsv.trainer.checkpoint.snapshot import arena_bytes_needed, self_test
 from procsv.trainer.checkpoint.snapshot_store import SnapshotStore, stuck_here
-from procsv.common.errors import NonFiniteState
 
 HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the checkpoint service
 # the service's messages are read at a step boundary every READ_EVERY while an answer is awaited (a
@@ -79,24 +81,18 @@ class CheckpointAgent:
                  read_retry: ReadRetry = ReadRetry(), clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, saving: bool = True,
                  memory_budget: float = 0.0) -> None:
-        self.checkpoint = checkpoint
+        self.checkpoint, self.global_step = checkpoint, global_step
         self.saving = saving  # False for a worker replica: it restores the chief's checkpoints, never saves
-        self.global_step = global_step
         self.commits = CommitTracker(failure_limit, save_deadline_floor)
-        self.layout = layout
-        self.basename = basename
-        self.save_model_secs = save_model_secs
-        self.save_checkpoint_steps = save_checkpoint_steps
-        self.max_to_keep = max_to_keep
-        self.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours
+        self.layout, self.basename = layout, basename
+        self.save_model_secs, self.save_checkpoint_steps = save_model_secs, save_checkpoint_steps
+        self.max_to_keep, self.keep_checkpoint_every_n_hours = max_to_keep, keep_checkpoint_every_n_hours
         self.allow_reinit = allow_reinit  # every committed checkpoint corrupt: start from step 0 instead of failing
         self.read_retry = read_retry  # how long an unreadable checkpoint file is retried at restore
-        self.clock = clock
-        self.sleep = sleep
+        self.clock, self.sleep = clock, sleep
         self.restored_from: Optional[str] = None
-        self.last_committed = -1
+        self.last_committed, self.last_heartbeat = -1, 0.0
         self.pending: Optional[SaveReason] = None
-        self.last_heartbeat = 0.0
         self._next_read = 0.0  # when (on the clock) the boundary next reads the service's messages
         self._read_step = -READ_EVERY_STEPS  # the step of that last read
         # the in-memory tier (procsv.trainer.checkpoint.memory_tier): off when the budget is 0
@@ -203,16 +199,7 @@ class CheckpointAgent:
     def _read_service(self, ch: TrainerChannels, step: int, now: float) -> None:
         """Take every message the checkpoint service has sent (without waiting)."""
         self._read_step = step
-        messages = ch.poll_checkpoint() if self.in_flight is not None else self.memory.poll_for_ack(ch)
-        for msg in messages:
-            if isinstance(msg, SaveRequest):
-                self.pending = self.pending or msg.reason
-            elif isinstance(msg, SaveResult):
-                self._on_result(msg)
-            elif isinstance(msg, SnapshotHeld):
-                self.memory.held(msg)
-            elif isinstance(msg, CommitLoading):
-                self.commits.load_moved(msg)
+        self._take(ch.poll_checkpoint() if self.in_flight is not None else self.memory.poll_for_ack(ch))
         self._next_read = now + (READ_EVERY if self.in_flight is not None else self.memory.read_wait(now, READ_IDLE))
 
     def _answer_awaited(self, at: float) -> None:  # a snapshot was just sent: read its answer by ``at``
@@ -248,7 +235,7 @@ class CheckpointAgent:
     def _overdue(self, ch: TrainerChannels, now: float) -> None:
         """A deadline of the snapshot in flight passed: unless its commit is still writing (slow, not
         dead: said once), a failed checkpoint, and the watchdog is told."""
-        if self.commits.progressing(_bytes_being_written(self.layout.tmp), now):
+        if self.commits.progressing(bytes_being_written(self.layout.tmp), now):
             if self.commits.extended == 1:
                 doing = (f"the checkpoint service still loads {self.commits.loading} for it" if self.commits.loading
                          else f"still being written ({self.commits.written / 1e6:.1f} MB so far)")
@@ -279,7 +266,32 @@ class CheckpointAgent:
         else:
             self.commits.failed(msg.step, msg.error)
 
-    def _send(self, ch: TrainerChannels, step: int, reason: SaveReason, busy_after: Busy = Busy.NONE) -> bool:
+    def _free_slot(self, ch: TrainerChannels, step: int, deadline: float) -> bool:
+        """Before an explicit save's snapshot: the in-memory one waiting for its summaries is older, so it
+        is dropped (coalesced); a slot still spoken for (held or unacknowledged) is waited for, reading
+        the service's answers, until ``deadline`` (blocking: the program is told that step committed)."""
+        self.memory.superseded()
+        while self.store.slots.free(ch.clock()) is None:
+            left = deadline - ch.clock()
+            if left <= 0:
+                return False
+            self._take(ch.poll_checkpoint(timeout=min(left, READ_EVERY)))
+        return True
+
+    def _take(self, messages: list[Any]) -> None:
+        """The checkpoint service's messages: save requests, commit results, acknowledgments, loading."""
+        for msg in messages:
+            if isinstance(msg, SaveRequest):
+                self.pending = self.pending or msg.reason
+            elif isinstance(msg, SaveResult):
+                self._on_result(msg)
+            elif isinstance(msg, SnapshotHeld):
+                self.memory.held(msg)
+            elif isinstance(msg, CommitLoading):
+                self.commits.load_moved(msg)
+
+    def _send(self, ch: TrainerChannels, step: int, reason: SaveReason, busy_after: Busy = Busy.NONE,
+              until: Optional[float] = None) -> bool:  # until: an explicit save waits for socket room
         slot = self.store.slots.free(ch.clock())
         if slot is None:  # cannot happen with no snapshot in flight to disk; wait for a slot all the same
             return False
@@ -306,7 +318,7 @@ class CheckpointAgent:
         arena = self.store.ref_of(snap)
         meta = self.meta_graph  # graph mode: <prefix>.meta too (TF's Saver.save(write_meta_graph=True))
         sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena, slot, True, meta is not None),
-                                snap.frames if meta is None else [*snap.frames, meta])
+                                snap.frames if meta is None else [*snap.frames, meta], until)
         ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))
         self.memory.superseded()  # an in-memory snapshot still waiting is older than this one: never send it
         end = ch.clock()
@@ -364,15 +376,15 @@ class CheckpointAgent:
                 return result
         self.heartbeat(ch, step, ch.clock())  # a just-restarted service learns our settings before the snapshot
         try:
-            sent = self._send(ch, step, reason, busy_after=Busy.FINAL_CHECKPOINT)
+            sent = self._free_slot(ch, step, deadline) and self._send(ch, step, reason, Busy.FINAL_CHECKPOINT, deadline)
         except NonFiniteState as bad:
             self.refused_final = True
             for refused in self.on_refused:
                 refused(bad, True)  # the policy: --on-nonfinite stop raises
             return None
         if not sent:
-            print(f"procsv: the {reason} checkpoint at step {step} could not be handed to the checkpoint "
-                  "service (queue full); the previous checkpoint is kept", file=sys.stderr, flush=True)
+            print(f"procsv: the {reason} checkpoint at step {step} could not be handed to the checkpoint service within "
+                  f"stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
             return None
         step = self.in_flight if self.in_flight is not None else step  # the step stored in it names it
         try:
@@ -386,16 +398,3 @@ class CheckpointAgent:
             print(f"procsv: {reason} checkpoint committed at step {step}", flush=True)
         return result
 
-
-def _bytes_being_written(tmp: str) -> int:
-    """The bytes in the checkpoint service's unfinished files (``.procsv/tmp/``, a commit's first
-    step), read at a commit's deadline only; 0 if none can be read."""
-    total = 0
-    try:
-        with os.scandir(tmp) as entries:
-            for entry in entries:
-                total += _bytes_being_written(entry.path) if entry.is_dir(follow_symlinks=False) \
-                    else entry.stat(follow_symlinks=False).st_size
-    except OSError:
-        pass
-    return total

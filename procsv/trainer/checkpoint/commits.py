@@ -135,3 +135,17 @@ class CommitTracker:
                 f"{error}; training stops rather than go on without any way to keep its progress "
                 "(fix the cause and run again, or pass --on-checkpoint-failure continue)")
         print(f"procsv: checkpoint at step {step} failed: {error}", file=sys.stderr, flush=True)
+
+
+def bytes_being_written(tmp: str) -> int:
+    """The bytes in the checkpoint service's unfinished files (``.procsv/tmp/``, a commit's first
+    step), read at a commit's deadline only; 0 if none can be read."""
+    total = 0
+    try:
+        with os.scandir(tmp) as entries:
+            for entry in entries:
+                total += bytes_being_written(entry.path) if entry.is_dir(follow_symlinks=False) \
+                    else entry.stat(follow_symlinks=False).st_size
+    except OSError:
+        pass
+    return total

@@ -13,15 +13,18 @@ needs of its fetch structure (its writer, the watched losses among its fetches) 
 first time and found again by identity (:mod:`procsv.trainer.graph.runplan`): a step that is no
 boundary costs a few lookups and comparisons beside ``Session.run``.
 
-Only runs on the thread that prepared the session have boundaries; a run from another thread (a
-queue runner, an ``sv.loop`` thread) is a plain run, and a step it makes is seen by the next step of
-the session's thread. ``partial_run`` is a plain run too; a callable from ``make_callable`` runs
-through this session's ``run``.
+A run from another thread that writes the global step (TF1's ``coord.join(threads)`` pattern: the
+training loop in threads, the main one waiting) is a step too: the global step's value is fetched
+with it and, when it is newer than the last step counted, that step is counted and its boundary
+runs in that thread, under the session's lock (one boundary at a time, whichever thread makes it;
+the session's own thread takes the lock for its boundaries too). Other runs from other threads (a
+queue runner, an ``sv.loop`` thread) are plain runs. ``partial_run`` is a plain run too; a callable
+from ``make_callable`` runs through this session's ``run``.
 """
 
 from __future__ import annotations
 
-from threading import get_ident
+from threading import RLock, get_ident
 from typing import Any, Callable, Optional
 
 from procsv.common.errors import TrainingStopped
@@ -44,6 +47,7 @@ class GraphSession:
         self._probe = probe
         self._observe = observe
         self._owner = get_ident()
+        self._lock = RLock()  # one step boundary at a time, from whichever thread made the step
         self.live = False  # the Supervisor sets it once the session is prepared: boundaries from then on
         self.step_feed: Any = None  # the feed_dict of the run that made the last step (summary_op runs with it)
         # inferred steps since the global step was last read; VERIFY_EVERY forces a read (another
@@ -66,9 +70,13 @@ class GraphSession:
         boundary runs before this returns. Raises :class:`TrainingStopped` (a clean stop) for a run
         that would write the global step after a stop was requested, as an eager step does."""
         if not self.live or get_ident() != self._owner:
-            if self.live and self._infer and self._probe.plan(fetches, feed_dict) is not None:
-                self._unread = VERIFY_EVERY  # another thread advanced it: read it at the next step
-            return self._sess.run(fetches, feed_dict, options, run_metadata)
+            found = self._probe.plan(fetches, feed_dict) if self.live and not self._probe.counts_every_run else None
+            if found is None:
+                return self._sess.run(fetches, feed_dict, options, run_metadata)
+            self._unread = VERIFY_EVERY  # another thread advanced it: the session's thread reads it at its next step
+            out, value = self._sess.run((fetches, found.read), feed_dict, options, run_metadata)
+            self._stepped(self._state, int(value), feed_dict, fetches, out, newer_only=True)
+            return out
         state = self._state
         if self._probe.variable is None:  # the graph has no global step: every run is a step, counted here
             if state.coord.asked and state.coord.should_stop():
@@ -146,21 +154,27 @@ class GraphSession:
         return plan
 
     def _stepped(self, state: StepState, step: int, feed_dict: Any, fetches: Any = None, out: Any = None,
-                 plan: Optional[RunPlan] = None) -> None:
-        """The run just returned made ``step``: the boundary, with the state of that step."""
-        state.counter.completed += 1
-        if self._observe is not None:
-            self._observe(step)
-        state.step = step
-        self.step_feed = feed_dict
-        if plan is not None and plan.watch is not None and not self.watch_keys:
-            keep_losses(plan, step, out)  # the run's watched losses: host values already
-        else:
-            self._keep_walked(state, step, fetches, out)
-        if step >= state.ckpt_step or state.clock() >= state.at:
-            state.boundary(step)
-        if state.step >= state.end_step:
-            state.after_step()
+                 plan: Optional[RunPlan] = None, newer_only: bool = False) -> None:
+        """The run just returned made ``step``: the boundary, with the state of that step (under the
+        lock; ``newer_only``: another thread's run, counted only when newer than the last step)."""
+        with self._lock:
+            if newer_only and step <= state.step:
+                return
+            state.counter.completed += 1
+            if self._observe is not None:
+                self._observe(step)
+            state.step = step
+            self.step_feed = feed_dict
+            if plan is not None and plan.watch is not None and not self.watch_keys:
+                keep_losses(plan, step, out)  # the run's watched losses: host values already
+            else:
+                self._keep_walked(state, step, fetches, out)
+            if newer_only and state.coord.asked and state.coord.should_stop():
+                return  # counted; the stop (perhaps releasing the channels now) takes the final checkpoint
+            if step >= state.ckpt_step or state.clock() >= state.at:
+                state.boundary(step)
+            if state.step >= state.end_step:
+                state.after_step()
 
     def _keep_walked(self, state: StepState, step: int, fetches: Any, out: Any) -> None:
         """The watched losses of a run whose structure has no plan of its own (a dict, a nested

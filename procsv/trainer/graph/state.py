@@ -89,9 +89,41 @@ def normalize(var_list: Union[Mapping[str, Any], Sequence[Any]]) -> dict[str, An
     return out
 
 
+def split(var_list: Union[Mapping[str, Any], Sequence[Any]]) -> tuple[Any, Any]:
+    """``var_list`` as plain variables (kept as given) and what TF's Saver saves through its
+    SaveableObjects: partitioned variables (their parts, or a ``PartitionedVariable``) and objects
+    that save themselves (a ``MutableHashTable``); the second is None when there is none."""
+    import tensorflow as tf
+
+    def plain(v: Any) -> bool:
+        if isinstance(v, tf.Variable):
+            return getattr(v, "_save_slice_info", None) is None
+        return isinstance(v, tf.Tensor)  # a variable's read or ref, as the Saver's normalization gives it
+
+    kept: Any
+    if isinstance(var_list, Mapping):
+        kept = {k: v for k, v in var_list.items() if plain(v)}
+        rest: Any = {k: v for k, v in var_list.items() if not plain(v)}
+    else:
+        kept, rest = [v for v in var_list if plain(v)], [v for v in var_list if not plain(v)]
+    return kept, (rest or None)
+
+
+def _slice_of(spec: str) -> tuple[list[int], tuple[slice, ...]]:
+    """A slice spec (``"10 4 0,5:0,4"``: the full shape, then start,length or ``-`` per dimension)."""
+    *full, parts = spec.split(" ")
+    index = tuple(slice(None) if p == "-" else slice(int(p.split(",")[0]), sum(map(int, p.split(","))))
+                  for p in parts.split(":"))
+    return [int(n) for n in full], index
+
+
 class GraphCheckpoint(NameBasedCheckpoint):
     """The variables of ``var_list`` (checkpoint key -> variable, or a list of variables keyed by
-    their graph names), read and assigned through ``session()``, the live session.
+    their graph names), read and assigned through ``session()``, the live session. What TF's Saver
+    saves through SaveableObjects (:func:`split`) is saved as its Saver writes it: a partitioned
+    variable as one tensor under its full name (its parts assembled; TF's restore of each part
+    reads its slice of it), a ``MutableHashTable`` as its exported keys and values, restored by the
+    table's own restore op.
 
     Build it before the graph is finalized: its read, restore and assign ops are made here.
     ``session()`` is called only when a snapshot or a restore runs (the agent's ``restore_or_init``
@@ -101,20 +133,29 @@ class GraphCheckpoint(NameBasedCheckpoint):
     def __init__(self, var_list: Union[Mapping[str, Any], Sequence[Any]], session: SessionGetter) -> None:
         import tensorflow as tf
 
+        from tensorflow.python.training.saving import saveable_object_util
+
+        var_list, rest = split(var_list)
         self.var_list = normalize(var_list)
-        if not self.var_list:
+        if rest is not None and not isinstance(rest, Mapping):
+            rest = saveable_object_util.op_list_to_dict(rest)  # keyed as TF's Saver keys them
+        self._saveables = saveable_object_util.validate_and_slice_inputs(rest) if rest is not None else []
+        self._specs = [spec for saveable in self._saveables for spec in saveable.specs]
+        if not self.var_list and not self._specs:
             raise ValueError("GraphCheckpoint: no variables to checkpoint")
         self.session = session
         self.save_counter = SaveCounter()
         graphs = {id(v.graph): v.graph for v in self.var_list.values()}
-        if len(graphs) != 1:
+        if len(graphs) > 1:
             raise ValueError("GraphCheckpoint: the variables belong to more than one graph")
-        self.graph = next(iter(graphs.values()))
+        self.graph = next(iter(graphs.values())) if graphs else tf.compat.v1.get_default_graph()
         self._keys = list(self.var_list)
+        self._extra_keys = list(dict.fromkeys(spec.name for spec in self._specs))
         self._dtypes = [v.dtype.base_dtype for v in self.var_list.values()]
-        def build() -> tuple[list[Any], Any, list[Any]]:
+        def build() -> tuple[list[Any], Any, list[Any], list[Any]]:
             with self.graph.as_default(), tf.name_scope(f"{SCOPE}/checkpoint"):
                 reads = [_read_op(v) for v in self.var_list.values()]
+                reads += [spec.tensor() if callable(spec.tensor) else spec.tensor for spec in self._specs]
                 prefix = tf.compat.v1.placeholder(tf.string, shape=[], name="restore_prefix")
                 assigns: list[Any] = []
                 for key, var, dtype in zip(self._keys, self.var_list.values(), self._dtypes):
@@ -123,14 +164,22 @@ class GraphCheckpoint(NameBasedCheckpoint):
                                                      dtypes=[dtype])[0]
                     value.set_shape(var.shape)
                     assigns.append(var.assign(value, read_value=False))
-            return reads, prefix, assigns
+                extra: list[Any] = []
+                for saveable in self._saveables:  # as TF's Saver restores them: each spec's slice, then its op
+                    with tf.device("/cpu:0"):
+                        values = [tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[spec.name],
+                                                       shape_and_slices=[spec.slice_spec], dtypes=[spec.dtype])[0]
+                                  for spec in saveable.specs]
+                    extra.append(saveable.restore(values, None))
+            return reads, prefix, assigns, extra
 
         # a second Supervisor on the same (finalized) graph reuses them (procsv.trainer.graph.built)
-        key = ("checkpoint", tuple((k, v.name) for k, v in self.var_list.items()))
-        self._reads, self._prefix, self._assigns = once_per_graph(self.graph, key, build)
+        key = ("checkpoint", tuple((k, v.name) for k, v in self.var_list.items()),
+               tuple((spec.name, spec.slice_spec) for spec in self._specs))
+        self._reads, self._prefix, self._assigns, self._extra_restores = once_per_graph(self.graph, key, build)
 
     def keys(self) -> list[str]:
-        return list(self._keys)
+        return self._keys + self._extra_keys
 
     def key_of(self, variable: Any) -> Optional[str]:
         for key, var in self.var_list.items():
@@ -141,7 +190,17 @@ class GraphCheckpoint(NameBasedCheckpoint):
     def gather(self) -> list[tuple[str, np.ndarray]]:
         """Every variable's value, read with one ``session.run``."""
         values = self.session().run(self._reads)
-        return [(key, np.asarray(value)) for key, value in zip(self._keys, values)]
+        out = [(key, np.asarray(value)) for key, value in zip(self._keys, values)]
+        whole: dict[str, np.ndarray] = {}
+        for spec, value in zip(self._specs, values[len(self._keys):]):
+            if not spec.slice_spec:
+                whole[spec.name] = np.asarray(value)
+                continue
+            full, index = _slice_of(spec.slice_spec)  # a part of a partitioned variable: into its whole
+            if spec.name not in whole:
+                whole[spec.name] = np.zeros(full, dtype=np.asarray(value).dtype)
+            whole[spec.name][index] = value
+        return out + list(whole.items())
 
     def restore(self, path: str) -> RestoreStatus:
         """Assign every variable (but those left out) its value in ``path``, in one ``session.run``.
@@ -168,6 +227,11 @@ class GraphCheckpoint(NameBasedCheckpoint):
                 raise ValueError(f"variable {key!r} is {dtype.name} in this program and {dtypes[key].name} "
                                  f"in the checkpoint {path}")
             run.append(assign)
+        for key in self._extra_keys:
+            if key not in shapes and key not in self.left_out:
+                raise ValueError(f"{key!r} is not in the checkpoint {path}")
+        run += [op for saveable, op in zip(self._saveables, self._extra_restores)
+                if not {spec.name for spec in saveable.specs} & self.left_out]
         if run:
             self.session().run(run, feed_dict={self._prefix: path})
         return RestoreStatus()

@@ -29,6 +29,7 @@ import time
 from typing import Any, Callable, Optional
 
 from procsv import cluster
+from procsv.trainer import replica
 from procsv.common.layout import Layout, atomic_write
 from procsv.ipc.messages import GraphEvent
 from procsv.trainer.channels import TrainerChannels
@@ -72,7 +73,7 @@ class GraphSupervision:
         self._channels: Optional[TrainerChannels] = None
         self.graph_file_written = True
         self.meta_graph_event = False
-        self.max_wait_secs: Optional[float] = 7200  # a non-chief's wait for ready_op under --ps (as TF's)
+        self.max_wait_secs: Optional[float] = 7200  # a non-chief's wait for the chief (as TF's)
 
     def attach(self, channels: TrainerChannels) -> None:
         """A session is prepared: the graph's events go through ``channels``."""
@@ -112,23 +113,56 @@ class GraphSupervision:
         finish_preparation(setup.session_manager, setup.session, setup.init_op, self._settings.init_fn)
         setup.prepared = True
 
+    def worker_restores(self) -> bool:
+        """A non-chief (``is_chief=False``): does it restore the chief's newest checkpoint? Only when
+        its variables are its own: a session of this process (no target) outside ``--ps``; it then
+        waits for the chief's first committed checkpoint (at most ``max_wait_secs``, TF's
+        ``DeadlineExceededError`` after) and restores it, never running ``init_op``. A session on a
+        server (a target, or ``procsv launch --ps``) may share the chief's variables: restoring or
+        initializing them would rewind the chief, so the worker only waits for ``ready_op``
+        (:meth:`wait_for_chief`), as TF's ``SessionManager.wait_for_session``."""
+        if not self._own_variables() or self._ready_look():
+            return False  # shared: wait for ready_op; ready at the first look (nothing to restore), as TF's
+        limit = float("inf") if self.max_wait_secs is None else float(self.max_wait_secs)
+        replica.wait_for_committed(self._layout, limit, max(0.01, float(self._settings.recovery_wait_secs)),
+                                   self._clock)
+        return True
+
+    def _own_variables(self) -> bool:
+        """The session's variables are this process's own: no target, no ``--ps``."""
+        session = self.setup.session
+        return not cluster.ps_tasks() and not (session is not None and session.sess_str)
+
+    def _ready_look(self) -> bool:
+        """One look, as TF's ``wait_for_session``: ``local_init_op`` once it may run, then ``ready_op``;
+        True (and the session marked prepared) when ready. A session of this process's own variables
+        first has the step counter procsv added (a graph without a global step) set, as the chief's is:
+        it is procsv's, not the program's, so no ``init_op`` of the program runs."""
+        setup = self.setup
+        if setup.probe.counts_every_run and self._own_variables():
+            setup.session.raw.run(setup.global_step.initializer)
+        manager, session = setup.session_manager, setup.session
+        setup.prepared = bool(manager._try_run_local_init_op(session)[0]) and ready(manager._ready_op, session)[0]
+        return bool(setup.prepared)
+
     def wait_for_chief(self) -> None:
-        """A non-chief worker of ``procsv launch --ps N --workers M``: the variables live on the
-        parameter servers, where the chief initializes them or restores the newest checkpoint; wait
+        """A non-chief worker (``is_chief=False``) whose variables are the chief's (a session on a
+        server, or ``procsv launch --ps N --workers M``: the parameter servers hold them), where the
+        chief initializes them or restores the newest checkpoint; wait
         until ``ready_op`` reports none uninitialized (as TF's ``SessionManager.wait_for_session``),
-        never restoring or initializing them itself; :meth:`ready` then runs ``local_init_op``
-        and the ready check. The chief's notice (:mod:`procsv.trainer.graph.readiness`) wakes the wait
-        at once; without one, a look every ``recovery_wait_secs`` but at least every 2 s. As TF's,
+        never restoring or initializing them itself; each look runs ``local_init_op`` once
+        ``ready_for_local_init_op`` allows, then ``ready_op``, as TF's. Under ``--ps`` the chief's notice (:mod:`procsv.trainer.graph.readiness`)
+        wakes the wait at once; without one, a look every ``recovery_wait_secs`` but at least every 2 s. As TF's,
         ``DeadlineExceededError`` when the model is still not ready ``max_wait_secs`` after the wait
         began (``prepare_or_wait_for_session(max_wait_secs=)``, 7200 by default; a
         ``WorkerSessionCreator``'s and ``MonitoredTrainingSession``'s own ``max_wait_secs``). A stop
         requested meanwhile raises :class:`~procsv.common.errors.TrainingStopped` (a clean stop)."""
-        manager = self.setup.session_manager
         poll = min(readiness.FALLBACK_POLL_SECS, max(0.01, float(self._settings.recovery_wait_secs)))
         limit = float("inf") if self.max_wait_secs is None else float(self.max_wait_secs)
-        session = self.setup.session
-        waited = readiness.wait_until_ready(lambda: ready(getattr(manager, "_ready_op", None), session)[0],
-                                            self._layout, poll, limit, self._coord.should_stop, self._clock)
+        if self.setup.prepared:
+            return  # ready at the first look (worker_restores)
+        waited = readiness.wait_until_ready(self._ready_look, self._layout, poll, limit, self._coord.should_stop,
+                                            self._clock)
         if not waited.ready:
             import tensorflow as tf
 
