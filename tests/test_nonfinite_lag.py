@@ -3,12 +3,13 @@ whose snapshots lag the poisoned step, its batch computed by the loop and passed
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 import tensorflow as tf
@@ -22,9 +23,10 @@ LAGGING = ("--steps", "80", "--save-steps", "20", "--step-delay", "0.01", "--bin
 NO_MEMORY_TIER = {"PROCSV_MEMORY_SNAPSHOTS": "0"}
 
 
-@pytest.fixture
+@contextlib.contextmanager
 def busy() -> Iterator[None]:
-    """Two CPU-bound processes beside the test's run (the machine has two cores), killed at the end."""
+    """Two CPU-bound processes beside the run under procsv (the machine has two cores), killed when
+    it ends (the plain reference runs are not the runs under test: they run without them)."""
     procs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(2)]
     try:
         yield
@@ -34,6 +36,24 @@ def busy() -> Iterator[None]:
             proc.wait()
 
 
+@pytest.fixture
+def plain(shared_result: Callable[[str, Callable[[str], None]], str]) -> Callable[..., dict[str, bytes]]:
+    """plain(optimizer, skip, *extra, steps=80): the final variables of the plain run (no watchdog, no
+    NaN) that never applied the steps ``skip``; each made once per test session."""
+    def get(optimizer: str, skip: tuple[int, ...], *extra: str, steps: int = 80) -> dict[str, bytes]:
+        skips = [a for s in skip for a in ("--skip-at", str(s))]
+
+        def produce(where: str) -> None:
+            done = subprocess.run([sys.executable, NAN_LOOP, "--logdir", where, "--optimizer", optimizer, *LAGGING,
+                                   *extra, *skips], capture_output=True, text=True, env=quiet_env(**NO_MEMORY_TIER),
+                                  timeout=300)
+            assert done.returncode == 0, done.stdout + done.stderr
+
+        name = "nan-loop-plain-" + "-".join([optimizer, *map(str, skip), *extra]).replace("--", "")
+        return _final_variables(shared_result(name, produce), steps)
+    return get
+
+
 def _final_variables(where: str, step: int = 80) -> dict[str, bytes]:
     prefix = os.path.join(where, f"model.ckpt-{step}")
     reader = tf.train.load_checkpoint(prefix)
@@ -41,57 +61,48 @@ def _final_variables(where: str, step: int = 80) -> dict[str, bytes]:
             if k.endswith("VARIABLE_VALUE") and not k.startswith("save_counter")}
 
 
-def _plain(tmp_path: str, optimizer: str, skip: tuple[int, ...], *extra: str, steps: int = 80) -> dict[str, bytes]:
-    """The plain run (no watchdog, no NaN) that never applied the steps ``skip``."""
-    where = os.path.join(tmp_path, "plain")
-    skips = [a for s in skip for a in ("--skip-at", str(s))]
-    done = subprocess.run([sys.executable, NAN_LOOP, "--logdir", where, "--optimizer", optimizer, *LAGGING, *extra,
-                           *skips], capture_output=True, text=True, env=quiet_env(**NO_MEMORY_TIER), timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return _final_variables(where, steps)
-
-
 def _skipped(logdir: str) -> list[int]:
     with open(os.path.join(logdir, "logs", "report.json")) as fh:
         return list(json.load(fh).get("skipped_steps") or [])
 
 
-@pytest.mark.usefixtures("busy")
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_one_poisoned_step_with_lagging_snapshots_is_skipped_once_and_ends_bit_equal(logdir, tmp_path, optimizer):
+def test_one_poisoned_step_with_lagging_snapshots_is_skipped_once_and_ends_bit_equal(logdir, plain, optimizer):
     # before: the skip of step 55 happened at the boundary inside the run the loop had called with
     # step 55's (poisoned) batch, and procsv then ran that call's step function as step 56: 56 was
     # non-finite, then 57 and 58 the same way, each "skipped", until --max-skips 3 stopped the run
     # with exit code 4 (the restore's run likewise trained the first replayed step on another
     # step's batch). Now a run whose boundary moved the step does not call its step function
-    code, out, err = finish(launch(logdir, "--optimizer", optimizer, "--nan-at", "55", *LAGGING, target=NAN_LOOP,
-                                   env=quiet_env(**NO_MEMORY_TIER)), 300)
+    with busy():
+        code, out, err = finish(launch(logdir, "--optimizer", optimizer, "--nan-at", "55", *LAGGING, target=NAN_LOOP,
+                                       env=quiet_env(**NO_MEMORY_TIER)), 300)
     said = out + err
     assert code == 0, said
     assert "restored step 40 from" in said and "skipped step 55" in said, said
     assert _skipped(logdir) == [55], said
-    assert _final_variables(logdir) == _plain(str(tmp_path), optimizer, (55,))  # bit-equal, every variable
+    assert _final_variables(logdir) == plain(optimizer, (55,))  # bit-equal, every variable
 
 
-@pytest.mark.usefixtures("busy")
-def test_two_poisoned_steps_close_together_and_a_sigkill_between_them_each_skipped_once(logdir, tmp_path):
+def test_two_poisoned_steps_close_together_and_a_sigkill_between_them_each_skipped_once(logdir, tmp_path, plain):
     # steps 55 and 58, both after the checkpoint of step 40; the trainer is SIGKILLed right after the
     # skip of 55 (at step 57 again, before 58 was found): the restarted trainer resumes from step 40.
     # Before: it met step 55 again, retried it, restored step 40 twice more and skipped it again
     # (another two rollbacks, and --max-skips spent on it anew). Now it reads the steps this run
     # skipped (the step_skipped records) and skips 55 when its loop reaches it, then finds 58
     kill_file = str(tmp_path / "kill-me")
-    proc = launch(logdir, "--nan-at", "55", "--nan-at", "58", *LAGGING, "--kill-after", "57", "--kill-visit", "2",
-                  "--kill-file", kill_file, target=NAN_LOOP, env=quiet_env(**NO_MEMORY_TIER))
-    try:
-        pid = int(wait_for(lambda: os.path.exists(kill_file) and open(kill_file).read(), 240, what="step 57 after the skip"))
-        assert pid == wait_role_pid(logdir, "trainer")
-        os.kill(pid, signal.SIGKILL)
-        code, out, err = finish(proc, 300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+    with busy():
+        proc = launch(logdir, "--nan-at", "55", "--nan-at", "58", *LAGGING, "--kill-after", "57", "--kill-visit", "2",
+                      "--kill-file", kill_file, target=NAN_LOOP, env=quiet_env(**NO_MEMORY_TIER))
+        try:
+            pid = int(wait_for(lambda: os.path.exists(kill_file) and open(kill_file).read(), 240,
+                               what="step 57 after the skip"))
+            assert pid == wait_role_pid(logdir, "trainer")
+            os.kill(pid, signal.SIGKILL)
+            code, out, err = finish(proc, 300)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
     said = out + err
     assert code == 0, said
     first = open(os.path.join(logdir, "logs", "trainer.1.log")).read()
@@ -105,38 +116,38 @@ def test_two_poisoned_steps_close_together_and_a_sigkill_between_them_each_skipp
     assert len(spawned) == 2, spawned  # the kill's restart, and no other
     assert [e["step"] for e in lifecycle(logdir) if e["event"] == "rolled_back"] == [55, 55, 58, 58]
     assert _skipped(logdir) == [55, 58], said
-    assert _final_variables(logdir) == _plain(str(tmp_path), "sgd", (55, 58))  # bit-equal, every variable
+    assert _final_variables(logdir) == plain("sgd", (55, 58))  # bit-equal, every variable
 
 
-@pytest.mark.usefixtures("busy")
-def test_a_nan_first_seen_when_the_loop_ends_is_rolled_back_and_replayed_not_exit_4(logdir, tmp_path):
+def test_a_nan_first_seen_when_the_loop_ends_is_rolled_back_and_replayed_not_exit_4(logdir, plain):
     # 60 steps, a checkpoint every 20, NaN at 55: the first snapshot after it would be step 60's,
     # the final checkpoint. Before: its check found step 55, exit 4 ("no rollback: the final
     # checkpoint's state"). Now the losses are checked when the loop ends, before the final
     # checkpoint: step 40 is restored and the loop's last step function (it reads sv.step) replays
     # 41 .. 54, retries 55, skips it and trains 56 .. 60 again
-    code, out, err = finish(launch(logdir, "--nan-at", "55", *LAGGING, "--steps", "60", "--bind", "inside",
-                                   target=NAN_LOOP, env=quiet_env(**NO_MEMORY_TIER)), 300)
+    with busy():
+        code, out, err = finish(launch(logdir, "--nan-at", "55", *LAGGING, "--steps", "60", "--bind", "inside",
+                                       target=NAN_LOOP, env=quiet_env(**NO_MEMORY_TIER)), 300)
     said = out + err
     assert code == 0, said
     assert "found when the loop ended" in said and "restored step 40 from" in said, said
     assert "skipped step 55" in said and "final checkpoint committed at step 60" in said, said
     assert _skipped(logdir) == [55], said
-    assert _final_variables(logdir, 60) == _plain(str(tmp_path), "sgd", (55,), "--steps", "60", steps=60)
+    assert _final_variables(logdir, 60) == plain("sgd", (55,), "--steps", "60", steps=60)
 
 
-@pytest.mark.usefixtures("busy")
-def test_a_step_whose_gradient_is_nan_and_loss_finite_is_found_and_skipped_not_the_next_one(logdir, tmp_path):
+def test_a_step_whose_gradient_is_nan_and_loss_finite_is_found_and_skipped_not_the_next_one(logdir, plain):
     # step 45 adds a loss term whose value is 0 and whose gradient is NaN: its loss is finite, the
     # weights after it are not, and the first non-finite loss is step 46's. Before: 46 was retried
     # and skipped (the replay applied 45 again each time), then 47, 48, until exit 4. Now the skip
     # of 46 finds the weights before it non-finite after the replay, restores again, checks the
     # weights after each replayed step, and skips 45, the step that poisoned them
-    code, out, err = finish(launch(logdir, "--grad-nan-at", "45", *LAGGING, target=NAN_LOOP,
-                                   env=quiet_env(**NO_MEMORY_TIER)), 300)
+    with busy():
+        code, out, err = finish(launch(logdir, "--grad-nan-at", "45", *LAGGING, target=NAN_LOOP,
+                                       env=quiet_env(**NO_MEMORY_TIER)), 300)
     said = out + err
     assert code == 0, said
     assert "the weights turned non-finite at step 45" in said and "skipped step 45" in said, said
     assert "skipped step 46" not in said, said
     assert _skipped(logdir) == [45], said
-    assert _final_variables(logdir) == _plain(str(tmp_path), "sgd", (45,))  # bit-equal, every variable
+    assert _final_variables(logdir) == plain("sgd", (45,))  # bit-equal, every variable
