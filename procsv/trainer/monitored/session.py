@@ -293,8 +293,11 @@ class SingularMonitoredSession(_MonitoredSession):
         super().__init__(creator, hooks or [], stop_grace_period_secs, should_recover=False)
 
     def raw_session(self) -> Any:
-        """The session without hooks (see :class:`RawSession`; graph mode: the Supervisor's graph session)."""
-        return self._graph.raw_session() if self._graph is not None else self._raw
+        """The session without hooks (see :class:`RawSession`; graph mode: the Supervisor's graph
+        session); None once the session is closed, as TF."""
+        if self._graph is not None:
+            return self._graph.raw_session()
+        return None if self._closed else self._raw
 
 
 def save_intervals(save_checkpoint_secs: Any, save_checkpoint_steps: Any, save_summaries_steps: Any,
