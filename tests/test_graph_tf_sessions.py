@@ -70,3 +70,93 @@ def test_raw_session_is_none_once_the_singular_monitored_session_is_closed(logdi
         sess.run(step)
         sess.close()
         assert sess.raw_session() is None
+
+
+class _OwnCreator:
+    """A program's own session creator (TF's SessionCreator interface: only ``create_session()``):
+    a plain ``tf.compat.v1.Session`` with the variables initialized, counted."""
+
+    def __init__(self, tf, init_op):
+        self._tf = tf
+        self._init_op = init_op
+        self.made = []
+
+    def create_session(self):
+        sess = self._tf.compat.v1.Session()
+        sess.run(self._init_op)
+        self.made.append(sess)
+        return sess
+
+
+def test_a_programs_own_session_creator_gets_tensorflows_coordinated_recoverable_session(tmp_path):
+    import tensorflow as tf
+
+    from procsv import train
+
+    calls = []
+
+    class Hook(tf.compat.v1.train.SessionRunHook):
+        def begin(self):
+            calls.append("begin")
+
+        def after_create_session(self, session, coord):
+            calls.append(("after_create_session", type(session).__name__, coord.should_stop()))
+            self.coord = coord
+
+        def after_run(self, run_context, run_values):
+            calls.append("after_run")
+            if len([c for c in calls if c == "after_run"]) == 2:
+                raise tf.errors.AbortedError(None, None, "aborted in the second run")
+
+        def end(self, session):
+            calls.append("end")
+
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        step = tf.compat.v1.assign_add(gs, 1)
+        init = tf.compat.v1.global_variables_initializer()
+        creator = _OwnCreator(tf, init)
+        hook = Hook()
+        sess = train.MonitoredSession(session_creator=creator, hooks=[hook])
+        assert sess.run(step) == 1
+        # the AbortedError: the session is closed, a new one made by the program's creator, the run retried
+        assert sess.run(step) == 1 and len(creator.made) == 2
+        assert sess.run_step_fn(lambda step_context: step_context.session.run(gs)) == 1
+        assert not sess.should_stop()
+        # another thread's error recorded in the coordinator: should_stop() is True, close() raises it
+        hook.coord.request_stop(ValueError("a reader thread failed"))
+        assert sess.should_stop()
+        with pytest.raises(ValueError, match="a reader thread failed"):
+            sess.close()
+        assert creator.made[0]._closed and creator.made[1]._closed
+        with pytest.raises(RuntimeError, match="Session is already closed"):
+            sess.close()
+    assert calls[:2] == ["begin", ("after_create_session", "Session", False)]
+    assert calls.count(("after_create_session", "Session", False)) == 2 and "end" in calls
+
+
+def test_procsvs_checkpoint_saver_hook_on_a_programs_own_session_saves_what_tensorflows_does(tmp_path):
+    import tensorflow as tf
+
+    from procsv import train
+
+    def run(monitored_session, saver_hook, folder):
+        with tf.Graph().as_default():
+            gs = tf.compat.v1.train.get_or_create_global_step()
+            w = tf.compat.v1.get_variable("w", initializer=1.0)
+            step = tf.group(tf.compat.v1.assign_add(gs, 1), tf.compat.v1.assign_add(w, 0.5))
+            creator = _OwnCreator(tf, tf.compat.v1.global_variables_initializer())
+            hook = saver_hook(str(folder), save_steps=2, saver=tf.compat.v1.train.Saver())
+            with monitored_session(session_creator=creator, hooks=[hook]) as sess:
+                for _ in range(5):
+                    sess.run(step)
+                sess.run(w.assign_add(10.0))  # a run that does not advance the step: the save at the end holds it
+        state = tf.train.get_checkpoint_state(str(folder))
+        return ([os.path.basename(p) for p in state.all_model_checkpoint_paths],
+                {os.path.basename(p): (int(tf.train.load_variable(p, "global_step")), float(tf.train.load_variable(p, "w")))
+                 for p in state.all_model_checkpoint_paths})
+
+    theirs = run(tf.compat.v1.train.MonitoredSession, tf.compat.v1.train.CheckpointSaverHook, tmp_path / "tf")
+    mine = run(train.MonitoredSession, train.CheckpointSaverHook, tmp_path / "procsv")
+    assert theirs[0] == ["model.ckpt-0", "model.ckpt-2", "model.ckpt-4", "model.ckpt-5"]
+    assert mine == theirs and theirs[1]["model.ckpt-5"] == (5, 13.5)
