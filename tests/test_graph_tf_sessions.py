@@ -131,6 +131,10 @@ def test_a_programs_own_session_creator_gets_tensorflows_coordinated_recoverable
         assert creator.made[0]._closed and creator.made[1]._closed
         with pytest.raises(RuntimeError, match="Session is already closed"):
             sess.close()
+    # TF's interface, to subclass: procsv's own creators are SessionCreators too
+    assert issubclass(train.ChiefSessionCreator, train.SessionCreator)
+    with pytest.raises(NotImplementedError):
+        train.SessionCreator().create_session()
     assert calls[:2] == ["begin", ("after_create_session", "Session", False)]
     assert calls.count(("after_create_session", "Session", False)) == 2 and "end" in calls
 
