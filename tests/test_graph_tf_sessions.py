@@ -164,3 +164,34 @@ def test_procsvs_checkpoint_saver_hook_on_a_programs_own_session_saves_what_tens
     mine = run(train.MonitoredSession, train.CheckpointSaverHook, tmp_path / "procsv")
     assert theirs[0] == ["model.ckpt-0", "model.ckpt-2", "model.ckpt-4", "model.ckpt-5"]
     assert mine == theirs and theirs[1]["model.ckpt-5"] == (5, 13.5)
+
+
+def test_checkpoint_saver_hook_saves_synchronously_and_an_aborted_run_resumes_from_the_last_saved_step(logdir):
+    import tensorflow as tf
+
+    from conftest import committed_steps
+    from procsv import train
+
+    class AbortAtFourthRun(train.SessionRunHook):
+        runs = 0
+
+        def before_run(self, run_context):
+            self.runs += 1
+            if self.runs == 4:
+                raise tf.errors.AbortedError(None, None, "aborted at the fourth run")
+
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        do_step = tf.compat.v1.assign_add(gs, 1)
+        scaffold = train.Scaffold()
+        hooks = [AbortAtFourthRun(), train.CheckpointSaverHook(logdir, save_steps=1, scaffold=scaffold)]
+        with train.MonitoredSession(session_creator=train.ChiefSessionCreator(scaffold, checkpoint_dir=logdir),
+                                    hooks=hooks) as sess:
+            assert sess.run(gs) == 0 and committed_steps(logdir) == [0]
+            # as TF's synchronous save: the run that saved returns with its checkpoint committed
+            assert sess.run(do_step) == 1 and committed_steps(logdir) == [0, 1]
+            assert sess.run(do_step) == 2 and committed_steps(logdir) == [0, 1, 2]
+            # the fourth run is aborted before it runs: a new session restores step 2, the last one
+            # saved (TF's: its synchronous save had it on disk), and the run is made again
+            assert sess.run(do_step) == 3
+            assert sess.run(do_step) == 4 and not sess.should_stop()
