@@ -195,3 +195,43 @@ def test_checkpoint_saver_hook_saves_synchronously_and_an_aborted_run_resumes_fr
             # saved (TF's: its synchronous save had it on disk), and the run is made again
             assert sess.run(do_step) == 3
             assert sess.run(do_step) == 4 and not sess.should_stop()
+
+
+def test_an_after_save_that_returns_true_stops_after_that_run_and_the_final_save_holds_the_state_at_close(logdir, tmp_path):
+    import tensorflow as tf
+
+    from procsv import train
+
+    class StopAtTwo(tf.compat.v1.train.CheckpointSaverListener):
+        def after_save(self, session, global_step_value):
+            return global_step_value >= 2
+
+    def model():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        w = tf.compat.v1.get_variable("w", initializer=1.0)
+        return gs, w, tf.group(tf.compat.v1.assign_add(gs, 1), tf.compat.v1.assign_add(w, 0.5))
+
+    with tf.Graph().as_default():
+        _, _, step = model()
+        hook = train.CheckpointSaverHook(logdir, save_steps=2, listeners=[StopAtTwo()])
+        runs = 0
+        with train.MonitoredSession(session_creator=train.ChiefSessionCreator(checkpoint_dir=logdir),
+                                    hooks=[hook]) as sess:
+            while not sess.should_stop() and runs < 10:
+                sess.run(step)
+                runs += 1
+    assert runs == 2  # as TF: the stop comes right after the run that saved step 2
+
+    folder = str(tmp_path / "at_close")
+    with tf.Graph().as_default():
+        _, w, step = model()
+        bump = w.assign_add(10.0)
+        hook = train.CheckpointSaverHook(folder, save_steps=100)
+        with train.MonitoredSession(session_creator=train.ChiefSessionCreator(checkpoint_dir=folder),
+                                    hooks=[hook]) as sess:
+            for _ in range(3):
+                sess.run(step)
+            sess.run(bump)  # no step: the save at the close still holds it, as TF's end()
+    path = tf.train.latest_checkpoint(folder)
+    assert path.endswith("model.ckpt-3")
+    assert tf.train.load_variable(path, "global_step") == 3 and tf.train.load_variable(path, "w") == 12.5
