@@ -88,7 +88,7 @@ class _MonitoredSession:
         self._creator = session_creator
         self._stop_requested = False
         self._closed = False
-        if not isinstance(session_creator, ChiefSessionCreator):  # the program's own: TF's session around it
+        if not hasattr(session_creator, "supervisor_options"):  # not procsv's kind: TF's session around it
             self._graph = ForeignMonitoredSession(session_creator, self._hooks, stop_grace_period_secs,
                                                   should_recover, StepContext)
             return
