@@ -24,13 +24,13 @@ from procsv.trainer.monitored.hooks import (SecondOrStepTimer, SessionRunArgs, S
                                   SessionRunValues, get_global_step, get_or_create_global_step)
 from procsv.trainer.monitored.session import (MonitoredSession, MonitoredTrainingSession, SingularMonitoredSession,
                                       StepContext)
-from procsv.trainer.monitored.scaffold import ChiefSessionCreator, Scaffold, WorkerSessionCreator
+from procsv.trainer.monitored.scaffold import ChiefSessionCreator, Scaffold, SessionCreator, WorkerSessionCreator
 from procsv.trainer.graph.session_manager import SessionManager
 from procsv.trainer.supervisor import Supervisor
 
 __all__ = [
     "Supervisor", "SessionManager", "Coordinator", "LooperThread",
-    "MonitoredSession", "MonitoredTrainingSession", "SingularMonitoredSession", "ChiefSessionCreator",
+    "MonitoredSession", "MonitoredTrainingSession", "SingularMonitoredSession", "SessionCreator", "ChiefSessionCreator",
     "WorkerSessionCreator", "Scaffold", "StepContext",
     "SessionRunHook", "SessionRunArgs", "SessionRunContext", "SessionRunValues", "SecondOrStepTimer",
     "CheckpointSaverHook", "CheckpointSaverListener", "SummarySaverHook", "StepCounterHook", "StopAtStepHook",

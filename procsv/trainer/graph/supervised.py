@@ -36,6 +36,7 @@ from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.keeper import CheckpointKeeper
 from procsv.trainer.coordinator import Coordinator
 from procsv.trainer.graph import readiness
+from procsv.trainer import session_type
 from procsv.trainer.graph.session import GraphSession
 from procsv.trainer.graph.session_manager import finish_preparation, initialize, ready
 from procsv.trainer.settings import Settings
@@ -92,8 +93,8 @@ class GraphSupervision:
         forget = getattr(setup.step, "forget", None)
         if forget is not None:
             forget()  # a new session: the step is read again, never the last session's
-        setup.session = GraphSession(self._state, should_stop, raw, setup.probe,
-                                     getattr(setup.step, "observe", None), before_close=self._before_close)
+        setup.session = session_type.make(GraphSession, self._state, should_stop, raw, setup.probe,
+                                          getattr(setup.step, "observe", None), before_close=self._before_close)
         return setup.session  # type: ignore[no-any-return]
 
     def _before_close(self) -> None:

@@ -114,9 +114,9 @@ class CheckpointSaverHook(SessionRunHook):
     ``save_steps`` (every multiple of N). As TF, a new session without a checkpoint saves at once
     (graph mode: committed in ``after_create_session``, its listeners called there), and ``end()``
     saves the last step. Listeners see every checkpoint, the Supervisor's final and emergency ones
-    included; in graph mode a run whose step was handed to the service waits for its commit when
-    there are listeners, so that ``after_save`` (and a stop it asks for) comes right after that run,
-    as TF's synchronous save. On a graph session without a Supervisor the hook saves as TF's,
+    included; in graph mode a run whose step was handed to the service waits for its commit, as
+    TF's synchronous save: the run returns with its checkpoint on disk, and ``after_save`` (and a
+    stop it asks for) comes right after that run. On a graph session without a Supervisor the hook saves as TF's,
     with TF's Saver (:mod:`procsv.trainer.monitored.plain_saver`). ``save_graph_def``: in graph mode, as TF, the chief writes
     ``graph.pbtxt`` when the session is ready (eager mode has no graph: ignored; the GraphDef and
     MetaGraphDef events are written either way, as TF's writer does). ``saver`` is ignored, except in
@@ -233,16 +233,17 @@ class CheckpointSaverHook(SessionRunHook):
         if plain is not None:
             plain.after_run(run_context, run_values)
             return
-        if self._gs is not None and self._listeners and self._agent is not None and self._agent.in_flight is not None:
+        if self._gs is not None and self._agent is not None and self._agent.in_flight is not None:
             self._await_commit(supervisor_of(run_context.session))
         if self._stop:
             run_context.request_stop()
 
     def _await_commit(self, sv: Any) -> None:
-        """Graph mode with listeners, as TF's synchronous save: the checkpoint this run's step boundary
-        handed to the service is waited for (up to ``stop_grace_secs``; the watchdog is told the
-        trainer is busy committing), so that ``after_save``, and a stop it asks for, come right after
-        the run that saved."""
+        """Graph mode, as TF's synchronous save: the checkpoint this run's step boundary handed to the
+        service is waited for (up to ``stop_grace_secs``; the watchdog is told the trainer is busy
+        committing), so that the run that saved returns with its checkpoint on disk (the next one
+        is then never skipped for one in flight), and ``after_save``, and a stop it asks for, come
+        right after that run."""
         sv._boundary.await_in_flight()
 
     def end(self, session: Any) -> None:

@@ -18,11 +18,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from procsv.trainer import session_type
+
 
 class GraphRawSession:
     """The session hooks, ``StepContext.session`` and ``raw_session()`` get in graph mode: the
     Supervisor's graph session (a ``tf.compat.v1.Session`` to the program: ``run``, ``graph``,
-    ``partial_run``, ``as_default``, ...; no hooks run here), with ``supervisor`` beside it."""
+    ``partial_run``, ``as_default``, ...; no hooks run here), with ``supervisor`` beside it. Made
+    by :func:`procsv.trainer.session_type.make`: TF's ``SessionInterface`` too, so
+    ``saver.save(session, path)`` and TF's own ``CheckpointSaverHook`` take it."""
 
     def __init__(self, session: Any, supervisor: Any) -> None:
         self._session = session
@@ -34,6 +38,16 @@ class GraphRawSession:
     @property
     def graph(self) -> Any:
         return self._session.graph
+
+    @property
+    def sess_str(self) -> Any:
+        return self._session.sess_str
+
+    def partial_run_setup(self, fetches: Any, feeds: Any = None) -> Any:
+        return self._session.partial_run_setup(fetches, feeds)
+
+    def partial_run(self, handle: Any, fetches: Any, feed_dict: Any = None) -> Any:
+        return self._session.partial_run(handle, fetches, feed_dict)
 
     @property
     def session(self) -> Any:
@@ -65,7 +79,7 @@ def create(creator: Any) -> GraphRawSession:
         # a worker's max_wait_secs bounds its wait for the chief (graph mode under --ps), as TF's wait_for_session
         wait = getattr(creator, "max_wait_secs", 7200)
         session = sv.prepare_or_wait_for_session(master=creator.master, config=creator.config, max_wait_secs=wait)
-        raw = GraphRawSession(session, sv)
+        raw = session_type.make(GraphRawSession, session, sv)
         _queue_runners_started(sv, session)
     except BaseException:
         sv._release()

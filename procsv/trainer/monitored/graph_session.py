@@ -117,7 +117,7 @@ class GraphMonitoredSession:
         return self._creator.supervisor
 
     def raw_session(self) -> Any:
-        """The Supervisor's graph session, without hooks."""
+        """The Supervisor's graph session, without hooks; None once closed, as TF."""
         return self._raw
 
     def should_stop(self) -> bool:
@@ -205,6 +205,7 @@ class GraphMonitoredSession:
                 raise sv.coord.exception
         finally:
             self._sess = None
+            self._raw = None  # as TF: raw_session() after the close is None
             if not self._graph_was_finalized:
                 self._tf_graph._unsafe_unfinalize()
 

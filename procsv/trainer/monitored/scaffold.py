@@ -201,7 +201,17 @@ class RawSession:
         return bool(self.supervisor.should_stop())
 
 
-class ChiefSessionCreator:
+class SessionCreator:
+    """TF's ``SessionCreator`` interface: an object whose ``create_session()`` returns a session.
+    A program's own subclass (or any object with that method) passed as
+    ``MonitoredSession(session_creator=)`` gets TensorFlow's coordinated, recoverable session around
+    what it returns (:mod:`procsv.trainer.monitored.foreign`); procsv's own creators are below."""
+
+    def create_session(self) -> Any:
+        raise NotImplementedError(f"create_session is not implemented for {self}.")
+
+
+class ChiefSessionCreator(SessionCreator):
     """Creates the chief's session: a Supervisor on ``checkpoint_dir`` (default: the launch's
     ``--logdir``) that restores the newest valid checkpoint or initializes.
 
@@ -352,4 +362,4 @@ def launch_start_step(logdir: str) -> Optional[int]:
     return start
 
 
-__all__ = ["Scaffold", "RawSession", "ChiefSessionCreator", "WorkerSessionCreator", "launch_start_step"]
+__all__ = ["Scaffold", "RawSession", "SessionCreator", "ChiefSessionCreator", "WorkerSessionCreator", "launch_start_step"]

@@ -23,6 +23,9 @@ and re-run) is procsv's watchdog restarting the trainer, which restores the late
 In graph mode (a TF1 program: TensorFlow not executing eagerly when the session is made) these
 classes are TF1's, ``run(fetches, feed_dict, options, run_metadata)`` included, in-process
 recovery too: everything is handed to :class:`procsv.trainer.monitored.graph_session.GraphMonitoredSession`.
+A session creator of the program's own (any object with ``create_session()``, not procsv's) is
+handed to :class:`procsv.trainer.monitored.foreign.ForeignMonitoredSession`: TensorFlow's
+coordinated, recoverable session around the session it makes, with no Supervisor.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any, Callable, Optional, Sequence
 from procsv.common.errors import TrainingStopped
 from procsv.trainer.monitored import hooks as api
 from procsv.trainer.monitored import nan_watch
+from procsv.trainer.monitored.foreign import ForeignMonitoredSession
 from procsv.trainer.monitored.graph_session import GraphMonitoredSession
 from procsv.trainer.coordinator import clean_stop_types
 from procsv.trainer.tf1_args import NOT_PASSED
@@ -75,15 +79,19 @@ class StepContext:
 class _MonitoredSession:
     """The hooks and raw session behind a MonitoredSession: calls the hooks around each run and ends in order."""
 
-    def __init__(self, session_creator: ChiefSessionCreator, hooks: Sequence[api.SessionRunHook],
+    def __init__(self, session_creator: Any, hooks: Sequence[api.SessionRunHook],
                  stop_grace_period_secs: float, should_recover: bool = True) -> None:
         from procsv.trainer.monitored.basic_hooks import CheckpointSaverHook
 
-        self._graph: Optional[GraphMonitoredSession] = None
+        self._graph: Optional[GraphMonitoredSession | ForeignMonitoredSession] = None
         self._hooks = list(hooks)
         self._creator = session_creator
         self._stop_requested = False
         self._closed = False
+        if not hasattr(session_creator, "supervisor_options"):  # not procsv's kind: TF's session around it
+            self._graph = ForeignMonitoredSession(session_creator, self._hooks, stop_grace_period_secs,
+                                                  should_recover, StepContext)
+            return
         opts = session_creator.supervisor_options
         opts["stop_grace_secs"] = stop_grace_period_secs
         savers = [h for h in self._hooks if isinstance(h, CheckpointSaverHook)]
@@ -215,6 +223,8 @@ class _MonitoredSession:
         if names != ["step_context"] and names != ["self", "step_context"]:
             raise ValueError("`step_fn` may either have one `step_context` argument, or `self` and `step_context` "
                              f"arguments if it's an instance method. Got {tuple(names)} instead.")
+        if isinstance(self._graph, ForeignMonitoredSession):
+            return self._graph.run_step_fn(step_fn, self._tf_sess)
         if self._graph is not None:
             return self._graph.run_step_fn(step_fn)
         try:
@@ -222,6 +232,17 @@ class _MonitoredSession:
         except StopIteration:
             self._stop_requested = True
             raise
+
+    @property
+    def _sess(self) -> Any:
+        """The session behind this one (TF's private name for the layer under a MonitoredSession)."""
+        return self._graph
+
+    def _tf_sess(self) -> Any:
+        """The raw session a step function gets as ``step_context.session`` (TF's private name)."""
+        if self._graph is not None:
+            return self._graph.raw_session()
+        return None if self._closed else self._raw
 
     def request_stop(self) -> None:
         """End the loop (procsv addition; TF's hooks use ``run_context.request_stop()``)."""
@@ -271,13 +292,16 @@ class _MonitoredSession:
 class MonitoredSession(_MonitoredSession):
     """Session-like object that restores or initializes, runs hooks and saves (see the module docstring).
 
-    ``session_creator`` defaults to ``ChiefSessionCreator()`` (the launch's logdir);
-    ``stop_grace_period_secs`` is the Supervisor's ``stop_grace_secs``.
+    ``session_creator`` defaults to ``ChiefSessionCreator()`` (the launch's logdir); any other
+    object with ``create_session()`` (TF's ``SessionCreator`` interface: the program makes its own
+    session) gets TensorFlow's coordinated, recoverable session around what it returns, with no
+    Supervisor (:mod:`procsv.trainer.monitored.foreign`). ``stop_grace_period_secs`` is the
+    Supervisor's ``stop_grace_secs`` (a program's own creator: the grace its threads get at a close).
     """
 
     StepContext = StepContext
 
-    def __init__(self, session_creator: Optional[ChiefSessionCreator] = None,
+    def __init__(self, session_creator: Any = None,
                  hooks: Optional[Sequence[api.SessionRunHook]] = None, stop_grace_period_secs: float = 120) -> None:
         super().__init__(session_creator or ChiefSessionCreator(), hooks or [], stop_grace_period_secs)
 
@@ -295,8 +319,11 @@ class SingularMonitoredSession(_MonitoredSession):
         super().__init__(creator, hooks or [], stop_grace_period_secs, should_recover=False)
 
     def raw_session(self) -> Any:
-        """The session without hooks (see :class:`RawSession`; graph mode: the Supervisor's graph session)."""
-        return self._graph.raw_session() if self._graph is not None else self._raw
+        """The session without hooks (see :class:`RawSession`; graph mode: the Supervisor's graph
+        session); None once the session is closed, as TF."""
+        if self._graph is not None:
+            return self._graph.raw_session()
+        return None if self._closed else self._raw
 
 
 def save_intervals(save_checkpoint_secs: Any, save_checkpoint_steps: Any, save_summaries_steps: Any,

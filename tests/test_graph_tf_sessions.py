@@ -1,0 +1,237 @@
+"""The sessions procsv hands a TF1 graph program are sessions to TensorFlow's own code (issue 50, point 2).
+
+In-process tests: each builds its graph in ``with tf.Graph().as_default()`` (eager execution stays on
+in the pytest process; the Supervisor's services run as child processes of the test). What they
+show: ``Saver.save(sess, path)``, TF's own ``CheckpointSaverHook`` and ``start_queue_runners`` take
+the session of a ``SingularMonitoredSession`` and of ``Supervisor.managed_session()``; a program's own
+session creator (any object with ``create_session()``) runs under procsv's ``MonitoredSession`` as
+under TF's; ``raw_session()`` is None once the session is closed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("fresh_train_api")
+
+
+def test_saver_save_and_tensorflows_checkpoint_saver_hook_take_procsvs_graph_sessions(logdir, tmp_path):
+    import tensorflow as tf
+    from tensorflow.python.client.session import SessionInterface
+
+    from procsv import train
+
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        step = tf.compat.v1.assign_add(gs, 1)
+        saver = tf.compat.v1.train.Saver()
+        tf_hook = tf.compat.v1.train.CheckpointSaverHook(str(tmp_path / "tf_hook"), save_steps=1, saver=saver)
+        with train.SingularMonitoredSession(hooks=[tf_hook], checkpoint_dir=logdir) as sess:
+            assert sess.run(step) == 1
+            raw = sess.raw_session()
+            assert isinstance(raw, SessionInterface)
+            path = saver.save(raw, str(tmp_path / "mine" / "model.ckpt"), global_step=gs)
+            with raw.as_default():
+                assert tf.compat.v1.train.start_queue_runners(raw) == []
+    assert path == str(tmp_path / "mine" / "model.ckpt-1")
+    assert tf.train.load_variable(path, "global_step") == 1
+    # TensorFlow's own hook saved at session creation and after the run, through procsv's raw session
+    assert tf.train.latest_checkpoint(str(tmp_path / "tf_hook")).endswith("model.ckpt-1")
+    assert tf.train.load_variable(str(tmp_path / "tf_hook" / "model.ckpt-0"), "global_step") == 0
+
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        step = tf.compat.v1.assign_add(gs, 1)
+        saver = tf.compat.v1.train.Saver()
+        sv = train.Supervisor(logdir=str(tmp_path / "sv"), save_model_secs=0, save_summaries_secs=0)
+        with sv.managed_session() as sess:
+            sess.run(step)
+            sess.run(step)
+            path = saver.save(sess, str(tmp_path / "sv_mine" / "model.ckpt"), global_step=gs)
+        sv.stop()
+    assert path.endswith("model.ckpt-2") and tf.train.load_variable(path, "global_step") == 2
+
+
+def test_raw_session_is_none_once_the_singular_monitored_session_is_closed(logdir):
+    import tensorflow as tf
+
+    from procsv import train
+
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        step = tf.compat.v1.assign_add(gs, 1)
+        with train.SingularMonitoredSession(checkpoint_dir=logdir) as sess:
+            assert sess.raw_session() is not None
+            sess.run(step)
+        assert sess.raw_session() is None
+        sess = train.SingularMonitoredSession(checkpoint_dir=logdir)
+        sess.run(step)
+        sess.close()
+        assert sess.raw_session() is None
+
+
+class _OwnCreator:
+    """A program's own session creator (TF's SessionCreator interface: only ``create_session()``):
+    a plain ``tf.compat.v1.Session`` with the variables initialized, counted."""
+
+    def __init__(self, tf, init_op):
+        self._tf = tf
+        self._init_op = init_op
+        self.made = []
+
+    def create_session(self):
+        sess = self._tf.compat.v1.Session()
+        sess.run(self._init_op)
+        self.made.append(sess)
+        return sess
+
+
+def test_a_programs_own_session_creator_gets_tensorflows_coordinated_recoverable_session(tmp_path):
+    import tensorflow as tf
+
+    from procsv import train
+
+    calls = []
+
+    class Hook(tf.compat.v1.train.SessionRunHook):
+        def begin(self):
+            calls.append("begin")
+
+        def after_create_session(self, session, coord):
+            calls.append(("after_create_session", type(session).__name__, coord.should_stop()))
+            self.coord = coord
+
+        def after_run(self, run_context, run_values):
+            calls.append("after_run")
+            if len([c for c in calls if c == "after_run"]) == 2:
+                raise tf.errors.AbortedError(None, None, "aborted in the second run")
+
+        def end(self, session):
+            calls.append("end")
+
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        step = tf.compat.v1.assign_add(gs, 1)
+        init = tf.compat.v1.global_variables_initializer()
+        creator = _OwnCreator(tf, init)
+        hook = Hook()
+        sess = train.MonitoredSession(session_creator=creator, hooks=[hook])
+        assert sess.run(step) == 1
+        # the AbortedError: the session is closed, a new one made by the program's creator, the run retried
+        assert sess.run(step) == 1 and len(creator.made) == 2
+        assert sess.run_step_fn(lambda step_context: step_context.session.run(gs)) == 1
+        assert not sess.should_stop()
+        # another thread's error recorded in the coordinator: should_stop() is True, close() raises it
+        hook.coord.request_stop(ValueError("a reader thread failed"))
+        assert sess.should_stop()
+        with pytest.raises(ValueError, match="a reader thread failed"):
+            sess.close()
+        assert creator.made[0]._closed and creator.made[1]._closed
+        with pytest.raises(RuntimeError, match="Session is already closed"):
+            sess.close()
+    # TF's interface, to subclass: procsv's own creators are SessionCreators too
+    assert issubclass(train.ChiefSessionCreator, train.SessionCreator)
+    with pytest.raises(NotImplementedError):
+        train.SessionCreator().create_session()
+    assert calls[:2] == ["begin", ("after_create_session", "Session", False)]
+    assert calls.count(("after_create_session", "Session", False)) == 2 and "end" in calls
+
+
+def test_procsvs_checkpoint_saver_hook_on_a_programs_own_session_saves_what_tensorflows_does(tmp_path):
+    import tensorflow as tf
+
+    from procsv import train
+
+    def run(monitored_session, saver_hook, folder):
+        with tf.Graph().as_default():
+            gs = tf.compat.v1.train.get_or_create_global_step()
+            w = tf.compat.v1.get_variable("w", initializer=1.0)
+            step = tf.group(tf.compat.v1.assign_add(gs, 1), tf.compat.v1.assign_add(w, 0.5))
+            creator = _OwnCreator(tf, tf.compat.v1.global_variables_initializer())
+            hook = saver_hook(str(folder), save_steps=2, saver=tf.compat.v1.train.Saver())
+            with monitored_session(session_creator=creator, hooks=[hook]) as sess:
+                for _ in range(5):
+                    sess.run(step)
+                sess.run(w.assign_add(10.0))  # a run that does not advance the step: the save at the end holds it
+        state = tf.train.get_checkpoint_state(str(folder))
+        return ([os.path.basename(p) for p in state.all_model_checkpoint_paths],
+                {os.path.basename(p): (int(tf.train.load_variable(p, "global_step")), float(tf.train.load_variable(p, "w")))
+                 for p in state.all_model_checkpoint_paths})
+
+    theirs = run(tf.compat.v1.train.MonitoredSession, tf.compat.v1.train.CheckpointSaverHook, tmp_path / "tf")
+    mine = run(train.MonitoredSession, train.CheckpointSaverHook, tmp_path / "procsv")
+    assert theirs[0] == ["model.ckpt-0", "model.ckpt-2", "model.ckpt-4", "model.ckpt-5"]
+    assert mine == theirs and theirs[1]["model.ckpt-5"] == (5, 13.5)
+
+
+def test_checkpoint_saver_hook_saves_synchronously_and_an_aborted_run_resumes_from_the_last_saved_step(logdir):
+    import tensorflow as tf
+
+    from conftest import committed_steps
+    from procsv import train
+
+    class AbortAtFourthRun(train.SessionRunHook):
+        runs = 0
+
+        def before_run(self, run_context):
+            self.runs += 1
+            if self.runs == 4:
+                raise tf.errors.AbortedError(None, None, "aborted at the fourth run")
+
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        do_step = tf.compat.v1.assign_add(gs, 1)
+        scaffold = train.Scaffold()
+        hooks = [AbortAtFourthRun(), train.CheckpointSaverHook(logdir, save_steps=1, scaffold=scaffold)]
+        with train.MonitoredSession(session_creator=train.ChiefSessionCreator(scaffold, checkpoint_dir=logdir),
+                                    hooks=hooks) as sess:
+            assert sess.run(gs) == 0 and committed_steps(logdir) == [0]
+            # as TF's synchronous save: the run that saved returns with its checkpoint committed
+            assert sess.run(do_step) == 1 and committed_steps(logdir) == [0, 1]
+            assert sess.run(do_step) == 2 and committed_steps(logdir) == [0, 1, 2]
+            # the fourth run is aborted before it runs: a new session restores step 2, the last one
+            # saved (TF's: its synchronous save had it on disk), and the run is made again
+            assert sess.run(do_step) == 3
+            assert sess.run(do_step) == 4 and not sess.should_stop()
+
+
+def test_an_after_save_that_returns_true_stops_after_that_run_and_the_final_save_holds_the_state_at_close(logdir, tmp_path):
+    import tensorflow as tf
+
+    from procsv import train
+
+    class StopAtTwo(tf.compat.v1.train.CheckpointSaverListener):
+        def after_save(self, session, global_step_value):
+            return global_step_value >= 2
+
+    def model():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        w = tf.compat.v1.get_variable("w", initializer=1.0)
+        return gs, w, tf.group(tf.compat.v1.assign_add(gs, 1), tf.compat.v1.assign_add(w, 0.5))
+
+    with tf.Graph().as_default():
+        _, _, step = model()
+        hook = train.CheckpointSaverHook(logdir, save_steps=2, listeners=[StopAtTwo()])
+        runs = 0
+        with train.MonitoredSession(session_creator=train.ChiefSessionCreator(checkpoint_dir=logdir),
+                                    hooks=[hook]) as sess:
+            while not sess.should_stop() and runs < 10:
+                sess.run(step)
+                runs += 1
+    assert runs == 2  # as TF: the stop comes right after the run that saved step 2
+
+    folder = str(tmp_path / "at_close")
+    with tf.Graph().as_default():
+        _, w, step = model()
+        bump = w.assign_add(10.0)
+        hook = train.CheckpointSaverHook(folder, save_steps=100)
+        with train.MonitoredSession(session_creator=train.ChiefSessionCreator(checkpoint_dir=folder),
+                                    hooks=[hook]) as sess:
+            for _ in range(3):
+                sess.run(step)
+            sess.run(bump)  # no step: the save at the close still holds it, as TF's end()
+    path = tf.train.latest_checkpoint(folder)
+    assert path.endswith("model.ckpt-3")
+    assert tf.train.load_variable(path, "global_step") == 3 and tf.train.load_variable(path, "w") == 12.5
