@@ -19,6 +19,7 @@ TF's: ``tf.compat.v1.logging``), the process-wide global step
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 import time
@@ -242,3 +243,13 @@ __all__ = [
     "NeverTriggerTimer", "evaluate", "get_global_step", "graph_mode", "get_or_create_global_step", "set_global_step",
     "warn_once", "tf_logging", "wall_clock",
 ]
+
+
+def takes_keyword(fn: Any, name: str) -> bool:
+    """Whether ``fn`` accepts ``name`` as a keyword argument (a step function's ``feed_dict``...)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    p = params.get(name)
+    return p is not None and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)

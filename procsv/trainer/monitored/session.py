@@ -45,15 +45,6 @@ from procsv.trainer.monitored.scaffold import ChiefSessionCreator, RawSession, S
 USE_DEFAULT: Any = object()
 
 
-def _takes_keyword(fn: Any, name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    p = params.get(name)
-    return p is not None and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-
-
 class StepContext:
     """What ``run_step_fn`` passes to its step function: ``session`` (the raw session: no hooks),
     ``run_with_hooks(step_fn, *args)`` (a run with hooks) and ``request_stop()``."""
@@ -167,10 +158,10 @@ class _MonitoredSession:
                 raise TrainingStopped("a stop was requested (preemption or a failure); the training loop should end")
             raise RuntimeError("Run called even after should_stop requested.")
         feeds: Optional[dict[Any, Any]] = None
-        if not _takes_keyword(fetches, "feed_dict"):
+        if not api.takes_keyword(fetches, "feed_dict"):
             feeds = kwargs.pop("feed_dict", None)
         for name in ("options", "run_metadata"):
-            if not _takes_keyword(fetches, name) and kwargs.pop(name, None) is not None:
+            if not api.takes_keyword(fetches, name) and kwargs.pop(name, None) is not None:
                 api.warn_once(f"ms.{name}", f"run(..., {name}=...) has no meaning in TF2 and is ignored")
         user_feeds = kwargs.get("feed_dict") if feeds is None else feeds
         ctx = api.SessionRunContext(api.SessionRunArgs(fetches, user_feeds), self._raw)
@@ -190,7 +181,7 @@ class _MonitoredSession:
                 hook_fed.add(key)
                 merged[key] = value
         if merged:
-            if _takes_keyword(fetches, "feed_dict"):
+            if api.takes_keyword(fetches, "feed_dict"):
                 kwargs["feed_dict"] = merged
             else:
                 api.warn_once("ms.feed_dict", "feeds (feed_dict, FeedFnHook) reach a step function only through its "
