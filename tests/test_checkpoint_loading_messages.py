@@ -140,3 +140,33 @@ def test_checkpoint_needs_json_follows_what_the_commits_need_and_is_safe_to_dele
         assert preload.needed(Layout(logdir)) == ""  # the next service loads nothing before its Hello
     finally:
         router.close(0)
+
+
+def test_checkpoint_needs_json_deleted_mid_run_is_written_again_at_the_next_commit_that_needs_it(logdir, monkeypatch):
+    """The docs say the file is safe to delete: the next commit that needs TensorFlow records it again.
+    A service read the file once and compared every commit with what it had read, so a file the user
+    deleted under a live service stayed missing for as long as that service lived (a month): its
+    replacement then started without TensorFlow and loaded it at a commit."""
+    from procsv.common.layout import Layout
+    from procsv.services.checkpoint import preload
+    from procsv.services.checkpoint.service import ACCEPT
+
+    meta = os.path.join(logdir, ".procsv")
+    os.makedirs(meta)
+    path = os.path.join(meta, "checkpoint_needs.json")
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind("ipc://" + os.path.join(logdir, "ckpt.sock"))
+    try:
+        loader = preload.Loader(Layout(logdir), None, (router, ACCEPT), 1, lambda line: None)
+        monkeypatch.setattr(preload, "loaded", lambda: True)  # (loaded at this service's first commit)
+        loader.before_commit("a variant tensor: a tf.data iterator's state", 10, None)
+        with open(path) as f:
+            assert json.load(f) == {"tensorflow": "a variant tensor: a tf.data iterator's state"}
+        os.unlink(path)  # the user deletes it mid-run
+        loader.before_commit("a variant tensor: a tf.data iterator's state", 20, None)
+        with open(path) as f:  # the next commit that needs it records it again
+            assert json.load(f) == {"tensorflow": "a variant tensor: a tf.data iterator's state"}
+        assert preload.needed(Layout(logdir))  # so the next service loads it before its Hello
+    finally:
+        router.close(0)

@@ -74,7 +74,6 @@ class Loader:
         self.early: list[Received | ProtocolError] = []  # what trainers sent during a load at start
         self._waits: Optional[tuple[bytes, int]] = None  # the trainer and step whose commit waits for a load
         self._at_start = False
-        self._recorded: Optional[str] = None  # what checkpoint_needs.json says (read once), "" if nothing
         self.to_watchdog = to_watchdog
         self.attempt = attempt
         self.say = say
@@ -123,10 +122,10 @@ class Loader:
     def _record(self, why: str) -> None:
         """Make ``checkpoint_needs.json`` say what this commit needs: ``why``, or (``""``) nothing, by
         removing it, so that a run whose checkpoints stopped needing TensorFlow (its program changed)
-        no longer loads it at each service's start. A full disk: the next service finds out again."""
-        if self._recorded is None:
-            self._recorded = needed(self.layout)
-        if why == self._recorded:
+        no longer loads it at each service's start. Compared with what the file says now (one small
+        read a commit), so a file deleted under a live service is written again at its next commit
+        that needs it. A full disk: the next commit tries again."""
+        if why == needed(self.layout):
             return
         path = needs_path(self.layout)
         try:
@@ -139,8 +138,6 @@ class Loader:
             pass
         except OSError as exc:
             self.say(f"procsv checkpoint: could not write {path}: {exc}")
-            return
-        self._recorded = why
 
     def _load(self) -> float:
         t0 = self.clock()
