@@ -63,7 +63,7 @@ class RunReport:
     series: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step)
     skipped: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step) of each non-finite step skipped
     rollbacks: int = 0  # in-place restores after a non-finite loss (issue 41)
-    detected: int = 0  # non-finite losses or snapshot states found (the nonfinite_detected records' repeats)
+    detected: int = 0  # non-finite losses or snapshot states found (the records' repeats, or status.json's count if more)
     launches: list[tuple[int, gp.Breakdown]] = field(default_factory=list)  # (launch number, where its time went)
     lifetime: Optional[gp.Breakdown] = None  # every launch of the logdir, and the gaps between them
 
@@ -212,10 +212,13 @@ def gather(layout: Layout) -> Optional[RunReport]:
     series = (summary or {}).get("series")
     rep.series = [(float(t), int(s)) for t, s in series] if isinstance(series, list) and series else event_series(events)
     rep.skipped, rep.rollbacks = nonfinite(events, summary)
-    rep.detected = sum(int(e.get("repeats") or 1) for e in events if e.get("event") == "nonfinite_detected")
     launches = gp.launches_from_events(every, now=time.time() if live is not None else None)
     per, rep.lifetime = gp.run_breakdown(launches)
     rep.launches = [(la.number, b) for la, b in zip(launches, per)]
+    # the records' repeats added up; status.json's count when more: a watchdog killed (SIGKILL) before it
+    # wrote its last coalesced record (at most a minute's detections), or a live run's unwritten tail
+    rep.detected = max(sum(int(e.get("repeats") or 1) for e in events if e.get("event") == "nonfinite_detected"),
+                       int(status.get("nonfinite_detected") or 0))
     return rep
 
 

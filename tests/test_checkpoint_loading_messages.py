@@ -140,3 +140,93 @@ def test_checkpoint_needs_json_follows_what_the_commits_need_and_is_safe_to_dele
         assert preload.needed(Layout(logdir)) == ""  # the next service loads nothing before its Hello
     finally:
         router.close(0)
+
+
+def test_checkpoint_needs_json_deleted_mid_run_is_written_again_at_the_next_commit_that_needs_it(logdir, monkeypatch):
+    """The docs say the file is safe to delete: the next commit that needs TensorFlow records it again.
+    A service read the file once and compared every commit with what it had read, so a file the user
+    deleted under a live service stayed missing for as long as that service lived (a month): its
+    replacement then started without TensorFlow and loaded it at a commit."""
+    from procsv.common.layout import Layout
+    from procsv.services.checkpoint import preload
+    from procsv.services.checkpoint.service import ACCEPT
+
+    meta = os.path.join(logdir, ".procsv")
+    os.makedirs(meta)
+    path = os.path.join(meta, "checkpoint_needs.json")
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind("ipc://" + os.path.join(logdir, "ckpt.sock"))
+    try:
+        loader = preload.Loader(Layout(logdir), None, (router, ACCEPT), 1, lambda line: None)
+        monkeypatch.setattr(preload, "loaded", lambda: True)  # (loaded at this service's first commit)
+        loader.before_commit("a variant tensor: a tf.data iterator's state", 10, None)
+        with open(path) as f:
+            assert json.load(f) == {"tensorflow": "a variant tensor: a tf.data iterator's state"}
+        os.unlink(path)  # the user deletes it mid-run
+        loader.before_commit("a variant tensor: a tf.data iterator's state", 20, None)
+        with open(path) as f:  # the next commit that needs it records it again
+            assert json.load(f) == {"tensorflow": "a variant tensor: a tf.data iterator's state"}
+        assert preload.needed(Layout(logdir))  # so the next service loads it before its Hello
+    finally:
+        router.close(0)
+
+
+# the trainer whose snapshot's commit began the load: a real process, SIGKILLed while the service loads
+KILLED_TRAINER = r"""
+import os, sys
+import zmq
+from procsv.ipc.messages import CheckpointSetup, CommitLoading
+from procsv.ipc.transport import recv_message, send
+dealer = zmq.Context.instance().socket(zmq.DEALER)
+dealer.connect(sys.argv[1])
+send(dealer, CheckpointSetup(os.getpid(), "model.ckpt", None, 5, None, 100, None, 7))
+got = recv_message(dealer, 300000).msg
+print(type(got).__name__, getattr(got, "step", None), flush=True)
+sys.stdin.read()  # until it is killed
+"""
+
+
+def test_a_trainer_restarted_while_the_service_still_loads_is_told_its_snapshot_waits_for_the_load(logdir):
+    """A trainer SIGKILLed while its snapshot's commit loads TensorFlow: the watchdog restarts it and
+    the new trainer's first snapshot waits behind that load. The loader told only the trainer whose
+    snapshot began the load (now unroutable), so the new one heard nothing, and at its deadline took
+    the loading service for stuck (SaveOverdue: the watchdog replaces the service, which loads again).
+    The grown file it replaced told every trainer. At load (two CPU burners): the import takes seconds."""
+    os.makedirs(os.path.join(logdir, ".procsv"))
+    endpoint = "ipc://" + os.path.join(logdir, "ckpt.sock")
+    burn = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(2)]
+    service = subprocess.Popen([sys.executable, "-c", SERVICE, "commit", logdir, endpoint], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    first = None
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    got: list[Message] = []
+    try:
+        assert service.stdout is not None and service.stdout.readline().strip() == "bound"
+        first = subprocess.Popen([sys.executable, "-c", KILLED_TRAINER, endpoint], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        assert first.stdout is not None
+        assert first.stdout.readline().split() == ["CommitLoading", "7"]  # the load began, for its step 7
+        first.kill()  # SIGKILL while the service loads
+        first.wait()
+        dealer.connect(endpoint)  # the restarted trainer: its snapshot of step 9 in flight
+        send(dealer, CheckpointSetup(os.getpid(), "model.ckpt", None, 5, None, 8, None, 9))
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                got.append(recv_message(dealer, 100).msg)
+            except ReceiveTimeout:
+                if service.poll() is not None:
+                    break
+        out, err = service.communicate(timeout=60)
+    finally:
+        dealer.close(0)
+        for p in [service, *burn, *([first] if first is not None else [])]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert service.returncode == 0, err[-3000:]
+    said = json.loads(out.strip().splitlines()[-1])
+    assert float(said["secs"]) > 3, said  # (at load the import outlasts the restart by seconds)
+    assert [m for m in got if isinstance(m, CommitLoading) and m.step == 9 and m.what == "TensorFlow"], (got, said)

@@ -130,6 +130,30 @@ def test_snapshots_refused_under_on_nonfinite_continue_never_get_the_checkpoint_
         assert shown.returncode == 0 and f"{told} time(s) found non-finite" in shown.stdout, shown
 
 
+def test_a_watchdog_killed_under_on_nonfinite_continue_leaves_procsv_report_counting_what_status_counts(logdir):
+    """The coalesced nonfinite_detected records write a trainer's later detections at most once a
+    minute: a watchdog SIGKILLed meanwhile never writes the ones it held (up to a minute's). procsv
+    report added up the records' repeats alone, so after the kill it said 1 where procsv status (from
+    status.json, written as they came) said dozens. The report counts what status.json counts when
+    that is more; the lifecycle records lose at most the minute's tail (docs/observability.md)."""
+    proc = launch(logdir, "--how", "return", "--nan-at", "25", "--steps", "100000", "--save-steps", "10",
+                  "--step-delay", "0.02", target=os.path.join(PROGRAMS, "nan_train.py"),
+                  opts=("--on-nonfinite", "continue", "--standby", "off"))
+    try:  # a refusal every 10 steps from step 30: dozens well within the minute after the first record
+        wait_for(lambda: (raw_status(logdir) or {}).get("nonfinite_detected", 0) >= 20, 120, what="20 refusals")
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)  # the watchdog only: its children follow (parent-death signal)
+        proc.communicate(timeout=60)
+    refused = [e for e in lifecycle(logdir) if e["event"] == "nonfinite_detected"]
+    assert refused and refused[0]["step"] == 25 and sum(e["repeats"] for e in refused) < 20, refused
+    counted = raw_status(logdir)["nonfinite_detected"]  # type: ignore[index]
+    assert counted >= 20
+    for command in ("status", "report"):
+        shown = subprocess.run([sys.executable, "-m", "procsv", command, logdir], capture_output=True, text=True,
+                               env=quiet_env(), timeout=120)
+        assert shown.returncode == 0 and f"{counted} time(s) found non-finite" in shown.stdout, shown
+
+
 def _burn(n: int = 2) -> list[subprocess.Popen]:
     """``n`` CPU-bound processes beside the run (load): the caller kills them."""
     return [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]

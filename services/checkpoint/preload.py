@@ -22,8 +22,9 @@ deadlocked or stopped import sends nothing, and the trainer's SaveOverdue gets t
 replaced): the trainer, at a snapshot's deadline, takes the commit for slow, not dead (no failed
 checkpoint counted, no ``SaveOverdue``). The loader sends it on the service's ROUTER from the
 service's main thread, which waits for the load (the import runs in its own thread). A load at start,
-before the Hello, keeps what trainers send meanwhile (:attr:`Loader.early`, for the service's loop)
-and tells the newest one whose snapshot waits (:func:`awaited`).
+before the Hello or at a commit, keeps what trainers send meanwhile (:attr:`Loader.early`, for the
+service's loop) and tells the newest one whose snapshot waits (:func:`awaited`): a trainer restarted
+while its predecessor's commit loads is told too.
 """
 
 from __future__ import annotations
@@ -71,10 +72,8 @@ class Loader:
                  say: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> None:
         self.layout = layout
         self.router, self.accept = trainers
-        self.early: list[Received | ProtocolError] = []  # what trainers sent during a load at start
+        self.early: list[Received | ProtocolError] = []  # what trainers sent during a load (for the service's loop)
         self._waits: Optional[tuple[bytes, int]] = None  # the trainer and step whose commit waits for a load
-        self._at_start = False
-        self._recorded: Optional[str] = None  # what checkpoint_needs.json says (read once), "" if nothing
         self.to_watchdog = to_watchdog
         self.attempt = attempt
         self.say = say
@@ -99,9 +98,7 @@ class Loader:
         """Before the service's Hello: load what an earlier service of this run found it needs."""
         why = needed(self.layout)
         if why and not loaded():
-            self._at_start = True
             secs = self._load()
-            self._at_start = False
             self.say(f"procsv checkpoint: loaded {WHAT} in {secs:.1f} s before saying ready (this run's "
                      f"checkpoints need it: {why})")
 
@@ -123,10 +120,10 @@ class Loader:
     def _record(self, why: str) -> None:
         """Make ``checkpoint_needs.json`` say what this commit needs: ``why``, or (``""``) nothing, by
         removing it, so that a run whose checkpoints stopped needing TensorFlow (its program changed)
-        no longer loads it at each service's start. A full disk: the next service finds out again."""
-        if self._recorded is None:
-            self._recorded = needed(self.layout)
-        if why == self._recorded:
+        no longer loads it at each service's start. Compared with what the file says now (one small
+        read a commit), so a file deleted under a live service is written again at its next commit
+        that needs it. A full disk: the next commit tries again."""
+        if why == needed(self.layout):
             return
         path = needs_path(self.layout)
         try:
@@ -139,8 +136,6 @@ class Loader:
             pass
         except OSError as exc:
             self.say(f"procsv checkpoint: could not write {path}: {exc}")
-            return
-        self._recorded = why
 
     def _load(self) -> float:
         t0 = self.clock()
@@ -160,11 +155,14 @@ class Loader:
         return secs
 
     def _moved(self) -> None:
-        """The load began or moved: tell the trainer whose snapshot waits for it. At start (before the
-        Hello, no commit) that is the newest word of a trainer on one, read from the ROUTER now."""
-        if self._at_start:
-            self.early.extend(drain(self.router, routed=True, accept=self.accept))
-            self._waits = awaited(self.early)
+        """The load began or moved: tell the trainer whose snapshot waits for it: the newest word of a
+        trainer on one, read from the ROUTER now (kept in :attr:`early`), else the one whose commit began
+        the load. So at start (before the Hello) the trainer whose snapshot is in flight is told, and at
+        a commit so is a trainer restarted meanwhile (its predecessor killed), whose first snapshot waits
+        behind the load: it would otherwise take the loading service for stuck at its deadline."""
+        got = list(drain(self.router, routed=True, accept=self.accept))
+        self.early.extend(got)
+        self._waits = awaited(got) or self._waits
         if self._waits is not None:
             try:
                 send(self.router, CommitLoading(self._waits[1], WHAT), prefix=[self._waits[0]])

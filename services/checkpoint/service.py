@@ -134,15 +134,14 @@ class CheckpointService:
             send(self.to_watchdog, Hello(Role.CHECKPOINT, os.getpid(), self.ctx.attempt))
 
         wake = StopWake(self.router, self._on_term, self._stop_authority(), "procsv checkpoint")  # woken at once
-        early = self.loader.early  # what came while it loaded, before its Hello
         while not self.stopping:
+            early, self.loader.early = self.loader.early, []  # what came while it loaded (before its Hello, at a commit)
             if early or wake.wait(POLL_MS):
                 for got in early or drain(self.router, limit=1, routed=True, accept=ACCEPT):
                     if isinstance(got, ProtocolError):
                         self.rejections.count(got)
                     else:
                         self._handle(got)
-                early = []
             self._tick()
             if (self.rejections.total, self.held_count) != self._stats_written and self.clock() >= self._next_stats:
                 self._write_stats(durable=False)
