@@ -29,6 +29,10 @@ given one kind). For each trainer attempt, on the watchdog's clock (``docs/obser
 - ``unaccounted``: what none of the above bounds (a normal end's shutdown; an attempt whose end
   is not recorded, e.g. a SIGKILLed watchdog).
 
+A group (``--nproc``; ``--ps`` workers that step) is also broken down per task (:func:`tasks`):
+the same kinds from each task's own records (a worker's restore and first step are in its
+``trained`` record), and :func:`costliest` names the task with the most seconds not kept.
+
 Waiting on input is not a kind: no record separates a step's input wait from its compute, and
 measuring it would cost the trainer per-step work. It is inside ``productive`` and ``redone``.
 """
@@ -164,9 +168,11 @@ def run_breakdown(launches: list[Launch]) -> tuple[list[Breakdown], Breakdown]:
     return per, total
 
 
-def launches_from_events(events: list[dict[str, Any]], now: Optional[float] = None) -> list[Launch]:
-    """Every launch in ``lifecycle.jsonl``'s records (oldest first). A launch ends at its last
-    record (the services' exits, after ``finished``), the live one at ``now`` if given."""
+def launches_from_events(events: list[dict[str, Any]], now: Optional[float] = None,
+                         task: str = "trainer") -> list[Launch]:
+    """Every launch in ``lifecycle.jsonl``'s records (oldest first), as ``task`` lived it (the
+    trainer: the chief; or a group's ``worker1`` ...). A launch ends at its last record (the
+    services' exits, after ``finished``), the live one at ``now`` if given."""
     groups: list[list[dict[str, Any]]] = []
     for e in events:
         if e.get("event") == "launch" or not groups:
@@ -179,25 +185,26 @@ def launches_from_events(events: list[dict[str, Any]], now: Optional[float] = No
         end = live if live is not None else max(float(e["time"]) for e in g)
         number = int(g[0].get("launch") or n + 1) if g[0].get("event") == "launch" else n + 1
         out.append(Launch(float(g[0]["time"]), end, any(e.get("event") == "preempted" for e in g),
-                          tuple(_attempts(g, live)), number))
+                          tuple(_attempts(g, live, task)), number))
     return out
 
 
-def _attempts(g: list[dict[str, Any]], live: Optional[float] = None) -> list[Attempt]:
-    """The trainer attempts of one launch's records; ``live``: the launch is going on at that time
-    (an attempt that stepped and has not ended is stepping until then)."""
+def _attempts(g: list[dict[str, Any]], live: Optional[float] = None, task: str = "trainer") -> list[Attempt]:
+    """``task``'s attempts in one launch's records; ``live``: the launch is going on at that time
+    (an attempt that stepped and has not ended is stepping until then). A group's worker has no
+    ``restored``/``first_step`` records: its ``trained`` record holds them."""
     by_pid: dict[Any, dict[str, dict[str, Any]]] = {}
     order = []
     for e in g:
         kind = e.get("event")
-        if kind == "spawned" and e.get("role") == "trainer":
+        if kind == "spawned" and e.get("role") == task:
             by_pid[e["pid"]] = {"spawned": e}
             order.append(e["pid"])
-        elif kind == "chaos_kill" and e.get("role") != "trainer":
+        elif kind == "chaos_kill" and e.get("role") != task:
             continue
         elif e.get("pid") in by_pid and kind in ("restored", "initialized", "first_step", "trained", "hang_detected",
                                                   "chaos_kill", "death_noticed", "exited"):
-            if kind in ("death_noticed", "exited", "trained") and e.get("role") != "trainer":
+            if kind in ("death_noticed", "exited", "trained") and e.get("role") != task:
                 continue
             by_pid[e["pid"]].setdefault(str(kind), e)
     out = []
@@ -205,6 +212,10 @@ def _attempts(g: list[dict[str, Any]], live: Optional[float] = None) -> list[Att
         r = by_pid[pid]
         ready = r.get("restored") or r.get("initialized")
         first, trained = r.get("first_step"), r.get("trained")
+        if trained is not None and ready is None and trained.get("ready_at") is not None:
+            ready = {"time": trained["ready_at"], "secs": trained.get("restore_secs"), "step": trained["restored_step"]}
+        if trained is not None and first is None and trained.get("first_at") is not None:
+            first = {"time": trained["first_at"], "step": trained["first_step"]}
         ends = [float(x["noticed"]) for x in (r.get("death_noticed"), r.get("exited")) if x and x.get("noticed")]
         kills = [float(x["time"]) for x in (r.get("hang_detected"), r.get("chaos_kill")) if x]
         ended = min(kills + ends) if kills + ends else None
@@ -223,6 +234,34 @@ def _attempts(g: list[dict[str, Any]], live: Optional[float] = None) -> list[Att
             busy_secs=float(trained.get("busy_secs") or 0.0) if trained else 0.0,
             busy_from=None if not trained or trained.get("busy_from") is None else float(trained["busy_from"])))
     return out
+
+
+def tasks(events: list[dict[str, Any]]) -> list[str]:
+    """The tasks that step, each with a breakdown of its own: the trainer (a group's chief) and
+    the workers that recorded a ``trained`` record (``worker1`` ...); a --ps run's parameter
+    servers take no steps and are not among them."""
+    workers = sorted({str(e["role"]) for e in events if e.get("event") == "trained" and e.get("role") != "trainer"})
+    return ["trainer"] + workers
+
+
+def costliest(rows: list[tuple[str, Breakdown]]) -> Optional[tuple[str, Breakdown]]:
+    """The task whose time went least to kept steps (the most badput seconds); None if none."""
+    return max(rows, key=lambda r: r[1].wall - r[1].secs["productive"], default=None)
+
+
+def render_tasks(rows: list[tuple[str, Breakdown]]) -> str:
+    """Per task, the whole run's seconds per kind, and the line naming the task that cost the most."""
+    lines = ["  per task (s)            " + " ".join(f"{SHORT[k]:>8}" for k in KINDS) + f" {'wall':>8} {'goodput':>7}"]
+    for name, b in rows:
+        lines.append(f"  {name:<23} " + " ".join(f"{b.secs[k]:>8.1f}" for k in KINDS)
+                     + f" {b.wall:>8.1f} {_pct(b.goodput):>7}")
+    worst = costliest(rows)
+    if worst is not None:
+        name, b = worst
+        bad = sorted(((b.secs[k], k) for k in KINDS if k != "productive" and b.secs[k] > 0), reverse=True)
+        lines.append(f"  costliest task: {name}, {b.wall - b.secs['productive']:.1f} s of {b.wall:.1f} s not kept steps"
+                     + ("" if not bad else " (" + ", ".join(f"{k} {v:.1f} s" for v, k in bad[:3]) + ")"))
+    return "\n".join(lines)
 
 
 SHORT = {"productive": "product", "startup": "startup", "restoring": "restore", "checkpoint": "ckpt",

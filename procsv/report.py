@@ -66,6 +66,7 @@ class RunReport:
     detected: int = 0  # non-finite losses or snapshot states found (the records' repeats, or status.json's count if more)
     launches: list[tuple[int, gp.Breakdown]] = field(default_factory=list)  # (launch number, where its time went)
     lifetime: Optional[gp.Breakdown] = None  # every launch of the logdir, and the gaps between them
+    tasks: list[tuple[str, gp.Breakdown]] = field(default_factory=list)  # a group's: each task's whole run
 
 
 def read_events(path: str) -> list[dict[str, Any]]:
@@ -219,6 +220,10 @@ def gather(layout: Layout) -> Optional[RunReport]:
     # wrote its last coalesced record (at most a minute's detections), or a live run's unwritten tail
     rep.detected = max(sum(int(e.get("repeats") or 1) for e in events if e.get("event") == "nonfinite_detected"),
                        int(status.get("nonfinite_detected") or 0))
+    names = gp.tasks(every)
+    if len(names) > 1:  # a group (--nproc, or --ps workers that step): each task's own breakdown
+        now = time.time() if live is not None else None
+        rep.tasks = [(n, gp.run_breakdown(gp.launches_from_events(every, now=now, task=n))[1]) for n in names]
     return rep
 
 
@@ -264,6 +269,8 @@ def render(rep: RunReport) -> str:
                      f"{rep.detected} time(s) found non-finite")
     if rep.lifetime is not None and rep.launches:
         lines.append(gp.render(rep.launches, rep.lifetime))
+    if rep.tasks:
+        lines.append(gp.render_tasks(rep.tasks))
     if rep.checkpoints:
         steps = [s for _, s in rep.checkpoints]
         lines.append(f"  checkpoints: {len(steps)} committed in this launch (steps {steps[0]}..{steps[-1]}), "

@@ -106,3 +106,55 @@ def test_a_live_launch_s_running_attempt_is_stepping_until_now():
     b = gp.breakdown(gp.launches_from_events(events, now=60.0)[-1])
     assert b.wall == pytest.approx(20) and b.secs["productive"] == pytest.approx(60 - 45)
     assert b.secs["unaccounted"] == pytest.approx(0) and sum(b.secs.values()) == pytest.approx(20)
+
+
+def test_a_groups_worker_is_broken_down_from_its_trained_records_and_the_costliest_task_is_named():
+    """A --nproc 2 launch at 0: the chief (pid 11) and worker1 (pid 12) spawned at 1; the chief
+    restores step 0 at 3 and steps 4..10; worker1 (no restored/first_step records: its trained
+    record holds them) is ready at 5, steps 6..8 (steps 1..41), then SIGKILLed and noticed at 8.5; the chief is
+    stopped by procsv and exits at 10. The group restarts at 12 (pids 21, 22), both restore step 21 at 14,
+    first step at 15, done at 20; the services stop at 21."""
+    evs = [
+        _ev(0, "launch", target="t", args=[], pid=1, launch=1),
+        _ev(1, "spawned", role="trainer", attempt=1, pid=11, via="zygote"),
+        _ev(1, "spawned", role="worker1", attempt=1, pid=12, via="zygote"),
+        _ev(3, "initialized", pid=11, step=0, path=None, secs=0.5, skipped=[]),
+        _ev(4, "first_step", pid=11, step=1, secs_since_spawn=3),
+        _ev(8.5, "death_noticed", role="worker1", attempt=1, pid=12, noticed=8.5),
+        _ev(8.6, "trained", role="worker1", attempt=1, pid=12, step=41, step_at=8, busy_secs=0.0, busy_from=None,
+            ready_at=5, restored_step=0, restore_secs=0.5, first_at=6, first_step=1),
+        _ev(8.6, "exited", role="worker1", attempt=1, pid=12, noticed=8.5, signal="SIGKILL"),
+        _ev(10, "trained", role="trainer", attempt=1, pid=11, step=41, step_at=8, busy_secs=0.0, busy_from=None,
+            ready_at=3, restored_step=0, restore_secs=0.5, first_at=4, first_step=1),
+        _ev(10, "exited", role="trainer", attempt=1, pid=11, noticed=10, signal="SIGTERM"),
+        _ev(12, "spawned", role="trainer", attempt=2, pid=21, via="zygote"),
+        _ev(12, "spawned", role="worker1", attempt=2, pid=22, via="zygote"),
+        _ev(14, "restored", pid=21, step=21, path="p", secs=1.0, skipped=[]),
+        _ev(15, "first_step", pid=21, step=22, secs_since_spawn=3),
+        _ev(20, "trained", role="worker1", attempt=2, pid=22, step=70, step_at=20, busy_secs=0.0, busy_from=None,
+            ready_at=14, restored_step=21, restore_secs=1.0, first_at=15, first_step=22),
+        _ev(20, "exited", role="worker1", attempt=2, pid=22, noticed=20, code=0),
+        _ev(20, "trained", role="trainer", attempt=2, pid=21, step=70, step_at=20, busy_secs=0.0, busy_from=None,
+            ready_at=14, restored_step=21, restore_secs=1.0, first_at=15, first_step=22),
+        _ev(20, "exited", role="trainer", attempt=2, pid=21, noticed=20, code=0),
+        _ev(20.5, "finished", state="succeeded", exit_code=0, step=70),
+        _ev(21, "exited", role="checkpoint", attempt=1, pid=3, noticed=21, code=0),
+    ]
+    assert gp.tasks(evs) == ["trainer", "worker1"]
+    rows = [(t, gp.run_breakdown(gp.launches_from_events(evs, task=t))[1]) for t in gp.tasks(evs)]
+    for _, b in rows:
+        assert b.wall == 21 and sum(b.secs.values()) == pytest.approx(21)
+    chief, worker = rows[0][1].secs, rows[1][1].secs
+    # the worker: steps 1..41 over 6..8, 1..21 kept (attempt 2 restored 21): 1 s kept, 1 s re-done;
+    # its restore 4.5..5; its start-up 0..1 (launch), 1..4.5, 5..6, 12..13, 14..15
+    assert worker["productive"] == pytest.approx(1.0 + 5.0)
+    assert worker["restoring"] == pytest.approx(0.5 + 1.0)
+    assert worker["startup"] == pytest.approx(1 + 3.5 + 1 + 1 + 1)
+    assert worker["redone"] == pytest.approx(1.0 + 0.5)  # and 8..8.5: the step in progress at the kill
+    assert worker["restart"] == pytest.approx(12 - 8.5)
+    # the chief stepped 4..8 (2 s kept), then waited for procsv to stop it (re-done), its restart from 10
+    assert chief["productive"] == pytest.approx(2.0 + 5.0)
+    assert chief["redone"] == pytest.approx(2.0 + 2.0) and chief["restart"] == pytest.approx(2.0)
+    assert gp.costliest(rows) == rows[1]
+    text = gp.render_tasks(rows)
+    assert "costliest task: worker1, 15.0 s of 21.0 s not kept steps (startup 7.5 s, restart 3.5 s" in text, text

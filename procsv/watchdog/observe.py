@@ -98,7 +98,7 @@ def _ready(view: RunView, msg: TrainerReady, now: float, slot: Optional[str] = N
     if child.role == WORKER:  # restored what the chief restored (procsv.trainer.replica.GroupPin)
         child.step = child.work_step = msg.step
         if child.ready_at is None:
-            child.ready_at, child.restored_step = now, msg.step
+            child.ready_at, child.restored_step, child.restore_secs = now, msg.step, msg.restore_secs
         return []
     view.step = child.step = child.work_step = msg.step
     if child.ready_at is None:  # the recovery's own restore; a later one is the program's retry loop
@@ -306,7 +306,7 @@ def reaped(view: RunView, slot: str, attempt: int, failure: Failure, now: float)
     noticed = child.noticed_wall if child.noticed_wall is not None else failure.time
     out = [Report(Event.NONFINITE_DETECTED, f) for f in (ended(view.nonfinite_log) if view.nonfinite_log.pid == child.pid
                                                           else [])]  # its last detections' record, if unwritten
-    if child.role == TRAINER:
+    if child.role in (TRAINER, WORKER):  # every member that steps: its task's own breakdown (procsv.goodput)
         out.append(Report(Event.TRAINED, child.trained(now, failure.time)))
     out.append(Report(Event.EXITED, {"role": _role(child), "attempt": attempt, "pid": child.pid, "noticed": noticed,
                                      **failure.fields()}))

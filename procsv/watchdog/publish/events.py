@@ -25,9 +25,12 @@ chaos_kill             role, pid, signal
 preempted              signal (the launch received it: an orderly stop begins)
 death_noticed          role, attempt, pid, noticed (wall time of the death notice)
 exited                 role, attempt, pid, noticed, code | signal
-trained                role (trainer), attempt, pid, step (its last completed), step_at (then), busy_secs, busy_from
-                       (step_at: null before its first step; busy_secs: its loop blocked by snapshots;
-                       busy_from: blocked from then to its end, or null): written just before its ``exited``
+trained                role, attempt, pid, step, step_at, busy_secs, busy_from, ready_at, restored_step, restore_secs, first_at, first_step
+                       (role: trainer, or a group's worker1 ...; step: its last completed; step_at: then, null
+                       before its first step; busy_secs: its loop blocked by snapshots; busy_from: blocked from
+                       then to its end, or null; ready_at/restored_step/restore_secs: its state restored, null
+                       before; first_at/first_step: its first completed step, null before; a worker has no
+                       restored/first_step records of its own): written just before its ``exited``
 restarting             attempt (the next one), delay, error
 restarted              attempt (the one being started)
 gave_up                reason, error
@@ -116,7 +119,8 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.PREEMPTED: frozenset({"signal"}),
     Event.DEATH_NOTICED: frozenset({"role", "attempt", "pid", "noticed"}),
     Event.EXITED: frozenset({"role", "attempt", "pid", "noticed", "code|signal"}),
-    Event.TRAINED: frozenset({"role", "attempt", "pid", "step", "step_at", "busy_secs", "busy_from"}),
+    Event.TRAINED: frozenset({"role", "attempt", "pid", "step", "step_at", "busy_secs", "busy_from", "ready_at",
+                              "restored_step", "restore_secs", "first_at", "first_step"}),
     Event.RESTARTING: frozenset({"attempt", "delay", "error"}),
     Event.RESTARTED: frozenset({"attempt"}),
     Event.GAVE_UP: frozenset({"reason", "error"}),

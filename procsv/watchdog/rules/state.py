@@ -124,12 +124,18 @@ class ChildView:
         self.busy = busy
 
     def trained(self, now: float, wall: float) -> dict[str, Any]:
-        """A trainer's ``trained`` lifecycle record, at its end ``now`` (``wall`` on the wall clock)."""
+        """A trainer's (or a group's worker's) ``trained`` lifecycle record, at its end ``now``
+        (``wall`` on the wall clock): a worker has no ``restored``/``first_step`` records of its
+        own, so its restore and first step are here too."""
         def at(t: Optional[float]) -> Optional[float]:
             return None if t is None else round(wall - (now - t), 3)
-        return {"role": self.role, "attempt": self.attempt, "pid": self.pid, "step": self.work_step,
-                "step_at": at(self.last_work_at if self.first_step_at is not None else None),
-                "busy_secs": round(self.busy_secs, 3), "busy_from": at(self.busy_since)}
+        stepped = self.first_step_at is not None
+        return {"role": self.slot if self.role == WORKER else self.role, "attempt": self.attempt, "pid": self.pid,
+                "step": self.work_step, "step_at": at(self.last_work_at if stepped else None),
+                "busy_secs": round(self.busy_secs, 3), "busy_from": at(self.busy_since),
+                "ready_at": at(self.ready_at), "restored_step": self.restored_step if self.ready_at is not None else None,
+                "restore_secs": round(self.restore_secs, 4), "first_at": at(self.first_step_at),
+                "first_step": self.first_step_no if stepped else None}
 
     def set_state(self, new: ProcState) -> None:
         self.state = transition(self.state, new)  # type: ignore[assignment]

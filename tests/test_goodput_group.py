@@ -1,0 +1,65 @@
+"""Where the time went per task (issue 53, point 4), on a real group: ``procsv launch --nproc 2``
+(two trainer processes in MultiWorkerMirroredStrategy) whose worker is SIGKILLed once. Each task
+(the chief ``trainer``, the worker ``worker1``) has its own breakdown, from what the watchdog
+already hears of every member (its spawn, its restore, its Progress, its end): the kinds sum to
+each task's wall time within 1 %, and ``procsv report`` prints a row per task and names the one
+that cost the most."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, finish, launch, lifecycle, quiet_env, raw_status, wait_for, wait_role_pid
+from procsv import goodput as gp
+
+pytestmark = pytest.mark.slow
+GROUP = ("--nproc", "2")
+ARGS = ("--strategy", "multiworker", "--save-model-secs", "1", "--step-delay", "0.004", "--print-every-steps", "100000")
+
+
+def _first_steps(logdir: str) -> int:
+    return sum(1 for e in lifecycle(logdir) if e["event"] == "first_step")
+
+
+def test_a_group_with_a_killed_worker_breaks_down_per_task_and_the_report_names_the_costliest(logdir):
+    proc = launch(logdir, *ARGS, "--steps", "500", opts=GROUP)
+    try:
+        wait_for(lambda: _first_steps(logdir) >= 1, 120, what="the group's first step")
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 150, 120, what="step 150")
+        os.kill(wait_role_pid(logdir, "worker1"), signal.SIGKILL)
+        wait_for(lambda: _first_steps(logdir) >= 2, 120, what="the restarted group's first step")
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+
+    events = lifecycle(logdir)
+    trained = sorted((e["role"], e["attempt"]) for e in events if e["event"] == "trained")
+    assert trained == [("trainer", 1), ("trainer", 2), ("worker1", 1), ("worker1", 2)], trained
+    assert gp.tasks(events) == ["trainer", "worker1"]
+    rows = []
+    for task in ("trainer", "worker1"):
+        launches = gp.launches_from_events(events, task=task)
+        assert [len(la.attempts) for la in launches] == [2], (task, launches)
+        assert all(a.ready is not None and a.first_step is not None for a in launches[0].attempts), (task, launches)
+        _, b = gp.run_breakdown(launches)
+        assert abs(sum(b.secs.values()) - b.wall) <= 0.01 * b.wall, (task, b.secs)
+        assert abs(b.wall - (launches[0].end - launches[0].start)) <= 1e-6
+        for kind in ("productive", "startup", "redone"):
+            assert b.secs[kind] > 0, (task, kind, b.secs)
+        assert b.secs["unaccounted"] <= 0.1 * b.wall, (task, b.secs)  # its orderly end only
+        rows.append((task, b))
+    worst = gp.costliest(rows)
+    assert worst is not None
+
+    done = subprocess.run([sys.executable, "-m", "procsv", "report", logdir], capture_output=True, text=True,
+                          env=quiet_env(), cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [line.strip() for line in done.stdout.splitlines()]
+    assert any(line.split()[:1] == ["trainer"] for line in lines), done.stdout
+    assert any(line.split()[:1] == ["worker1"] for line in lines), done.stdout
+    assert any(line.startswith(f"costliest task: {worst[0]}, ") for line in lines), done.stdout
