@@ -282,7 +282,7 @@ def test_the_checkpoint_committed_from_memory_at_a_kill_has_the_meta_graph_that_
 def test_a_run_is_a_step_when_it_writes_the_global_step_on_the_sessions_thread(cases):
     """sv.step after each run: reads (loss, the global step, a variable) are no steps; the train op
     fetched alone, in a list, a dict, by name or inside a group is; a step made by another thread is
-    seen at the session thread's next step; a writer that sets it (an assign), one that adds 2, and
+    counted at once, in that thread (issue 50's threads that train); a writer that sets it (an assign), one that adds 2, and
     one whose constant is fed move sv.step by what they wrote; over 250 steps of the train op (whose
     steps are inferred, the variable read only every 100 or at a due boundary) sv.step equals the
     variable after each; after a stop request a run that would be a step raises
@@ -304,7 +304,7 @@ def test_a_run_is_a_step_when_it_writes_the_global_step_on_the_sessions_thread(c
     result = cases[1]["ours"]["steps"]
     seen = result["seen"]
     assert seen == [["loss", 0], ["op", 1], ["list", 2], ["dict", 3], ["by name", 4], ["group", 5],
-                    ["global step", 5], ["w", 5], ["other thread", 5, 6], ["after", 7],
+                    ["global step", 5], ["w", 5], ["other thread", 6, 6], ["after", 7],
                     ["assign", 20], ["add 2", 22], ["add 2 fed 5", 27], ["250 more", 277, []],
                     ["read after the stop", seen[14][1]], ["step after the stop", "TrainingStopped", 333]]
     assert result["plans"] == {"list changed in place": 1, "boundaries made due were made": True,

@@ -136,12 +136,9 @@ class GraphSupervision:
 
     def _ready_look(self) -> bool:
         """One look, as TF's ``wait_for_session``: ``local_init_op`` once it may run, then ``ready_op``;
-        True (and the session marked prepared) when ready. A session of this process's own variables
-        first has the step counter procsv added (a graph without a global step) set, as the chief's is:
-        it is procsv's, not the program's, so no ``init_op`` of the program runs."""
+        True (and the session marked prepared) when ready. (procsv adds no variable to the program's graph:
+        a graph without a global step has its runs counted in Python, so there is nothing of procsv's to set.)"""
         setup = self.setup
-        if setup.probe.counts_every_run and self._own_variables():
-            setup.session.raw.run(setup.global_step.initializer)
         manager, session = setup.session_manager, setup.session
         setup.prepared = bool(manager._try_run_local_init_op(session)[0]) and ready(manager._ready_op, session)[0]
         return bool(setup.prepared)
