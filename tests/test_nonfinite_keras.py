@@ -142,3 +142,73 @@ def test_the_watched_loss_of_a_keras_batch_is_its_own_not_the_epochs_running_mea
     again = replay.again(2)  # the kept batch trained again, through the same traced step
     assert replay.traced.experimental_get_tracing_count() == 1
     assert np.isfinite(float(again[LOSS]))
+
+
+def _rss(said: str) -> tuple[float, float]:
+    line = next(l for l in said.splitlines() if "rss_mib " in l)
+    first, peak = (float(part.split("=")[1]) for part in line.split("rss_mib ")[1].split())
+    return first, peak
+
+
+def test_keras_fit_under_rollback_keeps_bounded_memory_with_large_batches_and_no_disk_commit(short_tmp):
+    # before: every batch since the last disk commit stayed in host memory (save_freq=False: all of
+    # fit), +1.5 MiB of RSS per 1.5 MiB batch, 240 MiB over these 160 (the in-memory snapshots of a
+    # run this short come seconds apart: they free little). Now what is kept is capped (24 MiB here):
+    # the trainer's RSS grows by at most the cap and a few batches over the whole fit
+    logdir = os.path.join(short_tmp, "run")
+    code, stdout, stderr = finish(launch(logdir, "--rows", "65536", "--epochs", "1", "--batches", "160",
+                                         "--save-freq", "0", "--replay-memory-mib", "24", "--rss",
+                                         target=KERAS_NAN), 240)
+    said = stdout + stderr
+    assert code == 0, said
+    first, peak = _rss(said)
+    assert peak - first < 24 + 30, (first, peak)  # MiB: the 240 MiB of batches, all kept, would be far past it
+
+
+def test_keras_fit_past_the_replay_cap_says_so_once_and_a_later_nan_continues_with_the_next_batch(short_tmp):
+    # before: no cap (replay_memory_bytes was not an option). Now each 1.5 MiB batch is past a
+    # 1 MiB cap: said once, and the NaN of batch 30 restores the newest finite state and fit goes
+    # on with its next batch (nothing to train again): exit 0, finite weights, the NaN seen
+    logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
+    code, stdout, stderr = finish(launch(logdir, "--rows", "65536", "--epochs", "1", "--batches", "40",
+                                         "--save-freq", "0", "--replay-memory-mib", "1", "--nan-at", "30",
+                                         "--weights-out", out, target=KERAS_NAN), 240)
+    said = stdout + stderr
+    assert code == 0, said
+    assert said.count("the batches kept for a rollback's replay reached their cap (1 MiB") == 1, said
+    assert "the batches past the cap are not trained again" in said, said
+    assert [e["step"] for e in _events(logdir, "nonfinite_detected")][:1] == [31], said
+    assert all(np.isfinite(a).all() for a in _npz(out)), _npz(out)
+
+
+def test_keras_fit_with_an_untested_keras_says_so_at_fit_start_and_falls_back_to_restore_and_continue(
+        short_tmp):
+    # before: an unknown Keras went unnoticed until the replay's private API broke at the first NaN.
+    # Now one line at fit start (before any non-finite loss), and the NaN of batch 13 restores the
+    # newest finite state and fit continues with its next batch: exit 0, finite weights, no skip
+    logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
+    code, stdout, stderr = finish(launch(logdir, "--nan-at", "13", "--keras-version", "3.99.0", "--weights-out", out,
+                                         target=KERAS_NAN), 240)
+    said = stdout + stderr
+    assert code == 0, said
+    line = "procsv: warning: Keras 3.99.0 is not one procsv's rollback replay is tested with"
+    assert said.count(line) == 1, said
+    assert said.index(line) < said.index("non-finite training at step 14"), said
+    assert status_json(logdir)["skipped_steps"] == [], said
+    assert all(np.isfinite(a).all() for a in _npz(out)), _npz(out)
+
+
+def test_keras_fit_under_rollback_frees_its_kept_batches_at_every_in_memory_snapshot(short_tmp):
+    # before: the kept batches were freed only at a disk commit (none here before fit's end: save_freq=False),
+    # +262 MiB over these 160 batches of 1.5 MiB. Now each in-memory snapshot frees the batches it
+    # covers (a rollback restores nothing older); the snapshots' share of loop time raised so that
+    # several come within this short fit, no cap set (the default is a tenth of host memory)
+    logdir = os.path.join(short_tmp, "run")
+    env = dict(quiet_env(), PROCSV_MEMORY_SNAPSHOTS="0.5")
+    code, stdout, stderr = finish(launch(logdir, "--rows", "65536", "--epochs", "1", "--batches", "160",
+                                         "--save-freq", "0", "--rss", target=KERAS_NAN, env=env), 240)
+    said = stdout + stderr
+    assert code == 0, said
+    first, peak = _rss(said)
+    assert peak - first < 120, (first, peak)  # MiB: half of the 240 MiB of batches, all kept until fit's end
+    assert "reached their cap" not in said, said  # freed by the snapshots, not bounded by the cap

@@ -6,7 +6,11 @@
                         gradient, so the plain run that never applied batch I (its iteration counted)
     --epochs E          epochs of --batches N batches each (steps_per_epoch=N over one stream of
                         E * N batches: batch I is the same input whichever epoch reads it)
-    --save-freq K       BackupAndRestore(save_freq=K)
+    --save-freq K       BackupAndRestore(save_freq=K) (0: save_freq=False, no commit before fit's end)
+    --rows R            rows per batch (default 8; 65536: 1.5 MiB a batch)
+    --replay-memory-mib M  BackupAndRestore(replay_memory_bytes=M MiB)
+    --keras-version V   keras.__version__ reads V in this process (a Keras the replay is not tested with)
+    --rss               print "rss_mib first=F peak=P": VmRSS after the first batch, and its peak after any batch
     --batch-delay S     seconds each batch sleeps (a callback's on_train_batch_end)
     --terminate-on-nan  also keras.callbacks.TerminateOnNaN (it stops fit at a batch whose logs["loss"] is NaN)
     --no-callback       a plain fit, without procsv
@@ -32,6 +36,10 @@ p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--batches", type=int, default=10)
 p.add_argument("--save-freq", type=int, default=5)
 p.add_argument("--batch-delay", type=float, default=0.0)
+p.add_argument("--rows", type=int, default=8)
+p.add_argument("--replay-memory-mib", type=float, default=None)
+p.add_argument("--keras-version", default=None)
+p.add_argument("--rss", action="store_true")
 p.add_argument("--terminate-on-nan", action="store_true")
 p.add_argument("--no-callback", action="store_true")
 p.add_argument("--weights-out", default=None)
@@ -43,10 +51,11 @@ zeroed = tf.constant(args.zero_weight_at + [-1], dtype=tf.int64)
 
 
 def batch(i):  # type: ignore[no-untyped-def]
-    x = tf.reshape(tf.sin(tf.cast(i * 32 + tf.range(32, dtype=tf.int64), tf.float32) * 0.37), [8, 4])
+    rows = args.rows
+    x = tf.reshape(tf.sin(tf.cast(i * rows * 4 + tf.range(rows * 4, dtype=tf.int64), tf.float32) * 0.37), [rows, 4])
     y = tf.reduce_sum(x, axis=1, keepdims=True) * 0.5 + 0.1
-    x = tf.where(tf.reduce_any(tf.equal(poisoned, i)), tf.fill([8, 4], float("nan")), x)
-    weight = tf.where(tf.reduce_any(tf.equal(zeroed, i)), tf.zeros([8]), tf.ones([8]))
+    x = tf.where(tf.reduce_any(tf.equal(poisoned, i)), tf.fill([rows, 4], float("nan")), x)
+    weight = tf.where(tf.reduce_any(tf.equal(zeroed, i)), tf.zeros([rows]), tf.ones([rows]))
     return x, y, weight
 
 
@@ -60,14 +69,35 @@ class Delay(keras.callbacks.Callback):  # type: ignore[misc]
         time.sleep(args.batch_delay)
 
 
+def rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+class Rss(keras.callbacks.Callback):  # type: ignore[misc]
+    first = peak = 0.0
+
+    def on_train_batch_end(self, batch, logs=None):  # type: ignore[no-untyped-def]
+        now = rss_mib()
+        Rss.first = Rss.first or now
+        Rss.peak = max(Rss.peak, now)
+
+
+if args.keras_version:
+    keras.__version__ = args.keras_version
 callbacks = [Delay()] if args.batch_delay else []
+if args.rss:
+    callbacks.append(Rss())
 if args.terminate_on_nan:
     callbacks.append(keras.callbacks.TerminateOnNaN())
 if not args.no_callback:
     import procsv.keras
 
-    callbacks.append(procsv.keras.BackupAndRestore(save_freq=args.save_freq))
+    capped = {} if args.replay_memory_mib is None else {"replay_memory_bytes": int(args.replay_memory_mib * 2**20)}
+    callbacks.append(procsv.keras.BackupAndRestore(save_freq=args.save_freq or False, **capped))
 model.fit(data, epochs=args.epochs, steps_per_epoch=args.batches, callbacks=callbacks, verbose=0)
 if args.weights_out:
     np.savez(args.weights_out, *model.get_weights(), np.asarray(model.optimizer.iterations.numpy()))
+if args.rss:
+    print(f"rss_mib first={Rss.first:.1f} peak={Rss.peak:.1f}", flush=True)
 print(f"fit done: {int(model.optimizer.iterations.numpy())} iterations", flush=True)

@@ -33,11 +33,11 @@ import keras
 import numpy as np
 
 from procsv.common import bootstrap
-from procsv.common.errors import TrainingStopped, UsageError
+from procsv.common.errors import NonFiniteState, TrainingStopped, UsageError
 from procsv.ipc.messages import Busy, SaveReason
 from procsv.trainer.keras import input_position
 from procsv.trainer.keras import step_warmup
-from procsv.trainer.keras.replay import LOGS, BatchReplay
+from procsv.trainer.keras.replay import LOGS, BatchReplay, default_cap, keras_tested, untested_keras_line
 from procsv.trainer.keras.rollback import FitPosition, FitRollback
 from procsv.trainer.once import warn_once
 from procsv.trainer.managed import ManagedSession, follows_moves
@@ -69,7 +69,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
                  double_checkpoint: bool = False, delete_checkpoint: bool = False,
                  save_before_preemption: bool = True, *, save_secs: Optional[float] = None,
                  save_summaries_secs: Optional[float] = 10.0, max_to_keep: int = 5,
-                 allow_reinit: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
+                 allow_reinit: bool = False, replay_memory_bytes: Optional[int] = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         if save_freq is not False and save_freq != "epoch" and (
                 isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1):
@@ -80,6 +81,9 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
                       "position reached when it is asked to stop (it is how nothing is lost)")
         if save_secs is not None and save_secs <= 0:
             raise UsageError(f"save_secs must be > 0, not {save_secs!r}")
+        if replay_memory_bytes is not None and replay_memory_bytes < 0:
+            raise UsageError(f"replay_memory_bytes must be >= 0, not {replay_memory_bytes!r}")
+        self.replay_memory_bytes = replay_memory_bytes  # the cap on fit's batches kept for a rollback (None: a share of host memory)
         self.backup_dir = backup_dir
         self.save_freq = save_freq
         self.double_checkpoint = double_checkpoint
@@ -98,6 +102,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         self._at = FitPosition()  # where this fit is (the position a snapshot records, and fit's own loop)
         self._rollback: Optional[FitRollback] = None  # the replay of fit's batches after a rollback
         self._each_batch = False  # check each batch's loss at once (a TerminateOnNaN reads it anyway)
+        self._fallback = False  # an untested Keras under rollback: no replay (restore, continue with the next batch)
         self._skip = 0
         self._skip_epoch = -1
         self._saved_metrics: list[Any] = []
@@ -158,11 +163,18 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             train = stale._original_train
         self._original_train = train
         dataset = getattr(inp.epoch_iterator, "_distributed_dataset", None)
+        rolling = rollback.watch.policy == OnNonfinite.ROLLBACK and rollback.detecting
+        untested = not keras_tested(keras.__version__)
+        self._fallback = untested and rolling  # Keras' own train function; a rollback continues with fit's next batch
+        if self._fallback:
+            print(untested_keras_line(keras.__version__), file=sys.stderr, flush=True)
+        self._rollback = None
         batches = BatchReplay(model, train, dataset.element_spec if isinstance(dataset, tf.data.Dataset)
-                              else None, at.spe)
-        self._rollback = FitRollback(model, batches, at, self.epoch_var, self.batch_var, lambda: sv.step, rollback)
+                              else None, at.spe, replay_cap(self.replay_memory_bytes), untested)
+        if not batches.off:
+            self._rollback = FitRollback(model, batches, at, self.epoch_var, self.batch_var, lambda: sv.step, rollback)
         rollback.watch.replay_unsupported = batches.unsupported
-        batches.keeping = rollback.watch.policy == OnNonfinite.ROLLBACK and rollback.detecting
+        batches.keeping = rolling
         # keras.callbacks.TerminateOnNaN reads each batch's logs["loss"]: checked (that one read) and
         # rolled back before it sees a NaN procsv rolls back
         self._each_batch = batches.keeping and any(
@@ -261,7 +273,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         at.live_batch += spe
         at.to_live()
         if replay is not None and not replay.unsupported:
-            replay.forget_through(sv._keeper.agent.last_committed if sv._keeper is not None else sv.step)
+            replay.forget_through(_newest_restorable(sv))
             if (self._each_batch or at.live_batch == self.params.get("steps")) and self._settle():  # epoch's end
                 logs = self.model.get_metrics_result()  # the epoch's logs without the poisoned batch
         self._last_logs = logs
@@ -291,8 +303,15 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
     def _settle(self) -> bool:
         """A non-finite loss since the last check rolled back now (:meth:`FitRollback.settle`); True if so."""
         sv, sess, rollback = self.sv, self._sess, self._rollback
-        if sv is None or sess is None or rollback is None:
+        if sv is None or sess is None:
             return False
+        if rollback is None:
+            if not self._fallback or sv._keeper is None:
+                return False
+            bad = sv._rollback.watch.losses.check()  # no batch to train again: restored, fit goes on (or ends) from there
+            if bad is not None:
+                sv._rollback.refused(NonFiniteState(sv.step, bad), False)
+            return bad is not None
         return rollback.settle(sess, sv._keeper is not None)
 
     def _write_position(self) -> None:
@@ -314,6 +333,20 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             return float(np.asarray(self.model.optimizer.learning_rate))
         except (TypeError, ValueError, AttributeError):
             return None
+
+
+def replay_cap(given: Optional[int]) -> int:
+    return default_cap() if given is None else given
+
+
+def _newest_restorable(sv: Supervisor) -> int:
+    """The newest step a rollback can restore: the newest in-memory snapshot or committed checkpoint
+    (no keeper: the step itself, nothing to restore)."""
+    if sv._keeper is None:
+        return sv.step
+    agent = sv._keeper.agent
+    copies = agent.store.copies
+    return max([agent.last_committed] + [c.step for c in copies.values()])
 
 
 def _scalars(logs: dict[str, Any]) -> dict[str, float]:

@@ -20,10 +20,21 @@ tracker is watched through ``logs["loss"]``.
 
 Only ``steps_per_execution=1`` and a plain (undistributed) ``tf.data`` input are kept this way:
 elsewhere :attr:`BatchReplay.unsupported` says why, and a rollback there stops the run (exit 4).
+
+What is kept is bounded: the batches since the newest in-memory snapshot or committed checkpoint
+(whichever is newer: :meth:`BatchReplay.forget_through`), and at most ``cap_bytes`` of them. Past
+the cap no batch is kept until a snapshot covers the last one left out (so the kept batches always
+follow the restored state without a gap), and :func:`over_cap_line` is said once: a non-finite loss
+before that snapshot restores the newest finite state, trains the batches kept after it again and
+continues with ``fit``'s next batch (the batches left out are not trained again: exact except for
+them). The same fallback, with nothing kept at all, serves a Keras version the replay is not tested
+with (:data:`TESTED_KERAS`, :func:`untested_keras_line`, said at ``fit`` start).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any, Optional
 
 from procsv.trainer.keras.step_warmup import _closure
@@ -31,20 +42,73 @@ from procsv.trainer.keras.step_warmup import _closure
 LOSS = "loss"  # the key of the batch's own loss in what the step function returns (what LossWatch keeps)
 LOGS = "logs"
 _OWN = "procsv_batch_loss"  # the batch's own loss among the logs of procsv's train step (popped before fit sees them)
+# the Keras versions the replay (model._make_function, the one_step_on_data closure, the loss
+# tracker's update_state listened to) is tested with; another one gets the fallback, said at fit start
+TESTED_KERAS = ("3.15.",)  # prefixes of keras.__version__
+CAP_SHARE = 0.1  # the default cap on the batches kept: this share of the host's memory
+
+
+def keras_tested(version: str) -> bool:
+    """``version`` (``keras.__version__``) is one the replay is tested with."""
+    return version.startswith(TESTED_KERAS)
+
+
+def untested_keras_line(version: str) -> str:
+    return (f"procsv: warning: Keras {version} is not one procsv's rollback replay is tested with "
+            f"({', '.join(v + 'x' for v in TESTED_KERAS)}): fit's batches are not kept, and a non-finite loss "
+            "restores the newest finite state and continues with fit's next batch (the batches since that "
+            "state are not trained again)")
+
+
+def over_cap_line(cap: int) -> str:
+    return (f"procsv: warning: the batches kept for a rollback's replay reached their cap ({cap / 2**20:.0f} MiB, "
+            "BackupAndRestore(replay_memory_bytes=...)); no more are kept until the next snapshot: a non-finite "
+            "loss before it restores the newest finite state, trains the kept batches again and continues with "
+            "fit's next batch (the batches past the cap are not trained again)")
+
+
+def default_cap() -> int:
+    """:data:`CAP_SHARE` of the host's physical memory, in bytes."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * CAP_SHARE)
+    except (ValueError, OSError):
+        return 1 << 30
+
+
+def nbytes(data: Any) -> int:
+    """The bytes of a batch's tensors, from their shapes and dtypes (no host read)."""
+    import tensorflow as tf
+
+    total = 0
+    for t in tf.nest.flatten(data):
+        n = t.shape.num_elements() if getattr(t, "shape", None) is not None else None
+        size = getattr(getattr(t, "dtype", None), "size", 0) or 0
+        total += (n or 0) * size
+    return total
 
 
 class BatchReplay:
     """Keras' step with its batch kept: ``run(iterator)`` trains the next batch of ``iterator``,
     ``again(step)`` trains the batch kept for ``step`` once more; ``kept`` maps a global step to
-    (epoch, batch index in it, the batch)."""
+    (epoch, batch index in it, the batch), at most ``cap_bytes`` of them (``kept_bytes``)."""
 
-    def __init__(self, model: Any, train_function: Any, element_spec: Any, steps_per_execution: int) -> None:
+    def __init__(self, model: Any, train_function: Any, element_spec: Any, steps_per_execution: int,
+                 cap_bytes: int = 1 << 62, off: bool = False) -> None:
         import tensorflow as tf
 
         self.kept: dict[int, tuple[int, int, Any]] = {}  # in the order of their steps
+        self.cap_bytes = cap_bytes
+        self.kept_bytes = 0
+        self._sizes: dict[int, int] = {}
+        self._left_out: Optional[int] = None  # the newest step not kept (past the cap) no snapshot covers yet
+        self.said_cap = False
         self.keeping = True  # False: no rollback can come (another policy, detection off): nothing kept
         self.unsupported = ""
+        self.off = off  # a Keras the replay is not tested with: none of its private API is used, nothing kept
         self._spec = element_spec
+        if off:
+            self._step: Any = None
+            return
         make = getattr(model, "_make_function", None)
         if steps_per_execution != 1:
             self.unsupported = "a Keras fit with steps_per_execution > 1 cannot be replayed batch by batch"
@@ -53,7 +117,7 @@ class BatchReplay:
         elif element_spec is None:
             self.unsupported = "the input is not a plain tf.data pipeline (a distribution strategy's)"
         if self.unsupported:
-            self._step: Any = None
+            self._step = None
             return
         # Keras' own per-batch function, made by Keras around a train step that also returns the loss
         # the batch handed its loss tracker (the model's own train_step, whatever it is, does the work)
@@ -80,9 +144,25 @@ class BatchReplay:
         return out
 
     def keep(self, step: int, epoch: int, index: int, data: Any) -> None:
-        if self.keeping:
-            self.kept.pop(step, None)  # (a step trained again after a rollback is kept where it now is)
-            self.kept[step] = (epoch, index, data)
+        """Keep ``data`` for ``step`` unless that passes the cap (then say so, once, and keep nothing
+        more until a snapshot covers ``step``)."""
+        if not self.keeping:
+            return
+        self._drop(step)  # (a step trained again after a rollback is kept where it now is)
+        size = nbytes(data)
+        if self._left_out is not None or self.kept_bytes + size > self.cap_bytes:
+            self._left_out = step if self._left_out is None else max(self._left_out, step)
+            if not self.said_cap:
+                self.said_cap = True
+                print(over_cap_line(self.cap_bytes), file=sys.stderr, flush=True)
+            return
+        self.kept[step] = (epoch, index, data)
+        self._sizes[step] = size
+        self.kept_bytes += size
+
+    def _drop(self, step: int) -> None:
+        if self.kept.pop(step, None) is not None:
+            self.kept_bytes -= self._sizes.pop(step, 0)
 
     def again(self, step: int) -> dict[str, Any]:
         """Train the batch kept for ``step`` once more, through the same traced step."""
@@ -101,9 +181,12 @@ class BatchReplay:
         return self.run(iter(dataset))
 
     def forget_through(self, step: int) -> None:
-        """Drop the batches of ``step`` and before (a committed checkpoint is at least that new)."""
+        """Drop the batches of ``step`` and before (an in-memory snapshot or a committed checkpoint
+        is at least that new: a rollback restores nothing older)."""
         while self.kept and next(iter(self.kept)) <= step:
-            del self.kept[next(iter(self.kept))]
+            self._drop(next(iter(self.kept)))
+        if self._left_out is not None and self._left_out <= step:
+            self._left_out = None  # the batches left out are behind every state a rollback restores
 
     def position(self, step: int) -> Optional[tuple[int, int]]:
         kept = self.kept.get(step)

@@ -11,7 +11,9 @@ logs are of the epoch without the poisoned batch) and of ``fit`` (:meth:`FitRoll
 every batch when ``keras.callbacks.TerminateOnNaN`` reads each batch's ``logs["loss"]`` anyway (so
 that a NaN rolled back never reaches it). A
 skipped step advances Keras' iteration counter as if it ran; the (epoch, batch) position a
-snapshot records follows the restored and the replayed steps.
+snapshot records follows the restored and the replayed steps. A step whose batch is not kept (past
+the cap, or none kept: :mod:`procsv.trainer.keras.replay`) is trained on fit's next batch instead:
+the fallback, exact except for the batches not trained again.
 """
 
 from __future__ import annotations
@@ -125,7 +127,9 @@ class FitRollback:
                 try:
                     sess.run(self.kept_step, None)
                 except _NoLiveInput:
-                    pass  # a skip at that boundary reached the last step: nothing more to replay
+                    if step() < last:  # not kept (past the cap, or an untested Keras): fit goes on with its next batch
+                        return True
+                    # else a skip at that boundary reached the last step: nothing more to replay
                 continue
             bad = watch.losses.check()
             if bad is None:
