@@ -27,7 +27,8 @@ given one kind). For each trainer attempt, on the watchdog's clock (``docs/obser
 - ``stopped``: after a preemption (the launch received SIGTERM/SIGINT): the last attempt's
   end to the launch's end, and between one launch's end and the next launch of the logdir;
 - ``unaccounted``: what none of the above bounds (a normal end's shutdown; an attempt whose end
-  is not recorded, e.g. a SIGKILLed watchdog).
+  is not recorded, e.g. a SIGKILLed watchdog, and no launch followed). Such an attempt has no
+  ``trained`` record: it stepped until its launch's last ``checkpoint_committed`` record.
 
 A group (``--nproc``; ``--ps`` workers that step) is also broken down per task (:func:`tasks`):
 the same kinds from each task's own records (a worker's restore and first step are in its
@@ -195,6 +196,8 @@ def _attempts(g: list[dict[str, Any]], live: Optional[float] = None, task: str =
     ``restored``/``first_step`` records: its ``trained`` record holds them."""
     by_pid: dict[Any, dict[str, dict[str, Any]]] = {}
     order = []
+    commits = [(float(e["time"]), int(e["step"])) for e in g
+               if e.get("event") == "checkpoint_committed" and isinstance(e.get("step"), int)]
     for e in g:
         kind = e.get("event")
         if kind == "spawned" and e.get("role") == task:
@@ -221,6 +224,12 @@ def _attempts(g: list[dict[str, Any]], live: Optional[float] = None, task: str =
         ended = min(kills + ends) if kills + ends else None
         last_step = int(trained["step"]) if trained else (int(first["step"]) if first else 0)
         running = live is not None and first is not None and trained is None and ended is None
+        last_at = None if not trained or trained.get("step_at") is None else float(trained["step_at"])
+        if trained is None and not running and first is not None and task == "trainer":
+            # no `trained` record (a SIGKILLed watchdog): its last commit is the last step the records show
+            seen = [c for c in commits if float(first["time"]) <= c[0] <= (ended or c[0]) and c[1] > last_step]
+            if seen:
+                last_at, last_step = max(seen)
         out.append(Attempt(
             spawned=float(r["spawned"]["time"]),
             ready=None if ready is None else float(ready["time"]),
@@ -228,8 +237,7 @@ def _attempts(g: list[dict[str, Any]], live: Optional[float] = None, task: str =
             restored_step=0 if ready is None else int(ready["step"]),
             first_step=None if first is None else float(first["time"]),
             first_step_no=0 if first is None else int(first["step"]),
-            last_at=live if running else
-            (None if not trained or trained.get("step_at") is None else float(trained["step_at"])),
+            last_at=live if running else last_at,
             last_step=last_step, ended=ended, hung="hang_detected" in r,
             busy_secs=float(trained.get("busy_secs") or 0.0) if trained else 0.0,
             busy_from=None if not trained or trained.get("busy_from") is None else float(trained["busy_from"])))
