@@ -15,13 +15,15 @@ given one kind). For each trainer attempt, on the watchdog's clock (``docs/obser
   pre-warmed zygote); then each attempt's spawn (a standby's promotion: the previous attempt's
   death) to the start of its restore, and the restore's end to its first completed step (TF
   import, model build and first trace, the first step);
-- ``restoring``: the restore itself (``secs`` of its ``restored``/``initialized`` record);
+- ``restoring``: the restore itself (``secs`` of its ``restored``/``initialized`` record), and
+  the in-place restores of its rollbacks after a non-finite loss (``secs`` of ``rolled_back``);
 - ``checkpoint``: the training loop blocked while a snapshot is taken (from the trainer's busy
   ``snapshot``/``final_checkpoint`` Progress to its next Progress);
 - ``productive``: the rest of the time from the first step to the last completed step, for the
   steps that were kept, shared out by steps;
 - ``redone``: the same for the steps the next attempt (or the next launch) trained again because
-  it restored an older step, plus the step in progress when an attempt was killed;
+  it restored an older step, plus the step in progress when an attempt was killed, plus the
+  steps a rollback undid (``rolled_back``: its ``step`` down to its ``restored_step``);
 - ``restart``: detecting a failure and starting the next attempt, backoff included: a hung
   attempt's last step to its kill, then the death (or the kill procsv sent) to the next spawn;
 - ``stopped``: after a preemption (the launch received SIGTERM/SIGINT): the last attempt's
@@ -62,6 +64,8 @@ class Attempt:
     hung: bool = False
     busy_secs: float = 0.0  # blocked by snapshots, closed intervals
     busy_from: Optional[float] = None  # blocked by a snapshot from then until its end
+    rolled_steps: int = 0  # steps trained, then undone by its in-place rollbacks (a non-finite loss)
+    rollback_secs: float = 0.0  # those rollbacks' restores
 
 
 @dataclass(frozen=True)
@@ -129,11 +133,13 @@ def breakdown(launch: Launch, restored_after: Optional[int] = None) -> Breakdown
             last = first if last is None else max(last, first)
             blocked_end = 0.0 if a.busy_from is None else _span(max(clip(a.busy_from) or end, last), end)
             blocked = min(a.busy_secs, last - first)
-            stepping = last - first - blocked
-            ran = a.last_step - a.first_step_no
-            kept = ran if keep_below is None else max(0, min(a.last_step, keep_below) - a.first_step_no)
+            rollback = min(a.rollback_secs, last - first - blocked)
+            stepping = last - first - blocked - rollback
+            ran = a.last_step - a.first_step_no + a.rolled_steps
+            kept = max(0, (a.last_step if keep_below is None else min(a.last_step, keep_below)) - a.first_step_no)
             share = min(1.0, kept / ran) if ran > 0 else 1.0
             s["checkpoint"] += blocked + blocked_end
+            s["restoring"] += rollback
             s["productive"] += stepping * share
             s["redone"] += stepping * (1.0 - share)
             tail = max(0.0, end - last - blocked_end)
@@ -196,6 +202,11 @@ def _attempts(g: list[dict[str, Any]], live: Optional[float] = None, task: str =
     ``restored``/``first_step`` records: its ``trained`` record holds them."""
     by_pid: dict[Any, dict[str, dict[str, Any]]] = {}
     order = []
+    undone: dict[Any, tuple[int, float]] = {}  # pid -> (steps undone, restore secs) of its rollbacks
+    for e in g:
+        if e.get("event") == "rolled_back":
+            n, secs = undone.get(e.get("pid"), (0, 0.0))
+            undone[e.get("pid")] = (n + max(0, int(e["step"]) - int(e["restored_step"])), secs + float(e.get("secs") or 0))
     commits = [(float(e["time"]), int(e["step"])) for e in g
                if e.get("event") == "checkpoint_committed" and isinstance(e.get("step"), int)]
     for e in g:
@@ -240,7 +251,8 @@ def _attempts(g: list[dict[str, Any]], live: Optional[float] = None, task: str =
             last_at=live if running else last_at,
             last_step=last_step, ended=ended, hung="hang_detected" in r,
             busy_secs=float(trained.get("busy_secs") or 0.0) if trained else 0.0,
-            busy_from=None if not trained or trained.get("busy_from") is None else float(trained["busy_from"])))
+            busy_from=None if not trained or trained.get("busy_from") is None else float(trained["busy_from"]),
+            rolled_steps=undone.get(pid, (0, 0.0))[0], rollback_secs=undone.get(pid, (0, 0.0))[1]))
     return out
 
 

@@ -139,3 +139,28 @@ def test_a_sigkilled_watchdogs_kept_steps_count_as_productive_after_the_relaunch
     assert b.secs["productive"] >= 0.99 * (kept[-1]["time"] - first), (b.secs, kept[-1], first)
     # only what follows the last record the launch wrote can have been re-done
     assert b.secs["redone"] <= launches[0].end - kept[-1]["time"] + 0.01, (b.secs, kept[-1])
+
+
+def test_the_steps_an_in_place_rollback_undid_are_redone_and_its_restore_is_restoring(logdir):
+    """--on-nonfinite rollback (the default under procsv launch): step 38's loss is NaN twice, and
+    each time the trainer restores step 33 in place (``rolled_back``) and trains 34.. again; the
+    steps undone are ``redone``, the in-place restores ``restoring``, in the report's breakdown
+    and in the watchdog's own (``report.json``), not ``productive``."""
+    delay = 0.1  # each step sleeps this long: a lower bound on its time
+    code, out, err = finish(launch(logdir, "--nan-at", "38", "--save-steps", "20", "--step-delay", str(delay),
+                                   "--steps", "60", target=os.path.join(PROGRAMS, "nan_train.py")), 300)
+    assert code == 0, out + err
+    events = lifecycle(logdir)
+    rolled = [e for e in events if e["event"] == "rolled_back"]
+    undone = sum(e["step"] - e["restored_step"] for e in rolled)
+    assert len(rolled) == 2 and undone >= 2, rolled
+    launches = gp.launches_from_events(events)
+    (b,), _ = gp.run_breakdown(launches)
+    assert abs(sum(b.secs.values()) - b.wall) <= 0.01 * b.wall, b.secs
+    assert b.secs["redone"] >= 0.9 * undone * delay, (b.secs, undone)
+    ready = next(e for e in events if e["event"] in ("restored", "initialized"))
+    assert b.secs["restoring"] >= ready["secs"] + sum(e["secs"] for e in rolled) - 0.001, (b.secs, rolled)
+    with open(os.path.join(logdir, "logs", "report.json")) as fh:
+        saved = json.load(fh)["breakdown"]
+    assert saved["redone_s"] >= 0.9 * undone * delay, (saved, undone)
+    assert abs(saved["redone_s"] - b.secs["redone"]) <= 0.01 * b.wall + 0.1, (saved, b.secs)
