@@ -271,10 +271,7 @@ def costliest(rows: list[tuple[str, Breakdown]]) -> Optional[tuple[str, Breakdow
 
 def render_tasks(rows: list[tuple[str, Breakdown]]) -> str:
     """Per task, the whole run's seconds per kind, and the line naming the task that cost the most."""
-    lines = ["  per task (s)            " + " ".join(f"{SHORT[k]:>8}" for k in KINDS) + f" {'wall':>8} {'goodput':>7}"]
-    for name, b in rows:
-        lines.append(f"  {name:<23} " + " ".join(f"{b.secs[k]:>8.1f}" for k in KINDS)
-                     + f" {b.wall:>8.1f} {_pct(b.goodput):>7}")
+    lines = _table("per task (s)", rows)
     worst = costliest(rows)
     if worst is not None:
         name, b = worst
@@ -291,18 +288,23 @@ SHORT = {"productive": "product", "startup": "startup", "restoring": "restore", 
 def render(per: list[tuple[int, Breakdown]], total: Breakdown) -> str:
     """The table ``procsv report`` prints: seconds per kind for each launch, then the whole run's
     (cumulative) with each kind's share of its wall time."""
-    head = "  where the time went (s) " + " ".join(f"{SHORT[k]:>8}" for k in KINDS) + f" {'wall':>8} {'goodput':>7}"
-    lines = [head]
-    for number, b in per:
-        lines.append(f"  {'launch ' + str(number):<23} " + " ".join(f"{b.secs[k]:>8.1f}" for k in KINDS)
-                     + f" {b.wall:>8.1f} {_pct(b.goodput):>7}")
-    if len(per) > 1 or not per:
-        lines.append(f"  {'all ' + str(len(per)) + ' launches':<23} " + " ".join(f"{total.secs[k]:>8.1f}" for k in KINDS)
-                     + f" {total.wall:>8.1f} {_pct(total.goodput):>7}")
+    rows = [(f"launch {number}", b) for number, b in per]
+    lines = _table("where the time went (s)", rows + ([(f"all {len(per)} launches", total)] if len(per) != 1 else []))
     if total.wall > 0:
         lines.append("  cumulative: " + ", ".join(f"{k} {total.secs[k] / total.wall:.1%}" for k in KINDS
                                                   if total.secs[k] > 0) + f" of {total.wall:.1f} s")
     return "\n".join(lines)
+
+
+def _table(title: str, rows: list[tuple[str, Breakdown]]) -> list[str]:
+    """A head line and a row per breakdown: seconds per kind, the wall time, the goodput; the
+    columns as wide as the widest figure (a month is 2,592,000.0 s)."""
+    w = max([8] + [len(f"{x:.1f}") for _, b in rows for x in (*b.secs.values(), b.wall)])
+    lines = [f"  {title:<23} " + " ".join(f"{SHORT[k]:>{w}}" for k in KINDS) + f" {'wall':>{w}} {'goodput':>7}"]
+    for name, b in rows:
+        lines.append(f"  {name:<23} " + " ".join(f"{b.secs[k]:>{w}.1f}" for k in KINDS)
+                     + f" {b.wall:>{w}.1f} {_pct(b.goodput):>7}")
+    return lines
 
 
 def _pct(x: Optional[float]) -> str:
