@@ -122,8 +122,8 @@ def breakdown(launch: Launch, restored_after: Optional[int] = None) -> Breakdown
             return None if t is None else min(max(t, born), end)
 
         ready, first, last = clip(a.ready), clip(a.first_step), clip(a.last_at)
-        if ready is None:
-            s["startup"] += end - born
+        if ready is None:  # not recorded: start-up to its first step (if any), as after a restore
+            s["startup"] += (first if first is not None else end) - born
         else:
             restore = min(a.restore_secs, ready - born)
             s["startup"] += ready - born - restore

@@ -172,3 +172,13 @@ def test_a_month_long_run_s_table_keeps_its_columns_aligned():
         for row in rows:  # each figure ends where its column's name ends
             assert [i + 1 for i, c in enumerate(row) if c != " " and (i + 1 == len(row) or row[i + 1] == " ")][-10:] \
                 == ends[-10:], (head, row)
+
+
+def test_an_attempt_that_stepped_with_no_restore_record_still_sums_to_the_wall_time():
+    # a first step heard with no TrainerReady before it (the watchdog records first_step on the
+    # first Progress whatever came before): start-up runs to the first step, not to the attempt's end
+    la = gp.Launch(0.0, 20.0, attempts=(gp.Attempt(spawned=1.0, first_step=5.0, first_step_no=1, last_at=15.0,
+                                                   last_step=101, ended=16.0),))
+    b = gp.breakdown(la)
+    assert sum(b.secs.values()) == pytest.approx(20.0), b.secs
+    assert b.secs["startup"] == pytest.approx(5.0) and b.secs["productive"] == pytest.approx(10.0), b.secs
