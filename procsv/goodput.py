@@ -77,6 +77,7 @@ class Launch:
     stopped: bool = False
     attempts: tuple[Attempt, ...] = ()
     number: int = 1
+    closed: bool = True  # it recorded its end (``finished``); False: its watchdog died (SIGKILL) first
 
 
 @dataclass
@@ -159,7 +160,9 @@ def breakdown(launch: Launch, restored_after: Optional[int] = None) -> Breakdown
 
 def run_breakdown(launches: list[Launch]) -> tuple[list[Breakdown], Breakdown]:
     """Each launch's breakdown, and the whole run's: their sum plus the gaps between launches
-    (``stopped``: from one launch's end to the next one's start)."""
+    (``stopped``: from one launch's end to the next one's start; ``unaccounted`` after a launch
+    whose watchdog died without a ``finished`` or ``preempted`` record: its trainer may have gone
+    on stepping after its last record, and nothing says when the relaunch was decided)."""
     per = []
     total = Breakdown()
     for i, la in enumerate(launches):
@@ -170,7 +173,7 @@ def run_breakdown(launches: list[Launch]) -> tuple[list[Breakdown], Breakdown]:
         total.add(b)
         if i + 1 < len(launches):
             gap = max(0.0, launches[i + 1].start - la.end)
-            total.secs["stopped"] += gap
+            total.secs["stopped" if la.stopped or la.closed else "unaccounted"] += gap
             total.wall += gap
     return per, total
 
@@ -192,7 +195,7 @@ def launches_from_events(events: list[dict[str, Any]], now: Optional[float] = No
         end = live if live is not None else max(float(e["time"]) for e in g)
         number = int(g[0].get("launch") or n + 1) if g[0].get("event") == "launch" else n + 1
         out.append(Launch(float(g[0]["time"]), end, any(e.get("event") == "preempted" for e in g),
-                          tuple(_attempts(g, live, task)), number))
+                          tuple(_attempts(g, live, task)), number, any(e.get("event") == "finished" for e in g)))
     return out
 
 

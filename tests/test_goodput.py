@@ -120,6 +120,7 @@ def test_a_sigkilled_watchdogs_kept_steps_count_as_productive_after_the_relaunch
             return True
 
     wait_for(gone, 60, what="the trainer's end after its watchdog's")
+    time.sleep(1.0)  # the time between the watchdog's death and the relaunch
     code, out, err = finish(launch(logdir, "--steps", str(max(committed_steps(logdir)) + 100), *args, target=TINY,
                                    env=ENV))
     assert code == 0, err
@@ -139,6 +140,11 @@ def test_a_sigkilled_watchdogs_kept_steps_count_as_productive_after_the_relaunch
     assert b.secs["productive"] >= 0.99 * (kept[-1]["time"] - first), (b.secs, kept[-1], first)
     # only what follows the last record the launch wrote can have been re-done
     assert b.secs["redone"] <= launches[0].end - kept[-1]["time"] + 0.01, (b.secs, kept[-1])
+    # the watchdog's death to the relaunch was no preemption: no record bounds it (its trainer
+    # stepped on after the launch's last record until it noticed its watchdog gone)
+    gap = launches[1].start - launches[0].end
+    assert total.secs["stopped"] == pytest.approx(b.secs["stopped"] + per[1].secs["stopped"]), total.secs
+    assert gap > 0.5 and total.secs["unaccounted"] >= gap, (total.secs, gap)
 
 
 def test_the_steps_an_in_place_rollback_undid_are_redone_and_its_restore_is_restoring(logdir):
