@@ -15,19 +15,22 @@ given one kind). For each trainer attempt, on the watchdog's clock (``docs/obser
   pre-warmed zygote); then each attempt's spawn (a standby's promotion: the previous attempt's
   death) to the start of its restore, and the restore's end to its first completed step (TF
   import, model build and first trace, the first step);
-- ``restoring``: the restore itself (``secs`` of its ``restored``/``initialized`` record);
+- ``restoring``: the restore itself (``secs`` of its ``restored``/``initialized`` record), and
+  the in-place restores of its rollbacks after a non-finite loss (``secs`` of ``rolled_back``);
 - ``checkpoint``: the training loop blocked while a snapshot is taken (from the trainer's busy
   ``snapshot``/``final_checkpoint`` Progress to its next Progress);
 - ``productive``: the rest of the time from the first step to the last completed step, for the
   steps that were kept, shared out by steps;
 - ``redone``: the same for the steps the next attempt (or the next launch) trained again because
-  it restored an older step, plus the step in progress when an attempt was killed;
+  it restored an older step, plus the step in progress when an attempt was killed, plus the
+  steps a rollback undid (``rolled_back``: its ``step`` down to its ``restored_step``);
 - ``restart``: detecting a failure and starting the next attempt, backoff included: a hung
   attempt's last step to its kill, then the death (or the kill procsv sent) to the next spawn;
 - ``stopped``: after a preemption (the launch received SIGTERM/SIGINT): the last attempt's
   end to the launch's end, and between one launch's end and the next launch of the logdir;
 - ``unaccounted``: what none of the above bounds (a normal end's shutdown; an attempt whose end
-  is not recorded, e.g. a SIGKILLed watchdog).
+  is not recorded, e.g. a SIGKILLed watchdog, and no launch followed). Such an attempt has no
+  ``trained`` record: it stepped until its launch's last ``checkpoint_committed`` record.
 
 A group (``--nproc``; ``--ps`` workers that step) is also broken down per task (:func:`tasks`):
 the same kinds from each task's own records (a worker's restore and first step are in its
@@ -61,6 +64,8 @@ class Attempt:
     hung: bool = False
     busy_secs: float = 0.0  # blocked by snapshots, closed intervals
     busy_from: Optional[float] = None  # blocked by a snapshot from then until its end
+    rolled_steps: int = 0  # steps trained, then undone by its in-place rollbacks (a non-finite loss)
+    rollback_secs: float = 0.0  # those rollbacks' restores
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,7 @@ class Launch:
     stopped: bool = False
     attempts: tuple[Attempt, ...] = ()
     number: int = 1
+    closed: bool = True  # it recorded its end (``finished``); False: its watchdog died (SIGKILL) first
 
 
 @dataclass
@@ -117,8 +123,8 @@ def breakdown(launch: Launch, restored_after: Optional[int] = None) -> Breakdown
             return None if t is None else min(max(t, born), end)
 
         ready, first, last = clip(a.ready), clip(a.first_step), clip(a.last_at)
-        if ready is None:
-            s["startup"] += end - born
+        if ready is None:  # not recorded: start-up to its first step (if any), as after a restore
+            s["startup"] += (first if first is not None else end) - born
         else:
             restore = min(a.restore_secs, ready - born)
             s["startup"] += ready - born - restore
@@ -128,11 +134,13 @@ def breakdown(launch: Launch, restored_after: Optional[int] = None) -> Breakdown
             last = first if last is None else max(last, first)
             blocked_end = 0.0 if a.busy_from is None else _span(max(clip(a.busy_from) or end, last), end)
             blocked = min(a.busy_secs, last - first)
-            stepping = last - first - blocked
-            ran = a.last_step - a.first_step_no
-            kept = ran if keep_below is None else max(0, min(a.last_step, keep_below) - a.first_step_no)
+            rollback = min(a.rollback_secs, last - first - blocked)
+            stepping = last - first - blocked - rollback
+            ran = a.last_step - a.first_step_no + a.rolled_steps
+            kept = max(0, (a.last_step if keep_below is None else min(a.last_step, keep_below)) - a.first_step_no)
             share = min(1.0, kept / ran) if ran > 0 else 1.0
             s["checkpoint"] += blocked + blocked_end
+            s["restoring"] += rollback
             s["productive"] += stepping * share
             s["redone"] += stepping * (1.0 - share)
             tail = max(0.0, end - last - blocked_end)
@@ -152,7 +160,9 @@ def breakdown(launch: Launch, restored_after: Optional[int] = None) -> Breakdown
 
 def run_breakdown(launches: list[Launch]) -> tuple[list[Breakdown], Breakdown]:
     """Each launch's breakdown, and the whole run's: their sum plus the gaps between launches
-    (``stopped``: from one launch's end to the next one's start)."""
+    (``stopped``: from one launch's end to the next one's start; ``unaccounted`` after a launch
+    whose watchdog died without a ``finished`` or ``preempted`` record: its trainer may have gone
+    on stepping after its last record, and nothing says when the relaunch was decided)."""
     per = []
     total = Breakdown()
     for i, la in enumerate(launches):
@@ -163,7 +173,7 @@ def run_breakdown(launches: list[Launch]) -> tuple[list[Breakdown], Breakdown]:
         total.add(b)
         if i + 1 < len(launches):
             gap = max(0.0, launches[i + 1].start - la.end)
-            total.secs["stopped"] += gap
+            total.secs["stopped" if la.stopped or la.closed else "unaccounted"] += gap
             total.wall += gap
     return per, total
 
@@ -185,7 +195,7 @@ def launches_from_events(events: list[dict[str, Any]], now: Optional[float] = No
         end = live if live is not None else max(float(e["time"]) for e in g)
         number = int(g[0].get("launch") or n + 1) if g[0].get("event") == "launch" else n + 1
         out.append(Launch(float(g[0]["time"]), end, any(e.get("event") == "preempted" for e in g),
-                          tuple(_attempts(g, live, task)), number))
+                          tuple(_attempts(g, live, task)), number, any(e.get("event") == "finished" for e in g)))
     return out
 
 
@@ -195,6 +205,13 @@ def _attempts(g: list[dict[str, Any]], live: Optional[float] = None, task: str =
     ``restored``/``first_step`` records: its ``trained`` record holds them."""
     by_pid: dict[Any, dict[str, dict[str, Any]]] = {}
     order = []
+    undone: dict[Any, tuple[int, float]] = {}  # pid -> (steps undone, restore secs) of its rollbacks
+    for e in g:
+        if e.get("event") == "rolled_back":
+            n, secs = undone.get(e.get("pid"), (0, 0.0))
+            undone[e.get("pid")] = (n + max(0, int(e["step"]) - int(e["restored_step"])), secs + float(e.get("secs") or 0))
+    commits = [(float(e["time"]), int(e["step"])) for e in g
+               if e.get("event") == "checkpoint_committed" and isinstance(e.get("step"), int)]
     for e in g:
         kind = e.get("event")
         if kind == "spawned" and e.get("role") == task:
@@ -221,6 +238,12 @@ def _attempts(g: list[dict[str, Any]], live: Optional[float] = None, task: str =
         ended = min(kills + ends) if kills + ends else None
         last_step = int(trained["step"]) if trained else (int(first["step"]) if first else 0)
         running = live is not None and first is not None and trained is None and ended is None
+        last_at = None if not trained or trained.get("step_at") is None else float(trained["step_at"])
+        if trained is None and not running and first is not None and task == "trainer":
+            # no `trained` record (a SIGKILLed watchdog): its last commit is the last step the records show
+            seen = [c for c in commits if float(first["time"]) <= c[0] <= (ended or c[0]) and c[1] > last_step]
+            if seen:
+                last_at, last_step = max(seen)
         out.append(Attempt(
             spawned=float(r["spawned"]["time"]),
             ready=None if ready is None else float(ready["time"]),
@@ -228,11 +251,11 @@ def _attempts(g: list[dict[str, Any]], live: Optional[float] = None, task: str =
             restored_step=0 if ready is None else int(ready["step"]),
             first_step=None if first is None else float(first["time"]),
             first_step_no=0 if first is None else int(first["step"]),
-            last_at=live if running else
-            (None if not trained or trained.get("step_at") is None else float(trained["step_at"])),
+            last_at=live if running else last_at,
             last_step=last_step, ended=ended, hung="hang_detected" in r,
             busy_secs=float(trained.get("busy_secs") or 0.0) if trained else 0.0,
-            busy_from=None if not trained or trained.get("busy_from") is None else float(trained["busy_from"])))
+            busy_from=None if not trained or trained.get("busy_from") is None else float(trained["busy_from"]),
+            rolled_steps=undone.get(pid, (0, 0.0))[0], rollback_secs=undone.get(pid, (0, 0.0))[1]))
     return out
 
 
@@ -251,10 +274,7 @@ def costliest(rows: list[tuple[str, Breakdown]]) -> Optional[tuple[str, Breakdow
 
 def render_tasks(rows: list[tuple[str, Breakdown]]) -> str:
     """Per task, the whole run's seconds per kind, and the line naming the task that cost the most."""
-    lines = ["  per task (s)            " + " ".join(f"{SHORT[k]:>8}" for k in KINDS) + f" {'wall':>8} {'goodput':>7}"]
-    for name, b in rows:
-        lines.append(f"  {name:<23} " + " ".join(f"{b.secs[k]:>8.1f}" for k in KINDS)
-                     + f" {b.wall:>8.1f} {_pct(b.goodput):>7}")
+    lines = _table("per task (s)", rows)
     worst = costliest(rows)
     if worst is not None:
         name, b = worst
@@ -271,18 +291,23 @@ SHORT = {"productive": "product", "startup": "startup", "restoring": "restore", 
 def render(per: list[tuple[int, Breakdown]], total: Breakdown) -> str:
     """The table ``procsv report`` prints: seconds per kind for each launch, then the whole run's
     (cumulative) with each kind's share of its wall time."""
-    head = "  where the time went (s) " + " ".join(f"{SHORT[k]:>8}" for k in KINDS) + f" {'wall':>8} {'goodput':>7}"
-    lines = [head]
-    for number, b in per:
-        lines.append(f"  {'launch ' + str(number):<23} " + " ".join(f"{b.secs[k]:>8.1f}" for k in KINDS)
-                     + f" {b.wall:>8.1f} {_pct(b.goodput):>7}")
-    if len(per) > 1 or not per:
-        lines.append(f"  {'all ' + str(len(per)) + ' launches':<23} " + " ".join(f"{total.secs[k]:>8.1f}" for k in KINDS)
-                     + f" {total.wall:>8.1f} {_pct(total.goodput):>7}")
+    rows = [(f"launch {number}", b) for number, b in per]
+    lines = _table("where the time went (s)", rows + ([(f"all {len(per)} launches", total)] if len(per) != 1 else []))
     if total.wall > 0:
         lines.append("  cumulative: " + ", ".join(f"{k} {total.secs[k] / total.wall:.1%}" for k in KINDS
                                                   if total.secs[k] > 0) + f" of {total.wall:.1f} s")
     return "\n".join(lines)
+
+
+def _table(title: str, rows: list[tuple[str, Breakdown]]) -> list[str]:
+    """A head line and a row per breakdown: seconds per kind, the wall time, the goodput; the
+    columns as wide as the widest figure (a month is 2,592,000.0 s)."""
+    w = max([8] + [len(f"{x:.1f}") for _, b in rows for x in (*b.secs.values(), b.wall)])
+    lines = [f"  {title:<23} " + " ".join(f"{SHORT[k]:>{w}}" for k in KINDS) + f" {'wall':>{w}} {'goodput':>7}"]
+    for name, b in rows:
+        lines.append(f"  {name:<23} " + " ".join(f"{b.secs[k]:>{w}.1f}" for k in KINDS)
+                     + f" {b.wall:>{w}.1f} {_pct(b.goodput):>7}")
+    return lines
 
 
 def _pct(x: Optional[float]) -> str:

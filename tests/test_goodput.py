@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from conftest import (PROGRAMS, REPO, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, wait_for,
@@ -96,3 +97,76 @@ def test_kinds_sum_to_the_wall_time_across_kills_a_preemption_and_a_relaunch(log
         assert abs(saved[f"{kind}_s"] - per[1].secs[kind]) <= 0.01 * per[1].wall + 0.1, (kind, saved, per[1].secs)
     shown = (raw_status(logdir) or {}).get("breakdown")
     assert shown is not None and shown["productive_s"] > 0, shown
+
+
+def test_a_sigkilled_watchdogs_kept_steps_count_as_productive_after_the_relaunch(logdir):
+    """The watchdog SIGKILLed (its trainer dies with it, no ``trained`` record), then a relaunch of
+    the logdir: the relaunch restored the killed launch's last commit, so the killed attempt's steps
+    up to its last ``checkpoint_committed`` record were kept (productive), not re-done."""
+    args = ("--step-delay", "0.01", "--save-steps", "100")
+    proc = launch(logdir, "--steps", "100000", *args, target=TINY, env=ENV)
+    try:
+        wait_for(lambda: any(e["event"] == "checkpoint_committed" and e["step"] >= 300 for e in lifecycle(logdir)),
+                 180, what="the commit of step 300 recorded")
+        trainer = psutil.Process(wait_role_pid(logdir, "trainer"))
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        finish(proc)
+
+    def gone() -> bool:
+        try:
+            return trainer.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_for(gone, 60, what="the trainer's end after its watchdog's")
+    time.sleep(1.0)  # the time between the watchdog's death and the relaunch
+    code, out, err = finish(launch(logdir, "--steps", str(max(committed_steps(logdir)) + 100), *args, target=TINY,
+                                   env=ENV))
+    assert code == 0, err
+
+    events = lifecycle(logdir)
+    launches = gp.launches_from_events(events)
+    assert [len(la.attempts) for la in launches] == [1, 1], launches
+    first = launches[0].attempts[0].first_step
+    resumed = launches[1].attempts[0].restored_step
+    ends = [i for i, e in enumerate(events) if e["event"] == "launch"][1]
+    kept = [e for e in events[:ends] if e["event"] == "checkpoint_committed" and e["step"] <= resumed]
+    assert first is not None and kept and resumed >= 300, (resumed, kept)
+    per, total = gp.run_breakdown(launches)
+    b = per[0]
+    assert abs(sum(b.secs.values()) - b.wall) <= 0.01 * b.wall, b.secs
+    # the first step to the last commit the relaunch restored from: kept steps
+    assert b.secs["productive"] >= 0.99 * (kept[-1]["time"] - first), (b.secs, kept[-1], first)
+    # only what follows the last record the launch wrote can have been re-done
+    assert b.secs["redone"] <= launches[0].end - kept[-1]["time"] + 0.01, (b.secs, kept[-1])
+    # the watchdog's death to the relaunch was no preemption: no record bounds it (its trainer
+    # stepped on after the launch's last record until it noticed its watchdog gone)
+    gap = launches[1].start - launches[0].end
+    assert total.secs["stopped"] == pytest.approx(b.secs["stopped"] + per[1].secs["stopped"]), total.secs
+    assert gap > 0.5 and total.secs["unaccounted"] >= gap, (total.secs, gap)
+
+
+def test_the_steps_an_in_place_rollback_undid_are_redone_and_its_restore_is_restoring(logdir):
+    """--on-nonfinite rollback (the default under procsv launch): step 38's loss is NaN twice, and
+    each time the trainer restores step 33 in place (``rolled_back``) and trains 34.. again; the
+    steps undone are ``redone``, the in-place restores ``restoring``, in the report's breakdown
+    and in the watchdog's own (``report.json``), not ``productive``."""
+    delay = 0.1  # each step sleeps this long: a lower bound on its time
+    code, out, err = finish(launch(logdir, "--nan-at", "38", "--save-steps", "20", "--step-delay", str(delay),
+                                   "--steps", "60", target=os.path.join(PROGRAMS, "nan_train.py")), 300)
+    assert code == 0, out + err
+    events = lifecycle(logdir)
+    rolled = [e for e in events if e["event"] == "rolled_back"]
+    undone = sum(e["step"] - e["restored_step"] for e in rolled)
+    assert len(rolled) == 2 and undone >= 2, rolled
+    launches = gp.launches_from_events(events)
+    (b,), _ = gp.run_breakdown(launches)
+    assert abs(sum(b.secs.values()) - b.wall) <= 0.01 * b.wall, b.secs
+    assert b.secs["redone"] >= 0.9 * undone * delay, (b.secs, undone)
+    ready = next(e for e in events if e["event"] in ("restored", "initialized"))
+    assert b.secs["restoring"] >= ready["secs"] + sum(e["secs"] for e in rolled) - 0.001, (b.secs, rolled)
+    with open(os.path.join(logdir, "logs", "report.json")) as fh:
+        saved = json.load(fh)["breakdown"]
+    assert saved["redone_s"] >= 0.9 * undone * delay, (saved, undone)
+    assert abs(saved["redone_s"] - b.secs["redone"]) <= 0.01 * b.wall + 0.1, (saved, b.secs)

@@ -158,3 +158,27 @@ def test_a_groups_worker_is_broken_down_from_its_trained_records_and_the_costlie
     assert gp.costliest(rows) == rows[1]
     text = gp.render_tasks(rows)
     assert "costliest task: worker1, 15.0 s of 21.0 s not kept steps (startup 7.5 s, restart 3.5 s" in text, text
+
+
+def test_a_month_long_run_s_table_keeps_its_columns_aligned():
+    month = 30 * 24 * 3600.0  # 2,592,000 s: wider than the 8 characters of a short run's columns
+    b = gp.Breakdown(wall=month)
+    b.secs.update(productive=month - 3600.0, startup=3600.0)
+    short = gp.Breakdown(wall=100.0)
+    short.secs.update(productive=90.0, startup=10.0)
+    for text in (gp.render([(1, b), (2, short)], b), gp.render_tasks([("trainer", b), ("worker1", short)])):
+        head, *rows = [line for line in text.splitlines()[:3]]
+        ends = [i + 1 for i, c in enumerate(head) if c != " " and (i + 1 == len(head) or head[i + 1] == " ")]
+        for row in rows:  # each figure ends where its column's name ends
+            assert [i + 1 for i, c in enumerate(row) if c != " " and (i + 1 == len(row) or row[i + 1] == " ")][-10:] \
+                == ends[-10:], (head, row)
+
+
+def test_an_attempt_that_stepped_with_no_restore_record_still_sums_to_the_wall_time():
+    # a first step heard with no TrainerReady before it (the watchdog records first_step on the
+    # first Progress whatever came before): start-up runs to the first step, not to the attempt's end
+    la = gp.Launch(0.0, 20.0, attempts=(gp.Attempt(spawned=1.0, first_step=5.0, first_step_no=1, last_at=15.0,
+                                                   last_step=101, ended=16.0),))
+    b = gp.breakdown(la)
+    assert sum(b.secs.values()) == pytest.approx(20.0), b.secs
+    assert b.secs["startup"] == pytest.approx(5.0) and b.secs["productive"] == pytest.approx(10.0), b.secs

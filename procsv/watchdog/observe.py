@@ -185,6 +185,7 @@ def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped,
     out = [Report(Event.NONFINITE_DETECTED, f) for f in ended(view.nonfinite_log)]  # acted on: the next one is a first
     if isinstance(msg, RolledBack):
         view.rollbacks += 1
+        trainer.rolled_back(msg.step - msg.restored_step, msg.restore_secs)  # goodput: re-done steps, a restore
         return out + [Report(Event.ROLLED_BACK, {"pid": msg.pid, "step": msg.step, "restored_step": msg.restored_step,
                                                  "source": _plain(msg.source), "path": msg.path, "skip": msg.skip,
                                                  "secs": round(msg.restore_secs, 4), "epoch": msg.epoch,

@@ -86,6 +86,8 @@ class ChildView:
     busy_secs: float = 0.0  # its busy spans that ended before now, in total
     restore_secs: float = 0.0  # its TrainerReady's
     first_step_no: int = 0  # the step of its first completed step
+    rolled_steps: int = 0  # steps its in-place rollbacks undid (RolledBack: step - restored_step), in total
+    rollback_secs: float = 0.0  # those rollbacks' restores
     save_overdue: str = ""  # its snapshot in flight passed its deadline (SaveOverdue): why, until acted on
     refused_at: Optional[float] = None  # it last refused a snapshot of a non-finite state (NonfiniteDetected)
     loading_since: Optional[float] = None  # a service loading what it needs (ServiceLoading), until loaded
@@ -122,6 +124,11 @@ class ChildView:
             self.busy_secs += now - self.busy_since
             self.busy_since = None
         self.busy = busy
+
+    def rolled_back(self, steps: int, secs: float) -> None:
+        """A rollback (RolledBack) undid ``steps`` of its steps in place, its restore took ``secs``."""
+        self.rolled_steps += max(0, steps)
+        self.rollback_secs += secs
 
     def trained(self, now: float, wall: float) -> dict[str, Any]:
         """A trainer's (or a group's worker's) ``trained`` lifecycle record, at its end ``now``
