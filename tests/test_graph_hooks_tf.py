@@ -112,7 +112,12 @@ def test_step_counter_tags_the_global_steps_op_name_and_warns_when_runs_do_not_a
     tags = {v.tag for e in tf.compat.v1.train.summary_iterator(events) for v in e.summary.value}
     assert tags == {"bar/foo/sec"}
     assert any(line.startswith("bar/foo/sec: ") for line in tf_lines)
-    assert sum("has not been increased" in line for line in tf_lines) == 1
+    # the runs of `stay` do not advance the step: the second one warns, naming the step twice. (The
+    # hook's fetch of the step runs beside the run's own ops with no order between them, in TF's hook
+    # as here, so a run of `step` may read its step before or after its increment: under load, one
+    # such run can read the same value as the run before it and warn too; the count is not fixed)
+    assert any("has not been increased. Current value (could be stable): 3 vs previous value: 3" in line
+               for line in tf_lines), tf_lines
 
 
 def test_checkpoint_saver_hook_on_a_plain_session_saves_as_tensorflows(tmp_path):
