@@ -17,8 +17,6 @@ import sys
 import time
 from typing import Optional, Sequence
 
-import psutil
-
 from procsv.common import env
 from procsv.common.errors import LogdirLocked, UsageError
 from procsv.common.layout import Layout
@@ -289,7 +287,9 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         finally:
             if probes is not None:
                 probes.close()
-    watchdog = Watchdog(cfg, born=psutil.Process().create_time())  # the launch began with this process
+    from procsv.common.bootstrap import process_age
+
+    watchdog = Watchdog(cfg, born=time.time() - process_age())  # the launch began with this process
     code = watchdog.run()
     return after_run(code, preempt_signal, args.requeue_on_preempt, placed.job_id, lambda: watchdog.view.stop_signal)
 

@@ -135,3 +135,13 @@ def run_service(name: str, main: Callable[[ChildContext], int]) -> int:
     except BaseException as exc:
         write_error_file(ctx, exc, "run")
         raise
+
+
+def process_age() -> float:
+    """Seconds since this process started: its start time in ``/proc/self/stat`` (clock ticks since
+    boot) against ``CLOCK_BOOTTIME``. (psutil's ``create_time`` adds the boot time that ``/proc/stat``
+    rounds to a whole second, so a wall time made from it can be a second off.)"""
+    with open("/proc/self/stat") as fh:
+        after_name = fh.read().rsplit(")", 1)[1].split()  # the name may hold spaces and parentheses
+    started = int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+    return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
