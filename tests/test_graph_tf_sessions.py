@@ -235,3 +235,62 @@ def test_an_after_save_that_returns_true_stops_after_that_run_and_the_final_save
     path = tf.train.latest_checkpoint(folder)
     assert path.endswith("model.ckpt-3")
     assert tf.train.load_variable(path, "global_step") == 3 and tf.train.load_variable(path, "w") == 12.5
+
+
+def test_monitored_training_session_with_save_checkpoint_secs_0_saves_no_checkpoint_not_even_a_final_one(logdir):
+    import tensorflow as tf
+
+    from procsv import train
+    from conftest import committed_steps
+
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        step = tf.compat.v1.assign_add(gs, 1)
+        # as TF: save_checkpoint_secs=0 adds no CheckpointSaverHook, and without one nothing is saved
+        with train.MonitoredTrainingSession(is_chief=True, checkpoint_dir=logdir, save_checkpoint_secs=0) as sess:
+            assert sess.run(step) == 1 and sess.run(step) == 2
+        assert committed_steps(logdir) == []
+        with train.MonitoredTrainingSession(is_chief=True, checkpoint_dir=logdir) as sess:
+            assert sess.run(gs) == 0  # nothing to restore
+            assert sess.run(step) == 1
+        assert committed_steps(logdir)[-1] == 1  # the default hook's final save still happens
+
+
+def test_request_stop_outside_a_with_block_raises_stop_iteration_and_leaves_should_stop_false(logdir):
+    import tensorflow as tf
+
+    from procsv import train
+
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        step = tf.compat.v1.assign_add(gs, 1)
+
+        def step_fn(step_context):
+            step_context.run_with_hooks(step)
+            step_context.request_stop()
+
+        sess = train.MonitoredSession(train.ChiefSessionCreator(checkpoint_dir=logdir))
+        with pytest.raises(StopIteration):
+            sess.run_step_fn(step_fn)
+        assert not sess.should_stop()  # as TF: only a with block turns the StopIteration into the end
+        assert sess.run(step) == 2
+        sess.close()
+        assert sess.should_stop()
+
+
+def test_close_inside_a_with_block_is_session_already_closed_at_its_end(logdir):
+    import tensorflow as tf
+
+    from procsv import train
+
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        step = tf.compat.v1.assign_add(gs, 1)
+        with pytest.raises(RuntimeError, match="Session is already closed"):
+            with train.MonitoredSession(train.ChiefSessionCreator(checkpoint_dir=logdir)) as sess:
+                sess.run(step)
+                sess.close()
+        sess = train.SingularMonitoredSession(checkpoint_dir=logdir)
+        sess.close()
+        with pytest.raises(RuntimeError, match="Session is already closed"):
+            sess.close()

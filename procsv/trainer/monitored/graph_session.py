@@ -167,11 +167,7 @@ class GraphMonitoredSession:
         def call(sess: GraphHookedSession) -> Any:
             return step_fn(self._step_context(self._raw, sess.run))
 
-        try:
-            return self._recovering(call)
-        except StopIteration:
-            self._stop_requested = True
-            raise
+        return self._recovering(call)  # a StopIteration (request_stop) leaves should_stop() False, as TF
 
     def request_stop(self) -> None:
         self._stop_requested = True
@@ -188,8 +184,8 @@ class GraphMonitoredSession:
     def close_internal(self, exc: Optional[BaseException]) -> None:
         """``end()`` on every hook unless the block failed (``exc``) or a failure was recorded
         elsewhere; then stop the Supervisor; a recorded failure is raised after the stop."""
-        if self._closed:
-            return
+        if self._closed:  # as TF: a second close (close() inside a ``with`` block) is an error
+            raise RuntimeError("Session is already closed.")
         self._closed = True
         sv = self._creator.supervisor
         try:

@@ -10,8 +10,8 @@ Runs in the trainer process, in its main thread. The call order is TensorFlow's
   ``SessionRunArgs``), one training step (``step_fn(*args, **kwargs)`` through the Supervisor's
   managed session: the global step advances, checkpoints and summaries happen at its boundary),
   the hooks' fetches are read, ``after_run`` on every hook; returns what ``step_fn`` returned;
-* a run after a stop was requested (by a hook, ``StepContext.request_stop`` or
-  ``request_stop()``) is a ``RuntimeError``; after SIGTERM/SIGINT (preemption) or a checkpoint
+* a run after a stop was requested (by a hook or ``request_stop()``; ``StepContext.request_stop``
+  only raises StopIteration, as TF) is a ``RuntimeError``; after SIGTERM/SIGINT (preemption) or a checkpoint
   failure it is :class:`procsv.TrainingStopped`, a clean stop, so the block still saves;
 * exit: ``end(session)`` on every hook on a clean exit only (``OutOfRangeError``,
   ``StopIteration`` and ``TrainingStopped`` are clean and suppressed by the ``with`` block), then
@@ -62,8 +62,8 @@ class StepContext:
         return self._run_with_hooks_fn(*args, **kwargs)
 
     def request_stop(self) -> None:
-        """End the loop: raises StopIteration out of the step function and ``run_step_fn``; the
-        session's ``should_stop()`` is True afterwards, and a ``with`` block ends cleanly."""
+        """End the loop: raises StopIteration out of the step function and ``run_step_fn``; a ``with``
+        block ends cleanly (``should_stop()`` itself stays False, as TF's)."""
         raise StopIteration("step_fn has requested the iterations to stop.")
 
 
@@ -204,8 +204,8 @@ class _MonitoredSession:
         """Call ``step_fn(step_context)``; return what it returns.
 
         Raises ``ValueError`` if ``step_fn`` does not take exactly one ``step_context`` argument
-        (after ``self``), and ``StopIteration`` if it called ``step_context.request_stop()``
-        (``should_stop()`` is then True; a ``with`` block ends cleanly).
+        (after ``self``), and ``StopIteration`` if it called ``step_context.request_stop()`` (a
+        ``with`` block ends cleanly; outside one, ``should_stop()`` stays False, as TF).
         """
         try:
             names = list(inspect.signature(step_fn).parameters)
@@ -218,11 +218,7 @@ class _MonitoredSession:
             return self._graph.run_step_fn(step_fn, self._tf_sess)
         if self._graph is not None:
             return self._graph.run_step_fn(step_fn)
-        try:
-            return step_fn(StepContext(self._raw, self.run))
-        except StopIteration:
-            self._stop_requested = True
-            raise
+        return step_fn(StepContext(self._raw, self.run))
 
     @property
     def _sess(self) -> Any:
@@ -261,8 +257,8 @@ class _MonitoredSession:
     def _close_internal(self, exc: Optional[BaseException]) -> None:
         """``exc``: what the block raised (None: a clean exit). A failure recorded elsewhere (a
         checkpoint failure, a thread's error) also skips ``end()`` and is raised after the stop."""
-        if self._closed:
-            return
+        if self._closed:  # as TF: a second close (close() inside a ``with`` block) is an error
+            raise RuntimeError("Session is already closed.")
         self._closed = True
         sv = self._sv
         if exc is None and sv.coord.exception is None:
@@ -392,6 +388,8 @@ def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None, 
         all_hooks.append(bh.CheckpointSaverHook(checkpoint_dir, save_secs=save_checkpoint_secs,
                                                 save_steps=save_checkpoint_steps, scaffold=scaffold,
                                                 save_graph_def=save_graph_def))
+    elif scaffold.graph_mode and save_checkpoint_secs == 0 and not save_checkpoint_steps:  # the Supervisor's
+        creator.supervisor_options["save_model_secs"] = 0  # rule, as TF: 0 saves nothing, no final checkpoint
     all_hooks.extend(hooks or [])
     return MonitoredSession(creator, all_hooks, stop_grace_period_secs)
 
