@@ -118,6 +118,20 @@ def test_each_task_is_restarted_alone_and_the_replicas_example_trains_to_the_end
     report = subprocess.run([sys.executable, "-m", "procsv", "report", logdir], capture_output=True, text=True,
                             timeout=60)
     assert "tasks: chief 2 restart(s), ps0 1 restart(s), worker1 2 restart(s)" in report.stdout, report.stdout
+    # where each task's time went (issue 53): the tasks that step (the chief, the worker; a parameter
+    # server takes no step) each have a breakdown that sums to its wall time, and the costliest is named
+    from procsv import goodput as gp
+
+    events = lifecycle(logdir)
+    assert gp.tasks(events) == ["trainer", "worker1"], gp.tasks(events)
+    rows = []
+    for task in ("trainer", "worker1"):
+        _, b = gp.run_breakdown(gp.launches_from_events(events, task=task))
+        assert abs(sum(b.secs.values()) - b.wall) <= 0.01 * b.wall, (task, b.secs)
+        assert b.secs["productive"] > 0 and b.secs["restart"] + b.secs["startup"] > 0, (task, b.secs)
+        rows.append((task, b))
+    worst = gp.costliest(rows)
+    assert worst is not None and f"costliest task: {worst[0]}, " in report.stdout, report.stdout
     import tensorflow as tf
 
     latest = tf.train.latest_checkpoint(logdir)
