@@ -51,15 +51,6 @@ def start_ticks(pid: int) -> Optional[int]:
         return None
 
 
-def parent_of(pid: int) -> Optional[int]:
-    """The parent of ``pid`` (``/proc/<pid>/stat`` field 4); None if there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return int(fh.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def send(pidfd: int, sig: int) -> bool:
     """Signal the process of ``pidfd``; False if it is gone (reaped) or the fd is closed (-1)."""
     if pidfd < 0:

@@ -31,9 +31,6 @@ class DeathWatch:
         self._alive = alive
         self._on_event = on_event
         self._cancelled = False
-        self._ended = False  # the thread has returned (under _lock)
-        self._release_at_end = False  # close() timed out: the thread releases the mutex as it returns
-        self._lock = threading.Lock()
         self.waiting = False  # True once the trainer holds the mutex and the watch blocks on it
         self.thread = threading.Thread(target=self._run, name="procsv-deathwatch", daemon=True)
         self.thread.start()
@@ -42,32 +39,22 @@ class DeathWatch:
         self._cancelled = True
 
     def close(self, timeout: float = 1.0) -> bool:
-        """Once the trainer is reaped: let the thread end, then unmap the mutex and delete its file.
+        """Once the trainer is reaped: let the thread end; True if it did within ``timeout``.
 
-        The thread returns within milliseconds of the trainer's death (the kernel wakes a waiter on
-        a dead owner's robust mutex at its exit; the polling before it ends on :meth:`cancel`).
-        If it has not ended within ``timeout`` (a loaded machine), False is returned and the thread
-        unmaps and deletes them itself as it returns (never unmapped under a waiting thread, and
-        never left behind by a reaped trainer).
+        The thread unmaps the mutex and deletes its file as it returns, whenever that is (never
+        unmapped under a waiting thread, never left behind by a reaped trainer); it returns within
+        milliseconds of the trainer's death (the kernel wakes a waiter on a dead owner's robust
+        mutex at its exit; the polling before it ends on :meth:`cancel`), later on a loaded machine.
         """
         self.cancel()
         self.thread.join(timeout)
-        with self._lock:
-            if not self._ended:
-                self._release_at_end = True
-                return False
-        self.mutex.remove()
-        return True
+        return not self.thread.is_alive()
 
     def _run(self) -> None:
         try:
             self._watch()
         finally:
-            with self._lock:
-                self._ended = True
-                release = self._release_at_end
-            if release:
-                self.mutex.remove()
+            self.mutex.remove()  # no process holds it (dead, released, reaped) or will (cancelled)
 
     def _watch(self) -> None:
         while not self._cancelled:

@@ -33,7 +33,6 @@ from procsv.ipc.pipe import FramedReader, framed
 from procsv.common import env as envvars
 from procsv.common import spawn
 from procsv.common.orphans import become_subreaper
-from procsv.common.pidfd import parent_of
 
 FORK_REPLY_TIMEOUT = 10.0
 
@@ -140,7 +139,7 @@ class Zygote:
         if reply is not None:
             if reply.error or reply.pid <= 0:
                 raise ZygoteUnavailable(reply.error or "fork failed")
-            return Adopted.take(reply.pid, self.pid)
+            return Adopted.take(reply.pid)
         if not self.alive():
             raise ZygoteUnavailable("the zygote died")
         return None
@@ -223,25 +222,21 @@ class Adopted:
         self.returncode: Optional[int] = None
 
     @staticmethod
-    def take(pid: int, zygote: int) -> "Adopted":
-        """The fork ``pid`` the zygote reported, checked to be this process's child, or the child
-        of the zygote's intermediate that is re-parenting it to this process as it exits (the reply
-        does not wait for that exit). Either way it is unreaped (a zombie if it died at once: only
-        this process will reap it), so its pid names it until :meth:`poll` reaps it."""
-        for _ in range(2):  # twice: the intermediate may be reaped between the two reads
-            parent = parent_of(pid) if pid > 0 else None
-            if parent == os.getpid() or (parent is not None and parent_of(parent) == zygote):
+    def take(pid: int) -> "Adopted":
+        """The fork ``pid`` the zygote reported, checked to be this process's child (the zygote
+        replies once the intermediate that re-parented it here is reaped). It is unreaped (a zombie
+        if it died at once: only this process will reap it), so its pid names it until :meth:`poll`."""
+        try:
+            if pid > 0:
+                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)  # (reaps nothing)
                 return Adopted(pid)
+        except ChildProcessError:
+            pass
         raise ZygoteUnavailable(f"the forked trainer (pid {pid}) is not this process's child")
 
     def poll(self) -> Optional[int]:
         if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # not re-parented to this process yet (its intermediate exits)
-                if parent_of(self.pid) is None:  # (gone: never happens to a pid take() checked)
-                    self.returncode = -signal.SIGKILL
-                return self.returncode
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode

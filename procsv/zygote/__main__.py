@@ -6,7 +6,7 @@ that has only imported TensorFlow can fork children that train normally, whereas
 op deadlocks the child. When its parent sends a :class:`ForkRequest` on its pipe, the zygote forks
 twice over: an intermediate child, forked ahead of the request, forks the trainer, says its pid and
 exits at once, so the trainer is re-parented to the zygote's parent (a child subreaper), which reaps
-it itself; the :class:`ForkReply` names it as soon as the intermediate has said it. The trainer sets
+it itself; the :class:`ForkReply` names it once the zygote has reaped the intermediate. The trainer sets
 itself up, waits for that re-parenting, arms its parent-death signal on the zygote's parent
 (checking after that it still is its parent), takes a new session, its own log file and the attempt's
 environment, and runs ``procsv.trainer`` exactly as a freshly spawned trainer would, minus the
@@ -121,9 +121,9 @@ def _spare(inherited: tuple[int, ...], say: int) -> Optional[Spare]:
 
 
 def _fork(req: ForkRequest, rep_fd: int, spare: Optional[Spare]) -> None:
-    """Hand ``req`` to the intermediate (see the module docstring), reply with the trainer's pid as
-    soon as the intermediate says it, then reap the intermediate (its exit, which unmaps a copy of
-    this process, is off the reply's path)."""
+    """Hand ``req`` to the intermediate (see the module docstring), read the trainer's pid, reap the
+    intermediate, then reply: the trainer named is the parent's child by then (its re-parenting is
+    done before the intermediate's exit status can be read), and it waits for that exit itself."""
     if spare is None:
         write_framed(rep_fd, ForkReply(req.attempt, 0, "fork failed (no intermediate)", req.rank))
         return
@@ -137,12 +137,12 @@ def _fork(req: ForkRequest, rep_fd: int, spare: Optional[Spare]) -> None:
         said = f"fork failed: {exc}".encode()
     os.close(req_w)
     os.close(said_r)
+    os.waitpid(pid, 0)
     text = said.decode(errors="replace").strip()
     if text.isdigit():
         write_framed(rep_fd, ForkReply(req.attempt, int(text), None, req.rank))
     else:
         write_framed(rep_fd, ForkReply(req.attempt, 0, text or "fork failed", req.rank))
-    os.waitpid(pid, 0)  # the trainer is the parent's child from the intermediate's exit on
 
 
 def _intermediate(req_r: int, said_w: int, say: int) -> NoReturn:
