@@ -191,24 +191,15 @@ class Zygote:
                 return False
 
     def close(self, limit: Optional[float] = None) -> bool:
-        """Close the pipes, SIGKILL the zygote (its group) and reap it, waiting at most ``limit``
-        seconds for it (None: as long as it takes); False if it did not die within that
-        (uninterruptible sleep). What its group leaves to this process (the intermediate it forked
-        ahead of the next request, re-parented here at its end) is reaped within the same limit."""
-        self._close_pipes()
-        self.dead = True
+        """:meth:`kill`, then reap the zygote and what its group leaves to this process (the
+        intermediate it forked ahead of the next request, re-parented here at its end: SIGKILLed with
+        its group), waiting at most ``limit`` seconds (None: as long as it takes); False if the
+        zygote did not die within that (uninterruptible sleep)."""
+        self.kill()
         until = None if limit is None else time.monotonic() + limit
-        if self.popen.poll() is None:
-            try:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            self.popen.wait(limit)
-        except subprocess.TimeoutExpired:
-            return False
-        # (its intermediate ends with it: SIGKILLed with its group, or at its pipe's end)
-        while not self.reap_dead() and (until is None or time.monotonic() < until):
+        while not self.reap_dead():
+            if until is not None and time.monotonic() >= until:
+                return self.popen.poll() is not None
             time.sleep(0.01)
         return True
 
