@@ -53,7 +53,6 @@ class PendingFork:
     env: dict[str, str]
     log_path: str
     mutex: Optional[RobustMutex]
-    due: float  # the zygote's answer is overdue after this (the watchdog's clock)
     role: str = TRAINER  # TRAINER, WORKER (a group's task ``rank``), STANDBY or PS
     rank: int = 0  # the key of the zygote's answer: the task, or PS_FORK_RANK + i for parameter server i
 

@@ -37,7 +37,7 @@ from procsv.watchdog.multihost.remote import RemoteMembers
 from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.publish.events import Report
 from procsv.watchdog.pstasks import PsCluster
-from procsv.watchdog.prewarm import FORK_REPLY_TIMEOUT, Zygote, ZygoteUnavailable, zygote_env
+from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable, zygote_env
 from procsv.watchdog.rules.group import blame, worker_slot
 from procsv.watchdog.rules.state import PS, SERVER, STANDBY, TRAINER, WORKER, RunView, ZygoteState
 
@@ -214,13 +214,13 @@ class Executor:
             mutex = None
         log_path = self.layout.attempt_log(TRAINER, attempt)
         try:
-            due = self.zygote.request_fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd)
+            self.zygote.request_fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd)
         except (ZygoteUnavailable, OSError) as exc:
             if mutex is not None:
                 mutex.remove()
             self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); no standby, restarts start fresh")
             return
-        self.forks[STANDBY] = PendingFork(STANDBY, attempt, env, log_path, mutex, due, STANDBY)
+        self.forks[STANDBY] = PendingFork(STANDBY, attempt, env, log_path, mutex, STANDBY)
         observe.fork_requested(self.view)
 
     def _promote(self, action: Promote) -> None:
@@ -290,9 +290,8 @@ class Executor:
             mutex = None  # no early notice: the pidfd alone tells of the death
         if self.zygote is not None and self.zygote.ready:
             try:
-                due = self.zygote.request_fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd,
-                                               rank)
-                self.forks[slot] = PendingFork(slot, attempt, env, log_path, mutex, due, role, rank)
+                self.zygote.request_fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd, rank)
+                self.forks[slot] = PendingFork(slot, attempt, env, log_path, mutex, role, rank)
                 observe.fork_requested(self.view)
                 return None
             except (ZygoteUnavailable, OSError) as exc:
@@ -315,8 +314,6 @@ class Executor:
             if self.zygote is None:
                 raise ZygoteUnavailable("the zygote was given up")
             proc = self.zygote.answer(pending.attempt, pending.rank)
-            if proc is None and self.clock() >= pending.due:
-                why = "it did not answer the fork request within {:g} s".format(FORK_REPLY_TIMEOUT)
         except ZygoteUnavailable as exc:
             why = str(exc)
         if proc is None and not why:

@@ -69,6 +69,7 @@ class Zygote:
         self.ready = False
         self.import_secs: Optional[float] = None
         self.replies: dict[tuple[int, int], ForkReply] = {}  # by (attempt, rank), until taken by answer()
+        self.due: dict[tuple[int, int], float] = {}  # by (attempt, rank): each request's answer is overdue after
         self.dead = False
 
     @property
@@ -111,7 +112,8 @@ class Zygote:
         argv = ["procsv.trainer", target, *args]
         self._unsent += framed(ForkRequest(attempt, argv, dict(env), log_path, cwd, rank))
         self._flush()
-        return self.clock() + FORK_REPLY_TIMEOUT
+        self.due[(attempt, rank)] = self.clock() + FORK_REPLY_TIMEOUT
+        return self.due[(attempt, rank)]
 
     def _flush(self) -> None:
         """Write what the request pipe takes now of the requests not yet sent (never waits)."""
@@ -131,17 +133,20 @@ class Zygote:
 
     def answer(self, attempt: int, rank: int = 0) -> Optional["Adopted"]:
         """The trainer forked for ``attempt`` (task ``rank``), once its reply has been pumped; None until then.
-        Raises :class:`ZygoteUnavailable` if the fork failed, the zygote died, or the pid it names
-        is not this process's child."""
+        Raises :class:`ZygoteUnavailable` if the fork failed, the zygote died, the answer is overdue
+        (``FORK_REPLY_TIMEOUT``), or the pid it names is not this process's child."""
         if self._unsent and self.alive():
             self._flush()
         reply = self.replies.pop((attempt, rank), None)
+        due = self.due.pop((attempt, rank), None) if reply is not None else self.due.get((attempt, rank))
         if reply is not None:
             if reply.error or reply.pid <= 0:
                 raise ZygoteUnavailable(reply.error or "fork failed")
             return Adopted.take(reply.pid)
         if not self.alive():
             raise ZygoteUnavailable("the zygote died")
+        if due is not None and self.clock() >= due:
+            raise ZygoteUnavailable(f"it did not answer the fork request within {FORK_REPLY_TIMEOUT:g} s")
         return None
 
     def kill(self) -> None:

@@ -139,9 +139,9 @@ def _fork_server(ex: Starter, slot: str, role: str, attempt: int, env: dict[str,
     if zygote is None or not zygote.ready:
         return False
     try:
-        due = zygote.request_fork(attempt, PS_SERVER, [], env, log, ex.cfg.cwd, key)
+        zygote.request_fork(attempt, PS_SERVER, [], env, log, ex.cfg.cwd, key)
     except (ZygoteUnavailable, OSError):
         return False
-    ex.forks[slot] = PendingFork(slot, attempt, env, log, None, due, role, key)
+    ex.forks[slot] = PendingFork(slot, attempt, env, log, None, role, key)
     observe.fork_requested(ex.view)
     return True

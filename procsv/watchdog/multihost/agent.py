@@ -124,7 +124,7 @@ class NodeAgent:
         self.addresses = [f"{self.host}:{p}" for p in free_ports(self.cfg.nproc, self.host)]  # its members' next
         self.zygote: Optional[Zygote] = None  # this host's pre-warmed trainer (unless --no-prewarm)
         self.lost_zygotes: list[Zygote] = []  # given up on (killed, pipes closed); reaped at the end
-        self.forks: dict[tuple[int, int], tuple[str, float, dict[str, str]]] = {}  # (attempt, rank) -> slot, due, env
+        self.forks: dict[tuple[int, int], tuple[str, dict[str, str]]] = {}  # (attempt, rank) -> slot, env
         self.disk = DiskJobs("procsv-agent-logdir")  # its work on the shared logdir, off the loop
         self._rejoin: Optional[Job[_Rejoin]] = None  # a reconnect's reads and writes in the logdir, in flight
         self.pulse, self.stepped = pulse or LoopPulse(clock), False  # what --metrics-port's probes answer from
@@ -314,9 +314,9 @@ class NodeAgent:
             log_path = self.layout.attempt_log(slot, msg.attempt)
             if self.zygote is not None and self.zygote.ready and self.zygote.alive():
                 try:
-                    due = self.zygote.request_fork(msg.attempt, self.cfg.target, self.cfg.args, env, log_path,
-                                                   self.cfg.cwd, rank)
-                    self.forks[(msg.attempt, rank)] = (slot, due, env)
+                    self.zygote.request_fork(msg.attempt, self.cfg.target, self.cfg.args, env, log_path,
+                                             self.cfg.cwd, rank)
+                    self.forks[(msg.attempt, rank)] = (slot, env)
                     continue
                 except (ZygoteUnavailable, OSError):
                     self._lose_zygote()  # trainers start fresh from now on
@@ -326,18 +326,13 @@ class NodeAgent:
 
     def _forked(self, dealer: "zmq.Socket[Any]") -> None:
         """Complete the forks asked of the pre-warmed trainer (a fresh start if it fails or is late)."""
-        for (attempt, rank), (slot, due, env) in list(self.forks.items()):
+        for (attempt, rank), (slot, env) in list(self.forks.items()):
             proc: Optional[Process] = None
-            failed = self.zygote is None
-            if not failed:
-                assert self.zygote is not None
-                try:
-                    proc = self.zygote.answer(attempt, rank)
-                except ZygoteUnavailable:
-                    failed = True
-                failed = failed or (proc is None and self.clock() >= due)
-            if proc is None and not failed:
-                continue
+            try:
+                if self.zygote is not None and (proc := self.zygote.answer(attempt, rank)) is None:
+                    continue  # not yet answered, and not overdue
+            except ZygoteUnavailable:
+                pass
             del self.forks[(attempt, rank)]
             if proc is None:
                 self._lose_zygote()
