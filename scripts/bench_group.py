@@ -4,7 +4,10 @@
 (a) group MTTR: SIGKILL of the non-chief (worker1) while the digits example trains (``--strategy multiworker
     --step-delay 0.005 --save-model-secs 1``) -> the chief's ``first_step`` after the group's restart; breakdown:
     detect (-> worker1's death noticed), stop survivors (-> the chief's end noticed), spawn (-> new chief and
-    worker1 spawned), restore (-> ``restored``), first step. Beside it a fresh restart: the previous pair of
+    worker1 spawned), TF start-up (-> the new chief's ``MultiWorkerMirroredStrategy`` is up: the program's start,
+    the group's coordination service and collectives; the example's own log line), build (-> its model, its
+    Supervisor and ``Supervisor.warm_up`` done: the ``restored`` record's ``prepared_at`` + ``warm_secs``), restore
+    (-> ``restored``), first step. Beside it a fresh restart: the previous pair of
     plain processes (TF_CONFIG on free ports, the same model, ``tf.train.CheckpointManager``) killed, a new
     pair timed from its start to its first synchronized step after restoring (no detection counted for it);
 (b) wait_notice_ms: a chief's commit (the manifest's mtime) -> a worker waiting in ``wait_for_committed``
@@ -53,7 +56,7 @@ ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
 EXAMPLE = ["--strategy", "multiworker", "--step-delay", "0.005", "--print-every-steps", "100000"]
 KILLS = 3  # worker1 kills per run of (a)
 GAP = 200  # steps trained after a (re)start before the next kill
-PARTS = ("detect", "stop", "spawn", "restore", "first")  # (a)'s breakdown
+PARTS = ("detect", "stop", "spawn", "tf", "build", "restore", "first")  # (a)'s breakdown
 T = TypeVar("T")
 
 BASELINE = r'''
@@ -133,6 +136,16 @@ def chief_first_step(logdir: str, attempt: int) -> Optional[dict[str, Any]]:
     ev = events(logdir)
     spawned = find(ev, "spawned", role="trainer", attempt=attempt)
     return find(ev, "first_step", pid=spawned["pid"]) if spawned else None
+
+
+def strategy_up(logdir: str, attempt: int) -> Optional[float]:
+    """When the chief of ``attempt`` had its MultiWorkerMirroredStrategy (the digits example's own line)."""
+    with contextlib.suppress(OSError):
+        with open(os.path.join(logdir, "logs", f"trainer.{attempt}.log")) as fh:
+            for line in fh:
+                if line.startswith("digits: MultiWorkerMirroredStrategy up at "):
+                    return float(line.split()[4])
+    return None
 
 
 def launch(logdir: str, opts: list[str], example: list[str], group: tuple[str, ...] = ("--nproc", "2"),
@@ -240,8 +253,12 @@ def group_kills(logdir: str, hosts: bool = False) -> dict[str, Any]:
             restored = find(ev, "restored", pid=nxt["pid"])
             if dead is None or chief is None or None in spawned or restored is None:
                 raise BenchError(f"lifecycle events of restart {a} missing")
-            marks = [t_kill, dead["noticed"], chief["noticed"], max(e["time"] for e in spawned if e),
-                     restored["time"], nxt["time"]]
+            up = strategy_up(logdir, a + 1)
+            if up is None or restored.get("prepared_at") is None:
+                raise BenchError(f"the new chief's start-up records of restart {a} missing")
+            # restore: from the end of its warm-up (prepared_at + warm_secs) to the watchdog's record
+            marks = [t_kill, dead["noticed"], chief["noticed"], max(e["time"] for e in spawned if e), up,
+                     restored["prepared_at"] + restored["warm_secs"], restored["time"], nxt["time"]]
             rows.append({"mttr": nxt["time"] - t_kill,
                          **{k: marks[i + 1] - marks[i] for i, k in enumerate(PARTS)}})
         proc.wait(300)  # the run trains on to --steps and ends by itself
@@ -466,6 +483,8 @@ def main() -> int:
         ("    detect: kill->worker1 death noticed, s", part("detect", ours), "", ""),
         ("    stop survivors: ->chief's end noticed, s", part("stop", ours), "", ""),
         ("    spawn: ->new chief+worker1 spawned, s", part("spawn", ours), part("import", bases) + "i", ""),
+        ("    TF start-up: ->the chief's strategy is up, s", part("tf", ours), "", ""),
+        ("    build: ->model, Supervisor, warm-up done, s", part("build", ours), "", ""),
         ("    restore: ->restored, s", part("restore", ours), part("restore", bases), ""),
         ("    first step: ->first synchronized step, s", part("first", ours), part("first", bases), ""),
         ("(b) commit->waiting worker notices, ms", cell([x * 1000 for x in notice[True]], ".1f"),
