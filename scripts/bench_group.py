@@ -15,7 +15,9 @@
 (c) group preemption: SIGTERM to the launch at step >= 100; steps lost = ``finished`` step - ``preempted``
     checkpoint's step; the launch must exit 143;
 (d) stall detection: SIGSTOP of worker1 under ``--hang-timeout 3 --hang-grace-secs 1`` -> ``hang_detected``.
-``--hosts`` (root): (a) again with worker1 on a second "host", a network namespace on a veth bridge
+``--prewarm``: (a) by a standby pair of plain processes woken at the kill, its step traced (``warm``), and also run
+once among its members (``warm+step``): what a pre-warmed group would bring (``scripts/bench_group_prewarm.py``),
+beside procsv's in the same run. ``--hosts`` (root): (a) again with worker1 on a second "host", a network namespace on a veth bridge
 under its node agent (``--nnodes 2``); its MTTR is printed beside and as ``host_mttr_s``.
 
 (a) and (d) run --repeats times (3 kills per run of (a)), (b) max(3, --repeats) trials of each way, (c)
@@ -50,7 +52,8 @@ from procsv.common.layout import Layout
 from procsv.common.manifests import list_committed
 from procsv.common.spawn import free_ports
 from procsv.trainer.replica import wait_for_committed
-from results_table import median_spread  # scripts/ is this script's folder, first on sys.path
+import bench_group_prewarm  # scripts/ is this script's folder, first on sys.path
+from results_table import median_spread
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
 EXAMPLE = ["--strategy", "multiworker", "--step-delay", "0.005", "--print-every-steps", "100000"]
@@ -400,6 +403,8 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="smoke test: 1 repeat, 2 preemption trials")
     p.add_argument("--poll", type=float, default=1.0, help="(b)'s baseline poll period, scaled to TF1's 30 s")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prewarm", action="store_true",
+                   help="also (a) by a pre-warmed pair of plain processes (scripts/bench_group_prewarm.py), beside")
     p.add_argument("--hosts", action="store_true",
                    help="also (a) with worker1 on a second host: a network namespace under its node agent (root)")
     args = p.parse_args()
@@ -422,6 +427,8 @@ def main() -> int:
                               for x in run["rows"])
             print(f"repeat {r + 1}: group MTTR per kill, s (its longest part): {kills}; fresh restart "
                   f"{', '.join(format(x['total'], '.3f') for x in base)}", flush=True)
+        warm = (bench_group_prewarm.measure(os.path.join(root, "p"), repeats, ("warm", "warm+step"))
+                if args.prewarm else {})
         host_runs: list[dict[str, Any]] = []
         if args.hosts:
             with second_host():
@@ -439,7 +446,7 @@ def main() -> int:
         pre = [preempt_trial(os.path.join(root, f"c{i}"), rng) for i in range(trials)]
         stall = [stall_trial(os.path.join(root, f"d{i}")) for i in range(repeats)]
         load.append(os.getloadavg()[0])
-    except (BenchError, subprocess.TimeoutExpired) as e:
+    except (BenchError, bench_group_prewarm.BenchError, subprocess.TimeoutExpired) as e:
         print(f"bench_group: FAILED: {e}", file=sys.stderr)
         for d in os.listdir(root):
             leftovers(os.path.join(root, d))
@@ -487,6 +494,8 @@ def main() -> int:
         ("    build: ->model, Supervisor, warm-up done, s", part("build", ours), "", ""),
         ("    restore: ->restored, s", part("restore", ours), part("restore", bases), ""),
         ("    first step: ->first synchronized step, s", part("first", ours), part("first", bases), ""),
+        *[(f"(a) pre-warmed pair ({way}): MTTR, s", cell([r["mttr"] for r in rs]), "", "<= 0.25 s")
+          for way, rs in warm.items()],
         ("(b) commit->waiting worker notices, ms", cell([x * 1000 for x in notice[True]], ".1f"),
          f"15000 exp/{poll_ms:.0f} meas**", "<= 50 ms"),
         (f"(c) steps lost on SIGTERM, max of {trials}", str(steps_lost), "", "0"),

@@ -39,6 +39,7 @@ from results_table import median_spread  # scripts/ is this script's folder, fir
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
 T = TypeVar("T")
+MODES = ("cold", "warm", "warm+step")
 
 MEMBER = r'''
 import os, signal, sys, time
@@ -148,27 +149,36 @@ def trial(root: str, k: int, mode: str, active: Pair) -> tuple[Pair, dict[str, f
     return nxt, row
 
 
+def measure(root: str, repeats: int, modes: tuple[str, ...] = MODES) -> dict[str, list[dict[str, float]]]:
+    """``repeats`` kills per way of ``modes``, interleaved (the machine's load falls on every way alike),
+    in the folder ``root`` (created); each way's rows. Raises :class:`BenchError`."""
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, "member.py"), "w") as fh:
+        fh.write(MEMBER)
+    rows: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+    active = Pair(root, "first", "active")
+    try:
+        for k in range(repeats):
+            for mode in rows:
+                active, row = trial(root, k, mode, active)
+                rows[mode].append(row)
+                print(f"{mode} {k + 1}: kill -> first step {row['mttr']:.3f} s", flush=True)
+    finally:
+        active.kill()
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     root = tempfile.mkdtemp(prefix="bgp-", dir="/tmp")
-    with open(os.path.join(root, "member.py"), "w") as fh:
-        fh.write(MEMBER)
-    rows: dict[str, list[dict[str, float]]] = {m: [] for m in ("cold", "warm", "warm+step")}
     load = os.getloadavg()[0]
-    active = Pair(root, "first", "active")
     try:
-        for k in range(args.repeats):
-            for mode in rows:  # interleaved: the machine's load falls on every way alike
-                active, row = trial(root, k, mode, active)
-                rows[mode].append(row)
-                print(f"{mode} {k + 1}: kill -> first step {row['mttr']:.3f} s", flush=True)
+        rows = measure(root, args.repeats)
     except BenchError as e:
         print(f"bench_group_prewarm: FAILED: {e} ({root})", file=sys.stderr)
         return 1
-    finally:
-        active.kill()
     print(f"\n{args.repeats} kill(s) per way; median (min-max), s; load average {load:.2f} -> "
           f"{os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)")
     for mode, rs in rows.items():
