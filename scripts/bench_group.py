@@ -490,8 +490,8 @@ def main() -> int:
         ("    detect: kill->worker1 death noticed, s", part("detect", ours), "", ""),
         ("    stop survivors: ->chief's end noticed, s", part("stop", ours), "", ""),
         ("    spawn: ->new chief+worker1 spawned, s", part("spawn", ours), part("import", bases) + "i", ""),
-        ("    TF start-up: ->the chief's strategy is up, s", part("tf", ours), "", ""),
-        ("    build: ->model, Supervisor, warm-up done, s", part("build", ours), "", ""),
+        ("    TF start-up: ->chief's strategy up, s", part("tf", ours), "", ""),
+        ("    build: ->model, Supervisor, warm-up, s", part("build", ours), "", ""),
         ("    restore: ->restored, s", part("restore", ours), part("restore", bases), ""),
         ("    first step: ->first synchronized step, s", part("first", ours), part("first", bases), ""),
         *[(f"(a) pre-warmed pair ({way}): MTTR, s", cell([r["mttr"] for r in rs]), "", "<= 0.25 s")
