@@ -37,6 +37,11 @@ class TrainerReady(Message):
     skipped: list[str] = field(default_factory=list)  # corrupt checkpoints passed over
     save_secs: Optional[float] = None  # its checkpoint schedule (save_model_secs), if checkpointing
     save_steps: Optional[int] = None  # ... and save_checkpoint_steps: the watchdog notices a stall
+    # where its start went (the group's MTTR breakdown, scripts/bench_group.py): the wall time it began
+    # preparing its session (the program's start-up before it: data, tf.distribute, model, Supervisor),
+    # and the seconds its warm-up (Supervisor.warm_up's tracing) took before the restore
+    prepared_at: Optional[float] = None
+    warm_secs: float = 0.0
 
 
 @dataclass(frozen=True)

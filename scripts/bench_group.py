@@ -4,7 +4,10 @@
 (a) group MTTR: SIGKILL of the non-chief (worker1) while the digits example trains (``--strategy multiworker
     --step-delay 0.005 --save-model-secs 1``) -> the chief's ``first_step`` after the group's restart; breakdown:
     detect (-> worker1's death noticed), stop survivors (-> the chief's end noticed), spawn (-> new chief and
-    worker1 spawned), restore (-> ``restored``), first step. Beside it a fresh restart: the previous pair of
+    worker1 spawned), TF start-up (-> the new chief's ``MultiWorkerMirroredStrategy`` is up: the program's start,
+    the group's coordination service and collectives; the example's own log line), build (-> its model, its
+    Supervisor and ``Supervisor.warm_up`` done: the ``restored`` record's ``prepared_at`` + ``warm_secs``), restore
+    (-> ``restored``), first step. Beside it a fresh restart: the previous pair of
     plain processes (TF_CONFIG on free ports, the same model, ``tf.train.CheckpointManager``) killed, a new
     pair timed from its start to its first synchronized step after restoring (no detection counted for it);
 (b) wait_notice_ms: a chief's commit (the manifest's mtime) -> a worker waiting in ``wait_for_committed``
@@ -12,7 +15,9 @@
 (c) group preemption: SIGTERM to the launch at step >= 100; steps lost = ``finished`` step - ``preempted``
     checkpoint's step; the launch must exit 143;
 (d) stall detection: SIGSTOP of worker1 under ``--hang-timeout 3 --hang-grace-secs 1`` -> ``hang_detected``.
-``--hosts`` (root): (a) again with worker1 on a second "host", a network namespace on a veth bridge
+``--prewarm``: (a) by a standby pair of plain processes woken at the kill, its step traced (``warm``), and also run
+once among its members (``warm+step``): what a pre-warmed group would bring (``scripts/bench_group_prewarm.py``),
+beside procsv's in the same run. ``--hosts`` (root): (a) again with worker1 on a second "host", a network namespace on a veth bridge
 under its node agent (``--nnodes 2``); its MTTR is printed beside and as ``host_mttr_s``.
 
 (a) and (d) run --repeats times (3 kills per run of (a)), (b) max(3, --repeats) trials of each way, (c)
@@ -47,13 +52,14 @@ from procsv.common.layout import Layout
 from procsv.common.manifests import list_committed
 from procsv.common.spawn import free_ports
 from procsv.trainer.replica import wait_for_committed
-from results_table import median_spread  # scripts/ is this script's folder, first on sys.path
+import bench_group_prewarm  # scripts/ is this script's folder, first on sys.path
+from results_table import median_spread
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
 EXAMPLE = ["--strategy", "multiworker", "--step-delay", "0.005", "--print-every-steps", "100000"]
 KILLS = 3  # worker1 kills per run of (a)
 GAP = 200  # steps trained after a (re)start before the next kill
-PARTS = ("detect", "stop", "spawn", "restore", "first")  # (a)'s breakdown
+PARTS = ("detect", "stop", "spawn", "tf", "build", "restore", "first")  # (a)'s breakdown
 T = TypeVar("T")
 
 BASELINE = r'''
@@ -133,6 +139,16 @@ def chief_first_step(logdir: str, attempt: int) -> Optional[dict[str, Any]]:
     ev = events(logdir)
     spawned = find(ev, "spawned", role="trainer", attempt=attempt)
     return find(ev, "first_step", pid=spawned["pid"]) if spawned else None
+
+
+def strategy_up(logdir: str, attempt: int) -> Optional[float]:
+    """When the chief of ``attempt`` had its MultiWorkerMirroredStrategy (the digits example's own line)."""
+    with contextlib.suppress(OSError):
+        with open(os.path.join(logdir, "logs", f"trainer.{attempt}.log")) as fh:
+            for line in fh:
+                if line.startswith("digits: MultiWorkerMirroredStrategy up at "):
+                    return float(line.split()[4])
+    return None
 
 
 def launch(logdir: str, opts: list[str], example: list[str], group: tuple[str, ...] = ("--nproc", "2"),
@@ -240,8 +256,12 @@ def group_kills(logdir: str, hosts: bool = False) -> dict[str, Any]:
             restored = find(ev, "restored", pid=nxt["pid"])
             if dead is None or chief is None or None in spawned or restored is None:
                 raise BenchError(f"lifecycle events of restart {a} missing")
-            marks = [t_kill, dead["noticed"], chief["noticed"], max(e["time"] for e in spawned if e),
-                     restored["time"], nxt["time"]]
+            up = strategy_up(logdir, a + 1)
+            if up is None or restored.get("prepared_at") is None:
+                raise BenchError(f"the new chief's start-up records of restart {a} missing")
+            # restore: from the end of its warm-up (prepared_at + warm_secs) to the watchdog's record
+            marks = [t_kill, dead["noticed"], chief["noticed"], max(e["time"] for e in spawned if e), up,
+                     restored["prepared_at"] + restored["warm_secs"], restored["time"], nxt["time"]]
             rows.append({"mttr": nxt["time"] - t_kill,
                          **{k: marks[i + 1] - marks[i] for i, k in enumerate(PARTS)}})
         proc.wait(300)  # the run trains on to --steps and ends by itself
@@ -383,6 +403,8 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="smoke test: 1 repeat, 2 preemption trials")
     p.add_argument("--poll", type=float, default=1.0, help="(b)'s baseline poll period, scaled to TF1's 30 s")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prewarm", action="store_true",
+                   help="also (a) by a pre-warmed pair of plain processes (scripts/bench_group_prewarm.py), beside")
     p.add_argument("--hosts", action="store_true",
                    help="also (a) with worker1 on a second host: a network namespace under its node agent (root)")
     args = p.parse_args()
@@ -405,6 +427,8 @@ def main() -> int:
                               for x in run["rows"])
             print(f"repeat {r + 1}: group MTTR per kill, s (its longest part): {kills}; fresh restart "
                   f"{', '.join(format(x['total'], '.3f') for x in base)}", flush=True)
+        warm = (bench_group_prewarm.measure(os.path.join(root, "p"), repeats, ("warm", "warm+step"))
+                if args.prewarm else {})
         host_runs: list[dict[str, Any]] = []
         if args.hosts:
             with second_host():
@@ -422,7 +446,7 @@ def main() -> int:
         pre = [preempt_trial(os.path.join(root, f"c{i}"), rng) for i in range(trials)]
         stall = [stall_trial(os.path.join(root, f"d{i}")) for i in range(repeats)]
         load.append(os.getloadavg()[0])
-    except (BenchError, subprocess.TimeoutExpired) as e:
+    except (BenchError, bench_group_prewarm.BenchError, subprocess.TimeoutExpired) as e:
         print(f"bench_group: FAILED: {e}", file=sys.stderr)
         for d in os.listdir(root):
             leftovers(os.path.join(root, d))
@@ -466,8 +490,12 @@ def main() -> int:
         ("    detect: kill->worker1 death noticed, s", part("detect", ours), "", ""),
         ("    stop survivors: ->chief's end noticed, s", part("stop", ours), "", ""),
         ("    spawn: ->new chief+worker1 spawned, s", part("spawn", ours), part("import", bases) + "i", ""),
+        ("    TF start-up: ->chief's strategy up, s", part("tf", ours), "", ""),
+        ("    build: ->model, Supervisor, warm-up, s", part("build", ours), "", ""),
         ("    restore: ->restored, s", part("restore", ours), part("restore", bases), ""),
         ("    first step: ->first synchronized step, s", part("first", ours), part("first", bases), ""),
+        *[(f"(a) pre-warmed pair ({way}): MTTR, s", cell([r["mttr"] for r in rs]), "", "<= 0.25 s")
+          for way, rs in warm.items()],
         ("(b) commit->waiting worker notices, ms", cell([x * 1000 for x in notice[True]], ".1f"),
          f"15000 exp/{poll_ms:.0f} meas**", "<= 50 ms"),
         (f"(c) steps lost on SIGTERM, max of {trials}", str(steps_lost), "", "0"),

@@ -31,6 +31,8 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
             skipped=["model.ckpt-1300", "model.ckpt-1250"],
             save_secs=600.0,
             save_steps=500,
+            prepared_at=1795730277.876794,
+            warm_secs=1.847,
         ),
         [],
     ),

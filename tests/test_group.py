@@ -205,3 +205,42 @@ def test_a_groups_chief_takes_no_in_memory_snapshot_so_none_is_persisted_behind_
     committed = list_committed(Layout(logdir))
     assert committed and {m.reason for m in committed} == {"preempted"}, [(m.step, m.reason) for m in committed]
     assert committed[-1].step == restores_with_plain_tf(logdir)
+
+
+def test_a_group_sigkilled_at_random_ends_bit_equal_to_an_uninterrupted_group_and_says_where_each_start_went(
+        logdir, tmp_path):
+    # issue 54 points 3 and 6: a member (worker1 or the chief, drawn) SIGKILLed twice at a random step;
+    # every restarted group's restored record breaks its start down (scripts/bench_group.py reads it)
+    import random
+
+    import numpy as np
+
+    from conftest import final_weights
+
+    rng = random.Random()
+    steps = ("--steps", "500")
+    clean = str(tmp_path / "clean")
+    proc = launch(logdir, *ARGS, *steps, opts=GROUP)
+    try:
+        for attempt in (1, 2):
+            group_started(logdir, attempt)
+            at_step(logdir, (raw_status(logdir) or {}).get("step", 0) + rng.randint(40, 120))
+            victim = rng.choice(("trainer", "worker1"))
+            os.kill(wait_role_pid(logdir, victim), signal.SIGKILL)
+            wait_for(lambda: len(events(logdir, "restarting")) >= attempt, 60, what=f"restart {attempt}")
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+    assert [r["attempt"] for r in events(logdir, "restarting")] == [2, 3]
+    code, out, err = finish(launch(clean, *ARGS, *steps, opts=GROUP))
+    assert code == 0, err
+    killed, whole = final_weights(logdir), final_weights(clean)
+    assert killed.keys() == whole.keys() and killed
+    for name in whole:
+        assert np.array_equal(killed[name], whole[name]), name
+    spawned = {r["pid"]: r["time"] for r in events(logdir, "spawned") if r["role"] == "trainer"}
+    for r in events(logdir, "restored") + events(logdir, "initialized"):
+        # the chief's start, in order: spawned, began preparing (its program's start-up done), warmed up,
+        # restored (the watchdog's record of it comes after, on the same clock)
+        assert spawned[r["pid"]] <= r["prepared_at"] <= r["prepared_at"] + r["warm_secs"] <= r["time"], r
+        assert r["warm_secs"] > 0 and r["prepared_at"] + r["warm_secs"] + r["secs"] <= r["time"] + 0.01, r

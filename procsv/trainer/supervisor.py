@@ -251,8 +251,10 @@ class Supervisor:
             outcome.register(self.outcome)  # once, even when reused after a stop
         self._started = True
         self._boundary.standard_started = start_standard_services  # False: the program calls start_standard_services()
+        prepared_at, w0 = time.time(), self._clock()  # wall time: compared with the watchdog's records
         # a group's step runs collectives: only traced (see warmup)
         self._warm_ups.run(alone=cluster.nproc() == 1, standby=self._ctx is not None and standby.is_standby())
+        warm_secs = self._clock() - w0
         if self._ctx is not None and standby.is_standby():
             standby.wait_for_promotion(self._ctx)  # a hot standby: everything before this is done already
         t0 = self._clock()
@@ -281,7 +283,7 @@ class Supervisor:
         saving = agent is not None and self.is_chief and start_standard_services  # (else no stall judged)
         channels.to_watchdog(TrainerReady(os.getpid(), self._ctx.attempt if self._ctx else 1, step, self.restored_from,
                                           self._clock() - t0, skipped, self.save_model_secs if saving else None,
-                                          self.save_checkpoint_steps if saving else None))
+                                          self.save_checkpoint_steps if saving else None, prepared_at, warm_secs))
         # TensorBoard discards every event at or after the next step we log: re-run steps don't duplicate
         channels.to_summary(SessionLogEvent(SessionStatus.START, step + 1))
         if agent is not None and self.is_chief:
