@@ -13,7 +13,7 @@ from typing import Callable
 import pytest
 import tensorflow as tf
 
-from conftest import PROGRAMS, finish, launch, quiet_env
+from conftest import PROGRAMS, finish, launch, launch_and_kill_trainer_once, lifecycle, quiet_env
 from test_nonfinite_lag import busy
 
 NAN_DATA = os.path.join(PROGRAMS, "nan_data_loop.py")
@@ -69,3 +69,18 @@ def test_a_skipped_step_of_a_tf_data_loop_takes_exactly_its_own_batch(logdir, pl
     assert skipped(logdir) == [35], said
     assert final_variables(logdir) == plain((35,), "--bind", bind)  # bit-equal, every variable
 
+
+def test_a_restart_of_a_loop_fed_from_a_checkpointed_iterator_resumes_at_its_own_batch(logdir, plain):
+    # "args" again, no NaN: the trainer is SIGKILLed past the checkpoint of step 20 and the restarted
+    # one resumes from it. Before: that checkpoint held the iterator one element past step 20
+    # (taken inside the run of step 21, after the loop's next(it)): element 21 was never trained and
+    # every later step trained on the next step's batch. Now the final variables are bit-equal to
+    # a plain run's
+    with busy():
+        code, out, err = launch_and_kill_trainer_once(logdir, "--bind", "args", *LAGGING, target=NAN_DATA,
+                                                      env=quiet_env(**NO_MEMORY_TIER), past=5)
+    said = out + err
+    assert code == 0, said
+    restored = [e["step"] for e in lifecycle(logdir) if e["event"] == "restored"]
+    assert len(restored) == 1 and restored[0] >= 20, restored  # the restart resumed from a checkpoint
+    assert final_variables(logdir) == plain((), "--bind", "args")  # bit-equal, every variable
