@@ -11,13 +11,19 @@ another thread (TF1 programs ran a train op from
 ``sv.loop`` threads) is refused with :class:`procsv.UsageError`: the step boundary (checkpoint
 snapshots, progress, summaries) belongs to one thread.
 
-A run whose boundary moved the step (``--on-nonfinite rollback`` restored an earlier state, or
-skipped a step: :mod:`procsv.trainer.nonfinite.rollback`) returns None without calling its step
-function: the function and its arguments were for the step after the one the run began at, which
-is no longer the next step (a batch computed for step 700 and passed in, ``sess.run(step_fn, x,
-y)``, would otherwise train step 701 after 700 was skipped, or the first replayed step after a
-restore). The loop's next run reads ``sv.step`` again. procsv's own step functions that read the
-step themselves (Keras ``fit``'s) are marked :func:`follows_moves` and are called.
+A step function handed its input (``sess.run(step_fn, x, y)``: "fed") has its boundary right after
+it, not before it: the program took that input before the call (``x, y = next(it)`` from a
+``tf.data`` iterator the checkpoint tracks), so a snapshot taken before the step would hold the
+iterator one element past the step it is named by (a restore, a restart or a rollback's replay
+would then train every later step on the next step's batch, and a rollback skip a healthy step).
+After the step, the state, the step count and the data position agree, as they do at the boundary
+before a step function that takes its input itself. A fed run whose boundary moved the step
+(``--on-nonfinite rollback`` restored an earlier state, or skipped the next step:
+:mod:`procsv.trainer.nonfinite.rollback`) returns None: its step was undone, or the step after it
+is skipped and its input consumed where procsv sees it. Any other run whose boundary moved the
+step returns None without calling its step function (the loop's next run reads ``sv.step``
+again), except procsv's own step functions that read the step themselves (Keras ``fit``'s), which
+are marked :func:`follows_moves`, keep their boundary before the step and are called.
 """
 
 from __future__ import annotations
@@ -136,7 +142,8 @@ class ManagedSession:
         The step and its boundary are in this one frame (see :class:`StepState` for why): the stop
         check; the Supervisor's boundary work if a bound has passed (the completed step's
         checkpoint work, before the next step runs); the step; the advance of ``global_step``; the
-        progress-and-summaries half at once if this step must not wait for the next boundary.
+        progress-and-summaries half at once if this step must not wait for the next boundary. A
+        step handed its input (``args``) has the boundary work after it instead (see the module).
         """
         if type(step_fn) not in self._step_types:  # the check depends on the type alone: once per type
             import tensorflow as tf
@@ -155,7 +162,8 @@ class ManagedSession:
         if state.coord.asked and state.coord.should_stop():
             raise TrainingStopped("a stop was requested; the training loop should end")
         before = state.step
-        if before >= state.ckpt_step or state.clock() >= state.at:
+        fed = bool(args or kwargs) and not getattr(step_fn, _FOLLOWS, False)
+        if not fed and (before >= state.ckpt_step or state.clock() >= state.at):
             state.boundary(before)
             self.moved = state.step != before and not getattr(step_fn, _FOLLOWS, False)
             if self.moved:
@@ -176,6 +184,12 @@ class ManagedSession:
             state.losses.keep_step(state.step, out)
         if state.step >= state.end_step:
             state.after_step()
+        if fed and (state.step >= state.ckpt_step or state.clock() >= state.at):
+            done = state.step  # a fed step's boundary comes after it (see the module)
+            state.boundary(done)
+            self.moved = state.step != done
+            if self.moved:
+                return None
         return out
 
     def replay_last(self) -> Optional[Callable[[], None]]:

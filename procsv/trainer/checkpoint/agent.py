@@ -42,8 +42,7 @@ from procsv.ipc.messages import (Busy, CheckpointSetup, CommitLoading, Progress,
 from procsv.ipc.transport import NoReply
 from procsv.common.errors import CheckpointError, NonFiniteState
 from procsv.common.layout import Layout
-from procsv.trainer.checkpoint import restore_at_start
-from procsv.trainer.checkpoint import memory_tier
+from procsv.trainer.checkpoint import memory_tier, restore_at_start
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.commits import SAVE_DEADLINE_FLOOR, CommitTracker, bytes_being_written
 from procsv.trainer.checkpoint.memory import PLAN_MAX_AGE, READ_EVERY, MemoryTier
@@ -372,7 +371,9 @@ class CheckpointAgent:
                 print(f"procsv: the checkpoint of step {waited_for} did not commit within "
                       f"stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
                 return None
-            if step <= self.last_committed:
+            if step <= self.last_committed:  # the snapshot in flight was of ``step`` itself (a fed step's boundary)
+                if result is not None and result.ok and result.step == step:
+                    print(f"procsv: {reason} checkpoint committed at step {step}", flush=True)
                 return result
         self.heartbeat(ch, step, ch.clock())  # a just-restarted service learns our settings before the snapshot
         try:

@@ -1,0 +1,86 @@
+"""A rollback stays exact in programs users write (issue 52, attacked from outside): a custom
+loop whose ``tf.function`` step trains on a ``tf.data`` iterator the checkpoint tracks, with the batch
+taken inside the step or by the loop and passed in, on real processes, on a busy machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Callable
+
+import pytest
+import tensorflow as tf
+
+from conftest import PROGRAMS, finish, launch, launch_and_kill_trainer_once, lifecycle, quiet_env
+from test_nonfinite_lag import busy
+
+NAN_DATA = os.path.join(PROGRAMS, "nan_data_loop.py")
+# a checkpoint every 20 steps, no in-memory tier: a NaN at step 35 is rolled back to step 20
+LAGGING = ("--steps", "60", "--save-steps", "20", "--step-delay", "0.01", "--wait-commit", "20")
+NO_MEMORY_TIER = {"PROCSV_MEMORY_SNAPSHOTS": "0"}
+
+
+@pytest.fixture
+def plain(shared_result: Callable[[str, Callable[[str], None]], str]) -> Callable[..., dict[str, bytes]]:
+    """plain(skip, *extra): the final variables of the plain run (no watchdog, no NaN) whose steps
+    ``skip`` took their batch and applied nothing; made once per test session."""
+    def get(skip: tuple[int, ...], *extra: str) -> dict[str, bytes]:
+        skips = [a for s in skip for a in ("--skip-at", str(s))]
+
+        def produce(where: str) -> None:
+            done = subprocess.run([sys.executable, NAN_DATA, "--logdir", where, *LAGGING, *extra, *skips],
+                                  capture_output=True, text=True, env=quiet_env(**NO_MEMORY_TIER), timeout=300)
+            assert done.returncode == 0, done.stdout + done.stderr
+
+        name = "nan-data-plain-" + "-".join([*map(str, skip), *extra]).replace("--", "")
+        return final_variables(shared_result(name, produce))
+    return get
+
+
+def final_variables(where: str, step: int = 60) -> dict[str, bytes]:
+    """Every model and optimizer variable of the checkpoint of ``step`` (not the data position)."""
+    reader = tf.train.load_checkpoint(os.path.join(where, f"model.ckpt-{step}"))
+    return {k: reader.get_tensor(k).tobytes() for k in reader.get_variable_to_shape_map()
+            if k.endswith("VARIABLE_VALUE") and not k.startswith("save_counter")}
+
+
+def skipped(logdir: str) -> list[int]:
+    with open(os.path.join(logdir, "logs", "report.json")) as fh:
+        return list(json.load(fh).get("skipped_steps") or [])
+
+
+@pytest.mark.parametrize("bind", ["args", "inside"])
+def test_a_skipped_step_of_a_tf_data_loop_takes_exactly_its_own_batch(logdir, plain, bind):
+    # the loop's batches come from a tf.data iterator the checkpoint tracks. "inside": the step
+    # function's next(it) takes it; "args": the loop takes it, x, y = next(it), and passes it in
+    # (the pattern of TF's checkpoint guide). Before, with "args": the snapshot of step 20 was taken
+    # at the boundary inside the run of step 21, after the loop had taken element 21, so it held the
+    # iterator one element ahead: after the restore step 21 trained on element 22, ..., step 34 on
+    # element 35 (the NaN), and the rollback skipped the healthy step 34 (exit 0, not bit-equal).
+    # Now a step handed its input has its boundary after it: the snapshot's data position is its step's
+    with busy():
+        code, out, err = finish(launch(logdir, "--bind", bind, "--nan-at", "35", *LAGGING, target=NAN_DATA,
+                                       env=quiet_env(**NO_MEMORY_TIER)), 900)
+    said = out + err
+    assert code == 0, said
+    assert "restored step 20 from" in said and "skipped step 35" in said, said
+    assert skipped(logdir) == [35], said
+    assert final_variables(logdir) == plain((35,), "--bind", bind)  # bit-equal, every variable
+
+
+def test_a_restart_of_a_loop_fed_from_a_checkpointed_iterator_resumes_at_its_own_batch(logdir, plain):
+    # "args" again, no NaN: the trainer is SIGKILLed past the checkpoint of step 20 and the restarted
+    # one resumes from it. Before: that checkpoint held the iterator one element past step 20
+    # (taken inside the run of step 21, after the loop's next(it)): element 21 was never trained and
+    # every later step trained on the next step's batch. Now the final variables are bit-equal to
+    # a plain run's
+    with busy():
+        code, out, err = launch_and_kill_trainer_once(logdir, "--bind", "args", *LAGGING, target=NAN_DATA,
+                                                      env=quiet_env(**NO_MEMORY_TIER), past=5)
+    said = out + err
+    assert code == 0, said
+    restored = [e["step"] for e in lifecycle(logdir) if e["event"] == "restored"]
+    assert len(restored) == 1 and restored[0] >= 20, restored  # the restart resumed from a checkpoint
+    assert final_variables(logdir) == plain((), "--bind", "args")  # bit-equal, every variable
