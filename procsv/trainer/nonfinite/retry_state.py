@@ -44,7 +44,7 @@ def keep(ckpt: Any, step: int) -> Optional[KeptState]:
     (no checkpoint, a TF1 graph program's)."""
     import tensorflow as tf
 
-    if ckpt is None or isinstance(ckpt, NameBasedCheckpoint):
+    if ckpt is None or isinstance(ckpt, NameBasedCheckpoint) or not tf.executing_eagerly():
         return None
     named, _ = _serialize(ckpt)
     values = []

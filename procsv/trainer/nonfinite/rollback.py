@@ -85,6 +85,7 @@ class NonfiniteRollback:
         self._again: set[int] = set()  # steps skipped before this session that it said it skips again
         self._weights: Optional[list[Any]] = None  # the trainable variables a bisect checks (walked once)
         self._kept: Optional[retry_state.KeptState] = None  # the state before the step being retried
+        self._kept_for: Optional[int] = None  # the retried step whose state before it was kept (or could not be)
         self.watch.group_refusal = _group_refusal()
         # (off: no detection at all, no loss kept, no snapshot scanned; what it costs: scripts/bench_nonfinite.py)
         self.detecting = os.environ.get(env.NONFINITE_CHECK, "").strip().lower() not in ("0", "off", "no", "false")
@@ -170,6 +171,8 @@ class NonfiniteRollback:
             return diverging
         began = self._clock()
         kept, self._kept = self._kept, None
+        if not skip:
+            self._kept_for = None  # a retry: its state before is kept when the replay reaches it
         restored, source, path = self._put_back(kept, bad_step) if skip and not watch.bisecting else (-1, "", "")
         again = restored >= 0  # the state before the retry, kept: the snapshot restored last is still the one
         if restored < 0:
@@ -301,7 +304,7 @@ class NonfiniteRollback:
         due = [s - 1 for s in watch.budget.skipped if s - 1 >= step and (target is None or s < target)]
         if target is not None:
             due.append(target - 1 if watch.skipping else target)
-            if not watch.skipping and self._kept is None and target - 1 >= step:
+            if not watch.skipping and self._kept_for != target and target - 1 >= step:
                 due.append(target - 1)  # the state before the retry is kept there
             if watch.bisecting:
                 due.append(step)  # the weights after every replayed step
@@ -311,7 +314,9 @@ class NonfiniteRollback:
         """Keep the state of ``step``, the boundary before the retry (its snapshot preparations first:
         the step counted in Python and a program's own position are written into the state)."""
         agent = self._agent
-        for prepare in agent.prepare_snapshot if agent is not None else ():
+        if agent is None or isinstance(agent.store.checkpoint, NameBasedCheckpoint):  # restored from disk only
+            return
+        for prepare in agent.prepare_snapshot:
             prepare()
         self._kept = retry_state.keep(self._checkpoint, step)
 
@@ -376,7 +381,8 @@ class NonfiniteRollback:
             return True
         if target is None:
             return False
-        if not watch.skipping and step == target - 1 and self._kept is None:  # the retry runs next
+        if not watch.skipping and step == target - 1 and self._kept_for != target:  # the retry runs next
+            self._kept_for = target
             self._keep(step)
             watch.due = self._next_due(step)
             self.bound()
