@@ -31,9 +31,20 @@ the step before, retries the step once, finds it NaN again, restores again, repl
     of another process's work on a busy machine does not move it), goal <= 0.01; the table also
     shows it over the whole span (every snapshot and its bulk check included, and every burst).
 
+(c) Keras ``fit``'s memory under rollback: a fit of ``--keras-batches`` batches of 1.5 MiB each (65,536
+    rows of 4 floats, a function of the batch's index), ``save_freq=False`` (no commit before fit's end:
+    the case where kept batches pile up), the input of batch ``--keras-nan-at`` NaN, under ``procsv launch``
+    with ``procsv.keras.BackupAndRestore(replay_memory_bytes=--keras-cap-mib)``, beside the same plain
+    ``fit`` (no procsv, that batch's sample weight 0: with plain SGD no update, its iteration counted),
+    interleaved, ``--repeats`` of each: the **peak RSS** of the training process (VmRSS after every batch),
+    and its growth after the first batch; goal: rollback's peak <= the plain fit's + the cap; exact=1 when every rollback run exits 0, skips
+    exactly that batch and ends with weights (and iteration count) bit-equal to the plain fit's.
+    ``--no-keras`` leaves it out.
+
 Figures are medians over the repeats, with the spread (min..max) in the table. Prints the tables,
 then one line:
-``nonfinite_recovery_s=<x> replayed_steps=<x> detect_overhead=<x> exact=<0|1> skipped_steps=<a,b>``
+``nonfinite_recovery_s=<x> replayed_steps=<x> detect_overhead=<x> exact=<0|1> skipped_steps=<a,b>
+nonfinite_recovery_load_s=<x> keras_peak_mib=<x> keras_plain_peak_mib=<x> keras_cap_mib=<x>``
 and exits 1 if a correctness check failed.
 """
 
@@ -56,6 +67,7 @@ from typing import Any
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0", PYTHONUNBUFFERED="1")
 os.environ.update(TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0")  # this process reads checkpoints and events
 EXAMPLE = "procsv.examples.digits"
+KERAS_ROWS = 65536  # rows of 4 float32 a batch: 1 MiB of input, 1.5 MiB with its targets and sample weights
 
 
 class BenchError(Exception):
@@ -138,6 +150,76 @@ def spread(values: list[float], fmt: str = "{:.3f}") -> str:
     return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}..{fmt.format(max(values))})"
 
 
+def keras_child(args: argparse.Namespace) -> int:
+    """(c)'s training program: one Keras fit (see the module docstring), its peak RSS and weights written."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    bad = tf.constant([args.keras_nan_at], dtype=tf.int64)
+
+    def batch(i: Any) -> Any:
+        x = tf.reshape(tf.sin(tf.cast(i * KERAS_ROWS * 4 + tf.range(KERAS_ROWS * 4, dtype=tf.int64), tf.float32)
+                              * 0.37), [KERAS_ROWS, 4])
+        y = tf.reduce_sum(x, axis=1, keepdims=True) * 0.5 + 0.1
+        hit = tf.reduce_any(tf.equal(bad, i))
+        if args.plain:  # the fit that never applies the batch: sample weight 0 (plain SGD: no update)
+            return x, y, tf.where(hit, tf.zeros([KERAS_ROWS]), tf.ones([KERAS_ROWS]))
+        return tf.where(hit, tf.fill([KERAS_ROWS, 4], float("nan")), x), y, tf.ones([KERAS_ROWS])
+
+    data = tf.data.Dataset.range(args.keras_batches).map(batch)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+    peak = [0.0, 0.0]  # after the first batch, the peak after any
+
+    class Rss(keras.callbacks.Callback):  # type: ignore[misc]
+        def on_train_batch_end(self, b: int, logs: Any = None) -> None:
+            with open("/proc/self/status") as fh:
+                now = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
+            peak[0] = peak[0] or now
+            peak[1] = max(peak[1], now)
+
+    callbacks: list[Any] = [Rss()]
+    if not args.plain:
+        import procsv.keras
+
+        callbacks.append(procsv.keras.BackupAndRestore(save_freq=False,
+                                                       replay_memory_bytes=int(args.keras_cap_mib * 2**20)))
+    model.fit(data, epochs=1, steps_per_epoch=args.keras_batches, callbacks=callbacks, verbose=0)
+    np.savez(os.path.join(args.keras_child, "weights.npz"), *model.get_weights(),
+             np.asarray(model.optimizer.iterations.numpy()))
+    with open(os.path.join(args.keras_child, "rss.json"), "w") as fh:
+        json.dump({"first_mib": peak[0], "peak_mib": peak[1]}, fh)
+    return 0
+
+
+def keras_run(args: argparse.Namespace, folder: str, plain: bool) -> dict[str, Any]:
+    """One run of (c): its peak RSS (MiB), its weights' bytes, what it skipped (rollback's)."""
+    os.makedirs(folder)
+    flags = ["--keras-child", folder, "--keras-batches", str(args.keras_batches), "--keras-nan-at",
+             str(args.keras_nan_at), "--keras-cap-mib", str(args.keras_cap_mib)]
+    cmd = [sys.executable, os.path.abspath(__file__), *flags, "--plain"] if plain else [
+        sys.executable, "-m", "procsv", "launch", os.path.abspath(__file__), "--logdir", os.path.join(folder, "run"),
+        "--quiet", "--", *flags]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=900)
+    if done.returncode != 0:
+        raise BenchError(f"the Keras {'plain' if plain else 'rollback'} fit exited {done.returncode}: "
+                         f"{done.stderr[-2000:]}")
+    import numpy as np
+
+    with open(os.path.join(folder, "rss.json")) as fh:
+        rss = json.load(fh)
+    with np.load(os.path.join(folder, "weights.npz")) as data:
+        weights = [data[f"arr_{i}"].tobytes() for i in range(len(data.files))]
+    skipped = None
+    if not plain:
+        with open(os.path.join(folder, "run", "logs", "report.json")) as fh:
+            skipped = json.load(fh).get("skipped_steps")
+    return {"peak": float(rss["peak_mib"]), "growth": float(rss["peak_mib"]) - float(rss["first_mib"]),
+            "weights": weights, "skipped": skipped}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
@@ -150,7 +232,18 @@ def main() -> int:
     p.add_argument("--overhead-steps", type=int, default=4000, help="steps of each run of (b)")
     p.add_argument("--warmup", type=int, default=200, help="(b): step time measured from this step on")
     p.add_argument("--no-load", action="store_true", help="leave out (a'), the poisoned launches at load")
+    p.add_argument("--no-keras", action="store_true", help="leave out (c), Keras fit's memory")
+    p.add_argument("--keras-batches", type=int, default=160, help="(c): batches of the fit (1.5 MiB each)")
+    p.add_argument("--keras-nan-at", type=int, default=120, help="(c): the batch whose input is NaN (from 0)")
+    p.add_argument("--keras-cap-mib", type=float, default=256.0,
+                   help="(c): replay_memory_bytes, in MiB (default 256: above the fit's 240 MiB of batches, so "
+                        "none is left out of the replay and the skip is exact; below what comes between two "
+                        "in-memory snapshots, a NaN is handled by the inexact fallback and exact=0)")
+    p.add_argument("--keras-child", help=argparse.SUPPRESS)
+    p.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.keras_child:
+        return keras_child(args)
     if args.repeats < 1 or any(not 1 < s < args.steps for s in args.poison):
         p.error("--repeats must be >= 1 and every --poison step within 2..--steps-1")
     args.poison = sorted(set(args.poison))
@@ -180,6 +273,22 @@ def main() -> int:
                           f"{args.poison}", file=sys.stderr)
                     exact[row] = False
                 rows[row].append(run)
+        keras_rows: dict[bool, list[dict[str, Any]]] = {True: [], False: []}  # plain?: runs
+        for r in range(0 if args.no_keras else args.repeats):
+            for plain_fit in (True, False):  # interleaved
+                keras_rows[plain_fit].append(keras_run(args, os.path.join(tmp, f"keras-{int(plain_fit)}-{r}"),
+                                                       plain_fit))
+        keras_exact = True
+        for run in keras_rows[False]:
+            if run["skipped"] != [args.keras_nan_at + 1]:  # global steps count from 1
+                print(f"bench_nonfinite: a Keras rollback run skipped {run['skipped']}, not "
+                      f"[{args.keras_nan_at + 1}]", file=sys.stderr)
+                keras_exact = False
+            if run["weights"] != keras_rows[True][0]["weights"]:
+                print("bench_nonfinite: a Keras rollback run's final weights differ from the plain fit's",
+                      file=sys.stderr)
+                keras_exact = False
+        exact["keras"] = keras_exact
         ok = all(exact.values())
         runs = rows["quiet"]
         times: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
@@ -211,6 +320,19 @@ def main() -> int:
         print(f"{'exact (bit-equal to the plain run)':<46} {int(exact['load']):>28}")
     print(f"(digits, {args.steps} steps of {args.step_delay * 1000:g} ms more each, NaN input at steps {args.poison}, "
           f"a checkpoint every {args.interval} steps; {args.repeats} launches)")
+    if keras_rows[False]:
+        peaks = {m: [run["peak"] for run in keras_rows[m]] for m in keras_rows}
+        print(f"\n{'(c) Keras fit, peak RSS of the trainer (MiB)':<46} {'median (spread over runs)':>28}")
+        print(f"{'plain fit (no procsv)':<46} {spread(peaks[True], '{:.1f}'):>28}")
+        print(f"{'under rollback (a NaN batch, skipped)':<46} {spread(peaks[False], '{:.1f}'):>28}")
+        print(f"{'  minus plain fit':<46} {statistics.median(peaks[False]) - statistics.median(peaks[True]):>28.1f}")
+        growth = {m: [run["growth"] for run in keras_rows[m]] for m in keras_rows}
+        print(f"{'growth after the first batch, plain fit':<46} {spread(growth[True], '{:.1f}'):>28}")
+        print(f"{'growth after the first batch, under rollback':<46} {spread(growth[False], '{:.1f}'):>28}")
+        print(f"{'  goal: at most the cap (replay_memory_bytes)':<46} {args.keras_cap_mib:>28.1f}")
+        print(f"{'exact (bit-equal to the plain fit)':<46} {int(exact['keras']):>28}")
+        print(f"({args.keras_batches} batches of 1.5 MiB, save_freq=False, NaN input at batch {args.keras_nan_at}; "
+              f"{args.repeats} runs of each, interleaved)")
     print(f"\n{'(b) ms per step, no NaN':<46} {'steady (spread)':>24} {'whole span (spread)':>24}")
     print(f"{'detection on':<46} {spread(steady[True], '{:.4f}'):>24} {spread(span[True], '{:.4f}'):>24}")
     print(f"{'detection off (PROCSV_NONFINITE_CHECK=0)':<46} {spread(steady[False], '{:.4f}'):>24} "
@@ -219,7 +341,10 @@ def main() -> int:
     print(f"({args.overhead_steps} steps from step {args.warmup}, interleaved; {time.monotonic() - began:.0f} s in all)")
     print(f"nonfinite_recovery_s={statistics.median(recovery):.3f} replayed_steps={statistics.median(replayed):.1f} "
           f"detect_overhead={overhead:.4f} exact={int(ok)} skipped_steps={','.join(map(str, args.poison))}"
-          + (f" nonfinite_recovery_load_s={statistics.median(recovery_load):.3f}" if recovery_load else ""))
+          + (f" nonfinite_recovery_load_s={statistics.median(recovery_load):.3f}" if recovery_load else "")
+          + (f" keras_peak_mib={statistics.median(r['peak'] for r in keras_rows[False]):.1f}"
+             f" keras_plain_peak_mib={statistics.median(r['peak'] for r in keras_rows[True]):.1f}"
+             f" keras_cap_mib={args.keras_cap_mib:g}" if keras_rows[False] else ""))
     return 0 if ok else 1
 
 

@@ -28,7 +28,8 @@ run (the figure is conservative for procsv).
 The child side (:class:`Turns`) runs in the training process: :meth:`Turns.block` is called at
 each batch; every K batches it reports the block's time and waits for its next turn. Protocol,
 over two FIFOs in the child's folder: the child writes ``ready <pid>`` once, then one line per
-block (``<secs> <extra>``); the harness writes ``go`` or ``stop`` for each turn.
+block (``<secs> <extra> <cpu>``: its wall seconds, the extra figure over it, and the CPU seconds the
+training process used over it, every thread: ``time.process_time``); the harness writes ``go`` or ``stop`` for each turn.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class Turns:
         self.calls = 0
         self.t0 = 0.0
         self.x0 = 0.0
+        self.c0 = 0.0
         self.training = TrainingClock()  # stands still while waiting for turns (stopped, or the others')
 
     def clock(self) -> float:
@@ -93,11 +95,12 @@ class Turns:
         if (self.calls - 1) % self.k:
             return True
         if self.calls > 1:
-            self.done.write(f"{time.perf_counter() - self.t0:.9f} {self.extra() - self.x0:.9f}\n")
+            self.done.write(f"{time.perf_counter() - self.t0:.9f} {self.extra() - self.x0:.9f} "
+                            f"{time.process_time() - self.c0:.9f}\n")
         self.training.pause()
         word = self.go.readline().strip()
         self.training.resume()
-        self.t0, self.x0 = time.perf_counter(), self.extra()
+        self.t0, self.x0, self.c0 = time.perf_counter(), self.extra(), time.process_time()
         return word == "go"
 
 
@@ -161,8 +164,9 @@ class Contender:
             except psutil.NoSuchProcess:
                 pass
 
-    def turn(self) -> tuple[float, float]:
-        """Run one block: (its seconds, the child's extra figure over it)."""
+    def turn(self) -> tuple[float, float, float]:
+        """Run one block: (its seconds, the child's extra figure over it, the CPU seconds its training
+        process used over it)."""
         assert self.go is not None and self.done is not None
         self.resume()
         self.go.write("go\n")
@@ -171,8 +175,8 @@ class Contender:
             raise SystemExit(f"lockstep: {self.name} ended mid-run (exit {self.proc.wait()}); its stderr: "
                              f"{self.tail()}")
         self.pause()
-        secs, extra = line.split()
-        return float(secs), float(extra)
+        secs, extra, cpu = line.split()
+        return float(secs), float(extra), float(cpu)
 
     def finish(self, timeout: float) -> int:
         """Let it end ``fit`` normally (procsv commits and its launch exits) and return its exit code."""

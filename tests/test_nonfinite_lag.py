@@ -151,3 +151,22 @@ def test_a_step_whose_gradient_is_nan_and_loss_finite_is_found_and_skipped_not_t
     assert "skipped step 46" not in said, said
     assert _skipped(logdir) == [45], said
     assert _final_variables(logdir) == plain("sgd", (45,))  # bit-equal, every variable
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_the_skip_after_a_failed_retry_puts_back_the_state_before_the_retry_without_a_second_replay(
+        logdir, plain, optimizer):
+    # NaN at 55, the newest state before it step 40's: the first rollback restores 40, replays 41 .. 54
+    # and retries 55. Before: the retry's NaN restored 40 again and replayed 41 .. 54 a second time
+    # (rolled back to 40 twice). Now the state of step 54, kept at the boundary before the retry,
+    # is put back: no step is replayed twice, and the result is still bit-equal
+    with busy():
+        code, out, err = finish(launch(logdir, "--optimizer", optimizer, "--nan-at", "55", *LAGGING, target=NAN_LOOP,
+                                       env=quiet_env(**NO_MEMORY_TIER)), 300)
+    said = out + err
+    assert code == 0, said
+    back = [e for e in lifecycle(logdir) if e["event"] == "rolled_back"]
+    assert [(e["step"], e["restored_step"], e["skip"]) for e in back] == [(55, 40, False), (55, 54, True)], back
+    assert "restored step 54 from the state kept before the retry" in said, said
+    assert _skipped(logdir) == [55], said
+    assert _final_variables(logdir) == plain(optimizer, (55,))  # bit-equal, every variable

@@ -186,6 +186,7 @@ class Plan:
     reusable: bool
     layout: Optional["Layout"] = None  # where the last snapshot with this plan put each tensor
     shape: Optional[graph_shape.Shape] = None  # the graph's edges when walked (None: never reuse)
+    named: Optional[list[Any]] = None  # the walk's saveables (the non-finite rules are read from them, no second walk)
 
 
 def plan(ckpt: Any) -> Plan:
@@ -203,7 +204,7 @@ def plan(ckpt: Any) -> Plan:
             reader, live = _reader(spec)
             reusable = reusable and live
             readers.append((spec.name, reader))
-    return Plan(readers, graph_proto.SerializeToString(), reusable and edges is not None, shape=edges)
+    return Plan(readers, graph_proto.SerializeToString(), reusable and edges is not None, shape=edges, named=named)
 
 
 def _gather(ckpt: Any, known: Optional[Plan] = None) -> tuple[list[tuple[str, Any]], Optional[bytes]]:

@@ -9,8 +9,8 @@ is at least as new as the newest committed checkpoint and verifies
 (:mod:`procsv.trainer.checkpoint.memory_restore`), else the newest committed checkpoint, from disk
 (once the snapshot in flight, if any, is committed). The program's loop then replays R+1 .. B-1
 (the step numbers it reads come back with the restore) and runs B once more, whose loss is read
-right after it. If it is non-finite again, R is restored again, the loop replays to B-1, and B is
-skipped: its step function is not called, its input is consumed (the next element of each
+right after it. If it is non-finite again, the state of B-1 (kept at the boundary before the retry
+ran B, :mod:`.retry_state`) is put back, with no second replay, and B is skipped: its step function is not called, its input is consumed (the next element of each
 ``tf.data`` iterator the checkpoint tracks is taken and discarded, :mod:`.inputs`; with the input a
 function of the step there is nothing to take), no variable changes, and the step count advances
 past it. If, when the replay reaches B-1 for the skip, the trainable variables are non-finite
@@ -45,7 +45,7 @@ from procsv.trainer.checkpoint import memory_restore
 from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.checkpoint.keeper import CheckpointKeeper
 from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
-from procsv.trainer.nonfinite import inputs, notices, policy, records, scan
+from procsv.trainer.nonfinite import inputs, notices, policy, records, retry_state, scan
 from procsv.trainer.nonfinite.policy import OnNonfinite
 from procsv.trainer.nonfinite.watch import NonfiniteWatch
 from procsv.trainer.settings import Settings
@@ -84,6 +84,8 @@ class NonfiniteRollback:
         self.watch = NonfiniteWatch(on_nonfinite, tags, ignore)
         self._again: set[int] = set()  # steps skipped before this session that it said it skips again
         self._weights: Optional[list[Any]] = None  # the trainable variables a bisect checks (walked once)
+        self._kept: Optional[retry_state.KeptState] = None  # the state before the step being retried
+        self._kept_for: Optional[int] = None  # the retried step whose state before it was kept (or could not be)
         self.watch.group_refusal = _group_refusal()
         # (off: no detection at all, no loss kept, no snapshot scanned; what it costs: scripts/bench_nonfinite.py)
         self.detecting = os.environ.get(env.NONFINITE_CHECK, "").strip().lower() not in ("0", "off", "no", "false")
@@ -168,7 +170,13 @@ class NonfiniteRollback:
         if diverging:
             return diverging
         began = self._clock()
-        restored, source, path = self._restore_memory(agent, bad_step)
+        kept, self._kept = self._kept, None
+        if not skip:
+            self._kept_for = None  # a retry: its state before is kept when the replay reaches it
+        restored, source, path = self._put_back(kept, bad_step) if skip and not watch.bisecting else (-1, "", "")
+        again = restored >= 0  # the state before the retry, kept: the snapshot restored last is still the one
+        if restored < 0:
+            restored, source, path = self._restore_memory(agent, bad_step)
         kind = RestoreSource.MEMORY
         if restored < 0:
             if agent.in_flight is not None:
@@ -195,7 +203,8 @@ class NonfiniteRollback:
         watch.target, watch.skipping = bad_step, skip
         watch.due = self._next_due(restored)
         watch.rollbacks += 1
-        watch.restores.restored(restored)
+        if not again:
+            watch.restores.restored(restored)
         for hook in watch.on_restored:
             hook(restored)
         self.bound()
@@ -205,6 +214,17 @@ class NonfiniteRollback:
               f"{restored} from {source}, replaying to step {bad_step - 1}, then {then}",
               file=sys.stderr, flush=True)
         return ""
+
+    def _put_back(self, kept: Optional[retry_state.KeptState], bad_step: int) -> tuple[int, str, str]:
+        """Put back the state kept before the retry of ``bad_step`` (:mod:`.retry_state`), if it is
+        that step's and the object graph is the same; returns its step, where it came from in words
+        and as a path, or (-1, "", "") if not put back."""
+        if kept is None or kept.step != bad_step - 1:
+            return -1, "", ""
+        self._flush_summaries()
+        if not retry_state.put_back(self._checkpoint, kept):
+            return -1, "", ""
+        return kept.step, "the state kept before the retry", f"memory#retry{kept.step}"
 
     def _restore_memory(self, agent: CheckpointAgent, bad_step: int) -> tuple[int, str, str]:
         """Restore the newest in-memory snapshot before ``bad_step`` in place if it is at least as new
@@ -284,9 +304,21 @@ class NonfiniteRollback:
         due = [s - 1 for s in watch.budget.skipped if s - 1 >= step and (target is None or s < target)]
         if target is not None:
             due.append(target - 1 if watch.skipping else target)
+            if not watch.skipping and self._kept_for != target and target - 1 >= step:
+                due.append(target - 1)  # the state before the retry is kept there
             if watch.bisecting:
                 due.append(step)  # the weights after every replayed step
         return min(due) if due else None
+
+    def _keep(self, step: int) -> None:
+        """Keep the state of ``step``, the boundary before the retry (its snapshot preparations first:
+        the step counted in Python and a program's own position are written into the state)."""
+        agent = self._agent
+        if agent is None or isinstance(agent.store.checkpoint, NameBasedCheckpoint):  # restored from disk only
+            return
+        for prepare in agent.prepare_snapshot:
+            prepare()
+        self._kept = retry_state.keep(self._checkpoint, step)
 
     def _trainable(self) -> list[Any]:
         """The state's trainable variables (walked once)."""
@@ -349,6 +381,12 @@ class NonfiniteRollback:
             return True
         if target is None:
             return False
+        if not watch.skipping and step == target - 1 and self._kept_for != target:  # the retry runs next
+            self._kept_for = target
+            self._keep(step)
+            watch.due = self._next_due(step)
+            self.bound()
+            return False
         if watch.bisecting and step < target:
             if self._poisoned_by(step):
                 return True
@@ -369,6 +407,7 @@ class NonfiniteRollback:
                 self._stop_diverged(NonFiniteState(step, bad), why, False)
             return True
         if not watch.skipping:  # the retried step was finite this time
+            self._kept = None
             print(f"procsv: step {target} was finite when retried; training on", file=sys.stderr, flush=True)
             watch.target = None
             watch.due = self._next_due(step)

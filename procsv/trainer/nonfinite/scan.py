@@ -61,14 +61,16 @@ def _optimizer_variables(ckpt: Any) -> set[int]:
     return out
 
 
-def rules(ckpt: Any, ignore: Sequence[str]) -> Rules:
-    """Walk ``ckpt`` once: which keys are strict, which are ignored."""
+def rules(ckpt: Any, ignore: Sequence[str], named: Optional[list[Any]] = None) -> Rules:
+    """Which keys are strict, which are ignored: from ``named`` (the saveables of a walk of ``ckpt``
+    just made), else from a walk of ``ckpt`` now."""
     from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
     from procsv.trainer.checkpoint.snapshot import _serialize
 
     if isinstance(ckpt, NameBasedCheckpoint):
         return _name_based_rules(ckpt, ignore)
-    named, _ = _serialize(ckpt)
+    if named is None:
+        named, _ = _serialize(ckpt)
     slots = _optimizer_variables(ckpt)
     strict: set[str] = set()
     skip: set[str] = set()

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from procsv.common import env
+from procsv.trainer.checkpoint import graph_shape
 from procsv.trainer.nonfinite import policy, scan
 from procsv.common.errors import NonFiniteState, TrainingDiverged
 from procsv.trainer.nonfinite.losses import LossWatch
@@ -44,6 +45,7 @@ class NonfiniteWatch:
                                                                             policy.DEFAULT_SKIP_WINDOW)))
         self.restores = RestoreBound()
         self._rules: Optional[tuple[Any, scan.Rules]] = None
+        self._rules_shape: Optional[graph_shape.Shape] = None  # the object graph's edges the rules were read from
         # rollback (procsv.trainer.nonfinite.rollback): the bad step being retried or skipped, whether
         # it is skipped, the boundary at which that is due, the steps retried once already
         self.target: Optional[int] = None
@@ -74,7 +76,12 @@ class NonfiniteWatch:
     def verify(self, step: int, ckpt: Any, plan: Any, specs: Any, frames: Any, memory: Optional[np.ndarray]) -> None:
         """The copy of the state of ``step`` (in ``memory``, or ``frames``): poison refuses it."""
         if self._rules is None or self._rules[0] is not plan:
-            self._rules = (plan, scan.rules(ckpt, self.ignore))
+            shape = getattr(plan, "shape", None)
+            if self._rules is not None and shape is not None and graph_shape.same(self._rules_shape, shape):
+                self._rules = (plan, self._rules[1])  # a walk again of the same objects: the same rules
+            else:
+                self._rules = (plan, scan.rules(ckpt, self.ignore, getattr(plan, "named", None)))
+            self._rules_shape = shape
         keys = scan.nonfinite_keys(specs, frames, memory, self._rules[1])
         if keys:
             raise NonFiniteState(step, None, keys)
