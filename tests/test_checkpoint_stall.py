@@ -10,8 +10,7 @@ import sys
 
 import pytest
 
-from conftest import (PROGRAMS, burners, committed_steps, finish, launch, lifecycle, on_one_core, quiet_env, raw_status,
-                      role_pid, wait_for)
+from conftest import PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, role_pid, wait_for
 from procsv.common import env
 
 pytestmark = pytest.mark.slow
@@ -155,6 +154,11 @@ def test_a_watchdog_killed_under_on_nonfinite_continue_leaves_procsv_report_coun
         assert shown.returncode == 0 and f"{counted} time(s) found non-finite" in shown.stdout, shown
 
 
+def _burn(n: int = 2) -> list[subprocess.Popen]:
+    """``n`` CPU-bound processes beside the run (load): the caller kills them."""
+    return [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]
+
+
 def _text(logdir: str, name: str) -> str:
     try:
         with open(os.path.join(logdir, "logs", name)) as fh:
@@ -164,22 +168,19 @@ def _text(logdir: str, name: str) -> str:
 
 
 def test_a_checkpoint_service_loading_tensorflow_for_a_tf_data_iterator_is_not_a_stall_at_load(logdir):
-    """Issue 51, point 7, at load: a CPU-bound process beside the run, on the one core they share
-    (``on_one_core``: less CPU for the run than two burners over two cores): a checkpoint that holds a
+    """Issue 51, point 7, with two CPU-bound processes beside the run: a checkpoint that holds a
     tf.data iterator (a variant tensor) makes the checkpoint service import TensorFlow at its first
     commit, which the stall rule (10 s floor) took for a stall: it killed the service before its
     first commit, and its successor began the same import. The service now tells the watchdog it is
     loading, and remembers the need: the next launch's service loads TensorFlow before its Hello."""
     args = ("--input", "iterator", "--steps", "1000000", "--save-steps", "10", "--step-delay", "0.02")
-    with on_one_core():
-        burning = burners()
+    burners = _burn()
     try:
         for launch_no in (1, 2):
             # launch 1: a snapshot deadline of 3 s (the floor is 30 s), which the load outlasts
             extra = quiet_env(**{env.SAVE_DEADLINE: "3"}) if launch_no == 1 else None
-            with on_one_core():
-                proc = launch(logdir, *args, target=os.path.join(PROGRAMS, "nan_train.py"), opts=("--standby", "off"),
-                              env=extra)
+            proc = launch(logdir, *args, target=os.path.join(PROGRAMS, "nan_train.py"), opts=("--standby", "off"),
+                          env=extra)
             try:
                 before = max(committed_steps(logdir), default=-1)
                 wait_for(lambda: proc.poll() is not None or max(committed_steps(logdir), default=-1) > before + 20, 600,
@@ -209,7 +210,7 @@ def test_a_checkpoint_service_loading_tensorflow_for_a_tf_data_iterator_is_not_a
                 assert "before saying ready (this run's checkpoints need it: a variant tensor" in service, service
                 assert "loading TensorFlow for this commit" not in service
     finally:
-        for b in burning:
+        for b in burners:
             b.kill()
             b.wait()
 
