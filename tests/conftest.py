@@ -124,25 +124,6 @@ def run_processes(logdir: str) -> list[psutil.Process]:
     return found
 
 
-# The test files whose tests take the longest in all (summed durations of a whole suite at -n 3,
-# longest first). They run first: pytest-xdist hands tests out in collection order, and a long test
-# handed out last (alphabetical order put test_slow_storage, test_slurm and test_soak near the end)
-# runs alone at the end while the other workers sit idle. The order changes no test, only when it runs.
-SLOWEST_FILES = (
-    "test_keras_fit.py", "test_checkpoint_faults.py", "test_checkpoint_stall.py", "test_nonfinite.py",
-    "test_slurm.py", "test_launch.py", "test_seeds_tf1.py", "test_hosts.py", "test_group.py",
-    "test_graph_supervisor.py", "test_standby.py", "test_bad_input.py", "test_job_sigterm.py",
-    "test_summary_crash.py", "test_watchdog.py", "test_soak.py", "test_slow_storage.py", "test_zygote_late_fork.py",
-    "test_checkpoint_resume.py", "test_ps_strategy.py", "test_ps_hosts.py", "test_ps_replicas.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests of ``SLOWEST_FILES`` first, in that order; every file's tests keep their own order."""
-    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-
-
 @pytest.fixture
 def fresh_train_api():
     """Each test is a new program for ``procsv.train``: no global step yet, every warning not yet given.
