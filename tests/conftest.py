@@ -332,3 +332,24 @@ def ready_zygote(tmp_path):  # type: ignore[no-untyped-def]
     finally:
         z.close(10)
         release_runtime_dir(runtime.path)
+
+
+@contextlib.contextmanager
+def on_one_core():  # type: ignore[no-untyped-def]
+    """While open, this process runs on one of its cores only (the last it may use), so every child
+    it starts meanwhile (and each of theirs) inherits that one core; on leaving, this process gets
+    its cores back (its children keep the one). For tests that load the machine on purpose: a CPU
+    burner and the run it slows share one core, and the suite's other workers keep the other. One
+    burner there leaves the run's processes (two busy ones: a share of 1/3 core each) less CPU
+    than two burners over two cores did (1/2 core each), and burns half the CPU."""
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {max(mine)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mine)
+
+
+def burners(n: int = 1) -> list[subprocess.Popen]:
+    """``n`` CPU-bound processes (load): start them inside ``on_one_core()``; the caller kills them."""
+    return [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]

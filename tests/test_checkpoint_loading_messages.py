@@ -18,6 +18,7 @@ import time
 
 import zmq
 
+from conftest import burners, on_one_core
 from procsv.ipc.messages import CheckpointSetup, CommitLoading, Message
 from procsv.ipc.transport import ReceiveTimeout, recv_message, send
 
@@ -192,12 +193,14 @@ def test_a_trainer_restarted_while_the_service_still_loads_is_told_its_snapshot_
     the new trainer's first snapshot waits behind that load. The loader told only the trainer whose
     snapshot began the load (now unroutable), so the new one heard nothing, and at its deadline took
     the loading service for stuck (SaveOverdue: the watchdog replaces the service, which loads again).
-    The grown file it replaced told every trainer. At load (two CPU burners): the import takes seconds."""
+    The grown file it replaced told every trainer. At load (a CPU burner on the service's one core,
+    ``on_one_core``: less CPU for it than two burners over two cores): the import takes seconds."""
     os.makedirs(os.path.join(logdir, ".procsv"))
     endpoint = "ipc://" + os.path.join(logdir, "ckpt.sock")
-    burn = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(2)]
-    service = subprocess.Popen([sys.executable, "-c", SERVICE, "commit", logdir, endpoint], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    with on_one_core():
+        burn = burners()
+        service = subprocess.Popen([sys.executable, "-c", SERVICE, "commit", logdir, endpoint], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
     first = None
     dealer = zmq.Context.instance().socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
