@@ -38,7 +38,7 @@ from procsv.trainer.standby import wait as standby
 from procsv.trainer.standby.warmup import WarmUps
 from procsv.trainer.step_boundary import StepCounter, StepState
 from procsv.trainer.stop_signals import StopSignals
-from procsv.trainer.summaries.log import SummaryLog
+from procsv.trainer.summaries.log import SummaryLog, session_start
 from procsv.trainer.supervisor_setup import (agent_factory, check_placement, collaborators, layout_for,
                                              resolve_is_chief, retention, state_to_save)
 from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, add_camel_case_aliases
@@ -282,8 +282,9 @@ class Supervisor:
         channels.to_watchdog(TrainerReady(os.getpid(), self._ctx.attempt if self._ctx else 1, step, self.restored_from,
                                           self._clock() - t0, skipped, self.save_model_secs if saving else None,
                                           self.save_checkpoint_steps if saving else None))
-        # TensorBoard discards every event at or after the next step we log: re-run steps don't duplicate
-        channels.to_summary(SessionLogEvent(SessionStatus.START, step + 1))
+        self._summaries.start_session(step, session_start(  # SessionLog START, when it has something to purge
+            self.restored_from is not None, self._ctx is not None and self._ctx.attempt > 1, start_standard_services,
+            self._tf1.graph is None or self._tf1.graph.global_step is not None))
         if agent is not None and self.is_chief:
             agent.heartbeat(channels, step, self._clock())
         if self.restored_from:
@@ -354,6 +355,8 @@ class Supervisor:
             self._summaries.flush(force=True, deadline=deadline)
             if close_summary_writer:
                 channels.to_summary(SessionLogEvent(SessionStatus.STOP, self._state.step))
+                if self._graph is not None:
+                    self._graph.writer_closed()
         finally:
             self._release(deadline)
 

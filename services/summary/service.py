@@ -254,7 +254,7 @@ class SummaryService:
             self._complain(f"dropped a batch: {exc}")
             self.service_dropped += msg.columns + n_protos + len(msg.items)
             return
-        decision = self.sessions.admit(msg.session, msg.seq, msg.resync_from)
+        decision = self.sessions.admit(msg.session, msg.seq, msg.resync_from, msg.purge)
         if decision.verdict != Verdict.WRITE:
             return
         if msg.session:
