@@ -113,3 +113,33 @@ def test_a_fresh_session_writes_no_session_start_and_a_restored_one_still_purges
     assert kinds[:3] == ["file_version", "graph_def", "meta_graph_def"] and start in kinds
     first_start = restored[kinds.index(start)]
     assert first_start.step == 2 and kinds.index(start) < kinds.index("summary")
+
+
+def test_a_summary_writer_kept_open_across_sessions_gets_both_sessions_in_one_event_file_as_tensorflows(tmp_path):
+    import tensorflow as tf
+    from tensorflow.core.util import event_pb2
+
+    from procsv import train
+
+    def sessions(supervisor_class: Any, logdir: str) -> None:
+        with tf.Graph().as_default():
+            tf.compat.v1.summary.scalar("c1", tf.constant(1))
+            summ = tf.compat.v1.summary.merge_all()
+            sv = supervisor_class(logdir=logdir)
+            for close in (False, False, True):  # TF's testManagedSessionKeepSummaryWriter, then one that closes
+                with sv.managed_session("", close_summary_writer=close, start_standard_services=False) as sess:
+                    sv.summary_computed(sess, sess.run(summ))
+
+    theirs, ours = str(tmp_path / "tf"), str(tmp_path / "procsv")
+    sessions(tf.compat.v1.train.Supervisor, theirs)
+    sessions(train.Supervisor, ours)
+    stop = f"session_log:{event_pb2.SessionLog.STOP}"
+    expected = ["file_version", "graph_def", "meta_graph_def", "summary", "summary", "summary", stop]
+    assert _kinds(_events(theirs)) == expected
+    assert _kinds(_events(ours)) == expected  # one file: the stops that kept the writer kept its service
+    # the stop that closed the writer released the services and the logdir: another Supervisor starts its own
+    with tf.Graph().as_default():
+        sv = train.Supervisor(logdir=ours)
+        with sv.managed_session(start_standard_services=False):
+            pass
+    assert len(glob.glob(os.path.join(ours, "events.out.tfevents.*"))) == 2

@@ -196,6 +196,7 @@ class Supervisor:
         self._channels: Optional[TrainerChannels] = None
         self._session: Optional[Any] = None  # a ManagedSession, or a GraphSession in graph mode
         self._own: Optional[OwnServices] = None
+        self._kept_events: Optional[str] = None  # the event file a writer kept open leaves for the next session
         self._stopped_by_signal = False
         self._signals = StopSignals()
         self._started = False
@@ -257,7 +258,7 @@ class Supervisor:
             standby.wait_for_promotion(self._ctx)  # a hot standby: everything before this is done already
         t0 = self._clock()
         self._signals.install(self.coord)
-        endpoints, self._own = connect(self._ctx, self.is_chief, self.layout)
+        endpoints, self._own = connect(self._ctx, self.is_chief, self.layout, self._kept_events)
         channels = self._channels = TrainerChannels(
             endpoints, supervised=self._ctx is not None and self._ctx.supervised, clock=self._clock,
             services=self.is_chief and self.layout is not None)
@@ -295,19 +296,15 @@ class Supervisor:
         return self._session
 
     def stop(self, threads: Any = None, close_summary_writer: bool = True, ignore_live_threads: bool = False) -> None:
-        """Request a stop; join the threads (``sv.loop``'s and ``threads``), then write the final
-        checkpoint (unless an exception was recorded), flush summaries and release everything, all
-        within one ``stop_grace_secs`` deadline. Re-raises like TF: the recorded exception, else a
-        ``RuntimeError`` for threads still alive after the grace period (unless ``ignore_live_threads``).
-        ``close_summary_writer=False`` skips the SessionLog STOP; summaries logged after the stop wait
-        for this Supervisor's next session (TF kept the writer open): warned once."""
+        """Request a stop; join the threads (``sv.loop``'s and ``threads``), then the final checkpoint (unless an
+        exception was recorded), flush summaries, release everything, all within one ``stop_grace_secs`` deadline.
+        Re-raises as TF: the recorded exception, else ``RuntimeError`` for threads alive after the grace (not with
+        ``ignore_live_threads``). ``close_summary_writer=False`` keeps TF's writer open: no STOP; the next session's
+        summary service continues its event file (:mod:`~procsv.trainer.standalone`), with what is logged after."""
         deadline = self._clock() + self.stop_grace_secs
         if not close_summary_writer:
-            warn_once("Supervisor.stop.close_summary_writer",
-                      "stop(close_summary_writer=False): no SessionLog STOP is written, but the summary "
-                      "service is a process the stop disconnects from, so summaries logged after stop() are "
-                      "written only when this Supervisor opens its next session (TF wrote them at once); "
-                      "log them before stop()")
+            warn_once("Supervisor.stop.close_summary_writer", "stop(close_summary_writer=False): summaries logged "
+                      "after stop() are written only when this Supervisor opens its next session; log them before")
         self.coord.request_stop()
         try:
             self.coord.join(threads, stop_grace_period_secs=self.stop_grace_secs,
@@ -328,8 +325,7 @@ class Supervisor:
 
     # ----------------------------------------------------------------- internals
     def _stop_quietly(self) -> None:
-        """stop() that re-raises nothing but a diverging stop (exit 4: the final checkpoint refused a
-        poisoned state): procsv.train's sessions raise the recorded exception themselves."""
+        """stop() re-raising only a diverging stop (exit 4): procsv.train's sessions raise the recorded exception."""
         try:
             self.stop(ignore_live_threads=True)
         except BaseException as exc:
@@ -357,6 +353,7 @@ class Supervisor:
                 channels.to_summary(SessionLogEvent(SessionStatus.STOP, self._state.step))
                 if self._graph is not None:
                     self._graph.writer_closed()
+            self._kept_events = None if close_summary_writer or self._own is None else self._own.events_tag
         finally:
             self._release(deadline)
 

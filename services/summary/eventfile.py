@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import struct
 import time
 from typing import Optional
 
@@ -41,17 +42,47 @@ def next_file_name(logdir: str, now: float, tag: str) -> str:
     return f"events.out.tfevents.{stamp:010d}.{socket.gethostname()}.{tag}"
 
 
-class EventFile:
-    """A new event file in ``logdir``, opened for appending; starts with its file-version event."""
+def continued_file(logdir: str, tag: str) -> Optional[str]:
+    """The event file tagged ``tag`` (an earlier summary service's) when it is the newest in ``logdir``:
+    one that a writer kept open across sessions continues (appending to an older one would put its
+    events before a later file's in TensorBoard's reading order); None otherwise."""
+    try:
+        names = sorted(n for n in os.listdir(logdir) if _STAMP.match(n))
+    except FileNotFoundError:
+        return None
+    return os.path.join(logdir, names[-1]) if names and names[-1].endswith("." + tag) else None
 
-    def __init__(self, logdir: str, tag: str) -> None:
+
+def whole_records(fd: int) -> int:
+    """The length of the file's leading whole records (TFRecord framing: length, its CRC, data, CRC)."""
+    size, pos = os.fstat(fd).st_size, 0
+    while pos + 12 <= size:
+        head = os.pread(fd, 8, pos)
+        if len(head) < 8 or pos + 12 + struct.unpack("<Q", head)[0] + 4 > size:
+            break
+        end = pos + 12 + struct.unpack("<Q", head)[0] + 4
+        pos = end
+    return pos
+
+
+class EventFile:
+    """A new event file in ``logdir``, opened for appending; starts with its file-version event. With
+    ``continue_tag`` (a summary writer kept open across a plain python run's sessions: its earlier
+    service's tag), that service's file is continued instead when it is the newest, cut back to its
+    whole records (:func:`continued_file`)."""
+
+    def __init__(self, logdir: str, tag: str, continue_tag: Optional[str] = None) -> None:
         os.makedirs(logdir, exist_ok=True)
         now = time.time()
-        self.path = os.path.join(logdir, next_file_name(logdir, now, tag))
-        self._fd: Optional[int] = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        old = continued_file(logdir, continue_tag) if continue_tag else None
+        self.path = old or os.path.join(logdir, next_file_name(logdir, now, tag))
+        flags = os.O_APPEND | (os.O_RDWR if old else os.O_WRONLY | os.O_CREAT | os.O_EXCL)  # (read: its records)
+        self._fd: Optional[int] = os.open(self.path, flags, 0o644)
         self._dirty = False
-        self._size = 0  # bytes of whole records in the file
-        self._header: bytes = frame(file_version_event(now))  # written before the first record that fits
+        self._size = whole_records(self._fd) if old else 0  # bytes of whole records in the file
+        if old:
+            os.ftruncate(self._fd, self._size)
+        self._header: bytes = b"" if old else frame(file_version_event(now))  # before the first record that fits
         try:
             self.write(b"")
             self.sync()
