@@ -60,7 +60,9 @@ class SummaryBatch(Message):
     (TensorBoard drops the events at or after it), then the batch. ``step``/``mono``/``wall_time``
     mark the trainer's progress when sent (the service derives ``global_step/sec`` every
     ``step_rate_secs``); ``dropped_total`` counts what the session had to drop so far, ``dropped``
-    what it dropped since its previous batch.
+    what it dropped since its previous batch. ``purge`` False (only on a session's first batch, when
+    its steps repeat none already logged: nothing restored, not a restart, and no ``SessionLog
+    START`` that TF's Supervisor would write) registers the session without the START.
     """
 
     KIND: ClassVar[str] = "summary_batch"
@@ -76,6 +78,7 @@ class SummaryBatch(Message):
     wall_time: float = 0.0
     step_rate_secs: Optional[float] = None
     dropped_total: int = 0
+    purge: bool = True
 
 
 @dataclass(frozen=True)

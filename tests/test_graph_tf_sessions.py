@@ -256,7 +256,9 @@ def test_monitored_training_session_with_save_checkpoint_secs_0_saves_no_checkpo
         assert committed_steps(logdir)[-1] == 1  # the default hook's final save still happens
 
 
-def test_request_stop_outside_a_with_block_raises_stop_iteration_and_leaves_should_stop_false(logdir):
+@pytest.mark.parametrize("creator", ["procsv", "own"])
+def test_request_stop_outside_a_with_block_raises_stop_iteration_and_leaves_should_stop_false(logdir, creator):
+    """Both graph sessions (procsv's creator, and a program's own: one end, session_end.py)."""
     import tensorflow as tf
 
     from procsv import train
@@ -269,7 +271,9 @@ def test_request_stop_outside_a_with_block_raises_stop_iteration_and_leaves_shou
             step_context.run_with_hooks(step)
             step_context.request_stop()
 
-        sess = train.MonitoredSession(train.ChiefSessionCreator(checkpoint_dir=logdir))
+        made = (train.ChiefSessionCreator(checkpoint_dir=logdir) if creator == "procsv" else
+                _OwnCreator(tf, tf.compat.v1.global_variables_initializer()))
+        sess = train.MonitoredSession(made)
         with pytest.raises(StopIteration):
             sess.run_step_fn(step_fn)
         assert not sess.should_stop()  # as TF: only a with block turns the StopIteration into the end

@@ -18,7 +18,8 @@ from tensorboard.util import tensor_util
 
 from procsv.ipc.messages import SummaryItem
 from procsv.services.summary import records
-from procsv.services.summary.eventfile import EventFile, next_file_name
+from procsv.common.eventnames import next_file_name
+from procsv.services.summary.eventfile import EventFile
 from procsv.services.summary.render import RenderError, buckets, render
 from procsv.services.summary.sessions import Decision, Sessions, Verdict
 
@@ -151,6 +152,32 @@ def test_each_new_event_file_sorts_after_the_existing_ones(tmp_path):
     assert os.path.basename(b.path) > os.path.basename(a.path)
     a.close()
     b.close()
+
+
+def test_a_continued_event_file_is_the_newest_one_of_that_tag_cut_back_to_its_whole_records(tmp_path):
+    """A summary writer kept open across a plain python run's sessions (``stop(close_summary_writer=False)``):
+    the next summary service continues the earlier one's file, after its last whole record (a torn
+    tail is cut off), with no second file-version record; an older file is never continued."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+
+    enc = records.ScalarEncoder()
+    first = EventFile(str(tmp_path), "procsv-1")
+    first.write(enc.records(["loss"], np.zeros(1, np.int64), np.array([1]), np.array([1.0]), np.array([WALL])))
+    first.close()
+    with open(first.path, "ab") as torn:
+        torn.write(records.frame(records.scalar_summary("x", 1.0))[:9])  # a record cut short
+    second = EventFile(str(tmp_path), "procsv-2", continue_tag="procsv-1")
+    assert second.path == first.path
+    second.write(enc.records(["loss"], np.zeros(1, np.int64), np.array([2]), np.array([2.0]), np.array([WALL])))
+    second.close()
+    events = [event_pb2.Event.FromString(r) for r in RawEventFileLoader(first.path).Load()]
+    assert [e.WhichOneof("what") for e in events] == ["file_version", "summary", "summary"]
+    assert [e.step for e in events[1:]] == [1, 2]
+    third = EventFile(str(tmp_path), "procsv-3")  # a newer file: procsv-1's is no longer continued
+    third.close()
+    fourth = EventFile(str(tmp_path), "procsv-4", continue_tag="procsv-1")
+    assert fourth.path not in (first.path, third.path)
+    fourth.close()
 
 
 # ----------------------------------------------------------------------------- render

@@ -21,6 +21,7 @@ CHECKPOINT_NICE = "PROCSV_CHECKPOINT_NICE"  # the checkpoint service's nice incr
 CHECKPOINT_FAILURE_LIMIT = "PROCSV_CHECKPOINT_FAILURE_LIMIT"  # failed commits in a row that stop training (0: never)
 SAVE_DEADLINE = "PROCSV_SAVE_DEADLINE"  # seconds: the floor of a checkpoint's deadline (default 30)
 SUMMARY_DEADLINE = "PROCSV_SUMMARY_DEADLINE"  # seconds the summary service may confirm nothing (default 30)
+SUMMARY_CONTINUE = "PROCSV_SUMMARY_CONTINUE"  # plain python: the tag of the event file a summary service continues
 ALLOW_REINIT = "PROCSV_ALLOW_REINIT"  # "1": start from step 0 if every committed checkpoint is corrupt
 FAULT = "PROCSV_FAULT"  # tests only: "<process>:<point>[:<n>]" (procsv.common.faults), e.g. "checkpoint:before_rename" kills the service there
 # once; "trainer:<point>[:<n>]" hangs the first trainer attempt there (snapshot, slot_complete: mid-copy)
@@ -46,7 +47,7 @@ ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, SUPERVISOR_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE,
        RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, RANK, NPROC, GROUP_PIN, ON_NONFINITE, MAX_SKIPS, SKIP_WINDOW,
-       FAULT_GATE, NONFINITE_CHECK, PS, MASTER_ADDR, PREEMPT_SIGNAL)
+       FAULT_GATE, NONFINITE_CHECK, PS, MASTER_ADDR, PREEMPT_SIGNAL, SUMMARY_CONTINUE)
 
 
 def memory_budget(default: float = 0.01) -> float:

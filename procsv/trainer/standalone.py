@@ -16,11 +16,12 @@ import subprocess
 import sys
 from typing import Optional
 
-from procsv.common import spawn
+from procsv.common import env as envvars, spawn
 from procsv.common.bootstrap import ChildContext
 from procsv.common.orphans import Orphans, become_subreaper
 from procsv.common.layout import Layout, LogdirLock, RuntimeDir, release_runtime_dir
 from procsv.ipc.transport import Endpoints
+from procsv.common.eventnames import continued_file
 
 SERVICE_ROLES = ("summary", "checkpoint")
 
@@ -34,21 +35,39 @@ class OwnServices:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}  # role -> process
         self.runtime_dir = ""
         self.orphans: Optional[Orphans] = None
+        self._continued: Optional[str] = None  # the tag of the event file the summary service was asked to continue
 
-    def start(self) -> Endpoints:
-        """Lock the logdir and start both services; return their endpoints."""
+    def start(self, continue_events: Optional[str] = None) -> Endpoints:
+        """Lock the logdir and start both services; return their endpoints. ``continue_events``: the
+        summary service continues that earlier service's event file (:attr:`events_tag`) when it is
+        still the newest (TF's summary writer kept open across sessions: one file)."""
         self.layout.create()
         stale = self._lock.acquire()
         if stale is not None:
             print(f"procsv: took over the lock of {self.layout.logdir}: the run that held it (pid {stale}) died "
                   "without releasing it (SIGKILL?); taking it over", file=sys.stderr, flush=True)
+        self._continued = continue_events
         self.runtime_dir = RuntimeDir.create().path
         self.orphans = Orphans(outside_group_only=True)
         for role in SERVICE_ROLES:
             env = spawn.child_env(role=role, attempt=1, logdir=self.layout.logdir, runtime_dir=self.runtime_dir,
                                   supervised=False)
+            env.pop(envvars.SUMMARY_CONTINUE, None)
+            if role == "summary" and continue_events:
+                env[envvars.SUMMARY_CONTINUE] = continue_events
             self.processes[role] = spawn.spawn(spawn.service_argv(role), env, self.layout.attempt_log(role, 1))
         return Endpoints(self.runtime_dir)
+
+    @property
+    def events_tag(self) -> Optional[str]:
+        """The tag that ends the name of the summary service's event file (None: not started): the file it
+        continued, if it did (that file is still the newest), else its own."""
+        proc = self.processes.get("summary")
+        if proc is None:
+            return None
+        if self._continued and continued_file(self.layout.logdir, self._continued):
+            return self._continued
+        return f"procsv-{proc.pid}"
 
     def release(self, grace_secs: float) -> None:
         """Stop the services (SIGTERM, then SIGKILL after ``grace_secs``), clean up, unlock."""
@@ -82,13 +101,15 @@ class OwnServices:
                   file=sys.stderr, flush=True)
 
 
-def connect(ctx: Optional[ChildContext], chief: bool, layout: Optional[Layout]) -> tuple[Endpoints, Optional[OwnServices]]:
+def connect(ctx: Optional[ChildContext], chief: bool, layout: Optional[Layout],
+            continue_events: Optional[str] = None) -> tuple[Endpoints, Optional[OwnServices]]:
     """The services a Supervisor's session talks to: the launch's (``ctx``), else, in plain python, two
-    this process starts for a chief with a logdir (returned, to release at the stop); a worker, or a
-    Supervisor without a logdir, connects to none."""
+    this process starts for a chief with a logdir (returned, to release at the stop; the summary service
+    continues the ``continue_events`` file, :meth:`OwnServices.start`); a worker, or a Supervisor without
+    a logdir, connects to none."""
     if ctx is not None:
         return ctx.endpoints, None
     if not chief or layout is None:
         return Endpoints(""), None
     own = OwnServices(layout)
-    return own.start(), own
+    return own.start(continue_events), own

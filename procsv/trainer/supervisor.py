@@ -38,7 +38,7 @@ from procsv.trainer.standby import wait as standby
 from procsv.trainer.standby.warmup import WarmUps
 from procsv.trainer.step_boundary import StepCounter, StepState
 from procsv.trainer.stop_signals import StopSignals
-from procsv.trainer.summaries.log import SummaryLog
+from procsv.trainer.summaries.log import SummaryLog, session_start
 from procsv.trainer.supervisor_setup import (agent_factory, check_placement, collaborators, layout_for,
                                              resolve_is_chief, retention, state_to_save)
 from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, add_camel_case_aliases
@@ -196,6 +196,7 @@ class Supervisor:
         self._channels: Optional[TrainerChannels] = None
         self._session: Optional[Any] = None  # a ManagedSession, or a GraphSession in graph mode
         self._own: Optional[OwnServices] = None
+        self._kept_events: Optional[str] = None  # the event file a writer kept open leaves for the next session
         self._stopped_by_signal = False
         self._signals = StopSignals()
         self._started = False
@@ -259,7 +260,7 @@ class Supervisor:
             standby.wait_for_promotion(self._ctx)  # a hot standby: everything before this is done already
         t0 = self._clock()
         self._signals.install(self.coord)
-        endpoints, self._own = connect(self._ctx, self.is_chief, self.layout)
+        endpoints, self._own = connect(self._ctx, self.is_chief, self.layout, self._kept_events)
         channels = self._channels = TrainerChannels(
             endpoints, supervised=self._ctx is not None and self._ctx.supervised, clock=self._clock,
             services=self.is_chief and self.layout is not None)
@@ -284,8 +285,9 @@ class Supervisor:
         channels.to_watchdog(TrainerReady(os.getpid(), self._ctx.attempt if self._ctx else 1, step, self.restored_from,
                                           self._clock() - t0, skipped, self.save_model_secs if saving else None,
                                           self.save_checkpoint_steps if saving else None, prepared_at, warm_secs))
-        # TensorBoard discards every event at or after the next step we log: re-run steps don't duplicate
-        channels.to_summary(SessionLogEvent(SessionStatus.START, step + 1))
+        self._summaries.start_session(step, session_start(  # SessionLog START, when it has something to purge
+            self.restored_from is not None, self._ctx is not None and self._ctx.attempt > 1, start_standard_services,
+            self._tf1.graph is None or self._tf1.graph.global_step is not None))
         if agent is not None and self.is_chief:
             agent.heartbeat(channels, step, self._clock())
         if self.restored_from:
@@ -296,19 +298,15 @@ class Supervisor:
         return self._session
 
     def stop(self, threads: Any = None, close_summary_writer: bool = True, ignore_live_threads: bool = False) -> None:
-        """Request a stop; join the threads (``sv.loop``'s and ``threads``), then write the final
-        checkpoint (unless an exception was recorded), flush summaries and release everything, all
-        within one ``stop_grace_secs`` deadline. Re-raises like TF: the recorded exception, else a
-        ``RuntimeError`` for threads still alive after the grace period (unless ``ignore_live_threads``).
-        ``close_summary_writer=False`` skips the SessionLog STOP; summaries logged after the stop wait
-        for this Supervisor's next session (TF kept the writer open): warned once."""
+        """Request a stop; join the threads (``sv.loop``'s and ``threads``), then the final checkpoint (unless an
+        exception was recorded), flush summaries, release everything, all within one ``stop_grace_secs`` deadline.
+        Re-raises as TF: the recorded exception, else ``RuntimeError`` for threads alive after the grace (not with
+        ``ignore_live_threads``). ``close_summary_writer=False`` keeps TF's writer open: no STOP; the next session's
+        summary service continues its event file (:mod:`~procsv.trainer.standalone`), with what is logged after."""
         deadline = self._clock() + self.stop_grace_secs
         if not close_summary_writer:
-            warn_once("Supervisor.stop.close_summary_writer",
-                      "stop(close_summary_writer=False): no SessionLog STOP is written, but the summary "
-                      "service is a process the stop disconnects from, so summaries logged after stop() are "
-                      "written only when this Supervisor opens its next session (TF wrote them at once); "
-                      "log them before stop()")
+            warn_once("Supervisor.stop.close_summary_writer", "stop(close_summary_writer=False): summaries logged "
+                      "after stop() are written only when this Supervisor opens its next session; log them before")
         self.coord.request_stop()
         try:
             self.coord.join(threads, stop_grace_period_secs=self.stop_grace_secs,
@@ -329,8 +327,7 @@ class Supervisor:
 
     # ----------------------------------------------------------------- internals
     def _stop_quietly(self) -> None:
-        """stop() that re-raises nothing but a diverging stop (exit 4: the final checkpoint refused a
-        poisoned state): procsv.train's sessions raise the recorded exception themselves."""
+        """stop() re-raising only a diverging stop (exit 4): procsv.train's sessions raise the recorded exception."""
         try:
             self.stop(ignore_live_threads=True)
         except BaseException as exc:
@@ -356,6 +353,9 @@ class Supervisor:
             self._summaries.flush(force=True, deadline=deadline)
             if close_summary_writer:
                 channels.to_summary(SessionLogEvent(SessionStatus.STOP, self._state.step))
+                if self._graph is not None:
+                    self._graph.writer_closed()
+            self._kept_events = None if close_summary_writer or self._own is None else self._own.events_tag
         finally:
             self._release(deadline)
 

@@ -15,43 +15,44 @@ did not fit when the file was made is written before the next record that does.
 from __future__ import annotations
 
 import os
-import re
-import socket
+import struct
 import time
 from typing import Optional
 
+from procsv.common.eventnames import continued_file, next_file_name
 from procsv.common.layout import fsync_dir
 from procsv.services.summary.records import file_version_event, frame
 
-_STAMP = re.compile(r"^events\.out\.tfevents\.(\d+)\.")
-
-
-def next_file_name(logdir: str, now: float, tag: str) -> str:
-    """``events.out.tfevents.<T>.<host>.<tag>`` with ``T`` later than every existing file's."""
-    newest = 0
-    try:
-        names = os.listdir(logdir)
-    except FileNotFoundError:
-        names = []
-    for name in names:
-        m = _STAMP.match(name)
-        if m:
-            newest = max(newest, int(m.group(1)))
-    stamp = max(int(now), newest + 1)
-    return f"events.out.tfevents.{stamp:010d}.{socket.gethostname()}.{tag}"
+def whole_records(fd: int) -> int:
+    """The length of the file's leading whole records (TFRecord framing: length, its CRC, data, CRC)."""
+    size, pos = os.fstat(fd).st_size, 0
+    while pos + 12 <= size:
+        head = os.pread(fd, 8, pos)
+        if len(head) < 8 or pos + 12 + struct.unpack("<Q", head)[0] + 4 > size:
+            break
+        end = pos + 12 + struct.unpack("<Q", head)[0] + 4
+        pos = end
+    return pos
 
 
 class EventFile:
-    """A new event file in ``logdir``, opened for appending; starts with its file-version event."""
+    """A new event file in ``logdir``, opened for appending; starts with its file-version event. With
+    ``continue_tag`` (a summary writer kept open across a plain python run's sessions: its earlier
+    service's tag), that service's file is continued instead when it is the newest, cut back to its
+    whole records (:func:`continued_file`)."""
 
-    def __init__(self, logdir: str, tag: str) -> None:
+    def __init__(self, logdir: str, tag: str, continue_tag: Optional[str] = None) -> None:
         os.makedirs(logdir, exist_ok=True)
         now = time.time()
-        self.path = os.path.join(logdir, next_file_name(logdir, now, tag))
-        self._fd: Optional[int] = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        old = continued_file(logdir, continue_tag) if continue_tag else None
+        self.path = old or os.path.join(logdir, next_file_name(logdir, now, tag))
+        flags = os.O_APPEND | (os.O_RDWR if old else os.O_WRONLY | os.O_CREAT | os.O_EXCL)  # (read: its records)
+        self._fd: Optional[int] = os.open(self.path, flags, 0o644)
         self._dirty = False
-        self._size = 0  # bytes of whole records in the file
-        self._header: bytes = frame(file_version_event(now))  # written before the first record that fits
+        self._size = whole_records(self._fd) if old else 0  # bytes of whole records in the file
+        if old:
+            os.ftruncate(self._fd, self._size)
+        self._header: bytes = b"" if old else frame(file_version_event(now))  # before the first record that fits
         try:
             self.write(b"")
             self.sync()

@@ -54,6 +54,7 @@ import numpy as np
 import zmq
 from tensorboard.compat.proto import graph_pb2, meta_graph_pb2, summary_pb2
 
+from procsv.common import env
 from procsv.common.bootstrap import ChildContext
 from procsv.common.layout import read_json, write_json
 from procsv.common.stopfrom import Authority
@@ -101,7 +102,7 @@ class SummaryService:
         if ctx.supervised:
             self.to_watchdog = make_socket(self.zctx, zmq.PUSH, linger_ms=1000)
             self.to_watchdog.connect(ctx.endpoints.watchdog)
-        self.file = EventFile(ctx.layout.logdir, f"procsv-{os.getpid()}")
+        self.file = EventFile(ctx.layout.logdir, f"procsv-{os.getpid()}", os.environ.get(env.SUMMARY_CONTINUE))
         self.procsv_run = ProcsvRun(ctx.layout.logdir, f"procsv-{os.getpid()}")  # the watchdog's RunScalars
         self.stats_path = ctx.layout.summary_stats
         self.sessions = Sessions()
@@ -254,7 +255,7 @@ class SummaryService:
             self._complain(f"dropped a batch: {exc}")
             self.service_dropped += msg.columns + n_protos + len(msg.items)
             return
-        decision = self.sessions.admit(msg.session, msg.seq, msg.resync_from)
+        decision = self.sessions.admit(msg.session, msg.seq, msg.resync_from, msg.purge)
         if decision.verdict != Verdict.WRITE:
             return
         if msg.session:

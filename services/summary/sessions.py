@@ -64,8 +64,10 @@ class Sessions:
     known: dict[str, SessionState] = field(default_factory=dict)
     current: Optional[str] = None  # the session that restated last: the live trainer
 
-    def admit(self, session: str, seq: int, resync_from: Optional[int]) -> Decision:
-        """Decide about batch ``seq`` of ``session`` and update the state as if it was written."""
+    def admit(self, session: str, seq: int, resync_from: Optional[int], purge: bool = True) -> Decision:
+        """Decide about batch ``seq`` of ``session`` and update the state as if it was written;
+        ``purge`` False: a restatement that registers the session without a START (its first batch,
+        when its steps repeat none logged before)."""
         if not session:  # an anonymous sender (not procsv's trainer): write as it comes
             return Decision(Verdict.WRITE)
         state = self.known.get(session)
@@ -86,7 +88,7 @@ class Sessions:
                 if previous is not None:
                     previous.superseded = True
             self.current = session
-            return Decision(Verdict.WRITE, start_marker=resync_from)
+            return Decision(Verdict.WRITE, start_marker=resync_from if purge else None)
         if state is not None and seq < state.expect:
             return Decision(Verdict.STALE)
         if state is None or seq != state.expect:

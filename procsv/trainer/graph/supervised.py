@@ -74,6 +74,10 @@ class GraphSupervision:
         self._channels: Optional[TrainerChannels] = None
         self.graph_file_written = True
         self.meta_graph_event = False
+        # TF's Supervisor builds its MetaGraphDef when it is made (the graph of then, the Saver's SaverDef)
+        # and writes it after the GraphDef; a MonitoredSession's is built when the session is ready
+        self.meta_graph = _meta_graph(setup) if chief and layout is not None and setup.summary_written else None
+        self.graph_in_writer = False  # the graph events went to this writer: not again until a stop closes it
         self.max_wait_secs: Optional[float] = 7200  # a non-chief's wait for the chief (as TF's)
 
     def attach(self, channels: TrainerChannels) -> None:
@@ -192,23 +196,27 @@ class GraphSupervision:
                 if agent is not None and setup.saver is not None:  # TF's Saver.save writes <prefix>.meta
                     with setup.graph.as_default():
                         agent.meta_graph = setup.saver.export_meta_graph().SerializeToString()
-            if setup.summary_written and self._channels is not None:
+            if setup.summary_written and self._channels is not None and not self.graph_in_writer:
                 self._graph_events(setup)
         if start:
             start_queue_runners(sess)
 
     def _graph_events(self, setup: Any) -> None:
-        """The GraphDef (as TF's ``add_graph``: with shapes, at step 0), and with ``meta_graph_event``
-        the MetaGraphDef with the Saver's SaverDef (TF's CheckpointSaverHook), to the summary service."""
+        """The GraphDef (as TF's ``add_graph``: with shapes, at step 0), then the MetaGraphDef: the
+        Supervisor's of its construction (TF's ``_write_graph``), or with ``meta_graph_event`` one of the
+        graph now (TF's CheckpointSaverHook), to the summary service. As TF's, once per writer: again only
+        after a stop that closed it (:meth:`writer_closed`)."""
         assert self._channels is not None
         graph_def = setup.graph.as_graph_def(add_shapes=True)
         self._channels.to_summary(GraphEvent(0, time.time()), [graph_def.SerializeToString()])
-        if self.meta_graph_event:
-            from tensorflow.python.framework import meta_graph
+        meta = _meta_graph(setup, graph_def) if self.meta_graph_event else self.meta_graph
+        if meta is not None:
+            self._channels.to_summary(GraphEvent(0, time.time(), meta=True), [meta])
+        self.graph_in_writer = True
 
-            saver_def = getattr(setup.saver, "saver_def", None)
-            meta = meta_graph.create_meta_graph_def(graph_def=graph_def, saver_def=saver_def)
-            self._channels.to_summary(GraphEvent(0, time.time(), meta=True), [meta.SerializeToString()])
+    def writer_closed(self) -> None:
+        """A stop closed the summary writer (wrote SessionLog STOP): the next session writes the graph again."""
+        self.graph_in_writer = False
 
     def summary(self) -> None:
         """Every ``save_summaries_secs``, at a step boundary (chief only): ``summary_op``."""
@@ -255,6 +263,18 @@ def session_target(master: str) -> str:
 
             _local_server = tf.distribute.Server.create_local_server()
         return str(_local_server.target)
+
+
+def _meta_graph(setup: Any, graph_def: Any = None) -> bytes:
+    """The serialized MetaGraphDef of ``setup``'s graph (``graph_def``, else the graph's now, with shapes)
+    with its Saver's SaverDef, as TF's Supervisor and CheckpointSaverHook build it."""
+    from tensorflow.python.framework import meta_graph
+
+    if graph_def is None:
+        graph_def = setup.graph.as_graph_def(add_shapes=True)
+    saver_def = getattr(setup.saver, "saver_def", None)
+    return bytes(meta_graph.create_meta_graph_def(graph_def=graph_def, saver_def=saver_def, graph=setup.graph)
+                 .SerializeToString())
 
 
 def write_graph(graph: Any, logdir: str) -> str:

@@ -18,9 +18,11 @@ is TensorFlow's own behaviour around it, in TF's order:
   one recorded in the coordinator, closes the session (its coordinator stopped, its threads joined
   for ``stop_grace_period_secs``) and asks the creator for a new one, as TF's ``_RecoverableSession``;
   any other error recorded in the coordinator makes ``should_stop()`` True and is raised by ``close()``;
-* exit: ``end(session)`` on every hook unless the block failed, then the coordinator is stopped and
-  joined (its recorded error raised) and the session closed; ``raw_session()`` is None afterwards and
-  a second ``close()`` is TF's ``RuntimeError('Session is already closed.')``.
+* exit (:mod:`procsv.trainer.monitored.session_end`, shared with procsv's own graph session):
+  ``end(session)`` on every hook unless the block failed, then the coordinator is stopped and joined
+  (its recorded error raised) and the session closed; ``raw_session()`` is None afterwards and a
+  second ``close()`` is TF's ``RuntimeError('Session is already closed.')``; a step function's
+  ``request_stop()`` outside a ``with`` block leaves ``should_stop()`` False, as TF's.
 
 procsv's ``CheckpointSaverHook`` and the other standard hooks see a session without a Supervisor and
 save or write as TensorFlow's do (:mod:`procsv.trainer.monitored.plain_saver`).
@@ -30,9 +32,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-from procsv.trainer.coordinator import Coordinator, clean_stop_types
+from procsv.trainer.coordinator import Coordinator
 from procsv.trainer.monitored import hooks as api
 from procsv.trainer.monitored.graph_hooked import GraphHookedSession
+from procsv.trainer.monitored.session_end import SessionEnd
 
 
 def _preemption_errors() -> tuple[type[BaseException], ...]:
@@ -104,7 +107,7 @@ class _Coordinated:
                 pass
 
 
-class ForeignMonitoredSession:
+class ForeignMonitoredSession(SessionEnd):
     """A MonitoredSession whose creator is the program's own (see the module docstring)."""
 
     def __init__(self, session_creator: Any, hooks: Sequence[Any], stop_grace_period_secs: float,
@@ -216,40 +219,19 @@ class ForeignMonitoredSession:
             raw = raw_of() if raw_of is not None else current.tf_sess
             return current.run_step_fn(step_fn, self._step_context, raw, current.run)
 
-        try:
-            return self._recovering(call)
-        except StopIteration:
-            self._stop_requested = True
-            raise
+        return self._recovering(call)  # a StopIteration (request_stop) leaves should_stop() as it was, as TF
 
-    def request_stop(self) -> None:
-        self._stop_requested = True
-
-    def close(self) -> None:
-        self.close_internal(None)
-
-    def exit(self, exc: Optional[BaseException]) -> bool:
-        """The ``with`` block's end: True (suppress) for a clean stop."""
-        clean = exc is not None and isinstance(exc, clean_stop_types())
-        self.close_internal(None if clean else exc)
-        return clean
-
-    def close_internal(self, exc: Optional[BaseException]) -> None:
+    def _end(self, exc: Optional[BaseException]) -> None:
         """``end()`` on every hook unless the block failed; then the session closes, as TF's."""
         try:
             if exc is None and self._current is not None:
                 for h in self._hooks:
                     h.end(self._current.tf_sess)
         finally:
-            try:
-                if self._closed:
-                    raise RuntimeError("Session is already closed.")
-                self._drop()
-            finally:
-                self._closed = True
-                self._current = None
-                if not self._graph_was_finalized:
-                    self._tf_graph._unsafe_unfinalize()
+            self._drop()
+
+    def _forget(self) -> None:
+        self._current = None
 
 
 __all__ = ["ForeignMonitoredSession"]

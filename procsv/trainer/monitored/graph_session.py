@@ -30,9 +30,9 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 from procsv.common.errors import TrainingStopped
-from procsv.trainer.coordinator import clean_stop_types
 from procsv.trainer.monitored import nan_watch
 from procsv.trainer.monitored.graph_hooked import GraphHookedSession
+from procsv.trainer.monitored.session_end import SessionEnd
 
 
 def _preemption_errors() -> tuple[type[BaseException], ...]:
@@ -41,7 +41,7 @@ def _preemption_errors() -> tuple[type[BaseException], ...]:
     return (tf.errors.AbortedError, tf.errors.UnavailableError)
 
 
-class GraphMonitoredSession:
+class GraphMonitoredSession(SessionEnd):
     """A MonitoredSession of a graph program (see the module docstring)."""
 
     def __init__(self, session_creator: Any, hooks: Sequence[Any], stop_grace_period_secs: float,
@@ -169,41 +169,24 @@ class GraphMonitoredSession:
 
         return self._recovering(call)  # a StopIteration (request_stop) leaves should_stop() False, as TF
 
-    def request_stop(self) -> None:
-        self._stop_requested = True
-
-    def close(self) -> None:
-        self.close_internal(None)
-
-    def exit(self, exc: Optional[BaseException]) -> bool:
-        """The ``with`` block's end: True (suppress) for a clean stop."""
-        clean = exc is not None and isinstance(exc, clean_stop_types())
-        self.close_internal(None if clean else exc)
-        return clean
-
-    def close_internal(self, exc: Optional[BaseException]) -> None:
+    def _end(self, exc: Optional[BaseException]) -> None:
         """``end()`` on every hook unless the block failed (``exc``) or a failure was recorded
         elsewhere; then stop the Supervisor; a recorded failure is raised after the stop."""
-        if self._closed:  # as TF: a second close (close() inside a ``with`` block) is an error
-            raise RuntimeError("Session is already closed.")
-        self._closed = True
         sv = self._creator.supervisor
-        try:
-            if exc is None and sv.coord.exception is None and self._raw is not None:
-                try:
-                    for h in self._hooks:
-                        h.end(self._raw)
-                except BaseException as err:
-                    self._stop_supervisor(err)
-                    raise
-            self._stop_supervisor(exc)
-            if sv.coord.exception is not None and sv.coord.exception is not exc:
-                raise sv.coord.exception
-        finally:
-            self._sess = None
-            self._raw = None  # as TF: raw_session() after the close is None
-            if not self._graph_was_finalized:
-                self._tf_graph._unsafe_unfinalize()
+        if exc is None and sv.coord.exception is None and self._raw is not None:
+            try:
+                for h in self._hooks:
+                    h.end(self._raw)
+            except BaseException as err:
+                self._stop_supervisor(err)
+                raise
+        self._stop_supervisor(exc)
+        if sv.coord.exception is not None and sv.coord.exception is not exc:
+            raise sv.coord.exception
+
+    def _forget(self) -> None:
+        self._sess = None
+        self._raw = None  # as TF: raw_session() after the close is None
 
 
 __all__ = ["GraphMonitoredSession"]

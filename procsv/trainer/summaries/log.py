@@ -22,7 +22,7 @@ import time
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from procsv.common import env
-from procsv.ipc.messages import Message
+from procsv.ipc.messages import Message, SessionLogEvent, SessionStatus
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.settings import Settings
 from procsv.trainer.summaries.buffer import SummaryBuffer
@@ -73,6 +73,7 @@ class SummaryLog:
         self.next_periodic = 0.0  # when (on the clock) the periodic summaries are next due
         self._channels: Optional[TrainerChannels] = None
         self._sender: Optional[SummarySender] = None
+        self.purge_first = True  # the session's first batch writes SessionLog START (set at each prepare)
 
     # ----------------------------------------------------------------- the session's connection
     def attach(self, channels: TrainerChannels) -> None:
@@ -86,6 +87,14 @@ class SummaryLog:
     def reset(self) -> None:
         """A session again after a stop: a new sender (the next hand-off makes it)."""
         self._sender = None
+
+    def start_session(self, step: int, purge: bool) -> None:
+        """The session is ready at ``step``. With ``purge`` (:func:`session_start`), ``SessionLog START`` at the
+        next step: TensorBoard discards every event at or after it, so re-run steps do not duplicate; the
+        session's first batch writes it again. Without, neither: nothing logged before can be purged."""
+        self.purge_first = purge
+        if purge:
+            self.send(SessionLogEvent(SessionStatus.START, step + 1))
 
     def send(self, msg: Message, payload: Sequence[Any] = ()) -> None:
         """Send ``msg`` (a session log, a graph) to the summary service now, behind what was handed off
@@ -223,7 +232,7 @@ class SummaryLog:
             start = self._state.step if not force else self._state.step + 1
             sender = self._sender = SummarySender(
                 self.buffer, self._channels.to_summary, self._channels.summary_acks, self._settings.save_summaries_secs,
-                start, deadline=float(os.environ.get(env.SUMMARY_DEADLINE, SUMMARY_DEADLINE)))
+                start, deadline=float(os.environ.get(env.SUMMARY_DEADLINE, SUMMARY_DEADLINE)), purge_first=self.purge_first)
         if not force:
             sender.at_boundary(self._state.step, urgent=urgent or in_flight)
             if sender.overdue is not None:
@@ -234,3 +243,11 @@ class SummaryLog:
         if left:
             print(f"procsv: {left} summaries were not confirmed written by the summary service at exit",
                   file=sys.stderr, flush=True)
+
+
+def session_start(restored: bool, restarted: bool, standard_services: bool, global_step: bool) -> bool:
+    """Does a session's start write ``SessionLog START``? When its steps may repeat ones already logged
+    (it restored a checkpoint, or is a restart of the trainer), or where TF's Supervisor writes one
+    (``start_standard_services`` with a global step). Otherwise nothing logged before can be purged,
+    and TF's event file has none (a graph without a global step, ``start_standard_services=False``)."""
+    return restored or restarted or (standard_services and global_step)

@@ -94,7 +94,7 @@ class SummarySender:
 
     def __init__(self, buffer: SummaryBuffer, send: Send, read_acks: ReadAcks,
                  step_rate_secs: Optional[float] = None, start_step: Optional[int] = None,
-                 session: Optional[str] = None, deadline: float = SUMMARY_DEADLINE) -> None:
+                 session: Optional[str] = None, deadline: float = SUMMARY_DEADLINE, purge_first: bool = True) -> None:
         self.buffer = buffer
         self.deadline = deadline
         self._overdue_at = 0.0  # before this, no batch is judged overdue (the wait after one was)
@@ -112,6 +112,7 @@ class SummarySender:
         self._next_seq = 1
         self._resync_pending = True  # the session's first batch restates (registers) it, from its start step
         self._resync_floor: Optional[int] = start_step
+        self._purge_first = purge_first  # False: the first batch registers the session without a START
         self._last_resync_seq = 0
         self._max_acked_step = -1
         self._released_step = -1  # the highest step of an acknowledged row no longer held (in the tail)
@@ -200,6 +201,8 @@ class SummarySender:
         if self._resync_pending:
             floor = self._resync_floor
             header["resync_from"] = floor if floor is not None else (span[0] if span else step + 1)
+            if not self._purge_first:
+                header["purge"] = False
         seq = self._next_seq
         msg, frames = encode_chunk(chunk, session=self.session, seq=seq, step=step, mono=now, wall_time=time.time(),
                                    step_rate_secs=self.step_rate_secs, dropped_total=self.buffer.dropped_total,
@@ -211,6 +214,7 @@ class SummarySender:
         self._next_heartbeat = now + HEARTBEAT_EVERY
         if self._resync_pending:
             self._resync_pending, self._resync_floor, self._last_resync_seq = False, None, seq
+            self._purge_first = True  # a later restatement purges what it restates
         lo, hi = span or (step + 1, -1)
         self.inflight.append(_Sent(seq, chunk, lo, hi, now))
         self._inflight_rows += len(chunk)
