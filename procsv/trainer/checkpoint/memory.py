@@ -4,13 +4,14 @@ what it cost the loop, and handing it to the checkpoint service once its step's 
 Runs in the trainer's main thread, at step boundaries: :class:`MemoryTier` is a collaborator the
 :class:`~procsv.trainer.checkpoint.agent.CheckpointAgent` owns and calls. What is decided here is
 decided by the pure functions of :mod:`procsv.trainer.checkpoint.memory_tier`; this module keeps
-the tier's measurements (the copy's cost, the walk's, the disk snapshots' share) and acts on the
-snapshot memory (:class:`~procsv.trainer.checkpoint.snapshot_store.SnapshotStore`), which it shares
+the tier's measurements (the copy's cost: the median of the last few; the walk's, the disk
+snapshots' share) and acts on the snapshot memory (:class:`~procsv.trainer.checkpoint.snapshot_store.SnapshotStore`), which it shares
 with the agent's disk snapshots.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Callable, Optional
 
 from procsv.ipc.messages import SaveData, SaveReason, SnapshotHeld
@@ -45,7 +46,8 @@ class MemoryTier:
         self.basename = basename
         self._prepare = prepare
         self._answer_awaited = answer_awaited
-        self.copy_cost: Optional[float] = None  # seconds an in-memory snapshot reusing a walk stops the loop (smoothed)
+        self.copy_cost: Optional[float] = None  # seconds an in-memory snapshot reusing a walk stops the loop (median)
+        self._costs: deque[float] = deque(maxlen=memory_tier.COST_SAMPLES)  # ... the last ones, as charged
         self.walk_cost = 0.0  # seconds the last walk of the object graph added to its snapshot
         # what the in-memory snapshots cost the loop (see charge)
         self._uncharged: Optional[bool] = None  # one was taken at this boundary: did it reuse a walk?
@@ -224,7 +226,8 @@ class MemoryTier:
             cost = memory_tier.snapshot_cost(pending, next_secs, self._ack_reads)
             self._ack_reads = 0.0
             if pending.reused:
-                self.copy_cost = memory_tier.smoothed_cost(self.copy_cost, cost)
+                self._costs.append(cost)
+                self.copy_cost = memory_tier.typical_cost(self._costs)
             else:
                 self.walk_cost = max(0.0, cost - (self.copy_cost or 0.0))
             self._normal_from = (end, step)

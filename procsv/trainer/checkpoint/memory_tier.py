@@ -36,30 +36,40 @@ three steps after it). It is measured on snapshots that reuse an earlier walk of
 object graph; a walk (ten times a small model's copy, redone every 10 s) is charged at its own
 rate, so one slow walk never stretches the interval after it.
 
+The cost is the median of the last :data:`COST_SAMPLES` snapshots' (:func:`typical_cost`), not a
+moving average: on a busy machine one snapshot in a few is charged a descheduling of tens of ms
+(measured at load 20 on two cores: single charges of 33, 65 and 74 ms among ones of 2 ms), and a
+moving average let each such outlier stretch the interval ten-fold for the dozen snapshots after it.
+
 The budget bounds how often; how long the trainer has run without a failure may make it rarer.
 Each snapshot costs ``C`` and a failure loses on average half an interval, so with failures ``M``
 seconds apart the loop loses least at Young's interval ``sqrt(2 C M)`` (J. W. Young, "A first
 order approximation to the optimum checkpoint interval", CACM 17(9), 1974). The trainer stands in
-the time it has trained since its own start or restore for ``M`` (:func:`interval`'s ``age_secs``):
-a young trainer, the first seconds of a run or the one that just replaced a dead trainer, snapshots
-as often as the budget allows; one that has trained for an hour without a failure every few
-seconds (3 ms copies: every 4.6 s, 0.06 % of the loop), from about five hours on every
-:data:`MAX_INTERVAL` (10 s: the most a kill can then cost, for 0.03 % of the loop). A long run with
-no failure pays a small fraction of the budget instead of all of it, and a run that keeps failing
-keeps its snapshots close.
+the time it has trained since its own start or restore beyond :data:`CALM_AFTER` for ``M``
+(:func:`interval`'s ``age_secs``): a trainer younger than that, a fresh run or one that replaced a
+trainer killed minutes ago, snapshots as often as the budget allows, so a kill every 30 s re-does
+one budget's interval, not Young's (with the trainer's whole age as ``M``, a trainer 30 s old with
+2 ms snapshots stretched to 0.35 s, 150 steps of the digits benchmark's 2.3 ms step: issue 54).
+One that has trained for an hour without a failure snapshots every few seconds (3 ms copies: every
+4.5 s, 0.07 % of the loop), from about five hours on every :data:`MAX_INTERVAL` (10 s: the most a
+kill can then cost, for 0.03 % of the loop). A long run with no failure pays a small fraction of
+the budget instead of all of it, and a run that keeps failing keeps its snapshots close.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 SLOTS = 3
 BUDGET = 0.01  # the share of the loop's wall time in-memory snapshots may take
 MIN_INTERVAL = 0.02  # seconds: never more often than this, however cheap the copy
 UNACKED_GRACE = 5.0  # seconds an unacknowledged in-memory snapshot keeps its slot
 MAX_INTERVAL = 10.0  # seconds: the longest Young's interval may stretch the time between two (not the budget's)
+CALM_AFTER = 300.0  # seconds a trainer trains without a failure before Young's interval may stretch the budget's
+COST_SAMPLES = 9  # the last snapshots whose median cost sets the interval
 
 
 def interval(cost_secs: float, budget: float = BUDGET, floor: float = MIN_INTERVAL, walk_secs: float = 0.0,
@@ -69,11 +79,11 @@ def interval(cost_secs: float, budget: float = BUDGET, floor: float = MIN_INTERV
     and the disk snapshots take ``disk_share`` of the loop's time (:func:`disk_share`): the budget
     covers every snapshot the loop pays for. The walks and the disk snapshots take their share, the
     in-memory copies the rest (none left: one in-memory snapshot per walk). Longer if the trainer
-    has trained ``age_secs`` without a failure: Young's interval for failures that far apart
-    (:func:`young`), up to :data:`MAX_INTERVAL`."""
+    has trained ``age_secs`` without a failure, more than :data:`CALM_AFTER`: Young's interval for
+    failures ``age_secs - CALM_AFTER`` apart (:func:`young`), up to :data:`MAX_INTERVAL`."""
     spare = budget - walk_secs / walk_every - disk_share
     by_budget = max(floor, walk_every) if spare <= 0 else max(floor, cost_secs / spare)
-    return max(by_budget, min(MAX_INTERVAL, young(cost_secs, age_secs)))
+    return max(by_budget, min(MAX_INTERVAL, young(cost_secs, age_secs - CALM_AFTER)))
 
 
 def young(cost_secs: float, mtbf_secs: float) -> float:
@@ -95,11 +105,19 @@ def disk_share(cost_secs: Optional[float], gap_secs: Optional[float]) -> float:
 
 
 def smoothed_cost(previous: Optional[float], measured: float) -> float:
-    """The copy cost used for :func:`interval`: a moving average (so an occasional slow snapshot,
-    one that walks the object graph again, is paid for by the wait after it, not forever)."""
+    """A moving average of the disk snapshots' cost and of the time between two (for :func:`disk_share`;
+    the in-memory snapshots' cost is :func:`typical_cost`)."""
     if previous is None:
         return measured
     return 0.7 * previous + 0.3 * measured
+
+
+def typical_cost(samples: Sequence[float]) -> Optional[float]:
+    """The cost :func:`interval` is given: the median of the last :data:`COST_SAMPLES` snapshots'
+    (None before the first), so a snapshot charged a descheduling of the trainer (tens of ms on a
+    busy machine) moves it no more than any other, and a lasting change moves it within a few."""
+    recent = list(samples)[-COST_SAMPLES:]
+    return statistics.median(recent) if recent else None
 
 
 @dataclass
