@@ -274,6 +274,11 @@ def test_a_closed_terminal_is_an_orderly_stop_with_exit_129_though_the_terminal_
     assert committed and committed[-1]["reason"] == "preempted" and committed_steps(logdir)[-1] == st["step"], events[-8:]
 
 
+def _sighup_at_its_default() -> None:
+    """In the child before its exec: SIGHUP's default action (a terminal's shell gives it that)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_sighup_to_a_plain_python_run_in_a_terminal_is_an_orderly_stop(tmp_path):
     """Issue 51, point 4 covered ``procsv launch`` only: a plain ``python train.py`` (the Supervisor
@@ -286,10 +291,13 @@ def test_sighup_to_a_plain_python_run_in_a_terminal_is_an_orderly_stop(tmp_path)
     from conftest import PROGRAMS, quiet_env
 
     logdir = str(tmp_path / "run")
+    # started as a terminal's shell starts it: SIGHUP at its default action, whatever this test process
+    # inherited (a suite run under nohup has it ignored, and a run that ignores it keeps it so: that one
+    # trains on through the hang-up, as a nohup'ed run must)
     proc = subprocess.Popen([sys.executable, os.path.join(PROGRAMS, "tiny_train.py"), "--logdir", logdir,
                              "--steps", "100000", "--step-delay", "0.01", "--chatty", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=quiet_env(),
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_sighup_at_its_default)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:  # (the trainer's own lines: bounded by the communicate below)

@@ -275,6 +275,33 @@ def test_a_stop_goes_to_the_other_workers_first_then_the_chief_commits_then_the_
     assert not of(sim.log, RestartTask) and not of(sim.log, Restart) and not of(sim.log, Kill)
 
 
+def test_a_parameter_server_still_live_after_its_shutdown_sigterm_gets_it_again_until_its_kill() -> None:
+    # before: rule 6 sent ps0 one SIGTERM. A job-wide SIGTERM (scancel) still pending in ps0, not read
+    # yet at load, swallows the watchdog's (a pending standard signal is not queued twice, and the one
+    # read names the job's sender): ps0 left it to the watchdog and served on until its SIGKILL
+    from procsv.watchdog.rules.bookkeeping import request_stop
+
+    sim = ps_launch()
+    request_stop(sim.view, 15, sim.now, sim.limits.stop_grace_secs)
+    sim.tick(0.1)
+    sim.reaps("worker1", 42)
+    sim.tick(0.1)
+    sim.reaps(TRAINER, 42)
+    sim.tick(0.1)  # Finish
+    assert ("ps0", 15) in [(a.slot, a.sig) for a in of(sim.tick(0.1), Signal)]  # (and the services)
+    for service in ("summary", "checkpoint"):
+        sim.reaps(service, 0)
+    resend = sim.limits.stop_resend_secs
+    assert not of(sim.tick(resend - 0.5), Signal)  # the first is given its time to be read
+    assert [(a.slot, a.sig, a.cause) for a in of(sim.tick(0.5), Signal)] == [("ps0", 15, Cause.SHUTDOWN)]
+    assert not of(sim.tick(resend - 0.5), Signal)
+    assert [a.slot for a in of(sim.tick(0.5), Signal)] == ["ps0"]  # again, every stop_resend_secs
+    assert [(a.slot, a.cause) for a in of(sim.tick(sim.limits.services_grace_secs), Kill)] == [("ps0", Cause.SHUTDOWN)]
+    assert not of(sim.tick(resend), Signal)  # killed: no more SIGTERMs
+    sim.reaps("ps0", 0)
+    assert not sim.view.live_children()
+
+
 def test_a_worker_that_does_not_stop_is_killed_at_half_the_grace_and_the_chief_is_signalled_after_it() -> None:
     from procsv.watchdog.rules.bookkeeping import request_stop
 

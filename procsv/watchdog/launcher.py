@@ -49,6 +49,7 @@ from procsv.ipc.transport import drain
 from procsv.watchdog import observe
 from procsv.watchdog.bringup import Plumbing, standby_choice
 from procsv.watchdog.config import LaunchConfig, check_target
+from procsv.watchdog.earlyready import EarlyReady
 from procsv.watchdog.rules.decide import decide
 from procsv.watchdog.publish.events import Event
 from procsv.watchdog.executor import Executor
@@ -108,6 +109,7 @@ class Watchdog:
         self.view = RunView(launch_start=clock(), tasks_alone=cfg.ps > 0, coordinator=cfg.coordinator)
         self.view.process_start = self.view.launch_start - since
         self.out = Reporter(cfg, self.layout, clock, wall)
+        self.early = EarlyReady()  # a forked trainer's ready message read before the zygote named it
         self.out.started_wall -= since
         self.internal_errors = 0
         self.logdir = LogdirGuard(self.layout, self.view, self.out, cfg.logdir_timeout, clock)
@@ -289,6 +291,7 @@ class Watchdog:
         self.ends.check_unkillable(self.ex)
         self._settle()  # ends whose reads are done, or past their bound
         self.ex.poll_fork()
+        self._release_early()
         if self.link is not None:
             self.link.beat()
         if self.limits.world > 1:
@@ -344,10 +347,21 @@ class Watchdog:
                 continue
             if isinstance(got.msg, Progress) and not got.msg.busy:
                 self.out.progress(got.msg.step)
+            if self.early.hold(got.msg, self._pids(), bool(self.ex.forks)):
+                continue  # observed once the zygote's answer names its pid (_release_early)
             self.out.record(observe.heard(self.view, got.msg, self.clock()))
             self.out.changed()
             if isinstance(got.msg, SaveResult) and not got.msg.ok:
                 self.logdir.check()  # a save that fails may be the first sign of a lost logdir
+
+    def _pids(self) -> set[int]:
+        return {c.pid for c in self.view.children.values() if c.pid}
+
+    def _release_early(self) -> None:
+        """Observe the held ready messages whose forked process the view knows now."""
+        for msg in self.early.release(self._pids(), bool(self.ex.forks)):
+            self.out.record(observe.heard(self.view, msg, self.clock()))
+            self.out.changed()
 
     def _on_zygote(self) -> None:
         z = self.ex.zygote
@@ -364,6 +378,7 @@ class Watchdog:
             self.out.record(observe.zygote_changed(self.view, ZygoteState.READY, z.pid, z.import_secs or 0.0,
                                                    now=self.clock()))
         self.ex.poll_fork()  # a trainer it was asked for: answered, or to be started fresh now
+        self._release_early()
 
 
 def fault_point(name: str, step: int) -> None:

@@ -117,7 +117,10 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         else:
             if action.cause == Cause.GROUP:
                 child.signalled_at = now  # SIGKILL after group_grace_secs (rule 11)
-            child.set_state(ProcState.STOPPING)
+            elif action.cause == Cause.SHUTDOWN:
+                child.shutdown_sent_at = now  # (rule 6 sends a server task's again after stop_resend_secs)
+            if child.state != ProcState.STOPPING:  # (a resent SIGTERM: stopping already)
+                child.set_state(ProcState.STOPPING)
     elif isinstance(action, Kill):
         child.killed = True
         if action.cause == Cause.HANG:

@@ -38,7 +38,9 @@ Rules, in the order they are considered:
    service starts) with the next delay of the plan, and signalled when due -- never while it is
    busy with a snapshot or its final checkpoint: then as soon as it is not.
 6. **Shutdown.** Once the outcome is decided, every live child gets SIGTERM, and SIGKILL after
-   ``min(stop_grace_secs, services_grace_secs)``.
+   ``min(stop_grace_secs, services_grace_secs)``. A server task (``--ps``) gets its SIGTERM again
+   every ``stop_resend_secs`` until then: one sent while a job-wide SIGTERM was still pending in it
+   is merged into that one, which it leaves to the watchdog.
 7. **Checkpoint stalls.** The trainer says a snapshot passed its deadline (``SaveOverdue``), or
    steps complete but nothing commits for ``stall_factor`` times the trainer's save interval (at
    least ``stall_floor_secs``): the checkpoint service is SIGKILLed, which rule 1 then restarts;
@@ -100,7 +102,7 @@ from procsv.watchdog.rules.judge import judge
 from procsv.watchdog.rules.lifecycle import ProcState, RunState
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.stall import stall_actions
-from procsv.watchdog.rules.state import PS, STANDBY, TRAINER, RunView, ZygoteState
+from procsv.watchdog.rules.state import PS, SERVER, STANDBY, TRAINER, RunView, ZygoteState
 
 __all__ = ["Limits", "decide"]
 
@@ -214,4 +216,7 @@ def _shutdown(view: RunView, now: float, limits: Limits) -> list[Action]:
             out.append(Signal(c.slot, c.attempt, signal.SIGTERM, Cause.SHUTDOWN))
         elif view.services_deadline is not None and now >= view.services_deadline and not c.killed:
             out.append(Kill(c.slot, c.attempt, Cause.SHUTDOWN))
+        elif (c.role in (PS, SERVER) and c.state == ProcState.STOPPING and c.shutdown_sent_at is not None
+              and now >= c.shutdown_sent_at + limits.stop_resend_secs and not c.killed):
+            out.append(Signal(c.slot, c.attempt, signal.SIGTERM, Cause.SHUTDOWN))  # the first may have merged
     return out

@@ -31,6 +31,10 @@ class Limits:
     zygote_retry_cap: float = 600.0  # ... at most this long
     zygote_retries: int = 5  # losses in a row after which it is not started again (observe.zygote_changed counts them)
     services_grace_secs: float = 30.0  # at the end, how long services may take to flush and exit
+    # rule 6: a server task (--ps) still live this long after its SIGTERM gets it again. A job-wide
+    # SIGTERM it had not read yet (it leaves those to the watchdog) swallows the watchdog's: a standard
+    # signal already pending is not queued twice, and the one read names the job's sender
+    stop_resend_secs: float = 2.0
     stall_factor: float = 3.0  # no commit for this many save intervals while steps complete: a stall
     stall_floor_secs: float = 10.0  # ... but never sooner than this (a commit takes time)
     loading_limit_secs: float = 900.0  # a service loading what it needs (TensorFlow) is stuck only after this

@@ -99,6 +99,7 @@ class ChildView:
     stop_committed: bool = False  # a stop's (preempted) checkpoint of its last step committed (SaveResult)
     # what the watchdog did to it
     signalled_at: Optional[float] = None  # a signal meant to end it was sent (hang, chaos)
+    shutdown_sent_at: Optional[float] = None  # rule 6's SIGTERM was last sent to it
     hang_cause: str = ""
     hang_kill_at: Optional[float] = None
     killed: bool = False  # SIGKILL was sent to its process group
