@@ -44,12 +44,13 @@ def wait_for(cond: Callable[[], Any], timeout: float, interval: float = 0.05, wh
 
 
 def launch(logdir: str, *target_args: str, target: str = "procsv.examples.digits", opts: tuple[str, ...] = (),
-           env: Optional[dict[str, str]] = None, cwd: Optional[str] = None) -> subprocess.Popen:
+           env: Optional[dict[str, str]] = None, cwd: Optional[str] = None,
+           preexec_fn: Optional[Callable[[], None]] = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "procsv", "launch", target, "--logdir", logdir, *opts]
     if target_args:
         cmd += ["--", *target_args]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env or quiet_env(), cwd=cwd or REPO, start_new_session=True)
+                            env=env or quiet_env(), cwd=cwd or REPO, start_new_session=True, preexec_fn=preexec_fn)
 
 
 def status_json(logdir: str) -> Optional[dict[str, Any]]:

@@ -27,6 +27,16 @@ TARGET = "procsv.examples.seeds.basic"
 ARGS = ("--steps", "100000", "--step-delay", "0.005", "--save-checkpoint-steps", "1000000")
 
 
+def _sighup_at_its_default() -> None:
+    """In the child before its exec: SIGHUP's default action (a terminal's shell gives it that)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+def _sighup_ignored() -> None:
+    """In the child before its exec: SIGHUP ignored, as ``nohup`` starts a command."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
 def _tree(root: int) -> list[psutil.Process]:
     top = psutil.Process(root)
     return [top, *top.children(recursive=True)]
@@ -180,7 +190,7 @@ def test_sighup_to_every_process_of_the_run_is_an_orderly_stop_with_exit_129(log
     with the checkpoint service, ``status.json`` left at ``running``. The watchdog now stops the run
     in order on it (exit 128+1), and every child has it ignored from its start: the trainer commits
     its last step, and the services, the zygote and a hot standby live until the watchdog stops them."""
-    proc = launch(logdir, *ARGS, target=TARGET, opts=("--standby", "hot"))
+    proc = launch(logdir, *ARGS, target=TARGET, opts=("--standby", "hot"), preexec_fn=_sighup_at_its_default)
     signalled = False
     try:
         st = wait_for(lambda: (s := raw_status(logdir)) and s.get("step", 0) > 30 and
@@ -229,6 +239,7 @@ def test_a_closed_terminal_is_an_orderly_stop_with_exit_129_though_the_terminal_
     master, slave = pty.openpty()
 
     def _take_terminal() -> None:  # in the child, after setsid: the pty becomes its controlling terminal
+        _sighup_at_its_default()  # as a terminal's shell starts it, whatever this test process inherited
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
     cmd = [sys.executable, "-m", "procsv", "launch", TARGET, "--logdir", logdir, "--standby", "off", "--", *ARGS]
@@ -274,11 +285,6 @@ def test_a_closed_terminal_is_an_orderly_stop_with_exit_129_though_the_terminal_
     assert committed and committed[-1]["reason"] == "preempted" and committed_steps(logdir)[-1] == st["step"], events[-8:]
 
 
-def _sighup_at_its_default() -> None:
-    """In the child before its exec: SIGHUP's default action (a terminal's shell gives it that)."""
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-
-
 @pytest.mark.slow
 def test_sighup_to_a_plain_python_run_in_a_terminal_is_an_orderly_stop(tmp_path):
     """Issue 51, point 4 covered ``procsv launch`` only: a plain ``python train.py`` (the Supervisor
@@ -313,3 +319,32 @@ def test_sighup_to_a_plain_python_run_in_a_terminal_is_an_orderly_stop(tmp_path)
     assert "procsv: preempted checkpoint committed at step" in out, out[-3000:]
     step = int(out.split("procsv: preempted checkpoint committed at step ")[1].split()[0])
     assert step >= 50 and glob.glob(os.path.join(logdir, f"model.ckpt-{step}.index")), out[-3000:]
+
+
+def test_a_launch_under_nohup_trains_on_through_a_sighup_and_stops_in_order_on_a_sigterm(logdir):
+    """``nohup procsv launch ...`` asks for hang-ups to be ignored: the launch inherits SIGHUP ignored,
+    and a SIGHUP (the ssh session closed) must not stop it. Before, the watchdog put its own handler
+    over the inherited SIG_IGN and stopped the run with exit 129. A SIGTERM still stops it in order."""
+    proc = launch(logdir, *ARGS, target=TARGET, opts=("--standby", "off"), preexec_fn=_sighup_ignored)
+    stopping = False
+    try:
+        wait_for(lambda: (s := raw_status(logdir)) and s.get("step", 0) > 30, 120, what="training")
+        os.kill(proc.pid, signal.SIGHUP)
+        at = (raw_status(logdir) or {}).get("step", 0)
+        # trains on: 200 more steps after the hang-up (the run stays up), not a stop
+        wait_for(lambda: proc.poll() is not None or (raw_status(logdir) or {}).get("step", 0) > at + 200, 120,
+                 what="training on after the SIGHUP")
+        assert proc.poll() is None
+        os.kill(proc.pid, signal.SIGTERM)
+        stopping = True
+    finally:
+        if not stopping and proc.poll() is None:
+            for p in _tree(proc.pid):
+                p.kill()
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    assert "SIGHUP received" not in err + out, err
+    st = status_json(logdir)
+    assert st["state"] == "stopped" and st["restarts"] == 0, st
+    committed = [e for e in lifecycle(logdir) if e["event"] == "checkpoint_committed"]
+    assert committed[-1]["reason"] == "preempted" and committed_steps(logdir)[-1] == st["step"] > at + 200, committed

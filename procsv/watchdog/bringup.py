@@ -27,10 +27,19 @@ from procsv.watchdog.publish.runscalars import ScalarSender
 from procsv.watchdog.rules.state import TRAINER, RunView
 
 Handler = Union[Callable[[int, Optional[FrameType]], Any], int, signal.Handlers, None]
-# SIGHUP (a closed ssh session, a killed tmux pane or terminal, without nohup) stops the run in order
-# too (exit 129); every child has it ignored from its start (procsv.common.spawn), so one sent to every
-# process of the run ends nothing behind the watchdog's back
+# SIGHUP (a closed ssh session, a killed tmux pane or terminal) stops the run in order too (exit 129),
+# unless the launch inherited it ignored (`nohup procsv launch ...` asks for hang-ups to be ignored,
+# and they stay so); every child has it ignored from its start (procsv.common.spawn), so one sent to
+# every process of the run ends nothing behind the watchdog's back
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def stop_signals_taken(preempt_signal: Optional[int]) -> tuple[int, ...]:
+    """The signals the watchdog takes as a stop: SIGTERM, SIGINT, SIGHUP unless it is ignored (nohup),
+    and ``--preempt-signal``."""
+    hup_ignored = signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    taken = tuple(s for s in STOP_SIGNALS if not (s == signal.SIGHUP and hup_ignored))
+    return taken + ((preempt_signal,) if preempt_signal is not None else ())
 
 
 class Plumbing:
@@ -38,7 +47,7 @@ class Plumbing:
     one launch; :meth:`close` restores the signal handlers and removes the runtime directory."""
 
     def __init__(self, preempt_signal: Optional[int] = None) -> None:
-        self.stops = STOP_SIGNALS + ((preempt_signal,) if preempt_signal is not None else ())
+        self.stops = stop_signals_taken(preempt_signal)
         self.runtime_dir = RuntimeDir.create().path  # mode 0700: sockets only we can reach
         self.zctx: zmq.Context[Any] = zmq.Context()
         self.pull = make_socket(self.zctx, zmq.PULL)
