@@ -195,3 +195,47 @@ def test_a_standby_forked_while_the_trainer_is_restarted(logdir):
         proc.send_signal(signal.SIGTERM)
         code, out, err = finish(proc)
     assert code == 128 + signal.SIGTERM, err
+
+
+@pytest.mark.slow
+def test_a_zygote_stopped_with_a_fork_pending_is_replaced_and_its_late_resume_answers_nothing(logdir):
+    """--standby fork: the zygote is SIGSTOPped and the trainer SIGKILLed: the deadline fires once, attempt
+    2 starts fresh, a new zygote is started (rule 13); the old one SIGCONTed after that answers nothing
+    (SIGKILLed while stopped), and attempt 3 is forked by the new zygote."""
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "fork"))
+    zygote = 0
+    try:
+        wait_for(lambda: _events(logdir, "zygote_ready"), 120, what="the zygote to be ready")
+        zygote = int(next(e["pid"] for e in _events(logdir, "spawned") if e["role"] == "zygote"))
+        first = wait_for(lambda: _trainers(logdir), 60, what="the first trainer")[0]["pid"]
+        wait_for(lambda: _events(logdir, "first_step"), 120, what="the first step")
+        os.kill(zygote, signal.SIGSTOP)
+        os.kill(first, signal.SIGKILL)
+        second = wait_for(lambda: [e for e in _trainers(logdir) if e["attempt"] == 2], 60, what="attempt 2")[0]
+        assert second["via"] == "fresh", lifecycle(logdir)
+        wait_for(lambda: len(_events(logdir, "zygote_ready")) >= 2, 180, what="a new zygote ready")
+        try:
+            os.kill(zygote, signal.SIGCONT)  # late: it was SIGKILLed while stopped
+        except ProcessLookupError:
+            pass
+        zygote = 0
+        wait_for(lambda: [e for e in _events(logdir, "first_step") if e["pid"] == second["pid"]], 120,
+                 what="attempt 2's first step")
+        os.kill(second["pid"], signal.SIGKILL)
+        third = wait_for(lambda: [e for e in _trainers(logdir) if e["attempt"] == 3], 60, what="attempt 3")[0]
+        assert third["via"] == "zygote", lifecycle(logdir)
+        wait_for(lambda: [e for e in _events(logdir, "first_step") if e["pid"] == third["pid"]], 120,
+                 what="attempt 3's first step")
+        assert len(_events(logdir, "zygote_gone")) == 1, lifecycle(logdir)
+        assert raw_status(logdir)["restarts"] == 2, raw_status(logdir)
+        wait_for(lambda: not _zombies(proc.pid), 30, what="no zombie child of the watchdog")
+    finally:
+        if zygote:
+            try:
+                os.kill(zygote, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    assert err.count("did not answer the fork request") == 1, err
