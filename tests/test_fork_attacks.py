@@ -38,13 +38,15 @@ def _zombies(pid: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_dozens_of_kills_at_load_each_restart_forks_and_leaves_nothing(logdir):
+def test_two_dozen_kills_at_load_each_restart_forks_and_leaves_nothing(logdir):
     """Every one of 24 SIGKILLs of the trainer, two CPU burners beside the run, is one restart forked
     by the zygote (no fresh start, no zygote lost, no unasked restart), and after them the watchdog has
-    no zombie child and the runtime directory holds only the live attempt's mutex."""
+    no zombie child and the runtime directory holds only the live attempt's mutex. Each attempt commits
+    a checkpoint before its kill, as a long run's attempts do, so no restart waits out a backoff (the
+    attacker's first form, without commits, spent ten minutes in backoffs)."""
     with on_one_core():
         load = burners(2)
-        proc = launch(logdir, "--steps", "10000000", "--step-delay", "0.01", target=TINY,
+        proc = launch(logdir, "--steps", "10000000", "--step-delay", "0.01", "--save-steps", "20", target=TINY,
                       opts=("--standby", "fork", "--quiet", "--max-restarts", "100"))
     try:
         wait_for(lambda: _events(logdir, "zygote_ready"), 180, what="the zygote to be ready")
@@ -53,6 +55,9 @@ def test_dozens_of_kills_at_load_each_restart_forks_and_leaves_nothing(logdir):
                                what=f"attempt {n} spawned")[0]
             wait_for(lambda: [e for e in _events(logdir, "first_step") if e["pid"] == spawned["pid"]], 120,
                      what=f"attempt {n}'s first step")
+            commits = len(_events(logdir, "checkpoint_committed"))
+            wait_for(lambda: len(_events(logdir, "checkpoint_committed")) > commits, 120,
+                     what=f"a checkpoint committed by attempt {n}")
             os.kill(spawned["pid"], signal.SIGKILL)
         live = wait_for(lambda: [e for e in _trainers(logdir) if e["attempt"] == KILLS + 1], 120,
                         what="the last restart")[0]["pid"]
@@ -63,6 +68,8 @@ def test_dozens_of_kills_at_load_each_restart_forks_and_leaves_nothing(logdir):
         vias = [(e["attempt"], e.get("via")) for e in _trainers(logdir)]
         assert vias == [(1, vias[0][1])] + [(a, "zygote") for a in range(2, KILLS + 2)], vias
         assert not _events(logdir, "zygote_gone"), lifecycle(logdir)
+        # status.json is rewritten after the lifecycle record of the last restart: wait for it to say so
+        wait_for(lambda: (raw_status(logdir) or {}).get("restarts", 0) >= KILLS, 30, what=f"{KILLS} restarts in status.json")
         assert raw_status(logdir)["restarts"] == KILLS, raw_status(logdir)
         os.kill(live, 0)
     finally:
