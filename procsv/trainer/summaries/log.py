@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from procsv.common import env
+from procsv.common.eventsteps import logged_at_or_after
 from procsv.ipc.messages import Message, SessionLogEvent, SessionStatus
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.settings import Settings
@@ -88,10 +89,13 @@ class SummaryLog:
         """A session again after a stop: a new sender (the next hand-off makes it)."""
         self._sender = None
 
-    def start_session(self, step: int, purge: bool) -> None:
-        """The session is ready at ``step``. With ``purge`` (:func:`session_start`), ``SessionLog START`` at the
-        next step: TensorBoard discards every event at or after it, so re-run steps do not duplicate; the
-        session's first batch writes it again. Without, neither: nothing logged before can be purged."""
+    def start_session(self, step: int, purge: bool, logdir: Optional[str]) -> None:
+        """The session is ready at ``step``. With ``purge`` (:func:`session_start`), or when ``logdir``'s event
+        files already hold a later step (a relaunch that restored nothing: its checkpoint was deleted),
+        ``SessionLog START`` at the next step: TensorBoard discards every event at or after it, so re-run
+        steps do not duplicate; the session's first batch writes it again. Without, neither: nothing
+        logged before can be purged."""
+        purge = purge or (logdir is not None and logged_at_or_after(logdir, step + 1))
         self.purge_first = purge
         if purge:
             self.send(SessionLogEvent(SessionStatus.START, step + 1))
@@ -248,6 +252,7 @@ class SummaryLog:
 def session_start(restored: bool, restarted: bool, standard_services: bool, global_step: bool) -> bool:
     """Does a session's start write ``SessionLog START``? When its steps may repeat ones already logged
     (it restored a checkpoint, or is a restart of the trainer), or where TF's Supervisor writes one
-    (``start_standard_services`` with a global step). Otherwise nothing logged before can be purged,
-    and TF's event file has none (a graph without a global step, ``start_standard_services=False``)."""
+    (``start_standard_services`` with a global step). Otherwise TF's event file has none (a graph without
+    a global step, ``start_standard_services=False``), and :meth:`SummaryLog.start_session` writes one only
+    when the logdir's event files hold steps the session will log again."""
     return restored or restarted or (standard_services and global_step)
