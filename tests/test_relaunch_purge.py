@@ -1,7 +1,8 @@
-"""TensorBoard shows every step once when a finished run is launched again into its logdir and
+"""TensorBoard shows every step once when a finished run is launched again into its logdir: one that
 restores nothing (its checkpoints were deleted), even where TF's Supervisor writes no ``SessionLog
 START`` (``start_standard_services=False``): the earlier event files hold the steps the new run logs
-again, so its session writes the START that makes TensorBoard discard them (procsv.common.eventsteps).
+again, so its session writes the START that makes TensorBoard discard them (procsv.common.eventsteps);
+and one that restores the last step and runs none, whose START must not purge that step's points.
 
 The launches are real ``procsv launch`` runs of tests/programs/graph_summary_steps.py; the logdir is
 read back with TensorBoard's own ``EventAccumulator``. The reader of event steps is also tested on
@@ -58,3 +59,13 @@ def test_the_steps_of_tensorflows_event_files_are_read_and_a_torn_last_record_en
     assert event_step(tf.compat.v1.Event(wall_time=1.5, step=-3).SerializeToString()) == -3
     assert event_step(tf.compat.v1.Event(wall_time=1.5).SerializeToString()) == 0
     assert not logged_at_or_after(str(tmp_path / "missing"), 0)
+
+
+def test_a_relaunch_of_a_finished_run_that_runs_no_step_keeps_the_last_steps_points(logdir):
+    _run(logdir, 6)
+    first = _scalars(logdir, "loss")
+    _run(logdir, 6)  # restores step 6 and has nothing to do: its START must not purge step 6
+    assert _scalars(logdir, "loss") == first
+    _run(logdir, 8)
+    got = _scalars(logdir, "loss")
+    assert [s for s, _ in got] == [1, 2, 3, 4, 5, 6, 7, 8] and got[:6] == first  # (was: step 6 lost)

@@ -75,6 +75,7 @@ class SummaryLog:
         self._channels: Optional[TrainerChannels] = None
         self._sender: Optional[SummarySender] = None
         self.purge_first = True  # the session's first batch writes SessionLog START (set at each prepare)
+        self.session_step: Optional[int] = None  # the step the session began at (restored or initial)
 
     # ----------------------------------------------------------------- the session's connection
     def attach(self, channels: TrainerChannels) -> None:
@@ -96,6 +97,7 @@ class SummaryLog:
         steps do not duplicate; the session's first batch writes it again. Without, neither: nothing
         logged before can be purged."""
         purge = purge or (logdir is not None and logged_at_or_after(logdir, step + 1))
+        self.session_step = step
         self.purge_first = purge
         if purge:
             self.send(SessionLogEvent(SessionStatus.START, step + 1))
@@ -234,6 +236,9 @@ class SummaryLog:
             assert self._channels is not None
             # the first call comes from the first step's boundary, or from stop() if no step ran
             start = self._state.step if not force else self._state.step + 1
+            oldest = self.buffer.oldest_step()
+            if self._state.step == self.session_step and (oldest is None or oldest > self._state.step):
+                start = self._state.step + 1  # no step ran: the points of the step it began at are an earlier run's
             sender = self._sender = SummarySender(
                 self.buffer, self._channels.to_summary, self._channels.summary_acks, self._settings.save_summaries_secs,
                 start, deadline=float(os.environ.get(env.SUMMARY_DEADLINE, SUMMARY_DEADLINE)), purge_first=self.purge_first)
