@@ -96,7 +96,7 @@ class SummaryLog:
         ``SessionLog START`` at the next step: TensorBoard discards every event at or after it, so re-run
         steps do not duplicate; the session's first batch writes it again. Without, neither: nothing
         logged before can be purged."""
-        purge = purge or (logdir is not None and logged_at_or_after(logdir, step + 1))
+        purge = purge or (self.writes and logdir is not None and logged_at_or_after(logdir, step + 1))
         self.session_step = step
         self.purge_first = purge
         if purge:
