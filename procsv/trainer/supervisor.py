@@ -287,7 +287,7 @@ class Supervisor:
                                           self.save_checkpoint_steps if saving else None, prepared_at, warm_secs))
         self._summaries.start_session(step, session_start(  # SessionLog START, when it has something to purge
             self.restored_from is not None, self._ctx is not None and self._ctx.attempt > 1, start_standard_services,
-            self._tf1.graph is None or self._tf1.graph.global_step is not None))
+            self._tf1.graph is None or self._tf1.graph.global_step is not None), self.layout.logdir if self.layout else None)
         if agent is not None and self.is_chief:
             agent.heartbeat(channels, step, self._clock())
         if self.restored_from:

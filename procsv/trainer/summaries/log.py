@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from procsv.common import env
+from procsv.common.eventsteps import logged_at_or_after
 from procsv.ipc.messages import Message, SessionLogEvent, SessionStatus
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.settings import Settings
@@ -74,6 +75,7 @@ class SummaryLog:
         self._channels: Optional[TrainerChannels] = None
         self._sender: Optional[SummarySender] = None
         self.purge_first = True  # the session's first batch writes SessionLog START (set at each prepare)
+        self.session_step: Optional[int] = None  # the step the session began at (restored or initial)
 
     # ----------------------------------------------------------------- the session's connection
     def attach(self, channels: TrainerChannels) -> None:
@@ -88,10 +90,14 @@ class SummaryLog:
         """A session again after a stop: a new sender (the next hand-off makes it)."""
         self._sender = None
 
-    def start_session(self, step: int, purge: bool) -> None:
-        """The session is ready at ``step``. With ``purge`` (:func:`session_start`), ``SessionLog START`` at the
-        next step: TensorBoard discards every event at or after it, so re-run steps do not duplicate; the
-        session's first batch writes it again. Without, neither: nothing logged before can be purged."""
+    def start_session(self, step: int, purge: bool, logdir: Optional[str]) -> None:
+        """The session is ready at ``step``. With ``purge`` (:func:`session_start`), or when ``logdir``'s event
+        files already hold a later step (a relaunch that restored nothing: its checkpoint was deleted),
+        ``SessionLog START`` at the next step: TensorBoard discards every event at or after it, so re-run
+        steps do not duplicate; the session's first batch writes it again. Without, neither: nothing
+        logged before can be purged."""
+        purge = purge or (self.writes and logdir is not None and logged_at_or_after(logdir, step + 1))
+        self.session_step = step
         self.purge_first = purge
         if purge:
             self.send(SessionLogEvent(SessionStatus.START, step + 1))
@@ -230,6 +236,9 @@ class SummaryLog:
             assert self._channels is not None
             # the first call comes from the first step's boundary, or from stop() if no step ran
             start = self._state.step if not force else self._state.step + 1
+            oldest = self.buffer.oldest_step()
+            if self._state.step == self.session_step and (oldest is None or oldest > self._state.step):
+                start = self._state.step + 1  # no step ran: the points of the step it began at are an earlier run's
             sender = self._sender = SummarySender(
                 self.buffer, self._channels.to_summary, self._channels.summary_acks, self._settings.save_summaries_secs,
                 start, deadline=float(os.environ.get(env.SUMMARY_DEADLINE, SUMMARY_DEADLINE)), purge_first=self.purge_first)
@@ -248,6 +257,7 @@ class SummaryLog:
 def session_start(restored: bool, restarted: bool, standard_services: bool, global_step: bool) -> bool:
     """Does a session's start write ``SessionLog START``? When its steps may repeat ones already logged
     (it restored a checkpoint, or is a restart of the trainer), or where TF's Supervisor writes one
-    (``start_standard_services`` with a global step). Otherwise nothing logged before can be purged,
-    and TF's event file has none (a graph without a global step, ``start_standard_services=False``)."""
+    (``start_standard_services`` with a global step). Otherwise TF's event file has none (a graph without
+    a global step, ``start_standard_services=False``), and :meth:`SummaryLog.start_session` writes one only
+    when the logdir's event files hold steps the session will log again."""
     return restored or restarted or (standard_services and global_step)
