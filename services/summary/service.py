@@ -121,6 +121,8 @@ class SummaryService:
         self.stopping = False
         self._ack_to: dict[tuple[bytes, str], None] = {}  # (connection, session) to ack after this burst
         self._sync_now = False
+        self._held: Optional[list[bytes]] = []  # CHECKPOINT logs before the trainer's first batch or log (fair-queued
+        # pipes: at start the checkpoint service's could land before the graph events TF writes first)
         self._write_error: Optional[str] = None  # why the last write to the event file failed (None: it did not)
         now = clock()
         self._next_fsync = now + FSYNC_SECS
@@ -140,7 +142,8 @@ class SummaryService:
         while self.clock() < deadline and self._burst(DRAIN_POLL_MS):
             pass
         self._wake.close()
-        out: list[bytes] = []
+        out = self._held or []
+        self._held = None
         self._flush_drops(out)
         self._write(out, self.written)
         for closing in (self.file.close, self.procsv_run.close):
@@ -226,6 +229,10 @@ class SummaryService:
     # ------------------------------------------------------------------ messages
     def _handle(self, got: Received, out: list[bytes]) -> None:
         msg = got.msg
+        held = isinstance(msg, SessionLogEvent) and msg.status == SessionStatus.CHECKPOINT and self._held is not None
+        if isinstance(msg, (SummaryBatch, SessionLogEvent)) and self._held is not None and not held:
+            out.extend(self._held)  # the trainer's first batch or log: its graph events are written by now
+            self._held = None
         if isinstance(msg, SummaryBatch):
             self._batch(msg, got.payload, out)
             if msg.session and got.identity is not None:
@@ -234,7 +241,8 @@ class SummaryService:
             status = _SESSION_STATUS[msg.status]
             if msg.status == SessionStatus.STOP:
                 self._flush_drops(out)  # the trainer is done: its final count
-            out.append(records.frame(records.session_log_event(time.time(), msg.step, status, msg.checkpoint_path)))
+            (self._held if held and self._held is not None else out).append(
+                records.frame(records.session_log_event(time.time(), msg.step, status, msg.checkpoint_path)))
             if msg.status in (SessionStatus.CHECKPOINT, SessionStatus.STOP):
                 self._sync_now = True
         elif isinstance(msg, GraphEvent):
