@@ -29,7 +29,7 @@ class BoundaryWork:
     (``_again``), the trainable variables a bisect checks (``_weights``, walked once), the state kept
     before the retried step (``_kept``) and which retried step that was for (``_kept_for``). Given
     by the subclass: the watch, the step state and counter, the saved state (``_checkpoint``), the
-    session's channels, the checkpoint agent, and the restore (``_roll_back``, ``_stop_diverged``)."""
+    session's channels, the checkpoint agent, and the restore (``_roll_back``, ``stop_diverged``)."""
 
     watch: NonfiniteWatch
     _state: StepState
@@ -42,6 +42,7 @@ class BoundaryWork:
         self._weights: Optional[list[Any]] = None
         self._kept: Optional[retry_state.KeptState] = None
         self._kept_for: Optional[int] = None
+        self.abandoned = ""  # what the program does instead of the retry it gave up (:meth:`abandon`)
 
     @property
     def _agent(self) -> Optional[CheckpointAgent]:
@@ -50,8 +51,18 @@ class BoundaryWork:
     def _roll_back(self, bad_step: Optional[int], what: str) -> str:
         raise NotImplementedError
 
-    def _stop_diverged(self, bad: NonFiniteState, why: str, final: bool) -> None:
+    def stop_diverged(self, bad: NonFiniteState, why: str, final: bool) -> None:
         raise NotImplementedError
+
+    def abandon(self, step: int, why: str) -> None:
+        """The bad step cannot be retried from the state restored at ``step``: the program cannot
+        replay the steps up to it (Keras fit: their batches were not kept); ``why`` says what it
+        does instead. No retry or skip is due; the steps skipped before still are."""
+        watch = self.watch
+        watch.target, watch.skipping, watch.bisecting = None, False, False
+        self._kept, self._kept_for = None, None
+        self.abandoned = why
+        self._plan_next(step)
 
     def plan(self) -> Plan:
         """The watch's data the decisions read (:class:`~procsv.trainer.nonfinite.plan.Plan`)."""
@@ -121,7 +132,7 @@ class BoundaryWork:
             why = self._roll_back(bad, f"the loss of step {bad} is NaN or infinite"
                                   + (" again when retried" if bad == target else ""))
             if why:
-                self._stop_diverged(NonFiniteState(step, bad), why, False)
+                self.stop_diverged(NonFiniteState(step, bad), why, False)
             return True
         if verdict == Action.FINITE:
             self._kept = None
@@ -138,7 +149,7 @@ class BoundaryWork:
                   f"replayed step", file=sys.stderr, flush=True)
             why = self._roll_back(target, f"the weights before step {target} are non-finite")
             if why:
-                self._stop_diverged(NonFiniteState(step, target), why, False)
+                self.stop_diverged(NonFiniteState(step, target), why, False)
             return True
         watch.bisecting = False
         watch.budget.skip(target)
@@ -197,5 +208,5 @@ class BoundaryWork:
         watch.target = None
         why = self._roll_back(step, f"the weights turned non-finite at step {step}")
         if why:
-            self._stop_diverged(NonFiniteState(step, step), why, False)
+            self.stop_diverged(NonFiniteState(step, step), why, False)
         return True

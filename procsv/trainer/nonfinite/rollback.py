@@ -137,9 +137,9 @@ class NonfiniteRollback(BoundaryWork):
             why = "the final checkpoint's state" if final else self._roll_back(bad.bad_step, bad.describe())
             if not why:
                 return
-        self._stop_diverged(bad, why, final)
+        self.stop_diverged(bad, why, final)
 
-    def _stop_diverged(self, bad: NonFiniteState, why: str, final: bool) -> None:
+    def stop_diverged(self, bad: NonFiniteState, why: str, final: bool) -> None:
         agent, ch = self._agent, self._channels
         if self.watch.stops and ch is not None:  # stopping in order: what was logged, and the finite
             self._flush_summaries()  # snapshot in flight, are kept (it passed these checks)
@@ -205,14 +205,17 @@ class NonfiniteRollback(BoundaryWork):
         watch.rollbacks += 1
         if not again:
             watch.restores.restored(restored)
+        self.abandoned = ""
         for hook in watch.on_restored:
             hook(restored)
         self.bound()
         notices.tell(ch, notices.rolled_back(bad_step, restored, kind, path, skip, secs, watch.position))
         then = f"skipping step {bad_step} (non-finite again when retried)" if skip else f"retrying step {bad_step} once"
+        if self.abandoned:  # a hook gave the retry up (Keras fit: the batches to replay are not all kept)
+            then = f"{self.abandoned}; step {bad_step} is not retried"
         print(f"procsv: non-finite training at step {bad_step}: {what}; --on-nonfinite rollback: restored step "
-              f"{restored} from {source}, replaying to step {bad_step - 1}, then {then}",
-              file=sys.stderr, flush=True)
+              f"{restored} from {source}, " + ("" if self.abandoned else f"replaying to step {bad_step - 1}, ")
+              + f"then {then}", file=sys.stderr, flush=True)
         return ""
 
     def _put_back(self, kept: Optional[retry_state.KeptState], bad_step: int) -> tuple[int, str, str]:
@@ -279,5 +282,5 @@ class NonfiniteRollback(BoundaryWork):
             notices.tell(self._channels, notices.detected(bad, what, watch.position))
             why = self._roll_back(bad, what)
             if why:
-                self._stop_diverged(NonFiniteState(end, bad), why, False)
+                self.stop_diverged(NonFiniteState(end, bad), why, False)
                 return
