@@ -167,17 +167,20 @@ def test_keras_fit_under_rollback_keeps_bounded_memory_with_large_batches_and_no
 
 def test_keras_fit_past_the_replay_cap_says_so_once_and_a_later_nan_continues_with_the_next_batch(short_tmp):
     # before: no cap (replay_memory_bytes was not an option). Now each 1.5 MiB batch is past a
-    # 1 MiB cap: said once, and the NaN of batch 30 restores the newest finite state and fit goes
-    # on with its next batch (nothing to train again): exit 0, finite weights, the NaN seen
+    # 1 MiB cap: said once, and the NaN of batch 15 (epoch 1 of 2: found by its epoch's end at the
+    # latest, fit's batches of epoch 2 still to come) restores the newest finite state and fit goes
+    # on with its next batch (nothing to train again): exit 0, finite weights, the NaN seen. (This
+    # test had the NaN at batch 30 of a 1-epoch fit of 40: at load no snapshot came between it and
+    # fit's end, so it was found there, with no next batch: that case is the exit-4 test below.)
     logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
-    code, stdout, stderr = finish(launch(logdir, "--rows", "65536", "--epochs", "1", "--batches", "40",
-                                         "--save-freq", "0", "--replay-memory-mib", "1", "--nan-at", "30",
+    code, stdout, stderr = finish(launch(logdir, "--rows", "65536", "--epochs", "2", "--batches", "20",
+                                         "--save-freq", "0", "--replay-memory-mib", "1", "--nan-at", "15",
                                          "--weights-out", out, target=KERAS_NAN), 240)
     said = stdout + stderr
     assert code == 0, said
     assert said.count("the batches kept for a rollback's replay reached their cap (1 MiB") == 1, said
     assert "the batches past the cap are not trained again" in said, said
-    assert [e["step"] for e in _events(logdir, "nonfinite_detected")][:1] == [31], said
+    assert [e["step"] for e in _events(logdir, "nonfinite_detected")][:1] == [16], said
     assert all(np.isfinite(a).all() for a in _npz(out)), _npz(out)
 
 

@@ -282,6 +282,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             replay.forget_through(_newest_restorable(sv))
             if (self._each_batch or at.live_batch == self.params.get("steps")) and self._settle():  # epoch's end
                 logs = self.model.get_metrics_result()  # the epoch's logs without the poisoned batch
+        elif self._fallback and at.live_batch == self.params.get("steps") and self._settle():  # epoch's end:
+            logs = self.model.get_metrics_result()  # a NaN of the epoch is rolled back in it (not at fit's end)
         self._last_logs = logs
         if self.save_summaries_secs:
             now = self.clock()
