@@ -167,17 +167,20 @@ def test_keras_fit_under_rollback_keeps_bounded_memory_with_large_batches_and_no
 
 def test_keras_fit_past_the_replay_cap_says_so_once_and_a_later_nan_continues_with_the_next_batch(short_tmp):
     # before: no cap (replay_memory_bytes was not an option). Now each 1.5 MiB batch is past a
-    # 1 MiB cap: said once, and the NaN of batch 30 restores the newest finite state and fit goes
-    # on with its next batch (nothing to train again): exit 0, finite weights, the NaN seen
+    # 1 MiB cap: said once, and the NaN of batch 15 (epoch 1 of 2: found by its epoch's end at the
+    # latest, fit's batches of epoch 2 still to come) restores the newest finite state and fit goes
+    # on with its next batch (nothing to train again): exit 0, finite weights, the NaN seen. (This
+    # test had the NaN at batch 30 of a 1-epoch fit of 40: at load no snapshot came between it and
+    # fit's end, so it was found there, with no next batch: that case is the exit-4 test below.)
     logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
-    code, stdout, stderr = finish(launch(logdir, "--rows", "65536", "--epochs", "1", "--batches", "40",
-                                         "--save-freq", "0", "--replay-memory-mib", "1", "--nan-at", "30",
+    code, stdout, stderr = finish(launch(logdir, "--rows", "65536", "--epochs", "2", "--batches", "20",
+                                         "--save-freq", "0", "--replay-memory-mib", "1", "--nan-at", "15",
                                          "--weights-out", out, target=KERAS_NAN), 240)
     said = stdout + stderr
     assert code == 0, said
     assert said.count("the batches kept for a rollback's replay reached their cap (1 MiB") == 1, said
     assert "the batches past the cap are not trained again" in said, said
-    assert [e["step"] for e in _events(logdir, "nonfinite_detected")][:1] == [31], said
+    assert [e["step"] for e in _events(logdir, "nonfinite_detected")][:1] == [16], said
     assert all(np.isfinite(a).all() for a in _npz(out)), _npz(out)
 
 
@@ -212,3 +215,64 @@ def test_keras_fit_under_rollback_frees_its_kept_batches_at_every_in_memory_snap
     first, peak = _rss(said)
     assert peak - first < 120, (first, peak)  # MiB: half of the 240 MiB of batches, all kept until fit's end
     assert "reached their cap" not in said, said  # freed by the snapshots, not bounded by the cap
+
+
+def _not_trained(said: str, done: str) -> tuple[int, int]:
+    """The (first, last) steps of the line saying a rollback's steps were not trained (``done``: "were
+    not trained" at the end of fit, "are not trained again" when fit goes on)."""
+    import re
+
+    found = set(re.findall(r"steps? (\d+)(?:-(\d+))? of fit's batches " + done, said))  # (echoed in the error too)
+    assert len(found) == 1, said
+    (first, last), = found
+    return int(first), int(last or first)
+
+
+def test_keras_fit_past_the_replay_cap_with_a_nan_at_its_last_batch_stops_with_exit_4_naming_the_steps_not_trained(
+        short_tmp):
+    # before: the NaN of fit's last batch (step 40), found at the epoch's end, restored the newest
+    # finite state R and fit ended there with exit 0: its batches R+1..40 (past a 1 MiB cap: none
+    # kept) silently not trained, and the log said "retrying step 40 once", which never happened.
+    # Now fit has no batch left to train in their place: exit 4, one line naming steps R+1-40
+    logdir = os.path.join(short_tmp, "run")
+    code, stdout, stderr = finish(launch(logdir, "--rows", "65536", "--epochs", "1", "--batches", "40",
+                                         "--save-freq", "0", "--replay-memory-mib", "1", "--nan-at", "39",
+                                         target=KERAS_NAN), 240)
+    said = stdout + stderr
+    assert code == 4, said
+    restored = [e["restored_step"] for e in _events(logdir, "rolled_back")]
+    assert len(restored) == 1 and restored[0] < 39, said
+    assert _not_trained(said, "were not trained") == (restored[0] + 1, 40), said
+    assert "retrying step 40 once" not in said, said
+    assert "step 40 is not retried" in said, said
+
+
+def test_keras_fit_past_the_replay_cap_with_a_nan_at_an_epochs_end_names_the_steps_not_trained_and_trains_on(
+        short_tmp):
+    # a NaN at the last batch of epoch 1 (step 20) of 2: the steps after the restored state R are not
+    # trained again (nothing kept past a 1 MiB cap), said in one line; fit trains epoch 2 from step R+1
+    logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
+    code, stdout, stderr = finish(launch(logdir, "--rows", "65536", "--epochs", "2", "--batches", "20",
+                                         "--save-freq", "0", "--replay-memory-mib", "1", "--nan-at", "19",
+                                         "--weights-out", out, target=KERAS_NAN), 240)
+    said = stdout + stderr
+    assert code == 0, said
+    restored = [e["restored_step"] for e in _events(logdir, "rolled_back")]
+    assert len(restored) == 1 and restored[0] < 19, said
+    assert _not_trained(said, "are not trained again") == (restored[0] + 1, 20), said
+    assert "retrying step 20 once" not in said, said
+    assert all(np.isfinite(a).all() for a in _npz(out)), _npz(out)
+
+
+def test_keras_fit_with_an_untested_keras_and_a_nan_at_its_last_batch_stops_with_exit_4_naming_the_steps_not_trained(
+        short_tmp):
+    # the same with the fallback of a Keras the replay is not tested with (nothing kept at all)
+    logdir = os.path.join(short_tmp, "run")
+    code, stdout, stderr = finish(launch(logdir, "--epochs", "1", "--batches", "30", "--nan-at", "29",
+                                         "--keras-version", "3.99.0", target=KERAS_NAN), 240)
+    said = stdout + stderr
+    assert code == 4, said
+    restored = [e["restored_step"] for e in _events(logdir, "rolled_back")]
+    assert len(restored) == 1 and restored[0] < 30, said
+    assert _not_trained(said, "were not trained") == (restored[0] + 1, 30), said
+    assert "retrying step 30 once" not in said, said

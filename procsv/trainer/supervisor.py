@@ -12,7 +12,7 @@ release, a session again after a stop) and its collaborators, each with its own 
 what it needs (:func:`procsv.trainer.supervisor_setup.collaborators` builds them; who calls whom:
 ``docs/architecture.md``, "The trainer's collaborators"). Its public names that are a
 collaborator's, and the settings its collaborators read live, are the descriptors of
-:mod:`procsv.trainer.settings`.
+:mod:`procsv.trainer.settings`, declared in :mod:`procsv.trainer.supervisor_names`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from procsv.common.errors import ProcsvError, TrainingDiverged
 from procsv.ipc.messages import Busy, SessionLogEvent, SessionStatus, TrainerReady
 from procsv.trainer import outcome
 from procsv.trainer import replica
-from procsv.trainer.boundary import StepBoundary
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.restore import ReadRetry
 from procsv.trainer.coordinator import Coordinator, LooperThread
@@ -39,15 +38,15 @@ from procsv.trainer.standby.warmup import WarmUps
 from procsv.trainer.step_boundary import StepCounter, StepState
 from procsv.trainer.stop_signals import StopSignals
 from procsv.trainer.summaries.log import SummaryLog, session_start
+from procsv.trainer.supervisor_names import SupervisorNames
 from procsv.trainer.supervisor_setup import (agent_factory, check_placement, collaborators, layout_for,
                                              resolve_is_chief, retention, state_to_save)
 from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, add_camel_case_aliases
-from procsv.trainer.tf1_objects import SaverShim, SummaryWriterShim
-from procsv.trainer.settings import Forward, ForwardValue, Setting, Settings
-from procsv.trainer.tf1_surface import Tf1Surface, warn_ignored_prepare_args
+from procsv.trainer.settings import Settings
+from procsv.trainer.tf1_surface import warn_ignored_prepare_args
 
 
-class Supervisor:
+class Supervisor(SupervisorNames):
     """Checkpoints, summaries, restore-on-restart and stop coordination for a TF2 training loop.
 
     Args mirror ``tf.compat.v1.train.Supervisor``; the TF2-specific ones:
@@ -74,45 +73,6 @@ class Supervisor:
     * ``read_retry_secs``: how long a checkpoint file that cannot be read (EIO, EACCES, ESTALE...)
       is retried at restore before :class:`UnreadableCheckpoint` is raised (default 5 s).
     """
-
-    USE_DEFAULT: Any = USE_DEFAULT  # TF's: build the default piece (None turns that service off)
-
-    # the collaborators' methods and values (SummaryLog, Coordinator, Tf1Surface, StepBoundary, WarmUps)
-    log_scalar = Forward(SummaryLog.log_scalar, "_summaries")
-    log_scalars = Forward(SummaryLog.log_scalars, "_summaries")
-    log_histogram = Forward(SummaryLog.log_histogram, "_summaries")
-    log_image = Forward(SummaryLog.log_image, "_summaries")
-    log_text = Forward(SummaryLog.log_text, "_summaries")
-    summary_computed = Forward(SummaryLog.summary_computed, "_summaries")
-    summaries_dropped: ForwardValue[int] = ForwardValue("_summaries", "Summaries this process had to drop so far.")
-    request_stop = Forward(Coordinator.request_stop, "coord")
-    should_stop = Forward(Coordinator.should_stop, "coord")
-    stop_on_exception = Forward(Coordinator.stop_on_exception, "coord")
-    wait_for_stop = Forward(Coordinator.wait_for_stop, "coord")
-    start_standard_services = Forward(Tf1Surface.start_standard_services, "_surface")
-    start_queue_runners = Forward(Tf1Surface.start_queue_runners, "_surface")
-    loop = Forward(Tf1Surface.loop, "_surface")
-    commit_checkpoint = Forward(StepBoundary.commit_checkpoint, "_boundary")
-    warm_up = Forward(WarmUps.warm_up, "_warm_ups")
-    graph: ForwardValue[Any] = ForwardValue("_surface", "The program's tf.Graph in graph mode; None in eager mode.")
-    init_op: ForwardValue[Any] = ForwardValue("_surface")
-    init_feed_dict: ForwardValue[Any] = ForwardValue("_surface")
-    ready_op: ForwardValue[Any] = ForwardValue("_surface")
-    ready_for_local_init_op: ForwardValue[Any] = ForwardValue("_surface")
-    local_init_op: ForwardValue[Any] = ForwardValue("_surface")
-    session_manager: ForwardValue[Any] = ForwardValue("_surface")
-    summary_op: ForwardValue[Any] = ForwardValue("_surface")
-    saver: ForwardValue[Optional[SaverShim]] = ForwardValue("_surface", "TF1's Saver over the checkpoint service.")
-    summary_writer: ForwardValue[Optional[SummaryWriterShim]] = ForwardValue("_surface", "TF's FileWriter methods.")
-    save_path: ForwardValue[Optional[str]] = ForwardValue("_surface", "<logdir>/<checkpoint_basename>, or None.")
-    logdir: ForwardValue[Optional[str]] = ForwardValue("_surface", "The logdir, or None without one.")
-    # settings a program may change after construction (read live by the collaborators)
-    save_summaries_secs: Setting[Optional[float]] = Setting()
-    summary_fn: Setting[Optional[Callable[[], Mapping[str, Any]]]] = Setting()
-    stop_grace_secs: Setting[float] = Setting()
-    recovery_wait_secs: Setting[float] = Setting()
-    init_fn: Setting[Optional[Callable[[Any], None]]] = Setting()
-    checkpoint_basename: Setting[str] = Setting()
 
     def __init__(
         self,

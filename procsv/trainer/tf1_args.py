@@ -158,7 +158,8 @@ def resolve(checkpoint: Any, summary_fn: Optional[Callable[[], Mapping[str, Any]
 def add_camel_case_aliases(cls: type) -> None:
     """TensorFlow's Supervisor has these CamelCase names for its methods (supervisor.py, the end)."""
     for camel, snake in CAMEL_CASE.items():
-        setattr(cls, camel, cls.__dict__[snake])  # (the function, or the descriptor that forwards the name)
+        owner = next(c for c in cls.__mro__ if snake in c.__dict__)  # (the Supervisor or its names' base)
+        setattr(cls, camel, owner.__dict__[snake])  # (the function, or the descriptor that forwards the name)
 
 
 def check_passed_writer(summary_writer: Any, logdir: Optional[str]) -> None:

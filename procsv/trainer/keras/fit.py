@@ -38,7 +38,7 @@ from procsv.ipc.messages import Busy, SaveReason
 from procsv.trainer.keras import input_position
 from procsv.trainer.keras import step_warmup
 from procsv.trainer.keras.replay import LOGS, BatchReplay, default_cap, keras_tested, untested_keras_line
-from procsv.trainer.keras.rollback import FitPosition, FitRollback
+from procsv.trainer.keras.rollback import PAST_CAP, UNTESTED, FitPosition, FitRollback, not_trained_again, stop_untrained
 from procsv.trainer.once import warn_once
 from procsv.trainer.managed import ManagedSession, follows_moves
 from procsv.trainer.nonfinite.policy import OnNonfinite
@@ -103,6 +103,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         self._rollback: Optional[FitRollback] = None  # the replay of fit's batches after a rollback
         self._each_batch = False  # check each batch's loss at once (a TerminateOnNaN reads it anyway)
         self._fallback = False  # an untested Keras under rollback: no replay (restore, continue with the next batch)
+        self._drawn = -1  # (the fallback) the newest step trained, and a rollback's steps not trained again
+        self._gap: Optional[tuple[int, int, int]] = None
         self._skip = 0
         self._skip_epoch = -1
         self._saved_metrics: list[Any] = []
@@ -168,6 +170,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         self._fallback = untested and rolling  # Keras' own train function; a rollback continues with fit's next batch
         if self._fallback:
             print(untested_keras_line(keras.__version__), file=sys.stderr, flush=True)
+            rollback.watch.on_restored.append(self._fallback_restored)
         self._rollback = None
         batches = BatchReplay(model, train, dataset.element_spec if isinstance(dataset, tf.data.Dataset)
                               else None, at.spe, replay_cap(self.replay_memory_bytes), untested)
@@ -233,6 +236,9 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         model.train_function = self._original_train
         if not self._stopped_mid_epoch:
             self._settle()  # a non-finite loss since the last check: rolled back now, not refused at the end
+            fit_rollback = self._rollback  # steps a rollback did not train again, and no batch left: exit 4
+            stop_untrained(sv._rollback, fit_rollback.gap if fit_rollback is not None else self._gap,
+                           PAST_CAP if fit_rollback is not None else UNTESTED)
         self.sv = None
         if self.delete_checkpoint and not self._stopped_mid_epoch:
             sv.commit_checkpoint()  # the position reached, as stop() would (stop() then has nothing left to commit)
@@ -276,6 +282,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             replay.forget_through(_newest_restorable(sv))
             if (self._each_batch or at.live_batch == self.params.get("steps")) and self._settle():  # epoch's end
                 logs = self.model.get_metrics_result()  # the epoch's logs without the poisoned batch
+        elif self._fallback and at.live_batch == self.params.get("steps") and self._settle():  # epoch's end:
+            logs = self.model.get_metrics_result()  # a NaN of the epoch is rolled back in it (not at fit's end)
         self._last_logs = logs
         if self.save_summaries_secs:
             now = self.clock()
@@ -291,6 +299,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
     def _timed_train(self, iterator: Any) -> Any:
         t0 = time.perf_counter()
         logs = self._original_train(iterator)
+        if self.sv is not None:
+            self._drawn, self._gap = self.sv.step, None
         self._train_secs = time.perf_counter() - t0
         return logs
 
@@ -299,6 +309,13 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         step: the watchdog gives each report ``--startup-timeout``, not the whole replay)."""
         if self.sv is not None:
             self.sv._boundary.report_busy(Busy.INPUT)
+
+    def _fallback_restored(self, step: int) -> None:
+        """The fallback restored ``step``: the steps fit trained after it are not trained again (said)."""
+        if self.sv is not None and self._drawn > step:
+            bad = self.sv._rollback.watch.target
+            self._gap = (step + 1, self._drawn, bad if bad is not None else self._drawn)
+            self.sv._rollback.abandon(step, not_trained_again(step + 1, self._drawn, UNTESTED))
 
     def _settle(self) -> bool:
         """A non-finite loss since the last check rolled back now (:meth:`FitRollback.settle`); True if so."""

@@ -57,14 +57,15 @@ def untested_keras_line(version: str) -> str:
     return (f"procsv: warning: Keras {version} is not one procsv's rollback replay is tested with "
             f"({', '.join(v + 'x' for v in TESTED_KERAS)}): fit's batches are not kept, and a non-finite loss "
             "restores the newest finite state and continues with fit's next batch (the batches since that "
-            "state are not trained again)")
+            "state are not trained again, said then; with no batch left, fit stops with exit code 4)")
 
 
 def over_cap_line(cap: int) -> str:
     return (f"procsv: warning: the batches kept for a rollback's replay reached their cap ({cap / 2**20:.0f} MiB, "
             "BackupAndRestore(replay_memory_bytes=...)); no more are kept until the next snapshot: a non-finite "
             "loss before it restores the newest finite state, trains the kept batches again and continues with "
-            "fit's next batch (the batches past the cap are not trained again)")
+            "fit's next batch (the batches past the cap are not trained again, said then; with no batch left, fit stops "
+            "with exit code 4)")
 
 
 def default_cap() -> int:

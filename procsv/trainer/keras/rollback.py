@@ -13,7 +13,10 @@ that a NaN rolled back never reaches it). A
 skipped step advances Keras' iteration counter as if it ran; the (epoch, batch) position a
 snapshot records follows the restored and the replayed steps. A step whose batch is not kept (past
 the cap, or none kept: :mod:`procsv.trainer.keras.replay`) is trained on fit's next batch instead:
-the fallback, exact except for the batches not trained again.
+the fallback, exact except for the batches not trained again, which one line names at the restore
+(:func:`not_trained_again`; the bad step is then not retried). When fit has no batch left for
+them (the NaN found at the end of fit), fit stops in order with exit code 4 and one line naming the
+steps not trained: nothing is lost silently.
 """
 
 from __future__ import annotations
@@ -27,6 +30,32 @@ from procsv.trainer.keras.replay import BatchReplay
 from procsv.trainer.managed import ManagedSession, follows_moves
 from procsv.trainer.nonfinite.policy import OnNonfinite
 from procsv.trainer.nonfinite.rollback import NonfiniteRollback
+
+
+def not_trained_again(first: int, last: int, why: str) -> str:
+    """What a rollback that cannot replay steps ``first``..``last`` says (``why``: their batches are not kept)."""
+    steps = f"step {first}" if first == last else f"steps {first}-{last}"
+    return (f"{steps} of fit's batches are not trained again ({why}): fit continues with its next batch as "
+            f"step {first}")
+
+
+def not_trained(first: int, last: int, why: str) -> str:
+    """Why a fit with no batch left after such a rollback stops (exit code 4)."""
+    steps = f"step {first}" if first == last else f"steps {first}-{last}"
+    return f"{steps} of fit's batches were not trained ({why}) and fit has no batch left to train in their place"
+
+
+PAST_CAP = "their batches were not kept: past the replay cap, BackupAndRestore(replay_memory_bytes=...)"
+UNTESTED = "their batches were not kept: a Keras version the replay is not tested with"
+
+
+def stop_untrained(rollback: NonfiniteRollback, gap: Optional[tuple[int, int, int]], why: str) -> None:
+    """At the end of fit: a rollback's steps not trained again (``gap``: first, last, the bad step)
+    that no later batch of fit took the place of stop it in order with exit code 4, named (raises
+    :class:`~procsv.common.errors.TrainingDiverged`); nothing if none."""
+    if gap is not None:
+        first, last, bad = gap
+        rollback.stop_diverged(NonFiniteState(last, bad), not_trained(first, last, why), False)
 
 
 class _NoLiveInput(Exception):
@@ -80,6 +109,8 @@ class FitRollback:
         self._rollback = rollback
         self.drew = False
         self.train_secs = 0.0
+        self.drawn = -1  # the newest step trained on a batch drawn from fit's own iterator
+        self.gap: Optional[tuple[int, int, int]] = None  # a rollback's steps not trained again (first, last, bad)
         rollback.watch.on_restored.append(self.restored)
         rollback.watch.on_skipped.append(self.skipped)
 
@@ -105,6 +136,8 @@ class FitRollback:
         self.train_secs = time.perf_counter() - t0
         replay.keep(step, where.live_epoch, where.live_batch, out["data"])
         self.drew = True
+        self.drawn = max(self.drawn, step)
+        self.gap = None
         return out
 
     def settle(self, sess: ManagedSession, checkpointed: bool) -> bool:
@@ -127,7 +160,7 @@ class FitRollback:
                 try:
                     sess.run(self.kept_step, None)
                 except _NoLiveInput:
-                    if step() < last:  # not kept (past the cap, or an untested Keras): fit goes on with its next batch
+                    if step() < last:  # not kept (past the cap): fit goes on with its next batch, if it has one
                         return True
                     # else a skip at that boundary reached the last step: nothing more to replay
                 continue
@@ -138,8 +171,17 @@ class FitRollback:
             rollback.refused(NonFiniteState(step(), bad), False)  # rolls back, or stops (exit 4)
 
     def restored(self, step: int) -> None:
-        """A rollback restored ``step``: the position a snapshot records is the restored one."""
+        """A rollback restored ``step``: the position a snapshot records is the restored one. If
+        not every batch between it and fit's newest is kept, the steps from the first one missing
+        are not trained again: said, and the bad step's retry given up (its batch is not kept)."""
         self.position.epoch, self.position.batch = int(self._epoch_var.numpy()), int(self._batch_var.numpy())
+        kept = self.replay.kept
+        first = next((s for s in range(step + 1, self.drawn + 1) if s not in kept), None)
+        if first is None:
+            return
+        bad = self._rollback.watch.target
+        self.gap = (first, self.drawn, bad if bad is not None else self.drawn)
+        self._rollback.abandon(step, not_trained_again(first, self.drawn, PAST_CAP))
 
     def skipped(self, step: int) -> None:
         """Step ``step`` was skipped: Keras' iteration counter moves past it as if it ran (a learning

@@ -1,5 +1,7 @@
 """The Supervisor's non-finite collaborator: the watch's wiring, the policy's decision on a refused
-snapshot, and ``rollback``'s restore, replay, retry and skip.
+snapshot, and ``rollback``'s restore, replay, retry and skip (this module: the restore; the walk
+through the replay, the retry and the skip at each boundary: :mod:`.boundary_work`, which performs
+what the pure :mod:`.plan` decides).
 
 Runs in the trainer's main thread, at step boundaries only (the step boundary,
 :mod:`procsv.trainer.boundary`, calls it). ``rollback`` when a watched loss of step B was found
@@ -45,7 +47,8 @@ from procsv.trainer.checkpoint import memory_restore
 from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.checkpoint.keeper import CheckpointKeeper
 from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
-from procsv.trainer.nonfinite import inputs, notices, policy, records, retry_state, scan
+from procsv.trainer.nonfinite import notices, policy, records, retry_state, scan
+from procsv.trainer.nonfinite.boundary_work import BoundaryWork
 from procsv.trainer.nonfinite.policy import OnNonfinite
 from procsv.trainer.nonfinite.watch import NonfiniteWatch
 from procsv.trainer.settings import Settings
@@ -60,7 +63,7 @@ def _group_refusal() -> str:
     return policy.in_place_refusal(members, cluster.ps_tasks() + len(spec.get("ps") or ()))
 
 
-class NonfiniteRollback:
+class NonfiniteRollback(BoundaryWork):
     """The non-finite watch of one Supervisor (``watch``) and what a refused snapshot makes it do.
 
     Owns the watch (its policy, the losses kept, the skips and retries so far). Given: the step
@@ -73,6 +76,7 @@ class NonfiniteRollback:
     def __init__(self, state: StepState, counter: StepCounter, keeper: Optional[CheckpointKeeper], checkpoint: Any,
                  flush_summaries: Callable[[], None], clock: Callable[[], float], settings: Settings,
                  on_nonfinite: Optional[str], tags: Sequence[str], ignore: Sequence[str]) -> None:
+        super().__init__()
         self._state = state
         self._counter = counter
         self._keeper = keeper
@@ -82,10 +86,6 @@ class NonfiniteRollback:
         self._settings = settings  # stop_grace_secs: read live
         self._channels: Optional[TrainerChannels] = None
         self.watch = NonfiniteWatch(on_nonfinite, tags, ignore)
-        self._again: set[int] = set()  # steps skipped before this session that it said it skips again
-        self._weights: Optional[list[Any]] = None  # the trainable variables a bisect checks (walked once)
-        self._kept: Optional[retry_state.KeptState] = None  # the state before the step being retried
-        self._kept_for: Optional[int] = None  # the retried step whose state before it was kept (or could not be)
         self.watch.group_refusal = _group_refusal()
         # (off: no detection at all, no loss kept, no snapshot scanned; what it costs: scripts/bench_nonfinite.py)
         self.detecting = os.environ.get(env.NONFINITE_CHECK, "").strip().lower() not in ("0", "off", "no", "false")
@@ -137,9 +137,9 @@ class NonfiniteRollback:
             why = "the final checkpoint's state" if final else self._roll_back(bad.bad_step, bad.describe())
             if not why:
                 return
-        self._stop_diverged(bad, why, final)
+        self.stop_diverged(bad, why, final)
 
-    def _stop_diverged(self, bad: NonFiniteState, why: str, final: bool) -> None:
+    def stop_diverged(self, bad: NonFiniteState, why: str, final: bool) -> None:
         agent, ch = self._agent, self._channels
         if self.watch.stops and ch is not None:  # stopping in order: what was logged, and the finite
             self._flush_summaries()  # snapshot in flight, are kept (it passed these checks)
@@ -205,14 +205,17 @@ class NonfiniteRollback:
         watch.rollbacks += 1
         if not again:
             watch.restores.restored(restored)
+        self.abandoned = ""
         for hook in watch.on_restored:
             hook(restored)
         self.bound()
         notices.tell(ch, notices.rolled_back(bad_step, restored, kind, path, skip, secs, watch.position))
         then = f"skipping step {bad_step} (non-finite again when retried)" if skip else f"retrying step {bad_step} once"
+        if self.abandoned:  # a hook gave the retry up (Keras fit: the batches to replay are not all kept)
+            then = f"{self.abandoned}; step {bad_step} is not retried"
         print(f"procsv: non-finite training at step {bad_step}: {what}; --on-nonfinite rollback: restored step "
-              f"{restored} from {source}, replaying to step {bad_step - 1}, then {then}",
-              file=sys.stderr, flush=True)
+              f"{restored} from {source}, " + ("" if self.abandoned else f"replaying to step {bad_step - 1}, ")
+              + f"then {then}", file=sys.stderr, flush=True)
         return ""
 
     def _put_back(self, kept: Optional[retry_state.KeptState], bad_step: int) -> tuple[int, str, str]:
@@ -279,160 +282,5 @@ class NonfiniteRollback:
             notices.tell(self._channels, notices.detected(bad, what, watch.position))
             why = self._roll_back(bad, what)
             if why:
-                self._stop_diverged(NonFiniteState(end, bad), why, False)
+                self.stop_diverged(NonFiniteState(end, bad), why, False)
                 return
-
-    def _skip_input(self, step: int) -> None:
-        """Skipped step ``step`` consumes its input; a program's own hooks (Keras fit: its iteration
-        counter, its position) move past it too."""
-        inputs.consume(self._checkpoint)
-        for hook in self.watch.on_skipped:
-            hook(step)
-
-    def _advance_past(self, step: int) -> None:
-        """The global step moves from ``step`` past the skipped step: procsv's count, or, where the
-        program counts itself (a graph program's optimizer), its variable, assigned."""
-        counted = self._counter.advance(step)
-        if counted is not None and counted != step + 1:
-            self._counter.global_step.assign(step + 1)
-
-    def _next_due(self, step: int) -> Optional[int]:
-        """The next boundary at or after ``step`` with rollback work: a step skipped before, which the
-        replay (or a resumed session) skips again (uncounted), or the bad step's skip or retry."""
-        watch = self.watch
-        target = watch.target
-        due = [s - 1 for s in watch.budget.skipped if s - 1 >= step and (target is None or s < target)]
-        if target is not None:
-            due.append(target - 1 if watch.skipping else target)
-            if not watch.skipping and self._kept_for != target and target - 1 >= step:
-                due.append(target - 1)  # the state before the retry is kept there
-            if watch.bisecting:
-                due.append(step)  # the weights after every replayed step
-        return min(due) if due else None
-
-    def _keep(self, step: int) -> None:
-        """Keep the state of ``step``, the boundary before the retry (its snapshot preparations first:
-        the step counted in Python and a program's own position are written into the state)."""
-        agent = self._agent
-        if agent is None or isinstance(agent.store.checkpoint, NameBasedCheckpoint):  # restored from disk only
-            return
-        for prepare in agent.prepare_snapshot:
-            prepare()
-        self._kept = retry_state.keep(self._checkpoint, step)
-
-    def _trainable(self) -> list[Any]:
-        """The state's trainable variables (walked once)."""
-        if self._weights is None:
-            agent = self._agent
-            self._weights = scan.trainable(agent.store.checkpoint if agent is not None else None)
-        return self._weights
-
-    def _poisoned_by(self, step: int) -> bool:
-        """At the boundary after replayed ``step``, while bisecting: if the weights are non-finite
-        now (one read), ``step`` poisoned them (its gradient, not its loss): restore again, replay to
-        the step before it and skip it, instead of the bad step that showed it; True if so."""
-        watch = self.watch
-        target = watch.target
-        if scan.all_finite(self._trainable()):
-            return False
-        watch.bisecting = False
-        print(f"procsv: the weights turned non-finite at step {step}, whose loss was finite (a non-finite gradient): "
-              f"skipping step {step}, not step {target}", file=sys.stderr, flush=True)
-        notices.tell(self._channels, notices.detected(step, f"the weights turned non-finite at step {step} (its loss "
-                                                            "was finite)", watch.position))
-        watch.retried.add(step)
-        watch.target = None
-        why = self._roll_back(step, f"the weights turned non-finite at step {step}")
-        if why:
-            self._stop_diverged(NonFiniteState(step, step), why, False)
-        return True
-
-    def bound(self) -> None:
-        """The checkpoint half's boundary comes no later than the rollback's next work."""
-        due = self.watch.due
-        if due is not None and due < self._state.ckpt_step:
-            self._state.set_checkpoint(due, self._state.ckpt_at)
-
-    def work(self) -> bool:
-        """The rollback's work due at the current step, as often as it moves the step; True if it did."""
-        moved = False
-        while True:
-            due, step = self.watch.due, self._state.step
-            if due is None or step < due or not self._due(step):
-                return moved
-            moved = True
-
-    def _due(self, step: int) -> bool:
-        """At the boundary after ``step`` (the rollback's ``due``): check the replayed steps (one
-        read), then skip the bad step or judge its retry. True if the step count moved."""
-        watch = self.watch
-        target = watch.target
-        watch.due = None
-        if step + 1 in watch.budget.skipped and (target is None or step + 1 < target):  # a step skipped before
-            self._skip_input(step + 1)
-            self._advance_past(step)
-            self._state.step = step + 1
-            if target is None and step + 1 not in self._again:  # met in a resumed session, not in a replay
-                self._again.add(step + 1)
-                print(f"procsv: skipping step {step + 1} again (this run skipped it before); training on from "
-                      f"step {step + 2}", file=sys.stderr, flush=True)
-            watch.due = self._next_due(step + 1)
-            self.bound()
-            return True
-        if target is None:
-            return False
-        if not watch.skipping and step == target - 1 and self._kept_for != target:  # the retry runs next
-            self._kept_for = target
-            self._keep(step)
-            watch.due = self._next_due(step)
-            self.bound()
-            return False
-        if watch.bisecting and step < target:
-            if self._poisoned_by(step):
-                return True
-            if step < target - 1:
-                watch.due = self._next_due(step + 1)
-                self.bound()
-                return False
-            watch.bisecting = False  # no replayed step poisoned them this time: the bad step is skipped as planned
-        bad = watch.losses.check()
-        if bad is not None and (bad < target or not watch.skipping):
-            if bad == target:
-                watch.retried.add(target)
-            notices.tell(self._channels, notices.detected(bad, f"the loss of step {bad} is NaN or infinite",
-                                                          watch.position))
-            why = self._roll_back(bad, f"the loss of step {bad} is NaN or infinite"
-                                  + (" again when retried" if bad == target else ""))
-            if why:
-                self._stop_diverged(NonFiniteState(step, bad), why, False)
-            return True
-        if not watch.skipping:  # the retried step was finite this time
-            self._kept = None
-            print(f"procsv: step {target} was finite when retried; training on", file=sys.stderr, flush=True)
-            watch.target = None
-            watch.due = self._next_due(step)
-            self.bound()
-            return False
-        if not watch.bisecting and not scan.all_finite(self._trainable()):
-            # the state before the bad step is non-finite already, its losses finite: a replayed
-            # step's gradient was non-finite (its loss not), and the bad step only showed it
-            watch.bisecting = True
-            print(f"procsv: the weights before step {target} are non-finite after the replay, every loss before it "
-                  f"finite: a replayed step's gradient was not; restoring again and checking the weights after each "
-                  f"replayed step", file=sys.stderr, flush=True)
-            why = self._roll_back(target, f"the weights before step {target} are non-finite")
-            if why:
-                self._stop_diverged(NonFiniteState(step, target), why, False)
-            return True
-        watch.bisecting = False
-        watch.budget.skip(target)
-        notices.tell(self._channels, notices.skipped(target, len(watch.budget.skipped), watch.position))
-        self._skip_input(target)  # its input: the data position moves past it
-        self._advance_past(step)  # the step count moves past the skipped step; no other variable changes
-        self._state.step = target
-        watch.target = None
-        watch.due = self._next_due(target)  # a later step skipped before (a resumed session's)
-        self.bound()
-        print(f"procsv: skipped step {target} (its loss was NaN or infinite twice); training on from step "
-              f"{target + 1}", file=sys.stderr, flush=True)
-        return True

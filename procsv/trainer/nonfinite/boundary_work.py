@@ -1,0 +1,212 @@
+"""The rollback's work at step boundaries: what :mod:`.plan` decides there, performed.
+
+Runs in the trainer's main thread, at step boundaries only (the step boundary,
+:mod:`procsv.trainer.boundary`, calls :meth:`BoundaryWork.work` and :meth:`BoundaryWork.bound`).
+:class:`BoundaryWork` is the half of :class:`~procsv.trainer.nonfinite.rollback.NonfiniteRollback`
+that walks the loop through a rollback after its restore: a step skipped before is skipped again,
+the state before the retry is kept (:mod:`.retry_state`), the replayed steps' losses are checked,
+the weights are checked after each replayed step while bisecting, the bad step is skipped. The
+decisions are :mod:`.plan`'s (pure); the restore itself is the subclass's (``_roll_back``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional
+
+from procsv.common.errors import NonFiniteState
+from procsv.trainer.channels import TrainerChannels
+from procsv.trainer.checkpoint.agent import CheckpointAgent
+from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
+from procsv.trainer.nonfinite import inputs, notices, retry_state, scan
+from procsv.trainer.nonfinite.plan import Action, Plan, after_finite_weights, at_boundary, judge, next_due
+from procsv.trainer.nonfinite.watch import NonfiniteWatch
+from procsv.trainer.step_boundary import StepCounter, StepState
+
+
+class BoundaryWork:
+    """The boundary half of a Supervisor's rollback. Owns the steps it said it skips again
+    (``_again``), the trainable variables a bisect checks (``_weights``, walked once), the state kept
+    before the retried step (``_kept``) and which retried step that was for (``_kept_for``). Given
+    by the subclass: the watch, the step state and counter, the saved state (``_checkpoint``), the
+    session's channels, the checkpoint agent, and the restore (``_roll_back``, ``stop_diverged``)."""
+
+    watch: NonfiniteWatch
+    _state: StepState
+    _counter: StepCounter
+    _checkpoint: Any
+    _channels: Optional[TrainerChannels]
+
+    def __init__(self) -> None:
+        self._again: set[int] = set()  # steps skipped before this session that it said it skips again
+        self._weights: Optional[list[Any]] = None
+        self._kept: Optional[retry_state.KeptState] = None
+        self._kept_for: Optional[int] = None
+        self.abandoned = ""  # what the program does instead of the retry it gave up (:meth:`abandon`)
+
+    @property
+    def _agent(self) -> Optional[CheckpointAgent]:
+        raise NotImplementedError
+
+    def _roll_back(self, bad_step: Optional[int], what: str) -> str:
+        raise NotImplementedError
+
+    def stop_diverged(self, bad: NonFiniteState, why: str, final: bool) -> None:
+        raise NotImplementedError
+
+    def abandon(self, step: int, why: str) -> None:
+        """The bad step cannot be retried from the state restored at ``step``: the program cannot
+        replay the steps up to it (Keras fit: their batches were not kept); ``why`` says what it
+        does instead. No retry or skip is due; the steps skipped before still are."""
+        watch = self.watch
+        watch.target, watch.skipping, watch.bisecting = None, False, False
+        self._kept, self._kept_for = None, None
+        self.abandoned = why
+        self._plan_next(step)
+
+    def plan(self) -> Plan:
+        """The watch's data the decisions read (:class:`~procsv.trainer.nonfinite.plan.Plan`)."""
+        w = self.watch
+        return Plan(w.target, w.skipping, w.bisecting, self._kept_for, tuple(w.budget.skipped))
+
+    def _next_due(self, step: int) -> Optional[int]:
+        return next_due(step, self.plan())
+
+    def _plan_next(self, step: int) -> None:
+        """The next work is due at or after ``step``; the checkpoint half's boundary no later."""
+        self.watch.due = self._next_due(step)
+        self.bound()
+
+    def bound(self) -> None:
+        """The checkpoint half's boundary comes no later than the rollback's next work."""
+        due = self.watch.due
+        if due is not None and due < self._state.ckpt_step:
+            self._state.set_checkpoint(due, self._state.ckpt_at)
+
+    def work(self) -> bool:
+        """The rollback's work due at the current step, as often as it moves the step; True if it did."""
+        moved = False
+        while True:
+            due, step = self.watch.due, self._state.step
+            if due is None or step < due or not self._due(step):
+                return moved
+            moved = True
+
+    def _due(self, step: int) -> bool:
+        """At the boundary after ``step`` (the rollback's ``due``): skip a step skipped before, keep
+        the state before the retry, check the weights or the replayed steps' losses (one read each),
+        then skip the bad step or judge its retry. True if the step count moved."""
+        watch = self.watch
+        target = watch.target
+        watch.due = None
+        action = at_boundary(step, self.plan())
+        if action == Action.SKIP_AGAIN:
+            self._skip(step + 1, step)
+            if target is None and step + 1 not in self._again:  # met in a resumed session, not in a replay
+                self._again.add(step + 1)
+                print(f"procsv: skipping step {step + 1} again (this run skipped it before); training on from "
+                      f"step {step + 2}", file=sys.stderr, flush=True)
+            self._plan_next(step + 1)
+            return True
+        if action == Action.NOTHING or target is None:
+            return False
+        if action == Action.KEEP:  # the retry runs next
+            self._kept_for = target
+            self._keep(step)
+            self._plan_next(step)
+            return False
+        if action == Action.CHECK_WEIGHTS:
+            if self._poisoned_by(step):
+                return True
+            if after_finite_weights(step, self.plan()) == Action.BISECT_ON:
+                self._plan_next(step + 1)
+                return False
+            watch.bisecting = False  # no replayed step poisoned them this time: the bad step is skipped as planned
+        bad = watch.losses.check()
+        verdict = judge(bad, self.plan())
+        if verdict == Action.ROLL_BACK and bad is not None:
+            if bad == target:
+                watch.retried.add(target)
+            notices.tell(self._channels, notices.detected(bad, f"the loss of step {bad} is NaN or infinite",
+                                                          watch.position))
+            why = self._roll_back(bad, f"the loss of step {bad} is NaN or infinite"
+                                  + (" again when retried" if bad == target else ""))
+            if why:
+                self.stop_diverged(NonFiniteState(step, bad), why, False)
+            return True
+        if verdict == Action.FINITE:
+            self._kept = None
+            print(f"procsv: step {target} was finite when retried; training on", file=sys.stderr, flush=True)
+            watch.target = None
+            self._plan_next(step)
+            return False
+        if not watch.bisecting and not scan.all_finite(self._trainable()):
+            # the state before the bad step is non-finite already, its losses finite: a replayed
+            # step's gradient was non-finite (its loss not), and the bad step only showed it
+            watch.bisecting = True
+            print(f"procsv: the weights before step {target} are non-finite after the replay, every loss before it "
+                  f"finite: a replayed step's gradient was not; restoring again and checking the weights after each "
+                  f"replayed step", file=sys.stderr, flush=True)
+            why = self._roll_back(target, f"the weights before step {target} are non-finite")
+            if why:
+                self.stop_diverged(NonFiniteState(step, target), why, False)
+            return True
+        watch.bisecting = False
+        watch.budget.skip(target)
+        notices.tell(self._channels, notices.skipped(target, len(watch.budget.skipped), watch.position))
+        self._skip(target, step)  # its input and the step count move past it; no other variable changes
+        watch.target = None
+        self._plan_next(target)  # a later step skipped before (a resumed session's)
+        print(f"procsv: skipped step {target} (its loss was NaN or infinite twice); training on from step "
+              f"{target + 1}", file=sys.stderr, flush=True)
+        return True
+
+    def _skip(self, step: int, at: int) -> None:
+        """Skip ``step`` at the boundary after ``at``: its input is consumed (a program's own hooks,
+        Keras fit's iteration counter and position, move past it too), and the global step moves
+        past it: procsv's count, or, where the program counts itself (a graph program's optimizer),
+        its variable, assigned."""
+        inputs.consume(self._checkpoint)
+        for hook in self.watch.on_skipped:
+            hook(step)
+        counted = self._counter.advance(at)
+        if counted is not None and counted != at + 1:
+            self._counter.global_step.assign(at + 1)
+        self._state.step = step
+
+    def _keep(self, step: int) -> None:
+        """Keep the state of ``step``, the boundary before the retry (its snapshot preparations first:
+        the step counted in Python and a program's own position are written into the state)."""
+        agent = self._agent
+        if agent is None or isinstance(agent.store.checkpoint, NameBasedCheckpoint):  # restored from disk only
+            return
+        for prepare in agent.prepare_snapshot:
+            prepare()
+        self._kept = retry_state.keep(self._checkpoint, step)
+
+    def _trainable(self) -> list[Any]:
+        """The state's trainable variables (walked once)."""
+        if self._weights is None:
+            agent = self._agent
+            self._weights = scan.trainable(agent.store.checkpoint if agent is not None else None)
+        return self._weights
+
+    def _poisoned_by(self, step: int) -> bool:
+        """At the boundary after replayed ``step``, while bisecting: if the weights are non-finite
+        now (one read), ``step`` poisoned them (its gradient, not its loss): restore again, replay to
+        the step before it and skip it, instead of the bad step that showed it; True if so."""
+        watch = self.watch
+        target = watch.target
+        if scan.all_finite(self._trainable()):
+            return False
+        watch.bisecting = False
+        print(f"procsv: the weights turned non-finite at step {step}, whose loss was finite (a non-finite gradient): "
+              f"skipping step {step}, not step {target}", file=sys.stderr, flush=True)
+        notices.tell(self._channels, notices.detected(step, f"the weights turned non-finite at step {step} (its loss "
+                                                            "was finite)", watch.position))
+        watch.retried.add(step)
+        watch.target = None
+        why = self._roll_back(step, f"the weights turned non-finite at step {step}")
+        if why:
+            self.stop_diverged(NonFiniteState(step, step), why, False)
+        return True

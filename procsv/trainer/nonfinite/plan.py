@@ -1,0 +1,103 @@
+"""The rollback's step-by-step decisions at a step boundary, as pure functions of the watch's data.
+
+Pure: no process runs it, no TensorFlow, no clock, no read of a tensor. The trainer's main thread
+(:mod:`.boundary_work`) asks it, at the boundary after each step, what is due next
+(:func:`next_due`) and what to do there (:func:`at_boundary`, then, once it has read the losses
+kept since the last check, :func:`judge`), and performs the answer: a skip, a kept state, a check
+of the weights, a rollback. :class:`Plan` is the data the decisions read: the bad step being
+retried or skipped (``target``), whether it is skipped, whether the weights are checked after each
+replayed step (``bisecting``), the retried step whose state before it was kept (``kept_for``) and
+the steps skipped so far.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Optional, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What the rollback is doing: see the module."""
+
+    target: Optional[int] = None
+    skipping: bool = False
+    bisecting: bool = False
+    kept_for: Optional[int] = None
+    skipped: tuple[int, ...] = ()
+
+
+class Action(str, enum.Enum):
+    """What the boundary after a step does (:func:`at_boundary` and :func:`judge`).
+
+    ``NOTHING``: no work here. ``SKIP_AGAIN``: the next step was skipped before; skip it again.
+    ``KEEP``: the retry of the bad step runs next; keep the state before it. ``CHECK_WEIGHTS``:
+    bisecting, a replayed step ran; read the weights (poisoned: that step is skipped; finite:
+    ``BISECT_ON`` before the step before the bad one, else the judgement follows). ``JUDGE``: read the
+    losses kept since the last check and ask :func:`judge`. ``ROLL_BACK``: a kept loss is non-finite;
+    roll back for it. ``FINITE``: the retried step was finite; train on. ``SKIP_OR_BISECT``: the bad
+    step is skipped if the weights before it are finite, else the weights are checked after each
+    replayed step of one more replay."""
+
+    NOTHING = "nothing"
+    SKIP_AGAIN = "skip_again"
+    KEEP = "keep"
+    CHECK_WEIGHTS = "check_weights"
+    BISECT_ON = "bisect_on"
+    JUDGE = "judge"
+    ROLL_BACK = "roll_back"
+    FINITE = "finite"
+    SKIP_OR_BISECT = "skip_or_bisect"
+
+
+def skipped_before(step: int, skipped: Sequence[int], target: Optional[int]) -> bool:
+    """``step`` is a step skipped before that the loop meets before the bad step (if any)."""
+    return step in skipped and (target is None or step < target)
+
+
+def next_due(step: int, plan: Plan) -> Optional[int]:
+    """The next boundary at or after ``step`` with rollback work: a step skipped before, which the
+    replay (or a resumed session) skips again, or the bad step's skip or retry, the boundary before
+    the retry (whose state is kept there), and, while bisecting, every boundary."""
+    target = plan.target
+    due = [s - 1 for s in plan.skipped if s - 1 >= step and skipped_before(s, plan.skipped, target)]
+    if target is not None:
+        due.append(target - 1 if plan.skipping else target)
+        if not plan.skipping and plan.kept_for != target and target - 1 >= step:
+            due.append(target - 1)
+        if plan.bisecting:
+            due.append(step)
+    return min(due) if due else None
+
+
+def at_boundary(step: int, plan: Plan) -> Action:
+    """What the boundary after ``step`` (the plan's due) does before any read."""
+    target = plan.target
+    if skipped_before(step + 1, plan.skipped, target):
+        return Action.SKIP_AGAIN
+    if target is None:
+        return Action.NOTHING
+    if not plan.skipping and step == target - 1 and plan.kept_for != target:
+        return Action.KEEP
+    if plan.bisecting and step < target:
+        return Action.CHECK_WEIGHTS
+    return Action.JUDGE
+
+
+def after_finite_weights(step: int, plan: Plan) -> Action:
+    """Bisecting, the weights after replayed ``step`` are finite: check on after the next one, or
+    (``step`` is the one before the bad step) judge as planned."""
+    return Action.BISECT_ON if plan.target is not None and step < plan.target - 1 else Action.JUDGE
+
+
+def judge(bad: Optional[int], plan: Plan) -> Action:
+    """At the bad step's boundary, the kept losses read: ``bad`` is the first non-finite one's step
+    (None: all finite). A non-finite loss before the bad step, or of the retried step, rolls back;
+    a retry that was finite trains on; else the bad step is skipped (or, weights permitting, bisected)."""
+    target = plan.target
+    if bad is not None and target is not None and (bad < target or not plan.skipping):
+        return Action.ROLL_BACK
+    if not plan.skipping:
+        return Action.FINITE
+    return Action.SKIP_OR_BISECT

@@ -1,0 +1,50 @@
+"""The rollback's decisions at a step boundary (procsv.trainer.nonfinite.plan), with plain values:
+what is due next and what the boundary after a step does, for a retry, a skip, a bisect and the
+steps skipped before (no process runs)."""
+
+from __future__ import annotations
+
+from procsv.trainer.nonfinite.plan import Action, Plan, after_finite_weights, at_boundary, judge, next_due
+
+
+def test_nothing_is_due_without_a_bad_step_or_a_step_skipped_before():
+    assert next_due(10, Plan()) is None
+    assert at_boundary(10, Plan()) == Action.NOTHING
+
+
+def test_a_retry_keeps_the_state_before_it_then_is_judged_at_its_own_boundary():
+    retry = Plan(target=40)
+    assert next_due(30, retry) == 39  # the boundary before the retry: its state is kept there
+    assert at_boundary(39, retry) == Action.KEEP
+    kept = Plan(target=40, kept_for=40)
+    assert next_due(39, kept) == 40  # then the retried step's own boundary
+    assert at_boundary(40, kept) == Action.JUDGE
+    assert judge(None, kept) == Action.FINITE
+    assert judge(40, kept) == Action.ROLL_BACK  # non-finite again when retried: roll back for the skip
+    assert judge(35, kept) == Action.ROLL_BACK  # a replayed step before it
+
+
+def test_a_skip_is_due_at_the_boundary_before_the_bad_step_and_a_later_loss_does_not_roll_back():
+    skip = Plan(target=40, skipping=True)
+    assert next_due(30, skip) == 39
+    assert at_boundary(39, skip) == Action.JUDGE
+    assert judge(None, skip) == Action.SKIP_OR_BISECT
+    assert judge(40, skip) == Action.SKIP_OR_BISECT  # the bad step's own loss is what is skipped
+    assert judge(38, skip) == Action.ROLL_BACK
+
+
+def test_steps_skipped_before_are_skipped_again_before_the_bad_step_only():
+    plan = Plan(target=40, skipping=True, skipped=(12, 25, 55))
+    assert next_due(0, plan) == 11 and next_due(12, plan) == 24
+    assert at_boundary(11, plan) == Action.SKIP_AGAIN and at_boundary(24, plan) == Action.SKIP_AGAIN
+    assert next_due(25, plan) == 39  # 55 is after the bad step: not met in this replay
+    resumed = Plan(skipped=(12, 55))
+    assert next_due(30, resumed) == 54 and at_boundary(54, resumed) == Action.SKIP_AGAIN
+
+
+def test_bisecting_checks_the_weights_after_every_replayed_step_then_judges_before_the_bad_one():
+    plan = Plan(target=40, skipping=True, bisecting=True)
+    assert next_due(20, plan) == 20
+    assert at_boundary(20, plan) == Action.CHECK_WEIGHTS
+    assert after_finite_weights(20, plan) == Action.BISECT_ON
+    assert after_finite_weights(39, plan) == Action.JUDGE
