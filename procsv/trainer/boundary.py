@@ -85,12 +85,19 @@ class StepBoundary:
         self.unsaved = False
         self.progress.first_done = False
 
-    def start(self) -> None:
+    def start(self, save: bool = False) -> None:
         """A new session, prepared: the checkpoint half at its first boundary, the other after its first
-        step; the periodic summaries one interval from now."""
+        step; the periodic summaries one interval from now. ``save`` (a TF1 Supervisor's standard
+        services, as TF's checkpoint thread, which saves once as it starts): a snapshot of the step
+        restored or initialized is sent now (committed while the program goes on), unless committed."""
         self._summaries.restart_periodic()
         self.state.open_checkpoint()
         self.state.set_end(0, NEVER)
+        agent = self._keeper.agent if self._keeper is not None else None
+        if (save and agent is not None and self._channels is not None and self._chief
+                and agent.in_flight is None and self.state.step > agent.last_committed):
+            agent.pending = agent.pending or SaveReason.PERIODIC
+            agent.snapshot(self._channels, self.state.step)
 
     def start_standard_services(self) -> None:
         """``start_standard_services()`` in a live session: both halves at the next boundary, the
