@@ -349,7 +349,6 @@ class CheckpointService:
                 write=lambda tmp_prefix: write_snapshot(tmp_prefix, msg, payload, view),
                 max_to_keep=settings.max_to_keep,
                 keep_every_n_hours=settings.keep_checkpoint_every_n_hours,
-                numbered=msg.numbered,
             )
             result = SaveResult(msg.step, msg.reason, True, manifest.path(self.ctx.layout.logdir), None,
                                 self.clock() - started)
@@ -365,7 +364,7 @@ class CheckpointService:
             send(self.to_watchdog, result)  # first: a trainer that waits for this result may exit on it
         if reply_to == b"":
             self._reply(result)
-        if result.ok and result.path and msg.numbered:  # (TF logs none without a global step)
+        if result.ok and result.path:
             send(self.to_summary, SessionLogEvent(SessionStatus.CHECKPOINT, msg.step, result.path))
         self.deletions.retire(retired)  # after the trainer heard: deleting old files is not on its path
         return result
