@@ -86,9 +86,12 @@ def test_a_skipped_step_shows_in_events_status_report_plot_metrics_and_tensorboa
     # newest finite state): a slot's copy of step 20 (the checkpoint's) or of a later in-memory snapshot
     restored = back[0]["restored_step"]
     assert 20 <= restored < 25, back
+    # the retry's rollback restores that snapshot; the skip's puts back the state of step 24, kept in
+    # memory when the retry began (no second replay: retry_state)
     assert [(e["restored_step"], e["source"], e["skip"]) for e in back] == [(restored, "memory", False),
-                                                                            (restored, "memory", True)]
-    assert all(e["path"].startswith("/proc/") and "#slot" in e["path"] and e["secs"] >= 0 for e in back)
+                                                                            (24, "memory", True)]
+    assert back[0]["path"].startswith("/proc/") and "#slot" in back[0]["path"], back
+    assert back[1]["path"] == "memory#retry24" and all(e["secs"] >= 0 for e in back), back
     assert mine[-1]["skipped"] == 1 and mine[-1]["epoch"] is None
 
     st = _procsv("status", logdir, "--json")
