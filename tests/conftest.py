@@ -354,3 +354,18 @@ def on_one_core():  # type: ignore[no-untyped-def]
 def burners(n: int = 1) -> list[subprocess.Popen]:
     """``n`` CPU-bound processes (load): start them inside ``on_one_core()``; the caller kills them."""
     return [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]
+
+
+def proc_children(pid: int) -> list[int]:
+    """The pids of ``pid``'s children, from /proc (every thread's list)."""
+    out: list[int] = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as fh:
+            out += [int(p) for p in fh.read().split()]
+    return out
+
+
+def proc_wchan(pid: int) -> str:
+    """Where in the kernel ``pid`` waits (e.g. ``pipe_read``), from /proc."""
+    with open(f"/proc/{pid}/wchan") as fh:
+        return fh.read()

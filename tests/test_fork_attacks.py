@@ -15,8 +15,8 @@ import signal
 import psutil
 import pytest
 
-from conftest import (PROGRAMS, burners, finish, launch, lifecycle, on_one_core, raw_status, role_pid,
-                      run_processes, wait_for)
+from conftest import (PROGRAMS, burners, finish, launch, lifecycle, on_one_core, proc_children, proc_wchan, raw_status,
+                      role_pid, run_processes, wait_for)
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
 KILLS = 24
@@ -81,19 +81,6 @@ def test_two_dozen_kills_at_load_each_restart_forks_and_leaves_nothing(logdir):
     assert code == 128 + signal.SIGTERM, err
 
 
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/children") as fh:
-            out += [int(p) for p in fh.read().split()]
-    return out
-
-
-def _wchan(pid: int) -> str:
-    with open(f"/proc/{pid}/wchan") as fh:
-        return fh.read()
-
-
 @pytest.mark.slow
 def test_a_watchdog_killed_with_a_fork_in_flight_leaves_no_trainer(logdir):
     """The watchdog is SIGKILLed while the zygote's intermediate holds a fork request (stopped with
@@ -106,10 +93,10 @@ def test_a_watchdog_killed_with_a_fork_in_flight_leaves_no_trainer(logdir):
         zygote = int(next(e["pid"] for e in _events(logdir, "spawned") if e["role"] == "zygote"))
         first = wait_for(lambda: _trainers(logdir), 60, what="the first trainer")[0]["pid"]
         wait_for(lambda: _events(logdir, "first_step"), 120, what="the first step")
-        middle = wait_for(lambda: _children(zygote), 30, what="the zygote's spare intermediate")[0]
+        middle = wait_for(lambda: proc_children(zygote), 30, what="the zygote's spare intermediate")[0]
         os.kill(middle, signal.SIGSTOP)  # the request reaches it; it forks nothing yet
         os.kill(first, signal.SIGKILL)  # attempt 2 is asked of the zygote
-        wait_for(lambda: "pipe_read" in _wchan(zygote), 60, what="the zygote to wait for its intermediate")
+        wait_for(lambda: "pipe_read" in proc_wchan(zygote), 60, what="the zygote to wait for its intermediate")
         os.kill(proc.pid, signal.SIGKILL)  # the watchdog, with the fork in flight
         proc.wait(30)
         os.kill(middle, signal.SIGCONT)  # the intermediate forks attempt 2 now, the watchdog gone
@@ -173,10 +160,10 @@ def test_a_standby_forked_while_the_trainer_is_restarted(logdir):
         wait_for(lambda: _events(logdir, "zygote_ready"), 120, what="the zygote to be ready")
         zygote = int(next(e["pid"] for e in _events(logdir, "spawned") if e["role"] == "zygote"))
         first = wait_for(lambda: _trainers(logdir), 60, what="the first trainer")[0]["pid"]
-        middle = wait_for(lambda: _children(zygote), 30, what="the zygote's spare intermediate")[0]
+        middle = wait_for(lambda: proc_children(zygote), 30, what="the zygote's spare intermediate")[0]
         os.kill(middle, signal.SIGSTOP)  # the standby's request reaches it; it forks nothing yet
         wait_for(lambda: _events(logdir, "first_step"), 120, what="the first step")
-        wait_for(lambda: "pipe_read" in _wchan(zygote), 60, what="the standby's fork to be in flight")
+        wait_for(lambda: "pipe_read" in proc_wchan(zygote), 60, what="the standby's fork to be in flight")
         os.kill(first, signal.SIGKILL)
         wait_for(lambda: _events(logdir, "restarting"), 60, what="the restart to be due")
         os.kill(middle, signal.SIGCONT)

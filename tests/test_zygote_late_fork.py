@@ -16,26 +16,14 @@ import signal
 
 import pytest
 
-from conftest import PROGRAMS, finish, launch, lifecycle, raw_status, wait_for, wait_role_pid
+from conftest import (PROGRAMS, finish, launch, lifecycle, proc_children, proc_wchan, raw_status, wait_for,
+                      wait_role_pid)
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
 
 
 def _events(logdir: str, name: str) -> list[dict]:
     return [e for e in lifecycle(logdir) if e["event"] == name]
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/children") as fh:
-            out += [int(p) for p in fh.read().split()]
-    return out
-
-
-def _wchan(pid: int) -> str:
-    with open(f"/proc/{pid}/wchan") as fh:
-        return fh.read()
 
 
 def _cont(pid: int) -> None:
@@ -57,11 +45,11 @@ def test_the_sweep_of_an_unanswered_fork_is_not_the_replacements_death(logdir):
         zygote = int(next(e["pid"] for e in _events(logdir, "spawned") if e["role"] == "zygote"))
         first = wait_role_pid(logdir, "trainer")
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 20, 120, what="the first trainer's steps")
-        middle = wait_for(lambda: _children(zygote), 30, what="the zygote's spare intermediate")[0]
+        middle = wait_for(lambda: proc_children(zygote), 30, what="the zygote's spare intermediate")[0]
         os.kill(middle, signal.SIGSTOP)  # the request reaches it; the zygote then waits for its answer
         stopped.append(middle)
         os.kill(first, signal.SIGKILL)  # attempt 2 is asked of the zygote
-        wait_for(lambda: "pipe_read" in _wchan(zygote), 60, what="the zygote to wait for its intermediate")
+        wait_for(lambda: "pipe_read" in proc_wchan(zygote), 60, what="the zygote to wait for its intermediate")
         os.kill(zygote, signal.SIGSTOP)  # it will not reply
         stopped.append(zygote)
         os.kill(middle, signal.SIGCONT)  # the intermediate forks attempt 2 and exits: the watchdog's child
@@ -86,7 +74,7 @@ def test_the_sweep_of_an_unanswered_fork_is_not_the_replacements_death(logdir):
 
 def _zombies(pid: int) -> list[int]:
     out = []
-    for child in _children(pid):
+    for child in proc_children(pid):
         try:
             with open(f"/proc/{child}/stat") as fh:
                 if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
@@ -106,7 +94,7 @@ def test_a_lost_zygote_leaves_no_zombie(logdir):
         for lost in (1, 2):
             wait_for(lambda: len(_events(logdir, "zygote_ready")) >= lost, 120, what=f"zygote {lost} ready")
             zygote = _events(logdir, "zygote_ready")[-1]["pid"]
-            wait_for(lambda: _children(zygote), 30, what="its spare intermediate")
+            wait_for(lambda: proc_children(zygote), 30, what="its spare intermediate")
             os.kill(zygote, signal.SIGKILL)
             wait_for(lambda: len(_events(logdir, "zygote_gone")) >= lost, 30, what=f"zygote {lost} given up")
         wait_for(lambda: not _zombies(proc.pid), 10, what="no zombie child of the watchdog")
