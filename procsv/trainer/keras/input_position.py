@@ -73,12 +73,17 @@ def check_finite(inp: FitInput, steps: Optional[int]) -> None:
 
 
 def build_state(model: Any, inp: FitInput) -> None:
-    """Create every variable a checkpoint of ``fit`` holds before it is restored: the compiled
-    metrics' and loss trackers' (Keras creates them when the train step is first traced, which on
+    """Create every variable a checkpoint of ``fit`` holds before it is restored: the layers' (a
+    subclassed model's ``build(shape)`` creates none), the compiled metrics' and loss trackers' (Keras creates them when the train step is first traced, which on
     a resume comes after batches were skipped and after the restore) and the optimizer's slots.
     Built from the input's element spec: no batch is drawn."""
     compiled = [getattr(model, name, None) for name in ("_compile_metrics", "_compile_loss")]
-    if any(c is not None and not c.built for c in compiled):
+    # a subclassed model built by ``model.build(shape)`` is "built" with no variable of its layers
+    # (Keras creates them when fit first traces the step): build its layers too, as fit's own
+    # symbolic build does, or the optimizer below would be built for no variable
+    layers = getattr(model, "_flatten_layers", None)
+    unbuilt = layers is not None and not all(layer.built for layer in layers())
+    if unbuilt or any(c is not None and not c.built for c in compiled):
         spec = inp.epoch_iterator._distributed_dataset.element_spec
         try:
             model._symbolic_build(data_batch=spec)
