@@ -1,11 +1,14 @@
 """Rollback of a poisoned step (issue 52) in the programs users write, each at load and each checked
-bit-equal against a plain run that never applied the step: Keras ``fit`` with a subclassed model
-whose ``train_step`` is the Keras guide's."""
+bit-equal against a plain run that never applied the step (or, where rollback is exact only except for
+the replay, checked for what it reports): Keras ``fit`` with a subclassed model
+whose ``train_step`` is the Keras guide's, and an epoch rolled back whole under EarlyStopping."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import Callable, Iterator
@@ -64,3 +67,26 @@ def test_keras_fit_of_a_subclassed_model_with_the_guides_train_step_skips_a_pois
     assert "skipped step 18" in said, said  # batch 17 of fit is global step 18
     assert _skipped(logdir) == [18], said
     assert _weights(weights) == _plain_fit(str(tmp_path), "--kind", "custom_step", "--drop-at", "17")
+
+
+def test_keras_fit_an_epoch_rolled_back_whole_in_the_fallback_reports_no_loss_and_early_stopping_is_not_fooled(
+        logdir: str, busy: None) -> None:
+    # an untested Keras (the fallback: restore, continue with fit's next batch), a commit every 10
+    # batches (an epoch) and no in-memory tier: the NaN of batch 19, the last of epoch 2, is found
+    # at the epoch's end and restores step 10, the end of epoch 1; none of epoch 2's batches stands.
+    # Before: epoch 2's logs were the metrics fit had reset for it, {"loss": 0.0}, a loss no batch
+    # had: EarlyStopping(monitor="loss", patience=0) took 0.0 as its best and stopped fit after
+    # epoch 3 (20 iterations of 40, exit 0). Now that epoch has no "loss" (EarlyStopping passes it
+    # by, with Keras' own warning) and fit trains its 4 epochs (30 iterations: 11-20 not trained)
+    code, out, err = finish(launch(logdir, "--kind", "validation", "--early-stopping", "--epochs", "4", "--batches", "10",
+                                   "--save-freq", "10", "--nan-at", "19", "--keras-version", "9.9.9", target=KINDS,
+                                   env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0")), 300)
+    said = out + err
+    assert code == 0, said
+    assert "restored step 10 from" in said and "steps 11-20 of fit's batches are not trained again" in said, said
+    done = re.search(r"fit done: (\d+) iterations, history (\{.*\})", said)
+    assert done is not None, said
+    history = ast.literal_eval(done.group(2))
+    assert len(history["val_loss"]) == 4, history  # every epoch ran: EarlyStopping was not fooled
+    assert 0.0 not in history["loss"] and len(history["loss"]) == 3, history  # epoch 2 reports no loss
+    assert int(done.group(1)) == 30, said

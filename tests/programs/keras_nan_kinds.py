@@ -10,6 +10,7 @@
                         it would have counted changes no weight)
     --epochs E, --batches N   fit(epochs=E, steps_per_epoch=N) over one stream of batches
     --early-stopping    keras.callbacks.EarlyStopping(monitor="loss", patience=0)
+    --keras-version V   keras.__version__ reads V in this process (a Keras the replay is not tested with)
     --no-callback       a plain fit, without procsv
     --weights-out F     write the final weights (.npz)
 
@@ -33,6 +34,7 @@ p.add_argument("--epochs", type=int, default=1)
 p.add_argument("--batches", type=int, default=30)
 p.add_argument("--save-freq", type=int, default=8)
 p.add_argument("--early-stopping", action="store_true")
+p.add_argument("--keras-version", default=None)
 p.add_argument("--no-callback", action="store_true")
 p.add_argument("--weights-out", default=None)
 args = p.parse_args()
@@ -95,6 +97,8 @@ else:
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(1)])
     model.compile(keras.optimizers.SGD(0.05), "mse")
 
+if args.keras_version:
+    keras.__version__ = args.keras_version
 callbacks = []
 if args.early_stopping:
     callbacks.append(keras.callbacks.EarlyStopping(monitor="loss", patience=0))

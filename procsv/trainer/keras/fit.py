@@ -281,9 +281,9 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         if replay is not None and not replay.unsupported:
             replay.forget_through(_newest_restorable(sv))
             if (self._each_batch or at.live_batch == self.params.get("steps")) and self._settle():  # epoch's end
-                logs = self.model.get_metrics_result()  # the epoch's logs without the poisoned batch
+                logs = self._epoch_logs()  # the epoch's logs without the poisoned batch
         elif self._fallback and at.live_batch == self.params.get("steps") and self._settle():  # epoch's end:
-            logs = self.model.get_metrics_result()  # a NaN of the epoch is rolled back in it (not at fit's end)
+            logs = self._epoch_logs()  # a NaN of the epoch is rolled back in it (not at fit's end)
         self._last_logs = logs
         if self.save_summaries_secs:
             now = self.clock()
@@ -294,6 +294,14 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
                 sv.log_scalars({f"batch_{k}": v for k, v in _scalars(values).items()})
         self.loop_secs += time.perf_counter() - t0 - self._train_secs
         return logs
+
+    def _epoch_logs(self) -> Any:
+        """The metrics after a rollback in this epoch; none (no ``loss``: EarlyStopping, ModelCheckpoint and
+        ReduceLROnPlateau pass the epoch by) when the state restored is older than the epoch's first batch,
+        whose metrics (reset by fit) would read 0.0, a loss no batch had."""
+        at = self._at
+        trained = self.sv is not None and self.sv.step >= at.epoch_starts.get(at.live_epoch, 0)
+        return self.model.get_metrics_result() if trained else {}
 
     @follows_moves
     def _timed_train(self, iterator: Any) -> Any:
