@@ -35,7 +35,7 @@ the step before, retries the step once, finds it NaN again, restores again, repl
     rows of 4 floats, a function of the batch's index), ``save_freq=False`` (no commit before fit's end:
     the case where kept batches pile up), the input of batch ``--keras-nan-at`` NaN, under ``procsv launch``
     with ``procsv.keras.BackupAndRestore(replay_memory_bytes=--keras-cap-mib)``, beside the same plain
-    ``fit`` (no procsv, that batch's sample weight 0: with plain SGD no update, its iteration counted),
+    ``fit`` (no procsv, that batch left out: never applied, nor counted as an iteration),
     interleaved, ``--repeats`` of each: the **peak RSS** of the training process (VmRSS after every batch),
     and its growth after the first batch; goal: rollback's peak <= the plain fit's + the cap; exact=1 when every rollback run exits 0, skips
     exactly that batch and ends with weights (and iteration count) bit-equal to the plain fit's.
@@ -164,11 +164,13 @@ def keras_child(args: argparse.Namespace) -> int:
                               * 0.37), [KERAS_ROWS, 4])
         y = tf.reduce_sum(x, axis=1, keepdims=True) * 0.5 + 0.1
         hit = tf.reduce_any(tf.equal(bad, i))
-        if args.plain:  # the fit that never applies the batch: sample weight 0 (plain SGD: no update)
-            return x, y, tf.where(hit, tf.zeros([KERAS_ROWS]), tf.ones([KERAS_ROWS]))
         return tf.where(hit, tf.fill([KERAS_ROWS, 4], float("nan")), x), y, tf.ones([KERAS_ROWS])
 
-    data = tf.data.Dataset.range(args.keras_batches).map(batch)
+    data = tf.data.Dataset.range(args.keras_batches)
+    if args.plain:  # the fit that never applies the batch: it is left out (nor counted as an iteration)
+        data = data.filter(lambda i: tf.logical_not(tf.reduce_any(tf.equal(bad, i))))
+    data = data.map(batch)
+    steps = args.keras_batches - (1 if args.plain else 0)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(1)])
     model.compile(keras.optimizers.SGD(0.05), "mse")
     peak = [0.0, 0.0]  # after the first batch, the peak after any
@@ -186,7 +188,7 @@ def keras_child(args: argparse.Namespace) -> int:
 
         callbacks.append(procsv.keras.BackupAndRestore(save_freq=False,
                                                        replay_memory_bytes=int(args.keras_cap_mib * 2**20)))
-    model.fit(data, epochs=1, steps_per_epoch=args.keras_batches, callbacks=callbacks, verbose=0)
+    model.fit(data, epochs=1, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
     np.savez(os.path.join(args.keras_child, "weights.npz"), *model.get_weights(),
              np.asarray(model.optimizer.iterations.numpy()))
     with open(os.path.join(args.keras_child, "rss.json"), "w") as fh:

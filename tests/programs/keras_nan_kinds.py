@@ -9,7 +9,8 @@
                         that never applied batch I (one epoch only; SGD without momentum at a constant rate: the iteration
                         it would have counted changes no weight)
     --epochs E, --batches N   fit(epochs=E, steps_per_epoch=N) over one stream of batches
-    --early-stopping    keras.callbacks.EarlyStopping(monitor="loss", patience=0)
+    --early-stopping    keras.callbacks.EarlyStopping(monitor=args.monitor, patience=0)
+    --adam-schedule     Adam with an ExponentialDecay learning rate (of the optimizer's iterations) instead of SGD
     --keras-version V   keras.__version__ reads V in this process (a Keras the replay is not tested with)
     --no-callback       a plain fit, without procsv
     --weights-out F     write the final weights (.npz)
@@ -34,7 +35,9 @@ p.add_argument("--epochs", type=int, default=1)
 p.add_argument("--batches", type=int, default=30)
 p.add_argument("--save-freq", type=int, default=8)
 p.add_argument("--early-stopping", action="store_true")
+p.add_argument("--monitor", default="loss")
 p.add_argument("--keras-version", default=None)
+p.add_argument("--adam-schedule", action="store_true")
 p.add_argument("--no-callback", action="store_true")
 p.add_argument("--weights-out", default=None)
 args = p.parse_args()
@@ -85,23 +88,31 @@ class GuideModel(keras.Model):  # type: ignore[misc]
         return [self.loss_tracker]
 
 
+
+
+def optimizer():  # type: ignore[no-untyped-def]
+    if args.adam_schedule:
+        return keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(0.01, 5, 0.8))
+    return keras.optimizers.SGD(0.05)
+
+
 if args.kind == "custom_step":
     model = GuideModel()
     model.build((None, 4))
-    model.compile(keras.optimizers.SGD(0.05))
+    model.compile(optimizer())
 elif classes:
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"),
                               keras.layers.Dense(2, activation="softmax")])
-    model.compile(keras.optimizers.SGD(0.05), "sparse_categorical_crossentropy")
+    model.compile(optimizer(), "sparse_categorical_crossentropy")
 else:
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(1)])
-    model.compile(keras.optimizers.SGD(0.05), "mse")
+    model.compile(optimizer(), "mse")
 
 if args.keras_version:
     keras.__version__ = args.keras_version
 callbacks = []
 if args.early_stopping:
-    callbacks.append(keras.callbacks.EarlyStopping(monitor="loss", patience=0))
+    callbacks.append(keras.callbacks.EarlyStopping(monitor=args.monitor, patience=0))
 if not args.no_callback:
     import procsv.keras
 

@@ -10,8 +10,8 @@ procsv reads the state anyway (before a snapshot), and also at the end of each e
 logs are of the epoch without the poisoned batch) and of ``fit`` (:meth:`FitRollback.settle`); after
 every batch when ``keras.callbacks.TerminateOnNaN`` reads each batch's ``logs["loss"]`` anyway (so
 that a NaN rolled back never reaches it). A
-skipped step advances Keras' iteration counter as if it ran; the (epoch, batch) position a
-snapshot records follows the restored and the replayed steps. A step whose batch is not kept (past
+skipped step changes no variable (Keras' iteration counter does not count it); the (epoch, batch)
+position a snapshot records follows the restored and the replayed steps. A step whose batch is not kept (past
 the cap, or none kept: :mod:`procsv.trainer.keras.replay`) is trained on fit's next batch instead:
 the fallback, exact except for the batches not trained again, which one line names at the restore
 (:func:`not_trained_again`; the bad step is then not retried). When fit has no batch left for
@@ -184,10 +184,10 @@ class FitRollback:
         self._rollback.abandon(step, not_trained_again(first, self.drawn, PAST_CAP))
 
     def skipped(self, step: int) -> None:
-        """Step ``step`` was skipped: Keras' iteration counter moves past it as if it ran (a learning
-        rate schedule too), and the position past its batch."""
+        """Step ``step`` was skipped: the position moves past its batch; Keras' iteration counter does
+        not count it (no update was applied: a learning rate schedule and Adam's bias correction go on
+        as in a fit that never applied the batch, as a custom loop's skip leaves its optimizer)."""
         where = self.position
-        self.model.optimizer.iterations.assign_add(where.spe)
         at = where.of(step)
         if at is not None:
             where.epoch, where.batch = at[0], at[1] + where.spe
