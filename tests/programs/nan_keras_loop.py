@@ -13,6 +13,13 @@
     --kill-after N        (with --kill-file F) the --kill-visit'th time step N ran in this process (default the
                           first), unless F exists: write this process's pid to F and wait (at most 120 s) to be killed
     --logdir DIR          for a plain `python nan_keras_loop.py` run
+    --schedule            the learning rate is an ExponentialDecay schedule of the optimizer's iterations
+    --batchnorm           a BatchNormalization layer between the two Dense layers (moving statistics:
+                          non-trainable variables the step updates)
+    --loss-scale          mixed precision (mixed_float16) and a LossScaleOptimizer around the optimizer
+                          (it skips its own steps whose scaled gradients overflow and lowers its scale)
+    --overflow-at N       step N's loss is multiplied by 2**16 (finite; with --loss-scale its scaled gradients
+                          overflow float16: the LossScaleOptimizer skips the step itself) (repeatable)
 
 The input of step s is a function of s alone (the step ``sv.step`` says), so a run is reproducible
 and its plain twin (``--skip-at``) computable. The step function returns the loss tensor.
@@ -43,11 +50,23 @@ p.add_argument("--kill-after", type=int, default=None)
 p.add_argument("--kill-file", default=None)
 p.add_argument("--kill-visit", type=int, default=1)
 p.add_argument("--logdir", default=None)
+p.add_argument("--schedule", action="store_true")
+p.add_argument("--batchnorm", action="store_true")
+p.add_argument("--loss-scale", action="store_true")
+p.add_argument("--overflow-at", type=int, action="append", default=[])
 args = p.parse_args()
 
 keras.utils.set_random_seed(0)
-model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
-optimizer = keras.optimizers.SGD(0.05, momentum=0.9) if args.optimizer == "sgd" else keras.optimizers.Adam(0.01)
+if args.loss_scale:
+    keras.mixed_precision.set_global_policy("mixed_float16")
+middle = [keras.layers.Dense(8), keras.layers.BatchNormalization(), keras.layers.Activation("tanh")] \
+    if args.batchnorm else [keras.layers.Dense(8, activation="tanh")]
+model = keras.Sequential([keras.Input((4,)), *middle, keras.layers.Dense(1, dtype="float32")])
+rate = keras.optimizers.schedules.ExponentialDecay(0.05 if args.optimizer == "sgd" else 0.01, 10, 0.9) \
+    if args.schedule else (0.05 if args.optimizer == "sgd" else 0.01)
+optimizer = keras.optimizers.SGD(rate, momentum=0.9) if args.optimizer == "sgd" else keras.optimizers.Adam(rate)
+if args.loss_scale:
+    optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
 optimizer.build(model.trainable_variables)
 sv = procsv.Supervisor(logdir=args.logdir, checkpoint=tf.train.Checkpoint(model=model, optimizer=optimizer),
                        save_model_secs=600, save_checkpoint_steps=args.save_steps)
@@ -62,12 +81,15 @@ def batch(s: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @tf.function
-def train(x, y, grad_nan):  # type: ignore[no-untyped-def]
+def train(x, y, grad_nan, overflow=False):  # type: ignore[no-untyped-def]
     with tf.GradientTape() as tape:
         loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        if overflow:
+            loss *= 65536.0
         if grad_nan:  # value 0, gradient NaN: the norm of a zero vector (x / |x| = 0 / 0)
             loss += tf.norm(model.trainable_variables[0] * 0.0)
-    grads = tape.gradient(loss, model.trainable_variables)
+        scaled = optimizer.scale_loss(loss) if args.loss_scale else loss
+    grads = tape.gradient(scaled, model.trainable_variables)
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return loss
 
@@ -78,7 +100,7 @@ def step(x=None, y=None, s=None):  # type: ignore[no-untyped-def]
         return None
     if x is None:
         x, y = batch(s)
-    loss = train(x, y, s in args.grad_nan_at)
+    loss = train(x, y, s in args.grad_nan_at, s in args.overflow_at)
     if args.step_delay:
         time.sleep(args.step_delay)
     return loss
