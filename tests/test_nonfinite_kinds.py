@@ -148,3 +148,25 @@ def test_a_custom_loop_with_a_schedule_batchnorm_and_a_loss_scale_optimizer_skip
     assert np.frombuffer(theirs[scale], np.float32)[0] <= 8192.0  # it skipped 50, 53 (and others) itself
     assert any("moving_mean" in k for k in mine), sorted(mine)
     assert mine == theirs  # bit-equal, every variable
+
+
+def test_two_poisoned_gradients_close_together_are_each_skipped_once_within_the_restore_bound(
+        logdir: str, tmp_path, busy: None) -> None:
+    # steps 45 and 47 add a loss term whose value is 0 and whose gradient is NaN (their losses are
+    # finite: 46 and 48 show them). Before: the restore bound counted each poisoning twice (the step
+    # that showed it, then the step the bisect found), so the second one, within 10 steps of the
+    # snapshot of 40, was the third finding: exit 4 ("the snapshot of step 40 turned non-finite
+    # within 10 steps of each of 3 restores (at steps 46, 45, 48)") with --max-skips 3 unspent. Now
+    # the bisect's step replaces the one that showed it: both skipped, bit-equal
+    code, out, err = finish(launch(logdir, "--optimizer", "adam", "--grad-nan-at", "45", "--grad-nan-at", "47",
+                                   *LAGGING, target=NAN_LOOP, env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0")), 300)
+    said = out + err
+    assert code == 0, said
+    assert "skipping step 45, not step 46" in said and "skipping step 47, not step 48" in said, said
+    assert _skipped(logdir) == [45, 47], said
+    plain = str(tmp_path / "plain")
+    done = subprocess.run([sys.executable, NAN_LOOP, "--logdir", plain, "--optimizer", "adam", *LAGGING,
+                           "--skip-at", "45", "--skip-at", "47"], capture_output=True, text=True,
+                          env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"), timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _checkpoint(logdir, 80) == _checkpoint(plain, 80)  # bit-equal, every variable

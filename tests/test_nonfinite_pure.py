@@ -64,6 +64,23 @@ def test_a_snapshot_that_turns_non_finite_within_10_steps_of_each_of_3_restores_
     assert other.found == {20: [21], 22: [23], 24: [25]}
 
 
+def test_the_restore_bound_counts_a_poisoned_gradient_once_not_as_the_step_that_showed_it_too():
+    # step 45's gradient was NaN, its loss finite: step 46's loss was the first to show it. The
+    # bisect skips 45; 46 was not a bad step of its own: one finding of the snapshot, not two
+    bound = RestoreBound()
+    bound.restored(40)
+    assert bound.exceeded(46) is None
+    bound.shown_by(46, 45)
+    bound.restored(40)
+    assert bound.exceeded(45) is None and bound.found == {40: [45]}
+    bound.restored(40)
+    assert bound.exceeded(48) is None  # 47's gradient, shown by 48: the second finding
+    bound.shown_by(48, 47)
+    bound.restored(40)
+    assert bound.exceeded(47) is None and bound.found == {40: [45, 47]}
+    assert bound.exceeded(49) is not None  # a third finding within 10 steps of the restore of 40
+
+
 def test_the_policy_parses_its_three_names_and_refuses_others_in_one_line():
     assert parse(None, OnNonfinite.ROLLBACK) == OnNonfinite.ROLLBACK
     assert parse("stop", OnNonfinite.ROLLBACK) == OnNonfinite.STOP

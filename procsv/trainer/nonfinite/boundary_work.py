@@ -205,6 +205,8 @@ class BoundaryWork:
         notices.tell(self._channels, notices.detected(step, f"the weights turned non-finite at step {step} (its loss "
                                                             "was finite)", watch.position))
         watch.retried.add(step)
+        if target is not None:
+            watch.restores.shown_by(target, step)  # one poisoning, not two findings of the restored snapshot
         watch.target = None
         why = self._roll_back(step, f"the weights turned non-finite at step {step}")
         if why:

@@ -107,6 +107,13 @@ class RestoreBound:
             steps.append(bad)
         return list(steps)
 
+    def shown_by(self, shown: int, poisoned: int) -> None:
+        """The bad step ``shown`` only showed what step ``poisoned`` did (a non-finite gradient with a
+        finite loss, found by the bisect): one finding, counted as ``poisoned`` alone."""
+        for steps in self.found.values():
+            if shown in steps:
+                steps.remove(shown)
+
     def exceeded(self, bad: int) -> Optional[str]:
         """:meth:`turned`, and why the run is diverging if the snapshot reached the limit (None: not)."""
         steps = self.turned(bad)
