@@ -12,6 +12,8 @@
     --early-stopping    keras.callbacks.EarlyStopping(monitor=args.monitor, patience=0)
     --adam-schedule     Adam with an ExponentialDecay learning rate (of the optimizer's iterations) instead of SGD
     --keras-version V   keras.__version__ reads V in this process (a Keras the replay is not tested with)
+    --kill-after I      (with --kill-file F) after fit's batch I (counted from 0 over the fit), unless F exists:
+                        write this process's pid to F and wait (at most 120 s) to be killed
     --no-callback       a plain fit, without procsv
     --weights-out F     write the final weights (.npz)
 
@@ -20,6 +22,7 @@ The input of batch I is a function of I alone, so a run is reproducible and its 
 
 import argparse
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -38,6 +41,8 @@ p.add_argument("--early-stopping", action="store_true")
 p.add_argument("--monitor", default="loss")
 p.add_argument("--keras-version", default=None)
 p.add_argument("--adam-schedule", action="store_true")
+p.add_argument("--kill-after", type=int, default=None)
+p.add_argument("--kill-file", default=None)
 p.add_argument("--no-callback", action="store_true")
 p.add_argument("--weights-out", default=None)
 args = p.parse_args()
@@ -113,6 +118,27 @@ if args.keras_version:
 callbacks = []
 if args.early_stopping:
     callbacks.append(keras.callbacks.EarlyStopping(monitor=args.monitor, patience=0))
+
+
+class KillPoint(keras.callbacks.Callback):  # type: ignore[misc]
+    epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):  # type: ignore[no-untyped-def]
+        KillPoint.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):  # type: ignore[no-untyped-def]
+        if KillPoint.epoch * args.batches + batch != args.kill_after or os.path.exists(args.kill_file):
+            return
+        with open(args.kill_file + ".tmp", "w") as fh:
+            fh.write(str(os.getpid()))
+        os.replace(args.kill_file + ".tmp", args.kill_file)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+if args.kill_after is not None:
+    callbacks.append(KillPoint())
 if not args.no_callback:
     import procsv.keras
 
