@@ -157,8 +157,9 @@ class BoundaryWork:
         self._skip(target, step)  # its input and the step count move past it; no other variable changes
         watch.target = None
         self._plan_next(target)  # a later step skipped before (a resumed session's)
-        print(f"procsv: skipped step {target} (its loss was NaN or infinite twice); training on from step "
-              f"{target + 1}", file=sys.stderr, flush=True)
+        why = ("its gradient turned the weights non-finite, its loss finite" if target in watch.gradient_poisoned
+               else "its loss was NaN or infinite twice")
+        print(f"procsv: skipped step {target} ({why}); training on from step {target + 1}", file=sys.stderr, flush=True)
         return True
 
     def _skip(self, step: int, at: int) -> None:
@@ -205,6 +206,7 @@ class BoundaryWork:
         notices.tell(self._channels, notices.detected(step, f"the weights turned non-finite at step {step} (its loss "
                                                             "was finite)", watch.position))
         watch.retried.add(step)
+        watch.gradient_poisoned.add(step)
         if target is not None:
             watch.restores.shown_by(target, step)  # one poisoning, not two findings of the restored snapshot
         watch.target = None

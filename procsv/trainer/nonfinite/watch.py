@@ -55,6 +55,7 @@ class NonfiniteWatch:
         # the bad step's skip found the state before it non-finite already (a replayed step's gradient
         # was non-finite, its loss finite): the weights are checked after each replayed step
         self.bisecting = False
+        self.gradient_poisoned: set[int] = set()  # steps the bisect found poisoning the weights (their loss finite)
         self.rollbacks = 0
         self.position: Optional[Position] = None  # a step's input position, where known (Keras fit's (epoch, batch))
         # a program whose loop cannot go back (Keras fit) replays the restored steps itself: why it
