@@ -80,6 +80,8 @@ class SaveData(Message):
     and retired with it. Every disk snapshot of a graph program carries it; an in-memory one only
     until the service said it holds this trainer's (:class:`SnapshotHeld` ``meta_graph``): the
     service keeps the last one each trainer sent and writes it with a held snapshot that came without.
+    ``numbered=False`` (a graph without a global step): the checkpoint is ``<basename>``, not
+    ``<basename>-<step>``, rewritten at each save as TF's Supervisor does; its manifest holds ``step``.
     """
 
     KIND: ClassVar[str] = "save_data"
@@ -91,6 +93,7 @@ class SaveData(Message):
     slot: int = 0
     persist: bool = True
     meta_graph: bool = False
+    numbered: bool = True
 
 
 @dataclass(frozen=True)

@@ -222,7 +222,12 @@ def _named_steps(layout: Layout) -> list[tuple[int, str]]:
         return []
     steps = []
     for name in names:
-        step = step_of_prefix(name[:-len(".json")]) if name.endswith(".json") and not name.startswith(".") else None
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        step = step_of_prefix(name[:-len(".json")])
+        if step is None:  # a prefix without a step (a graph without a global step's, rewritten in place): read it
+            m = _read(layout, name)
+            step = m.step if m is not None else None
         if step is not None:
             steps.append((step, name))
     return sorted(steps, reverse=True)

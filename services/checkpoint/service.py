@@ -349,6 +349,7 @@ class CheckpointService:
                 write=lambda tmp_prefix: write_snapshot(tmp_prefix, msg, payload, view),
                 max_to_keep=settings.max_to_keep,
                 keep_every_n_hours=settings.keep_checkpoint_every_n_hours,
+                numbered=msg.numbered,
             )
             result = SaveResult(msg.step, msg.reason, True, manifest.path(self.ctx.layout.logdir), None,
                                 self.clock() - started)
@@ -364,7 +365,7 @@ class CheckpointService:
             send(self.to_watchdog, result)  # first: a trainer that waits for this result may exit on it
         if reply_to == b"":
             self._reply(result)
-        if result.ok and result.path:
+        if result.ok and result.path and msg.numbered:  # (TF logs none without a global step)
             send(self.to_summary, SessionLogEvent(SessionStatus.CHECKPOINT, msg.step, result.path))
         self.deletions.retire(retired)  # after the trainer heard: deleting old files is not on its path
         return result
