@@ -98,7 +98,10 @@ class SaveData(Message):
 
 @dataclass(frozen=True)
 class SaveResult(Message):
-    """Checkpoint service -> trainer and watchdog: a save committed (``ok``) or failed."""
+    """Checkpoint service -> trainer and watchdog: a save committed (``ok``) or failed. ``again``: the
+    step was committed already (a snapshot of a step on disk, sent by a trainer that could not know:
+    a dead trainer's snapshot in flight, or one of the step a restarted trainer restored); nothing was
+    written, the trainer's wait ends, and it is no new commit (no second record, no CHECKPOINT log)."""
 
     KIND: ClassVar[str] = "save_result"
     step: int
@@ -107,6 +110,7 @@ class SaveResult(Message):
     path: Optional[str]
     error: Optional[str]
     persist_secs: float
+    again: bool = False
 
 
 @dataclass(frozen=True)
