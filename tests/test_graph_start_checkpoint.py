@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -107,3 +108,60 @@ def test_a_rewrite_killed_after_its_manifest_is_committed(tmp_path):
     assert [(m.step, m.prefix) for m in committed] == [(2, "model.ckpt")], notes
     verify(layout, committed[0])
     assert _files(logdir)["model.ckpt.index"] == "index of step 2\n"
+
+
+NO_STEP_LAUNCH = os.path.join(PROGRAMS, "tf1_no_step_launch.py")
+
+
+def _no_step_manifest(logdir: str) -> dict:
+    try:
+        with open(os.path.join(logdir, ".procsv", "checkpoints", "model.ckpt.json")) as fh:
+            return json.load(fh)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _plain_restore(prefix: str) -> float:
+    """``v`` as a plain TF1 program restores it: a ``tf.compat.v1.train.Saver`` in a fresh graph."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default():
+        v = tf.compat.v1.get_variable("v", initializer=-1.0)
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as sess:
+            saver.restore(sess, prefix)
+            return float(sess.run(v))
+
+
+def test_a_graph_without_a_global_step_sigkilled_under_launch_restores_model_ckpt_and_counts_on(tmp_path):
+    """``procsv launch`` of a graph without a global step whose ``model.ckpt`` is rewritten every 0.2 s:
+    the trainer SIGKILLed mid-run (once a rewrite past the start one committed) is restarted, restores
+    ``model.ckpt`` (``v`` and procsv's count of the runs, which agree: one run adds 1 to ``v``) and
+    counts on from there; the last ``model.ckpt`` holds ``v = 400`` at step 400, restored by a plain
+    ``tf.compat.v1.train.Saver``, and it is the only checkpoint prefix in the logdir."""
+    import tensorflow as tf
+
+    from conftest import finish, launch, lifecycle, wait_for, wait_role_pid
+
+    logdir = str(tmp_path / "run")
+    proc = launch(logdir, "400", target=NO_STEP_LAUNCH)
+    try:
+        wait_for(lambda: proc.poll() is not None or _no_step_manifest(logdir).get("step", 0) >= 20, 120,
+                 what="a rewrite of model.ckpt past step 20")
+        assert proc.poll() is None, "the launch ended before its kill"
+        os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
+    finally:
+        code, out, err = finish(proc, 300)
+    assert code == 0, err[-3000:]
+    starts = [float(line.split("=")[-1]) for line in out.splitlines() if "start at v=" in line]
+    assert len(starts) == 2 and starts[0] == 0.0 and 20 <= starts[1] < 400, out[-2000:]
+    assert "finished at v=400" in out
+    assert f"restored step {int(starts[1])} from model.ckpt" in out, out[-2000:]  # the count is v: one run, one step
+    restored = [e for e in lifecycle(logdir) if e["event"] == "restarted"]
+    assert len(restored) == 1, restored
+    manifest = _no_step_manifest(logdir)
+    assert manifest["step"] == 400 and manifest["prefix"] == "model.ckpt", manifest
+    assert tf.train.latest_checkpoint(logdir) == os.path.join(logdir, "model.ckpt")
+    assert _plain_restore(os.path.join(logdir, "model.ckpt")) == 400.0
+    names = [n for n in os.listdir(logdir) if n.startswith("model.ckpt")]
+    assert {n.split(".data-")[0].removesuffix(".index").removesuffix(".meta") for n in names} == {"model.ckpt"}
