@@ -80,6 +80,8 @@ class SaveData(Message):
     and retired with it. Every disk snapshot of a graph program carries it; an in-memory one only
     until the service said it holds this trainer's (:class:`SnapshotHeld` ``meta_graph``): the
     service keeps the last one each trainer sent and writes it with a held snapshot that came without.
+    ``numbered=False`` (a graph without a global step): the checkpoint is ``<basename>``, not
+    ``<basename>-<step>``, rewritten at each save as TF's Supervisor does; its manifest holds ``step``.
     """
 
     KIND: ClassVar[str] = "save_data"
@@ -91,11 +93,15 @@ class SaveData(Message):
     slot: int = 0
     persist: bool = True
     meta_graph: bool = False
+    numbered: bool = True
 
 
 @dataclass(frozen=True)
 class SaveResult(Message):
-    """Checkpoint service -> trainer and watchdog: a save committed (``ok``) or failed."""
+    """Checkpoint service -> trainer and watchdog: a save committed (``ok``) or failed. ``again``: the
+    step was committed already (a snapshot of a step on disk, sent by a trainer that could not know:
+    a dead trainer's snapshot in flight, or one of the step a restarted trainer restored); nothing was
+    written, the trainer's wait ends, and it is no new commit (no second record, no CHECKPOINT log)."""
 
     KIND: ClassVar[str] = "save_result"
     step: int
@@ -104,6 +110,7 @@ class SaveResult(Message):
     path: Optional[str]
     error: Optional[str]
     persist_secs: float
+    again: bool = False
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,10 @@ PROGRAM = os.path.join(PROGRAMS, "graph_saves.py")
 
 
 def test_a_save_at_every_step_and_the_final_checkpoint_all_commit_under_the_in_memory_tier(logdir):
-    """20 runs each followed by ``sv.saver.save``, then one more run: every save returns its
-    checkpoint and commits (steps 1 to 20, reason ``steps``), the stop commits step 21 (``final``),
+    """20 runs each followed by ``sv.saver.save``, then one more run: the standard services' checkpoint
+    of the initialized step commits first (step 0, ``periodic``: TF's checkpoint thread saves once as
+    it starts), every save returns its checkpoint and commits (steps 1 to 20, reason ``steps``), the
+    stop commits step 21 (``final``),
     the launch exits 0, and no save was refused (before: the second save already failed with "could
     not be handed to the checkpoint service (queue full)", a ``CheckpointError``, and the trainer
     restarted again and again)."""
@@ -25,5 +27,5 @@ def test_a_save_at_every_step_and_the_final_checkpoint_all_commit_under_the_in_m
     assert "finished at step 21" in out
     assert "queue full" not in err and "did not commit" not in err, err[-3000:]
     commits = [(e["step"], e["reason"]) for e in lifecycle(logdir) if e["event"] == "checkpoint_committed"]
-    assert commits == [(n, "steps") for n in range(1, 21)] + [(21, "final")]
-    assert committed_steps(logdir) == list(range(1, 22))
+    assert commits == [(0, "periodic")] + [(n, "steps") for n in range(1, 21)] + [(21, "final")]
+    assert committed_steps(logdir) == list(range(0, 22))

@@ -59,6 +59,10 @@ def test_each_task_is_restarted_alone_and_the_replicas_example_trains_to_the_end
         wait_for(lambda: proc.poll() is not None or [s for s in committed_steps(logdir) if s > 0], 180,
                  what="a committed checkpoint")
         assert proc.poll() is None, proc.communicate()[1][-2000:]  # the launch runs (--ps was accepted)
+        # (the chief's start checkpoint, of the step it found when its services started, may be past 0 and
+        # commit before status.json lists every task)
+        wait_for(lambda: "attempt" in entry(logdir, "trainer") and "attempt" in entry(logdir, "ps0"), 60,
+                 what="the chief and ps0 in status.json")
         chief, ps0 = entry(logdir, "trainer"), entry(logdir, "ps0")
         worker = wait_for(lambda: stepping(logdir, "worker1", 1, 0), 60, what="worker1 stepping")
         assert ps0["attempt"] == 1 and chief["attempt"] == 1
@@ -188,13 +192,17 @@ def test_a_worker_given_up_on_leaves_the_others_training_then_sigterm_commits_th
     events = lifecycle(logdir)
     assert not [e for e in events if e["event"] in ("restarted", "gave_up")]
     committed = [e for e in events if e["event"] == "checkpoint_committed"]
-    assert [e["reason"] for e in committed] == ["preempted"], committed
+    # the chief's standard services' checkpoint of the step it initialized (TF's checkpoint thread saves once
+    # as it starts; --save-model-secs 1000: no other periodic one), then the preempted one
+    assert [e["reason"] for e in committed] == ["periodic", "preempted"], committed
     last = {e["role"]: e for e in raw_status(logdir)["processes"]}  # type: ignore[index]
     import tensorflow as tf
 
     latest = tf.train.latest_checkpoint(logdir)
     assert latest is not None
     held = int(checkpoint_variables(latest)["global_step"])
+    # (a checkpoint is named by the global step stored in it, the start one too)
+    assert int(checkpoint_variables(committed[0]["path"])["global_step"]) == committed[0]["step"], committed
     # the chief's last completed step is what it committed; no task completed a step past it
     assert held == committed[-1]["step"] == last["trainer"]["step"] >= last["worker1"]["step"] > 20, (held, last)
     exits = [(e["role"], e.get("code"), e.get("signal")) for e in events if e["event"] == "exited"]

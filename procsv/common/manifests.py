@@ -222,7 +222,12 @@ def _named_steps(layout: Layout) -> list[tuple[int, str]]:
         return []
     steps = []
     for name in names:
-        step = step_of_prefix(name[:-len(".json")]) if name.endswith(".json") and not name.startswith(".") else None
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        step = step_of_prefix(name[:-len(".json")])
+        if step is None:  # a prefix without a step (a graph without a global step's, rewritten in place): read it
+            m = _read(layout, name)
+            step = m.step if m is not None else None
         if step is not None:
             steps.append((step, name))
     return sorted(steps, reverse=True)
@@ -307,3 +312,19 @@ _STEP_RE = re.compile(r"-(\d+)$")
 def step_of_prefix(prefix: str) -> Optional[int]:
     m = _STEP_RE.search(os.path.basename(prefix))
     return int(m.group(1)) if m else None
+
+
+def committed_step(layout: Layout, basename: str, step: int, numbered: bool = True) -> Optional[Manifest]:
+    """The committed checkpoint of ``step`` under ``basename`` if its files verify (checksums too),
+    else None (a damaged one is the commit's to set aside and write anew; a basename that would
+    leave the logdir is the commit's to refuse)."""
+    if not basename or "/" in basename or "\0" in basename:
+        return None
+    done = Manifest.from_json(read_json(manifest_path(layout, f"{basename}-{step}" if numbered else basename)))
+    if done is None or done.step != step:
+        return None
+    try:
+        verify(layout, done)
+    except (CorruptCheckpoint, UnreadableCheckpoint, OSError):
+        return None
+    return done

@@ -85,9 +85,16 @@ class StepBoundary:
         self.unsaved = False
         self.progress.first_done = False
 
-    def start(self) -> None:
+    def start(self, save: bool = False) -> None:
         """A new session, prepared: the checkpoint half at its first boundary, the other after its first
-        step; the periodic summaries one interval from now."""
+        step; the periodic summaries one interval from now. ``save`` (a TF1 Supervisor's standard
+        services, as TF's checkpoint thread, which saves once as it starts): a snapshot of the step
+        restored or initialized is sent now (committed while the program goes on), unless committed."""
+        agent = self._keeper.agent if self._keeper is not None else None
+        if (save and agent is not None and self._channels is not None and self._chief
+                and agent.in_flight is None and self.state.step > agent.last_committed):
+            agent.pending = agent.pending or SaveReason.PERIODIC
+            agent.snapshot(self._channels, self.state.step)
         self._summaries.restart_periodic()
         self.state.open_checkpoint()
         self.state.set_end(0, NEVER)
@@ -151,8 +158,9 @@ class StepBoundary:
             raise TrainingStopped(str(agent.failure))
         self.state.set_checkpoint(*agent.next_work(step, self._clock()))
         self._rollback.bound()  # a rollback's next work
-        if agent.in_flight is not None:
-            self.state.set_end(step + 1, self.state.end_at)  # summaries go right after every step now
+        if agent.in_flight is not None:  # summaries go right after every step now (never later than already due:
+            # a graph session checks the end half's step bound after this boundary, for the same step)
+            self.state.set_end(min(step + 1, self.state.end_step), self.state.end_at)
 
     def _after_boundary(self, now: float, slack: float = 0.0) -> None:
         """The progress-and-summaries half; a progress report due within ``slack`` s goes now."""

@@ -252,7 +252,8 @@ class Supervisor(SupervisorNames):
             agent.heartbeat(channels, step, self._clock())
         if self.restored_from:
             print(f"procsv: restored step {step} from {os.path.basename(self.restored_from)}", flush=True)
-        self._boundary.start()
+        self._boundary.start(save=bool(self._graph and self._graph.checkpoint_at_start and start_standard_services
+                                       and self.save_model_secs))  # TF's checkpoint thread saves as it starts
         if self.is_chief and self.layout is not None:  # the steps this run skipped before stay skipped
             self._rollback.resume(step, self.layout.lifecycle)
         return self._session

@@ -107,7 +107,8 @@ class SaverShim:
              strip_default_attrs: bool = False, save_debug_info: bool = False) -> str:
         """Commit a checkpoint of the session's current step through the checkpoint service and
         return its prefix, ``<logdir>/<checkpoint_basename>-<step>`` (TF's return value; the step is
-        always in the name, as with ``global_step=``). ``save_path`` must be ``sv.save_path``: the
+        always in the name, as with ``global_step=``), or ``<logdir>/<checkpoint_basename>`` for a
+        graph without a global step (as TF names it). ``save_path`` must be ``sv.save_path``: the
         service writes a run's checkpoints, manifests and retention in its logdir only. Raises
         :class:`UsageError` for another path, a ``global_step`` other than the session's step (a
         checkpoint is named by the step it holds), a worker (only the chief saves), or a call
@@ -135,7 +136,8 @@ class SaverShim:
                                           "checkpoint service keeps the logdir's `checkpoint` state file")
         assert sv.keeper is not None  # (a logdir and something to save: sv.saver is None otherwise)
         ckpt = sv.keeper.agent
-        prefix = f"{sv.save_path}-{step}"
+        # a graph without a global step: ``<basename>``, rewritten at each save (TF's name with global_step=None)
+        prefix = f"{sv.save_path}-{step}" if getattr(ckpt.global_step, "numbered", True) else sv.save_path
         if step <= ckpt.last_committed:
             return prefix  # already committed: TF would have written the same state again
         result = sv.boundary.save_now(SaveReason.STEPS)

@@ -154,18 +154,17 @@ def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
         quiet = view.logdir_lost is not None  # of course it failed: the root cause was said already
         return [Report(Event.CHECKPOINT_FAILED, {"step": msg.step, "error": msg.error},
                        say="" if quiet else f"procsv: checkpoint at step {msg.step} failed: {msg.error}")]
-    view.step = max(view.step, msg.step)
-    view.commit_clock, view.commit_step = now, max(view.commit_step, msg.step)
-    view.failed_saves = 0
-    view.commits += 1
-    view.last_commit_at, view.last_commit_step, view.last_commit_secs = now, msg.step, msg.persist_secs
+    if not msg.again:  # (again: committed before, and recorded then; a stop may still wait for it)
+        view.step, view.commit_step, view.commit_clock = max(view.step, msg.step), max(view.commit_step, msg.step), now
+        view.failed_saves, view.commits = 0, view.commits + 1
+        view.last_commit_at, view.last_commit_step, view.last_commit_secs = now, msg.step, msg.persist_secs
     for t in view.children.values():
         if t.role in (TRAINER, WORKER, PS, SERVER):  # a --ps task's progress too: its restarts count per task
             t.commit_seen = max(t.commit_seen, msg.step)
         if t.role == TRAINER and _plain(msg.reason) == "preempted":  # its stop's checkpoint of its last step
             t.stop_committed = True
-    return [Report(Event.CHECKPOINT_COMMITTED, {"step": msg.step, "path": msg.path, "reason": _plain(msg.reason),
-                                                "secs": round(msg.persist_secs, 4)})]
+    fields = {"step": msg.step, "path": msg.path, "reason": _plain(msg.reason), "secs": round(msg.persist_secs, 4)}
+    return [] if msg.again else [Report(Event.CHECKPOINT_COMMITTED, fields)]
 
 
 def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped, slot: Optional[str],

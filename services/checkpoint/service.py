@@ -57,7 +57,7 @@ from procsv.common.layout import write_json
 from procsv.common.stopfrom import Authority
 from procsv.common.stopwake import StopWake
 from procsv.common.errors import CheckpointError
-from procsv.common.manifests import Manifest, list_committed
+from procsv.common.manifests import Manifest, committed_step, list_committed
 from procsv.services.checkpoint.arena import ArenaCache
 from procsv.services.checkpoint.memory import (HeldSnapshot, KeptMetaGraph, TrainerLife, kept_meta_graph,
                                                persist_decision, with_kept_meta_graph)
@@ -66,7 +66,7 @@ from procsv.services.checkpoint.settings import CheckpointSettings, load as load
 from procsv.services.checkpoint.deletions import Deletions
 from procsv.services.checkpoint.store import CheckpointStore
 from procsv.services.checkpoint.preload import Loader
-from procsv.services.checkpoint.writer import needs_tensorflow, write_snapshot
+from procsv.services.checkpoint.writer import needs_tensorflow, save_errors, write_snapshot
 
 POLL_MS = 100
 NICE = 10
@@ -336,6 +336,11 @@ class CheckpointService:
               reply_to: Optional[bytes] = b"") -> SaveResult:
         """Commit ``msg``; tell the trainer (``reply_to``; by default the current one, None: nobody),
         the watchdog and the summary service; return the result."""
+        again = committed_step(self.ctx.layout, msg.basename, msg.step, msg.numbered)
+        if again is not None:  # on disk already: never rewritten, nor announced as a commit twice
+            _say(f"procsv checkpoint: step {msg.step} is committed already ({again.prefix}); not written again")
+            return self._tell(SaveResult(msg.step, msg.reason, True, again.path(self.ctx.layout.logdir), None, 0.0,
+                                         again=True), reply_to, msg.numbered, [])
         started = self.clock()
         retired: list[Manifest] = []
         try:
@@ -349,23 +354,28 @@ class CheckpointService:
                 write=lambda tmp_prefix: write_snapshot(tmp_prefix, msg, payload, view),
                 max_to_keep=settings.max_to_keep,
                 keep_every_n_hours=settings.keep_checkpoint_every_n_hours,
+                numbered=msg.numbered,
             )
             result = SaveResult(msg.step, msg.reason, True, manifest.path(self.ctx.layout.logdir), None,
                                 self.clock() - started)
         except Exception as exc:
-            if not isinstance(exc, _save_errors()):
+            if not isinstance(exc, save_errors()):
                 raise
             detail = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            print(f"procsv checkpoint: save at step {msg.step} failed, previous checkpoint kept: {detail}",
-                  file=sys.stderr, flush=True)
+            _say(f"procsv checkpoint: save at step {msg.step} failed, previous checkpoint kept: {detail}")
             result = SaveResult(msg.step, msg.reason, False, None, detail, self.clock() - started)
+        return self._tell(result, reply_to, msg.numbered, retired)
+
+    def _tell(self, result: SaveResult, reply_to: Optional[bytes], numbered: bool,
+              retired: list[Manifest]) -> SaveResult:
+        """``result`` to the watchdog, the trainer (``reply_to``: as :meth:`_save`), a new commit's to summaries."""
         self.last_request = self.clock()
         if self.to_watchdog is not None and not faults.fires("checkpoint", "untold"):
             send(self.to_watchdog, result)  # first: a trainer that waits for this result may exit on it
         if reply_to == b"":
             self._reply(result)
-        if result.ok and result.path:
-            send(self.to_summary, SessionLogEvent(SessionStatus.CHECKPOINT, msg.step, result.path))
+        if result.ok and result.path and numbered and not result.again:  # (TF logs none without a global step)
+            send(self.to_summary, SessionLogEvent(SessionStatus.CHECKPOINT, result.step, result.path))
         self.deletions.retire(retired)  # after the trainer heard: deleting old files is not on its path
         return result
 
@@ -387,10 +397,3 @@ class CheckpointService:
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-def _save_errors() -> tuple[type[BaseException], ...]:
-    """What a failed save raises: ours, the system's, and ``tf.errors.OpError`` once TensorFlow is
-    imported (only the writer's fallback path imports it: a variant tensor or a rare dtype)."""
-    tf = sys.modules.get("tensorflow")
-    return (CheckpointError, OSError, ValueError) + ((tf.errors.OpError,) if tf is not None else ())

@@ -39,6 +39,7 @@ from procsv.common.errors import CheckpointError, CorruptCheckpoint, UnreadableC
 from procsv.common.layout import Layout, fsync_dir, read_json, write_json
 from procsv.common.crc32c import file_checksum
 from procsv.common.manifests import Manifest, list_committed, manifest_path, retiring, verify, write_state_file
+from procsv.services.checkpoint import inplace
 from procsv.services.checkpoint.policy import retention
 
 FAULT_POINTS = ("before_data_write", "after_data_write", "before_rename", "after_rename",
@@ -73,7 +74,10 @@ class CheckpointStore:
                 continue
             prefix = name[: -len(".pending")]
             pending = os.path.join(self.layout.manifests, name)
-            if not os.path.exists(manifest_path(self.layout, prefix)):
+            rewrite = read_json(pending)
+            if inplace.is_rewrite(rewrite):
+                notes.append(inplace.recover(self.layout, prefix, rewrite))
+            elif not os.path.exists(manifest_path(self.layout, prefix)):
                 record = read_json(pending) or {}
                 files = record.get("files", []) if isinstance(record, dict) else []
                 for fname in files:  # a commit's intent lists names; a retired manifest maps them
@@ -117,20 +121,25 @@ class CheckpointStore:
         write: Callable[[str], dict[str, int]],
         max_to_keep: int,
         keep_every_n_hours: Optional[float],
+        numbered: bool = True,
     ) -> tuple[Manifest, list[Manifest]]:
         """Persist one checkpoint through the full protocol.
 
         ``write(tmp_prefix)`` writes the checkpoint's files (step 1) and returns the checksums it
         already knows, by file name. Returns the manifest and the checkpoints retention retired
         from the state file: pass them to :meth:`delete` (after telling the trainer).
+        ``numbered=False``: the prefix is ``basename``, rewritten in place (:mod:`.inplace`).
         """
         if not basename or "/" in basename or "\0" in basename:
             # it came over the wire: a name that would leave the logdir is refused
             raise CheckpointError(f"checkpoint basename {basename!r:.80} is not a plain file name")
         if step < 0:
             raise CheckpointError(f"checkpoint step {step} is negative")
-        prefix = f"{basename}-{step}"
+        prefix = f"{basename}-{step}" if numbered else basename
         done = Manifest.from_json(read_json(manifest_path(self.layout, prefix)))
+        old = None  # the committed checkpoint of this prefix a rewrite replaces
+        if done is not None and not numbered and done.step != step:
+            old, done = done, None
         if done is not None:
             try:
                 verify(self.layout, done)  # checksums too: a rare path, and a bit flip must not pass as committed
@@ -156,14 +165,17 @@ class CheckpointStore:
                 crc = known.get(name)
                 files[name] = {"size": size, "crc32c": crc if crc is not None else file_checksum(path)}
             for name in names:
-                if os.path.exists(os.path.join(self.layout.logdir, name)):
+                if (old is None or name not in old.files) and os.path.exists(os.path.join(self.layout.logdir, name)):
                     raise CheckpointError(
                         f"{name} already exists in the logdir and was not committed by procsv; "
                         "move it away so procsv can write its checkpoint there"
                     )
-            write_json(self._pending(prefix), {"files": names})
+            write_json(self._pending(prefix), {"files": names} if old is None
+                       else {"files": names, "replaces": old.committed_at})
             placed: list[str] = []
             try:
+                if old is not None:
+                    inplace.keep_previous(self.layout, old)
                 fault_point("before_rename")
                 # data files first, index last: the index is what makes a prefix look complete to TF
                 for name in sorted(names, key=lambda n: n.endswith(".index")):
@@ -174,10 +186,16 @@ class CheckpointStore:
                 manifest = Manifest(step, prefix, files, self.clock(), reason)
                 write_json(manifest_path(self.layout, prefix), manifest.to_json())
             except OSError:
+                if old is not None:  # the previous files go back where they were
+                    inplace.put_back(self.layout, prefix, placed)
+                    os.unlink(self._pending(prefix))
+                    raise
                 self._roll_back(prefix, placed)  # a full disk must not keep an uncommitted copy's space
                 raise
             os.unlink(self._pending(prefix))
             fsync_dir(self.layout.manifests)
+            if old is not None:
+                inplace.drop_previous(self.layout, old, names)
             fault_point("before_state_file")
             try:
                 retired = self._apply_retention(max_to_keep, keep_every_n_hours)

@@ -23,6 +23,7 @@ the two merged with ``MergeV2Checkpoints``. Both paths give the same bytes for t
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -161,3 +162,10 @@ def _tensor_from_frame(tf: Any, spec: TensorSpec, frame: Any) -> Any:
     if arr.size != int(np.prod(spec.shape, dtype=np.int64)):
         raise CheckpointError(f"{spec.key}: frame has {arr.size} elements, shape {spec.shape} needs more or fewer")
     return tf.constant(arr.reshape(spec.shape))
+
+
+def save_errors() -> tuple[type[BaseException], ...]:
+    """What a failed save raises: ours, the system's, and ``tf.errors.OpError`` once TensorFlow is
+    imported (only the writer's fallback path imports it: a variant tensor or a rare dtype)."""
+    tf = sys.modules.get("tensorflow")
+    return (CheckpointError, OSError, ValueError) + ((tf.errors.OpError,) if tf is not None else ())

@@ -101,6 +101,7 @@ class CheckpointAgent(FinalCommit):
         self.prepare_snapshot: list[Callable[[], None]] = []
         self.memory = MemoryTier(self.store, self.memory_budget, basename, self.prepare_snapshot,
                                  self._answer_awaited)  # the in-memory tier, which shares the snapshot memory
+        self.memory.numbered = getattr(global_step, "numbered", True)
         self.last_snapshot_secs = 0.0  # how long the loop was stopped by the last snapshot
         # procsv.train's CheckpointSaverListeners: called with (step, reason) right before a snapshot is
         # taken, and with the step when the trainer learns that its checkpoint is committed
@@ -316,7 +317,8 @@ class CheckpointAgent(FinalCommit):
             step = snap.step
         arena = self.store.ref_of(snap)
         meta = self.meta_graph  # graph mode: <prefix>.meta too (TF's Saver.save(write_meta_graph=True))
-        sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena, slot, True, meta is not None),
+        sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena, slot, True, meta is not None,
+                                         getattr(self.global_step, "numbered", True)),
                                 snap.frames if meta is None else [*snap.frames, meta], until)
         ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))
         self.memory.superseded()  # an in-memory snapshot still waiting is older than this one: never send it

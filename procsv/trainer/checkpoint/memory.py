@@ -44,6 +44,7 @@ class MemoryTier:
         self.store = store
         self.budget = budget  # the share of the loop's time the tier may take (memory_tier.BUDGET); 0: off
         self.basename = basename
+        self.numbered = True  # False: a graph without a global step's (SaveData.numbered)
         self._prepare = prepare
         self._answer_awaited = answer_awaited
         self.copy_cost: Optional[float] = None  # seconds an in-memory snapshot reusing a walk stops the loop (median)
@@ -147,7 +148,7 @@ class MemoryTier:
         if meta is not None:
             self._meta_sent = meta
         self._waiting = (SaveData(step, SaveReason.MEMORY, self.basename, snap.specs, arena, slot, False,
-                                  meta is not None), list(snap.frames) if meta is None else [*snap.frames, meta])
+                                  meta is not None, self.numbered), list(snap.frames) if meta is None else [*snap.frames, meta])
         self.store.slots.wait_to_send(slot, step)
         self._uncharged = reuse
         return self.release(ch, unwritten_from)

@@ -250,6 +250,7 @@ class CountedStep:
 
     var: Any = None
     tensor: Any = None
+    numbered = False  # its checkpoints are named ``<basename>``, as TF's Supervisor names them
 
     def __init__(self) -> None:
         self.observed = 0

@@ -74,6 +74,8 @@ class GraphSupervision:
         self._channels: Optional[TrainerChannels] = None
         self.graph_file_written = True
         self.meta_graph_event = False
+        # TF's Supervisor's checkpoint thread saves once as it starts; a MonitoredSession's hook saves itself
+        self.checkpoint_at_start = True
         # TF's Supervisor builds its MetaGraphDef when it is made (the graph of then, the Saver's SaverDef)
         # and writes it after the GraphDef; a MonitoredSession's is built when the session is ready
         self.meta_graph = _meta_graph(setup) if chief and layout is not None and setup.summary_written else None
@@ -200,6 +202,8 @@ class GraphSupervision:
                 self._graph_events(setup)
         if start:
             start_queue_runners(sess)
+            if self._settings.save_summaries_secs:  # TF's summary thread runs summary_op once as it starts
+                self.summary(at_start=int(setup.step.numpy()))
 
     def _graph_events(self, setup: Any) -> None:
         """The GraphDef (as TF's ``add_graph``: with shapes, at step 0), then the MetaGraphDef: the
@@ -218,8 +222,10 @@ class GraphSupervision:
         """A stop closed the summary writer (wrote SessionLog STOP): the next session writes the graph again."""
         self.graph_in_writer = False
 
-    def summary(self) -> None:
-        """Every ``save_summaries_secs``, at a step boundary (chief only): ``summary_op``."""
+    def summary(self, at_start: Optional[int] = None) -> None:
+        """Every ``save_summaries_secs``, at a step boundary (chief only): ``summary_op``. ``at_start``
+        (the step the session starts at): once as the standard services start, as TF's summary thread;
+        a ``summary_op`` that cannot run without a step's feed is left to the step boundaries then."""
         setup = self.setup
         sess = setup.session
         if setup.summary_op is None or not setup.summary_written or not self._chief:
@@ -231,6 +237,8 @@ class GraphSupervision:
         try:
             value = sess.raw.run(setup.summary_op, feed_dict=sess.step_feed)
         except tf.errors.OpError as exc:
+            if at_start is not None:
+                return
             if not setup.summary_default:
                 self._coord.request_stop(exc)  # TF's summary thread stopped the training with it
                 return
@@ -240,7 +248,7 @@ class GraphSupervision:
                   f"the feed_dict of the step's run ({setup.summary_off}); it is turned off. Compute summaries "
                   "in your run and pass them to sv.summary_computed(sess, summary)", file=sys.stderr, flush=True)
             return
-        self._summary_computed(sess, value, self._state.step)
+        self._summary_computed(sess, value, self._state.step if at_start is None else at_start)
 
 
 GRAPH_FILE = "graph.pbtxt"

@@ -125,6 +125,7 @@ def _build_supervisor(creator: Any) -> Any:
                     local_init_op=scaffold.local_init_op, summary_op=None, saver=saver, **extra, **opts)
     assert sv._graph is not None  # (a graph program's Supervisor)
     sv._graph.graph_file_written, sv._graph.meta_graph_event = bool(graph_file), True
+    sv._graph.checkpoint_at_start = False  # (its CheckpointSaverHook saves at after_create_session)
     scaffold.finalize()
     return sv
 

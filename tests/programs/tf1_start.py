@@ -1,0 +1,103 @@
+"""What a graph-mode Supervisor saves and logs as its standard services start: ``python tf1_start.py
+CASE LOGDIR [--tf]`` prints ``result <json>`` (``--tf``: TensorFlow's own Supervisor instead).
+
+``with_step``: a graph with a global step; ``prepare_or_wait_for_session`` and no run: the
+checkpoint the logdir gets (waited for, bounded) and the summary logged before the stop.
+``no_step``: a graph without a global step, the same, then ``v`` set to 5 and runs until the
+checkpoint holds it (bounded), the stop, and a second Supervisor on the logdir: what it restored,
+and the checkpoint prefixes the logdir holds.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import tensorflow as tf  # noqa: E402
+
+tf.compat.v1.disable_eager_execution()
+CASE, LOGDIR = sys.argv[1], sys.argv[2]
+if "--tf" in sys.argv:
+    Supervisor = tf.compat.v1.train.Supervisor
+else:
+    import procsv
+
+    Supervisor = procsv.Supervisor
+WAIT = 20.0  # seconds: a bound, not a pause
+
+
+def wait_for(cond, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def stored(prefix: str, name: str) -> float:
+    try:
+        return float(tf.train.load_variable(prefix, name).reshape(-1)[0])
+    except (tf.errors.OpError, ValueError):
+        return float("nan")
+
+
+def summaries(logdir: str) -> list[list[object]]:
+    out: list[list[object]] = []
+    for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
+        for ev in tf.compat.v1.train.summary_iterator(path):
+            out += [[int(ev.step), v.tag, float(v.simple_value)] for v in ev.summary.value]
+    return out
+
+
+def case_with_step() -> dict[str, object]:
+    with tf.Graph().as_default():
+        tf.compat.v1.train.get_or_create_global_step()
+        v = tf.compat.v1.get_variable("v", initializer=3.0)
+        tf.compat.v1.summary.scalar("v", v)
+        sv = Supervisor(logdir=LOGDIR)
+        sv.prepare_or_wait_for_session("")
+        latest = wait_for(lambda: tf.train.latest_checkpoint(LOGDIR), "the checkpoint at the start")
+        wait_for(lambda: glob.glob(os.path.join(LOGDIR, "events.out.tfevents.*")), "the event file")
+        sv.stop()
+    return {"checkpoint": os.path.basename(latest), "v": stored(latest, "v"), "summaries": summaries(LOGDIR)}
+
+
+def case_no_step() -> dict[str, object]:
+    out: dict[str, object] = {}
+    with tf.Graph().as_default():
+        v = tf.compat.v1.get_variable("v", initializer=1.0)
+        set5 = v.assign(5.0)
+        tf.compat.v1.summary.scalar("v", v)
+        sv = Supervisor(logdir=LOGDIR, save_model_secs=0.2)
+        sess = sv.prepare_or_wait_for_session("")
+        latest = wait_for(lambda: tf.train.latest_checkpoint(LOGDIR), "the checkpoint at the start")
+        out.update(first=os.path.basename(latest), first_v=stored(latest, "v"), global_step=sv.global_step)
+        sess.run(set5)
+
+        def rewritten() -> bool:
+            sess.run(v)  # (a run: a step where every run is one)
+            return stored(os.path.join(LOGDIR, "model.ckpt"), "v") == 5.0
+
+        wait_for(rewritten, "model.ckpt to be rewritten with v = 5")
+        sv.stop()
+    with tf.Graph().as_default():
+        v = tf.compat.v1.get_variable("v", initializer=1.0)
+        sv = Supervisor(logdir=LOGDIR, save_model_secs=0.2)
+        sess = sv.prepare_or_wait_for_session("")
+        out["restored_v"] = float(sess.run(v))
+        sv.stop()
+    names = [n for n in os.listdir(LOGDIR) if n.startswith("model.ckpt")]
+    out["prefixes"] = sorted({n.split(".data-")[0].removesuffix(".index").removesuffix(".meta") for n in names})
+    out["latest"] = os.path.basename(tf.train.latest_checkpoint(LOGDIR) or "")
+    out["summaries_at_0"] = [s for s in summaries(LOGDIR) if s[0] == 0][:1]
+    return out
+
+
+if __name__ == "__main__":
+    print("result " + json.dumps(globals()[f"case_{CASE}"](), sort_keys=True), flush=True)
