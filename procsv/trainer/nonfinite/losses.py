@@ -32,6 +32,19 @@ class LossWatch:
         self.chunks: list[tuple[list[int], Any]] = []
         self.reads = 0
 
+    def warm(self) -> None:
+        """Build the kernels a check of float32 losses runs, once, before the first step (a hot
+        standby: before its promotion): a stack of each size :meth:`_compact` pads to, and the
+        reduction over it. A first check of each size otherwise built its kernel on the step path:
+        3-33 ms each at load, the first snapshots of every restarted trainer charged that much."""
+        import tensorflow as tf
+
+        zero = tf.constant(0.0)
+        size = 1
+        while size <= COMPACT_AT:
+            tf.reduce_all(tf.math.is_finite(tf.stack([zero] * size))).numpy()
+            size *= 2
+
     def keep_step(self, step: int, out: Any) -> None:
         """The value step ``step`` returned: its loss is kept (anything else is ignored)."""
         if isinstance(out, dict):
