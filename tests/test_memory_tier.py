@@ -53,6 +53,14 @@ def test_the_interval_follows_the_median_cost_so_one_descheduled_snapshot_does_n
     assert memory_tier.typical_cost(later) == pytest.approx(0.004)
 
 
+def test_a_trainers_first_snapshots_one_offs_never_set_its_interval():
+    # its first two snapshots charged 7 and 35 ms (at load): the median, 21 ms, made the interval
+    # 2.1 s, longer than the disk saves' 2 s, which restart it: no later snapshot came to correct it
+    assert memory_tier.typical_cost([0.007, 0.035]) == pytest.approx(0.007)
+    assert memory_tier.typical_cost([0.035]) == pytest.approx(0.035)
+    assert memory_tier.typical_cost([0.007, 0.035, 0.002]) == pytest.approx(0.007)  # settled: the median
+
+
 def test_a_trainer_that_ran_long_without_a_failure_snapshots_at_youngs_interval_not_the_budgets():
     # 3 ms snapshots: the budget allows one every 0.3 s; a trainer just started (or just restored) takes them so
     assert memory_tier.interval(0.003, budget=0.01, age_secs=0.0) == pytest.approx(0.3)

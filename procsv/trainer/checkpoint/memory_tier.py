@@ -74,6 +74,7 @@ UNACKED_GRACE = 5.0  # seconds an unacknowledged in-memory snapshot keeps its sl
 MAX_INTERVAL = 10.0  # seconds: the longest Young's interval may stretch the time between two (not the budget's)
 CALM_AFTER = 300.0  # seconds a trainer trains without a failure before Young's interval may stretch the budget's
 COST_SAMPLES = 9  # the last snapshots whose median cost sets the interval
+SETTLED = 3  # samples before the median is trusted (before: the cheapest)
 
 
 def interval(cost_secs: float, budget: float = BUDGET, floor: float = MIN_INTERVAL, walk_secs: float = 0.0,
@@ -103,9 +104,15 @@ def young(cost_secs: float, mtbf_secs: float) -> float:
 def typical_cost(samples: Sequence[float]) -> Optional[float]:
     """The cost :func:`interval` is given: the median of the last :data:`COST_SAMPLES` snapshots'
     (None before the first), so a snapshot charged a descheduling of the trainer (tens of ms on a
-    busy machine) moves it no more than any other, and a lasting change moves it within a few."""
+    busy machine) moves it no more than any other, and a lasting change moves it within a few.
+    With fewer than :data:`SETTLED` the cheapest: a trainer's first snapshots pay one-offs (a
+    median of two, 7 and 35 ms at load, set a 2 s interval that the disk saves every 2 s then
+    kept restarting, so no snapshot came to bring it down: issue 54); a cost set too low is
+    corrected within a few snapshots, one set too high may never be."""
     recent = list(samples)[-COST_SAMPLES:]
-    return statistics.median(recent) if recent else None
+    if not recent:
+        return None
+    return statistics.median(recent) if len(recent) >= SETTLED else min(recent)
 
 
 @dataclass
