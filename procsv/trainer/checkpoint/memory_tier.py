@@ -30,7 +30,8 @@ none of the budget: each restarts the interval (the service holds it as its newe
 saves make in-memory snapshots rarer, never the interval longer. (They used to take their share
 first, :func:`disk_share`, and left the tier one snapshot per 10 s once they took the whole 1 %:
 ``bench_recovery``'s save every 2 s did at load 8 on two cores, each charged 20-90 ms, most of it
-the non-finite check of the ~700 losses kept since the last snapshot, so a kill re-did as many
+the non-finite check of the losses kept since the last snapshot, a stack whose kernel TF built
+anew for each count of them (:mod:`procsv.trainer.nonfinite.losses`), so a kill re-did as many
 steps, ~300, as with no tier at all: issue 54.) A snapshot's cost is what the loop pays for
 it (:func:`snapshot_cost`): the whole step boundary that took it (the copy, the hand-off and that
 boundary's other work), the reads of the service made for its acknowledgment, and how much the step
