@@ -471,3 +471,23 @@ def test_a_disk_snapshot_restarts_the_in_memory_interval_and_takes_none_of_its_b
         agent.poll(ch, step + 1, svc.t + 1.0)  # the commit is read: nothing in flight
         assert agent.in_flight is None
     assert agent.memory_due(401, agent.memory.at + 0.2) and not agent.memory_due(401, agent.memory.at + 0.19)
+
+
+def test_disk_saves_more_frequent_than_a_costly_snapshots_interval_do_not_keep_it_from_being_corrected(tmp_path):
+    # the trainer's first in-memory snapshot paid one-offs, 35 ms at load (its only sample, so the
+    # cheapest), and set a 3.5 s interval; the user's disk saves every 2 s each restarted it, so no
+    # in-memory snapshot ever came to be charged its usual 2 ms: one sample pinned the tier off
+    svc = _SlowCommitting()
+    agent, ch = _tiered_agent(tmp_path, svc)
+    assert agent.memory_snapshot(ch, 1)
+    agent.memory.copy_cost, agent.memory.walk_cost = 0.035, 0.0
+    memory_at, step = svc.t, 1
+    while svc.t < memory_at + 60.0 and not agent.memory_due(step, svc.t):
+        step += 1
+        svc.t += 0.1
+        if step % 20 == 0:  # a disk save every 2 s
+            agent.request(SaveReason.PERIODIC)
+            assert agent.poll(ch, step, svc.t) and agent.snapshot(ch, step)
+            agent.poll(ch, step, svc.t + 0.001)  # its commit is read
+    # within the budget (one per 3.5 s at most), and within the longest interval the tier allows
+    assert memory_at + 3.5 <= svc.t <= memory_at + memory_tier.MAX_INTERVAL + 0.1

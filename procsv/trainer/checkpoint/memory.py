@@ -58,6 +58,7 @@ class MemoryTier:
         self.step = -1  # ... and of which step
         self.began: Optional[float] = None  # when the state was restored (or initialized): the trainer's age counts
         self.taken = 0  # in-memory snapshots taken by this process
+        self.memory_at: Optional[float] = None  # when the last in-memory snapshot was taken or refused (None: none yet)
         # an in-memory snapshot copied but not handed to the service until its step's summaries
         # are written (its SaveData and frames): see release
         self._waiting: Optional[tuple[SaveData, list[Any]]] = None
@@ -96,10 +97,13 @@ class MemoryTier:
 
     def next_due(self) -> float:
         """When (on the clock) the next in-memory snapshot is due: the budget's interval, or Young's
-        for the time trained since the restore, if longer (:func:`memory_tier.interval`)."""
+        for the time trained since the restore, if longer (:func:`memory_tier.interval`), after the last
+        snapshot of either tier, and no later than :data:`memory_tier.MAX_INTERVAL` (or the interval)
+        after the last in-memory one (:func:`memory_tier.due_at`)."""
         age = self.at - self.began if self.began is not None else 0.0
-        return self.at + memory_tier.interval(self.copy_cost or 0.0, self.budget,
-                                              walk_secs=self.walk_cost, walk_every=PLAN_MAX_AGE, age_secs=age)
+        every = memory_tier.interval(self.copy_cost or 0.0, self.budget, walk_secs=self.walk_cost,
+                                     walk_every=PLAN_MAX_AGE, age_secs=age)
+        return memory_tier.due_at(self.at, self.memory_at, every)
 
     def measuring(self) -> bool:
         """The step after an in-memory snapshot is still to be measured (see :meth:`charge`): the
@@ -124,11 +128,13 @@ class MemoryTier:
             snap = self.store.take(step, slot, fresh=not reuse)
         except NonFiniteState:  # refused: the slot stays free; the next is due an interval later
             self.skipped(step, ch.clock())
+            self.memory_at = self.at
             raise
         if snap.step is not None:  # named by the global step stored in it
             step = snap.step
         arena = self.store.ref_of(snap)
         self.at, self.step = ch.clock(), step
+        self.memory_at = self.at
         self.taken += 1
         # graph mode: the MetaGraphDef only until the service holds it (it adds it to the ones without)
         meta = meta_graph if meta_graph is not self._meta_held else None

@@ -27,7 +27,9 @@ How often: each in-memory snapshot stops the loop, so the next is due when ``cos
 seconds have passed (:func:`interval`), which keeps the tier under ``budget`` (1 %) of the loop's
 time whatever the model's size and the step's length. The disk snapshots the user asked for take
 none of the budget: each restarts the interval (the service holds it as its newest), so frequent
-saves make in-memory snapshots rarer, never the interval longer. (They used to take their share
+saves make in-memory snapshots rarer, never the interval longer; one is still due at the latest
+:data:`MAX_INTERVAL` after the last in-memory one (:func:`due_at`), so that the cost that sets the
+interval is measured again however often the user saves. (They used to take their share
 first, :func:`disk_share`, and left the tier one snapshot per 10 s once they took the whole 1 %:
 ``bench_recovery``'s save every 2 s did at load 8 on two cores, each charged 20-90 ms, most of it
 the non-finite check of the losses kept since the last snapshot, a stack whose kernel TF built
@@ -92,6 +94,20 @@ def interval(cost_secs: float, budget: float = BUDGET, floor: float = MIN_INTERV
     spare = budget - walk_secs / walk_every
     by_budget = max(floor, walk_every) if spare <= 0 else max(floor, cost_secs / spare)
     return max(by_budget, min(MAX_INTERVAL, young(cost_secs, age_secs - CALM_AFTER)))
+
+
+def due_at(last_any: float, last_memory: Optional[float], every: float) -> float:
+    """When the next in-memory snapshot is due: ``every`` seconds (:func:`interval`) after the last
+    snapshot of either tier (``last_any``: a disk save restarts the interval), but no later than
+    ``every`` or :data:`MAX_INTERVAL`, the longer, after the last in-memory one (``last_memory``;
+    None: none taken yet). Only in-memory snapshots are charged a cost, so disk saves more frequent
+    than the interval would otherwise keep the cost that set it from ever being measured again: a
+    trainer's first snapshot charged 35 ms of one-offs at load (3.5 s) beside saves every 2 s kept
+    the tier off for the rest of the run (issue 54). Never more often than ``every``: the budget holds."""
+    due = last_any + every
+    if last_memory is None:
+        return due
+    return min(due, last_memory + max(every, MAX_INTERVAL))
 
 
 def young(cost_secs: float, mtbf_secs: float) -> float:
