@@ -491,3 +491,40 @@ def test_disk_saves_more_frequent_than_a_costly_snapshots_interval_do_not_keep_i
             agent.poll(ch, step, svc.t + 0.001)  # its commit is read
     # within the budget (one per 3.5 s at most), and within the longest interval the tier allows
     assert memory_at + 3.5 <= svc.t <= memory_at + memory_tier.MAX_INTERVAL + 0.1
+
+
+class _Holding(_SlowCommitting):
+    """Commits every disk snapshot and says it holds the newest snapshot sent, at every read."""
+
+    def poll_checkpoint(self, timeout: float = 0.0) -> list[object]:
+        held = [SnapshotHeld(self.sent[-1].step)] if self.sent and not self.sent[-1].persist else []
+        return super().poll_checkpoint(timeout) + held
+
+
+def test_one_walk_charged_a_descheduling_does_not_keep_the_tier_at_one_snapshot_per_10_s(tmp_path):
+    # the first in-memory snapshot walks the object graph and is charged a descheduling, 120 ms at
+    # load: the walks alone then take the budget, one in-memory snapshot per 10 s. The disk saves
+    # every 2 s redo the walk (the shared plan is never 10 s old), so no in-memory snapshot walked
+    # again to be charged a usual walk: the tier stayed at one per 10 s for the rest of the run
+    svc = _Holding()
+    svc.send_secs = 0.0
+    agent, ch = _tiered_agent(tmp_path, svc)
+    assert agent.memory_snapshot(ch, 1)
+    agent.charge_memory(1, 100.0, 100.12)
+    agent.charge_memory(2, 100.121, 100.1211)
+    assert agent.memory.walk_cost == pytest.approx(0.12)
+    step, svc.t = 2, 100.2
+    while svc.t < 160.0:
+        step += 1
+        svc.t += 0.1
+        agent.poll(ch, step, svc.t)
+        if step % 20 == 0:  # a disk save every 2 s
+            agent.request(SaveReason.PERIODIC)
+            assert agent.poll(ch, step, svc.t) and agent.snapshot(ch, step)
+        elif agent.memory_due(step, svc.t) and agent.memory_snapshot(ch, step):
+            agent.charge_memory(step, svc.t, svc.t + 0.002)  # a copy (or a walk) of 2 ms
+            svc.t += 0.1
+            step += 1
+            agent.charge_memory(step, svc.t, svc.t + 0.0001)
+    # the walk was measured again: the interval is the budget's for 2 ms copies again
+    assert agent.memory.walk_cost < 0.01 and agent.memory.next_due() - agent.memory.at < 1.0
