@@ -298,3 +298,124 @@ def test_close_inside_a_with_block_is_session_already_closed_at_its_end(logdir):
         sess.close()
         with pytest.raises(RuntimeError, match="Session is already closed"):
             sess.close()
+
+
+RAW_PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "graph_raw_session.py")
+
+
+def test_every_method_of_tensorflows_session_is_procsvs_own_forwarded_or_safe():
+    """Each name TF's ``SessionInterface``/``BaseSession``/``Session`` define is accounted for by
+    ``session_type`` (a TensorFlow upgrade that adds a public one fails here), and both proxy classes
+    define the public ones themselves, so none of TF's methods runs on a proxy's missing handles."""
+    from procsv.trainer import session_type
+    from procsv.trainer.graph.session import GraphSession
+    from procsv.trainer.monitored.graph_creator import GraphRawSession
+
+    assert session_type.unaccounted() == set()
+    assert "_run" in session_type.private_methods() and "_make_callable_from_options" in session_type.private_methods()
+    public = {name for name in session_type.tf_names() if not name.startswith("_")}
+    assert public - {"as_default", "reset"} <= session_type.OWN
+    for cls in (GraphSession, GraphRawSession):
+        assert session_type.OWN <= set(vars(cls)), cls
+        made = session_type.as_tf_session(cls, "_x")
+        for name in session_type.private_methods():
+            assert name in vars(made), (cls, name)
+
+
+def test_every_graph_session_procsv_hands_out_is_a_tf_compat_v1_session_and_still_counts_its_steps(logdir, tmp_path):
+    """``raw_session()``, ``step_context.session`` and ``managed_session()``'s session are
+    ``tf.compat.v1.Session`` instances (TF's ``SingularMonitoredSessionTest::test_raw_session``);
+    runs through them, through a callable, and ``op.run()`` under ``as_default()`` are steps procsv
+    counts; TF's ``saver.save(raw, path)`` and ``start_queue_runners(sess=raw)`` with a real queue
+    runner work; collecting a proxy closes nothing and raises nothing; ``raw_session()`` is None after
+    the close."""
+    import gc
+    import sys
+
+    import tensorflow as tf
+
+    from procsv import train
+    from procsv.trainer import session_type
+    from procsv.trainer.monitored.graph_creator import GraphRawSession
+
+    unraisable = []
+    old_hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        with tf.Graph().as_default():
+            gs = tf.compat.v1.train.get_or_create_global_step()
+            step = tf.compat.v1.assign_add(gs, 1)
+            queue = tf.compat.v1.FIFOQueue(10, tf.int64)
+            runner = tf.compat.v1.train.QueueRunner(queue, [queue.enqueue(tf.constant(7, tf.int64))])
+            tf.compat.v1.train.add_queue_runner(runner, collection="mine")
+            taken = queue.dequeue()
+            saver = tf.compat.v1.train.Saver()
+            with train.SingularMonitoredSession(checkpoint_dir=logdir) as sess:
+                raw = sess.raw_session()
+                assert isinstance(raw, tf.compat.v1.Session)
+                seen = sess.run_step_fn(lambda step_context: step_context.session)
+                assert seen is raw and isinstance(seen, tf.compat.v1.Session)
+                sv = raw.supervisor
+                assert raw.run(step) == 1 and sv.step == 1
+                assert raw.make_callable(step)() == 2 and sv.step == 2
+                with raw.as_default():
+                    assert tf.compat.v1.get_default_session() is raw
+                    step.op.run()
+                assert sv.step == 3
+                path = saver.save(raw, str(tmp_path / "mine" / "model.ckpt"), global_step=gs)
+                coord = tf.compat.v1.train.Coordinator()
+                threads = tf.compat.v1.train.start_queue_runners(sess=raw, coord=coord, collection="mine")
+                assert len(threads) == 2 and raw.run(taken) == 7  # (an enqueue thread, and with a coord its closer)
+                coord.request_stop()
+                coord.join(threads, stop_grace_period_secs=30)
+                spare = session_type.make(GraphRawSession, "_inner", raw.session, raw.supervisor)
+                del spare
+                gc.collect()
+                assert raw.run(step) == 4  # the watched session is still open
+            assert sess.raw_session() is None
+    finally:
+        sys.unraisablehook = old_hook
+    assert unraisable == []
+    assert path.endswith("model.ckpt-3") and tf.train.load_variable(path, "global_step") == 3
+
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        step = tf.compat.v1.assign_add(gs, 1)
+        sv = train.Supervisor(logdir=str(tmp_path / "sv"), save_model_secs=0, save_summaries_secs=0)
+        with sv.managed_session() as sess:
+            assert isinstance(sess, tf.compat.v1.Session)
+            with sess.as_default():
+                step.op.run()
+            assert sv.step == 1
+        sv.stop()
+
+
+def test_a_program_training_only_through_raw_session_is_not_hung_and_its_checkpoints_advance(logdir):
+    """Under ``procsv launch --hang-timeout 3``, a program whose every training run is
+    ``raw_session().run`` (several seconds of them) sees a ``tf.compat.v1.Session``, runs as one trainer
+    (never restarted as hung), and the checkpoints advance with its steps: committed every 20 steps up
+    to its final step, the newest one restored by a plain TF1 Saver holding that step."""
+    import tensorflow as tf
+
+    from conftest import committed_steps, finish, launch, lifecycle
+
+    code, out, err = finish(launch(logdir, logdir, "200", "0.03", target=RAW_PROGRAM, opts=("--hang-timeout", "3")),
+                            timeout=300)
+    assert code == 0, err[-3000:]
+    assert "raw session is a tf.compat.v1.Session: True" in out
+    final = int(next(line for line in out.splitlines() if "final global step" in line).split()[-1])
+    assert final == 200
+    events = lifecycle(logdir)
+    assert [e for e in events if e["event"] == "first_step"]
+    assert len([e for e in events if e["event"] == "spawned" and e["role"] == "trainer"]) == 1  # never hung
+    assert [e["step"] for e in events if e["event"] == "finished"] == [final]
+    commits = [(e["step"], e["reason"]) for e in events if e["event"] == "checkpoint_committed"]
+    assert [step for step, reason in commits if reason == "steps"] == list(range(0, 201, 20)), commits
+    assert committed_steps(logdir)[-1] == 200
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest is not None and latest.endswith("model.ckpt-200")
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        tf.compat.v1.get_variable("w", initializer=1.0)
+        with tf.compat.v1.Session() as plain:
+            tf.compat.v1.train.Saver().restore(plain, latest)
+            assert plain.run(gs) == 200

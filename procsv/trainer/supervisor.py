@@ -215,6 +215,8 @@ class Supervisor(SupervisorNames):
         prepared_at, w0 = time.time(), self._clock()  # wall time: compared with the watchdog's records
         # a group's step runs collectives: only traced (see warmup)
         self._warm_ups.run(alone=cluster.nproc() == 1, standby=self._ctx is not None and standby.is_standby())
+        if self._rollback.detecting and cluster.nproc() == 1 and env.memory_budget() > 0:
+            self._rollback.watch.losses.warm()  # the loss check's kernels, off the in-memory tier's first snapshots
         warm_secs = self._clock() - w0
         if self._ctx is not None and standby.is_standby():
             standby.wait_for_promotion(self._ctx)  # a hot standby: everything before this is done already

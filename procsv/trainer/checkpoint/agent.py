@@ -297,7 +297,6 @@ class CheckpointAgent(FinalCommit):
             return False
         for before in self.before_snapshot:
             before(step, reason)
-        t_prepare = ch.clock()
         for prepare in self.prepare_snapshot:
             prepare()
         t0 = ch.clock()
@@ -324,7 +323,7 @@ class CheckpointAgent(FinalCommit):
         self.memory.superseded()  # an in-memory snapshot still waiting is older than this one: never send it
         end = ch.clock()
         self.last_snapshot_secs = end - t0
-        self.memory.disk_taken(step, end, end - t_prepare if reuse else None)
+        self.memory.disk_taken(step, end)
         if sent:
             self.store.slots.sent_disk(slot)
             nbytes = snap.arena_bytes + sum(int(getattr(f, "nbytes", 0) or len(f)) for f in snap.frames)

@@ -4,8 +4,7 @@ what it cost the loop, and handing it to the checkpoint service once its step's 
 Runs in the trainer's main thread, at step boundaries: :class:`MemoryTier` is a collaborator the
 :class:`~procsv.trainer.checkpoint.agent.CheckpointAgent` owns and calls. What is decided here is
 decided by the pure functions of :mod:`procsv.trainer.checkpoint.memory_tier`; this module keeps
-the tier's measurements (the copy's cost: the median of the last few; the walk's, the disk
-snapshots' share) and acts on the snapshot memory (:class:`~procsv.trainer.checkpoint.snapshot_store.SnapshotStore`), which it shares
+the tier's measurements (the copy's cost: the median of the last few; the walk's) and acts on the snapshot memory (:class:`~procsv.trainer.checkpoint.snapshot_store.SnapshotStore`), which it shares
 with the agent's disk snapshots.
 """
 
@@ -29,8 +28,8 @@ class MemoryTier:
 
     Owns its budget (0: off), its schedule (when and of which step the last snapshot of either tier
     was taken, when the trainer's state was restored or initialized, how many in-memory snapshots
-    it took), what a snapshot costs the loop (the copy, the walk of the object graph, the share the
-    disk snapshots take of the budget, and the charge still being measured), the in-memory
+    it took), what an in-memory snapshot costs the loop (the copy, the walk of the object graph, and
+    the charge still being measured), the in-memory
     snapshot copied but waiting for its step's summaries, and which MetaGraphDef it last sent and
     the service holds. It is given the agent's snapshot memory (``store``, shared with the disk
     snapshots), the checkpoint's ``basename``, ``prepare`` (the agent's preparations before every
@@ -62,10 +61,6 @@ class MemoryTier:
         # an in-memory snapshot copied but not handed to the service until its step's summaries
         # are written (its SaveData and frames): see release
         self._waiting: Optional[tuple[SaveData, list[Any]]] = None
-        # what the disk snapshots take of the loop's time, which the tier's budget covers too
-        self.disk_cost: Optional[float] = None  # seconds one stops the loop (smoothed)
-        self._disk_gap: Optional[float] = None  # seconds between two (smoothed)
-        self._disk_at: Optional[float] = None  # when the last was taken
         self._meta_sent: Optional[bytes] = None  # the MetaGraphDef last sent with an in-memory snapshot
         self._meta_held: Optional[bytes] = None  # ... once the service said it holds it (SnapshotHeld), until it says not
 
@@ -82,17 +77,11 @@ class MemoryTier:
         next in-memory one is due an interval later."""
         self.at, self.step = now, step
 
-    def disk_taken(self, step: int, now: float, secs: Optional[float]) -> None:
-        """A disk snapshot of ``step`` ended at ``now`` after stopping the loop ``secs`` (None: it
-        walked the object graph, which the walk's own rate pays for): the next in-memory one is
-        due an interval later, and the budget leaves what the disk snapshots leave of it
-        (:func:`memory_tier.disk_share`)."""
+    def disk_taken(self, step: int, now: float) -> None:
+        """A disk snapshot of ``step`` ended at ``now``: the service holds it as its newest from now
+        on, so the next in-memory one is due an interval later. It takes none of the tier's budget
+        (:func:`memory_tier.interval`): the user asked for it, and pays for it with the tier off too."""
         self.at, self.step = now, step
-        if self._disk_at is not None:
-            self._disk_gap = memory_tier.smoothed_cost(self._disk_gap, now - self._disk_at)
-        self._disk_at = now
-        if secs is not None:
-            self.disk_cost = memory_tier.smoothed_cost(self.disk_cost, secs)
 
     def due(self, step: int, now: float) -> bool:
         """An in-memory snapshot of ``step`` may be taken now (ask after the agent's poll said no disk one)."""
@@ -110,9 +99,7 @@ class MemoryTier:
         for the time trained since the restore, if longer (:func:`memory_tier.interval`)."""
         age = self.at - self.began if self.began is not None else 0.0
         return self.at + memory_tier.interval(self.copy_cost or 0.0, self.budget,
-                                              walk_secs=self.walk_cost, walk_every=PLAN_MAX_AGE,
-                                              disk_share=memory_tier.disk_share(self.disk_cost, self._disk_gap),
-                                              age_secs=age)
+                                              walk_secs=self.walk_cost, walk_every=PLAN_MAX_AGE, age_secs=age)
 
     def measuring(self) -> bool:
         """The step after an in-memory snapshot is still to be measured (see :meth:`charge`): the

@@ -25,9 +25,14 @@ copy (:mod:`procsv.trainer.checkpoint.snapshot`) lets the service see the tear a
 
 How often: each in-memory snapshot stops the loop, so the next is due when ``cost / budget``
 seconds have passed (:func:`interval`), which keeps the tier under ``budget`` (1 %) of the loop's
-time whatever the model's size and the step's length. Disk snapshots count against the same
-budget (:func:`disk_share`): when the user's own saves are frequent, in-memory ones are taken
-only as often as what the disk ones leave of it allows. A snapshot's cost is what the loop pays for
+time whatever the model's size and the step's length. The disk snapshots the user asked for take
+none of the budget: each restarts the interval (the service holds it as its newest), so frequent
+saves make in-memory snapshots rarer, never the interval longer. (They used to take their share
+first, :func:`disk_share`, and left the tier one snapshot per 10 s once they took the whole 1 %:
+``bench_recovery``'s save every 2 s did at load 8 on two cores, each charged 20-90 ms, most of it
+the non-finite check of the losses kept since the last snapshot, a stack whose kernel TF built
+anew for each count of them (:mod:`procsv.trainer.nonfinite.losses`), so a kill re-did as many
+steps, ~300, as with no tier at all: issue 54.) A snapshot's cost is what the loop pays for
 it (:func:`snapshot_cost`): the whole step boundary that took it (the copy, the hand-off and that
 boundary's other work), the reads of the service made for its acknowledgment, and how much the step
 after it ran slower than a typical one, not only the copy (measured on the digits model: a copy
@@ -70,18 +75,21 @@ UNACKED_GRACE = 5.0  # seconds an unacknowledged in-memory snapshot keeps its sl
 MAX_INTERVAL = 10.0  # seconds: the longest Young's interval may stretch the time between two (not the budget's)
 CALM_AFTER = 300.0  # seconds a trainer trains without a failure before Young's interval may stretch the budget's
 COST_SAMPLES = 9  # the last snapshots whose median cost sets the interval
+SETTLED = 3  # samples before the median is trusted (before: the cheapest)
 
 
 def interval(cost_secs: float, budget: float = BUDGET, floor: float = MIN_INTERVAL, walk_secs: float = 0.0,
-             walk_every: float = 10.0, disk_share: float = 0.0, age_secs: float = 0.0) -> float:
+             walk_every: float = 10.0, age_secs: float = 0.0) -> float:
     """Seconds between in-memory snapshots whose copy stops the loop ``cost_secs``, when the walk
-    of the object graph they reuse costs ``walk_secs`` and is redone every ``walk_every`` seconds,
-    and the disk snapshots take ``disk_share`` of the loop's time (:func:`disk_share`): the budget
-    covers every snapshot the loop pays for. The walks and the disk snapshots take their share, the
-    in-memory copies the rest (none left: one in-memory snapshot per walk). Longer if the trainer
-    has trained ``age_secs`` without a failure, more than :data:`CALM_AFTER`: Young's interval for
-    failures ``age_secs - CALM_AFTER`` apart (:func:`young`), up to :data:`MAX_INTERVAL`."""
-    spare = budget - walk_secs / walk_every - disk_share
+    of the object graph they reuse costs ``walk_secs`` and is redone every ``walk_every`` seconds:
+    the walks take their share of the budget, the in-memory copies the rest (none left: one
+    in-memory snapshot per walk). The disk snapshots the user asked for take none of it: they are
+    paid for with the tier off too, and each restarts the interval (:class:`MemoryTier`'s
+    schedule), so frequent user saves make the in-memory ones rarer, never the interval longer.
+    Longer if the trainer has trained ``age_secs`` without a failure, more than
+    :data:`CALM_AFTER`: Young's interval for failures ``age_secs - CALM_AFTER`` apart
+    (:func:`young`), up to :data:`MAX_INTERVAL`."""
+    spare = budget - walk_secs / walk_every
     by_budget = max(floor, walk_every) if spare <= 0 else max(floor, cost_secs / spare)
     return max(by_budget, min(MAX_INTERVAL, young(cost_secs, age_secs - CALM_AFTER)))
 
@@ -94,30 +102,18 @@ def young(cost_secs: float, mtbf_secs: float) -> float:
     return math.sqrt(2.0 * cost_secs * mtbf_secs)
 
 
-def disk_share(cost_secs: Optional[float], gap_secs: Optional[float]) -> float:
-    """The share of the loop's time disk snapshots take: what one stops the loop (smoothed) over
-    the time between two (smoothed); 0 until two were taken. With Keras's ``save_freq=100`` on
-    ``bench_keras``'s MLP (13.5 MB every 0.8 s) it was about half the tier's 1 %, so the in-memory
-    snapshots between them got the other half instead of a whole 1 % more."""
-    if cost_secs is None or not gap_secs:
-        return 0.0
-    return cost_secs / gap_secs
-
-
-def smoothed_cost(previous: Optional[float], measured: float) -> float:
-    """A moving average of the disk snapshots' cost and of the time between two (for :func:`disk_share`;
-    the in-memory snapshots' cost is :func:`typical_cost`)."""
-    if previous is None:
-        return measured
-    return 0.7 * previous + 0.3 * measured
-
-
 def typical_cost(samples: Sequence[float]) -> Optional[float]:
     """The cost :func:`interval` is given: the median of the last :data:`COST_SAMPLES` snapshots'
     (None before the first), so a snapshot charged a descheduling of the trainer (tens of ms on a
-    busy machine) moves it no more than any other, and a lasting change moves it within a few."""
+    busy machine) moves it no more than any other, and a lasting change moves it within a few.
+    With fewer than :data:`SETTLED` the cheapest: a trainer's first snapshots pay one-offs (a
+    median of two, 7 and 35 ms at load, set a 2 s interval that the disk saves every 2 s then
+    kept restarting, so no snapshot came to bring it down: issue 54); a cost set too low is
+    corrected within a few snapshots, one set too high may never be."""
     recent = list(samples)[-COST_SAMPLES:]
-    return statistics.median(recent) if recent else None
+    if not recent:
+        return None
+    return statistics.median(recent) if len(recent) >= SETTLED else min(recent)
 
 
 @dataclass

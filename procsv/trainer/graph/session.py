@@ -20,6 +20,11 @@ runs in that thread, under the session's lock (one boundary at a time, whichever
 the session's own thread takes the lock for its boundaries too). Other runs from other threads (a
 queue runner, an ``sv.loop`` thread) are plain runs. ``partial_run`` is a plain run too; a callable
 from ``make_callable`` runs through this session's ``run``.
+
+The Supervisor makes it with :func:`procsv.trainer.session_type.make`: an instance of a
+``tf.compat.v1.Session`` subclass (``isinstance`` holds, TF's own code takes it) that is no second
+TensorFlow session; ``as_default()`` is TF's (this session becomes the default one, so ``eval()``
+and ``op.run()`` inside it run here).
 """
 
 from __future__ import annotations
@@ -188,6 +193,8 @@ class GraphSession:
             self.watch_keys = ()  # kept: the hooked run sees that its watched values were taken
 
     # ------------------------------------------------------------------ the rest of tf.compat.v1.Session
+    # (every public name of TF's BaseSession/Session: procsv.trainer.session_type.OWN; ``as_default``
+    # is TF's own, which makes this session the default: ``tensor.eval()`` inside it runs here)
     def partial_run_setup(self, fetches: Any, feeds: Any = None) -> Any:
         return self._sess.partial_run_setup(fetches, feeds)
 
@@ -224,9 +231,6 @@ class GraphSession:
     @property
     def sess_str(self) -> Any:
         return self._sess.sess_str  # as TF: the target as given (bytes for a tf.distribute.Server's)
-
-    def as_default(self) -> Any:
-        return self._sess.as_default()
 
     def list_devices(self) -> Any:
         return self._sess.list_devices()

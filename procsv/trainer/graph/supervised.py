@@ -99,7 +99,7 @@ class GraphSupervision:
         forget = getattr(setup.step, "forget", None)
         if forget is not None:
             forget()  # a new session: the step is read again, never the last session's
-        setup.session = session_type.make(GraphSession, self._state, should_stop, raw, setup.probe,
+        setup.session = session_type.make(GraphSession, "_sess", self._state, should_stop, raw, setup.probe,
                                           getattr(setup.step, "observe", None), before_close=self._before_close)
         return setup.session  # type: ignore[no-any-return]
 

@@ -23,44 +23,66 @@ from procsv.trainer import session_type
 
 class GraphRawSession:
     """The session hooks, ``StepContext.session`` and ``raw_session()`` get in graph mode: the
-    Supervisor's graph session (a ``tf.compat.v1.Session`` to the program: ``run``, ``graph``,
-    ``partial_run``, ``as_default``, ...; no hooks run here), with ``supervisor`` beside it. Made
-    by :func:`procsv.trainer.session_type.make`: TF's ``SessionInterface`` too, so
-    ``saver.save(session, path)`` and TF's own ``CheckpointSaverHook`` take it."""
+    Supervisor's graph session without hooks (its runs are still steps for the Supervisor: progress,
+    checkpoints), with ``supervisor`` beside it. Made by :func:`procsv.trainer.session_type.make`: a
+    ``tf.compat.v1.Session`` subclass (``isinstance`` holds; ``saver.save(session, path)``, TF's own
+    ``CheckpointSaverHook`` and ``start_queue_runners`` take it) that forwards every method of TF's
+    session to the Supervisor's; ``as_default()`` is TF's (this session becomes the default)."""
 
     def __init__(self, session: Any, supervisor: Any) -> None:
-        self._session = session
+        self._inner = session  # (not ``_session``: TF's BaseSession names its handle so)
         self.supervisor = supervisor
 
     def run(self, fetches: Any, feed_dict: Any = None, options: Any = None, run_metadata: Any = None) -> Any:
-        return self._session.run(fetches, feed_dict=feed_dict, options=options, run_metadata=run_metadata)
+        return self._inner.run(fetches, feed_dict=feed_dict, options=options, run_metadata=run_metadata)
 
     @property
     def graph(self) -> Any:
-        return self._session.graph
+        return self._inner.graph
+
+    @property
+    def graph_def(self) -> Any:
+        return self._inner.graph_def
 
     @property
     def sess_str(self) -> Any:
-        return self._session.sess_str
+        return self._inner.sess_str
 
     def partial_run_setup(self, fetches: Any, feeds: Any = None) -> Any:
-        return self._session.partial_run_setup(fetches, feeds)
+        return self._inner.partial_run_setup(fetches, feeds)
 
     def partial_run(self, handle: Any, fetches: Any, feed_dict: Any = None) -> Any:
-        return self._session.partial_run(handle, fetches, feed_dict)
+        return self._inner.partial_run(handle, fetches, feed_dict)
+
+    def make_callable(self, fetches: Any, feed_list: Any = None, accept_options: bool = False) -> Any:
+        """The Supervisor's session's callable: its calls are runs of that session (steps)."""
+        return self._inner.make_callable(fetches, feed_list, accept_options)
+
+    def list_devices(self) -> Any:
+        return self._inner.list_devices()
+
+    def close(self) -> None:
+        """Close the Supervisor's session (as TF's ``raw_session().close()`` closes the session)."""
+        self._inner.close()
+
+    def __enter__(self) -> "GraphRawSession":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     @property
     def session(self) -> Any:
         """The Supervisor's own graph session."""
-        return self._session
+        return self._inner
 
     def should_stop(self) -> bool:
         return bool(self.supervisor.should_stop())
 
-    def __getattr__(self, name: str) -> Any:  # partial_run, partial_run_setup, as_default, sess_str, ...
-        if name.startswith("__"):
+    def __getattr__(self, name: str) -> Any:  # the Supervisor's session's own attributes (``raw``, ``live``)
+        if name.startswith("__") or name == "_inner":
             raise AttributeError(name)
-        return getattr(self._session, name)
+        return getattr(self._inner, name)
 
 
 def _queue_runners_started(sv: Any, session: Any) -> None:
@@ -79,7 +101,7 @@ def create(creator: Any) -> GraphRawSession:
         # a worker's max_wait_secs bounds its wait for the chief (graph mode under --ps), as TF's wait_for_session
         wait = getattr(creator, "max_wait_secs", 7200)
         session = sv.prepare_or_wait_for_session(master=creator.master, config=creator.config, max_wait_secs=wait)
-        raw = session_type.make(GraphRawSession, session, sv)
+        raw = session_type.make(GraphRawSession, "_inner", session, sv)
         _queue_runners_started(sv, session)
     except BaseException:
         sv._release()

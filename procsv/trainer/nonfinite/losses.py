@@ -32,6 +32,21 @@ class LossWatch:
         self.chunks: list[tuple[list[int], Any]] = []
         self.reads = 0
 
+    def warm(self) -> None:
+        """Build the kernels a check of float32 losses runs, once, before the first step (a hot
+        standby: before its promotion): a stack of each size :meth:`_compact` pads to, and the
+        reduction over it. A first check of each size otherwise built its kernel on the step path:
+        3-33 ms each at load, the first snapshots of every restarted trainer charged that much."""
+        import tensorflow as tf
+
+        if not tf.executing_eagerly():  # a graph program: its losses are host values (session.run's)
+            return
+        zero = tf.constant(0.0)
+        size = 1
+        while size <= COMPACT_AT:
+            tf.reduce_all(tf.math.is_finite(tf.stack([zero] * size))).numpy()
+            size *= 2
+
     def keep_step(self, step: int, out: Any) -> None:
         """The value step ``step`` returned: its loss is kept (anything else is ignored)."""
         if isinstance(out, dict):
@@ -75,13 +90,18 @@ class LossWatch:
     def _compact(self) -> None:
         import tensorflow as tf
 
+        # padded to a power of two with the last value (which judges its own step twice): TF caches
+        # a kernel per input count, and a count never seen before cost 8-13 ms to build at load
+        # (the check before an in-memory snapshot, ~400 losses: more than the copy; issue 54)
+        pad = (1 << (len(self.pending) - 1).bit_length()) - len(self.pending)
+        pending, steps = self.pending + [self.pending[-1]] * pad, self.steps + [self.steps[-1]] * pad
         try:
-            stacked = tf.stack(self.pending)  # one op: the kept scalars share a dtype, as a loop's losses do
+            stacked = tf.stack(pending)  # one op: the kept scalars share a dtype, as a loop's losses do
         except (TypeError, ValueError, tf.errors.InvalidArgumentError):
-            stacked = tf.stack([tf.cast(v, tf.float64) for v in self.pending])  # mixed dtypes: one op each
+            stacked = tf.stack([tf.cast(v, tf.float64) for v in pending])  # mixed dtypes: one op each
         if stacked.dtype != tf.float64 and stacked.dtype != tf.float32:
             stacked = tf.cast(stacked, tf.float64)  # float16/bfloat16: concatenable with the others
-        self.chunks.append((self.steps, stacked))
+        self.chunks.append((steps, stacked))
         self.pending, self.steps = [], []
 
     def check(self) -> Optional[int]:
