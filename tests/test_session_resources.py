@@ -49,3 +49,25 @@ def test_the_snapshot_memory_of_each_session_is_let_go_at_its_stop(logdir):
                 sess.run(train)
             after.append(_arenas() - before)
     assert len(set(inside)) == 1 and after == [0] * 7, (inside, after)  # as many in each session, none after
+
+
+def test_what_procsv_builds_in_a_graph_lets_the_graph_go():
+    """The ops procsv adds to a TF1 graph (built once per graph, reused by a second Supervisor on it)
+    do not keep the graph alive once the program drops it (a WeakKeyDictionary whose values held
+    the graph's own ops kept every graph for the life of the process)."""
+    import gc
+    import weakref
+
+    import tensorflow as tf
+
+    from procsv.trainer.graph.built import once_per_graph
+
+    graph = tf.Graph()
+    with graph.as_default():
+        v = tf.compat.v1.get_variable("v", initializer=1.0)
+        first = once_per_graph(graph, ("read", v.name), lambda: v.read_value())
+    assert once_per_graph(graph, ("read", v.name), lambda: None) is first  # built once
+    gone = weakref.ref(graph)
+    del graph, v, first
+    gc.collect()
+    assert gone() is None
