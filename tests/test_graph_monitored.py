@@ -250,6 +250,36 @@ def test_tensorflows_own_hook_and_listener_classes_run_step_fn_and_raw_session_i
     assert committed_steps(logdir) == [0, 2]
 
 
+@pytest.mark.parametrize("kind", ["SingularMonitoredSession", "MonitoredSession", "MonitoredTrainingSession"])
+def test_a_monitored_session_closes_its_session_at_its_close_as_tensorflows(logdir, kind):
+    """The session a hook got at ``after_create_session`` is closed once the block ends, with
+    TensorFlow's classes and with procsv's (each ended session kept its TF session open before)."""
+    import tensorflow as tf
+
+    from procsv import train
+
+    def ended_session(api) -> Exception:
+        got = []
+
+        class Keep(tf.compat.v1.train.SessionRunHook):
+            def after_create_session(self, session, coord):
+                got.append(session)
+
+        with tf.Graph().as_default():
+            m = _model(tf)
+            args = {"checkpoint_dir": None} if kind != "MonitoredSession" else {}
+            with getattr(api, kind)(hooks=[Keep()], **args) as sess:
+                sess.run(m["train_op"])
+                assert got and int(got[0].run(m["gs"])) == 1
+            with pytest.raises(RuntimeError) as err:
+                got[0].run(m["gs"])
+            return err.value
+
+    theirs = ended_session(tf.compat.v1.train)
+    ours = ended_session(train)
+    assert str(ours) == str(theirs) == "Attempted to use a closed Session."
+
+
 def test_singular_monitored_session_does_not_recover_from_an_aborted_run(logdir):
     import tensorflow as tf
 

@@ -98,6 +98,44 @@ def test_a_rewrite_killed_before_its_manifest_leaves_the_previous_checkpoint_who
     assert sorted(os.listdir(layout.manifests)) == ["model.ckpt.json"]
 
 
+@pytest.mark.parametrize("point", ["before_keep", "mid_keep"])
+def test_a_rewrite_killed_before_its_files_are_kept_leaves_the_previous_checkpoint_whole(tmp_path, point):
+    """SIGKILL after the intent record is written and before (or while) the committed files are
+    hard-linked aside: the previous files were never renamed over, so the recovery must leave them
+    (it unlinked every name of the record that was not kept, the previous checkpoint's own files)."""
+    logdir = str(tmp_path)
+    first = _commits(str(tmp_path / "first"), "1:2")
+    assert first.returncode == 0, first.stderr
+    done = _commits(logdir, "1:2", "2:1", fault=f"checkpoint:{point}:1")  # (reached by the rewrite only)
+    assert done.returncode == -9 and done.stdout.splitlines() == ["committed 1"], done.stderr
+    notes = CheckpointStore(Layout(logdir)).recover()
+    assert "rolled back the uncommitted rewrite of model.ckpt; the previous one is whole" in notes
+    layout = Layout(logdir)
+    committed = list_committed(layout)
+    assert [(m.step, m.prefix) for m in committed] == [(1, "model.ckpt")]
+    verify(layout, committed[0])
+    assert _files(logdir) == _files(str(tmp_path / "first"))
+    assert sorted(os.listdir(layout.manifests)) == ["model.ckpt.json"]
+    again = _commits(logdir, "3:1")  # and the next rewrite commits over it
+    assert again.returncode == 0, again.stderr
+    assert _files(logdir)["model.ckpt.index"] == "index of step 3\n"
+
+
+def test_the_intent_record_of_a_rewrite_alone_leaves_the_previous_checkpoint_whole(tmp_path):
+    """What a SIGKILL right after the record is written leaves (the record as the store writes it,
+    nothing kept, nothing renamed): the recovery keeps the committed files."""
+    logdir = str(tmp_path)
+    assert _commits(logdir, "1:2").returncode == 0
+    layout = Layout(logdir)
+    (m,) = list_committed(layout)
+    before = _files(logdir)
+    with open(os.path.join(layout.manifests, "model.ckpt.pending"), "w") as fh:
+        json.dump({"files": ["model.ckpt.data-00000-of-00001", "model.ckpt.index"], "replaces": m.committed_at}, fh)
+    CheckpointStore(layout).recover()
+    verify(layout, list_committed(layout)[0])
+    assert _files(logdir) == before
+
+
 def test_a_rewrite_killed_after_its_manifest_is_committed(tmp_path):
     logdir = str(tmp_path)
     done = _commits(logdir, "1:2", "2:1", fault="checkpoint:before_state_file:2")

@@ -419,3 +419,30 @@ def test_a_program_training_only_through_raw_session_is_not_hung_and_its_checkpo
         with tf.compat.v1.Session() as plain:
             tf.compat.v1.train.Saver().restore(plain, latest)
             assert plain.run(gs) == 200
+
+
+
+def test_a_with_block_on_a_graph_session_makes_it_the_default_session_as_tensorflows(logdir, tmp_path):
+    """``with sess:`` (TF's ``Session.__enter__``) on the Supervisor's session and on ``raw_session()``
+    makes it the default session and its graph the default graph: ``op.run()`` and ``tensor.eval()``
+    inside run through it; the block's end closes it; as TF's classes (the
+    program runs both, eager execution disabled). Was: ``No default session is registered``."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO, quiet_env
+
+    def program(where: str, *flag: str) -> list[object]:
+        done = subprocess.run([sys.executable, WITH_PROGRAM, where, *flag], capture_output=True, text=True,
+                              env=quiet_env(), cwd=REPO, timeout=300)
+        lines = [x for x in done.stdout.splitlines() if x.startswith("result ")]
+        assert done.returncode == 0 and len(lines) == 1, done.stdout[-2000:] + done.stderr[-3000:]
+        return json.loads(lines[0][len("result "):])
+
+    theirs = program(str(tmp_path / "tf"), "--tf")
+    ours = program(logdir)
+    assert ours == theirs == [True, True, 2, True, True, 1, "Attempted to use a closed Session."]
+
+
+WITH_PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "tf1_with_session.py")

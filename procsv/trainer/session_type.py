@@ -117,10 +117,34 @@ def as_tf_session(cls: type[T], inner: str) -> type[T]:
     return made
 
 
+def enter(sess: Any) -> Any:
+    """A proxy's ``__enter__``, as TF's ``Session.__enter__``: its graph becomes the default graph and
+    the proxy the default session (``tensor.eval()`` and ``op.run()`` inside run through it), until
+    :func:`leave`; not re-entrant (TF's ``RuntimeError``)."""
+    if vars(sess).get("_entered") is not None:  # (vars: a proxy's __getattr__ would read its inner session's)
+        raise RuntimeError("Session context managers are not re-entrant. Use `Session.as_default()` if you want "
+                           "to enter a session multiple times.")
+    graph, default = sess.graph.as_default(), sess.as_default()
+    sess._entered = (graph, default)
+    graph.__enter__()
+    return default.__enter__()
+
+
+def leave(sess: Any, exc_type: Any, exc: Any, tb: Any) -> None:
+    """A proxy's ``__exit__``, as TF's ``Session.__exit__``: the defaults :func:`enter` set are undone,
+    then the session is closed."""
+    entered = vars(sess).pop("_entered", None)
+    if entered is not None:
+        graph, default = entered
+        default.__exit__(exc_type, exc, tb)
+        graph.__exit__(exc_type, exc, tb)
+    sess.close()
+
+
 def make(cls: type[T], inner: str, *args: Any, **kwargs: Any) -> T:
     """An instance of ``as_tf_session(cls, inner)``."""
     return as_tf_session(cls, inner)(*args, **kwargs)
 
 
-__all__ = ["OWN", "SAFE", "as_tf_session", "constants", "make", "private_methods", "session_bases", "tf_names",
+__all__ = ["OWN", "SAFE", "as_tf_session", "constants", "enter", "leave", "make", "private_methods", "session_bases", "tf_names",
            "unaccounted"]

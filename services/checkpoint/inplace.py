@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Any, TypeGuard
+from typing import Any, Callable, Collection, TypeGuard
 
 from procsv.common.layout import Layout, fsync_dir, read_json
 from procsv.common.manifests import Manifest, manifest_path
@@ -41,8 +41,9 @@ def _own(prefix: str, name: str) -> bool:
     return "/" not in name and name.startswith(prefix + ".")
 
 
-def keep_previous(layout: Layout, old: Manifest) -> None:
-    """Hard-link ``old``'s files into :func:`previous_dir` (fsynced): step 3 of a rewrite."""
+def keep_previous(layout: Layout, old: Manifest, linked: Callable[[], None] = lambda: None) -> None:
+    """Hard-link ``old``'s files into :func:`previous_dir` (fsynced): step 3 of a rewrite.
+    ``linked()`` is called after each link (the store's fault point, for tests)."""
     folder = previous_dir(layout, old.prefix)
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
@@ -52,19 +53,23 @@ def keep_previous(layout: Layout, old: Manifest) -> None:
                 os.link(os.path.join(layout.logdir, name), os.path.join(folder, name))
             except FileNotFoundError:
                 pass  # (verified before the rewrite; a file gone since cannot be kept)
+            linked()
     fsync_dir(folder)
     fsync_dir(layout.manifests)
 
 
-def put_back(layout: Layout, prefix: str, new_names: list[str]) -> None:
+def put_back(layout: Layout, prefix: str, new_names: list[str], old_names: Collection[str]) -> None:
     """Undo a rewrite that did not reach its manifest: the kept files renamed back over the new
-    ones, a new file the previous checkpoint had not unlinked, the kept folder removed."""
+    ones, a new file the previous checkpoint had not unlinked, the kept folder removed.
+
+    A name of the previous checkpoint (``old_names``) is never unlinked: not kept, it was not
+    renamed over either (the renames start once every file is kept), so it is the previous file."""
     folder = previous_dir(layout, prefix)
     kept = set(os.listdir(folder)) if os.path.isdir(folder) else set()
     for name in sorted(kept, key=lambda n: n.endswith(".index")):  # data first, index last, as a commit
         os.rename(os.path.join(folder, name), os.path.join(layout.logdir, name))
     for name in new_names:
-        if _own(prefix, name) and name not in kept:
+        if _own(prefix, name) and name not in kept and name not in old_names:
             try:
                 os.unlink(os.path.join(layout.logdir, name))
             except FileNotFoundError:
@@ -95,7 +100,7 @@ def recover(layout: Layout, prefix: str, record: dict[str, Any]) -> str:
     current = Manifest.from_json(read_json(manifest_path(layout, prefix)))
     names = [n for n in record.get("files", []) if isinstance(n, str)]
     if current is None or current.committed_at == record["replaces"]:
-        put_back(layout, prefix, names)
+        put_back(layout, prefix, names, current.files if current is not None else ())
         return f"rolled back the uncommitted rewrite of {prefix}; the previous one is whole"
     shutil.rmtree(previous_dir(layout, prefix), ignore_errors=True)
     return f"finished the rewrite of {prefix}"

@@ -44,6 +44,7 @@ from procsv.services.checkpoint.policy import retention
 
 FAULT_POINTS = ("before_data_write", "after_data_write", "before_rename", "after_rename",
                 "before_state_file", "after_state_file", "mid_delete")
+REWRITE_FAULT_POINTS = ("before_keep", "mid_keep")  # reached only by a rewrite in place (:mod:`.inplace`)
 
 
 def fault_point(name: str) -> None:
@@ -175,7 +176,8 @@ class CheckpointStore:
             placed: list[str] = []
             try:
                 if old is not None:
-                    inplace.keep_previous(self.layout, old)
+                    fault_point("before_keep")
+                    inplace.keep_previous(self.layout, old, lambda: fault_point("mid_keep"))
                 fault_point("before_rename")
                 # data files first, index last: the index is what makes a prefix look complete to TF
                 for name in sorted(names, key=lambda n: n.endswith(".index")):
@@ -187,7 +189,7 @@ class CheckpointStore:
                 write_json(manifest_path(self.layout, prefix), manifest.to_json())
             except OSError:
                 if old is not None:  # the previous files go back where they were
-                    inplace.put_back(self.layout, prefix, placed)
+                    inplace.put_back(self.layout, prefix, placed, old.files)
                     os.unlink(self._pending(prefix))
                     raise
                 self._roll_back(prefix, placed)  # a full disk must not keep an uncommitted copy's space

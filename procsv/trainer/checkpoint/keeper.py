@@ -41,7 +41,11 @@ class CheckpointKeeper:
         self._channels = channels
 
     def detach(self) -> None:
+        """The session ended (the Supervisor's stop released it): no service to reach, and the agent's
+        snapshot memory is let go (each session's agent made its own arena, a memfd of the state's
+        size, kept until the process exited: one more per ``managed_session`` block)."""
         self._channels = None
+        self.agent.store.close()
 
     def configure(self, setup: Callable[[CheckpointAgent], None]) -> None:
         """Apply ``setup`` to the agent now and to every agent made later (:meth:`renew`)."""

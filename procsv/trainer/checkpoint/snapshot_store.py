@@ -69,11 +69,7 @@ class SnapshotStore:
         if self.arena is not None and self.arena.slot_size >= nbytes:
             return self.arena
         if self.arena is not None:
-            # nothing in flight to disk when we get here; the service keeps its own mapping of a held snapshot
-            self.arena.close()
-            self.arena = None
-            self.slots = Slots(self.slots.n)
-            self.copies = {}
+            self.close()  # nothing in flight to disk when we get here; the service keeps its own mapping of a held snapshot
         try:
             self.arena = SnapshotArena(nbytes, self.slots.n)
         except OSError as exc:  # no memfd here: snapshots travel as ZeroMQ frames instead
@@ -82,6 +78,15 @@ class SnapshotStore:
             return None
         self.arena.populate(background)
         return self.arena
+
+    def close(self) -> None:
+        """Let go of the snapshot memory (its session ended): the next snapshot makes a new arena. The
+        checkpoint service keeps its own mapping of a snapshot it holds (as when a trainer exits)."""
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
+            self.slots = Slots(self.slots.n)
+            self.copies = {}
 
     def plan_reusable(self, now: float, max_age: float) -> bool:
         """The last walk of the object graph may be reused at ``now``: made under ``max_age`` s ago,

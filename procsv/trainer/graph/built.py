@@ -10,17 +10,23 @@ builds them the first time and hands the same ops out afterwards. Nothing here h
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, Callable, Hashable, TypeVar
 
 T = TypeVar("T")
 
-_BUILT: "weakref.WeakKeyDictionary[Any, dict[Hashable, Any]]" = weakref.WeakKeyDictionary()
+_ATTR = "_procsv_built"  # the graph's own attribute: what was built lives and dies with the graph
 
 
 def once_per_graph(graph: Any, key: Hashable, make: Callable[[], T]) -> T:
-    """What ``make()`` built for ``graph`` under ``key``: built the first time only."""
-    per = _BUILT.setdefault(graph, {})
+    """What ``make()`` built for ``graph`` under ``key``: built the first time only.
+
+    Kept on the graph itself: a module-level ``WeakKeyDictionary`` keyed by the graph never let a
+    graph go, since what is built (its ops, variables) refers to the graph (one graph and its
+    ops kept per Supervisor's graph for the life of the process)."""
+    per: "dict[Hashable, Any] | None" = getattr(graph, _ATTR, None)
+    if per is None:
+        per = {}
+        setattr(graph, _ATTR, per)  # (a tf.Graph takes attributes, though vars() has none to show)
     if key not in per:
         per[key] = make()
     built: T = per[key]

@@ -33,6 +33,7 @@ from threading import RLock, get_ident
 from typing import Any, Callable, Optional
 
 from procsv.common.errors import TrainingStopped
+from procsv.trainer import session_type
 from procsv.trainer.graph.fastrun import MISS, fast_run
 from procsv.trainer.graph.runplan import CACHE_MAX, RunPlan, keep_losses, make_plan, plan_key
 from procsv.trainer.graph.steps import VERIFY_EVERY, StepProbe
@@ -248,10 +249,11 @@ class GraphSession:
         self._sess.close()
 
     def __enter__(self) -> "GraphSession":
-        return self
+        """As TF's session: the default session (and its graph the default graph) inside the block."""
+        return session_type.enter(self)  # type: ignore[no-any-return]
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()
+        session_type.leave(self, *exc)
 
 
 def keep_watched(losses: Any, step: int, fetch: Any, value: Any, key: Any = None) -> None:

@@ -66,10 +66,11 @@ class GraphRawSession:
         self._inner.close()
 
     def __enter__(self) -> "GraphRawSession":
-        return self
+        """As TF's session: the default session (and its graph the default graph) inside the block."""
+        return session_type.enter(self)  # type: ignore[no-any-return]
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()
+        session_type.leave(self, *exc)
 
     @property
     def session(self) -> Any:

@@ -95,8 +95,8 @@ class GraphMonitoredSession(SessionEnd):
         sv = self._creator.supervisor
         sv.request_stop(exc)  # recorded: the stop writes no checkpoint of a half-applied run
         getattr(sv, "_stop_quietly", sv.stop)()
-        self._sess = None
-        self._raw = None
+        raw, self._sess, self._raw = self._raw, None, None
+        _close(raw)
 
     def _stop_supervisor(self, exc: Optional[BaseException]) -> None:
         sv = self._creator.supervisor
@@ -185,8 +185,17 @@ class GraphMonitoredSession(SessionEnd):
             raise sv.coord.exception
 
     def _forget(self) -> None:
-        self._sess = None
-        self._raw = None  # as TF: raw_session() after the close is None
+        raw, self._sess, self._raw = self._raw, None, None  # as TF: raw_session() after the close is None
+        _close(raw)
+
+
+def _close(raw: Any) -> None:
+    """Close the Supervisor's session of a MonitoredSession that ended (after its Supervisor's stop,
+    as ``managed_session``'s block closes its session): TF's MonitoredSession closes its session at
+    its close and before a recovery's new one; left open, each ended session kept its TensorFlow
+    session (and its graph's variables) for the life of the process."""
+    if raw is not None:
+        raw.close()
 
 
 __all__ = ["GraphMonitoredSession"]
