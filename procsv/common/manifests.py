@@ -317,10 +317,13 @@ def step_of_prefix(prefix: str) -> Optional[int]:
 def committed_step(layout: Layout, basename: str, step: int, numbered: bool = True) -> Optional[Manifest]:
     """The committed checkpoint of ``step`` under ``basename`` if its files verify (checksums too),
     else None (a damaged one is the commit's to set aside and write anew; a basename that would
-    leave the logdir is the commit's to refuse)."""
-    if not basename or "/" in basename or "\0" in basename:
+    leave the logdir, a negative step or a name the filesystem cannot hold is the commit's to refuse)."""
+    if not basename or "/" in basename or "\0" in basename or step < 0:
         return None
-    done = Manifest.from_json(read_json(manifest_path(layout, f"{basename}-{step}" if numbered else basename)))
+    try:
+        done = Manifest.from_json(read_json(manifest_path(layout, f"{basename}-{step}" if numbered else basename)))
+    except OSError:  # ENAMETOOLONG, EACCES, ...: not a commit found here
+        return None
     if done is None or done.step != step:
         return None
     try:
