@@ -4,8 +4,7 @@ Runs in the checkpoint service process (the only writer of checkpoints). A commi
 ``<basename>-<step>`` goes through these steps; a crash at any of them leaves the previous
 committed checkpoint as the latest loadable one:
 
-1. the checkpoint's files into a fresh folder under ``.procsv/tmp/``
-   (:mod:`procsv.services.checkpoint.writer`); fsync the files.
+1. the checkpoint's files into a fresh folder under ``.procsv/tmp/`` (:mod:`.writer`); fsync the files.
 2. the checksum of every file (CRC-32C, :mod:`procsv.common.crc32c`); an intent record
    ``.procsv/checkpoints/<prefix>.pending`` (atomic).
 3. rename the data file(s), then the index, into the logdir; fsync the logdir.
@@ -42,8 +41,8 @@ from procsv.common.manifests import Manifest, list_committed, manifest_path, ret
 from procsv.services.checkpoint import inplace
 from procsv.services.checkpoint.policy import retention
 
-FAULT_POINTS = ("before_data_write", "after_data_write", "before_rename", "after_rename",
-                "before_state_file", "after_state_file", "mid_delete")
+FAULT_POINTS = ("before_data_write", "after_data_write", "before_rename", "after_rename", "before_state_file",
+                "after_state_file", "mid_delete")
 REWRITE_FAULT_POINTS = ("before_keep", "mid_keep")  # reached only by a rewrite in place (:mod:`.inplace`)
 
 

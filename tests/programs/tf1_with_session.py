@@ -27,7 +27,9 @@ seen: list[object] = []
 with tf.Graph().as_default():
     gs = tf.compat.v1.train.get_or_create_global_step()
     step = tf.compat.v1.assign_add(gs, 1)
-    sv = Supervisor(logdir=LOGDIR, summary_op=None, save_model_secs=0)
+    # no service threads: TF's step counter thread (save_summaries_secs) runs on the session this block
+    # closes, and its CancelledError then comes out of TF's own sv.stop() when it loses the race
+    sv = Supervisor(logdir=LOGDIR, summary_op=None, save_model_secs=0, save_summaries_secs=0)
     sess = sv.prepare_or_wait_for_session("")
     with sess as entered:
         step.op.run()
