@@ -230,6 +230,22 @@ def launch_and_kill_trainer_once(logdir: str, *target_args: str, target: str,
     return code, out, err
 
 
+def sigkill_where_it_says(proc: subprocess.Popen, logdir: str, kill_file: str, what: str,
+                          timeout: float = 240) -> tuple[int, str, str]:
+    """A launched program writes its pid to ``kill_file`` at the point a test wants it killed: SIGKILL
+    it there (it must be the launch's trainer), then wait for the launch to end; returns ``finish``'s
+    (code, stdout, stderr). A launch still running when anything fails is killed with its group."""
+    try:
+        pid = int(wait_for(lambda: os.path.exists(kill_file) and open(kill_file).read(), timeout, what=what))
+        assert pid == wait_role_pid(logdir, "trainer")
+        os.kill(pid, signal.SIGKILL)
+        return finish(proc, 300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
 def restores(logdir: str) -> list[int]:
     """The steps of the run's ``restored`` lifecycle records, in order."""
     return [e["step"] for e in lifecycle(logdir) if e["event"] == "restored"]

@@ -12,17 +12,16 @@ import ast
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import pytest
 
 import tensorflow as tf
 
-from conftest import PROGRAMS, finish, launch, quiet_env, wait_for, wait_role_pid
+from conftest import PROGRAMS, finish, launch, quiet_env, sigkill_where_it_says
 
 KINDS = os.path.join(PROGRAMS, "keras_nan_kinds.py")
 NAN_LOOP = os.path.join(PROGRAMS, "nan_keras_loop.py")
@@ -184,15 +183,7 @@ def test_keras_fit_with_adam_and_a_schedule_killed_after_a_poisoned_batch_resume
     proc = launch(logdir, "--kind", "validation", "--adam-schedule", "--nan-at", "17", "--kill-after", "20",
                   "--kill-file", kill_file, "--weights-out", weights, target=KINDS,
                   env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"))
-    try:
-        pid = int(wait_for(lambda: os.path.exists(kill_file) and open(kill_file).read(), 240, what="batch 20"))
-        assert pid == wait_role_pid(logdir, "trainer")
-        os.kill(pid, signal.SIGKILL)
-        code, out, err = finish(proc, 300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+    code, out, err = sigkill_where_it_says(proc, logdir, kill_file, "batch 20")
     said = out + err
     assert code == 0, said
     assert "was killed by SIGKILL; restarted" in said and "skipped step 18" in said, said

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from typing import Callable, Iterator
@@ -14,7 +13,7 @@ from typing import Callable, Iterator
 import pytest
 import tensorflow as tf
 
-from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, wait_for, wait_role_pid
+from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, sigkill_where_it_says
 
 NAN_LOOP = os.path.join(PROGRAMS, "nan_keras_loop.py")
 # the snapshots lag the poisoned steps by cadence: a checkpoint every 20 steps, no in-memory tier, so
@@ -93,16 +92,7 @@ def test_two_poisoned_steps_close_together_and_a_sigkill_between_them_each_skipp
     with busy():
         proc = launch(logdir, "--nan-at", "55", "--nan-at", "58", *LAGGING, "--kill-after", "57", "--kill-visit", "2",
                       "--kill-file", kill_file, target=NAN_LOOP, env=quiet_env(**NO_MEMORY_TIER))
-        try:
-            pid = int(wait_for(lambda: os.path.exists(kill_file) and open(kill_file).read(), 240,
-                               what="step 57 after the skip"))
-            assert pid == wait_role_pid(logdir, "trainer")
-            os.kill(pid, signal.SIGKILL)
-            code, out, err = finish(proc, 300)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
+        code, out, err = sigkill_where_it_says(proc, logdir, kill_file, "step 57 after the skip")
     said = out + err
     assert code == 0, said
     first = open(os.path.join(logdir, "logs", "trainer.1.log")).read()
