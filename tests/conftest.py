@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import psutil
 import pytest
@@ -370,6 +370,25 @@ def on_one_core():  # type: ignore[no-untyped-def]
 def burners(n: int = 1) -> list[subprocess.Popen]:
     """``n`` CPU-bound processes (load): start them inside ``on_one_core()``; the caller kills them."""
     return [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]
+
+
+@contextlib.contextmanager
+def cpu_burners_beside() -> Iterator[None]:
+    """Two CPU-bound processes beside the run under procsv (the machine has two cores), unpinned,
+    killed when the block ends (a test's plain reference runs run without them)."""
+    procs = burners(2)
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def skipped_steps(logdir: str) -> list[int]:
+    """The steps a launch skipped, as its ``logs/report.json`` says (``skipped_steps``)."""
+    with open(os.path.join(logdir, "logs", "report.json")) as fh:
+        return list(json.load(fh).get("skipped_steps") or [])
 
 
 def proc_children(pid: int) -> list[int]:

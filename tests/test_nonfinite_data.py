@@ -13,8 +13,8 @@ from typing import Callable
 import pytest
 import tensorflow as tf
 
-from conftest import PROGRAMS, finish, launch, launch_and_kill_trainer_once, lifecycle, quiet_env
-from test_nonfinite_lag import busy
+from conftest import (PROGRAMS, cpu_burners_beside, finish, launch, launch_and_kill_trainer_once, lifecycle,
+                      quiet_env)
 
 NAN_DATA = os.path.join(PROGRAMS, "nan_data_loop.py")
 # a checkpoint every 20 steps, no in-memory tier: a NaN at step 35 is rolled back to step 20
@@ -60,7 +60,7 @@ def test_a_skipped_step_of_a_tf_data_loop_takes_exactly_its_own_batch(logdir, pl
     # iterator one element ahead: after the restore step 21 trained on element 22, ..., step 34 on
     # element 35 (the NaN), and the rollback skipped the healthy step 34 (exit 0, not bit-equal).
     # Now a step handed its input has its boundary after it: the snapshot's data position is its step's
-    with busy():
+    with cpu_burners_beside():
         code, out, err = finish(launch(logdir, "--bind", bind, "--nan-at", "35", *LAGGING, target=NAN_DATA,
                                        env=quiet_env(**NO_MEMORY_TIER)), 900)
     said = out + err
@@ -76,7 +76,7 @@ def test_a_restart_of_a_loop_fed_from_a_checkpointed_iterator_resumes_at_its_own
     # (taken inside the run of step 21, after the loop's next(it)): element 21 was never trained and
     # every later step trained on the next step's batch. Now the final variables are bit-equal to
     # a plain run's
-    with busy():
+    with cpu_burners_beside():
         code, out, err = launch_and_kill_trainer_once(logdir, "--bind", "args", *LAGGING, target=NAN_DATA,
                                                       env=quiet_env(**NO_MEMORY_TIER), past=5)
     said = out + err

@@ -9,7 +9,6 @@ rolled back whole under EarlyStopping."""
 from __future__ import annotations
 
 import ast
-import json
 import os
 import re
 import subprocess
@@ -21,7 +20,7 @@ import pytest
 
 import tensorflow as tf
 
-from conftest import PROGRAMS, finish, launch, quiet_env, sigkill_where_it_says
+from conftest import PROGRAMS, cpu_burners_beside, finish, launch, quiet_env, sigkill_where_it_says, skipped_steps
 
 KINDS = os.path.join(PROGRAMS, "keras_nan_kinds.py")
 NAN_LOOP = os.path.join(PROGRAMS, "nan_keras_loop.py")
@@ -32,13 +31,8 @@ LAGGING = ("--steps", "80", "--save-steps", "20", "--step-delay", "0.01", "--bin
 @pytest.fixture
 def busy() -> Iterator[None]:
     """Two CPU-bound processes beside the run under procsv (the machine has two cores)."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(2)]
-    try:
+    with cpu_burners_beside():
         yield
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
 
 
 def _plain_fit(where: str, *args: str) -> dict[str, bytes]:
@@ -60,11 +54,6 @@ def _checkpoint(where: str, step: int) -> dict[str, bytes]:
             if k.endswith("VARIABLE_VALUE") and not k.startswith("save_counter")}
 
 
-def _skipped(logdir: str) -> list[int]:
-    with open(os.path.join(logdir, "logs", "report.json")) as fh:
-        return list(json.load(fh).get("skipped_steps") or [])
-
-
 def test_keras_fit_of_a_subclassed_model_with_the_guides_train_step_skips_a_poisoned_batch_bit_equal(
         logdir: str, tmp_path, busy: None) -> None:
     # a subclassed model built with model.build((None, 4)) has no variable yet (Keras creates them
@@ -79,7 +68,7 @@ def test_keras_fit_of_a_subclassed_model_with_the_guides_train_step_skips_a_pois
     said = out + err
     assert code == 0, said
     assert "skipped step 18" in said, said  # batch 17 of fit is global step 18
-    assert _skipped(logdir) == [18], said
+    assert skipped_steps(logdir) == [18], said
     assert _weights(weights) == _plain_fit(str(tmp_path), "--kind", "custom_step", "--drop-at", "17")
 
 
@@ -118,7 +107,7 @@ def test_keras_fit_with_adam_and_a_learning_rate_schedule_skips_a_poisoned_batch
                                    "--weights-out", weights, target=KINDS), 300)
     said = out + err
     assert code == 0, said
-    assert _skipped(logdir) == [18], said
+    assert skipped_steps(logdir) == [18], said
     assert _weights(weights) == _plain_fit(str(tmp_path), "--kind", "validation", "--adam-schedule", "--drop-at", "17")
 
 
@@ -138,7 +127,7 @@ def test_a_custom_loop_with_a_schedule_batchnorm_and_a_loss_scale_optimizer_skip
     said = out + err
     assert code == 0, said
     assert "restored step 40 from" in said and "restored step 54 from the state kept before the retry" in said, said
-    assert _skipped(logdir) == [55], said
+    assert skipped_steps(logdir) == [55], said
     plain = str(tmp_path / "plain")
     done = subprocess.run([sys.executable, NAN_LOOP, "--logdir", plain, *features, *LAGGING, "--skip-at", "55"],
                           capture_output=True, text=True, env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"), timeout=300)
@@ -163,7 +152,7 @@ def test_two_poisoned_gradients_close_together_are_each_skipped_once_within_the_
     said = out + err
     assert code == 0, said
     assert "skipping step 45, not step 46" in said and "skipping step 47, not step 48" in said, said
-    assert _skipped(logdir) == [45, 47], said
+    assert skipped_steps(logdir) == [45, 47], said
     plain = str(tmp_path / "plain")
     done = subprocess.run([sys.executable, NAN_LOOP, "--logdir", plain, "--optimizer", "adam", *LAGGING,
                            "--skip-at", "45", "--skip-at", "47"], capture_output=True, text=True,
@@ -187,5 +176,5 @@ def test_keras_fit_with_adam_and_a_schedule_killed_after_a_poisoned_batch_resume
     said = out + err
     assert code == 0, said
     assert "was killed by SIGKILL; restarted" in said and "skipped step 18" in said, said
-    assert _skipped(logdir) == [18], said
+    assert skipped_steps(logdir) == [18], said
     assert _weights(weights) == _plain_fit(str(tmp_path), "--kind", "validation", "--adam-schedule", "--drop-at", "17")

@@ -3,36 +3,22 @@ whose snapshots lag the poisoned step, its batch computed by the loop and passed
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import subprocess
 import sys
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
 import tensorflow as tf
 
-from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, sigkill_where_it_says
+from conftest import (PROGRAMS, cpu_burners_beside, finish, launch, lifecycle, quiet_env, sigkill_where_it_says,
+                      skipped_steps)
 
 NAN_LOOP = os.path.join(PROGRAMS, "nan_keras_loop.py")
 # the snapshots lag the poisoned steps by cadence: a checkpoint every 20 steps, no in-memory tier, so
 # a NaN at step 55 is rolled back to the state of step 40 and the replay runs 41 .. 54
 LAGGING = ("--steps", "80", "--save-steps", "20", "--step-delay", "0.01", "--bind", "args")
 NO_MEMORY_TIER = {"PROCSV_MEMORY_SNAPSHOTS": "0"}
-
-
-@contextlib.contextmanager
-def busy() -> Iterator[None]:
-    """Two CPU-bound processes beside the run under procsv (the machine has two cores), killed when
-    it ends (the plain reference runs are not the runs under test: they run without them)."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(2)]
-    try:
-        yield
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture
@@ -60,11 +46,6 @@ def _final_variables(where: str, step: int = 80) -> dict[str, bytes]:
             if k.endswith("VARIABLE_VALUE") and not k.startswith("save_counter")}
 
 
-def _skipped(logdir: str) -> list[int]:
-    with open(os.path.join(logdir, "logs", "report.json")) as fh:
-        return list(json.load(fh).get("skipped_steps") or [])
-
-
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_one_poisoned_step_with_lagging_snapshots_is_skipped_once_and_ends_bit_equal(logdir, plain, optimizer):
     # before: the skip of step 55 happened at the boundary inside the run the loop had called with
@@ -72,13 +53,13 @@ def test_one_poisoned_step_with_lagging_snapshots_is_skipped_once_and_ends_bit_e
     # non-finite, then 57 and 58 the same way, each "skipped", until --max-skips 3 stopped the run
     # with exit code 4 (the restore's run likewise trained the first replayed step on another
     # step's batch). Now a run whose boundary moved the step does not call its step function
-    with busy():
+    with cpu_burners_beside():
         code, out, err = finish(launch(logdir, "--optimizer", optimizer, "--nan-at", "55", *LAGGING, target=NAN_LOOP,
                                        env=quiet_env(**NO_MEMORY_TIER)), 300)
     said = out + err
     assert code == 0, said
     assert "restored step 40 from" in said and "skipped step 55" in said, said
-    assert _skipped(logdir) == [55], said
+    assert skipped_steps(logdir) == [55], said
     assert _final_variables(logdir) == plain(optimizer, (55,))  # bit-equal, every variable
 
 
@@ -89,7 +70,7 @@ def test_two_poisoned_steps_close_together_and_a_sigkill_between_them_each_skipp
     # (another two rollbacks, and --max-skips spent on it anew). Now it reads the steps this run
     # skipped (the step_skipped records) and skips 55 when its loop reaches it, then finds 58
     kill_file = str(tmp_path / "kill-me")
-    with busy():
+    with cpu_burners_beside():
         proc = launch(logdir, "--nan-at", "55", "--nan-at", "58", *LAGGING, "--kill-after", "57", "--kill-visit", "2",
                       "--kill-file", kill_file, target=NAN_LOOP, env=quiet_env(**NO_MEMORY_TIER))
         code, out, err = sigkill_where_it_says(proc, logdir, kill_file, "step 57 after the skip")
@@ -105,7 +86,7 @@ def test_two_poisoned_steps_close_together_and_a_sigkill_between_them_each_skipp
     spawned = [e for e in lifecycle(logdir) if e["event"] == "spawned" and e.get("role") == "trainer"]
     assert len(spawned) == 2, spawned  # the kill's restart, and no other
     assert [e["step"] for e in lifecycle(logdir) if e["event"] == "rolled_back"] == [55, 55, 58, 58]
-    assert _skipped(logdir) == [55, 58], said
+    assert skipped_steps(logdir) == [55, 58], said
     assert _final_variables(logdir) == plain("sgd", (55, 58))  # bit-equal, every variable
 
 
@@ -115,14 +96,14 @@ def test_a_nan_first_seen_when_the_loop_ends_is_rolled_back_and_replayed_not_exi
     # checkpoint's state"). Now the losses are checked when the loop ends, before the final
     # checkpoint: step 40 is restored and the loop's last step function (it reads sv.step) replays
     # 41 .. 54, retries 55, skips it and trains 56 .. 60 again
-    with busy():
+    with cpu_burners_beside():
         code, out, err = finish(launch(logdir, "--nan-at", "55", *LAGGING, "--steps", "60", "--bind", "inside",
                                        target=NAN_LOOP, env=quiet_env(**NO_MEMORY_TIER)), 300)
     said = out + err
     assert code == 0, said
     assert "found when the loop ended" in said and "restored step 40 from" in said, said
     assert "skipped step 55" in said and "final checkpoint committed at step 60" in said, said
-    assert _skipped(logdir) == [55], said
+    assert skipped_steps(logdir) == [55], said
     assert _final_variables(logdir, 60) == plain("sgd", (55,), "--steps", "60", steps=60)
 
 
@@ -132,7 +113,7 @@ def test_a_step_whose_gradient_is_nan_and_loss_finite_is_found_and_skipped_not_t
     # and skipped (the replay applied 45 again each time), then 47, 48, until exit 4. Now the skip
     # of 46 finds the weights before it non-finite after the replay, restores again, checks the
     # weights after each replayed step, and skips 45, the step that poisoned them
-    with busy():
+    with cpu_burners_beside():
         code, out, err = finish(launch(logdir, "--grad-nan-at", "45", *LAGGING, target=NAN_LOOP,
                                        env=quiet_env(**NO_MEMORY_TIER)), 300)
     said = out + err
@@ -141,7 +122,7 @@ def test_a_step_whose_gradient_is_nan_and_loss_finite_is_found_and_skipped_not_t
     # the skip line says why: its gradient, not its loss (which was finite)
     assert "skipped step 45 (its gradient turned the weights non-finite, its loss finite)" in said, said
     assert "skipped step 46" not in said, said
-    assert _skipped(logdir) == [45], said
+    assert skipped_steps(logdir) == [45], said
     assert _final_variables(logdir) == plain("sgd", (45,))  # bit-equal, every variable
 
 
@@ -152,7 +133,7 @@ def test_the_skip_after_a_failed_retry_puts_back_the_state_before_the_retry_with
     # and retries 55. Before: the retry's NaN restored 40 again and replayed 41 .. 54 a second time
     # (rolled back to 40 twice). Now the state of step 54, kept at the boundary before the retry,
     # is put back: no step is replayed twice, and the result is still bit-equal
-    with busy():
+    with cpu_burners_beside():
         code, out, err = finish(launch(logdir, "--optimizer", optimizer, "--nan-at", "55", *LAGGING, target=NAN_LOOP,
                                        env=quiet_env(**NO_MEMORY_TIER)), 300)
     said = out + err
@@ -160,5 +141,5 @@ def test_the_skip_after_a_failed_retry_puts_back_the_state_before_the_retry_with
     back = [e for e in lifecycle(logdir) if e["event"] == "rolled_back"]
     assert [(e["step"], e["restored_step"], e["skip"]) for e in back] == [(55, 40, False), (55, 54, True)], back
     assert "restored step 54 from the state kept before the retry" in said, said
-    assert _skipped(logdir) == [55], said
+    assert skipped_steps(logdir) == [55], said
     assert _final_variables(logdir) == plain(optimizer, (55,))  # bit-equal, every variable
