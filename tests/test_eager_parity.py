@@ -65,6 +65,31 @@ def test_monitored_sessions_refuse_it_too_the_raw_session_included(logdir):
     assert calls == [1] and float(w.numpy()) == 1.0
 
 
+def test_an_eager_monitored_sessions_second_close_calls_every_hooks_end_with_no_session_then_raises(logdir):
+    """As TF's ``_close_internal`` (the graph-mode twin is compared with TF's own class in
+    test_graph_tf_sessions.py): the hooks' ``end(None)``, then ``RuntimeError``, whatever it raised."""
+    import tensorflow as tf
+
+    from procsv import train
+
+    w = tf.Variable(0.0)
+    seen: list[object] = []
+
+    class Ends(train.SessionRunHook):
+        def end(self, session):  # type: ignore[no-untyped-def]
+            seen.append(None if session is None else "session")
+            if session is None:
+                raise AttributeError("'NoneType' object has no attribute 'run'")
+
+    sess = train.SingularMonitoredSession(hooks=[Ends()], checkpoint_dir=logdir,
+                                          scaffold=train.Scaffold(checkpoint={"w": w}))
+    sess.run(lambda: w.assign_add(1.0))
+    sess.close()
+    with pytest.raises(RuntimeError, match="Session is already closed"):
+        sess.close()
+    assert seen == ["session", None]
+
+
 # ----------------------------------------------------------------- point 1: nothing passed to save
 def _nothing_to_save(err: object) -> None:
     text = str(err)

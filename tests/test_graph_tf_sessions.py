@@ -300,6 +300,54 @@ def test_close_inside_a_with_block_is_session_already_closed_at_its_end(logdir):
             sess.close()
 
 
+
+@pytest.mark.parametrize("creator", ["procsv", "own"])
+def test_a_second_close_calls_every_hooks_end_with_no_session_then_raises_as_tensorflows(logdir, tmp_path, creator):
+    """TF's ``_close_internal`` runs ``end()`` on the hooks again at a second close, with the session
+    gone (None), and raises ``RuntimeError('Session is already closed.')`` whatever ``end(None)``
+    raised. Before: procsv's raised at once, and a hook saw one ``end()``."""
+    import tensorflow as tf
+
+    from procsv import train
+
+    def ends(monitored_session, session_creator) -> list:
+        class Ends(tf.compat.v1.train.SessionRunHook):
+            seen: list = []
+
+            def end(self, session):
+                Ends.seen.append(None if session is None else "session")
+                if session is None:
+                    raise AttributeError("'NoneType' object has no attribute 'run'")  # as a hook that runs at its end
+
+        with tf.Graph().as_default():
+            gs = tf.compat.v1.train.get_or_create_global_step()
+            step = tf.compat.v1.assign_add(gs, 1)
+            sess = monitored_session(session_creator(tf.compat.v1.global_variables_initializer()), hooks=[Ends()])
+            sess.run(step)
+            sess.close()
+            with pytest.raises(RuntimeError, match="Session is already closed"):
+                sess.close()
+            with pytest.raises(RuntimeError, match="Session is already closed"):
+                with monitored_session(session_creator(tf.compat.v1.global_variables_initializer()),
+                                       hooks=[Ends()]) as inner:
+                    inner.run(step)
+                    inner.close()
+        return Ends.seen
+
+    def tf_creator(init_op):
+        return tf.compat.v1.train.ChiefSessionCreator(scaffold=tf.compat.v1.train.Scaffold(init_op=init_op))
+
+    def procsv_creator(init_op):
+        if creator == "own":
+            return _OwnCreator(tf, init_op)
+        return train.ChiefSessionCreator(checkpoint_dir=logdir)
+
+    theirs = ends(tf.compat.v1.train.MonitoredSession, tf_creator)
+    ours = ends(train.MonitoredSession, procsv_creator)
+    assert theirs == ["session", None, "session", None]
+    assert ours == theirs
+
+
 RAW_PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "graph_raw_session.py")
 
 

@@ -15,10 +15,9 @@ Runs in the trainer process, in its main thread. The call order is TensorFlow's
   failure it is :class:`procsv.TrainingStopped`, a clean stop, so the block still saves;
 * exit: ``end(session)`` on every hook on a clean exit only (``OutOfRangeError``,
   ``StopIteration`` and ``TrainingStopped`` are clean and suppressed by the ``with`` block), then
-  the Supervisor stops: a final checkpoint of the last completed step unless the block failed.
-
-TensorFlow's in-process recovery (re-create the session on ``AbortedError``/``UnavailableError``
-and re-run) is procsv's watchdog restarting the trainer, which restores the latest checkpoint.
+  the Supervisor stops: a final checkpoint of the last completed step unless the block failed; a
+  second close is ``end(None)`` on every hook, then ``RuntimeError``, as TF's. TF's in-process
+  recovery (``AbortedError``/``UnavailableError``) is the watchdog restarting the trainer.
 
 In graph mode (a TF1 program: TensorFlow not executing eagerly when the session is made) these
 classes are TF1's, ``run(fetches, feed_dict, options, run_metadata)`` included, in-process
@@ -257,8 +256,12 @@ class _MonitoredSession:
     def _close_internal(self, exc: Optional[BaseException]) -> None:
         """``exc``: what the block raised (None: a clean exit). A failure recorded elsewhere (a
         checkpoint failure, a thread's error) also skips ``end()`` and is raised after the stop."""
-        if self._closed:  # as TF: a second close (close() inside a ``with`` block) is an error
-            raise RuntimeError("Session is already closed.")
+        if self._closed:  # as TF: a second close (close() inside a ``with`` block) is an error,
+            try:  # after the hooks' end() once more, with the session gone
+                for h in self._hooks if exc is None else ():
+                    h.end(None)
+            finally:
+                raise RuntimeError("Session is already closed.")  # noqa: B012 (TF's: it replaces what end() raised)
         self._closed = True
         sv = self._sv
         if exc is None and sv.coord.exception is None:

@@ -11,15 +11,16 @@ own session creator (:class:`~procsv.trainer.monitored.foreign.ForeignMonitoredS
   ``_MonitoredSession.run_step_fn``); only a ``with`` block's exit turns it into the end;
 * ``exit(exc)`` (the ``with`` block's end): ``OutOfRangeError``, ``StopIteration`` and procsv's
   clean stops are suppressed and closed as a clean end; any other exception closes as a failure;
-* ``close()``: a second one (``close()`` inside a ``with`` block) is TF's
-  ``RuntimeError('Session is already closed.')``; the subclass's :meth:`SessionEnd._end` runs the
+* ``close()``: a second one (``close()`` inside a ``with`` block) calls every hook's ``end(None)``
+  (unless the block failed) and is TF's ``RuntimeError('Session is already closed.')``, whatever
+  ``end(None)`` raised, as TF's ``_close_internal``; the subclass's :meth:`SessionEnd._end` runs the
   hooks' ``end()`` unless the block failed and releases the session; then ``raw_session()`` is None and
   the graph is unfinalized if it was not finalized before the session was made.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from procsv.trainer.coordinator import clean_stop_types
 
@@ -31,6 +32,7 @@ class SessionEnd:
 
     _tf_graph: Any
     _graph_was_finalized: bool
+    _hooks: Sequence[Any]
     _stop_requested = False
     _closed = False
 
@@ -50,7 +52,12 @@ class SessionEnd:
         """Close once (TF's ``RuntimeError`` the second time): :meth:`_end` (``exc``: the block failed),
         then forget the session and unfinalize the graph, whatever :meth:`_end` raised."""
         if self._closed:
-            raise RuntimeError("Session is already closed.")
+            try:  # as TF's _close_internal: the hooks' end() once more, with the session gone
+                if exc is None:
+                    for h in self._hooks:
+                        h.end(None)
+            finally:
+                raise RuntimeError("Session is already closed.")  # noqa: B012 (TF's: it replaces what end() raised)
         self._closed = True
         try:
             self._end(exc)
