@@ -71,3 +71,37 @@ def test_what_procsv_builds_in_a_graph_lets_the_graph_go():
     del graph, v, first
     gc.collect()
     assert gone() is None
+
+
+def test_a_supervisor_the_program_drops_after_its_stop_is_let_go_and_its_steps_still_count_at_exit(tmp_path):
+    """A program that makes a Supervisor per phase (each in its own graph) and drops it: the registry
+    the trainer's bootstrap reads at exit (``procsv.trainer.outcome``) held every Supervisor's bound
+    method, so every Supervisor and its graph stayed alive for the life of the process (review50b:
+    17 graphs alive after 15 sessions). Now it holds them weakly and keeps each one's outcome as read
+    at its stop: the graphs go, and the steps of the dropped Supervisors still count."""
+    import gc
+    import weakref
+
+    import tensorflow as tf
+
+    import procsv
+    from procsv.trainer import outcome
+
+    before = outcome.collect().steps_completed
+    graphs, supervisors = [], []
+    for i in range(3):
+        with tf.Graph().as_default() as graph:
+            gs = tf.compat.v1.train.get_or_create_global_step()
+            train = gs.assign_add(1)
+            sv = procsv.Supervisor(logdir=str(tmp_path / f"phase{i}"), summary_op=None, save_model_secs=0)
+            with sv.managed_session() as sess:
+                for _ in range(i + 1):
+                    sess.run(train)
+            sv.stop()
+        graphs.append(weakref.ref(graph))
+        supervisors.append(weakref.ref(sv))
+        del graph, gs, train, sv, sess
+    gc.collect()
+    assert [s() for s in supervisors] == [None] * 3
+    assert [g() for g in graphs] == [None] * 3
+    assert outcome.collect().steps_completed - before == 1 + 2 + 3

@@ -15,6 +15,7 @@ bootstrap and the Supervisor never import each other:
 from __future__ import annotations
 
 import signal
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
@@ -69,13 +70,43 @@ def of(steps_completed: int, stopped_by: Union[bool, int, None], unsaved: bool, 
     return Outcome(steps_completed, bool(signum), 1, unsaved, signum if saved else 0)
 
 
-_providers: list[Callable[[], Outcome]] = []
+class Slot:
+    """One Supervisor's outcome. Held strongly while its session runs (what the bootstrap reads at
+    exit, even if the program dropped it unstopped); from its stop on, held through a weak reference
+    and kept as read at that stop, so that this registry does not keep a stopped Supervisor (and its
+    graph) alive for the life of the process; held strongly again if it opens another session."""
+
+    def __init__(self, provider: Callable[[], Outcome]) -> None:
+        self._read: weakref.WeakMethod[Callable[[], Outcome]] = weakref.WeakMethod(provider)
+        self._held: Optional[Callable[[], Outcome]] = provider
+        self.last = Outcome()
+
+    def keep(self) -> None:
+        """Its stop: keep what it achieved, and let it go."""
+        read = self._read()
+        if read is not None:
+            self.last = read()
+        self._held = None
+
+    def hold(self, provider: Callable[[], Outcome]) -> None:
+        """Another session of the same Supervisor."""
+        self._held = provider
+
+    def __call__(self) -> Outcome:
+        read = self._held or self._read()
+        return read() if read is not None else self.last
+
+
+_providers: list[Slot] = []
 _early_signal: Optional[int] = None
 
 
-def register(provider: Callable[[], Outcome]) -> None:
-    """A Supervisor registers how to read its outcome when its session starts."""
-    _providers.append(provider)
+def register(provider: Callable[[], Outcome]) -> Slot:
+    """A Supervisor registers how to read its outcome (a bound method) when its session starts; it
+    calls the slot's :meth:`Slot.keep` at each stop."""
+    slot = Slot(provider)
+    _providers.append(slot)
+    return slot
 
 
 def any_registered() -> bool:
@@ -86,8 +117,8 @@ def any_registered() -> bool:
 def collect() -> Outcome:
     """The outcome of every Supervisor of this process so far."""
     total = Outcome()
-    for provider in _providers:
-        total = total.merge(provider())
+    for slot in _providers:
+        total = total.merge(slot())
     return total
 
 

@@ -160,6 +160,7 @@ class Supervisor(SupervisorNames):
         self._stopped_by_signal = False
         self._signals = StopSignals()
         self._started = False
+        self._outcome: Optional[outcome.Slot] = None  # registered when its first session starts
         self._stopped = False  # stop() ran: a further prepare_or_wait_for_session() starts afresh
         self._warm_ups = WarmUps()  # warm_up(): traced at prepare
 
@@ -208,8 +209,10 @@ class Supervisor(SupervisorNames):
         reused = self._stopped or (not self._started and outcome.any_registered())
         if self._stopped:
             self._reset_for_reuse()
+            if self._outcome is not None:
+                self._outcome.hold(self.outcome)
         if not self._started and not self._stopped:
-            outcome.register(self.outcome)  # once, even when reused after a stop
+            self._outcome = outcome.register(self.outcome)  # once, even when reused after a stop
         self._started = True
         self._boundary.standard_started = start_standard_services  # False: the program calls start_standard_services()
         prepared_at, w0 = time.time(), self._clock()  # wall time: compared with the watchdog's records
@@ -275,7 +278,11 @@ class Supervisor(SupervisorNames):
             self.coord.join(threads, stop_grace_period_secs=self.stop_grace_secs,
                             ignore_live_threads=ignore_live_threads)
         finally:
-            self._stop_services(deadline, close_summary_writer)
+            try:
+                self._stop_services(deadline, close_summary_writer)
+            finally:
+                if self._outcome is not None:  # what it counts for at exit if the program drops it
+                    self._outcome.keep()
 
     def settle_at_end(self) -> None:
         """The loop ended on its own: an unchecked non-finite loss is rolled back and replayed now."""
