@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from typing import Any
 
@@ -156,7 +157,13 @@ def test_each_task_of_the_coordinators_cluster_is_restarted_alone(short_tmp: str
             os.killpg(proc.pid, signal.SIGTERM)
             finish(proc, 120)
     assert code == 128 + signal.SIGTERM, err[-3000:]
-    assert "a parameter server died and its variables with it; killing the trainer task" in out + err
+    # 3's coordinator did not outlive the parameter server: procsv ended it (rule 14, the usual order;
+    # the decision itself: test_ps_strategy_pure.py), or, when gRPC told it before the watchdog had
+    # reaped ps0 (seen once at load 12), its own step failed first with the server's connection gone
+    said = out + err
+    own = re.search(r"trainer attempt 2 \(pid \d+\) .*(UnavailableError|Connection reset|Socket closed|"
+                    r"failed to connect).*; restarted", said)
+    assert "a parameter server died and its variables with it; killing the trainer task" in said or own, said[-3000:]
     for task in ("worker0", "worker1", "ps0"):
         assert "stopping (SIGTERM)" in log_of(logdir, f"{task}.{entry(logdir, task)['attempt']}.log"), task
     import tensorflow as tf
