@@ -799,7 +799,7 @@ def test_a_session_the_program_retries_in_the_same_attempt_does_not_rewrite_that
     sim.now += 15.0
     sim.ready(150)  # the retried session, 15 s later
     sim.progress(151)
-    rec = recovery.recoveries([a.record() for a in sim.view.attempts])[-1]
+    rec = recovery.recoveries(sim.view.attempts)[-1]
     assert rec["attempt"] == 2 and abs(rec["restore_s"] - 0.2) < 1e-9 and abs(rec["first_step_s"] - 0.3) < 1e-9
     assert rec["steps_redone"] == 10  # attempt 1 reached step 60; attempt 2 restored step 50
     assert sim.view.step == 151

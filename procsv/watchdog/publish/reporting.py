@@ -156,7 +156,7 @@ class Reporter:
         anything was restarted or chaos was on."""
         now = self.clock()
         spent = badput.of_launch(view, now)
-        summary = recovery.summarize([a.record() for a in view.attempts], view.launch_start, now)
+        summary = recovery.summarize(view.attempts)
         points = self.series.points()
         if points and view.step > points[-1][1]:  # Progress is throttled: the last steps may be unsaid
             self.series.add(self.wall(), view.step)

@@ -124,7 +124,6 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
     ``on_disk``: (step, commit time in epoch seconds) of the newest committed checkpoint in the
     logdir, the last checkpoint until this launch commits one (a relaunch that never commits still
     shows how old the run's last checkpoint is, so the stuck-run alert fires)."""
-    records = [a.record() for a in view.attempts]
     spent = badput.of_launch(view, now)
     trainer = view.children.get(TRAINER)
     attempt = trainer.attempt if trainer is not None else 0
@@ -142,7 +141,7 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
         attempt=attempt,
         restarts=restart_counts(view.attempts),
         service_restarts=services,
-        steps_redone=sum(r["steps_redone"] or 0 for r in recovery.recoveries(records)),
+        steps_redone=sum(r["steps_redone"] or 0 for r in recovery.recoveries(view.attempts)),
         goodput=badput.goodput(view, now, spent),
         last_checkpoint_step=commit_step,
         last_checkpoint_at=commit_at,

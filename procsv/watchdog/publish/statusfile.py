@@ -22,7 +22,7 @@ from procsv.common.layout import Layout, write_json
 from procsv.common.manifests import last_checkpoint
 from procsv.common.pidfd import host_id
 from procsv.watchdog.rules import group
-from procsv.watchdog.publish import badput, recovery
+from procsv.watchdog.publish import badput
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.rules.state import CHECKPOINT, PS, SERVER, SUMMARY, TRAINER, WORKER, RunView
 
