@@ -60,7 +60,7 @@ class Reporter:
         self.live = liveline.LiveLine() if self.term.live else None
         self.series = StepSeries()  # the step over wall time, for the report's timeline
         # its complaints come from the logdir writer thread: straight to the terminal
-        self.status = StatusWriter(layout, clock, wall, complain=lambda text: self.term.line(text, True))
+        self.status = StatusWriter(layout, clock, complain=lambda text: self.term.line(text, True))
         self.rejections = Rejections("procsv", "status.json, `procsv status`", self.complain)
         self.events: Optional[EventLog] = None
         self.io = DiskIO(layout, self.term, self.status, clock)  # every write into the logdir, off the loop

@@ -33,7 +33,6 @@ RATE_WINDOW = 10.0  # seconds of progress that steps/s is measured over
 class RunSnapshot:
     """What a scrape reports: plain immutable values (times are wall-clock epoch seconds)."""
 
-    taken_at: float
     live: bool  # the run is going on (its outcome is not decided yet)
     run: str  # the run's state: running | succeeded | failed | stopped
     step: int
@@ -133,7 +132,6 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
     if commit_at is None and on_disk is not None:
         commit_step, commit_at = on_disk
     return RunSnapshot(
-        taken_at=wall,
         live=view.run == RunState.RUNNING and not view.finishing,
         run=view.run.value,
         step=view.step,
