@@ -313,7 +313,7 @@ def test_12_pure_a_lost_logdir_stops_the_run_once_in_order_and_fails_it():
     from test_watchdog_decide import Sim, of
 
     from procsv.watchdog import observe
-    from procsv.watchdog.rules.actions import Cause, Restart, Signal, StopLogdirLost
+    from procsv.watchdog.rules.actions import Cause, Restart, Signal, StopFailing
     from procsv.watchdog.rules.lifecycle import RunState
     from procsv.watchdog.rules.state import TRAINER
 
@@ -321,9 +321,10 @@ def test_12_pure_a_lost_logdir_stops_the_run_once_in_order_and_fails_it():
     sim.start_trainer(steps=3)
     observe.logdir_lost(sim.view, "it was deleted or moved away")
     observe.logdir_lost(sim.view, "a later reason")  # the first one stays
-    assert sim.tick() == [StopLogdirLost("it was deleted or moved away")]
+    assert sim.tick() == [StopFailing("logdir", "it was deleted or moved away",
+                                      "the logdir was lost while the run was live: it was deleted or moved away", 1)]
     assert of(sim.tick(), Signal) == [Signal(TRAINER, 1, signal.SIGTERM, Cause.STOP)]  # in order: it may save
-    assert of(sim.tick(), StopLogdirLost) == []  # said and done once
+    assert of(sim.tick(), StopFailing) == []  # said and done once
     sim.dies(TRAINER, 1)  # its emergency checkpoint could not commit
     assert of(sim.tick(), Restart) == []
     assert sim.view.run == RunState.FAILED and sim.view.exit_code == 1

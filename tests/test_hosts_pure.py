@@ -26,7 +26,8 @@ from procsv.trainer.nonfinite import notices
 from procsv.watchdog import observe
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.multihost import curve
-from procsv.watchdog.multihost.agent import Member, NodeAgent
+from procsv.watchdog.children import ChildProcess
+from procsv.watchdog.multihost.agent import NodeAgent
 from procsv.watchdog.multihost.nodes import NodeLink
 from procsv.watchdog.publish.events import Event
 from procsv.watchdog.publish.statusfile import status_record
@@ -129,7 +130,7 @@ def test_an_agent_relays_its_members_non_finite_reports_to_node_0_as_they_sent_t
             return any(isinstance(msg, NodeHello) for _, msg, _ in link.receive())
 
         wait_for(joined, 30, what="node 1 to join node 0")
-        agent.members["worker1.1"] = Member("worker1", 1, ThisProcess())  # type: ignore[arg-type]
+        agent.members["worker1.1"] = ChildProcess("worker1", "worker1", 1, ThisProcess(), "")  # type: ignore[arg-type]
         observe.spawned(view, "worker1", WORKER, 1, os.getpid(), 1.0, "node1")
         view.children["worker1"].node = 1
         sent = [notices.detected(25, "the loss of step 25 is NaN or infinite"),

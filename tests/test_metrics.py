@@ -209,7 +209,7 @@ def test_the_snapshot_reads_the_view():
 
 
 def _snap(**kw: Any) -> RunSnapshot:
-    base: dict[str, Any] = dict(taken_at=1000.0, live=True, run="running", step=1200, steps_per_sec=55.5, attempt=2,
+    base: dict[str, Any] = dict(live=True, run="running", step=1200, steps_per_sec=55.5, attempt=2,
                                 restarts=(("SIGKILL", 1), ("hang", 2)), service_restarts=(("checkpoint", 0),),
                                 steps_redone=40, goodput=0.9, last_checkpoint_step=1100, last_checkpoint_at=990.0,
                                 last_checkpoint_secs=0.3, checkpoints=11, checkpoint_failures=1, started_at=900.0)

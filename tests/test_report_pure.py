@@ -60,7 +60,7 @@ def test_a_ps_launch_reports_restarts_per_task_and_the_workers_given_up_on():
     assert tasks == {"chief": {"role": "chief", "restarts": 1, "given_up": False},
                      "ps0": {"role": "ps", "restarts": 0, "given_up": False},
                      "worker1": {"role": "worker", "restarts": 2, "given_up": True}}
-    summary = {**recovery.summarize([], 0.0, 10.0), "tasks": tasks}
+    summary = {**recovery.summarize([]), "goodput": None, "wall_s": 10.0, "tasks": tasks}
     text = render(RunReport("/run", "stopped", 50, None, None, None, None, summary))
     assert "  tasks: chief 1 restart(s), ps0 0 restart(s), worker1 2 restart(s) (given up on)" in text
     view.tasks_alone = False

@@ -23,13 +23,14 @@ def writer(tmp_path, said: list[str]) -> tuple[StatusWriter, Layout, Clock]:
     layout = Layout(str(tmp_path / "run"))
     os.makedirs(layout.meta)
     clock = Clock()
-    return StatusWriter(layout, clock, lambda: 1.0, complain=said.append), layout, clock
+    return StatusWriter(layout, clock, complain=said.append), layout, clock
 
 
 def write(w: StatusWriter, clock: Clock, step: int) -> None:
     clock.now += STATUS_EVERY
     w.dirty = True
-    w.maybe_write(lambda now, wall: {"step": step})
+    assert w.due()
+    w.write({"step": step})
 
 
 def test_a_vanished_directory_is_reported_only_if_it_is_still_gone_at_the_next_write(tmp_path):
@@ -75,5 +76,5 @@ def test_the_final_write_reports_a_vanished_directory_at_once(tmp_path):
     said: list[str] = []
     w, layout, clock = writer(tmp_path, said)
     shutil.rmtree(layout.meta)
-    w.maybe_write(lambda now, wall: {"step": 1}, force=True)
+    w.write({"step": 1}, durable=True)  # the final write (as Reporter.write_status makes it with force)
     assert len(said) == 1 and said[0].startswith(f"procsv: cannot write {layout.status}")

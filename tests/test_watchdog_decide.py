@@ -18,8 +18,8 @@ from procsv.ipc.messages import (Hello, NonfiniteDetected, Progress, SaveOverdue
                                  TrainerReady)
 from procsv.watchdog import observe
 from procsv.watchdog.publish import recovery
-from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
-                                     RespawnService, Restart, Settle, Signal, SkipChaos, Spawn)
+from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpService, Kill,
+                                     RespawnService, Restart, Settle, Signal, SkipChaos, Spawn, StopFailing)
 from procsv.watchdog.rules.chaos import parse_chaos
 from procsv.watchdog.rules.bookkeeping import note
 from procsv.watchdog.rules.decide import Limits, decide
@@ -697,9 +697,9 @@ def test_an_overdue_snapshot_replaces_the_checkpoint_service_at_once_and_counts_
     assert sim.tick(5.0) == []  # the replacement is not blamed for its predecessor's snapshot
     sim.commit(41)  # the retaken snapshot commits: the failure count starts again
     observe.heard(sim.view, SaveOverdue(sim.trainer.pid, 60, 31.0, 30.0), sim.now)
-    assert of(sim.tick(), Kill) and not of(sim.tick(), GiveUpCheckpoints)
+    assert of(sim.tick(), Kill) and not of(sim.tick(), StopFailing)
     observe.heard(sim.view, SaveOverdue(sim.trainer.pid, 60, 62.0, 30.0), sim.now)
-    assert of(sim.tick(), GiveUpCheckpoints)  # two overdue deadlines in a row: the failure limit
+    assert [a.cause for a in of(sim.tick(), StopFailing)] == ["checkpoints"]  # two overdue deadlines in a row: the failure limit
 
 
 def test_a_trainer_without_checkpoints_never_stalls():
@@ -729,10 +729,10 @@ def test_three_failed_commits_in_a_row_stop_the_run_in_order_with_exit_code_3():
     _fail(sim, 40)
     _fail(sim, 50)
     _fail(sim, 60, reason="lost")  # a snapshot lost with a dead service is retaken: not a failure
-    assert of(sim.tick(), GiveUpCheckpoints) == []
+    assert of(sim.tick(), StopFailing) == []
     _fail(sim, 70)
     actions = sim.tick()
-    assert of(actions, GiveUpCheckpoints) == [GiveUpCheckpoints(3)]
+    assert [(a.cause, a.exit_code) for a in of(actions, StopFailing)] == [("checkpoints", 3)]
     assert "3 checkpoints in a row failed to commit" in sim.view.last_error
     assert of(sim.tick(), Signal) == [Signal(TRAINER, 1, signal.SIGTERM, Cause.STOP)]  # it saves if it can
     sim.dies(TRAINER, 1)
@@ -799,7 +799,7 @@ def test_a_session_the_program_retries_in_the_same_attempt_does_not_rewrite_that
     sim.now += 15.0
     sim.ready(150)  # the retried session, 15 s later
     sim.progress(151)
-    rec = recovery.recoveries([a.record() for a in sim.view.attempts])[-1]
+    rec = recovery.recoveries(sim.view.attempts)[-1]
     assert rec["attempt"] == 2 and abs(rec["restore_s"] - 0.2) < 1e-9 and abs(rec["first_step_s"] - 0.3) < 1e-9
     assert rec["steps_redone"] == 10  # attempt 1 reached step 60; attempt 2 restored step 50
     assert sim.view.step == 151

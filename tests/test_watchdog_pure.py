@@ -10,8 +10,8 @@ import pytest
 from procsv.common.errors import UsageError
 from procsv.watchdog.rules.chaos import parse_chaos
 from procsv.watchdog.rules.hang import HangLimits, hang_reason
-from procsv.watchdog.publish.recovery import goodput, recoveries, summarize
-from procsv.watchdog.rules.state import AttemptRecord
+from procsv.watchdog.publish.recovery import recoveries, summarize
+from procsv.watchdog.rules.state import TRAINER, ChildView
 
 LIMITS = HangLimits(hang_timeout=10.0, startup_timeout=60.0)
 
@@ -72,13 +72,16 @@ def test_bad_chaos_specs_are_usage_errors(spec):
     assert "--chaos" in str(err.value)
 
 
+def _attempt(attempt, started, ready_at, restored_step, first_step_at, work_step, ended_at=None, signalled_at=None):
+    return ChildView(TRAINER, TRAINER, attempt, 100 + attempt, started, ready_at=ready_at, restored_step=restored_step,
+                     first_step_at=first_step_at, work_step=work_step, ended_at=ended_at, signalled_at=signalled_at)
+
+
 def _attempts():
     # attempt 1: steps 0->100 between t=10 and t=20, killed at 20.0, noticed 20.001
-    a1 = AttemptRecord(1, spawned=0.0, ready=9.0, restored_step=0, first_step=10.0, last_progress=20.0,
-                       last_step=100, ended=20.001, killed_at=20.0, cause="was killed by SIGKILL")
+    a1 = _attempt(1, 0.0, 9.0, 0, 10.0, 100, ended_at=20.001, signalled_at=20.0)
     # attempt 2: restored step 80 (20 re-done), first step 21.0, runs to step 180 at t=31
-    a2 = AttemptRecord(2, spawned=20.01, ready=20.5, restored_step=80, first_step=21.0, last_progress=31.0,
-                       last_step=180)
+    a2 = _attempt(2, 20.01, 20.5, 80, 21.0, 180)
     return [a1, a2]
 
 
@@ -87,15 +90,4 @@ def test_recovery_breakdown_adds_up():
     assert r["detect_s"] == pytest.approx(0.001) and r["respawn_s"] == pytest.approx(0.009)
     assert r["restore_s"] == pytest.approx(0.49) and r["first_step_s"] == pytest.approx(0.5)
     assert r["total_s"] == pytest.approx(1.0) and r["steps_redone"] == 20
-
-
-def test_goodput_counts_only_kept_steps():
-    # kept: 80 of attempt 1's 100 steps (10 s + one step) and all 100 of attempt 2's (10 s + one step)
-    g = goodput(_attempts(), launch_start=0.0, now=31.0)
-    per1, per2 = 10.0 / 99, 10.0 / 99
-    assert g == pytest.approx(((10 + per1) * 0.8 + (10 + per2)) / 31.0)
-    assert summarize(_attempts(), 0.0, 31.0)["steps_redone"] == 20
-
-
-def test_goodput_is_none_before_any_step():
-    assert goodput([AttemptRecord(1, spawned=0.0)], 0.0, 5.0) is None
+    assert summarize(_attempts())["steps_redone"] == 20

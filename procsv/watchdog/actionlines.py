@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 
-from procsv.watchdog.rules.actions import Cause, GiveUpTask, Kill, NodeLost, Restart, Signal
+from procsv.watchdog.rules.actions import Cause, GiveUpTask, Kill, NodeLost, Restart, Signal, StopFailing
 from procsv.watchdog.rules.bookkeeping import find
 from procsv.watchdog.publish.events import Event
 from procsv.watchdog.rules.limits import Limits
@@ -102,3 +102,16 @@ def task_gave_up_reports(view: RunView, action: GiveUpTask) -> list[Report]:
                                         "error": view.last_error},
                    say=f"procsv: giving up on {action.reason}; training on without it (the chief and {left} other "
                        f"worker(s); --on-worker-give-up continue).\n{child.root_cause()}", err=True)]
+
+
+def stop_failing_reports(action: StopFailing, logdir: str) -> list[Report]:
+    """What to record when the run is stopped in order to fail (rules 8, 9 and 12)."""
+    if action.cause == "logdir":
+        return [Report(Event.LOGDIR_LOST, {"path": logdir, "reason": action.reason},
+                       say=f"procsv: the logdir {logdir} was lost while the run was live ({action.reason}); stopping "
+                           "the run in order, nothing more is written there; if you moved it, launch again with "
+                           "--logdir at its new place to resume", err=True)]
+    say = (f"procsv: giving up: {action.error}. Stopping the run in order (use --on-checkpoint-failure continue to "
+           "train on without checkpoints)") if action.cause == "checkpoints" else \
+        f"procsv: giving up: {action.reason}; stopping the run in order"
+    return [Report(Event.GAVE_UP, {"reason": action.reason, "error": action.error}, say=say, err=True)]

@@ -33,10 +33,6 @@ class Job(Generic[T]):
     def done(self) -> bool:
         return self._done.is_set()
 
-    def wait(self, secs: float) -> bool:
-        """Tests and the end of a launch only: wait at most ``secs`` for the job."""
-        return self._done.wait(secs)
-
     def _finish(self) -> None:
         try:
             self.result = self.run()

@@ -22,10 +22,11 @@ from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUT
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
-from procsv.watchdog.actionlines import kill_reports, node_lost_reports, restart_reports, signal_reports, task_gave_up_reports
-from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, GiveUpTask,
+from procsv.watchdog.actionlines import (kill_reports, node_lost_reports, restart_reports, signal_reports,
+                                         stop_failing_reports, task_gave_up_reports)
+from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpService, GiveUpTask,
                                      Kill, NodeLost, Promote, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
-                                     StartZygote, StopLogdirLost, StopNodesMissing)
+                                     StartZygote, StopFailing)
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.rules.bookkeeping import find, note
 from procsv.watchdog.rules.limits import Limits
@@ -109,24 +110,9 @@ class Executor:
             note(self.view, action, now, self.limits)
             self.report(node_lost_reports(action, host, self.limits))
             return
-        if isinstance(action, StopNodesMissing):
+        if isinstance(action, StopFailing):
             note(self.view, action, now, self.limits)
-            self.report([Report(Event.GAVE_UP, {"reason": action.reason, "error": self.view.last_error},
-                                say=f"procsv: giving up: {action.reason}; stopping the run in order", err=True)])
-            return
-        if isinstance(action, StopLogdirLost):
-            note(self.view, action, now, self.limits)
-            self.report([Report(Event.LOGDIR_LOST, {"path": self.layout.logdir, "reason": action.reason},
-                                say=f"procsv: the logdir {self.layout.logdir} was lost while the run was live "
-                                    f"({action.reason}); stopping the run in order, nothing more is written there; "
-                                    "if you moved it, launch again with --logdir at its new place to resume",
-                                err=True)])
-            return
-        if isinstance(action, GiveUpCheckpoints):
-            note(self.view, action, now, self.limits)
-            self.report([Report(Event.GAVE_UP, {"reason": "checkpoints keep failing", "error": self.view.last_error},
-                                say=f"procsv: giving up: {self.view.last_error}. Stopping the run in order (use "
-                                    "--on-checkpoint-failure continue to train on without checkpoints)", err=True)])
+            self.report(stop_failing_reports(action, self.layout.logdir))
             return
         child = find(self.view, action.slot, action.attempt)
         handle = self.handles.get((action.slot, action.attempt))

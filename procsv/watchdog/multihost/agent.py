@@ -42,7 +42,6 @@ from typing import Any, Callable, Optional
 import zmq
 
 from procsv.cluster import make_tf_config
-from procsv.common import pidfd as pidfds
 from procsv.common import spawn
 from procsv.common.env import RANK
 from procsv.common.layout import Layout, RuntimeDir, release_runtime_dir
@@ -53,7 +52,7 @@ from procsv.ipc.messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStart
 from procsv.ipc.transport import Endpoints, bind_private, drain, make_socket, send
 from procsv.watchdog.multihost import agentstop, curve
 from procsv.common.orphans import become_subreaper
-from procsv.watchdog.children import Process
+from procsv.watchdog.children import ChildProcess, Process
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.diskjobs import DiskJobs, Job
 from procsv.watchdog.publish.probes import LoopPulse
@@ -66,31 +65,6 @@ TICK = 0.05
 CLAIM_PATIENCE = 2  # refused for this many node timeouts: another agent live holds the node rank (exit 2)
 MASTER_ACCEPT = frozenset({MasterBeat, StartMembers, SignalMember, NodeStop, NodeRefused})
 MEMBER_ACCEPT = RELAYABLE  # what its members report (as to a watchdog), all relayed to node 0
-
-
-@dataclass
-class Member:
-    """One trainer process this agent runs (started fresh, or forked by its pre-warmed trainer)."""
-
-    slot: str
-    attempt: int
-    proc: Process
-    pidfd: int = -1  # opened when it starts; every signal to it goes through this
-
-    @property
-    def key(self) -> str:
-        return f"{self.slot}.{self.attempt}"
-
-    def signal(self, sig: int, group: bool = False) -> bool:
-        """Signal the member (``group``: its whole process group, only while it is unreaped)."""
-        if group:
-            return pidfds.send_group(self.pidfd, self.proc.pid, sig)
-        return pidfds.send(self.pidfd, sig)
-
-    def close(self) -> None:
-        if self.pidfd >= 0:
-            os.close(self.pidfd)
-            self.pidfd = -1
 
 
 @dataclass(frozen=True)
@@ -113,7 +87,7 @@ class NodeAgent:
         self.layout = Layout(os.path.abspath(cfg.logdir))
         self.clock = clock
         self.host = host_ip(cfg.master_addr)
-        self.members: dict[str, Member] = {}
+        self.members: dict[str, ChildProcess] = {}  # by "slot.attempt"; the pidfd of each signals it
         self.stop_code: Optional[int] = None
         self.job: Optional[str] = None
         self.keys = curve.AgentKeys.new()  # this agent's own key pair; the secret never leaves this process
@@ -157,7 +131,7 @@ class NodeAgent:
                 self.zygote.kill()
             self._kill_all()
             for m in self.members.values():
-                m.close()
+                m.reap(timeout=0.0, kill_secs=0.0)  # (closes its pidfd)
             for z in [self.zygote, *self.lost_zygotes]:
                 if z is not None:
                     z.close()
@@ -283,8 +257,11 @@ class NodeAgent:
                 self._start(dealer, msg)
             elif isinstance(msg, SignalMember):
                 m = self.members.get(f"{msg.slot}.{msg.attempt}")
-                if m is not None and m.proc.poll() is None:
-                    m.signal(signal.SIGKILL if msg.kill else msg.sig, group=msg.kill)
+                if m is not None and m.alive():
+                    if msg.kill:
+                        m.kill_group()
+                    else:
+                        m.send_signal(msg.sig)
             elif isinstance(msg, NodeStop):
                 self.say(f"the job ended (exit code {msg.exit_code})")
                 self.stop_code = msg.exit_code
@@ -348,9 +325,8 @@ class NodeAgent:
             self.zygote = None
 
     def _started(self, dealer: "zmq.Socket[Any]", slot: str, attempt: int, proc: Process) -> None:
-        fd = os.pidfd_open(proc.pid)  # its own unreaped child (a zombie if it died at once): opens
-        member = Member(slot, attempt, proc, fd)
-        self.members[member.key] = member
+        # its own unreaped child (a zombie if it died at once): its pidfd opens
+        self.members[f"{slot}.{attempt}"] = ChildProcess(slot, slot, attempt, proc, self.layout.attempt_log(slot, attempt))
         send(dealer, MemberStarted(slot, attempt, proc.pid))
         # this host's members are the only writers of their per-attempt logs: rotate them here (off the loop)
         logs, keep, live = self.layout.logs, self.cfg.keep_logs, {m.attempt for m in self.members.values()
@@ -361,7 +337,7 @@ class NodeAgent:
         """Relay to node 0 what this host's members reported (:data:`MEMBER_ACCEPT`), each as they sent it."""
         for got in drain(pull, accept=MEMBER_ACCEPT, limit=1000):
             msg: Optional[Message] = None if isinstance(got, ProtocolError) else got.msg
-            member = next((m for m in self.members.values() if m.proc.pid == getattr(msg, "pid", None)), None)
+            member = next((m for m in self.members.values() if m.pid == getattr(msg, "pid", None)), None)
             if msg is None or member is None:
                 continue
             self.stepped = self.stepped or (isinstance(msg, Progress) and not msg.busy)
@@ -374,13 +350,13 @@ class NodeAgent:
             if code is None:
                 continue
             del self.members[key]
-            m.close()
+            m.reap()  # (reaped already: closes its pidfd)
             if dealer is not None:
-                send(dealer, MemberEnded(m.slot, m.attempt, m.proc.pid, code))
+                send(dealer, MemberEnded(m.slot, m.attempt, m.pid, code))
 
     def _kill_all(self) -> None:
         for m in self.members.values():
-            m.signal(signal.SIGKILL, group=True)
+            m.kill_group()
         for m in self.members.values():
             try:
                 m.proc.wait(timeout=10)

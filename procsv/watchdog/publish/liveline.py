@@ -46,51 +46,40 @@ def ago(secs: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} m"
 
 
+# the short texts of the lifecycle events worth showing, filled in from the event's fields
+_TEXTS = {
+    Event.RESTORED: "restored step {step} in {secs:.2f} s",
+    Event.INITIALIZED: "started at step {step}",
+    Event.FIRST_STEP: "first step {secs_since_spawn:.2f} s after start",
+    Event.CHECKPOINT_COMMITTED: "checkpoint step {step} committed in {secs:.2f} s",
+    Event.CHECKPOINT_FAILED: "checkpoint step {step} failed",
+    Event.CHECKPOINT_STALLED: "checkpoint service stalled: replaced",
+    Event.SUMMARY_STALLED: "summary service stalled: replaced",
+    Event.DEATH_NOTICED: "{role}.{attempt} died",
+    Event.RESTARTING: "restarting the trainer (attempt {attempt})",
+    Event.HANG_DETECTED: "trainer hung at step {step}",
+    Event.CHAOS_KILL: "chaos: {signal} to the {role}",
+    Event.PREEMPTED: "{signal} received: checkpointing and stopping",
+    Event.GAVE_UP: "gave up",
+    Event.FINISHED: "finished: {state} at step {step}",
+    Event.LOGDIR_LOST: "the logdir was lost: stopping",
+    Event.NONFINITE_DETECTED: "non-finite loss at step {step}",
+    Event.STEP_SKIPPED: "skipped step {step} (non-finite)",
+}
+
+
 def event_text(event: Event, fields: Mapping[str, Any]) -> Optional[str]:
     """A short text of a lifecycle event for the line, or None for one not worth showing."""
     f = fields
-    if event == Event.RESTORED:
-        return f"restored step {f['step']} in {float(f['secs']):.2f} s"
-    if event == Event.INITIALIZED:
-        return f"started at step {f['step']}"
-    if event == Event.FIRST_STEP:
-        return f"first step {float(f['secs_since_spawn']):.2f} s after start"
-    if event == Event.CHECKPOINT_COMMITTED:
-        return f"checkpoint step {f['step']} committed in {float(f['secs']):.2f} s"
-    if event == Event.CHECKPOINT_FAILED:
-        return f"checkpoint step {f['step']} failed"
-    if event == Event.CHECKPOINT_STALLED:
-        return "checkpoint service stalled: replaced"
-    if event == Event.SUMMARY_STALLED:
-        return "summary service stalled: replaced"
-    if event == Event.DEATH_NOTICED:
-        return f"{f['role']}.{f['attempt']} died"
     if event == Event.EXITED:
         if f.get("code") == 0 and f["role"] != "trainer":
             return None  # a service's orderly exit at the end
         how = f"killed by {f['signal']}" if "signal" in f else f"exited with code {f.get('code')}"
         return f"{f['role']}.{f['attempt']} {how}"
-    if event == Event.RESTARTING:
-        return f"restarting the trainer (attempt {f['attempt']})"
-    if event == Event.HANG_DETECTED:
-        return f"trainer hung at step {f['step']}"
-    if event == Event.CHAOS_KILL:
-        return f"chaos: {f['signal']} to the {f['role']}"
-    if event == Event.PREEMPTED:
-        return f"{f['signal']} received: checkpointing and stopping"
-    if event == Event.GAVE_UP:
-        return "gave up"
-    if event == Event.FINISHED:
-        return f"finished: {f['state']} at step {f['step']}"
-    if event == Event.LOGDIR_LOST:
-        return "the logdir was lost: stopping"
-    if event == Event.NONFINITE_DETECTED:
-        return f"non-finite loss at step {f['step']}"
     if event == Event.ROLLED_BACK:
         return f"rolled back to step {f['restored_step']} ({'skipping' if f['skip'] else 'retrying'} step {f['step']})"
-    if event == Event.STEP_SKIPPED:
-        return f"skipped step {f['step']} (non-finite)"
-    return None
+    text = _TEXTS.get(event)
+    return None if text is None else text.format_map(f)
 
 
 @dataclass(frozen=True)

@@ -1,74 +1,48 @@
-"""The recovery report: restarts, each recovery's breakdown, steps re-done, goodput.
+"""The recovery report: restarts, each recovery's breakdown, steps re-done.
 
 Runs in the watchdog (live for ``procsv status``, and once at the end of a launch). Pure: it
-reads only the attempt records the watchdog kept (monotonic timestamps) and a ``now``.
+reads only the trainer attempts the watchdog keeps (``RunView.attempts``, monotonic timestamps).
 
 For a trainer restart, recovery is split as: *detect* (the fatal signal, when the watchdog or
 chaos sent it, to the moment the watchdog noticed the death), *respawn* (noticed to new process
 started, including any backoff), *restored* (process start to state restored), *first step*
 (restored to the first completed step). *Steps re-done* are the steps the dead attempt had
-completed after the checkpoint the next one restored. *Goodput* is the time spent on steps that
-were kept, divided by the wall time of the launch.
+completed after the checkpoint the next one restored. The report's goodput and wall time are the
+launch's breakdown's (:mod:`procsv.watchdog.publish.badput`), added by the caller.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
-from procsv.watchdog.rules.state import AttemptRecord
+from procsv.watchdog.rules.state import ChildView
 
 
 def _d(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return None if a is None or b is None else max(0.0, b - a)
 
 
-def recoveries(attempts: list[AttemptRecord]) -> list[dict[str, Any]]:
+def recoveries(attempts: Sequence[ChildView]) -> list[dict[str, Any]]:
     out = []
     for prev, cur in zip(attempts, attempts[1:]):
-        start = prev.killed_at if prev.killed_at is not None else prev.ended
+        start = prev.signalled_at if prev.signalled_at is not None else prev.ended_at
         out.append({
             "attempt": cur.attempt,
             "cause": prev.cause,
-            "detect_s": _d(prev.killed_at, prev.ended),
-            "respawn_s": _d(prev.ended, cur.spawned),
-            "restore_s": _d(cur.spawned, cur.ready),
-            "first_step_s": _d(cur.ready, cur.first_step),
-            "total_s": _d(start, cur.first_step),
-            "steps_redone": max(0, prev.last_step - cur.restored_step) if cur.ready is not None else None,
+            "detect_s": _d(prev.signalled_at, prev.ended_at),
+            "respawn_s": _d(prev.ended_at, cur.started),
+            "restore_s": _d(cur.started, cur.ready_at),
+            "first_step_s": _d(cur.ready_at, cur.first_step_at),
+            "total_s": _d(start, cur.first_step_at),
+            "steps_redone": max(0, prev.work_step - cur.restored_step) if cur.ready_at is not None else None,
         })
     return out
 
 
-def goodput(attempts: list[AttemptRecord], launch_start: float, now: float) -> Optional[float]:
-    """Share of the launch's wall time spent on steps that were kept (None before any step)."""
-    wall = now - launch_start
-    if wall <= 0 or not any(a.first_step is not None for a in attempts):
-        return None
-    productive = 0.0
-    for i, a in enumerate(attempts):
-        if a.first_step is None or a.last_progress is None:
-            continue
-        run = a.last_step - a.restored_step
-        if run <= 0:
-            continue
-        # first_step marks the end of the first step: count one more step's worth of time
-        per_step = (a.last_progress - a.first_step) / max(1, run - 1)
-        stepping = a.last_progress - a.first_step + per_step
-        nxt = next((b for b in attempts[i + 1:] if b.ready is not None), None)
-        kept = (min(a.last_step, nxt.restored_step) if nxt is not None else a.last_step) - a.restored_step
-        productive += stepping * max(0, kept) / run
-    return min(1.0, productive / wall)
-
-
-def summarize(attempts: list[AttemptRecord], launch_start: float, now: float) -> dict[str, Any]:
+def summarize(attempts: Sequence[ChildView]) -> dict[str, Any]:
+    """The restarts and their recoveries (what :func:`render` shows beside the goodput and wall time)."""
     recs = recoveries(attempts)
-    return {
-        "restarts": len(recs),
-        "recoveries": recs,
-        "steps_redone": sum(r["steps_redone"] or 0 for r in recs),
-        "goodput": goodput(attempts, launch_start, now),
-        "wall_s": now - launch_start,
-    }
+    return {"restarts": len(recs), "recoveries": recs, "steps_redone": sum(r["steps_redone"] or 0 for r in recs)}
 
 
 def render(summary: dict[str, Any]) -> str:

@@ -60,7 +60,7 @@ class Reporter:
         self.live = liveline.LiveLine() if self.term.live else None
         self.series = StepSeries()  # the step over wall time, for the report's timeline
         # its complaints come from the logdir writer thread: straight to the terminal
-        self.status = StatusWriter(layout, clock, wall, complain=lambda text: self.term.line(text, True))
+        self.status = StatusWriter(layout, clock, complain=lambda text: self.term.line(text, True))
         self.rejections = Rejections("procsv", "status.json, `procsv status`", self.complain)
         self.events: Optional[EventLog] = None
         self.io = DiskIO(layout, self.term, self.status, clock)  # every write into the logdir, off the loop
@@ -156,7 +156,7 @@ class Reporter:
         anything was restarted or chaos was on."""
         now = self.clock()
         spent = badput.of_launch(view, now)
-        summary = recovery.summarize([a.record() for a in view.attempts], view.launch_start, now)
+        summary = recovery.summarize(view.attempts)
         points = self.series.points()
         if points and view.step > points[-1][1]:  # Progress is throttled: the last steps may be unsaid
             self.series.add(self.wall(), view.step)

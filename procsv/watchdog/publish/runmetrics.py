@@ -33,7 +33,6 @@ RATE_WINDOW = 10.0  # seconds of progress that steps/s is measured over
 class RunSnapshot:
     """What a scrape reports: plain immutable values (times are wall-clock epoch seconds)."""
 
-    taken_at: float
     live: bool  # the run is going on (its outcome is not decided yet)
     run: str  # the run's state: running | succeeded | failed | stopped
     step: int
@@ -124,7 +123,6 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
     ``on_disk``: (step, commit time in epoch seconds) of the newest committed checkpoint in the
     logdir, the last checkpoint until this launch commits one (a relaunch that never commits still
     shows how old the run's last checkpoint is, so the stuck-run alert fires)."""
-    records = [a.record() for a in view.attempts]
     spent = badput.of_launch(view, now)
     trainer = view.children.get(TRAINER)
     attempt = trainer.attempt if trainer is not None else 0
@@ -134,7 +132,6 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
     if commit_at is None and on_disk is not None:
         commit_step, commit_at = on_disk
     return RunSnapshot(
-        taken_at=wall,
         live=view.run == RunState.RUNNING and not view.finishing,
         run=view.run.value,
         step=view.step,
@@ -142,7 +139,7 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
         attempt=attempt,
         restarts=restart_counts(view.attempts),
         service_restarts=services,
-        steps_redone=sum(r["steps_redone"] or 0 for r in recovery.recoveries(records)),
+        steps_redone=sum(r["steps_redone"] or 0 for r in recovery.recoveries(view.attempts)),
         goodput=badput.goodput(view, now, spent),
         last_checkpoint_step=commit_step,
         last_checkpoint_at=commit_at,

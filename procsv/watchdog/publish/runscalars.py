@@ -53,7 +53,6 @@ def due(view: RunView, now: float, wall: float, sent: Sent) -> tuple[list[RunSca
     """The points due at ``now`` / ``wall`` and the new :class:`Sent`."""
     out: list[RunScalars] = []
     attempts = view.attempts
-    records = None
     i = sent.recovered
     while i < len(attempts):
         a = attempts[i]
@@ -62,8 +61,7 @@ def due(view: RunView, now: float, wall: float, sent: Sent) -> tuple[list[RunSca
                 break  # still restoring: its point comes with its first step
             i += 1  # died before a first step: the next attempt's recovery covers it
             continue
-        records = records or [r.record() for r in attempts]
-        rec = recovery.recoveries(records)[i - 1]
+        rec = recovery.recoveries(attempts[i - 1:i + 1])[0]
         tags, values = ["procsv/restarts"], [float(i)]
         if rec["total_s"] is not None:
             tags.append("procsv/recovery_secs")
@@ -87,7 +85,6 @@ def due(view: RunView, now: float, wall: float, sent: Sent) -> tuple[list[RunSca
     stepped = any(a.first_step_at is not None for a in attempts)
     final = view.finishing and not sent.final
     if stepped and (now >= sent.next_periodic or final):
-        records = records or [r.record() for r in attempts]
         tags, values = ["procsv/restarts"], [float(max(0, len(attempts) - 1))]
         spent = badput.of_launch(view, now)
         goodput = badput.goodput(view, now, spent)

@@ -22,7 +22,7 @@ from procsv.common.layout import Layout, write_json
 from procsv.common.manifests import last_checkpoint
 from procsv.common.pidfd import host_id
 from procsv.watchdog.rules import group
-from procsv.watchdog.publish import badput, recovery
+from procsv.watchdog.publish import badput
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.rules.state import CHECKPOINT, PS, SERVER, SUMMARY, TRAINER, WORKER, RunView
 
@@ -90,11 +90,10 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
 class StatusWriter:
     """Writes the status record when it changed, throttled."""
 
-    def __init__(self, layout: Layout, clock: Callable[[], float], wall: Callable[[], float] = time.time,
+    def __init__(self, layout: Layout, clock: Callable[[], float],
                  complain: Callable[[str], None] = lambda text: None) -> None:
         self.layout = layout
         self.clock = clock
-        self.wall = wall
         self.dirty = True
         self._at = float("-inf")
         self._complain = complain
@@ -110,11 +109,6 @@ class StatusWriter:
         self.dirty = False
         self._at = now
         return True
-
-    def maybe_write(self, build: Callable[[float, float], dict[str, Any]], force: bool = False) -> None:
-        """Write if due (:meth:`due`), the record ``build(now, wall)`` returns."""
-        if self.due(force):
-            self.write(build(self.clock(), self.wall()), durable=force)
 
     def write(self, record: dict[str, Any], durable: bool = False) -> None:
         """Replace the file with ``record`` (``durable``: fsync'd). A failing write (ENOSPC, EIO) is

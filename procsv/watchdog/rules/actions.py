@@ -112,17 +112,16 @@ class GiveUpService:
 
 
 @dataclass(frozen=True)
-class GiveUpCheckpoints:
-    """Checkpoints keep failing to commit: stop the run in order, and exit with its own code."""
+class StopFailing:
+    """The run cannot go on: stop it in order, and fail with ``exit_code``. ``cause``: ``checkpoints``
+    (rule 8: they keep failing to commit), ``logdir`` (rule 9: deleted, moved or replaced while the
+    run is live) or ``nodes`` (rule 12: a host did not join, or come back, within ``rejoin_timeout``);
+    ``reason``: what happened; ``error``: the run's last error from now on."""
 
-    failures: int
-
-
-@dataclass(frozen=True)
-class StopLogdirLost:
-    """The logdir was deleted, moved or replaced while the run is live: stop in order, and fail."""
-
+    cause: str
     reason: str
+    error: str
+    exit_code: int = 1
 
 
 @dataclass(frozen=True)
@@ -131,14 +130,6 @@ class NodeLost:
 
     node: int
     silent_secs: float
-
-
-@dataclass(frozen=True)
-class StopNodesMissing:
-    """A host did not join (or come back) within ``rejoin_timeout``: stop the run in order, and fail."""
-
-    node: int
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -214,6 +205,5 @@ class StartZygote:
     attempt: int
 
 
-Action = Union[Spawn, Signal, Kill, Restart, RestartTask, GiveUpTask, RespawnService, GiveUpService, GiveUpCheckpoints, Finish, GiveUp,
-               Settle, ArmChaos, SkipChaos, StopLogdirLost, Promote, StandbyGone, NodeLost, StopNodesMissing,
-               StartZygote]
+Action = Union[Spawn, Signal, Kill, Restart, RestartTask, GiveUpTask, RespawnService, GiveUpService, StopFailing, Finish,
+               GiveUp, Settle, ArmChaos, SkipChaos, Promote, StandbyGone, NodeLost, StartZygote]

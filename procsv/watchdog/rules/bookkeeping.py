@@ -16,9 +16,9 @@ from typing import Optional
 
 from procsv.watchdog.rules import group
 from procsv.watchdog.rules import standby
-from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpCheckpoints, GiveUpService, Kill,
+from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpService, Kill,
                                      NodeLost, Promote, RespawnService, Restart, RestartTask, GiveUpTask, Settle, Signal, SkipChaos, Spawn,
-                                     StandbyGone, StartZygote, StopLogdirLost, StopNodesMissing)
+                                     StandbyGone, StartZygote, StopFailing)
 from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.lifecycle import ProcState, RunState, transition
 from procsv.watchdog.rules.limits import Limits
@@ -67,23 +67,10 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
                                     ChildError("HostLost", f"node {action.node} ({node.host}) went silent for "
                                                            f"{action.silent_secs:.1f} s", "", "run"))
         return
-    if isinstance(action, StopNodesMissing):
+    if isinstance(action, StopFailing):
         view.failed = True
-        view.exit_code = view.exit_code or 1
-        view.last_error = action.reason
-        request_stop(view, signal.SIGTERM, now, limits.stop_grace_secs)
-        return
-    if isinstance(action, StopLogdirLost):
-        view.failed = True
-        view.exit_code = view.exit_code or EXIT_LOGDIR_LOST
-        view.last_error = f"the logdir was lost while the run was live: {action.reason}"
-        request_stop(view, signal.SIGTERM, now, limits.stop_grace_secs)
-        return
-    if isinstance(action, GiveUpCheckpoints):
-        view.failed = True
-        view.exit_code = view.exit_code or EXIT_CHECKPOINTS_FAILING
-        view.last_error = (f"{action.failures} checkpoints in a row failed to commit; the last: "
-                           f"{(view.last_error or '').removeprefix('checkpoint ')}")
+        view.exit_code = view.exit_code or action.exit_code
+        view.last_error = action.error
         request_stop(view, signal.SIGTERM, now, limits.stop_grace_secs)
         return
     child = find(view, action.slot, action.attempt)

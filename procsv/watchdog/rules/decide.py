@@ -92,8 +92,9 @@ import signal
 
 from procsv.watchdog.rules import group
 from procsv.watchdog.rules import standby, tasks
-from procsv.watchdog.rules.actions import (Action, Cause, Finish, GiveUp, GiveUpCheckpoints, Kill, Promote, Signal, Spawn,
-                                     StartZygote, StopLogdirLost, StopNodesMissing)
+from procsv.watchdog.rules.actions import (Action, Cause, Finish, GiveUp, Kill, Promote, Signal, Spawn, StartZygote,
+                                           StopFailing)
+from procsv.watchdog.rules.bookkeeping import EXIT_CHECKPOINTS_FAILING, EXIT_LOGDIR_LOST
 from procsv.watchdog.rules.chaos import chaos_actions
 from procsv.watchdog.rules.hang import hang_actions
 from procsv.watchdog.rules.group import group_actions
@@ -110,12 +111,15 @@ __all__ = ["Limits", "decide"]
 def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Action]:
     """What to do now, given what has been observed. Pure: the view is not changed."""
     if view.logdir_lost is not None and view.stop_signal is None and not view.finishing:
-        return [StopLogdirLost(view.logdir_lost)]  # rule 9 comes first: an exit it causes is a stop
+        return [StopFailing("logdir", view.logdir_lost, f"the logdir was lost while the run was live: {view.logdir_lost}",
+                            EXIT_LOGDIR_LOST)]  # rule 9 comes first: an exit it causes is a stop
     if 0 < limits.checkpoint_failure_limit <= view.failed_saves and view.stop_signal is None \
-            and not view.finishing:
-        return [GiveUpCheckpoints(view.failed_saves)]  # rule 8 comes first: an exit it causes is a stop
+            and not view.finishing:  # rule 8 comes first: an exit it causes is a stop
+        last = (view.last_error or "").removeprefix("checkpoint ")
+        return [StopFailing("checkpoints", "checkpoints keep failing", f"{view.failed_saves} checkpoints in a row "
+                            f"failed to commit; the last: {last}", EXIT_CHECKPOINTS_FAILING)]
     hosts = host_actions(view, now, limits)
-    if any(isinstance(a, StopNodesMissing) for a in hosts):
+    if any(isinstance(a, StopFailing) for a in hosts):
         return hosts  # rule 12 comes first too: an exit it causes is a stop
     actions: list[Action] = hosts
     ended = view.unsettled()

@@ -9,7 +9,7 @@ agent's heartbeats), the time ``now`` passed in and the :class:`~procsv.watchdog
   every host is connected again (:func:`hosts_missing`). Also while the run finishes: the launch
   waits for no member of a lost host.
 - A host that never joined, or was lost and did not come back within ``rejoin_timeout``
-  seconds, stops the run in order, which then fails (:class:`StopNodesMissing`).
+  seconds, stops the run in order, which then fails (:class:`StopFailing`).
 - Which agent may speak for a node rank (:func:`claim_node`): the first key that claims it in a
   launch holds it; another key's claim is refused while the holder is connected, and wins once
   the holder's host was found lost (its agent relaunched: a new agent makes a new key pair).
@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 from typing import Mapping
 
-from procsv.watchdog.rules.actions import Action, NodeLost, StopNodesMissing
+from procsv.watchdog.rules.actions import Action, NodeLost, StopFailing
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.state import RunView
 
@@ -34,9 +34,9 @@ def host_actions(view: RunView, now: float, limits: Limits) -> list[Action]:
         n = view.nodes.get(node)
         if n is None or n.last_beat is None:
             if now - view.launch_start > limits.rejoin_timeout and view.stop_signal is None and not view.finishing:
-                return [StopNodesMissing(node, f"node {node} did not join within --rejoin-timeout "
-                                               f"{limits.rejoin_timeout:g} s (is `procsv launch --node-rank {node}` "
-                                               "running there, and can it reach --master-addr?)")]
+                why = (f"node {node} did not join within --rejoin-timeout {limits.rejoin_timeout:g} s (is `procsv "
+                       f"launch --node-rank {node}` running there, and can it reach --master-addr?)")
+                return [StopFailing("nodes", why, why)]
             continue
         if n.lost_at is None and now - n.last_beat > limits.node_timeout:
             # also while the run finishes: a host that dies during the orderly stop reports its
@@ -44,8 +44,8 @@ def host_actions(view: RunView, now: float, limits: Limits) -> list[Action]:
             out.append(NodeLost(node, now - n.last_beat))
         elif n.lost_at is not None and now - n.lost_at > limits.rejoin_timeout and view.stop_signal is None \
                 and not view.finishing:
-            return [StopNodesMissing(node, f"node {node} ({n.host}) was lost and did not come back within "
-                                           f"--rejoin-timeout {limits.rejoin_timeout:g} s")]
+            why = f"node {node} ({n.host}) was lost and did not come back within --rejoin-timeout {limits.rejoin_timeout:g} s"
+            return [StopFailing("nodes", why, why)]
     return out
 
 

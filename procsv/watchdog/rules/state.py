@@ -33,22 +33,6 @@ SUMMARY = "summary"
 SERVICE_ROLES = (SUMMARY, CHECKPOINT)
 
 
-@dataclass
-class AttemptRecord:
-    """One trainer attempt's timeline for the recovery report: spawn, ready, first step, end."""
-
-    attempt: int
-    spawned: float
-    ready: Optional[float] = None
-    restored_step: int = 0
-    first_step: Optional[float] = None
-    last_progress: Optional[float] = None
-    last_step: int = 0
-    ended: Optional[float] = None
-    killed_at: Optional[float] = None  # when a signal meant to kill it was sent (chaos, hang)
-    cause: str = ""
-
-
 class ZygoteState(str, enum.Enum):
     """The pre-warmed trainer: ``off`` (--no-prewarm) or ``warming`` -> ``ready``, either -> ``lost``."""
 
@@ -180,11 +164,10 @@ class ChildView:
         """Neither reaped nor given up on after its death notice."""
         return not self.reaped and not self.settled_early
 
-    def record(self) -> AttemptRecord:
-        """This attempt as the recovery report sees it."""
-        return AttemptRecord(self.attempt, self.started, self.ready_at, self.restored_step, self.first_step_at,
-                             self.last_work_at, self.work_step, self.ended_at, self.signalled_at,
-                             self.hang_cause or (self.failure.describe() if self.failure else ""))
+    @property
+    def cause(self) -> str:
+        """Why this attempt ended, as the recovery report names it ("" while it runs)."""
+        return self.hang_cause or (self.failure.describe() if self.failure else "")
 
 
 @dataclass
