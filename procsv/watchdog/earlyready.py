@@ -33,6 +33,9 @@ class EarlyReady:
             return True
         return False
 
+    def __len__(self) -> int:
+        return len(self._held)
+
     def release(self, known: set[int], forking: bool) -> list[OneShot]:
         """The held messages whose pid is known now, in arrival order; with no fork pending any
         more, the others are dropped (their process is not one the watchdog started)."""

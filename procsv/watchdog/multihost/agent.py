@@ -52,9 +52,10 @@ from procsv.ipc.messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStart
 from procsv.ipc.transport import Endpoints, bind_private, drain, make_socket, send
 from procsv.watchdog.multihost import agentstop, curve
 from procsv.common.orphans import become_subreaper
-from procsv.watchdog.children import ChildProcess, Process
+from procsv.watchdog.children import REAP_SECS, ChildProcess, Process
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.diskjobs import DiskJobs, Job
+from procsv.watchdog.earlyready import EarlyReady
 from procsv.watchdog.publish.probes import LoopPulse
 from procsv.watchdog.rules.group import worker_slot
 from procsv.watchdog.logrotate import rotate
@@ -99,6 +100,7 @@ class NodeAgent:
         self.zygote: Optional[Zygote] = None  # this host's pre-warmed trainer (unless --no-prewarm)
         self.lost_zygotes: list[Zygote] = []  # given up on (killed, pipes closed); reaped at the end
         self.forks: dict[tuple[int, int], tuple[str, dict[str, str]]] = {}  # (attempt, rank) -> slot, env
+        self.early = EarlyReady()  # members' ready messages read before the fork's answer named them
         self.disk = DiskJobs("procsv-agent-logdir")  # its work on the shared logdir, off the loop
         self._rejoin: Optional[Job[_Rejoin]] = None  # a reconnect's reads and writes in the logdir, in flight
         self.pulse, self.stepped = pulse or LoopPulse(clock), False  # what --metrics-port's probes answer from
@@ -132,9 +134,10 @@ class NodeAgent:
             self._kill_all()
             for m in self.members.values():
                 m.reap(timeout=0.0, kill_secs=0.0)  # (closes its pidfd)
-            for z in [self.zygote, *self.lost_zygotes]:
-                if z is not None:
-                    z.close()
+            for z in [self.zygote, *self.lost_zygotes]:  # bounded, as the watchdog's end_all
+                if z is not None and not z.close(REAP_SECS):
+                    print(f"procsv: node agent: pre-warmed trainer pid {z.pid} not dead {REAP_SECS:.0f} s after its "
+                          "SIGKILL (uninterruptible sleep?); exiting without reaping it", file=sys.stderr, flush=True)
             for s, h in old.items():
                 signal.signal(s, h)
             if dealer is not None:
@@ -334,15 +337,24 @@ class NodeAgent:
         self.disk.submit(lambda: rotate(logs, slot, attempt, keep, live=live))
 
     def relay(self, pull: "zmq.Socket[Any]", dealer: "zmq.Socket[Any]") -> None:
-        """Relay to node 0 what this host's members reported (:data:`MEMBER_ACCEPT`), each as they sent it."""
+        """Relay to node 0 what this host's members reported (:data:`MEMBER_ACCEPT`), each as they sent
+        it. A forked member's ready message read before the zygote's answer named its pid is held
+        until it does (:class:`~procsv.watchdog.earlyready.EarlyReady`, as the watchdog's own)."""
+        pids, forking = {m.pid for m in self.members.values()}, bool(self.forks)
+        for held in self.early.release(pids, forking):
+            self._relay_one(held, dealer)
         for got in drain(pull, accept=MEMBER_ACCEPT, limit=1000):
             msg: Optional[Message] = None if isinstance(got, ProtocolError) else got.msg
-            member = next((m for m in self.members.values() if m.pid == getattr(msg, "pid", None)), None)
-            if msg is None or member is None:
-                continue
-            self.stepped = self.stepped or (isinstance(msg, Progress) and not msg.busy)
-            frames = encode(msg)
-            send(dealer, Relayed(member.slot, len(frames)), frames)
+            if msg is not None and not self.early.hold(msg, pids, forking):
+                self._relay_one(msg, dealer)
+
+    def _relay_one(self, msg: Message, dealer: "zmq.Socket[Any]") -> None:
+        member = next((m for m in self.members.values() if m.pid == getattr(msg, "pid", None)), None)
+        if member is None:
+            return
+        self.stepped = self.stepped or (isinstance(msg, Progress) and not msg.busy)
+        frames = encode(msg)
+        send(dealer, Relayed(member.slot, len(frames)), frames)
 
     def _reap(self, dealer: Optional["zmq.Socket[Any]"]) -> None:
         for key, m in list(self.members.items()):
