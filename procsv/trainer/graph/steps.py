@@ -28,7 +28,7 @@ would reach the watchdog a step late).
 
 A run that reaches no writer of the global step is no step; :meth:`StepProbe.writes` says whether
 it writes any variable all the same (an op that assigns or applies a gradient to one, a table's
-insert, or a function call, which may), once per fetch structure: the graph session then marks the
+insert, or a function call, which may; not a local variable's write), once per fetch structure: the graph session then marks the
 state changed since its last snapshot (``minimize(loss)`` without ``global_step=`` trains so), and
 the committed checkpoint of the step is rewritten with it (:mod:`procsv.services.checkpoint.inplace`).
 
@@ -178,11 +178,16 @@ class StepProbe:
         return found
 
     def writes(self, fetches: Any, feed_dict: Any) -> bool:
-        """Whether a run of ``fetches`` runs an op that writes (or may write) a variable."""
+        """Whether a run of ``fetches`` runs an op that writes (or may write) a variable other than a
+        local one (``LOCAL_VARIABLES``: a ``tf.compat.v1.metrics`` update, which no Saver saves)."""
+        import tensorflow as tf
+
         key = (_key(fetches), _key(tuple(feed_dict)) if feed_dict else ())
         found = self._writes.get(key)
         if found is None:
-            found = any(op.type.startswith(_WRITES) for op in self._ops(fetches, feed_dict))
+            local = {id(v.op) for v in self.graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)}
+            found = any(op.type.startswith(_WRITES) and not (op.inputs and id(op.inputs[0].op) in local)
+                        for op in self._ops(fetches, feed_dict))
             if len(self._writes) >= CACHE_MAX:
                 self._writes.clear()
             self._writes[key] = found
