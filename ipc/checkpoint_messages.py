@@ -82,6 +82,11 @@ class SaveData(Message):
     service keeps the last one each trainer sent and writes it with a held snapshot that came without.
     ``numbered=False`` (a graph without a global step): the checkpoint is ``<basename>``, not
     ``<basename>-<step>``, rewritten at each save as TF's Supervisor does; its manifest holds ``step``.
+    ``revision`` > 0: a newer state of a step already committed (runs changed variables without
+    advancing the global step, as TF's Supervisor saves ``model.ckpt-0`` again): the service rewrites
+    that step's checkpoint in place if ``revision`` is above the committed copy's (its manifest's
+    ``revision``), else answers ``again`` (a state never overwrites a newer one of its step). 0: a
+    first commit of the step, never written over a committed one.
     """
 
     KIND: ClassVar[str] = "save_data"
@@ -94,14 +99,17 @@ class SaveData(Message):
     persist: bool = True
     meta_graph: bool = False
     numbered: bool = True
+    revision: int = 0
 
 
 @dataclass(frozen=True)
 class SaveResult(Message):
     """Checkpoint service -> trainer and watchdog: a save committed (``ok``) or failed. ``again``: the
     step was committed already (a snapshot of a step on disk, sent by a trainer that could not know:
-    a dead trainer's snapshot in flight, or one of the step a restarted trainer restored); nothing was
-    written, the trainer's wait ends, and it is no new commit (no second record, no CHECKPOINT log)."""
+    a dead trainer's snapshot in flight, or one of the step a restarted trainer restored; or a rewrite
+    whose ``revision`` is not above the committed copy's); nothing was written, the trainer's wait ends,
+    and it is no new commit (no second record, no CHECKPOINT log). ``revision``: the committed copy's
+    (:attr:`SaveData.revision`), which the trainer's next rewrite of that step goes past."""
 
     KIND: ClassVar[str] = "save_result"
     step: int
@@ -111,6 +119,7 @@ class SaveResult(Message):
     error: Optional[str]
     persist_secs: float
     again: bool = False
+    revision: int = 0
 
 
 @dataclass(frozen=True)

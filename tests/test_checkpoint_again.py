@@ -10,6 +10,7 @@ summary service gets one ``SessionLog`` CHECKPOINT.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -73,3 +74,54 @@ def test_a_snapshot_of_a_committed_step_is_answered_but_not_committed_or_logged_
     reports = [r for m in results for r in heard(view, m, 1.0)]
     assert [(r.event, r.fields["step"]) for r in reports] == [(Event.CHECKPOINT_COMMITTED, 7)]
     assert view.commits == 1
+
+
+def test_a_newer_revision_of_a_committed_step_is_rewritten_in_place_and_an_older_or_equal_one_is_not(tmp_path):
+    """A snapshot of a committed step with ``revision`` above the manifest's is a newer state of it
+    (runs that trained without advancing the step): the service rewrites ``model.ckpt-0`` in place
+    (new files, the manifest's ``revision``), a commit the watchdog records and the summary service
+    logs; one with an equal or lower revision (a dead trainer's, one that raced a newer rewrite) is
+    answered ``again`` with the committed revision and writes nothing."""
+    layout = Layout(str(tmp_path / "run"))
+    layout.create()
+    runtime = str(tmp_path / "rt")
+    os.makedirs(runtime)
+    ends = Endpoints(runtime)
+    zctx = zmq.Context.instance()
+    watchdog, summary = zctx.socket(zmq.PULL), zctx.socket(zmq.ROUTER)
+    for sock, where in ((watchdog, ends.watchdog), (summary, ends.summary)):
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(where)
+    service = CheckpointService(ChildContext(layout, ends, "checkpoint", 1, supervised=True))
+    manifest = os.path.join(layout.manifests, "model.ckpt-0.json")
+
+    def save(revision: int) -> tuple[SaveResult, bytes]:
+        result = service._save(SaveData(0, SaveReason.PERIODIC, "model.ckpt", [], None, revision=revision), [],
+                               CheckpointSettings("00", "model.ckpt", None, 5, None), reply_to=None)
+        with open(manifest, "rb") as fh:
+            return result, fh.read()
+
+    try:
+        first, m0 = save(0)
+        rewrite, m1 = save(1)
+        stale, m1_again = save(1)  # the same revision again
+        older, m1_older = save(0)  # a first commit's snapshot, late
+        results = [m for m in _drain(watchdog, False) if isinstance(m, SaveResult)]
+        logs = [m for m in _drain(summary, True) if isinstance(m, SessionLogEvent)]
+    finally:
+        service.router.close(0)
+        service.to_summary.close(0)
+        if service.to_watchdog is not None:
+            service.to_watchdog.close(0)
+        watchdog.close(0)
+        summary.close(0)
+    assert [(r.ok, r.again, r.revision) for r in (first, rewrite, stale, older)] == [
+        (True, False, 0), (True, False, 1), (True, True, 1), (True, True, 1)]
+    assert m1 != m0 and json.loads(m1)["revision"] == 1 and "revision" not in json.loads(m0)
+    assert m1_again == m1_older == m1  # not written again
+    assert sorted(os.listdir(layout.manifests)) == ["model.ckpt-0.json"]  # no intent record, no kept files left
+    assert [(log.status, log.step) for log in logs] == [(SessionStatus.CHECKPOINT, 0)] * 2
+    view = RunView(launch_start=0.0)
+    reports = [r for m in results for r in heard(view, m, 1.0)]
+    assert [(r.event, r.fields["step"]) for r in reports] == [(Event.CHECKPOINT_COMMITTED, 0)] * 2
+    assert view.commits == 2

@@ -48,3 +48,24 @@ def test_a_plan_is_keyed_by_the_identities_of_its_fetches_and_fed_keys_and_judge
     single = make_plan(loss, None, (None, None), losses, plan_key(loss, None))
     keep_losses(single, 3, np.float16(np.inf))
     assert losses.host_bad == 3
+
+
+def test_a_run_that_is_no_step_writes_the_state_when_it_assigns_or_trains_a_saved_variable():
+    """``StepProbe.writes``: which runs that advance no global step change what a checkpoint holds
+    (the graph session marks the state changed after them, and the committed step is rewritten):
+    an ``assign_add`` on a variable, ``minimize()`` without ``global_step=``, not a read of it, nor a
+    ``tf.compat.v1.metrics`` update (local variables, which no Saver saves)."""
+    from procsv.trainer.graph.steps import StepProbe
+
+    with tf.Graph().as_default() as graph:
+        step = tf.compat.v1.train.get_or_create_global_step()
+        v = tf.compat.v1.get_variable("v", initializer=1.0)
+        inc = v.assign_add(1.0)
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(v * v)
+        mean, update = tf.compat.v1.metrics.mean(v)
+        probe = StepProbe(graph, step, False)
+        assert probe.plan(train, None) is None and probe.plan(inc, None) is None  # no step: nothing writes it
+        assert probe.writes(inc, None) and probe.writes(train, None) and probe.writes([v, inc], None)
+        assert not probe.writes(v, None) and not probe.writes(v * 2.0, None)
+        assert not probe.writes(update, None) and not probe.writes(mean, None)
+        assert probe.writes({"u": update, "t": train}, None)

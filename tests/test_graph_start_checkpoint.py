@@ -203,3 +203,42 @@ def test_a_graph_without_a_global_step_sigkilled_under_launch_restores_model_ckp
     assert _plain_restore(os.path.join(logdir, "model.ckpt")) == 400.0
     names = [n for n in os.listdir(logdir) if n.startswith("model.ckpt")]
     assert {n.split(".data-")[0].removesuffix(".index").removesuffix(".meta") for n in names} == {"model.ckpt"}
+
+
+def test_a_newer_revision_of_a_committed_step_rewrites_model_ckpt_n_and_an_older_one_does_not(tmp_path):
+    """``model.ckpt-0`` committed (revision 0), then revision 2 (a newer state of step 0), then a late
+    revision 1: the files are revision 2's, the older state never overwrote them."""
+    logdir = str(tmp_path)
+    done = _commits(logdir, "0:2:0", "0:1:2", "0:1:1")
+    assert done.returncode == 0, done.stderr
+    layout = Layout(logdir)
+    (m,) = list_committed(layout)
+    assert (m.step, m.prefix, m.revision) == (0, "model.ckpt-0", 2)
+    verify(layout, m)
+    files = _files(logdir)
+    assert sorted(files) == ["model.ckpt-0.data-00000-of-00001", "model.ckpt-0.index"]  # revision 0's 2nd shard gone
+    assert files["model.ckpt-0.index"] == "index of step 0 revision 2\n"
+    assert sorted(os.listdir(layout.manifests)) == ["model.ckpt-0.json"]
+
+
+@pytest.mark.parametrize("point", ["before_keep", "mid_keep", "before_rename", "after_rename"])
+def test_a_rewrite_of_a_committed_step_killed_before_its_manifest_leaves_the_previous_revision_whole(tmp_path, point):
+    """SIGKILL in the rewrite of ``model.ckpt-0`` by its revision 1 (commit 2), at each point before
+    its manifest: the recovery at the service's start leaves revision 0 whole (sizes and checksums,
+    the same bytes), and the next rewrite commits over it."""
+    logdir = str(tmp_path)
+    first = _commits(str(tmp_path / "first"), "0:2:0")
+    assert first.returncode == 0, first.stderr
+    done = _commits(logdir, "0:2:0", "0:1:1", fault=f"checkpoint:{point}:{1 if 'keep' in point else 2}")
+    assert done.returncode == -9 and done.stdout.splitlines() == ["committed 0"], done.stderr
+    notes = CheckpointStore(Layout(logdir)).recover()
+    assert "rolled back the uncommitted rewrite of model.ckpt-0; the previous one is whole" in notes
+    layout = Layout(logdir)
+    (m,) = list_committed(layout)
+    assert (m.step, m.prefix, m.revision) == (0, "model.ckpt-0", 0)
+    verify(layout, m)
+    assert _files(logdir) == _files(str(tmp_path / "first"))
+    assert sorted(os.listdir(layout.manifests)) == ["model.ckpt-0.json"]
+    again = _commits(logdir, "0:1:1")
+    assert again.returncode == 0, again.stderr
+    assert _files(logdir)["model.ckpt-0.index"] == "index of step 0 revision 1\n"

@@ -43,7 +43,10 @@ CHECKSUMS: tuple[crc32c.Algorithm, ...] = ("crc32c", "crc32")  # what a manifest
 class Manifest:
     """One committed checkpoint: its step, TF prefix (relative to the logdir) and files.
 
-    ``files`` maps each file name to ``{"size": n, "crc32c": c}`` (or ``"crc32"``).
+    ``files`` maps each file name to ``{"size": n, "crc32c": c}`` (or ``"crc32"``). ``revision``:
+    how many times this step's checkpoint was rewritten in place with a newer state of the same
+    step (0: its first commit; a program whose runs change variables without advancing the global
+    step, :mod:`procsv.services.checkpoint.inplace`); written to the JSON only when not 0.
     """
 
     step: int
@@ -51,12 +54,13 @@ class Manifest:
     files: dict[str, dict[str, int]]
     committed_at: float
     reason: str
+    revision: int = 0
 
     def path(self, logdir: str) -> str:
         return os.path.join(logdir, self.prefix)
 
     def to_json(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "version": MANIFEST_VERSION,
             "step": self.step,
             "prefix": self.prefix,
@@ -64,6 +68,9 @@ class Manifest:
             "committed_at": self.committed_at,
             "reason": self.reason,
         }
+        if self.revision:
+            out["revision"] = self.revision
+        return out
 
     @staticmethod
     def from_json(obj: object) -> Optional["Manifest"]:
@@ -74,7 +81,8 @@ class Manifest:
             for name, meta in obj["files"].items():
                 algo = next(a for a in CHECKSUMS if a in meta)
                 files[str(name)] = {"size": int(meta["size"]), algo: int(meta[algo])}
-            return Manifest(int(obj["step"]), str(obj["prefix"]), files, float(obj["committed_at"]), str(obj["reason"]))
+            return Manifest(int(obj["step"]), str(obj["prefix"]), files, float(obj["committed_at"]), str(obj["reason"]),
+                            int(obj.get("revision", 0)))
         except (KeyError, TypeError, ValueError, AttributeError, StopIteration, OverflowError):
             return None
 

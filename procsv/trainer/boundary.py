@@ -71,6 +71,7 @@ class StepBoundary:
 
     def _wake_on_request(self, agent: Any) -> None:
         agent.wake = self.save_requested
+        agent.changes = self.state  # (its ``changed``: runs trained without advancing the step)
 
     # ----------------------------------------------------------------- the session
     def attach(self, channels: TrainerChannels) -> None:
@@ -91,6 +92,7 @@ class StepBoundary:
         services, as TF's checkpoint thread, which saves once as it starts): a snapshot of the step
         restored or initialized is sent now (committed while the program goes on), unless committed."""
         agent = self._keeper.agent if self._keeper is not None else None
+        self.state.changed = False  # the state is the one restored or initialized
         if (save and agent is not None and self._channels is not None and self._chief
                 and agent.in_flight is None and self.state.step > agent.last_committed):
             agent.pending = agent.pending or SaveReason.PERIODIC

@@ -46,7 +46,10 @@ class StepState:
     progress-and-summaries half's ``end_step`` / ``end_at`` (:class:`procsv.trainer.boundary.StepBoundary`
     computes them), and their earliest time ``at``. Holds what a step calls: the Supervisor's
     ``clock``, ``coord``, :class:`StepCounter`, the watched losses (``losses``), and its boundary work (``boundary(step)`` before a
-    step whose bound has passed, ``after_step()`` after one that must not wait).
+    step whose bound has passed, ``after_step()`` after one that must not wait). ``changed``: a run
+    changed the program's variables without advancing the step since the last snapshot was taken (a
+    graph program's ``minimize(loss)`` without ``global_step=``; the graph session sets it, the
+    checkpoint agent clears it): the committed checkpoint of ``step`` is then older than the state.
 
     Why one slotted object: beside a sub-millisecond step, the check that a boundary has nothing
     to do runs with the caches the step emptied, and each object, dict and Python frame it touches
@@ -56,7 +59,7 @@ class StepState:
     """
 
     __slots__ = ("step", "ckpt_step", "ckpt_at", "end_step", "end_at", "at", "clock", "coord", "counter",
-                 "boundary", "after_step", "losses")
+                 "boundary", "after_step", "losses", "changed")
 
     def __init__(self, clock: Callable[[], float], coord: Any, counter: "StepCounter",
                  boundary: Callable[[int], None] = _nothing_before,
@@ -72,6 +75,7 @@ class StepState:
         self.ckpt_step: float = 0  # NEVER (inf) when no step-count trigger is pending
         self.ckpt_at = self.end_at = self.at = float("-inf")
         self.end_step: float = 0
+        self.changed = False
 
     def open_checkpoint(self) -> None:
         """The checkpoint half does its work at the next boundary (a save was requested)."""

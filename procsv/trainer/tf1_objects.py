@@ -138,8 +138,8 @@ class SaverShim:
         ckpt = sv.keeper.agent
         # a graph without a global step: ``<basename>``, rewritten at each save (TF's name with global_step=None)
         prefix = f"{sv.save_path}-{step}" if getattr(ckpt.global_step, "numbered", True) else sv.save_path
-        if step <= ckpt.last_committed:
-            return prefix  # already committed: TF would have written the same state again
+        if step <= ckpt.last_committed and not ckpt.behind(step):
+            return prefix  # already committed, as it is: TF would have written the same state again
         result = sv.boundary.save_now(SaveReason.STEPS)
         if ckpt.last_committed < step:
             why = result.error if result is not None and result.error else "it did not commit in time"

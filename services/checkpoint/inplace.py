@@ -4,8 +4,10 @@ Runs in the checkpoint service process, inside :meth:`CheckpointStore.commit`. T
 the checkpoints of a graph without a global step ``<basename>`` (``saver.save(sess, save_path,
 global_step=None)``) and rewrites that one prefix at each save; procsv does the same (the trainer's
 :class:`~procsv.ipc.messages.SaveData` says ``numbered=False``), so the new files replace committed
-ones of the same names. A rename over a file is atomic, but two files (data, then index) are not
-replaced at once, so the commit of such a rewrite is:
+ones of the same names. So does a newer state of a committed step (``SaveData.revision`` above the
+manifest's: runs that trained without advancing the global step, where TF saves ``model.ckpt-<step>``
+again). A rename over a file is atomic, but two files (data, then index) are not replaced at once,
+so the commit of such a rewrite is:
 
 1. the new files written, fsynced and checksummed under ``.procsv/tmp/`` (as every commit);
 2. the intent record ``.procsv/checkpoints/<prefix>.pending`` naming the new files and the

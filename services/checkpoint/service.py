@@ -18,7 +18,8 @@ the numeric tensors are read from the trainer's shared snapshot memory, which th
 (and pre-faults) as soon as a heartbeat names it, and written with ``O_DIRECT``.
 
 Saves are synchronous in this loop, one at a time: the trainer sends a snapshot only when the
-previous one has its :class:`SaveResult`. A heartbeat that names a snapshot in flight which this
+previous one has its :class:`SaveResult`. A snapshot of a committed step is written again only as
+a newer revision of it (:attr:`SaveData.revision`), in place (:mod:`procsv.services.checkpoint.inplace`). A heartbeat that names a snapshot in flight which this
 process never received (it died and was restarted meanwhile) is answered with a failed
 ``SaveResult`` (reason ``lost``), so the trainer takes that snapshot again at once.
 
@@ -290,8 +291,7 @@ class CheckpointService:
 
     def _release_memory(self, why: str) -> None:
         if self.memory is not None and why:
-            print(f"procsv checkpoint: dropped the in-memory snapshot of step {self.memory.msg.step}: {why}",
-                  file=sys.stderr, flush=True)
+            _say(f"procsv checkpoint: dropped the in-memory snapshot of step {self.memory.msg.step}: {why}")
         self.memory = None
         self.arenas.pin(None)
 
@@ -337,10 +337,10 @@ class CheckpointService:
         """Commit ``msg``; tell the trainer (``reply_to``; by default the current one, None: nobody),
         the watchdog and the summary service; return the result."""
         again = committed_step(self.ctx.layout, msg.basename, msg.step, msg.numbered)
-        if again is not None:  # on disk already: never rewritten, nor announced as a commit twice
+        if again is not None and msg.revision <= again.revision:  # on disk already, as new: not written, nor announced
             _say(f"procsv checkpoint: step {msg.step} is committed already ({again.prefix}); not written again")
             return self._tell(SaveResult(msg.step, msg.reason, True, again.path(self.ctx.layout.logdir), None, 0.0,
-                                         again=True), reply_to, msg.numbered, [])
+                                         again=True, revision=again.revision), reply_to, msg.numbered, [])
         started = self.clock()
         retired: list[Manifest] = []
         try:
@@ -355,9 +355,10 @@ class CheckpointService:
                 max_to_keep=settings.max_to_keep,
                 keep_every_n_hours=settings.keep_checkpoint_every_n_hours,
                 numbered=msg.numbered,
+                revision=msg.revision,  # above the committed copy's: that step's checkpoint rewritten in place
             )
             result = SaveResult(msg.step, msg.reason, True, manifest.path(self.ctx.layout.logdir), None,
-                                self.clock() - started)
+                                self.clock() - started, revision=manifest.revision)
         except Exception as exc:
             if not isinstance(exc, save_errors()):
                 raise

@@ -122,13 +122,15 @@ class CheckpointStore:
         max_to_keep: int,
         keep_every_n_hours: Optional[float],
         numbered: bool = True,
+        revision: int = 0,
     ) -> tuple[Manifest, list[Manifest]]:
         """Persist one checkpoint through the full protocol.
 
         ``write(tmp_prefix)`` writes the checkpoint's files (step 1) and returns the checksums it
         already knows, by file name. Returns the manifest and the checkpoints retention retired
         from the state file: pass them to :meth:`delete` (after telling the trainer).
-        ``numbered=False``: the prefix is ``basename``, rewritten in place (:mod:`.inplace`).
+        ``numbered=False``: the prefix is ``basename``, rewritten in place (:mod:`.inplace`); so is a
+        committed step whose ``revision`` is below this one (a newer state of that step).
         """
         if not basename or "/" in basename or "\0" in basename:
             # it came over the wire: a name that would leave the logdir is refused
@@ -138,8 +140,9 @@ class CheckpointStore:
         prefix = f"{basename}-{step}" if numbered else basename
         done = Manifest.from_json(read_json(manifest_path(self.layout, prefix)))
         old = None  # the committed checkpoint of this prefix a rewrite replaces
-        if done is not None and not numbered and done.step != step:
-            old, done = done, None
+        if done is not None and ((not numbered and done.step != step) or (done.step == step and revision > done.revision)):
+            old, done = done, None  # (one kept by keep_every_n_hours stays kept with a newer state of its step)
+            reason = old.reason if old.step == step and old.reason == "preserved" else reason
         if done is not None:
             try:
                 verify(self.layout, done)  # checksums too: a rare path, and a bit flip must not pass as committed
@@ -184,7 +187,7 @@ class CheckpointStore:
                     placed.append(name)
                 fsync_dir(self.layout.logdir)
                 fault_point("after_rename")
-                manifest = Manifest(step, prefix, files, self.clock(), reason)
+                manifest = Manifest(step, prefix, files, self.clock(), reason, revision)
                 write_json(manifest_path(self.layout, prefix), manifest.to_json())
             except OSError:
                 if old is not None:  # the previous files go back where they were
@@ -229,7 +232,7 @@ class CheckpointStore:
         plan = retention(list_committed(self.layout), max_to_keep, keep_every_n_hours, self.last_preserved)
         self.last_preserved = plan.last_preserved
         for m in plan.newly_preserved:
-            kept = Manifest(m.step, m.prefix, m.files, m.committed_at, "preserved")
+            kept = Manifest(m.step, m.prefix, m.files, m.committed_at, "preserved", m.revision)
             write_json(manifest_path(self.layout, m.prefix), kept.to_json())
         self._write_state(plan.keep)
         return list(plan.delete)
@@ -301,15 +304,12 @@ class CheckpointStore:
         """Delete retired checkpoints, unless a trainer is restoring (it holds
         ``.procsv/restore.lock``, :func:`~procsv.common.manifests.restoring`): then nothing is
         deleted and ``retired`` is returned, to be passed again later (a checkpoint being restored
-        is never deleted; before, one retired by a commit that landed mid-restore lost its files
-        under the trainer, which called it corrupt and, with ``allow_reinit``, started from step 0).
-        Returns [] once done.
+        is never deleted). Returns [] once done.
 
-        Each manifest is first renamed to ``<prefix>.pending`` (it
-        names the files, as a commit's intent record does): the checkpoint leaves the committed
-        list at once, never as a manifest without files, and a crash before its files are gone
-        leaves that record, by which :meth:`recover` finishes the deletion (before, the files
-        stayed in the logdir for good, named by nothing). Only files a manifest names are deleted."""
+        Each manifest is first renamed to ``<prefix>.pending`` (it names the files, as a commit's
+        intent record does): the checkpoint leaves the committed list at once, never as a manifest
+        without files, and a crash before its files are gone leaves that record, by which
+        :meth:`recover` finishes the deletion. Only files a manifest names are deleted."""
         if not retired:
             return []
         with retiring(self.layout) as free:

@@ -41,7 +41,8 @@ from typing import Any, Callable, Optional
 from procsv.ipc.messages import (Busy, CheckpointSetup, CommitLoading, Progress, SaveData, SaveReason, SaveRequest, SaveResult,
                                  SnapshotHeld)
 from procsv.common.errors import CheckpointError, NonFiniteState
-from procsv.common.layout import Layout
+from procsv.common.layout import Layout, read_json
+from procsv.common.manifests import Manifest, manifest_path
 from procsv.trainer.checkpoint import memory_tier, restore_at_start
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.final_commit import HEARTBEAT_EVERY, FinalCommit
@@ -91,6 +92,11 @@ class CheckpointAgent(FinalCommit):
         self.clock, self.sleep = clock, sleep
         self.restored_from: Optional[str] = None
         self.last_committed, self.last_heartbeat = -1, 0.0
+        # a newer state of a committed step (runs that trained without advancing it): ``changes`` is the
+        # Supervisor's step state (its ``changed``; the step boundary sets it), ``revision`` the one of the
+        # committed checkpoint of ``last_committed`` as this trainer knows it, ``sent_revision`` the one in flight
+        self.changes: Any = None
+        self.revision = self.sent_revision = 0
         self.pending: Optional[SaveReason] = None
         self._next_read = 0.0  # when (on the clock) the boundary next reads the service's messages
         self._read_step = -READ_EVERY_STEPS  # the step of that last read
@@ -164,6 +170,8 @@ class CheckpointAgent(FinalCommit):
             self.restored_from = done.path
         if self.restored_from:
             self.last_committed = int(self.global_step.numpy())
+            done_manifest = Manifest.from_json(read_json(manifest_path(self.layout, os.path.basename(self.restored_from))))
+            self.revision = done_manifest.revision if done_manifest is not None else 0
         # the restored (or initial) state is on disk or rebuilt by init: the first in-memory
         # snapshot is of a step trained after it
         self.memory.start(int(self.global_step.numpy()), self.clock())
@@ -194,7 +202,12 @@ class CheckpointAgent(FinalCommit):
             self.pending = self.pending or SaveReason.STEPS
             if self.in_flight is not None and self._read_step != step:
                 self._read_service(ch, step, now)  # the snapshot in flight may have committed: save at this step then
-        return bool(self.pending) and self.in_flight is None and step > self.last_committed
+        return bool(self.pending) and self.in_flight is None and (step > self.last_committed or self.behind(step))
+
+    def behind(self, step: int) -> bool:
+        """Whether ``step`` is committed but runs changed the state since its snapshot without advancing
+        the step: its next snapshot is a newer revision of it, which the service rewrites in place."""
+        return step == self.last_committed and self.changes is not None and bool(self.changes.changed)
 
     def _read_service(self, ch: TrainerChannels, step: int, now: float) -> None:
         """Take every message the checkpoint service has sent (without waiting)."""
@@ -251,10 +264,15 @@ class CheckpointAgent(FinalCommit):
         if msg.step != self.in_flight:
             return  # an answer to a snapshot we no longer wait for (we gave up on it)
         self.commits.answered()
+        slot = self.store.slots.disk
         self.store.slots.disk_done()
         if msg.reason != SaveReason.LOST:
-            self.store.slots.acknowledged(msg.step)  # the service holds it (the newest it has)
+            self.store.slots.acknowledged(msg.step, slot)  # the service holds it (the newest it has)
+        if self.sent_revision and (not msg.ok or msg.again) and self.changes is not None:
+            self.changes.changed = True  # that newer state of the step is not on disk (or a newer one is): taken again
         if msg.ok:
+            if msg.step >= self.last_committed:
+                self.revision = msg.revision if msg.step > self.last_committed else max(self.revision, msg.revision)
             self.last_committed = max(self.last_committed, msg.step)
             self.commits.committed(msg.persist_secs)
             for committed in self.on_commit:
@@ -314,10 +332,11 @@ class CheckpointAgent(FinalCommit):
             raise
         if snap.step is not None:  # named by the global step stored in it, not by the step counted here
             step = snap.step
+        self.sent_revision = self.revision + 1 if step == self.last_committed else 0  # a newer state of a committed step
         arena = self.store.ref_of(snap)
         meta = self.meta_graph  # graph mode: <prefix>.meta too (TF's Saver.save(write_meta_graph=True))
         sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena, slot, True, meta is not None,
-                                         getattr(self.global_step, "numbered", True)),
+                                         getattr(self.global_step, "numbered", True), self.sent_revision),
                                 snap.frames if meta is None else [*snap.frames, meta], until)
         ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))
         self.memory.superseded()  # an in-memory snapshot still waiting is older than this one: never send it
@@ -325,6 +344,8 @@ class CheckpointAgent(FinalCommit):
         self.last_snapshot_secs = end - t0
         self.memory.disk_taken(step, end)
         if sent:
+            if self.changes is not None:
+                self.changes.changed = False  # (this snapshot holds what the runs changed)
             self.store.slots.sent_disk(slot)
             nbytes = snap.arena_bytes + sum(int(getattr(f, "nbytes", 0) or len(f)) for f in snap.frames)
             self.commits.sent(step, reason, nbytes, ch.clock())

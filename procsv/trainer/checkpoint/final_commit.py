@@ -38,6 +38,9 @@ class FinalCommit:
     def in_flight(self) -> Optional[int]:
         raise NotImplementedError
 
+    def behind(self, step: int) -> bool:
+        raise NotImplementedError
+
     def heartbeat(self, ch: TrainerChannels, step: int, now: float) -> None:
         raise NotImplementedError
 
@@ -82,8 +85,9 @@ class FinalCommit:
         return self._await_in_flight(ch, step, deadline)[0]
 
     def final(self, ch: TrainerChannels, step: int, reason: SaveReason, grace_secs: float) -> Optional[SaveResult]:
-        """Commit ``step`` (unless it already is) within ``grace_secs``; return the result."""
-        if step <= self.last_committed:
+        """Commit ``step`` (unless it already is, with the state as it is now) within ``grace_secs``;
+        return the result. A committed step whose state changed since (:meth:`behind`) is rewritten."""
+        if step <= self.last_committed and not self.behind(step):
             return None
         deadline = ch.clock() + grace_secs
         if self.in_flight is not None:
@@ -93,7 +97,7 @@ class FinalCommit:
                 print(f"procsv: the checkpoint of step {waited_for} did not commit within "
                       f"stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
                 return None
-            if step <= self.last_committed:  # the snapshot in flight was of ``step`` itself (a fed step's boundary)
+            if step <= self.last_committed and not self.behind(step):  # the one in flight was of ``step`` as it is
                 if result is not None and result.ok and result.step == step:
                     print(f"procsv: {reason} checkpoint committed at step {step}", flush=True)
                 return result

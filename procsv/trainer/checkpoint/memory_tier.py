@@ -163,6 +163,7 @@ class Slots:
     steps: list[Optional[int]] = field(default_factory=list)
     disk: Optional[int] = None  # the slot of the snapshot in flight to disk
     held: Optional[int] = None  # the step the service last said it holds
+    held_slot: Optional[int] = None  # the slot of that snapshot, when known (a step rewritten is in two slots)
     unacked: Optional[tuple[int, int, float]] = None  # (slot, step, sent at) of an in-memory snapshot
     waiting: Optional[tuple[int, int]] = None  # (slot, step) of an in-memory snapshot copied, not yet sent
 
@@ -173,7 +174,7 @@ class Slots:
     def busy(self, now: float) -> set[int]:
         out = set() if self.disk is None else {self.disk}
         if self.n > 1 and self.held is not None:
-            out |= {i for i, s in enumerate(self.steps) if s == self.held}
+            out |= {self.held_slot} if self.held_slot is not None else {i for i, s in enumerate(self.steps) if s == self.held}
         if self.unacked is not None and now - self.unacked[2] < UNACKED_GRACE:
             out.add(self.unacked[0])
         if self.waiting is not None:
@@ -214,9 +215,12 @@ class Slots:
     def sent_disk(self, slot: int) -> None:
         self.disk = slot
 
-    def acknowledged(self, step: int) -> None:
-        """The service holds the snapshot of ``step`` (its newest; what it held before is released)."""
-        self.held = step
+    def acknowledged(self, step: int, slot: Optional[int] = None) -> None:
+        """The service holds the snapshot of ``step`` (its newest; what it held before is released),
+        from ``slot`` (None: the in-memory one awaiting this acknowledgment's, if it is of ``step``)."""
+        if slot is None and self.unacked is not None and self.unacked[1] == step:
+            slot = self.unacked[0]
+        self.held, self.held_slot = step, slot
         if self.unacked is not None and self.unacked[1] <= step:
             self.unacked = None
 

@@ -41,9 +41,10 @@ class RunPlan:
     structure must be walked (:func:`keep_watched`); ``losses``, the LossWatch ``watch`` was worked
     out for; ``held``, the fetches and fed keys whose identities key the plan; ``fast`` and
     ``fast_read``, its runs through a callable (:mod:`procsv.trainer.graph.fastrun`), without and
-    with ``read`` fetched beside them, where a callable can do them as ``Session.run`` does."""
+    with ``read`` fetched beside them, where a callable can do them as ``Session.run`` does; ``writes``,
+    a run that is no step writes a variable all the same (:meth:`~procsv.trainer.graph.steps.StepProbe.writes`)."""
 
-    __slots__ = ("read", "add", "watch", "losses", "held", "fast", "fast_read")
+    __slots__ = ("read", "add", "watch", "losses", "held", "fast", "fast_read", "writes")
 
     def __init__(self, read: Any, add: Optional[int], watch: Optional[tuple[int, ...]], losses: Any,
                  held: Any = None) -> None:
@@ -54,6 +55,7 @@ class RunPlan:
         self.held = held
         self.fast: Any = None
         self.fast_read: Any = None
+        self.writes = False
 
 
 def plan_key(fetches: Any, feed_dict: Any) -> Optional[Hashable]:

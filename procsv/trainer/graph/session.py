@@ -97,11 +97,12 @@ class GraphSession:
         plain = options is None and run_metadata is None
         read = plan.read
         if read is None:  # writes no global step: no step
-            if plain and plan.fast is not None:
-                out = plan.fast(feed_dict)
-                if out is not MISS:
-                    return out
-            return self._sess.run(fetches, feed_dict, options, run_metadata)
+            out = plan.fast(feed_dict) if plain and plan.fast is not None else MISS
+            if out is MISS:
+                out = self._sess.run(fetches, feed_dict, options, run_metadata)
+            if plan.writes:  # but it trained: the step's checkpoint is older than the state now
+                self._changed(state)
+            return out
         if state.coord.asked and state.coord.should_stop():
             raise TrainingStopped("a stop was requested; the training loop should end")
         add = plan.add
@@ -150,6 +151,7 @@ class GraphSession:
         else:
             step = (self._probe.extra_fetch(fetches, feed_dict), None)
         plan = make_plan(fetches, feed_dict, step, self._state.losses, key)
+        plan.writes = plan.read is None and self._probe.variable is not None and self._probe.writes(fetches, feed_dict)
         if plan.held is not None:
             plan.fast = fast_run(self._sess, fetches, feed_dict)
             if plan.read is not None:
@@ -181,6 +183,14 @@ class GraphSession:
                 state.boundary(step)
             if state.step >= state.end_step:
                 state.after_step()
+
+    def _changed(self, state: StepState) -> None:
+        """A run that is no step changed the variables: marked, and the checkpoint half's boundary
+        (at the same step) when its time has come, so a periodic save takes the state as it is now."""
+        state.changed = True
+        if state.clock() >= state.ckpt_at:
+            with self._lock:
+                state.boundary(state.step)
 
     def _keep_walked(self, state: StepState, step: int, fetches: Any, out: Any) -> None:
         """The watched losses of a run whose structure has no plan of its own (a dict, a nested

@@ -26,6 +26,12 @@ began) the session reads the global step after it with a run of ``read`` alone (
 ``Session.run``), so that the boundary is not put off to the next step (a slow step's progress
 would reach the watchdog a step late).
 
+A run that reaches no writer of the global step is no step; :meth:`StepProbe.writes` says whether
+it writes any variable all the same (an op that assigns or applies a gradient to one, a table's
+insert, or a function call, which may; not a local variable's write), once per fetch structure: the graph session then marks the
+state changed since its last snapshot (``minimize(loss)`` without ``global_step=`` trains so), and
+the committed checkpoint of the step is rewritten with it (:mod:`procsv.services.checkpoint.inplace`).
+
 When the graph has no global step, procsv adds none (the program's graph is the program's: its
 ``init_op`` and ``ready_op`` were built without one, as TF's Supervisor leaves it): every ``run``
 of the session is a step, counted in Python (``variable`` None, ``counts_every_run``; the session
@@ -42,6 +48,10 @@ _READS = {"ReadVariableOp", "VarIsInitializedOp", "Identity", "IsVariableInitial
 CACHE_MAX = 256  # fetch structures remembered (a program uses a handful)
 VERIFY_EVERY = 100  # inferred steps between two reads of the global step at the most
 _ADDS = {"AssignAddVariableOp", "AssignAdd"}
+# ops that write a variable or a table (by type prefix), or may (a function call): a run reaching one changes the state
+_WRITES = ("Assign", "Apply", "ResourceApply", "SparseApply", "ResourceSparseApply", "Scatter", "ResourceScatter",
+           "StridedSliceAssign", "ResourceStridedSliceAssign", "LookupTableInsert", "LookupTableImport",
+           "LookupTableRemove", "StatefulPartitionedCall", "PartitionedCall")
 
 
 class Plan:
@@ -120,6 +130,7 @@ class StepProbe:
         self.variable = variable
         self.counts_every_run = counts_every_run
         self._cache: dict[tuple[Any, ...], Optional[Plan]] = {}
+        self._writes: dict[tuple[Any, ...], bool] = {}
         self.after: dict[str, Any] = {}
         self.increments: dict[str, tuple[int, Any]] = {}  # writer name -> (the constant it adds, its Const tensor)
         self.read: Any = None  # a read of the global step alone (a run of its own, after another)
@@ -166,12 +177,25 @@ class StepProbe:
         self._cache[key] = found
         return found
 
-    def _walk(self, fetches: Any, feed_dict: Any) -> Optional[Plan]:
-        """The read after the first writer the fetches reach (inputs and control inputs, stopping
-        at fed tensors, whose producers do not run), and the constant added when that writer is
-        the only one reached and adds an unfed constant."""
-        if not self.after:
-            return None
+    def writes(self, fetches: Any, feed_dict: Any) -> bool:
+        """Whether a run of ``fetches`` runs an op that writes (or may write) a variable other than a
+        local one (``LOCAL_VARIABLES``: a ``tf.compat.v1.metrics`` update, which no Saver saves)."""
+        import tensorflow as tf
+
+        key = (_key(fetches), _key(tuple(feed_dict)) if feed_dict else ())
+        found = self._writes.get(key)
+        if found is None:
+            local = {id(v.op) for v in self.graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)}
+            found = any(op.type.startswith(_WRITES) and not (op.inputs and id(op.inputs[0].op) in local)
+                        for op in self._ops(fetches, feed_dict))
+            if len(self._writes) >= CACHE_MAX:
+                self._writes.clear()
+            self._writes[key] = found
+        return found
+
+    def _ops(self, fetches: Any, feed_dict: Any) -> list[Any]:
+        """The ops a run of ``fetches`` runs (inputs and control inputs, stopping at fed tensors,
+        whose producers do not run), each once, from the fetches back."""
         fed: set[int] = set()
         for key in (feed_dict or {}):
             try:
@@ -181,16 +205,29 @@ class StepProbe:
         seen: set[int] = set()
         stack = [e if hasattr(e, "control_inputs") else e.op for e in _flatten(self.graph, fetches)
                  if id(e) not in fed]
-        writers: list[str] = []
+        out: list[Any] = []
         while stack:
             op = stack.pop()
             if id(op) in seen:
                 continue
             seen.add(id(op))
-            if op.name in self.after:
-                writers.append(op.name)
+            out.append(op)
             stack.extend(t.op for t in op.inputs if id(t) not in fed)
             stack.extend(op.control_inputs)
+        return out
+
+    def _walk(self, fetches: Any, feed_dict: Any) -> Optional[Plan]:
+        """The read after the first writer the fetches reach (:meth:`_ops`), and the constant added
+        when that writer is the only one reached and adds an unfed constant."""
+        if not self.after:
+            return None
+        fed: set[int] = set()
+        for key in (feed_dict or {}):
+            try:
+                fed.add(id(self.graph.as_graph_element(key)))
+            except (TypeError, ValueError, KeyError):
+                continue
+        writers = [op.name for op in self._ops(fetches, feed_dict) if op.name in self.after]
         if not writers:
             return None
         first = writers[0]
