@@ -9,6 +9,7 @@ fits of every input kind, one after another).
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import random
 import re
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -199,33 +201,53 @@ def _sigterm_mid_epoch_with_delete_checkpoint(folder: str) -> None:
     _launch_and_sigterm_mid_epoch(logdir, os.path.join(folder, "w.npz"), "--delete-checkpoint")
 
 
-@pytest.fixture
-def stopped_mid_epoch(shared_result, short_tmp) -> str:
-    """A logdir holding a copy of one fit (tfdata, 4 epochs, save_freq "epoch", ``--delete-checkpoint``,
-    a file ``notes.txt`` of the user's beside it) that ``procsv launch`` stopped on SIGTERM in mid-epoch,
-    past the first epoch (exit 143, no final weights written: asserted when it is made). The run is made
-    once per session and each test relaunches its own copy, as it relaunched its own stopped run before."""
+def _relaunch_stopped_mid_epoch(seed: str, folder: str) -> None:
+    """A copy of the stopped fit ``seed`` (``run/``) relaunched to its end with ``--delete-checkpoint`` (final
+    weights ``w.npz``); what the stopped fit held before (its newest checkpoint's position, the step of
+    its status.json, its committed steps) and the relaunch's exit code and output go to ``result.json``."""
+    logdir, out_path = os.path.join(folder, "run"), os.path.join(folder, "w.npz")
+    shutil.copytree(seed, logdir, ignore=shutil.ignore_patterns("lock"))
+    position = _position(tf.train.latest_checkpoint(logdir))
+    before = {"position": position, "status_step": status_json(logdir)["step"], "committed": committed_steps(logdir)}
+    code, out, err = finish(launch(logdir, "--epochs", "4", "--weights-out", out_path, "--delete-checkpoint",
+                                   target=EXAMPLE, opts=NO_STANDBY), 300)
+    with open(os.path.join(folder, "result.json"), "w") as fh:
+        json.dump({**before, "code": code, "out": out, "err": err}, fh)
+
+
+@pytest.fixture(scope="module")
+def stopped_mid_epoch_relaunched(shared_result) -> dict[str, Any]:
+    """One fit (tfdata, 4 epochs, save_freq "epoch", ``--delete-checkpoint``, a file ``notes.txt`` of
+    the user's beside it) that ``procsv launch`` stopped on SIGTERM in mid-epoch, past the first epoch
+    (exit 143, no final weights written: asserted when it is made), then a copy of it relaunched to
+    its end with ``--delete-checkpoint`` as well. Both runs are made once per session; the two tests
+    below look at the same relaunch (each relaunched a copy of its own before, one of them without
+    ``--delete-checkpoint``, which acts only once the fit completes). Keys: ``logdir`` (the relaunched
+    copy, after its end), ``out_path`` (its final weights), ``position``, ``status_step`` and
+    ``committed`` (of the stopped fit, read before the relaunch), ``code``, ``out``, ``err`` (the
+    relaunch's)."""
     seed = os.path.join(shared_result("keras-fit-sigterm-mid-epoch", _sigterm_mid_epoch_with_delete_checkpoint),
                         "run")
-    logdir = os.path.join(short_tmp, "run")
-    shutil.copytree(seed, logdir, ignore=shutil.ignore_patterns("lock"))
-    return logdir
+    folder = shared_result("keras-fit-sigterm-mid-epoch-relaunched", lambda f: _relaunch_stopped_mid_epoch(seed, f))
+    with open(os.path.join(folder, "result.json")) as fh:
+        result: dict[str, Any] = json.load(fh)
+    result["position"] = tuple(result["position"])
+    return {**result, "logdir": os.path.join(folder, "run"), "out_path": os.path.join(folder, "w.npz")}
 
 
-def test_sigterm_mid_epoch_commits_the_batch_that_finished_and_a_relaunch_resumes_there(stopped_mid_epoch,
-                                                                                       short_tmp, reference):
+def test_sigterm_mid_epoch_commits_the_batch_that_finished_and_a_relaunch_resumes_there(
+        stopped_mid_epoch_relaunched, reference):
     # the stopped fit ran with delete_checkpoint, which acts only once a fit completes (the test below)
-    logdir, out_path = stopped_mid_epoch, os.path.join(short_tmp, "w.npz")
-    epoch, batch, trained = _position(tf.train.latest_checkpoint(logdir))
+    run = stopped_mid_epoch_relaunched
+    epoch, batch, trained = run["position"]
     assert 0 < batch < BATCHES_PER_EPOCH and trained == epoch * BATCHES_PER_EPOCH + batch
-    assert status_json(logdir)["step"] == trained == committed_steps(logdir)[-1]
-    code, out, err = finish(launch(logdir, "--epochs", "4", "--weights-out", out_path, target=EXAMPLE,
-                                   opts=NO_STANDBY), 300)
+    assert run["status_step"] == trained == run["committed"][-1]
+    code, out, err = run["code"], run["out"], run["err"]
     assert code == 0, err
     assert _resumes(out) == [(epoch + 1, batch + 1, trained)]
     # past the first epoch, a seeded tf.data shuffle is put back without reading its earlier epochs
     assert f"input of {epoch} epoch(s) put back in" in out and "no batch drawn" in out, out
-    assert _bit_identical(_weights(out_path), reference("tfdata", 4))
+    assert _bit_identical(_weights(run["out_path"]), reference("tfdata", 4))
 
 
 def test_sigterm_to_the_trainer_itself_commits_its_batch_exits_42_and_the_launch_restarts_it_there(
@@ -287,39 +309,65 @@ def test_delete_checkpoint_removes_only_procsvs_checkpoint_files_when_fit_comple
 
 
 def test_delete_checkpoint_keeps_the_backup_of_an_interrupted_fit_and_deletes_only_procsvs_once_it_completes(
-        stopped_mid_epoch, short_tmp, reference):
+        stopped_mid_epoch_relaunched, reference):
     # as Keras: the backup goes only when fit completes; a stopped fit is no completed fit
-    logdir, out_path = stopped_mid_epoch, os.path.join(short_tmp, "w.npz")
-    epoch, batch, trained = _position(tf.train.latest_checkpoint(logdir))
-    assert committed_steps(logdir)[-1] == trained and 0 < batch < BATCHES_PER_EPOCH
-    code, out, err = finish(launch(logdir, "--epochs", "4", "--weights-out", out_path, "--delete-checkpoint",
-                                   target=EXAMPLE, opts=NO_STANDBY), 300)
+    run = stopped_mid_epoch_relaunched
+    logdir = run["logdir"]
+    epoch, batch, trained = run["position"]
+    assert run["committed"][-1] == trained and 0 < batch < BATCHES_PER_EPOCH
+    code, out, err = run["code"], run["out"], run["err"]
     assert code == 0, err
     assert _resumes(out) == [(epoch + 1, batch + 1, trained)]
-    assert _bit_identical(_weights(out_path), reference("tfdata", 4))
+    assert _bit_identical(_weights(run["out_path"]), reference("tfdata", 4))
     left = sorted(os.listdir(logdir))
     assert "notes.txt" in left and any(f.startswith("events.out.tfevents") for f in left)
     assert not [f for f in left if f.startswith("model.ckpt") or f == "checkpoint"], left
     assert committed_steps(logdir) == [] and tf.train.latest_checkpoint(logdir) is None
 
 
-def test_delete_checkpoint_deletes_through_the_checkpoint_service_which_waits_for_a_restore(short_tmp):
-    # before: the trainer unlinked the files itself (a second writer, invariant 1), under a restore
-    # in progress too (a shared flock on .procsv/restore.lock): here it deleted them at once
-    logdir = os.path.join(short_tmp, "run")
+def _delete_under_a_restore(folder: str) -> None:
+    """One fit of an epoch (``--save-freq 10 --delete-checkpoint --unseeded``) launched in ``run/`` while
+    this process holds the shared flock a restoring trainer holds on ``.procsv/restore.lock``, until the
+    checkpoint service says it deletes the checkpoints once the restore ends; what was there then, and
+    the launch's exit code and output go to ``result.json``."""
+    logdir = os.path.join(folder, "run")
     os.makedirs(os.path.join(logdir, ".procsv"))
     lock = os.open(os.path.join(logdir, ".procsv", "restore.lock"), os.O_RDWR | os.O_CREAT, 0o644)
     fcntl.flock(lock, fcntl.LOCK_SH)  # as a restoring trainer holds it
-    proc = launch(logdir, "--epochs", "1", "--save-freq", "10", "--delete-checkpoint", target=EXAMPLE, opts=NO_STANDBY)
+    proc = launch(logdir, "--epochs", "1", "--save-freq", "10", "--delete-checkpoint", "--unseeded", target=EXAMPLE,
+                  opts=NO_STANDBY)
     try:
         log = os.path.join(logdir, "logs", "checkpoint.1.log")
         wait_for(lambda: proc.poll() is not None or (os.path.exists(log) and "deleting the checkpoints once"
                                                      in open(log).read()), 300, what="the service's deletion")
-        assert proc.poll() is None and committed_steps(logdir), "deleted under a restore"
-        assert tf.train.latest_checkpoint(logdir) is not None
+        then = {"alive": proc.poll() is None, "committed": committed_steps(logdir),
+                "latest": tf.train.latest_checkpoint(logdir)}
     finally:
         os.close(lock)  # the restore ends
         code, out, err = finish(proc, 120)
+    with open(os.path.join(folder, "result.json"), "w") as fh:
+        json.dump({**then, "code": code, "out": out, "err": err}, fh)
+
+
+@pytest.fixture(scope="module")
+def deleted_under_a_restore(shared_result) -> dict[str, Any]:
+    """The launch of :func:`_delete_under_a_restore`, made once per session: the two tests below look at
+    it (each made a launch of its own before; ``--unseeded``, the other test's, changes only the order
+    of the batches, which nothing here compares). Keys: ``logdir`` (after the launch's end), ``alive``,
+    ``committed``, ``latest`` (when the service said it would delete), ``code``, ``out``, ``err``."""
+    folder = shared_result("keras-fit-delete-under-a-restore", _delete_under_a_restore)
+    with open(os.path.join(folder, "result.json")) as fh:
+        result: dict[str, Any] = json.load(fh)
+    return {**result, "logdir": os.path.join(folder, "run")}
+
+
+def test_delete_checkpoint_deletes_through_the_checkpoint_service_which_waits_for_a_restore(deleted_under_a_restore):
+    # before: the trainer unlinked the files itself (a second writer, invariant 1), under a restore
+    # in progress too (a shared flock on .procsv/restore.lock): here it deleted them at once
+    run = deleted_under_a_restore
+    logdir, code, err = run["logdir"], run["code"], run["err"]
+    assert run["alive"] and run["committed"], "deleted under a restore"
+    assert run["latest"] is not None
     assert code == 0, err
     assert committed_steps(logdir) == [] and tf.train.latest_checkpoint(logdir) is None
     assert not [f for f in os.listdir(logdir) if f.startswith("model.ckpt") or f == "checkpoint"]
@@ -327,9 +375,8 @@ def test_delete_checkpoint_deletes_through_the_checkpoint_service_which_waits_fo
         assert "deleted " in fh.read()  # by the service
 
 
-def test_an_unseeded_shuffle_is_said_at_start(short_tmp):
-    logdir = os.path.join(short_tmp, "run")
-    code, out, err = finish(launch(logdir, "--epochs", "1", "--unseeded", target=EXAMPLE, opts=NO_STANDBY), 300)
+def test_an_unseeded_shuffle_is_said_at_start(deleted_under_a_restore):
+    code, out, err = deleted_under_a_restore["code"], deleted_under_a_restore["out"], deleted_under_a_restore["err"]
     assert code == 0, err
     lines = [line for line in (out + err).splitlines() if "will not be bit-exact" in line]
     assert lines and "shuffles without a seed" in lines[0], err
