@@ -162,8 +162,8 @@ def test_losses_of_several_dtypes_are_checked_together_and_a_large_float64_is_fi
 def test_the_losses_checked_before_a_snapshot_are_stacked_in_a_few_sizes_whose_kernels_tf_reuses():
     # TF builds a kernel for each number of inputs a stack op is given: a check of a number of
     # losses never seen before cost 8-13 ms at load (the snapshot's copy: 0.3 ms; issue 54). The
-    # kept losses are stacked every CHUNK (64) steps, and the rest padded to a power of two with
-    # the last one, whose step is still the one found: only the sizes warm() builds are ever stacked
+    # kept losses are stacked every CHUNK (64) steps, and the rest padded to CHUNK with the last
+    # one, whose step is still the one found: only the one size warm() builds is ever stacked
     sizes = set()
     for n, bad in ((3, None), (5, 5), (300, 300), (301, 297), (77, None), (64, 1), (65, 65)):
         watch = LossWatch(("loss",))
@@ -172,7 +172,7 @@ def test_the_losses_checked_before_a_snapshot_are_stacked_in_a_few_sizes_whose_k
         watch._compact()
         sizes.update(int(stacked.shape[0]) for _, stacked in watch.chunks)
         assert watch.check() == bad
-    assert sizes == {1, 4, 8, 16, 64}
+    assert sizes == {64}
 
 
 def test_a_snapshot_check_reads_its_rules_from_the_snapshots_own_walk_and_reuses_them_for_the_same_graph(monkeypatch):

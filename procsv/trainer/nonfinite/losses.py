@@ -40,20 +40,17 @@ class LossWatch:
 
     def warm(self) -> None:
         """Build the kernels a check of float32 losses runs, once, before the first step (a hot
-        standby: before its promotion): a stack of each size :meth:`_compact` pads to (powers of two
-        up to :data:`CHUNK`), and the judgement of it. A first check of each size otherwise built its
-        kernel on the step path: 3-33 ms each at load, the first snapshots of every restarted
-        trainer charged that much. Seven sizes since the chunks were cut to 64 (eleven up to 1024
-        before: a hot standby was ready that much later)."""
+        standby: before its promotion): a stack of the one size :meth:`_compact` pads to
+        (:data:`CHUNK`), and the judgement of it. A first check of a size otherwise built its kernel
+        on the step path: 3-33 ms each at load, the first snapshots of every restarted trainer
+        charged that much. One size since every stack is padded to 64 (eleven, powers of two up to
+        1024, before: a hot standby was ready 0.3 s later at load, issue 54)."""
         import tensorflow as tf
 
         if not tf.executing_eagerly():  # a graph program: its losses are host values (session.run's)
             return
-        zero = tf.constant(0.0)
-        size = 1
-        while size <= CHUNK:
-            tf.logical_and(tf.constant(True), tf.reduce_all(tf.math.is_finite(tf.stack([zero] * size)))).numpy()
-            size *= 2
+        stacked = tf.stack([tf.constant(0.0)] * CHUNK)
+        tf.logical_and(tf.constant(True), tf.reduce_all(tf.math.is_finite(stacked))).numpy()
 
     def keep_step(self, step: int, out: Any) -> None:
         """The value step ``step`` returned: its loss is kept (anything else is ignored)."""
@@ -100,10 +97,11 @@ class LossWatch:
             return
         import tensorflow as tf
 
-        # padded to a power of two with the last value (which judges its own step twice): TF caches
-        # a kernel per input count, and a count never seen before cost 8-13 ms to build at load
-        # (the check before an in-memory snapshot, ~400 losses: more than the copy; issue 54)
-        pad = (1 << (len(self.pending) - 1).bit_length()) - len(self.pending)
+        # padded to CHUNK with the last value (which judges its own step again): TF caches a kernel
+        # per input count, and a count never seen before cost 8-13 ms to build at load (the check
+        # before an in-memory snapshot, ~400 losses: more than the copy; issue 54). One count, one
+        # kernel, built by warm(); the padding costs a few microseconds
+        pad = CHUNK - len(self.pending)
         pending, steps = self.pending + [self.pending[-1]] * pad, self.steps + [self.steps[-1]] * pad
         try:
             stacked = tf.stack(pending)  # one op: the kept scalars share a dtype, as a loop's losses do
