@@ -104,6 +104,24 @@ def test_host_losses_are_judged_at_once_and_device_losses_with_one_read_per_chec
     assert watch.check() is None and watch.reads == 3  # nothing kept: nothing read
 
 
+def test_a_check_before_a_snapshot_stacks_only_the_losses_since_the_last_chunk_and_reads_once():
+    # a check before an in-memory snapshot stacked every loss kept since the last one (~600 at the
+    # tier's interval: 1.1 ms of its charge, issue 54 point 5). Every CHUNK losses are now stacked
+    # and judged on the device at the step that fills the chunk (no read); the check stacks the
+    # rest, fewer than CHUNK, and reads one boolean; the first bad step is still found
+    from procsv.trainer.nonfinite.losses import CHUNK
+
+    for bad in (None, 7, 300, 599):
+        watch = LossWatch(("loss",))
+        for step in range(1, 601):
+            watch.keep_step(step, tf.constant(math.inf if step == bad else 1.0))
+            assert len(watch.pending) < CHUNK
+        assert watch.reads == 0  # nothing read at a step
+        assert watch.check() == bad
+        assert watch.reads == (1 if bad is None else 2)
+        assert watch.check() is None and watch.chunks == [] and watch.pending == []
+
+
 def test_a_snapshot_copy_is_poisoned_by_nan_anywhere_and_inf_only_where_strict():
     memory = np.zeros(4096, dtype=np.uint8)
     values = {"w": np.array([1.0, np.inf], np.float32), "low": np.array([np.inf, -np.inf], np.float32),
@@ -144,16 +162,17 @@ def test_losses_of_several_dtypes_are_checked_together_and_a_large_float64_is_fi
 def test_the_losses_checked_before_a_snapshot_are_stacked_in_a_few_sizes_whose_kernels_tf_reuses():
     # TF builds a kernel for each number of inputs a stack op is given: a check of a number of
     # losses never seen before cost 8-13 ms at load (the snapshot's copy: 0.3 ms; issue 54). The
-    # kept losses are padded to a power of two with the last one, whose step is still the one found
+    # kept losses are stacked every CHUNK (64) steps, and the rest padded to CHUNK with the last
+    # one, whose step is still the one found: only the one size warm() builds is ever stacked
     sizes = set()
-    for n, bad in ((3, None), (5, 5), (300, 300), (301, 297), (77, None)):
+    for n, bad in ((3, None), (5, 5), (300, 300), (301, 297), (77, None), (64, 1), (65, 65)):
         watch = LossWatch(("loss",))
         for step in range(1, n + 1):
             watch.keep_step(step, tf.constant(math.nan if step == bad else 1.0))
         watch._compact()
-        sizes.add(int(watch.chunks[0][1].shape[0]))
+        sizes.update(int(stacked.shape[0]) for _, stacked in watch.chunks)
         assert watch.check() == bad
-    assert sizes == {4, 8, 512, 128}
+    assert sizes == {64}
 
 
 def test_a_snapshot_check_reads_its_rules_from_the_snapshots_own_walk_and_reuses_them_for_the_same_graph(monkeypatch):

@@ -173,7 +173,12 @@ class StepCounter:
         """Apply the advances counted in Python (one op), so the variable holds the step."""
         if self.pending:
             pending, self.pending = self.pending, 0
-            self.global_step.assign_add(pending, read_value=False)
+            if self._one is not None:  # the op alone (Variable.assign_add: 0.15 ms of each snapshot's charge)
+                import tensorflow as tf
+
+                self._raw(resource=self.global_step.handle, value=tf.constant(pending, dtype=self._one.dtype))
+            else:
+                self.global_step.assign_add(pending, read_value=False)
 
     def expose(self) -> Any:
         """The variable, for someone else to hold: synced, and advanced at every step from now on."""
