@@ -345,12 +345,15 @@ def final_weights_of(logdir: str) -> dict[str, Any]:
     return final_weights(logdir)
 
 
-def test_a_damaged_in_memory_copy_is_refused_and_the_group_restores_from_disk_saying_why_in_one_line(logdir):
-    # every copy the checkpoint service holds is damaged after its checksum was taken (a fault point of
-    # its first process): the restarted chief refuses them and the group restores its newest disk
-    # checkpoint (every 100 steps; the in-memory ones every 50, so the newest in-memory one is newer).
-    # The chief is the one killed: it commits nothing on its way out
-    env = quiet_env(PROCSV_FAULT="checkpoint:group_copy_corrupt:1-100000")
+@pytest.mark.parametrize("fault, why", [("group_copy_corrupt", ("'s in-memory copy of step", "is damaged")),
+                                        ("group_copy_missing", ("is held for all 2 members",))])
+def test_a_damaged_or_missing_in_memory_copy_makes_the_group_restore_from_disk_saying_why_in_one_line(
+        logdir, fault, why):
+    # every copy the checkpoint service holds is damaged after its checksum was taken, or worker1's are
+    # never held (fault points of its first process): the restarted chief finds no step whole for the
+    # group and it restores its newest disk checkpoint (every 100 steps; the in-memory ones every 50,
+    # so the newest in-memory one is newer). The chief is the one killed: it commits nothing on its way out
+    env = quiet_env(PROCSV_FAULT=f"checkpoint:{fault}:1-100000")
     proc = launch(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "330", opts=GROUP, env=env)
     try:
         group_started(logdir, 1)
@@ -369,5 +372,5 @@ def test_a_damaged_in_memory_copy_is_refused_and_the_group_restores_from_disk_sa
     assert member_restores(logdir, 2) == [restored[0]["step"]] * 2
     with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
         lines = [line for line in fh.read().splitlines() if "restores from disk" in line]
-    assert len(lines) == 1 and "in-memory copy of step" in lines[0] and "damaged" in lines[0], lines
+    assert len(lines) == 1 and all(words in lines[0] for words in why), lines
     assert restores_with_plain_tf(logdir) == 330
