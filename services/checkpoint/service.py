@@ -203,7 +203,7 @@ class CheckpointService:
         if isinstance(msg, RecoverQuery):
             self._recover(msg, identity)
             return
-        if isinstance(msg, (GroupQuery, GroupFetch)) or (isinstance(msg, SaveData) and msg.member >= 0):
+        if isinstance(msg, (GroupQuery, GroupFetch)) or (isinstance(msg, SaveData) and not msg.persist and msg.member >= 0):
             self.group.handle(msg, payload, identity)  # a group's in-memory tier: held apart, never persisted
             return
         if isinstance(msg, DeleteCheckpoints):

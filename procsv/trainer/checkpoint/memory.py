@@ -151,7 +151,7 @@ class MemoryTier:
         if meta is not None:
             self._meta_sent = meta
         self._waiting = (SaveData(step, SaveReason.MEMORY, self.basename, snap.specs, arena, slot, False,
-                                  meta is not None, self.numbered, self.member, self.attempt),
+                                  meta is not None, self.numbered, member=self.member, attempt=self.attempt),
                          list(snap.frames) if meta is None else [*snap.frames, meta])
         self.store.slots.wait_to_send(slot, step)
         self._uncharged = reuse
