@@ -2,9 +2,10 @@
 
 The trainer (DEALER) and the checkpoint service (ROUTER on ``checkpoint.sock``) send them: up,
 :class:`CheckpointSetup`, :class:`SaveData` (with the :class:`TensorSpec` of each tensor and the
-:class:`ArenaRef` of the snapshot memory), :class:`RecoverQuery` and :class:`DeleteCheckpoints`; down,
-:class:`SaveRequest`, :class:`SaveResult` (also pushed to the watchdog), :class:`CommitLoading`,
-:class:`SnapshotHeld`, :class:`RecoverReply` and :class:`CheckpointsDeleted`.
+:class:`ArenaRef` of the snapshot memory), :class:`RecoverQuery`, :class:`DeleteCheckpoints`, and a
+group's :class:`GroupQuery` and :class:`GroupFetch`; down, :class:`SaveRequest`, :class:`SaveResult`
+(also pushed to the watchdog), :class:`CommitLoading`, :class:`SnapshotHeld`, :class:`RecoverReply`,
+:class:`CheckpointsDeleted`, :class:`GroupHeld` and :class:`GroupCopy`.
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ class SaveData(Message):
     that step's checkpoint in place if ``revision`` is above the committed copy's (its manifest's
     ``revision``), else answers ``again`` (a state never overwrites a newer one of its step). 0: a
     first commit of the step, never written over a committed one.
+    ``member`` (a trainer group's in-memory snapshot, ``persist=False``): the sender's rank; the
+    service copies it out of the slot and keeps it for the group's next attempt (``attempt``: the
+    sender's), never writes it to disk (:class:`GroupQuery`); -1: a lone trainer's.
     """
 
     KIND: ClassVar[str] = "save_data"
@@ -100,6 +104,8 @@ class SaveData(Message):
     meta_graph: bool = False
     numbered: bool = True
     revision: int = 0
+    member: int = -1
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -187,5 +193,53 @@ class CheckpointsDeleted(Message):
     error: Optional[str]
 
 
+@dataclass(frozen=True)
+class GroupQuery(Message):
+    """A restarted group's chief -> checkpoint service, before restoring: the newest step whose
+    in-memory copies the service holds for every one of ``nproc`` members (of one attempt), each
+    verifying against its checksum, newer than ``after`` (the newest committed checkpoint's step)."""
+
+    KIND: ClassVar[str] = "group_query"
+    pid: int
+    nproc: int
+    after: int
+
+
+@dataclass(frozen=True)
+class GroupHeld(Message):
+    """Checkpoint service -> a group's chief: the answer to :class:`GroupQuery`: ``step`` (-1: none
+    is whole for the group, ``note`` says why) and the attempt that took it."""
+
+    KIND: ClassVar[str] = "group_held"
+    step: int
+    attempt: int
+    note: str
+
+
+@dataclass(frozen=True)
+class GroupFetch(Message):
+    """A group member -> checkpoint service: send my copy (``rank``) of ``step`` of ``attempt``."""
+
+    KIND: ClassVar[str] = "group_fetch"
+    pid: int
+    rank: int
+    step: int
+    attempt: int
+
+
+@dataclass(frozen=True)
+class GroupCopy(Message):
+    """Checkpoint service -> a group member: its in-memory copy of ``step``, one frame per tensor
+    (``tensors``: numeric ones raw, C order, strings and variants as in :class:`SaveData`), and the
+    CRC-32C of those frames in order, taken when the service copied it (``crc``); ``step`` -1 and
+    ``note``: not held."""
+
+    KIND: ClassVar[str] = "group_copy"
+    step: int
+    tensors: list[TensorSpec]
+    crc: int
+    note: str
+
+
 __all__ = ["CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "CommitLoading", "SnapshotHeld", "RecoverQuery",
-           "RecoverReply", "DeleteCheckpoints", "CheckpointsDeleted"]
+           "RecoverReply", "DeleteCheckpoints", "CheckpointsDeleted", "GroupQuery", "GroupHeld", "GroupFetch", "GroupCopy"]

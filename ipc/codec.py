@@ -25,7 +25,8 @@ from enum import Enum, StrEnum
 from functools import lru_cache
 from typing import AbstractSet, Any, Optional, Sequence, Union
 
-from procsv.ipc.messages import ALL_MESSAGES, SCHEMA_VERSION, GraphEvent, Message, Relayed, SaveData, SummaryBatch
+from procsv.ipc.messages import (ALL_MESSAGES, SCHEMA_VERSION, GraphEvent, GroupCopy, Message, Relayed, SaveData,
+                                 SummaryBatch)
 
 _BY_KIND: dict[str, type[Message]] = {m.KIND: m for m in ALL_MESSAGES}
 
@@ -122,7 +123,7 @@ def payload_frames(msg: Message) -> int:
     ``SaveData``: one per tensor without an ``offset`` (one with an offset needs ``arena``), and
     one for the meta graph if ``meta_graph``;
     ``SummaryBatch``: one per proto, one for the columns if any, one per item; ``GraphEvent``: one;
-    ``Relayed``: its ``frames``; others: none.
+    ``Relayed``: its ``frames``; ``GroupCopy``: one per tensor; others: none.
     """
     if isinstance(msg, SaveData):
         if msg.arena is None and any(t.offset is not None for t in msg.tensors):
@@ -134,6 +135,8 @@ def payload_frames(msg: Message) -> int:
         return len(msg.protos) + (1 if msg.columns else 0) + len(msg.items)
     if isinstance(msg, GraphEvent):
         return 1
+    if isinstance(msg, GroupCopy):
+        return len(msg.tensors)
     if isinstance(msg, Relayed):
         if msg.frames < 1:
             raise ProtocolError(f"Relayed.frames: {msg.frames} (a relayed message has at least its header)")

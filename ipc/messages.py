@@ -13,9 +13,9 @@ Who sends what (see docs/architecture.md for the full table):
   :class:`Progress`, :class:`SaveOverdue`, :class:`ServiceLoading`, :class:`SummaryOverdue`, :class:`StandbyReady`, :class:`SaveResult`,
   and non-finite training's :class:`NonfiniteDetected`, :class:`RolledBack`, :class:`StepSkipped` (trainer).
 * trainer <-> checkpoint service (DEALER/ROUTER on ``checkpoint.sock``): :class:`CheckpointSetup`,
-  :class:`SaveData` (+ one frame per tensor), :class:`RecoverQuery`, :class:`DeleteCheckpoints` up;
-  :class:`SaveRequest`, :class:`SaveResult`, :class:`CommitLoading`, :class:`SnapshotHeld`, :class:`RecoverReply`,
-  :class:`CheckpointsDeleted` down.
+  :class:`SaveData` (+ one frame per tensor), :class:`RecoverQuery`, :class:`DeleteCheckpoints`,
+  :class:`GroupQuery`, :class:`GroupFetch` up; :class:`SaveRequest`, :class:`SaveResult`, :class:`CommitLoading`,
+  :class:`SnapshotHeld`, :class:`RecoverReply`, :class:`CheckpointsDeleted`, :class:`GroupHeld`, :class:`GroupCopy` down.
 * trainer / checkpoint service <-> summary service (DEALER/ROUTER on ``summary.sock``):
   :class:`SummaryBatch` (+ its payload frames, see :mod:`procsv.ipc.columns`) and
   :class:`SessionLogEvent` up (the trainer also :class:`GraphEvent`, + its one frame); :class:`SummaryAck`
@@ -41,7 +41,8 @@ messages from the modules that define them, one per channel: :mod:`procsv.ipc.wa
 
 from __future__ import annotations
 
-from procsv.ipc.checkpoint_messages import (ArenaRef, CheckpointSetup, CommitLoading, CheckpointsDeleted, DeleteCheckpoints, RecoverQuery, RecoverReply, SaveData,
+from procsv.ipc.checkpoint_messages import (ArenaRef, CheckpointSetup, CommitLoading, CheckpointsDeleted, DeleteCheckpoints, GroupCopy, GroupFetch,
+                                            GroupHeld, GroupQuery, RecoverQuery, RecoverReply, SaveData,
                                             SaveRequest, SaveResult, SnapshotHeld, TensorSpec)
 from procsv.ipc.message_base import Busy, ItemKind, Message, RestoreSource, Role, SaveReason, SessionStatus
 from procsv.ipc.summary_messages import (GraphEvent, ProtoRef, RunScalars, SessionLogEvent, SummaryAck, SummaryBatch,
@@ -75,6 +76,10 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     RecoverReply,
     DeleteCheckpoints,
     CheckpointsDeleted,
+    GroupQuery,
+    GroupHeld,
+    GroupFetch,
+    GroupCopy,
     SummaryBatch,
     SummaryAck,
     SessionLogEvent,
@@ -102,6 +107,7 @@ __all__ = [
     "NonfiniteDetected", "RolledBack", "StepSkipped",
     "CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "CommitLoading", "SnapshotHeld",
     "RecoverQuery", "RecoverReply", "DeleteCheckpoints", "CheckpointsDeleted",
+    "GroupQuery", "GroupHeld", "GroupFetch", "GroupCopy",
     "SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "GraphEvent", "RunScalars",
     "ZygoteReady", "ForkRequest", "ForkReply",
     "NodeHello", "MasterBeat", "StartMembers", "SignalMember", "NodeStop", "NodeRefused", "MemberStarted", "MemberEnded",

@@ -42,6 +42,7 @@ class TrainerReady(Message):
     # and the seconds its warm-up (Supervisor.warm_up's tracing) took before the restore
     prepared_at: Optional[float] = None
     warm_secs: float = 0.0
+    source: Optional[RestoreSource] = None  # where the restore read the state (None: initialized)
 
 
 @dataclass(frozen=True)

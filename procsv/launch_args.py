@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from procsv.common import env
 from procsv.common.errors import UsageError
 
 
@@ -41,6 +42,10 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise UsageError(f"--max-skips must be >= 0, not {args.max_skips}")
     if args.skip_window < 1:
         raise UsageError(f"--skip-window must be >= 1, not {args.skip_window}")
+    try:  # the in-memory tier's settings, read from the environment by the watchdog and the trainers
+        env.group_snapshot_steps_for(1)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def check_coordinator(coordinator: bool, ps: int, nnodes: int = 1) -> None:

@@ -18,7 +18,9 @@
 ``--prewarm``: (a) by a standby pair of plain processes woken at the kill, its step traced (``warm``), and also run
 once among its members (``warm+step``): what a pre-warmed group would bring (``scripts/bench_group_prewarm.py``),
 beside procsv's in the same run. ``--hosts`` (root): (a) again with worker1 on a second "host", a network namespace on a veth bridge
-under its node agent (``--nnodes 2``); its MTTR is printed beside and as ``host_mttr_s``.
+under its node agent (``--nnodes 2``); its MTTR is printed beside and as ``host_mttr_s``. ``--tier``: (e) steps
+re-done per worker1 kill and (f) the step time with the group's in-memory tier on and off
+(``scripts/bench_group_tier.py``, which runs them alone: the short form), its ``tier_*`` figures on the last line.
 
 (a) and (d) run --repeats times (3 kills per run of (a)), (b) max(3, --repeats) trials of each way, (c)
 max(5, --repeats) trials; ``--quick``: 1 repeat, 2 preemption trials. Prints a table (median of the repeats,
@@ -405,9 +407,14 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prewarm", action="store_true",
                    help="also (a) by a pre-warmed pair of plain processes (scripts/bench_group_prewarm.py), beside")
+    p.add_argument("--tier", action="store_true",
+                   help="also (e) steps re-done per worker1 kill and (f) the step time, the group's in-memory tier on "
+                        "and off (scripts/bench_group_tier.py, which runs them alone)")
     p.add_argument("--hosts", action="store_true",
                    help="also (a) with worker1 on a second host: a network namespace under its node agent (root)")
     args = p.parse_args()
+    import bench_group_tier as tier_bench  # (it imports this module's helpers)
+
     repeats, trials = (1, 2) if args.quick else (args.repeats, max(5, args.repeats))
     rng = random.Random(args.seed)
     med = statistics.median
@@ -445,6 +452,7 @@ def main() -> int:
                 notice[way].append(notice_trial(os.path.join(root, f"b{i}{int(way)}"), way, args.poll))
         pre = [preempt_trial(os.path.join(root, f"c{i}"), rng) for i in range(trials)]
         stall = [stall_trial(os.path.join(root, f"d{i}")) for i in range(repeats)]
+        tier = tier_bench.measure(os.path.join(root, "t"), repeats, rng) if args.tier else {}
         load.append(os.getloadavg()[0])
     except (BenchError, bench_group_prewarm.BenchError, subprocess.TimeoutExpired) as e:
         print(f"bench_group: FAILED: {e}", file=sys.stderr)
@@ -513,11 +521,12 @@ def main() -> int:
     print(f"(c) steps lost per trial: {lost}; exit codes {[t['code'] for t in pre]}")
     if steps_lost > 0:
         print(f"!!! (c) STEPS LOST ON PREEMPTION: {steps_lost} (goal 0) !!!")
+    tier_line = tier_bench.report(tier) if tier else ""
     for f in failures:
         print(f"bench_group: FAILED: {f}", file=sys.stderr)
     print(f"group_mttr_s={med(mttr):.3f} group_mttr_ratio={med(ratio):.3f} wait_notice_ms={wait_ms:.1f} "
           f"group_steps_lost={steps_lost} stall_detect_s={med([t['detect'] for t in stall]):.3f}"
-          + (f" host_mttr_s={med(host_mttr):.3f}" if host_mttr else ""))
+          + (f" host_mttr_s={med(host_mttr):.3f}" if host_mttr else "") + (f" {tier_line}" if tier_line else ""))
     return 1 if failures else 0
 
 

@@ -13,12 +13,17 @@ import os
 import signal
 import subprocess
 import sys
+import re
 from typing import Any
 
+import pytest
 from conftest import REPO, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, wait_for, wait_role_pid
 
 GROUP = ("--nproc", "2")
 ARGS = ("--strategy", "multiworker", "--save-model-secs", "1", "--step-delay", "0.004", "--print-every-steps", "100000")
+K = 50  # the group's in-memory snapshots: every K steps (the watchdog's PROCSV_GROUP_SNAPSHOT_STEPS default)
+# no disk checkpoint but the final one; each member prints every step (read back: where each was killed)
+SLOW = ("--strategy", "multiworker", "--save-model-secs", "1000", "--step-delay", "0.02", "--print-every-steps", "1")
 
 
 def events(logdir: str, name: str) -> list[dict[str, Any]]:
@@ -45,6 +50,39 @@ def restores_with_plain_tf(logdir: str) -> int:
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, global_step=step)
     ckpt.restore(tf.train.latest_checkpoint(logdir)).assert_existing_objects_matched()
     return int(step.numpy())
+
+
+@pytest.fixture(scope="module")
+def clean_group(shared_result):
+    """The final weights of an uninterrupted group run of 500 steps (made once, shared)."""
+    from conftest import final_weights
+
+    def produce(folder: str) -> None:
+        code, out, err = finish(launch(folder, *ARGS, "--steps", "500", opts=GROUP))
+        assert code == 0, err
+
+    return final_weights(shared_result("group-clean-500", produce))
+
+
+def printed_steps(logdir: str, log: str) -> list[int]:
+    """The steps a member printed (``digits: step N``) in ``logs/<log>.log``, in order."""
+    try:
+        with open(os.path.join(logdir, "logs", f"{log}.log")) as fh:
+            return [int(m.group(1)) for m in re.finditer(r"^digits: step (\d+) ", fh.read(), re.M)]
+    except FileNotFoundError:
+        return []
+
+
+def sigkill_mid_interval(logdir: str, role: str, log: str, after: int) -> int:
+    """SIGKILL ``role`` once its log shows a step past ``after`` 10-25 steps into an in-memory
+    interval (its newest snapshot handed over by then, the next one far); the step seen."""
+    def seen() -> int:
+        steps = printed_steps(logdir, log)
+        return steps[-1] if steps and steps[-1] >= after and 10 <= steps[-1] % K <= 25 else 0
+
+    step = wait_for(seen, 180, interval=0.02, what=f"{log} past step {after}, mid-interval")
+    os.kill(wait_role_pid(logdir, role), signal.SIGKILL)
+    return int(step)
 
 
 def test_a_killed_worker_then_a_killed_chief_each_restart_the_whole_group_which_finishes(logdir):
@@ -175,10 +213,12 @@ def test_a_worker_that_claims_to_be_the_chief_is_a_usage_error_that_gives_up_at_
     assert "is_chief=True in trainer 1 of a group of 2" in err and "procsv.cluster.is_chief()" in err
 
 
-def test_a_groups_chief_takes_no_in_memory_snapshot_so_none_is_persisted_behind_the_groups_restart(logdir):
-    # before: the chief took in-memory snapshots like a lone trainer; killed with its group, its
+def test_nothing_of_a_dead_group_attempt_is_committed_from_memory_behind_the_next_attempts_pinned_restore(logdir):
+    # before c0cf535: the chief took in-memory snapshots like a lone trainer; killed with its group, its
     # snapshot was persisted by the checkpoint service on its own (no RecoverQuery, no GroupPin): a
-    # commit of the dead attempt that could land after the next group pinned and restored an older one
+    # commit of the dead attempt that could land after the next group pinned and restored an older one.
+    # Now every member's snapshots are held apart and never persisted (issue 54): the next attempt
+    # restores one of them from memory, and nothing is committed behind its pin
     # steps of 20 ms: the seconds it needs, with fewer steps (each a collective that costs CPU in both)
     proc = launch(logdir, "--strategy", "multiworker", "--save-model-secs", "1000", "--step-delay", "0.02",
                   "--print-every-steps", "100000", "--steps", "100000", opts=GROUP)
@@ -192,10 +232,8 @@ def test_a_groups_chief_takes_no_in_memory_snapshot_so_none_is_persisted_behind_
         proc.send_signal(signal.SIGTERM)
         code, out, err = finish(proc)
     assert code == 143, err
-    with open(os.path.join(logdir, ".procsv", "checkpoint_stats.json")) as fh:
-        assert json.load(fh)["memory"]["held"] == 0
     with open(os.path.join(logdir, "logs", "checkpoint.1.log")) as fh:
-        assert "in-memory" not in fh.read()
+        assert "persisting its in-memory snapshot" not in fh.read()
     # only emergency checkpoints of a SIGTERM: the stop's, and the chief's own when its group was
     # restarted if it committed within the group grace (on a loaded machine it may); none persisted
     # from memory behind the restart
@@ -205,10 +243,19 @@ def test_a_groups_chief_takes_no_in_memory_snapshot_so_none_is_persisted_behind_
     committed = list_committed(Layout(logdir))
     assert committed and {m.reason for m in committed} == {"preempted"}, [(m.step, m.reason) for m in committed]
     assert committed[-1].step == restores_with_plain_tf(logdir)
+    # the invariant itself: every commit recorded after attempt 2 pinned its restore is attempt 2's own
+    # (of a step it trained past what it restored, after its first step)
+    pins = sorted(os.listdir(os.path.join(logdir, ".procsv", "group")))
+    pinned_at = os.stat(os.path.join(logdir, ".procsv", "group", next(p for p in pins if p.endswith(".2.restored.json")))
+                        ).st_mtime
+    restored = [r for r in events(logdir, "restored") + events(logdir, "initialized")][-1]
+    first = events(logdir, "first_step")[-1]
+    late = [r for r in events(logdir, "checkpoint_committed") if r["time"] > pinned_at]
+    assert late and all(r["time"] >= first["time"] and r["step"] > restored["step"] for r in late), (late, restored)
 
 
 def test_a_group_sigkilled_at_random_ends_bit_equal_to_an_uninterrupted_group_and_says_where_each_start_went(
-        logdir, tmp_path):
+        logdir, clean_group):
     # issue 54 points 3 and 6: a member (worker1 or the chief, drawn) SIGKILLed twice at a random step;
     # every restarted group's restored record breaks its start down (scripts/bench_group.py reads it)
     import random
@@ -219,7 +266,6 @@ def test_a_group_sigkilled_at_random_ends_bit_equal_to_an_uninterrupted_group_an
 
     rng = random.Random()
     steps = ("--steps", "500")
-    clean = str(tmp_path / "clean")
     proc = launch(logdir, *ARGS, *steps, opts=GROUP)
     try:
         for attempt in (1, 2):
@@ -232,9 +278,7 @@ def test_a_group_sigkilled_at_random_ends_bit_equal_to_an_uninterrupted_group_an
         code, out, err = finish(proc)
     assert code == 0, err
     assert [r["attempt"] for r in events(logdir, "restarting")] == [2, 3]
-    code, out, err = finish(launch(clean, *ARGS, *steps, opts=GROUP))
-    assert code == 0, err
-    killed, whole = final_weights(logdir), final_weights(clean)
+    killed, whole = final_weights(logdir), clean_group
     assert killed.keys() == whole.keys() and killed
     for name in whole:
         assert np.array_equal(killed[name], whole[name]), name
@@ -244,3 +288,89 @@ def test_a_group_sigkilled_at_random_ends_bit_equal_to_an_uninterrupted_group_an
         # restored (the watchdog's record of it comes after, on the same clock)
         assert spawned[r["pid"]] <= r["prepared_at"] <= r["prepared_at"] + r["warm_secs"] <= r["time"], r
         assert r["warm_secs"] > 0 and r["prepared_at"] + r["warm_secs"] + r["secs"] <= r["time"] + 0.01, r
+
+
+def member_restores(logdir: str, attempt: int) -> list[int]:
+    """The first step each member of ``attempt`` printed, minus one: the step it restored (or initialized)."""
+    return [printed_steps(logdir, f"{log}.{attempt}")[0] - 1 for log in ("trainer", "worker1")]
+
+
+def test_a_group_restores_every_member_from_its_in_memory_snapshot_after_a_worker_then_the_chief_is_sigkilled(
+        logdir, clean_group):
+    # issue 54 point 1: long after the last disk save (there is none before the end), worker1 then the
+    # chief SIGKILLed mid-interval: each restarted group restores the same step on both members from the
+    # members' in-memory copies (the restored record says memory), re-does at most one interval, and the
+    # run ends bit-equal to an uninterrupted group (before: each restart began again at step 0)
+    import numpy as np
+
+    # (no group grace: the chief, SIGTERMed at its worker's death, is SIGKILLed at once, so it rarely commits
+    # its last step on the way out; when it does, that commit is newer and restored: nothing to re-do)
+    proc = launch(logdir, *SLOW, "--steps", "500", opts=GROUP + ("--group-grace-secs", "0"))
+    killed = []
+    try:
+        group_started(logdir, 1)
+        killed.append(("worker1", 1, sigkill_mid_interval(logdir, "worker1", "worker1.1", 150)))
+        group_started(logdir, 2)
+        again = wait_for(lambda: events(logdir, "restored") or events(logdir, "initialized")[1:], 60,
+                         what="attempt 2's restore")[-1]["step"]
+        killed.append(("trainer", 2, sigkill_mid_interval(logdir, "trainer", "trainer.2", again + 60)))
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+    restored = events(logdir, "restored")
+    assert len(restored) == 2 and restored[1]["source"] == "memory", restored
+    preempted = [r["step"] for r in events(logdir, "checkpoint_committed") if r["reason"] == "preempted"]
+    for (role, attempt, seen), record in zip(killed, restored):
+        # a member may die between a step and its line: the group's last step is at most one past the lines
+        last = max(max(printed_steps(logdir, f"{log}.{attempt}")) for log in ("trainer", "worker1")) + 1
+        assert last >= seen, (role, last, seen)
+        if record["source"] == "disk":  # the chief of the worker's group committed its last step on its way out
+            assert role == "worker1" and preempted == [record["step"]] and last - 1 <= record["step"] <= last
+            continue
+        assert record["step"] % K == 0 and 0 < last - record["step"] <= K, (role, last, record)
+        assert member_restores(logdir, attempt + 1) == [record["step"]] * 2  # every member the same step
+        assert record["path"] == f"the group's in-memory snapshot of step {record['step']}"
+    with open(os.path.join(logdir, "logs", "trainer.3.log")) as fh:
+        assert f"procsv: restored step {restored[1]['step']} from the group's in-memory snapshot" in fh.read()
+    assert {r["reason"] for r in events(logdir, "checkpoint_committed")} <= {"final", "preempted"}  # none from memory
+    final = final_weights_of(logdir)
+    assert final.keys() == clean_group.keys() and final
+    for name in clean_group:
+        assert np.array_equal(final[name], clean_group[name]), name
+
+
+def final_weights_of(logdir: str) -> dict[str, Any]:
+    from conftest import final_weights
+
+    return final_weights(logdir)
+
+
+@pytest.mark.parametrize("fault, why", [("group_copy_corrupt", ("'s in-memory copy of step", "is damaged")),
+                                        ("group_copy_missing", ("is held for all 2 members",))])
+def test_a_damaged_or_missing_in_memory_copy_makes_the_group_restore_from_disk_saying_why_in_one_line(
+        logdir, fault, why):
+    # every copy the checkpoint service holds is damaged after its checksum was taken, or worker1's are
+    # never held (fault points of its first process): the restarted chief finds no step whole for the
+    # group and it restores its newest disk checkpoint (every 100 steps; the in-memory ones every 50,
+    # so the newest in-memory one is newer). The chief is the one killed: it commits nothing on its way out
+    env = quiet_env(PROCSV_FAULT=f"checkpoint:{fault}:1-100000")
+    proc = launch(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "330", opts=GROUP, env=env)
+    try:
+        group_started(logdir, 1)
+
+        def past_a_disk_save() -> int:
+            steps = printed_steps(logdir, "trainer.1")
+            return steps[-1] if steps and steps[-1] >= 160 and 60 <= steps[-1] % 100 <= 75 else 0
+
+        wait_for(past_a_disk_save, 180, interval=0.02, what="the chief past a disk save, before the next")
+        os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+    restored = events(logdir, "restored")
+    assert len(restored) == 1 and restored[0]["source"] == "disk" and restored[0]["step"] % 100 == 0, restored
+    assert member_restores(logdir, 2) == [restored[0]["step"]] * 2
+    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
+        lines = [line for line in fh.read().splitlines() if "restores from disk" in line]
+    assert len(lines) == 1 and all(words in lines[0] for words in why), lines
+    assert restores_with_plain_tf(logdir) == 330

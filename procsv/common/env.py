@@ -32,6 +32,7 @@ RANK = "PROCSV_RANK"  # this trainer's task index in a group (procsv launch --np
 NPROC = "PROCSV_NPROC"  # the number of trainers in the group, over every host (1 without --nproc)
 PS = "PROCSV_PS"  # procsv launch --ps N --workers M: the parameter-server tasks (the workers are NPROC, RANK)
 GROUP_PIN = "PROCSV_GROUP_PIN"  # a group's record of what its chief restored (procsv.trainer.replica.GroupPin)
+GROUP_SNAPSHOT_STEPS = "PROCSV_GROUP_SNAPSHOT_STEPS"  # a group's in-memory snapshots every K steps (0: none)
 ON_NONFINITE = "PROCSV_ON_NONFINITE"  # --on-nonfinite: rollback | stop | continue (procsv.trainer.nonfinite)
 MAX_SKIPS = "PROCSV_MAX_SKIPS"  # --max-skips: skipped steps allowed within --skip-window steps
 SKIP_WINDOW = "PROCSV_SKIP_WINDOW"  # --skip-window
@@ -46,7 +47,7 @@ ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's 
 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, SUPERVISOR_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE,
-       RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, RANK, NPROC, GROUP_PIN, ON_NONFINITE, MAX_SKIPS, SKIP_WINDOW,
+       RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, RANK, NPROC, GROUP_PIN, GROUP_SNAPSHOT_STEPS, ON_NONFINITE, MAX_SKIPS, SKIP_WINDOW,
        FAULT_GATE, NONFINITE_CHECK, PS, MASTER_ADDR, PREEMPT_SIGNAL, SUMMARY_CONTINUE)
 
 
@@ -68,3 +69,29 @@ def memory_budget(default: float = 0.01) -> float:
         raise ValueError(f"{MEMORY_SNAPSHOTS}={raw!r}: give the share of loop time in-memory snapshots may take, "
                          "a number from 0 (off) to 0.5, e.g. 0.01")
     return value
+
+
+GROUP_SNAPSHOT_DEFAULT = 50  # steps between a group's in-memory snapshots unless PROCSV_GROUP_SNAPSHOT_STEPS says
+
+
+def group_snapshot_steps(default: int = 0) -> int:
+    """Every how many steps a trainer group's members take their in-memory snapshots, from
+    :data:`GROUP_SNAPSHOT_STEPS` (``0``: none; unset: ``default``); not a whole number >= 0: an error."""
+    import os
+
+    raw = os.environ.get(GROUP_SNAPSHOT_STEPS, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit():
+        raise ValueError(f"{GROUP_SNAPSHOT_STEPS}={raw!r}: give the steps between a group's in-memory snapshots, "
+                         "a whole number (0: none), e.g. 50")
+    return int(raw)
+
+
+def group_snapshot_steps_for(nnodes: int) -> int:
+    """The K the watchdog hands a group's members (:data:`GROUP_SNAPSHOT_STEPS`): the user's, else
+    :data:`GROUP_SNAPSHOT_DEFAULT`; 0 with the in-memory tier off (:func:`memory_budget` 0) or over
+    several hosts (their members cannot reach node 0's checkpoint service: issue 54's point 2)."""
+    if nnodes > 1 or memory_budget() == 0:
+        return 0
+    return group_snapshot_steps(GROUP_SNAPSHOT_DEFAULT)

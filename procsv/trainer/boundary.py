@@ -143,7 +143,8 @@ class StepBoundary:
 
     def _checkpoint_boundary(self, step: int, ahead: float = 0.0) -> None:
         agent = self._keeper.agent if self._keeper is not None else None
-        if agent is None or self._channels is None or not self._chief or not self.standard_started:
+        if agent is None or self._channels is None or not (self._chief or agent.group is not None) \
+                or not self.standard_started:  # (a group's worker: its in-memory snapshots)
             self.state.set_checkpoint(NEVER, NEVER)  # no checkpoint work in this session
             return
         # the state is still that of ``step``; its summaries are handed off first

@@ -21,14 +21,14 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from typing import Any, Callable, Optional, Sequence, TypeVar, cast
 
 import zmq
 
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import (CheckpointSetup, CheckpointsDeleted, DeleteCheckpoints, Message, RecoverQuery,
-                                 RecoverReply, SaveData, SaveResult, SummaryAck)
-from procsv.ipc.transport import Endpoints, NoReply, ReceiveTimeout, drain, make_socket, recv_message, send
+from procsv.ipc.messages import (CheckpointSetup, CheckpointsDeleted, DeleteCheckpoints, GroupCopy, GroupHeld, Message,
+                                 RecoverQuery, RecoverReply, SaveData, SaveResult, SummaryAck)
+from procsv.ipc.transport import Endpoints, NoReply, ReceiveTimeout, Received, drain, make_socket, recv_message, send
 
 _Answer = TypeVar("_Answer", RecoverReply, CheckpointsDeleted)
 WAIT_SLICE_MS = 200  # a long wait is cut into slices this long (the deadline is checked between)
@@ -45,9 +45,10 @@ class TrainerChannels:
     """The trainer's sockets: PUSH to the watchdog, DEALERs to the checkpoint and summary services."""
 
     def __init__(self, endpoints: Endpoints, supervised: bool, clock: Callable[[], float] = time.monotonic,
-                 services: bool = True) -> None:
+                 services: bool = True, checkpoint: bool = False) -> None:
         """``services=False`` (a worker replica): no connection to the checkpoint and summary
-        services, which only the chief uses; sends to them are dropped."""
+        services, which only the chief uses; sends to them are dropped; ``checkpoint``: a worker of a
+        group with the in-memory tier, connected to the checkpoint service only (its snapshots)."""
         self.clock = clock
         self.zctx: zmq.Context[Any] = zmq.Context()
         # unique per connection, not per process: a session prepared again in the same process (TF's
@@ -55,9 +56,10 @@ class TrainerChannels:
         ident = f"trainer-{os.getpid()}-{secrets.token_hex(4)}".encode()
         self.ckpt: Optional[zmq.Socket[Any]] = None
         self.summary: Optional[zmq.Socket[Any]] = None
-        if services:
+        if services or checkpoint:
             self.ckpt = make_socket(self.zctx, zmq.DEALER, sndhwm=4, identity=ident, linger_ms=0)
             self.ckpt.connect(endpoints.checkpoint)
+        if services:
             self.summary = make_socket(self.zctx, zmq.DEALER, sndhwm=256, linger_ms=3000)
             self.summary.connect(endpoints.summary)
         self.watchdog: Optional[zmq.Socket[Any]] = None
@@ -131,7 +133,20 @@ class TrainerChannels:
         return self._ask(query, CheckpointsDeleted, deadline, "the request to delete the checkpoints",
                          "no answer from the checkpoint service about deleting the checkpoints by the deadline")
 
+    def ask_group(self, query: Message, deadline: float) -> tuple[Message, list[Any]]:
+        """A group member's question about its in-memory snapshots (:class:`GroupQuery`,
+        :class:`GroupFetch`): the answer (:class:`GroupHeld`, :class:`GroupCopy`) and its frames;
+        :class:`NoReply` as :meth:`recover`. Other messages meanwhile are dropped (this runs before
+        the first snapshot)."""
+        got = self._ask_for(query, (GroupHeld, GroupCopy), deadline, "the question about the group's snapshots",
+                            "no answer about the group's in-memory snapshots by the deadline")
+        return got.msg, got.payload
+
     def _ask(self, query: Message, answer: type[_Answer], deadline: float, what: str, late: str) -> _Answer:
+        return cast(_Answer, self._ask_for(query, (answer,), deadline, what, late).msg)  # (the type waited for)
+
+    def _ask_for(self, query: Message, answers: tuple[type[Message], ...], deadline: float, what: str,
+                 late: str) -> Received:
         if self.ckpt is None:
             raise NoReply("this process is connected to no checkpoint service (a worker replica)")
         if not send(self.ckpt, query):
@@ -141,11 +156,11 @@ class TrainerChannels:
             if left_ms <= 0:
                 raise NoReply(late)
             try:
-                msg = recv_message(self.ckpt, min(left_ms, WAIT_SLICE_MS)).msg
+                got = recv_message(self.ckpt, min(left_ms, WAIT_SLICE_MS))
             except (ReceiveTimeout, ProtocolError):
                 continue
-            if isinstance(msg, answer):
-                return msg
+            if isinstance(got.msg, answers):
+                return got
 
     def close(self) -> None:
         for sock in (self.ckpt, self.summary, self.watchdog):

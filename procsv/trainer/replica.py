@@ -1,4 +1,5 @@
-"""Replicas in the trainer process: a worker (``is_chief=False``) waiting for the chief's checkpoint.
+"""Replicas in the trainer process: a worker (``is_chief=False``) waiting for the chief's checkpoint;
+a group's record of what its chief restored (:class:`GroupPin`).
 
 Runs in the trainer. In TensorFlow 2 the replicas of a ``tf.distribute`` job hold the same
 variables; the chief saves them, the other workers only restore. A worker that must start from
@@ -15,6 +16,7 @@ import os
 import threading
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from procsv.common.fswake import wakeups
@@ -55,6 +57,17 @@ def wait_for_committed(layout: Optional[Layout], max_wait_secs: float, poll_secs
                 return clock() - t0
 
 
+@dataclass(frozen=True)
+class PinRecord:
+    """What a group's chief restored: a checkpoint ``path`` (None: none), or, with ``memory_step``
+    set, the group's in-memory snapshot of that step taken by attempt ``memory_attempt`` (each member
+    restores its own copy of it from the checkpoint service)."""
+
+    path: Optional[str]
+    memory_step: Optional[int] = None
+    memory_attempt: int = 0
+
+
 class GroupPin:
     """What a group's chief restored at one attempt; its workers restore exactly the same.
 
@@ -64,19 +77,21 @@ class GroupPin:
     replicas that all-reduce their gradients. So the chief publishes what it restored (a path, or
     ``None`` for a fresh start) atomically at ``path`` (in the shared logdir, named by the job and
     the attempt: ``PROCSV_GROUP_PIN``), and every worker, on any host, waits for that record
-    (filesystem events, with a fallback poll) before restoring it.
+    (filesystem events, with a fallback poll) before restoring it. With the group's in-memory tier,
+    the record names the step of the in-memory snapshot the chief restored instead (:class:`PinRecord`).
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def publish(self, restored: Optional[str]) -> None:
-        """The chief: record what it restored (``None``: it initialized)."""
+    def publish(self, record: PinRecord) -> None:
+        """The chief: record what it restored (``path`` None and no ``memory_step``: it initialized)."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        write_json(self.path, {"path": restored})
+        write_json(self.path, {"path": record.path, "memory_step": record.memory_step,
+                               "memory_attempt": record.memory_attempt})
 
-    def wait(self, poll_secs: float = 0.1) -> Optional[str]:
-        """A worker: wait for the chief's record; return its path (``None``: start from scratch).
+    def wait(self, poll_secs: float = 0.1) -> PinRecord:
+        """A worker: wait for the chief's record and return it.
 
         There is no deadline here: the watchdog ends the whole group when the chief dies or hangs.
         A network filesystem may not deliver another host's write as an event: the poll catches it."""
@@ -86,7 +101,8 @@ class GroupPin:
             while True:
                 record = read_json(self.path)
                 if isinstance(record, dict) and "path" in record:
-                    path = record["path"]
-                    return path if isinstance(path, str) else None
+                    path, step = record["path"], record.get("memory_step")
+                    return PinRecord(path if isinstance(path, str) else None, step if isinstance(step, int) else None,
+                                     int(record.get("memory_attempt") or 0))
                 woken.wait(poll_secs)
                 woken.clear()

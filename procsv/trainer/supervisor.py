@@ -226,9 +226,10 @@ class Supervisor(SupervisorNames):
         t0 = self._clock()
         self._signals.install(self.coord)
         endpoints, self._own = connect(self._ctx, self.is_chief, self.layout, self._kept_events)
+        group_tier = self._keeper is not None and self._keeper.agent.group is not None  # a group's worker snapshots too
         channels = self._channels = TrainerChannels(
             endpoints, supervised=self._ctx is not None and self._ctx.supervised, clock=self._clock,
-            services=self.is_chief and self.layout is not None)
+            services=self.is_chief and self.layout is not None, checkpoint=group_tier and self.layout is not None)
         for part in (self._keeper, self._summaries, self._rollback, self._boundary, self._graph):
             if part is not None:
                 part.attach(channels)
@@ -239,7 +240,8 @@ class Supervisor(SupervisorNames):
             in_group = self._ctx is not None and self._ctx.supervised and self._ctx.in_group
             skipped = self._keeper.restore(self._init, chief=self.is_chief,
                                            restarted=self._ctx is not None and self._ctx.attempt > 1, reused=reused,
-                                           pin_path=os.environ.get(env.GROUP_PIN) if in_group else None)
+                                           pin_path=os.environ.get(env.GROUP_PIN) if in_group else None,
+                                           nproc=cluster.nproc())
         else:
             self._init()
         if self._graph is not None:  # local_init_op, ready_op, live; queue runners
@@ -249,7 +251,8 @@ class Supervisor(SupervisorNames):
         saving = agent is not None and self.is_chief and start_standard_services  # (else no stall judged)
         channels.to_watchdog(TrainerReady(os.getpid(), self._ctx.attempt if self._ctx else 1, step, self.restored_from,
                                           self._clock() - t0, skipped, self.save_model_secs if saving else None,
-                                          self.save_checkpoint_steps if saving else None, prepared_at, warm_secs))
+                                          self.save_checkpoint_steps if saving else None, prepared_at, warm_secs,
+                                          agent.restored_source if agent is not None else None))
         self._summaries.start_session(step, session_start(  # SessionLog START, when it has something to purge
             self.restored_from is not None, self._ctx is not None and self._ctx.attempt > 1, start_standard_services,
             self._tf1.graph is None or self._tf1.graph.global_step is not None), self.layout.logdir if self.layout else None)

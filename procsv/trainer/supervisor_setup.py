@@ -151,12 +151,14 @@ def agent_factory(checkpoint: Any, global_step: Any, layout: Optional[Layout], *
                   failure_limit: int, saving: bool) -> Callable[[], CheckpointAgent]:
     """Makes the :class:`CheckpointAgent` of each session (a new one for a session prepared again
     after a stop). ``procsv launch``'s ``PROCSV_CHECKPOINT_FAILURE_LIMIT`` and
-    ``PROCSV_SAVE_DEADLINE`` win over ``failure_limit`` and the default deadline floor. The in-memory
-    tier is off in a trainer group (``PROCSV_NPROC`` > 1)."""
-    # a group restores from disk only (each member the checkpoint its GroupPin names): its chief keeps no
-    # in-memory snapshot that the service would persist on its own behind the group's restart
+    ``PROCSV_SAVE_DEADLINE`` win over ``failure_limit`` and the default deadline floor. In a trainer
+    group (``PROCSV_NPROC`` > 1) every member, workers too, takes an in-memory snapshot every K steps
+    (``PROCSV_GROUP_SNAPSHOT_STEPS``, the watchdog's; 0: none), which the checkpoint service holds
+    apart and never persists (:mod:`procsv.services.checkpoint.group`)."""
     in_group = int(os.environ.get(env.NPROC, "1") or 1) > 1
-    memory_budget = 0.0 if in_group else env.memory_budget()
+    every = env.group_snapshot_steps() if in_group else 0
+    group = (int(os.environ.get(env.RANK, "0") or 0), int(os.environ.get(env.ATTEMPT, "1") or 1), every) if every else None
+    memory_budget = env.memory_budget() if not in_group or group is not None else 0.0
 
     def agent() -> CheckpointAgent:
         if layout is None:
@@ -168,7 +170,7 @@ def agent_factory(checkpoint: Any, global_step: Any, layout: Optional[Layout], *
             allow_reinit=allow_reinit, read_retry=ReadRetry(total_secs=read_retry_secs),
             failure_limit=int(os.environ.get(env.CHECKPOINT_FAILURE_LIMIT, failure_limit)),
             save_deadline_floor=float(os.environ.get(env.SAVE_DEADLINE, SAVE_DEADLINE_FLOOR)), saving=saving,
-            memory_budget=memory_budget)
+            memory_budget=memory_budget, group=group)
     return agent
 
 

@@ -111,7 +111,8 @@ def _ready(view: RunView, msg: TrainerReady, now: float, slot: Optional[str] = N
     view.commit_step = max(view.commit_step, msg.step)
     out = [Report(Event.RESTORED if msg.restored_from else Event.INITIALIZED,
                   {"pid": msg.pid, "step": msg.step, "path": msg.restored_from, "secs": round(msg.restore_secs, 4),
-                   "skipped": list(msg.skipped), "prepared_at": msg.prepared_at, "warm_secs": round(msg.warm_secs, 4)})]
+                   "skipped": list(msg.skipped), "prepared_at": msg.prepared_at, "warm_secs": round(msg.warm_secs, 4),
+                  "source": msg.source.value if msg.source is not None else None})]
     if msg.restored_from:
         view.restored_step = msg.step
         out.append(Report(say=f"procsv: trainer attempt {msg.attempt} restored step {msg.step} from "

@@ -9,13 +9,11 @@ Runs in the checkpoint service process (``python -m procsv.services.checkpoint``
 SIGTERM from the watchdog (or from anyone once the watchdog is gone: a SIGTERM to every process of
 the job is left to the watchdog, which stops the trainer first, so that its emergency checkpoint
 commits here) ends the loop after the commit in progress, if any. Every timer runs on the injected
-monotonic ``clock``.
+monotonic ``clock``. A trainer group's members' in-memory snapshots are :mod:`procsv.services.checkpoint.group`'s.
 
-The service runs at a lower CPU priority (``nice`` +10, ``PROCSV_CHECKPOINT_NICE`` overrides):
-on a machine with few cores its work -- checksums, a few small files -- should come out of the
-training loop's idle time, not its compute time. The bulk of a checkpoint costs it little CPU:
-the numeric tensors are read from the trainer's shared snapshot memory, which this service maps
-(and pre-faults) as soon as a heartbeat names it, and written with ``O_DIRECT``.
+The service runs at ``nice`` +10 (``PROCSV_CHECKPOINT_NICE`` overrides): its work should come out of
+the loop's idle time. It maps (and pre-faults) the trainer's shared snapshot memory as soon as a
+heartbeat names it, reads the numeric tensors from there and writes them with ``O_DIRECT``.
 
 Saves are synchronous in this loop, one at a time: the trainer sends a snapshot only when the
 previous one has its :class:`SaveResult`. A snapshot of a committed step is written again only as
@@ -28,13 +26,11 @@ Retention deletes checkpoints, so a save applies only the settings the trainer i
 in the logdir, a restarted service reads them at start, and a snapshot from a trainer whose
 settings it does not have is held, uncommitted, until that trainer's next heartbeat.
 
-A message that is malformed, of another schema version or of a kind this service does not take
-(anything but what :data:`ACCEPT` names) is refused by the codec, counted
-(:class:`~procsv.ipc.rejections.Rejections`) and never stops the loop; the counts are in
-``<logdir>/.procsv/checkpoint_stats.json`` (written at start, at most every :data:`STATS_SECS`
-while they change, and at exit), which ``procsv status`` shows, beside how many in-memory
-snapshots this process held and the steps of its first and last (``memory``: how often the
-trainer's state reached memory).
+A message that is malformed, of another schema version or of a kind not in :data:`ACCEPT` is
+refused by the codec, counted (:class:`~procsv.ipc.rejections.Rejections`) and never stops the loop;
+``<logdir>/.procsv/checkpoint_stats.json`` (written at start, at most every :data:`STATS_SECS` while
+they change, and at exit) has the counts, which ``procsv status`` shows, and the in-memory snapshots
+this process held (``memory``: how many, the steps of the first and last; ``group``: a group's copies).
 """
 
 from __future__ import annotations
@@ -42,14 +38,14 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import zmq
 
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import (CheckpointSetup, DeleteCheckpoints, Hello, Message, RecoverQuery, RecoverReply, Role,
-                                 SaveData, SaveReason, SaveRequest, SaveResult, SessionLogEvent, SessionStatus,
-                                 SnapshotHeld)
+from procsv.ipc.messages import (CheckpointSetup, DeleteCheckpoints, GroupFetch, GroupQuery, Hello, Message, RecoverQuery,
+                                 RecoverReply, Role, SaveData, SaveReason, SaveRequest, SaveResult, SessionLogEvent,
+                                 SessionStatus, SnapshotHeld)
 from procsv.ipc.rejections import Rejections
 from procsv.ipc.transport import CHECKPOINT_FRAME_MAX, Received, bind_private, drain, make_socket, send
 from procsv.common import env, faults
@@ -60,6 +56,7 @@ from procsv.common.stopwake import StopWake
 from procsv.common.errors import CheckpointError
 from procsv.common.manifests import Manifest, committed_step, list_committed
 from procsv.services.checkpoint.arena import ArenaCache
+from procsv.services.checkpoint.group import GroupIntake
 from procsv.services.checkpoint.memory import (HeldSnapshot, KeptMetaGraph, TrainerLife, kept_meta_graph,
                                                persist_decision, with_kept_meta_graph)
 from procsv.services.checkpoint.policy import save_due
@@ -74,7 +71,7 @@ NICE = 10
 NICE_ENV = env.CHECKPOINT_NICE
 EXIT_WAIT = 5.0  # seconds a dead trainer may still be exiting when its successor asks for its snapshot
 STATS_SECS = 1.0  # checkpoint_stats.json is rewritten at most this often while its counts change
-ACCEPT = frozenset({CheckpointSetup, SaveData, RecoverQuery, DeleteCheckpoints})  # what a trainer sends here; anything else is refused
+ACCEPT = frozenset({CheckpointSetup, SaveData, RecoverQuery, DeleteCheckpoints, GroupQuery, GroupFetch})  # all a trainer sends
 
 
 class CheckpointService:
@@ -114,9 +111,10 @@ class CheckpointService:
         self.recovered: Optional[RecoverReply] = None
         self.meta_graph: Optional[KeptMetaGraph] = None  # graph mode: the MetaGraphDef a trainer sent last
         self.rejections = Rejections("procsv checkpoint", os.path.relpath(ctx.layout.checkpoint_stats, ctx.layout.logdir), _say)
-        self._stats_written: Optional[tuple[int, int]] = None  # (rejections, snapshots held) last written
+        self._stats_written: Optional[tuple[int, int]] = None  # (rejections, snapshots held: any) last written
         self.held_count = 0  # in-memory snapshots held by this process
         self.held_steps: Optional[tuple[int, int]] = None  # the steps of the first and the last of them
+        self.group = GroupIntake(self._answer, _say)  # a group's copies
         self._next_stats = clock()
         self.deletions = Deletions(self.store, _say)  # what waits for a restore to end before it is deleted
         # TensorFlow, when needed: the watchdog and the trainer whose snapshot waits are told meanwhile
@@ -144,13 +142,15 @@ class CheckpointService:
                     else:
                         self._handle(got)
             self._tick()
-            if (self.rejections.total, self.held_count) != self._stats_written and self.clock() >= self._next_stats:
+            counts = (self.rejections.total, self.held_count + self.group.copies.held)
+            if counts != self._stats_written and self.clock() >= self._next_stats:
                 self._write_stats(durable=False)
         wake.close()
         self._write_stats(durable=True)
         self.router.close(0)
         self.arenas.pin(None)
         self.arenas.drop()
+        self.group.close()
         return 0
 
     def _on_term(self, signum: int) -> None:
@@ -164,12 +164,13 @@ class CheckpointService:
     def _write_stats(self, durable: bool) -> None:
         """Replace ``checkpoint_stats.json`` (its ``pid`` says which process the counts are of)."""
         self._next_stats = self.clock() + STATS_SECS
-        self._stats_written = (self.rejections.total, self.held_count)
+        self._stats_written = (self.rejections.total, self.held_count + self.group.copies.held)
         first, last = self.held_steps or (None, None)
         memory = {"held": self.held_count, "first_step": first, "last_step": last}
         try:
             write_json(self.ctx.layout.checkpoint_stats, {"pid": os.getpid(), "rejected": self.rejections.record(),
-                                                          "memory": memory, "updated_at": time.time()},
+                                                          "memory": memory, "group": self.group.stats(),
+                                                          "updated_at": time.time()},
                        durable=durable)
         except OSError as exc:
             _say(f"procsv checkpoint: could not write {self.ctx.layout.checkpoint_stats}: {exc}")
@@ -203,6 +204,9 @@ class CheckpointService:
         if isinstance(msg, RecoverQuery):
             self._recover(msg, identity)
             return
+        if isinstance(msg, (GroupQuery, GroupFetch)) or (isinstance(msg, SaveData) and not msg.persist and msg.member >= 0):
+            self.group.handle(msg, payload, identity)  # a group's in-memory tier: held apart, never persisted
+            return
         if isinstance(msg, DeleteCheckpoints):
             self._delete_all(identity)
             return
@@ -223,7 +227,7 @@ class CheckpointService:
                 self.last_request = self.clock()  # a (re)started trainer just restored: no save at once
                 try:
                     for note in self.store.quarantine_corrupt_after(msg.step):
-                        print(f"procsv checkpoint: {note}", file=sys.stderr, flush=True)
+                        _say(f"procsv checkpoint: {note}")
                 except OSError as exc:  # a full disk (mkdir, the state file): nothing is deleted; next trainer tries again
                     _say(f"procsv checkpoint: could not quarantine checkpoints newer than step {msg.step}: {exc}")
             self.setup = msg
@@ -232,7 +236,7 @@ class CheckpointService:
                 try:
                     self.arenas.get(msg.arena).populate()
                 except CheckpointError as exc:
-                    print(f"procsv checkpoint: {exc}", file=sys.stderr, flush=True)
+                    _say(f"procsv checkpoint: {exc}")
             if msg.in_flight is not None and msg.in_flight != self.last_received:
                 self._reply(SaveResult(msg.in_flight, SaveReason.LOST, False, None,
                                        "the checkpoint service restarted before this snapshot reached it", 0.0))
@@ -242,8 +246,7 @@ class CheckpointService:
                 if sender == identity and msg.in_flight == held.step and self.settings is not None:
                     self._save(held, frames, self.settings)
                 else:  # its trainer is gone or no longer waits for it (and may reuse the memory)
-                    print(f"procsv checkpoint: dropped the held snapshot of step {held.step}: "
-                          "its trainer no longer waits for it", file=sys.stderr, flush=True)
+                    _say(f"procsv checkpoint: dropped the held snapshot of step {held.step}: its trainer no longer waits")
         elif isinstance(msg, SaveData) and not msg.persist:
             self._hold(msg, payload, identity)
         elif isinstance(msg, SaveData):
@@ -256,8 +259,8 @@ class CheckpointService:
                 self._save(msg, payload, self.settings)
             else:
                 self.held = (msg, payload, identity)
-                print(f"procsv checkpoint: holding the snapshot of step {msg.step} until its trainer's checkpoint "
-                      "settings arrive (never applying default retention)", file=sys.stderr, flush=True)
+                _say(f"procsv checkpoint: holding the snapshot of step {msg.step} until its trainer's checkpoint "
+                     "settings arrive (never applying default retention)")
 
     def _remember(self, settings: CheckpointSettings) -> None:
         """Use ``settings`` from now on; persist them (atomically) when they changed."""
@@ -267,7 +270,7 @@ class CheckpointService:
         try:
             store_settings(self.ctx.layout, settings)
         except OSError as exc:  # they still apply in this process; a restart would hold snapshots
-            print(f"procsv checkpoint: could not persist the checkpoint settings: {exc}", file=sys.stderr, flush=True)
+            _say(f"procsv checkpoint: could not persist the checkpoint settings: {exc}")
 
     # ------------------------------------------------------------------ the in-memory tier
     def _hold(self, msg: SaveData, payload: list[Any], identity: bytes) -> None:
@@ -278,8 +281,7 @@ class CheckpointService:
         try:
             view = self.arenas.get(msg.arena) if msg.arena is not None else None
         except CheckpointError as exc:
-            print(f"procsv checkpoint: not holding the in-memory snapshot of step {msg.step}: {exc}",
-                  file=sys.stderr, flush=True)
+            _say(f"procsv checkpoint: not holding the in-memory snapshot of step {msg.step}: {exc}")
             return
         pid = self.life.pid if self.life is not None and identity == self.trainer else None
         self.memory = HeldSnapshot(msg, payload, view, identity, pid)
@@ -310,9 +312,8 @@ class CheckpointService:
         if refused:
             self._release_memory(f"not persisted: {refused}")
         elif settings is not None:
-            print(f"procsv checkpoint: {why}; persisting its in-memory snapshot of step {held.msg.step} "
-                  f"({held.msg.step - (newest if newest is not None else 0)} steps past the last checkpoint)",
-                  file=sys.stderr, flush=True)
+            _say(f"procsv checkpoint: {why}; persisting its in-memory snapshot of step {held.msg.step} "
+                 f"({held.msg.step - (newest if newest is not None else 0)} steps past the last checkpoint)")
             result = self._save(held.msg, held.payload, settings, reply_to=None)
             reply = RecoverReply(held.msg.step if result.ok else -1, result.path, result.error or "")
             self._release_memory("")
@@ -389,9 +390,9 @@ class CheckpointService:
             self._release_memory("")
         self._answer(identity, answer)
 
-    def _answer(self, identity: bytes, msg: Message) -> None:
+    def _answer(self, identity: bytes, msg: Message, frames: Sequence[Any] = ()) -> None:
         try:
-            send(self.router, msg, prefix=[identity])
+            send(self.router, msg, frames, prefix=[identity])
         except zmq.ZMQError:  # the trainer is gone
             pass
 

@@ -38,8 +38,8 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from procsv.ipc.messages import (Busy, CheckpointSetup, CommitLoading, Progress, SaveData, SaveReason, SaveRequest, SaveResult,
-                                 SnapshotHeld)
+from procsv.ipc.messages import (Busy, CheckpointSetup, CommitLoading, Progress, RestoreSource, SaveData, SaveReason,
+                                 SaveRequest, SaveResult, SnapshotHeld)
 from procsv.common.errors import CheckpointError, NonFiniteState
 from procsv.common.layout import Layout, read_json
 from procsv.common.manifests import Manifest, manifest_path
@@ -48,6 +48,7 @@ from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.final_commit import HEARTBEAT_EVERY, FinalCommit
 from procsv.trainer.checkpoint.commits import SAVE_DEADLINE_FLOOR, CommitTracker, bytes_being_written
 from procsv.trainer.checkpoint.memory import PLAN_MAX_AGE, READ_EVERY, MemoryTier
+from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
 from procsv.trainer.checkpoint.restore import ReadRetry
 from procsv.trainer.checkpoint.snapshot import arena_bytes_needed, self_test
 from procsv.trainer.checkpoint.snapshot_store import SnapshotStore, stuck_here
@@ -80,7 +81,7 @@ class CheckpointAgent(FinalCommit):
                  failure_limit: int = 3, save_deadline_floor: float = SAVE_DEADLINE_FLOOR,
                  read_retry: ReadRetry = ReadRetry(), clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, saving: bool = True,
-                 memory_budget: float = 0.0) -> None:
+                 memory_budget: float = 0.0, group: Optional[tuple[int, int, int]] = None) -> None:
         self.checkpoint, self.global_step = checkpoint, global_step
         self.saving = saving  # False for a worker replica: it restores the chief's checkpoints, never saves
         self.commits = CommitTracker(failure_limit, save_deadline_floor)
@@ -100,14 +101,20 @@ class CheckpointAgent(FinalCommit):
         self.pending: Optional[SaveReason] = None
         self._next_read = 0.0  # when (on the clock) the boundary next reads the service's messages
         self._read_step = -READ_EVERY_STEPS  # the step of that last read
-        # the in-memory tier (procsv.trainer.checkpoint.memory_tier): off when the budget is 0
-        self.memory_budget = memory_budget if saving else 0.0
+        # the in-memory tier (procsv.trainer.checkpoint.memory_tier): off when the budget is 0; in a trainer
+        # group (rank, attempt, K) every member's, every K steps (procsv.trainer.checkpoint.group_restore)
+        self.group = group if group is not None and group[2] > 0 and not isinstance(checkpoint, NameBasedCheckpoint) \
+            else None
+        self.memory_budget = memory_budget if saving or self.group is not None else 0.0
+        self.restored_source: Optional[RestoreSource] = None  # where the restore read the state (None: initialized)
         self.store = SnapshotStore(checkpoint, memory_tier.SLOTS if self.memory_budget > 0 else 1, clock)
         # internal preparations before every snapshot of either tier (Keras writes its position)
         self.prepare_snapshot: list[Callable[[], None]] = []
         self.memory = MemoryTier(self.store, self.memory_budget, basename, self.prepare_snapshot,
                                  self._answer_awaited)  # the in-memory tier, which shares the snapshot memory
         self.memory.numbered = getattr(global_step, "numbered", True)
+        if self.group is not None:
+            self.memory.member, self.memory.attempt, self.memory.every_steps = self.group
         self.last_snapshot_secs = 0.0  # how long the loop was stopped by the last snapshot
         # procsv.train's CheckpointSaverListeners: called with (step, reason) right before a snapshot is
         # taken, and with the step when the trainer learns that its checkpoint is committed
@@ -167,7 +174,7 @@ class CheckpointAgent(FinalCommit):
                                                   allow_reinit=self.allow_reinit, read_retry=self.read_retry,
                                                   clock=self.clock, sleep=self.sleep, pinned=pinned)
         if done.path is not None:
-            self.restored_from = done.path
+            self.restored_from, self.restored_source = done.path, RestoreSource.DISK
         if self.restored_from:
             self.last_committed = int(self.global_step.numpy())
             done_manifest = Manifest.from_json(read_json(manifest_path(self.layout, os.path.basename(self.restored_from))))
@@ -175,9 +182,17 @@ class CheckpointAgent(FinalCommit):
         # the restored (or initial) state is on disk or rebuilt by init: the first in-memory
         # snapshot is of a step trained after it
         self.memory.start(int(self.global_step.numpy()), self.clock())
-        if self.saving:
+        if self.saving or self.group is not None:
             self.store.arena_for(arena_bytes_needed(self.checkpoint), background=True)
         return done.corrupt
+
+    def restored_memory(self, step: int, newest_committed: int) -> None:
+        """The group's in-memory snapshot of ``step`` was restored (not on disk: the newest committed
+        checkpoint is ``newest_committed``'s); the next in-memory snapshot is of a step trained after it."""
+        self.restored_from, self.restored_source = f"the group's in-memory snapshot of step {step}", RestoreSource.MEMORY
+        self.last_committed = newest_committed
+        self.memory.start(step, self.clock())
+        self.store.arena_for(arena_bytes_needed(self.checkpoint), background=True)
 
     # ------------------------------------------------------------------ during training
     def heartbeat(self, ch: TrainerChannels, step: int, now: float) -> None:
@@ -191,14 +206,15 @@ class CheckpointAgent(FinalCommit):
         """At a step boundary (``step`` steps completed): heartbeat, read the service's messages,
         apply the every-N-steps trigger; True if a snapshot of ``step`` is due now. A heartbeat or
         read due within ``ahead`` s is done now (the boundary runs anyway: one rhythm, not two)."""
-        if now + ahead - self.last_heartbeat >= HEARTBEAT_EVERY:
+        if self.saving and now + ahead - self.last_heartbeat >= HEARTBEAT_EVERY:  # (a group's worker: none)
             self.heartbeat(ch, step, now)
         if now + ahead >= self._next_read or step - self._read_step >= READ_EVERY_STEPS:
             self._read_service(ch, step, now)
         if self.in_flight is not None and now >= self.commits.overdue_at:
             self._overdue(ch, now)
         # (not a step already committed: the one a restart restored from, which would save again at its next step)
-        if self.save_checkpoint_steps and step > max(0, self.last_committed) and step % self.save_checkpoint_steps == 0:
+        if self.saving and self.save_checkpoint_steps and step > max(0, self.last_committed) \
+                and step % self.save_checkpoint_steps == 0:
             self.pending = self.pending or SaveReason.STEPS
             if self.in_flight is not None and self._read_step != step:
                 self._read_service(ch, step, now)  # the snapshot in flight may have committed: save at this step then
@@ -240,8 +256,10 @@ class CheckpointAgent(FinalCommit):
         at_step = self._read_step + READ_EVERY_STEPS
         if self.save_checkpoint_steps:
             at_step = min(at_step, (step // self.save_checkpoint_steps + 1) * self.save_checkpoint_steps)
-        at = min(self._next_read, self.last_heartbeat + HEARTBEAT_EVERY)
-        if self.memory.ready(now):
+        at = min(self._next_read, self.last_heartbeat + HEARTBEAT_EVERY if self.saving else float("inf"))
+        if self.group is not None:  # a group's in-memory snapshots: by the step alone
+            at_step = min(at_step, self.memory.next_step(step))
+        elif self.memory.ready(now):
             at = min(at, self.memory.next_due())
         return at_step, at  # (an in-memory snapshot blocked by a slot or an ack: looked at again at the read)
 

@@ -10,21 +10,25 @@ the step boundary's wake-up on a requested save, the non-finite watch) is regist
 At a session's start :meth:`CheckpointKeeper.restore` restores the newest committed checkpoint (or
 initializes): after a restart, first the dead trainer's in-memory snapshot if the checkpoint
 service held one (:func:`~procsv.trainer.checkpoint.restore_at_start.recover_memory`); in a
-trainer group, every worker restores exactly the checkpoint its chief restored (the group's pin,
-:class:`~procsv.trainer.replica.GroupPin`), since a newer commit in between would diverge them.
+trainer group, every worker restores exactly what its chief restored (the group's pin,
+:class:`~procsv.trainer.replica.GroupPin`), since a newer commit in between would diverge them: a
+checkpoint, or the group's in-memory snapshot of one step, each member its own copy
+(:mod:`~procsv.trainer.checkpoint.group_restore`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Callable, Optional
 
+from procsv.common.errors import CorruptCheckpoint
 from procsv.ipc.messages import DeleteCheckpoints
 from procsv.ipc.transport import NoReply
 from procsv.trainer.channels import TrainerChannels
-from procsv.trainer.checkpoint import restore_at_start
+from procsv.trainer.checkpoint import group_restore, restore_at_start
 from procsv.trainer.checkpoint.agent import CheckpointAgent
-from procsv.trainer.replica import GroupPin
+from procsv.trainer.replica import GroupPin, PinRecord
 
 
 class CheckpointKeeper:
@@ -65,22 +69,52 @@ class CheckpointKeeper:
         return self.agent.restored_from
 
     def restore(self, init: Callable[[], None], *, chief: bool, restarted: bool, reused: bool,
-                pin_path: Optional[str]) -> list[str]:
+                pin_path: Optional[str], nproc: int = 1) -> list[str]:
         """Restore the newest committed checkpoint that verifies (else call ``init``); return the corrupt
         prefixes passed over. ``restarted``: this trainer replaces a dead one (the launch's attempt > 1),
         so the checkpoint service may hold its in-memory snapshot, which the chief recovers first unless
-        ``reused`` (a session again in this process: the service's snapshot is this process's own) or in
-        a group. ``pin_path``: the group's pin file (``--nproc`` > 1), None alone."""
+        ``reused`` (a session again in this process: the service's snapshot is this process's own).
+        ``pin_path``: the group's pin file (``--nproc`` > 1, a group of ``nproc``), None alone."""
         agent, channels = self.agent, self._channels
         assert channels is not None
-        pin = GroupPin(pin_path) if pin_path else None
-        if restarted and chief and not reused and pin is None and agent.memory_budget > 0:
+        if pin_path:
+            return self._restore_group(GroupPin(pin_path), init, chief, restarted and not reused, nproc)
+        if restarted and chief and not reused and agent.memory_budget > 0:
             restore_at_start.recover_memory(channels)  # a dead trainer's in-memory snapshot, if the service held one
-        # a group's workers restore exactly what the chief restored (a newer commit in between would diverge them)
-        pinned = restore_at_start.Pinned(pin.wait()) if pin is not None and not chief else None
-        skipped = agent.restore_or_init(init, pinned=pinned)
-        if pin is not None and chief:
-            pin.publish(agent.restored_from or None)
+        return agent.restore_or_init(init)
+
+    def _restore_group(self, pin: GroupPin, init: Callable[[], None], chief: bool, restarted: bool,
+                       nproc: int) -> list[str]:
+        """A group member's restore: every member restores exactly what the chief pinned (a newer
+        commit in between would diverge them): the group's in-memory snapshot of one step, each
+        member its own copy (:mod:`~procsv.trainer.checkpoint.group_restore`), or one checkpoint."""
+        agent, channels = self.agent, self._channels
+        assert channels is not None
+        group = agent.group
+        if not chief:
+            record = pin.wait()
+            if record.memory_step is None:
+                return agent.restore_or_init(init, pinned=restore_at_start.Pinned(record.path))
+            if group is None:
+                raise CorruptCheckpoint(f"the group's chief pinned its in-memory snapshot of step {record.memory_step}, "
+                                        "and this member keeps none (PROCSV_GROUP_SNAPSHOT_STEPS differs)")
+            group_restore.restore_copy(channels, agent, group[0], record.memory_step, record.memory_attempt)
+            agent.restored_memory(record.memory_step, group_restore.newest_committed(agent))
+            return []
+        newest = group_restore.newest_committed(agent)
+        held = group_restore.whole_step(channels, nproc, newest) if restarted and group is not None else None
+        if held is not None:
+            try:
+                group_restore.restore_copy(channels, agent, 0, *held)
+            except CorruptCheckpoint as exc:
+                print(f"procsv: the group restores from disk: {exc}", file=sys.stderr, flush=True)
+                held = None
+        if held is not None:
+            agent.restored_memory(held[0], newest)
+            pin.publish(PinRecord(None, *held))
+            return []
+        skipped = agent.restore_or_init(init)
+        pin.publish(PinRecord(agent.restored_from or None))
         return skipped
 
     def delete_all(self, grace_secs: float) -> Optional[str]:

@@ -64,6 +64,9 @@ class MemoryTier:
         self._waiting: Optional[tuple[SaveData, list[Any]]] = None
         self._meta_sent: Optional[bytes] = None  # the MetaGraphDef last sent with an in-memory snapshot
         self._meta_held: Optional[bytes] = None  # ... once the service said it holds it (SnapshotHeld), until it says not
+        # a trainer group's member (procsv.services.checkpoint.group): its rank, its attempt, and K (0: alone):
+        # every member snapshots at the steps that are multiples of K, so that all hold the same ones
+        self.member, self.attempt, self.every_steps = -1, 0, 0
 
     # ------------------------------------------------------------------ the schedule
     def start(self, step: int, now: float) -> None:
@@ -85,8 +88,15 @@ class MemoryTier:
         self.at, self.step = now, step
 
     def due(self, step: int, now: float) -> bool:
-        """An in-memory snapshot of ``step`` may be taken now (ask after the agent's poll said no disk one)."""
+        """An in-memory snapshot of ``step`` may be taken now (ask after the agent's poll said no disk one);
+        a group member's at every K-th step (:meth:`next_step`), on no clock: every member takes the same."""
+        if self.every_steps:
+            return step % self.every_steps == 0 and step > self.step and self._waiting is None and self.ready(now)
         return step > self.step and self._waiting is None and now >= self.next_due() and self.ready(now)
+
+    def next_step(self, step: int) -> int:
+        """A group member: the next step after ``step`` whose in-memory snapshot is due."""
+        return (step // self.every_steps + 1) * self.every_steps
 
     def ready(self, now: float) -> bool:
         """Nothing but time keeps an in-memory snapshot back: the tier is on, its memory is ready, the
@@ -141,7 +151,8 @@ class MemoryTier:
         if meta is not None:
             self._meta_sent = meta
         self._waiting = (SaveData(step, SaveReason.MEMORY, self.basename, snap.specs, arena, slot, False,
-                                  meta is not None, self.numbered), list(snap.frames) if meta is None else [*snap.frames, meta])
+                                  meta is not None, self.numbered, member=self.member, attempt=self.attempt),
+                         list(snap.frames) if meta is None else [*snap.frames, meta])
         self.store.slots.wait_to_send(slot, step)
         self._uncharged = reuse
         return self.release(ch, unwritten_from)

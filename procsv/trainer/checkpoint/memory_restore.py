@@ -19,7 +19,9 @@ against its manifest: the slot's header still says complete for that step (a cop
 a slot since overwritten, is never read), every tensor lies within the slot, the object graph the
 copy was taken of is the program's object graph now (the same variables under the same keys,
 shapes and dtypes), and it holds no poison (the non-finite rules of :mod:`procsv.trainer.nonfinite.scan`).
-A copy that fails any of these is not used: the rollback restores from disk instead. A TF1 graph
+A copy that fails any of these is not used: the rollback restores from disk instead. A trainer
+group's restore from the checkpoint service's copies (:mod:`procsv.trainer.checkpoint.group_restore`)
+uses the same check of the object graph (:func:`mismatch`) and the same assignment (:func:`assign`). A TF1 graph
 program's state (:class:`~procsv.trainer.checkpoint.name_based.NameBasedCheckpoint`) has no
 assign-from-memory ops in its finalized graph: it is always restored from disk.
 """
@@ -27,7 +29,7 @@ assign-from-memory ops in its finalized graph: it is always restored from disk.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -100,22 +102,15 @@ def problem(ckpt: Any, copy: Copy, arena: SnapshotArena, poison: Any = None) -> 
     torn = _slot_problem(arena, copy)
     if torn:
         return f"slot {copy.slot} no longer holds it: {torn}"
-    named, graph = _serialize(ckpt)
     framed = iter(copy.frames)
     stored_graph = None
     for spec in copy.specs:
         frame = next(framed) if spec.offset is None else None
         if spec.key == GRAPH_KEY:
             stored_graph = frame
-    if stored_graph is None or bytes(stored_graph) != graph.SerializeToString():
-        return "the program's object graph changed since it was taken"
-    wanted = {s.name: s for saveable in named for s in saveable.specs}
-    have = {spec.key: spec for spec in copy.specs if spec.key != GRAPH_KEY}
-    if wanted.keys() != have.keys():
-        return "it does not hold the same tensors as the program's state"
-    for key, spec in wanted.items():
-        if spec.dtype.name != have[key].dtype:
-            return f"{key} is {have[key].dtype} in it and {spec.dtype.name} in the program"
+    wrong = mismatch(ckpt, copy.specs, None if stored_graph is None else bytes(stored_graph))
+    if wrong:
+        return wrong
     if poison is not None:
         keys = poison(list(copy.specs), arena.array)
         if keys:
@@ -123,12 +118,34 @@ def problem(ckpt: Any, copy: Copy, arena: SnapshotArena, poison: Any = None) -> 
     return ""
 
 
+def mismatch(ckpt: Any, specs: Sequence[TensorSpec], stored_graph: Optional[bytes]) -> str:
+    """Why a snapshot of ``specs``, taken of the object graph ``stored_graph`` (serialized), does not
+    fit the program's state ``ckpt`` now; empty if it does (the same object graph, the same tensors
+    under the same keys and dtypes)."""
+    named, graph = _serialize(ckpt)
+    if stored_graph is None or stored_graph != graph.SerializeToString():
+        return "the program's object graph changed since it was taken"
+    wanted = {s.name: s for saveable in named for s in saveable.specs}
+    have = {spec.key: spec for spec in specs if spec.key != GRAPH_KEY}
+    if wanted.keys() != have.keys():
+        return "it does not hold the same tensors as the program's state"
+    for key, spec in wanted.items():
+        if spec.dtype.name != have[key].dtype:
+            return f"{key} is {have[key].dtype} in it and {spec.dtype.name} in the program"
+    return ""
+
+
 def restore(ckpt: Any, copy: Copy, arena: SnapshotArena) -> None:
     """Assign every tensor of ``copy`` to the object it was read from (checked by :func:`problem`
     first): variables, a ``tf.data`` iterator's state, every saveable ``Checkpoint.restore`` would set."""
+    assign(ckpt, _values(copy, arena))
+
+
+def assign(ckpt: Any, values: dict[str, Any]) -> None:
+    """Assign ``values`` (by checkpoint key: NumPy arrays, a variant's serialized bytes) to the
+    objects of ``ckpt`` they were read from (checked by :func:`mismatch` first)."""
     import tensorflow as tf
 
-    values = _values(copy, arena)
     named, _ = _serialize(ckpt)
     for saveable in named:
         tensors = []

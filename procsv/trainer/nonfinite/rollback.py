@@ -96,6 +96,8 @@ class NonfiniteRollback(BoundaryWork):
             keeper.configure(self._watch_agent)
 
     def _watch_agent(self, agent: CheckpointAgent) -> None:
+        if not agent.saving:  # a group's worker: only the chief looks (its snapshots hold the same variables)
+            return
         agent.store.watch = self.watch
         agent.on_refused.append(self.refused)
 

@@ -13,8 +13,8 @@ launch                 target, args, pid (the watchdog's), launch (its number pe
 spawned                role, attempt, pid, via (``fresh``, ``zygote``, or ``node<R>``: another host's agent)
 zygote_ready           pid, import_secs
 zygote_gone            pid
-initialized            pid, step, path (null), secs, skipped (corrupt checkpoints passed over), prepared_at, warm_secs
-restored               pid, step, path, secs, skipped, prepared_at, warm_secs
+initialized            pid, step, path (null), secs, skipped (corrupt checkpoints passed over), prepared_at, warm_secs, source (null)
+restored               pid, step, path, secs, skipped, prepared_at, warm_secs, source (memory: a group's in-memory snapshot; disk)
                        (prepared_at: the wall time the trainer began preparing its session, its program's
                        start-up done; warm_secs: its Supervisor.warm_up before the restore; secs: the restore)
 first_step             pid, step, secs_since_spawn
@@ -102,7 +102,7 @@ class Event(str, enum.Enum):
     STEP_SKIPPED = "step_skipped"
 
 
-_RESTORE = frozenset({"pid", "step", "path", "secs", "skipped", "prepared_at", "warm_secs"})
+_RESTORE = frozenset({"pid", "step", "path", "secs", "skipped", "prepared_at", "warm_secs", "source"})
 
 SCHEMA: dict[Event, frozenset[str]] = {
     Event.LAUNCH: frozenset({"target", "args", "pid", "launch"}),

@@ -1,0 +1,197 @@
+"""The checkpoint service's copies of a trainer group's in-memory snapshots (issue 54).
+
+Runs in the checkpoint service. In a ``procsv launch --nproc N`` group on one host every member
+(the chief and each worker) copies its state into its own snapshot memory every K steps (the same
+steps on every member: ``PROCSV_GROUP_SNAPSHOT_STEPS``) and hands it here as a :class:`SaveData`
+with ``member`` set and ``persist=False``. The service copies the tensors out of the member's slot
+at once (the member may reuse the slot once it is acknowledged), takes the CRC-32C of the copy,
+and keeps the last :data:`KEEP` copies of each member (:class:`GroupCopies`), in this process's
+memory: a member's death loses none of them. They are never written to disk: a dead attempt's
+snapshot committed behind the next attempt's restore could make the next-but-one restore a state
+the group never pinned (commit ``c0cf535``'s invariant).
+
+A restarted group's chief asks for the newest step held for every member of one attempt
+(:meth:`GroupCopies.whole`, the :class:`~procsv.ipc.messages.GroupQuery`), each copy verified
+against its checksum, and pins it; each member then fetches its own copy (its input position is its
+own) and restores it (:mod:`procsv.trainer.checkpoint.group_restore`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from procsv.common import crc32c, faults
+from procsv.common.errors import CheckpointError
+from procsv.ipc.messages import (ArenaRef, GroupCopy, GroupFetch, GroupHeld, GroupQuery, Message, SaveData,
+                                 SnapshotHeld, TensorSpec)
+from procsv.services.checkpoint.arena import ArenaView
+
+KEEP = 3  # copies kept per member: the newest step whole for the group may be behind a member's newest
+_ITEMSIZE = {"bfloat16": 2, "half": 2, "qint8": 1, "quint8": 1, "qint16": 2, "quint16": 2, "qint32": 4}
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a numeric TensorFlow dtype name, without importing TensorFlow."""
+    if dtype in _ITEMSIZE:
+        return _ITEMSIZE[dtype]
+    try:
+        return int(np.dtype(dtype).itemsize)
+    except TypeError:
+        raise CheckpointError(f"cannot size a tensor of dtype {dtype}") from None
+
+
+def checksum(frames: tuple[bytes, ...]) -> int:
+    """The CRC-32C of ``frames`` in order."""
+    crc = 0
+    for frame in frames:
+        crc = crc32c.extend(crc, frame)
+    return crc
+
+
+@dataclass(frozen=True)
+class MemberCopy:
+    """One member's in-memory snapshot, copied out of its slot: every tensor as one frame."""
+
+    rank: int
+    attempt: int
+    step: int
+    specs: tuple[TensorSpec, ...]  # offset None: the i-th spec is the i-th frame
+    frames: tuple[bytes, ...]
+    crc: int  # of the frames as copied
+
+    def problem(self) -> str:
+        """Why this copy must not be restored (its bytes no longer match its checksum); empty if it may."""
+        now = checksum(self.frames)
+        return "" if now == self.crc else f"its checksum is {now:08x}, not {self.crc:08x} as copied"
+
+
+def copy_out(msg: SaveData, payload: list[Any], view: Optional[ArenaView]) -> MemberCopy:
+    """Copy the snapshot ``msg`` names (its slot of ``view``, its frames) into service memory.
+
+    Raises :class:`CheckpointError` for a slot that does not hold it whole, before or after the copy
+    (a member that reused it meanwhile), and for a tensor outside its slot."""
+    def whole() -> None:
+        if view is not None and any(s.offset is not None for s in msg.tensors):
+            torn = view.slot_problem(msg.slot, msg.step)
+            if torn:
+                raise CheckpointError(f"its slot is not whole: {torn}")
+
+    whole()
+    framed = iter(payload)
+    specs, frames = [], []
+    for spec in msg.tensors:
+        if spec.offset is None:
+            frames.append(bytes(next(framed)))
+        else:
+            if view is None:
+                raise CheckpointError("its snapshot memory is not mapped")
+            n = int(np.prod(spec.shape, dtype=np.int64)) * itemsize(spec.dtype)
+            if spec.offset < 0 or spec.offset + n > view.ref.size:
+                raise CheckpointError(f"{spec.key} lies outside the snapshot memory")
+            frames.append(view.array[spec.offset:spec.offset + n].tobytes())
+        specs.append(TensorSpec(spec.key, spec.dtype, spec.shape, spec.lengths, None))
+    whole()
+    copied = tuple(frames)
+    crc = checksum(copied)
+    if faults.fires("checkpoint", "group_copy_corrupt") and copied:  # tests: a copy damaged after its checksum
+        first = copied[0]
+        copied = (bytes([first[0] ^ 0xFF]) + first[1:], *copied[1:]) if first else copied
+    return MemberCopy(msg.member, msg.attempt, msg.step, tuple(specs), copied, crc)
+
+
+class GroupCopies:
+    """The in-memory snapshots of a group's members: the last :data:`KEEP` of each, by rank."""
+
+    def __init__(self) -> None:
+        self.by_rank: dict[int, list[MemberCopy]] = {}
+        self.held = 0  # copies held by this process
+        self.last_step: Optional[int] = None
+
+    def hold(self, copy: MemberCopy) -> None:
+        kept = [c for c in self.by_rank.get(copy.rank, []) if (c.attempt, c.step) != (copy.attempt, copy.step)]
+        self.by_rank[copy.rank] = (kept + [copy])[-KEEP:]
+        self.held += 1
+        self.last_step = copy.step
+
+    def find(self, rank: int, step: int, attempt: int) -> Optional[MemberCopy]:
+        return next((c for c in self.by_rank.get(rank, []) if c.step == step and c.attempt == attempt), None)
+
+    def whole(self, nproc: int, after: int) -> tuple[int, int, str]:
+        """The newest ``(step, attempt)`` held for every rank below ``nproc`` and newer than ``after``,
+        each copy verifying against its checksum; ``(-1, 0, why not)`` if there is none (a member's
+        copy missing, or the newest whole one damaged: the group restores from disk then)."""
+        steps = sorted({(c.step, c.attempt) for c in self.by_rank.get(0, []) if c.step > after}, reverse=True)
+        for step, attempt in steps:
+            copies = [c for c in (self.find(rank, step, attempt) for rank in range(nproc)) if c is not None]
+            if len(copies) < nproc:
+                continue
+            for c in copies:
+                bad = c.problem()
+                if bad:
+                    return -1, 0, f"member {c.rank}'s in-memory copy of step {step} is damaged ({bad})"
+            return step, attempt, ""
+        if not self.by_rank:
+            return -1, 0, "no in-memory snapshot of the group is held"
+        newest = max((c.step for copies in self.by_rank.values() for c in copies), default=-1)
+        if newest <= after:
+            return -1, 0, f"none is newer than the committed checkpoint of step {after}"
+        return -1, 0, f"no step newer than {after} is held for all {nproc} members"
+
+
+class GroupIntake:
+    """The service's side of a group's in-memory tier: each member's snapshot memory mapped (one
+    :class:`ArenaView` per rank, replaced when a restarted member names a new one), the copies, and
+    the answers to :class:`GroupQuery` and :class:`GroupFetch`. ``answer(identity, msg, frames)``
+    sends to one member; ``say`` prints a line to the service's log."""
+
+    def __init__(self, answer: Callable[[bytes, Message, Sequence[Any]], None], say: Callable[[str], None]) -> None:
+        self.answer, self.say = answer, say
+        self.copies = GroupCopies()
+        self.views: dict[int, ArenaView] = {}
+
+    def handle(self, msg: Message, payload: list[Any], identity: bytes) -> None:
+        if isinstance(msg, SaveData):
+            self._hold(msg, payload, identity)
+        elif isinstance(msg, GroupQuery):
+            step, attempt, note = self.copies.whole(msg.nproc, msg.after)
+            if step < 0 and self.copies.held:
+                self.say(f"procsv checkpoint: the group's chief (pid {msg.pid}) restores from disk: {note}")
+            self.answer(identity, GroupHeld(step, attempt, note), ())
+        elif isinstance(msg, GroupFetch):
+            copy = self.copies.find(msg.rank, msg.step, msg.attempt)
+            if copy is None:
+                self.answer(identity, GroupCopy(-1, [], 0, f"member {msg.rank}'s copy of step {msg.step} is not held"), ())
+            else:
+                self.answer(identity, GroupCopy(copy.step, list(copy.specs), copy.crc, ""), copy.frames)
+
+    def _hold(self, msg: SaveData, payload: list[Any], identity: bytes) -> None:
+        if msg.member == 1 and faults.fires("checkpoint", "group_copy_missing"):  # tests: worker1's copies lost
+            return
+        try:
+            view = self._view(msg.member, msg.arena) if msg.arena is not None else None
+            copy = copy_out(msg, payload, view)
+        except CheckpointError as exc:
+            self.say(f"procsv checkpoint: not holding member {msg.member}'s in-memory snapshot of step {msg.step}: {exc}")
+            return
+        self.copies.hold(copy)
+        self.answer(identity, SnapshotHeld(msg.step, False), ())
+
+    def _view(self, rank: int, ref: ArenaRef) -> ArenaView:
+        view = self.views.get(rank)
+        if view is None or view.ref != ref:
+            if view is not None:
+                view.close()
+            view = self.views[rank] = ArenaView(ref)
+        return view
+
+    def stats(self) -> dict[str, Any]:
+        """What ``checkpoint_stats.json`` says of the group's copies (``group``)."""
+        return {"held": self.copies.held, "last_step": self.copies.last_step}
+
+    def close(self) -> None:
+        for view in self.views.values():
+            view.close()
+        self.views.clear()
