@@ -18,8 +18,7 @@ heartbeat names it, reads the numeric tensors from there and writes them with ``
 Saves are synchronous in this loop, one at a time: the trainer sends a snapshot only when the
 previous one has its :class:`SaveResult`. A snapshot of a committed step is written again only as
 a newer revision of it (:attr:`SaveData.revision`), in place (:mod:`procsv.services.checkpoint.inplace`).
-A heartbeat naming a snapshot in flight this process never received (it was restarted meanwhile)
-gets a failed ``SaveResult`` (reason ``lost``): the trainer takes that snapshot again at once.
+A heartbeat naming a snapshot this process never received gets ``SaveResult`` ``lost``: taken again.
 
 Retention deletes checkpoints, so a save applies only the settings the trainer itself sent
 (:mod:`procsv.services.checkpoint.settings`), never defaults: each setup's settings are persisted
