@@ -101,7 +101,7 @@ def test_the_tf1_arguments_and_session_manager_do_what_tensorflows_do_on_a_fresh
     expected = {
         "defaults": lambda r: r == {"v": 10.0, "local": 5.0, "v_end": 13.0, "step": 3, "log": ["init_fn v=10.0"],
                                     "session_graph": True, "global_step": True,
-                                    "init_feed_dict": True},
+                                    "init_feed_dict": True, "finalized": True, "tf_session": True},
         "no_init_op": lambda r: r["error"] == "Init operations did not make model ready",
         "nothing_to_init": lambda r: r["error"].startswith("Model is not initialized and no init_op"),
         "init_fn_only": lambda r: r == {"v": 1.0, "log": ["init_fn"]},

@@ -124,3 +124,21 @@ def test_a_program_whose_runs_advance_the_step_commits_each_step_once_and_rewrit
     manifests = [n for n in os.listdir(folder) if n.endswith(".json")]
     assert manifests and all("revision" not in _manifest(logdir, n[: -len(".json")]) for n in manifests)
     assert "rewrite" not in err
+
+
+def test_the_checkpoint_service_sigkilled_after_a_rewrites_commit_point_loses_no_later_state(tmp_path):
+    """``PROCSV_FAULT=checkpoint:before_state_file:3``: the service dies by SIGKILL in the second
+    rewrite of ``model.ckpt-0``, after its manifest (the commit point) and before its answer. The
+    trainer takes the lost snapshot again; the restarted service has that revision already. The
+    runs after it are still saved: the final checkpoint holds ``v`` at close (found by review50c:
+    it held the state at the kill, v 96 of 300, and the launch exited 0)."""
+    import tensorflow as tf
+
+    logdir = str(tmp_path / "run")
+    env = quiet_env(PROCSV_FAULT="checkpoint:before_state_file:3")
+    code, out, err = finish(launch(logdir, logdir, "300", target=UNADVANCED, env=env), 300)
+    assert code == 0, err[-3000:]
+    assert [e["role"] for e in lifecycle(logdir) if e["event"] == "exited" and e.get("signal") == "SIGKILL"] == ["checkpoint"]
+    assert _result(out) == {"start": 0.0, "end": 300.0}
+    assert float(tf.train.load_variable(os.path.join(logdir, "model.ckpt-0"), "v")) == 300.0, err[-3000:]
+

@@ -74,7 +74,8 @@ def case_defaults() -> dict[str, object]:
         with sv.managed_session() as sess:
             seen = {"v": float(sess.run(v)), "local": float(sess.run(local)),
                     "session_graph": sess.graph is graph, "global_step": sv.global_step is gs,
-                    "init_feed_dict": sv.init_feed_dict == {start: 10.0}}
+                    "init_feed_dict": sv.init_feed_dict == {start: 10.0}, "finalized": graph.finalized,
+                    "tf_session": isinstance(sess, tf.compat.v1.Session)}
             for _ in range(3):
                 sess.run(train)
             seen.update(v_end=float(sess.run(v)), step=int(sess.run(gs)))

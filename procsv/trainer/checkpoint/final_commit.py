@@ -32,6 +32,7 @@ class FinalCommit:
     last_committed: int
     last_heartbeat: float
     refused_final: bool
+    sent_revision: int
     on_refused: list[Callable[[NonFiniteState, bool], None]]
 
     @property
@@ -101,27 +102,33 @@ class FinalCommit:
                 if result is not None and result.ok and result.step == step:
                     print(f"procsv: {reason} checkpoint committed at step {step}", flush=True)
                 return result
-        self.heartbeat(ch, step, ch.clock())  # a just-restarted service learns our settings before the snapshot
-        try:
-            sent = self._free_slot(ch, step, deadline) and self._send(ch, step, reason, Busy.FINAL_CHECKPOINT, deadline)
-        except NonFiniteState as bad:
-            self.refused_final = True
-            for refused in self.on_refused:
-                refused(bad, True)  # the policy: --on-nonfinite stop raises
-            return None
-        if not sent:
-            print(f"procsv: the {reason} checkpoint at step {step} could not be handed to the checkpoint service within "
-                  f"stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
-            return None
-        step = self.in_flight if self.in_flight is not None else step  # the step stored in it names it
-        try:
-            result = ch.wait_save_result(step, deadline)
-        except NoReply:
-            print(f"procsv: the {reason} checkpoint at step {step} did not commit within "
-                  f"stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
-            return None
-        self._on_result(result)
-        if result.ok:
+        for _ in range(2):  # a second snapshot only when the first was a revision the service had already (below)
+            self.heartbeat(ch, step, ch.clock())  # a just-restarted service learns our settings before the snapshot
+            try:
+                sent = self._free_slot(ch, step, deadline) and self._send(ch, step, reason, Busy.FINAL_CHECKPOINT, deadline)
+            except NonFiniteState as bad:
+                self.refused_final = True
+                for refused in self.on_refused:
+                    refused(bad, True)  # the policy: --on-nonfinite stop raises
+                return None
+            if not sent:
+                print(f"procsv: the {reason} checkpoint at step {step} could not be handed to the checkpoint service "
+                      f"within stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
+                return None
+            step = self.in_flight if self.in_flight is not None else step  # the step stored in it names it
+            try:
+                result = ch.wait_save_result(step, deadline)
+            except NoReply:
+                print(f"procsv: the {reason} checkpoint at step {step} did not commit within "
+                      f"stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
+                return None
+            self._on_result(result)
+            # ``again`` for a newer revision of a committed step: the service has that revision already, an
+            # older state (a service that died after its commit point, before its answer, or a dead trainer's
+            # snapshot); the answer named it, so this state goes again as the revision above it
+            if not (result.ok and result.again and self.sent_revision and self.behind(step)):
+                break
+        if result is not None and result.ok:
             print(f"procsv: {reason} checkpoint committed at step {step}", flush=True)
         return result
 
