@@ -66,6 +66,40 @@ def test_sigterm_to_every_process_of_a_ps_job_is_left_to_the_watchdog_and_the_ch
     assert wait_for(lambda: not run_processes(logdir), 5, what="every process of the run to exit")
 
 
+def test_a_workers_sigterm_swallowed_by_a_pending_job_wide_one_is_sent_again(short_tmp: str) -> None:
+    """The watchdog's SIGTERM to a worker that a job-wide SIGTERM reached first, not yet read: a standard
+    signal is not queued twice, so the worker read only the job's (left to the watchdog) and trained on
+    until the SIGKILL at half the stop grace (seen in CI: the watchdog's stop of the workers goes out in
+    the same millisecond as ``kill -TERM -<pgid>``). Made certain here by SIGSTOPping the worker across
+    both signals; the watchdog sends its SIGTERM again, and the worker stops at its step boundary."""
+    logdir = os.path.join(short_tmp, "run")
+    proc = launch(logdir, "--steps", "100000", "--save-model-secs", "1000", "--step-delay", "0.05",
+                  target="procsv.examples.seeds_tf1.replicas", opts=("--ps", "1", "--workers", "2",
+                                                                      "--stop-grace-secs", "60"))
+    worker = 0
+    try:
+        wait_for(lambda: proc.poll() is not None or (entry(logdir, "trainer").get("step", 0) > 10 and
+                                                      entry(logdir, "worker1").get("state") == "running"), 240,
+                 what="the chief stepping with worker1 running")
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        worker = entry(logdir, "worker1")["pid"]
+        os.kill(worker, signal.SIGSTOP)
+        os.kill(worker, signal.SIGTERM)  # the job's, pending
+        proc.send_signal(signal.SIGTERM)  # the watchdog stops the workers first: its SIGTERM merges
+        wait_for(lambda: entry(logdir, "worker1").get("state") == "stopping", 30, what="worker1 stopping")
+    finally:
+        if worker:
+            os.kill(worker, signal.SIGCONT)
+        code, out, err = finish(proc, 240)
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    ended = [e for e in lifecycle(logdir) if e["event"] == "exited" and e["role"] == "worker1"]
+    assert ended and "signal" not in ended[-1], ended  # it stopped itself, not by the SIGKILL at half the grace
+    text = log_of(logdir, "worker1.1.log")
+    assert text.count("left to the watchdog") == 1, text[-2000:]
+    committed = [e for e in lifecycle(logdir) if e["event"] == "checkpoint_committed" and e["reason"] == "preempted"]
+    assert committed and committed[-1]["step"] == committed_steps(logdir)[-1], err[-3000:]
+
+
 def test_a_stop_whose_checkpoint_did_not_commit_does_not_exit_143(short_tmp: str) -> None:
     logdir = os.path.join(short_tmp, "run")
     proc = launch(logdir, "--steps", "100000", "--step-delay", "0.005", "--save-checkpoint-steps", "1000000",

@@ -302,6 +302,32 @@ def test_a_parameter_server_still_live_after_its_shutdown_sigterm_gets_it_again_
     assert not sim.view.live_children()
 
 
+def test_a_worker_and_the_services_still_live_after_their_stopping_sigterm_get_it_again() -> None:
+    # before: only a server task's SIGTERM was sent again. A worker (rule 14's stop of the workers first)
+    # and the services leave a foreign SIGTERM to the watchdog just as a server task does, and the
+    # watchdog's, sent in the same millisecond as a job-wide one, merged into it: the worker trained on
+    # until its SIGKILL at half the grace (CI), a service until the services' grace
+    from procsv.watchdog.rules.bookkeeping import request_stop
+
+    sim = ps_launch()
+    resend = sim.limits.stop_resend_secs
+    request_stop(sim.view, 15, sim.now, sim.limits.stop_grace_secs)
+    assert [(a.slot, a.cause) for a in of(sim.tick(0.1), Signal)] == [("worker1", Cause.STOP)]
+    assert not of(sim.tick(resend - 0.5), Signal)  # the first is given its time to be read
+    assert [(a.slot, a.cause) for a in of(sim.tick(0.5), Signal)] == [("worker1", Cause.STOP)]
+    sim.reaps("worker1", 42)
+    assert [a.slot for a in of(sim.tick(0.1), Signal)] == [TRAINER]
+    sim.reaps(TRAINER, 42)
+    sim.tick(0.1)  # Finish
+    assert {"ps0", "summary", "checkpoint"} <= {a.slot for a in of(sim.tick(0.1), Signal)}
+    sim.reaps("ps0", 0)
+    assert not of(sim.tick(resend - 0.5), Signal)
+    assert sorted(a.slot for a in of(sim.tick(0.5), Signal)) == ["checkpoint", "summary"]
+    sim.reaps("summary", 0)
+    sim.reaps("checkpoint", 0)
+    assert not of(sim.tick(resend), Signal)
+
+
 def test_a_worker_that_does_not_stop_is_killed_at_half_the_grace_and_the_chief_is_signalled_after_it() -> None:
     from procsv.watchdog.rules.bookkeeping import request_stop
 

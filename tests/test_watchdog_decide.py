@@ -372,7 +372,10 @@ def test_exit_zero_finishes_the_run_and_the_services_are_stopped_then_killed():
     assert {(a.slot, a.sig) for a in of(stops, Signal)} == {(SUMMARY, signal.SIGTERM), (CHECKPOINT, signal.SIGTERM)}
     sim.dies(SUMMARY, 0)
     assert of(sim.tick(), Settle) == [Settle(SUMMARY, 1)]
-    assert sim.tick(9.9) == []
+    assert sim.tick(1.9) == []
+    # again, every stop_resend_secs: a job-wide SIGTERM still pending in it would have swallowed the first
+    assert sim.tick(0.1) == [Signal(CHECKPOINT, 1, signal.SIGTERM, Cause.SHUTDOWN)]
+    assert sim.tick(7.9) == [Signal(CHECKPOINT, 1, signal.SIGTERM, Cause.SHUTDOWN)]
     assert sim.tick(0.2) == [Kill(CHECKPOINT, 1, Cause.SHUTDOWN)]  # min(stop grace, 30 s) passed
     assert sim.tick(1.0) == []  # killed once; its reap ends it
     sim.dies(CHECKPOINT, KILLED)

@@ -104,8 +104,8 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         else:
             if action.cause == Cause.GROUP:
                 child.signalled_at = now  # SIGKILL after group_grace_secs (rule 11)
-            elif action.cause == Cause.SHUTDOWN:
-                child.shutdown_sent_at = now  # (rule 6 sends a server task's again after stop_resend_secs)
+            elif action.cause in (Cause.STOP, Cause.SHUTDOWN):
+                child.stop_sent_at = now  # (sent again after stop_resend_secs: ChildView.stop_resend_due)
             if child.state != ProcState.STOPPING:  # (a resent SIGTERM: stopping already)
                 child.set_state(ProcState.STOPPING)
     elif isinstance(action, Kill):

@@ -38,9 +38,11 @@ Rules, in the order they are considered:
    service starts) with the next delay of the plan, and signalled when due -- never while it is
    busy with a snapshot or its final checkpoint: then as soon as it is not.
 6. **Shutdown.** Once the outcome is decided, every live child gets SIGTERM, and SIGKILL after
-   ``min(stop_grace_secs, services_grace_secs)``. A server task (``--ps``) gets its SIGTERM again
-   every ``stop_resend_secs`` until then: one sent while a job-wide SIGTERM was still pending in it
-   is merged into that one, which it leaves to the watchdog.
+   ``min(stop_grace_secs, services_grace_secs)``. A process that leaves foreign stop signals to the
+   watchdog (a service, a group's worker, a server task, the standby: ``state.LEAVES_STOPS``) gets its SIGTERM
+   again every ``stop_resend_secs`` until then (also under rule 14's stop of the workers): one sent
+   while a job-wide SIGTERM was still pending in it is merged into that one, which it leaves to the
+   watchdog.
 7. **Checkpoint stalls.** The trainer says a snapshot passed its deadline (``SaveOverdue``), or
    steps complete but nothing commits for ``stall_factor`` times the trainer's save interval (at
    least ``stall_floor_secs``): the checkpoint service is SIGKILLed, which rule 1 then restarts;
@@ -103,7 +105,7 @@ from procsv.watchdog.rules.judge import judge
 from procsv.watchdog.rules.lifecycle import ProcState, RunState
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.stall import stall_actions
-from procsv.watchdog.rules.state import PS, SERVER, STANDBY, TRAINER, RunView, ZygoteState
+from procsv.watchdog.rules.state import PS, STANDBY, TRAINER, RunView, ZygoteState
 
 __all__ = ["Limits", "decide"]
 
@@ -150,7 +152,7 @@ def _stop(view: RunView, now: float, limits: Limits) -> list[Action]:
     """Rule 2: a stop was requested (with parameter servers the other workers are stopped first: rule 14)."""
     if view.stop_signal is None:
         return []
-    out, workers_first = tasks.stop_workers_first(view, now, limits.stop_grace_secs)
+    out, workers_first = tasks.stop_workers_first(view, now, limits.stop_grace_secs, limits.stop_resend_secs)
     live = [t for t in view.trainers() if t.live]
     for t in live:
         if t.state in (ProcState.STARTING, ProcState.RUNNING):
@@ -220,7 +222,6 @@ def _shutdown(view: RunView, now: float, limits: Limits) -> list[Action]:
             out.append(Signal(c.slot, c.attempt, signal.SIGTERM, Cause.SHUTDOWN))
         elif view.services_deadline is not None and now >= view.services_deadline and not c.killed:
             out.append(Kill(c.slot, c.attempt, Cause.SHUTDOWN))
-        elif (c.role in (PS, SERVER) and c.state == ProcState.STOPPING and c.shutdown_sent_at is not None
-              and now >= c.shutdown_sent_at + limits.stop_resend_secs and not c.killed):
+        elif c.stop_resend_due(now, limits.stop_resend_secs):
             out.append(Signal(c.slot, c.attempt, signal.SIGTERM, Cause.SHUTDOWN))  # the first may have merged
     return out

@@ -31,9 +31,9 @@ class Limits:
     zygote_retry_cap: float = 600.0  # ... at most this long
     zygote_retries: int = 5  # losses in a row after which it is not started again (observe.zygote_changed counts them)
     services_grace_secs: float = 30.0  # at the end, how long services may take to flush and exit
-    # rule 6: a server task (--ps) still live this long after its SIGTERM gets it again. A job-wide
-    # SIGTERM it had not read yet (it leaves those to the watchdog) swallows the watchdog's: a standard
-    # signal already pending is not queued twice, and the one read names the job's sender
+    # rules 2 and 6: a process that leaves foreign stops to the watchdog (state.LEAVES_STOPS) still live
+    # this long after its SIGTERM gets it again. A job-wide SIGTERM it had not read yet swallows the
+    # watchdog's: a standard signal already pending is not queued twice, and the one read names the job's sender
     stop_resend_secs: float = 2.0
     stall_factor: float = 3.0  # no commit for this many save intervals while steps complete: a stall
     stall_floor_secs: float = 10.0  # ... but never sooner than this (a commit takes time)

@@ -31,6 +31,12 @@ STANDBY = "standby"  # the slot (and role) of the hot-standby trainer until it i
 CHECKPOINT = "checkpoint"
 SUMMARY = "summary"
 SERVICE_ROLES = (SUMMARY, CHECKPOINT)
+# the roles that leave a stop signal from anyone but the watchdog to the watchdog (procsv.common.stopfrom):
+# a job-wide SIGTERM (scancel, systemd, kill -TERM -<pgid>) still pending in one swallows the watchdog's
+# own, sent at nearly the same moment (a standard signal is not queued twice, and the one read names the
+# job's sender), so theirs is sent again every ``stop_resend_secs`` while they live (rules 2 and 6). Not a
+# trainer's: its handlers are put back at its end, where a second SIGTERM would kill it mid-exit.
+LEAVES_STOPS = (WORKER, PS, SERVER, SUMMARY, CHECKPOINT, STANDBY)
 
 
 class ZygoteState(str, enum.Enum):
@@ -83,7 +89,7 @@ class ChildView:
     stop_committed: bool = False  # a stop's (preempted) checkpoint of its last step committed (SaveResult)
     # what the watchdog did to it
     signalled_at: Optional[float] = None  # a signal meant to end it was sent (hang, chaos)
-    shutdown_sent_at: Optional[float] = None  # rule 6's SIGTERM was last sent to it
+    stop_sent_at: Optional[float] = None  # the watchdog's stopping SIGTERM (rule 2 or 6) was last sent to it
     hang_cause: str = ""
     hang_kill_at: Optional[float] = None
     killed: bool = False  # SIGKILL was sent to its process group
@@ -163,6 +169,13 @@ class ChildView:
     def live(self) -> bool:
         """Neither reaped nor given up on after its death notice."""
         return not self.reaped and not self.settled_early
+
+    def stop_resend_due(self, now: float, resend_secs: float) -> bool:
+        """Its stopping SIGTERM is due again (pure): it leaves foreign stops to the watchdog
+        (:data:`LEAVES_STOPS`), is stopping and live, not SIGKILLed, and the last one went
+        ``resend_secs`` ago."""
+        return (self.role in LEAVES_STOPS and self.state == ProcState.STOPPING and self.live and not self.killed
+                and self.stop_sent_at is not None and now >= self.stop_sent_at + resend_secs)
 
     @property
     def cause(self) -> str:

@@ -117,11 +117,13 @@ def judge_task(view: RunView, child: ChildView, now: float, limits: Limits, draw
     return out
 
 
-def stop_workers_first(view: RunView, now: float, grace: float) -> tuple[list[Action], bool]:
+def stop_workers_first(view: RunView, now: float, grace: float,
+                       resend_secs: float) -> tuple[list[Action], bool]:
     """Rule 14 under a stop (rule 2): the non-chief workers are stopped before the chief is asked to
     commit, so that its last checkpoint holds every update applied to the parameter servers (a
     worker stepping after the chief's commit would lose its steps). SIGTERM to each (it stops at its
-    step boundary), SIGKILL once half the stop grace has passed; returns the actions and whether
+    step boundary; again every ``resend_secs``, :meth:`ChildView.stop_resend_due`), SIGKILL once half
+    the stop grace has passed; returns the actions and whether
     the chief must still wait (a non-chief worker is live)."""
     if not view.tasks_alone or view.stop_signal is None:
         return [], False
@@ -133,6 +135,8 @@ def stop_workers_first(view: RunView, now: float, grace: float) -> tuple[list[Ac
             out.append(Signal(w.slot, w.attempt, signal.SIGTERM, Cause.STOP))
         elif now >= half and not w.killed:
             out.append(Kill(w.slot, w.attempt, Cause.STOP_GRACE))
+        elif w.stop_resend_due(now, resend_secs):
+            out.append(Signal(w.slot, w.attempt, signal.SIGTERM, Cause.STOP))  # the first may have merged
     return out, bool(live)
 
 
