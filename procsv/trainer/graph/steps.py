@@ -193,15 +193,20 @@ class StepProbe:
             self._writes[key] = found
         return found
 
-    def _ops(self, fetches: Any, feed_dict: Any) -> list[Any]:
-        """The ops a run of ``fetches`` runs (inputs and control inputs, stopping at fed tensors,
-        whose producers do not run), each once, from the fetches back."""
+    def _fed(self, feed_dict: Any) -> set[int]:
+        """The identities of the graph elements ``feed_dict`` feeds (keys that are none are left out)."""
         fed: set[int] = set()
         for key in (feed_dict or {}):
             try:
                 fed.add(id(self.graph.as_graph_element(key)))
             except (TypeError, ValueError, KeyError):
                 continue
+        return fed
+
+    def _ops(self, fetches: Any, feed_dict: Any) -> list[Any]:
+        """The ops a run of ``fetches`` runs (inputs and control inputs, stopping at fed tensors,
+        whose producers do not run), each once, from the fetches back."""
+        fed = self._fed(feed_dict)
         seen: set[int] = set()
         stack = [e if hasattr(e, "control_inputs") else e.op for e in _flatten(self.graph, fetches)
                  if id(e) not in fed]
@@ -221,12 +226,7 @@ class StepProbe:
         when that writer is the only one reached and adds an unfed constant."""
         if not self.after:
             return None
-        fed: set[int] = set()
-        for key in (feed_dict or {}):
-            try:
-                fed.add(id(self.graph.as_graph_element(key)))
-            except (TypeError, ValueError, KeyError):
-                continue
+        fed = self._fed(feed_dict)
         writers = [op.name for op in self._ops(fetches, feed_dict) if op.name in self.after]
         if not writers:
             return None
