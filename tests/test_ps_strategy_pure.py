@@ -13,6 +13,8 @@ import json
 from typing import Optional
 
 from procsv.common.env import NPROC, PS as PS_ENV, RANK
+from procsv.ipc.messages import Hello
+from procsv.watchdog import observe
 from procsv.watchdog.pstasks import PsCluster
 from procsv.watchdog.rules.actions import Cause, Kill, Restart, RestartTask, Signal, Spawn
 from procsv.watchdog.rules.decide import Limits
@@ -118,7 +120,12 @@ def test_a_killed_parameter_server_takes_the_coordinator_with_it_and_not_the_wor
     assert sim.tick(0.01) == [Spawn("ps0", PS)]
     sim.reaps(TRAINER, KILLED)
     assert [type(a) for a in sim.tick(0.01)] == [Restart]  # judged by rule 1: it restores the newest checkpoint
-    sim.tick(0.01)
+    # before: the coordinator was forked at once and failed on the parameter server still starting
+    # (UnavailableError, connection refused), a restart of its own; it now waits for ps0's Hello
+    assert sim.tick(5.0) == [] and sim.view.children[TRAINER].attempt == 1
+    ps0 = sim.view.children["ps0"]
+    observe.heard(sim.view, Hello(PS, ps0.pid, ps0.attempt, slot="ps0"), sim.now)
+    assert sim.tick(0.01) == [Spawn(TRAINER, TRAINER)]
     assert sim.view.children[TRAINER].attempt == 2
     assert sim.view.children["worker0"].attempt == 1 and sim.view.children["worker1"].attempt == 1
 

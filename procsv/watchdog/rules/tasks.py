@@ -38,7 +38,8 @@ servers too (role ``server``, slots ``worker0`` ...), judged as a parameter serv
 is restarted alone and nothing else is touched: the coordinator's ``ClusterCoordinator`` reschedules
 the functions it lost on the other workers and uses it again once it is back. A parameter server
 that ended takes the coordinator with it (``ParameterServerStrategy`` cannot survive it): the
-coordinator is SIGKILLed with the restart, restarted, and restores the newest checkpoint into the
+coordinator is SIGKILLed with the restart, restarted once the new parameter server serves
+(:func:`ps_not_serving`), and restores the newest checkpoint into the
 parameter servers before it dispatches again; the worker servers hold no state and keep running.
 
 Over several hosts (``--nnodes K``, TF1 mode; :func:`task_node`): the parameter servers and the
@@ -145,6 +146,18 @@ def ps_held(view: RunView) -> bool:
     included) is live, since a worker whose parameter server is gone blocks in its run until gRPC
     gives up, and would not stop at its step boundary."""
     return view.tasks_alone and any(c.live and c.role in (TRAINER, WORKER) for c in view.children.values())
+
+
+def ps_not_serving(view: RunView) -> bool:
+    """Rule 3 with ``--coordinator``: a restarted coordinator waits until every parameter server serves
+    again (its Hello: the server is up). ``ParameterServerStrategy`` fails at once on a parameter
+    server that does not answer yet (``UnavailableError``, connection refused): a coordinator forked
+    from the zygote while the parameter server it took along still imported TensorFlow (2 s at load)
+    failed so and cost a restart of its own, counted. A TF1 session waits for the cluster itself."""
+    if not (view.coordinator and view.attempts):
+        return False
+    return any(slot.startswith(PS) for slot in view.task_due) or any(
+        c.role == PS and (not c.live or c.state != ProcState.RUNNING) for c in view.children.values())
 
 
 def chief_held(view: RunView) -> bool:
