@@ -81,6 +81,26 @@ def test_a_rewrite_replaces_the_files_of_one_prefix_and_its_manifest(tmp_path):
         assert fh.readline() == 'model_checkpoint_path: "model.ckpt"\n'
 
 
+def test_a_rewrite_killed_after_its_manifest_leaves_no_file_of_the_previous_one_after_the_recovery(tmp_path):
+    """SIGKILL right after the rewrite's commit point (two data files rewritten as one), before the
+    previous files are dropped: the recovery at the service's start finishes the drop, so the logdir
+    holds exactly what an uninterrupted rewrite leaves. Before, the intent record went first and the
+    recovery only removed the kept folder: the old second shard stayed in the logdir for good."""
+    logdir = str(tmp_path)
+    clean = _commits(str(tmp_path / "clean"), "1:2", "2:1")
+    assert clean.returncode == 0, clean.stderr
+    done = _commits(logdir, "1:2", "2:1", fault="checkpoint:before_drop:1")
+    assert done.returncode == -9, done.stderr
+    notes = CheckpointStore(Layout(logdir)).recover()
+    assert "finished the rewrite of model.ckpt" in notes, notes
+    layout = Layout(logdir)
+    (m,) = list_committed(layout)
+    assert (m.step, m.prefix) == (2, "model.ckpt")
+    verify(layout, m)
+    assert _files(logdir) == _files(str(tmp_path / "clean"))
+    assert sorted(os.listdir(layout.manifests)) == ["model.ckpt.json"]  # no intent record, no kept files
+
+
 @pytest.mark.parametrize("point", ["before_rename", "after_rename"])
 def test_a_rewrite_killed_before_its_manifest_leaves_the_previous_checkpoint_whole(tmp_path, point):
     logdir = str(tmp_path)

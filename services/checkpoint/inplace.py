@@ -15,12 +15,13 @@ so the commit of such a rewrite is:
 3. the committed files hard-linked into ``.procsv/checkpoints/<prefix>.prev/`` (:func:`keep_previous`),
    fsynced: the previous checkpoint survives the renames;
 4. the data file(s), then the index, renamed over the old ones; the logdir fsynced;
-5. the manifest rewritten (atomic): **the commit point**; the record removed, then the
-   ``.prev`` folder (:func:`drop_previous`), with any old file the new checkpoint has not.
+5. the manifest rewritten (atomic): **the commit point**; the ``.prev`` folder dropped
+   (:func:`drop_previous`), with any old file the new checkpoint has not, then the record removed.
 
 A crash before 5 leaves the record with the old manifest: :func:`recover` (at the service's start,
 before any trainer restores) renames the kept files back over the new ones, so the previous
-checkpoint is whole again; a crash after it finds the new manifest and only drops the kept files.
+checkpoint is whole again; a crash after it finds the new manifest and finishes the drop (the old
+files the new checkpoint has not are the kept ones it does not list: they never outlive a crash).
 A restore verifies the files against the manifest either way (sizes and CRC-32C).
 """
 
@@ -80,8 +81,10 @@ def put_back(layout: Layout, prefix: str, new_names: list[str], old_names: Colle
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def drop_previous(layout: Layout, old: Manifest, new_names: list[str]) -> None:
-    """After the commit point: unlink the old files the new checkpoint has not, drop the kept folder."""
+def drop_previous(layout: Layout, old: Manifest, new_names: list[str], begun: Callable[[], None] = lambda: None) -> None:
+    """After the commit point: unlink the old files the new checkpoint has not, drop the kept folder.
+    ``begun()`` is called first (the store's fault point, for tests)."""
+    begun()
     for name in old.files:
         if _own(old.prefix, name) and name not in new_names:
             try:
@@ -104,5 +107,12 @@ def recover(layout: Layout, prefix: str, record: dict[str, Any]) -> str:
     if current is None or current.committed_at == record["replaces"]:
         put_back(layout, prefix, names, current.files if current is not None else ())
         return f"rolled back the uncommitted rewrite of {prefix}; the previous one is whole"
-    shutil.rmtree(previous_dir(layout, prefix), ignore_errors=True)
+    folder = previous_dir(layout, prefix)  # the old files the new checkpoint has not go, as drop_previous
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        if _own(prefix, name) and name not in current.files:
+            try:
+                os.unlink(os.path.join(layout.logdir, name))
+            except FileNotFoundError:
+                pass
+    shutil.rmtree(folder, ignore_errors=True)
     return f"finished the rewrite of {prefix}"

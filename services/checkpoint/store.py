@@ -43,7 +43,7 @@ from procsv.services.checkpoint.policy import retention
 
 FAULT_POINTS = ("before_data_write", "after_data_write", "before_rename", "after_rename", "before_state_file",
                 "after_state_file", "mid_delete")
-REWRITE_FAULT_POINTS = ("before_keep", "mid_keep")  # reached only by a rewrite in place (:mod:`.inplace`)
+REWRITE_FAULT_POINTS = ("before_keep", "mid_keep", "before_drop")  # reached only by a rewrite in place (:mod:`.inplace`)
 
 
 def fault_point(name: str) -> None:
@@ -196,10 +196,10 @@ class CheckpointStore:
                     raise
                 self._roll_back(prefix, placed)  # a full disk must not keep an uncommitted copy's space
                 raise
+            if old is not None:  # before the record goes: a crash in it is finished by recover()
+                inplace.drop_previous(self.layout, old, names, lambda: fault_point("before_drop"))
             os.unlink(self._pending(prefix))
             fsync_dir(self.layout.manifests)
-            if old is not None:
-                inplace.drop_previous(self.layout, old, names)
             fault_point("before_state_file")
             try:
                 retired = self._apply_retention(max_to_keep, keep_every_n_hours)
