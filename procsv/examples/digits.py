@@ -113,9 +113,10 @@ def multiworker_step(strategy: Any, model: Any, optimizer: Any, global_batch: in
         with tf.GradientTape() as tape:
             logits = model(x, training=True)
             loss = tf.nn.compute_average_loss(per_example(y, logits), global_batch_size=global_batch)
-            # TensorFlow's relu turns a NaN input into 0, so a poisoned batch (--nan-at-steps) would leave
-            # the loss finite and only the weights NaN; this term is +0.0 for a finite batch (the loss and
-            # its gradients bit for bit as without it) and NaN for a poisoned one: its loss shows it
+            # with oneDNN (TensorFlow's default on x86; TF_ENABLE_ONEDNN_OPTS=0 turns it off) relu turns a
+            # NaN input into 0, so a poisoned batch (--nan-at-steps) left the loss finite and only the
+            # weights NaN (a snapshot's scan then finds them, with no step to skip); this term is +0.0 for
+            # a finite batch (the loss and its gradients bit for bit as without it) and NaN for a poisoned one
             loss += 0.0 * tf.reduce_sum(x)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
