@@ -76,6 +76,21 @@ def test_a_member_that_asks_for_the_rollback_is_the_cause_even_if_its_peers_deat
     assert [r.skip for r in restarts] == [40] and blame(sim.view, sim.trainer).slot == TRAINER
 
 
+def test_a_group_that_meets_a_step_it_was_to_skip_gives_up_as_diverging_instead_of_restarting_forever():
+    # a program whose loop does not skip (the skip list unread): the same step again after its rollback
+    verdict = decide(RestartPolicy(), History(1, 0, 0),
+                     TrainerExit(EXIT_GROUP_ROLLBACK, True, False, False, rollback_step=70, skipped=(40, 70)), 0.5)
+    assert verdict.action == Action.GIVE_UP and "step 70" in verdict.reason and "again" in verdict.reason
+    sim = group(2)
+    sim.view.skipped_steps = [70]
+    sim.tick(1.0)
+    reports(sim, TRAINER, 70)
+    sim.reaps(TRAINER, EXIT_GROUP_ROLLBACK, "GroupRollback")
+    sim.reaps(W1, 1, "UnavailableError")
+    gave_up = of(sim.tick(0.01), GiveUp)
+    assert len(gave_up) == 1 and gave_up[0].exit_code == 4 and not of(sim.log, Restart)
+
+
 def test_a_groups_members_read_the_skipped_steps_the_watchdog_hands_them(monkeypatch):
     monkeypatch.setenv("PROCSV_SKIP_STEPS", "70,40, 70,x,")
     assert records.from_env() == [40, 70]
