@@ -57,7 +57,7 @@ def main() -> int:
         if exc.code not in (0, None):
             bootstrap.write_error_file(ctx, exc, outcome.collect().phase)
             if exc.code in (EXIT_DIVERGING, EXIT_GROUP_ROLLBACK):
-                deathnotice.release()  # a deliberate stop (final, or the group's rollback): the watchdog judges its exit status, not a crash
+                deathnotice.release()  # a deliberate stop (final, or a group's rollback): its exit status is judged
             raise
         return _clean_exit(ctx)
     except BaseException as exc:

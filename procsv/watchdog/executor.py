@@ -18,8 +18,7 @@ from typing import Callable, Optional
 from procsv.common import spawn
 from procsv.cluster import make_tf_config
 from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, GROUP_PIN, GROUP_SNAPSHOT_STEPS, NPROC, RANK,
-                               SKIP_STEPS,
-                               STANDBY as STANDBY_ENV, group_snapshot_steps_for)
+                               SKIP_STEPS, STANDBY as STANDBY_ENV, group_snapshot_steps_for)
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe

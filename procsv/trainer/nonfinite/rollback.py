@@ -117,8 +117,8 @@ class NonfiniteRollback(BoundaryWork):
         """A session begins at ``step`` (restored or initialized): under ``rollback``, every step this
         run skipped before (an earlier trainer's, a relaunch's: the ``step_skipped`` records of the
         run's ``lifecycle`` file, :mod:`.records`; a group's, also ``PROCSV_SKIP_STEPS``) stays skipped:
-        one after ``step`` is skipped again when the loop reaches it, and each counts against ``--max-skips``. Not in Keras ``fit``
-        (``on_skipped`` hooks: its resume replays its own epochs)."""
+        one after ``step`` is skipped again when the loop reaches it, and each counts against
+        ``--max-skips``. Not in Keras ``fit`` (``on_skipped`` hooks: its resume replays its own epochs)."""
         watch = self.watch
         if not self.detecting or watch.policy != OnNonfinite.ROLLBACK or watch.on_skipped:
             return

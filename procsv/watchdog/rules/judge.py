@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import signal
 
-from procsv.common.exitcodes import DIVERGING_ERROR, EXIT_DIVERGING, EXIT_GROUP_ROLLBACK, EXIT_PREEMPTED, GROUP_ROLLBACK_ERROR
+from procsv.common.exitcodes import (DIVERGING_ERROR, EXIT_DIVERGING, EXIT_GROUP_ROLLBACK, EXIT_PREEMPTED,
+                                    GROUP_ROLLBACK_ERROR)
 from procsv.watchdog.rules.actions import Action, Finish, GiveUp, GiveUpService, RespawnService, Restart, Settle, StandbyGone
 from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.rules.limits import Limits
