@@ -83,7 +83,7 @@ x, y, _, _ = load_data(0)
 print("restored", time.time(), step, flush=True)
 while True:
     idx = batch_indices(0, step + 1, len(x), 64)[rank::2]
-    float(train_step(x[idx], y[idx])[0])  # a collective step: both tasks took it
+    float(train_step(x[idx], y[idx])["loss"])  # a collective step: both tasks took it
     step += 1
     if step == start + 1 or step % 20 == 0:
         print("first_step" if step == start + 1 else "step", time.time(), step, flush=True)

@@ -57,7 +57,7 @@ idx = batch_indices(0, 1, len(x), 64)[rank::2]
 if mode != "active":
     train_step.get_concrete_function(x[idx], y[idx])  # traced
     if mode == "warm+step":
-        float(train_step(x[idx], y[idx])[0])  # instantiated, kernels made, the collectives' first run
+        float(train_step(x[idx], y[idx])["loss"])  # instantiated, kernels made, the collectives' first run
     print("ready", time.time(), flush=True)
     signal.sigwait([signal.SIGUSR1])
     print("woken", time.time(), flush=True)
@@ -69,7 +69,7 @@ step = start = int(optimizer.iterations.numpy())
 print("restored", time.time(), step, flush=True)
 while True:
     idx = batch_indices(0, step + 1, len(x), 64)[rank::2]
-    float(train_step(x[idx], y[idx])[0])  # a collective step: both tasks took it
+    float(train_step(x[idx], y[idx])["loss"])  # a collective step: both tasks took it
     step += 1
     if step == start + 1 or step % 20 == 0:
         print("first_step" if step == start + 1 else "step", time.time(), step, flush=True)

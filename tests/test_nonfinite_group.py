@@ -1,28 +1,41 @@
 """A non-finite loss in a trainer group (``procsv launch --nproc 2``, MultiWorkerMirroredStrategy),
 with real processes, real TensorFlow collectives and a real NaN in one step's batch.
 
-Only the chief checks for non-finite values (at its checkpoint boundaries), and each member holds
-its own copy of the variables: a chief that rolled back in place alone trained out of lock with
-its worker (the worker trained on NaN weights to the end and exited 0, the chief's next collective
-then failed, and the group restarted from the same checkpoint again and again). In a group
-``rollback`` now stops the run in order with exit code 4 and says why.
+Each member holds its own copy of the variables, so no member rolls back in place (one that did
+trained out of lock with the others). Under ``--on-nonfinite rollback`` the group rolls back as a
+group (issue 54 point 4): the member that finds step B's loss non-finite exits 5 after reporting B,
+the watchdog records B as skipped and restarts the group, and every member restores the same state
+before B (the group's in-memory snapshot, else the newest checkpoint), replays and skips B; the run
+ends bit-equal to a plain group run that never applied B. Past ``--max-skips``, and under
+``--on-nonfinite stop``, the run stops in order with exit code 4. The decisions' pure tests are in
+``test_nonfinite_group_pure.py``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 import numpy as np
+import pytest
 
-from conftest import committed_steps, finish, launch, lifecycle, raw_status
+from conftest import committed_steps, final_weights, finish, launch, lifecycle, raw_status
 
 ARGS = ("--strategy", "multiworker", "--save-model-secs", "600", "--save-checkpoint-steps", "10",
         "--step-delay", "0.004", "--print-every-steps", "10")
+GROUP = ("--nproc", "2")
+# no disk checkpoint but the final one: the group's in-memory snapshots (every 50 steps) are what a rollback restores
+MEMORY = ("--strategy", "multiworker", "--save-model-secs", "600", "--step-delay", "0.004", "--print-every-steps", "10")
 
 
 def events(logdir: str, name: str) -> list[dict[str, Any]]:
     return [r for r in lifecycle(logdir) if r.get("event") == name]
+
+
+def member_log(logdir: str, log: str) -> str:
+    with open(os.path.join(logdir, "logs", f"{log}.log")) as fh:
+        return fh.read()
 
 
 def finite_floats(prefix: str) -> int:
@@ -40,23 +53,22 @@ def finite_floats(prefix: str) -> int:
     return floats
 
 
-def test_a_nan_loss_in_a_group_with_rollback_stops_the_whole_group_in_order_with_exit_4(logdir):
+def test_a_nan_loss_in_a_group_with_stop_stops_the_whole_group_in_order_with_exit_4(logdir):
     # --max-restarts 1: a run that restarted the group instead ends (exit 1) after one restart
-    proc = launch(logdir, *ARGS, "--steps", "80", "--nan-at-steps", "40", opts=("--nproc", "2", "--max-restarts", "1"))
+    proc = launch(logdir, *ARGS, "--steps", "80", "--nan-at-steps", "40",
+                  opts=("--nproc", "2", "--max-restarts", "1", "--on-nonfinite", "stop"))
     code, out, err = finish(proc)
     assert code == 4, err
     # the chief's one line (in its log, shown on the launch's output): what it found, that it
-    # stopped, why it did not roll back, what to do; the launch's giving-up line repeats it
+    # stopped; the launch's giving-up line repeats it
     line = [s for s in out.splitlines() if s.startswith("[trainer.1] procsv: non-finite training at step 40")]
     assert len(line) == 1, out
-    assert "--on-nonfinite rollback: stopping in order with exit code 4 (diverging)" in line[0]
+    assert "--on-nonfinite stop: stopping in order with exit code 4 (diverging)" in line[0]
     # commits are asynchronous, one in flight: at 4 ms a step under load the step-30 snapshot may still be
     # waiting behind step 20's commit at step 40 (seen in a fresh clone's CI); the line names the newest that is
     steps = committed_steps(logdir)
     assert steps and steps[-1] < 40, steps
     assert f"the newest committed checkpoint (step {steps[-1]}) is the newest finite one" in line[0], line[0]
-    assert "rollback in place is not available in a trainer group (2 members" in line[0]
-    assert "--on-nonfinite continue" in line[0] and "fix the input and relaunch" in line[0]
     assert "procsv: giving up: the trainer is diverging" in err and line[0].split("procsv: ", 1)[1] in err
     # found once, never rolled back in place, and the group was not restarted
     assert [r["step"] for r in events(logdir, "nonfinite_detected")] == [40]
@@ -70,5 +82,81 @@ def test_a_nan_loss_in_a_group_with_rollback_stops_the_whole_group_in_order_with
     assert (raw_status(logdir) or {}).get("exit_code") == 4
     # every committed checkpoint is finite; the newest is from before the poisoned step (above)
     assert committed_steps(logdir) == steps
+    for step in steps:
+        assert finite_floats(os.path.join(logdir, f"model.ckpt-{step}")) > 0
+
+
+@pytest.fixture(scope="module")
+def plain_skipping_70(shared_result):
+    """The final weights of a plain group run of 120 steps that never applies step 70 (made once, shared)."""
+
+    def produce(folder: str) -> None:
+        code, out, err = finish(launch(folder, *MEMORY, "--steps", "120", "--skip-steps", "70", opts=GROUP))
+        assert code == 0, err
+
+    return final_weights(shared_result("group-skip-70-of-120", produce))
+
+
+def test_a_nan_loss_in_a_group_with_rollback_restarts_the_group_which_skips_the_step_and_ends_bit_equal(
+        logdir, plain_skipping_70):
+    # issue 54 point 4 (before: exit 4, the group stopped)
+    code, out, err = finish(launch(logdir, *MEMORY, "--steps", "120", "--nan-at-steps", "70",
+                                   opts=GROUP + ("--on-nonfinite", "rollback")))
+    assert code == 0, err
+    # found by the members that checked before the group stopped (the chief; the worker too, when it
+    # checked first): step 70 each time, and the group acted once: one skip, one restart, no in-place rollback
+    detected = events(logdir, "nonfinite_detected")
+    assert detected and {r["step"] for r in detected} == {70}, detected
+    assert [r["step"] for r in events(logdir, "step_skipped")] == [70]
+    assert len(events(logdir, "restarting")) == 1 and not events(logdir, "rolled_back")
+    spawned = sorted((r["role"], r["attempt"]) for r in events(logdir, "spawned") if r["role"] in ("trainer", "worker1"))
+    assert spawned == [("trainer", 1), ("trainer", 2), ("worker1", 1), ("worker1", 2)]
+    assert [r.get("code") for r in events(logdir, "exited") if r["role"] == "trainer"][-1] == 0
+    assert 5 in [r.get("code") for r in events(logdir, "exited") if r["role"] in ("trainer", "worker1")]
+    # every member of the new group restored the group's in-memory snapshot of step 50, the newest
+    # before step 70, replayed, and skipped step 70 (its input consumed: the batch of a step is its own)
+    restored = events(logdir, "restored")
+    assert len(restored) == 1 and restored[0]["source"] == "memory" and restored[0]["step"] == 50, restored
+    for log in ("trainer.2", "worker1.2"):
+        text = member_log(logdir, log)
+        assert "procsv: restored step 50 from the group's in-memory snapshot of step 50" in text, log
+        assert "procsv: skipping step 70 again (this run skipped it before); training on from step 71" in text, log
+    # the launch says what happened; status.json and the report count the skip
+    said = [s for s in err.splitlines() if s.startswith("procsv: the trainer group rolls back: ")]
+    assert len(said) == 1 and "found the loss of step 70 non-finite" in said[0], err
+    status = raw_status(logdir) or {}
+    assert status.get("skipped_steps") == [70] and status.get("exit_code") == 0, status
+    with open(os.path.join(logdir, "logs", "report.json")) as fh:
+        assert json.load(fh)["skipped_steps"] == [70]
+    # bit-equal to the plain group run that never applied step 70
+    final = final_weights(logdir)
+    assert final.keys() == plain_skipping_70.keys() and final
+    for name in plain_skipping_70:
+        assert np.array_equal(final[name], plain_skipping_70[name]), name
+    # what the rollback cost: from the first detection to the new group's first step
+    secs = events(logdir, "first_step")[-1]["time"] - detected[0]["time"]
+    print(f"group rollback: {secs:.3f} s from the detection of step 70 to the group's first step after it")
+
+
+def test_a_group_past_max_skips_stops_in_order_with_exit_4_as_a_single_trainer_does(logdir):
+    # --max-skips 1: step 40 is skipped (a group rollback), step 70 would be the second skip
+    code, out, err = finish(launch(logdir, *ARGS, "--steps", "100", "--nan-at-steps", "40,70",
+                                   opts=GROUP + ("--max-skips", "1", "--max-restarts", "1")))
+    assert code == 4, err
+    assert [r["step"] for r in events(logdir, "step_skipped")] == [40]
+    assert len(events(logdir, "restarting")) == 1
+    # no group snapshot before step 40 (every 50 steps): the rollback restored the newest checkpoint
+    restored = events(logdir, "restored")
+    assert len(restored) == 1 and restored[0]["source"] == "disk" and restored[0]["step"] < 40, restored
+    assert "procsv: skipping step 40 again" in member_log(logdir, "worker1.2")
+    line = [s for s in out.splitlines() if s.startswith("[trainer.2] procsv: non-finite training at step 70")]
+    assert len(line) == 1, out
+    assert "--on-nonfinite rollback: stopping in order with exit code 4 (diverging)" in line[0]
+    assert "(no rollback: step 70 would be skip 2 within 1000 steps (--max-skips 1; skipped so far: 40))" in line[0]
+    assert "procsv: giving up: the trainer is diverging" in err
+    assert [r.get("code") for r in events(logdir, "exited") if r["role"] == "trainer"] == [5, 4]
+    assert (raw_status(logdir) or {}).get("exit_code") == 4
+    steps = committed_steps(logdir)
+    assert steps and steps[-1] < 70, steps
     for step in steps:
         assert finite_floats(os.path.join(logdir, f"model.ckpt-{step}")) > 0

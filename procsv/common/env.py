@@ -36,6 +36,7 @@ GROUP_SNAPSHOT_STEPS = "PROCSV_GROUP_SNAPSHOT_STEPS"  # a group's in-memory snap
 ON_NONFINITE = "PROCSV_ON_NONFINITE"  # --on-nonfinite: rollback | stop | continue (procsv.trainer.nonfinite)
 MAX_SKIPS = "PROCSV_MAX_SKIPS"  # --max-skips: skipped steps allowed within --skip-window steps
 SKIP_WINDOW = "PROCSV_SKIP_WINDOW"  # --skip-window
+SKIP_STEPS = "PROCSV_SKIP_STEPS"  # a group's members: the steps the run skipped so far, "40,70" (the watchdog's)
 NONFINITE_CHECK = "PROCSV_NONFINITE_CHECK"  # "0": no non-finite detection at all (to measure what it costs)
 GRAPH_FAST_RUN = "PROCSV_GRAPH_FAST_RUN"  # "0": a graph session's runs all through Session.run (no callables)
 MASTER_ADDR = "PROCSV_MASTER_ADDR"  # read by procsv launch: --master-addr when the flag is not given (Kubernetes)
@@ -48,7 +49,7 @@ ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, SUPERVISOR_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE,
        RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, RANK, NPROC, GROUP_PIN, GROUP_SNAPSHOT_STEPS, ON_NONFINITE, MAX_SKIPS, SKIP_WINDOW,
-       FAULT_GATE, NONFINITE_CHECK, PS, MASTER_ADDR, PREEMPT_SIGNAL, SUMMARY_CONTINUE)
+       SKIP_STEPS, FAULT_GATE, NONFINITE_CHECK, PS, MASTER_ADDR, PREEMPT_SIGNAL, SUMMARY_CONTINUE)
 
 
 def memory_budget(default: float = 0.01) -> float:

@@ -1,14 +1,16 @@
 """procsv's exception vocabulary. Every error procsv raises on purpose derives from ProcsvError, but
 the two of non-finite training: :class:`NonFiniteState` (internal: a snapshot of a poisoned state is
-refused; the checkpoint agent and the step boundary catch it) and :class:`TrainingDiverged` (the
+refused; the checkpoint agent and the step boundary catch it), :class:`TrainingDiverged` (the
 policy stops training: a ``SystemExit`` with code 4, :data:`procsv.common.exitcodes.EXIT_DIVERGING`,
-that leaves the ``managed_session`` block without a final checkpoint, so that the process exits 4)."""
+that leaves the ``managed_session`` block without a final checkpoint, so that the process exits 4)
+and :class:`GroupRollback` (a group member asks for the group's rollback: a ``SystemExit`` with code 5,
+:data:`procsv.common.exitcodes.EXIT_GROUP_ROLLBACK`, left the same way)."""
 
 from __future__ import annotations
 
 from typing import Optional
 
-from procsv.common.exitcodes import EXIT_DIVERGING
+from procsv.common.exitcodes import EXIT_DIVERGING, EXIT_GROUP_ROLLBACK
 
 
 class ProcsvError(Exception):
@@ -97,3 +99,15 @@ class TrainingDiverged(SystemExit):
 
     def __str__(self) -> str:
         return self.message
+
+
+class GroupRollback(TrainingDiverged):
+    """A member of a trainer group found the loss of ``step`` non-finite under ``--on-nonfinite
+    rollback``: exit code 5, so that the watchdog restarts the group, every member restoring the
+    newest state before ``step`` and skipping it (``procsv.trainer.nonfinite.rollback``). It leaves
+    the session as a diverging stop does (no final checkpoint): only its exit code differs."""
+
+    def __init__(self, step: int, message: str) -> None:
+        super().__init__(message)
+        self.code = EXIT_GROUP_ROLLBACK
+        self.step = step

@@ -15,9 +15,16 @@ EXIT_PREEMPTED = 42
 # resume from the last finite checkpoint and meet the same numbers again": final, never restarted.
 EXIT_DIVERGING = 4
 
+# A member of a trainer group (``procsv launch --nproc N``) that found a non-finite loss under
+# ``--on-nonfinite rollback``, with the skip within ``--max-skips``, exits with this code: "restart the
+# group; every member restores the newest state before the step I reported and skips that step".
+# The step travels in its NonfiniteDetected report; the watchdog records the skip and restarts the group.
+EXIT_GROUP_ROLLBACK = 5
+
 # The exception type name (in the trainer's error file) of that stop: a death noticed with it waits
 # for the exit status instead of restarting early.
 DIVERGING_ERROR = "TrainingDiverged"
+GROUP_ROLLBACK_ERROR = "GroupRollback"  # ... and of a group member's exit with EXIT_GROUP_ROLLBACK
 
 # The exit codes of ``procsv launch`` (node 0's watchdog, and a node agent, which exits with the
 # job's), as docs/guarantees.md lists them: what a scheduler's exit-code policy may name (a

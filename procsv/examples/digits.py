@@ -102,7 +102,8 @@ def build_model() -> tuple[Any, Any, Any]:
 
 def multiworker_step(strategy: Any, model: Any, optimizer: Any, global_batch: int) -> Any:
     """The train step under ``MultiWorkerMirroredStrategy``: each task's share of the global batch,
-    gradients all-reduced; returns the global batch's (loss, accuracy) on every task."""
+    gradients all-reduced; returns the global batch's ``{"loss": ..., "accuracy": ...}`` on every task
+    (the ``"loss"`` entry is watched for NaN on every member, as a single trainer's is)."""
     import keras
     import tensorflow as tf
 
@@ -112,16 +113,21 @@ def multiworker_step(strategy: Any, model: Any, optimizer: Any, global_batch: in
         with tf.GradientTape() as tape:
             logits = model(x, training=True)
             loss = tf.nn.compute_average_loss(per_example(y, logits), global_batch_size=global_batch)
+            # with oneDNN (TensorFlow's default on x86; TF_ENABLE_ONEDNN_OPTS=0 turns it off) relu turns a
+            # NaN input into 0, so a poisoned batch (--nan-at-steps) left the loss finite and only the
+            # weights NaN (a snapshot's scan then finds them, with no step to skip); this term is +0.0 for
+            # a finite batch (the loss and its gradients bit for bit as without it) and NaN for a poisoned one
+            loss += 0.0 * tf.reduce_sum(x)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         hits = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=1), y), tf.float32)) / global_batch
         return loss, hits
 
     @tf.function  # type: ignore[untyped-decorator]  # TensorFlow ships no type information
-    def train_step(x: Any, y: Any) -> tuple[Any, Any]:
+    def train_step(x: Any, y: Any) -> dict[str, Any]:
         loss, hits = strategy.run(replica_step, args=(x, y))
-        return (strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None),
-                strategy.reduce(tf.distribute.ReduceOp.SUM, hits, axis=None))
+        return {"loss": strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None),
+                "accuracy": strategy.reduce(tf.distribute.ReduceOp.SUM, hits, axis=None)}
 
     return train_step
 

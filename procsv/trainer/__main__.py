@@ -21,7 +21,7 @@ from typing import Optional
 
 from procsv.common import bootstrap, lossyio
 from procsv.common.layout import exit_report_file, write_json
-from procsv.common.exitcodes import EXIT_DIVERGING, EXIT_PREEMPTED
+from procsv.common.exitcodes import EXIT_DIVERGING, EXIT_GROUP_ROLLBACK, EXIT_PREEMPTED
 from procsv.trainer import deathnotice, outcome
 from procsv.trainer.standby import priority
 from procsv.trainer.standby import wait as standby
@@ -56,8 +56,8 @@ def main() -> int:
             return _clean_exit(ctx)  # the program's own 42 after procsv's preemption commit: one, truly
         if exc.code not in (0, None):
             bootstrap.write_error_file(ctx, exc, outcome.collect().phase)
-            if exc.code == EXIT_DIVERGING:
-                deathnotice.release()  # a deliberate, final stop: the watchdog judges its exit status, not a crash
+            if exc.code in (EXIT_DIVERGING, EXIT_GROUP_ROLLBACK):
+                deathnotice.release()  # a deliberate stop (final, or a group's rollback): its exit status is judged
             raise
         return _clean_exit(ctx)
     except BaseException as exc:

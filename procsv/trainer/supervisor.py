@@ -262,7 +262,8 @@ class Supervisor(SupervisorNames):
             print(f"procsv: restored step {step} from {os.path.basename(self.restored_from)}", flush=True)
         self._boundary.start(save=bool(self._graph and self._graph.checkpoint_at_start and start_standard_services
                                        and self.save_model_secs))  # TF's checkpoint thread saves as it starts
-        if self.is_chief and self.layout is not None:  # the steps this run skipped before stay skipped
+        if (self.is_chief or self._rollback.watch.group_refusal) and self.layout is not None:  # (a group: each member)
+            # the steps this run skipped before stay skipped
             self._rollback.resume(step, self.layout.lifecycle)
         return self._session
 

@@ -11,6 +11,7 @@ import signal
 
 from procsv.watchdog.rules.actions import Cause, GiveUpTask, Kill, NodeLost, Restart, Signal, StopFailing
 from procsv.watchdog.rules.bookkeeping import find
+from procsv.watchdog.rules.group import blame
 from procsv.watchdog.publish.events import Event
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.publish.events import Report
@@ -66,6 +67,15 @@ def restart_reports(view: RunView, action: Restart) -> list[Report]:
         return [Report(say=f"procsv: trainer attempt {action.attempt} was preempted and saved its state; "
                            "restarting"),
                 Report(Event.RESTARTING, {**nxt, "error": "preempted"})]
+    if action.skip is not None:  # a group's rollback (rules/policy): the skip recorded, the group restarted
+        who = blame(view, child)
+        return [Report(Event.STEP_SKIPPED, {"pid": who.pid, "step": action.skip, "epoch": None, "batch": None,
+                                            "skipped": len(view.skipped_steps)}),
+                Report(say=f"procsv: the trainer group rolls back: {who.slot} (pid {who.pid}) found the loss of step "
+                           f"{action.skip} non-finite; restarting the group, whose members restore the newest state "
+                           f"before it and skip it (steps skipped: {', '.join(map(str, view.skipped_steps))})",
+                       err=True),
+                Report(Event.RESTARTING, {**nxt, "error": view.last_error})]
     if action.early:  # how it died is said when it is reaped
         return [Report(Event.RESTARTING, {**nxt, "error": view.last_error})]
     return [Report(say=f"procsv: {view.last_error}; restarting in {action.delay:.1f} s "

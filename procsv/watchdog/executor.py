@@ -18,7 +18,7 @@ from typing import Callable, Optional
 from procsv.common import spawn
 from procsv.cluster import make_tf_config
 from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, GROUP_PIN, GROUP_SNAPSHOT_STEPS, NPROC, RANK,
-                               STANDBY as STANDBY_ENV, group_snapshot_steps_for)
+                               SKIP_STEPS, STANDBY as STANDBY_ENV, group_snapshot_steps_for)
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
@@ -251,7 +251,8 @@ class Executor:
             cluster += self.view.nodes[node].addresses[:n]
         job = self.remote.link.job if self.remote is not None else self.job
         common = {NPROC: str(world), GROUP_PIN: self.layout.group_pin(job, attempt),
-                  GROUP_SNAPSHOT_STEPS: str(group_snapshot_steps_for(self.limits.nnodes))}  # K: every member's
+                  GROUP_SNAPSHOT_STEPS: str(group_snapshot_steps_for(self.limits.nnodes)),  # K: every member's
+                  SKIP_STEPS: ",".join(map(str, self.view.skipped_steps))}  # skipped again (a group's rollback)
         chief: Optional[ChildProcess] = None
         for rank in range(n):
             extra = {**common, "TF_CONFIG": make_tf_config(cluster, rank), RANK: str(rank)}

@@ -180,6 +180,7 @@ def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped,
     if isinstance(msg, NonfiniteDetected):  # its record coalesced (rules/nonfinitelog: a count in ``repeats``)
         view.nonfinite_found += 1
         trainer.refused_at = now
+        trainer.nonfinite_step = min(msg.step, msg.step if trainer.nonfinite_step is None else trainer.nonfinite_step)
         fields = {"pid": msg.pid, "step": msg.step, "epoch": msg.epoch, "batch": msg.batch, "what": msg.what}
         return [Report(Event.NONFINITE_DETECTED, f) for f in detected(view.nonfinite_log, msg.pid, fields, now)]
     out = [Report(Event.NONFINITE_DETECTED, f) for f in ended(view.nonfinite_log)]  # acted on: the next one is a first

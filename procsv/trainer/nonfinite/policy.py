@@ -44,7 +44,9 @@ def in_place_refusal(members: int, ps: int) -> str:
     ``ps`` parameter servers ("" if it can: a single trainer; a ``--ps`` task is left as it was, its
     variables are not mirrored). In a MultiWorkerMirroredStrategy group every member holds its own copy of
     the variables and every step is a collective: a chief that restored and replayed alone would
-    train out of lock with the others (members on different states, or a hang in a collective)."""
+    train out of lock with the others (members on different states, or a hang in a collective).
+    A non-empty answer marks a group's member: it asks for the group's rollback instead
+    (:meth:`procsv.trainer.nonfinite.rollback.NonfiniteRollback._ask_group`)."""
     if members <= 1 or ps > 0:
         return ""
     return (f"rollback in place is not available in a trainer group ({members} members under "

@@ -26,10 +26,15 @@ known bad step (only the weights were non-finite), or no finite state before B s
 exit code 4 instead.
 
 In a trainer group (``procsv launch --nproc N``, MultiWorkerMirroredStrategy: each member holds its
-own copy of the variables and every step is a collective) ``rollback`` does not restore in place:
-only the chief checks, and a chief that restored and replayed alone would train out of lock with
-the others. It stops in order with exit code 4 instead, as ``stop`` does, saying why
-(:func:`~procsv.trainer.nonfinite.policy.in_place_refusal`).
+own copy of the variables and every step is a collective) ``rollback`` does not restore in place
+(a member that restored and replayed alone would train out of lock with the others): every member
+checks its losses before its snapshots, and the one that finds step B non-finite asks for the
+group's rollback (:meth:`NonfiniteRollback._ask_group`): it exits with code 5
+(:class:`~procsv.common.errors.GroupRollback`) after its ``NonfiniteDetected`` of B; the watchdog
+records B as skipped and restarts the group, whose members all restore the same state before B
+(the group's in-memory snapshot or the newest checkpoint) and skip B when their replay reaches it
+(:meth:`NonfiniteRollback.resume`, from ``PROCSV_SKIP_STEPS``). Past ``--max-skips`` it stops in
+order with exit code 4, as a single trainer does.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from procsv import cluster
 from procsv.common import env
-from procsv.common.errors import NonFiniteState
+from procsv.common.errors import GroupRollback, NonFiniteState
 from procsv.ipc.messages import RestoreSource, SessionLogEvent, SessionStatus
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint import memory_restore
@@ -96,8 +101,8 @@ class NonfiniteRollback(BoundaryWork):
             keeper.configure(self._watch_agent)
 
     def _watch_agent(self, agent: CheckpointAgent) -> None:
-        if not agent.saving:  # a group's worker: only the chief looks (its snapshots hold the same variables)
-            return
+        if not agent.saving and not self.watch.group_refusal:  # a replica's worker: the chief looks
+            return  # (a group's members all look: whichever finds it first asks for the group's rollback)
         agent.store.watch = self.watch
         agent.on_refused.append(self.refused)
 
@@ -111,13 +116,13 @@ class NonfiniteRollback(BoundaryWork):
     def resume(self, step: int, lifecycle: Optional[str]) -> None:
         """A session begins at ``step`` (restored or initialized): under ``rollback``, every step this
         run skipped before (an earlier trainer's, a relaunch's: the ``step_skipped`` records of the
-        run's ``lifecycle`` file, :mod:`.records`) stays skipped: one after ``step`` is skipped again
-        when the loop reaches it, and each counts against ``--max-skips``. Not in Keras ``fit``
-        (``on_skipped`` hooks: its resume replays its own epochs)."""
+        run's ``lifecycle`` file, :mod:`.records`; a group's, also ``PROCSV_SKIP_STEPS``) stays skipped:
+        one after ``step`` is skipped again when the loop reaches it, and each counts against
+        ``--max-skips``. Not in Keras ``fit`` (``on_skipped`` hooks: its resume replays its own epochs)."""
         watch = self.watch
         if not self.detecting or watch.policy != OnNonfinite.ROLLBACK or watch.on_skipped:
             return
-        for s in records.skipped_steps(lifecycle):
+        for s in sorted(set(records.skipped_steps(lifecycle)) | set(records.from_env())):
             if s not in watch.budget.skipped:
                 watch.budget.skip(s)
         watch.budget.skipped.sort()
@@ -155,19 +160,17 @@ class NonfiniteRollback(BoundaryWork):
         retried once already, its skip). Returns "" if rolled back, else why it cannot be (the
         skip bound, or the snapshot bound of :class:`~procsv.trainer.nonfinite.policy.RestoreBound`)."""
         watch, agent, ch = self.watch, self._agent, self._channels
-        if watch.group_refusal:
-            return watch.group_refusal
         if bad_step is None:
             return "only the weights were found non-finite, at a snapshot: the step that made them so is not known"
+        if watch.group_refusal:
+            return self._ask_group(bad_step, what)
         if agent is None or ch is None:
             return "no checkpoint to roll back to (checkpoint=None)"
         if watch.replay_unsupported:
             return watch.replay_unsupported
         skip = bad_step in watch.retried
         if skip and not watch.budget.allows(bad_step):
-            return (f"step {bad_step} would be skip {len(watch.budget.recent(bad_step)) + 1} within "
-                    f"{watch.budget.skip_window} steps (--max-skips {watch.budget.max_skips}; skipped so far: "
-                    f"{', '.join(map(str, watch.budget.skipped)) or 'none'})")
+            return self._over_budget(bad_step)
         diverging = watch.restores.exceeded(bad_step)
         if diverging:
             return diverging
@@ -219,6 +222,30 @@ class NonfiniteRollback(BoundaryWork):
               f"{restored} from {source}, " + ("" if self.abandoned else f"replaying to step {bad_step - 1}, ")
               + f"then {then}", file=sys.stderr, flush=True)
         return ""
+
+    def _over_budget(self, bad_step: int) -> str:
+        budget = self.watch.budget
+        return (f"step {bad_step} would be skip {len(budget.recent(bad_step)) + 1} within {budget.skip_window} steps "
+                f"(--max-skips {budget.max_skips}; skipped so far: {', '.join(map(str, budget.skipped)) or 'none'})")
+
+    def _ask_group(self, bad_step: int, what: str) -> str:
+        """A group member found step ``bad_step`` non-finite (its ``NonfiniteDetected`` is sent): past
+        ``--max-skips``, why it stops (exit 4); else it raises :class:`~procsv.common.errors.GroupRollback`
+        (exit 5), once what was logged is handed off and the snapshot in flight (finite) is committed:
+        the watchdog restarts the group, which skips ``bad_step`` (see the module). No retry first: a
+        retry would cost a second restart of every member."""
+        watch, agent, ch = self.watch, self._agent, self._channels
+        if not watch.budget.allows(bad_step):
+            return self._over_budget(bad_step)
+        self._flush_summaries()
+        if agent is not None and ch is not None and agent.in_flight is not None:
+            agent.wait_in_flight(ch, bad_step, self._clock() + self._settings.stop_grace_secs)
+        message = (f"non-finite training at step {bad_step}: {what}; --on-nonfinite rollback in a trainer group: "
+                   f"asking for the group's restart (exit code 5); every member restores the newest state before "
+                   f"step {bad_step} and skips it (skip {len(watch.budget.recent(bad_step)) + 1} of --max-skips "
+                   f"{watch.budget.max_skips} within {watch.budget.skip_window} steps)")
+        print(f"procsv: {message}", file=sys.stderr, flush=True)
+        raise GroupRollback(bad_step, message)
 
     def _put_back(self, kept: Optional[retry_state.KeptState], bad_step: int) -> tuple[int, str, str]:
         """Put back the state kept before the retry of ``bad_step`` (:mod:`.retry_state`), if it is

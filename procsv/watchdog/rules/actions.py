@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Union
+from typing import Optional, Union
 
 from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.rules.policy import History
@@ -69,6 +69,7 @@ class Restart:
     history: History
     preempted: bool = False  # a SIGTERM/SIGINT stopped it and its checkpoint committed (exit 42 and its exit report)
     early: bool = False
+    skip: Optional[int] = None  # a group's rollback (exit 5): the step every member of the next group skips
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ policy judges; the other tasks hold ``worker<R>`` slots with the chief's attempt
   dying or exiting with a non-zero code (a worker that finished cleanly breaks nothing: the
   chief finishes too) -- is the group's *breaker*; :func:`blame` names it, and the chief's
   judgement (:mod:`procsv.watchdog.rules.judge`) uses its exit code, error and hang.
-  A member found hung, else one that stopped on diverging training (exit code 4), is blamed before
+  A member found hung, else one that stopped on diverging training (exit code 4, or 5: it asked for
+  the group's rollback, and :func:`rollback_step` is the first step a member reported), is blamed before
   the breaker: its peers' failures in their next collective are its consequence, and their ends
   may come in first.
 - Every other live member then gets SIGTERM (cause ``group``), and SIGKILL after
@@ -28,7 +29,7 @@ import math
 import signal
 from typing import Optional
 
-from procsv.common.exitcodes import DIVERGING_ERROR, EXIT_DIVERGING
+from procsv.common.exitcodes import DIVERGING_ERROR, EXIT_DIVERGING, EXIT_GROUP_ROLLBACK, GROUP_ROLLBACK_ERROR
 from procsv.watchdog.rules.actions import Action, Cause, Kill, Signal
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.state import TRAINER, WORKER, ChildView, RunView
@@ -104,8 +105,16 @@ def blame(view: RunView, chief: ChildView) -> ChildView:
 
 def diverging(member: ChildView) -> bool:
     """Whether this member stopped on its own because its training diverged (exit code 4, or its
-    error file names ``TrainingDiverged``)."""
-    return (member.reaped and member.exit_code == EXIT_DIVERGING) or member.noticed_error == DIVERGING_ERROR
+    error file names ``TrainingDiverged``) or to ask for the group's rollback (5, ``GroupRollback``)."""
+    return (member.reaped and member.exit_code in (EXIT_DIVERGING, EXIT_GROUP_ROLLBACK)) \
+        or member.noticed_error in (DIVERGING_ERROR, GROUP_ROLLBACK_ERROR)
+
+
+def rollback_step(view: RunView, chief: ChildView) -> Optional[int]:
+    """The first step any member of the chief's attempt reported non-finite (None: none did): the
+    step its group's rollback skips, however many members found it."""
+    steps = [m.nonfinite_step for m in members(view, chief) if m.nonfinite_step is not None]
+    return min(steps) if steps else None
 
 
 def group_actions(view: RunView, now: float, grace: float) -> list[Action]:

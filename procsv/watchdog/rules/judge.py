@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import signal
 
-from procsv.common.exitcodes import DIVERGING_ERROR, EXIT_DIVERGING, EXIT_PREEMPTED
+from procsv.common.exitcodes import (DIVERGING_ERROR, EXIT_DIVERGING, EXIT_GROUP_ROLLBACK, EXIT_PREEMPTED,
+                                    GROUP_ROLLBACK_ERROR)
 from procsv.watchdog.rules.actions import Action, Finish, GiveUp, GiveUpService, RespawnService, Restart, Settle, StandbyGone
 from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.rules.limits import Limits
@@ -94,11 +95,12 @@ def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> li
     preempted = failure is not None and failure.preempted and not who.hang_cause
     outside = failure is not None and failure.killed_from_outside and not who.hang_cause  # a hang kill: its own
     ex = TrainerExit(code, child.first_step_at is not None, child.made_progress, view.stop_signal is not None,
-                     preempted=preempted, killed_from_outside=outside)
+                     preempted=preempted, killed_from_outside=outside, rollback_step=group.rollback_step(view, child),
+                     skipped=tuple(view.skipped_steps))
     verdict = restart_verdict(limits.restart, view.history, ex, draw)
     if not child.reaped:
         if verdict.action != Verdict.RESTART or hopeless(child, who.noticed_error, limits) \
-                or who.noticed_error == DIVERGING_ERROR:
+                or who.noticed_error in (DIVERGING_ERROR, GROUP_ROLLBACK_ERROR):
             return []  # stopping or giving up: wait for the exit status to tell the whole story
         return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, early=True)]
     if verdict.action == Verdict.FINISH:
@@ -110,7 +112,7 @@ def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> li
         return [Finish(child.slot, child.attempt, RunState.STOPPED, EXIT_STOP_UNSAVED, verdict.history, unsaved=True)]
     if verdict.action == Verdict.GIVE_UP:
         return [GiveUp(child.slot, child.attempt, verdict.reason, verdict.history,
-                       EXIT_DIVERGING if code == EXIT_DIVERGING else 1)]
+                       EXIT_DIVERGING if code in (EXIT_DIVERGING, EXIT_GROUP_ROLLBACK) else 1)]
     error = who.failure.error if who.failure is not None else None
     if error is not None and error.type in limits.program_errors:
         return [GiveUp(child.slot, child.attempt, f"the {_name(who)} failed with {error.type}: a failure of the program, "
@@ -119,7 +121,7 @@ def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> li
     if error is not None and hopeless(child, error.type, limits):
         return [GiveUp(child.slot, child.attempt, f"the {_name(who)} cannot start: {error.type} (a restart would fail "
                        "the same way)", view.history)]
-    return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, preempted=preempted)]
+    return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, preempted=preempted, skip=verdict.skip)]
 
 
 def _name(child: ChildView) -> str:

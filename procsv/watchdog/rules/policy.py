@@ -14,6 +14,12 @@ Rules:
 * exit code 4 (:data:`procsv.common.exitcodes.EXIT_DIVERGING`): the trainer stopped because its
   training diverged (non-finite values it could not roll back past): give up, no restart (one would
   resume from the newest finite checkpoint and meet the same numbers again); the launch exits 4.
+* exit code 5 (:data:`procsv.common.exitcodes.EXIT_GROUP_ROLLBACK`) with the step a member of the
+  group reported non-finite (``TrainerExit.rollback_step``): the group's rollback under
+  ``--on-nonfinite rollback`` (the member checked ``--max-skips``): restart at once, skipping that
+  step; not a failure. Without the step (its report lost) it is a failure like any other; with a
+  step the run skipped before (``TrainerExit.skipped``: the group met it again, so its program does
+  not skip) it gives up as diverging, since a restart would meet it again.
 * a trainer that fails *on its own* (an exception, a non-zero exit, SIGSEGV/SIGABRT/SIGBUS) before
   completing its first step is a *startup failure*; two in a row mean the program cannot start
   (bad import, bad arguments): give up, no restart storm. A death by a signal from outside
@@ -31,8 +37,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
+from typing import Optional
 
-from procsv.common.exitcodes import EXIT_DIVERGING, EXIT_PREEMPTED
+from procsv.common.exitcodes import EXIT_DIVERGING, EXIT_GROUP_ROLLBACK, EXIT_PREEMPTED
 
 
 class Action(str, enum.Enum):
@@ -75,6 +82,8 @@ class TrainerExit:
     stop_requested: bool
     preempted: bool = False  # code 42 and its exit report: stopped by SIGTERM/SIGINT, checkpoint committed
     killed_from_outside: bool = False  # killed by SIGKILL/SIGTERM/... from another process (not a hang kill)
+    rollback_step: Optional[int] = None  # the first step a member of its group reported non-finite
+    skipped: tuple[int, ...] = ()  # the steps the run skipped so far
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,7 @@ class Decision:
     delay: float
     reason: str
     history: History
+    skip: Optional[int] = None  # a group's rollback: the restarted group skips this step
 
 
 def backoff(policy: RestartPolicy, failures: int, draw: float) -> float:
@@ -105,6 +115,14 @@ def decide(policy: RestartPolicy, history: History, ex: TrainerExit, draw: float
         return Decision(Action.GIVE_UP, 0.0,
                         f"the trainer is diverging: it stopped with exit code {EXIT_DIVERGING} on non-finite values "
                         "(a restart would resume from the newest finite checkpoint and meet them again)", history)
+    if ex.code == EXIT_GROUP_ROLLBACK and ex.rollback_step in ex.skipped:
+        return Decision(Action.GIVE_UP, 0.0, f"the trainer group is diverging: it found the loss of step "
+                        f"{ex.rollback_step} non-finite again after a rollback that was to skip it (its program does "
+                        "not skip a step: a restart would meet it again)", history)
+    if ex.code == EXIT_GROUP_ROLLBACK and ex.rollback_step is not None:
+        return Decision(Action.RESTART, 0.0, f"the trainer group rolls back: a member found the loss of step "
+                        f"{ex.rollback_step} non-finite; every member restores the newest state before it and skips it",
+                        replace(history, restarts=history.restarts + 1), skip=ex.rollback_step)
     if ex.preempted and ex.code == EXIT_PREEMPTED:
         return Decision(Action.RESTART, 0.0, "trainer was preempted after saving its state",
                         History(history.restarts + 1, 0, 0))

@@ -80,6 +80,7 @@ class ChildView:
     rollback_secs: float = 0.0  # those rollbacks' restores
     save_overdue: str = ""  # its snapshot in flight passed its deadline (SaveOverdue): why, until acted on
     refused_at: Optional[float] = None  # it last refused a snapshot of a non-finite state (NonfiniteDetected)
+    nonfinite_step: Optional[int] = None  # the first step it reported non-finite (NonfiniteDetected)
     loading_since: Optional[float] = None  # a service loading what it needs (ServiceLoading), until loaded
     # its progress (for the restart policy): the newest committed step the watchdog knew of when it
     # became the trainer, and the newest it has seen committed since (a SaveResult heard while it was
