@@ -86,13 +86,15 @@ class Executor:
                                                    why=f"procsv: could not start a pre-warmed trainer ({exc})"))
             return
         if isinstance(action, Spawn):
-            if action.role == TRAINER:
-                self._spawn_trainer_slot(action)
-            elif action.role == STANDBY:
-                self._spawn_standby()
-            else:  # a service, or a task of --ps restarted alone (rule 14)
-                note(self.view, action, self.clock(), self.limits)
-                self.spawn(action.slot, action.role)
+            if action.role == STANDBY:  # the trainer's next attempt, prepared: from the zygote only
+                if self.zygote is not None and self.zygote.ready:
+                    self._spawn_member(STANDBY, STANDBY, self.view.children[TRAINER].attempt + 1, 0, {STANDBY_ENV: "1"})
+                return
+            note(self.view, action, self.clock(), self.limits)  # a trainer, a service, a --ps task (rule 14)
+            prev = self.view.children.get(action.slot)
+            if action.role == TRAINER and prev is not None:
+                self.report([Report(Event.RESTARTED, {"attempt": prev.attempt + 1})])
+            self.spawn(action.slot, action.role)
             return
         if isinstance(action, Promote):
             self._promote(action)
@@ -177,18 +179,6 @@ class Executor:
         self.report(reports)
 
     # ------------------------------------------------------------------ starting processes
-    def _spawn_trainer_slot(self, action: Spawn) -> None:
-        note(self.view, action, self.clock(), self.limits)
-        prev = self.view.children.get(action.slot)
-        if prev is not None:
-            self.report([Report(Event.RESTARTED, {"attempt": prev.attempt + 1})])
-        self.spawn(action.slot, TRAINER)
-
-    def _spawn_standby(self) -> None:
-        """Ask the zygote for a hot standby, prepared to become the trainer's next attempt (never fresh)."""
-        if self.zygote is not None and self.zygote.ready:
-            self._spawn_member(STANDBY, STANDBY, self.view.children[TRAINER].attempt + 1, 0, {STANDBY_ENV: "1"})
-
     def _promote(self, action: Promote) -> None:
         """Wake the standby (SIGUSR1): it becomes the trainer's next attempt and restores."""
         handle = self.handles.pop((action.slot, action.attempt))
