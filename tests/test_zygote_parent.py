@@ -135,7 +135,8 @@ def test_a_fork_whose_log_cannot_be_opened_still_starts(capfd, tmp_path):
     missing = str(tmp_path / "gone" / "trainer.1.log")  # its folder does not exist
     with ready_zygote(tmp_path) as (z, lay, runtime):  # made in the test: it copies capfd's stderr
         proc = _fork(z, lay, runtime, tmp_path, str(target), missing)
-        assert proc.wait(60) == 7  # the program ran to its own exit
+        wait_for(lambda: proc.poll() is not None, 60, what="the fork's exit")
+        assert proc.poll() == 7  # the program ran to its own exit
     assert ran.exists()
     err = capfd.readouterr().err
     assert err.count("procsv: cannot open") == 1, err

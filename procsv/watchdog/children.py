@@ -144,9 +144,7 @@ class ChildProcess:
                 if not self._died_within(kill_secs):
                     return None
             self.kill_group(signal.SIGKILL)  # anything the child left behind in its group
-            try:
-                self.proc.wait(timeout=max(kill_secs, 1.0))
-            except subprocess.TimeoutExpired:
+            if self.proc.poll() is None:  # (dead by its pidfd: its own child's status is there to take)
                 return None
         self.kill_group(signal.SIGKILL)  # (a no-op once reaped: the pidfd no longer reaches it)
         if self.pidfd >= 0:

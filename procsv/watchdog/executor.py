@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import signal
 import uuid
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from procsv.common import spawn
 from procsv.cluster import make_tf_config
@@ -86,13 +86,15 @@ class Executor:
                                                    why=f"procsv: could not start a pre-warmed trainer ({exc})"))
             return
         if isinstance(action, Spawn):
-            if action.role == TRAINER:
-                self._spawn_trainer_slot(action)
-            elif action.role == STANDBY:
-                self._spawn_standby()
-            else:  # a service, or a task of --ps restarted alone (rule 14)
-                note(self.view, action, self.clock(), self.limits)
-                self.spawn(action.slot, action.role)
+            if action.role == STANDBY:  # the trainer's next attempt, prepared: from the zygote only
+                if self.zygote is not None and self.zygote.ready:
+                    self._spawn_member(STANDBY, STANDBY, self.view.children[TRAINER].attempt + 1, 0, {STANDBY_ENV: "1"})
+                return
+            note(self.view, action, self.clock(), self.limits)  # a trainer, a service, a --ps task (rule 14)
+            prev = self.view.children.get(action.slot)
+            if action.role == TRAINER and prev is not None:
+                self.report([Report(Event.RESTARTED, {"attempt": prev.attempt + 1})])
+            self.spawn(action.slot, action.role)
             return
         if isinstance(action, Promote):
             self._promote(action)
@@ -177,38 +179,6 @@ class Executor:
         self.report(reports)
 
     # ------------------------------------------------------------------ starting processes
-    def _spawn_trainer_slot(self, action: Spawn) -> None:
-        note(self.view, action, self.clock(), self.limits)
-        prev = self.view.children.get(action.slot)
-        if prev is not None:
-            self.report([Report(Event.RESTARTED, {"attempt": prev.attempt + 1})])
-        self.spawn(action.slot, TRAINER)
-
-    def _spawn_standby(self) -> None:
-        """Ask the zygote for a hot standby, prepared to become the trainer's next attempt."""
-        trainer = self.view.children[TRAINER]
-        attempt = trainer.attempt + 1
-        if self.zygote is None or not self.zygote.ready:
-            return
-        env = self._env(TRAINER, attempt)
-        env[STANDBY_ENV] = "1"
-        mutex: Optional[RobustMutex] = None
-        try:
-            mutex = RobustMutex(self.runtime.standby_mutex(attempt), create=True)
-            env[DEATH_MUTEX] = mutex.path
-        except OSError:
-            mutex = None
-        log_path = self.layout.attempt_log(TRAINER, attempt)
-        try:
-            self.zygote.request_fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd)
-        except (ZygoteUnavailable, OSError) as exc:
-            if mutex is not None:
-                mutex.remove()
-            self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); no standby, restarts start fresh")
-            return
-        self.forks[STANDBY] = PendingFork(STANDBY, attempt, env, log_path, mutex, STANDBY)
-        observe.fork_requested(self.view)
-
     def _promote(self, action: Promote) -> None:
         """Wake the standby (SIGUSR1): it becomes the trainer's next attempt and restores."""
         handle = self.handles.pop((action.slot, action.attempt))
@@ -265,26 +235,42 @@ class Executor:
 
     def _spawn_member(self, slot: str, role: str, attempt: int, rank: int, extra: dict[str, str]
                       ) -> Optional[ChildProcess]:
-        """Start one trainer process (the chief, or a group's worker ``rank``), from the zygote if ready."""
-        name = slot if role == WORKER else role  # a worker's log, error file and death mutex carry its task
+        """Start one trainer process (the chief, a group's worker ``rank``, or a hot standby: the
+        trainer's next attempt, from the zygote only), from the zygote if ready."""
+        name = slot if role == WORKER else TRAINER if role == STANDBY else role  # a worker's files carry its task
         env = self._env(name, attempt)
         env.update(extra)
         log_path = self.layout.attempt_log(name, attempt)
         mutex: Optional[RobustMutex] = None
         try:
-            mutex = RobustMutex(self.runtime.trainer_mutex(attempt, rank), create=True)
+            path = self.runtime.standby_mutex(attempt) if role == STANDBY else self.runtime.trainer_mutex(attempt, rank)
+            mutex = RobustMutex(path, create=True)
             env[DEATH_MUTEX] = mutex.path
         except OSError:
             mutex = None  # no early notice: the pidfd alone tells of the death
-        if self.zygote is not None and self.zygote.ready:
-            try:
-                self.zygote.request_fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd, rank)
-                self.forks[slot] = PendingFork(slot, attempt, env, log_path, mutex, role, rank)
-                observe.fork_requested(self.view)
-                return None
-            except (ZygoteUnavailable, OSError) as exc:
-                self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); starting a fresh one")
+        if self.fork(PendingFork(slot, attempt, env, log_path, mutex, role, rank), self.cfg.target, self.cfg.args):
+            return None
+        if role == STANDBY:  # no standby this time: no process will hold its mutex
+            if mutex is not None:
+                mutex.remove()
+            return None
         return self._fresh(slot, role, attempt, env, log_path, mutex)
+
+    def fork(self, pending: PendingFork, target: str, args: Sequence[str]) -> bool:
+        """Ask the zygote, when it is ready, for ``pending``'s process (:meth:`poll_fork` completes it);
+        False: start it fresh (a zygote the request failed on is given up)."""
+        if self.zygote is None or not self.zygote.ready:
+            return False
+        try:
+            self.zygote.request_fork(pending.attempt, target, args, pending.env, pending.log_path, self.cfg.cwd,
+                                     pending.rank)
+        except (ZygoteUnavailable, OSError) as exc:
+            self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); "
+                             + ("no standby, restarts start fresh" if pending.role == STANDBY else "starting a fresh one"))
+            return False
+        self.forks[pending.slot] = pending
+        observe.fork_requested(self.view)
+        return True
 
     def poll_fork(self) -> None:
         """Complete the trainer starts asked of the zygote: an answer arrived, or it is overdue or

@@ -211,7 +211,7 @@ class Zygote:
 
 class Adopted:
     """A trainer the zygote forked, re-parented to this process: its own child, reaped here with
-    ``waitpid``, seen through the ``subprocess.Popen`` methods the watchdog uses."""
+    ``waitpid``, seen through the ``subprocess.Popen`` method the watchdog uses (``poll``)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -236,14 +236,6 @@ class Adopted:
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
-
-    def wait(self, timeout: Optional[float] = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while (code := self.poll()) is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(["trainer"], timeout or 0)
-            time.sleep(0.01)
-        return code
 
 
 def _dup_stderr() -> int:

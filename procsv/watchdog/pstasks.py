@@ -25,18 +25,15 @@ lone trainer (``PROCSV_NPROC`` 1, no ``PROCSV_PS``): its Supervisor checkpoints 
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol
+from typing import Optional, Protocol, Sequence
 
 from procsv.cluster import make_ps_tf_config, make_pss_tf_config
 from procsv.common.env import NPROC, PS as PS_ENV, RANK
 from procsv.common.layout import Layout
 from procsv.common.mutex import RobustMutex
 from procsv.common.spawn import free_ports
-from procsv.watchdog import observe
 from procsv.watchdog.children import ChildProcess, PendingFork
-from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.multihost.remote import RemoteMembers
-from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable
 from procsv.watchdog.rules.group import rank_of, worker_slot
 from procsv.watchdog.rules.state import PS, SERVER, TRAINER, WORKER, RunView
 from procsv.watchdog.rules.tasks import ps_slot, task_node
@@ -51,13 +48,11 @@ class Starter(Protocol):
 
     view: RunView
     layout: Layout
-    cfg: LaunchConfig
-    zygote: Optional[Zygote]
-    forks: dict[str, PendingFork]
-    clock: Callable[[], float]
     remote: Optional[RemoteMembers]
 
     def _env(self, role: str, attempt: int) -> dict[str, str]: ...
+
+    def fork(self, pending: PendingFork, target: str, args: Sequence[str]) -> bool: ...
 
     def _spawn_member(self, slot: str, role: str, attempt: int, rank: int, extra: dict[str, str]
                       ) -> Optional[ChildProcess]: ...
@@ -101,9 +96,9 @@ class PsCluster:
         job, index = ("ps", int(slot[len(PS):])) if role == PS else ("worker", rank_of(slot))
         env["TF_CONFIG"] = self._tf_config(job, index)
         log = ex.layout.attempt_log(slot, attempt)
-        if role == PS and not self.coordinator and _fork_server(ex, slot, role, attempt, env, log,
-                                                                PS_FORK_RANK + index):
-            return None
+        if role == PS and not self.coordinator \
+                and ex.fork(PendingFork(slot, attempt, env, log, None, role, PS_FORK_RANK + index), PS_SERVER, []):
+            return None  # (a zygote that is not ready, or failed: fresh)
         return ex._fresh(slot, role, attempt, env, log, None)
 
     def start(self, ex: Starter, slot: str, role: str) -> Optional[ChildProcess]:
@@ -130,18 +125,3 @@ class PsCluster:
             ex.remote.start_task(node, slot, attempt, rank, extra)
             return None
         return ex._spawn_member(slot, TRAINER if rank == 0 else WORKER, attempt, rank, extra)
-
-
-def _fork_server(ex: Starter, slot: str, role: str, attempt: int, env: dict[str, str], log: str, key: int) -> bool:
-    """Ask the pre-warmed trainer for a server task (False: it is not ready, or failed: start it
-    fresh; a zygote that failed is found out, and replaced, at the next trainer start)."""
-    zygote = ex.zygote
-    if zygote is None or not zygote.ready:
-        return False
-    try:
-        zygote.request_fork(attempt, PS_SERVER, [], env, log, ex.cfg.cwd, key)
-    except (ZygoteUnavailable, OSError):
-        return False
-    ex.forks[slot] = PendingFork(slot, attempt, env, log, None, role, key)
-    observe.fork_requested(ex.view)
-    return True

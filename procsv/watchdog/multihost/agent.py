@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ from procsv.ipc.messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStart
 from procsv.ipc.transport import Endpoints, bind_private, drain, make_socket, send
 from procsv.watchdog.multihost import agentstop, curve
 from procsv.common.orphans import become_subreaper
-from procsv.watchdog.children import REAP_SECS, ChildProcess, Process
+from procsv.watchdog.children import ChildProcess, Process, Unreaped, end_all
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.diskjobs import DiskJobs, Job
 from procsv.watchdog.earlyready import EarlyReady
@@ -128,16 +127,10 @@ class NodeAgent:
                                          self.layout.attempt_log(f"zygote-node{self.cfg.node_rank}", 1),
                                          self.cfg.cwd, self.cfg.preload, self.clock)
                 dealer = self._loop(zctx, pull, stops)
-        finally:
-            if self.zygote is not None:
-                self.zygote.kill()
-            self._kill_all()
-            for m in self.members.values():
-                m.reap(timeout=0.0, kill_secs=0.0)  # (closes its pidfd)
-            for z in [self.zygote, *self.lost_zygotes]:  # bounded, as the watchdog's end_all
-                if z is not None and not z.close(REAP_SECS):
-                    print(f"procsv: node agent: pre-warmed trainer pid {z.pid} not dead {REAP_SECS:.0f} s after its "
-                          "SIGKILL (uninterruptible sleep?); exiting without reaping it", file=sys.stderr, flush=True)
+        finally:  # SIGKILL and reap what is left, bounded: the watchdog's own end_all
+            zygotes = [z for z in [self.zygote, *self.lost_zygotes] if z is not None]
+            for line in end_all(list(self.members.values()), zygotes, Unreaped(), self.clock):
+                print(line, file=sys.stderr, flush=True)
             for s, h in old.items():
                 signal.signal(s, h)
             if dealer is not None:
@@ -181,10 +174,11 @@ class NodeAgent:
                     send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(),
                                            self.addresses, sorted(self.members), self.stop.signum or 0))
             silent = now - self.heard_at
-            if silent > timeout and self.members:
+            if silent > timeout and any(m.killed_at is None for m in self.members.values()):
                 self.say(f"the master is silent for {silent:.1f} s (no heartbeat from node 0 for longer than its "
                          f"--node-timeout {timeout:g}): stopping this host's trainers")
-                self._kill_all()
+                for m in self.members.values():
+                    m.kill(now)  # (reaped by _reap, reported once reaped)
             if silent > self.cfg.rejoin_timeout:
                 self.say(f"the master did not come back within --rejoin-timeout {self.cfg.rejoin_timeout:g} s; "
                          "giving up")
@@ -365,15 +359,6 @@ class NodeAgent:
             m.reap()  # (reaped already: closes its pidfd)
             if dealer is not None:
                 send(dealer, MemberEnded(m.slot, m.attempt, m.pid, code))
-
-    def _kill_all(self) -> None:
-        for m in self.members.values():
-            m.kill_group()
-        for m in self.members.values():
-            try:
-                m.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
 
 
 __all__ = ["NodeAgent"]
