@@ -138,6 +138,41 @@ def test_a_nan_loss_in_a_group_with_rollback_restarts_the_group_which_skips_the_
     print(f"group rollback: {secs:.3f} s from the detection of step 70 to the group's first step after it")
 
 
+@pytest.fixture(scope="module")
+def plain_skipping_110(shared_result):
+    """The final weights of a plain group run of 120 steps that never applies step 110 (made once, shared)."""
+
+    def produce(folder: str) -> None:
+        code, out, err = finish(launch(folder, *MEMORY, "--steps", "120", "--skip-steps", "110", opts=GROUP))
+        assert code == 0, err
+
+    return final_weights(shared_result("group-skip-110-of-120", produce))
+
+
+def test_a_nan_loss_after_the_groups_last_snapshot_found_at_the_final_checkpoint_rolls_the_group_back_too(
+        logdir, plain_skipping_110):
+    # step 110 is after the last group snapshot (100, every 50 steps) of a 120-step run: no snapshot checks
+    # its loss before the loop ends, only the chief's final checkpoint does (before: exit 4, the group stopped
+    # and the run lost every step since its newest checkpoint on disk)
+    code, out, err = finish(launch(logdir, *MEMORY, "--steps", "120", "--nan-at-steps", "110",
+                                   opts=GROUP + ("--on-nonfinite", "rollback")))
+    assert code == 0, err
+    assert {r["step"] for r in events(logdir, "nonfinite_detected")} == {110}
+    assert [r["step"] for r in events(logdir, "step_skipped")] == [110]
+    assert len(events(logdir, "restarting")) == 1 and not events(logdir, "rolled_back")
+    assert [r.get("code") for r in events(logdir, "exited") if r["role"] == "trainer"] == [5, 0]
+    restored = events(logdir, "restored")
+    assert len(restored) == 1 and restored[0]["source"] == "memory" and restored[0]["step"] == 100, restored
+    for log in ("trainer.2", "worker1.2"):
+        assert "procsv: skipping step 110 again (this run skipped it before); training on from step 111" \
+            in member_log(logdir, log), log
+    assert (raw_status(logdir) or {}).get("skipped_steps") == [110]
+    final = final_weights(logdir)
+    assert final.keys() == plain_skipping_110.keys() and final
+    for name in plain_skipping_110:
+        assert np.array_equal(final[name], plain_skipping_110[name]), name
+
+
 def test_a_group_past_max_skips_stops_in_order_with_exit_4_as_a_single_trainer_does(logdir):
     # --max-skips 1: step 40 is skipped (a group rollback), step 70 would be the second skip
     code, out, err = finish(launch(logdir, *ARGS, "--steps", "100", "--nan-at-steps", "40,70",
