@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import committed_steps, final_weights, finish, launch, lifecycle, raw_status
+from conftest import PROGRAMS, committed_steps, final_weights, finish, launch, lifecycle, raw_status
 
 ARGS = ("--strategy", "multiworker", "--save-model-secs", "600", "--save-checkpoint-steps", "10",
         "--step-delay", "0.004", "--print-every-steps", "10")
@@ -171,6 +171,31 @@ def test_a_nan_loss_after_the_groups_last_snapshot_found_at_the_final_checkpoint
     assert final.keys() == plain_skipping_110.keys() and final
     for name in plain_skipping_110:
         assert np.array_equal(final[name], plain_skipping_110[name]), name
+
+
+LOCAL_NAN = os.path.join(PROGRAMS, "group_local_nan.py")
+
+
+def test_a_nan_loss_only_one_worker_sees_rolls_the_group_back_once_though_the_chief_fails_first(logdir, tmp_path):
+    # the program watches each member's own loss: only worker1 finds step 70 and exits 5; the chief,
+    # whose loss and weights are finite, fails in its next collective, and its death notice can come
+    # in before its exit status. Before: the group restarted without the skip, again and again
+    # (16 restarts in 57 s, never skipping 70, until the watchdog failed)
+    code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "70", target=LOCAL_NAN,
+                                   opts=GROUP + ("--on-nonfinite", "rollback")))
+    assert code == 0, err
+    assert [r["step"] for r in events(logdir, "nonfinite_detected")] == [70]
+    assert [r["step"] for r in events(logdir, "step_skipped")] == [70]
+    assert len(events(logdir, "restarting")) == 1
+    assert [r.get("code") for r in events(logdir, "exited") if r["role"] == "worker1"] == [5, 0]
+    assert "procsv: skipping step 70 again (this run skipped it before)" in member_log(logdir, "trainer.2")
+    plain = str(tmp_path / "plain")
+    code, out, err = finish(launch(plain, "--steps", "120", "--skip-at", "70", target=LOCAL_NAN, opts=GROUP))
+    assert code == 0, err
+    final, reference = final_weights(logdir), final_weights(plain)
+    assert final.keys() == reference.keys() and final
+    for name in reference:
+        assert np.array_equal(final[name], reference[name]), name
 
 
 def test_a_group_past_max_skips_stops_in_order_with_exit_4_as_a_single_trainer_does(logdir):

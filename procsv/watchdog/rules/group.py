@@ -16,7 +16,8 @@ policy judges; the other tasks hold ``worker<R>`` slots with the chief's attempt
   A member found hung, else one that stopped on diverging training (exit code 4, or 5: it asked for
   the group's rollback, and :func:`rollback_step` is the first step a member reported), is blamed before
   the breaker: its peers' failures in their next collective are its consequence, and their ends
-  may come in first.
+  may come in first (the chief's attempt waits for the exit status of a member that reported a
+  non-finite step: :func:`reporter_unreaped`).
 - Every other live member then gets SIGTERM (cause ``group``), and SIGKILL after
   ``group_grace_secs``: a survivor can only fail in its next collective.
 - The next attempt starts all N together, only once every member of the last one is reaped
@@ -115,6 +116,15 @@ def rollback_step(view: RunView, chief: ChildView) -> Optional[int]:
     step its group's rollback skips, however many members found it."""
     steps = [m.nonfinite_step for m in members(view, chief) if m.nonfinite_step is not None]
     return min(steps) if steps else None
+
+
+def reporter_unreaped(view: RunView, chief: ChildView) -> bool:
+    """Whether a member of the chief's group (of two or more) that reported a non-finite step has
+    not been reaped yet: the chief's attempt is judged once it is, by its exit status (5: it asks for
+    the group's rollback, the step skipped; a peer's end, a death notice of the chief, may come in
+    first: they fail in their next collective when it leaves, and their ends say nothing of the step)."""
+    group = members(view, chief)
+    return len(group) > 1 and any(m.nonfinite_step is not None and not m.reaped for m in group)
 
 
 def group_actions(view: RunView, now: float, grace: float) -> list[Action]:

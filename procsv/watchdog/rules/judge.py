@@ -87,6 +87,8 @@ def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> li
         # its own (the start-up failure rule) or was killed from outside (not counted by that rule)
         # is known only from the exit status
         return []
+    if group.reporter_unreaped(view, child):
+        return []  # whether it asks for the group's rollback (exit 5, its step skipped) only its exit status says
     code = who.exit_code if who.reaped else 1  # a death notice: some unclean death
     assert code is not None
     if code == EXIT_PREEMPTED and who.hang_cause:
@@ -102,7 +104,7 @@ def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> li
         if verdict.action != Verdict.RESTART or hopeless(child, who.noticed_error, limits) \
                 or who.noticed_error in (DIVERGING_ERROR, GROUP_ROLLBACK_ERROR):
             return []  # stopping or giving up: wait for the exit status to tell the whole story
-        return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, early=True)]
+        return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, early=True, skip=verdict.skip)]
     if verdict.action == Verdict.FINISH:
         return [Finish(child.slot, child.attempt, RunState.SUCCEEDED, 0, verdict.history)]
     if verdict.action == Verdict.STOPPED:
