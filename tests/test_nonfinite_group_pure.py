@@ -123,3 +123,15 @@ def test_a_chiefs_death_notice_waits_for_the_exit_status_of_a_member_that_report
     sim.reaps(W1, EXIT_GROUP_ROLLBACK, "GroupRollback")
     restarts = of(sim.tick(0.01), Restart)
     assert [r.skip for r in restarts] == [70] and sim.view.skipped_steps == [70], sim.log
+
+
+def test_a_members_exit_5_without_its_report_that_ends_the_run_exits_1_as_any_failure_not_4():
+    # a program's own exit code 5 (no non-finite step reported): a failure like any other, so the
+    # restart limit that ends the run exits 1; before, the launch exited 4, which says "diverging"
+    sim = group(2, restart=RestartPolicy(max_restarts=0))
+    sim.tick(1.0)
+    sim.reaps(W1, EXIT_GROUP_ROLLBACK, "SystemExit")
+    sim.tick(0.01)
+    sim.reaps(TRAINER, 1, "UnavailableError")
+    gave_up = of(sim.tick(0.01), GiveUp)
+    assert len(gave_up) == 1 and "restart limit" in gave_up[0].reason and gave_up[0].exit_code == 1, gave_up

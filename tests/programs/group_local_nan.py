@@ -6,6 +6,8 @@ gradient, as a masked input's would be), the weights stay finite and the other m
     --nan-at N      at step N, worker 1's watched loss is NaN (repeatable)
     --skip-at N     step N applies nothing on every member (repeatable): the plain run that never applied it
     --steps N       train to step N
+    --exit-at N     worker 1 exits with code 5 at step N, once in the logdir (no NaN, no report: a
+                    program's own exit code, not a rollback)
 
 The batch of step n is a function of n and the member's rank alone.
 """
@@ -25,6 +27,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--nan-at", type=int, action="append", default=[])
 p.add_argument("--skip-at", type=int, action="append", default=[])
 p.add_argument("--steps", type=int, default=120)
+p.add_argument("--exit-at", type=int, default=None)
 args = p.parse_args()
 
 keras.utils.set_random_seed(0)
@@ -53,6 +56,10 @@ def train(x, y, term):  # type: ignore[no-untyped-def]
 
 def one_step():  # type: ignore[no-untyped-def]
     s = sv.step
+    marker = os.path.join(sv.logdir or ".", "exited-at")
+    if rank == 1 and s == args.exit_at and not os.path.exists(marker):
+        open(marker, "w").close()
+        raise SystemExit(5)
     if s in args.skip_at:
         return None
     xs = np.sin(np.arange(32, dtype=np.float32) * 0.37 + s * 1.3 + rank * 0.7).reshape(8, 4).astype(np.float32)

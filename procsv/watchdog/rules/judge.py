@@ -113,8 +113,9 @@ def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> li
             return [Finish(child.slot, child.attempt, RunState.STOPPED, 128 + sig, verdict.history)]
         return [Finish(child.slot, child.attempt, RunState.STOPPED, EXIT_STOP_UNSAVED, verdict.history, unsaved=True)]
     if verdict.action == Verdict.GIVE_UP:
-        return [GiveUp(child.slot, child.attempt, verdict.reason, verdict.history,
-                       EXIT_DIVERGING if code in (EXIT_DIVERGING, EXIT_GROUP_ROLLBACK) else 1)]
+        diverged = code == EXIT_DIVERGING or (code == EXIT_GROUP_ROLLBACK and ex.rollback_step is not None)
+        return [GiveUp(child.slot, child.attempt, verdict.reason, verdict.history,  # a 5 with no step: a failure
+                       EXIT_DIVERGING if diverged else 1)]
     error = who.failure.error if who.failure is not None else None
     if error is not None and error.type in limits.program_errors:
         return [GiveUp(child.slot, child.attempt, f"the {_name(who)} failed with {error.type}: a failure of the program, "
