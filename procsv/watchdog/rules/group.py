@@ -19,7 +19,9 @@ policy judges; the other tasks hold ``worker<R>`` slots with the chief's attempt
   may come in first (the chief's attempt waits for the exit status of a member that reported a
   non-finite step: :func:`reporter_unreaped`).
 - Every other live member then gets SIGTERM (cause ``group``), and SIGKILL after
-  ``group_grace_secs``: a survivor can only fail in its next collective.
+  ``group_grace_secs``: a survivor can only fail in its next collective. A member whose death
+  notice came in is dead already and gets none (the chief's judgement may restart it in the same
+  decision).
 - The next attempt starts all N together, only once every member of the last one is reaped
   and settled (:func:`draining`): its ports are free and no old process can join the new group.
 """
@@ -139,7 +141,8 @@ def group_actions(view: RunView, now: float, grace: float) -> list[Action]:
     for m in members(view, chief):
         if m is first or not m.live:
             continue
-        if m.state in (ProcState.STARTING, ProcState.RUNNING):
+        if m.state in (ProcState.STARTING, ProcState.RUNNING) and m.noticed_dead_at is None:  # (one whose death
+            # is noticed is dead, and its judgement may restart it in this very decision)
             out.append(Signal(m.slot, m.attempt, signal.SIGTERM, Cause.GROUP, _why(first)))
         elif m.signalled_at is not None and now >= m.signalled_at + grace and not m.killed:
             out.append(Kill(m.slot, m.attempt, Cause.GROUP, _why(first)))
