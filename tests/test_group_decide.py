@@ -255,3 +255,17 @@ def test_a_trainer_whose_end_came_in_is_not_found_hung():
     sim.group_progress(1)
     observe.end_came(sim.view, TRAINER, 1, sim.now)
     assert not of(sim.tick(10.0), Signal)
+
+
+def test_a_workers_end_and_the_chiefs_death_notice_in_one_round_restart_the_group_without_signalling_the_dead_chief():
+    # the worker's exit status came in first, then (before the next decision) the chief's death notice:
+    # the chief's early restart and rule 11's SIGTERM to it came from one decision, and the SIGTERM's
+    # bookkeeping found the chief restarting already (IllegalTransition: the watchdog's internal error,
+    # the run stopped with exit 70; seen with a group's rollback, whose chief fails within milliseconds)
+    sim = group(2)
+    sim.tick(1.0)
+    sim.reaps(W1, -9)
+    sim.now += 0.001
+    sim.notices(TRAINER)
+    acts = sim.tick(0.01)
+    assert len(of(acts, Restart)) == 1 and not [a for a in of(acts, Signal) if a.slot == TRAINER], acts

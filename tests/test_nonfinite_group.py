@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import committed_steps, final_weights, finish, launch, lifecycle, raw_status
+from conftest import PROGRAMS, committed_steps, final_weights, finish, launch, lifecycle, raw_status
 
 ARGS = ("--strategy", "multiworker", "--save-model-secs", "600", "--save-checkpoint-steps", "10",
         "--step-delay", "0.004", "--print-every-steps", "10")
@@ -136,6 +136,66 @@ def test_a_nan_loss_in_a_group_with_rollback_restarts_the_group_which_skips_the_
     # what the rollback cost: from the first detection to the new group's first step
     secs = events(logdir, "first_step")[-1]["time"] - detected[0]["time"]
     print(f"group rollback: {secs:.3f} s from the detection of step 70 to the group's first step after it")
+
+
+@pytest.fixture(scope="module")
+def plain_skipping_110(shared_result):
+    """The final weights of a plain group run of 120 steps that never applies step 110 (made once, shared)."""
+
+    def produce(folder: str) -> None:
+        code, out, err = finish(launch(folder, *MEMORY, "--steps", "120", "--skip-steps", "110", opts=GROUP))
+        assert code == 0, err
+
+    return final_weights(shared_result("group-skip-110-of-120", produce))
+
+
+def test_a_nan_loss_after_the_groups_last_snapshot_found_at_the_final_checkpoint_rolls_the_group_back_too(
+        logdir, plain_skipping_110):
+    # step 110 is after the last group snapshot (100, every 50 steps) of a 120-step run: no snapshot checks
+    # its loss before the loop ends, only the chief's final checkpoint does (before: exit 4, the group stopped
+    # and the run lost every step since its newest checkpoint on disk)
+    code, out, err = finish(launch(logdir, *MEMORY, "--steps", "120", "--nan-at-steps", "110",
+                                   opts=GROUP + ("--on-nonfinite", "rollback")))
+    assert code == 0, err
+    assert {r["step"] for r in events(logdir, "nonfinite_detected")} == {110}
+    assert [r["step"] for r in events(logdir, "step_skipped")] == [110]
+    assert len(events(logdir, "restarting")) == 1 and not events(logdir, "rolled_back")
+    assert [r.get("code") for r in events(logdir, "exited") if r["role"] == "trainer"] == [5, 0]
+    restored = events(logdir, "restored")
+    assert len(restored) == 1 and restored[0]["source"] == "memory" and restored[0]["step"] == 100, restored
+    for log in ("trainer.2", "worker1.2"):
+        assert "procsv: skipping step 110 again (this run skipped it before); training on from step 111" \
+            in member_log(logdir, log), log
+    assert (raw_status(logdir) or {}).get("skipped_steps") == [110]
+    final = final_weights(logdir)
+    assert final.keys() == plain_skipping_110.keys() and final
+    for name in plain_skipping_110:
+        assert np.array_equal(final[name], plain_skipping_110[name]), name
+
+
+LOCAL_NAN = os.path.join(PROGRAMS, "group_local_nan.py")
+
+
+def test_a_nan_loss_only_one_worker_sees_rolls_the_group_back_once_though_the_chief_fails_first(logdir, tmp_path):
+    # the program watches each member's own loss: only worker1 finds step 70 and exits 5; the chief,
+    # whose loss and weights are finite, fails in its next collective, and its death notice can come
+    # in before its exit status. Before: the group restarted without the skip, again and again
+    # (16 restarts in 57 s, never skipping 70, until the watchdog failed)
+    code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "70", target=LOCAL_NAN,
+                                   opts=GROUP + ("--on-nonfinite", "rollback")))
+    assert code == 0, err
+    assert [r["step"] for r in events(logdir, "nonfinite_detected")] == [70]
+    assert [r["step"] for r in events(logdir, "step_skipped")] == [70]
+    assert len(events(logdir, "restarting")) == 1
+    assert [r.get("code") for r in events(logdir, "exited") if r["role"] == "worker1"] == [5, 0]
+    assert "procsv: skipping step 70 again (this run skipped it before)" in member_log(logdir, "trainer.2")
+    plain = str(tmp_path / "plain")
+    code, out, err = finish(launch(plain, "--steps", "120", "--skip-at", "70", target=LOCAL_NAN, opts=GROUP))
+    assert code == 0, err
+    final, reference = final_weights(logdir), final_weights(plain)
+    assert final.keys() == reference.keys() and final
+    for name in reference:
+        assert np.array_equal(final[name], reference[name]), name
 
 
 def test_a_group_past_max_skips_stops_in_order_with_exit_4_as_a_single_trainer_does(logdir):

@@ -96,3 +96,42 @@ def test_a_groups_members_read_the_skipped_steps_the_watchdog_hands_them(monkeyp
     assert records.from_env() == [40, 70]
     monkeypatch.setenv("PROCSV_SKIP_STEPS", "")
     assert records.from_env() == []
+
+
+def test_a_workers_rollback_is_kept_when_the_chiefs_death_notice_comes_before_its_exit_status():
+    # seen with a program whose watched loss is each member's own (tests/programs/group_local_nan.py):
+    # only the worker finds step 70; it reports, exits 5; the chief fails in its next collective and its
+    # death notice comes in before its exit status. Before: an early restart without the skip, every
+    # time (the group met step 70 again and again, never skipping it)
+    sim = group(2)
+    sim.tick(1.0)
+    reports(sim, W1, 70)
+    sim.reaps(W1, EXIT_GROUP_ROLLBACK, "GroupRollback")
+    sim.tick(0.01)
+    sim.notices(TRAINER)
+    restarts = of(sim.tick(0.01), Restart)
+    assert [r.skip for r in restarts] == [70] and sim.view.skipped_steps == [70], sim.log
+
+
+def test_a_chiefs_death_notice_waits_for_the_exit_status_of_a_member_that_reported_a_non_finite_step():
+    # the other order: the chief's death notice before the reporting worker's exit status
+    sim = group(2)
+    sim.tick(1.0)
+    reports(sim, W1, 70)
+    sim.notices(TRAINER)
+    assert not of(sim.tick(0.01), Restart)  # whether the worker asks for the group's rollback: its exit status says
+    sim.reaps(W1, EXIT_GROUP_ROLLBACK, "GroupRollback")
+    restarts = of(sim.tick(0.01), Restart)
+    assert [r.skip for r in restarts] == [70] and sim.view.skipped_steps == [70], sim.log
+
+
+def test_a_members_exit_5_without_its_report_that_ends_the_run_exits_1_as_any_failure_not_4():
+    # a program's own exit code 5 (no non-finite step reported): a failure like any other, so the
+    # restart limit that ends the run exits 1; before, the launch exited 4, which says "diverging"
+    sim = group(2, restart=RestartPolicy(max_restarts=0))
+    sim.tick(1.0)
+    sim.reaps(W1, EXIT_GROUP_ROLLBACK, "SystemExit")
+    sim.tick(0.01)
+    sim.reaps(TRAINER, 1, "UnavailableError")
+    gave_up = of(sim.tick(0.01), GiveUp)
+    assert len(gave_up) == 1 and "restart limit" in gave_up[0].reason and gave_up[0].exit_code == 1, gave_up

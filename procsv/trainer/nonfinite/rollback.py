@@ -28,7 +28,8 @@ exit code 4 instead.
 In a trainer group (``procsv launch --nproc N``, MultiWorkerMirroredStrategy: each member holds its
 own copy of the variables and every step is a collective) ``rollback`` does not restore in place
 (a member that restored and replayed alone would train out of lock with the others): every member
-checks its losses before its snapshots, and the one that finds step B non-finite asks for the
+checks its losses before its snapshots (the chief at its final checkpoint too: a step after the
+group's last snapshot), and the one that finds step B non-finite asks for the
 group's rollback (:meth:`NonfiniteRollback._ask_group`): it exits with code 5
 (:class:`~procsv.common.errors.GroupRollback`) after its ``NonfiniteDetected`` of B; the watchdog
 records B as skipped and restarts the group, whose members all restore the same state before B
@@ -136,12 +137,18 @@ class NonfiniteRollback(BoundaryWork):
 
     # ------------------------------------------------------------------ the policy
     def refused(self, bad: NonFiniteState, final: bool) -> None:
-        """A snapshot of a poisoned state was refused (``final``: the final checkpoint): the policy."""
+        """A snapshot of a poisoned state was refused (``final``: the final checkpoint): the policy (a
+        group member's final checkpoint with a non-finite loss asks for the group's rollback too)."""
         watch = self.watch
         notices.tell(self._channels, notices.detected(bad.first_step, bad.describe(), watch.position))
         why = ""
         if watch.policy == OnNonfinite.ROLLBACK:
-            why = "the final checkpoint's state" if final else self._roll_back(bad.bad_step, bad.describe())
+            if final and watch.group_refusal and bad.bad_step is not None:
+                # a group's loss after its last snapshot, found at the chief's final checkpoint: the group
+                # rolls back as at a snapshot (its restart replays past the loop's end), within --max-skips
+                why = self._ask_group(bad.bad_step, bad.describe())
+            else:
+                why = "the final checkpoint's state" if final else self._roll_back(bad.bad_step, bad.describe())
             if not why:
                 return
         self.stop_diverged(bad, why, final)

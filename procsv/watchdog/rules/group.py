@@ -16,9 +16,12 @@ policy judges; the other tasks hold ``worker<R>`` slots with the chief's attempt
   A member found hung, else one that stopped on diverging training (exit code 4, or 5: it asked for
   the group's rollback, and :func:`rollback_step` is the first step a member reported), is blamed before
   the breaker: its peers' failures in their next collective are its consequence, and their ends
-  may come in first.
+  may come in first (the chief's attempt waits for the exit status of a member that reported a
+  non-finite step: :func:`reporter_unreaped`).
 - Every other live member then gets SIGTERM (cause ``group``), and SIGKILL after
-  ``group_grace_secs``: a survivor can only fail in its next collective.
+  ``group_grace_secs``: a survivor can only fail in its next collective. A member whose death
+  notice came in is dead already and gets none (the chief's judgement may restart it in the same
+  decision).
 - The next attempt starts all N together, only once every member of the last one is reaped
   and settled (:func:`draining`): its ports are free and no old process can join the new group.
 """
@@ -117,6 +120,15 @@ def rollback_step(view: RunView, chief: ChildView) -> Optional[int]:
     return min(steps) if steps else None
 
 
+def reporter_unreaped(view: RunView, chief: ChildView) -> bool:
+    """Whether a member of the chief's group (of two or more) that reported a non-finite step has
+    not been reaped yet: the chief's attempt is judged once it is, by its exit status (5: it asks for
+    the group's rollback, the step skipped; a peer's end, a death notice of the chief, may come in
+    first: they fail in their next collective when it leaves, and their ends say nothing of the step)."""
+    group = members(view, chief)
+    return len(group) > 1 and any(m.nonfinite_step is not None and not m.reaped for m in group)
+
+
 def group_actions(view: RunView, now: float, grace: float) -> list[Action]:
     """Rule 11: once a member broke the group, stop the rest (SIGTERM, SIGKILL after ``grace``)."""
     chief = view.children.get(TRAINER)
@@ -129,7 +141,8 @@ def group_actions(view: RunView, now: float, grace: float) -> list[Action]:
     for m in members(view, chief):
         if m is first or not m.live:
             continue
-        if m.state in (ProcState.STARTING, ProcState.RUNNING):
+        if m.state in (ProcState.STARTING, ProcState.RUNNING) and m.noticed_dead_at is None:  # (one whose death
+            # is noticed is dead, and its judgement may restart it in this very decision)
             out.append(Signal(m.slot, m.attempt, signal.SIGTERM, Cause.GROUP, _why(first)))
         elif m.signalled_at is not None and now >= m.signalled_at + grace and not m.killed:
             out.append(Kill(m.slot, m.attempt, Cause.GROUP, _why(first)))

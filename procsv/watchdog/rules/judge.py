@@ -87,6 +87,8 @@ def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> li
         # its own (the start-up failure rule) or was killed from outside (not counted by that rule)
         # is known only from the exit status
         return []
+    if group.reporter_unreaped(view, child):
+        return []  # whether it asks for the group's rollback (exit 5, its step skipped) only its exit status says
     code = who.exit_code if who.reaped else 1  # a death notice: some unclean death
     assert code is not None
     if code == EXIT_PREEMPTED and who.hang_cause:
@@ -102,7 +104,7 @@ def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> li
         if verdict.action != Verdict.RESTART or hopeless(child, who.noticed_error, limits) \
                 or who.noticed_error in (DIVERGING_ERROR, GROUP_ROLLBACK_ERROR):
             return []  # stopping or giving up: wait for the exit status to tell the whole story
-        return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, early=True)]
+        return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, early=True, skip=verdict.skip)]
     if verdict.action == Verdict.FINISH:
         return [Finish(child.slot, child.attempt, RunState.SUCCEEDED, 0, verdict.history)]
     if verdict.action == Verdict.STOPPED:
@@ -111,8 +113,9 @@ def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> li
             return [Finish(child.slot, child.attempt, RunState.STOPPED, 128 + sig, verdict.history)]
         return [Finish(child.slot, child.attempt, RunState.STOPPED, EXIT_STOP_UNSAVED, verdict.history, unsaved=True)]
     if verdict.action == Verdict.GIVE_UP:
-        return [GiveUp(child.slot, child.attempt, verdict.reason, verdict.history,
-                       EXIT_DIVERGING if code in (EXIT_DIVERGING, EXIT_GROUP_ROLLBACK) else 1)]
+        diverged = code == EXIT_DIVERGING or (code == EXIT_GROUP_ROLLBACK and ex.rollback_step is not None)
+        return [GiveUp(child.slot, child.attempt, verdict.reason, verdict.history,  # a 5 with no step: a failure
+                       EXIT_DIVERGING if diverged else 1)]
     error = who.failure.error if who.failure is not None else None
     if error is not None and error.type in limits.program_errors:
         return [GiveUp(child.slot, child.attempt, f"the {_name(who)} failed with {error.type}: a failure of the program, "

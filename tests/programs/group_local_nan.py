@@ -1,0 +1,74 @@
+"""A MultiWorkerMirroredStrategy custom loop as users write it, whose watched loss is each member's
+own (``experimental_local_results``: no collective for a logged number), so that a NaN in one
+member's loss is seen by that member alone: its gradients are finite (the NaN is a term without a
+gradient, as a masked input's would be), the weights stay finite and the other members' losses too.
+
+    --nan-at N      at step N, worker 1's watched loss is NaN (repeatable)
+    --skip-at N     step N applies nothing on every member (repeatable): the plain run that never applied it
+    --steps N       train to step N
+    --exit-at N     worker 1 exits with code 5 at step N, once in the logdir (no NaN, no report: a
+                    program's own exit code, not a rollback)
+
+The batch of step n is a function of n and the member's rank alone.
+"""
+
+import argparse
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import procsv  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--nan-at", type=int, action="append", default=[])
+p.add_argument("--skip-at", type=int, action="append", default=[])
+p.add_argument("--steps", type=int, default=120)
+p.add_argument("--exit-at", type=int, default=None)
+args = p.parse_args()
+
+keras.utils.set_random_seed(0)
+tf.config.experimental.enable_op_determinism()
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+rank = procsv.cluster.rank()
+with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+    optimizer.build(model.trainable_variables)
+sv = procsv.Supervisor(checkpoint=tf.train.Checkpoint(model=model, optimizer=optimizer), save_model_secs=600)
+
+
+@tf.function
+def train(x, y, term):  # type: ignore[no-untyped-def]
+    def replica(x, y):  # type: ignore[no-untyped-def]
+        with tf.GradientTape() as tape:
+            loss = tf.nn.compute_average_loss(tf.square(model(x, training=True) - y)[:, 0], global_batch_size=16)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    local = strategy.experimental_local_results(strategy.run(replica, args=(x, y)))[0]
+    return {"loss": local + term}  # the member's own loss, watched; ``term``: no gradient flows through it
+
+
+def one_step():  # type: ignore[no-untyped-def]
+    s = sv.step
+    marker = os.path.join(sv.logdir or ".", "exited-at")
+    if rank == 1 and s == args.exit_at and not os.path.exists(marker):
+        open(marker, "w").close()
+        raise SystemExit(5)
+    if s in args.skip_at:
+        return None
+    xs = np.sin(np.arange(32, dtype=np.float32) * 0.37 + s * 1.3 + rank * 0.7).reshape(8, 4).astype(np.float32)
+    ys = xs.sum(axis=1, keepdims=True) * 0.5 + 0.1
+    term = np.float32(np.nan) if (rank == 1 and s in args.nan_at) else np.float32(0.0)
+    return train(xs, ys, tf.constant(term))
+
+
+with sv.managed_session() as sess:
+    while not sv.should_stop() and sv.step < args.steps:
+        sess.run(one_step)
+print(f"group_local_nan: ended at step {sv.step}", flush=True)
