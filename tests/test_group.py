@@ -179,7 +179,7 @@ def test_a_worker_failing_at_import_fails_the_group_start_with_backoff_and_no_st
 
 def test_bad_group_and_multi_host_options_are_one_line_usage_errors(tmp_path):
     cases = ((("--nproc", "0"), "--nproc must be >= 1"),
-             (("--nproc", "2", "--standby", "hot"), "--standby hot needs a single trainer"),
+             (("--nnodes", "2", "--master-addr", "h:1", "--standby", "hot"), "--standby hot needs one host"),
              (("--nproc", "2", "--group-grace-secs", "-1"), "--group-grace-secs must be >= 0"),
              (("--nnodes", "2"), "--nnodes 2 needs --master-addr HOST:PORT"),
              (("--nnodes", "2", "--master-addr", "h:x"), "--nnodes 2 needs --master-addr HOST:PORT"),

@@ -39,6 +39,7 @@ from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.publish.events import Report
 from procsv.watchdog.pstasks import PsCluster
 from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable, zygote_env
+from procsv.watchdog.rules import standby
 from procsv.watchdog.rules.group import blame, worker_slot
 from procsv.watchdog.rules.state import PS, SERVER, STANDBY, TRAINER, WORKER, RunView, ZygoteState
 
@@ -185,41 +186,45 @@ class Executor:
         self.spawn(action.slot, TRAINER)
 
     def _spawn_standby(self) -> None:
-        """Ask the zygote for a hot standby, prepared to become the trainer's next attempt."""
+        """Ask the zygote for a hot standby, prepared to become the trainer's next attempt; with
+        ``--nproc N`` a standby group of N, on the next group's ``TF_CONFIG`` (ports of its own)."""
         trainer = self.view.children[TRAINER]
         attempt = trainer.attempt + 1
         if self.zygote is None or not self.zygote.ready:
             return
-        env = self._env(TRAINER, attempt)
-        env[STANDBY_ENV] = "1"
-        mutex: Optional[RobustMutex] = None
-        try:
-            mutex = RobustMutex(self.runtime.standby_mutex(attempt), create=True)
-            env[DEATH_MUTEX] = mutex.path
-        except OSError:
-            mutex = None
-        log_path = self.layout.attempt_log(TRAINER, attempt)
-        try:
-            self.zygote.request_fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd)
-        except (ZygoteUnavailable, OSError) as exc:
-            if mutex is not None:
-                mutex.remove()
-            self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); no standby, restarts start fresh")
-            return
-        self.forks[STANDBY] = PendingFork(STANDBY, attempt, env, log_path, mutex, STANDBY)
-        observe.fork_requested(self.view)
+        n = self.limits.world
+        extras = self._group(attempt)[2] if n > 1 else [{}]
+        for rank in range(n):
+            name = TRAINER if rank == 0 else worker_slot(rank)
+            env = {**self._env(name, attempt), **extras[rank], STANDBY_ENV: "1"}
+            mutex = self._death_mutex(self.runtime.standby_mutex(attempt, rank), env)
+            log_path = self.layout.attempt_log(name, attempt)
+            try:
+                self.zygote.request_fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd, rank)
+            except (ZygoteUnavailable, OSError) as exc:
+                if mutex is not None:
+                    mutex.remove()
+                self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); no standby, restarts start fresh")
+                return  # (members asked already: their answers fail with it, poll_fork)
+            slot = standby.slot(rank)
+            self.forks[slot] = PendingFork(slot, attempt, env, log_path, mutex, STANDBY, rank)
+            observe.fork_requested(self.view)
 
     def _promote(self, action: Promote) -> None:
-        """Wake the standby (SIGUSR1): it becomes the trainer's next attempt and restores."""
+        """Wake the standby (SIGUSR1): it becomes the trainer's next attempt and restores (a standby
+        group's member R: the next attempt's worker R; the decision promotes every member in turn)."""
+        rank = standby.rank_of(action.slot)
+        slot = TRAINER if rank == 0 else worker_slot(rank)
         handle = self.handles.pop((action.slot, action.attempt))
-        handle.slot = TRAINER
-        self.handles[(TRAINER, action.attempt)] = handle
+        handle.slot = slot
+        self.handles[(slot, action.attempt)] = handle
         handle.send_signal(signal.SIGUSR1)
         note(self.view, action, self.clock(), self.limits)
-        self.report([Report(Event.RESTARTED, {"attempt": action.attempt}),
-                     Report(Event.SPAWNED, {"role": TRAINER, "attempt": action.attempt, "pid": handle.pid,
-                                            "via": "standby"},
-                            say=f"procsv: promoted the standby trainer (pid {handle.pid}) to attempt {action.attempt}")])
+        name = "trainer" if rank == 0 else f"trainer group's {slot}"
+        say = f"procsv: promoted the standby {name} (pid {handle.pid}) to attempt {action.attempt}"
+        self.report(([Report(Event.RESTARTED, {"attempt": action.attempt})] if rank == 0 else [])
+                    + [Report(Event.SPAWNED, {"role": slot, "attempt": action.attempt, "pid": handle.pid,
+                                              "via": "standby"}, say=say)])
 
     def _env(self, role: str, attempt: int) -> dict[str, str]:
         """The environment of ``role``'s attempt ``attempt`` (its coordinates and the launch's settings)."""
@@ -241,26 +246,41 @@ class Executor:
         if role != TRAINER:
             return self._fresh(slot, role, attempt, self._env(role, attempt), self.layout.attempt_log(role, attempt),
                                None)
-        world, n = self.limits.world, self.limits.nproc
-        if world == 1:
+        if self.limits.world == 1:
             return self._spawn_member(TRAINER, TRAINER, attempt, 0, {})
+        cluster, common, extras = self._group(attempt)
+        chief: Optional[ChildProcess] = None
+        for rank in range(self.limits.nproc):
+            started = self._spawn_member(TRAINER if rank == 0 else worker_slot(rank), TRAINER if rank == 0 else WORKER,
+                                         attempt, rank, extras[rank])
+            chief = chief or started
+        if self.remote is not None:
+            self.remote.start(attempt, cluster, common)
+        return chief
+
+    def _group(self, attempt: int) -> tuple[list[str], dict[str, str], list[dict[str, str]]]:
+        """Group attempt ``attempt``'s addresses (this host's members on ports free now, then each
+        other host's), the environment every member shares, and each of this host's members' own."""
+        n = self.limits.nproc
         host = self.cfg.master_addr.rpartition(":")[0] if self.remote is not None and self.cfg.master_addr \
             else "127.0.0.1"
         cluster = [f"{host}:{port}" for port in spawn.free_ports(n, host)]
         for node in range(1, self.limits.nnodes):  # each agent reported its next members' addresses
             cluster += self.view.nodes[node].addresses[:n]
         job = self.remote.link.job if self.remote is not None else self.job
-        common = {NPROC: str(world), GROUP_PIN: self.layout.group_pin(job, attempt),
+        common = {NPROC: str(self.limits.world), GROUP_PIN: self.layout.group_pin(job, attempt),
                   GROUP_SNAPSHOT_STEPS: str(group_snapshot_steps_for(self.limits.nnodes))}  # K: every member's
-        chief: Optional[ChildProcess] = None
-        for rank in range(n):
-            extra = {**common, "TF_CONFIG": make_tf_config(cluster, rank), RANK: str(rank)}
-            started = self._spawn_member(TRAINER if rank == 0 else worker_slot(rank), TRAINER if rank == 0 else WORKER,
-                                         attempt, rank, extra)
-            chief = chief or started
-        if self.remote is not None:
-            self.remote.start(attempt, cluster, common)
-        return chief
+        return cluster, common, [{**common, "TF_CONFIG": make_tf_config(cluster, r), RANK: str(r)} for r in range(n)]
+
+    @staticmethod
+    def _death_mutex(path: str, env: dict[str, str]) -> Optional[RobustMutex]:
+        """A child's death-notice mutex, named in its ``env`` (None: no early notice, the pidfd alone tells)."""
+        try:
+            mutex = RobustMutex(path, create=True)
+        except OSError:
+            return None
+        env[DEATH_MUTEX] = mutex.path
+        return mutex
 
     def _spawn_member(self, slot: str, role: str, attempt: int, rank: int, extra: dict[str, str]
                       ) -> Optional[ChildProcess]:
@@ -269,12 +289,7 @@ class Executor:
         env = self._env(name, attempt)
         env.update(extra)
         log_path = self.layout.attempt_log(name, attempt)
-        mutex: Optional[RobustMutex] = None
-        try:
-            mutex = RobustMutex(self.runtime.trainer_mutex(attempt, rank), create=True)
-            env[DEATH_MUTEX] = mutex.path
-        except OSError:
-            mutex = None  # no early notice: the pidfd alone tells of the death
+        mutex = self._death_mutex(self.runtime.trainer_mutex(attempt, rank), env)
         if self.zygote is not None and self.zygote.ready:
             try:
                 self.zygote.request_fork(attempt, self.cfg.target, self.cfg.args, env, log_path, self.cfg.cwd, rank)
@@ -309,12 +324,12 @@ class Executor:
         if proc is not None:
             self._started(pending.slot, pending.role, pending.attempt, proc, pending.log_path, pending.mutex, "zygote")
             return
-        if pending.slot == STANDBY and pending.mutex is not None:  # no standby this time: no process will hold it
+        if pending.role == STANDBY and pending.mutex is not None:  # no standby this time: no process will hold it
             pending.mutex.remove()  # (the zygote is given up below, or was already)
         if self.zygote is not None:
             self.zygote.kill()  # a zygote that does not answer is not trusted with the next one either
             self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({why}); starting a fresh one")
-        if pending.slot != STANDBY:
+        if pending.role != STANDBY:
             mutex = pending.fresh_mutex()  # (the fork may have started late: it holds the old one)
             self._fresh(pending.slot, pending.role, pending.attempt, pending.env, pending.log_path, mutex)
 
@@ -327,9 +342,12 @@ class Executor:
 
     def _started(self, slot: str, role: str, attempt: int, proc: Process, log_path: str,
                  mutex: Optional[RobustMutex], via: str) -> ChildProcess:
-        # a standby is a trainer process; a group's worker is known by its task (worker1.3.log)
-        handle = ChildProcess(slot, TRAINER if role == STANDBY else slot if role in (WORKER, PS, SERVER) else role, attempt, proc,
-                              log_path)
+        # a standby is a trainer process (a standby group's member R: worker R's); a group's worker is known
+        # by its task (worker1.3.log)
+        rank = standby.rank_of(slot) if role == STANDBY else 0
+        name = (TRAINER if rank == 0 else worker_slot(rank)) if role == STANDBY else \
+            slot if role in (WORKER, PS, SERVER) else role
+        handle = ChildProcess(slot, name, attempt, proc, log_path)
         handle.take_over_log(self.handles.values())
         self.handles[(slot, attempt)] = handle
         self._register(handle)

@@ -17,7 +17,9 @@ policy judges; the other tasks hold ``worker<R>`` slots with the chief's attempt
   the breaker: its peers' failures in their next collective are its consequence, and their ends
   may come in first.
 - Every other live member then gets SIGTERM (cause ``group``), and SIGKILL after
-  ``group_grace_secs``: a survivor can only fail in its next collective.
+  ``group_grace_secs``: a survivor can only fail in its next collective. With a standby group ready
+  to be promoted (:mod:`procsv.watchdog.rules.standby`) it is SIGKILLed at once (cause ``group_now``):
+  the next group restores the members' in-memory copies, not what a survivor would save.
 - The next attempt starts all N together, only once every member of the last one is reaped
   and settled (:func:`draining`): its ports are free and no old process can join the new group.
 """
@@ -108,8 +110,9 @@ def diverging(member: ChildView) -> bool:
     return (member.reaped and member.exit_code == EXIT_DIVERGING) or member.noticed_error == DIVERGING_ERROR
 
 
-def group_actions(view: RunView, now: float, grace: float) -> list[Action]:
-    """Rule 11: once a member broke the group, stop the rest (SIGTERM, SIGKILL after ``grace``)."""
+def group_actions(view: RunView, now: float, grace: float, at_once: bool = False) -> list[Action]:
+    """Rule 11: once a member broke the group, stop the rest (SIGTERM, SIGKILL after ``grace``;
+    ``at_once``, a standby group being ready: SIGKILL now)."""
     chief = view.children.get(TRAINER)
     if chief is None or not workers(view):
         return []
@@ -118,9 +121,11 @@ def group_actions(view: RunView, now: float, grace: float) -> list[Action]:
         return []
     out: list[Action] = []
     for m in members(view, chief):
-        if m is first or not m.live:
+        if m is first or not m.live or m.killed:
             continue
-        if m.state in (ProcState.STARTING, ProcState.RUNNING):
+        if at_once:
+            out.append(Kill(m.slot, m.attempt, Cause.GROUP_NOW, _why(first)))
+        elif m.state in (ProcState.STARTING, ProcState.RUNNING):
             out.append(Signal(m.slot, m.attempt, signal.SIGTERM, Cause.GROUP, _why(first)))
         elif m.signalled_at is not None and now >= m.signalled_at + grace and not m.killed:
             out.append(Kill(m.slot, m.attempt, Cause.GROUP, _why(first)))
