@@ -103,8 +103,8 @@ def promotable(view: RunView, size: int = 1) -> bool:
 def broken(view: RunView) -> list[Action]:
     """A standby group's member ended before its promotion: the rest of it is SIGKILLed (it can never
     take a collective step without that member); rule 1 settles each, and another group is prepared."""
-    sbs = members(view)
-    if len(sbs) < 2 or not any(c.reaped or c.noticed_dead_at is not None for c in sbs):
+    sbs = members(view)  # (a member settled already belongs to a group replaced since, member by member)
+    if len(sbs) < 2 or not any((c.reaped or c.noticed_dead_at is not None) and not c.settled for c in sbs):
         return []
     return [Kill(c.slot, c.attempt, Cause.STANDBY_LOST) for c in sbs if c.live and not c.killed
             and c.noticed_dead_at is None]
