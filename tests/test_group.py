@@ -282,11 +282,18 @@ def test_a_group_sigkilled_at_random_ends_bit_equal_to_an_uninterrupted_group_an
     assert killed.keys() == whole.keys() and killed
     for name in whole:
         assert np.array_equal(killed[name], whole[name]), name
-    spawned = {r["pid"]: r["time"] for r in events(logdir, "spawned") if r["role"] == "trainer"}
+    spawned: dict[int, float] = {}  # a chief's process started: forked as the chief, or as the standby promoted
+    for r in events(logdir, "spawned"):
+        if r["role"] in ("trainer", "standby"):
+            spawned.setdefault(r["pid"], r["time"])
+    promoted = {r["pid"]: r["time"] for r in events(logdir, "spawned")
+                if r["role"] == "trainer" and r["via"] == "standby"}
     for r in events(logdir, "restored") + events(logdir, "initialized"):
         # the chief's start, in order: spawned, began preparing (its program's start-up done), warmed up,
-        # restored (the watchdog's record of it comes after, on the same clock)
+        # restored (the watchdog's record of it comes after, on the same clock); a standby group's chief
+        # warmed up before its promotion
         assert spawned[r["pid"]] <= r["prepared_at"] <= r["prepared_at"] + r["warm_secs"] <= r["time"], r
+        assert r["prepared_at"] + r["warm_secs"] <= promoted.get(r["pid"], r["time"]), r
         assert r["warm_secs"] > 0 and r["prepared_at"] + r["warm_secs"] + r["secs"] <= r["time"] + 0.01, r
 
 
