@@ -63,7 +63,8 @@ def test_a_sigkilled_worker_then_chief_are_replaced_by_the_standby_group_restori
     # issue 54 point 3: worker1, then the chief of the promoted group, SIGKILLed mid-interval with a standby
     # group ready: the survivor is SIGKILLed at once, both standby members are promoted together (the
     # spawned records say so; no member is forked), both restore the same step from the group's in-memory
-    # copies, and the run ends bit-equal to an uninterrupted group (on main a group has no standby: forked)
+    # copies, and the run ends bit-equal to an uninterrupted group (on main a group has no standby: forked),
+    # although every standby member ran the step once (on shadow copies of its variables, collectives among them)
     proc = launch(logdir, *SB, "--steps", "500", opts=GROUP)
     standbys = []
     try:
@@ -82,6 +83,9 @@ def test_a_sigkilled_worker_then_chief_are_replaced_by_the_standby_group_restori
         assert set(got) == {"trainer", "worker1"} and set(got.values()) == pids, (attempt, got, pids)
         assert forked(logdir, attempt) == [], attempt
     assert out.count("the standby group is ready; killing the group's") == 2, out
+    for log in ("trainer.2", "worker1.2", "trainer.3", "worker1.3"):  # its step ran, on shadows, among its members
+        with open(os.path.join(logdir, "logs", f"{log}.log")) as fh:
+            assert "procsv: standby ran train_step once on shadow copies of its variables" in fh.read(), log
     restored = events(logdir, "restored")
     assert [r["source"] for r in restored] == ["memory", "memory"], restored
     for attempt, record in zip((1, 2), restored):
