@@ -49,9 +49,9 @@ class WarmUps:
         session is prepared, before the restore, and have TensorFlow instantiate the traced function
         (optimize and place its graph); in a hot standby before it waits, so that a promoted
         standby's first step pays neither. Nothing runs: no variable changes, no summary (this
-        module's docstring says how). In a group (``--nproc`` > 1) it is only traced. Give
-        arguments of the loop's shapes and dtypes (numpy arrays or tensors; another shape is traced
-        again at its first call, as always)."""
+        module's docstring says how). In a group (``--nproc`` > 1) it is only traced (a standby group's
+        member also runs it on shadows). Give arguments of the loop's shapes and dtypes (numpy arrays
+        or tensors; another shape is traced again at its first call, as always)."""
         if not callable(getattr(fn, "get_concrete_function", None)):
             raise TypeError(f"Supervisor.warm_up takes a tf.function, not {type(fn).__name__}")
         self._pending.append((fn, args, kwargs))
@@ -164,7 +164,8 @@ def run_on_shadows(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     iterator procsv made for the warm-up (:func:`disposable`: then reading from it is allowed too),
     shadows larger than :data:`MEMORY_SHARE` of ``available()`` bytes, or a TensorFlow without the
     hook used. ``collectives`` (a standby group's member): these collective ops are allowed, and a
-    captured handle of a variable the step does not list (their ordering token) is shadowed too. A step that fails on the shadows is reported and not raised: the first real step
+    captured handle of a variable the step does not list (their ordering token) is shadowed too. A
+    step that fails on the shadows is reported and not raised: the first real step
     runs it for real. It costs the standby one step (and the copies) before it is ready. A call
     that ran without passing through the hook (a TensorFlow that calls the function some other
     way: then it ran on the real variables) is an :class:`UnsupportedState` error, never silent.
