@@ -110,6 +110,16 @@ class ChildProcess:
         pidfd: nothing is sent once it is reaped."""
         pidfds.send(self.pidfd, sig)
 
+    def promote(self) -> None:
+        """Wake a hot standby (SIGUSR1), its main thread set back to normal CPU priority first: under
+        ``SCHED_IDLE`` on a loaded CPU it would wait for a core before it could raise itself (it raises
+        its other threads; where this process may not do it, the standby does it all)."""
+        try:
+            os.sched_setscheduler(self.pid, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            pass
+        self.send_signal(signal.SIGUSR1)
+
     def kill_group(self, sig: int = signal.SIGKILL) -> None:
         """Signal the child's whole process group (it leads its own session), only while the child
         is unreaped (its pidfd reaches it): then the group's id is still its own. After that, what

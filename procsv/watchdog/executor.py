@@ -218,7 +218,7 @@ class Executor:
         handle = self.handles.pop((action.slot, action.attempt))
         handle.slot = slot
         self.handles[(slot, action.attempt)] = handle
-        handle.send_signal(signal.SIGUSR1)
+        handle.promote()
         note(self.view, action, self.clock(), self.limits)
         name = "trainer" if rank == 0 else f"trainer group's {slot}"
         say = f"procsv: promoted the standby {name} (pid {handle.pid}) to attempt {action.attempt}"
