@@ -237,9 +237,9 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                              f"hosts reach), not {args.master_addr!r}")
     check_ps(args.ps, args.workers, args.nproc, args.nnodes, args.standby, args.on_worker_give_up)
     check_coordinator(args.coordinator, args.ps, args.nnodes)
-    if args.nproc * args.nnodes > 1 and args.standby == "hot":
-        raise UsageError("--standby hot needs a single trainer: a group of --nproc trainers restarts together from "
-                         "the pre-warmed trainer (--standby fork, the default with --nproc)")
+    if args.nnodes > 1 and args.standby == "hot":
+        raise UsageError("--standby hot needs one host: a group over --nnodes hosts restarts together from the "
+                         "pre-warmed trainers (--standby fork, the default with --nnodes)")
     from procsv.watchdog.multihost.slurm import after_run, parse_preempt_signal, warn_grace
 
     preempt_signal = parse_preempt_signal(args.preempt_signal, args.requeue_on_preempt, placed.job_id)
@@ -251,8 +251,8 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        stop_grace_secs=args.stop_grace_secs, quiet=args.quiet, hang_timeout=args.hang_timeout,
                        startup_timeout=args.startup_timeout, hang_grace_secs=args.hang_grace_secs,
                        chaos=args.chaos, prewarm=not args.no_prewarm and args.standby != "off",
-                       standby="off" if args.no_prewarm else "fork"  # a group, or --ps: no hot standby
-                       if (args.nproc * args.nnodes > 1 or args.ps) and args.standby == "auto" else args.standby,
+                       standby="off" if args.no_prewarm else "fork"  # hosts, or --ps: no hot standby (group)
+                       if (args.nnodes > 1 or args.ps) and args.standby == "auto" else args.standby,
                        nproc=args.workers if args.ps else args.nproc, ps=args.ps, coordinator=args.coordinator,
                        worker_give_up=args.on_worker_give_up or "continue",
                        group_grace_secs=args.group_grace_secs, nnodes=args.nnodes,

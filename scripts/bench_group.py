@@ -15,6 +15,10 @@
 (c) group preemption: SIGTERM to the launch at step >= 100; steps lost = ``finished`` step - ``preempted``
     checkpoint's step; the launch must exit 143;
 (d) stall detection: SIGSTOP of worker1 under ``--hang-timeout 3 --hang-grace-secs 1`` -> ``hang_detected``.
+In (a) each kill waits until the watchdog's standby group for the next attempt is ready (``standby_ready`` of
+both members); a promoted group was up and built before the kill, so its TF start-up and build are 0 and its
+restore counts from the promotion. ``--fork-too``: (a) also with ``--standby fork`` (each restart forks the
+whole group, as before the standby group), its runs interleaved with the others'; ``--mttr-only``: (a) alone.
 ``--prewarm``: (a) by a standby pair of plain processes woken at the kill, its step traced (``warm``), and also run
 once among its members (``warm+step``): what a pre-warmed group would bring (``scripts/bench_group_prewarm.py``),
 beside procsv's in the same run. ``--hosts`` (root): (a) again with worker1 on a second "host", a network namespace on a veth bridge
@@ -230,9 +234,15 @@ def second_host() -> Any:
         ip("link", "del", BRIDGE)
 
 
-def group_kills(logdir: str, hosts: bool = False) -> dict[str, Any]:
+def standby_group_ready(logdir: str, attempt: int) -> bool:
+    """Both members of the standby group for ``attempt`` said ready (``standby_ready``)."""
+    return len([e for e in events(logdir) if e["event"] == "standby_ready" and e["attempt"] == attempt]) >= 2
+
+
+def group_kills(logdir: str, hosts: bool = False, standby: str = "auto") -> dict[str, Any]:
     """(a) one procsv run: KILLS SIGKILLs of worker1, each MTTR with its breakdown; the run's correctness.
-    ``hosts``: worker1 runs on a second "host" (a network namespace) under its node agent."""
+    ``hosts``: worker1 runs on a second "host" (a network namespace) under its node agent. ``standby``:
+    ``--standby`` (``auto``: each kill waits for the standby group; ``fork``: each restart forks the group)."""
     steps = GAP * (KILLS + 1) + 400
     example = [*EXAMPLE, "--steps", str(steps), "--save-model-secs", "1"]
     agent: Optional[subprocess.Popen[bytes]] = None
@@ -241,12 +251,14 @@ def group_kills(logdir: str, hosts: bool = False) -> dict[str, Any]:
         proc = launch(logdir, [], example, group)
         agent = launch(logdir, [], example, (*group, "--node-rank", "1"), ("ip", "netns", "exec", NS), ".agent")
     else:
-        proc = launch(logdir, [], example)
+        proc = launch(logdir, ["--standby", standby], example)
     rows: list[dict[str, float]] = []
     try:
         for a in range(1, KILLS + 1):
             first = wait(lambda: chief_first_step(logdir, a), 180, f"attempt {a}'s first step")
             wait(lambda: step_at_least(logdir, first["step"] + GAP), 120, "training before the kill")
+            if standby != "fork" and not hosts:
+                wait(lambda: standby_group_ready(logdir, a + 1), 180, f"the standby group for attempt {a + 1}")
             pid = wait(lambda: worker_pid(logdir, a), 30, "worker1's pid")
             t_kill = time.time()
             os.kill(pid, signal.SIGKILL)
@@ -261,10 +273,14 @@ def group_kills(logdir: str, hosts: bool = False) -> dict[str, Any]:
             up = strategy_up(logdir, a + 1)
             if up is None or restored.get("prepared_at") is None:
                 raise BenchError(f"the new chief's start-up records of restart {a} missing")
-            # restore: from the end of its warm-up (prepared_at + warm_secs) to the watchdog's record
-            marks = [t_kill, dead["noticed"], chief["noticed"], max(e["time"] for e in spawned if e), up,
-                     restored["prepared_at"] + restored["warm_secs"], restored["time"], nxt["time"]]
-            rows.append({"mttr": nxt["time"] - t_kill,
+            woken = max(e["time"] for e in spawned if e)  # spawned, or the standby group promoted
+            # restore: from the end of its warm-up (prepared_at + warm_secs) to the watchdog's record; a
+            # promoted standby group was up and built before the kill: its restore counts from its promotion
+            promoted = spawned[0]["via"] == "standby"
+            built = woken if promoted else restored["prepared_at"] + restored["warm_secs"]
+            marks = [t_kill, dead["noticed"], chief["noticed"], woken, woken if promoted else up, built,
+                     restored["time"], nxt["time"]]
+            rows.append({"mttr": nxt["time"] - t_kill, "promoted": float(promoted),
                          **{k: marks[i + 1] - marks[i] for i, k in enumerate(PARTS)}})
         proc.wait(300)  # the run trains on to --steps and ends by itself
     finally:
@@ -399,6 +415,30 @@ def stall_trial(logdir: str) -> dict[str, Any]:
             "left": leftovers(logdir)}
 
 
+def mttr_report(runs: list[dict[str, Any]], forks: list[dict[str, Any]], load: list[float], failures: list[str],
+                left: int) -> int:
+    """``--mttr-only``: (a)'s table, the standby group's runs beside ``--standby fork``'s."""
+    med = statistics.median
+
+    def col(rs: list[dict[str, Any]], key: str) -> str:
+        return median_spread([med([x[key] for x in run["rows"]]) for run in rs], ".3f") if rs else ""
+
+    print(f"\n{len(runs)} repeat(s) x {KILLS} kills; median of repeats (min-max); load average {load[0]:.2f} at the "
+          f"start, {load[1]:.2f} at the end ({os.cpu_count()} CPUs)")
+    print(f"{'(a) worker1 SIGKILL -> first synchronized step':<46} {'standby group':>22} {'--standby fork':>22}")
+    for key, name in (("mttr", "MTTR, s"), ("detect", "  detect"), ("stop", "  stop survivors"),
+                      ("spawn", "  spawn / promote"), ("tf", "  TF start-up"), ("build", "  build"),
+                      ("restore", "  restore"), ("first", "  first step")):
+        print(f"{name:<46} {col(runs, key):>22} {col(forks, key):>22}")
+    failures += [f"{left} process(es) of a run left behind (killed)"] if left else []
+    for f in failures:
+        print(f"bench_group: FAILED: {f}", file=sys.stderr)
+    mttr = [med([x["mttr"] for x in run["rows"]]) for run in runs]
+    fork = [med([x["mttr"] for x in run["rows"]]) for run in forks]
+    print(f"group_mttr_s={med(mttr):.3f}" + (f" fork_mttr_s={med(fork):.3f}" if fork else ""))
+    return 1 if failures else 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3, help="runs of (a) and (d), trials of (b); (c) max(5, this)")
@@ -412,6 +452,10 @@ def main() -> int:
                         "and off (scripts/bench_group_tier.py, which runs them alone)")
     p.add_argument("--hosts", action="store_true",
                    help="also (a) with worker1 on a second host: a network namespace under its node agent (root)")
+    p.add_argument("--fork-too", action="store_true",
+                   help="also (a) with --standby fork (each restart forks the whole group: no standby group), "
+                        "its runs interleaved with the others")
+    p.add_argument("--mttr-only", action="store_true", help="(a) alone (no fresh pair, no (b), (c), (d))")
     args = p.parse_args()
     import bench_group_tier as tier_bench  # (it imports this module's helpers)
 
@@ -423,17 +467,26 @@ def main() -> int:
     failures: list[str] = []
     left = 0
     try:
-        runs, bases = [], []
+        runs, bases, forks = [], [], []
         for r in range(repeats):
-            runs.append(run := group_kills(os.path.join(root, f"a{r}")))
+            for fork in (False, True) if args.fork_too and r % 2 == 0 else (True, False) if args.fork_too else (False,):
+                (forks if fork else runs).append(run := group_kills(os.path.join(root, f"a{r}{'f' * fork}"),
+                                                                    standby="fork" if fork else "auto"))
+                left += run["left"]
+                if not run["ok"]:
+                    failures.append(f"(a{' fork' * fork}) run {r + 1} did not finish at --steps with exit 0")
+                kills = ", ".join(f"{x['mttr']:.3f} ({(k := max(PARTS, key=x.__getitem__))} {x[k]:.3f})"
+                                  for x in run["rows"])
+                print(f"repeat {r + 1}{' (--standby fork)' * fork}: group MTTR per kill, s (its longest part): "
+                      f"{kills}; promoted {sum(int(x['promoted']) for x in run['rows'])} of {len(run['rows'])}; "
+                      f"load {os.getloadavg()[0]:.1f}", flush=True)
+            if args.mttr_only:
+                continue
             bases.append(base := fresh_restarts(os.path.join(root, f"f{r}")))
-            left += run["left"]
-            if not run["ok"]:
-                failures.append(f"(a) run {r + 1} did not finish at --steps with exit 0")
-            kills = ", ".join(f"{x['mttr']:.3f} ({(k := max(PARTS, key=x.__getitem__))} {x[k]:.3f})"
-                              for x in run["rows"])
-            print(f"repeat {r + 1}: group MTTR per kill, s (its longest part): {kills}; fresh restart "
-                  f"{', '.join(format(x['total'], '.3f') for x in base)}", flush=True)
+            print(f"repeat {r + 1}: fresh restart {', '.join(format(x['total'], '.3f') for x in base)}", flush=True)
+        if args.mttr_only:
+            load.append(os.getloadavg()[0])
+            return mttr_report(runs, forks, load, failures, left)
         warm = (bench_group_prewarm.measure(os.path.join(root, "p"), repeats, ("warm", "warm+step"))
                 if args.prewarm else {})
         host_runs: list[dict[str, Any]] = []
@@ -492,6 +545,8 @@ def main() -> int:
     for row in [
         ("(a) MTTR kill->first step after restore, s", cell(mttr), cell(fresh) + "*", "<= 2 s"),
         ("    ratio procsv / fresh restart", cell(ratio), "", "<= 0.25"),
+        *([("(a) --standby fork (no standby group): MTTR, s",
+            cell([med([x["mttr"] for x in run["rows"]]) for run in forks]), "", "")] if forks else []),
         *([("(a) two hosts: MTTR, s", cell(host_mttr), cell(fresh) + "*", "<= 2 s"),
            ("    ratio procsv / fresh restart (one host)", cell([m / b for m, b in zip(host_mttr, fresh)]), "",
             "<= 0.25")] if host_mttr else []),

@@ -179,7 +179,7 @@ def test_a_worker_failing_at_import_fails_the_group_start_with_backoff_and_no_st
 
 def test_bad_group_and_multi_host_options_are_one_line_usage_errors(tmp_path):
     cases = ((("--nproc", "0"), "--nproc must be >= 1"),
-             (("--nproc", "2", "--standby", "hot"), "--standby hot needs a single trainer"),
+             (("--nnodes", "2", "--master-addr", "h:1", "--standby", "hot"), "--standby hot needs one host"),
              (("--nproc", "2", "--group-grace-secs", "-1"), "--group-grace-secs must be >= 0"),
              (("--nnodes", "2"), "--nnodes 2 needs --master-addr HOST:PORT"),
              (("--nnodes", "2", "--master-addr", "h:x"), "--nnodes 2 needs --master-addr HOST:PORT"),
@@ -282,11 +282,18 @@ def test_a_group_sigkilled_at_random_ends_bit_equal_to_an_uninterrupted_group_an
     assert killed.keys() == whole.keys() and killed
     for name in whole:
         assert np.array_equal(killed[name], whole[name]), name
-    spawned = {r["pid"]: r["time"] for r in events(logdir, "spawned") if r["role"] == "trainer"}
+    spawned: dict[int, float] = {}  # a chief's process started: forked as the chief, or as the standby promoted
+    for r in events(logdir, "spawned"):
+        if r["role"] in ("trainer", "standby"):
+            spawned.setdefault(r["pid"], r["time"])
+    promoted = {r["pid"]: r["time"] for r in events(logdir, "spawned")
+                if r["role"] == "trainer" and r["via"] == "standby"}
     for r in events(logdir, "restored") + events(logdir, "initialized"):
         # the chief's start, in order: spawned, began preparing (its program's start-up done), warmed up,
-        # restored (the watchdog's record of it comes after, on the same clock)
+        # restored (the watchdog's record of it comes after, on the same clock); a standby group's chief
+        # warmed up before its promotion
         assert spawned[r["pid"]] <= r["prepared_at"] <= r["prepared_at"] + r["warm_secs"] <= r["time"], r
+        assert r["prepared_at"] + r["warm_secs"] <= promoted.get(r["pid"], r["time"]), r
         assert r["warm_secs"] > 0 and r["prepared_at"] + r["warm_secs"] + r["secs"] <= r["time"] + 0.01, r
 
 

@@ -198,10 +198,11 @@ class RuntimeDir:
         return os.path.join(self.path, f"trainer.{attempt}.mutex" if rank == 0 else f"worker{rank}.{attempt}.mutex")
 
 
-    def standby_mutex(self, attempt: int) -> str:
+    def standby_mutex(self, attempt: int, rank: int = 0) -> str:
         """The death-notice mutex of a hot standby prepared to become trainer attempt ``attempt``
-        (several may be prepared for one attempt in turn: each replaces the file)."""
-        return os.path.join(self.path, f"standby.{attempt}.mutex")
+        (a standby group's member for the group's trainer ``rank``; several may be prepared for one
+        attempt in turn: each replaces the file)."""
+        return os.path.join(self.path, f"standby.{attempt}.mutex" if rank == 0 else f"standby{rank}.{attempt}.mutex")
 
 
 SOCKET_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1: the longest ipc:// path ZeroMQ can bind

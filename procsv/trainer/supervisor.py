@@ -216,7 +216,7 @@ class Supervisor(SupervisorNames):
         self._started = True
         self._boundary.standard_started = start_standard_services  # False: the program calls start_standard_services()
         prepared_at, w0 = time.time(), self._clock()  # wall time: compared with the watchdog's records
-        # a group's step runs collectives: only traced (see warmup)
+        # a group's step runs collectives: only traced, but on shadows in a standby group (see warmup)
         self._warm_ups.run(alone=cluster.nproc() == 1, standby=self._ctx is not None and standby.is_standby())
         if self._rollback.detecting and cluster.nproc() == 1 and env.memory_budget() > 0:
             self._rollback.watch.losses.warm()  # the loss check's kernels, off the in-memory tier's first snapshots

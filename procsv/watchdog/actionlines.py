@@ -89,6 +89,9 @@ _KILL_LINES = {
     Cause.SHUTDOWN: "procsv: the {role} process did not stop in time; killing it",
     Cause.STANDBY_UNREADY: "procsv: the standby trainer is not ready yet; forking a new trainer instead",
     Cause.GROUP: "procsv: a member of the trainer group did not stop in time; killing it",
+    Cause.STANDBY_LOST: "procsv: a member of the standby group ended; killing the rest of it (another is prepared)",
+    Cause.GROUP_NOW: "procsv: a member of the trainer group ended and the standby group is ready; killing the "
+                     "group's {role} process at once",
     Cause.PS_LOST: "procsv: a parameter server died and its variables with it; killing the {role} task (it is "
                    "restarted alone; the chief restores the newest checkpoint)",
 }

@@ -31,7 +31,7 @@ from procsv.common.mutex import RobustMutex
 from procsv.watchdog.deathwatch import DeathWatch
 from procsv.watchdog.prewarm import Adopted, Zygote
 from procsv.watchdog.rules.failures import ChildError
-from procsv.watchdog.rules.state import TRAINER
+from procsv.watchdog.rules.state import STANDBY, TRAINER
 
 Process = Union["subprocess.Popen[bytes]", Adopted]
 
@@ -110,6 +110,27 @@ class ChildProcess:
         pidfd: nothing is sent once it is reaped."""
         pidfds.send(self.pidfd, sig)
 
+    def promote(self) -> None:
+        """Wake a hot standby (SIGUSR1) at normal CPU priority (:meth:`unidle`)."""
+        self.unidle()
+        self.send_signal(signal.SIGUSR1)
+
+    def unidle(self) -> None:
+        """Set every thread of a hot standby back to normal CPU priority, before its promotion or its
+        SIGKILL: under ``SCHED_IDLE`` on a loaded CPU a woken standby waits for a core before it can
+        raise itself, and a killed one tears its memory down at idle priority, holding kernel locks of
+        the memory it shares with the zygote, whose next fork waits for them (seen: 2.3 s at load 10).
+        Where this process may not (no ``CAP_SYS_NICE``), the standby raises itself at its promotion."""
+        try:
+            tids = os.listdir(f"/proc/{self.pid}/task")
+        except OSError:
+            return
+        for tid in tids:
+            try:
+                os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
+            except OSError:
+                pass
+
     def kill_group(self, sig: int = signal.SIGKILL) -> None:
         """Signal the child's whole process group (it leads its own session), only while the child
         is unreaped (its pidfd reaches it): then the group's id is still its own. After that, what
@@ -121,6 +142,8 @@ class ChildProcess:
         """SIGKILL the whole group, remembering when it was first done (see :meth:`unkillable`)."""
         if self.killed_at is None:
             self.killed_at = now
+            if self.slot.startswith(STANDBY):
+                self.unidle()  # its teardown at normal priority
         self.kill_group(signal.SIGKILL)
 
     def unkillable(self, now: float, limit: float = REAP_SECS) -> bool:

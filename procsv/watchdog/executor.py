@@ -39,6 +39,7 @@ from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.publish.events import Report
 from procsv.watchdog.pstasks import PsCluster
 from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable, zygote_env
+from procsv.watchdog.rules import standby
 from procsv.watchdog.rules.group import blame, worker_slot
 from procsv.watchdog.rules.state import PS, SERVER, STANDBY, TRAINER, WORKER, RunView, ZygoteState
 
@@ -88,7 +89,7 @@ class Executor:
         if isinstance(action, Spawn):
             if action.role == STANDBY:  # the trainer's next attempt, prepared: from the zygote only
                 if self.zygote is not None and self.zygote.ready:
-                    self._spawn_member(STANDBY, STANDBY, self.view.children[TRAINER].attempt + 1, 0, {STANDBY_ENV: "1"})
+                    self._spawn_standby()
                 return
             note(self.view, action, self.clock(), self.limits)  # a trainer, a service, a --ps task (rule 14)
             prev = self.view.children.get(action.slot)
@@ -179,17 +180,31 @@ class Executor:
         self.report(reports)
 
     # ------------------------------------------------------------------ starting processes
+    def _spawn_standby(self) -> None:
+        """Ask the zygote for a hot standby, prepared to become the trainer's next attempt; with
+        ``--nproc N`` a standby group of N, on the next group's ``TF_CONFIG`` (ports of its own)."""
+        attempt = self.view.children[TRAINER].attempt + 1
+        extras = self._group(attempt)[2] if self.limits.world > 1 else [{}]
+        for rank, extra in enumerate(extras):
+            if self.zygote is None or not self.zygote.ready:
+                return  # (members asked already: their answers fail with it, poll_fork)
+            self._spawn_member(standby.slot(rank), STANDBY, attempt, rank, {**extra, STANDBY_ENV: "1"})
+
     def _promote(self, action: Promote) -> None:
-        """Wake the standby (SIGUSR1): it becomes the trainer's next attempt and restores."""
+        """Wake the standby (SIGUSR1): it becomes the trainer's next attempt and restores (a standby
+        group's member R: the next attempt's worker R; the decision promotes every member in turn)."""
+        rank = standby.rank_of(action.slot)
+        slot = TRAINER if rank == 0 else worker_slot(rank)
         handle = self.handles.pop((action.slot, action.attempt))
-        handle.slot = TRAINER
-        self.handles[(TRAINER, action.attempt)] = handle
-        handle.send_signal(signal.SIGUSR1)
+        handle.slot = slot
+        self.handles[(slot, action.attempt)] = handle
+        handle.promote()
         note(self.view, action, self.clock(), self.limits)
-        self.report([Report(Event.RESTARTED, {"attempt": action.attempt}),
-                     Report(Event.SPAWNED, {"role": TRAINER, "attempt": action.attempt, "pid": handle.pid,
-                                            "via": "standby"},
-                            say=f"procsv: promoted the standby trainer (pid {handle.pid}) to attempt {action.attempt}")])
+        name = "trainer" if rank == 0 else f"trainer group's {slot}"
+        say = f"procsv: promoted the standby {name} (pid {handle.pid}) to attempt {action.attempt}"
+        self.report(([Report(Event.RESTARTED, {"attempt": action.attempt})] if rank == 0 else [])
+                    + [Report(Event.SPAWNED, {"role": slot, "attempt": action.attempt, "pid": handle.pid,
+                                              "via": "standby"}, say=say)])
 
     def _env(self, role: str, attempt: int) -> dict[str, str]:
         """The environment of ``role``'s attempt ``attempt`` (its coordinates and the launch's settings)."""
@@ -211,39 +226,45 @@ class Executor:
         if role != TRAINER:
             return self._fresh(slot, role, attempt, self._env(role, attempt), self.layout.attempt_log(role, attempt),
                                None)
-        world, n = self.limits.world, self.limits.nproc
-        if world == 1:
+        if self.limits.world == 1:
             return self._spawn_member(TRAINER, TRAINER, attempt, 0, {})
+        cluster, common, extras = self._group(attempt)
+        chief: Optional[ChildProcess] = None
+        for rank in range(self.limits.nproc):
+            started = self._spawn_member(TRAINER if rank == 0 else worker_slot(rank), TRAINER if rank == 0 else WORKER,
+                                         attempt, rank, extras[rank])
+            chief = chief or started
+        if self.remote is not None:
+            self.remote.start(attempt, cluster, common)
+        return chief
+
+    def _group(self, attempt: int) -> tuple[list[str], dict[str, str], list[dict[str, str]]]:
+        """Group attempt ``attempt``'s addresses (this host's members on ports free now, then each
+        other host's), the environment every member shares, and each of this host's members' own."""
+        n = self.limits.nproc
         host = self.cfg.master_addr.rpartition(":")[0] if self.remote is not None and self.cfg.master_addr \
             else "127.0.0.1"
         cluster = [f"{host}:{port}" for port in spawn.free_ports(n, host)]
         for node in range(1, self.limits.nnodes):  # each agent reported its next members' addresses
             cluster += self.view.nodes[node].addresses[:n]
         job = self.remote.link.job if self.remote is not None else self.job
-        common = {NPROC: str(world), GROUP_PIN: self.layout.group_pin(job, attempt),
+        common = {NPROC: str(self.limits.world), GROUP_PIN: self.layout.group_pin(job, attempt),
                   GROUP_SNAPSHOT_STEPS: str(group_snapshot_steps_for(self.limits.nnodes)),  # K: every member's
                   SKIP_STEPS: ",".join(map(str, self.view.skipped_steps))}  # skipped again (a group's rollback)
-        chief: Optional[ChildProcess] = None
-        for rank in range(n):
-            extra = {**common, "TF_CONFIG": make_tf_config(cluster, rank), RANK: str(rank)}
-            started = self._spawn_member(TRAINER if rank == 0 else worker_slot(rank), TRAINER if rank == 0 else WORKER,
-                                         attempt, rank, extra)
-            chief = chief or started
-        if self.remote is not None:
-            self.remote.start(attempt, cluster, common)
-        return chief
+        return cluster, common, [{**common, "TF_CONFIG": make_tf_config(cluster, r), RANK: str(r)} for r in range(n)]
 
     def _spawn_member(self, slot: str, role: str, attempt: int, rank: int, extra: dict[str, str]
                       ) -> Optional[ChildProcess]:
         """Start one trainer process (the chief, a group's worker ``rank``, or a hot standby: the
         trainer's next attempt, from the zygote only), from the zygote if ready."""
-        name = slot if role == WORKER else TRAINER if role == STANDBY else role  # a worker's files carry its task
+        # a worker's files carry its task (a standby group's member R: the next attempt's worker R)
+        name = slot if role == WORKER else (worker_slot(rank) if rank else TRAINER) if role == STANDBY else role
         env = self._env(name, attempt)
         env.update(extra)
         log_path = self.layout.attempt_log(name, attempt)
         mutex: Optional[RobustMutex] = None
         try:
-            path = self.runtime.standby_mutex(attempt) if role == STANDBY else self.runtime.trainer_mutex(attempt, rank)
+            path = self.runtime.standby_mutex(attempt, rank) if role == STANDBY else self.runtime.trainer_mutex(attempt, rank)
             mutex = RobustMutex(path, create=True)
             env[DEATH_MUTEX] = mutex.path
         except OSError:
@@ -296,12 +317,12 @@ class Executor:
         if proc is not None:
             self._started(pending.slot, pending.role, pending.attempt, proc, pending.log_path, pending.mutex, "zygote")
             return
-        if pending.slot == STANDBY and pending.mutex is not None:  # no standby this time: no process will hold it
+        if pending.role == STANDBY and pending.mutex is not None:  # no standby this time: no process will hold it
             pending.mutex.remove()  # (the zygote is given up below, or was already)
         if self.zygote is not None:
             self.zygote.kill()  # a zygote that does not answer is not trusted with the next one either
             self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({why}); starting a fresh one")
-        if pending.slot != STANDBY:
+        if pending.role != STANDBY:
             mutex = pending.fresh_mutex()  # (the fork may have started late: it holds the old one)
             self._fresh(pending.slot, pending.role, pending.attempt, pending.env, pending.log_path, mutex)
 
@@ -314,9 +335,12 @@ class Executor:
 
     def _started(self, slot: str, role: str, attempt: int, proc: Process, log_path: str,
                  mutex: Optional[RobustMutex], via: str) -> ChildProcess:
-        # a standby is a trainer process; a group's worker is known by its task (worker1.3.log)
-        handle = ChildProcess(slot, TRAINER if role == STANDBY else slot if role in (WORKER, PS, SERVER) else role, attempt, proc,
-                              log_path)
+        # a standby is a trainer process (a standby group's member R: worker R's); a group's worker is known
+        # by its task (worker1.3.log)
+        rank = standby.rank_of(slot) if role == STANDBY else 0
+        name = (TRAINER if rank == 0 else worker_slot(rank)) if role == STANDBY else \
+            slot if role in (WORKER, PS, SERVER) else role
+        handle = ChildProcess(slot, name, attempt, proc, log_path)
         handle.take_over_log(self.handles.values())
         self.handles[(slot, attempt)] = handle
         self._register(handle)

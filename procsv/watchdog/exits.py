@@ -189,7 +189,7 @@ class ChildEnds:
                 self.out.changed()
                 continue
             self._heard_all()  # what arrived while the reads were done: still before its exit
-            if not (handle.slot == STANDBY and self.view.finishing):
+            if not (handle.slot.startswith(STANDBY) and self.view.finishing):
                 # a standby never promoted, ended with the run: its preparation lines stay in its log (echoed
                 # after "trainer finished", they read as if a new trainer had started)
                 self.out.echo(handle, final=True)

@@ -34,7 +34,7 @@ def spawned(view: RunView, slot: str, role: str, attempt: int, pid: int, now: fl
     child.commit_base = view.commit_step
     if role == STANDBY:
         child.state = ProcState.STANDBY
-    name = slot if role in (WORKER, PS, SERVER) else role  # a group's workers, the --ps tasks by their task: worker1, ps0
+    name = slot if role in (WORKER, PS, SERVER, STANDBY) else role  # by their task: worker1, ps0, standby1
     return [Report(Event.SPAWNED, {"role": name, "attempt": attempt, "pid": pid, "via": via})]
 
 
@@ -69,8 +69,8 @@ def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -
     if isinstance(msg, (NonfiniteDetected, RolledBack, StepSkipped)):
         return _nonfinite(view, msg, slot, now)
     if isinstance(msg, StandbyReady):
-        sb = view.standby()
-        if sb is None or sb.pid != msg.pid or sb.standby_ready_at is not None:
+        sb = next((c for c in view.children.values() if c.role == STANDBY and c.pid == msg.pid), None)
+        if sb is None or sb.standby_ready_at is not None:
             return []
         sb.standby_ready_at = now
         return [Report(Event.STANDBY_READY, {"pid": msg.pid, "attempt": msg.attempt,
@@ -368,8 +368,8 @@ def zygote_changed(view: RunView, state: ZygoteState, pid: int, import_secs: flo
 
 
 def _role(child: ChildView) -> str:
-    """The role lifecycle records name: a group's worker by its task (``worker1``)."""
-    return child.slot if child.role == WORKER else child.role
+    """The role records name: a group's worker (a standby group's member) by its task, ``worker1`` (``standby1``)."""
+    return child.slot if child.role in (WORKER, STANDBY) else child.role
 
 
 def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:

@@ -20,7 +20,13 @@ would have run the step: that is an error here, raised before anything is restor
 (tests/test_warm_up.py pins the behaviour of the TensorFlow installed).
 
 In a group (``--nproc`` > 1) the Supervisor only traces: a group's step runs collectives with the
-other trainers, and a cancelled call of such a function has not been tried.
+other trainers, and a cancelled call of such a function has not been tried. A standby group's
+members (:mod:`procsv.watchdog.rules.standby`) also run the step once on shadows, all at the same
+time, so its collectives run among them: a collective keeps no state of the program's, and a
+captured variable handle the step does not list among its variables (the collectives' ordering
+token) is shadowed too. Every member decides alike (the same program, the same step), except by
+memory: a member refusing for memory while the others run leaves them waiting in the collective,
+never ready, and a restart then forks the group.
 """
 
 from __future__ import annotations
@@ -43,9 +49,9 @@ class WarmUps:
         session is prepared, before the restore, and have TensorFlow instantiate the traced function
         (optimize and place its graph); in a hot standby before it waits, so that a promoted
         standby's first step pays neither. Nothing runs: no variable changes, no summary (this
-        module's docstring says how). In a group (``--nproc`` > 1) it is only traced. Give
-        arguments of the loop's shapes and dtypes (numpy arrays or tensors; another shape is traced
-        again at its first call, as always)."""
+        module's docstring says how). In a group (``--nproc`` > 1) it is only traced (a standby group's
+        member also runs it on shadows). Give arguments of the loop's shapes and dtypes (numpy arrays
+        or tensors; another shape is traced again at its first call, as always)."""
         if not callable(getattr(fn, "get_concrete_function", None)):
             raise TypeError(f"Supervisor.warm_up takes a tf.function, not {type(fn).__name__}")
         self._pending.append((fn, args, kwargs))
@@ -55,8 +61,8 @@ class WarmUps:
         ``standby`` also run each once on shadows of its variables (idle time: make its kernels too)."""
         for fn, args, kwargs in self._pending:
             trace_and_instantiate(fn, args, kwargs, instantiate_too=alone)
-            if alone and standby:
-                standby_run(fn, args, kwargs)
+            if standby:  # (a standby group: every member runs it, its collectives among them)
+                standby_run(fn, args, kwargs, frozenset() if alone else COLLECTIVES)
         self._pending = []
 
 
@@ -106,6 +112,10 @@ _SAFE_STATEFUL = frozenset({
     "RngReadAndSkip", "RngSkip", "StatefulUniform", "StatefulUniformInt", "StatefulUniformFullInt",
     "StatefulStandardNormalV2", "StatefulTruncatedNormal", "StatefulRandomBinomial",
 })
+# a standby group's collectives: every member runs the step on shadows at the same time (the module's docstring)
+COLLECTIVES = frozenset({"CollectiveReduceV2", "CollectiveReduceV3", "CollectiveGatherV2", "CollectiveBcastSendV2",
+                         "CollectiveBcastRecvV2", "CollectiveAllToAllV2", "CollectiveAllToAllV3",
+                         "CollectiveReduceScatterV2", "CollectiveInitializeCommunicator", "CollectiveAssignGroupV2"})
 _SAFE_PREFIXES = ("Resource",)  # ResourceApplyAdam, ResourceScatterAdd, ResourceGather...: on their resource input
 _ITERATOR_OPS = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"})
 _DISPOSABLE: "weakref.WeakSet[Any]" = weakref.WeakSet()  # iterators procsv made for a warm-up: theirs to spend
@@ -141,7 +151,7 @@ def unsafe_ops(graph_def: Any, also_safe: frozenset[str] = frozenset()) -> list[
 
 
 def run_on_shadows(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                   available: Callable[[], int]) -> str:
+                   available: Callable[[], int], collectives: frozenset[str] = frozenset()) -> str:
     """Run the traced ``fn`` once on shadow copies of the variables it captures, so that its
     executor and kernels exist before the first real step (which then costs what any step costs:
     measured for the digits step, 30 ms at a promoted standby's first step, 1.5 ms after this).
@@ -153,7 +163,9 @@ def run_on_shadows(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     those), an argument that is a resource (an iterator would lose a batch) unless it is an
     iterator procsv made for the warm-up (:func:`disposable`: then reading from it is allowed too),
     shadows larger than :data:`MEMORY_SHARE` of ``available()`` bytes, or a TensorFlow without the
-    hook used. A step that fails on the shadows is reported and not raised: the first real step
+    hook used. ``collectives`` (a standby group's member): these collective ops are allowed, and a
+    captured handle of a variable the step does not list (their ordering token) is shadowed too. A
+    step that fails on the shadows is reported and not raised: the first real step
     runs it for real. It costs the standby one step (and the copies) before it is ready. A call
     that ran without passing through the hook (a TensorFlow that calls the function some other
     way: then it ran on the real variables) is an :class:`UnsupportedState` error, never silent.
@@ -164,11 +176,12 @@ def run_on_shadows(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     # the components of the stand-in iterators procsv made (disposable): the only resources an argument may hold
     owned = {id(t) for a in tf.nest.flatten((args, kwargs)) if _is_disposable(a)
              for t in tf.nest.flatten(a, expand_composites=True)}
-    unsafe = unsafe_ops(concrete.graph.as_graph_def(), _ITERATOR_OPS if owned else frozenset())
+    unsafe = unsafe_ops(concrete.graph.as_graph_def(), (_ITERATOR_OPS if owned else frozenset()) | collectives)
     if unsafe:
         return f"it has op(s) with state or effects of their own: {', '.join(unsafe[:5])}"
     by_handle = {id(v.handle): v for v in concrete.variables}
-    shadowed = [by_handle.get(id(t)) for t in concrete.captured_inputs]
+    shadowed = [by_handle[id(t)] if id(t) in by_handle else _as_variable(t) if collectives else None
+                for t in concrete.captured_inputs]
     if any(v is None and t.dtype == tf.resource for v, t in zip(shadowed, concrete.captured_inputs)):
         return "it captures a resource that is not a variable"
     size = sum(v.shape.num_elements() * v.dtype.size for v in shadowed if v is not None and v.shape.is_fully_defined())
@@ -214,6 +227,35 @@ def run_on_shadows(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     return ""
 
 
+def _as_variable(handle: Any) -> Any:
+    """A captured variable handle the traced step does not list among its variables, as a variable to
+    shadow (a collective's ordering token), or None (not a variable's handle)."""
+    import tensorflow as tf
+    from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_ops
+
+    if handle.dtype != tf.resource:
+        return None
+    try:
+        kinds = resource_variable_ops.get_eager_safe_handle_data(handle).shape_and_type
+        if len(kinds) != 1:
+            return None
+        value = gen_resource_variable_ops.read_variable_op(handle, tf.dtypes.as_dtype(kinds[0].dtype))
+    except (AttributeError, TypeError, ValueError, tf.errors.OpError):
+        return None
+    return _Held(handle, value)
+
+
+class _Held:
+    """A variable known only by its handle: what :func:`run_on_shadows` reads of a variable."""
+
+    def __init__(self, handle: Any, value: Any) -> None:
+        self.handle, self.value = handle, value
+        self.shape, self.dtype, self.device = value.shape, value.dtype, handle.device
+
+    def read_value(self) -> Any:
+        return self.value
+
+
 def _is_disposable(obj: Any) -> bool:
     try:
         return obj in _DISPOSABLE
@@ -221,12 +263,13 @@ def _is_disposable(obj: Any) -> bool:
         return False
 
 
-def standby_run(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+def standby_run(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                collectives: frozenset[str] = frozenset()) -> str:
     """A hot standby's :func:`run_on_shadows` of a warmed-up step, said in its log; returns its answer."""
     import psutil
 
     name = getattr(fn, "__name__", "the step")
-    why = run_on_shadows(fn, args, kwargs, lambda: int(psutil.virtual_memory().available))
+    why = run_on_shadows(fn, args, kwargs, lambda: int(psutil.virtual_memory().available), collectives)
     if why:
         print(f"procsv: standby did not run {name} before its promotion ({why}): its first step makes its kernels",
               flush=True)

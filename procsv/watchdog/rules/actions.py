@@ -27,6 +27,8 @@ class Cause(str, enum.Enum):
     STALL = "stall"  # steps complete but no checkpoint commits, or summaries are not confirmed: a service is stuck
     GROUP = "group"  # another member of the trainer group ended: the group restarts together
     STANDBY_UNREADY = "standby_unready"  # a restart is due and the standby is not ready: a fork replaces it
+    STANDBY_LOST = "standby_lost"  # a member of the standby group ended: the rest of it goes with it
+    GROUP_NOW = "group_now"  # a member of the trainer group ended and the standby group is ready: no grace
     PS_LOST = "ps_lost"  # --ps: a parameter server died; every worker's session lost its variables (rule 14)
 
 
@@ -167,7 +169,8 @@ class Settle:
 
 @dataclass(frozen=True)
 class Promote:
-    """Make the ready hot standby (``slot`` ``standby``, ``attempt``) the trainer's next attempt."""
+    """Make the ready hot standby (``slot`` ``standby``, ``attempt``) the trainer's next attempt (a
+    standby group's ``standby<R>``: the next attempt's worker R; the group is promoted together)."""
 
     slot: str
     attempt: int

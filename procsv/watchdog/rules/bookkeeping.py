@@ -22,7 +22,7 @@ from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, Give
 from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.lifecycle import ProcState, RunState, transition
 from procsv.watchdog.rules.limits import Limits
-from procsv.watchdog.rules.state import STANDBY, SUMMARY, TRAINER, ChildView, RunView, ZygoteState
+from procsv.watchdog.rules.state import SUMMARY, TRAINER, WORKER, ChildView, RunView, ZygoteState
 
 EXIT_CHECKPOINTS_FAILING = 3  # the launch's exit code when checkpoints kept failing (rule 8)
 EXIT_LOGDIR_LOST = 1  # the launch's exit code when the logdir was deleted or moved (rule 9)
@@ -45,15 +45,17 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         view.zygote, view.zygote_attempt, view.zygote_lost_at = ZygoteState.WARMING, action.attempt, None
         return
     if isinstance(action, Promote):
-        promoted = view.children.pop(STANDBY)
-        promoted.slot = promoted.role = TRAINER
+        promoted = view.children.pop(action.slot)
+        rank = standby.rank_of(action.slot)  # a standby group's member R becomes the next attempt's worker R
+        promoted.slot, promoted.role = (TRAINER, TRAINER) if rank == 0 else (group.worker_slot(rank), WORKER)
         promoted.started = now  # the attempt starts now: its start-up limit and its recovery breakdown count from here
         promoted.set_state(ProcState.STARTING)
         promoted.commit_base = view.commit_step
-        view.children[TRAINER] = promoted
-        view.attempts.append(promoted)
-        view.restart_at = None
-        view.standby_failures = 0
+        view.children[promoted.slot] = promoted
+        if rank == 0:
+            view.attempts.append(promoted)
+            view.restart_at = None
+            view.standby_failures = 0
         return
     if isinstance(action, NodeLost):
         node = view.nodes[action.node]

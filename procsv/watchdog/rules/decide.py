@@ -63,7 +63,9 @@ Rules, in the order they are considered:
 10. **Hot standby** (:mod:`procsv.watchdog.rules.standby`): one is prepared (forked from the zygote)
    once the trainer has completed a step; a due restart (rule 3) promotes it if it is ready for
    that attempt, else kills it and forks. A standby that ends is settled by rule 1
-   (``StandbyGone``: counted, with backoff, unless the watchdog ended it).
+   (``StandbyGone``: counted, with backoff, unless the watchdog ended it). With ``--nproc N`` on
+   one host it is a standby group of N, promoted only whole; a member that ends takes the rest
+   of it along.
 11. **Groups** (:mod:`procsv.watchdog.rules.group`, ``--nproc N``): the first member of a trainer
    group whose end breaks it (the chief's end; a worker's death or non-zero exit) is what the
    chief's attempt is judged by (rule 1); the other members get SIGTERM, SIGKILL after
@@ -132,7 +134,8 @@ def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Actio
     if view.finishing:
         return actions + _shutdown(view, now, limits)
     actions += _stop(view, now, limits)
-    actions += group_actions(view, now, limits.group_grace_secs)
+    actions += group_actions(view, now, limits.group_grace_secs, at_once=standby.promotable(view, limits.nproc))
+    actions += standby.broken(view)
     actions += _restart_due(view, now, limits)
     actions += tasks.due_starts(view, now, limits)
     hangs: list[Action] = []
@@ -181,14 +184,10 @@ def _restart_due(view: RunView, now: float, limits: Limits) -> list[Action]:
         return []  # rule 14: --ps, the last chief still holds its port; --coordinator, a ps is not back
     if view.forking:
         return []  # a standby asked of the zygote: wait for its answer (milliseconds), then decide
-    if standby.promotable(view):
-        sb = view.standby()
-        assert sb is not None
-        return [Promote(sb.slot, sb.attempt)]
-    sb = view.standby()
-    if sb is not None and sb.live and not sb.killed:  # not ready yet (kills in a row): fork instead
-        return [Kill(sb.slot, sb.attempt, Cause.STANDBY_UNREADY), Spawn(TRAINER, TRAINER)]
-    return [Spawn(TRAINER, TRAINER)]
+    if standby.promotable(view, limits.nproc):  # (a standby group: all its members together, chief first)
+        return [Promote(sb.slot, sb.attempt) for sb in standby.members(view)]
+    # not ready yet (kills in a row, a member of a standby group lost): fork instead
+    return standby.unready(view) + [Spawn(TRAINER, TRAINER)]
 
 
 def zygote_retry_delay(losses: int, limits: Limits) -> float:

@@ -19,9 +19,11 @@ policy judges; the other tasks hold ``worker<R>`` slots with the chief's attempt
   may come in first (the chief's attempt waits for the exit status of a member that reported a
   non-finite step: :func:`reporter_unreaped`).
 - Every other live member then gets SIGTERM (cause ``group``), and SIGKILL after
-  ``group_grace_secs``: a survivor can only fail in its next collective. A member whose death
-  notice came in is dead already and gets none (the chief's judgement may restart it in the same
-  decision).
+  ``group_grace_secs``: a survivor can only fail in its next collective. With a standby group ready
+  to be promoted (:mod:`procsv.watchdog.rules.standby`) it is SIGKILLed at once (cause ``group_now``):
+  the next group restores the members' in-memory copies, not what a survivor would save. A member
+  whose death notice came in is dead already and gets neither (the chief's judgement may restart
+  it in the same decision).
 - The next attempt starts all N together, only once every member of the last one is reaped
   and settled (:func:`draining`): its ports are free and no old process can join the new group.
 """
@@ -129,8 +131,9 @@ def reporter_unreaped(view: RunView, chief: ChildView) -> bool:
     return len(group) > 1 and any(m.nonfinite_step is not None and not m.reaped for m in group)
 
 
-def group_actions(view: RunView, now: float, grace: float) -> list[Action]:
-    """Rule 11: once a member broke the group, stop the rest (SIGTERM, SIGKILL after ``grace``)."""
+def group_actions(view: RunView, now: float, grace: float, at_once: bool = False) -> list[Action]:
+    """Rule 11: once a member broke the group, stop the rest (SIGTERM, SIGKILL after ``grace``;
+    ``at_once``, a standby group being ready: SIGKILL now)."""
     chief = view.children.get(TRAINER)
     if chief is None or not workers(view):
         return []
@@ -139,10 +142,12 @@ def group_actions(view: RunView, now: float, grace: float) -> list[Action]:
         return []
     out: list[Action] = []
     for m in members(view, chief):
-        if m is first or not m.live:
+        if m is first or not m.live or m.killed:
             continue
-        if m.state in (ProcState.STARTING, ProcState.RUNNING) and m.noticed_dead_at is None:  # (one whose death
-            # is noticed is dead, and its judgement may restart it in this very decision)
+        dead = m.noticed_dead_at is not None  # (dead already, and its judgement may restart it in this very decision)
+        if at_once and not dead:
+            out.append(Kill(m.slot, m.attempt, Cause.GROUP_NOW, _why(first)))
+        elif m.state in (ProcState.STARTING, ProcState.RUNNING) and not dead:
             out.append(Signal(m.slot, m.attempt, signal.SIGTERM, Cause.GROUP, _why(first)))
         elif m.signalled_at is not None and now >= m.signalled_at + grace and not m.killed:
             out.append(Kill(m.slot, m.attempt, Cause.GROUP, _why(first)))

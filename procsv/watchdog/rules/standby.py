@@ -21,12 +21,25 @@ checkpoint (the in-memory snapshot the checkpoint service just persisted) and tr
 - **Memory** (``--standby auto``, the default): a standby holds at most what the trainer held
   before its first step, so it is started only if the memory available is at least twice the
   trainer's resident size plus 1 GiB (:func:`memory_allows`), measured once at the first
-  trainer's first step.
+  trainer's first step (a group's: the chief's size times ``--nproc``).
+
+**The standby group** (``--nproc N`` on one host): the standby is N processes, slots ``standby``
+(task 0) and ``standby<R>``, forked together with the *next* group attempt's ``TF_CONFIG`` (ports
+of their own), so they bring their strategy up among themselves, build the model, trace the step
+and wait. It is prepared once every member of the current group is live and the chief has
+completed a step; it is promotable only whole (:func:`promotable`: every member ready, for the
+next attempt). A member that ends before its promotion ends the rest of it (:func:`broken`: a
+group with a member gone can never take a collective step); another is prepared after the
+backoff, and a restart meanwhile forks. At a member's death with the standby group ready the
+survivors are SIGKILLed at once (:func:`procsv.watchdog.rules.group.group_actions`: they can only
+fail in their next collective, and the group restores from the members' in-memory copies).
 """
 
 from __future__ import annotations
 
-from procsv.watchdog.rules.state import RunView, ZygoteState, TRAINER
+from procsv.watchdog.rules import group
+from procsv.watchdog.rules.actions import Action, Cause, Kill
+from procsv.watchdog.rules.state import STANDBY, TRAINER, ChildView, RunView, ZygoteState
 
 GIVE_UP_AFTER = 5  # standby ends in a row (not caused by the watchdog) after which none is prepared
 HEADROOM = 1 << 30  # bytes of memory left over beyond twice the trainer's size
@@ -47,24 +60,56 @@ def memory_allows(trainer_rss: int, available: int) -> tuple[bool, str]:
     return ok, why
 
 
+def slot(rank: int) -> str:
+    """The slot of the standby for task ``rank`` of the next group (``standby`` for the chief's)."""
+    return STANDBY if rank == 0 else f"{STANDBY}{rank}"
+
+
+def rank_of(name: str) -> int:
+    """The task a standby slot stands by for (0 for ``standby``)."""
+    return int(name[len(STANDBY):] or 0)
+
+
+def members(view: RunView) -> list[ChildView]:
+    """The standby's processes (one; a standby group's N), by task."""
+    return sorted((c for c in view.children.values() if c.role == STANDBY), key=lambda c: rank_of(c.slot))
+
+
 def may_prepare(view: RunView, now: float) -> bool:
-    """Rule 10: a standby should be prepared now."""
+    """Rule 10: a standby (a standby group) should be prepared now."""
     if view.standby_ok is not True or view.stop_signal is not None or view.finishing:
         return False
     if view.zygote != ZygoteState.READY or view.forking or view.restart_at is not None:
         return False
-    current = view.standby()
-    if current is not None and not current.settled:
+    if any(not c.settled for c in members(view)):
         return False
     trainer = view.children.get(TRAINER)
     if trainer is None or not trainer.live or trainer.first_step_at is None:
         return False
+    if group.workers(view) and (group.breaker(view, trainer) is not None
+                                or not all(m.live for m in group.members(view, trainer))):
+        return False
     return view.standby_failures < GIVE_UP_AFTER and now >= view.standby_after
 
 
-def promotable(view: RunView) -> bool:
-    """The standby is ready to become the next trainer attempt."""
-    sb = view.standby()
+def promotable(view: RunView, size: int = 1) -> bool:
+    """The standby (all ``size`` members of a standby group) is ready to become the next attempt."""
     trainer = view.children.get(TRAINER)
-    return (sb is not None and sb.live and sb.standby_ready_at is not None and trainer is not None
-            and sb.attempt == trainer.attempt + 1)
+    sbs = members(view)
+    return (trainer is not None and len(sbs) == size and sorted(rank_of(c.slot) for c in sbs) == list(range(size))
+            and all(c.live and c.standby_ready_at is not None and c.attempt == trainer.attempt + 1 for c in sbs))
+
+
+def broken(view: RunView) -> list[Action]:
+    """A standby group's member ended before its promotion: the rest of it is SIGKILLed (it can never
+    take a collective step without that member); rule 1 settles each, and another group is prepared."""
+    sbs = members(view)  # (a member settled already belongs to a group replaced since, member by member)
+    if len(sbs) < 2 or not any((c.reaped or c.noticed_dead_at is not None) and not c.settled for c in sbs):
+        return []
+    return [Kill(c.slot, c.attempt, Cause.STANDBY_LOST) for c in sbs if c.live and not c.killed
+            and c.noticed_dead_at is None]
+
+
+def unready(view: RunView) -> list[Action]:
+    """A restart is due and the standby is not ready (every member): SIGKILL what of it lives."""
+    return [Kill(c.slot, c.attempt, Cause.STANDBY_UNREADY) for c in members(view) if c.live and not c.killed]

@@ -1,0 +1,122 @@
+"""The standby group (``procsv launch --nproc 2`` on one host) with real processes, real collectives and real SIGKILLs.
+
+Each test launches ``procsv.examples.digits --strategy multiworker`` as a group of two, waits until
+the watchdog's standby group (two members forked with the next attempt's ``TF_CONFIG``) says it is
+ready, SIGKILLs a member, and reads the outcome back from the lifecycle log, the members' logs and
+the final checkpoint (with plain TensorFlow), against an uninterrupted group run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from conftest import finish, launch, wait_for
+from test_group import GROUP, K, clean_group, events, final_weights_of, group_started, member_restores, \
+    printed_steps, sigkill_mid_interval
+
+__all__ = ["clean_group"]  # the fixture: an uninterrupted group run of 500 steps
+
+# no disk checkpoint but the final one; each member prints every step; slow enough for a standby group
+# (prepared at idle CPU priority) to be ready before the end at load
+SB = ("--strategy", "multiworker", "--save-model-secs", "1000", "--step-delay", "0.04", "--print-every-steps", "1")
+
+
+def ready(logdir: str, attempt: int) -> list[dict[str, Any]]:
+    return [e for e in events(logdir, "standby_ready") if e["attempt"] == attempt]
+
+
+def standby_group_ready(logdir: str, attempt: int, count: int = 2) -> set[int]:
+    """The pids of the newest standby group for ``attempt`` once ``count`` of its members said ready."""
+    got = wait_for(lambda: len(ready(logdir, attempt)) >= count and ready(logdir, attempt), 180,
+                   what=f"a standby group for attempt {attempt}")
+    return {e["pid"] for e in got[-2:]}
+
+
+def promoted(logdir: str, attempt: int) -> dict[str, int]:
+    """Role -> pid of the members of ``attempt`` that were promoted from standby."""
+    return {e["role"]: e["pid"] for e in events(logdir, "spawned") if e["attempt"] == attempt and e["via"] == "standby"}
+
+
+def forked(logdir: str, attempt: int) -> list[str]:
+    return [e["role"] for e in events(logdir, "spawned") if e["attempt"] == attempt and e["via"] != "standby"
+            and e["role"] in ("trainer", "worker1")]
+
+
+def last_step(logdir: str, attempt: int) -> int:
+    """The group's last step in ``attempt``: a member may die between a step and its line."""
+    return max(max(printed_steps(logdir, f"{log}.{attempt}") or [0]) for log in ("trainer", "worker1")) + 1
+
+
+def assert_bit_equal(logdir: str, clean: dict[str, Any]) -> None:
+    import numpy as np
+
+    final = final_weights_of(logdir)
+    assert final.keys() == clean.keys() and final
+    for name in clean:
+        assert np.array_equal(final[name], clean[name]), name
+
+
+def test_a_sigkilled_worker_then_chief_are_replaced_by_the_standby_group_restoring_one_step_bit_equal(
+        logdir, clean_group):
+    # issue 54 point 3: worker1, then the chief of the promoted group, SIGKILLed mid-interval with a standby
+    # group ready: the survivor is SIGKILLed at once, both standby members are promoted together (the
+    # spawned records say so; no member is forked), both restore the same step from the group's in-memory
+    # copies, and the run ends bit-equal to an uninterrupted group (on main a group has no standby: forked),
+    # although every standby member ran the step once (on shadow copies of its variables, collectives among them)
+    proc = launch(logdir, *SB, "--steps", "500", opts=GROUP)
+    standbys = []
+    try:
+        group_started(logdir, 1)
+        standbys.append(standby_group_ready(logdir, 2))
+        sigkill_mid_interval(logdir, "worker1", "worker1.1", 0)
+        group_started(logdir, 2)
+        standbys.append(standby_group_ready(logdir, 3))
+        sigkill_mid_interval(logdir, "trainer", "trainer.2", max(printed_steps(logdir, "trainer.2")))
+        group_started(logdir, 3)
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+    for attempt, pids in ((2, standbys[0]), (3, standbys[1])):
+        got = promoted(logdir, attempt)
+        assert set(got) == {"trainer", "worker1"} and set(got.values()) == pids, (attempt, got, pids)
+        assert forked(logdir, attempt) == [], attempt
+    assert out.count("the standby group is ready; killing the group's") == 2, out
+    for log in ("trainer.2", "worker1.2", "trainer.3", "worker1.3"):  # its step ran, on shadows, among its members
+        with open(os.path.join(logdir, "logs", f"{log}.log")) as fh:
+            assert "procsv: standby ran train_step once on shadow copies of its variables" in fh.read(), log
+    restored = events(logdir, "restored")
+    assert [r["source"] for r in restored] == ["memory", "memory"], restored
+    for attempt, record in zip((1, 2), restored):
+        last = last_step(logdir, attempt)
+        assert record["step"] % K == 0 and 0 < last - record["step"] <= K, (attempt, last, record)
+        assert member_restores(logdir, attempt + 1) == [record["step"]] * 2  # every member the same step
+    assert_bit_equal(logdir, clean_group)
+
+
+def test_a_standby_member_sigkilled_before_its_promotion_is_replaced_with_its_group_and_nothing_is_lost(
+        logdir, clean_group):
+    # standby1 SIGKILLed while it waits: the watchdog kills the rest of that standby group and prepares
+    # another (after the 1 s backoff); worker1 SIGKILLed then: the new standby group is promoted, restores
+    # from memory, and the run ends bit-equal (on main a group has no standby group)
+    proc = launch(logdir, *SB, "--steps", "500", opts=GROUP)
+    try:
+        group_started(logdir, 1)
+        first = standby_group_ready(logdir, 2)
+        lost = next(e["pid"] for e in events(logdir, "spawned") if e["role"] == "standby1" and e["pid"] in first)
+        os.kill(lost, signal.SIGKILL)
+        second = standby_group_ready(logdir, 2, count=4)
+        sigkill_mid_interval(logdir, "worker1", "worker1.1", max(printed_steps(logdir, "worker1.1")))
+        group_started(logdir, 2)
+    finally:
+        code, out, err = finish(proc)
+    assert code == 0, err
+    assert not first & second and set(promoted(logdir, 2).values()) == second and forked(logdir, 2) == []
+    ends = {e["pid"]: e for e in events(logdir, "exited") if e["pid"] in first}
+    assert set(ends) == first and all(e.get("signal") == "SIGKILL" for e in ends.values()), ends
+    assert "a member of the standby group ended; killing the rest of it" in out, out
+    restored = events(logdir, "restored")
+    assert len(restored) == 1 and restored[0]["source"] == "memory", restored
+    assert member_restores(logdir, 2) == [restored[0]["step"]] * 2
+    assert_bit_equal(logdir, clean_group)
