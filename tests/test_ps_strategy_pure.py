@@ -144,3 +144,23 @@ def test_logs_role_takes_worker0_a_coordinators_worker_server(tmp_path, capsys) 
     (logs / "worker0.1.log").write_text("procsv ps: task worker0 serving at grpc://127.0.0.1:1\n")
     assert main(["logs", str(tmp_path), "--role", "worker0"]) == 0
     assert "task worker0 serving" in capsys.readouterr().out
+
+
+def test_a_parameter_server_that_never_serves_holds_the_coordinator_no_longer_than_the_startup_timeout() -> None:
+    """A restarted ps0 that never says Hello (stopped at its start, an import that never returns): the
+    coordinator's wait for it (tasks.ps_not_serving) ends at --startup-timeout, as the wait of a
+    trainer's own start does; before, the run sat silent for ever (no hang rule watches a parameter
+    server, and the coordinator it held was not live to be watched)."""
+    sim = CoordinatorSim(Limits(hang=HangLimits(None, 60.0), nproc=2, ps=1, coordinator=True))
+    assert sim.tick() == [Spawn(TRAINER, TRAINER)]
+    sim.steps(TRAINER, 5)
+    sim.reaps("ps0", KILLED)
+    assert [type(a) for a in sim.tick(1.0)] == [RestartTask, Kill]
+    assert sim.tick(0.01) == [Spawn("ps0", PS)]
+    sim.reaps(TRAINER, KILLED)
+    assert [type(a) for a in sim.tick(0.01)] == [Restart]
+    assert sim.tick(30.0) == [] and sim.view.children[TRAINER].attempt == 1  # within the timeout: it waits
+    acts: list[object] = []
+    for _ in range(40):  # 40 s more: past the 60 s since ps0's start
+        acts += sim.tick(1.0)
+    assert Spawn(TRAINER, TRAINER) in acts and sim.view.children[TRAINER].attempt == 2

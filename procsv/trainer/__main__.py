@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import runpy
+import signal
 import sys
 from typing import Optional
 
@@ -96,5 +97,19 @@ def _clean_exit(ctx: Optional[bootstrap.ChildContext]) -> int:
     return code
 
 
+def _deaf_at_exit() -> None:
+    """The program has ended: a SIGTERM now (the watchdog's stop resent every ``stop_resend_secs`` to a
+    group's worker, a second job-wide one) has nothing left to stop. Python puts a signal's default
+    action back where a Python handler was at its finalization, before the modules are torn down
+    (1.7 s with TensorFlow here): such a SIGTERM then killed the process, and its exit 0 (or 42 with its
+    report) became a death by SIGTERM. Ignored, it changes nothing. (A trainer forked from the zygote
+    ends with ``os._exit``: no teardown.)"""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    finally:
+        _deaf_at_exit()
+    sys.exit(code)

@@ -180,7 +180,7 @@ def _restart_due(view: RunView, now: float, limits: Limits) -> list[Action]:
         # a group waits for every host. With --ps only the first start does (every task's address):
         # the chief's restart is its own, on node 0
         return []
-    if tasks.chief_held(view) or tasks.ps_not_serving(view):
+    if tasks.chief_held(view) or tasks.ps_not_serving(view, now, limits.hang.startup_timeout):
         return []  # rule 14: --ps, the last chief still holds its port; --coordinator, a ps is not back
     if view.forking:
         return []  # a standby asked of the zygote: wait for its answer (milliseconds), then decide

@@ -54,6 +54,8 @@ from __future__ import annotations
 
 import signal
 
+from typing import Optional
+
 from procsv.common.exitcodes import EXIT_PREEMPTED
 from procsv.watchdog.rules.actions import Action, Cause, GiveUp, GiveUpTask, Kill, RestartTask, Settle, Signal, Spawn
 from procsv.watchdog.rules.lifecycle import ProcState
@@ -148,16 +150,21 @@ def ps_held(view: RunView) -> bool:
     return view.tasks_alone and any(c.live and c.role in (TRAINER, WORKER) for c in view.children.values())
 
 
-def ps_not_serving(view: RunView) -> bool:
+def ps_not_serving(view: RunView, now: float, startup_timeout: Optional[float]) -> bool:
     """Rule 3 with ``--coordinator``: a restarted coordinator waits until every parameter server serves
     again (its Hello: the server is up). ``ParameterServerStrategy`` fails at once on a parameter
     server that does not answer yet (``UnavailableError``, connection refused): a coordinator forked
     from the zygote while the parameter server it took along still imported TensorFlow (2 s at load)
-    failed so and cost a restart of its own, counted. A TF1 session waits for the cluster itself."""
+    failed so and cost a restart of its own, counted. A TF1 session waits for the cluster itself.
+    A parameter server live but silent for ``startup_timeout`` since its start (stopped, an import
+    that never returns) holds it no longer: no hang rule watches a parameter server, so the wait
+    would be for ever; the coordinator starts, and its own hang rule bounds what it meets."""
     if not (view.coordinator and view.attempts):
         return False
+    limit = startup_timeout if startup_timeout and startup_timeout > 0 else None
     return any(slot.startswith(PS) for slot in view.task_due) or any(
-        c.role == PS and (not c.live or c.state != ProcState.RUNNING) for c in view.children.values())
+        c.role == PS and (not c.live or (c.state != ProcState.RUNNING and (limit is None or now - c.started < limit)))
+        for c in view.children.values())
 
 
 def chief_held(view: RunView) -> bool:
