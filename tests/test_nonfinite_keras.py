@@ -225,6 +225,12 @@ def test_keras_fit_under_rollback_frees_its_kept_batches_at_every_in_memory_snap
     assert "reached their cap" not in said, said  # freed by the snapshots, not bounded by the cap
 
 
+# the tier's share of loop time lowered, so that the newest snapshot before the NaN is steps behind it
+# whatever the machine's load: the tier's interval is time (cost / share), and at load a step took
+# longer than it, a snapshot came at every step (step 19 held at step 20's NaN: nothing past the cap)
+SPARSE_SNAPSHOTS = quiet_env(PROCSV_MEMORY_SNAPSHOTS="0.001")
+
+
 def _not_trained(said: str, done: str) -> tuple[int, int]:
     """The (first, last) steps of the line saying a rollback's steps were not trained (``done``: "were
     not trained" at the end of fit, "are not trained again" when fit goes on)."""
@@ -245,7 +251,7 @@ def test_keras_fit_past_the_replay_cap_with_a_nan_at_its_last_batch_stops_with_e
     logdir = os.path.join(short_tmp, "run")
     code, stdout, stderr = finish(launch(logdir, "--rows", "65536", "--epochs", "1", "--batches", "40",
                                          "--save-freq", "0", "--replay-memory-mib", "1", "--nan-at", "39",
-                                         target=KERAS_NAN), 240)
+                                         target=KERAS_NAN, env=SPARSE_SNAPSHOTS), 240)
     said = stdout + stderr
     assert code == 4, said
     restored = [e["restored_step"] for e in _events(logdir, "rolled_back")]
@@ -262,7 +268,7 @@ def test_keras_fit_past_the_replay_cap_with_a_nan_at_an_epochs_end_names_the_ste
     logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
     code, stdout, stderr = finish(launch(logdir, "--rows", "65536", "--epochs", "2", "--batches", "20",
                                          "--save-freq", "0", "--replay-memory-mib", "1", "--nan-at", "19",
-                                         "--weights-out", out, target=KERAS_NAN), 240)
+                                         "--weights-out", out, target=KERAS_NAN, env=SPARSE_SNAPSHOTS), 240)
     said = stdout + stderr
     assert code == 0, said
     restored = [e["restored_step"] for e in _events(logdir, "rolled_back")]

@@ -42,6 +42,9 @@ class FakeStarter:
     def _fresh(self, slot: str, role: str, attempt: int, env: dict[str, str], log_path: str, mutex: object) -> None:
         self.started.append((slot, role, "fresh", env))
 
+    def fork(self, pending: object, target: str, args: object) -> bool:
+        return False  # no pre-warmed trainer here: every task starts fresh
+
 
 class Logs:
     def attempt_log(self, name: str, attempt: int) -> str:
