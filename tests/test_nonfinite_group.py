@@ -86,15 +86,19 @@ def test_a_nan_loss_in_a_group_with_stop_stops_the_whole_group_in_order_with_exi
         assert finite_floats(os.path.join(logdir, f"model.ckpt-{step}")) > 0
 
 
-@pytest.fixture(scope="module")
-def plain_skipping_70(shared_result):
-    """The final weights of a plain group run of 120 steps that never applies step 70 (made once, shared)."""
+def plain_skipping(shared_result, step: int) -> dict[str, Any]:
+    """The final weights of a plain group run of 120 steps that never applies ``step`` (made once, shared)."""
 
     def produce(folder: str) -> None:
-        code, out, err = finish(launch(folder, *MEMORY, "--steps", "120", "--skip-steps", "70", opts=GROUP))
+        code, out, err = finish(launch(folder, *MEMORY, "--steps", "120", "--skip-steps", str(step), opts=GROUP))
         assert code == 0, err
 
-    return final_weights(shared_result("group-skip-70-of-120", produce))
+    return final_weights(shared_result(f"group-skip-{step}-of-120", produce))
+
+
+@pytest.fixture(scope="module")
+def plain_skipping_70(shared_result):
+    return plain_skipping(shared_result, 70)
 
 
 def test_a_nan_loss_in_a_group_with_rollback_restarts_the_group_which_skips_the_step_and_ends_bit_equal(
@@ -140,13 +144,7 @@ def test_a_nan_loss_in_a_group_with_rollback_restarts_the_group_which_skips_the_
 
 @pytest.fixture(scope="module")
 def plain_skipping_110(shared_result):
-    """The final weights of a plain group run of 120 steps that never applies step 110 (made once, shared)."""
-
-    def produce(folder: str) -> None:
-        code, out, err = finish(launch(folder, *MEMORY, "--steps", "120", "--skip-steps", "110", opts=GROUP))
-        assert code == 0, err
-
-    return final_weights(shared_result("group-skip-110-of-120", produce))
+    return plain_skipping(shared_result, 110)
 
 
 def test_a_nan_loss_after_the_groups_last_snapshot_found_at_the_final_checkpoint_rolls_the_group_back_too(
