@@ -64,13 +64,16 @@ def test_the_coordinator_trains_to_the_end_and_its_checkpoint_holds_the_trained_
 
 
 def _what_each_said(logdir: str) -> str:
-    """The last lifecycle records and the tail of every task's newest log, for a failure's message."""
-    records = "\n".join(json.dumps(e) for e in lifecycle(logdir)[-25:])
+    """The last lifecycle records (but the periodic commits, which fill a stepping run's tail), the
+    coordinator's status entry and the tail of every task's log, for a failure's message."""
+    records = "\n".join(json.dumps(e) for e in [e for e in lifecycle(logdir)
+                                                if e.get("event") != "checkpoint_committed"][-25:])
+    records += f"\nstatus.json's trainer entry: {entry(logdir, 'trainer')}"
     tails = []
     folder = os.path.join(logdir, "logs")
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         tails.append(f"--- {name}\n{log_of(logdir, name)[-1500:]}")
-    return f"lifecycle (last 25):\n{records}\n" + "\n".join(tails)
+    return "\n".join(tails) + f"\nlifecycle (last 25):\n{records}"  # last: a cut output keeps its tail
 
 
 def stepping(logdir: str, attempt: int, past: int) -> dict[str, Any]:

@@ -128,7 +128,10 @@ def test_a_killed_parameter_server_takes_the_coordinator_with_it_and_not_the_wor
     assert sim.tick(5.0) == [] and sim.view.children[TRAINER].attempt == 1
     ps0 = sim.view.children["ps0"]
     observe.heard(sim.view, Hello(PS, ps0.pid, ps0.attempt, slot="ps0"), sim.now)
-    assert sim.tick(0.01) == [Spawn(TRAINER, TRAINER)]
+    # ... and 1.5 s past it: before, the coordinator forked on the Hello failed its first step on a worker
+    # server whose gRPC channel to ps0 was still in its reconnect backoff (UnavailableError from worker1)
+    assert sim.tick(0.01) == [] and sim.tick(1.0) == [] and sim.view.children[TRAINER].attempt == 1
+    assert sim.tick(0.5) == [Spawn(TRAINER, TRAINER)]
     assert sim.view.children[TRAINER].attempt == 2
     assert sim.view.children["worker0"].attempt == 1 and sim.view.children["worker1"].attempt == 1
 

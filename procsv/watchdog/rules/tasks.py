@@ -66,6 +66,13 @@ from procsv.watchdog.rules.policy import decide as restart_verdict
 from procsv.watchdog.rules.group import rank_of
 from procsv.watchdog.rules.state import PS, SERVER, TRAINER, WORKER, ChildView, RunView
 
+# How long a restarted parameter server serves before a --coordinator coordinator is started on it. The
+# worker servers' gRPC channels to it failed while it was down, and a channel in that state fails every
+# call at once until its next reconnect attempt: TensorFlow caps gRPC's reconnect backoff at 1 s
+# (GRPC_ARG_MAX_RECONNECT_BACKOFF_MS in its GetChannelArguments), with gRPC's jitter of 20 %: 1.2 s,
+# and a little for the worker's poller to be scheduled.
+PS_RECONNECT_SECS = 1.5
+
 
 def ps_slot(index: int) -> str:
     """The slot (and the log name) of parameter server ``index``: ``ps0``, ``ps1``, ..."""
@@ -158,13 +165,23 @@ def ps_not_serving(view: RunView, now: float, startup_timeout: Optional[float]) 
     failed so and cost a restart of its own, counted. A TF1 session waits for the cluster itself.
     A parameter server live but silent for ``startup_timeout`` since its start (stopped, an import
     that never returns) holds it no longer: no hang rule watches a parameter server, so the wait
-    would be for ever; the coordinator starts, and its own hang rule bounds what it meets."""
+    would be for ever; the coordinator starts, and its own hang rule bounds what it meets.
+    A parameter server that serves holds it :data:`PS_RECONNECT_SECS` more: until then a worker server's
+    channel to it may still fail every call ("Connection refused" from the worker), and the
+    coordinator's first step on that worker failed so, a restart of its own (1 launch in 4 at load 7)."""
     if not (view.coordinator and view.attempts):
         return False
     limit = startup_timeout if startup_timeout and startup_timeout > 0 else None
+
+    def holds(c: ChildView) -> bool:
+        if not c.live:
+            return True
+        if c.state != ProcState.RUNNING:
+            return limit is None or now - c.started < limit
+        return c.running_at is not None and now - c.running_at < PS_RECONNECT_SECS
+
     return any(slot.startswith(PS) for slot in view.task_due) or any(
-        c.role == PS and (not c.live or (c.state != ProcState.RUNNING and (limit is None or now - c.started < limit)))
-        for c in view.children.values())
+        holds(c) for c in view.children.values() if c.role == PS)
 
 
 def chief_held(view: RunView) -> bool:
