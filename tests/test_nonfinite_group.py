@@ -250,3 +250,23 @@ def test_a_group_past_max_skips_stops_in_order_with_exit_4_as_a_single_trainer_d
     for step in steps:
         assert finite_floats(os.path.join(logdir, f"model.ckpt-{step}")) > 0
 
+
+NAN_TRAIN = os.path.join(PROGRAMS, "nan_train.py")
+
+
+def test_a_single_trainers_own_exit_5_after_a_skipped_step_is_an_ordinary_failure_not_a_group_rollback(logdir):
+    # a lone trainer under --on-nonfinite rollback skips step 20 in place (found twice), then its program
+    # exits 5 by itself at step 40 (once: the next attempt goes on). Before: judged as a group's rollback
+    # of step 20, met "again": the launch gave up with exit 4 ("the trainer group is diverging")
+    code, out, err = finish(launch(logdir, "--nan-at", "20", "--exit-at", "40", "--steps", "60", target=NAN_TRAIN,
+                                   opts=("--on-nonfinite", "rollback")))
+    assert code == 0, err
+    assert "trainer group" not in err and "diverging" not in err, err
+    assert [r.get("code") for r in events(logdir, "exited") if r["role"] == "trainer"] == [5, 0]
+    restarting = events(logdir, "restarting")
+    assert [(r["attempt"], r["rollback_step"]) for r in restarting] == [(2, None)], restarting
+    assert "exited with code 5" in restarting[0]["error"], restarting
+    assert [r["step"] for r in events(logdir, "step_skipped")] == [20]
+    status = raw_status(logdir) or {}
+    assert (status.get("restarts"), status.get("rollbacks"), status.get("group_rollbacks")) == (1, 2, 0), status
+    assert status.get("skipped_steps") == [20] and status.get("exit_code") == 0, status

@@ -21,7 +21,7 @@ from procsv.watchdog.rules.policy import Action, History, RestartPolicy, Trainer
 from procsv.watchdog.rules.state import TRAINER
 
 from test_group_decide import KILLED, W1, group
-from test_watchdog_decide import of
+from test_watchdog_decide import Sim, of
 
 
 def reports(sim, slot: str, step: int) -> None:  # type: ignore[no-untyped-def]
@@ -188,3 +188,17 @@ def test_two_members_reporting_the_same_step_are_one_finding_each_with_its_recor
     observe.heard(sim.view, NonfiniteDetected(member.pid, 90, 1.0, "the loss of step 90 is NaN"), sim.now)
     assert sim.view.nonfinite_found == 2
 
+
+def test_a_lone_trainers_own_exit_5_after_a_non_finite_report_is_a_failure_not_a_group_rollback():
+    # a single trainer rolls back in place (step 20 skipped), then its program exits 5 by itself.
+    # Before: judged as a group's rollback of step 20, a step skipped before: gave up with exit 4
+    sim = Sim()
+    sim.start_trainer(25)
+    observe.heard(sim.view, NonfiniteDetected(sim.trainer.pid, 20, 1.0, "the loss of step 20 is NaN"), sim.now)
+    sim.view.skipped_steps = [20]
+    assert rollback_step(sim.view, sim.trainer) is None
+    sim.dies(TRAINER, EXIT_GROUP_ROLLBACK)
+    acts = sim.tick(0.01)
+    restarts = of(acts, Restart)
+    assert not of(acts, GiveUp) and len(restarts) == 1 and restarts[0].skip is None, acts
+    assert sim.view.history.restarts == 1 and sim.view.rollbacks == 0
