@@ -182,26 +182,31 @@ def event_series(events: list[dict[str, Any]]) -> list[tuple[float, int]]:
     return [(float(e["time"]), int(e["step"])) for e in events if e.get("event") in named and "step" in e]
 
 
-def nonfinite(events: list[dict[str, Any]],
-              summary: Optional[dict[str, Any]]) -> tuple[list[tuple[float, int]], int, int]:
+def nonfinite(events: list[dict[str, Any]], summary: Optional[dict[str, Any]]) -> tuple[list[tuple[float, int]], int]:
     """(wall time, step) of each step skipped as non-finite (once each: a step met again after a
-    restart is skipped again), the rollbacks (in place, and a trainer group's) and of those the
-    group's: from ``report.json`` when it has them, the times (and a live launch's steps) from the
-    ``step_skipped`` events."""
+    restart is skipped again), and the rollbacks (in place, and a trainer group's:
+    :func:`group_rollbacks`): from ``report.json`` when it has them, the times (and a live launch's
+    steps) from the ``step_skipped`` events."""
     when: dict[int, float] = {}
     for e in events:
         if e.get("event") == "step_skipped" and isinstance(e.get("step"), int):
             when.setdefault(int(e["step"]), float(e["time"]))
-    grouped = sum(1 for e in events if e.get("event") == "restarting" and isinstance(e.get("rollback_step"), int))
-    rollbacks = sum(1 for e in events if e.get("event") == "rolled_back") + grouped
+    rollbacks = sum(1 for e in events if e.get("event") == "rolled_back") + group_rollbacks(events, None)
     if summary is not None and isinstance(summary.get("skipped_steps"), list):
         steps = [int(s) for s in summary["skipped_steps"]]
         rollbacks = int(summary.get("rollbacks") or 0)
-        grouped = int(summary.get("group_rollbacks") or 0)
     else:
         steps = sorted(when)
     last = float(events[-1]["time"]) if events else 0.0
-    return [(when.get(s, last), s) for s in steps], rollbacks, grouped
+    return [(when.get(s, last), s) for s in steps], rollbacks
+
+
+def group_rollbacks(events: list[dict[str, Any]], summary: Optional[dict[str, Any]]) -> int:
+    """A trainer group's rollbacks (each a restart of the group, counted as a rollback): from
+    ``report.json`` when it has its skipped steps, else the ``restarting`` records naming a ``rollback_step``."""
+    if summary is not None and isinstance(summary.get("skipped_steps"), list):
+        return int(summary.get("group_rollbacks") or 0)
+    return sum(1 for e in events if e.get("event") == "restarting" and isinstance(e.get("rollback_step"), int))
 
 
 def gather(layout: Layout) -> Optional[RunReport]:
@@ -229,7 +234,8 @@ def gather(layout: Layout) -> Optional[RunReport]:
         restarts=restarts(events), checkpoints=commits(events, layout, started))
     series = (summary or {}).get("series")
     rep.series = [(float(t), int(s)) for t, s in series] if isinstance(series, list) and series else event_series(events)
-    rep.skipped, rep.rollbacks, rep.group_rollbacks = nonfinite(events, summary)
+    rep.skipped, rep.rollbacks = nonfinite(events, summary)
+    rep.group_rollbacks = group_rollbacks(events, summary)
     launches = gp.launches_from_events(every, now=time.time() if live is not None else None)
     per, rep.lifetime = gp.run_breakdown(launches)
     rep.launches = [(la.number, b) for la, b in zip(launches, per)]
