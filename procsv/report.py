@@ -30,6 +30,7 @@ from typing import Any, Optional
 from procsv import goodput as gp
 from procsv.common.layout import Layout, LogdirLock, read_json
 from procsv.common.manifests import list_committed
+from procsv.status import rollback_words
 from procsv.watchdog.publish import recovery
 
 
@@ -44,6 +45,7 @@ class Restart:
     restored_step: Optional[int]
     restore_secs: Optional[float]
     from_checkpoint: bool = True  # False: the next attempt found no checkpoint and initialized
+    rollback_step: Optional[int] = None  # a trainer group's rollback (a rollback, not a restart): the step skipped
 
 
 @dataclass
@@ -58,11 +60,12 @@ class RunReport:
     ended_at: Optional[float]
     goodput: Optional[float]
     summary: Optional[dict[str, Any]]  # logs/report.json, when it belongs to the last launch
-    restarts: list[Restart] = field(default_factory=list)
+    restarts: list[Restart] = field(default_factory=list)  # and the trainer group's rollbacks (``rollback_step``)
     checkpoints: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step) of each commit
     series: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step)
     skipped: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step) of each non-finite step skipped
-    rollbacks: int = 0  # in-place restores after a non-finite loss (issue 41)
+    rollbacks: int = 0  # restores after a non-finite loss (issue 41): in place, and a trainer group's restarts
+    group_rollbacks: int = 0  # ... of which a trainer group's
     detected: int = 0  # non-finite losses or snapshot states found (the records' repeats, or status.json's count if more)
     launches: list[tuple[int, gp.Breakdown]] = field(default_factory=list)  # (launch number, where its time went)
     lifetime: Optional[gp.Breakdown] = None  # every launch of the logdir, and the gaps between them
@@ -93,7 +96,8 @@ def last_launch(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def restarts(events: list[dict[str, Any]]) -> list[Restart]:
-    """The trainer's restarts in one launch's events, each with its cause and what was restored.
+    """The trainer's restarts in one launch's events, each with its cause and what was restored (a
+    trainer group's rollback is one too, with its ``rollback_step``: :func:`plain_restarts` leaves it out).
 
     One pass to index the records (a long run's log holds a record per commit: O(events))."""
     ends: dict[tuple[str, int], dict[str, Any]] = {}  # (exited | death_noticed, attempt) -> its record
@@ -141,6 +145,10 @@ def _restart(e: dict[str, Any], prev: int, pid: Any, exited: Optional[dict[str, 
         label = "hang" if hang is not None else (f"chaos {kill.get('signal', '')}".strip() if kill is not None
                                                   else how.replace("killed by ", "") or "died")
         cause = error or f"trainer attempt {prev} {how or 'died'}"
+    step = e.get("rollback_step")
+    if isinstance(step, int):
+        label = f"rollback {step}"
+        cause = f"the trainer group rolled back to skip step {step}: " + cause
     if hang is not None:
         cause += f" (hung: {hang.get('reason')})"
     if kill is not None:
@@ -149,7 +157,12 @@ def _restart(e: dict[str, Any], prev: int, pid: Any, exited: Optional[dict[str, 
     return Restart(min(times) if times else float(e["time"]), prev + 1, cause, label,
                    None if restored is None else int(restored["step"]),
                    None if restored is None else float(restored["secs"]),
-                   restored is None or restored.get("event") == "restored")
+                   restored is None or restored.get("event") == "restored", step if isinstance(step, int) else None)
+
+
+def plain_restarts(rep: list[Restart]) -> list[Restart]:
+    """The restarts that are not a trainer group's rollback (counted as a rollback, not a restart)."""
+    return [r for r in rep if r.rollback_step is None]
 
 
 def commits(events: list[dict[str, Any]], layout: Layout, since: Optional[float]) -> list[tuple[float, int]]:
@@ -171,13 +184,14 @@ def event_series(events: list[dict[str, Any]]) -> list[tuple[float, int]]:
 
 def nonfinite(events: list[dict[str, Any]], summary: Optional[dict[str, Any]]) -> tuple[list[tuple[float, int]], int]:
     """(wall time, step) of each step skipped as non-finite (once each: a step met again after a
-    restart is skipped again), and the rollbacks: from ``report.json`` when it has them, the times
-    (and a live launch's steps) from the ``step_skipped`` events."""
+    restart is skipped again), and the rollbacks (in place, and a trainer group's:
+    :func:`group_rollbacks`): from ``report.json`` when it has them, the times (and a live launch's
+    steps) from the ``step_skipped`` events."""
     when: dict[int, float] = {}
     for e in events:
         if e.get("event") == "step_skipped" and isinstance(e.get("step"), int):
             when.setdefault(int(e["step"]), float(e["time"]))
-    rollbacks = sum(1 for e in events if e.get("event") == "rolled_back")
+    rollbacks = sum(1 for e in events if e.get("event") == "rolled_back") + group_rollbacks(events, None)
     if summary is not None and isinstance(summary.get("skipped_steps"), list):
         steps = [int(s) for s in summary["skipped_steps"]]
         rollbacks = int(summary.get("rollbacks") or 0)
@@ -185,6 +199,14 @@ def nonfinite(events: list[dict[str, Any]], summary: Optional[dict[str, Any]]) -
         steps = sorted(when)
     last = float(events[-1]["time"]) if events else 0.0
     return [(when.get(s, last), s) for s in steps], rollbacks
+
+
+def group_rollbacks(events: list[dict[str, Any]], summary: Optional[dict[str, Any]]) -> int:
+    """A trainer group's rollbacks (each a restart of the group, counted as a rollback): from
+    ``report.json`` when it has its skipped steps, else the ``restarting`` records naming a ``rollback_step``."""
+    if summary is not None and isinstance(summary.get("skipped_steps"), list):
+        return int(summary.get("group_rollbacks") or 0)
+    return sum(1 for e in events if e.get("event") == "restarting" and isinstance(e.get("rollback_step"), int))
 
 
 def gather(layout: Layout) -> Optional[RunReport]:
@@ -213,18 +235,26 @@ def gather(layout: Layout) -> Optional[RunReport]:
     series = (summary or {}).get("series")
     rep.series = [(float(t), int(s)) for t, s in series] if isinstance(series, list) and series else event_series(events)
     rep.skipped, rep.rollbacks = nonfinite(events, summary)
+    rep.group_rollbacks = group_rollbacks(events, summary)
     launches = gp.launches_from_events(every, now=time.time() if live is not None else None)
     per, rep.lifetime = gp.run_breakdown(launches)
     rep.launches = [(la.number, b) for la, b in zip(launches, per)]
-    # the records' repeats added up; status.json's count when more: a watchdog killed (SIGKILL) before it
-    # wrote its last coalesced record (at most a minute's detections), or a live run's unwritten tail
-    rep.detected = max(sum(int(e.get("repeats") or 1) for e in events if e.get("event") == "nonfinite_detected"),
+    # the records' repeats added up (0: a group member's report of the step a peer reported first, the same
+    # finding); status.json's count when more: a watchdog killed (SIGKILL) before it wrote its last
+    # coalesced record (at most a minute's detections), or a live run's unwritten tail
+    rep.detected = max(sum(_repeats(e) for e in events if e.get("event") == "nonfinite_detected"),
                        int(status.get("nonfinite_detected") or 0))
     names = gp.tasks(every)
     if len(names) > 1:  # a group (--nproc, or --ps workers that step): each task's own breakdown
         now = time.time() if live is not None else None
         rep.tasks = [(n, gp.run_breakdown(gp.launches_from_events(every, now=now, task=n))[1]) for n in names]
     return rep
+
+
+def _repeats(record: dict[str, Any]) -> int:
+    """The detections a ``nonfinite_detected`` record stands for (1 when it does not say)."""
+    n = record.get("repeats")
+    return n if isinstance(n, int) and n >= 0 else 1
 
 
 def _same_launch(summary: dict[str, Any], started: Optional[float]) -> bool:
@@ -253,7 +283,9 @@ def render(rep: RunReport) -> str:
         lines.append(recovery.render(rep.summary))
     else:
         good = "-" if rep.goodput is None else f"{rep.goodput:.3f}"
-        lines.append(f"procsv report: {len(rep.restarts)} restart(s), goodput {good}")
+        rolled = len(rep.restarts) - len(plain_restarts(rep.restarts))
+        lines.append(f"procsv report: {len(plain_restarts(rep.restarts))} restart(s), "
+                     + (f"{rolled} rollback(s) of the trainer group, " if rolled else "") + f"goodput {good}")
     for r in rep.restarts:
         if r.restored_step is None:
             back = ""
@@ -262,11 +294,11 @@ def render(rep: RunReport) -> str:
         else:
             back = f"; attempt {r.attempt} restored step {r.restored_step}" + \
                 ("" if r.restore_secs is None else f" in {r.restore_secs:.2f} s")
-        lines.append(f"  restart at {_clock(r.at)} [{r.label}]: {r.cause}{back}")
+        what = "restart" if r.rollback_step is None else "group rollback"
+        lines.append(f"  {what} at {_clock(r.at)} [{r.label}]: {r.cause}{back}")
     if rep.skipped or rep.rollbacks or rep.detected:
-        lines.append(f"  non-finite: {rep.rollbacks} rollback(s), {len(rep.skipped)} step(s) skipped (NaN or infinite "
-                     f"loss twice): {', '.join(str(s) for _, s in rep.skipped) or 'none'}; "
-                     f"{rep.detected} time(s) found non-finite")
+        lines.append(f"  non-finite: {nonfinite_counts(rep.rollbacks, rep.group_rollbacks, len(rep.skipped))}: "
+                     f"{', '.join(str(s) for _, s in rep.skipped) or 'none'}; {rep.detected} time(s) found non-finite")
     if rep.lifetime is not None and rep.launches:
         lines.append(gp.render(rep.launches, rep.lifetime))
     if rep.tasks:
@@ -278,3 +310,12 @@ def render(rep: RunReport) -> str:
     else:
         lines.append("  checkpoints: none committed in this launch")
     return "\n".join(lines)
+
+
+
+def nonfinite_counts(rollbacks: int, group_rollbacks: int, skipped: int) -> str:
+    """``N rollback(s)..., M step(s) skipped (why)``: a single trainer skips a step whose loss was
+    non-finite twice (found, rolled back in place, retried); a trainer group skips it once found (its
+    rollback restarts the group, every member skipping it)."""
+    why = "NaN or infinite loss" if group_rollbacks else "NaN or infinite loss twice"
+    return f"{rollback_words(rollbacks, group_rollbacks)}, {skipped} step(s) skipped ({why})"

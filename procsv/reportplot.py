@@ -17,7 +17,7 @@ from typing import Any
 
 from procsv.common.errors import UsageError
 from procsv.goodput import KINDS
-from procsv.report import RunReport
+from procsv.report import RunReport, plain_restarts
 
 WIDTH, HEIGHT, DPI = 1200, 500, 100
 COLORS = {"productive": "#2ca02c", "startup": "#9467bd", "restoring": "#8c564b", "checkpoint": "#17becf",
@@ -97,7 +97,7 @@ def draw(rep: RunReport, path: str) -> None:
         ax.set_ylabel("global step")
         good = "-" if rep.goodput is None else f"{rep.goodput:.1%}"
         ax.set_title(f"procsv: {os.path.basename(rep.logdir.rstrip('/'))} -- {rep.state}, step {rep.step}, "
-                     f"{len(rep.restarts)} restart(s), goodput {good}")
+                     f"{len(plain_restarts(rep.restarts))} restart(s), goodput {good}")
         ax.grid(True, alpha=0.3)
         if rep.series or rep.checkpoints or rep.restarts or rep.skipped:
             ax.legend(loc="lower right")

@@ -98,6 +98,16 @@ def read_status(layout: Layout) -> Optional[dict[str, Any]]:
     return status
 
 
+def rollback_words(rollbacks: int, grouped: int) -> str:
+    """``N rollback(s)``, and how many were a trainer group's (its restart, every member skipping the
+    step: a rollback, not a restart), as ``procsv status`` and ``procsv report`` say it."""
+    if not grouped:
+        return f"{rollbacks} rollback(s)"
+    if grouped == rollbacks:
+        return f"{rollbacks} rollback(s) of the trainer group (restarted, every member skipping the step)"
+    return f"{rollbacks} rollback(s) ({grouped} of the trainer group, {rollbacks - grouped} in place)"
+
+
 def render(status: dict[str, Any], logdir: str) -> str:
     """A short human view of a status record."""
     lines = [f"procsv run in {logdir}: {status.get('state')}"]
@@ -112,10 +122,10 @@ def render(status: dict[str, Any], logdir: str) -> str:
     if status.get("restored_step") is not None:
         lines.append(f"  trainer restored from step {status['restored_step']}")
     skipped, rollbacks = status.get("skipped_steps") or [], status.get("rollbacks") or 0
-    found = status.get("nonfinite_detected") or 0
+    found, grouped = status.get("nonfinite_detected") or 0, status.get("group_rollbacks") or 0
     if skipped or rollbacks or found:
         steps = ", ".join(map(str, skipped)) if skipped else "none"
-        lines.append(f"  non-finite: {rollbacks} rollback(s), {len(skipped)} step(s) skipped: {steps}; "
+        lines.append(f"  non-finite: {rollback_words(rollbacks, grouped)}, {len(skipped)} step(s) skipped: {steps}; "
                      f"{found} time(s) found non-finite")
     if status.get("goodput") is not None:
         lines.append(f"  goodput {status['goodput']:.3f} (time on kept steps / wall time)")

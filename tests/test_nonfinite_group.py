@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
 import pytest
 
-from conftest import PROGRAMS, committed_steps, final_weights, finish, launch, lifecycle, raw_status
+from conftest import PROGRAMS, REPO, committed_steps, final_weights, finish, launch, lifecycle, quiet_env, raw_status
 
 ARGS = ("--strategy", "multiworker", "--save-model-secs", "600", "--save-checkpoint-steps", "10",
         "--step-delay", "0.004", "--print-every-steps", "10")
@@ -31,6 +33,14 @@ MEMORY = ("--strategy", "multiworker", "--save-model-secs", "600", "--step-delay
 
 def events(logdir: str, name: str) -> list[dict[str, Any]]:
     return [r for r in lifecycle(logdir) if r.get("event") == name]
+
+
+def procsv_says(*args: str) -> str:
+    """What ``procsv ARGS`` prints (it must succeed)."""
+    done = subprocess.run([sys.executable, "-m", "procsv", *args], capture_output=True, text=True, env=quiet_env(),
+                          cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def member_log(logdir: str, log: str) -> str:
@@ -125,13 +135,34 @@ def test_a_nan_loss_in_a_group_with_rollback_restarts_the_group_which_skips_the_
         text = member_log(logdir, log)
         assert "procsv: restored step 50 from the group's in-memory snapshot of step 50" in text, log
         assert "procsv: skipping step 70 again (this run skipped it before); training on from step 71" in text, log
-    # the launch says what happened; status.json and the report count the skip
+    # the launch says what happened; status.json and the report count the skip, and the group's
+    # rollback as a rollback, not a restart; the step found non-finite once, however many members
+    # reported it (before: "restarts 1", "0 rollback(s)", "2 time(s) found non-finite" when both members
+    # found it, and the single trainer's "(NaN or infinite loss twice)")
     said = [s for s in err.splitlines() if s.startswith("procsv: the trainer group rolls back: ")]
     assert len(said) == 1 and "found the loss of step 70 non-finite" in said[0], err
     status = raw_status(logdir) or {}
     assert status.get("skipped_steps") == [70] and status.get("exit_code") == 0, status
+    assert (status.get("restarts"), status.get("rollbacks"), status.get("group_rollbacks")) == (0, 1, 1), status
+    assert status.get("nonfinite_detected") == 1, status
+    assert [p.get("restarts") for p in status["processes"] if p.get("role") in ("trainer", "worker1")] == [0, 0]
+    assert sum(r["repeats"] for r in detected) == 1 and [r["peer"] for r in detected][0] is None, detected
+    assert [r["rollback_step"] for r in events(logdir, "restarting")] == [70]
     with open(os.path.join(logdir, "logs", "report.json")) as fh:
-        assert json.load(fh)["skipped_steps"] == [70]
+        saved = json.load(fh)
+    assert saved["skipped_steps"] == [70], saved
+    assert (saved["restarts"], saved["rollbacks"], saved["group_rollbacks"]) == (0, 1, 1), saved
+    assert [r["rollback_step"] for r in saved["recoveries"]] == [70], saved
+    shown = procsv_says("status", logdir)
+    assert "  step 120, restarts 0," in shown, shown
+    assert "non-finite: 1 rollback(s) of the trainer group (restarted, every member skipping the step), 1 step(s) " \
+           "skipped: 70; 1 time(s) found non-finite" in shown, shown
+    report = procsv_says("report", logdir)
+    assert "procsv report: 0 restart(s), 1 rollback(s) of the trainer group, " in report, report
+    assert "group rollback: step 70 skipped (non-finite loss)" in report, report
+    assert "  group rollback at " in report and "  restart at " not in report, report
+    assert "non-finite: 1 rollback(s) of the trainer group (restarted, every member skipping the step), 1 step(s) " \
+           "skipped (NaN or infinite loss): 70; 1 time(s) found non-finite" in report, report
     # bit-equal to the plain group run that never applied step 70
     final = final_weights(logdir)
     assert final.keys() == plain_skipping_70.keys() and final
@@ -218,3 +249,24 @@ def test_a_group_past_max_skips_stops_in_order_with_exit_4_as_a_single_trainer_d
     assert steps and steps[-1] < 70, steps
     for step in steps:
         assert finite_floats(os.path.join(logdir, f"model.ckpt-{step}")) > 0
+
+
+NAN_TRAIN = os.path.join(PROGRAMS, "nan_train.py")
+
+
+def test_a_single_trainers_own_exit_5_after_a_skipped_step_is_an_ordinary_failure_not_a_group_rollback(logdir):
+    # a lone trainer under --on-nonfinite rollback skips step 20 in place (found twice), then its program
+    # exits 5 by itself at step 40 (once: the next attempt goes on). Before: judged as a group's rollback
+    # of step 20, met "again": the launch gave up with exit 4 ("the trainer group is diverging")
+    code, out, err = finish(launch(logdir, "--nan-at", "20", "--exit-at", "40", "--steps", "60", target=NAN_TRAIN,
+                                   opts=("--on-nonfinite", "rollback")))
+    assert code == 0, err
+    assert "trainer group" not in err and "diverging" not in err, err
+    assert [r.get("code") for r in events(logdir, "exited") if r["role"] == "trainer"] == [5, 0]
+    restarting = events(logdir, "restarting")
+    assert [(r["attempt"], r["rollback_step"]) for r in restarting] == [(2, None)], restarting
+    assert "exited with code 5" in restarting[0]["error"], restarting
+    assert [r["step"] for r in events(logdir, "step_skipped")] == [20]
+    status = raw_status(logdir) or {}
+    assert (status.get("restarts"), status.get("rollbacks"), status.get("group_rollbacks")) == (1, 2, 0), status
+    assert status.get("skipped_steps") == [20] and status.get("exit_code") == 0, status

@@ -13,13 +13,15 @@ from procsv.common.exitcodes import EXIT_GROUP_ROLLBACK
 from procsv.ipc.messages import NonfiniteDetected
 from procsv.trainer.nonfinite import records
 from procsv.watchdog import observe
+from procsv.watchdog.publish import recovery
+from procsv.watchdog.publish.runmetrics import StepRate, restart_counts, take_snapshot
 from procsv.watchdog.rules.actions import GiveUp, Restart, Spawn
 from procsv.watchdog.rules.group import blame, rollback_step
 from procsv.watchdog.rules.policy import Action, History, RestartPolicy, TrainerExit, decide
 from procsv.watchdog.rules.state import TRAINER
 
-from test_group_decide import W1, group
-from test_watchdog_decide import of
+from test_group_decide import KILLED, W1, group
+from test_watchdog_decide import Sim, of
 
 
 def reports(sim, slot: str, step: int) -> None:  # type: ignore[no-untyped-def]
@@ -28,12 +30,12 @@ def reports(sim, slot: str, step: int) -> None:  # type: ignore[no-untyped-def]
                   sim.now)
 
 
-def test_the_policy_restarts_a_group_rollback_at_once_skipping_the_step_and_counts_no_failure():
+def test_the_policy_restarts_a_group_rollback_at_once_skipping_the_step_and_counts_no_failure_nor_restart():
     history = History(restarts=2, failures_without_progress=1, startup_failures_in_a_row=0)
     verdict = decide(RestartPolicy(), history, TrainerExit(EXIT_GROUP_ROLLBACK, True, False, False, rollback_step=70),
                      0.5)
     assert verdict.action == Action.RESTART and verdict.delay == 0.0 and verdict.skip == 70
-    assert verdict.history == History(3, 1, 0)
+    assert verdict.history == history  # a rollback: the run counts it as one (RunView.rollbacks), not as a restart
     assert "step 70" in verdict.reason
     # a stop requested meanwhile wins; a 5 whose step never came in is a failure like any other (no skip)
     assert decide(RestartPolicy(), history, TrainerExit(EXIT_GROUP_ROLLBACK, True, False, True, rollback_step=70),
@@ -60,7 +62,8 @@ def test_whichever_members_report_the_group_rolls_back_once_skipping_the_first_s
     assert sim.view.skipped_steps == [70]
     assert blame(sim.view, sim.trainer).slot == W1  # the first to ask: the record's pid is its own
     assert of(sim.tick(0.01), Spawn) == [Spawn(TRAINER, TRAINER)]  # the next group, once
-    assert sim.tick(0.01) == [] and sim.view.skipped_steps == [70] and sim.view.history.restarts == 1
+    assert sim.tick(0.01) == [] and sim.view.skipped_steps == [70]
+    assert sim.view.history.restarts == 0 and sim.view.rollbacks == 1 and sim.view.group_rollbacks() == 1
 
 
 def test_a_member_that_asks_for_the_rollback_is_the_cause_even_if_its_peers_death_came_in_first():
@@ -135,3 +138,67 @@ def test_a_members_exit_5_without_its_report_that_ends_the_run_exits_1_as_any_fa
     sim.reaps(TRAINER, 1, "UnavailableError")
     gave_up = of(sim.tick(0.01), GiveUp)
     assert len(gave_up) == 1 and "restart limit" in gave_up[0].reason and gave_up[0].exit_code == 1, gave_up
+
+
+def test_a_group_rollback_is_counted_as_a_rollback_not_a_restart_and_a_kill_after_it_as_a_restart():
+    # before: the rollback's restart of the group was a restart (History.restarts, status.json's
+    # restarts, procsv_restarts{cause="exit_code"}, the recovery report's count) and "0 rollback(s)"
+    sim = group(2)
+    sim.tick(1.0)
+    reports(sim, TRAINER, 70)
+    sim.reaps(TRAINER, EXIT_GROUP_ROLLBACK, "GroupRollback")
+    sim.reaps(W1, 1, "UnavailableError")
+    restarts = of(sim.tick(0.01), Restart)
+    assert [r.skip for r in restarts] == [70]
+    assert of(sim.tick(0.01), Spawn) == [Spawn(TRAINER, TRAINER)]
+    sim.group_ready(50)
+    sim.group_progress(51)
+    assert sim.view.history.restarts == 0 and sim.view.rollbacks == 1 and sim.view.group_rollbacks() == 1
+    assert restart_counts(sim.view.attempts) == ()
+    snap = take_snapshot(sim.view, sim.now, 1000.0, 990.0, StepRate())  # what the metrics endpoint serves
+    assert snap.restarts == () and snap.rollbacks == 1 and snap.steps_skipped == 1
+    summary = recovery.summarize(sim.view.attempts)
+    assert summary["restarts"] == 0 and summary["group_rollbacks"] == 1
+    assert [r["rollback_step"] for r in summary["recoveries"]] == [70]
+    # a SIGKILL of the next group is a restart, as ever
+    sim.tick(1.0)
+    sim.reaps(W1, KILLED)
+    sim.tick(0.01)
+    sim.reaps(TRAINER, 1, "UnavailableError")
+    assert [r.skip for r in of(sim.tick(0.01), Restart)] == [None]
+    assert sim.view.history.restarts == 1 and sim.view.rollbacks == 1 and sim.view.group_rollbacks(before=3) == 1
+    assert of(sim.tick(0.01), Spawn) == [Spawn(TRAINER, TRAINER)]
+    assert recovery.summarize(sim.view.attempts)["restarts"] == 1
+    assert sum(n for _, n in restart_counts(sim.view.attempts)) == 1
+
+
+def test_two_members_reporting_the_same_step_are_one_finding_each_with_its_record():
+    # before: status.json's nonfinite_detected and the records' repeats said 2 for the one step 70
+    sim = group(3)
+    sim.tick(1.0)
+    member = sim.member(W1)
+    first = observe.heard(sim.view, NonfiniteDetected(sim.trainer.pid, 70, 1.0, "the loss of step 70 is NaN"), sim.now)
+    again = observe.heard(sim.view, NonfiniteDetected(member.pid, 70, 1.0, "the loss of step 70 is NaN"), sim.now)
+    third = observe.heard(sim.view, NonfiniteDetected(sim.member("worker2").pid, 70, 1.0, "NaN"), sim.now)
+    assert sim.view.nonfinite_found == 1
+    records = [r.fields for r in first + again + third if r.event is not None]
+    assert [(r["pid"], r["repeats"], r["peer"]) for r in records] == [
+        (sim.trainer.pid, 1, None), (member.pid, 0, sim.trainer.pid), (sim.member("worker2").pid, 0, sim.trainer.pid)]
+    # another step is another finding
+    observe.heard(sim.view, NonfiniteDetected(member.pid, 90, 1.0, "the loss of step 90 is NaN"), sim.now)
+    assert sim.view.nonfinite_found == 2
+
+
+def test_a_lone_trainers_own_exit_5_after_a_non_finite_report_is_a_failure_not_a_group_rollback():
+    # a single trainer rolls back in place (step 20 skipped), then its program exits 5 by itself.
+    # Before: judged as a group's rollback of step 20, a step skipped before: gave up with exit 4
+    sim = Sim()
+    sim.start_trainer(25)
+    observe.heard(sim.view, NonfiniteDetected(sim.trainer.pid, 20, 1.0, "the loss of step 20 is NaN"), sim.now)
+    sim.view.skipped_steps = [20]
+    assert rollback_step(sim.view, sim.trainer) is None
+    sim.dies(TRAINER, EXIT_GROUP_ROLLBACK)
+    acts = sim.tick(0.01)
+    restarts = of(acts, Restart)
+    assert not of(acts, GiveUp) and len(restarts) == 1 and restarts[0].skip is None, acts
+    assert sim.view.history.restarts == 1 and sim.view.rollbacks == 0

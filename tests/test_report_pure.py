@@ -65,3 +65,30 @@ def test_a_ps_launch_reports_restarts_per_task_and_the_workers_given_up_on():
     assert "  tasks: chief 1 restart(s), ps0 0 restart(s), worker1 2 restart(s) (given up on)" in text
     view.tasks_alone = False
     assert task_summary(view) == {}
+
+
+def test_a_live_group_rollback_is_read_as_a_rollback_not_a_restart():
+    # the restarting record names the step a trainer group's rollback skips; before, procsv report on a
+    # live launch (no report.json yet) said "1 restart(s)" and "0 rollback(s)"
+    from procsv.report import RunReport, group_rollbacks, nonfinite, plain_restarts, render
+
+    events = [
+        _ev(0.0, "launch", target="t", args=[], pid=1),
+        _ev(1.0, "nonfinite_detected", pid=10, step=70, epoch=None, batch=None, what="NaN", repeats=1, peer=None),
+        _ev(1.0, "nonfinite_detected", pid=20, step=70, epoch=None, batch=None, what="NaN", repeats=0, peer=10),
+        _ev(1.1, "step_skipped", pid=10, step=70, epoch=None, batch=None, skipped=1),
+        _ev(1.1, "restarting", attempt=2, delay=0.0, rollback_step=70, error="trainer attempt 1 (pid 10) exited with "
+            "code 5: GroupRollback: ..."),
+        _ev(1.2, "exited", role="trainer", attempt=1, pid=10, noticed=1.05, code=5),
+        _ev(2.0, "restored", pid=11, step=50, path="p", secs=0.1, skipped=[70]),
+    ]
+    got = restarts(events)
+    assert [(r.attempt, r.rollback_step, r.label) for r in got] == [(2, 70, "rollback 70")] and not plain_restarts(got)
+    assert group_rollbacks(events, None) == 1 and nonfinite(events, None) == ([(1.1, 70)], 1)
+    rep = RunReport(logdir="/x", state="running", step=80, live_pid=None, started_at=0.0, ended_at=3.0, goodput=None,
+                    summary=None, restarts=got, skipped=[(1.1, 70)], rollbacks=1, group_rollbacks=1, detected=1)
+    text = render(rep)
+    assert "procsv report: 0 restart(s), 1 rollback(s) of the trainer group, goodput -" in text, text
+    assert "  group rollback at " in text and "[rollback 70]: the trainer group rolled back to skip step 70" in text
+    assert "non-finite: 1 rollback(s) of the trainer group (restarted, every member skipping the step), 1 step(s) " \
+           "skipped (NaN or infinite loss): 70; 1 time(s) found non-finite" in text, text

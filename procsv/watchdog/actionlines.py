@@ -62,7 +62,7 @@ def restart_reports(view: RunView, action: Restart) -> list[Report]:
     """What to record when a trainer attempt is to be restarted."""
     child = find(view, action.slot, action.attempt)
     assert child is not None
-    nxt = {"attempt": action.attempt + 1, "delay": round(action.delay, 3)}
+    nxt = {"attempt": action.attempt + 1, "delay": round(action.delay, 3), "rollback_step": action.skip}
     if action.preempted:
         return [Report(say=f"procsv: trainer attempt {action.attempt} was preempted and saved its state; "
                            "restarting"),

@@ -178,12 +178,18 @@ def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped,
     if trainer is None:
         return []
     if isinstance(msg, NonfiniteDetected):  # its record coalesced (rules/nonfinitelog: a count in ``repeats``)
-        view.nonfinite_found += 1
+        peer = _peer_found(view, trainer, msg.step)
         trainer.refused_at = now
         trainer.nonfinite_step = min(msg.step, msg.step if trainer.nonfinite_step is None else trainer.nonfinite_step)
+        trainer.nonfinite_last = msg.step
         fields = {"pid": msg.pid, "step": msg.step, "epoch": msg.epoch, "batch": msg.batch, "what": msg.what}
-        return [Report(Event.NONFINITE_DETECTED, f) for f in detected(view.nonfinite_log, msg.pid, fields, now)]
-    out = [Report(Event.NONFINITE_DETECTED, f) for f in ended(view.nonfinite_log)]  # acted on: the next one is a first
+        if peer is not None:  # the group's finding, reported by a peer first: its record, counted once (repeats 0)
+            return [Report(Event.NONFINITE_DETECTED, {**fields, "repeats": 0, "peer": peer.pid})]
+        view.nonfinite_found += 1
+        return [Report(Event.NONFINITE_DETECTED, {**f, "peer": None})
+                for f in detected(view.nonfinite_log, msg.pid, fields, now)]
+    out = [Report(Event.NONFINITE_DETECTED, {**f, "peer": None})
+           for f in ended(view.nonfinite_log)]  # acted on: the next one is a first
     if isinstance(msg, RolledBack):
         view.rollbacks += 1
         trainer.rolled_back(msg.step - msg.restored_step, msg.restore_secs)  # goodput: re-done steps, a restore
@@ -195,6 +201,15 @@ def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped,
         view.skipped_steps = sorted([*view.skipped_steps, msg.step])
     return out + [Report(Event.STEP_SKIPPED, {"pid": msg.pid, "step": msg.step, "epoch": msg.epoch, "batch": msg.batch,
                                               "skipped": len(view.skipped_steps)})]
+
+
+def _peer_found(view: RunView, member: ChildView, step: int) -> Optional[ChildView]:
+    """The other member of ``member``'s trainer group (the same attempt) whose latest report named
+    ``step`` too (None: none did, or ``member`` is no group's): the same finding, counted once."""
+    if member.role not in (TRAINER, WORKER) or view.tasks_alone:
+        return None
+    return next((m for m in view.children.values() if m is not member and m.role in (TRAINER, WORKER)
+                 and m.attempt == member.attempt and m.nonfinite_last == step), None)
 
 
 def _loading(view: RunView, msg: ServiceLoading, now: float) -> list[Report]:
@@ -306,13 +321,15 @@ def reaped(view: RunView, slot: str, attempt: int, failure: Failure, now: float)
     if child.ended_at is None:
         child.ended_at = now
     noticed = child.noticed_wall if child.noticed_wall is not None else failure.time
-    out = [Report(Event.NONFINITE_DETECTED, f) for f in (ended(view.nonfinite_log) if view.nonfinite_log.pid == child.pid
-                                                          else [])]  # its last detections' record, if unwritten
+    out = [Report(Event.NONFINITE_DETECTED, {**f, "peer": None})
+           for f in (ended(view.nonfinite_log) if view.nonfinite_log.pid == child.pid
+                     else [])]  # its last detections' record, if unwritten
     if child.role in (TRAINER, WORKER):  # every member that steps: its task's own breakdown (procsv.goodput)
         out.append(Report(Event.TRAINED, child.trained(now, failure.time)))
     out.append(Report(Event.EXITED, {"role": _role(child), "attempt": attempt, "pid": child.pid, "noticed": noticed,
                                      **failure.fields()}))
-    if child.settled_early:  # restarted on its death notice already: say how it died, now that we know
+    if child.settled_early and child.group_rollback is None:  # restarted on its death notice already: say how it
+        # died, now that we know (a group's rollback said what it was when it restarted the group)
         view.last_error = blame(view, child).headline()  # in a group: the member whose end broke it
         out.append(Report(say=f"procsv: {view.last_error}; restarted (restart {view.history.restarts})", err=True))
     elif (view.stop_signal is not None or view.finishing) and failure.code != 0 and failure.error is not None \

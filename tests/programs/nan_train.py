@@ -15,6 +15,8 @@
                           NaN for k + 1 in --nan-at; --skip-at takes and discards the element)
     --wait-checkpoint K   the first step past K waits (at most 120 s) until the checkpoint of step K is
                           committed (so that a slow first commit cannot hold every later one back)
+    --exit-at K           at step K, exit with --exit-code (default 5), once in the logdir: the
+                          program's own exit code (a marker file keeps a restarted attempt going)
     --logdir DIR          for a plain `python nan_train.py` run
 
 The input of step s is a function of s alone (1 + (s % 7) / 10), so a run is reproducible.
@@ -38,6 +40,8 @@ p.add_argument("--policy", default=None)
 p.add_argument("--step-delay", type=float, default=0.02)
 p.add_argument("--input", choices=["step", "iterator"], default="step")
 p.add_argument("--wait-checkpoint", type=int, default=None)
+p.add_argument("--exit-at", type=int, default=None)
+p.add_argument("--exit-code", type=int, default=5)
 p.add_argument("--logdir", default=None)
 args = p.parse_args()
 
@@ -69,6 +73,10 @@ def train(x):
 
 def step():
     s = sv.step
+    marker = os.path.join(sv.layout.logdir, "exited-at")
+    if s == args.exit_at and not os.path.exists(marker):
+        open(marker, "w").close()
+        raise SystemExit(args.exit_code)
     if args.wait_checkpoint is not None and s > args.wait_checkpoint:
         want = os.path.join(sv.layout.logdir, f"model.ckpt-{args.wait_checkpoint}.index")
         deadline = time.monotonic() + 120

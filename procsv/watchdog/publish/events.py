@@ -33,7 +33,9 @@ trained                role, attempt, pid, step, step_at, busy_secs, busy_from, 
                        then to its end, or null; ready_at/restored_step/restore_secs: its state restored, null
                        before; first_at/first_step: its first completed step, null before; a worker has no
                        restored/first_step records of its own): written just before its ``exited``
-restarting             attempt (the next one), delay, error
+restarting             attempt (the next one), delay, error, rollback_step
+                       (rollback_step: a trainer group's rollback, the step its members skip: a rollback, not
+                       counted as a restart; else null)
 restarted              attempt (the one being started)
 gave_up                reason, error
 task_gave_up           role (a --ps worker), attempt, reason, error (given up on; the run trains on)
@@ -45,10 +47,12 @@ standby_decided        mode, reason (``--standby auto``: which mode the launch c
 node_joined            node, host, pid (``--nnodes``: another host's agent connected, or came back)
 node_lost              node, host, silent_secs, reason (its agent went silent: its trainers count as dead)
 node_refused           node, host, pid, key, reason (an agent's claim of a node rank another agent's key holds)
-nonfinite_detected     pid, step (the first poisoned one), epoch, batch (its input position, Keras), what, repeats
+nonfinite_detected     pid, step (the first poisoned one), epoch, batch (its input position, Keras), what, repeats, peer
                        (what: a watched loss or a snapshot's state was found NaN or infinite; batch/epoch: null
                        outside Keras; repeats: the detections this record stands for, coalesced: a trainer's
-                       first, then at most one a minute, and its last)
+                       first, then at most one a minute, and its last; peer: the pid of the member of its
+                       trainer group that reported the same step first, a finding of the group counted once
+                       (repeats 0), else null)
 rolled_back            pid, step, epoch, batch, restored_step, source (``memory`` | ``disk``), path, skip, secs
                        (step: the poisoned one; epoch, batch: its input position, Keras, else null; skip
                        true: the step is skipped; false: it is retried once; secs: the restore's)
@@ -123,7 +127,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.EXITED: frozenset({"role", "attempt", "pid", "noticed", "code|signal"}),
     Event.TRAINED: frozenset({"role", "attempt", "pid", "step", "step_at", "busy_secs", "busy_from", "ready_at",
                               "restored_step", "restore_secs", "first_at", "first_step"}),
-    Event.RESTARTING: frozenset({"attempt", "delay", "error"}),
+    Event.RESTARTING: frozenset({"attempt", "delay", "error", "rollback_step"}),
     Event.RESTARTED: frozenset({"attempt"}),
     Event.GAVE_UP: frozenset({"reason", "error"}),
     Event.TASK_GAVE_UP: frozenset({"role", "attempt", "reason", "error"}),
@@ -135,7 +139,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.NODE_JOINED: frozenset({"node", "host", "pid"}),
     Event.NODE_LOST: frozenset({"node", "host", "silent_secs", "reason"}),
     Event.NODE_REFUSED: frozenset({"node", "host", "pid", "key", "reason"}),
-    Event.NONFINITE_DETECTED: frozenset({"pid", "step", "epoch", "batch", "what", "repeats"}),
+    Event.NONFINITE_DETECTED: frozenset({"pid", "step", "epoch", "batch", "what", "repeats", "peer"}),
     Event.ROLLED_BACK: frozenset({"pid", "step", "restored_step", "source", "path", "skip", "secs", "epoch",
                                   "batch"}),
     Event.STEP_SKIPPED: frozenset({"pid", "step", "epoch", "batch", "skipped"}),

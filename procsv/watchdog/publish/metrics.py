@@ -103,10 +103,12 @@ def families(snap: Optional[RunSnapshot], now: float, summaries_dropped: Optiona
                                    "is gone (EIO, ESTALE: a filesystem's blip) during this launch.",
                                    value=snap.logdir_errors))
     out.append(CounterMetricFamily("procsv_steps_skipped", "Steps skipped because their loss was NaN or infinite "
-                                   "twice (--on-nonfinite rollback): no variable changed, the global step moved on.",
+                                   "(--on-nonfinite rollback: a single trainer's twice, a trainer group's once): no "
+                                   "variable changed, the global step moved on.",
                                    value=snap.steps_skipped))
-    out.append(CounterMetricFamily("procsv_rollbacks", "In-place restores of a finite state after a NaN or "
-                                   "infinite loss (--on-nonfinite rollback; no process restart).", value=snap.rollbacks))
+    out.append(CounterMetricFamily("procsv_rollbacks", "Restores of a finite state after a NaN or infinite loss "
+                                   "(--on-nonfinite rollback): a single trainer's in place, a trainer group's by "
+                                   "restarting the group (not counted in procsv_restarts).", value=snap.rollbacks))
     if snap.last_checkpoint_step is not None:
         out.append(GaugeMetricFamily("procsv_last_checkpoint_step", "The step of the last committed checkpoint "
                                      "(before the first commit of this launch: the newest on disk).",

@@ -7,7 +7,9 @@ For a trainer restart, recovery is split as: *detect* (the fatal signal, when th
 chaos sent it, to the moment the watchdog noticed the death), *respawn* (noticed to new process
 started, including any backoff), *restored* (process start to state restored), *first step*
 (restored to the first completed step). *Steps re-done* are the steps the dead attempt had
-completed after the checkpoint the next one restored. The report's goodput and wall time are the
+completed after the checkpoint the next one restored. A trainer group's rollback (an attempt that ended
+asking for it: ``rollback_step``, the step skipped) is a recovery too, but a rollback, not a restart:
+``restarts`` counts the others, ``group_rollbacks`` those. The report's goodput and wall time are the
 launch's breakdown's (:mod:`procsv.watchdog.publish.badput`), added by the caller.
 """
 
@@ -29,6 +31,7 @@ def recoveries(attempts: Sequence[ChildView]) -> list[dict[str, Any]]:
         out.append({
             "attempt": cur.attempt,
             "cause": prev.cause,
+            "rollback_step": prev.group_rollback,
             "detect_s": _d(prev.signalled_at, prev.ended_at),
             "respawn_s": _d(prev.ended_at, cur.started),
             "restore_s": _d(cur.started, cur.ready_at),
@@ -40,27 +43,38 @@ def recoveries(attempts: Sequence[ChildView]) -> list[dict[str, Any]]:
 
 
 def summarize(attempts: Sequence[ChildView]) -> dict[str, Any]:
-    """The restarts and their recoveries (what :func:`render` shows beside the goodput and wall time)."""
+    """The restarts, the group's rollbacks and their recoveries (what :func:`render` shows beside the
+    goodput and wall time)."""
     recs = recoveries(attempts)
-    return {"restarts": len(recs), "recoveries": recs, "steps_redone": sum(r["steps_redone"] or 0 for r in recs)}
+    rolled = sum(1 for r in recs if r["rollback_step"] is not None)
+    return {"restarts": len(recs) - rolled, "group_rollbacks": rolled, "recoveries": recs,
+            "steps_redone": sum(r["steps_redone"] or 0 for r in recs)}
 
 
 def render(summary: dict[str, Any]) -> str:
     def f(x: Optional[float]) -> str:
         return "-" if x is None else f"{x:.3f}"
 
-    lines = [f"procsv report: {summary['restarts']} restart(s), {summary['steps_redone']} step(s) re-done, "
-             f"goodput {f(summary['goodput'])} over {summary['wall_s']:.1f} s"]
+    rolled = summary.get("group_rollbacks") or 0  # (a report of an older procsv has none)
+    lines = [f"procsv report: {summary['restarts']} restart(s), "
+             + (f"{rolled} rollback(s) of the trainer group, " if rolled else "")
+             + f"{summary['steps_redone']} step(s) re-done, goodput {f(summary['goodput'])} over {summary['wall_s']:.1f} s"]
     if summary["recoveries"]:
         lines.append(f"  {'attempt':>7} {'detect_s':>9} {'respawn_s':>9} {'restore_s':>9} {'1st_step_s':>10} "
                      f"{'total_s':>8} {'redone':>6}  cause")
         for r in summary["recoveries"]:
             lines.append(f"  {r['attempt']:>7} {f(r['detect_s']):>9} {f(r['respawn_s']):>9} {f(r['restore_s']):>9} "
                          f"{f(r['first_step_s']):>10} {f(r['total_s']):>8} {r['steps_redone'] if r['steps_redone'] is not None else '-':>6}  "
-                         f"{r['cause'][:60]}")
+                         f"{_cause(r)[:60]}")
     tasks = summary.get("tasks")
     if isinstance(tasks, dict) and tasks:
         lines.append("  tasks: " + ", ".join(f"{t} {v['restarts']} restart(s)" + (" (given up on)" if v.get("given_up")
                                                                                   else "")
                                              for t, v in tasks.items()))
     return "\n".join(lines)
+
+
+def _cause(rec: dict[str, Any]) -> str:
+    """A recovery's cause column: a group's rollback says so (its exit 5 is no failure)."""
+    step = rec.get("rollback_step")
+    return str(rec["cause"]) if step is None else f"group rollback: step {step} skipped (non-finite loss)"

@@ -166,7 +166,7 @@ class Reporter:
                        series=[[round(t, 3), s] for t, s in self.series.points()])
         if view.logdir_lost is None:
             self.io.call(lambda: _write_report(self.layout, summary))
-        if summary["restarts"] or limits.chaos is not None:
+        if summary["restarts"] or summary["group_rollbacks"] or limits.chaos is not None:
             self.say(recovery.render(summary))
 
     def close_io(self) -> None:

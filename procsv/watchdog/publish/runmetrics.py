@@ -50,7 +50,7 @@ class RunSnapshot:
     started_at: float
     logdir_errors: int = 0  # looks at the logdir that failed without saying it is gone (EIO, ESTALE)
     steps_skipped: int = 0  # non-finite steps skipped (issue 41)
-    rollbacks: int = 0  # in-place restores of a finite state after a non-finite loss
+    rollbacks: int = 0  # restores of a finite state after a non-finite loss (in place, and a group's restart)
     task_restarts: tuple[tuple[str, str, int], ...] = ()  # --ps: (task, role, restarts) of every task (task_rows)
     time_by_kind: tuple[tuple[str, float], ...] = ()  # where this launch's time went (procsv.goodput.KINDS)
 
@@ -89,8 +89,9 @@ def task_summary(view: RunView) -> dict[str, dict[str, object]]:
 
 
 def restart_counts(attempts: list[ChildView]) -> tuple[tuple[str, int], ...]:
-    """Restarts by cause: every trainer attempt followed by a newer one, once its cause is known."""
-    counts = Counter(c for c in (restart_cause(a) for a in attempts[:-1]) if c is not None)
+    """Restarts by cause: every trainer attempt followed by a newer one, once its cause is known (an
+    attempt that ended in its group's rollback is a rollback, counted in ``procsv_rollbacks``)."""
+    counts = Counter(c for c in (restart_cause(a) for a in attempts[:-1] if a.group_rollback is None) if c is not None)
     return tuple(sorted(counts.items()))
 
 

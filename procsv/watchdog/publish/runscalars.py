@@ -62,7 +62,7 @@ def due(view: RunView, now: float, wall: float, sent: Sent) -> tuple[list[RunSca
             i += 1  # died before a first step: the next attempt's recovery covers it
             continue
         rec = recovery.recoveries(attempts[i - 1:i + 1])[0]
-        tags, values = ["procsv/restarts"], [float(i)]
+        tags, values = ["procsv/restarts"], [float(i - view.group_rollbacks(before=a.attempt))]  # (a rollback: none)
         if rec["total_s"] is not None:
             tags.append("procsv/recovery_secs")
             values.append(float(rec["total_s"]))
@@ -85,7 +85,7 @@ def due(view: RunView, now: float, wall: float, sent: Sent) -> tuple[list[RunSca
     stepped = any(a.first_step_at is not None for a in attempts)
     final = view.finishing and not sent.final
     if stepped and (now >= sent.next_periodic or final):
-        tags, values = ["procsv/restarts"], [float(max(0, len(attempts) - 1))]
+        tags, values = ["procsv/restarts"], [float(max(0, len(attempts) - 1 - view.group_rollbacks()))]
         spent = badput.of_launch(view, now)
         goodput = badput.goodput(view, now, spent)
         if goodput is not None:

@@ -49,8 +49,9 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
     for slot in (*members, *servers, *ps, CHECKPOINT, SUMMARY):
         c = view.children.get(slot)
         if c is not None:
+            rolled = view.group_rollbacks(before=c.attempt) if c.role in (TRAINER, WORKER) else 0  # not restarts
             entry = {"role": c.slot if c.role in (WORKER, PS, SERVER) else c.role, "pid": c.pid, "state": c.state.value,
-                     "restarts": c.attempt - 1, "attempt": c.attempt, "create_time": c.create_time}
+                     "restarts": c.attempt - 1 - rolled, "attempt": c.attempt, "create_time": c.create_time}
             if grouped and c.role in (TRAINER, WORKER):  # a group's member: its task, its node and host, its step
                 node = view.nodes.get(c.node)
                 entry.update(rank=group.rank_of(c.slot), node=c.node, host=node.host if node else host, step=c.step)
@@ -62,11 +63,12 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
         "version": STATUS_VERSION,
         "state": view.run.value,
         "step": view.step,
-        "restarts": view.history.restarts,
+        "restarts": view.history.restarts,  # a group's rollback is none: it is counted in rollbacks
         "restored_step": view.restored_step,
         "skipped_steps": list(view.skipped_steps),  # non-finite steps skipped (issue 41): the global step each would have completed
-        "rollbacks": view.rollbacks,  # in-place restores of a finite state after a non-finite loss
-        "nonfinite_detected": view.nonfinite_found,  # non-finite losses or snapshot states the trainer found (every one)
+        "rollbacks": view.rollbacks,  # restores of a finite state after a non-finite loss: in place, and a group's
+        "group_rollbacks": view.group_rollbacks(),  # ... of which a trainer group's (its restart, to skip the step)
+        "nonfinite_detected": view.nonfinite_found,  # non-finite losses or snapshot states found (a group's step: once)
         "last_checkpoint": last_checkpoint(layout) if on_disk else None,
         "last_error": view.last_error,
         "goodput": badput.goodput(view, now, spent),

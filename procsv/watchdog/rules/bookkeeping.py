@@ -129,8 +129,11 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         child.set_state(ProcState.RESTARTING)
         view.history = action.history
         view.restart_at = now + action.delay
-        if action.skip is not None and action.skip not in view.skipped_steps:  # handed to the next group
-            view.skipped_steps = sorted([*view.skipped_steps, action.skip])
+        if action.skip is not None:  # a group's rollback: counted as one, not as a restart
+            child.group_rollback = action.skip
+            view.rollbacks += 1
+            if action.skip not in view.skipped_steps:  # handed to the next group
+                view.skipped_steps = sorted([*view.skipped_steps, action.skip])
         if not action.preempted:
             view.last_error = group.blame(view, child).headline()
     elif isinstance(action, RestartTask):

@@ -116,10 +116,13 @@ def diverging(member: ChildView) -> bool:
 
 
 def rollback_step(view: RunView, chief: ChildView) -> Optional[int]:
-    """The first step any member of the chief's attempt reported non-finite (None: none did): the
-    step its group's rollback skips, however many members found it."""
-    steps = [m.nonfinite_step for m in members(view, chief) if m.nonfinite_step is not None]
-    return min(steps) if steps else None
+    """The first step any member of the chief's attempt reported non-finite (None: none did, or the
+    trainer is alone, not a group of two or more: a lone trainer rolls back in place and never asks for
+    a group's rollback, so its exit 5 is its program's own, a failure like any other): the step its
+    group's rollback skips, however many members found it."""
+    group = members(view, chief)
+    steps = [m.nonfinite_step for m in group if m.nonfinite_step is not None]
+    return min(steps) if steps and len(group) > 1 else None
 
 
 def reporter_unreaped(view: RunView, chief: ChildView) -> bool:

@@ -17,7 +17,7 @@ Rules:
 * exit code 5 (:data:`procsv.common.exitcodes.EXIT_GROUP_ROLLBACK`) with the step a member of the
   group reported non-finite (``TrainerExit.rollback_step``): the group's rollback under
   ``--on-nonfinite rollback`` (the member checked ``--max-skips``): restart at once, skipping that
-  step; not a failure. Without the step (its report lost) it is a failure like any other; with a
+  step; not a failure, and not counted in ``History.restarts`` (the run counts it as a rollback). Without the step (its report lost) it is a failure like any other; with a
   step the run skipped before (``TrainerExit.skipped``: the group met it again, so its program does
   not skip) it gives up as diverging, since a restart would meet it again.
 * a trainer that fails *on its own* (an exception, a non-zero exit, SIGSEGV/SIGABRT/SIGBUS) before
@@ -67,7 +67,7 @@ class RestartPolicy:
 class History:
     """The restart counts the policy carries from one trainer exit to the next."""
 
-    restarts: int = 0  # every restart of the run, for reporting
+    restarts: int = 0  # every restart of the run, for reporting (a group's rollback is none: a rollback)
     failures_without_progress: int = 0
     startup_failures_in_a_row: int = 0
 
@@ -122,7 +122,7 @@ def decide(policy: RestartPolicy, history: History, ex: TrainerExit, draw: float
     if ex.code == EXIT_GROUP_ROLLBACK and ex.rollback_step is not None:
         return Decision(Action.RESTART, 0.0, f"the trainer group rolls back: a member found the loss of step "
                         f"{ex.rollback_step} non-finite; every member restores the newest state before it and skips it",
-                        replace(history, restarts=history.restarts + 1), skip=ex.rollback_step)
+                        history, skip=ex.rollback_step)
     if ex.preempted and ex.code == EXIT_PREEMPTED:
         return Decision(Action.RESTART, 0.0, "trainer was preempted after saving its state",
                         History(history.restarts + 1, 0, 0))

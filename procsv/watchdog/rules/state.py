@@ -81,6 +81,8 @@ class ChildView:
     save_overdue: str = ""  # its snapshot in flight passed its deadline (SaveOverdue): why, until acted on
     refused_at: Optional[float] = None  # it last refused a snapshot of a non-finite state (NonfiniteDetected)
     nonfinite_step: Optional[int] = None  # the first step it reported non-finite (NonfiniteDetected)
+    nonfinite_last: Optional[int] = None  # the step of its latest NonfiniteDetected (a peer's same step: one finding)
+    group_rollback: Optional[int] = None  # a chief's attempt that ended in its group's rollback: the step skipped
     loading_since: Optional[float] = None  # a service loading what it needs (ServiceLoading), until loaded
     # its progress (for the restart policy): the newest committed step the watchdog knew of when it
     # became the trainer, and the newest it has seen committed since (a SaveResult heard while it was
@@ -250,8 +252,9 @@ class RunView:
     standby_ok: Optional[bool] = None
     standby_after: float = 0.0
     standby_failures: int = 0
-    # non-finite training (issue 41), as the trainer told it: losses or states found non-finite,
-    # in-place rollbacks, and the global steps skipped (each would have completed that step), sorted
+    # non-finite training (issue 41), as the trainer told it: losses or states found non-finite (a
+    # group's members reporting the same step: once), rollbacks (in place, and a group's: its restart
+    # to skip a step), and the global steps skipped (each would have completed that step), sorted
     nonfinite_found: int = 0
     nonfinite_log: NonfiniteLog = field(default_factory=NonfiniteLog)  # the records not written yet (coalesced)
     rollbacks: int = 0
@@ -276,6 +279,11 @@ class RunView:
     def unsettled(self) -> list[ChildView]:
         """Attempts that ended (or were noticed dead) and await a decision, oldest first."""
         return [c for c in self.known() if not c.settled and (c.reaped or c.noticed_dead_at is not None)]
+
+    def group_rollbacks(self, before: Optional[int] = None) -> int:
+        """The trainer group's rollbacks (an attempt that ended in one: a restart of the group that is a
+        rollback, not counted as a restart), of every attempt or of those before attempt ``before``."""
+        return sum(1 for a in self.attempts if a.group_rollback is not None and (before is None or a.attempt < before))
 
     def live_children(self) -> list[ChildView]:
         """Attempts not reaped yet."""
