@@ -57,6 +57,7 @@ from procsv.watchdog.exits import ChildEnds
 from procsv.watchdog.housekeeping import LogdirGuard, Sweeper, clear_group_records, clear_stale_temps
 from procsv.watchdog.logrotate import archive_launch
 from procsv.watchdog.rules.lifecycle import RunState
+from procsv.watchdog.rules import group
 from procsv.watchdog.publish.metrics import MetricsServer, RunCollector
 from procsv.watchdog.publish.probes import LoopPulse
 from procsv.watchdog.multihost.nodes import NodeLink
@@ -218,7 +219,7 @@ class Watchdog:
         """Observe which silent members of this host are stopped (SIGSTOP): rule 4 signals a stopped
         member first, not the peers blocked waiting for it in a collective."""
         stopped: set[str] = set()
-        for c in observe.silent_members(self.view, self.clock()):
+        for c in group.silent_members(self.view, self.clock()):
             try:
                 if psutil.Process(c.pid).status() == psutil.STATUS_STOPPED:
                     stopped.add(c.slot)

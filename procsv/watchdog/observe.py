@@ -14,13 +14,12 @@ import signal
 from typing import Any, Optional
 
 from procsv.ipc.messages import (Hello, Message, NodeHello, NonfiniteDetected, Progress, RolledBack, SaveOverdue,
-                                 ServiceLoading,
-                                 SaveResult, StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
+                                 SaveResult, ServiceLoading, StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
 from procsv.watchdog.rules.bookkeeping import find, request_stop
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.lifecycle import ProcState
-from procsv.watchdog.rules.group import blame, workers
+from procsv.watchdog.rules.group import blame, peer_found, workers
 from procsv.watchdog.rules.nonfinitelog import detected, ended
 from procsv.watchdog.rules.state import PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, ChildView, NodeView, RunView, ZygoteState
 
@@ -178,7 +177,7 @@ def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped,
     if trainer is None:
         return []
     if isinstance(msg, NonfiniteDetected):  # its record coalesced (rules/nonfinitelog: a count in ``repeats``)
-        peer = _peer_found(view, trainer, msg.step)
+        peer = peer_found(view, trainer, msg.step)
         trainer.refused_at = now
         trainer.nonfinite_step = min(msg.step, msg.step if trainer.nonfinite_step is None else trainer.nonfinite_step)
         trainer.nonfinite_last = msg.step
@@ -201,15 +200,6 @@ def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped,
         view.skipped_steps = sorted([*view.skipped_steps, msg.step])
     return out + [Report(Event.STEP_SKIPPED, {"pid": msg.pid, "step": msg.step, "epoch": msg.epoch, "batch": msg.batch,
                                               "skipped": len(view.skipped_steps)})]
-
-
-def _peer_found(view: RunView, member: ChildView, step: int) -> Optional[ChildView]:
-    """The other member of ``member``'s trainer group (the same attempt) whose latest report named
-    ``step`` too (None: none did, or ``member`` is no group's): the same finding, counted once."""
-    if member.role not in (TRAINER, WORKER) or view.tasks_alone:
-        return None
-    return next((m for m in view.children.values() if m is not member and m.role in (TRAINER, WORKER)
-                 and m.attempt == member.attempt and m.nonfinite_last == step), None)
 
 
 def _loading(view: RunView, msg: ServiceLoading, now: float) -> list[Report]:
@@ -402,13 +392,6 @@ def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
     node.lost_at = None
     return [Report(Event.NODE_JOINED, {"node": msg.node, "host": msg.host, "pid": msg.pid},
                    say=f"procsv: node {msg.node} ({msg.host}, agent pid {msg.pid}) joined")]
-
-
-def silent_members(view: RunView, now: float, after: float = 1.0) -> list[ChildView]:
-    """The live group members of this host that reported nothing for ``after`` seconds (worth a look
-    at their process state)."""
-    return [c for c in view.trainers() + workers(view)
-            if c.node == 0 and c.live and c.last_progress_at is not None and now - c.last_progress_at > after]
 
 
 def members_stopped(view: RunView, slots: set[str]) -> None:

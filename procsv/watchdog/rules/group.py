@@ -184,3 +184,19 @@ def hung_first(view: RunView, actions: list[Action]) -> list[Action]:
     if not stopped:
         return actions
     return [a for a in actions if not (isinstance(a, Signal) and a.cause == Cause.HANG and a.slot not in stopped)]
+
+
+def peer_found(view: RunView, member: ChildView, step: int) -> Optional[ChildView]:
+    """The other member of ``member``'s trainer group (the same attempt) whose latest report named
+    ``step`` too (None: none did, or ``member`` is no group's): the same finding, counted once."""
+    if member.role not in (TRAINER, WORKER) or view.tasks_alone:
+        return None
+    return next((m for m in view.children.values() if m is not member and m.role in (TRAINER, WORKER)
+                 and m.attempt == member.attempt and m.nonfinite_last == step), None)
+
+
+def silent_members(view: RunView, now: float, after: float = 1.0) -> list[ChildView]:
+    """The live group members of this host that reported nothing for ``after`` seconds (worth a look
+    at their process state)."""
+    return [c for c in view.trainers() + workers(view)
+            if c.node == 0 and c.live and c.last_progress_at is not None and now - c.last_progress_at > after]
