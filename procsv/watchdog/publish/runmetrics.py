@@ -9,7 +9,8 @@ and never touch the view, which the loop changes without a lock. procsv's own Te
 
 Restarts are counted by cause (:func:`restart_cause`): ``hang``, ``chaos``, ``preempted`` (exit
 42 with the trainer's exit report: a SIGTERM procsv did not send, its checkpoint committed), the killing signal's name (``SIGKILL``, ``SIGSEGV``, ...)
-or ``exit_code`` (any other non-zero exit, a 42 of the program's own too). A restart is counted once its cause is known: at once
+or ``exit_code`` (any other non-zero exit, a 42 of the program's own too); a trainer group's restart counts
+what ended the member that broke the group, not the group rule's SIGTERM to the chief. A restart is counted once its cause is known: at once
 for a hang or a chaos kill, else when the dead attempt is reaped (a restart on the death notice
 comes a few milliseconds before that). A cause never changes once known, so the counts only grow.
 """
@@ -56,7 +57,10 @@ class RunSnapshot:
 
 
 def restart_cause(prev: ChildView) -> Optional[str]:
-    """Why a trainer attempt that was followed by another one ended (None: not known yet)."""
+    """Why a trainer attempt that was followed by another one ended (None: not known yet). A group's
+    chief that the group rule stopped because a member ended is counted by that member's end."""
+    if prev.broken_by is not None and prev.broken_by is not prev:
+        return restart_cause(prev.broken_by)  # (its own SIGTERM, Cause.GROUP, is not chaos)
     if prev.hang_cause:
         return "hang"
     if prev.signalled_at is not None:
