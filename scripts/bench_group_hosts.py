@@ -85,6 +85,39 @@ def host_loss(logdir: str, k: int, kill_at: int, save_secs: float) -> dict[str, 
             "redone": last - record["step"]}
 
 
+def measure(root: str, repeats: int, rng: random.Random, kill_at: int = 600,
+            save_secs: float = 5.0) -> dict[int, list[dict[str, Any]]]:
+    """``repeats`` host losses with the tier (K = 50) and without (K = 0), interleaved, on a second host
+    made for them; raises :class:`BenchError` if a run does not restart its group."""
+    runs: dict[int, list[dict[str, Any]]] = {50: [], 0: []}
+    with second_host():
+        for r in range(repeats):
+            at = kill_at + rng.randint(0, 49)
+            for k in ((50, 0) if r % 2 == 0 else (0, 50)):
+                run = host_loss(os.path.join(root, f"k{k}r{r}"), k, at, save_secs)
+                runs[k].append(run)
+                print(f"host loss, K={k}, repeat {r + 1}: killed past step {at}, last step {run['last']}, restored "
+                      f"{run['step']} from {run['source']}: {run['redone']} steps re-done", flush=True)
+    return runs
+
+
+def report(runs: dict[int, list[dict[str, Any]]]) -> str:
+    """Print the table of :func:`measure`'s runs; return its ``hostloss_*`` figures (one line's part)."""
+    def redone(k: int) -> str:
+        v = [x["redone"] for x in runs[k]]
+        return f"{statistics.median(v):.0f} ({min(v)}-{max(v)})"
+
+    def source(k: int) -> str:
+        return str(Counter(x["source"] for x in runs[k]).most_common(1)[0][0])
+
+    print(f"{'after a whole host-1 loss':<34}{'tier (K=50)':>18}{'no tier (K=0)':>18}")
+    print(f"{'restore source (most runs)':<34}{source(50):>18}{source(0):>18}")
+    print(f"{'steps re-done, median (min-max)':<34}{redone(50):>18}{redone(0):>18}")
+    return (f"hostloss_redone_tier={statistics.median(x['redone'] for x in runs[50]):.0f} "
+            f"hostloss_redone_off={statistics.median(x['redone'] for x in runs[0]):.0f} "
+            f"hostloss_source_tier={source(50)} hostloss_source_off={source(0)}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
@@ -95,40 +128,19 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_group_hosts: needs root (ip netns)", file=sys.stderr)
         return 1
-    rng = random.Random(args.seed)
     root = tempfile.mkdtemp(prefix="bench_group_hosts.")
-    runs: dict[int, list[dict[str, Any]]] = {50: [], 0: []}
     load = [os.getloadavg()[0]]
     try:
-        with second_host():
-            for r in range(args.repeats):
-                kill_at = args.kill_at + rng.randint(0, 49)
-                for k in ((50, 0) if r % 2 == 0 else (0, 50)):
-                    run = host_loss(os.path.join(root, f"k{k}r{r}"), k, kill_at, args.save_model_secs)
-                    runs[k].append(run)
-                    load.append(os.getloadavg()[0])
-                    print(f"K={k} repeat {r + 1}: killed past step {kill_at}, last step {run['last']}, restored "
-                          f"{run['step']} from {run['source']}: {run['redone']} steps re-done", flush=True)
+        runs = measure(root, args.repeats, random.Random(args.seed), args.kill_at, args.save_model_secs)
     except BenchError as exc:
         print(f"bench_group_hosts: {exc}", file=sys.stderr)
         return 1
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-    def redone(k: int) -> str:
-        v = [x["redone"] for x in runs[k]]
-        return f"{statistics.median(v):.0f} ({min(v)}-{max(v)})"
-
-    def source(k: int) -> str:
-        return Counter(x["source"] for x in runs[k]).most_common(1)[0][0]
-
-    print(f"{'after a whole host-1 loss':<34}{'tier (K=50)':>18}{'no tier (K=0)':>18}")
-    print(f"{'restore source (most runs)':<34}{source(50):>18}{source(0):>18}")
-    print(f"{'steps re-done, median (min-max)':<34}{redone(50):>18}{redone(0):>18}")
-    print(f"load average (1 min): median {statistics.median(load):.1f}, max {max(load):.1f}")
-    print(f"hostloss_redone_tier={statistics.median(x['redone'] for x in runs[50]):.0f} "
-          f"hostloss_redone_off={statistics.median(x['redone'] for x in runs[0]):.0f} "
-          f"hostloss_source_tier={source(50)} hostloss_source_off={source(0)}")
+        load.append(os.getloadavg()[0])
+    line = report(runs)
+    print(f"load average (1 min): at the start {load[0]:.1f}, at the end {load[-1]:.1f}")
+    print(line)
     return 0
 
 
