@@ -7,6 +7,8 @@ at a step past ``--kill-at`` the whole second host is SIGKILLed (its agent and i
 lost (``--node-timeout 4``), a new agent is launched there, and the restarted group's ``restored`` (or
 ``initialized``) record says where it restored from (``source``: ``peer``, ``memory``, ``disk``; none:
 step 0) and which step. Steps re-done: the chief's last printed step before the restart minus that step.
+Beside it the wall time per step from step 200 to the kill (the chief's log read as it grows): what the tier
+and its replication cost the group's step, as far as a shared machine resolves it.
 
 Each run is made twice, interleaved: with the group's in-memory tier over hosts (K = 50, the default) and
 with ``PROCSV_GROUP_SNAPSHOT_STEPS=0`` (no in-memory copies: what a job over hosts had before issue 54's
@@ -28,11 +30,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from typing import Any, Optional
 
 from bench_group import NET, NS, BenchError, events, launch, leftovers, second_host, stop, wait  # scripts/: on sys.path
 
+PACE_FROM = 200  # the wall time per step is taken from this step to the kill (the group's, as the chief prints it)
 EXAMPLE = ["--strategy", "multiworker", "--step-delay", "0.005", "--print-every-steps", "1", "--steps", "100000"]
 
 
@@ -66,7 +70,10 @@ def host_loss(logdir: str, k: int, kill_at: int, save_secs: float) -> dict[str, 
     agent = launch(logdir, [], example, (*group, "--node-rank", "1"), ("ip", "netns", "exec", NS), ".agent", env=env)
     again: Optional[subprocess.Popen[bytes]] = None
     try:
+        wait(lambda: (printed(logdir, "trainer.1") or [0])[-1] >= PACE_FROM, 300, f"step {PACE_FROM}")
+        t0, s0 = time.monotonic(), printed(logdir, "trainer.1")[-1]
         wait(lambda: (printed(logdir, "trainer.1") or [0])[-1] >= kill_at, 300, f"step {kill_at}")
+        pace = (time.monotonic() - t0) / max(1, printed(logdir, "trainer.1")[-1] - s0)
         for pid in host_pids():
             os.kill(pid, signal.SIGKILL)
         agent.wait(30)
@@ -82,7 +89,7 @@ def host_loss(logdir: str, k: int, kill_at: int, save_secs: float) -> dict[str, 
     last = max(printed(logdir, "trainer.1"))
     leftovers(logdir)
     return {"source": record.get("source") or "none", "step": record["step"], "last": last,
-            "redone": last - record["step"]}
+            "redone": last - record["step"], "pace": pace}
 
 
 def measure(root: str, repeats: int, rng: random.Random, kill_at: int = 600,
@@ -97,7 +104,8 @@ def measure(root: str, repeats: int, rng: random.Random, kill_at: int = 600,
                 run = host_loss(os.path.join(root, f"k{k}r{r}"), k, at, save_secs)
                 runs[k].append(run)
                 print(f"host loss, K={k}, repeat {r + 1}: killed past step {at}, last step {run['last']}, restored "
-                      f"{run['step']} from {run['source']}: {run['redone']} steps re-done", flush=True)
+                      f"{run['step']} from {run['source']}: {run['redone']} steps re-done; "
+                      f"{run['pace'] * 1000:.2f} ms per step before", flush=True)
     return runs
 
 
@@ -113,6 +121,10 @@ def report(runs: dict[int, list[dict[str, Any]]]) -> str:
     print(f"{'after a whole host-1 loss':<34}{'tier (K=50)':>18}{'no tier (K=0)':>18}")
     print(f"{'restore source (most runs)':<34}{source(50):>18}{source(0):>18}")
     print(f"{'steps re-done, median (min-max)':<34}{redone(50):>18}{redone(0):>18}")
+    pace = {k: [x["pace"] * 1000 for x in runs[k]] for k in runs}
+    print(f"{'ms per step before the loss':<34}{statistics.median(pace[50]):>18.2f}{statistics.median(pace[0]):>18.2f}"
+          f"   (tier's cost {statistics.median(pace[50]) / statistics.median(pace[0]) - 1:+.3f}; wall time "
+          "through the chief's log, at whatever load the host has)")
     return (f"hostloss_redone_tier={statistics.median(x['redone'] for x in runs[50]):.0f} "
             f"hostloss_redone_off={statistics.median(x['redone'] for x in runs[0]):.0f} "
             f"hostloss_source_tier={source(50)} hostloss_source_off={source(0)}")
