@@ -17,6 +17,13 @@ node's agent. No secret key is ever written anywhere:
   (:func:`procsv.watchdog.rules.hosts.claim_node`; :class:`~procsv.watchdog.multihost.nodes.NodeLink`).
 - The master clears the folder when a launch begins and removes it when the launch ends; an agent
   removes its own key file when it exits.
+- A group's in-memory tier over hosts (issue 54; node 0's checkpoint service,
+  :mod:`procsv.services.checkpoint.peers`, and the members of hosts 1..M-1,
+  :mod:`procsv.trainer.checkpoint.peer_copy`): the service makes a server pair of its own (the
+  secret in its memory) and writes ``peer.json`` (the job, its TCP endpoint, its public key); a
+  member makes its own pair and files its public key as ``member.<job>.<key in hex>``. The
+  service's ZAP check (:func:`serve` with ``prefix`` :data:`MEMBER_PREFIX`) admits member keys
+  only, the master's agent keys only: a member's key claims no node rank.
 """
 
 from __future__ import annotations
