@@ -208,12 +208,14 @@ class GroupQuery(Message):
 @dataclass(frozen=True)
 class GroupHeld(Message):
     """Checkpoint service -> a group's chief: the answer to :class:`GroupQuery`: ``step`` (-1: none
-    is whole for the group, ``note`` says why) and the attempt that took it."""
+    is whole for the group, ``note`` says why) and the attempt that took it; ``peer``: a member's copy
+    of it is held here for another host (``--nnodes``: the peer copy of a member of host 1..M-1)."""
 
     KIND: ClassVar[str] = "group_held"
     step: int
     attempt: int
     note: str
+    peer: bool = False
 
 
 @dataclass(frozen=True)

@@ -59,9 +59,11 @@ class SessionStatus(StrEnum):
 
 
 class RestoreSource(StrEnum):
-    """Where a :class:`RolledBack` restore read its state: the in-memory tier, or a committed checkpoint on disk."""
+    """Where a restore read its state: the in-memory tier (``peer``: a group's, with some member's copy
+    held by another host than its own, issue 54), or a committed checkpoint on disk."""
 
     MEMORY = "memory"
+    PEER = "peer"
     DISK = "disk"
 
 

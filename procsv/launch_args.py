@@ -43,7 +43,7 @@ def check_numbers(args: argparse.Namespace) -> None:
     if args.skip_window < 1:
         raise UsageError(f"--skip-window must be >= 1, not {args.skip_window}")
     try:  # the in-memory tier's settings, read from the environment by the watchdog and the trainers
-        env.group_snapshot_steps_for(1)
+        env.group_snapshot_steps_for()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -25,6 +25,8 @@ beside procsv's in the same run. ``--hosts`` (root): (a) again with worker1 on a
 under its node agent (``--nnodes 2``); its MTTR is printed beside and as ``host_mttr_s``. ``--tier``: (e) steps
 re-done per worker1 kill and (f) the step time with the group's in-memory tier on and off
 (``scripts/bench_group_tier.py``, which runs them alone: the short form), its ``tier_*`` figures on the last line.
+``--host-loss`` (root): (g) the whole second host SIGKILLed and rejoined, the group's in-memory tier on and off:
+the restore source and the steps re-done (``scripts/bench_group_hosts.py``, which runs it alone), ``hostloss_*``.
 
 (a) and (d) run --repeats times (3 kills per run of (a)), (b) max(3, --repeats) trials of each way, (c)
 max(5, --repeats) trials; ``--quick``: 1 repeat, 2 preemption trials. Prints a table (median of the repeats,
@@ -452,12 +454,16 @@ def main() -> int:
                         "and off (scripts/bench_group_tier.py, which runs them alone)")
     p.add_argument("--hosts", action="store_true",
                    help="also (a) with worker1 on a second host: a network namespace under its node agent (root)")
+    p.add_argument("--host-loss", action="store_true",
+                   help="also (g) the second host lost whole: restore source and steps re-done, the tier on and off "
+                        "(scripts/bench_group_hosts.py, which runs it alone; root)")
     p.add_argument("--fork-too", action="store_true",
                    help="also (a) with --standby fork (each restart forks the whole group: no standby group), "
                         "its runs interleaved with the others")
     p.add_argument("--mttr-only", action="store_true", help="(a) alone (no fresh pair, no (b), (c), (d))")
     args = p.parse_args()
     import bench_group_tier as tier_bench  # (it imports this module's helpers)
+    import bench_group_hosts as hosts_bench  # (so does it)
 
     repeats, trials = (1, 2) if args.quick else (args.repeats, max(5, args.repeats))
     rng = random.Random(args.seed)
@@ -506,6 +512,7 @@ def main() -> int:
         pre = [preempt_trial(os.path.join(root, f"c{i}"), rng) for i in range(trials)]
         stall = [stall_trial(os.path.join(root, f"d{i}")) for i in range(repeats)]
         tier = tier_bench.measure(os.path.join(root, "t"), repeats, rng) if args.tier else {}
+        host_loss = hosts_bench.measure(os.path.join(root, "g"), repeats, rng) if args.host_loss else {}
         load.append(os.getloadavg()[0])
     except (BenchError, bench_group_prewarm.BenchError, subprocess.TimeoutExpired) as e:
         print(f"bench_group: FAILED: {e}", file=sys.stderr)
@@ -577,6 +584,8 @@ def main() -> int:
     if steps_lost > 0:
         print(f"!!! (c) STEPS LOST ON PREEMPTION: {steps_lost} (goal 0) !!!")
     tier_line = tier_bench.report(tier) if tier else ""
+    if host_loss:
+        tier_line = " ".join(x for x in (tier_line, hosts_bench.report(host_loss)) if x)
     for f in failures:
         print(f"bench_group: FAILED: {f}", file=sys.stderr)
     print(f"group_mttr_s={med(mttr):.3f} group_mttr_ratio={med(ratio):.3f} wait_notice_ms={wait_ms:.1f} "

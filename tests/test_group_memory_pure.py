@@ -73,3 +73,29 @@ def test_a_walk_of_mirrored_variables_is_reused_and_reads_their_live_values():
     kernel.assign(tf.ones_like(kernel))  # after the walk: a reused walk reads what the variable holds now
     read = {key: np.asarray(reader()) for key, reader in walked.readers}
     assert any(v.shape == tuple(kernel.shape) and np.array_equal(v, np.ones(kernel.shape)) for v in read.values())
+
+
+def test_a_damaged_peer_copy_is_named_a_peer_copy_and_the_answer_says_when_a_peer_copy_is_in_the_step():
+    # --nnodes: node 0's service holds host 1's member's copies as its peer copies (issue 54 point 2)
+    held = GroupCopies()
+    held.hold(copy(0, 50))
+    held.hold(dataclasses.replace(copy(1, 50), peer=True))
+    assert held.whole(2, after=-1) == (50, 1, "") and held.peer_in(2, 50, 1)
+    assert not held.peer_in(1, 50, 1)  # the chief's own copy is its host's
+    held.hold(copy(0, 100))
+    held.hold(dataclasses.replace(copy(1, 100), peer=True, frames=(b"\x01\x02\x03\x05", b"graph")))
+    step, _, note = held.whole(2, after=-1)
+    assert step == -1 and note.startswith("member 1's peer copy of step 100 is damaged"), note
+
+
+def test_a_peer_copy_comes_inline_every_tensor_a_frame_of_its_own_in_order():
+    from procsv.trainer.checkpoint.peer_copy import inline
+
+    memory = bytes(range(64))
+    specs = [TensorSpec("w", "float32", [2], None, 8), TensorSpec("s", "string", [1], [3]),
+             TensorSpec("b", "int64", [1], None, 40)]
+    got_specs, frames = inline(specs, [b"abc", b"meta"], memory)
+    assert [s.offset for s in got_specs] == [None] * 3 and [s.key for s in got_specs] == ["w", "s", "b"]
+    assert frames == [memory[8:16], b"abc", memory[40:48], b"meta"]
+    msg = SaveData(50, SaveReason.MEMORY, "model.ckpt", got_specs, persist=False, member=1, attempt=1)
+    assert copy_out(msg, frames, None, peer=True).frames == (memory[8:16], b"abc", memory[40:48])

@@ -33,6 +33,8 @@ NPROC = "PROCSV_NPROC"  # the number of trainers in the group, over every host (
 PS = "PROCSV_PS"  # procsv launch --ps N --workers M: the parameter-server tasks (the workers are NPROC, RANK)
 GROUP_PIN = "PROCSV_GROUP_PIN"  # a group's record of what its chief restored (procsv.trainer.replica.GroupPin)
 GROUP_SNAPSHOT_STEPS = "PROCSV_GROUP_SNAPSHOT_STEPS"  # a group's in-memory snapshots every K steps (0: none)
+GROUP_PEER_BIND = "PROCSV_GROUP_PEER_BIND"  # node 0's checkpoint service (--nnodes): the host its CURVE TCP ROUTER binds
+GROUP_REMOTE = "PROCSV_GROUP_REMOTE"  # "1": a group member on host 1..M-1: its copies go to node 0's service over CURVE
 ON_NONFINITE = "PROCSV_ON_NONFINITE"  # --on-nonfinite: rollback | stop | continue (procsv.trainer.nonfinite)
 MAX_SKIPS = "PROCSV_MAX_SKIPS"  # --max-skips: skipped steps allowed within --skip-window steps
 SKIP_WINDOW = "PROCSV_SKIP_WINDOW"  # --skip-window
@@ -48,7 +50,8 @@ ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's 
 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, SUPERVISOR_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE,
-       RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, RANK, NPROC, GROUP_PIN, GROUP_SNAPSHOT_STEPS, ON_NONFINITE, MAX_SKIPS, SKIP_WINDOW,
+       RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, RANK, NPROC, GROUP_PIN, GROUP_SNAPSHOT_STEPS, GROUP_PEER_BIND, GROUP_REMOTE,
+       ON_NONFINITE, MAX_SKIPS, SKIP_WINDOW,
        SKIP_STEPS, FAULT_GATE, NONFINITE_CHECK, PS, MASTER_ADDR, PREEMPT_SIGNAL, SUMMARY_CONTINUE)
 
 
@@ -89,10 +92,11 @@ def group_snapshot_steps(default: int = 0) -> int:
     return int(raw)
 
 
-def group_snapshot_steps_for(nnodes: int) -> int:
+def group_snapshot_steps_for() -> int:
     """The K the watchdog hands a group's members (:data:`GROUP_SNAPSHOT_STEPS`): the user's, else
-    :data:`GROUP_SNAPSHOT_DEFAULT`; 0 with the in-memory tier off (:func:`memory_budget` 0) or over
-    several hosts (their members cannot reach node 0's checkpoint service: issue 54's point 2)."""
-    if nnodes > 1 or memory_budget() == 0:
+    :data:`GROUP_SNAPSHOT_DEFAULT`; 0 with the in-memory tier off (:func:`memory_budget` 0). Over
+    several hosts too: the members of hosts 1..M-1 hand theirs to node 0's checkpoint service over
+    CURVE (:mod:`procsv.services.checkpoint.peers`, issue 54's point 2)."""
+    if memory_budget() == 0:
         return 0
     return group_snapshot_steps(GROUP_SNAPSHOT_DEFAULT)

@@ -16,6 +16,21 @@ SLOT_EMPTY = 0
 SLOT_WRITING = 1
 SLOT_COMPLETE = 2
 MAX_SLOTS = PAGE // 16  # two int64 per slot in the header page
+_ITEMSIZE = {"bfloat16": 2, "half": 2, "qint8": 1, "quint8": 1, "qint16": 2, "quint16": 2, "qint32": 4}
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a numeric TensorFlow dtype name, without importing TensorFlow."""
+    import numpy as np
+
+    from procsv.common.errors import CheckpointError
+
+    if dtype in _ITEMSIZE:
+        return _ITEMSIZE[dtype]
+    try:
+        return int(np.dtype(dtype).itemsize)
+    except TypeError:
+        raise CheckpointError(f"cannot size a tensor of dtype {dtype}") from None
 
 
 def slot_problem(state: int, held_step: int, expected_step: int) -> str:

@@ -44,6 +44,7 @@ class StopWake:
         self._w.setblocking(False)
         self._poller = zmq.Poller()
         self._sock = sock
+        self._others: list[zmq.Socket[Any]] = []
         self._poller.register(sock, zmq.POLLIN)
         self._poller.register(self._r.fileno(), zmq.POLLIN)
         self._on_stop = on_stop
@@ -56,9 +57,16 @@ class StopWake:
         self._old_wakeup: Optional[int] = signal.set_wakeup_fd(self._w.fileno(), warn_on_full_buffer=False)
         self._old = {s: signal.signal(s, lambda signum, frame: on_stop(signum)) for s in STOP_SIGNALS}
 
+    def also(self, *socks: zmq.Socket[Any]) -> None:
+        """Wait for a message on ``socks`` too (:meth:`wait` is True for any)."""
+        for sock in socks:
+            self._others.append(sock)
+            self._poller.register(sock, zmq.POLLIN)
+
     def wait(self, timeout_ms: int) -> bool:
-        """Wait up to ``timeout_ms`` for a message on the socket or a stop signal, whichever comes
-        first; True if a message is waiting (the signal's handler has run by the time this returns)."""
+        """Wait up to ``timeout_ms`` for a message on the socket (or one given to :meth:`also`) or a
+        stop signal, whichever comes first; True if a message is waiting (the signal's handler has
+        run by the time this returns)."""
         ready = dict(self._poller.poll(timeout_ms))
         if self._r.fileno() in ready:
             try:
@@ -72,7 +80,7 @@ class StopWake:
                     self._on_stop(sig.signum)
                 else:
                     print(authority.left_line(self._who, sig), file=sys.stderr, flush=True)
-        return self._sock in ready
+        return self._sock in ready or any(sock in ready for sock in self._others)
 
     def close(self) -> None:
         if self._old_wakeup is not None:

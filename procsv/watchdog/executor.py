@@ -17,8 +17,8 @@ from typing import Callable, Optional, Sequence
 
 from procsv.common import spawn
 from procsv.cluster import make_tf_config
-from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, GROUP_PIN, GROUP_SNAPSHOT_STEPS, NPROC, RANK,
-                               SKIP_STEPS, STANDBY as STANDBY_ENV, group_snapshot_steps_for)
+from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, GROUP_PEER_BIND, GROUP_PIN,
+                               GROUP_REMOTE, GROUP_SNAPSHOT_STEPS, NPROC, RANK, SKIP_STEPS, STANDBY as STANDBY_ENV, group_snapshot_steps_for)
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
@@ -41,7 +41,7 @@ from procsv.watchdog.pstasks import PsCluster
 from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable, zygote_env
 from procsv.watchdog.rules import standby
 from procsv.watchdog.rules.group import blame, worker_slot
-from procsv.watchdog.rules.state import PS, SERVER, STANDBY, TRAINER, WORKER, RunView, ZygoteState
+from procsv.watchdog.rules.state import CHECKPOINT, PS, SERVER, STANDBY, TRAINER, WORKER, RunView, ZygoteState
 
 Sink = Callable[[list[Report]], None]
 
@@ -213,6 +213,8 @@ class Executor:
         env[CHECKPOINT_FAILURE_LIMIT] = str(self.limits.checkpoint_failure_limit)
         env[ALLOW_REINIT] = "1" if self.cfg.allow_reinit else "0"
         env.update(self.cfg.nonfinite_env())
+        if role == CHECKPOINT and self.remote is not None and self.cfg.master_addr:  # other hosts' members' copies
+            env[GROUP_PEER_BIND] = self.cfg.master_addr.rpartition(":")[0]
         return env
 
     def spawn(self, slot: str, role: str) -> Optional[ChildProcess]:
@@ -235,7 +237,7 @@ class Executor:
                                          attempt, rank, extras[rank])
             chief = chief or started
         if self.remote is not None:
-            self.remote.start(attempt, cluster, common)
+            self.remote.start(attempt, cluster, {**common, GROUP_REMOTE: "1"})  # their copies: node 0's peer link
         return chief
 
     def _group(self, attempt: int) -> tuple[list[str], dict[str, str], list[dict[str, str]]]:
@@ -249,7 +251,7 @@ class Executor:
             cluster += self.view.nodes[node].addresses[:n]
         job = self.remote.link.job if self.remote is not None else self.job
         common = {NPROC: str(self.limits.world), GROUP_PIN: self.layout.group_pin(job, attempt),
-                  GROUP_SNAPSHOT_STEPS: str(group_snapshot_steps_for(self.limits.nnodes)),  # K: every member's
+                  GROUP_SNAPSHOT_STEPS: str(group_snapshot_steps_for()),  # K: every member's
                   SKIP_STEPS: ",".join(map(str, self.view.skipped_steps))}  # skipped again (a group's rollback)
         return cluster, common, [{**common, "TF_CONFIG": make_tf_config(cluster, r), RANK: str(r)} for r in range(n)]
 

@@ -14,6 +14,11 @@ A restarted group's chief asks for the newest step held for every member of one 
 (:meth:`GroupCopies.whole`, the :class:`~procsv.ipc.messages.GroupQuery`), each copy verified
 against its checksum, and pins it; each member then fetches its own copy (its input position is its
 own) and restores it (:mod:`procsv.trainer.checkpoint.group_restore`).
+
+With ``--nnodes M`` the members of hosts 1..M-1 hand theirs over TCP (:mod:`.peers`, every tensor a
+frame): held here, on node 0, they are those members' *peer copies*, which a whole host lost and
+rejoined restores from (``GroupHeld.peer``; a damaged one is named as such and the group restores
+from disk).
 """
 
 from __future__ import annotations
@@ -24,23 +29,15 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from procsv.common import crc32c, faults
+from procsv.common.snapshot_memory import itemsize
 from procsv.common.errors import CheckpointError
+from procsv.ipc.codec import ProtocolError
 from procsv.ipc.messages import (ArenaRef, GroupCopy, GroupFetch, GroupHeld, GroupQuery, Message, SaveData,
                                  SnapshotHeld, TensorSpec)
 from procsv.services.checkpoint.arena import ArenaView
+from procsv.services.checkpoint.peers import PEER_TAG, PeerLink
 
 KEEP = 3  # copies kept per member: the newest step whole for the group may be behind a member's newest
-_ITEMSIZE = {"bfloat16": 2, "half": 2, "qint8": 1, "quint8": 1, "qint16": 2, "quint16": 2, "qint32": 4}
-
-
-def itemsize(dtype: str) -> int:
-    """Bytes per element of a numeric TensorFlow dtype name, without importing TensorFlow."""
-    if dtype in _ITEMSIZE:
-        return _ITEMSIZE[dtype]
-    try:
-        return int(np.dtype(dtype).itemsize)
-    except TypeError:
-        raise CheckpointError(f"cannot size a tensor of dtype {dtype}") from None
 
 
 def checksum(frames: tuple[bytes, ...]) -> int:
@@ -61,15 +58,20 @@ class MemberCopy:
     specs: tuple[TensorSpec, ...]  # offset None: the i-th spec is the i-th frame
     frames: tuple[bytes, ...]
     crc: int  # of the frames as copied
+    peer: bool = False  # held here for a member of another host (its peer copy, over CURVE: peers.py)
 
     def problem(self) -> str:
         """Why this copy must not be restored (its bytes no longer match its checksum); empty if it may."""
         now = checksum(self.frames)
         return "" if now == self.crc else f"its checksum is {now:08x}, not {self.crc:08x} as copied"
 
+    def name(self) -> str:
+        return f"member {self.rank}'s {'peer' if self.peer else 'in-memory'} copy of step {self.step}"
 
-def copy_out(msg: SaveData, payload: list[Any], view: Optional[ArenaView]) -> MemberCopy:
-    """Copy the snapshot ``msg`` names (its slot of ``view``, its frames) into service memory.
+
+def copy_out(msg: SaveData, payload: list[Any], view: Optional[ArenaView], peer: bool = False) -> MemberCopy:
+    """Copy the snapshot ``msg`` names (its slot of ``view``, its frames) into service memory
+    (``peer``: a member of another host's, every tensor a frame).
 
     Raises :class:`CheckpointError` for a slot that does not hold it whole, before or after the copy
     (a member that reused it meanwhile), and for a tensor outside its slot."""
@@ -96,10 +98,11 @@ def copy_out(msg: SaveData, payload: list[Any], view: Optional[ArenaView]) -> Me
     whole()
     copied = tuple(frames)
     crc = checksum(copied)
-    if faults.fires("checkpoint", "group_copy_corrupt") and copied:  # tests: a copy damaged after its checksum
+    # tests: a copy (a peer copy) damaged after its checksum
+    if faults.fires("checkpoint", "group_peer_corrupt" if peer else "group_copy_corrupt") and copied:
         first = copied[0]
         copied = (bytes([first[0] ^ 0xFF]) + first[1:], *copied[1:]) if first else copied
-    return MemberCopy(msg.member, msg.attempt, msg.step, tuple(specs), copied, crc)
+    return MemberCopy(msg.member, msg.attempt, msg.step, tuple(specs), copied, crc, peer)
 
 
 class GroupCopies:
@@ -131,7 +134,7 @@ class GroupCopies:
             for c in copies:
                 bad = c.problem()
                 if bad:
-                    return -1, 0, f"member {c.rank}'s in-memory copy of step {step} is damaged ({bad})"
+                    return -1, 0, f"{c.name()} is damaged ({bad})"
             return step, attempt, ""
         if not self.by_rank:
             return -1, 0, "no in-memory snapshot of the group is held"
@@ -140,6 +143,10 @@ class GroupCopies:
             return -1, 0, f"none is newer than the committed checkpoint of step {after}"
         return -1, 0, f"no step newer than {after} is held for all {nproc} members"
 
+    def peer_in(self, nproc: int, step: int, attempt: int) -> bool:
+        """Whether a member's copy of ``step`` held here is a peer copy (of a member of another host)."""
+        return any(c is not None and c.peer for c in (self.find(rank, step, attempt) for rank in range(nproc)))
+
 
 class GroupIntake:
     """The service's side of a group's in-memory tier: each member's snapshot memory mapped (one
@@ -147,10 +154,25 @@ class GroupIntake:
     the answers to :class:`GroupQuery` and :class:`GroupFetch`. ``answer(identity, msg, frames)``
     sends to one member; ``say`` prints a line to the service's log."""
 
-    def __init__(self, answer: Callable[[bytes, Message, Sequence[Any]], None], say: Callable[[str], None]) -> None:
-        self.answer, self.say = answer, say
+    def __init__(self, answer: Callable[[bytes, Message, Sequence[Any]], None], say: Callable[[str], None],
+                 peers: Optional[PeerLink] = None) -> None:
+        self._answer, self.say = answer, say
         self.copies = GroupCopies()
         self.views: dict[int, ArenaView] = {}
+        self.peers = peers  # node 0 of --nnodes M: the members of other hosts hand their copies here
+
+    def sockets(self) -> list[Any]:
+        """The sockets of the members of other hosts (none unless node 0 of a job over several hosts)."""
+        return [self.peers.sock] if self.peers is not None else []
+
+    def deliver(self, refused: Callable[[ProtocolError], None]) -> None:
+        """Handle what the members of other hosts sent (a message that is not theirs to send: ``refused``)."""
+        if self.peers is not None:
+            self.peers.deliver(self.handle, refused)
+
+    def answer(self, identity: bytes, msg: Message, frames: Sequence[Any]) -> None:
+        if self.peers is None or not self.peers.answer(identity, msg, frames):
+            self._answer(identity, msg, frames)
 
     def handle(self, msg: Message, payload: list[Any], identity: bytes) -> None:
         if isinstance(msg, SaveData):
@@ -159,7 +181,7 @@ class GroupIntake:
             step, attempt, note = self.copies.whole(msg.nproc, msg.after)
             if step < 0 and self.copies.held:
                 self.say(f"procsv checkpoint: the group's chief (pid {msg.pid}) restores from disk: {note}")
-            self.answer(identity, GroupHeld(step, attempt, note), ())
+            self.answer(identity, GroupHeld(step, attempt, note, self.copies.peer_in(msg.nproc, step, attempt)), ())
         elif isinstance(msg, GroupFetch):
             copy = self.copies.find(msg.rank, msg.step, msg.attempt)
             if copy is None:
@@ -172,7 +194,7 @@ class GroupIntake:
             return
         try:
             view = self._view(msg.member, msg.arena) if msg.arena is not None else None
-            copy = copy_out(msg, payload, view)
+            copy = copy_out(msg, payload, view, peer=identity.startswith(PEER_TAG))
         except CheckpointError as exc:
             self.say(f"procsv checkpoint: not holding member {msg.member}'s in-memory snapshot of step {msg.step}: {exc}")
             return
@@ -195,3 +217,6 @@ class GroupIntake:
         for view in self.views.values():
             view.close()
         self.views.clear()
+        if self.peers is not None:
+            self.peers.close()
+            self.peers = None

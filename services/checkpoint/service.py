@@ -56,6 +56,7 @@ from procsv.common.errors import CheckpointError
 from procsv.common.manifests import Manifest, committed_step, list_committed
 from procsv.services.checkpoint.arena import ArenaCache
 from procsv.services.checkpoint.group import GroupIntake
+from procsv.services.checkpoint.peers import open_link
 from procsv.services.checkpoint.memory import (HeldSnapshot, KeptMetaGraph, TrainerLife, kept_meta_graph,
                                                persist_decision, with_kept_meta_graph)
 from procsv.services.checkpoint.policy import save_due
@@ -113,7 +114,7 @@ class CheckpointService:
         self._stats_written: Optional[tuple[int, int]] = None  # (rejections, snapshots held: any) last written
         self.held_count = 0  # in-memory snapshots held by this process
         self.held_steps: Optional[tuple[int, int]] = None  # the steps of the first and the last of them
-        self.group = GroupIntake(self._answer, _say)  # a group's copies
+        self.group = GroupIntake(self._answer, _say, open_link(self.zctx, ctx.layout, _say))  # (other hosts' too)
         self._next_stats = clock()
         self.deletions = Deletions(self.store, _say)  # what waits for a restore to end before it is deleted
         # TensorFlow, when needed: the watchdog and the trainer whose snapshot waits are told meanwhile
@@ -132,9 +133,11 @@ class CheckpointService:
             send(self.to_watchdog, Hello(Role.CHECKPOINT, os.getpid(), self.ctx.attempt))
 
         wake = StopWake(self.router, self._on_term, self._stop_authority(), "procsv checkpoint")  # woken at once
+        wake.also(*self.group.sockets())  # --nnodes: the members of other hosts
         while not self.stopping:
             early, self.loader.early = self.loader.early, []  # what came while it loaded (before its Hello, at a commit)
             if early or wake.wait(POLL_MS):
+                self.group.deliver(self.rejections.count)
                 for got in early or drain(self.router, limit=1, routed=True, accept=ACCEPT):
                     if isinstance(got, ProtocolError):
                         self.rejections.count(got)

@@ -43,7 +43,7 @@ from procsv.ipc.messages import (Busy, CheckpointSetup, CommitLoading, Progress,
 from procsv.common.errors import CheckpointError, NonFiniteState
 from procsv.common.layout import Layout, read_json
 from procsv.common.manifests import Manifest, manifest_path
-from procsv.trainer.checkpoint import memory_tier, restore_at_start
+from procsv.trainer.checkpoint import memory_tier, peer_copy, restore_at_start
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.final_commit import HEARTBEAT_EVERY, FinalCommit
 from procsv.trainer.checkpoint.commits import SAVE_DEADLINE_FLOOR, CommitTracker, bytes_being_written
@@ -115,6 +115,7 @@ class CheckpointAgent(FinalCommit):
         self.memory.numbered = getattr(global_step, "numbered", True)
         if self.group is not None:
             self.memory.member, self.memory.attempt, self.memory.every_steps = self.group
+            self.memory.remote = peer_copy.remote()
         self.last_snapshot_secs = 0.0  # how long the loop was stopped by the last snapshot
         # procsv.train's CheckpointSaverListeners: called with (step, reason) right before a snapshot is
         # taken, and with the step when the trainer learns that its checkpoint is committed
@@ -186,10 +187,12 @@ class CheckpointAgent(FinalCommit):
             self.store.arena_for(arena_bytes_needed(self.checkpoint), background=True)
         return done.corrupt
 
-    def restored_memory(self, step: int, newest_committed: int) -> None:
+    def restored_memory(self, step: int, newest_committed: int, peer: bool = False) -> None:
         """The group's in-memory snapshot of ``step`` was restored (not on disk: the newest committed
-        checkpoint is ``newest_committed``'s); the next in-memory snapshot is of a step trained after it."""
-        self.restored_from, self.restored_source = f"the group's in-memory snapshot of step {step}", RestoreSource.MEMORY
+        checkpoint is ``newest_committed``'s; ``peer``: some member's copy was held by another host
+        than its own); the next in-memory snapshot is of a step trained after it."""
+        self.restored_from = f"the group's in-memory snapshot of step {step}"
+        self.restored_source = RestoreSource.PEER if peer else RestoreSource.MEMORY
         self.last_committed = newest_committed
         self.memory.start(step, self.clock())
         self.store.arena_for(arena_bytes_needed(self.checkpoint), background=True)

@@ -44,9 +44,10 @@ def newest_committed(agent: CheckpointAgent) -> int:
     return committed[-1].step if committed else -1
 
 
-def whole_step(ch: TrainerChannels, nproc: int, after: int) -> Optional[tuple[int, int]]:
-    """The chief: ``(step, attempt)`` of the newest in-memory snapshot the service holds for all
-    ``nproc`` members, verified, newer than ``after``; None (said in one line) if there is none."""
+def whole_step(ch: TrainerChannels, nproc: int, after: int) -> Optional[tuple[int, int, bool]]:
+    """The chief: ``(step, attempt, peer)`` of the newest in-memory snapshot the service holds for all
+    ``nproc`` members, verified, newer than ``after`` (``peer``: a member's copy is a peer copy, held
+    here for another host); None (said in one line) if there is none."""
     try:
         held = ch.ask_group(GroupQuery(os.getpid(), nproc, after), ch.clock() + ASK_WAIT)[0]
     except NoReply as exc:
@@ -56,7 +57,7 @@ def whole_step(ch: TrainerChannels, nproc: int, after: int) -> Optional[tuple[in
     if not isinstance(held, GroupHeld) or held.step < 0:
         print(f"procsv: the group restores from disk: {getattr(held, 'note', '')}", file=sys.stderr, flush=True)
         return None
-    return held.step, held.attempt
+    return held.step, held.attempt, held.peer
 
 
 def fetch(ch: TrainerChannels, rank: int, step: int, attempt: int) -> tuple[GroupCopy, list[Any]]:

@@ -26,7 +26,7 @@ from procsv.common.errors import CorruptCheckpoint
 from procsv.ipc.messages import DeleteCheckpoints
 from procsv.ipc.transport import NoReply
 from procsv.trainer.channels import TrainerChannels
-from procsv.trainer.checkpoint import group_restore, restore_at_start
+from procsv.trainer.checkpoint import group_restore, peer_copy, restore_at_start
 from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.replica import GroupPin, PinRecord
 
@@ -99,19 +99,23 @@ class CheckpointKeeper:
                 raise CorruptCheckpoint(f"the group's chief pinned its in-memory snapshot of step {record.memory_step}, "
                                         "and this member keeps none (PROCSV_GROUP_SNAPSHOT_STEPS differs)")
             group_restore.restore_copy(channels, agent, group[0], record.memory_step, record.memory_attempt)
-            agent.restored_memory(record.memory_step, group_restore.newest_committed(agent))
+            remote = peer_copy.remote()
+            agent.restored_memory(record.memory_step, group_restore.newest_committed(agent), peer=remote)
+            if remote:  # (node 0's service holds this member's copy: its peer copy, off its own host)
+                print(f"procsv: member {group[0]} restored step {record.memory_step} from its peer copy on node 0",
+                      file=sys.stderr, flush=True)
             return []
         newest = group_restore.newest_committed(agent)
         held = group_restore.whole_step(channels, nproc, newest) if restarted and group is not None else None
         if held is not None:
             try:
-                group_restore.restore_copy(channels, agent, 0, *held)
+                group_restore.restore_copy(channels, agent, 0, held[0], held[1])
             except CorruptCheckpoint as exc:
                 print(f"procsv: the group restores from disk: {exc}", file=sys.stderr, flush=True)
                 held = None
         if held is not None:
-            agent.restored_memory(held[0], newest)
-            pin.publish(PinRecord(None, *held))
+            agent.restored_memory(held[0], newest, peer=held[2])
+            pin.publish(PinRecord(None, held[0], held[1]))
             return []
         skipped = agent.restore_or_init(init)
         pin.publish(PinRecord(agent.restored_from or None))

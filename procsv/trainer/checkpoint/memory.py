@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 from procsv.ipc.messages import SaveData, SaveReason, SnapshotHeld
 from procsv.trainer.channels import TrainerChannels
-from procsv.trainer.checkpoint import memory_tier
+from procsv.trainer.checkpoint import memory_tier, peer_copy
 from procsv.trainer.checkpoint.snapshot_store import SnapshotStore
 from procsv.common.errors import NonFiniteState
 
@@ -67,6 +67,7 @@ class MemoryTier:
         # a trainer group's member (procsv.services.checkpoint.group): its rank, its attempt, and K (0: alone):
         # every member snapshots at the steps that are multiples of K, so that all hold the same ones
         self.member, self.attempt, self.every_steps = -1, 0, 0
+        self.remote = False  # a member of host 1..M-1: its copies go to node 0 inline (peer_copy)
 
     # ------------------------------------------------------------------ the schedule
     def start(self, step: int, now: float) -> None:
@@ -150,9 +151,12 @@ class MemoryTier:
         meta = meta_graph if meta_graph is not self._meta_held else None
         if meta is not None:
             self._meta_sent = meta
-        self._waiting = (SaveData(step, SaveReason.MEMORY, self.basename, snap.specs, arena, slot, False,
-                                  meta is not None, self.numbered, member=self.member, attempt=self.attempt),
-                         list(snap.frames) if meta is None else [*snap.frames, meta])
+        specs, frames = snap.specs, list(snap.frames) if meta is None else [*snap.frames, meta]
+        if self.remote and arena is not None and self.store.arena is not None:  # node 0 cannot map our memory
+            specs, frames = peer_copy.inline(specs, frames, self.store.arena.array)
+            arena = None
+        self._waiting = (SaveData(step, SaveReason.MEMORY, self.basename, specs, arena, slot, False,
+                                  meta is not None, self.numbered, member=self.member, attempt=self.attempt), frames)
         self.store.slots.wait_to_send(slot, step)
         self._uncharged = reuse
         return self.release(ch, unwritten_from)

@@ -17,6 +17,13 @@ node's agent. No secret key is ever written anywhere:
   (:func:`procsv.watchdog.rules.hosts.claim_node`; :class:`~procsv.watchdog.multihost.nodes.NodeLink`).
 - The master clears the folder when a launch begins and removes it when the launch ends; an agent
   removes its own key file when it exits.
+- A group's in-memory tier over hosts (issue 54; node 0's checkpoint service,
+  :mod:`procsv.services.checkpoint.peers`, and the members of hosts 1..M-1,
+  :mod:`procsv.trainer.checkpoint.peer_copy`): the service makes a server pair of its own (the
+  secret in its memory) and writes ``peer.json`` (the job, its TCP endpoint, its public key); a
+  member makes its own pair and files its public key as ``member.<job>.<key in hex>``. The
+  service's ZAP check (:func:`serve` with ``prefix`` :data:`MEMBER_PREFIX`) admits member keys
+  only, the master's agent keys only: a member's key claims no node rank.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ from procsv.common.layout import Layout, read_json, write_json
 
 JOB_FILE = "job.json"
 AGENT_PREFIX = "agent."
+MEMBER_PREFIX = "member."
+PEER_FILE = "peer.json"  # node 0's checkpoint service's CURVE endpoint for the members of other hosts
 
 
 @dataclass(frozen=True)
@@ -132,28 +141,75 @@ def unfile_agent_key(path: Optional[str]) -> None:
         pass
 
 
-class _FiledKeys:
-    """The ZAP credentials check: admit a client key only if an agent filed it for this job."""
+@dataclass(frozen=True)
+class Peer:
+    """Node 0's checkpoint service as a member of another host reads it from ``peer.json``."""
 
-    def __init__(self, layout: Layout, job: str) -> None:
+    job: str
+    endpoint: str
+    server_public: bytes
+
+
+def member_key_path(layout: Layout, job: str, public: bytes) -> str:
+    """Where a group member of host 1..M-1 files its public key for ``job`` (as an agent's, by name)."""
+    return os.path.join(keys_dir(layout), f"{MEMBER_PREFIX}{job}.{z85.decode(public).hex()}")
+
+
+def write_peer(layout: Layout, peer: Peer) -> None:
+    """Node 0's checkpoint service: say where the members of other hosts reach it (0600, atomic)."""
+    write_json(os.path.join(keys_dir(layout), PEER_FILE), {"job": peer.job, "endpoint": peer.endpoint,
+                                                             "server_public": peer.server_public.decode("ascii")},
+               mode=0o600)
+
+
+def load_peer(layout: Layout) -> Optional[Peer]:
+    """Node 0's checkpoint service's endpoint for this launch, or None if not written (or unreadable)."""
+    try:
+        record = read_json(os.path.join(keys_dir(layout), PEER_FILE))
+    except OSError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    job, endpoint, public = record.get("job"), record.get("endpoint"), record.get("server_public")
+    if not isinstance(job, str) or not isinstance(endpoint, str) or not isinstance(public, str) or len(public) != 40:
+        return None
+    return Peer(job, endpoint, public.encode("ascii"))
+
+
+def file_member_key(layout: Layout, job: str, keys: AgentKeys, rank: int) -> str:
+    """File a group member's public key for ``job`` (0600; its rank and pid in the body, for people)."""
+    path = member_key_path(layout, job, keys.public)
+    write_json(path, {"rank": rank, "pid": os.getpid(), "public": keys.public.decode("ascii")}, mode=0o600)
+    return path
+
+
+class _FiledKeys:
+    """The ZAP credentials check: admit a client key only if it is filed for this job (an agent's
+    for the master; a group member's for node 0's checkpoint service: ``prefix``)."""
+
+    def __init__(self, layout: Layout, job: str, prefix: str = AGENT_PREFIX) -> None:
         self._layout = layout
         self._job = job
+        self._prefix = prefix
 
     def callback(self, domain: str, key: bytes) -> bool:
         try:  # Z85, as pyzmq's authenticator hands the client's key over
-            return os.path.isfile(agent_key_path(self._layout, self._job, key))
+            path = os.path.join(keys_dir(self._layout), f"{self._prefix}{self._job}.{z85.decode(key).hex()}")
+            return os.path.isfile(path)
         except (ValueError, KeyError, OSError):  # not a Z85 key; the logdir cannot be looked at
             return False
 
 
-def serve(ctx: "zmq.Context[Any]", sock: "zmq.Socket[Any]", layout: Layout, keys: ServerKeys) -> Any:
-    """Make ``sock`` (not yet bound) a CURVE server that admits only keys filed for this job;
-    returns the authenticator thread, which the caller stops (``.stop()``) when it closes the socket."""
+def serve(ctx: "zmq.Context[Any]", sock: "zmq.Socket[Any]", layout: Layout, keys: ServerKeys,
+          prefix: str = AGENT_PREFIX) -> Any:
+    """Make ``sock`` (not yet bound) a CURVE server that admits only keys filed for this job (an
+    agent's; ``prefix`` :data:`MEMBER_PREFIX`: a group member's); returns the authenticator thread,
+    which the caller stops (``.stop()``) when it closes the socket."""
     from zmq.auth.thread import ThreadAuthenticator
 
     auth = ThreadAuthenticator(ctx)
     auth.start()
-    auth.configure_curve_callback(domain="*", credentials_provider=_FiledKeys(layout, keys.job))
+    auth.configure_curve_callback(domain="*", credentials_provider=_FiledKeys(layout, keys.job, prefix))
     sock.curve_secretkey = keys.secret
     sock.curve_publickey = keys.public
     sock.curve_server = True
@@ -165,3 +221,11 @@ def connect_as_agent(sock: "zmq.Socket[Any]", keys: AgentKeys, job: Job) -> None
     sock.curve_secretkey = keys.secret
     sock.curve_publickey = keys.public
     sock.curve_serverkey = job.server_public
+
+
+def connect_as_member(sock: "zmq.Socket[Any]", keys: AgentKeys, peer: Peer) -> None:
+    """Make ``sock`` (not yet connected) a CURVE client of node 0's checkpoint service, with a
+    member's own keys (filed with :func:`file_member_key`)."""
+    sock.curve_secretkey = keys.secret
+    sock.curve_publickey = keys.public
+    sock.curve_serverkey = peer.server_public

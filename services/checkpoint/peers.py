@@ -1,0 +1,93 @@
+"""Node 0's checkpoint service's link to the group members of other hosts (issue 54, point 2).
+
+Runs in node 0's checkpoint service of a ``procsv launch --nnodes M`` job (the watchdog sets
+``PROCSV_GROUP_PEER_BIND`` to the host of ``--master-addr``). A member of host 1..M-1 cannot map a
+memfd across hosts nor reach the service's IPC socket, so it sends its in-memory snapshots here
+over TCP: a ROUTER bound on a free port of that host, a CURVE server with a key pair this process
+makes (the secret stays in its memory), admitting only keys a member filed for this launch
+(:func:`procsv.watchdog.multihost.curve.serve`, ``prefix`` ``member.``). Where it listens, and its public key, are
+in ``.procsv/curve/peer.json`` (:func:`~procsv.watchdog.multihost.curve.write_peer`).
+
+A member's message here is one of the group tier's (its :class:`SaveData`, every tensor a frame of
+its own; a :class:`GroupFetch` on restore) and goes to the same
+:class:`~procsv.services.checkpoint.group.GroupIntake` as the local members' under the identity
+``peer:<its identity>``, so that the answers come back through this socket: the copies held here
+are that member's *peer copy*, apart from its own host.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional
+
+import zmq
+
+from procsv.common.layout import Layout
+from procsv.ipc.messages import GroupFetch, Message, SaveData
+from procsv.ipc.codec import ProtocolError
+from procsv.ipc.transport import CHECKPOINT_FRAME_MAX, drain, make_socket, send
+from procsv.watchdog.multihost import curve
+
+PEER_TAG = b"peer:"  # the identity of a member of another host, as the group's intake sees it
+ACCEPT = frozenset({SaveData, GroupFetch})  # what a member of another host may send (no query: the chief is on node 0)
+
+
+class PeerLink:
+    """The CURVE ROUTER the members of hosts 1..M-1 hand their snapshots to."""
+
+    def __init__(self, zctx: "zmq.Context[Any]", layout: Layout, host: str) -> None:
+        job = curve.load_job(layout)
+        if job is None:
+            raise OSError(f"no job is filed in {curve.keys_dir(layout)} (node 0 writes it before its services start)")
+        public, secret = zmq.curve_keypair()
+        keys = curve.ServerKeys(job.job, public, secret)
+        self.sock = make_socket(zctx, zmq.ROUTER, sndhwm=100, max_frame=CHECKPOINT_FRAME_MAX)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a member's reconnection takes its identity over
+        self.auth = curve.serve(zctx, self.sock, layout, keys, prefix=curve.MEMBER_PREFIX)
+        port = self.sock.bind_to_random_port(f"tcp://{host}")
+        self.endpoint = f"tcp://{host}:{port}"
+        curve.write_peer(layout, curve.Peer(job.job, self.endpoint, public))
+
+    def deliver(self, handle: Callable[[Message, list[Any], bytes], None],
+                refused: Callable[[ProtocolError], None]) -> None:
+        """Hand the members' messages waiting now to the group's intake (``handle``), each under its
+        tagged identity; anything else (a snapshot to persist, one of no member) is ``refused``."""
+        for got in drain(self.sock, limit=64, routed=True, accept=ACCEPT):
+            if isinstance(got, ProtocolError):
+                refused(got)
+            elif got.identity is None:
+                continue
+            elif isinstance(got.msg, SaveData) and (got.msg.persist or got.msg.member < 0 or got.msg.arena is not None):
+                refused(ProtocolError("a member of another host sent a snapshot that is not a group member's copy"))
+            else:
+                handle(got.msg, got.payload, PEER_TAG + got.identity)
+
+    def answer(self, identity: bytes, msg: Message, frames: Any = ()) -> bool:
+        """Send ``msg`` to the member of another host ``identity`` names; False if it is not one's."""
+        if not identity.startswith(PEER_TAG):
+            return False
+        try:
+            send(self.sock, msg, frames, prefix=[identity[len(PEER_TAG):]])
+        except zmq.ZMQError:  # that member is gone
+            pass
+        return True
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.auth.stop()
+
+
+def open_link(zctx: "zmq.Context[Any]", layout: Layout, say: Any) -> Optional[PeerLink]:
+    """The link, if this service is node 0's of a job over several hosts (else None); a link that
+    cannot be opened is said in one line (the members of other hosts then hold no copies here)."""
+    from procsv.common import env
+
+    host = os.environ.get(env.GROUP_PEER_BIND, "")
+    if not host:
+        return None
+    try:
+        return PeerLink(zctx, layout, host)
+    except (OSError, zmq.ZMQError) as exc:
+        say(f"procsv checkpoint: the members of other hosts cannot hand over their in-memory snapshots: {exc}")
+        return None

@@ -1,0 +1,91 @@
+"""Node 0's checkpoint service's CURVE link to the group members of other hosts, with real sockets.
+
+``procsv.services.checkpoint.peers`` and ``procsv.trainer.checkpoint.peer_copy``: a member that
+filed its key for the launch hands over a copy and fetches it back through the link; a client
+whose key is not filed is never admitted (its copy never arrives); a snapshot to persist is
+refused, not committed; ``peer.json`` holds no secret key.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+import zmq
+
+from procsv.common.layout import Layout
+from procsv.ipc.messages import GroupCopy, GroupFetch, SaveData, SaveReason, SnapshotHeld, TensorSpec
+from procsv.ipc.transport import make_socket, recv_message, send
+from procsv.services.checkpoint.group import GroupIntake
+from procsv.services.checkpoint.peers import PeerLink
+from procsv.trainer.checkpoint import peer_copy
+from procsv.watchdog.multihost import curve
+
+
+@pytest.fixture
+def link(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    layout = Layout(str(tmp_path))
+    os.makedirs(layout.meta, exist_ok=True)
+    curve.create_job(layout)
+    monkeypatch.setenv("PROCSV_LOGDIR", str(tmp_path))
+    monkeypatch.setenv("PROCSV_RANK", "1")
+    zctx: zmq.Context[Any] = zmq.Context()
+    said: list[str] = []
+    intake = GroupIntake(lambda identity, msg, frames: None, said.append, PeerLink(zctx, layout, "127.0.0.1"))
+    refused: list[Any] = []
+    yield layout, zctx, intake, refused
+    intake.close()
+    zctx.term()
+
+
+def serve_until(intake: GroupIntake, refused: list[Any], done: Any, secs: float = 10.0) -> None:
+    deadline = time.monotonic() + secs
+    while not done() and time.monotonic() < deadline:
+        if intake.peers is not None and intake.peers.sock.poll(50):
+            intake.deliver(refused.append)
+
+
+def snapshot(**kw: Any) -> SaveData:
+    fields: dict[str, Any] = dict(persist=False, member=1, attempt=1)
+    fields.update(kw)
+    return SaveData(50, SaveReason.MEMORY, "model.ckpt", [TensorSpec("w", "float32", [1])], **fields)
+
+
+def test_a_member_whose_key_is_filed_hands_over_its_copy_and_fetches_it_back(link: Any) -> None:
+    layout, zctx, intake, refused = link
+    sock = make_socket(zctx, zmq.DEALER, linger_ms=0)
+    key = peer_copy.connect(sock)
+    assert key is not None and os.path.basename(key).startswith(curve.MEMBER_PREFIX)
+    send(sock, snapshot(), [b"\x01\x02\x03\x04"])
+    serve_until(intake, refused, lambda: sock.poll(0))
+    held = recv_message(sock, 1000).msg
+    assert isinstance(held, SnapshotHeld) and held.step == 50
+    assert intake.copies.find(1, 50, 1) is not None and intake.copies.find(1, 50, 1).peer  # type: ignore[union-attr]
+    send(sock, GroupFetch(os.getpid(), 1, 50, 1))
+    serve_until(intake, refused, lambda: sock.poll(0))
+    got = recv_message(sock, 1000)
+    assert isinstance(got.msg, GroupCopy) and got.msg.step == 50 and [bytes(f) for f in got.payload] == [b"\x01\x02\x03\x04"]
+    send(sock, snapshot(persist=True), [b"\x01\x02\x03\x04"])  # a member of another host never commits
+    serve_until(intake, refused, lambda: refused)
+    assert len(refused) == 1 and "not a group member's copy" in str(refused[0])
+    peer_copy.unfile(key)
+    assert not os.path.exists(key)
+    with open(os.path.join(curve.keys_dir(layout), curve.PEER_FILE)) as fh:
+        record = fh.read()
+    assert "secret" not in record and curve.load_peer(layout) is not None
+    sock.close()
+
+
+def test_a_client_whose_key_is_not_filed_is_never_admitted(link: Any) -> None:
+    layout, zctx, intake, refused = link
+    peer = curve.load_peer(layout)
+    assert peer is not None
+    sock = make_socket(zctx, zmq.DEALER, linger_ms=0)
+    curve.connect_as_member(sock, curve.AgentKeys.new(), peer)  # a key pair of its own, filed nowhere
+    sock.connect(peer.endpoint)
+    send(sock, snapshot(), [b"\x01\x02\x03\x04"])
+    serve_until(intake, refused, lambda: False, secs=1.5)
+    assert intake.copies.held == 0 and not sock.poll(0)
+    sock.close()
