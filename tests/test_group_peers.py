@@ -1,6 +1,6 @@
 """Node 0's checkpoint service's CURVE link to the group members of other hosts, with real sockets.
 
-``procsv.services.checkpoint.peers`` and ``procsv.trainer.checkpoint.peer_copy``: a member that
+``procsv.services.checkpoint.peers`` and ``procsv.common.curve.connect_member``: a member that
 filed its key for the launch hands over a copy and fetches it back through the link; a client
 whose key is not filed is never admitted (its copy never arrives); a snapshot to persist is
 refused, not committed; ``peer.json`` holds no secret key.
@@ -20,8 +20,7 @@ from procsv.ipc.messages import GroupCopy, GroupFetch, SaveData, SaveReason, Sna
 from procsv.ipc.transport import make_socket, recv_message, send
 from procsv.services.checkpoint.group import GroupIntake
 from procsv.services.checkpoint.peers import PeerLink
-from procsv.trainer.checkpoint import peer_copy
-from procsv.watchdog.multihost import curve
+from procsv.common import curve
 
 
 @pytest.fixture
@@ -56,7 +55,7 @@ def snapshot(**kw: Any) -> SaveData:
 def test_a_member_whose_key_is_filed_hands_over_its_copy_and_fetches_it_back(link: Any) -> None:
     layout, zctx, intake, refused = link
     sock = make_socket(zctx, zmq.DEALER, linger_ms=0)
-    key = peer_copy.connect(sock)
+    key = curve.connect_member(sock)
     assert key is not None and os.path.basename(key).startswith(curve.MEMBER_PREFIX)
     send(sock, snapshot(), [b"\x01\x02\x03\x04"])
     serve_until(intake, refused, lambda: sock.poll(0))
@@ -70,7 +69,7 @@ def test_a_member_whose_key_is_filed_hands_over_its_copy_and_fetches_it_back(lin
     send(sock, snapshot(persist=True), [b"\x01\x02\x03\x04"])  # a member of another host never commits
     serve_until(intake, refused, lambda: refused)
     assert len(refused) == 1 and "not a group member's copy" in str(refused[0])
-    peer_copy.unfile(key)
+    curve.unfile_agent_key(key)
     assert not os.path.exists(key)
     with open(os.path.join(curve.keys_dir(layout), curve.PEER_FILE)) as fh:
         record = fh.read()

@@ -25,7 +25,7 @@ from procsv.status import render
 from procsv.trainer.nonfinite import notices
 from procsv.watchdog import observe
 from procsv.watchdog.config import LaunchConfig
-from procsv.watchdog.multihost import curve
+from procsv.common import curve
 from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.multihost.agent import NodeAgent
 from procsv.watchdog.multihost.nodes import NodeLink

@@ -28,7 +28,7 @@ import zmq
 from procsv.ipc.codec import ProtocolError
 from procsv.ipc.messages import (CheckpointSetup, CheckpointsDeleted, DeleteCheckpoints, GroupCopy, GroupHeld, Message,
                                  RecoverQuery, RecoverReply, SaveData, SaveResult, SummaryAck)
-from procsv.trainer.checkpoint import peer_copy
+from procsv.common import curve
 from procsv.ipc.transport import Endpoints, NoReply, ReceiveTimeout, Received, drain, make_socket, recv_message, send
 
 _Answer = TypeVar("_Answer", RecoverReply, CheckpointsDeleted)
@@ -57,11 +57,11 @@ class TrainerChannels:
         ident = f"trainer-{os.getpid()}-{secrets.token_hex(4)}".encode()
         self.ckpt: Optional[zmq.Socket[Any]] = None
         self.summary: Optional[zmq.Socket[Any]] = None
-        self._member_key: Optional[str] = None  # a member of host 1..M-1: the key file it filed (peer_copy)
+        self._member_key: Optional[str] = None  # a member of host 1..M-1: the key file it filed (curve.connect_member)
         if services or checkpoint:
             self.ckpt = make_socket(self.zctx, zmq.DEALER, sndhwm=4, identity=ident, linger_ms=0)
-            if checkpoint and not services and peer_copy.remote():  # node 0's service, over CURVE
-                self._member_key = peer_copy.connect(self.ckpt)
+            if checkpoint and not services and curve.remote_member():  # node 0's service, over CURVE
+                self._member_key = curve.connect_member(self.ckpt)
                 if self._member_key is None:
                     self.ckpt.close()
                     self.ckpt = None
@@ -175,5 +175,5 @@ class TrainerChannels:
             if sock is not None:
                 sock.close()
         self.zctx.term()
-        peer_copy.unfile(self._member_key)
+        curve.unfile_agent_key(self._member_key)
         self._member_key = None

@@ -5,8 +5,8 @@ Runs in node 0's checkpoint service of a ``procsv launch --nnodes M`` job (the w
 memfd across hosts nor reach the service's IPC socket, so it sends its in-memory snapshots here
 over TCP: a ROUTER bound on a free port of that host, a CURVE server with a key pair this process
 makes (the secret stays in its memory), admitting only keys a member filed for this launch
-(:func:`procsv.watchdog.multihost.curve.serve`, ``prefix`` ``member.``). Where it listens, and its public key, are
-in ``.procsv/curve/peer.json`` (:func:`~procsv.watchdog.multihost.curve.write_peer`).
+(:func:`procsv.common.curve.serve`, ``prefix`` ``member.``). Where it listens, and its public key, are
+in ``.procsv/curve/peer.json`` (:func:`~procsv.common.curve.write_peer`).
 
 A member's message here is one of the group tier's (its :class:`SaveData`, every tensor a frame of
 its own; a :class:`GroupFetch` on restore) and goes to the same
@@ -26,7 +26,7 @@ from procsv.common.layout import Layout
 from procsv.ipc.messages import GroupFetch, Message, SaveData
 from procsv.ipc.codec import ProtocolError
 from procsv.ipc.transport import CHECKPOINT_FRAME_MAX, drain, make_socket, send
-from procsv.watchdog.multihost import curve
+from procsv.common import curve
 
 PEER_TAG = b"peer:"  # the identity of a member of another host, as the group's intake sees it
 ACCEPT = frozenset({SaveData, GroupFetch})  # what a member of another host may send (no query: the chief is on node 0)

@@ -1,35 +1,33 @@
 """The checkpoint service's event loop: timer, snapshot intake, commit, notifications.
 
 Runs in the checkpoint service process (``python -m procsv.services.checkpoint``). It binds the ROUTER
-``checkpoint.sock``; the trainer's DEALER sends :class:`CheckpointSetup` (policy + heartbeat) and
-:class:`SaveData` snapshots, and receives :class:`SaveRequest` (the timer lives here, as
-``save_model_secs``), :class:`SaveResult`, and :class:`CommitLoading` while a commit waits for a load
-(:mod:`procsv.services.checkpoint.preload`). Results also go to the watchdog and, as a
-``SessionLog CHECKPOINT``, to the summary service (over a DEALER; it expects no answer there).
-SIGTERM from the watchdog (or from anyone once the watchdog is gone: a SIGTERM to every process of
-the job is left to the watchdog, which stops the trainer first, so that its emergency checkpoint
-commits here) ends the loop after the commit in progress, if any. Every timer runs on the injected
-monotonic ``clock``. A trainer group's members' in-memory snapshots are :mod:`procsv.services.checkpoint.group`'s.
+``checkpoint.sock``; the trainer's DEALER sends :class:`CheckpointSetup` (policy + heartbeat) and :class:`SaveData`
+snapshots, and receives :class:`SaveRequest` (the timer lives here, as ``save_model_secs``), :class:`SaveResult`,
+and :class:`CommitLoading` while a commit waits for a load (:mod:`.preload`). Results also go to the watchdog
+and, as a ``SessionLog CHECKPOINT``, to the summary service (over a DEALER; it expects no answer there).
+SIGTERM from the watchdog (or from anyone once the watchdog is gone: a SIGTERM to every process of the job is
+left to the watchdog, which stops the trainer first, so that its emergency checkpoint commits here) ends the
+loop after the commit in progress, if any. Every timer runs on the injected monotonic ``clock``. A trainer
+group's members' snapshots (other hosts' too) are :mod:`.group`'s.
 
-The service runs at ``nice`` +10 (``PROCSV_CHECKPOINT_NICE`` overrides): its work should come out of
-the loop's idle time. It maps (and pre-faults) the trainer's shared snapshot memory as soon as a
-heartbeat names it, reads the numeric tensors from there and writes them with ``O_DIRECT``.
+The service runs at ``nice`` +10 (``PROCSV_CHECKPOINT_NICE`` overrides): its work should come out of the loop's
+idle time. It maps (and pre-faults) the trainer's shared snapshot memory as soon as a heartbeat names it,
+reads the numeric tensors from there and writes them with ``O_DIRECT``.
 
-Saves are synchronous in this loop, one at a time: the trainer sends a snapshot only when the
-previous one has its :class:`SaveResult`. A snapshot of a committed step is written again only as
-a newer revision of it (:attr:`SaveData.revision`), in place (:mod:`procsv.services.checkpoint.inplace`).
-A heartbeat naming a snapshot this process never received gets ``SaveResult`` ``lost``: taken again.
+Saves are synchronous in this loop, one at a time: the trainer sends a snapshot only when the previous
+one has its :class:`SaveResult`. A committed step is written again only as a newer revision of it
+(:attr:`SaveData.revision`), in place (:mod:`.inplace`); a heartbeat naming a snapshot this process
+never received gets ``SaveResult`` ``lost``: taken again.
 
-Retention deletes checkpoints, so a save applies only the settings the trainer itself sent
-(:mod:`procsv.services.checkpoint.settings`), never defaults: each setup's settings are persisted
-in the logdir, a restarted service reads them at start, and a snapshot from a trainer whose
-settings it does not have is held, uncommitted, until that trainer's next heartbeat.
+Retention deletes checkpoints, so a save applies only the settings the trainer itself sent (:mod:`.settings`),
+never defaults: each setup's settings are persisted in the logdir, a restarted service reads them at start,
+and a snapshot from a trainer whose settings it does not have is held, uncommitted, until its next heartbeat.
 
-A message that is malformed, of another schema version or of a kind not in :data:`ACCEPT` is
-refused by the codec, counted (:class:`~procsv.ipc.rejections.Rejections`) and never stops the loop;
-``<logdir>/.procsv/checkpoint_stats.json`` (written at start, at most every :data:`STATS_SECS` while
-they change, and at exit) has the counts, which ``procsv status`` shows, and the in-memory snapshots
-this process held (``memory``: how many, the steps of the first and last; ``group``: a group's copies).
+A message that is malformed, of another schema version or of a kind not in :data:`ACCEPT` is refused by the
+codec, counted (:class:`~procsv.ipc.rejections.Rejections`) and never stops the loop;
+``<logdir>/.procsv/checkpoint_stats.json`` (written at start, at most every :data:`STATS_SECS` while they
+change, and at exit) has the counts, which ``procsv status`` shows, and the in-memory snapshots this process
+held (``memory``: how many, the steps of the first and last; ``group``: a group's copies).
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, cast
 
 import zmq
 
@@ -112,8 +110,7 @@ class CheckpointService:
         self.meta_graph: Optional[KeptMetaGraph] = None  # graph mode: the MetaGraphDef a trainer sent last
         self.rejections = Rejections("procsv checkpoint", os.path.relpath(ctx.layout.checkpoint_stats, ctx.layout.logdir), _say)
         self._stats_written: Optional[tuple[int, int]] = None  # (rejections, snapshots held: any) last written
-        self.held_count = 0  # in-memory snapshots held by this process
-        self.held_steps: Optional[tuple[int, int]] = None  # the steps of the first and the last of them
+        self.held_count, self.held_steps = 0, cast(Optional[tuple[int, int]], None)  # held here; first and last steps
         self.group = GroupIntake(self._answer, _say, open_link(self.zctx, ctx.layout, _say))  # (other hosts' too)
         self._next_stats = clock()
         self.deletions = Deletions(self.store, _say)  # what waits for a restore to end before it is deleted

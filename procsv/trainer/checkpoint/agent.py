@@ -40,10 +40,11 @@ from typing import Any, Callable, Optional
 
 from procsv.ipc.messages import (Busy, CheckpointSetup, CommitLoading, Progress, RestoreSource, SaveData, SaveReason,
                                  SaveRequest, SaveResult, SnapshotHeld)
+from procsv.common import curve
 from procsv.common.errors import CheckpointError, NonFiniteState
 from procsv.common.layout import Layout, read_json
 from procsv.common.manifests import Manifest, manifest_path
-from procsv.trainer.checkpoint import memory_tier, peer_copy, restore_at_start
+from procsv.trainer.checkpoint import memory_tier, restore_at_start
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.final_commit import HEARTBEAT_EVERY, FinalCommit
 from procsv.trainer.checkpoint.commits import SAVE_DEADLINE_FLOOR, CommitTracker, bytes_being_written
@@ -115,7 +116,7 @@ class CheckpointAgent(FinalCommit):
         self.memory.numbered = getattr(global_step, "numbered", True)
         if self.group is not None:
             self.memory.member, self.memory.attempt, self.memory.every_steps = self.group
-            self.memory.remote = peer_copy.remote()
+            self.memory.remote = curve.remote_member()
         self.last_snapshot_secs = 0.0  # how long the loop was stopped by the last snapshot
         # procsv.train's CheckpointSaverListeners: called with (step, reason) right before a snapshot is
         # taken, and with the step when the trainer learns that its checkpoint is committed

@@ -22,11 +22,12 @@ import os
 import sys
 from typing import Callable, Optional
 
+from procsv.common import curve
 from procsv.common.errors import CorruptCheckpoint
 from procsv.ipc.messages import DeleteCheckpoints
 from procsv.ipc.transport import NoReply
 from procsv.trainer.channels import TrainerChannels
-from procsv.trainer.checkpoint import group_restore, peer_copy, restore_at_start
+from procsv.trainer.checkpoint import group_restore, restore_at_start
 from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.replica import GroupPin, PinRecord
 
@@ -99,7 +100,7 @@ class CheckpointKeeper:
                 raise CorruptCheckpoint(f"the group's chief pinned its in-memory snapshot of step {record.memory_step}, "
                                         "and this member keeps none (PROCSV_GROUP_SNAPSHOT_STEPS differs)")
             group_restore.restore_copy(channels, agent, group[0], record.memory_step, record.memory_attempt)
-            remote = peer_copy.remote()
+            remote = curve.remote_member()
             agent.restored_memory(record.memory_step, group_restore.newest_committed(agent), peer=remote)
             if remote:  # (node 0's service holds this member's copy: its peer copy, off its own host)
                 print(f"procsv: member {group[0]} restored step {record.memory_step} from its peer copy on node 0",

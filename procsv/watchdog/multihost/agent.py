@@ -2,7 +2,7 @@
 
 Runs in the ``procsv launch`` process of hosts 1..M-1. It decides nothing: node 0's watchdog (the master) holds
 the job's one decision function. The agent connects to the master over ZeroMQ TCP over CURVE
-(:mod:`procsv.watchdog.multihost.curve`) with a key pair of its own, made when it starts (the secret stays in
+(:mod:`procsv.common.curve`) with a key pair of its own, made when it starts (the secret stays in
 its memory; it files the public key for the launch in the shared logdir and pins the master's public key from
 there), says which node it is and where its next members will listen (:class:`NodeHello`, also its heartbeat),
 starts the members it is asked for (:class:`StartMembers`: trainer processes with their ``TF_CONFIG``, forked
@@ -49,7 +49,8 @@ from procsv.ipc.codec import ProtocolError, encode
 from procsv.ipc.messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStarted, Message, NodeHello, NodeRefused,
                                  NodeStop, Progress, Relayed, SignalMember, StartMembers)
 from procsv.ipc.transport import Endpoints, bind_private, drain, make_socket, send
-from procsv.watchdog.multihost import agentstop, curve
+from procsv.common import curve
+from procsv.watchdog.multihost import agentstop
 from procsv.common.orphans import become_subreaper
 from procsv.watchdog.children import ChildProcess, Process, Unreaped, end_all
 from procsv.watchdog.config import LaunchConfig

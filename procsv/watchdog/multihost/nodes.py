@@ -1,7 +1,7 @@
 """The master's end of a job that spans hosts: the CURVE-secured ROUTER its node agents connect to.
 
 Runs in the watchdog of node 0 (``procsv launch --nnodes M --node-rank 0 --master-addr HOST:PORT``).
-:class:`NodeLink` binds the ROUTER on ``--master-addr`` (TCP, CURVE: :mod:`procsv.watchdog.multihost.curve`
+:class:`NodeLink` binds the ROUTER on ``--master-addr`` (TCP, CURVE: :mod:`procsv.common.curve`
 makes the launch's server keys, keeps the secret in memory and admits only agent keys filed for the
 launch), receives what the agents send (:mod:`procsv.ipc.node_messages`) and turns it into
 observations of the view, and carries the executor's starts and signals of remote members to their
@@ -26,7 +26,7 @@ from procsv.ipc.codec import ProtocolError, decode
 from procsv.ipc.messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStarted, Message, NodeHello, NodeRefused,
                                  NodeStop, Relayed, SignalMember, StartMembers)
 from procsv.ipc.transport import ReceiveTimeout, make_socket, recv, send
-from procsv.watchdog.multihost import curve
+from procsv.common import curve
 from procsv.watchdog.publish.events import Report
 from procsv.watchdog.publish.events import Event
 from procsv.watchdog.rules.hosts import Claim, claim_node

@@ -1,7 +1,8 @@
 """The CURVE keys of a job that spans hosts, and the sockets they secure.
 
 Runs in the watchdogs of a ``procsv launch --nnodes M`` job: node 0's (the master) and every other
-node's agent. No secret key is ever written anywhere:
+node's agent; its peer-link parts in node 0's checkpoint service and in the group members of hosts
+1..M-1 (:func:`connect_member`). No secret key is ever written anywhere:
 
 - The master makes a fresh server key pair at each launch (``zmq.curve_keypair``) and keeps its
   secret in memory; it writes the job's id and the server's *public* key to
@@ -19,7 +20,7 @@ node's agent. No secret key is ever written anywhere:
   removes its own key file when it exits.
 - A group's in-memory tier over hosts (issue 54; node 0's checkpoint service,
   :mod:`procsv.services.checkpoint.peers`, and the members of hosts 1..M-1,
-  :mod:`procsv.trainer.checkpoint.peer_copy`): the service makes a server pair of its own (the
+  :func:`connect_member`, :mod:`procsv.trainer.checkpoint.peer_copy`): the service makes a server pair of its own (the
   secret in its memory) and writes ``peer.json`` (the job, its TCP endpoint, its public key); a
   member makes its own pair and files its public key as ``member.<job>.<key in hex>``. The
   service's ZAP check (:func:`serve` with ``prefix`` :data:`MEMBER_PREFIX`) admits member keys
@@ -31,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import uuid
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -38,6 +40,7 @@ from typing import Any, Optional
 import zmq
 from zmq.utils import z85
 
+from procsv.common import env
 from procsv.common.layout import Layout, read_json, write_json
 
 JOB_FILE = "job.json"
@@ -229,3 +232,27 @@ def connect_as_member(sock: "zmq.Socket[Any]", keys: AgentKeys, peer: Peer) -> N
     sock.curve_secretkey = keys.secret
     sock.curve_publickey = keys.public
     sock.curve_serverkey = peer.server_public
+
+
+def remote_member() -> bool:
+    """This process is a group member of another host than node 0 (``PROCSV_GROUP_REMOTE``, set by
+    node 0's watchdog): its in-memory snapshots go to node 0's checkpoint service, over CURVE."""
+    return os.environ.get(env.GROUP_REMOTE) == "1"
+
+
+def connect_member(sock: "zmq.Socket[Any]") -> Optional[str]:
+    """Connect ``sock`` (a DEALER) to node 0's checkpoint service as a CURVE client with a key pair
+    of this process's own, filed for the launch (removed by :func:`unfile_agent_key` at the end; the
+    master removes the folder when the launch ends); the key file's path, or None (said in one line)
+    when node 0's service names no endpoint (the member then hands over no copies)."""
+    layout = Layout(os.environ.get(env.LOGDIR, "."))
+    peer = load_peer(layout)
+    if peer is None:
+        print("procsv: this member's in-memory snapshots have nowhere to go: node 0's checkpoint service "
+              f"names no endpoint in {keys_dir(layout)}", file=sys.stderr, flush=True)
+        return None
+    keys = AgentKeys.new()
+    path = file_member_key(layout, peer.job, keys, int(os.environ.get(env.RANK, "0") or 0))
+    connect_as_member(sock, keys, peer)
+    sock.connect(peer.endpoint)
+    return path
