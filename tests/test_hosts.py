@@ -488,6 +488,7 @@ def test_node_1s_agent_kills_and_reaps_what_its_killed_member_left_behind(hosts,
     master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr))
     node1 = agent(logdir, addr, *args, "--helpers", marker, target=os.path.join(PROGRAMS, "digits_helpers.py"))
     helpers: dict[int, list[int]] = {}
+    code: Optional[int] = None
     try:
         wait_for(lambda: os.path.exists(f"{marker}.1") and (raw_status(logdir) or {}).get("step", 0) >= 20, 120,
                  what="node 1's member with its helpers, and step 20")
@@ -510,9 +511,11 @@ def test_node_1s_agent_kills_and_reaps_what_its_killed_member_left_behind(hosts,
         master.send_signal(signal.SIGTERM)
         code, out, err = finish(master, timeout=120)
     finally:
-        if master.poll() is None:  # (failed: the agent would wait --rejoin-timeout for it)
-            os.killpg(master.pid, signal.SIGKILL)
-            os.killpg(node1.pid, signal.SIGKILL)
+        if code is None:  # failed before the orderly stop: neither launch ends by itself
+            for proc in (master, node1):
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            print("node 0 said:", finish(master)[2], file=sys.stderr)
         acode, aout, aerr = finish(node1, timeout=60)
     assert code == 143 and acode == 143, (err, aerr)
     said = re.findall(r"^procsv node 1: killed \d+ process\(es\) the run left behind \(pids ([\d, ]+)\)$", aerr, re.M)
