@@ -24,7 +24,7 @@ from typing import Any, Iterator, Optional
 import psutil
 import pytest
 
-from conftest import finish, launch, lifecycle, quiet_env, raw_status, wait_for, wait_role_pid
+from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, wait_for, wait_role_pid
 from procsv.common.layout import Layout
 from procsv.status import read_status, render
 from test_metrics import free_port
@@ -86,9 +86,9 @@ def master_addr() -> str:
 
 
 def agent(logdir: str, addr: str, *target_args: str, opts: tuple[str, ...] = (),
-          env: Optional[dict[str, str]] = None) -> subprocess.Popen[str]:
+          env: Optional[dict[str, str]] = None, target: str = "procsv.examples.digits") -> subprocess.Popen[str]:
     """Node 1's ``procsv launch``, in the second host's namespace."""
-    cmd = ["ip", "netns", "exec", NS, sys.executable, "-m", "procsv", "launch", "procsv.examples.digits",
+    cmd = ["ip", "netns", "exec", NS, sys.executable, "-m", "procsv", "launch", target,
            "--logdir", logdir, "--nnodes", "2", "--node-rank", "1", "--master-addr", addr, *opts, "--", *target_args]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or quiet_env(),
                             start_new_session=True)
@@ -455,4 +455,70 @@ def test_status_writes_stalled_on_node_0_lose_no_host_and_a_sigterm_to_node_1s_a
     from test_group import restores_with_plain_tf
 
     assert restores_with_plain_tf(logdir) == committed[-1]["step"]
+    wait_for(lambda: not host_pids(), 10, what="no process of the job left")
+
+
+def _gone(pid: int) -> bool:
+    """Killed and reaped (a zombie is not gone: its parent has not collected it)."""
+    try:
+        psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return True
+    return False
+
+
+def _zombies_of(pid: int) -> list[int]:
+    try:
+        return [c.pid for c in psutil.Process(pid).children() if c.status() == psutil.STATUS_ZOMBIE]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_node_1s_agent_kills_and_reaps_what_its_killed_member_left_behind(hosts, logdir, tmp_path):
+    """Node 1's member starts helpers (``tests/programs/digits_helpers.py``): a sleeper in a session of
+    its own, a child that exits once its parent is gone, a double-forked grandchild that exits after
+    1 s. The member is SIGKILLed and the group restarts: the agent, their subreaper, kills and reaps
+    them all (no zombie under it, no live helper; one line says so), as the watchdog does on node 0;
+    the second member's helpers go at the job's end. Before (issue 51): the agent was their
+    subreaper but never swept, so the two that exited stayed zombies under it for the whole run and
+    the sleeper outlived the member, the agent and the job."""
+    addr = master_addr()
+    args = (*PACED, "--steps", "1000000")
+    marker = str(tmp_path / "helpers")
+    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr))
+    node1 = agent(logdir, addr, *args, "--helpers", marker, target=os.path.join(PROGRAMS, "digits_helpers.py"))
+    helpers: dict[int, list[int]] = {}
+    code: Optional[int] = None
+    try:
+        wait_for(lambda: os.path.exists(f"{marker}.1") and (raw_status(logdir) or {}).get("step", 0) >= 20, 120,
+                 what="node 1's member with its helpers, and step 20")
+        with open(f"{marker}.1") as fh:
+            helpers[1] = [int(p) for p in fh.read().split()]
+        member = next(p["pid"] for p in raw_status(logdir)["processes"] if p["role"] == "worker1")
+        os.kill(member, signal.SIGKILL)
+        wait_for(lambda: os.path.exists(f"{marker}.2") and len(events(logdir, "first_step")) >= 2, 120,
+                 what="the restarted group's first step")
+        with open(f"{marker}.2") as fh:
+            helpers[2] = [int(p) for p in fh.read().split()]
+        # (the agent is node1.pid: ip netns exec execs the launch) bounded: the next sweep is due within 1 s
+        try:
+            wait_for(lambda: all(_gone(p) for p in helpers[1]) and not _zombies_of(node1.pid), 15,
+                     what="the first member's helpers to be killed and reaped")
+        except AssertionError:
+            left = {"live": [p for p in helpers[1] if not _gone(p) and p not in _zombies_of(node1.pid)],
+                    "zombies under the agent": _zombies_of(node1.pid)}
+            raise AssertionError(f"the agent left its killed member's helpers {helpers[1]}: {left}") from None
+        master.send_signal(signal.SIGTERM)
+        code, out, err = finish(master, timeout=120)
+    finally:
+        if code is None:  # failed before the orderly stop: neither launch ends by itself
+            for proc in (master, node1):
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            print("node 0 said:", finish(master)[2], file=sys.stderr)
+        acode, aout, aerr = finish(node1, timeout=60)
+    assert code == 143 and acode == 143, (err, aerr)
+    said = re.findall(r"^procsv node 1: killed \d+ process\(es\) the run left behind \(pids ([\d, ]+)\)$", aerr, re.M)
+    assert {int(p) for pids in said for p in pids.split(", ")} == {*helpers[1], *helpers[2]}, aerr
+    assert all(_gone(p) for p in helpers[2]), helpers  # the second member's, at the job's end
     wait_for(lambda: not host_pids(), 10, what="no process of the job left")

@@ -3,7 +3,8 @@
 Runs in the ``procsv launch`` process (the watchdog), called from its loop
 (:mod:`procsv.watchdog.launcher`). :class:`Sweeper` kills and reaps processes of the run whose
 parent died (:class:`~procsv.common.orphans.Orphans`), every :data:`SWEEP_EVERY` seconds, after
-every exit and once more at the end. :class:`LogdirGuard` notices a logdir that was deleted,
+every exit and once more at the end; a node agent (:mod:`procsv.watchdog.multihost.agent`) runs
+the same sweep over its host's members. :class:`LogdirGuard` notices a logdir that was deleted,
 moved or replaced while the run is live (filesystem events from
 :class:`~procsv.watchdog.logdirwatch.LogdirWatch` and a look every round, done by the logdir writer
 thread so that a hung filesystem never hangs the loop) and turns it into an observation for the
@@ -51,18 +52,26 @@ class Sweeper:
         return self.clock() >= self._next
 
     def sweep(self, ex: Executor, final: bool = False) -> None:
-        """Kill and reap processes of the run whose parent died (see :class:`Orphans`); ``final``:
-        wait (a bounded while) until those killed are reaped. Not while a fork asked of the zygote is
-        unanswered (but for the final sweep): the trainer it forked is the watchdog's child (re-parented)
-        before the answer naming it is read, and would be taken for one left behind."""
-        self._next = self.clock() + SWEEP_EVERY
+        """The watchdog's sweep (:meth:`sweep_children`): its own children are the executor's
+        handles, its zygotes and the children it gave up on."""
         ex.dead_zygotes[:] = [z for z in ex.dead_zygotes if not z.reap_dead()]  # their groups are spared below till then
-        if ex.forks and not final:
-            return
         known = {h.pid for h in ex.handles.values()} | ex.zygote_pids() | ex.unreaped.pids
-        # a zygote's group: its intermediate forked ahead of a request, re-parented here at its end (Zygote.close)
-        killed = self.orphans.sweep_and_reap(known, FINAL_SWEEP_SECS if final else 0.0, self.clock,
-                                             frozenset(ex.zygote_pids()))
+        self.sweep_children(known, frozenset(ex.zygote_pids()), bool(ex.forks), final)
+
+    def sweep_children(self, known: set[int], zygotes: frozenset[int], forking: bool, final: bool = False) -> None:
+        """Kill and reap processes of the run whose parent died (see :class:`Orphans`): every child
+        of this process but ``known`` and the process groups of ``zygotes`` (a zygote's intermediate
+        forked ahead of a request, re-parented here at its end:
+        :meth:`~procsv.watchdog.prewarm.Zygote.close`); ``final``: wait (a bounded while) until
+        those killed are reaped. Not while ``forking`` (a fork asked of a zygote is unanswered), but
+        for the final sweep: the trainer it forked is this process's child (re-parented) before the
+        answer naming it is read, and would be taken for one left behind. The watchdog's sweep
+        (:meth:`sweep`) and a node agent's (:mod:`procsv.watchdog.multihost.agent`): each is the
+        subreaper of its host's processes of the run."""
+        self._next = self.clock() + SWEEP_EVERY
+        if forking and not final:
+            return
+        killed = self.orphans.sweep_and_reap(known, FINAL_SWEEP_SECS if final else 0.0, self.clock, zygotes)
         if killed:
             self.record([Report(Event.ORPHANS_KILLED, {"pids": killed},
                                 say=f"procsv: killed {len(killed)} process(es) the run left behind (pids "

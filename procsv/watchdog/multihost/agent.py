@@ -8,7 +8,9 @@ there), says which node it is and where its next members will listen (:class:`No
 starts the members it is asked for (:class:`StartMembers`: trainer processes with their ``TF_CONFIG``, forked
 from this host's own pre-warmed trainer when it is ready), signals them when told (:class:`SignalMember`;
 through each member's pidfd, never by pid: once reaped, its pid may name another process; every member, one
-forked by the pre-warmed trainer too, is the agent's own child, reaped by the agent), relays their reports (:class:`Relayed`: progress, restore and
+forked by the pre-warmed trainer too, is the agent's own child, reaped by the agent; what a member leaves
+behind is re-parented to the agent, a child subreaper, and killed and reaped by the watchdog's own sweep,
+:class:`~procsv.watchdog.housekeeping.Sweeper`), relays their reports (:class:`Relayed`: progress, restore and
 non-finite training, :data:`~procsv.ipc.node_messages.RELAYABLE`) and tells of their ends
 (:class:`MemberEnded`). It runs no checkpoint or summary service: only the chief (task 0, on node 0) saves and
 writes summaries. Its loop never waits on the shared logdir: the reads and writes of a reconnect (the job file,
@@ -51,11 +53,12 @@ from procsv.ipc.messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStart
 from procsv.ipc.transport import Endpoints, bind_private, drain, make_socket, send
 from procsv.common import curve
 from procsv.watchdog.multihost import agentstop
-from procsv.common.orphans import become_subreaper
 from procsv.watchdog.children import ChildProcess, Process, Unreaped, end_all
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.diskjobs import DiskJobs, Job
 from procsv.watchdog.earlyready import EarlyReady
+from procsv.watchdog.housekeeping import Sweeper
+from procsv.watchdog.publish.events import Report
 from procsv.watchdog.publish.probes import LoopPulse
 from procsv.watchdog.rules.group import worker_slot
 from procsv.watchdog.logrotate import rotate
@@ -118,7 +121,8 @@ class NodeAgent:
         bind_private(pull, Endpoints(runtime.path).watchdog)
         stops: list[int] = []
         old = {s: signal.signal(s, lambda signum, frame: stops.append(signum)) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-        become_subreaper()  # what its pre-warmed trainer forks is re-parented to the agent, and left-behind helpers
+        # the subreaper of what its pre-warmed trainer forks and of what its members leave behind (swept)
+        self.sweeper = Sweeper(self.clock, self._said)
         dealer: Optional[zmq.Socket[Any]] = None
         self.say(f"joining the job at {self.cfg.master_addr} as {self.host} ({self.cfg.nproc} trainer(s))")
         try:
@@ -132,6 +136,7 @@ class NodeAgent:
             zygotes = [z for z in [self.zygote, *self.lost_zygotes] if z is not None]
             for line in end_all(list(self.members.values()), zygotes, Unreaped(), self.clock):
                 print(line, file=sys.stderr, flush=True)
+            self._sweep(final=True)
             for s, h in old.items():
                 signal.signal(s, h)
             if dealer is not None:
@@ -169,11 +174,14 @@ class NodeAgent:
                 self._from_master(dealer)
                 self._forked(dealer)
                 self.relay(pull, dealer)
-                self._reap(dealer)
+                if self._reap(dealer):
+                    self._sweep()
                 if now - beat_at >= BEAT_SECS:
                     beat_at = now
                     send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(),
                                            self.addresses, sorted(self.members), self.stop.signum or 0))
+            if self.sweeper.due():
+                self._sweep()
             silent = now - self.heard_at
             if silent > timeout and any(m.killed_at is None for m in self.members.values()):
                 self.say(f"the master is silent for {silent:.1f} s (no heartbeat from node 0 for longer than its "
@@ -351,15 +359,31 @@ class NodeAgent:
         frames = encode(msg)
         send(dealer, Relayed(member.slot, len(frames)), frames)
 
-    def _reap(self, dealer: Optional["zmq.Socket[Any]"]) -> None:
+    def _reap(self, dealer: Optional["zmq.Socket[Any]"]) -> bool:
+        """Reap the members that ended and tell node 0; True if any did."""
+        ended = False
         for key, m in list(self.members.items()):
             code = m.proc.poll()
             if code is None:
                 continue
             del self.members[key]
             m.reap()  # (reaped already: closes its pidfd)
+            ended = True
             if dealer is not None:
                 send(dealer, MemberEnded(m.slot, m.attempt, m.pid, code))
+        return ended
+
+    def _sweep(self, final: bool = False) -> None:
+        """Kill and reap what this host's members left behind: the watchdog's own sweep
+        (:meth:`Sweeper.sweep_children`), over the agent's own children (its members and zygotes)."""
+        zygotes = {z.pid for z in [self.zygote, *self.lost_zygotes] if z is not None}
+        self.sweeper.sweep_children({m.pid for m in self.members.values()} | zygotes, frozenset(zygotes),
+                                    bool(self.forks), final)
+
+    def _said(self, reports: list[Report]) -> None:
+        for r in reports:  # (no lifecycle log of its own: node 0's holds the job's events)
+            if r.say:
+                self.say(r.say.removeprefix("procsv: "))
 
 
 __all__ = ["NodeAgent"]
