@@ -19,14 +19,13 @@ import zmq
 
 from conftest import wait_for
 from procsv.common.layout import Layout
-from procsv.ipc.messages import NodeHello, Progress, Relayed, RestoreSource, TrainerReady
+from procsv.ipc.messages import MemberStarted, NodeHello, Progress, Relayed, RestoreSource, TrainerReady
 from procsv.ipc.transport import Endpoints, bind_private, make_socket, send
 from procsv.status import render
 from procsv.trainer.nonfinite import notices
 from procsv.watchdog import observe
 from procsv.watchdog.config import LaunchConfig
 from procsv.common import curve
-from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.multihost.agent import NodeAgent
 from procsv.watchdog.multihost.nodes import NodeLink
 from procsv.watchdog.publish.events import Event
@@ -96,6 +95,16 @@ class ThisProcess:
         return None
 
 
+class AnsweredZygote:
+    """The agent's zygote, its answer naming the member (this process) already on its pipe."""
+
+    def pump(self) -> list[Any]:
+        return []
+
+    def answer(self, attempt: int, rank: int = 0) -> ThisProcess:
+        return ThisProcess()
+
+
 def test_an_agent_relays_its_members_non_finite_reports_to_node_0_as_they_sent_them(short_tmp) -> None:
     """A member on host 1 tells its agent of a non-finite loss, a rollback and a skipped step
     (issue 41), then its progress. Before: the agent's PULL took only ``Progress`` and
@@ -130,15 +139,17 @@ def test_an_agent_relays_its_members_non_finite_reports_to_node_0_as_they_sent_t
             return any(isinstance(msg, NodeHello) for _, msg, _ in link.receive())
 
         wait_for(joined, 30, what="node 1 to join node 0")
-        # the member's ready message, read before the zygote's answer named its pid (its fork still
-        # pending): held, not dropped (before: dropped, so node 0 never heard its restore), and
-        # relayed first once the answer made it a member
+        # the member's ready message, read before the agent read the zygote's answer naming its pid (its
+        # fork still pending): the agent reads the zygote's pipe first, where that answer is (a fork runs
+        # only once it is written: procsv.zygote), and relays the message (before: dropped, so node 0
+        # never heard its restore)
         agent.forks[(1, 1)] = ("worker1", {})
+        agent.zygote = AnsweredZygote()  # type: ignore[assignment]
         ready = TrainerReady(os.getpid(), 1, 20, "/run/model.ckpt-20", 0.1, [], None, None)
         assert send(member, ready)
-        wait_for(lambda: (agent.relay(pull, dealer), len(agent.early))[1] == 1, 30, what="the early ready held")
-        agent.members["worker1.1"] = ChildProcess("worker1", "worker1", 1, ThisProcess(), "")  # type: ignore[arg-type]
-        del agent.forks[(1, 1)]
+        wait_for(lambda: (agent.relay(pull, dealer), "worker1.1" in agent.members)[1], 30, what="the answer read")
+        agent.zygote = None
+        assert not agent.forks
         observe.spawned(view, "worker1", WORKER, 1, os.getpid(), 1.0, "node1")
         view.children["worker1"].node = 1
         sent = [notices.detected(25, "the loss of step 25 is NaN or infinite"),
@@ -148,13 +159,19 @@ def test_an_agent_relays_its_members_non_finite_reports_to_node_0_as_they_sent_t
         for msg in sent:
             assert send(member, msg)
         heard: list[tuple[int, Any, list[Any]]] = []
+        started: list[Any] = []
 
         def relayed() -> bool:
             agent.relay(pull, dealer)
-            heard.extend(got for got in link.receive() if not isinstance(got[1], NodeHello))  # (late hellos)
+            for got in link.receive():
+                if isinstance(got[1], MemberStarted):
+                    started.append(got[1])
+                elif not isinstance(got[1], NodeHello):  # (late hellos)
+                    heard.append(got)
             return any(isinstance(payload[0], Progress) for _, _, payload in heard if payload)
 
         wait_for(relayed, 30, what="the member's progress relayed to node 0")
+        assert [(m.slot, m.attempt, m.pid) for m in started] == [("worker1", 1, os.getpid())]
         assert [(node, type(msg), msg.slot) for node, msg, _ in heard] == [(1, Relayed, "worker1")] * 5
         assert [payload[0] for _, _, payload in heard] == [ready] + sent  # each as the member sent it
         reports = [r for _, msg, payload in heard for r in observe.heard(view, payload[0], 2.0, slot=msg.slot)]
@@ -170,7 +187,7 @@ def test_an_agent_relays_its_members_non_finite_reports_to_node_0_as_they_sent_t
     # node 0 observes them as the launcher's _on_nodes does: the events, the counts status.json shows
     assert [r.event for r in reports if r.event] == [Event.NONFINITE_DETECTED, Event.ROLLED_BACK, Event.STEP_SKIPPED]
     assert (view.nonfinite_found, view.rollbacks, view.skipped_steps) == (1, 1, [25])
-    assert view.children["worker1"].ready_at == 2.0  # its restore, heard through the held ready message
+    assert view.children["worker1"].ready_at == 2.0  # its restore, heard through the ready message read first
     record = status_record(view, LaunchConfig("t", [], layout.logdir, nnodes=2), layout, 3.0, 3.0, 0.0, None,
                            on_disk=False)
     assert (record["skipped_steps"], record["rollbacks"]) == ([25], 1)

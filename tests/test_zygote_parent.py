@@ -103,6 +103,29 @@ def _fork(z, lay, runtime: str, tmp_path, target: str, log_path: str):  # type: 
     return wait_for(answered, 60, what="the fork's reply")
 
 
+def test_a_forks_reply_is_on_the_pipe_before_the_fork_runs(tmp_path):
+    """A forked trainer runs only once the zygote has written the ForkReply naming it (it waits for
+    the request pipe's EOF; the zygote closes that pipe after its reply), so anything it sends comes
+    after its reply: a watchdog (or node agent) that reads a message from a pid it does not know while
+    a fork is pending reads the zygote's pipe (never waiting) and finds the reply there. Before, the
+    fork ran at its intermediate's exit, before the zygote's reply: at load a TrainerReady could be
+    read first (then held by the watchdog's EarlyReady, which this ordering removed)."""
+    from procsv.common import spawn
+
+    ran = tmp_path / "ran"
+    target = tmp_path / "runs.py"
+    target.write_text(f"open({str(ran)!r}, 'w').close()\nimport time\ntime.sleep(60)\n")
+    with ready_zygote(tmp_path) as (z, lay, runtime):
+        env = spawn.child_env(role="trainer", attempt=1, logdir=lay.logdir, runtime_dir=runtime, supervised=False)
+        z.request_fork(1, str(target), [], env, str(tmp_path / "trainer.1.log"), str(tmp_path))
+        wait_for(ran.exists, 60, what="the fork to run")
+        z.pump()  # (never waits) what the pipe holds once the fork has run
+        proc = z.answer(1)
+        assert proc is not None  # its reply was there already
+        os.kill(proc.pid, signal.SIGKILL)
+        wait_for(lambda: proc.poll() is not None, 60, what="the fork's end")
+
+
 def test_a_fork_that_dies_at_once_is_reaped_by_the_zygotes_parent(tmp_path):
     """Before: the zygote reaped a fork that died before the watchdog opened its pidfd, and
     ``pidfd_open`` raised ProcessLookupError in the watchdog (an internal error: exit 70). Now the

@@ -49,7 +49,6 @@ from procsv.ipc.transport import drain
 from procsv.watchdog import observe
 from procsv.watchdog.bringup import Plumbing, standby_choice
 from procsv.watchdog.config import LaunchConfig, check_target
-from procsv.watchdog.earlyready import EarlyReady
 from procsv.watchdog.rules.decide import decide
 from procsv.watchdog.publish.events import Event
 from procsv.watchdog.executor import Executor
@@ -110,7 +109,6 @@ class Watchdog:
         self.view = RunView(launch_start=clock(), tasks_alone=cfg.ps > 0, coordinator=cfg.coordinator)
         self.view.process_start = self.view.launch_start - since
         self.out = Reporter(cfg, self.layout, clock, wall)
-        self.early = EarlyReady()  # a forked trainer's ready message read before the zygote named it
         self.out.started_wall -= since
         self.internal_errors = 0
         self.logdir = LogdirGuard(self.layout, self.view, self.out, cfg.logdir_timeout, clock)
@@ -292,7 +290,6 @@ class Watchdog:
         self.ends.check_unkillable(self.ex)
         self._settle()  # ends whose reads are done, or past their bound
         self.ex.poll_fork()
-        self._release_early()
         if self.link is not None:
             self.link.beat()
         if self.limits.world > 1:
@@ -348,8 +345,8 @@ class Watchdog:
                 continue
             if isinstance(got.msg, Progress) and not got.msg.busy:
                 self.out.progress(got.msg.step)
-            if self.early.hold(got.msg, self._pids(), bool(self.ex.forks)):
-                continue  # observed once the zygote's answer names its pid (_release_early)
+            if self.ex.forks and self.ex.zygote is not None and getattr(got.msg, "pid", 0) not in self._pids():
+                self._on_zygote()  # a forked sender runs only once the zygote's answer naming it is written
             self.out.record(observe.heard(self.view, got.msg, self.clock()))
             self.out.changed()
             if isinstance(got.msg, SaveResult) and not got.msg.ok:
@@ -357,12 +354,6 @@ class Watchdog:
 
     def _pids(self) -> set[int]:
         return {c.pid for c in self.view.children.values() if c.pid}
-
-    def _release_early(self) -> None:
-        """Observe the held ready messages whose forked process the view knows now."""
-        for msg in self.early.release(self._pids(), bool(self.ex.forks)):
-            self.out.record(observe.heard(self.view, msg, self.clock()))
-            self.out.changed()
 
     def _on_zygote(self) -> None:
         z = self.ex.zygote
@@ -379,7 +370,6 @@ class Watchdog:
             self.out.record(observe.zygote_changed(self.view, ZygoteState.READY, z.pid, z.import_secs or 0.0,
                                                    now=self.clock()))
         self.ex.poll_fork()  # a trainer it was asked for: answered, or to be started fresh now
-        self._release_early()
 
 
 def fault_point(name: str, step: int) -> None:

@@ -7,7 +7,8 @@ op deadlocks the child. When its parent sends a :class:`ForkRequest` on its pipe
 twice over: an intermediate child, forked ahead of the request, forks the trainer, says its pid and
 exits at once, so the trainer is re-parented to the zygote's parent (a child subreaper), which reaps
 it itself; the :class:`ForkReply` names it once the zygote has reaped the intermediate. The trainer sets
-itself up, waits for that re-parenting, arms its parent-death signal on the zygote's parent
+itself up, waits for that re-parenting and the reply (the zygote then closes the request pipe: so
+the reply comes before any message of the trainer's), arms its parent-death signal on the zygote's parent
 (checking after that it still is its parent), takes a new session, its own log file and the attempt's
 environment, and runs ``procsv.trainer`` exactly as a freshly spawned trainer would, minus the
 ~4 s import (a request whose target is ``procsv.ps_server`` makes a ``--ps`` parameter server
@@ -122,8 +123,9 @@ def _spare(inherited: tuple[int, ...], say: int) -> Optional[Spare]:
 
 def _fork(req: ForkRequest, rep_fd: int, spare: Optional[Spare]) -> None:
     """Hand ``req`` to the intermediate (see the module docstring), read the trainer's pid, reap the
-    intermediate, then reply: the trainer named is the parent's child by then (its re-parenting is
-    done before the intermediate's exit status can be read), and it waits for that exit itself."""
+    intermediate, reply, then close the request pipe: the trainer named is the parent's child by then
+    (its re-parenting is done before the intermediate's exit status can be read), and it waits for
+    that close (the pipe's EOF), so the reply is on the parent's pipe before anything it sends."""
     if spare is None:
         write_framed(rep_fd, ForkReply(req.attempt, 0, "fork failed (no intermediate)", req.rank))
         return
@@ -135,7 +137,6 @@ def _fork(req: ForkRequest, rep_fd: int, spare: Optional[Spare]) -> None:
             said += chunk
     except OSError as exc:
         said = f"fork failed: {exc}".encode()
-    os.close(req_w)
     os.close(said_r)
     os.waitpid(pid, 0)
     text = said.decode(errors="replace").strip()
@@ -143,6 +144,7 @@ def _fork(req: ForkRequest, rep_fd: int, spare: Optional[Spare]) -> None:
         write_framed(rep_fd, ForkReply(req.attempt, int(text), None, req.rank))
     else:
         write_framed(rep_fd, ForkReply(req.attempt, 0, text or "fork failed", req.rank))
+    os.close(req_w)  # last: the trainer runs at this end's EOF, its reply written (every message it sends comes after)
 
 
 def _intermediate(req_r: int, said_w: int, say: int) -> NoReturn:
@@ -170,7 +172,7 @@ def _intermediate(req_r: int, said_w: int, say: int) -> NoReturn:
         os._exit(0)
     code = 70
     try:
-        code = _become_trainer(req, (said_w, req_r), say)
+        code = _become_trainer(req, said_w, req_r, say)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
@@ -184,18 +186,14 @@ def _intermediate(req_r: int, said_w: int, say: int) -> NoReturn:
             os._exit(code)
 
 
-def _adopted_by(parent: int) -> bool:
-    """Wait (at most ``ADOPTION_WAIT``) until this process is ``parent``'s child: the intermediate
-    child's exit re-parents it. False if it is not then (``parent`` is gone, or no subreaper)."""
-    middle = os.getppid()
-    if middle != parent:
-        try:
-            fd = os.pidfd_open(middle)
-        except OSError:  # gone already
-            fd = -1
-        if fd >= 0:
-            select.select([fd], [], [], ADOPTION_WAIT)  # readable at its exit, after the re-parenting
-            os.close(fd)
+def _adopted_by(parent: int, req_r: int) -> bool:
+    """Wait (at most ``ADOPTION_WAIT``) for the request pipe's EOF: the zygote closes it once it has
+    reaped the intermediate (which re-parents this process) and replied; True if this process is
+    ``parent``'s child then (False: ``parent`` is gone, no subreaper, or the zygote died first)."""
+    until = time.monotonic() + ADOPTION_WAIT
+    while (left := until - time.monotonic()) > 0 and select.select([req_r], [], [], left)[0] and os.read(req_r, 4096):
+        pass  # (the request itself, already read: nothing else is written there)
+    os.close(req_r)
     return os.getppid() == parent
 
 
@@ -228,7 +226,7 @@ def _leaves_stops_to_supervisor(child_env: dict[str, str]) -> bool:
     return stopfrom.forward_to_handlers(authority, f"procsv worker{child_env.get(env.RANK)}")
 
 
-def _become_trainer(req: ForkRequest, inherited: tuple[int, ...], say: int) -> int:
+def _become_trainer(req: ForkRequest, said_w: int, req_r: int, say: int) -> int:
     """In the forked trainer: become the zygote's parent's child, shed the zygote's state, then run
     procsv.trainer (which arms the parent-death signal on that parent, :func:`bootstrap.die_with_parent`)."""
     raw = os.environ.get(env.PARENT_PID, "")  # the zygote's parent (the zygote's own environment still)
@@ -240,7 +238,7 @@ def _become_trainer(req: ForkRequest, inherited: tuple[int, ...], say: int) -> i
     if req.env.get(env.STANDBY) != "1" and not _leaves_stops_to_supervisor(req.env):
         stopfrom.unblock()  # (a standby reads them in its wait, with their senders)
     log = _open_log(req.log_path, say)
-    for fd in inherited + ((say,) if say > 2 else ()):
+    for fd in (said_w,) + ((say,) if say > 2 else ()):
         os.close(fd)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -256,7 +254,7 @@ def _become_trainer(req: ForkRequest, inherited: tuple[int, ...], say: int) -> i
     np = sys.modules.get("numpy")
     if np is not None:
         np.random.seed()  # as in a fresh process: numpy's global generator is not shared across forks
-    if not _adopted_by(int(raw)):  # (waited for last: the set-up above overlaps the intermediate's exit)
+    if not _adopted_by(int(raw), req_r):  # (waited for last: the set-up above overlaps the zygote's reply)
         return 70  # its parent died first: nothing may run unsupervised
     if req.argv[1:] == ["procsv.ps_server"]:  # a --ps parameter server (procsv.watchdog.pstasks), TF imported
         from procsv.ps_server import main as ps_main

@@ -56,7 +56,6 @@ from procsv.watchdog.multihost import agentstop
 from procsv.watchdog.children import ChildProcess, Process, Unreaped, end_all
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.diskjobs import DiskJobs, Job
-from procsv.watchdog.earlyready import EarlyReady
 from procsv.watchdog.housekeeping import Sweeper
 from procsv.watchdog.publish.events import Report
 from procsv.watchdog.publish.probes import LoopPulse
@@ -103,7 +102,6 @@ class NodeAgent:
         self.zygote: Optional[Zygote] = None  # this host's pre-warmed trainer (unless --no-prewarm)
         self.lost_zygotes: list[Zygote] = []  # given up on (killed, pipes closed); reaped at the end
         self.forks: dict[tuple[int, int], tuple[str, dict[str, str]]] = {}  # (attempt, rank) -> slot, env
-        self.early = EarlyReady()  # members' ready messages read before the fork's answer named them
         self.disk = DiskJobs("procsv-agent-logdir")  # its work on the shared logdir, off the loop
         self._rejoin: Optional[Job[_Rejoin]] = None  # a reconnect's reads and writes in the logdir, in flight
         self.pulse, self.stepped = pulse or LoopPulse(clock), False  # what --metrics-port's probes answer from
@@ -341,15 +339,16 @@ class NodeAgent:
 
     def relay(self, pull: "zmq.Socket[Any]", dealer: "zmq.Socket[Any]") -> None:
         """Relay to node 0 what this host's members reported (:data:`MEMBER_ACCEPT`), each as they sent
-        it. A forked member's ready message read before the zygote's answer named its pid is held
-        until it does (:class:`~procsv.watchdog.earlyready.EarlyReady`, as the watchdog's own)."""
-        pids, forking = {m.pid for m in self.members.values()}, bool(self.forks)
-        for held in self.early.release(pids, forking):
-            self._relay_one(held, dealer)
+        it. One from a pid not known yet while forks are pending reads the zygote's answers first: a
+        forked member runs only once the answer naming it is written (:mod:`procsv.zygote`)."""
         for got in drain(pull, accept=MEMBER_ACCEPT, limit=1000):
-            msg: Optional[Message] = None if isinstance(got, ProtocolError) else got.msg
-            if msg is not None and not self.early.hold(msg, pids, forking):
-                self._relay_one(msg, dealer)
+            if isinstance(got, ProtocolError):
+                continue
+            pid = getattr(got.msg, "pid", 0)
+            if self.forks and self.zygote is not None and all(m.pid != pid for m in self.members.values()):
+                self.zygote.pump()
+                self._forked(dealer)
+            self._relay_one(got.msg, dealer)
 
     def _relay_one(self, msg: Message, dealer: "zmq.Socket[Any]") -> None:
         member = next((m for m in self.members.values() if m.pid == getattr(msg, "pid", None)), None)
