@@ -26,7 +26,6 @@ from procsv.common.orphans import Orphans
 from procsv.watchdog import observe
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.publish.events import Event
-from procsv.watchdog.executor import Executor
 from procsv.watchdog.logdirwatch import Identity, LogdirHealth, LogdirWatch, identity
 from procsv.watchdog.publish.events import Report
 from procsv.watchdog.rules.state import RunView
@@ -51,14 +50,7 @@ class Sweeper:
     def due(self) -> bool:
         return self.clock() >= self._next
 
-    def sweep(self, ex: Executor, final: bool = False) -> None:
-        """The watchdog's sweep (:meth:`sweep_children`): its own children are the executor's
-        handles, its zygotes and the children it gave up on."""
-        ex.dead_zygotes[:] = [z for z in ex.dead_zygotes if not z.reap_dead()]  # their groups are spared below till then
-        known = {h.pid for h in ex.handles.values()} | ex.zygote_pids() | ex.unreaped.pids
-        self.sweep_children(known, frozenset(ex.zygote_pids()), bool(ex.forks), final)
-
-    def sweep_children(self, known: set[int], zygotes: frozenset[int], forking: bool, final: bool = False) -> None:
+    def sweep(self, known: set[int], zygotes: frozenset[int], forking: bool, final: bool = False) -> None:
         """Kill and reap processes of the run whose parent died (see :class:`Orphans`): every child
         of this process but ``known`` and the process groups of ``zygotes`` (a zygote's intermediate
         forked ahead of a request, re-parented here at its end:
@@ -66,8 +58,8 @@ class Sweeper:
         those killed are reaped. Not while ``forking`` (a fork asked of a zygote is unanswered), but
         for the final sweep: the trainer it forked is this process's child (re-parented) before the
         answer naming it is read, and would be taken for one left behind. The watchdog's sweep
-        (:meth:`sweep`) and a node agent's (:mod:`procsv.watchdog.multihost.agent`): each is the
-        subreaper of its host's processes of the run."""
+        (:meth:`~procsv.watchdog.launcher.Watchdog._sweep`) and a node agent's
+        (:mod:`procsv.watchdog.multihost.agent`): each is the subreaper of its host's processes of the run."""
         self._next = self.clock() + SWEEP_EVERY
         if forking and not final:
             return

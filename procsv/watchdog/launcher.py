@@ -148,7 +148,7 @@ class Watchdog:
         self.logdir.start()
         pipes = self.pipes = Plumbing(self.cfg.preempt_signal)
         ends = self.ends = ChildEnds(pipes.poller, self.view, self.layout, self.out, self.clock, self.wall,
-                                     lambda: self._drain_messages(limit=None), lambda: self.sweeper.sweep(self.ex),
+                                     lambda: self._drain_messages(limit=None), self._sweep,
                                      self.out.io.reads)
         pipes.poller.register(self.logdir.fd, zmq.POLLIN)
         pipes.poller.register(self.out.io.reads.fd, zmq.POLLIN)  # a read of the logdir is done
@@ -250,7 +250,7 @@ class Watchdog:
             self.link.close()
         self.ex.close()
         self.logdir.close()
-        self.sweeper.sweep(self.ex, final=True)
+        self._sweep(final=True)
         self.pipes.close()
         self.out.publish(self.view, force=True)  # the last word of the metrics endpoint: up 0, the outcome
         # the last status names no pre-warmed trainer: ex.close() killed it
@@ -308,7 +308,7 @@ class Watchdog:
         if trainer is not None:
             self.out.echo(trainer)
         if self.sweeper.due():
-            self.sweeper.sweep(self.ex)
+            self._sweep()
         self.logdir.check()  # one look a round (by the logdir writer): before a write of status.json
         self.out.write_status(self.view, self.ex.zygote)
         if self.pipes.scalars is not None:
@@ -325,6 +325,14 @@ class Watchdog:
         self.ends.settle(self.ex)
         if self.ex.remote is not None and self.ex.remote.settle():
             self.out.changed()
+
+    def _sweep(self, final: bool = False) -> None:
+        """Kill and reap what the run left behind (:meth:`Sweeper.sweep`): this process's own children
+        are the executor's handles, its zygotes (their process groups spared) and the children it gave up on."""
+        ex = self.ex
+        ex.dead_zygotes[:] = [z for z in ex.dead_zygotes if not z.reap_dead()]  # their groups are spared till then
+        known = {h.pid for h in ex.handles.values()} | ex.zygote_pids() | ex.unreaped.pids
+        self.sweeper.sweep(known, frozenset(ex.zygote_pids()), bool(ex.forks), final)
 
     def _decide_standby(self) -> None:
         """Whether a hot standby may run (once: ``--standby``, and for ``auto`` the memory rule at

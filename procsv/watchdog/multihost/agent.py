@@ -374,9 +374,9 @@ class NodeAgent:
 
     def _sweep(self, final: bool = False) -> None:
         """Kill and reap what this host's members left behind: the watchdog's own sweep
-        (:meth:`Sweeper.sweep_children`), over the agent's own children (its members and zygotes)."""
+        (:meth:`Sweeper.sweep`), over the agent's own children (its members and zygotes)."""
         zygotes = {z.pid for z in [self.zygote, *self.lost_zygotes] if z is not None}
-        self.sweeper.sweep_children({m.pid for m in self.members.values()} | zygotes, frozenset(zygotes),
+        self.sweeper.sweep({m.pid for m in self.members.values()} | zygotes, frozenset(zygotes),
                                     bool(self.forks), final)
 
     def _said(self, reports: list[Report]) -> None:
