@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 
-from procsv.ipc.messages import Progress, TrainerReady
+from procsv.ipc.messages import GroupCopyHeld, Progress, TrainerReady
 from procsv.watchdog import observe
 from procsv.watchdog.rules.actions import Cause, GiveUp, Kill, Restart, Settle, Signal, Spawn
 from procsv.watchdog.rules.decide import Limits
@@ -17,6 +17,7 @@ from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.group import blame, worker_slot
 from procsv.watchdog.rules.hang import HangLimits
 from procsv.watchdog.rules.lifecycle import ProcState
+from procsv.watchdog.rules.policy import RestartPolicy
 from procsv.watchdog.rules.state import TRAINER, WORKER
 
 from test_watchdog_decide import KILLED, Sim, of
@@ -269,3 +270,42 @@ def test_a_workers_end_and_the_chiefs_death_notice_in_one_round_restart_the_grou
     sim.notices(TRAINER)
     acts = sim.tick(0.01)
     assert len(of(acts, Restart)) == 1 and not [a for a in of(acts, Signal) if a.slot == TRAINER], acts
+
+
+def _worker_killed(sim: GroupSim) -> Restart:
+    """worker1 SIGKILLed: the chief stopped and reaped; the group's Restart (its spawn follows)."""
+    sim.tick(1.0)
+    sim.notices(W1)
+    sim.tick(0.01)
+    sim.reaps(W1, KILLED)
+    sim.reaps(TRAINER, KILLED)
+    restart = of(sim.tick(0.01), Restart)
+    assert len(restart) == 1, restart
+    sim.tick(restart[0].delay + 0.01)  # the spawn of the next attempt
+    sim.group_ready(50)
+    sim.group_progress(51)
+    return restart[0]
+
+
+def test_a_group_attempt_whose_every_members_in_memory_copy_is_held_made_progress_and_its_end_restarts_at_once():
+    # the group's snapshots are never committed (a restarted group restores them from the checkpoint
+    # service's memory): a copy of a step held for every member is the attempt's progress, as a commit is.
+    # Before: each member's death was one more failure without progress (backoff 1, 2, 4, ... 30 s, and
+    # --max-restarts such deaths ended the run) however far each group had trained past its restore
+    sim = group(2, restart=RestartPolicy(max_restarts=2))
+    restarts = [_worker_killed(sim)]
+    for _ in range(3):
+        attempt = sim.trainer.attempt
+        for rank in (0, 1):
+            observe.heard(sim.view, GroupCopyHeld(rank, attempt, 100), sim.now)
+        restarts.append(_worker_killed(sim))
+    assert [r.delay for r in restarts] == [0.0] * 4 and sim.trainer.attempt == 5
+
+
+def test_a_copy_held_for_one_member_only_or_of_an_older_attempt_is_no_progress():
+    sim = group(2)
+    _worker_killed(sim)
+    observe.heard(sim.view, GroupCopyHeld(0, sim.trainer.attempt, 100), sim.now)  # worker1's never came
+    observe.heard(sim.view, GroupCopyHeld(1, sim.trainer.attempt - 1, 100), sim.now)  # the dead attempt's
+    assert not sim.trainer.made_progress
+    assert _worker_killed(sim).delay > 0  # the second failure in a row without progress: the backoff

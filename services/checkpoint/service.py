@@ -114,7 +114,8 @@ class CheckpointService:
         self._stats_written: Optional[tuple[int, int]] = None  # (rejections, snapshots held: any) last written
         self.held_count = 0  # in-memory snapshots held by this process
         self.held_steps: Optional[tuple[int, int]] = None  # the steps of the first and the last of them
-        self.group = GroupIntake(self._answer, _say, open_link(self.zctx, ctx.layout, _say))  # (other hosts' too)
+        self.group = GroupIntake(self._answer, _say, open_link(self.zctx, ctx.layout, _say),  # (other hosts' too)
+                                 lambda m: self.to_watchdog is None or send(self.to_watchdog, m))  # progress
         self._next_stats = clock()
         self.deletions = Deletions(self.store, _say)  # what waits for a restore to end before it is deleted
         # TensorFlow, when needed: the watchdog and the trainer whose snapshot waits are told meanwhile
