@@ -307,5 +307,6 @@ def test_a_copy_held_for_one_member_only_or_of_an_older_attempt_is_no_progress()
     _worker_killed(sim)
     observe.heard(sim.view, GroupCopyHeld(0, sim.trainer.attempt, 100), sim.now)  # worker1's never came
     observe.heard(sim.view, GroupCopyHeld(1, sim.trainer.attempt - 1, 100), sim.now)  # the dead attempt's
+    observe.heard(sim.view, GroupCopyHeld(1, sim.trainer.attempt, 50), sim.now)  # of the step it restored: none past
     assert not sim.trainer.made_progress
     assert _worker_killed(sim).delay > 0  # the second failure in a row without progress: the backoff

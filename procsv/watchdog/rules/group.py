@@ -136,12 +136,12 @@ def reporter_unreaped(view: RunView, chief: ChildView) -> bool:
 
 def copy_held(view: RunView, rank: int, attempt: int, step: int) -> list[Any]:
     """The checkpoint service holds member ``rank``'s in-memory copy of ``step`` of ``attempt``
-    (``GroupCopyHeld``): once every member of the chief's attempt has a copy of its held, that
-    attempt made progress (:attr:`ChildView.made_progress`: the next group restores it, as it would
-    a committed checkpoint). Nothing to record: an empty list of reports."""
+    (``GroupCopyHeld``): once every member of the chief's attempt has a copy of its held past the
+    step it restored, that attempt made progress (:attr:`ChildView.made_progress`: the next group
+    restores it, as it would a committed checkpoint). Nothing to record: an empty list of reports."""
     chief = view.children.get(TRAINER)
-    if chief is None or chief.attempt != attempt:
-        return []  # (a dead attempt's copy)
+    if chief is None or chief.attempt != attempt or step <= chief.restored_step:
+        return []  # (a dead attempt's copy; a copy of no step past its restore: no progress)
     chief.held_by_rank[rank] = max(step, chief.held_by_rank.get(rank, -1))
     if len(chief.held_by_rank) == len(members(view, chief)):
         chief.held_whole = min(chief.held_by_rank.values())
