@@ -11,12 +11,12 @@ import signal
 
 from procsv.ipc.messages import GroupCopyHeld, Progress, TrainerReady
 from procsv.watchdog import observe
-from procsv.watchdog.rules.actions import Cause, GiveUp, Kill, Restart, Settle, Signal, Spawn
+from procsv.watchdog.rules.actions import Cause, Finish, GiveUp, Kill, Restart, Settle, Signal, Spawn
 from procsv.watchdog.rules.decide import Limits
 from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.group import blame, worker_slot
 from procsv.watchdog.rules.hang import HangLimits
-from procsv.watchdog.rules.lifecycle import ProcState
+from procsv.watchdog.rules.lifecycle import ProcState, RunState
 from procsv.watchdog.rules.policy import RestartPolicy
 from procsv.watchdog.rules.state import TRAINER, WORKER
 
@@ -310,3 +310,32 @@ def test_a_copy_held_for_one_member_only_or_of_an_older_attempt_is_no_progress()
     observe.heard(sim.view, GroupCopyHeld(1, sim.trainer.attempt, 50), sim.now)  # of the step it restored: none past
     assert not sim.trainer.made_progress
     assert _worker_killed(sim).delay > 0  # the second failure in a row without progress: the backoff
+
+
+def _stopped_while_the_restart_is_pending(sim: GroupSim) -> list[object]:
+    """worker1 SIGKILLed, the chief reaped: the group's Restart decided; a SIGTERM before the next group starts."""
+    sim.tick(1.0)
+    sim.notices(W1)
+    sim.tick(0.01)
+    sim.reaps(W1, KILLED)
+    sim.reaps(TRAINER, KILLED)
+    assert of(sim.tick(0.01), Restart)
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
+    return sim.tick(0.01)
+
+
+def test_a_stop_while_the_groups_restart_is_pending_drops_its_in_memory_snapshot_and_says_so_with_exit_1():
+    # the group's copies of step 100 are held in the checkpoint service's memory, never committed: the restart
+    # would have restored them, the stop ends the run without them. Before: exit 143, which says nothing was
+    # lost (seen: SIGTERM 20 ms after worker1's SIGKILL with a standby group ready, exit 143, no commit at all)
+    sim = group(2)
+    for rank in (0, 1):
+        observe.heard(sim.view, GroupCopyHeld(rank, 1, 100), sim.now)
+    finish = of(_stopped_while_the_restart_is_pending(sim), Finish)
+    assert finish == [Finish(TRAINER, 1, RunState.STOPPED, 1, sim.view.history, unsaved=True)], finish
+
+
+def test_a_stop_while_the_groups_restart_is_pending_with_nothing_held_past_the_newest_commit_exits_128_plus_n():
+    sim = group(2)
+    finish = of(_stopped_while_the_restart_is_pending(sim), Finish)
+    assert [(f.run, f.exit_code, f.unsaved) for f in finish] == [(RunState.STOPPED, 128 + signal.SIGTERM, False)]
