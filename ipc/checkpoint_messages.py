@@ -219,6 +219,19 @@ class GroupHeld(Message):
 
 
 @dataclass(frozen=True)
+class GroupCopyHeld(Message):
+    """Checkpoint service -> watchdog: it now holds member ``rank``'s in-memory copy of ``step`` of
+    group attempt ``attempt``. Once every member's copy of a step of an attempt is held, the next
+    group restores it as it would a committed checkpoint: that attempt made progress (the restart
+    policy's backoff and ``--max-restarts`` count failures without progress)."""
+
+    KIND: ClassVar[str] = "group_copy_held"
+    rank: int
+    attempt: int
+    step: int
+
+
+@dataclass(frozen=True)
 class GroupFetch(Message):
     """A group member -> checkpoint service: send my copy (``rank``) of ``step`` of ``attempt``."""
 

@@ -11,7 +11,7 @@ Who sends what (see docs/architecture.md for the full table):
 
 * any child -> watchdog (PUSH to ``watchdog.sock``): :class:`Hello`, :class:`TrainerReady`,
   :class:`Progress`, :class:`SaveOverdue`, :class:`ServiceLoading`, :class:`SummaryOverdue`, :class:`StandbyReady`, :class:`SaveResult`,
-  and non-finite training's :class:`NonfiniteDetected`, :class:`RolledBack`, :class:`StepSkipped` (trainer).
+  :class:`GroupCopyHeld` (checkpoint service), and non-finite training's :class:`NonfiniteDetected`, :class:`RolledBack`, :class:`StepSkipped` (trainer).
 * trainer <-> checkpoint service (DEALER/ROUTER on ``checkpoint.sock``): :class:`CheckpointSetup`,
   :class:`SaveData` (+ one frame per tensor), :class:`RecoverQuery`, :class:`DeleteCheckpoints`,
   :class:`GroupQuery`, :class:`GroupFetch` up; :class:`SaveRequest`, :class:`SaveResult`, :class:`CommitLoading`,
@@ -41,8 +41,8 @@ messages from the modules that define them, one per channel: :mod:`procsv.ipc.wa
 
 from __future__ import annotations
 
-from procsv.ipc.checkpoint_messages import (ArenaRef, CheckpointSetup, CommitLoading, CheckpointsDeleted, DeleteCheckpoints, GroupCopy, GroupFetch,
-                                            GroupHeld, GroupQuery, RecoverQuery, RecoverReply, SaveData,
+from procsv.ipc.checkpoint_messages import (ArenaRef, CheckpointSetup, CommitLoading, CheckpointsDeleted, DeleteCheckpoints, GroupCopy, GroupCopyHeld,
+                                            GroupFetch, GroupHeld, GroupQuery, RecoverQuery, RecoverReply, SaveData,
                                             SaveRequest, SaveResult, SnapshotHeld, TensorSpec)
 from procsv.ipc.message_base import Busy, ItemKind, Message, RestoreSource, Role, SaveReason, SessionStatus
 from procsv.ipc.summary_messages import (GraphEvent, ProtoRef, RunScalars, SessionLogEvent, SummaryAck, SummaryBatch,
@@ -80,6 +80,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     GroupHeld,
     GroupFetch,
     GroupCopy,
+    GroupCopyHeld,
     SummaryBatch,
     SummaryAck,
     SessionLogEvent,
@@ -107,7 +108,7 @@ __all__ = [
     "NonfiniteDetected", "RolledBack", "StepSkipped",
     "CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "CommitLoading", "SnapshotHeld",
     "RecoverQuery", "RecoverReply", "DeleteCheckpoints", "CheckpointsDeleted",
-    "GroupQuery", "GroupHeld", "GroupFetch", "GroupCopy",
+    "GroupQuery", "GroupHeld", "GroupFetch", "GroupCopy", "GroupCopyHeld",
     "SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "GraphEvent", "RunScalars",
     "ZygoteReady", "ForkRequest", "ForkReply",
     "NodeHello", "MasterBeat", "StartMembers", "SignalMember", "NodeStop", "NodeRefused", "MemberStarted", "MemberEnded",

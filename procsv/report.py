@@ -100,13 +100,13 @@ def restarts(events: list[dict[str, Any]]) -> list[Restart]:
     trainer group's rollback is one too, with its ``rollback_step``: :func:`plain_restarts` leaves it out).
 
     One pass to index the records (a long run's log holds a record per commit: O(events))."""
-    ends: dict[tuple[str, int], dict[str, Any]] = {}  # (exited | death_noticed, attempt) -> its record
+    ends: dict[tuple[str, int, str], dict[str, Any]] = {}  # (exited | death_noticed, attempt, role) -> its record
     hung: dict[int, dict[str, Any]] = {}  # attempt -> hang_detected
     chaos: dict[Any, dict[str, Any]] = {}  # pid -> chaos_kill
     for x in events:
         kind = x.get("event")
-        if kind in ("exited", "death_noticed") and x.get("role") == "trainer":
-            ends.setdefault((str(kind), int(x.get("attempt", 0))), x)
+        if kind in ("exited", "death_noticed") and str(x.get("role")).startswith(("trainer", "worker")):
+            ends.setdefault((str(kind), int(x.get("attempt", 0)), str(x.get("role"))), x)
         elif kind == "hang_detected":
             hung.setdefault(int(x.get("attempt", 0)), x)
         elif kind == "chaos_kill" and x.get("role") == "trainer":
@@ -122,23 +122,26 @@ def restarts(events: list[dict[str, Any]]) -> list[Restart]:
         if e.get("event") != "restarting":
             continue
         prev = int(e.get("attempt", 0)) - 1
-        exited, noticed = ends.get(("exited", prev)), ends.get(("death_noticed", prev))
+        # a group's restart names the member whose end broke it ("worker1 attempt 3 (pid N) died"): its records
+        role = str(e.get("error") or "").split(" ", 1)[0]
+        role = role if role.startswith("worker") and ("exited", prev, role) in ends else "trainer"
+        exited, noticed = ends.get(("exited", prev, role)), ends.get(("death_noticed", prev, role))
         pid = (exited or noticed or {}).get("pid")
         hang, kill = hung.get(prev), chaos.get(pid) if pid is not None else None
-        out.append(_restart(e, prev, pid, exited, noticed, hang, kill, next_restore[i]))
+        out.append(_restart(e, prev, pid, exited, noticed, hang, kill, next_restore[i], role))
     return out
 
 
 def _restart(e: dict[str, Any], prev: int, pid: Any, exited: Optional[dict[str, Any]],
              noticed: Optional[dict[str, Any]], hang: Optional[dict[str, Any]], kill: Optional[dict[str, Any]],
-             restored: Optional[dict[str, Any]]) -> Restart:
+             restored: Optional[dict[str, Any]], role: str = "trainer") -> Restart:
     how = ""
     if exited is not None:
         how = f"killed by {exited['signal']}" if "signal" in exited else f"exit {exited.get('code')}"
     error = str(e.get("error") or "")
     if exited is not None and (not error or error.endswith(" died")):  # restarted on the death notice
         said = f"was {how}" if "signal" in exited else f"exited with code {exited.get('code')}"
-        error = f"trainer attempt {prev} (pid {pid}) {said}"
+        error = f"{role} attempt {prev} (pid {pid}) {said}"
     if error == "preempted":
         label, cause = "preempted", f"trainer attempt {prev} was preempted (saved its state, exit 42)"
     else:

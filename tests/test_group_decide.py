@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import signal
 
-from procsv.ipc.messages import Progress, TrainerReady
+from procsv.ipc.messages import GroupCopyHeld, Progress, TrainerReady
 from procsv.watchdog import observe
-from procsv.watchdog.rules.actions import Cause, GiveUp, Kill, Restart, Settle, Signal, Spawn
+from procsv.watchdog.rules.actions import Cause, Finish, GiveUp, Kill, Restart, Settle, Signal, Spawn
 from procsv.watchdog.rules.decide import Limits
 from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.group import blame, worker_slot
 from procsv.watchdog.rules.hang import HangLimits
-from procsv.watchdog.rules.lifecycle import ProcState
+from procsv.watchdog.rules.lifecycle import ProcState, RunState
+from procsv.watchdog.rules.policy import RestartPolicy
 from procsv.watchdog.rules.state import TRAINER, WORKER
 
 from test_watchdog_decide import KILLED, Sim, of
@@ -269,3 +270,72 @@ def test_a_workers_end_and_the_chiefs_death_notice_in_one_round_restart_the_grou
     sim.notices(TRAINER)
     acts = sim.tick(0.01)
     assert len(of(acts, Restart)) == 1 and not [a for a in of(acts, Signal) if a.slot == TRAINER], acts
+
+
+def _worker_killed(sim: GroupSim) -> Restart:
+    """worker1 SIGKILLed: the chief stopped and reaped; the group's Restart (its spawn follows)."""
+    sim.tick(1.0)
+    sim.notices(W1)
+    sim.tick(0.01)
+    sim.reaps(W1, KILLED)
+    sim.reaps(TRAINER, KILLED)
+    restart = of(sim.tick(0.01), Restart)
+    assert len(restart) == 1, restart
+    sim.tick(restart[0].delay + 0.01)  # the spawn of the next attempt
+    sim.group_ready(50)
+    sim.group_progress(51)
+    return restart[0]
+
+
+def test_a_group_attempt_whose_every_members_in_memory_copy_is_held_made_progress_and_its_end_restarts_at_once():
+    # the group's snapshots are never committed (a restarted group restores them from the checkpoint
+    # service's memory): a copy of a step held for every member is the attempt's progress, as a commit is.
+    # Before: each member's death was one more failure without progress (backoff 1, 2, 4, ... 30 s, and
+    # --max-restarts such deaths ended the run) however far each group had trained past its restore
+    sim = group(2, restart=RestartPolicy(max_restarts=2))
+    restarts = [_worker_killed(sim)]
+    for _ in range(3):
+        attempt = sim.trainer.attempt
+        for rank in (0, 1):
+            observe.heard(sim.view, GroupCopyHeld(rank, attempt, 100), sim.now)
+        restarts.append(_worker_killed(sim))
+    assert [r.delay for r in restarts] == [0.0] * 4 and sim.trainer.attempt == 5
+
+
+def test_a_copy_held_for_one_member_only_or_of_an_older_attempt_is_no_progress():
+    sim = group(2)
+    _worker_killed(sim)
+    observe.heard(sim.view, GroupCopyHeld(0, sim.trainer.attempt, 100), sim.now)  # worker1's never came
+    observe.heard(sim.view, GroupCopyHeld(1, sim.trainer.attempt - 1, 100), sim.now)  # the dead attempt's
+    observe.heard(sim.view, GroupCopyHeld(1, sim.trainer.attempt, 50), sim.now)  # of the step it restored: none past
+    assert not sim.trainer.made_progress
+    assert _worker_killed(sim).delay > 0  # the second failure in a row without progress: the backoff
+
+
+def _stopped_while_the_restart_is_pending(sim: GroupSim) -> list[object]:
+    """worker1 SIGKILLed, the chief reaped: the group's Restart decided; a SIGTERM before the next group starts."""
+    sim.tick(1.0)
+    sim.notices(W1)
+    sim.tick(0.01)
+    sim.reaps(W1, KILLED)
+    sim.reaps(TRAINER, KILLED)
+    assert of(sim.tick(0.01), Restart)
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
+    return sim.tick(0.01)
+
+
+def test_a_stop_while_the_groups_restart_is_pending_drops_its_in_memory_snapshot_and_says_so_with_exit_1():
+    # the group's copies of step 100 are held in the checkpoint service's memory, never committed: the restart
+    # would have restored them, the stop ends the run without them. Before: exit 143, which says nothing was
+    # lost (seen: SIGTERM 20 ms after worker1's SIGKILL with a standby group ready, exit 143, no commit at all)
+    sim = group(2)
+    for rank in (0, 1):
+        observe.heard(sim.view, GroupCopyHeld(rank, 1, 100), sim.now)
+    finish = of(_stopped_while_the_restart_is_pending(sim), Finish)
+    assert finish == [Finish(TRAINER, 1, RunState.STOPPED, 1, sim.view.history, unsaved=True)], finish
+
+
+def test_a_stop_while_the_groups_restart_is_pending_with_nothing_held_past_the_newest_commit_exits_128_plus_n():
+    sim = group(2)
+    finish = of(_stopped_while_the_restart_is_pending(sim), Finish)
+    assert [(f.run, f.exit_code, f.unsaved) for f in finish] == [(RunState.STOPPED, 128 + signal.SIGTERM, False)]

@@ -36,6 +36,24 @@ def test_restarts_carry_their_cause_label_and_what_was_restored():
     assert event_series(events) == [(2.0, 1), (5.5, 40), (9.0, 77), (9.9, 77), (12.4, 90)]
 
 
+def test_a_groups_restart_on_a_workers_death_notice_blames_that_worker_not_the_chief_killed_after_it():
+    # with a standby group ready, worker1's death notice restarts the group and the chief is SIGKILLed at once
+    # (group_now): before, the report's line said the chief was killed, from the chief's exited record
+    events = [
+        _ev(0.0, "launch", target="t", args=[], pid=1),
+        _ev(1.0, "spawned", role="trainer", attempt=1, pid=10, via="zygote"),
+        _ev(1.0, "spawned", role="worker1", attempt=1, pid=20, via="zygote"),
+        _ev(5.1, "death_noticed", role="worker1", attempt=1, pid=20, noticed=5.05),
+        _ev(5.1, "restarting", attempt=2, delay=0.0, error="worker1 attempt 1 (pid 20) died"),
+        _ev(5.15, "exited", role="trainer", attempt=1, pid=10, noticed=5.12, signal="SIGKILL"),
+        _ev(5.2, "exited", role="worker1", attempt=1, pid=20, noticed=5.05, signal="SIGKILL"),
+        _ev(5.3, "restored", pid=11, step=50, path="p", secs=0.05, skipped=[], source="memory"),
+    ]
+    got = restarts(events)
+    assert [(r.attempt, r.label, r.restored_step, r.at) for r in got] == [(2, "SIGKILL", 50, 5.05)]
+    assert got[0].cause == "worker1 attempt 1 (pid 20) was killed by SIGKILL", got[0].cause
+
+
 def test_only_the_last_launch_counts():
     events = [_ev(0.0, "launch"), _ev(1.0, "restarting", attempt=2), _ev(5.0, "launch"), _ev(6.0, "first_step", step=1)]
     assert last_launch(events) == events[2:]

@@ -116,6 +116,16 @@ def test_memory_allows_a_standby_beside_a_trainer_only_with_room_to_spare():
     assert not standby.memory_allows(4 << 30, 8 << 30)[0]  # 2 x 4 GiB + 1 GiB > 8 GiB
 
 
+def test_memory_allows_a_standby_group_for_the_whole_group_and_says_it_is_the_groups_size():
+    # a standby group is --nproc more trainers: the rule weighs the group's size (the chief's times N), and
+    # its line says so (before: "the trainer uses 715 MiB" for two trainers of 358 MiB each)
+    ok, why = standby.memory_allows(358 << 20, 24 << 30, 2)
+    assert ok and why.startswith("the group's 2 trainers use 716 MiB (358 MiB the chief) and 24.0 GiB"), why
+    assert "twice the group's size plus 1 GiB" in why
+    assert not standby.memory_allows(2 << 30, 8 << 30, 2)[0]  # 2 x (2 x 2 GiB) + 1 GiB > 8 GiB
+    assert standby.memory_allows(2 << 30, 8 << 30, 1)[0]
+
+
 # ---------------------------------------------------------------------------------------- the wait alone
 WAIT = os.path.join(PROGRAMS, "standby_wait.py")
 

@@ -161,3 +161,19 @@ def test_a_restart_due_while_a_broken_standby_group_is_settled_forks_the_next_gr
     sim.reaps(TRAINER, KILLED)
     acts = sim.tick(0.01) + sim.tick()
     assert Spawn(TRAINER, TRAINER) in acts and not of(acts, Promote) and not of(acts, Kill)
+
+
+def test_the_at_once_kill_lines_name_the_member_that_ended_and_each_member_killed():
+    # three members: worker2 ends with the standby group ready; the line for each survivor says which one it
+    # is and why (before: "killing the group's worker process at once" for worker1, whichever had ended)
+    from procsv.watchdog.actionlines import kill_reports
+
+    sim = StandbyGroupSim(3).started()
+    sim.tick()
+    sim.standby_ready()
+    sim.notices("worker2")
+    kills = of(sim.tick(0.01), Kill)
+    said = sorted(r.say for k in kills for r in kill_reports(sim.view, k, sim.limits))
+    pid = sim.view.children["worker2"].pid
+    assert said == [f"procsv: a member of the trainer group ended (worker2 (pid {pid}) ended) and the standby group "
+                    f"is ready; killing the group's {slot} process at once" for slot in ("trainer", W1)], said

@@ -55,7 +55,8 @@ def kill_reports(view: RunView, action: Kill, limits: Limits) -> list[Report]:
         return [Report(say=f"procsv: {child.slot} did not stop within {limits.stop_grace_secs / 2:g} s (half of "
                            "--stop-grace-secs); killing it before the chief commits", err=True)]
     grace = limits.hang_grace_secs if action.cause == Cause.HANG else limits.stop_grace_secs
-    return [Report(say=_KILL_LINES[action.cause].format(grace=grace, role=child.role))]
+    role = child.slot if action.cause == Cause.GROUP_NOW else child.role  # (a group's: which member, worker2)
+    return [Report(say=_KILL_LINES[action.cause].format(grace=grace, role=role, reason=action.reason))]
 
 
 def restart_reports(view: RunView, action: Restart) -> list[Report]:
@@ -90,8 +91,8 @@ _KILL_LINES = {
     Cause.STANDBY_UNREADY: "procsv: the standby trainer is not ready yet; forking a new trainer instead",
     Cause.GROUP: "procsv: a member of the trainer group did not stop in time; killing it",
     Cause.STANDBY_LOST: "procsv: a member of the standby group ended; killing the rest of it (another is prepared)",
-    Cause.GROUP_NOW: "procsv: a member of the trainer group ended and the standby group is ready; killing the "
-                     "group's {role} process at once",
+    Cause.GROUP_NOW: "procsv: a member of the trainer group ended ({reason}) and the standby group is ready; "
+                     "killing the group's {role} process at once",
     Cause.PS_LOST: "procsv: a parameter server died and its variables with it; killing the {role} task (it is "
                    "restarted alone; the chief restores the newest checkpoint)",
 }

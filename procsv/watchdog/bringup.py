@@ -100,5 +100,5 @@ def standby_choice(cfg: LaunchConfig, view: RunView) -> Optional[tuple[bool, str
             rss = psutil.Process(trainer.pid).memory_info().rss
         except psutil.Error:
             return None  # it just died: decide with the next one
-        ok, why = standby.memory_allows(rss * cfg.nproc, psutil.virtual_memory().available)  # a group: N members
+        ok, why = standby.memory_allows(rss, psutil.virtual_memory().available, cfg.nproc)  # a group: N members
     return ok, "hot" if ok else "fork" if cfg.prewarm else "off", why

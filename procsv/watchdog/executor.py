@@ -35,7 +35,7 @@ from procsv.watchdog.children import ChildProcess, PendingFork, Process, Unreape
 from procsv.watchdog.logrotate import rotate
 from procsv.watchdog.rules.failures import describe
 from procsv.watchdog.multihost.remote import RemoteMembers
-from procsv.watchdog.rules.lifecycle import RunState
+from procsv.watchdog.rules.lifecycle import ProcState, RunState
 from procsv.watchdog.publish.events import Report
 from procsv.watchdog.pstasks import PsCluster
 from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable, zygote_env
@@ -165,6 +165,9 @@ class Executor:
                 code = child.exit_code
                 line = (f"procsv: trainer finished at step {self.view.step}" if action.run == RunState.SUCCEEDED
                         else f"procsv: trainer stopped at step {self.view.step} ({describe(code)})")
+                if action.unsaved and child.state == ProcState.RESTARTING:  # rule 2: stopped between two groups
+                    line = (f"procsv: the trainer group stopped while its restart was pending: its in-memory snapshot "
+                            f"of step {child.held_whole}, which the restart would have restored, is not on disk")
                 if action.unsaved:
                     newest = f"step {self.view.commit_step}" if self.view.commit_step >= 0 else "none"
                     line += (f": its checkpoint of the last step did not commit (the newest committed checkpoint: "

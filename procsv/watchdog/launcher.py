@@ -18,8 +18,8 @@ left-behind processes and the logdir's identity (:mod:`procsv.watchdog.housekeep
 every output (:mod:`procsv.watchdog.publish.reporting`).
 
 The PULL socket takes only what children send the watchdog (:data:`ACCEPT`: ``Hello``,
-``TrainerReady``, ``Progress``, ``SaveResult``, the overdue notices, ``StandbyReady`` and the
-non-finite reports; ``docs/architecture.md`` lists them with their senders); anything else, malformed or of another schema version, is refused
+``TrainerReady``, ``Progress``, ``SaveResult``, ``GroupCopyHeld``, the overdue notices, ``StandbyReady``
+and the non-finite reports; ``docs/architecture.md`` lists them with their senders); anything else, malformed or of another schema version, is refused
 by the codec, counted by reason (``rejected`` in ``status.json``) and said once per reason
 (:class:`~procsv.ipc.rejections.Rejections`). At most :data:`DRAIN_MAX` messages are read per
 wakeup, so a flood of them cannot keep the loop from deciding.
@@ -41,7 +41,7 @@ from procsv.common import env, faults
 from procsv.common.bootstrap import write_error_record
 from procsv.common.layout import Layout, LogdirLock
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import (Hello, MemberEnded, MemberStarted, NodeHello, NonfiniteDetected, Progress, Relayed,
+from procsv.ipc.messages import (GroupCopyHeld, Hello, MemberEnded, MemberStarted, NodeHello, NonfiniteDetected, Progress, Relayed,
                                  ServiceLoading,
                                  RolledBack, SaveOverdue, SaveResult, StandbyReady, StepSkipped, SummaryOverdue,
                                  TrainerReady)
@@ -71,7 +71,7 @@ EXIT_INTERNAL = 70  # the watchdog itself failed (EX_SOFTWARE); the run was stop
 MAX_INTERNAL_ERRORS = 3  # beyond this many, stop trying to stop in order
 DRAIN_MAX = 1000  # messages read from the PULL socket per wakeup (the poller fires again for the rest)
 ACCEPT = frozenset({Hello, TrainerReady, Progress, SaveResult, SaveOverdue, SummaryOverdue, StandbyReady,
-                    NonfiniteDetected, RolledBack, StepSkipped, ServiceLoading})  # what children send
+                    NonfiniteDetected, RolledBack, StepSkipped, ServiceLoading, GroupCopyHeld})  # what children send
 
 __all__ = ["LaunchConfig", "Watchdog", "check_target"]
 

@@ -13,13 +13,13 @@ import os
 import signal
 from typing import Any, Optional
 
-from procsv.ipc.messages import (Hello, Message, NodeHello, NonfiniteDetected, Progress, RolledBack, SaveOverdue,
-                                 SaveResult, ServiceLoading, StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
+from procsv.ipc.messages import (GroupCopyHeld, Hello, Message, NodeHello, NonfiniteDetected, Progress, RolledBack,
+                                 SaveOverdue, SaveResult, ServiceLoading, StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
 from procsv.watchdog.rules.bookkeeping import find, request_stop
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.lifecycle import ProcState
-from procsv.watchdog.rules.group import blame, peer_found, workers
+from procsv.watchdog.rules.group import blame, copy_held, peer_found, workers
 from procsv.watchdog.rules.nonfinitelog import detected, ended
 from procsv.watchdog.rules.state import PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, ChildView, NodeView, RunView, ZygoteState
 
@@ -50,8 +50,7 @@ def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -
         child = view.children.get(msg.slot or msg.role)
         if child is not None and child.pid == msg.pid and child.state == ProcState.STARTING:
             child.set_state(ProcState.RUNNING)
-            child.running_at = now
-            child.loading_since = None
+            child.running_at, child.loading_since = now, None
         return []
     if isinstance(msg, ServiceLoading):
         return _loading(view, msg, now)
@@ -61,6 +60,8 @@ def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -
         return _progress(view, msg, now, slot)
     if isinstance(msg, SaveResult):
         return _saved(view, msg, now)
+    if isinstance(msg, GroupCopyHeld):  # a group's progress (rules/group.py): nothing to record
+        return copy_held(view, msg.rank, msg.attempt, msg.step)
     if isinstance(msg, SaveOverdue):
         return _overdue(view, msg)
     if isinstance(msg, SummaryOverdue):
@@ -72,8 +73,7 @@ def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -
         if sb is None or sb.standby_ready_at is not None:
             return []
         sb.standby_ready_at = now
-        return [Report(Event.STANDBY_READY, {"pid": msg.pid, "attempt": msg.attempt,
-                                             "secs": round(now - sb.started, 3)})]
+        return [Report(Event.STANDBY_READY, {"pid": msg.pid, "attempt": msg.attempt, "secs": round(now - sb.started, 3)})]
     return []
 
 

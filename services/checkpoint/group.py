@@ -32,8 +32,8 @@ from procsv.common import crc32c, faults
 from procsv.common.snapshot_memory import itemsize
 from procsv.common.errors import CheckpointError
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import (ArenaRef, GroupCopy, GroupFetch, GroupHeld, GroupQuery, Message, SaveData,
-                                 SnapshotHeld, TensorSpec)
+from procsv.ipc.messages import (ArenaRef, GroupCopy, GroupCopyHeld, GroupFetch, GroupHeld, GroupQuery, Message,
+                                 SaveData, SnapshotHeld, TensorSpec)
 from procsv.services.checkpoint.arena import ArenaView
 from procsv.services.checkpoint.peers import PEER_TAG, PeerLink
 
@@ -152,11 +152,12 @@ class GroupIntake:
     """The service's side of a group's in-memory tier: each member's snapshot memory mapped (one
     :class:`ArenaView` per rank, replaced when a restarted member names a new one), the copies, and
     the answers to :class:`GroupQuery` and :class:`GroupFetch`. ``answer(identity, msg, frames)``
-    sends to one member; ``say`` prints a line to the service's log."""
+    sends to one member; ``say`` prints a line to the service's log; ``tell`` sends to the watchdog
+    (a :class:`GroupCopyHeld` for each copy held: the group's progress, for its restart policy)."""
 
     def __init__(self, answer: Callable[[bytes, Message, Sequence[Any]], None], say: Callable[[str], None],
-                 peers: Optional[PeerLink] = None) -> None:
-        self._answer, self.say = answer, say
+                 peers: Optional[PeerLink] = None, tell: Callable[[Message], object] = lambda msg: None) -> None:
+        self._answer, self.say, self.tell = answer, say, tell
         self.copies = GroupCopies()
         self.views: dict[int, ArenaView] = {}
         self.peers = peers  # node 0 of --nnodes M: the members of other hosts hand their copies here
@@ -200,6 +201,7 @@ class GroupIntake:
             return
         self.copies.hold(copy)
         self.answer(identity, SnapshotHeld(msg.step, False), ())
+        self.tell(GroupCopyHeld(msg.member, msg.attempt, msg.step))
 
     def _view(self, rank: int, ref: ArenaRef) -> ArenaView:
         view = self.views.get(rank)

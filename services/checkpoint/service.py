@@ -82,8 +82,7 @@ class CheckpointService:
         self.zctx: zmq.Context[Any] = zmq.Context.instance()
         self.router = make_socket(self.zctx, zmq.ROUTER, sndhwm=100, max_frame=CHECKPOINT_FRAME_MAX)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # a peer that reconnects under an identity the ROUTER still holds takes it over; without this
-        # the ROUTER rejects it for good and every message of the new connection is dropped unseen
+        # a peer reconnecting under an identity the ROUTER holds takes it over (else it is dropped unseen for good)
         self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         bind_private(self.router, ctx.endpoints.checkpoint)
         self.to_watchdog: Optional[zmq.Socket[Any]] = None
@@ -111,7 +110,8 @@ class CheckpointService:
         self.rejections = Rejections("procsv checkpoint", os.path.relpath(ctx.layout.checkpoint_stats, ctx.layout.logdir), _say)
         self._stats_written: Optional[tuple[int, int]] = None  # (rejections, snapshots held: any) last written
         self.held_count, self.held_steps = 0, cast(Optional[tuple[int, int]], None)  # held here; first and last steps
-        self.group = GroupIntake(self._answer, _say, open_link(self.zctx, ctx.layout, _say))  # (other hosts' too)
+        self.group = GroupIntake(self._answer, _say, open_link(self.zctx, ctx.layout, _say),  # (other hosts' too)
+                                 lambda m: self.to_watchdog is None or send(self.to_watchdog, m))  # progress
         self._next_stats = clock()
         self.deletions = Deletions(self.store, _say)  # what waits for a restore to end before it is deleted
         # TensorFlow, when needed: the watchdog and the trainer whose snapshot waits are told meanwhile

@@ -103,7 +103,7 @@ from procsv.watchdog.rules.chaos import chaos_actions
 from procsv.watchdog.rules.hang import hang_actions
 from procsv.watchdog.rules.group import group_actions
 from procsv.watchdog.rules.hosts import host_actions, hosts_missing
-from procsv.watchdog.rules.judge import judge
+from procsv.watchdog.rules.judge import EXIT_STOP_UNSAVED, judge
 from procsv.watchdog.rules.lifecycle import ProcState, RunState
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.stall import stall_actions
@@ -165,8 +165,18 @@ def _stop(view: RunView, now: float, limits: Limits) -> list[Action]:
         elif view.stop_deadline is not None and now >= view.stop_deadline:
             out.append(Kill(t.slot, t.attempt, Cause.STOP_GRACE))
     if not live and not view.forking:  # stopped before a trainer started, or while a restart was pending
-        out.append(Finish(TRAINER, 0, RunState.STOPPED, 128 + view.stop_signal, view.history))
+        out.append(_stopped_between(view, 128 + view.stop_signal))
     return out
+
+
+def _stopped_between(view: RunView, code: int) -> Finish:
+    """Rule 2 with no live trainer: the run ends stopped, with ``code`` (128+signal: nothing lost) unless a
+    group's snapshot newer than the newest commit was held in memory for every member of the last attempt:
+    the restart would have restored it, the stop drops it (never persisted): an unsaved stop, exit 1."""
+    last = view.children.get(TRAINER)
+    if last is not None and last.held_whole > view.commit_step:
+        return Finish(TRAINER, last.attempt, RunState.STOPPED, EXIT_STOP_UNSAVED, view.history, unsaved=True)
+    return Finish(TRAINER, 0, RunState.STOPPED, code, view.history)
 
 
 def _restart_due(view: RunView, now: float, limits: Limits) -> list[Action]:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import signal
-from typing import Optional
+from typing import Any, Optional
 
 from procsv.common.exitcodes import DIVERGING_ERROR, EXIT_DIVERGING, EXIT_GROUP_ROLLBACK, GROUP_ROLLBACK_ERROR
 from procsv.watchdog.rules.actions import Action, Cause, Kill, Signal
@@ -132,6 +132,20 @@ def reporter_unreaped(view: RunView, chief: ChildView) -> bool:
     first: they fail in their next collective when it leaves, and their ends say nothing of the step)."""
     group = members(view, chief)
     return len(group) > 1 and any(m.nonfinite_step is not None and not m.reaped for m in group)
+
+
+def copy_held(view: RunView, rank: int, attempt: int, step: int) -> list[Any]:
+    """The checkpoint service holds member ``rank``'s in-memory copy of ``step`` of ``attempt``
+    (``GroupCopyHeld``): once every member of the chief's attempt has a copy of its held past the
+    step it restored, that attempt made progress (:attr:`ChildView.made_progress`: the next group
+    restores it, as it would a committed checkpoint). Nothing to record: an empty list of reports."""
+    chief = view.children.get(TRAINER)
+    if chief is None or chief.attempt != attempt or step <= chief.restored_step:
+        return []  # (a dead attempt's copy; a copy of no step past its restore: no progress)
+    chief.held_by_rank[rank] = max(step, chief.held_by_rank.get(rank, -1))
+    if len(chief.held_by_rank) == len(members(view, chief)):
+        chief.held_whole = min(chief.held_by_rank.values())
+    return []
 
 
 def group_actions(view: RunView, now: float, grace: float, at_once: bool = False) -> list[Action]:

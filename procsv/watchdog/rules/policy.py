@@ -28,8 +28,9 @@ Rules:
   through the rest of the policy (backoff, ``max_restarts``).
 * otherwise restart. The first failure after progress restarts at once; each further failure
   without progress waits ``base * factor**(n-2)`` seconds (capped, with +-``jitter`` spread).
-* progress -- a checkpoint committed since the last (re)start -- resets the failure count, so a
-  run that crashes often but keeps checkpointing goes on for as long as it needs.
+* progress -- a checkpoint committed since the last (re)start (a group's: or an in-memory snapshot
+  of every member held by the checkpoint service, which the next group restores) -- resets the
+  failure count, so a run that crashes often but keeps checkpointing goes on for as long as it needs.
 * more than ``max_restarts`` failures without progress: give up.
 """
 
@@ -78,7 +79,7 @@ class TrainerExit:
 
     code: int  # >= 0 exit status, < 0 killed by signal -code (subprocess's convention)
     completed_a_step: bool
-    made_progress: bool  # a checkpoint committed since this attempt started
+    made_progress: bool  # a checkpoint committed since this attempt started (a group's: or held in memory whole)
     stop_requested: bool
     preempted: bool = False  # code 42 and its exit report: stopped by SIGTERM/SIGINT, checkpoint committed
     killed_from_outside: bool = False  # killed by SIGKILL/SIGTERM/... from another process (not a hang kill)

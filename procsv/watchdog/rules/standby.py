@@ -51,12 +51,15 @@ def backoff(failures: int) -> float:
     return min(30.0, 2.0 ** max(0, failures - 1))
 
 
-def memory_allows(trainer_rss: int, available: int) -> tuple[bool, str]:
-    """Whether a standby fits beside a trainer of ``trainer_rss`` bytes, and a line saying why."""
-    need = 2 * trainer_rss + HEADROOM
-    ok = available >= need
-    why = (f"the trainer uses {trainer_rss / 2**20:.0f} MiB and {available / 2**30:.1f} GiB are available "
-           f"({'at least' if ok else 'less than'} twice the trainer's size plus 1 GiB)")
+def memory_allows(trainer_rss: int, available: int, nproc: int = 1) -> tuple[bool, str]:
+    """Whether a standby (a standby group of ``nproc``) fits beside a trainer (a group of ``nproc``)
+    whose chief uses ``trainer_rss`` bytes, and a line saying why."""
+    size = trainer_rss * nproc
+    ok = available >= 2 * size + HEADROOM
+    who = (f"the trainer uses {size / 2**20:.0f} MiB" if nproc == 1 else
+           f"the group's {nproc} trainers use {size / 2**20:.0f} MiB ({trainer_rss / 2**20:.0f} MiB the chief)")
+    why = (f"{who} and {available / 2**30:.1f} GiB are available "
+           f"({'at least' if ok else 'less than'} twice {'the trainer' if nproc == 1 else 'the group'}'s size plus 1 GiB)")
     return ok, why
 
 

@@ -89,6 +89,10 @@ class ChildView:
     # the trainer, or a manifest on disk read at its death)
     commit_base: int = -1
     commit_seen: int = -1
+    # a group's chief: the newest step of its attempt each member's in-memory copy is held of (GroupCopyHeld,
+    # by rank), and the newest held for every member (-1: none): progress too, the next group restores it
+    held_by_rank: dict[int, int] = field(default_factory=dict)
+    held_whole: int = -1
     stop_committed: bool = False  # a stop's (preempted) checkpoint of its last step committed (SaveResult)
     # what the watchdog did to it
     signalled_at: Optional[float] = None  # a signal meant to end it was sent (hang, chaos)
@@ -161,8 +165,9 @@ class ChildView:
 
     @property
     def made_progress(self) -> bool:
-        """A checkpoint newer than what this attempt started from was committed while it ran."""
-        return self.commit_seen > self.commit_base
+        """A checkpoint newer than what this attempt started from was committed while it ran (a group's
+        chief: or every member's in-memory copy of a step of its attempt is held, which the next group restores)."""
+        return self.commit_seen > self.commit_base or self.held_whole >= 0
 
     @property
     def reaped(self) -> bool:
