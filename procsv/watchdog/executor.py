@@ -17,8 +17,8 @@ from typing import Callable, Optional, Sequence
 
 from procsv.common import spawn
 from procsv.cluster import make_tf_config
-from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, GROUP_PEER_BIND, GROUP_PIN,
-                               GROUP_REMOTE, GROUP_SNAPSHOT_STEPS, NPROC, RANK, SKIP_STEPS, STANDBY as STANDBY_ENV, group_snapshot_steps_for)
+from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, GROUP_PEER_BIND, GROUP_PIN, GROUP_REMOTE,
+                               GROUP_SNAPSHOT_STEPS, NPROC, RANK, SHADOW_RUN, SKIP_STEPS, STANDBY as STANDBY_ENV, group_snapshot_steps_for)
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
@@ -147,7 +147,10 @@ class Executor:
             self.spawn(action.slot, child.role)
         elif isinstance(action, StandbyGone):
             assert child is not None
-            if action.failed:
+            if action.no_shadow:
+                reports.append(Report(say=f"procsv: standby group member {child.slot} could not run the step on shadows (its log "
+                                          "says why): replacing the group; the run's next ones skip the shadow run", err=True))
+            elif action.failed:
                 reports.append(Report(say=f"procsv: the standby trainer {child.headline().split(' ', 1)[-1]}; "
                                           f"preparing another in {self.view.standby_after - now:.0f} s", err=True))
         elif isinstance(action, GiveUpService):
@@ -191,7 +194,8 @@ class Executor:
         for rank, extra in enumerate(extras):
             if self.zygote is None or not self.zygote.ready:
                 return  # (members asked already: their answers fail with it, poll_fork)
-            self._spawn_member(standby.slot(rank), STANDBY, attempt, rank, {**extra, STANDBY_ENV: "1"})
+            self._spawn_member(standby.slot(rank), STANDBY, attempt, rank,
+                               {**extra, STANDBY_ENV: "1", **({} if self.view.shadow_runs else {SHADOW_RUN: "0"})})
 
     def _promote(self, action: Promote) -> None:
         """Wake the standby (SIGUSR1): it becomes the trainer's next attempt and restores (a standby
