@@ -286,3 +286,19 @@ def test_a_standby_group_told_to_skip_the_shadow_run_only_traces_and_never_runs_
     assert checked.experimental_get_tracing_count() >= 1
     assert "skip the step's run on shadows" in capsys.readouterr().out
     assert all(a.tobytes() == b.tobytes() for a, b in zip(before, _values(model, optimizer)))
+
+
+def test_a_standby_group_members_memory_rule_reads_the_one_figure_the_watchdog_gave_every_member(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # each member reading the memory available at its own moment could refuse while a peer runs the step (and
+    # waits in its collective for good): the group's members compare against one figure, read at their fork
+    import tensorflow as tf
+
+    from procsv.common import env
+
+    body, _, batch = _dense_step()
+    step = tf.function(body)
+    monkeypatch.setenv(env.SHADOW_MEMORY, "1000")  # bytes: far less than the shadows
+    assert "would not fit twice in the memory available" in warmup.standby_run(step, batch, {}, warmup.COLLECTIVES)
+    monkeypatch.setenv(env.SHADOW_MEMORY, str(PLENTY))
+    assert warmup.standby_run(step, batch, {}, warmup.COLLECTIVES) == ""

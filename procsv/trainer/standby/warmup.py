@@ -27,6 +27,8 @@ captured variable handle the step does not list among its variables (the collect
 token) is shadowed too. The members must all run it or all skip it: one that does not reach the
 step's collective (its warm-up batch fails the step's own check, a memory refusal read at another
 moment, a program whose step differs by task) leaves the others waiting in that collective for good.
+The memory rule reads one figure for the whole group (``PROCSV_SHADOW_MEMORY``: the memory available
+when the watchdog forked the group), so that members of the same step refuse or run alike.
 So a member whose run does not complete, whatever the reason, never says ready: it exits with
 :data:`~procsv.common.exitcodes.EXIT_NO_SHADOW_RUN`, the watchdog kills the rest of the group and
 prepares another with ``PROCSV_SHADOW_RUN=0`` in every member's environment (and so every later
@@ -287,7 +289,9 @@ def standby_run(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     import psutil
 
     name = getattr(fn, "__name__", "the step")
-    why = run_on_shadows(fn, args, kwargs, lambda: int(psutil.virtual_memory().available), collectives)
+    read = os.environ.get(env.SHADOW_MEMORY, "")  # a standby group's: one figure for every member (alike)
+    available = (lambda: int(read)) if read.isdigit() else (lambda: int(psutil.virtual_memory().available))
+    why = run_on_shadows(fn, args, kwargs, available, collectives)
     if why and collectives:
         print(f"procsv: standby group member did not run {name} on shadows ({why}): exiting with code "
               f"{EXIT_NO_SHADOW_RUN}, since its peers may wait in the step's collective for good; the watchdog "
