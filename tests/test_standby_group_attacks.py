@@ -92,9 +92,6 @@ def test_members_killed_in_a_row_each_after_a_newer_group_snapshot_are_replaced_
 WARM_ONE_FAILS = os.path.join(PROGRAMS, "group_warm_one_fails.py")
 
 
-@pytest.mark.xfail(strict=True, reason="open: a standby group member whose shadow run fails before the step's "
-                   "collective leaves its peers blocked in it for good (no timeout): the group is never ready and "
-                   "every restart forks (issue 54 review, described in the closing notes)")
 def test_a_standby_group_whose_one_member_fails_its_shadow_run_is_still_promoted_at_a_members_death(logdir):
     # worker1's warm-up batch fails the step's own check (an Assert, no state of its own) before the step's
     # all-reduce; the standby chief, whose batch passes, waits in that all-reduce for a peer that never comes:

@@ -177,3 +177,48 @@ def test_the_at_once_kill_lines_name_the_member_that_ended_and_each_member_kille
     pid = sim.view.children["worker2"].pid
     assert said == [f"procsv: a member of the trainer group ended (worker2 (pid {pid}) ended) and the standby group "
                     f"is ready; killing the group's {slot} process at once" for slot in ("trainer", W1)], said
+
+
+def test_a_member_whose_shadow_run_did_not_complete_has_the_group_replaced_at_once_and_the_next_ones_skip_it():
+    # its peers may wait in the step's collective for good (never ready): the rest is killed, it is no failure
+    # of the standby (no backoff), and every later standby group of the run is prepared "without shadow run"
+    from procsv.common.exitcodes import EXIT_NO_SHADOW_RUN
+
+    sim = StandbyGroupSim().started()
+    assert sim.tick() == [Spawn(STANDBY, STANDBY)] and sim.view.shadow_runs
+    sim.standby_ready(STANDBY)  # (a member may have said ready before; the one stuck never does)
+    sim.dies(S1, EXIT_NO_SHADOW_RUN)
+    acts = sim.tick()
+    assert Kill(STANDBY, 2, Cause.STANDBY_LOST) in acts
+    assert StandbyGone(S1, 2, failed=False, no_shadow=True) in acts
+    assert not sim.view.shadow_runs and sim.view.standby_failures == 0
+    sim.dies(STANDBY, KILLED)
+    assert of(sim.tick(), StandbyGone) == [StandbyGone(STANDBY, 2, failed=False)]
+    assert sim.tick(0.01) == [Spawn(STANDBY, STANDBY)]  # at once: no backoff
+    sim.standby_ready()
+    assert standby.promotable(sim.view, 2) and not sim.view.shadow_runs  # for the rest of the run
+    sim.notices(W1)
+    acts = sim.tick(0.01)
+    assert [(a.slot, a.cause) for a in of(acts, Kill)] == [(TRAINER, Cause.GROUP_NOW)]
+    sim.reaps(W1, KILLED)
+    sim.reaps(TRAINER, KILLED)
+    acts = sim.tick(0.01) + sim.tick()
+    assert of(acts, Promote) == [Promote(STANDBY, 2), Promote(S1, 2)] and not of(acts, Spawn)
+
+
+def test_the_exit_code_of_no_shadow_run_counts_only_from_a_member_that_ended_on_its_own():
+    from procsv.common.exitcodes import EXIT_NO_SHADOW_RUN
+
+    sim = StandbyGroupSim().started()
+    sim.tick()
+    sb = sim.view.children[S1]
+    sb.exit_code = EXIT_NO_SHADOW_RUN
+    sb.killed = True  # the watchdog's kill, whatever code it ended with
+    assert standby.gone(sim.view, sb) == StandbyGone(S1, 2, failed=False, no_shadow=False)
+    sb.killed = False
+    sim.view.stop_signal = signal.SIGTERM  # a stop under way: nothing to prepare again
+    assert standby.gone(sim.view, sb) == StandbyGone(S1, 2, failed=False, no_shadow=False)
+    sim.view.stop_signal = None
+    assert standby.gone(sim.view, sb) == StandbyGone(S1, 2, failed=False, no_shadow=True)
+    sb.exit_code = 1
+    assert standby.gone(sim.view, sb) == StandbyGone(S1, 2, failed=True, no_shadow=False)

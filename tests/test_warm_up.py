@@ -230,3 +230,75 @@ def test_shadows_that_would_not_fit_in_memory_are_not_made() -> None:
     body, (model, optimizer), batch = _dense_step()
     why = warmup.run_on_shadows(tf.function(body), batch, {}, lambda: 1000)
     assert "would not fit twice in the memory available" in why
+
+
+def _checked_step() -> tuple[Any, Any, Any]:
+    """The dense step with a check of its input (an Assert: no state of its own) and a batch that fails it."""
+    import tensorflow as tf
+
+    body, (model, optimizer), (x, y) = _dense_step()
+    optimizer.build(model.trainable_variables)
+
+    @tf.function  # type: ignore[untyped-decorator]
+    def checked(x: Any, y: Any) -> Any:
+        with tf.control_dependencies([tf.debugging.Assert(tf.reduce_all(tf.math.is_finite(x)), ["non-finite"])]):
+            x = tf.identity(x)
+        return body(x, y)
+
+    x = x.copy()
+    x[0, 0] = np.nan
+    return checked, (model, optimizer), (x, y)
+
+
+def test_a_standby_group_member_whose_shadow_run_fails_exits_with_its_code_instead_of_saying_ready(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # its peers may wait for good in the step's collective it never reached: it must not say ready (the
+    # watchdog replaces the group); a standby alone has no peer and goes on to its promotion
+    from procsv.common import env
+    from procsv.common.exitcodes import EXIT_NO_SHADOW_RUN
+
+    monkeypatch.delenv(env.SHADOW_RUN, raising=False)
+    checked, (model, optimizer), batch = _checked_step()
+    before = _values(model, optimizer)
+    member = warmup.WarmUps()
+    member.warm_up(checked, *batch)
+    with pytest.raises(SystemExit) as exited:
+        member.run(alone=False, standby=True)
+    assert exited.value.code == EXIT_NO_SHADOW_RUN
+    assert "did not run checked on shadows (it failed on the shadow copies (InvalidArgumentError" in capsys.readouterr().out
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(before, _values(model, optimizer)))
+    alone = warmup.WarmUps()
+    alone.warm_up(checked, *batch)
+    alone.run(alone=True, standby=True)  # reported, not raised
+    assert "standby did not run checked before its promotion" in capsys.readouterr().out
+
+
+def test_a_standby_group_told_to_skip_the_shadow_run_only_traces_and_never_runs_the_step(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from procsv.common import env
+
+    monkeypatch.setenv(env.SHADOW_RUN, "0")
+    checked, (model, optimizer), batch = _checked_step()
+    before = _values(model, optimizer)
+    member = warmup.WarmUps()
+    member.warm_up(checked, *batch)
+    member.run(alone=False, standby=True)  # no exit: the step (which would fail) is not run
+    assert checked.experimental_get_tracing_count() >= 1
+    assert "skip the step's run on shadows" in capsys.readouterr().out
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(before, _values(model, optimizer)))
+
+
+def test_a_standby_group_members_memory_rule_reads_the_one_figure_the_watchdog_gave_every_member(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # each member reading the memory available at its own moment could refuse while a peer runs the step (and
+    # waits in its collective for good): the group's members compare against one figure, read at their fork
+    import tensorflow as tf
+
+    from procsv.common import env
+
+    body, _, batch = _dense_step()
+    step = tf.function(body)
+    monkeypatch.setenv(env.SHADOW_MEMORY, "1000")  # bytes: far less than the shadows
+    assert "would not fit twice in the memory available" in warmup.standby_run(step, batch, {}, warmup.COLLECTIVES)
+    monkeypatch.setenv(env.SHADOW_MEMORY, str(PLENTY))
+    assert warmup.standby_run(step, batch, {}, warmup.COLLECTIVES) == ""

@@ -27,6 +27,8 @@ FAULT = "PROCSV_FAULT"  # tests only: "<process>:<point>[:<n>]" (procsv.common.f
 # once; "trainer:<point>[:<n>]" hangs the first trainer attempt there (snapshot, slot_complete: mid-copy)
 FAULT_GATE = "PROCSV_FAULT_GATE"  # tests only: a file whose creation ends a stalling fault point's stall
 STANDBY = "PROCSV_STANDBY"  # "1": this trainer is a hot standby (waits for SIGUSR1 before restoring)
+SHADOW_RUN = "PROCSV_SHADOW_RUN"  # "0": a standby group's members skip the step's run on shadows (the watchdog's)
+SHADOW_MEMORY = "PROCSV_SHADOW_MEMORY"  # bytes: the memory available at a standby group's fork (its members' one figure)
 MEMORY_SNAPSHOTS = "PROCSV_MEMORY_SNAPSHOTS"  # the in-memory tier's share of loop time (default 0.01; 0: off)
 RANK = "PROCSV_RANK"  # this trainer's task index in a group (procsv launch --nproc N): 0 is the chief
 NPROC = "PROCSV_NPROC"  # the number of trainers in the group, over every host (1 without --nproc)
@@ -50,7 +52,7 @@ ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's 
 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, SUPERVISOR_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE,
-       RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, RANK, NPROC, GROUP_PIN, GROUP_SNAPSHOT_STEPS, GROUP_PEER_BIND, GROUP_REMOTE,
+       RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, SHADOW_RUN, SHADOW_MEMORY, RANK, NPROC, GROUP_PIN, GROUP_SNAPSHOT_STEPS, GROUP_PEER_BIND, GROUP_REMOTE,
        ON_NONFINITE, MAX_SKIPS, SKIP_WINDOW,
        SKIP_STEPS, FAULT_GATE, NONFINITE_CHECK, PS, MASTER_ADDR, PREEMPT_SIGNAL, SUMMARY_CONTINUE)
 

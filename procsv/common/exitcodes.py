@@ -21,6 +21,12 @@ EXIT_DIVERGING = 4
 # The step travels in its NonfiniteDetected report; the watchdog records the skip and restarts the group.
 EXIT_GROUP_ROLLBACK = 5
 
+# A standby group's member (``--nproc N``, before its promotion) whose run of the step on shadows did
+# not complete (refused, or failed on its warm-up arguments) exits with this code: "my peers may wait in
+# the step's collective for good; replace the standby group, and let every later one skip the run".
+# The watchdog kills the rest of the group and marks the run's next standby groups "without shadow run".
+EXIT_NO_SHADOW_RUN = 6
+
 # The exception type name (in the trainer's error file) of that stop: a death noticed with it waits
 # for the exit status instead of restarting early.
 DIVERGING_ERROR = "TrainingDiverged"

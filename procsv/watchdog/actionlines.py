@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 
-from procsv.watchdog.rules.actions import Cause, GiveUpTask, Kill, NodeLost, Restart, Signal, StopFailing
+from procsv.watchdog.rules.actions import Cause, GiveUpTask, Kill, NodeLost, Restart, Signal, StandbyGone, StopFailing
 from procsv.watchdog.rules.bookkeeping import find
 from procsv.watchdog.rules.group import blame
 from procsv.watchdog.publish.events import Event
@@ -129,3 +129,18 @@ def stop_failing_reports(action: StopFailing, logdir: str) -> list[Report]:
            "train on without checkpoints)") if action.cause == "checkpoints" else \
         f"procsv: giving up: {action.reason}; stopping the run in order"
     return [Report(Event.GAVE_UP, {"reason": action.reason, "error": action.error}, say=say, err=True)]
+
+
+def standby_gone_reports(view: RunView, action: StandbyGone, now: float) -> list[Report]:
+    """The line for a standby that ended on its own (noted already: ``standby_after`` is set), or for a
+    standby group's member that could not run the step on shadows (the group is replaced, and the next skip it)."""
+    child = find(view, action.slot, action.attempt)
+    if child is None:
+        return []
+    if action.no_shadow:
+        return [Report(say=f"procsv: standby group member {child.slot} could not run the step on shadows (its log says "
+                           "why): replacing the group; the run's next standby groups skip the shadow run", err=True)]
+    if action.failed:
+        return [Report(say=f"procsv: the standby trainer {child.headline().split(' ', 1)[-1]}; "
+                           f"preparing another in {view.standby_after - now:.0f} s", err=True)]
+    return []

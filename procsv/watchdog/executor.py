@@ -15,14 +15,16 @@ import signal
 import uuid
 from typing import Callable, Optional, Sequence
 
+import psutil
+
 from procsv.common import spawn
 from procsv.cluster import make_tf_config
-from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, GROUP_PEER_BIND, GROUP_PIN,
-                               GROUP_REMOTE, GROUP_SNAPSHOT_STEPS, NPROC, RANK, SKIP_STEPS, STANDBY as STANDBY_ENV, group_snapshot_steps_for)
+from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, GROUP_PEER_BIND, GROUP_PIN, GROUP_REMOTE,
+                               GROUP_SNAPSHOT_STEPS, NPROC, RANK, SHADOW_MEMORY, SHADOW_RUN, SKIP_STEPS, STANDBY as STANDBY_ENV, group_snapshot_steps_for)
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
-from procsv.watchdog.actionlines import (kill_reports, node_lost_reports, restart_reports, signal_reports,
+from procsv.watchdog.actionlines import (kill_reports, node_lost_reports, restart_reports, signal_reports, standby_gone_reports,
                                          stop_failing_reports, task_gave_up_reports)
 from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpService, GiveUpTask,
                                      Kill, NodeLost, Promote, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
@@ -146,10 +148,7 @@ class Executor:
             reports = []
             self.spawn(action.slot, child.role)
         elif isinstance(action, StandbyGone):
-            assert child is not None
-            if action.failed:
-                reports.append(Report(say=f"procsv: the standby trainer {child.headline().split(' ', 1)[-1]}; "
-                                          f"preparing another in {self.view.standby_after - now:.0f} s", err=True))
+            reports += standby_gone_reports(self.view, action, now)
         elif isinstance(action, GiveUpService):
             assert child is not None
             reports.append(Report(say=f"procsv: giving up: the {child.role} service failed {len(action.crashes)} "
@@ -186,12 +185,13 @@ class Executor:
     def _spawn_standby(self) -> None:
         """Ask the zygote for a hot standby, prepared to become the trainer's next attempt; with
         ``--nproc N`` a standby group of N, on the next group's ``TF_CONFIG`` (ports of its own)."""
-        attempt = self.view.children[TRAINER].attempt + 1
+        attempt, free = self.view.children[TRAINER].attempt + 1, psutil.virtual_memory().available
         extras = self._group(attempt)[2] if self.limits.world > 1 else [{}]
-        for rank, extra in enumerate(extras):
+        alike = {STANDBY_ENV: "1", SHADOW_MEMORY: str(free), **({} if self.view.shadow_runs else {SHADOW_RUN: "0"})}
+        for rank, extra in enumerate(extras):  # (alike: the members' shadow runs decided alike, warmup.py)
             if self.zygote is None or not self.zygote.ready:
                 return  # (members asked already: their answers fail with it, poll_fork)
-            self._spawn_member(standby.slot(rank), STANDBY, attempt, rank, {**extra, STANDBY_ENV: "1"})
+            self._spawn_member(standby.slot(rank), STANDBY, attempt, rank, {**extra, **alike})
 
     def _promote(self, action: Promote) -> None:
         """Wake the standby (SIGUSR1): it becomes the trainer's next attempt and restores (a standby

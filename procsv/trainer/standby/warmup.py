@@ -24,17 +24,29 @@ other trainers, and a cancelled call of such a function has not been tried. A st
 members (:mod:`procsv.watchdog.rules.standby`) also run the step once on shadows, all at the same
 time, so its collectives run among them: a collective keeps no state of the program's, and a
 captured variable handle the step does not list among its variables (the collectives' ordering
-token) is shadowed too. Every member decides alike (the same program, the same step), except by
-memory: a member refusing for memory while the others run leaves them waiting in the collective,
-never ready, and a restart then forks the group.
+token) is shadowed too. The members must all run it or all skip it: one that does not reach the
+step's collective (its warm-up batch fails the step's own check, a memory refusal read at another
+moment, a program whose step differs by task) leaves the others waiting in that collective for good.
+The memory rule reads one figure for the whole group (``PROCSV_SHADOW_MEMORY``: the memory available
+when the watchdog forked the group), so that members of the same step refuse or run alike.
+So a member whose run does not complete, whatever the reason, never says ready: it exits with
+:data:`~procsv.common.exitcodes.EXIT_NO_SHADOW_RUN`, the watchdog kills the rest of the group and
+prepares another with ``PROCSV_SHADOW_RUN=0`` in every member's environment (and so every later
+group of the run): its members skip the run alike and their first step makes the kernels
+(:func:`procsv.watchdog.rules.standby.gone`). No timeout ever ends a member's wait in a shadow
+collective: the collectives' instance keys are fixed at trace time, so a pending shadow all-reduce
+could pair with a peer's first real step and change the weights silently.
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from typing import Any, Callable
 
+from procsv.common import env
 from procsv.common.errors import UnsupportedState
+from procsv.common.exitcodes import EXIT_NO_SHADOW_RUN
 
 
 class WarmUps:
@@ -58,11 +70,19 @@ class WarmUps:
 
     def run(self, alone: bool, standby: bool) -> None:
         """Trace (and, ``alone``: not in a group, instantiate) every pending function; in a hot
-        ``standby`` also run each once on shadows of its variables (idle time: make its kernels too)."""
+        ``standby`` also run each once on shadows of its variables (idle time: make its kernels too),
+        unless a standby group's members were told to skip that (``PROCSV_SHADOW_RUN=0``). A standby
+        group's member whose run does not complete exits with ``EXIT_NO_SHADOW_RUN`` (the module's
+        docstring says why)."""
+        shadows = standby and (alone or os.environ.get(env.SHADOW_RUN) != "0")
+        if standby and not shadows:
+            print("procsv: standby group member: this run's standby groups skip the step's run on shadows (a member "
+                  "of an earlier one could not run it): its first step makes its kernels", flush=True)
         for fn, args, kwargs in self._pending:
             trace_and_instantiate(fn, args, kwargs, instantiate_too=alone)
-            if standby:  # (a standby group: every member runs it, its collectives among them)
-                standby_run(fn, args, kwargs, frozenset() if alone else COLLECTIVES)
+            if shadows:  # (a standby group: every member runs it, its collectives among them)
+                if standby_run(fn, args, kwargs, frozenset() if alone else COLLECTIVES) and not alone:
+                    raise SystemExit(EXIT_NO_SHADOW_RUN)
         self._pending = []
 
 
@@ -269,8 +289,14 @@ def standby_run(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     import psutil
 
     name = getattr(fn, "__name__", "the step")
-    why = run_on_shadows(fn, args, kwargs, lambda: int(psutil.virtual_memory().available), collectives)
-    if why:
+    read = os.environ.get(env.SHADOW_MEMORY, "")  # a standby group's: one figure for every member (alike)
+    available = (lambda: int(read)) if read.isdigit() else (lambda: int(psutil.virtual_memory().available))
+    why = run_on_shadows(fn, args, kwargs, available, collectives)
+    if why and collectives:
+        print(f"procsv: standby group member did not run {name} on shadows ({why}): exiting with code "
+              f"{EXIT_NO_SHADOW_RUN}, since its peers may wait in the step's collective for good; the watchdog "
+              "replaces the standby group, and the run's next ones skip the shadow run", flush=True)
+    elif why:
         print(f"procsv: standby did not run {name} before its promotion ({why}): its first step makes its kernels",
               flush=True)
     else:

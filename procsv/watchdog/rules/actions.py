@@ -178,11 +178,14 @@ class Promote:
 
 @dataclass(frozen=True)
 class StandbyGone:
-    """The standby ended (killed by the watchdog, or on its own: ``failed``); prepare another later."""
+    """The standby ended (killed by the watchdog, or on its own: ``failed``); prepare another later.
+    ``no_shadow``: a standby group's member whose run of the step on shadows did not complete: the
+    next standby groups skip that run (not a failure: the next is prepared at once)."""
 
     slot: str
     attempt: int
     failed: bool
+    no_shadow: bool = False
 
 
 @dataclass(frozen=True)

@@ -162,6 +162,8 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         _settle(child)
     elif isinstance(action, StandbyGone):
         _settle(child)
+        if action.no_shadow:
+            view.shadow_runs = False
         if action.failed:
             view.standby_failures += 1
             view.standby_after = now + standby.backoff(view.standby_failures)

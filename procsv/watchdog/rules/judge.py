@@ -15,13 +15,13 @@ import signal
 
 from procsv.common.exitcodes import (DIVERGING_ERROR, EXIT_DIVERGING, EXIT_GROUP_ROLLBACK, EXIT_PREEMPTED,
                                     GROUP_ROLLBACK_ERROR)
-from procsv.watchdog.rules.actions import Action, Finish, GiveUp, GiveUpService, RespawnService, Restart, Settle, StandbyGone
+from procsv.watchdog.rules.actions import Action, Finish, GiveUp, GiveUpService, RespawnService, Restart, Settle
 from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.policy import Action as Verdict
 from procsv.watchdog.rules.policy import TrainerExit
 from procsv.watchdog.rules.policy import decide as restart_verdict
-from procsv.watchdog.rules import group, tasks
+from procsv.watchdog.rules import group, standby, tasks
 from procsv.watchdog.rules.state import PS, SERVER, STANDBY, TRAINER, WORKER, ChildView, RunView
 
 # The launch's exit code for a stop (a signal) after which the trainer's last step is not saved: not
@@ -38,8 +38,7 @@ def judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: flo
     if child.role == WORKER:  # rule 11 stops the rest of its group; the chief's attempt is what is judged
         return [Settle(child.slot, child.attempt)] if child.reaped else []
     if child.role == STANDBY:  # rule 10: not a trainer attempt yet; the run goes on
-        failed = not child.killed and view.stop_signal is None
-        return [StandbyGone(child.slot, child.attempt, failed)] if child.reaped else []
+        return [standby.gone(view, child)] if child.reaped else []
     if child.role != TRAINER:
         return _service(view, child, now, limits) if child.reaped else []
     return _trainer(view, child, limits, draw)

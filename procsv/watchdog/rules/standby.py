@@ -33,12 +33,17 @@ group with a member gone can never take a collective step); another is prepared 
 backoff, and a restart meanwhile forks. At a member's death with the standby group ready the
 survivors are SIGKILLed at once (:func:`procsv.watchdog.rules.group.group_actions`: they can only
 fail in their next collective, and the group restores from the members' in-memory copies).
+Its members run the step once on shadows among themselves, all or none: a member whose run does not
+complete exits with ``EXIT_NO_SHADOW_RUN`` instead of saying ready (its peers may wait in the step's
+collective for good), :func:`broken` kills the rest, and :func:`gone` marks the run's next standby
+groups "without shadow run" (``PROCSV_SHADOW_RUN=0`` in every member's environment: none runs it).
 """
 
 from __future__ import annotations
 
+from procsv.common.exitcodes import EXIT_NO_SHADOW_RUN
 from procsv.watchdog.rules import group
-from procsv.watchdog.rules.actions import Action, Cause, Kill
+from procsv.watchdog.rules.actions import Action, Cause, Kill, StandbyGone
 from procsv.watchdog.rules.state import STANDBY, TRAINER, ChildView, RunView, ZygoteState
 
 GIVE_UP_AFTER = 5  # standby ends in a row (not caused by the watchdog) after which none is prepared
@@ -111,6 +116,17 @@ def broken(view: RunView) -> list[Action]:
         return []
     return [Kill(c.slot, c.attempt, Cause.STANDBY_LOST) for c in sbs if c.live and not c.killed
             and c.noticed_dead_at is None]
+
+
+def gone(view: RunView, child: ChildView) -> StandbyGone:
+    """A standby's process was reaped (rule 1). It failed unless the watchdog ended it (a kill, a stop).
+    A standby group's member that exited with ``EXIT_NO_SHADOW_RUN`` (its run of the step on shadows did
+    not complete, so its peers may wait in the step's collective for good) is no failure of the standby:
+    :func:`broken` kills the rest, and the run's next standby groups skip the shadow run
+    (``RunView.shadow_runs``), prepared without backoff."""
+    no_shadow = child.exit_code == EXIT_NO_SHADOW_RUN and not child.killed and view.stop_signal is None
+    failed = not child.killed and view.stop_signal is None and not no_shadow
+    return StandbyGone(child.slot, child.attempt, failed, no_shadow)
 
 
 def unready(view: RunView) -> list[Action]:

@@ -253,10 +253,13 @@ class RunView:
     chaos_armed_for: Optional[tuple[str, int]] = None  # (slot, attempt) the current schedule targets
     chaos_next_delay: float = 0.0  # drawn from the plan's seeded generator by the executor
     # the hot standby (procsv.watchdog.rules.standby): whether one may run (None: not decided yet; the
-    # memory rule needs the first trainer's size), when the next may be prepared, its failures in a row
+    # memory rule needs the first trainer's size), when the next may be prepared, its failures in a row,
+    # and whether a standby group's members run the step on shadows (False for the rest of the run once a
+    # member's did not: standby.gone)
     standby_ok: Optional[bool] = None
     standby_after: float = 0.0
     standby_failures: int = 0
+    shadow_runs: bool = True
     # non-finite training (issue 41), as the trainer told it: losses or states found non-finite (a
     # group's members reporting the same step: once), rollbacks (in place, and a group's: its restart
     # to skip a step), and the global steps skipped (each would have completed that step), sorted
