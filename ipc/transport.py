@@ -141,13 +141,14 @@ class Received:
     msg: Message
     payload: list[Any]
     identity: Optional[bytes] = None
+    user: Optional[str] = None  # the sender's ZAP User-Id (a CURVE client's public key, Z85), when asked for
 
 
 def recv_message(sock: zmq.Socket[Any], timeout_ms: int, *, routed: bool = False,
-                 accept: Optional[AbstractSet[type[Message]]] = None) -> Received:
+                 accept: Optional[AbstractSet[type[Message]]] = None, user: bool = False) -> Received:
     """Receive and decode one message within ``timeout_ms``; ``routed``: ``sock`` is a ROUTER
     (the first frame names the peer); ``accept``: the message classes this receiver takes (see
-    :func:`~procsv.ipc.codec.decode`). Raises :class:`ReceiveTimeout`, or :class:`ProtocolError`
+    :func:`~procsv.ipc.codec.decode`); ``user``: read the sender's ZAP User-Id (``Received.user``). Raises :class:`ReceiveTimeout`, or :class:`ProtocolError`
     for a malformed message (which is consumed: the next call reads the next message)."""
     frames = recv(sock, timeout_ms, copy=False)
     identity: Optional[bytes] = None
@@ -157,12 +158,18 @@ def recv_message(sock: zmq.Socket[Any], timeout_ms: int, *, routed: bool = False
         head = frames[0]
         identity = head.bytes if hasattr(head, "bytes") else bytes(head)
         frames = frames[1:]
+    who: Optional[str] = None
+    if user:
+        try:
+            who = str(frames[0].get("User-Id"))
+        except (zmq.ZMQError, AttributeError, IndexError):  # no ZAP on this socket: nobody named
+            who = None
     msg, payload = decode(frames, accept)
-    return Received(msg, payload, identity)
+    return Received(msg, payload, identity, who)
 
 
 def drain(sock: zmq.Socket[Any], *, first_timeout_ms: int = 0, limit: Optional[int] = None,
-          routed: bool = False, accept: Optional[AbstractSet[type[Message]]] = None
+          routed: bool = False, accept: Optional[AbstractSet[type[Message]]] = None, user: bool = False
           ) -> Iterator[Received | ProtocolError]:
     """The messages that are waiting (after waiting up to ``first_timeout_ms`` for the first one),
     at most ``limit``; a malformed one (or one not in ``accept``) is yielded as its
@@ -172,7 +179,7 @@ def drain(sock: zmq.Socket[Any], *, first_timeout_ms: int = 0, limit: Optional[i
     while limit is None or n < limit:
         n += 1
         try:
-            yield recv_message(sock, timeout, routed=routed, accept=accept)
+            yield recv_message(sock, timeout, routed=routed, accept=accept, user=user)
         except ReceiveTimeout:
             return
         except ProtocolError as exc:

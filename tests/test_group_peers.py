@@ -88,3 +88,26 @@ def test_a_client_whose_key_is_not_filed_is_never_admitted(link: Any) -> None:
     serve_until(intake, refused, lambda: False, secs=1.5)
     assert intake.copies.held == 0 and not sock.poll(0)
     sock.close()
+
+
+def test_a_member_key_speaks_only_for_the_rank_it_was_filed_with(link: Any) -> None:
+    # a member of host 1 (rank 1, its key filed so) that sends a copy for rank 0 (the chief's, held
+    # on node 0) or for a rank of no member would replace the chief's copy of that step, or make the
+    # service hold KEEP copies for every rank it names (its memory unbounded): each is refused and
+    # counted, and the rank filed with the key still hands over its own copy
+    layout, zctx, intake, refused = link
+    sock = make_socket(zctx, zmq.DEALER, linger_ms=0)
+    try:
+        assert curve.connect_member(sock) is not None  # filed as rank 1 (PROCSV_RANK)
+        send(sock, snapshot(member=0), [b"\x05\x06\x07\x08"])
+        send(sock, snapshot(member=7), [b"\x05\x06\x07\x08"])
+        send(sock, GroupFetch(os.getpid(), 0, 50, 1))
+        serve_until(intake, refused, lambda: len(refused) >= 3)
+        assert intake.copies.held == 0 and intake.copies.by_rank == {}, intake.copies.by_rank
+        assert len(refused) == 3 and all("filed" in str(r) for r in refused), refused
+        send(sock, snapshot(member=1), [b"\x01\x02\x03\x04"])
+        serve_until(intake, refused, lambda: sock.poll(0))
+        held = recv_message(sock, 1000).msg
+        assert isinstance(held, SnapshotHeld) and intake.copies.find(1, 50, 1) is not None
+    finally:
+        sock.close()

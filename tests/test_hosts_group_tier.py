@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from conftest import finish, launch, quiet_env, wait_for, wait_role_pid
+from conftest import finish, launch, quiet_env, role_pid, wait_for, wait_role_pid
 from test_group import (K, SLOW, clean_group, final_weights_of, group_started, member_restores, printed_steps,
                         restores_with_plain_tf, sigkill_mid_interval)
 from test_hosts import HOST1_IP, agent, events, host_pids, hosts, master_addr
@@ -121,3 +121,35 @@ def test_a_damaged_peer_copy_makes_the_group_restore_from_disk_saying_so_in_one_
         lines = [line for line in fh.read().splitlines() if "restores from disk" in line]
     assert len(lines) == 1 and "member 1's peer copy of step" in lines[0] and "is damaged" in lines[0], lines
     assert restores_with_plain_tf(logdir) == 330
+
+
+def test_node_0s_checkpoint_service_restarted_then_a_member_of_host_1_killed_restores_from_disk_bit_equal(
+        hosts, logdir, clean_group):
+    # docs/architecture.md and guarantees.md: a restarted node 0 checkpoint service binds a new port
+    # and holds nothing; host 1's running member keeps sending to the old one, unacknowledged, so the
+    # next restart finds no step whole for both members and restores from disk, saying why in one
+    # line, and the run still ends bit-equal to an uninterrupted group (nothing hangs on the old port)
+    master, first, _ = two_hosts(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "500")
+    try:
+        group_started(logdir, 1)
+        wait_for(lambda: (printed_steps(logdir, "worker1.1") or [0])[-1] >= 2 * K + 10, 180, interval=0.02,
+                 what="worker1.1 past two copies")
+        old = wait_role_pid(logdir, "checkpoint")
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: role_pid(logdir, "checkpoint") not in (None, old), 60, what="a new checkpoint service")
+        seen = printed_steps(logdir, "worker1.1")[-1]
+        sigkill_mid_interval(logdir, "worker1", "worker1.1", seen + 2 * K)
+    finally:
+        code, out, err = finish(master)
+    acode, aout, aerr = finish(first, timeout=30)
+    assert code == 0, err
+    assert acode == 0, aerr
+    restored = events(logdir, "restored")
+    assert len(restored) == 1 and restored[0]["source"] == "disk", restored
+    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
+        lines = [line for line in fh.read().splitlines() if "restores from disk" in line]
+    assert len(lines) == 1, lines
+    final = final_weights_of(logdir)
+    assert final.keys() == clean_group.keys() and final
+    for name in clean_group:
+        assert np.array_equal(final[name], clean_group[name]), name

@@ -186,6 +186,17 @@ def file_member_key(layout: Layout, job: str, keys: AgentKeys, rank: int) -> str
     return path
 
 
+def member_rank(layout: Layout, job: str, public: str) -> Optional[int]:
+    """The rank a group member filed its key ``public`` (Z85) with for ``job``, or None (not filed,
+    unreadable): node 0's checkpoint service lets that key speak for that rank only."""
+    try:
+        record = read_json(member_key_path(layout, job, public.encode("ascii")))
+    except (OSError, ValueError, UnicodeEncodeError):
+        return None
+    rank = record.get("rank") if isinstance(record, dict) else None
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else None
+
+
 class _FiledKeys:
     """The ZAP credentials check: admit a client key only if it is filed for this job (an agent's
     for the master; a group member's for node 0's checkpoint service: ``prefix``)."""

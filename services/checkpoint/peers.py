@@ -5,7 +5,9 @@ Runs in node 0's checkpoint service of a ``procsv launch --nnodes M`` job (the w
 memfd across hosts nor reach the service's IPC socket, so it sends its in-memory snapshots here
 over TCP: a ROUTER bound on a free port of that host, a CURVE server with a key pair this process
 makes (the secret stays in its memory), admitting only keys a member filed for this launch
-(:func:`procsv.common.curve.serve`, ``prefix`` ``member.``). Where it listens, and its public key, are
+(:func:`procsv.common.curve.serve`, ``prefix`` ``member.``), each for the rank it was filed with
+only (a key filed as rank 1 cannot replace the chief's copy, nor make this process hold copies of
+ranks no member has: :meth:`PeerLink.rank_of`). Where it listens, and its public key, are
 in ``.procsv/curve/peer.json`` (:func:`~procsv.common.curve.write_peer`).
 
 A member's message here is one of the group tier's (its :class:`SaveData`, every tensor a frame of
@@ -45,6 +47,8 @@ class PeerLink:
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a member's reconnection takes its identity over
         self.auth = curve.serve(zctx, self.sock, layout, keys, prefix=curve.MEMBER_PREFIX)
+        self._layout, self._job = layout, job.job
+        self._ranks: dict[str, int] = {}  # a member's key (Z85) -> the rank it was filed with
         port = self.sock.bind_to_random_port(f"tcp://{host}")
         self.endpoint = f"tcp://{host}:{port}"
         curve.write_peer(layout, curve.Peer(job.job, self.endpoint, public))
@@ -53,15 +57,29 @@ class PeerLink:
                 refused: Callable[[ProtocolError], None]) -> None:
         """Hand the members' messages waiting now to the group's intake (``handle``), each under its
         tagged identity; anything else (a snapshot to persist, one of no member) is ``refused``."""
-        for got in drain(self.sock, limit=64, routed=True, accept=ACCEPT):
+        for got in drain(self.sock, limit=64, routed=True, accept=ACCEPT, user=True):
             if isinstance(got, ProtocolError):
                 refused(got)
             elif got.identity is None:
                 continue
+            elif self.rank_of(got.user) != (got.msg.member if isinstance(got.msg, SaveData) else getattr(got.msg, "rank", None)):
+                refused(ProtocolError(f"a member of another host spoke for another rank than its key was filed with "
+                                      f"({self.rank_of(got.user)})"))
             elif isinstance(got.msg, SaveData) and (got.msg.persist or got.msg.member < 0 or got.msg.arena is not None):
                 refused(ProtocolError("a member of another host sent a snapshot that is not a group member's copy"))
             else:
                 handle(got.msg, got.payload, PEER_TAG + got.identity)
+
+    def rank_of(self, user: Optional[str]) -> Optional[int]:
+        """The rank the member whose key is ``user`` (Z85) filed it with (read once), or None."""
+        if user is None:
+            return None
+        rank = self._ranks.get(user)
+        if rank is None:
+            rank = curve.member_rank(self._layout, self._job, user)
+            if rank is not None:
+                self._ranks[user] = rank
+        return rank
 
     def answer(self, identity: bytes, msg: Message, frames: Any = ()) -> bool:
         """Send ``msg`` to the member of another host ``identity`` names; False if it is not one's."""
