@@ -481,7 +481,9 @@ def test_node_1s_agent_kills_and_reaps_what_its_killed_member_left_behind(hosts,
     them all (no zombie under it, no live helper; one line says so), as the watchdog does on node 0;
     the second member's helpers go at the job's end. Before (issue 51): the agent was their
     subreaper but never swept, so the two that exited stayed zombies under it for the whole run and
-    the sleeper outlived the member, the agent and the job."""
+    the sleeper outlived the member, the agent and the job. Node 1's pre-warmed trainer is SIGSTOPped
+    before the kill: its fork answer is overdue, the agent gives it up (SIGKILL) and starts the member
+    fresh, and reaps it too within a sweep (before: a zombie under the agent until the job's end)."""
     addr = master_addr()
     args = (*PACED, "--steps", "1000000")
     marker = str(tmp_path / "helpers")
@@ -495,6 +497,10 @@ def test_node_1s_agent_kills_and_reaps_what_its_killed_member_left_behind(hosts,
         with open(f"{marker}.1") as fh:
             helpers[1] = [int(p) for p in fh.read().split()]
         member = next(p["pid"] for p in raw_status(logdir)["processes"] if p["role"] == "worker1")
+        zygote = wait_for(lambda: next((c.pid for c in psutil.Process(node1.pid).children()
+                                        if "procsv.zygote" in " ".join(c.cmdline())), None), 60,
+                          what="node 1's pre-warmed trainer")
+        os.kill(zygote, signal.SIGSTOP)  # its answer to the next fork is overdue: the agent gives it up
         os.kill(member, signal.SIGKILL)
         wait_for(lambda: os.path.exists(f"{marker}.2") and len(events(logdir, "first_step")) >= 2, 120,
                  what="the restarted group's first step")
@@ -502,12 +508,13 @@ def test_node_1s_agent_kills_and_reaps_what_its_killed_member_left_behind(hosts,
             helpers[2] = [int(p) for p in fh.read().split()]
         # (the agent is node1.pid: ip netns exec execs the launch) bounded: the next sweep is due within 1 s
         try:
-            wait_for(lambda: all(_gone(p) for p in helpers[1]) and not _zombies_of(node1.pid), 15,
-                     what="the first member's helpers to be killed and reaped")
+            wait_for(lambda: all(_gone(p) for p in [*helpers[1], zygote]) and not _zombies_of(node1.pid), 15,
+                     what="the first member's helpers and the given-up zygote to be killed and reaped")
         except AssertionError:
-            left = {"live": [p for p in helpers[1] if not _gone(p) and p not in _zombies_of(node1.pid)],
+            left = {"live": [p for p in [*helpers[1], zygote] if not _gone(p) and p not in _zombies_of(node1.pid)],
                     "zombies under the agent": _zombies_of(node1.pid)}
-            raise AssertionError(f"the agent left its killed member's helpers {helpers[1]}: {left}") from None
+            raise AssertionError(f"the agent left its killed member's helpers {helpers[1]} "
+                                 f"or its given-up zygote {zygote}: {left}") from None
         master.send_signal(signal.SIGTERM)
         code, out, err = finish(master, timeout=120)
     finally:

@@ -100,7 +100,7 @@ class NodeAgent:
         self.node_timeout = cfg.node_timeout  # the master silent this long: its members are stopped (node 0's, once heard)
         self.addresses = [f"{self.host}:{p}" for p in free_ports(self.cfg.nproc, self.host)]  # its members' next
         self.zygote: Optional[Zygote] = None  # this host's pre-warmed trainer (unless --no-prewarm)
-        self.lost_zygotes: list[Zygote] = []  # given up on (killed, pipes closed); reaped at the end
+        self.lost_zygotes: list[Zygote] = []  # given up on (killed, pipes closed); reaped by the sweeps
         self.forks: dict[tuple[int, int], tuple[str, dict[str, str]]] = {}  # (attempt, rank) -> slot, env
         self.disk = DiskJobs("procsv-agent-logdir")  # its work on the shared logdir, off the loop
         self._rejoin: Optional[Job[_Rejoin]] = None  # a reconnect's reads and writes in the logdir, in flight
@@ -322,7 +322,7 @@ class NodeAgent:
             self._started(dealer, slot, attempt, proc)
 
     def _lose_zygote(self) -> None:
-        """Give up on the pre-warmed trainer: SIGKILL it and close its pipes (reaped at the end)."""
+        """Give up on the pre-warmed trainer: SIGKILL it and close its pipes (reaped by the next sweep)."""
         if self.zygote is not None:
             self.zygote.kill()
             self.lost_zygotes.append(self.zygote)
@@ -374,7 +374,9 @@ class NodeAgent:
 
     def _sweep(self, final: bool = False) -> None:
         """Kill and reap what this host's members left behind: the watchdog's own sweep
-        (:meth:`Sweeper.sweep`), over the agent's own children (its members and zygotes)."""
+        (:meth:`Sweeper.sweep`), over the agent's own children (its members and zygotes). A zygote given
+        up on is reaped here once dead, as the watchdog reaps its own (before, at the agent's end only)."""
+        self.lost_zygotes[:] = [z for z in self.lost_zygotes if not z.reap_dead()]
         zygotes = {z.pid for z in [self.zygote, *self.lost_zygotes] if z is not None}
         self.sweeper.sweep({m.pid for m in self.members.values()} | zygotes, frozenset(zygotes),
                                     bool(self.forks), final)
