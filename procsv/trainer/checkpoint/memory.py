@@ -67,7 +67,8 @@ class MemoryTier:
         # a trainer group's member (procsv.services.checkpoint.group): its rank, its attempt, and K (0: alone):
         # every member snapshots at the steps that are multiples of K, so that all hold the same ones
         self.member, self.attempt, self.every_steps = -1, 0, 0
-        self.remote = False  # a member of host 1..M-1: its copies go to node 0 inline (peer_copy)
+        self.remote = False  # a member of host 1..M-1: its copies go to node 0 as uncopied frames (peer_copy)
+        self._sends = peer_copy.Sends()  # ... and the slots ZeroMQ may still read
 
     # ------------------------------------------------------------------ the schedule
     def start(self, step: int, now: float) -> None:
@@ -103,6 +104,7 @@ class MemoryTier:
         """Nothing but time keeps an in-memory snapshot back: the tier is on, its memory is ready, the
         last one was acknowledged and a slot is free."""
         store = self.store
+        self.reap_sends()
         return (self.budget > 0 and store.arena is not None and not store.arena.populating()
                 and not store.slots.unacked_pending(now) and store.slots.free(now) is not None)
 
@@ -129,6 +131,7 @@ class MemoryTier:
         see :meth:`release`), at a later step boundary. ``meta_graph``: graph mode's serialized
         MetaGraphDef, sent until the service holds it. True if handed over now."""
         t0 = ch.clock()
+        self.reap_sends()
         slot = self.store.slots.free(t0)
         if slot is None:
             return False
@@ -153,13 +156,18 @@ class MemoryTier:
             self._meta_sent = meta
         specs, frames = snap.specs, list(snap.frames) if meta is None else [*snap.frames, meta]
         if self.remote and arena is not None and self.store.arena is not None:  # node 0 cannot map our memory
-            specs, frames = peer_copy.inline(specs, frames, self.store.arena.array)
+            specs, frames = peer_copy.frames(specs, frames, self.store.arena.array)
             arena = None
         self._waiting = (SaveData(step, SaveReason.MEMORY, self.basename, specs, arena, slot, False,
                                   meta is not None, self.numbered, member=self.member, attempt=self.attempt), frames)
         self.store.slots.wait_to_send(slot, step)
         self._uncharged = reuse
         return self.release(ch, unwritten_from)
+
+    def reap_sends(self) -> None:
+        """Free (of their send) the slots whose uncopied frames ZeroMQ let go of (a remote member's)."""
+        for slot in self._sends.done():
+            self.store.slots.send_done(slot)
 
     def waiting(self) -> bool:
         """An in-memory snapshot is copied and waits for its summaries (see :meth:`release`)."""
@@ -181,6 +189,9 @@ class MemoryTier:
         sent = ch.send_snapshot(msg, frames)
         if sent:
             self.store.slots.sent_memory(msg.slot, msg.step, ch.clock())
+            if self.remote:
+                self._sends.started(msg.slot, frames)
+                self.store.slots.send_started(msg.slot)
             self._answer_awaited(max(ch.clock() + READ_EVERY, self.next_due()))
         else:
             self.store.slots.drop_waiting()
