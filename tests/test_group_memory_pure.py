@@ -10,6 +10,7 @@ import dataclasses
 
 from procsv.ipc.messages import SaveData, SaveReason, TensorSpec
 from procsv.services.checkpoint.group import KEEP, GroupCopies, MemberCopy, checksum, copy_out
+from procsv.trainer.checkpoint.memory_tier import Slots
 
 
 def copy(rank: int, step: int, attempt: int = 1, data: bytes = b"\x01\x02\x03\x04") -> MemberCopy:
@@ -140,3 +141,19 @@ def test_a_slot_sent_uncopied_is_reported_free_of_its_send_only_once_zeromq_let_
         a.close(0)
         b.close(0)
         ctx.term()
+
+
+def test_node_0_holds_no_more_of_one_peer_copy_than_its_own_members_snapshot_memory_or_the_setting():
+    from procsv.services.checkpoint.group import copy_size, peer_limit
+
+    assert peer_limit([3 << 20, 5 << 20]) == 5 << 20  # a replica's copy of the same variables is never larger
+    assert peer_limit([5 << 20], "4096") == 4096  # PROCSV_GROUP_PEER_MAX_BYTES, when set
+    assert peer_limit([5 << 20], "none") == peer_limit([5 << 20], "0") == 5 << 20  # not a size: the default
+    assert peer_limit([]) is None  # none of node 0's members' memory mapped yet: not known
+    assert copy_size([b"abcd", memoryview(b"ef")]) == 6
+    s = Slots(3)
+    s.written(0, 50), s.sent_memory(0, 50, now=0.0), s.send_started(0)
+    s.refused(50)  # node 0 will never hold it: no acknowledgment awaited, the slot kept while ZeroMQ reads it
+    assert s.unacked is None and s.busy(0.1) == {0}
+    s.send_done(0)
+    assert s.free(0.1) == 1 and s.busy(0.1) == set()

@@ -10,10 +10,11 @@ with the agent's disk snapshots.
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from typing import Any, Callable, Optional
 
-from procsv.ipc.messages import SaveData, SaveReason, SnapshotHeld
+from procsv.ipc.messages import GroupCopyRefused, SaveData, SaveReason, SnapshotHeld
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint import memory_tier, peer_copy
 from procsv.trainer.checkpoint.snapshot_store import SnapshotStore
@@ -69,6 +70,7 @@ class MemoryTier:
         self.member, self.attempt, self.every_steps = -1, 0, 0
         self.remote = False  # a member of host 1..M-1: its copies go to node 0 as uncopied frames (peer_copy)
         self._sends = peer_copy.Sends()  # ... and the slots ZeroMQ may still read
+        self._refused_said = False  # node 0 refused a copy (GroupCopyRefused), said once
 
     # ------------------------------------------------------------------ the schedule
     def start(self, step: int, now: float) -> None:
@@ -208,6 +210,17 @@ class MemoryTier:
         (a restarted service has none: the next snapshot carries it again)."""
         self.store.slots.acknowledged(msg.step)
         self._meta_held = self._meta_sent if msg.meta_graph else None
+
+    def refused(self, msg: GroupCopyRefused) -> None:
+        """Node 0's service refused this member's copy of ``msg.step`` (too large to hold): it waits
+        for no acknowledgment of it; said in one line, the first time (every copy of the same
+        state is as large)."""
+        self.store.slots.refused(msg.step)
+        if not self._refused_said:
+            self._refused_said = True
+            print(f"procsv: node 0's checkpoint service refused member {msg.rank}'s copy of step {msg.step}: "
+                  f"{msg.size} bytes, beyond the {msg.limit} it holds for one member; a group restarted "
+                  "restores this member from disk", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ the cost
     def poll_for_ack(self, ch: TrainerChannels) -> list[Any]:

@@ -229,6 +229,12 @@ class Slots:
     def sent_disk(self, slot: int) -> None:
         self.disk = slot
 
+    def refused(self, step: int) -> None:
+        """The service will never hold the in-memory snapshot of ``step`` (it refused it): no
+        acknowledgment is awaited; its slot is free once ZeroMQ let go of it (``sending``)."""
+        if self.unacked is not None and self.unacked[1] == step:
+            self.unacked = None
+
     def acknowledged(self, step: int, slot: Optional[int] = None) -> None:
         """The service holds the snapshot of ``step`` (its newest; what it held before is released),
         from ``slot`` (None: the in-memory one awaiting this acknowledgment's, if it is of ``step``)."""
