@@ -17,8 +17,11 @@ slot is free (as the tier's ``ready``). Modes:
 ``zerocopy``  tracked, uncopied frames over the slot itself; the slot stays spoken for until the
               trackers say ZeroMQ let go (this change).
 
-Prints each run's mean wall time per step, then per size and mode the median of ``--repeats``
-(spread min-max) and its cost against ``off`` (step_on / step_off - 1), the load average beside.
+Prints each run's wall time, CPU time (the whole process: ZeroMQ's I/O thread, which encrypts, too)
+and time spent in the hand-off at the boundary, per step; then per size and mode the medians of
+``--repeats`` (spread min-max), the costs against ``off`` (on / off - 1) and the boundary's share of
+a step (the step path's cost: the figure that resolves on a shared machine), the load average beside,
+and one line ``peer_boundary_share_<mode>_<n>mib=<x> ...``.
 ``python scripts/bench_peer_copy.py --repeats 3``.
 """
 
