@@ -232,6 +232,22 @@ class GroupCopyHeld(Message):
 
 
 @dataclass(frozen=True)
+class GroupCopyRefused(Message):
+    """Node 0's checkpoint service -> a group member of another host, and -> the watchdog (its
+    lifecycle record ``group_copy_refused``): member ``rank``'s copy of ``step`` of attempt
+    ``attempt`` (``size`` bytes) is beyond what the service holds for one member (``limit`` bytes:
+    :func:`procsv.services.checkpoint.group.peer_limit`) and is not held; a group restarted before
+    that member's next copy is held restores from disk."""
+
+    KIND: ClassVar[str] = "group_copy_refused"
+    rank: int
+    attempt: int
+    step: int
+    size: int
+    limit: int
+
+
+@dataclass(frozen=True)
 class GroupFetch(Message):
     """A group member -> checkpoint service: send my copy (``rank``) of ``step`` of ``attempt``."""
 

@@ -42,6 +42,7 @@ messages from the modules that define them, one per channel: :mod:`procsv.ipc.wa
 from __future__ import annotations
 
 from procsv.ipc.checkpoint_messages import (ArenaRef, CheckpointSetup, CommitLoading, CheckpointsDeleted, DeleteCheckpoints, GroupCopy, GroupCopyHeld,
+                                            GroupCopyRefused,
                                             GroupFetch, GroupHeld, GroupQuery, RecoverQuery, RecoverReply, SaveData,
                                             SaveRequest, SaveResult, SnapshotHeld, TensorSpec)
 from procsv.ipc.message_base import Busy, ItemKind, Message, RestoreSource, Role, SaveReason, SessionStatus
@@ -81,6 +82,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     GroupFetch,
     GroupCopy,
     GroupCopyHeld,
+    GroupCopyRefused,
     SummaryBatch,
     SummaryAck,
     SessionLogEvent,
@@ -108,7 +110,7 @@ __all__ = [
     "NonfiniteDetected", "RolledBack", "StepSkipped",
     "CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "CommitLoading", "SnapshotHeld",
     "RecoverQuery", "RecoverReply", "DeleteCheckpoints", "CheckpointsDeleted",
-    "GroupQuery", "GroupHeld", "GroupFetch", "GroupCopy", "GroupCopyHeld",
+    "GroupQuery", "GroupHeld", "GroupFetch", "GroupCopy", "GroupCopyHeld", "GroupCopyRefused",
     "SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "GraphEvent", "RunScalars",
     "ZygoteReady", "ForkRequest", "ForkReply",
     "NodeHello", "MasterBeat", "StartMembers", "SignalMember", "NodeStop", "NodeRefused", "MemberStarted", "MemberEnded",

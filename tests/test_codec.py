@@ -113,6 +113,7 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
     ("group-held", m.GroupHeld(step=1550, attempt=2, note=""), []),
     ("group-fetch", m.GroupFetch(pid=4244, rank=1, step=1550, attempt=2), []),
     ("group-copy-held", m.GroupCopyHeld(rank=1, attempt=2, step=1550), []),
+    ("group-copy-refused", m.GroupCopyRefused(rank=1, attempt=2, step=1550, size=1 << 29, limit=1 << 20), []),
     ("group-copy", m.GroupCopy(step=1550, tensors=[m.TensorSpec("w/.ATTRIBUTES/VARIABLE_VALUE", "float32", [2])],
                                crc=0xE3069283, note=""), [b"\x00" * 8]),
     ("recover-reply", m.RecoverReply(step=1501, path="/runs/a/model.ckpt-1501", note=""), []),

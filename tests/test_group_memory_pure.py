@@ -10,6 +10,7 @@ import dataclasses
 
 from procsv.ipc.messages import SaveData, SaveReason, TensorSpec
 from procsv.services.checkpoint.group import KEEP, GroupCopies, MemberCopy, checksum, copy_out
+from procsv.trainer.checkpoint.memory_tier import Slots
 
 
 def copy(rank: int, step: int, attempt: int = 1, data: bytes = b"\x01\x02\x03\x04") -> MemberCopy:
@@ -88,14 +89,71 @@ def test_a_damaged_peer_copy_is_named_a_peer_copy_and_the_answer_says_when_a_pee
     assert step == -1 and note.startswith("member 1's peer copy of step 100 is damaged"), note
 
 
-def test_a_peer_copy_comes_inline_every_tensor_a_frame_of_its_own_in_order():
-    from procsv.trainer.checkpoint.peer_copy import inline
+def test_a_peer_copy_goes_uncopied_every_tensor_a_frame_of_its_own_in_order():
+    import numpy as np
+    import zmq
 
-    memory = bytes(range(64))
+    from procsv.trainer.checkpoint.peer_copy import frames as peer_frames
+
+    memory = np.arange(64, dtype=np.uint8)
     specs = [TensorSpec("w", "float32", [2], None, 8), TensorSpec("s", "string", [1], [3]),
              TensorSpec("b", "int64", [1], None, 40)]
-    got_specs, frames = inline(specs, [b"abc", b"meta"], memory)
+    got_specs, frames = peer_frames(specs, [b"abc", b"meta"], memory)
     assert [s.offset for s in got_specs] == [None] * 3 and [s.key for s in got_specs] == ["w", "s", "b"]
-    assert frames == [memory[8:16], b"abc", memory[40:48], b"meta"]
+    assert [bytes(f) for f in frames] == [memory[8:16].tobytes(), b"abc", memory[40:48].tobytes(), b"meta"]
+    # the tensors' frames are the snapshot memory itself, not copies of it
+    assert isinstance(frames[0], zmq.Frame)
+    assert np.frombuffer(frames[0].buffer, np.uint8).ctypes.data == memory.ctypes.data + 8
     msg = SaveData(50, SaveReason.MEMORY, "model.ckpt", got_specs, persist=False, member=1, attempt=1)
-    assert copy_out(msg, frames, None, peer=True).frames == (memory[8:16], b"abc", memory[40:48])
+    assert copy_out(msg, frames, None, peer=True).frames == (memory[8:16].tobytes(), b"abc", memory[40:48].tobytes())
+
+
+def test_a_slot_sent_uncopied_is_reported_free_of_its_send_only_once_zeromq_let_go_of_its_frames():
+    import time
+
+    import numpy as np
+    import zmq
+
+    from procsv.trainer.checkpoint.peer_copy import Sends, frames as peer_frames
+
+    ctx = zmq.Context()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        b.bind("inproc://peer-copy-test")
+        a.connect("inproc://peer-copy-test")
+        memory = np.arange(1 << 20, dtype=np.uint8)
+        _, frames = peer_frames([TensorSpec("w", "uint8", [1 << 19], None, 4096)], [], memory)
+        sends = Sends()
+        a.send_multipart([b"head", *frames], copy=False)
+        sends.started(2, frames)
+        del frames
+        assert sends.done() == []  # queued to the peer, not read: ZeroMQ holds the slot's bytes
+        got = b.recv_multipart(copy=False)
+        assert np.frombuffer(got[1].buffer, np.uint8)[0] == memory[4096]
+        del got
+        deadline = time.monotonic() + 5.0
+        done: list[int] = []
+        while not done and time.monotonic() < deadline:  # the trackers are told by ZeroMQ's own thread
+            done = sends.done()
+            time.sleep(0.01)
+        assert done == [2] and sends.done() == []
+    finally:
+        a.close(0)
+        b.close(0)
+        ctx.term()
+
+
+def test_node_0_holds_no_more_of_one_peer_copy_than_its_own_members_snapshot_memory_or_the_setting():
+    from procsv.services.checkpoint.group import copy_size, peer_limit
+
+    assert peer_limit([3 << 20, 5 << 20]) == 5 << 20  # a replica's copy of the same variables is never larger
+    assert peer_limit([5 << 20], "4096") == 4096  # PROCSV_GROUP_PEER_MAX_BYTES, when set
+    assert peer_limit([5 << 20], "none") == peer_limit([5 << 20], "0") == 5 << 20  # not a size: the default
+    assert peer_limit([]) is None  # none of node 0's members' memory mapped yet: not known
+    assert copy_size([b"abcd", memoryview(b"ef")]) == 6
+    s = Slots(3)
+    s.written(0, 50), s.sent_memory(0, 50, now=0.0), s.send_started(0)
+    s.refused(50)  # node 0 will never hold it: no acknowledgment awaited, the slot kept while ZeroMQ reads it
+    assert s.unacked is None and s.busy(0.1) == {0}
+    s.send_done(0)
+    assert s.free(0.1) == 1 and s.busy(0.1) == set()

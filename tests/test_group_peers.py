@@ -111,3 +111,21 @@ def test_a_member_key_speaks_only_for_the_rank_it_was_filed_with(link: Any) -> N
         assert isinstance(held, SnapshotHeld) and intake.copies.find(1, 50, 1) is not None
     finally:
         sock.close()
+
+
+def test_node_0_removes_the_key_files_of_members_whose_attempt_is_over(tmp_path: Any) -> None:
+    # a member SIGKILLed never removes its own key file; node 0 removes those of the attempts before
+    # the group's current one, and the one of a member that ended, and nobody else's
+    layout = Layout(str(tmp_path))
+    os.makedirs(layout.meta, exist_ok=True)
+    job = curve.create_job(layout).job
+    files = {(rank, attempt): curve.file_member_key(layout, job, curve.AgentKeys.new(), rank, attempt)
+             for rank, attempt in ((1, 1), (2, 1), (1, 2), (2, 2), (1, 3), (2, 3))}
+    other = curve.file_member_key(layout, "another-job", curve.AgentKeys.new(), 1, 1)  # not this launch's to judge
+
+    assert curve.unfile_members(layout, job, before=3) == 4  # attempt 3 started: 1 and 2 are over
+    assert sorted(k for k, path in files.items() if os.path.exists(path)) == [(1, 3), (2, 3)]
+    assert curve.unfile_members(layout, job, before=0, rank=2, attempt=3) == 1  # member 2 of attempt 3 ended
+    assert [k for k, path in files.items() if os.path.exists(path)] == [(1, 3)] and os.path.exists(other)
+    assert not curve.member_over({"rank": 1, "attempt": 4}, before=4)
+    assert not curve.member_over({"rank": 1}, before=4)  # no attempt in the body: never removed

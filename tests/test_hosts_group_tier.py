@@ -153,3 +153,83 @@ def test_node_0s_checkpoint_service_restarted_then_a_member_of_host_1_killed_res
     assert final.keys() == clean_group.keys() and final
     for name in clean_group:
         assert np.array_equal(final[name], clean_group[name]), name
+
+
+def member_keys(logdir: str) -> list[dict[str, Any]]:
+    """The bodies of the member key files filed in the launch's keys folder now."""
+    import json
+
+    folder = os.path.join(logdir, ".procsv", "curve")
+    out = []
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        if name.startswith("member."):
+            try:
+                with open(os.path.join(folder, name)) as fh:
+                    out.append(json.load(fh))
+            except (OSError, ValueError):  # removed meanwhile
+                continue
+    return out
+
+
+def test_the_key_files_of_sigkilled_members_of_host_1_are_removed_once_their_attempt_is_over(hosts, logdir):
+    # a member of host 1 files a CURVE key for node 0's checkpoint service and removes it only at an
+    # orderly exit: before, each SIGKILL left its file until the launch ended (one more per restart).
+    # Now node 0 removes the files of the attempts that are over: after each of three kills of
+    # worker1, once the next group runs, the folder holds at most the live member's file, of its attempt
+    master, first, _ = two_hosts(logdir, *SLOW, "--steps", "500")
+    counts = []
+    try:
+        group_started(logdir, 1)
+        wait_for(lambda: len(member_keys(logdir)) == 1, 60, what="worker1.1's key filed")
+        after, killed = 0, set()
+        for attempt in range(1, 4):
+            killed.add(wait_role_pid(logdir, "worker1"))
+            seen = sigkill_mid_interval(logdir, "worker1", f"worker1.{attempt}", after + 60)
+            group_started(logdir, attempt + 1)
+
+            def only_the_live_members() -> list[dict[str, Any]]:
+                keys = member_keys(logdir)
+                return keys if len(keys) == 1 and keys[0].get("pid") not in killed else []
+
+            [live] = wait_for(only_the_live_members, 60, what=f"only worker1.{attempt + 1}'s key filed "
+                                                              f"(have {member_keys(logdir)}; killed {killed})")
+            assert live["attempt"] == attempt + 1, live
+            counts.append(len(member_keys(logdir)))
+            after = seen
+    finally:
+        code, out, err = finish(master)
+    acode, aout, aerr = finish(first, timeout=30)
+    assert code == 0, err
+    assert acode == 0, aerr
+    assert counts == [1, 1, 1]
+
+
+def test_a_peer_copy_beyond_node_0s_limit_is_refused_said_recorded_and_the_group_restores_from_disk(hosts, logdir):
+    # node 0's checkpoint service holds no more of one member's peer copy than its limit (here a
+    # small PROCSV_GROUP_PEER_MAX_BYTES; by default its own members' snapshot memory): host 1's
+    # member's copies are refused, each with a lifecycle record, said once in that member's log; the
+    # chief's copies are held, so no step is whole and worker1 SIGKILLed restarts the group from disk,
+    # saying why in one line. Before, node 0 held any size (a 512 MiB copy: 558 MiB of RSS)
+    env = quiet_env(PROCSV_GROUP_PEER_MAX_BYTES="4096")
+    master, first, _ = two_hosts(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "330", env=env)
+    try:
+        group_started(logdir, 1)
+        wait_for(lambda: events(logdir, "group_copy_refused"), 120, what="a refused peer copy's record")
+        sigkill_mid_interval(logdir, "worker1", "worker1.1", 160)
+    finally:
+        code, out, err = finish(master)
+    acode, aout, aerr = finish(first, timeout=30)
+    assert code == 0, err
+    assert acode == 0, aerr
+    refused = events(logdir, "group_copy_refused")
+    assert refused and all(r["rank"] == 1 and r["limit"] == 4096 < r["size"] and r["step"] % K == 0
+                           for r in refused), refused
+    with open(os.path.join(logdir, "logs", "worker1.1.log")) as fh:
+        said = [line for line in fh.read().splitlines() if "refused member 1's copy" in line]
+    assert len(said) == 1 and "beyond the 4096 it holds for one member" in said[0], said
+    restored = events(logdir, "restored")
+    assert len(restored) == 1 and restored[0]["source"] == "disk", restored
+    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
+        lines = [line for line in fh.read().splitlines() if "restores from disk" in line]
+    assert len(lines) == 1 and "held for all 2 members" in lines[0], lines
+    assert restores_with_plain_tf(logdir) == 330

@@ -327,6 +327,26 @@ def test_a_snapshot_waiting_for_its_summaries_keeps_its_slot_until_sent_or_dropp
     assert 1 not in s.busy(2.0)
 
 
+def test_a_slot_zeromq_may_still_read_is_never_written_whatever_the_acknowledgments_grace():
+    # a member of another host sends its slot's bytes uncopied (peer_copy): a link to node 0 that
+    # stalls past the grace must not free the slot under the send (node 0 would get a torn copy)
+    s = Slots(3)
+    s.written(0, 10), s.sent_memory(0, 10, now=0.0), s.send_started(0)
+    assert s.busy(0.1) == {0}
+    late = 1.0 + memory_tier.UNACKED_GRACE
+    assert 0 in s.busy(late) and s.free(late) == 1  # the grace is over, the send is not: slot 0 stays
+    s.acknowledged(10)  # the service holds it (and slot 0 as the held one)
+    s.send_done(0)
+    assert s.busy(late) == {0}  # held now, no longer sending
+    s.written(1, 20), s.sent_memory(1, 20, now=late), s.send_started(1)
+    s.acknowledged(20)  # acknowledged before ZeroMQ let go (the frames' trackers lag)
+    assert s.busy(late) == {1} and s.free(late) == 2  # the empty slot first, then the oldest
+    s.written(2, 30), s.sent_memory(2, 30, now=late), s.send_started(2), s.acknowledged(30)
+    assert s.busy(late) == {1, 2}  # 1 is still read by ZeroMQ though the service holds 30
+    s.send_done(1), s.send_done(2)
+    assert s.busy(late) == {2}
+
+
 def test_with_one_slot_only_the_disk_snapshot_blocks_it():
     s = Slots(1)
     s.written(0, 5), s.sent_disk(0)

@@ -22,7 +22,8 @@ node's agent; its peer-link parts in node 0's checkpoint service and in the grou
   :mod:`procsv.services.checkpoint.peers`, and the members of hosts 1..M-1,
   :func:`connect_member`, :mod:`procsv.trainer.checkpoint.peer_copy`): the service makes a server pair of its own (the
   secret in its memory) and writes ``peer.json`` (the job, its TCP endpoint, its public key); a
-  member makes its own pair and files its public key as ``member.<job>.<key in hex>``. The
+  member makes its own pair and files its public key as ``member.<job>.<key in hex>`` (with its rank
+  and attempt; node 0's watchdog removes it once that attempt is over: :func:`unfile_members`). The
   service's ZAP check (:func:`serve` with ``prefix`` :data:`MEMBER_PREFIX`) admits member keys
   only, the master's agent keys only: a member's key claims no node rank.
 """
@@ -179,11 +180,48 @@ def load_peer(layout: Layout) -> Optional[Peer]:
     return Peer(job, endpoint, public.encode("ascii"))
 
 
-def file_member_key(layout: Layout, job: str, keys: AgentKeys, rank: int) -> str:
-    """File a group member's public key for ``job`` (0600; its rank and pid in the body, for people)."""
+def file_member_key(layout: Layout, job: str, keys: AgentKeys, rank: int, attempt: int = 0) -> str:
+    """File a group member's public key for ``job`` (0600; its rank and the group's attempt in the
+    body: node 0's watchdog removes it once that attempt is over, :func:`unfile_members`; its pid,
+    for people)."""
     path = member_key_path(layout, job, keys.public)
-    write_json(path, {"rank": rank, "pid": os.getpid(), "public": keys.public.decode("ascii")}, mode=0o600)
+    write_json(path, {"rank": rank, "attempt": attempt, "pid": os.getpid(), "public": keys.public.decode("ascii")},
+               mode=0o600)
     return path
+
+
+def member_over(record: object, before: int, rank: Optional[int] = None, attempt: Optional[int] = None) -> bool:
+    """Whether a member key file's body (``record``) is of a member whose attempt is over: an
+    attempt below ``before`` (the group's current one), or exactly ``rank``'s of ``attempt``
+    (one that ended). A body without a rank and an attempt is nobody's to judge: False."""
+    if not isinstance(record, dict):
+        return False
+    r, a = record.get("rank"), record.get("attempt")
+    if not isinstance(r, int) or not isinstance(a, int) or isinstance(r, bool) or isinstance(a, bool):
+        return False
+    return a < before or (r == rank and a == attempt)
+
+
+def unfile_members(layout: Layout, job: str, before: int, rank: Optional[int] = None,
+                   attempt: Optional[int] = None) -> int:
+    """Node 0's watchdog: remove the key files of ``job``'s members whose attempt is over
+    (:func:`member_over`): a member SIGKILLed never removes its own, and over a long run with many
+    restarts they would pile up until the launch ends. How many were removed."""
+    folder, prefix = keys_dir(layout), f"{MEMBER_PREFIX}{job}."
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(prefix)]
+    except OSError:
+        return 0
+    removed = 0
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            if member_over(read_json(path), before, rank, attempt):
+                os.unlink(path)
+                removed += 1
+        except (OSError, ValueError):  # gone meanwhile, or half a body: left for the next look
+            continue
+    return removed
 
 
 def member_rank(layout: Layout, job: str, public: str) -> Optional[int]:
@@ -263,7 +301,8 @@ def connect_member(sock: "zmq.Socket[Any]") -> Optional[str]:
               f"names no endpoint in {keys_dir(layout)}", file=sys.stderr, flush=True)
         return None
     keys = AgentKeys.new()
-    path = file_member_key(layout, peer.job, keys, int(os.environ.get(env.RANK, "0") or 0))
+    path = file_member_key(layout, peer.job, keys, int(os.environ.get(env.RANK, "0") or 0),
+                           int(os.environ.get(env.ATTEMPT, "1") or 1))
     connect_as_member(sock, keys, peer)
     sock.connect(peer.endpoint)
     return path

@@ -36,6 +36,7 @@ PS = "PROCSV_PS"  # procsv launch --ps N --workers M: the parameter-server tasks
 GROUP_PIN = "PROCSV_GROUP_PIN"  # a group's record of what its chief restored (procsv.trainer.replica.GroupPin)
 GROUP_SNAPSHOT_STEPS = "PROCSV_GROUP_SNAPSHOT_STEPS"  # a group's in-memory snapshots every K steps (0: none)
 GROUP_PEER_BIND = "PROCSV_GROUP_PEER_BIND"  # node 0's checkpoint service (--nnodes): the host its CURVE TCP ROUTER binds
+GROUP_PEER_MAX_BYTES = "PROCSV_GROUP_PEER_MAX_BYTES"  # node 0's checkpoint service: the most it holds of one peer copy (default: its own members' snapshot memory)
 GROUP_REMOTE = "PROCSV_GROUP_REMOTE"  # "1": a group member on host 1..M-1: its copies go to node 0's service over CURVE
 ON_NONFINITE = "PROCSV_ON_NONFINITE"  # --on-nonfinite: rollback | stop | continue (procsv.trainer.nonfinite)
 MAX_SKIPS = "PROCSV_MAX_SKIPS"  # --max-skips: skipped steps allowed within --skip-window steps
@@ -52,7 +53,7 @@ ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's 
 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, SUPERVISOR_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE,
-       RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, SHADOW_RUN, SHADOW_MEMORY, RANK, NPROC, GROUP_PIN, GROUP_SNAPSHOT_STEPS, GROUP_PEER_BIND, GROUP_REMOTE,
+       RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, SHADOW_RUN, SHADOW_MEMORY, RANK, NPROC, GROUP_PIN, GROUP_SNAPSHOT_STEPS, GROUP_PEER_BIND, GROUP_PEER_MAX_BYTES, GROUP_REMOTE,
        ON_NONFINITE, MAX_SKIPS, SKIP_WINDOW,
        SKIP_STEPS, FAULT_GATE, NONFINITE_CHECK, PS, MASTER_ADDR, PREEMPT_SIGNAL, SUMMARY_CONTINUE)
 

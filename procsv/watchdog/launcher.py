@@ -41,7 +41,7 @@ from procsv.common import env, faults
 from procsv.common.bootstrap import write_error_record
 from procsv.common.layout import Layout, LogdirLock
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import (GroupCopyHeld, Hello, MemberEnded, MemberStarted, NodeHello, NonfiniteDetected, Progress, Relayed,
+from procsv.ipc.messages import (GroupCopyHeld, GroupCopyRefused, Hello, MemberEnded, MemberStarted, NodeHello, NonfiniteDetected, Progress, Relayed,
                                  ServiceLoading,
                                  RolledBack, SaveOverdue, SaveResult, StandbyReady, StepSkipped, SummaryOverdue,
                                  TrainerReady)
@@ -71,7 +71,8 @@ EXIT_INTERNAL = 70  # the watchdog itself failed (EX_SOFTWARE); the run was stop
 MAX_INTERNAL_ERRORS = 3  # beyond this many, stop trying to stop in order
 DRAIN_MAX = 1000  # messages read from the PULL socket per wakeup (the poller fires again for the rest)
 ACCEPT = frozenset({Hello, TrainerReady, Progress, SaveResult, SaveOverdue, SummaryOverdue, StandbyReady,
-                    NonfiniteDetected, RolledBack, StepSkipped, ServiceLoading, GroupCopyHeld})  # what children send
+                    NonfiniteDetected, RolledBack, StepSkipped, ServiceLoading, GroupCopyHeld,
+                    GroupCopyRefused})  # what children send
 
 __all__ = ["LaunchConfig", "Watchdog", "check_target"]
 

@@ -13,8 +13,8 @@ import os
 import signal
 from typing import Any, Optional
 
-from procsv.ipc.messages import (GroupCopyHeld, Hello, Message, NodeHello, NonfiniteDetected, Progress, RolledBack,
-                                 SaveOverdue, SaveResult, ServiceLoading, StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
+from procsv.ipc.messages import (GroupCopyHeld, GroupCopyRefused, Hello, Message, NodeHello, NonfiniteDetected, Progress,
+                                 RolledBack, SaveOverdue, SaveResult, ServiceLoading, StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
 from procsv.watchdog.rules.bookkeeping import find, request_stop
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.failures import Failure
@@ -60,8 +60,8 @@ def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -
         return _progress(view, msg, now, slot)
     if isinstance(msg, SaveResult):
         return _saved(view, msg, now)
-    if isinstance(msg, GroupCopyHeld):  # a group's progress (rules/group.py): nothing to record
-        return copy_held(view, msg.rank, msg.attempt, msg.step)
+    if isinstance(msg, (GroupCopyHeld, GroupCopyRefused)):  # a group's progress (rules/group.py), or a peer copy refused
+        return copy_held(view, msg.rank, msg.attempt, msg.step) if isinstance(msg, GroupCopyHeld) else [Report(Event.GROUP_COPY_REFUSED, dict(vars(msg)))]
     if isinstance(msg, SaveOverdue):
         return _overdue(view, msg)
     if isinstance(msg, SummaryOverdue):

@@ -18,7 +18,13 @@ own) and restores it (:mod:`procsv.trainer.checkpoint.group_restore`).
 With ``--nnodes M`` the members of hosts 1..M-1 hand theirs over TCP (:mod:`.peers`, every tensor a
 frame): held here, on node 0, they are those members' *peer copies*, which a whole host lost and
 rejoined restores from (``GroupHeld.peer``; a damaged one is named as such and the group restores
-from disk).
+from disk). A peer copy is bounded as a local one is: a local member's copy comes out of its own
+snapshot memory, so it is never larger than that; a peer copy larger than the largest snapshot
+memory of node 0's own members (the same variables: data-parallel replicas), or than
+``PROCSV_GROUP_PEER_MAX_BYTES`` if set (:func:`peer_limit`), is refused: not held, said in one line
+here, told to the member (:class:`GroupCopyRefused`, which it says in one line of its log) and to
+the watchdog (the lifecycle record ``group_copy_refused``); the group then restores that member from
+disk, as for a missing copy. (Before, a member sending 512 MiB made this process hold 3 of them.)
 """
 
 from __future__ import annotations
@@ -26,18 +32,39 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+import os
+
 import numpy as np
 
-from procsv.common import crc32c, faults
+from procsv.common import crc32c, env, faults
 from procsv.common.snapshot_memory import itemsize
 from procsv.common.errors import CheckpointError
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import (ArenaRef, GroupCopy, GroupCopyHeld, GroupFetch, GroupHeld, GroupQuery, Message,
+from procsv.ipc.messages import (ArenaRef, GroupCopy, GroupCopyHeld, GroupCopyRefused, GroupFetch, GroupHeld, GroupQuery, Message,
                                  SaveData, SnapshotHeld, TensorSpec)
 from procsv.services.checkpoint.arena import ArenaView
 from procsv.services.checkpoint.peers import PEER_TAG, PeerLink
 
 KEEP = 3  # copies kept per member: the newest step whole for the group may be behind a member's newest
+
+
+def peer_limit(own_memory: Sequence[int], setting: str = "") -> Optional[int]:
+    """The most bytes one peer copy may have: ``setting`` (``PROCSV_GROUP_PEER_MAX_BYTES``) if it
+    is a positive integer, else the largest snapshot memory of node 0's own members
+    (``own_memory``: their sizes; a copy of the same variables is never larger), else None (none
+    mapped yet: not known, not bounded)."""
+    try:
+        limit = int(setting)
+    except ValueError:
+        limit = 0
+    if limit > 0:
+        return limit
+    return max(own_memory) if own_memory else None
+
+
+def copy_size(payload: Sequence[Any]) -> int:
+    """The bytes of a message's frames."""
+    return sum(len(memoryview(f.buffer if hasattr(f, "buffer") else f)) for f in payload)
 
 
 def checksum(frames: tuple[bytes, ...]) -> int:
@@ -161,6 +188,7 @@ class GroupIntake:
         self.copies = GroupCopies()
         self.views: dict[int, ArenaView] = {}
         self.peers = peers  # node 0 of --nnodes M: the members of other hosts hand their copies here
+        self._peer_setting = os.environ.get(env.GROUP_PEER_MAX_BYTES, "")  # peer_limit's setting
 
     def sockets(self) -> list[Any]:
         """The sockets of the members of other hosts (none unless node 0 of a job over several hosts)."""
@@ -193,15 +221,31 @@ class GroupIntake:
     def _hold(self, msg: SaveData, payload: list[Any], identity: bytes) -> None:
         if msg.member == 1 and faults.fires("checkpoint", "group_copy_missing"):  # tests: worker1's copies lost
             return
+        peer = identity.startswith(PEER_TAG)
+        if peer and self._too_large(msg, payload, identity):
+            return
         try:
             view = self._view(msg.member, msg.arena) if msg.arena is not None else None
-            copy = copy_out(msg, payload, view, peer=identity.startswith(PEER_TAG))
+            copy = copy_out(msg, payload, view, peer=peer)
         except CheckpointError as exc:
             self.say(f"procsv checkpoint: not holding member {msg.member}'s in-memory snapshot of step {msg.step}: {exc}")
             return
         self.copies.hold(copy)
         self.answer(identity, SnapshotHeld(msg.step, False), ())
         self.tell(GroupCopyHeld(msg.member, msg.attempt, msg.step))
+
+    def _too_large(self, msg: SaveData, payload: list[Any], identity: bytes) -> bool:
+        """Refuse a peer copy beyond :func:`peer_limit` (True): said here, to the member, to the watchdog."""
+        limit = peer_limit([v.ref.size for v in self.views.values()], self._peer_setting)
+        size = copy_size(payload)
+        if limit is None or size <= limit:
+            return False
+        self.say(f"procsv checkpoint: not holding member {msg.member}'s peer copy of step {msg.step}: "
+                 f"{size} bytes, beyond the {limit} held for one member")
+        refused = GroupCopyRefused(msg.member, msg.attempt, msg.step, size, limit)
+        self.answer(identity, refused, ())
+        self.tell(refused)
+        return True
 
     def _view(self, rank: int, ref: ArenaRef) -> ArenaView:
         view = self.views.get(rank)

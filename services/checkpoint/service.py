@@ -25,9 +25,8 @@ and a snapshot from a trainer whose settings it does not have is held, uncommitt
 
 A message that is malformed, of another schema version or of a kind not in :data:`ACCEPT` is refused by the
 codec, counted (:class:`~procsv.ipc.rejections.Rejections`) and never stops the loop;
-``<logdir>/.procsv/checkpoint_stats.json`` (written at start, at most every :data:`STATS_SECS` while they
-change, and at exit) has the counts, which ``procsv status`` shows, and the in-memory snapshots this process
-held (``memory``: how many, the steps of the first and last; ``group``: a group's copies).
+``<logdir>/.procsv/checkpoint_stats.json`` (:mod:`.stats`) has the counts, which ``procsv status`` shows, and
+the in-memory snapshots this process held.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Callable, Optional, Sequence, cast
+from typing import Any, Callable, Optional, Sequence
 
 import zmq
 
@@ -47,7 +46,6 @@ from procsv.ipc.rejections import Rejections
 from procsv.ipc.transport import CHECKPOINT_FRAME_MAX, Received, bind_private, drain, make_socket, send
 from procsv.common import env, faults
 from procsv.common.bootstrap import ChildContext
-from procsv.common.layout import write_json
 from procsv.common.stopfrom import Authority
 from procsv.common.stopwake import StopWake
 from procsv.common.errors import CheckpointError
@@ -58,6 +56,7 @@ from procsv.services.checkpoint.peers import open_link
 from procsv.services.checkpoint.memory import (HeldSnapshot, KeptMetaGraph, TrainerLife, kept_meta_graph,
                                                persist_decision, with_kept_meta_graph)
 from procsv.services.checkpoint.policy import save_due
+from procsv.services.checkpoint.stats import ServiceStats
 from procsv.services.checkpoint.settings import CheckpointSettings, load as load_settings, store as store_settings
 from procsv.services.checkpoint.deletions import Deletions
 from procsv.services.checkpoint.store import CheckpointStore
@@ -68,7 +67,6 @@ POLL_MS = 100
 NICE = 10
 NICE_ENV = env.CHECKPOINT_NICE
 EXIT_WAIT = 5.0  # seconds a dead trainer may still be exiting when its successor asks for its snapshot
-STATS_SECS = 1.0  # checkpoint_stats.json is rewritten at most this often while its counts change
 ACCEPT = frozenset({CheckpointSetup, SaveData, RecoverQuery, DeleteCheckpoints, GroupQuery, GroupFetch})  # all a trainer sends
 
 
@@ -108,11 +106,10 @@ class CheckpointService:
         self.recovered: Optional[RecoverReply] = None
         self.meta_graph: Optional[KeptMetaGraph] = None  # graph mode: the MetaGraphDef a trainer sent last
         self.rejections = Rejections("procsv checkpoint", os.path.relpath(ctx.layout.checkpoint_stats, ctx.layout.logdir), _say)
-        self._stats_written: Optional[tuple[int, int]] = None  # (rejections, snapshots held: any) last written
-        self.held_count, self.held_steps = 0, cast(Optional[tuple[int, int]], None)  # held here; first and last steps
         self.group = GroupIntake(self._answer, _say, open_link(self.zctx, ctx.layout, _say),  # (other hosts' too)
                                  lambda m: self.to_watchdog is None or send(self.to_watchdog, m))  # progress
-        self._next_stats = clock()
+        self.stats = ServiceStats(ctx.layout, self.rejections, lambda: (self.group.stats(), self.group.copies.held),
+                                  clock, _say)
         self.deletions = Deletions(self.store, _say)  # what waits for a restore to end before it is deleted
         # TensorFlow, when needed: the watchdog and the trainer whose snapshot waits are told meanwhile
         self.loader = Loader(ctx.layout, self.to_watchdog, (self.router, ACCEPT), ctx.attempt, _say, clock)
@@ -125,7 +122,7 @@ class CheckpointService:
             pass
         for note in self.store.recover():
             print(f"procsv checkpoint: {note}", flush=True)
-        self._write_stats(durable=False)
+        self.stats.write(durable=False)
         if self.to_watchdog is not None:  # ready to commit: the watchdog's stall rule counts from here
             send(self.to_watchdog, Hello(Role.CHECKPOINT, os.getpid(), self.ctx.attempt))
 
@@ -141,11 +138,9 @@ class CheckpointService:
                     else:
                         self._handle(got)
             self._tick()
-            counts = (self.rejections.total, self.held_count + self.group.copies.held)
-            if counts != self._stats_written and self.clock() >= self._next_stats:
-                self._write_stats(durable=False)
+            self.stats.maybe_write()
         wake.close()
-        self._write_stats(durable=True)
+        self.stats.write(durable=True)
         self.router.close(0)
         self.arenas.pin(None)
         self.arenas.drop()
@@ -159,20 +154,6 @@ class CheckpointService:
         """Whose SIGTERM/SIGINT stops this service: the process that started it (the watchdog, or the
         trainer of a plain ``python train.py``), or anyone's once that one is gone."""
         return Authority.parent("the watchdog" if self.ctx.supervised else "the trainer that started it")
-
-    def _write_stats(self, durable: bool) -> None:
-        """Replace ``checkpoint_stats.json`` (its ``pid`` says which process the counts are of)."""
-        self._next_stats = self.clock() + STATS_SECS
-        self._stats_written = (self.rejections.total, self.held_count + self.group.copies.held)
-        first, last = self.held_steps or (None, None)
-        memory = {"held": self.held_count, "first_step": first, "last_step": last}
-        try:
-            write_json(self.ctx.layout.checkpoint_stats, {"pid": os.getpid(), "rejected": self.rejections.record(),
-                                                          "memory": memory, "group": self.group.stats(),
-                                                          "updated_at": time.time()},
-                       durable=durable)
-        except OSError as exc:
-            _say(f"procsv checkpoint: could not write {self.ctx.layout.checkpoint_stats}: {exc}")
 
     def _tick(self) -> None:
         if self.deletions.retired:
@@ -286,8 +267,7 @@ class CheckpointService:
         self.memory = HeldSnapshot(msg, payload, view, identity, pid)
         self.arenas.pin(view)
         self.trainer = identity
-        self.held_count += 1
-        self.held_steps = (self.held_steps[0] if self.held_steps else msg.step, msg.step)
+        self.stats.held(msg.step)
         self._reply(SnapshotHeld(msg.step, msg.meta_graph))
 
     def _release_memory(self, why: str) -> None:

@@ -39,7 +39,7 @@ import time
 from typing import Any, Callable, Optional
 
 from procsv.ipc.messages import (Busy, CheckpointSetup, CommitLoading, Progress, RestoreSource, SaveData, SaveReason,
-                                 SaveRequest, SaveResult, SnapshotHeld)
+                                 SaveRequest, SaveResult, SnapshotHeld, GroupCopyRefused)
 from procsv.common import curve
 from procsv.common.errors import CheckpointError, NonFiniteState
 from procsv.common.layout import Layout, read_json
@@ -327,6 +327,8 @@ class CheckpointAgent(FinalCommit):
                 self._on_result(msg)
             elif isinstance(msg, SnapshotHeld):
                 self.memory.held(msg)
+            elif isinstance(msg, GroupCopyRefused):
+                self.memory.refused(msg)
             elif isinstance(msg, CommitLoading):
                 self.commits.load_moved(msg)
 

@@ -10,10 +10,11 @@ with the agent's disk snapshots.
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from typing import Any, Callable, Optional
 
-from procsv.ipc.messages import SaveData, SaveReason, SnapshotHeld
+from procsv.ipc.messages import GroupCopyRefused, SaveData, SaveReason, SnapshotHeld
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint import memory_tier, peer_copy
 from procsv.trainer.checkpoint.snapshot_store import SnapshotStore
@@ -67,7 +68,9 @@ class MemoryTier:
         # a trainer group's member (procsv.services.checkpoint.group): its rank, its attempt, and K (0: alone):
         # every member snapshots at the steps that are multiples of K, so that all hold the same ones
         self.member, self.attempt, self.every_steps = -1, 0, 0
-        self.remote = False  # a member of host 1..M-1: its copies go to node 0 inline (peer_copy)
+        self.remote = False  # a member of host 1..M-1: its copies go to node 0 as uncopied frames (peer_copy)
+        self._sends = peer_copy.Sends()  # ... and the slots ZeroMQ may still read
+        self._refused_said = False  # node 0 refused a copy (GroupCopyRefused), said once
 
     # ------------------------------------------------------------------ the schedule
     def start(self, step: int, now: float) -> None:
@@ -103,6 +106,7 @@ class MemoryTier:
         """Nothing but time keeps an in-memory snapshot back: the tier is on, its memory is ready, the
         last one was acknowledged and a slot is free."""
         store = self.store
+        self.reap_sends()
         return (self.budget > 0 and store.arena is not None and not store.arena.populating()
                 and not store.slots.unacked_pending(now) and store.slots.free(now) is not None)
 
@@ -129,6 +133,7 @@ class MemoryTier:
         see :meth:`release`), at a later step boundary. ``meta_graph``: graph mode's serialized
         MetaGraphDef, sent until the service holds it. True if handed over now."""
         t0 = ch.clock()
+        self.reap_sends()
         slot = self.store.slots.free(t0)
         if slot is None:
             return False
@@ -153,13 +158,18 @@ class MemoryTier:
             self._meta_sent = meta
         specs, frames = snap.specs, list(snap.frames) if meta is None else [*snap.frames, meta]
         if self.remote and arena is not None and self.store.arena is not None:  # node 0 cannot map our memory
-            specs, frames = peer_copy.inline(specs, frames, self.store.arena.array)
+            specs, frames = peer_copy.frames(specs, frames, self.store.arena.array)
             arena = None
         self._waiting = (SaveData(step, SaveReason.MEMORY, self.basename, specs, arena, slot, False,
                                   meta is not None, self.numbered, member=self.member, attempt=self.attempt), frames)
         self.store.slots.wait_to_send(slot, step)
         self._uncharged = reuse
         return self.release(ch, unwritten_from)
+
+    def reap_sends(self) -> None:
+        """Free (of their send) the slots whose uncopied frames ZeroMQ let go of (a remote member's)."""
+        for slot in self._sends.done():
+            self.store.slots.send_done(slot)
 
     def waiting(self) -> bool:
         """An in-memory snapshot is copied and waits for its summaries (see :meth:`release`)."""
@@ -181,6 +191,9 @@ class MemoryTier:
         sent = ch.send_snapshot(msg, frames)
         if sent:
             self.store.slots.sent_memory(msg.slot, msg.step, ch.clock())
+            if self.remote:
+                self._sends.started(msg.slot, frames)
+                self.store.slots.send_started(msg.slot)
             self._answer_awaited(max(ch.clock() + READ_EVERY, self.next_due()))
         else:
             self.store.slots.drop_waiting()
@@ -197,6 +210,17 @@ class MemoryTier:
         (a restarted service has none: the next snapshot carries it again)."""
         self.store.slots.acknowledged(msg.step)
         self._meta_held = self._meta_sent if msg.meta_graph else None
+
+    def refused(self, msg: GroupCopyRefused) -> None:
+        """Node 0's service refused this member's copy of ``msg.step`` (too large to hold): it waits
+        for no acknowledgment of it; said in one line, the first time (every copy of the same
+        state is as large)."""
+        self.store.slots.refused(msg.step)
+        if not self._refused_said:
+            self._refused_said = True
+            print(f"procsv: node 0's checkpoint service refused member {msg.rank}'s copy of step {msg.step}: "
+                  f"{msg.size} bytes, beyond the {msg.limit} it holds for one member; a group restarted "
+                  "restores this member from disk", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ the cost
     def poll_for_ack(self, ch: TrainerChannels) -> list[Any]:

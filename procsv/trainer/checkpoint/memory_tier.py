@@ -16,7 +16,12 @@ it to disk if the trainer dies. A slot may be written only if it holds none of:
   answers it);
 - the in-memory snapshot copied but not yet handed to the service (``waiting``): it is handed over
   only once the summary service has confirmed every summary of its step and before, so that a
-  restart from it never skips summaries only the dead trainer held.
+  restart from it never skips summaries only the dead trainer held;
+- a group member of another host's snapshot whose frames ZeroMQ may still read (``sending``): it
+  sends them from the slot itself, uncopied (:mod:`procsv.trainer.checkpoint.peer_copy`), so the
+  slot is spoken for until the send's trackers say ZeroMQ let go of them, however long after the
+  acknowledgment's grace (a link to node 0 that stalls keeps it; a slot rewritten under a send
+  would hand node 0 a copy torn across two steps).
 
 With three slots a disk snapshot always finds one, and an in-memory snapshot waits only while the
 service is busy committing. The rule keeps a held snapshot intact; should it ever be broken (a
@@ -166,6 +171,7 @@ class Slots:
     held_slot: Optional[int] = None  # the slot of that snapshot, when known (a step rewritten is in two slots)
     unacked: Optional[tuple[int, int, float]] = None  # (slot, step, sent at) of an in-memory snapshot
     waiting: Optional[tuple[int, int]] = None  # (slot, step) of an in-memory snapshot copied, not yet sent
+    sending: set[int] = field(default_factory=set)  # slots ZeroMQ may still read (a remote member's uncopied send)
 
     def __post_init__(self) -> None:
         if not self.steps:
@@ -179,7 +185,7 @@ class Slots:
             out.add(self.unacked[0])
         if self.waiting is not None:
             out.add(self.waiting[0])
-        return out
+        return out | self.sending
 
     def free(self, now: float) -> Optional[int]:
         """A slot that may be written now (the one holding the oldest step first), or None."""
@@ -208,12 +214,26 @@ class Slots:
         if self.waiting is not None and self.waiting[0] == slot:
             self.waiting = None
 
+    def send_started(self, slot: int) -> None:
+        """ZeroMQ was handed ``slot``'s bytes uncopied: the slot is spoken for until :meth:`send_done`."""
+        self.sending.add(slot)
+
+    def send_done(self, slot: int) -> None:
+        """ZeroMQ let go of ``slot``'s bytes (its send's trackers are done)."""
+        self.sending.discard(slot)
+
     def drop_waiting(self) -> None:
         """The waiting in-memory snapshot will never be sent (a newer snapshot supersedes it)."""
         self.waiting = None
 
     def sent_disk(self, slot: int) -> None:
         self.disk = slot
+
+    def refused(self, step: int) -> None:
+        """The service will never hold the in-memory snapshot of ``step`` (it refused it): no
+        acknowledgment is awaited; its slot is free once ZeroMQ let go of it (``sending``)."""
+        if self.unacked is not None and self.unacked[1] == step:
+            self.unacked = None
 
     def acknowledged(self, step: int, slot: Optional[int] = None) -> None:
         """The service holds the snapshot of ``step`` (its newest; what it held before is released),

@@ -7,6 +7,11 @@ turns the agents' answers into observations of the view: a member started (``spa
 by the logdir reader thread: the end is observed when the read is done, or without it once
 :data:`~procsv.watchdog.endreads.READ_WAIT` has passed).
 The executor signals and kills remote members through the same link.
+
+A member of another host files a CURVE key for node 0's checkpoint service (its peer copies,
+:func:`procsv.common.curve.connect_member`) and removes it at an orderly exit, never when
+SIGKILLed: node 0 removes the key files of the attempts that are over (when the next one starts)
+and of each member that ended, on the logdir reader thread (:func:`procsv.common.curve.unfile_members`).
 """
 
 from __future__ import annotations
@@ -15,13 +20,14 @@ import signal
 from collections import deque
 from typing import Callable, Optional
 
+from procsv.common import curve
 from procsv.common.layout import Layout
 from procsv.watchdog import observe
 from procsv.watchdog.children import read_child_error
 from procsv.watchdog.diskjobs import DiskJobs, Job
 from procsv.watchdog.endreads import READ_WAIT, unread_note
 from procsv.watchdog.rules.failures import ChildError, Failure
-from procsv.watchdog.rules.group import worker_slot
+from procsv.watchdog.rules.group import rank_of, worker_slot
 from procsv.watchdog.multihost.nodes import NodeLink
 from procsv.watchdog.publish.events import Report
 from procsv.watchdog.rules.state import WORKER, RunView
@@ -47,6 +53,8 @@ class RemoteMembers:
     def start(self, attempt: int, cluster: list[str], env: dict[str, str]) -> None:
         """Ask every other host for its tasks of the group's ``attempt`` (host R runs R*N .. R*N+N-1)."""
         n = self.nproc
+        job, layout = self.link.job, self.layout
+        self.reader.submit(lambda: curve.unfile_members(layout, job, before=attempt))  # every earlier attempt is over
         for node in range(1, self.nnodes):
             ranks = list(range(node * n, node * n + n))
             self.link.start(node, attempt, ranks, cluster, env)
@@ -75,6 +83,8 @@ class RemoteMembers:
         """An agent reaped a member; its error file, if any, is in the shared logdir."""
         if self.pending.get(slot) == attempt:
             del self.pending[slot]
+        key_job, layout, rank = self.link.job, self.layout, rank_of(slot)
+        self.reader.submit(lambda: curve.unfile_members(layout, key_job, before=0, rank=rank, attempt=attempt))
         child = self.view.children.get(slot)
         if child is None or child.attempt != attempt or child.pid != pid:
             return

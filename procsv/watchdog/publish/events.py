@@ -57,6 +57,7 @@ rolled_back            pid, step, epoch, batch, restored_step, source (``memory`
                        (step: the poisoned one; epoch, batch: its input position, Keras, else null; skip
                        true: the step is skipped; false: it is retried once; secs: the restore's)
 step_skipped           pid, step (the global step it would have completed), epoch, batch, skipped (the run's so far)
+group_copy_refused     rank, attempt, step, size, limit (node 0's checkpoint service refused a peer copy beyond its limit)
 =====================  ==========================================================================
 """
 
@@ -104,6 +105,7 @@ class Event(str, enum.Enum):
     NONFINITE_DETECTED = "nonfinite_detected"
     ROLLED_BACK = "rolled_back"
     STEP_SKIPPED = "step_skipped"
+    GROUP_COPY_REFUSED = "group_copy_refused"
 
 
 _RESTORE = frozenset({"pid", "step", "path", "secs", "skipped", "prepared_at", "warm_secs", "source"})
@@ -143,6 +145,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.ROLLED_BACK: frozenset({"pid", "step", "restored_step", "source", "path", "skip", "secs", "epoch",
                                   "batch"}),
     Event.STEP_SKIPPED: frozenset({"pid", "step", "epoch", "batch", "skipped"}),
+    Event.GROUP_COPY_REFUSED: frozenset({"rank", "attempt", "step", "size", "limit"}),
 }
 
 
