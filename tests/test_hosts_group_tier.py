@@ -1,7 +1,8 @@
 """A group's in-memory tier over two "hosts" (issue 54, point 2): the members of host 1 hand their
 snapshots to node 0's checkpoint service over CURVE (their peer copies), so that a member of host 1
 SIGKILLed, or the whole host SIGKILLed and its agent relaunched, restores the group's pinned step
-from memory; a damaged peer copy falls through to disk, saying so in one line.
+from memory; a damaged peer copy falls through to disk, saying so in one line; and (issue 54, point 6)
+host 1's member, the chief and host 1 whole SIGKILLed at random steps of one run end bit-equal.
 
 Two hosts as in tests/test_hosts.py (network namespaces on a veth bridge, one logdir, real
 TensorFlow collectives over the bridge, real SIGKILLs). Needs root; skipped otherwise.
@@ -209,6 +210,7 @@ def test_a_two_host_group_sigkilled_at_random_steps_member_chief_and_whole_host_
         assert restored[[kind for kind, _ in plan].index("host")]["source"] == "peer", restored  # never disk
         assert [(r["node"], r["host"]) for r in events(logdir, "node_joined")] == [(1, HOST1_IP)] * 2
         assert {r["reason"] for r in events(logdir, "checkpoint_committed")} <= {"final", "preempted"}
+        assert restores_with_plain_tf(logdir) == 500  # tf.train.Checkpoint restores the final checkpoint whole
         final = final_weights_of(logdir)
         assert final.keys() == clean_group.keys() and final
         for name in clean_group:
