@@ -2,7 +2,8 @@
 snapshots to node 0's checkpoint service over CURVE (their peer copies), so that a member of host 1
 SIGKILLed, or the whole host SIGKILLed and its agent relaunched, restores the group's pinned step
 from memory; a damaged peer copy falls through to disk, saying so in one line; and (issue 54, point 6)
-host 1's member, the chief and host 1 whole SIGKILLed at random steps of one run end bit-equal.
+a group of four over the two hosts losing a member of each host, the chief and host 1 whole at random
+steps of one run ends bit-equal to an uninterrupted one.
 
 Two hosts as in tests/test_hosts.py (network namespaces on a veth bridge, one logdir, real
 TensorFlow collectives over the bridge, real SIGKILLs). Needs root; skipped otherwise.
@@ -16,6 +17,7 @@ import signal
 from typing import Any, Iterator
 
 import numpy as np
+import pytest
 
 from conftest import finish, launch, lifecycle, quiet_env, role_pid, wait_for, wait_role_pid
 from test_group import (K, SLOW, clean_group, final_weights_of, group_started, member_restores, printed_steps,
@@ -26,19 +28,23 @@ from test_hosts import HOST1_IP, agent, events, host_pids, hosts, master_addr
 __all__ = ["clean_group", "hosts"]  # fixtures, used by name
 
 
-def two_hosts(logdir: str, *args: str, env: dict[str, str] | None = None) -> tuple[Any, Any, str]:
-    """Node 0's launch and node 1's agent of one job (``--nproc 1 --nnodes 2``: worker1 on node 1)."""
+def two_hosts(logdir: str, *args: str, env: dict[str, str] | None = None,
+              nproc: int = 1) -> tuple[Any, Any, str]:
+    """Node 0's launch and node 1's agent of one job (``--nproc N --nnodes 2``: N members a host; with
+    N = 1 worker1 on node 1)."""
     addr = master_addr()
-    opts = ("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4", "--group-grace-secs", "0")
+    per_host = ("--nproc", str(nproc))
+    opts = (*per_host, "--nnodes", "2", "--master-addr", addr, "--node-timeout", "4", "--group-grace-secs", "0")
     master = launch(logdir, *args, opts=opts, env=env)
-    return master, agent(logdir, addr, *args), addr
+    return master, agent(logdir, addr, *args, opts=per_host), addr
 
 
 @contextlib.contextmanager
-def two_hosts_ending_well(logdir: str, *args: str, env: dict[str, str] | None = None) -> Iterator[None]:
+def two_hosts_ending_well(logdir: str, *args: str, env: dict[str, str] | None = None,
+                          nproc: int = 1) -> Iterator[None]:
     """:func:`two_hosts` around the body of a ``with``; then node 0's launch and node 1's agent end,
     both with exit code 0 (a body that raised: node 0's launch ended, its error raised)."""
-    master, first, _ = two_hosts(logdir, *args, env=env)
+    master, first, _ = two_hosts(logdir, *args, env=env, nproc=nproc)
     try:
         yield
     finally:
@@ -148,20 +154,42 @@ def test_node_0s_checkpoint_service_restarted_then_a_member_of_host_1_killed_res
         assert np.array_equal(final[name], clean_group[name]), name
 
 
+def starts(logdir: str) -> list[dict[str, Any]]:
+    """Every group's start, in order: its chief's ``restored`` or ``initialized`` record."""
+    return [r for r in lifecycle(logdir) if r.get("event") in ("restored", "initialized")]
+
+
+
+@pytest.fixture(scope="module")
+def clean_four(hosts, shared_result):
+    """The final weights of an uninterrupted two-host group of four (``--nproc 2 --nnodes 2``: the
+    chief and worker1 on node 0, worker2 and worker3 on host 1) of 600 steps (made once, shared)."""
+    def produce(folder: str) -> None:
+        with two_hosts_ending_well(folder, *SLOW, "--steps", "600", nproc=2):
+            pass
+
+    return final_weights_of(shared_result("group-two-hosts-four-600", produce))
+
+
+MEMBERS = ("trainer", "worker1", "worker2", "worker3")  # --nproc 2 --nnodes 2: ranks 0-1 on node 0, 2-3 on host 1
+
+
 def test_a_two_host_group_sigkilled_at_random_steps_member_chief_and_whole_host_ends_bit_equal(
-        hosts, logdir, clean_group):
-    # issue 54 point 6 over two hosts: host 1's member, node 0's member (with --nproc 1, the chief) and
-    # host 1 whole (its agent and member SIGKILLed, a new agent launched) SIGKILLed in a drawn order,
-    # each at a drawn step 60-100 past its group's restore. Every restarted group restores a K-th step
-    # from memory, host 1's member from its peer copy on node 0 (a host lost: from the peer copy, never
-    # disk), and the run ends bit-equal to an uninterrupted group. The seed is in every failure message
+        hosts, logdir, clean_four):
+    # issue 54 point 6 over two hosts: a group of four (two members a host) loses a member of host 1
+    # (worker2 or worker3, drawn), node 0's other member (worker1), the chief, and host 1 whole (its
+    # agent and members SIGKILLed, a new agent launched), in a drawn order, each at a drawn step 60-100
+    # past its group's restore. Every restarted group restores one K-th step on all four members from
+    # memory, host 1's from their peer copies on node 0 (a host lost: from the peer copies, never disk),
+    # and the run ends bit-equal to an uninterrupted two-host group. The seed is in every failure message
     import random
 
     seed = random.SystemRandom().randrange(1 << 32)
     rng = random.Random(seed)
-    plan = [(kind, rng.randint(K + 10, 2 * K)) for kind in rng.sample(("worker1", "trainer", "host"), 3)]
+    kinds = (rng.choice(("worker2", "worker3")), "worker1", "trainer", "host")
+    plan = [(kind, rng.randint(K + 10, 2 * K)) for kind in rng.sample(kinds, 4)]
     why = f"seed {seed}, kills (kind, steps past the restore) {plan}"
-    master, node1, addr = two_hosts(logdir, *SLOW, "--steps", "500")
+    master, node1, addr = two_hosts(logdir, *SLOW, "--steps", "600", nproc=2)
     agents = [node1]
     seen: list[int] = []
     try:
@@ -175,12 +203,12 @@ def test_a_two_host_group_sigkilled_at_random_steps_member_chief_and_whole_host_
                     return steps[-1] if steps and steps[-1] >= step else 0
 
                 seen.append(wait_for(past, 180, interval=0.02, what=f"trainer.{attempt} past step {again + offset}"))
-                if kind == "host":  # the whole host goes: its agent and its member
+                if kind == "host":  # the whole host goes: its agent and its members
                     for pid in host_pids():
                         os.kill(pid, signal.SIGKILL)
                     agents[-1].wait(10)
                     wait_for(lambda: len(events(logdir, "node_lost")) == 1, 30, what="the host to be found lost")
-                    agents.append(agent(logdir, addr, *SLOW, "--steps", "500"))
+                    agents.append(agent(logdir, addr, *SLOW, "--steps", "600", opts=("--nproc", "2")))
                 else:
                     os.kill(wait_role_pid(logdir, kind), signal.SIGKILL)
                 wait_for(lambda: len(events(logdir, "restarting")) >= attempt, 60, what=f"restart {attempt}")
@@ -190,35 +218,33 @@ def test_a_two_host_group_sigkilled_at_random_steps_member_chief_and_whole_host_
         assert code == 0, err
         assert acode == 0, aerr
         restored = events(logdir, "restored")
-        assert len(restored) == 3, restored
+        assert len(restored) == 4, restored
         preempted = [r["step"] for r in events(logdir, "checkpoint_committed") if r["reason"] == "preempted"]
         for attempt, ((kind, _), step, record) in enumerate(zip(plan, seen, restored), start=2):
             # a member may die between a step and its line: the group's last step is at most one past the lines
-            last = max(max(printed_steps(logdir, f"{log}.{attempt - 1}")) for log in ("trainer", "worker1")) + 1
+            last = max(max(printed_steps(logdir, f"{m}.{attempt - 1}")) for m in MEMBERS) + 1
             assert last >= step, (kind, last, step)
-            assert member_restores(logdir, attempt) == [record["step"]] * 2, (kind, record)  # every member the same
+            firsts = [printed_steps(logdir, f"{m}.{attempt}")[0] - 1 for m in MEMBERS]
+            assert firsts == [record["step"]] * 4, (kind, record, firsts)  # every member the same step
             if record["source"] == "disk":  # the chief of a worker's group committed its last step on its way out
-                assert kind == "worker1" and record["step"] in preempted and last - 1 <= record["step"] <= last, \
-                    (kind, record, preempted)
+                assert kind.startswith("worker") and record["step"] in preempted, (kind, record, preempted)
+                assert last - 1 <= record["step"] <= last, (kind, record, last)
                 continue
-            # memory, host 1's member from its peer copy: at most one interval plus the copies on their way
+            # memory, host 1's members from their peer copies: at most one interval plus the copies on their way
             assert record["source"] == "peer" and record["step"] % K == 0, (kind, record)
             assert record["path"] == f"the group's in-memory snapshot of step {record['step']}", record
             assert 0 < last - record["step"] <= 2 * K, (kind, last, record)
-            with open(os.path.join(logdir, "logs", f"worker1.{attempt}.log")) as fh:
-                assert f"procsv: member 1 restored step {record['step']} from its peer copy on node 0" in fh.read()
+            for rank in (2, 3):
+                with open(os.path.join(logdir, "logs", f"worker{rank}.{attempt}.log")) as fh:
+                    assert f"procsv: member {rank} restored step {record['step']} from its peer copy on node 0" \
+                        in fh.read(), (kind, rank, record)
         assert restored[[kind for kind, _ in plan].index("host")]["source"] == "peer", restored  # never disk
         assert [(r["node"], r["host"]) for r in events(logdir, "node_joined")] == [(1, HOST1_IP)] * 2
         assert {r["reason"] for r in events(logdir, "checkpoint_committed")} <= {"final", "preempted"}
-        assert restores_with_plain_tf(logdir) == 500  # tf.train.Checkpoint restores the final checkpoint whole
+        assert restores_with_plain_tf(logdir) == 600  # tf.train.Checkpoint restores the final checkpoint whole
         final = final_weights_of(logdir)
-        assert final.keys() == clean_group.keys() and final
-        for name in clean_group:
-            assert np.array_equal(final[name], clean_group[name]), name
+        assert final.keys() == clean_four.keys() and final
+        for name in clean_four:
+            assert np.array_equal(final[name], clean_four[name]), name
     except AssertionError as e:
         raise AssertionError(f"{e} ({why})") from e
-
-
-def starts(logdir: str) -> list[dict[str, Any]]:
-    """Every group's start, in order: its chief's ``restored`` or ``initialized`` record."""
-    return [r for r in lifecycle(logdir) if r.get("event") in ("restored", "initialized")]
