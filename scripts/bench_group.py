@@ -515,7 +515,7 @@ def main() -> int:
             host_runs = two_host_kills(root, repeats, failures) if args.hosts else []
             host_loss = hosts_bench.measure(os.path.join(root, "g"), repeats, rng) if args.host_loss else {}
             load.append(os.getloadavg()[0])
-            left += sum(run["left"] for run in host_runs)
+            left += sum(run["left"] for run in host_runs) + sum(x["left"] for rs in host_loss.values() for x in rs)
             return mttr_report(runs, forks, load, failures, left, host_runs,
                                hosts_bench.report(host_loss) if host_loss else "")
         warm = (bench_group_prewarm.measure(os.path.join(root, "p"), repeats, ("warm", "warm+step"))
@@ -530,6 +530,7 @@ def main() -> int:
         stall = [stall_trial(os.path.join(root, f"d{i}")) for i in range(repeats)]
         tier = tier_bench.measure(os.path.join(root, "t"), repeats, rng) if args.tier else {}
         host_loss = hosts_bench.measure(os.path.join(root, "g"), repeats, rng) if args.host_loss else {}
+        left += sum(x["left"] for rs in host_loss.values() for x in rs)
         load.append(os.getloadavg()[0])
     except (BenchError, bench_group_prewarm.BenchError, subprocess.TimeoutExpired) as e:
         print(f"bench_group: FAILED: {e}", file=sys.stderr)

@@ -88,9 +88,8 @@ def host_loss(logdir: str, k: int, kill_at: int, save_secs: float) -> dict[str, 
             if proc is not None:
                 stop(proc, 30)
     last = max(printed(logdir, "trainer.1"))
-    leftovers(logdir)
     return {"source": record.get("source") or "none", "step": record["step"], "last": last,
-            "redone": last - record["step"], "pace": pace}
+            "redone": last - record["step"], "pace": pace, "left": leftovers(logdir)}
 
 
 def measure(root: str, repeats: int, rng: random.Random, kill_at: int = 600,
