@@ -18,7 +18,8 @@
 In (a) each kill waits until the watchdog's standby group for the next attempt is ready (``standby_ready`` of
 both members); a promoted group was up and built before the kill, so its TF start-up and build are 0 and its
 restore counts from the promotion. ``--fork-too``: (a) also with ``--standby fork`` (each restart forks the
-whole group, as before the standby group), its runs interleaved with the others'; ``--mttr-only``: (a) alone.
+whole group, as before the standby group), its runs interleaved with the others'; ``--mttr-only``: (a) alone
+(and, asked for, ``--hosts``'s and ``--host-loss``'s runs: the two-host figures beside (a)'s, without (b)-(d)).
 ``--prewarm``: (a) by a standby pair of plain processes woken at the kill, its step traced (``warm``), and also run
 once among its members (``warm+step``): what a pre-warmed group would bring (``scripts/bench_group_prewarm.py``),
 beside procsv's in the same run. ``--hosts`` (root): (a) again with worker1 on a second "host", a network namespace on a veth bridge
@@ -417,9 +418,24 @@ def stall_trial(logdir: str) -> dict[str, Any]:
             "left": leftovers(logdir)}
 
 
+def two_host_kills(root: str, repeats: int, failures: list[str]) -> list[dict[str, Any]]:
+    """``--hosts``: ``repeats`` runs of (a) with worker1 on a second "host" (made for them); a run that did not
+    finish at --steps with exit 0 is added to ``failures``."""
+    host_runs: list[dict[str, Any]] = []
+    with second_host():
+        for r in range(repeats):
+            host_runs.append(run := group_kills(os.path.join(root, f"h{r}"), hosts=True))
+            if not run["ok"]:
+                failures.append(f"(a, two hosts) run {r + 1} did not finish at --steps with exit 0")
+            print(f"two hosts, repeat {r + 1}: group MTTR per kill {[round(x['mttr'], 3) for x in run['rows']]}"
+                  f" s; load {os.getloadavg()[0]:.1f}", flush=True)
+    return host_runs
+
+
 def mttr_report(runs: list[dict[str, Any]], forks: list[dict[str, Any]], load: list[float], failures: list[str],
-                left: int) -> int:
-    """``--mttr-only``: (a)'s table, the standby group's runs beside ``--standby fork``'s."""
+                left: int, host_runs: list[dict[str, Any]], host_loss_line: str) -> int:
+    """``--mttr-only``: (a)'s table, the standby group's runs beside ``--standby fork``'s and (``--hosts``) the
+    two-host runs' MTTR; (``--host-loss``) the table of (g) printed before, its ``hostloss_*`` figures last."""
     med = statistics.median
 
     def col(rs: list[dict[str, Any]], key: str) -> str:
@@ -435,9 +451,13 @@ def mttr_report(runs: list[dict[str, Any]], forks: list[dict[str, Any]], load: l
     failures += [f"{left} process(es) of a run left behind (killed)"] if left else []
     for f in failures:
         print(f"bench_group: FAILED: {f}", file=sys.stderr)
+    if host_runs:
+        print(f"{'(a) two hosts (worker1 on host 1): MTTR, s':<46} {col(host_runs, 'mttr'):>22}")
     mttr = [med([x["mttr"] for x in run["rows"]]) for run in runs]
     fork = [med([x["mttr"] for x in run["rows"]]) for run in forks]
-    print(f"group_mttr_s={med(mttr):.3f}" + (f" fork_mttr_s={med(fork):.3f}" if fork else ""))
+    host = [med([x["mttr"] for x in run["rows"]]) for run in host_runs]
+    print(f"group_mttr_s={med(mttr):.3f}" + (f" fork_mttr_s={med(fork):.3f}" if fork else "")
+          + (f" host_mttr_s={med(host):.3f}" if host else "") + (f" {host_loss_line}" if host_loss_line else ""))
     return 1 if failures else 0
 
 
@@ -460,7 +480,8 @@ def main() -> int:
     p.add_argument("--fork-too", action="store_true",
                    help="also (a) with --standby fork (each restart forks the whole group: no standby group), "
                         "its runs interleaved with the others")
-    p.add_argument("--mttr-only", action="store_true", help="(a) alone (no fresh pair, no (b), (c), (d))")
+    p.add_argument("--mttr-only", action="store_true",
+                   help="(a) alone (no fresh pair, no (b), (c), (d)); with --hosts and --host-loss, those too")
     args = p.parse_args()
     import bench_group_tier as tier_bench  # (it imports this module's helpers)
     import bench_group_hosts as hosts_bench  # (so does it)
@@ -491,20 +512,16 @@ def main() -> int:
             bases.append(base := fresh_restarts(os.path.join(root, f"f{r}")))
             print(f"repeat {r + 1}: fresh restart {', '.join(format(x['total'], '.3f') for x in base)}", flush=True)
         if args.mttr_only:
+            host_runs = two_host_kills(root, repeats, failures) if args.hosts else []
+            host_loss = hosts_bench.measure(os.path.join(root, "g"), repeats, rng) if args.host_loss else {}
             load.append(os.getloadavg()[0])
-            return mttr_report(runs, forks, load, failures, left)
+            left += sum(run["left"] for run in host_runs) + sum(x["left"] for rs in host_loss.values() for x in rs)
+            return mttr_report(runs, forks, load, failures, left, host_runs,
+                               hosts_bench.report(host_loss) if host_loss else "")
         warm = (bench_group_prewarm.measure(os.path.join(root, "p"), repeats, ("warm", "warm+step"))
                 if args.prewarm else {})
-        host_runs: list[dict[str, Any]] = []
-        if args.hosts:
-            with second_host():
-                for r in range(repeats):
-                    host_runs.append(run := group_kills(os.path.join(root, f"h{r}"), hosts=True))
-                    left += run["left"]
-                    if not run["ok"]:
-                        failures.append(f"(a, two hosts) run {r + 1} did not finish at --steps with exit 0")
-                    print(f"two hosts, repeat {r + 1}: group MTTR per kill {[round(x['mttr'], 3) for x in run['rows']]}"
-                          " s", flush=True)
+        host_runs = two_host_kills(root, repeats, failures) if args.hosts else []
+        left += sum(run["left"] for run in host_runs)
         notice: dict[bool, list[float]] = {True: [], False: []}
         for i in range(max(3, repeats)):
             for way in ((True, False) if i % 2 == 0 else (False, True)):
@@ -513,6 +530,7 @@ def main() -> int:
         stall = [stall_trial(os.path.join(root, f"d{i}")) for i in range(repeats)]
         tier = tier_bench.measure(os.path.join(root, "t"), repeats, rng) if args.tier else {}
         host_loss = hosts_bench.measure(os.path.join(root, "g"), repeats, rng) if args.host_loss else {}
+        left += sum(x["left"] for rs in host_loss.values() for x in rs)
         load.append(os.getloadavg()[0])
     except (BenchError, bench_group_prewarm.BenchError, subprocess.TimeoutExpired) as e:
         print(f"bench_group: FAILED: {e}", file=sys.stderr)

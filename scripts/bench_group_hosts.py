@@ -6,7 +6,9 @@ second "host": a network namespace on a veth bridge under its node agent, as ``b
 at a step past ``--kill-at`` the whole second host is SIGKILLed (its agent and its member), node 0 finds it
 lost (``--node-timeout 4``), a new agent is launched there, and the restarted group's ``restored`` (or
 ``initialized``) record says where it restored from (``source``: ``peer``, ``memory``, ``disk``; none:
-step 0) and which step. Steps re-done: the chief's last printed step before the restart minus that step.
+step 0) and which step (the newest whole: a periodic disk save, every ``--save-model-secs``, newer than the
+newest peer copy is restored instead; the table counts each source). Steps re-done: the chief's last printed
+step before the restart minus that step.
 Beside it the wall time per step from step 200 to the kill (the chief's log read as it grows): what the tier
 and its replication cost the group's step, as far as a shared machine resolves it.
 
@@ -24,17 +26,16 @@ import argparse
 import os
 import random
 import re
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from typing import Any, Optional
 
-from bench_group import NET, NS, BenchError, events, launch, leftovers, second_host, stop, wait  # scripts/: on sys.path
+from bench_alone import run_alone  # scripts/: on sys.path
+from bench_group import NET, NS, BenchError, events, launch, leftovers, second_host, stop, wait
 
 PACE_FROM = 200  # the wall time per step is taken from this step to the kill (the group's, as the chief prints it)
 EXAMPLE = ["--strategy", "multiworker", "--step-delay", "0.005", "--print-every-steps", "1", "--steps", "100000"]
@@ -87,9 +88,8 @@ def host_loss(logdir: str, k: int, kill_at: int, save_secs: float) -> dict[str, 
             if proc is not None:
                 stop(proc, 30)
     last = max(printed(logdir, "trainer.1"))
-    leftovers(logdir)
     return {"source": record.get("source") or "none", "step": record["step"], "last": last,
-            "redone": last - record["step"], "pace": pace}
+            "redone": last - record["step"], "pace": pace, "left": leftovers(logdir)}
 
 
 def measure(root: str, repeats: int, rng: random.Random, kill_at: int = 600,
@@ -118,8 +118,11 @@ def report(runs: dict[int, list[dict[str, Any]]]) -> str:
     def source(k: int) -> str:
         return str(Counter(x["source"] for x in runs[k]).most_common(1)[0][0])
 
+    def sources(k: int) -> str:  # a periodic disk save newer than the newest peer copy is restored instead
+        return " ".join(f"{s} {n}/{len(runs[k])}" for s, n in Counter(x["source"] for x in runs[k]).most_common())
+
     print(f"{'after a whole host-1 loss':<34}{'tier (K=50)':>18}{'no tier (K=0)':>18}")
-    print(f"{'restore source (most runs)':<34}{source(50):>18}{source(0):>18}")
+    print(f"{'restore source (runs)':<34}{sources(50):>18}{sources(0):>18}")
     print(f"{'steps re-done, median (min-max)':<34}{redone(50):>18}{redone(0):>18}")
     pace = {k: [x["pace"] * 1000 for x in runs[k]] for k in runs}
     print(f"{'ms per step before the loss':<34}{statistics.median(pace[50]):>18.2f}{statistics.median(pace[0]):>18.2f}"
@@ -140,20 +143,8 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_group_hosts: needs root (ip netns)", file=sys.stderr)
         return 1
-    root = tempfile.mkdtemp(prefix="bench_group_hosts.")
-    load = [os.getloadavg()[0]]
-    try:
-        runs = measure(root, args.repeats, random.Random(args.seed), args.kill_at, args.save_model_secs)
-    except BenchError as exc:
-        print(f"bench_group_hosts: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-        load.append(os.getloadavg()[0])
-    line = report(runs)
-    print(f"load average (1 min): at the start {load[0]:.1f}, at the end {load[-1]:.1f}")
-    print(line)
-    return 0
+    return run_alone("bench_group_hosts", lambda root: measure(root, args.repeats, random.Random(args.seed),
+                                                              args.kill_at, args.save_model_secs), report)
 
 
 if __name__ == "__main__":

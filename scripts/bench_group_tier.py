@@ -26,14 +26,12 @@ import argparse
 import os
 import random
 import re
-import shutil
 import statistics
 import sys
-import tempfile
-import time
 from typing import Any
 
 import bench_group as bg  # scripts/ is this script's folder, first on sys.path
+from bench_alone import run_alone
 from results_table import median_spread
 
 TIER_OFF = dict(bg.ENV, PROCSV_GROUP_SNAPSHOT_STEPS="0")
@@ -134,21 +132,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    root = tempfile.mkdtemp(prefix="bgt-", dir="/tmp")
-    load = [os.getloadavg()[0]]
-    t0 = time.monotonic()
-    try:
-        out = measure(root, args.repeats, random.Random(args.seed))
-    except (bg.BenchError, OSError) as e:
-        print(f"bench_group_tier: FAILED: {e}", file=sys.stderr)
-        return 1
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    load.append(os.getloadavg()[0])
-    line = report(out)
-    print(f"load average {load[0]:.1f} -> {load[1]:.1f}, {time.monotonic() - t0:.0f} s")
-    print(line)
-    return 0
+    return run_alone("bench_group_tier", lambda root: measure(root, args.repeats, random.Random(args.seed)), report)
 
 
 if __name__ == "__main__":

@@ -355,6 +355,34 @@ def final_weights_of(logdir: str) -> dict[str, Any]:
     return final_weights(logdir)
 
 
+def sigkill_the_chief_past_a_disk_save(logdir: str) -> None:
+    """SIGKILL the first group's chief once its log shows a step past 160, 60-75 steps past a disk
+    save (every 100 steps; the in-memory snapshots every 50: the newest one is newer than the disk's)."""
+    group_started(logdir, 1)
+
+    def past_a_disk_save() -> int:
+        steps = printed_steps(logdir, "trainer.1")
+        return steps[-1] if steps and steps[-1] >= 160 and 60 <= steps[-1] % 100 <= 75 else 0
+
+    wait_for(past_a_disk_save, 180, interval=0.02, what="the chief past a disk save, before the next")
+    os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
+
+
+def restored_from_disk_once(logdir: str) -> list[str]:
+    """The run restarted its group once, every member from the same disk checkpoint (a multiple of
+    100); the restarted chief's log lines that say why it restores from disk."""
+    restored = events(logdir, "restored")
+    assert len(restored) == 1 and restored[0]["source"] == "disk" and restored[0]["step"] % 100 == 0, restored
+    assert member_restores(logdir, 2) == [restored[0]["step"]] * 2
+    return restore_from_disk_lines(logdir)
+
+
+def restore_from_disk_lines(logdir: str) -> list[str]:
+    """The lines of the second group's chief (``logs/trainer.2.log``) that say it restores from disk."""
+    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
+        return [line for line in fh.read().splitlines() if "restores from disk" in line]
+
+
 @pytest.mark.parametrize("fault, why", [("group_copy_corrupt", ("'s in-memory copy of step", "is damaged")),
                                         ("group_copy_missing", ("is held for all 2 members",))])
 def test_a_damaged_or_missing_in_memory_copy_makes_the_group_restore_from_disk_saying_why_in_one_line(
@@ -366,21 +394,10 @@ def test_a_damaged_or_missing_in_memory_copy_makes_the_group_restore_from_disk_s
     env = quiet_env(PROCSV_FAULT=f"checkpoint:{fault}:1-100000")
     proc = launch(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "330", opts=GROUP, env=env)
     try:
-        group_started(logdir, 1)
-
-        def past_a_disk_save() -> int:
-            steps = printed_steps(logdir, "trainer.1")
-            return steps[-1] if steps and steps[-1] >= 160 and 60 <= steps[-1] % 100 <= 75 else 0
-
-        wait_for(past_a_disk_save, 180, interval=0.02, what="the chief past a disk save, before the next")
-        os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
+        sigkill_the_chief_past_a_disk_save(logdir)
     finally:
         code, out, err = finish(proc)
     assert code == 0, err
-    restored = events(logdir, "restored")
-    assert len(restored) == 1 and restored[0]["source"] == "disk" and restored[0]["step"] % 100 == 0, restored
-    assert member_restores(logdir, 2) == [restored[0]["step"]] * 2
-    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
-        lines = [line for line in fh.read().splitlines() if "restores from disk" in line]
+    lines = restored_from_disk_once(logdir)
     assert len(lines) == 1 and all(words in lines[0] for words in why), lines
     assert restores_with_plain_tf(logdir) == 330

@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, wait_for, wait_role_pid
+from proc_checks import gone
 from procsv.common.layout import Layout
 from procsv.status import read_status, render
 from test_metrics import free_port
@@ -458,15 +459,6 @@ def test_status_writes_stalled_on_node_0_lose_no_host_and_a_sigterm_to_node_1s_a
     wait_for(lambda: not host_pids(), 10, what="no process of the job left")
 
 
-def _gone(pid: int) -> bool:
-    """Killed and reaped (a zombie is not gone: its parent has not collected it)."""
-    try:
-        psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return True
-    return False
-
-
 def _zombies_of(pid: int) -> list[int]:
     try:
         return [c.pid for c in psutil.Process(pid).children() if c.status() == psutil.STATUS_ZOMBIE]
@@ -508,10 +500,10 @@ def test_node_1s_agent_kills_and_reaps_what_its_killed_member_left_behind(hosts,
             helpers[2] = [int(p) for p in fh.read().split()]
         # (the agent is node1.pid: ip netns exec execs the launch) bounded: the next sweep is due within 1 s
         try:
-            wait_for(lambda: all(_gone(p) for p in [*helpers[1], zygote]) and not _zombies_of(node1.pid), 15,
+            wait_for(lambda: all(gone(p) for p in [*helpers[1], zygote]) and not _zombies_of(node1.pid), 15,
                      what="the first member's helpers and the given-up zygote to be killed and reaped")
         except AssertionError:
-            left = {"live": [p for p in [*helpers[1], zygote] if not _gone(p) and p not in _zombies_of(node1.pid)],
+            left = {"live": [p for p in [*helpers[1], zygote] if not gone(p) and p not in _zombies_of(node1.pid)],
                     "zombies under the agent": _zombies_of(node1.pid)}
             raise AssertionError(f"the agent left its killed member's helpers {helpers[1]} "
                                  f"or its given-up zygote {zygote}: {left}") from None
@@ -527,5 +519,5 @@ def test_node_1s_agent_kills_and_reaps_what_its_killed_member_left_behind(hosts,
     assert code == 143 and acode == 143, (err, aerr)
     said = re.findall(r"^procsv node 1: killed \d+ process\(es\) the run left behind \(pids ([\d, ]+)\)$", aerr, re.M)
     assert {int(p) for pids in said for p in pids.split(", ")} == {*helpers[1], *helpers[2]}, aerr
-    assert all(_gone(p) for p in helpers[2]), helpers  # the second member's, at the job's end
+    assert all(gone(p) for p in helpers[2]), helpers  # the second member's, at the job's end
     wait_for(lambda: not host_pids(), 10, what="no process of the job left")

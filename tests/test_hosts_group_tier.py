@@ -1,7 +1,9 @@
 """A group's in-memory tier over two "hosts" (issue 54, point 2): the members of host 1 hand their
 snapshots to node 0's checkpoint service over CURVE (their peer copies), so that a member of host 1
 SIGKILLed, or the whole host SIGKILLed and its agent relaunched, restores the group's pinned step
-from memory; a damaged peer copy falls through to disk, saying so in one line.
+from memory; a damaged peer copy falls through to disk, saying so in one line; and (issue 54, point 6)
+a group of four over the two hosts losing a member of each host, the chief and host 1 whole at random
+steps of one run ends bit-equal to an uninterrupted one.
 
 Two hosts as in tests/test_hosts.py (network namespaces on a veth bridge, one logdir, real
 TensorFlow collectives over the bridge, real SIGKILLs). Needs root; skipped otherwise.
@@ -9,26 +11,47 @@ TensorFlow collectives over the bridge, real SIGKILLs). Needs root; skipped othe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
+import pytest
 
-from conftest import finish, launch, quiet_env, role_pid, wait_for, wait_role_pid
+from conftest import finish, launch, lifecycle, quiet_env, role_pid, wait_for, wait_role_pid
 from test_group import (K, SLOW, clean_group, final_weights_of, group_started, member_restores, printed_steps,
-                        restores_with_plain_tf, sigkill_mid_interval)
+                        restore_from_disk_lines, restored_from_disk_once, restores_with_plain_tf,
+                        sigkill_mid_interval, sigkill_the_chief_past_a_disk_save)
 from test_hosts import HOST1_IP, agent, events, host_pids, hosts, master_addr
 
 __all__ = ["clean_group", "hosts"]  # fixtures, used by name
 
 
-def two_hosts(logdir: str, *args: str, env: dict[str, str] | None = None) -> tuple[Any, Any, str]:
-    """Node 0's launch and node 1's agent of one job (``--nproc 1 --nnodes 2``: worker1 on node 1)."""
+def two_hosts(logdir: str, *args: str, env: dict[str, str] | None = None,
+              nproc: int = 1) -> tuple[Any, Any, str]:
+    """Node 0's launch and node 1's agent of one job (``--nproc N --nnodes 2``: N members a host; with
+    N = 1 worker1 on node 1)."""
     addr = master_addr()
-    opts = ("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4", "--group-grace-secs", "0")
+    per_host = ("--nproc", str(nproc))
+    opts = (*per_host, "--nnodes", "2", "--master-addr", addr, "--node-timeout", "4", "--group-grace-secs", "0")
     master = launch(logdir, *args, opts=opts, env=env)
-    return master, agent(logdir, addr, *args), addr
+    return master, agent(logdir, addr, *args, opts=per_host), addr
+
+
+@contextlib.contextmanager
+def two_hosts_ending_well(logdir: str, *args: str, env: dict[str, str] | None = None,
+                          nproc: int = 1) -> Iterator[None]:
+    """:func:`two_hosts` around the body of a ``with``; then node 0's launch and node 1's agent end,
+    both with exit code 0 (a body that raised: node 0's launch ended, its error raised)."""
+    master, first, _ = two_hosts(logdir, *args, env=env, nproc=nproc)
+    try:
+        yield
+    finally:
+        code, out, err = finish(master)
+    acode, aout, aerr = finish(first, timeout=30)
+    assert code == 0, err
+    assert acode == 0, aerr
 
 
 def restored_from_memory(logdir: str, attempt: int, record: dict[str, Any], seen: int) -> None:
@@ -99,26 +122,9 @@ def test_a_damaged_peer_copy_makes_the_group_restore_from_disk_saying_so_in_one_
     # newest in-memory step is newer), finds member 1's peer copy damaged and the group restores its
     # newest disk checkpoint, saying why in one line
     env = quiet_env(PROCSV_FAULT="checkpoint:group_peer_corrupt:1-100000")
-    master, first, _ = two_hosts(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "330", env=env)
-    try:
-        group_started(logdir, 1)
-
-        def past_a_disk_save() -> int:
-            steps = printed_steps(logdir, "trainer.1")
-            return steps[-1] if steps and steps[-1] >= 160 and 60 <= steps[-1] % 100 <= 75 else 0
-
-        wait_for(past_a_disk_save, 180, interval=0.02, what="the chief past a disk save, before the next")
-        os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
-    finally:
-        code, out, err = finish(master)
-    acode, aout, aerr = finish(first, timeout=30)
-    assert code == 0, err
-    assert acode == 0, aerr
-    restored = events(logdir, "restored")
-    assert len(restored) == 1 and restored[0]["source"] == "disk" and restored[0]["step"] % 100 == 0, restored
-    assert member_restores(logdir, 2) == [restored[0]["step"]] * 2
-    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
-        lines = [line for line in fh.read().splitlines() if "restores from disk" in line]
+    with two_hosts_ending_well(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "330", env=env):
+        sigkill_the_chief_past_a_disk_save(logdir)
+    lines = restored_from_disk_once(logdir)
     assert len(lines) == 1 and "member 1's peer copy of step" in lines[0] and "is damaged" in lines[0], lines
     assert restores_with_plain_tf(logdir) == 330
 
@@ -129,8 +135,7 @@ def test_node_0s_checkpoint_service_restarted_then_a_member_of_host_1_killed_res
     # and holds nothing; host 1's running member keeps sending to the old one, unacknowledged, so the
     # next restart finds no step whole for both members and restores from disk, saying why in one
     # line, and the run still ends bit-equal to an uninterrupted group (nothing hangs on the old port)
-    master, first, _ = two_hosts(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "500")
-    try:
+    with two_hosts_ending_well(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "500"):
         group_started(logdir, 1)
         wait_for(lambda: (printed_steps(logdir, "worker1.1") or [0])[-1] >= 2 * K + 10, 180, interval=0.02,
                  what="worker1.1 past two copies")
@@ -139,15 +144,9 @@ def test_node_0s_checkpoint_service_restarted_then_a_member_of_host_1_killed_res
         wait_for(lambda: role_pid(logdir, "checkpoint") not in (None, old), 60, what="a new checkpoint service")
         seen = printed_steps(logdir, "worker1.1")[-1]
         sigkill_mid_interval(logdir, "worker1", "worker1.1", seen + 2 * K)
-    finally:
-        code, out, err = finish(master)
-    acode, aout, aerr = finish(first, timeout=30)
-    assert code == 0, err
-    assert acode == 0, aerr
     restored = events(logdir, "restored")
     assert len(restored) == 1 and restored[0]["source"] == "disk", restored
-    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
-        lines = [line for line in fh.read().splitlines() if "restores from disk" in line]
+    lines = restore_from_disk_lines(logdir)
     assert len(lines) == 1, lines
     final = final_weights_of(logdir)
     assert final.keys() == clean_group.keys() and final
@@ -233,3 +232,99 @@ def test_a_peer_copy_beyond_node_0s_limit_is_refused_said_recorded_and_the_group
         lines = [line for line in fh.read().splitlines() if "restores from disk" in line]
     assert len(lines) == 1 and "held for all 2 members" in lines[0], lines
     assert restores_with_plain_tf(logdir) == 330
+
+
+def starts(logdir: str) -> list[dict[str, Any]]:
+    """Every group's start, in order: its chief's ``restored`` or ``initialized`` record."""
+    return [r for r in lifecycle(logdir) if r.get("event") in ("restored", "initialized")]
+
+
+
+@pytest.fixture(scope="module")
+def clean_four(hosts, shared_result):
+    """The final weights of an uninterrupted two-host group of four (``--nproc 2 --nnodes 2``: the
+    chief and worker1 on node 0, worker2 and worker3 on host 1) of 600 steps (made once, shared)."""
+    def produce(folder: str) -> None:
+        with two_hosts_ending_well(folder, *SLOW, "--steps", "600", nproc=2):
+            pass
+
+    return final_weights_of(shared_result("group-two-hosts-four-600", produce))
+
+
+MEMBERS = ("trainer", "worker1", "worker2", "worker3")  # --nproc 2 --nnodes 2: ranks 0-1 on node 0, 2-3 on host 1
+
+
+def test_a_two_host_group_sigkilled_at_random_steps_member_chief_and_whole_host_ends_bit_equal(
+        hosts, logdir, clean_four):
+    # issue 54 point 6 over two hosts: a group of four (two members a host) loses a member of host 1
+    # (worker2 or worker3, drawn), node 0's other member (worker1), the chief, and host 1 whole (its
+    # agent and members SIGKILLed, a new agent launched), in a drawn order, each at a drawn step 60-100
+    # past its group's restore. Every restarted group restores one K-th step on all four members from
+    # memory, host 1's from their peer copies on node 0 (a host lost: from the peer copies, never disk),
+    # and the run ends bit-equal to an uninterrupted two-host group. The seed is in every failure message
+    import random
+
+    seed = random.SystemRandom().randrange(1 << 32)
+    rng = random.Random(seed)
+    kinds = (rng.choice(("worker2", "worker3")), "worker1", "trainer", "host")
+    plan = [(kind, rng.randint(K + 10, 2 * K)) for kind in rng.sample(kinds, 4)]
+    why = f"seed {seed}, kills (kind, steps past the restore) {plan}"
+    master, node1, addr = two_hosts(logdir, *SLOW, "--steps", "600", nproc=2)
+    agents = [node1]
+    seen: list[int] = []
+    try:
+        try:
+            for attempt, (kind, offset) in enumerate(plan, start=1):
+                group_started(logdir, attempt)
+                again = wait_for(lambda: starts(logdir)[attempt - 1:], 60, what=f"attempt {attempt}'s start")[0]["step"]
+
+                def past(log: str = f"trainer.{attempt}", step: int = again + offset) -> int:
+                    steps = printed_steps(logdir, log)
+                    return steps[-1] if steps and steps[-1] >= step else 0
+
+                seen.append(wait_for(past, 180, interval=0.02, what=f"trainer.{attempt} past step {again + offset}"))
+                if kind == "host":  # the whole host goes: its agent and its members
+                    for pid in host_pids():
+                        os.kill(pid, signal.SIGKILL)
+                    agents[-1].wait(10)
+                    wait_for(lambda: len(events(logdir, "node_lost")) == 1, 30, what="the host to be found lost")
+                    agents.append(agent(logdir, addr, *SLOW, "--steps", "600", opts=("--nproc", "2")))
+                else:
+                    os.kill(wait_role_pid(logdir, kind), signal.SIGKILL)
+                wait_for(lambda: len(events(logdir, "restarting")) >= attempt, 60, what=f"restart {attempt}")
+        finally:
+            code, out, err = finish(master)
+            acode, aout, aerr = finish(agents[-1], timeout=30)
+        assert code == 0, err
+        assert acode == 0, aerr
+        restored = events(logdir, "restored")
+        assert len(restored) == 4, restored
+        preempted = [r["step"] for r in events(logdir, "checkpoint_committed") if r["reason"] == "preempted"]
+        for attempt, ((kind, _), step, record) in enumerate(zip(plan, seen, restored), start=2):
+            # a member may die between a step and its line: the group's last step is at most one past the lines
+            last = max(max(printed_steps(logdir, f"{m}.{attempt - 1}")) for m in MEMBERS) + 1
+            assert last >= step, (kind, last, step)
+            firsts = [printed_steps(logdir, f"{m}.{attempt}")[0] - 1 for m in MEMBERS]
+            assert firsts == [record["step"]] * 4, (kind, record, firsts)  # every member the same step
+            if record["source"] == "disk":  # the chief of a worker's group committed its last step on its way out
+                assert kind.startswith("worker") and record["step"] in preempted, (kind, record, preempted)
+                assert last - 1 <= record["step"] <= last, (kind, record, last)
+                continue
+            # memory, host 1's members from their peer copies: at most one interval plus the copies on their way
+            assert record["source"] == "peer" and record["step"] % K == 0, (kind, record)
+            assert record["path"] == f"the group's in-memory snapshot of step {record['step']}", record
+            assert 0 < last - record["step"] <= 2 * K, (kind, last, record)
+            for rank in (2, 3):
+                with open(os.path.join(logdir, "logs", f"worker{rank}.{attempt}.log")) as fh:
+                    assert f"procsv: member {rank} restored step {record['step']} from its peer copy on node 0" \
+                        in fh.read(), (kind, rank, record)
+        assert restored[[kind for kind, _ in plan].index("host")]["source"] == "peer", restored  # never disk
+        assert [(r["node"], r["host"]) for r in events(logdir, "node_joined")] == [(1, HOST1_IP)] * 2
+        assert {r["reason"] for r in events(logdir, "checkpoint_committed")} <= {"final", "preempted"}
+        assert restores_with_plain_tf(logdir) == 600  # tf.train.Checkpoint restores the final checkpoint whole
+        final = final_weights_of(logdir)
+        assert final.keys() == clean_four.keys() and final
+        for name in clean_four:
+            assert np.array_equal(final[name], clean_four[name]), name
+    except AssertionError as e:
+        raise AssertionError(f"{e} ({why})") from e

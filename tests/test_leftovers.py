@@ -12,18 +12,10 @@ import psutil
 import pytest
 
 from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, wait_for
+from proc_checks import gone
 from procsv.common.layout import RUNTIME_LOCK, RUNTIME_OWNER, RuntimeDir, release_runtime_dir, remove_stale_runtime_dirs
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
-
-
-def _gone(pid: int) -> bool:
-    """Killed and reaped (a zombie is not gone: its parent has not collected it)."""
-    try:
-        psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return True
-    return False
 
 
 def _dead(pid: int) -> bool:
@@ -54,7 +46,7 @@ def test_a_setsid_grandchild_dies_with_its_trainer_and_the_run_leaves_nothing(lo
         trainer = next(p["pid"] for p in raw_status(logdir)["processes"] if p["role"] == "trainer")
         assert os.getsid(orphan) != os.getsid(trainer)  # it escaped the trainer's process group
         os.kill(trainer, signal.SIGKILL)
-        wait_for(lambda: _gone(orphan), 30, what="the trainer's setsid helper to be killed and reaped")
+        wait_for(lambda: gone(orphan), 30, what="the trainer's setsid helper to be killed and reaped")
         wait_for(lambda: (raw_status(logdir) or {}).get("restarts", 0) >= 1 and
                  (raw_status(logdir) or {}).get("step", 0) > 10, 90, what="the restarted trainer")
     finally:
@@ -82,11 +74,11 @@ def test_a_plain_python_run_kills_the_setsid_helpers_it_leaves_behind(logdir, tm
         orphan = int(written[0])
         assert done.returncode == 0, done.stderr
         assert "tiny: done at step 30" in done.stdout
-        assert _gone(orphan), "the setsid helper outlived the plain run"
+        assert gone(orphan), "the setsid helper outlived the plain run"
         assert f"killed 1 process(es) the run left behind in a session of their own (pids {orphan})" in done.stderr
         assert written[1:] == []  # no watchdog's runtime directory in a plain run's environment
     finally:
-        if orphan and not _gone(orphan):
+        if orphan and not gone(orphan):
             os.kill(orphan, signal.SIGKILL)
 
 
