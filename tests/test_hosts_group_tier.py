@@ -23,12 +23,14 @@ from test_hosts import HOST1_IP, agent, events, host_pids, hosts, master_addr
 __all__ = ["clean_group", "hosts"]  # fixtures, used by name
 
 
-def two_hosts(logdir: str, *args: str, env: dict[str, str] | None = None) -> tuple[Any, Any, str]:
-    """Node 0's launch and node 1's agent of one job (``--nproc 1 --nnodes 2``: worker1 on node 1)."""
+def two_hosts(logdir: str, *args: str, env: dict[str, str] | None = None,
+              agent_env: dict[str, str] | None = None) -> tuple[Any, Any, str]:
+    """Node 0's launch (``env``) and node 1's agent (``agent_env``) of one job (``--nproc 1 --nnodes 2``:
+    worker1 on node 1)."""
     addr = master_addr()
     opts = ("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4", "--group-grace-secs", "0")
     master = launch(logdir, *args, opts=opts, env=env)
-    return master, agent(logdir, addr, *args), addr
+    return master, agent(logdir, addr, *args, env=agent_env), addr
 
 
 def restored_from_memory(logdir: str, attempt: int, record: dict[str, Any], seen: int) -> None:
@@ -123,33 +125,76 @@ def test_a_damaged_peer_copy_makes_the_group_restore_from_disk_saying_so_in_one_
     assert restores_with_plain_tf(logdir) == 330
 
 
-def test_node_0s_checkpoint_service_restarted_then_a_member_of_host_1_killed_restores_from_disk_bit_equal(
+def service_killed_then_worker1(logdir: str, after: int) -> tuple[int, int]:
+    """SIGKILL node 0's checkpoint service once worker1 is past ``after`` mid-interval, wait for the
+    watchdog's new service to take node 1's copies back, then SIGKILL worker1 mid-interval; the
+    steps worker1 had printed at each kill."""
+    at_service = sigkill_mid_interval(logdir, "checkpoint", "worker1.1", after)
+    old = role_pid(logdir, "checkpoint")
+    wait_for(lambda: role_pid(logdir, "checkpoint") not in (None, old), 60, what="a new checkpoint service")
+
+    def taken_back() -> bool:
+        path = os.path.join(logdir, "logs", "checkpoint.2.log")
+        return os.path.exists(path) and "node 1's holder handed back" in open(path).read()
+
+    wait_for(taken_back, 60, interval=0.02, what="node 1's holder to hand its copies back")
+    seen = printed_steps(logdir, "worker1.1")[-1]
+    return at_service, sigkill_mid_interval(logdir, "worker1", "worker1.1", seen + 1)
+
+
+def test_node_0s_checkpoint_service_sigkilled_then_a_member_killed_restores_every_member_from_memory_bit_equal(
         hosts, logdir, clean_group):
-    # docs/architecture.md and guarantees.md: a restarted node 0 checkpoint service binds a new port
-    # and holds nothing; host 1's running member keeps sending to the old one, unacknowledged, so the
-    # next restart finds no step whole for both members and restores from disk, saying why in one
-    # line, and the run still ends bit-equal to an uninterrupted group (nothing hangs on the old port)
-    master, first, _ = two_hosts(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "500")
+    # before: node 0's members' copies (and host 1's peer copies) lived only in node 0's checkpoint
+    # service, so its SIGKILL cost the steps since the last disk checkpoint (the next restart said
+    # "restores from disk"). Now node 1's holder keeps a replica of every copy the service holds and
+    # hands them back to the restarted service: worker1 SIGKILLed after it restores both members'
+    # copies of the newest step whole before the service's death, from memory, and the run ends
+    # bit-equal to an uninterrupted group
+    master, first, _ = two_hosts(logdir, *SLOW, "--steps", "500")
     try:
         group_started(logdir, 1)
-        wait_for(lambda: (printed_steps(logdir, "worker1.1") or [0])[-1] >= 2 * K + 10, 180, interval=0.02,
-                 what="worker1.1 past two copies")
-        old = wait_role_pid(logdir, "checkpoint")
-        os.kill(old, signal.SIGKILL)
-        wait_for(lambda: role_pid(logdir, "checkpoint") not in (None, old), 60, what="a new checkpoint service")
-        seen = printed_steps(logdir, "worker1.1")[-1]
-        sigkill_mid_interval(logdir, "worker1", "worker1.1", seen + 2 * K)
+        at_service, at_member = service_killed_then_worker1(logdir, 2 * K + 10)
     finally:
         code, out, err = finish(master)
     acode, aout, aerr = finish(first, timeout=30)
     assert code == 0, err
     assert acode == 0, aerr
     restored = events(logdir, "restored")
-    assert len(restored) == 1 and restored[0]["source"] == "disk", restored
+    assert len(restored) == 1 and restored[0]["source"] == "peer", restored
+    step = restored[0]["step"]
+    # the newest step both members had handed over before the service died (or the one before it,
+    # in flight at the kill); nothing newer of worker1 reached the new service (it sends to the old port)
+    assert step % K == 0 and at_service // K * K - K <= step <= at_service < at_member, (step, at_service, at_member)
+    assert restored[0]["path"] == f"the group's in-memory snapshot of step {step}"
+    assert member_restores(logdir, 2) == [step] * 2  # every member the same step
     with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
-        lines = [line for line in fh.read().splitlines() if "restores from disk" in line]
-    assert len(lines) == 1, lines
+        assert "restores from disk" not in fh.read()
     final = final_weights_of(logdir)
     assert final.keys() == clean_group.keys() and final
     for name in clean_group:
         assert np.array_equal(final[name], clean_group[name]), name
+
+
+def test_a_copy_damaged_on_node_1_makes_the_group_restore_from_disk_saying_so_in_one_line(hosts, logdir):
+    # every copy node 1's holder keeps is damaged after node 0's service took its checksum: node 0's
+    # checkpoint service SIGKILLed past a disk save (every 300 steps), the new service takes the
+    # damaged copies back, worker1 SIGKILLed: the newest whole step (newer than the disk save) is
+    # found damaged, and the group restores the disk checkpoint, saying why in one line
+    env = quiet_env(PROCSV_FAULT="holder:replica_corrupt:1-100000")
+    master, first, _ = two_hosts(logdir, *SLOW, "--save-checkpoint-steps", "300", "--steps", "600",
+                                 agent_env=env)
+    try:
+        group_started(logdir, 1)
+        service_killed_then_worker1(logdir, 300 + K + 10)
+    finally:
+        code, out, err = finish(master)
+    acode, aout, aerr = finish(first, timeout=30)
+    assert code == 0, err
+    assert acode == 0, aerr
+    restored = events(logdir, "restored")
+    assert len(restored) == 1 and restored[0]["source"] == "disk" and restored[0]["step"] == 300, restored
+    assert member_restores(logdir, 2) == [300] * 2
+    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
+        lines = [line for line in fh.read().splitlines() if "restores from disk" in line]
+    assert len(lines) == 1 and "held on node 1 is damaged" in lines[0], lines
+    assert restores_with_plain_tf(logdir) == 600
