@@ -32,13 +32,14 @@ def test_a_copy_reaches_node_1s_holder_and_comes_back_to_a_restarted_service(lin
     layout, zctx, intake, refused = link
     holder = Holder(layout, 1)
     holder.start()
+    sock = make_socket(zctx, zmq.DEALER, linger_ms=0)
+    again = None
     try:
         serve_until(intake, refused, lambda: intake.replica is not None and intake.replica.holder is not None)
-        sock = make_socket(zctx, zmq.DEALER, linger_ms=0)
+        assert intake.replica is not None and intake.replica.holder is not None, "the holder never said hello"
         key = curve.connect_member(sock)
         send(sock, snapshot(), FRAMES)
         serve_until(intake, refused, lambda: bool(holder.held()))
-        sock.close(0)
         curve.unfile_agent_key(key)
         [held] = holder.held()
         assert (held.msg.rank, held.msg.attempt, held.msg.step, held.frames) == (1, 1, 50, tuple(FRAMES))
@@ -46,43 +47,45 @@ def test_a_copy_reaches_node_1s_holder_and_comes_back_to_a_restarted_service(lin
         intake.close()  # the service dies; the watchdog's new one writes a new peer.json
         said: list[str] = []
         again = GroupIntake(lambda identity, msg, frames: None, said.append, PeerLink(zctx, layout, "127.0.0.1"))
-        try:
-            serve_until(again, refused, lambda: again.copies.find(1, 50, 1) is not None)
-            back = again.copies.find(1, 50, 1)
-            assert back is not None and back.node == 1 and back.peer and back.problem() == "", back
-            assert back.frames == tuple(FRAMES) and back.crc == held.msg.crc
-            assert any("node 1's holder handed back 1 group copies" in line for line in said), said
-            assert not refused, refused
-        finally:
-            again.close()
+        serve_until(again, refused, lambda: again is not None and again.copies.find(1, 50, 1) is not None)
+        back = again.copies.find(1, 50, 1)
+        assert back is not None and back.node == 1 and back.peer and back.problem() == "", back
+        assert back.frames == tuple(FRAMES) and back.crc == held.msg.crc
+        assert any("node 1's holder handed back 1 group copies" in line for line in said), said
+        assert not refused, refused
     finally:
+        sock.close(0)
+        if again is not None:
+            again.close()
         holder.stop()
 
 
 def test_a_members_key_cannot_pose_as_the_holder_nor_the_holders_as_a_member(link: Any) -> None:
     layout, zctx, intake, refused = link
     member = make_socket(zctx, zmq.DEALER, linger_ms=0)
-    key = curve.connect_member(member)
-    send(member, ReplicaHello(1, os.getpid(), 0))
-    spec = [TensorSpec("w", "float32", [1])]
-    send(member, ReplicaCopy(0, 1, 50, spec, checksum(tuple(FRAMES))), FRAMES)
-    serve_until(intake, refused, lambda: len(refused) >= 2)
-    assert len(refused) == 2 and intake.replica is not None and intake.replica.holder is None, refused
-    assert intake.copies.find(0, 50, 1) is None
-    member.close(0)
-    curve.unfile_agent_key(key)
-    peer = curve.load_peer(layout)
-    assert peer is not None
-    keys = curve.AgentKeys.new()
-    path = curve.file_holder_key(layout, peer.job, keys, 1)
     posing = make_socket(zctx, zmq.DEALER, linger_ms=0)
-    curve.connect_as_member(posing, keys, peer)
-    posing.connect(peer.endpoint)
-    send(posing, snapshot(member=1), FRAMES)  # the holder's key speaks for no member
-    serve_until(intake, refused, lambda: len(refused) >= 3)
-    assert len(refused) == 3 and intake.copies.find(1, 50, 1) is None, refused
-    posing.close(0)
-    curve.unfile_agent_key(path)
+    try:
+        key = curve.connect_member(member)
+        send(member, ReplicaHello(1, os.getpid(), 0))
+        spec = [TensorSpec("w", "float32", [1])]
+        send(member, ReplicaCopy(0, 1, 50, spec, checksum(tuple(FRAMES))), FRAMES)
+        serve_until(intake, refused, lambda: len(refused) >= 2)
+        assert len(refused) == 2 and intake.replica is not None and intake.replica.holder is None, refused
+        assert intake.copies.find(0, 50, 1) is None
+        curve.unfile_agent_key(key)
+        peer = curve.load_peer(layout)
+        assert peer is not None
+        keys = curve.AgentKeys.new()
+        path = curve.file_holder_key(layout, peer.job, keys, 1)
+        curve.connect_as_member(posing, keys, peer)
+        posing.connect(peer.endpoint)
+        send(posing, snapshot(member=1), FRAMES)  # the holder's key speaks for no member
+        serve_until(intake, refused, lambda: len(refused) >= 3)
+        assert len(refused) == 3 and intake.copies.find(1, 50, 1) is None, refused
+        curve.unfile_agent_key(path)
+    finally:
+        member.close(0)
+        posing.close(0)
 
 
 def copy(step: int, attempt: int = 1, node: Any = None) -> MemberCopy:
