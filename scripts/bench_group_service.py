@@ -8,6 +8,7 @@ holder's copies back (its log says so) worker1 is SIGKILLed, and the restarted g
 record says where it restored from (``source``) and which step. Steps re-done: the chief's last
 printed step before the restart minus that step. Beside it: the seconds from the SIGKILL of the
 service to the new service's line that node 1's holder handed its copies back (polled every 20 ms).
+``--no-handback`` (for code without node 1's replica): worker1 is SIGKILLed once the new service runs.
 Prints each run, then the medians of ``--repeats`` (spread min-max) and the load average, and one
 line ``servicekill_redone=<n> servicekill_source=<s> servicekill_handback_s=<x>``.
 """
@@ -55,8 +56,10 @@ def handed_back(logdir: str) -> bool:
         return False
 
 
-def service_loss(logdir: str, kill_at: int) -> dict[str, Any]:
-    """One run: node 0's checkpoint service SIGKILLed past ``kill_at``, then worker1."""
+def service_loss(logdir: str, kill_at: int, handback: bool = True) -> dict[str, Any]:
+    """One run: node 0's checkpoint service SIGKILLed past ``kill_at``, then worker1 (once the new
+    service took node 1's copies back; ``handback`` False: once the new service runs, as before
+    issue 54's node-1 replica, where nothing is handed back)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
     example = [*EXAMPLE, "--save-model-secs", "1000"]
     group = ("--nnodes", "2", "--master-addr", f"{NET}.1:{random.randint(30000, 60000)}", "--node-timeout", "4",
@@ -69,8 +72,10 @@ def service_loss(logdir: str, kill_at: int) -> dict[str, Any]:
         old = wait(lambda: role_pid(logdir, "checkpoint"), 30, "the checkpoint service's pid")
         os.kill(old, signal.SIGKILL)
         t0 = time.monotonic()
-        wait(lambda: handed_back(logdir) or None, 60, "node 1's holder to hand its copies back")
-        handback = time.monotonic() - t0
+        wait(lambda: role_pid(logdir, "checkpoint") not in (None, old) or None, 60, "a new checkpoint service")
+        if handback:
+            wait(lambda: handed_back(logdir) or None, 60, "node 1's holder to hand its copies back")
+        back = time.monotonic() - t0
         os.kill(wait(lambda: role_pid(logdir, "worker1"), 30, "worker1's pid"), signal.SIGKILL)
         record = wait(lambda: restart_record(logdir), 180, "the restarted group's restore")
     finally:
@@ -79,7 +84,7 @@ def service_loss(logdir: str, kill_at: int) -> dict[str, Any]:
     before = [s for s in printed(logdir, "trainer.1")]
     leftovers(logdir)
     return {"source": record.get("source") or "none", "step": record["step"], "last": max(before),
-            "redone": max(before) - record["step"], "handback": handback}
+            "redone": max(before) - record["step"], "handback": back}
 
 
 def main() -> int:
@@ -87,6 +92,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--kill-at", type=int, default=600, help="the service is killed at a random step past this one")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-handback", action="store_true",
+                   help="kill worker1 once the new service runs (code without node 1's replica: nothing comes back)")
     args = p.parse_args()
     if os.geteuid() != 0:
         print("bench_group_service: needs root (ip netns)", file=sys.stderr)
@@ -99,9 +106,9 @@ def main() -> int:
         with second_host():
             for r in range(args.repeats):
                 at = args.kill_at + rng.randint(0, 49)
-                run = service_loss(os.path.join(root, f"r{r}"), at)
+                run = service_loss(os.path.join(root, f"r{r}"), at, not args.no_handback)
                 runs.append(run)
-                print(f"service loss, repeat {r + 1}: killed past step {at}, copies back in {run['handback']:.2f} s, "
+                print(f"service loss, repeat {r + 1}: killed past step {at}, {'copies back' if not args.no_handback else 'new service'} in {run['handback']:.2f} s, "
                       f"last step {run['last']}, restored {run['step']} from {run['source']}: "
                       f"{run['redone']} steps re-done", flush=True)
     except BenchError as exc:
