@@ -34,6 +34,7 @@ def test_a_copy_reaches_node_1s_holder_and_comes_back_to_a_restarted_service(lin
     holder.start()
     sock = make_socket(zctx, zmq.DEALER, linger_ms=0)
     again = None
+    other: zmq.Context[Any] = zmq.Context()  # the new service is a new process: a context of its own
     try:
         serve_until(intake, refused, lambda: intake.replica is not None and intake.replica.holder is not None)
         assert intake.replica is not None and intake.replica.holder is not None, "the holder never said hello"
@@ -46,7 +47,7 @@ def test_a_copy_reaches_node_1s_holder_and_comes_back_to_a_restarted_service(lin
         assert held.msg.crc == checksum(tuple(FRAMES))  # node 0's checksum, carried along
         intake.close()  # the service dies; the watchdog's new one writes a new peer.json
         said: list[str] = []
-        again = GroupIntake(lambda identity, msg, frames: None, said.append, PeerLink(zctx, layout, "127.0.0.1"))
+        again = GroupIntake(lambda identity, msg, frames: None, said.append, PeerLink(other, layout, "127.0.0.1"))
         serve_until(again, refused, lambda: again is not None and again.copies.find(1, 50, 1) is not None)
         back = again.copies.find(1, 50, 1)
         assert back is not None and back.node == 1 and back.peer and back.problem() == "", back
@@ -57,6 +58,7 @@ def test_a_copy_reaches_node_1s_holder_and_comes_back_to_a_restarted_service(lin
         sock.close(0)
         if again is not None:
             again.close()
+        other.term()
         holder.stop()
 
 
