@@ -25,7 +25,7 @@ from enum import Enum, StrEnum
 from functools import lru_cache
 from typing import AbstractSet, Any, Optional, Sequence, Union
 
-from procsv.ipc.messages import (ALL_MESSAGES, SCHEMA_VERSION, GraphEvent, GroupCopy, Message, Relayed, SaveData,
+from procsv.ipc.messages import (ALL_MESSAGES, SCHEMA_VERSION, GraphEvent, GroupCopy, Message, Relayed, ReplicaCopy, SaveData,
                                  SummaryBatch)
 
 _BY_KIND: dict[str, type[Message]] = {m.KIND: m for m in ALL_MESSAGES}
@@ -123,7 +123,7 @@ def payload_frames(msg: Message) -> int:
     ``SaveData``: one per tensor without an ``offset`` (one with an offset needs ``arena``), and
     one for the meta graph if ``meta_graph``;
     ``SummaryBatch``: one per proto, one for the columns if any, one per item; ``GraphEvent``: one;
-    ``Relayed``: its ``frames``; ``GroupCopy``: one per tensor; others: none.
+    ``Relayed``: its ``frames``; ``GroupCopy``, ``ReplicaCopy``: one per tensor; others: none.
     """
     if isinstance(msg, SaveData):
         if msg.arena is None and any(t.offset is not None for t in msg.tensors):
@@ -135,7 +135,7 @@ def payload_frames(msg: Message) -> int:
         return len(msg.protos) + (1 if msg.columns else 0) + len(msg.items)
     if isinstance(msg, GraphEvent):
         return 1
-    if isinstance(msg, GroupCopy):
+    if isinstance(msg, (GroupCopy, ReplicaCopy)):
         return len(msg.tensors)
     if isinstance(msg, Relayed):
         if msg.frames < 1:

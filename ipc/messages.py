@@ -30,12 +30,15 @@ Who sends what (see docs/architecture.md for the full table):
   :class:`Relayed` (a member's own report, one of :data:`RELAYABLE`) up; :class:`MasterBeat`,
   :class:`StartMembers`, :class:`SignalMember`, :class:`NodeStop`, :class:`NodeRefused` down
   (:mod:`procsv.ipc.node_messages`).
+* node 0's checkpoint service <-> node 1's holder (``--nnodes M``: the service's peer link, a
+  ROUTER with CURVE; the holder a DEALER in node 1's agent): :class:`ReplicaHello` up,
+  :class:`ReplicaCopy` (+ one frame per tensor) both ways (:mod:`procsv.ipc.replica_messages`).
 
 This module is the schema's public entry: it holds :data:`SCHEMA_VERSION` and the registry
 :data:`ALL_MESSAGES` (every message type, by which the codec finds a ``KIND``), and re-exports the
 messages from the modules that define them, one per channel: :mod:`procsv.ipc.watchdog_messages`,
 :mod:`procsv.ipc.checkpoint_messages`, :mod:`procsv.ipc.summary_messages`,
-:mod:`procsv.ipc.zygote_messages`, :mod:`procsv.ipc.node_messages`, with the base class and the field enums in
+:mod:`procsv.ipc.zygote_messages`, :mod:`procsv.ipc.node_messages`, :mod:`procsv.ipc.replica_messages`, with the base class and the field enums in
 :mod:`procsv.ipc.message_base`. A new message joins :data:`ALL_MESSAGES` and ``__all__`` here.
 """
 
@@ -53,6 +56,7 @@ from procsv.ipc.watchdog_messages import (Hello, NonfiniteDetected, Progress, Ro
 from procsv.ipc.zygote_messages import ForkReply, ForkRequest, ZygoteReady
 from procsv.ipc.node_messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStarted, NodeHello, NodeRefused,
                                       NodeStop, Relayed, SignalMember, StartMembers)
+from procsv.ipc.replica_messages import ReplicaCopy, ReplicaHello
 
 SCHEMA_VERSION = 2  # 2: SummaryBatch lost its JSON scalar rows, its protos are ProtoRef; SummaryAck
 
@@ -83,6 +87,8 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     GroupCopy,
     GroupCopyHeld,
     GroupCopyRefused,
+    ReplicaHello,
+    ReplicaCopy,
     SummaryBatch,
     SummaryAck,
     SessionLogEvent,
@@ -111,6 +117,7 @@ __all__ = [
     "CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "CommitLoading", "SnapshotHeld",
     "RecoverQuery", "RecoverReply", "DeleteCheckpoints", "CheckpointsDeleted",
     "GroupQuery", "GroupHeld", "GroupFetch", "GroupCopy", "GroupCopyHeld", "GroupCopyRefused",
+    "ReplicaHello", "ReplicaCopy",
     "SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "GraphEvent", "RunScalars",
     "ZygoteReady", "ForkRequest", "ForkReply",
     "NodeHello", "MasterBeat", "StartMembers", "SignalMember", "NodeStop", "NodeRefused", "MemberStarted", "MemberEnded",

@@ -25,7 +25,9 @@ node's agent; its peer-link parts in node 0's checkpoint service and in the grou
   member makes its own pair and files its public key as ``member.<job>.<key in hex>`` (with its rank
   and attempt; node 0's watchdog removes it once that attempt is over: :func:`unfile_members`). The
   service's ZAP check (:func:`serve` with ``prefix`` :data:`MEMBER_PREFIX`) admits member keys
-  only, the master's agent keys only: a member's key claims no node rank.
+  only, the master's agent keys only: a member's key claims no node rank. Node 1's holder of
+  node 0's group copies (:mod:`procsv.watchdog.multihost.holder`) files its key the same way, with
+  a node and no rank (:func:`file_holder_key`): it may hand over and take back replica copies only.
 """
 
 from __future__ import annotations
@@ -233,6 +235,26 @@ def member_rank(layout: Layout, job: str, public: str) -> Optional[int]:
         return None
     rank = record.get("rank") if isinstance(record, dict) else None
     return rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else None
+
+
+def file_holder_key(layout: Layout, job: str, keys: AgentKeys, node: int) -> str:
+    """File the public key of node ``node``'s holder of node 0's group copies (issue 54, point 2;
+    :mod:`procsv.watchdog.multihost.holder`) for ``job``: admitted by node 0's checkpoint service's
+    peer link as a member's is, but filed with no rank (it speaks for no member), only a node."""
+    path = member_key_path(layout, job, keys.public)
+    write_json(path, {"holder": node, "pid": os.getpid(), "public": keys.public.decode("ascii")}, mode=0o600)
+    return path
+
+
+def holder_node(layout: Layout, job: str, public: str) -> Optional[int]:
+    """The node whose holder filed the key ``public`` (Z85) for ``job``, or None (a member's key,
+    not filed, unreadable): only that key may hand node 0's checkpoint service replica copies."""
+    try:
+        record = read_json(member_key_path(layout, job, public.encode("ascii")))
+    except (OSError, ValueError, UnicodeEncodeError):
+        return None
+    node = record.get("holder") if isinstance(record, dict) else None
+    return node if isinstance(node, int) and not isinstance(node, bool) and node > 0 else None
 
 
 class _FiledKeys:

@@ -25,6 +25,8 @@ memory of node 0's own members (the same variables: data-parallel replicas), or 
 here, told to the member (:class:`GroupCopyRefused`, which it says in one line of its log) and to
 the watchdog (the lifecycle record ``group_copy_refused``); the group then restores that member from
 disk, as for a missing copy. (Before, a member sending 512 MiB made this process hold 3 of them.)
+Every copy held here is also sent to node 1's holder (:mod:`.replica`), which hands them back to
+this service restarted after a SIGKILL: ``MemberCopy.node``.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ from procsv.ipc.codec import ProtocolError
 from procsv.ipc.messages import (ArenaRef, GroupCopy, GroupCopyHeld, GroupCopyRefused, GroupFetch, GroupHeld, GroupQuery, Message,
                                  SaveData, SnapshotHeld, TensorSpec)
 from procsv.services.checkpoint.arena import ArenaView
+from procsv.ipc.replica_messages import ReplicaCopy
 from procsv.services.checkpoint.peers import PEER_TAG, PeerLink
+from procsv.services.checkpoint.replica import HOLDER_NODE, Replica
 
 KEEP = 3  # copies kept per member: the newest step whole for the group may be behind a member's newest
 
@@ -86,14 +90,16 @@ class MemberCopy:
     frames: tuple[bytes, ...]
     crc: int  # of the frames as copied
     peer: bool = False  # held here for a member of another host (its peer copy, over CURVE: peers.py)
+    node: Optional[int] = None  # handed back by that node's holder to this (restarted) service: .replica
+
+    def name(self) -> str:
+        where = f" held on node {self.node}" if self.node is not None else ""
+        return f"member {self.rank}'s {'peer' if self.peer and self.node is None else 'in-memory'} copy of step {self.step}{where}"
 
     def problem(self) -> str:
         """Why this copy must not be restored (its bytes no longer match its checksum); empty if it may."""
         now = checksum(self.frames)
         return "" if now == self.crc else f"its checksum is {now:08x}, not {self.crc:08x} as copied"
-
-    def name(self) -> str:
-        return f"member {self.rank}'s {'peer' if self.peer else 'in-memory'} copy of step {self.step}"
 
 
 def copy_out(msg: SaveData, payload: list[Any], view: Optional[ArenaView], peer: bool = False) -> MemberCopy:
@@ -132,6 +138,13 @@ def copy_out(msg: SaveData, payload: list[Any], view: Optional[ArenaView], peer:
     return MemberCopy(msg.member, msg.attempt, msg.step, tuple(specs), copied, crc, peer)
 
 
+def handed_back(msg: ReplicaCopy, payload: list[Any]) -> MemberCopy:
+    """A copy node 1's holder handed back to this restarted service (:mod:`.replica`): its frames
+    as they came, its checksum the one taken when node 0's service first copied it."""
+    frames = tuple(bytes(f) for f in payload)
+    return MemberCopy(msg.rank, msg.attempt, msg.step, tuple(msg.tensors), frames, msg.crc, True, HOLDER_NODE)
+
+
 class GroupCopies:
     """The in-memory snapshots of a group's members: the last :data:`KEEP` of each, by rank."""
 
@@ -145,6 +158,14 @@ class GroupCopies:
         self.by_rank[copy.rank] = (kept + [copy])[-KEEP:]
         self.held += 1
         self.last_step = copy.step
+
+    def take_back(self, copy: MemberCopy) -> None:
+        """Hold a copy node 1's holder handed back (:mod:`.replica`): placed before the copies held
+        here that are newer (attempt, then step), so that it never pushes one of them out."""
+        kept = [c for c in self.by_rank.get(copy.rank, []) if (c.attempt, c.step) != (copy.attempt, copy.step)]
+        at = sum(1 for c in kept if (c.attempt, c.step) < (copy.attempt, copy.step))
+        self.by_rank[copy.rank] = (kept[:at] + [copy] + kept[at:])[-KEEP:]
+        self.held += 1
 
     def find(self, rank: int, step: int, attempt: int) -> Optional[MemberCopy]:
         return next((c for c in self.by_rank.get(rank, []) if c.step == step and c.attempt == attempt), None)
@@ -189,6 +210,8 @@ class GroupIntake:
         self.views: dict[int, ArenaView] = {}
         self.peers = peers  # node 0 of --nnodes M: the members of other hosts hand their copies here
         self._peer_setting = os.environ.get(env.GROUP_PEER_MAX_BYTES, "")  # peer_limit's setting
+        # ... and every copy held here is also held by node 1's holder, which hands them back to a restarted service
+        self.replica = Replica(peers, self.copies, handed_back, say) if peers is not None else None
 
     def sockets(self) -> list[Any]:
         """The sockets of the members of other hosts (none unless node 0 of a job over several hosts)."""
@@ -197,7 +220,7 @@ class GroupIntake:
     def deliver(self, refused: Callable[[ProtocolError], None]) -> None:
         """Handle what the members of other hosts sent (a message that is not theirs to send: ``refused``)."""
         if self.peers is not None:
-            self.peers.deliver(self.handle, refused)
+            self.peers.deliver(self.handle, refused, self.replica.handle if self.replica is not None else None)
 
     def answer(self, identity: bytes, msg: Message, frames: Sequence[Any]) -> None:
         if self.peers is None or not self.peers.answer(identity, msg, frames):
@@ -233,6 +256,8 @@ class GroupIntake:
         self.copies.hold(copy)
         self.answer(identity, SnapshotHeld(msg.step, False), ())
         self.tell(GroupCopyHeld(msg.member, msg.attempt, msg.step))
+        if self.replica is not None:  # after the member's acknowledgement: off its step path
+            self.replica.forward(copy)
 
     def _too_large(self, msg: SaveData, payload: list[Any], identity: bytes) -> bool:
         """Refuse a peer copy beyond :func:`peer_limit` (True): said here, to the member, to the watchdog."""
@@ -257,7 +282,10 @@ class GroupIntake:
 
     def stats(self) -> dict[str, Any]:
         """What ``checkpoint_stats.json`` says of the group's copies (``group``)."""
-        return {"held": self.copies.held, "last_step": self.copies.last_step}
+        out: dict[str, Any] = {"held": self.copies.held, "last_step": self.copies.last_step}
+        if self.replica is not None:
+            out["replica"] = self.replica.stats()
+        return out
 
     def close(self) -> None:
         for view in self.views.values():

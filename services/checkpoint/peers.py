@@ -25,13 +25,14 @@ from typing import Any, Callable, Optional
 import zmq
 
 from procsv.common.layout import Layout
-from procsv.ipc.messages import GroupFetch, Message, SaveData
+from procsv.ipc.messages import GroupFetch, Message, ReplicaCopy, ReplicaHello, SaveData
 from procsv.ipc.codec import ProtocolError
 from procsv.ipc.transport import CHECKPOINT_FRAME_MAX, drain, make_socket, send
 from procsv.common import curve
 
 PEER_TAG = b"peer:"  # the identity of a member of another host, as the group's intake sees it
 ACCEPT = frozenset({SaveData, GroupFetch})  # what a member of another host may send (no query: the chief is on node 0)
+REPLICA = frozenset({ReplicaHello, ReplicaCopy})  # what node 1's holder of node 0's copies sends (.replica)
 
 
 class PeerLink:
@@ -49,19 +50,31 @@ class PeerLink:
         self.auth = curve.serve(zctx, self.sock, layout, keys, prefix=curve.MEMBER_PREFIX)
         self._layout, self._job = layout, job.job
         self._ranks: dict[str, int] = {}  # a member's key (Z85) -> the rank it was filed with
+        self._holders: dict[str, Optional[int]] = {}  # a key (Z85) -> the node whose holder filed it
         port = self.sock.bind_to_random_port(f"tcp://{host}")
         self.endpoint = f"tcp://{host}:{port}"
         curve.write_peer(layout, curve.Peer(job.job, self.endpoint, public))
 
     def deliver(self, handle: Callable[[Message, list[Any], bytes], None],
-                refused: Callable[[ProtocolError], None]) -> None:
+                refused: Callable[[ProtocolError], None],
+                replica: Optional[Callable[[Message, list[Any], bytes, int], None]] = None) -> None:
         """Hand the members' messages waiting now to the group's intake (``handle``), each under its
-        tagged identity; anything else (a snapshot to persist, one of no member) is ``refused``."""
-        for got in drain(self.sock, limit=64, routed=True, accept=ACCEPT, user=True):
+        tagged identity, and a holder's (a key filed as node N's holder) to ``replica``; anything else
+        (a snapshot to persist, one of no member) is ``refused``."""
+        for got in drain(self.sock, limit=64, routed=True, accept=ACCEPT | REPLICA, user=True):
             if isinstance(got, ProtocolError):
                 refused(got)
             elif got.identity is None:
                 continue
+            elif type(got.msg) in REPLICA:
+                user = got.user or ""
+                if user not in self._holders:  # (read once)
+                    self._holders[user] = curve.holder_node(self._layout, self._job, user) if user else None
+                node = self._holders[user]
+                if node is None or replica is None:
+                    refused(ProtocolError("a replica message from a key not filed as a holder's"))
+                else:
+                    replica(got.msg, got.payload, PEER_TAG + got.identity, node)
             elif self.rank_of(got.user) != (got.msg.member if isinstance(got.msg, SaveData) else getattr(got.msg, "rank", None)):
                 refused(ProtocolError(f"a member of another host spoke for another rank than its key was filed with "
                                       f"({self.rank_of(got.user)})"))

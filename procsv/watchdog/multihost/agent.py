@@ -13,7 +13,7 @@ behind is re-parented to the agent, a child subreaper, and killed and reaped by 
 :class:`~procsv.watchdog.housekeeping.Sweeper`), relays their reports (:class:`Relayed`: progress, restore and
 non-finite training, :data:`~procsv.ipc.node_messages.RELAYABLE`) and tells of their ends
 (:class:`MemberEnded`). It runs no checkpoint or summary service: only the chief (task 0, on node 0) saves and
-writes summaries. Its loop never waits on the shared logdir: the reads and writes of a reconnect (the job file,
+writes summaries; node 1's agent holds a replica of node 0's group copies in a thread (:mod:`.holder`). Its loop never waits on the shared logdir: the reads and writes of a reconnect (the job file,
 this agent's key file) and the rotation of its members' logs are jobs of a thread of its own
 (:class:`~procsv.watchdog.diskjobs.DiskJobs`), and a member opens its own log
 (:func:`procsv.common.spawn.logged_argv`); it beats to node 0 meanwhile.
@@ -61,6 +61,7 @@ from procsv.watchdog.publish.events import Report
 from procsv.watchdog.publish.probes import LoopPulse
 from procsv.watchdog.rules.group import worker_slot
 from procsv.watchdog.logrotate import rotate
+from procsv.watchdog.multihost.holder import Holder, start_holder
 from procsv.watchdog.multihost.nodes import BEAT_SECS, host_ip
 from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable, zygote_env
 
@@ -122,9 +123,11 @@ class NodeAgent:
         # the subreaper of what its pre-warmed trainer forks and of what its members leave behind (swept)
         self.sweeper = Sweeper(self.clock, self._said)
         dealer: Optional[zmq.Socket[Any]] = None
+        holder: Optional[Holder] = None
         self.say(f"joining the job at {self.cfg.master_addr} as {self.host} ({self.cfg.nproc} trainer(s))")
         try:
             if self._wait_for_job(stops):  # node 0 creates the logdir and the job's keys first
+                holder = start_holder(self.layout, self.cfg.node_rank)  # node 1: node 0's group copies, replicated
                 if self.cfg.prewarm:
                     self.zygote = Zygote(zygote_env(self.layout.logdir, runtime.path),
                                          self.layout.attempt_log(f"zygote-node{self.cfg.node_rank}", 1),
@@ -135,6 +138,8 @@ class NodeAgent:
             for line in end_all(list(self.members.values()), zygotes, Unreaped(), self.clock):
                 print(line, file=sys.stderr, flush=True)
             self._sweep(final=True)
+            if holder is not None:
+                holder.stop()
             for s, h in old.items():
                 signal.signal(s, h)
             if dealer is not None:

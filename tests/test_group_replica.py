@@ -1,0 +1,109 @@
+"""Node 1's replica of node 0's group copies, with real sockets and the real holder thread.
+
+``procsv.services.checkpoint.replica`` and ``procsv.watchdog.multihost.holder``: a copy a member
+hands node 0's checkpoint service reaches node 1's holder; a new service (a new ``peer.json``, as
+the watchdog's restart of a SIGKILLed one writes) gets it back from the holder, checksum intact,
+marked as held on node 1; a member's key cannot pose as the holder, nor the holder's as a member;
+a copy handed back never pushes out a newer one held already.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import zmq
+
+from procsv.common import curve
+from procsv.common.layout import Layout
+from procsv.ipc.messages import ReplicaCopy, ReplicaHello, TensorSpec
+from procsv.ipc.transport import make_socket, send
+from procsv.services.checkpoint.group import KEEP, GroupCopies, GroupIntake, MemberCopy, checksum
+from procsv.services.checkpoint.peers import PeerLink
+from procsv.watchdog.multihost.holder import Holder
+from test_group_peers import link, serve_until, snapshot
+
+__all__ = ["link"]  # a fixture, used by name
+
+FRAMES = [b"\x01\x02\x03\x04"]
+
+
+def test_a_copy_reaches_node_1s_holder_and_comes_back_to_a_restarted_service(link: Any) -> None:
+    layout, zctx, intake, refused = link
+    holder = Holder(layout, 1)
+    holder.start()
+    sock = make_socket(zctx, zmq.DEALER, linger_ms=0)
+    again = None
+    other: zmq.Context[Any] = zmq.Context()  # the new service is a new process: a context of its own
+    try:
+        serve_until(intake, refused, lambda: intake.replica is not None and intake.replica.holder is not None)
+        assert intake.replica is not None and intake.replica.holder is not None, "the holder never said hello"
+        key = curve.connect_member(sock)
+        send(sock, snapshot(), FRAMES)
+        serve_until(intake, refused, lambda: bool(holder.held()))
+        curve.unfile_agent_key(key)
+        [held] = holder.held()
+        assert (held.msg.rank, held.msg.attempt, held.msg.step, held.frames) == (1, 1, 50, tuple(FRAMES))
+        assert held.msg.crc == checksum(tuple(FRAMES))  # node 0's checksum, carried along
+        intake.close()  # the service dies; the watchdog's new one writes a new peer.json
+        said: list[str] = []
+        again = GroupIntake(lambda identity, msg, frames: None, said.append, PeerLink(other, layout, "127.0.0.1"))
+        serve_until(again, refused, lambda: again is not None and again.copies.find(1, 50, 1) is not None)
+        back = again.copies.find(1, 50, 1)
+        assert back is not None and back.node == 1 and back.peer and back.problem() == "", back
+        assert back.frames == tuple(FRAMES) and back.crc == held.msg.crc
+        assert any("node 1's holder handed back 1 group copies" in line for line in said), said
+        assert not refused, refused
+    finally:
+        sock.close(0)
+        if again is not None:
+            again.close()
+        other.term()
+        holder.stop()
+
+
+def test_a_members_key_cannot_pose_as_the_holder_nor_the_holders_as_a_member(link: Any) -> None:
+    layout, zctx, intake, refused = link
+    member = make_socket(zctx, zmq.DEALER, linger_ms=0)
+    posing = make_socket(zctx, zmq.DEALER, linger_ms=0)
+    try:
+        key = curve.connect_member(member)
+        send(member, ReplicaHello(1, os.getpid(), 0))
+        spec = [TensorSpec("w", "float32", [1])]
+        send(member, ReplicaCopy(0, 1, 50, spec, checksum(tuple(FRAMES))), FRAMES)
+        serve_until(intake, refused, lambda: len(refused) >= 2)
+        assert len(refused) == 2 and intake.replica is not None and intake.replica.holder is None, refused
+        assert intake.copies.find(0, 50, 1) is None
+        curve.unfile_agent_key(key)
+        peer = curve.load_peer(layout)
+        assert peer is not None
+        keys = curve.AgentKeys.new()
+        path = curve.file_holder_key(layout, peer.job, keys, 1)
+        curve.connect_as_member(posing, keys, peer)
+        posing.connect(peer.endpoint)
+        send(posing, snapshot(member=1), FRAMES)  # the holder's key speaks for no member
+        serve_until(intake, refused, lambda: len(refused) >= 3)
+        assert len(refused) == 3 and intake.copies.find(1, 50, 1) is None, refused
+        curve.unfile_agent_key(path)
+    finally:
+        member.close(0)
+        posing.close(0)
+
+
+def copy(step: int, attempt: int = 1, node: Any = None) -> MemberCopy:
+    frames = (step.to_bytes(4, "little"),)
+    return MemberCopy(0, attempt, step, (TensorSpec("w", "float32", [1]),), frames, checksum(frames), node is not None, node)
+
+
+def test_a_copy_handed_back_never_pushes_out_a_newer_one() -> None:
+    held = GroupCopies()
+    for step in (400, 450, 500):
+        held.hold(copy(step, attempt=2))
+    held.take_back(copy(350, attempt=1, node=1))  # older than all KEEP held: not kept
+    assert [c.step for c in held.by_rank[0]] == [400, 450, 500]
+    held = GroupCopies()
+    held.hold(copy(400))
+    for step in (250, 300, 350):
+        held.take_back(copy(step, node=1))
+    assert [c.step for c in held.by_rank[0]] == [300, 350, 400] and len(held.by_rank[0]) == KEEP
+    assert held.by_rank[0][0].name() == "member 0's in-memory copy of step 300 held on node 1"
