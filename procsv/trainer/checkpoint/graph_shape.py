@@ -20,8 +20,9 @@ The edges are listed as TensorFlow's walk lists them (``ObjectGraphView.list_chi
 object's ``_trackable_children`` for a checkpoint, each child made trackable), without the part of
 that call that costs most and finds nothing on an object walked before: its
 ``_maybe_initialize_trackable``, which sets attributes under a guard and so, on a Keras object,
-runs Keras's attribute tracking twice per object (half of a check's 0.5-0.6 ms on the digits
-model: 48 edges; issue 54). It is still called on an object that has not set up its dependencies.
+runs Keras's attribute tracking twice per object (on the digits model's 48 edges, repeated: 0.59 ms
+a check before, 0.12 after; at a snapshot, right after a step has emptied the caches: 0.45 ms
+before, 0.37 after, quiet; issue 54). It is still called on an object that has not set up its dependencies.
 """
 
 from __future__ import annotations
