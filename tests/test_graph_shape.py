@@ -74,3 +74,24 @@ def test_a_tf1_style_optimizers_new_slot_variables_change_the_shape():
 @pytest.mark.parametrize("a,b", [(None, None), (None, []), ([], None)])
 def test_an_unknown_shape_is_never_the_same(a, b):
     assert not graph_shape.same(a, b)
+
+
+def test_the_edges_are_the_ones_tensorflows_walk_lists():
+    """The shape lists each object's children as ``ObjectGraphView.list_children`` does (it skips only
+    that call's set-up of an object already set up): the same names to the same objects, in order."""
+    import tensorflow as tf
+
+    ckpt, model, opt = _keras()
+    opt.build(model.trainable_variables)
+    view = tf.__internal__.tracking.ObjectGraphView(ckpt)
+    want, queue, seen, at = [], [ckpt], {id(ckpt)}, 0
+    while at < len(queue):
+        for ref in view.list_children(queue[at]):
+            want.append((at, ref.name, ref.ref))
+            if id(ref.ref) not in seen:
+                seen.add(id(ref.ref))
+                queue.append(ref.ref)
+        at += 1
+    got = graph_shape.shape(ckpt)
+    assert got is not None and len(got) == len(want) > 10
+    assert all(g[0] == w[0] and g[1] == w[1] and g[2] is w[2] for g, w in zip(got, want))

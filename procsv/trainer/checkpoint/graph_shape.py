@@ -15,6 +15,14 @@ none of them can be freed and its ``id`` reused by a new object while a walk tha
 TF1-style optimizers (``tf.compat.v1.train`` and the legacy Keras ones) keep their slot variables
 outside the graph's edges; for them the count of slot variables is part of the shape, and one
 whose slots cannot be counted makes every walk fresh (:func:`shape` returns None).
+
+The edges are listed as TensorFlow's walk lists them (``ObjectGraphView.list_children``: each
+object's ``_trackable_children`` for a checkpoint, each child made trackable), without the part of
+that call that costs most and finds nothing on an object walked before: its
+``_maybe_initialize_trackable``, which sets attributes under a guard and so, on a Keras object,
+runs Keras's attribute tracking twice per object (on the digits model's 48 edges, repeated: 0.59 ms
+a check before, 0.12 after; at a snapshot, right after a step has emptied the caches: 0.45 ms
+before, 0.37 after, quiet; issue 54). It is still called on an object that has not set up its dependencies.
 """
 
 from __future__ import annotations
@@ -35,7 +43,6 @@ def shape(ckpt: Any) -> Optional[Shape]:
     if isinstance(ckpt, NameBasedCheckpoint):
         return [(0, key, ckpt) for key in ckpt.keys()]
 
-    view = tf.__internal__.tracking.ObjectGraphView(ckpt)
     seen = {id(ckpt)}
     queue = [ckpt]
     edges: Shape = []
@@ -47,13 +54,24 @@ def shape(ckpt: Any) -> Optional[Shape]:
             if slots is None:
                 return None
             edges.append((-1 - at, "", slots))  # a negative parent: no edge has one
-        for name, child in view.list_children(obj):
+        for name, child in _children(obj, tf.__internal__.tracking.Trackable):
             edges.append((at, name, child))
             if id(child) not in seen:
                 seen.add(id(child))
                 queue.append(child)
         at += 1
     return edges
+
+
+def _children(obj: Any, trackable: type) -> list[tuple[str, Any]]:
+    """``obj``'s children in a checkpoint's object graph, named, as TensorFlow's walk lists them (see
+    the module docstring)."""
+    from tensorflow.python.trackable import converter
+
+    if not hasattr(obj, "_self_unconditional_checkpoint_dependencies"):
+        obj._maybe_initialize_trackable()  # never set up: what list_children does first (once per object)
+    return [(name, child if isinstance(child, trackable) else converter.convert_to_trackable(child, parent=obj))
+            for name, child in obj._trackable_children("checkpoint").items()]
 
 
 def same(a: Optional[Shape], b: Optional[Shape]) -> bool:
