@@ -157,3 +157,44 @@ def test_node_0_holds_no_more_of_one_peer_copy_than_its_own_members_snapshot_mem
     assert s.unacked is None and s.busy(0.1) == {0}
     s.send_done(0)
     assert s.free(0.1) == 1 and s.busy(0.1) == set()
+
+
+def test_a_peer_copy_held_before_node_0_knew_its_limit_is_dropped_once_its_own_members_memory_is_mapped():
+    # peer_limit is None until a member of node 0 hands over its first copy (its snapshot memory
+    # mapped): at a group's start, or after node 0's service restarted, a peer copy that comes first
+    # is held whatever its size. Before, it stayed held for the service's life: every later copy of
+    # that member is as large and refused, so none ever replaced it (a 512 MiB state: up to KEEP of
+    # them held on node 0). Now mapping a member's memory drops the peer copies beyond the limit,
+    # said in one line each and told to the watchdog as a refusal
+    from procsv.ipc.messages import GroupCopyRefused, SnapshotHeld
+    from procsv.services.checkpoint.group import GroupIntake
+    from procsv.services.checkpoint.peers import PEER_TAG
+    from procsv.trainer.checkpoint.snapshot import SnapshotArena
+
+    answers: list[tuple[bytes, object]] = []
+    said: list[str] = []
+    told: list[object] = []
+    intake = GroupIntake(lambda who, msg, frames: answers.append((who, msg)), said.append, tell=told.append)
+    big = [b"\x00" * (1 << 20)]
+    spec = [TensorSpec("w", "uint8", [1 << 20])]
+    intake.handle(SaveData(50, SaveReason.MEMORY, "model.ckpt", spec, persist=False, member=1, attempt=1),
+                  big, PEER_TAG + b"m1")
+    assert intake.copies.find(1, 50, 1) is not None  # no limit known yet: held (and acknowledged)
+    assert isinstance(answers[-1][1], SnapshotHeld)
+    arena = SnapshotArena(4096, slots=3)
+    try:
+        intake.handle(SaveData(50, SaveReason.MEMORY, "model.ckpt", [], arena.ref(), 0, persist=False,
+                               member=0, attempt=1), [], b"chief")
+        limit = arena.ref().size
+        assert intake.copies.find(0, 50, 1) is not None and limit < 1 << 20
+        assert intake.copies.find(1, 50, 1) is None, "the oversized peer copy is still held"
+        assert [line for line in said if "member 1's peer copy of step 50" in line] == [
+            f"procsv checkpoint: not holding member 1's peer copy of step 50 any more: {1 << 20} bytes, "
+            f"beyond the {limit} held for one member"], said
+        assert [m for m in told if isinstance(m, GroupCopyRefused)] == [GroupCopyRefused(1, 1, 50, 1 << 20, limit)]
+        intake.handle(SaveData(100, SaveReason.MEMORY, "model.ckpt", spec, persist=False, member=1, attempt=1),
+                      big, PEER_TAG + b"m1")
+        assert intake.copies.find(1, 100, 1) is None and isinstance(answers[-1][1], GroupCopyRefused)
+    finally:
+        intake.close()
+        arena.close()

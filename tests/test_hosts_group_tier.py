@@ -237,8 +237,8 @@ def test_the_key_files_of_sigkilled_members_of_host_1_are_removed_once_their_att
 def test_a_peer_copy_beyond_node_0s_limit_is_refused_said_recorded_and_the_group_restores_from_disk(hosts, logdir):
     # node 0's checkpoint service holds no more of one member's peer copy than its limit (here a
     # small PROCSV_GROUP_PEER_MAX_BYTES; by default its own members' snapshot memory): host 1's
-    # member's copies are refused, each with a lifecycle record, said once in that member's log; the
-    # chief's copies are held, so no step is whole and worker1 SIGKILLed restarts the group from disk,
+    # member's first copy is refused, with a lifecycle record, said once in that member's log (it takes
+    # no more copies); the chief's copies are held, so no step is whole and worker1 SIGKILLed restarts the group from disk,
     # saying why in one line. Before, node 0 held any size (a 512 MiB copy: 558 MiB of RSS)
     env = quiet_env(PROCSV_GROUP_PEER_MAX_BYTES="4096")
     master, first, _ = two_hosts(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "330", env=env)
@@ -254,6 +254,8 @@ def test_a_peer_copy_beyond_node_0s_limit_is_refused_said_recorded_and_the_group
     refused = events(logdir, "group_copy_refused")
     assert refused and all(r["rank"] == 1 and r["limit"] == 4096 < r["size"] and r["step"] % K == 0
                            for r in refused), refused
+    # once refused, a member takes no more copies (each as large): one record per member process
+    assert len({r["attempt"] for r in refused}) == len(refused), refused
     with open(os.path.join(logdir, "logs", "worker1.1.log")) as fh:
         said = [line for line in fh.read().splitlines() if "refused member 1's copy" in line]
     assert len(said) == 1 and "beyond the 4096 it holds for one member" in said[0], said

@@ -548,3 +548,47 @@ def test_one_walk_charged_a_descheduling_does_not_keep_the_tier_at_one_snapshot_
             agent.charge_memory(step, svc.t, svc.t + 0.0001)
     # the walk was measured again: the interval is the budget's for 2 ms copies again
     assert agent.memory.walk_cost < 0.01 and agent.memory.next_due() - agent.memory.at < 1.0
+
+
+class _Refusing(_Service):
+    """Node 0's checkpoint service as a member of another host sees it: every copy refused, too large."""
+
+    def poll_checkpoint(self, timeout: float = 0.0) -> list[object]:
+        from procsv.ipc.messages import GroupCopyRefused
+
+        out = [GroupCopyRefused(1, 1, m.step, 1 << 20, 4096) for m in self.sent[self.read:]]
+        self.read = len(self.sent)
+        return out
+
+    read = 0
+
+
+def test_a_member_whose_peer_copy_node_0_refused_takes_no_more_copies_it_would_refuse(tmp_path, capfd):
+    # a member of another host whose copy node 0 refused (beyond its limit): every later copy of the
+    # same state is as large, and node 0 refuses it too. Before, the member still copied its state
+    # into a slot, sent it over CURVE (19 % of a step's CPU at 64 MiB) and node 0 received it whole,
+    # every K steps, for nothing; now it takes no more of them (said once in its log)
+    import tensorflow as tf
+
+    svc = _Refusing()
+    step_var = tf.Variable(0, dtype=tf.int64)
+    ckpt = tf.train.Checkpoint(w=tf.Variable(tf.ones([64, 64])), step=step_var)
+    layout = Layout(str(tmp_path / "run"))
+    layout.create()
+    agent = CheckpointAgent(ckpt, step_var, layout, basename="model.ckpt", save_model_secs=None,
+                            save_checkpoint_steps=None, max_to_keep=5, keep_checkpoint_every_n_hours=None,
+                            clock=svc.clock, memory_budget=0.01, saving=False, group=(1, 1, 50))
+    agent.memory.remote = True  # (PROCSV_GROUP_REMOTE: a member of host 1)
+    agent.store.arena_for(arena_bytes_needed(ckpt))
+    ch = cast(TrainerChannels, svc)
+    assert agent.memory_due(50, svc.t) and agent.memory_snapshot(ch, 50)
+    svc.t += 1.0
+    agent.poll(ch, 51, svc.t)  # reads the refusal
+    assert agent.store.slots.unacked is None
+    for step in (100, 150, 200):
+        svc.t += 1.0
+        agent.poll(ch, step, svc.t)
+        assert not agent.memory_due(step, svc.t), f"a copy of step {step} is due again"
+    assert [m.step for m in svc.sent] == [50]
+    err = capfd.readouterr().err
+    assert err.count("refused member 1's copy") == 1 and "takes no more in-memory snapshots" in err, err

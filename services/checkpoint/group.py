@@ -27,6 +27,10 @@ the watchdog (the lifecycle record ``group_copy_refused``); the group then resto
 disk, as for a missing copy. (Before, a member sending 512 MiB made this process hold 3 of them.)
 Every copy held here is also sent to node 1's holder (:mod:`.replica`), which hands them back to
 this service restarted after a SIGKILL: ``MemberCopy.node``.
+Until a member of node 0 has handed over a copy (at a group's start, after this service's restart)
+the limit is not known and a peer copy is held whatever its size; once a member's memory is mapped
+the ones held beyond the limit are dropped, said and told as refused (before, they stayed held for
+the service's life: every later copy of that member, as large, was refused and never replaced them).
 """
 
 from __future__ import annotations
@@ -100,6 +104,9 @@ class MemberCopy:
         """Why this copy must not be restored (its bytes no longer match its checksum); empty if it may."""
         now = checksum(self.frames)
         return "" if now == self.crc else f"its checksum is {now:08x}, not {self.crc:08x} as copied"
+
+    def size(self) -> int:
+        return sum(len(f) for f in self.frames)
 
 
 def copy_out(msg: SaveData, payload: list[Any], view: Optional[ArenaView], peer: bool = False) -> MemberCopy:
@@ -191,6 +198,15 @@ class GroupCopies:
             return -1, 0, f"none is newer than the committed checkpoint of step {after}"
         return -1, 0, f"no step newer than {after} is held for all {nproc} members"
 
+    def drop_peers_beyond(self, limit: int) -> list[MemberCopy]:
+        """Forget the peer copies of more than ``limit`` bytes (held before the limit was known); them."""
+        dropped: list[MemberCopy] = []
+        for rank, copies in list(self.by_rank.items()):
+            beyond = [c.peer and c.size() > limit for c in copies]
+            dropped += [c for c, out in zip(copies, beyond) if out]
+            self.by_rank[rank] = [c for c, out in zip(copies, beyond) if not out]
+        return dropped
+
     def peer_in(self, nproc: int, step: int, attempt: int) -> bool:
         """Whether a member's copy of ``step`` held here is a peer copy (of a member of another host)."""
         return any(c is not None and c.peer for c in (self.find(rank, step, attempt) for rank in range(nproc)))
@@ -278,7 +294,21 @@ class GroupIntake:
             if view is not None:
                 view.close()
             view = self.views[rank] = ArenaView(ref)
+            self._drop_too_large()
         return view
+
+    def _drop_too_large(self) -> None:
+        """A member's memory was mapped (the limit is known now, or changed): the peer copies held
+        beyond it (before it was known: at a group's start, after this service's restart) are
+        dropped, each said and told to the watchdog as refused; every later copy of that member is
+        as large, refused, and would never have replaced them."""
+        limit = peer_limit([v.ref.size for v in self.views.values()], self._peer_setting)
+        if limit is None:
+            return
+        for c in self.copies.drop_peers_beyond(limit):
+            self.say(f"procsv checkpoint: not holding {c.name()} any more: {c.size()} bytes, "
+                     f"beyond the {limit} held for one member")
+            self.tell(GroupCopyRefused(c.rank, c.attempt, c.step, c.size(), limit))
 
     def stats(self) -> dict[str, Any]:
         """What ``checkpoint_stats.json`` says of the group's copies (``group``)."""

@@ -70,7 +70,7 @@ class MemoryTier:
         self.member, self.attempt, self.every_steps = -1, 0, 0
         self.remote = False  # a member of host 1..M-1: its copies go to node 0 as uncopied frames (peer_copy)
         self._sends = peer_copy.Sends()  # ... and the slots ZeroMQ may still read
-        self._refused_said = False  # node 0 refused a copy (GroupCopyRefused), said once
+        self.refused_by_peer = False  # node 0 refused a copy (GroupCopyRefused): no more are taken
 
     # ------------------------------------------------------------------ the schedule
     def start(self, step: int, now: float) -> None:
@@ -95,6 +95,8 @@ class MemoryTier:
         """An in-memory snapshot of ``step`` may be taken now (ask after the agent's poll said no disk one);
         a group member's at every K-th step (:meth:`next_step`), on no clock: every member takes the same."""
         if self.every_steps:
+            if self.refused_by_peer:  # node 0 would refuse every copy of this state (as large)
+                return False
             return step % self.every_steps == 0 and step > self.step and self._waiting is None and self.ready(now)
         return step > self.step and self._waiting is None and now >= self.next_due() and self.ready(now)
 
@@ -213,14 +215,15 @@ class MemoryTier:
 
     def refused(self, msg: GroupCopyRefused) -> None:
         """Node 0's service refused this member's copy of ``msg.step`` (too large to hold): it waits
-        for no acknowledgment of it; said in one line, the first time (every copy of the same
-        state is as large)."""
+        for no acknowledgment of it, and takes no more in-memory snapshots (every copy of the same
+        state is as large: before, each was still copied, sent over CURVE and received whole by
+        node 0, every K steps, for nothing); said in one line, the first time."""
         self.store.slots.refused(msg.step)
-        if not self._refused_said:
-            self._refused_said = True
+        if not self.refused_by_peer:
+            self.refused_by_peer = True
             print(f"procsv: node 0's checkpoint service refused member {msg.rank}'s copy of step {msg.step}: "
-                  f"{msg.size} bytes, beyond the {msg.limit} it holds for one member; a group restarted "
-                  "restores this member from disk", file=sys.stderr, flush=True)
+                  f"{msg.size} bytes, beyond the {msg.limit} it holds for one member; this member takes no more "
+                  "in-memory snapshots, and a group restarted restores it from disk", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ the cost
     def poll_for_ack(self, ch: TrainerChannels) -> list[Any]:
