@@ -95,3 +95,39 @@ def test_the_edges_are_the_ones_tensorflows_walk_lists():
     got = graph_shape.shape(ckpt)
     assert got is not None and len(got) == len(want) > 10
     assert all(g[0] == w[0] and g[1] == w[1] and g[2] is w[2] for g, w in zip(got, want))
+
+
+
+def test_an_object_whose_own_set_up_adds_an_edge_is_set_up_at_every_walk():
+    """TensorFlow's walk calls every object's ``_maybe_initialize_trackable`` before listing its
+    children; only Trackable's own one does nothing once an object is set up. A class may override
+    it (here: it takes in a variable handed to it since, as a lazily built wrapper might) and list
+    its children itself: TensorFlow's next walk has a new edge, so the shape must see it too, or a
+    reused walk would leave the variable out of the next in-memory snapshot."""
+    import tensorflow as tf
+
+    class Lazy(tf.__internal__.tracking.Trackable):
+        def __init__(self) -> None:
+            self.pending: list = []
+            self.taken: dict = {}
+
+        def _maybe_initialize_trackable(self) -> None:
+            super()._maybe_initialize_trackable()
+            while self.pending:
+                name, var = self.pending.pop(0)
+                self.taken[name] = var
+
+        def _trackable_children(self, save_type="checkpoint", **kwargs):
+            return dict(self.taken)
+
+    lazy = Lazy()
+    lazy.pending.append(("a", tf.Variable(1.0)))
+    ckpt = tf.train.Checkpoint(lazy=lazy)
+    before = graph_shape.shape(ckpt)
+    assert [e[1] for e in before] == ["lazy", "a"]
+    lazy.pending.append(("b", tf.Variable(2.0)))
+    after = graph_shape.shape(ckpt)
+    view = tf.__internal__.tracking.ObjectGraphView(ckpt)
+    assert [ref.name for ref in view.list_children(lazy)] == ["a", "b"]  # TensorFlow's walk
+    assert [e[1] for e in after] == ["lazy", "a", "b"]
+    assert not graph_shape.same(before, after)
