@@ -9,15 +9,20 @@ a copy handed back never pushes out a newer one held already.
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import os
+import time
+import tracemalloc
 from typing import Any
 
 import zmq
 
 from procsv.common import curve
 from procsv.common.layout import Layout
-from procsv.ipc.messages import ReplicaCopy, ReplicaHello, TensorSpec
-from procsv.ipc.transport import make_socket, send
+from procsv.ipc.codec import ProtocolError
+from procsv.ipc.messages import ReplicaCopy, ReplicaHello, SnapshotHeld, TensorSpec
+from procsv.ipc.transport import CHECKPOINT_FRAME_MAX, drain, make_socket, recv_message, send
 from procsv.services.checkpoint.group import KEEP, GroupCopies, GroupIntake, MemberCopy, checksum
 from procsv.services.checkpoint.peers import PeerLink
 from procsv.watchdog.multihost.holder import Holder
@@ -107,3 +112,66 @@ def test_a_copy_handed_back_never_pushes_out_a_newer_one() -> None:
         held.take_back(copy(step, node=1))
     assert [c.step for c in held.by_rank[0]] == [300, 350, 400] and len(held.by_rank[0]) == KEEP
     assert held.by_rank[0][0].name() == "member 0's in-memory copy of step 300 held on node 1"
+
+
+def test_a_holder_that_does_not_read_pins_no_more_copies_than_the_service_holds(link: Any) -> None:
+    """Node 1's agent SIGSTOPped (or its link lost): node 0's service keeps acknowledging its
+    members and holds its KEEP copies, but queues no more copies for the holder than it holds;
+    once the holder reads again, the next copy reaches it."""
+    layout, zctx, intake, refused = link
+    member = make_socket(zctx, zmq.DEALER, linger_ms=0)
+    stalled = make_socket(zctx, zmq.DEALER, linger_ms=0, max_frame=CHECKPOINT_FRAME_MAX)
+    stalled.setsockopt(zmq.RCVHWM, 1)
+    stalled.setsockopt(zmq.RCVBUF, 4096)
+    big = 1 << 20
+    try:
+        peer = curve.load_peer(layout)
+        assert peer is not None
+        keys = curve.AgentKeys.new()
+        path = curve.file_holder_key(layout, peer.job, keys, 1)
+        curve.connect_as_member(stalled, keys, peer)
+        stalled.connect(peer.endpoint)
+        send(stalled, ReplicaHello(1, os.getpid(), 0))
+        serve_until(intake, refused, lambda: intake.replica is not None and intake.replica.holder is not None)
+        replica = intake.replica
+        assert replica is not None and replica.holder is not None
+        key = curve.connect_member(member)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            for i in range(40):
+                send(member, dataclasses.replace(snapshot(), step=100 + i), [bytes([i]) * big])
+                serve_until(intake, refused, lambda: member.poll(0))
+                assert member.poll(0) and isinstance(recv_message(member, 0).msg, SnapshotHeld), f"copy {i} unacknowledged"
+            gc.collect()
+            pinned = tracemalloc.get_traced_memory()[0] - base
+        finally:
+            tracemalloc.stop()
+        # KEEP copies held, and as many at most queued for the holder (plus slack for the codec)
+        assert pinned < (2 * KEEP + 2) * big, f"{pinned / big:.1f} MiB pinned for a holder that does not read"
+        assert replica.sent + replica.skipped == 40 and replica.skipped > 0, replica.stats()
+        got: list[int] = []
+        sent_before = replica.sent
+
+        def reads() -> bool:
+            got.extend(r.msg.step for r in drain(stalled, limit=64) if not isinstance(r, ProtocolError)
+                       and isinstance(r.msg, ReplicaCopy))
+            return bool(got) and got[-1] == 200 and replica.sent > sent_before
+
+        deadline = time.monotonic() + 20
+        while not reads() and time.monotonic() < deadline:  # the holder reads again; new copies reach it
+            send(member, dataclasses.replace(snapshot(), step=200), [b"\x07" * 16])
+            serve_until(intake, refused, lambda: member.poll(0), secs=0.2)
+            drain_all(member)
+        assert got and got[-1] == 200, got
+        curve.unfile_agent_key(key)
+        curve.unfile_agent_key(path)
+    finally:
+        member.close(0)
+        stalled.close(0)
+
+
+def drain_all(sock: Any) -> None:
+    for _ in drain(sock, limit=64):
+        pass
