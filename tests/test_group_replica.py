@@ -24,7 +24,9 @@ from procsv.ipc.codec import ProtocolError
 from procsv.ipc.messages import ReplicaCopy, ReplicaHello, SnapshotHeld, TensorSpec
 from procsv.ipc.transport import CHECKPOINT_FRAME_MAX, drain, make_socket, recv_message, send
 from procsv.services.checkpoint.group import KEEP, GroupCopies, GroupIntake, MemberCopy, checksum
+from procsv.ipc.transport import Endpoints
 from procsv.services.checkpoint.peers import PeerLink
+from procsv.trainer.channels import TrainerChannels
 from procsv.watchdog.multihost.holder import Holder
 from test_group_peers import link, serve_until, snapshot
 
@@ -175,3 +177,51 @@ def test_a_holder_that_does_not_read_pins_no_more_copies_than_the_service_holds(
 def drain_all(sock: Any) -> None:
     for _ in drain(sock, limit=64):
         pass
+
+
+def test_a_member_of_another_host_follows_node_0s_restarted_service(link: Any, tmp_path: Any,
+                                                                     monkeypatch: Any) -> None:
+    """Node 0's service SIGKILLed and restarted (a new peer.json): a running member of host 1
+    lets go of the frames queued for the dead service (its slots) as soon as it reads the service's
+    answers, and hands its next copies to the new service, not to the dead one's port until its
+    next attempt."""
+    layout, zctx, intake, refused = link
+    monkeypatch.setenv("PROCSV_GROUP_REMOTE", "1")
+    monkeypatch.setenv("PROCSV_ATTEMPT", "1")
+    now = [0.0]
+    ch = TrainerChannels(Endpoints(str(tmp_path)), supervised=False, clock=lambda: now[0], services=False,
+                         checkpoint=True)
+    other: zmq.Context[Any] = zmq.Context()  # the new service is a new process: a context of its own
+    again = None
+    try:
+        assert ch.send_snapshot(snapshot(), FRAMES)
+        serve_until(intake, refused, lambda: intake.copies.find(1, 50, 1) is not None)
+        assert intake.copies.find(1, 50, 1) is not None
+        intake.close()
+        queued = []  # the trackers of uncopied frames the dead service never takes (those its queue took)
+        for i in range(8):
+            frame = zmq.Frame(b"\x05" * 16, copy=False, track=True)
+            if ch.send_snapshot(dataclasses.replace(snapshot(), step=60 + i), [frame]):
+                queued.append(frame.tracker)
+            del frame
+        assert queued and not all(t.done for t in queued)
+        again = GroupIntake(lambda identity, msg, frames: None, lambda line: None, PeerLink(other, layout, "127.0.0.1"))
+        now[0] += 1.0
+        deadline = time.monotonic() + 5  # no snapshot sent: the member only reads the service's answers
+        while not all(t.done for t in queued) and time.monotonic() < deadline:
+            ch.poll_checkpoint(timeout=0.05)
+        assert all(t.done for t in queued), "ZeroMQ still holds frames for the dead service"
+        for i in range(5):  # the member's next snapshots, a second apart
+            now[0] += 1.0
+            ch.send_snapshot(dataclasses.replace(snapshot(), step=100 + i), FRAMES)
+            serve_until(again, refused, lambda: again is not None and again.copies.find(1, 100 + i, 1) is not None,
+                        secs=2.0)
+            ch.poll_checkpoint()
+        held = sorted(c.step for c in again.copies.by_rank.get(1, []))
+        assert held and held[-1] == 104, f"the restarted service holds {held} of the member's copies"
+        assert not refused, refused
+    finally:
+        ch.close()
+        if again is not None:
+            again.close()
+        other.term()
