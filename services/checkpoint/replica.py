@@ -8,9 +8,10 @@ a thread of node 1's agent), over the peer link's CURVE socket (:mod:`.peers`), 
 copied it. This is done by the service's own loop after the member's copy is acknowledged: the
 members' step path does not wait on it, and neither does the loop: a send that finds the holder's
 queue full is not made. A holder that reads slowly or not at all (its link slow or lost, its agent
-stopped) pins no more of this process's memory than the copies it holds: a copy is sent only while
-fewer copies than this service holds are still queued for it (each frame tracked until ZeroMQ lets
-go of it); the others are not sent (``skipped``), so node 1 holds older copies until it reads again.
+stopped) pins no more of this process's memory than the copies it holds at most: a copy is sent
+only while fewer than ``keep`` copies per member are still queued for it (each frame tracked until
+ZeroMQ lets go of it); the others are not sent (``skipped``), so node 1 holds older copies until it
+reads again.
 
 A service SIGKILLed and restarted by the watchdog holds nothing; node 1's holder sees the new
 service's ``peer.json``, connects and hands back every copy it holds (:class:`ReplicaHello`, then
@@ -39,11 +40,11 @@ class Replica:
     """Who node 1's holder is on the peer link (its tagged identity, once it said hello), what is
     sent to it, and what it hands back to a restarted service. ``copies`` is the service's
     :class:`~procsv.services.checkpoint.group.GroupCopies`; ``copy_of(msg, frames)`` makes a held
-    copy of a :class:`ReplicaCopy` (marked as held on node 1)."""
+    copy of a :class:`ReplicaCopy` (marked as held on node 1); ``keep``: the copies held per member."""
 
     def __init__(self, link: PeerLink, copies: Any, copy_of: Callable[[ReplicaCopy, list[Any]], Any],
-                 say: Callable[[str], None]) -> None:
-        self.link, self.copies, self._copy_of, self.say = link, copies, copy_of, say
+                 say: Callable[[str], None], keep: int = 3) -> None:
+        self.link, self.copies, self._copy_of, self.say, self.keep = link, copies, copy_of, say, keep
         self.holder: Optional[bytes] = None  # PEER_TAG + the holder's identity on the link
         self.sent = 0  # copies sent to the holder (handed to ZeroMQ)
         self.skipped = 0  # copies not sent: the holder's queue was full, or as many as held still queued
@@ -57,7 +58,7 @@ class Replica:
         if self.holder is None or copy.node is not None:
             return
         self._queued = [q for q in self._queued if not all(t.done for t in q)]
-        if len(self._queued) >= max(1, sum(len(c) for c in self.copies.by_rank.values())):
+        if len(self._queued) >= self.keep * max(1, len(self.copies.by_rank)):
             self.skipped += 1
             return
         msg = ReplicaCopy(copy.rank, copy.attempt, copy.step, list(copy.specs), copy.crc)
