@@ -225,3 +225,28 @@ def test_a_member_of_another_host_follows_node_0s_restarted_service(link: Any, t
         if again is not None:
             again.close()
         other.term()
+
+
+def test_the_holder_retries_after_its_key_could_not_be_filed_and_keeps_replicating(link: Any,
+                                                                                   monkeypatch: Any) -> None:
+    """The logdir failing once (the holder's key not filed: the disk full) costs node 1's replica a
+    retry, not the rest of the launch."""
+    layout, zctx, intake, refused = link
+    filed = curve.file_holder_key
+    failures = [OSError(28, "No space left on device")]
+
+    def file_once_failing(*args: Any) -> str:
+        if failures:
+            raise failures.pop()
+        return filed(*args)
+
+    monkeypatch.setattr(curve, "file_holder_key", file_once_failing)
+    holder = Holder(layout, 1)
+    holder.start()
+    try:
+        serve_until(intake, refused, lambda: intake.replica is not None and intake.replica.holder is not None,
+                    secs=15.0)
+        assert not failures, "the holder never tried"
+        assert intake.replica is not None and intake.replica.holder is not None, "the holder never said hello again"
+    finally:
+        holder.stop()
