@@ -102,6 +102,7 @@ class TrainerChannels:
         self.summary: Optional[zmq.Socket[Any]] = None
         self._member_key: Optional[str] = None  # a member of host 1..M-1: the key file it filed (curve.connect_member)
         self._follow: Optional[PeerFollow] = None  # ... and the service it is connected to (a restarted one's followed)
+        self.followed = 0  # how many times it connected to a restarted service (what the dead one never answers)
         self._ident = ident
         if services or checkpoint:
             self.ckpt = make_socket(self.zctx, zmq.DEALER, sndhwm=4, identity=ident, linger_ms=0)
@@ -156,6 +157,7 @@ class TrainerChannels:
         self.ckpt = make_socket(self.zctx, zmq.DEALER, sndhwm=4, identity=self._ident, linger_ms=0)
         curve.unfile_agent_key(self._member_key)
         self._member_key = curve.connect_member(self.ckpt)
+        self.followed += 1
         if self._member_key is None:
             self.ckpt.close()
             self.ckpt = None
