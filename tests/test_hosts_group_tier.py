@@ -3,10 +3,9 @@ snapshots to node 0's checkpoint service over CURVE (their peer copies), so that
 SIGKILLed, or the whole host SIGKILLed and its agent relaunched, restores the group's pinned step
 from memory; a damaged peer copy falls through to disk, saying so in one line; and (issue 54, point 6)
 a group of four over the two hosts losing a member of each host, the chief and host 1 whole at random
-steps of one run ends bit-equal to an uninterrupted one. Node 0's checkpoint service SIGKILLed: node
-1's holder hands back its replica of every copy, and the next restart restores from memory (a copy
-damaged on node 1 falls through to disk); node 0 removes the key files of members whose attempt is
-over, and refuses a peer copy beyond its limit.
+steps of one run ends bit-equal to an uninterrupted one. Node 0 removes the key files of members whose
+attempt is over, and refuses a peer copy beyond its limit; node 0's checkpoint service SIGKILLed:
+tests/test_hosts_group_replica.py.
 
 Two hosts as in tests/test_hosts.py (network namespaces on a veth bridge, one logdir, real
 TensorFlow collectives over the bridge, real SIGKILLs). Needs root; skipped otherwise.
@@ -22,7 +21,7 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from conftest import finish, launch, lifecycle, quiet_env, role_pid, wait_for, wait_role_pid
+from conftest import finish, launch, lifecycle, quiet_env, wait_for, wait_role_pid
 from test_group import (K, SLOW, clean_group, final_weights_of, group_started, member_restores, printed_steps,
                         restored_from_disk_once, restores_with_plain_tf,
                         sigkill_mid_interval, sigkill_the_chief_past_a_disk_save)
@@ -130,56 +129,6 @@ def test_a_damaged_peer_copy_makes_the_group_restore_from_disk_saying_so_in_one_
     lines = restored_from_disk_once(logdir)
     assert len(lines) == 1 and "member 1's peer copy of step" in lines[0] and "is damaged" in lines[0], lines
     assert restores_with_plain_tf(logdir) == 330
-
-
-def service_killed_then_worker1(logdir: str, after: int) -> tuple[int, int]:
-    """SIGKILL node 0's checkpoint service once worker1 is past ``after`` mid-interval, wait for the
-    watchdog's new service to take node 1's copies back, then SIGKILL worker1 mid-interval; the
-    steps worker1 had printed at each kill."""
-    at_service = sigkill_mid_interval(logdir, "checkpoint", "worker1.1", after)
-    old = role_pid(logdir, "checkpoint")
-    wait_for(lambda: role_pid(logdir, "checkpoint") not in (None, old), 60, what="a new checkpoint service")
-
-    def taken_back() -> bool:
-        path = os.path.join(logdir, "logs", "checkpoint.2.log")
-        return os.path.exists(path) and "node 1's holder handed back" in open(path).read()
-
-    wait_for(taken_back, 60, interval=0.02, what="node 1's holder to hand its copies back")
-    seen = printed_steps(logdir, "worker1.1")[-1]
-    return at_service, sigkill_mid_interval(logdir, "worker1", "worker1.1", seen + 1)
-
-
-def test_node_0s_checkpoint_service_sigkilled_then_a_member_killed_restores_every_member_from_memory_bit_equal(
-        hosts, logdir, clean_group):
-    # before: node 0's members' copies (and host 1's peer copies) lived only in node 0's checkpoint
-    # service, so its SIGKILL cost the steps since the last disk checkpoint (the next restart said
-    # "restores from disk"). Now node 1's holder keeps a replica of every copy the service holds and
-    # hands them back to the restarted service: worker1 SIGKILLed after it restores both members'
-    # copies of the newest step whole before the service's death, from memory, and the run ends
-    # bit-equal to an uninterrupted group
-    master, first, _ = two_hosts(logdir, *SLOW, "--steps", "500")
-    try:
-        group_started(logdir, 1)
-        at_service, at_member = service_killed_then_worker1(logdir, 2 * K + 10)
-    finally:
-        code, out, err = finish(master)
-    acode, aout, aerr = finish(first, timeout=30)
-    assert code == 0, err
-    assert acode == 0, aerr
-    restored = events(logdir, "restored")
-    assert len(restored) == 1 and restored[0]["source"] == "peer", restored
-    step = restored[0]["step"]
-    # the newest step both members had handed over before the service died (or the one before it,
-    # in flight at the kill); nothing newer of worker1 reached the new service (it sends to the old port)
-    assert step % K == 0 and at_service // K * K - K <= step <= at_service < at_member, (step, at_service, at_member)
-    assert restored[0]["path"] == f"the group's in-memory snapshot of step {step}"
-    assert member_restores(logdir, 2) == [step] * 2  # every member the same step
-    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
-        assert "restores from disk" not in fh.read()
-    final = final_weights_of(logdir)
-    assert final.keys() == clean_group.keys() and final
-    for name in clean_group:
-        assert np.array_equal(final[name], clean_group[name]), name
 
 
 def member_keys(logdir: str) -> list[dict[str, Any]]:
@@ -361,28 +310,3 @@ def test_a_two_host_group_sigkilled_at_random_steps_member_chief_and_whole_host_
             assert np.array_equal(final[name], clean_four[name]), name
     except AssertionError as e:
         raise AssertionError(f"{e} ({why})") from e
-
-
-def test_a_copy_damaged_on_node_1_makes_the_group_restore_from_disk_saying_so_in_one_line(hosts, logdir):
-    # every copy node 1's holder keeps is damaged after node 0's service took its checksum: node 0's
-    # checkpoint service SIGKILLed past a disk save (every 300 steps), the new service takes the
-    # damaged copies back, worker1 SIGKILLed: the newest whole step (newer than the disk save) is
-    # found damaged, and the group restores the disk checkpoint, saying why in one line
-    env = quiet_env(PROCSV_FAULT="holder:replica_corrupt:1-100000")
-    master, first, _ = two_hosts(logdir, *SLOW, "--save-checkpoint-steps", "300", "--steps", "600",
-                                 agent_env=env)
-    try:
-        group_started(logdir, 1)
-        service_killed_then_worker1(logdir, 300 + K + 10)
-    finally:
-        code, out, err = finish(master)
-    acode, aout, aerr = finish(first, timeout=30)
-    assert code == 0, err
-    assert acode == 0, aerr
-    restored = events(logdir, "restored")
-    assert len(restored) == 1 and restored[0]["source"] == "disk" and restored[0]["step"] == 300, restored
-    assert member_restores(logdir, 2) == [300] * 2
-    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
-        lines = [line for line in fh.read().splitlines() if "restores from disk" in line]
-    assert len(lines) == 1 and "held on node 1 is damaged" in lines[0], lines
-    assert restores_with_plain_tf(logdir) == 600

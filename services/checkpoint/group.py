@@ -227,7 +227,7 @@ class GroupIntake:
         self.peers = peers  # node 0 of --nnodes M: the members of other hosts hand their copies here
         self._peer_setting = os.environ.get(env.GROUP_PEER_MAX_BYTES, "")  # peer_limit's setting
         # ... and every copy held here is also held by node 1's holder, which hands them back to a restarted service
-        self.replica = Replica(peers, self.copies, handed_back, say) if peers is not None else None
+        self.replica = Replica(peers, self.copies, handed_back, say, KEEP) if peers is not None else None
 
     def sockets(self) -> list[Any]:
         """The sockets of the members of other hosts (none unless node 0 of a job over several hosts)."""

@@ -6,7 +6,12 @@ hosts 1..M-1: :mod:`.group`) is also sent to node 1's holder (:mod:`procsv.watch
 a thread of node 1's agent), over the peer link's CURVE socket (:mod:`.peers`), as a
 :class:`~procsv.ipc.replica_messages.ReplicaCopy` with the checksum this service took when it first
 copied it. This is done by the service's own loop after the member's copy is acknowledged: the
-members' step path does not wait on it.
+members' step path does not wait on it, and neither does the loop: a send that finds the holder's
+queue full is not made. A holder that reads slowly or not at all (its link slow or lost, its agent
+stopped) pins no more of this process's memory than the copies it holds at most: a copy is sent
+only while fewer than ``keep`` copies per member are still queued for it (each frame tracked until
+ZeroMQ lets go of it); the others are not sent (``skipped``), so node 1 holds older copies until it
+reads again.
 
 A service SIGKILLed and restarted by the watchdog holds nothing; node 1's holder sees the new
 service's ``peer.json``, connects and hands back every copy it holds (:class:`ReplicaHello`, then
@@ -21,8 +26,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+import zmq
+
 from procsv.ipc.messages import Message
 from procsv.ipc.replica_messages import ReplicaCopy, ReplicaHello
+from procsv.ipc.transport import send
 from procsv.services.checkpoint.peers import PEER_TAG, PeerLink
 
 HOLDER_NODE = 1  # the buddy of node 0: the node whose holder keeps node 0's group copies
@@ -32,13 +40,15 @@ class Replica:
     """Who node 1's holder is on the peer link (its tagged identity, once it said hello), what is
     sent to it, and what it hands back to a restarted service. ``copies`` is the service's
     :class:`~procsv.services.checkpoint.group.GroupCopies`; ``copy_of(msg, frames)`` makes a held
-    copy of a :class:`ReplicaCopy` (marked as held on node 1)."""
+    copy of a :class:`ReplicaCopy` (marked as held on node 1); ``keep``: the copies held per member."""
 
     def __init__(self, link: PeerLink, copies: Any, copy_of: Callable[[ReplicaCopy, list[Any]], Any],
-                 say: Callable[[str], None]) -> None:
-        self.link, self.copies, self._copy_of, self.say = link, copies, copy_of, say
+                 say: Callable[[str], None], keep: int = 3) -> None:
+        self.link, self.copies, self._copy_of, self.say, self.keep = link, copies, copy_of, say, keep
         self.holder: Optional[bytes] = None  # PEER_TAG + the holder's identity on the link
-        self.sent = 0  # copies sent to the holder
+        self.sent = 0  # copies sent to the holder (handed to ZeroMQ)
+        self.skipped = 0  # copies not sent: the holder's queue was full, or as many as held still queued
+        self._queued: list[list[Any]] = []  # the trackers of each copy sent that ZeroMQ may still hold
         self.taken_back = 0  # copies the holder handed back to this service
         self._expected = 0  # copies the holder said it would hand back
 
@@ -47,9 +57,21 @@ class Replica:
         held when it says hello); a copy the holder handed back is not sent to it again."""
         if self.holder is None or copy.node is not None:
             return
+        self._queued = [q for q in self._queued if not all(t.done for t in q)]
+        if len(self._queued) >= self.keep * max(1, len(self.copies.by_rank)):
+            self.skipped += 1
+            return
         msg = ReplicaCopy(copy.rank, copy.attempt, copy.step, list(copy.specs), copy.crc)
-        if self.link.answer(self.holder, msg, copy.frames):
+        frames = [zmq.Frame(f, copy=False, track=True) for f in copy.frames]
+        try:
+            sent = send(self.link.sock, msg, frames, prefix=[self.holder[len(PEER_TAG):]])
+        except zmq.ZMQError:  # the holder is gone (it says hello again when back)
+            sent = False
+        if sent:
             self.sent += 1
+            self._queued.append([f.tracker for f in frames if f.tracker is not None])
+        else:
+            self.skipped += 1
 
     def handle(self, msg: Message, payload: list[Any], identity: bytes, node: int) -> None:
         """A message of node ``node``'s holder (the peer link checked its key was filed as a holder's)."""
@@ -71,7 +93,8 @@ class Replica:
 
     def stats(self) -> dict[str, Any]:
         """What ``checkpoint_stats.json`` says of the replica (``group.replica``)."""
-        return {"holder": self.holder is not None, "sent": self.sent, "taken_back": self.taken_back}
+        return {"holder": self.holder is not None, "sent": self.sent, "skipped": self.skipped,
+                "taken_back": self.taken_back}
 
 
 __all__ = ["Replica", "HOLDER_NODE", "PEER_TAG"]

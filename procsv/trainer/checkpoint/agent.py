@@ -102,6 +102,7 @@ class CheckpointAgent(FinalCommit):
         self.pending: Optional[SaveReason] = None
         self._next_read = 0.0  # when (on the clock) the boundary next reads the service's messages
         self._read_step = -READ_EVERY_STEPS  # the step of that last read
+        self._followed = 0  # the restarted checkpoint services the channels followed (TrainerChannels.followed)
         # the in-memory tier (procsv.trainer.checkpoint.memory_tier): off when the budget is 0; in a trainer
         # group (rank, attempt, K) every member's, every K steps (procsv.trainer.checkpoint.group_restore)
         self.group = group if group is not None and group[2] > 0 and not isinstance(checkpoint, NameBasedCheckpoint) \
@@ -233,6 +234,11 @@ class CheckpointAgent(FinalCommit):
         """Take every message the checkpoint service has sent (without waiting)."""
         self._read_step = step
         self._take(ch.poll_checkpoint() if self.in_flight is not None else self.memory.poll_for_ack(ch))
+        followed = getattr(ch, "followed", 0)  # (a stand-in for the channels has none)
+        if followed != self._followed:  # node 0's restarted service: the dead one acknowledges nothing
+            self._followed = followed
+            if self.store.slots.unacked is not None:
+                self.store.slots.refused(self.store.slots.unacked[1])
         self._next_read = now + (READ_EVERY if self.in_flight is not None else self.memory.read_wait(now, READ_IDLE))
 
     def _answer_awaited(self, at: float) -> None:  # a snapshot was just sent: read its answer by ``at``

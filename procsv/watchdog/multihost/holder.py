@@ -17,6 +17,9 @@ back every copy it holds (:class:`~procsv.ipc.replica_messages.ReplicaHello`, th
 restarted service holds them again, and the next group restart restores from memory. It checks
 nothing itself: the copies are checked against that checksum before use, on node 0 and then by
 each member. The agent SIGKILLed (host 1 lost) loses these copies: node 0's own are still there.
+The logdir or the socket failing (a key not filed: the disk full) is said in one line and retried
+every :data:`RETRY_SECS`, the copies held kept (before, the thread ended: no replica until the
+launch ended).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from procsv.ipc.transport import CHECKPOINT_FRAME_MAX, drain, make_socket, send
 KEEP = 3  # copies kept per member, as node 0's checkpoint service keeps
 LOOK_SECS = 0.25  # how often it looks at peer.json for a new service (and waits for copies meanwhile)
 HOLDER_NODE = 1  # node 0's buddy
+RETRY_SECS = 2.0  # after the logdir or the socket failed, it tries again this much later (the copies kept)
 
 
 @dataclass(frozen=True)
@@ -83,11 +87,16 @@ class Holder:
         """A socket to the service ``peer`` names, this holder's key filed for its job; says hello and
         hands back every copy held."""
         curve.unfile_agent_key(self._key_file)
+        self._key_file = None
         keys = curve.AgentKeys.new()
         self._key_file = curve.file_holder_key(self.layout, peer.job, keys, self.node)
         sock = make_socket(zctx, zmq.DEALER, sndhwm=10000, max_frame=CHECKPOINT_FRAME_MAX)
-        curve.connect_as_member(sock, keys, peer)
-        sock.connect(peer.endpoint)
+        try:
+            curve.connect_as_member(sock, keys, peer)
+            sock.connect(peer.endpoint)
+        except zmq.ZMQError:
+            sock.close(0)
+            raise
         held = self.held()
         send(sock, ReplicaHello(self.node, os.getpid(), len(held)))
         for copy in held:
@@ -102,25 +111,37 @@ class Holder:
         sock: Optional[zmq.Socket[Any]] = None
         try:
             while not self._stop.is_set():
-                peer = curve.load_peer(self.layout)
-                if peer is not None and peer != self.peer:
+                try:
+                    sock = self._serve(zctx, sock)
+                except (OSError, zmq.ZMQError) as exc:  # the logdir or the socket failed: retried, copies kept
+                    print(f"procsv node {self.node}: node 0's group copies not replicated for now "
+                          f"(retrying in {RETRY_SECS:g} s): {exc}", file=sys.stderr, flush=True)
                     if sock is not None:
                         sock.close(0)
-                    sock, self.peer = self._connect(zctx, peer), peer
-                if sock is None or not sock.poll(int(LOOK_SECS * 1000)):
-                    if sock is None:
-                        self._stop.wait(LOOK_SECS)
-                    continue
-                for got in drain(sock, limit=256, accept=frozenset({ReplicaCopy})):
-                    if not isinstance(got, ProtocolError) and isinstance(got.msg, ReplicaCopy):
-                        self.hold(got.msg, got.payload)
-        except (OSError, zmq.ZMQError) as exc:  # the logdir or the socket failed: node 0's copies are not replicated
-            print(f"procsv node {self.node}: no longer holding node 0's group copies: {exc}", file=sys.stderr, flush=True)
+                    sock, self.peer = None, None
+                    self._stop.wait(RETRY_SECS)
         finally:
             if sock is not None:
                 sock.close(0)
             zctx.term()
             curve.unfile_agent_key(self._key_file)
+
+    def _serve(self, zctx: "zmq.Context[Any]", sock: Optional["zmq.Socket[Any]"]) -> Optional["zmq.Socket[Any]"]:
+        """One look at ``peer.json`` (a new service: connect, hand back) and the copies sent meanwhile."""
+        peer = curve.load_peer(self.layout)
+        if peer is not None and peer != self.peer:
+            if sock is not None:
+                sock.close(0)
+                sock = None
+            sock, self.peer = self._connect(zctx, peer), peer
+        if sock is None or not sock.poll(int(LOOK_SECS * 1000)):
+            if sock is None:
+                self._stop.wait(LOOK_SECS)
+            return sock
+        for got in drain(sock, limit=256, accept=frozenset({ReplicaCopy})):
+            if not isinstance(got, ProtocolError) and isinstance(got.msg, ReplicaCopy):
+                self.hold(got.msg, got.payload)
+        return sock
 
 
 def start_holder(layout: Layout, node: int) -> Optional[Holder]:

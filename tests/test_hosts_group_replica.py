@@ -1,0 +1,133 @@
+"""Node 0's checkpoint service SIGKILLed in a two-host group (issue 54, point 2): node 1's holder
+hands back its replica of every copy, and the next restart restores from memory, bit-equal (a copy
+damaged on node 1 falls through to disk, saying so in one line); host 1's running member follows
+the restarted service (peer.json), so a member killed intervals later restores from memory too.
+
+Two hosts as in tests/test_hosts.py (network namespaces on a veth bridge, one logdir, real
+TensorFlow collectives over the bridge, real SIGKILLs and SIGSTOPs). Needs root; skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+
+from conftest import finish, quiet_env, role_pid, wait_for, wait_role_pid
+from test_group import (K, SLOW, clean_group, final_weights_of, group_started, member_restores, printed_steps,
+                        restores_with_plain_tf, sigkill_mid_interval)
+from test_hosts import events, hosts
+from test_hosts_group_tier import restored_from_memory, two_hosts
+
+__all__ = ["clean_group", "hosts"]  # fixtures, used by name
+
+
+def service_killed_then_worker1(logdir: str, after: int, later: int = 0) -> tuple[int, int]:
+    """SIGKILL node 0's checkpoint service once worker1 is past ``after`` mid-interval, wait for the
+    watchdog's new service to take node 1's copies back, then SIGKILL worker1; the steps worker1 had
+    printed at each kill. ``later`` 0: worker1 SIGSTOPped at the service's kill (the group makes no
+    step until worker1's SIGKILL, so the newest step whole is one node 1 handed back); else worker1
+    runs on (its copies go to the new service) and is SIGKILLed mid-interval ``later`` steps on."""
+    worker1 = wait_role_pid(logdir, "worker1")
+    at_service = sigkill_mid_interval(logdir, "checkpoint", "worker1.1", after)
+    if not later:
+        os.kill(worker1, signal.SIGSTOP)
+    old = role_pid(logdir, "checkpoint")
+    wait_for(lambda: role_pid(logdir, "checkpoint") not in (None, old), 60, what="a new checkpoint service")
+
+    def taken_back() -> bool:
+        path = os.path.join(logdir, "logs", "checkpoint.2.log")
+        return os.path.exists(path) and "node 1's holder handed back" in open(path).read()
+
+    wait_for(taken_back, 60, interval=0.02, what="node 1's holder to hand its copies back")
+    if not later:
+        os.kill(worker1, signal.SIGKILL)
+        return at_service, printed_steps(logdir, "worker1.1")[-1]
+    return at_service, sigkill_mid_interval(logdir, "worker1", "worker1.1", at_service + later)
+
+
+def test_node_0s_checkpoint_service_sigkilled_then_a_member_killed_restores_every_member_from_memory_bit_equal(
+        hosts, logdir, clean_group):
+    # before: node 0's members' copies (and host 1's peer copies) lived only in node 0's checkpoint
+    # service, so its SIGKILL cost the steps since the last disk checkpoint (the next restart said
+    # "restores from disk"). Now node 1's holder keeps a replica of every copy the service holds and
+    # hands them back to the restarted service: worker1 SIGKILLed after it restores both members'
+    # copies of the newest step whole before the service's death, from memory, and the run ends
+    # bit-equal to an uninterrupted group
+    master, first, _ = two_hosts(logdir, *SLOW, "--steps", "500")
+    try:
+        group_started(logdir, 1)
+        at_service, at_member = service_killed_then_worker1(logdir, 2 * K + 10)
+    finally:
+        code, out, err = finish(master)
+    acode, aout, aerr = finish(first, timeout=30)
+    assert code == 0, err
+    assert acode == 0, aerr
+    restored = events(logdir, "restored")
+    assert len(restored) == 1 and restored[0]["source"] == "peer", restored
+    step = restored[0]["step"]
+    # the newest step both members had handed over before the service died (or the one before it,
+    # in flight at the kill): worker1 stopped at the service's kill, nothing newer was whole
+    assert step % K == 0 and at_service // K * K - K <= step <= at_service <= at_member, (step, at_service, at_member)
+    assert restored[0]["path"] == f"the group's in-memory snapshot of step {step}"
+    assert member_restores(logdir, 2) == [step] * 2  # every member the same step
+    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
+        assert "restores from disk" not in fh.read()
+    final = final_weights_of(logdir)
+    assert final.keys() == clean_group.keys() and final
+    for name in clean_group:
+        assert np.array_equal(final[name], clean_group[name]), name
+
+
+def test_a_member_of_host_1_follows_node_0s_restarted_service_so_a_member_killed_later_restores_from_memory(
+        hosts, logdir, clean_group):
+    # before: host 1's running member kept sending to the dead service's port until the group's next
+    # attempt, so once node 0's chief had handed the new service KEEP (3) newer copies, the copies
+    # node 1 handed back were pushed out, no step was whole and the restart restored from disk. Now
+    # the member follows peer.json to the new service: worker1 SIGKILLed 3 intervals after the
+    # service restores the newest step within one interval, from memory, and the run ends bit-equal
+    master, first, _ = two_hosts(logdir, *SLOW, "--steps", "500")
+    try:
+        group_started(logdir, 1)
+        at_service, at_member = service_killed_then_worker1(logdir, 2 * K + 10, later=3 * K + 10)
+    finally:
+        code, out, err = finish(master)
+    acode, aout, aerr = finish(first, timeout=30)
+    assert code == 0, err
+    assert acode == 0, aerr
+    restored = events(logdir, "restored")
+    assert len(restored) == 1, restored
+    restored_from_memory(logdir, 2, restored[0], at_member)
+    assert restored[0]["step"] > at_service + 2 * K, (restored, at_service)
+    with open(os.path.join(logdir, "logs", "worker1.1.log")) as fh:
+        assert "procsv: node 0's checkpoint service was restarted" in fh.read()
+    final = final_weights_of(logdir)
+    assert final.keys() == clean_group.keys() and final
+    for name in clean_group:
+        assert np.array_equal(final[name], clean_group[name]), name
+
+
+def test_a_copy_damaged_on_node_1_makes_the_group_restore_from_disk_saying_so_in_one_line(hosts, logdir):
+    # every copy node 1's holder keeps is damaged after node 0's service took its checksum: node 0's
+    # checkpoint service SIGKILLed past a disk save (every 300 steps), the new service takes the
+    # damaged copies back, worker1 SIGKILLed: the newest whole step (newer than the disk save) is
+    # found damaged, and the group restores the disk checkpoint, saying why in one line
+    env = quiet_env(PROCSV_FAULT="holder:replica_corrupt:1-100000")
+    master, first, _ = two_hosts(logdir, *SLOW, "--save-checkpoint-steps", "300", "--steps", "600",
+                                 agent_env=env)
+    try:
+        group_started(logdir, 1)
+        service_killed_then_worker1(logdir, 300 + K + 10)
+    finally:
+        code, out, err = finish(master)
+    acode, aout, aerr = finish(first, timeout=30)
+    assert code == 0, err
+    assert acode == 0, aerr
+    restored = events(logdir, "restored")
+    assert len(restored) == 1 and restored[0]["source"] == "disk" and restored[0]["step"] == 300, restored
+    assert member_restores(logdir, 2) == [300] * 2
+    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
+        lines = [line for line in fh.read().splitlines() if "restores from disk" in line]
+    assert len(lines) == 1 and "held on node 1 is damaged" in lines[0], lines
+    assert restores_with_plain_tf(logdir) == 600
