@@ -66,10 +66,40 @@ class SchemaMismatch(ProtocolError):
 
 
 def encode(msg: Message, payload: Sequence[Any] = ()) -> list[Any]:
-    """Return the frames for ``msg`` followed by its binary ``payload`` frames (not copied)."""
+    """Return the frames for ``msg`` followed by its binary ``payload`` frames (not copied).
+
+    A :class:`SaveData`'s tensor specs are encoded once per spec object (:func:`_spec_text`): the
+    trainer's in-memory snapshots hand the same objects over again while the tensors keep their
+    shapes and offsets (:mod:`procsv.trainer.checkpoint.layout`), and their encoding was most of
+    the header's (issue 54)."""
+    if type(msg) is SaveData:
+        return [_save_header(msg).encode(), *payload]
     body = {name: _to_json(getattr(msg, name)) for name in _field_names(type(msg))}
     header = json.dumps({"v": SCHEMA_VERSION, "kind": msg.KIND, "body": body}, separators=(",", ":"))
     return [header.encode(), *payload]
+
+
+_SPEC_TEXT: dict[int, tuple[Any, str]] = {}  # id(spec) -> (that spec, its JSON); the spec is held: its id stays its own
+_SPEC_TEXT_MAX = 4096
+
+
+def _save_header(msg: SaveData) -> str:
+    """:func:`encode`'s header of a :class:`SaveData`: the same JSON object, its specs' text reused."""
+    body = {name: _to_json(getattr(msg, name)) for name in _field_names(SaveData) if name != "tensors"}
+    head = json.dumps({"v": SCHEMA_VERSION, "kind": msg.KIND, "body": body}, separators=(",", ":"))
+    return head[:-2] + ',"tensors":[' + ",".join(map(_spec_text, msg.tensors)) + "]}}"  # (the body's, the header's })
+
+
+def _spec_text(spec: Any) -> str:
+    """The JSON of one tensor spec, made once per spec object (a spec is frozen)."""
+    held = _SPEC_TEXT.get(id(spec))
+    if held is not None and held[0] is spec:
+        return held[1]
+    if len(_SPEC_TEXT) >= _SPEC_TEXT_MAX:
+        _SPEC_TEXT.clear()
+    text = json.dumps(_to_json(spec), separators=(",", ":"))
+    _SPEC_TEXT[id(spec)] = (spec, text)
+    return text
 
 
 def decode(frames: Frames, accept: Optional[AbstractSet[type[Message]]] = None) -> tuple[Message, list[Any]]:

@@ -218,6 +218,35 @@ def test_nested_tensor_specs_decode_as_tensor_spec_objects():
     assert decoded.tensors[0].lengths is None
 
 
+def test_a_save_data_encodes_each_tensor_spec_object_once_and_decodes_as_before(monkeypatch):
+    # the trainer's in-memory snapshots hand the same spec objects over while their tensors keep
+    # their shapes and offsets: encoding them again was most of the hand-off's header (issue 54)
+    from procsv.ipc import codec
+
+    specs = [m.TensorSpec(f"v{i}", "float32", [i, 3], offset=64 * i) for i in range(6)]
+    specs.append(m.TensorSpec("_CHECKPOINTABLE_OBJECT_GRAPH", "string", [], [7]))
+    first = m.SaveData(5, m.SaveReason.MEMORY, "model.ckpt", specs, m.ArenaRef("/proc/1/fd/3", 9, 4096), 1, False)
+    assert decode(encode(first, [b"graph!!"]))[0] == first
+    seen: list[object] = []
+    inner = codec._to_json
+
+    def counted(value: object) -> object:
+        seen.append(value)
+        return inner(value)
+
+    monkeypatch.setattr(codec, "_to_json", counted)
+    again = dataclasses.replace(first, step=6, slot=2, tensors=list(specs))
+    head = encode(again, [b"graph!!"])[0]
+    assert not any(isinstance(v, m.TensorSpec) for v in seen)  # none encoded again
+    assert decode([head, b"graph!!"])[0] == again
+    moved = m.TensorSpec("v2", "float32", [4, 3], offset=128)  # a new shape: a new object, encoded
+    changed = dataclasses.replace(again, tensors=[*specs[:2], moved, *specs[3:]])
+    assert decode([encode(changed, [b"graph!!"])[0], b"graph!!"])[0] == changed
+    assert [v for v in seen if isinstance(v, m.TensorSpec)] == [moved]
+    assert json.loads(head)["body"]["tensors"][2] == {"key": "v2", "dtype": "float32", "shape": [2, 3],
+                                                      "lengths": None, "offset": 128}
+
+
 def test_header_is_a_json_object_with_version_kind_and_body():
     header = json.loads(encode(m.SaveRequest(reason=m.SaveReason.PERIODIC))[0])
     assert header == {"v": m.SCHEMA_VERSION, "kind": "save_request", "body": {"reason": "periodic"}}

@@ -139,6 +139,38 @@ def test_a_snapshot_copy_is_poisoned_by_nan_anywhere_and_inf_only_where_strict()
     assert nonfinite_keys(framed, [values["w"], b"abc"], None, rule) == ("w",)
 
 
+def test_a_finite_snapshot_copy_is_looked_at_in_one_pass_per_dtype_and_padding_decides_nothing(monkeypatch):
+    # 14 tensors looked at one by one cost 0.05 ms of each snapshot of the digits model (issue 54):
+    # a finite copy is looked at with one NumPy call per dtype, over the span its tensors lie in
+    memory = np.zeros(8192, dtype=np.uint8)
+    values = {f"w{i}": np.full(5 + i, 0.5 * i, np.float32) for i in range(8)}
+    values.update({"low": np.array([1.0, -2.0], np.float32), "n": np.array([7], np.int64),
+                   "d": np.array([1.0, 2.0], np.float64)})
+    specs, offset = [], 0
+    for key, arr in values.items():
+        memory[offset:offset + arr.nbytes] = arr.view(np.uint8)
+        specs.append(TensorSpec(key, str(arr.dtype), list(arr.shape), offset=offset))
+        offset += 64
+    specs.append(TensorSpec("_CHECKPOINTABLE_OBJECT_GRAPH", "string", [], [3]))
+    rule = Rules(strict=frozenset(f"w{i}" for i in range(8)), skip=frozenset())
+    calls = {"isfinite": 0, "isnan": 0}
+    for name in calls:
+        def counted(*args: object, _inner=getattr(np, name), _name=name, **kwargs: object) -> object:
+            calls[_name] += 1
+            return _inner(*args, **kwargs)
+        monkeypatch.setattr(np, name, counted)
+    assert nonfinite_keys(specs, [b"abc"], memory, rule) == ()
+    assert calls == {"isfinite": 2, "isnan": 0}  # float32 and float64: one each, not one per tensor
+    # NaN in the alignment padding between two tensors, +-inf where allowed: looked at one by one, nothing found
+    memory[64 + 24:64 + 28] = np.array([np.nan], np.float32).view(np.uint8)
+    low = 8 * 64
+    memory[low:low + 8] = np.array([np.inf, -np.inf], np.float32).view(np.uint8)
+    assert nonfinite_keys(specs, [b"abc"], memory, rule) == ()
+    memory[3 * 64:3 * 64 + 4] = np.array([np.inf], np.float32).view(np.uint8)  # in strict w3
+    memory[low:low + 4] = np.array([np.nan], np.float32).view(np.uint8)  # NaN where inf is allowed
+    assert nonfinite_keys(specs, [b"abc"], memory, rule) == ("w3", "low")
+
+
 def test_max_skips_out_of_range_is_refused_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "procsv", "launch", "x.py", "--logdir", str(tmp_path / "r"),
                            "--max-skips", "-1"], capture_output=True, text=True, env=quiet_env(), timeout=60)

@@ -40,12 +40,11 @@ from procsv.ipc.transport import CHECKPOINT_FRAME_MAX
 from procsv.common.errors import UnsupportedState
 from procsv.common.snapshot_memory import MAX_SLOTS, PAGE, SLOT_COMPLETE, SLOT_WRITING
 from procsv.trainer.checkpoint import graph_shape
+from procsv.trainer.checkpoint.layout import Layout, arrays_of, graph_spec, make_layout
 from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
 
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
-ALIGN = 64  # each tensor's offset in the arena (and in the data file): what TF and dlpack expect
 MADV_POPULATE_WRITE = 23  # Linux 5.14+: allocate and map every page in one call
-_FRAME_DTYPES = ("string", "variant")
 
 
 def _serialize(ckpt: Any) -> tuple[list[Any], Any]:
@@ -184,7 +183,7 @@ class Plan:
     readers: list[tuple[str, Callable[[], Any]]]
     graph: Optional[bytes]  # None: a name-based checkpoint (no object graph; its values are read in one batch)
     reusable: bool
-    layout: Optional["Layout"] = None  # where the last snapshot with this plan put each tensor
+    layout: Optional[Layout] = None  # where the last snapshot with this plan put each tensor
     shape: Optional[graph_shape.Shape] = None  # the graph's edges when walked (None: never reuse)
     named: Optional[list[Any]] = None  # the walk's saveables (the non-finite rules are read from them, no second walk)
 
@@ -245,81 +244,10 @@ def _reader(spec: Any) -> tuple[Callable[[], Any], bool]:
     return (lambda: value), False
 
 
-@dataclass
-class Layout:
-    """Where each tensor of a snapshot goes: its offset in the slot (None: it travels as a frame),
-    and the NumPy dtype and byte size it had then. Asking TF a tensor's dtype and shape costs
-    about 4 us each, more than copying a small tensor, so an in-memory snapshot reusing a
-    :class:`Plan` reuses its layout too, after checking each tensor against it (:func:`_arrays`)."""
-
-    offsets: list[Optional[int]]
-    names: list[str]  # TF's dtype name, what the service writes into the checkpoint
-    dtypes: list[Any]
-    nbytes: list[int]
-    total: int
-
-
-def _layout(tensors: list[tuple[str, Any]]) -> Layout:
-    out = Layout([], [], [], [], 0)
-    pos = 0
-    for key, t in tensors:
-        dtype = _tf_dtype(key, t)
-        name = dtype.name
-        out.names.append(name)
-        if name in _FRAME_DTYPES:
-            out.offsets.append(None)
-            out.dtypes.append(None)
-            out.nbytes.append(0)
-            continue
-        if name == "resource" or not dtype.is_numpy_compatible:
-            raise UnsupportedState(f"{key}: tensors of dtype {name} cannot be checkpointed by procsv")
-        pos = -(-pos // ALIGN) * ALIGN
-        shape = list(t.shape) if isinstance(t, np.ndarray) else t.shape.as_list()
-        size = int(np.prod(shape, dtype=np.int64)) * dtype.size
-        out.offsets.append(pos)
-        out.dtypes.append(np.dtype(dtype.as_numpy_dtype))
-        out.nbytes.append(size)
-        pos += size
-    out.total = pos
-    return out
-
-
-def _tf_dtype(key: str, t: Any) -> Any:
-    """The TensorFlow dtype of a tensor, or of a NumPy array read by a session (bytes: string)."""
-    if not isinstance(t, np.ndarray):
-        return t.dtype
-    import tensorflow as tf
-
-    if t.dtype.kind in "OSU":
-        return tf.string
-    try:
-        return tf.as_dtype(t.dtype)
-    except TypeError:
-        raise UnsupportedState(f"{key}: arrays of dtype {t.dtype} cannot be checkpointed by procsv") from None
-
-
-def _arrays(tensors: list[tuple[str, Any]], layout: Layout) -> Optional[list[Any]]:
-    """Each arena-bound tensor as an array sharing its buffer (None for a frame), or None if a
-    tensor's dtype or size is not the one ``layout`` has for it (a variable was reassigned with
-    another shape: the layout is computed again)."""
-    if len(tensors) != len(layout.offsets):
-        return None
-    out: list[Any] = []
-    for (_, t), offset, dtype, nbytes in zip(tensors, layout.offsets, layout.dtypes, layout.nbytes):
-        if offset is None:
-            out.append(None)
-            continue
-        src = np.asarray(t)  # shares the tensor's buffer on CPU: no copy until the one into the slot
-        if src.dtype != dtype or src.nbytes != nbytes:
-            return None
-        out.append(src)
-    return out
-
-
 def arena_bytes_needed(ckpt: Any) -> int:
     """How much snapshot memory ``ckpt`` needs now (reads no tensor data)."""
     tensors, _ = _gather(ckpt)
-    return _layout(tensors).total
+    return make_layout(tensors).total
 
 
 def take(ckpt: Any, place: Callable[[int], Optional[tuple[SnapshotArena, int]]], known: Optional[Plan] = None) -> Snapshot:
@@ -332,10 +260,10 @@ def take(ckpt: Any, place: Callable[[int], Optional[tuple[SnapshotArena, int]]],
     tensors, graph = _gather(ckpt, known)
     stored = _stored_step(ckpt, tensors)
     layout = known.layout if known is not None else None
-    arrays = _arrays(tensors, layout) if layout is not None else None
+    arrays = arrays_of(tensors, layout) if layout is not None else None
     if layout is None or arrays is None:
-        layout = _layout(tensors)
-        arrays = _arrays(tensors, layout)
+        layout = make_layout(tensors)
+        arrays = arrays_of(tensors, layout)
         if known is not None:
             known.layout = layout
     assert arrays is not None  # the layout was just made from these very tensors
@@ -346,7 +274,7 @@ def take(ckpt: Any, place: Callable[[int], Optional[tuple[SnapshotArena, int]]],
         raise ValueError(f"snapshot needs {total} bytes at {base}, the arena has {arena.size}")
     specs: list[TensorSpec] = []
     frames: list[Any] = []
-    for (key, t), offset, name, src in zip(tensors, layout.offsets, layout.names, arrays):
+    for i, ((key, t), offset, name, src) in enumerate(zip(tensors, layout.offsets, layout.names, arrays)):
         if offset is None:
             _add_frame(specs, frames, key, t)
         elif arena is None:
@@ -357,10 +285,10 @@ def take(ckpt: Any, place: Callable[[int], Optional[tuple[SnapshotArena, int]]],
             offset += base
             if src.nbytes:
                 np.copyto(arena.array[offset:offset + src.nbytes], src.reshape(-1).view(np.uint8))
-            specs.append(TensorSpec(key, name, list(src.shape), offset=offset))
+            specs.append(layout.spec(i, key, name, src.shape, offset))
     del tensors, arrays  # drop every reference to the variables' buffers: their next update writes in place
     if graph is not None:  # (a name-based checkpoint has no object graph: TF1's Saver reads it as its own)
-        specs.append(TensorSpec(GRAPH_KEY, "string", [], [len(graph)]))
+        specs.append(graph_spec(GRAPH_KEY, len(graph)))
         frames.append(graph)
     framed = [spec for spec in specs if spec.offset is None]
     for spec, frame in zip(framed, frames):

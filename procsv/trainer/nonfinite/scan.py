@@ -12,6 +12,7 @@ looked at.
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
@@ -144,7 +145,46 @@ def _np_dtype(name: str) -> Any:
 def nonfinite_keys(specs: Sequence[TensorSpec], frames: Sequence[Any], memory: Optional[np.ndarray],
                    rule: Rules) -> tuple[str, ...]:
     """The keys of the snapshot's floating tensors that hold poison: read from ``memory`` (the
-    snapshot memory's bytes, for a spec with an offset) or from its frame (an array)."""
+    snapshot memory's bytes, for a spec with an offset) or from its frame (an array).
+
+    The tensors in ``memory`` are first looked at in one pass per dtype, over the span from the
+    first such tensor's offset to the last one's end (:func:`_spans_finite`): one NumPy call instead
+    of one per tensor (0.05 ms of each snapshot of the digits model's 14 tensors, at a step
+    boundary: issue 54). Only if a span holds a value that is not finite (NaN or +-inf anywhere in
+    it, a tensor's or the alignment padding's between two) is each tensor looked at by its own
+    rule, which alone decides what is poison: the pass can only send a snapshot to that scan,
+    never let a poisoned one through."""
+    if memory is not None and _spans_finite(specs, memory, rule):
+        specs, frames = _framed_only(specs, frames)
+    return _each(specs, frames, memory, rule)
+
+
+def _spans_finite(specs: Sequence[TensorSpec], memory: np.ndarray, rule: Rules) -> bool:
+    """Every value is finite between the first and the last end of the looked-at floating tensors
+    lying in ``memory``, dtype by dtype (their offsets are aligned to 64 bytes, so a span starts
+    and ends on a whole element of its dtype)."""
+    spans: dict[str, tuple[int, int]] = {}
+    for spec in specs:
+        if spec.offset is None or spec.dtype not in FLOATS or spec.key in rule.skip:
+            continue
+        end = spec.offset + math.prod(spec.shape) * _np_dtype(spec.dtype).itemsize
+        span = spans.get(spec.dtype)
+        spans[spec.dtype] = (spec.offset, end) if span is None else (min(span[0], spec.offset), max(span[1], end))
+    for name, (lo, hi) in spans.items():
+        if hi > lo and not bool(np.isfinite(memory[lo:hi].view(_np_dtype(name))).all()):
+            return False
+    return True
+
+
+def _framed_only(specs: Sequence[TensorSpec], frames: Sequence[Any]) -> tuple[list[TensorSpec], list[Any]]:
+    """The specs (and their frames) that travel as frames, not in the snapshot memory."""
+    framed = [spec for spec in specs if spec.offset is None]
+    return framed, list(frames)[:len(framed)]
+
+
+def _each(specs: Sequence[TensorSpec], frames: Sequence[Any], memory: Optional[np.ndarray],
+          rule: Rules) -> tuple[str, ...]:
+    """:func:`nonfinite_keys`, tensor by tensor."""
     framed = iter(frames)
     bad: list[str] = []
     for spec in specs:
