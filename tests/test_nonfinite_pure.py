@@ -242,3 +242,20 @@ def test_a_snapshot_check_reads_its_rules_from_the_snapshots_own_walk_and_reuses
     del ckpt.extra
     with pytest.raises(NonFiniteState):
         check(snapshot.plan(ckpt))
+
+
+def test_a_keras_optimizers_slots_are_strict_like_the_trainable_variables():
+    # docs/guarantees.md: +-inf in a trainable variable or an optimizer's variable poisons a snapshot.
+    # A Keras 3 optimizer's variables are Keras variables holding the tf.Variable the checkpoint saves;
+    # before, only the Keras variables' ids were matched, so Adam's m and v were never strict
+    import keras
+
+    from procsv.trainer.nonfinite.scan import rules
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    opt = keras.optimizers.Adam()
+    opt.build(model.trainable_variables)
+    strict = rules(tf.train.Checkpoint(model=model, optimizer=opt), []).strict
+    slots = [k for k in strict if "/_variables/" in k]
+    assert len(slots) == 4, sorted(strict)  # m and v of the kernel and the bias
+    assert sum("_trainable_variables" in k for k in strict) == 2, sorted(strict)

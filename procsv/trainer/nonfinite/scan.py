@@ -48,7 +48,9 @@ def _variable_of(spec: Any) -> Optional[Any]:
 
 
 def _optimizer_variables(ckpt: Any) -> set[int]:
-    """The ids of the variables of every Keras optimizer in ``ckpt``'s object graph."""
+    """The ids of the variables of every Keras optimizer in ``ckpt``'s object graph: a Keras 3
+    variable's and the ``tf.Variable`` it holds (``.value``), which is what the checkpoint saves
+    (before, only the Keras variables' ids: no optimizer slot of a Keras 3 optimizer was strict)."""
     keras = sys.modules.get("keras")
     base = getattr(getattr(keras, "optimizers", None), "Optimizer", None)
     if base is None:
@@ -58,7 +60,11 @@ def _optimizer_variables(ckpt: Any) -> set[int]:
     out: set[int] = set()
     for obj in tf.__internal__.tracking.ObjectGraphView(ckpt).descendants():
         if isinstance(obj, base):
-            out.update(id(v) for v in obj.variables)
+            for v in obj.variables:
+                out.add(id(v))
+                inner = getattr(v, "value", None)  # a Keras 3 variable's tf.Variable (a tf.Variable's is a method)
+                if isinstance(inner, tf.Variable):
+                    out.add(id(inner))
     return out
 
 
