@@ -129,3 +129,21 @@ def test_node_0_removes_the_key_files_of_members_whose_attempt_is_over(tmp_path:
     assert [k for k, path in files.items() if os.path.exists(path)] == [(1, 3)] and os.path.exists(other)
     assert not curve.member_over({"rank": 1, "attempt": 4}, before=4)
     assert not curve.member_over({"rank": 1}, before=4)  # no attempt in the body: never removed
+
+
+def test_the_link_forgets_the_keys_of_members_restarted_long_ago_and_reads_a_live_ones_again(link: Any) -> None:
+    # every restart of a member of another host files a new key; a month-long run restarts them
+    # thousands of times, and the link used to remember every key's rank for the rest of the launch
+    from procsv.services.checkpoint.peers import KEYS_REMEMBERED
+
+    layout, zctx, intake, refused = link
+    job = curve.load_job(layout)
+    assert job is not None
+    keys = [curve.AgentKeys.new() for _ in range(3 * KEYS_REMEMBERED)]
+    paths = [curve.file_member_key(layout, job.job, k, rank=1 + i % 2, attempt=1 + i) for i, k in enumerate(keys)]
+    for i, k in enumerate(keys):
+        assert intake.peers.rank_of(k.public.decode("ascii")) == 1 + i % 2  # type: ignore[union-attr]
+    assert len(intake.peers._ranks) <= KEYS_REMEMBERED  # type: ignore[union-attr]
+    os.unlink(paths[0])  # the first member's attempt is over: its key, forgotten, is read again and refused
+    assert intake.peers.rank_of(keys[0].public.decode("ascii")) is None  # type: ignore[union-attr]
+    assert intake.peers.rank_of(keys[1].public.decode("ascii")) == 2  # type: ignore[union-attr]

@@ -33,6 +33,17 @@ from procsv.common import curve
 PEER_TAG = b"peer:"  # the identity of a member of another host, as the group's intake sees it
 ACCEPT = frozenset({SaveData, GroupFetch})  # what a member of another host may send (no query: the chief is on node 0)
 REPLICA = frozenset({ReplicaHello, ReplicaCopy})  # what node 1's holder of node 0's copies sends (.replica)
+KEYS_REMEMBERED = 64  # the keys whose filed rank (or node) is kept read; each restart of a member files a new key
+
+
+def remember(cache: "dict[str, Any]", key: str, value: Any, most: int = KEYS_REMEMBERED) -> None:
+    """Keep ``value`` for ``key`` in ``cache``, forgetting the key read longest ago beyond ``most``: a
+    month-long run restarts its members thousands of times, each with a new key, and a forgotten
+    key is only read from its file again (gone once its member's attempt is over: then refused)."""
+    cache.pop(key, None)
+    while len(cache) >= most:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
 
 
 class PeerLink:
@@ -68,8 +79,8 @@ class PeerLink:
                 continue
             elif type(got.msg) in REPLICA:
                 user = got.user or ""
-                if user not in self._holders:  # (read once)
-                    self._holders[user] = curve.holder_node(self._layout, self._job, user) if user else None
+                if user not in self._holders:  # (read once while remembered)
+                    remember(self._holders, user, curve.holder_node(self._layout, self._job, user) if user else None)
                 node = self._holders[user]
                 if node is None or replica is None:
                     refused(ProtocolError("a replica message from a key not filed as a holder's"))
@@ -84,14 +95,15 @@ class PeerLink:
                 handle(got.msg, got.payload, PEER_TAG + got.identity)
 
     def rank_of(self, user: Optional[str]) -> Optional[int]:
-        """The rank the member whose key is ``user`` (Z85) filed it with (read once), or None."""
+        """The rank the member whose key is ``user`` (Z85) filed it with (read once while
+        remembered: :func:`remember`), or None."""
         if user is None:
             return None
         rank = self._ranks.get(user)
         if rank is None:
             rank = curve.member_rank(self._layout, self._job, user)
             if rank is not None:
-                self._ranks[user] = rank
+                remember(self._ranks, user, rank)
         return rank
 
     def answer(self, identity: bytes, msg: Message, frames: Any = ()) -> bool:
