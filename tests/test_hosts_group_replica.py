@@ -12,10 +12,8 @@ from __future__ import annotations
 import os
 import signal
 
-import numpy as np
-
 from conftest import finish, quiet_env, role_pid, wait_for, wait_role_pid
-from test_group import (K, SLOW, clean_group, final_weights_of, group_started, member_restores, printed_steps,
+from test_group import (K, SLOW, assert_bit_equal, clean_group, group_started, member_restores, printed_steps,
                         restores_with_plain_tf, sigkill_mid_interval)
 from test_hosts import events, hosts
 from test_hosts_group_tier import restored_from_memory, two_hosts
@@ -74,10 +72,7 @@ def test_node_0s_checkpoint_service_sigkilled_then_a_member_killed_restores_ever
     assert member_restores(logdir, 2) == [step] * 2  # every member the same step
     with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
         assert "restores from disk" not in fh.read()
-    final = final_weights_of(logdir)
-    assert final.keys() == clean_group.keys() and final
-    for name in clean_group:
-        assert np.array_equal(final[name], clean_group[name]), name
+    assert_bit_equal(logdir, clean_group)
 
 
 def test_a_member_of_host_1_follows_node_0s_restarted_service_so_a_member_killed_later_restores_from_memory(
@@ -102,10 +97,7 @@ def test_a_member_of_host_1_follows_node_0s_restarted_service_so_a_member_killed
     assert restored[0]["step"] > at_service + 2 * K, (restored, at_service)
     with open(os.path.join(logdir, "logs", "worker1.1.log")) as fh:
         assert "procsv: node 0's checkpoint service was restarted" in fh.read()
-    final = final_weights_of(logdir)
-    assert final.keys() == clean_group.keys() and final
-    for name in clean_group:
-        assert np.array_equal(final[name], clean_group[name]), name
+    assert_bit_equal(logdir, clean_group)
 
 
 def test_a_copy_damaged_on_node_1_makes_the_group_restore_from_disk_saying_so_in_one_line(hosts, logdir):

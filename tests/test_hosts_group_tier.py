@@ -18,12 +18,11 @@ import os
 import signal
 from typing import Any, Iterator
 
-import numpy as np
 import pytest
 
 from conftest import finish, launch, lifecycle, quiet_env, wait_for, wait_role_pid
-from test_group import (K, SLOW, clean_group, final_weights_of, group_started, member_restores, printed_steps,
-                        restored_from_disk_once, restores_with_plain_tf,
+from test_group import (K, SLOW, assert_bit_equal, clean_group, final_weights_of, group_started, member_restores,
+                        printed_steps, restored_from_disk_once, restores_with_plain_tf,
                         sigkill_mid_interval, sigkill_the_chief_past_a_disk_save)
 from test_hosts import HOST1_IP, agent, events, host_pids, hosts, master_addr
 
@@ -112,10 +111,7 @@ def test_a_member_of_host_1_then_the_whole_host_sigkilled_restore_the_group_from
     assert [r["source"] for r in restored].count("peer") >= 1, restored
     assert {(r["node"], r["host"]) for r in events(logdir, "node_joined")} == {(1, HOST1_IP)}
     assert {r["reason"] for r in events(logdir, "checkpoint_committed")} <= {"final", "preempted"}  # none from memory
-    final = final_weights_of(logdir)
-    assert final.keys() == clean_group.keys() and final
-    for name in clean_group:
-        assert np.array_equal(final[name], clean_group[name]), name
+    assert_bit_equal(logdir, clean_group)
 
 
 def test_a_damaged_peer_copy_makes_the_group_restore_from_disk_saying_so_in_one_line(hosts, logdir):
@@ -304,9 +300,6 @@ def test_a_two_host_group_sigkilled_at_random_steps_member_chief_and_whole_host_
         assert [(r["node"], r["host"]) for r in events(logdir, "node_joined")] == [(1, HOST1_IP)] * 2
         assert {r["reason"] for r in events(logdir, "checkpoint_committed")} <= {"final", "preempted"}
         assert restores_with_plain_tf(logdir) == 600  # tf.train.Checkpoint restores the final checkpoint whole
-        final = final_weights_of(logdir)
-        assert final.keys() == clean_four.keys() and final
-        for name in clean_four:
-            assert np.array_equal(final[name], clean_four[name]), name
+        assert_bit_equal(logdir, clean_four)
     except AssertionError as e:
         raise AssertionError(f"{e} ({why})") from e
