@@ -21,6 +21,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PROGRAMS = os.path.join(HERE, "programs")
 REPO = os.path.dirname(HERE)
 
+# the helper modules that assert on a test's behalf report a failed assert as a test module does
+pytest.register_assert_rewrite("hosts_helpers")
+
 
 def quiet_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)

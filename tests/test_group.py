@@ -263,10 +263,6 @@ def test_a_group_sigkilled_at_random_ends_bit_equal_to_an_uninterrupted_group_an
     # every restarted group's restored record breaks its start down (scripts/bench_group.py reads it)
     import random
 
-    import numpy as np
-
-    from conftest import final_weights
-
     rng = random.Random()
     steps = ("--steps", "500")
     proc = launch(logdir, *ARGS, *steps, opts=GROUP)
@@ -281,10 +277,7 @@ def test_a_group_sigkilled_at_random_ends_bit_equal_to_an_uninterrupted_group_an
         code, out, err = finish(proc)
     assert code == 0, err
     assert [r["attempt"] for r in events(logdir, "restarting")] == [2, 3]
-    killed, whole = final_weights(logdir), clean_group
-    assert killed.keys() == whole.keys() and killed
-    for name in whole:
-        assert np.array_equal(killed[name], whole[name]), name
+    assert_bit_equal(logdir, clean_group)
     spawned: dict[int, float] = {}  # a chief's process started: forked as the chief, or as the standby promoted
     for r in events(logdir, "spawned"):
         if r["role"] in ("trainer", "standby"):
@@ -311,8 +304,6 @@ def test_a_group_restores_every_member_from_its_in_memory_snapshot_after_a_worke
     # chief SIGKILLed mid-interval: each restarted group restores the same step on both members from the
     # members' in-memory copies (the restored record says memory), re-does at most one interval, and the
     # run ends bit-equal to an uninterrupted group (before: each restart began again at step 0)
-    import numpy as np
-
     # (no group grace: the chief, SIGTERMed at its worker's death, is SIGKILLed at once, so it rarely commits
     # its last step on the way out; when it does, that commit is newer and restored: nothing to re-do)
     proc = launch(logdir, *SLOW, "--steps", "500", opts=GROUP + ("--group-grace-secs", "0"))
@@ -343,16 +334,24 @@ def test_a_group_restores_every_member_from_its_in_memory_snapshot_after_a_worke
     with open(os.path.join(logdir, "logs", "trainer.3.log")) as fh:
         assert f"procsv: restored step {restored[1]['step']} from the group's in-memory snapshot" in fh.read()
     assert {r["reason"] for r in events(logdir, "checkpoint_committed")} <= {"final", "preempted"}  # none from memory
-    final = final_weights_of(logdir)
-    assert final.keys() == clean_group.keys() and final
-    for name in clean_group:
-        assert np.array_equal(final[name], clean_group[name]), name
+    assert_bit_equal(logdir, clean_group)
 
 
 def final_weights_of(logdir: str) -> dict[str, Any]:
     from conftest import final_weights
 
     return final_weights(logdir)
+
+
+def assert_bit_equal(logdir: str, reference: dict[str, Any]) -> None:
+    """The final weights of the run in ``logdir`` (its newest checkpoint) are ``reference``'s bit for
+    bit: the same variables (at least one), each equal."""
+    import numpy as np
+
+    final = final_weights_of(logdir)
+    assert final.keys() == reference.keys() and final
+    for name in reference:
+        assert np.array_equal(final[name], reference[name]), name
 
 
 def sigkill_the_chief_past_a_disk_save(logdir: str) -> None:

@@ -69,6 +69,18 @@ def test_a_copy_reaches_node_1s_holder_and_comes_back_to_a_restarted_service(lin
         holder.stop()
 
 
+def connect_as_the_holder(layout: Layout, sock: Any) -> str:
+    """Connect ``sock`` to node 0's checkpoint service (its ``peer.json`` in ``layout``) with new
+    keys filed as node 1's holder's; the key file's path (to unfile)."""
+    peer = curve.load_peer(layout)
+    assert peer is not None
+    keys = curve.AgentKeys.new()
+    path = curve.file_holder_key(layout, peer.job, keys, 1)
+    curve.connect_as_member(sock, keys, peer)
+    sock.connect(peer.endpoint)
+    return path
+
+
 def test_a_members_key_cannot_pose_as_the_holder_nor_the_holders_as_a_member(link: Any) -> None:
     layout, zctx, intake, refused = link
     member = make_socket(zctx, zmq.DEALER, linger_ms=0)
@@ -82,12 +94,7 @@ def test_a_members_key_cannot_pose_as_the_holder_nor_the_holders_as_a_member(lin
         assert len(refused) == 2 and intake.replica is not None and intake.replica.holder is None, refused
         assert intake.copies.find(0, 50, 1) is None
         curve.unfile_agent_key(key)
-        peer = curve.load_peer(layout)
-        assert peer is not None
-        keys = curve.AgentKeys.new()
-        path = curve.file_holder_key(layout, peer.job, keys, 1)
-        curve.connect_as_member(posing, keys, peer)
-        posing.connect(peer.endpoint)
+        path = connect_as_the_holder(layout, posing)
         send(posing, snapshot(member=1), FRAMES)  # the holder's key speaks for no member
         serve_until(intake, refused, lambda: len(refused) >= 3)
         assert len(refused) == 3 and intake.copies.find(1, 50, 1) is None, refused
@@ -127,12 +134,7 @@ def test_a_holder_that_does_not_read_pins_no_more_copies_than_the_service_holds(
     stalled.setsockopt(zmq.RCVBUF, 4096)
     big = 1 << 20
     try:
-        peer = curve.load_peer(layout)
-        assert peer is not None
-        keys = curve.AgentKeys.new()
-        path = curve.file_holder_key(layout, peer.job, keys, 1)
-        curve.connect_as_member(stalled, keys, peer)
-        stalled.connect(peer.endpoint)
+        path = connect_as_the_holder(layout, stalled)
         send(stalled, ReplicaHello(1, os.getpid(), 0))
         serve_until(intake, refused, lambda: intake.replica is not None and intake.replica.holder is not None)
         replica = intake.replica

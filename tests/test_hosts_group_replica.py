@@ -12,13 +12,12 @@ from __future__ import annotations
 import os
 import signal
 
-import numpy as np
-
-from conftest import finish, quiet_env, role_pid, wait_for, wait_role_pid
-from test_group import (K, SLOW, clean_group, final_weights_of, group_started, member_restores, printed_steps,
+from conftest import quiet_env, role_pid, wait_for, wait_role_pid
+from hosts_helpers import two_hosts_ending_well
+from test_group import (K, SLOW, assert_bit_equal, clean_group, group_started, member_restores, printed_steps,
                         restores_with_plain_tf, sigkill_mid_interval)
 from test_hosts import events, hosts
-from test_hosts_group_tier import restored_from_memory, two_hosts
+from test_hosts_group_tier import restored_from_memory
 
 __all__ = ["clean_group", "hosts"]  # fixtures, used by name
 
@@ -55,15 +54,9 @@ def test_node_0s_checkpoint_service_sigkilled_then_a_member_killed_restores_ever
     # hands them back to the restarted service: worker1 SIGKILLed after it restores both members'
     # copies of the newest step whole before the service's death, from memory, and the run ends
     # bit-equal to an uninterrupted group
-    master, first, _ = two_hosts(logdir, *SLOW, "--steps", "500")
-    try:
+    with two_hosts_ending_well(logdir, *SLOW, "--steps", "500"):
         group_started(logdir, 1)
         at_service, at_member = service_killed_then_worker1(logdir, 2 * K + 10)
-    finally:
-        code, out, err = finish(master)
-    acode, aout, aerr = finish(first, timeout=30)
-    assert code == 0, err
-    assert acode == 0, aerr
     restored = events(logdir, "restored")
     assert len(restored) == 1 and restored[0]["source"] == "peer", restored
     step = restored[0]["step"]
@@ -74,10 +67,7 @@ def test_node_0s_checkpoint_service_sigkilled_then_a_member_killed_restores_ever
     assert member_restores(logdir, 2) == [step] * 2  # every member the same step
     with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
         assert "restores from disk" not in fh.read()
-    final = final_weights_of(logdir)
-    assert final.keys() == clean_group.keys() and final
-    for name in clean_group:
-        assert np.array_equal(final[name], clean_group[name]), name
+    assert_bit_equal(logdir, clean_group)
 
 
 def test_a_member_of_host_1_follows_node_0s_restarted_service_so_a_member_killed_later_restores_from_memory(
@@ -87,25 +77,16 @@ def test_a_member_of_host_1_follows_node_0s_restarted_service_so_a_member_killed
     # node 1 handed back were pushed out, no step was whole and the restart restored from disk. Now
     # the member follows peer.json to the new service: worker1 SIGKILLed 3 intervals after the
     # service restores the newest step within one interval, from memory, and the run ends bit-equal
-    master, first, _ = two_hosts(logdir, *SLOW, "--steps", "500")
-    try:
+    with two_hosts_ending_well(logdir, *SLOW, "--steps", "500"):
         group_started(logdir, 1)
         at_service, at_member = service_killed_then_worker1(logdir, 2 * K + 10, later=3 * K + 10)
-    finally:
-        code, out, err = finish(master)
-    acode, aout, aerr = finish(first, timeout=30)
-    assert code == 0, err
-    assert acode == 0, aerr
     restored = events(logdir, "restored")
     assert len(restored) == 1, restored
     restored_from_memory(logdir, 2, restored[0], at_member)
     assert restored[0]["step"] > at_service + 2 * K, (restored, at_service)
     with open(os.path.join(logdir, "logs", "worker1.1.log")) as fh:
         assert "procsv: node 0's checkpoint service was restarted" in fh.read()
-    final = final_weights_of(logdir)
-    assert final.keys() == clean_group.keys() and final
-    for name in clean_group:
-        assert np.array_equal(final[name], clean_group[name]), name
+    assert_bit_equal(logdir, clean_group)
 
 
 def test_a_copy_damaged_on_node_1_makes_the_group_restore_from_disk_saying_so_in_one_line(hosts, logdir):
@@ -114,16 +95,9 @@ def test_a_copy_damaged_on_node_1_makes_the_group_restore_from_disk_saying_so_in
     # damaged copies back, worker1 SIGKILLed: the newest whole step (newer than the disk save) is
     # found damaged, and the group restores the disk checkpoint, saying why in one line
     env = quiet_env(PROCSV_FAULT="holder:replica_corrupt:1-100000")
-    master, first, _ = two_hosts(logdir, *SLOW, "--save-checkpoint-steps", "300", "--steps", "600",
-                                 agent_env=env)
-    try:
+    with two_hosts_ending_well(logdir, *SLOW, "--save-checkpoint-steps", "300", "--steps", "600", agent_env=env):
         group_started(logdir, 1)
         service_killed_then_worker1(logdir, 300 + K + 10)
-    finally:
-        code, out, err = finish(master)
-    acode, aout, aerr = finish(first, timeout=30)
-    assert code == 0, err
-    assert acode == 0, aerr
     restored = events(logdir, "restored")
     assert len(restored) == 1 and restored[0]["source"] == "disk" and restored[0]["step"] == 300, restored
     assert member_restores(logdir, 2) == [300] * 2

@@ -13,47 +13,20 @@ TensorFlow collectives over the bridge, real SIGKILLs). Needs root; skipped othe
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-from typing import Any, Iterator
+from typing import Any
 
-import numpy as np
 import pytest
 
-from conftest import finish, launch, lifecycle, quiet_env, wait_for, wait_role_pid
-from test_group import (K, SLOW, clean_group, final_weights_of, group_started, member_restores, printed_steps,
-                        restored_from_disk_once, restores_with_plain_tf,
+from conftest import finish, lifecycle, quiet_env, wait_for, wait_role_pid
+from hosts_helpers import two_hosts, two_hosts_ending_well
+from test_group import (K, SLOW, assert_bit_equal, clean_group, final_weights_of, group_started, member_restores,
+                        printed_steps, restored_from_disk_once, restores_with_plain_tf,
                         sigkill_mid_interval, sigkill_the_chief_past_a_disk_save)
-from test_hosts import HOST1_IP, agent, events, host_pids, hosts, master_addr
+from test_hosts import HOST1_IP, agent, events, host_pids, hosts
 
 __all__ = ["clean_group", "hosts"]  # fixtures, used by name
-
-
-def two_hosts(logdir: str, *args: str, env: dict[str, str] | None = None,
-              nproc: int = 1, agent_env: dict[str, str] | None = None) -> tuple[Any, Any, str]:
-    """Node 0's launch (``env``) and node 1's agent (``agent_env``) of one job (``--nproc N --nnodes 2``:
-    N members a host; with N = 1 worker1 on node 1)."""
-    addr = master_addr()
-    per_host = ("--nproc", str(nproc))
-    opts = (*per_host, "--nnodes", "2", "--master-addr", addr, "--node-timeout", "4", "--group-grace-secs", "0")
-    master = launch(logdir, *args, opts=opts, env=env)
-    return master, agent(logdir, addr, *args, opts=per_host, env=agent_env), addr
-
-
-@contextlib.contextmanager
-def two_hosts_ending_well(logdir: str, *args: str, env: dict[str, str] | None = None,
-                          nproc: int = 1) -> Iterator[None]:
-    """:func:`two_hosts` around the body of a ``with``; then node 0's launch and node 1's agent end,
-    both with exit code 0 (a body that raised: node 0's launch ended, its error raised)."""
-    master, first, _ = two_hosts(logdir, *args, env=env, nproc=nproc)
-    try:
-        yield
-    finally:
-        code, out, err = finish(master)
-    acode, aout, aerr = finish(first, timeout=30)
-    assert code == 0, err
-    assert acode == 0, aerr
 
 
 def restored_from_memory(logdir: str, attempt: int, record: dict[str, Any], seen: int) -> None:
@@ -112,10 +85,7 @@ def test_a_member_of_host_1_then_the_whole_host_sigkilled_restore_the_group_from
     assert [r["source"] for r in restored].count("peer") >= 1, restored
     assert {(r["node"], r["host"]) for r in events(logdir, "node_joined")} == {(1, HOST1_IP)}
     assert {r["reason"] for r in events(logdir, "checkpoint_committed")} <= {"final", "preempted"}  # none from memory
-    final = final_weights_of(logdir)
-    assert final.keys() == clean_group.keys() and final
-    for name in clean_group:
-        assert np.array_equal(final[name], clean_group[name]), name
+    assert_bit_equal(logdir, clean_group)
 
 
 def test_a_damaged_peer_copy_makes_the_group_restore_from_disk_saying_so_in_one_line(hosts, logdir):
@@ -155,9 +125,8 @@ def test_the_key_files_of_sigkilled_members_of_host_1_are_removed_once_their_att
     # orderly exit: before, each SIGKILL left its file until the launch ended (one more per restart).
     # Now node 0 removes the files of the attempts that are over: after each of three kills of
     # worker1, once the next group runs, the folder holds at most the live member's file, of its attempt
-    master, first, _ = two_hosts(logdir, *SLOW, "--steps", "500")
     counts = []
-    try:
+    with two_hosts_ending_well(logdir, *SLOW, "--steps", "500"):
         group_started(logdir, 1)
         wait_for(lambda: len(member_keys(logdir)) == 1, 60, what="worker1.1's key filed")
         after, killed = 0, set()
@@ -175,11 +144,6 @@ def test_the_key_files_of_sigkilled_members_of_host_1_are_removed_once_their_att
             assert live["attempt"] == attempt + 1, live
             counts.append(len(member_keys(logdir)))
             after = seen
-    finally:
-        code, out, err = finish(master)
-    acode, aout, aerr = finish(first, timeout=30)
-    assert code == 0, err
-    assert acode == 0, aerr
     assert counts == [1, 1, 1]
 
 
@@ -190,16 +154,10 @@ def test_a_peer_copy_beyond_node_0s_limit_is_refused_said_recorded_and_the_group
     # no more copies); the chief's copies are held, so no step is whole and worker1 SIGKILLed restarts the group from disk,
     # saying why in one line. Before, node 0 held any size (a 512 MiB copy: 558 MiB of RSS)
     env = quiet_env(PROCSV_GROUP_PEER_MAX_BYTES="4096")
-    master, first, _ = two_hosts(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "330", env=env)
-    try:
+    with two_hosts_ending_well(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "330", env=env):
         group_started(logdir, 1)
         wait_for(lambda: events(logdir, "group_copy_refused"), 120, what="a refused peer copy's record")
         sigkill_mid_interval(logdir, "worker1", "worker1.1", 160)
-    finally:
-        code, out, err = finish(master)
-    acode, aout, aerr = finish(first, timeout=30)
-    assert code == 0, err
-    assert acode == 0, aerr
     refused = events(logdir, "group_copy_refused")
     assert refused and all(r["rank"] == 1 and r["limit"] == 4096 < r["size"] and r["step"] % K == 0
                            for r in refused), refused
@@ -304,9 +262,6 @@ def test_a_two_host_group_sigkilled_at_random_steps_member_chief_and_whole_host_
         assert [(r["node"], r["host"]) for r in events(logdir, "node_joined")] == [(1, HOST1_IP)] * 2
         assert {r["reason"] for r in events(logdir, "checkpoint_committed")} <= {"final", "preempted"}
         assert restores_with_plain_tf(logdir) == 600  # tf.train.Checkpoint restores the final checkpoint whole
-        final = final_weights_of(logdir)
-        assert final.keys() == clean_four.keys() and final
-        for name in clean_four:
-            assert np.array_equal(final[name], clean_four[name]), name
+        assert_bit_equal(logdir, clean_four)
     except AssertionError as e:
         raise AssertionError(f"{e} ({why})") from e

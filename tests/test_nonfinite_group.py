@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from conftest import PROGRAMS, REPO, committed_steps, final_weights, finish, launch, lifecycle, quiet_env, raw_status
+from test_group import assert_bit_equal
 
 ARGS = ("--strategy", "multiworker", "--save-model-secs", "600", "--save-checkpoint-steps", "10",
         "--step-delay", "0.004", "--print-every-steps", "10")
@@ -164,10 +165,7 @@ def test_a_nan_loss_in_a_group_with_rollback_restarts_the_group_which_skips_the_
     assert "non-finite: 1 rollback(s) of the trainer group (restarted, every member skipping the step), 1 step(s) " \
            "skipped (NaN or infinite loss): 70; 1 time(s) found non-finite" in report, report
     # bit-equal to the plain group run that never applied step 70
-    final = final_weights(logdir)
-    assert final.keys() == plain_skipping_70.keys() and final
-    for name in plain_skipping_70:
-        assert np.array_equal(final[name], plain_skipping_70[name]), name
+    assert_bit_equal(logdir, plain_skipping_70)
     # what the rollback cost: from the first detection to the new group's first step
     secs = events(logdir, "first_step")[-1]["time"] - detected[0]["time"]
     print(f"group rollback: {secs:.3f} s from the detection of step 70 to the group's first step after it")
@@ -196,10 +194,7 @@ def test_a_nan_loss_after_the_groups_last_snapshot_found_at_the_final_checkpoint
         assert "procsv: skipping step 110 again (this run skipped it before); training on from step 111" \
             in member_log(logdir, log), log
     assert (raw_status(logdir) or {}).get("skipped_steps") == [110]
-    final = final_weights(logdir)
-    assert final.keys() == plain_skipping_110.keys() and final
-    for name in plain_skipping_110:
-        assert np.array_equal(final[name], plain_skipping_110[name]), name
+    assert_bit_equal(logdir, plain_skipping_110)
 
 
 LOCAL_NAN = os.path.join(PROGRAMS, "group_local_nan.py")
@@ -221,10 +216,7 @@ def test_a_nan_loss_only_one_worker_sees_rolls_the_group_back_once_though_the_ch
     plain = str(tmp_path / "plain")
     code, out, err = finish(launch(plain, "--steps", "120", "--skip-at", "70", target=LOCAL_NAN, opts=GROUP))
     assert code == 0, err
-    final, reference = final_weights(logdir), final_weights(plain)
-    assert final.keys() == reference.keys() and final
-    for name in reference:
-        assert np.array_equal(final[name], reference[name]), name
+    assert_bit_equal(logdir, final_weights(plain))
 
 
 def test_a_group_past_max_skips_stops_in_order_with_exit_4_as_a_single_trainer_does(logdir):

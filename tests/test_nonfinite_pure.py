@@ -122,16 +122,24 @@ def test_a_check_before_a_snapshot_stacks_only_the_losses_since_the_last_chunk_a
         assert watch.check() is None and watch.chunks == [] and watch.pending == []
 
 
-def test_a_snapshot_copy_is_poisoned_by_nan_anywhere_and_inf_only_where_strict():
-    memory = np.zeros(4096, dtype=np.uint8)
-    values = {"w": np.array([1.0, np.inf], np.float32), "low": np.array([np.inf, -np.inf], np.float32),
-              "mask": np.array([np.nan], np.float64), "n": np.array([7], np.int64)}
-    specs, offset = [], 0
+def copy_in_memory(values: dict[str, np.ndarray], size: int) -> tuple[np.ndarray, list[TensorSpec]]:
+    """A snapshot's copy in ``size`` bytes of memory: ``values`` 64 bytes apart, in order; and its
+    specs, one a value (at its offset), then the object graph's (a 3-byte string: one frame)."""
+    memory = np.zeros(size, dtype=np.uint8)
+    specs: list[TensorSpec] = []
+    offset = 0
     for key, arr in values.items():
         memory[offset:offset + arr.nbytes] = arr.view(np.uint8)
         specs.append(TensorSpec(key, str(arr.dtype), list(arr.shape), offset=offset))
         offset += 64
     specs.append(TensorSpec("_CHECKPOINTABLE_OBJECT_GRAPH", "string", [], [3]))
+    return memory, specs
+
+
+def test_a_snapshot_copy_is_poisoned_by_nan_anywhere_and_inf_only_where_strict():
+    values = {"w": np.array([1.0, np.inf], np.float32), "low": np.array([np.inf, -np.inf], np.float32),
+              "mask": np.array([np.nan], np.float64), "n": np.array([7], np.int64)}
+    memory, specs = copy_in_memory(values, 4096)
     rule = Rules(strict=frozenset({"w"}), skip=frozenset())
     assert nonfinite_keys(specs, [b"abc"], memory, rule) == ("w", "mask")
     assert nonfinite_keys(specs, [b"abc"], memory, Rules(frozenset(), frozenset({"mask"}))) == ()
@@ -142,16 +150,10 @@ def test_a_snapshot_copy_is_poisoned_by_nan_anywhere_and_inf_only_where_strict()
 def test_a_finite_snapshot_copy_is_looked_at_in_one_pass_per_dtype_and_padding_decides_nothing(monkeypatch):
     # 14 tensors looked at one by one cost 0.05 ms of each snapshot of the digits model (issue 54):
     # a finite copy is looked at with one NumPy call per dtype, over the span its tensors lie in
-    memory = np.zeros(8192, dtype=np.uint8)
     values = {f"w{i}": np.full(5 + i, 0.5 * i, np.float32) for i in range(8)}
     values.update({"low": np.array([1.0, -2.0], np.float32), "n": np.array([7], np.int64),
                    "d": np.array([1.0, 2.0], np.float64)})
-    specs, offset = [], 0
-    for key, arr in values.items():
-        memory[offset:offset + arr.nbytes] = arr.view(np.uint8)
-        specs.append(TensorSpec(key, str(arr.dtype), list(arr.shape), offset=offset))
-        offset += 64
-    specs.append(TensorSpec("_CHECKPOINTABLE_OBJECT_GRAPH", "string", [], [3]))
+    memory, specs = copy_in_memory(values, 8192)
     rule = Rules(strict=frozenset(f"w{i}" for i in range(8)), skip=frozenset())
     calls = {"isfinite": 0, "isnan": 0}
     for name in calls:

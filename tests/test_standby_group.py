@@ -13,7 +13,7 @@ import signal
 from typing import Any
 
 from conftest import finish, launch, wait_for
-from test_group import GROUP, K, clean_group, events, final_weights_of, group_started, member_restores, \
+from test_group import GROUP, K, assert_bit_equal, clean_group, events, group_started, member_restores, \
     printed_steps, sigkill_mid_interval
 
 __all__ = ["clean_group"]  # the fixture: an uninterrupted group run of 500 steps
@@ -47,15 +47,6 @@ def forked(logdir: str, attempt: int) -> list[str]:
 def last_step(logdir: str, attempt: int) -> int:
     """The group's last step in ``attempt``: a member may die between a step and its line."""
     return max(max(printed_steps(logdir, f"{log}.{attempt}") or [0]) for log in ("trainer", "worker1")) + 1
-
-
-def assert_bit_equal(logdir: str, clean: dict[str, Any]) -> None:
-    import numpy as np
-
-    final = final_weights_of(logdir)
-    assert final.keys() == clean.keys() and final
-    for name in clean:
-        assert np.array_equal(final[name], clean[name]), name
 
 
 def test_a_sigkilled_worker_then_chief_are_replaced_by_the_standby_group_restoring_one_step_bit_equal(
