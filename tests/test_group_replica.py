@@ -199,7 +199,14 @@ def test_a_member_of_another_host_follows_node_0s_restarted_service(link: Any, t
         assert ch.send_snapshot(snapshot(), FRAMES)
         serve_until(intake, refused, lambda: intake.copies.find(1, 50, 1) is not None)
         assert intake.copies.find(1, 50, 1) is not None
+        assert ch.ckpt is not None
+        watch = ch.ckpt.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         intake.close()
+        # until ZeroMQ has seen the service's end, a send may still be written to its socket (the frames
+        # then let go at once): wait for it, as a member does in fact (a SIGKILL is seen at once)
+        assert watch.poll(5000), "the member's socket never saw the service's end"
+        ch.ckpt.disable_monitor()
+        watch.close(0)
         queued = []  # the trackers of uncopied frames the dead service never takes (those its queue took)
         for i in range(8):
             frame = zmq.Frame(b"\x05" * 16, copy=False, track=True)
