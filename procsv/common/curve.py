@@ -327,7 +327,7 @@ def file_member(layout: Layout, peer: Peer) -> MemberLink:
     """A new key pair of this process's own for ``peer``, its public key filed for the launch
     (:func:`file_member_key`, with this member's rank and attempt): the part of a member's
     connection that writes to the logdir (a shared filesystem: a member's step never waits on it
-    once it trains, :mod:`procsv.trainer.peer_follow`). OSError if the key cannot be filed."""
+    once it trains, :mod:`procsv.trainer.remote.peer_follow`). OSError if the key cannot be filed."""
     keys = AgentKeys.new()
     path = file_member_key(layout, peer.job, keys, int(os.environ.get(env.RANK, "0") or 0),
                            int(os.environ.get(env.ATTEMPT, "1") or 1))

@@ -13,7 +13,7 @@ persist a held in-memory snapshot (``NoReply`` likewise); and Keras's ``delete_c
 
 Connections: a DEALER to the checkpoint service's ROUTER (``CheckpointSetup``/``SaveData`` up,
 ``SaveRequest``/``SaveResult`` down; a group member of another host: node 0's service's peer link
-over CURVE, followed to a restarted service: :mod:`procsv.trainer.peer_follow`'s thread reads
+over CURVE, followed to a restarted service: :mod:`procsv.trainer.remote.peer_follow`'s thread reads
 ``peer.json`` and files the new key, the step path only connects the socket); a DEALER to the
 summary service's ROUTER (``SummaryBatch`` and ``SessionLogEvent`` up, ``SummaryAck`` down); a PUSH
 to the watchdog when supervised. The step path touches no file.
@@ -36,7 +36,7 @@ from procsv.common import curve
 from procsv.ipc.transport import Endpoints, NoReply, ReceiveTimeout, Received, drain, make_socket, recv_message, send
 from procsv.common import env
 from procsv.common.layout import Layout
-from procsv.trainer.peer_follow import PeerFollow
+from procsv.trainer.remote.peer_follow import PeerFollow
 
 _Answer = TypeVar("_Answer", RecoverReply, CheckpointsDeleted)
 WAIT_SLICE_MS = 200  # a long wait is cut into slices this long (the deadline is checked between)
