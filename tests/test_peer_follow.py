@@ -1,7 +1,7 @@
 """A member of another host follows node 0's restarted checkpoint service off its step path.
 
-``procsv.trainer.peer_follow`` and ``procsv.trainer.channels``, with real files, a real thread and
-real CURVE sockets: ``peer.json`` replaced by a named pipe with no writer (its ``open()`` blocks, as
+``procsv.trainer.remote.peer_follow`` and ``procsv.trainer.channels``, with real files, a real
+thread and real CURVE sockets: ``peer.json`` replaced by a named pipe with no writer (its ``open()`` blocks, as
 a read of a stalled NFS logdir does) never stops the member's step path (its hand-overs and reads
 of the service); once the logdir answers again the member follows the restarted service, its new
 key filed before it connects, the old one removed. The thread's bookkeeping of key files: a
@@ -26,7 +26,7 @@ from procsv.ipc.transport import Endpoints
 from procsv.services.checkpoint.group import GroupIntake
 from procsv.services.checkpoint.peers import PeerLink
 from procsv.trainer.channels import TrainerChannels
-from procsv.trainer.peer_follow import PeerFollow
+from procsv.trainer.remote.peer_follow import PeerFollow
 from test_group_peers import link, serve_until, snapshot
 
 __all__ = ["link"]  # a fixture, used by name
@@ -157,3 +157,63 @@ def test_the_threads_key_files_a_superseded_connection_a_late_one_and_a_failing_
     curve.write_peer(layout, peer_at(5))
     follow.look()  # a key the thread files after the close removes itself
     assert follow.ready is None and not member_keys(layout)
+
+
+def test_the_copy_the_dead_service_never_acknowledged_is_handed_to_the_restarted_one(
+        link: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capfd: Any) -> None:
+    """A member's copy of step 50 reached node 0's service, which was SIGKILLed before it answered:
+    once the member follows the restarted service, that copy (still whole in its slot) is handed to
+    the new one. Before, it was counted as lost, and a member killed before its next copy restored
+    an interval further back (or from disk)."""
+    import tensorflow as tf
+
+    from procsv.trainer.checkpoint.agent import CheckpointAgent
+    from procsv.trainer.checkpoint.snapshot import arena_bytes_needed
+
+    layout, zctx, intake, refused = link
+    monkeypatch.setenv("PROCSV_GROUP_REMOTE", "1")
+    monkeypatch.setenv("PROCSV_ATTEMPT", "1")
+    step_var = tf.Variable(0, dtype=tf.int64)
+    w = tf.Variable(tf.reshape(tf.range(64 * 64, dtype=tf.float32), [64, 64]))
+    ckpt = tf.train.Checkpoint(w=w, step=step_var)
+    agent = CheckpointAgent(ckpt, step_var, layout, basename="model.ckpt", save_model_secs=None,
+                            save_checkpoint_steps=None, max_to_keep=5, keep_checkpoint_every_n_hours=None,
+                            clock=time.monotonic, memory_budget=0.01, saving=False, group=(1, 1, 50))
+    agent.store.arena_for(arena_bytes_needed(ckpt))
+    assert agent.memory.remote
+    ch = TrainerChannels(Endpoints(str(tmp_path)), supervised=False, services=False, checkpoint=True)
+    other: zmq.Context[Any] = zmq.Context()  # the new service is a new process: a context of its own
+    again = None
+    try:
+        step_var.assign(50)
+        assert agent.memory_due(50, time.monotonic()) and agent.memory_snapshot(ch, 50)
+        assert agent.store.slots.unacked is not None and agent.store.slots.unacked[1] == 50
+        w.assign(tf.zeros([64, 64]))  # the model trains on: the copy is of its slot, not of the variables
+        intake.close()  # node 0's service SIGKILLed before it answered
+        again = GroupIntake(lambda identity, msg, frames: None, lambda line: None, PeerLink(other, layout, "127.0.0.1"))
+        deadline, step = time.monotonic() + 10, 51
+        while again.copies.find(1, 50, 1) is None and time.monotonic() < deadline:  # the member's step boundaries
+            agent.poll(ch, step, time.monotonic())
+            serve_until(again, refused, lambda: False, secs=0.02)
+            step += 1
+        assert ch.followed == 1
+        copy = again.copies.find(1, 50, 1)
+        assert copy is not None, "the copy the dead service never acknowledged did not reach the restarted one"
+        assert not copy.problem(), copy.problem()
+        got = {t.key: i for i, t in enumerate(copy.specs)}
+        weights = [k for k in got if k.startswith("w/")]
+        assert len(weights) == 1, got
+        assert bytes(copy.frames[got[weights[0]]]) == tf.reshape(tf.range(64 * 64, dtype=tf.float32), [64, 64]).numpy().tobytes()
+        while agent.store.slots.held != 50 and time.monotonic() < deadline:  # the new service's acknowledgment
+            agent.poll(ch, step, time.monotonic())
+            serve_until(again, refused, lambda: False, secs=0.02)
+            step += 1
+        assert agent.store.slots.held == 50 and agent.store.slots.unacked is None
+        assert not refused, refused
+        err = capfd.readouterr().err
+        assert err.count("member 1's copy of step 50 went to node 0's checkpoint service before it was restarted") == 1, err
+    finally:
+        ch.close()
+        if again is not None:
+            again.close()
+        other.term()
