@@ -64,7 +64,7 @@ class TrainerChannels:
         ident = f"trainer-{os.getpid()}-{secrets.token_hex(4)}".encode()
         self.ckpt: Optional[zmq.Socket[Any]] = None
         self.summary: Optional[zmq.Socket[Any]] = None
-        self._member_key: Optional[str] = None  # a member of host 1..M-1: the key file it filed (curve.connect_member)
+        self._member_key: Optional[str] = None  # a member of host 1..M-1: the key file it connected with (curve.file_member)
         self._follow: Optional[PeerFollow] = None  # ... and the thread that prepares a restarted service's connection
         self.followed = 0  # how many times it connected to a restarted service (what the dead one never answers)
         self._ident = ident
