@@ -311,20 +311,55 @@ def remote_member() -> bool:
     return os.environ.get(env.GROUP_REMOTE) == "1"
 
 
-def connect_member(sock: "zmq.Socket[Any]") -> Optional[str]:
-    """Connect ``sock`` (a DEALER) to node 0's checkpoint service as a CURVE client with a key pair
-    of this process's own, filed for the launch (removed by :func:`unfile_agent_key` at the end; the
-    master removes the folder when the launch ends); the key file's path, or None (said in one line)
-    when node 0's service names no endpoint (the member then hands over no copies)."""
-    layout = Layout(os.environ.get(env.LOGDIR, "."))
+@dataclass(frozen=True)
+class MemberLink:
+    """What a member's connection to node 0's checkpoint service takes from the disk, done before
+    the socket is touched: the service ``peer.json`` named, the member's own key pair for it, and
+    the path of its public key filed for the launch (the service's ZAP check looks it up at the
+    handshake, so it is filed before the connect: :func:`attach_member`)."""
+
+    peer: Peer
+    keys: AgentKeys
+    path: str
+
+
+def file_member(layout: Layout, peer: Peer) -> MemberLink:
+    """A new key pair of this process's own for ``peer``, its public key filed for the launch
+    (:func:`file_member_key`, with this member's rank and attempt): the part of a member's
+    connection that writes to the logdir (a shared filesystem: a member's step never waits on it
+    once it trains, :mod:`procsv.trainer.remote.peer_follow`). OSError if the key cannot be filed."""
+    keys = AgentKeys.new()
+    path = file_member_key(layout, peer.job, keys, int(os.environ.get(env.RANK, "0") or 0),
+                           int(os.environ.get(env.ATTEMPT, "1") or 1))
+    return MemberLink(peer, keys, path)
+
+
+def attach_member(sock: "zmq.Socket[Any]", link: MemberLink) -> None:
+    """Connect ``sock`` (a DEALER, not yet connected) to ``link``'s service as a CURVE client with
+    its keys (filed already: :func:`file_member`). Touches no file."""
+    connect_as_member(sock, link.keys, link.peer)
+    sock.connect(link.peer.endpoint)
+
+
+def member_link(layout: Layout) -> Optional[MemberLink]:
+    """A member's first connection's disk part: the service ``peer.json`` names and a key filed for
+    it (:func:`file_member`), or None (said in one line) when node 0's service names no endpoint
+    (the member then hands over no copies)."""
     peer = load_peer(layout)
     if peer is None:
         print("procsv: this member's in-memory snapshots have nowhere to go: node 0's checkpoint service "
               f"names no endpoint in {keys_dir(layout)}", file=sys.stderr, flush=True)
         return None
-    keys = AgentKeys.new()
-    path = file_member_key(layout, peer.job, keys, int(os.environ.get(env.RANK, "0") or 0),
-                           int(os.environ.get(env.ATTEMPT, "1") or 1))
-    connect_as_member(sock, keys, peer)
-    sock.connect(peer.endpoint)
-    return path
+    return file_member(layout, peer)
+
+
+def connect_member(sock: "zmq.Socket[Any]") -> Optional[str]:
+    """Connect ``sock`` (a DEALER) to node 0's checkpoint service as a CURVE client with a key pair
+    of this process's own, filed for the launch (removed by :func:`unfile_agent_key` at the end; the
+    master removes the folder when the launch ends); the key file's path, or None (said in one line)
+    when node 0's service names no endpoint (the member then hands over no copies)."""
+    link = member_link(Layout(os.environ.get(env.LOGDIR, ".")))
+    if link is None:
+        return None
+    attach_member(sock, link)
+    return link.path

@@ -13,8 +13,10 @@ persist a held in-memory snapshot (``NoReply`` likewise); and Keras's ``delete_c
 
 Connections: a DEALER to the checkpoint service's ROUTER (``CheckpointSetup``/``SaveData`` up,
 ``SaveRequest``/``SaveResult`` down; a group member of another host: node 0's service's peer link
-over CURVE, followed to a restarted service, :class:`PeerFollow`); a DEALER to the summary service's ROUTER (``SummaryBatch``
-and ``SessionLogEvent`` up, ``SummaryAck`` down); a PUSH to the watchdog when supervised.
+over CURVE, followed to a restarted service: :mod:`procsv.trainer.remote.peer_follow`'s thread reads
+``peer.json`` and files the new key, the step path only connects the socket); a DEALER to the
+summary service's ROUTER (``SummaryBatch`` and ``SessionLogEvent`` up, ``SummaryAck`` down); a PUSH
+to the watchdog when supervised. The step path touches no file.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from procsv.common import curve
 from procsv.ipc.transport import Endpoints, NoReply, ReceiveTimeout, Received, drain, make_socket, recv_message, send
 from procsv.common import env
 from procsv.common.layout import Layout
+from procsv.trainer.remote.peer_follow import PeerFollow
 
 _Answer = TypeVar("_Answer", RecoverReply, CheckpointsDeleted)
 WAIT_SLICE_MS = 200  # a long wait is cut into slices this long (the deadline is checked between)
@@ -44,45 +47,6 @@ def read_summary_acks(sock: zmq.Socket[Any], timeout: float = 0.0) -> list[Summa
     waiting up to ``timeout`` seconds for the first; anything else (or malformed) is dropped."""
     return [r.msg for r in drain(sock, first_timeout_ms=max(0, int(timeout * 1000)))
             if not isinstance(r, ProtocolError) and isinstance(r.msg, SummaryAck)]
-
-
-PEER_LOOK_SECS = 0.25  # the most often peer.json is read (only when a snapshot is handed over)
-
-
-class PeerFollow:
-    """Which of node 0's checkpoint services (``peer``) a member of another host is connected to,
-    and whether ``peer.json`` now names another: node 0's service SIGKILLed and restarted by the
-    watchdog listens on a new port with a new key. Before, the member kept sending to the dead
-    one's port until the group's next attempt (its copies lost, the frames queued there pinning
-    its slots), and once node 0's chief had handed the new service 3 newer copies the next restart
-    found no step whole and restored from disk. Read where a snapshot is handed over or the
-    service's answers are read (:meth:`TrainerChannels.send_snapshot`, :meth:`~TrainerChannels.poll_checkpoint`),
-    at most every ``every`` seconds of ``clock`` (the trainer's monotonic clock)."""
-
-    def __init__(self, layout: Layout, peer: Optional[curve.Peer], clock: Callable[[], float],
-                 every: float = PEER_LOOK_SECS) -> None:
-        self.layout, self.peer, self.clock, self.every = layout, peer, clock, every
-        self._next = clock() + every
-
-    def moved(self) -> Optional[curve.Peer]:
-        """The service ``peer.json`` names if it is not the one connected to (now taken as the one
-        connected to), else None; ``peer.json`` is read at most every ``every`` seconds."""
-        now = self.clock()
-        if now < self._next:
-            return None
-        self._next = now + self.every
-        peer = curve.load_peer(self.layout)
-        if peer is None or peer == self.peer:
-            return None
-        self.peer = peer
-        return peer
-
-
-def follow(clock: Callable[[], float]) -> PeerFollow:
-    """A :class:`PeerFollow` of the service ``peer.json`` names now (read before the member connects,
-    so that a service restarted in between is followed, not missed)."""
-    layout = Layout(os.environ.get(env.LOGDIR, "."))
-    return PeerFollow(layout, curve.load_peer(layout), clock)
 
 
 class TrainerChannels:
@@ -100,18 +64,23 @@ class TrainerChannels:
         ident = f"trainer-{os.getpid()}-{secrets.token_hex(4)}".encode()
         self.ckpt: Optional[zmq.Socket[Any]] = None
         self.summary: Optional[zmq.Socket[Any]] = None
-        self._member_key: Optional[str] = None  # a member of host 1..M-1: the key file it filed (curve.connect_member)
-        self._follow: Optional[PeerFollow] = None  # ... and the service it is connected to (a restarted one's followed)
+        self._member_key: Optional[str] = None  # a member of host 1..M-1: the key file it connected with (curve.file_member)
+        self._follow: Optional[PeerFollow] = None  # ... and the thread that prepares a restarted service's connection
         self.followed = 0  # how many times it connected to a restarted service (what the dead one never answers)
         self._ident = ident
         if services or checkpoint:
             self.ckpt = make_socket(self.zctx, zmq.DEALER, sndhwm=4, identity=ident, linger_ms=0)
             if checkpoint and not services and curve.remote_member():  # node 0's service, over CURVE
-                self._follow = follow(clock)
-                self._member_key = curve.connect_member(self.ckpt)
-                if self._member_key is None:
+                layout = Layout(os.environ.get(env.LOGDIR, "."))
+                link = curve.member_link(layout)  # (at the start: before the first step)
+                if link is None:
                     self.ckpt.close()
                     self.ckpt = None
+                else:
+                    curve.attach_member(self.ckpt, link)
+                    self._member_key = link.path
+                    self._follow = PeerFollow(layout, link.peer)
+                    self._follow.start()
             else:
                 self.ckpt.connect(endpoints.checkpoint)
         if services:
@@ -150,20 +119,21 @@ class TrainerChannels:
         return True
 
     def _follow_service(self) -> None:
-        """A member of another host: connect to node 0's restarted checkpoint service (:class:`PeerFollow`)."""
-        if self.ckpt is None or self._follow is None or self._follow.moved() is None:
+        """A member of another host: connect to node 0's restarted checkpoint service once
+        :class:`PeerFollow`'s thread has filed a key for it (an attribute read when it has not). Socket
+        work only, no file: the old key file is left to that thread to remove."""
+        link = self._follow.take() if self._follow is not None else None
+        if link is None or self._follow is None:
             return
-        self.ckpt.close(0)
+        if self.ckpt is not None:
+            self.ckpt.close(0)
         self.ckpt = make_socket(self.zctx, zmq.DEALER, sndhwm=4, identity=self._ident, linger_ms=0)
-        curve.unfile_agent_key(self._member_key)
-        self._member_key = curve.connect_member(self.ckpt)
+        curve.attach_member(self.ckpt, link)  # its key filed already (by the thread, before publishing it)
+        self._follow.retire(self._member_key)  # its socket closed: the thread may remove the file now
+        self._member_key = link.path
         self.followed += 1
-        if self._member_key is None:
-            self.ckpt.close()
-            self.ckpt = None
-            return
         print(f"procsv: node 0's checkpoint service was restarted; this member's in-memory snapshots go to it at "
-              f"{self._follow.peer.endpoint if self._follow.peer else '?'}", file=sys.stderr, flush=True)
+              f"{link.peer.endpoint}", file=sys.stderr, flush=True)
 
     def poll_checkpoint(self, timeout: float = 0.0) -> list[Message]:
         """Every message the checkpoint service has sent, waiting up to ``timeout`` s for the first
@@ -242,5 +212,8 @@ class TrainerChannels:
             if sock is not None:
                 sock.close()
         self.zctx.term()
+        for path in self._follow.close() if self._follow is not None else []:
+            curve.unfile_agent_key(path)
+        self._follow = None
         curve.unfile_agent_key(self._member_key)
         self._member_key = None

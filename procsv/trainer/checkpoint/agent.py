@@ -237,8 +237,7 @@ class CheckpointAgent(FinalCommit):
         followed = getattr(ch, "followed", 0)  # (a stand-in for the channels has none)
         if followed != self._followed:  # node 0's restarted service: the dead one acknowledges nothing
             self._followed = followed
-            if self.store.slots.unacked is not None:
-                self.store.slots.refused(self.store.slots.unacked[1])
+            self.memory.followed(ch, now)  # (the copy it lost handed to the new one)
         self._next_read = now + (READ_EVERY if self.in_flight is not None else self.memory.read_wait(now, READ_IDLE))
 
     def _answer_awaited(self, at: float) -> None:  # a snapshot was just sent: read its answer by ``at``

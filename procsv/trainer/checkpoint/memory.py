@@ -14,7 +14,7 @@ import sys
 from collections import deque
 from typing import Any, Callable, Optional
 
-from procsv.ipc.messages import GroupCopyRefused, SaveData, SaveReason, SnapshotHeld
+from procsv.ipc.messages import GroupCopyRefused, SaveData, SaveReason, SnapshotHeld, TensorSpec
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint import memory_tier, peer_copy
 from procsv.trainer.checkpoint.snapshot_store import SnapshotStore
@@ -70,6 +70,11 @@ class MemoryTier:
         self.member, self.attempt, self.every_steps = -1, 0, 0
         self.remote = False  # a member of host 1..M-1: its copies go to node 0 as uncopied frames (peer_copy)
         self._sends = peer_copy.Sends()  # ... and the slots ZeroMQ may still read
+        # ... and the copy waiting, then the last one handed over, as taken (its specs with their offsets in
+        # the snapshot memory, and its frames), to hand it again to a restarted service (followed); for the
+        # one handed over, also which service of node 0 it went to (TrainerChannels.followed then)
+        self._source: Optional[tuple[list[TensorSpec], list[Any]]] = None
+        self._last_sent: Optional[tuple[int, SaveData, tuple[list[TensorSpec], list[Any]]]] = None
         self.refused_by_peer = False  # node 0 refused a copy (GroupCopyRefused): no more are taken
 
     # ------------------------------------------------------------------ the schedule
@@ -159,7 +164,9 @@ class MemoryTier:
         if meta is not None:
             self._meta_sent = meta
         specs, frames = snap.specs, list(snap.frames) if meta is None else [*snap.frames, meta]
+        self._source = None
         if self.remote and arena is not None and self.store.arena is not None:  # node 0 cannot map our memory
+            self._source = (list(specs), list(frames))
             specs, frames = peer_copy.frames(specs, frames, self.store.arena.array)
             arena = None
         self._waiting = (SaveData(step, SaveReason.MEMORY, self.basename, specs, arena, slot, False,
@@ -196,10 +203,45 @@ class MemoryTier:
             if self.remote:
                 self._sends.started(msg.slot, frames)
                 self.store.slots.send_started(msg.slot)
+                if self._source is not None:
+                    self._last_sent = (getattr(ch, "followed", 0), msg, self._source)
             self._answer_awaited(max(ch.clock() + READ_EVERY, self.next_due()))
         else:
             self.store.slots.drop_waiting()
         return sent
+
+    def followed(self, ch: TrainerChannels, now: float) -> bool:
+        """A member of another host: ``ch`` just followed node 0's restarted checkpoint service
+        (:attr:`TrainerChannels.followed` moved). The copy awaiting the dead service's acknowledgment
+        is never acknowledged by it, so it no longer keeps newer copies back (its slot is free once
+        ZeroMQ let go of its frames). If it is still whole in its slot (not rewritten since), it is
+        handed to the new service right away, its frames made again over the same bytes: the
+        dead service lost it (it held at most the copies before it, which node 1's holder hands
+        back), and before, the member re-did up to an interval more at a kill after the restart.
+        A copy handed to the new service already (the follow came with a hand-over) is left
+        awaiting its acknowledgment. True if a copy was handed over again."""
+        slots, last = self.store.slots, self._last_sent
+        if slots.unacked is None:
+            return False
+        slot, step = slots.unacked[0], slots.unacked[1]
+        if last is not None and last[0] == getattr(ch, "followed", 0) and (last[1].slot, last[1].step) == (slot, step):
+            return False  # sent to the new service: its acknowledgment will come
+        slots.refused(step)  # the dead service acknowledges nothing
+        if last is None or (last[1].slot, last[1].step) != (slot, step) or slots.steps[slot] != step \
+                or self.store.arena is None:
+            return False
+        msg, (specs, payload) = last[1], last[2]
+        _, frames = peer_copy.frames(specs, payload, self.store.arena.array)
+        if not ch.send_snapshot(msg, frames):
+            return False
+        slots.sent_memory(slot, step, now)
+        self._sends.started(slot, frames)
+        slots.send_started(slot)
+        self._last_sent = (getattr(ch, "followed", 0), msg, last[2])
+        self._answer_awaited(now + READ_EVERY)
+        print(f"procsv: member {self.member}'s copy of step {step} went to node 0's checkpoint service before it "
+              "was restarted, unacknowledged: handed to the restarted one", file=sys.stderr, flush=True)
+        return True
 
     def superseded(self) -> None:
         """A disk snapshot of a later step was taken: the one waiting, older, is never sent."""

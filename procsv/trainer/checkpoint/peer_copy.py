@@ -61,10 +61,11 @@ class Sends:
         self._by_slot: dict[int, list[Any]] = {}
 
     def started(self, slot: int, sent: Sequence[Any]) -> None:
-        """``sent`` (the frames of ``slot``'s snapshot) were handed to the socket."""
+        """``sent`` (the frames of ``slot``'s snapshot) were handed to the socket (the slot's earlier
+        sends still tracked stay so: the same copy handed again to a restarted service)."""
         tracked = trackers(sent)
         if tracked:
-            self._by_slot[slot] = tracked
+            self._by_slot.setdefault(slot, []).extend(tracked)
 
     def done(self) -> list[int]:
         """The slots whose every frame ZeroMQ let go of since the last call (forgotten here)."""
