@@ -98,7 +98,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
     if isinstance(action, Signal):
         if action.cause == Cause.CHAOS:
             view.chaos_at = None
-            child.signalled_at = now
+            child.signalled_at, child.chaos_sent = now, True
         elif action.cause == Cause.HANG:
             child.hang_cause, child.hang_kill_at, child.signalled_at = f"hang: {action.reason}", \
                 now + limits.hang_grace_secs, now
