@@ -107,13 +107,15 @@ class MemberStarted(Message):
 @dataclass(frozen=True)
 class MemberEnded(Message):
     """Agent -> master: a member was reaped; ``code`` < 0 means killed by signal -code. Its error
-    file, if it wrote one, is in the shared logdir."""
+    file, if it wrote one, is in the shared logdir. ``signalled``: a :class:`SignalMember` reached it
+    alive before its end (False: whatever killed it, it was not the master: the group's breaker, maybe)."""
 
     KIND: ClassVar[str] = "member_ended"
     slot: str
     attempt: int
     pid: int
     code: int
+    signalled: bool = True
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ unless noted:
   recovery breakdown, steps re-done, goodput) and ``series``, the global step over wall time
   (:class:`procsv.watchdog.publish.series.StepSeries`);
 - ``logs/lifecycle.jsonl``: the events of the last launch (from its ``launch`` record on): when
-  each trainer attempt ended and why, what the next one restored, each committed checkpoint;
+  each trainer attempt ended and why (a trainer group's ``breaker`` record, when there is one, in place
+  of its ``restarting`` record's error: the member found cut off after the judgement), what the next
+  one restored, each committed checkpoint;
 - ``.procsv/status.json`` (through :func:`procsv.status.read_status`): the run's state, step and
   live goodput;
 - ``.procsv/checkpoints/*.json``: the manifests (written by the checkpoint service), for the
@@ -103,8 +105,11 @@ def restarts(events: list[dict[str, Any]]) -> list[Restart]:
     ends: dict[tuple[str, int, str], dict[str, Any]] = {}  # (exited | death_noticed, attempt, role) -> its record
     hung: dict[int, dict[str, Any]] = {}  # attempt -> hang_detected
     chaos: dict[Any, dict[str, Any]] = {}  # pid -> chaos_kill
+    broke: dict[int, dict[str, Any]] = {}  # attempt -> its breaker record, the last (the cause found after its judgement)
     for x in events:
         kind = x.get("event")
+        if kind == "breaker":
+            broke[int(x.get("attempt", 0))] = x
         if kind in ("exited", "death_noticed") and str(x.get("role")).startswith(("trainer", "worker")):
             ends.setdefault((str(kind), int(x.get("attempt", 0)), str(x.get("role"))), x)
         elif kind == "hang_detected":
@@ -122,6 +127,8 @@ def restarts(events: list[dict[str, Any]]) -> list[Restart]:
         if e.get("event") != "restarting":
             continue
         prev = int(e.get("attempt", 0)) - 1
+        if prev in broke and e.get("error") != "preempted":  # the group's true breaker, found after the judgement
+            e = {**e, "error": broke[prev].get("error")}
         # a group's restart names the member whose end broke it ("worker1 attempt 3 (pid N) died"): its records
         role = str(e.get("error") or "").split(" ", 1)[0]
         role = role if role.startswith("worker") and ("exited", prev, role) in ends else "trainer"
@@ -148,6 +155,8 @@ def _restart(e: dict[str, Any], prev: int, pid: Any, exited: Optional[dict[str, 
         label = "hang" if hang is not None else (f"chaos {kill.get('signal', '')}".strip() if kill is not None
                                                   else how.replace("killed by ", "") or "died")
         cause = error or f"trainer attempt {prev} {how or 'died'}"
+        if ": HostLost: " in error:  # a member of a lost host (rule 12): no exit status of its own
+            label = "host lost"
     step = e.get("rollback_step")
     if isinstance(step, int):
         label = f"rollback {step}"

@@ -170,7 +170,7 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
     ("node-stop", m.NodeStop(exit_code=0), []),
     ("node-refused", m.NodeRefused(node=1, reason="node 1 is held by another agent in this launch", node_timeout=2.5), []),
     ("member-started", m.MemberStarted(slot="worker3", attempt=1, pid=99), []),
-    ("member-ended", m.MemberEnded(slot="worker3", attempt=1, pid=99, code=-9), []),
+    ("member-ended", m.MemberEnded(slot="worker3", attempt=1, pid=99, code=-9, signalled=False), []),
     ("relayed", m.Relayed(slot="worker3", frames=1), [b'{"v":2,"kind":"progress","body":{}}']),
 ]
 

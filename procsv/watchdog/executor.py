@@ -24,6 +24,7 @@ from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUT
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
+from procsv.watchdog.lateblame import breaker_found
 from procsv.watchdog.actionlines import (kill_reports, node_lost_reports, restart_reports, signal_reports, standby_gone_reports,
                                          stop_failing_reports, task_gave_up_reports)
 from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpService, GiveUpTask,
@@ -113,7 +114,7 @@ class Executor:
         if isinstance(action, NodeLost):
             host = self.view.nodes[action.node].host
             note(self.view, action, now, self.limits)
-            self.report(node_lost_reports(action, host, self.limits))
+            self.report(node_lost_reports(action, host, self.limits) + breaker_found(self.view))
             return
         if isinstance(action, StopFailing):
             note(self.view, action, now, self.limits)

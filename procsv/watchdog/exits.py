@@ -27,6 +27,7 @@ from procsv.common.layout import Layout, exit_report_file, spilled_error_file
 from procsv.watchdog import observe
 from procsv.watchdog.diskjobs import DiskJobs, Job
 from procsv.watchdog.endreads import READ_WAIT, EndReads, read_end, taken
+from procsv.watchdog.lateblame import breaker_found
 from procsv.watchdog.rules.bookkeeping import find
 from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.executor import Executor
@@ -195,5 +196,5 @@ class ChildEnds:
                 self.out.echo(handle, final=True)
             failure = Failure(handle.role, handle.attempt, handle.pid, end.code, end.wall, handle.log_path, err,
                               reads.report if reads is not None else None, unread)
-            self.out.record(observe.reaped(self.view, handle.slot, handle.attempt, failure, end.at))
+            self.out.record(observe.reaped(self.view, handle.slot, handle.attempt, failure, end.at) + breaker_found(self.view))
             self.out.changed()

@@ -237,7 +237,7 @@ class Watchdog:
             elif isinstance(msg, MemberStarted) and self.ex.remote is not None:
                 self.ex.remote.started(node, msg.slot, msg.attempt, msg.pid)
             elif isinstance(msg, MemberEnded) and self.ex.remote is not None:
-                self.ex.remote.ended(msg.slot, msg.attempt, msg.pid, msg.code, self.wall())
+                self.ex.remote.ended(msg.slot, msg.attempt, msg.pid, msg.code, self.wall(), msg.signalled)
             elif isinstance(msg, Relayed) and payload:
                 self.out.record(observe.heard(self.view, payload[0], self.clock(), slot=msg.slot))
             self.out.changed()

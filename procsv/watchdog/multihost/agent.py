@@ -92,6 +92,7 @@ class NodeAgent:
         self.clock = clock
         self.host = host_ip(cfg.master_addr)
         self.members: dict[str, ChildProcess] = {}  # by "slot.attempt"; the pidfd of each signals it
+        self.signalled: set[str] = set()  # the members a SignalMember reached alive (MemberEnded says so)
         self.stop_code: Optional[int] = None
         self.job: Optional[str] = None
         self.keys = curve.AgentKeys.new()  # this agent's own key pair; the secret never leaves this process
@@ -267,6 +268,7 @@ class NodeAgent:
             elif isinstance(msg, SignalMember):
                 m = self.members.get(f"{msg.slot}.{msg.attempt}")
                 if m is not None and m.alive():
+                    self.signalled.add(f"{msg.slot}.{msg.attempt}")
                     if msg.kill:
                         m.kill_group()
                     else:
@@ -373,8 +375,10 @@ class NodeAgent:
             del self.members[key]
             m.reap()  # (reaped already: closes its pidfd)
             ended = True
+            signalled = key in self.signalled
+            self.signalled.discard(key)
             if dealer is not None:
-                send(dealer, MemberEnded(m.slot, m.attempt, m.pid, code))
+                send(dealer, MemberEnded(m.slot, m.attempt, m.pid, code, signalled))
         return ended
 
     def _sweep(self, final: bool = False) -> None:

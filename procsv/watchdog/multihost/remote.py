@@ -26,6 +26,7 @@ from procsv.watchdog import observe
 from procsv.watchdog.children import read_child_error
 from procsv.watchdog.diskjobs import DiskJobs, Job
 from procsv.watchdog.endreads import READ_WAIT, unread_note
+from procsv.watchdog.lateblame import breaker_found
 from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.group import rank_of, worker_slot
 from procsv.watchdog.multihost.nodes import NodeLink
@@ -48,7 +49,7 @@ class RemoteMembers:
         self.pending: dict[str, int] = {}  # slot -> attempt: members asked of an agent, not started yet
         self.reader = reader
         # ends whose error file is being read: (slot, attempt, pid, code, wall, the read, due), in order
-        self._ends: "deque[tuple[str, int, int, int, float, Job[Optional[ChildError]], float]]" = deque()
+        self._ends: "deque[tuple[str, int, int, int, float, bool, Job[Optional[ChildError]], float]]" = deque()
 
     def start(self, attempt: int, cluster: list[str], env: dict[str, str]) -> None:
         """Ask every other host for its tasks of the group's ``attempt`` (host R runs R*N .. R*N+N-1)."""
@@ -79,8 +80,9 @@ class RemoteMembers:
         self.report(observe.spawned(self.view, slot, WORKER, attempt, pid, self.clock(), f"node{node}"))
         self.view.children[slot].node = node  # the view stays "forking" until the last one (Executor.poll_fork)
 
-    def ended(self, slot: str, attempt: int, pid: int, code: int, wall: float) -> None:
-        """An agent reaped a member; its error file, if any, is in the shared logdir."""
+    def ended(self, slot: str, attempt: int, pid: int, code: int, wall: float, signalled: bool = True) -> None:
+        """An agent reaped a member; its error file, if any, is in the shared logdir. ``signalled``: a
+        signal of this watchdog reached it alive (False: its end was not the watchdog's doing)."""
         if self.pending.get(slot) == attempt:
             del self.pending[slot]
         key_job, layout, rank = self.link.job, self.layout, rank_of(slot)
@@ -91,22 +93,22 @@ class RemoteMembers:
         observe.end_came(self.view, slot, attempt, self.clock())
         path = self.layout.error_file(slot, attempt)
         job = self.reader.submit(lambda: read_child_error((path,), pid))
-        self._ends.append((slot, attempt, pid, code, wall, job, self.clock() + READ_WAIT))
+        self._ends.append((slot, attempt, pid, code, wall, signalled, job, self.clock() + READ_WAIT))
 
     def settle(self) -> bool:
         """Observe the ends whose error file was read, or is overdue (decided without it), in order;
         True if one was."""
         settled = False
         while self._ends:
-            slot, attempt, pid, code, wall, job, due = self._ends[0]
+            slot, attempt, pid, code, wall, signalled, job, due = self._ends[0]
             if not job.done and self.clock() < due:
                 break
             settled = True
             self._ends.popleft()
             unread = "" if job.done else unread_note(READ_WAIT)
             failure = Failure(slot, attempt, pid, code, wall, self.layout.attempt_log(slot, attempt), job.result,
-                              unread=unread)
-            self.report(observe.reaped(self.view, slot, attempt, failure, self.clock()))
+                              unread=unread, signalled=signalled)
+            self.report(observe.reaped(self.view, slot, attempt, failure, self.clock()) + breaker_found(self.view))
         return settled
 
     def live(self) -> bool:

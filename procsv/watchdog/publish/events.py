@@ -37,6 +37,10 @@ restarting             attempt (the next one), delay, error, rollback_step
                        (rollback_step: a trainer group's rollback, the step its members skip: a rollback, not
                        counted as a restart; else null)
 restarted              attempt (the one being started)
+breaker                attempt, role, pid, error, judged (a trainer group's attempt, judged by a member's collective
+                       failure, judged ``judged``, whose member ``role`` (pid) was found cut off after: killed by a
+                       signal procsv did not send, or its host lost; ``error``: how, the attempt's true cause,
+                       which ``procsv report`` shows in place of its ``restarting`` record's)
 gave_up                reason, error
 task_gave_up           role (a --ps worker), attempt, reason, error (given up on; the run trains on)
 finished               state, exit_code, step
@@ -92,6 +96,7 @@ class Event(str, enum.Enum):
     TRAINED = "trained"
     RESTARTING = "restarting"
     RESTARTED = "restarted"
+    BREAKER = "breaker"
     GAVE_UP = "gave_up"
     TASK_GAVE_UP = "task_gave_up"
     FINISHED = "finished"
@@ -131,6 +136,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
                               "restored_step", "restore_secs", "first_at", "first_step"}),
     Event.RESTARTING: frozenset({"attempt", "delay", "error", "rollback_step"}),
     Event.RESTARTED: frozenset({"attempt"}),
+    Event.BREAKER: frozenset({"attempt", "role", "pid", "error", "judged"}),
     Event.GAVE_UP: frozenset({"reason", "error"}),
     Event.TASK_GAVE_UP: frozenset({"role", "attempt", "reason", "error"}),
     Event.FINISHED: frozenset({"state", "exit_code", "step"}),

@@ -66,7 +66,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
                 c.ended_at = c.ended_at if c.ended_at is not None else now
                 c.exit_code = -signal.SIGKILL
                 c.failure = Failure(c.slot, c.attempt, c.pid, -signal.SIGKILL, 0.0, "",
-                                    ChildError("HostLost", f"node {action.node} ({node.host}) went silent for "
+                                    ChildError(group.HOST_LOST, f"node {action.node} ({node.host}) went silent for "
                                                            f"{action.silent_secs:.1f} s", "", "run"))
         return
     if isinstance(action, StopFailing):
@@ -98,7 +98,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
     if isinstance(action, Signal):
         if action.cause == Cause.CHAOS:
             view.chaos_at = None
-            child.signalled_at = now
+            child.signalled_at, child.chaos_sent = now, True
         elif action.cause == Cause.HANG:
             child.hang_cause, child.hang_kill_at, child.signalled_at = f"hang: {action.reason}", \
                 now + limits.hang_grace_secs, now

@@ -68,6 +68,9 @@ class Failure:
     error: Optional[ChildError] = None
     exit_report: Optional[ExitReport] = None  # a trainer's own account of an exit with code 42
     unread: str = ""  # what could not be read at its end, and why (a stalled logdir): decided without it
+    # another host's member: whether a signal of the watchdog reached it alive before its end (its agent
+    # says: False, whatever killed it, it was not the watchdog); None: a member of the watchdog's own host
+    signalled: Optional[bool] = None
 
     @property
     def signal_name(self) -> Optional[str]:

@@ -18,6 +18,13 @@ policy judges; the other tasks hold ``worker<R>`` slots with the chief's attempt
   the breaker: its peers' failures in their next collective are its consequence, and their ends
   may come in first (the chief's attempt waits for the exit status of a member that reported a
   non-finite step: :func:`reporter_unreaped`).
+- Likewise a member *cut off* (:func:`cut_off`: killed by a signal the watchdog did not send, the
+  OOM killer's or a user's SIGKILL, or its host lost) is blamed before a breaker that failed in a
+  collective (:data:`PEER_ERRORS`: ``UnavailableError`` and the like), as soon as its end is known.
+  Node 1's agent's report of its member's end (or ``node_lost``) often comes in after the chief's own
+  collective failure, which is judged at once (the restart waits for no other host): when it comes in
+  after that judgement, :func:`late_breaker` names it, and the watchdog records it as the attempt's
+  breaker (the ``breaker`` record) in place of the one judged.
 - Every other live member then gets SIGTERM (cause ``group``), and SIGKILL after
   ``group_grace_secs``: a survivor can only fail in its next collective. With a standby group ready
   to be promoted (:mod:`procsv.watchdog.rules.standby`) it is SIGKILLed at once (cause ``group_now``):
@@ -36,8 +43,15 @@ from typing import Any, Optional
 
 from procsv.common.exitcodes import DIVERGING_ERROR, EXIT_DIVERGING, EXIT_GROUP_ROLLBACK, GROUP_ROLLBACK_ERROR
 from procsv.watchdog.rules.actions import Action, Cause, Kill, Signal
+from procsv.watchdog.rules.failures import killed_from_outside
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.state import TRAINER, WORKER, ChildView, RunView
+
+
+# the errors a member meets in its next collective once a peer is gone (tf-distribute-facts): the
+# consequence of another member's end, never a cause of their own while a member was cut off
+PEER_ERRORS = frozenset({"UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError"})
+HOST_LOST = "HostLost"  # the error a member of a lost host is given (rule 12: procsv.watchdog.rules.bookkeeping)
 
 
 def worker_slot(rank: int) -> str:
@@ -105,7 +119,64 @@ def blame(view: RunView, chief: ChildView) -> ChildView:
     if diverged:  # a member that stopped on non-finite training is the cause, whoever's end came in first:
         # its peers failed in their next collective when it left, and their deaths can be noticed before its exit
         return min(diverged, key=lambda m: m.ended_at if m.ended_at is not None else math.inf)
-    return breaker(view, chief) or chief
+    first = breaker(view, chief)
+    if first is not None and peer_failure(first):
+        return first_cut_off(view, chief) or first
+    return first or chief
+
+
+def error_type(member: ChildView) -> str:
+    """The exception a member's error file named ("" if none): read at its exit, else at its death notice."""
+    if member.failure is not None:
+        return member.failure.error.type if member.failure.error is not None else ""
+    return member.noticed_error
+
+
+def peer_failure(member: ChildView) -> bool:
+    """Whether this member ended on an error of a collective whose peer was gone (:data:`PEER_ERRORS`)."""
+    return error_type(member) in PEER_ERRORS
+
+
+def cut_off(member: ChildView) -> bool:
+    """Whether this member was cut off from its group from outside: killed by a signal another process
+    sends (SIGKILL, SIGTERM, ...: :data:`~procsv.watchdog.rules.failures.OUTSIDE_SIGNALS`) that is not
+    the group's stop the watchdog sent it, or its host was found lost. The group's stop: a member of
+    another host is cut off if its agent says no signal of the watchdog reached it alive
+    (:attr:`~procsv.watchdog.rules.failures.Failure.signalled`); one of this host, if it died of a
+    signal the watchdog did not send it (SIGKILL with none sent, or one sent only SIGTERM: a chaos
+    SIGKILL counts, it is procsv's own cut)."""
+    if not member.reaped:
+        return False  # a death notice alone does not say how
+    if error_type(member) == HOST_LOST:
+        return True
+    code = member.exit_code
+    if not killed_from_outside(code):
+        return False
+    if member.failure is not None and member.failure.signalled is not None:
+        return not member.failure.signalled
+    if member.killed:
+        return False  # the watchdog's SIGKILL, as far as this host can tell
+    return member.signalled_at is None or code == -signal.SIGKILL
+
+
+def first_cut_off(view: RunView, chief: ChildView) -> Optional[ChildView]:
+    """The member of the chief's attempt cut off first (:func:`cut_off`; None: none was)."""
+    cut = [m for m in members(view, chief) if cut_off(m)]
+    return min(cut, key=lambda m: m.ended_at if m.ended_at is not None else math.inf) if cut else None
+
+
+def late_breaker(view: RunView, chief: ChildView) -> Optional[ChildView]:
+    """A member of the chief's attempt, judged already (:attr:`ChildView.broken_by`) by a breaker that
+    failed in a collective, found cut off since (its end came in after the judgement: another host's
+    agent's report, or its host lost): the attempt's true breaker, to be recorded in place of the one
+    judged (None: nothing to correct). Pure, like :func:`blame`."""
+    judged = chief.broken_by
+    if chief.role != TRAINER or judged is None or not peer_failure(judged) or cut_off(judged):
+        return None
+    if any(m.hang_cause or diverging(m) for m in members(view, chief)):
+        return None  # blamed before a member cut off (a hung member's peers are stopped by the watchdog)
+    found = first_cut_off(view, chief)
+    return found if found is not None and found is not judged else None
 
 
 def diverging(member: ChildView) -> bool:

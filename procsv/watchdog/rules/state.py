@@ -96,6 +96,7 @@ class ChildView:
     stop_committed: bool = False  # a stop's (preempted) checkpoint of its last step committed (SaveResult)
     # what the watchdog did to it
     signalled_at: Optional[float] = None  # a signal meant to end it was sent (hang, chaos)
+    chaos_sent: bool = False  # ... and it was chaos's (a group's member may be signalled by the group's stop too)
     stop_sent_at: Optional[float] = None  # the watchdog's stopping SIGTERM (rule 2 or 6) was last sent to it
     hang_cause: str = ""
     hang_kill_at: Optional[float] = None

@@ -1,0 +1,120 @@
+"""Who broke a group over two hosts: a member of node 1 SIGKILLed, and what the records say of it.
+
+Node 0's chief fails in its next collective once node 1's member is gone, and its exit often reaches
+node 0's watchdog before node 1's agent's report of the kill. The records (``restarting``, or the
+``breaker`` record that corrects it), ``procsv report`` and ``procsv status`` must name the member
+that was killed, not the chief's collective error. Hosts as in tests/test_hosts.py (network
+namespaces; needs root).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+from typing import Any, Optional
+
+from conftest import finish, launch, raw_status, wait_for
+from procsv.common.layout import Layout
+from procsv.report import gather, render
+from procsv.status import read_status
+from test_hosts import HOST1_IP, PACED, agent, events, host_pids, hosts, master_addr  # noqa: F401 (hosts: the fixture)
+
+
+def _named_cause(logdir: str, attempt: int) -> str:
+    """What the records say broke ``attempt``: its ``breaker`` record if any, else the ``restarting`` one."""
+    fixed = [r for r in events(logdir, "breaker") if r["attempt"] == attempt]
+    if fixed:
+        return str(fixed[-1]["error"])
+    return str(next(r for r in events(logdir, "restarting") if r["attempt"] == attempt + 1)["error"])
+
+
+def test_a_member_of_node_1_sigkilled_is_named_the_groups_breaker_not_the_chiefs_collective_error(hosts, logdir):
+    """Node 1's member (worker1) is SIGKILLed at step 30; the chief on node 0 fails in its next
+    collective. The group restarts, and the records, the report and the status name worker1 killed by
+    SIGKILL as the cause of attempt 1's end (a ``breaker`` record when the chief's end was judged
+    first). Before: the ``restarting`` record, the report and the status named the chief's
+    ``UnavailableError`` (or the like) whenever its exit came in first."""
+    addr = master_addr()
+    args = (*PACED, "--steps", "1000000")
+    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr, "--group-grace-secs", "0"))
+    node1 = agent(logdir, addr, *args)
+    code: Optional[int] = None
+    try:
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 30, 180, what="step 30")
+        member = next(p["pid"] for p in raw_status(logdir)["processes"] if p["role"] == "worker1")
+        killed_at = time.time()
+        os.kill(member, signal.SIGKILL)
+        wait_for(lambda: len(events(logdir, "first_step")) >= 2, 180, what="the restarted group's first step")
+        exited = next(r for r in events(logdir, "exited") if r["role"] == "worker1" and r["attempt"] == 1)
+        restarting = events(logdir, "restarting")[0]
+        print(f"BLAME restarting={restarting['error']!r} at +{restarting['time'] - killed_at:.2f} s; "
+              f"worker1 exited at +{exited['time'] - killed_at:.2f} s; "
+              f"breaker={[r['error'] for r in events(logdir, 'breaker')]}", file=sys.stderr)
+        st = read_status(Layout(logdir))
+        assert st is not None
+        last_error = str(st.get("last_error"))
+        master.send_signal(signal.SIGTERM)
+        code, out, err = finish(master, timeout=120)
+    finally:
+        if code is None:  # failed before the orderly stop: neither launch ends by itself
+            for proc in (master, node1):
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            print("node 0 said:", finish(master)[2], file=sys.stderr)
+        acode, aout, aerr = finish(node1, timeout=60)
+    assert code == 143 and acode == 143, (err, aerr)
+    truth = f"worker1 attempt 1 (pid {member}) was killed by SIGKILL"
+    assert _named_cause(logdir, 1).startswith(truth), (_named_cause(logdir, 1), events(logdir, "restarting"))
+    assert last_error.startswith(truth), last_error
+    rep = gather(Layout(logdir))
+    assert rep is not None and rep.restarts, rep
+    assert rep.restarts[0].cause.startswith(truth) and rep.restarts[0].label == "SIGKILL", rep.restarts[0]
+    text = render(rep)
+    assert re.search(rf"restart at .* \[SIGKILL\]: {re.escape(truth)}", text), text
+    assert f"procsv: {truth}" in err, err
+
+
+def test_a_host_lost_after_the_chiefs_collective_failure_is_named_the_groups_breaker(hosts, logdir):
+    """Node 1's whole host is SIGKILLed (its agent and worker1) at step 30: the chief fails in its next
+    collective and its end is judged at once; node 0 finds node 1 lost 4 s later (--node-timeout 4). A
+    ``breaker`` record then names worker1 lost with its host, and the report (``[host lost]``) and the
+    status say so; a new agent joins and the group goes on. Before: the records named the chief's
+    collective error."""
+    addr = master_addr()
+    args = (*PACED, "--steps", "1000000")
+    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4"))
+    first = agent(logdir, addr, *args)
+    second: Optional[Any] = None
+    code: Optional[int] = None
+    try:
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 30, 180, what="step 30")
+        member = next(p["pid"] for p in raw_status(logdir)["processes"] if p["role"] == "worker1")
+        for pid in host_pids():  # the whole host goes: its agent and its member
+            os.kill(pid, signal.SIGKILL)
+        first.wait(10)
+        wait_for(lambda: events(logdir, "node_lost"), 60, what="node 1 to be found lost")
+        wait_for(lambda: events(logdir, "breaker"), 10, what="the breaker record")
+        st = wait_for(lambda: (lambda s: s if s and "HostLost" in str(s.get("last_error")) else None)(
+            read_status(Layout(logdir))), 10, what="status.json's last_error to name the lost host")
+        second = agent(logdir, addr, *args)
+        wait_for(lambda: len(events(logdir, "first_step")) >= 2, 180, what="the restarted group's first step")
+        master.send_signal(signal.SIGTERM)
+        code, out, err = finish(master, timeout=120)
+    finally:
+        if code is None:
+            for proc in (master, second):
+                if proc is not None and proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            print("node 0 said:", finish(master)[2], file=sys.stderr)
+        if second is not None:
+            finish(second, timeout=60)
+    assert code == 143, err
+    truth = f"worker1 attempt 1 (pid {member}) was killed by SIGKILL: HostLost: node 1 ({HOST1_IP}) went silent for "
+    assert str(st["last_error"]).startswith(truth), st["last_error"]
+    assert _named_cause(logdir, 1).startswith(truth), _named_cause(logdir, 1)
+    rep = gather(Layout(logdir))
+    assert rep is not None and rep.restarts[0].label == "host lost" and rep.restarts[0].cause.startswith(truth), rep
+    assert f"procsv: {truth}" in err, err
