@@ -217,3 +217,92 @@ def test_the_copy_the_dead_service_never_acknowledged_is_handed_to_the_restarted
         if again is not None:
             again.close()
         other.term()
+
+
+def test_a_slot_rewritten_by_a_refused_copy_is_never_handed_to_the_restarted_service(
+        link: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capfd: Any) -> None:
+    """``--on-nonfinite continue``: the member's copy of step 50 reached node 0's service, which was
+    SIGKILLed before it answered; past the acknowledgment's grace its slot was free, and the next
+    copy (step 70, non-finite: refused after it was copied) was written over it. Once the member
+    follows the restarted service, that slot no longer holds step 50: nothing is handed over as
+    step 50. Before, the slot's bytes (step 70's non-finite state) went to the new service as the
+    copy of step 50, and a group restarted restored them."""
+    import numpy as np
+    import tensorflow as tf
+
+    from procsv.common.errors import NonFiniteState
+    from procsv.trainer.checkpoint.agent import CheckpointAgent
+    from procsv.trainer.checkpoint.memory_tier import UNACKED_GRACE
+    from procsv.trainer.checkpoint.snapshot import arena_bytes_needed
+    from procsv.trainer.nonfinite.watch import NonfiniteWatch
+
+    layout, zctx, intake, refused = link
+    monkeypatch.setenv("PROCSV_GROUP_REMOTE", "1")
+    monkeypatch.setenv("PROCSV_ATTEMPT", "1")
+    skew = [0.0]  # the trainer's clock: moved past the acknowledgment's grace
+
+    def clock() -> float:
+        return time.monotonic() + skew[0]
+
+    step_var = tf.Variable(0, dtype=tf.int64)
+    w = tf.Variable(tf.reshape(tf.range(64 * 64, dtype=tf.float32), [64, 64]))
+    ckpt = tf.train.Checkpoint(w=w, step=step_var)
+    agent = CheckpointAgent(ckpt, step_var, layout, basename="model.ckpt", save_model_secs=None,
+                            save_checkpoint_steps=None, max_to_keep=5, keep_checkpoint_every_n_hours=None,
+                            clock=clock, memory_budget=0.01, saving=False, group=(1, 1, 50))
+    agent.store.arena_for(arena_bytes_needed(ckpt))
+    agent.store.watch = NonfiniteWatch("continue", (), ())
+    ch = TrainerChannels(Endpoints(str(tmp_path)), supervised=False, services=False, checkpoint=True, clock=clock)
+    other: zmq.Context[Any] = zmq.Context()  # the new service is a new process: a context of its own
+    again = None
+    slots = agent.store.slots
+    try:
+        step_var.assign(40)
+        assert agent.memory_snapshot(ch, 40)  # held by the service: its slot is kept
+        serve_until(intake, refused, lambda: intake.copies.find(1, 40, 1) is not None)
+        deadline = time.monotonic() + 10
+        while slots.held != 40 and time.monotonic() < deadline:
+            agent.poll(ch, 41, clock())
+            time.sleep(0.02)
+        assert slots.held == 40
+        step_var.assign(50)
+        assert agent.memory_snapshot(ch, 50)
+        slot50 = slots.unacked[0] if slots.unacked is not None else -1
+        while slots.sending and time.monotonic() < deadline:  # written to the service's socket: let go
+            agent.memory.reap_sends()
+            time.sleep(0.02)
+        assert not slots.sending
+        intake.close()  # node 0's service SIGKILLed before it answered
+        skew[0] += UNACKED_GRACE + 1  # step 50's slot is free again
+        step_var.assign(60)
+        assert not agent.memory_snapshot(ch, 60, unwritten_from=60)  # copied, waits for its summaries
+        assert slots.waiting is not None and slots.waiting[0] != slot50
+        step_var.assign(70)
+        w.assign(tf.fill([64, 64], float("nan")))
+        with pytest.raises(NonFiniteState):  # copied over step 50's slot, then refused
+            agent.memory_snapshot(ch, 70)
+        assert slots.unacked is not None and slots.unacked[:2] == (slot50, 50)
+
+        again = GroupIntake(lambda identity, msg, frames: None, lambda line: None, PeerLink(other, layout, "127.0.0.1"))
+        step = 71
+        while ch.followed == 0 and time.monotonic() < deadline:  # the member's step boundaries
+            agent.poll(ch, step, clock())
+            serve_until(again, refused, lambda: False, secs=0.02)
+            step += 1
+        assert ch.followed == 1
+        for _ in range(10):
+            agent.poll(ch, step, clock())
+            serve_until(again, refused, lambda: False, secs=0.02)
+            step += 1
+        copy = again.copies.find(1, 50, 1)
+        if copy is not None:
+            got = {t.key: i for i, t in enumerate(copy.specs)}
+            weights = np.frombuffer(bytes(copy.frames[got[next(k for k in got if k.startswith("w/"))]]), np.float32)
+            assert np.isfinite(weights).all(), "step 70's refused, non-finite copy reached the restarted service as step 50's"
+        assert "handed to the restarted one" not in capfd.readouterr().err
+        assert slots.unacked is None  # the dead service's acknowledgment is no longer awaited
+    finally:
+        ch.close()
+        if again is not None:
+            again.close()
+        other.term()

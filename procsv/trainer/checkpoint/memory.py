@@ -214,8 +214,9 @@ class MemoryTier:
         """A member of another host: ``ch`` just followed node 0's restarted checkpoint service
         (:attr:`TrainerChannels.followed` moved). The copy awaiting the dead service's acknowledgment
         is never acknowledged by it, so it no longer keeps newer copies back (its slot is free once
-        ZeroMQ let go of its frames). If it is still whole in its slot (not rewritten since), it is
-        handed to the new service right away, its frames made again over the same bytes: the
+        ZeroMQ let go of its frames). If it is still whole in its slot (not rewritten since, nor
+        written over by a copy that was then refused: ``store.copies``), it is handed to the new
+        service right away, its frames made again over the same bytes: the
         dead service lost it (it held at most the copies before it, which node 1's holder hands
         back), and before, the member re-did up to an interval more at a kill after the restart.
         A copy handed to the new service already (the follow came with a hand-over) is left
@@ -227,7 +228,10 @@ class MemoryTier:
         if last is not None and last[0] == getattr(ch, "followed", 0) and (last[1].slot, last[1].step) == (slot, step):
             return False  # sent to the new service: its acknowledgment will come
         slots.refused(step)  # the dead service acknowledges nothing
-        if last is None or (last[1].slot, last[1].step) != (slot, step) or slots.steps[slot] != step \
+        # whole: the slot's last copy completed is of that step (a copy over it that failed, refused as
+        # non-finite after it was written, leaves Slots.steps naming the step before: store.copies not)
+        whole = self.store.copies.get(slot)
+        if last is None or (last[1].slot, last[1].step) != (slot, step) or whole is None or whole.step != step \
                 or self.store.arena is None:
             return False
         msg, (specs, payload) = last[1], last[2]
