@@ -306,3 +306,33 @@ def test_a_slot_rewritten_by_a_refused_copy_is_never_handed_to_the_restarted_ser
         if again is not None:
             again.close()
         other.term()
+
+
+def test_a_member_started_while_no_service_is_named_hands_its_copies_over_once_one_is(
+        link: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # node 0's service restarting when the member starts: peer.json names none yet. Before, that member
+    # handed over no copy for its whole attempt (its follow thread was never started)
+    layout, zctx, intake, refused = link
+    monkeypatch.setenv("PROCSV_GROUP_REMOTE", "1")
+    monkeypatch.setenv("PROCSV_ATTEMPT", "1")
+    peer_json = os.path.join(curve.keys_dir(layout), curve.PEER_FILE)
+    with open(peer_json, "rb") as fh:
+        named = fh.read()
+    os.unlink(peer_json)
+    ch = TrainerChannels(Endpoints(str(tmp_path)), supervised=False, services=False, checkpoint=True)
+    try:
+        assert not ch.send_snapshot(snapshot(), FRAMES) and not member_keys(layout)
+        with open(peer_json + ".tmp", "wb") as fh:  # the service names itself (atomically, as it does)
+            fh.write(named)
+        os.rename(peer_json + ".tmp", peer_json)
+        deadline = time.monotonic() + 10
+        step = 50
+        while intake.copies.find(1, step, 1) is None and time.monotonic() < deadline:
+            step += 1
+            ch.send_snapshot(dataclasses.replace(snapshot(), step=step), FRAMES)
+            serve_until(intake, refused, lambda: intake.copies.find(1, step, 1) is not None, secs=0.3)
+        assert intake.copies.find(1, step, 1) is not None, "the member never handed a copy to the service named late"
+        assert ch.followed == 1 and len(member_keys(layout)) == 1 and not refused
+    finally:
+        ch.close()
+    assert not member_keys(layout)

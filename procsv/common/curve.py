@@ -344,11 +344,11 @@ def attach_member(sock: "zmq.Socket[Any]", link: MemberLink) -> None:
 def member_link(layout: Layout) -> Optional[MemberLink]:
     """A member's first connection's disk part: the service ``peer.json`` names and a key filed for
     it (:func:`file_member`), or None (said in one line) when node 0's service names no endpoint
-    (the member then hands over no copies)."""
+    (yet: the member's follow connects once it does, :mod:`procsv.trainer.remote.peer_follow`)."""
     peer = load_peer(layout)
     if peer is None:
-        print("procsv: this member's in-memory snapshots have nowhere to go: node 0's checkpoint service "
-              f"names no endpoint in {keys_dir(layout)}", file=sys.stderr, flush=True)
+        print("procsv: this member's in-memory snapshots have nowhere to go yet: node 0's checkpoint service "
+              f"names no endpoint in {keys_dir(layout)} (they go to it once it does)", file=sys.stderr, flush=True)
         return None
     return file_member(layout, peer)
 

@@ -73,14 +73,14 @@ class TrainerChannels:
             if checkpoint and not services and curve.remote_member():  # node 0's service, over CURVE
                 layout = Layout(os.environ.get(env.LOGDIR, "."))
                 link = curve.member_link(layout)  # (at the start: before the first step)
-                if link is None:
+                if link is None:  # no service named yet (one restarting): the thread waits for it
                     self.ckpt.close()
                     self.ckpt = None
                 else:
                     curve.attach_member(self.ckpt, link)
                     self._member_key = link.path
-                    self._follow = PeerFollow(layout, link.peer)
-                    self._follow.start()
+                self._follow = PeerFollow(layout, link.peer if link is not None else None)
+                self._follow.start()
             else:
                 self.ckpt.connect(endpoints.checkpoint)
         if services:
@@ -125,6 +125,7 @@ class TrainerChannels:
         link = self._follow.take() if self._follow is not None else None
         if link is None or self._follow is None:
             return
+        restarted = self.ckpt is not None  # (else none was named when this member started)
         if self.ckpt is not None:
             self.ckpt.close(0)
         self.ckpt = make_socket(self.zctx, zmq.DEALER, sndhwm=4, identity=self._ident, linger_ms=0)
@@ -132,8 +133,8 @@ class TrainerChannels:
         self._follow.retire(self._member_key)  # its socket closed: the thread may remove the file now
         self._member_key = link.path
         self.followed += 1
-        print(f"procsv: node 0's checkpoint service was restarted; this member's in-memory snapshots go to it at "
-              f"{link.peer.endpoint}", file=sys.stderr, flush=True)
+        print(f"procsv: node 0's checkpoint service {'was restarted' if restarted else 'named its endpoint'}; "
+              f"this member's in-memory snapshots go to it at {link.peer.endpoint}", file=sys.stderr, flush=True)
 
     def poll_checkpoint(self, timeout: float = 0.0) -> list[Message]:
         """Every message the checkpoint service has sent, waiting up to ``timeout`` s for the first

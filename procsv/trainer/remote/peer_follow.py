@@ -43,9 +43,11 @@ class PeerFollow:
     """The follow of node 0's checkpoint service for one member's connection: a daemon thread
     (:meth:`start`) that prepares a connection to each new service ``peer.json`` names, and the
     thread-safe slot the trainer takes it from (:meth:`take`). ``peer``: the service the member is
-    connected to now. :meth:`look` is one round of the thread (a test may drive it)."""
+    connected to now (None: ``peer.json`` named none when the member started, a service restarting
+    then; the first one it names is followed like a restarted one). :meth:`look` is one round of the
+    thread (a test may drive it)."""
 
-    def __init__(self, layout: Layout, peer: curve.Peer, every: float = PEER_LOOK_SECS,
+    def __init__(self, layout: Layout, peer: Optional[curve.Peer], every: float = PEER_LOOK_SECS,
                  file_member: Callable[[Layout, curve.Peer], curve.MemberLink] = curve.file_member) -> None:
         self.layout, self.every, self._file_member = layout, every, file_member
         self._peer = peer  # the service last prepared for (the thread's own)
