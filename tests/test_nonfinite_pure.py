@@ -194,18 +194,20 @@ def test_losses_of_several_dtypes_are_checked_together_and_a_large_float64_is_fi
 def test_the_losses_checked_before_a_snapshot_are_summed_in_one_size_whose_kernel_tf_reuses(monkeypatch):
     # TF builds a kernel for each number of inputs a stack (or sum) op is given: a check of a number
     # of losses never seen before cost 8-13 ms at load (the snapshot's copy: 0.3 ms; issue 54). The
-    # kept losses are added to the running sum every CHUNK (64) steps, and the rest padded to CHUNK
-    # with zeros, the bad step still the one found: only the one size warm() builds is ever summed
-    sizes = set()
-    add_n = tf.raw_ops.AddN
+    # kept losses are added to the running sum (and stacked, to find a bad one) every CHUNK (64)
+    # steps, and the rest padded to CHUNK with zeros, the bad step still the one found: only the
+    # sizes warm() builds are ever summed and stacked
+    sizes, stacked = set(), set()
+    add_n, pack = tf.raw_ops.AddN, tf.raw_ops.Pack
     monkeypatch.setattr(tf.raw_ops, "AddN", lambda inputs: sizes.add(len(inputs)) or add_n(inputs=inputs))
+    monkeypatch.setattr(tf.raw_ops, "Pack", lambda values, axis: stacked.add(len(values)) or pack(values=values, axis=axis))
     for n, bad in ((3, None), (5, 5), (300, 300), (301, 297), (77, None), (64, 1), (65, 65)):
         watch = LossWatch(("loss",))
         for step in range(1, n + 1):
             watch.keep_step(step, tf.constant(math.nan if step == bad else 1.0))
         watch._compact()
         assert watch.check() == bad
-    assert sizes == {65}
+    assert sizes == {65} and stacked == {64}
 
 
 def test_a_snapshot_check_reads_its_rules_from_the_snapshots_own_walk_and_reuses_them_for_the_same_graph(monkeypatch):

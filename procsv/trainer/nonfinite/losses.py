@@ -39,15 +39,15 @@ class LossWatch:
         self.host_bad: Optional[int] = None
         self.pending: list[Any] = []
         self.steps: list[int] = []
-        self.chunks: list[tuple[list[int], list[Any]]] = []
+        self.chunks: list[tuple[list[int], Any]] = []  # (steps, their scalars stacked, or a list at a check)
         self.total: Any = None
         self.reads = 0
         self._zeros: dict[Any, Any] = {}  # a scalar zero per dtype (padding, the first sum's start)
 
     def warm(self) -> None:
-        """Build the kernel a check of float32 losses runs, once, before the first step (a hot
-        standby: before its promotion): the sum of the one size :meth:`_compact` pads to
-        (:data:`CHUNK` and the running sum). A first check of a size otherwise built its kernel
+        """Build the kernels a check of float32 losses runs, once, before the first step (a hot
+        standby: before its promotion): the sum and the stack of the one size :meth:`_compact`
+        pads to (:data:`CHUNK`, and the running sum). A first check of a size otherwise built its kernel
         on the step path: 3-33 ms each at load, the first snapshots of every restarted trainer
         charged that much. One size since every stack is padded to 64 (eleven, powers of two up to
         1024, before: a hot standby was ready 0.3 s later at load, issue 54)."""
@@ -55,7 +55,9 @@ class LossWatch:
 
         if not tf.executing_eagerly():  # a graph program: its losses are host values (session.run's)
             return
-        tf.raw_ops.AddN(inputs=[self._zero(tf.float32)] * (CHUNK + 1)).numpy()
+        zeros = [self._zero(tf.float32)] * CHUNK
+        tf.raw_ops.Pack(values=zeros, axis=0)
+        tf.raw_ops.AddN(inputs=zeros + zeros[:1]).numpy()
 
     def keep_step(self, step: int, out: Any) -> None:
         """The value step ``step`` returned: its loss is kept (anything else is ignored)."""
@@ -97,7 +99,10 @@ class LossWatch:
         if len(self.pending) >= CHUNK:
             self._compact()
 
-    def _compact(self) -> None:
+    def _compact(self, stack: bool = True) -> None:
+        """Add the pending scalars to the running sum; keep them for finding a bad one, stacked into
+        one tensor (a step's, so that the loop frees them as it goes: ~400 scalars held to the
+        check and freed there cost that check 0.25 ms) or, at a check (``stack`` False), as they are."""
         if not self.pending:
             return
         import tensorflow as tf
@@ -105,14 +110,25 @@ class LossWatch:
         # padded to CHUNK with zeros: TF caches a kernel per input count, and a count never seen
         # before cost 8-13 ms to build at load (the check before an in-memory snapshot, ~400 losses:
         # more than the copy; issue 54). One count, one kernel, built by warm()
-        pending = self.pending + [self._zero(self.pending[-1].dtype)] * (CHUNK - len(self.pending))
+        pad = CHUNK - len(self.pending)
+        pending = self.pending + [self._zero(self.pending[-1].dtype)] * pad
+        steps = self.steps + [self.steps[-1]] * pad  # (a zero is never found non-finite)
         total = self.total if self.total is not None else self._zero(pending[0].dtype)
         try:  # one op: the kept scalars share a dtype, as a loop's losses do
             self.total = tf.raw_ops.AddN(inputs=pending + [total])
         except (TypeError, ValueError, tf.errors.InvalidArgumentError):  # mixed dtypes: one op each
             self.total = tf.raw_ops.AddN(inputs=[tf.cast(v, tf.float64) for v in pending + [total]])
-        self.chunks.append((self.steps, self.pending))
+        self.chunks.append((steps, self._stack(pending) if stack else pending))
         self.pending, self.steps = [], []
+
+    @staticmethod
+    def _stack(values: list[Any]) -> Any:
+        import tensorflow as tf
+
+        try:  # one op: the kept scalars share a dtype, as a loop's losses do
+            return tf.raw_ops.Pack(values=values, axis=0)
+        except (TypeError, ValueError, tf.errors.InvalidArgumentError):
+            return tf.stack([tf.cast(v, tf.float64) for v in values])  # mixed dtypes: one op each
 
     def _zero(self, dtype: Any) -> Any:
         """A scalar zero of ``dtype`` (one tensor per dtype, made once)."""
@@ -131,7 +147,7 @@ class LossWatch:
         first = self.host_bad
         self.host_bad = None
         if self.pending:
-            self._compact()
+            self._compact(stack=False)
         if not self.chunks:
             return first
         import tensorflow as tf
@@ -142,11 +158,8 @@ class LossWatch:
         if math.isfinite(float(total.numpy())):  # the one read: the sum of every kept loss
             return first
         steps = [s for chunk_steps, _ in chunks for s in chunk_steps]
-        kept = [v for _, values in chunks for v in values]
-        try:
-            stacked = tf.raw_ops.Pack(values=kept, axis=0)
-        except (TypeError, ValueError, tf.errors.InvalidArgumentError):
-            stacked = tf.stack([tf.cast(v, tf.float64) for v in kept])  # mixed dtypes
+        stacks = [self._stack(kept) if isinstance(kept, list) else kept for _, kept in chunks]
+        stacked = stacks[0] if len(stacks) == 1 else tf.concat([tf.cast(c, tf.float64) for c in stacks], 0)
         self.reads += 1
         bad = np.flatnonzero(~np.isfinite(np.asarray(stacked.numpy(), dtype=np.float64)))
         if not bad.size:  # finite, their sum overflowed
