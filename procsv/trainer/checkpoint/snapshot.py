@@ -185,6 +185,7 @@ class Plan:
     reusable: bool
     layout: Optional[Layout] = None  # where the last snapshot with this plan put each tensor
     shape: Optional[graph_shape.Shape] = None  # the graph's edges when walked (None: never reuse)
+    marks: Optional[graph_shape.Marks] = None  # what graph_shape.unchanged checks them by (None: compare shapes)
     named: Optional[list[Any]] = None  # the walk's saveables (the non-finite rules are read from them, no second walk)
 
 
@@ -192,7 +193,7 @@ def plan(ckpt: Any) -> Plan:
     """Walk ``ckpt``'s object graph now."""
     if isinstance(ckpt, NameBasedCheckpoint):
         return Plan([], None, True, shape=graph_shape.shape(ckpt))
-    edges = graph_shape.shape(ckpt)
+    edges, marks = graph_shape.walk(ckpt)
     named, graph_proto = _serialize(ckpt)
     readers: list[tuple[str, Callable[[], Any]]] = []
     reusable = True
@@ -203,7 +204,8 @@ def plan(ckpt: Any) -> Plan:
             reader, live = _reader(spec)
             reusable = reusable and live
             readers.append((spec.name, reader))
-    return Plan(readers, graph_proto.SerializeToString(), reusable and edges is not None, shape=edges, named=named)
+    return Plan(readers, graph_proto.SerializeToString(), reusable and edges is not None, shape=edges, named=named,
+                marks=marks)
 
 
 def _gather(ckpt: Any, known: Optional[Plan] = None) -> tuple[list[tuple[str, Any]], Optional[bytes]]:

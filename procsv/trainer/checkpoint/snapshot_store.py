@@ -91,8 +91,11 @@ class SnapshotStore:
     def plan_reusable(self, now: float, max_age: float) -> bool:
         """The last walk of the object graph may be reused at ``now``: made under ``max_age`` s ago,
         and the graph still has the same objects in the same places (:mod:`procsv.trainer.checkpoint.graph_shape`)."""
-        return (self.plan is not None and self.plan.reusable and now - self.plan_at < max_age
-                and graph_shape.same(self.plan.shape, graph_shape.shape(self.checkpoint)))
+        if self.plan is None or not self.plan.reusable or now - self.plan_at >= max_age:
+            return False
+        if self.plan.marks is not None:  # the walk's marks: no second listing of the edges
+            return graph_shape.unchanged(self.plan.marks)
+        return graph_shape.same(self.plan.shape, graph_shape.shape(self.checkpoint))
 
     def take(self, step: int, slot: int, fresh: bool = True) -> Snapshot:
         """Copy the state into ``slot`` (its header says writing, then complete) and gather the rest

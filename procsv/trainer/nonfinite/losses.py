@@ -3,14 +3,18 @@
 Runs in the trainer's main thread. Each step's returned loss (a scalar, or the ``"loss"`` entry of
 a dict) and each scalar logged under a watched tag is kept as it is: a host value (a Python or
 NumPy number) is looked at at once, which costs no read; a tensor stays on its device. Nothing is
-read from a device at a step. Every :data:`CHUNK` kept tensors are stacked into one and judged on
-the device (a few ops, no read: about 1 us per step), their verdict folded into one running
-boolean; :meth:`LossWatch.check` runs where procsv reads the state anyway (before a snapshot; at the
-final checkpoint): it judges the few kept since the last chunk the same way and reads that one
-boolean, one host read for all of them; only when it says something is non-finite are the
-values read (one more) to find the first bad step. A check before an in-memory snapshot used to
-stack every loss since the last one (~600 at the tier's interval: 1.1 ms of the snapshot's
-charge, issue 54); it now stacks fewer than :data:`CHUNK`.
+read from a device at a step. Every :data:`CHUNK` kept tensors are added, on the device, to a
+running sum of all kept since the last check (one op, no read: under 1 us per step); the sum is
+finite exactly when every loss is, or else finite ones overflowed it (then the values, read, clear
+them). :meth:`LossWatch.check` runs where procsv reads the state anyway (before a snapshot; at the
+final checkpoint): it adds the few kept since the last chunk the same way and reads the sum, one
+host read for all of them; only when it is not finite are the values read (one more) to find the
+first bad step. A check before an in-memory snapshot used to stack every loss since the last one
+(~600 at the tier's interval: 1.1 ms of the snapshot's charge, issue 54); then it stacked the
+fewer than :data:`CHUNK` kept since the last chunk and judged them with three more ops (stack,
+is-finite, all, and-ed with the chunks' verdict: 0.22 ms of the charge, quiet); now it runs one op,
+the sum, before its read (a sum is no NaN/Inf test by itself only where it overflows, and that
+case is told apart by the read of the values, which a NaN needs anyway).
 """
 
 from __future__ import annotations
@@ -25,24 +29,25 @@ CHUNK = 64  # kept scalars stacked into one tensor and judged on the device (ops
 
 class LossWatch:
     """The losses kept since the last :meth:`check`: host values already judged (``host_bad``: the
-    first non-finite one's step), device scalars with their steps (``pending``), stacked ``chunks``
-    of earlier ones, and whether every stacked one is finite (``finite``: a boolean tensor on the
-    device, None before the first chunk). ``reads`` counts the host reads :meth:`check` made."""
+    first non-finite one's step), device scalars with their steps (``pending``), the ``chunks`` of
+    earlier ones (their steps and scalars, read only to find a bad one), and the sum of every
+    chunked one (``total``: a scalar tensor on the device, None before the first chunk). ``reads``
+    counts the host reads :meth:`check` made."""
 
     def __init__(self, tags: tuple[str, ...]) -> None:
         self.tags = frozenset(tags)
         self.host_bad: Optional[int] = None
         self.pending: list[Any] = []
         self.steps: list[int] = []
-        self.chunks: list[tuple[list[int], Any]] = []
-        self.finite: Any = None
+        self.chunks: list[tuple[list[int], Any]] = []  # (steps, their scalars stacked, or a list at a check)
+        self.total: Any = None
         self.reads = 0
-        self._axis: Any = None  # the axis a chunk is judged along (a tensor, made once)
+        self._zeros: dict[Any, Any] = {}  # a scalar zero per dtype (padding, the first sum's start)
 
     def warm(self) -> None:
         """Build the kernels a check of float32 losses runs, once, before the first step (a hot
-        standby: before its promotion): a stack of the one size :meth:`_compact` pads to
-        (:data:`CHUNK`), and the judgement of it. A first check of a size otherwise built its kernel
+        standby: before its promotion): the sum and the stack of the one size :meth:`_compact`
+        pads to (:data:`CHUNK`, and the running sum). A first check of a size otherwise built its kernel
         on the step path: 3-33 ms each at load, the first snapshots of every restarted trainer
         charged that much. One size since every stack is padded to 64 (eleven, powers of two up to
         1024, before: a hot standby was ready 0.3 s later at load, issue 54)."""
@@ -50,8 +55,9 @@ class LossWatch:
 
         if not tf.executing_eagerly():  # a graph program: its losses are host values (session.run's)
             return
-        stacked = tf.raw_ops.Pack(values=[tf.constant(0.0)] * CHUNK, axis=0)
-        tf.raw_ops.LogicalAnd(x=tf.constant(True), y=self._judge(stacked)).numpy()
+        zeros = [self._zero(tf.float32)] * CHUNK
+        tf.raw_ops.Pack(values=zeros, axis=0)
+        tf.raw_ops.AddN(inputs=zeros + zeros[:1]).numpy()
 
     def keep_step(self, step: int, out: Any) -> None:
         """The value step ``step`` returned: its loss is kept (anything else is ignored)."""
@@ -93,59 +99,71 @@ class LossWatch:
         if len(self.pending) >= CHUNK:
             self._compact()
 
-    def _compact(self) -> None:
+    def _compact(self, stack: bool = True) -> None:
+        """Add the pending scalars to the running sum; keep them for finding a bad one, stacked into
+        one tensor (a step's, so that the loop frees them as it goes: ~400 scalars held to the
+        check and freed there cost that check 0.25 ms) or, at a check (``stack`` False), as they are."""
         if not self.pending:
             return
         import tensorflow as tf
 
-        # padded to CHUNK with the last value (which judges its own step again): TF caches a kernel
-        # per input count, and a count never seen before cost 8-13 ms to build at load (the check
-        # before an in-memory snapshot, ~400 losses: more than the copy; issue 54). One count, one
-        # kernel, built by warm(); the padding costs a few microseconds
+        # padded to CHUNK with zeros: TF caches a kernel per input count, and a count never seen
+        # before cost 8-13 ms to build at load (the check before an in-memory snapshot, ~400 losses:
+        # more than the copy; issue 54). One count, one kernel, built by warm()
         pad = CHUNK - len(self.pending)
-        pending, steps = self.pending + [self.pending[-1]] * pad, self.steps + [self.steps[-1]] * pad
+        pending = self.pending + [self._zero(self.pending[-1].dtype)] * pad
+        steps = self.steps + [self.steps[-1]] * pad  # (a zero is never found non-finite)
+        total = self.total if self.total is not None else self._zero(pending[0].dtype)
         try:  # one op: the kept scalars share a dtype, as a loop's losses do
-            stacked = tf.raw_ops.Pack(values=pending, axis=0)
-        except (TypeError, ValueError, tf.errors.InvalidArgumentError):
-            stacked = tf.stack([tf.cast(v, tf.float64) for v in pending])  # mixed dtypes: one op each
-        if stacked.dtype != tf.float64 and stacked.dtype != tf.float32:
-            stacked = tf.cast(stacked, tf.float64)  # float16/bfloat16: concatenable with the others
-        self.chunks.append((steps, stacked))
+            self.total = tf.raw_ops.AddN(inputs=pending + [total])
+        except (TypeError, ValueError, tf.errors.InvalidArgumentError):  # mixed dtypes: one op each
+            self.total = tf.raw_ops.AddN(inputs=[tf.cast(v, tf.float64) for v in pending + [total]])
+        self.chunks.append((steps, self._stack(pending) if stack else pending))
         self.pending, self.steps = [], []
-        finite = self._judge(stacked)  # judged on the device: nothing read
-        self.finite = finite if self.finite is None else tf.raw_ops.LogicalAnd(x=self.finite, y=finite)
 
-    def _judge(self, stacked: Any) -> Any:
-        """Whether every value of ``stacked`` is finite, as a boolean on its device: the raw ops, not
-        tf.stack/reduce_all/logical_and, whose Python wrappers (name scopes, conversions, the axis
-        made anew each time) were a third of the check before an in-memory snapshot (0.35 of 0.45 ms
-        at load, with the stack: issue 54)."""
+    @staticmethod
+    def _stack(values: list[Any]) -> Any:
         import tensorflow as tf
 
-        if self._axis is None:
-            self._axis = tf.constant([0])
-        return tf.raw_ops.All(input=tf.raw_ops.IsFinite(x=stacked), axis=self._axis)
+        try:  # one op: the kept scalars share a dtype, as a loop's losses do
+            return tf.raw_ops.Pack(values=values, axis=0)
+        except (TypeError, ValueError, tf.errors.InvalidArgumentError):
+            return tf.stack([tf.cast(v, tf.float64) for v in values])  # mixed dtypes: one op each
+
+    def _zero(self, dtype: Any) -> Any:
+        """A scalar zero of ``dtype`` (one tensor per dtype, made once)."""
+        zero = self._zeros.get(dtype)
+        if zero is None:
+            import tensorflow as tf
+
+            zero = self._zeros[dtype] = tf.zeros((), dtype)
+        return zero
 
     def check(self) -> Optional[int]:
         """The first step kept since the last check whose loss is NaN or infinite (None: none);
-        forgets what it checked. One host read for all the kept device scalars, one more if any is bad."""
+        forgets what it checked. One host read for all the kept device scalars (their running sum),
+        one more if that is not finite (a NaN or an infinity among them, or finite ones whose sum
+        overflowed: their values, read, tell which)."""
         first = self.host_bad
         self.host_bad = None
         if self.pending:
-            self._compact()
+            self._compact(stack=False)
         if not self.chunks:
             return first
         import tensorflow as tf
 
         chunks, self.chunks = self.chunks, []
-        finite, self.finite = self.finite, None
+        total, self.total = self.total, None
         self.reads += 1
-        if bool(finite.numpy()):  # the one read: every chunk's verdict, folded on the device
+        if math.isfinite(float(total.numpy())):  # the one read: the sum of every kept loss
             return first
         steps = [s for chunk_steps, _ in chunks for s in chunk_steps]
-        values = chunks[0][1] if len(chunks) == 1 else tf.concat([tf.cast(c, tf.float64) for _, c in chunks], 0)
+        stacks = [self._stack(kept) if isinstance(kept, list) else kept for _, kept in chunks]
+        stacked = stacks[0] if len(stacks) == 1 else tf.concat([tf.cast(c, tf.float64) for c in stacks], 0)
         self.reads += 1
-        bad = np.flatnonzero(~np.isfinite(values.numpy()))
+        bad = np.flatnonzero(~np.isfinite(np.asarray(stacked.numpy(), dtype=np.float64)))
+        if not bad.size:  # finite, their sum overflowed
+            return first
         found = min(steps[int(i)] for i in bad)
         return found if first is None else min(first, found)
 
@@ -153,4 +171,4 @@ class LossWatch:
         """Drop everything kept (after a restore: those steps are undone)."""
         self.host_bad = None
         self.pending, self.steps, self.chunks = [], [], []
-        self.finite = None
+        self.total = None
