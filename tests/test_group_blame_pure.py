@@ -11,7 +11,7 @@ from procsv.watchdog import observe
 from procsv.watchdog.lateblame import breaker_found
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.publish.runmetrics import restart_cause
-from procsv.watchdog.rules.actions import NodeLost, Restart
+from procsv.watchdog.rules.actions import Cause, NodeLost, Restart, Signal
 from procsv.watchdog.rules.bookkeeping import note
 from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.group import blame, late_breaker
@@ -134,3 +134,20 @@ def test_the_report_shows_a_groups_breaker_record_in_place_of_its_restarting_rec
     assert [(r.attempt, r.label, r.cause) for r in got] == [
         (2, "SIGKILL", "worker1 attempt 1 (pid 20) was killed by SIGKILL"),
         (3, "host lost", "worker1 attempt 2 (pid 21) was killed by SIGKILL: HostLost: node 1 (h) went silent for 4.0 s")]
+
+
+def test_a_chief_cut_off_after_the_groups_sigterm_is_counted_by_its_signal_not_as_chaos():
+    """worker1 fails in a collective first; the group's SIGTERM goes to the chief, which is then SIGKILLed
+    from outside (the OOM killer) within its grace: the chief, cut off, is blamed, and report.json counts the
+    restart by its SIGKILL. Before: counted as "chaos" (the group's SIGTERM taken for chaos's signal)."""
+    sim = group(2)
+    sim.tick(1.0)
+    _reaps(sim, W1, 1, "UnavailableError")
+    acts = sim.tick(0.01)
+    assert [(a.slot, a.cause) for a in of(acts, Signal)] == [(TRAINER, Cause.GROUP)], acts
+    chief = sim.trainer
+    sim.now += 0.05
+    _reaps(sim, TRAINER, KILLED)
+    assert of(sim.tick(0.01), Restart)
+    assert chief.broken_by is chief and not chief.chaos_sent
+    assert restart_cause(chief) == "SIGKILL"
