@@ -10,6 +10,7 @@ from procsv.report import restarts
 from procsv.watchdog import observe
 from procsv.watchdog.lateblame import breaker_found
 from procsv.watchdog.publish.events import Event, Report
+from procsv.watchdog.publish.recovery import cause, recoveries
 from procsv.watchdog.publish.runmetrics import restart_cause
 from procsv.watchdog.rules.actions import Cause, NodeLost, Restart, Signal
 from procsv.watchdog.rules.bookkeeping import note
@@ -151,3 +152,33 @@ def test_a_chief_cut_off_after_the_groups_sigterm_is_counted_by_its_signal_not_a
     assert of(sim.tick(0.01), Restart)
     assert chief.broken_by is chief and not chief.chaos_sent
     assert restart_cause(chief) == "SIGKILL"
+
+
+def test_the_recovery_table_names_the_member_that_broke_the_group_not_the_chiefs_exit():
+    """The recovery report's cause column (report.json's ``recoveries``) of a group's restart names the
+    breaker, as the restart's line does: worker1 lost with its host, found after the chief's collective
+    failure was judged; worker1 SIGKILLed, judged at once. Before: the chief's own end ("exited with code 1",
+    "was killed by SIGKILL" of the group's stop), whatever broke the group."""
+    sim = group(2)
+    sim.member(W1).node = 1
+    sim.view.nodes[1] = NodeView(1, "10.0.0.11", last_beat=sim.now)
+    sim.tick(1.0)
+    _reaps(sim, TRAINER, 1, "AbortedError")
+    assert of(sim.tick(0.01), Restart)
+    note(sim.view, NodeLost(1, 4.2), sim.now, sim.limits)
+    assert _breakers(breaker_found(sim.view))
+    sim.tick(0.01)
+    sim.tick()
+    assert sim.trainer.attempt == 2
+    assert [r["cause"] for r in recoveries(sim.view.attempts)] == ["worker1 host lost"]
+
+    sim = group(2, group_grace_secs=0.0)
+    sim.tick(1.0)
+    _reaps(sim, W1, KILLED)
+    sim.tick(0.01)
+    _reaps(sim, TRAINER, KILLED)  # the group's stop
+    sim.tick(0.01)
+    sim.tick()
+    assert sim.trainer.attempt == 2
+    assert [r["cause"] for r in recoveries(sim.view.attempts)] == ["worker1 was killed by SIGKILL"]
+    assert cause(sim.view.attempts[0]) == "worker1 was killed by SIGKILL"
