@@ -12,10 +12,11 @@ from procsv.watchdog.lateblame import breaker_found
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.publish.recovery import cause, recoveries
 from procsv.watchdog.publish.runmetrics import restart_cause
-from procsv.watchdog.rules.actions import Cause, NodeLost, Restart, Signal
+from procsv.watchdog.rules.actions import Cause, GiveUp, NodeLost, Restart, Signal
 from procsv.watchdog.rules.bookkeeping import note
 from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.group import blame, late_breaker
+from procsv.watchdog.rules.policy import RestartPolicy
 from procsv.watchdog.rules.state import TRAINER, NodeView
 
 from test_group_decide import W1, GroupSim, group
@@ -182,3 +183,19 @@ def test_the_recovery_table_names_the_member_that_broke_the_group_not_the_chiefs
     assert sim.trainer.attempt == 2
     assert [r["cause"] for r in recoveries(sim.view.attempts)] == ["worker1 was killed by SIGKILL"]
     assert cause(sim.view.attempts[0]) == "worker1 was killed by SIGKILL"
+
+
+def test_a_member_that_died_of_the_runs_stop_after_the_group_gave_up_is_not_named_its_breaker():
+    """The chief's collective failure gives the run up (--max-restarts 0); the watchdog's stop then sends
+    worker1 SIGTERM, and worker1 dies of it (a program that re-raises it): no ``breaker`` record, the run's
+    last error stays the chief's. Before: worker1 was found "cut off" (no signal of the group's or a hang's
+    sent), a breaker record named it killed by SIGTERM, and last_error said so."""
+    sim = group(2, restart=RestartPolicy(max_restarts=0))
+    sim.tick(1.0)
+    _reaps(sim, TRAINER, 1, "UnavailableError")
+    assert of(sim.tick(0.01), GiveUp)
+    judged = sim.view.last_error
+    acts = sim.tick(0.01)
+    assert [(a.slot, a.cause) for a in of(acts, Signal) if a.slot == W1] == [(W1, Cause.SHUTDOWN)], acts
+    assert _breakers(_reaps(sim, W1, -signal.SIGTERM)) == []
+    assert sim.view.last_error == judged and blame(sim.view, sim.trainer).slot == TRAINER
