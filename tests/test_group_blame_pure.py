@@ -10,11 +10,13 @@ from procsv.report import restarts
 from procsv.watchdog import observe
 from procsv.watchdog.lateblame import breaker_found
 from procsv.watchdog.publish.events import Event, Report
+from procsv.watchdog.publish.recovery import cause, recoveries
 from procsv.watchdog.publish.runmetrics import restart_cause
-from procsv.watchdog.rules.actions import NodeLost, Restart
+from procsv.watchdog.rules.actions import Cause, GiveUp, NodeLost, Restart, Signal
 from procsv.watchdog.rules.bookkeeping import note
 from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.group import blame, late_breaker
+from procsv.watchdog.rules.policy import RestartPolicy
 from procsv.watchdog.rules.state import TRAINER, NodeView
 
 from test_group_decide import W1, GroupSim, group
@@ -134,3 +136,66 @@ def test_the_report_shows_a_groups_breaker_record_in_place_of_its_restarting_rec
     assert [(r.attempt, r.label, r.cause) for r in got] == [
         (2, "SIGKILL", "worker1 attempt 1 (pid 20) was killed by SIGKILL"),
         (3, "host lost", "worker1 attempt 2 (pid 21) was killed by SIGKILL: HostLost: node 1 (h) went silent for 4.0 s")]
+
+
+def test_a_chief_cut_off_after_the_groups_sigterm_is_counted_by_its_signal_not_as_chaos():
+    """worker1 fails in a collective first; the group's SIGTERM goes to the chief, which is then SIGKILLed
+    from outside (the OOM killer) within its grace: the chief, cut off, is blamed, and report.json counts the
+    restart by its SIGKILL. Before: counted as "chaos" (the group's SIGTERM taken for chaos's signal)."""
+    sim = group(2)
+    sim.tick(1.0)
+    _reaps(sim, W1, 1, "UnavailableError")
+    acts = sim.tick(0.01)
+    assert [(a.slot, a.cause) for a in of(acts, Signal)] == [(TRAINER, Cause.GROUP)], acts
+    chief = sim.trainer
+    sim.now += 0.05
+    _reaps(sim, TRAINER, KILLED)
+    assert of(sim.tick(0.01), Restart)
+    assert chief.broken_by is chief and not chief.chaos_sent
+    assert restart_cause(chief) == "SIGKILL"
+
+
+def test_the_recovery_table_names_the_member_that_broke_the_group_not_the_chiefs_exit():
+    """The recovery report's cause column (report.json's ``recoveries``) of a group's restart names the
+    breaker, as the restart's line does: worker1 lost with its host, found after the chief's collective
+    failure was judged; worker1 SIGKILLed, judged at once. Before: the chief's own end ("exited with code 1",
+    "was killed by SIGKILL" of the group's stop), whatever broke the group."""
+    sim = group(2)
+    sim.member(W1).node = 1
+    sim.view.nodes[1] = NodeView(1, "10.0.0.11", last_beat=sim.now)
+    sim.tick(1.0)
+    _reaps(sim, TRAINER, 1, "AbortedError")
+    assert of(sim.tick(0.01), Restart)
+    note(sim.view, NodeLost(1, 4.2), sim.now, sim.limits)
+    assert _breakers(breaker_found(sim.view))
+    sim.tick(0.01)
+    sim.tick()
+    assert sim.trainer.attempt == 2
+    assert [r["cause"] for r in recoveries(sim.view.attempts)] == ["worker1 host lost"]
+
+    sim = group(2, group_grace_secs=0.0)
+    sim.tick(1.0)
+    _reaps(sim, W1, KILLED)
+    sim.tick(0.01)
+    _reaps(sim, TRAINER, KILLED)  # the group's stop
+    sim.tick(0.01)
+    sim.tick()
+    assert sim.trainer.attempt == 2
+    assert [r["cause"] for r in recoveries(sim.view.attempts)] == ["worker1 was killed by SIGKILL"]
+    assert cause(sim.view.attempts[0]) == "worker1 was killed by SIGKILL"
+
+
+def test_a_member_that_died_of_the_runs_stop_after_the_group_gave_up_is_not_named_its_breaker():
+    """The chief's collective failure gives the run up (--max-restarts 0); the watchdog's stop then sends
+    worker1 SIGTERM, and worker1 dies of it (a program that re-raises it): no ``breaker`` record, the run's
+    last error stays the chief's. Before: worker1 was found "cut off" (no signal of the group's or a hang's
+    sent), a breaker record named it killed by SIGTERM, and last_error said so."""
+    sim = group(2, restart=RestartPolicy(max_restarts=0))
+    sim.tick(1.0)
+    _reaps(sim, TRAINER, 1, "UnavailableError")
+    assert of(sim.tick(0.01), GiveUp)
+    judged = sim.view.last_error
+    acts = sim.tick(0.01)
+    assert [(a.slot, a.cause) for a in of(acts, Signal) if a.slot == W1] == [(W1, Cause.SHUTDOWN)], acts
+    assert _breakers(_reaps(sim, W1, -signal.SIGTERM)) == []
+    assert sim.view.last_error == judged and blame(sim.view, sim.trainer).slot == TRAINER

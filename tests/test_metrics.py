@@ -166,13 +166,15 @@ def test_restart_causes_are_known_once_and_never_change():
     assert restart_cause(_attempt(1, exit_code=42, failure=_failure(42))) == "exit_code"
     assert restart_cause(_attempt(1, hang_cause="hang: no step for 2 s", signalled_at=5.0)) == "hang"
     assert restart_cause(_attempt(1, hang_cause="hang: x", signalled_at=5.0, exit_code=-9)) == "hang"
-    assert restart_cause(_attempt(1, signalled_at=5.0)) == "chaos"
-    assert restart_cause(_attempt(1, signalled_at=5.0, exit_code=42)) == "chaos"
+    assert restart_cause(_attempt(1, signalled_at=5.0, chaos_sent=True)) == "chaos"
+    assert restart_cause(_attempt(1, signalled_at=5.0, chaos_sent=True, exit_code=42)) == "chaos"
+    # signalled, not by chaos (a group's stop), then SIGKILLed from outside: counted by that signal
+    assert restart_cause(_attempt(1, signalled_at=5.0, exit_code=-9, failure=_failure(-9))) == "SIGKILL"
     # a group's chief stopped by the group rule (its SIGTERM sets signalled_at too) after worker1's SIGKILL:
     # counted by worker1's end, not as chaos (before: "chaos" for every group restart)
     worker1 = _attempt(1, exit_code=-9, failure=_failure(-9))
     assert restart_cause(_attempt(1, signalled_at=5.0, exit_code=-15, broken_by=worker1)) == "SIGKILL"
-    assert restart_cause(_attempt(1, exit_code=-9, broken_by=_attempt(1, signalled_at=4.0, exit_code=-9))) == "chaos"
+    assert restart_cause(_attempt(1, exit_code=-9, broken_by=_attempt(1, signalled_at=4.0, chaos_sent=True, exit_code=-9))) == "chaos"
     attempts = [_attempt(1, exit_code=-9), _attempt(2, exit_code=1), _attempt(3, exit_code=-9), _attempt(4),
                 _attempt(5)]
     # attempt 4 was restarted on its death notice and is not reaped yet; attempt 5 is live

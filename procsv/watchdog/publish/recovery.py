@@ -17,11 +17,25 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from procsv.watchdog.rules.group import HOST_LOST
 from procsv.watchdog.rules.state import ChildView
 
 
 def _d(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return None if a is None or b is None else max(0.0, b - a)
+
+
+def cause(prev: ChildView) -> str:
+    """How ``prev`` ended, as the recovery report's cause column says it: a trainer group's attempt by
+    the member that broke it (``worker1 was killed by SIGKILL``, ``worker1 host lost``: its
+    :attr:`~procsv.watchdog.rules.state.ChildView.broken_by`, also when it was found after the
+    judgement), not by the chief's own end (its collective failure, or the group's stop)."""
+    who = prev.broken_by if prev.broken_by is not None else prev
+    if who is prev:
+        return prev.cause
+    error = who.failure.error if who.failure is not None else None
+    how = "host lost" if error is not None and error.type == HOST_LOST and not who.hang_cause else who.cause
+    return f"{who.slot} {how}".strip()
 
 
 def recoveries(attempts: Sequence[ChildView]) -> list[dict[str, Any]]:
@@ -30,7 +44,7 @@ def recoveries(attempts: Sequence[ChildView]) -> list[dict[str, Any]]:
         start = prev.signalled_at if prev.signalled_at is not None else prev.ended_at
         out.append({
             "attempt": cur.attempt,
-            "cause": prev.cause,
+            "cause": cause(prev),
             "rollback_step": prev.group_rollback,
             "detect_s": _d(prev.signalled_at, prev.ended_at),
             "respawn_s": _d(prev.ended_at, cur.started),

@@ -63,9 +63,9 @@ def restart_cause(prev: ChildView) -> Optional[str]:
         return restart_cause(prev.broken_by)  # (its own SIGTERM, Cause.GROUP, is not chaos)
     if prev.hang_cause:
         return "hang"
-    if prev.signalled_at is not None and (prev.chaos_sent or prev.role != WORKER):
-        return "chaos"  # the only other signal procsv sends an attempt that is then restarted (a group's
-        # member that broke it may have been sent the group's stop too: the signal it died of says how)
+    if prev.chaos_sent:
+        return "chaos"  # (a group's member that broke it, the chief too, may have been sent the group's
+        # stop, signalled_at: then the signal it died of says how)
     code = prev.exit_code
     if code is None:
         return None

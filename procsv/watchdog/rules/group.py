@@ -143,8 +143,8 @@ def cut_off(member: ChildView) -> bool:
     the group's stop the watchdog sent it, or its host was found lost. The group's stop: a member of
     another host is cut off if its agent says no signal of the watchdog reached it alive
     (:attr:`~procsv.watchdog.rules.failures.Failure.signalled`); one of this host, if it died of a
-    signal the watchdog did not send it (SIGKILL with none sent, or one sent only SIGTERM: a chaos
-    SIGKILL counts, it is procsv's own cut)."""
+    signal the watchdog did not send it (SIGKILL with none sent, or one sent only SIGTERM: the group's,
+    a hang's, or the run's stop's when it ends or gives up; a chaos SIGKILL counts, it is procsv's own cut)."""
     if not member.reaped:
         return False  # a death notice alone does not say how
     if error_type(member) == HOST_LOST:
@@ -156,7 +156,7 @@ def cut_off(member: ChildView) -> bool:
         return not member.failure.signalled
     if member.killed:
         return False  # the watchdog's SIGKILL, as far as this host can tell
-    return member.signalled_at is None or code == -signal.SIGKILL
+    return (member.signalled_at is None and member.stop_sent_at is None) or code == -signal.SIGKILL
 
 
 def first_cut_off(view: RunView, chief: ChildView) -> Optional[ChildView]:
