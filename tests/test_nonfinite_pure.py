@@ -310,3 +310,19 @@ def test_losses_of_mixed_dtypes_are_summed_and_checked_all_the_same():
     for step in range(151, 301):
         watch.keep_step(step, tf.constant(1.0, (tf.float32, tf.float64)[step % 2]))
     assert watch.check() is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_one_bad_loss_is_found_at_each_place_a_chunk_or_a_check_can_put_it(dtype):
+    # counts around the chunk of 64 (ragged, exact, one over, several), the bad loss at the first
+    # step, the first step of a later chunk and the last step before the check; NaN, +inf and -inf
+    for count in (1, 63, 64, 65, 130):
+        for at in sorted({0, 64, count - 1} & set(range(count))):
+            for bad in (math.nan, math.inf, -math.inf):
+                watch = LossWatch(())
+                for step in range(count):
+                    watch.keep_step(step, tf.constant(bad if step == at else 1.0, dtype))
+                assert watch.check() == at, (count, at, bad)
+                for step in range(count):  # and the next window, all finite, is finite
+                    watch.keep_step(step, tf.constant(1.0, dtype))
+                assert watch.check() is None, (count, at, bad)
