@@ -326,3 +326,19 @@ def test_one_bad_loss_is_found_at_each_place_a_chunk_or_a_check_can_put_it(dtype
                 for step in range(count):  # and the next window, all finite, is finite
                     watch.keep_step(step, tf.constant(1.0, dtype))
                 assert watch.check() is None, (count, at, bad)
+
+
+def test_float16_losses_whose_running_sum_passes_float16s_range_are_checked_with_one_read():
+    # float16 tops out at 65504: 10 s of a fast loop's losses of 10 add up past it, and each check then
+    # read every value again (11 ms at load 6 for 10,000 losses, against 0.25 for float32): each
+    # chunk's sum is added to a float32 total instead. Still one read, and a NaN still found
+    watch = LossWatch(())
+    for step in range(10_000):
+        watch.keep_step(step, tf.constant(10.0, tf.float16))
+    assert watch.check() is None and watch.reads == 1
+    for step in range(10_000, 20_000):
+        watch.keep_step(step, tf.constant(math.nan if step == 15_000 else 10.0, tf.float16))
+    assert watch.check() == 15_000
+    for step in range(20_000, 20_100):  # one large float16 chunk overflows its own sum: finite all the same
+        watch.keep_step(step, tf.constant(60_000.0, tf.float16))
+    assert watch.check() is None
