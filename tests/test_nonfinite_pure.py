@@ -342,3 +342,21 @@ def test_float16_losses_whose_running_sum_passes_float16s_range_are_checked_with
     for step in range(20_000, 20_100):  # one large float16 chunk overflows its own sum: finite all the same
         watch.keep_step(step, tf.constant(60_000.0, tf.float16))
     assert watch.check() is None
+
+
+def test_a_loss_returned_as_a_variable_is_judged_by_its_value_at_its_step():
+    # a step may return a variable holding its loss (assigned each step): kept as the variable, the
+    # check read whatever it held at the check, and a NaN at step 3, overwritten at step 4, was missed
+    import keras
+
+    for var in (tf.Variable(0.0), keras.Variable(0.0)):
+        watch = LossWatch(())
+        for step in range(10):
+            var.assign(math.nan if step == 3 else 1.0)
+            watch.keep_step(step, var)
+        assert watch.check() == 3, type(var)
+        reads = watch.reads
+        for step in range(10, 80):
+            var.assign(1.0)
+            watch.keep_step(step, var)
+        assert watch.check() is None and watch.reads == reads + 1, type(var)  # one read: none at a step

@@ -2,8 +2,9 @@
 
 Runs in the trainer's main thread. Each step's returned loss (a scalar, or the ``"loss"`` entry of
 a dict) and each scalar logged under a watched tag is kept as it is: a host value (a Python or
-NumPy number) is looked at at once, which costs no read; a tensor stays on its device. Nothing is
-read from a device at a step. Every :data:`CHUNK` kept tensors are added, on the device, to a
+NumPy number) is looked at at once, which costs no read; a tensor stays on its device (a variable,
+TensorFlow's or Keras 3's, is read into one there, one op: kept as itself, the check judged what it
+held at the check, not at its step). Nothing is read from a device at a step. Every :data:`CHUNK` kept tensors are added, on the device, to a
 running sum of all kept since the last check (one op, no read: under 1 us per step; float16 ones
 summed per chunk and added in float32, see :data:`CHUNK`); the sum is
 finite exactly when every loss is, or else finite ones overflowed it (then the values, read, clear
@@ -88,6 +89,10 @@ class LossWatch:
         dtype = getattr(value, "dtype", None)
         if dtype is None or getattr(value, "ndim", getattr(getattr(value, "shape", None), "rank", None)) != 0:
             return  # not a scalar: not a loss procsv watches
+        if hasattr(value, "handle"):  # a variable (TensorFlow's or Keras 3's): what it holds now, read on its
+            read = self._read(value)  # device (no host read); kept as itself, the check read it later
+            if read is not None:
+                value, dtype = read, read.dtype
         if isinstance(value, (np.generic, np.ndarray)) or not hasattr(value, "device"):  # on the host already
             # (NumPy 2's scalars and arrays have a .device too: "cpu", not a TensorFlow device)
             try:
@@ -131,6 +136,19 @@ class LossWatch:
             self.total = tf.raw_ops.AddN(inputs=[tf.cast(v, tf.float64) for v in pending + [total]])
         self.chunks.append((steps, self._stack(pending) if stack else pending))
         self.pending, self.steps = [], []
+
+    @staticmethod
+    def _read(var: Any) -> Any:
+        """A variable's value now, as a tensor on its device (None: not a variable read this way, or a
+        graph program's, whose losses are session.run's host values)."""
+        import tensorflow as tf
+
+        if not tf.executing_eagerly():
+            return None
+        try:
+            return tf.raw_ops.ReadVariableOp(resource=var.handle, dtype=tf.as_dtype(var.dtype))
+        except (TypeError, ValueError, AttributeError, tf.errors.OpError):
+            return None
 
     @staticmethod
     def _stack(values: list[Any]) -> Any:
