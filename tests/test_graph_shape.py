@@ -179,7 +179,51 @@ def _changes() -> list:
         ckpt.vs = {"a": tf.Variable(2.0)}
         return ckpt, lambda: ckpt.vs.__setitem__("b", tf.Variable(3.0))
 
-    return [build, layer, replace, add, deep, tf1, appended, dict_set]
+    def deleted():  # an attribute deleted (TensorFlow deletes its entry from the list in place)
+        module = tf.Module()
+        module.v, module.u = tf.Variable(1.0), tf.Variable(2.0)
+        ckpt = tf.train.Checkpoint(m=module)
+        return ckpt, lambda: delattr(module, "v")
+
+    def reordered():  # deleted and set again: the same objects, in another order
+        module = tf.Module()
+        module.v, module.u = tf.Variable(1.0), tf.Variable(2.0)
+        ckpt = tf.train.Checkpoint(m=module)
+
+        def change() -> None:
+            v = module.v
+            del module.v
+            module.v = v
+        return ckpt, change
+
+    def popped():  # a layer popped off a built Keras 3 model
+        ckpt, model, opt = _keras()
+        model.add(keras.layers.Dense(2))
+        return ckpt, model.pop
+
+    def scaled():  # a LossScaleOptimizer's first update (its inner optimizer's variables, built then)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+        opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
+        ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
+
+        def change() -> None:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(model(tf.ones((2, 8))))
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return ckpt, change
+
+    def delegated():  # a variable added behind TensorFlow's DelegatingTrackableMixin (listed again)
+        from tensorflow.python.trackable import base_delegate
+
+        class Delegate(base_delegate.DelegatingTrackableMixin, tf.__internal__.tracking.Trackable):
+            pass
+
+        inner = tf.Module()
+        inner.v = tf.Variable(1.0)
+        ckpt = tf.train.Checkpoint(d=Delegate(inner))
+        return ckpt, lambda: setattr(inner, "u", tf.Variable(2.0))
+
+    return [build, layer, replace, add, deep, tf1, appended, dict_set, deleted, reordered, popped, scaled, delegated]
 
 
 @pytest.mark.parametrize("make", _changes(), ids=lambda f: f.__name__)
@@ -194,6 +238,38 @@ def test_each_change_is_told_by_the_walks_marks_as_by_a_new_shape(make):
     assert not graph_shape.unchanged(marks)
     again, marks = graph_shape.walk(ckpt)
     assert graph_shape.unchanged(marks) and graph_shape.same(again, graph_shape.shape(ckpt))
+
+
+@pytest.mark.parametrize("make", _changes(), ids=lambda f: f.__name__)
+def test_a_snapshot_taken_after_each_change_holds_what_a_new_walk_holds(make):
+    """The snapshot store's reuse check, end to end: the in-memory snapshot taken right after a change
+    holds the keys, the object graph and the values a new walk of the graph reads, not the old walk's."""
+    import numpy as np
+
+    from procsv.trainer.checkpoint.snapshot import GRAPH_KEY, plan
+    from procsv.trainer.checkpoint.snapshot_store import SnapshotStore
+
+    ckpt, change = make()
+    store = SnapshotStore(ckpt, 2, lambda: 0.0)
+    try:
+        store.take(1, 0)  # a walk
+        change()
+        reuse = store.plan_reusable(1.0, 10.0)
+        assert not reuse
+        snap = store.take(2, 1, fresh=not reuse)
+        assert store.arena is not None
+        walked = plan(ckpt)
+        values = {key: np.asarray(read()) for key, read in walked.readers}
+        assert sorted(spec.key for spec in snap.specs if spec.key != GRAPH_KEY) == sorted(values)
+        framed = [spec for spec in snap.specs if spec.offset is None]
+        assert bytes(snap.frames[framed.index(snap.specs[-1])]) == walked.graph
+        for spec in snap.specs:
+            if spec.offset is not None:
+                want = values[spec.key]
+                got = store.arena.array[spec.offset:spec.offset + want.nbytes].view(want.dtype).reshape(want.shape)
+                assert np.array_equal(got, want), spec.key
+    finally:
+        store.close()
 
 
 def test_a_list_changed_outside_its_wrapper_is_a_change_as_tensorflows_walk_refuses_it():

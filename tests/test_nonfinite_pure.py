@@ -310,3 +310,53 @@ def test_losses_of_mixed_dtypes_are_summed_and_checked_all_the_same():
     for step in range(151, 301):
         watch.keep_step(step, tf.constant(1.0, (tf.float32, tf.float64)[step % 2]))
     assert watch.check() is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_one_bad_loss_is_found_at_each_place_a_chunk_or_a_check_can_put_it(dtype):
+    # counts around the chunk of 64 (ragged, exact, one over, several), the bad loss at the first
+    # step, the first step of a later chunk and the last step before the check; NaN, +inf and -inf
+    for count in (1, 63, 64, 65, 130):
+        for at in sorted({0, 64, count - 1} & set(range(count))):
+            for bad in (math.nan, math.inf, -math.inf):
+                watch = LossWatch(())
+                for step in range(count):
+                    watch.keep_step(step, tf.constant(bad if step == at else 1.0, dtype))
+                assert watch.check() == at, (count, at, bad)
+                for step in range(count):  # and the next window, all finite, is finite
+                    watch.keep_step(step, tf.constant(1.0, dtype))
+                assert watch.check() is None, (count, at, bad)
+
+
+def test_float16_losses_whose_running_sum_passes_float16s_range_are_checked_with_one_read():
+    # float16 tops out at 65504: 10 s of a fast loop's losses of 10 add up past it, and each check then
+    # read every value again (11 ms at load 6 for 10,000 losses, against 0.25 for float32): each
+    # chunk's sum is added to a float32 total instead. Still one read, and a NaN still found
+    watch = LossWatch(())
+    for step in range(10_000):
+        watch.keep_step(step, tf.constant(10.0, tf.float16))
+    assert watch.check() is None and watch.reads == 1
+    for step in range(10_000, 20_000):
+        watch.keep_step(step, tf.constant(math.nan if step == 15_000 else 10.0, tf.float16))
+    assert watch.check() == 15_000
+    for step in range(20_000, 20_100):  # one large float16 chunk overflows its own sum: finite all the same
+        watch.keep_step(step, tf.constant(60_000.0, tf.float16))
+    assert watch.check() is None
+
+
+def test_a_loss_returned_as_a_variable_is_judged_by_its_value_at_its_step():
+    # a step may return a variable holding its loss (assigned each step): kept as the variable, the
+    # check read whatever it held at the check, and a NaN at step 3, overwritten at step 4, was missed
+    import keras
+
+    for var in (tf.Variable(0.0), keras.Variable(0.0)):
+        watch = LossWatch(())
+        for step in range(10):
+            var.assign(math.nan if step == 3 else 1.0)
+            watch.keep_step(step, var)
+        assert watch.check() == 3, type(var)
+        reads = watch.reads
+        for step in range(10, 80):
+            var.assign(1.0)
+            watch.keep_step(step, var)
+        assert watch.check() is None and watch.reads == reads + 1, type(var)  # one read: none at a step
