@@ -37,10 +37,11 @@ restarting             attempt (the next one), delay, error, rollback_step
                        (rollback_step: a trainer group's rollback, the step its members skip: a rollback, not
                        counted as a restart; else null)
 restarted              attempt (the one being started)
-breaker                attempt, role, pid, error, judged (a trainer group's attempt, judged by a member's collective
-                       failure, judged ``judged``, whose member ``role`` (pid) was found cut off after: killed by a
-                       signal procsv did not send, or its host lost; ``error``: how, the attempt's true cause,
-                       which ``procsv report`` shows in place of its ``restarting`` record's)
+breaker                attempt, role, pid, error, judged
+                       (a trainer group's attempt, judged by a member's collective failure, judged ``judged``,
+                       whose member ``role`` (pid) was found cut off after: killed by a signal procsv did not
+                       send, or its host lost; ``error``: how, the attempt's true cause, which ``procsv report``
+                       shows in place of its ``restarting`` record's)
 gave_up                reason, error
 task_gave_up           role (a --ps worker), attempt, reason, error (given up on; the run trains on)
 finished               state, exit_code, step
