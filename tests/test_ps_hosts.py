@@ -111,9 +111,11 @@ def test_a_worker_on_node_1_is_restarted_alone_there_then_after_its_host_is_lost
     assert acode == 0, aerr[-2000:]
     with open(os.path.join(logdir, "logs", "report.json")) as fh:
         tasks = json.load(fh)["tasks"]
+    ends = [{k: e.get(k) for k in ("event", "role", "attempt", "code", "signal", "node", "reason", "error") if k in e}
+            for e in lifecycle(logdir) if e.get("role") == "worker1" or str(e.get("event", "")).startswith(("node_", "task_"))]
     assert tasks == {"chief": {"role": "chief", "restarts": 0, "given_up": False},
                      "worker1": {"role": "worker", "restarts": 2, "given_up": False},  # killed, then its host lost
-                     "ps0": {"role": "ps", "restarts": 0, "given_up": False}}
+                     "ps0": {"role": "ps", "restarts": 0, "given_up": False}}, ends
     import tensorflow as tf
 
     latest = tf.train.latest_checkpoint(logdir)
