@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 from procsv.common import env
 from procsv.common.errors import LogdirLocked, UsageError
 from procsv.common.layout import Layout
+from procsv.launch_args import add_host_flags
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -89,24 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--group-grace-secs", type=float, default=0.5, metavar="SECS",
                     help="with --nproc: once a member of the group ended, the others get SIGTERM and are "
                          "SIGKILLed after this many seconds (default 0.5)")
-    la.add_argument("--nnodes", type=int, default=None, metavar="M",
-                    help="hosts of the job: run `procsv launch` on each with the same TARGET, --logdir (a "
-                         "shared filesystem), --nproc, --nnodes and --master-addr, and its own --node-rank; "
-                         "node 0 decides for all (default 1; in a Slurm step, SLURM_STEP_NUM_NODES)")
-    la.add_argument("--node-rank", type=int, default=None, metavar="R",
-                    help="this host's rank, 0 to M-1 (default 0; in a Slurm step SLURM_NODEID, in a Kubernetes "
-                         "Indexed Job JOB_COMPLETION_INDEX)")
-    la.add_argument("--master-addr", default=None, metavar="HOST:PORT",
-                    help="with --nnodes: where node 0 listens for the other hosts (TCP, encrypted and "
-                         "authenticated with CURVE keys it writes to the logdir; default PROCSV_MASTER_ADDR, "
-                         "in a Slurm step the step's first host and a port from the job id)")
-    la.add_argument("--rejoin-timeout", type=float, default=300.0, metavar="SECS",
-                    help="with --nnodes: how long a lost (or not yet joined) host may take to come back before "
-                         "the run stops and fails (default 300)")
-    la.add_argument("--node-timeout", type=float, default=15.0, metavar="SECS",
-                    help="with --nnodes: node 0 finds a host lost when its agent is silent this long, and every "
-                         "agent stops its trainers when node 0 is silent this long (node 0's value: it sends it "
-                         "to the agents) (default 15)")
+    add_host_flags(la)
     la.add_argument("--logdir-timeout", type=float, default=60.0, metavar="SECS",
                     help="a look at the logdir that fails (EIO, ESTALE: a network filesystem's blip) is counted; "
                          "the run stops as 'logdir lost' only after this many seconds in which every look failed "
@@ -219,7 +203,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
-    from procsv.launch_args import check_coordinator, check_numbers
+    from procsv.launch_args import check_coordinator, check_min_nodes, check_numbers
     from procsv.watchdog.config import check_ps
     from procsv.watchdog.launcher import LaunchConfig, Watchdog
 
@@ -237,6 +221,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                              f"hosts reach), not {args.master_addr!r}")
     check_ps(args.ps, args.workers, args.nproc, args.nnodes, args.standby, args.on_worker_give_up)
     check_coordinator(args.coordinator, args.ps, args.nnodes)
+    check_min_nodes(args.min_nodes, args.nnodes, args.ps)
     if args.nnodes > 1 and args.standby == "hot":
         raise UsageError("--standby hot needs one host: a group over --nnodes hosts restarts together from the "
                          "pre-warmed trainers (--standby fork, the default with --nnodes)")
@@ -257,6 +242,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        worker_give_up=args.on_worker_give_up or "continue",
                        group_grace_secs=args.group_grace_secs, nnodes=args.nnodes,
                        node_rank=args.node_rank, master_addr=args.master_addr, rejoin_timeout=args.rejoin_timeout,
+                       min_nodes=args.min_nodes or 0,
                        logdir_timeout=args.logdir_timeout, node_timeout=args.node_timeout,
                        on_checkpoint_failure=args.on_checkpoint_failure, on_nonfinite=args.on_nonfinite,
                        max_skips=args.max_skips, skip_window=args.skip_window,

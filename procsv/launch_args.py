@@ -7,6 +7,7 @@ Runs in the process of the ``procsv`` command (:mod:`procsv.cli`), before the wa
 from __future__ import annotations
 
 import argparse
+from typing import Optional
 
 from procsv.common import env
 from procsv.common.errors import UsageError
@@ -48,6 +49,18 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise UsageError(str(exc)) from None
 
 
+def check_min_nodes(min_nodes: Optional[int], nnodes: int, ps: int) -> None:
+    """``--min-nodes K`` (an elastic group, :mod:`procsv.watchdog.rules.membership`): from 1 to ``--nnodes``,
+    and not with ``--ps`` (its tasks are placed on every host, each restarted alone)."""
+    if min_nodes is None:
+        return
+    if not 1 <= min_nodes <= nnodes:
+        raise UsageError(f"--min-nodes must be from 1 to --nnodes ({nnodes}), not {min_nodes}")
+    if ps:
+        raise UsageError("--min-nodes is for a --nproc group over --nnodes hosts; --ps tasks are placed on every "
+                         "host and restarted alone (leave --min-nodes out)")
+
+
 def check_coordinator(coordinator: bool, ps: int, nnodes: int = 1) -> None:
     """Refuse ``--coordinator`` without ``--ps N --workers M``: it names the mode of a parameter-server
     cluster (TF2 ``ParameterServerStrategy``, TARGET once as the chief) and means nothing alone; and
@@ -58,3 +71,30 @@ def check_coordinator(coordinator: bool, ps: int, nnodes: int = 1) -> None:
     if coordinator and ps <= 0:
         raise UsageError("--coordinator needs --ps N --workers M (TF2 ParameterServerStrategy: N parameter "
                          "servers and M workers that procsv starts, TARGET runs once as the chief)")
+
+
+def add_host_flags(la: argparse.ArgumentParser) -> None:
+    """``procsv launch``'s flags of a job over hosts (``--nnodes`` and what goes with it)."""
+    la.add_argument("--nnodes", type=int, default=None, metavar="M",
+                    help="hosts of the job: run `procsv launch` on each with the same TARGET, --logdir (a "
+                         "shared filesystem), --nproc, --nnodes and --master-addr, and its own --node-rank; "
+                         "node 0 decides for all (default 1; in a Slurm step, SLURM_STEP_NUM_NODES)")
+    la.add_argument("--node-rank", type=int, default=None, metavar="R",
+                    help="this host's rank, 0 to M-1 (default 0; in a Slurm step SLURM_NODEID, in a Kubernetes "
+                         "Indexed Job JOB_COMPLETION_INDEX)")
+    la.add_argument("--master-addr", default=None, metavar="HOST:PORT",
+                    help="with --nnodes: where node 0 listens for the other hosts (TCP, encrypted and "
+                         "authenticated with CURVE keys it writes to the logdir; default PROCSV_MASTER_ADDR, "
+                         "in a Slurm step the step's first host and a port from the job id)")
+    la.add_argument("--rejoin-timeout", type=float, default=300.0, metavar="SECS",
+                    help="with --nnodes: how long a lost (or not yet joined) host may take to come back before "
+                         "the run stops and fails (default 300)")
+    la.add_argument("--min-nodes", type=int, default=None, metavar="K",
+                    help="with --nnodes M: an elastic group. A host lost (or absent) past --rejoin-timeout no longer "
+                         "stops the run while K hosts are left: the group restarts on the hosts left and trains on, "
+                         "and takes the host back at the next checkpoint once its agent returns (default M: every "
+                         "host is needed; docs/elastic.md)")
+    la.add_argument("--node-timeout", type=float, default=15.0, metavar="SECS",
+                    help="with --nnodes: node 0 finds a host lost when its agent is silent this long, and every "
+                         "agent stops its trainers when node 0 is silent this long (node 0's value: it sends it "
+                         "to the agents) (default 15)")

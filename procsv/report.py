@@ -72,6 +72,7 @@ class RunReport:
     launches: list[tuple[int, gp.Breakdown]] = field(default_factory=list)  # (launch number, where its time went)
     lifetime: Optional[gp.Breakdown] = None  # every launch of the logdir, and the gaps between them
     tasks: list[tuple[str, gp.Breakdown]] = field(default_factory=list)  # a group's: each task's whole run
+    memberships: list[dict[str, Any]] = field(default_factory=list)  # an elastic group's ``membership`` records
 
 
 def read_events(path: str) -> list[dict[str, Any]]:
@@ -151,6 +152,8 @@ def _restart(e: dict[str, Any], prev: int, pid: Any, exited: Optional[dict[str, 
         error = f"{role} attempt {prev} (pid {pid}) {said}"
     if error == "preempted":
         label, cause = "preempted", f"trainer attempt {prev} was preempted (saved its state, exit 42)"
+    elif error == "regroup":  # rule 15: no failure, a membership change (counted apart)
+        label, cause = "regroup", f"attempt {prev} was ended at a checkpoint boundary to take a host back"
     else:
         label = "hang" if hang is not None else (f"chaos {kill.get('signal', '')}".strip() if kill is not None
                                                   else how.replace("killed by ", "") or "died")
@@ -173,8 +176,9 @@ def _restart(e: dict[str, Any], prev: int, pid: Any, exited: Optional[dict[str, 
 
 
 def plain_restarts(rep: list[Restart]) -> list[Restart]:
-    """The restarts that are not a trainer group's rollback (counted as a rollback, not a restart)."""
-    return [r for r in rep if r.rollback_step is None]
+    """The restarts that are not a trainer group's rollback (counted as a rollback, not a restart) nor a
+    regroup (an elastic group ended to take a host back: a membership change)."""
+    return [r for r in rep if r.rollback_step is None and r.label != "regroup"]
 
 
 def commits(events: list[dict[str, Any]], layout: Layout, since: Optional[float]) -> list[tuple[float, int]]:
@@ -248,6 +252,7 @@ def gather(layout: Layout) -> Optional[RunReport]:
     rep.series = [(float(t), int(s)) for t, s in series] if isinstance(series, list) and series else event_series(events)
     rep.skipped, rep.rollbacks = nonfinite(events, summary)
     rep.group_rollbacks = group_rollbacks(events, summary)
+    rep.memberships = [e for e in events if e.get("event") == "membership"]
     launches = gp.launches_from_events(every, now=time.time() if live is not None else None)
     per, rep.lifetime = gp.run_breakdown(launches)
     rep.launches = [(la.number, b) for la, b in zip(launches, per)]
@@ -295,7 +300,7 @@ def render(rep: RunReport) -> str:
         lines.append(recovery.render(rep.summary))
     else:
         good = "-" if rep.goodput is None else f"{rep.goodput:.3f}"
-        rolled = len(rep.restarts) - len(plain_restarts(rep.restarts))
+        rolled = sum(1 for r in rep.restarts if r.rollback_step is not None)
         lines.append(f"procsv report: {len(plain_restarts(rep.restarts))} restart(s), "
                      + (f"{rolled} rollback(s) of the trainer group, " if rolled else "") + f"goodput {good}")
     for r in rep.restarts:
@@ -307,7 +312,12 @@ def render(rep: RunReport) -> str:
             back = f"; attempt {r.attempt} restored step {r.restored_step}" + \
                 ("" if r.restore_secs is None else f" in {r.restore_secs:.2f} s")
         what = "restart" if r.rollback_step is None else "group rollback"
+        what = "regroup" if r.label == "regroup" else what
         lines.append(f"  {what} at {_clock(r.at)} [{r.label}]: {r.cause}{back}")
+    for m in rep.memberships:  # --min-nodes: each group started on other hosts than the one before
+        nodes = m.get("nodes") or []
+        lines.append(f"  membership at {_clock(float(m['time']))}: attempt {m.get('attempt')} on {len(nodes)} host(s) "
+                     f"(nodes {', '.join(map(str, nodes))}; {m.get('world')} trainers): {m.get('reason')}")
     if rep.skipped or rep.rollbacks or rep.detected:
         lines.append(f"  non-finite: {nonfinite_counts(rep.rollbacks, rep.group_rollbacks, len(rep.skipped))}: "
                      f"{', '.join(str(s) for _, s in rep.skipped) or 'none'}; {rep.detected} time(s) found non-finite")

@@ -142,8 +142,13 @@ def render(status: dict[str, Any], logdir: str) -> str:
         if grp.get("ps"):  # --ps N --workers M: each task restarts alone
             lines.append(f"  {grp.get('nproc')} worker(s) and {grp['ps']} parameter server(s), each restarted alone")
         elif (grp.get("nnodes") or 1) > 1:  # --nnodes: nproc is each host's share
-            lines.append(f"  trainer group of {grp['nnodes'] * grp.get('nproc', 1)} ({grp.get('nproc')} on each of "
-                         f"{grp['nnodes']} hosts): {grp.get('state')}")
+            nodes = grp.get("nodes") or list(range(grp["nnodes"]))
+            elastic = (grp.get("min_nodes") or grp["nnodes"]) < grp["nnodes"]
+            hosts = f"{len(nodes)} of {grp['nnodes']} hosts (nodes {', '.join(map(str, nodes))}; --min-nodes " \
+                    f"{grp['min_nodes']}; {grp.get('membership_changes') or 0} membership change(s))" if elastic \
+                else f"{grp['nnodes']} hosts"
+            lines.append(f"  trainer group of {len(nodes) * grp.get('nproc', 1)} ({grp.get('nproc')} on each of "
+                         f"{hosts}): {grp.get('state')}")
         else:
             lines.append(f"  trainer group of {grp.get('nproc')}: {grp.get('state')}")
     for p in status.get("processes", []):

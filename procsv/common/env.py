@@ -32,6 +32,7 @@ SHADOW_MEMORY = "PROCSV_SHADOW_MEMORY"  # bytes: the memory available at a stand
 MEMORY_SNAPSHOTS = "PROCSV_MEMORY_SNAPSHOTS"  # the in-memory tier's share of loop time (default 0.01; 0: off)
 RANK = "PROCSV_RANK"  # this trainer's task index in a group (procsv launch --nproc N): 0 is the chief
 NPROC = "PROCSV_NPROC"  # the number of trainers in the group, over every host (1 without --nproc)
+GROUP_HOSTS = "PROCSV_GROUP_HOSTS"  # the hosts the group runs on now (--nnodes; fewer with --min-nodes, rule 15)
 PS = "PROCSV_PS"  # procsv launch --ps N --workers M: the parameter-server tasks (the workers are NPROC, RANK)
 GROUP_PIN = "PROCSV_GROUP_PIN"  # a group's record of what its chief restored (procsv.trainer.replica.GroupPin)
 GROUP_SNAPSHOT_STEPS = "PROCSV_GROUP_SNAPSHOT_STEPS"  # a group's in-memory snapshots every K steps (0: none)
@@ -53,7 +54,7 @@ ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's 
 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, SUPERVISOR_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE,
-       RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, SHADOW_RUN, SHADOW_MEMORY, RANK, NPROC, GROUP_PIN, GROUP_SNAPSHOT_STEPS, GROUP_PEER_BIND, GROUP_PEER_MAX_BYTES, GROUP_REMOTE,
+       RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, SHADOW_RUN, SHADOW_MEMORY, RANK, NPROC, GROUP_HOSTS, GROUP_PIN, GROUP_SNAPSHOT_STEPS, GROUP_PEER_BIND, GROUP_PEER_MAX_BYTES, GROUP_REMOTE,
        ON_NONFINITE, MAX_SKIPS, SKIP_WINDOW,
        SKIP_STEPS, FAULT_GATE, NONFINITE_CHECK, PS, MASTER_ADDR, PREEMPT_SIGNAL, SUMMARY_CONTINUE)
 

@@ -15,7 +15,7 @@ from procsv.watchdog.rules.group import blame
 from procsv.watchdog.publish.events import Event
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.publish.events import Report
-from procsv.watchdog.rules.state import SERVER, SUMMARY, WORKER, RunView
+from procsv.watchdog.rules.state import SERVER, SUMMARY, TRAINER, WORKER, RunView
 
 
 def signal_reports(view: RunView, action: Signal, limits: Limits) -> list[Report]:
@@ -55,6 +55,9 @@ def kill_reports(view: RunView, action: Kill, limits: Limits) -> list[Report]:
         return [Report(say=f"procsv: {child.slot} did not stop within {limits.stop_grace_secs / 2:g} s (half of "
                            "--stop-grace-secs); killing it before the chief commits", err=True)]
     grace = limits.hang_grace_secs if action.cause == Cause.HANG else limits.stop_grace_secs
+    if action.cause == Cause.REGROUP:  # (said once, for the chief)
+        return [] if child.role == WORKER else [Report(say=_KILL_LINES[action.cause].format(reason=action.reason),
+                                                      err=True)]
     role = child.slot if action.cause == Cause.GROUP_NOW else child.role  # (a group's: which member, worker2)
     return [Report(say=_KILL_LINES[action.cause].format(grace=grace, role=role, reason=action.reason))]
 
@@ -64,6 +67,8 @@ def restart_reports(view: RunView, action: Restart) -> list[Report]:
     child = find(view, action.slot, action.attempt)
     assert child is not None
     nxt = {"attempt": action.attempt + 1, "delay": round(action.delay, 3), "rollback_step": action.skip}
+    if action.regroup:  # rule 15: ended on purpose at a checkpoint boundary; the line was said at the kill
+        return [Report(Event.RESTARTING, {**nxt, "error": "regroup"})]
     if action.preempted:
         return [Report(say=f"procsv: trainer attempt {action.attempt} was preempted and saved its state; "
                            "restarting"),
@@ -84,8 +89,38 @@ def restart_reports(view: RunView, action: Restart) -> list[Report]:
             Report(Event.RESTARTING, {**nxt, "error": view.last_error})]
 
 
+def membership_reports(view: RunView, before: tuple[int, ...], nodes: tuple[int, ...], now: float,
+                       limits: Limits) -> list[Report]:
+    """What to record when a trainer group starts on the hosts ``nodes`` (``before``: the last group's; the
+    view's trainer is the last attempt): the ``membership`` record and one line if they are other hosts
+    than the last group's (rule 15), or the first group's are fewer than every host; else nothing."""
+    everyone = tuple(range(limits.nnodes))
+    if not nodes or nodes == (before or everyone) or limits.ps:
+        return []
+    prev = view.children.get(TRAINER)
+    attempt = prev.attempt + 1 if prev is not None else 1
+    left = [n for n in (before or everyone) if n not in nodes]
+    joined = [n for n in nodes if before and n not in before]
+    whys = []
+    for node in left:
+        n = view.nodes.get(node)
+        whys.append(f"node {node} did not join within --rejoin-timeout {limits.rejoin_timeout:g} s" if n is None or
+                    n.last_beat is None else f"node {node} ({n.host}) is gone" + (
+                        f" (lost {now - n.lost_at:.1f} s ago, past --rejoin-timeout {limits.rejoin_timeout:g} s)"
+                        if n.lost_at is not None else ""))
+    whys += [f"node {node} ({view.nodes[node].host}) is back" for node in joined if node in view.nodes]
+    world = len(nodes) * limits.nproc
+    reason = "; ".join(whys) or "every host"
+    return [Report(Event.MEMBERSHIP, {"attempt": attempt, "nodes": list(nodes), "hosts": len(nodes), "world": world,
+                                      "left": left, "joined": joined, "reason": reason},
+                   say=f"procsv: the trainer group starts on {len(nodes)} of {limits.nnodes} hosts (nodes "
+                       f"{', '.join(map(str, nodes))}; {world} trainers; --min-nodes {limits.min_nodes}): {reason}",
+                   err=True)]
+
+
 _KILL_LINES = {
     Cause.STOP_GRACE: "procsv: trainer did not stop within {grace:g} s; killing it",
+    Cause.REGROUP: "procsv: {reason}: ending the group at this checkpoint boundary",
     Cause.HANG: "procsv: hung trainer did not exit within {grace:g} s; killing it",
     Cause.SHUTDOWN: "procsv: the {role} process did not stop in time; killing it",
     Cause.STANDBY_UNREADY: "procsv: the standby trainer is not ready yet; forking a new trainer instead",

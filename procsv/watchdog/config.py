@@ -58,6 +58,7 @@ class LaunchConfig:
     node_rank: int = 0  # --node-rank: 0 is the master (this Watchdog), others run a NodeAgent
     master_addr: Optional[str] = None  # --master-addr HOST:PORT: node 0 binds it, the others connect
     rejoin_timeout: float = 300.0  # --rejoin-timeout
+    min_nodes: int = 0  # --min-nodes: an elastic group over hosts (procsv.watchdog.rules.membership); 0: every host
     logdir_timeout: float = 60.0  # --logdir-timeout: seconds of failed looks at the logdir that lose it
     node_timeout: float = 15.0  # --node-timeout: node 0's, for its agents and (sent to them) for itself
     preempt_signal: int = 12  # --preempt-signal (SIGUSR2): a stop like SIGTERM's, handled by the watchdog only
@@ -84,6 +85,7 @@ class LaunchConfig:
                       chaos=parse_chaos(self.chaos) if self.chaos else None, nproc=self.nproc,
                       group_grace_secs=self.group_grace_secs, nnodes=self.nnodes,
                       rejoin_timeout=self.rejoin_timeout, node_timeout=self.node_timeout, ps=self.ps,
+                      min_nodes=self.min_nodes,
                       coordinator=self.coordinator, worker_give_up=self.worker_give_up)
 
 

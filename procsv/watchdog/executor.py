@@ -19,13 +19,13 @@ import psutil
 
 from procsv.common import spawn
 from procsv.cluster import make_tf_config
-from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, GROUP_PEER_BIND, GROUP_PIN, GROUP_REMOTE,
+from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, GROUP_HOSTS, GROUP_PEER_BIND, GROUP_PIN, GROUP_REMOTE,
                                GROUP_SNAPSHOT_STEPS, NPROC, RANK, SHADOW_MEMORY, SHADOW_RUN, SKIP_STEPS, STANDBY as STANDBY_ENV, group_snapshot_steps_for)
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
 from procsv.watchdog.lateblame import breaker_found
-from procsv.watchdog.actionlines import (kill_reports, node_lost_reports, restart_reports, signal_reports, standby_gone_reports,
+from procsv.watchdog.actionlines import (kill_reports, membership_reports, node_lost_reports, restart_reports, signal_reports, standby_gone_reports,
                                          stop_failing_reports, task_gave_up_reports)
 from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpService, GiveUpTask,
                                      Kill, NodeLost, Promote, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
@@ -94,11 +94,14 @@ class Executor:
                 if self.zygote is not None and self.zygote.ready:
                     self._spawn_standby()
                 return
+            before = self.view.group_nodes
             note(self.view, action, self.clock(), self.limits)  # a trainer, a service, a --ps task (rule 14)
             prev = self.view.children.get(action.slot)
             if action.role == TRAINER and prev is not None:
                 self.report([Report(Event.RESTARTED, {"attempt": prev.attempt + 1})])
-            self.spawn(action.slot, action.role)
+            if action.role == TRAINER:  # (an elastic group's hosts changed: rule 15)
+                self.report(membership_reports(self.view, before, action.nodes, self.clock(), self.limits))
+            self.spawn(action.slot, action.role, action.nodes)
             return
         if isinstance(action, Promote):
             self._promote(action)
@@ -221,10 +224,10 @@ class Executor:
             env[GROUP_PEER_BIND] = self.cfg.master_addr.rpartition(":")[0]
         return env
 
-    def spawn(self, slot: str, role: str) -> Optional[ChildProcess]:
+    def spawn(self, slot: str, role: str, nodes: tuple[int, ...] = ()) -> Optional[ChildProcess]:
         """Start the next attempt of ``slot`` and add it to the view (a trainer forked by the zygote:
         :meth:`poll_fork` adds it; None is returned). With ``--nproc N`` a trainer start is the whole
-        group's, each with its own ``TF_CONFIG`` on ports chosen now (:mod:`procsv.watchdog.rules.group`)."""
+        group's, each with its own ``TF_CONFIG`` on ports chosen now, over the hosts ``nodes`` (rule 15)."""
         if self.ps_cluster is not None and role in (TRAINER, WORKER, PS, SERVER):  # --ps: each task alone (pstasks)
             return self.ps_cluster.start(self, slot, role)
         prev = self.view.children.get(slot)
@@ -234,27 +237,28 @@ class Executor:
                                None)
         if self.limits.world == 1:
             return self._spawn_member(TRAINER, TRAINER, attempt, 0, {})
-        cluster, common, extras = self._group(attempt)
+        hosts = nodes or tuple(range(self.limits.nnodes))
+        cluster, common, extras = self._group(attempt, hosts)
         chief: Optional[ChildProcess] = None
         for rank in range(self.limits.nproc):
             started = self._spawn_member(TRAINER if rank == 0 else worker_slot(rank), TRAINER if rank == 0 else WORKER,
                                          attempt, rank, extras[rank])
             chief = chief or started
-        if self.remote is not None:
-            self.remote.start(attempt, cluster, {**common, GROUP_REMOTE: "1"})  # their copies: node 0's peer link
+        if self.remote is not None:  # (their copies: node 0's peer link)
+            self.remote.start(attempt, cluster, {**common, GROUP_REMOTE: "1"}, hosts)
         return chief
 
-    def _group(self, attempt: int) -> tuple[list[str], dict[str, str], list[dict[str, str]]]:
-        """Group attempt ``attempt``'s addresses (this host's members on ports free now, then each
-        other host's), the environment every member shares, and each of this host's members' own."""
+    def _group(self, attempt: int, nodes: tuple[int, ...] = (0,)) -> tuple[list[str], dict[str, str], list[dict[str, str]]]:
+        """Group attempt ``attempt``'s addresses over the hosts ``nodes`` (this host's on ports free now, then
+        each other host's, in order), the environment every member shares, and each of this host's members'."""
         n = self.limits.nproc
         host = self.cfg.master_addr.rpartition(":")[0] if self.remote is not None and self.cfg.master_addr \
             else "127.0.0.1"
         cluster = [f"{host}:{port}" for port in spawn.free_ports(n, host)]
-        for node in range(1, self.limits.nnodes):  # each agent reported its next members' addresses
+        for node in nodes[1:]:  # each agent reported its next members' addresses
             cluster += self.view.nodes[node].addresses[:n]
         job = self.remote.link.job if self.remote is not None else self.job
-        common = {NPROC: str(self.limits.world), GROUP_PIN: self.layout.group_pin(job, attempt),
+        common = {NPROC: str(len(cluster)), GROUP_HOSTS: str(len(nodes)), GROUP_PIN: self.layout.group_pin(job, attempt),
                   GROUP_SNAPSHOT_STEPS: str(group_snapshot_steps_for()),  # K: every member's
                   SKIP_STEPS: ",".join(map(str, self.view.skipped_steps))}  # skipped again (a group's rollback)
         return cluster, common, [{**common, "TF_CONFIG": make_tf_config(cluster, r), RANK: str(r)} for r in range(n)]

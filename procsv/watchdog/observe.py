@@ -318,7 +318,7 @@ def reaped(view: RunView, slot: str, attempt: int, failure: Failure, now: float)
         out.append(Report(Event.TRAINED, child.trained(now, failure.time)))
     out.append(Report(Event.EXITED, {"role": _role(child), "attempt": attempt, "pid": child.pid, "noticed": noticed,
                                      **failure.fields()}))
-    if child.settled_early and child.group_rollback is None:  # restarted on its death notice already: say how it
+    if child.settled_early and child.group_rollback is None and not child.regroup:  # restarted on its death notice already: say how it
         # died, now that we know (a group's rollback said what it was when it restarted the group)
         view.last_error = blame(view, child).headline()  # in a group: the member whose end broke it
         out.append(Report(say=f"procsv: {view.last_error}; restarted (restart {view.history.restarts})", err=True))
@@ -389,7 +389,7 @@ def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
         return []  # it still runs members of an old group: it stops them first (an agent that lost us does)
     if not back:
         return []
-    node.lost_at = None
+    node.lost_at, node.joined_at = None, now
     return [Report(Event.NODE_JOINED, {"node": msg.node, "host": msg.host, "pid": msg.pid},
                    say=f"procsv: node {msg.node} ({msg.host}, agent pid {msg.pid}) joined")]
 

@@ -29,6 +29,7 @@ from procsv.watchdog.endreads import READ_WAIT, unread_note
 from procsv.watchdog.lateblame import breaker_found
 from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.group import rank_of, worker_slot
+from procsv.watchdog.rules.membership import ranks_of
 from procsv.watchdog.multihost.nodes import NodeLink
 from procsv.watchdog.publish.events import Report
 from procsv.watchdog.rules.state import WORKER, RunView
@@ -51,13 +52,13 @@ class RemoteMembers:
         # ends whose error file is being read: (slot, attempt, pid, code, wall, the read, due), in order
         self._ends: "deque[tuple[str, int, int, int, float, bool, Job[Optional[ChildError]], float]]" = deque()
 
-    def start(self, attempt: int, cluster: list[str], env: dict[str, str]) -> None:
-        """Ask every other host for its tasks of the group's ``attempt`` (host R runs R*N .. R*N+N-1)."""
-        n = self.nproc
+    def start(self, attempt: int, cluster: list[str], env: dict[str, str], nodes: tuple[int, ...]) -> None:
+        """Ask every other host of ``nodes`` (the group's hosts, node 0 first) for its tasks of the group's
+        ``attempt``: the host at place P of ``nodes`` runs P*N .. P*N+N-1 (:func:`membership.ranks_of`)."""
         job, layout = self.link.job, self.layout
         self.reader.submit(lambda: curve.unfile_members(layout, job, before=attempt))  # every earlier attempt is over
-        for node in range(1, self.nnodes):
-            ranks = list(range(node * n, node * n + n))
+        for node in nodes[1:]:
+            ranks = ranks_of(nodes, node, self.nproc)
             self.link.start(node, attempt, ranks, cluster, env)
             for rank in ranks:
                 self.pending[worker_slot(rank)] = attempt

@@ -52,6 +52,11 @@ standby_decided        mode, reason (``--standby auto``: which mode the launch c
 node_joined            node, host, pid (``--nnodes``: another host's agent connected, or came back)
 node_lost              node, host, silent_secs, reason (its agent went silent: its trainers count as dead)
 node_refused           node, host, pid, key, reason (an agent's claim of a node rank another agent's key holds)
+membership             attempt, nodes, hosts, world, left, joined, reason
+                       (``--min-nodes``: the trainer group's attempt ``attempt`` starts on the hosts ``nodes``
+                       (node 0 first, ranks in that order), ``world`` trainers; ``left``/``joined``: the hosts
+                       out of, or back in, the group since the one before; the first group of a launch when
+                       it starts on fewer than ``--nnodes`` hosts)
 nonfinite_detected     pid, step (the first poisoned one), epoch, batch (its input position, Keras), what, repeats, peer
                        (what: a watched loss or a snapshot's state was found NaN or infinite; batch/epoch: null
                        outside Keras; repeats: the detections this record stands for, coalesced: a trainer's
@@ -108,6 +113,7 @@ class Event(str, enum.Enum):
     NODE_JOINED = "node_joined"
     NODE_LOST = "node_lost"
     NODE_REFUSED = "node_refused"
+    MEMBERSHIP = "membership"
     NONFINITE_DETECTED = "nonfinite_detected"
     ROLLED_BACK = "rolled_back"
     STEP_SKIPPED = "step_skipped"
@@ -148,6 +154,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.NODE_JOINED: frozenset({"node", "host", "pid"}),
     Event.NODE_LOST: frozenset({"node", "host", "silent_secs", "reason"}),
     Event.NODE_REFUSED: frozenset({"node", "host", "pid", "key", "reason"}),
+    Event.MEMBERSHIP: frozenset({"attempt", "nodes", "hosts", "world", "left", "joined", "reason"}),
     Event.NONFINITE_DETECTED: frozenset({"pid", "step", "epoch", "batch", "what", "repeats", "peer"}),
     Event.ROLLED_BACK: frozenset({"pid", "step", "restored_step", "source", "path", "skip", "secs", "epoch",
                                   "batch"}),

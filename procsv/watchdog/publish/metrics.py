@@ -109,6 +109,15 @@ def families(snap: Optional[RunSnapshot], now: float, summaries_dropped: Optiona
     out.append(CounterMetricFamily("procsv_rollbacks", "Restores of a finite state after a NaN or infinite loss "
                                    "(--on-nonfinite rollback): a single trainer's in place, a trainer group's by "
                                    "restarting the group (not counted in procsv_restarts).", value=snap.rollbacks))
+    if snap.group_hosts is not None:  # --nnodes
+        out.append(GaugeMetricFamily("procsv_group_hosts", "The hosts the trainer group runs on now (--nnodes; fewer "
+                                     "while an elastic group, --min-nodes, trains on without some).",
+                                     value=snap.group_hosts))
+        out.append(GaugeMetricFamily("procsv_live_hosts", "The hosts whose agent is connected now, node 0 included.",
+                                     value=snap.live_hosts or 0))
+        out.append(CounterMetricFamily("procsv_membership_changes", "Trainer groups started on other hosts than the "
+                                       "group before them (--min-nodes: a host left, or was taken back).",
+                                       value=snap.membership_changes))
     if snap.last_checkpoint_step is not None:
         out.append(GaugeMetricFamily("procsv_last_checkpoint_step", "The step of the last committed checkpoint "
                                      "(before the first commit of this launch: the newest on disk).",

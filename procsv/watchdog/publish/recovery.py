@@ -9,7 +9,8 @@ started, including any backoff), *restored* (process start to state restored), *
 (restored to the first completed step). *Steps re-done* are the steps the dead attempt had
 completed after the checkpoint the next one restored. A trainer group's rollback (an attempt that ended
 asking for it: ``rollback_step``, the step skipped) is a recovery too, but a rollback, not a restart:
-``restarts`` counts the others, ``group_rollbacks`` those. The report's goodput and wall time are the
+``restarts`` counts the others, ``group_rollbacks`` those; so is an elastic group's regroup (``regroup``:
+ended at a checkpoint boundary to take a host back, rule 15), counted in ``regroups``. The report's goodput and wall time are the
 launch's breakdown's (:mod:`procsv.watchdog.publish.badput`), added by the caller.
 """
 
@@ -30,6 +31,8 @@ def cause(prev: ChildView) -> str:
     the member that broke it (``worker1 was killed by SIGKILL``, ``worker1 host lost``: its
     :attr:`~procsv.watchdog.rules.state.ChildView.broken_by`, also when it was found after the
     judgement), not by the chief's own end (its collective failure, or the group's stop)."""
+    if prev.regroup:
+        return "regroup: a host taken back"
     who = prev.broken_by if prev.broken_by is not None else prev
     if who is prev:
         return prev.cause
@@ -46,6 +49,7 @@ def recoveries(attempts: Sequence[ChildView]) -> list[dict[str, Any]]:
             "attempt": cur.attempt,
             "cause": cause(prev),
             "rollback_step": prev.group_rollback,
+            "regroup": prev.regroup,
             "detect_s": _d(prev.signalled_at, prev.ended_at),
             "respawn_s": _d(prev.ended_at, cur.started),
             "restore_s": _d(cur.started, cur.ready_at),
@@ -61,7 +65,8 @@ def summarize(attempts: Sequence[ChildView]) -> dict[str, Any]:
     goodput and wall time)."""
     recs = recoveries(attempts)
     rolled = sum(1 for r in recs if r["rollback_step"] is not None)
-    return {"restarts": len(recs) - rolled, "group_rollbacks": rolled, "recoveries": recs,
+    regroups = sum(1 for r in recs if r["regroup"])
+    return {"restarts": len(recs) - rolled - regroups, "group_rollbacks": rolled, "regroups": regroups, "recoveries": recs,
             "steps_redone": sum(r["steps_redone"] or 0 for r in recs)}
 
 
@@ -72,6 +77,7 @@ def render(summary: dict[str, Any]) -> str:
     rolled = summary.get("group_rollbacks") or 0  # (a report of an older procsv has none)
     lines = [f"procsv report: {summary['restarts']} restart(s), "
              + (f"{rolled} rollback(s) of the trainer group, " if rolled else "")
+             + (f"{summary['regroups']} regroup(s) taking a host back, " if summary.get("regroups") else "")
              + f"{summary['steps_redone']} step(s) re-done, goodput {f(summary['goodput'])} over {summary['wall_s']:.1f} s"]
     if summary["recoveries"]:
         lines.append(f"  {'attempt':>7} {'detect_s':>9} {'respawn_s':>9} {'restore_s':>9} {'1st_step_s':>10} "

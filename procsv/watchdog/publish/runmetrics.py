@@ -54,6 +54,9 @@ class RunSnapshot:
     rollbacks: int = 0  # restores of a finite state after a non-finite loss (in place, and a group's restart)
     task_restarts: tuple[tuple[str, str, int], ...] = ()  # --ps: (task, role, restarts) of every task (task_rows)
     time_by_kind: tuple[tuple[str, float], ...] = ()  # where this launch's time went (procsv.goodput.KINDS)
+    group_hosts: Optional[int] = None  # --nnodes: the hosts the trainer group runs on now (rule 15: fewer, elastic)
+    live_hosts: Optional[int] = None  # --nnodes: the hosts whose agent is connected now, node 0 too
+    membership_changes: int = 0  # groups started on other hosts than the group before them
 
 
 def restart_cause(prev: ChildView) -> Optional[str]:
@@ -96,7 +99,7 @@ def task_summary(view: RunView) -> dict[str, dict[str, object]]:
 def restart_counts(attempts: list[ChildView]) -> tuple[tuple[str, int], ...]:
     """Restarts by cause: every trainer attempt followed by a newer one, once its cause is known (an
     attempt that ended in its group's rollback is a rollback, counted in ``procsv_rollbacks``)."""
-    counts = Counter(c for c in (restart_cause(a) for a in attempts[:-1] if a.group_rollback is None) if c is not None)
+    counts = Counter(c for c in (restart_cause(a) for a in attempts[:-1] if a.group_rollback is None and not a.regroup) if c is not None)
     return tuple(sorted(counts.items()))
 
 
@@ -158,4 +161,8 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
         rollbacks=view.rollbacks,
         task_restarts=task_rows(view),
         time_by_kind=tuple(spent.secs.items()),
+        group_hosts=len(view.group_nodes) if view.group_nodes else None,
+        live_hosts=1 + sum(1 for n in view.nodes.values() if n.last_beat is not None and n.lost_at is None)
+        if view.group_nodes else None,
+        membership_changes=view.membership_changes,
     )

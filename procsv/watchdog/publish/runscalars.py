@@ -62,13 +62,16 @@ def due(view: RunView, now: float, wall: float, sent: Sent) -> tuple[list[RunSca
             i += 1  # died before a first step: the next attempt's recovery covers it
             continue
         rec = recovery.recoveries(attempts[i - 1:i + 1])[0]
-        tags, values = ["procsv/restarts"], [float(i - view.group_rollbacks(before=a.attempt))]  # (a rollback: none)
+        tags, values = ["procsv/restarts"], [float(i - view.not_restarts(before=a.attempt))]  # (a rollback, a regroup: none)
         if rec["total_s"] is not None:
             tags.append("procsv/recovery_secs")
             values.append(float(rec["total_s"]))
         if rec["steps_redone"] is not None:
             tags.append("procsv/steps_redone")
             values.append(float(rec["steps_redone"]))
+        if view.group_nodes:
+            tags.append("procsv/group_hosts")
+            values.append(float(len(view.group_nodes)))
         out.append(RunScalars(a.restored_step + 1, wall, tags, values))
         i += 1
     sent = replace(sent, recovered=i)
@@ -85,7 +88,7 @@ def due(view: RunView, now: float, wall: float, sent: Sent) -> tuple[list[RunSca
     stepped = any(a.first_step_at is not None for a in attempts)
     final = view.finishing and not sent.final
     if stepped and (now >= sent.next_periodic or final):
-        tags, values = ["procsv/restarts"], [float(max(0, len(attempts) - 1 - view.group_rollbacks()))]
+        tags, values = ["procsv/restarts"], [float(max(0, len(attempts) - 1 - view.not_restarts()))]
         spent = badput.of_launch(view, now)
         goodput = badput.goodput(view, now, spent)
         if goodput is not None:
@@ -94,6 +97,9 @@ def due(view: RunView, now: float, wall: float, sent: Sent) -> tuple[list[RunSca
         if spent.wall > 0:
             tags += [f"procsv/time_share/{k}" for k in spent.secs]
             values += [v / spent.wall for v in spent.secs.values()]
+        if view.group_nodes:  # an elastic group's hosts now (rule 15)
+            tags.append("procsv/group_hosts")
+            values.append(float(len(view.group_nodes)))
         if view.last_commit_at is not None:
             tags.append("procsv/checkpoint_age_secs")
             values.append(max(0.0, now - view.last_commit_at))

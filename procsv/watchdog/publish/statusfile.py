@@ -49,7 +49,7 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
     for slot in (*members, *servers, *ps, CHECKPOINT, SUMMARY):
         c = view.children.get(slot)
         if c is not None:
-            rolled = view.group_rollbacks(before=c.attempt) if c.role in (TRAINER, WORKER) else 0  # not restarts
+            rolled = view.not_restarts(before=c.attempt) if c.role in (TRAINER, WORKER) else 0  # not restarts
             entry = {"role": c.slot if c.role in (WORKER, PS, SERVER) else c.role, "pid": c.pid, "state": c.state.value,
                      "restarts": c.attempt - 1 - rolled, "attempt": c.attempt, "create_time": c.create_time}
             if grouped and c.role in (TRAINER, WORKER):  # a group's member: its task, its node and host, its step
@@ -58,7 +58,10 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
             procs.append(entry)
     spent = badput.of_launch(view, now)
     return {
-        "group": {"nproc": cfg.nproc, "nnodes": cfg.nnodes, "state": group.group_state(view), "ps": cfg.ps}
+        "group": {"nproc": cfg.nproc, "nnodes": cfg.nnodes, "state": group.group_state(view), "ps": cfg.ps,
+                  # rule 15 (--min-nodes): the hosts the group runs on now, and how often that changed
+                  "nodes": list(view.group_nodes or range(cfg.nnodes)), "min_nodes": cfg.min_nodes or cfg.nnodes,
+                  "membership_changes": view.membership_changes}
         if grouped else None,
         "version": STATUS_VERSION,
         "state": view.run.value,

@@ -30,14 +30,17 @@ class Cause(str, enum.Enum):
     STANDBY_LOST = "standby_lost"  # a member of the standby group ended: the rest of it goes with it
     GROUP_NOW = "group_now"  # a member of the trainer group ended and the standby group is ready: no grace
     PS_LOST = "ps_lost"  # --ps: a parameter server died; every worker's session lost its variables (rule 14)
+    REGROUP = "regroup"  # --min-nodes: a host is back; the group restarts with it from the checkpoint just committed
 
 
 @dataclass(frozen=True)
 class Spawn:
-    """Start the next attempt of ``slot``."""
+    """Start the next attempt of ``slot``; a trainer group's on the hosts ``nodes`` (node 0 first; empty:
+    not a group over hosts)."""
 
     slot: str
     role: str
+    nodes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class Restart:
     preempted: bool = False  # a SIGTERM/SIGINT stopped it and its checkpoint committed (exit 42 and its exit report)
     early: bool = False
     skip: Optional[int] = None  # a group's rollback (exit 5): the step every member of the next group skips
+    regroup: bool = False  # the group was ended to take a host back (rule 15): not a failure, not counted
 
 
 @dataclass(frozen=True)

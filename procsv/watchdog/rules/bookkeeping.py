@@ -33,6 +33,10 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
     if isinstance(action, Spawn):
         if action.role == TRAINER:
             view.restart_at = None
+            if action.nodes:  # a group over hosts (rule 15): the hosts it is made of
+                if view.group_nodes and action.nodes != view.group_nodes:
+                    view.membership_changes += 1
+                view.group_nodes = action.nodes
         view.task_due.pop(action.slot, None)  # a --ps task restarted alone (rule 14)
         return
     if isinstance(action, ArmChaos):
@@ -112,7 +116,9 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
                 child.set_state(ProcState.STOPPING)
     elif isinstance(action, Kill):
         child.killed = True
-        if action.cause == Cause.HANG:
+        if action.cause == Cause.REGROUP:
+            child.regroup = True
+        elif action.cause == Cause.HANG:
             child.hang_kill_at = None
         elif action.cause == Cause.STOP_GRACE and child.role == TRAINER:
             view.stop_deadline = None  # (a --ps worker killed at half the grace leaves the chief's deadline)

@@ -88,6 +88,11 @@ Rules, in the order they are considered:
    (``--on-worker-give-up stop``) or not (``continue``, the default). A stop (rule 2) goes to the
    non-chief workers first and to the chief once none is live; rule 6 stops a parameter server
    only once no worker is live.
+15. **Elastic groups** (:mod:`procsv.watchdog.rules.membership`, ``--nnodes M --min-nodes K``): a host that
+   stays away past ``rejoin_timeout`` no longer stops the run while K hosts are left: the next group
+   (rule 3) starts on the hosts connected, ranks dense in their order. A host that comes back is taken
+   back at the next checkpoint boundary: once a checkpoint commits after it joined, every member is
+   SIGKILLed (cause ``regroup``) and rule 1 restarts the group at once, not counting it as a failure.
 """
 
 from __future__ import annotations
@@ -95,14 +100,14 @@ from __future__ import annotations
 import signal
 
 from procsv.watchdog.rules import group
-from procsv.watchdog.rules import standby, tasks
+from procsv.watchdog.rules import membership, standby, tasks
 from procsv.watchdog.rules.actions import (Action, Cause, Finish, GiveUp, Kill, Promote, Signal, Spawn, StartZygote,
                                            StopFailing)
 from procsv.watchdog.rules.bookkeeping import EXIT_CHECKPOINTS_FAILING, EXIT_LOGDIR_LOST
 from procsv.watchdog.rules.chaos import chaos_actions
 from procsv.watchdog.rules.hang import hang_actions
 from procsv.watchdog.rules.group import group_actions
-from procsv.watchdog.rules.hosts import host_actions, hosts_missing
+from procsv.watchdog.rules.hosts import host_actions
 from procsv.watchdog.rules.judge import EXIT_STOP_UNSAVED, judge
 from procsv.watchdog.rules.lifecycle import ProcState, RunState
 from procsv.watchdog.rules.limits import Limits
@@ -134,6 +139,7 @@ def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Actio
     if view.finishing:
         return actions + _shutdown(view, now, limits)
     actions += _stop(view, now, limits)
+    actions += membership.take_back(view, limits)
     actions += group_actions(view, now, limits.group_grace_secs, at_once=standby.promotable(view, limits.nproc))
     actions += standby.broken(view)
     actions += _restart_due(view, now, limits)
@@ -185,10 +191,11 @@ def _restart_due(view: RunView, now: float, limits: Limits) -> list[Action]:
         return []
     if view.zygote == ZygoteState.WARMING and not view.attempts and now - view.launch_start < limits.zygote_wait:
         return []  # the first trainer waits for the first pre-warmed one; a restart never waits for a new one
-    if group.draining(view) or (hosts_missing(view, limits) and not (view.tasks_alone and view.attempts)):
-        # rule 11: the last group's workers are not all reaped yet (their ports, their collectives); rule 12:
-        # a group waits for every host. With --ps only the first start does (every task's address):
-        # the chief's restart is its own, on node 0
+    nodes = membership.next_nodes(view, now, limits)
+    if group.draining(view) or (nodes is None and not (view.tasks_alone and view.attempts)):
+        # rule 11: the last group's workers are not all reaped yet (their ports, their collectives); rules 12
+        # and 15: a group waits for every host it still waits for. With --ps only the first start does (every
+        # task's address): the chief's restart is its own, on node 0
         return []
     if tasks.chief_held(view) or tasks.ps_not_serving(view, now, limits.hang.startup_timeout):
         return []  # rule 14: --ps, the last chief still holds its port; --coordinator, a ps is not back
@@ -197,7 +204,8 @@ def _restart_due(view: RunView, now: float, limits: Limits) -> list[Action]:
     if standby.promotable(view, limits.nproc):  # (a standby group: all its members together, chief first)
         return [Promote(sb.slot, sb.attempt) for sb in standby.members(view)]
     # not ready yet (kills in a row, a member of a standby group lost): fork instead
-    return standby.unready(view) + [Spawn(TRAINER, TRAINER)]
+    hosts = (nodes or tuple(range(limits.nnodes))) if limits.nnodes > 1 and not limits.ps else ()
+    return standby.unready(view) + [Spawn(TRAINER, TRAINER, hosts)]
 
 
 def zygote_retry_delay(losses: int, limits: Limits) -> float:

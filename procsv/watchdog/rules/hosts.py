@@ -6,10 +6,12 @@ agent's heartbeats), the time ``now`` passed in and the :class:`~procsv.watchdog
 
 - A host whose agent has been silent for ``node_timeout`` seconds is lost (:class:`NodeLost`):
   its members count as dead, which breaks the group (rule 11); the next group waits until
-  every host is connected again (:func:`hosts_missing`). Also while the run finishes: the launch
+  every host is connected again (:func:`~procsv.watchdog.rules.membership.next_nodes`). Also while the run finishes: the launch
   waits for no member of a lost host.
 - A host that never joined, or was lost and did not come back within ``rejoin_timeout``
-  seconds, stops the run in order, which then fails (:class:`StopFailing`).
+  seconds, stops the run in order, which then fails (:class:`StopFailing`). With ``--min-nodes K``
+  (elastic, :mod:`procsv.watchdog.rules.membership`) only once fewer than K hosts are left: until
+  then the group trains on without it, and takes it back when its agent comes back.
 - Which agent may speak for a node rank (:func:`claim_node`): the first key that claims it in a
   launch holds it; another key's claim is refused while the holder is connected, and wins once
   the holder's host was found lost (its agent relaunched: a new agent makes a new key pair).
@@ -22,6 +24,7 @@ from typing import Mapping
 
 from procsv.watchdog.rules.actions import Action, NodeLost, StopFailing
 from procsv.watchdog.rules.limits import Limits
+from procsv.watchdog.rules.membership import out_of_group
 from procsv.watchdog.rules.state import RunView
 
 
@@ -32,30 +35,28 @@ def host_actions(view: RunView, now: float, limits: Limits) -> list[Action]:
     out: list[Action] = []
     for node in range(1, limits.nnodes):
         n = view.nodes.get(node)
-        if n is None or n.last_beat is None:
-            if now - view.launch_start > limits.rejoin_timeout and view.stop_signal is None and not view.finishing:
-                why = (f"node {node} did not join within --rejoin-timeout {limits.rejoin_timeout:g} s (is `procsv "
-                       f"launch --node-rank {node}` running there, and can it reach --master-addr?)")
-                return [StopFailing("nodes", why, why)]
-            continue
-        if n.lost_at is None and now - n.last_beat > limits.node_timeout:
+        if n is not None and n.last_beat is not None and n.lost_at is None and now - n.last_beat > limits.node_timeout:
             # also while the run finishes: a host that dies during the orderly stop reports its
             # members' ends no more, and the launch waits for them until their host is found lost
             out.append(NodeLost(node, now - n.last_beat))
-        elif n.lost_at is not None and now - n.lost_at > limits.rejoin_timeout and view.stop_signal is None \
-                and not view.finishing:
-            why = f"node {node} ({n.host}) was lost and did not come back within --rejoin-timeout {limits.rejoin_timeout:g} s"
-            return [StopFailing("nodes", why, why)]
-    return out
-
-
-def hosts_missing(view: RunView, limits: Limits) -> bool:
-    """Some host has not joined yet, or is lost: a group cannot start without it."""
-    for node in range(1, limits.nnodes):
+    if view.stop_signal is not None or view.finishing:
+        return out
+    gone = out_of_group(view, now, limits)
+    if not gone or (limits.elastic and limits.nnodes - len(gone) >= limits.min_nodes):
+        return out
+    whys = []
+    for node in gone:
         n = view.nodes.get(node)
-        if n is None or n.last_beat is None or n.lost_at is not None:
-            return True
-    return False
+        if n is None or n.last_beat is None:
+            whys.append(f"node {node} did not join within --rejoin-timeout {limits.rejoin_timeout:g} s (is `procsv "
+                        f"launch --node-rank {node}` running there, and can it reach --master-addr?)")
+        else:
+            whys.append(f"node {node} ({n.host}) was lost and did not come back within --rejoin-timeout "
+                        f"{limits.rejoin_timeout:g} s")
+    why = "; ".join(whys)
+    if limits.elastic:
+        why += f": {limits.nnodes - len(gone)} of {limits.nnodes} hosts left, fewer than --min-nodes {limits.min_nodes}"
+    return [StopFailing("nodes", why, why)]
 
 
 class Claim(str, enum.Enum):

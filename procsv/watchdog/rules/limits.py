@@ -52,9 +52,15 @@ class Limits:
     nnodes: int = 1  # hosts of the job (--nnodes): each runs nproc of the group's trainers
     node_timeout: float = 15.0  # --node-timeout: a host whose agent is silent this long is lost (its members are dead)
     rejoin_timeout: float = 300.0  # a lost (or never joined) host may take this long to come back
+    min_nodes: int = 0  # --min-nodes K: past rejoin_timeout the group trains on without a host while K are left (0: off)
     ps: int = 0  # --ps N: parameter-server tasks; > 0: nproc is --workers and each task restarts alone (rule 14)
     coordinator: bool = False  # --coordinator (with --ps): the workers are servers, TARGET runs once as the chief
     worker_give_up: str = "continue"  # --on-worker-give-up: a --ps worker given up on stops the run, or not (rule 14)
+
+    @property
+    def elastic(self) -> bool:
+        """Whether a group over hosts trains on without a host that stays away (``--min-nodes``, rule 15)."""
+        return self.nnodes > 1 and 0 < self.min_nodes < self.nnodes and not self.ps
 
     @property
     def world(self) -> int:

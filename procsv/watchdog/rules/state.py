@@ -113,6 +113,7 @@ class ChildView:
     settled_early: bool = False  # ... on the death notice, before the exit status was known
     node: int = 0  # the host (--node-rank) it runs on: 0 is the master's own
     stopped: bool = False  # a group member seen stopped (SIGSTOP: state T) while the group made no step
+    regroup: bool = False  # SIGKILLed to take a host back into the group (rule 15): not a failure
     broken_by: Optional["ChildView"] = None  # a group's chief: the member whose end broke its attempt, once judged
 
     def note_busy(self, busy: str, now: float) -> None:
@@ -203,6 +204,7 @@ class NodeView:
     live: list[str] = field(default_factory=list)  # the members it says it runs (``slot.attempt``)
     last_beat: Optional[float] = None  # its last NodeHello (None: never joined)
     lost_at: Optional[float] = None  # when it was found lost (None: connected, or never joined)
+    joined_at: Optional[float] = None  # when it last joined or came back (rule 15 takes it back after a commit)
 
 
 @dataclass
@@ -270,6 +272,8 @@ class RunView:
     skipped_steps: list[int] = field(default_factory=list)
     # the other hosts of a job that spans hosts (--nnodes): node rank -> what its agent said
     nodes: dict[int, NodeView] = field(default_factory=dict)
+    group_nodes: tuple[int, ...] = ()  # the hosts the current (or last) group was started on, node 0 first (rule 15)
+    membership_changes: int = 0  # groups started on other hosts than the group before them
 
     def trainers(self) -> list[ChildView]:
         return [c for c in self.children.values() if c.role == TRAINER]
@@ -293,6 +297,13 @@ class RunView:
         """The trainer group's rollbacks (an attempt that ended in one: a restart of the group that is a
         rollback, not counted as a restart), of every attempt or of those before attempt ``before``."""
         return sum(1 for a in self.attempts if a.group_rollback is not None and (before is None or a.attempt < before))
+
+    def not_restarts(self, before: Optional[int] = None) -> int:
+        """Trainer attempts followed by another that were no restart: a group's rollback (counted as one)
+        or a regroup (rule 15, ended to take a host back: a membership change), of every attempt or of
+        those before attempt ``before``."""
+        return sum(1 for a in self.attempts if (a.group_rollback is not None or a.regroup)
+                   and (before is None or a.attempt < before))
 
     def live_children(self) -> list[ChildView]:
         """Attempts not reaped yet."""

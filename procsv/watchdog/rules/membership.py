@@ -1,0 +1,100 @@
+"""Rule 15 of the decision function: an elastic group's membership (``--nnodes M --min-nodes K``).
+
+Runs in the watchdog of node 0 (the master). Pure: reads the observed
+:class:`~procsv.watchdog.rules.state.RunView` (each host's :class:`~procsv.watchdog.rules.state.NodeView`),
+the time ``now`` passed in and the :class:`~procsv.watchdog.rules.limits.Limits`; returns values and actions.
+
+A ``tf.distribute`` group cannot change its members in place: every change is a restart of the whole
+group on a new ``TF_CONFIG`` (rule 11 starts it, rule 3 when it is due). This module decides which hosts
+that group is made of:
+
+- :func:`next_nodes`: the hosts the next group starts on. Node 0 and every other host whose agent is
+  connected. A host that is not (never joined, or lost) is waited for until ``rejoin_timeout`` has
+  passed since the launch's start (never joined) or since it was found lost; after that, with
+  ``--min-nodes K`` (elastic), the group starts without it. Without ``--min-nodes`` every host is waited for.
+- :func:`out_of_group`: the hosts given up for now (past ``rejoin_timeout``, not connected). Fewer than
+  ``K`` hosts left stops the run (:mod:`procsv.watchdog.rules.hosts`, rule 12).
+- :func:`take_back`: a host connected (its agent joined or came back) while the group runs without it
+  is taken back at the group's next checkpoint boundary: once a checkpoint commits after the host
+  joined (and after the running group's first step), every member is SIGKILLed (cause ``regroup``); the
+  group restarts at once on every connected host, from that checkpoint (the joiner has no state of
+  its own: it restores the group's). A regroup is not a failure: rule 1 restarts without counting it.
+
+A host's members get their ranks in the order of the group's hosts: node 0's ``0 .. N-1``, the next host's
+``N .. 2N-1`` and so on, so ranks stay dense whichever hosts are out (:func:`ranks_of`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from procsv.watchdog.rules.actions import Action, Cause, Kill
+from procsv.watchdog.rules.group import members
+from procsv.watchdog.rules.limits import Limits
+from procsv.watchdog.rules.state import TRAINER, RunView
+
+
+def connected(view: RunView, node: int) -> bool:
+    """Whether host ``node``'s agent is connected now (node 0 always is: it is this watchdog)."""
+    if node == 0:
+        return True
+    n = view.nodes.get(node)
+    return n is not None and n.last_beat is not None and n.lost_at is None
+
+
+def waited_for(view: RunView, node: int, now: float, limits: Limits) -> bool:
+    """Whether host ``node``, not connected, is still waited for: within ``rejoin_timeout`` of the
+    launch's start (it never joined) or of its loss."""
+    n = view.nodes.get(node)
+    since = view.launch_start if n is None or n.last_beat is None else n.lost_at
+    return since is None or now - since <= limits.rejoin_timeout
+
+
+def out_of_group(view: RunView, now: float, limits: Limits) -> list[int]:
+    """The hosts given up for now: not connected, and past their ``rejoin_timeout``."""
+    return [node for node in range(1, limits.nnodes)
+            if not connected(view, node) and not waited_for(view, node, now, limits)]
+
+
+def next_nodes(view: RunView, now: float, limits: Limits) -> Optional[tuple[int, ...]]:
+    """The hosts the next group starts on, in rank order (node 0 first); None: wait, a host that is not
+    connected is still waited for (or, without ``--min-nodes``, any host that is not connected)."""
+    nodes = [0]
+    for node in range(1, limits.nnodes):
+        if connected(view, node):
+            nodes.append(node)
+        elif not limits.elastic or waited_for(view, node, now, limits):
+            return None
+    return tuple(nodes)
+
+
+def ranks_of(nodes: tuple[int, ...], node: int, nproc: int) -> list[int]:
+    """The ranks host ``node`` runs in a group of ``nodes`` (``nproc`` members a host)."""
+    at = nodes.index(node)
+    return list(range(at * nproc, at * nproc + nproc))
+
+
+def joiners(view: RunView) -> list[int]:
+    """Hosts connected now that the running group was started without."""
+    if not view.group_nodes:
+        return []
+    return [node for node in view.nodes if node not in view.group_nodes and connected(view, node)]
+
+
+def take_back(view: RunView, limits: Limits) -> list[Action]:
+    """Regroup at the checkpoint boundary: a joiner waits, and a checkpoint committed after it joined
+    and after the running group's first step: SIGKILL every live member (cause ``regroup``)."""
+    if not limits.elastic or view.stop_signal is not None or view.finishing or view.restart_at is not None:
+        return []
+    chief = view.children.get(TRAINER)
+    if chief is None or not chief.live or chief.first_step_at is None or chief.regroup:
+        return []
+    waiting = [view.nodes[node].joined_at for node in joiners(view)]
+    joined = [t for t in waiting if t is not None]
+    if not joined or view.last_commit_at is None:
+        return []
+    if view.last_commit_at < max(min(joined), chief.first_step_at):
+        return []
+    return [Kill(m.slot, m.attempt, Cause.REGROUP, f"node(s) {', '.join(map(str, joiners(view)))} back: the group "
+                 f"restarts with them from the checkpoint of step {view.last_commit_step}")
+            for m in members(view, chief) if m.live and not m.killed]

@@ -1,0 +1,145 @@
+"""An elastic group's membership (``--nnodes M --min-nodes K``, rule 15), pure: which hosts the next group
+starts on, when a host that stays away stops the run, when a host that came back is taken back, and how
+that restart is judged. Driven with a fake clock through the watchdog's own observations
+(``observe.node_hello``, ``observe.spawned``, ``observe.heard``), decision (``decide``) and bookkeeping
+(``note``); the real two-host runs are in ``test_hosts_elastic.py``.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from procsv.ipc.messages import NodeHello, Progress
+from procsv.watchdog import observe
+from procsv.watchdog.rules.actions import Cause, Kill, Restart, Spawn, StopFailing
+from procsv.watchdog.rules.bookkeeping import note
+from procsv.watchdog.rules.decide import decide
+from procsv.watchdog.rules.failures import Failure
+from procsv.watchdog.rules.hang import HangLimits
+from procsv.watchdog.rules.hosts import host_actions
+from procsv.watchdog.rules.limits import Limits
+from procsv.watchdog.rules.membership import next_nodes, ranks_of, take_back
+from procsv.watchdog.rules.state import TRAINER, WORKER, RunView
+
+REJOIN = 30.0
+
+
+def limits(min_nodes: int = 0, nnodes: int = 3) -> Limits:
+    return Limits(hang=HangLimits(None, None), nproc=1, nnodes=nnodes, min_nodes=min_nodes, rejoin_timeout=REJOIN,
+                  node_timeout=5.0)
+
+
+def hello(view: RunView, node: int, now: float, live: tuple[str, ...] = ()) -> None:
+    observe.node_hello(view, NodeHello(node, 1, f"10.0.0.{node + 1}", 100 + node, [f"10.0.0.{node + 1}:4000"],
+                                       list(live)), now)
+
+
+def lose(view: RunView, node: int, now: float, lim: Limits) -> None:
+    """Node ``node`` went silent at ``now - node_timeout - 0.1``: rule 12 finds it lost now."""
+    view.nodes[node].last_beat = now - lim.node_timeout - 0.1
+    for action in host_actions(view, now, lim):
+        note(view, action, now, lim)
+    assert view.nodes[node].lost_at == now
+
+
+def test_without_min_nodes_a_host_past_its_rejoin_timeout_stops_the_run_and_the_next_group_waits_for_every_host():
+    lim = limits()
+    view = RunView(launch_start=0.0)
+    hello(view, 1, 1.0)
+    hello(view, 2, 1.0)
+    lose(view, 2, 10.0, lim)
+    hello(view, 1, 10.0 + REJOIN + 1)  # node 1 beats on
+    assert next_nodes(view, 10.0 + REJOIN + 1, lim) is None  # waits for it, however long
+    stop = [a for a in host_actions(view, 10.0 + REJOIN + 1, lim) if isinstance(a, StopFailing)]
+    assert [s.reason for s in stop] == [f"node 2 (10.0.0.3) was lost and did not come back within --rejoin-timeout "
+                                        f"{REJOIN:g} s"]
+
+
+def test_with_min_nodes_the_next_group_waits_out_the_rejoin_timeout_then_starts_on_the_hosts_left_with_dense_ranks():
+    lim = limits(min_nodes=2)
+    view = RunView(launch_start=0.0)
+    hello(view, 1, 1.0)
+    hello(view, 2, 1.0)
+    assert next_nodes(view, 2.0, lim) == (0, 1, 2)
+    lose(view, 1, 10.0, lim)
+    hello(view, 2, 10.0 + REJOIN)  # node 2 beats on
+    assert next_nodes(view, 10.0 + REJOIN, lim) is None  # still waited for
+    assert not [a for a in host_actions(view, 10.0 + REJOIN + 1, lim) if isinstance(a, StopFailing)]
+    assert next_nodes(view, 10.0 + REJOIN + 1, lim) == (0, 2)
+    assert ranks_of((0, 2), 2, 4) == [4, 5, 6, 7]  # node 2 takes the ranks after node 0's: none is left empty
+    hello(view, 1, 50.0)  # back: in the next group again
+    assert next_nodes(view, 51.0, lim) == (0, 1, 2)
+
+
+def test_fewer_hosts_left_than_min_nodes_stop_the_run_and_say_how_many_are_left():
+    lim = limits(min_nodes=2)
+    view = RunView(launch_start=0.0)
+    hello(view, 1, 1.0)  # node 2 never joins
+    assert not [a for a in host_actions(view, REJOIN + 1, lim) if isinstance(a, StopFailing)]
+    assert next_nodes(view, REJOIN + 1, lim) == (0, 1)  # absent at start: the group starts without it
+    lose(view, 1, 40.0, lim)
+    stop = [a for a in host_actions(view, 40.0 + REJOIN + 1, lim) if isinstance(a, StopFailing)]
+    assert len(stop) == 1 and stop[0].cause == "nodes"
+    assert "node 1 (10.0.0.2) was lost and did not come back" in stop[0].reason
+    assert "node 2 did not join within --rejoin-timeout 30 s" in stop[0].reason
+    assert stop[0].reason.endswith("1 of 3 hosts left, fewer than --min-nodes 2")
+
+
+def running_group(lim: Limits, nodes: tuple[int, ...], now: float) -> RunView:
+    """A group started on ``nodes`` (decided by ``decide``, noted), each member past its first step."""
+    view = RunView(launch_start=0.0, restart_at=0.0)
+    for node in nodes[1:]:
+        hello(view, node, 0.5)
+    spawn = [a for a in decide(view, now, lim, 0.0) if isinstance(a, Spawn) and a.role == TRAINER]
+    assert [s.nodes for s in spawn] == [nodes]
+    note(view, spawn[0], now, lim)
+    observe.spawned(view, TRAINER, TRAINER, 1, 101, now, "fresh")
+    for rank, node in enumerate(nodes[1:], start=1):
+        observe.spawned(view, f"worker{rank}", WORKER, 1, 200 + rank, now, f"node{node}")
+        view.children[f"worker{rank}"].node = node
+        observe.heard(view, Progress(200 + rank, 5, 0.0), now + 1.0, slot=f"worker{rank}")
+    observe.heard(view, Progress(101, 5, 0.0), now + 1.0)
+    return view
+
+
+def test_a_host_that_comes_back_is_taken_back_at_the_first_commit_after_it_joined_and_that_restart_is_no_failure():
+    lim = limits(min_nodes=1, nnodes=2)
+    view = RunView(launch_start=0.0)
+    view = running_group(lim, (0,), REJOIN + 1)  # node 1 never came: the group runs on node 0 alone
+    assert view.group_nodes == (0,) and view.membership_changes == 0
+    view.last_commit_at, view.last_commit_step = 40.0, 50
+    hello(view, 1, 41.0)  # node 1 joins after that commit
+    assert take_back(view, lim) == []
+    assert not [a for a in decide(view, 41.5, lim, 0.0) if isinstance(a, (Kill, Spawn))]
+    view.last_commit_at, view.last_commit_step = 42.0, 60  # the next checkpoint boundary
+    kills = [a for a in decide(view, 42.1, lim, 0.0) if isinstance(a, Kill)]
+    assert [(k.slot, k.cause) for k in kills] == [(TRAINER, Cause.REGROUP)]
+    assert "from the checkpoint of step 60" in kills[0].reason
+    history = view.history
+    for k in kills:
+        note(view, k, 42.1, lim)
+    assert take_back(view, lim) == []  # asked once
+    chief = view.children[TRAINER]
+    observe.reaped(view, TRAINER, 1, Failure(TRAINER, 1, 101, -signal.SIGKILL, 0.0, ""), 42.2)
+    restart = [a for a in decide(view, 42.2, lim, 0.0) if isinstance(a, Restart)]
+    assert len(restart) == 1 and restart[0].delay == 0.0 and restart[0].regroup
+    assert restart[0].history == history  # not counted as a restart
+    note(view, restart[0], 42.2, lim)
+    spawn = [a for a in decide(view, 42.2, lim, 0.0) if isinstance(a, Spawn) and a.role == TRAINER]
+    assert [s.nodes for s in spawn] == [(0, 1)]
+    note(view, spawn[0], 42.2, lim)
+    assert view.group_nodes == (0, 1) and view.membership_changes == 1
+    assert view.not_restarts() == 1 and chief.regroup
+
+
+def test_a_host_back_before_the_groups_first_step_waits_for_a_commit_after_that_step():
+    lim = limits(min_nodes=1, nnodes=2)
+    view = running_group(lim, (0,), REJOIN + 1)
+    view.children[TRAINER].first_step_at = 50.0
+    hello(view, 1, 45.0)
+    view.last_commit_at = 48.0  # after the join, but a commit the running group did not make
+    assert take_back(view, lim) == []
+    view.last_commit_at = 51.0
+    assert [a.cause for a in take_back(view, lim)] == [Cause.REGROUP]
+    view.stop_signal = signal.SIGTERM  # never while the run stops
+    assert take_back(view, lim) == []
