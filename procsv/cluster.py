@@ -4,7 +4,9 @@ Runs in the trainer (the user's program reads it). The launch gives every traine
 own ``TF_CONFIG`` (the cluster's addresses on free ports procsv chose, and this trainer's task),
 which ``tf.distribute.MultiWorkerMirroredStrategy`` reads by itself; these functions say the same
 for a program that needs its task without parsing ``TF_CONFIG``. Without ``--nproc`` (or in plain
-``python train.py``) there is one trainer: rank 0 of 1, the chief.
+``python train.py``) there is one trainer: rank 0 of 1, the chief. An elastic group (``--nnodes M
+--min-nodes K``) restarts on the hosts it has whenever one leaves or comes back: :func:`size` and
+:func:`rank` are then this attempt's (``docs/elastic.md`` says what a program must do to stay correct).
 
 ``procsv launch --ps N --workers M`` (TF1 between-graph replication, ``docs/parameter-servers.md``)
 gives every worker task a ``TF_CONFIG`` with a ``ps`` and a ``worker`` job: :func:`cluster_spec` is
@@ -36,6 +38,18 @@ def rank() -> int:
 def nproc() -> int:
     """How many trainers the group has (1 without ``--nproc``)."""
     return int(os.environ.get(env.NPROC, "1") or 1)
+
+
+def size() -> int:
+    """The group's size now (:func:`nproc`): with ``--min-nodes`` (an elastic group, ``docs/elastic.md``) it
+    changes from one attempt to the next as hosts leave and come back, never within a process."""
+    return nproc()
+
+
+def hosts() -> int:
+    """How many hosts the group runs on now (``--nnodes``; fewer while an elastic group trains on without
+    some); 1 on one host."""
+    return int(os.environ.get(env.GROUP_HOSTS, "1") or 1)
 
 
 def is_chief() -> bool:
@@ -111,5 +125,5 @@ def server_target() -> str:
         return str(_server.target)
 
 
-__all__ = ["rank", "nproc", "is_chief", "tf_config", "make_tf_config", "ps_tasks", "make_ps_tf_config",
+__all__ = ["rank", "nproc", "size", "hosts", "is_chief", "tf_config", "make_tf_config", "ps_tasks", "make_ps_tf_config",
            "make_pss_tf_config", "cluster_spec", "server_target"]
