@@ -10,8 +10,14 @@ import os
 import signal
 from typing import Any
 
-from conftest import finish, launch, raw_status, wait_for
+import subprocess
+import sys
+
+from conftest import finish, launch, quiet_env, raw_status, wait_for
+from procsv.common.layout import Layout
+from procsv.status import read_status, render
 from test_hosts import ARGS, HOST1_IP, agent, events, host_pids, hosts, master_addr  # noqa: F401 (a fixture)
+from test_metrics import free_port, scrape, value
 
 ELASTIC = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "2",
            "--group-grace-secs", "0")
@@ -25,7 +31,8 @@ def memberships(logdir: str) -> list[tuple[list[int], int]]:
 def test_a_host_lost_for_good_leaves_the_group_training_on_one_host_and_a_new_agent_is_taken_back(hosts, logdir):
     addr = master_addr()
     args = (*ARGS, "--steps", str(STEPS), "--step-delay", "0.02")
-    master = launch(logdir, *args, opts=(*ELASTIC, "--master-addr", addr))
+    port = free_port()
+    master = launch(logdir, *args, opts=(*ELASTIC, "--master-addr", addr, "--metrics-port", str(port)))
     first = agent(logdir, addr, *args)
     second: Any = None
     try:
@@ -38,8 +45,19 @@ def test_a_host_lost_for_good_leaves_the_group_training_on_one_host_and_a_new_ag
         lost_at = len(events(logdir, "first_step"))
         wait_for(lambda: len(events(logdir, "first_step")) > lost_at - 0 and (raw_status(logdir) or {}).get(
             "step", 0) > 0, 60, what="the smaller group's first step")
+        # while it trains on one host: the status, its text and the metrics say so
+        st = read_status(Layout(logdir))
+        assert st is not None and st["group"]["nodes"] == [0] and st["group"]["membership_changes"] == 1, st
+        assert "trainer group of 1 (1 on each of 1 of 2 hosts (nodes 0; --min-nodes 1; 1 membership change(s))): " \
+            in render(st, logdir), render(st, logdir)
+        samples = wait_for(lambda: (m := scrape(port)) and value(m, "procsv_group_hosts") == 1 and m, 10,
+                           what="procsv_group_hosts 1")
+        assert value(samples, "procsv_live_hosts") == 1
         second = agent(logdir, addr, *args)
         wait_for(lambda: len(memberships(logdir)) == 2, 120, what="node 1 taken back")
+        samples = wait_for(lambda: (m := scrape(port)) and value(m, "procsv_group_hosts") == 2 and m, 10,
+                           what="procsv_group_hosts 2")
+        assert value(samples, "procsv_live_hosts") == 2 and value(samples, "procsv_membership_changes_total") == 2
     finally:
         code, out, err = finish(master)
     acode, aout, aerr = finish(second, timeout=30) if second is not None else (None, "", "")
@@ -49,3 +67,21 @@ def test_a_host_lost_for_good_leaves_the_group_training_on_one_host_and_a_new_ag
     assert events(logdir, "finished")[-1]["step"] == STEPS
     assert "--min-nodes 1" in err and "ending the group at this checkpoint boundary" in err, err
     assert not host_pids()
+    # the host loss is a restart; the take-back is a regroup, no restart
+    regroup = [r for r in events(logdir, "restarting") if r["error"] == "regroup"]
+    assert len(regroup) == 1 and len(events(logdir, "restarting")) == 2
+    assert raw_status(logdir)["restarts"] == 1
+    report = subprocess.run([sys.executable, "-m", "procsv", "report", logdir], capture_output=True, text=True,
+                            env=quiet_env(), timeout=60).stdout
+    assert "procsv report: 1 restart(s), 1 regroup(s) taking a host back" in report, report
+    assert "regroup: a host taken back" in report
+    assert "attempt 2 on 1 host(s) (nodes 0; 1 trainers): node 1 (" in report, report
+    assert "attempt 3 on 2 host(s) (nodes 0, 1; 2 trainers): node 1 (" in report, report
+    # TensorBoard's reader: procsv/group_hosts at each restarted attempt's first step (and periodically)
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    acc = ea.EventAccumulator(os.path.join(logdir, "procsv"), size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    hosts_now = [(e.step, e.value) for e in acc.Scalars("procsv/group_hosts")]
+    first = {r["step"] for r in events(logdir, "first_step")}
+    assert {v for s, v in hosts_now if s in first} >= {1.0, 2.0}, (hosts_now, first)
