@@ -48,6 +48,7 @@ def test_a_host_lost_for_good_leaves_the_group_training_on_one_host_and_a_new_ag
         # while it trains on one host: the status, its text and the metrics say so
         st = read_status(Layout(logdir))
         assert st is not None and st["group"]["nodes"] == [0] and st["group"]["membership_changes"] == 1, st
+        assert not [p for p in st["processes"] if p["role"].startswith("worker")], st  # the lost host's is no member
         assert "trainer group of 1 (1 on each of 1 of 2 hosts (nodes 0; --min-nodes 1; 1 membership change(s))): " \
             in render(st, logdir), render(st, logdir)
         samples = wait_for(lambda: (m := scrape(port)) and value(m, "procsv_group_hosts") == 1 and m, 10,

@@ -42,7 +42,9 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
                                     "state": "exited" if view.finishing else "running", "restarts": 0,
                                     "create_time": psutil.Process().create_time()}]
     host = socket.gethostname()
-    members = [TRAINER] + sorted((w.slot for w in group.workers(view)), key=group.rank_of)
+    chief = view.children.get(TRAINER)
+    members = [TRAINER] + sorted((w.slot for w in group.workers(view) if chief is None or view.tasks_alone or not w.reaped
+                                  or w.attempt == chief.attempt), key=group.rank_of)  # (not a bigger group's, rule 15)
     ps = sorted((c.slot for c in view.children.values() if c.role == PS), key=lambda s: int(s[len(PS):]))
     servers = sorted((c.slot for c in view.children.values() if c.role == SERVER), key=group.rank_of)  # --coordinator
     grouped = cfg.nproc * cfg.nnodes > 1 or cfg.ps > 0  # --nproc, --nnodes (one trainer per host too), --ps
