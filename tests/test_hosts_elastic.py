@@ -86,3 +86,24 @@ def test_a_host_lost_for_good_leaves_the_group_training_on_one_host_and_a_new_ag
     hosts_now = [(e.step, e.value) for e in acc.Scalars("procsv/group_hosts")]
     first = {r["step"] for r in events(logdir, "first_step")}
     assert {v for s, v in hosts_now if s in first} >= {1.0, 2.0}, (hosts_now, first)
+
+
+def test_a_host_lost_and_never_relaunched_leaves_the_run_to_finish_on_node_0_with_exit_0(hosts, logdir):
+    addr = master_addr()
+    args = (*ARGS, "--steps", "600", "--step-delay", "0.02")
+    master = launch(logdir, *args, opts=(*ELASTIC, "--master-addr", addr))
+    first = agent(logdir, addr, *args)
+    try:
+        wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of two")
+        for pid in host_pids():
+            os.kill(pid, signal.SIGKILL)
+        first.wait(10)
+    finally:
+        code, out, err = finish(master)
+    assert code == 0, err
+    assert memberships(logdir) == [([0], 1)]
+    assert events(logdir, "finished")[-1] == {**events(logdir, "finished")[-1], "state": "succeeded", "step": 600}
+    assert [r["node"] for r in events(logdir, "node_lost")] == [1] and not events(logdir, "gave_up")
+    from test_group import restores_with_plain_tf
+
+    assert restores_with_plain_tf(logdir) == 600
