@@ -19,8 +19,9 @@ take the same samples as the first time.
 ``--keep-global-batch G`` keeps the global batch instead (``b = G // W``; a ``G`` that ``W`` does not
 divide is refused). The loss is averaged over the step's global batch either way.
 
-``--sample-log DIR``: after each completed step every member appends one JSON line to its own file
-``DIR/samples-r<rank>-p<pid>.jsonl`` (flushed at once): ``attempt`` (the group's attempt,
+``--sample-log DIR``: as each step starts, every member appends one JSON line to its own file
+``DIR/samples-r<rank>-p<pid>.jsonl`` (flushed at once; a step's latest attempt is the run of it the
+final state holds, as a step an attempt did not complete is run again by the next): ``attempt`` (the group's attempt,
 ``PROCSV_ATTEMPT``; 0 in a plain run), ``step``, ``world``, ``rank``, ``batch``, ``position`` (the
 step's first global position), ``first`` (this rank's first position) and ``samples`` (its ids).
 ``tests/elastic_helpers.py`` reads these logs back.
@@ -55,7 +56,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep this long per step (simulates a slower model)")
     p.add_argument("--print-every-steps", type=int, default=250)
     p.add_argument("--sample-log", default=None, metavar="DIR",
-                   help="append each completed step's samples to DIR/samples-r<rank>-p<pid>.jsonl (off by default)")
+                   help="append each step's samples to DIR/samples-r<rank>-p<pid>.jsonl (off by default)")
     p.add_argument("--logdir", default=None, help="only when run without `procsv launch`")
     p.add_argument("--plain", action="store_true",
                    help="no procsv: a plain MultiWorkerMirroredStrategy task (the TF_CONFIG given) from "
@@ -81,6 +82,15 @@ def per_replica_batch(args: argparse.Namespace, world: int) -> int:
     return int(g // world)
 
 
+def refuse_or_batch(args: argparse.Namespace, world: int) -> Optional[int]:
+    """:func:`per_replica_batch`, or None after saying in one line on stderr why the group cannot keep it."""
+    try:
+        return per_replica_batch(args, world)
+    except ValueError as e:
+        print(f"elastic_digits: {e}", file=sys.stderr)
+        return None
+
+
 @functools.lru_cache(maxsize=4)
 def _perm(seed: int, epoch: int, n: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n)
@@ -98,20 +108,21 @@ def sample_ids(seed: int, n: int, first: int, count: int) -> np.ndarray:
 
 
 class SampleLog:
-    """One member's sample log: a JSON line per completed step, flushed at once (``None`` dir: off)."""
+    """One member's sample log: a JSON line per step, flushed at once (``None`` folder: off). The file
+    is opened at the first line (a hot standby that is never promoted leaves none)."""
 
     def __init__(self, folder: Optional[str], rank: int, attempt: int) -> None:
         self._fh: Optional[IO[str]] = None
-        self.attempt = attempt
-        if folder:
-            os.makedirs(folder, exist_ok=True)
-            self._fh = open(os.path.join(folder, f"samples-r{rank}-p{os.getpid()}.jsonl"), "a")
+        self.folder, self.rank, self.attempt = folder, rank, attempt
 
-    def write(self, step: int, world: int, rank: int, batch: int, position: int, samples: np.ndarray) -> None:
-        if self._fh is None:
+    def write(self, step: int, world: int, batch: int, position: int, samples: np.ndarray) -> None:
+        if not self.folder:
             return
-        rec = {"attempt": self.attempt, "step": step, "world": world, "rank": rank, "batch": batch,
-               "position": position, "first": position + rank * batch, "samples": [int(i) for i in samples]}
+        if self._fh is None:
+            os.makedirs(self.folder, exist_ok=True)
+            self._fh = open(os.path.join(self.folder, f"samples-r{self.rank}-p{os.getpid()}.jsonl"), "a")
+        rec = {"attempt": self.attempt, "step": step, "world": world, "rank": self.rank, "batch": batch,
+               "position": position, "first": position + self.rank * batch, "samples": [int(i) for i in samples]}
         self._fh.write(json.dumps(rec) + "\n")
         self._fh.flush()
 
@@ -124,7 +135,7 @@ class Trainer:
     """The model, its optimizer, ``position`` and the step for a group of ``world`` (built once per
     process: the group's size and this rank do not change within one)."""
 
-    def __init__(self, args: argparse.Namespace, rank: int, world: int, attempt: int) -> None:
+    def __init__(self, args: argparse.Namespace, rank: int, world: int, batch: int, attempt: int) -> None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         import keras
         import tensorflow as tf
@@ -133,7 +144,7 @@ class Trainer:
         keras.utils.set_random_seed(args.seed)
         tf.config.experimental.enable_op_determinism()
         self.args, self.rank, self.world = args, rank, world
-        self.batch = per_replica_batch(args, world)
+        self.batch = batch
         self.x, self.y, self.x_test, self.y_test = load_data(args.seed)
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy()  # reads TF_CONFIG (procsv's or the plain run's)
         with self.strategy.scope():
@@ -155,9 +166,12 @@ class Trainer:
         """Global step ``step``: this rank's slice of the positions ``[p, p + W*b)``, then ``p += W*b``."""
         p = int(self.position.numpy())
         ids = sample_ids(self.args.seed, len(self.x), p + self.rank * self.batch, self.batch)
+        # logged as the step starts, not once it is done: a member killed between the end of the step's
+        # collective (its peers completed the step, and may commit it) and its own line would leave the
+        # step without its share; a line whose step the group never completed is run again by a later attempt
+        self.log.write(step, self.world, self.batch, p, ids)
         out = self.train_step(self.x[ids], self.y[ids])
         self.position.assign_add(self.world * self.batch)
-        self.log.write(step, self.world, self.rank, self.batch, p, ids)
         return out
 
     def test_accuracy(self) -> float:
@@ -173,15 +187,17 @@ def run_plain(args: argparse.Namespace) -> int:
     cfg = json.loads(os.environ.get("TF_CONFIG") or "{}")
     world = len(cfg.get("cluster", {}).get("worker", [])) or 1
     rank = int(cfg.get("task", {}).get("index", 0))
-    try:
-        t = Trainer(args, rank, world, attempt=0)
-    except ValueError as e:
-        print(f"elastic_digits: {e}", file=sys.stderr)
+    batch = refuse_or_batch(args, world)
+    if batch is None:
         return 2
+    t = Trainer(args, rank, world, batch, attempt=0)
     global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     ckpt = t.state(global_step=global_step)
     if args.plain_from:
-        ckpt.restore(args.plain_from).expect_partial().assert_existing_objects_matched()
+        # written by ckpt.write (no save_counter, which restore() creates): every other object is matched
+        ckpt.restore(args.plain_from).expect_partial()
+        if int(global_step.numpy()) != int(tf.train.load_variable(args.plain_from, "global_step/.ATTRIBUTES/VARIABLE_VALUE")):
+            raise RuntimeError(f"{args.plain_from}: global_step not restored")
     while int(global_step.numpy()) < args.plain_to:
         t.step(int(global_step.numpy()) + 1)
         global_step.assign_add(1)
@@ -202,11 +218,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from procsv.common import env
 
     rank, world = procsv.cluster.rank(), procsv.cluster.nproc()  # fixed for this process's life
-    try:
-        t = Trainer(args, rank, world, attempt=int(os.environ.get(env.ATTEMPT, "1") or 1))
-    except ValueError as e:
-        print(f"elastic_digits: {e}", file=sys.stderr)
+    batch = refuse_or_batch(args, world)
+    if batch is None:
         return 2
+    t = Trainer(args, rank, world, batch, attempt=int(os.environ.get(env.ATTEMPT, "1") or 1))
     print(f"elastic_digits: rank {rank} of {world}, per-replica batch {t.batch}, global batch "
           f"{world * t.batch}", flush=True)
     sv = procsv.Supervisor(
