@@ -182,14 +182,14 @@ class Trainer:
 def run_plain(args: argparse.Namespace) -> int:
     """The reference: a plain ``MultiWorkerMirroredStrategy`` task (``TF_CONFIG`` given by hand), from
     ``--plain-from``'s step (or 0) to ``--plain-to``; the chief writes ``--plain-save``."""
-    import tensorflow as tf
-
     cfg = json.loads(os.environ.get("TF_CONFIG") or "{}")
     world = len(cfg.get("cluster", {}).get("worker", [])) or 1
     rank = int(cfg.get("task", {}).get("index", 0))
     batch = refuse_or_batch(args, world)
     if batch is None:
         return 2
+    import tensorflow as tf
+
     t = Trainer(args, rank, world, batch, attempt=0)
     global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     ckpt = t.state(global_step=global_step)
