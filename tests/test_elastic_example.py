@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from conftest import committed_steps, finish, launch, lifecycle, quiet_env, wait_for, wait_role_pid
-from elastic_helpers import (TARGET, assert_exactly_once, effective_steps, finish_segment, procsv_weights,
+from elastic_helpers import (TARGET, assert_exactly_once, checkpoint_weights, effective_steps, finish_segment, procsv_weights,
                              read_records, reference_weights, schedule, start_segment, weights_equal)
 
 N_TRAIN = 1438  # load_data's training part: 1797 digits, a fifth held out
@@ -70,23 +70,30 @@ def test_a_group_with_members_sigkilled_consumes_each_sample_once_and_ends_equal
 
 
 def test_the_reference_tells_a_change_of_world_from_a_constant_world(tmp_path):
-    # steps 1..20 with W=2, then 21..40 with W=1 or W=2 (both from the same checkpoint, side by side)
-    first = str(tmp_path / "w2-20")
-    finish_segment(start_segment(2, 20, first, None, MODEL))
-    shrunk, kept = str(tmp_path / "w1-40"), str(tmp_path / "w2-40")
+    # steps 1..20 with W=2, then 21..40 with W=1, W=2, or W=1 keeping the global batch of 2*B (all three
+    # from the same checkpoint, side by side)
+    first, mixed = str(tmp_path / "w2-20"), str(tmp_path / "mixed")
+    finish_segment(start_segment(2, 20, first, None, (*MODEL, "--sample-log", mixed)))
+    shrunk, kept, global_kept = str(tmp_path / "w1-40"), str(tmp_path / "w2-40"), str(tmp_path / "w1g-40")
     log = str(tmp_path / "log")
-    procs = start_segment(1, 40, shrunk, first, (*MODEL, "--sample-log", log)) + start_segment(2, 40, kept, first, MODEL)
-    finish_segment(procs)
-    from elastic_helpers import checkpoint_weights
-
-    a, b = checkpoint_weights(shrunk), checkpoint_weights(kept)
-    assert int(a["position/.ATTRIBUTES/VARIABLE_VALUE"]) == 20 * 2 * B + 20 * B
-    assert int(b["position/.ATTRIBUTES/VARIABLE_VALUE"]) == 40 * 2 * B
-    assert not weights_equal(a, b)
+    finish_segment(start_segment(1, 40, shrunk, first, (*MODEL, "--sample-log", log))
+                   + start_segment(2, 40, kept, first, MODEL)
+                   + start_segment(1, 40, global_kept, first, (*MODEL, "--keep-global-batch", str(2 * B),
+                                                               "--sample-log", mixed)))
+    a, b, g = checkpoint_weights(shrunk), checkpoint_weights(kept), checkpoint_weights(global_kept)
+    position = "position/.ATTRIBUTES/VARIABLE_VALUE"
+    assert int(a[position]) == 20 * 2 * B + 20 * B
+    assert int(b[position]) == int(g[position]) == 40 * 2 * B
+    assert not weights_equal(a, b) and not weights_equal(a, g)
     # the shrunk group's steps start where the group of two left the positions
     recs = sorted(read_records(log), key=lambda r: r["step"])
     assert [r["step"] for r in recs] == list(range(21, 41)) and recs[0]["position"] == 20 * 2 * B
     assert {(r["world"], r["rank"], r["batch"]) for r in recs} == {(1, 0, B)}
+    # the group of two, then one keeping the global batch: one replica takes both shares, no gap, no overlap
+    steps = effective_steps(mixed)
+    assert schedule(steps) == [(1, 20, 2), (21, 40, 1)]
+    assert {r["batch"] for s in range(21, 41) for r in steps[s]} == {2 * B}
+    assert_exactly_once(steps, N_TRAIN, epochs_complete=0)
 
 
 def _log(folder: str, records: list[dict[str, object]]) -> str:
