@@ -53,6 +53,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-model-secs", type=float, default=10.0, help="checkpoint every N seconds (default 10)")
     p.add_argument("--save-checkpoint-steps", type=int, default=None, help="also checkpoint every N steps")
+    p.add_argument("--save-summaries-secs", type=float, default=5.0, help="periodic summaries (default 5)")
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep this long per step (simulates a slower model)")
     p.add_argument("--print-every-steps", type=int, default=250)
     p.add_argument("--sample-log", default=None, metavar="DIR",
@@ -149,6 +150,9 @@ class Trainer:
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy()  # reads TF_CONFIG (procsv's or the plain run's)
         with self.strategy.scope():
             self.model, self.optimizer, _ = build_model()
+        if self.strategy.num_replicas_in_sync != world:  # the slices below are one replica's per process
+            raise RuntimeError(f"{self.strategy.num_replicas_in_sync} replicas in a group of {world} processes: "
+                               "this example runs one replica per process (hide the other devices)")
         # global, the same on every member: each advances it by the same W*b after every step
         self.position = tf.Variable(0, dtype=tf.int64, trainable=False, name="position")
         self.train_step = multiworker_step(self.strategy, self.model, self.optimizer, world * self.batch)
@@ -226,7 +230,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"{world * t.batch}", flush=True)
     sv = procsv.Supervisor(
         logdir=args.logdir, checkpoint=t.state(), save_model_secs=args.save_model_secs,
-        save_checkpoint_steps=args.save_checkpoint_steps, save_summaries_secs=1e9,
+        save_checkpoint_steps=args.save_checkpoint_steps, save_summaries_secs=args.save_summaries_secs,
         summary_fn=lambda: {"test_accuracy": t.test_accuracy()})
     sv.warm_up(t.train_step, *t.warm_up_batch())
     t0 = time.monotonic()
