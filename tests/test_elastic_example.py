@@ -1,7 +1,8 @@
 """``procsv.examples.elastic_digits``: exactly-once samples and a final state equal to a plain run's.
 
-A group of two on one host (``procsv launch --nproc 2``) has a member SIGKILLed after a commit; the
-restarted group runs again the steps after its restore. From the members' sample logs: every step's
+A group of two on one host (``procsv launch --nproc 2``) has its chief SIGKILLed after a commit, then
+the next group's worker after a commit of its own; each restarted group runs again the steps after
+its restore. From the members' sample logs: every step's
 latest run covers the global positions without a gap or an overlap, each epoch holds each sample
 once, and the final checkpoint equals, bit for bit, a plain ``MultiWorkerMirroredStrategy`` run
 (no procsv) with the same membership schedule. The reference itself is shown able to tell
@@ -47,8 +48,8 @@ def _run_killing_chief_then_worker(logdir: str, args: tuple[str, ...]) -> tuple[
 
 def test_a_group_with_members_sigkilled_consumes_each_sample_once_and_ends_equal_to_the_plain_run(logdir, tmp_path):
     samples = str(tmp_path / "samples")
-    args = (*MODEL, "--steps", str(STEPS), "--save-checkpoint-steps", "10", "--save-model-secs", "1000",
-            "--step-delay", "0.1", "--print-every-steps", "100000", "--sample-log", samples)
+    args = (*MODEL, "--steps", str(STEPS), "--save-checkpoint-steps", "5", "--save-model-secs", "1000",
+            "--step-delay", "0.05", "--print-every-steps", "100000", "--sample-log", samples)
     expected = [(1, STEPS, 2)]  # the group restarts as the same two (one host): its schedule, checked below
     with ThreadPoolExecutor(1) as pool:
         reference = pool.submit(reference_weights, expected, str(tmp_path), MODEL)  # the plain run, meanwhile
