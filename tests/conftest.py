@@ -22,7 +22,7 @@ PROGRAMS = os.path.join(HERE, "programs")
 REPO = os.path.dirname(HERE)
 
 # the helper modules that assert on a test's behalf report a failed assert as a test module does
-pytest.register_assert_rewrite("hosts_helpers")
+pytest.register_assert_rewrite("hosts_helpers", "elastic_helpers")
 
 
 def quiet_env(**extra: str) -> dict[str, str]:
