@@ -1,7 +1,10 @@
 """An elastic group over two hosts (``--nnodes 2 --min-nodes 1``, issue 55): network namespaces as in
 ``test_hosts.py``. Node 1's whole host is SIGKILLed: past ``--rejoin-timeout`` the group restarts on
 node 0 alone and trains on; a new agent on node 1 is taken back at the next checkpoint; the run
-finishes with exit 0 on both hosts. Real processes, real TensorFlow collectives, real SIGKILLs.
+finishes with exit 0 on both hosts. The program is ``procsv.examples.elastic_digits``: from its members'
+sample logs every sample of an epoch was consumed once across the changes, and its final weights equal,
+bit for bit, a plain ``MultiWorkerMirroredStrategy`` run that changes its ``TF_CONFIG`` at the same steps.
+Real processes, real TensorFlow collectives, real SIGKILLs.
 """
 
 from __future__ import annotations
@@ -13,7 +16,12 @@ from typing import Any
 import subprocess
 import sys
 
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
 from conftest import finish, launch, quiet_env, raw_status, wait_for
+from elastic_helpers import TARGET, assert_exactly_once, effective_steps, procsv_weights, reference_weights, schedule
 from procsv.common.layout import Layout
 from procsv.status import read_status, render
 from test_hosts import ARGS, HOST1_IP, agent, events, host_pids, hosts, master_addr  # noqa: F401 (a fixture)
@@ -21,19 +29,25 @@ from test_metrics import free_port, scrape, value
 
 ELASTIC = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "2",
            "--group-grace-secs", "0")
-STEPS = 1500
+STEPS = 1000  # the group takes node 1 back around step 130 here, quietly: a margin for a loaded machine
+N_TRAIN, B = 1438, 16  # the example's training samples; its per-replica batch
+MODEL = ("--batch-size", str(B), "--seed", "3")
 
 
 def memberships(logdir: str) -> list[tuple[list[int], int]]:
     return [(r["nodes"], r["world"]) for r in events(logdir, "membership")]
 
 
-def test_a_host_lost_for_good_leaves_the_group_training_on_one_host_and_a_new_agent_is_taken_back(hosts, logdir):
+def test_a_host_lost_for_good_leaves_the_group_training_on_one_host_and_a_new_agent_is_taken_back(hosts, logdir,
+                                                                                                   tmp_path):
     addr = master_addr()
-    args = (*ARGS, "--steps", str(STEPS), "--step-delay", "0.02")
+    samples = str(tmp_path / "samples")  # (on the shared filesystem: node 1's members write theirs there too)
+    args = (*MODEL, "--steps", str(STEPS), "--step-delay", "0.02", "--save-model-secs", "1",
+            "--print-every-steps", "100000", "--sample-log", samples)
     port = free_port()
-    master = launch(logdir, *args, opts=(*ELASTIC, "--master-addr", addr, "--metrics-port", str(port)))
-    first = agent(logdir, addr, *args)
+    master = launch(logdir, *args, target=TARGET,
+                    opts=(*ELASTIC, "--master-addr", addr, "--metrics-port", str(port)))
+    first = agent(logdir, addr, *args, target=TARGET)
     second: Any = None
     try:
         wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of two")
@@ -42,23 +56,26 @@ def test_a_host_lost_for_good_leaves_the_group_training_on_one_host_and_a_new_ag
         first.wait(10)
         wait_for(lambda: memberships(logdir), 60, what="the group restarted without node 1")
         assert memberships(logdir) == [([0], 1)]
-        lost_at = len(events(logdir, "first_step"))
-        wait_for(lambda: len(events(logdir, "first_step")) > lost_at - 0 and (raw_status(logdir) or {}).get(
-            "step", 0) > 0, 60, what="the smaller group's first step")
+        chief2 = wait_for(lambda: [r["pid"] for r in events(logdir, "spawned") if r["role"] == "trainer"
+                                   and r["attempt"] == 2], 60, what="the smaller group's chief")[0]
+        wait_for(lambda: [r for r in events(logdir, "first_step") if r["pid"] == chief2], 60,
+                 what="the smaller group's first step")
+        wait_for(lambda: (raw_status(logdir) or {}).get("group", {}).get("state") == "running", 10,
+                 what="the status of the smaller group")
         # while it trains on one host: the status, its text and the metrics say so
         st = read_status(Layout(logdir))
         assert st is not None and st["group"]["nodes"] == [0] and st["group"]["membership_changes"] == 1, st
         assert not [p for p in st["processes"] if p["role"].startswith("worker")], st  # the lost host's is no member
         assert "trainer group of 1 (1 on each of 1 of 2 hosts (nodes 0; --min-nodes 1; 1 membership change(s))): " \
             in render(st, logdir), render(st, logdir)
-        samples = wait_for(lambda: (m := scrape(port)) and value(m, "procsv_group_hosts") == 1 and m, 10,
+        metrics = wait_for(lambda: (m := scrape(port)) and value(m, "procsv_group_hosts") == 1 and m, 10,
                            what="procsv_group_hosts 1")
-        assert value(samples, "procsv_live_hosts") == 1
-        second = agent(logdir, addr, *args)
+        assert value(metrics, "procsv_live_hosts") == 1
+        second = agent(logdir, addr, *args, target=TARGET)
         wait_for(lambda: len(memberships(logdir)) == 2, 120, what="node 1 taken back")
-        samples = wait_for(lambda: (m := scrape(port)) and value(m, "procsv_group_hosts") == 2 and m, 10,
+        metrics = wait_for(lambda: (m := scrape(port)) and value(m, "procsv_group_hosts") == 2 and m, 10,
                            what="procsv_group_hosts 2")
-        assert value(samples, "procsv_live_hosts") == 2 and value(samples, "procsv_membership_changes_total") == 2
+        assert value(metrics, "procsv_live_hosts") == 2 and value(metrics, "procsv_membership_changes_total") == 2
     finally:
         code, out, err = finish(master)
     acode, aout, aerr = finish(second, timeout=30) if second is not None else (None, "", "")
@@ -86,6 +103,17 @@ def test_a_host_lost_for_good_leaves_the_group_training_on_one_host_and_a_new_ag
     hosts_now = [(e.step, e.value) for e in acc.Scalars("procsv/group_hosts")]
     first = {r["step"] for r in events(logdir, "first_step")}
     assert {v for s, v in hosts_now if s in first} >= {1.0, 2.0}, (hosts_now, first)
+    # the program's side: each sample of an epoch once, over the group of 2, then 1, then 2
+    steps = effective_steps(samples)
+    plan = schedule(steps)
+    assert [w for _, _, w in plan] == [2, 1, 2] and plan[-1][1] == STEPS, plan
+    positions = sum(len(rs) * B for rs in steps.values())
+    assert_exactly_once(steps, N_TRAIN, epochs_complete=positions // N_TRAIN)
+    with ThreadPoolExecutor(1) as pool:  # the plain run with the same membership schedule
+        want = pool.submit(reference_weights, plan, str(tmp_path / "reference"), MODEL).result()
+    got = procsv_weights(logdir)
+    assert sorted(got) == sorted(want)
+    assert not [k for k in want if not np.array_equal(got[k], want[k])], "differs from the plain run"
 
 
 def test_a_host_lost_and_never_relaunched_leaves_the_run_to_finish_on_node_0_with_exit_0(hosts, logdir):
