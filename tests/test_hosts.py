@@ -9,6 +9,7 @@ root (``ip netns``); skipped otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -521,3 +522,35 @@ def test_node_1s_agent_kills_and_reaps_what_its_killed_member_left_behind(hosts,
     assert {int(p) for pids in said for p in pids.split(", ")} == {*helpers[1], *helpers[2]}, aerr
     assert all(gone(p) for p in helpers[2]), helpers  # the second member's, at the job's end
     wait_for(lambda: not host_pids(), 10, what="no process of the job left")
+
+
+def test_an_agent_refused_until_its_predecessor_is_found_lost_waits_past_a_rejoin_timeout_shorter_than_that(
+        hosts, logdir):
+    """``--rejoin-timeout 2`` under ``--node-timeout 3``: a second agent for node 1, started while the
+    first holds it, is refused; the first (and its member) is then SIGKILLed; node 0 finds it lost after
+    3 s and the second agent's claim wins. Before: a refusal did not count as hearing from node 0, so the
+    second agent gave up after 2 s (`the master did not come back within --rejoin-timeout 2 s`), and node 0
+    failed the run 2 s after finding the host lost. Now it asks for twice node 0's timeout and the job ends 0."""
+    addr = master_addr()
+    args = (*ARGS, "--steps", "500", "--step-delay", "0.02")
+    opts = ("--nnodes", "2", "--master-addr", addr, "--node-timeout", "3", "--rejoin-timeout", "2",
+            "--group-grace-secs", "0")
+    master = launch(logdir, *args, opts=opts)
+    first = agent(logdir, addr, *args, opts=("--rejoin-timeout", "2"))  # (each host's launch has the job's flags)
+    second: Optional[subprocess.Popen[str]] = None
+    try:
+        wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of two")
+        second = agent(logdir, addr, *args, opts=("--rejoin-timeout", "2"))
+        wait_for(lambda: events(logdir, "node_refused"), 60, what="the second agent refused")
+        doomed = [first.pid, *(c.pid for c in psutil.Process(first.pid).children(recursive=True))]
+        for pid in doomed:  # the first agent and its member: its host's, not the second agent
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        first.wait(10)
+    finally:
+        code, out, err = finish(master)
+    acode, aout, aerr = finish(second, timeout=30) if second is not None else (None, "", "")
+    assert code == 0, err
+    assert acode == 0 and "the master refuses this agent as node 1" in aerr, aerr
+    assert [r["node"] for r in events(logdir, "node_lost")] == [1]
+    assert events(logdir, "finished")[-1]["step"] == 500

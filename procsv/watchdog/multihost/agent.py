@@ -182,8 +182,9 @@ class NodeAgent:
                     self._sweep()
                 if now - beat_at >= BEAT_SECS:
                     beat_at = now
+                    warming = self.zygote is not None and not self.zygote.ready and self.zygote.alive()
                     send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(),
-                                           self.addresses, sorted(self.members), self.stop.signum or 0))
+                                           self.addresses, sorted(self.members), self.stop.signum or 0, not warming))
             if self.sweeper.due():
                 self._sweep()
             silent = now - self.heard_at
@@ -258,10 +259,10 @@ class NodeAgent:
             msg = got.msg
             if isinstance(msg, (MasterBeat, NodeRefused)):
                 self.node_timeout = msg.node_timeout  # node 0's: the job has one
+            self.heard_at = self.clock()  # (a refusal too: the master is there; _refused bounds the asking)
             if isinstance(msg, NodeRefused):
                 self._refused(msg)
                 continue
-            self.heard_at = self.clock()
             self.refused_at = None
             if isinstance(msg, StartMembers):
                 self._start(dealer, msg)
