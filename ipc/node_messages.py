@@ -28,7 +28,9 @@ RELAYABLE: frozenset[type[Message]] = frozenset({Progress, TrainerReady, Nonfini
 @dataclass(frozen=True)
 class NodeHello(Message):
     """Agent -> master, every heartbeat: who it is, the addresses its next members will listen on
-    (free ports on its host, chosen by it), and which members it still runs (``slot.attempt``)."""
+    (free ports on its host, chosen by it), which members it still runs (``slot.attempt``), and whether
+    a member it starts now starts at once (``ready``: its pre-warmed trainer is ready, or it has none
+    left to wait for; an elastic group takes a host back only then, rule 15)."""
 
     KIND: ClassVar[str] = "node_hello"
     node: int
@@ -38,6 +40,7 @@ class NodeHello(Message):
     addresses: list[str]
     live: list[str] = field(default_factory=list)
     stop: int = 0  # a stop signal the agent got (0: none): node 0 stops the whole job in order
+    ready: bool = True
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ def limits(min_nodes: int = 0, nnodes: int = 3) -> Limits:
                   node_timeout=5.0)
 
 
-def hello(view: RunView, node: int, now: float, live: tuple[str, ...] = ()) -> None:
+def hello(view: RunView, node: int, now: float, live: tuple[str, ...] = (), ready: bool = True) -> None:
     observe.node_hello(view, NodeHello(node, 1, f"10.0.0.{node + 1}", 100 + node, [f"10.0.0.{node + 1}:4000"],
-                                       list(live)), now)
+                                       list(live), 0, ready), now)
 
 
 def lose(view: RunView, node: int, now: float, lim: Limits) -> None:
@@ -109,7 +109,7 @@ def test_a_host_that_comes_back_is_taken_back_at_the_first_commit_after_it_joine
     assert view.group_nodes == (0,) and view.membership_changes == 0
     view.last_commit_at, view.last_commit_step = 40.0, 50
     hello(view, 1, 41.0)  # node 1 joins after that commit
-    assert take_back(view, lim) == []
+    assert take_back(view, 41.5, lim) == []
     assert not [a for a in decide(view, 41.5, lim, 0.0) if isinstance(a, (Kill, Spawn))]
     view.last_commit_at, view.last_commit_step = 42.0, 60  # the next checkpoint boundary
     kills = [a for a in decide(view, 42.1, lim, 0.0) if isinstance(a, Kill)]
@@ -118,7 +118,7 @@ def test_a_host_that_comes_back_is_taken_back_at_the_first_commit_after_it_joine
     history = view.history
     for k in kills:
         note(view, k, 42.1, lim)
-    assert take_back(view, lim) == []  # asked once
+    assert take_back(view, 42.1, lim) == []  # asked once
     chief = view.children[TRAINER]
     observe.reaped(view, TRAINER, 1, Failure(TRAINER, 1, 101, -signal.SIGKILL, 0.0, ""), 42.2)
     restart = [a for a in decide(view, 42.2, lim, 0.0) if isinstance(a, Restart)]
@@ -138,8 +138,36 @@ def test_a_host_back_before_the_groups_first_step_waits_for_a_commit_after_that_
     view.children[TRAINER].first_step_at = 50.0
     hello(view, 1, 45.0)
     view.last_commit_at = 48.0  # after the join, but a commit the running group did not make
-    assert take_back(view, lim) == []
+    assert take_back(view, 51.0, lim) == []
     view.last_commit_at = 51.0
-    assert [a.cause for a in take_back(view, lim)] == [Cause.REGROUP]
+    assert [a.cause for a in take_back(view, 51.0, lim)] == [Cause.REGROUP]
     view.stop_signal = signal.SIGTERM  # never while the run stops
-    assert take_back(view, lim) == []
+    assert take_back(view, 51.0, lim) == []
+
+
+def test_a_host_back_is_taken_only_once_its_pre_warmed_trainer_is_ready_and_a_commit_follows_that():
+    """Before: the group was ended at the first commit after the join, while the joiner's pre-warmed
+    trainer still imported TensorFlow: its member started cold and the whole group waited for it
+    (15 s without training, measured)."""
+    lim = limits(min_nodes=1, nnodes=2)
+    view = running_group(lim, (0,), REJOIN + 1)
+    hello(view, 1, 40.0, ready=False)  # joined: its pre-warmed trainer warms up
+    view.last_commit_at = 41.0
+    assert take_back(view, 41.0, lim) == []
+    hello(view, 1, 42.0, ready=False)
+    view.last_commit_at = 43.0
+    assert take_back(view, 43.0, lim) == []
+    hello(view, 1, 44.0, ready=True)  # ready now: the next commit after it is the boundary
+    assert take_back(view, 44.0, lim) == []
+    view.last_commit_at = 45.0
+    assert [a.cause for a in take_back(view, 45.0, lim)] == [Cause.REGROUP]
+
+
+def test_a_joiner_whose_pre_warmed_trainer_never_gets_ready_is_taken_back_after_zygote_wait():
+    lim = limits(min_nodes=1, nnodes=2)
+    view = running_group(lim, (0,), REJOIN + 1)
+    hello(view, 1, 40.0, ready=False)
+    view.last_commit_at = 40.0 + lim.zygote_wait
+    assert take_back(view, 40.0 + lim.zygote_wait, lim) == []
+    view.last_commit_at = 40.5 + lim.zygote_wait
+    assert [a.cause for a in take_back(view, 40.5 + lim.zygote_wait, lim)] == [Cause.REGROUP]

@@ -1,9 +1,9 @@
 """Observations: what the watchdog hears and sees, turned into state.
 
-Runs in the watchdog. Each function applies one observation -- a child started, a message
-arrived, a death notice, a reaped exit status, a stop signal, the pre-warmed trainer's state --
-to the :class:`~procsv.watchdog.rules.state.RunView`, and returns what is worth recording about it as
-:class:`~procsv.watchdog.publish.events.Report` values (a lifecycle event and/or a line for the terminal), which the watchdog's
+Runs in the watchdog. Each function applies one observation (a child started, a message arrived, a
+death notice, a reaped exit status, a stop signal, the pre-warmed trainer's state) to the
+:class:`~procsv.watchdog.rules.state.RunView`, and returns what is worth recording about it as
+:class:`~procsv.watchdog.publish.events.Report` values (a lifecycle event, a line), which the watchdog's
 loop writes. No I/O and no clock here: times are passed in.
 """
 
@@ -383,12 +383,12 @@ def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
     """Another host's agent beat (``--nnodes``): it joined, came back, or is still there."""
     node = view.nodes.setdefault(msg.node, NodeView(msg.node))
     back = node.last_beat is None or node.lost_at is not None
-    node.host, node.pid, node.addresses, node.live = msg.host, msg.pid, list(msg.addresses), list(msg.live)
-    node.last_beat = now
-    if back and msg.live:
-        return []  # it still runs members of an old group: it stops them first (an agent that lost us does)
-    if not back:
-        return []
+    node.host, node.pid, node.addresses, node.live, node.last_beat = msg.host, msg.pid, list(msg.addresses), \
+        list(msg.live), now
+    kept = None if back else node.ready_at  # (a new agent: its own pre-warmed trainer)
+    node.ready_at = kept if kept is not None or not msg.ready else now
+    if not back or msg.live:  # (live: it still runs members of an old group; it stops them first, as an
+        return []  # agent that lost us does)
     node.lost_at, node.joined_at = None, now
     return [Report(Event.NODE_JOINED, {"node": msg.node, "host": msg.host, "pid": msg.pid},
                    say=f"procsv: node {msg.node} ({msg.host}, agent pid {msg.pid}) joined")]

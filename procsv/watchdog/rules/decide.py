@@ -91,7 +91,7 @@ Rules, in the order they are considered:
 15. **Elastic groups** (:mod:`procsv.watchdog.rules.membership`, ``--nnodes M --min-nodes K``): a host that
    stays away past ``rejoin_timeout`` no longer stops the run while K hosts are left: the next group
    (rule 3) starts on the hosts connected, ranks dense in their order. A host that comes back is taken
-   back at the next checkpoint boundary: once a checkpoint commits after it joined, every member is
+   back at the next checkpoint boundary: once it is ready and a checkpoint commits after that, every member is
    SIGKILLed (cause ``regroup``) and rule 1 restarts the group at once, not counting it as a failure.
 """
 
@@ -139,7 +139,7 @@ def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Actio
     if view.finishing:
         return actions + _shutdown(view, now, limits)
     actions += _stop(view, now, limits)
-    actions += membership.take_back(view, limits)
+    actions += membership.take_back(view, now, limits)
     actions += group_actions(view, now, limits.group_grace_secs, at_once=standby.promotable(view, limits.nproc))
     actions += standby.broken(view)
     actions += _restart_due(view, now, limits)

@@ -15,8 +15,9 @@ that group is made of:
 - :func:`out_of_group`: the hosts given up for now (past ``rejoin_timeout``, not connected). Fewer than
   ``K`` hosts left stops the run (:mod:`procsv.watchdog.rules.hosts`, rule 12).
 - :func:`take_back`: a host connected (its agent joined or came back) while the group runs without it
-  is taken back at the group's next checkpoint boundary: once a checkpoint commits after the host
-  joined (and after the running group's first step), every member is SIGKILLed (cause ``regroup``); the
+  is taken back at the group's next checkpoint boundary: once its agent says its members would start
+  at once (its pre-warmed trainer is ready; ``NodeHello.ready``) and a checkpoint commits after that (and
+  after the running group's first step), every member is SIGKILLed (cause ``regroup``); the
   group restarts at once on every connected host, from that checkpoint (the joiner has no state of
   its own: it restores the group's). A regroup is not a failure: rule 1 restarts without counting it.
 
@@ -81,20 +82,27 @@ def joiners(view: RunView) -> list[int]:
     return [node for node in view.nodes if node not in view.group_nodes and connected(view, node)]
 
 
-def take_back(view: RunView, limits: Limits) -> list[Action]:
-    """Regroup at the checkpoint boundary: a joiner waits, and a checkpoint committed after it joined
-    and after the running group's first step: SIGKILL every live member (cause ``regroup``)."""
+def take_back(view: RunView, now: float, limits: Limits) -> list[Action]:
+    """Regroup at the checkpoint boundary: every joiner is ready (its pre-warmed trainer, so that its members
+    start at once: ``NodeView.ready_at``; or ``zygote_wait`` passed since it joined), and a checkpoint committed
+    after that and after the running group's first step: SIGKILL every live member (cause ``regroup``)."""
     if not limits.elastic or view.stop_signal is not None or view.finishing or view.restart_at is not None:
         return []
     chief = view.children.get(TRAINER)
     if chief is None or not chief.live or chief.first_step_at is None or chief.regroup:
         return []
-    waiting = [view.nodes[node].joined_at for node in joiners(view)]
-    joined = [t for t in waiting if t is not None]
-    if not joined or view.last_commit_at is None:
+    back = joiners(view)
+    ready: list[float] = []
+    for node in back:
+        n = view.nodes[node]
+        if n.ready_at is not None:
+            ready.append(n.ready_at)
+        elif n.joined_at is not None and now - n.joined_at > limits.zygote_wait:
+            ready.append(n.joined_at + limits.zygote_wait)  # its pre-warmed trainer is late: not waited for longer
+        else:
+            return []
+    if not ready or view.last_commit_at is None or view.last_commit_at < max(max(ready), chief.first_step_at):
         return []
-    if view.last_commit_at < max(min(joined), chief.first_step_at):
-        return []
-    return [Kill(m.slot, m.attempt, Cause.REGROUP, f"node(s) {', '.join(map(str, joiners(view)))} back: the group "
+    return [Kill(m.slot, m.attempt, Cause.REGROUP, f"node(s) {', '.join(map(str, back))} back: the group "
                  f"restarts with them from the checkpoint of step {view.last_commit_step}")
             for m in members(view, chief) if m.live and not m.killed]

@@ -205,6 +205,7 @@ class NodeView:
     last_beat: Optional[float] = None  # its last NodeHello (None: never joined)
     lost_at: Optional[float] = None  # when it was found lost (None: connected, or never joined)
     joined_at: Optional[float] = None  # when it last joined or came back (rule 15 takes it back after a commit)
+    ready_at: Optional[float] = None  # since then, when it first said a member would start at once (NodeHello.ready)
 
 
 @dataclass
