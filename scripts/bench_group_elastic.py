@@ -19,10 +19,11 @@ a veth bridge under its node agent, as ``bench_group.py --hosts``). Per run:
    attempt's restored step.
 3. baseline, its runs interleaved with these: without ``--min-nodes`` (the only path before issue 55) the same
    host SIGKILLed and its agent launched again at once (within the rejoin timeout): ``node_lost`` -> the
-   group's (of two again) first step. The table gives shrink / baseline. Its runs have ``--rejoin-timeout 30``:
-   an agent refused while node 0 has not found its dead predecessor lost yet (up to T s) gives up when it has
-   heard nothing for its own ``--rejoin-timeout`` (2 s), though it says it asks again for 2 T s; the timeout
-   does not enter the baseline's figure (the group restarts once the host is back).
+   group's (of two again) first step. The table gives shrink / baseline (and node_lost -> first step / baseline).
+   Its runs have ``--rejoin-timeout 30``: an agent refused while node 0 has not found its dead predecessor lost
+   yet (up to T s) gives up when it has heard nothing for its own ``--rejoin-timeout`` (2 s), though it says it
+   asks again for 2 T s; the timeout does not enter the baseline's figure (the group restarts once the host is
+   back).
 
 Every run must end with exit 0 on node 0 and on the agent, its final checkpoint at ``--steps``, and no process
 left (else exit 1). Prints each run, a table (medians of ``--repeats``, spread min-max) with the load average,
@@ -193,8 +194,9 @@ def report(runs: dict[str, list[dict[str, Any]]]) -> str:
         other = median_spread([x["baseline"] for x in base], ".3f") if key == "lost_first" else ""
         goal = "<= 1 s + restore" if key == "shrink" else ""
         print(f"{name:<46}{cell:>22}{other:>22}   {goal}")
-    ratio = med(x["shrink"] for x in el) / med(x["baseline"] for x in base)
-    print(f"{'ratio shrink / baseline':<46}{ratio:>22.3f}")
+    for key, name in (("shrink", "ratio shrink / baseline"),
+                      ("lost_first", "ratio node_lost -> first step / baseline")):
+        print(f"{name:<46}{med(x[key] for x in el) / med(x['baseline'] for x in base):>22.3f}")
     print("* baseline: no --min-nodes, the same host SIGKILLed and its agent launched again at once: node_lost -> "
           "the group's (of two) first step")
     return (f"elastic_shrink_s={med(x['shrink'] for x in el):.3f} "
