@@ -23,8 +23,11 @@ whole group, as before the standby group), its runs interleaved with the others'
 ``--prewarm``: (a) by a standby pair of plain processes woken at the kill, its step traced (``warm``), and also run
 once among its members (``warm+step``): what a pre-warmed group would bring (``scripts/bench_group_prewarm.py``),
 beside procsv's in the same run. ``--hosts`` (root): (a) again with worker1 on a second "host", a network namespace on a veth bridge
-under its node agent (``--nnodes 2``); its MTTR is printed beside and as ``host_mttr_s``. ``--tier``: (e) steps
-re-done per worker1 kill and (f) the step time with the group's in-memory tier on and off
+under its node agent (``--nnodes 2``); its MTTR is printed beside and as ``host_mttr_s``; and (h) an elastic group
+(``--min-nodes 1``) losing that host for good and taking it back, beside the rejoin without ``--min-nodes``
+(``scripts/bench_group_elastic.py``, which runs it alone), its ``elastic_*`` and ``rejoin_baseline_s`` figures
+last (``PROCSV_BENCH_HOST=N``: that host's names and subnet of its own). ``--tier``: (e) steps re-done per
+worker1 kill and (f) the step time with the group's in-memory tier on and off
 (``scripts/bench_group_tier.py``, which runs them alone: the short form), its ``tier_*`` figures on the last line.
 ``--host-loss`` (root): (g) the whole second host SIGKILLed and rejoined, the group's in-memory tier on and off:
 the restore source and the steps re-done (``scripts/bench_group_hosts.py``, which runs it alone), ``hostloss_*``.
@@ -206,7 +209,8 @@ def leftovers(logdir: str) -> int:
     return len(left)
 
 
-NS, BRIDGE, VETH, NET = "pvbench1", "pvbenchbr", "pvbenchv", "10.79.0"
+_HOST = os.environ.get("PROCSV_BENCH_HOST", "")  # N (1-200): a second host of its own, for two runs at once
+NS, BRIDGE, VETH, NET = f"pvbench1{_HOST}", f"pvbenchbr{_HOST}", f"pvbenchv{_HOST}", f"10.79.{_HOST or 0}"
 
 
 def ip(*args: str) -> None:
@@ -473,7 +477,8 @@ def main() -> int:
                    help="also (e) steps re-done per worker1 kill and (f) the step time, the group's in-memory tier on "
                         "and off (scripts/bench_group_tier.py, which runs them alone)")
     p.add_argument("--hosts", action="store_true",
-                   help="also (a) with worker1 on a second host: a network namespace under its node agent (root)")
+                   help="also (a) with worker1 on a second host: a network namespace under its node agent, and (h) "
+                        "that host lost by an elastic group and taken back (scripts/bench_group_elastic.py; root)")
     p.add_argument("--host-loss", action="store_true",
                    help="also (g) the second host lost whole: restore source and steps re-done, the tier on and off "
                         "(scripts/bench_group_hosts.py, which runs it alone; root)")
@@ -485,6 +490,7 @@ def main() -> int:
     args = p.parse_args()
     import bench_group_tier as tier_bench  # (it imports this module's helpers)
     import bench_group_hosts as hosts_bench  # (so does it)
+    import bench_group_elastic as elastic_bench  # (and it)
 
     repeats, trials = (1, 2) if args.quick else (args.repeats, max(5, args.repeats))
     rng = random.Random(args.seed)
@@ -513,14 +519,19 @@ def main() -> int:
             print(f"repeat {r + 1}: fresh restart {', '.join(format(x['total'], '.3f') for x in base)}", flush=True)
         if args.mttr_only:
             host_runs = two_host_kills(root, repeats, failures) if args.hosts else []
+            elastic = elastic_bench.measure(os.path.join(root, "e"), repeats) if args.hosts else {}
             host_loss = hosts_bench.measure(os.path.join(root, "g"), repeats, rng) if args.host_loss else {}
             load.append(os.getloadavg()[0])
             left += sum(run["left"] for run in host_runs) + sum(x["left"] for rs in host_loss.values() for x in rs)
-            return mttr_report(runs, forks, load, failures, left, host_runs,
-                               hosts_bench.report(host_loss) if host_loss else "")
+            failures += elastic_bench.failures(elastic) if elastic else []  # (its leftovers too)
+            return mttr_report(runs, forks, load, failures, left, host_runs, " ".join(
+                x for x in (elastic_bench.report(elastic) if elastic else "",
+                            hosts_bench.report(host_loss) if host_loss else "") if x))
         warm = (bench_group_prewarm.measure(os.path.join(root, "p"), repeats, ("warm", "warm+step"))
                 if args.prewarm else {})
         host_runs = two_host_kills(root, repeats, failures) if args.hosts else []
+        elastic = elastic_bench.measure(os.path.join(root, "e"), repeats) if args.hosts else {}
+        failures += elastic_bench.failures(elastic) if elastic else []  # (its leftovers too)
         left += sum(run["left"] for run in host_runs)
         notice: dict[bool, list[float]] = {True: [], False: []}
         for i in range(max(3, repeats)):
@@ -601,7 +612,8 @@ def main() -> int:
     print(f"(c) steps lost per trial: {lost}; exit codes {[t['code'] for t in pre]}")
     if steps_lost > 0:
         print(f"!!! (c) STEPS LOST ON PREEMPTION: {steps_lost} (goal 0) !!!")
-    tier_line = tier_bench.report(tier) if tier else ""
+    tier_line = " ".join(x for x in (tier_bench.report(tier) if tier else "",
+                                     elastic_bench.report(elastic) if elastic else "") if x)
     if host_loss:
         tier_line = " ".join(x for x in (tier_line, hosts_bench.report(host_loss)) if x)
     for f in failures:
