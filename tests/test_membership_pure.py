@@ -143,3 +143,22 @@ def test_a_host_back_before_the_groups_first_step_waits_for_a_commit_after_that_
     assert [a.cause for a in take_back(view, lim)] == [Cause.REGROUP]
     view.stop_signal = signal.SIGTERM  # never while the run stops
     assert take_back(view, lim) == []
+
+
+def test_min_nodes_is_refused_in_one_line_when_it_cannot_mean_anything():
+    import pytest
+
+    from procsv.common.errors import UsageError
+    from procsv.launch_args import check_min_nodes
+
+    check_min_nodes(None, 1, 0)
+    check_min_nodes(1, 2, 0)
+    check_min_nodes(2, 2, 0)
+    for k in (0, -1, 3):
+        with pytest.raises(UsageError, match=r"--min-nodes must be from 1 to --nnodes \(2\)"):
+            check_min_nodes(k, 2, 0)
+    with pytest.raises(UsageError, match="--ps tasks are placed on every host"):
+        check_min_nodes(1, 2, 1)
+    # one host (no --nnodes, or --nnodes 1): no host can leave the group; said, not silently ignored
+    with pytest.raises(UsageError, match=r"--min-nodes needs --nnodes M > 1"):
+        check_min_nodes(1, 1, 0)
