@@ -1,6 +1,7 @@
 """Elastic groups (``--min-nodes``, rule 15) as a cluster runs them: three hosts (a third network namespace on
-``test_hosts.py``'s bridge) losing one, then another, and taking the first back. Real processes, real
-TensorFlow collectives."""
+``test_hosts.py``'s bridge) losing one, then another, and taking the first back; a network partition of node 1
+longer than ``--rejoin-timeout`` (its link down), with the agent run with node 0's flags or its defaults; and an
+elastic job's agent whose master is SIGKILLed. Real processes, real TensorFlow collectives, real links."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import Any, Iterator, Optional
 
 import pytest
@@ -69,6 +71,7 @@ def kill_all(pids: list[int]) -> None:
 
 
 STEPS = 1500
+PARTITION_SECS = 8.0  # node 1's link down this long once node 0 regrouped without it
 
 
 def test_three_hosts_lose_one_then_another_and_the_first_is_taken_back(third, logdir):
@@ -103,3 +106,57 @@ def test_three_hosts_lose_one_then_another_and_the_first_is_taken_back(third, lo
     assert memberships(logdir) == [([0, 2], 2), ([0], 1), ([0, 1], 2)], err
     assert events(logdir, "finished")[-1]["step"] == STEPS
 
+
+@pytest.mark.parametrize("same_flags", [False, True])
+def test_a_partition_longer_than_the_rejoin_timeout_leaves_the_group_training_and_the_host_is_taken_back(
+        hosts, logdir, same_flags):
+    """Two hosts, node 1's link down for 8 s (past --node-timeout 3 and --rejoin-timeout 2): the group
+    trains on node 0 alone, and once the link is up again node 1's agent comes back and is taken back."""
+    addr = master_addr()
+    opts = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "2",
+            "--group-grace-secs", "0")
+    args = (*ARGS, "--steps", str(STEPS), "--step-delay", "0.02")
+    master = launch(logdir, *args, opts=(*opts, "--master-addr", addr))
+    a1 = agent_on(NS, 1, logdir, addr, *args, opts=opts if same_flags else ("--nnodes", "2"))
+    try:
+        wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of two")
+        ip("link", "set", VETH, "down")
+        try:
+            wait_for(lambda: memberships(logdir), 60, what="the group restarted without node 1")
+            time.sleep(PARTITION_SECS)  # the fault's length (past both timeouts), not a wait for a condition
+        finally:
+            ip("link", "set", VETH, "up")
+        wait_for(lambda: len(memberships(logdir)) == 2 or a1.poll() is not None, 120, what="node 1 taken back")
+    finally:
+        code, out, err = finish(master, timeout=300)
+    acode, aout, aerr = finish(a1, timeout=30)
+    print(err[-3000:], aerr[-3000:])
+    assert memberships(logdir) == [([0], 1), ([0, 1], 2)], aerr
+    assert code == 0, err
+    assert acode == 0, aerr
+
+
+def test_an_elastic_jobs_agent_still_gives_up_on_a_master_that_is_gone(hosts, logdir):
+    """The master SIGKILLed (its status file no longer changes): node 1's agent, with the job's flags
+    (--min-nodes 1, --rejoin-timeout 2, node 0's --node-timeout 3), exits 1 once the master is silent past
+    --rejoin-timeout and its status file unchanged for --rejoin-timeout + 2 x --node-timeout (~14 s)."""
+    addr = master_addr()
+    opts = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "2")
+    args = (*ARGS, "--steps", str(STEPS), "--step-delay", "0.02")
+    master = launch(logdir, *args, opts=(*opts, "--master-addr", addr))
+    a1 = agent_on(NS, 1, logdir, addr, *args, opts=opts)
+    try:
+        wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of two")
+        t0 = time.monotonic()
+        os.kill(master.pid, signal.SIGKILL)
+        acode, aout, aerr = finish(a1, timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        try:
+            os.killpg(master.pid, signal.SIGKILL)  # what the master left: its trainer and services
+        except ProcessLookupError:
+            pass
+        master.communicate()
+    assert acode == 1, aerr
+    assert "the master did not come back within --rejoin-timeout 2 s; giving up" in aerr, aerr
+    assert took < 30, took

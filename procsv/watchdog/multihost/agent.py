@@ -22,7 +22,7 @@ If the master goes silent for ``node_timeout`` seconds (node 0's ``--node-timeou
 :class:`MasterBeat` and :class:`NodeRefused` carries; until the first of them, this agent's own
 ``--node-timeout``), the agent SIGKILLs its members (they are part of a group that cannot go on) and says why
 and keeps reconnecting, reloading the launch's public key and filing its own key again for a relaunched master's
-new launch; after ``rejoin_timeout`` seconds it exits 1. A SIGTERM/SIGINT is left to node 0 while connected
+new launch; after ``rejoin_timeout`` seconds it exits 1 (an elastic job's outlives a partition: :mod:`.masterseen`). A SIGTERM/SIGINT is left to node 0 while connected
 (:mod:`.agentstop`), else it stops the members and exits 143/130; :class:`NodeStop` exits with the job's exit
 code. A master that refuses its claim of its node rank (:class:`NodeRefused`: another agent holds it) is asked
 again for twice ``node_timeout`` seconds (a holder that died is found lost by then), then the agent exits 2 with
@@ -62,6 +62,7 @@ from procsv.watchdog.publish.probes import LoopPulse
 from procsv.watchdog.rules.group import worker_slot
 from procsv.watchdog.logrotate import rotate
 from procsv.watchdog.multihost.holder import Holder, start_holder
+from procsv.watchdog.multihost.masterseen import MasterSeen
 from procsv.watchdog.multihost.nodes import BEAT_SECS, host_ip
 from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable, zygote_env
 
@@ -106,6 +107,7 @@ class NodeAgent:
         self.forks: dict[tuple[int, int], tuple[str, dict[str, str]]] = {}  # (attempt, rank) -> slot, env
         self.disk = DiskJobs("procsv-agent-logdir")  # its work on the shared logdir, off the loop
         self._rejoin: Optional[Job[_Rejoin]] = None  # a reconnect's reads and writes in the logdir, in flight
+        self.seen = MasterSeen(self.layout, self.disk, cfg.rejoin_timeout, 0 < cfg.min_nodes < cfg.nnodes)
         self.pulse, self.stepped = pulse or LoopPulse(clock), False  # what --metrics-port's probes answer from
         self.stop = agentstop.StopRequest(cfg.stop_grace_secs + 2 * cfg.node_timeout)  # a stop signal, left to node 0
 
@@ -156,8 +158,7 @@ class NodeAgent:
               ) -> "Optional[zmq.Socket[Any]]":
         """Until the job ends, a stop signal, or the master stays away: returns the socket to close."""
         dealer: Optional[zmq.Socket[Any]] = None
-        connected_at = float("-inf")
-        beat_at = float("-inf")
+        connected_at = beat_at = float("-inf")
         self.heard_at = self.clock()
         while self.stop_code is None:
             now = self.clock()
@@ -192,7 +193,7 @@ class NodeAgent:
                          f"--node-timeout {timeout:g}): stopping this host's trainers")
                 for m in self.members.values():
                     m.kill(now)  # (reaped by _reap, reported once reaped)
-            if silent > self.cfg.rejoin_timeout:
+            if self.seen.gone(now, self.heard_at, timeout):
                 self.say(f"the master did not come back within --rejoin-timeout {self.cfg.rejoin_timeout:g} s; "
                          "giving up")
                 self.stop_code = 1
