@@ -1,7 +1,8 @@
 """Elastic groups (``--min-nodes``, rule 15) as a cluster runs them: three hosts (a third network namespace on
 ``test_hosts.py``'s bridge) losing one, then another, and taking the first back; a network partition of node 1
-longer than ``--rejoin-timeout`` (its link down), with the agent run with node 0's flags or its defaults; and an
-elastic job's agent whose master is SIGKILLed. Real processes, real TensorFlow collectives, real links."""
+longer than ``--rejoin-timeout`` (its link down), with the agent run with node 0's flags or its defaults; an
+elastic job's agent whose master is SIGKILLed; a host back before the final commit. Real processes, real
+TensorFlow collectives, real links."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any, Iterator, Optional
 
 import pytest
 
-from conftest import finish, launch, quiet_env, wait_for
+from conftest import finish, launch, quiet_env, raw_status, wait_for
 from test_hosts import (ARGS, BRIDGE, NS, PREFIX, VETH, events, host_pids, hosts, ip,  # noqa: F401 (a fixture)
                         master_addr)
 
@@ -160,3 +161,28 @@ def test_an_elastic_jobs_agent_still_gives_up_on_a_master_that_is_gone(hosts, lo
     assert acode == 1, aerr
     assert "the master did not come back within --rejoin-timeout 2 s; giving up" in aerr, aerr
     assert took < 30, took
+
+
+def test_a_host_back_before_the_final_commit_is_not_taken_back_at_it(hosts, logdir):
+    """Node 1 joins while node 0 trains alone, with --save-model-secs 600 (no commit before the final one):
+    the final commit is no checkpoint boundary to take it back at (the trainer trained to its end and
+    exits). Before, the group was SIGKILLed there (its program's last work after training too) and
+    restarted on both hosts, to find nothing to do."""
+    addr = master_addr()
+    args = (*ARGS, "--steps", "600", "--step-delay", "0.03", "--save-model-secs", "600")
+    opts = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "2",
+            "--group-grace-secs", "0")
+    master = launch(logdir, *args, opts=(*opts, "--master-addr", addr))
+    late: Any = None
+    try:
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 100, 120, what="steps of node 0 alone")
+        late = agent_on(NS, 1, logdir, addr, *args, opts=("--nnodes", "2"))
+        wait_for(lambda: events(logdir, "node_joined"), 60, what="node 1 to join")
+    finally:
+        code, out, err = finish(master, timeout=300)
+    acode, aout, aerr = finish(late, timeout=30) if late is not None else (None, "", "")
+    assert code == 0, err
+    assert [(r["step"], r["reason"]) for r in events(logdir, "checkpoint_committed")] == [(600, "final")]
+    assert memberships(logdir) == [([0], 1)], err
+    assert not events(logdir, "restarting"), err
+    assert acode == 0, aerr

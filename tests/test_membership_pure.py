@@ -162,3 +162,20 @@ def test_min_nodes_is_refused_in_one_line_when_it_cannot_mean_anything():
     # one host (no --nnodes, or --nnodes 1): no host can leave the group; said, not silently ignored
     with pytest.raises(UsageError, match=r"--min-nodes needs --nnodes M > 1"):
         check_min_nodes(1, 1, 0)
+
+
+def test_a_host_back_is_not_taken_back_at_the_trainers_final_commit():
+    """The final commit (reason ``final``, seen by ``observe``) ends the training: the group exits on its own.
+    Before, take_back SIGKILLed the group at it and restarted it on both hosts, to find nothing to do."""
+    from procsv.ipc.messages import SaveResult
+    from procsv.ipc.message_base import SaveReason
+
+    lim = limits(min_nodes=1, nnodes=2)
+    view = running_group(lim, (0,), REJOIN + 1)
+    hello(view, 1, 45.0)
+    observe.heard(view, SaveResult(80, SaveReason.FINAL, True, "/logdir/model.ckpt-80", None, 0.01), 46.0)
+    assert view.last_commit_at == 46.0 and view.last_commit_final
+    assert take_back(view, lim) == []
+    assert not [a for a in decide(view, 46.1, lim, 0.0) if isinstance(a, Kill)]
+    observe.heard(view, SaveResult(90, SaveReason.PERIODIC, True, "/logdir/model.ckpt-90", None, 0.01), 47.0)
+    assert [a.cause for a in take_back(view, lim)] == [Cause.REGROUP]  # (a periodic commit: taken back)

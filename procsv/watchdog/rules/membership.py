@@ -16,7 +16,8 @@ that group is made of:
   ``K`` hosts left stops the run (:mod:`procsv.watchdog.rules.hosts`, rule 12).
 - :func:`take_back`: a host connected (its agent joined or came back) while the group runs without it
   is taken back at the group's next checkpoint boundary: once a checkpoint commits after the host
-  joined (and after the running group's first step), every member is SIGKILLed (cause ``regroup``); the
+  joined (and after the running group's first step; not the trainer's final one: it trained to its end),
+  every member is SIGKILLed (cause ``regroup``); the
   group restarts at once on every connected host, from that checkpoint (the joiner has no state of
   its own: it restores the group's). A regroup is not a failure: rule 1 restarts without counting it.
 
@@ -91,8 +92,8 @@ def take_back(view: RunView, limits: Limits) -> list[Action]:
         return []
     waiting = [view.nodes[node].joined_at for node in joiners(view)]
     joined = [t for t in waiting if t is not None]
-    if not joined or view.last_commit_at is None:
-        return []
+    if not joined or view.last_commit_at is None or view.last_commit_final:
+        return []  # (the trainer's final commit: it trained to its end and exits; nothing to take a host back to)
     if view.last_commit_at < max(min(joined), chief.first_step_at):
         return []
     return [Kill(m.slot, m.attempt, Cause.REGROUP, f"node(s) {', '.join(map(str, joiners(view)))} back: the group "
