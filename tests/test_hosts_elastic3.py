@@ -1,8 +1,8 @@
 """Elastic groups (``--min-nodes``, rule 15) as a cluster runs them: three hosts (a third network namespace on
 ``test_hosts.py``'s bridge) losing one, then another, and taking the first back; a network partition of node 1
 longer than ``--rejoin-timeout`` (its link down), with the agent run with node 0's flags or its defaults; an
-elastic job's agent whose master is SIGKILLed; a host back before the final commit. Real processes, real
-TensorFlow collectives, real links."""
+elastic job's agent whose master is SIGKILLed; a host lost before it started its member of the group; a host
+back before the final commit. Real processes, real TensorFlow collectives, real links, real SIGSTOPs."""
 
 from __future__ import annotations
 
@@ -161,6 +161,42 @@ def test_an_elastic_jobs_agent_still_gives_up_on_a_master_that_is_gone(hosts, lo
     assert acode == 1, aerr
     assert "the master did not come back within --rejoin-timeout 2 s; giving up" in aerr, aerr
     assert took < 30, took
+
+
+def test_a_host_lost_before_it_started_its_member_of_the_group_breaks_the_group_and_the_run_trains_on(hosts, logdir):
+    """Node 1 relaunched joins, and its agent and pre-warmed trainer are SIGSTOPped at once: node 0 takes it
+    back at the next commit (it still counts as connected), asks it for worker1, which it never starts, and
+    finds it lost --node-timeout later. The group breaks and restarts on node 0 alone; the run finishes.
+    Before, the member asked of the lost host stayed pending: the view stayed ``forking``, the chief waited
+    for worker1 in its first collective, and no restart or stop could come (hung past 3 minutes)."""
+    addr = master_addr()
+    opts = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "6", "--rejoin-timeout", "2",
+            "--group-grace-secs", "0")
+    args = (*ARGS, "--steps", "1000", "--step-delay", "0.02", "--save-model-secs", "2")
+    master = launch(logdir, *args, opts=(*opts, "--master-addr", addr))
+    first = agent_on(NS, 1, logdir, addr, *args, opts=("--nnodes", "2"))
+    second: Any = None
+    try:
+        wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of two")
+        kill_all(host_pids())
+        first.wait(10)
+        wait_for(lambda: memberships(logdir) == [([0], 1)], 60, what="the group restarted without node 1")
+        second = agent_on(NS, 1, logdir, addr, *args, opts=("--nnodes", "2"))
+        wait_for(lambda: len(events(logdir, "node_joined")) == 2, 120, interval=0.01, what="node 1 back")
+        for pid in host_pids():
+            os.kill(pid, signal.SIGSTOP)
+        wait_for(lambda: len(memberships(logdir)) >= 2, 60, what="node 1 taken back")
+        assert memberships(logdir)[1] == ([0, 1], 2)
+        wait_for(lambda: len(memberships(logdir)) == 3, 60, what="the group restarted without node 1 again")
+        assert memberships(logdir)[2] == ([0], 1)
+        kill_all(host_pids())
+    finally:
+        kill_all(host_pids())
+        code, out, err = finish(master, timeout=300)
+    if second is not None:
+        second.wait(10)
+    assert code == 0, err
+    assert events(logdir, "finished")[-1]["step"] == 1000
 
 
 def test_a_host_back_before_the_final_commit_is_not_taken_back_at_it(hosts, logdir):
