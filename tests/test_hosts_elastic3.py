@@ -222,3 +222,37 @@ def test_a_host_back_before_the_final_commit_is_not_taken_back_at_it(hosts, logd
     assert memberships(logdir) == [([0], 1)], err
     assert not events(logdir, "restarting"), err
     assert acode == 0, aerr
+
+
+def test_a_flapping_host_is_taken_back_again_and_again_and_the_restart_limit_counts_node_0s_commits(hosts, logdir):
+    """--max-restarts 2 (failures in a row without a new checkpoint) and node 1's host SIGKILLed four times,
+    each time right after it was taken back: each loss is a restart, but node 0 alone committed before each
+    take-back, so none comes in a row and the run trains on. Before, the regroup carried the count on past
+    node 0's commits and the third loss gave the run up."""
+    addr = master_addr()
+    args = (*ARGS, "--steps", "100000", "--step-delay", "0.02")
+    opts = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "2",
+            "--group-grace-secs", "0", "--max-restarts", "2")
+    master = launch(logdir, *args, opts=(*opts, "--master-addr", addr))
+    agents = [agent_on(NS, 1, logdir, addr, *args, opts=("--nnodes", "2"))]
+    try:
+        wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of two")
+        for flap in range(4):
+            kill_all(host_pids())
+            agents[-1].wait(10)
+            n = len(memberships(logdir))
+            wait_for(lambda: len(memberships(logdir)) > n or master.poll() is not None, 60, what=f"loss {flap}")
+            assert master.poll() is None and not events(logdir, "gave_up"), events(logdir, "gave_up")
+            agents.append(agent_on(NS, 1, logdir, addr, *args, opts=("--nnodes", "2")))
+            wait_for(lambda: len(memberships(logdir)) > n + 1, 120, what=f"node 1 taken back after loss {flap}")
+        assert memberships(logdir) == [([0], 1), ([0, 1], 2)] * 4
+    finally:
+        if master.poll() is None:
+            master.send_signal(signal.SIGTERM)  # the group of two stops in order
+        code, out, err = finish(master, timeout=300)
+        kill_all(host_pids())
+        for a in agents:
+            a.wait(30)
+    assert not events(logdir, "gave_up"), err
+    assert code in (143, 1), err  # stopped (1: its last steps could not be saved, as test_hosts says)
+    assert [r["error"] == "regroup" for r in events(logdir, "restarting")] == [False, True] * 4, err

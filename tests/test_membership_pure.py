@@ -179,3 +179,25 @@ def test_a_host_back_is_not_taken_back_at_the_trainers_final_commit():
     assert not [a for a in decide(view, 46.1, lim, 0.0) if isinstance(a, Kill)]
     observe.heard(view, SaveResult(90, SaveReason.PERIODIC, True, "/logdir/model.ckpt-90", None, 0.01), 47.0)
     assert [a.cause for a in take_back(view, lim)] == [Cause.REGROUP]  # (a periodic commit: taken back)
+
+
+def test_a_regroup_after_a_commit_starts_the_count_of_failures_without_a_new_checkpoint_again():
+    """--max-restarts bounds failures in a row without a new checkpoint. A group that committed and was then
+    ended to take a host back made progress: a host that flaps (lost before each new group's first commit)
+    is a failure after progress each time, not one more in a row. Before, the regroup carried the count on,
+    and three flaps with --max-restarts 2 gave the run up although node 0 committed between each."""
+    from dataclasses import replace
+
+    lim = limits(min_nodes=1, nnodes=2)
+    view = running_group(lim, (0,), REJOIN + 1)
+    view.history = replace(view.history, restarts=2, failures_without_progress=2)
+    view.last_commit_at, view.last_commit_step = 40.0, 50
+    view.children[TRAINER].commit_seen = 50  # the running group committed step 50
+    hello(view, 1, 39.0)
+    for k in take_back(view, lim):
+        note(view, k, 40.1, lim)
+    observe.reaped(view, TRAINER, 1, Failure(TRAINER, 1, 101, -signal.SIGKILL, 0.0, ""), 40.2)
+    restart = [a for a in decide(view, 40.2, lim, 0.0) if isinstance(a, Restart)]
+    assert len(restart) == 1 and restart[0].regroup
+    assert restart[0].history.restarts == 2  # not counted as a restart
+    assert restart[0].history.failures_without_progress == 0

@@ -92,7 +92,9 @@ Rules, in the order they are considered:
    stays away past ``rejoin_timeout`` no longer stops the run while K hosts are left: the next group
    (rule 3) starts on the hosts connected, ranks dense in their order. A host that comes back is taken
    back at the next checkpoint boundary: once a checkpoint commits after it joined (not the trainer's final
-   one: the group ends on its own), every member is SIGKILLed (cause ``regroup``) and rule 1 restarts the group at once, not counting it as a failure.
+   one: the group ends on its own), every member is SIGKILLed (cause ``regroup``) and rule 1 restarts the
+   group at once, not counting it as a failure; its commit is progress (``--max-restarts`` counts failures in
+   a row without one).
 """
 
 from __future__ import annotations
