@@ -51,9 +51,13 @@ def check_numbers(args: argparse.Namespace) -> None:
 
 def check_min_nodes(min_nodes: Optional[int], nnodes: int, ps: int) -> None:
     """``--min-nodes K`` (an elastic group, :mod:`procsv.watchdog.rules.membership`): from 1 to ``--nnodes``,
-    and not with ``--ps`` (its tasks are placed on every host, each restarted alone)."""
+    and not with ``--ps`` (its tasks are placed on every host, each restarted alone), nor on one host (no
+    ``--nnodes``, or 1: no host can leave the group; the flag would be ignored in silence)."""
     if min_nodes is None:
         return
+    if nnodes <= 1:
+        raise UsageError(f"--min-nodes needs --nnodes M > 1 (a group over hosts that trains on without some); this "
+                         f"launch is one host (--nnodes {nnodes})")
     if not 1 <= min_nodes <= nnodes:
         raise UsageError(f"--min-nodes must be from 1 to --nnodes ({nnodes}), not {min_nodes}")
     if ps:

@@ -171,3 +171,61 @@ def test_a_joiner_whose_pre_warmed_trainer_never_gets_ready_is_taken_back_after_
     assert take_back(view, 40.0 + lim.zygote_wait, lim) == []
     view.last_commit_at = 40.5 + lim.zygote_wait
     assert [a.cause for a in take_back(view, 40.5 + lim.zygote_wait, lim)] == [Cause.REGROUP]
+
+
+def test_min_nodes_is_refused_in_one_line_when_it_cannot_mean_anything():
+    import pytest
+
+    from procsv.common.errors import UsageError
+    from procsv.launch_args import check_min_nodes
+
+    check_min_nodes(None, 1, 0)
+    check_min_nodes(1, 2, 0)
+    check_min_nodes(2, 2, 0)
+    for k in (0, -1, 3):
+        with pytest.raises(UsageError, match=r"--min-nodes must be from 1 to --nnodes \(2\)"):
+            check_min_nodes(k, 2, 0)
+    with pytest.raises(UsageError, match="--ps tasks are placed on every host"):
+        check_min_nodes(1, 2, 1)
+    # one host (no --nnodes, or --nnodes 1): no host can leave the group; said, not silently ignored
+    with pytest.raises(UsageError, match=r"--min-nodes needs --nnodes M > 1"):
+        check_min_nodes(1, 1, 0)
+
+
+def test_a_host_back_is_not_taken_back_at_the_trainers_final_commit():
+    """The final commit (reason ``final``, seen by ``observe``) ends the training: the group exits on its own.
+    Before, take_back SIGKILLed the group at it and restarted it on both hosts, to find nothing to do."""
+    from procsv.ipc.messages import SaveResult
+    from procsv.ipc.message_base import SaveReason
+
+    lim = limits(min_nodes=1, nnodes=2)
+    view = running_group(lim, (0,), REJOIN + 1)
+    hello(view, 1, 45.0)
+    observe.heard(view, SaveResult(80, SaveReason.FINAL, True, "/logdir/model.ckpt-80", None, 0.01), 46.0)
+    assert view.last_commit_at == 46.0 and view.last_commit_final
+    assert take_back(view, 47.0, lim) == []
+    assert not [a for a in decide(view, 46.1, lim, 0.0) if isinstance(a, Kill)]
+    observe.heard(view, SaveResult(90, SaveReason.PERIODIC, True, "/logdir/model.ckpt-90", None, 0.01), 47.0)
+    assert [a.cause for a in take_back(view, 47.0, lim)] == [Cause.REGROUP]  # (a periodic commit: taken back)
+
+
+def test_a_regroup_after_a_commit_starts_the_count_of_failures_without_a_new_checkpoint_again():
+    """--max-restarts bounds failures in a row without a new checkpoint. A group that committed and was then
+    ended to take a host back made progress: a host that flaps (lost before each new group's first commit)
+    is a failure after progress each time, not one more in a row. Before, the regroup carried the count on,
+    and three flaps with --max-restarts 2 gave the run up although node 0 committed between each."""
+    from dataclasses import replace
+
+    lim = limits(min_nodes=1, nnodes=2)
+    view = running_group(lim, (0,), REJOIN + 1)
+    view.history = replace(view.history, restarts=2, failures_without_progress=2)
+    view.last_commit_at, view.last_commit_step = 40.0, 50
+    view.children[TRAINER].commit_seen = 50  # the running group committed step 50
+    hello(view, 1, 39.0)
+    for k in take_back(view, 40.1, lim):
+        note(view, k, 40.1, lim)
+    observe.reaped(view, TRAINER, 1, Failure(TRAINER, 1, 101, -signal.SIGKILL, 0.0, ""), 40.2)
+    restart = [a for a in decide(view, 40.2, lim, 0.0) if isinstance(a, Restart)]
+    assert len(restart) == 1 and restart[0].regroup
+    assert restart[0].history.restarts == 2  # not counted as a restart
+    assert restart[0].history.failures_without_progress == 0

@@ -115,9 +115,9 @@ class Executor:
             note(self.view, action, now, self.limits)
             return
         if isinstance(action, NodeLost):
-            host = self.view.nodes[action.node].host
+            self.remote.lost(action.node) if self.remote is not None else None  # (its members not started: lost too)
             note(self.view, action, now, self.limits)
-            self.report(node_lost_reports(action, host, self.limits) + breaker_found(self.view))
+            self.report(node_lost_reports(action, self.view.nodes[action.node].host, self.limits) + breaker_found(self.view))
             return
         if isinstance(action, StopFailing):
             note(self.view, action, now, self.limits)

@@ -22,9 +22,9 @@ If the master goes silent for ``node_timeout`` seconds (node 0's ``--node-timeou
 :class:`MasterBeat` and :class:`NodeRefused` carries; until the first of them, this agent's own
 ``--node-timeout``), the agent SIGKILLs its members (they are part of a group that cannot go on) and says why
 and keeps reconnecting, reloading the launch's public key and filing its own key again for a relaunched master's
-new launch; after ``rejoin_timeout`` seconds it exits 1. A SIGTERM/SIGINT is left to node 0 while connected
-(:mod:`.agentstop`), else it stops the members and exits 143/130; :class:`NodeStop` exits with the job's exit
-code. A master that refuses its claim of its node rank (:class:`NodeRefused`: another agent holds it) is asked
+new launch; after ``rejoin_timeout`` seconds it exits 1 (an elastic job's outlives a partition: :mod:`.masterseen`).
+A SIGTERM/SIGINT is left to node 0 while connected (:mod:`.agentstop`), else it stops the members and exits
+143/130; :class:`NodeStop` exits with the job's exit code. A master that refuses its claim of its node rank (:class:`NodeRefused`: another agent holds it) is asked
 again for twice ``node_timeout`` seconds (a holder that died is found lost by then), then the agent exits 2 with
 the master's reason. It removes its key file when it exits. Its loop stamps ``pulse``, from which
 ``--metrics-port`` (served by :mod:`procsv.cli`) answers only the probes ``/healthz`` (the loop turns) and
@@ -62,6 +62,7 @@ from procsv.watchdog.publish.probes import LoopPulse
 from procsv.watchdog.rules.group import worker_slot
 from procsv.watchdog.logrotate import rotate
 from procsv.watchdog.multihost.holder import Holder, start_holder
+from procsv.watchdog.multihost.masterseen import MasterSeen
 from procsv.watchdog.multihost.nodes import BEAT_SECS, host_ip
 from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable, zygote_env
 
@@ -106,6 +107,7 @@ class NodeAgent:
         self.forks: dict[tuple[int, int], tuple[str, dict[str, str]]] = {}  # (attempt, rank) -> slot, env
         self.disk = DiskJobs("procsv-agent-logdir")  # its work on the shared logdir, off the loop
         self._rejoin: Optional[Job[_Rejoin]] = None  # a reconnect's reads and writes in the logdir, in flight
+        self.seen = MasterSeen(self.layout, self.disk, cfg.rejoin_timeout, 0 < cfg.min_nodes < cfg.nnodes)
         self.pulse, self.stepped = pulse or LoopPulse(clock), False  # what --metrics-port's probes answer from
         self.stop = agentstop.StopRequest(cfg.stop_grace_secs + 2 * cfg.node_timeout)  # a stop signal, left to node 0
 
@@ -156,8 +158,7 @@ class NodeAgent:
               ) -> "Optional[zmq.Socket[Any]]":
         """Until the job ends, a stop signal, or the master stays away: returns the socket to close."""
         dealer: Optional[zmq.Socket[Any]] = None
-        connected_at = float("-inf")
-        beat_at = float("-inf")
+        connected_at = beat_at = float("-inf")
         self.heard_at = self.clock()
         while self.stop_code is None:
             now = self.clock()
@@ -182,9 +183,9 @@ class NodeAgent:
                     self._sweep()
                 if now - beat_at >= BEAT_SECS:
                     beat_at = now
-                    warming = self.zygote is not None and not self.zygote.ready and self.zygote.alive()
-                    send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(),
-                                           self.addresses, sorted(self.members), self.stop.signum or 0, not warming))
+                    warm = self.zygote is None or self.zygote.ready or not self.zygote.alive()  # (its NodeHello.ready)
+                    send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(), self.addresses,
+                                           sorted(self.members), self.stop.signum or 0, warm))
             if self.sweeper.due():
                 self._sweep()
             silent = now - self.heard_at
@@ -193,7 +194,7 @@ class NodeAgent:
                          f"--node-timeout {timeout:g}): stopping this host's trainers")
                 for m in self.members.values():
                     m.kill(now)  # (reaped by _reap, reported once reaped)
-            if silent > self.cfg.rejoin_timeout:
+            if self.seen.gone(now, self.heard_at, timeout):
                 self.say(f"the master did not come back within --rejoin-timeout {self.cfg.rejoin_timeout:g} s; "
                          "giving up")
                 self.stop_code = 1
@@ -203,8 +204,7 @@ class NodeAgent:
         return dealer
 
     def _wait_for_job(self, stops: list[int]) -> bool:
-        """Wait until node 0 has written the job's keys (so the logdir exists); False if told to
-        stop, or if they do not appear within ``rejoin_timeout``."""
+        """Wait until node 0 wrote the job's keys (the logdir exists); False on a stop, or past ``rejoin_timeout``."""
         deadline = self.clock() + self.cfg.rejoin_timeout
         while curve.load_job(self.layout) is None:
             if stops:

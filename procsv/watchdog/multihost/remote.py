@@ -48,6 +48,7 @@ class RemoteMembers:
         self.report = report
         self.clock = clock
         self.pending: dict[str, int] = {}  # slot -> attempt: members asked of an agent, not started yet
+        self.pending_on: dict[str, int] = {}  # slot -> the host it was asked of
         self.reader = reader
         # ends whose error file is being read: (slot, attempt, pid, code, wall, the read, due), in order
         self._ends: "deque[tuple[str, int, int, int, float, bool, Job[Optional[ChildError]], float]]" = deque()
@@ -61,7 +62,7 @@ class RemoteMembers:
             ranks = ranks_of(nodes, node, self.nproc)
             self.link.start(node, attempt, ranks, cluster, env)
             for rank in ranks:
-                self.pending[worker_slot(rank)] = attempt
+                self.pending[worker_slot(rank)], self.pending_on[worker_slot(rank)] = attempt, node
         if self.pending:
             observe.fork_requested(self.view)
 
@@ -69,8 +70,20 @@ class RemoteMembers:
         """Ask host ``node`` for one task restarted alone (``--ps``: a worker), ``env`` with its whole
         ``TF_CONFIG``."""
         self.link.start(node, attempt, [rank], [], env)
-        self.pending[slot] = attempt
+        self.pending[slot], self.pending_on[slot] = attempt, node
         observe.fork_requested(self.view)
+
+    def lost(self, node: int) -> None:
+        """Host ``node`` was found lost (before :class:`~procsv.watchdog.rules.actions.NodeLost` is noted): the
+        members asked of it and not started never will be. Each is added to the view as started (pid 0: none)
+        on that host, so the host's loss ends it as it ends the started ones (dead, ``HostLost``) and breaks
+        its group (rule 11). Before, the pending members kept the view ``forking`` and the group whole: its
+        chief waited for them in its first collective, no restart or stop could come (the run hung)."""
+        for slot, attempt in list(self.pending.items()):
+            if self.pending_on.get(slot) == node:
+                del self.pending[slot]
+                observe.spawned(self.view, slot, WORKER, attempt, 0, self.clock(), f"node{node}")  # (not recorded)
+                self.view.children[slot].node = node
 
     def started(self, node: int, slot: str, attempt: int, pid: int) -> None:
         """An agent started a member it was asked for (a stale one is killed at once)."""

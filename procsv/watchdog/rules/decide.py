@@ -91,8 +91,10 @@ Rules, in the order they are considered:
 15. **Elastic groups** (:mod:`procsv.watchdog.rules.membership`, ``--nnodes M --min-nodes K``): a host that
    stays away past ``rejoin_timeout`` no longer stops the run while K hosts are left: the next group
    (rule 3) starts on the hosts connected, ranks dense in their order. A host that comes back is taken
-   back at the next checkpoint boundary: once it is ready and a checkpoint commits after that, every member is
-   SIGKILLed (cause ``regroup``) and rule 1 restarts the group at once, not counting it as a failure.
+   back at the next checkpoint boundary: once it is ready and a checkpoint commits after that (not the trainer's
+   final one: the group ends on its own), every member is SIGKILLed (cause ``regroup``) and rule 1 restarts the
+   group at once, not counting it as a failure; its commit is progress (``--max-restarts`` counts failures in
+   a row without one).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ outcome is decided is only settled. :func:`procsv.watchdog.rules.decide.decide` 
 from __future__ import annotations
 
 import signal
+from dataclasses import replace
 
 from procsv.common.exitcodes import (DIVERGING_ERROR, EXIT_DIVERGING, EXIT_GROUP_ROLLBACK, EXIT_PREEMPTED,
                                     GROUP_ROLLBACK_ERROR)
@@ -80,8 +81,11 @@ def _service(view: RunView, child: ChildView, now: float, limits: Limits) -> lis
 def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> list[Action]:
     """A trainer attempt that was reaped, or whose death notice arrived (that only ever restarts)."""
     if view.stop_signal is None and any(m.regroup for m in group.members(view, child)):
-        # rule 15: the watchdog ended the group to take a host back, right after a commit: not a failure
-        return [Restart(child.slot, child.attempt, 0.0, view.history, early=not child.reaped, regroup=True)]
+        # rule 15: the watchdog ended the group to take a host back, right after a commit: not a failure; and
+        # that commit is progress (--max-restarts counts failures in a row without a new checkpoint)
+        history = replace(view.history, failures_without_progress=0, startup_failures_in_a_row=0) \
+            if child.made_progress else view.history
+        return [Restart(child.slot, child.attempt, 0.0, history, early=not child.reaped, regroup=True)]
     who = group.blame(view, child)  # in a group, the member whose end broke it
     if not child.reaped and not who.reaped and child.first_step_at is None and not who.noticed_error \
             and not who.hang_cause:

@@ -17,7 +17,8 @@ that group is made of:
 - :func:`take_back`: a host connected (its agent joined or came back) while the group runs without it
   is taken back at the group's next checkpoint boundary: once its agent says its members would start
   at once (its pre-warmed trainer is ready; ``NodeHello.ready``) and a checkpoint commits after that (and
-  after the running group's first step), every member is SIGKILLed (cause ``regroup``); the
+  after the running group's first step; not the trainer's final one: it trained to its end), every member
+  is SIGKILLed (cause ``regroup``); the
   group restarts at once on every connected host, from that checkpoint (the joiner has no state of
   its own: it restores the group's). A regroup is not a failure: rule 1 restarts without counting it.
 
@@ -101,7 +102,9 @@ def take_back(view: RunView, now: float, limits: Limits) -> list[Action]:
             ready.append(n.joined_at + limits.zygote_wait)  # its pre-warmed trainer is late: not waited for longer
         else:
             return []
-    if not ready or view.last_commit_at is None or view.last_commit_at < max(max(ready), chief.first_step_at):
+    if not ready or view.last_commit_at is None or view.last_commit_final:
+        return []  # (the trainer's final commit: it trained to its end and exits; nothing to take a host back to)
+    if view.last_commit_at < max(max(ready), chief.first_step_at):
         return []
     return [Kill(m.slot, m.attempt, Cause.REGROUP, f"node(s) {', '.join(map(str, back))} back: the group "
                  f"restarts with them from the checkpoint of step {view.last_commit_step}")

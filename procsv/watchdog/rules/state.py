@@ -249,6 +249,7 @@ class RunView:
     failed_commits: int = 0  # saves that failed during this launch (lost snapshots not counted)
     last_commit_at: Optional[float] = None  # when the last checkpoint of this launch committed
     last_commit_step: Optional[int] = None  # ... its step
+    last_commit_final: bool = False  # ... the trainer's last (reason ``final``): it trained to its end (rule 15)
     last_commit_secs: float = 0.0  # ... and how long the checkpoint service took to persist it
     logdir_lost: Optional[str] = None  # why the logdir is no longer there (deleted, moved, replaced)
     logdir_errors: int = 0  # looks at the logdir that failed without saying it is gone (EIO, ESTALE: blips)

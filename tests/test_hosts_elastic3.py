@@ -1,0 +1,258 @@
+"""Elastic groups (``--min-nodes``, rule 15) as a cluster runs them: three hosts (a third network namespace on
+``test_hosts.py``'s bridge) losing one, then another, and taking the first back; a network partition of node 1
+longer than ``--rejoin-timeout`` (its link down), with the agent run with node 0's flags or its defaults; an
+elastic job's agent whose master is SIGKILLed; a host lost before it started its member of the group; a host
+back before the final commit. Real processes, real TensorFlow collectives, real links, real SIGSTOPs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Iterator, Optional
+
+import pytest
+
+from conftest import finish, launch, quiet_env, raw_status, wait_for
+from test_hosts import (ARGS, BRIDGE, NS, PREFIX, VETH, events, host_pids, hosts, ip,  # noqa: F401 (a fixture)
+                        master_addr)
+
+NS3, VETH3, HOST2_IP = f"{NS}c", f"{VETH}c", f"{PREFIX}.12"
+ELASTIC = ("--nnodes", "3", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "2",
+           "--group-grace-secs", "0")
+
+
+@pytest.fixture
+def third(hosts: None) -> Iterator[None]:
+    ip("netns", "del", NS3, check=False)
+    wait_for(lambda: ip("link", "show", VETH3, check=False).returncode != 0, 120, interval=0.5,
+             what=f"an earlier run's {VETH3} to be gone")
+    ip("netns", "add", NS3)
+    ip("link", "add", VETH3, "type", "veth", "peer", "name", f"{VETH3}p")
+    ip("link", "set", f"{VETH3}p", "netns", NS3)
+    ip("link", "set", VETH3, "master", BRIDGE, "up")
+    ip("netns", "exec", NS3, "ip", "addr", "add", f"{HOST2_IP}/24", "dev", f"{VETH3}p")
+    ip("netns", "exec", NS3, "ip", "link", "set", f"{VETH3}p", "up")
+    ip("netns", "exec", NS3, "ip", "link", "set", "lo", "up")
+    try:
+        yield
+    finally:
+        for pid in pids3():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        ip("netns", "del", NS3, check=False)
+
+
+def pids3() -> list[int]:
+    return [int(p) for p in ip("netns", "pids", NS3, check=False).stdout.split()]
+
+
+def agent_on(ns: str, node: int, logdir: str, addr: str, *target_args: str,
+             env: Optional[dict[str, str]] = None, opts: tuple[str, ...] = ("--nnodes", "3")) -> subprocess.Popen[str]:
+    cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "procsv", "launch", "procsv.examples.digits",
+           "--logdir", logdir, "--node-rank", str(node), "--master-addr", addr, *opts, "--", *target_args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or quiet_env(),
+                            start_new_session=True)
+
+
+def memberships(logdir: str) -> list[tuple[list[int], int]]:
+    return [(r["nodes"], r["world"]) for r in events(logdir, "membership")]
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+STEPS = 1500
+PARTITION_SECS = 8.0  # node 1's link down this long once node 0 regrouped without it
+
+
+def test_three_hosts_lose_one_then_another_and_the_first_is_taken_back(third, logdir):
+    addr = master_addr()
+    args = (*ARGS, "--steps", str(STEPS), "--step-delay", "0.02")
+    env = {**quiet_env(), "PROCSV_GROUP_SNAPSHOT_STEPS": "10"}
+    master = launch(logdir, *args, opts=(*ELASTIC, "--master-addr", addr), env=env)
+    a1 = agent_on(NS, 1, logdir, addr, *args, env=env)
+    a2 = agent_on(NS3, 2, logdir, addr, *args, env=env)
+    back: Any = None
+    try:
+        wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of three")
+        kill_all(host_pids())
+        a1.wait(10)
+        wait_for(lambda: memberships(logdir), 60, what="the group restarted without node 1")
+        assert memberships(logdir) == [([0, 2], 2)]
+        n = len(events(logdir, "checkpoint_committed"))
+        wait_for(lambda: len(events(logdir, "checkpoint_committed")) > n + 1, 120, what="commits of the group of two")
+        kill_all(pids3())
+        a2.wait(10)
+        wait_for(lambda: len(memberships(logdir)) == 2, 60, what="the group restarted without node 2")
+        n = len(events(logdir, "checkpoint_committed"))
+        wait_for(lambda: len(events(logdir, "checkpoint_committed")) > n + 1, 120, what="commits of node 0 alone")
+        back = agent_on(NS, 1, logdir, addr, *args, env=env)
+        wait_for(lambda: len(memberships(logdir)) == 3, 120, what="node 1 taken back")
+    finally:
+        code, out, err = finish(master, timeout=300)
+    bcode, bout, berr = finish(back, timeout=30) if back is not None else (None, "", "")
+    print(err[-6000:])
+    assert code == 0, err
+    assert bcode == 0, berr
+    assert memberships(logdir) == [([0, 2], 2), ([0], 1), ([0, 1], 2)], err
+    assert events(logdir, "finished")[-1]["step"] == STEPS
+
+
+@pytest.mark.parametrize("same_flags", [False, True])
+def test_a_partition_longer_than_the_rejoin_timeout_leaves_the_group_training_and_the_host_is_taken_back(
+        hosts, logdir, same_flags):
+    """Two hosts, node 1's link down for 8 s (past --node-timeout 3 and --rejoin-timeout 2): the group
+    trains on node 0 alone, and once the link is up again node 1's agent comes back and is taken back."""
+    addr = master_addr()
+    opts = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "2",
+            "--group-grace-secs", "0")
+    args = (*ARGS, "--steps", str(STEPS), "--step-delay", "0.02")
+    master = launch(logdir, *args, opts=(*opts, "--master-addr", addr))
+    a1 = agent_on(NS, 1, logdir, addr, *args, opts=opts if same_flags else ("--nnodes", "2"))
+    try:
+        wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of two")
+        ip("link", "set", VETH, "down")
+        try:
+            wait_for(lambda: memberships(logdir), 60, what="the group restarted without node 1")
+            time.sleep(PARTITION_SECS)  # the fault's length (past both timeouts), not a wait for a condition
+        finally:
+            ip("link", "set", VETH, "up")
+        wait_for(lambda: len(memberships(logdir)) == 2 or a1.poll() is not None, 120, what="node 1 taken back")
+    finally:
+        code, out, err = finish(master, timeout=300)
+    acode, aout, aerr = finish(a1, timeout=30)
+    print(err[-3000:], aerr[-3000:])
+    assert memberships(logdir) == [([0], 1), ([0, 1], 2)], aerr
+    assert code == 0, err
+    assert acode == 0, aerr
+
+
+def test_an_elastic_jobs_agent_still_gives_up_on_a_master_that_is_gone(hosts, logdir):
+    """The master SIGKILLed (its status file no longer changes): node 1's agent, with the job's flags
+    (--min-nodes 1, --rejoin-timeout 2, node 0's --node-timeout 3), exits 1 once the master is silent past
+    --rejoin-timeout and its status file unchanged for --rejoin-timeout + 2 x --node-timeout (~14 s)."""
+    addr = master_addr()
+    opts = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "2")
+    args = (*ARGS, "--steps", str(STEPS), "--step-delay", "0.02")
+    master = launch(logdir, *args, opts=(*opts, "--master-addr", addr))
+    a1 = agent_on(NS, 1, logdir, addr, *args, opts=opts)
+    try:
+        wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of two")
+        t0 = time.monotonic()
+        os.kill(master.pid, signal.SIGKILL)
+        acode, aout, aerr = finish(a1, timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        try:
+            os.killpg(master.pid, signal.SIGKILL)  # what the master left: its trainer and services
+        except ProcessLookupError:
+            pass
+        master.communicate()
+    assert acode == 1, aerr
+    assert "the master did not come back within --rejoin-timeout 2 s; giving up" in aerr, aerr
+    assert took < 30, took
+
+
+def test_a_host_lost_before_it_started_its_member_of_the_group_breaks_the_group_and_the_run_trains_on(hosts, logdir):
+    """Node 1 relaunched joins, and its agent and pre-warmed trainer are SIGSTOPped at once: node 0 takes it
+    back at the next commit (it still counts as connected), asks it for worker1, which it never starts, and
+    finds it lost --node-timeout later. The group breaks and restarts on node 0 alone; the run finishes.
+    Before, the member asked of the lost host stayed pending: the view stayed ``forking``, the chief waited
+    for worker1 in its first collective, and no restart or stop could come (hung past 3 minutes)."""
+    addr = master_addr()
+    opts = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "6", "--rejoin-timeout", "2",
+            "--group-grace-secs", "0")
+    args = (*ARGS, "--steps", "1000", "--step-delay", "0.02", "--save-model-secs", "2")
+    master = launch(logdir, *args, opts=(*opts, "--master-addr", addr))
+    first = agent_on(NS, 1, logdir, addr, *args, opts=("--nnodes", "2"))
+    second: Any = None
+    try:
+        wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of two")
+        kill_all(host_pids())
+        first.wait(10)
+        wait_for(lambda: memberships(logdir) == [([0], 1)], 60, what="the group restarted without node 1")
+        second = agent_on(NS, 1, logdir, addr, *args, opts=("--nnodes", "2"))
+        wait_for(lambda: len(events(logdir, "node_joined")) == 2, 120, interval=0.01, what="node 1 back")
+        for pid in host_pids():
+            os.kill(pid, signal.SIGSTOP)
+        wait_for(lambda: len(memberships(logdir)) >= 2, 60, what="node 1 taken back")
+        assert memberships(logdir)[1] == ([0, 1], 2)
+        wait_for(lambda: len(memberships(logdir)) == 3, 60, what="the group restarted without node 1 again")
+        assert memberships(logdir)[2] == ([0], 1)
+        kill_all(host_pids())
+    finally:
+        kill_all(host_pids())
+        code, out, err = finish(master, timeout=300)
+    if second is not None:
+        second.wait(10)
+    assert code == 0, err
+    assert events(logdir, "finished")[-1]["step"] == 1000
+
+
+def test_a_host_back_before_the_final_commit_is_not_taken_back_at_it(hosts, logdir):
+    """Node 1 joins while node 0 trains alone, with --save-model-secs 600 (no commit before the final one):
+    the final commit is no checkpoint boundary to take it back at (the trainer trained to its end and
+    exits). Before, the group was SIGKILLed there (its program's last work after training too) and
+    restarted on both hosts, to find nothing to do."""
+    addr = master_addr()
+    args = (*ARGS, "--steps", "600", "--step-delay", "0.03", "--save-model-secs", "600")
+    opts = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "2",
+            "--group-grace-secs", "0")
+    master = launch(logdir, *args, opts=(*opts, "--master-addr", addr))
+    late: Any = None
+    try:
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 100, 120, what="steps of node 0 alone")
+        late = agent_on(NS, 1, logdir, addr, *args, opts=("--nnodes", "2"))
+        wait_for(lambda: events(logdir, "node_joined"), 60, what="node 1 to join")
+    finally:
+        code, out, err = finish(master, timeout=300)
+    acode, aout, aerr = finish(late, timeout=30) if late is not None else (None, "", "")
+    assert code == 0, err
+    assert [(r["step"], r["reason"]) for r in events(logdir, "checkpoint_committed")] == [(600, "final")]
+    assert memberships(logdir) == [([0], 1)], err
+    assert not events(logdir, "restarting"), err
+    assert acode == 0, aerr
+
+
+def test_a_flapping_host_is_taken_back_again_and_again_and_the_restart_limit_counts_node_0s_commits(hosts, logdir):
+    """--max-restarts 2 (failures in a row without a new checkpoint) and node 1's host SIGKILLed four times,
+    each time right after it was taken back: each loss is a restart, but node 0 alone committed before each
+    take-back, so none comes in a row and the run trains on. Before, the regroup carried the count on past
+    node 0's commits and the third loss gave the run up."""
+    addr = master_addr()
+    args = (*ARGS, "--steps", "100000", "--step-delay", "0.02")
+    opts = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "2",
+            "--group-grace-secs", "0", "--max-restarts", "2")
+    master = launch(logdir, *args, opts=(*opts, "--master-addr", addr))
+    agents = [agent_on(NS, 1, logdir, addr, *args, opts=("--nnodes", "2"))]
+    try:
+        wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of two")
+        for flap in range(4):
+            kill_all(host_pids())
+            agents[-1].wait(10)
+            n = len(memberships(logdir))
+            wait_for(lambda: len(memberships(logdir)) > n or master.poll() is not None, 60, what=f"loss {flap}")
+            assert master.poll() is None and not events(logdir, "gave_up"), events(logdir, "gave_up")
+            agents.append(agent_on(NS, 1, logdir, addr, *args, opts=("--nnodes", "2")))
+            wait_for(lambda: len(memberships(logdir)) > n + 1, 120, what=f"node 1 taken back after loss {flap}")
+        assert memberships(logdir) == [([0], 1), ([0, 1], 2)] * 4
+    finally:
+        if master.poll() is None:
+            master.send_signal(signal.SIGTERM)  # the group of two stops in order
+        code, out, err = finish(master, timeout=300)
+        kill_all(host_pids())
+        for a in agents:
+            a.wait(30)
+    assert not events(logdir, "gave_up"), err
+    assert code in (143, 1), err  # stopped (1: its last steps could not be saved, as test_hosts says)
+    assert [r["error"] == "regroup" for r in events(logdir, "restarting")] == [False, True] * 4, err
