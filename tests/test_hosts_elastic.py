@@ -27,7 +27,7 @@ from procsv.status import read_status, render
 from test_hosts import ARGS, HOST1_IP, agent, events, host_pids, hosts, master_addr  # noqa: F401 (a fixture)
 from test_metrics import free_port, scrape, value
 
-ELASTIC = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "2",
+ELASTIC = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "5",
            "--group-grace-secs", "0")
 STEPS = 1000  # the group takes node 1 back around step 130 here, quietly: a margin for a loaded machine
 N_TRAIN, B = 1438, 16  # the example's training samples; its per-replica batch
@@ -45,9 +45,9 @@ def test_a_host_lost_for_good_leaves_the_group_training_on_one_host_and_a_new_ag
     args = (*MODEL, "--steps", str(STEPS), "--step-delay", "0.02", "--save-model-secs", "1",
             "--print-every-steps", "100000", "--sample-log", samples)
     port = free_port()
+    first = agent(logdir, addr, *args, target=TARGET)  # (waiting for node 0's job: the first group is on both)
     master = launch(logdir, *args, target=TARGET,
                     opts=(*ELASTIC, "--master-addr", addr, "--metrics-port", str(port)))
-    first = agent(logdir, addr, *args, target=TARGET)
     second: Any = None
     try:
         wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of two")
@@ -119,8 +119,8 @@ def test_a_host_lost_for_good_leaves_the_group_training_on_one_host_and_a_new_ag
 def test_a_host_lost_and_never_relaunched_leaves_the_run_to_finish_on_node_0_with_exit_0(hosts, logdir):
     addr = master_addr()
     args = (*ARGS, "--steps", "600", "--step-delay", "0.02")
+    first = agent(logdir, addr, *args)  # (waiting for node 0's job: the first group is on both)
     master = launch(logdir, *args, opts=(*ELASTIC, "--master-addr", addr))
-    first = agent(logdir, addr, *args)
     try:
         wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of two")
         for pid in host_pids():

@@ -71,9 +71,10 @@ def test_each_member_of_a_group_over_two_hosts_has_its_rank_node_and_host_as_on_
              for role, p in members(two_hosts).items()}
     assert where == {TRAINER: (0, 0, here, 40), "worker1": (1, 1, HOST1, 39)}
     assert two_hosts["group"] == {"nproc": 1, "nnodes": 2, "state": "running", "ps": 0, "nodes": [0, 1],
-                                  "min_nodes": 2, "membership_changes": 0}
+                                  "min_nodes": 2, "membership_changes": 0,
+                                  "hosts": [{"node": 1, "host": HOST1, "connected": True, "ready": True}]}
     assert one_host["group"] == {"nproc": 2, "nnodes": 1, "state": "running", "ps": 0, "nodes": [0],
-                                 "min_nodes": 1, "membership_changes": 0}
+                                 "min_nodes": 1, "membership_changes": 0, "hosts": []}
     assert {role: (p["rank"], p["node"], p["host"]) for role, p in members(one_host).items()} == {
         TRAINER: (0, 0, here), "worker1": (1, 0, here)}
     assert [sorted(p) for p in members(two_hosts).values()] == [sorted(p) for p in members(one_host).values()]

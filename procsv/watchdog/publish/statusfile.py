@@ -63,7 +63,9 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
         "group": {"nproc": cfg.nproc, "nnodes": cfg.nnodes, "state": group.group_state(view), "ps": cfg.ps,
                   # rule 15 (--min-nodes): the hosts the group runs on now, and how often that changed
                   "nodes": list(view.group_nodes or range(cfg.nnodes)), "min_nodes": cfg.min_nodes or cfg.nnodes,
-                  "membership_changes": view.membership_changes}
+                  "membership_changes": view.membership_changes,
+                  "hosts": [{"node": n, "host": v.host, "connected": v.last_beat is not None and v.lost_at is None,
+                             "ready": v.ready_at is not None} for n, v in sorted(view.nodes.items())]}
         if grouped else None,
         "version": STATUS_VERSION,
         "state": view.run.value,
