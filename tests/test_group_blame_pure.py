@@ -73,14 +73,21 @@ def test_a_member_of_another_host_killed_after_the_chiefs_judgement_is_recorded_
     assert sim.trainer.attempt == 2  # the next group started as before
 
 
-def test_a_host_found_lost_after_the_chiefs_judgement_is_recorded_as_the_groups_breaker():
+def _chief_judged_then_host_lost() -> GroupSim:
+    """A group of 2, worker1 on node 1: the chief's AbortedError judged (the group restarts), then node 1
+    found lost (noted as the executor does; the caller asks what that changed)."""
     sim = group(2)
     sim.member(W1).node = 1
     sim.view.nodes[1] = NodeView(1, "10.0.0.11", last_beat=sim.now)
     sim.tick(1.0)
     _reaps(sim, TRAINER, 1, "AbortedError")
     assert of(sim.tick(0.01), Restart)
-    note(sim.view, NodeLost(1, 4.2), sim.now, sim.limits)  # (as the executor does, then asks)
+    note(sim.view, NodeLost(1, 4.2), sim.now, sim.limits)
+    return sim
+
+
+def test_a_host_found_lost_after_the_chiefs_judgement_is_recorded_as_the_groups_breaker():
+    sim = _chief_judged_then_host_lost()
     found = _breakers(breaker_found(sim.view))
     assert len(found) == 1 and found[0]["role"] == W1, found
     assert "HostLost: node 1 (10.0.0.11) went silent for 4.2 s" in str(found[0]["error"])
@@ -160,13 +167,7 @@ def test_the_recovery_table_names_the_member_that_broke_the_group_not_the_chiefs
     breaker, as the restart's line does: worker1 lost with its host, found after the chief's collective
     failure was judged; worker1 SIGKILLed, judged at once. Before: the chief's own end ("exited with code 1",
     "was killed by SIGKILL" of the group's stop), whatever broke the group."""
-    sim = group(2)
-    sim.member(W1).node = 1
-    sim.view.nodes[1] = NodeView(1, "10.0.0.11", last_beat=sim.now)
-    sim.tick(1.0)
-    _reaps(sim, TRAINER, 1, "AbortedError")
-    assert of(sim.tick(0.01), Restart)
-    note(sim.view, NodeLost(1, 4.2), sim.now, sim.limits)
+    sim = _chief_judged_then_host_lost()
     assert _breakers(breaker_found(sim.view))
     sim.tick(0.01)
     sim.tick()

@@ -58,28 +58,36 @@ def hosts() -> Iterator[None]:
     ip("link", "add", BRIDGE, "type", "bridge")
     ip("addr", "add", f"{MASTER_IP}/24", "dev", BRIDGE)
     ip("link", "set", BRIDGE, "up")
-    ip("netns", "add", NS)
-    ip("link", "add", VETH, "type", "veth", "peer", "name", f"{VETH}p")
-    ip("link", "set", f"{VETH}p", "netns", NS)
-    ip("link", "set", VETH, "master", BRIDGE, "up")
-    ip("netns", "exec", NS, "ip", "addr", "add", f"{HOST1_IP}/24", "dev", f"{VETH}p")
-    ip("netns", "exec", NS, "ip", "link", "set", f"{VETH}p", "up")
-    ip("netns", "exec", NS, "ip", "link", "set", "lo", "up")
+    add_host(NS, VETH, HOST1_IP)
     try:
         yield
     finally:
-        for pid in host_pids():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(host_pids())
         ip("netns", "del", NS, check=False)
         ip("link", "del", BRIDGE, check=False)
 
 
-def host_pids() -> list[int]:
-    """Every process of the second host (its network namespace)."""
-    out = ip("netns", "pids", NS, check=False).stdout
+def add_host(ns: str, veth: str, address: str) -> None:
+    """Another "host": network namespace ``ns`` on the bridge through the veth pair ``veth``, at ``address``."""
+    ip("netns", "add", ns)
+    ip("link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
+    ip("link", "set", f"{veth}p", "netns", ns)
+    ip("link", "set", veth, "master", BRIDGE, "up")
+    ip("netns", "exec", ns, "ip", "addr", "add", f"{address}/24", "dev", f"{veth}p")
+    ip("netns", "exec", ns, "ip", "link", "set", f"{veth}p", "up")
+    ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+
+
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL each of ``pids`` that is still there."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def host_pids(ns: str = NS) -> list[int]:
+    """Every process of a host (its network namespace; the second host's by default)."""
+    out = ip("netns", "pids", ns, check=False).stdout
     return [int(p) for p in out.split()]
 
 

@@ -24,7 +24,7 @@ from conftest import finish, launch, quiet_env, raw_status, wait_for
 from elastic_helpers import TARGET, assert_exactly_once, effective_steps, procsv_weights, reference_weights, schedule
 from procsv.common.layout import Layout
 from procsv.status import read_status, render
-from test_hosts import ARGS, HOST1_IP, agent, events, host_pids, hosts, master_addr  # noqa: F401 (a fixture)
+from test_hosts import ARGS, agent, events, host_pids, hosts, master_addr  # noqa: F401 (a fixture)
 from test_metrics import free_port, scrape, value
 
 ELASTIC = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "5",

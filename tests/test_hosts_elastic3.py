@@ -16,8 +16,8 @@ from typing import Any, Iterator, Optional
 import pytest
 
 from conftest import finish, launch, quiet_env, raw_status, wait_for
-from test_hosts import (ARGS, BRIDGE, NS, PREFIX, VETH, events, host_pids, hosts, ip,  # noqa: F401 (a fixture)
-                        master_addr)
+from test_hosts import (ARGS, NS, PREFIX, VETH, add_host, events, host_pids, hosts, ip,  # noqa: F401 (a fixture)
+                        kill_all, master_addr)
 
 NS3, VETH3, HOST2_IP = f"{NS}c", f"{VETH}c", f"{PREFIX}.12"
 ELASTIC = ("--nnodes", "3", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "5",
@@ -29,26 +29,16 @@ def third(hosts: None) -> Iterator[None]:
     ip("netns", "del", NS3, check=False)
     wait_for(lambda: ip("link", "show", VETH3, check=False).returncode != 0, 120, interval=0.5,
              what=f"an earlier run's {VETH3} to be gone")
-    ip("netns", "add", NS3)
-    ip("link", "add", VETH3, "type", "veth", "peer", "name", f"{VETH3}p")
-    ip("link", "set", f"{VETH3}p", "netns", NS3)
-    ip("link", "set", VETH3, "master", BRIDGE, "up")
-    ip("netns", "exec", NS3, "ip", "addr", "add", f"{HOST2_IP}/24", "dev", f"{VETH3}p")
-    ip("netns", "exec", NS3, "ip", "link", "set", f"{VETH3}p", "up")
-    ip("netns", "exec", NS3, "ip", "link", "set", "lo", "up")
+    add_host(NS3, VETH3, HOST2_IP)
     try:
         yield
     finally:
-        for pid in pids3():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(pids3())
         ip("netns", "del", NS3, check=False)
 
 
 def pids3() -> list[int]:
-    return [int(p) for p in ip("netns", "pids", NS3, check=False).stdout.split()]
+    return host_pids(NS3)
 
 
 def agent_on(ns: str, node: int, logdir: str, addr: str, *target_args: str,
@@ -61,14 +51,6 @@ def agent_on(ns: str, node: int, logdir: str, addr: str, *target_args: str,
 
 def memberships(logdir: str) -> list[tuple[list[int], int]]:
     return [(r["nodes"], r["world"]) for r in events(logdir, "membership")]
-
-
-def kill_all(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 STEPS = 1500

@@ -161,7 +161,7 @@ class Watchdog:
         launch = archive_launch(self.layout.logs, self.cfg.keep_logs)  # an earlier launch's logs: logs/launch-<n>/
         if self.cfg.nnodes > 1 and self.cfg.master_addr:  # the other hosts' agents connect here
             self.link = NodeLink(pipes.zctx, self.layout, self.cfg.master_addr, self.clock, self.view, self.limits)
-            ex.remote = RemoteMembers(self.link, self.view, self.layout, self.cfg.nnodes, self.cfg.nproc,
+            ex.remote = RemoteMembers(self.link, self.view, self.layout, self.cfg.nproc,
                                       self.out.record, self.clock, self.out.io.reads)
             pipes.poller.register(self.link.sock, zmq.POLLIN)
             self.out.say(f"procsv: node 0 of {self.cfg.nnodes}: waiting for the other hosts at "

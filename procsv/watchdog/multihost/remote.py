@@ -38,12 +38,11 @@ from procsv.watchdog.rules.state import WORKER, RunView
 class RemoteMembers:
     """Node 0's side of the other hosts' members; one per launch with ``--nnodes`` > 1."""
 
-    def __init__(self, link: NodeLink, view: RunView, layout: Layout, nnodes: int, nproc: int,
+    def __init__(self, link: NodeLink, view: RunView, layout: Layout, nproc: int,
                  report: Callable[[list[Report]], None], clock: Callable[[], float], reader: DiskJobs) -> None:
         self.link = link
         self.view = view
         self.layout = layout
-        self.nnodes = nnodes
         self.nproc = nproc
         self.report = report
         self.clock = clock

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from procsv.watchdog.publish import badput, recovery
+from procsv.watchdog.rules.membership import connected
 from procsv.watchdog.rules.failures import signal_name
 from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.rules.state import PS, SERVER, TRAINER, WORKER, ChildView, RunView
@@ -162,7 +163,6 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
         task_restarts=task_rows(view),
         time_by_kind=tuple(spent.secs.items()),
         group_hosts=len(view.group_nodes) if view.group_nodes else None,
-        live_hosts=1 + sum(1 for n in view.nodes.values() if n.last_beat is not None and n.lost_at is None)
-        if view.group_nodes else None,
+        live_hosts=1 + sum(1 for n in view.nodes if connected(view, n)) if view.group_nodes else None,
         membership_changes=view.membership_changes,
     )

@@ -21,7 +21,7 @@ from procsv.common import faults
 from procsv.common.layout import Layout, write_json
 from procsv.common.manifests import last_checkpoint
 from procsv.common.pidfd import host_id
-from procsv.watchdog.rules import group
+from procsv.watchdog.rules import group, membership
 from procsv.watchdog.publish import badput
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.rules.state import CHECKPOINT, PS, SERVER, SUMMARY, TRAINER, WORKER, RunView
@@ -64,7 +64,7 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
                   # rule 15 (--min-nodes): the hosts the group runs on now, and how often that changed
                   "nodes": list(view.group_nodes or range(cfg.nnodes)), "min_nodes": cfg.min_nodes or cfg.nnodes,
                   "membership_changes": view.membership_changes,
-                  "hosts": [{"node": n, "host": v.host, "connected": v.last_beat is not None and v.lost_at is None,
+                  "hosts": [{"node": n, "host": v.host, "connected": membership.connected(view, n),
                              "ready": v.ready_at is not None} for n, v in sorted(view.nodes.items())]}
         if grouped else None,
         "version": STATUS_VERSION,
