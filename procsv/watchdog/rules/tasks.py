@@ -93,9 +93,8 @@ def task_node(slot: str, workers: int, nnodes: int) -> int:
 
 
 def judge_task(view: RunView, child: ChildView, now: float, limits: Limits, draw: float) -> list[Action]:
-    """Rule 14: a parameter server or a non-chief worker ended (judged on its exit status)."""
-    if not child.reaped:
-        return []  # a death notice: the exit status tells whether it finished
+    """Rule 14: a parameter server or a non-chief worker was reaped (judged on its exit status, which tells
+    whether it finished: rule 1 waits for it)."""
     if child.role == WORKER and child.exit_code == 0:
         return [Settle(child.slot, child.attempt)]  # it finished; the chief decides the run
     history = view.task_history.get(child.slot, History())
