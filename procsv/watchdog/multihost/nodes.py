@@ -16,7 +16,6 @@ when the launch ends.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import zmq
@@ -39,23 +38,6 @@ ACCEPT = frozenset({NodeHello, MemberStarted, MemberEnded, Relayed})
 RELAYED = RELAYABLE  # what an agent may relay from its members (progress, restore, non-finite training)
 
 
-@dataclass(frozen=True)
-class RefusedClaim:
-    """An agent's claim of a node rank that the master refused (logged once per key and node)."""
-
-    node: int
-    host: str
-    pid: int
-    key: str  # its public key's fingerprint
-    reason: str
-
-    def report(self) -> Report:
-        return Report(Event.NODE_REFUSED, {"node": self.node, "host": self.host, "pid": self.pid, "key": self.key,
-                                           "reason": self.reason},
-                      say=f"procsv: refused an agent claiming node {self.node} (at {self.host}, pid {self.pid}, "
-                          f"key {self.key}): {self.reason}", err=True)
-
-
 class NodeLink:
     """The ROUTER of the master; one per launch with ``--nnodes`` > 1."""
 
@@ -70,10 +52,9 @@ class NodeLink:
         self.clock = clock
         self.view = view
         self.limits = limits
-        self.known: set[int] = set()
         self.holders: dict[int, str] = {}  # node -> the public key (Z85) that speaks for it in this launch
-        self.routes: dict[int, bytes] = {}  # node -> the routing id of its holder's latest connection
-        self.refusals: list[RefusedClaim] = []  # not reported yet (the launcher takes them)
+        self.routes: dict[int, bytes] = {}  # node -> the routing id of its holder's latest connection (the nodes known)
+        self.refusals: list[Report] = []  # refused claims not reported yet (the launcher takes them)
         self._refused: set[tuple[str, int]] = set()  # (key, node) already reported
         self._beat_at = float("-inf")
 
@@ -106,9 +87,7 @@ class NodeLink:
                     inner, _ = decode(payload, RELAYED)
                 except ProtocolError:
                     continue
-                out.append((node, msg, [inner]))
-                continue
-            self.known.add(node)
+                payload = [inner]
             out.append((node, msg, payload))
         return out
 
@@ -123,8 +102,11 @@ class NodeLink:
         if verdict is Claim.REFUSED:
             if (key, msg.node) not in self._refused:
                 self._refused.add((key, msg.node))
-                self.refusals.append(RefusedClaim(msg.node, msg.host, msg.pid, curve.fingerprint(key.encode()),
-                                                  reason))
+                fingerprint = curve.fingerprint(key.encode())
+                self.refusals.append(Report(Event.NODE_REFUSED, {"node": msg.node, "host": msg.host, "pid": msg.pid,
+                                                                 "key": fingerprint, "reason": reason},
+                                            say=f"procsv: refused an agent claiming node {msg.node} (at {msg.host}, "
+                                                f"pid {msg.pid}, key {fingerprint}): {reason}", err=True))
             try:
                 send(self.sock, NodeRefused(msg.node, reason, self.limits.node_timeout), prefix=[route])
             except zmq.ZMQError:
@@ -136,8 +118,7 @@ class NodeLink:
 
     def take_refusals(self) -> list[Report]:
         """The refused claims not reported yet, as lifecycle records."""
-        out = [r.report() for r in self.refusals]
-        self.refusals.clear()
+        out, self.refusals = self.refusals, []
         return out
 
     def send(self, node: int, msg: Message) -> bool:
@@ -162,17 +143,17 @@ class NodeLink:
         if now - self._beat_at < BEAT_SECS:
             return
         self._beat_at = now
-        for node in self.known:
+        for node in self.routes:
             self.send(node, MasterBeat(self.job, self.limits.node_timeout))
 
     def stop_all(self, exit_code: int) -> None:
         """The job is over: every agent stops its members and exits."""
-        for node in self.known:
+        for node in self.routes:
             self.send(node, NodeStop(exit_code))
         # keep reading a moment: a socket closed with unread data is reset, and the reset can make
         # an agent's kernel drop the NodeStop it has not read yet
         until = self.clock() + STOP_DRAIN_SECS
-        while self.known and self.clock() < until:
+        while self.routes and self.clock() < until:
             if self.sock.poll(50, zmq.POLLIN):
                 self.receive()
 

@@ -46,8 +46,7 @@ class RemoteMembers:
         self.nproc = nproc
         self.report = report
         self.clock = clock
-        self.pending: dict[str, int] = {}  # slot -> attempt: members asked of an agent, not started yet
-        self.pending_on: dict[str, int] = {}  # slot -> the host it was asked of
+        self.pending: dict[str, tuple[int, int]] = {}  # slot -> (attempt, host): members asked of an agent, not started yet
         self.reader = reader
         # ends whose error file is being read: (slot, attempt, pid, code, wall, the read, due), in order
         self._ends: "deque[tuple[str, int, int, int, float, bool, Job[Optional[ChildError]], float]]" = deque()
@@ -61,7 +60,7 @@ class RemoteMembers:
             ranks = ranks_of(nodes, node, self.nproc)
             self.link.start(node, attempt, ranks, cluster, env)
             for rank in ranks:
-                self.pending[worker_slot(rank)], self.pending_on[worker_slot(rank)] = attempt, node
+                self.pending[worker_slot(rank)] = attempt, node
         if self.pending:
             observe.fork_requested(self.view)
 
@@ -69,7 +68,7 @@ class RemoteMembers:
         """Ask host ``node`` for one task restarted alone (``--ps``: a worker), ``env`` with its whole
         ``TF_CONFIG``."""
         self.link.start(node, attempt, [rank], [], env)
-        self.pending[slot], self.pending_on[slot] = attempt, node
+        self.pending[slot] = attempt, node
         observe.fork_requested(self.view)
 
     def lost(self, node: int) -> None:
@@ -78,15 +77,15 @@ class RemoteMembers:
         on that host, so the host's loss ends it as it ends the started ones (dead, ``HostLost``) and breaks
         its group (rule 11). Before, the pending members kept the view ``forking`` and the group whole: its
         chief waited for them in its first collective, no restart or stop could come (the run hung)."""
-        for slot, attempt in list(self.pending.items()):
-            if self.pending_on.get(slot) == node:
+        for slot, (attempt, on) in list(self.pending.items()):
+            if on == node:
                 del self.pending[slot]
                 observe.spawned(self.view, slot, WORKER, attempt, 0, self.clock(), f"node{node}")  # (not recorded)
                 self.view.children[slot].node = node
 
     def started(self, node: int, slot: str, attempt: int, pid: int) -> None:
         """An agent started a member it was asked for (a stale one is killed at once)."""
-        if self.pending.get(slot) != attempt:
+        if self.pending.get(slot, (0, 0))[0] != attempt:
             self.link.signal(node, slot, attempt, signal.SIGKILL, kill=True)
             return
         del self.pending[slot]
@@ -96,7 +95,7 @@ class RemoteMembers:
     def ended(self, slot: str, attempt: int, pid: int, code: int, wall: float, signalled: bool = True) -> None:
         """An agent reaped a member; its error file, if any, is in the shared logdir. ``signalled``: a
         signal of this watchdog reached it alive (False: its end was not the watchdog's doing)."""
-        if self.pending.get(slot) == attempt:
+        if self.pending.get(slot, (0, 0))[0] == attempt:
             del self.pending[slot]
         key_job, layout, rank = self.link.job, self.layout, rank_of(slot)
         self.reader.submit(lambda: curve.unfile_members(layout, key_job, before=0, rank=rank, attempt=attempt))

@@ -111,7 +111,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
             if action.cause == Cause.GROUP:
                 child.signalled_at = now  # SIGKILL after group_grace_secs (rule 11)
             elif action.cause in (Cause.STOP, Cause.SHUTDOWN):
-                child.stop_sent_at = now  # (sent again after stop_resend_secs: ChildView.stop_resend_due)
+                child.stop_sent_at = now  # (sent again after stop_resend_secs: ChildView.stopping)
             if child.state != ProcState.STOPPING:  # (a resent SIGTERM: stopping already)
                 child.set_state(ProcState.STOPPING)
     elif isinstance(action, Kill):

@@ -99,11 +99,9 @@ Rules, in the order they are considered:
 
 from __future__ import annotations
 
-import signal
-
 from procsv.watchdog.rules import group
 from procsv.watchdog.rules import membership, standby, tasks
-from procsv.watchdog.rules.actions import (Action, Cause, Finish, GiveUp, Kill, Promote, Signal, Spawn, StartZygote,
+from procsv.watchdog.rules.actions import (Action, Cause, Finish, GiveUp, Promote, Spawn, StartZygote,
                                            StopFailing)
 from procsv.watchdog.rules.bookkeeping import EXIT_CHECKPOINTS_FAILING, EXIT_LOGDIR_LOST
 from procsv.watchdog.rules.chaos import chaos_actions
@@ -166,12 +164,8 @@ def _stop(view: RunView, now: float, limits: Limits) -> list[Action]:
     out, workers_first = tasks.stop_workers_first(view, now, limits.stop_grace_secs, limits.stop_resend_secs)
     live = [t for t in view.trainers() if t.live]
     for t in live:
-        if t.state in (ProcState.STARTING, ProcState.RUNNING):
-            if workers_first:
-                continue
-            out.append(Signal(t.slot, t.attempt, signal.SIGTERM, Cause.STOP))
-        elif view.stop_deadline is not None and now >= view.stop_deadline:
-            out.append(Kill(t.slot, t.attempt, Cause.STOP_GRACE))
+        if not (workers_first and t.state in (ProcState.STARTING, ProcState.RUNNING)):
+            out += t.stopping(now, view.stop_deadline, limits.stop_resend_secs, Cause.STOP, Cause.STOP_GRACE)
     if not live and not view.forking:  # stopped before a trainer started, or while a restart was pending
         out.append(_stopped_between(view, 128 + view.stop_signal))
     return out
@@ -233,14 +227,6 @@ def _shutdown(view: RunView, now: float, limits: Limits) -> list[Action]:
     """Rule 6: the outcome is decided; stop whatever still runs."""
     out: list[Action] = []
     for c in view.live_children():
-        if not c.live:
-            continue  # noticed dead already: only its reap is missing
-        if c.state in (ProcState.STARTING, ProcState.RUNNING, ProcState.STANDBY):
-            if c.role == PS and tasks.ps_held(view):
-                continue  # rule 14: its workers first
-            out.append(Signal(c.slot, c.attempt, signal.SIGTERM, Cause.SHUTDOWN))
-        elif view.services_deadline is not None and now >= view.services_deadline and not c.killed:
-            out.append(Kill(c.slot, c.attempt, Cause.SHUTDOWN))
-        elif c.stop_resend_due(now, limits.stop_resend_secs):
-            out.append(Signal(c.slot, c.attempt, signal.SIGTERM, Cause.SHUTDOWN))  # the first may have merged
+        if c.live and not (c.role == PS and tasks.ps_held(view)):  # (rule 14: a parameter server after its workers)
+            out += c.stopping(now, view.services_deadline, limits.stop_resend_secs, Cause.SHUTDOWN, Cause.SHUTDOWN)
     return out

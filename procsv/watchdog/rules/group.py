@@ -223,9 +223,9 @@ def group_actions(view: RunView, now: float, grace: float, at_once: bool = False
     """Rule 11: once a member broke the group, stop the rest (SIGTERM, SIGKILL after ``grace``;
     ``at_once``, a standby group being ready: SIGKILL now)."""
     chief = view.children.get(TRAINER)
-    if chief is None or not workers(view):
+    if chief is None:
         return []
-    first = breaker(view, chief)
+    first = breaker(view, chief)  # (a lone trainer, or a --ps chief, is a group of one: nobody else to stop)
     if first is None:
         return []
     out: list[Action] = []

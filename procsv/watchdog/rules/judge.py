@@ -32,16 +32,18 @@ EXIT_STOP_UNSAVED = 1
 
 def judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: float) -> list[Action]:
     """Rule 1: an attempt ended (or its death was noticed)."""
+    if not child.reaped and (view.finishing or child.role != TRAINER):
+        return []  # a death notice: only a trainer's is acted on before its exit status, and only while the run goes on
     if view.finishing:
-        return [Settle(child.slot, child.attempt)] if child.reaped else []
+        return [Settle(child.slot, child.attempt)]
     if view.tasks_alone and child.role in (WORKER, PS, SERVER):  # rule 14: --ps, each task restarts alone
         return tasks.judge_task(view, child, now, limits, draw)
     if child.role == WORKER:  # rule 11 stops the rest of its group; the chief's attempt is what is judged
-        return [Settle(child.slot, child.attempt)] if child.reaped else []
+        return [Settle(child.slot, child.attempt)]
     if child.role == STANDBY:  # rule 10: not a trainer attempt yet; the run goes on
-        return [standby.gone(view, child)] if child.reaped else []
+        return [standby.gone(view, child)]
     if child.role != TRAINER:
-        return _service(view, child, now, limits) if child.reaped else []
+        return _service(view, child, now, limits)
     return _trainer(view, child, limits, draw)
 
 

@@ -15,9 +15,11 @@ recovery report.
 from __future__ import annotations
 
 import enum
+import signal
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from procsv.watchdog.rules.actions import Action, Cause, Kill, Signal
 from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.lifecycle import ProcState, RunState, transition
 from procsv.watchdog.rules.nonfinitelog import NonfiniteLog
@@ -180,12 +182,19 @@ class ChildView:
         """Neither reaped nor given up on after its death notice."""
         return not self.reaped and not self.settled_early
 
-    def stop_resend_due(self, now: float, resend_secs: float) -> bool:
-        """Its stopping SIGTERM is due again (pure): it leaves foreign stops to the watchdog
-        (:data:`LEAVES_STOPS`), is stopping and live, not SIGKILLed, and the last one went
-        ``resend_secs`` ago."""
-        return (self.role in LEAVES_STOPS and self.state == ProcState.STOPPING and self.live and not self.killed
-                and self.stop_sent_at is not None and now >= self.stop_sent_at + resend_secs)
+    def stopping(self, now: float, kill_after: Optional[float], resend_secs: float, cause: Cause,
+                 kill_cause: Cause) -> list[Action]:
+        """Its stop (rules 2, 6 and 14; pure): SIGTERM while it starts or runs, SIGKILL once ``kill_after``
+        passed, else its SIGTERM again ``resend_secs`` after the last if it leaves foreign stops to the
+        watchdog (:data:`LEAVES_STOPS`): the first may have merged into a job-wide one."""
+        if self.state in (ProcState.STARTING, ProcState.RUNNING, ProcState.STANDBY):
+            return [Signal(self.slot, self.attempt, signal.SIGTERM, cause)]
+        if kill_after is not None and now >= kill_after and not self.killed:
+            return [Kill(self.slot, self.attempt, kill_cause)]
+        if (self.role in LEAVES_STOPS and self.state == ProcState.STOPPING and self.live and not self.killed
+                and self.stop_sent_at is not None and now >= self.stop_sent_at + resend_secs):
+            return [Signal(self.slot, self.attempt, signal.SIGTERM, cause)]
+        return []
 
     @property
     def cause(self) -> str:
@@ -282,10 +291,6 @@ class RunView:
 
     def services(self) -> list[ChildView]:
         return [c for c in self.children.values() if c.role not in (TRAINER, STANDBY, WORKER, PS, SERVER)]
-
-    def standby(self) -> Optional[ChildView]:
-        """The hot-standby trainer, while it is one (not yet promoted)."""
-        return self.children.get(STANDBY)
 
     def known(self) -> list[ChildView]:
         """Every trainer attempt (oldest first), then the services' and the standby's current attempts."""

@@ -52,12 +52,10 @@ stays away past ``--rejoin-timeout`` stops the run, rule 12).
 
 from __future__ import annotations
 
-import signal
-
 from typing import Optional
 
 from procsv.common.exitcodes import EXIT_PREEMPTED
-from procsv.watchdog.rules.actions import Action, Cause, GiveUp, GiveUpTask, Kill, RestartTask, Settle, Signal, Spawn
+from procsv.watchdog.rules.actions import Action, Cause, GiveUp, GiveUpTask, Kill, RestartTask, Settle, Spawn
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.policy import Action as Verdict
@@ -95,9 +93,8 @@ def task_node(slot: str, workers: int, nnodes: int) -> int:
 
 
 def judge_task(view: RunView, child: ChildView, now: float, limits: Limits, draw: float) -> list[Action]:
-    """Rule 14: a parameter server or a non-chief worker ended (judged on its exit status)."""
-    if not child.reaped:
-        return []  # a death notice: the exit status tells whether it finished
+    """Rule 14: a parameter server or a non-chief worker was reaped (judged on its exit status, which tells
+    whether it finished: rule 1 waits for it)."""
     if child.role == WORKER and child.exit_code == 0:
         return [Settle(child.slot, child.attempt)]  # it finished; the chief decides the run
     history = view.task_history.get(child.slot, History())
@@ -132,7 +129,7 @@ def stop_workers_first(view: RunView, now: float, grace: float,
     """Rule 14 under a stop (rule 2): the non-chief workers are stopped before the chief is asked to
     commit, so that its last checkpoint holds every update applied to the parameter servers (a
     worker stepping after the chief's commit would lose its steps). SIGTERM to each (it stops at its
-    step boundary; again every ``resend_secs``, :meth:`ChildView.stop_resend_due`), SIGKILL once half
+    step boundary; again every ``resend_secs``: :meth:`ChildView.stopping`), SIGKILL once half
     the stop grace has passed; returns the actions and whether
     the chief must still wait (a non-chief worker is live)."""
     if not view.tasks_alone or view.stop_signal is None:
@@ -141,12 +138,7 @@ def stop_workers_first(view: RunView, now: float, grace: float,
     live = [w for w in view.children.values() if w.role == WORKER and w.live]
     half = view.stop_deadline - grace / 2 if view.stop_deadline is not None else now
     for w in live:
-        if w.state in (ProcState.STARTING, ProcState.RUNNING):
-            out.append(Signal(w.slot, w.attempt, signal.SIGTERM, Cause.STOP))
-        elif now >= half and not w.killed:
-            out.append(Kill(w.slot, w.attempt, Cause.STOP_GRACE))
-        elif w.stop_resend_due(now, resend_secs):
-            out.append(Signal(w.slot, w.attempt, signal.SIGTERM, Cause.STOP))  # the first may have merged
+        out += w.stopping(now, half, resend_secs, Cause.STOP, Cause.STOP_GRACE)
     return out, bool(live)
 
 
