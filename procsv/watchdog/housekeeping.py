@@ -53,7 +53,7 @@ class Sweeper:
     def sweep(self, known: set[int], zygotes: frozenset[int], forking: bool, final: bool = False) -> None:
         """Kill and reap processes of the run whose parent died (see :class:`Orphans`): every child
         of this process but ``known`` and the process groups of ``zygotes`` (a zygote's intermediate
-        forked ahead of a request, re-parented here at its end:
+        caught in a fork, re-parented here at its end:
         :meth:`~procsv.watchdog.prewarm.Zygote.close`); ``final``: wait (a bounded while) until
         those killed are reaped. Not while ``forking`` (a fork asked of a zygote is unanswered), but
         for the final sweep: the trainer it forked is this process's child (re-parented) before the

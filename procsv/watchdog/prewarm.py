@@ -182,9 +182,9 @@ class Zygote:
         return self._req_w < 0 and self._rep_r < 0
 
     def reap_dead(self) -> bool:
-        """A zygote given up on: reap it once it is dead, and what its group left to this process (the
-        intermediate it forked ahead of a request, re-parented here at its end); True once nothing of
-        it is left (never waits). Else each lost zygote left two zombies until the launch's end."""
+        """A zygote given up on: reap it once it is dead, and what its group left to this process (an
+        intermediate caught in a fork, re-parented here at its end); True once nothing of it is left
+        (never waits). Else each lost zygote left its zombies until the launch's end."""
         if self.popen.poll() is None:
             return False
         while True:
@@ -196,9 +196,8 @@ class Zygote:
                 return False
 
     def close(self, limit: Optional[float] = None) -> bool:
-        """:meth:`kill`, then reap the zygote and what its group leaves to this process (the
-        intermediate it forked ahead of the next request, re-parented here at its end: SIGKILLed with
-        its group), waiting at most ``limit`` seconds (None: as long as it takes); False if the
+        """:meth:`kill`, then reap the zygote and what its group leaves to this process (an
+        intermediate caught in a fork, re-parented here at its end: SIGKILLed with its group), waiting at most ``limit`` seconds (None: as long as it takes); False if the
         zygote did not die within that (uninterruptible sleep)."""
         self.kill()
         until = None if limit is None else time.monotonic() + limit
