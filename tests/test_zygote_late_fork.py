@@ -97,8 +97,9 @@ def test_a_lost_zygote_leaves_no_zombie(logdir, tmp_path):
             wait_for(lambda: len(_events(logdir, "zygote_ready")) >= lost, 120, what=f"zygote {lost} ready")
             zygote = _events(logdir, "zygote_ready")[-1]["pid"]
             while not proc_children(zygote):  # until its second fork is in flight, held at its intermediate
-                last = max(e["attempt"] for e in _events(logdir, "spawned") if e["role"] == "trainer")
-                pid = next(e["pid"] for e in _events(logdir, "spawned") if e["role"] == "trainer" and e["attempt"] == last)
+                trainers = wait_for(lambda: [e for e in _events(logdir, "spawned") if e["role"] == "trainer"], 120,
+                                    what="a trainer")
+                last, pid = max((e["attempt"], e["pid"]) for e in trainers)
                 wait_for(lambda: [e for e in _events(logdir, "first_step") if e["pid"] == pid], 120,
                          what=f"attempt {last}'s first step")
                 os.kill(pid, signal.SIGKILL)  # the next attempt is asked of this zygote
