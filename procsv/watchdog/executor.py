@@ -359,8 +359,7 @@ class Executor:
         self.disk(lambda: rotate(logs, name, attempt, keep, live=live))
         self.report(observe.spawned(self.view, slot, role, attempt, handle.pid, self.clock(), via, handle.create_time))
         if mutex is not None:  # the death-notice watch on the mutex it was told to hold
-            handle.watch = DeathWatch(mutex, alive=lambda: handle.pidfd >= 0, clock=self.clock,
-                                      on_event=lambda died, at: self._on_death_notice(handle, died, at))
+            handle.watch = DeathWatch(mutex, lambda died, at: self._on_death_notice(handle, died, at), self.clock)
         return handle
 
     def start_zygote(self, attempt: int = 1) -> Zygote:
