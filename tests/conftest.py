@@ -402,8 +402,3 @@ def proc_children(pid: int) -> list[int]:
             out += [int(p) for p in fh.read().split()]
     return out
 
-
-def proc_wchan(pid: int) -> str:
-    """Where in the kernel ``pid`` waits (e.g. ``pipe_read``), from /proc."""
-    with open(f"/proc/{pid}/wchan") as fh:
-        return fh.read()

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -41,8 +42,7 @@ def _run(tmp_path, mode: str, kill: bool):
     got = threading.Event()
     try:
         assert proc.stdout.readline().strip() == "held"
-        watch = DeathWatch(mutex, alive=lambda: proc.poll() is None,
-                                       on_event=lambda died, at: (events.append(died), got.set()))
+        watch = DeathWatch(mutex, on_event=lambda died, at: (events.append(died), got.set()))
         wait_for(lambda: watch.waiting, 10, what="the watch to block on the held mutex")
         if kill:
             os.kill(proc.pid, signal.SIGKILL)
@@ -70,13 +70,14 @@ def test_a_clean_release_is_not_a_death(tmp_path):
     assert _run(tmp_path, "clean", kill=False) == [False]
 
 
-def test_a_watch_on_a_process_that_never_takes_the_mutex_ends_when_it_is_gone(tmp_path):
+def test_a_watch_on_a_process_that_never_takes_the_mutex_ends_when_it_is_reaped(tmp_path):
+    """The watchdog cancels the watch as it reaps the process (ChildProcess.reap): its thread ends, no notice."""
     mutex = RobustMutex(str(tmp_path / "m"), create=True)
     events: list[bool] = []
-    alive = threading.Event()
-    alive.set()
-    watch = DeathWatch(mutex, alive=alive.is_set, on_event=lambda died, at: events.append(died))
-    alive.clear()
+    watch = DeathWatch(mutex, on_event=lambda died, at: events.append(died))
+    time.sleep(0.05)  # (polling: nobody holds it)
+    assert watch.thread.is_alive()
+    watch.cancel()
     watch.thread.join(5)
     assert not watch.thread.is_alive() and events == []
 
@@ -94,12 +95,15 @@ def test_a_watch_closed_before_its_thread_ends_deletes_the_mutex_as_the_thread_e
     mutex = RobustMutex(path, create=True)
     inside, go = threading.Event(), threading.Event()
 
-    def alive() -> bool:  # the thread is held here, as one a loaded machine does not run
+    trylock = mutex.trylock
+
+    def held() -> int:  # the thread is held here, as one a loaded machine does not run
         inside.set()
         go.wait(30)
-        return False
+        return trylock()
 
-    watch = DeathWatch(mutex, alive=alive, on_event=lambda died, at: None)
+    mutex.trylock = held  # type: ignore[method-assign]
+    watch = DeathWatch(mutex, on_event=lambda died, at: None)
     assert inside.wait(10)
     assert watch.close(timeout=0.1) is False and os.path.exists(path)  # its thread still runs: kept
     go.set()

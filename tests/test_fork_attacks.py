@@ -15,7 +15,7 @@ import signal
 import psutil
 import pytest
 
-from conftest import (PROGRAMS, burners, finish, launch, lifecycle, on_one_core, proc_children, proc_wchan, raw_status,
+from conftest import (PROGRAMS, burners, finish, launch, lifecycle, on_one_core, proc_children, quiet_env, raw_status,
                       role_pid, run_processes, wait_for)
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
@@ -82,24 +82,23 @@ def test_two_dozen_kills_at_load_each_restart_forks_and_leaves_nothing(logdir):
 
 
 @pytest.mark.slow
-def test_a_watchdog_killed_with_a_fork_in_flight_leaves_no_trainer(logdir):
-    """The watchdog is SIGKILLed while the zygote's intermediate holds a fork request (stopped with
-    SIGSTOP), so the trainer is forked only after the watchdog is gone, before it can arm its
-    parent-death signal on it: it must not run (nothing of the run may outlive its watchdog)."""
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "fork"))
-    middle = 0
+def test_a_watchdog_killed_with_a_fork_in_flight_leaves_no_trainer(logdir, tmp_path):
+    """The watchdog is SIGKILLed while the zygote's intermediate holds a fork request (held at the fault
+    point ``zygote:fork_stall``), so the trainer is forked only after the watchdog is gone, before it can
+    arm its parent-death signal on it: it must not run (nothing of the run may outlive its watchdog)."""
+    gate = str(tmp_path / "gate")  # the second fork's intermediate (attempt 2's) waits for it
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "fork"),
+                  env=quiet_env(PROCSV_FAULT="zygote:fork_stall:2", PROCSV_FAULT_GATE=gate))
     try:
         wait_for(lambda: _events(logdir, "zygote_ready"), 120, what="the zygote to be ready")
         zygote = int(next(e["pid"] for e in _events(logdir, "spawned") if e["role"] == "zygote"))
         first = wait_for(lambda: _trainers(logdir), 60, what="the first trainer")[0]["pid"]
         wait_for(lambda: _events(logdir, "first_step"), 120, what="the first step")
-        middle = wait_for(lambda: proc_children(zygote), 30, what="the zygote's spare intermediate")[0]
-        os.kill(middle, signal.SIGSTOP)  # the request reaches it; it forks nothing yet
-        os.kill(first, signal.SIGKILL)  # attempt 2 is asked of the zygote
-        wait_for(lambda: "pipe_read" in proc_wchan(zygote), 60, what="the zygote to wait for its intermediate")
+        os.kill(first, signal.SIGKILL)  # attempt 2 is asked of the zygote: its intermediate forks nothing yet
+        wait_for(lambda: proc_children(zygote), 60, what="the fork's intermediate (the zygote waits for it)")
         os.kill(proc.pid, signal.SIGKILL)  # the watchdog, with the fork in flight
         proc.wait(30)
-        os.kill(middle, signal.SIGCONT)  # the intermediate forks attempt 2 now, the watchdog gone
+        open(gate, "w").close()  # the intermediate forks attempt 2 now, the watchdog gone
         wait_for(lambda: not run_processes(logdir), 60,
                  what="no process of the run left: " + repr([p.pid for p in run_processes(logdir)]))
     finally:
@@ -149,25 +148,23 @@ def test_a_stopped_zygote_fails_a_groups_restart_once_and_both_members_start_fre
 
 
 @pytest.mark.slow
-def test_a_standby_forked_while_the_trainer_is_restarted(logdir):
-    """--standby hot: the standby's fork is held (its intermediate stopped) and the trainer is SIGKILLed
-    meanwhile. The restart waits for the standby's answer, kills the unready standby and forks attempt 2:
-    one restart, the zygote kept, the new trainer trains, nothing left unreaped and no mutex but the
-    live ones."""
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "hot"))
-    middle = 0
+def test_a_standby_forked_while_the_trainer_is_restarted(logdir, tmp_path):
+    """--standby hot: the standby's fork is held (its intermediate at the fault point ``zygote:fork_stall``)
+    and the trainer is SIGKILLed meanwhile. The restart waits for the standby's answer, kills the unready
+    standby and forks attempt 2: one restart, the zygote kept, the new trainer trains, nothing left
+    unreaped and no mutex but the live ones."""
+    gate = str(tmp_path / "gate")  # the second fork's intermediate (the standby's) waits for it
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "hot"),
+                  env=quiet_env(PROCSV_FAULT="zygote:fork_stall:2", PROCSV_FAULT_GATE=gate))
     try:
         wait_for(lambda: _events(logdir, "zygote_ready"), 120, what="the zygote to be ready")
         zygote = int(next(e["pid"] for e in _events(logdir, "spawned") if e["role"] == "zygote"))
         first = wait_for(lambda: _trainers(logdir), 60, what="the first trainer")[0]["pid"]
-        middle = wait_for(lambda: proc_children(zygote), 30, what="the zygote's spare intermediate")[0]
-        os.kill(middle, signal.SIGSTOP)  # the standby's request reaches it; it forks nothing yet
         wait_for(lambda: _events(logdir, "first_step"), 120, what="the first step")
-        wait_for(lambda: "pipe_read" in proc_wchan(zygote), 60, what="the standby's fork to be in flight")
+        wait_for(lambda: proc_children(zygote), 60, what="the standby's fork to be in flight (held)")
         os.kill(first, signal.SIGKILL)
         wait_for(lambda: _events(logdir, "restarting"), 60, what="the restart to be due")
-        os.kill(middle, signal.SIGCONT)
-        middle = 0
+        open(gate, "w").close()
         live = wait_for(lambda: [e for e in _trainers(logdir) if e["attempt"] == 2], 60, what="attempt 2")[0]
         wait_for(lambda: [e for e in _events(logdir, "first_step") if e["pid"] == live["pid"]], 120,
                  what="attempt 2's first step")
@@ -181,11 +178,7 @@ def test_a_standby_forked_while_the_trainer_is_restarted(logdir):
         os.kill(live["pid"], 0)
         wait_for(lambda: not _zombies(proc.pid), 30, what="no zombie child of the watchdog")
     finally:
-        if middle:
-            try:
-                os.kill(middle, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        open(gate, "w").close()
         proc.send_signal(signal.SIGTERM)
         code, out, err = finish(proc)
     assert code == 128 + signal.SIGTERM, err

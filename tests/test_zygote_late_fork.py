@@ -6,7 +6,8 @@ request to its intermediate and replying leaves such a trainer running unknown t
 the reply's limit the watchdog starts the same attempt fresh, and the left-behind sweep kills the
 late one. The two are the same attempt of the same slot (same log, same death-notice mutex): the
 sweep's kill must not be taken for the death of the fresh replacement. A real launch of a tiny
-TensorFlow program; the zygote and its spare intermediate are stopped with SIGSTOP in turn.
+TensorFlow program; the fork's intermediate is held at a fault point (``zygote:fork_stall``) and the
+zygote stopped with SIGSTOP.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import signal
 
 import pytest
 
-from conftest import (PROGRAMS, finish, launch, lifecycle, proc_children, proc_wchan, raw_status, wait_for,
+from conftest import (PROGRAMS, finish, launch, lifecycle, proc_children, quiet_env, raw_status, wait_for,
                       wait_role_pid)
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
@@ -34,25 +35,24 @@ def _cont(pid: int) -> None:
 
 
 @pytest.mark.slow
-def test_the_sweep_of_an_unanswered_fork_is_not_the_replacements_death(logdir):
+def test_the_sweep_of_an_unanswered_fork_is_not_the_replacements_death(logdir, tmp_path):
     """Before: the fresh attempt 2 was given the death-notice mutex the late one held; the sweep's kill
     of the late one was noticed as attempt 2's death (its first step then started an unasked attempt 3
     beside it, never reaped), and the launch did not end on SIGTERM within 180 s."""
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "fork"))
+    gate = str(tmp_path / "gate")  # the second fork's intermediate (attempt 2's) waits for it
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "fork"),
+                  env=quiet_env(PROCSV_FAULT="zygote:fork_stall:2", PROCSV_FAULT_GATE=gate))
     stopped: list[int] = []
     try:
         wait_for(lambda: _events(logdir, "zygote_ready"), 120, what="the zygote to be ready")
         zygote = int(next(e["pid"] for e in _events(logdir, "spawned") if e["role"] == "zygote"))
         first = wait_role_pid(logdir, "trainer")
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 20, 120, what="the first trainer's steps")
-        middle = wait_for(lambda: proc_children(zygote), 30, what="the zygote's spare intermediate")[0]
-        os.kill(middle, signal.SIGSTOP)  # the request reaches it; the zygote then waits for its answer
-        stopped.append(middle)
         os.kill(first, signal.SIGKILL)  # attempt 2 is asked of the zygote
-        wait_for(lambda: "pipe_read" in proc_wchan(zygote), 60, what="the zygote to wait for its intermediate")
+        wait_for(lambda: proc_children(zygote), 60, what="the fork's intermediate (the zygote waits for it)")
         os.kill(zygote, signal.SIGSTOP)  # it will not reply
         stopped.append(zygote)
-        os.kill(middle, signal.SIGCONT)  # the intermediate forks attempt 2 and exits: the watchdog's child
+        open(gate, "w").close()  # the intermediate forks attempt 2 and exits: the watchdog's child
         wait_for(lambda: _events(logdir, "zygote_gone"), 60, what="the zygote given up (no reply in 10 s)")
         wait_for(lambda: [e for e in _events(logdir, "spawned") if e["role"] == "trainer" and e["attempt"] == 2],
                  30, what="attempt 2 started fresh")
@@ -85,16 +85,27 @@ def _zombies(pid: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_lost_zygote_leaves_no_zombie(logdir):
-    """Before: a zygote given up on (here SIGKILLed) was reaped only at the launch's end, and so was
-    its intermediate (re-parented to the watchdog at the zygote's end): two zombies per lost zygote
-    for the rest of a run that may last a month."""
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "fork"))
+def test_a_lost_zygote_leaves_no_zombie(logdir, tmp_path):
+    """Before: a zygote given up on (here SIGKILLed, during a fork held at its intermediate) was reaped
+    only at the launch's end, and so was its intermediate (re-parented to the watchdog at the zygote's
+    end): two zombies per lost zygote for the rest of a run that may last a month."""
+    gate = str(tmp_path / "gate")  # never made: each zygote's second fork stays held
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "fork"),
+                  env=quiet_env(PROCSV_FAULT="zygote:fork_stall:2", PROCSV_FAULT_GATE=gate))
     try:
         for lost in (1, 2):
             wait_for(lambda: len(_events(logdir, "zygote_ready")) >= lost, 120, what=f"zygote {lost} ready")
             zygote = _events(logdir, "zygote_ready")[-1]["pid"]
-            wait_for(lambda: proc_children(zygote), 30, what="its spare intermediate")
+            while not proc_children(zygote):  # until its second fork is in flight, held at its intermediate
+                trainers = wait_for(lambda: [e for e in _events(logdir, "spawned") if e["role"] == "trainer"], 120,
+                                    what="a trainer")
+                last, pid = max((e["attempt"], e["pid"]) for e in trainers)
+                wait_for(lambda: [e for e in _events(logdir, "first_step") if e["pid"] == pid], 120,
+                         what=f"attempt {last}'s first step")
+                os.kill(pid, signal.SIGKILL)  # the next attempt is asked of this zygote
+                wait_for(lambda: proc_children(zygote) or [e for e in _events(logdir, "spawned")
+                                                           if e["role"] == "trainer" and e["attempt"] > last],
+                         60, what=f"attempt {last + 1} forked or held")
             os.kill(zygote, signal.SIGKILL)
             wait_for(lambda: len(_events(logdir, "zygote_gone")) >= lost, 30, what=f"zygote {lost} given up")
         wait_for(lambda: not _zombies(proc.pid), 10, what="no zombie child of the watchdog")

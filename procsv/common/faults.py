@@ -40,8 +40,12 @@ def stall(process: str, point: str) -> None:
     """A stalling point: if it :func:`fires`, block until the file ``PROCSV_FAULT_GATE`` names exists
     (at most :data:`STALL_MAX` seconds), as an ``open`` or a ``read`` on a stalled network
     filesystem blocks until the stall ends."""
-    if not fires(process, point):
-        return
+    if fires(process, point):
+        wait_gate()
+
+
+def wait_gate() -> None:
+    """Block until the file ``PROCSV_FAULT_GATE`` names exists (at most :data:`STALL_MAX` seconds)."""
     gate = os.environ.get(env.FAULT_GATE, "")
     deadline = time.monotonic() + STALL_MAX
     while gate and not os.path.exists(gate) and time.monotonic() < deadline:

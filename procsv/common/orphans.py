@@ -44,7 +44,7 @@ class Orphans:
         self.outside_group_only = outside_group_only
         self._killed: set[int] = set()  # adopted processes killed but not reaped yet
 
-    def _adopted(self, known: set[int], groups: frozenset[int]) -> list[psutil.Process]:
+    def _adopted(self, known: set[int]) -> list[psutil.Process]:
         own_group = os.getpgrp()
         found: list[psutil.Process] = []
         pids = child_pids()
@@ -58,22 +58,19 @@ class Orphans:
                 continue
             if self.outside_group_only and _group_of(pid) in (own_group, None):
                 continue
-            if groups and _group_of(pid) in groups:
-                continue
             try:
                 found.append(psutil.Process(pid))
             except psutil.Error:  # gone meanwhile
                 continue
         return found
 
-    def sweep(self, known: set[int], groups: frozenset[int] = frozenset()) -> list[int]:
-        """Kill adopted processes (children not in ``known`` nor in a process group of ``groups``:
-        those are reaped with their group's leader) and their descendants; reap the dead.
+    def sweep(self, known: set[int]) -> list[int]:
+        """Kill adopted processes (children not in ``known``) and their descendants; reap the dead.
 
         Returns the pids killed now (not the ones reaped from earlier sweeps).
         """
         killed: list[int] = []
-        for proc in self._adopted(known, groups):
+        for proc in self._adopted(known):
             try:
                 family = [proc, *proc.children(recursive=True)]
             except psutil.Error:
@@ -94,15 +91,15 @@ class Orphans:
                 self._killed.discard(pid)
         return killed
 
-    def sweep_and_reap(self, known: set[int], wait_secs: float, clock: Callable[[], float] = time.monotonic,
-                       groups: frozenset[int] = frozenset()) -> list[int]:
+    def sweep_and_reap(self, known: set[int], wait_secs: float,
+                       clock: Callable[[], float] = time.monotonic) -> list[int]:
         """:meth:`sweep`, then sweep again every 10 ms until every process killed is reaped or
         ``wait_secs`` (on ``clock``) have passed; returns every pid killed."""
-        killed = self.sweep(known, groups)
+        killed = self.sweep(known)
         deadline = clock() + wait_secs
         while self.pending and clock() < deadline:
             time.sleep(0.01)
-            killed += self.sweep(known, groups)
+            killed += self.sweep(known)
         return killed
 
     @property

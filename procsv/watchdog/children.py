@@ -56,23 +56,17 @@ class PendingFork:
     role: str = TRAINER  # TRAINER, WORKER (a group's task ``rank``), STANDBY or PS
     rank: int = 0  # the key of the zygote's answer: the task, or PS_FORK_RANK + i for parameter server i
 
-    def fresh_mutex(self) -> Optional[RobustMutex]:
-        """The death-notice mutex of the fresh start that replaces this fork, given up on: a new file.
-        The fork may have started all the same (the zygote stalled after its intermediate forked it),
-        and that late trainer holds (or will open) the old one: shared, its kill by the sweep would
-        read as the replacement's death. The old file is removed (a late opener finds none)."""
-        if self.mutex is None:
-            return None
-        old = self.mutex.path
-        self.mutex.remove()
-        self.mutex = None
-        self.env.pop(DEATH_MUTEX, None)
-        try:
-            self.mutex = RobustMutex(old.removesuffix(".mutex") + ".fresh.mutex", create=True)
-        except OSError:
-            return None  # no early notice: the pidfd alone tells of the death
-        self.env[DEATH_MUTEX] = self.mutex.path
-        return self.mutex
+
+def death_mutex(path: str, env: dict[str, str]) -> Optional[RobustMutex]:
+    """A new death-notice mutex at ``path``, named in the child's ``env``; None if it cannot be made
+    (no early notice: the pidfd alone tells of the death)."""
+    env.pop(DEATH_MUTEX, None)
+    try:
+        mutex = RobustMutex(path, create=True)
+    except OSError:
+        return None
+    env[DEATH_MUTEX] = mutex.path
+    return mutex
 
 
 class ChildProcess:
@@ -331,12 +325,6 @@ def end_all(handles: Sequence[ChildProcess], zygotes: Sequence[Zygote], unreaped
         if not z.close(max(0.0, deadline - clock())):
             lines.append(unreaped.add_pid("zygote", z.pid))
     return lines
-
-
-def watch_death(child: ChildProcess, mutex: RobustMutex, clock: Callable[[], float],
-                on_event: Callable[[bool, float], None]) -> None:
-    """Start the death-notice watch of a trainer on the mutex it was told to hold."""
-    child.watch = DeathWatch(mutex, alive=lambda: child.pidfd >= 0, on_event=on_event, clock=clock)
 
 
 def read_child_error(paths: Sequence[str], pid: int) -> Optional[ChildError]:

@@ -21,14 +21,14 @@ class DeathWatch:
     unclean death) and False for a clean release; ``at`` is the injected ``clock`` (the watchdog's
     monotonic clock) read at the wake-up.
     The thread first waits until the trainer holds the mutex (polling ``trylock``), so a trainer
-    that dies before taking it is left to the pidfd; :meth:`cancel` ends that wait.
+    that dies before taking it is left to the pidfd; :meth:`cancel` (the watchdog's, as it reaps the
+    trainer or gives up on it) ends that wait.
     """
 
-    def __init__(self, mutex: RobustMutex, alive: Callable[[], bool], on_event: Callable[[bool, float], None],
+    def __init__(self, mutex: RobustMutex, on_event: Callable[[bool, float], None],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.mutex = mutex
         self._clock = clock
-        self._alive = alive
         self._on_event = on_event
         self._cancelled = False
         self.waiting = False  # True once the trainer holds the mutex and the watch blocks on it
@@ -66,8 +66,6 @@ class DeathWatch:
                 return
             if rc == 0:
                 self.mutex.unlock()
-            if not self._alive():
-                return
             time.sleep(0.002)
         if self._cancelled:
             return

@@ -19,7 +19,7 @@ import psutil
 
 from procsv.common import spawn
 from procsv.cluster import make_tf_config
-from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, DEATH_MUTEX, GROUP_HOSTS, GROUP_PEER_BIND, GROUP_PIN, GROUP_REMOTE,
+from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, GROUP_HOSTS, GROUP_PEER_BIND, GROUP_PIN, GROUP_REMOTE,
                                GROUP_SNAPSHOT_STEPS, NPROC, RANK, SHADOW_MEMORY, SHADOW_RUN, SKIP_STEPS, STANDBY as STANDBY_ENV, group_snapshot_steps_for)
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
@@ -34,7 +34,8 @@ from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.rules.bookkeeping import find, note
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.publish.events import Event
-from procsv.watchdog.children import ChildProcess, PendingFork, Process, Unreaped, end_all, watch_death
+from procsv.watchdog.children import ChildProcess, PendingFork, Process, Unreaped, death_mutex, end_all
+from procsv.watchdog.deathwatch import DeathWatch
 from procsv.watchdog.logrotate import rotate
 from procsv.watchdog.rules.failures import describe
 from procsv.watchdog.multihost.remote import RemoteMembers
@@ -272,13 +273,8 @@ class Executor:
         env = self._env(name, attempt)
         env.update(extra)
         log_path = self.layout.attempt_log(name, attempt)
-        mutex: Optional[RobustMutex] = None
-        try:
-            path = self.runtime.standby_mutex(attempt, rank) if role == STANDBY else self.runtime.trainer_mutex(attempt, rank)
-            mutex = RobustMutex(path, create=True)
-            env[DEATH_MUTEX] = mutex.path
-        except OSError:
-            mutex = None  # no early notice: the pidfd alone tells of the death
+        mutex = death_mutex(self.runtime.standby_mutex(attempt, rank) if role == STANDBY
+                            else self.runtime.trainer_mutex(attempt, rank), env)
         if self.fork(PendingFork(slot, attempt, env, log_path, mutex, role, rank), self.cfg.target, self.cfg.args):
             return None
         if role == STANDBY:  # no standby this time: no process will hold its mutex
@@ -327,13 +323,16 @@ class Executor:
         if proc is not None:
             self._started(pending.slot, pending.role, pending.attempt, proc, pending.log_path, pending.mutex, "zygote")
             return
-        if pending.role == STANDBY and pending.mutex is not None:  # no standby this time: no process will hold it
-            pending.mutex.remove()  # (the zygote is given up below, or was already)
+        # its mutex goes (no standby this time; a fork given up on may have started late, the zygote stalled after
+        # its intermediate forked it: sharing it, the sweep's kill of that one would read as the fresh one's death)
+        if pending.mutex is not None:
+            pending.mutex.remove()
         if self.zygote is not None:
             self.zygote.kill()  # a zygote that does not answer is not trusted with the next one either
             self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({why}); starting a fresh one")
         if pending.role != STANDBY:
-            mutex = pending.fresh_mutex()  # (the fork may have started late: it holds the old one)
+            mutex = death_mutex(pending.mutex.path.removesuffix(".mutex") + ".fresh.mutex", pending.env) \
+                if pending.mutex is not None else None
             self._fresh(pending.slot, pending.role, pending.attempt, pending.env, pending.log_path, mutex)
 
     def _fresh(self, slot: str, role: str, attempt: int, env: dict[str, str], log_path: str,
@@ -359,8 +358,8 @@ class Executor:
         live = {h.attempt for h in self.handles.values() if h.role == name} | self.reading(name)
         self.disk(lambda: rotate(logs, name, attempt, keep, live=live))
         self.report(observe.spawned(self.view, slot, role, attempt, handle.pid, self.clock(), via, handle.create_time))
-        if mutex is not None:
-            watch_death(handle, mutex, self.clock, lambda died, at: self._on_death_notice(handle, died, at))
+        if mutex is not None:  # the death-notice watch on the mutex it was told to hold
+            handle.watch = DeathWatch(mutex, lambda died, at: self._on_death_notice(handle, died, at), self.clock)
         return handle
 
     def start_zygote(self, attempt: int = 1) -> Zygote:

@@ -50,11 +50,10 @@ class Sweeper:
     def due(self) -> bool:
         return self.clock() >= self._next
 
-    def sweep(self, known: set[int], zygotes: frozenset[int], forking: bool, final: bool = False) -> None:
+    def sweep(self, known: set[int], forking: bool, final: bool = False) -> None:
         """Kill and reap processes of the run whose parent died (see :class:`Orphans`): every child
-        of this process but ``known`` and the process groups of ``zygotes`` (a zygote's intermediate
-        forked ahead of a request, re-parented here at its end:
-        :meth:`~procsv.watchdog.prewarm.Zygote.close`); ``final``: wait (a bounded while) until
+        of this process but ``known`` (a lost zygote's intermediate too, left in a fork and
+        re-parented here at its end); ``final``: wait (a bounded while) until
         those killed are reaped. Not while ``forking`` (a fork asked of a zygote is unanswered), but
         for the final sweep: the trainer it forked is this process's child (re-parented) before the
         answer naming it is read, and would be taken for one left behind. The watchdog's sweep
@@ -63,7 +62,7 @@ class Sweeper:
         self._next = self.clock() + SWEEP_EVERY
         if forking and not final:
             return
-        killed = self.orphans.sweep_and_reap(known, FINAL_SWEEP_SECS if final else 0.0, self.clock, zygotes)
+        killed = self.orphans.sweep_and_reap(known, FINAL_SWEEP_SECS if final else 0.0, self.clock)
         if killed:
             self.record([Report(Event.ORPHANS_KILLED, {"pids": killed},
                                 say=f"procsv: killed {len(killed)} process(es) the run left behind (pids "

@@ -182,30 +182,19 @@ class Zygote:
         return self._req_w < 0 and self._rep_r < 0
 
     def reap_dead(self) -> bool:
-        """A zygote given up on: reap it once it is dead, and what its group left to this process (the
-        intermediate it forked ahead of a request, re-parented here at its end); True once nothing of
-        it is left (never waits). Else each lost zygote left two zombies until the launch's end."""
-        if self.popen.poll() is None:
-            return False
-        while True:
-            try:
-                pid, _ = os.waitpid(-self.popen.pid, os.WNOHANG)
-            except ChildProcessError:
-                return True
-            if pid == 0:
-                return False
+        """A zygote given up on: reap it once it is dead; True once it is (never waits). Else each lost
+        zygote left a zombie until the launch's end. (An intermediate it left in a fork, SIGKILLed with
+        its group and re-parented to this process, is the sweep's.)"""
+        return self.popen.poll() is not None
 
     def close(self, limit: Optional[float] = None) -> bool:
-        """:meth:`kill`, then reap the zygote and what its group leaves to this process (the
-        intermediate it forked ahead of the next request, re-parented here at its end: SIGKILLed with
-        its group), waiting at most ``limit`` seconds (None: as long as it takes); False if the
-        zygote did not die within that (uninterruptible sleep)."""
+        """:meth:`kill`, then reap the zygote, waiting at most ``limit`` seconds (None: as long as it
+        takes); False if it did not die within that (uninterruptible sleep)."""
         self.kill()
-        until = None if limit is None else time.monotonic() + limit
-        while not self.reap_dead():
-            if until is not None and time.monotonic() >= until:
-                return self.popen.poll() is not None
-            time.sleep(0.01)
+        try:
+            self.popen.wait(limit)
+        except subprocess.TimeoutExpired:
+            return False
         return True
 
 

@@ -4,11 +4,11 @@ Runs in the zygote, a child of the watchdog (or of a node agent). It imports Ten
 procsv's trainer code, and any ``PROCSV_PRELOAD`` modules) but never runs a TensorFlow op: a process
 that has only imported TensorFlow can fork children that train normally, whereas forking after any
 op deadlocks the child. When its parent sends a :class:`ForkRequest` on its pipe, the zygote forks
-twice over: an intermediate child, forked ahead of the request, forks the trainer, says its pid and
-exits at once, so the trainer is re-parented to the zygote's parent (a child subreaper), which reaps
-it itself; the :class:`ForkReply` names it once the zygote has reaped the intermediate. The trainer sets
-itself up, waits for that re-parenting and the reply (the zygote then closes the request pipe: so
-the reply comes before any message of the trainer's), arms its parent-death signal on the zygote's parent
+twice over: an intermediate child forks the trainer, says its pid and exits at once, so the trainer
+is re-parented to the zygote's parent (a child subreaper), which reaps it itself; the
+:class:`ForkReply` names it once the zygote has reaped the intermediate. The trainer sets itself up,
+waits for that re-parenting and the reply (the zygote then closes its end of the socket pair it
+shares with the trainer: so the reply comes before any message of the trainer's), arms its parent-death signal on the zygote's parent
 (checking after that it still is its parent), takes a new session, its own log file and the attempt's
 environment, and runs ``procsv.trainer`` exactly as a freshly spawned trainer would, minus the
 ~4 s import (a request whose target is ``procsv.ps_server`` makes a ``--ps`` parameter server
@@ -32,15 +32,15 @@ import importlib
 import os
 import select
 import signal
+import socket
 import sys
 import time
 import traceback
-from typing import NoReturn, Optional
+from typing import NoReturn
 
-from procsv.ipc.codec import ProtocolError
 from procsv.ipc.messages import ForkReply, ForkRequest, ZygoteReady
 from procsv.ipc.pipe import FramedReader, write_framed
-from procsv.common import bootstrap, env, stopfrom
+from procsv.common import bootstrap, env, faults, stopfrom
 
 ADOPTION_WAIT = 30.0  # seconds a trainer waits for the intermediate child's exit to re-parent it
 
@@ -70,7 +70,6 @@ def main() -> int:
     watched = [req_fd] + ([term.fileno()] if term is not None else [])
     inherited = (req_fd, rep_fd) + ((term.fileno(),) if term is not None else ())
     say = say_fd if say_fd >= 0 else sys.stderr.fileno()
-    spare = _spare(inherited, say)
     while True:
         ready, _, _ = select.select(watched, [], [], 1.0)
         if term is not None and term.fileno() in ready:
@@ -82,8 +81,7 @@ def main() -> int:
                 return 0  # the watchdog is gone or done (what we forked is not ours: it goes on)
             for req in requests:
                 if isinstance(req, ForkRequest):
-                    _fork(req, rep_fd, spare or _spare(inherited, say))
-                    spare = _spare(inherited, say)  # for the next request (after this one's reply)
+                    _fork(req, rep_fd, inherited, say)
 
 
 def _on_stop_signals(term: stopfrom.SignalFd, authority: stopfrom.Authority) -> None:
@@ -98,66 +96,42 @@ def _on_stop_signals(term: stopfrom.SignalFd, authority: stopfrom.Authority) -> 
             print(authority.left_line("procsv zygote", sig), file=sys.stderr, flush=True)
 
 
-Spare = tuple[int, int, int]  # an intermediate waiting for its request: pid, request pipe, reply pipe
-
-
-def _spare(inherited: tuple[int, ...], say: int) -> Optional[Spare]:
-    """Fork the next request's intermediate now, between requests: a request then waits for one
-    fork, its trainer's, as it did when the zygote forked the trainer itself. None if fork fails."""
-    req_r, req_w = os.pipe()
-    said_r, said_w = os.pipe()
+def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...], say: int) -> None:
+    """Fork the trainer through an intermediate child that exits at once (see the module docstring):
+    read the trainer's pid from it, reap it, reply, then close this end of the socket pair the trainer
+    waits on: the trainer named is the parent's child by then (its re-parenting is done before the
+    intermediate's exit status can be read), and it runs at that end's EOF, so the reply is on the
+    parent's pipe before anything it sends."""
+    ours, theirs = (s.detach() for s in socket.socketpair())
+    held = faults.fires("zygote", "fork_stall")  # tests only: this fork's intermediate waits for the gate
     try:
-        pid = os.fork()
-    except OSError:
-        for fd in (req_r, req_w, said_r, said_w):
-            os.close(fd)
-        return None
-    if pid == 0:
-        for fd in (req_w, said_r) + inherited:  # the zygote's pipes: its end must read as theirs at once
-            os.close(fd)
-        _intermediate(req_r, said_w, say)
-    os.close(req_r)
-    os.close(said_w)
-    return pid, req_w, said_r
-
-
-def _fork(req: ForkRequest, rep_fd: int, spare: Optional[Spare]) -> None:
-    """Hand ``req`` to the intermediate (see the module docstring), read the trainer's pid, reap the
-    intermediate, reply, then close the request pipe: the trainer named is the parent's child by then
-    (its re-parenting is done before the intermediate's exit status can be read), and it waits for
-    that close (the pipe's EOF), so the reply is on the parent's pipe before anything it sends."""
-    if spare is None:
-        write_framed(rep_fd, ForkReply(req.attempt, 0, "fork failed (no intermediate)", req.rank))
-        return
-    pid, req_w, said_r = spare
-    said = b""
-    try:
-        write_framed(req_w, req)
-        while not said.endswith(b"\n") and (chunk := os.read(said_r, 256)):  # the trainer's pid, or why none
-            said += chunk
+        middle = os.fork()
     except OSError as exc:
-        said = f"fork failed: {exc}".encode()
-    os.close(said_r)
-    os.waitpid(pid, 0)
+        os.close(ours)
+        os.close(theirs)
+        write_framed(rep_fd, ForkReply(req.attempt, 0, f"fork failed: {exc}", req.rank))
+        return
+    if middle == 0:
+        for fd in (ours,) + inherited:  # the zygote's pipes: its end must read as theirs at once
+            os.close(fd)
+        if held:
+            faults.wait_gate()
+        _intermediate(req, theirs, say)
+    os.close(theirs)
+    said = b""
+    while not said.endswith(b"\n") and (chunk := os.read(ours, 256)):  # the trainer's pid, or why none
+        said += chunk
+    os.waitpid(middle, 0)
     text = said.decode(errors="replace").strip()
     if text.isdigit():
         write_framed(rep_fd, ForkReply(req.attempt, int(text), None, req.rank))
     else:
         write_framed(rep_fd, ForkReply(req.attempt, 0, text or "fork failed", req.rank))
-    os.close(req_w)  # last: the trainer runs at this end's EOF, its reply written (every message it sends comes after)
+    os.close(ours)  # last: the trainer runs at this end's EOF, its reply written (every message it sends comes after)
 
 
-def _intermediate(req_r: int, said_w: int, say: int) -> NoReturn:
-    """In the intermediate: wait for its request (exit at the zygote's end), fork the trainer, say
-    its pid on ``said_w``, exit."""
-    reader = FramedReader(req_r)
-    req: Optional[ForkRequest] = None
-    try:
-        while req is None:
-            reader.wait(60.0)
-            req = next((m for m in reader.read_available() if isinstance(m, ForkRequest)), None)
-    except (EOFError, ProtocolError):
-        os._exit(0)
+def _intermediate(req: ForkRequest, theirs: int, say: int) -> NoReturn:
+    """In the intermediate: fork the trainer, say its pid on ``theirs``, exit."""
     # a standby is forked with its promotion blocked too, so that it reads one with its sender in its
     # wait (from its first instant: no SIGUSR1 from anyone ends or promotes it meanwhile)
     if req.env.get(env.STANDBY) == "1":
@@ -165,14 +139,14 @@ def _intermediate(req_r: int, said_w: int, say: int) -> NoReturn:
     try:
         pid = os.fork()
     except OSError as exc:
-        os.write(said_w, f"fork failed: {exc}\n".encode())
+        os.write(theirs, f"fork failed: {exc}\n".encode())
         os._exit(1)
     if pid:
-        os.write(said_w, f"{pid}\n".encode())
+        os.write(theirs, f"{pid}\n".encode())
         os._exit(0)
     code = 70
     try:
-        code = _become_trainer(req, said_w, req_r, say)
+        code = _become_trainer(req, theirs, say)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
@@ -186,14 +160,12 @@ def _intermediate(req_r: int, said_w: int, say: int) -> NoReturn:
             os._exit(code)
 
 
-def _adopted_by(parent: int, req_r: int) -> bool:
-    """Wait (at most ``ADOPTION_WAIT``) for the request pipe's EOF: the zygote closes it once it has
-    reaped the intermediate (which re-parents this process) and replied; True if this process is
+def _adopted_by(parent: int, theirs: int) -> bool:
+    """Wait (at most ``ADOPTION_WAIT``) for the EOF of ``theirs``: the zygote closes the other end once
+    it has reaped the intermediate (which re-parents this process) and replied; True if this process is
     ``parent``'s child then (False: ``parent`` is gone, no subreaper, or the zygote died first)."""
-    until = time.monotonic() + ADOPTION_WAIT
-    while (left := until - time.monotonic()) > 0 and select.select([req_r], [], [], left)[0] and os.read(req_r, 4096):
-        pass  # (the request itself, already read: nothing else is written there)
-    os.close(req_r)
+    select.select([theirs], [], [], ADOPTION_WAIT)  # (nothing is written to it: readable is its end)
+    os.close(theirs)
     return os.getppid() == parent
 
 
@@ -226,7 +198,7 @@ def _leaves_stops_to_supervisor(child_env: dict[str, str]) -> bool:
     return stopfrom.forward_to_handlers(authority, f"procsv worker{child_env.get(env.RANK)}")
 
 
-def _become_trainer(req: ForkRequest, said_w: int, req_r: int, say: int) -> int:
+def _become_trainer(req: ForkRequest, theirs: int, say: int) -> int:
     """In the forked trainer: become the zygote's parent's child, shed the zygote's state, then run
     procsv.trainer (which arms the parent-death signal on that parent, :func:`bootstrap.die_with_parent`)."""
     raw = os.environ.get(env.PARENT_PID, "")  # the zygote's parent (the zygote's own environment still)
@@ -238,8 +210,8 @@ def _become_trainer(req: ForkRequest, said_w: int, req_r: int, say: int) -> int:
     if req.env.get(env.STANDBY) != "1" and not _leaves_stops_to_supervisor(req.env):
         stopfrom.unblock()  # (a standby reads them in its wait, with their senders)
     log = _open_log(req.log_path, say)
-    for fd in (said_w,) + ((say,) if say > 2 else ()):
-        os.close(fd)
+    if say > 2:
+        os.close(say)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log, 1)
@@ -254,7 +226,7 @@ def _become_trainer(req: ForkRequest, said_w: int, req_r: int, say: int) -> int:
     np = sys.modules.get("numpy")
     if np is not None:
         np.random.seed()  # as in a fresh process: numpy's global generator is not shared across forks
-    if not _adopted_by(int(raw), req_r):  # (waited for last: the set-up above overlaps the zygote's reply)
+    if not _adopted_by(int(raw), theirs):  # (waited for last: the set-up above overlaps the zygote's reply)
         return 70  # its parent died first: nothing may run unsupervised
     if req.argv[1:] == ["procsv.ps_server"]:  # a --ps parameter server (procsv.watchdog.pstasks), TF imported
         from procsv.ps_server import main as ps_main

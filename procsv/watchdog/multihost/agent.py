@@ -388,8 +388,7 @@ class NodeAgent:
         up on is reaped here once dead, as the watchdog reaps its own (before, at the agent's end only)."""
         self.lost_zygotes[:] = [z for z in self.lost_zygotes if not z.reap_dead()]
         zygotes = {z.pid for z in [self.zygote, *self.lost_zygotes] if z is not None}
-        self.sweeper.sweep({m.pid for m in self.members.values()} | zygotes, frozenset(zygotes),
-                                    bool(self.forks), final)
+        self.sweeper.sweep({m.pid for m in self.members.values()} | zygotes, bool(self.forks), final)
 
     def _said(self, reports: list[Report]) -> None:
         for r in reports:  # (no lifecycle log of its own: node 0's holds the job's events)
