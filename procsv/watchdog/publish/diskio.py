@@ -41,7 +41,7 @@ from procsv.common.layout import Layout
 from procsv.common.manifests import last_checkpoint
 from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.diskjobs import DiskJobs
-from procsv.watchdog.logdirwatch import Identity, Look, look
+from procsv.watchdog.logdirwatch import Anchor, Look, look
 from procsv.watchdog.publish.events import Event, EventLog, check
 from procsv.watchdog.publish.output import Terminal
 from procsv.watchdog.publish.statusfile import StatusWriter
@@ -79,7 +79,7 @@ class DiskIO:
         self.status = status
         self.clock = clock
         self.events: Optional[EventLog] = None
-        self.start: Optional[Identity] = None  # the logdir's identity at launch (set by the logdir guard)
+        self.anchor: Optional[Anchor] = None  # the logdir the run started in (set by the logdir guard)
         self.dropped = 0  # items the full queue refused (reported once)
         self._queue: "queue.Queue[_Item]" = queue.Queue(QUEUE_ITEMS)
         self._sent = 0  # terminal items queued (loop)
@@ -170,6 +170,8 @@ class DiskIO:
         self._closed = True
         self._thread.join(max(0.0, deadline - self.clock()))
         if not self._thread.is_alive():
+            if self.anchor is not None:
+                self.anchor.close()  # no look is left to take
             return True
         while True:
             try:
@@ -209,7 +211,8 @@ class DiskIO:
         self.status.write(record, durable)
 
     def _look(self) -> None:
-        seen = look(self.layout.logdir)
-        self._gone = seen.error is None and self.start is not None and seen.identity != self.start
+        anchor = self.anchor
+        seen = look(self.layout.logdir, anchor)
+        self._gone = seen.error is None and anchor is not None and seen.identity != anchor.identity
         self._looked = (seen, self.clock())
         self.look_since = None
