@@ -17,8 +17,10 @@ on the logdir and a daemon thread does it, in the order it was handed over:
   ``--logdir-timeout`` counts as failing);
 - other writes (the final ``logs/report.json``, the watchdog's own error record).
 
-Reads whose result the loop waits for (the error file and exit report at a child's end, the
-newest checkpoint for the metrics endpoint) go to a second thread, :attr:`DiskIO.reads`
+A ``status.json`` write reads the newest committed checkpoint (its ``last_checkpoint``) and keeps it
+in :attr:`DiskIO.newest`, which the metrics snapshot takes until the launch commits one of its own.
+Reads whose result the loop waits for (the error file and exit report at a child's end) go to a
+second thread, :attr:`DiskIO.reads`
 (:class:`~procsv.watchdog.diskjobs.DiskJobs`), so that they do not queue behind writes.
 
 The watchdog's own terminal lines go straight to the terminal's writer, unless an echo or a line is
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 from procsv.common.layout import Layout
-from procsv.common.manifests import last_checkpoint
+from procsv.common.manifests import Manifest, newest_committed
 from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.diskjobs import DiskJobs
 from procsv.watchdog.logdirwatch import Anchor, Look, look
@@ -86,6 +88,7 @@ class DiskIO:
         self._done = 0  # terminal items done (thread)
         self._record: Optional[tuple[dict[str, Any], bool]] = None  # the newest status record not written yet
         self._status_queued = False
+        self.newest: Optional[Manifest] = None  # the newest commit on disk, as the last status write read it
         self.look_since: Optional[float] = None  # a look asked for at this time has not returned yet
         self._looked: Optional[tuple[Look, float]] = None  # the newest look's result and when it returned
         self._gone = False  # the newest look saw no logdir, or another one: status.json is not written
@@ -207,7 +210,9 @@ class DiskIO:
         if got is None or self._gone:
             return
         record, durable = got
-        record["last_checkpoint"] = last_checkpoint(self.layout)
+        self.newest = newest = newest_committed(self.layout)
+        record["last_checkpoint"] = None if newest is None else {"step": newest.step,
+                                                                 "path": newest.path(self.layout.logdir)}
         self.status.write(record, durable)
 
     def _look(self) -> None:
