@@ -259,7 +259,8 @@ def test_the_metrics_snapshot_never_waits_for_the_newest_checkpoint_on_disk(tmp_
     """With --metrics-port, until the launch commits, the snapshot shows the newest checkpoint on
     disk. Its manifest here is a FIFO without a writer: a read of it blocks, as a read on a stalled
     network filesystem does. Before: the loop read it in ``Reporter.publish`` and blocked. Now the
-    reader thread reads it; ``publish`` returns, and a snapshot after the stall ends shows it."""
+    logdir writer thread reads it (a status write, as the loop hands one over every round before it
+    publishes); ``publish`` returns, and a snapshot after the stall ends shows it."""
     from procsv.common.manifests import Manifest
     from procsv.watchdog.config import LaunchConfig
     from procsv.watchdog.publish.reporting import Reporter
@@ -274,7 +275,12 @@ def test_the_metrics_snapshot_never_waits_for_the_newest_checkpoint_on_disk(tmp_
     out = Reporter(LaunchConfig("t", [], layout.logdir, quiet=True, metrics_port=1), layout, clock, lambda: 5000.0)
     view = RunView(launch_start=clock())
     published: list[object] = []
-    publisher = threading.Thread(target=lambda: published.append(out.publish(view, force=True)), daemon=True)
+
+    def round_() -> None:  # the loop's round: status.json handed to the writer, then the snapshot
+        out.write_status(view, None, force=True)
+        out.publish(view, force=True)
+
+    publisher = threading.Thread(target=lambda: published.append(round_()), daemon=True)
     publisher.start()
     try:
         wait_for(lambda: published, 30, what="publish() to return while the manifest cannot be read")
@@ -285,7 +291,7 @@ def test_the_metrics_snapshot_never_waits_for_the_newest_checkpoint_on_disk(tmp_
             json.dump(m.to_json(), fh)
 
     def shown() -> object:
-        out.publish(view, force=True)
+        round_()
         return out.snapshot is not None and out.snapshot.last_checkpoint_step == 100
 
     wait_for(shown, 30, what="a snapshot showing the checkpoint read after the stall")

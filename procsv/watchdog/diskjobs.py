@@ -1,7 +1,7 @@
 """Work on the logdir done by a thread of its own, its results taken by a loop that never waits.
 
 Runs in the watchdog (``procsv launch``: the reads at a child's end, :mod:`procsv.watchdog.exits`
-and :mod:`procsv.watchdog.multihost.remote`; the newest checkpoint for the metrics endpoint) and in a
+and :mod:`procsv.watchdog.multihost.remote`) and in a
 node agent (:mod:`procsv.watchdog.multihost.agent`: its key file, the job file, log rotation). A
 network filesystem that stalls blocks a ``read`` or a ``listdir`` for as long as the stall lasts;
 the loop that hands such work to :class:`DiskJobs` goes on, and takes each :class:`Job`'s result

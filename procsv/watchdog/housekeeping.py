@@ -5,10 +5,9 @@ Runs in the ``procsv launch`` process (the watchdog), called from its loop
 parent died (:class:`~procsv.common.orphans.Orphans`), every :data:`SWEEP_EVERY` seconds, after
 every exit and once more at the end; a node agent (:mod:`procsv.watchdog.multihost.agent`) runs
 the same sweep over its host's members. :class:`LogdirGuard` notices a logdir that was deleted,
-moved or replaced while the run is live (filesystem events from
-:class:`~procsv.watchdog.logdirwatch.LogdirWatch` and a look every round, done by the logdir writer
-thread so that a hung filesystem never hangs the loop) and turns it into an observation for the
-decision function (rule 9); at the end it writes the final status record
+moved or replaced while the run is live (a look every round, done by the logdir writer thread so
+that a hung filesystem never hangs the loop: :mod:`procsv.watchdog.logdirwatch`) and turns it into
+an observation for the decision function (rule 9); at the end it writes the final status record
 where a moved logdir went.
 :func:`clear_group_records` removes earlier launches' trainer-group restore records at launch, and
 :func:`clear_stale_temps` the temp files of atomic writes a kill cut short.
@@ -26,7 +25,7 @@ from procsv.common.orphans import Orphans
 from procsv.watchdog import observe
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.publish.events import Event
-from procsv.watchdog.logdirwatch import Identity, LogdirHealth, LogdirWatch, identity
+from procsv.watchdog.logdirwatch import Anchor, LogdirHealth
 from procsv.watchdog.publish.events import Report
 from procsv.watchdog.rules.state import RunView
 from procsv.watchdog.publish.reporting import Reporter
@@ -70,7 +69,8 @@ class Sweeper:
 
 
 class LogdirGuard:
-    """The logdir's identity (device, inode) at the start and the filesystem watch on it."""
+    """The logdir the run started in (its :class:`~procsv.watchdog.logdirwatch.Anchor`) and the verdict
+    on the looks at it."""
 
     def __init__(self, layout: Layout, view: RunView, out: Reporter, timeout: float,
                  clock: Callable[[], float]) -> None:
@@ -79,39 +79,29 @@ class LogdirGuard:
         self.out = out
         self.timeout = timeout  # --logdir-timeout: seconds of failed looks in a row that lose the logdir
         self.clock = clock
-        self.watch = LogdirWatch(layout.logdir)
-        self._id: Optional[Identity] = None
+        self.anchor: Optional[Anchor] = None
         self.health: Optional[LogdirHealth] = None
 
-    @property
-    def fd(self) -> int:
-        """Readable after a filesystem event about the logdir (:meth:`on_event`)."""
-        return self.watch.fd
-
     def start(self) -> None:
-        self._id = identity(self.layout.logdir)
-        if self._id is not None:
-            self.health = LogdirHealth(self._id, self.timeout)
-        self.out.io.start = self._id
-        self.watch.start()
-
-    def on_event(self) -> None:
-        self.watch.drain()
-        self.check()
+        try:
+            self.anchor = Anchor(self.layout.logdir)
+        except OSError:
+            return  # a logdir that cannot be opened at the start is not watched
+        self.health = LogdirHealth(self.anchor.identity, self.timeout)
+        self.out.io.anchor = self.anchor
 
     def check(self) -> None:
-        """Is the logdir still the directory the run started in? (after a filesystem event about it,
-        a failed checkpoint, and every round). What an event said (where it was moved) comes first;
-        then the newest look the logdir writer thread took, and a new look is asked for. A look that
-        fails without saying the logdir is gone (EIO, ESTALE) is counted in the view and loses the
-        logdir only when every look of ``--logdir-timeout`` seconds failed; so does a look that has
-        not returned for that long."""
+        """Is the logdir still the directory the run started in? (after a failed checkpoint, and every
+        round). The newest look the logdir writer thread took is judged, and a new look is asked for.
+        A look that fails without saying the logdir is gone (EIO, ESTALE) is counted in the view and
+        loses the logdir only when every look of ``--logdir-timeout`` seconds failed; so does a look
+        that has not returned for that long."""
         health = self.health
         if health is None or self.view.logdir_lost is not None:
             return
         io = self.out.io
         looked = io.take_look()
-        reason = self.watch.seen or (health.judge(*looked) if looked is not None else None)
+        reason = health.judge(*looked) if looked is not None else None
         since = io.look_since
         if reason is None and since is not None:
             reason = health.judge_pending(since, self.clock())
@@ -123,15 +113,12 @@ class LogdirGuard:
             self.out.record(observe.logdir_lost(self.view, reason))
             self.out.changed()
 
-    def close(self) -> None:
-        self.watch.close()
-
     def final_status_where_it_went(self, cfg: LaunchConfig, now: float, wall: float, started_wall: float,
                                    zygote: Optional[dict[str, Any]]) -> None:
-        """A logdir moved while live (an event named where, and it is still the same directory) gets
+        """A logdir moved while live (the directory the run started in is at another path now) gets
         its final status record there, so that ``procsv status NEWDIR`` tells how the run ended."""
-        dest = self.watch.moved_to
-        if dest is None or self._id is None or identity(dest) != self._id:
+        dest = self.anchor.where() if self.anchor is not None else None
+        if dest is None or self.anchor is None or dest == self.anchor.start:
             return
         moved = Layout(dest)
         record = status_record(self.view, cfg, moved, now, wall, started_wall, zygote)

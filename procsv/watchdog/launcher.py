@@ -151,7 +151,6 @@ class Watchdog:
         ends = self.ends = ChildEnds(pipes.poller, self.view, self.layout, self.out, self.clock, self.wall,
                                      lambda: self._drain_messages(limit=None), self._sweep,
                                      self.out.io.reads)
-        pipes.poller.register(self.logdir.fd, zmq.POLLIN)
         pipes.poller.register(self.out.io.reads.fd, zmq.POLLIN)  # a read of the logdir is done
         ex = self.ex = Executor(self.cfg, self.layout, pipes.runtime_dir, self.view, self.limits, self.out.record,
                                 self.clock, ends.register, ends.post_notice)
@@ -204,8 +203,6 @@ class Watchdog:
             self._on_nodes()
         elif sock == self.ends.notice_fd:
             self.ends.drain_notices(self.ex)
-        elif sock == self.logdir.fd:
-            self.logdir.on_event()
         elif sock == self.out.io.reads.fd:
             self.out.io.reads.woken()
             self._settle()
@@ -250,7 +247,6 @@ class Watchdog:
             self.link.stop_all(self.view.exit_code)
             self.link.close()
         self.ex.close()
-        self.logdir.close()
         self._sweep(final=True)
         self.pipes.close()
         self.out.publish(self.view, force=True)  # the last word of the metrics endpoint: up 0, the outcome

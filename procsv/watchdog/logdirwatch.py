@@ -1,19 +1,16 @@
 """Noticing that the run's logdir was deleted, moved away or replaced while the run is live.
 
-Runs in the watchdog. :class:`LogdirWatch` runs the ``watchdog`` package's observer on the
-logdir's parent folder (not recursive: only entries of that folder, so the run's own writes
-inside the logdir cost nothing). An event that deletes the logdir or moves it away is the answer
-(:attr:`LogdirWatch.seen`: "it was moved to DEST" when the event says where); it wakes the
-watchdog's loop through a pipe. The loop also has the path looked at (:func:`look`: its device
-and inode) every round of its loop and after a failed checkpoint, by the logdir writer thread
-(:mod:`procsv.watchdog.publish.diskio`: a ``stat`` on a hung filesystem does not return), which
-catches what no event of the parent reports (an ancestor moved or deleted, a move out of the parent
-folder, which inotify reports late). :class:`LogdirHealth` judges the looks: the logdir is lost at
-once when the path is gone (ENOENT, ENOTDIR) or is another directory, but a look that fails
-otherwise (EIO, ESTALE, EACCES: a network filesystem's blip) is only counted, and the logdir is lost
-only after ``--logdir-timeout`` seconds in which every look failed, or in which a look did not
-return. What to do about a lost logdir is decided in
-:mod:`procsv.watchdog.rules.decide` (rule 9).
+Runs in the watchdog. The loop has the logdir looked at (:func:`look`) every round of its loop and
+after a failed checkpoint, by the logdir writer thread (:mod:`procsv.watchdog.publish.diskio`: a
+``stat`` on a hung filesystem does not return). A look is a ``stat`` of the path (its device and
+inode, or why it failed) and, through the :class:`Anchor` (a descriptor held open on the directory
+the run started in), where that directory is now: the kernel keeps an open directory's path through
+a rename of it or of any ancestor, and says when it was deleted, so a look names where a moved
+logdir went. :class:`LogdirHealth` judges the looks: the logdir is lost at once when it moved, the
+path is gone (ENOENT, ENOTDIR) or is another directory, but a look that fails otherwise (EIO,
+ESTALE, EACCES: a network filesystem's blip) is only counted, and the logdir is lost only after
+``--logdir-timeout`` seconds in which every look failed, or in which a look did not return. What to
+do about a lost logdir is decided in :mod:`procsv.watchdog.rules.decide` (rule 9).
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ import errno
 import os
 import stat
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from procsv.common import faults
 
@@ -36,10 +33,44 @@ class Look:
 
     identity: Optional[Identity]  # the directory's (device, inode); None: no directory there, or the look failed
     error: Optional[int] = None  # the errno of a look that failed for another reason than "not there"
+    moved_to: Optional[str] = None  # where the directory the run started in is now (it was moved)
 
 
-def look(path: str) -> Look:
-    """Look at the directory at ``path`` (one ``stat``)."""
+class Anchor:
+    """A descriptor held open on the logdir the run started in (opened at the start; raises OSError).
+
+    :meth:`where` is that directory's path now, from ``/proc/self/fd`` (the kernel's own record:
+    no filesystem is asked, so it never blocks): a rename of it or of an ancestor shows there, and a
+    deletion. Held open, its inode cannot be given to a new directory created at the old path.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        st = os.fstat(self.fd)
+        self.identity: Identity = (st.st_dev, st.st_ino)
+        self.start = self.where()
+
+    def where(self) -> Optional[str]:
+        """The directory's path now; None once it was deleted."""
+        try:
+            where = os.readlink(f"/proc/self/fd/{self.fd}")
+        except OSError:
+            return self.start  # no /proc: only the stat of the path tells
+        return None if where.endswith(" (deleted)") else where
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def look(path: str, anchor: Optional[Anchor] = None) -> Look:
+    """Look at the directory at ``path`` (one ``stat``) and, with its ``anchor``, where it is now."""
+    seen = _stat(path)
+    if anchor is not None and (where := anchor.where()) != anchor.start:  # after the stat: a move seen by
+        return Look(None, moved_to=where)  # the stat is seen here too, and says where
+    return seen
+
+
+def _stat(path: str) -> Look:
     try:
         if faults.fires("watchdog", "logdir_eio"):
             raise OSError(errno.EIO, os.strerror(errno.EIO), path)
@@ -51,15 +82,10 @@ def look(path: str) -> Look:
     return Look((st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None)
 
 
-def identity(path: str) -> Optional[Identity]:
-    """The (device, inode) of the directory at ``path``, or None if there is none (or it cannot be seen)."""
-    return look(path).identity
-
-
 class LogdirHealth:
     """The verdict on successive looks at the logdir (pure: the time of each look is passed in).
 
-    Lost at once: the path is gone or is another directory. A failed look is a blip, counted in
+    Lost at once: the directory moved, the path is gone or is another directory. A failed look is a blip, counted in
     :attr:`errors`; only ``timeout`` seconds in which every look failed make the logdir lost.
     """
 
@@ -90,85 +116,10 @@ class LogdirHealth:
                         f"look; --logdir-timeout {self.timeout:g})")
             return None
         self.failing_since = None
+        if seen.moved_to is not None:
+            return f"it was moved to {seen.moved_to}"
         if seen.identity is None:
             return "it was deleted or moved away"
         if seen.identity != self.start:
             return "it was replaced by another directory (deleted or moved, then created again)"
         return None
-
-
-class LogdirWatch:
-    """Filesystem events about ``logdir`` (through its parent folder) as bytes on a pipe.
-
-    ``fd`` becomes readable after such an event; the reader drains it with :meth:`drain`.
-    A watch that cannot start (no inotify left, the parent unreadable) is simply off: the loop's
-    own check every round still applies.
-    """
-
-    def __init__(self, logdir: str) -> None:
-        self.logdir = os.path.abspath(logdir)
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        os.set_blocking(self._w, False)
-        self._observer: Any = None
-        self.error: Optional[str] = None
-        self.seen: Optional[str] = None  # what an event said happened to the logdir (set once)
-        self.moved_to: Optional[str] = None  # where an event said it was moved
-
-    @property
-    def fd(self) -> int:
-        return self._r
-
-    def start(self) -> None:
-        from watchdog.events import FileSystemEvent, FileSystemEventHandler
-        from watchdog.observers import Observer
-
-        target, wake, watch = self.logdir, self._w, self
-
-        class _OnLogdir(FileSystemEventHandler):
-            """Writes a byte to the pipe when the logdir itself is deleted or moved."""
-
-            def on_any_event(self, event: FileSystemEvent) -> None:
-                if os.path.abspath(os.fsdecode(event.src_path)) != target:
-                    return
-                dest = os.fsdecode(getattr(event, "dest_path", "") or "")
-                if event.event_type == "moved" and dest:
-                    seen = f"it was moved to {os.path.abspath(dest)}"
-                    watch.moved_to = watch.moved_to or os.path.abspath(dest)
-                elif event.event_type in ("deleted", "moved"):
-                    seen = "it was deleted or moved away"
-                else:
-                    return
-                if watch.seen is None:
-                    watch.seen = seen
-                try:
-                    os.write(wake, b"!")
-                except (BlockingIOError, OSError):
-                    pass  # a wakeup is pending already (or the watch is closing)
-
-        try:
-            observer = Observer()
-            observer.schedule(_OnLogdir(), os.path.dirname(self.logdir) or "/", recursive=False)
-            observer.daemon = True
-            observer.start()
-            self._observer = observer
-        except OSError as exc:
-            self.error = str(exc)
-
-    def drain(self) -> None:
-        try:
-            while os.read(self._r, 4096):
-                pass
-        except BlockingIOError:
-            pass
-
-    def close(self) -> None:
-        if self._observer is not None:
-            self._observer.stop()
-            self._observer.join(timeout=2.0)
-            self._observer = None
-        for fd in (self._r, self._w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass

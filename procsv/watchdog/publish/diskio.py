@@ -17,8 +17,10 @@ on the logdir and a daemon thread does it, in the order it was handed over:
   ``--logdir-timeout`` counts as failing);
 - other writes (the final ``logs/report.json``, the watchdog's own error record).
 
-Reads whose result the loop waits for (the error file and exit report at a child's end, the
-newest checkpoint for the metrics endpoint) go to a second thread, :attr:`DiskIO.reads`
+A ``status.json`` write reads the newest committed checkpoint (its ``last_checkpoint``) and keeps it
+in :attr:`DiskIO.newest`, which the metrics snapshot takes until the launch commits one of its own.
+Reads whose result the loop waits for (the error file and exit report at a child's end) go to a
+second thread, :attr:`DiskIO.reads`
 (:class:`~procsv.watchdog.diskjobs.DiskJobs`), so that they do not queue behind writes.
 
 The watchdog's own terminal lines go straight to the terminal's writer, unless an echo or a line is
@@ -38,10 +40,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 from procsv.common.layout import Layout
-from procsv.common.manifests import last_checkpoint
+from procsv.common.manifests import Manifest, newest_committed
 from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.diskjobs import DiskJobs
-from procsv.watchdog.logdirwatch import Identity, Look, look
+from procsv.watchdog.logdirwatch import Anchor, Look, look
 from procsv.watchdog.publish.events import Event, EventLog, check
 from procsv.watchdog.publish.output import Terminal
 from procsv.watchdog.publish.statusfile import StatusWriter
@@ -79,13 +81,14 @@ class DiskIO:
         self.status = status
         self.clock = clock
         self.events: Optional[EventLog] = None
-        self.start: Optional[Identity] = None  # the logdir's identity at launch (set by the logdir guard)
+        self.anchor: Optional[Anchor] = None  # the logdir the run started in (set by the logdir guard)
         self.dropped = 0  # items the full queue refused (reported once)
         self._queue: "queue.Queue[_Item]" = queue.Queue(QUEUE_ITEMS)
         self._sent = 0  # terminal items queued (loop)
         self._done = 0  # terminal items done (thread)
         self._record: Optional[tuple[dict[str, Any], bool]] = None  # the newest status record not written yet
         self._status_queued = False
+        self.newest: Optional[Manifest] = None  # the newest commit on disk, as the last status write read it
         self.look_since: Optional[float] = None  # a look asked for at this time has not returned yet
         self._looked: Optional[tuple[Look, float]] = None  # the newest look's result and when it returned
         self._gone = False  # the newest look saw no logdir, or another one: status.json is not written
@@ -170,6 +173,8 @@ class DiskIO:
         self._closed = True
         self._thread.join(max(0.0, deadline - self.clock()))
         if not self._thread.is_alive():
+            if self.anchor is not None:
+                self.anchor.close()  # no look is left to take
             return True
         while True:
             try:
@@ -205,11 +210,14 @@ class DiskIO:
         if got is None or self._gone:
             return
         record, durable = got
-        record["last_checkpoint"] = last_checkpoint(self.layout)
+        self.newest = newest = newest_committed(self.layout)
+        record["last_checkpoint"] = None if newest is None else {"step": newest.step,
+                                                                 "path": newest.path(self.layout.logdir)}
         self.status.write(record, durable)
 
     def _look(self) -> None:
-        seen = look(self.layout.logdir)
-        self._gone = seen.error is None and self.start is not None and seen.identity != self.start
+        anchor = self.anchor
+        seen = look(self.layout.logdir, anchor)
+        self._gone = seen.error is None and anchor is not None and seen.identity != anchor.identity
         self._looked = (seen, self.clock())
         self.look_since = None

@@ -19,8 +19,6 @@ from typing import Any, Callable, Optional
 from procsv.common.layout import Layout, write_json
 from procsv.ipc.rejections import Rejections
 from procsv.watchdog.publish import liveline
-from procsv.common.manifests import Manifest, newest_committed
-from procsv.watchdog.diskjobs import Job
 from procsv.watchdog.publish import badput, recovery
 from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.config import LaunchConfig
@@ -68,8 +66,6 @@ class Reporter:
         self._publishing = cfg.metrics_port is not None
         self._rate = StepRate()
         self._next_publish = 0.0
-        self._newest: Optional[Job[Optional[Manifest]]] = None  # the read of the newest commit on disk in flight
-        self._last_newest: Optional[Manifest] = None
 
     def open_events(self) -> None:
         self.events = self.io.events = EventLog(self.layout.lifecycle, self.wall,
@@ -124,15 +120,7 @@ class Reporter:
         if not self._publishing or (now < self._next_publish and not force):
             return
         self._next_publish = now + PUBLISH_EVERY
-        newest = None
-        if view.last_commit_at is None:  # until this launch commits: the newest on disk, read by the reader thread
-            if self._newest is None or self._newest.done:
-                newest = self._newest.result if self._newest is not None else None
-                layout = self.layout
-                self._newest = self.io.reads.submit(lambda: newest_committed(layout))
-            else:
-                newest = self._last_newest
-            self._last_newest = newest
+        newest = self.io.newest  # until this launch commits: the newest on disk (read by the last status write)
         self.snapshot = take_snapshot(view, now, self.wall(), self.started_wall, self._rate,
                                       None if newest is None else (newest.step, newest.committed_at))
 
