@@ -104,6 +104,7 @@ def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...], say: int) -
     parent's pipe before anything it sends."""
     ours, theirs = (s.detach() for s in socket.socketpair())
     held = faults.fires("zygote", "fork_stall")  # tests only: this fork's intermediate waits for the gate
+    said_held = faults.fires("zygote", "pid_stall")  # tests only: ... once it forked the trainer, before its pid
     try:
         middle = os.fork()
     except OSError as exc:
@@ -116,7 +117,7 @@ def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...], say: int) -
             os.close(fd)
         if held:
             faults.wait_gate()
-        _intermediate(req, theirs, say)
+        _intermediate(req, theirs, say, said_held)
     os.close(theirs)
     said = b""
     while not said.endswith(b"\n") and (chunk := os.read(ours, 256)):  # the trainer's pid, or why none
@@ -130,8 +131,9 @@ def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...], say: int) -
     os.close(ours)  # last: the trainer runs at this end's EOF, its reply written (every message it sends comes after)
 
 
-def _intermediate(req: ForkRequest, theirs: int, say: int) -> NoReturn:
-    """In the intermediate: fork the trainer, say its pid on ``theirs``, exit."""
+def _intermediate(req: ForkRequest, theirs: int, say: int, said_held: bool = False) -> NoReturn:
+    """In the intermediate: fork the trainer, say its pid on ``theirs``, exit (``said_held``, tests only:
+    wait for the fault gate before saying it)."""
     # a standby is forked with its promotion blocked too, so that it reads one with its sender in its
     # wait (from its first instant: no SIGUSR1 from anyone ends or promotes it meanwhile)
     if req.env.get(env.STANDBY) == "1":
@@ -142,6 +144,8 @@ def _intermediate(req: ForkRequest, theirs: int, say: int) -> NoReturn:
         os.write(theirs, f"fork failed: {exc}\n".encode())
         os._exit(1)
     if pid:
+        if said_held:
+            faults.wait_gate()
         os.write(theirs, f"{pid}\n".encode())
         os._exit(0)
     code = 70
