@@ -113,3 +113,35 @@ def test_a_lost_zygote_leaves_no_zombie(logdir, tmp_path):
         proc.send_signal(signal.SIGTERM)
         code, out, err = finish(proc)
     assert code == 128 + signal.SIGTERM, err
+
+
+@pytest.mark.slow
+def test_an_intermediate_killed_after_it_forked_the_trainer_fails_the_fork_at_once(logdir, tmp_path):
+    """Before: the trainer holds its end of the socket pair the intermediate says its pid on (it waits there
+    for the zygote's EOF), so an intermediate killed between the trainer's fork and its pid (the OOM killer,
+    an operator's kill) left the zygote blocked on a read that only the trainer's 30 s adoption wait could
+    end: no reply, the fork given up at the 10 s limit instead of failed at once (10 s more down)."""
+    gate = str(tmp_path / "gate")  # never made: the second fork's intermediate holds its pid
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "fork"),
+                  env=quiet_env(PROCSV_FAULT="zygote:pid_stall:2", PROCSV_FAULT_GATE=gate))
+    try:
+        wait_for(lambda: _events(logdir, "zygote_ready"), 120, what="the zygote to be ready")
+        zygote = int(_events(logdir, "zygote_ready")[-1]["pid"])
+        first = wait_role_pid(logdir, "trainer")
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 20, 120, what="the first trainer's steps")
+        os.kill(first, signal.SIGKILL)  # attempt 2 is asked of the zygote
+        middle = wait_for(lambda: proc_children(zygote), 60, what="the fork's intermediate")[0]
+        wait_for(lambda: proc_children(middle), 60, what="the trainer it forked (its pid held)")
+        os.kill(middle, signal.SIGKILL)
+        wait_for(lambda: _events(logdir, "zygote_gone"), 60, what="the zygote given up")
+        wait_for(lambda: [e for e in _events(logdir, "spawned") if e["role"] == "trainer" and e["attempt"] == 2],
+                 30, what="attempt 2 started fresh")
+        step = (raw_status(logdir) or {}).get("step", 0)
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > step + 100, 120, what="100 more steps")
+        assert raw_status(logdir)["restarts"] == 1, lifecycle(logdir)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    assert "did not answer the fork request" not in err, err  # the fork failed at the intermediate's death
+    assert "pre-warmed trainer unavailable (fork failed" in err, err

@@ -98,12 +98,15 @@ def _on_stop_signals(term: stopfrom.SignalFd, authority: stopfrom.Authority) -> 
 
 def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...], say: int) -> None:
     """Fork the trainer through an intermediate child that exits at once (see the module docstring):
-    read the trainer's pid from it, reap it, reply, then close this end of the socket pair the trainer
+    reap it, read the trainer's pid it said, reply, then close this end of the socket pair the trainer
     waits on: the trainer named is the parent's child by then (its re-parenting is done before the
     intermediate's exit status can be read), and it runs at that end's EOF, so the reply is on the
-    parent's pipe before anything it sends."""
+    parent's pipe before anything it sends. The pid is read only once the intermediate is reaped, never
+    up to an EOF: the trainer holds the other end too, so an intermediate killed between the trainer's
+    fork and its pid left the zygote blocked, unanswering, until the trainer's adoption wait ended."""
     ours, theirs = (s.detach() for s in socket.socketpair())
     held = faults.fires("zygote", "fork_stall")  # tests only: this fork's intermediate waits for the gate
+    said_held = faults.fires("zygote", "pid_stall")  # tests only: ... once it forked the trainer, before its pid
     try:
         middle = os.fork()
     except OSError as exc:
@@ -116,12 +119,14 @@ def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...], say: int) -
             os.close(fd)
         if held:
             faults.wait_gate()
-        _intermediate(req, theirs, say)
+        _intermediate(req, theirs, say, said_held)
     os.close(theirs)
-    said = b""
-    while not said.endswith(b"\n") and (chunk := os.read(ours, 256)):  # the trainer's pid, or why none
-        said += chunk
-    os.waitpid(middle, 0)
+    os.waitpid(middle, 0)  # it says the trainer's pid (or why none) and exits: once reaped, all it said is there
+    os.set_blocking(ours, False)  # (never a wait for an EOF: the trainer holds the other end till the reply)
+    try:
+        said = os.read(ours, 256)
+    except BlockingIOError:  # it said nothing: killed (its trainer may be forked: the watchdog's sweep takes it)
+        said = b""
     text = said.decode(errors="replace").strip()
     if text.isdigit():
         write_framed(rep_fd, ForkReply(req.attempt, int(text), None, req.rank))
@@ -130,8 +135,9 @@ def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...], say: int) -
     os.close(ours)  # last: the trainer runs at this end's EOF, its reply written (every message it sends comes after)
 
 
-def _intermediate(req: ForkRequest, theirs: int, say: int) -> NoReturn:
-    """In the intermediate: fork the trainer, say its pid on ``theirs``, exit."""
+def _intermediate(req: ForkRequest, theirs: int, say: int, said_held: bool = False) -> NoReturn:
+    """In the intermediate: fork the trainer, say its pid on ``theirs``, exit (``said_held``, tests only:
+    wait for the fault gate before saying it)."""
     # a standby is forked with its promotion blocked too, so that it reads one with its sender in its
     # wait (from its first instant: no SIGUSR1 from anyone ends or promotes it meanwhile)
     if req.env.get(env.STANDBY) == "1":
@@ -142,6 +148,8 @@ def _intermediate(req: ForkRequest, theirs: int, say: int) -> NoReturn:
         os.write(theirs, f"fork failed: {exc}\n".encode())
         os._exit(1)
     if pid:
+        if said_held:
+            faults.wait_gate()
         os.write(theirs, f"{pid}\n".encode())
         os._exit(0)
     code = 70
