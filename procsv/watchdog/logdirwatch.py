@@ -48,15 +48,20 @@ class Anchor:
         self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         st = os.fstat(self.fd)
         self.identity: Identity = (st.st_dev, st.st_ino)
-        self.start = self.where()
+        self.start: Optional[str] = self._link()  # None: no /proc (then only the stat of the path tells)
+
+    def _link(self) -> Optional[str]:
+        try:
+            return os.readlink(f"/proc/self/fd/{self.fd}")
+        except OSError:
+            return None
 
     def where(self) -> Optional[str]:
         """The directory's path now; None once it was deleted."""
-        try:
-            where = os.readlink(f"/proc/self/fd/{self.fd}")
-        except OSError:
-            return self.start  # no /proc: only the stat of the path tells
-        return None if where.endswith(" (deleted)") else where
+        link = self._link()
+        if link is None or link == self.start:
+            return self.start  # not moved (or no /proc: the stat of the path tells)
+        return None if link.endswith(" (deleted)") else link
 
     def close(self) -> None:
         os.close(self.fd)
