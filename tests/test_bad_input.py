@@ -360,7 +360,7 @@ def test_12_look_a_look_at_the_logdir_names_where_it_went_or_that_it_is_gone(tmp
         anchor.close()
 
 
-@pytest.mark.parametrize("how", ["no /proc"])
+@pytest.mark.parametrize("how", ["umount -l", "named ' (deleted)'", "no /proc"])
 def test_12_anchor_a_place_is_named_only_where_a_path_leads_to_the_logdir(tmp_path, how):
     """The kernel's record of an open directory's path is no proof of a place: a detached mount's
     directory is named by its path inside the mount (a bogus "moved to /"), a deleted one by a
@@ -409,6 +409,32 @@ def test_12_anchor_a_place_is_named_only_where_a_path_leads_to_the_logdir(tmp_pa
             assert health.judge(look(str(path), anchor), 0.0) == f"it was moved to {tmp_path / 'moved (deleted)'}"
     finally:
         anchor.close()
+
+
+def test_12_a_logdir_whose_mount_is_detached_while_live_is_lost_and_no_bogus_place_is_named_or_written(tmp_path):
+    """``umount -l`` of the logdir's filesystem: the kernel names the open directory by its path inside
+    the detached mount, here the path of a decoy directory; neither the lost line nor the final status
+    may go there."""
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mnt)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    decoy = tmp_path / "d"
+    (decoy / ".procsv").mkdir(parents=True)  # a bogus final status.json would land here
+    logdir = str(mnt / str(decoy).lstrip("/"))
+    proc = launch(logdir, "--steps", "100000", "--save-steps", "20", target=BAD, opts=FAST)
+    try:
+        wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two committed checkpoints")
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+    finally:
+        code, out, err = finish(proc, 120)
+        for p in run_processes(logdir):
+            p.kill()
+    assert code == 1, err
+    lost = [line for line in err.splitlines() if "was lost while the run was live" in line]
+    assert len(lost) == 1 and "(it was deleted or moved away)" in lost[0], err
+    assert os.listdir(decoy / ".procsv") == []
 
 
 # ------------------------------------------------------------------------ state files

@@ -39,9 +39,12 @@ class Look:
 class Anchor:
     """A descriptor held open on the logdir the run started in (opened at the start; raises OSError).
 
-    :meth:`where` is that directory's path now, from ``/proc/self/fd`` (the kernel's own record:
-    no filesystem is asked, so it never blocks): a rename of it or of an ancestor shows there, and a
-    deletion. Held open, its inode cannot be given to a new directory created at the old path.
+    :meth:`where` is that directory's path now, from ``/proc/self/fd`` (the kernel's own record): a
+    rename of it or of an ancestor shows there, and a deletion. A path other than the one at the start
+    is taken only when a ``stat`` of it leads to this directory: the kernel also names a directory
+    whose mount was detached (``umount -l``) by its path inside that mount (``/``, ``/run``), which
+    leads elsewhere or nowhere, and marks a deleted one with `` (deleted)``, which a real name may end
+    with too. Held open, its inode cannot be given to a new directory created at the old path.
     """
 
     def __init__(self, path: str) -> None:
@@ -57,11 +60,16 @@ class Anchor:
             return None
 
     def where(self) -> Optional[str]:
-        """The directory's path now; None once it was deleted."""
+        """The directory's path now; None once it was deleted, or when no path of this process leads
+        to it (its mount was detached)."""
         link = self._link()
         if link is None or link == self.start:
             return self.start  # not moved (or no /proc: the stat of the path tells)
-        return None if link.endswith(" (deleted)") else link
+        try:
+            st = os.stat(link)
+        except OSError:
+            return None  # " (deleted)", or a detached mount's inner path that is not there
+        return link if (st.st_dev, st.st_ino) == self.identity else None
 
     def close(self) -> None:
         os.close(self.fd)
