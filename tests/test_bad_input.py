@@ -437,6 +437,28 @@ def test_12_a_logdir_whose_mount_is_detached_while_live_is_lost_and_no_bogus_pla
     assert os.listdir(decoy / ".procsv") == []
 
 
+def test_12_a_logdir_moved_away_and_back_while_live_gets_its_final_status_not_a_dead_watchdogs(tmp_path):
+    """``mv run run.bak; mv run.bak run`` (a backup script): the run stops as moved; once it is back,
+    ``procsv status`` must tell how the run ended, not show the record of a live run whose watchdog
+    'died (killed?) without finishing'."""
+    logdir = str(tmp_path / "run")
+    proc = launch(logdir, "--steps", "100000", "--save-steps", "20", target=BAD, opts=FAST)
+    try:
+        wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two committed checkpoints")
+        os.rename(logdir, logdir + ".bak")
+        wait_for(lambda: [e for e in lifecycle(logdir + ".bak") if e["event"] == "logdir_lost"], 30,
+                 what="the logdir to be lost")
+        os.rename(logdir + ".bak", logdir)
+    finally:
+        code, out, err = finish(proc, 120)
+    assert code == 1, err
+    assert f"(it was moved to {logdir}.bak)" in err
+    st = status_json(logdir)
+    assert st["state"] == "failed", st
+    assert st["exit_code"] == 1 and st["last_error"].startswith("the logdir was lost while the run was live"), st
+    assert not run_processes(logdir)
+
+
 # ------------------------------------------------------------------------ state files
 DAMAGED_STATUS = (b'{"state": "runn', b"\x00\xff garbage", b'["a", "list"]', b'{"processes": "x"}')
 

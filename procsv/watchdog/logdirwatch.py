@@ -65,11 +65,15 @@ class Anchor:
         link = self._link()
         if link is None or link == self.start:
             return self.start  # not moved (or no /proc: the stat of the path tells)
+        return link if self.leads_here(link) else None  # not: " (deleted)", a detached mount's inner path
+
+    def leads_here(self, path: str) -> bool:
+        """Does ``path`` lead to this directory (a ``stat``)?"""
         try:
-            st = os.stat(link)
+            st = os.stat(path)
         except OSError:
-            return None  # " (deleted)", or a detached mount's inner path that is not there
-        return link if (st.st_dev, st.st_ino) == self.identity else None
+            return False
+        return (st.st_dev, st.st_ino) == self.identity
 
     def close(self) -> None:
         os.close(self.fd)
