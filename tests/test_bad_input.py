@@ -360,6 +360,105 @@ def test_12_look_a_look_at_the_logdir_names_where_it_went_or_that_it_is_gone(tmp
         anchor.close()
 
 
+@pytest.mark.parametrize("how", ["umount -l", "named ' (deleted)'", "no /proc"])
+def test_12_anchor_a_place_is_named_only_where_a_path_leads_to_the_logdir(tmp_path, how):
+    """The kernel's record of an open directory's path is no proof of a place: a detached mount's
+    directory is named by its path inside the mount (a bogus "moved to /"), a deleted one by a
+    suffix a real name may carry; without /proc there is no record at all."""
+    if how == "no /proc":  # a container without /proc: the look falls back to the stat of the path
+        script = ("import os, sys\nfrom procsv.watchdog.logdirwatch import Anchor, LogdirHealth, look\n"
+                  "a = Anchor(sys.argv[1]); h = LogdirHealth(a.identity)\n"
+                  "print(a.start, h.judge(look(sys.argv[1], a), 0.0))\n"
+                  "os.rename(sys.argv[1], sys.argv[1] + '2'); print(h.judge(look(sys.argv[1], a), 0.0))\n")
+        (tmp_path / "run").mkdir()
+        got = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                              'mount -t tmpfs none /proc && exec "$0" -c "$1" "$2"', sys.executable, script,
+                              str(tmp_path / "run")], capture_output=True, text=True, cwd=REPO, timeout=60)
+        if "unshare failed" in got.stderr or "mount:" in got.stderr:
+            pytest.skip(f"no mount namespace here: {got.stderr.strip()}")
+        assert got.returncode == 0, got.stderr
+        assert got.stdout.splitlines() == ["None None", "it was deleted or moved away"]
+        return
+    from procsv.watchdog.logdirwatch import Anchor, LogdirHealth, look
+
+    if how == "umount -l":
+        mnt = tmp_path / "m"
+        mnt.mkdir()
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mnt)], capture_output=True)
+        if mounted.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+        decoy = tmp_path / "decoy"  # what the detached mount's inner path would name, if it were believed
+        path = mnt / str(decoy).lstrip("/")
+        path.mkdir(parents=True)
+        decoy.mkdir()
+    else:
+        path = tmp_path / "run (deleted)"
+        path.mkdir()
+    anchor = Anchor(str(path))
+    try:
+        assert anchor.start == str(path)
+        health = LogdirHealth(anchor.identity)
+        assert health.judge(look(str(path), anchor), 0.0) is None
+        if how == "umount -l":
+            subprocess.run(["umount", "-l", str(mnt)], check=True)
+            assert os.readlink(f"/proc/self/fd/{anchor.fd}") == str(decoy)  # the kernel's record
+            assert anchor.where() is None
+            assert health.judge(look(str(path), anchor), 0.0) == "it was deleted or moved away"
+        else:
+            os.rename(path, tmp_path / "moved (deleted)")
+            assert health.judge(look(str(path), anchor), 0.0) == f"it was moved to {tmp_path / 'moved (deleted)'}"
+    finally:
+        anchor.close()
+
+
+def test_12_a_logdir_whose_mount_is_detached_while_live_is_lost_and_no_bogus_place_is_named_or_written(tmp_path):
+    """``umount -l`` of the logdir's filesystem: the kernel names the open directory by its path inside
+    the detached mount, here the path of a decoy directory; neither the lost line nor the final status
+    may go there."""
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mnt)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    decoy = tmp_path / "d"
+    (decoy / ".procsv").mkdir(parents=True)  # a bogus final status.json would land here
+    logdir = str(mnt / str(decoy).lstrip("/"))
+    proc = launch(logdir, "--steps", "100000", "--save-steps", "20", target=BAD, opts=FAST)
+    try:
+        wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two committed checkpoints")
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+    finally:
+        code, out, err = finish(proc, 120)
+        for p in run_processes(logdir):
+            p.kill()
+    assert code == 1, err
+    lost = [line for line in err.splitlines() if "was lost while the run was live" in line]
+    assert len(lost) == 1 and "(it was deleted or moved away)" in lost[0], err
+    assert os.listdir(decoy / ".procsv") == []
+
+
+def test_12_a_logdir_moved_away_and_back_while_live_gets_its_final_status_not_a_dead_watchdogs(tmp_path):
+    """``mv run run.bak; mv run.bak run`` (a backup script): the run stops as moved; once it is back,
+    ``procsv status`` must tell how the run ended, not show the record of a live run whose watchdog
+    'died (killed?) without finishing'."""
+    logdir = str(tmp_path / "run")
+    proc = launch(logdir, "--steps", "100000", "--save-steps", "20", target=BAD, opts=FAST)
+    try:
+        wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two committed checkpoints")
+        os.rename(logdir, logdir + ".bak")
+        wait_for(lambda: [e for e in lifecycle(logdir + ".bak") if e["event"] == "logdir_lost"], 30,
+                 what="the logdir to be lost")
+        os.rename(logdir + ".bak", logdir)
+    finally:
+        code, out, err = finish(proc, 120)
+    assert code == 1, err
+    assert f"(it was moved to {logdir}.bak)" in err
+    st = status_json(logdir)
+    assert st["state"] == "failed", st
+    assert st["exit_code"] == 1 and st["last_error"].startswith("the logdir was lost while the run was live"), st
+    assert not run_processes(logdir)
+
+
 # ------------------------------------------------------------------------ state files
 DAMAGED_STATUS = (b'{"state": "runn', b"\x00\xff garbage", b'["a", "list"]', b'{"processes": "x"}')
 

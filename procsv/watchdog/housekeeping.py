@@ -81,6 +81,7 @@ class LogdirGuard:
         self.clock = clock
         self.anchor: Optional[Anchor] = None
         self.health: Optional[LogdirHealth] = None
+        self.moved = False  # the look that lost the logdir saw it moved (not gone, hung or failing)
 
     def start(self) -> None:
         try:
@@ -110,15 +111,19 @@ class LogdirGuard:
             self.view.logdir_errors, self.view.logdir_last_error = health.errors, health.last_error
             self.out.changed()
         if reason is not None:
+            self.moved = looked is not None and looked[0].moved_to is not None
             self.out.record(observe.logdir_lost(self.view, reason))
             self.out.changed()
 
     def final_status_where_it_went(self, cfg: LaunchConfig, now: float, wall: float, started_wall: float,
                                    zygote: Optional[dict[str, Any]]) -> None:
-        """A logdir moved while live (the directory the run started in is at another path now) gets
-        its final status record there, so that ``procsv status NEWDIR`` tells how the run ended."""
-        dest = self.anchor.where() if self.anchor is not None else None
-        if dest is None or self.anchor is None or dest == self.anchor.start:
+        """A logdir moved while live (the directory the run started in is at another path now, or at
+        its own path again: moved back) gets its final status record there, so that ``procsv status
+        DIR`` tells how the run ended (not the last record before it was lost, that of a live run).
+        Its own path is looked at only after a look saw it moved: not after failing or hung looks."""
+        anchor = self.anchor
+        dest = anchor.where() if anchor is not None else None
+        if dest is None or anchor is None or (dest == anchor.start and not (self.moved and anchor.leads_here(dest))):
             return
         moved = Layout(dest)
         record = status_record(self.view, cfg, moved, now, wall, started_wall, zygote)

@@ -39,24 +39,41 @@ class Look:
 class Anchor:
     """A descriptor held open on the logdir the run started in (opened at the start; raises OSError).
 
-    :meth:`where` is that directory's path now, from ``/proc/self/fd`` (the kernel's own record:
-    no filesystem is asked, so it never blocks): a rename of it or of an ancestor shows there, and a
-    deletion. Held open, its inode cannot be given to a new directory created at the old path.
+    :meth:`where` is that directory's path now, from ``/proc/self/fd`` (the kernel's own record): a
+    rename of it or of an ancestor shows there, and a deletion. A path other than the one at the start
+    is taken only when a ``stat`` of it leads to this directory: the kernel also names a directory
+    whose mount was detached (``umount -l``) by its path inside that mount (``/``, ``/run``), which
+    leads elsewhere or nowhere, and marks a deleted one with `` (deleted)``, which a real name may end
+    with too. Held open, its inode cannot be given to a new directory created at the old path.
     """
 
     def __init__(self, path: str) -> None:
         self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         st = os.fstat(self.fd)
         self.identity: Identity = (st.st_dev, st.st_ino)
-        self.start = self.where()
+        self.start: Optional[str] = self._link()  # None: no /proc (then only the stat of the path tells)
+
+    def _link(self) -> Optional[str]:
+        try:
+            return os.readlink(f"/proc/self/fd/{self.fd}")
+        except OSError:
+            return None
 
     def where(self) -> Optional[str]:
-        """The directory's path now; None once it was deleted."""
+        """The directory's path now; None once it was deleted, or when no path of this process leads
+        to it (its mount was detached)."""
+        link = self._link()
+        if link is None or link == self.start:
+            return self.start  # not moved (or no /proc: the stat of the path tells)
+        return link if self.leads_here(link) else None  # not: " (deleted)", a detached mount's inner path
+
+    def leads_here(self, path: str) -> bool:
+        """Does ``path`` lead to this directory (a ``stat``)?"""
         try:
-            where = os.readlink(f"/proc/self/fd/{self.fd}")
+            st = os.stat(path)
         except OSError:
-            return self.start  # no /proc: only the stat of the path tells
-        return None if where.endswith(" (deleted)") else where
+            return False
+        return (st.st_dev, st.st_ino) == self.identity
 
     def close(self) -> None:
         os.close(self.fd)
