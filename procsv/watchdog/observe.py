@@ -155,7 +155,7 @@ def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
         return [Report(Event.CHECKPOINT_FAILED, {"step": msg.step, "error": msg.error},
                        say="" if quiet else f"procsv: checkpoint at step {msg.step} failed: {msg.error}")]
     if not msg.again:  # (again: committed before, and recorded then; a stop may still wait for it)
-        view.step, view.commit_step, view.commit_clock = max(view.step, msg.step), max(view.commit_step, msg.step), now
+        view.step, view.commit_step = max(view.step, msg.step), max(view.commit_step, msg.step)
         view.failed_saves, view.commits, view.last_commit_final = 0, view.commits + 1, _plain(msg.reason) == "final"
         view.last_commit_at, view.last_commit_step, view.last_commit_secs = now, msg.step, msg.persist_secs
     for t in view.children.values():
