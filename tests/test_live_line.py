@@ -77,6 +77,7 @@ def test_the_live_line_redraws_in_place_on_a_terminal_with_output_above_it(logdi
     assert all(len(f) < COLUMNS for f in drawn)
     assert any(" steps/s | checkpoint " in f and " restarts 0 | goodput " in f for f in drawn)
     assert any(re.search(r"checkpoint step \d+ committed in", f) for f in drawn)
+    assert any(re.search(r"\| checkpoint \d+ s ago \|", f) for f in drawn)  # the age of the last commit
     # the trainer's output scrolls above: the line is erased, the output printed, the line drawn again
     assert re.search(rb"\r\x1b\[K\[trainer\.1\] tiny: attempt 1 starts at step 0\r\n\r\x1b\[Kprocsv \| step", buf)
     assert buf.endswith(ERASE)  # the line is erased when the launch ends

@@ -60,11 +60,11 @@ def test_live_bookkeeping_rate_and_checkpoint_age():
     line = LiveLine()
     for i in range(50):
         line.progress(10.0 + i * 0.1, 100 + i * 2)  # 20 steps/s
-    line.event(Event.CHECKPOINT_COMMITTED, {"step": 150, "secs": 0.1, "path": "p", "reason": "timer"}, 13.0)
-    facts = line.facts(15.0, 198, restarts=0, goodput=0.5)
+    line.event(Event.CHECKPOINT_COMMITTED, {"step": 150, "secs": 0.1, "path": "p", "reason": "timer"})
+    facts = line.facts(15.0, 198, restarts=0, goodput=0.5, committed_at=13.0)  # the view's last commit
     assert facts.steps_per_sec is not None and abs(facts.steps_per_sec - 20.0) < 1e-6
     assert facts.checkpoint_age == 2.0 and facts.last_event.startswith("checkpoint step 150")
-    line.event(Event.EXITED, {"role": "trainer", "attempt": 1, "pid": 1, "noticed": 15.0, "signal": "SIGKILL"}, 15.05)
+    line.event(Event.EXITED, {"role": "trainer", "attempt": 1, "pid": 1, "noticed": 15.0, "signal": "SIGKILL"})
     assert line.facts(15.05, 198, 0, None).steps_per_sec is None  # no trainer stepping: no rate
     assert line.facts(15.05, 198, 0, None).last_event == "trainer.1 killed by SIGKILL"
     for i in range(50):

@@ -153,7 +153,7 @@ def test_the_watchdog_turns_the_trainers_messages_into_events_and_counts():
 
 def test_the_live_line_names_the_event_and_counts_skipped_steps():
     line = liveline.LiveLine()
-    line.event(Event.STEP_SKIPPED, {"pid": 1, "step": 25, "epoch": None, "batch": None, "skipped": 1}, 1.0)
+    line.event(Event.STEP_SKIPPED, {"pid": 1, "step": 25, "epoch": None, "batch": None, "skipped": 1})
     facts = line.facts(1.0, 30, 0, 0.9, 1)
     text = liveline.format_line(facts, 200)
     assert "skipped step 25 (non-finite)" in text and "| skipped 1" in text, text

@@ -94,18 +94,16 @@ def _ready(view: RunView, msg: TrainerReady, now: float, slot: Optional[str] = N
     child = _trainer(view, msg.pid, slot)
     if child is None:
         return []
-    if child.role == WORKER:  # restored what the chief restored (procsv.trainer.replica.GroupPin)
-        child.step = child.work_step = msg.step
-        if child.ready_at is None:
-            child.ready_at, child.restored_step, child.restore_secs = now, msg.step, msg.restore_secs
-        return []
-    view.step = child.step = child.work_step = msg.step
+    child.step = child.work_step = msg.step
     if child.ready_at is None:  # the recovery's own restore; a later one is the program's retry loop
-        child.ready_at, child.restored_step = now, msg.step
-        child.restore_secs = msg.restore_secs
-        # it started from what it restored: below the newest commit known (that one was skipped as
-        # corrupt, or nothing was restored), a commit above its restore is its progress
-        child.commit_base = min(child.commit_base, msg.step)
+        child.ready_at, child.restored_step, child.restore_secs = now, msg.step, msg.restore_secs
+        if child.role != WORKER:  # (a group's worker restored what the chief restored: procsv.trainer.replica.GroupPin)
+            # it started from what it restored: below the newest commit known (that one was skipped as
+            # corrupt, or nothing was restored), a commit above its restore is its progress
+            child.commit_base = min(child.commit_base, msg.step)
+    if child.role == WORKER:
+        return []
+    view.step = msg.step
     child.save_secs, child.save_steps = msg.save_secs, msg.save_steps
     view.commit_step = max(view.commit_step, msg.step)
     out = [Report(Event.RESTORED if msg.restored_from else Event.INITIALIZED,
@@ -155,7 +153,7 @@ def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
         return [Report(Event.CHECKPOINT_FAILED, {"step": msg.step, "error": msg.error},
                        say="" if quiet else f"procsv: checkpoint at step {msg.step} failed: {msg.error}")]
     if not msg.again:  # (again: committed before, and recorded then; a stop may still wait for it)
-        view.step, view.commit_step, view.commit_clock = max(view.step, msg.step), max(view.commit_step, msg.step), now
+        view.step, view.commit_step = max(view.step, msg.step), max(view.commit_step, msg.step)
         view.failed_saves, view.commits, view.last_commit_final = 0, view.commits + 1, _plain(msg.reason) == "final"
         view.last_commit_at, view.last_commit_step, view.last_commit_secs = now, msg.step, msg.persist_secs
     for t in view.children.values():

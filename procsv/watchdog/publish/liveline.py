@@ -112,11 +112,11 @@ def format_line(facts: Facts, width: int) -> str:
 
 
 class LiveLine:
-    """The watchdog's bookkeeping for the line: recent progress, the last commit, the last event."""
+    """The watchdog's bookkeeping for the line: recent progress and the last event (the last commit is
+    the view's, :attr:`~procsv.watchdog.rules.state.RunView.last_commit_at`, passed to :meth:`facts`)."""
 
     def __init__(self) -> None:
         self._progress: deque[tuple[float, int]] = deque(maxlen=_RATE_POINTS)
-        self.committed_at: Optional[float] = None
         self.last_event = ""
         self.last_draw: Optional[float] = None
         self.drawn_step: Optional[int] = None  # the step the last drawn line showed
@@ -126,17 +126,16 @@ class LiveLine:
             self._progress.clear()  # a restarted trainer: the rate starts again
         self._progress.append((now, step))
 
-    def event(self, event: Event, fields: Mapping[str, Any], now: float) -> None:
-        if event == Event.CHECKPOINT_COMMITTED:
-            self.committed_at = now
+    def event(self, event: Event, fields: Mapping[str, Any]) -> None:
         if event in (Event.DEATH_NOTICED, Event.EXITED) and fields.get("role") == "trainer":
             self._progress.clear()  # no steps/s while no trainer steps
         text = event_text(event, fields)
         if text is not None:
             self.last_event = text
 
-    def facts(self, now: float, step: int, restarts: int, goodput: Optional[float], skipped: int = 0) -> Facts:
+    def facts(self, now: float, step: int, restarts: int, goodput: Optional[float], skipped: int = 0,
+              committed_at: Optional[float] = None) -> Facts:  # committed_at: RunView.last_commit_at
         points = list(self._progress)
         steps_per_sec = rate(points, RATE_WINDOW) if points and now - points[-1][0] < RATE_WINDOW else None
-        return Facts(step, steps_per_sec, None if self.committed_at is None else now - self.committed_at,
+        return Facts(step, steps_per_sec, None if committed_at is None else now - committed_at,
                      restarts, goodput, self.last_event, skipped)

@@ -77,7 +77,7 @@ class Reporter:
             if r.event is not None:
                 self.io.event(r.event, r.fields, self.wall() if r.at is None else r.at)
             if r.event is not None and self.live is not None:
-                self.live.event(r.event, r.fields, self.clock())
+                self.live.event(r.event, r.fields)
             if r.say:
                 self.say(r.say, err=r.err)
 
@@ -135,7 +135,7 @@ class Reporter:
             return
         self.live.last_draw, self.live.drawn_step = now, view.step
         gp = badput.goodput(view, now)
-        facts = self.live.facts(now, view.step, view.history.restarts, gp, len(view.skipped_steps))
+        facts = self.live.facts(now, view.step, view.history.restarts, gp, len(view.skipped_steps), view.last_commit_at)
         self.term.status(liveline.format_line(facts, self.term.width()))
 
     # ------------------------------------------------------------------ the end

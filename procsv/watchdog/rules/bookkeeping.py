@@ -126,7 +126,6 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
             view.summary_overdue = ""
             view.last_error = f"summary service stalled: {action.reason}"
         elif action.cause == Cause.STALL:
-            view.commit_clock = now  # the next stall counts from the replacement
             for t in view.trainers():
                 t.save_overdue = ""
             view.last_error = f"checkpoint service stalled: {action.reason}"

@@ -46,7 +46,7 @@ def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]
         return None
     t = trainers[0]
     first = t.first_step_at if t.first_step_at is not None else now
-    since = first if view.commit_clock is None else max(first, view.commit_clock)
+    since = first if view.last_commit_at is None else max(first, view.last_commit_at)
     if t.refused_at is not None:
         since = max(since, t.refused_at)  # the trainer's own choice, not the service's stall
     if service is not None:

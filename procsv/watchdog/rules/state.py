@@ -249,14 +249,13 @@ class RunView:
     task_history: dict[str, History] = field(default_factory=dict)  # slot -> its restarts (a --ps task's own)
     task_due: dict[str, float] = field(default_factory=dict)  # slot -> when the task is started again
     tasks_given_up: list[str] = field(default_factory=list)  # --ps workers given up on, the run training on
-    commit_clock: Optional[float] = None  # the last commit (or stall kill): checkpoint stalls count from here
     commit_step: int = -1  # the step of the last commit seen
     failed_saves: int = 0  # consecutive checkpoints that failed to commit (lost snapshots not counted)
     summary_overdue: str = ""  # the summary service confirmed no batch within the deadline (SummaryOverdue): why, until acted on
     summary_overdue_for: int = 0  # ... the attempt of the summary service it is about (a later one is not killed for it)
     commits: int = 0  # checkpoints committed during this launch
     failed_commits: int = 0  # saves that failed during this launch (lost snapshots not counted)
-    last_commit_at: Optional[float] = None  # when the last checkpoint of this launch committed
+    last_commit_at: Optional[float] = None  # when the last checkpoint of this launch committed (stalls count from here)
     last_commit_step: Optional[int] = None  # ... its step
     last_commit_final: bool = False  # ... the trainer's last (reason ``final``): it trained to its end (rule 15)
     last_commit_secs: float = 0.0  # ... and how long the checkpoint service took to persist it
