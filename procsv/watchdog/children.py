@@ -76,10 +76,6 @@ class ChildProcess:
     def pid(self) -> int:
         return int(self.proc.pid)
 
-    @property
-    def returncode(self) -> Optional[int]:
-        return self.proc.returncode
-
     def alive(self) -> bool:
         return self.proc.poll() is None
 

@@ -90,8 +90,7 @@ class Executor(Prewarmed):
             return
         if isinstance(action, Spawn):
             if action.role == STANDBY:  # the trainer's next attempt, prepared: from the zygote only
-                if self.zygote is not None and self.zygote.ready:
-                    self._spawn_standby()
+                self._spawn_standby()
                 return
             before = self.view.group_nodes
             note(self.view, action, self.clock(), self.limits)  # a trainer, a service, a --ps task (rule 14)

@@ -39,7 +39,6 @@ from procsv.common import env as envvars
 from procsv.common import spawn
 from procsv.common.mutex import RobustMutex
 from procsv.common.orphans import become_subreaper
-from procsv.watchdog.rules.state import TRAINER
 
 FORK_REPLY_TIMEOUT = 10.0
 
@@ -72,7 +71,6 @@ class Zygote:
         os.set_blocking(self._req_w, False)  # a zygote that does not read never blocks the watchdog
         self._unsent = bytearray()  # requests the pipe did not take yet
         self.reader = FramedReader(self._rep_r)
-        self._fd_number = self._rep_r
         self.ready = False
         self.import_secs: Optional[float] = None
         self.replies: dict[tuple[int, int], ForkReply] = {}  # by (attempt, rank), until taken by answer()
@@ -83,7 +81,7 @@ class Zygote:
     def fd(self) -> int:
         """Readable when the zygote has something to say (register it in the poller). The number
         stays what it was once the pipe is closed, so it can still be unregistered."""
-        return self._fd_number
+        return self.reader.fd
 
     @property
     def pid(self) -> int:
@@ -243,8 +241,8 @@ class PendingFork:
     env: dict[str, str]
     log_path: str
     mutex: Optional[RobustMutex]  # its death-notice mutex (the watchdog's trainers only)
-    role: str = TRAINER  # TRAINER, WORKER (a group's task ``rank``), STANDBY or PS
-    rank: int = 0  # the key of the zygote's answer: the task, or PS_FORK_RANK + i for parameter server i
+    role: str  # TRAINER, WORKER (a group's task ``rank``), STANDBY or PS
+    rank: int  # the key of the zygote's answer: the task, or PS_FORK_RANK + i for parameter server i
 
 
 class Prewarmed:
