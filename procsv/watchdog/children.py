@@ -123,8 +123,7 @@ class ChildProcess:
     def unkillable(self, now: float, limit: float = REAP_SECS) -> bool:
         """SIGKILLed at least ``limit`` seconds ago and still not dead (its pidfd not readable): a
         process in uninterruptible sleep (I/O that does not return, a frozen cgroup)."""
-        return self.killed_at is not None and now - self.killed_at >= limit and self.pidfd >= 0 \
-            and not _readable(self.pidfd)
+        return self.killed_at is not None and now - self.killed_at >= limit and not self._died_within(0.0)
 
     def reap(self, timeout: float = 5.0, kill_secs: float = REAP_SECS) -> Optional[int]:
         """Wait for the exit status (SIGKILL after ``timeout``, then at most ``kill_secs`` more), kill
@@ -234,13 +233,6 @@ def _char_boundary(data: bytes) -> int:
 
 def _shown(seg: bytes) -> str:
     return seg.rstrip(b"\r").rsplit(b"\r", 1)[-1].decode(errors="replace")
-
-
-def _readable(fd: int) -> bool:
-    """A pidfd is readable once its process has died."""
-    import select
-
-    return bool(select.select([fd], [], [], 0)[0])
 
 
 def process_state(pid: int) -> str:

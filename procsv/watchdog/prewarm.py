@@ -274,11 +274,9 @@ class Prewarmed:
         start fresh. The ones still waiting stay in :attr:`forks`."""
         done: list[tuple[PendingFork, Optional[Adopted]]] = []
         for key, pending in list(self.forks.items()):
-            proc: Optional[Adopted] = None
+            proc: Optional[Adopted] = None  # (no zygote: given up already, for another start)
             try:
-                if self.zygote is None:
-                    raise ZygoteUnavailable("the zygote was given up")
-                if (proc := self.zygote.answer(*key)) is None:
+                if self.zygote is not None and (proc := self.zygote.answer(*key)) is None:
                     continue  # still waiting: the loop goes on meanwhile
             except ZygoteUnavailable as exc:
                 self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); starting a fresh one")
