@@ -336,7 +336,7 @@ class Executor(Prewarmed):
             handle.watch = DeathWatch(mutex, lambda died, at: self._on_death_notice(handle, died, at), self.clock)
         return handle
 
-    def start_zygote(self, attempt: int = 1) -> Zygote:
+    def start_zygote(self, attempt: int = 1) -> None:
         """Start the pre-warmed trainer (at launch, and again after a loss: rule 13). It is noted as
         warming first, so a start that raises is one more loss (:meth:`perform`)."""
         note(self.view, StartZygote(attempt), self.clock(), self.limits)
@@ -345,7 +345,6 @@ class Executor(Prewarmed):
         self.report([Report(Event.SPAWNED, {"role": "zygote", "attempt": attempt, "pid": self.zygote.pid,
                                             "via": "fresh"})])
         self.on_zygote(self.zygote)
-        return self.zygote
 
     def drop_zygote(self, why: str) -> Optional[Zygote]:
         """Give up on the pre-warmed trainer (:meth:`Prewarmed.drop_zygote`), a loss reported (rule 13)."""
