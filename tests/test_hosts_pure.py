@@ -28,6 +28,7 @@ from procsv.watchdog.config import LaunchConfig
 from procsv.common import curve
 from procsv.watchdog.multihost.agent import NodeAgent
 from procsv.watchdog.multihost.nodes import NodeLink
+from procsv.watchdog.prewarm import PendingFork
 from procsv.watchdog.publish.events import Event
 from procsv.watchdog.publish.statusfile import status_record
 from procsv.watchdog.rules.hang import HangLimits
@@ -146,7 +147,7 @@ def test_an_agent_relays_its_members_non_finite_reports_to_node_0_as_they_sent_t
         # fork still pending): the agent reads the zygote's pipe first, where that answer is (a fork runs
         # only once it is written: procsv.zygote), and relays the message (before: dropped, so node 0
         # never heard its restore)
-        agent.forks[(1, 1)] = ("worker1", {})
+        agent.forks[(1, 1)] = PendingFork("worker1", 1, {}, layout.attempt_log("worker1", 1), None, WORKER, 1)
         agent.zygote = AnsweredZygote()  # type: ignore[assignment]
         ready = TrainerReady(os.getpid(), 1, 20, "/run/model.ckpt-20", 0.1, [], None, None)
         assert send(member, ready)

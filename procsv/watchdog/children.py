@@ -19,8 +19,6 @@ import signal
 import subprocess
 from typing import Callable, Iterable, Optional, Sequence, Union
 
-from dataclasses import dataclass
-
 import psutil
 
 from procsv.common import faults
@@ -31,7 +29,7 @@ from procsv.common.mutex import RobustMutex
 from procsv.watchdog.deathwatch import DeathWatch
 from procsv.watchdog.prewarm import Adopted, Zygote
 from procsv.watchdog.rules.failures import ChildError
-from procsv.watchdog.rules.state import STANDBY, TRAINER
+from procsv.watchdog.rules.state import STANDBY
 
 Process = Union["subprocess.Popen[bytes]", Adopted]
 
@@ -41,20 +39,6 @@ REAP_SECS = 5.0  # how long a SIGKILLed child may take to die before the watchdo
 # stderr lines every TF process prints that say nothing about the user's program
 _NOISE = re.compile(r"^(WARNING: All log messages before absl|[EWI]0000 |.*(cuda|cuInit|oneDNN|TF-TRT|"
                     r"computation placer|cpu_feature_guard|rebuild TensorFlow with|AVX|Unable to register))")
-
-
-@dataclass
-class PendingFork:
-    """A trainer (or a ``--ps`` parameter server) start asked of the zygote: what the fresh spawn
-    needs if the zygote fails."""
-
-    slot: str
-    attempt: int
-    env: dict[str, str]
-    log_path: str
-    mutex: Optional[RobustMutex]
-    role: str = TRAINER  # TRAINER, WORKER (a group's task ``rank``), STANDBY or PS
-    rank: int = 0  # the key of the zygote's answer: the task, or PS_FORK_RANK + i for parameter server i
 
 
 def death_mutex(path: str, env: dict[str, str]) -> Optional[RobustMutex]:
@@ -91,10 +75,6 @@ class ChildProcess:
     @property
     def pid(self) -> int:
         return int(self.proc.pid)
-
-    @property
-    def returncode(self) -> Optional[int]:
-        return self.proc.returncode
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -143,8 +123,7 @@ class ChildProcess:
     def unkillable(self, now: float, limit: float = REAP_SECS) -> bool:
         """SIGKILLed at least ``limit`` seconds ago and still not dead (its pidfd not readable): a
         process in uninterruptible sleep (I/O that does not return, a frozen cgroup)."""
-        return self.killed_at is not None and now - self.killed_at >= limit and self.pidfd >= 0 \
-            and not _readable(self.pidfd)
+        return self.killed_at is not None and now - self.killed_at >= limit and not self._died_within(0.0)
 
     def reap(self, timeout: float = 5.0, kill_secs: float = REAP_SECS) -> Optional[int]:
         """Wait for the exit status (SIGKILL after ``timeout``, then at most ``kill_secs`` more), kill
@@ -254,13 +233,6 @@ def _char_boundary(data: bytes) -> int:
 
 def _shown(seg: bytes) -> str:
     return seg.rstrip(b"\r").rsplit(b"\r", 1)[-1].decode(errors="replace")
-
-
-def _readable(fd: int) -> bool:
-    """A pidfd is readable once its process has died."""
-    import select
-
-    return bool(select.select([fd], [], [], 0)[0])
 
 
 def process_state(pid: int) -> str:

@@ -34,7 +34,7 @@ from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.rules.bookkeeping import find, note
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.publish.events import Event
-from procsv.watchdog.children import ChildProcess, PendingFork, Process, Unreaped, death_mutex, end_all
+from procsv.watchdog.children import ChildProcess, Process, Unreaped, death_mutex, end_all
 from procsv.watchdog.deathwatch import DeathWatch
 from procsv.watchdog.logrotate import rotate
 from procsv.watchdog.rules.failures import describe
@@ -42,7 +42,7 @@ from procsv.watchdog.multihost.remote import RemoteMembers
 from procsv.watchdog.rules.lifecycle import ProcState, RunState
 from procsv.watchdog.publish.events import Report
 from procsv.watchdog.pstasks import PsCluster
-from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable, zygote_env
+from procsv.watchdog.prewarm import PendingFork, Prewarmed, Zygote, zygote_env
 from procsv.watchdog.rules import standby
 from procsv.watchdog.rules.group import blame, worker_slot
 from procsv.watchdog.rules.state import CHECKPOINT, PS, SERVER, STANDBY, TRAINER, WORKER, RunView, ZygoteState
@@ -50,24 +50,22 @@ from procsv.watchdog.rules.state import CHECKPOINT, PS, SERVER, STANDBY, TRAINER
 Sink = Callable[[list[Report]], None]
 
 
-class Executor:
-    """Carries out actions; the only place the watchdog starts or signals a process."""
+class Executor(Prewarmed):
+    """Carries out actions; the only place the watchdog starts or signals a process. It holds the
+    pre-warmed trainer (:class:`~procsv.watchdog.prewarm.Prewarmed`)."""
 
     def __init__(self, cfg: LaunchConfig, layout: Layout, runtime_dir: str, view: RunView, limits: Limits,
                  report: Sink, clock: Callable[[], float], register: Callable[[ChildProcess], None],
                  on_death_notice: Callable[[ChildProcess, bool, float], None],
                  chaos_rng: Optional[random.Random] = None) -> None:
+        super().__init__()
         self.cfg, self.layout, self.runtime, self.view = cfg, layout, RuntimeDir(runtime_dir), view
         self.limits, self.report, self.clock = limits, report, clock
         self._register = register
         self._on_death_notice = on_death_notice
         self.handles: dict[tuple[str, int], ChildProcess] = {}
-        self.zygote: Optional[Zygote] = None
         self.unreaped = Unreaped()  # children SIGKILL did not end, given up on (see give_up)
-        self.dead_zygotes: list[Zygote] = []  # given up on (killed, pipes closed); reaped at the end
         self.on_zygote: Callable[[Zygote], None] = lambda z: None  # the loop watches a started zygote's pipe
-        self.forks: dict[str, PendingFork] = {}  # by slot: trainers asked of the zygote, not answered yet
-        # (one forked already is the watchdog's child before its answer is read: the sweep spares it)
         self.remote: Optional[RemoteMembers] = None  # the other hosts' members (--nnodes), set by the launcher
         self.disk: Callable[[Callable[[], object]], None] = lambda work: None if work() else None  # the launcher's: the writer thread
         self.reading: Callable[[str], set[int]] = lambda role: set()  # attempts whose end is being read (kept)
@@ -92,8 +90,7 @@ class Executor:
             return
         if isinstance(action, Spawn):
             if action.role == STANDBY:  # the trainer's next attempt, prepared: from the zygote only
-                if self.zygote is not None and self.zygote.ready:
-                    self._spawn_standby()
+                self._spawn_standby()
                 return
             before = self.view.group_nodes
             note(self.view, action, self.clock(), self.limits)  # a trainer, a service, a --ps task (rule 14)
@@ -286,16 +283,8 @@ class Executor:
     def fork(self, pending: PendingFork, target: str, args: Sequence[str]) -> bool:
         """Ask the zygote, when it is ready, for ``pending``'s process (:meth:`poll_fork` completes it);
         False: start it fresh (a zygote the request failed on is given up)."""
-        if self.zygote is None or not self.zygote.ready:
+        if not self.ask_zygote(pending, target, args, self.cfg.cwd):
             return False
-        try:
-            self.zygote.request_fork(pending.attempt, target, args, pending.env, pending.log_path, self.cfg.cwd,
-                                     pending.rank)
-        except (ZygoteUnavailable, OSError) as exc:
-            self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); "
-                             + ("no standby, restarts start fresh" if pending.role == STANDBY else "starting a fresh one"))
-            return False
-        self.forks[pending.slot] = pending
         observe.fork_requested(self.view)
         return True
 
@@ -303,37 +292,22 @@ class Executor:
         """Complete the trainer starts asked of the zygote: an answer arrived, or it is overdue or
         failed (then the zygote is given up and the trainer starts fresh). Call after every pump
         of the zygote and every round."""
-        for slot in list(self.forks):
-            self._poll_one(self.forks[slot])
+        for pending, proc in self.answered():
+            if proc is not None:
+                self._started(pending.slot, pending.role, pending.attempt, proc, pending.log_path, pending.mutex,
+                              "zygote")
+                continue
+            # its mutex goes (no standby this time; a fork given up on may have started late, the zygote stalled
+            # after its intermediate forked it: sharing it, the sweep's kill of that one would read as the fresh
+            # one's death)
+            if pending.mutex is not None:
+                pending.mutex.remove()
+            if pending.role != STANDBY:
+                mutex = death_mutex(pending.mutex.path.removesuffix(".mutex") + ".fresh.mutex", pending.env) \
+                    if pending.mutex is not None else None
+                self._fresh(pending.slot, pending.role, pending.attempt, pending.env, pending.log_path, mutex)
         # a group's members are answered one by one: the view is forking until the last answer
         self.view.forking = bool(self.forks or (self.remote is not None and self.remote.pending))
-
-    def _poll_one(self, pending: PendingFork) -> None:
-        proc: Optional[Process] = None
-        why = ""
-        try:
-            if self.zygote is None:
-                raise ZygoteUnavailable("the zygote was given up")
-            proc = self.zygote.answer(pending.attempt, pending.rank)
-        except ZygoteUnavailable as exc:
-            why = str(exc)
-        if proc is None and not why:
-            return  # still waiting: the loop goes on meanwhile
-        del self.forks[pending.slot]
-        if proc is not None:
-            self._started(pending.slot, pending.role, pending.attempt, proc, pending.log_path, pending.mutex, "zygote")
-            return
-        # its mutex goes (no standby this time; a fork given up on may have started late, the zygote stalled after
-        # its intermediate forked it: sharing it, the sweep's kill of that one would read as the fresh one's death)
-        if pending.mutex is not None:
-            pending.mutex.remove()
-        if self.zygote is not None:
-            self.zygote.kill()  # a zygote that does not answer is not trusted with the next one either
-            self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({why}); starting a fresh one")
-        if pending.role != STANDBY:
-            mutex = death_mutex(pending.mutex.path.removesuffix(".mutex") + ".fresh.mutex", pending.env) \
-                if pending.mutex is not None else None
-            self._fresh(pending.slot, pending.role, pending.attempt, pending.env, pending.log_path, mutex)
 
     def _fresh(self, slot: str, role: str, attempt: int, env: dict[str, str], log_path: str,
                mutex: Optional[RobustMutex]) -> ChildProcess:
@@ -362,7 +336,7 @@ class Executor:
             handle.watch = DeathWatch(mutex, lambda died, at: self._on_death_notice(handle, died, at), self.clock)
         return handle
 
-    def start_zygote(self, attempt: int = 1) -> Zygote:
+    def start_zygote(self, attempt: int = 1) -> None:
         """Start the pre-warmed trainer (at launch, and again after a loss: rule 13). It is noted as
         warming first, so a start that raises is one more loss (:meth:`perform`)."""
         note(self.view, StartZygote(attempt), self.clock(), self.limits)
@@ -371,24 +345,17 @@ class Executor:
         self.report([Report(Event.SPAWNED, {"role": "zygote", "attempt": attempt, "pid": self.zygote.pid,
                                             "via": "fresh"})])
         self.on_zygote(self.zygote)
-        return self.zygote
 
-    def drop_zygote(self, why: str) -> None:
-        """Stop using the pre-warmed trainer; trainers start fresh from now on."""
-        if self.zygote is None:
-            return
-        self.report(observe.zygote_changed(self.view, ZygoteState.LOST, self.zygote.pid, why=why, now=self.clock()))
-        self.dead_zygotes.append(self.zygote)
-        self.zygote = None
-
-    def zygote_pids(self) -> set[int]:
-        """The pre-warmed trainers' pids (the watchdog's own children, not left-behind ones)."""
-        return {z.pid for z in [self.zygote, *self.dead_zygotes] if z is not None}
+    def drop_zygote(self, why: str) -> Optional[Zygote]:
+        """Give up on the pre-warmed trainer (:meth:`Prewarmed.drop_zygote`), a loss reported (rule 13)."""
+        lost = super().drop_zygote(why)
+        if lost is not None:
+            self.report(observe.zygote_changed(self.view, ZygoteState.LOST, lost.pid, why=why, now=self.clock()))
+        return lost
 
     def close(self) -> None:
         """SIGKILL and reap whatever still runs (the end of the launch, however it ends)."""
-        zygotes = [z for z in [self.zygote, *self.dead_zygotes] if z is not None]
-        lines = end_all(list(self.handles.values()), zygotes, self.unreaped, self.clock)
+        lines = end_all(list(self.handles.values()), self.zygotes(), self.unreaped, self.clock)
         self.handles.clear()
         self.report([Report(say=line, err=True) for line in lines])
 

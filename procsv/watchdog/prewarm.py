@@ -16,6 +16,10 @@ process's own child, an :class:`Adopted` process reaped here by ``waitpid`` as a
 nothing about it waits on the zygote. If the zygote dies, the watchdog falls back to fresh spawns;
 a zygote found dead (its pipe at its end) or killed has both pipes closed at once (what it had sent
 is read first), so a lost zygote leaves no file descriptor behind.
+
+:class:`Prewarmed` is what both of its users (the watchdog's executor and a node agent) hold of it: the
+zygote in use, those given up on, and each start asked of it and not answered yet (:class:`PendingFork`:
+what its fresh start needs if the zygote fails or is late).
 """
 
 from __future__ import annotations
@@ -25,13 +29,15 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Sequence
 
 from procsv.ipc.codec import ProtocolError
 from procsv.ipc.messages import ForkReply, ForkRequest, ZygoteReady
 from procsv.ipc.pipe import FramedReader, framed
 from procsv.common import env as envvars
 from procsv.common import spawn
+from procsv.common.mutex import RobustMutex
 from procsv.common.orphans import become_subreaper
 
 FORK_REPLY_TIMEOUT = 10.0
@@ -65,7 +71,6 @@ class Zygote:
         os.set_blocking(self._req_w, False)  # a zygote that does not read never blocks the watchdog
         self._unsent = bytearray()  # requests the pipe did not take yet
         self.reader = FramedReader(self._rep_r)
-        self._fd_number = self._rep_r
         self.ready = False
         self.import_secs: Optional[float] = None
         self.replies: dict[tuple[int, int], ForkReply] = {}  # by (attempt, rank), until taken by answer()
@@ -76,29 +81,28 @@ class Zygote:
     def fd(self) -> int:
         """Readable when the zygote has something to say (register it in the poller). The number
         stays what it was once the pipe is closed, so it can still be unregistered."""
-        return self._fd_number
+        return self.reader.fd
 
     @property
     def pid(self) -> int:
         return int(self.popen.pid)
 
-    def pump(self) -> list[Any]:
-        """Read whatever the zygote sent; returns the messages (replies are also recorded)."""
+    def pump(self) -> None:
+        """Read whatever the zygote sent: whether it is ready, its replies (taken by :meth:`answer`)."""
         if self.dead:
-            return []
+            return
         try:
             msgs = self.reader.read_available()
         except (EOFError, ProtocolError):  # closed, or garbage on the pipe: either way, unusable
             self.dead = True
             self._close_pipes()
-            return []
+            return
         for msg in msgs:
             if isinstance(msg, ZygoteReady):
                 self.ready = True
                 self.import_secs = msg.import_secs
             elif isinstance(msg, ForkReply):
                 self.replies[(msg.attempt, msg.rank)] = msg
-        return msgs
 
     def alive(self) -> bool:
         return not self.dead and self.popen.poll() is None
@@ -225,6 +229,77 @@ class Adopted:
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
+
+
+@dataclass
+class PendingFork:
+    """A trainer (or a ``--ps`` parameter server) start asked of the zygote: what the fresh spawn
+    needs if the zygote fails."""
+
+    slot: str
+    attempt: int
+    env: dict[str, str]
+    log_path: str
+    mutex: Optional[RobustMutex]  # its death-notice mutex (the watchdog's trainers only)
+    role: str  # TRAINER, WORKER (a group's task ``rank``), STANDBY or PS
+    rank: int  # the key of the zygote's answer: the task, or PS_FORK_RANK + i for parameter server i
+
+
+class Prewarmed:
+    """The pre-warmed trainer as the watchdog's executor and a node agent hold it: the zygote in use,
+    those given up on, and the starts asked of it and not answered yet."""
+
+    def __init__(self) -> None:
+        self.zygote: Optional[Zygote] = None
+        self.dead_zygotes: list[Zygote] = []  # given up on (killed, pipes closed); reaped by the sweeps once dead
+        self.forks: dict[tuple[int, int], PendingFork] = {}  # by (attempt, rank), the key of the zygote's answer
+        # (a trainer forked already is this process's child before its answer is read: the sweep spares it)
+
+    def ask_zygote(self, pending: PendingFork, target: str, args: Sequence[str], cwd: str) -> bool:
+        """Ask the zygote, when it is ready, for ``pending``'s process (:meth:`answered` completes it);
+        False: start it fresh (a zygote the request failed on is given up)."""
+        if self.zygote is None or not self.zygote.ready:
+            return False
+        try:
+            self.zygote.request_fork(pending.attempt, target, args, pending.env, pending.log_path, cwd, pending.rank)
+        except (ZygoteUnavailable, OSError) as exc:
+            self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); trainers start fresh")
+            return False
+        self.forks[(pending.attempt, pending.rank)] = pending
+        return True
+
+    def answered(self) -> list[tuple[PendingFork, Optional[Adopted]]]:
+        """The starts asked of the zygote that are done, each with its process, or None where the zygote
+        failed, died or is late: then it is given up (not trusted with the next one either) and those
+        start fresh. The ones still waiting stay in :attr:`forks`."""
+        done: list[tuple[PendingFork, Optional[Adopted]]] = []
+        for key, pending in list(self.forks.items()):
+            proc: Optional[Adopted] = None  # (no zygote: given up already, for another start)
+            try:
+                if self.zygote is not None and (proc := self.zygote.answer(*key)) is None:
+                    continue  # still waiting: the loop goes on meanwhile
+            except ZygoteUnavailable as exc:
+                self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); starting a fresh one")
+            del self.forks[key]
+            done.append((pending, proc))
+        return done
+
+    def drop_zygote(self, why: str) -> Optional[Zygote]:
+        """Give up on the zygote (``why``): SIGKILL it and close its pipes; trainers start fresh from
+        now on. Returns the zygote given up, if there was one."""
+        lost, self.zygote = self.zygote, None
+        if lost is not None:
+            lost.kill()
+            self.dead_zygotes.append(lost)
+        return lost
+
+    def zygotes(self) -> list[Zygote]:
+        """The zygotes not reaped yet (this process's own children)."""
+        return [z for z in [self.zygote, *self.dead_zygotes] if z is not None]
+
+    def zygote_pids(self) -> set[int]:
+        """The pre-warmed trainers' pids (this process's own children, not left-behind ones)."""
+        return {z.pid for z in self.zygotes()}
 
 
 def _dup_stderr() -> int:

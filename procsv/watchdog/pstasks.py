@@ -32,8 +32,9 @@ from procsv.common.env import NPROC, PS as PS_ENV, RANK
 from procsv.common.layout import Layout
 from procsv.common.mutex import RobustMutex
 from procsv.common.spawn import free_ports
-from procsv.watchdog.children import ChildProcess, PendingFork
+from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.multihost.remote import RemoteMembers
+from procsv.watchdog.prewarm import PendingFork
 from procsv.watchdog.rules.group import rank_of, worker_slot
 from procsv.watchdog.rules.state import PS, SERVER, TRAINER, WORKER, RunView
 from procsv.watchdog.rules.tasks import ps_slot, task_node

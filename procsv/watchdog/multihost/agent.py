@@ -60,11 +60,12 @@ from procsv.watchdog.housekeeping import Sweeper
 from procsv.watchdog.publish.events import Report
 from procsv.watchdog.publish.probes import LoopPulse
 from procsv.watchdog.rules.group import worker_slot
+from procsv.watchdog.rules.state import WORKER
 from procsv.watchdog.logrotate import rotate
 from procsv.watchdog.multihost.holder import Holder, start_holder
 from procsv.watchdog.multihost.masterseen import MasterSeen
 from procsv.watchdog.multihost.nodes import BEAT_SECS, host_ip
-from procsv.watchdog.prewarm import Zygote, ZygoteUnavailable, zygote_env
+from procsv.watchdog.prewarm import PendingFork, Prewarmed, Zygote, zygote_env
 
 TICK = 0.05
 CLAIM_PATIENCE = 2  # refused for this many node timeouts: another agent live holds the node rank (exit 2)
@@ -82,12 +83,14 @@ class _Rejoin:
     problem: str = ""
 
 
-class NodeAgent:
-    """One host's agent; :meth:`run` returns the exit code."""
+class NodeAgent(Prewarmed):
+    """One host's agent; :meth:`run` returns the exit code. It holds this host's pre-warmed trainer as
+    the watchdog's executor does (:class:`~procsv.watchdog.prewarm.Prewarmed`)."""
 
     def __init__(self, cfg: LaunchConfig, clock: Callable[[], float] = time.monotonic,
                  pulse: Optional[LoopPulse] = None) -> None:
         assert cfg.master_addr is not None
+        super().__init__()  # (its zygote: unless --no-prewarm)
         self.cfg = cfg
         self.layout = Layout(os.path.abspath(cfg.logdir))
         self.clock = clock
@@ -102,9 +105,6 @@ class NodeAgent:
         self.heard_at = clock()  # the master's last word (the start counts as one)
         self.node_timeout = cfg.node_timeout  # the master silent this long: its members are stopped (node 0's, once heard)
         self.addresses = [f"{self.host}:{p}" for p in free_ports(self.cfg.nproc, self.host)]  # its members' next
-        self.zygote: Optional[Zygote] = None  # this host's pre-warmed trainer (unless --no-prewarm)
-        self.lost_zygotes: list[Zygote] = []  # given up on (killed, pipes closed); reaped by the sweeps
-        self.forks: dict[tuple[int, int], tuple[str, dict[str, str]]] = {}  # (attempt, rank) -> slot, env
         self.disk = DiskJobs("procsv-agent-logdir")  # its work on the shared logdir, off the loop
         self._rejoin: Optional[Job[_Rejoin]] = None  # a reconnect's reads and writes in the logdir, in flight
         self.seen = MasterSeen(self.layout, self.disk, cfg.rejoin_timeout, 0 < cfg.min_nodes < cfg.nnodes)
@@ -137,8 +137,7 @@ class NodeAgent:
                                          self.cfg.cwd, self.cfg.preload, self.clock)
                 dealer = self._loop(zctx, pull, stops)
         finally:  # SIGKILL and reap what is left, bounded: the watchdog's own end_all
-            zygotes = [z for z in [self.zygote, *self.lost_zygotes] if z is not None]
-            for line in end_all(list(self.members.values()), zygotes, Unreaped(), self.clock):
+            for line in end_all(list(self.members.values()), self.zygotes(), Unreaped(), self.clock):
                 print(line, file=sys.stderr, flush=True)
             self._sweep(final=True)
             if holder is not None:
@@ -300,45 +299,23 @@ class NodeAgent:
                                   runtime_dir=self.runtime, supervised=True)
             env.update(msg.env)  # a --ps worker's carries its whole TF_CONFIG; a group member's is built here
             env.update({"TF_CONFIG": msg.env.get("TF_CONFIG") or make_tf_config(msg.cluster, rank), RANK: str(rank)})
-            log_path = self.layout.attempt_log(slot, msg.attempt)
-            if self.zygote is not None and self.zygote.ready and self.zygote.alive():
-                try:
-                    self.zygote.request_fork(msg.attempt, self.cfg.target, self.cfg.args, env, log_path,
-                                             self.cfg.cwd, rank)
-                    self.forks[(msg.attempt, rank)] = (slot, env)
-                    continue
-                except (ZygoteUnavailable, OSError):
-                    self._lose_zygote()  # trainers start fresh from now on
-            self._started(dealer, slot, msg.attempt, spawn.spawn(spawn.trainer_argv(self.cfg.target, self.cfg.args),
-                                                                  env, log_path, cwd=self.cfg.cwd))
+            pending = PendingFork(slot, msg.attempt, env, self.layout.attempt_log(slot, msg.attempt), None, WORKER, rank)
+            if not self.ask_zygote(pending, self.cfg.target, self.cfg.args, self.cfg.cwd):
+                self._started(dealer, pending, None)
         self.addresses = [f"{self.host}:{p}" for p in free_ports(self.cfg.nproc, self.host)]  # the next group's
 
     def _forked(self, dealer: "zmq.Socket[Any]") -> None:
         """Complete the forks asked of the pre-warmed trainer (a fresh start if it fails or is late)."""
-        for (attempt, rank), (slot, env) in list(self.forks.items()):
-            proc: Optional[Process] = None
-            try:
-                if self.zygote is not None and (proc := self.zygote.answer(attempt, rank)) is None:
-                    continue  # not yet answered, and not overdue
-            except ZygoteUnavailable:
-                pass
-            del self.forks[(attempt, rank)]
-            if proc is None:
-                self._lose_zygote()
-                proc = spawn.spawn(spawn.trainer_argv(self.cfg.target, self.cfg.args), env,
-                                   self.layout.attempt_log(slot, attempt), cwd=self.cfg.cwd)
-            self._started(dealer, slot, attempt, proc)
+        for pending, proc in self.answered():
+            self._started(dealer, pending, proc)
 
-    def _lose_zygote(self) -> None:
-        """Give up on the pre-warmed trainer: SIGKILL it and close its pipes (reaped by the next sweep)."""
-        if self.zygote is not None:
-            self.zygote.kill()
-            self.lost_zygotes.append(self.zygote)
-            self.zygote = None
-
-    def _started(self, dealer: "zmq.Socket[Any]", slot: str, attempt: int, proc: Process) -> None:
+    def _started(self, dealer: "zmq.Socket[Any]", pending: PendingFork, proc: Optional[Process]) -> None:
+        """A member started: forked by the pre-warmed trainer (``proc``), or None: fresh, now."""
+        slot, attempt = pending.slot, pending.attempt
+        proc = proc or spawn.spawn(spawn.trainer_argv(self.cfg.target, self.cfg.args), pending.env, pending.log_path,
+                                   cwd=self.cfg.cwd)
         # its own unreaped child (a zombie if it died at once): its pidfd opens
-        self.members[f"{slot}.{attempt}"] = ChildProcess(slot, slot, attempt, proc, self.layout.attempt_log(slot, attempt))
+        self.members[f"{slot}.{attempt}"] = ChildProcess(slot, slot, attempt, proc, pending.log_path)
         send(dealer, MemberStarted(slot, attempt, proc.pid))
         # this host's members are the only writers of their per-attempt logs: rotate them here (off the loop)
         logs, keep, live = self.layout.logs, self.cfg.keep_logs, {m.attempt for m in self.members.values()
@@ -386,9 +363,8 @@ class NodeAgent:
         """Kill and reap what this host's members left behind: the watchdog's own sweep
         (:meth:`Sweeper.sweep`), over the agent's own children (its members and zygotes). A zygote given
         up on is reaped here once dead, as the watchdog reaps its own (before, at the agent's end only)."""
-        self.lost_zygotes[:] = [z for z in self.lost_zygotes if not z.reap_dead()]
-        zygotes = {z.pid for z in [self.zygote, *self.lost_zygotes] if z is not None}
-        self.sweeper.sweep({m.pid for m in self.members.values()} | zygotes, bool(self.forks), final)
+        self.dead_zygotes[:] = [z for z in self.dead_zygotes if not z.reap_dead()]
+        self.sweeper.sweep({m.pid for m in self.members.values()} | self.zygote_pids(), bool(self.forks), final)
 
     def _said(self, reports: list[Report]) -> None:
         for r in reports:  # (no lifecycle log of its own: node 0's holds the job's events)
