@@ -532,6 +532,42 @@ def test_node_1s_agent_kills_and_reaps_what_its_killed_member_left_behind(hosts,
     wait_for(lambda: not host_pids(), 10, what="no process of the job left")
 
 
+def test_node_1s_zygote_killed_while_no_start_is_asked_is_reaped_within_a_sweep(hosts, logdir):
+    """Node 1's pre-warmed trainer is SIGKILLed while its members train and no start is asked of it:
+    the agent gives it up and reaps it within a sweep, as node 0's watchdog does its own. Before: the
+    dead zygote stayed the agent's zygote, spared by every sweep, a zombie under the agent until the
+    group's next start (a run that never restarts: until the job's end)."""
+    addr = master_addr()
+    args = (*PACED, "--steps", "1000000")
+    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr))
+    node1 = agent(logdir, addr, *args)
+    code: Optional[int] = None
+    try:
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 20, 120, what="the group's step 20")
+        zygote = wait_for(lambda: next((c.pid for c in psutil.Process(node1.pid).children()
+                                        if "procsv.zygote" in " ".join(c.cmdline())), None), 60,
+                          what="node 1's pre-warmed trainer")
+        os.kill(zygote, signal.SIGKILL)
+        try:
+            wait_for(lambda: gone(zygote) and not _zombies_of(node1.pid), 15,
+                     what="node 1's dead zygote to be reaped")
+        except AssertionError:
+            raise AssertionError(f"zombies under node 1's agent: {_zombies_of(node1.pid)} "
+                                 f"(its zygote: {zygote})") from None
+        assert len(events(logdir, "first_step")) == 1  # the group trained on, no restart
+        master.send_signal(signal.SIGTERM)
+        code, out, err = finish(master, timeout=120)
+    finally:
+        if code is None:  # failed before the orderly stop: neither launch ends by itself
+            for proc in (master, node1):
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            print("node 0 said:", finish(master)[2], file=sys.stderr)
+        acode, aout, aerr = finish(node1, timeout=60)
+    assert code == 143 and acode == 143, (err, aerr)
+    wait_for(lambda: not host_pids(), 10, what="no process of the job left")
+
+
 def test_an_agent_refused_until_its_predecessor_is_found_lost_waits_past_a_rejoin_timeout_shorter_than_that(
         hosts, logdir):
     """``--rejoin-timeout 2`` under ``--node-timeout 3``: a second agent for node 1, started while the

@@ -185,6 +185,9 @@ class NodeAgent(Prewarmed):
                     warm = self.zygote is None or self.zygote.ready or not self.zygote.alive()  # (its NodeHello.ready)
                     send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(), self.addresses,
                                            sorted(self.members), self.stop.signum or 0, warm))
+            if self.zygote is not None and not self.forks and not self.zygote.alive():
+                # found dead (its answers to pending starts read first, by _forked): given up, reaped by a sweep
+                self.drop_zygote("the pre-warmed trainer died")
             if self.sweeper.due():
                 self._sweep()
             silent = now - self.heard_at
