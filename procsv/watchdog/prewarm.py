@@ -243,6 +243,7 @@ class PendingFork:
     mutex: Optional[RobustMutex]  # its death-notice mutex (the watchdog's trainers only)
     role: str  # TRAINER, WORKER (a group's task ``rank``), STANDBY or PS
     rank: int  # the key of the zygote's answer: the task, or PS_FORK_RANK + i for parameter server i
+    asked: Optional[Zygote] = None  # the zygote it was asked of (its answer is taken there, even once given up)
 
 
 class Prewarmed:
@@ -265,21 +266,25 @@ class Prewarmed:
         except (ZygoteUnavailable, OSError) as exc:
             self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); trainers start fresh")
             return False
+        pending.asked = self.zygote
         self.forks[(pending.attempt, pending.rank)] = pending
         return True
 
     def answered(self) -> list[tuple[PendingFork, Optional[Adopted]]]:
         """The starts asked of the zygote that are done, each with its process, or None where the zygote
         failed, died or is late: then it is given up (not trusted with the next one either) and those
-        start fresh. The ones still waiting stay in :attr:`forks`."""
+        start fresh. The ones still waiting stay in :attr:`forks`. An answer the zygote gave before it
+        was given up (for another start) still names its process: that one is not started twice."""
         done: list[tuple[PendingFork, Optional[Adopted]]] = []
         for key, pending in list(self.forks.items()):
-            proc: Optional[Adopted] = None  # (no zygote: given up already, for another start)
+            proc: Optional[Adopted] = None
+            asked = pending.asked or self.zygote
             try:
-                if self.zygote is not None and (proc := self.zygote.answer(*key)) is None:
+                if asked is not None and (proc := asked.answer(*key)) is None:
                     continue  # still waiting: the loop goes on meanwhile
             except ZygoteUnavailable as exc:
-                self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); starting a fresh one")
+                if asked is self.zygote:
+                    self.drop_zygote(f"procsv: pre-warmed trainer unavailable ({exc}); starting a fresh one")
             del self.forks[key]
             done.append((pending, proc))
         return done
