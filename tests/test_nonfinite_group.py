@@ -219,6 +219,27 @@ def test_a_nan_loss_only_one_worker_sees_rolls_the_group_back_once_though_the_ch
     assert_bit_equal(logdir, final_weights(plain))
 
 
+def test_a_nan_one_worker_sees_alone_is_found_though_its_next_group_snapshot_is_not_taken(logdir, tmp_path):
+    # worker1's in-memory copy of step 50 is never held (a fault point of the checkpoint service), so
+    # it is not acknowledged: within the grace (5 s) worker1 takes no snapshot at step 100, the first
+    # after its NaN at step 70, as on a busy machine where the acknowledgment or a free slot comes
+    # late. Before: its losses were checked only before a snapshot it took (the final checkpoint is
+    # the chief's), so step 70 was never found and the group trained to 120 and exited 0
+    env = quiet_env(PROCSV_FAULT="checkpoint:group_copy_missing:1")
+    code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "70", target=LOCAL_NAN,
+                                   opts=GROUP + ("--on-nonfinite", "rollback"), env=env))
+    assert code == 0, err
+    assert [r["step"] for r in events(logdir, "nonfinite_detected")] == [70]
+    assert [r["step"] for r in events(logdir, "step_skipped")] == [70]
+    assert len(events(logdir, "restarting")) == 1
+    assert [r.get("code") for r in events(logdir, "exited") if r["role"] == "worker1"] == [5, 0]
+    assert "procsv: skipping step 70 again (this run skipped it before)" in member_log(logdir, "worker1.2")
+    plain = str(tmp_path / "plain")
+    code, out, err = finish(launch(plain, "--steps", "120", "--skip-at", "70", target=LOCAL_NAN, opts=GROUP))
+    assert code == 0, err
+    assert_bit_equal(logdir, final_weights(plain))
+
+
 def test_a_group_past_max_skips_stops_in_order_with_exit_4_as_a_single_trainer_does(logdir):
     # --max-skips 1: step 40 is skipped (a group rollback), step 70 would be the second skip
     code, out, err = finish(launch(logdir, *ARGS, "--steps", "100", "--nan-at-steps", "40,70",

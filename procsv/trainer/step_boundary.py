@@ -104,7 +104,9 @@ def checkpoint_work(agent: CheckpointAgent, ch: TrainerChannels, step: int, now:
     if one is due, else the hand-off of an in-memory snapshot waiting for its summaries, else a new
     in-memory snapshot if one is due. The summaries the program logged for ``step`` are handed off
     first (``hand_off_summaries``), so that a commit never gets ahead of them; ``unwritten_from``
-    gives the lowest step with a summary not confirmed written; ``ahead``: see :meth:`CheckpointAgent.poll`."""
+    gives the lowest step with a summary not confirmed written; ``ahead``: see :meth:`CheckpointAgent.poll`.
+    A group member's every-K-th step has its watched losses checked whether or not a snapshot was
+    taken there (:meth:`CheckpointAgent.check_group_step`)."""
     if agent.poll(ch, step, now, ahead):
         hand_off_summaries()
         agent.snapshot(ch, step)
@@ -113,6 +115,7 @@ def checkpoint_work(agent: CheckpointAgent, ch: TrainerChannels, step: int, now:
     elif agent.memory_due(step, now):
         hand_off_summaries()
         agent.memory_snapshot(ch, step, unwritten_from())
+    agent.check_group_step(step)  # (no read when a snapshot's check just ran)
 
 
 class StepCounter:

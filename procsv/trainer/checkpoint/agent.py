@@ -151,6 +151,19 @@ class CheckpointAgent(FinalCommit):
     def memory_snapshot(self, ch: TrainerChannels, step: int, unwritten_from: Optional[int] = None) -> bool:
         return self.memory.snapshot(ch, step, self.meta_graph, unwritten_from)
 
+    def check_group_step(self, step: int) -> None:
+        """A group member's every-K-th step (where every member snapshots): the watched losses kept
+        since the last check are checked even if its snapshot was not taken (no slot free, the last
+        one not yet acknowledged, one waiting for its summaries, the memory still populating):
+        raises :class:`NonFiniteState` as a refused snapshot does. No read when nothing is kept
+        unchecked (the snapshot's own check just ran). A member's losses are checked nowhere else
+        (the final checkpoint is the chief's alone): a NaN only this member saw, before a snapshot it
+        skipped, went undetected, the group trained on and exited 0."""
+        watch = self.store.watch
+        every = self.memory.every_steps
+        if watch is not None and self.group is not None and every and step % every == 0:
+            watch.precheck(step)
+
     def charge_memory(self, step: int, start: float, end: float) -> None:
         self.memory.charge(step, start, end)
 

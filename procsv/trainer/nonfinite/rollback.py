@@ -28,9 +28,10 @@ exit code 4 instead.
 In a trainer group (``procsv launch --nproc N``, MultiWorkerMirroredStrategy: each member holds its
 own copy of the variables and every step is a collective) ``rollback`` does not restore in place
 (a member that restored and replayed alone would train out of lock with the others): every member
-checks its losses before its snapshots (the chief at its final checkpoint too: a step after the
-group's last snapshot), and the one that finds step B non-finite asks for the
-group's rollback (:meth:`NonfiniteRollback._ask_group`): it exits with code 5
+checks its losses at the group's snapshot steps, whether or not it takes its snapshot there
+(:meth:`~procsv.trainer.checkpoint.agent.CheckpointAgent.check_group_step`; the chief at its
+final checkpoint too: a step after the group's last snapshot), and the one that finds step B
+non-finite asks for the group's rollback (:meth:`NonfiniteRollback._ask_group`): it exits with code 5
 (:class:`~procsv.common.errors.GroupRollback`) after its ``NonfiniteDetected`` of B; the watchdog
 records B as skipped and restarts the group, whose members all restore the same state before B
 (the group's in-memory snapshot or the newest checkpoint) and skip B when their replay reaches it
