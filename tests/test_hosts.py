@@ -104,6 +104,20 @@ def agent(logdir: str, addr: str, *target_args: str, opts: tuple[str, ...] = (),
                             start_new_session=True)
 
 
+def end_job(master: "subprocess.Popen[bytes]", node1: "subprocess.Popen[bytes]",
+            code: Optional[int]) -> tuple[Optional[int], str]:
+    """The end of a two-host test whose node 0 is stopped in order (its exit ``code``): if the test failed
+    before (``code`` None), neither launch ends by itself: both are SIGKILLed and what node 0 said is
+    printed. Then the agent's exit code and stderr."""
+    if code is None:
+        for proc in (master, node1):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        print("node 0 said:", finish(master)[2], file=sys.stderr)
+    acode, _, aerr = finish(node1, timeout=60)
+    return acode, aerr
+
+
 def events(logdir: str, name: str) -> list[dict[str, Any]]:
     return [r for r in lifecycle(logdir) if r.get("event") == name]
 
@@ -519,12 +533,7 @@ def test_node_1s_agent_kills_and_reaps_what_its_killed_member_left_behind(hosts,
         master.send_signal(signal.SIGTERM)
         code, out, err = finish(master, timeout=120)
     finally:
-        if code is None:  # failed before the orderly stop: neither launch ends by itself
-            for proc in (master, node1):
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-            print("node 0 said:", finish(master)[2], file=sys.stderr)
-        acode, aout, aerr = finish(node1, timeout=60)
+        acode, aerr = end_job(master, node1, code)
     assert code == 143 and acode == 143, (err, aerr)
     said = re.findall(r"^procsv node 1: killed \d+ process\(es\) the run left behind \(pids ([\d, ]+)\)$", aerr, re.M)
     assert {int(p) for pids in said for p in pids.split(", ")} == {*helpers[1], *helpers[2]}, aerr
@@ -558,12 +567,7 @@ def test_node_1s_zygote_killed_while_no_start_is_asked_is_reaped_within_a_sweep(
         master.send_signal(signal.SIGTERM)
         code, out, err = finish(master, timeout=120)
     finally:
-        if code is None:  # failed before the orderly stop: neither launch ends by itself
-            for proc in (master, node1):
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-            print("node 0 said:", finish(master)[2], file=sys.stderr)
-        acode, aout, aerr = finish(node1, timeout=60)
+        acode, aerr = end_job(master, node1, code)
     assert code == 143 and acode == 143, (err, aerr)
     wait_for(lambda: not host_pids(), 10, what="no process of the job left")
 

@@ -20,7 +20,7 @@ from conftest import finish, launch, raw_status, wait_for
 from procsv.common.layout import Layout
 from procsv.report import gather, render
 from procsv.status import read_status
-from test_hosts import HOST1_IP, PACED, agent, events, host_pids, hosts, master_addr  # noqa: F401 (hosts: the fixture)
+from test_hosts import HOST1_IP, PACED, agent, end_job, events, host_pids, hosts, master_addr  # noqa: F401 (hosts: the fixture)
 
 
 def _named_cause(logdir: str, attempt: int) -> str:
@@ -59,12 +59,7 @@ def test_a_member_of_node_1_sigkilled_is_named_the_groups_breaker_not_the_chiefs
         master.send_signal(signal.SIGTERM)
         code, out, err = finish(master, timeout=120)
     finally:
-        if code is None:  # failed before the orderly stop: neither launch ends by itself
-            for proc in (master, node1):
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-            print("node 0 said:", finish(master)[2], file=sys.stderr)
-        acode, aout, aerr = finish(node1, timeout=60)
+        acode, aerr = end_job(master, node1, code)
     assert code == 143 and acode == 143, (err, aerr)
     truth = f"worker1 attempt 1 (pid {member}) was killed by SIGKILL"
     assert _named_cause(logdir, 1).startswith(truth), (_named_cause(logdir, 1), events(logdir, "restarting"))
