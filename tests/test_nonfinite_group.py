@@ -200,26 +200,43 @@ def test_a_nan_loss_after_the_groups_last_snapshot_found_at_the_final_checkpoint
 LOCAL_NAN = os.path.join(PROGRAMS, "group_local_nan.py")
 
 
-def test_a_nan_loss_only_one_worker_sees_rolls_the_group_back_once_though_the_chief_fails_first(logdir, tmp_path):
+@pytest.fixture(scope="module")
+def local_nan_skipping_70(shared_result):
+    """The final weights of a plain group_local_nan.py run of 120 steps that never applies step 70 (made once, shared)."""
+
+    def produce(folder: str) -> None:
+        code, out, err = finish(launch(folder, "--steps", "120", "--skip-at", "70", target=LOCAL_NAN, opts=GROUP))
+        assert code == 0, err
+
+    return final_weights(shared_result("local-nan-skip-70-of-120", produce))
+
+
+def assert_worker1_rolled_the_group_back_once_at_70(logdir: str, code: int, err: str, restarted_log: str,
+                                                     plain: dict[str, Any]) -> None:
+    """worker1 found step 70 alone and exited 5 once; the group restarted once, skipped 70 (as
+    ``restarted_log`` says) and ended bit-equal to the plain run that never applied it."""
+    assert code == 0, err
+    assert [r["step"] for r in events(logdir, "nonfinite_detected")] == [70]
+    assert [r["step"] for r in events(logdir, "step_skipped")] == [70]
+    assert len(events(logdir, "restarting")) == 1
+    assert [r.get("code") for r in events(logdir, "exited") if r["role"] == "worker1"] == [5, 0]
+    assert "procsv: skipping step 70 again (this run skipped it before)" in member_log(logdir, restarted_log)
+    assert_bit_equal(logdir, plain)
+
+
+def test_a_nan_loss_only_one_worker_sees_rolls_the_group_back_once_though_the_chief_fails_first(
+        logdir, local_nan_skipping_70):
     # the program watches each member's own loss: only worker1 finds step 70 and exits 5; the chief,
     # whose loss and weights are finite, fails in its next collective, and its death notice can come
     # in before its exit status. Before: the group restarted without the skip, again and again
     # (16 restarts in 57 s, never skipping 70, until the watchdog failed)
     code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "70", target=LOCAL_NAN,
                                    opts=GROUP + ("--on-nonfinite", "rollback")))
-    assert code == 0, err
-    assert [r["step"] for r in events(logdir, "nonfinite_detected")] == [70]
-    assert [r["step"] for r in events(logdir, "step_skipped")] == [70]
-    assert len(events(logdir, "restarting")) == 1
-    assert [r.get("code") for r in events(logdir, "exited") if r["role"] == "worker1"] == [5, 0]
-    assert "procsv: skipping step 70 again (this run skipped it before)" in member_log(logdir, "trainer.2")
-    plain = str(tmp_path / "plain")
-    code, out, err = finish(launch(plain, "--steps", "120", "--skip-at", "70", target=LOCAL_NAN, opts=GROUP))
-    assert code == 0, err
-    assert_bit_equal(logdir, final_weights(plain))
+    assert_worker1_rolled_the_group_back_once_at_70(logdir, code, err, "trainer.2", local_nan_skipping_70)
 
 
-def test_a_nan_one_worker_sees_alone_is_found_though_its_next_group_snapshot_is_not_taken(logdir, tmp_path):
+def test_a_nan_one_worker_sees_alone_is_found_though_its_next_group_snapshot_is_not_taken(
+        logdir, local_nan_skipping_70):
     # worker1's in-memory copy of step 50 is never held (a fault point of the checkpoint service), so
     # it is not acknowledged: within the grace (5 s) worker1 takes no snapshot at step 100, the first
     # after its NaN at step 70, as on a busy machine where the acknowledgment or a free slot comes
@@ -228,16 +245,7 @@ def test_a_nan_one_worker_sees_alone_is_found_though_its_next_group_snapshot_is_
     env = quiet_env(PROCSV_FAULT="checkpoint:group_copy_missing:1")
     code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "70", target=LOCAL_NAN,
                                    opts=GROUP + ("--on-nonfinite", "rollback"), env=env))
-    assert code == 0, err
-    assert [r["step"] for r in events(logdir, "nonfinite_detected")] == [70]
-    assert [r["step"] for r in events(logdir, "step_skipped")] == [70]
-    assert len(events(logdir, "restarting")) == 1
-    assert [r.get("code") for r in events(logdir, "exited") if r["role"] == "worker1"] == [5, 0]
-    assert "procsv: skipping step 70 again (this run skipped it before)" in member_log(logdir, "worker1.2")
-    plain = str(tmp_path / "plain")
-    code, out, err = finish(launch(plain, "--steps", "120", "--skip-at", "70", target=LOCAL_NAN, opts=GROUP))
-    assert code == 0, err
-    assert_bit_equal(logdir, final_weights(plain))
+    assert_worker1_rolled_the_group_back_once_at_70(logdir, code, err, "worker1.2", local_nan_skipping_70)
 
 
 def test_a_group_past_max_skips_stops_in_order_with_exit_4_as_a_single_trainer_does(logdir):
