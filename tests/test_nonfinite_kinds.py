@@ -4,7 +4,8 @@ the replay, checked for what it reports): a custom loop with Adam on a learning 
 BatchNormalization layer and mixed precision's LossScaleOptimizer (which skips steps of its own);
 Keras ``fit`` with a subclassed model
 whose ``train_step`` is the Keras guide's, with Adam on a learning rate schedule, and an epoch
-rolled back whole under EarlyStopping."""
+rolled back whole under EarlyStopping. Each plain run is made once per test session (``shared_result``),
+before the CPU burners of the test that first needs it start: the load is for the run under procsv."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import os
 import re
 import subprocess
 import sys
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -26,6 +27,10 @@ KINDS = os.path.join(PROGRAMS, "keras_nan_kinds.py")
 NAN_LOOP = os.path.join(PROGRAMS, "nan_keras_loop.py")
 # snapshots lag the poisoned step by cadence: a checkpoint every 20 steps, no in-memory tier
 LAGGING = ("--steps", "80", "--save-steps", "20", "--step-delay", "0.01", "--bind", "args")
+# a custom loop with Adam on a schedule, BatchNormalization and a LossScaleOptimizer that skips 50 and 53 itself
+LOSS_SCALED = ("--optimizer", "adam", "--schedule", "--batchnorm", "--loss-scale", "--overflow-at", "50",
+               "--overflow-at", "53")
+SharedResult = Callable[[str, Callable[[str], None]], str]
 
 
 @pytest.fixture
@@ -43,6 +48,54 @@ def _plain_fit(where: str, *args: str) -> dict[str, bytes]:
     return _weights(out)
 
 
+def _shared_plain_fit(shared_result: SharedResult, name: str, *args: str) -> dict[str, bytes]:
+    """The weights of ``_plain_fit(*args)``, made once per test session (``shared_result``)."""
+    def produce(folder: str) -> None:
+        _plain_fit(folder, *args)  # its weights: plain.npz in the folder
+
+    return _weights(os.path.join(shared_result(name, produce), "plain.npz"))
+
+
+def _shared_plain_loop(shared_result: SharedResult, name: str, *args: str) -> str:
+    """The logdir of the plain run ``python nan_keras_loop.py --logdir <it> ARGS`` (no watchdog, no
+    in-memory tier), made once per test session (``shared_result``)."""
+    def produce(plain: str) -> None:
+        done = subprocess.run([sys.executable, NAN_LOOP, "--logdir", plain, *args], capture_output=True, text=True,
+                              env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"), timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    return shared_result(name, produce)
+
+
+@pytest.fixture(scope="module")
+def guide_fit_without_17(shared_result: SharedResult) -> dict[str, bytes]:
+    """The plain fit of the subclassed model with the guide's train_step that never applied batch 17."""
+    return _shared_plain_fit(shared_result, "kinds-plain-custom-step-drop-17", "--kind", "custom_step",
+                             "--drop-at", "17")
+
+
+@pytest.fixture(scope="module")
+def adam_schedule_fit_without_17(shared_result: SharedResult) -> dict[str, bytes]:
+    """The plain fit with Adam on a learning rate schedule that never applied batch 17 (two tests
+    compare with it: each ran its own before)."""
+    return _shared_plain_fit(shared_result, "kinds-plain-validation-adam-schedule-drop-17", "--kind", "validation",
+                             "--adam-schedule", "--drop-at", "17")
+
+
+@pytest.fixture(scope="module")
+def loss_scaled_loop_without_55(shared_result: SharedResult) -> str:
+    """The logdir of the plain LOSS_SCALED custom loop that never applied step 55."""
+    return _shared_plain_loop(shared_result, "kinds-plain-loss-scaled-skip-55", *LOSS_SCALED, *LAGGING,
+                              "--skip-at", "55")
+
+
+@pytest.fixture(scope="module")
+def adam_loop_without_45_and_47(shared_result: SharedResult) -> str:
+    """The logdir of the plain custom loop with Adam that never applied steps 45 and 47."""
+    return _shared_plain_loop(shared_result, "kinds-plain-adam-skip-45-47", "--optimizer", "adam", *LAGGING,
+                              "--skip-at", "45", "--skip-at", "47")
+
+
 def _weights(path: str) -> dict[str, bytes]:
     with np.load(path) as saved:
         return {k: saved[k].tobytes() for k in saved.files}
@@ -55,7 +108,7 @@ def _checkpoint(where: str, step: int) -> dict[str, bytes]:
 
 
 def test_keras_fit_of_a_subclassed_model_with_the_guides_train_step_skips_a_poisoned_batch_bit_equal(
-        logdir: str, tmp_path, busy: None) -> None:
+        logdir: str, tmp_path, guide_fit_without_17: dict[str, bytes], busy: None) -> None:
     # a subclassed model built with model.build((None, 4)) has no variable yet (Keras creates them
     # when fit first traces its step) and a train_step with its own Mean loss tracker. Before:
     # BackupAndRestore built the optimizer for the model's variables before fit, none then, and fit's
@@ -69,7 +122,7 @@ def test_keras_fit_of_a_subclassed_model_with_the_guides_train_step_skips_a_pois
     assert code == 0, said
     assert "skipped step 18" in said, said  # batch 17 of fit is global step 18
     assert skipped_steps(logdir) == [18], said
-    assert _weights(weights) == _plain_fit(str(tmp_path), "--kind", "custom_step", "--drop-at", "17")
+    assert _weights(weights) == guide_fit_without_17
 
 
 def test_keras_fit_an_epoch_rolled_back_whole_in_the_fallback_reports_no_loss_and_early_stopping_is_not_fooled(
@@ -96,7 +149,7 @@ def test_keras_fit_an_epoch_rolled_back_whole_in_the_fallback_reports_no_loss_an
 
 
 def test_keras_fit_with_adam_and_a_learning_rate_schedule_skips_a_poisoned_batch_bit_equal_to_a_fit_without_it(
-        logdir: str, tmp_path, busy: None) -> None:
+        logdir: str, tmp_path, adam_schedule_fit_without_17: dict[str, bytes], busy: None) -> None:
     # exact, as for custom loops (whose skip leaves the optimizer alone): bit-equal to a fit that never
     # applied the batch, whose iterations (they drive the schedule and Adam's bias correction) did not
     # count it. Before, Keras fit's skip advanced iterations without an update: 30 against the plain fit's 29,
@@ -108,11 +161,11 @@ def test_keras_fit_with_adam_and_a_learning_rate_schedule_skips_a_poisoned_batch
     said = out + err
     assert code == 0, said
     assert skipped_steps(logdir) == [18], said
-    assert _weights(weights) == _plain_fit(str(tmp_path), "--kind", "validation", "--adam-schedule", "--drop-at", "17")
+    assert _weights(weights) == adam_schedule_fit_without_17
 
 
 def test_a_custom_loop_with_a_schedule_batchnorm_and_a_loss_scale_optimizer_skips_exactly_the_poisoned_step(
-        logdir: str, tmp_path, busy: None) -> None:
+        logdir: str, loss_scaled_loop_without_55: str, busy: None) -> None:
     # one launch for three things a skip must leave as a run that never applied the step would: the
     # optimizer's iterations (they drive Adam's ExponentialDecay schedule and its bias correction),
     # BatchNormalization's moving statistics (non-trainable variables the step updates, NaN after
@@ -120,18 +173,13 @@ def test_a_custom_loop_with_a_schedule_batchnorm_and_a_loss_scale_optimizer_skip
     # skips steps 50 and 53 itself (their scaled gradients overflow float16; their losses are finite:
     # not procsv's to skip; the BatchNormalization makes it skip a few more) and halves its scale at each. Step 55's input is NaN: snapshots at 40,
     # the skip puts back the state of 54 kept before the retry. Found as specified (no defect)
-    features = ("--optimizer", "adam", "--schedule", "--batchnorm", "--loss-scale", "--overflow-at", "50",
-                "--overflow-at", "53")
-    code, out, err = finish(launch(logdir, *features, "--nan-at", "55", *LAGGING, target=NAN_LOOP,
+    code, out, err = finish(launch(logdir, *LOSS_SCALED, "--nan-at", "55", *LAGGING, target=NAN_LOOP,
                                    env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0")), 300)
     said = out + err
     assert code == 0, said
     assert "restored step 40 from" in said and "restored step 54 from the state kept before the retry" in said, said
     assert skipped_steps(logdir) == [55], said
-    plain = str(tmp_path / "plain")
-    done = subprocess.run([sys.executable, NAN_LOOP, "--logdir", plain, *features, *LAGGING, "--skip-at", "55"],
-                          capture_output=True, text=True, env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"), timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    plain = loss_scaled_loop_without_55
     mine, theirs = _checkpoint(logdir, 80), _checkpoint(plain, 80)
     scale = "optimizer/dynamic_scale/.ATTRIBUTES/VARIABLE_VALUE"
     assert np.frombuffer(theirs[scale], np.float32)[0] <= 8192.0  # it skipped 50, 53 (and others) itself
@@ -140,7 +188,7 @@ def test_a_custom_loop_with_a_schedule_batchnorm_and_a_loss_scale_optimizer_skip
 
 
 def test_two_poisoned_gradients_close_together_are_each_skipped_once_within_the_restore_bound(
-        logdir: str, tmp_path, busy: None) -> None:
+        logdir: str, adam_loop_without_45_and_47: str, busy: None) -> None:
     # steps 45 and 47 add a loss term whose value is 0 and whose gradient is NaN (their losses are
     # finite: 46 and 48 show them). Before: the restore bound counted each poisoning twice (the step
     # that showed it, then the step the bisect found), so the second one, within 10 steps of the
@@ -153,16 +201,12 @@ def test_two_poisoned_gradients_close_together_are_each_skipped_once_within_the_
     assert code == 0, said
     assert "skipping step 45, not step 46" in said and "skipping step 47, not step 48" in said, said
     assert skipped_steps(logdir) == [45, 47], said
-    plain = str(tmp_path / "plain")
-    done = subprocess.run([sys.executable, NAN_LOOP, "--logdir", plain, "--optimizer", "adam", *LAGGING,
-                           "--skip-at", "45", "--skip-at", "47"], capture_output=True, text=True,
-                          env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"), timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    plain = adam_loop_without_45_and_47
     assert _checkpoint(logdir, 80) == _checkpoint(plain, 80)  # bit-equal, every variable
 
 
 def test_keras_fit_with_adam_and_a_schedule_killed_after_a_poisoned_batch_resumes_and_skips_it_exactly(
-        logdir: str, tmp_path, busy: None) -> None:
+        logdir: str, tmp_path, adam_schedule_fit_without_17: dict[str, bytes], busy: None) -> None:
     # the trainer is SIGKILLed after batch 20 (the NaN of batch 17 found or not yet: the check rides
     # on the snapshots, which lag at load); the restarted fit resumes from a committed checkpoint at
     # or before step 16, meets batch 17 again and skips it. Exact across the restart: the skip
@@ -177,4 +221,4 @@ def test_keras_fit_with_adam_and_a_schedule_killed_after_a_poisoned_batch_resume
     assert code == 0, said
     assert "was killed by SIGKILL; restarted" in said and "skipped step 18" in said, said
     assert skipped_steps(logdir) == [18], said
-    assert _weights(weights) == _plain_fit(str(tmp_path), "--kind", "validation", "--adam-schedule", "--drop-at", "17")
+    assert _weights(weights) == adam_schedule_fit_without_17
