@@ -134,7 +134,7 @@ class Reporter:
         if not final and not liveline.due(now, self.live.last_draw):
             return
         self.live.last_draw, self.live.drawn_step = now, view.step
-        gp = badput.goodput(view, now)
+        gp = badput.goodput(view, badput.of_launch(view, now))
         facts = self.live.facts(now, view.step, view.history.restarts, gp, len(view.skipped_steps), view.last_commit_at)
         self.term.status(liveline.format_line(facts, self.term.width()))
 
@@ -149,7 +149,7 @@ class Reporter:
         if points and view.step > points[-1][1]:  # Progress is throttled: the last steps may be unsaid
             self.series.add(self.wall(), view.step)
         summary.update(started_at=self.started_wall, ended_at=self.wall(), skipped_steps=list(view.skipped_steps),
-                       breakdown=spent.to_json(), goodput=badput.goodput(view, now, spent), wall_s=spent.wall,
+                       breakdown=spent.to_json(), goodput=badput.goodput(view, spent), wall_s=spent.wall,
                        rollbacks=view.rollbacks, **({"tasks": task_summary(view)} if view.tasks_alone else {}),
                        series=[[round(t, 3), s] for t, s in self.series.points()])
         if view.logdir_lost is None:

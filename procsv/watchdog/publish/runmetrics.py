@@ -150,7 +150,7 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
         restarts=restart_counts(view.attempts),
         service_restarts=services,
         steps_redone=sum(r["steps_redone"] or 0 for r in recovery.recoveries(view.attempts)),
-        goodput=badput.goodput(view, now, spent),
+        goodput=badput.goodput(view, spent),
         last_checkpoint_step=commit_step,
         last_checkpoint_at=commit_at,
         last_checkpoint_secs=view.last_commit_secs if view.last_commit_at is not None else None,

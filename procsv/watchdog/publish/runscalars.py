@@ -90,10 +90,9 @@ def due(view: RunView, now: float, wall: float, sent: Sent) -> tuple[list[RunSca
     if stepped and (now >= sent.next_periodic or final):
         tags, values = ["procsv/restarts"], [float(max(0, len(attempts) - 1 - view.not_restarts()))]
         spent = badput.of_launch(view, now)
-        goodput = badput.goodput(view, now, spent)
-        if goodput is not None:
+        if spent.goodput is not None:  # (stepped: badput.goodput's gate is passed)
             tags.append("procsv/goodput")
-            values.append(goodput)
+            values.append(spent.goodput)
         if spent.wall > 0:
             tags += [f"procsv/time_share/{k}" for k in spent.secs]
             values += [v / spent.wall for v in spent.secs.values()]

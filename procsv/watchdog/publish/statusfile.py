@@ -78,7 +78,7 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
         "nonfinite_detected": view.nonfinite_found,  # non-finite losses or snapshot states found (a group's step: once)
         "last_checkpoint": last_checkpoint(layout) if on_disk else None,
         "last_error": view.last_error,
-        "goodput": badput.goodput(view, now, spent),
+        "goodput": badput.goodput(view, spent),
         "breakdown": spent.to_json(),
         "prewarm": zygote,
         "exit_code": view.exit_code if view.finishing else None,
