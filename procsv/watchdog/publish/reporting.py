@@ -60,7 +60,6 @@ class Reporter:
         # its complaints come from the logdir writer thread: straight to the terminal
         self.status = StatusWriter(layout, clock, complain=lambda text: self.term.line(text, True))
         self.rejections = Rejections("procsv", "status.json, `procsv status`", self.complain)
-        self.events: Optional[EventLog] = None
         self.io = DiskIO(layout, self.term, self.status, clock)  # every write into the logdir, off the loop
         self.snapshot: Optional[RunSnapshot] = None  # replaced whole by the loop; read by the metrics threads
         self._publishing = cfg.metrics_port is not None
@@ -68,16 +67,15 @@ class Reporter:
         self._next_publish = 0.0
 
     def open_events(self) -> None:
-        self.events = self.io.events = EventLog(self.layout.lifecycle, self.wall,
-                                                complain=lambda text: self.term.line(text, True))
+        self.io.events = EventLog(self.layout.lifecycle, complain=lambda text: self.term.line(text, True))
 
     # ------------------------------------------------------------------ lines and events
     def record(self, reports: list[Report]) -> None:
         for r in reports:
             if r.event is not None:
                 self.io.event(r.event, r.fields, self.wall() if r.at is None else r.at)
-            if r.event is not None and self.live is not None:
-                self.live.event(r.event, r.fields)
+                if self.live is not None:
+                    self.live.event(r.event, r.fields)
             if r.say:
                 self.say(r.say, err=r.err)
 
@@ -160,7 +158,7 @@ class Reporter:
     def close_io(self) -> None:
         """The last of the logdir's writes: close the lifecycle log after what is queued, and wait a
         bounded time for the writer thread (:meth:`DiskIO.close`)."""
-        events = self.events
+        events = self.io.events
         if events is not None:
             self.io.call(events.close)
         self.io.close()
