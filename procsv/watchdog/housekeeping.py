@@ -21,6 +21,7 @@ import stat
 from typing import Callable, Optional
 
 from procsv.common.layout import Layout, write_json
+from procsv.common.manifests import last_checkpoint
 from procsv.common.orphans import Orphans
 from procsv.watchdog import observe
 from procsv.watchdog.config import LaunchConfig
@@ -124,6 +125,7 @@ class LogdirGuard:
             return
         moved = Layout(dest)
         record = status_record(self.view, cfg, moved, now, wall, started_wall, None)  # (ex.close() killed it)
+        record["last_checkpoint"] = last_checkpoint(moved)
         try:
             write_json(moved.status, record)
         except OSError:

@@ -34,11 +34,6 @@ from procsv.watchdog.rules.state import RunView
 from procsv.watchdog.publish.statusfile import StatusWriter, status_record
 
 
-def zygote_record(z: Optional[Zygote]) -> Optional[dict[str, Any]]:
-    """The pre-warmed trainer as ``status.json`` shows it (``None``: there is none)."""
-    return None if z is None else {"pid": z.pid, "ready": z.ready}
-
-
 class Reporter:
     """The launch's outputs: the terminal, the lifecycle log, the status file, the step series,
     the metrics snapshot (replaced whole; read by the metrics threads) and the final report.
@@ -109,7 +104,7 @@ class Reporter:
         if view.logdir_lost is not None or not self.status.due(force):
             return
         self.io.write_status(status_record(view, self.cfg, self.layout, self.clock(), self.wall(), self.started_wall,
-                                           zygote_record(zygote), self.rejections.record(), on_disk=False),
+                                           zygote, self.rejections.record()),
                              durable=force)
 
     def publish(self, view: RunView, force: bool = False) -> None:
