@@ -1,7 +1,7 @@
 """The watchdog's loop never waits on the logdir's filesystem (issue 39, point 2).
 
 A write of ``status.json`` on a stalled network filesystem blocks for as long as the stall lasts.
-The fault point ``watchdog:status_stall`` (:func:`procsv.watchdog.publish.statusfile.stall`) blocks
+The fault point ``watchdog:status_stall`` (:meth:`procsv.watchdog.publish.statusfile.StatusWriter.write`) blocks
 every write of a record past step 0 for 5 s, in whichever thread writes it; a SIGKILLed trainer must
 still be restarted at once. Also the pure parts: a look at the logdir that does not return counts
 as failing, and the writer thread keeps lifecycle records in order with the time they happened.

@@ -122,8 +122,10 @@ class StatusWriter:
         reported once and retried at the next change: the run goes on without a fresh status file
         rather than stopping. A write that finds its directory gone (ENOENT) is reported only if the
         next one does too, or if it is the final (``durable``) one: a logdir being deleted is the
-        loop's "lost" line, not this one."""
-        stall(record)
+        loop's "lost" line, not this one. The fault point ``watchdog:status_stall`` (tests only) blocks
+        a write of a record past step 0 for :data:`STALL_SECS`, as a stalled network filesystem does."""
+        if record.get("step", 0) > 0 and faults.fires("watchdog", "status_stall"):
+            time.sleep(STALL_SECS)
         try:
             write_json(self.layout.status, record, durable=durable)
         except OSError as exc:
@@ -143,10 +145,3 @@ class StatusWriter:
         if self.failing is not None:
             self._complain(f"procsv: {self.layout.status} is written again")
             self.failing = None
-
-
-def stall(record: dict[str, Any]) -> None:
-    """The fault point ``watchdog:status_stall`` (tests only): a write of a record past step 0
-    blocks for :data:`STALL_SECS`, as a write on a stalled network filesystem does."""
-    if record.get("step", 0) > 0 and faults.fires("watchdog", "status_stall"):
-        time.sleep(STALL_SECS)
