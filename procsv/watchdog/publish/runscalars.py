@@ -19,7 +19,7 @@ the :class:`~procsv.ipc.messages.RunScalars` due now, by global step:
 The summary service adds ``procsv/summaries_dropped`` to each point and writes them into the run
 ``procsv`` (:mod:`procsv.services.summary.procsvrun`). :class:`ScalarSender` sends them on a
 DEALER connected to ``summary.sock`` without ever blocking: a point the socket's queue
-(:data:`SNDHWM` messages, while the service is down) cannot take is dropped and counted.
+(:data:`SNDHWM` messages, while the service is down) cannot take is dropped.
 """
 
 from __future__ import annotations
@@ -114,16 +114,11 @@ class ScalarSender:
         self.sock = make_socket(zctx, zmq.DEALER, sndhwm=SNDHWM)
         self.sock.connect(endpoint)
         self.sent = Sent()
-        self.points = 0  # handed to ZeroMQ
-        self.dropped = 0  # refused by a full queue
 
     def tick(self, view: RunView, now: float, wall: float) -> None:
         points, self.sent = due(view, now, wall, self.sent)
         for p in points:
-            if send(self.sock, p):
-                self.points += 1
-            else:
-                self.dropped += 1
+            send(self.sock, p)  # (False: the queue is full, the point dropped)
 
     def close(self) -> None:
         self.sock.close(0)
