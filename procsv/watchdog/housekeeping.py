@@ -25,9 +25,8 @@ from procsv.common.manifests import last_checkpoint
 from procsv.common.orphans import Orphans
 from procsv.watchdog import observe
 from procsv.watchdog.config import LaunchConfig
-from procsv.watchdog.publish.events import Event
+from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.logdirwatch import Anchor, LogdirHealth
-from procsv.watchdog.publish.events import Report
 from procsv.watchdog.rules.state import RunView
 from procsv.watchdog.publish.reporting import Reporter
 from procsv.watchdog.publish.statusfile import status_record

@@ -201,7 +201,7 @@ class DiskIO:
             except Exception as exc:  # a bug here must not end the thread: the loop depends on it
                 self.term.line(f"procsv: internal error in the logdir writer: {type(exc).__name__}: {exc}", True)
             finally:
-                if isinstance(item, _Line) or (item is not None and item.terminal):
+                if isinstance(item, _Line) or item.terminal:
                     self._done += 1
 
     def _write_status(self) -> None:

@@ -18,14 +18,12 @@ from typing import Any, Callable, Optional
 
 from procsv.common.layout import Layout, write_json
 from procsv.ipc.rejections import Rejections
-from procsv.watchdog.publish import liveline
-from procsv.watchdog.publish import badput, recovery
+from procsv.watchdog.publish import badput, liveline, recovery
 from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.publish.diskio import DiskIO
-from procsv.watchdog.publish.events import EventLog
 from procsv.watchdog.rules.limits import Limits
-from procsv.watchdog.publish.events import Report
+from procsv.watchdog.publish.events import EventLog, Report
 from procsv.watchdog.publish.output import Terminal
 from procsv.watchdog.prewarm import Zygote
 from procsv.watchdog.publish.runmetrics import PUBLISH_EVERY, RunSnapshot, StepRate, take_snapshot, task_summary
