@@ -29,7 +29,7 @@ from procsv.watchdog.prewarm import Zygote
 from procsv.watchdog.publish.runmetrics import PUBLISH_EVERY, RunSnapshot, StepRate, take_snapshot, task_summary
 from procsv.watchdog.publish.series import StepSeries
 from procsv.watchdog.rules.state import RunView
-from procsv.watchdog.publish.statusfile import StatusWriter, status_record
+from procsv.watchdog.publish.statusfile import status_record
 
 
 class Reporter:
@@ -50,10 +50,8 @@ class Reporter:
         self.term = Terminal(live=liveline.wanted(cfg.quiet, sys.stdout.isatty()))
         self.live = liveline.LiveLine() if self.term.live else None
         self.series = StepSeries()  # the step over wall time, for the report's timeline
-        # its complaints come from the logdir writer thread: straight to the terminal
-        self.status = StatusWriter(layout, clock, complain=lambda text: self.term.line(text, True))
         self.rejections = Rejections("procsv", "status.json, `procsv status`", self.complain)
-        self.io = DiskIO(layout, self.term, self.status, clock)  # every write into the logdir, off the loop
+        self.io = DiskIO(layout, self.term, clock)  # every write into the logdir, off the loop
         self.snapshot: Optional[RunSnapshot] = None  # replaced whole by the loop; read by the metrics threads
         self._publishing = cfg.metrics_port is not None
         self._rate = StepRate()
@@ -86,7 +84,7 @@ class Reporter:
 
     def changed(self) -> None:
         """The view changed: ``status.json`` is due for a rewrite (throttled)."""
-        self.status.dirty = True
+        self.io.status.dirty = True
 
     def progress(self, step: int) -> None:
         """A completed step: for the report's timeline and the live line."""
@@ -99,7 +97,7 @@ class Reporter:
         """Hand ``status.json`` to the logdir writer if due (``force``: now, durably); never into a
         lost logdir. The record is built here (the view is the loop's); the writer reads its
         ``last_checkpoint``."""
-        if view.logdir_lost is not None or not self.status.due(force):
+        if view.logdir_lost is not None or not self.io.status.due(force):
             return
         self.io.write_status(status_record(view, self.cfg, self.layout, self.clock(), self.wall(), self.started_wall,
                                            zygote, self.rejections.record()),
