@@ -36,8 +36,8 @@ class Reporter:
     """The launch's outputs: the terminal, the lifecycle log, the status file, the step series,
     the metrics snapshot (replaced whole; read by the metrics threads) and the final report.
 
-    ``events`` is opened once the logdir is locked (:meth:`open_events`); until then
-    :meth:`record` only prints.
+    The lifecycle log (``io.events``) is opened once the logdir is locked (:meth:`open_events`); until
+    then :meth:`record` only prints.
     """
 
     def __init__(self, cfg: LaunchConfig, layout: Layout, clock: Callable[[], float],

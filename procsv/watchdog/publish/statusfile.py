@@ -97,8 +97,7 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
 class StatusWriter:
     """Writes the status record when it changed, throttled."""
 
-    def __init__(self, layout: Layout, clock: Callable[[], float],
-                 complain: Callable[[str], None] = lambda text: None) -> None:
+    def __init__(self, layout: Layout, clock: Callable[[], float], complain: Callable[[str], None]) -> None:
         self.layout = layout
         self.clock = clock
         self.dirty = True
