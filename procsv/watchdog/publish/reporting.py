@@ -47,8 +47,8 @@ class Reporter:
         self.clock = clock
         self.wall = wall
         self.started_wall = wall()
-        self.term = Terminal(live=liveline.wanted(cfg.quiet, sys.stdout.isatty()))
-        self.live = liveline.LiveLine() if self.term.live else None
+        self.term = Terminal()
+        self.live = liveline.LiveLine() if liveline.wanted(cfg.quiet, sys.stdout.isatty()) else None
         self.series = StepSeries()  # the step over wall time, for the report's timeline
         self.rejections = Rejections("procsv", "status.json, `procsv status`", self.complain)
         self.io = DiskIO(layout, self.term, clock)  # every write into the logdir, off the loop
