@@ -1,7 +1,7 @@
 """The watchdog's loop never waits on the logdir's filesystem (issue 39, point 2).
 
 A write of ``status.json`` on a stalled network filesystem blocks for as long as the stall lasts.
-The fault point ``watchdog:status_stall`` (:func:`procsv.watchdog.publish.statusfile.stall`) blocks
+The fault point ``watchdog:status_stall`` (:meth:`procsv.watchdog.publish.statusfile.StatusWriter.write`) blocks
 every write of a record past step 0 for 5 s, in whichever thread writes it; a SIGKILLed trainer must
 still be restarted at once. Also the pure parts: a look at the logdir that does not return counts
 as failing, and the writer thread keeps lifecycle records in order with the time they happened.
@@ -22,7 +22,6 @@ from procsv.common.layout import Layout
 from procsv.watchdog.logdirwatch import Look, LogdirHealth
 from procsv.watchdog.publish.diskio import DiskIO
 from procsv.watchdog.publish.events import Event, EventLog
-from procsv.watchdog.publish.statusfile import StatusWriter
 
 ARGS = ("--steps", "1000000", "--save-model-secs", "1", "--step-delay", "0.004", "--print-every-steps", "100000")
 
@@ -215,7 +214,7 @@ def test_the_writer_thread_keeps_records_in_order_with_their_own_time_and_lines_
     out = Out()
     term = Terminal(out=out, err=out)  # type: ignore[arg-type]
     clock = Clock()
-    io = DiskIO(layout, term, StatusWriter(layout, clock), clock)
+    io = DiskIO(layout, term, clock)
     io.events = EventLog(layout.lifecycle)
     gate = threading.Event()
     io.call(gate.wait)  # the disk stalls: nothing queued after this is done until it is set
@@ -240,7 +239,7 @@ def test_a_writer_stuck_at_the_end_is_left_and_the_lines_behind_it_are_written_d
     layout.create()
     out = Out()
     term = Terminal(out=out, err=out)  # type: ignore[arg-type]
-    io = DiskIO(layout, term, StatusWriter(layout, time.monotonic))
+    io = DiskIO(layout, term)
     gate = threading.Event()
     try:
         io.echo(echo_of("from the child"), final=True)  # type: ignore[arg-type]

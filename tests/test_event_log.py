@@ -43,26 +43,26 @@ def test_the_documented_table_is_the_schema_the_writer_enforces():
 def test_a_record_with_a_field_missing_extra_or_both_alternatives_is_refused(tmp_path):
     log = EventLog(str(tmp_path / "lifecycle.jsonl"))
     with pytest.raises(SchemaError, match="finished"):
-        log.write(Event.FINISHED, state="succeeded", exit_code=0)  # no step
+        log.write(Event.FINISHED, at=1.0, state="succeeded", exit_code=0)  # no step
     with pytest.raises(SchemaError, match="restarted"):
-        log.write(Event.RESTARTED, attempt=2, why="extra")
+        log.write(Event.RESTARTED, at=1.0, attempt=2, why="extra")
     with pytest.raises(SchemaError, match="exactly one of"):
-        log.write(Event.EXITED, role="trainer", attempt=1, pid=5, noticed=1.0, code=0, signal="SIGKILL")
+        log.write(Event.EXITED, at=1.0, role="trainer", attempt=1, pid=5, noticed=1.0, code=0, signal="SIGKILL")
     with pytest.raises(SchemaError, match="exactly one of"):
-        log.write(Event.EXITED, role="trainer", attempt=1, pid=5, noticed=1.0)
-    log.write(Event.EXITED, role="trainer", attempt=1, pid=5, noticed=1.0, signal="SIGKILL")
+        log.write(Event.EXITED, at=1.0, role="trainer", attempt=1, pid=5, noticed=1.0)
+    log.write(Event.EXITED, at=1.0, role="trainer", attempt=1, pid=5, noticed=1.0, signal="SIGKILL")
     log.close()
     with open(tmp_path / "lifecycle.jsonl") as fh:
         records = [json.loads(line) for line in fh]
     assert [r["event"] for r in records] == ["exited"]  # the refused ones wrote nothing
-    assert records[0]["signal"] == "SIGKILL" and isinstance(records[0]["time"], float)
+    assert records[0]["signal"] == "SIGKILL" and records[0]["time"] == 1.0
 
 
 def test_a_lifecycle_file_that_cannot_be_written_is_reported_once_and_counted():
     said: list[str] = []
     log = EventLog("/dev/full", complain=said.append)  # every write fails with ENOSPC
     for attempt in (1, 2, 3):
-        log.write(Event.RESTARTED, attempt=attempt)  # never raises
+        log.write(Event.RESTARTED, at=1.0, attempt=attempt)  # never raises
     log.close()
     assert log.lost == 3
     assert len(said) == 1

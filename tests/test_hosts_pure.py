@@ -65,9 +65,9 @@ def test_each_member_of_a_group_over_two_hosts_has_its_rank_node_and_host_as_on_
     layout = Layout(str(tmp_path / "run"))
     here = socket.gethostname()
     one_host = status_record(group_view(1), LaunchConfig("t", [], layout.logdir, nproc=2), layout, 4.0, 4.0, 0.0,
-                             None, on_disk=False)
+                             None)
     two_hosts = status_record(group_view(2), LaunchConfig("t", [], layout.logdir, nproc=1, nnodes=2), layout, 4.0,
-                              4.0, 0.0, None, on_disk=False)
+                              4.0, 0.0, None)
     where = {role: (p.get("rank"), p.get("node"), p.get("host"), p.get("step"))
              for role, p in members(two_hosts).items()}
     assert where == {TRAINER: (0, 0, here, 40), "worker1": (1, 1, HOST1, 39)}
@@ -85,8 +85,7 @@ def test_each_member_of_a_group_over_two_hosts_has_its_rank_node_and_host_as_on_
     assert worker_line.endswith(f"rank 1 on node 1 ({HOST1}), step 39"), worker_line
     assert f"rank 0 on node 0 ({here}), step 40" in text
     assert "  trainer group of 2: running" in render(one_host, layout.logdir).splitlines()
-    alone = status_record(group_view(1), LaunchConfig("t", [], layout.logdir), layout, 4.0, 4.0, 0.0, None,
-                          on_disk=False)
+    alone = status_record(group_view(1), LaunchConfig("t", [], layout.logdir), layout, 4.0, 4.0, 0.0, None)
     assert alone["group"] is None and "rank" not in members(alone)[TRAINER]  # one trainer: no group
 
 
@@ -192,6 +191,5 @@ def test_an_agent_relays_its_members_non_finite_reports_to_node_0_as_they_sent_t
     assert [r.event for r in reports if r.event] == [Event.NONFINITE_DETECTED, Event.ROLLED_BACK, Event.STEP_SKIPPED]
     assert (view.nonfinite_found, view.rollbacks, view.skipped_steps) == (1, 1, [25])
     assert view.children["worker1"].ready_at == 2.0  # its restore, heard through the ready message read first
-    record = status_record(view, LaunchConfig("t", [], layout.logdir, nnodes=2), layout, 3.0, 3.0, 0.0, None,
-                           on_disk=False)
+    record = status_record(view, LaunchConfig("t", [], layout.logdir, nnodes=2), layout, 3.0, 3.0, 0.0, None)
     assert (record["skipped_steps"], record["rollbacks"]) == ([25], 1)

@@ -110,7 +110,7 @@ def _read_until(fd: int, needle: bytes, timeout: float) -> bytes:
 def test_output_scrolls_above_the_live_line_on_a_real_pty():
     master, slave = pty.openpty()
     out = os.fdopen(slave, "w")
-    term = Terminal(out=out, err=out, live=True)
+    term = Terminal(out=out, err=out)
     try:
         term.status("procsv | step 1")
         assert _read_until(master, b"step 1", 5).endswith(ERASE.encode() + b"procsv | step 1")

@@ -182,7 +182,7 @@ def test_restart_causes_are_known_once_and_never_change():
 
 
 def test_step_rate_is_per_attempt_over_a_window():
-    rate = StepRate(window=10.0)
+    rate = StepRate()  # over RATE_WINDOW, 10 s
     assert rate.add(0.0, 1, 0) is None
     assert rate.add(1.0, 1, 50) == 50.0
     assert rate.add(2.0, 1, 150) == 75.0
@@ -248,12 +248,6 @@ def test_families_render_as_prometheus_text_and_parse_back(tmp_path):
     assert value(parse(generate_latest(_registry(_snap(live=False, run="stopped"))).decode()), "procsv_up") == 0.0
 
 
-def _registry(snap: Optional[RunSnapshot]) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunCollector(lambda: snap, "/nonexistent/stats.json", {}))
-    return registry
-
-
 def test_before_this_launch_commits_the_checkpoint_age_is_the_newest_on_disk():
     view = RunView(launch_start=0.0)
     view.restored_step = 500
@@ -264,7 +258,7 @@ def test_before_this_launch_commits_the_checkpoint_age_is_the_newest_on_disk():
     assert take_snapshot(view, 30.0, 1000.0, 970.0, StepRate(), on_disk=(500, 400.0)).last_checkpoint_at == 998.0
 
 
-def _registry(snap: RunSnapshot) -> CollectorRegistry:
+def _registry(snap: Optional[RunSnapshot]) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunCollector(lambda: snap, "/nonexistent", {"target": "t", "logdir": "d"}, wall=lambda: 1000.0))
     return registry

@@ -12,9 +12,8 @@ import signal
 from procsv.watchdog.rules.actions import Cause, GiveUpTask, Kill, NodeLost, Restart, Signal, StandbyGone, StopFailing
 from procsv.watchdog.rules.bookkeeping import find
 from procsv.watchdog.rules.group import blame
-from procsv.watchdog.publish.events import Event
+from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.limits import Limits
-from procsv.watchdog.publish.events import Report
 from procsv.watchdog.rules.state import SERVER, SUMMARY, TRAINER, WORKER, RunView
 
 

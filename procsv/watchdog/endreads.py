@@ -8,7 +8,7 @@ trainer, the newest checkpoint committed since its attempt began that the watchd
 of (:func:`procsv.common.manifests.newest_committed_since`). The loop turns the death into its
 observation when the reads are done, or once :data:`READ_WAIT` has passed without them: then it
 decides with what it knows, and the failure record says what could not be read
-(:func:`unread_note`).
+(:data:`UNREAD`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from procsv.watchdog.diskjobs import Job
 from procsv.watchdog.rules.failures import ChildError, ExitReport
 
 READ_WAIT = 3.0  # seconds the loop waits for the reads at a child's end before it decides without them
+UNREAD = (f"its error file and exit report could not be read within {READ_WAIT:g} s: the logdir's filesystem "
+          "stalls; decided without them")  # the failure record's note when the reads did not return in time
 
 
 @dataclass(frozen=True)
@@ -60,10 +62,4 @@ def taken(job: "Job[EndReads]") -> tuple[Optional[EndReads], str]:
         return job.result, ""
     if job.done:
         return None, f"its error file could not be read: {type(job.error).__name__}: {job.error}"
-    return None, unread_note(READ_WAIT)
-
-
-def unread_note(wait: float) -> str:
-    """What the failure record says when the reads at a child's end did not return in time."""
-    return (f"its error file and exit report could not be read within {wait:g} s: the logdir's filesystem "
-            "stalls; decided without them")
+    return None, UNREAD

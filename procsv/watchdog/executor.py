@@ -33,14 +33,13 @@ from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, Give
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.rules.bookkeeping import find, note
 from procsv.watchdog.rules.limits import Limits
-from procsv.watchdog.publish.events import Event
+from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.children import ChildProcess, Process, Unreaped, death_mutex, end_all
 from procsv.watchdog.deathwatch import DeathWatch
 from procsv.watchdog.logrotate import rotate
 from procsv.watchdog.rules.failures import describe
 from procsv.watchdog.multihost.remote import RemoteMembers
 from procsv.watchdog.rules.lifecycle import ProcState, RunState
-from procsv.watchdog.publish.events import Report
 from procsv.watchdog.pstasks import PsCluster
 from procsv.watchdog.prewarm import PendingFork, Prewarmed, Zygote, zygote_env
 from procsv.watchdog.rules import standby

@@ -18,15 +18,15 @@ from __future__ import annotations
 import os
 import re
 import stat
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from procsv.common.layout import Layout, write_json
+from procsv.common.manifests import last_checkpoint
 from procsv.common.orphans import Orphans
 from procsv.watchdog import observe
 from procsv.watchdog.config import LaunchConfig
-from procsv.watchdog.publish.events import Event
+from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.logdirwatch import Anchor, LogdirHealth
-from procsv.watchdog.publish.events import Report
 from procsv.watchdog.rules.state import RunView
 from procsv.watchdog.publish.reporting import Reporter
 from procsv.watchdog.publish.statusfile import status_record
@@ -69,8 +69,8 @@ class Sweeper:
 
 
 class LogdirGuard:
-    """The logdir the run started in (its :class:`~procsv.watchdog.logdirwatch.Anchor`) and the verdict
-    on the looks at it."""
+    """The logdir the run started in (its :class:`~procsv.watchdog.logdirwatch.Anchor`, which the logdir
+    writer keeps: :attr:`DiskIO.anchor`) and the verdict on the looks at it."""
 
     def __init__(self, layout: Layout, view: RunView, out: Reporter, timeout: float,
                  clock: Callable[[], float]) -> None:
@@ -79,17 +79,15 @@ class LogdirGuard:
         self.out = out
         self.timeout = timeout  # --logdir-timeout: seconds of failed looks in a row that lose the logdir
         self.clock = clock
-        self.anchor: Optional[Anchor] = None
         self.health: Optional[LogdirHealth] = None
         self.moved = False  # the look that lost the logdir saw it moved (not gone, hung or failing)
 
     def start(self) -> None:
         try:
-            self.anchor = Anchor(self.layout.logdir)
+            anchor = self.out.io.anchor = Anchor(self.layout.logdir)  # the logdir writer's looks compare with it
         except OSError:
             return  # a logdir that cannot be opened at the start is not watched
-        self.health = LogdirHealth(self.anchor.identity, self.timeout)
-        self.out.io.anchor = self.anchor
+        self.health = LogdirHealth(anchor.identity, self.timeout)
 
     def check(self) -> None:
         """Is the logdir still the directory the run started in? (after a failed checkpoint, and every
@@ -115,18 +113,18 @@ class LogdirGuard:
             self.out.record(observe.logdir_lost(self.view, reason))
             self.out.changed()
 
-    def final_status_where_it_went(self, cfg: LaunchConfig, now: float, wall: float, started_wall: float,
-                                   zygote: Optional[dict[str, Any]]) -> None:
+    def final_status_where_it_went(self, cfg: LaunchConfig, now: float, wall: float, started_wall: float) -> None:
         """A logdir moved while live (the directory the run started in is at another path now, or at
         its own path again: moved back) gets its final status record there, so that ``procsv status
         DIR`` tells how the run ended (not the last record before it was lost, that of a live run).
         Its own path is looked at only after a look saw it moved: not after failing or hung looks."""
-        anchor = self.anchor
+        anchor = self.out.io.anchor
         dest = anchor.where() if anchor is not None else None
         if dest is None or anchor is None or (dest == anchor.start and not (self.moved and anchor.leads_here(dest))):
             return
         moved = Layout(dest)
-        record = status_record(self.view, cfg, moved, now, wall, started_wall, zygote)
+        record = status_record(self.view, cfg, moved, now, wall, started_wall, None)  # (ex.close() killed it)
+        record["last_checkpoint"] = last_checkpoint(moved)
         try:
             write_json(moved.status, record)
         except OSError:

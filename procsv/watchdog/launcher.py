@@ -254,7 +254,7 @@ class Watchdog:
         if self.view.logdir_lost is None:  # never write into a logdir that is gone or moved
             self.out.write_status(self.view, None, force=True)
         else:
-            self.logdir.final_status_where_it_went(self.cfg, self.clock(), self.wall(), self.out.started_wall, None)
+            self.logdir.final_status_where_it_went(self.cfg, self.clock(), self.wall(), self.out.started_wall)
         self.out.final_report(self.view, self.limits)
         self.out.close_io()
         if self.cfg.on_failure and self.view.run == RunState.FAILED:

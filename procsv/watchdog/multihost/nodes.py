@@ -26,8 +26,7 @@ from procsv.ipc.messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStart
                                  NodeStop, Relayed, SignalMember, StartMembers)
 from procsv.ipc.transport import ReceiveTimeout, make_socket, recv, send
 from procsv.common import curve
-from procsv.watchdog.publish.events import Report
-from procsv.watchdog.publish.events import Event
+from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.hosts import Claim, claim_node
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.state import RunView

@@ -25,7 +25,7 @@ from procsv.common.layout import Layout
 from procsv.watchdog import observe
 from procsv.watchdog.children import read_child_error
 from procsv.watchdog.diskjobs import DiskJobs, Job
-from procsv.watchdog.endreads import READ_WAIT, unread_note
+from procsv.watchdog.endreads import READ_WAIT, UNREAD
 from procsv.watchdog.lateblame import breaker_found
 from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.group import rank_of, worker_slot
@@ -117,7 +117,7 @@ class RemoteMembers:
                 break
             settled = True
             self._ends.popleft()
-            unread = "" if job.done else unread_note(READ_WAIT)
+            unread = "" if job.done else UNREAD
             failure = Failure(slot, attempt, pid, code, wall, self.layout.attempt_log(slot, attempt), job.result,
                               unread=unread, signalled=signalled)
             self.report(observe.reaped(self.view, slot, attempt, failure, self.clock()) + breaker_found(self.view))

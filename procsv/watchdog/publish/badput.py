@@ -37,9 +37,7 @@ def of_launch(view: RunView, now: float) -> Breakdown:
                             tuple(attempt(c, now) for c in view.attempts)))
 
 
-def goodput(view: RunView, now: float, spent: Optional[Breakdown] = None) -> Optional[float]:
-    """The launch's goodput so far (its ``productive`` share of the wall time); None before the
-    first completed step. ``spent``: :func:`of_launch` at ``now``, if taken already."""
-    if not any(a.first_step_at is not None for a in view.attempts):
-        return None
-    return (spent or of_launch(view, now)).goodput
+def goodput(view: RunView, spent: Breakdown) -> Optional[float]:
+    """The launch's goodput so far (the ``productive`` share of ``spent``, :func:`of_launch`); None
+    before the first completed step."""
+    return spent.goodput if any(a.first_step_at is not None for a in view.attempts) else None

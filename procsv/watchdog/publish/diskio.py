@@ -74,11 +74,11 @@ _Item = Union[_Job, _Line, None]
 class DiskIO:
     """The logdir writer thread and what the loop hands it (see the module's docstring)."""
 
-    def __init__(self, layout: Layout, term: Terminal, status: StatusWriter,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, layout: Layout, term: Terminal, clock: Callable[[], float] = time.monotonic) -> None:
         self.layout = layout
         self.term = term
-        self.status = status
+        # status.json: its complaints come from this thread, straight to the terminal
+        self.status = StatusWriter(layout, clock, complain=lambda text: term.line(text, True))
         self.clock = clock
         self.events: Optional[EventLog] = None
         self.anchor: Optional[Anchor] = None  # the logdir the run started in (set by the logdir guard)
@@ -201,7 +201,7 @@ class DiskIO:
             except Exception as exc:  # a bug here must not end the thread: the loop depends on it
                 self.term.line(f"procsv: internal error in the logdir writer: {type(exc).__name__}: {exc}", True)
             finally:
-                if isinstance(item, _Line) or (item is not None and item.terminal):
+                if isinstance(item, _Line) or item.terminal:
                     self._done += 1
 
     def _write_status(self) -> None:

@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import enum
 import json
-import time
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Optional
 
@@ -197,23 +196,20 @@ class Report:
 class EventLog:
     """Appends checked records to ``lifecycle.jsonl`` (line-buffered: a crash loses at most a line)."""
 
-    def __init__(self, path: str, wall: Callable[[], float] = time.time,
-                 complain: Callable[[str], None] = lambda text: None) -> None:
+    def __init__(self, path: str, complain: Callable[[str], None] = lambda text: None) -> None:
         self.path = path
-        self._wall = wall
         self._complain = complain
         self.lost = 0  # records that could not be written (ENOSPC, EIO): reported once, then counted
         self._fh: Optional[IO[str]] = open(path, "a", buffering=1)
 
-    def write(self, event: Event, at: Optional[float] = None, **fields: Any) -> None:
-        """Append one record (``at``: when it happened, wall time; default now); a failing write is
-        counted and reported once, never raised."""
+    def write(self, event: Event, at: float, **fields: Any) -> None:
+        """Append one record (``at``: when it happened, wall time, as the loop recorded it); a failing
+        write is counted and reported once, never raised."""
         check(event, fields)
         if self._fh is None:
             return
         try:
-            when = self._wall() if at is None else at
-            self._fh.write(json.dumps({"time": when, "event": event.value, **fields}) + "\n")
+            self._fh.write(json.dumps({"time": at, "event": event.value, **fields}) + "\n")
         except OSError as exc:
             self.lost += 1
             if self.lost == 1:

@@ -31,9 +31,9 @@ def wanted(quiet: bool, isatty: bool) -> bool:
     return isatty and not quiet
 
 
-def due(now: float, last_draw: Optional[float], every: float = DRAW_EVERY) -> bool:
-    """True if a redraw may happen at ``now``: never before, or ``every`` seconds after the last."""
-    return last_draw is None or now - last_draw >= every
+def due(now: float, last_draw: Optional[float]) -> bool:
+    """True if a redraw may happen at ``now``: never before, or :data:`DRAW_EVERY` seconds after the last."""
+    return last_draw is None or now - last_draw >= DRAW_EVERY
 
 
 def ago(secs: float) -> str:

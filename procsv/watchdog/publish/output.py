@@ -6,8 +6,8 @@ deaths. :class:`Terminal` queues each line (bounded) and a daemon thread writes 
 queue is full the line is dropped and counted, and the count is reported once output flows again.
 At exit, :meth:`Terminal.close` waits a bounded time for the queue to drain.
 
-With ``live`` (a terminal, no ``--quiet``), :meth:`Terminal.status` sets the live status line
-(:mod:`procsv.watchdog.publish.liveline`): the writer erases it (``\r`` and erase-line), writes each line
+:meth:`Terminal.status` sets the live status line (:mod:`procsv.watchdog.publish.liveline`; called
+only where it is drawn: a terminal, no ``--quiet``): the writer erases it (``\r`` and erase-line), writes each line
 of output, and draws it again below, so output scrolls above it. The loop only stores the newest
 text and queues one redraw if none is pending: a terminal that stops reading costs it nothing, and
 the redraws it missed are dropped, not queued.
@@ -33,14 +33,13 @@ class Terminal:
     """Non-blocking line output to stdout/stderr."""
 
     def __init__(self, out: Optional[TextIO] = None, err: Optional[TextIO] = None,
-                 clock: Callable[[], float] = time.monotonic, live: bool = False) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._out = out or sys.stdout
         self._err = err or sys.stderr
         self._clock = clock
         self._queue: "queue.Queue[Optional[tuple[str, bool]]]" = queue.Queue(QUEUE_LINES)
         self.dropped = 0
         self._reported = 0
-        self.live = live
         self._live_text = ""  # the newest live line (set by the loop)
         self._live_pending = False  # a redraw is queued (set by the loop, cleared by the writer)
         self._shown = ""  # the live line on the screen now (writer thread only)
@@ -55,8 +54,8 @@ class Terminal:
             self.dropped += 1
 
     def status(self, text: str) -> None:
-        """Set the live line (a no-op unless ``live``); never waits, never queues a second redraw."""
-        if not self.live or text == self._live_text:
+        """Set the live line; never waits, never queues a second redraw."""
+        if text == self._live_text:
             return
         self._live_text = text
         if not self._live_pending:

@@ -18,33 +18,26 @@ from typing import Any, Callable, Optional
 
 from procsv.common.layout import Layout, write_json
 from procsv.ipc.rejections import Rejections
-from procsv.watchdog.publish import liveline
-from procsv.watchdog.publish import badput, recovery
+from procsv.watchdog.publish import badput, liveline, recovery
 from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.publish.diskio import DiskIO
-from procsv.watchdog.publish.events import EventLog
 from procsv.watchdog.rules.limits import Limits
-from procsv.watchdog.publish.events import Report
+from procsv.watchdog.publish.events import EventLog, Report
 from procsv.watchdog.publish.output import Terminal
 from procsv.watchdog.prewarm import Zygote
 from procsv.watchdog.publish.runmetrics import PUBLISH_EVERY, RunSnapshot, StepRate, take_snapshot, task_summary
 from procsv.watchdog.publish.series import StepSeries
 from procsv.watchdog.rules.state import RunView
-from procsv.watchdog.publish.statusfile import StatusWriter, status_record
-
-
-def zygote_record(z: Optional[Zygote]) -> Optional[dict[str, Any]]:
-    """The pre-warmed trainer as ``status.json`` shows it (``None``: there is none)."""
-    return None if z is None else {"pid": z.pid, "ready": z.ready}
+from procsv.watchdog.publish.statusfile import status_record
 
 
 class Reporter:
     """The launch's outputs: the terminal, the lifecycle log, the status file, the step series,
     the metrics snapshot (replaced whole; read by the metrics threads) and the final report.
 
-    ``events`` is opened once the logdir is locked (:meth:`open_events`); until then
-    :meth:`record` only prints.
+    The lifecycle log (``io.events``) is opened once the logdir is locked (:meth:`open_events`); until
+    then :meth:`record` only prints.
     """
 
     def __init__(self, cfg: LaunchConfig, layout: Layout, clock: Callable[[], float],
@@ -54,30 +47,26 @@ class Reporter:
         self.clock = clock
         self.wall = wall
         self.started_wall = wall()
-        self.term = Terminal(live=liveline.wanted(cfg.quiet, sys.stdout.isatty()))
-        self.live = liveline.LiveLine() if self.term.live else None
+        self.term = Terminal()
+        self.live = liveline.LiveLine() if liveline.wanted(cfg.quiet, sys.stdout.isatty()) else None
         self.series = StepSeries()  # the step over wall time, for the report's timeline
-        # its complaints come from the logdir writer thread: straight to the terminal
-        self.status = StatusWriter(layout, clock, complain=lambda text: self.term.line(text, True))
         self.rejections = Rejections("procsv", "status.json, `procsv status`", self.complain)
-        self.events: Optional[EventLog] = None
-        self.io = DiskIO(layout, self.term, self.status, clock)  # every write into the logdir, off the loop
+        self.io = DiskIO(layout, self.term, clock)  # every write into the logdir, off the loop
         self.snapshot: Optional[RunSnapshot] = None  # replaced whole by the loop; read by the metrics threads
         self._publishing = cfg.metrics_port is not None
         self._rate = StepRate()
         self._next_publish = 0.0
 
     def open_events(self) -> None:
-        self.events = self.io.events = EventLog(self.layout.lifecycle, self.wall,
-                                                complain=lambda text: self.term.line(text, True))
+        self.io.events = EventLog(self.layout.lifecycle, complain=lambda text: self.term.line(text, True))
 
     # ------------------------------------------------------------------ lines and events
     def record(self, reports: list[Report]) -> None:
         for r in reports:
             if r.event is not None:
                 self.io.event(r.event, r.fields, self.wall() if r.at is None else r.at)
-            if r.event is not None and self.live is not None:
-                self.live.event(r.event, r.fields)
+                if self.live is not None:
+                    self.live.event(r.event, r.fields)
             if r.say:
                 self.say(r.say, err=r.err)
 
@@ -95,7 +84,7 @@ class Reporter:
 
     def changed(self) -> None:
         """The view changed: ``status.json`` is due for a rewrite (throttled)."""
-        self.status.dirty = True
+        self.io.status.dirty = True
 
     def progress(self, step: int) -> None:
         """A completed step: for the report's timeline and the live line."""
@@ -108,10 +97,10 @@ class Reporter:
         """Hand ``status.json`` to the logdir writer if due (``force``: now, durably); never into a
         lost logdir. The record is built here (the view is the loop's); the writer reads its
         ``last_checkpoint``."""
-        if view.logdir_lost is not None or not self.status.due(force):
+        if view.logdir_lost is not None or not self.io.status.due(force):
             return
         self.io.write_status(status_record(view, self.cfg, self.layout, self.clock(), self.wall(), self.started_wall,
-                                           zygote_record(zygote), self.rejections.record(), on_disk=False),
+                                           zygote, self.rejections.record()),
                              durable=force)
 
     def publish(self, view: RunView, force: bool = False) -> None:
@@ -134,7 +123,7 @@ class Reporter:
         if not final and not liveline.due(now, self.live.last_draw):
             return
         self.live.last_draw, self.live.drawn_step = now, view.step
-        gp = badput.goodput(view, now)
+        gp = badput.goodput(view, badput.of_launch(view, now))
         facts = self.live.facts(now, view.step, view.history.restarts, gp, len(view.skipped_steps), view.last_commit_at)
         self.term.status(liveline.format_line(facts, self.term.width()))
 
@@ -149,7 +138,7 @@ class Reporter:
         if points and view.step > points[-1][1]:  # Progress is throttled: the last steps may be unsaid
             self.series.add(self.wall(), view.step)
         summary.update(started_at=self.started_wall, ended_at=self.wall(), skipped_steps=list(view.skipped_steps),
-                       breakdown=spent.to_json(), goodput=badput.goodput(view, now, spent), wall_s=spent.wall,
+                       breakdown=spent.to_json(), goodput=badput.goodput(view, spent), wall_s=spent.wall,
                        rollbacks=view.rollbacks, **({"tasks": task_summary(view)} if view.tasks_alone else {}),
                        series=[[round(t, 3), s] for t, s in self.series.points()])
         if view.logdir_lost is None:
@@ -160,7 +149,7 @@ class Reporter:
     def close_io(self) -> None:
         """The last of the logdir's writes: close the lifecycle log after what is queued, and wait a
         bounded time for the writer thread (:meth:`DiskIO.close`)."""
-        events = self.events
+        events = self.io.events
         if events is not None:
             self.io.call(events.close)
         self.io.close()

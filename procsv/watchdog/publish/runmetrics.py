@@ -111,8 +111,7 @@ class StepRate:
     that went back starts a new window. None until two samples span some time.
     """
 
-    def __init__(self, window: float = RATE_WINDOW) -> None:
-        self.window = window
+    def __init__(self) -> None:
         self._attempt = -1
         self._samples: deque[tuple[float, int]] = deque()
 
@@ -121,7 +120,7 @@ class StepRate:
             self._samples.clear()
             self._attempt = attempt
         self._samples.append((now, step))
-        while len(self._samples) > 2 and self._samples[1][0] <= now - self.window:
+        while len(self._samples) > 2 and self._samples[1][0] <= now - RATE_WINDOW:
             self._samples.popleft()
         (t0, s0), (t1, s1) = self._samples[0], self._samples[-1]
         return (s1 - s0) / (t1 - t0) if t1 > t0 else None
@@ -149,8 +148,8 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
         attempt=attempt,
         restarts=restart_counts(view.attempts),
         service_restarts=services,
-        steps_redone=sum(r["steps_redone"] or 0 for r in recovery.recoveries(view.attempts)),
-        goodput=badput.goodput(view, now, spent),
+        steps_redone=recovery.summarize(view.attempts)["steps_redone"],
+        goodput=badput.goodput(view, spent),
         last_checkpoint_step=commit_step,
         last_checkpoint_at=commit_at,
         last_checkpoint_secs=view.last_commit_secs if view.last_commit_at is not None else None,

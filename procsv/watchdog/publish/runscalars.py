@@ -19,7 +19,7 @@ the :class:`~procsv.ipc.messages.RunScalars` due now, by global step:
 The summary service adds ``procsv/summaries_dropped`` to each point and writes them into the run
 ``procsv`` (:mod:`procsv.services.summary.procsvrun`). :class:`ScalarSender` sends them on a
 DEALER connected to ``summary.sock`` without ever blocking: a point the socket's queue
-(:data:`SNDHWM` messages, while the service is down) cannot take is dropped and counted.
+(:data:`SNDHWM` messages, while the service is down) cannot take is dropped.
 """
 
 from __future__ import annotations
@@ -90,10 +90,9 @@ def due(view: RunView, now: float, wall: float, sent: Sent) -> tuple[list[RunSca
     if stepped and (now >= sent.next_periodic or final):
         tags, values = ["procsv/restarts"], [float(max(0, len(attempts) - 1 - view.not_restarts()))]
         spent = badput.of_launch(view, now)
-        goodput = badput.goodput(view, now, spent)
-        if goodput is not None:
+        if spent.goodput is not None:  # (stepped: badput.goodput's gate is passed)
             tags.append("procsv/goodput")
-            values.append(goodput)
+            values.append(spent.goodput)
         if spent.wall > 0:
             tags += [f"procsv/time_share/{k}" for k in spent.secs]
             values += [v / spent.wall for v in spent.secs.values()]
@@ -115,16 +114,11 @@ class ScalarSender:
         self.sock = make_socket(zctx, zmq.DEALER, sndhwm=SNDHWM)
         self.sock.connect(endpoint)
         self.sent = Sent()
-        self.points = 0  # handed to ZeroMQ
-        self.dropped = 0  # refused by a full queue
 
     def tick(self, view: RunView, now: float, wall: float) -> None:
         points, self.sent = due(view, now, wall, self.sent)
         for p in points:
-            if send(self.sock, p):
-                self.points += 1
-            else:
-                self.dropped += 1
+            send(self.sock, p)  # (False: the queue is full, the point dropped)
 
     def close(self) -> None:
         self.sock.close(0)

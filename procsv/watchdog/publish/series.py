@@ -25,8 +25,6 @@ class StepSeries:
     """A bounded, downsampled series of ``(wall time, step)`` points."""
 
     def __init__(self, max_points: int = MAX_POINTS, spacing: float = START_SPACING) -> None:
-        if max_points < 4:
-            raise ValueError(f"max_points must be >= 4, not {max_points}")
         self.max_points = max_points
         self.spacing = spacing
         self._kept: list[tuple[float, int]] = []

@@ -19,11 +19,11 @@ import psutil
 
 from procsv.common import faults
 from procsv.common.layout import Layout, write_json
-from procsv.common.manifests import last_checkpoint
 from procsv.common.pidfd import host_id
 from procsv.watchdog.rules import group, membership
 from procsv.watchdog.publish import badput
 from procsv.watchdog.config import LaunchConfig
+from procsv.watchdog.prewarm import Zygote
 from procsv.watchdog.rules.state import CHECKPOINT, PS, SERVER, SUMMARY, TRAINER, WORKER, RunView
 
 STATUS_EVERY = 0.5  # seconds
@@ -32,12 +32,10 @@ STALL_SECS = 5.0  # how long the fault point status_stall blocks a write (tests 
 
 
 def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, wall: float, started_wall: float,
-                  zygote: Optional[dict[str, Any]], rejected: Optional[dict[str, Any]] = None,
-                  on_disk: bool = True) -> dict[str, Any]:
+                  zygote: Optional[Zygote], rejected: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """The status record at ``now`` (monotonic) / ``wall`` (epoch seconds); ``rejected``: the
-    messages the watchdog refused (:meth:`procsv.ipc.rejections.Rejections.record`). ``on_disk``
-    False: ``last_checkpoint`` is left None, for the logdir writer thread to read (the loop reads
-    nothing from the logdir)."""
+    messages the watchdog refused (:meth:`procsv.ipc.rejections.Rejections.record`). Its
+    ``last_checkpoint`` is left None for the writer to read (the loop reads nothing from the logdir)."""
     procs: list[dict[str, Any]] = [{"role": "watchdog", "pid": os.getpid(),
                                     "state": "exited" if view.finishing else "running", "restarts": 0,
                                     "create_time": psutil.Process().create_time()}]
@@ -76,11 +74,11 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
         "rollbacks": view.rollbacks,  # restores of a finite state after a non-finite loss: in place, and a group's
         "group_rollbacks": view.group_rollbacks(),  # ... of which a trainer group's (its restart, to skip the step)
         "nonfinite_detected": view.nonfinite_found,  # non-finite losses or snapshot states found (a group's step: once)
-        "last_checkpoint": last_checkpoint(layout) if on_disk else None,
+        "last_checkpoint": None,  # (read by the writer: DiskIO, or the final status of a moved logdir)
         "last_error": view.last_error,
-        "goodput": badput.goodput(view, now, spent),
+        "goodput": badput.goodput(view, spent),
         "breakdown": spent.to_json(),
-        "prewarm": zygote,
+        "prewarm": None if zygote is None else {"pid": zygote.pid, "ready": zygote.ready},  # the pre-warmed trainer
         "exit_code": view.exit_code if view.finishing else None,
         "rejected": rejected or {"total": 0, "by_reason": {}},
         "logdir_errors": {"count": view.logdir_errors, "last": view.logdir_last_error},
@@ -99,8 +97,7 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
 class StatusWriter:
     """Writes the status record when it changed, throttled."""
 
-    def __init__(self, layout: Layout, clock: Callable[[], float],
-                 complain: Callable[[str], None] = lambda text: None) -> None:
+    def __init__(self, layout: Layout, clock: Callable[[], float], complain: Callable[[str], None]) -> None:
         self.layout = layout
         self.clock = clock
         self.dirty = True
@@ -124,8 +121,10 @@ class StatusWriter:
         reported once and retried at the next change: the run goes on without a fresh status file
         rather than stopping. A write that finds its directory gone (ENOENT) is reported only if the
         next one does too, or if it is the final (``durable``) one: a logdir being deleted is the
-        loop's "lost" line, not this one."""
-        stall(record)
+        loop's "lost" line, not this one. The fault point ``watchdog:status_stall`` (tests only) blocks
+        a write of a record past step 0 for :data:`STALL_SECS`, as a stalled network filesystem does."""
+        if record.get("step", 0) > 0 and faults.fires("watchdog", "status_stall"):
+            time.sleep(STALL_SECS)
         try:
             write_json(self.layout.status, record, durable=durable)
         except OSError as exc:
@@ -145,10 +144,3 @@ class StatusWriter:
         if self.failing is not None:
             self._complain(f"procsv: {self.layout.status} is written again")
             self.failing = None
-
-
-def stall(record: dict[str, Any]) -> None:
-    """The fault point ``watchdog:status_stall`` (tests only): a write of a record past step 0
-    blocks for :data:`STALL_SECS`, as a write on a stalled network filesystem does."""
-    if record.get("step", 0) > 0 and faults.fires("watchdog", "status_stall"):
-        time.sleep(STALL_SECS)
