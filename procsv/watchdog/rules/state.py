@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from procsv.watchdog.rules.actions import Action, Cause, Kill, Signal
-from procsv.watchdog.rules.failures import Failure
+from procsv.watchdog.rules.failures import Failure, describe
 from procsv.watchdog.rules.lifecycle import ProcState, RunState, transition
 from procsv.watchdog.rules.nonfinitelog import NonfiniteLog
 from procsv.watchdog.rules.policy import History
@@ -199,7 +199,7 @@ class ChildView:
     @property
     def cause(self) -> str:
         """Why this attempt ended, as the recovery report names it ("" while it runs)."""
-        return self.hang_cause or (self.failure.describe() if self.failure else "")
+        return self.hang_cause or (describe(self.failure.code) if self.failure else "")
 
 
 @dataclass

@@ -54,8 +54,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from procsv.common.exitcodes import EXIT_PREEMPTED
 from procsv.watchdog.rules.actions import Action, Cause, GiveUp, GiveUpTask, Kill, RestartTask, Settle, Spawn
+from procsv.watchdog.rules.failures import killed_from_outside
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.policy import Action as Verdict
@@ -102,9 +102,8 @@ def judge_task(view: RunView, child: ChildView, now: float, limits: Limits, draw
         return [RestartTask(child.slot, child.attempt, 0.0, history)]  # procsv killed it (ps_lost): not counted
     server = child.role in (PS, SERVER)  # serves until the run's end: exiting before it is a loss
     code = child.exit_code if child.exit_code is not None else 1
-    failure = child.failure
-    preempted = failure is not None and failure.preempted and code == EXIT_PREEMPTED
-    outside = failure is not None and failure.killed_from_outside
+    preempted = child.failure is not None and child.failure.preempted
+    outside = killed_from_outside(child.exit_code)
     if server and code == 0:
         code = 1
     ex = TrainerExit(code, child.first_step_at is not None or server, child.made_progress,
