@@ -193,7 +193,7 @@ def _restart_due(view: RunView, now: float, limits: Limits) -> list[Action]:
         # and 15: a group waits for every host it still waits for. With --ps only the first start does (every
         # task's address): the chief's restart is its own, on node 0
         return []
-    if tasks.chief_held(view) or tasks.ps_not_serving(view, now, limits.hang.startup_timeout):
+    if tasks.chief_held(view) or tasks.ps_not_serving(view, now, limits):
         return []  # rule 14: --ps, the last chief still holds its port; --coordinator, a ps is not back
     if view.forking:
         return []  # a standby asked of the zygote: wait for its answer (milliseconds), then decide

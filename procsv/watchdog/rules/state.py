@@ -245,7 +245,6 @@ class RunView:
     forking: bool = False  # a trainer start asked of the zygote or another host, not answered yet (Executor.poll_fork)
     service_crashes: dict[str, tuple[float, ...]] = field(default_factory=dict)  # slot -> its deaths counted
     tasks_alone: bool = False  # --ps N --workers M: each task restarts alone (procsv.watchdog.rules.tasks)
-    coordinator: bool = False  # ... --coordinator: the workers are servers (role SERVER), the trainer the chief
     task_history: dict[str, History] = field(default_factory=dict)  # slot -> its restarts (a --ps task's own)
     task_due: dict[str, float] = field(default_factory=dict)  # slot -> when the task is started again
     tasks_given_up: list[str] = field(default_factory=list)  # --ps workers given up on, the run training on
