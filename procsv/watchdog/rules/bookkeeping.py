@@ -50,7 +50,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         return
     if isinstance(action, Promote):
         promoted = view.children.pop(action.slot)
-        rank = standby.rank_of(action.slot)  # a standby group's member R becomes the next attempt's worker R
+        rank = group.rank_of(action.slot)  # a standby group's member R becomes the next attempt's worker R
         promoted.slot, promoted.role = (TRAINER, TRAINER) if rank == 0 else (group.worker_slot(rank), WORKER)
         promoted.started = now  # the attempt starts now: its start-up limit and its recovery breakdown count from here
         promoted.set_state(ProcState.STARTING)
