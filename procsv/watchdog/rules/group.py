@@ -118,7 +118,7 @@ def blame(view: RunView, chief: ChildView) -> ChildView:
         # first: its peers failed in their next collective when it left, and their deaths can be noticed before its exit
         return diverged
     first = breaker(view, chief)
-    if first is not None and peer_failure(first):
+    if first is not None and error_type(first) in PEER_ERRORS:
         return first_cut_off(view, chief) or first
     return first or chief
 
@@ -128,11 +128,6 @@ def error_type(member: ChildView) -> str:
     if member.failure is not None:
         return member.failure.error.type if member.failure.error is not None else ""
     return member.noticed_error
-
-
-def peer_failure(member: ChildView) -> bool:
-    """Whether this member ended on an error of a collective whose peer was gone (:data:`PEER_ERRORS`)."""
-    return error_type(member) in PEER_ERRORS
 
 
 def cut_off(member: ChildView) -> bool:
@@ -173,7 +168,7 @@ def late_breaker(view: RunView, chief: ChildView) -> Optional[ChildView]:
     agent's report, or its host lost): the attempt's true breaker, to be recorded in place of the one
     judged (None: nothing to correct). Pure, like :func:`blame`."""
     judged = chief.broken_by
-    if chief.role != TRAINER or judged is None or not peer_failure(judged) or cut_off(judged):
+    if chief.role != TRAINER or judged is None or error_type(judged) not in PEER_ERRORS or cut_off(judged):
         return None
     if any(m.hang_cause or diverging(m) for m in members(view, chief)):
         return None  # blamed before a member cut off (a hung member's peers are stopped by the watchdog)
