@@ -211,7 +211,7 @@ def test_the_snapshot_reads_the_view():
     assert snap.steps_redone == 50
     assert snap.last_checkpoint_step == 250 and snap.last_checkpoint_at == 998.0 and snap.checkpoints == 4
     assert 0 < snap.goodput <= 1
-    view.finishing, view.run = True, RunState.SUCCEEDED
+    view.run = RunState.SUCCEEDED
     assert not take_snapshot(view, 31.0, 1001.0, 970.0, StepRate()).live
 
 

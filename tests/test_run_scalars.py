@@ -151,7 +151,7 @@ def test_periodic_points_every_interval_and_one_at_the_end():
     view.last_commit_at = 6.0
     points, sent = due(view, 4.0 + SCALARS_EVERY, 0.0, sent)
     assert _tags(points[0])["procsv/checkpoint_age_secs"] == pytest.approx(8.0)
-    view.finishing, view.run = True, RunState.SUCCEEDED
+    view.run = RunState.SUCCEEDED
     points, sent = due(view, 15.0, 0.0, sent)  # the outcome is decided: one last point at once
     assert len(points) == 1 and sent.final
     assert due(view, 16.0, 0.0, sent)[0] == []

@@ -93,7 +93,6 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
             run = RunState.FAILED
         view.run = transition(view.run, run)  # type: ignore[assignment]
         view.exit_code = view.exit_code or code
-        view.finishing = True
         view.restart_at = None
         view.services_deadline = now + min(limits.stop_grace_secs, limits.services_grace_secs)
         return

@@ -232,7 +232,6 @@ class RunView:
     attempts: list[ChildView] = field(default_factory=list)  # every trainer attempt, in order
     history: History = field(default_factory=History)
     run: RunState = RunState.RUNNING
-    finishing: bool = False  # the run's outcome is decided; what is left is stopping the services
     exit_code: int = 0
     failed: bool = False  # a service kept failing: the run ends as failed, after an orderly stop
     step: int = 0
@@ -283,6 +282,11 @@ class RunView:
     nodes: dict[int, NodeView] = field(default_factory=dict)
     group_nodes: tuple[int, ...] = ()  # the hosts the current (or last) group was started on, node 0 first (rule 15)
     membership_changes: int = 0  # groups started on other hosts than the group before them
+
+    @property
+    def finishing(self) -> bool:
+        """The run's outcome is decided (its state is no longer ``running``); what is left is stopping the services."""
+        return self.run != RunState.RUNNING
 
     def trainers(self) -> list[ChildView]:
         return [c for c in self.children.values() if c.role == TRAINER]
