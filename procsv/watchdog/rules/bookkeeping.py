@@ -98,6 +98,8 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         return
     if child is None:
         raise KeyError(f"{type(action).__name__}: no attempt {action.attempt} of {action.slot}")
+    if isinstance(action, (Restart, RestartTask, GiveUpTask, RespawnService, GiveUpService, Settle, StandbyGone)):
+        _settle(child, early=isinstance(action, Restart) and action.early)  # its end is judged
     if isinstance(action, Signal):
         if action.cause == Cause.CHAOS:
             view.chaos_at = None
@@ -129,7 +131,6 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
                 t.save_overdue = ""
             view.last_error = f"checkpoint service stalled: {action.reason}"
     elif isinstance(action, Restart):
-        _settle(child, early=action.early)
         child.set_state(ProcState.RESTARTING)
         view.history = action.history
         view.restart_at = now + action.delay
@@ -141,31 +142,24 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         if not action.preempted:
             view.last_error = group.blame(view, child).headline()
     elif isinstance(action, RestartTask):
-        _settle(child)
         child.set_state(ProcState.RESTARTING)
         view.task_history[child.slot] = action.history
         view.task_due[child.slot] = now + action.delay
         view.last_error = child.headline()
     elif isinstance(action, GiveUpTask):
-        _settle(child)
         view.task_history[child.slot] = action.history
         view.tasks_given_up.append(child.slot)
         view.last_error = child.headline()
     elif isinstance(action, RespawnService):
-        _settle(child)
         child.set_state(ProcState.RESTARTING)
         view.service_crashes[child.slot] = action.crashes
     elif isinstance(action, GiveUpService):
-        _settle(child)
         view.service_crashes[child.slot] = action.crashes
         view.failed = True
         view.last_error = f"{child.role} service keeps failing: {child.headline()}"
         view.exit_code = 1
         request_stop(view, signal.SIGTERM, now, limits.stop_grace_secs)
-    elif isinstance(action, Settle):
-        _settle(child)
     elif isinstance(action, StandbyGone):
-        _settle(child)
         if action.no_shadow:
             view.shadow_runs = False
         if action.failed:
