@@ -48,7 +48,6 @@ from procsv.watchdog.rules.state import STANDBY, TRAINER, ChildView, RunView, Zy
 
 GIVE_UP_AFTER = 5  # standby ends in a row (not caused by the watchdog) after which none is prepared
 HEADROOM = 1 << 30  # bytes of memory left over beyond twice the trainer's size
-MODES = ("auto", "hot", "fork", "off")
 
 
 def backoff(failures: int) -> float:
