@@ -88,11 +88,10 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         view.history = action.history
         if isinstance(action, GiveUp) and child is not None:
             view.last_error = group.blame(view, child).headline()
-        run, code = (action.run, action.exit_code) if isinstance(action, Finish) else (RunState.FAILED, action.exit_code)
-        if view.failed:  # a service kept failing: the orderly stop that followed is a failure
-            run = RunState.FAILED
+        # (view.failed: a service kept failing, and the orderly stop that followed is a failure)
+        run = action.run if isinstance(action, Finish) and not view.failed else RunState.FAILED
         view.run = transition(view.run, run)  # type: ignore[assignment]
-        view.exit_code = view.exit_code or code
+        view.exit_code = view.exit_code or action.exit_code
         view.restart_at = None
         view.services_deadline = now + min(limits.stop_grace_secs, limits.services_grace_secs)
         return
