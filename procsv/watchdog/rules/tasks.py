@@ -101,13 +101,10 @@ def judge_task(view: RunView, child: ChildView, now: float, limits: Limits, draw
     if child.role == WORKER and child.killed and not child.hang_cause and view.stop_signal is None:
         return [RestartTask(child.slot, child.attempt, 0.0, history)]  # procsv killed it (ps_lost): not counted
     server = child.role in (PS, SERVER)  # serves until the run's end: exiting before it is a loss
-    code = child.exit_code if child.exit_code is not None else 1
-    preempted = child.failure is not None and child.failure.preempted
-    outside = killed_from_outside(child.exit_code)
-    if server and code == 0:
-        code = 1
-    ex = TrainerExit(code, child.first_step_at is not None or server, child.made_progress,
-                     view.stop_signal is not None, preempted=preempted, killed_from_outside=outside)
+    code = 1 if child.exit_code is None or (server and child.exit_code == 0) else child.exit_code
+    ex = TrainerExit(code, child.first_step_at is not None or server, child.made_progress, view.stop_signal is not None,
+                     preempted=child.failure is not None and child.failure.preempted,
+                     killed_from_outside=killed_from_outside(child.exit_code))
     verdict = restart_verdict(limits.restart, history, ex, draw)
     if verdict.action == Verdict.STOPPED:
         return [Settle(child.slot, child.attempt)]
