@@ -23,6 +23,7 @@ from procsv.ipc.messages import RunScalars
 from procsv.services.summary.procsvrun import DROPPED_TAG, BadRunScalars, ProcsvRun
 from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.publish.runscalars import SCALARS_EVERY, Sent, due
+from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.state import ChildView, RunView
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
@@ -121,7 +122,9 @@ def test_the_service_writes_one_event_per_point_into_the_run_procsv(tmp_path):
 
 def _attempt(n: int, **kw: Any) -> ChildView:
     c = ChildView("trainer", "trainer", n, 100 + n, started=10.0 * n)
-    for k, v in kw.items():
+    for k, v in kw.items():  # (exit_code: a failure with that code, unless one is given)
+        if k == "exit_code":
+            k, v = "failure", kw.get("failure") or Failure("trainer", n, 100 + n, v, 0.0, "/x.log")
         setattr(c, k, v)
     return c
 

@@ -68,7 +68,6 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
             if c.node == action.node and not c.reaped:  # its members: dead with their host, as far as the job knows
                 c.noticed_dead_at = c.noticed_dead_at if c.noticed_dead_at is not None else now
                 c.ended_at = c.ended_at if c.ended_at is not None else now
-                c.exit_code = -signal.SIGKILL
                 c.failure = Failure(c.slot, c.attempt, c.pid, -signal.SIGKILL, 0.0, "",
                                     ChildError(group.HOST_LOST, f"node {action.node} ({node.host}) went silent for "
                                                            f"{action.silent_secs:.1f} s", "", "run"))

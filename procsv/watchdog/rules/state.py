@@ -109,8 +109,7 @@ class ChildView:
     noticed_error: str = ""  # the exception type its error file named when its death was noticed
     ended_at: Optional[float] = None
     ending_at: Optional[float] = None  # its exit or death notice came in; observed once what is read at its end is back
-    exit_code: Optional[int] = None  # set when reaped: >= 0 exit status, < 0 killed by signal -code
-    failure: Optional[Failure] = None
+    failure: Optional[Failure] = None  # set when reaped (its exit status: exit_code)
     settled: bool = False  # the decision about its end has been taken
     settled_early: bool = False  # ... on the death notice, before the exit status was known
     node: int = 0  # the host (--node-rank) it runs on: 0 is the master's own
@@ -174,8 +173,13 @@ class ChildView:
         return self.commit_seen > self.commit_base or self.held_whole >= 0
 
     @property
+    def exit_code(self) -> Optional[int]:
+        """Its exit status once reaped (None before): >= 0 the exit code, < 0 killed by signal -code."""
+        return None if self.failure is None else self.failure.code
+
+    @property
     def reaped(self) -> bool:
-        return self.exit_code is not None
+        return self.failure is not None
 
     @property
     def live(self) -> bool:
