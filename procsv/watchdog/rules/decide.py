@@ -214,11 +214,9 @@ def _zygote_due(view: RunView, now: float, limits: Limits) -> list[Action]:
     started after a backoff, so that a week-long run does not restart fresh, and without a
     standby, for the rest of its life after one loss; not after ``zygote_retries`` in a row (a
     loss counts anew only after one stayed ready for ``observe.ZYGOTE_STEADY_SECS``)."""
-    if view.zygote != ZygoteState.LOST or view.zygote_lost_at is None or view.stop_signal is not None:
-        return []
-    if view.zygote_losses >= limits.zygote_retries or view.forking:
-        return []
-    if now < view.zygote_lost_at + zygote_retry_delay(view.zygote_losses, limits):
+    if view.zygote != ZygoteState.LOST or view.zygote_lost_at is None or view.stop_signal is not None \
+            or view.zygote_losses >= limits.zygote_retries or view.forking \
+            or now < view.zygote_lost_at + zygote_retry_delay(view.zygote_losses, limits):
         return []
     return [StartZygote(view.zygote_attempt + 1)]
 
