@@ -98,6 +98,8 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         raise KeyError(f"{type(action).__name__}: no attempt {action.attempt} of {action.slot}")
     if isinstance(action, (Restart, RestartTask, GiveUpTask, RespawnService, GiveUpService, Settle, StandbyGone)):
         _settle(child, early=isinstance(action, Restart) and action.early)  # its end is judged
+    if isinstance(action, (Restart, RestartTask, RespawnService)):
+        child.set_state(ProcState.RESTARTING)
     if isinstance(action, Signal):
         if action.cause == Cause.CHAOS:
             view.chaos_at = None
@@ -129,7 +131,6 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
                 t.save_overdue = ""
             view.last_error = f"checkpoint service stalled: {action.reason}"
     elif isinstance(action, Restart):
-        child.set_state(ProcState.RESTARTING)
         view.history = action.history
         view.restart_at = now + action.delay
         if action.skip is not None:  # a group's rollback: counted as one, not as a restart
@@ -140,7 +141,6 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         if not action.preempted:
             view.last_error = group.blame(view, child).headline()
     elif isinstance(action, RestartTask):
-        child.set_state(ProcState.RESTARTING)
         view.task_history[child.slot] = action.history
         view.task_due[child.slot] = now + action.delay
         view.last_error = child.headline()
@@ -149,7 +149,6 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         view.tasks_given_up.append(child.slot)
         view.last_error = child.headline()
     elif isinstance(action, RespawnService):
-        child.set_state(ProcState.RESTARTING)
         view.service_crashes[child.slot] = action.crashes
     elif isinstance(action, GiveUpService):
         view.service_crashes[child.slot] = action.crashes
