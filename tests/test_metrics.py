@@ -147,7 +147,9 @@ def test_a_host_that_is_not_this_machine_is_a_usage_error(tmp_path, capsys):
 
 def _attempt(n: int, **kw: Any) -> ChildView:
     c = ChildView("trainer", "trainer", n, 100 + n, started=10.0 * n)
-    for k, v in kw.items():
+    for k, v in kw.items():  # (exit_code: a failure with that code, unless one is given)
+        if k == "exit_code":
+            k, v = "failure", kw.get("failure") or Failure("trainer", n, 100 + n, v, 0.0, "/x.log")
         setattr(c, k, v)
     return c
 
@@ -211,7 +213,7 @@ def test_the_snapshot_reads_the_view():
     assert snap.steps_redone == 50
     assert snap.last_checkpoint_step == 250 and snap.last_checkpoint_at == 998.0 and snap.checkpoints == 4
     assert 0 < snap.goodput <= 1
-    view.finishing, view.run = True, RunState.SUCCEEDED
+    view.run = RunState.SUCCEEDED
     assert not take_snapshot(view, 31.0, 1001.0, 970.0, StepRate()).live
 
 

@@ -14,6 +14,7 @@ from procsv.watchdog import observe
 from procsv.watchdog.rules.bookkeeping import note
 from procsv.watchdog.rules.hang import HangLimits
 from procsv.watchdog.rules.hosts import Claim, claim_node, host_actions
+from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.state import RunView
 
@@ -93,7 +94,7 @@ def test_a_host_silent_while_the_run_finishes_is_still_found_lost_but_nothing_is
     m = Master()
     m.hello(1, A)
     m.tick(1.0)
-    m.view.finishing = True
+    m.view.run = RunState.STOPPED  # the outcome is decided (RunView.finishing)
     late = LIMITS.rejoin_timeout + 100.0  # node 2 never joined: past the rejoin timeout too
     actions = host_actions(m.view, late, LIMITS)
     assert [type(a) for a in actions] == [NodeLost] and actions[0].node == 1

@@ -14,6 +14,7 @@ import pytest
 from conftest import PROGRAMS, finish, launch, quiet_env, wait_for
 from procsv.watchdog.publish.metrics import MetricsServer, RunCollector
 from procsv.watchdog.publish.probes import STALL_SECS, LoopPulse, healthz, readyz
+from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.rules.state import TRAINER, WORKER, ChildView, RunView
 from test_metrics import free_port, try_scrape, value
 
@@ -86,7 +87,7 @@ def test_the_loop_pulse_counts_from_the_bind_latches_readiness_and_turns_during_
     view.attempts, view.children = [a1, a2], {TRAINER: a2}
     pulse.turned(view)
     assert pulse.answer("/readyz").code == 200
-    view.stop_signal, view.finishing = signal.SIGTERM, True  # an orderly stop: the loop still turns
+    view.stop_signal, view.run = signal.SIGTERM, RunState.STOPPED  # an orderly stop: the loop still turns
     for _ in range(30):
         clock.now += 1.0
         pulse.turned(view)

@@ -19,6 +19,7 @@ from procsv.watchdog.config import check_ps
 from procsv.watchdog.pstasks import PsCluster
 from procsv.watchdog.rules.actions import Spawn
 from procsv.watchdog.rules.decide import Limits, decide
+from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.state import PS, TRAINER, WORKER, ChildView, NodeView, RunView
 from procsv.watchdog.rules.tasks import due_starts, task_node
 
@@ -88,7 +89,7 @@ def test_the_chiefs_restart_does_not_wait_for_a_lost_host_but_the_first_start_wa
     assert [a for a in decide(view, 1.0, limits, 0.5) if isinstance(a, Spawn)] == []  # the first start waits
     view.nodes[1].last_beat = 1.0
     assert Spawn(TRAINER, TRAINER) in decide(view, 2.0, limits, 0.5)
-    chief = ChildView(TRAINER, TRAINER, 1, 100, 2.0, exit_code=-9, settled=True)
+    chief = ChildView(TRAINER, TRAINER, 1, 100, 2.0, failure=Failure(TRAINER, 1, 100, -9, 0.0, ""), settled=True)
     view.children[TRAINER], view.attempts = chief, [chief]
     view.nodes[1].lost_at, view.restart_at = 30.0, 31.0  # node 1 lost, the chief's restart due
     assert Spawn(TRAINER, TRAINER) in decide(view, 32.0, limits, 0.5)  # node 0's chief restarts without node 1

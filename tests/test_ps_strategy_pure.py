@@ -29,7 +29,7 @@ class FakeStarter:
     """The executor as :class:`PsCluster` sees it: records each start (slot, role, how, env)."""
 
     def __init__(self) -> None:
-        self.view = RunView(launch_start=0.0, tasks_alone=True, coordinator=True)
+        self.view = RunView(launch_start=0.0, tasks_alone=True)
         self.layout = None  # type: ignore[assignment]
         self.started: list[tuple[str, str, str, dict[str, str]]] = []
 
@@ -85,7 +85,7 @@ class CoordinatorSim(PsSim):
 
     def __init__(self, limits: Limits) -> None:
         super(PsSim, self).__init__(limits)
-        self.view.tasks_alone = self.view.coordinator = True
+        self.view.tasks_alone = True  # (--coordinator: the limits say it)
 
     def spawn(self, slot: str, role: str) -> None:
         if role == TRAINER and TRAINER not in self.view.children:

@@ -23,6 +23,7 @@ from procsv.ipc.messages import RunScalars
 from procsv.services.summary.procsvrun import DROPPED_TAG, BadRunScalars, ProcsvRun
 from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.publish.runscalars import SCALARS_EVERY, Sent, due
+from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.state import ChildView, RunView
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
@@ -121,7 +122,9 @@ def test_the_service_writes_one_event_per_point_into_the_run_procsv(tmp_path):
 
 def _attempt(n: int, **kw: Any) -> ChildView:
     c = ChildView("trainer", "trainer", n, 100 + n, started=10.0 * n)
-    for k, v in kw.items():
+    for k, v in kw.items():  # (exit_code: a failure with that code, unless one is given)
+        if k == "exit_code":
+            k, v = "failure", kw.get("failure") or Failure("trainer", n, 100 + n, v, 0.0, "/x.log")
         setattr(c, k, v)
     return c
 
@@ -151,7 +154,7 @@ def test_periodic_points_every_interval_and_one_at_the_end():
     view.last_commit_at = 6.0
     points, sent = due(view, 4.0 + SCALARS_EVERY, 0.0, sent)
     assert _tags(points[0])["procsv/checkpoint_age_secs"] == pytest.approx(8.0)
-    view.finishing, view.run = True, RunState.SUCCEEDED
+    view.run = RunState.SUCCEEDED
     points, sent = due(view, 15.0, 0.0, sent)  # the outcome is decided: one last point at once
     assert len(points) == 1 and sent.final
     assert due(view, 16.0, 0.0, sent)[0] == []

@@ -15,6 +15,7 @@ from procsv.watchdog.rules.actions import Cause, Kill, Promote, Restart, Signal,
 from procsv.watchdog.rules.decide import Limits
 from procsv.watchdog.rules.hang import HangLimits
 from procsv.watchdog.rules.lifecycle import ProcState
+from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.state import STANDBY, TRAINER, WORKER, ZygoteState
 
 from test_group_decide import W1, GroupSim
@@ -212,7 +213,7 @@ def test_the_exit_code_of_no_shadow_run_counts_only_from_a_member_that_ended_on_
     sim = StandbyGroupSim().started()
     sim.tick()
     sb = sim.view.children[S1]
-    sb.exit_code = EXIT_NO_SHADOW_RUN
+    sb.failure = Failure(S1, 2, sb.pid, EXIT_NO_SHADOW_RUN, 0.0, "")
     sb.killed = True  # the watchdog's kill, whatever code it ended with
     assert standby.gone(sim.view, sb) == StandbyGone(S1, 2, failed=False, no_shadow=False)
     sb.killed = False
@@ -220,5 +221,5 @@ def test_the_exit_code_of_no_shadow_run_counts_only_from_a_member_that_ended_on_
     assert standby.gone(sim.view, sb) == StandbyGone(S1, 2, failed=False, no_shadow=False)
     sim.view.stop_signal = None
     assert standby.gone(sim.view, sb) == StandbyGone(S1, 2, failed=False, no_shadow=True)
-    sb.exit_code = 1
+    sb.failure = Failure(S1, 2, sb.pid, 1, 0.0, "")
     assert standby.gone(sim.view, sb) == StandbyGone(S1, 2, failed=True, no_shadow=False)

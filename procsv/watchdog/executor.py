@@ -43,7 +43,7 @@ from procsv.watchdog.rules.lifecycle import ProcState, RunState
 from procsv.watchdog.pstasks import PsCluster
 from procsv.watchdog.prewarm import PendingFork, Prewarmed, Zygote, zygote_env
 from procsv.watchdog.rules import standby
-from procsv.watchdog.rules.group import blame, worker_slot
+from procsv.watchdog.rules.group import blame, rank_of, worker_slot
 from procsv.watchdog.rules.state import CHECKPOINT, PS, SERVER, STANDBY, TRAINER, WORKER, RunView, ZygoteState
 
 Sink = Callable[[list[Report]], None]
@@ -197,7 +197,7 @@ class Executor(Prewarmed):
     def _promote(self, action: Promote) -> None:
         """Wake the standby (SIGUSR1): it becomes the trainer's next attempt and restores (a standby
         group's member R: the next attempt's worker R; the decision promotes every member in turn)."""
-        rank = standby.rank_of(action.slot)
+        rank = rank_of(action.slot)
         slot = TRAINER if rank == 0 else worker_slot(rank)
         handle = self.handles.pop((action.slot, action.attempt))
         handle.slot = slot
@@ -319,7 +319,7 @@ class Executor(Prewarmed):
                  mutex: Optional[RobustMutex], via: str) -> ChildProcess:
         # a standby is a trainer process (a standby group's member R: worker R's); a group's worker is known
         # by its task (worker1.3.log)
-        rank = standby.rank_of(slot) if role == STANDBY else 0
+        rank = rank_of(slot) if role == STANDBY else 0
         name = (TRAINER if rank == 0 else worker_slot(rank)) if role == STANDBY else \
             slot if role in (WORKER, PS, SERVER) else role
         handle = ChildProcess(slot, name, attempt, proc, log_path)

@@ -107,7 +107,7 @@ class Watchdog:
         self.layout = Layout(os.path.abspath(cfg.logdir))
         self.lock = LogdirLock(self.layout)
         since = 0.0 if born is None else max(0.0, wall() - born)
-        self.view = RunView(launch_start=clock(), tasks_alone=cfg.ps > 0, coordinator=cfg.coordinator)
+        self.view = RunView(launch_start=clock(), tasks_alone=cfg.ps > 0)
         self.view.process_start = self.view.launch_start - since
         self.out = Reporter(cfg, self.layout, clock, wall)
         self.out.started_wall -= since

@@ -304,7 +304,6 @@ def reaped(view: RunView, slot: str, attempt: int, failure: Failure, now: float)
     child = find(view, slot, attempt)
     if child is None or child.reaped:
         return []
-    child.exit_code = failure.code
     child.failure = failure
     if child.ended_at is None:
         child.ended_at = now

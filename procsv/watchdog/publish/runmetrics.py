@@ -24,7 +24,6 @@ from typing import Optional
 from procsv.watchdog.publish import badput, recovery
 from procsv.watchdog.rules.membership import connected
 from procsv.watchdog.rules.failures import signal_name
-from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.rules.state import PS, SERVER, TRAINER, WORKER, ChildView, RunView
 
 PUBLISH_EVERY = 0.5  # seconds between snapshots (and so the freshness of a scrape)
@@ -141,7 +140,7 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
     if commit_at is None and on_disk is not None:
         commit_step, commit_at = on_disk
     return RunSnapshot(
-        live=view.run == RunState.RUNNING and not view.finishing,
+        live=not view.finishing,
         run=view.run.value,
         step=view.step,
         steps_per_sec=rate.add(now, attempt, view.step),

@@ -50,7 +50,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         return
     if isinstance(action, Promote):
         promoted = view.children.pop(action.slot)
-        rank = standby.rank_of(action.slot)  # a standby group's member R becomes the next attempt's worker R
+        rank = group.rank_of(action.slot)  # a standby group's member R becomes the next attempt's worker R
         promoted.slot, promoted.role = (TRAINER, TRAINER) if rank == 0 else (group.worker_slot(rank), WORKER)
         promoted.started = now  # the attempt starts now: its start-up limit and its recovery breakdown count from here
         promoted.set_state(ProcState.STARTING)
@@ -68,7 +68,6 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
             if c.node == action.node and not c.reaped:  # its members: dead with their host, as far as the job knows
                 c.noticed_dead_at = c.noticed_dead_at if c.noticed_dead_at is not None else now
                 c.ended_at = c.ended_at if c.ended_at is not None else now
-                c.exit_code = -signal.SIGKILL
                 c.failure = Failure(c.slot, c.attempt, c.pid, -signal.SIGKILL, 0.0, "",
                                     ChildError(group.HOST_LOST, f"node {action.node} ({node.host}) went silent for "
                                                            f"{action.silent_secs:.1f} s", "", "run"))
@@ -88,17 +87,19 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         view.history = action.history
         if isinstance(action, GiveUp) and child is not None:
             view.last_error = group.blame(view, child).headline()
-        run, code = (action.run, action.exit_code) if isinstance(action, Finish) else (RunState.FAILED, action.exit_code)
-        if view.failed:  # a service kept failing: the orderly stop that followed is a failure
-            run = RunState.FAILED
+        # (view.failed: a service kept failing, and the orderly stop that followed is a failure)
+        run = action.run if isinstance(action, Finish) and not view.failed else RunState.FAILED
         view.run = transition(view.run, run)  # type: ignore[assignment]
-        view.exit_code = view.exit_code or code
-        view.finishing = True
+        view.exit_code = view.exit_code or action.exit_code
         view.restart_at = None
         view.services_deadline = now + min(limits.stop_grace_secs, limits.services_grace_secs)
         return
     if child is None:
         raise KeyError(f"{type(action).__name__}: no attempt {action.attempt} of {action.slot}")
+    if isinstance(action, (Restart, RestartTask, GiveUpTask, RespawnService, GiveUpService, Settle, StandbyGone)):
+        _settle(child, early=isinstance(action, Restart) and action.early)  # its end is judged
+    if isinstance(action, (Restart, RestartTask, RespawnService)):
+        child.set_state(ProcState.RESTARTING)
     if isinstance(action, Signal):
         if action.cause == Cause.CHAOS:
             view.chaos_at = None
@@ -130,8 +131,6 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
                 t.save_overdue = ""
             view.last_error = f"checkpoint service stalled: {action.reason}"
     elif isinstance(action, Restart):
-        _settle(child, early=action.early)
-        child.set_state(ProcState.RESTARTING)
         view.history = action.history
         view.restart_at = now + action.delay
         if action.skip is not None:  # a group's rollback: counted as one, not as a restart
@@ -142,31 +141,22 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         if not action.preempted:
             view.last_error = group.blame(view, child).headline()
     elif isinstance(action, RestartTask):
-        _settle(child)
-        child.set_state(ProcState.RESTARTING)
         view.task_history[child.slot] = action.history
         view.task_due[child.slot] = now + action.delay
         view.last_error = child.headline()
     elif isinstance(action, GiveUpTask):
-        _settle(child)
         view.task_history[child.slot] = action.history
         view.tasks_given_up.append(child.slot)
         view.last_error = child.headline()
     elif isinstance(action, RespawnService):
-        _settle(child)
-        child.set_state(ProcState.RESTARTING)
         view.service_crashes[child.slot] = action.crashes
     elif isinstance(action, GiveUpService):
-        _settle(child)
         view.service_crashes[child.slot] = action.crashes
         view.failed = True
         view.last_error = f"{child.role} service keeps failing: {child.headline()}"
         view.exit_code = 1
         request_stop(view, signal.SIGTERM, now, limits.stop_grace_secs)
-    elif isinstance(action, Settle):
-        _settle(child)
     elif isinstance(action, StandbyGone):
-        _settle(child)
         if action.no_shadow:
             view.shadow_runs = False
         if action.failed:

@@ -193,7 +193,7 @@ def _restart_due(view: RunView, now: float, limits: Limits) -> list[Action]:
         # and 15: a group waits for every host it still waits for. With --ps only the first start does (every
         # task's address): the chief's restart is its own, on node 0
         return []
-    if tasks.chief_held(view) or tasks.ps_not_serving(view, now, limits.hang.startup_timeout):
+    if tasks.chief_held(view) or tasks.ps_not_serving(view, now, limits):
         return []  # rule 14: --ps, the last chief still holds its port; --coordinator, a ps is not back
     if view.forking:
         return []  # a standby asked of the zygote: wait for its answer (milliseconds), then decide
@@ -214,11 +214,9 @@ def _zygote_due(view: RunView, now: float, limits: Limits) -> list[Action]:
     started after a backoff, so that a week-long run does not restart fresh, and without a
     standby, for the rest of its life after one loss; not after ``zygote_retries`` in a row (a
     loss counts anew only after one stayed ready for ``observe.ZYGOTE_STEADY_SECS``)."""
-    if view.zygote != ZygoteState.LOST or view.zygote_lost_at is None or view.stop_signal is not None:
-        return []
-    if view.zygote_losses >= limits.zygote_retries or view.forking:
-        return []
-    if now < view.zygote_lost_at + zygote_retry_delay(view.zygote_losses, limits):
+    if view.zygote != ZygoteState.LOST or view.zygote_lost_at is None or view.stop_signal is not None \
+            or view.zygote_losses >= limits.zygote_retries or view.forking \
+            or now < view.zygote_lost_at + zygote_retry_delay(view.zygote_losses, limits):
         return []
     return [StartZygote(view.zygote_attempt + 1)]
 

@@ -73,32 +73,20 @@ class Failure:
     signalled: Optional[bool] = None
 
     @property
-    def signal_name(self) -> Optional[str]:
-        return signal_name(self.code)
-
-    @property
     def preempted(self) -> bool:
         """Exit code 42 and the trainer's exit report: a SIGTERM/SIGINT stopped it and its checkpoint
         committed. A 42 without the report (``sys.exit(42)``, ``os._exit(42)``, TensorFlow's own
         ``PreemptionCheckpointHandler`` without a procsv commit) is a failure like any other code."""
         return self.code == EXIT_PREEMPTED and self.exit_report is not None
 
-    @property
-    def killed_from_outside(self) -> bool:
-        """Killed by a signal another process sends (:data:`OUTSIDE_SIGNALS`), not by its own fault."""
-        return killed_from_outside(self.code)
-
-    def describe(self) -> str:
-        """``was killed by SIGKILL`` or ``exited with code 3``."""
-        return describe(self.code)
-
     def fields(self) -> dict[str, Any]:
         """The exit status as ``lifecycle.jsonl`` records it: ``{"code": n}`` or ``{"signal": name}``."""
-        return exit_fields(self.code)
+        name = signal_name(self.code)
+        return {"signal": name} if name else {"code": self.code}
 
     def headline(self, before_first_step: bool = False) -> str:
         """One line: who, how, and the child's own exception if it recorded one."""
-        head = f"{self.role} attempt {self.attempt} (pid {self.pid}) {self.describe()}"
+        head = f"{self.role} attempt {self.attempt} (pid {self.pid}) {describe(self.code)}"
         if self.code == EXIT_PREEMPTED and self.exit_report is None:
             head += (" of its own, not as a preemption (that is a SIGTERM/SIGINT to the trainer and its checkpoint "
                      "committed): a failure")
@@ -135,10 +123,6 @@ def killed_from_outside(code: Optional[int]) -> bool:
 
 
 def describe(code: Optional[int]) -> str:
+    """``was killed by SIGKILL`` or ``exited with code 3``."""
     name = signal_name(code)
     return f"was killed by {name}" if name else f"exited with code {code}"
-
-
-def exit_fields(code: Optional[int]) -> dict[str, Any]:
-    name = signal_name(code)
-    return {"signal": name} if name else {"code": code}

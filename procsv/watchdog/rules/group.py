@@ -60,8 +60,9 @@ def worker_slot(rank: int) -> str:
 
 
 def rank_of(slot: str) -> int:
-    """The task of a member's slot: 0 for the chief's ``trainer``, R for ``worker<R>``."""
-    return int(slot[len("worker"):]) if slot.startswith("worker") else 0
+    """The task of a member's slot: 0 for the chief's ``trainer``, R for ``worker<R>``; a standby's too
+    (:mod:`procsv.watchdog.rules.standby`): 0 for ``standby``, R for ``standby<R>``."""
+    return int("".join(c for c in slot if c.isdigit()) or 0)
 
 
 def group_state(view: RunView) -> str:
@@ -97,10 +98,7 @@ def breaks(child: ChildView) -> bool:
 
 def breaker(view: RunView, chief: ChildView) -> Optional[ChildView]:
     """The member whose end broke the chief's attempt first (None: the group is whole)."""
-    ended = [m for m in members(view, chief) if breaks(m)]
-    if not ended:
-        return None
-    return min(ended, key=lambda m: m.ended_at if m.ended_at is not None else math.inf)
+    return _first_ended([m for m in members(view, chief) if breaks(m)])
 
 
 def blame(view: RunView, chief: ChildView) -> ChildView:
@@ -115,12 +113,12 @@ def blame(view: RunView, chief: ChildView) -> ChildView:
     hung = [m for m in members(view, chief) if m.hang_cause]
     if hung:  # a member found hung is the cause, whoever ended first (its peers failed waiting for it)
         return min(hung, key=lambda m: m.signalled_at if m.signalled_at is not None else math.inf)
-    diverged = [m for m in members(view, chief) if diverging(m)]
-    if diverged:  # a member that stopped on non-finite training is the cause, whoever's end came in first:
-        # its peers failed in their next collective when it left, and their deaths can be noticed before its exit
-        return min(diverged, key=lambda m: m.ended_at if m.ended_at is not None else math.inf)
+    diverged = _first_ended([m for m in members(view, chief) if diverging(m)])
+    if diverged is not None:  # a member that stopped on non-finite training is the cause, whoever's end came in
+        # first: its peers failed in their next collective when it left, and their deaths can be noticed before its exit
+        return diverged
     first = breaker(view, chief)
-    if first is not None and peer_failure(first):
+    if first is not None and error_type(first) in PEER_ERRORS:
         return first_cut_off(view, chief) or first
     return first or chief
 
@@ -130,11 +128,6 @@ def error_type(member: ChildView) -> str:
     if member.failure is not None:
         return member.failure.error.type if member.failure.error is not None else ""
     return member.noticed_error
-
-
-def peer_failure(member: ChildView) -> bool:
-    """Whether this member ended on an error of a collective whose peer was gone (:data:`PEER_ERRORS`)."""
-    return error_type(member) in PEER_ERRORS
 
 
 def cut_off(member: ChildView) -> bool:
@@ -161,8 +154,12 @@ def cut_off(member: ChildView) -> bool:
 
 def first_cut_off(view: RunView, chief: ChildView) -> Optional[ChildView]:
     """The member of the chief's attempt cut off first (:func:`cut_off`; None: none was)."""
-    cut = [m for m in members(view, chief) if cut_off(m)]
-    return min(cut, key=lambda m: m.ended_at if m.ended_at is not None else math.inf) if cut else None
+    return _first_ended([m for m in members(view, chief) if cut_off(m)])
+
+
+def _first_ended(ms: list[ChildView]) -> Optional[ChildView]:
+    """The one of ``ms`` whose end came in first (None: ``ms`` is empty)."""
+    return min(ms, key=lambda m: m.ended_at if m.ended_at is not None else math.inf, default=None)
 
 
 def late_breaker(view: RunView, chief: ChildView) -> Optional[ChildView]:
@@ -171,7 +168,7 @@ def late_breaker(view: RunView, chief: ChildView) -> Optional[ChildView]:
     agent's report, or its host lost): the attempt's true breaker, to be recorded in place of the one
     judged (None: nothing to correct). Pure, like :func:`blame`."""
     judged = chief.broken_by
-    if chief.role != TRAINER or judged is None or not peer_failure(judged) or cut_off(judged):
+    if chief.role != TRAINER or judged is None or error_type(judged) not in PEER_ERRORS or cut_off(judged):
         return None
     if any(m.hang_cause or diverging(m) for m in members(view, chief)):
         return None  # blamed before a member cut off (a hung member's peers are stopped by the watchdog)
@@ -219,7 +216,7 @@ def copy_held(view: RunView, rank: int, attempt: int, step: int) -> list[Any]:
     return []
 
 
-def group_actions(view: RunView, now: float, grace: float, at_once: bool = False) -> list[Action]:
+def group_actions(view: RunView, now: float, grace: float, at_once: bool) -> list[Action]:
     """Rule 11: once a member broke the group, stop the rest (SIGTERM, SIGKILL after ``grace``;
     ``at_once``, a standby group being ready: SIGKILL now)."""
     chief = view.children.get(TRAINER)
@@ -237,7 +234,7 @@ def group_actions(view: RunView, now: float, grace: float, at_once: bool = False
             out.append(Kill(m.slot, m.attempt, Cause.GROUP_NOW, _why(first)))
         elif m.state in (ProcState.STARTING, ProcState.RUNNING) and not dead:
             out.append(Signal(m.slot, m.attempt, signal.SIGTERM, Cause.GROUP, _why(first)))
-        elif m.signalled_at is not None and now >= m.signalled_at + grace and not m.killed:
+        elif m.signalled_at is not None and now >= m.signalled_at + grace:
             out.append(Kill(m.slot, m.attempt, Cause.GROUP, _why(first)))
     return out
 
@@ -280,8 +277,8 @@ def peer_found(view: RunView, member: ChildView, step: int) -> Optional[ChildVie
                  and m.attempt == member.attempt and m.nonfinite_last == step), None)
 
 
-def silent_members(view: RunView, now: float, after: float = 1.0) -> list[ChildView]:
-    """The live group members of this host that reported nothing for ``after`` seconds (worth a look
-    at their process state)."""
+def silent_members(view: RunView, now: float) -> list[ChildView]:
+    """The live group members of this host that reported nothing for a second (worth a look at their
+    process state)."""
     return [c for c in view.trainers() + workers(view)
-            if c.node == 0 and c.live and c.last_progress_at is not None and now - c.last_progress_at > after]
+            if c.node == 0 and c.live and c.last_progress_at is not None and now - c.last_progress_at > 1.0]

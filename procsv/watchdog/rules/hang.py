@@ -38,26 +38,17 @@ def hang_reason(now: float, *, started: float, last_progress: Optional[float], b
                 limits: HangLimits) -> Optional[str]:
     """A one-line reason if the trainer is hung at ``now``, else None. ``busy`` names what the
     trainer said it is busy with since ``last_progress`` ("" if it is not)."""
-    if busy == Busy.INPUT and last_progress is not None:  # still before the first step: its limit, per report
-        limit = limits.startup_timeout
-        if limit and limit > 0 and now - last_progress > limit:
-            return (f"no progress putting back fit's input for {now - last_progress:.1f} s "
-                    f"(--startup-timeout {limit:g} s)")
-        return None
-    if busy and last_progress is not None:
-        limit = limits.busy_timeout
-        if limit and limit > 0 and now - last_progress > limit:
-            return f"busy with {busy} for {now - last_progress:.1f} s (limit {limit:g} s)"
-        return None
     if last_progress is None:
-        limit = limits.startup_timeout
-        if limit and limit > 0 and now - started > limit:
-            return f"no first step within --startup-timeout {limit:g} s of its start"
-        return None
-    limit = limits.hang_timeout
-    if limit and limit > 0 and now - last_progress > limit:
-        return f"no step completed for {now - last_progress:.1f} s (--hang-timeout {limit:g} s)"
-    return None
+        limit, secs, why = limits.startup_timeout, now - started, "no first step within --startup-timeout {limit:g} s of its start"
+    elif busy == Busy.INPUT:  # still before the first step: its limit, per report
+        limit, secs, why = limits.startup_timeout, now - last_progress, \
+            "no progress putting back fit's input for {secs:.1f} s (--startup-timeout {limit:g} s)"
+    elif busy:
+        limit, secs, why = limits.busy_timeout, now - last_progress, "busy with {busy} for {secs:.1f} s (limit {limit:g} s)"
+    else:
+        limit, secs, why = limits.hang_timeout, now - last_progress, \
+            "no step completed for {secs:.1f} s (--hang-timeout {limit:g} s)"
+    return why.format(busy=busy, secs=secs, limit=limit) if limit and limit > 0 and secs > limit else None
 
 
 def hang_actions(view: RunView, t: ChildView, now: float, limits: HangLimits) -> list[Action]:

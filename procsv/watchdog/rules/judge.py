@@ -17,6 +17,7 @@ from dataclasses import replace
 from procsv.common.exitcodes import (DIVERGING_ERROR, EXIT_DIVERGING, EXIT_GROUP_ROLLBACK, EXIT_PREEMPTED,
                                     GROUP_ROLLBACK_ERROR)
 from procsv.watchdog.rules.actions import Action, Finish, GiveUp, GiveUpService, RespawnService, Restart, Settle
+from procsv.watchdog.rules.failures import killed_from_outside
 from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.policy import Action as Verdict
@@ -97,13 +98,11 @@ def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> li
         return []
     if group.reporter_unreaped(view, child):
         return []  # whether it asks for the group's rollback (exit 5, its step skipped) only its exit status says
-    code = who.exit_code if who.reaped else 1  # a death notice: some unclean death
-    assert code is not None
+    code = who.exit_code if who.exit_code is not None else 1  # a death notice: some unclean death
     if code == EXIT_PREEMPTED and who.hang_cause:
         code = 1  # it saved when terminated for a hang, but a hang is a failure: backoff applies
-    failure = who.failure if who.reaped else None
-    preempted = failure is not None and failure.preempted and not who.hang_cause
-    outside = failure is not None and failure.killed_from_outside and not who.hang_cause  # a hang kill: its own
+    preempted = who.failure is not None and who.failure.preempted and not who.hang_cause
+    outside = killed_from_outside(who.exit_code) and not who.hang_cause  # a hang kill: its own
     ex = TrainerExit(code, child.first_step_at is not None, child.made_progress, view.stop_signal is not None,
                      preempted=preempted, killed_from_outside=outside, rollback_step=group.rollback_step(view, child),
                      skipped=tuple(view.skipped_steps))

@@ -76,13 +76,6 @@ def ranks_of(nodes: tuple[int, ...], node: int, nproc: int) -> list[int]:
     return list(range(at * nproc, at * nproc + nproc))
 
 
-def joiners(view: RunView) -> list[int]:
-    """Hosts connected now that the running group was started without."""
-    if not view.group_nodes:
-        return []
-    return [node for node in view.nodes if node not in view.group_nodes and connected(view, node)]
-
-
 def take_back(view: RunView, now: float, limits: Limits) -> list[Action]:
     """Regroup at the checkpoint boundary: every joiner is ready (its pre-warmed trainer, so that its members
     start at once: ``NodeView.ready_at``; or ``zygote_wait`` passed since it joined), and a checkpoint committed
@@ -92,7 +85,8 @@ def take_back(view: RunView, now: float, limits: Limits) -> list[Action]:
     chief = view.children.get(TRAINER)
     if chief is None or not chief.live or chief.first_step_at is None or chief.regroup:
         return []
-    back = joiners(view)
+    back = [node for node in view.nodes if view.group_nodes and node not in view.group_nodes
+            and connected(view, node)]  # connected now, and the running group was started without them
     ready: list[float] = []
     for node in back:
         n = view.nodes[node]

@@ -31,15 +31,14 @@ class NonfiniteLog:
     repeats: int = 0
 
 
-def detected(log: NonfiniteLog, pid: int, fields: dict[str, Any], now: float,
-             every: float = RECORD_EVERY) -> list[dict[str, Any]]:
+def detected(log: NonfiniteLog, pid: int, fields: dict[str, Any], now: float) -> list[dict[str, Any]]:
     """A detection (``fields`` of its record) by the trainer ``pid`` at ``now``: the records to write
     now (another trainer's unwritten last one first), none if it waits to be coalesced."""
     out = _last(log) if log.pid != pid else []
     first = log.pid != pid
     log.pid, log.pending = pid, fields
     log.repeats += 1
-    if first or now - log.written_at >= every:
+    if first or now - log.written_at >= RECORD_EVERY:
         log.written_at = now
         out += _last(log)
     return out

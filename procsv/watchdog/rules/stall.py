@@ -17,7 +17,7 @@ from typing import Optional
 from procsv.watchdog.rules.actions import Action, Cause, Kill
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.limits import Limits
-from procsv.watchdog.rules.state import CHECKPOINT, SUMMARY, RunView
+from procsv.watchdog.rules.state import CHECKPOINT, SUMMARY, TRAINER, RunView
 
 
 def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]:
@@ -33,20 +33,17 @@ def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]
     trainer that refuses every snapshot (``--on-nonfinite continue`` once its state is non-finite:
     procsv never commits a poisoned state) does not: nothing was sent to the service to commit.
     """
-    overdue = [t.save_overdue for t in view.trainers() if t.live and t.save_overdue]
-    if overdue:  # (also during a load: the trainer saw it make no progress)
-        return overdue[0]
+    t = view.children.get(TRAINER)  # (the trainer: the one child of its role)
+    if t is not None and t.live and t.save_overdue:  # (also during a load: the trainer saw it make no progress)
+        return t.save_overdue
     service = view.children.get(CHECKPOINT)
     if service is not None and service.loading_since is not None:
         if now - service.loading_since < limits.loading_limit_secs:
             return None  # loading what its commits need (ServiceLoading): not judged by the window meanwhile
         return f"loading what its checkpoints need for {now - service.loading_since:.1f} s"
-    trainers = [t for t in view.trainers() if t.live and t.first_step_at is not None and not t.busy]
-    if not trainers:
+    if t is None or not t.live or t.first_step_at is None or t.busy:
         return None
-    t = trainers[0]
-    first = t.first_step_at if t.first_step_at is not None else now
-    since = first if view.last_commit_at is None else max(first, view.last_commit_at)
+    since = t.first_step_at if view.last_commit_at is None else max(t.first_step_at, view.last_commit_at)
     if t.refused_at is not None:
         since = max(since, t.refused_at)  # the trainer's own choice, not the service's stall
     if service is not None:

@@ -48,7 +48,6 @@ from procsv.watchdog.rules.state import STANDBY, TRAINER, ChildView, RunView, Zy
 
 GIVE_UP_AFTER = 5  # standby ends in a row (not caused by the watchdog) after which none is prepared
 HEADROOM = 1 << 30  # bytes of memory left over beyond twice the trainer's size
-MODES = ("auto", "hot", "fork", "off")
 
 
 def backoff(failures: int) -> float:
@@ -73,14 +72,9 @@ def slot(rank: int) -> str:
     return STANDBY if rank == 0 else f"{STANDBY}{rank}"
 
 
-def rank_of(name: str) -> int:
-    """The task a standby slot stands by for (0 for ``standby``)."""
-    return int(name[len(STANDBY):] or 0)
-
-
 def members(view: RunView) -> list[ChildView]:
     """The standby's processes (one; a standby group's N), by task."""
-    return sorted((c for c in view.children.values() if c.role == STANDBY), key=lambda c: rank_of(c.slot))
+    return sorted((c for c in view.children.values() if c.role == STANDBY), key=lambda c: group.rank_of(c.slot))
 
 
 def may_prepare(view: RunView, now: float) -> bool:
@@ -100,11 +94,11 @@ def may_prepare(view: RunView, now: float) -> bool:
     return view.standby_failures < GIVE_UP_AFTER and now >= view.standby_after
 
 
-def promotable(view: RunView, size: int = 1) -> bool:
+def promotable(view: RunView, size: int) -> bool:
     """The standby (all ``size`` members of a standby group) is ready to become the next attempt."""
     trainer = view.children.get(TRAINER)
     sbs = members(view)
-    return (trainer is not None and len(sbs) == size and sorted(rank_of(c.slot) for c in sbs) == list(range(size))
+    return (trainer is not None and len(sbs) == size and sorted(group.rank_of(c.slot) for c in sbs) == list(range(size))
             and all(c.live and c.standby_ready_at is not None and c.attempt == trainer.attempt + 1 for c in sbs))
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from procsv.watchdog.rules.actions import Action, Cause, Kill, Signal
-from procsv.watchdog.rules.failures import Failure
+from procsv.watchdog.rules.failures import Failure, describe
 from procsv.watchdog.rules.lifecycle import ProcState, RunState, transition
 from procsv.watchdog.rules.nonfinitelog import NonfiniteLog
 from procsv.watchdog.rules.policy import History
@@ -109,8 +109,7 @@ class ChildView:
     noticed_error: str = ""  # the exception type its error file named when its death was noticed
     ended_at: Optional[float] = None
     ending_at: Optional[float] = None  # its exit or death notice came in; observed once what is read at its end is back
-    exit_code: Optional[int] = None  # set when reaped: >= 0 exit status, < 0 killed by signal -code
-    failure: Optional[Failure] = None
+    failure: Optional[Failure] = None  # set when reaped (its exit status: exit_code)
     settled: bool = False  # the decision about its end has been taken
     settled_early: bool = False  # ... on the death notice, before the exit status was known
     node: int = 0  # the host (--node-rank) it runs on: 0 is the master's own
@@ -174,8 +173,13 @@ class ChildView:
         return self.commit_seen > self.commit_base or self.held_whole >= 0
 
     @property
+    def exit_code(self) -> Optional[int]:
+        """Its exit status once reaped (None before): >= 0 the exit code, < 0 killed by signal -code."""
+        return None if self.failure is None else self.failure.code
+
+    @property
     def reaped(self) -> bool:
-        return self.exit_code is not None
+        return self.failure is not None
 
     @property
     def live(self) -> bool:
@@ -199,7 +203,7 @@ class ChildView:
     @property
     def cause(self) -> str:
         """Why this attempt ended, as the recovery report names it ("" while it runs)."""
-        return self.hang_cause or (self.failure.describe() if self.failure else "")
+        return self.hang_cause or (describe(self.failure.code) if self.failure else "")
 
 
 @dataclass
@@ -232,7 +236,6 @@ class RunView:
     attempts: list[ChildView] = field(default_factory=list)  # every trainer attempt, in order
     history: History = field(default_factory=History)
     run: RunState = RunState.RUNNING
-    finishing: bool = False  # the run's outcome is decided; what is left is stopping the services
     exit_code: int = 0
     failed: bool = False  # a service kept failing: the run ends as failed, after an orderly stop
     step: int = 0
@@ -245,7 +248,6 @@ class RunView:
     forking: bool = False  # a trainer start asked of the zygote or another host, not answered yet (Executor.poll_fork)
     service_crashes: dict[str, tuple[float, ...]] = field(default_factory=dict)  # slot -> its deaths counted
     tasks_alone: bool = False  # --ps N --workers M: each task restarts alone (procsv.watchdog.rules.tasks)
-    coordinator: bool = False  # ... --coordinator: the workers are servers (role SERVER), the trainer the chief
     task_history: dict[str, History] = field(default_factory=dict)  # slot -> its restarts (a --ps task's own)
     task_due: dict[str, float] = field(default_factory=dict)  # slot -> when the task is started again
     tasks_given_up: list[str] = field(default_factory=list)  # --ps workers given up on, the run training on
@@ -284,6 +286,11 @@ class RunView:
     nodes: dict[int, NodeView] = field(default_factory=dict)
     group_nodes: tuple[int, ...] = ()  # the hosts the current (or last) group was started on, node 0 first (rule 15)
     membership_changes: int = 0  # groups started on other hosts than the group before them
+
+    @property
+    def finishing(self) -> bool:
+        """The run's outcome is decided (its state is no longer ``running``); what is left is stopping the services."""
+        return self.run != RunState.RUNNING
 
     def trainers(self) -> list[ChildView]:
         return [c for c in self.children.values() if c.role == TRAINER]

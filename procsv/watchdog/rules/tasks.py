@@ -32,7 +32,7 @@ finds them there.
   procsv killed so is restarted at once and not counted (the parameter server's death is); the
   chief is judged by rule 1 as any killed trainer.
 
-``--coordinator`` (TF2 ``ParameterServerStrategy``; ``view.coordinator``): the M workers are plain
+``--coordinator`` (TF2 ``ParameterServerStrategy``; ``limits.coordinator``): the M workers are plain
 servers too (role ``server``, slots ``worker0`` ...), judged as a parameter server is, and the chief
 (slot ``trainer``) is the coordinator, the only process that runs TARGET. A worker server that ended
 is restarted alone and nothing else is touched: the coordinator's ``ClusterCoordinator`` reschedules
@@ -52,12 +52,12 @@ stays away past ``--rejoin-timeout`` stops the run, rule 12).
 
 from __future__ import annotations
 
-from typing import Optional
 
-from procsv.common.exitcodes import EXIT_PREEMPTED
 from procsv.watchdog.rules.actions import Action, Cause, GiveUp, GiveUpTask, Kill, RestartTask, Settle, Spawn
+from procsv.watchdog.rules.failures import killed_from_outside
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.limits import Limits
+from procsv.watchdog.rules.membership import connected
 from procsv.watchdog.rules.policy import Action as Verdict
 from procsv.watchdog.rules.policy import History, TrainerExit
 from procsv.watchdog.rules.policy import decide as restart_verdict
@@ -77,7 +77,7 @@ def ps_slot(index: int) -> str:
     return f"{PS}{index}"
 
 
-def role_of(slot: str, coordinator: bool = False) -> str:
+def role_of(slot: str, coordinator: bool) -> str:
     """The role of a --ps task's slot other than the chief's: ``ps``, or ``worker`` (``server`` with
     ``--coordinator``)."""
     return PS if slot.startswith(PS) else SERVER if coordinator else WORKER
@@ -101,14 +101,10 @@ def judge_task(view: RunView, child: ChildView, now: float, limits: Limits, draw
     if child.role == WORKER and child.killed and not child.hang_cause and view.stop_signal is None:
         return [RestartTask(child.slot, child.attempt, 0.0, history)]  # procsv killed it (ps_lost): not counted
     server = child.role in (PS, SERVER)  # serves until the run's end: exiting before it is a loss
-    code = child.exit_code if child.exit_code is not None else 1
-    failure = child.failure
-    preempted = failure is not None and failure.preempted and code == EXIT_PREEMPTED
-    outside = failure is not None and failure.killed_from_outside
-    if server and code == 0:
-        code = 1
-    ex = TrainerExit(code, child.first_step_at is not None or server, child.made_progress,
-                     view.stop_signal is not None, preempted=preempted, killed_from_outside=outside)
+    code = 1 if child.exit_code is None or (server and child.exit_code == 0) else child.exit_code
+    ex = TrainerExit(code, child.first_step_at is not None or server, child.made_progress, view.stop_signal is not None,
+                     preempted=child.failure is not None and child.failure.preempted,
+                     killed_from_outside=killed_from_outside(child.exit_code))
     verdict = restart_verdict(limits.restart, history, ex, draw)
     if verdict.action == Verdict.STOPPED:
         return [Settle(child.slot, child.attempt)]
@@ -149,21 +145,22 @@ def ps_held(view: RunView) -> bool:
     return view.tasks_alone and any(c.live and c.role in (TRAINER, WORKER) for c in view.children.values())
 
 
-def ps_not_serving(view: RunView, now: float, startup_timeout: Optional[float]) -> bool:
+def ps_not_serving(view: RunView, now: float, limits: Limits) -> bool:
     """Rule 3 with ``--coordinator``: a restarted coordinator waits until every parameter server serves
     again (its Hello: the server is up). ``ParameterServerStrategy`` fails at once on a parameter
     server that does not answer yet (``UnavailableError``, connection refused): a coordinator forked
     from the zygote while the parameter server it took along still imported TensorFlow (2 s at load)
     failed so and cost a restart of its own, counted. A TF1 session waits for the cluster itself.
-    A parameter server live but silent for ``startup_timeout`` since its start (stopped, an import
+    A parameter server live but silent for ``--startup-timeout`` since its start (stopped, an import
     that never returns) holds it no longer: no hang rule watches a parameter server, so the wait
     would be for ever; the coordinator starts, and its own hang rule bounds what it meets.
     A parameter server that serves holds it :data:`PS_RECONNECT_SECS` more: until then a worker server's
     channel to it may still fail every call ("Connection refused" from the worker), and the
     coordinator's first step on that worker failed so, a restart of its own (1 launch in 4 at load 7)."""
-    if not (view.coordinator and view.attempts):
+    if not (limits.coordinator and view.attempts):
         return False
-    limit = startup_timeout if startup_timeout and startup_timeout > 0 else None
+    startup = limits.hang.startup_timeout
+    limit = startup if startup and startup > 0 else None
 
     def holds(c: ChildView) -> bool:
         if not c.live:
@@ -190,7 +187,5 @@ def due_starts(view: RunView, now: float, limits: Limits) -> list[Action]:
     lost (or has not joined) waits for it."""
     if view.stop_signal is not None or view.finishing:
         return []
-    away = {node for node in range(1, limits.nnodes)
-            if (n := view.nodes.get(node)) is None or n.last_beat is None or n.lost_at is not None}
-    return [Spawn(slot, role_of(slot, view.coordinator)) for slot, due in sorted(view.task_due.items())
-            if now >= due and task_node(slot, limits.nproc, limits.nnodes) not in away]
+    return [Spawn(slot, role_of(slot, limits.coordinator)) for slot, due in sorted(view.task_due.items())
+            if now >= due and connected(view, task_node(slot, limits.nproc, limits.nnodes))]
