@@ -326,10 +326,7 @@ class Watchdog:
     def _sweep(self, final: bool = False) -> None:
         """Kill and reap what the run left behind (:meth:`Sweeper.sweep`): this process's own children
         are the executor's handles, its zygotes and the children it gave up on."""
-        ex = self.ex
-        ex.dead_zygotes[:] = [z for z in ex.dead_zygotes if not z.reap_dead()]
-        known = {h.pid for h in ex.handles.values()} | ex.zygote_pids() | ex.unreaped.pids
-        self.sweeper.sweep(known, bool(ex.forks), final)
+        self.sweeper.sweep({h.pid for h in self.ex.handles.values()} | self.ex.unreaped.pids, self.ex, final)
 
     def _decide_standby(self) -> None:
         """Whether a hot standby may run (once: ``--standby``, and for ``auto`` the memory rule at

@@ -75,7 +75,6 @@ class Zygote:
         self.import_secs: Optional[float] = None
         self.replies: dict[tuple[int, int], ForkReply] = {}  # by (attempt, rank), until taken by answer()
         self.due: dict[tuple[int, int], float] = {}  # by (attempt, rank): each request's answer is overdue after
-        self.dead = False
 
     @property
     def fd(self) -> int:
@@ -89,12 +88,11 @@ class Zygote:
 
     def pump(self) -> None:
         """Read whatever the zygote sent: whether it is ready, its replies (taken by :meth:`answer`)."""
-        if self.dead:
+        if self.closed:
             return
         try:
             msgs = self.reader.read_available()
         except (EOFError, ProtocolError):  # closed, or garbage on the pipe: either way, unusable
-            self.dead = True
             self._close_pipes()
             return
         for msg in msgs:
@@ -105,7 +103,7 @@ class Zygote:
                 self.replies[(msg.attempt, msg.rank)] = msg
 
     def alive(self) -> bool:
-        return not self.dead and self.popen.poll() is None
+        return not self.closed and self.popen.poll() is None
 
     def request_fork(self, attempt: int, target: str, args: Sequence[str], env: Mapping[str, str], log_path: str,
                      cwd: str, rank: int = 0) -> float:
@@ -163,7 +161,6 @@ class Zygote:
             except ProcessLookupError:
                 pass
         self.pump()
-        self.dead = True
         self._close_pipes()
 
     def _close_pipes(self) -> None:
@@ -182,14 +179,8 @@ class Zygote:
 
     @property
     def closed(self) -> bool:
-        """True once both pipes are closed (a lost zygote)."""
+        """True once both pipes are closed: a zygote found dead or killed (a lost zygote)."""
         return self._req_w < 0 and self._rep_r < 0
-
-    def reap_dead(self) -> bool:
-        """A zygote given up on: reap it once it is dead; True once it is (never waits). Else each lost
-        zygote left a zombie until the launch's end. (An intermediate it left in a fork, SIGKILLed with
-        its group and re-parented to this process, is the sweep's.)"""
-        return self.popen.poll() is not None
 
     def close(self, limit: Optional[float] = None) -> bool:
         """:meth:`kill`, then reap the zygote, waiting at most ``limit`` seconds (None: as long as it
@@ -299,12 +290,11 @@ class Prewarmed:
         return lost
 
     def zygotes(self) -> list[Zygote]:
-        """The zygotes not reaped yet (this process's own children)."""
+        """The zygotes not reaped yet (this process's own children, not left-behind ones). One given up on
+        is reaped here once dead (never waits; else each lost zygote left a zombie until the end). (An
+        intermediate it left in a fork, SIGKILLed with its group and re-parented here, is the sweep's.)"""
+        self.dead_zygotes = [z for z in self.dead_zygotes if z.popen.poll() is None]
         return [z for z in [self.zygote, *self.dead_zygotes] if z is not None]
-
-    def zygote_pids(self) -> set[int]:
-        """The pre-warmed trainers' pids (this process's own children, not left-behind ones)."""
-        return {z.pid for z in self.zygotes()}
 
 
 def _dup_stderr() -> int:

@@ -365,9 +365,8 @@ class NodeAgent(Prewarmed):
     def _sweep(self, final: bool = False) -> None:
         """Kill and reap what this host's members left behind: the watchdog's own sweep
         (:meth:`Sweeper.sweep`), over the agent's own children (its members and zygotes). A zygote given
-        up on is reaped here once dead, as the watchdog reaps its own (before, at the agent's end only)."""
-        self.dead_zygotes[:] = [z for z in self.dead_zygotes if not z.reap_dead()]
-        self.sweeper.sweep({m.pid for m in self.members.values()} | self.zygote_pids(), bool(self.forks), final)
+        up on is reaped there once dead, as the watchdog's are (before, at the agent's end only)."""
+        self.sweeper.sweep({m.pid for m in self.members.values()}, self, final)
 
     def _said(self, reports: list[Report]) -> None:
         for r in reports:  # (no lifecycle log of its own: node 0's holds the job's events)
