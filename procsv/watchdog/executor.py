@@ -16,6 +16,7 @@ import uuid
 from typing import Callable, Optional, Sequence
 
 import psutil
+import zmq
 
 from procsv.common import spawn
 from procsv.cluster import make_tf_config
@@ -55,17 +56,16 @@ class Executor(Prewarmed):
     pre-warmed trainer (:class:`~procsv.watchdog.prewarm.Prewarmed`)."""
 
     def __init__(self, cfg: LaunchConfig, layout: Layout, runtime_dir: str, view: RunView, limits: Limits,
-                 report: Sink, clock: Callable[[], float], register: Callable[[ChildProcess], None],
+                 report: Sink, clock: Callable[[], float], poller: zmq.Poller,
                  on_death_notice: Callable[[ChildProcess, bool, float], None],
                  chaos_rng: Optional[random.Random] = None) -> None:
         super().__init__()
         self.cfg, self.layout, self.runtime, self.view = cfg, layout, RuntimeDir(runtime_dir), view
         self.limits, self.report, self.clock = limits, report, clock
-        self._register = register
+        self.poller = poller  # the loop's: each child's pidfd and the zygote's pipe are registered there
         self._on_death_notice = on_death_notice
         self.handles: dict[tuple[str, int], ChildProcess] = {}
         self.unreaped = Unreaped()  # children SIGKILL did not end, given up on (see give_up)
-        self.on_zygote: Callable[[Zygote], None] = lambda z: None  # the loop watches a started zygote's pipe
         self.remote: Optional[RemoteMembers] = None  # the other hosts' members (--nnodes), set by the launcher
         self.disk: Callable[[Callable[[], object]], None] = lambda work: None if work() else None  # the launcher's: the writer thread
         self.reading: Callable[[str], set[int]] = lambda role: set()  # attempts whose end is being read (kept)
@@ -326,7 +326,7 @@ class Executor(Prewarmed):
         handle = ChildProcess(slot, name, attempt, proc, log_path)
         handle.take_over_log(self.handles.values())
         self.handles[(slot, attempt)] = handle
-        self._register(handle)
+        self.poller.register(handle.pidfd, zmq.POLLIN)
         # a standby writes the trainer's next attempt log (its promotion starts no process: rotate now)
         logs, name, keep = self.layout.logs, handle.role, self.cfg.keep_logs
         live = {h.attempt for h in self.handles.values() if h.role == name} | self.reading(name)
@@ -344,7 +344,11 @@ class Executor(Prewarmed):
                              self.layout.attempt_log("zygote", attempt), self.cfg.cwd, self.cfg.preload, self.clock)
         self.report([Report(Event.SPAWNED, {"role": "zygote", "attempt": attempt, "pid": self.zygote.pid,
                                             "via": "fresh"})])
-        self.on_zygote(self.zygote)
+        self.poller.register(self.zygote.fd, zmq.POLLIN)
+
+    def handle_for(self, fd: int) -> Optional[ChildProcess]:
+        """The child whose pidfd ``fd`` is, if it is one (every handle's is in the poller until its end)."""
+        return next((h for h in self.handles.values() if h.pidfd == fd), None)
 
     def drop_zygote(self, why: str) -> Optional[Zygote]:
         """Give up on the pre-warmed trainer (:meth:`Prewarmed.drop_zygote`), a loss reported (rule 13)."""

@@ -49,7 +49,7 @@ class _End:
 
 
 class ChildEnds:
-    """The children's pidfds (registered in the loop's poller) and the death notices not yet read.
+    """The children's ends (their pidfds are in the loop's poller: the executor's) and the death notices not yet read.
 
     ``heard_all`` reads every message still queued (a dead child's last words come before its
     exit); ``left_behind`` sweeps for processes a reaped child left behind.
@@ -69,7 +69,6 @@ class ChildEnds:
         self._notices: "queue.SimpleQueue[tuple[ChildProcess, bool, float, float]]" = queue.SimpleQueue()
         self._notice_r, self._notice_w = os.pipe()
         os.set_blocking(self._notice_w, False)
-        self._by_fd: dict[int, ChildProcess] = {}
         self.reader = reader
         self._ends: "deque[_End]" = deque()  # in the order they came in, their reads asked for
         poller.register(self._notice_r, zmq.POLLIN)
@@ -87,15 +86,6 @@ class ChildEnds:
     def notice_fd(self) -> int:
         """Readable when a death notice is waiting (:meth:`drain_notices`)."""
         return self._notice_r
-
-    def register(self, handle: ChildProcess) -> None:
-        """A child was started: watch its pidfd."""
-        self._by_fd[handle.pidfd] = handle
-        self.poller.register(handle.pidfd, zmq.POLLIN)
-
-    def handle_for(self, fd: int) -> Optional[ChildProcess]:
-        """The child whose pidfd ``fd`` is, if it is one."""
-        return self._by_fd.get(fd)
 
     def post_notice(self, handle: ChildProcess, died: bool, at: float) -> None:
         """Runs in a death-watch thread: hand the notice to the main loop."""
@@ -119,7 +109,6 @@ class ChildEnds:
         """A pidfd became readable: reap the child (the watchdog's own, forked or spawned) and record
         how it ended."""
         self.poller.unregister(handle.pidfd)
-        del self._by_fd[handle.pidfd]
         self._reaped(handle, ex)
 
     def check_unkillable(self, ex: Executor) -> None:
@@ -130,9 +119,7 @@ class ChildEnds:
         ex.unreaped.reap_dead()
         for handle in list(ex.handles.values()):
             if handle.unkillable(self.clock()):
-                if handle.pidfd in self._by_fd:
-                    self.poller.unregister(handle.pidfd)
-                    del self._by_fd[handle.pidfd]
+                self.poller.unregister(handle.pidfd)  # (the executor registered it: Executor.handle_for)
                 ex.give_up(handle)
                 self._ended(handle, ex, -signal.SIGKILL)
 

@@ -153,7 +153,7 @@ class Watchdog:
                                      self.out.io.reads)
         pipes.poller.register(self.out.io.reads.fd, zmq.POLLIN)  # a read of the logdir is done
         ex = self.ex = Executor(self.cfg, self.layout, pipes.runtime_dir, self.view, self.limits, self.out.record,
-                                self.clock, ends.register, ends.post_notice)
+                                self.clock, pipes.poller, ends.post_notice)
         ex.disk, ex.reading = self.out.io.call, ends.reading  # log rotation: by the logdir writer thread
         clear_group_records(self.layout)  # an earlier launch's: nothing reads them any more
         clear_stale_temps(self.layout)  # an earlier launch's writes a kill cut short
@@ -173,7 +173,6 @@ class Watchdog:
             for role in SERVICE_ROLES:
                 ex.spawn(role, role)
             if self.cfg.prewarm:
-                ex.on_zygote = lambda z: pipes.poller.register(z.fd, zmq.POLLIN)
                 ex.start_zygote()
             self.view.restart_at = self.clock()  # the first trainer (it waits for the zygote, if any)
             remote = ex.remote
@@ -206,7 +205,7 @@ class Watchdog:
         elif sock == self.out.io.reads.fd:
             self.out.io.reads.woken()
             self._settle()
-        elif isinstance(sock, int) and (handle := self.ends.handle_for(sock)) is not None:
+        elif isinstance(sock, int) and (handle := self.ex.handle_for(sock)) is not None:
             self.ends.on_exit(handle, self.ex)
         else:
             self.pipes.poller.unregister(sock)
