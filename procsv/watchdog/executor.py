@@ -79,6 +79,11 @@ class Executor(Prewarmed):
 
     # ------------------------------------------------------------------ the one entry point
     def perform(self, action: Action) -> None:
+        self._perform(action)
+        if self.forks or (self.remote is not None and self.remote.pending):
+            self.view.forking = True  # a start asked of the zygote or of another host: until poll_fork
+
+    def _perform(self, action: Action) -> None:
         now = self.clock()
         if isinstance(action, StartZygote):
             self.report([Report(say=f"procsv: starting a new pre-warmed trainer (zygote attempt {action.attempt})")])
@@ -222,9 +227,9 @@ class Executor(Prewarmed):
             env[GROUP_PEER_BIND] = self.cfg.master_addr.rpartition(":")[0]
         return env
 
-    def spawn(self, slot: str, role: str, nodes: tuple[int, ...] = ()) -> Optional[ChildProcess]:
+    def spawn(self, slot: str, role: str, nodes: tuple[int, ...] = ()) -> None:
         """Start the next attempt of ``slot`` and add it to the view (a trainer forked by the zygote:
-        :meth:`poll_fork` adds it; None is returned). With ``--nproc N`` a trainer start is the whole
+        :meth:`poll_fork` adds it). With ``--nproc N`` a trainer start is the whole
         group's, each with its own ``TF_CONFIG`` on ports chosen now, over the hosts ``nodes`` (rule 15)."""
         if self.ps_cluster is not None and role in (TRAINER, WORKER, PS, SERVER):  # --ps: each task alone (pstasks)
             return self.ps_cluster.start(self, slot, role)
@@ -237,14 +242,11 @@ class Executor(Prewarmed):
             return self._spawn_member(TRAINER, TRAINER, attempt, 0, {})
         hosts = nodes or tuple(range(self.limits.nnodes))
         cluster, common, extras = self._group(attempt, hosts)
-        chief: Optional[ChildProcess] = None
         for rank in range(self.limits.nproc):
-            started = self._spawn_member(TRAINER if rank == 0 else worker_slot(rank), TRAINER if rank == 0 else WORKER,
-                                         attempt, rank, extras[rank])
-            chief = chief or started
+            self._spawn_member(TRAINER if rank == 0 else worker_slot(rank), TRAINER if rank == 0 else WORKER,
+                               attempt, rank, extras[rank])
         if self.remote is not None:  # (their copies: node 0's peer link)
             self.remote.start(attempt, cluster, {**common, GROUP_REMOTE: "1"}, hosts)
-        return chief
 
     def _group(self, attempt: int, nodes: tuple[int, ...] = (0,)) -> tuple[list[str], dict[str, str], list[dict[str, str]]]:
         """Group attempt ``attempt``'s addresses over the hosts ``nodes`` (this host's on ports free now, then
@@ -261,8 +263,7 @@ class Executor(Prewarmed):
                   SKIP_STEPS: ",".join(map(str, self.view.skipped_steps))}  # skipped again (a group's rollback)
         return cluster, common, [{**common, "TF_CONFIG": make_tf_config(cluster, r), RANK: str(r)} for r in range(n)]
 
-    def _spawn_member(self, slot: str, role: str, attempt: int, rank: int, extra: dict[str, str]
-                      ) -> Optional[ChildProcess]:
+    def _spawn_member(self, slot: str, role: str, attempt: int, rank: int, extra: dict[str, str]) -> None:
         """Start one trainer process (the chief, a group's worker ``rank``, or a hot standby: the
         trainer's next attempt, from the zygote only), from the zygote if ready."""
         # a worker's files carry its task (a standby group's member R: the next attempt's worker R)
@@ -273,20 +274,16 @@ class Executor(Prewarmed):
         mutex = death_mutex(self.runtime.standby_mutex(attempt, rank) if role == STANDBY
                             else self.runtime.trainer_mutex(attempt, rank), env)
         if self.fork(PendingFork(slot, attempt, env, log_path, mutex, role, rank), self.cfg.target, self.cfg.args):
-            return None
-        if role == STANDBY:  # no standby this time: no process will hold its mutex
-            if mutex is not None:
-                mutex.remove()
-            return None
-        return self._fresh(slot, role, attempt, env, log_path, mutex)
+            return
+        if role != STANDBY:
+            return self._fresh(slot, role, attempt, env, log_path, mutex)
+        if mutex is not None:  # no standby this time: no process will hold its mutex
+            mutex.remove()
 
     def fork(self, pending: PendingFork, target: str, args: Sequence[str]) -> bool:
         """Ask the zygote, when it is ready, for ``pending``'s process (:meth:`poll_fork` completes it);
         False: start it fresh (a zygote the request failed on is given up)."""
-        if not self.ask_zygote(pending, target, args, self.cfg.cwd):
-            return False
-        observe.fork_requested(self.view)
-        return True
+        return self.ask_zygote(pending, target, args, self.cfg.cwd)
 
     def poll_fork(self) -> None:
         """Complete the trainer starts asked of the zygote: an answer arrived, or it is overdue or
@@ -310,14 +307,13 @@ class Executor(Prewarmed):
         self.view.forking = bool(self.forks or (self.remote is not None and self.remote.pending))
 
     def _fresh(self, slot: str, role: str, attempt: int, env: dict[str, str], log_path: str,
-               mutex: Optional[RobustMutex]) -> ChildProcess:
+               mutex: Optional[RobustMutex]) -> None:
         trainer = role in (TRAINER, WORKER)
         argv = spawn.trainer_argv(self.cfg.target, self.cfg.args) if trainer else spawn.service_argv(role)
-        proc = spawn.spawn(argv, env, log_path, cwd=self.cfg.cwd)
-        return self._started(slot, role, attempt, proc, log_path, mutex, "fresh")
+        self._started(slot, role, attempt, spawn.spawn(argv, env, log_path, cwd=self.cfg.cwd), log_path, mutex, "fresh")
 
     def _started(self, slot: str, role: str, attempt: int, proc: Process, log_path: str,
-                 mutex: Optional[RobustMutex], via: str) -> ChildProcess:
+                 mutex: Optional[RobustMutex], via: str) -> None:
         # a standby is a trainer process (a standby group's member R: worker R's); a group's worker is known
         # by its task (worker1.3.log)
         rank = standby.rank_of(slot) if role == STANDBY else 0
@@ -331,10 +327,13 @@ class Executor(Prewarmed):
         logs, name, keep = self.layout.logs, handle.role, self.cfg.keep_logs
         live = {h.attempt for h in self.handles.values() if h.role == name} | self.reading(name)
         self.disk(lambda: rotate(logs, name, attempt, keep, live=live))
-        self.report(observe.spawned(self.view, slot, role, attempt, handle.pid, self.clock(), via, handle.create_time))
+        try:  # the view's (status.json's): it tells a reused pid apart
+            create_time: Optional[float] = psutil.Process(handle.pid).create_time()
+        except psutil.Error:
+            create_time = None
+        self.report(observe.spawned(self.view, slot, role, attempt, handle.pid, self.clock(), via, create_time))
         if mutex is not None:  # the death-notice watch on the mutex it was told to hold
             handle.watch = DeathWatch(mutex, lambda died, at: self._on_death_notice(handle, died, at), self.clock)
-        return handle
 
     def start_zygote(self, attempt: int = 1) -> None:
         """Start the pre-warmed trainer (at launch, and again after a loss: rule 13). It is noted as

@@ -125,7 +125,7 @@ class ChildEnds:
 
     def _reaped(self, handle: ChildProcess, ex: Executor) -> None:
         code = handle.reap()
-        if code is None:  # dead by its pidfd, yet no status within the limit
+        if code is None:  # dead by its pidfd, yet no status to take (never seen)
             ex.give_up(handle)
             code = -signal.SIGKILL
         ex.handles.pop((handle.slot, handle.attempt), None)

@@ -37,12 +37,6 @@ def spawned(view: RunView, slot: str, role: str, attempt: int, pid: int, now: fl
     return [Report(Event.SPAWNED, {"role": name, "attempt": attempt, "pid": pid, "via": via})]
 
 
-def fork_requested(view: RunView) -> None:
-    """A trainer was asked of the pre-warmed zygote (or of another host); :func:`spawned` follows
-    when it answers, and the executor's poll_fork says when none is pending any more."""
-    view.forking = True
-
-
 def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -> list[Report]:
     """A message from a child (stale ones, from an attempt that is not current, change nothing).
     ``slot``: relayed by another host's agent for that member (pids of hosts may coincide)."""
