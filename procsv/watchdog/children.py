@@ -70,18 +70,10 @@ class ChildProcess:
     def pid(self) -> int:
         return int(self.proc.pid)
 
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
     def send_signal(self, sig: int) -> None:
         """Signal the process itself (a trainer turns SIGTERM into an orderly stop), through its
         pidfd: nothing is sent once it is reaped."""
         pidfds.send(self.pidfd, sig)
-
-    def promote(self) -> None:
-        """Wake a hot standby (SIGUSR1) at normal CPU priority (:meth:`unidle`)."""
-        self.unidle()
-        self.send_signal(signal.SIGUSR1)
 
     def unidle(self) -> None:
         """Set every thread of a hot standby back to normal CPU priority, before its promotion or its

@@ -28,7 +28,7 @@ from procsv.watchdog import observe
 from procsv.watchdog.lateblame import breaker_found
 from procsv.watchdog.actionlines import (kill_reports, membership_reports, node_lost_reports, restart_reports, signal_reports, standby_gone_reports,
                                          stop_failing_reports, task_gave_up_reports)
-from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpService, GiveUpTask,
+from procsv.watchdog.rules.actions import (Action, ArmChaos, Finish, GiveUp, GiveUpService, GiveUpTask,
                                      Kill, NodeLost, Promote, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
                                      StartZygote, StopFailing)
 from procsv.watchdog.config import LaunchConfig
@@ -208,7 +208,8 @@ class Executor(Prewarmed):
         handle = self.handles.pop((action.slot, action.attempt))
         handle.slot = slot
         self.handles[(slot, action.attempt)] = handle
-        handle.promote()
+        handle.unidle()  # woken at normal CPU priority
+        handle.send_signal(signal.SIGUSR1)
         note(self.view, action, self.clock(), self.limits)
         name = "trainer" if rank == 0 else f"trainer group's {slot}"
         say = f"procsv: promoted the standby {name} (pid {handle.pid}) to attempt {action.attempt}"

@@ -114,7 +114,7 @@ class LogdirGuard:
             self.out.changed()
         if reason is not None:
             self.moved = looked is not None and looked[0].moved_to is not None
-            self.out.record(observe.logdir_lost(self.view, reason))
+            observe.logdir_lost(self.view, reason)
             self.out.changed()
 
     def final_status_where_it_went(self, cfg: LaunchConfig, now: float, wall: float, started_wall: float,

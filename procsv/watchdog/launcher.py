@@ -307,8 +307,7 @@ class Watchdog:
             self._sweep()
         self.logdir.check()  # one look a round (by the logdir writer): before a write of status.json
         self.out.write_status(self.view, self.ex.zygote)
-        if self.pipes.scalars is not None:
-            self.pipes.scalars.tick(self.view, self.clock(), self.wall())
+        self.pipes.scalars.tick(self.view, self.clock(), self.wall())
         self.out.publish(self.view)
         self.out.draw_live(self.view)
         if self.pulse is not None:
@@ -346,15 +345,13 @@ class Watchdog:
                 continue
             if isinstance(got.msg, Progress) and not got.msg.busy:
                 self.out.progress(got.msg.step)
-            if self.ex.forks and self.ex.zygote is not None and getattr(got.msg, "pid", 0) not in self._pids():
+            known = {c.pid for c in self.view.children.values() if c.pid}
+            if self.ex.forks and self.ex.zygote is not None and getattr(got.msg, "pid", 0) not in known:
                 self._on_zygote()  # a forked sender runs only once the zygote's answer naming it is written
             self.out.record(observe.heard(self.view, got.msg, self.clock()))
             self.out.changed()
             if isinstance(got.msg, SaveResult) and not got.msg.ok:
                 self.logdir.check()  # a save that fails may be the first sign of a lost logdir
-
-    def _pids(self) -> set[int]:
-        return {c.pid for c in self.view.children.values() if c.pid}
 
     def _on_zygote(self) -> None:
         z = self.ex.zygote
@@ -368,7 +365,7 @@ class Watchdog:
             self.ex.drop_zygote("procsv: the pre-warmed trainer (zygote) died; restarts start fresh trainers until "
                                 "a new one is ready")
         elif z.ready:
-            self.out.record(observe.zygote_changed(self.view, ZygoteState.READY, z.pid, z.import_secs or 0.0,
+            self.out.record(observe.zygote_changed(self.view, ZygoteState.READY, z.pid, z.import_secs,
                                                    now=self.clock()))
         self.ex.poll_fork()  # a trainer it was asked for: answered, or to be started fresh now
 

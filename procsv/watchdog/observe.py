@@ -321,14 +321,13 @@ def reaped(view: RunView, slot: str, attempt: int, failure: Failure, now: float)
     return out
 
 
-def logdir_lost(view: RunView, reason: str) -> list[Report]:
+def logdir_lost(view: RunView, reason: str) -> None:
     """The logdir is no longer the directory the run started in (deleted, moved away, replaced).
 
     Only the first reason is kept; decision rule 9 stops the run, and its action says so.
     """
     if view.logdir_lost is None:
         view.logdir_lost = reason
-    return []
 
 
 def stop_requested(view: RunView, signum: int, now: float, grace: float) -> list[Report]:

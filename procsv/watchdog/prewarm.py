@@ -56,7 +56,10 @@ class Zygote:
         become_subreaper()  # what it forks is re-parented to this process, not to init
         req_r, self._req_w = os.pipe()
         self._rep_r, rep_w = os.pipe()
-        say = _dup_stderr()  # where a fork whose log cannot be opened says so (this process's stderr)
+        try:  # where a fork whose log cannot be opened says so: a copy of this process's stderr (-1: none)
+            say = os.dup(2)
+        except OSError:
+            say = -1
         env = dict(env)
         env[envvars.ZYGOTE_FDS] = f"{req_r},{rep_w},{say}"
         env[envvars.PRELOAD] = ",".join(preload)
@@ -72,7 +75,7 @@ class Zygote:
         self._unsent = bytearray()  # requests the pipe did not take yet
         self.reader = FramedReader(self._rep_r)
         self.ready = False
-        self.import_secs: Optional[float] = None
+        self.import_secs = 0.0
         self.replies: dict[tuple[int, int], ForkReply] = {}  # by (attempt, rank), until taken by answer()
         self.due: dict[tuple[int, int], float] = {}  # by (attempt, rank): each request's answer is overdue after
 
@@ -144,7 +147,12 @@ class Zygote:
         if reply is not None:
             if reply.error or reply.pid <= 0:
                 raise ZygoteUnavailable(reply.error or "fork failed")
-            return Adopted.take(reply.pid)
+            try:  # this process's child? (the zygote replies once the intermediate that re-parented it here is
+                # reaped; unreaped, a zombie if it died at once: only this process reaps it, so its pid names it)
+                os.waitid(os.P_PID, reply.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)  # (reaps nothing)
+            except ChildProcessError:
+                raise ZygoteUnavailable(f"the forked trainer (pid {reply.pid}) is not this process's child") from None
+            return Adopted(reply.pid)
         if not self.alive():
             raise ZygoteUnavailable("the zygote died")
         if due is not None and self.clock() >= due:
@@ -200,19 +208,6 @@ class Adopted:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.returncode: Optional[int] = None
-
-    @staticmethod
-    def take(pid: int) -> "Adopted":
-        """The fork ``pid`` the zygote reported, checked to be this process's child (the zygote
-        replies once the intermediate that re-parented it here is reaped). It is unreaped (a zombie
-        if it died at once: only this process will reap it), so its pid names it until :meth:`poll`."""
-        try:
-            if pid > 0:
-                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)  # (reaps nothing)
-                return Adopted(pid)
-        except ChildProcessError:
-            pass
-        raise ZygoteUnavailable(f"the forked trainer (pid {pid}) is not this process's child")
 
     def poll(self) -> Optional[int]:
         if self.returncode is None:
@@ -295,14 +290,6 @@ class Prewarmed:
         intermediate it left in a fork, SIGKILLed with its group and re-parented here, is the sweep's.)"""
         self.dead_zygotes = [z for z in self.dead_zygotes if z.popen.poll() is None]
         return [z for z in [self.zygote, *self.dead_zygotes] if z is not None]
-
-
-def _dup_stderr() -> int:
-    """A copy of this process's stderr for the zygote (-1 if it has none)."""
-    try:
-        return os.dup(2)
-    except OSError:
-        return -1
 
 
 def zygote_env(logdir: str, runtime_dir: str) -> dict[str, str]:
