@@ -54,7 +54,7 @@ class Plumbing:
         bind_private(self.pull, Endpoints(self.runtime_dir).watchdog)
         self.poller = zmq.Poller()
         self.poller.register(self.pull, zmq.POLLIN)
-        self.scalars: Optional[ScalarSender] = ScalarSender(self.zctx, Endpoints(self.runtime_dir).summary)
+        self.scalars = ScalarSender(self.zctx, Endpoints(self.runtime_dir).summary)
         self.wake_r, self._wake_w = socket.socketpair()
         self.wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -77,9 +77,7 @@ class Plumbing:
         self.wake_r.close()
         self._wake_w.close()
         self.pull.close(0)
-        if self.scalars is not None:
-            self.scalars.close()
-            self.scalars = None
+        self.scalars.close()
         self.zctx.term()
         release_runtime_dir(self.runtime_dir)
 

@@ -19,8 +19,6 @@ import signal
 import subprocess
 from typing import Callable, Iterable, Optional, Sequence, Union
 
-import psutil
-
 from procsv.common import faults
 from procsv.common import pidfd as pidfds
 from procsv.common.env import DEATH_MUTEX
@@ -67,27 +65,15 @@ class ChildProcess:
         self.log_pos = 0
         self.echoes = True  # False once another attempt's process took over its log (see take_over_log)
         self.killed_at: Optional[float] = None  # when it was first SIGKILLed (the watchdog's clock)
-        try:
-            self.create_time: Optional[float] = psutil.Process(proc.pid).create_time()
-        except psutil.Error:
-            self.create_time = None
 
     @property
     def pid(self) -> int:
         return int(self.proc.pid)
 
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
     def send_signal(self, sig: int) -> None:
         """Signal the process itself (a trainer turns SIGTERM into an orderly stop), through its
         pidfd: nothing is sent once it is reaped."""
         pidfds.send(self.pidfd, sig)
-
-    def promote(self) -> None:
-        """Wake a hot standby (SIGUSR1) at normal CPU priority (:meth:`unidle`)."""
-        self.unidle()
-        self.send_signal(signal.SIGUSR1)
 
     def unidle(self) -> None:
         """Set every thread of a hot standby back to normal CPU priority, before its promotion or its
@@ -125,20 +111,18 @@ class ChildProcess:
         process in uninterruptible sleep (I/O that does not return, a frozen cgroup)."""
         return self.killed_at is not None and now - self.killed_at >= limit and not self._died_within(0.0)
 
-    def reap(self, timeout: float = 5.0, kill_secs: float = REAP_SECS) -> Optional[int]:
-        """Wait for the exit status (SIGKILL after ``timeout``, then at most ``kill_secs`` more), kill
-        what it left in its group, close the pidfd; for a trainer, end its death watch and remove its
-        death-notice mutex. None: it did not die even of SIGKILL within ``kill_secs`` (see
-        :func:`unreaped_line`); it is left as it is and the pidfd stays open."""
+    def reap(self, timeout: float = 0.0) -> Optional[int]:
+        """Take the exit status of a child that died (its pidfd said so) or was SIGKILLed, waiting at most
+        ``timeout`` seconds for its death; kill what it left in its group, close the pidfd; for a trainer,
+        end its death watch and remove its death-notice mutex. None: it did not die within ``timeout``
+        (see :func:`unreaped_line`); it is left as it is and the pidfd stays open."""
         if self.watch is not None:
             self.watch.cancel()
         if self.proc.returncode is None:
             # the death first, on the pidfd, without reaping: the group is killed while its
             # leader is a zombie (its id not yet free), then the exit status is collected
             if not self._died_within(timeout):
-                self.kill_group(signal.SIGKILL)
-                if not self._died_within(kill_secs):
-                    return None
+                return None
             self.kill_group(signal.SIGKILL)  # anything the child left behind in its group
             if self.proc.poll() is None:  # (dead by its pidfd: its own child's status is there to take)
                 return None
@@ -278,7 +262,7 @@ class Unreaped:
             if handle.proc.poll() is not None:
                 self._handles.remove(handle)
                 self._pids.discard(handle.pid)
-                handle.reap(timeout=0.0, kill_secs=0.0)
+                handle.reap()
 
 
 def end_all(handles: Sequence[ChildProcess], zygotes: Sequence[Zygote], unreaped: Unreaped,
@@ -291,7 +275,7 @@ def end_all(handles: Sequence[ChildProcess], zygotes: Sequence[Zygote], unreaped
     lines = []
     for handle in handles:
         handle.kill(clock())
-        if handle.reap(timeout=max(0.0, deadline - clock()), kill_secs=0.0) is None:
+        if handle.reap(max(0.0, deadline - clock())) is None:
             lines.append(unreaped.add(handle))
     for z in zygotes:
         if not z.close(max(0.0, deadline - clock())):

@@ -16,6 +16,7 @@ import uuid
 from typing import Callable, Optional, Sequence
 
 import psutil
+import zmq
 
 from procsv.common import spawn
 from procsv.cluster import make_tf_config
@@ -27,7 +28,7 @@ from procsv.watchdog import observe
 from procsv.watchdog.lateblame import breaker_found
 from procsv.watchdog.actionlines import (kill_reports, membership_reports, node_lost_reports, restart_reports, signal_reports, standby_gone_reports,
                                          stop_failing_reports, task_gave_up_reports)
-from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpService, GiveUpTask,
+from procsv.watchdog.rules.actions import (Action, ArmChaos, Finish, GiveUp, GiveUpService, GiveUpTask,
                                      Kill, NodeLost, Promote, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
                                      StartZygote, StopFailing)
 from procsv.watchdog.config import LaunchConfig
@@ -54,17 +55,16 @@ class Executor(Prewarmed):
     pre-warmed trainer (:class:`~procsv.watchdog.prewarm.Prewarmed`)."""
 
     def __init__(self, cfg: LaunchConfig, layout: Layout, runtime_dir: str, view: RunView, limits: Limits,
-                 report: Sink, clock: Callable[[], float], register: Callable[[ChildProcess], None],
+                 report: Sink, clock: Callable[[], float], poller: zmq.Poller,
                  on_death_notice: Callable[[ChildProcess, bool, float], None],
                  chaos_rng: Optional[random.Random] = None) -> None:
         super().__init__()
         self.cfg, self.layout, self.runtime, self.view = cfg, layout, RuntimeDir(runtime_dir), view
         self.limits, self.report, self.clock = limits, report, clock
-        self._register = register
+        self.poller = poller  # the loop's: each child's pidfd and the zygote's pipe are registered there
         self._on_death_notice = on_death_notice
         self.handles: dict[tuple[str, int], ChildProcess] = {}
         self.unreaped = Unreaped()  # children SIGKILL did not end, given up on (see give_up)
-        self.on_zygote: Callable[[Zygote], None] = lambda z: None  # the loop watches a started zygote's pipe
         self.remote: Optional[RemoteMembers] = None  # the other hosts' members (--nnodes), set by the launcher
         self.disk: Callable[[Callable[[], object]], None] = lambda work: None if work() else None  # the launcher's: the writer thread
         self.reading: Callable[[str], set[int]] = lambda role: set()  # attempts whose end is being read (kept)
@@ -78,6 +78,11 @@ class Executor(Prewarmed):
 
     # ------------------------------------------------------------------ the one entry point
     def perform(self, action: Action) -> None:
+        self._perform(action)
+        if self.forks or (self.remote is not None and self.remote.pending):
+            self.view.forking = True  # a start asked of the zygote or of another host: until poll_fork
+
+    def _perform(self, action: Action) -> None:
         now = self.clock()
         if isinstance(action, StartZygote):
             self.report([Report(say=f"procsv: starting a new pre-warmed trainer (zygote attempt {action.attempt})")])
@@ -202,7 +207,8 @@ class Executor(Prewarmed):
         handle = self.handles.pop((action.slot, action.attempt))
         handle.slot = slot
         self.handles[(slot, action.attempt)] = handle
-        handle.promote()
+        handle.unidle()  # woken at normal CPU priority
+        handle.send_signal(signal.SIGUSR1)
         note(self.view, action, self.clock(), self.limits)
         name = "trainer" if rank == 0 else f"trainer group's {slot}"
         say = f"procsv: promoted the standby {name} (pid {handle.pid}) to attempt {action.attempt}"
@@ -221,9 +227,9 @@ class Executor(Prewarmed):
             env[GROUP_PEER_BIND] = self.cfg.master_addr.rpartition(":")[0]
         return env
 
-    def spawn(self, slot: str, role: str, nodes: tuple[int, ...] = ()) -> Optional[ChildProcess]:
+    def spawn(self, slot: str, role: str, nodes: tuple[int, ...] = ()) -> None:
         """Start the next attempt of ``slot`` and add it to the view (a trainer forked by the zygote:
-        :meth:`poll_fork` adds it; None is returned). With ``--nproc N`` a trainer start is the whole
+        :meth:`poll_fork` adds it). With ``--nproc N`` a trainer start is the whole
         group's, each with its own ``TF_CONFIG`` on ports chosen now, over the hosts ``nodes`` (rule 15)."""
         if self.ps_cluster is not None and role in (TRAINER, WORKER, PS, SERVER):  # --ps: each task alone (pstasks)
             return self.ps_cluster.start(self, slot, role)
@@ -236,14 +242,11 @@ class Executor(Prewarmed):
             return self._spawn_member(TRAINER, TRAINER, attempt, 0, {})
         hosts = nodes or tuple(range(self.limits.nnodes))
         cluster, common, extras = self._group(attempt, hosts)
-        chief: Optional[ChildProcess] = None
         for rank in range(self.limits.nproc):
-            started = self._spawn_member(TRAINER if rank == 0 else worker_slot(rank), TRAINER if rank == 0 else WORKER,
-                                         attempt, rank, extras[rank])
-            chief = chief or started
+            self._spawn_member(TRAINER if rank == 0 else worker_slot(rank), TRAINER if rank == 0 else WORKER,
+                               attempt, rank, extras[rank])
         if self.remote is not None:  # (their copies: node 0's peer link)
             self.remote.start(attempt, cluster, {**common, GROUP_REMOTE: "1"}, hosts)
-        return chief
 
     def _group(self, attempt: int, nodes: tuple[int, ...] = (0,)) -> tuple[list[str], dict[str, str], list[dict[str, str]]]:
         """Group attempt ``attempt``'s addresses over the hosts ``nodes`` (this host's on ports free now, then
@@ -260,8 +263,7 @@ class Executor(Prewarmed):
                   SKIP_STEPS: ",".join(map(str, self.view.skipped_steps))}  # skipped again (a group's rollback)
         return cluster, common, [{**common, "TF_CONFIG": make_tf_config(cluster, r), RANK: str(r)} for r in range(n)]
 
-    def _spawn_member(self, slot: str, role: str, attempt: int, rank: int, extra: dict[str, str]
-                      ) -> Optional[ChildProcess]:
+    def _spawn_member(self, slot: str, role: str, attempt: int, rank: int, extra: dict[str, str]) -> None:
         """Start one trainer process (the chief, a group's worker ``rank``, or a hot standby: the
         trainer's next attempt, from the zygote only), from the zygote if ready."""
         # a worker's files carry its task (a standby group's member R: the next attempt's worker R)
@@ -272,20 +274,16 @@ class Executor(Prewarmed):
         mutex = death_mutex(self.runtime.standby_mutex(attempt, rank) if role == STANDBY
                             else self.runtime.trainer_mutex(attempt, rank), env)
         if self.fork(PendingFork(slot, attempt, env, log_path, mutex, role, rank), self.cfg.target, self.cfg.args):
-            return None
-        if role == STANDBY:  # no standby this time: no process will hold its mutex
-            if mutex is not None:
-                mutex.remove()
-            return None
-        return self._fresh(slot, role, attempt, env, log_path, mutex)
+            return
+        if role != STANDBY:
+            return self._fresh(slot, role, attempt, env, log_path, mutex)
+        if mutex is not None:  # no standby this time: no process will hold its mutex
+            mutex.remove()
 
     def fork(self, pending: PendingFork, target: str, args: Sequence[str]) -> bool:
         """Ask the zygote, when it is ready, for ``pending``'s process (:meth:`poll_fork` completes it);
         False: start it fresh (a zygote the request failed on is given up)."""
-        if not self.ask_zygote(pending, target, args, self.cfg.cwd):
-            return False
-        observe.fork_requested(self.view)
-        return True
+        return self.ask_zygote(pending, target, args, self.cfg.cwd)
 
     def poll_fork(self) -> None:
         """Complete the trainer starts asked of the zygote: an answer arrived, or it is overdue or
@@ -309,14 +307,13 @@ class Executor(Prewarmed):
         self.view.forking = bool(self.forks or (self.remote is not None and self.remote.pending))
 
     def _fresh(self, slot: str, role: str, attempt: int, env: dict[str, str], log_path: str,
-               mutex: Optional[RobustMutex]) -> ChildProcess:
+               mutex: Optional[RobustMutex]) -> None:
         trainer = role in (TRAINER, WORKER)
         argv = spawn.trainer_argv(self.cfg.target, self.cfg.args) if trainer else spawn.service_argv(role)
-        proc = spawn.spawn(argv, env, log_path, cwd=self.cfg.cwd)
-        return self._started(slot, role, attempt, proc, log_path, mutex, "fresh")
+        self._started(slot, role, attempt, spawn.spawn(argv, env, log_path, cwd=self.cfg.cwd), log_path, mutex, "fresh")
 
     def _started(self, slot: str, role: str, attempt: int, proc: Process, log_path: str,
-                 mutex: Optional[RobustMutex], via: str) -> ChildProcess:
+                 mutex: Optional[RobustMutex], via: str) -> None:
         # a standby is a trainer process (a standby group's member R: worker R's); a group's worker is known
         # by its task (worker1.3.log)
         rank = rank_of(slot) if role == STANDBY else 0
@@ -325,15 +322,18 @@ class Executor(Prewarmed):
         handle = ChildProcess(slot, name, attempt, proc, log_path)
         handle.take_over_log(self.handles.values())
         self.handles[(slot, attempt)] = handle
-        self._register(handle)
+        self.poller.register(handle.pidfd, zmq.POLLIN)
         # a standby writes the trainer's next attempt log (its promotion starts no process: rotate now)
         logs, name, keep = self.layout.logs, handle.role, self.cfg.keep_logs
         live = {h.attempt for h in self.handles.values() if h.role == name} | self.reading(name)
         self.disk(lambda: rotate(logs, name, attempt, keep, live=live))
-        self.report(observe.spawned(self.view, slot, role, attempt, handle.pid, self.clock(), via, handle.create_time))
+        try:  # the view's (status.json's): it tells a reused pid apart
+            create_time: Optional[float] = psutil.Process(handle.pid).create_time()
+        except psutil.Error:
+            create_time = None
+        self.report(observe.spawned(self.view, slot, role, attempt, handle.pid, self.clock(), via, create_time))
         if mutex is not None:  # the death-notice watch on the mutex it was told to hold
             handle.watch = DeathWatch(mutex, lambda died, at: self._on_death_notice(handle, died, at), self.clock)
-        return handle
 
     def start_zygote(self, attempt: int = 1) -> None:
         """Start the pre-warmed trainer (at launch, and again after a loss: rule 13). It is noted as
@@ -343,7 +343,11 @@ class Executor(Prewarmed):
                              self.layout.attempt_log("zygote", attempt), self.cfg.cwd, self.cfg.preload, self.clock)
         self.report([Report(Event.SPAWNED, {"role": "zygote", "attempt": attempt, "pid": self.zygote.pid,
                                             "via": "fresh"})])
-        self.on_zygote(self.zygote)
+        self.poller.register(self.zygote.fd, zmq.POLLIN)
+
+    def handle_for(self, fd: int) -> Optional[ChildProcess]:
+        """The child whose pidfd ``fd`` is, if it is one (every handle's is in the poller until its end)."""
+        return next((h for h in self.handles.values() if h.pidfd == fd), None)
 
     def drop_zygote(self, why: str) -> Optional[Zygote]:
         """Give up on the pre-warmed trainer (:meth:`Prewarmed.drop_zygote`), a loss reported (rule 13)."""

@@ -49,7 +49,7 @@ class _End:
 
 
 class ChildEnds:
-    """The children's pidfds (registered in the loop's poller) and the death notices not yet read.
+    """The children's ends (their pidfds are in the loop's poller: the executor's) and the death notices not yet read.
 
     ``heard_all`` reads every message still queued (a dead child's last words come before its
     exit); ``left_behind`` sweeps for processes a reaped child left behind.
@@ -67,12 +67,11 @@ class ChildEnds:
         self._heard_all = heard_all
         self._left_behind = left_behind
         self._notices: "queue.SimpleQueue[tuple[ChildProcess, bool, float, float]]" = queue.SimpleQueue()
-        self._notice_r, self._notice_w = os.pipe()
+        self.notice_fd, self._notice_w = os.pipe()  # readable when a death notice waits (drain_notices)
         os.set_blocking(self._notice_w, False)
-        self._by_fd: dict[int, ChildProcess] = {}
         self.reader = reader
         self._ends: "deque[_End]" = deque()  # in the order they came in, their reads asked for
-        poller.register(self._notice_r, zmq.POLLIN)
+        poller.register(self.notice_fd, zmq.POLLIN)
 
     def reading(self, role: str) -> set[int]:
         """The attempts of ``role`` whose end is still being read (log rotation keeps their files)."""
@@ -82,20 +81,6 @@ class ChildEnds:
     def pending(self) -> bool:
         """An end waits for its reads: the launch is not over before it is observed."""
         return bool(self._ends)
-
-    @property
-    def notice_fd(self) -> int:
-        """Readable when a death notice is waiting (:meth:`drain_notices`)."""
-        return self._notice_r
-
-    def register(self, handle: ChildProcess) -> None:
-        """A child was started: watch its pidfd."""
-        self._by_fd[handle.pidfd] = handle
-        self.poller.register(handle.pidfd, zmq.POLLIN)
-
-    def handle_for(self, fd: int) -> Optional[ChildProcess]:
-        """The child whose pidfd ``fd`` is, if it is one."""
-        return self._by_fd.get(fd)
 
     def post_notice(self, handle: ChildProcess, died: bool, at: float) -> None:
         """Runs in a death-watch thread: hand the notice to the main loop."""
@@ -107,7 +92,7 @@ class ChildEnds:
 
     def drain_notices(self, ex: Executor) -> None:
         try:
-            os.read(self._notice_r, 4096)
+            os.read(self.notice_fd, 4096)
         except BlockingIOError:
             pass
         while not self._notices.empty():
@@ -119,8 +104,12 @@ class ChildEnds:
         """A pidfd became readable: reap the child (the watchdog's own, forked or spawned) and record
         how it ended."""
         self.poller.unregister(handle.pidfd)
-        del self._by_fd[handle.pidfd]
-        self._reaped(handle, ex)
+        code = handle.reap()
+        if code is None:  # dead by its pidfd, yet no status to take (never seen)
+            ex.give_up(handle)
+            code = -signal.SIGKILL
+        ex.handles.pop((handle.slot, handle.attempt), None)
+        self._ended(handle, ex, code)
 
     def check_unkillable(self, ex: Executor) -> None:
         """A child that SIGKILL has not ended for ``REAP_SECS`` (uninterruptible sleep: I/O that
@@ -130,19 +119,9 @@ class ChildEnds:
         ex.unreaped.reap_dead()
         for handle in list(ex.handles.values()):
             if handle.unkillable(self.clock()):
-                if handle.pidfd in self._by_fd:
-                    self.poller.unregister(handle.pidfd)
-                    del self._by_fd[handle.pidfd]
+                self.poller.unregister(handle.pidfd)  # (the executor registered it: Executor.handle_for)
                 ex.give_up(handle)
                 self._ended(handle, ex, -signal.SIGKILL)
-
-    def _reaped(self, handle: ChildProcess, ex: Executor) -> None:
-        code = handle.reap()
-        if code is None:  # dead by its pidfd, yet no status within the limit
-            ex.give_up(handle)
-            code = -signal.SIGKILL
-        ex.handles.pop((handle.slot, handle.attempt), None)
-        self._ended(handle, ex, code)
 
     def _ended(self, handle: ChildProcess, ex: Executor, code: int) -> None:
         self._heard_all()  # all it said before dying (a last checkpoint result), before its exit

@@ -27,6 +27,7 @@ from procsv.watchdog import observe
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.logdirwatch import Anchor, LogdirHealth
+from procsv.watchdog.prewarm import Prewarmed
 from procsv.watchdog.rules.state import RunView
 from procsv.watchdog.publish.reporting import Reporter
 from procsv.watchdog.publish.statusfile import status_record
@@ -49,17 +50,18 @@ class Sweeper:
     def due(self) -> bool:
         return self.clock() >= self._next
 
-    def sweep(self, known: set[int], forking: bool, final: bool = False) -> None:
+    def sweep(self, children: set[int], pre: Prewarmed, final: bool = False) -> None:
         """Kill and reap processes of the run whose parent died (see :class:`Orphans`): every child
-        of this process but ``known`` (a lost zygote's intermediate too, left in a fork and
-        re-parented here at its end); ``final``: wait (a bounded while) until
-        those killed are reaped. Not while ``forking`` (a fork asked of a zygote is unanswered), but
+        of this process but ``children`` and ``pre``'s zygotes (a lost zygote's intermediate too, left
+        in a fork and re-parented here at its end); ``final``: wait (a bounded while) until
+        those killed are reaped. Not while a fork asked of a zygote is unanswered (``pre.forks``), but
         for the final sweep: the trainer it forked is this process's child (re-parented) before the
         answer naming it is read, and would be taken for one left behind. The watchdog's sweep
         (:meth:`~procsv.watchdog.launcher.Watchdog._sweep`) and a node agent's
         (:mod:`procsv.watchdog.multihost.agent`): each is the subreaper of its host's processes of the run."""
         self._next = self.clock() + SWEEP_EVERY
-        if forking and not final:
+        known = children | {z.pid for z in pre.zygotes()}  # (those given up on and dead are reaped there)
+        if pre.forks and not final:
             return
         killed = self.orphans.sweep_and_reap(known, FINAL_SWEEP_SECS if final else 0.0, self.clock)
         if killed:
@@ -110,7 +112,7 @@ class LogdirGuard:
             self.out.changed()
         if reason is not None:
             self.moved = looked is not None and looked[0].moved_to is not None
-            self.out.record(observe.logdir_lost(self.view, reason))
+            observe.logdir_lost(self.view, reason)
             self.out.changed()
 
     def final_status_where_it_went(self, cfg: LaunchConfig, now: float, wall: float, started_wall: float) -> None:

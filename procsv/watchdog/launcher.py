@@ -153,7 +153,7 @@ class Watchdog:
                                      self.out.io.reads)
         pipes.poller.register(self.out.io.reads.fd, zmq.POLLIN)  # a read of the logdir is done
         ex = self.ex = Executor(self.cfg, self.layout, pipes.runtime_dir, self.view, self.limits, self.out.record,
-                                self.clock, ends.register, ends.post_notice)
+                                self.clock, pipes.poller, ends.post_notice)
         ex.disk, ex.reading = self.out.io.call, ends.reading  # log rotation: by the logdir writer thread
         clear_group_records(self.layout)  # an earlier launch's: nothing reads them any more
         clear_stale_temps(self.layout)  # an earlier launch's writes a kill cut short
@@ -173,7 +173,6 @@ class Watchdog:
             for role in SERVICE_ROLES:
                 ex.spawn(role, role)
             if self.cfg.prewarm:
-                ex.on_zygote = lambda z: pipes.poller.register(z.fd, zmq.POLLIN)
                 ex.start_zygote()
             self.view.restart_at = self.clock()  # the first trainer (it waits for the zygote, if any)
             remote = ex.remote
@@ -206,7 +205,7 @@ class Watchdog:
         elif sock == self.out.io.reads.fd:
             self.out.io.reads.woken()
             self._settle()
-        elif isinstance(sock, int) and (handle := self.ends.handle_for(sock)) is not None:
+        elif isinstance(sock, int) and (handle := self.ex.handle_for(sock)) is not None:
             self.ends.on_exit(handle, self.ex)
         else:
             self.pipes.poller.unregister(sock)
@@ -308,8 +307,7 @@ class Watchdog:
             self._sweep()
         self.logdir.check()  # one look a round (by the logdir writer): before a write of status.json
         self.out.write_status(self.view, self.ex.zygote)
-        if self.pipes.scalars is not None:
-            self.pipes.scalars.tick(self.view, self.clock(), self.wall())
+        self.pipes.scalars.tick(self.view, self.clock(), self.wall())
         self.out.publish(self.view)
         self.out.draw_live(self.view)
         if self.pulse is not None:
@@ -326,10 +324,7 @@ class Watchdog:
     def _sweep(self, final: bool = False) -> None:
         """Kill and reap what the run left behind (:meth:`Sweeper.sweep`): this process's own children
         are the executor's handles, its zygotes and the children it gave up on."""
-        ex = self.ex
-        ex.dead_zygotes[:] = [z for z in ex.dead_zygotes if not z.reap_dead()]
-        known = {h.pid for h in ex.handles.values()} | ex.zygote_pids() | ex.unreaped.pids
-        self.sweeper.sweep(known, bool(ex.forks), final)
+        self.sweeper.sweep({h.pid for h in self.ex.handles.values()} | self.ex.unreaped.pids, self.ex, final)
 
     def _decide_standby(self) -> None:
         """Whether a hot standby may run (once: ``--standby``, and for ``auto`` the memory rule at
@@ -350,15 +345,13 @@ class Watchdog:
                 continue
             if isinstance(got.msg, Progress) and not got.msg.busy:
                 self.out.progress(got.msg.step)
-            if self.ex.forks and self.ex.zygote is not None and getattr(got.msg, "pid", 0) not in self._pids():
+            known = {c.pid for c in self.view.children.values() if c.pid}
+            if self.ex.forks and self.ex.zygote is not None and getattr(got.msg, "pid", 0) not in known:
                 self._on_zygote()  # a forked sender runs only once the zygote's answer naming it is written
             self.out.record(observe.heard(self.view, got.msg, self.clock()))
             self.out.changed()
             if isinstance(got.msg, SaveResult) and not got.msg.ok:
                 self.logdir.check()  # a save that fails may be the first sign of a lost logdir
-
-    def _pids(self) -> set[int]:
-        return {c.pid for c in self.view.children.values() if c.pid}
 
     def _on_zygote(self) -> None:
         z = self.ex.zygote
@@ -372,7 +365,7 @@ class Watchdog:
             self.ex.drop_zygote("procsv: the pre-warmed trainer (zygote) died; restarts start fresh trainers until "
                                 "a new one is ready")
         elif z.ready:
-            self.out.record(observe.zygote_changed(self.view, ZygoteState.READY, z.pid, z.import_secs or 0.0,
+            self.out.record(observe.zygote_changed(self.view, ZygoteState.READY, z.pid, z.import_secs,
                                                    now=self.clock()))
         self.ex.poll_fork()  # a trainer it was asked for: answered, or to be started fresh now
 

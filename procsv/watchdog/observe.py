@@ -37,12 +37,6 @@ def spawned(view: RunView, slot: str, role: str, attempt: int, pid: int, now: fl
     return [Report(Event.SPAWNED, {"role": name, "attempt": attempt, "pid": pid, "via": via})]
 
 
-def fork_requested(view: RunView) -> None:
-    """A trainer was asked of the pre-warmed zygote (or of another host); :func:`spawned` follows
-    when it answers, and the executor's poll_fork says when none is pending any more."""
-    view.forking = True
-
-
 def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -> list[Report]:
     """A message from a child (stale ones, from an attempt that is not current, change nothing).
     ``slot``: relayed by another host's agent for that member (pids of hosts may coincide)."""
@@ -326,14 +320,13 @@ def reaped(view: RunView, slot: str, attempt: int, failure: Failure, now: float)
     return out
 
 
-def logdir_lost(view: RunView, reason: str) -> list[Report]:
+def logdir_lost(view: RunView, reason: str) -> None:
     """The logdir is no longer the directory the run started in (deleted, moved away, replaced).
 
     Only the first reason is kept; decision rule 9 stops the run, and its action says so.
     """
     if view.logdir_lost is None:
         view.logdir_lost = reason
-    return []
 
 
 def stop_requested(view: RunView, signum: int, now: float, grace: float) -> list[Report]:

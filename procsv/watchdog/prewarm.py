@@ -56,7 +56,10 @@ class Zygote:
         become_subreaper()  # what it forks is re-parented to this process, not to init
         req_r, self._req_w = os.pipe()
         self._rep_r, rep_w = os.pipe()
-        say = _dup_stderr()  # where a fork whose log cannot be opened says so (this process's stderr)
+        try:  # where a fork whose log cannot be opened says so: a copy of this process's stderr (-1: none)
+            say = os.dup(2)
+        except OSError:
+            say = -1
         env = dict(env)
         env[envvars.ZYGOTE_FDS] = f"{req_r},{rep_w},{say}"
         env[envvars.PRELOAD] = ",".join(preload)
@@ -72,10 +75,9 @@ class Zygote:
         self._unsent = bytearray()  # requests the pipe did not take yet
         self.reader = FramedReader(self._rep_r)
         self.ready = False
-        self.import_secs: Optional[float] = None
+        self.import_secs = 0.0
         self.replies: dict[tuple[int, int], ForkReply] = {}  # by (attempt, rank), until taken by answer()
         self.due: dict[tuple[int, int], float] = {}  # by (attempt, rank): each request's answer is overdue after
-        self.dead = False
 
     @property
     def fd(self) -> int:
@@ -89,12 +91,11 @@ class Zygote:
 
     def pump(self) -> None:
         """Read whatever the zygote sent: whether it is ready, its replies (taken by :meth:`answer`)."""
-        if self.dead:
+        if self.closed:
             return
         try:
             msgs = self.reader.read_available()
         except (EOFError, ProtocolError):  # closed, or garbage on the pipe: either way, unusable
-            self.dead = True
             self._close_pipes()
             return
         for msg in msgs:
@@ -105,7 +106,7 @@ class Zygote:
                 self.replies[(msg.attempt, msg.rank)] = msg
 
     def alive(self) -> bool:
-        return not self.dead and self.popen.poll() is None
+        return not self.closed and self.popen.poll() is None
 
     def request_fork(self, attempt: int, target: str, args: Sequence[str], env: Mapping[str, str], log_path: str,
                      cwd: str, rank: int = 0) -> float:
@@ -146,7 +147,12 @@ class Zygote:
         if reply is not None:
             if reply.error or reply.pid <= 0:
                 raise ZygoteUnavailable(reply.error or "fork failed")
-            return Adopted.take(reply.pid)
+            try:  # this process's child? (the zygote replies once the intermediate that re-parented it here is
+                # reaped; unreaped, a zombie if it died at once: only this process reaps it, so its pid names it)
+                os.waitid(os.P_PID, reply.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)  # (reaps nothing)
+            except ChildProcessError:
+                raise ZygoteUnavailable(f"the forked trainer (pid {reply.pid}) is not this process's child") from None
+            return Adopted(reply.pid)
         if not self.alive():
             raise ZygoteUnavailable("the zygote died")
         if due is not None and self.clock() >= due:
@@ -163,7 +169,6 @@ class Zygote:
             except ProcessLookupError:
                 pass
         self.pump()
-        self.dead = True
         self._close_pipes()
 
     def _close_pipes(self) -> None:
@@ -182,14 +187,8 @@ class Zygote:
 
     @property
     def closed(self) -> bool:
-        """True once both pipes are closed (a lost zygote)."""
+        """True once both pipes are closed: a zygote found dead or killed (a lost zygote)."""
         return self._req_w < 0 and self._rep_r < 0
-
-    def reap_dead(self) -> bool:
-        """A zygote given up on: reap it once it is dead; True once it is (never waits). Else each lost
-        zygote left a zombie until the launch's end. (An intermediate it left in a fork, SIGKILLed with
-        its group and re-parented to this process, is the sweep's.)"""
-        return self.popen.poll() is not None
 
     def close(self, limit: Optional[float] = None) -> bool:
         """:meth:`kill`, then reap the zygote, waiting at most ``limit`` seconds (None: as long as it
@@ -209,19 +208,6 @@ class Adopted:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.returncode: Optional[int] = None
-
-    @staticmethod
-    def take(pid: int) -> "Adopted":
-        """The fork ``pid`` the zygote reported, checked to be this process's child (the zygote
-        replies once the intermediate that re-parented it here is reaped). It is unreaped (a zombie
-        if it died at once: only this process will reap it), so its pid names it until :meth:`poll`."""
-        try:
-            if pid > 0:
-                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)  # (reaps nothing)
-                return Adopted(pid)
-        except ChildProcessError:
-            pass
-        raise ZygoteUnavailable(f"the forked trainer (pid {pid}) is not this process's child")
 
     def poll(self) -> Optional[int]:
         if self.returncode is None:
@@ -299,20 +285,11 @@ class Prewarmed:
         return lost
 
     def zygotes(self) -> list[Zygote]:
-        """The zygotes not reaped yet (this process's own children)."""
+        """The zygotes not reaped yet (this process's own children, not left-behind ones). One given up on
+        is reaped here once dead (never waits; else each lost zygote left a zombie until the end). (An
+        intermediate it left in a fork, SIGKILLed with its group and re-parented here, is the sweep's.)"""
+        self.dead_zygotes = [z for z in self.dead_zygotes if z.popen.poll() is None]
         return [z for z in [self.zygote, *self.dead_zygotes] if z is not None]
-
-    def zygote_pids(self) -> set[int]:
-        """The pre-warmed trainers' pids (this process's own children, not left-behind ones)."""
-        return {z.pid for z in self.zygotes()}
-
-
-def _dup_stderr() -> int:
-    """A copy of this process's stderr for the zygote (-1 if it has none)."""
-    try:
-        return os.dup(2)
-    except OSError:
-        return -1
 
 
 def zygote_env(logdir: str, runtime_dir: str) -> dict[str, str]:

@@ -32,7 +32,6 @@ from procsv.common.env import NPROC, PS as PS_ENV, RANK
 from procsv.common.layout import Layout
 from procsv.common.mutex import RobustMutex
 from procsv.common.spawn import free_ports
-from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.multihost.remote import RemoteMembers
 from procsv.watchdog.prewarm import PendingFork
 from procsv.watchdog.rules.group import rank_of, worker_slot
@@ -55,11 +54,10 @@ class Starter(Protocol):
 
     def fork(self, pending: PendingFork, target: str, args: Sequence[str]) -> bool: ...
 
-    def _spawn_member(self, slot: str, role: str, attempt: int, rank: int, extra: dict[str, str]
-                      ) -> Optional[ChildProcess]: ...
+    def _spawn_member(self, slot: str, role: str, attempt: int, rank: int, extra: dict[str, str]) -> None: ...
 
     def _fresh(self, slot: str, role: str, attempt: int, env: dict[str, str], log_path: str,
-               mutex: Optional[RobustMutex]) -> ChildProcess: ...
+               mutex: Optional[RobustMutex]) -> None: ...
 
 
 class PsCluster:
@@ -87,9 +85,9 @@ class PsCluster:
             return make_pss_tf_config(self.chief, self.workers, self.ps, task_type, index)
         return make_ps_tf_config(self.ps, self.workers, task_type, index)
 
-    def _server(self, ex: Starter, slot: str, role: str, attempt: int) -> Optional[ChildProcess]:
+    def _server(self, ex: Starter, slot: str, role: str, attempt: int) -> None:
         """A parameter server, or with ``--coordinator`` a worker: :mod:`procsv.ps_server`. In TF1 mode
-        a parameter server is forked from the pre-warmed trainer when it is ready (None: the
+        a parameter server is forked from the pre-warmed trainer when it is ready (the
         executor's poll_fork adds it when the zygote answers): every worker waits for it. With
         ``--coordinator`` every server starts fresh (a forked parameter server was tried there: the
         restarted coordinator did not step again within 180 s in ``tests/test_ps_strategy.py``)."""
@@ -99,10 +97,10 @@ class PsCluster:
         log = ex.layout.attempt_log(slot, attempt)
         if role == PS and not self.coordinator \
                 and ex.fork(PendingFork(slot, attempt, env, log, None, role, PS_FORK_RANK + index), PS_SERVER, []):
-            return None  # (a zygote that is not ready, or failed: fresh)
-        return ex._fresh(slot, role, attempt, env, log, None)
+            return  # (a zygote that is not ready, or failed: fresh)
+        ex._fresh(slot, role, attempt, env, log, None)
 
-    def start(self, ex: Starter, slot: str, role: str) -> Optional[ChildProcess]:
+    def start(self, ex: Starter, slot: str, role: str) -> None:
         """Start the next attempt of ``slot``; the first start of the chief starts every task."""
         prev = ex.view.children.get(slot)
         attempt = prev.attempt + 1 if prev else 1
@@ -123,6 +121,5 @@ class PsCluster:
                  "TF_CONFIG": self._tf_config("worker", rank)}
         node = task_node(slot, len(self.workers), self.nnodes)
         if node and ex.remote is not None:  # another host's worker: its agent starts it
-            ex.remote.start_task(node, slot, attempt, rank, extra)
-            return None
-        return ex._spawn_member(slot, TRAINER if rank == 0 else WORKER, attempt, rank, extra)
+            return ex.remote.start_task(node, slot, attempt, rank, extra)
+        ex._spawn_member(slot, TRAINER if rank == 0 else WORKER, attempt, rank, extra)

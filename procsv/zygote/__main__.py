@@ -199,9 +199,6 @@ def _leaves_stops_to_supervisor(child_env: dict[str, str]) -> bool:
     agent), which stops the workers once the chief has committed (``stopfrom.forward_to_handlers``)."""
     if child_env.get(env.WATCHDOG) != "1" or child_env.get(env.RANK, "0") in ("", "0"):
         return False
-    parent = os.environ.get(env.PARENT_PID, "")  # (set to the zygote's parent by _become_trainer)
-    if not parent.isdigit():
-        return False
     authority = stopfrom.Authority.parent("the watchdog")
     return stopfrom.forward_to_handlers(authority, f"procsv worker{child_env.get(env.RANK)}")
 

@@ -48,7 +48,7 @@ from procsv.common.env import RANK
 from procsv.common.layout import Layout, RuntimeDir, release_runtime_dir
 from procsv.common.spawn import free_ports
 from procsv.ipc.codec import ProtocolError, encode
-from procsv.ipc.messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStarted, Message, NodeHello, NodeRefused,
+from procsv.ipc.messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStarted, NodeHello, NodeRefused,
                                  NodeStop, Progress, Relayed, SignalMember, StartMembers)
 from procsv.ipc.transport import Endpoints, bind_private, drain, make_socket, send
 from procsv.common import curve, faults
@@ -270,7 +270,7 @@ class NodeAgent(Prewarmed):
                 self._start(dealer, msg)
             elif isinstance(msg, SignalMember):
                 m = self.members.get(f"{msg.slot}.{msg.attempt}")
-                if m is not None and m.alive():
+                if m is not None and m.proc.poll() is None:
                     self.signalled.add(f"{msg.slot}.{msg.attempt}")
                     if msg.kill:
                         m.kill_group()
@@ -336,15 +336,11 @@ class NodeAgent(Prewarmed):
             if self.forks and self.zygote is not None and all(m.pid != pid for m in self.members.values()):
                 self.zygote.pump()
                 self._forked(dealer)
-            self._relay_one(got.msg, dealer)
-
-    def _relay_one(self, msg: Message, dealer: "zmq.Socket[Any]") -> None:
-        member = next((m for m in self.members.values() if m.pid == getattr(msg, "pid", None)), None)
-        if member is None:
-            return
-        self.stepped = self.stepped or (isinstance(msg, Progress) and not msg.busy)
-        frames = encode(msg)
-        send(dealer, Relayed(member.slot, len(frames)), frames)
+            member = next((m for m in self.members.values() if m.pid == pid), None)
+            if member is not None:
+                self.stepped = self.stepped or (isinstance(got.msg, Progress) and not got.msg.busy)
+                frames = encode(got.msg)
+                send(dealer, Relayed(member.slot, len(frames)), frames)
 
     def _reap(self, dealer: Optional["zmq.Socket[Any]"]) -> bool:
         """Reap the members that ended and tell node 0; True if any did."""
@@ -365,9 +361,8 @@ class NodeAgent(Prewarmed):
     def _sweep(self, final: bool = False) -> None:
         """Kill and reap what this host's members left behind: the watchdog's own sweep
         (:meth:`Sweeper.sweep`), over the agent's own children (its members and zygotes). A zygote given
-        up on is reaped here once dead, as the watchdog reaps its own (before, at the agent's end only)."""
-        self.dead_zygotes[:] = [z for z in self.dead_zygotes if not z.reap_dead()]
-        self.sweeper.sweep({m.pid for m in self.members.values()} | self.zygote_pids(), bool(self.forks), final)
+        up on is reaped there once dead, as the watchdog's are (before, at the agent's end only)."""
+        self.sweeper.sweep({m.pid for m in self.members.values()}, self, final)
 
     def _said(self, reports: list[Report]) -> None:
         for r in reports:  # (no lifecycle log of its own: node 0's holds the job's events)

@@ -47,6 +47,7 @@ class RemoteMembers:
         self.report = report
         self.clock = clock
         self.pending: dict[str, tuple[int, int]] = {}  # slot -> (attempt, host): members asked of an agent, not started yet
+        # (the view is forking meanwhile: Executor.perform)
         self.reader = reader
         # ends whose error file is being read: (slot, attempt, pid, code, wall, the read, due), in order
         self._ends: "deque[tuple[str, int, int, int, float, bool, Job[Optional[ChildError]], float]]" = deque()
@@ -61,15 +62,12 @@ class RemoteMembers:
             self.link.start(node, attempt, ranks, cluster, env)
             for rank in ranks:
                 self.pending[worker_slot(rank)] = attempt, node
-        if self.pending:
-            observe.fork_requested(self.view)
 
     def start_task(self, node: int, slot: str, attempt: int, rank: int, env: dict[str, str]) -> None:
         """Ask host ``node`` for one task restarted alone (``--ps``: a worker), ``env`` with its whole
         ``TF_CONFIG``."""
         self.link.start(node, attempt, [rank], [], env)
         self.pending[slot] = attempt, node
-        observe.fork_requested(self.view)
 
     def lost(self, node: int) -> None:
         """Host ``node`` was found lost (before :class:`~procsv.watchdog.rules.actions.NodeLost` is noted): the
