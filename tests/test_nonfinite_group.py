@@ -248,6 +248,25 @@ def test_a_nan_one_worker_sees_alone_is_found_though_its_next_group_snapshot_is_
     assert_worker1_rolled_the_group_back_once_at_70(logdir, code, err, "worker1.2", local_nan_skipping_70)
 
 
+def test_a_nan_one_worker_sees_alone_after_which_the_chief_committed_restores_the_checkpoint_before_it(
+        logdir, local_nan_skipping_70):
+    # the chief checkpoints every 30 steps and checks only its own losses: it commits step 90 after
+    # worker1's NaN at step 70, which worker1 finds at its next group snapshot step (100). Before: the
+    # restarted group restored that newest checkpoint (step 90, past 70: the skip had nothing left to
+    # skip) though the launch said every member restores the newest state before step 70; the run
+    # ended with step 70 applied. Now the group restarted for its rollback of B restores the newest
+    # state before B (the checkpoint of step 60), replays and skips 70
+    code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "70", "--save-steps", "30",
+                                   target=LOCAL_NAN, opts=GROUP + ("--on-nonfinite", "rollback")))
+    records = lifecycle(logdir)
+    first_restart = next(i for i, r in enumerate(records) if r.get("event") == "restarting")
+    assert any(r.get("event") == "checkpoint_committed" and r["step"] > 70 for r in records[:first_restart]), \
+        "the premise: the chief committed a step past 70 before the group's rollback"
+    restored = events(logdir, "restored")
+    assert restored and all(r["step"] < 70 for r in restored), restored
+    assert_worker1_rolled_the_group_back_once_at_70(logdir, code, err, "trainer.2", local_nan_skipping_70)
+
+
 def test_a_group_past_max_skips_stops_in_order_with_exit_4_as_a_single_trainer_does(logdir):
     # --max-skips 1: step 40 is skipped (a group rollback), step 70 would be the second skip
     code, out, err = finish(launch(logdir, *ARGS, "--steps", "100", "--nan-at-steps", "40,70",

@@ -8,6 +8,7 @@ gradient, as a masked input's would be), the weights stay finite and the other m
     --steps N       train to step N
     --exit-at N     worker 1 exits with code 5 at step N, once in the logdir (no NaN, no report: a
                     program's own exit code, not a rollback)
+    --save-steps N  the chief also checkpoints every N steps (default: none, save_model_secs=600 only)
 
 The batch of step n is a function of n and the member's rank alone.
 """
@@ -28,6 +29,7 @@ p.add_argument("--nan-at", type=int, action="append", default=[])
 p.add_argument("--skip-at", type=int, action="append", default=[])
 p.add_argument("--steps", type=int, default=120)
 p.add_argument("--exit-at", type=int, default=None)
+p.add_argument("--save-steps", type=int, default=None)
 args = p.parse_args()
 
 keras.utils.set_random_seed(0)
@@ -38,7 +40,8 @@ with strategy.scope():
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
     optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
     optimizer.build(model.trainable_variables)
-sv = procsv.Supervisor(checkpoint=tf.train.Checkpoint(model=model, optimizer=optimizer), save_model_secs=600)
+sv = procsv.Supervisor(checkpoint=tf.train.Checkpoint(model=model, optimizer=optimizer), save_model_secs=600,
+                       save_checkpoint_steps=args.save_steps)
 
 
 @tf.function
