@@ -177,18 +177,19 @@ class CheckpointAgent(FinalCommit):
         return self.memory.release(ch, unwritten_from)
 
     # ------------------------------------------------------------------ start
-    def restore_or_init(self, init: Callable[[], None], pinned: Optional[restore_at_start.Pinned] = None
-                        ) -> list[str]:
+    def restore_or_init(self, init: Callable[[], None], pinned: Optional[restore_at_start.Pinned] = None,
+                        before: Optional[int] = None) -> list[str]:
         """Restore the newest committed checkpoint that verifies and restores; return the corrupt
         prefixes passed over. With none committed: a plain-TF checkpoint of the logdir, else ``init``.
 
         Raises :class:`UnreadableCheckpoint` (a file stayed unreadable for ``read_retry.total_secs``)
         and :class:`NoRestorableCheckpoint` (every committed checkpoint is corrupt and not
-        ``allow_reinit``): the rules are in :mod:`procsv.trainer.checkpoint.restore`.
+        ``allow_reinit``): the rules are in :mod:`procsv.trainer.checkpoint.restore`. ``before``: only a
+        checkpoint of a step below it (a group's rollback of step ``before``).
         """
         done = restore_at_start.restore_or_init(self.checkpoint, self.global_step, self.layout, init,
                                                   allow_reinit=self.allow_reinit, read_retry=self.read_retry,
-                                                  clock=self.clock, sleep=self.sleep, pinned=pinned)
+                                                  clock=self.clock, sleep=self.sleep, pinned=pinned, before=before)
         if done.path is not None:
             self.restored_from, self.restored_source = done.path, RestoreSource.DISK
         if self.restored_from:
