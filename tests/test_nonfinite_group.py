@@ -267,6 +267,24 @@ def test_a_nan_one_worker_sees_alone_after_which_the_chief_committed_restores_th
     assert_worker1_rolled_the_group_back_once_at_70(logdir, code, err, "trainer.2", local_nan_skipping_70)
 
 
+def test_a_checkpoint_the_chief_committed_after_a_rolled_back_step_is_rewritten_by_the_group_that_skipped_it(
+        logdir, local_nan_skipping_70):
+    # as above (the chief commits step 90 after worker1's NaN at 70, found at step 100); the group rolled
+    # back from step 60 commits step 90 again, then the chief ends at step 95 (os._exit(5) in attempt 2
+    # only: a failure, no checkpoint of its own) and the next group restores step 90. Before: the service kept the first
+    # step 90 (with step 70 applied: "step 90 is committed already; not written again") and the third
+    # attempt restored it, undoing the rollback; the run ended with step 70 applied
+    code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "70", "--save-steps", "30",
+                                   "--chief-dies-at", "95", "--exit-attempt", "2",
+                                   target=LOCAL_NAN, opts=GROUP + ("--on-nonfinite", "rollback")))
+    assert code == 0, err
+    assert [r["step"] for r in events(logdir, "nonfinite_detected")] == [70]
+    assert [r["step"] for r in events(logdir, "step_skipped")] == [70]
+    assert [r.get("rollback_step") for r in events(logdir, "restarting")] == [70, None], err
+    assert [r["step"] for r in events(logdir, "restored")] == [60, 90], err
+    assert_bit_equal(logdir, local_nan_skipping_70)
+
+
 def test_a_group_past_max_skips_stops_in_order_with_exit_4_as_a_single_trainer_does(logdir):
     # --max-skips 1: step 40 is skipped (a group rollback), step 70 would be the second skip
     code, out, err = finish(launch(logdir, *ARGS, "--steps", "100", "--nan-at-steps", "40,70",
