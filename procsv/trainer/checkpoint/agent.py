@@ -99,6 +99,10 @@ class CheckpointAgent(FinalCommit):
         # committed checkpoint of ``last_committed`` as this trainer knows it, ``sent_revision`` the one in flight
         self.changes: Any = None
         self.revision = self.sent_revision = 0
+        # a group's rollback of step B passed over the checkpoints committed after B (step -> revision): this
+        # attempt's snapshot of such a step is a newer revision of it, written in place (else the service kept
+        # the state with B applied, "committed already", and a later restart restored it)
+        self.superseded: dict[int, int] = {}
         self.pending: Optional[SaveReason] = None
         self._next_read = 0.0  # when (on the clock) the boundary next reads the service's messages
         self._read_step = -READ_EVERY_STEPS  # the step of that last read
@@ -192,6 +196,7 @@ class CheckpointAgent(FinalCommit):
                                                   clock=self.clock, sleep=self.sleep, pinned=pinned, before=before)
         if done.path is not None:
             self.restored_from, self.restored_source = done.path, RestoreSource.DISK
+        self.superseded = {m.step: m.revision for m in done.passed}
         if self.restored_from:
             self.last_committed = int(self.global_step.numpy())
             done_manifest = Manifest.from_json(read_json(manifest_path(self.layout, os.path.basename(self.restored_from))))
@@ -312,6 +317,8 @@ class CheckpointAgent(FinalCommit):
         if self.sent_revision and (not msg.ok or msg.again) and self.changes is not None:
             self.changes.changed = True  # that newer state of the step is not on disk (or a newer one is): taken again
         if msg.ok:
+            if not msg.again:
+                self.superseded.pop(msg.step, None)
             if msg.step >= self.last_committed:
                 self.revision = msg.revision if msg.step > self.last_committed else max(self.revision, msg.revision)
             self.last_committed = max(self.last_committed, msg.step)
@@ -376,6 +383,8 @@ class CheckpointAgent(FinalCommit):
         if snap.step is not None:  # named by the global step stored in it, not by the step counted here
             step = snap.step
         self.sent_revision = self.revision + 1 if step == self.last_committed else 0  # a newer state of a committed step
+        if step in self.superseded:  # committed before the group's rollback, with the step it skips applied
+            self.sent_revision = max(self.sent_revision, self.superseded[step] + 1)
         arena = self.store.ref_of(snap)
         meta = self.meta_graph  # graph mode: <prefix>.meta too (TF's Saver.save(write_meta_graph=True))
         sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena, slot, True, meta is not None,

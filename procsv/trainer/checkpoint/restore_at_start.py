@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from procsv.ipc.messages import RecoverQuery
@@ -41,6 +41,7 @@ class Restored:
 
     path: Optional[str]
     corrupt: list[str]
+    passed: list[Manifest] = field(default_factory=list)  # committed after the step a group rolls back (``before``)
 
 
 def restore_or_init(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], None], *,
@@ -151,7 +152,7 @@ def _walk(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], 
         names = ", ".join(m.prefix for m, _ in choice.corrupt)
         print(f"procsv: the checkpoint service moves the corrupt {names} to {layout.quarantine}/ "
               "(not deleted: look at them there)", file=sys.stderr, flush=True)
-    return Restored(path, [m.prefix for m, _ in choice.corrupt])
+    return Restored(path, [m.prefix for m, _ in choice.corrupt], later)
 
 
 @dataclass(frozen=True)
