@@ -285,6 +285,22 @@ def test_a_checkpoint_the_chief_committed_after_a_rolled_back_step_is_rewritten_
     assert_bit_equal(logdir, local_nan_skipping_70)
 
 
+def test_a_group_that_fails_after_a_rollback_before_committing_again_restores_a_state_before_the_skipped_step(
+        logdir, local_nan_skipping_70):
+    # as above, but the group rolled back from step 60 fails at step 80 (the chief's os._exit(5), attempt 2
+    # only), before it commits step 90 again. Before: the third group, an ordinary restart, restored the
+    # newest checkpoint, the first step 90 (with step 70 applied), undoing the rollback; the run ended
+    # with 120 optimizer updates, not the 119 of the plain run that never applied 70
+    code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "70", "--save-steps", "30",
+                                   "--chief-dies-at", "80", "--exit-attempt", "2",
+                                   target=LOCAL_NAN, opts=GROUP + ("--on-nonfinite", "rollback")))
+    assert code == 0, err
+    assert [r["step"] for r in events(logdir, "nonfinite_detected")] == [70]
+    assert [r.get("rollback_step") for r in events(logdir, "restarting")] == [70, None], err
+    assert [r["step"] for r in events(logdir, "restored")] == [60, 60], err
+    assert_bit_equal(logdir, local_nan_skipping_70)
+
+
 def test_a_group_past_max_skips_stops_in_order_with_exit_4_as_a_single_trainer_does(logdir):
     # --max-skips 1: step 40 is skipped (a group rollback), step 70 would be the second skip
     code, out, err = finish(launch(logdir, *ARGS, "--steps", "100", "--nan-at-steps", "40,70",
