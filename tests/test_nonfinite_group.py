@@ -281,7 +281,11 @@ def test_a_checkpoint_the_chief_committed_after_a_rolled_back_step_is_rewritten_
     assert [r["step"] for r in events(logdir, "nonfinite_detected")] == [70]
     assert [r["step"] for r in events(logdir, "step_skipped")] == [70]
     assert [r.get("rollback_step") for r in events(logdir, "restarting")] == [70, None], err
-    assert [r["step"] for r in events(logdir, "restored")] == [60, 90], err
+    # the third group restores a state of the rolled-back timeline: step 60 again while a checkpoint taken
+    # after step 70 before the rollback is not yet passed by a commit of the group after it (the watchdog's
+    # PROCSV_ROLLBACK_BEFORE), else the rewritten step 90
+    restored = [r["step"] for r in events(logdir, "restored")]
+    assert restored[0] == 60 and restored[1] in (60, 90) and len(restored) == 2, err
     assert_bit_equal(logdir, local_nan_skipping_70)
 
 

@@ -259,11 +259,11 @@ class Executor(Prewarmed):
         common = {NPROC: str(len(cluster)), GROUP_HOSTS: str(len(nodes)), GROUP_PIN: self.layout.group_pin(job, attempt),
                   GROUP_SNAPSHOT_STEPS: str(group_snapshot_steps_for()),  # K: every member's
                   SKIP_STEPS: ",".join(map(str, self.view.skipped_steps))}  # skipped again (a group's rollback)
-        prev = self.view.children.get(TRAINER)
-        if prev is not None and prev.attempt == attempt - 1 and prev.group_rollback is not None:
-            # restarted for its rollback of step B: the state before B, not a checkpoint the chief committed
-            # after B (it checks only its own losses: a NaN a worker alone saw is found later, at K-th steps)
-            common[ROLLBACK_BEFORE] = str(prev.group_rollback)
+        if self.view.rollback_before is not None:
+            # after a rollback of step B, until a commit past those taken meanwhile: the state before B, not a
+            # checkpoint the chief committed after B (it checks only its own losses: a NaN a worker alone saw
+            # is found later, at its K-th steps)
+            common[ROLLBACK_BEFORE] = str(self.view.rollback_before[0])
         return cluster, common, [{**common, "TF_CONFIG": make_tf_config(cluster, r), RANK: str(r)} for r in range(n)]
 
     def _spawn_member(self, slot: str, role: str, attempt: int, rank: int, extra: dict[str, str]
