@@ -248,6 +248,63 @@ def test_a_nan_one_worker_sees_alone_is_found_though_its_next_group_snapshot_is_
     assert_worker1_rolled_the_group_back_once_at_70(logdir, code, err, "worker1.2", local_nan_skipping_70)
 
 
+def test_a_nan_one_worker_sees_alone_after_which_the_chief_committed_restores_the_checkpoint_before_it(
+        logdir, local_nan_skipping_70):
+    # the chief checkpoints every 30 steps and checks only its own losses: it commits step 90 after
+    # worker1's NaN at step 70, which worker1 finds at its next group snapshot step (100). Before: the
+    # restarted group restored that newest checkpoint (step 90, past 70: the skip had nothing left to
+    # skip) though the launch said every member restores the newest state before step 70; the run
+    # ended with step 70 applied. Now the group restarted for its rollback of B restores the newest
+    # state before B (the checkpoint of step 60), replays and skips 70
+    code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "70", "--save-steps", "30",
+                                   target=LOCAL_NAN, opts=GROUP + ("--on-nonfinite", "rollback")))
+    records = lifecycle(logdir)
+    first_restart = next(i for i, r in enumerate(records) if r.get("event") == "restarting")
+    assert any(r.get("event") == "checkpoint_committed" and r["step"] > 70 for r in records[:first_restart]), \
+        "the premise: the chief committed a step past 70 before the group's rollback"
+    restored = events(logdir, "restored")
+    assert restored and all(r["step"] < 70 for r in restored), restored
+    assert_worker1_rolled_the_group_back_once_at_70(logdir, code, err, "trainer.2", local_nan_skipping_70)
+
+
+def test_a_checkpoint_the_chief_committed_after_a_rolled_back_step_is_rewritten_by_the_group_that_skipped_it(
+        logdir, local_nan_skipping_70):
+    # as above (the chief commits step 90 after worker1's NaN at 70, found at step 100); the group rolled
+    # back from step 60 commits step 90 again, then the chief ends at step 95 (os._exit(5) in attempt 2
+    # only: a failure, no checkpoint of its own) and the next group restores step 90. Before: the service kept the first
+    # step 90 (with step 70 applied: "step 90 is committed already; not written again") and the third
+    # attempt restored it, undoing the rollback; the run ended with step 70 applied
+    code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "70", "--save-steps", "30",
+                                   "--chief-dies-at", "95", "--exit-attempt", "2",
+                                   target=LOCAL_NAN, opts=GROUP + ("--on-nonfinite", "rollback")))
+    assert code == 0, err
+    assert [r["step"] for r in events(logdir, "nonfinite_detected")] == [70]
+    assert [r["step"] for r in events(logdir, "step_skipped")] == [70]
+    assert [r.get("rollback_step") for r in events(logdir, "restarting")] == [70, None], err
+    # the third group restores a state of the rolled-back timeline: step 60 again while a checkpoint taken
+    # after step 70 before the rollback is not yet passed by a commit of the group after it (the watchdog's
+    # PROCSV_ROLLBACK_BEFORE), else the rewritten step 90
+    restored = [r["step"] for r in events(logdir, "restored")]
+    assert restored[0] == 60 and restored[1] in (60, 90) and len(restored) == 2, err
+    assert_bit_equal(logdir, local_nan_skipping_70)
+
+
+def test_a_group_that_fails_after_a_rollback_before_committing_again_restores_a_state_before_the_skipped_step(
+        logdir, local_nan_skipping_70):
+    # as above, but the group rolled back from step 60 fails at step 80 (the chief's os._exit(5), attempt 2
+    # only), before it commits step 90 again. Before: the third group, an ordinary restart, restored the
+    # newest checkpoint, the first step 90 (with step 70 applied), undoing the rollback; the run ended
+    # with 120 optimizer updates, not the 119 of the plain run that never applied 70
+    code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "70", "--save-steps", "30",
+                                   "--chief-dies-at", "80", "--exit-attempt", "2",
+                                   target=LOCAL_NAN, opts=GROUP + ("--on-nonfinite", "rollback")))
+    assert code == 0, err
+    assert [r["step"] for r in events(logdir, "nonfinite_detected")] == [70]
+    assert [r.get("rollback_step") for r in events(logdir, "restarting")] == [70, None], err
+    assert [r["step"] for r in events(logdir, "restored")] == [60, 60], err
+    assert_bit_equal(logdir, local_nan_skipping_70)
+
+
 def test_a_group_past_max_skips_stops_in_order_with_exit_4_as_a_single_trainer_does(logdir):
     # --max-skips 1: step 40 is skipped (a group rollback), step 70 would be the second skip
     code, out, err = finish(launch(logdir, *ARGS, "--steps", "100", "--nan-at-steps", "40,70",

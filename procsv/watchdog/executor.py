@@ -21,7 +21,7 @@ import zmq
 from procsv.common import spawn
 from procsv.cluster import make_tf_config
 from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, GROUP_HOSTS, GROUP_PEER_BIND, GROUP_PIN, GROUP_REMOTE,
-                               GROUP_SNAPSHOT_STEPS, NPROC, RANK, SHADOW_MEMORY, SHADOW_RUN, SKIP_STEPS, STANDBY as STANDBY_ENV, group_snapshot_steps_for)
+                               GROUP_SNAPSHOT_STEPS, NPROC, RANK, ROLLBACK_BEFORE, SHADOW_MEMORY, SHADOW_RUN, SKIP_STEPS, STANDBY as STANDBY_ENV, group_snapshot_steps_for)
 from procsv.common.layout import Layout, RuntimeDir
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
@@ -261,6 +261,11 @@ class Executor(Prewarmed):
         common = {NPROC: str(len(cluster)), GROUP_HOSTS: str(len(nodes)), GROUP_PIN: self.layout.group_pin(job, attempt),
                   GROUP_SNAPSHOT_STEPS: str(group_snapshot_steps_for()),  # K: every member's
                   SKIP_STEPS: ",".join(map(str, self.view.skipped_steps))}  # skipped again (a group's rollback)
+        if self.view.rollback_before is not None:
+            # after a rollback of step B, until a commit past those taken meanwhile: the state before B, not a
+            # checkpoint the chief committed after B (it checks only its own losses: a NaN a worker alone saw
+            # is found later, at its K-th steps)
+            common[ROLLBACK_BEFORE] = str(self.view.rollback_before[0])
         return cluster, common, [{**common, "TF_CONFIG": make_tf_config(cluster, r), RANK: str(r)} for r in range(n)]
 
     def _spawn_member(self, slot: str, role: str, attempt: int, rank: int, extra: dict[str, str]) -> None:

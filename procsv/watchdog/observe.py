@@ -150,6 +150,13 @@ def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
         view.step, view.commit_step = max(view.step, msg.step), max(view.commit_step, msg.step)
         view.failed_saves, view.commits, view.last_commit_final = 0, view.commits + 1, _plain(msg.reason) == "final"
         view.last_commit_at, view.last_commit_step, view.last_commit_secs = now, msg.step, msg.persist_secs
+        chief = view.children.get(TRAINER)
+        if view.rollback_before is not None:
+            before, stale = view.rollback_before
+            if chief is None or chief.group_rollback is not None or chief.first_step_at is None:
+                view.rollback_before = (before, max(stale, msg.step))  # (the rolled-back attempt's, late)
+            elif msg.step > stale:
+                view.rollback_before = None  # the group after the rollback committed past every checkpoint taken after B
     for t in view.children.values():
         if t.role in (TRAINER, WORKER, PS, SERVER):  # a --ps task's progress too: its restarts count per task
             t.commit_seen = max(t.commit_seen, msg.step)

@@ -8,6 +8,9 @@ gradient, as a masked input's would be), the weights stay finite and the other m
     --steps N       train to step N
     --exit-at N     worker 1 exits with code 5 at step N, once in the logdir (no NaN, no report: a
                     program's own exit code, not a rollback)
+    --save-steps N  the chief also checkpoints every N steps (default: none, save_model_secs=600 only)
+    --exit-attempt A  --exit-at and --chief-dies-at apply only in the group's attempt A (PROCSV_ATTEMPT; default: any)
+    --chief-dies-at N the chief ends at step N at once (os._exit(5): no checkpoint of its own on the way out), once
 
 The batch of step n is a function of n and the member's rank alone.
 """
@@ -28,6 +31,9 @@ p.add_argument("--nan-at", type=int, action="append", default=[])
 p.add_argument("--skip-at", type=int, action="append", default=[])
 p.add_argument("--steps", type=int, default=120)
 p.add_argument("--exit-at", type=int, default=None)
+p.add_argument("--save-steps", type=int, default=None)
+p.add_argument("--exit-attempt", type=int, default=None)
+p.add_argument("--chief-dies-at", type=int, default=None)
 args = p.parse_args()
 
 keras.utils.set_random_seed(0)
@@ -38,7 +44,8 @@ with strategy.scope():
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
     optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
     optimizer.build(model.trainable_variables)
-sv = procsv.Supervisor(checkpoint=tf.train.Checkpoint(model=model, optimizer=optimizer), save_model_secs=600)
+sv = procsv.Supervisor(checkpoint=tf.train.Checkpoint(model=model, optimizer=optimizer), save_model_secs=600,
+                       save_checkpoint_steps=args.save_steps)
 
 
 @tf.function
@@ -57,7 +64,11 @@ def train(x, y, term):  # type: ignore[no-untyped-def]
 def one_step():  # type: ignore[no-untyped-def]
     s = sv.step
     marker = os.path.join(sv.logdir or ".", "exited-at")
-    if rank == 1 and s == args.exit_at and not os.path.exists(marker):
+    attempt_ok = args.exit_attempt is None or os.environ.get("PROCSV_ATTEMPT") == str(args.exit_attempt)
+    if rank == 0 and s == args.chief_dies_at and attempt_ok and not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(5)
+    if rank == 1 and s == args.exit_at and attempt_ok and not os.path.exists(marker):
         open(marker, "w").close()
         raise SystemExit(5)
     if s in args.skip_at:

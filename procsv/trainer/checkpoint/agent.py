@@ -99,6 +99,10 @@ class CheckpointAgent(FinalCommit):
         # committed checkpoint of ``last_committed`` as this trainer knows it, ``sent_revision`` the one in flight
         self.changes: Any = None
         self.revision = self.sent_revision = 0
+        # a group's rollback of step B passed over the checkpoints committed after B (step -> revision): this
+        # attempt's snapshot of such a step is a newer revision of it, written in place (else the service kept
+        # the state with B applied, "committed already", and a later restart restored it)
+        self.superseded: dict[int, int] = {}
         self.pending: Optional[SaveReason] = None
         self._next_read = 0.0  # when (on the clock) the boundary next reads the service's messages
         self._read_step = -READ_EVERY_STEPS  # the step of that last read
@@ -177,20 +181,22 @@ class CheckpointAgent(FinalCommit):
         return self.memory.release(ch, unwritten_from)
 
     # ------------------------------------------------------------------ start
-    def restore_or_init(self, init: Callable[[], None], pinned: Optional[restore_at_start.Pinned] = None
-                        ) -> list[str]:
+    def restore_or_init(self, init: Callable[[], None], pinned: Optional[restore_at_start.Pinned] = None,
+                        before: Optional[int] = None) -> list[str]:
         """Restore the newest committed checkpoint that verifies and restores; return the corrupt
         prefixes passed over. With none committed: a plain-TF checkpoint of the logdir, else ``init``.
 
         Raises :class:`UnreadableCheckpoint` (a file stayed unreadable for ``read_retry.total_secs``)
         and :class:`NoRestorableCheckpoint` (every committed checkpoint is corrupt and not
-        ``allow_reinit``): the rules are in :mod:`procsv.trainer.checkpoint.restore`.
+        ``allow_reinit``): the rules are in :mod:`procsv.trainer.checkpoint.restore`. ``before``: only a
+        checkpoint of a step below it (a group's rollback of step ``before``).
         """
         done = restore_at_start.restore_or_init(self.checkpoint, self.global_step, self.layout, init,
                                                   allow_reinit=self.allow_reinit, read_retry=self.read_retry,
-                                                  clock=self.clock, sleep=self.sleep, pinned=pinned)
+                                                  clock=self.clock, sleep=self.sleep, pinned=pinned, before=before)
         if done.path is not None:
             self.restored_from, self.restored_source = done.path, RestoreSource.DISK
+        self.superseded = {m.step: m.revision for m in done.passed}
         if self.restored_from:
             self.last_committed = int(self.global_step.numpy())
             done_manifest = Manifest.from_json(read_json(manifest_path(self.layout, os.path.basename(self.restored_from))))
@@ -311,6 +317,8 @@ class CheckpointAgent(FinalCommit):
         if self.sent_revision and (not msg.ok or msg.again) and self.changes is not None:
             self.changes.changed = True  # that newer state of the step is not on disk (or a newer one is): taken again
         if msg.ok:
+            if not msg.again:
+                self.superseded.pop(msg.step, None)
             if msg.step >= self.last_committed:
                 self.revision = msg.revision if msg.step > self.last_committed else max(self.revision, msg.revision)
             self.last_committed = max(self.last_committed, msg.step)
@@ -375,6 +383,8 @@ class CheckpointAgent(FinalCommit):
         if snap.step is not None:  # named by the global step stored in it, not by the step counted here
             step = snap.step
         self.sent_revision = self.revision + 1 if step == self.last_committed else 0  # a newer state of a committed step
+        if step in self.superseded:  # committed before the group's rollback, with the step it skips applied
+            self.sent_revision = max(self.sent_revision, self.superseded[step] + 1)
         arena = self.store.ref_of(snap)
         meta = self.meta_graph  # graph mode: <prefix>.meta too (TF's Saver.save(write_meta_graph=True))
         sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena, slot, True, meta is not None,

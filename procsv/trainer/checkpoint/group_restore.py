@@ -38,9 +38,10 @@ from procsv.trainer.checkpoint.snapshot import GRAPH_KEY
 ASK_WAIT = 15.0  # seconds a member waits for the checkpoint service's answer about the group's copies
 
 
-def newest_committed(agent: CheckpointAgent) -> int:
-    """The step of the newest committed checkpoint (-1: none)."""
-    committed = list_committed(agent.layout)
+def newest_committed(agent: CheckpointAgent, before: Optional[int] = None) -> int:
+    """The step of the newest committed checkpoint (-1: none); ``before``: of a step below it (a group's
+    rollback of step ``before`` restores a state before it)."""
+    committed = [m for m in list_committed(agent.layout) if before is None or m.step < before]
     return committed[-1].step if committed else -1
 
 

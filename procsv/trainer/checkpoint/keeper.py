@@ -29,6 +29,7 @@ from procsv.ipc.transport import NoReply
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint import group_restore, restore_at_start
 from procsv.trainer.checkpoint.agent import CheckpointAgent
+from procsv.trainer.nonfinite import records
 from procsv.trainer.replica import GroupPin, PinRecord
 
 
@@ -106,8 +107,15 @@ class CheckpointKeeper:
                 print(f"procsv: member {group[0]} restored step {record.memory_step} from its peer copy on node 0",
                       file=sys.stderr, flush=True)
             return []
-        newest = group_restore.newest_committed(agent)
+        # restarted for the group's rollback of step B: the newest state before B (a checkpoint the chief
+        # committed after B holds B's update; the chief checks only its own losses, a worker's NaN is found later)
+        before = records.rollback_before(agent.layout.lifecycle) if restarted else None
+        newest = group_restore.newest_committed(agent, before)
         held = group_restore.whole_step(channels, nproc, newest) if restarted and group is not None else None
+        if held is not None and before is not None and held[0] >= before:
+            print(f"procsv: the group restores from disk: its in-memory snapshot of step {held[0]} is not before "
+                  f"step {before}, which it rolls back", file=sys.stderr, flush=True)
+            held = None
         if held is not None:
             try:
                 group_restore.restore_copy(channels, agent, 0, held[0], held[1])
@@ -118,7 +126,7 @@ class CheckpointKeeper:
             agent.restored_memory(held[0], newest, peer=held[2])
             pin.publish(PinRecord(None, held[0], held[1]))
             return []
-        skipped = agent.restore_or_init(init)
+        skipped = agent.restore_or_init(init, before=before)
         pin.publish(PinRecord(agent.restored_from or None))
         return skipped
 

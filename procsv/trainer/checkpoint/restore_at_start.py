@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from procsv.ipc.messages import RecoverQuery
@@ -41,11 +41,13 @@ class Restored:
 
     path: Optional[str]
     corrupt: list[str]
+    passed: list[Manifest] = field(default_factory=list)  # committed after the step a group rolls back (``before``)
 
 
 def restore_or_init(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], None], *,
                     allow_reinit: bool, read_retry: ReadRetry, clock: Callable[[], float],
-                    sleep: Callable[[float], None], pinned: Optional[Pinned] = None) -> Restored:
+                    sleep: Callable[[float], None], pinned: Optional[Pinned] = None,
+                    before: Optional[int] = None) -> Restored:
     """Restore the newest committed checkpoint that verifies and restores. With none committed: a
     plain-TF checkpoint of the logdir, else ``init``.
 
@@ -54,6 +56,8 @@ def restore_or_init(checkpoint: Any, global_step: Any, layout: Layout, init: Cal
     ``allow_reinit``): the rules are in :mod:`procsv.trainer.checkpoint.restore`.
 
     ``pinned``: a group's worker restores exactly what its chief restored (:class:`Pinned`).
+    ``before``: a group restarted for its rollback of that step restores the newest checkpoint of a step
+    below it (one committed after it holds the step's update; with none below it, ``init``).
 
     ``init`` runs after the restore lock is released: it runs the program's ``init_fn``, and a
     process forked there (a data loader's worker, ``multiprocessing``) would inherit the lock's
@@ -66,7 +70,8 @@ def restore_or_init(checkpoint: Any, global_step: Any, layout: Layout, init: Cal
             done = _restore_pinned(checkpoint, global_step, layout, lambda: wanted.append(True), pinned.path)
         else:
             done = _restore_newest(checkpoint, global_step, layout, lambda: wanted.append(True),
-                                   allow_reinit=allow_reinit, read_retry=read_retry, clock=clock, sleep=sleep)
+                                   allow_reinit=allow_reinit, read_retry=read_retry, clock=clock, sleep=sleep,
+                                   before=before)
     if wanted:  # nothing restored: initialize, outside the lock (nothing it guards is read from now on)
         init()
     return done
@@ -79,28 +84,34 @@ class _Retired(Exception):
 
 def _restore_newest(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], None], *,
                     allow_reinit: bool, read_retry: ReadRetry, clock: Callable[[], float],
-                    sleep: Callable[[float], None]) -> Restored:
+                    sleep: Callable[[float], None], before: Optional[int] = None) -> Restored:
     """:func:`restore_or_init` without a pin, under the restore lock (or without it, where it
     cannot be taken: then a checkpoint retired mid-restore makes the walk start again from a new
     listing, at most :data:`RELIST_MAX` times)."""
     for _ in range(RELIST_MAX):
         try:
             return _walk(checkpoint, global_step, layout, init, allow_reinit=allow_reinit,
-                         read_retry=read_retry, clock=clock, sleep=sleep)
+                         read_retry=read_retry, clock=clock, sleep=sleep, before=before)
         except _Retired as gone:
             print(f"procsv: checkpoint {gone} was retired while being read; listing the committed "
                   "checkpoints again", file=sys.stderr, flush=True)
     return _walk(checkpoint, global_step, layout, init, allow_reinit=allow_reinit, read_retry=read_retry,
-                 clock=clock, sleep=sleep, relist=False)
+                 clock=clock, sleep=sleep, relist=False, before=before)
 
 
 def _walk(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], None], *,
           allow_reinit: bool, read_retry: ReadRetry, clock: Callable[[], float],
-          sleep: Callable[[float], None], relist: bool = True) -> Restored:
-    """One listing of the committed checkpoints, then the walk of :func:`restore.choose` over it."""
+          sleep: Callable[[float], None], relist: bool = True, before: Optional[int] = None) -> Restored:
+    """One listing of the committed checkpoints, then the walk of :func:`restore.choose` over it
+    (``before``: over those of a step below it)."""
     import tensorflow as tf
 
     committed = list_committed(layout)
+    later = [m for m in committed if before is not None and m.step >= before]
+    if later:  # a group's rollback of step ``before``: these hold its update
+        committed = [m for m in committed if m.step < before]  # type: ignore[operator]
+        print(f"procsv: the group rolls back step {before}: passing over the checkpoint(s) committed after it "
+              f"({', '.join(m.prefix for m in later)})", file=sys.stderr, flush=True)
     damaged = damaged_manifests(layout)
     for name in damaged:
         print(f"procsv: ignoring damaged manifest {os.path.join(layout.manifests, name)} (not a valid "
@@ -128,7 +139,7 @@ def _walk(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], 
                             on_corrupt=on_corrupt)
     path = choice.restored.path(layout.logdir) if choice.restored is not None else None
     if choice.restored is None:
-        legacy = tf.train.latest_checkpoint(layout.logdir) if not committed and not damaged else None
+        legacy = tf.train.latest_checkpoint(layout.logdir) if not committed and not damaged and not later else None
         if legacy:
             restore_foreign(checkpoint, global_step, legacy)
             path = legacy
@@ -141,7 +152,7 @@ def _walk(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], 
         names = ", ".join(m.prefix for m, _ in choice.corrupt)
         print(f"procsv: the checkpoint service moves the corrupt {names} to {layout.quarantine}/ "
               "(not deleted: look at them there)", file=sys.stderr, flush=True)
-    return Restored(path, [m.prefix for m, _ in choice.corrupt])
+    return Restored(path, [m.prefix for m, _ in choice.corrupt], later)
 
 
 @dataclass(frozen=True)
