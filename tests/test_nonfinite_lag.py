@@ -3,16 +3,19 @@ whose snapshots lag the poisoned step, its batch computed by the loop and passed
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 from typing import Callable
 
+import psutil
 import pytest
 import tensorflow as tf
 
-from conftest import (PROGRAMS, cpu_burners_beside, finish, launch, lifecycle, quiet_env, sigkill_where_it_says,
-                      skipped_steps)
+from conftest import (PROGRAMS, cpu_burners_beside, finish, launch, lifecycle, quiet_env, run_processes,
+                      sigkill_where_it_says, skipped_steps)
 
 NAN_LOOP = os.path.join(PROGRAMS, "nan_keras_loop.py")
 # the snapshots lag the poisoned steps by cadence: a checkpoint every 20 steps, no in-memory tier, so
@@ -46,16 +49,41 @@ def _final_variables(where: str, step: int = 80) -> dict[str, bytes]:
             if k.endswith("VARIABLE_VALUE") and not k.startswith("save_counter")}
 
 
+def poisoned_at_55(shared_result: Callable[[str, Callable[[str], None]], str], optimizer: str
+                   ) -> tuple[str, int, str, str]:
+    """(logdir, exit code, stdout, stderr) of the launch with ``optimizer``, NaN at step 55 and the lagging
+    snapshots, beside two CPU burners: made once per test session for the tests that look at it (each
+    launched this same run before). As the ``logdir`` fixture does, every process of the run left behind
+    is SIGKILLed; the tests fail if any was."""
+    def produce(folder: str) -> None:
+        logdir = os.path.join(folder, "run")
+        with cpu_burners_beside():
+            code, out, err = finish(launch(logdir, "--optimizer", optimizer, "--nan-at", "55", *LAGGING,
+                                           target=NAN_LOOP, env=quiet_env(**NO_MEMORY_TIER)), 300)
+        leftovers = run_processes(logdir)
+        for proc in leftovers:
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+        with open(os.path.join(folder, "result.json"), "w") as fh:
+            json.dump({"code": code, "out": out, "err": err, "leftovers": [p.pid for p in leftovers]}, fh)
+
+    folder = shared_result(f"nan-loop-lagging-{optimizer}-nan-at-55", produce)
+    with open(os.path.join(folder, "result.json")) as fh:
+        result = json.load(fh)
+    assert not result["leftovers"], f"processes of the run were left behind: {result['leftovers']}"
+    return os.path.join(folder, "run"), result["code"], result["out"], result["err"]
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_one_poisoned_step_with_lagging_snapshots_is_skipped_once_and_ends_bit_equal(logdir, plain, optimizer):
+def test_one_poisoned_step_with_lagging_snapshots_is_skipped_once_and_ends_bit_equal(shared_result, plain, optimizer):
     # before: the skip of step 55 happened at the boundary inside the run the loop had called with
     # step 55's (poisoned) batch, and procsv then ran that call's step function as step 56: 56 was
     # non-finite, then 57 and 58 the same way, each "skipped", until --max-skips 3 stopped the run
     # with exit code 4 (the restore's run likewise trained the first replayed step on another
     # step's batch). Now a run whose boundary moved the step does not call its step function
-    with cpu_burners_beside():
-        code, out, err = finish(launch(logdir, "--optimizer", optimizer, "--nan-at", "55", *LAGGING, target=NAN_LOOP,
-                                       env=quiet_env(**NO_MEMORY_TIER)), 300)
+    logdir, code, out, err = poisoned_at_55(shared_result, optimizer)
     said = out + err
     assert code == 0, said
     assert "restored step 40 from" in said and "skipped step 55" in said, said
@@ -128,14 +156,13 @@ def test_a_step_whose_gradient_is_nan_and_loss_finite_is_found_and_skipped_not_t
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_the_skip_after_a_failed_retry_puts_back_the_state_before_the_retry_without_a_second_replay(
-        logdir, plain, optimizer):
+        shared_result, plain, optimizer):
     # NaN at 55, the newest state before it step 40's: the first rollback restores 40, replays 41 .. 54
     # and retries 55. Before: the retry's NaN restored 40 again and replayed 41 .. 54 a second time
     # (rolled back to 40 twice). Now the state of step 54, kept at the boundary before the retry,
     # is put back: no step is replayed twice, and the result is still bit-equal
-    with cpu_burners_beside():
-        code, out, err = finish(launch(logdir, "--optimizer", optimizer, "--nan-at", "55", *LAGGING, target=NAN_LOOP,
-                                       env=quiet_env(**NO_MEMORY_TIER)), 300)
+    # (the same launch as test_one_poisoned_step_with_lagging_snapshots_is_skipped_once_and_ends_bit_equal's)
+    logdir, code, out, err = poisoned_at_55(shared_result, optimizer)
     said = out + err
     assert code == 0, said
     back = [e for e in lifecycle(logdir) if e["event"] == "rolled_back"]
