@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from procsv.common.exitcodes import EXIT_GROUP_ROLLBACK
 from procsv.ipc.messages import NonfiniteDetected
+from procsv.trainer.checkpoint import group_restore
 from procsv.trainer.nonfinite import records
 from procsv.watchdog import observe
 from procsv.watchdog.publish import recovery
@@ -105,7 +106,7 @@ def test_a_group_started_for_its_rollback_knows_the_step_its_chief_restores_a_st
     # the watchdog's PROCSV_ROLLBACK_BEFORE; a standby group forked before the rollback has none and reads
     # this attempt's restarting record (a torn line, another attempt's and a plain restart are passed over)
     monkeypatch.setenv("PROCSV_ROLLBACK_BEFORE", "70")
-    assert records.rollback_before(None) == 70
+    assert group_restore.rollback_before(None) == 70
     monkeypatch.delenv("PROCSV_ROLLBACK_BEFORE")
     log = tmp_path / "lifecycle.jsonl"
     log.write_text('{"event": "restarting", "attempt": 2, "rollback_step": 40}\n'
@@ -113,12 +114,12 @@ def test_a_group_started_for_its_rollback_knows_the_step_its_chief_restores_a_st
                    '{"event": "restarting", "attempt": 4, "rollback_step": null}\n'
                    '{"event": "restarting", "attempt": 3, "rollback_st')
     monkeypatch.setenv("PROCSV_ATTEMPT", "3")
-    assert records.rollback_before(str(log)) == 70
+    assert group_restore.rollback_before(str(log)) == 70
     monkeypatch.setenv("PROCSV_ATTEMPT", "4")
-    assert records.rollback_before(str(log)) is None
+    assert group_restore.rollback_before(str(log)) is None
     monkeypatch.setenv("PROCSV_ATTEMPT", "1")
-    assert records.rollback_before(str(log)) is None
-    assert records.rollback_before(str(tmp_path / "none")) is None
+    assert group_restore.rollback_before(str(log)) is None
+    assert group_restore.rollback_before(str(tmp_path / "none")) is None
 
 
 def test_a_workers_rollback_is_kept_when_the_chiefs_death_notice_comes_before_its_exit_status():

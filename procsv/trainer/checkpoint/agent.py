@@ -67,11 +67,10 @@ class CheckpointAgent(FinalCommit):
 
     Owns the policy it heartbeats to the checkpoint service, the trigger pending for the next step
     boundary, the newest step known committed, the preparations before every snapshot and the
-    listeners ``procsv.train`` registers; the snapshot memory is its :class:`SnapshotStore`, the
-    snapshot in flight to disk and the failed commits its :class:`CommitTracker`, the in-memory
-    tier (its schedule, what a snapshot costs, the one waiting for its summaries) its
-    :class:`MemoryTier` (``memory``), which shares the snapshot memory; the tier's names callers
-    use on the agent forward to it (``memory_snapshot`` with the agent's ``meta_graph``).
+    listeners ``procsv.train`` registers. Its :class:`SnapshotStore` is the snapshot memory, its
+    :class:`CommitTracker` the snapshot in flight to disk and the failed commits, its :class:`MemoryTier`
+    (``memory``: schedule, costs, the snapshot waiting for its summaries) the in-memory tier, which shares
+    that memory; callers' uses of the tier's names on the agent forward to it (``memory_snapshot``).
     """
 
     meta_graph: Optional[bytes] = None  # graph mode: a serialized MetaGraphDef written beside each checkpoint
@@ -90,18 +89,15 @@ class CheckpointAgent(FinalCommit):
         self.save_model_secs, self.save_checkpoint_steps = save_model_secs, save_checkpoint_steps
         self.max_to_keep, self.keep_checkpoint_every_n_hours = max_to_keep, keep_checkpoint_every_n_hours
         self.allow_reinit = allow_reinit  # every committed checkpoint corrupt: start from step 0 instead of failing
-        self.read_retry = read_retry  # how long an unreadable checkpoint file is retried at restore
-        self.clock, self.sleep = clock, sleep
+        self.read_retry, self.clock, self.sleep = read_retry, clock, sleep  # read_retry: of an unreadable file at restore
         self.restored_from: Optional[str] = None
         self.last_committed, self.last_heartbeat = -1, 0.0
-        # a newer state of a committed step (runs that trained without advancing it): ``changes`` is the
-        # Supervisor's step state (its ``changed``; the step boundary sets it), ``revision`` the one of the
-        # committed checkpoint of ``last_committed`` as this trainer knows it, ``sent_revision`` the one in flight
+        # a newer state of a committed step (runs that did not advance it): ``changes`` the Supervisor's step state
+        # (``changed``, set at the boundary), ``revision`` that of ``last_committed``'s checkpoint, ``sent_revision`` in flight
         self.changes: Any = None
         self.revision = self.sent_revision = 0
-        # a group's rollback of step B passed over the checkpoints committed after B (step -> revision): this
-        # attempt's snapshot of such a step is a newer revision of it, written in place (else the service kept
-        # the state with B applied, "committed already", and a later restart restored it)
+        # step -> revision of each checkpoint a group's rollback of B passed over (committed after B): this
+        # attempt's snapshot of such a step is its next revision, written in place, never "committed already"
         self.superseded: dict[int, int] = {}
         self.pending: Optional[SaveReason] = None
         self._next_read = 0.0  # when (on the clock) the boundary next reads the service's messages
@@ -186,10 +182,9 @@ class CheckpointAgent(FinalCommit):
         """Restore the newest committed checkpoint that verifies and restores; return the corrupt
         prefixes passed over. With none committed: a plain-TF checkpoint of the logdir, else ``init``.
 
-        Raises :class:`UnreadableCheckpoint` (a file stayed unreadable for ``read_retry.total_secs``)
-        and :class:`NoRestorableCheckpoint` (every committed checkpoint is corrupt and not
-        ``allow_reinit``): the rules are in :mod:`procsv.trainer.checkpoint.restore`. ``before``: only a
-        checkpoint of a step below it (a group's rollback of step ``before``).
+        ``before``: only a checkpoint of a step below it (a group's rollback of step ``before``). Raises
+        :class:`UnreadableCheckpoint` (a file stayed unreadable for ``read_retry.total_secs``) and
+        :class:`NoRestorableCheckpoint` (all corrupt, not ``allow_reinit``): :mod:`.restore`'s rules.
         """
         done = restore_at_start.restore_or_init(self.checkpoint, self.global_step, self.layout, init,
                                                   allow_reinit=self.allow_reinit, read_retry=self.read_retry,
@@ -383,8 +378,7 @@ class CheckpointAgent(FinalCommit):
         if snap.step is not None:  # named by the global step stored in it, not by the step counted here
             step = snap.step
         self.sent_revision = self.revision + 1 if step == self.last_committed else 0  # a newer state of a committed step
-        if step in self.superseded:  # committed before the group's rollback, with the step it skips applied
-            self.sent_revision = max(self.sent_revision, self.superseded[step] + 1)
+        self.sent_revision = max(self.sent_revision, self.superseded.get(step, -1) + 1)  # see superseded
         arena = self.store.ref_of(snap)
         meta = self.meta_graph  # graph mode: <prefix>.meta too (TF's Saver.save(write_meta_graph=True))
         sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena, slot, True, meta is not None,

@@ -15,17 +15,19 @@ group restores from disk as before.
 A copy is verified before anything is assigned: its frames against the CRC-32C the service took
 when it copied them, then its object graph against the program's (the same variables under the
 same keys and dtypes); the assignment is :func:`procsv.trainer.checkpoint.memory_restore.assign`'s.
+A group started to roll back step B restores only a state before B (:func:`rollback_before`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Any, Optional
 
 import numpy as np
 
-from procsv.common import crc32c
+from procsv.common import crc32c, env
 from procsv.common.errors import CorruptCheckpoint
 from procsv.common.manifests import list_committed
 from procsv.ipc.messages import GroupCopy, GroupFetch, GroupHeld, GroupQuery, TensorSpec
@@ -112,3 +114,35 @@ def restore_copy(ch: TrainerChannels, agent: CheckpointAgent, rank: int, step: i
     memory_restore.assign(agent.checkpoint, values(copy.tensors, frames))
     if int(agent.global_step.numpy()) != step:
         agent.global_step.assign(step)
+
+
+RESTARTING = b'"restarting"'
+
+
+def rollback_before(path: Optional[str]) -> Optional[int]:
+    """The step B this group attempt was started to roll back (its chief restores the newest state before
+    B): ``PROCSV_ROLLBACK_BEFORE`` (the watchdog's, at the group's start), else, for a standby group
+    forked before the rollback, the ``restarting`` record of this attempt that names its
+    ``rollback_step`` in the lifecycle file ``path``. None: not a group's rollback."""
+    raw = os.environ.get(env.ROLLBACK_BEFORE, "").strip()
+    if raw.isdigit():
+        return int(raw)
+    attempt = int(os.environ.get(env.ATTEMPT, "1") or 1)
+    if path is None or attempt <= 1:
+        return None
+    found: Optional[int] = None
+    try:
+        with open(path, "rb") as fh:
+            for line in fh:
+                if RESTARTING not in line or not line.endswith(b"\n"):
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and rec.get("event") == "restarting" and rec.get("attempt") == attempt:
+                    step = rec.get("rollback_step")
+                    found = int(step) if isinstance(step, int) else None
+    except OSError:
+        return None
+    return found

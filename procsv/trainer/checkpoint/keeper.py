@@ -29,7 +29,6 @@ from procsv.ipc.transport import NoReply
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint import group_restore, restore_at_start
 from procsv.trainer.checkpoint.agent import CheckpointAgent
-from procsv.trainer.nonfinite import records
 from procsv.trainer.replica import GroupPin, PinRecord
 
 
@@ -109,7 +108,7 @@ class CheckpointKeeper:
             return []
         # restarted for the group's rollback of step B: the newest state before B (a checkpoint the chief
         # committed after B holds B's update; the chief checks only its own losses, a worker's NaN is found later)
-        before = records.rollback_before(agent.layout.lifecycle) if restarted else None
+        before = group_restore.rollback_before(agent.layout.lifecycle) if restarted else None
         newest = group_restore.newest_committed(agent, before)
         held = group_restore.whole_step(channels, nproc, newest) if restarted and group is not None else None
         if held is not None and before is not None and held[0] >= before:

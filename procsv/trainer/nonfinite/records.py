@@ -53,34 +53,3 @@ def from_env() -> list[int]:
             out.append(int(part))
     return sorted(set(out))
 
-
-RESTARTING = b'"restarting"'
-
-
-def rollback_before(path: Optional[str]) -> Optional[int]:
-    """The step B this group attempt was started to roll back (its chief restores the newest state before
-    B): ``PROCSV_ROLLBACK_BEFORE`` (the watchdog's, at the group's start), else, for a standby group
-    forked before the rollback, the ``restarting`` record of this attempt that names its
-    ``rollback_step`` in the lifecycle file ``path``. None: not a group's rollback."""
-    raw = os.environ.get(env.ROLLBACK_BEFORE, "").strip()
-    if raw.isdigit():
-        return int(raw)
-    attempt = int(os.environ.get(env.ATTEMPT, "1") or 1)
-    if path is None or attempt <= 1:
-        return None
-    found: Optional[int] = None
-    try:
-        with open(path, "rb") as fh:
-            for line in fh:
-                if RESTARTING not in line or not line.endswith(b"\n"):
-                    continue
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict) and rec.get("event") == "restarting" and rec.get("attempt") == attempt:
-                    step = rec.get("rollback_step")
-                    found = int(step) if isinstance(step, int) else None
-    except OSError:
-        return None
-    return found
