@@ -959,3 +959,22 @@ def test_a_death_notice_of_a_diverging_trainer_waits_for_its_exit_status():
     sim.dies(TRAINER, 4)
     (g,) = of(sim.tick(), GiveUp)
     assert g.exit_code == 4 and sim.view.exit_code == 4
+
+
+def test_a_trainer_that_stopped_stepping_is_no_stall_of_the_checkpoint_service():
+    # before: a trainer SIGSTOPped (a hang) made no step and asked for no save; 30 s after the last commit
+    # (3 x save_model_secs) the healthy checkpoint service was SIGKILLed as stalled, while the hang rule
+    # was already stopping the trainer (lifecycle.jsonl: hang_detected, then checkpoint_stalled)
+    sim = Sim(Limits(hang=HangLimits(20.0, None)))
+    sim.start_trainer()
+    sim.ready(0, save_secs=10.0)
+    for s in range(2, 40):
+        sim.tick(0.25)
+        sim.progress(s)
+    sim.commit(39)
+    for s in range(40, 60):
+        sim.tick(0.25)
+        sim.progress(s)  # steps 5 s past the commit, then the trainer is stopped
+    for _ in range(60):
+        assert not [a for a in sim.tick(1.0) if isinstance(a, Kill) and a.slot == CHECKPOINT]
+    assert sim.trainer.hang_cause  # the hang rule judged it
