@@ -31,6 +31,7 @@ class DeathWatch:
         self._clock = clock
         self._on_event = on_event
         self._cancelled = False
+        self.waiting = False  # True once the trainer holds the mutex and the watch blocks on it (tests wait for it)
         self.thread = threading.Thread(target=self._run, name="procsv-deathwatch", daemon=True)
         self.thread.start()
 
@@ -68,6 +69,7 @@ class DeathWatch:
             time.sleep(0.002)
         if self._cancelled:
             return
+        self.waiting = True
         rc = self.mutex.lock()
         at = self._clock()
         if not self._cancelled:
