@@ -146,13 +146,19 @@ def logdir(tmp_path):
     """A fresh logdir; at teardown every process of the run is killed (and the test fails if any was left)."""
     path = str(tmp_path / "run")
     yield path
+    leftovers = kill_leftovers(path)
+    assert not leftovers, f"processes of the run were left behind: {leftovers}"
+
+
+def kill_leftovers(path: str) -> list[int]:
+    """SIGKILL every process of the run in ``path`` still alive; return their pids."""
     leftovers = run_processes(path)
     for proc in leftovers:
         try:
             proc.send_signal(signal.SIGKILL)
         except psutil.Error:
             pass
-    assert not leftovers, f"processes of the run were left behind: {[p.pid for p in leftovers]}"
+    return [p.pid for p in leftovers]
 
 
 def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str, str]:

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from typing import Callable
 
-import psutil
 import pytest
 import tensorflow as tf
 
-from conftest import (PROGRAMS, cpu_burners_beside, finish, launch, lifecycle, quiet_env, run_processes,
+from conftest import (PROGRAMS, cpu_burners_beside, finish, launch, lifecycle, quiet_env, kill_leftovers,
                       sigkill_where_it_says, skipped_steps)
 
 NAN_LOOP = os.path.join(PROGRAMS, "nan_keras_loop.py")
@@ -60,14 +58,9 @@ def poisoned_at_55(shared_result: Callable[[str, Callable[[str], None]], str], o
         with cpu_burners_beside():
             code, out, err = finish(launch(logdir, "--optimizer", optimizer, "--nan-at", "55", *LAGGING,
                                            target=NAN_LOOP, env=quiet_env(**NO_MEMORY_TIER)), 300)
-        leftovers = run_processes(logdir)
-        for proc in leftovers:
-            try:
-                proc.send_signal(signal.SIGKILL)
-            except psutil.Error:
-                pass
+        leftovers = kill_leftovers(logdir)
         with open(os.path.join(folder, "result.json"), "w") as fh:
-            json.dump({"code": code, "out": out, "err": err, "leftovers": [p.pid for p in leftovers]}, fh)
+            json.dump({"code": code, "out": out, "err": err, "leftovers": leftovers}, fh)
 
     folder = shared_result(f"nan-loop-lagging-{optimizer}-nan-at-55", produce)
     with open(os.path.join(folder, "result.json")) as fh:
