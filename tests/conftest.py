@@ -25,6 +25,40 @@ REPO = os.path.dirname(HERE)
 pytest.register_assert_rewrite("hosts_helpers", "elastic_helpers")
 
 
+QUICK_GUARD = os.path.join(HERE, "quick_guard")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--quick", action="store_true",
+                     help="the quick tier: only the tests not marked slow (none starts a TensorFlow process; "
+                          "one that does fails, naming itself)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.getoption("--quick"):
+        return
+    config.option.markexpr = f"({config.option.markexpr}) and not slow" if config.option.markexpr else "not slow"
+    # every process a test starts (with this environment) loads quick_guard/sitecustomize.py, which
+    # refuses TensorFlow and records who asked in this process's own log (one per xdist worker)
+    os.environ["PROCSV_TEST_QUICK_TF_LOG"] = f"/tmp/procsv-quick-tf-{os.getpid()}.log"
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (QUICK_GUARD, os.environ.get("PYTHONPATH")) if p)
+
+
+@pytest.fixture(autouse=True)
+def _quick_tier_starts_no_tensorflow(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under ``--quick``: a test that started a process which imported TensorFlow fails, naming it."""
+    log = os.environ.get("PROCSV_TEST_QUICK_TF_LOG") if request.config.getoption("--quick") else None
+    if not log:
+        yield
+        return
+    before = os.path.getsize(log) if os.path.exists(log) else 0
+    yield
+    if os.path.exists(log) and os.path.getsize(log) > before:
+        with open(log) as fh:
+            fh.seek(before)
+            pytest.fail(f"this test of the quick tier started a TensorFlow process; mark it slow:\n{fh.read()}")
+
+
 def quiet_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONUNBUFFERED": "1"})
