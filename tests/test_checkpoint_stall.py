@@ -15,10 +15,14 @@ from procsv.common import env
 
 pytestmark = pytest.mark.slow
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
+# No tiny_train test here restarts a trainer: its hot standby would never be promoted, so none is
+# prepared (the first trainer is still forked from the pre-warmed one, as by default)
+NO_STANDBY = ("--standby", "fork")
 
 
 def test_a_stopped_checkpoint_service_is_replaced_and_the_next_checkpoint_commits(logdir):
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--save-model-secs", "1", target=TINY)
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--save-model-secs", "1", target=TINY,
+                  opts=NO_STANDBY)
     try:
         wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two checkpoints")
         stuck = role_pid(logdir, "checkpoint")
@@ -48,7 +52,7 @@ def test_a_snapshot_past_its_deadline_gets_the_checkpoint_service_replaced_befor
     # a step schedule: the trainer itself sends snapshots to the stopped service. Its deadline
     # (floor 3 s here) passes long before the watchdog's own stall rule (10 s floor) would fire.
     proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--save-steps", "25",
-                  target=TINY, env=quiet_env(**{env.SAVE_DEADLINE: "3"}))
+                  target=TINY, opts=NO_STANDBY, env=quiet_env(**{env.SAVE_DEADLINE: "3"}))
     try:
         wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two checkpoints")
         stuck = role_pid(logdir, "checkpoint")
@@ -77,7 +81,7 @@ def test_a_snapshot_in_flight_to_a_stopped_service_at_the_end_gets_it_replaced_a
     # for that snapshot only until its deadline, the watchdog replaces the service, and the final
     # one commits there, instead of giving up after stop_grace_secs and exiting as if it had
     proc = launch(logdir, "--steps", "600", "--step-delay", "0.01", "--save-steps", "25",
-                  target=TINY, env=quiet_env(**{env.SAVE_DEADLINE: "3"}))
+                  target=TINY, opts=NO_STANDBY, env=quiet_env(**{env.SAVE_DEADLINE: "3"}))
     try:
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 450, 120, what="step 450")
         stuck = role_pid(logdir, "checkpoint")
@@ -104,8 +108,9 @@ def test_snapshots_refused_under_on_nonfinite_continue_never_get_the_checkpoint_
     checkpoint service every three save intervals (here: 30 steps and the 10 s floor), forever. The
     trainer says why nothing commits, and the stall rule counts from its last refusal. Its refusals'
     nonfinite_detected records are coalesced, and procsv status and report count every one."""
+    # 1500 steps of 15 ms: more than two stall windows (the 10 s floor) of refusals
     proc = launch(logdir, "--how", "return", "--nan-at", "25", "--steps", "1500", "--save-steps", "10",
-                  "--step-delay", "0.02", target=os.path.join(PROGRAMS, "nan_train.py"),
+                  "--step-delay", "0.015", target=os.path.join(PROGRAMS, "nan_train.py"),
                   opts=("--on-nonfinite", "continue", "--standby", "off"))
     code, out, err = finish(proc, 300)
     assert code == 0, err[-3000:]
@@ -159,6 +164,13 @@ def _burn(n: int = 2) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]
 
 
+def _unburn(burners: list[subprocess.Popen]) -> None:
+    for b in burners:
+        if b.poll() is None:
+            b.kill()
+        b.wait()
+
+
 def _text(logdir: str, name: str) -> str:
     try:
         with open(os.path.join(logdir, "logs", name)) as fh:
@@ -174,11 +186,12 @@ def test_a_checkpoint_service_loading_tensorflow_for_a_tf_data_iterator_is_not_a
     first commit, and its successor began the same import. The service now tells the watchdog it is
     loading, and remembers the need: the next launch's service loads TensorFlow before its Hello."""
     args = ("--input", "iterator", "--steps", "1000000", "--save-steps", "10", "--step-delay", "0.02")
-    burners = _burn()
+    burners: list[subprocess.Popen] = []
     try:
         for launch_no in (1, 2):
             # launch 1: a snapshot deadline of 3 s (the floor is 30 s), which the load outlasts
             extra = quiet_env(**{env.SAVE_DEADLINE: "3"}) if launch_no == 1 else None
+            burners = _burn()  # the load lasts from the launch to its first checkpoints (the TensorFlow load)
             proc = launch(logdir, *args, target=os.path.join(PROGRAMS, "nan_train.py"), opts=("--standby", "off"),
                           env=extra)
             try:
@@ -187,6 +200,7 @@ def test_a_checkpoint_service_loading_tensorflow_for_a_tf_data_iterator_is_not_a
                          what=f"launch {launch_no}'s first checkpoints")
                 assert proc.poll() is None, proc.communicate()[1][-3000:]
             finally:
+                _unburn(burners)  # the orderly stop needs no load
                 proc.send_signal(signal.SIGTERM)
                 code, out, err = finish(proc, 300)
             assert code == 128 + signal.SIGTERM, err[-3000:]
@@ -210,9 +224,7 @@ def test_a_checkpoint_service_loading_tensorflow_for_a_tf_data_iterator_is_not_a
                 assert "before saying ready (this run's checkpoints need it: a variant tensor" in service, service
                 assert "loading TensorFlow for this commit" not in service
     finally:
-        for b in burners:
-            b.kill()
-            b.wait()
+        _unburn(burners)
 
 
 def _launch_loading_forever(logdir: str, gate: str) -> tuple[subprocess.Popen, int]:

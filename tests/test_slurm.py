@@ -100,21 +100,80 @@ def test_scontrol_show_hostnames_expands_every_host_list_as_procsv_does(slurm): 
         assert slurm.cmd("scontrol", "show", "hostnames", text).split() == hosts, text
 
 
-def test_a_requeued_job_ends_completed_at_its_last_step_with_no_step_lost_and_exact_weights(
-        slurm, jobs, tmp_path, clean_weights):  # noqa: F811
-    logdir, out = str(tmp_path / "run"), str(tmp_path / "job.out")
+SINGLE_NODE = ("requeue", "warning")  # the two single-node jobs of one shared run (single_node_jobs)
+
+
+def _single_node_jobs(slurm: Cluster, folder: str) -> None:  # noqa: F811
+    """Both single-node jobs of the digits example, run side by side (each waits mostly on Slurm:
+    its scheduling, the requeued job's hold of cred_expire), each interrupted at step 300: the first
+    by ``scontrol requeue`` (with the metrics endpoint on), the second by the warning signal to its
+    batch shell (``scancel --signal=USR2 --batch``). What each test reads goes to result.json; both
+    jobs are cancelled at the end (nothing of a failed run stays queued or running)."""
+    import json
+
     port = 19000 + os.getpid() % 1000
-    jobs.append(job := submit(slurm, "train.sbatch", logdir, out, f"--nodelist={NODE0}",
-                              TRAIN_ARGS=" ".join(CLEAN_ARGS),
-                              PROCSV_OPTS=f"--metrics-port {port} --metrics-host {NODE0}"))
-    st = wait_for(lambda: (s := raw_status(logdir)) and s.get("step", 0) >= 300 and s, 180, what="step 300")
-    assert st["job"] == job  # the job id names the run
-    with urllib.request.urlopen(f"http://{NODE0}:{port}/metrics", timeout=10) as resp:
-        assert f'job="{job}"' in next(line for line in resp.read().decode().splitlines()
-                                     if line.startswith("procsv_run_info"))
-    requeued_at = time.time()
-    slurm.cmd("scontrol", "requeue", job)
-    info = wait_for(lambda: ended(slurm, job), 300, interval=0.5, what=f"job {job} to end")
+    logdir = {k: os.path.join(folder, k, "run") for k in SINGLE_NODE}
+    out = {k: os.path.join(folder, k, "job.out") for k in SINGLE_NODE}
+    for k in SINGLE_NODE:
+        os.makedirs(os.path.join(folder, k))
+    job: dict[str, str] = {}
+    try:
+        job["requeue"] = submit(slurm, "train.sbatch", logdir["requeue"], out["requeue"], f"--nodelist={NODE0}",
+                                TRAIN_ARGS=" ".join(CLEAN_ARGS),
+                                PROCSV_OPTS=f"--metrics-port {port} --metrics-host {NODE0}")
+        job["warning"] = submit(slurm, "train.sbatch", logdir["warning"], out["warning"], f"--nodelist={NODE0}",
+                                TRAIN_ARGS=" ".join(CLEAN_ARGS))
+        result: dict[str, Any] = {k: {"job": job[k], "logdir": logdir[k], "out": out[k]} for k in SINGLE_NODE}
+
+        def interrupt_at_step_300() -> bool:
+            """Interrupt each job that reached step 300 (each as soon as it does); True once both are."""
+            for k in SINGLE_NODE:
+                st = raw_status(logdir[k])
+                if "at" in result[k] or not st or st.get("step", 0) < 300:
+                    continue
+                if k == "requeue":
+                    result[k]["status_job"] = st["job"]
+                    with urllib.request.urlopen(f"http://{NODE0}:{port}/metrics", timeout=10) as resp:
+                        result[k]["run_info"] = next(line for line in resp.read().decode().splitlines()
+                                                     if line.startswith("procsv_run_info"))
+                    result[k]["at"] = time.time()
+                    slurm.cmd("scontrol", "requeue", job[k])
+                else:
+                    result[k]["at"] = time.time()
+                    slurm.cmd("scancel", "--signal=USR2", "--batch", job[k])
+            return all("at" in result[k] for k in SINGLE_NODE)
+
+        wait_for(interrupt_at_step_300, 180, what="step 300 in both jobs")
+        for k in SINGLE_NODE:
+            result[k]["info"] = wait_for(lambda: ended(slurm, job[k]), 300, interval=0.5, what=f"job {job[k]} to end")
+    finally:
+        for j in job.values():
+            slurm.cmd("scancel", j, check=False)
+        for j in job.values():
+            wait_for(lambda: slurm.job(j).get("JobState") not in ("RUNNING", "COMPLETING"), 60, interval=0.5,
+                     what=f"job {j} to end")
+    with open(os.path.join(folder, "result.json"), "w") as fh:
+        json.dump(result, fh)
+
+
+@pytest.fixture
+def single_node_jobs(slurm, shared_result) -> dict[str, dict[str, Any]]:  # noqa: F811
+    """What :func:`_single_node_jobs` saw, made once per test session (``shared_result``: every
+    pytest-xdist worker reads the same two jobs)."""
+    import json
+
+    folder = shared_result("slurm-single-node-jobs", lambda f: _single_node_jobs(slurm, f))
+    with open(os.path.join(folder, "result.json")) as fh:
+        return json.load(fh)
+
+
+def test_a_requeued_job_ends_completed_at_its_last_step_with_no_step_lost_and_exact_weights(
+        single_node_jobs, clean_weights):
+    run = single_node_jobs["requeue"]
+    job, logdir, out, info = run["job"], run["logdir"], run["out"], run["info"]
+    assert run["status_job"] == job  # the job id names the run
+    assert f'job="{job}"' in run["run_info"]
+    requeued_at = run["at"]
     with open(out) as fh:
         text = fh.read()
     assert (info["JobState"], info["Restarts"], info["ExitCode"]) == ("COMPLETED", "1", "0:0"), text
@@ -126,14 +185,10 @@ def test_a_requeued_job_ends_completed_at_its_last_step_with_no_step_lost_and_ex
     assert "KillWait" not in text  # --stop-grace-secs 25 fits in KillWait 30: no warning
 
 
-def test_a_warning_signal_to_the_batch_shell_saves_requeues_and_the_second_run_finishes(slurm, jobs, tmp_path):  # noqa: F811
-    logdir, out = str(tmp_path / "run"), str(tmp_path / "job.out")
-    jobs.append(job := submit(slurm, "train.sbatch", logdir, out, f"--nodelist={NODE0}",
-                              TRAIN_ARGS=" ".join(CLEAN_ARGS)))
-    wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 300, 180, what="step 300")
-    signalled_at = time.time()
-    slurm.cmd("scancel", "--signal=USR2", "--batch", job)
-    info = wait_for(lambda: ended(slurm, job), 300, interval=0.5, what=f"job {job} to end")
+def test_a_warning_signal_to_the_batch_shell_saves_requeues_and_the_second_run_finishes(single_node_jobs):
+    run = single_node_jobs["warning"]
+    job, logdir, out, info = run["job"], run["logdir"], run["out"], run["info"]
+    signalled_at = run["at"]
     with open(out) as fh:
         text = fh.read()
     assert (info["JobState"], info["Restarts"], info["ExitCode"]) == ("COMPLETED", "1", "0:0"), text
