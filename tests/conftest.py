@@ -42,6 +42,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # refuses TensorFlow and records who asked in this process's own log (one per xdist worker)
     os.environ["PROCSV_TEST_QUICK_TF_LOG"] = f"/tmp/procsv-quick-tf-{os.getpid()}.log"
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (QUICK_GUARD, os.environ.get("PYTHONPATH")) if p)
+    # ... but not this one: a pytest-xdist worker inherited the guard from the controller; a test may
+    # import TensorFlow in its own process (that starts no TensorFlow process)
+    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "_NoTensorFlow"]
 
 
 @pytest.fixture(autouse=True)
