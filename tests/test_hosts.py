@@ -122,18 +122,22 @@ def events(logdir: str, name: str) -> list[dict[str, Any]]:
     return [r for r in lifecycle(logdir) if r.get("event") == name]
 
 
-def test_a_group_over_two_hosts_keeps_node_0s_secret_waits_for_a_killed_host_to_come_back_and_finishes(hosts, logdir):
+def test_a_group_over_two_hosts_keeps_node_0s_secret_waits_for_a_killed_host_to_come_back_and_finishes(
+        hosts, logdir, tmp_path):
     """Node 1's host is SIGKILLed (agent and trainer) at step 150: node 0 finds it lost, the group
     waits (no restart without it), a new agent joins and the group finishes from the checkpoint.
     While the first agent runs, the CURVE keys: the server secret never leaves node 0 (the logdir
     holds public keys only), the agent files only its own public key (0600) for this launch; and
     the launch's keys go with it (the killed agent's key file too)."""
+    from hosts_helpers import PACED, paced, unpace
+
     addr = master_addr()
-    args = (*ARGS, "--steps", "800")
+    gate, fast = paced(tmp_path)  # (paced until the second agent is launched, then at once)
+    args = (*ARGS, "--steps", "800", *fast)
     opts = ("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4")  # the host found lost 4 s after
-    master = launch(logdir, *args, opts=opts)
+    master = launch(logdir, *args, opts=opts, target=PACED)
     port = free_port()  # node 1's probes, on its own address: as a kubelet probes a pod's IP
-    first = agent(logdir, addr, *args, opts=("--metrics-port", str(port), "--metrics-host", "0.0.0.0"))
+    first = agent(logdir, addr, *args, opts=("--metrics-port", str(port), "--metrics-host", "0.0.0.0"), target=PACED)
     try:
         assert wait_for(lambda: probe(port, "/readyz", HOST1_IP), 60, what="node 1's probes") == 503
         wait_for(lambda: events(logdir, "first_step"), 120, what="the group's first step")
@@ -165,8 +169,9 @@ def test_a_group_over_two_hosts_keeps_node_0s_secret_waits_for_a_killed_host_to_
         assert len(events(logdir, "first_step")) == 1  # the group does not restart without it
         time.sleep(1.0)
         assert len(events(logdir, "first_step")) == 1
-        second = agent(logdir, addr, *args)
+        second = agent(logdir, addr, *args, target=PACED)
     finally:
+        unpace(gate)
         code, out, err = finish(master)
     acode, aout, aerr = finish(second, timeout=30)
     assert code == 0, err
@@ -573,29 +578,36 @@ def test_node_1s_zygote_killed_while_no_start_is_asked_is_reaped_within_a_sweep(
 
 
 def test_an_agent_refused_until_its_predecessor_is_found_lost_waits_past_a_rejoin_timeout_shorter_than_that(
-        hosts, logdir):
+        hosts, logdir, tmp_path):
     """``--rejoin-timeout 2`` under ``--node-timeout 3``: a second agent for node 1, started while the
     first holds it, is refused; the first (and its member) is then SIGKILLed; node 0 finds it lost after
     3 s and the second agent's claim wins. Before: a refusal did not count as hearing from node 0, so the
     second agent gave up after 2 s (`the master did not come back within --rejoin-timeout 2 s`), and node 0
     failed the run 2 s after finding the host lost. Now it asks for twice node 0's timeout and the job ends 0."""
+    from hosts_helpers import PACED, paced, unpace
+
     addr = master_addr()
-    args = (*ARGS, "--steps", "500", "--step-delay", "0.02")
+    gate, fast = paced(tmp_path)  # (paced until the second agent's group steps, then at once)
+    args = (*ARGS, "--steps", "500", "--step-delay", "0.02", *fast)
     opts = ("--nnodes", "2", "--master-addr", addr, "--node-timeout", "3", "--rejoin-timeout", "2",
             "--group-grace-secs", "0")
-    master = launch(logdir, *args, opts=opts)
-    first = agent(logdir, addr, *args, opts=("--rejoin-timeout", "2"))  # (each host's launch has the job's flags)
+    master = launch(logdir, *args, opts=opts, target=PACED)
+    # (each host's launch has the job's flags)
+    first = agent(logdir, addr, *args, opts=("--rejoin-timeout", "2"), target=PACED)
     second: Optional[subprocess.Popen[str]] = None
     try:
         wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of two")
-        second = agent(logdir, addr, *args, opts=("--rejoin-timeout", "2"))
+        second = agent(logdir, addr, *args, opts=("--rejoin-timeout", "2"), target=PACED)
         wait_for(lambda: events(logdir, "node_refused"), 60, what="the second agent refused")
         doomed = [first.pid, *(c.pid for c in psutil.Process(first.pid).children(recursive=True))]
         for pid in doomed:  # the first agent and its member: its host's, not the second agent
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         first.wait(10)
+        wait_for(lambda: len(events(logdir, "first_step")) >= 2 or master.poll() is not None, 120,
+                 what="the group with the second agent's member")
     finally:
+        unpace(gate)
         code, out, err = finish(master)
     acode, aout, aerr = finish(second, timeout=30) if second is not None else (None, "", "")
     assert code == 0, err

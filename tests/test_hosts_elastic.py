@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from conftest import finish, launch, quiet_env, raw_status, wait_for
+from hosts_helpers import PACED, paced, unpace
 from elastic_helpers import TARGET, assert_exactly_once, effective_steps, procsv_weights, reference_weights, schedule
 from procsv.common.layout import Layout
 from procsv.status import read_status, render
@@ -30,6 +31,7 @@ from test_metrics import free_port, scrape, value
 ELASTIC = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "5",
            "--group-grace-secs", "0")
 STEPS = 1000  # the group takes node 1 back around step 130 here, quietly: a margin for a loaded machine
+# (paced by --step-delay until then, the steps left run at once: tests/programs/paced.py)
 N_TRAIN, B = 1438, 16  # the example's training samples; its per-replica batch
 MODEL = ("--batch-size", str(B), "--seed", "3")
 
@@ -42,11 +44,12 @@ def test_a_host_lost_for_good_leaves_the_group_training_on_one_host_and_a_new_ag
                                                                                                    tmp_path):
     addr = master_addr()
     samples = str(tmp_path / "samples")  # (on the shared filesystem: node 1's members write theirs there too)
+    gate, fast = paced(tmp_path)
     args = (*MODEL, "--steps", str(STEPS), "--step-delay", "0.02", "--save-model-secs", "1",
-            "--print-every-steps", "100000", "--sample-log", samples)
+            "--print-every-steps", "100000", "--sample-log", samples, "--example", TARGET, *fast)
     port = free_port()
-    first = agent(logdir, addr, *args, target=TARGET)  # (waiting for node 0's job: the first group is on both)
-    master = launch(logdir, *args, target=TARGET,
+    first = agent(logdir, addr, *args, target=PACED)  # (waiting for node 0's job: the first group is on both)
+    master = launch(logdir, *args, target=PACED,
                     opts=(*ELASTIC, "--master-addr", addr, "--metrics-port", str(port)))
     second: Any = None
     try:
@@ -71,12 +74,13 @@ def test_a_host_lost_for_good_leaves_the_group_training_on_one_host_and_a_new_ag
         metrics = wait_for(lambda: (m := scrape(port)) and value(m, "procsv_group_hosts") == 1 and m, 10,
                            what="procsv_group_hosts 1")
         assert value(metrics, "procsv_live_hosts") == 1
-        second = agent(logdir, addr, *args, target=TARGET)
+        second = agent(logdir, addr, *args, target=PACED)
         wait_for(lambda: len(memberships(logdir)) == 2, 120, what="node 1 taken back")
         metrics = wait_for(lambda: (m := scrape(port)) and value(m, "procsv_group_hosts") == 2 and m, 10,
                            what="procsv_group_hosts 2")
         assert value(metrics, "procsv_live_hosts") == 2 and value(metrics, "procsv_membership_changes_total") == 2
     finally:
+        unpace(gate)
         code, out, err = finish(master)
     acode, aout, aerr = finish(second, timeout=30) if second is not None else (None, "", "")
     assert code == 0, err
@@ -116,17 +120,21 @@ def test_a_host_lost_for_good_leaves_the_group_training_on_one_host_and_a_new_ag
     assert not [k for k in want if not np.array_equal(got[k], want[k])], "differs from the plain run"
 
 
-def test_a_host_lost_and_never_relaunched_leaves_the_run_to_finish_on_node_0_with_exit_0(hosts, logdir):
+def test_a_host_lost_and_never_relaunched_leaves_the_run_to_finish_on_node_0_with_exit_0(hosts, logdir, tmp_path):
     addr = master_addr()
-    args = (*ARGS, "--steps", "600", "--step-delay", "0.02")
-    first = agent(logdir, addr, *args)  # (waiting for node 0's job: the first group is on both)
-    master = launch(logdir, *args, opts=(*ELASTIC, "--master-addr", addr))
+    gate, fast = paced(tmp_path)  # (paced until the group restarted without node 1, then at once)
+    args = (*ARGS, "--steps", "600", "--step-delay", "0.02", *fast)
+    first = agent(logdir, addr, *args, target=PACED)  # (waiting for node 0's job: the first group is on both)
+    master = launch(logdir, *args, target=PACED, opts=(*ELASTIC, "--master-addr", addr))
     try:
         wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of two")
         for pid in host_pids():
             os.kill(pid, signal.SIGKILL)
         first.wait(10)
+        wait_for(lambda: memberships(logdir) or master.poll() is not None, 60,
+                 what="the group restarted without node 1")
     finally:
+        unpace(gate)
         code, out, err = finish(master)
     assert code == 0, err
     assert memberships(logdir) == [([0], 1)]

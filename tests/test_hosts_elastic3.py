@@ -16,6 +16,7 @@ from typing import Any, Iterator, Optional
 import pytest
 
 from conftest import finish, launch, quiet_env, raw_status, wait_for
+from hosts_helpers import PACED, paced, unpace  # PACED: digits paced until a test's events (then at once)
 from test_hosts import (ARGS, NS, PREFIX, VETH, add_host, events, host_pids, hosts, ip,  # noqa: F401 (a fixture)
                         kill_all, master_addr)
 
@@ -42,8 +43,9 @@ def pids3() -> list[int]:
 
 
 def agent_on(ns: str, node: int, logdir: str, addr: str, *target_args: str,
-             env: Optional[dict[str, str]] = None, opts: tuple[str, ...] = ("--nnodes", "3")) -> subprocess.Popen[str]:
-    cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "procsv", "launch", "procsv.examples.digits",
+             env: Optional[dict[str, str]] = None, opts: tuple[str, ...] = ("--nnodes", "3"),
+             target: str = "procsv.examples.digits") -> subprocess.Popen[str]:
+    cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "procsv", "launch", target,
            "--logdir", logdir, "--node-rank", str(node), "--master-addr", addr, *opts, "--", *target_args]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or quiet_env(),
                             start_new_session=True)
@@ -57,13 +59,21 @@ STEPS = 1500
 PARTITION_SECS = 8.0  # node 1's link down this long once node 0 regrouped without it
 
 
-def test_three_hosts_lose_one_then_another_and_the_first_is_taken_back(third, logdir):
+def host_ready(logdir: str) -> bool:
+    """Node 1's pre-warmed trainer ready, as its agent said (rule 15 waits for that)."""
+    hosts_now = ((raw_status(logdir) or {}).get("group") or {}).get("hosts") or []
+    return any(h["node"] == 1 and h["connected"] and h["ready"] for h in hosts_now)
+
+
+def test_three_hosts_lose_one_then_another_and_the_first_is_taken_back(third, logdir, tmp_path):
     addr = master_addr()
-    args = (*ARGS, "--steps", str(STEPS), "--step-delay", "0.02")
+    gate, fast = paced(tmp_path)
+    args = (*ARGS, "--steps", str(STEPS), "--step-delay", "0.02", *fast)
     env = {**quiet_env(), "PROCSV_GROUP_SNAPSHOT_STEPS": "10"}
-    a1 = agent_on(NS, 1, logdir, addr, *args, env=env)  # (waiting for node 0's job: the first group is on all three)
-    a2 = agent_on(NS3, 2, logdir, addr, *args, env=env)
-    master = launch(logdir, *args, opts=(*ELASTIC, "--master-addr", addr), env=env)
+    # (waiting for node 0's job: the first group is on all three)
+    a1 = agent_on(NS, 1, logdir, addr, *args, env=env, target=PACED)
+    a2 = agent_on(NS3, 2, logdir, addr, *args, env=env, target=PACED)
+    master = launch(logdir, *args, target=PACED, opts=(*ELASTIC, "--master-addr", addr), env=env)
     back: Any = None
     try:
         wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of three")
@@ -78,9 +88,10 @@ def test_three_hosts_lose_one_then_another_and_the_first_is_taken_back(third, lo
         wait_for(lambda: len(memberships(logdir)) == 2, 60, what="the group restarted without node 2")
         n = len(events(logdir, "checkpoint_committed"))
         wait_for(lambda: len(events(logdir, "checkpoint_committed")) > n + 1, 120, what="commits of node 0 alone")
-        back = agent_on(NS, 1, logdir, addr, *args, env=env)
+        back = agent_on(NS, 1, logdir, addr, *args, env=env, target=PACED)
         wait_for(lambda: len(memberships(logdir)) == 3, 120, what="node 1 taken back")
     finally:
+        unpace(gate)
         code, out, err = finish(master, timeout=300)
     bcode, bout, berr = finish(back, timeout=30) if back is not None else (None, "", "")
     print(err[-6000:])
@@ -92,16 +103,17 @@ def test_three_hosts_lose_one_then_another_and_the_first_is_taken_back(third, lo
 
 @pytest.mark.parametrize("same_flags", [False, True])
 def test_a_partition_longer_than_the_rejoin_timeout_leaves_the_group_training_and_the_host_is_taken_back(
-        hosts, logdir, same_flags):
+        hosts, logdir, tmp_path, same_flags):
     """Two hosts, node 1's link down until node 0 regrouped without it (past --node-timeout 3 and
     --rejoin-timeout 5) and 8 s more: the group trains on node 0 alone, and once the link is up again node 1's
     agent comes back and is taken back."""
     addr = master_addr()
     opts = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "5",
             "--group-grace-secs", "0")
-    args = (*ARGS, "--steps", str(STEPS), "--step-delay", "0.02")
-    master = launch(logdir, *args, opts=(*opts, "--master-addr", addr))
-    a1 = agent_on(NS, 1, logdir, addr, *args, opts=opts if same_flags else ("--nnodes", "2"))
+    gate, fast = paced(tmp_path)
+    args = (*ARGS, "--steps", str(STEPS), "--step-delay", "0.02", *fast)
+    master = launch(logdir, *args, target=PACED, opts=(*opts, "--master-addr", addr))
+    a1 = agent_on(NS, 1, logdir, addr, *args, opts=opts if same_flags else ("--nnodes", "2"), target=PACED)
     try:
         wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of two")
         ip("link", "set", VETH, "down")
@@ -112,6 +124,7 @@ def test_a_partition_longer_than_the_rejoin_timeout_leaves_the_group_training_an
             ip("link", "set", VETH, "up")
         wait_for(lambda: len(memberships(logdir)) == 2 or a1.poll() is not None, 120, what="node 1 taken back")
     finally:
+        unpace(gate)
         code, out, err = finish(master, timeout=300)
     acode, aout, aerr = finish(a1, timeout=30)
     print(err[-3000:], aerr[-3000:])
@@ -146,7 +159,8 @@ def test_an_elastic_jobs_agent_still_gives_up_on_a_master_that_is_gone(hosts, lo
     assert took < 30, took
 
 
-def test_a_host_lost_before_it_started_its_member_of_the_group_breaks_the_group_and_the_run_trains_on(hosts, logdir):
+def test_a_host_lost_before_it_started_its_member_of_the_group_breaks_the_group_and_the_run_trains_on(
+        hosts, logdir, tmp_path):
     """Node 1 relaunched joins, and its agent and pre-warmed trainer are SIGSTOPped as soon as node 0's status says
     it is ready: node 0 takes it back at the next commit (it still counts as connected), asks it for worker1, which it never starts, and
     finds it lost --node-timeout later. The group breaks and restarts on node 0 alone; the run finishes.
@@ -155,9 +169,11 @@ def test_a_host_lost_before_it_started_its_member_of_the_group_breaks_the_group_
     addr = master_addr()
     opts = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "6", "--rejoin-timeout", "5",
             "--group-grace-secs", "0")
-    args = (*ARGS, "--steps", "1000", "--step-delay", "0.02", "--save-model-secs", "2")
-    first = agent_on(NS, 1, logdir, addr, *args, opts=("--nnodes", "2"))  # (waiting when node 0 starts)
-    master = launch(logdir, *args, opts=(*opts, "--master-addr", addr))
+    gate, fast = paced(tmp_path)
+    args = (*ARGS, "--steps", "1000", "--step-delay", "0.02", "--save-model-secs", "2", *fast)
+    # (waiting when node 0 starts)
+    first = agent_on(NS, 1, logdir, addr, *args, opts=("--nnodes", "2"), target=PACED)
+    master = launch(logdir, *args, target=PACED, opts=(*opts, "--master-addr", addr))
     second: Any = None
     try:
         wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of two")
@@ -165,14 +181,9 @@ def test_a_host_lost_before_it_started_its_member_of_the_group_breaks_the_group_
         kill_all(host_pids())
         first.wait(10)
         wait_for(lambda: memberships(logdir) == [([0], 1)], 60, what="the group restarted without node 1")
-        second = agent_on(NS, 1, logdir, addr, *args, opts=("--nnodes", "2"))
+        second = agent_on(NS, 1, logdir, addr, *args, opts=("--nnodes", "2"), target=PACED)
         wait_for(lambda: len(events(logdir, "node_joined")) == 2, 120, what="node 1 back")
-
-        def host_ready() -> bool:  # its pre-warmed trainer ready, as its agent said (rule 15 waits for that)
-            hosts_now = ((raw_status(logdir) or {}).get("group") or {}).get("hosts") or []
-            return any(h["node"] == 1 and h["connected"] and h["ready"] for h in hosts_now)
-
-        wait_for(host_ready, 120, interval=0.01, what="node 1's pre-warmed trainer ready")
+        wait_for(lambda: host_ready(logdir), 120, interval=0.01, what="node 1's pre-warmed trainer ready")
         for pid in host_pids():
             os.kill(pid, signal.SIGSTOP)
         wait_for(lambda: len(memberships(logdir)) >= 2, 60, what="node 1 taken back")
@@ -182,6 +193,7 @@ def test_a_host_lost_before_it_started_its_member_of_the_group_breaks_the_group_
         kill_all(host_pids())
     finally:
         kill_all(host_pids())
+        unpace(gate)
         code, out, err = finish(master, timeout=300)
     if second is not None:
         second.wait(10)
@@ -189,22 +201,27 @@ def test_a_host_lost_before_it_started_its_member_of_the_group_breaks_the_group_
     assert events(logdir, "finished")[-1]["step"] == 1000
 
 
-def test_a_host_back_before_the_final_commit_is_not_taken_back_at_it(hosts, logdir):
+def test_a_host_back_before_the_final_commit_is_not_taken_back_at_it(hosts, logdir, tmp_path):
     """Node 1 joins while node 0 trains alone, with --save-model-secs 600 (no commit before the final one):
     the final commit is no checkpoint boundary to take it back at (the trainer trained to its end and
     exits). Before, the group was SIGKILLed there (its program's last work after training too) and
     restarted on both hosts, to find nothing to do."""
     addr = master_addr()
-    args = (*ARGS, "--steps", "600", "--step-delay", "0.03", "--save-model-secs", "600")
+    gate, fast = paced(tmp_path)
+    args = (*ARGS, "--steps", "600", "--step-delay", "0.03", "--save-model-secs", "600", *fast)
     opts = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "5",
             "--group-grace-secs", "0")
-    master = launch(logdir, *args, opts=(*opts, "--master-addr", addr))
+    master = launch(logdir, *args, target=PACED, opts=(*opts, "--master-addr", addr))
     late: Any = None
     try:
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 100, 120, what="steps of node 0 alone")
-        late = agent_on(NS, 1, logdir, addr, *args, opts=("--nnodes", "2"))
+        late = agent_on(NS, 1, logdir, addr, *args, opts=("--nnodes", "2"), target=PACED)
         wait_for(lambda: events(logdir, "node_joined"), 60, what="node 1 to join")
+        # the pacing ends once node 1 could be taken back (its pre-warmed trainer ready), or the run ended
+        wait_for(lambda: host_ready(logdir) or master.poll() is not None, 120, interval=0.01,
+                 what="node 1's pre-warmed trainer ready")
     finally:
+        unpace(gate)
         code, out, err = finish(master, timeout=300)
     acode, aout, aerr = finish(late, timeout=30) if late is not None else (None, "", "")
     assert code == 0, err

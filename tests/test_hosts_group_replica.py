@@ -13,7 +13,7 @@ import os
 import signal
 
 from conftest import quiet_env, role_pid, wait_for, wait_role_pid
-from hosts_helpers import two_hosts_ending_well
+from hosts_helpers import PACED, paced, two_hosts_ending_well
 from test_group import (K, SLOW, assert_bit_equal, clean_group, group_started, member_restores, printed_steps,
                         restores_with_plain_tf, sigkill_mid_interval)
 from test_hosts import events, hosts
@@ -47,16 +47,18 @@ def service_killed_then_worker1(logdir: str, after: int, later: int = 0) -> tupl
 
 
 def test_node_0s_checkpoint_service_sigkilled_then_a_member_killed_restores_every_member_from_memory_bit_equal(
-        hosts, logdir, clean_group):
+        hosts, logdir, tmp_path, clean_group):
     # before: node 0's members' copies (and host 1's peer copies) lived only in node 0's checkpoint
     # service, so its SIGKILL cost the steps since the last disk checkpoint (the next restart said
     # "restores from disk"). Now node 1's holder keeps a replica of every copy the service holds and
     # hands them back to the restarted service: worker1 SIGKILLed after it restores both members'
     # copies of the newest step whole before the service's death, from memory, and the run ends
     # bit-equal to an uninterrupted group
-    with two_hosts_ending_well(logdir, *SLOW, "--steps", "500"):
+    gate, fast = paced(tmp_path)  # (paced until the restarted group's first step, then at once)
+    with two_hosts_ending_well(logdir, *SLOW, "--steps", "500", *fast, target=PACED, gate=gate):
         group_started(logdir, 1)
         at_service, at_member = service_killed_then_worker1(logdir, 2 * K + 10)
+        group_started(logdir, 2)
     restored = events(logdir, "restored")
     assert len(restored) == 1 and restored[0]["source"] == "peer", restored
     step = restored[0]["step"]
@@ -71,15 +73,17 @@ def test_node_0s_checkpoint_service_sigkilled_then_a_member_killed_restores_ever
 
 
 def test_a_member_of_host_1_follows_node_0s_restarted_service_so_a_member_killed_later_restores_from_memory(
-        hosts, logdir, clean_group):
+        hosts, logdir, tmp_path, clean_group):
     # before: host 1's running member kept sending to the dead service's port until the group's next
     # attempt, so once node 0's chief had handed the new service KEEP (3) newer copies, the copies
     # node 1 handed back were pushed out, no step was whole and the restart restored from disk. Now
     # the member follows peer.json to the new service: worker1 SIGKILLed 3 intervals after the
     # service restores the newest step within one interval, from memory, and the run ends bit-equal
-    with two_hosts_ending_well(logdir, *SLOW, "--steps", "500"):
+    gate, fast = paced(tmp_path)  # (paced until the restarted group's first step, then at once)
+    with two_hosts_ending_well(logdir, *SLOW, "--steps", "500", *fast, target=PACED, gate=gate):
         group_started(logdir, 1)
         at_service, at_member = service_killed_then_worker1(logdir, 2 * K + 10, later=3 * K + 10)
+        group_started(logdir, 2)
     restored = events(logdir, "restored")
     assert len(restored) == 1, restored
     restored_from_memory(logdir, 2, restored[0], at_member)
@@ -89,15 +93,18 @@ def test_a_member_of_host_1_follows_node_0s_restarted_service_so_a_member_killed
     assert_bit_equal(logdir, clean_group)
 
 
-def test_a_copy_damaged_on_node_1_makes_the_group_restore_from_disk_saying_so_in_one_line(hosts, logdir):
+def test_a_copy_damaged_on_node_1_makes_the_group_restore_from_disk_saying_so_in_one_line(hosts, logdir, tmp_path):
     # every copy node 1's holder keeps is damaged after node 0's service took its checksum: node 0's
     # checkpoint service SIGKILLed past a disk save (every 300 steps), the new service takes the
     # damaged copies back, worker1 SIGKILLed: the newest whole step (newer than the disk save) is
     # found damaged, and the group restores the disk checkpoint, saying why in one line
     env = quiet_env(PROCSV_FAULT="holder:replica_corrupt:1-100000")
-    with two_hosts_ending_well(logdir, *SLOW, "--save-checkpoint-steps", "300", "--steps", "600", agent_env=env):
+    gate, fast = paced(tmp_path)  # (paced until the restarted group's first step, then at once)
+    with two_hosts_ending_well(logdir, *SLOW, "--save-checkpoint-steps", "300", "--steps", "600", *fast,
+                               agent_env=env, target=PACED, gate=gate):
         group_started(logdir, 1)
         service_killed_then_worker1(logdir, 300 + K + 10)
+        group_started(logdir, 2)
     restored = events(logdir, "restored")
     assert len(restored) == 1 and restored[0]["source"] == "disk" and restored[0]["step"] == 300, restored
     assert member_restores(logdir, 2) == [300] * 2

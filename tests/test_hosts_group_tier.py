@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from conftest import finish, lifecycle, quiet_env, wait_for, wait_role_pid
-from hosts_helpers import two_hosts, two_hosts_ending_well
+from hosts_helpers import PACED, paced, two_hosts, two_hosts_ending_well, unpace
 from test_group import (K, SLOW, assert_bit_equal, clean_group, final_weights_of, group_started, member_restores,
                         printed_steps, restored_from_disk_once, restores_with_plain_tf,
                         sigkill_mid_interval, sigkill_the_chief_past_a_disk_save)
@@ -42,14 +42,15 @@ def restored_from_memory(logdir: str, attempt: int, record: dict[str, Any], seen
 
 
 def test_a_member_of_host_1_then_the_whole_host_sigkilled_restore_the_group_from_the_peer_copies_bit_equal(
-        hosts, logdir, clean_group):
+        hosts, logdir, tmp_path, clean_group):
     # before issue 54 point 2 a group over hosts took no in-memory snapshots (K = 0): each restart
     # restored the last disk checkpoint (none here before the end: step 0). Now node 0's checkpoint
     # service holds host 1's member's copies: worker1 SIGKILLed mid-interval, then host 1 (its agent
     # and its member) SIGKILLed mid-interval and a new agent launched: each restarted group restores a
     # K-th step from memory on both members, host 1's from its peer copy, and the run ends bit-equal
     # to an uninterrupted group
-    master, first, addr = two_hosts(logdir, *SLOW, "--steps", "500")
+    gate, fast = paced(tmp_path)  # digits paced until the second restart, then its steps left at once
+    master, first, addr = two_hosts(logdir, *SLOW, "--steps", "500", *fast, target=PACED)
     second = None
     kills = []
     try:
@@ -68,8 +69,10 @@ def test_a_member_of_host_1_then_the_whole_host_sigkilled_restore_the_group_from
             os.kill(pid, signal.SIGKILL)
         first.wait(10)
         wait_for(lambda: events(logdir, "node_lost"), 30, what="the host to be found lost")
-        second = agent(logdir, addr, *SLOW, "--steps", "500")
+        second = agent(logdir, addr, *SLOW, "--steps", "500", *fast, target=PACED)
+        group_started(logdir, 3)
     finally:
+        unpace(gate)
         code, out, err = finish(master)
     acode, aout, aerr = finish(second, timeout=30) if second is not None else (None, "", "")
     assert code == 0, err
@@ -88,14 +91,17 @@ def test_a_member_of_host_1_then_the_whole_host_sigkilled_restore_the_group_from
     assert_bit_equal(logdir, clean_group)
 
 
-def test_a_damaged_peer_copy_makes_the_group_restore_from_disk_saying_so_in_one_line(hosts, logdir):
+def test_a_damaged_peer_copy_makes_the_group_restore_from_disk_saying_so_in_one_line(hosts, logdir, tmp_path):
     # every copy node 0's service holds for host 1's member is damaged after its checksum was taken:
     # the chief, SIGKILLed past a disk save (every 100 steps; the in-memory ones every 50, so the
     # newest in-memory step is newer), finds member 1's peer copy damaged and the group restores its
     # newest disk checkpoint, saying why in one line
     env = quiet_env(PROCSV_FAULT="checkpoint:group_peer_corrupt:1-100000")
-    with two_hosts_ending_well(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "330", env=env):
+    gate, fast = paced(tmp_path)  # (paced until the restarted group's first step, then at once)
+    with two_hosts_ending_well(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "330", *fast, env=env,
+                               target=PACED, gate=gate):
         sigkill_the_chief_past_a_disk_save(logdir)
+        group_started(logdir, 2)
     lines = restored_from_disk_once(logdir)
     assert len(lines) == 1 and "member 1's peer copy of step" in lines[0] and "is damaged" in lines[0], lines
     assert restores_with_plain_tf(logdir) == 330
@@ -120,13 +126,14 @@ def member_keys(logdir: str) -> list[dict[str, Any]]:
     return out
 
 
-def test_the_key_files_of_sigkilled_members_of_host_1_are_removed_once_their_attempt_is_over(hosts, logdir):
+def test_the_key_files_of_sigkilled_members_of_host_1_are_removed_once_their_attempt_is_over(hosts, logdir, tmp_path):
     # a member of host 1 files a CURVE key for node 0's checkpoint service and removes it only at an
     # orderly exit: before, each SIGKILL left its file until the launch ended (one more per restart).
     # Now node 0 removes the files of the attempts that are over: after each of three kills of
     # worker1, once the next group runs, the folder holds at most the live member's file, of its attempt
     counts = []
-    with two_hosts_ending_well(logdir, *SLOW, "--steps", "500"):
+    gate, fast = paced(tmp_path)  # (paced until the third kill's next group runs, then at once)
+    with two_hosts_ending_well(logdir, *SLOW, "--steps", "500", *fast, target=PACED, gate=gate):
         group_started(logdir, 1)
         wait_for(lambda: len(member_keys(logdir)) == 1, 60, what="worker1.1's key filed")
         after, killed = 0, set()
@@ -147,17 +154,21 @@ def test_the_key_files_of_sigkilled_members_of_host_1_are_removed_once_their_att
     assert counts == [1, 1, 1]
 
 
-def test_a_peer_copy_beyond_node_0s_limit_is_refused_said_recorded_and_the_group_restores_from_disk(hosts, logdir):
+def test_a_peer_copy_beyond_node_0s_limit_is_refused_said_recorded_and_the_group_restores_from_disk(
+        hosts, logdir, tmp_path):
     # node 0's checkpoint service holds no more of one member's peer copy than its limit (here a
     # small PROCSV_GROUP_PEER_MAX_BYTES; by default its own members' snapshot memory): host 1's
     # member's first copy is refused, with a lifecycle record, said once in that member's log (it takes
     # no more copies); the chief's copies are held, so no step is whole and worker1 SIGKILLed restarts the group from disk,
     # saying why in one line. Before, node 0 held any size (a 512 MiB copy: 558 MiB of RSS)
     env = quiet_env(PROCSV_GROUP_PEER_MAX_BYTES="4096")
-    with two_hosts_ending_well(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "330", env=env):
+    gate, fast = paced(tmp_path)  # (paced until the restarted group's first step, then at once)
+    with two_hosts_ending_well(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "330", *fast, env=env,
+                               target=PACED, gate=gate):
         group_started(logdir, 1)
         wait_for(lambda: events(logdir, "group_copy_refused"), 120, what="a refused peer copy's record")
         sigkill_mid_interval(logdir, "worker1", "worker1.1", 160)
+        group_started(logdir, 2)
     refused = events(logdir, "group_copy_refused")
     assert refused and all(r["rank"] == 1 and r["limit"] == 4096 < r["size"] and r["step"] % K == 0
                            for r in refused), refused
@@ -183,9 +194,10 @@ def starts(logdir: str) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def clean_four(hosts, shared_result):
     """The final weights of an uninterrupted two-host group of four (``--nproc 2 --nnodes 2``: the
-    chief and worker1 on node 0, worker2 and worker3 on host 1) of 600 steps (made once, shared)."""
+    chief and worker1 on node 0, worker2 and worker3 on host 1) of 600 steps (made once, shared; no
+    --step-delay: a sleep after each step, which changes no weight)."""
     def produce(folder: str) -> None:
-        with two_hosts_ending_well(folder, *SLOW, "--steps", "600", nproc=2):
+        with two_hosts_ending_well(folder, *SLOW, "--steps", "600", "--step-delay", "0", nproc=2):
             pass
 
     return final_weights_of(shared_result("group-two-hosts-four-600", produce))
@@ -195,7 +207,7 @@ MEMBERS = ("trainer", "worker1", "worker2", "worker3")  # --nproc 2 --nnodes 2: 
 
 
 def test_a_two_host_group_sigkilled_at_random_steps_member_chief_and_whole_host_ends_bit_equal(
-        hosts, logdir, clean_four):
+        hosts, logdir, tmp_path, clean_four):
     # issue 54 point 6 over two hosts: a group of four (two members a host) loses a member of host 1
     # (worker2 or worker3, drawn), node 0's other member (worker1), the chief, and host 1 whole (its
     # agent and members SIGKILLed, a new agent launched), in a drawn order, each at a drawn step 60-100
@@ -209,7 +221,8 @@ def test_a_two_host_group_sigkilled_at_random_steps_member_chief_and_whole_host_
     kinds = (rng.choice(("worker2", "worker3")), "worker1", "trainer", "host")
     plan = [(kind, rng.randint(K + 10, 2 * K)) for kind in rng.sample(kinds, 4)]
     why = f"seed {seed}, kills (kind, steps past the restore) {plan}"
-    master, node1, addr = two_hosts(logdir, *SLOW, "--steps", "600", nproc=2)
+    gate, fast = paced(tmp_path)  # digits paced until the fourth restarted group's first step, then at once
+    master, node1, addr = two_hosts(logdir, *SLOW, "--steps", "600", *fast, nproc=2, target=PACED)
     agents = [node1]
     seen: list[int] = []
     try:
@@ -228,11 +241,14 @@ def test_a_two_host_group_sigkilled_at_random_steps_member_chief_and_whole_host_
                         os.kill(pid, signal.SIGKILL)
                     agents[-1].wait(10)
                     wait_for(lambda: len(events(logdir, "node_lost")) == 1, 30, what="the host to be found lost")
-                    agents.append(agent(logdir, addr, *SLOW, "--steps", "600", opts=("--nproc", "2")))
+                    agents.append(agent(logdir, addr, *SLOW, "--steps", "600", *fast, opts=("--nproc", "2"),
+                                        target=PACED))
                 else:
                     os.kill(wait_role_pid(logdir, kind), signal.SIGKILL)
                 wait_for(lambda: len(events(logdir, "restarting")) >= attempt, 60, what=f"restart {attempt}")
+            group_started(logdir, len(plan) + 1)
         finally:
+            unpace(gate)
             code, out, err = finish(master)
             acode, aout, aerr = finish(agents[-1], timeout=30)
         assert code == 0, err
