@@ -24,6 +24,10 @@ ARGS = ("--strategy", "multiworker", "--save-model-secs", "1", "--step-delay", "
 K = 50  # the group's in-memory snapshots: every K steps (the watchdog's PROCSV_GROUP_SNAPSHOT_STEPS default)
 # no disk checkpoint but the final one; each member prints every step (read back: where each was killed)
 SLOW = ("--strategy", "multiworker", "--save-model-secs", "1000", "--step-delay", "0.02", "--print-every-steps", "1")
+# for the launches whose group is never replaced (no restart, nothing about restarts asserted): no standby
+# group (two more members that bring the strategy up, build the model and trace the step) is prepared to wait
+# unused; a launch that restarts or might restart its group keeps the default, which is what users get
+NO_STANDBY = ("--standby", "fork")
 
 
 def events(logdir: str, name: str) -> list[dict[str, Any]]:
@@ -58,7 +62,7 @@ def clean_group(shared_result):
     from conftest import final_weights
 
     def produce(folder: str) -> None:
-        code, out, err = finish(launch(folder, *ARGS, "--steps", "500", opts=GROUP))
+        code, out, err = finish(launch(folder, *ARGS, "--steps", "500", opts=GROUP + NO_STANDBY))
         assert code == 0, err
 
     return final_weights(shared_result("group-clean-500", produce))
@@ -127,7 +131,7 @@ def test_a_killed_worker_then_a_killed_chief_each_restart_the_whole_group_which_
 
 
 def test_sigterm_to_the_launch_stops_the_group_at_a_committed_step_and_a_relaunch_resumes_exactly_there(logdir):
-    proc = launch(logdir, *ARGS, "--steps", "5000", opts=GROUP)
+    proc = launch(logdir, *ARGS, "--steps", "5000", opts=GROUP + NO_STANDBY)
     try:
         group_started(logdir, 1)
         at_step(logdir, 100)
@@ -140,7 +144,7 @@ def test_sigterm_to_the_launch_stops_the_group_at_a_committed_step_and_a_relaunc
     assert len(preempted) == 1 and preempted[0]["step"] == finished["step"] > 0  # steps lost: 0
     stopped_at = finished["step"]
     assert "while stopping, worker1" not in err  # the worker failing in its collective once the chief left is expected
-    code, out, err = finish(launch(logdir, *ARGS, "--steps", str(stopped_at + 30), opts=GROUP))
+    code, out, err = finish(launch(logdir, *ARGS, "--steps", str(stopped_at + 30), opts=GROUP + NO_STANDBY))
     assert code == 0, err
     assert events(logdir, "restored")[-1]["step"] == stopped_at
     assert restores_with_plain_tf(logdir) == stopped_at + 30

@@ -1,6 +1,7 @@
 """A rollback stays exact in programs users write (issue 52, attacked from outside): a custom
 loop whose ``tf.function`` step trains on a ``tf.data`` iterator the checkpoint tracks, with the batch
-taken inside the step or by the loop and passed in, on real processes, on a busy machine."""
+taken inside the step or by the loop and passed in, on real processes, on a busy machine (the file's
+three launches made at once beside one pair of CPU burners)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from typing import Callable
 import pytest
 import tensorflow as tf
 
-from conftest import (PROGRAMS, cpu_burners_beside, finish, launch, launch_and_kill_trainer_once, lifecycle,
-                      quiet_env)
+from conftest import PROGRAMS, finish, launch, launch_and_kill_trainer_once, lifecycle, quiet_env
+from loaded_runs import launch_together_loaded, loaded_result
 
 NAN_DATA = os.path.join(PROGRAMS, "nan_data_loop.py")
 # a checkpoint every 20 steps, no in-memory tier: a NaN at step 35 is rolled back to step 20
@@ -51,8 +52,44 @@ def skipped(logdir: str) -> list[int]:
         return list(json.load(fh).get("skipped_steps") or [])
 
 
+LOADED = "nan-data-loaded"  # the shared_result folder of the three launches made at once beside the burners
+
+
+def _loaded_runs(folder: str) -> None:
+    """The file's three launches, made at once beside one pair of CPU burners (each test made its own
+    beside burners of its own before): ``nan-35-args`` and ``nan-35-inside`` (``--bind``, a NaN at
+    step 35) and ``restart-args`` (no NaN, the trainer SIGKILLed once past a commit, as
+    ``launch_and_kill_trainer_once(past=5)``); each one's logdir is ``<folder>/<name>``."""
+    def nan_at_35(bind: str) -> tuple[str, Callable[[], tuple[int, str, str]]]:
+        logdir = os.path.join(folder, f"nan-35-{bind}")
+        return logdir, lambda: finish(launch(logdir, "--bind", bind, "--nan-at", "35", *LAGGING, target=NAN_DATA,
+                                             env=quiet_env(**NO_MEMORY_TIER)), 900)
+
+    restart = os.path.join(folder, "restart-args")
+    launch_together_loaded(folder, {
+        "nan-35-args": nan_at_35("args"), "nan-35-inside": nan_at_35("inside"),
+        "restart-args": (restart, lambda: launch_and_kill_trainer_once(
+            restart, "--bind", "args", *LAGGING, target=NAN_DATA, env=quiet_env(**NO_MEMORY_TIER), past=5))})
+
+
+@pytest.fixture
+def loaded(shared_result: Callable[[str, Callable[[str], None]], str],
+           plain: Callable[..., dict[str, bytes]]) -> Callable[[str], tuple[str, int, str, str]]:
+    """loaded(name): (logdir, code, stdout, stderr) of that launch of ``_loaded_runs``, made once per
+    test session; the plain runs the tests compare with are made before, without the burners.
+    Every process of a run left behind was SIGKILLed (as the ``logdir`` fixture does): the test fails."""
+    for bind in ("args", "inside"):
+        plain((35,), "--bind", bind)
+    plain((), "--bind", "args")
+    folder = shared_result(LOADED, _loaded_runs)
+
+    def get(name: str) -> tuple[str, int, str, str]:
+        return (os.path.join(folder, name), *loaded_result(folder, name))
+    return get
+
+
 @pytest.mark.parametrize("bind", ["args", "inside"])
-def test_a_skipped_step_of_a_tf_data_loop_takes_exactly_its_own_batch(logdir, plain, bind):
+def test_a_skipped_step_of_a_tf_data_loop_takes_exactly_its_own_batch(loaded, plain, bind):
     # the loop's batches come from a tf.data iterator the checkpoint tracks. "inside": the step
     # function's next(it) takes it; "args": the loop takes it, x, y = next(it), and passes it in
     # (the pattern of TF's checkpoint guide). Before, with "args": the snapshot of step 20 was taken
@@ -60,9 +97,8 @@ def test_a_skipped_step_of_a_tf_data_loop_takes_exactly_its_own_batch(logdir, pl
     # iterator one element ahead: after the restore step 21 trained on element 22, ..., step 34 on
     # element 35 (the NaN), and the rollback skipped the healthy step 34 (exit 0, not bit-equal).
     # Now a step handed its input has its boundary after it: the snapshot's data position is its step's
-    with cpu_burners_beside():
-        code, out, err = finish(launch(logdir, "--bind", bind, "--nan-at", "35", *LAGGING, target=NAN_DATA,
-                                       env=quiet_env(**NO_MEMORY_TIER)), 900)
+    # (launched beside two CPU burners, with the file's other launches: _loaded_runs)
+    logdir, code, out, err = loaded(f"nan-35-{bind}")
     said = out + err
     assert code == 0, said
     assert "restored step 20 from" in said and "skipped step 35" in said, said
@@ -70,15 +106,13 @@ def test_a_skipped_step_of_a_tf_data_loop_takes_exactly_its_own_batch(logdir, pl
     assert final_variables(logdir) == plain((35,), "--bind", bind)  # bit-equal, every variable
 
 
-def test_a_restart_of_a_loop_fed_from_a_checkpointed_iterator_resumes_at_its_own_batch(logdir, plain):
+def test_a_restart_of_a_loop_fed_from_a_checkpointed_iterator_resumes_at_its_own_batch(loaded, plain):
     # "args" again, no NaN: the trainer is SIGKILLed past the checkpoint of step 20 and the restarted
     # one resumes from it. Before: that checkpoint held the iterator one element past step 20
     # (taken inside the run of step 21, after the loop's next(it)): element 21 was never trained and
     # every later step trained on the next step's batch. Now the final variables are bit-equal to
-    # a plain run's
-    with cpu_burners_beside():
-        code, out, err = launch_and_kill_trainer_once(logdir, "--bind", "args", *LAGGING, target=NAN_DATA,
-                                                      env=quiet_env(**NO_MEMORY_TIER), past=5)
+    # a plain run's (launched beside two CPU burners, with the file's other launches: _loaded_runs)
+    logdir, code, out, err = loaded("restart-args")
     said = out + err
     assert code == 0, said
     restored = [e["step"] for e in lifecycle(logdir) if e["event"] == "restored"]

@@ -30,6 +30,8 @@ ARGS = ("--strategy", "multiworker", "--save-model-secs", "600", "--save-checkpo
 GROUP = ("--nproc", "2")
 # no disk checkpoint but the final one: the group's in-memory snapshots (every 50 steps) are what a rollback restores
 MEMORY = ("--strategy", "multiworker", "--save-model-secs", "600", "--step-delay", "0.004", "--print-every-steps", "10")
+# the plain (reference) group runs, never restarted: no standby group is prepared to wait unused
+NO_STANDBY = ("--standby", "fork")
 
 
 def events(logdir: str, name: str) -> list[dict[str, Any]]:
@@ -101,7 +103,8 @@ def plain_skipping(shared_result, step: int) -> dict[str, Any]:
     """The final weights of a plain group run of 120 steps that never applies ``step`` (made once, shared)."""
 
     def produce(folder: str) -> None:
-        code, out, err = finish(launch(folder, *MEMORY, "--steps", "120", "--skip-steps", str(step), opts=GROUP))
+        code, out, err = finish(launch(folder, *MEMORY, "--steps", "120", "--skip-steps", str(step),
+                                       opts=GROUP + NO_STANDBY))
         assert code == 0, err
 
     return final_weights(shared_result(f"group-skip-{step}-of-120", produce))
@@ -205,7 +208,8 @@ def local_nan_skipping_70(shared_result):
     """The final weights of a plain group_local_nan.py run of 120 steps that never applies step 70 (made once, shared)."""
 
     def produce(folder: str) -> None:
-        code, out, err = finish(launch(folder, "--steps", "120", "--skip-at", "70", target=LOCAL_NAN, opts=GROUP))
+        code, out, err = finish(launch(folder, "--steps", "120", "--skip-at", "70", target=LOCAL_NAN,
+                                       opts=GROUP + NO_STANDBY))
         assert code == 0, err
 
     return final_weights(shared_result("local-nan-skip-70-of-120", produce))

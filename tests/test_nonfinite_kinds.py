@@ -4,8 +4,9 @@ the replay, checked for what it reports): a custom loop with Adam on a learning 
 BatchNormalization layer and mixed precision's LossScaleOptimizer (which skips steps of its own);
 Keras ``fit`` with a subclassed model
 whose ``train_step`` is the Keras guide's, with Adam on a learning rate schedule, and an epoch
-rolled back whole under EarlyStopping. Each plain run is made once per test session (``shared_result``),
-before the CPU burners of the test that first needs it start: the load is for the run under procsv."""
+rolled back whole under EarlyStopping. The file's six launches are made once per test session, three at
+a time beside one pair of CPU burners (``loaded``); each plain run is made once per test session
+(``shared_result``), before the burners start: the load is for the runs under procsv."""
 
 from __future__ import annotations
 
@@ -14,14 +15,15 @@ import os
 import re
 import subprocess
 import sys
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 import pytest
 
 import tensorflow as tf
 
-from conftest import PROGRAMS, cpu_burners_beside, finish, launch, quiet_env, sigkill_where_it_says, skipped_steps
+from conftest import PROGRAMS, finish, launch, quiet_env, sigkill_where_it_says, skipped_steps
+from loaded_runs import launch_together_loaded, loaded_result
 
 KINDS = os.path.join(PROGRAMS, "keras_nan_kinds.py")
 NAN_LOOP = os.path.join(PROGRAMS, "nan_keras_loop.py")
@@ -31,13 +33,6 @@ LAGGING = ("--steps", "80", "--save-steps", "20", "--step-delay", "0.01", "--bin
 LOSS_SCALED = ("--optimizer", "adam", "--schedule", "--batchnorm", "--loss-scale", "--overflow-at", "50",
                "--overflow-at", "53")
 SharedResult = Callable[[str, Callable[[str], None]], str]
-
-
-@pytest.fixture
-def busy() -> Iterator[None]:
-    """Two CPU-bound processes beside the run under procsv (the machine has two cores)."""
-    with cpu_burners_beside():
-        yield
 
 
 def _plain_fit(where: str, *args: str) -> dict[str, bytes]:
@@ -107,17 +102,62 @@ def _checkpoint(where: str, step: int) -> dict[str, bytes]:
             if k.endswith("VARIABLE_VALUE") and not k.startswith("save_counter")}
 
 
+def _loaded_runs(folder: str) -> None:
+    """The file's six launches, three at a time beside one pair of CPU burners (each test made its own
+    beside burners of its own before; each test repeats its launch's arguments); each one's logdir is
+    ``<folder>/<name>``, its weights (if it writes them) ``<folder>/<name>.npz``."""
+    def run(name: str, *args: str, target: str, memory_tier: bool = True
+            ) -> tuple[str, Callable[[], tuple[int, str, str]]]:
+        logdir = os.path.join(folder, name)
+        env = quiet_env() if memory_tier else quiet_env(PROCSV_MEMORY_SNAPSHOTS="0")
+        return logdir, lambda: finish(launch(logdir, *args, target=target, env=env), 300)
+
+    def killed_after_20() -> tuple[int, str, str]:
+        logdir, kill_file = os.path.join(folder, "adam-schedule-killed"), os.path.join(folder, "kill-me")
+        proc = launch(logdir, "--kind", "validation", "--adam-schedule", "--nan-at", "17", "--kill-after", "20",
+                      "--kill-file", kill_file, "--weights-out", os.path.join(folder, "adam-schedule-killed.npz"),
+                      target=KINDS, env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"))
+        return sigkill_where_it_says(proc, logdir, kill_file, "batch 20")
+
+    launch_together_loaded(folder, {  # the restarted one first: it takes longest
+        "adam-schedule-killed": (os.path.join(folder, "adam-schedule-killed"), killed_after_20),
+        "custom-step": run("custom-step", "--kind", "custom_step", "--nan-at", "17", "--weights-out",
+                           os.path.join(folder, "custom-step.npz"), target=KINDS),
+        "early-stopping": run("early-stopping", "--kind", "validation", "--early-stopping", "--epochs", "4",
+                              "--batches", "10", "--save-freq", "10", "--nan-at", "19", "--keras-version", "9.9.9",
+                              target=KINDS, memory_tier=False),
+        "adam-schedule": run("adam-schedule", "--kind", "validation", "--adam-schedule", "--nan-at", "17",
+                             "--weights-out", os.path.join(folder, "adam-schedule.npz"), target=KINDS),
+        "loss-scaled": run("loss-scaled", *LOSS_SCALED, "--nan-at", "55", *LAGGING, target=NAN_LOOP,
+                           memory_tier=False),
+        "two-grads": run("two-grads", "--optimizer", "adam", "--grad-nan-at", "45", "--grad-nan-at", "47", *LAGGING,
+                         target=NAN_LOOP, memory_tier=False)}, at_once=3)
+
+
+@pytest.fixture
+def loaded(shared_result: SharedResult, guide_fit_without_17: dict[str, bytes],
+           adam_schedule_fit_without_17: dict[str, bytes], loss_scaled_loop_without_55: str,
+           adam_loop_without_45_and_47: str) -> Callable[[str], tuple[str, int, str, str]]:
+    """loaded(name): (logdir, code, stdout, stderr) of that launch of ``_loaded_runs``, made once per
+    test session after every plain run (without the burners). Every process of a run left behind was
+    SIGKILLed (as the ``logdir`` fixture does): the test fails."""
+    folder = shared_result("kinds-loaded", _loaded_runs)
+
+    def get(name: str) -> tuple[str, int, str, str]:
+        return (os.path.join(folder, name), *loaded_result(folder, name))
+    return get
+
+
 def test_keras_fit_of_a_subclassed_model_with_the_guides_train_step_skips_a_poisoned_batch_bit_equal(
-        logdir: str, tmp_path, guide_fit_without_17: dict[str, bytes], busy: None) -> None:
+        loaded, guide_fit_without_17: dict[str, bytes]) -> None:
     # a subclassed model built with model.build((None, 4)) has no variable yet (Keras creates them
     # when fit first traces its step) and a train_step with its own Mean loss tracker. Before:
     # BackupAndRestore built the optimizer for the model's variables before fit, none then, and fit's
     # first step failed ("Unknown variable: guide_model/dense/kernel ... This optimizer can only be
     # called for the variables it was originally built with"), twice, a start-up failure; a plain fit
     # ran. Now the layers are built first, as fit's own symbolic build does
-    weights = os.path.join(str(tmp_path), "weights.npz")
-    code, out, err = finish(launch(logdir, "--kind", "custom_step", "--nan-at", "17", "--weights-out", weights,
-                                   target=KINDS), 300)
+    logdir, code, out, err = loaded("custom-step")  # --kind custom_step --nan-at 17
+    weights = logdir + ".npz"
     said = out + err
     assert code == 0, said
     assert "skipped step 18" in said, said  # batch 17 of fit is global step 18
@@ -126,7 +166,7 @@ def test_keras_fit_of_a_subclassed_model_with_the_guides_train_step_skips_a_pois
 
 
 def test_keras_fit_an_epoch_rolled_back_whole_in_the_fallback_reports_no_loss_and_early_stopping_is_not_fooled(
-        logdir: str, busy: None) -> None:
+        loaded) -> None:
     # an untested Keras (the fallback: restore, continue with fit's next batch), a commit every 10
     # batches (an epoch) and no in-memory tier: the NaN of batch 19, the last of epoch 2, is found
     # at the epoch's end and restores step 10, the end of epoch 1; none of epoch 2's batches stands.
@@ -134,9 +174,8 @@ def test_keras_fit_an_epoch_rolled_back_whole_in_the_fallback_reports_no_loss_an
     # had: EarlyStopping(monitor="loss", patience=0) took 0.0 as its best and stopped fit after
     # epoch 3 (20 iterations of 40, exit 0). Now that epoch has no "loss" (EarlyStopping passes it
     # by, with Keras' own warning) and fit trains its 4 epochs (30 iterations: 11-20 not trained)
-    code, out, err = finish(launch(logdir, "--kind", "validation", "--early-stopping", "--epochs", "4", "--batches", "10",
-                                   "--save-freq", "10", "--nan-at", "19", "--keras-version", "9.9.9", target=KINDS,
-                                   env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0")), 300)
+    # (--kind validation --early-stopping --epochs 4 --batches 10 --save-freq 10 --nan-at 19 --keras-version 9.9.9)
+    logdir, code, out, err = loaded("early-stopping")
     said = out + err
     assert code == 0, said
     assert "restored step 10 from" in said and "steps 11-20 of fit's batches are not trained again" in said, said
@@ -149,15 +188,14 @@ def test_keras_fit_an_epoch_rolled_back_whole_in_the_fallback_reports_no_loss_an
 
 
 def test_keras_fit_with_adam_and_a_learning_rate_schedule_skips_a_poisoned_batch_bit_equal_to_a_fit_without_it(
-        logdir: str, tmp_path, adam_schedule_fit_without_17: dict[str, bytes], busy: None) -> None:
+        loaded, adam_schedule_fit_without_17: dict[str, bytes]) -> None:
     # exact, as for custom loops (whose skip leaves the optimizer alone): bit-equal to a fit that never
     # applied the batch, whose iterations (they drive the schedule and Adam's bias correction) did not
     # count it. Before, Keras fit's skip advanced iterations without an update: 30 against the plain fit's 29,
     # and every weight differs (measured: 4 of 4 arrays); no plain fit gives what it gives (a fit with
     # sample weight 0 for the batch would decay Adam's moments). Now the skip leaves iterations alone
-    weights = os.path.join(str(tmp_path), "weights.npz")
-    code, out, err = finish(launch(logdir, "--kind", "validation", "--adam-schedule", "--nan-at", "17",
-                                   "--weights-out", weights, target=KINDS), 300)
+    logdir, code, out, err = loaded("adam-schedule")  # --kind validation --adam-schedule --nan-at 17
+    weights = logdir + ".npz"
     said = out + err
     assert code == 0, said
     assert skipped_steps(logdir) == [18], said
@@ -165,7 +203,7 @@ def test_keras_fit_with_adam_and_a_learning_rate_schedule_skips_a_poisoned_batch
 
 
 def test_a_custom_loop_with_a_schedule_batchnorm_and_a_loss_scale_optimizer_skips_exactly_the_poisoned_step(
-        logdir: str, loss_scaled_loop_without_55: str, busy: None) -> None:
+        loaded, loss_scaled_loop_without_55: str) -> None:
     # one launch for three things a skip must leave as a run that never applied the step would: the
     # optimizer's iterations (they drive Adam's ExponentialDecay schedule and its bias correction),
     # BatchNormalization's moving statistics (non-trainable variables the step updates, NaN after
@@ -173,8 +211,7 @@ def test_a_custom_loop_with_a_schedule_batchnorm_and_a_loss_scale_optimizer_skip
     # skips steps 50 and 53 itself (their scaled gradients overflow float16; their losses are finite:
     # not procsv's to skip; the BatchNormalization makes it skip a few more) and halves its scale at each. Step 55's input is NaN: snapshots at 40,
     # the skip puts back the state of 54 kept before the retry. Found as specified (no defect)
-    code, out, err = finish(launch(logdir, *LOSS_SCALED, "--nan-at", "55", *LAGGING, target=NAN_LOOP,
-                                   env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0")), 300)
+    logdir, code, out, err = loaded("loss-scaled")  # LOSS_SCALED --nan-at 55 LAGGING, no in-memory tier
     said = out + err
     assert code == 0, said
     assert "restored step 40 from" in said and "restored step 54 from the state kept before the retry" in said, said
@@ -188,15 +225,15 @@ def test_a_custom_loop_with_a_schedule_batchnorm_and_a_loss_scale_optimizer_skip
 
 
 def test_two_poisoned_gradients_close_together_are_each_skipped_once_within_the_restore_bound(
-        logdir: str, adam_loop_without_45_and_47: str, busy: None) -> None:
+        loaded, adam_loop_without_45_and_47: str) -> None:
     # steps 45 and 47 add a loss term whose value is 0 and whose gradient is NaN (their losses are
     # finite: 46 and 48 show them). Before: the restore bound counted each poisoning twice (the step
     # that showed it, then the step the bisect found), so the second one, within 10 steps of the
     # snapshot of 40, was the third finding: exit 4 ("the snapshot of step 40 turned non-finite
     # within 10 steps of each of 3 restores (at steps 46, 45, 48)") with --max-skips 3 unspent. Now
     # the bisect's step replaces the one that showed it: both skipped, bit-equal
-    code, out, err = finish(launch(logdir, "--optimizer", "adam", "--grad-nan-at", "45", "--grad-nan-at", "47",
-                                   *LAGGING, target=NAN_LOOP, env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0")), 300)
+    # (--optimizer adam --grad-nan-at 45 --grad-nan-at 47 LAGGING, no in-memory tier)
+    logdir, code, out, err = loaded("two-grads")
     said = out + err
     assert code == 0, said
     assert "skipping step 45, not step 46" in said and "skipping step 47, not step 48" in said, said
@@ -206,17 +243,15 @@ def test_two_poisoned_gradients_close_together_are_each_skipped_once_within_the_
 
 
 def test_keras_fit_with_adam_and_a_schedule_killed_after_a_poisoned_batch_resumes_and_skips_it_exactly(
-        logdir: str, tmp_path, adam_schedule_fit_without_17: dict[str, bytes], busy: None) -> None:
+        loaded, adam_schedule_fit_without_17: dict[str, bytes]) -> None:
     # the trainer is SIGKILLed after batch 20 (the NaN of batch 17 found or not yet: the check rides
     # on the snapshots, which lag at load); the restarted fit resumes from a committed checkpoint at
     # or before step 16, meets batch 17 again and skips it. Exact across the restart: the skip
     # counts no iteration in either attempt (Adam's schedule and bias correction), bit-equal to a
     # fit that never applied the batch (on main: not, the skip counted an iteration)
-    weights, kill_file = os.path.join(str(tmp_path), "weights.npz"), os.path.join(str(tmp_path), "kill-me")
-    proc = launch(logdir, "--kind", "validation", "--adam-schedule", "--nan-at", "17", "--kill-after", "20",
-                  "--kill-file", kill_file, "--weights-out", weights, target=KINDS,
-                  env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"))
-    code, out, err = sigkill_where_it_says(proc, logdir, kill_file, "batch 20")
+    # (--kind validation --adam-schedule --nan-at 17 --kill-after 20, no in-memory tier; killed where it says)
+    logdir, code, out, err = loaded("adam-schedule-killed")
+    weights = logdir + ".npz"
     said = out + err
     assert code == 0, said
     assert "was killed by SIGKILL; restarted" in said and "skipped step 18" in said, said
