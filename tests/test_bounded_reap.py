@@ -17,6 +17,8 @@ import pytest
 
 from conftest import PROGRAMS, finish, launch, wait_for, wait_role_pid
 
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+
 FREEZER = "/sys/fs/cgroup/freezer"
 
 

@@ -47,6 +47,7 @@ def _lay_out(arrays: dict[str, np.ndarray], align: int) -> tuple[mmap.mmap, np.n
 
 
 @pytest.mark.parametrize("n_keys,key_len", [(40, 1), (6000, 60)], ids=["one-block", "many-index-blocks"])
+@pytest.mark.slow
 def test_bundle_is_byte_identical_to_tensorflows_savev2(tmp_path, n_keys, key_len):
     import tensorflow as tf
 

@@ -18,6 +18,8 @@ import time
 
 import zmq
 
+import pytest
+
 from conftest import burners, on_one_core
 from procsv.ipc.messages import CheckpointSetup, CommitLoading, Message
 from procsv.ipc.transport import ReceiveTimeout, recv_message, send
@@ -86,6 +88,7 @@ def _run(mode: str, logdir: str, in_flight: int) -> tuple[list[Message], dict[st
     return got, json.loads(out.strip().splitlines()[-1]), sorted(seen)
 
 
+@pytest.mark.slow
 def test_a_commit_that_loads_tensorflow_tells_its_trainer_by_message_and_grows_no_file(logdir):
     got, said, seen = _run("commit", logdir, in_flight=7)
     assert got and all(isinstance(m, CommitLoading) and m.step == 7 and m.what == "TensorFlow" for m in got), got
@@ -97,6 +100,7 @@ def test_a_commit_that_loads_tensorflow_tells_its_trainer_by_message_and_grows_n
         assert json.load(f) == {"tensorflow": "a variant tensor"}
 
 
+@pytest.mark.slow
 def test_a_service_loading_before_its_hello_tells_the_trainer_whose_snapshot_waits_and_keeps_its_messages(logdir):
     os.makedirs(os.path.join(logdir, ".procsv"))
     with open(os.path.join(logdir, ".procsv", "checkpoint_needs.json"), "w") as f:
@@ -188,6 +192,7 @@ sys.stdin.read()  # until it is killed
 """
 
 
+@pytest.mark.slow
 def test_a_trainer_restarted_while_the_service_still_loads_is_told_its_snapshot_waits_for_the_load(logdir):
     """A trainer SIGKILLed while its snapshot's commit loads TensorFlow: the watchdog restarts it and
     the new trainer's first snapshot waits behind that load. The loader told only the trainer whose

@@ -16,6 +16,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+import pytest
+
 from conftest import committed_steps, wait_for
 from procsv.common import spawn
 from procsv.common.layout import Layout, read_json
@@ -86,6 +88,7 @@ def _metas(logdir: str) -> dict[str, bytes]:
     return found
 
 
+@pytest.mark.slow
 def test_a_held_snapshot_sent_without_the_meta_graph_is_committed_with_its_trainers_last_one(short_tmp):
     """A trainer sends its MetaGraphDef with its first in-memory snapshot only; the service says it
     holds it with that one and with the next (sent without); the trainer dies: the committed

@@ -16,6 +16,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from conftest import committed_steps, finish, launch, lifecycle, quiet_env, raw_status, wait_for, wait_role_pid
 
 from procsv.common.layout import Layout
@@ -26,6 +28,7 @@ from procsv.watchdog.publish.events import Event, EventLog
 ARGS = ("--steps", "1000000", "--save-model-secs", "1", "--step-delay", "0.004", "--print-every-steps", "100000")
 
 
+@pytest.mark.slow
 def test_a_trainer_killed_while_status_writes_stall_is_restarted_at_once(logdir):
     """Before: the write ran in the loop, which noticed the death and spawned the next trainer only
     after the write in progress (5 s after the kill). The first three writes past step 0 stall: the
@@ -53,6 +56,7 @@ def test_a_trainer_killed_while_status_writes_stall_is_restarted_at_once(logdir)
     assert (raw_status(logdir) or {}).get("exit_code") == 143
 
 
+@pytest.mark.slow
 def test_a_trainer_whose_end_cannot_be_read_from_a_stalled_logdir_is_restarted_and_resumes(logdir, tmp_path):
     """The fault point ``watchdog:error_read_stall`` blocks the reads of the trainer's error file at its
     death notice and at its exit (the first two reads) until the test creates the gate file, as reads
@@ -103,6 +107,7 @@ def test_a_trainer_whose_end_cannot_be_read_from_a_stalled_logdir_is_restarted_a
             "read within 3 s: the logdir's filesystem stalls; decided without them)") in err, err
 
 
+@pytest.mark.slow
 def test_a_restart_whose_log_rotation_stalls_does_not_stop_the_loop(logdir, tmp_path):
     """Fresh trainers (``--no-prewarm``): the rotation of the restarted trainer's logs (the fourth
     rotation: the two services, attempt 1, attempt 2) stalls on the fault point
@@ -254,6 +259,7 @@ def test_a_writer_stuck_at_the_end_is_left_and_the_lines_behind_it_are_written_d
         gate.set()
 
 
+@pytest.mark.slow
 def test_the_metrics_snapshot_never_waits_for_the_newest_checkpoint_on_disk(tmp_path):
     """With --metrics-port, until the launch commits, the snapshot shows the newest checkpoint on
     disk. Its manifest here is a FIFO without a writer: a read of it blocks, as a read on a stalled

@@ -46,6 +46,7 @@ def _run_killing_chief_then_worker(logdir: str, args: tuple[str, ...]) -> tuple[
     return code, err
 
 
+@pytest.mark.slow
 def test_a_group_with_members_sigkilled_consumes_each_sample_once_and_ends_equal_to_the_plain_run(logdir, tmp_path):
     samples = str(tmp_path / "samples")
     args = (*MODEL, "--steps", str(STEPS), "--save-checkpoint-steps", "5", "--save-model-secs", "1000",
@@ -70,6 +71,7 @@ def test_a_group_with_members_sigkilled_consumes_each_sample_once_and_ends_equal
     assert not differ, f"differ from the plain run: {differ}"
 
 
+@pytest.mark.slow
 def test_the_reference_tells_a_change_of_world_from_a_constant_world(tmp_path):
     # steps 1..20 with W=2, then 21..40 with W=1 or W=2 (both from the same checkpoint, side by side)
     first, log = str(tmp_path / "w2-20"), str(tmp_path / "log")

@@ -16,6 +16,10 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -20,6 +20,8 @@ import tensorflow as tf
 
 from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, status_json, wait_for
 
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
 EXITS_42 = os.path.join(PROGRAMS, "exits_42.py")
 KERAS = "procsv.examples.keras_fit"

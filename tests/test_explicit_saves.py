@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from conftest import PROGRAMS, committed_steps, finish, launch, lifecycle
+
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
 PROGRAM = os.path.join(PROGRAMS, "graph_saves.py")
 

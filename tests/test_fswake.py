@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import threading
 
+import pytest
+
 from procsv.common.fswake import wakeups
 
 QUIET = 0.5  # seconds without an event that count as "no event is coming"
@@ -51,6 +53,7 @@ def test_reading_the_watched_file_does_not_wake_its_waiter_and_a_change_does(tmp
         assert woken.wait(10), "an atomic replace of the watched file did not wake it"
 
 
+@pytest.mark.slow
 def test_listing_and_reading_a_watched_folder_does_not_wake_its_waiter_and_a_new_file_does(tmp_path):
     folder = str(tmp_path)
     replace(os.path.join(folder, "a.log"), "x")

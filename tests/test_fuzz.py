@@ -241,6 +241,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st
 
 @given(st.sampled_from([s[1] for s in SAMPLES]), st.data())
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
 def test_a_sample_with_any_field_replaced_decodes_or_is_a_protocol_error(msg, data):
     obj = json.loads(encode(msg)[0])
     body = obj["body"]
@@ -256,6 +257,7 @@ def test_a_sample_with_any_field_replaced_decodes_or_is_a_protocol_error(msg, da
 @given(st.fixed_dictionaries({"v": JSON, "kind": st.sampled_from([c.KIND for c in m.ALL_MESSAGES]) | JSON,
                               "body": JSON}))
 @settings(max_examples=400, deadline=None)
+@pytest.mark.slow
 def test_any_json_header_decodes_or_is_a_protocol_error(obj):
     try:
         decode([json.dumps(obj).encode()])

@@ -91,6 +91,7 @@ def _two_sessions(logdir: str) -> None:
                 sv.summary_computed(sess, sess.run(summ))
 
 
+@pytest.mark.slow
 def test_a_fresh_session_writes_no_session_start_and_a_restored_one_still_purges_what_it_repeats(tmp_path):
     from tensorflow.core.util import event_pb2
 
@@ -115,6 +116,7 @@ def test_a_fresh_session_writes_no_session_start_and_a_restored_one_still_purges
     assert first_start.step == 2 and kinds.index(start) < kinds.index("summary")
 
 
+@pytest.mark.slow
 def test_a_summary_writer_kept_open_across_sessions_gets_both_sessions_in_one_event_file_as_tensorflows(tmp_path):
     import tensorflow as tf
     from tensorflow.core.util import event_pb2

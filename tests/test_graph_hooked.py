@@ -339,6 +339,7 @@ def test_final_ops_feed_dict_and_logging_at_end_with_a_formatter_in_graph_mode(c
         f"final loss {loss:.6f}"]
 
 
+@pytest.mark.slow
 def test_global_step_waiter_hook_in_graph_mode_starts_at_its_step_and_waits_for_another_writer():
     """Graph mode, as TF: the graph's global step at wait_until_step (4, as restored) starts at
     once; below it (3 < 5) the first run waits, reading the step every 0.5 s, until another writer

@@ -272,6 +272,7 @@ def test_the_timers_of_summaries_step_rate_and_profiling_in_graph_mode_read_time
     assert sorted(f for f in os.listdir(out) if f.startswith("timeline-")) == ["timeline-4.json", "timeline-7.json"]
 
 
+@pytest.mark.slow
 def test_in_procsvs_graph_session_step_0_is_saved_at_creation_and_a_listeners_stop_follows_the_run_that_saved(logdir):
     """procsv's own SingularMonitoredSession (a real Supervisor and checkpoint service): as TF's
     hook, a fresh session commits ``model.ckpt-0`` at ``after_create_session`` (listeners called,

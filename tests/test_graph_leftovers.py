@@ -57,6 +57,7 @@ def _graph_def(path: str):  # type: ignore[no-untyped-def]
         return text_format.Parse(fh.read(), tf.compat.v1.GraphDef())
 
 
+@pytest.mark.slow
 def test_the_chief_writes_graph_pbtxt_and_a_graph_event_when_the_session_starts_and_a_worker_none(tmp_path, cases):
     """As TF's Supervisor (``_write_graph`` after ``prepare_session``, chief only): the chief's
     logdir holds ``graph.pbtxt`` once the session is ready, a text GraphDef with the program's ops
@@ -94,6 +95,7 @@ def test_the_chief_writes_graph_pbtxt_and_a_graph_event_when_the_session_starts_
     assert {node.name for node in events["tf"].node} <= names
 
 
+@pytest.mark.slow
 def test_master_and_config_make_the_session_as_tf_on_a_local_server(cases):
     """``managed_session(master, config)`` and ``prepare_or_wait_for_session(master=, config=)``
     make the ``tf.compat.v1.Session`` with that target and ConfigProto: the session's ``sess_str``
@@ -112,6 +114,7 @@ def test_master_and_config_make_the_session_as_tf_on_a_local_server(cases):
             {k: v for k, v in tf_seen.items() if k not in targets}
 
 
+@pytest.mark.slow
 def test_local_init_run_options_reach_the_run_of_local_init_op_as_tf(cases):
     """A ``local_init_op`` that blocks (a dequeue of an empty queue) with
     ``local_init_run_options=RunOptions(timeout_in_ms=1)``: the session's start fails with TF's
@@ -120,6 +123,7 @@ def test_local_init_run_options_reach_the_run_of_local_init_op_as_tf(cases):
     assert cases[1]["tf"]["local_init_run_options"] == {"error": "DeadlineExceededError"}
 
 
+@pytest.mark.slow
 def test_a_graph_program_without_a_logdir_trains_and_writes_nothing(cases):
     """``Supervisor(logdir=None)`` in a graph program, with summaries and saves asked for every
     10ms: it trains as TF's own Supervisor does (same values, ``save_path`` None, no summary

@@ -20,6 +20,7 @@ from procsv.trainer.summaries import SummaryBuffer
 from procsv.trainer.summaries.graph_rings import CAPACITY, INCOMPLETE_GRACE, GraphRings
 
 
+@pytest.mark.slow
 def test_a_supervisor_writes_every_call_of_a_traced_function_to_tensorboard(logdir):
     v = tf.Variable(0.0)
     it = tf.Variable(0, dtype=tf.int64)
@@ -85,6 +86,7 @@ def test_a_retrace_writes_into_the_same_ring_in_call_order():
     assert (out.steps, out.values) == ([1, 2, 3], [2.0, 5.0, 3.0])
 
 
+@pytest.mark.slow
 def test_rows_beyond_the_capacity_between_two_reads_are_counted_as_lost_and_the_newest_kept():
     rings = GraphRings()
     it = tf.Variable(0, dtype=tf.int64)
@@ -102,6 +104,7 @@ def test_rows_beyond_the_capacity_between_two_reads_are_counted_as_lost_and_the_
     assert out.values == [float(s) for s in range(11, CAPACITY + 11)]
 
 
+@pytest.mark.slow
 def test_the_buffer_collects_the_rings_rows_and_counts_the_lost_as_dropped():
     buf = SummaryBuffer(graph=GraphRings())
     it = tf.Variable(0, dtype=tf.int64)
@@ -180,6 +183,7 @@ def test_values_of_any_real_dtype_are_written_as_float32():
     assert out.values == [7.0, 1.0, 0.5, float(np.float32(1.0 / 3.0)), 2.0] and out.steps == [3] * 5
 
 
+@pytest.mark.slow
 def test_rows_written_by_another_thread_while_the_trainer_reads_arrive_once_each_and_complete():
     rings = GraphRings()
     it = tf.Variable(0, dtype=tf.int64)
@@ -239,6 +243,7 @@ def test_a_row_completed_between_the_trainers_reads_is_read_whole_or_at_the_next
     assert first.lost == second.lost == 0
 
 
+@pytest.mark.slow
 def test_more_rows_than_the_ring_holds_written_during_one_read_are_all_counted_lost_once():
     rings, f, ring = one_ring()
     real_values = ring.values
@@ -269,6 +274,7 @@ def test_a_row_begun_and_never_completed_holds_the_read_back_for_a_grace_then_co
     assert (out.steps, out.lost) == ([3], 1)
 
 
+@pytest.mark.slow
 def test_a_function_traced_under_one_supervisor_logs_under_the_next_one(logdir):
     """TF's retry loop makes a new Supervisor per attempt; the function keeps writing into the
     process's rings, which every Supervisor reads."""

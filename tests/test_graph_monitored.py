@@ -129,6 +129,7 @@ def _saver_values(logdir: str) -> dict[str, np.ndarray]:
     return {name.replace("/", "__"): reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
 
 
+@pytest.mark.slow
 def test_a_tf1_program_under_monitored_training_session_with_hooks_ends_bit_equal_to_the_plain_loop(short_tmp, plain):
     logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "final.npz")
     stdout = _run_program("--steps", "120", "--out", out, "--logdir", logdir)
@@ -153,6 +154,7 @@ def _trainer_exits(logdir: str) -> list[dict]:
     return [e for e in lifecycle(logdir) if e["event"] == "exited" and e["role"] == "trainer"]
 
 
+@pytest.mark.slow
 def test_an_aborted_run_recovers_in_process_from_the_newest_checkpoint_and_is_no_trainer_restart(short_tmp, plain):
     logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "final.npz")
     proc = launch(logdir, "--steps", "150", "--abort-at", "30", "--step-delay", "0.05", "--out", out, target=PROGRAM)
@@ -173,6 +175,7 @@ def test_an_aborted_run_recovers_in_process_from_the_newest_checkpoint_and_is_no
     assert _bit_equal(_load(out), plain(150))
 
 
+@pytest.mark.slow
 def test_three_sigkills_at_random_moments_and_monitored_training_session_ends_bit_equal_to_the_plain_loop(
         short_tmp, plain):
     logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "final.npz")
@@ -296,6 +299,7 @@ def test_singular_monitored_session_does_not_recover_from_an_aborted_run(logdir)
                 sess.run(m["train_op"])
 
 
+@pytest.mark.slow
 def test_a_tf1_checkpoint_to_start_from_queue_runners_out_of_range_and_a_step_context_stop_in_graph_mode(logdir, tmp_path):
     import tensorflow as tf
 
@@ -340,6 +344,7 @@ def test_a_tf1_checkpoint_to_start_from_queue_runners_out_of_range_and_a_step_co
         assert committed_steps(logdir)[-1] == 10
 
 
+@pytest.mark.slow
 def test_sigterm_commits_the_last_step_of_a_tf1_program_and_a_relaunch_ends_bit_equal_to_the_plain_loop(short_tmp, plain):
     logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "final.npz")
     args = ("--steps", "300", "--step-delay", "0.01", "--save-checkpoint-secs", "1000", "--out", out)
@@ -361,6 +366,7 @@ def test_sigterm_commits_the_last_step_of_a_tf1_program_and_a_relaunch_ends_bit_
     assert _bit_equal(_load(out), plain(300))
 
 
+@pytest.mark.slow
 def test_a_worker_session_in_graph_mode_restores_the_chiefs_checkpoint_and_saves_nothing(logdir):
     import tensorflow as tf
 
@@ -381,6 +387,7 @@ def test_a_worker_session_in_graph_mode_restores_the_chiefs_checkpoint_and_saves
     assert committed_steps(logdir) == [5]  # a worker saves nothing
 
 
+@pytest.mark.slow
 def test_a_worker_under_ps_waits_for_the_chief_up_to_max_wait_secs_then_raises_deadline_exceeded(logdir, monkeypatch):
     """Graph mode under ``--ps`` (the variables live on a server the chief initializes): a worker's
     MonitoredTrainingSession(is_chief=False, max_wait_secs=) and WorkerSessionCreator(max_wait_secs=)
@@ -419,6 +426,7 @@ def test_a_worker_under_ps_waits_for_the_chief_up_to_max_wait_secs_then_raises_d
     assert committed_steps(logdir) == []  # a worker saves nothing
 
 
+@pytest.mark.slow
 def test_procsv_train_saver_is_tensorflows_saver_and_names_what_the_checkpoint_service_saves(logdir):
     """``procsv.train.Saver`` is ``tf.compat.v1.train.Saver``. A graph MonitoredTrainingSession whose
     Scaffold has ``procsv.train.Saver(var_list=[w, global_step])``: procsv's checkpoint service
@@ -451,6 +459,7 @@ def test_procsv_train_saver_is_tensorflows_saver_and_names_what_the_checkpoint_s
             assert w != 1.0  # three steps trained it
 
 
+@pytest.mark.slow
 def test_sv_log_scalar_in_a_tf1_program_after_the_graph_is_frozen(short_tmp):
     from tensorboard.backend.event_processing import event_accumulator as ea
 
@@ -490,6 +499,7 @@ def _on_server(sess, server, m):
     return raw
 
 
+@pytest.mark.slow
 def test_master_and_config_reach_the_graph_session_of_every_monitored_session_and_creator(logdir):
     """MonitoredTrainingSession(master=, config=) (chief and worker), SingularMonitoredSession(master=,
     config=) and WorkerSessionCreator(master=, config=): the graph session is made on that target
@@ -527,6 +537,7 @@ def test_master_and_config_reach_the_graph_session_of_every_monitored_session_an
     assert committed_steps(logdir)[-1] == 2  # the workers saved nothing
 
 
+@pytest.mark.slow
 def test_scalars_an_eager_function_logged_earlier_in_the_process_do_not_break_a_graph_session(logdir):
     """The process's rings of scalars logged inside a tf.function (eager variables, made by an earlier
     eager program or test in this process) are read at a graph session's step boundary inside a
@@ -567,6 +578,7 @@ def _writer_events(tf, folder):
     return tags, logs
 
 
+@pytest.mark.slow
 def test_summary_saver_and_step_counter_hooks_write_into_a_passed_summary_writers_own_directory(logdir, tmp_path):
     """Graph mode, as TensorFlow's own hooks (run here too, on TF's SingularMonitoredSession): a
     FileWriter passed as summary_writer= gets the SummarySaverHook's summaries (from step 1, every
@@ -601,6 +613,7 @@ def test_summary_saver_and_step_counter_hooks_write_into_a_passed_summary_writer
     assert tags["loss"][0] == seen["tf"][0]["loss"][0]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_saver_hooks_scaffold_names_the_saver_that_saves_as_in_tensorflow(logdir, tmp_path):
     """Graph mode: CheckpointSaverHook(scaffold=Scaffold(saver=Saver([w, global_step]))) saves with
     that Saver (not the session's default one over every variable, the Momentum slot too), as
@@ -625,6 +638,7 @@ def test_a_checkpoint_saver_hooks_scaffold_names_the_saver_that_saves_as_in_tens
     assert names["procsv"] == names["tf"] == {"w", "global_step"}
 
 
+@pytest.mark.slow
 def test_monitored_training_session_save_graph_def_writes_graph_pbtxt_and_the_graph_events_as_tensorflows(logdir, tmp_path):
     """Graph mode: MonitoredTrainingSession(save_graph_def=True) (its CheckpointSaverHook's) writes
     graph.pbtxt, a GraphDef event and a MetaGraphDef event (read with EventAccumulator) and a

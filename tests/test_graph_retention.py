@@ -14,7 +14,7 @@ import pytest
 
 from conftest import committed_steps
 
-pytestmark = pytest.mark.usefixtures("fresh_train_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_train_api")]
 
 
 def _model(tf):

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
+import pytest
+
 from conftest import committed_steps
+
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
 
 def _partitioned(tf):

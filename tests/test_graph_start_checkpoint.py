@@ -35,6 +35,7 @@ def _start(case: str, logdir: str, tf_own: bool) -> dict:
     return json.loads(lines[0][len("result "):])
 
 
+@pytest.mark.slow
 def test_a_checkpoint_and_a_summary_as_the_standard_services_start_as_tensorflows(tmp_path):
     ours = _start("with_step", str(tmp_path / "ours"), False)
     theirs = _start("with_step", str(tmp_path / "tf"), True)
@@ -44,6 +45,7 @@ def test_a_checkpoint_and_a_summary_as_the_standard_services_start_as_tensorflow
     assert ours["checkpoint"] == "model.ckpt-0" and ours["summaries"] == [[0, "v_1", 3.0]]
 
 
+@pytest.mark.slow
 def test_a_graph_without_a_global_step_has_one_checkpoint_model_ckpt_rewritten_and_restored_as_tensorflows(tmp_path):
     ours = _start("no_step", str(tmp_path / "ours"), False)
     theirs = _start("no_step", str(tmp_path / "tf"), True)
@@ -191,6 +193,7 @@ def _plain_restore(prefix: str) -> float:
             return float(sess.run(v))
 
 
+@pytest.mark.slow
 def test_a_graph_without_a_global_step_sigkilled_under_launch_restores_model_ckpt_and_counts_on(tmp_path):
     """``procsv launch`` of a graph without a global step whose ``model.ckpt`` is rewritten every 0.2 s:
     the trainer SIGKILLed mid-run (once a rewrite past the start one committed) is restarted, restores

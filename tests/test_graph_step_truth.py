@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from conftest import PROGRAMS, finish, launch
+
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
 PROGRAM = os.path.join(PROGRAMS, "tf1_step_truth.py")
 

@@ -18,6 +18,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from conftest import PROGRAMS, REPO, case_results, quiet_env
 
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+
 TRAIN = os.path.join(PROGRAMS, "tf1_train.py")
 CASES = os.path.join(PROGRAMS, "tf1_cases.py")
 

@@ -17,6 +17,7 @@ import pytest
 pytestmark = pytest.mark.usefixtures("fresh_train_api")
 
 
+@pytest.mark.slow
 def test_saver_save_and_tensorflows_checkpoint_saver_hook_take_procsvs_graph_sessions(logdir, tmp_path):
     import tensorflow as tf
     from tensorflow.python.client.session import SessionInterface
@@ -54,6 +55,7 @@ def test_saver_save_and_tensorflows_checkpoint_saver_hook_take_procsvs_graph_ses
     assert path.endswith("model.ckpt-2") and tf.train.load_variable(path, "global_step") == 2
 
 
+@pytest.mark.slow
 def test_raw_session_is_none_once_the_singular_monitored_session_is_closed(logdir):
     import tensorflow as tf
 
@@ -166,6 +168,7 @@ def test_procsvs_checkpoint_saver_hook_on_a_programs_own_session_saves_what_tens
     assert mine == theirs and theirs[1]["model.ckpt-5"] == (5, 13.5)
 
 
+@pytest.mark.slow
 def test_checkpoint_saver_hook_saves_synchronously_and_an_aborted_run_resumes_from_the_last_saved_step(logdir):
     import tensorflow as tf
 
@@ -197,6 +200,7 @@ def test_checkpoint_saver_hook_saves_synchronously_and_an_aborted_run_resumes_fr
             assert sess.run(do_step) == 4 and not sess.should_stop()
 
 
+@pytest.mark.slow
 def test_an_after_save_that_returns_true_stops_after_that_run_and_the_final_save_holds_the_state_at_close(logdir, tmp_path):
     import tensorflow as tf
 
@@ -237,6 +241,7 @@ def test_an_after_save_that_returns_true_stops_after_that_run_and_the_final_save
     assert tf.train.load_variable(path, "global_step") == 3 and tf.train.load_variable(path, "w") == 12.5
 
 
+@pytest.mark.slow
 def test_monitored_training_session_with_save_checkpoint_secs_0_saves_no_checkpoint_not_even_a_final_one(logdir):
     import tensorflow as tf
 
@@ -282,6 +287,7 @@ def test_request_stop_outside_a_with_block_raises_stop_iteration_and_leaves_shou
         assert sess.should_stop()
 
 
+@pytest.mark.slow
 def test_close_inside_a_with_block_is_session_already_closed_at_its_end(logdir):
     import tensorflow as tf
 
@@ -302,6 +308,7 @@ def test_close_inside_a_with_block_is_session_already_closed_at_its_end(logdir):
 
 
 @pytest.mark.parametrize("creator", ["procsv", "own"])
+@pytest.mark.slow
 def test_a_second_close_calls_every_hooks_end_with_no_session_then_raises_as_tensorflows(logdir, tmp_path, creator):
     """TF's ``_close_internal`` runs ``end()`` on the hooks again at a second close, with the session
     gone (None), and raises ``RuntimeError('Session is already closed.')`` whatever ``end(None)``
@@ -370,6 +377,7 @@ def test_every_method_of_tensorflows_session_is_procsvs_own_forwarded_or_safe():
             assert name in vars(made), (cls, name)
 
 
+@pytest.mark.slow
 def test_every_graph_session_procsv_hands_out_is_a_tf_compat_v1_session_and_still_counts_its_steps(logdir, tmp_path):
     """``raw_session()``, ``step_context.session`` and ``managed_session()``'s session are
     ``tf.compat.v1.Session`` instances (TF's ``SingularMonitoredSessionTest::test_raw_session``);
@@ -437,6 +445,7 @@ def test_every_graph_session_procsv_hands_out_is_a_tf_compat_v1_session_and_stil
         sv.stop()
 
 
+@pytest.mark.slow
 def test_a_program_training_only_through_raw_session_is_not_hung_and_its_checkpoints_advance(logdir):
     """Under ``procsv launch --hang-timeout 3``, a program whose every training run is
     ``raw_session().run`` (several seconds of them) sees a ``tf.compat.v1.Session``, runs as one trainer
@@ -470,6 +479,7 @@ def test_a_program_training_only_through_raw_session_is_not_hung_and_its_checkpo
 
 
 
+@pytest.mark.slow
 def test_a_with_block_on_a_graph_session_makes_it_the_default_session_as_tensorflows(logdir, tmp_path):
     """``with sess:`` (TF's ``Session.__enter__``) on the Supervisor's session and on ``raw_session()``
     makes it the default session and its graph the default graph: ``op.run()`` and ``tensor.eval()``

@@ -14,7 +14,11 @@ import json
 import os
 import signal
 
+import pytest
+
 from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, wait_for, wait_role_pid
+
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
 UNADVANCED = os.path.join(PROGRAMS, "tf1_unadvanced_step.py")
 

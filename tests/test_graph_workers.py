@@ -18,6 +18,8 @@ import pytest
 
 from conftest import PROGRAMS, committed_steps, quiet_env, wait_for
 
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+
 PROGRAM = os.path.join(PROGRAMS, "graph_shared_worker.py")
 
 

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from conftest import REPO, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, wait_for, wait_role_pid
 
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+
 GROUP = ("--nproc", "2")
 ARGS = ("--strategy", "multiworker", "--save-model-secs", "1", "--step-delay", "0.004", "--print-every-steps", "100000")
 K = 50  # the group's in-memory snapshots: every K steps (the watchdog's PROCSV_GROUP_SNAPSHOT_STEPS default)

@@ -77,6 +77,7 @@ def test_a_member_whose_key_is_filed_hands_over_its_copy_and_fetches_it_back(lin
     sock.close()
 
 
+@pytest.mark.slow
 def test_a_client_whose_key_is_not_filed_is_never_admitted(link: Any) -> None:
     layout, zctx, intake, refused = link
     peer = curve.load_peer(layout)

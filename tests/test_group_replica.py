@@ -18,6 +18,8 @@ from typing import Any
 
 import zmq
 
+import pytest
+
 from procsv.common import curve
 from procsv.common.layout import Layout
 from procsv.ipc.codec import ProtocolError
@@ -123,6 +125,7 @@ def test_a_copy_handed_back_never_pushes_out_a_newer_one() -> None:
     assert held.by_rank[0][0].name() == "member 0's in-memory copy of step 300 held on node 1"
 
 
+@pytest.mark.slow
 def test_a_holder_that_does_not_read_pins_no_more_copies_than_the_service_holds(link: Any) -> None:
     """Node 1's agent SIGSTOPped (or its link lost): node 0's service keeps acknowledging its
     members and holds its KEEP copies, but queues no more copies for the holder than it holds;
@@ -236,6 +239,7 @@ def test_a_member_of_another_host_follows_node_0s_restarted_service(link: Any, t
         other.term()
 
 
+@pytest.mark.slow
 def test_the_holder_retries_after_its_key_could_not_be_filed_and_keeps_replicating(link: Any,
                                                                                    monkeypatch: Any) -> None:
     """The logdir failing once (the holder's key not filed: the disk full) costs node 1's replica a

@@ -122,6 +122,7 @@ def events(logdir: str, name: str) -> list[dict[str, Any]]:
     return [r for r in lifecycle(logdir) if r.get("event") == name]
 
 
+@pytest.mark.slow
 def test_a_group_over_two_hosts_keeps_node_0s_secret_waits_for_a_killed_host_to_come_back_and_finishes(
         hosts, logdir, tmp_path):
     """Node 1's host is SIGKILLed (agent and trainer) at step 150: node 0 finds it lost, the group
@@ -193,6 +194,7 @@ def test_a_group_over_two_hosts_keeps_node_0s_secret_waits_for_a_killed_host_to_
     assert not os.path.exists(os.path.join(logdir, ".procsv", "curve"))  # the launch's keys went with it
 
 
+@pytest.mark.slow
 def test_a_peer_whose_key_is_not_filed_for_the_launch_is_refused_and_the_job_fails_after_the_rejoin_timeout(hosts, logdir):
     addr = master_addr()
     master = launch(logdir, *ARGS, "--steps", "50", opts=("--nnodes", "2", "--master-addr", addr,
@@ -278,6 +280,7 @@ def secret_keys_in(logdir: str) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_every_agent_takes_node_0s_node_timeout_and_its_expiry_names_the_cause(hosts, logdir):
     """Node 0 runs with --node-timeout 4, the agent with the default (15): stopped with SIGSTOP,
     node 0 beats no more, and the agent stops its trainer after 4 s, saying why."""
@@ -314,6 +317,7 @@ def test_every_agent_takes_node_0s_node_timeout_and_its_expiry_names_the_cause(h
     assert not host_pids()
 
 
+@pytest.mark.slow
 def test_a_second_agent_claiming_a_held_node_is_refused_and_an_agent_whose_log_rotation_stalls_keeps_beating(
         hosts, logdir, tmp_path):
     """One run, node 0 with --node-timeout 4, two things of node 1's agent.
@@ -405,6 +409,7 @@ def test_a_node_timeout_that_is_not_positive_is_a_usage_error(tmp_path):
     assert not os.path.exists(tmp_path / "r")
 
 
+@pytest.mark.slow
 def test_a_host_lost_during_node_0s_orderly_stop_does_not_keep_the_launch_alive(hosts, logdir):
     """SIGTERM reaches node 0 and, at the same moment, node 1's agent dies (a scheduler ending the
     whole job kills hosts too). Its members die with it, and no agent is left to report them: node 0
@@ -434,6 +439,7 @@ def test_a_host_lost_during_node_0s_orderly_stop_does_not_keep_the_launch_alive(
     wait_for(lambda: not host_pids(), 10, what="no process of the job left")
 
 
+@pytest.mark.slow
 def test_status_writes_stalled_on_node_0_lose_no_host_and_a_sigterm_to_node_1s_agent_stops_the_job_in_order(
         hosts, logdir):
     """One run, node 0 with --node-timeout 4 and --save-model-secs 1000, two things of node 0's.
@@ -494,6 +500,7 @@ def _zombies_of(pid: int) -> list[int]:
         return []
 
 
+@pytest.mark.slow
 def test_node_1s_agent_kills_and_reaps_what_its_killed_member_left_behind(hosts, logdir, tmp_path):
     """Node 1's member starts helpers (``tests/programs/digits_helpers.py``): a sleeper in a session of
     its own, a child that exits once its parent is gone, a double-forked grandchild that exits after
@@ -546,6 +553,7 @@ def test_node_1s_agent_kills_and_reaps_what_its_killed_member_left_behind(hosts,
     wait_for(lambda: not host_pids(), 10, what="no process of the job left")
 
 
+@pytest.mark.slow
 def test_node_1s_zygote_killed_while_no_start_is_asked_is_reaped_within_a_sweep(hosts, logdir):
     """Node 1's pre-warmed trainer is SIGKILLed while its members train and no start is asked of it:
     the agent gives it up and reaps it within a sweep, as node 0's watchdog does its own. Before: the
@@ -577,6 +585,7 @@ def test_node_1s_zygote_killed_while_no_start_is_asked_is_reaped_within_a_sweep(
     wait_for(lambda: not host_pids(), 10, what="no process of the job left")
 
 
+@pytest.mark.slow
 def test_an_agent_refused_until_its_predecessor_is_found_lost_waits_past_a_rejoin_timeout_shorter_than_that(
         hosts, logdir, tmp_path):
     """``--rejoin-timeout 2`` under ``--node-timeout 3``: a second agent for node 1, started while the

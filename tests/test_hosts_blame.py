@@ -16,12 +16,16 @@ import sys
 import time
 from typing import Any, Optional
 
+import pytest
+
 from conftest import finish, launch, quiet_env, raw_status, wait_for
 from procsv.common import env
 from procsv.common.layout import Layout
 from procsv.report import gather, render
 from procsv.status import read_status
 from test_hosts import HOST1_IP, PACED, agent, end_job, events, host_pids, hosts, master_addr  # noqa: F401 (hosts: the fixture)
+
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
 
 def _named_cause(logdir: str, attempt: int) -> str:

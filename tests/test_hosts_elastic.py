@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+import pytest
+
 from conftest import finish, launch, quiet_env, raw_status, wait_for
 from hosts_helpers import PACED, paced, unpace
 from elastic_helpers import TARGET, assert_exactly_once, effective_steps, procsv_weights, reference_weights, schedule
@@ -27,6 +29,8 @@ from procsv.common.layout import Layout
 from procsv.status import read_status, render
 from test_hosts import ARGS, agent, events, host_pids, hosts, master_addr  # noqa: F401 (a fixture)
 from test_metrics import free_port, scrape, value
+
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
 ELASTIC = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "5",
            "--group-grace-secs", "0")

@@ -20,6 +20,8 @@ from hosts_helpers import PACED, paced, unpace  # PACED: digits paced until a te
 from test_hosts import (ARGS, NS, PREFIX, VETH, add_host, events, host_pids, hosts, ip,  # noqa: F401 (a fixture)
                         kill_all, master_addr)
 
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+
 NS3, VETH3, HOST2_IP = f"{NS}c", f"{VETH}c", f"{PREFIX}.12"
 ELASTIC = ("--nnodes", "3", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "5",
            "--group-grace-secs", "0")

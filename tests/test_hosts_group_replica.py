@@ -12,12 +12,16 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
+
 from conftest import quiet_env, role_pid, wait_for, wait_role_pid
 from hosts_helpers import PACED, paced, two_hosts_ending_well
 from test_group import (K, SLOW, assert_bit_equal, clean_group, group_started, member_restores, printed_steps,
                         restores_with_plain_tf, sigkill_mid_interval)
 from test_hosts import events, hosts
 from test_hosts_group_tier import restored_from_memory
+
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
 __all__ = ["clean_group", "hosts"]  # fixtures, used by name
 

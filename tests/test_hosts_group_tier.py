@@ -26,6 +26,8 @@ from test_group import (K, SLOW, assert_bit_equal, clean_group, final_weights_of
                         sigkill_mid_interval, sigkill_the_chief_past_a_disk_save)
 from test_hosts import HOST1_IP, agent, events, host_pids, hosts
 
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+
 __all__ = ["clean_group", "hosts"]  # fixtures, used by name
 
 

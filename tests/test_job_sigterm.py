@@ -23,6 +23,8 @@ import pytest
 from conftest import (committed_steps, finish, launch, lifecycle, raw_status, run_processes, seed_example_restores,
                       status_json, wait_for)
 
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+
 TARGET = "procsv.examples.seeds.basic"
 ARGS = ("--steps", "100000", "--step-delay", "0.005", "--save-checkpoint-steps", "1000000")
 

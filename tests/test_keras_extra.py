@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 import re
 
+import pytest
+
 from conftest import PROGRAMS, committed_steps, finish, launch
+
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
 WARNING = ("procsv.train: BackupAndRestore(save_before_preemption=False) has no effect: procsv always commits "
            "the position reached when it is asked to stop")

@@ -28,6 +28,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from conftest import (PROGRAMS, REPO, committed_steps, finish, launch, lifecycle, quiet_env, raw_status,
                       sigkill_attempts_after_their_commits, status_json, trainer_of_attempt, wait_for)
 
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+
 EXAMPLE = "procsv.examples.keras_fit"
 BATCHES_PER_EPOCH = 45  # ceil(1438 training digits / 32)
 KINDS = ("tfdata", "numpy", "pydataset")

@@ -77,6 +77,7 @@ def plain_fit():
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_the_train_step_is_traced_before_the_first_batch_once_and_the_fit_is_unchanged(short_tmp, plain_fit):
     # the launch's fit is the standby test's (24 epochs) without its 40 ms a batch, so one plain fit serves
     # both; its trainer is never replaced, so no hot standby is made to wait unused (--standby fork)

@@ -60,6 +60,7 @@ def test_a_setsid_grandchild_dies_with_its_trainer_and_the_run_leaves_nothing(lo
 
 
 @pytest.mark.parametrize("via_shell", [False, True], ids=["setsid-child", "orphaned-setsid-grandchild"])
+@pytest.mark.slow
 def test_a_plain_python_run_kills_the_setsid_helpers_it_leaves_behind(logdir, tmp_path, via_shell):
     # no watchdog: the trainer that started its own services is the helpers' subreaper and sweeps
     # them when its supervised block ends; helpers in its own process group are the program's business
@@ -154,6 +155,7 @@ def test_a_live_runtime_directory_of_another_pid_namespace_is_kept_and_removed_o
     assert not os.path.exists(path)
 
 
+@pytest.mark.slow
 def test_a_temp_folder_too_long_for_socket_paths_puts_the_runtime_directory_in_tmp(logdir, tmp_path):
     deep = tmp_path / ("d" * 100)
     deep.mkdir()

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO, finish, launch, launch_and_kill_trainer_once, quiet_env, wait_for
 
 
@@ -14,6 +16,7 @@ def _logs(logdir: str, *flags: str) -> subprocess.CompletedProcess:
                           env=quiet_env(), cwd=REPO, timeout=60)
 
 
+@pytest.mark.slow
 def test_logs_print_every_attempt_with_a_separator_and_select_one(logdir):
     code, out, err = launch_and_kill_trainer_once(logdir, "--steps", "400", "--save-model-secs", "0.2",
                                                   "--step-delay", "0.005", target="procsv.examples.digits")
@@ -36,6 +39,7 @@ def test_logs_print_every_attempt_with_a_separator_and_select_one(logdir):
     assert missing.returncode == 2 and "no log of trainer attempt 7 (kept: 1, 2" in missing.stderr
 
 
+@pytest.mark.slow
 def test_logs_follow_prints_a_live_run_as_it_goes_and_ends_with_it(logdir):
     proc = launch(logdir, "--steps", "600", "--step-delay", "0.01", "--print-every-steps", "100")
     follower = None

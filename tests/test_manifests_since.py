@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from procsv.common.layout import Layout, write_json
 from procsv.common import manifests
 from procsv.common.manifests import (Manifest, last_checkpoint, list_committed, newest_committed,
@@ -88,6 +90,7 @@ def test_what_cannot_be_read_as_a_manifest_is_none_not_an_error(tmp_path):
     assert newest_committed_since(layout, LAUNCH, -1) == 100
 
 
+@pytest.mark.slow
 def test_newest_committed_is_list_committed_s_last_and_reads_only_from_the_top(tmp_path, monkeypatch):
     """status.json's last checkpoint, written twice a second by the watchdog: a run keeping
     thousands of checkpoints must not read thousands of manifests for it."""

@@ -62,6 +62,7 @@ def _events(logdir: str, kind: str, role: str = "") -> list[dict]:
     return [e for e in lifecycle(logdir) if e["event"] == kind and (not role or e.get("role") == role)]
 
 
+@pytest.mark.slow
 def test_a_trainer_that_exits_4_ends_the_launch_diverging_failed_no_restart_on_failure_runs(logdir, tmp_path):
     # before: a trainer's exit 4 was a failure like any other: restarted (at once after progress)
     calls = tmp_path / "calls.txt"
@@ -99,6 +100,7 @@ def _all_committed_are_finite(logdir: str) -> list[int]:
     return steps
 
 
+@pytest.mark.slow
 def test_weights_that_turn_nan_are_never_committed_and_continue_trains_on(logdir):
     # before: every checkpoint after step 25 (and the final one at 60) held NaN weights and momentum,
     # and tf.train.latest_checkpoint pointed at one of them
@@ -117,6 +119,7 @@ def test_weights_that_turn_nan_are_never_committed_and_continue_trains_on(logdir
     assert status_json(logdir)["state"] == "succeeded"
 
 
+@pytest.mark.slow
 def test_a_nan_loss_with_on_nonfinite_stop_stops_in_order_exit_4_and_the_newest_checkpoint_is_finite(logdir):
     proc = launch(logdir, "--how", "return", "--nan-at", "25", target=NAN_TRAIN, opts=("--on-nonfinite", "stop"))
     code, out, err = finish(proc, 180)
@@ -134,6 +137,7 @@ def test_a_nan_loss_with_on_nonfinite_stop_stops_in_order_exit_4_and_the_newest_
 
 
 @pytest.mark.parametrize("how", ["dict", "log"])
+@pytest.mark.slow
 def test_plain_python_with_on_nonfinite_stop_exits_4_on_a_nan_loss(tmp_path, how):
     logdir = str(tmp_path / "run")
     done = subprocess.run([sys.executable, NAN_TRAIN, "--logdir", logdir, "--how", how, "--nan-at", "25",
@@ -203,6 +207,7 @@ def _values(logdir: str) -> dict[str, bytes]:
     return {k: v.tobytes() for k, v in _checkpoint_values(latest).items()}
 
 
+@pytest.mark.slow
 def test_rollback_skips_a_poisoned_step_and_the_weights_equal_a_plain_run_that_never_applied_it(logdir, plain_runs):
     # before: no rollback; the run trained on NaN weights and committed them. Now (the default under
     # procsv launch): restore step 20 in place, replay, retry step 25, skip it, train on to 60
@@ -219,6 +224,7 @@ def test_rollback_skips_a_poisoned_step_and_the_weights_equal_a_plain_run_that_n
         assert rolled[key] == baseline[key], key  # bit-equal
 
 
+@pytest.mark.slow
 def test_more_skips_than_max_skips_within_the_window_stop_the_run_with_exit_4(logdir):
     # each poisoned step a checkpoint interval after the one before: every rollback restores a newer
     # snapshot (20, then 30 or later, ...), so the snapshot bound (3 restores of one snapshot
@@ -237,6 +243,7 @@ def test_more_skips_than_max_skips_within_the_window_stop_the_run_with_exit_4(lo
     assert status_json(logdir)["state"] == "failed"
 
 
+@pytest.mark.slow
 def test_rollback_then_a_sigkill_of_the_trainer_still_ends_bit_equal_to_the_plain_run(logdir, plain_runs):
     # the restarted trainer resumes from the newest committed (finite) state; if that is before the
     # poisoned step it meets it again and skips it again: the result is the same either way
@@ -260,6 +267,7 @@ def test_rollback_then_a_sigkill_of_the_trainer_still_ends_bit_equal_to_the_plai
         assert rolled[key] == baseline[key], key
 
 
+@pytest.mark.slow
 def test_rollback_restores_the_in_memory_snapshot_in_place_when_no_checkpoint_is_on_disk(logdir, plain_runs):
     # before: the rollback read the newest committed checkpoint from disk only; with none on disk
     # before the poisoned step (--save-steps 1000) there was nothing to roll back to. Now the
@@ -284,6 +292,7 @@ def test_rollback_restores_the_in_memory_snapshot_in_place_when_no_checkpoint_is
         assert rolled[key] == baseline[key], key  # bit-equal
 
 
+@pytest.mark.slow
 def test_a_snapshot_that_turns_non_finite_within_10_steps_of_each_of_3_restores_stops_the_run_with_exit_4(logdir):
     # before: steps 21, 23 and 25 were each retried and skipped from the same step-20 checkpoint
     # (3 skips: within --max-skips 3) and the run ended 0. The third restore of that snapshot
@@ -303,6 +312,7 @@ def test_a_snapshot_that_turns_non_finite_within_10_steps_of_each_of_3_restores_
     _all_committed_are_finite(logdir)
 
 
+@pytest.mark.slow
 def test_a_skipped_step_consumes_its_element_of_a_checkpointed_tf_data_iterator(logdir, plain_runs):
     # before: the skip called no step function, so the poisoned element 25 stayed next in the
     # iterator and step 26 took it: non-finite again, skipped again, ... until exit 4. Now the skip
@@ -339,6 +349,7 @@ def _monitored_values(where: str) -> dict[str, bytes]:
     return {k: v.tobytes() for k, v in _checkpoint_values(latest).items()}
 
 
+@pytest.mark.slow
 def test_procsv_train_a_poisoned_step_watched_by_a_nan_tensor_hook_is_rolled_back_and_skipped(logdir, plain_runs):
     # before: the NanTensorHook read its tensor after the run and raised NanLossDuringTrainingError
     # before procsv could roll back. Now procsv watches the hook's tensor (kept, checked in bulk),
@@ -355,6 +366,7 @@ def test_procsv_train_a_poisoned_step_watched_by_a_nan_tensor_hook_is_rolled_bac
         assert rolled[key] == baseline[key], key  # bit-equal
 
 
+@pytest.mark.slow
 def test_procsv_train_a_poisoned_region_that_trips_the_bound_stops_with_exit_4(logdir, tmp_path):
     # steps 21 and 23: the second skip is over --max-skips 1 (the checkpoint of step 30 finds each
     # at the latest): the step boundary inside sess.run stops the session with exit 4
@@ -381,6 +393,7 @@ def _graph_values(where: str) -> dict[str, bytes]:
     return {k: reader.get_tensor(k).tobytes() for k in ("w", "w/Momentum", "global_step")}
 
 
+@pytest.mark.slow
 def test_graph_mode_a_poisoned_step_whose_fetched_loss_is_nan_is_rolled_back_and_skipped(logdir, plain_runs):
     # before: a TF1 program's fetched loss was not watched (NumPy 2's scalars were taken for device
     # tensors and dropped), only the snapshot's weights were seen non-finite: the bad step unknown,
@@ -399,6 +412,7 @@ def test_graph_mode_a_poisoned_step_whose_fetched_loss_is_nan_is_rolled_back_and
     assert rolled == baseline  # bit-equal: w, its momentum slot, the global step
 
 
+@pytest.mark.slow
 def test_graph_mode_a_poisoned_region_that_trips_the_bound_stops_with_exit_4(logdir):
     code, out, err = finish(launch(logdir, "--nan-at", "21", "--nan-at", "23", target=NAN_GRAPH,
                                    opts=("--max-skips", "1")), 240)
@@ -424,6 +438,7 @@ def _nan_graph_model(nan_at: int):
 
 
 @pytest.mark.usefixtures("fresh_train_api")
+@pytest.mark.slow
 def test_graph_mode_a_nan_tensor_hooks_nan_is_rolled_back_and_skipped_bit_equal_to_a_plain_session_loop(logdir, tmp_path,
                                                                                                      capfd):
     # before: a graph MonitoredTrainingSession's NanTensorHook read its tensor after the run and raised

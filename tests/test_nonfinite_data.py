@@ -17,6 +17,8 @@ import tensorflow as tf
 from conftest import PROGRAMS, finish, launch, launch_and_kill_trainer_once, lifecycle, quiet_env
 from loaded_runs import launch_together_loaded, loaded_result
 
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+
 NAN_DATA = os.path.join(PROGRAMS, "nan_data_loop.py")
 # a checkpoint every 20 steps, no in-memory tier: a NaN at step 35 is rolled back to step 20
 LAGGING = ("--steps", "60", "--save-steps", "20", "--step-delay", "0.01", "--wait-commit", "20")

@@ -25,6 +25,8 @@ import pytest
 from conftest import PROGRAMS, REPO, committed_steps, final_weights, finish, launch, lifecycle, quiet_env, raw_status
 from test_group import assert_bit_equal
 
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+
 ARGS = ("--strategy", "multiworker", "--save-model-secs", "600", "--save-checkpoint-steps", "10",
         "--step-delay", "0.004", "--print-every-steps", "10")
 GROUP = ("--nproc", "2")

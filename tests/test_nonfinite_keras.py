@@ -16,6 +16,8 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+import pytest
+
 from conftest import PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, status_json
 
 KERAS_NAN = os.path.join(PROGRAMS, "keras_nan.py")
@@ -45,6 +47,7 @@ def _finite_checkpoint(prefix: str) -> dict[str, np.ndarray]:
     return values
 
 
+@pytest.mark.slow
 def test_keras_fit_rolls_a_poisoned_batch_back_in_place_skips_it_and_ends_bit_equal_to_a_fit_without_it(
         short_tmp):
     # before: the batch loss was not watched as a step's, nothing replayed fit's batches, and the
@@ -86,6 +89,7 @@ def test_keras_fit_rolls_a_poisoned_batch_back_in_place_skips_it_and_ends_bit_eq
     assert kernel.tobytes() == baseline[0].tobytes()  # what was committed is what fit ended with
 
 
+@pytest.mark.slow
 def test_keras_fit_a_poisoned_region_beyond_max_skips_stops_with_exit_4_and_commits_no_nan(short_tmp):
     # before: Keras' TerminateOnNaN (in this fit's callbacks) saw batch 13's NaN running mean and
     # ended fit, and the final checkpoint's check stopped the run with exit 4; nothing was rolled
@@ -152,6 +156,7 @@ def _rss(said: str) -> tuple[float, float]:
     return first, peak
 
 
+@pytest.mark.slow
 def test_keras_fit_under_rollback_keeps_bounded_memory_with_large_batches_and_no_disk_commit(short_tmp):
     # before: every batch since the last disk commit stayed in host memory (save_freq=False: all of
     # fit), +1.5 MiB of RSS per 1.5 MiB batch, 240 MiB over these 160 (the in-memory snapshots of a
@@ -173,6 +178,7 @@ def test_keras_fit_under_rollback_keeps_bounded_memory_with_large_batches_and_no
     assert peak - first < 24 + 30, (first, peak)  # MiB: the 240 MiB of batches, all kept, would be far past it
 
 
+@pytest.mark.slow
 def test_keras_fit_past_the_replay_cap_says_so_once_and_a_later_nan_continues_with_the_next_batch(short_tmp):
     # before: no cap (replay_memory_bytes was not an option). Now each 1.5 MiB batch is past a
     # 1 MiB cap: said once, and the NaN of batch 15 (epoch 1 of 2: found by its epoch's end at the
@@ -192,6 +198,7 @@ def test_keras_fit_past_the_replay_cap_says_so_once_and_a_later_nan_continues_wi
     assert all(np.isfinite(a).all() for a in _npz(out)), _npz(out)
 
 
+@pytest.mark.slow
 def test_keras_fit_with_an_untested_keras_says_so_at_fit_start_and_falls_back_to_restore_and_continue(
         short_tmp):
     # before: an unknown Keras went unnoticed until the replay's private API broke at the first NaN.
@@ -209,6 +216,7 @@ def test_keras_fit_with_an_untested_keras_says_so_at_fit_start_and_falls_back_to
     assert all(np.isfinite(a).all() for a in _npz(out)), _npz(out)
 
 
+@pytest.mark.slow
 def test_keras_fit_under_rollback_frees_its_kept_batches_at_every_in_memory_snapshot(short_tmp):
     # before: the kept batches were freed only at a disk commit (none here before fit's end: save_freq=False),
     # +262 MiB over these 160 batches of 1.5 MiB. Now each in-memory snapshot frees the batches it
@@ -242,6 +250,7 @@ def _not_trained(said: str, done: str) -> tuple[int, int]:
     return int(first), int(last or first)
 
 
+@pytest.mark.slow
 def test_keras_fit_past_the_replay_cap_with_a_nan_at_its_last_batch_stops_with_exit_4_naming_the_steps_not_trained(
         short_tmp):
     # before: the NaN of fit's last batch (step 40), found at the epoch's end, restored the newest
@@ -261,6 +270,7 @@ def test_keras_fit_past_the_replay_cap_with_a_nan_at_its_last_batch_stops_with_e
     assert "step 40 is not retried" in said, said
 
 
+@pytest.mark.slow
 def test_keras_fit_past_the_replay_cap_with_a_nan_at_an_epochs_end_names_the_steps_not_trained_and_trains_on(
         short_tmp):
     # a NaN at the last batch of epoch 1 (step 20) of 2: the steps after the restored state R are not
@@ -278,6 +288,7 @@ def test_keras_fit_past_the_replay_cap_with_a_nan_at_an_epochs_end_names_the_ste
     assert all(np.isfinite(a).all() for a in _npz(out)), _npz(out)
 
 
+@pytest.mark.slow
 def test_keras_fit_with_an_untested_keras_and_a_nan_at_its_last_batch_stops_with_exit_4_naming_the_steps_not_trained(
         short_tmp):
     # the same with the fallback of a Keras the replay is not tested with (nothing kept at all)

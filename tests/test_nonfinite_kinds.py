@@ -25,6 +25,8 @@ import tensorflow as tf
 from conftest import PROGRAMS, finish, launch, quiet_env, sigkill_where_it_says, skipped_steps
 from loaded_runs import launch_together_loaded, loaded_result
 
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+
 KINDS = os.path.join(PROGRAMS, "keras_nan_kinds.py")
 NAN_LOOP = os.path.join(PROGRAMS, "nan_keras_loop.py")
 # snapshots lag the poisoned step by cadence: a checkpoint every 20 steps, no in-memory tier

@@ -15,6 +15,8 @@ import tensorflow as tf
 from conftest import (PROGRAMS, cpu_burners_beside, finish, launch, lifecycle, quiet_env, kill_leftovers,
                       sigkill_where_it_says, skipped_steps)
 
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+
 NAN_LOOP = os.path.join(PROGRAMS, "nan_keras_loop.py")
 # the snapshots lag the poisoned steps by cadence: a checkpoint every 20 steps, no in-memory tier, so
 # a NaN at step 55 is rolled back to the state of step 40 and the replay runs 41 .. 54

@@ -219,6 +219,7 @@ def test_nonfinite_check_0_turns_detection_off_for_measuring_its_cost(tmp_path, 
     assert np.isnan(tf.train.load_checkpoint(latest).get_tensor("w/.ATTRIBUTES/VARIABLE_VALUE")).all()
 
 
+@pytest.mark.slow
 def test_a_keras_fit_names_each_steps_input_position_for_the_non_finite_events(tmp_path):
     # before: the events' epoch and batch were always null: nothing told the watch where a step's input was
     import keras

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from conftest import PROGRAMS, finish, launch
+
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
 
 def _env_of(path: str) -> dict[str, str]:

@@ -47,6 +47,7 @@ def unblock(fifo: str) -> None:
         pass
 
 
+@pytest.mark.slow
 def test_peer_json_blocking_never_stops_the_step_path_and_the_member_follows_once_it_answers(
         link: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     layout, zctx, intake, refused = link

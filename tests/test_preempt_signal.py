@@ -102,6 +102,7 @@ def test_a_signal_procsv_uses_itself_cannot_be_the_preempt_signal(text):
         parse_preempt_signal(text)
 
 
+@pytest.mark.slow
 def test_a_preempt_signal_that_is_no_signal_is_one_usage_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", "--logdir",
                         str(tmp_path / "run"), "--preempt-signal", "BOGUS"], capture_output=True, text=True, timeout=60)

@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import PROGRAMS, REPO, finish, launch, lifecycle, quiet_env
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
@@ -21,6 +23,7 @@ def _logs(logdir: str, *flags: str) -> subprocess.CompletedProcess:
                           env=quiet_env(), cwd=REPO, timeout=60)
 
 
+@pytest.mark.slow
 def test_a_relaunch_echoes_and_logs_only_its_own_output(logdir):
     code, out1, err1 = finish(launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--raise-at-step", "5",
                                      "--bad-attempts", "all", target=TINY,

@@ -15,6 +15,8 @@ import glob
 import os
 import shutil
 
+import pytest
+
 from conftest import PROGRAMS, finish, launch
 from procsv.common.eventsteps import event_step, logged_at_or_after
 
@@ -32,6 +34,7 @@ def _run(logdir: str, steps: int) -> None:
     assert code == 0, err
 
 
+@pytest.mark.slow
 def test_a_relaunch_that_restores_nothing_purges_the_steps_the_earlier_event_files_hold(logdir):
     _run(logdir, 6)
     first = _scalars(logdir, "loss")
@@ -61,6 +64,7 @@ def test_the_steps_of_tensorflows_event_files_are_read_and_a_torn_last_record_en
     assert not logged_at_or_after(str(tmp_path / "missing"), 0)
 
 
+@pytest.mark.slow
 def test_a_relaunch_of_a_finished_run_that_runs_no_step_keeps_the_last_steps_points(logdir):
     _run(logdir, 6)
     first = _scalars(logdir, "loss")

@@ -73,6 +73,7 @@ def _tree(logdir: str) -> dict[str, tuple[int, int]]:
     return out
 
 
+@pytest.mark.slow
 def test_a_worker_restores_the_chiefs_newest_checkpoint_trains_and_writes_nothing(chief_run, tmp_path):
     import procsv
 
@@ -94,6 +95,7 @@ def test_a_worker_restores_the_chiefs_newest_checkpoint_trains_and_writes_nothin
     assert _tree(logdir) == before  # no checkpoint, no event file, no manifest: only the chief writes
 
 
+@pytest.mark.slow
 def test_a_worker_waiting_for_a_checkpoint_is_woken_by_the_chiefs_first_commit_not_by_its_poll(tmp_path):
     from procsv.trainer.replica import wait_for_committed
 
@@ -146,6 +148,7 @@ def test_a_worker_under_a_single_trainer_launch_is_refused(tmp_path, monkeypatch
         procsv.Supervisor(is_chief=False)
 
 
+@pytest.mark.slow
 def test_a_monitored_worker_session_restores_runs_only_its_own_hooks_and_writes_nothing(chief_run, tmp_path):
     from procsv import train
 

@@ -77,6 +77,7 @@ def _restored_step(tf_path: str) -> int:
     return int(step.numpy())
 
 
+@pytest.mark.slow
 def test_retention_does_not_delete_the_checkpoint_being_restored(at_10, monkeypatch):
     told = _commit_20_meanwhile(monkeypatch, at_10)
     agent, state = _agent(at_10.layout, FakeTime(), allow_reinit=True)
@@ -94,6 +95,7 @@ def test_retention_does_not_delete_the_checkpoint_being_restored(at_10, monkeypa
     assert latest.endswith("model.ckpt-20") and _restored_step(latest) == 20
 
 
+@pytest.mark.slow
 def test_without_the_lock_a_checkpoint_retired_mid_restore_is_not_called_corrupt(at_10, monkeypatch, capsys):
     """Where the lock cannot be taken (here its file is a directory), the deletion goes ahead; the
     restore finds a file gone with its manifest, lists again and restores the new newest."""

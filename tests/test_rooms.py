@@ -26,6 +26,8 @@ import sys
 import tomllib
 from typing import Iterable, Optional
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # the folders of the repository and the package each installs as (pyproject.toml's package-dir)
 ROOTS = {"procsv": "procsv", "ipc": "procsv.ipc", "services": "procsv.services"}
@@ -183,22 +185,26 @@ def test_no_package_folder_holds_more_than_20_modules_and_no_module_is_over_400_
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
+@pytest.mark.slow
 def test_no_import_circle_anywhere():
     assert cycles(graph(modules())) == []
 
 
+@pytest.mark.slow
 def test_no_room_of_the_trainer_or_the_watchdog_imports_back_up():
     edges = graph(modules())
     assert room_cycles(edges, "procsv.trainer") == []
     assert room_cycles(edges, "procsv.watchdog") == []
 
 
+@pytest.mark.slow
 def test_the_decision_function_reaches_no_io_through_its_imports():
     edges = graph(modules())
     assert any(m.startswith(RULES + ".") for m in edges), "rules/ is where the decision function lives"
     assert impure(edges, RULES, RULES_STDLIB, RULES_PROCSV) == []
 
 
+@pytest.mark.slow
 def test_the_folders_import_in_the_allowed_direction():
     edges = graph(modules())
 

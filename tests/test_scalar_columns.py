@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 
+import pytest
+
 from procsv.trainer.summaries.buffer import BUFFER_MAX, TRIM_SLACK, SummaryBuffer
 from procsv.trainer.summaries.scalar_columns import ScalarColumns
 
@@ -56,6 +58,7 @@ def test_waiting_scalars_give_the_garbage_collector_nothing_to_track():
                    for x in column)
 
 
+@pytest.mark.slow
 def test_drops_beyond_the_bound_are_counted_at_once_and_removed_in_slack_sized_runs():
     buf = SummaryBuffer()
     extra = TRIM_SLACK + 5

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 
 def _arenas() -> int:
     n = 0
@@ -21,6 +23,7 @@ def _arenas() -> int:
     return n
 
 
+@pytest.mark.slow
 def test_the_snapshot_memory_of_each_session_is_let_go_at_its_stop(logdir):
     import tensorflow as tf
 
@@ -73,6 +76,7 @@ def test_what_procsv_builds_in_a_graph_lets_the_graph_go():
     assert gone() is None
 
 
+@pytest.mark.slow
 def test_a_supervisor_the_program_drops_after_its_stop_is_let_go_and_its_steps_still_count_at_exit(tmp_path):
     """A program that makes a Supervisor per phase (each in its own graph) and drops it: the registry
     the trainer's bootstrap reads at exit (``procsv.trainer.outcome``) held every Supervisor's bound

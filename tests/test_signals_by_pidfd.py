@@ -25,6 +25,8 @@ import pytest
 
 from conftest import PROGRAMS, REPO, finish, launch, quiet_env, raw_status, ready_zygote, wait_for
 
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
 PIDNS = os.path.join(PROGRAMS, "pidns.py")
 

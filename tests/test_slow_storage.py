@@ -19,6 +19,8 @@ import tensorflow as tf
 
 from conftest import PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, wait_for, wait_role_pid
 
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+
 BLKIO = "/sys/fs/cgroup/blkio"
 
 

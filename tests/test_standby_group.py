@@ -12,9 +12,13 @@ import os
 import signal
 from typing import Any
 
+import pytest
+
 from conftest import finish, launch, wait_for
 from test_group import GROUP, K, assert_bit_equal, clean_group, events, group_started, member_restores, \
     printed_steps, sigkill_mid_interval
+
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
 __all__ = ["clean_group"]  # the fixture: an uninterrupted group run of 500 steps
 

@@ -19,6 +19,8 @@ from conftest import PROGRAMS, final_weights, finish, launch, raw_status, wait_f
 from test_group import GROUP, K, assert_bit_equal, events, group_started, sigkill_mid_interval
 from test_standby_group import SB, standby_group_ready
 
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+
 NAN_AT = 360  # late enough for the standby group to be ready before it (asserted), early enough to end soon
 STEPS = 420
 

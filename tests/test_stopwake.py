@@ -13,6 +13,8 @@ import time
 import psutil
 import zmq
 
+import pytest
+
 from procsv.common.stopfrom import PROMOTE, Authority, StopSignal, obeys
 from procsv.common.stopwake import StopWake
 
@@ -44,6 +46,7 @@ def test_a_sigterm_ends_the_wait_without_its_timeout_and_reaches_the_handler():
         ctx.term()
 
 
+@pytest.mark.slow
 def test_plain_pyzmq_poll_is_not_ended_by_a_signal_whose_handler_only_sets_a_flag():
     """Why StopWake exists: pyzmq retries a poll a signal interrupted, so a handler that only sets
     a flag is seen when the poll times out, not at the signal (here at 0.1 s of a 3 s poll).

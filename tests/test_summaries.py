@@ -136,6 +136,7 @@ def test_real_tensors_are_read_at_the_call_and_everything_else_is_refused_there(
     assert all(type(value) is float for _, _, value, _ in rows)
 
 
+@pytest.mark.slow
 def test_a_first_call_from_inside_tf_function_is_a_clear_error_and_eager_logging_still_works(monkeypatch):
     """A symbolic tensor logged inside a tf.function -- a scalar (the first call of the process),
     a histogram, an image, a text -- gets the TypeError naming the tag, and nothing is kept; the
@@ -283,6 +284,7 @@ def test_dropped_count_is_carried_once_then_reset():
     assert buf.dropped_total == 7
 
 
+@pytest.mark.slow
 def test_overflowing_the_buffer_drops_the_oldest_scalars_and_counts_them():
     buf = SummaryBuffer()
     for i in range(BUFFER_MAX + 2):

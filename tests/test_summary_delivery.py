@@ -124,6 +124,7 @@ def assert_every_step_once(logdir: str, first: int, last: int) -> None:
     assert got["acc"] == [(s, -float(s)) for s in range(first, last + 1)]
 
 
+@pytest.mark.slow
 def test_everything_logged_is_written_once_and_acknowledged(run):
     train(run, 1, 2000)
     assert run.sender.close(2000, timeout=30) == 0
@@ -138,6 +139,7 @@ def test_everything_logged_is_written_once_and_acknowledged(run):
     assert stats["written"] == 4000 and stats["dropped"] == 0
 
 
+@pytest.mark.slow
 def test_a_killed_service_loses_nothing_once_restarted(run):
     train(run, 1, 300, per_step=0.001)
     os.kill(run.service.pid, signal.SIGKILL)  # mid-run, with batches in flight
@@ -156,6 +158,7 @@ def test_a_killed_service_loses_nothing_once_restarted(run):
     assert len(files) == 2
 
 
+@pytest.mark.slow
 def test_a_service_killed_twice_while_hung_loses_nothing(run):
     train(run, 1, 200)
     os.kill(run.service.pid, signal.SIGSTOP)  # hung: the socket still takes data, nothing is written
@@ -173,6 +176,7 @@ def test_a_service_killed_twice_while_hung_loses_nothing(run):
     assert_every_step_once(run.logdir, 1, 1400)
 
 
+@pytest.mark.slow
 def test_global_step_per_sec_is_written_by_the_service(run):
     train(run, 1, 400, per_step=0.005)  # about 2 s at step_rate_secs=0.5
     assert run.sender.close(400, timeout=30) == 0
@@ -249,6 +253,7 @@ def test_garbage_never_stops_the_service(run):
     assert log.count("procsv summary: dropped") >= len(garbage) - refused["total"]
 
 
+@pytest.mark.slow
 def test_the_buffer_is_bounded_while_the_service_is_down(run, monkeypatch):
     from procsv.trainer import summaries
     from procsv.trainer.summaries import buffer, sender
@@ -274,6 +279,7 @@ def test_the_buffer_is_bounded_while_the_service_is_down(run, monkeypatch):
     assert got["procsv/summaries_dropped"][-1][1] == dropped
 
 
+@pytest.mark.slow
 def test_random_service_kills_lose_no_acknowledged_point(run):
     """Many batches, the service SIGKILLed and restarted at random moments (sometimes again during
     the restatement, sometimes while a step cut across several batches is in flight): every point

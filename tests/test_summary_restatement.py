@@ -183,6 +183,7 @@ def test_steps_cut_across_batches_are_restated_in_step_order(seed):
 
 
 @pytest.mark.parametrize("seed", range(6))  # 2..5 lost acknowledged points before the fix
+@pytest.mark.slow
 def test_steps_larger_than_the_tail_survive_restatements(seed, monkeypatch):
     """A step with more rows than the sender keeps once acknowledged (TAIL_MAX), restated after a restart."""
     monkeypatch.setattr(sender_mod, "WINDOW", 200_000)  # many batches of one step in flight
@@ -190,6 +191,7 @@ def test_steps_larger_than_the_tail_survive_restatements(seed, monkeypatch):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 5])  # each of these lost acknowledged points before the fix
+@pytest.mark.slow
 def test_a_restatement_into_a_full_buffer_drops_only_unacknowledged_points(seed):
     """The service is down long enough for the buffer to overflow, then restarts: the restatement
     (everything in flight, plus the acknowledged part of the step it starts at) goes back in front

@@ -103,6 +103,7 @@ def test_every_tf1_constructor_argument_is_accepted_and_graph_era_ones_warn_once
     assert int(sv.global_step.numpy()) == 0
 
 
+@pytest.mark.slow
 def test_none_turns_the_services_off_as_tf(logdir, caplog):
     import tensorflow as tf
 

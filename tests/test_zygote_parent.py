@@ -19,6 +19,8 @@ import pytest
 from conftest import (PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, ready_zygote, wait_for,
                       wait_role_pid)
 
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
+
 from procsv.watchdog import observe
 from procsv.watchdog.rules.actions import Spawn, StartZygote
 from procsv.watchdog.rules.decide import Limits, zygote_retry_delay
@@ -90,6 +92,7 @@ def _events(logdir: str, kind: str) -> list[dict]:
     return [e for e in lifecycle(logdir) if e["event"] == kind]
 
 
+@pytest.mark.slow
 def test_a_killed_zygote_is_replaced_and_restarts_promote_a_standby_forked_from_the_new_one(logdir):
     """The trainer and the standby it forked live on (the watchdog is their parent, issue 51); 10 s
     after the loss a new zygote starts; the next restart promotes the standby already there, the
