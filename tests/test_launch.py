@@ -127,8 +127,7 @@ def test_sigint_checkpoints_the_last_step_and_leaves_no_process(logdir):
     """Ctrl-C to the launch: exit 130, the emergency checkpoint holds the last step, nothing is left
     running. (SIGTERM, with a later launch resuming from exactly that step: ``procsv stop`` in
     test_a_second_launch_on_a_live_logdir_is_refused_...)"""
-    # steps of 20 ms: the run only has to be past step 20 (an event) when it is stopped; fewer steps meanwhile
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.02", "--save-model-secs", "1000")
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.005", "--save-model-secs", "1000")
     try:
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 20, 90, what="training to start")
         children = run_processes(logdir)
