@@ -24,9 +24,7 @@ from conftest import (committed_steps, finish, launch, lifecycle, raw_status, ru
                       status_json, wait_for)
 
 TARGET = "procsv.examples.seeds.basic"
-# steps of 20 ms: every stop waits on events (step > 30, the zygote or a standby ready, 200 steps on), not on a
-# step count, and the run trains all that while (a standby prepares at idle priority): fewer steps meanwhile
-ARGS = ("--steps", "100000", "--step-delay", "0.02", "--save-checkpoint-steps", "1000000")
+ARGS = ("--steps", "100000", "--step-delay", "0.005", "--save-checkpoint-steps", "1000000")
 
 
 def _sighup_at_its_default() -> None:
