@@ -43,13 +43,17 @@ def test_two_dozen_kills_at_load_each_restart_forks_and_leaves_nothing(logdir):
     by the zygote (no fresh start, no zygote lost, no unasked restart), and after them the watchdog has
     no zombie child and the runtime directory holds only the live attempt's mutex. Each attempt commits
     a checkpoint before its kill, as a long run's attempts do, so no restart waits out a backoff (the
-    attacker's first form, without commits, spent ten minutes in backoffs)."""
+    attacker's first form, without commits, spent ten minutes in backoffs). The burners start once the
+    zygote is ready (its TensorFlow import is no kill's), before attempt 1 is forked: every kill is at
+    load."""
+    load: list = []
     with on_one_core():
-        load = burners(2)
-        proc = launch(logdir, "--steps", "10000000", "--step-delay", "0.01", "--save-steps", "20", target=TINY,
+        proc = launch(logdir, "--steps", "10000000", "--step-delay", "0.01", "--save-steps", "10", target=TINY,
                       opts=("--standby", "fork", "--quiet", "--max-restarts", "100"))
     try:
-        wait_for(lambda: _events(logdir, "zygote_ready"), 180, what="the zygote to be ready")
+        wait_for(lambda: _events(logdir, "zygote_ready"), 180, interval=0.01, what="the zygote to be ready")
+        with on_one_core():  # the core the run was started on (the same one: the last this process may use)
+            load = burners(2)
         for n in range(1, KILLS + 1):
             spawned = wait_for(lambda: [e for e in _trainers(logdir) if e["attempt"] == n], 120,
                                what=f"attempt {n} spawned")[0]

@@ -179,7 +179,8 @@ def test_a_second_launch_on_a_live_logdir_is_refused_status_lists_four_processes
       every process gone, the emergency checkpoint holds the last step (the periodic ones are 1000 s
       apart), a ``preempted`` event; a second ``procsv stop`` finds no run;
     * a later launch resumes from exactly that step."""
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.005", "--save-model-secs", "1000")
+    # steps of 20 ms: every check waits on an event (step > 20, a running status), not on a step count
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.02", "--save-model-secs", "1000")
     stop_asked = False
     try:
         wait_for(lambda: raw_status(logdir), 60, what="the first launch to start")

@@ -247,7 +247,9 @@ def test_a_promoted_standby_traced_its_step_while_it_waited(logdir):
 
 @pytest.mark.slow
 def test_killing_the_standby_prepares_another_and_only_the_watchdog_promotes_it(logdir):
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", opts=("--standby", "hot"))
+    # steps of 20 ms: every wait here is on an event (two standbys' readiness at idle priority, a line,
+    # a step more, a first step), and the trainer trains all that while: fewer steps meanwhile
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.02", opts=("--standby", "hot"))
     try:
         ready = wait_for(lambda: _events(logdir, "standby_ready"), 120, what="a ready standby")[0]
         trainer = wait_role_pid(logdir, "trainer")

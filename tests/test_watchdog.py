@@ -71,7 +71,8 @@ def test_a_commit_the_trainer_waited_for_counts_as_progress_though_the_watchdog_
 
 
 def test_procsv_preempt_of_the_trainer_saves_and_restarts_it(logdir):
-    proc = launch(logdir, "--steps", "1500", "--step-delay", "0.004", "--save-model-secs", "1000")
+    # 600 steps of 10 ms at least: as long a window for the preempt after step 50 as 1500 of 4 ms, 40 % of the steps
+    proc = launch(logdir, "--steps", "600", "--step-delay", "0.01", "--save-model-secs", "1000")
     try:
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 50, 90, what="training to start")
         out = subprocess.run([sys.executable, "-m", "procsv", "preempt", logdir, "--target", "trainer"],
@@ -91,7 +92,8 @@ def test_procsv_preempt_of_the_trainer_saves_and_restarts_it(logdir):
 
 
 def test_chaos_kills_on_schedule_and_reports_recovery(logdir):
-    proc = launch(logdir, "--steps", "1500", "--step-delay", "0.004", "--save-model-secs", "1",
+    # 600 steps of 10 ms at least (6 s past the first step, as 1500 of 4 ms): a kill 4 s after it is sure, 40 % of the steps
+    proc = launch(logdir, "--steps", "600", "--step-delay", "0.01", "--save-model-secs", "1",
                   opts=("--chaos", "every=4,seed=3"))
     code, out, err = finish(proc, timeout=400)
     assert code == 0, err
@@ -109,7 +111,7 @@ def test_chaos_kills_on_schedule_and_reports_recovery(logdir):
         if r["first_step_s"] is not None:
             assert r["total_s"] >= r["detect_s"] + r["respawn_s"] + r["restore_s"] + r["first_step_s"] - 1e-6
         else:  # killed after its last step: the restarted attempt restored the final step and had nothing to do
-            assert r is rep["recoveries"][-1] and status_json(logdir)["step"] == 1500
+            assert r is rep["recoveries"][-1] and status_json(logdir)["step"] == 600
     assert 0 < rep["goodput"] < 1
     assert status_json(logdir)["goodput"] == pytest.approx(rep["goodput"], abs=0.1)
 

@@ -90,22 +90,32 @@ def test_a_launch_whose_zygote_is_frozen_still_exits_when_asked_to_stop(logdir):
 
 
 
-def _fork(z, lay, runtime: str, tmp_path, target: str, log_path: str):  # type: ignore[no-untyped-def]
-    """Ask ``z`` for a fork running ``target``; its answer (an Adopted process)."""
+def _fork(z, lay, runtime: str, tmp_path, target: str, log_path: str, attempt: int = 1):  # type: ignore[no-untyped-def]
+    """Ask ``z`` for a fork running ``target`` (as trainer ``attempt``); its answer (an Adopted process)."""
     from procsv.common import spawn
 
-    env = spawn.child_env(role="trainer", attempt=1, logdir=lay.logdir, runtime_dir=runtime, supervised=False)
-    z.request_fork(1, target, [], env, log_path, str(tmp_path))
+    env = spawn.child_env(role="trainer", attempt=attempt, logdir=lay.logdir, runtime_dir=runtime, supervised=False)
+    z.request_fork(attempt, target, [], env, log_path, str(tmp_path))
 
     def answered():  # type: ignore[no-untyped-def]
         z.reader.wait(0.2)
         z.pump()
-        return z.answer(1)
+        return z.answer(attempt)
 
     return wait_for(answered, 60, what="the fork's reply")
 
 
-def test_a_forks_reply_is_on_the_pipe_before_the_fork_runs(tmp_path):
+@pytest.fixture(scope="module")
+def shared_zygote(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """One real zygote (``ready_zygote``: one TensorFlow import) for the two tests below that each ask it
+    for a fork of their own (attempts 1 and 2) and read nothing of its stderr; the test of a fork's
+    stderr line makes its own, in the test (it copies capfd's stderr)."""
+    with ready_zygote(tmp_path_factory.mktemp("zygote")) as made:
+        yield made
+
+
+@pytest.mark.slow  # a real zygote: it imports TensorFlow (the quick tier failed it)
+def test_a_forks_reply_is_on_the_pipe_before_the_fork_runs(tmp_path, shared_zygote):
     """A forked trainer runs only once the zygote has written the ForkReply naming it (it waits for
     the request pipe's EOF; the zygote closes that pipe after its reply), so anything it sends comes
     after its reply: a watchdog (or node agent) that reads a message from a pid it does not know while
@@ -117,18 +127,19 @@ def test_a_forks_reply_is_on_the_pipe_before_the_fork_runs(tmp_path):
     ran = tmp_path / "ran"
     target = tmp_path / "runs.py"
     target.write_text(f"open({str(ran)!r}, 'w').close()\nimport time\ntime.sleep(60)\n")
-    with ready_zygote(tmp_path) as (z, lay, runtime):
-        env = spawn.child_env(role="trainer", attempt=1, logdir=lay.logdir, runtime_dir=runtime, supervised=False)
-        z.request_fork(1, str(target), [], env, str(tmp_path / "trainer.1.log"), str(tmp_path))
-        wait_for(ran.exists, 60, what="the fork to run")
-        z.pump()  # (never waits) what the pipe holds once the fork has run
-        proc = z.answer(1)
-        assert proc is not None  # its reply was there already
-        os.kill(proc.pid, signal.SIGKILL)
-        wait_for(lambda: proc.poll() is not None, 60, what="the fork's end")
+    z, lay, runtime = shared_zygote
+    env = spawn.child_env(role="trainer", attempt=1, logdir=lay.logdir, runtime_dir=runtime, supervised=False)
+    z.request_fork(1, str(target), [], env, str(tmp_path / "trainer.1.log"), str(tmp_path))
+    wait_for(ran.exists, 60, what="the fork to run")
+    z.pump()  # (never waits) what the pipe holds once the fork has run
+    proc = z.answer(1)
+    assert proc is not None  # its reply was there already
+    os.kill(proc.pid, signal.SIGKILL)
+    wait_for(lambda: proc.poll() is not None, 60, what="the fork's end")
 
 
-def test_a_fork_that_dies_at_once_is_reaped_by_the_zygotes_parent(tmp_path):
+@pytest.mark.slow  # a real zygote: it imports TensorFlow (the quick tier failed it)
+def test_a_fork_that_dies_at_once_is_reaped_by_the_zygotes_parent(tmp_path, shared_zygote):
     """Before: the zygote reaped a fork that died before the watchdog opened its pidfd, and
     ``pidfd_open`` raised ProcessLookupError in the watchdog (an internal error: exit 70). Now the
     fork is the asking process's own child, a zombie until it reaps it: its pidfd opens and its
@@ -137,18 +148,19 @@ def test_a_fork_that_dies_at_once_is_reaped_by_the_zygotes_parent(tmp_path):
 
     target = tmp_path / "ends.py"
     target.write_text("import os\nos._exit(3)\n")
-    with ready_zygote(tmp_path) as (z, lay, runtime):
-        proc = _fork(z, lay, runtime, tmp_path, str(target), str(tmp_path / "trainer.log"))
-        # it ends before its handle is made (as a fork that dies at once, under load, does)
-        wait_for(lambda: process_state(proc.pid) in ("Z", "?"), 60, what="the fork to end")
-        try:  # and whoever is its parent had 2 s to reap it (the zygote did, before)
-            wait_for(lambda: process_state(proc.pid) == "?", 2.0)
-        except AssertionError:
-            pass
-        handle = ChildProcess("trainer", "trainer", 1, proc, str(tmp_path / "trainer.log"))
-        assert handle.reap(timeout=10) == 3
+    z, lay, runtime = shared_zygote
+    proc = _fork(z, lay, runtime, tmp_path, str(target), str(tmp_path / "trainer.log"), attempt=2)
+    # it ends before its handle is made (as a fork that dies at once, under load, does)
+    wait_for(lambda: process_state(proc.pid) in ("Z", "?"), 60, what="the fork to end")
+    try:  # and whoever is its parent had 2 s to reap it (the zygote did, before)
+        wait_for(lambda: process_state(proc.pid) == "?", 2.0)
+    except AssertionError:
+        pass
+    handle = ChildProcess("trainer", "trainer", 1, proc, str(tmp_path / "trainer.log"))
+    assert handle.reap(timeout=10) == 3
 
 
+@pytest.mark.slow  # a real zygote: it imports TensorFlow (the quick tier failed it)
 def test_a_fork_whose_log_cannot_be_opened_still_starts(capfd, tmp_path):
     """Issue 51, point 2. Before: the fork exited 1 at the open of its log (its folder gone, EIO,
     a quota), before the program ran, with the cause only in the zygote's log. Now it runs with its
