@@ -114,7 +114,6 @@ def shared_zygote(tmp_path_factory):  # type: ignore[no-untyped-def]
         yield made
 
 
-@pytest.mark.slow  # a real zygote: it imports TensorFlow (the quick tier failed it)
 def test_a_forks_reply_is_on_the_pipe_before_the_fork_runs(tmp_path, shared_zygote):
     """A forked trainer runs only once the zygote has written the ForkReply naming it (it waits for
     the request pipe's EOF; the zygote closes that pipe after its reply), so anything it sends comes
@@ -138,7 +137,6 @@ def test_a_forks_reply_is_on_the_pipe_before_the_fork_runs(tmp_path, shared_zygo
     wait_for(lambda: proc.poll() is not None, 60, what="the fork's end")
 
 
-@pytest.mark.slow  # a real zygote: it imports TensorFlow (the quick tier failed it)
 def test_a_fork_that_dies_at_once_is_reaped_by_the_zygotes_parent(tmp_path, shared_zygote):
     """Before: the zygote reaped a fork that died before the watchdog opened its pidfd, and
     ``pidfd_open`` raised ProcessLookupError in the watchdog (an internal error: exit 70). Now the
@@ -160,7 +158,6 @@ def test_a_fork_that_dies_at_once_is_reaped_by_the_zygotes_parent(tmp_path, shar
     assert handle.reap(timeout=10) == 3
 
 
-@pytest.mark.slow  # a real zygote: it imports TensorFlow (the quick tier failed it)
 def test_a_fork_whose_log_cannot_be_opened_still_starts(capfd, tmp_path):
     """Issue 51, point 2. Before: the fork exited 1 at the open of its log (its folder gone, EIO,
     a quota), before the program ran, with the cause only in the zygote's log. Now it runs with its
