@@ -5,9 +5,11 @@ Runs on the developer's machine (no procsv process of its own). For each revisio
 ``--runs`` rounds (the revisions alternate inside a round, so both see the same machine): a fresh
 ``git clone`` of this repository at that revision, then the README's test command phase by phase
 (venv and install, ``scripts/typecheck``, pytest with the README's options), each timed, with the
-load average beside it. ``--coverage`` instead runs pytest once per revision under coverage.py with
-every process the tests start measured (``patch = subprocess, fork, _exit, execv``; the zygote's
-forks included) and reports line coverage of ``procsv/``, ``services/`` and ``ipc/``.
+mean load average while pytest runs beside it. ``--coverage`` instead runs pytest once per revision
+under coverage.py, measuring the processes the tests start (``patch = subprocess, fork, _exit,
+execv``, ``sigterm = true``: the zygote's forks included; a process killed with SIGKILL, or started
+with an environment of its own, writes no data) and reports line coverage of ``procsv/``,
+``services/`` and ``ipc/``.
 
     python3 scripts/bench_suite.py --baseline 99384ee --runs 3
     python3 scripts/bench_suite.py --baseline 99384ee --coverage
@@ -26,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -63,6 +66,32 @@ def load() -> float:
         return float(fh.read().split()[0])
 
 
+class LoadBeside:
+    """The mean of the 1-minute load average, sampled every 10 s while a command runs (the suite's own
+    processes included: on 2 cores a CPU-bound suite alone shows about 3)."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(10.0):
+            self.samples.append(load())
+
+    def __enter__(self) -> "LoadBeside":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.samples) if self.samples else load()
+
+
 def coverage_rc(clone: str, data: str) -> str:
     path = os.path.join(data, "coveragerc")
     with open(path, "w") as fh:
@@ -81,9 +110,12 @@ def one(rev: str, with_coverage: bool, keep: bool) -> Run:
         py = os.path.join(clone, ".venv", "bin", "python")
         extra = ["coverage>=7.10"] if with_coverage else []
         t1, venv = timed([sys.executable, "-m", "venv", ".venv"], clone)
+        if venv.returncode:
+            run.summary = f"venv failed: {venv.stderr.strip().splitlines()[-1:]}"
+            return run
         t2, inst = timed([py, "-m", "pip", "install", "-q", "-e", ".[test]", *extra], clone)
         run.install = t1 + t2
-        if venv.returncode or inst.returncode:
+        if inst.returncode:
             run.summary = f"install failed: {inst.stderr.strip().splitlines()[-1:]}"
             return run
         if not with_coverage:
@@ -91,7 +123,6 @@ def one(rev: str, with_coverage: bool, keep: bool) -> Run:
             if tc.returncode:
                 run.summary = "typecheck failed"
                 return run
-        run.load = load()
         env = dict(os.environ)
         cmd = [py, *PYTEST]
         if with_coverage:
@@ -99,7 +130,9 @@ def one(rev: str, with_coverage: bool, keep: bool) -> Run:
             rc = coverage_rc(clone, data)
             env["COVERAGE_RCFILE"] = rc
             cmd = [py, "-m", "coverage", "run", "--rcfile", rc, *PYTEST]
-        run.pytest, done = timed(cmd, clone, env)
+        with LoadBeside() as beside:
+            run.pytest, done = timed(cmd, clone, env)
+        run.load = beside.mean
         lines = done.stdout.strip().splitlines()
         run.summary = lines[-1] if lines else done.stderr.strip()[-200:]
         run.ok = done.returncode == 0
@@ -127,8 +160,10 @@ def main() -> int:
     revs = [subprocess.run(["git", "rev-parse", "--short", r], cwd=REPO, capture_output=True, text=True,
                            check=True).stdout.strip() for r in ([args.baseline] if args.baseline else []) + [args.rev]]
     runs: dict[str, list[Run]] = {r: [] for r in revs}
-    for _ in range(1 if args.coverage else args.runs):
-        for rev in revs:
+    if args.runs < 1:
+        ap.error("--runs must be at least 1")
+    for round_no in range(1 if args.coverage else args.runs):
+        for rev in (revs if round_no % 2 == 0 else revs[::-1]):  # alternate who goes first
             run = one(rev, args.coverage, args.keep)
             runs[rev].append(run)
             print(f"  {rev}: install {run.install:.0f} s, typecheck {run.typecheck:.0f} s, pytest {run.pytest:.0f} s "

@@ -34,6 +34,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "one that does fails, naming itself)")
 
 
+_QUICK_LOG_POS = pytest.StashKey[int]()
+
+
+def _quick_audit(event: str, args: tuple) -> None:
+    """Under ``--quick``: a process started with an environment that does not carry the guard (an ``env=``
+    dict not built from os.environ) or a Python started with -I, -E or -S (it ignores PYTHONPATH or site)
+    is one the guard cannot see: recorded in the log as if it had imported TensorFlow."""
+    if event != "subprocess.Popen":
+        return
+    _executable, argv, _cwd, env = args
+    log = os.environ.get("PROCSV_TEST_QUICK_TF_LOG")
+    argv = [argv] if isinstance(argv, (str, bytes)) else list(argv or [])
+    flags = [a for a in argv[1:3] if isinstance(a, str) and a[:1] == "-" and a[:2] != "--" and set(a[1:]) & set("IES")]
+    unguarded = env is not None and env.get("PROCSV_TEST_QUICK_TF_LOG") != log
+    if log and (unguarded or (flags and "python" in os.path.basename(str(argv[0])))):
+        with open(log, "a") as fh:
+            fh.write(f"a process the guard cannot see (env without it, or -I/-E/-S): {argv[:6]}\n")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("--quick"):
         return
@@ -45,21 +64,39 @@ def pytest_configure(config: pytest.Config) -> None:
     # ... but not this one: a pytest-xdist worker inherited the guard from the controller; a test may
     # import TensorFlow in its own process (that starts no TensorFlow process)
     sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "_NoTensorFlow"]
+    sys.addaudithook(_quick_audit)  # (an audit hook cannot be removed: only under --quick)
 
 
-@pytest.fixture(autouse=True)
-def _quick_tier_starts_no_tensorflow(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Under ``--quick``: a test that started a process which imported TensorFlow fails, naming it."""
-    log = os.environ.get("PROCSV_TEST_QUICK_TF_LOG") if request.config.getoption("--quick") else None
-    if not log:
-        yield
-        return
-    before = os.path.getsize(log) if os.path.exists(log) else 0
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]) -> Iterator[None]:
+    """Under ``--quick``: where the log was before the test's setup (its module- and session-scoped
+    fixtures' setup included, which an autouse function-scoped fixture only sees the end of)."""
+    log = os.environ.get("PROCSV_TEST_QUICK_TF_LOG") if item.config.getoption("--quick") else None
+    if log:
+        item.stash[_QUICK_LOG_POS] = os.path.getsize(log) if os.path.exists(log) else 0
     yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Under ``--quick``: a test whose setup, call or teardown (any fixture's) started a TensorFlow
+    process, or one the guard cannot see, fails at its teardown, naming it."""
+    outcome = yield
+    if call.when != "teardown" or _QUICK_LOG_POS not in item.stash:
+        return
+    log, before = os.environ["PROCSV_TEST_QUICK_TF_LOG"], item.stash[_QUICK_LOG_POS]
     if os.path.exists(log) and os.path.getsize(log) > before:
         with open(log) as fh:
             fh.seek(before)
-            pytest.fail(f"this test of the quick tier started a TensorFlow process; mark it slow:\n{fh.read()}")
+            rep = outcome.get_result()
+            rep.outcome = "failed"
+            rep.longrepr = f"this test of the quick tier started a TensorFlow process (or one the guard cannot see); mark it slow:\n{fh.read()}"
+
+
+def quick_guard_env() -> dict[str, str]:
+    """The part of this process's environment the quick tier's guard needs (empty without --quick): for
+    a test that starts a process with an environment of its own."""
+    return {k: os.environ[k] for k in ("PYTHONPATH", "PROCSV_TEST_QUICK_TF_LOG") if k in os.environ}
 
 
 def quiet_env(**extra: str) -> dict[str, str]:

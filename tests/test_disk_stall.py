@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from conftest import committed_steps, finish, launch, lifecycle, quiet_env, raw_status, wait_for, wait_role_pid
+from conftest import (committed_steps, finish, launch, lifecycle, quick_guard_env, quiet_env, raw_status, wait_for,
+                      wait_role_pid)
 
 from procsv.common.layout import Layout
 from procsv.watchdog.logdirwatch import Look, LogdirHealth
@@ -165,7 +166,7 @@ def test_starting_a_child_never_waits_for_its_log_to_open(tmp_path):
     os.mkfifo(log)
     started: list[object] = []
     code = "import sys; print('CHILD-OUT', flush=True); sys.stderr.write('CHILD-ERR\\n')"
-    starter = threading.Thread(target=lambda: started.append(spawn.spawn([sys.executable, "-c", code], {}, log)),
+    starter = threading.Thread(target=lambda: started.append(spawn.spawn([sys.executable, "-c", code], quick_guard_env(), log)),
                                daemon=True)
     starter.start()
     try:

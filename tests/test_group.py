@@ -133,7 +133,8 @@ def test_a_killed_worker_then_a_killed_chief_each_restart_the_whole_group_which_
 
 
 def test_sigterm_to_the_launch_stops_the_group_at_a_committed_step_and_a_relaunch_resumes_exactly_there(logdir):
-    proc = launch(logdir, *ARGS, "--steps", "5000", opts=GROUP + NO_STANDBY)
+    # the default standby group stays: an orderly stop with one present is what users get (nothing else checks it)
+    proc = launch(logdir, *ARGS, "--steps", "5000", opts=GROUP)
     try:
         group_started(logdir, 1)
         at_step(logdir, 100)

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from conftest import quick_guard_env
 from procsv.common.errors import UsageError
 from procsv.watchdog.multihost.placement import derived_port, expand_hostlist, place
 
@@ -102,7 +103,8 @@ def test_nothing_in_the_environment_gives_the_plain_defaults():
 
 def test_the_launch_says_what_it_took_and_refuses_a_bad_step_in_one_line(tmp_path):
     """The CLI wiring: a two-task-per-node step is one line and exit 2, before anything starts."""
-    env = dict(STEP, SLURM_STEP_NUM_TASKS="6", PATH="/usr/bin:/bin")
+    env = dict(STEP, SLURM_STEP_NUM_TASKS="6", PATH="/usr/bin:/bin",
+               **quick_guard_env())
     r = subprocess.run([sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", "--logdir",
                         str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
