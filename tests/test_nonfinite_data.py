@@ -17,7 +17,10 @@ import tensorflow as tf
 from conftest import PROGRAMS, finish, launch, launch_and_kill_trainer_once, lifecycle, quiet_env
 from loaded_runs import launch_together_loaded, loaded_result
 
-pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+# slow: starts TensorFlow processes (not in the quick tier). The first test to ask for the shared loaded
+# window (``loaded``) makes every launch of it in its setup, each with its own 300 s finish bound:
+# more than the suite's 900 s per-test timeout in the worst case, which would fail the whole window
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 NAN_DATA = os.path.join(PROGRAMS, "nan_data_loop.py")
 # a checkpoint every 20 steps, no in-memory tier: a NaN at step 35 is rolled back to step 20

@@ -25,7 +25,10 @@ import tensorflow as tf
 from conftest import PROGRAMS, finish, launch, quiet_env, sigkill_where_it_says, skipped_steps
 from loaded_runs import launch_together_loaded, loaded_result
 
-pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+# slow: starts TensorFlow processes (not in the quick tier). The first test to ask for the shared loaded
+# window (``loaded``) makes every launch of it in its setup, each with its own 300 s finish bound:
+# more than the suite's 900 s per-test timeout in the worst case, which would fail the whole window
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 KINDS = os.path.join(PROGRAMS, "keras_nan_kinds.py")
 NAN_LOOP = os.path.join(PROGRAMS, "nan_keras_loop.py")
