@@ -90,7 +90,8 @@ class SaveData(Message):
     first commit of the step, never written over a committed one.
     ``member`` (a trainer group's in-memory snapshot, ``persist=False``): the sender's rank; the
     service copies it out of the slot and keeps it for the group's next attempt (``attempt``: the
-    sender's), never writes it to disk (:class:`GroupQuery`); -1: a lone trainer's.
+    sender's), never writes it to disk (:class:`GroupQuery`); -1: a lone trainer's. ``attempt`` on a
+    disk snapshot: the sender's too, echoed in its :class:`SaveResult` (0: not said).
     """
 
     KIND: ClassVar[str] = "save_data"
@@ -115,7 +116,9 @@ class SaveResult(Message):
     a dead trainer's snapshot in flight, or one of the step a restarted trainer restored; or a rewrite
     whose ``revision`` is not above the committed copy's); nothing was written, the trainer's wait ends,
     and it is no new commit (no second record, no CHECKPOINT log). ``revision``: the committed copy's
-    (:attr:`SaveData.revision`), which the trainer's next rewrite of that step goes past."""
+    (:attr:`SaveData.revision`), which the trainer's next rewrite of that step goes past. ``attempt``:
+    the attempt of the trainer that took the snapshot (:attr:`SaveData.attempt`; 0: not said), so that
+    the watchdog tells a rolled-back group's late commit from one of the group after it."""
 
     KIND: ClassVar[str] = "save_result"
     step: int
@@ -126,6 +129,7 @@ class SaveResult(Message):
     persist_secs: float
     again: bool = False
     revision: int = 0
+    attempt: int = 0
 
 
 @dataclass(frozen=True)

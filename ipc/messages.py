@@ -10,7 +10,7 @@ fixed set of values is a ``str`` enum whose values are what travels on the wire.
 Who sends what (see docs/architecture.md for the full table):
 
 * any child -> watchdog (PUSH to ``watchdog.sock``): :class:`Hello`, :class:`TrainerReady`,
-  :class:`Progress`, :class:`SaveOverdue`, :class:`ServiceLoading`, :class:`SummaryOverdue`, :class:`StandbyReady`, :class:`SaveResult`,
+  :class:`Progress`, :class:`SaveOverdue`, :class:`ServiceLoading`, :class:`SummaryOverdue`, :class:`StandbyReady`, :class:`Promotion`, :class:`SaveResult`,
   :class:`GroupCopyHeld` (checkpoint service), and non-finite training's :class:`NonfiniteDetected`, :class:`RolledBack`, :class:`StepSkipped` (trainer).
 * trainer <-> checkpoint service (DEALER/ROUTER on ``checkpoint.sock``): :class:`CheckpointSetup`,
   :class:`SaveData` (+ one frame per tensor), :class:`RecoverQuery`, :class:`DeleteCheckpoints`,
@@ -51,8 +51,8 @@ from procsv.ipc.checkpoint_messages import (ArenaRef, CheckpointSetup, CommitLoa
 from procsv.ipc.message_base import Busy, ItemKind, Message, RestoreSource, Role, SaveReason, SessionStatus
 from procsv.ipc.summary_messages import (GraphEvent, ProtoRef, RunScalars, SessionLogEvent, SummaryAck, SummaryBatch,
                                          SummaryItem)
-from procsv.ipc.watchdog_messages import (Hello, NonfiniteDetected, Progress, RolledBack, SaveOverdue, ServiceLoading,
-                                         StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
+from procsv.ipc.watchdog_messages import (Hello, NonfiniteDetected, Progress, Promotion, RolledBack, SaveOverdue,
+                                         ServiceLoading, StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
 from procsv.ipc.zygote_messages import ForkReply, ForkRequest, ZygoteReady
 from procsv.ipc.node_messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStarted, NodeHello, NodeRefused,
                                       NodeStop, Relayed, SignalMember, StartMembers)
@@ -72,6 +72,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     ServiceLoading,
     SummaryOverdue,
     StandbyReady,
+    Promotion,
     NonfiniteDetected,
     RolledBack,
     StepSkipped,
@@ -113,7 +114,7 @@ __all__ = [
     "SCHEMA_VERSION", "ALL_MESSAGES", "Message",
     "Role", "SaveReason", "Busy", "SessionStatus", "ItemKind", "RestoreSource",
     "Hello", "TrainerReady", "Progress", "SaveOverdue", "ServiceLoading", "SummaryOverdue", "StandbyReady",
-    "NonfiniteDetected", "RolledBack", "StepSkipped",
+    "NonfiniteDetected", "RolledBack", "StepSkipped", "Promotion",
     "CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "CommitLoading", "SnapshotHeld",
     "RecoverQuery", "RecoverReply", "DeleteCheckpoints", "CheckpointsDeleted",
     "GroupQuery", "GroupHeld", "GroupFetch", "GroupCopy", "GroupCopyHeld", "GroupCopyRefused",

@@ -170,5 +170,20 @@ class StepSkipped(Message):
     batch: Optional[int] = None
 
 
+@dataclass(frozen=True)
+class Promotion(Message):
+    """Watchdog -> a standby it promotes: what a trainer spawned for ``attempt`` now would find in its
+    environment and a standby forked earlier cannot (it was decided after the fork). Written whole
+    (write-fsync-rename) to the run's runtime directory before the watchdog's SIGUSR1, which carries no
+    data (:func:`procsv.common.layout.promotion_file`). ``skip_steps``: the steps the group skips again
+    (``PROCSV_SKIP_STEPS``); ``rollback_before``: B of a group restarted for its rollback of step B, whose
+    chief restores a state before B (``PROCSV_ROLLBACK_BEFORE``), None if it is not one."""
+
+    KIND: ClassVar[str] = "promotion"
+    attempt: int
+    skip_steps: list[int]
+    rollback_before: Optional[int] = None
+
+
 __all__ = ["Hello", "TrainerReady", "Progress", "SaveOverdue", "ServiceLoading", "SummaryOverdue", "StandbyReady", "NonfiniteDetected",
-           "RolledBack", "StepSkipped"]
+           "RolledBack", "StepSkipped", "Promotion"]

@@ -99,6 +99,7 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
     ("commit-loading", m.CommitLoading(step=1501, what="TensorFlow"), []),
     ("snapshot-held", m.SnapshotHeld(step=1501, meta_graph=True), []),
     ("standby-ready", m.StandbyReady(pid=4244, attempt=3, prepare_secs=0.61), []),
+    ("promotion", m.Promotion(attempt=3, skip_steps=[40, 70], rollback_before=70), []),
     ("nonfinite-detected", m.NonfiniteDetected(pid=4242, step=25, wall_time=1_700_000_000.5,
                                                what="the loss of step 25 is NaN or infinite"), []),
     ("nonfinite-detected-keras", m.NonfiniteDetected(pid=4242, step=25, wall_time=1.0, what="x", epoch=2, batch=7), []),

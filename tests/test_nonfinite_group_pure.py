@@ -10,7 +10,7 @@ executor hands them to the next group in ``PROCSV_SKIP_STEPS``). The launch-leve
 from __future__ import annotations
 
 from procsv.common.exitcodes import EXIT_GROUP_ROLLBACK
-from procsv.ipc.messages import NonfiniteDetected
+from procsv.ipc.messages import NonfiniteDetected, SaveResult
 from procsv.trainer.checkpoint import group_restore
 from procsv.trainer.nonfinite import records
 from procsv.watchdog import observe
@@ -122,6 +122,42 @@ def test_a_group_started_for_its_rollback_knows_the_step_its_chief_restores_a_st
     assert group_restore.rollback_before(str(tmp_path / "none")) is None
 
 
+def test_a_promoted_standby_takes_the_bound_and_the_skips_from_its_promotion_not_from_the_lifecycle_log(
+        monkeypatch, tmp_path):
+    # seen under load: a standby group forked before worker1's NaN at step 70 was promoted before the
+    # watchdog's lifecycle writer had written the restarting record (its writes are off the loop); its chief
+    # found no bound, restored the checkpoint of step 90 (step 70 applied) and the rollback skipped nothing.
+    # The watchdog now leaves a Promotion for each member before its SIGUSR1
+    from procsv.common.bootstrap import ChildContext
+    from procsv.common.layout import Layout, promotion_file
+    from procsv.ipc.codec import encode
+    from procsv.ipc.messages import Promotion
+    from procsv.ipc.transport import Endpoints
+    from procsv.trainer.standby.wait import take_promotion
+
+    log = tmp_path / "lifecycle.jsonl"
+    log.write_text('{"event": "restarting", "attempt": 2, "rollback_step": 40}\n')  # attempt 3's: not yet
+    monkeypatch.setenv("PROCSV_ATTEMPT", "3")
+    monkeypatch.setenv("PROCSV_SKIP_STEPS", "40")  # the fork's
+    monkeypatch.delenv("PROCSV_ROLLBACK_BEFORE", raising=False)
+    ctx = ChildContext(Layout(str(tmp_path)), Endpoints(str(tmp_path)), "worker1", 3, True, rank=1, nproc=2)
+    assert group_restore.rollback_before(str(log)) is None  # the race: nothing says 70 yet
+    with open(promotion_file(str(tmp_path), 3, 1), "wb") as fh:
+        fh.write(encode(Promotion(3, [40, 70], 70))[0])
+    take_promotion(ctx)
+    assert group_restore.rollback_before(str(log)) == 70 and records.from_env() == [40, 70]
+    # a promotion with no bound decides too: a restarting record that names one is not read
+    log.write_text('{"event": "restarting", "attempt": 3, "rollback_step": 70}\n')
+    with open(promotion_file(str(tmp_path), 3, 1), "wb") as fh:
+        fh.write(encode(Promotion(3, [40], None))[0])
+    take_promotion(ctx)
+    assert group_restore.rollback_before(str(log)) is None and records.from_env() == [40]
+    # no record (promoted by another host's agent): the fork's environment and the lifecycle log, as before
+    monkeypatch.delenv("PROCSV_ROLLBACK_BEFORE")
+    take_promotion(ChildContext(Layout(str(tmp_path)), Endpoints(str(tmp_path)), "worker2", 3, True, rank=2, nproc=3))
+    assert group_restore.rollback_before(str(log)) == 70
+
+
 def test_a_workers_rollback_is_kept_when_the_chiefs_death_notice_comes_before_its_exit_status():
     # seen with a program whose watched loss is each member's own (tests/programs/group_local_nan.py):
     # only the worker finds step 70; it reports, exits 5; the chief fails in its next collective and its
@@ -223,3 +259,40 @@ def test_a_lone_trainers_own_exit_5_after_a_non_finite_report_is_a_failure_not_a
     restarts = of(acts, Restart)
     assert not of(acts, GiveUp) and len(restarts) == 1 and restarts[0].skip is None, acts
     assert sim.view.history.restarts == 1 and sim.view.rollbacks == 0
+
+
+def test_a_rolled_back_groups_late_commit_keeps_the_bound_and_only_a_later_attempts_commit_ends_it():
+    # seen under load (tests/test_nonfinite_group.py, group_local_nan.py --save-steps 30): worker1's NaN at
+    # step 70 is found at step 100; attempt 1's checkpoint of step 90, slow to write, commits after the group
+    # of attempt 2 took its first step. Before: that commit was taken for attempt 2's own, past the bound
+    # (the newest step committed at the rollback), and ended it; attempt 2 then failed at step 80 and
+    # attempt 3, an ordinary restart, restored attempt 1's step 90, with step 70 applied
+    sim = group(2)
+    sim.tick(1.0)
+    observe.heard(sim.view, SaveResult(60, "steps", True, "model.ckpt-60", None, 0.1, attempt=1), sim.now)
+    reports(sim, W1, 70)
+    sim.reaps(W1, EXIT_GROUP_ROLLBACK, "GroupRollback")
+    sim.reaps(TRAINER, 1, "UnavailableError")
+    assert [r.skip for r in of(sim.tick(0.01), Restart)] == [70]
+    assert sim.view.rollback_before == (70, 60, 1)
+    assert of(sim.tick(0.01), Spawn) == [Spawn(TRAINER, TRAINER)]
+    sim.group_ready(60)
+    sim.group_progress(61)  # attempt 2 steps: the old rule's sign that a commit is its own
+    assert sim.member(TRAINER).attempt == 2
+    observe.heard(sim.view, SaveResult(90, "steps", True, "model.ckpt-90", None, 0.1, attempt=1), sim.now)
+    assert sim.view.rollback_before == (70, 90, 1)  # late, of the rolled-back timeline: B's update is in it
+    observe.heard(sim.view, SaveResult(75, "steps", True, "model.ckpt-75", None, 0.1, attempt=2), sim.now)
+    assert sim.view.rollback_before == (70, 90, 1)  # attempt 2's own, but older than attempt 1's step 90
+    observe.heard(sim.view, SaveResult(90, "steps", True, "model.ckpt-90", None, 0.1, attempt=2), sim.now)
+    assert sim.view.rollback_before is None  # step 90 rewritten in place by attempt 2: nothing newer holds step 70
+
+
+def test_the_rollback_bound_after_a_commit_is_a_function_of_the_commits_attempt():
+    bound = (70, 90, 2)
+    assert observe.rollback_bound(bound, 95, 2, None) == (70, 95, 2)  # the rolled-back attempt's: late
+    assert observe.rollback_bound(bound, 95, 1, None) == (70, 95, 2)  # an earlier attempt's: late too
+    assert observe.rollback_bound(bound, 80, 3, None) == bound  # the next attempt's, below the stale steps
+    assert observe.rollback_bound(bound, 90, 3, None) is None
+    assert observe.rollback_bound(bound, 120, 4, None) is None
+    # a sender that says no attempt: late until the running chief's first step, then past the stale steps only
+    assert observe.rollback_bound(bound, 95, 0, None) == (70, 95, 2)

@@ -312,6 +312,12 @@ def spilled_error_file(runtime_dir: str, role: str, attempt: int) -> str:
     return os.path.join(runtime_dir, f"{role}.{attempt}.error.json")
 
 
+def promotion_file(runtime_dir: str, attempt: int, rank: int) -> str:
+    """Where the watchdog leaves the :class:`~procsv.ipc.messages.Promotion` of the standby that becomes
+    member ``rank`` of the trainer's attempt ``attempt``, before its SIGUSR1 (the run's runtime directory)."""
+    return os.path.join(runtime_dir, f"promotion.{attempt}.{rank}.msg")
+
+
 def exit_report_file(runtime_dir: str, role: str, attempt: int) -> str:
     """Where a trainer writes its exit report (a SIGTERM/SIGINT stopped it and its checkpoint
     committed: exit 42 is a preemption) for the watchdog, which reads and removes it at the reap."""

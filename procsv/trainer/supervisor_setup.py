@@ -157,7 +157,8 @@ def agent_factory(checkpoint: Any, global_step: Any, layout: Optional[Layout], *
     apart and never persists (:mod:`procsv.services.checkpoint.group`)."""
     in_group = int(os.environ.get(env.NPROC, "1") or 1) > 1
     every = env.group_snapshot_steps() if in_group else 0
-    group = (int(os.environ.get(env.RANK, "0") or 0), int(os.environ.get(env.ATTEMPT, "1") or 1), every) if every else None
+    attempt = int(os.environ.get(env.ATTEMPT, "1") or 1)
+    group = (int(os.environ.get(env.RANK, "0") or 0), attempt, every) if every else None
     memory_budget = env.memory_budget() if not in_group or group is not None else 0.0
 
     def agent() -> CheckpointAgent:
@@ -170,7 +171,7 @@ def agent_factory(checkpoint: Any, global_step: Any, layout: Optional[Layout], *
             allow_reinit=allow_reinit, read_retry=ReadRetry(total_secs=read_retry_secs),
             failure_limit=int(os.environ.get(env.CHECKPOINT_FAILURE_LIMIT, failure_limit)),
             save_deadline_floor=float(os.environ.get(env.SAVE_DEADLINE, SAVE_DEADLINE_FLOOR)), saving=saving,
-            memory_budget=memory_budget, group=group)
+            memory_budget=memory_budget, group=group, attempt=attempt)
     return agent
 
 

@@ -22,7 +22,9 @@ from procsv.common import spawn
 from procsv.cluster import make_tf_config
 from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, GROUP_HOSTS, GROUP_PEER_BIND, GROUP_PIN, GROUP_REMOTE,
                                GROUP_SNAPSHOT_STEPS, NPROC, RANK, ROLLBACK_BEFORE, SHADOW_MEMORY, SHADOW_RUN, SKIP_STEPS, STANDBY as STANDBY_ENV, group_snapshot_steps_for)
-from procsv.common.layout import Layout, RuntimeDir
+from procsv.common.layout import Layout, RuntimeDir, atomic_write, promotion_file
+from procsv.ipc.codec import encode
+from procsv.ipc.messages import Promotion
 from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
 from procsv.watchdog.lateblame import breaker_found
@@ -208,6 +210,11 @@ class Executor(Prewarmed):
         handle.slot = slot
         self.handles[(slot, action.attempt)] = handle
         handle.unidle()  # woken at normal CPU priority
+        # what it would find in its environment if spawned now, decided after its fork: read at its wake-up
+        bound = self.view.rollback_before
+        promotion = Promotion(action.attempt, list(self.view.skipped_steps), bound[0] if bound is not None else None)
+        # (not durable: read by a live process; the rename makes it whole, tmpfs or not)
+        atomic_write(promotion_file(self.runtime.path, action.attempt, rank), encode(promotion)[0], durable=False)
         handle.send_signal(signal.SIGUSR1)
         note(self.view, action, self.clock(), self.limits)
         name = "trainer" if rank == 0 else f"trainer group's {slot}"

@@ -136,6 +136,27 @@ def _progress(view: RunView, msg: Progress, now: float, slot: Optional[str] = No
     return out
 
 
+def rollback_bound(bound: tuple[int, int, int], step: int, attempt: int,
+                   chief: Optional[ChildView]) -> Optional[tuple[int, int, int]]:
+    """The group rollback's bound (:attr:`RunView.rollback_before`: B, the newest step committed by the
+    rolled-back timeline, the rolled-back chief's attempt) after a commit of ``step`` by a trainer of
+    ``attempt`` (0: not said). A commit of the rolled-back attempt or an earlier one is late and holds
+    B's update: the bound stays, past that step too. One of a later attempt at or past every such step
+    (at: that step's checkpoint rewritten in place) means the group after the rollback committed a
+    state of its own timeline newer than all of them: None, no bound any more. Without an attempt (a
+    sender that does not say it), a commit before the running chief's first step counts as late, and
+    only one past every such step ends the bound."""
+    before, stale, rolled = bound
+    if attempt:
+        late, passed = attempt <= rolled, step >= stale
+    else:
+        late = chief is None or chief.group_rollback is not None or chief.first_step_at is None
+        passed = step > stale
+    if late:
+        return before, max(stale, step), rolled
+    return None if passed else bound
+
+
 def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
     if not msg.ok:
         if _plain(msg.reason) != "lost":  # a snapshot lost with a dead service is retaken, not a failure
@@ -152,11 +173,7 @@ def _saved(view: RunView, msg: SaveResult, now: float) -> list[Report]:
         view.last_commit_at, view.last_commit_step, view.last_commit_secs = now, msg.step, msg.persist_secs
         chief = view.children.get(TRAINER)
         if view.rollback_before is not None:
-            before, stale = view.rollback_before
-            if chief is None or chief.group_rollback is not None or chief.first_step_at is None:
-                view.rollback_before = (before, max(stale, msg.step))  # (the rolled-back attempt's, late)
-            elif msg.step > stale:
-                view.rollback_before = None  # the group after the rollback committed past every checkpoint taken after B
+            view.rollback_before = rollback_bound(view.rollback_before, msg.step, msg.attempt, chief)
     for t in view.children.values():
         if t.role in (TRAINER, WORKER, PS, SERVER):  # a --ps task's progress too: its restarts count per task
             t.commit_seen = max(t.commit_seen, msg.step)

@@ -320,7 +320,7 @@ class CheckpointService:
         if again is not None and msg.revision <= again.revision:  # on disk already, as new: not written, nor announced
             _say(f"procsv checkpoint: step {msg.step} is committed already ({again.prefix}); not written again")
             return self._tell(SaveResult(msg.step, msg.reason, True, again.path(self.ctx.layout.logdir), None, 0.0,
-                                         again=True, revision=again.revision), reply_to, msg.numbered, [])
+                                         again=True, revision=again.revision, attempt=msg.attempt), reply_to, msg.numbered, [])
         started = self.clock()
         retired: list[Manifest] = []
         try:
@@ -338,13 +338,13 @@ class CheckpointService:
                 revision=msg.revision,  # above the committed copy's: that step's checkpoint rewritten in place
             )
             result = SaveResult(msg.step, msg.reason, True, manifest.path(self.ctx.layout.logdir), None,
-                                self.clock() - started, revision=manifest.revision)
+                                self.clock() - started, revision=manifest.revision, attempt=msg.attempt)
         except Exception as exc:
             if not isinstance(exc, save_errors()):
                 raise
             detail = f"{type(exc).__name__}: {exc}".splitlines()[0]
             _say(f"procsv checkpoint: save at step {msg.step} failed, previous checkpoint kept: {detail}")
-            result = SaveResult(msg.step, msg.reason, False, None, detail, self.clock() - started)
+            result = SaveResult(msg.step, msg.reason, False, None, detail, self.clock() - started, attempt=msg.attempt)
         return self._tell(result, reply_to, msg.numbered, retired)
 
     def _tell(self, result: SaveResult, reply_to: Optional[bytes], numbered: bool,

@@ -8,7 +8,12 @@ gradient, as a masked input's would be), the weights stay finite and the other m
     --steps N       train to step N
     --exit-at N     worker 1 exits with code 5 at step N, once in the logdir (no NaN, no report: a
                     program's own exit code, not a rollback)
-    --save-steps N  the chief also checkpoints every N steps (default: none, save_model_secs=600 only)
+    --save-steps N  the chief also checkpoints every N steps (default: none, save_model_secs=600 only),
+                    and its steps take PACE s more until each of them is committed, as on a machine
+                    whose disk keeps up: the tests' premise that a checkpoint committed before a worker
+                    found a NaN holds on a loaded machine too (there, a commit landed 40 steps late,
+                    after the group's rollback). A commit moves on at step boundaries only, so the
+                    chief keeps stepping, slower, rather than waiting inside a step
     --exit-attempt A  --exit-at and --chief-dies-at apply only in the group's attempt A (PROCSV_ATTEMPT; default: any)
     --chief-dies-at N the chief ends at step N at once (os._exit(5): no checkpoint of its own on the way out), once
 
@@ -17,6 +22,8 @@ The batch of step n is a function of n and the member's rank alone.
 
 import argparse
 import os
+import re
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -35,6 +42,7 @@ p.add_argument("--save-steps", type=int, default=None)
 p.add_argument("--exit-attempt", type=int, default=None)
 p.add_argument("--chief-dies-at", type=int, default=None)
 args = p.parse_args()
+PACE = 0.25  # seconds more per step of the chief while its newest checkpoint is not committed
 
 keras.utils.set_random_seed(0)
 tf.config.experimental.enable_op_determinism()
@@ -61,8 +69,17 @@ def train(x, y, term):  # type: ignore[no-untyped-def]
     return {"loss": local + term}  # the member's own loss, watched; ``term``: no gradient flows through it
 
 
+def committed_step():  # type: ignore[no-untyped-def]
+    path = tf.train.latest_checkpoint(sv.logdir) if sv.logdir else None
+    found = re.search(r"-(\d+)$", path or "")
+    return int(found.group(1)) if found else -1
+
+
 def one_step():  # type: ignore[no-untyped-def]
     s = sv.step
+    last_save = s // args.save_steps * args.save_steps if rank == 0 and args.save_steps else 0
+    if last_save and committed_step() < last_save:
+        time.sleep(PACE)  # its commit moves on at the step boundaries: steps, slower until it lands
     marker = os.path.join(sv.logdir or ".", "exited-at")
     attempt_ok = args.exit_attempt is None or os.environ.get("PROCSV_ATTEMPT") == str(args.exit_attempt)
     if rank == 0 and s == args.chief_dies_at and attempt_ok and not os.path.exists(marker):

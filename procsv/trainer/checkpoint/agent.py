@@ -81,8 +81,10 @@ class CheckpointAgent(FinalCommit):
                  failure_limit: int = 3, save_deadline_floor: float = SAVE_DEADLINE_FLOOR,
                  read_retry: ReadRetry = ReadRetry(), clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, saving: bool = True,
-                 memory_budget: float = 0.0, group: Optional[tuple[int, int, int]] = None) -> None:
+                 memory_budget: float = 0.0, group: Optional[tuple[int, int, int]] = None,
+                 attempt: int = 0) -> None:
         self.checkpoint, self.global_step = checkpoint, global_step
+        self.attempt = attempt  # this trainer's attempt (0: not said), named in every disk snapshot it sends
         self.saving = saving  # False for a worker replica: it restores the chief's checkpoints, never saves
         self.commits = CommitTracker(failure_limit, save_deadline_floor)
         self.layout, self.basename = layout, basename
@@ -382,7 +384,8 @@ class CheckpointAgent(FinalCommit):
         arena = self.store.ref_of(snap)
         meta = self.meta_graph  # graph mode: <prefix>.meta too (TF's Saver.save(write_meta_graph=True))
         sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena, slot, True, meta is not None,
-                                         getattr(self.global_step, "numbered", True), self.sent_revision),
+                                         getattr(self.global_step, "numbered", True), self.sent_revision,
+                                         attempt=self.attempt),
                                 snap.frames if meta is None else [*snap.frames, meta], until)
         ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))
         self.memory.superseded()  # an in-memory snapshot still waiting is older than this one: never send it

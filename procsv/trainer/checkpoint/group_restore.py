@@ -121,12 +121,16 @@ RESTARTING = b'"restarting"'
 
 def rollback_before(path: Optional[str]) -> Optional[int]:
     """The step B this group attempt was started to roll back (its chief restores the newest state before
-    B): ``PROCSV_ROLLBACK_BEFORE`` (the watchdog's, at the group's start), else, for a standby group
-    forked before the rollback, the ``restarting`` record of this attempt that names its
-    ``rollback_step`` in the lifecycle file ``path``. None: not a group's rollback."""
+    B): ``PROCSV_ROLLBACK_BEFORE``, the watchdog's at the group's start or at a standby's promotion
+    (:func:`procsv.trainer.standby.wait.take_promotion`; empty: none). Without it (a group started with no
+    bound, or a standby another host's agent promoted), the ``restarting`` record of this attempt that
+    names its ``rollback_step`` in the lifecycle file ``path``, if written by then. None: not a group's
+    rollback."""
     raw = os.environ.get(env.ROLLBACK_BEFORE, "").strip()
     if raw.isdigit():
         return int(raw)
+    if env.ROLLBACK_BEFORE in os.environ and not raw:
+        return None  # said: no rollback
     attempt = int(os.environ.get(env.ATTEMPT, "1") or 1)
     if path is None or attempt <= 1:
         return None

@@ -36,7 +36,9 @@ import zmq
 
 from procsv.common import env, stopfrom
 from procsv.common.bootstrap import ChildContext
-from procsv.ipc.messages import StandbyReady
+from procsv.common.layout import promotion_file
+from procsv.ipc.codec import ProtocolError, decode
+from procsv.ipc.messages import Promotion, StandbyReady
 from procsv.ipc.transport import make_socket, send
 from procsv.trainer import outcome
 from procsv.trainer.standby import priority
@@ -94,8 +96,25 @@ def wait_for_promotion(ctx: ChildContext) -> None:
         if senders is not None:  # now a trainer: a stop signal still pending goes to its handlers
             senders.close()
     os.environ[env.STANDBY] = "0"
+    take_promotion(ctx)
     priority.restore()  # back to normal CPU priority, every thread (a no-op if it was never lowered)
     print(f"procsv: promoted from standby (waited {time.monotonic() - waited:.1f} s)", file=sys.stderr, flush=True)
+
+
+def take_promotion(ctx: ChildContext) -> None:
+    """Read the watchdog's :class:`Promotion` of this standby and take it into the environment, as a
+    trainer spawned for this attempt now would have it: the group's steps to skip, and the step whose
+    rollback this attempt is (``PROCSV_ROLLBACK_BEFORE``: empty if none, so that nothing older decides).
+    A standby that finds no record (promoted by another host's agent) keeps the environment of its fork."""
+    path = promotion_file(ctx.endpoints.runtime_dir, ctx.attempt, ctx.rank)
+    try:
+        with open(path, "rb") as fh:
+            msg, _ = decode([fh.read()], accept={Promotion})
+    except (OSError, ProtocolError):
+        return
+    assert isinstance(msg, Promotion)
+    os.environ[env.SKIP_STEPS] = ",".join(map(str, msg.skip_steps))
+    os.environ[env.ROLLBACK_BEFORE] = "" if msg.rollback_before is None else str(msg.rollback_before)
 
 
 class _Senders:

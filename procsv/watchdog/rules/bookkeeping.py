@@ -137,7 +137,8 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
             child.group_rollback = action.skip
             view.rollbacks += 1
             stale = view.commit_step if view.rollback_before is None else max(view.commit_step, view.rollback_before[1])
-            view.rollback_before = (action.skip, stale)
+            view.rollback_before = (action.skip, stale, max(child.attempt, view.rollback_before[2]) if
+                                    view.rollback_before is not None else child.attempt)
             if action.skip not in view.skipped_steps:  # handed to the next group
                 view.skipped_steps = sorted([*view.skipped_steps, action.skip])
         if not action.preempted:

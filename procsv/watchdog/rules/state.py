@@ -282,10 +282,11 @@ class RunView:
     nonfinite_log: NonfiniteLog = field(default_factory=NonfiniteLog)  # the records not written yet (coalesced)
     rollbacks: int = 0
     skipped_steps: list[int] = field(default_factory=list)
-    # a group's rollback of step B: (B, the newest step committed then); every group started until a commit
-    # past that step restores a state before B (PROCSV_ROLLBACK_BEFORE): the checkpoints committed after B,
-    # before a worker found it, hold B's update
-    rollback_before: Optional[tuple[int, int]] = None
+    # a group's rollback of step B: (B, the newest step committed then, the rolled-back chief's attempt);
+    # every group started until a commit of a later attempt past that step restores a state before B
+    # (PROCSV_ROLLBACK_BEFORE): the checkpoints committed after B, before a worker found it, hold B's
+    # update, and so do those of the rolled-back attempt that commit late (observe.rollback_bound)
+    rollback_before: Optional[tuple[int, int, int]] = None
     # the other hosts of a job that spans hosts (--nnodes): node rank -> what its agent said
     nodes: dict[int, NodeView] = field(default_factory=dict)
     group_nodes: tuple[int, ...] = ()  # the hosts the current (or last) group was started on, node 0 first (rule 15)
