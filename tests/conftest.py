@@ -32,6 +32,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--quick", action="store_true",
                      help="the quick tier: only the tests not marked slow (none starts a TensorFlow process; "
                           "one that does fails, naming itself)")
+    parser.addoption("--cpu-log", default=None,
+                     help="append one JSON line per test to this file: its CPU seconds, of this process and of the "
+                          "processes it waited for (tests/cpu_profile.py; scripts/suite_cpu.py sums it up)")
 
 
 _QUICK_LOG_POS = pytest.StashKey[int]()
@@ -54,6 +57,10 @@ def _quick_audit(event: str, args: tuple) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--cpu-log"):
+        import cpu_profile
+
+        config.pluginmanager.register(cpu_profile, "cpu_profile")
     if not config.getoption("--quick"):
         return
     config.option.markexpr = f"({config.option.markexpr}) and not slow" if config.option.markexpr else "not slow"
