@@ -5,7 +5,9 @@ Runs on the developer's machine (no procsv process of its own). For each revisio
 ``--runs`` rounds (the revisions alternate inside a round, so both see the same machine): a fresh
 ``git clone`` of this repository at that revision, then the README's test command phase by phase
 (venv and install, ``scripts/typecheck``, pytest with the README's options), each timed, with the
-mean load average while pytest runs beside it. ``--coverage`` instead runs pytest once per revision
+mean load average while pytest runs beside it and the CPU seconds of pytest and everything it started
+(the suite is CPU-bound on 2 cores: its CPU time is what a shared machine blurs least, and at best
+the wall time is that over the cores). ``--coverage`` instead runs pytest once per revision
 under coverage.py, measuring the processes the tests start (``patch = subprocess, fork, _exit,
 execv``, ``sigterm = true``: the zygote's forks included; a process killed with SIGKILL, or started
 with an environment of its own, writes no data) and reports line coverage of ``procsv/``,
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -44,6 +47,7 @@ class Run:
     install: float = 0.0
     typecheck: float = 0.0
     pytest: float = 0.0
+    cpu: float = 0.0  # CPU seconds of pytest and every process it started (cpuacct cgroup, else waited children)
     load: float = 0.0
     ok: bool = False
     summary: str = ""
@@ -59,6 +63,42 @@ def timed(cmd: list[str], cwd: str, env: Optional[dict[str, str]] = None) -> tup
     start = time.monotonic()
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     return time.monotonic() - start, done
+
+
+CGROUP = "/sys/fs/cgroup/cpuacct"
+
+
+def timed_cpu(cmd: list[str], cwd: str, env: Optional[dict[str, str]] = None
+              ) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+    """:func:`timed`, and the CPU seconds of the command and every process it started: the suite is
+    CPU-bound on 2 cores, so its CPU time is the figure a busy machine does not blur the way it blurs
+    the wall time. A cgroup v1 ``cpuacct`` of its own counts every descendant, orphans included (root);
+    else the children the command waited for (``RUSAGE_CHILDREN``)."""
+    group = os.path.join(CGROUP, f"procsv-bench-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        os.mkdir(group)
+    except OSError:
+        group = ""
+
+    def enter() -> None:
+        if group:
+            with open(os.path.join(group, "tasks"), "w") as fh:
+                fh.write(str(os.getpid()))
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, preexec_fn=enter)
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    if group:
+        with open(os.path.join(group, "cpuacct.usage")) as fh:
+            cpu = int(fh.read()) / 1e9
+        try:
+            os.rmdir(group)
+        except OSError:
+            pass  # a process still in it (an orphan): the group goes with the machine
+    return wall, cpu, done
 
 
 def load() -> float:
@@ -131,7 +171,7 @@ def one(rev: str, with_coverage: bool, keep: bool) -> Run:
             env["COVERAGE_RCFILE"] = rc
             cmd = [py, "-m", "coverage", "run", "--rcfile", rc, *PYTEST]
         with LoadBeside() as beside:
-            run.pytest, done = timed(cmd, clone, env)
+            run.pytest, run.cpu, done = timed_cpu(cmd, clone, env)
         run.load = beside.mean
         lines = done.stdout.strip().splitlines()
         run.summary = lines[-1] if lines else done.stderr.strip()[-200:]
@@ -167,25 +207,30 @@ def main() -> int:
             run = one(rev, args.coverage, args.keep)
             runs[rev].append(run)
             print(f"  {rev}: install {run.install:.0f} s, typecheck {run.typecheck:.0f} s, pytest {run.pytest:.0f} s "
+                  f"({run.cpu:.0f} CPU s) "
                   f"(load {run.load:.2f}){'' if run.coverage is None else f', coverage {run.coverage:.2f} %'}: "
                   f"{run.summary}", flush=True)
             if not run.ok:
                 print("\n".join(run.slowest), flush=True)
-    print(f"\n{'revision':>10} {'runs':>4} {'pytest s':>9} {'(min-max)':>13} {'command s':>10} {'load':>5} {'coverage %':>10}")
+    print(f"\n{'revision':>10} {'runs':>4} {'pytest s':>9} {'(min-max)':>13} {'CPU s':>7} {'command s':>10} {'load':>5} "
+          f"{'coverage %':>10}")
     for rev, rs in runs.items():
         py = [r.pytest for r in rs]
         cov = [r.coverage for r in rs if r.coverage is not None]
         print(f"{rev:>10} {len(rs):>4} {statistics.median(py):>9.0f} {f'({min(py):.0f}-{max(py):.0f})':>13} "
-              f"{statistics.median([r.total for r in rs]):>10.0f} {statistics.median([r.load for r in rs]):>5.2f} "
+              f"{statistics.median([r.cpu for r in rs]):>7.0f} {statistics.median([r.total for r in rs]):>10.0f} {statistics.median([r.load for r in rs]):>5.2f} "
               f"{(f'{statistics.median(cov):.2f}' if cov else '-'):>10}")
     ok = all(r.ok for rs in runs.values() for r in rs)
     new = runs[revs[-1]]
     fields = [f"rev={revs[-1]}", f"pytest_s={statistics.median([r.pytest for r in new]):.0f}",
+              f"cpu_s={statistics.median([r.cpu for r in new]):.0f}",
               f"command_s={statistics.median([r.total for r in new]):.0f}"]
     if args.baseline:
         base = runs[revs[0]]
         fields += [f"baseline={revs[0]}", f"baseline_pytest_s={statistics.median([r.pytest for r in base]):.0f}",
-                   f"ratio={statistics.median([r.pytest for r in new]) / statistics.median([r.pytest for r in base]):.2f}"]
+                   f"ratio={statistics.median([r.pytest for r in new]) / statistics.median([r.pytest for r in base]):.2f}",
+                   f"baseline_cpu_s={statistics.median([r.cpu for r in base]):.0f}",
+                   f"cpu_ratio={statistics.median([r.cpu for r in new]) / max(1e-9, statistics.median([r.cpu for r in base])):.2f}"]
     if args.coverage:
         fields += [f"coverage_{rev}={rs[0].coverage}" for rev, rs in runs.items()]
     fields.append(f"ok={int(ok)}")
