@@ -27,6 +27,8 @@ death-notice mutex file per trainer attempt (:class:`RuntimeDir`).
 
 Everything procsv persists goes through :func:`atomic_write`: write aside, fsync, rename, fsync
 the directory. Readers therefore see either the old or the new file, never a torn one.
+
+One concern: where a run's files live and how procsv writes them (paths, atomic writes, the lock).
 """
 
 from __future__ import annotations

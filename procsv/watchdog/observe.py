@@ -5,6 +5,8 @@ death notice, a reaped exit status, a stop signal, the pre-warmed trainer's stat
 :class:`~procsv.watchdog.rules.state.RunView`, and returns what is worth recording about it as
 :class:`~procsv.watchdog.publish.events.Report` values (a lifecycle event, a line), which the watchdog's
 loop writes. No I/O and no clock here: times are passed in.
+
+One concern: applying each observation the watchdog makes to the RunView (one function per kind).
 """
 
 from __future__ import annotations

@@ -29,6 +29,8 @@ to ``stop_grace_secs``, for a snapshot slot and socket room (:meth:`CheckpointAg
 and makes the watchdog replace the checkpoint service (:mod:`procsv.trainer.checkpoint.commits`, which also
 counts failed commits in a row). The memory stays untouched until the snapshot is answered or
 reported ``lost``: a hung service may still be reading it.
+
+One concern: the trainer's half of the checkpoint protocol, from the restore at start to the final commit.
 """
 
 from __future__ import annotations
