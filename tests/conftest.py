@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 
 import fcntl
+import glob
+import importlib.metadata
 import json
 import os
 import shutil
@@ -12,10 +14,12 @@ import signal
 import subprocess
 import sys
 import time
+from email.parser import Parser
 from typing import Any, Callable, Iterator, Optional
 
 import psutil
 import pytest
+from packaging.requirements import Requirement
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROGRAMS = os.path.join(HERE, "programs")
@@ -414,6 +418,45 @@ def shared_result(tmp_path_factory, worker_id):
         return str(folder)
 
     return get
+
+
+def _installed(name: str) -> bool:
+    try:
+        importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _install_plot_extra(target: str) -> None:
+    wanted, done = ["matplotlib>=3.7"], set()
+    while wanted:
+        req = Requirement(wanted.pop())
+        if req.name.lower() in done or (req.name != "matplotlib" and _installed(req.name)):
+            continue
+        done.add(req.name.lower())
+        got = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target, str(req)],
+                             capture_output=True, text=True, timeout=600)
+        if got.returncode != 0:
+            pytest.fail(f"cannot install {req} from the package index for the plot test: {got.stderr.strip()[-500:]}")
+        name = req.name.replace("-", "_").lower()
+        meta = [m for m in glob.glob(os.path.join(target, "*.dist-info", "METADATA"))
+                if os.path.basename(os.path.dirname(m)).lower().startswith(name + "-")]
+        with open(meta[0]) as fh:
+            for line in Parser().parse(fh).get_all("Requires-Dist") or []:
+                dep = Requirement(line)
+                if dep.marker is None or dep.marker.evaluate({"extra": ""}):
+                    wanted.append(str(dep))
+
+
+@pytest.fixture(scope="session")
+def matplotlib_dir(shared_result: Callable[[str, Callable[[str], None]], str]) -> str:
+    """A folder (for ``PYTHONPATH``) holding the ``plot`` extra's matplotlib and those of its
+    dependencies this environment lacks (not a second NumPy or Pillow), from the package index,
+    installed once per session. matplotlib is not in the test environment: TensorFlow's import loads
+    Keras, which imports ``matplotlib.pyplot`` whenever it can, and with it installed every TensorFlow
+    process the suite starts paid for that import too (0.5 s of CPU or more each)."""
+    return shared_result("plot-extra", _install_plot_extra)
 
 
 @contextlib.contextmanager

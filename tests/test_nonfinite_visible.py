@@ -49,13 +49,14 @@ def _scrape(port: int) -> Optional[dict[str, float]]:
     return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples if not s.labels}
 
 
-def _procsv(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "procsv", *args], capture_output=True, text=True, env=quiet_env(),
+def _procsv(*args: str, path: str = "") -> subprocess.CompletedProcess:
+    env = quiet_env(PYTHONPATH=os.pathsep.join(p for p in (path, os.environ.get("PYTHONPATH", "")) if p))
+    return subprocess.run([sys.executable, "-m", "procsv", *args], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=120)
 
 
 @pytest.mark.slow
-def test_a_skipped_step_shows_in_events_status_report_plot_metrics_and_tensorboard(logdir, tmp_path):
+def test_a_skipped_step_shows_in_events_status_report_plot_metrics_and_tensorboard(logdir, tmp_path, matplotlib_dir):
     # before: the rollback and the skip were lines in the trainer's log only: no lifecycle event, nothing
     # in status.json, report.json, the metrics or procsv's scalars
     port = _free_port()
@@ -108,7 +109,7 @@ def test_a_skipped_step_shows_in_events_status_report_plot_metrics_and_tensorboa
     assert report.returncode == 0, report.stderr
     assert "non-finite: 2 rollback(s), 1 step(s) skipped (NaN or infinite loss twice): 25" in report.stdout
     png = str(tmp_path / "timeline.png")
-    drawn = _procsv("report", logdir, "--plot", png)
+    drawn = _procsv("report", logdir, "--plot", png, path=matplotlib_dir)
     assert drawn.returncode == 0, drawn.stderr
     with Image.open(png) as img:
         pixels = img.convert("RGB")

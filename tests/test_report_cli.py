@@ -1,24 +1,18 @@
 """``procsv report DIR [--plot out.png]`` after a real launch whose trainer was SIGKILLed.
 
-matplotlib (the ``plot`` extra) is not in the test environment: Keras imports ``matplotlib.pyplot``
-whenever it can, so with it installed every TensorFlow process the suite starts paid about 0.5 s
-of CPU more for its import. The plot test installs it apart (:func:`matplotlib_dir`) and draws
-with it there, as a user who installed ``procsv[plot]`` would.
+matplotlib (the ``plot`` extra) is not in the test environment; the plot test draws with the copy
+conftest's ``matplotlib_dir`` installs apart, as a user who installed ``procsv[plot]`` would.
 """
 
 from __future__ import annotations
 
-import glob
-import importlib.metadata
 import json
 import os
 import re
 import subprocess
 import sys
-from email.parser import Parser
 
 import pytest
-from packaging.requirements import Requirement
 from PIL import Image
 
 from conftest import PROGRAMS, REPO, launch_and_kill_trainer_once, quiet_env
@@ -32,40 +26,6 @@ def _procsv(*args: str, pre: str = "", path: str = "") -> subprocess.CompletedPr
     env = quiet_env(PYTHONPATH=os.pathsep.join(p for p in (path, os.environ.get("PYTHONPATH", "")) if p))
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=120)
-
-
-def _installed(name: str) -> bool:
-    try:
-        importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-@pytest.fixture(scope="module")
-def matplotlib_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A folder (for ``PYTHONPATH``) holding the ``plot`` extra's matplotlib and those of its
-    dependencies this environment lacks (not a second NumPy or Pillow), from the package index."""
-    target = str(tmp_path_factory.mktemp("plot-extra"))
-    wanted, done = ["matplotlib>=3.7"], set()
-    while wanted:
-        req = Requirement(wanted.pop())
-        if req.name.lower() in done or (req.name != "matplotlib" and _installed(req.name)):
-            continue
-        done.add(req.name.lower())
-        got = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target, str(req)],
-                             capture_output=True, text=True, timeout=600)
-        if got.returncode != 0:
-            pytest.fail(f"cannot install {req} from the package index for the plot test: {got.stderr.strip()[-500:]}")
-        name = req.name.replace("-", "_").lower()
-        meta = [m for m in glob.glob(os.path.join(target, "*.dist-info", "METADATA"))
-                if os.path.basename(os.path.dirname(m)).lower().startswith(name + "-")]
-        with open(meta[0]) as fh:
-            for line in Parser().parse(fh).get_all("Requires-Dist") or []:
-                dep = Requirement(line)
-                if dep.marker is None or dep.marker.evaluate({"extra": ""}):
-                    wanted.append(str(dep))
-    return target
 
 
 def test_report_names_the_restart_and_its_cause_and_plots_the_timeline(logdir, tmp_path, matplotlib_dir):
