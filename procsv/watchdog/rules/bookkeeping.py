@@ -137,8 +137,10 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
             child.group_rollback = action.skip
             view.rollbacks += 1
             stale = view.commit_step if view.rollback_before is None else max(view.commit_step, view.rollback_before[1])
-            view.rollback_before = (action.skip, stale, max(child.attempt, view.rollback_before[2]) if
-                                    view.rollback_before is not None else child.attempt)
+            chief = view.children.get(TRAINER)  # (the one that saves: commits name its attempt)
+            rolled = chief.attempt if chief is not None else child.attempt
+            view.rollback_before = (action.skip, stale, rolled if view.rollback_before is None
+                                    else max(rolled, view.rollback_before[2]))
             if action.skip not in view.skipped_steps:  # handed to the next group
                 view.skipped_steps = sorted([*view.skipped_steps, action.skip])
         if not action.preempted:
