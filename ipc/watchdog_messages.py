@@ -174,7 +174,8 @@ class StepSkipped(Message):
 class Promotion(Message):
     """Watchdog -> a standby it promotes: what a trainer spawned for ``attempt`` now would find in its
     environment and a standby forked earlier cannot (it was decided after the fork). Written whole
-    (write-fsync-rename) to the run's runtime directory before the watchdog's SIGUSR1, which carries no
+    (write and rename, no fsync: the runtime directory does not outlive the launch, and a crash of the
+    machine ends the standby too) to the run's runtime directory before the watchdog's SIGUSR1, which carries no
     data (:func:`procsv.common.layout.promotion_file`). ``skip_steps``: the steps the group skips again
     (``PROCSV_SKIP_STEPS``); ``rollback_before``: B of a group restarted for its rollback of step B, whose
     chief restores a state before B (``PROCSV_ROLLBACK_BEFORE``), None if it is not one."""

@@ -296,3 +296,54 @@ def test_the_rollback_bound_after_a_commit_is_a_function_of_the_commits_attempt(
     assert observe.rollback_bound(bound, 120, 4, None) is None
     # a sender that says no attempt: late until the running chief's first step, then past the stale steps only
     assert observe.rollback_bound(bound, 95, 0, None) == (70, 95, 2)
+
+
+def test_a_second_rollback_while_the_first_bound_holds_keeps_restoring_before_the_first_rolled_back_step():
+    # found by the review: worker1's NaN at 70 rolls the group back (bound 70, stale 90: attempt 1's
+    # checkpoints of steps 80 and 90 hold step 70's update); attempt 2 meets a NaN at 85 before it commits
+    # anything. Before: the bound became 85, and attempt 3's chief restored attempt 1's step 80, with
+    # step 70 applied
+    sim = group(2)
+    sim.tick(1.0)
+    observe.heard(sim.view, SaveResult(90, "steps", True, "model.ckpt-90", None, 0.1, attempt=1), sim.now)
+    reports(sim, W1, 70)
+    sim.reaps(W1, EXIT_GROUP_ROLLBACK, "GroupRollback")
+    sim.reaps(TRAINER, 1, "UnavailableError")
+    assert [r.skip for r in of(sim.tick(0.01), Restart)] == [70]
+    assert sim.view.rollback_before == (70, 90, 1)
+    assert of(sim.tick(0.01), Spawn) == [Spawn(TRAINER, TRAINER)]
+    sim.group_ready(60)
+    sim.group_progress(61)
+    sim.tick(1.0)
+    reports(sim, W1, 85)
+    sim.reaps(W1, EXIT_GROUP_ROLLBACK, "GroupRollback")
+    sim.reaps(TRAINER, 1, "UnavailableError")
+    assert [r.skip for r in of(sim.tick(0.01), Restart)] == [85]
+    assert sim.view.rollback_before == (70, 90, 2)  # still before 70; both steps skipped
+    assert sim.view.skipped_steps == [70, 85]
+    # a second rollback at a step below the first's bound lowers it
+    assert sim.view.rollback_before is not None
+    sim2 = group(2)
+    sim2.tick(1.0)
+    sim2.view.rollback_before = (70, 90, 1)
+    reports(sim2, W1, 65)
+    sim2.reaps(W1, EXIT_GROUP_ROLLBACK, "GroupRollback")
+    sim2.reaps(TRAINER, 1, "UnavailableError")
+    assert [r.skip for r in of(sim2.tick(0.01), Restart)] == [65]
+    assert sim2.view.rollback_before is not None and sim2.view.rollback_before[0] == 65
+
+
+def test_the_lifecycle_fallback_takes_this_launchs_restarting_record_not_an_earlier_launchs(monkeypatch, tmp_path):
+    # found by the review: attempts count from 1 again in every launch of a logdir; an earlier launch's
+    # attempt 3 named rollback_step 70, this launch's attempt 3 restarted plainly
+    monkeypatch.delenv("PROCSV_ROLLBACK_BEFORE", raising=False)
+    log = tmp_path / "lifecycle.jsonl"
+    log.write_text('{"event": "launch", "launch": 1}\n'
+                   '{"event": "restarting", "attempt": 3, "rollback_step": 70}\n'
+                   '{"event": "launch", "launch": 2}\n'
+                   '{"event": "restarting", "attempt": 2, "rollback_step": null}\n')
+    monkeypatch.setenv("PROCSV_ATTEMPT", "3")
+    assert group_restore.rollback_before(str(log)) is None
+    with log.open("a") as fh:
+        fh.write('{"event": "restarting", "attempt": 3, "rollback_step": 40}\n')
+    assert group_restore.rollback_before(str(log)) == 40

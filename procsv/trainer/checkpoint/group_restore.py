@@ -117,15 +117,16 @@ def restore_copy(ch: TrainerChannels, agent: CheckpointAgent, rank: int, step: i
 
 
 RESTARTING = b'"restarting"'
+LAUNCH = b'"launch"'
 
 
 def rollback_before(path: Optional[str]) -> Optional[int]:
     """The step B this group attempt was started to roll back (its chief restores the newest state before
     B): ``PROCSV_ROLLBACK_BEFORE``, the watchdog's at the group's start or at a standby's promotion
-    (:func:`procsv.trainer.standby.wait.take_promotion`; empty: none). Without it (a group started with no
-    bound, or a standby another host's agent promoted), the ``restarting`` record of this attempt that
-    names its ``rollback_step`` in the lifecycle file ``path``, if written by then. None: not a group's
-    rollback."""
+    (:func:`procsv.trainer.standby.wait.take_promotion`; empty: none). Without it (a trainer started by
+    a watchdog that does not set it: every watchdog of this version does, and a group has a standby only
+    on one host), the ``restarting`` record of this attempt in this launch that names its
+    ``rollback_step`` in the lifecycle file ``path``, if written by then. None: not a group's rollback."""
     raw = os.environ.get(env.ROLLBACK_BEFORE, "").strip()
     if raw.isdigit():
         return int(raw)
@@ -138,13 +139,15 @@ def rollback_before(path: Optional[str]) -> Optional[int]:
     try:
         with open(path, "rb") as fh:
             for line in fh:
-                if RESTARTING not in line or not line.endswith(b"\n"):
+                if (RESTARTING not in line and LAUNCH not in line) or not line.endswith(b"\n"):
                     continue
                 try:
                     rec = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(rec, dict) and rec.get("event") == "restarting" and rec.get("attempt") == attempt:
+                if isinstance(rec, dict) and rec.get("event") == "launch":
+                    found = None  # attempts count from 1 again: an earlier launch's record is not this one's
+                elif isinstance(rec, dict) and rec.get("event") == "restarting" and rec.get("attempt") == attempt:
                     step = rec.get("rollback_step")
                     found = int(step) if isinstance(step, int) else None
     except OSError:

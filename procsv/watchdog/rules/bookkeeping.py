@@ -139,8 +139,11 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
             stale = view.commit_step if view.rollback_before is None else max(view.commit_step, view.rollback_before[1])
             chief = view.children.get(TRAINER)  # (the one that saves: commits name its attempt)
             rolled = chief.attempt if chief is not None else child.attempt
-            view.rollback_before = (action.skip, stale, rolled if view.rollback_before is None
-                                    else max(rolled, view.rollback_before[2]))
+            if view.rollback_before is None:
+                view.rollback_before = (action.skip, stale, rolled)
+            else:  # the first bound still holds: what it keeps out is still newer than its B
+                before, _, was = view.rollback_before
+                view.rollback_before = (min(before, action.skip), stale, max(rolled, was))
             if action.skip not in view.skipped_steps:  # handed to the next group
                 view.skipped_steps = sorted([*view.skipped_steps, action.skip])
         if not action.preempted:
