@@ -105,16 +105,30 @@ def _span(a: float, b: Optional[float]) -> float:
     return 0.0 if b is None else max(0.0, b - a)
 
 
+def kept_below(attempts: tuple[Attempt, ...], restored_after: Optional[int] = None) -> list[Optional[int]]:
+    """For each attempt, the step the next one that restored (its ``ready`` recorded) restored,
+    else ``restored_after``: its steps past that were re-done. One pass, from the last attempt back."""
+    out: list[Optional[int]] = [None] * len(attempts)
+    below = restored_after
+    for i in range(len(attempts) - 1, -1, -1):
+        out[i] = below
+        if attempts[i].ready is not None:
+            below = attempts[i].restored_step
+    return out
+
+
 def breakdown(launch: Launch, restored_after: Optional[int] = None) -> Breakdown:
     """Split ``launch``'s wall time into :data:`KINDS`. ``restored_after``: the step the next
-    launch of the logdir restored (its re-done steps count against this launch)."""
+    launch of the logdir restored (its re-done steps count against this launch).
+
+    One pass over the attempts (linear: the watchdog computes it for its live launch once a round)."""
     out = Breakdown(wall=max(0.0, launch.end - launch.start))
     s = out.secs
     cursor = launch.start  # every second before it has its kind
     atts = launch.attempts
+    keep = kept_below(atts, restored_after)
     for i, a in enumerate(atts):
-        nxt = next((b for b in atts[i + 1:] if b.ready is not None), None)
-        keep_below = nxt.restored_step if nxt is not None else restored_after
+        keep_below = keep[i]
         born = min(max(a.spawned, cursor), launch.end)
         s["startup" if i == 0 else "restart"] += born - cursor
         end = min(max(a.ended if a.ended is not None else launch.end, born), launch.end)

@@ -50,6 +50,7 @@ from procsv.watchdog import observe
 from procsv.watchdog.bringup import Plumbing, standby_choice
 from procsv.watchdog.config import LaunchConfig, check_target
 from procsv.watchdog.rules.decide import decide
+from procsv.watchdog.publish import badput
 from procsv.watchdog.publish.events import Event
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.exits import ChildEnds
@@ -306,10 +307,13 @@ class Watchdog:
         if self.sweeper.due():
             self._sweep()
         self.logdir.check()  # one look a round (by the logdir writer): before a write of status.json
-        self.out.write_status(self.view, self.ex.zygote)
-        self.pipes.scalars.tick(self.view, self.clock(), self.wall())
-        self.out.publish(self.view)
-        self.out.draw_live(self.view)
+        # the round's outputs, each throttled on its own, share one breakdown of the launch's time (computed
+        # by the first that is due, if any: one pass over the attempts, at most once a round)
+        shared = badput.Shared(self.view, self.clock())
+        self.out.write_status(self.view, self.ex.zygote, shared=shared)
+        self.pipes.scalars.tick(self.view, shared.now, self.wall(), shared)
+        self.out.publish(self.view, shared=shared)
+        self.out.draw_live(self.view, shared=shared)
         if self.pulse is not None:
             self.pulse.turned(self.view)  # /healthz: the loop turns; /readyz: training started
             if self.view.step > 0:

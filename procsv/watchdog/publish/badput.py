@@ -1,8 +1,11 @@
 """The live launch's goodput breakdown (:mod:`procsv.goodput`), from the watchdog's own view.
 
-Runs in the watchdog: ``status.json``, the Prometheus snapshot, procsv's TensorBoard scalars and
-``logs/report.json`` take it from here. Pure: the view and ``now`` (the watchdog's monotonic
-clock, which the view's times are on) are passed in. It reads only what the watchdog already keeps
+Runs in the watchdog: ``status.json``, the Prometheus snapshot, procsv's TensorBoard scalars, the
+live line and ``logs/report.json`` take it from here. Pure: the view and ``now`` (the watchdog's
+monotonic clock, which the view's times are on) are passed in. Each round of the watchdog's loop
+makes one :class:`Shared` and hands it to the four that are throttled on their own, so the
+breakdown (one pass over the attempts) is computed at most once a round, and only in a round where
+one of them is due. It reads only what the watchdog already keeps
 of each trainer attempt (its spawn, restore, first and last completed step, its snapshot busy
 spans, its end): nothing new is asked of the trainer.
 """
@@ -35,6 +38,24 @@ def of_launch(view: RunView, now: float) -> Breakdown:
     start = view.launch_start if view.process_start is None else min(view.launch_start, view.process_start)
     return breakdown(Launch(start, now, view.stop_signal is not None,
                             tuple(attempt(c, now) for c in view.attempts)))
+
+
+class Shared:
+    """The launch's breakdown at ``now`` (:func:`of_launch`), computed by the first caller, then the
+    same object for every later one: one round's, shared by its consumers. The view must not change
+    between the calls (the round's outputs only read it)."""
+
+    __slots__ = ("view", "now", "_spent")
+
+    def __init__(self, view: RunView, now: float) -> None:
+        self.view = view
+        self.now = now
+        self._spent: Optional[Breakdown] = None
+
+    def __call__(self) -> Breakdown:
+        if self._spent is None:
+            self._spent = of_launch(self.view, self.now)
+        return self._spent
 
 
 def goodput(view: RunView, spent: Breakdown) -> Optional[float]:

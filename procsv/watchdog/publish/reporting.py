@@ -93,37 +93,40 @@ class Reporter:
             self.live.progress(self.clock(), step)
 
     # ------------------------------------------------------------------ every round
-    def write_status(self, view: RunView, zygote: Optional[Zygote], force: bool = False) -> None:
+    def write_status(self, view: RunView, zygote: Optional[Zygote], force: bool = False,
+                     shared: Optional[badput.Shared] = None) -> None:
         """Hand ``status.json`` to the logdir writer if due (``force``: now, durably); never into a
         lost logdir. The record is built here (the view is the loop's); the writer reads its
-        ``last_checkpoint``."""
+        ``last_checkpoint``. ``shared``: the round's breakdown (and its time), else one of its own."""
         if view.logdir_lost is not None or not self.io.status.due(force):
             return
-        self.io.write_status(status_record(view, self.cfg, self.layout, self.clock(), self.wall(), self.started_wall,
-                                           zygote, self.rejections.record()),
+        shared = shared or badput.Shared(view, self.clock())
+        self.io.write_status(status_record(view, self.cfg, self.layout, shared.now, self.wall(), self.started_wall,
+                                           zygote, self.rejections.record(), shared()),
                              durable=force)
 
-    def publish(self, view: RunView, force: bool = False) -> None:
+    def publish(self, view: RunView, force: bool = False, shared: Optional[badput.Shared] = None) -> None:
         """Replace the snapshot the metrics endpoint serves, at most every ``PUBLISH_EVERY`` seconds."""
-        now = self.clock()
+        now = self.clock() if shared is None else shared.now
         if not self._publishing or (now < self._next_publish and not force):
             return
         self._next_publish = now + PUBLISH_EVERY
         newest = self.io.newest  # until this launch commits: the newest on disk (read by the last status write)
         self.snapshot = take_snapshot(view, now, self.wall(), self.started_wall, self._rate,
-                                      None if newest is None else (newest.step, newest.committed_at))
+                                      None if newest is None else (newest.step, newest.committed_at),
+                                      None if shared is None else shared())
 
-    def draw_live(self, view: RunView) -> None:
+    def draw_live(self, view: RunView, shared: Optional[badput.Shared] = None) -> None:
         """Hand the live line to the terminal, at most every ``liveline.DRAW_EVERY`` seconds; once
         the run's outcome is decided, its last step is drawn at once (the run may end sooner)."""
-        now = self.clock()
+        now = self.clock() if shared is None else shared.now
         if self.live is None:
             return
         final = view.finishing and view.step != self.live.drawn_step
         if not final and not liveline.due(now, self.live.last_draw):
             return
         self.live.last_draw, self.live.drawn_step = now, view.step
-        gp = badput.goodput(view, badput.of_launch(view, now))
+        gp = badput.goodput(view, badput.of_launch(view, now) if shared is None else shared())
         facts = self.live.facts(now, view.step, view.history.restarts, gp, len(view.skipped_steps), view.last_commit_at)
         self.term.status(liveline.format_line(facts, self.term.width()))
 

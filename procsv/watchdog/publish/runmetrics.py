@@ -21,6 +21,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Optional
 
+from procsv.goodput import Breakdown
 from procsv.watchdog.publish import badput, recovery
 from procsv.watchdog.rules.membership import connected
 from procsv.watchdog.rules.failures import signal_name
@@ -126,12 +127,13 @@ class StepRate:
 
 
 def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rate: StepRate,
-                  on_disk: Optional[tuple[int, float]] = None) -> RunSnapshot:
+                  on_disk: Optional[tuple[int, float]] = None, spent: Optional[Breakdown] = None) -> RunSnapshot:
     """The snapshot at ``now`` (the watchdog's monotonic clock) / ``wall`` (epoch seconds).
     ``on_disk``: (step, commit time in epoch seconds) of the newest committed checkpoint in the
     logdir, the last checkpoint until this launch commits one (a relaunch that never commits still
-    shows how old the run's last checkpoint is, so the stuck-run alert fires)."""
-    spent = badput.of_launch(view, now)
+    shows how old the run's last checkpoint is, so the stuck-run alert fires). ``spent``: the launch's
+    breakdown at ``now`` (the round's, shared), else computed here."""
+    spent = badput.of_launch(view, now) if spent is None else spent
     trainer = view.children.get(TRAINER)
     attempt = trainer.attempt if trainer is not None else 0
     services = tuple(sorted((c.role, c.attempt - 1) for c in view.services()))

@@ -25,10 +25,11 @@ DEALER connected to ``summary.sock`` without ever blocking: a point the socket's
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable, Optional
 
 import zmq
 
+from procsv.goodput import Breakdown
 from procsv.ipc.messages import RunScalars
 from procsv.ipc.transport import make_socket, send
 from procsv.watchdog.publish import badput, recovery
@@ -49,8 +50,10 @@ class Sent:
     final: bool = False
 
 
-def due(view: RunView, now: float, wall: float, sent: Sent) -> tuple[list[RunScalars], Sent]:
-    """The points due at ``now`` / ``wall`` and the new :class:`Sent`."""
+def due(view: RunView, now: float, wall: float, sent: Sent,
+        spent: Optional[Callable[[], Breakdown]] = None) -> tuple[list[RunScalars], Sent]:
+    """The points due at ``now`` / ``wall`` and the new :class:`Sent`; ``spent``: the launch's breakdown at
+    ``now`` (the round's :class:`~procsv.watchdog.publish.badput.Shared`), asked for only when a periodic point is due."""
     out: list[RunScalars] = []
     attempts = view.attempts
     i = sent.recovered
@@ -89,13 +92,13 @@ def due(view: RunView, now: float, wall: float, sent: Sent) -> tuple[list[RunSca
     final = view.finishing and not sent.final
     if stepped and (now >= sent.next_periodic or final):
         tags, values = ["procsv/restarts"], [float(max(0, len(attempts) - 1 - view.not_restarts()))]
-        spent = badput.of_launch(view, now)
-        if spent.goodput is not None:  # (stepped: badput.goodput's gate is passed)
+        spent_now = spent() if spent is not None else badput.of_launch(view, now)
+        if spent_now.goodput is not None:  # (stepped: badput.goodput's gate is passed)
             tags.append("procsv/goodput")
-            values.append(spent.goodput)
-        if spent.wall > 0:
-            tags += [f"procsv/time_share/{k}" for k in spent.secs]
-            values += [v / spent.wall for v in spent.secs.values()]
+            values.append(spent_now.goodput)
+        if spent_now.wall > 0:
+            tags += [f"procsv/time_share/{k}" for k in spent_now.secs]
+            values += [v / spent_now.wall for v in spent_now.secs.values()]
         if view.group_nodes:  # an elastic group's hosts now (rule 15)
             tags.append("procsv/group_hosts")
             values.append(float(len(view.group_nodes)))
@@ -115,8 +118,8 @@ class ScalarSender:
         self.sock.connect(endpoint)
         self.sent = Sent()
 
-    def tick(self, view: RunView, now: float, wall: float) -> None:
-        points, self.sent = due(view, now, wall, self.sent)
+    def tick(self, view: RunView, now: float, wall: float, spent: Optional[Callable[[], Breakdown]] = None) -> None:
+        points, self.sent = due(view, now, wall, self.sent, spent)
         for p in points:
             send(self.sock, p)  # (False: the queue is full, the point dropped)
 

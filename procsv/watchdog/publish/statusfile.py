@@ -20,6 +20,7 @@ import psutil
 from procsv.common import faults
 from procsv.common.layout import Layout, write_json
 from procsv.common.pidfd import host_id
+from procsv.goodput import Breakdown
 from procsv.watchdog.rules import group, membership
 from procsv.watchdog.publish import badput
 from procsv.watchdog.config import LaunchConfig
@@ -32,10 +33,12 @@ STALL_SECS = 5.0  # how long the fault point status_stall blocks a write (tests 
 
 
 def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, wall: float, started_wall: float,
-                  zygote: Optional[Zygote], rejected: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+                  zygote: Optional[Zygote], rejected: Optional[dict[str, Any]] = None,
+                  spent: Optional[Breakdown] = None) -> dict[str, Any]:
     """The status record at ``now`` (monotonic) / ``wall`` (epoch seconds); ``rejected``: the
     messages the watchdog refused (:meth:`procsv.ipc.rejections.Rejections.record`). Its
-    ``last_checkpoint`` is left None for the writer to read (the loop reads nothing from the logdir)."""
+    ``last_checkpoint`` is left None for the writer to read (the loop reads nothing from the logdir).
+    ``spent``: the launch's breakdown at ``now`` (the round's, shared), else computed here."""
     procs: list[dict[str, Any]] = [{"role": "watchdog", "pid": os.getpid(),
                                     "state": "exited" if view.finishing else "running", "restarts": 0,
                                     "create_time": psutil.Process().create_time()}]
@@ -56,7 +59,7 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
                 node = view.nodes.get(c.node)
                 entry.update(rank=group.rank_of(c.slot), node=c.node, host=node.host if node else host, step=c.step)
             procs.append(entry)
-    spent = badput.of_launch(view, now)
+    spent = badput.of_launch(view, now) if spent is None else spent
     return {
         "group": {"nproc": cfg.nproc, "nnodes": cfg.nnodes, "state": group.group_state(view), "ps": cfg.ps,
                   # rule 15 (--min-nodes): the hosts the group runs on now, and how often that changed
