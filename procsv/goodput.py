@@ -2,8 +2,10 @@
 
 Pure: functions of plain data, no clock read, no file read. Two readers build the data: the
 ``procsv report`` CLI from ``logs/lifecycle.jsonl`` (:func:`launches_from_events`, every launch of
-the logdir) and the watchdog from its own view of the live launch
-(:mod:`procsv.watchdog.publish.runmetrics`, for ``status.json``, Prometheus and TensorBoard).
+the logdir), as the watchdog does once more at the end of a launch for ``logs/report.json``'s
+``run`` (:func:`run_record`), and the watchdog from its own view of the live launch
+(:mod:`procsv.watchdog.publish.badput`, for ``status.json``, Prometheus, TensorBoard, the live
+line and ``logs/report.json``'s ``breakdown``).
 Nothing here runs in the trainer, and nothing is measured per step: the watchdog already hears
 each attempt's first step, its last completed step and when a snapshot blocks it.
 
@@ -190,6 +192,22 @@ def run_breakdown(launches: list[Launch]) -> tuple[list[Breakdown], Breakdown]:
             total.secs["stopped" if la.stopped or la.closed else "unaccounted"] += gap
             total.wall += gap
     return per, total
+
+
+def run_record(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every launch of the logdir as ``logs/report.json`` holds it (``run``), from the lifecycle
+    records ``events``: what ``procsv report`` prints after the launch, as data. ``launches``: each
+    launch's breakdown (:meth:`Breakdown.to_json`) with its number; ``total``: the whole run's, the
+    gaps between launches included, with ``launches``, how many; ``tasks`` (a group whose workers
+    step, :func:`tasks`): each task's whole run, by task name."""
+    launches = launches_from_events(events)
+    per, total = run_breakdown(launches)
+    out: dict[str, Any] = {"launches": [{"launch": la.number, **b.to_json()} for la, b in zip(launches, per)],
+                           "total": {"launches": len(launches), **total.to_json()}}
+    names = tasks(events)
+    if len(names) > 1:
+        out["tasks"] = {n: run_breakdown(launches_from_events(events, task=n))[1].to_json() for n in names}
+    return out
 
 
 def launches_from_events(events: list[dict[str, Any]], now: Optional[float] = None,

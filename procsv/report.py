@@ -34,6 +34,7 @@ from procsv.common.layout import Layout, LogdirLock, read_json
 from procsv.common.manifests import list_committed
 from procsv.status import rollback_words
 from procsv.watchdog.publish import recovery
+from procsv.watchdog.publish.events import read_events
 
 
 @dataclass(frozen=True)
@@ -73,23 +74,6 @@ class RunReport:
     lifetime: Optional[gp.Breakdown] = None  # every launch of the logdir, and the gaps between them
     tasks: list[tuple[str, gp.Breakdown]] = field(default_factory=list)  # a group's: each task's whole run
     memberships: list[dict[str, Any]] = field(default_factory=list)  # an elastic group's ``membership`` records
-
-
-def read_events(path: str) -> list[dict[str, Any]]:
-    """Every whole record of ``lifecycle.jsonl`` (a torn last line is skipped)."""
-    out = []
-    try:
-        with open(path, "rb") as fh:
-            for line in fh:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict) and isinstance(rec.get("time"), (int, float)):
-                    out.append(rec)
-    except FileNotFoundError:
-        pass
-    return out
 
 
 def last_launch(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -2,7 +2,8 @@
 (SIGTERM to the launch) and a relaunch of the same logdir. The kinds of ``procsv.goodput`` sum to
 each launch's wall time and to the run's (gaps included) within 1 %, each kind the run had is
 there, and ``procsv report`` prints the table; ``report.json`` and ``status.json`` carry the
-last launch's."""
+last launch's, and ``report.json`` the whole run's too (``run``: every launch of the logdir, the
+numbers of the table ``procsv report`` prints)."""
 
 from __future__ import annotations
 
@@ -87,7 +88,22 @@ def test_kinds_sum_to_the_wall_time_across_kills_a_preemption_and_a_relaunch(log
     assert any(line.strip().startswith("cumulative: productive ") for line in lines), done.stdout
 
     with open(os.path.join(logdir, "logs", "report.json")) as fh:
-        saved = json.load(fh)["breakdown"]  # the last launch's, as the watchdog saw it
+        report = json.load(fh)
+    # the whole run's, machine-readable: what `procsv report` computes from the lifecycle records (the
+    # relaunch wrote its report after its last record), and the numbers of the rows it printed
+    run = report["run"]
+    assert run == gp.run_record(events), (run, gp.run_record(events))
+    assert [r["launch"] for r in run["launches"]] == [1, 2] and run["total"]["launches"] == 2, run
+    assert run["total"]["wall_s"] == round(total.wall, 3) and "tasks" not in run, run
+    for name, row in (("launch 1", run["launches"][0]), ("launch 2", run["launches"][1]),
+                      ("all 2 launches", run["total"])):
+        printed = next(line.split()[len(name.split()):] for line in lines if line.split()[:len(name.split())] == name.split())
+        shown = [float(x) for x in printed[:-1]] + [float(printed[-1].rstrip("%")) / 100]
+        saved_row = [row[f"{k}_s"] for k in gp.KINDS] + [row["wall_s"], row["goodput"]]
+        # (the table rounds to 0.1 s and 0.1 %, report.json to 1 ms and 0.01 %)
+        assert all(abs(x - y) <= 0.0501 for x, y in zip(shown[:-1], saved_row[:-1])), (printed, row)
+        assert abs(shown[-1] - saved_row[-1]) <= 0.000501 and len(shown) == len(saved_row), (printed, row)
+    saved = report["breakdown"]  # the last launch's, as the watchdog saw it
     assert abs(sum(saved[f"{k}_s"] for k in gp.KINDS) - saved["wall_s"]) <= 0.01 * saved["wall_s"], saved
     # the watchdog's own view of its launch and the lifecycle records agree: the same start (the
     # launch record's time is the watchdog's start), and the report is taken as the watchdog closes

@@ -182,3 +182,22 @@ def test_an_attempt_that_stepped_with_no_restore_record_still_sums_to_the_wall_t
     b = gp.breakdown(la)
     assert sum(b.secs.values()) == pytest.approx(20.0), b.secs
     assert b.secs["startup"] == pytest.approx(5.0) and b.secs["productive"] == pytest.approx(10.0), b.secs
+
+
+def test_the_run_record_of_report_json_holds_each_launchs_breakdown_and_the_whole_runs():
+    """``logs/report.json``'s ``run`` (issue 66): the numbers of ``procsv report``'s table, as data."""
+    events = _launch_with_a_kill_and_a_preemption()
+    per, total = gp.run_breakdown(gp.launches_from_events(events))
+    run = gp.run_record(events)
+    assert run == {"launches": [{"launch": 1, **per[0].to_json()}, {"launch": 2, **per[1].to_json()}],
+                   "total": {"launches": 2, **total.to_json()}}
+    assert run["total"]["wall_s"] == 50.0 and run["total"]["stopped_s"] >= 8.0  # the gap from 32 to 40 included
+    # a group whose workers step: each task's whole run too
+    worker = [dict(e, role="worker1", pid=e["pid"] + 1000) for e in events if e.get("event") == "trained"]
+    spawned = [dict(e, role="worker1", pid=e["pid"] + 1000) for e in events
+               if e.get("event") == "spawned" and e.get("role") == "trainer"]
+    grouped = sorted(events + worker + spawned, key=lambda e: e["time"])
+    run = gp.run_record(grouped)
+    assert sorted(run["tasks"]) == ["trainer", "worker1"]
+    assert run["tasks"]["trainer"] == total.to_json()
+    assert run["tasks"]["worker1"] == gp.run_breakdown(gp.launches_from_events(grouped, task="worker1"))[1].to_json()

@@ -223,3 +223,22 @@ class EventLog:
             except OSError:
                 pass
             self._fh = None
+
+
+def read_events(path: str) -> list[dict[str, Any]]:
+    """Every whole record of ``lifecycle.jsonl`` (a torn last line is skipped); none if there is no file.
+    Its readers: ``procsv report`` (:mod:`procsv.report`) and the watchdog's final ``logs/report.json``
+    (its ``run``: every launch of the logdir), in the logdir writer thread."""
+    out = []
+    try:
+        with open(path, "rb") as fh:
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and isinstance(rec.get("time"), (int, float)):
+                    out.append(rec)
+    except FileNotFoundError:
+        pass
+    return out

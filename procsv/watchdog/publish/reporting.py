@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Optional
 
+from procsv import goodput as gp
 from procsv.common.layout import Layout, write_json
 from procsv.ipc.rejections import Rejections
 from procsv.watchdog.publish import badput, liveline, recovery
@@ -23,7 +24,7 @@ from procsv.watchdog.children import ChildProcess
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.publish.diskio import DiskIO
 from procsv.watchdog.rules.limits import Limits
-from procsv.watchdog.publish.events import EventLog, Report
+from procsv.watchdog.publish.events import EventLog, Report, read_events
 from procsv.watchdog.publish.output import Terminal
 from procsv.watchdog.prewarm import Zygote
 from procsv.watchdog.publish.runmetrics import PUBLISH_EVERY, RunSnapshot, StepRate, take_snapshot, task_summary
@@ -159,8 +160,15 @@ class Reporter:
 
 
 def _write_report(layout: Layout, summary: dict[str, Any]) -> None:
-    """``logs/report.json`` (in the logdir writer thread); a failing write is left unsaid."""
+    """``logs/report.json`` (in the logdir writer thread, after every lifecycle record of the launch
+    queued before it), with ``run``: every launch of the logdir, from ``lifecycle.jsonl``, as ``procsv
+    report`` prints it (:func:`procsv.goodput.run_record`; null if the file cannot be read). Written
+    atomically (aside, fsync, rename); a failing write is left unsaid."""
     try:
-        write_json(layout.report, summary)
+        run: Optional[dict[str, Any]] = gp.run_record(read_events(layout.lifecycle))
+    except (OSError, ValueError, KeyError, TypeError):  # unreadable, or a record edited by hand
+        run = None
+    try:
+        write_json(layout.report, {**summary, "run": run})
     except OSError:
         pass
