@@ -9,14 +9,23 @@ executor hands them to the next group in ``PROCSV_SKIP_STEPS``). The launch-leve
 
 from __future__ import annotations
 
-from procsv.common.exitcodes import EXIT_GROUP_ROLLBACK
+import os
+import random
+import signal
+
+import pytest
+
+from procsv.common.errors import TrainingDiverged
+from procsv.common.exitcodes import EXIT_DIVERGING, EXIT_GROUP_ROLLBACK
+from procsv.common.layout import Layout, write_json
+from procsv.common.manifests import Manifest, retiring
 from procsv.ipc.messages import NonfiniteDetected, SaveResult
-from procsv.trainer.checkpoint import group_restore
+from procsv.trainer.checkpoint import group_restore, restore, restore_at_start
 from procsv.trainer.nonfinite import records
 from procsv.watchdog import observe
 from procsv.watchdog.publish import recovery
 from procsv.watchdog.publish.runmetrics import StepRate, restart_counts, take_snapshot
-from procsv.watchdog.rules.actions import GiveUp, Restart, Spawn
+from procsv.watchdog.rules.actions import GiveUp, Restart, Signal, Spawn
 from procsv.watchdog.rules.group import blame, rollback_step
 from procsv.watchdog.rules.policy import Action, History, RestartPolicy, TrainerExit, decide
 from procsv.watchdog.rules.state import TRAINER
@@ -347,3 +356,72 @@ def test_the_lifecycle_fallback_takes_this_launchs_restarting_record_not_an_earl
     with log.open("a") as fh:
         fh.write('{"event": "restarting", "attempt": 3, "rollback_step": 40}\n')
     assert group_restore.rollback_before(str(log)) == 40
+
+
+# ----------------------------------------------------------------------------- a rollback with nothing below its bound
+
+def test_a_rollback_refuses_only_when_checkpoints_are_committed_and_none_is_below_its_bound():
+    """The restore decision of a group restarted to roll back step B, as a function of the committed
+    steps and B (issue 66): the newest below B is restored; none committed at all, the initial state
+    is the state before B; some committed and none below B (retention deleted them), it refuses,
+    in one line, rather than train again from step 0."""
+    refusal = restore.rollback_refusal
+    assert refusal([30, 60, 90], None) is None  # no rollback
+    assert refusal([], 70) is None  # nothing committed: it initializes
+    assert refusal([30, 60, 90], 70) is None and refusal([69], 70) is None  # step 60, step 69 restored
+    line = refusal([90, 120], 70)
+    assert line is not None and "\n" not in line
+    assert "rolls back step 70" in line and "2 committed checkpoint(s) (steps 90..120)" in line, line
+    assert "exit code 4" in line and "max_to_keep" in line and "from step 120" in line, line
+    assert refusal([70], 70) is not None  # step 70's own checkpoint holds its update
+    rng = random.Random(66)
+    for _ in range(2000):
+        steps = sorted(rng.sample(range(0, 200), rng.randrange(0, 6)))
+        before = rng.choice([None, rng.randrange(0, 220)])
+        refused = refusal(steps, before) is not None
+        assert refused == (before is not None and bool(steps) and all(s >= before for s in steps)), (steps, before)
+
+
+def test_a_restore_for_a_rollback_with_only_checkpoints_past_its_bound_stops_with_exit_4_and_one_line(
+        tmp_path, capsys):
+    """The trainer's restore at start on a logdir whose manifests are all of step B or later: it says
+    so in one line and raises TrainingDiverged (exit code 4) before TensorFlow is imported, nothing
+    initialized; the restore lock is released (retention may delete again)."""
+    layout = Layout(str(tmp_path))
+    os.makedirs(layout.manifests, exist_ok=True)
+    for step in (90, 120):
+        m = Manifest(step, f"model.ckpt-{step}", {f"model.ckpt-{step}.index": {"size": 1, "crc32c": 0}}, 1.0, "steps")
+        write_json(os.path.join(layout.manifests, f"model.ckpt-{step}.json"), m.to_json())
+    inits: list[bool] = []
+    with pytest.raises(TrainingDiverged) as raised:
+        restore_at_start.restore_or_init(None, None, layout, lambda: inits.append(True), allow_reinit=True,
+                                         read_retry=restore.ReadRetry(), clock=lambda: 0.0, sleep=lambda s: None,
+                                         before=70)
+    assert raised.value.code == EXIT_DIVERGING and not inits
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"procsv: {raised.value}"] and "rolls back step 70" in err[0], err
+    with retiring(layout) as held:  # (an exclusive lock: no restore holds its shared one)
+        assert held
+
+
+def test_a_group_whose_rollback_refused_is_given_up_as_diverging_not_restarted():
+    """The chief of the group restarted for its rollback exits 4 at its restore (before its first step):
+    the watchdog gives up at once, stops the rest of the group and ends the launch with exit code 4;
+    no restart (a restart would meet the same checkpoints), so no storm."""
+    sim = group(2)
+    sim.tick(1.0)
+    reports(sim, TRAINER, 70)
+    sim.reaps(TRAINER, EXIT_GROUP_ROLLBACK, "GroupRollback")
+    sim.reaps(W1, 1, "UnavailableError")
+    assert [r.skip for r in of(sim.tick(0.01), Restart)] == [70]
+    assert of(sim.tick(0.01), Spawn) == [Spawn(TRAINER, TRAINER)]
+    sim.reaps(TRAINER, EXIT_DIVERGING, "TrainingDiverged")  # its worker waits for the pin meanwhile
+    gave_up = of(sim.tick(0.01), GiveUp)
+    assert len(gave_up) == 1 and gave_up[0].exit_code == EXIT_DIVERGING and "diverging" in gave_up[0].reason, gave_up
+    stopping = of(sim.tick(0.01), Signal)
+    assert (W1, signal.SIGTERM) in [(a.slot, a.sig) for a in stopping], sim.log  # the run's stop (the services' too)
+    sim.reaps(W1, -signal.SIGTERM)
+    sim.tick(5.0)
+    sim.tick(60.0)
+    assert len(of(sim.log, Restart)) == 1 and len(of(sim.log, Spawn)) == 2, sim.log  # the rollback's, none after
+    assert sim.view.finishing and sim.view.exit_code == EXIT_DIVERGING

@@ -17,6 +17,9 @@ The rules, newest checkpoint first:
   nothing is moved or deleted. The trainer exits non-zero and the watchdog may try again.
 * every committed checkpoint corrupt -> :class:`NoRestorableCheckpoint` with one line per
   checkpoint, unless ``allow_reinit``: then the caller starts from scratch.
+* a trainer group's rollback of step B walks only the checkpoints of a step below B; checkpoints
+  committed but none below B (retention deleted the older ones) -> it refuses to start from
+  scratch, one line (:func:`rollback_refusal`), and stops as diverging (exit code 4).
 
 With nothing committed, a checkpoint procsv did not write (a plain ``tf.train.CheckpointManager``'s
 ``ckpt-3``) is restored at the step stored in it (:func:`foreign_step`): its root's ``global_step``
@@ -121,6 +124,23 @@ def choose(committed: Sequence[Manifest], attempt: Callable[[Manifest], None], *
             + "\nto start from scratch anyway, launch with --allow-reinit (or Supervisor(allow_reinit=True)); "
             "the corrupt checkpoints are then moved to .procsv/quarantine/")
     return Choice(None, corrupt)
+
+
+def rollback_refusal(steps: Sequence[int], before: Optional[int]) -> Optional[str]:
+    """Why a trainer group's rollback of step ``before`` (None: no rollback) must stop rather than
+    start from step 0, given the steps of the committed checkpoints: some are committed, and none is
+    of a step below ``before`` (each holds that step's update; retention, ``max_to_keep``, deleted
+    the older ones): one line, what happened and what to do. None: it may go on, restoring the
+    newest checkpoint below ``before``, or initializing when nothing is committed at all (the
+    initial state is then the newest state before the step)."""
+    if before is None or not steps or any(s < before for s in steps):
+        return None
+    newest = max(steps)
+    return (f"the trainer group rolls back step {before} (its loss was non-finite), but none of its {len(steps)} "
+            f"committed checkpoint(s) (steps {min(steps)}..{newest}) is of a step before it (retention deleted the "
+            f"older ones, if any); stopping with exit code 4 (diverging) rather than training again from step 0: keep more "
+            f"checkpoints (the Supervisor's max_to_keep or keep_checkpoint_every_n_hours) so that one before the "
+            f"rolled-back step survives, or launch again to go on from step {newest}, which holds step {before}'s update")
 
 
 def foreign_step(path: str, stored: Mapping[str, int]) -> tuple[str, int]:

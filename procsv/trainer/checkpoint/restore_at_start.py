@@ -21,7 +21,8 @@ from typing import Any, Callable, Optional
 
 from procsv.ipc.messages import RecoverQuery
 from procsv.ipc.transport import NoReply
-from procsv.common.errors import CorruptCheckpoint, MismatchedCheckpoint, NoRestorableCheckpoint, UnreadableCheckpoint
+from procsv.common.errors import (CorruptCheckpoint, MismatchedCheckpoint, NoRestorableCheckpoint, TrainingDiverged,
+                                  UnreadableCheckpoint)
 from procsv.common.layout import Layout
 from procsv.common.manifests import (Manifest, damaged_manifests, list_committed, manifest_path, restoring,
                                      unreadable_file, verify)
@@ -57,7 +58,9 @@ def restore_or_init(checkpoint: Any, global_step: Any, layout: Layout, init: Cal
 
     ``pinned``: a group's worker restores exactly what its chief restored (:class:`Pinned`).
     ``before``: a group restarted for its rollback of that step restores the newest checkpoint of a step
-    below it (one committed after it holds the step's update; with none below it, ``init``).
+    below it (one committed after it holds the step's update; with none committed at all, ``init``).
+    With checkpoints committed but none below it, it raises :class:`TrainingDiverged` (exit code 4,
+    one line: :func:`restore.rollback_refusal`) rather than start from step 0.
 
     ``init`` runs after the restore lock is released: it runs the program's ``init_fn``, and a
     process forked there (a data loader's worker, ``multiprocessing``) would inherit the lock's
@@ -104,9 +107,13 @@ def _walk(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], 
           sleep: Callable[[float], None], relist: bool = True, before: Optional[int] = None) -> Restored:
     """One listing of the committed checkpoints, then the walk of :func:`restore.choose` over it
     (``before``: over those of a step below it)."""
+    committed = list_committed(layout)
+    refused = restore.rollback_refusal([m.step for m in committed], before)
+    if refused is not None:  # checkpoints, none before the step rolled back: never a silent start from step 0
+        print(f"procsv: {refused}", file=sys.stderr, flush=True)
+        raise TrainingDiverged(refused)
     import tensorflow as tf
 
-    committed = list_committed(layout)
     later = [m for m in committed if before is not None and m.step >= before]
     if later:  # a group's rollback of step ``before``: these hold its update
         committed = [m for m in committed if m.step < before]  # type: ignore[operator]
