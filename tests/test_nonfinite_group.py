@@ -354,3 +354,27 @@ def test_a_single_trainers_own_exit_5_after_a_skipped_step_is_an_ordinary_failur
     status = raw_status(logdir) or {}
     assert (status.get("restarts"), status.get("rollbacks"), status.get("group_rollbacks")) == (1, 2, 0), status
     assert status.get("skipped_steps") == [20] and status.get("exit_code") == 0, status
+
+
+def test_a_group_rollback_whose_checkpoints_before_the_step_were_deleted_by_retention_refuses_with_exit_4(logdir):
+    # as above (the chief commits 30, 60, 90; worker1 finds its NaN of step 70 at step 100), but the
+    # program keeps one checkpoint (max_to_keep=1), and worker1's in-memory copy of step 50 is never held
+    # (a fault point of the checkpoint service: with it, the group restores step 50 from memory, a state
+    # before 70): when the group rolls back 70, only step 90 is committed. Before: the chief passed it
+    # over, found nothing below 70 and trained again from step 0, silently. Now it says so in one line
+    # and exits 4, and the launch gives up as diverging: no restart (issue 66)
+    env = quiet_env(PROCSV_FAULT="checkpoint:group_copy_missing:1")
+    code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "70", "--save-steps", "30", "--max-to-keep", "1",
+                                   target=LOCAL_NAN, env=env,
+                                   # (the worker waits for the pin of a chief that refused: it ends at the stop's SIGKILL)
+                                   opts=GROUP + ("--on-nonfinite", "rollback", "--stop-grace-secs", "3")))
+    assert code == 4, err
+    assert [r.get("rollback_step") for r in events(logdir, "restarting")] == [70], err  # the rollback's restart only
+    assert committed_steps(logdir) == [90]
+    chief = member_log(logdir, "trainer.2").splitlines()
+    said = [line for line in chief if "the trainer group rolls back step 70" in line and "exit code 4" in line]
+    assert len(said) == 1 and "from step 90" in said[0], chief[-20:]
+    second = {r["pid"] for r in events(logdir, "spawned") if r["attempt"] == 2}
+    assert second and not [r for r in events(logdir, "restored") + events(logdir, "initialized") if r["pid"] in second], \
+        err  # the refusing group restored nothing, initialized nothing
+    assert "giving up: the trainer is diverging" in err, err

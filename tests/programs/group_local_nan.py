@@ -16,6 +16,7 @@ gradient, as a masked input's would be), the weights stay finite and the other m
                     chief keeps stepping, slower, rather than waiting inside a step
     --exit-attempt A  --exit-at and --chief-dies-at apply only in the group's attempt A (PROCSV_ATTEMPT; default: any)
     --chief-dies-at N the chief ends at step N at once (os._exit(5): no checkpoint of its own on the way out), once
+    --max-to-keep N   the Supervisor's retention (default 5, the Supervisor's own)
 
 The batch of step n is a function of n and the member's rank alone.
 """
@@ -41,6 +42,7 @@ p.add_argument("--exit-at", type=int, default=None)
 p.add_argument("--save-steps", type=int, default=None)
 p.add_argument("--exit-attempt", type=int, default=None)
 p.add_argument("--chief-dies-at", type=int, default=None)
+p.add_argument("--max-to-keep", type=int, default=5)
 args = p.parse_args()
 PACE = 0.25  # seconds more per step of the chief while its newest checkpoint is not committed
 
@@ -53,7 +55,7 @@ with strategy.scope():
     optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
     optimizer.build(model.trainable_variables)
 sv = procsv.Supervisor(checkpoint=tf.train.Checkpoint(model=model, optimizer=optimizer), save_model_secs=600,
-                       save_checkpoint_steps=args.save_steps)
+                       save_checkpoint_steps=args.save_steps, max_to_keep=args.max_to_keep)
 
 
 @tf.function
