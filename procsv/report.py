@@ -24,7 +24,6 @@ the plotting one, which imports it).
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional

@@ -3,10 +3,11 @@
 (the chief ``trainer``, the worker ``worker1``) has its own breakdown, from what the watchdog
 already hears of every member (its spawn, its restore, its Progress, its end): the kinds sum to
 each task's wall time within 1 %, and ``procsv report`` prints a row per task and names the one
-that cost the most."""
+that cost the most; ``logs/report.json``'s ``run`` holds each task's too."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -63,3 +64,8 @@ def test_a_group_with_a_killed_worker_breaks_down_per_task_and_the_report_names_
     assert any(line.split()[:1] == ["trainer"] for line in lines), done.stdout
     assert any(line.split()[:1] == ["worker1"] for line in lines), done.stdout
     assert any(line.startswith(f"costliest task: {worst[0]}, ") for line in lines), done.stdout
+    # report.json's run: each task's whole run too, as the report's rows (issue 66)
+    with open(os.path.join(logdir, "logs", "report.json")) as fh:
+        run = json.load(fh)["run"]
+    assert sorted(run["tasks"]) == ["trainer", "worker1"] and run == gp.run_record(events), run
+    assert run["tasks"][worst[0]]["wall_s"] == round(worst[1].wall, 3), (run, worst)
