@@ -425,3 +425,43 @@ def test_a_group_whose_rollback_refused_is_given_up_as_diverging_not_restarted()
     sim.tick(60.0)
     assert len(of(sim.log, Restart)) == 1 and len(of(sim.log, Spawn)) == 2, sim.log  # the rollback's, none after
     assert sim.view.finishing and sim.view.exit_code == EXIT_DIVERGING
+
+
+def test_a_nan_in_one_workers_batch_found_by_the_chief_one_step_later_is_skipped_at_the_workers_step():
+    # the ordinary way a NaN reaches a data-parallel group (tests/programs/group_local_nan.py --in-batch):
+    # worker1's batch of step 70 is NaN, its gradient all-reduces into every member's weights, so the
+    # chief's own loss is first non-finite at 71; the chief finds 71 at its checkpoint (step 90) and exits 5;
+    # worker1, whose collective broke, checks its kept losses on its way out and reports 70. Before: the group
+    # restarted at the chief's exit skipping 71, met the NaN again at 72, 73, ... and gave up as diverging
+    import signal
+
+    from procsv.watchdog.rules import group as group_rules
+    from procsv.watchdog.rules.actions import Kill, Signal
+
+    sim = group(2)
+    sim.tick(1.0)
+    reports(sim, TRAINER, 71)
+    sim.reaps(TRAINER, EXIT_GROUP_ROLLBACK, "GroupRollback")
+    # a standby group ready would have the survivors SIGKILLed at once; in a rollback they are asked to stop
+    assert group_rules.rolling_back(sim.view, sim.member(TRAINER))
+    asked = group_rules.group_actions(sim.view, sim.now, 30.0, at_once=True)
+    assert [(a.slot, a.sig) for a in asked if isinstance(a, Signal)] == [(W1, signal.SIGTERM)], asked
+    assert not [a for a in asked if isinstance(a, Kill)], asked
+    acts = sim.tick(0.01)
+    assert not of(acts, Restart), acts  # worker1 has not ended: its first non-finite step may be the group's
+    reports(sim, W1, 70)
+    sim.reaps(W1, EXIT_GROUP_ROLLBACK, "GroupRollback")
+    restarts = of(sim.tick(0.01), Restart)
+    assert [r.skip for r in restarts] == [70] and sim.view.skipped_steps == [70], sim.log
+
+
+def test_a_group_without_a_non_finite_report_still_has_its_survivors_sigkilled_at_once_with_a_standby_ready():
+    from procsv.watchdog.rules import group as group_rules
+    from procsv.watchdog.rules.actions import Cause, Kill
+
+    sim = group(2)
+    sim.tick(1.0)
+    sim.reaps(TRAINER, 1, "RuntimeError")
+    asked = group_rules.group_actions(sim.view, sim.now, 30.0, at_once=True)
+    assert [(a.slot, a.cause) for a in asked if isinstance(a, Kill)] == [(W1, Cause.GROUP_NOW)], asked
+    assert not group_rules.rolling_back(sim.view, sim.member(TRAINER))

@@ -21,10 +21,11 @@ batch filled by a logging thread (:meth:`StepBoundary.batch_waiting`).
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any, Callable, Optional
 
-from procsv.common.errors import NonFiniteState, TrainingStopped
+from procsv.common.errors import GroupRollback, NonFiniteState, TrainingDiverged, TrainingStopped
 from procsv.ipc.messages import Busy, Progress, SaveReason
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.keeper import CheckpointKeeper
@@ -204,6 +205,24 @@ class StepBoundary:
         agent.final(self._channels, self.state.step, reason, grace)
         self.unsaved = agent.last_committed < self.state.step and not agent.refused_final
         return not self.unsaved
+
+    def check_member_end(self) -> None:
+        """A trainer group's member other than the chief, at its session's end: its kept losses are
+        checked (:meth:`~procsv.trainer.checkpoint.agent.CheckpointAgent.check_group_end`); a
+        non-finite one goes to the policy as at the chief's final checkpoint: it reports the step and
+        asks for the group's rollback (exit 5). Under ``rollback`` only."""
+        agent = self._keeper.agent if self._keeper is not None else None
+        if agent is None or self._channels is None or self._chief or not self._rollback.group_rolls_back:
+            return  # (under stop, the member that found it stops the group; a worker's second report says nothing new)
+        try:
+            agent.check_group_end(self.state.step)
+        except NonFiniteState as bad:
+            self._rollback.refused(bad, True)
+        except Exception as err:  # noqa: BLE001 (on its way out: a read that fails, a collective's aborted context)
+            if isinstance(err, (GroupRollback, TrainingDiverged)):
+                raise
+            print(f"procsv: could not check the losses kept since the last check on the way out: "
+                  f"{type(err).__name__}: {err}", file=sys.stderr, flush=True)
 
     def await_in_flight(self) -> None:
         """Wait for the snapshot in flight to be answered (up to ``stop_grace_secs``; the watchdog is

@@ -319,6 +319,8 @@ class Supervisor(SupervisorNames):
             return
         try:
             self._stopped_by_signal = self.coord.stop_signal is not None
+            if not self.is_chief and self._keeper is not None and self._graph is None:
+                self._boundary.check_member_end()  # a group member's losses since its last check
             if self.coord.exception is None and self._keeper is not None and self.is_chief and \
                     (self._graph is None or self._graph.final_wanted()):
                 self.commit_checkpoint(deadline)  # (a subclass may override it)

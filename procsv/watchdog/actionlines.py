@@ -11,7 +11,7 @@ import signal
 
 from procsv.watchdog.rules.actions import Cause, GiveUpTask, Kill, NodeLost, Restart, Signal, StandbyGone, StopFailing
 from procsv.watchdog.rules.bookkeeping import find
-from procsv.watchdog.rules.group import blame
+from procsv.watchdog.rules.group import blame, members
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.state import SERVER, SUMMARY, TRAINER, WORKER, RunView
@@ -73,7 +73,9 @@ def restart_reports(view: RunView, action: Restart) -> list[Report]:
                            "restarting"),
                 Report(Event.RESTARTING, {**nxt, "error": "preempted"})]
     if action.skip is not None:  # a group's rollback (rules/policy): the skip recorded, the group restarted
-        who = blame(view, child)
+        # the member that reported the step skipped (a NaN in one member's batch: the others' losses are
+        # non-finite one step later, and the chief's report of that one may have come in first)
+        who = next((m for m in members(view, child) if m.nonfinite_step == action.skip), blame(view, child))
         return [Report(Event.STEP_SKIPPED, {"pid": who.pid, "step": action.skip, "epoch": None, "batch": None,
                                             "skipped": len(view.skipped_steps)}),
                 Report(say=f"procsv: the trainer group rolls back: {who.slot} (pid {who.pid}) found the loss of step "

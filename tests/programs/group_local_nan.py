@@ -4,6 +4,9 @@ member's loss is seen by that member alone: its gradients are finite (the NaN is
 gradient, as a masked input's would be), the weights stay finite and the other members' losses too.
 
     --nan-at N      at step N, worker 1's watched loss is NaN (repeatable)
+    --in-batch      --nan-at puts the NaN in worker 1's batch instead: its gradient all-reduces into
+                    every member's weights, and the other members' losses are NaN from the next step on
+                    (the ordinary way a NaN reaches a data-parallel group)
     --skip-at N     step N applies nothing on every member (repeatable): the plain run that never applied it
     --steps N       train to step N
     --exit-at N     worker 1 exits with code 5 at step N, once in the logdir (no NaN, no report: a
@@ -43,6 +46,7 @@ p.add_argument("--save-steps", type=int, default=None)
 p.add_argument("--exit-attempt", type=int, default=None)
 p.add_argument("--chief-dies-at", type=int, default=None)
 p.add_argument("--max-to-keep", type=int, default=5)
+p.add_argument("--in-batch", action="store_true")
 args = p.parse_args()
 PACE = 0.25  # seconds more per step of the chief while its newest checkpoint is not committed
 
@@ -94,7 +98,11 @@ def one_step():  # type: ignore[no-untyped-def]
         return None
     xs = np.sin(np.arange(32, dtype=np.float32) * 0.37 + s * 1.3 + rank * 0.7).reshape(8, 4).astype(np.float32)
     ys = xs.sum(axis=1, keepdims=True) * 0.5 + 0.1
-    term = np.float32(np.nan) if (rank == 1 and s in args.nan_at) else np.float32(0.0)
+    poisoned = rank == 1 and s in args.nan_at
+    if poisoned and args.in_batch:
+        xs = xs.copy()
+        xs[0, 0] = np.nan  # the loss, its gradient and (all-reduced) every member's update turn NaN
+    term = np.float32(np.nan) if poisoned and not args.in_batch else np.float32(0.0)
     return train(xs, ys, tf.constant(term))
 
 

@@ -168,6 +168,18 @@ class CheckpointAgent(FinalCommit):
         if watch is not None and self.group is not None and every and step % every == 0:
             watch.precheck(step)
 
+    def check_group_end(self, step: int) -> None:
+        """A group member other than the chief, at its session's end (the loop finished, a stop, or a
+        peer's end that broke its collective): the watched losses kept since its last check are
+        checked (one read), as the chief's final checkpoint checks the chief's: raises
+        :class:`NonFiniteState`. Before: a worker's losses since its last group snapshot step were
+        never checked, and a NaN in its batch at step B, whose gradient all-reduced into every
+        member's weights, was blamed on step B+1, the first the chief saw: the group skipped the
+        wrong step again and again and gave up as diverging."""
+        watch = self.store.watch
+        if watch is not None and self.group is not None:
+            watch.precheck(step)
+
     def charge_memory(self, step: int, start: float, end: float) -> None:
         self.memory.charge(step, start, end)
 

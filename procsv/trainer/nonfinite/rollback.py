@@ -108,6 +108,12 @@ class NonfiniteRollback(BoundaryWork):
         agent.store.watch = self.watch
         agent.on_refused.append(self.refused)
 
+    @property
+    def group_rolls_back(self) -> bool:
+        """A trainer group's member under ``rollback``: the first non-finite step any member finds is
+        the one the group skips, so a member's kept losses are checked at its end too."""
+        return self.detecting and self.watch.policy == OnNonfinite.ROLLBACK and bool(self.watch.group_refusal)
+
     def attach(self, channels: TrainerChannels) -> None:
         """A session is prepared: its notices go through ``channels``."""
         self._channels = channels

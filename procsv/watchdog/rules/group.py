@@ -28,7 +28,9 @@ policy judges; the other tasks hold ``worker<R>`` slots with the chief's attempt
 - Every other live member then gets SIGTERM (cause ``group``), and SIGKILL after
   ``group_grace_secs``: a survivor can only fail in its next collective. With a standby group ready
   to be promoted (:mod:`procsv.watchdog.rules.standby`) it is SIGKILLed at once (cause ``group_now``):
-  the next group restores the members' in-memory copies, not what a survivor would save. A member
+  the next group restores the members' in-memory copies, not what a survivor would save; but not in
+  a rollback (:func:`rolling_back`): a survivor checks its kept losses on its way out, and its first
+  non-finite step may be the group's (a NaN in its batch whose gradient reached every member). A member
   whose death notice came in is dead already and gets neither (the chief's judgement may restart
   it in the same decision).
 - The next attempt starts all N together, only once every member of the last one is reaped
@@ -193,13 +195,34 @@ def rollback_step(view: RunView, chief: ChildView) -> Optional[int]:
     return min(steps) if steps and len(group) > 1 else None
 
 
-def reporter_unreaped(view: RunView, chief: ChildView) -> bool:
-    """Whether a member of the chief's group (of two or more) that reported a non-finite step has
-    not been reaped yet: the chief's attempt is judged once it is, by its exit status (5: it asks for
-    the group's rollback, the step skipped; a peer's end, a death notice of the chief, may come in
-    first: they fail in their next collective when it leaves, and their ends say nothing of the step)."""
+def rolling_back(view: RunView, chief: ChildView) -> bool:
+    """Whether a member of the chief's group (of two or more) reported a non-finite step, or ended
+    asking for the group's rollback (exit 5, ``GroupRollback``: its report may come in after its end)."""
     group = members(view, chief)
-    return len(group) > 1 and any(m.nonfinite_step is not None and not m.reaped for m in group)
+    return len(group) > 1 and any(m.nonfinite_step is not None or (diverging(m) and not _diverged_alone(m))
+                                  for m in group)
+
+
+def _diverged_alone(member: ChildView) -> bool:
+    """A member that stopped with exit 4 (``TrainingDiverged``): no rollback asked."""
+    return (member.reaped and member.exit_code == EXIT_DIVERGING) or member.noticed_error == DIVERGING_ERROR
+
+
+def reporter_unreaped(view: RunView, chief: ChildView) -> bool:
+    """Whether the chief's attempt waits before it is judged: a member of its group (of two or more)
+    reported a non-finite step, and a member has not ended yet (neither reaped nor noticed dead). The group's rollback skips the
+    first step any member reports (:func:`rollback_step`), and that is known only once every member
+    ended: a NaN in one member's batch whose gradient all-reduced into every member's weights makes
+    the others' losses non-finite one step later, and a member that found its own at a later check
+    than the chief's (a worker checks at the group's snapshot steps and at its end; the chief at its
+    checkpoints too) reports it on its way out, once the chief left. And a reporter's exit status
+    (5: it asks for the group's rollback) may come in after a peer's end or the chief's death notice:
+    they fail in their next collective when it leaves, and their ends say nothing of the step."""
+    group = members(view, chief)
+    if len(group) < 2 or all(m.nonfinite_step is None for m in group):
+        return False
+    return any((m.nonfinite_step is not None and not m.reaped)  # its exit status says whether it asks
+               or (not m.reaped and m.noticed_dead_at is None) for m in group)  # (a death notice: it says no more)
 
 
 def copy_held(view: RunView, rank: int, attempt: int, step: int) -> list[Any]:
@@ -226,6 +249,8 @@ def group_actions(view: RunView, now: float, grace: float, at_once: bool) -> lis
     if first is None:
         return []
     out: list[Action] = []
+    if at_once and rolling_back(view, chief):
+        at_once = False  # a rollback: the survivors say, on their way out, the first step they found non-finite
     for m in members(view, chief):
         if m is first or not m.live or m.killed:
             continue
