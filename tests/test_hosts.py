@@ -440,15 +440,20 @@ def test_a_host_lost_during_node_0s_orderly_stop_does_not_keep_the_launch_alive(
 
 
 @pytest.mark.slow
-def test_status_writes_stalled_on_node_0_lose_no_host_and_a_sigterm_to_node_1s_agent_stops_the_job_in_order(
+def test_status_writes_stalled_on_node_0_lose_no_host_node_1s_zygote_killed_is_reaped_and_a_sigterm_to_node_1s_agent_stops_the_job_in_order(  # noqa: E501
         hosts, logdir):
-    """One run, node 0 with --node-timeout 4 and --save-model-secs 1000, two things of node 0's.
+    """One run, node 0 with --node-timeout 4 and --save-model-secs 1000, three things (before, two runs).
 
     The stall, 10 s of status writes: before, the write ran in node 0's loop, which beats to the
     agents; after 3 s without a beat the agent SIGKILLed its trainers and the group restarted. The
     stall is the fault point ``status_stall``: its first two writes past step 0 block 5 s each, in
     the logdir writer thread, 2.5 times node 0's --node-timeout of 4 s. No host is lost, nothing
     restarts.
+
+    Then node 1's pre-warmed trainer is SIGKILLed while its members train and no start is asked of
+    it: the agent gives it up and reaps it within a sweep, as node 0's watchdog does its own. Before:
+    the dead zygote stayed the agent's zygote, spared by every sweep, a zombie under the agent until
+    the group's next start (a run that never restarts: until the job's end).
 
     Then a SIGTERM to one host's `procsv launch` (an agent connected to node 0) is left to node 0,
     which stops the whole job in order: the chief commits its last step (the run's only
@@ -468,6 +473,18 @@ def test_status_writes_stalled_on_node_0_lose_no_host_and_a_sigterm_to_node_1s_a
         step = (raw_status(logdir) or {}).get("step", 0)
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > step + 50, 60, what="the group to go on")
         assert node1.poll() is None
+        # (the agent is node1.pid: ip netns exec execs the launch)
+        zygote = wait_for(lambda: next((c.pid for c in psutil.Process(node1.pid).children()
+                                        if "procsv.zygote" in " ".join(c.cmdline())), None), 60,
+                          what="node 1's pre-warmed trainer")
+        os.kill(zygote, signal.SIGKILL)
+        try:
+            wait_for(lambda: gone(zygote) and not _zombies_of(node1.pid), 15,
+                     what="node 1's dead zygote to be reaped")
+        except AssertionError:
+            raise AssertionError(f"zombies under node 1's agent: {_zombies_of(node1.pid)} "
+                                 f"(its zygote: {zygote})") from None
+        assert len(events(logdir, "first_step")) == 1  # the group trained on, no restart
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 100, 120, what="step 100")
         os.kill(node1.pid, signal.SIGTERM)  # ip netns exec execs the launch: this is the agent
         code, out, err = finish(master, timeout=120)
@@ -493,6 +510,14 @@ def test_status_writes_stalled_on_node_0_lose_no_host_and_a_sigterm_to_node_1s_a
     wait_for(lambda: not host_pids(), 10, what="no process of the job left")
 
 
+def named_cause(logdir: str, attempt: int) -> str:
+    """What the records say broke ``attempt``: its ``breaker`` record if any, else the ``restarting`` one."""
+    fixed = [r for r in events(logdir, "breaker") if r["attempt"] == attempt]
+    if fixed:
+        return str(fixed[-1]["error"])
+    return str(next(r for r in events(logdir, "restarting") if r["attempt"] == attempt + 1)["error"])
+
+
 def _zombies_of(pid: int) -> list[int]:
     try:
         return [c.pid for c in psutil.Process(pid).children() if c.status() == psutil.STATUS_ZOMBIE]
@@ -501,8 +526,18 @@ def _zombies_of(pid: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_node_1s_agent_kills_and_reaps_what_its_killed_member_left_behind(hosts, logdir, tmp_path):
-    """Node 1's member starts helpers (``tests/programs/digits_helpers.py``): a sleeper in a session of
+def test_a_member_of_node_1_sigkilled_is_named_the_groups_breaker_and_its_agent_kills_and_reaps_what_it_left_behind(
+        hosts, logdir, tmp_path):
+    """One run, two things of node 1's member (worker1) SIGKILLed at step 30 (before, two runs).
+
+    Who broke the group: the chief on node 0 fails in its next collective. The group restarts, and the
+    records, the report and the status name worker1 killed by SIGKILL as the cause of attempt 1's end (a
+    ``breaker`` record when the chief's end was judged first; ``--group-grace-secs 0``: the chief's end
+    comes at once). Before: the ``restarting`` record, the report and the status named the chief's
+    ``UnavailableError`` (or the like) whenever its exit came in first. (The other order, node 1's
+    report never sent and its host found lost: tests/test_hosts_blame.py.)
+
+    What it left behind: node 1's member starts helpers (``tests/programs/digits_helpers.py``): a sleeper in a session of
     its own, a child that exits once its parent is gone, a double-forked grandchild that exits after
     1 s. The member is SIGKILLed and the group restarts: the agent, their subreaper, kills and reaps
     them all (no zombie under it, no live helper; one line says so), as the watchdog does on node 0;
@@ -514,13 +549,13 @@ def test_node_1s_agent_kills_and_reaps_what_its_killed_member_left_behind(hosts,
     addr = master_addr()
     args = (*PACED, "--steps", "1000000")
     marker = str(tmp_path / "helpers")
-    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr))
+    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr, "--group-grace-secs", "0"))
     node1 = agent(logdir, addr, *args, "--helpers", marker, target=os.path.join(PROGRAMS, "digits_helpers.py"))
     helpers: dict[int, list[int]] = {}
     code: Optional[int] = None
     try:
-        wait_for(lambda: os.path.exists(f"{marker}.1") and (raw_status(logdir) or {}).get("step", 0) >= 20, 120,
-                 what="node 1's member with its helpers, and step 20")
+        wait_for(lambda: os.path.exists(f"{marker}.1") and (raw_status(logdir) or {}).get("step", 0) >= 30, 180,
+                 what="node 1's member with its helpers, and step 30")
         with open(f"{marker}.1") as fh:
             helpers[1] = [int(p) for p in fh.read().split()]
         member = next(p["pid"] for p in raw_status(logdir)["processes"] if p["role"] == "worker1")
@@ -528,9 +563,18 @@ def test_node_1s_agent_kills_and_reaps_what_its_killed_member_left_behind(hosts,
                                         if "procsv.zygote" in " ".join(c.cmdline())), None), 60,
                           what="node 1's pre-warmed trainer")
         os.kill(zygote, signal.SIGSTOP)  # its answer to the next fork is overdue: the agent gives it up
+        killed_at = time.time()
         os.kill(member, signal.SIGKILL)
-        wait_for(lambda: os.path.exists(f"{marker}.2") and len(events(logdir, "first_step")) >= 2, 120,
+        wait_for(lambda: os.path.exists(f"{marker}.2") and len(events(logdir, "first_step")) >= 2, 180,
                  what="the restarted group's first step")
+        exited = next(r for r in events(logdir, "exited") if r["role"] == "worker1" and r["attempt"] == 1)
+        restarting = events(logdir, "restarting")[0]
+        print(f"BLAME restarting={restarting['error']!r} at +{restarting['time'] - killed_at:.2f} s; "
+              f"worker1 exited at +{exited['time'] - killed_at:.2f} s; "
+              f"breaker={[r['error'] for r in events(logdir, 'breaker')]}", file=sys.stderr)
+        st = read_status(Layout(logdir))
+        assert st is not None
+        last_error = str(st.get("last_error"))
         with open(f"{marker}.2") as fh:
             helpers[2] = [int(p) for p in fh.read().split()]
         # (the agent is node1.pid: ip netns exec execs the launch) bounded: the next sweep is due within 1 s
@@ -551,38 +595,18 @@ def test_node_1s_agent_kills_and_reaps_what_its_killed_member_left_behind(hosts,
     assert {int(p) for pids in said for p in pids.split(", ")} == {*helpers[1], *helpers[2]}, aerr
     assert all(gone(p) for p in helpers[2]), helpers  # the second member's, at the job's end
     wait_for(lambda: not host_pids(), 10, what="no process of the job left")
+    # who broke the group: worker1, killed, as the records, the status, the report and node 0 say
+    from procsv.report import gather, render as render_report
 
-
-@pytest.mark.slow
-def test_node_1s_zygote_killed_while_no_start_is_asked_is_reaped_within_a_sweep(hosts, logdir):
-    """Node 1's pre-warmed trainer is SIGKILLed while its members train and no start is asked of it:
-    the agent gives it up and reaps it within a sweep, as node 0's watchdog does its own. Before: the
-    dead zygote stayed the agent's zygote, spared by every sweep, a zombie under the agent until the
-    group's next start (a run that never restarts: until the job's end)."""
-    addr = master_addr()
-    args = (*PACED, "--steps", "1000000")
-    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr))
-    node1 = agent(logdir, addr, *args)
-    code: Optional[int] = None
-    try:
-        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 20, 120, what="the group's step 20")
-        zygote = wait_for(lambda: next((c.pid for c in psutil.Process(node1.pid).children()
-                                        if "procsv.zygote" in " ".join(c.cmdline())), None), 60,
-                          what="node 1's pre-warmed trainer")
-        os.kill(zygote, signal.SIGKILL)
-        try:
-            wait_for(lambda: gone(zygote) and not _zombies_of(node1.pid), 15,
-                     what="node 1's dead zygote to be reaped")
-        except AssertionError:
-            raise AssertionError(f"zombies under node 1's agent: {_zombies_of(node1.pid)} "
-                                 f"(its zygote: {zygote})") from None
-        assert len(events(logdir, "first_step")) == 1  # the group trained on, no restart
-        master.send_signal(signal.SIGTERM)
-        code, out, err = finish(master, timeout=120)
-    finally:
-        acode, aerr = end_job(master, node1, code)
-    assert code == 143 and acode == 143, (err, aerr)
-    wait_for(lambda: not host_pids(), 10, what="no process of the job left")
+    truth = f"worker1 attempt 1 (pid {member}) was killed by SIGKILL"
+    assert named_cause(logdir, 1).startswith(truth), (named_cause(logdir, 1), events(logdir, "restarting"))
+    assert last_error.startswith(truth), last_error
+    rep = gather(Layout(logdir))
+    assert rep is not None and rep.restarts, rep
+    assert rep.restarts[0].cause.startswith(truth) and rep.restarts[0].label == "SIGKILL", rep.restarts[0]
+    text = render_report(rep)
+    assert re.search(rf"restart at .* \[SIGKILL\]: {re.escape(truth)}", text), text
+    assert f"procsv: {truth}" in err, err
 
 
 @pytest.mark.slow

@@ -26,74 +26,72 @@ pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick t
 __all__ = ["clean_group", "hosts"]  # fixtures, used by name
 
 
-def service_killed_then_worker1(logdir: str, after: int, later: int = 0) -> tuple[int, int]:
-    """SIGKILL node 0's checkpoint service once worker1 is past ``after`` mid-interval, wait for the
-    watchdog's new service to take node 1's copies back, then SIGKILL worker1; the steps worker1 had
-    printed at each kill. ``later`` 0: worker1 SIGSTOPped at the service's kill (the group makes no
-    step until worker1's SIGKILL, so the newest step whole is one node 1 handed back); else worker1
-    runs on (its copies go to the new service) and is SIGKILLed mid-interval ``later`` steps on."""
+def service_killed_then_worker1(logdir: str, after: int, later: int = 0, attempt: int = 1,
+                                service: int = 2) -> tuple[int, int]:
+    """SIGKILL node 0's checkpoint service once worker1 (of group ``attempt``) is past ``after``
+    mid-interval, wait for the watchdog's new service (its log ``checkpoint.<service>.log``) to take node
+    1's copies back, then SIGKILL worker1; the steps worker1 had printed at each kill. ``later`` 0: worker1
+    SIGSTOPped at the service's kill (the group makes no step until worker1's SIGKILL, so the newest step
+    whole is one node 1 handed back); else worker1 runs on (its copies go to the new service) and is
+    SIGKILLed mid-interval ``later`` steps on."""
+    log = f"worker1.{attempt}"
     worker1 = wait_role_pid(logdir, "worker1")
-    at_service = sigkill_mid_interval(logdir, "checkpoint", "worker1.1", after)
+    at_service = sigkill_mid_interval(logdir, "checkpoint", log, after)
     if not later:
         os.kill(worker1, signal.SIGSTOP)
     old = role_pid(logdir, "checkpoint")
     wait_for(lambda: role_pid(logdir, "checkpoint") not in (None, old), 60, what="a new checkpoint service")
 
     def taken_back() -> bool:
-        path = os.path.join(logdir, "logs", "checkpoint.2.log")
+        path = os.path.join(logdir, "logs", f"checkpoint.{service}.log")
         return os.path.exists(path) and "node 1's holder handed back" in open(path).read()
 
     wait_for(taken_back, 60, interval=0.02, what="node 1's holder to hand its copies back")
     if not later:
         os.kill(worker1, signal.SIGKILL)
-        return at_service, printed_steps(logdir, "worker1.1")[-1]
-    return at_service, sigkill_mid_interval(logdir, "worker1", "worker1.1", at_service + later)
+        return at_service, printed_steps(logdir, log)[-1]
+    return at_service, sigkill_mid_interval(logdir, "worker1", log, at_service + later)
 
 
-def test_node_0s_checkpoint_service_sigkilled_then_a_member_killed_restores_every_member_from_memory_bit_equal(
+def test_node_0s_checkpoint_service_sigkilled_twice_a_member_of_host_1_follows_it_and_a_member_killed_after_either_restores_every_member_from_memory_bit_equal(  # noqa: E501
         hosts, logdir, tmp_path, clean_group):
-    # before: node 0's members' copies (and host 1's peer copies) lived only in node 0's checkpoint
-    # service, so its SIGKILL cost the steps since the last disk checkpoint (the next restart said
-    # "restores from disk"). Now node 1's holder keeps a replica of every copy the service holds and
-    # hands them back to the restarted service: worker1 SIGKILLed after it restores both members'
-    # copies of the newest step whole before the service's death, from memory, and the run ends
-    # bit-equal to an uninterrupted group
-    gate, fast = paced(tmp_path)  # (paced until the restarted group's first step, then at once)
+    # one run, node 0's checkpoint service SIGKILLed in two groups of it (before, two runs of their own):
+    # first, worker1 runs on: before, host 1's running member kept sending to the dead service's port
+    # until the group's next attempt, so once node 0's chief had handed the new service KEEP (3) newer
+    # copies, the copies node 1 handed back were pushed out, no step was whole and the restart restored
+    # from disk. Now the member follows peer.json to the new service: worker1 SIGKILLed 3 intervals after
+    # the service restores the newest step within one interval, from memory.
+    # then, in the restarted group, worker1 SIGSTOPped at the service's kill: before, node 0's members'
+    # copies (and host 1's peer copies) lived only in node 0's checkpoint service, so its SIGKILL cost
+    # the steps since the last disk checkpoint (the next restart said "restores from disk"). Now node 1's
+    # holder keeps a replica of every copy the service holds and hands them back to the restarted
+    # service: worker1 SIGKILLed after it restores both members' copies of the newest step whole before
+    # the service's death, from memory. The run ends bit-equal to an uninterrupted group
+    gate, fast = paced(tmp_path)  # (paced until the third group's first step, then at once)
     with two_hosts_ending_well(logdir, *SLOW, "--steps", "500", *fast, target=PACED, gate=gate):
         group_started(logdir, 1)
-        at_service, at_member = service_killed_then_worker1(logdir, 2 * K + 10)
+        followed_service, followed_member = service_killed_then_worker1(logdir, 2 * K + 10, later=3 * K + 10)
         group_started(logdir, 2)
+        again = wait_for(lambda: events(logdir, "restored"), 60, what="the second group's restore")[0]["step"]
+        at_service, at_member = service_killed_then_worker1(logdir, again + 2 * K + 10, attempt=2, service=3)
+        group_started(logdir, 3)
     restored = events(logdir, "restored")
-    assert len(restored) == 1 and restored[0]["source"] == "peer", restored
-    step = restored[0]["step"]
+    assert len(restored) == 2, restored
+    # the member that followed the restarted service (group 1, restored by group 2)
+    restored_from_memory(logdir, 2, restored[0], followed_member)
+    assert restored[0]["step"] > followed_service + 2 * K, (restored, followed_service)
+    with open(os.path.join(logdir, "logs", "worker1.1.log")) as fh:
+        assert "procsv: node 0's checkpoint service was restarted" in fh.read()
+    # the copies node 1's holder handed back (group 2, restored by group 3)
+    assert restored[1]["source"] == "peer", restored
+    step = restored[1]["step"]
     # the newest step both members had handed over before the service died (or the one before it,
     # in flight at the kill): worker1 stopped at the service's kill, nothing newer was whole
     assert step % K == 0 and at_service // K * K - K <= step <= at_service <= at_member, (step, at_service, at_member)
-    assert restored[0]["path"] == f"the group's in-memory snapshot of step {step}"
-    assert member_restores(logdir, 2) == [step] * 2  # every member the same step
-    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
+    assert restored[1]["path"] == f"the group's in-memory snapshot of step {step}"
+    assert member_restores(logdir, 3) == [step] * 2  # every member the same step
+    with open(os.path.join(logdir, "logs", "trainer.3.log")) as fh:
         assert "restores from disk" not in fh.read()
-    assert_bit_equal(logdir, clean_group)
-
-
-def test_a_member_of_host_1_follows_node_0s_restarted_service_so_a_member_killed_later_restores_from_memory(
-        hosts, logdir, tmp_path, clean_group):
-    # before: host 1's running member kept sending to the dead service's port until the group's next
-    # attempt, so once node 0's chief had handed the new service KEEP (3) newer copies, the copies
-    # node 1 handed back were pushed out, no step was whole and the restart restored from disk. Now
-    # the member follows peer.json to the new service: worker1 SIGKILLed 3 intervals after the
-    # service restores the newest step within one interval, from memory, and the run ends bit-equal
-    gate, fast = paced(tmp_path)  # (paced until the restarted group's first step, then at once)
-    with two_hosts_ending_well(logdir, *SLOW, "--steps", "500", *fast, target=PACED, gate=gate):
-        group_started(logdir, 1)
-        at_service, at_member = service_killed_then_worker1(logdir, 2 * K + 10, later=3 * K + 10)
-        group_started(logdir, 2)
-    restored = events(logdir, "restored")
-    assert len(restored) == 1, restored
-    restored_from_memory(logdir, 2, restored[0], at_member)
-    assert restored[0]["step"] > at_service + 2 * K, (restored, at_service)
-    with open(os.path.join(logdir, "logs", "worker1.1.log")) as fh:
-        assert "procsv: node 0's checkpoint service was restarted" in fh.read()
     assert_bit_equal(logdir, clean_group)
 
 

@@ -43,56 +43,6 @@ def restored_from_memory(logdir: str, attempt: int, record: dict[str, Any], seen
         assert f"procsv: member 1 restored step {record['step']} from its peer copy on node 0" in fh.read()
 
 
-def test_a_member_of_host_1_then_the_whole_host_sigkilled_restore_the_group_from_the_peer_copies_bit_equal(
-        hosts, logdir, tmp_path, clean_group):
-    # before issue 54 point 2 a group over hosts took no in-memory snapshots (K = 0): each restart
-    # restored the last disk checkpoint (none here before the end: step 0). Now node 0's checkpoint
-    # service holds host 1's member's copies: worker1 SIGKILLed mid-interval, then host 1 (its agent
-    # and its member) SIGKILLed mid-interval and a new agent launched: each restarted group restores a
-    # K-th step from memory on both members, host 1's from its peer copy, and the run ends bit-equal
-    # to an uninterrupted group
-    gate, fast = paced(tmp_path)  # digits paced until the second restart, then its steps left at once
-    master, first, addr = two_hosts(logdir, *SLOW, "--steps", "500", *fast, target=PACED)
-    second = None
-    kills = []
-    try:
-        group_started(logdir, 1)
-        kills.append(sigkill_mid_interval(logdir, "worker1", "worker1.1", 150))
-        group_started(logdir, 2)
-        again = wait_for(lambda: events(logdir, "restored") or events(logdir, "initialized")[1:], 60,
-                         what="attempt 2's restore")[-1]["step"]
-
-        def mid_interval() -> int:
-            steps = printed_steps(logdir, "worker1.2")
-            return steps[-1] if steps and steps[-1] >= again + 60 and 10 <= steps[-1] % K <= 25 else 0
-
-        kills.append(wait_for(mid_interval, 180, interval=0.02, what="worker1.2 mid-interval"))
-        for pid in host_pids():  # the whole host goes: its agent and its member
-            os.kill(pid, signal.SIGKILL)
-        first.wait(10)
-        wait_for(lambda: events(logdir, "node_lost"), 30, what="the host to be found lost")
-        second = agent(logdir, addr, *SLOW, "--steps", "500", *fast, target=PACED)
-        group_started(logdir, 3)
-    finally:
-        unpace(gate)
-        code, out, err = finish(master)
-    acode, aout, aerr = finish(second, timeout=30) if second is not None else (None, "", "")
-    assert code == 0, err
-    assert acode == 0, aerr
-    restored = events(logdir, "restored")
-    assert len(restored) == 2, restored
-    preempted = [r["step"] for r in events(logdir, "checkpoint_committed") if r["reason"] == "preempted"]
-    for attempt, (seen, record) in enumerate(zip(kills, restored), start=2):
-        if record["source"] == "disk":  # the chief committed its last step on its way out (SIGTERM first)
-            assert preempted and record["step"] == preempted[attempt - 2 if len(preempted) > 1 else 0], record
-            continue
-        restored_from_memory(logdir, attempt, record, seen)
-    assert [r["source"] for r in restored].count("peer") >= 1, restored
-    assert {(r["node"], r["host"]) for r in events(logdir, "node_joined")} == {(1, HOST1_IP)}
-    assert {r["reason"] for r in events(logdir, "checkpoint_committed")} <= {"final", "preempted"}  # none from memory
-    assert_bit_equal(logdir, clean_group)
-
-
 def test_a_damaged_peer_copy_makes_the_group_restore_from_disk_saying_so_in_one_line(hosts, logdir, tmp_path):
     # every copy node 0's service holds for host 1's member is damaged after its checksum was taken:
     # the chief, SIGKILLed past a disk save (every 100 steps; the in-memory ones every 50, so the
@@ -128,20 +78,31 @@ def member_keys(logdir: str) -> list[dict[str, Any]]:
     return out
 
 
-def test_the_key_files_of_sigkilled_members_of_host_1_are_removed_once_their_attempt_is_over(hosts, logdir, tmp_path):
-    # a member of host 1 files a CURVE key for node 0's checkpoint service and removes it only at an
-    # orderly exit: before, each SIGKILL left its file until the launch ended (one more per restart).
-    # Now node 0 removes the files of the attempts that are over: after each of three kills of
-    # worker1, once the next group runs, the folder holds at most the live member's file, of its attempt
+def test_a_member_of_host_1_sigkilled_three_times_then_the_whole_host_restore_the_group_from_the_peer_copies_bit_equal_and_each_killed_members_key_file_is_removed(  # noqa: E501
+        hosts, logdir, tmp_path, clean_group):
+    # one run, two things of host 1's members SIGKILLed (before, two runs of their own):
+    # the peer copies (issue 54 point 2): before, a group over hosts took no in-memory snapshots (K = 0):
+    # each restart restored the last disk checkpoint (none here before the end: step 0). Now node 0's
+    # checkpoint service holds host 1's member's copies: worker1 SIGKILLed mid-interval three times, then
+    # host 1 (its agent and its member) SIGKILLed mid-interval and a new agent launched: each restarted
+    # group restores a K-th step from memory on both members, host 1's from its peer copy, and the run
+    # ends bit-equal to an uninterrupted group.
+    # the key files: a member of host 1 files a CURVE key for node 0's checkpoint service and removes it
+    # only at an orderly exit: before, each SIGKILL left its file until the launch ended (one more per
+    # restart). Now node 0 removes the files of the attempts that are over: after each of the three kills
+    # of worker1, once the next group runs, the folder holds only the live member's file, of its attempt
+    gate, fast = paced(tmp_path)  # digits paced until the host's restarted group, then its steps left at once
+    master, first, addr = two_hosts(logdir, *SLOW, "--steps", "500", *fast, target=PACED)
+    second = None
+    kills: list[int] = []
     counts = []
-    gate, fast = paced(tmp_path)  # (paced until the third kill's next group runs, then at once)
-    with two_hosts_ending_well(logdir, *SLOW, "--steps", "500", *fast, target=PACED, gate=gate):
+    try:
         group_started(logdir, 1)
         wait_for(lambda: len(member_keys(logdir)) == 1, 60, what="worker1.1's key filed")
-        after, killed = 0, set()
+        after, killed = 150, set()
         for attempt in range(1, 4):
             killed.add(wait_role_pid(logdir, "worker1"))
-            seen = sigkill_mid_interval(logdir, "worker1", f"worker1.{attempt}", after + 60)
+            kills.append(sigkill_mid_interval(logdir, "worker1", f"worker1.{attempt}", after))
             group_started(logdir, attempt + 1)
 
             def only_the_live_members() -> list[dict[str, Any]]:
@@ -152,8 +113,41 @@ def test_the_key_files_of_sigkilled_members_of_host_1_are_removed_once_their_att
                                                               f"(have {member_keys(logdir)}; killed {killed})")
             assert live["attempt"] == attempt + 1, live
             counts.append(len(member_keys(logdir)))
-            after = seen
+            after = kills[-1] + 60
+        again = wait_for(lambda: starts(logdir)[3:], 60, what="attempt 4's start")[0]["step"]
+
+        def mid_interval() -> int:
+            steps = printed_steps(logdir, "worker1.4")
+            return steps[-1] if steps and steps[-1] >= again + 60 and 10 <= steps[-1] % K <= 25 else 0
+
+        kills.append(wait_for(mid_interval, 180, interval=0.02, what="worker1.4 mid-interval"))
+        for pid in host_pids():  # the whole host goes: its agent and its member
+            os.kill(pid, signal.SIGKILL)
+        first.wait(10)
+        wait_for(lambda: events(logdir, "node_lost"), 30, what="the host to be found lost")
+        second = agent(logdir, addr, *SLOW, "--steps", "500", *fast, target=PACED)
+        group_started(logdir, 5)
+    finally:
+        unpace(gate)
+        code, out, err = finish(master)
+    acode, aout, aerr = finish(second, timeout=30) if second is not None else (None, "", "")
+    assert code == 0, err
+    assert acode == 0, aerr
     assert counts == [1, 1, 1]
+    restored = events(logdir, "restored")
+    assert len(restored) == 4, restored
+    for attempt, (seen, record) in enumerate(zip(kills, restored), start=2):
+        if record["source"] == "disk":  # the chief committed its last step on its way out (SIGTERM first)
+            # that commit: the newest one before this restore (the attempt just ended made it)
+            records = lifecycle(logdir)
+            before = [r for r in records[:records.index(record)] if r.get("event") == "checkpoint_committed"]
+            assert before and before[-1]["reason"] == "preempted" and record["step"] == before[-1]["step"], record
+            continue
+        restored_from_memory(logdir, attempt, record, seen)
+    assert [r["source"] for r in restored].count("peer") >= 1, restored
+    assert {(r["node"], r["host"]) for r in events(logdir, "node_joined")} == {(1, HOST1_IP)}
+    assert {r["reason"] for r in events(logdir, "checkpoint_committed")} <= {"final", "preempted"}  # none from memory
+    assert_bit_equal(logdir, clean_group)
 
 
 def test_a_peer_copy_beyond_node_0s_limit_is_refused_said_recorded_and_the_group_restores_from_disk(
