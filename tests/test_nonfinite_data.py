@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from typing import Callable
 
 import pytest
@@ -16,6 +14,7 @@ import tensorflow as tf
 
 from conftest import PROGRAMS, finish, launch, launch_and_kill_trainer_once, lifecycle, quiet_env
 from loaded_runs import launch_together_loaded, loaded_result
+from plain_runs import run_plain_programs
 
 # slow: starts TensorFlow processes (not in the quick tier). The first test to ask for the shared loaded
 # window (``loaded``) makes every launch of it in its setup, each with its own 300 s finish bound:
@@ -28,20 +27,29 @@ LAGGING = ("--steps", "60", "--save-steps", "20", "--step-delay", "0.01", "--wai
 NO_MEMORY_TIER = {"PROCSV_MEMORY_SNAPSHOTS": "0"}
 
 
+# The plain runs (no watchdog, no NaN) the launches are compared with: (the steps that took their batch
+# and applied nothing, extra arguments), each ``python nan_data_loop.py --logdir <it> LAGGING EXTRA
+# --skip-at S ...``, all of them in one process (``plain_runs``: one TensorFlow import for the three)
+PLAIN: tuple[tuple[tuple[int, ...], tuple[str, ...]], ...] = (
+    ((35,), ("--bind", "args")), ((35,), ("--bind", "inside")), ((), ("--bind", "args")))
+
+
+def _plain_name(skip: tuple[int, ...], extra: tuple[str, ...]) -> str:
+    return "-".join(["plain", *map(str, skip), *extra]).replace("--", "")
+
+
 @pytest.fixture
 def plain(shared_result: Callable[[str, Callable[[str], None]], str]) -> Callable[..., dict[str, bytes]]:
-    """plain(skip, *extra): the final variables of the plain run (no watchdog, no NaN) whose steps
-    ``skip`` took their batch and applied nothing; made once per test session."""
+    """plain(skip, *extra): the final variables of the plain run of ``PLAIN`` whose steps ``skip``
+    took their batch and applied nothing; every one made once per test session, in one process."""
+    def produce(folder: str) -> None:
+        run_plain_programs([(NAN_DATA, ["--logdir", os.path.join(folder, _plain_name(skip, extra)), *LAGGING, *extra,
+                                        *[a for s in skip for a in ("--skip-at", str(s))]])
+                            for skip, extra in PLAIN], env=quiet_env(**NO_MEMORY_TIER), cwd=folder)
+
     def get(skip: tuple[int, ...], *extra: str) -> dict[str, bytes]:
-        skips = [a for s in skip for a in ("--skip-at", str(s))]
-
-        def produce(where: str) -> None:
-            done = subprocess.run([sys.executable, NAN_DATA, "--logdir", where, *LAGGING, *extra, *skips],
-                                  capture_output=True, text=True, env=quiet_env(**NO_MEMORY_TIER), timeout=300)
-            assert done.returncode == 0, done.stdout + done.stderr
-
-        name = "nan-data-plain-" + "-".join([*map(str, skip), *extra]).replace("--", "")
-        return final_variables(shared_result(name, produce))
+        assert (skip, extra) in PLAIN, (skip, extra)
+        return final_variables(os.path.join(shared_result("nan-data-plain-runs", produce), _plain_name(skip, extra)))
     return get
 
 
@@ -83,9 +91,7 @@ def loaded(shared_result: Callable[[str, Callable[[str], None]], str],
     """loaded(name): (logdir, code, stdout, stderr) of that launch of ``_loaded_runs``, made once per
     test session; the plain runs the tests compare with are made before, without the burners.
     Every process of a run left behind was SIGKILLed (as the ``logdir`` fixture does): the test fails."""
-    for bind in ("args", "inside"):
-        plain((35,), "--bind", bind)
-    plain((), "--bind", "args")
+    plain((35,), "--bind", "args")  # every plain run, in one process
     folder = shared_result(LOADED, _loaded_runs)
 
     def get(name: str) -> tuple[str, int, str, str]:

@@ -5,16 +5,15 @@ BatchNormalization layer and mixed precision's LossScaleOptimizer (which skips s
 Keras ``fit`` with a subclassed model
 whose ``train_step`` is the Keras guide's, with Adam on a learning rate schedule, and an epoch
 rolled back whole under EarlyStopping. The file's six launches are made once per test session, three at
-a time beside one pair of CPU burners (``loaded``); each plain run is made once per test session
-(``shared_result``), before the burners start: the load is for the runs under procsv."""
+a time beside one pair of CPU burners (``loaded``); the plain runs are made once per test session
+(``shared_result``), all four in one process (``plain_runs``), before the burners start: the load is
+for the runs under procsv."""
 
 from __future__ import annotations
 
 import ast
 import os
 import re
-import subprocess
-import sys
 from typing import Callable
 
 import numpy as np
@@ -24,6 +23,7 @@ import tensorflow as tf
 
 from conftest import PROGRAMS, finish, launch, quiet_env, sigkill_where_it_says, skipped_steps
 from loaded_runs import launch_together_loaded, loaded_result
+from plain_runs import run_plain_programs
 
 # slow: starts TensorFlow processes (not in the quick tier). The first test to ask for the shared loaded
 # window (``loaded``) makes every launch of it in its setup, each with its own 300 s finish bound:
@@ -40,60 +40,56 @@ LOSS_SCALED = ("--optimizer", "adam", "--schedule", "--batchnorm", "--loss-scale
 SharedResult = Callable[[str, Callable[[str], None]], str]
 
 
-def _plain_fit(where: str, *args: str) -> dict[str, bytes]:
-    out = os.path.join(where, "plain.npz")
-    done = subprocess.run([sys.executable, KINDS, *args, "--no-callback", "--weights-out", out], capture_output=True,
-                          text=True, env=quiet_env(), timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return _weights(out)
+# The plain runs (no watchdog, no NaN) the launches are compared with, each a program run as ``python
+# PROGRAM ARGS``, all of them in one process (``plain_runs``: one TensorFlow import for the four; the
+# custom loop under mixed precision last): name -> (program, its arguments). A fit writes its weights
+# to ``<name>.npz`` in the folder; a custom loop's logdir is ``<name>``
+PLAIN: dict[str, tuple[str, tuple[str, ...]]] = {
+    "custom-step-drop-17": (KINDS, ("--kind", "custom_step", "--drop-at", "17")),
+    "validation-adam-schedule-drop-17": (KINDS, ("--kind", "validation", "--adam-schedule", "--drop-at", "17")),
+    "adam-skip-45-47": (NAN_LOOP, ("--optimizer", "adam", *LAGGING, "--skip-at", "45", "--skip-at", "47")),
+    "loss-scaled-skip-55": (NAN_LOOP, (*LOSS_SCALED, *LAGGING, "--skip-at", "55")),
+}
 
 
-def _shared_plain_fit(shared_result: SharedResult, name: str, *args: str) -> dict[str, bytes]:
-    """The weights of ``_plain_fit(*args)``, made once per test session (``shared_result``)."""
+@pytest.fixture(scope="module")
+def plain_runs(shared_result: SharedResult) -> str:
+    """The folder of every plain run of ``PLAIN``, made once per test session in one process (the
+    fits without the callback, as ``--no-callback``; the loops with no in-memory tier)."""
     def produce(folder: str) -> None:
-        _plain_fit(folder, *args)  # its weights: plain.npz in the folder
+        runs = []
+        for name, (program, args) in PLAIN.items():
+            where = os.path.join(folder, name)
+            runs.append((program, [*args, "--no-callback", "--weights-out", where + ".npz"] if program == KINDS
+                         else ["--logdir", where, *args]))
+        run_plain_programs(runs, env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"), cwd=folder)
 
-    return _weights(os.path.join(shared_result(name, produce), "plain.npz"))
-
-
-def _shared_plain_loop(shared_result: SharedResult, name: str, *args: str) -> str:
-    """The logdir of the plain run ``python nan_keras_loop.py --logdir <it> ARGS`` (no watchdog, no
-    in-memory tier), made once per test session (``shared_result``)."""
-    def produce(plain: str) -> None:
-        done = subprocess.run([sys.executable, NAN_LOOP, "--logdir", plain, *args], capture_output=True, text=True,
-                              env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"), timeout=300)
-        assert done.returncode == 0, done.stdout + done.stderr
-
-    return shared_result(name, produce)
+    return shared_result("kinds-plain-runs", produce)
 
 
 @pytest.fixture(scope="module")
-def guide_fit_without_17(shared_result: SharedResult) -> dict[str, bytes]:
+def guide_fit_without_17(plain_runs: str) -> dict[str, bytes]:
     """The plain fit of the subclassed model with the guide's train_step that never applied batch 17."""
-    return _shared_plain_fit(shared_result, "kinds-plain-custom-step-drop-17", "--kind", "custom_step",
-                             "--drop-at", "17")
+    return _weights(os.path.join(plain_runs, "custom-step-drop-17.npz"))
 
 
 @pytest.fixture(scope="module")
-def adam_schedule_fit_without_17(shared_result: SharedResult) -> dict[str, bytes]:
+def adam_schedule_fit_without_17(plain_runs: str) -> dict[str, bytes]:
     """The plain fit with Adam on a learning rate schedule that never applied batch 17 (two tests
     compare with it: each ran its own before)."""
-    return _shared_plain_fit(shared_result, "kinds-plain-validation-adam-schedule-drop-17", "--kind", "validation",
-                             "--adam-schedule", "--drop-at", "17")
+    return _weights(os.path.join(plain_runs, "validation-adam-schedule-drop-17.npz"))
 
 
 @pytest.fixture(scope="module")
-def loss_scaled_loop_without_55(shared_result: SharedResult) -> str:
+def loss_scaled_loop_without_55(plain_runs: str) -> str:
     """The logdir of the plain LOSS_SCALED custom loop that never applied step 55."""
-    return _shared_plain_loop(shared_result, "kinds-plain-loss-scaled-skip-55", *LOSS_SCALED, *LAGGING,
-                              "--skip-at", "55")
+    return os.path.join(plain_runs, "loss-scaled-skip-55")
 
 
 @pytest.fixture(scope="module")
-def adam_loop_without_45_and_47(shared_result: SharedResult) -> str:
+def adam_loop_without_45_and_47(plain_runs: str) -> str:
     """The logdir of the plain custom loop with Adam that never applied steps 45 and 47."""
-    return _shared_plain_loop(shared_result, "kinds-plain-adam-skip-45-47", "--optimizer", "adam", *LAGGING,
-                              "--skip-at", "45", "--skip-at", "47")
+    return os.path.join(plain_runs, "adam-skip-45-47")
 
 
 def _weights(path: str) -> dict[str, bytes]:
