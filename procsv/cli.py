@@ -203,11 +203,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
-    from procsv.launch_args import check_coordinator, check_min_nodes, check_numbers
-    from procsv.watchdog.config import check_ps
+    from procsv.launch_args import check_coordinator, check_min_nodes, check_numbers, group_snapshot_steps
+    from procsv.watchdog.config import TrainerSettings, check_ps
     from procsv.watchdog.launcher import LaunchConfig, Watchdog
 
     check_numbers(args)
+    # the launch's own environment is read here, handed to pure functions: its PROCSV_MEMORY_SNAPSHOTS and
+    # PROCSV_GROUP_SNAPSHOT_STEPS (a group's K), its scheduler's variables and PROCSV_MASTER_ADDR (placement)
+    snapshot_steps = group_snapshot_steps(os.environ)
     from procsv.watchdog.multihost.placement import place
 
     placed = place(os.environ, args.nnodes, args.node_rank, args.master_addr)
@@ -244,8 +247,8 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        node_rank=args.node_rank, master_addr=args.master_addr, rejoin_timeout=args.rejoin_timeout,
                        min_nodes=args.min_nodes or 0,
                        logdir_timeout=args.logdir_timeout, node_timeout=args.node_timeout,
-                       on_checkpoint_failure=args.on_checkpoint_failure, on_nonfinite=args.on_nonfinite,
-                       max_skips=args.max_skips, skip_window=args.skip_window,
+                       on_checkpoint_failure=args.on_checkpoint_failure,
+                       trainer=TrainerSettings(args.on_nonfinite, args.max_skips, args.skip_window, snapshot_steps),
                        allow_reinit=args.allow_reinit, keep_logs=args.keep_logs, on_failure=args.on_failure,
                        metrics_port=args.metrics_port, metrics_host=args.metrics_host or "127.0.0.1",
                        preload=[m.strip() for m in args.preload.split(",") if m.strip()], job_id=placed.job_id,

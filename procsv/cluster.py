@@ -3,7 +3,9 @@
 Runs in the trainer (the user's program reads it). The launch gives every trainer of a group its
 own ``TF_CONFIG`` (the cluster's addresses on free ports procsv chose, and this trainer's task),
 which ``tf.distribute.MultiWorkerMirroredStrategy`` reads by itself; these functions say the same
-for a program that needs its task without parsing ``TF_CONFIG``. Without ``--nproc`` (or in plain
+for a program that needs its task without parsing ``TF_CONFIG`` (the launch's record of this trainer's
+place, read at each call through :func:`procsv.common.bootstrap.read_place`; ``TF_CONFIG`` itself is
+TensorFlow's own variable, read here as TensorFlow reads it). Without ``--nproc`` (or in plain
 ``python train.py``) there is one trainer: rank 0 of 1, the chief. An elastic group (``--nnodes M
 --min-nodes K``) restarts on the hosts it has whenever one leaves or comes back: :func:`size` and
 :func:`rank` are then this attempt's (``docs/elastic.md`` says what a program must do to stay correct).
@@ -27,17 +29,17 @@ import os
 import threading
 from typing import Any, Optional
 
-from procsv.common import env
+from procsv.common.bootstrap import read_place
 
 
 def rank() -> int:
     """This trainer's task index in the group (0: the chief, which saves and writes summaries)."""
-    return int(os.environ.get(env.RANK, "0") or 0)
+    return read_place().rank
 
 
 def nproc() -> int:
     """How many trainers the group has (1 without ``--nproc``)."""
-    return int(os.environ.get(env.NPROC, "1") or 1)
+    return read_place().nproc
 
 
 def size() -> int:
@@ -49,7 +51,7 @@ def size() -> int:
 def hosts() -> int:
     """How many hosts the group runs on now (``--nnodes``; fewer while an elastic group trains on without
     some); 1 on one host."""
-    return int(os.environ.get(env.GROUP_HOSTS, "1") or 1)
+    return read_place().hosts
 
 
 def is_chief() -> bool:
@@ -74,7 +76,7 @@ def make_tf_config(addresses: list[str], index: int) -> str:
 
 def ps_tasks() -> int:
     """How many parameter-server tasks the launch runs (``--ps N``; 0 without)."""
-    return int(os.environ.get(env.PS, "0") or 0)
+    return read_place().ps
 
 
 def make_ps_tf_config(ps: list[str], workers: list[str], task_type: str, index: int) -> str:

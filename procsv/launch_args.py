@@ -7,7 +7,7 @@ Runs in the process of the ``procsv`` command (:mod:`procsv.cli`), before the wa
 from __future__ import annotations
 
 import argparse
-from typing import Optional
+from typing import Mapping, Optional
 
 from procsv.common import env
 from procsv.common.errors import UsageError
@@ -43,8 +43,16 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise UsageError(f"--max-skips must be >= 0, not {args.max_skips}")
     if args.skip_window < 1:
         raise UsageError(f"--skip-window must be >= 1, not {args.skip_window}")
-    try:  # the in-memory tier's settings, read from the environment by the watchdog and the trainers
-        env.group_snapshot_steps_for()
+
+
+def group_snapshot_steps(environ: Mapping[str, str]) -> int:
+    """The K the watchdog hands a trainer group's members (:func:`procsv.common.env.group_snapshot_steps_for`)
+    from the launch's environment ``environ`` (its ``PROCSV_MEMORY_SNAPSHOTS`` and
+    ``PROCSV_GROUP_SNAPSHOT_STEPS``, which the trainers inherit and read too); a bad value is a
+    :class:`UsageError` before anything starts."""
+    try:
+        return env.group_snapshot_steps_for(environ.get(env.MEMORY_SNAPSHOTS, ""),
+                                            environ.get(env.GROUP_SNAPSHOT_STEPS, ""))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

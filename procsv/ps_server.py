@@ -25,9 +25,10 @@ import os
 import select
 import signal
 import sys
+from typing import Optional
 
 from procsv import cluster
-from procsv.common import env, stopfrom
+from procsv.common import bootstrap, stopfrom
 
 JOBS = ("ps", "worker")
 
@@ -40,25 +41,26 @@ def main() -> int:
               "procsv launch --ps N --workers M", file=sys.stderr, flush=True)
         return 2
     stopfrom.block()  # read below with their senders; before TensorFlow's threads start (they inherit the mask)
-    authority = supervisor()
+    config = bootstrap.read_config()  # once: whose stops it obeys, whom it tells it is up
+    authority = supervisor(config)
     import tensorflow as tf
 
     job, index = str(task["type"]), int(task.get("index", 0))
     server = tf.distribute.Server(cluster.cluster_spec(), job_name=job, task_index=index, start=True)
     print(f"procsv ps: task {job}{index} serving at {server.target}", flush=True)
-    _hello(job, index)
+    _hello(job, index, bootstrap.ChildContext.from_config(config))
     name = wait_for_stop(authority, f"procsv ps: task {job}{index}")
     print(f"procsv ps: task {job}{index} stopping ({name})", flush=True)
     return 0
 
 
-def supervisor() -> stopfrom.Authority:
+def supervisor(config: bootstrap.ChildConfig) -> stopfrom.Authority:
     """The process whose stop signals this task obeys: the one that started it (``PROCSV_SUPERVISOR_PID``;
     without it, the parent), there while this process's parent at its start is (a task the zygote forked
     is the watchdog's child by then: the zygote double-forks, and this runs after the re-parenting)."""
-    raw = os.environ.get(env.SUPERVISOR_PID) or os.environ.get(env.PARENT_PID, "")
     parent = os.getppid()
-    pid = int(raw) if raw.isdigit() else parent
+    told = config.supervisor_pid if config.supervisor_pid is not None else config.parent_pid
+    pid = told if told is not None else parent
     return stopfrom.Authority(pid, "the watchdog", lambda: os.getppid() == parent)
 
 
@@ -76,11 +78,8 @@ def wait_for_stop(authority: stopfrom.Authority, who: str) -> str:
             print(authority.left_line(who, sig), flush=True)
 
 
-def _hello(job: str, index: int) -> None:
+def _hello(job: str, index: int, ctx: Optional[bootstrap.ChildContext]) -> None:
     """Tell the watchdog the server is up (its ``status`` entry turns ``running``); best effort."""
-    from procsv.common.bootstrap import ChildContext
-
-    ctx = ChildContext.from_env()
     if ctx is None or not ctx.supervised:
         return
     import zmq

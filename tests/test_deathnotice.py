@@ -18,8 +18,9 @@ from procsv.watchdog.deathwatch import DeathWatch
 
 HOLDER = """
 import os, sys, time
+from procsv.common import bootstrap
 from procsv.trainer import deathnotice
-deathnotice.hold_from_env()
+deathnotice.hold(bootstrap.read_config().death_mutex)
 print("held", flush=True)
 mode = sys.argv[1]
 sys.stdin.readline()  # "go": the test's watch is waiting on the mutex now

@@ -24,12 +24,10 @@ from procsv.common import curve
 
 
 @pytest.fixture
-def link(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+def link(tmp_path: Any) -> Any:
     layout = Layout(str(tmp_path))
     os.makedirs(layout.meta, exist_ok=True)
     curve.create_job(layout)
-    monkeypatch.setenv("PROCSV_LOGDIR", str(tmp_path))
-    monkeypatch.setenv("PROCSV_RANK", "1")
     zctx: zmq.Context[Any] = zmq.Context()
     said: list[str] = []
     intake = GroupIntake(lambda identity, msg, frames: None, said.append, PeerLink(zctx, layout, "127.0.0.1"))
@@ -55,7 +53,7 @@ def snapshot(**kw: Any) -> SaveData:
 def test_a_member_whose_key_is_filed_hands_over_its_copy_and_fetches_it_back(link: Any) -> None:
     layout, zctx, intake, refused = link
     sock = make_socket(zctx, zmq.DEALER, linger_ms=0)
-    key = curve.connect_member(sock)
+    key = curve.connect_member(sock, layout, 1, 1)  # member 1's first attempt
     assert key is not None and os.path.basename(key).startswith(curve.MEMBER_PREFIX)
     send(sock, snapshot(), [b"\x01\x02\x03\x04"])
     serve_until(intake, refused, lambda: sock.poll(0))
@@ -99,7 +97,7 @@ def test_a_member_key_speaks_only_for_the_rank_it_was_filed_with(link: Any) -> N
     layout, zctx, intake, refused = link
     sock = make_socket(zctx, zmq.DEALER, linger_ms=0)
     try:
-        assert curve.connect_member(sock) is not None  # filed as rank 1 (PROCSV_RANK)
+        assert curve.connect_member(sock, layout, 1, 1) is not None  # filed as rank 1
         send(sock, snapshot(member=0), [b"\x05\x06\x07\x08"])
         send(sock, snapshot(member=7), [b"\x05\x06\x07\x08"])
         send(sock, GroupFetch(os.getpid(), 0, 50, 1))

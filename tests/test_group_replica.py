@@ -28,7 +28,7 @@ from procsv.ipc.transport import CHECKPOINT_FRAME_MAX, drain, make_socket, recv_
 from procsv.services.checkpoint.group import KEEP, GroupCopies, GroupIntake, MemberCopy, checksum
 from procsv.ipc.transport import Endpoints
 from procsv.services.checkpoint.peers import PeerLink
-from procsv.trainer.channels import TrainerChannels
+from procsv.trainer.channels import RemoteMember, TrainerChannels
 from procsv.watchdog.multihost.holder import Holder
 from test_group_peers import link, serve_until, snapshot
 
@@ -47,7 +47,7 @@ def test_a_copy_reaches_node_1s_holder_and_comes_back_to_a_restarted_service(lin
     try:
         serve_until(intake, refused, lambda: intake.replica is not None and intake.replica.holder is not None)
         assert intake.replica is not None and intake.replica.holder is not None, "the holder never said hello"
-        key = curve.connect_member(sock)
+        key = curve.connect_member(sock, layout, 1, 1)
         send(sock, snapshot(), FRAMES)
         serve_until(intake, refused, lambda: bool(holder.held()))
         curve.unfile_agent_key(key)
@@ -88,7 +88,7 @@ def test_a_members_key_cannot_pose_as_the_holder_nor_the_holders_as_a_member(lin
     member = make_socket(zctx, zmq.DEALER, linger_ms=0)
     posing = make_socket(zctx, zmq.DEALER, linger_ms=0)
     try:
-        key = curve.connect_member(member)
+        key = curve.connect_member(member, layout, 1, 1)
         send(member, ReplicaHello(1, os.getpid(), 0))
         spec = [TensorSpec("w", "float32", [1])]
         send(member, ReplicaCopy(0, 1, 50, spec, checksum(tuple(FRAMES))), FRAMES)
@@ -142,7 +142,7 @@ def test_a_holder_that_does_not_read_pins_no_more_copies_than_the_service_holds(
         serve_until(intake, refused, lambda: intake.replica is not None and intake.replica.holder is not None)
         replica = intake.replica
         assert replica is not None and replica.holder is not None
-        key = curve.connect_member(member)
+        key = curve.connect_member(member, layout, 1, 1)
         gc.collect()
         tracemalloc.start()
         try:
@@ -191,11 +191,10 @@ def test_a_member_of_another_host_follows_node_0s_restarted_service(link: Any, t
     answers, and hands its next copies to the new service, not to the dead one's port until its
     next attempt."""
     layout, zctx, intake, refused = link
-    monkeypatch.setenv("PROCSV_GROUP_REMOTE", "1")
-    monkeypatch.setenv("PROCSV_ATTEMPT", "1")
+    remote = RemoteMember(layout, 1, 1)  # a member of host 1: rank 1's first attempt (node 0's StartMembers)
     now = [0.0]
     ch = TrainerChannels(Endpoints(str(tmp_path)), supervised=False, clock=lambda: now[0], services=False,
-                         checkpoint=True)
+                         checkpoint=True, remote=remote)
     other: zmq.Context[Any] = zmq.Context()  # the new service is a new process: a context of its own
     again = None
     try:

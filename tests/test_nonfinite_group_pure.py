@@ -15,6 +15,7 @@ import signal
 
 import pytest
 
+from procsv.common.bootstrap import ChildConfig
 from procsv.common.errors import TrainingDiverged
 from procsv.common.exitcodes import EXIT_DIVERGING, EXIT_GROUP_ROLLBACK
 from procsv.common.layout import Layout, write_json
@@ -104,31 +105,25 @@ def test_a_group_that_meets_a_step_it_was_to_skip_gives_up_as_diverging_instead_
     assert len(gave_up) == 1 and gave_up[0].exit_code == 4 and not of(sim.log, Restart)
 
 
-def test_a_groups_members_read_the_skipped_steps_the_watchdog_hands_them(monkeypatch):
-    monkeypatch.setenv("PROCSV_SKIP_STEPS", "70,40, 70,x,")
-    assert records.from_env() == [40, 70]
-    monkeypatch.setenv("PROCSV_SKIP_STEPS", "")
-    assert records.from_env() == []
+def test_a_groups_members_read_the_skipped_steps_the_watchdog_hands_them():
+    assert ChildConfig.parse({"PROCSV_SKIP_STEPS": "70,40, 70,x,"}).skip_steps == (40, 70)
+    assert ChildConfig.parse({"PROCSV_SKIP_STEPS": ""}).skip_steps == ()
 
 
-def test_a_group_started_for_its_rollback_knows_the_step_its_chief_restores_a_state_before(monkeypatch, tmp_path):
+def test_a_group_started_for_its_rollback_knows_the_step_its_chief_restores_a_state_before(tmp_path):
     # the watchdog's PROCSV_ROLLBACK_BEFORE; a standby group forked before the rollback has none and reads
     # this attempt's restarting record (a torn line, another attempt's and a plain restart are passed over)
-    monkeypatch.setenv("PROCSV_ROLLBACK_BEFORE", "70")
-    assert group_restore.rollback_before(None) == 70
-    monkeypatch.delenv("PROCSV_ROLLBACK_BEFORE")
+    assert group_restore.rollback_before(None, ChildConfig.parse({"PROCSV_ROLLBACK_BEFORE": "70"})) == 70
     log = tmp_path / "lifecycle.jsonl"
     log.write_text('{"event": "restarting", "attempt": 2, "rollback_step": 40}\n'
                    '{"event": "restarting", "attempt": 3, "rollback_step": 70}\n'
                    '{"event": "restarting", "attempt": 4, "rollback_step": null}\n'
                    '{"event": "restarting", "attempt": 3, "rollback_st')
-    monkeypatch.setenv("PROCSV_ATTEMPT", "3")
-    assert group_restore.rollback_before(str(log)) == 70
-    monkeypatch.setenv("PROCSV_ATTEMPT", "4")
-    assert group_restore.rollback_before(str(log)) is None
-    monkeypatch.setenv("PROCSV_ATTEMPT", "1")
-    assert group_restore.rollback_before(str(log)) is None
-    assert group_restore.rollback_before(str(tmp_path / "none")) is None
+    assert group_restore.rollback_before(str(log), ChildConfig.parse({"PROCSV_ATTEMPT": "3"})) == 70
+    assert group_restore.rollback_before(str(log), ChildConfig.parse({"PROCSV_ATTEMPT": "4"})) is None
+    first = ChildConfig.parse({"PROCSV_ATTEMPT": "1"})
+    assert group_restore.rollback_before(str(log), first) is None
+    assert group_restore.rollback_before(str(tmp_path / "none"), first) is None
 
 
 def test_a_promoted_standby_takes_the_bound_and_the_skips_from_its_promotion_not_from_the_lifecycle_log(
@@ -146,25 +141,28 @@ def test_a_promoted_standby_takes_the_bound_and_the_skips_from_its_promotion_not
 
     log = tmp_path / "lifecycle.jsonl"
     log.write_text('{"event": "restarting", "attempt": 2, "rollback_step": 40}\n')  # attempt 3's: not yet
-    monkeypatch.setenv("PROCSV_ATTEMPT", "3")
-    monkeypatch.setenv("PROCSV_SKIP_STEPS", "40")  # the fork's
-    monkeypatch.delenv("PROCSV_ROLLBACK_BEFORE", raising=False)
-    ctx = ChildContext(Layout(str(tmp_path)), Endpoints(str(tmp_path)), "worker1", 3, True, rank=1, nproc=2)
-    assert group_restore.rollback_before(str(log)) is None  # the race: nothing says 70 yet
+    for name in ("PROCSV_SKIP_STEPS", "PROCSV_ROLLBACK_BEFORE"):  # take_promotion sets them for a later Supervisor
+        monkeypatch.delenv(name, raising=False)
+    forked = ChildConfig.parse({"PROCSV_ATTEMPT": "3", "PROCSV_SKIP_STEPS": "40", "PROCSV_STANDBY": "1"})  # the fork's
+    ctx = ChildContext(Layout(str(tmp_path)), Endpoints(str(tmp_path)), "worker1", 3, True, rank=1, nproc=2,
+                       config=forked)
+    assert group_restore.rollback_before(str(log), forked) is None  # the race: nothing says 70 yet
     with open(promotion_file(str(tmp_path), 3, 1), "wb") as fh:
         fh.write(encode(Promotion(3, [40, 70], 70))[0])
-    take_promotion(ctx)
-    assert group_restore.rollback_before(str(log)) == 70 and records.from_env() == [40, 70]
+    promoted = take_promotion(ctx)
+    assert group_restore.rollback_before(str(log), promoted) == 70 and promoted.skip_steps == (40, 70)
+    assert not promoted.standby and ChildConfig.parse(os.environ).skip_steps == (40, 70)  # ... a later Supervisor's too
     # a promotion with no bound decides too: a restarting record that names one is not read
     log.write_text('{"event": "restarting", "attempt": 3, "rollback_step": 70}\n')
     with open(promotion_file(str(tmp_path), 3, 1), "wb") as fh:
         fh.write(encode(Promotion(3, [40], None))[0])
-    take_promotion(ctx)
-    assert group_restore.rollback_before(str(log)) is None and records.from_env() == [40]
-    # no record (promoted by another host's agent): the fork's environment and the lifecycle log, as before
-    monkeypatch.delenv("PROCSV_ROLLBACK_BEFORE")
-    take_promotion(ChildContext(Layout(str(tmp_path)), Endpoints(str(tmp_path)), "worker2", 3, True, rank=2, nproc=3))
-    assert group_restore.rollback_before(str(log)) == 70
+    promoted = take_promotion(ctx)
+    assert group_restore.rollback_before(str(log), promoted) is None and promoted.skip_steps == (40,)
+    assert group_restore.rollback_before(str(log), ChildConfig.parse(os.environ)) is None
+    # no record (promoted by another host's agent): the fork's configuration and the lifecycle log, as before
+    promoted = take_promotion(ChildContext(Layout(str(tmp_path)), Endpoints(str(tmp_path)), "worker2", 3, True, rank=2,
+                                           nproc=3, config=forked))
+    assert group_restore.rollback_before(str(log), promoted) == 70 and not promoted.standby
 
 
 def test_a_workers_rollback_is_kept_when_the_chiefs_death_notice_comes_before_its_exit_status():
@@ -345,17 +343,16 @@ def test_a_second_rollback_while_the_first_bound_holds_keeps_restoring_before_th
 def test_the_lifecycle_fallback_takes_this_launchs_restarting_record_not_an_earlier_launchs(monkeypatch, tmp_path):
     # found by the review: attempts count from 1 again in every launch of a logdir; an earlier launch's
     # attempt 3 named rollback_step 70, this launch's attempt 3 restarted plainly
-    monkeypatch.delenv("PROCSV_ROLLBACK_BEFORE", raising=False)
     log = tmp_path / "lifecycle.jsonl"
     log.write_text('{"event": "launch", "launch": 1}\n'
                    '{"event": "restarting", "attempt": 3, "rollback_step": 70}\n'
                    '{"event": "launch", "launch": 2}\n'
                    '{"event": "restarting", "attempt": 2, "rollback_step": null}\n')
-    monkeypatch.setenv("PROCSV_ATTEMPT", "3")
-    assert group_restore.rollback_before(str(log)) is None
+    third = ChildConfig.parse({"PROCSV_ATTEMPT": "3"})  # no PROCSV_ROLLBACK_BEFORE
+    assert group_restore.rollback_before(str(log), third) is None
     with log.open("a") as fh:
         fh.write('{"event": "restarting", "attempt": 3, "rollback_step": 40}\n')
-    assert group_restore.rollback_before(str(log)) == 40
+    assert group_restore.rollback_before(str(log), third) == 40
 
 
 # ----------------------------------------------------------------------------- a rollback with nothing below its bound

@@ -25,7 +25,7 @@ from procsv.common.layout import Layout
 from procsv.ipc.transport import Endpoints
 from procsv.services.checkpoint.group import GroupIntake
 from procsv.services.checkpoint.peers import PeerLink
-from procsv.trainer.channels import TrainerChannels
+from procsv.trainer.channels import RemoteMember, TrainerChannels
 from procsv.trainer.remote.peer_follow import PeerFollow
 from test_group_peers import link, serve_until, snapshot
 
@@ -51,9 +51,8 @@ def unblock(fifo: str) -> None:
 def test_peer_json_blocking_never_stops_the_step_path_and_the_member_follows_once_it_answers(
         link: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     layout, zctx, intake, refused = link
-    monkeypatch.setenv("PROCSV_GROUP_REMOTE", "1")
-    monkeypatch.setenv("PROCSV_ATTEMPT", "1")
-    ch = TrainerChannels(Endpoints(str(tmp_path)), supervised=False, services=False, checkpoint=True)
+    remote = RemoteMember(layout, 1, 1)  # a member of host 1: rank 1's first attempt (node 0's StartMembers)
+    ch = TrainerChannels(Endpoints(str(tmp_path)), supervised=False, services=False, checkpoint=True, remote=remote)
     first_keys = member_keys(layout)
     assert len(first_keys) == 1
     assert ch.send_snapshot(snapshot(), FRAMES)
@@ -128,7 +127,7 @@ def test_the_threads_key_files_a_superseded_connection_a_late_one_and_a_failing_
     def file_once_failing(layout: Layout, peer: curve.Peer) -> curve.MemberLink:
         if failures:
             raise failures.pop()
-        return curve.file_member(layout, peer)
+        return curve.file_member(layout, peer, 0, 1)  # member 0, attempt 1
 
     follow = PeerFollow(layout, peer_at(1), file_member=file_once_failing)  # driven by hand: not started
     follow.look()
@@ -172,17 +171,16 @@ def test_the_copy_the_dead_service_never_acknowledged_is_handed_to_the_restarted
     from procsv.trainer.checkpoint.snapshot import arena_bytes_needed
 
     layout, zctx, intake, refused = link
-    monkeypatch.setenv("PROCSV_GROUP_REMOTE", "1")
-    monkeypatch.setenv("PROCSV_ATTEMPT", "1")
+    remote = RemoteMember(layout, 1, 1)  # a member of host 1: rank 1's first attempt (node 0's StartMembers)
     step_var = tf.Variable(0, dtype=tf.int64)
     w = tf.Variable(tf.reshape(tf.range(64 * 64, dtype=tf.float32), [64, 64]))
     ckpt = tf.train.Checkpoint(w=w, step=step_var)
     agent = CheckpointAgent(ckpt, step_var, layout, basename="model.ckpt", save_model_secs=None,
                             save_checkpoint_steps=None, max_to_keep=5, keep_checkpoint_every_n_hours=None,
-                            clock=time.monotonic, memory_budget=0.01, saving=False, group=(1, 1, 50))
+                            clock=time.monotonic, memory_budget=0.01, saving=False, group=(1, 1, 50), remote=True)
     agent.store.arena_for(arena_bytes_needed(ckpt))
     assert agent.memory.remote
-    ch = TrainerChannels(Endpoints(str(tmp_path)), supervised=False, services=False, checkpoint=True)
+    ch = TrainerChannels(Endpoints(str(tmp_path)), supervised=False, services=False, checkpoint=True, remote=remote)
     other: zmq.Context[Any] = zmq.Context()  # the new service is a new process: a context of its own
     again = None
     try:
@@ -238,8 +236,7 @@ def test_a_slot_rewritten_by_a_refused_copy_is_never_handed_to_the_restarted_ser
     from procsv.trainer.nonfinite.watch import NonfiniteWatch
 
     layout, zctx, intake, refused = link
-    monkeypatch.setenv("PROCSV_GROUP_REMOTE", "1")
-    monkeypatch.setenv("PROCSV_ATTEMPT", "1")
+    remote = RemoteMember(layout, 1, 1)  # a member of host 1: rank 1's first attempt (node 0's StartMembers)
     skew = [0.0]  # the trainer's clock: moved past the acknowledgment's grace
 
     def clock() -> float:
@@ -250,10 +247,11 @@ def test_a_slot_rewritten_by_a_refused_copy_is_never_handed_to_the_restarted_ser
     ckpt = tf.train.Checkpoint(w=w, step=step_var)
     agent = CheckpointAgent(ckpt, step_var, layout, basename="model.ckpt", save_model_secs=None,
                             save_checkpoint_steps=None, max_to_keep=5, keep_checkpoint_every_n_hours=None,
-                            clock=clock, memory_budget=0.01, saving=False, group=(1, 1, 50))
+                            clock=clock, memory_budget=0.01, saving=False, group=(1, 1, 50), remote=True)
     agent.store.arena_for(arena_bytes_needed(ckpt))
     agent.store.watch = NonfiniteWatch("continue", (), ())
-    ch = TrainerChannels(Endpoints(str(tmp_path)), supervised=False, services=False, checkpoint=True, clock=clock)
+    ch = TrainerChannels(Endpoints(str(tmp_path)), supervised=False, services=False, checkpoint=True, clock=clock,
+                         remote=remote)
     other: zmq.Context[Any] = zmq.Context()  # the new service is a new process: a context of its own
     again = None
     slots = agent.store.slots
@@ -314,13 +312,12 @@ def test_a_member_started_while_no_service_is_named_hands_its_copies_over_once_o
     # node 0's service restarting when the member starts: peer.json names none yet. Before, that member
     # handed over no copy for its whole attempt (its follow thread was never started)
     layout, zctx, intake, refused = link
-    monkeypatch.setenv("PROCSV_GROUP_REMOTE", "1")
-    monkeypatch.setenv("PROCSV_ATTEMPT", "1")
+    remote = RemoteMember(layout, 1, 1)  # a member of host 1: rank 1's first attempt (node 0's StartMembers)
     peer_json = os.path.join(curve.keys_dir(layout), curve.PEER_FILE)
     with open(peer_json, "rb") as fh:
         named = fh.read()
     os.unlink(peer_json)
-    ch = TrainerChannels(Endpoints(str(tmp_path)), supervised=False, services=False, checkpoint=True)
+    ch = TrainerChannels(Endpoints(str(tmp_path)), supervised=False, services=False, checkpoint=True, remote=remote)
     try:
         assert not ch.send_snapshot(snapshot(), FRAMES) and not member_keys(layout)
         with open(peer_json + ".tmp", "wb") as fh:  # the service names itself (atomically, as it does)

@@ -403,10 +403,13 @@ def test_launch_allow_reinit_reaches_the_launch_config(monkeypatch, tmp_path):
     assert seen == [True, False]
 
 
-@pytest.mark.parametrize("arg,env_value,expected", [(False, None, False), (True, None, True), (False, "1", True),
-                                                    (False, "0", False)])
-def test_supervisor_allow_reinit_comes_from_the_argument_or_the_launch(monkeypatch, tmp_path, arg, env_value,
-                                                                     expected):
+@pytest.mark.parametrize("arg,env_value,expected", [(None, None, False), (None, "1", True), (None, "0", False),
+                                                    (True, None, True), (True, "0", True), (False, None, False),
+                                                    (False, "1", False)])
+def test_supervisor_allow_reinit_comes_from_the_argument_else_the_launch(monkeypatch, tmp_path, arg, env_value,
+                                                                       expected):
+    # the one precedence rule (bootstrap.resolve): an explicit allow_reinit=False is kept under --allow-reinit
+    # (before: either turned it on)
     import tensorflow as tf
 
     import procsv

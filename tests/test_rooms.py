@@ -338,7 +338,7 @@ ATTRIBUTE_BASELINE = {
     "procsv.trainer.nonfinite.watch:NonfiniteWatch": 21,
     "procsv.trainer.summaries.sender:SummarySender": 25,
     "procsv.trainer.supervisor:Supervisor": 33,
-    "procsv.watchdog.config:LaunchConfig": 37,
+    "procsv.watchdog.config:LaunchConfig": 35,
     "procsv.watchdog.multihost.agent:NodeAgent": 23,
     "procsv.watchdog.publish.runmetrics:RunSnapshot": 23,
     "procsv.watchdog.rules.limits:Limits": 28,

@@ -276,13 +276,14 @@ def test_a_standby_group_member_whose_shadow_run_fails_exits_with_its_code_inste
 def test_a_standby_group_told_to_skip_the_shadow_run_only_traces_and_never_runs_the_step(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from procsv.common import env
+    from procsv.common.bootstrap import ChildConfig
 
-    monkeypatch.setenv(env.SHADOW_RUN, "0")
+    told = ChildConfig.parse({env.SHADOW_RUN: "0"})  # the watchdog's, read by the member's Supervisor
     checked, (model, optimizer), batch = _checked_step()
     before = _values(model, optimizer)
     member = warmup.WarmUps()
     member.warm_up(checked, *batch)
-    member.run(alone=False, standby=True)  # no exit: the step (which would fail) is not run
+    member.run(alone=False, standby=True, config=told)  # no exit: the step (which would fail) is not run
     assert checked.experimental_get_tracing_count() >= 1
     assert "skip the step's run on shadows" in capsys.readouterr().out
     assert all(a.tobytes() == b.tobytes() for a, b in zip(before, _values(model, optimizer)))
@@ -298,7 +299,10 @@ def test_a_standby_group_members_memory_rule_reads_the_one_figure_the_watchdog_g
 
     body, _, batch = _dense_step()
     step = tf.function(body)
-    monkeypatch.setenv(env.SHADOW_MEMORY, "1000")  # bytes: far less than the shadows
-    assert "would not fit twice in the memory available" in warmup.standby_run(step, batch, {}, warmup.COLLECTIVES)
-    monkeypatch.setenv(env.SHADOW_MEMORY, str(PLENTY))
-    assert warmup.standby_run(step, batch, {}, warmup.COLLECTIVES) == ""
+    from procsv.common.bootstrap import ChildConfig
+
+    told = ChildConfig.parse({env.SHADOW_MEMORY: "1000"}).shadow_memory  # bytes: far less than the shadows
+    assert "would not fit twice in the memory available" in warmup.standby_run(step, batch, {}, warmup.COLLECTIVES,
+                                                                              told)
+    told = ChildConfig.parse({env.SHADOW_MEMORY: str(PLENTY)}).shadow_memory
+    assert warmup.standby_run(step, batch, {}, warmup.COLLECTIVES, told) == ""

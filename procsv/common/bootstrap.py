@@ -4,6 +4,13 @@ Runs in each child (imported by the trainer, both services and the zygote). The 
 module reads them, ties the child's life to its parent (Linux parent-death signal, so killing the
 watchdog -- even with SIGKILL -- takes its children along), and records a failure as data: the
 child writes its own traceback to ``logs/<role>.<attempt>.error.json`` (atomically) before dying.
+
+It is the one module that reads a ``PROCSV_*`` variable: :meth:`ChildConfig.parse` turns the
+environment into one typed, versioned record (:func:`read_config`, once per child: a service's
+:func:`run_service`, the zygote's start, each ``procsv.Supervisor``), and the child hands that
+record on explicitly (constructor arguments, :attr:`ChildContext.config`). Where a setting is both a
+program's argument and a launch flag, :func:`resolve` is the one precedence rule
+(``docs/python-api.md``, "Settings: argument, launch flag, default").
 """
 
 from __future__ import annotations
@@ -14,8 +21,8 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass
-from typing import Callable, Optional
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping, Optional, TypeVar
 
 from procsv.common import env, stopfrom
 from procsv.common.layout import Layout, spilled_error_file, write_json
@@ -24,9 +31,250 @@ from procsv.ipc.transport import Endpoints
 
 _PR_SET_PDEATHSIG = 1
 
+CONFIG_VERSION = 1  # ChildConfig's schema: a field added, removed or given another meaning is a new version
+
+T = TypeVar("T")
+
+
+def resolve(argument: Optional[T], launch: Optional[T], default: T) -> T:
+    """The one precedence rule of every setting that is both a program's argument and a launch flag
+    (pure): the program's explicit argument, else the launch's value (``procsv launch``'s flag, or its
+    default), else the built-in default. A program behaves the same under ``procsv launch`` as in
+    plain python wherever it said what it wants; the launch fills in only what it left unsaid."""
+    if argument is not None:
+        return argument
+    return launch if launch is not None else default
+
+
+def _number(name: str, raw: str, kind: Callable[[str], T]) -> T:
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: not a {'whole ' if kind is int else ''}number") from None
+
+
+def _int(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name, "")
+    return _number(name, raw, int) if raw else default
+
+
+def _optional_int(environ: Mapping[str, str], name: str) -> Optional[int]:
+    raw = environ.get(name)
+    return None if raw is None else _number(name, raw, int)
+
+
+def _optional_float(environ: Mapping[str, str], name: str) -> Optional[float]:
+    raw = environ.get(name)
+    return None if raw is None else _number(name, raw, float)
+
+
+def _pid(raw: Optional[str]) -> Optional[int]:
+    return int(raw) if raw is not None and raw.isdigit() else None
+
+
+def _steps(raw: str) -> tuple[int, ...]:
+    """``"40,70"`` as steps (unset or empty: none; anything not a step is passed over)."""
+    return tuple(sorted({int(p.strip()) for p in raw.split(",") if p.strip().isdigit()}))
+
+
+def _off(raw: str) -> bool:
+    return raw.strip().lower() in ("0", "off", "no", "false")
+
+
+@dataclass(frozen=True)
+class Place:
+    """A trainer's place in its group (``--nproc``, ``--nnodes``, ``--ps``): the part of
+    :class:`ChildConfig` :mod:`procsv.cluster` answers a program with, read alone (:func:`read_place`)
+    so that nothing else of the record can fail it."""
+
+    rank: int = 0  # PROCSV_RANK: this trainer's task (0: the chief)
+    nproc: int = 1  # PROCSV_NPROC: the group's size, over every host
+    hosts: int = 1  # PROCSV_GROUP_HOSTS: the hosts the group runs on now
+    ps: int = 0  # PROCSV_PS: the parameter-server tasks
+
+    @staticmethod
+    def parse(environ: Mapping[str, str]) -> "Place":
+        return Place(rank=_int(environ, env.RANK, 0), nproc=_int(environ, env.NPROC, 1),
+                     hosts=_int(environ, env.GROUP_HOSTS, 1), ps=_int(environ, env.PS, 0))
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """What the watchdog tells a trainer group's members and node 0's checkpoint service about the
+    group's in-memory tier (``docs/replicas.md``). Texts their consumer validates stay text."""
+
+    pin: Optional[str] = None  # PROCSV_GROUP_PIN: the group's restore record for this attempt
+    snapshot_steps: str = ""  # PROCSV_GROUP_SNAPSHOT_STEPS: K (procsv.common.env.group_snapshot_steps)
+    remote: bool = False  # PROCSV_GROUP_REMOTE=1: a member of host 1..M-1 (its copies go to node 0 over CURVE)
+    peer_bind: str = ""  # PROCSV_GROUP_PEER_BIND: node 0's checkpoint service binds its CURVE ROUTER there
+    peer_max_bytes: str = ""  # PROCSV_GROUP_PEER_MAX_BYTES: node 0's service's bound on one peer copy
+
+    @staticmethod
+    def parse(environ: Mapping[str, str]) -> "GroupConfig":
+        return GroupConfig(pin=environ.get(env.GROUP_PIN), snapshot_steps=environ.get(env.GROUP_SNAPSHOT_STEPS, ""),
+                           remote=environ.get(env.GROUP_REMOTE) == "1",
+                           peer_bind=environ.get(env.GROUP_PEER_BIND, ""),
+                           peer_max_bytes=environ.get(env.GROUP_PEER_MAX_BYTES, ""))
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """The launch's settings a child reads (``procsv launch``'s flags, and the variables a user may set
+    for it). None: the launch gave none, so that :func:`resolve` lets the program's argument or the
+    default decide. Texts their consumer validates stay text (``memory_snapshots``:
+    :func:`procsv.common.env.memory_budget`; ``checkpoint_nice``: a value that is no number leaves the
+    nice level as it is)."""
+
+    checkpoint_failure_limit: Optional[int] = None  # PROCSV_CHECKPOINT_FAILURE_LIMIT (--on-checkpoint-failure)
+    allow_reinit: Optional[bool] = None  # PROCSV_ALLOW_REINIT (--allow-reinit)
+    on_nonfinite: Optional[str] = None  # PROCSV_ON_NONFINITE (--on-nonfinite)
+    max_skips: Optional[int] = None  # PROCSV_MAX_SKIPS (--max-skips)
+    skip_window: Optional[int] = None  # PROCSV_SKIP_WINDOW (--skip-window)
+    save_deadline: Optional[float] = None  # PROCSV_SAVE_DEADLINE
+    summary_deadline: Optional[float] = None  # PROCSV_SUMMARY_DEADLINE
+    summary_continue: Optional[str] = None  # PROCSV_SUMMARY_CONTINUE (a standalone summary service's)
+    checkpoint_nice: Optional[str] = None  # PROCSV_CHECKPOINT_NICE
+    memory_snapshots: str = ""  # PROCSV_MEMORY_SNAPSHOTS
+    nonfinite_check: bool = True  # PROCSV_NONFINITE_CHECK (0, off, no, false: no detection)
+    graph_fast_run: bool = True  # PROCSV_GRAPH_FAST_RUN (0: every graph run through Session.run)
+
+    @staticmethod
+    def parse(environ: Mapping[str, str]) -> "LaunchSettings":
+        reinit = environ.get(env.ALLOW_REINIT)
+        return LaunchSettings(
+            checkpoint_failure_limit=_optional_int(environ, env.CHECKPOINT_FAILURE_LIMIT),
+            allow_reinit=None if reinit is None else reinit == "1",
+            on_nonfinite=environ.get(env.ON_NONFINITE),
+            max_skips=_optional_int(environ, env.MAX_SKIPS),
+            skip_window=_optional_int(environ, env.SKIP_WINDOW),
+            save_deadline=_optional_float(environ, env.SAVE_DEADLINE),
+            summary_deadline=_optional_float(environ, env.SUMMARY_DEADLINE),
+            summary_continue=environ.get(env.SUMMARY_CONTINUE),
+            checkpoint_nice=environ.get(env.CHECKPOINT_NICE),
+            memory_snapshots=environ.get(env.MEMORY_SNAPSHOTS, ""),
+            nonfinite_check=not _off(environ.get(env.NONFINITE_CHECK, "")),
+            graph_fast_run=environ.get(env.GRAPH_FAST_RUN, "1") != "0",
+        )
+
+
+@dataclass(frozen=True)
+class ZygoteConfig:
+    """The pre-warmed trainer's own: its pipes and the modules it imports too."""
+
+    fds: Optional[str] = None  # PROCSV_ZYGOTE_FDS: "read,write,say"
+    preload: tuple[str, ...] = ()  # PROCSV_PRELOAD
+
+    @staticmethod
+    def parse(environ: Mapping[str, str]) -> "ZygoteConfig":
+        return ZygoteConfig(environ.get(env.ZYGOTE_FDS), tuple(filter(None, environ.get(env.PRELOAD, "").split(","))))
+
+
+@dataclass(frozen=True)
+class ChildConfig:
+    """Everything the watchdog (or a Supervisor that starts its own services) tells a child, typed:
+    the one record of a child's configuration (:data:`CONFIG_VERSION`). Built by :meth:`parse` from
+    the child's environment (the transport; each variable is described in :mod:`procsv.common.env`);
+    nothing else in procsv reads a ``PROCSV_*`` variable. Its parts: the child's coordinates (here),
+    its ``place`` in a group, the group's in-memory tier (``group``), what a hot standby and a group's
+    restart are told (here), the ``launch``'s settings and the ``zygote``'s own. A number that is not
+    one is a ``ValueError`` naming its variable, when the child starts."""
+
+    version: int = CONFIG_VERSION
+    # the child's coordinates in its run
+    logdir: Optional[str] = None  # PROCSV_LOGDIR
+    runtime_dir: Optional[str] = None  # PROCSV_RUNTIME_DIR
+    role: str = "trainer"  # PROCSV_ROLE
+    attempt: int = 1  # PROCSV_ATTEMPT
+    supervised: bool = False  # PROCSV_WATCHDOG=1: a watchdog supervises this child
+    parent_pid: Optional[int] = None  # PROCSV_PARENT_PID: the process it dies with (None: unset or not a pid)
+    supervisor_pid: Optional[int] = None  # PROCSV_SUPERVISOR_PID: the process that started it
+    death_mutex: Optional[str] = None  # PROCSV_DEATH_MUTEX
+    preempt_signal: Optional[int] = None  # PROCSV_PREEMPT_SIGNAL
+    place: Place = Place()
+    group: GroupConfig = GroupConfig()
+    # a hot standby's, and a group's restart's (the watchdog's at the spawn, or the promotion's)
+    standby: bool = False  # PROCSV_STANDBY=1
+    shadow_run: bool = True  # PROCSV_SHADOW_RUN (0: a standby group's members skip the step's run on shadows)
+    shadow_memory: str = ""  # PROCSV_SHADOW_MEMORY: bytes, a standby group's one figure
+    skip_steps: tuple[int, ...] = ()  # PROCSV_SKIP_STEPS: the steps the run skipped so far
+    rollback_before: Optional[int] = None  # PROCSV_ROLLBACK_BEFORE: the step B a group's attempt rolls back
+    no_rollback_said: bool = False  # ... set empty: this attempt is said to be no rollback
+    launch: LaunchSettings = LaunchSettings()
+    zygote: ZygoteConfig = ZygoteConfig()
+
+    @property
+    def in_group(self) -> bool:
+        """One of several trainers of a ``procsv launch --nproc N`` group."""
+        return self.place.nproc > 1
+
+    @staticmethod
+    def parse(environ: Mapping[str, str]) -> "ChildConfig":
+        """The record ``environ`` holds (pure: any mapping; a number that is not one raises ValueError)."""
+        rollback = environ.get(env.ROLLBACK_BEFORE)
+        preempt = environ.get(env.PREEMPT_SIGNAL, "")
+        return ChildConfig(
+            logdir=environ.get(env.LOGDIR) or None,
+            runtime_dir=environ.get(env.RUNTIME_DIR) or None,
+            role=environ.get(env.ROLE, "trainer"),
+            attempt=_int(environ, env.ATTEMPT, 1),
+            supervised=environ.get(env.WATCHDOG) == "1",
+            parent_pid=_pid(environ.get(env.PARENT_PID)),
+            supervisor_pid=_pid(environ.get(env.SUPERVISOR_PID)),
+            death_mutex=environ.get(env.DEATH_MUTEX) or None,
+            preempt_signal=int(preempt) if preempt.isdigit() else None,
+            place=Place.parse(environ),
+            group=GroupConfig.parse(environ),
+            standby=environ.get(env.STANDBY) == "1",
+            shadow_run=environ.get(env.SHADOW_RUN) != "0",
+            shadow_memory=environ.get(env.SHADOW_MEMORY, ""),
+            skip_steps=_steps(environ.get(env.SKIP_STEPS, "")),
+            rollback_before=int(rollback.strip()) if rollback is not None and rollback.strip().isdigit() else None,
+            no_rollback_said=rollback is not None and not rollback.strip(),
+            launch=LaunchSettings.parse(environ),
+            zygote=ZygoteConfig.parse(environ),
+        )
+
+    def promoted(self, skip_steps: tuple[int, ...], rollback_before: Optional[int]) -> "ChildConfig":
+        """This standby's record once promoted (pure): no standby, the promotion's steps to skip and
+        its rollback bound (None: said "no rollback")."""
+        return replace(self, standby=False, skip_steps=tuple(sorted(set(skip_steps))),
+                       rollback_before=rollback_before, no_rollback_said=rollback_before is None)
+
+
+def read_place() -> Place:
+    """This process's :class:`Place`, from its environment (each call: :mod:`procsv.cluster`'s functions)."""
+    return Place.parse(os.environ)
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """The tests' fault injection of this process (:mod:`procsv.common.faults`), read alone and never
+    failing: every process reads it, the watchdog and a node agent too, at each fault point."""
+
+    spec: str = ""  # PROCSV_FAULT: "<process>:<point>[:<n>[-<m>]]"
+    gate: str = ""  # PROCSV_FAULT_GATE: the file whose creation ends a stall
+    first_attempt: bool = True  # PROCSV_ATTEMPT is 1 (or unset): fault points fire only then
+
+    @staticmethod
+    def parse(environ: Mapping[str, str]) -> "FaultConfig":
+        return FaultConfig(environ.get(env.FAULT, ""), environ.get(env.FAULT_GATE, ""),
+                           environ.get(env.ATTEMPT, "1") == "1")
+
+
+def read_faults() -> FaultConfig:
+    """This process's :class:`FaultConfig`, from its environment (each fault point)."""
+    return FaultConfig.parse(os.environ)
+
+
+def read_config() -> ChildConfig:
+    """This process's :class:`ChildConfig`, from its environment: called once by each child's start
+    (a service's :func:`run_service`, the zygote's main, each ``procsv.Supervisor``)."""
+    return ChildConfig.parse(os.environ)
+
+
 @dataclass(frozen=True)
 class ChildContext:
-    """The coordinates of this child inside its run."""
+    """The coordinates of this child inside its run, and its whole configuration (``config``)."""
 
     layout: Layout
     endpoints: Endpoints
@@ -35,6 +283,7 @@ class ChildContext:
     supervised: bool
     rank: int = 0  # this trainer's task in a group launched with --nproc N (0: the chief)
     nproc: int = 1  # the group's size
+    config: ChildConfig = ChildConfig()
 
     @property
     def in_group(self) -> bool:
@@ -42,19 +291,18 @@ class ChildContext:
         return self.nproc > 1
 
     @staticmethod
-    def from_env() -> Optional["ChildContext"]:
-        logdir, runtime = os.environ.get(env.LOGDIR), os.environ.get(env.RUNTIME_DIR)
-        if not logdir or not runtime:
+    def from_config(config: ChildConfig) -> Optional["ChildContext"]:
+        """The context ``config`` names; None outside a run (no logdir or runtime directory given)."""
+        if not config.logdir or not config.runtime_dir:
             return None
-        return ChildContext(
-            layout=Layout(logdir),
-            endpoints=Endpoints(runtime),
-            role=os.environ.get(env.ROLE, "trainer"),
-            attempt=int(os.environ.get(env.ATTEMPT, "1")),
-            supervised=os.environ.get(env.WATCHDOG) == "1",
-            rank=int(os.environ.get(env.RANK, "0") or 0),
-            nproc=int(os.environ.get(env.NPROC, "1") or 1),
-        )
+        return ChildContext(layout=Layout(config.logdir), endpoints=Endpoints(config.runtime_dir), role=config.role,
+                            attempt=config.attempt, supervised=config.supervised, rank=config.place.rank,
+                            nproc=config.place.nproc, config=config)
+
+    @staticmethod
+    def from_env() -> Optional["ChildContext"]:
+        """:meth:`from_config` of :func:`read_config`."""
+        return ChildContext.from_config(read_config())
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:

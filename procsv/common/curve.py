@@ -43,7 +43,6 @@ from typing import Any, Optional
 import zmq
 from zmq.utils import z85
 
-from procsv.common import env
 from procsv.common.layout import Layout, read_json, write_json
 
 JOB_FILE = "job.json"
@@ -305,12 +304,6 @@ def connect_as_member(sock: "zmq.Socket[Any]", keys: AgentKeys, peer: Peer) -> N
     sock.curve_serverkey = peer.server_public
 
 
-def remote_member() -> bool:
-    """This process is a group member of another host than node 0 (``PROCSV_GROUP_REMOTE``, set by
-    node 0's watchdog): its in-memory snapshots go to node 0's checkpoint service, over CURVE."""
-    return os.environ.get(env.GROUP_REMOTE) == "1"
-
-
 @dataclass(frozen=True)
 class MemberLink:
     """What a member's connection to node 0's checkpoint service takes from the disk, done before
@@ -323,14 +316,13 @@ class MemberLink:
     path: str
 
 
-def file_member(layout: Layout, peer: Peer) -> MemberLink:
+def file_member(layout: Layout, peer: Peer, rank: int, attempt: int) -> MemberLink:
     """A new key pair of this process's own for ``peer``, its public key filed for the launch
-    (:func:`file_member_key`, with this member's rank and attempt): the part of a member's
+    (:func:`file_member_key`, with this member's ``rank`` and ``attempt``): the part of a member's
     connection that writes to the logdir (a shared filesystem: a member's step never waits on it
     once it trains, :mod:`procsv.trainer.remote.peer_follow`). OSError if the key cannot be filed."""
     keys = AgentKeys.new()
-    path = file_member_key(layout, peer.job, keys, int(os.environ.get(env.RANK, "0") or 0),
-                           int(os.environ.get(env.ATTEMPT, "1") or 1))
+    path = file_member_key(layout, peer.job, keys, rank, attempt)
     return MemberLink(peer, keys, path)
 
 
@@ -341,7 +333,7 @@ def attach_member(sock: "zmq.Socket[Any]", link: MemberLink) -> None:
     sock.connect(link.peer.endpoint)
 
 
-def member_link(layout: Layout) -> Optional[MemberLink]:
+def member_link(layout: Layout, rank: int, attempt: int) -> Optional[MemberLink]:
     """A member's first connection's disk part: the service ``peer.json`` names and a key filed for
     it (:func:`file_member`), or None (said in one line) when node 0's service names no endpoint
     (yet: the member's follow connects once it does, :mod:`procsv.trainer.remote.peer_follow`)."""
@@ -350,15 +342,15 @@ def member_link(layout: Layout) -> Optional[MemberLink]:
         print("procsv: this member's in-memory snapshots have nowhere to go yet: node 0's checkpoint service "
               f"names no endpoint in {keys_dir(layout)} (they go to it once it does)", file=sys.stderr, flush=True)
         return None
-    return file_member(layout, peer)
+    return file_member(layout, peer, rank, attempt)
 
 
-def connect_member(sock: "zmq.Socket[Any]") -> Optional[str]:
+def connect_member(sock: "zmq.Socket[Any]", layout: Layout, rank: int, attempt: int) -> Optional[str]:
     """Connect ``sock`` (a DEALER) to node 0's checkpoint service as a CURVE client with a key pair
     of this process's own, filed for the launch (removed by :func:`unfile_agent_key` at the end; the
     master removes the folder when the launch ends); the key file's path, or None (said in one line)
     when node 0's service names no endpoint (the member then hands over no copies)."""
-    link = member_link(Layout(os.environ.get(env.LOGDIR, ".")))
+    link = member_link(layout, rank, attempt)
     if link is None:
         return None
     attach_member(sock, link)

@@ -1,8 +1,11 @@
 """Every ``PROCSV_*`` environment variable, named once.
 
 Imported by every process. The watchdog (or a Supervisor running without one) passes a child its
-coordinates in these variables; the child reads them through :class:`procsv.common.bootstrap.ChildContext`
-or the few helpers below. Nothing else in procsv spells a ``PROCSV_`` literal.
+coordinates in these variables; the child reads them once, in :mod:`procsv.common.bootstrap`
+(:class:`~procsv.common.bootstrap.ChildConfig`), and the helpers below validate the text of a few.
+Nothing else in procsv spells a ``PROCSV_`` literal, and nothing else reads one from the
+environment but :mod:`procsv.cli`, the launch's own entry, which hands the launch's environment to
+pure functions (:func:`procsv.launch_args.group_snapshot_steps`, :mod:`procsv.watchdog.multihost.placement`).
 """
 
 from __future__ import annotations
@@ -57,15 +60,15 @@ ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, SUPERVISOR_PID, WATCHDOG,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE,
        RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, SHADOW_RUN, SHADOW_MEMORY, RANK, NPROC, GROUP_HOSTS, GROUP_PIN, GROUP_SNAPSHOT_STEPS, GROUP_PEER_BIND, GROUP_PEER_MAX_BYTES, GROUP_REMOTE,
        ON_NONFINITE, MAX_SKIPS, SKIP_WINDOW,
-       SKIP_STEPS, ROLLBACK_BEFORE, FAULT_GATE, NONFINITE_CHECK, PS, MASTER_ADDR, PREEMPT_SIGNAL, SUMMARY_CONTINUE)
+       SKIP_STEPS, ROLLBACK_BEFORE, FAULT_GATE, NONFINITE_CHECK, PS, MASTER_ADDR, PREEMPT_SIGNAL, SUMMARY_CONTINUE,
+       GRAPH_FAST_RUN)
 
 
-def memory_budget(default: float = 0.01) -> float:
-    """The in-memory snapshot tier's share of the loop's time from :data:`MEMORY_SNAPSHOTS`
-    (``0`` or ``off``: the tier is off); a value that is not a fraction in [0, 0.5] is an error."""
-    import os
-
-    raw = os.environ.get(MEMORY_SNAPSHOTS, "").strip().lower()
+def memory_budget(text: str, default: float = 0.01) -> float:
+    """The in-memory snapshot tier's share of the loop's time from ``text``, the value of
+    :data:`MEMORY_SNAPSHOTS` (empty: unset; ``0`` or ``off``: the tier is off); a value that is not a
+    fraction in [0, 0.5] is an error."""
+    raw = text.strip().lower()
     if not raw:
         return default
     if raw in ("0", "off", "no", "false"):
@@ -83,12 +86,10 @@ def memory_budget(default: float = 0.01) -> float:
 GROUP_SNAPSHOT_DEFAULT = 50  # steps between a group's in-memory snapshots unless PROCSV_GROUP_SNAPSHOT_STEPS says
 
 
-def group_snapshot_steps(default: int = 0) -> int:
-    """Every how many steps a trainer group's members take their in-memory snapshots, from
-    :data:`GROUP_SNAPSHOT_STEPS` (``0``: none; unset: ``default``); not a whole number >= 0: an error."""
-    import os
-
-    raw = os.environ.get(GROUP_SNAPSHOT_STEPS, "").strip()
+def group_snapshot_steps(text: str, default: int = 0) -> int:
+    """Every how many steps a trainer group's members take their in-memory snapshots, from ``text``, the
+    value of :data:`GROUP_SNAPSHOT_STEPS` (``0``: none; empty: ``default``); not a whole number >= 0: an error."""
+    raw = text.strip()
     if not raw:
         return default
     if not raw.isdigit():
@@ -97,11 +98,12 @@ def group_snapshot_steps(default: int = 0) -> int:
     return int(raw)
 
 
-def group_snapshot_steps_for() -> int:
-    """The K the watchdog hands a group's members (:data:`GROUP_SNAPSHOT_STEPS`): the user's, else
-    :data:`GROUP_SNAPSHOT_DEFAULT`; 0 with the in-memory tier off (:func:`memory_budget` 0). Over
+def group_snapshot_steps_for(memory_snapshots: str, snapshot_steps: str) -> int:
+    """The K the watchdog hands a group's members (:data:`GROUP_SNAPSHOT_STEPS`), from the launch's own
+    :data:`MEMORY_SNAPSHOTS` and :data:`GROUP_SNAPSHOT_STEPS` (their text; empty: unset): the user's,
+    else :data:`GROUP_SNAPSHOT_DEFAULT`; 0 with the in-memory tier off (:func:`memory_budget` 0). Over
     several hosts too: the members of hosts 1..M-1 hand theirs to node 0's checkpoint service over
     CURVE (:mod:`procsv.services.checkpoint.peers`, issue 54's point 2)."""
-    if memory_budget() == 0:
+    if memory_budget(memory_snapshots) == 0:
         return 0
-    return group_snapshot_steps(GROUP_SNAPSHOT_DEFAULT)
+    return group_snapshot_steps(snapshot_steps, GROUP_SNAPSHOT_DEFAULT)

@@ -31,7 +31,6 @@ import struct
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from procsv.common import env
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 PROMOTE = signal.SIGUSR1  # the watchdog's to a hot standby: become the trainer (procsv.trainer.standby.wait)
@@ -70,11 +69,10 @@ class Authority:
     alive: Callable[[], bool]
 
     @staticmethod
-    def parent(title: str) -> "Authority":
-        """This process's parent at its start (``PROCSV_PARENT_PID``, else ``getppid()``); gone once
-        this process has been re-parented."""
-        raw = os.environ.get(env.PARENT_PID, "")
-        pid = int(raw) if raw.isdigit() else os.getppid()
+    def parent(title: str, parent_pid: Optional[int]) -> "Authority":
+        """This process's parent at its start (``parent_pid``: its ``ChildConfig.parent_pid``, from
+        ``PROCSV_PARENT_PID``; None: ``getppid()``); gone once this process has been re-parented."""
+        pid = parent_pid if parent_pid is not None else os.getppid()
         return Authority(pid, title, lambda: os.getppid() == pid)
 
     def obeys(self, sig: StopSignal) -> bool:

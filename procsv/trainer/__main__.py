@@ -25,15 +25,15 @@ from procsv.common.layout import exit_report_file, write_json
 from procsv.common.exitcodes import EXIT_DIVERGING, EXIT_GROUP_ROLLBACK, EXIT_PREEMPTED
 from procsv.trainer import deathnotice, outcome
 from procsv.trainer.standby import priority
-from procsv.trainer.standby import wait as standby
 
 
 def main() -> int:
     lossyio.install()  # a line printed on a full disk is dropped (counted), not the trainer's death
     bootstrap.die_with_parent()
-    deathnotice.hold_from_env()  # released only on a clean exit: any other death is noticed at once
+    config = bootstrap.read_config()  # what runs before the program (each Supervisor reads its own: the program's)
+    deathnotice.hold(config.death_mutex)  # released only on a clean exit: any other death is noticed at once
     outcome.catch_early_stop()
-    if standby.is_standby():  # prepared while the trainer trains: only on CPU the trainer leaves idle
+    if config.standby:  # prepared while the trainer trains: only on CPU the trainer leaves idle
         lowered = priority.lower()
         print(f"procsv: standby preparing at {'idle (SCHED_IDLE)' if lowered else 'normal'} CPU priority"
               + ("" if lowered else " (SCHED_IDLE could not be undone at promotion without CAP_SYS_NICE)"),
@@ -42,7 +42,7 @@ def main() -> int:
         print("usage: python -m procsv.trainer TARGET [ARGS...]", file=sys.stderr)
         return 2
     target, args = sys.argv[1], sys.argv[2:]
-    ctx = bootstrap.ChildContext.from_env()
+    ctx = bootstrap.ChildContext.from_config(config)
     is_path = target.endswith(".py") or os.sep in target
     sys.argv = [os.path.abspath(target) if is_path else target, *args]
     try:

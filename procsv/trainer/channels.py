@@ -25,6 +25,7 @@ import os
 import secrets
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, TypeVar, cast
 
 import zmq
@@ -34,7 +35,7 @@ from procsv.ipc.messages import (CheckpointSetup, CheckpointsDeleted, DeleteChec
                                  RecoverQuery, RecoverReply, SaveData, SaveResult, SummaryAck)
 from procsv.common import curve
 from procsv.ipc.transport import Endpoints, NoReply, ReceiveTimeout, Received, drain, make_socket, recv_message, send
-from procsv.common import env
+from procsv.common.bootstrap import ChildConfig
 from procsv.common.layout import Layout
 from procsv.trainer.remote.peer_follow import PeerFollow
 
@@ -49,14 +50,37 @@ def read_summary_acks(sock: zmq.Socket[Any], timeout: float = 0.0) -> list[Summa
             if not isinstance(r, ProtocolError) and isinstance(r.msg, SummaryAck)]
 
 
+@dataclass(frozen=True)
+class RemoteMember:
+    """A group member of host 1..M-1 (``ChildConfig.group_remote``, set by node 0's ``StartMembers``): its
+    in-memory copies go to node 0's checkpoint service over CURVE, under a key filed in ``layout`` for
+    its ``rank`` and ``attempt`` (:func:`procsv.common.curve.file_member`)."""
+
+    layout: Layout
+    rank: int
+    attempt: int
+
+    @staticmethod
+    def of(config: ChildConfig) -> Optional["RemoteMember"]:
+        """The remote member ``config`` names, or None (not one)."""
+        if not config.group.remote:
+            return None
+        return RemoteMember(Layout(config.logdir or "."), config.place.rank, config.attempt)
+
+    def file_member(self, layout: Layout, peer: curve.Peer) -> curve.MemberLink:
+        """:func:`curve.file_member` for this member (what :class:`PeerFollow` files with)."""
+        return curve.file_member(layout, peer, self.rank, self.attempt)
+
+
 class TrainerChannels:
     """The trainer's sockets: PUSH to the watchdog, DEALERs to the checkpoint and summary services."""
 
     def __init__(self, endpoints: Endpoints, supervised: bool, clock: Callable[[], float] = time.monotonic,
-                 services: bool = True, checkpoint: bool = False) -> None:
+                 services: bool = True, checkpoint: bool = False, remote: Optional[RemoteMember] = None) -> None:
         """``services=False`` (a worker replica): no connection to the checkpoint and summary
         services, which only the chief uses; sends to them are dropped; ``checkpoint``: a worker of a
-        group with the in-memory tier, connected to the checkpoint service only (its snapshots)."""
+        group with the in-memory tier, connected to the checkpoint service only (its snapshots);
+        ``remote``: such a worker on host 1..M-1, connected to node 0's service over CURVE."""
         self.clock = clock
         self.zctx: zmq.Context[Any] = zmq.Context()
         # unique per connection, not per process: a session prepared again in the same process (TF's
@@ -70,16 +94,17 @@ class TrainerChannels:
         self._ident = ident
         if services or checkpoint:
             self.ckpt = make_socket(self.zctx, zmq.DEALER, sndhwm=4, identity=ident, linger_ms=0)
-            if checkpoint and not services and curve.remote_member():  # node 0's service, over CURVE
-                layout = Layout(os.environ.get(env.LOGDIR, "."))
-                link = curve.member_link(layout)  # (at the start: before the first step)
+            if checkpoint and not services and remote is not None:  # node 0's service, over CURVE
+                layout = remote.layout
+                link = curve.member_link(layout, remote.rank, remote.attempt)  # (at the start: before the first step)
                 if link is None:  # no service named yet (one restarting): the thread waits for it
                     self.ckpt.close()
                     self.ckpt = None
                 else:
                     curve.attach_member(self.ckpt, link)
                     self._member_key = link.path
-                self._follow = PeerFollow(layout, link.peer if link is not None else None)
+                self._follow = PeerFollow(layout, link.peer if link is not None else None,
+                                          file_member=remote.file_member)
                 self._follow.start()
             else:
                 self.ckpt.connect(endpoints.checkpoint)

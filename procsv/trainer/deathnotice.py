@@ -1,26 +1,24 @@
 """The trainer's half of the death notice: hold the watchdog's robust mutex until a clean exit.
 
-Runs in the trainer. ``procsv.trainer`` calls :func:`hold_from_env` first thing; the kernel marks
-the mutex "owner died" if this process dies any way other than through :func:`release`, which
+Runs in the trainer. ``procsv.trainer`` calls :func:`hold` first thing (with its configuration's
+mutex path); the kernel marks the mutex "owner died" if this process dies any way other than through :func:`release`, which
 wakes the watchdog's :class:`procsv.watchdog.deathwatch.DeathWatch` before the process is torn down.
 """
 
 from __future__ import annotations
 
 import errno
-import os
 from typing import Optional
 
-from procsv.common import env
 from procsv.common.mutex import RobustMutex
 
 _held: Optional[RobustMutex] = None
 
 
-def hold_from_env() -> None:
-    """In the trainer: take the mutex the watchdog named, if any, for the rest of this process."""
+def hold(path: Optional[str]) -> None:
+    """In the trainer: take the mutex the watchdog named (``ChildConfig.death_mutex``), if any, for the
+    rest of this process."""
     global _held
-    path = os.environ.get(env.DEATH_MUTEX)
     if not path:
         return
     try:

@@ -21,13 +21,13 @@ import os
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from procsv import cluster
 from procsv.common import bootstrap, env
 from procsv.common.errors import ProcsvError, TrainingDiverged
 from procsv.ipc.messages import Busy, SessionLogEvent, SessionStatus, TrainerReady
 from procsv.trainer import outcome
 from procsv.trainer import replica
-from procsv.trainer.channels import TrainerChannels
+from procsv.trainer.channels import RemoteMember, TrainerChannels
+from procsv.trainer.checkpoint.commits import CHECKPOINT_FAILURE_LIMIT
 from procsv.trainer.checkpoint.restore import ReadRetry
 from procsv.trainer.coordinator import Coordinator, LooperThread
 from procsv.trainer.managed import ManagedSession, ManagedSessionContext
@@ -64,14 +64,21 @@ class Supervisor(SupervisorNames):
     * ``max_to_keep`` / ``keep_checkpoint_every_n_hours``: retention, as ``tf.train.Saver``.
     * ``clock``: the monotonic clock every timer of the step boundary reads (tests pass a fake one).
     * ``allow_reinit``: when committed checkpoints exist but every one is corrupt, start from step 0
-      (``init_fn``) instead of raising :class:`NoRestorableCheckpoint`. Also set by
-      ``procsv launch --allow-reinit``. Never applies to an unreadable checkpoint.
+      (``init_fn``) instead of raising :class:`NoRestorableCheckpoint`. Not given (None): what
+      ``procsv launch --allow-reinit`` says, else False. Never applies to an unreadable checkpoint.
     * ``checkpoint_failure_limit``: after this many checkpoints in a row fail to commit,
       ``should_stop()`` becomes true and the ``managed_session`` block re-raises a
       :class:`CheckpointError` naming the cause, as TensorFlow's Supervisor stopped on an error in
-      its checkpoint thread (0: train on). ``procsv launch --on-checkpoint-failure`` sets it.
+      its checkpoint thread (0: train on). Not given (None): what ``procsv launch
+      --on-checkpoint-failure`` says, else 3.
+    * ``on_nonfinite``: not given (None): what ``procsv launch --on-nonfinite`` says, else ``"rollback"``.
     * ``read_retry_secs``: how long a checkpoint file that cannot be read (EIO, EACCES, ESTALE...)
       is retried at restore before :class:`UnreadableCheckpoint` is raised (default 5 s).
+
+    The one precedence rule of ``allow_reinit``, ``checkpoint_failure_limit`` and ``on_nonfinite``
+    (:func:`procsv.common.bootstrap.resolve`): the program's explicit argument, else the launch's flag,
+    else the default. The launch's settings and this trainer's coordinates are read once, when the
+    Supervisor is built (:func:`bootstrap.read_config`), and handed to its collaborators.
     """
 
     def __init__(
@@ -91,9 +98,9 @@ class Supervisor(SupervisorNames):
         save_checkpoint_steps: Optional[int] = None,
         summary_fn: Optional[Callable[[], Mapping[str, Any]]] = None,
         clock: Callable[[], float] = time.monotonic,
-        allow_reinit: bool = False,
+        allow_reinit: Optional[bool] = None,
         read_retry_secs: float = ReadRetry.total_secs,
-        checkpoint_failure_limit: int = 3,
+        checkpoint_failure_limit: Optional[int] = None,
         *,
         graph: Any = None,
         ready_op: Any = USE_DEFAULT,
@@ -110,11 +117,11 @@ class Supervisor(SupervisorNames):
         on_nonfinite: Optional[str] = None, nonfinite_tags: Sequence[str] = ("loss",), nonfinite_ignore: Sequence[str] = ()
     ) -> None:
         self._clock = clock  # every timer of the step boundary (progress, summaries, saves) reads it
-        self._ctx = bootstrap.ChildContext.from_env()
+        self._config = config = bootstrap.read_config()  # the launch's settings, this trainer's coordinates: once
         is_chief = resolve_is_chief(is_chief, self._ctx)
         self.layout = layout_for(logdir, self._ctx, is_chief=is_chief, checkpoint_basename=checkpoint_basename,
                                  read_retry_secs=read_retry_secs)
-        self.allow_reinit = allow_reinit or os.environ.get(env.ALLOW_REINIT) == "1"
+        self.allow_reinit = bootstrap.resolve(allow_reinit, config.launch.allow_reinit, False)
         self.is_chief = is_chief
         self.save_model_secs, self.save_checkpoint_steps = save_model_secs, save_checkpoint_steps
         # graph mode (a TF1 graph program) or eager: the TF1 arguments, the state to save, the global step
@@ -144,8 +151,11 @@ class Supervisor(SupervisorNames):
                           save_model_secs=save_model_secs, save_checkpoint_steps=save_checkpoint_steps,
                           max_to_keep=self.max_to_keep, keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours,
                           allow_reinit=self.allow_reinit, read_retry_secs=read_retry_secs,
-                          failure_limit=checkpoint_failure_limit, saving=is_chief) if checkpoint is not None else None,
-            chief=is_chief, nonfinite=(on_nonfinite, nonfinite_tags, nonfinite_ignore), session_thread=self._session_thread,
+                          failure_limit=bootstrap.resolve(checkpoint_failure_limit,
+                                                          config.launch.checkpoint_failure_limit, CHECKPOINT_FAILURE_LIMIT),
+                          saving=is_chief, config=config) if checkpoint is not None else None,
+            chief=is_chief, config=config, nonfinite=(on_nonfinite, nonfinite_tags, nonfinite_ignore),
+            session_thread=self._session_thread,
             connected=lambda: self._channels is not None, started=lambda: self._started)
         self._keeper, self._summaries, self._rollback = parts.keeper, parts.summaries, parts.rollback
         self._boundary, self._graph, self._surface = parts.boundary, parts.graph, parts.surface
@@ -163,6 +173,11 @@ class Supervisor(SupervisorNames):
         self._outcome: Optional[outcome.Slot] = None  # registered when its first session starts
         self._stopped = False  # stop() ran: a further prepare_or_wait_for_session() starts afresh
         self._warm_ups = WarmUps()  # warm_up(): traced at prepare
+
+    @property
+    def _ctx(self) -> Optional[bootstrap.ChildContext]:
+        """This trainer's coordinates in its run (None: plain python), from its configuration."""
+        return bootstrap.ChildContext.from_config(self._config)
 
     @property
     def step(self) -> int:
@@ -217,19 +232,22 @@ class Supervisor(SupervisorNames):
         self._boundary.standard_started = start_standard_services  # False: the program calls start_standard_services()
         prepared_at, w0 = time.time(), self._clock()  # wall time: compared with the watchdog's records
         # a group's step runs collectives: only traced, but on shadows in a standby group (see warmup)
-        self._warm_ups.run(alone=cluster.nproc() == 1, standby=self._ctx is not None and standby.is_standby())
-        if self._rollback.detecting and cluster.nproc() == 1 and env.memory_budget() > 0:
+        child = self._config  # (config: the program's tf.ConfigProto)
+        self._warm_ups.run(alone=child.place.nproc == 1, standby=self._ctx is not None and child.standby,
+                           config=child)
+        if self._rollback.detecting and child.place.nproc == 1 and env.memory_budget(child.launch.memory_snapshots) > 0:
             self._rollback.watch.losses.warm()  # the loss check's kernels, off the in-memory tier's first snapshots
         warm_secs = self._clock() - w0
-        if self._ctx is not None and standby.is_standby():
-            standby.wait_for_promotion(self._ctx)  # a hot standby: everything before this is done already
+        if self._ctx is not None and child.standby:  # a hot standby: everything before this is done already
+            child = self._config = standby.wait_for_promotion(self._ctx)  # its Promotion's, no standby
         t0 = self._clock()
         self._signals.install(self.coord)
         endpoints, self._own = connect(self._ctx, self.is_chief, self.layout, self._kept_events)
         group_tier = self._keeper is not None and self._keeper.agent.group is not None  # a group's worker snapshots too
         channels = self._channels = TrainerChannels(
             endpoints, supervised=self._ctx is not None and self._ctx.supervised, clock=self._clock,
-            services=self.is_chief and self.layout is not None, checkpoint=group_tier and self.layout is not None)
+            services=self.is_chief and self.layout is not None, checkpoint=group_tier and self.layout is not None,
+            remote=RemoteMember.of(child))
         for part in (self._keeper, self._summaries, self._rollback, self._boundary, self._graph):
             if part is not None:
                 part.attach(channels)
@@ -240,8 +258,7 @@ class Supervisor(SupervisorNames):
             in_group = self._ctx is not None and self._ctx.supervised and self._ctx.in_group
             skipped = self._keeper.restore(self._init, chief=self.is_chief,
                                            restarted=self._ctx is not None and self._ctx.attempt > 1, reused=reused,
-                                           pin_path=os.environ.get(env.GROUP_PIN) if in_group else None,
-                                           nproc=cluster.nproc())
+                                           pin_path=child.group.pin if in_group else None, config=child)
         else:
             self._init()
         if self._graph is not None:  # local_init_op, ready_op, live; queue runners
@@ -264,7 +281,7 @@ class Supervisor(SupervisorNames):
                                        and self.save_model_secs))  # TF's checkpoint thread saves as it starts
         if (self.is_chief or self._rollback.watch.group_refusal) and self.layout is not None:  # (a group: each member)
             # the steps this run skipped before stay skipped
-            self._rollback.resume(step, self.layout.lifecycle)
+            self._rollback.resume(step, self.layout.lifecycle, child.skip_steps)
         return self._session
 
     def stop(self, threads: Any = None, close_summary_writer: bool = True, ignore_live_threads: bool = False) -> None:

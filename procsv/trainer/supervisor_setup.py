@@ -4,7 +4,8 @@ Runs in the trainer process, inside ``Supervisor.__init__``: which logdir (the l
 one given; they must agree) and the refusal of arguments that cannot work (:func:`layout_for`);
 the state to save, as a ``tf.train.Checkpoint`` holding the ``global_step`` variable
 (:func:`trackable_state`), or in graph mode the graph's, with TF1's defaults (:func:`state_to_save`); and how each session's :class:`CheckpointAgent` is made, with the
-settings ``procsv launch`` passes through the environment (:func:`agent_factory`); and its
+settings ``procsv launch`` passes (read once by the Supervisor: :class:`bootstrap.ChildConfig`;
+:func:`agent_factory`); and its
 collaborators, each given what it needs (:func:`collaborators`). Free functions of their arguments:
 the Supervisor keeps what they return.
 """
@@ -29,6 +30,7 @@ from procsv.trainer.nonfinite.rollback import NonfiniteRollback
 from procsv.trainer.settings import Settings
 from procsv.trainer.step_boundary import StepState
 from procsv.trainer.summaries.log import SummaryLog
+from procsv.trainer.summaries.sender import SUMMARY_DEADLINE
 from procsv.trainer.tf1_args import USE_DEFAULT, Tf1Choices, resolve
 from procsv.trainer.tf1_objects import Tf1Parts
 from procsv.trainer.tf1_surface import Tf1Surface
@@ -51,7 +53,7 @@ def refuse_eager_under_ps(graph_mode: bool, ctx: Optional[bootstrap.ChildContext
     """Raise :class:`UsageError` for an eager program under ``procsv launch --ps N --workers M``: the
     parameter servers hold a TF1 graph's variables (``replica_device_setter``); an eager program's
     workers would each train variables of their own and save nothing in common."""
-    if not graph_mode and ctx is not None and ctx.supervised and int(os.environ.get(env.PS, "0") or 0) > 0:
+    if not graph_mode and ctx is not None and ctx.supervised and ctx.config.place.ps > 0:
         raise UsageError("procsv launch --ps/--workers runs TF1 between-graph replication: build the model in a "
                          "graph (tf.compat.v1.disable_eager_execution(), variables under "
                          "tf.compat.v1.train.replica_device_setter); an eager program uses --nproc N")
@@ -148,18 +150,20 @@ def retention(tf1: Tf1Choices, max_to_keep: int, keep_hours: Optional[float]) ->
 def agent_factory(checkpoint: Any, global_step: Any, layout: Optional[Layout], *, basename: str,
                   save_model_secs: Optional[float], save_checkpoint_steps: Optional[int], max_to_keep: int,
                   keep_checkpoint_every_n_hours: Optional[float], allow_reinit: bool, read_retry_secs: float,
-                  failure_limit: int, saving: bool) -> Callable[[], CheckpointAgent]:
+                  failure_limit: int, saving: bool, config: bootstrap.ChildConfig) -> Callable[[], CheckpointAgent]:
     """Makes the :class:`CheckpointAgent` of each session (a new one for a session prepared again
-    after a stop). ``procsv launch``'s ``PROCSV_CHECKPOINT_FAILURE_LIMIT`` and
-    ``PROCSV_SAVE_DEADLINE`` win over ``failure_limit`` and the default deadline floor. In a trainer
-    group (``PROCSV_NPROC`` > 1) every member, workers too, takes an in-memory snapshot every K steps
-    (``PROCSV_GROUP_SNAPSHOT_STEPS``, the watchdog's; 0: none), which the checkpoint service holds
-    apart and never persists (:mod:`procsv.services.checkpoint.group`)."""
-    in_group = int(os.environ.get(env.NPROC, "1") or 1) > 1
-    every = env.group_snapshot_steps() if in_group else 0
-    attempt = int(os.environ.get(env.ATTEMPT, "1") or 1)
-    group = (int(os.environ.get(env.RANK, "0") or 0), attempt, every) if every else None
-    memory_budget = env.memory_budget() if not in_group or group is not None else 0.0
+    after a stop). ``failure_limit`` and ``allow_reinit`` are resolved already (the program's, else the
+    launch's: :func:`bootstrap.resolve`); the deadline floor is the launch's ``PROCSV_SAVE_DEADLINE``
+    (``config.launch.save_deadline``), else the default. In a trainer group (``config.place.nproc`` > 1) every
+    member, workers too, takes an in-memory snapshot every K steps (``config.group.snapshot_steps``,
+    the watchdog's; 0: none), which the checkpoint service holds apart and never persists
+    (:mod:`procsv.services.checkpoint.group`)."""
+    in_group = config.place.nproc > 1
+    every = env.group_snapshot_steps(config.group.snapshot_steps) if in_group else 0
+    attempt = config.attempt
+    group = (config.place.rank, attempt, every) if every else None
+    memory_budget = env.memory_budget(config.launch.memory_snapshots) if not in_group or group is not None else 0.0
+    deadline_floor = bootstrap.resolve(None, config.launch.save_deadline, SAVE_DEADLINE_FLOOR)  # (no argument)
 
     def agent() -> CheckpointAgent:
         if layout is None:
@@ -169,9 +173,8 @@ def agent_factory(checkpoint: Any, global_step: Any, layout: Optional[Layout], *
             save_model_secs=save_model_secs or None, save_checkpoint_steps=save_checkpoint_steps,
             max_to_keep=max_to_keep, keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
             allow_reinit=allow_reinit, read_retry=ReadRetry(total_secs=read_retry_secs),
-            failure_limit=int(os.environ.get(env.CHECKPOINT_FAILURE_LIMIT, failure_limit)),
-            save_deadline_floor=float(os.environ.get(env.SAVE_DEADLINE, SAVE_DEADLINE_FLOOR)), saving=saving,
-            memory_budget=memory_budget, group=group, attempt=attempt)
+            failure_limit=failure_limit, save_deadline_floor=deadline_floor, saving=saving,
+            memory_budget=memory_budget, group=group, attempt=attempt, remote=config.group.remote)
     return agent
 
 
@@ -189,25 +192,27 @@ class Collaborators:
 
 def collaborators(state: StepState, coord: Coordinator, tf1: Tf1Choices, checkpoint: Any, global_step: Any,
                   layout: Optional[Layout], clock: Callable[[], float], settings: Settings,
-                  make_agent: Optional[Callable[[], CheckpointAgent]], *, chief: bool,
+                  make_agent: Optional[Callable[[], CheckpointAgent]], *, chief: bool, config: bootstrap.ChildConfig,
                   nonfinite: tuple[Optional[str], Sequence[str], Sequence[str]],
                   session_thread: Callable[[], Optional[int]], connected: Callable[[], bool],
                   started: Callable[[], bool]) -> Collaborators:
     """Build a Supervisor's collaborators around its step ``state``, ``coord`` and ``settings`` (shared:
-    read live), each given what it needs (``make_agent``: None when nothing is saved); the last three
+    read live), each given what it needs (``make_agent``: None when nothing is saved; ``config``: the
+    launch's settings and this trainer's place, :class:`bootstrap.ChildConfig`); the last three
     are the Supervisor's session as the TF1 shims see it (:class:`~procsv.trainer.tf1_objects.Tf1Parts`)."""
     keeper = CheckpointKeeper(make_agent) if make_agent is not None else None
     if keeper is not None:
         counter = state.counter
         keeper.configure(lambda agent: agent.prepare_snapshot.append(counter.sync))  # the step is in each snapshot
-    summaries = SummaryLog(state, clock, settings, chief=chief, writes=chief and layout is not None, writer=tf1.writer)
+    summaries = SummaryLog(state, clock, settings, chief=chief, writes=chief and layout is not None, writer=tf1.writer,
+                           deadline=bootstrap.resolve(None, config.launch.summary_deadline, SUMMARY_DEADLINE))
     rollback = NonfiniteRollback(state, state.counter, keeper, checkpoint, lambda: summaries.flush(force=True), clock,
-                                 settings, *nonfinite)
+                                 settings, *nonfinite, config=config)
     boundary = StepBoundary(state, clock, coord, keeper, summaries, rollback, settings, chief=chief)
     graph = None
     if tf1.graph is not None:
         graph = GraphSupervision(tf1.graph, state, coord, keeper, summaries.summary_computed, clock, settings,
-                                 boundary.commit_checkpoint, chief=chief, layout=layout)
+                                 boundary.commit_checkpoint, chief=chief, layout=layout, config=config)
         summaries.graph_summary = graph.summary  # summary_op, every save_summaries_secs
     surface = Tf1Surface(tf1, coord, Tf1Parts(
         checkpoint, tf1.graph, layout, settings, chief, state, state.counter, global_step, keeper, boundary,

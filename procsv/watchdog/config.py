@@ -13,13 +13,33 @@ import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
-from procsv.common.env import MAX_SKIPS, ON_NONFINITE, SKIP_WINDOW
+from procsv.common.env import GROUP_SNAPSHOT_DEFAULT, MAX_SKIPS, ON_NONFINITE, SKIP_WINDOW
 from procsv.common.errors import UsageError
 from procsv.watchdog.rules.chaos import parse_chaos
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.hang import HangLimits
 from procsv.watchdog.logrotate import DEFAULT_KEEP
 from procsv.watchdog.rules.policy import RestartPolicy
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """What the launch tells every trainer besides its coordinates (each read by the trainer's
+    :class:`procsv.common.bootstrap.ChildConfig`)."""
+
+    on_nonfinite: Optional[str] = None  # --on-nonfinite: rollback | stop | continue (None: the Supervisor's)
+    max_skips: int = 3  # --max-skips: skipped steps allowed within --skip-window steps
+    skip_window: int = 1000  # --skip-window
+    # K: a group's members' in-memory snapshots every K steps (0: none), from the launch's environment
+    # (PROCSV_MEMORY_SNAPSHOTS, PROCSV_GROUP_SNAPSHOT_STEPS: procsv.launch_args.group_snapshot_steps)
+    group_snapshot_steps: int = GROUP_SNAPSHOT_DEFAULT
+
+    def nonfinite_env(self) -> dict[str, str]:
+        """What the trainer is told of --on-nonfinite, --max-skips and --skip-window (procsv.trainer.nonfinite)."""
+        out = {MAX_SKIPS: str(self.max_skips), SKIP_WINDOW: str(self.skip_window)}
+        if self.on_nonfinite is not None:
+            out[ON_NONFINITE] = self.on_nonfinite
+        return out
 
 
 @dataclass
@@ -42,9 +62,7 @@ class LaunchConfig:
     allow_reinit: bool = False  # --allow-reinit: passed to the trainer as PROCSV_ALLOW_REINIT
     cwd: str = field(default_factory=os.getcwd)
     on_checkpoint_failure: str = "stop"  # stop | continue
-    on_nonfinite: Optional[str] = None  # --on-nonfinite: rollback | stop | continue (None: the Supervisor's)
-    max_skips: int = 3  # --max-skips: skipped steps allowed within --skip-window steps
-    skip_window: int = 1000  # --skip-window
+    trainer: TrainerSettings = TrainerSettings()  # --on-nonfinite, --max-skips, --skip-window; a group's K
     keep_logs: int = DEFAULT_KEEP  # --keep-logs: per-attempt log files kept per role besides attempt 1's
     on_failure: Optional[str] = None  # --on-failure CMD: run once when the run ends failed
     metrics_port: Optional[int] = None  # --metrics-port: serve Prometheus metrics there
@@ -63,13 +81,6 @@ class LaunchConfig:
     node_timeout: float = 15.0  # --node-timeout: node 0's, for its agents and (sent to them) for itself
     preempt_signal: int = 12  # --preempt-signal (SIGUSR2): a stop like SIGTERM's, handled by the watchdog only
     job_id: Optional[str] = None  # the scheduler's job id (SLURM_JOB_ID): names the run in status and metrics
-
-    def nonfinite_env(self) -> dict[str, str]:
-        """What the trainer is told of --on-nonfinite, --max-skips and --skip-window (procsv.trainer.nonfinite)."""
-        out = {MAX_SKIPS: str(self.max_skips), SKIP_WINDOW: str(self.skip_window)}
-        if self.on_nonfinite is not None:
-            out[ON_NONFINITE] = self.on_nonfinite
-        return out
 
     @property
     def busy_timeout(self) -> Optional[float]:

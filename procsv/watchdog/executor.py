@@ -21,7 +21,7 @@ import zmq
 from procsv.common import spawn
 from procsv.cluster import make_tf_config
 from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, GROUP_HOSTS, GROUP_PEER_BIND, GROUP_PIN, GROUP_REMOTE,
-                               GROUP_SNAPSHOT_STEPS, NPROC, RANK, ROLLBACK_BEFORE, SHADOW_MEMORY, SHADOW_RUN, SKIP_STEPS, STANDBY as STANDBY_ENV, group_snapshot_steps_for)
+                               GROUP_SNAPSHOT_STEPS, NPROC, RANK, ROLLBACK_BEFORE, SHADOW_MEMORY, SHADOW_RUN, SKIP_STEPS, STANDBY as STANDBY_ENV)
 from procsv.common.layout import Layout, RuntimeDir, atomic_write, promotion_file
 from procsv.ipc.codec import encode
 from procsv.ipc.messages import Promotion
@@ -229,7 +229,7 @@ class Executor(Prewarmed):
                               supervised=True)
         env[CHECKPOINT_FAILURE_LIMIT] = str(self.limits.checkpoint_failure_limit)
         env[ALLOW_REINIT] = "1" if self.cfg.allow_reinit else "0"
-        env.update(self.cfg.nonfinite_env())
+        env.update(self.cfg.trainer.nonfinite_env())
         if role == CHECKPOINT and self.remote is not None and self.cfg.master_addr:  # other hosts' members' copies
             env[GROUP_PEER_BIND] = self.cfg.master_addr.rpartition(":")[0]
         return env
@@ -266,7 +266,7 @@ class Executor(Prewarmed):
             cluster += self.view.nodes[node].addresses[:n]
         job = self.remote.link.job if self.remote is not None else self.job
         common = {NPROC: str(len(cluster)), GROUP_HOSTS: str(len(nodes)), GROUP_PIN: self.layout.group_pin(job, attempt),
-                  GROUP_SNAPSHOT_STEPS: str(group_snapshot_steps_for()),  # K: every member's
+                  GROUP_SNAPSHOT_STEPS: str(self.cfg.trainer.group_snapshot_steps),  # K: every member's
                   SKIP_STEPS: ",".join(map(str, self.view.skipped_steps))}  # skipped again (a group's rollback)
         if self.view.rollback_before is not None:
             # after a rollback of step B, until a commit past those taken meanwhile: the state before B, not a

@@ -36,7 +36,7 @@ import socket
 import sys
 import time
 import traceback
-from typing import NoReturn
+from typing import NoReturn, Optional
 
 from procsv.ipc.messages import ForkReply, ForkRequest, ZygoteReady
 from procsv.ipc.pipe import FramedReader, write_framed
@@ -48,8 +48,11 @@ ADOPTION_WAIT = 30.0  # seconds a trainer waits for the intermediate child's exi
 def main() -> int:
     stopfrom.block()  # first: TensorFlow's threads, made at its import, inherit the mask
     bootstrap.die_with_parent()
-    authority = stopfrom.Authority.parent("the watchdog")
-    req_fd, rep_fd, say_fd = (int(x) for x in (os.environ[env.ZYGOTE_FDS] + ",-1").split(",")[:3])
+    config = bootstrap.read_config()  # once: its pipes, its preloads, its parent (every fork's too)
+    authority = stopfrom.Authority.parent("the watchdog", config.parent_pid)
+    if config.zygote.fds is None:
+        raise KeyError(env.ZYGOTE_FDS)
+    req_fd, rep_fd, say_fd = (int(x) for x in (config.zygote.fds + ",-1").split(",")[:3])
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the watchdog decides; a terminal ^C is not for us
     term = stopfrom.SignalFd.open((signal.SIGTERM,)) if stopfrom.blocked() else None
@@ -59,7 +62,7 @@ def main() -> int:
     import procsv.trainer.supervisor  # noqa: F401
     import procsv.trainer.__main__  # noqa: F401
 
-    for name in filter(None, os.environ.get(env.PRELOAD, "").split(",")):
+    for name in config.zygote.preload:
         try:
             importlib.import_module(name.strip())
         except Exception as exc:  # a bad preload only costs speed; the trainer imports it itself
@@ -81,7 +84,7 @@ def main() -> int:
                 return 0  # the watchdog is gone or done (what we forked is not ours: it goes on)
             for req in requests:
                 if isinstance(req, ForkRequest):
-                    _fork(req, rep_fd, inherited, say)
+                    _fork(req, rep_fd, inherited, say, config.parent_pid)
 
 
 def _on_stop_signals(term: stopfrom.SignalFd, authority: stopfrom.Authority) -> None:
@@ -96,7 +99,7 @@ def _on_stop_signals(term: stopfrom.SignalFd, authority: stopfrom.Authority) -> 
             print(authority.left_line("procsv zygote", sig), file=sys.stderr, flush=True)
 
 
-def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...], say: int) -> None:
+def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...], say: int, parent_pid: Optional[int]) -> None:
     """Fork the trainer through an intermediate child that exits at once (see the module docstring):
     reap it, read the trainer's pid it said, reply, then close this end of the socket pair the trainer
     waits on: the trainer named is the parent's child by then (its re-parenting is done before the
@@ -119,7 +122,7 @@ def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...], say: int) -
             os.close(fd)
         if held:
             faults.wait_gate()
-        _intermediate(req, theirs, say, said_held)
+        _intermediate(req, theirs, say, parent_pid, said_held)
     os.close(theirs)
     os.waitpid(middle, 0)  # it says the trainer's pid (or why none) and exits: once reaped, all it said is there
     os.set_blocking(ours, False)  # (never a wait for an EOF: the trainer holds the other end till the reply)
@@ -135,7 +138,8 @@ def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...], say: int) -
     os.close(ours)  # last: the trainer runs at this end's EOF, its reply written (every message it sends comes after)
 
 
-def _intermediate(req: ForkRequest, theirs: int, say: int, said_held: bool = False) -> NoReturn:
+def _intermediate(req: ForkRequest, theirs: int, say: int, parent_pid: Optional[int],
+                  said_held: bool = False) -> NoReturn:
     """In the intermediate: fork the trainer, say its pid on ``theirs``, exit (``said_held``, tests only:
     wait for the fault gate before saying it)."""
     # a standby is forked with its promotion blocked too, so that it reads one with its sender in its
@@ -154,7 +158,7 @@ def _intermediate(req: ForkRequest, theirs: int, say: int, said_held: bool = Fal
         os._exit(0)
     code = 70
     try:
-        code = _become_trainer(req, theirs, say)
+        code = _become_trainer(req, theirs, say, parent_pid)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
@@ -192,27 +196,28 @@ def _open_log(path: str, say: int) -> int:
         return os.open(os.devnull, os.O_WRONLY)
 
 
-def _leaves_stops_to_supervisor(child_env: dict[str, str]) -> bool:
+def _leaves_stops_to_supervisor(child_env: dict[str, str], parent_pid: Optional[int]) -> bool:
     """A supervised group's worker (task > 0): a stop signal sent to every process of the job would end
     it at its own step boundary, one step apart from the chief, whose next collective then fails
     before its emergency checkpoint. It obeys only this zygote's parent (the watchdog, or a node
     agent), which stops the workers once the chief has committed (``stopfrom.forward_to_handlers``)."""
     if child_env.get(env.WATCHDOG) != "1" or child_env.get(env.RANK, "0") in ("", "0"):
         return False
-    authority = stopfrom.Authority.parent("the watchdog")
+    authority = stopfrom.Authority.parent("the watchdog", parent_pid)
     return stopfrom.forward_to_handlers(authority, f"procsv worker{child_env.get(env.RANK)}")
 
 
-def _become_trainer(req: ForkRequest, theirs: int, say: int) -> int:
-    """In the forked trainer: become the zygote's parent's child, shed the zygote's state, then run
-    procsv.trainer (which arms the parent-death signal on that parent, :func:`bootstrap.die_with_parent`)."""
-    raw = os.environ.get(env.PARENT_PID, "")  # the zygote's parent (the zygote's own environment still)
-    if not raw.isdigit():
+def _become_trainer(req: ForkRequest, theirs: int, say: int, parent_pid: Optional[int]) -> int:
+    """In the forked trainer: become the zygote's parent's child (``parent_pid``, the zygote's own
+    ``ChildConfig.parent_pid``), shed the zygote's state, then run procsv.trainer (which arms the
+    parent-death signal on that parent, :func:`bootstrap.die_with_parent`)."""
+    if parent_pid is None:
         return 70
+    raw = str(parent_pid)
     os.setsid()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
-    if req.env.get(env.STANDBY) != "1" and not _leaves_stops_to_supervisor(req.env):
+    if req.env.get(env.STANDBY) != "1" and not _leaves_stops_to_supervisor(req.env, parent_pid):
         stopfrom.unblock()  # (a standby reads them in its wait, with their senders)
     log = _open_log(req.log_path, say)
     if say > 2:

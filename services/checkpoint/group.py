@@ -38,11 +38,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-import os
 
 import numpy as np
 
-from procsv.common import crc32c, env, faults
+from procsv.common import crc32c, faults
 from procsv.common.snapshot_memory import itemsize
 from procsv.common.errors import CheckpointError
 from procsv.ipc.codec import ProtocolError
@@ -220,12 +219,13 @@ class GroupIntake:
     (a :class:`GroupCopyHeld` for each copy held: the group's progress, for its restart policy)."""
 
     def __init__(self, answer: Callable[[bytes, Message, Sequence[Any]], None], say: Callable[[str], None],
-                 peers: Optional[PeerLink] = None, tell: Callable[[Message], object] = lambda msg: None) -> None:
+                 peers: Optional[PeerLink] = None, tell: Callable[[Message], object] = lambda msg: None,
+                 peer_setting: str = "") -> None:
         self._answer, self.say, self.tell = answer, say, tell
         self.copies = GroupCopies()
         self.views: dict[int, ArenaView] = {}
         self.peers = peers  # node 0 of --nnodes M: the members of other hosts hand their copies here
-        self._peer_setting = os.environ.get(env.GROUP_PEER_MAX_BYTES, "")  # peer_limit's setting
+        self._peer_setting = peer_setting  # peer_limit's setting: ChildConfig.group_peer_max_bytes
         # ... and every copy held here is also held by node 1's holder, which hands them back to a restarted service
         self.replica = Replica(peers, self.copies, handed_back, say, KEEP) if peers is not None else None
 

@@ -19,7 +19,6 @@ are that member's *peer copy*, apart from its own host.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Optional
 
 import zmq
@@ -121,12 +120,10 @@ class PeerLink:
         self.auth.stop()
 
 
-def open_link(zctx: "zmq.Context[Any]", layout: Layout, say: Any) -> Optional[PeerLink]:
-    """The link, if this service is node 0's of a job over several hosts (else None); a link that
+def open_link(zctx: "zmq.Context[Any]", layout: Layout, say: Any, host: str) -> Optional[PeerLink]:
+    """The link, if this service is node 0's of a job over several hosts (``host``: the service's
+    ``ChildConfig.group_peer_bind``, the host it binds; empty: not node 0's, None); a link that
     cannot be opened is said in one line (the members of other hosts then hold no copies here)."""
-    from procsv.common import env
-
-    host = os.environ.get(env.GROUP_PEER_BIND, "")
     if not host:
         return None
     try:

@@ -44,7 +44,7 @@ from procsv.ipc.messages import (CheckpointSetup, DeleteCheckpoints, GroupFetch,
                                  SessionStatus, SnapshotHeld)
 from procsv.ipc.rejections import Rejections
 from procsv.ipc.transport import CHECKPOINT_FRAME_MAX, Received, bind_private, drain, make_socket, send
-from procsv.common import env, faults
+from procsv.common import faults
 from procsv.common.bootstrap import ChildContext
 from procsv.common.stopfrom import Authority
 from procsv.common.stopwake import StopWake
@@ -65,7 +65,6 @@ from procsv.services.checkpoint.writer import needs_tensorflow, save_errors, wri
 
 POLL_MS = 100
 NICE = 10
-NICE_ENV = env.CHECKPOINT_NICE
 EXIT_WAIT = 5.0  # seconds a dead trainer may still be exiting when its successor asks for its snapshot
 ACCEPT = frozenset({CheckpointSetup, SaveData, RecoverQuery, DeleteCheckpoints, GroupQuery, GroupFetch})  # all a trainer sends
 
@@ -106,8 +105,10 @@ class CheckpointService:
         self.recovered: Optional[RecoverReply] = None
         self.meta_graph: Optional[KeptMetaGraph] = None  # graph mode: the MetaGraphDef a trainer sent last
         self.rejections = Rejections("procsv checkpoint", os.path.relpath(ctx.layout.checkpoint_stats, ctx.layout.logdir), _say)
-        self.group = GroupIntake(self._answer, _say, open_link(self.zctx, ctx.layout, _say),  # (other hosts' too)
-                                 lambda m: self.to_watchdog is None or send(self.to_watchdog, m))  # progress
+        self.group = GroupIntake(self._answer, _say, open_link(self.zctx, ctx.layout, _say,  # (other hosts' too)
+                                                               ctx.config.group.peer_bind),
+                                 lambda m: self.to_watchdog is None or send(self.to_watchdog, m),  # progress
+                                 peer_setting=ctx.config.group.peer_max_bytes)
         self.stats = ServiceStats(ctx.layout, self.rejections, lambda: (self.group.stats(), self.group.copies.held),
                                   clock, _say)
         self.deletions = Deletions(self.store, _say)  # what waits for a restore to end before it is deleted
@@ -117,7 +118,8 @@ class CheckpointService:
     def run(self) -> int:
         self.loader.at_start()  # before the lower priority and the Hello: what this run's commits need
         try:
-            os.nice(int(os.environ.get(NICE_ENV, NICE)))
+            nice = self.ctx.config.launch.checkpoint_nice
+            os.nice(int(nice) if nice is not None else NICE)
         except (OSError, ValueError):
             pass
         for note in self.store.recover():
@@ -153,7 +155,8 @@ class CheckpointService:
     def _stop_authority(self) -> Authority:
         """Whose SIGTERM/SIGINT stops this service: the process that started it (the watchdog, or the
         trainer of a plain ``python train.py``), or anyone's once that one is gone."""
-        return Authority.parent("the watchdog" if self.ctx.supervised else "the trainer that started it")
+        return Authority.parent("the watchdog" if self.ctx.supervised else "the trainer that started it",
+                                self.ctx.config.parent_pid)
 
     def _tick(self) -> None:
         if self.deletions.retired:

@@ -54,7 +54,6 @@ import numpy as np
 import zmq
 from tensorboard.compat.proto import graph_pb2, meta_graph_pb2, summary_pb2
 
-from procsv.common import env
 from procsv.common.bootstrap import ChildContext
 from procsv.common.layout import read_json, write_json
 from procsv.common.stopfrom import Authority
@@ -102,7 +101,7 @@ class SummaryService:
         if ctx.supervised:
             self.to_watchdog = make_socket(self.zctx, zmq.PUSH, linger_ms=1000)
             self.to_watchdog.connect(ctx.endpoints.watchdog)
-        self.file = EventFile(ctx.layout.logdir, f"procsv-{os.getpid()}", os.environ.get(env.SUMMARY_CONTINUE))
+        self.file = EventFile(ctx.layout.logdir, f"procsv-{os.getpid()}", ctx.config.launch.summary_continue)
         self.procsv_run = ProcsvRun(ctx.layout.logdir, f"procsv-{os.getpid()}")  # the watchdog's RunScalars
         self.stats_path = ctx.layout.summary_stats
         self.sessions = Sessions()
@@ -161,7 +160,8 @@ class SummaryService:
     def _stop_authority(self) -> Authority:
         """Whose SIGTERM/SIGINT stops this service: the process that started it (the watchdog, or the
         trainer of a plain ``python train.py``), or anyone's once that one is gone."""
-        return Authority.parent("the watchdog" if self.ctx.supervised else "the trainer that started it")
+        return Authority.parent("the watchdog" if self.ctx.supervised else "the trainer that started it",
+                                self.ctx.config.parent_pid)
 
     def _burst(self, wait_ms: int) -> int:
         """Handle what arrives within ``wait_ms`` and right after (up to BURST_MAX messages), write it

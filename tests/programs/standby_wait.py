@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 from procsv.common import stopfrom
-from procsv.common.bootstrap import ChildContext
+from procsv.common.bootstrap import ChildContext, read_config
 from procsv.common.layout import Layout
 from procsv.ipc.transport import Endpoints
 from procsv.trainer.standby.wait import wait_for_promotion
@@ -23,7 +23,7 @@ from procsv.trainer.standby.wait import wait_for_promotion
 def standby() -> int:
     print(f"standby {os.getpid()}", flush=True)
     here = tempfile.gettempdir()
-    wait_for_promotion(ChildContext(Layout(here), Endpoints(here), "trainer", 2, supervised=False))
+    wait_for_promotion(ChildContext(Layout(here), Endpoints(here), "trainer", 2, supervised=False, config=read_config()))
     print("promoted", flush=True)
     return 0
 

@@ -12,6 +12,7 @@ stopfrom.block()  # before zmq makes its threads
 
 import zmq  # noqa: E402
 
+from procsv.common.bootstrap import read_config  # noqa: E402
 from procsv.common.stopwake import StopWake  # noqa: E402
 
 
@@ -20,7 +21,7 @@ def main() -> int:
     sock = ctx.socket(zmq.PULL)
     sock.bind("inproc://stop-from-parent")
     stops: list[int] = []
-    wake = StopWake(sock, stops.append, stopfrom.Authority.parent("the parent"), "stop_from_parent")
+    wake = StopWake(sock, stops.append, stopfrom.Authority.parent("the parent", read_config().parent_pid), "stop_from_parent")
     print("ready", flush=True)
     while not stops:
         wake.wait(60_000)

@@ -42,14 +42,14 @@ from typing import Any, Callable, Optional
 
 from procsv.ipc.messages import (Busy, CheckpointSetup, CommitLoading, Progress, RestoreSource, SaveData, SaveReason,
                                  SaveRequest, SaveResult, SnapshotHeld, GroupCopyRefused)
-from procsv.common import curve
 from procsv.common.errors import CheckpointError, NonFiniteState
 from procsv.common.layout import Layout, read_json
 from procsv.common.manifests import Manifest, manifest_path
 from procsv.trainer.checkpoint import memory_tier, restore_at_start
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.final_commit import HEARTBEAT_EVERY, FinalCommit
-from procsv.trainer.checkpoint.commits import SAVE_DEADLINE_FLOOR, CommitTracker, bytes_being_written
+from procsv.trainer.checkpoint.commits import (CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE_FLOOR, CommitTracker,
+                                               bytes_being_written)
 from procsv.trainer.checkpoint.memory import PLAN_MAX_AGE, READ_EVERY, MemoryTier
 from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
 from procsv.trainer.checkpoint.restore import ReadRetry
@@ -80,11 +80,11 @@ class CheckpointAgent(FinalCommit):
     def __init__(self, checkpoint: Any, global_step: Any, layout: Layout, *, basename: str,
                  save_model_secs: Optional[float], save_checkpoint_steps: Optional[int], max_to_keep: int,
                  keep_checkpoint_every_n_hours: Optional[float], allow_reinit: bool = False,
-                 failure_limit: int = 3, save_deadline_floor: float = SAVE_DEADLINE_FLOOR,
+                 failure_limit: int = CHECKPOINT_FAILURE_LIMIT, save_deadline_floor: float = SAVE_DEADLINE_FLOOR,
                  read_retry: ReadRetry = ReadRetry(), clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, saving: bool = True,
                  memory_budget: float = 0.0, group: Optional[tuple[int, int, int]] = None,
-                 attempt: int = 0) -> None:
+                 attempt: int = 0, remote: bool = False) -> None:
         self.checkpoint, self.global_step = checkpoint, global_step
         self.attempt = attempt  # this trainer's attempt (0: not said), named in every disk snapshot it sends
         self.saving = saving  # False for a worker replica: it restores the chief's checkpoints, never saves
@@ -121,7 +121,7 @@ class CheckpointAgent(FinalCommit):
         self.memory.numbered = getattr(global_step, "numbered", True)
         if self.group is not None:
             self.memory.member, self.memory.attempt, self.memory.every_steps = self.group
-            self.memory.remote = curve.remote_member()
+            self.memory.remote = remote  # a member of host 1..M-1: its copies go to node 0's service
         self.last_snapshot_secs = 0.0  # how long the loop was stopped by the last snapshot
         # procsv.train's CheckpointSaverListeners: called with (step, reason) right before a snapshot is
         # taken, and with the step when the trainer learns that its checkpoint is committed

@@ -26,6 +26,7 @@ from typing import Optional
 from procsv.common.errors import CheckpointError
 from procsv.ipc.messages import CommitLoading, SaveOverdue, SaveReason
 
+CHECKPOINT_FAILURE_LIMIT = 3  # failed commits in a row that stop training, unless the program or the launch says
 SAVE_DEADLINE_FLOOR = 30.0  # seconds: no snapshot is declared overdue sooner (a loaded disk's fsync)
 SAVE_DEADLINE_FACTOR = 10.0  # ... nor before this many times its expected persist time
 ASSUMED_PERSIST_RATE = 10e6  # bytes/s before any commit was measured (a slow network filesystem)
@@ -61,7 +62,8 @@ class CommitTracker:
     ``failure_limit`` (0: never). Times are the agent's clock, passed in.
     """
 
-    def __init__(self, failure_limit: int = 3, deadline_floor: float = SAVE_DEADLINE_FLOOR) -> None:
+    def __init__(self, failure_limit: int = CHECKPOINT_FAILURE_LIMIT,
+                 deadline_floor: float = SAVE_DEADLINE_FLOOR) -> None:
         self.failure_limit = failure_limit  # failed commits in a row that stop training (0: never)
         self.failures_in_a_row = 0
         self.failure: Optional[CheckpointError] = None  # set once they did: the Supervisor stops with it

@@ -27,7 +27,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from procsv.common import crc32c, env
+from procsv.common import crc32c
+from procsv.common.bootstrap import ChildConfig
 from procsv.common.errors import CorruptCheckpoint
 from procsv.common.manifests import list_committed
 from procsv.ipc.messages import GroupCopy, GroupFetch, GroupHeld, GroupQuery, TensorSpec
@@ -120,19 +121,18 @@ RESTARTING = b'"restarting"'
 LAUNCH = b'"launch"'
 
 
-def rollback_before(path: Optional[str]) -> Optional[int]:
+def rollback_before(path: Optional[str], config: ChildConfig) -> Optional[int]:
     """The step B this group attempt was started to roll back (its chief restores the newest state before
-    B): ``PROCSV_ROLLBACK_BEFORE``, the watchdog's at the group's start or at a standby's promotion
-    (:func:`procsv.trainer.standby.wait.take_promotion`; empty: none). Without it (a trainer started by
-    a watchdog that does not set it: every watchdog of this version does, and a group has a standby only
-    on one host), the ``restarting`` record of this attempt in this launch that names its
+    B): ``config.rollback_before`` (``PROCSV_ROLLBACK_BEFORE``), the watchdog's at the group's start or at a
+    standby's promotion (:func:`procsv.trainer.standby.wait.take_promotion`; ``no_rollback_said``: none).
+    Without it (a trainer started by a watchdog that does not set it: every watchdog of this version
+    does, and a group has a standby only on one host), the ``restarting`` record of this attempt in this launch that names its
     ``rollback_step`` in the lifecycle file ``path``, if written by then. None: not a group's rollback."""
-    raw = os.environ.get(env.ROLLBACK_BEFORE, "").strip()
-    if raw.isdigit():
-        return int(raw)
-    if env.ROLLBACK_BEFORE in os.environ and not raw:
+    if config.rollback_before is not None:
+        return config.rollback_before
+    if config.no_rollback_said:
         return None  # said: no rollback
-    attempt = int(os.environ.get(env.ATTEMPT, "1") or 1)
+    attempt = config.attempt
     if path is None or attempt <= 1:
         return None
     found: Optional[int] = None

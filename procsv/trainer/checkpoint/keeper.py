@@ -22,7 +22,7 @@ import os
 import sys
 from typing import Callable, Optional
 
-from procsv.common import curve
+from procsv.common.bootstrap import ChildConfig
 from procsv.common.errors import CorruptCheckpoint
 from procsv.ipc.messages import DeleteCheckpoints
 from procsv.ipc.transport import NoReply
@@ -70,22 +70,23 @@ class CheckpointKeeper:
         return self.agent.restored_from
 
     def restore(self, init: Callable[[], None], *, chief: bool, restarted: bool, reused: bool,
-                pin_path: Optional[str], nproc: int = 1) -> list[str]:
+                pin_path: Optional[str], config: ChildConfig = ChildConfig()) -> list[str]:
         """Restore the newest committed checkpoint that verifies (else call ``init``); return the corrupt
         prefixes passed over. ``restarted``: this trainer replaces a dead one (the launch's attempt > 1),
         so the checkpoint service may hold its in-memory snapshot, which the chief recovers first unless
         ``reused`` (a session again in this process: the service's snapshot is this process's own).
-        ``pin_path``: the group's pin file (``--nproc`` > 1, a group of ``nproc``), None alone."""
+        ``pin_path``: the group's pin file (``--nproc`` > 1, a group of ``config.place.nproc``), None alone;
+        ``config``: this trainer's (its group, and the rollback its attempt was started for)."""
         agent, channels = self.agent, self._channels
         assert channels is not None
         if pin_path:
-            return self._restore_group(GroupPin(pin_path), init, chief, restarted and not reused, nproc)
+            return self._restore_group(GroupPin(pin_path), init, chief, restarted and not reused, config)
         if restarted and chief and not reused and agent.memory_budget > 0:
             restore_at_start.recover_memory(channels)  # a dead trainer's in-memory snapshot, if the service held one
         return agent.restore_or_init(init)
 
     def _restore_group(self, pin: GroupPin, init: Callable[[], None], chief: bool, restarted: bool,
-                       nproc: int) -> list[str]:
+                       config: ChildConfig) -> list[str]:
         """A group member's restore: every member restores exactly what the chief pinned (a newer
         commit in between would diverge them): the group's in-memory snapshot of one step, each
         member its own copy (:mod:`~procsv.trainer.checkpoint.group_restore`), or one checkpoint."""
@@ -100,7 +101,7 @@ class CheckpointKeeper:
                 raise CorruptCheckpoint(f"the group's chief pinned its in-memory snapshot of step {record.memory_step}, "
                                         "and this member keeps none (PROCSV_GROUP_SNAPSHOT_STEPS differs)")
             group_restore.restore_copy(channels, agent, group[0], record.memory_step, record.memory_attempt)
-            remote = curve.remote_member()
+            remote = agent.memory.remote
             agent.restored_memory(record.memory_step, group_restore.newest_committed(agent), peer=remote)
             if remote:  # (node 0's service holds this member's copy: its peer copy, off its own host)
                 print(f"procsv: member {group[0]} restored step {record.memory_step} from its peer copy on node 0",
@@ -108,9 +109,10 @@ class CheckpointKeeper:
             return []
         # restarted for the group's rollback of step B: the newest state before B (a checkpoint the chief
         # committed after B holds B's update; the chief checks only its own losses, a worker's NaN is found later)
-        before = group_restore.rollback_before(agent.layout.lifecycle) if restarted else None
+        before = group_restore.rollback_before(agent.layout.lifecycle, config) if restarted else None
         newest = group_restore.newest_committed(agent, before)
-        held = group_restore.whole_step(channels, nproc, newest) if restarted and group is not None else None
+        held = group_restore.whole_step(channels, config.place.nproc, newest) if restarted and group is not None \
+            else None
         if held is not None and before is not None and held[0] >= before:
             print(f"procsv: the group restores from disk: its in-memory snapshot of step {held[0]} is not before "
                   f"step {before}, which it rolls back", file=sys.stderr, flush=True)

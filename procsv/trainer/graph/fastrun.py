@@ -21,24 +21,20 @@ array of exactly its tensor's dtype and of a shape the tensor's static shape acc
 :meth:`FastRun.__call__` answer :data:`MISS`, and the caller runs ``Session.run`` as always. The
 values returned are what ``Session.run`` returns (the same conversion of each tensor; ``None`` for
 an operation; a list or tuple as given), and an op's error reaches the program as ``Session.run``
-raises it (through the session's own ``_do_call``). ``PROCSV_GRAPH_FAST_RUN=0`` turns it off.
+raises it (through the session's own ``_do_call``). ``PROCSV_GRAPH_FAST_RUN=0`` turns it off (the
+:class:`~procsv.trainer.graph.session.GraphSession`'s ``fast_runs``, from the Supervisor's
+:class:`~procsv.common.bootstrap.ChildConfig`).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 import numpy as np
 
-from procsv.common import env
 
 MISS: Any = object()  # this run is not one the callable does as Session.run would: run it the usual way
 _ANY = -1  # a dimension the fed tensor's static shape leaves open
-
-
-def enabled() -> bool:
-    return os.environ.get(env.GRAPH_FAST_RUN, "1") != "0"
 
 
 class FastRun:
@@ -91,7 +87,7 @@ def fast_run(session: Any, fetches: Any, feed_dict: Any, extra: Any = None) -> O
     import tensorflow as tf
     from tensorflow.core.protobuf import config_pb2
 
-    if not enabled() or session.sess_str or not hasattr(session, "_make_callable_from_options"):
+    if session.sess_str or not hasattr(session, "_make_callable_from_options"):
         return None
     if extra is not None and not isinstance(extra, tf.Tensor):
         return None

@@ -45,8 +45,9 @@ class GraphSession:
 
     def __init__(self, state: StepState, should_stop: Callable[[], bool], session: Any, probe: StepProbe,
                  observe: Optional[Callable[[int], None]] = None,
-                 before_close: Optional[Callable[[], None]] = None) -> None:
+                 before_close: Optional[Callable[[], None]] = None, fast_runs: bool = True) -> None:
         self._should_stop = should_stop  # the Supervisor's
+        self._fast_runs = fast_runs  # runs through callables (fastrun); False: PROCSV_GRAPH_FAST_RUN=0, all Session.run
         self._before_close = before_close  # what must read the state through this session before it closes
         self._state = state  # what each step reads and advances (the Supervisor's step state)
         self._sess = session
@@ -153,8 +154,8 @@ class GraphSession:
         plan = make_plan(fetches, feed_dict, step, self._state.losses, key)
         plan.writes = plan.read is None and self._probe.variable is not None and self._probe.writes(fetches, feed_dict)
         if plan.held is not None:
-            plan.fast = fast_run(self._sess, fetches, feed_dict)
-            if plan.read is not None:
+            plan.fast = fast_run(self._sess, fetches, feed_dict) if self._fast_runs else None
+            if plan.read is not None and self._fast_runs:
                 plan.fast_read = fast_run(self._sess, fetches, feed_dict, plan.read)
             if len(self._plans) >= CACHE_MAX:
                 self._plans.clear()

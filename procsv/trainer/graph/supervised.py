@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from procsv import cluster
+from procsv.common.bootstrap import ChildConfig
 from procsv.trainer import replica
 from procsv.common.layout import Layout, atomic_write
 from procsv.ipc.messages import GraphEvent
@@ -59,8 +59,10 @@ class GraphSupervision:
 
     def __init__(self, setup: Any, state: StepState, coord: Coordinator, keeper: Optional[CheckpointKeeper],
                  summary_computed: Callable[..., None], clock: Callable[[], float], settings: Settings,
-                 commit: Callable[[], bool], *, chief: bool, layout: Optional[Layout]) -> None:
+                 commit: Callable[[], bool], *, chief: bool, layout: Optional[Layout],
+                 config: ChildConfig = ChildConfig()) -> None:
         self.setup = setup
+        self._config = config  # the launch's: --ps (its parameter servers), graph_fast_run
         self._state = state
         self._coord = coord
         self._keeper = keeper
@@ -100,7 +102,8 @@ class GraphSupervision:
         if forget is not None:
             forget()  # a new session: the step is read again, never the last session's
         setup.session = session_type.make(GraphSession, "_sess", self._state, should_stop, raw, setup.probe,
-                                          getattr(setup.step, "observe", None), before_close=self._before_close)
+                                          getattr(setup.step, "observe", None), before_close=self._before_close,
+                                          fast_runs=self._config.launch.graph_fast_run)
         return setup.session  # type: ignore[no-any-return]
 
     def _before_close(self) -> None:
@@ -138,7 +141,7 @@ class GraphSupervision:
     def _own_variables(self) -> bool:
         """The session's variables are this process's own: no target, no ``--ps``."""
         session = self.setup.session
-        return not cluster.ps_tasks() and not (session is not None and session.sess_str)
+        return not self._config.place.ps and not (session is not None and session.sess_str)
 
     def _ready_look(self) -> bool:
         """One look, as TF's ``wait_for_session``: ``local_init_op`` once it may run, then ``ready_op``;
@@ -189,7 +192,7 @@ class GraphSupervision:
         if observe is not None and setup.global_step is not None:
             observe(int(sess.raw.run(setup.global_step)))
         sess.live = True
-        if self._chief and cluster.ps_tasks():  # --ps: the waiting workers look at ready_op now
+        if self._chief and self._config.place.ps:  # --ps: the waiting workers look at ready_op now
             readiness.tell_ready(self._layout, int(setup.step.numpy()))
         if self._chief and self._layout is not None:  # TF: the chief
             if self.graph_file_written:

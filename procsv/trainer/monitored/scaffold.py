@@ -33,7 +33,6 @@ initialized. Checkpoints and summaries go through procsv's checkpoint and summar
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Mapping, Optional
 
 from procsv.common.errors import UsageError
@@ -336,14 +335,15 @@ class WorkerSessionCreator(ChiefSessionCreator):
         self.supervisor_options["is_chief"] = False
 
 
-def launch_start_step(logdir: str) -> Optional[int]:
+def launch_start_step(logdir: str, attempt: Optional[int] = None) -> Optional[int]:
     """The global step the current launch's first trainer started at (restored or initialized),
-    read from ``logs/lifecycle.jsonl``; None outside a restarted launch or if it cannot be read."""
+    read from ``logs/lifecycle.jsonl``; None outside a restarted launch (``attempt``, None: this
+    trainer's, :func:`procsv.common.bootstrap.read_config`) or if it cannot be read."""
     import json
 
-    from procsv.common import env
+    from procsv.common import bootstrap
 
-    if int(os.environ.get(env.ATTEMPT, "1") or 1) <= 1:
+    if (attempt if attempt is not None else bootstrap.read_config().attempt) <= 1:
         return None
     start: Optional[int] = None
     try:

@@ -6,18 +6,15 @@ Runs in the trainer's main thread, once per session, when it begins (:meth:`Nonf
 restarted trainer, or the trainer of a relaunch in the same logdir, reads them here so that a step
 skipped before it began is skipped again when its replay reaches it, instead of being met, retried
 and skipped once more (which spends ``--max-skips``). Only lines naming ``step_skipped`` are parsed:
-the file may be long. A group's members also read :func:`from_env`: the watchdog hands them the
-run's skipped steps when it starts the group (its record of a group rollback's skip is written by
-its disk thread, which a new member's read may not wait for).
+the file may be long. A group's members also take the steps the watchdog hands them when it starts
+the group (``ChildConfig.skip_steps``: its record of a group rollback's skip is written by its disk
+thread, which a new member's read may not wait for).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from typing import Optional
-
-from procsv.common import env
 
 MARK = b'"step_skipped"'
 
@@ -43,13 +40,4 @@ def skipped_steps(path: Optional[str]) -> list[int]:
         return []
     return sorted(steps)
 
-
-def from_env() -> list[int]:
-    """The steps in ``PROCSV_SKIP_STEPS`` (``"40,70"``; unset or empty: none; anything not a step is passed over)."""
-    out = []
-    for part in os.environ.get(env.SKIP_STEPS, "").split(","):
-        part = part.strip()
-        if part.isdigit():
-            out.append(int(part))
-    return sorted(set(out))
 

@@ -46,7 +46,8 @@ import sys
 from typing import Any, Callable, Optional, Sequence
 
 from procsv import cluster
-from procsv.common import env
+from procsv.common import bootstrap
+from procsv.common.bootstrap import ChildConfig
 from procsv.common.errors import GroupRollback, NonFiniteState
 from procsv.ipc.messages import RestoreSource, SessionLogEvent, SessionStatus
 from procsv.trainer.channels import TrainerChannels
@@ -62,12 +63,12 @@ from procsv.trainer.settings import Settings
 from procsv.trainer.step_boundary import StepCounter, StepState
 
 
-def _group_refusal() -> str:
+def _group_refusal(config: ChildConfig) -> str:
     """Why this trainer cannot roll back in place ("" if it can): a member of a group (see the module)."""
     spec = cluster.tf_config().get("cluster")
     spec = spec if isinstance(spec, dict) else {}
-    members = max(cluster.nproc(), len(spec.get("worker") or ()) + len(spec.get("chief") or ()))
-    return policy.in_place_refusal(members, cluster.ps_tasks() + len(spec.get("ps") or ()))
+    members = max(config.place.nproc, len(spec.get("worker") or ()) + len(spec.get("chief") or ()))
+    return policy.in_place_refusal(members, config.place.ps + len(spec.get("ps") or ()))
 
 
 class NonfiniteRollback(BoundaryWork):
@@ -78,11 +79,14 @@ class NonfiniteRollback(BoundaryWork):
     by the rollback's next work), the step counter, the checkpoints (their agent holds the snapshot
     memory and the newest committed step), the saved state (``checkpoint``, restored in place) and
     ``flush_summaries`` (everything logged is handed off before a restore or a stop) and the
-    Supervisor's settings (the ``stop_grace_secs`` a wait for the snapshot in flight takes at most)."""
+    Supervisor's settings (the ``stop_grace_secs`` a wait for the snapshot in flight takes at most);
+    ``config``: the launch's (``--on-nonfinite`` under the program's ``on_nonfinite``, ``--max-skips``,
+    ``--skip-window``, ``PROCSV_NONFINITE_CHECK``) and this trainer's place in its group."""
 
     def __init__(self, state: StepState, counter: StepCounter, keeper: Optional[CheckpointKeeper], checkpoint: Any,
                  flush_summaries: Callable[[], None], clock: Callable[[], float], settings: Settings,
-                 on_nonfinite: Optional[str], tags: Sequence[str], ignore: Sequence[str]) -> None:
+                 on_nonfinite: Optional[str], tags: Sequence[str], ignore: Sequence[str], *,
+                 config: ChildConfig = ChildConfig()) -> None:
         super().__init__()
         self._state = state
         self._counter = counter
@@ -92,10 +96,11 @@ class NonfiniteRollback(BoundaryWork):
         self._clock = clock
         self._settings = settings  # stop_grace_secs: read live
         self._channels: Optional[TrainerChannels] = None
-        self.watch = NonfiniteWatch(on_nonfinite, tags, ignore)
-        self.watch.group_refusal = _group_refusal()
+        self.watch = NonfiniteWatch(bootstrap.resolve(on_nonfinite, config.launch.on_nonfinite, None), tags, ignore,
+                                    config.launch.max_skips, config.launch.skip_window)
+        self.watch.group_refusal = _group_refusal(config)
         # (off: no detection at all, no loss kept, no snapshot scanned; what it costs: scripts/bench_nonfinite.py)
-        self.detecting = os.environ.get(env.NONFINITE_CHECK, "").strip().lower() not in ("0", "off", "no", "false")
+        self.detecting = config.launch.nonfinite_check
         if not self.detecting:
             return
         state.losses = self.watch.losses
@@ -121,16 +126,17 @@ class NonfiniteRollback(BoundaryWork):
     def detach(self) -> None:
         self._channels = None
 
-    def resume(self, step: int, lifecycle: Optional[str]) -> None:
+    def resume(self, step: int, lifecycle: Optional[str], told: Sequence[int] = ()) -> None:
         """A session begins at ``step`` (restored or initialized): under ``rollback``, every step this
         run skipped before (an earlier trainer's, a relaunch's: the ``step_skipped`` records of the
-        run's ``lifecycle`` file, :mod:`.records`; a group's, also ``PROCSV_SKIP_STEPS``) stays skipped:
+        run's ``lifecycle`` file, :mod:`.records`; a group's, also those the watchdog ``told`` it:
+        ``PROCSV_SKIP_STEPS``, or its promotion's) stays skipped:
         one after ``step`` is skipped again when the loop reaches it, and each counts against
         ``--max-skips``. Not in Keras ``fit`` (``on_skipped`` hooks: its resume replays its own epochs)."""
         watch = self.watch
         if not self.detecting or watch.policy != OnNonfinite.ROLLBACK or watch.on_skipped:
             return
-        for s in sorted(set(records.skipped_steps(lifecycle)) | set(records.from_env())):
+        for s in sorted(set(records.skipped_steps(lifecycle)) | set(told)):
             if s not in watch.budget.skipped:
                 watch.budget.skip(s)
         watch.budget.skipped.sort()

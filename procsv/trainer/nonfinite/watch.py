@@ -1,7 +1,8 @@
 """One Supervisor's watch over non-finite training: what it keeps, checks and does.
 
 Runs in the trainer's main thread. :class:`NonfiniteWatch` holds the policy (``Supervisor(
-on_nonfinite=...)``, else ``procsv launch --on-nonfinite`` through ``PROCSV_ON_NONFINITE``), the
+on_nonfinite=...)``, else ``procsv launch --on-nonfinite``: resolved by its owner, which hands it
+the launch's ``--max-skips`` and ``--skip-window`` too), the
 watched losses (:class:`~procsv.trainer.nonfinite.losses.LossWatch`), and the checks a snapshot
 passes through (:meth:`precheck` before its copy, :meth:`verify` on the copy); a refused snapshot
 raises :class:`~procsv.common.errors.NonFiniteState`, which the checkpoint agent cleans
@@ -10,13 +11,11 @@ up after and the step boundary hands to :meth:`refused`: the policy's decision.
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from procsv.common import env
 from procsv.trainer.checkpoint import graph_shape
 from procsv.trainer.nonfinite import policy, scan
 from procsv.common.errors import NonFiniteState, TrainingDiverged
@@ -35,14 +34,11 @@ class NonfiniteWatch:
                  max_skips: Optional[int] = None, skip_window: Optional[int] = None) -> None:
         if isinstance(tags, str) or isinstance(ignore, str):
             raise TypeError("nonfinite_tags and nonfinite_ignore take a tuple of strings, not one string")
-        self.policy = policy.parse(on_nonfinite if on_nonfinite is not None else os.environ.get(env.ON_NONFINITE),
-                                   DEFAULT)
+        self.policy = policy.parse(on_nonfinite, DEFAULT)
         self.losses = LossWatch(tuple(tags))
         self.ignore = tuple(ignore)
-        self.budget = SkipBudget(
-            max_skips if max_skips is not None else int(os.environ.get(env.MAX_SKIPS, policy.DEFAULT_MAX_SKIPS)),
-            skip_window if skip_window is not None else int(os.environ.get(env.SKIP_WINDOW,
-                                                                            policy.DEFAULT_SKIP_WINDOW)))
+        self.budget = SkipBudget(max_skips if max_skips is not None else policy.DEFAULT_MAX_SKIPS,
+                                 skip_window if skip_window is not None else policy.DEFAULT_SKIP_WINDOW)
         self.restores = RestoreBound()
         self._rules: Optional[tuple[Any, scan.Rules]] = None
         self._rules_shape: Optional[graph_shape.Shape] = None  # the object graph's edges the rules were read from

@@ -45,10 +45,11 @@ class PeerFollow:
     thread-safe slot the trainer takes it from (:meth:`take`). ``peer``: the service the member is
     connected to now (None: ``peer.json`` named none when the member started, a service restarting
     then; the first one it names is followed like a restarted one). :meth:`look` is one round of the
-    thread (a test may drive it)."""
+    thread (a test may drive it). ``file_member``: files this member's key for a service (its rank and
+    attempt bound: :meth:`procsv.trainer.channels.RemoteMember.file_member`)."""
 
-    def __init__(self, layout: Layout, peer: Optional[curve.Peer], every: float = PEER_LOOK_SECS,
-                 file_member: Callable[[Layout, curve.Peer], curve.MemberLink] = curve.file_member) -> None:
+    def __init__(self, layout: Layout, peer: Optional[curve.Peer], every: float = PEER_LOOK_SECS, *,
+                 file_member: Callable[[Layout, curve.Peer], curve.MemberLink]) -> None:
         self.layout, self.every, self._file_member = layout, every, file_member
         self._peer = peer  # the service last prepared for (the thread's own)
         self._lock = threading.Lock()  # guards the three below; never held over a file access

@@ -1,7 +1,8 @@
 """A hot-standby trainer's wait: run the program up to restoring, then wait to be promoted.
 
 Runs in the trainer process, in the main thread, inside the first Supervisor's
-``prepare_or_wait_for_session`` (or ``managed_session``) when ``PROCSV_STANDBY=1``: the watchdog
+``prepare_or_wait_for_session`` (or ``managed_session``) when its configuration says it is a standby
+(``ChildConfig.standby``, from ``PROCSV_STANDBY=1``): the watchdog
 forked this process from the zygote while another trainer trains (:mod:`procsv.watchdog.rules.standby`).
 By then the program has done everything before that call: its module is imported, its data
 loaded, its model and optimizer built, its Supervisor created. The standby tells the watchdog
@@ -29,13 +30,14 @@ import select
 import signal
 import sys
 import time
+from dataclasses import replace
 from typing import Any, Optional
 
 import psutil
 import zmq
 
 from procsv.common import env, stopfrom
-from procsv.common.bootstrap import ChildContext
+from procsv.common.bootstrap import ChildConfig, ChildContext
 from procsv.common.layout import promotion_file
 from procsv.ipc.codec import ProtocolError, decode
 from procsv.ipc.messages import Promotion, StandbyReady
@@ -44,13 +46,9 @@ from procsv.trainer import outcome
 from procsv.trainer.standby import priority
 
 
-def is_standby() -> bool:
-    return os.environ.get(env.STANDBY) == "1"
-
-
-def wait_for_promotion(ctx: ChildContext) -> None:
+def wait_for_promotion(ctx: ChildContext) -> ChildConfig:
     """Block until the watchdog's SIGUSR1 (promotion); exit 0 on its SIGTERM. Afterwards this process is
-    no standby."""
+    no standby: returns its configuration (``ctx.config``) as promoted (:func:`take_promotion`)."""
     promoted = False
 
     def on_promote(signum: int, frame: Any) -> None:  # only where SIGUSR1 is not blocked (_Senders)
@@ -62,7 +60,7 @@ def wait_for_promotion(ctx: ChildContext) -> None:
     old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
     old_usr1 = signal.signal(signal.SIGUSR1, on_promote)
     old_term = signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))  # unless blocked (below)
-    senders = _Senders.open()
+    senders = _Senders.open(ctx.config.parent_pid)
     if outcome.early_stop_signal() is not None:
         os._exit(0)  # the run ended while this standby was still getting ready
     if senders is not None:
@@ -95,26 +93,29 @@ def wait_for_promotion(ctx: ChildContext) -> None:
         os.close(w)
         if senders is not None:  # now a trainer: a stop signal still pending goes to its handlers
             senders.close()
-    os.environ[env.STANDBY] = "0"
-    take_promotion(ctx)
+    os.environ[env.STANDBY] = "0"  # a Supervisor built later in this process reads no standby (its read_config)
+    config = take_promotion(ctx)
     priority.restore()  # back to normal CPU priority, every thread (a no-op if it was never lowered)
     print(f"procsv: promoted from standby (waited {time.monotonic() - waited:.1f} s)", file=sys.stderr, flush=True)
+    return config
 
 
-def take_promotion(ctx: ChildContext) -> None:
-    """Read the watchdog's :class:`Promotion` of this standby and take it into the environment, as a
-    trainer spawned for this attempt now would have it: the group's steps to skip, and the step whose
-    rollback this attempt is (``PROCSV_ROLLBACK_BEFORE``: empty if none, so that nothing older decides).
-    A standby that finds no record (promoted by another host's agent) keeps the environment of its fork."""
+def take_promotion(ctx: ChildContext) -> ChildConfig:
+    """Read the watchdog's :class:`Promotion` of this standby: ``ctx.config`` as a trainer spawned for
+    this attempt now would have it (:meth:`ChildConfig.promoted`): no standby, the group's steps to skip,
+    and the step whose rollback this attempt is (none said: no rollback, so that nothing older decides).
+    The environment is set to match, for a Supervisor built later in this process. A standby that finds
+    no record (promoted by another host's agent) keeps the configuration of its fork."""
     path = promotion_file(ctx.endpoints.runtime_dir, ctx.attempt, ctx.rank)
     try:
         with open(path, "rb") as fh:
             msg, _ = decode([fh.read()], accept={Promotion})
     except (OSError, ProtocolError):
-        return
+        return replace(ctx.config, standby=False)
     assert isinstance(msg, Promotion)
     os.environ[env.SKIP_STEPS] = ",".join(map(str, msg.skip_steps))
     os.environ[env.ROLLBACK_BEFORE] = "" if msg.rollback_before is None else str(msg.rollback_before)
+    return ctx.config.promoted(tuple(msg.skip_steps), msg.rollback_before)
 
 
 class _Senders:
@@ -130,7 +131,7 @@ class _Senders:
         self.watchdog = watchdog
 
     @staticmethod
-    def open() -> "Optional[_Senders]":
+    def open(parent_pid: Optional[int]) -> "Optional[_Senders]":
         """None where the stop signals are not blocked (not forked by a zygote: a SIGTERM ends the wait
         from anyone, as it always did) or their senders cannot be read (then they are unblocked, and
         SIGUSR1 too: the handlers take them from anyone again). A SIGUSR1 that is not blocked is left
@@ -138,7 +139,7 @@ class _Senders:
         if not stopfrom.blocked():
             stopfrom.unblock((stopfrom.PROMOTE,))
             return None
-        watchdog = stopfrom.Authority.parent("the watchdog")
+        watchdog = stopfrom.Authority.parent("the watchdog", parent_pid)
         stops = stopfrom.SignalFd.open()
         if stops is None:
             stopfrom.unblock(stopfrom.STOP_SIGNALS + (stopfrom.PROMOTE,))

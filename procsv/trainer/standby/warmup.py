@@ -40,11 +40,10 @@ could pair with a peer's first real step and change the weights silently.
 
 from __future__ import annotations
 
-import os
 import weakref
 from typing import Any, Callable
 
-from procsv.common import env
+from procsv.common.bootstrap import ChildConfig
 from procsv.common.errors import UnsupportedState
 from procsv.common.exitcodes import EXIT_NO_SHADOW_RUN
 
@@ -68,20 +67,22 @@ class WarmUps:
             raise TypeError(f"Supervisor.warm_up takes a tf.function, not {type(fn).__name__}")
         self._pending.append((fn, args, kwargs))
 
-    def run(self, alone: bool, standby: bool) -> None:
+    def run(self, alone: bool, standby: bool, config: ChildConfig = ChildConfig()) -> None:
         """Trace (and, ``alone``: not in a group, instantiate) every pending function; in a hot
         ``standby`` also run each once on shadows of its variables (idle time: make its kernels too),
-        unless a standby group's members were told to skip that (``PROCSV_SHADOW_RUN=0``). A standby
+        unless a standby group's members were told to skip that (``config.shadow_run``: the watchdog's
+        ``PROCSV_SHADOW_RUN=0``; ``config.shadow_memory``: the group's one memory figure). A standby
         group's member whose run does not complete exits with ``EXIT_NO_SHADOW_RUN`` (the module's
         docstring says why)."""
-        shadows = standby and (alone or os.environ.get(env.SHADOW_RUN) != "0")
+        shadows = standby and (alone or config.shadow_run)
         if standby and not shadows:
             print("procsv: standby group member: this run's standby groups skip the step's run on shadows (a member "
                   "of an earlier one could not run it): its first step makes its kernels", flush=True)
         for fn, args, kwargs in self._pending:
             trace_and_instantiate(fn, args, kwargs, instantiate_too=alone)
             if shadows:  # (a standby group: every member runs it, its collectives among them)
-                if standby_run(fn, args, kwargs, frozenset() if alone else COLLECTIVES) and not alone:
+                if standby_run(fn, args, kwargs, frozenset() if alone else COLLECTIVES,
+                               config.shadow_memory) and not alone:
                     raise SystemExit(EXIT_NO_SHADOW_RUN)
         self._pending = []
 
@@ -284,12 +285,13 @@ def _is_disposable(obj: Any) -> bool:
 
 
 def standby_run(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                collectives: frozenset[str] = frozenset()) -> str:
-    """A hot standby's :func:`run_on_shadows` of a warmed-up step, said in its log; returns its answer."""
+                collectives: frozenset[str] = frozenset(), shadow_memory: str = "") -> str:
+    """A hot standby's :func:`run_on_shadows` of a warmed-up step, said in its log; returns its answer.
+    ``shadow_memory``: a standby group's one figure of the memory available (bytes; empty: none, read now)."""
     import psutil
 
     name = getattr(fn, "__name__", "the step")
-    read = os.environ.get(env.SHADOW_MEMORY, "")  # a standby group's: one figure for every member (alike)
+    read = shadow_memory  # a standby group's: one figure for every member (alike)
     available = (lambda: int(read)) if read.isdigit() else (lambda: int(psutil.virtual_memory().available))
     why = run_on_shadows(fn, args, kwargs, available, collectives)
     if why and collectives:

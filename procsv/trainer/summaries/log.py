@@ -16,12 +16,10 @@ kept for the non-finite check).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
-from procsv.common import env
 from procsv.common.eventsteps import logged_at_or_after
 from procsv.ipc.messages import Message, SessionLogEvent, SessionStatus
 from procsv.trainer.channels import TrainerChannels
@@ -62,8 +60,10 @@ class SummaryLog:
     None: none, every ``save_summaries_secs``; ``stop_grace_secs``)."""
 
     def __init__(self, state: StepView, clock: Callable[[], float], settings: Settings, *, chief: bool, writes: bool,
-                 writer: bool, graph_summary: Optional[Callable[[], None]] = None) -> None:
+                 writer: bool, graph_summary: Optional[Callable[[], None]] = None,
+                 deadline: float = SUMMARY_DEADLINE) -> None:
         self._state = state
+        self._deadline = deadline  # s a batch may wait for its ack (the launch's PROCSV_SUMMARY_DEADLINE, else 30)
         self._clock = clock
         self._settings = settings  # save_summaries_secs, summary_fn, stop_grace_secs: read live
         self.chief = chief
@@ -241,7 +241,7 @@ class SummaryLog:
                 start = self._state.step + 1  # no step ran: the points of the step it began at are an earlier run's
             sender = self._sender = SummarySender(
                 self.buffer, self._channels.to_summary, self._channels.summary_acks, self._settings.save_summaries_secs,
-                start, deadline=float(os.environ.get(env.SUMMARY_DEADLINE, SUMMARY_DEADLINE)), purge_first=self.purge_first)
+                start, deadline=self._deadline, purge_first=self.purge_first)
         if not force:
             sender.at_boundary(self._state.step, urgent=urgent or in_flight)
             if sender.overdue is not None:
