@@ -462,3 +462,42 @@ def test_a_group_without_a_non_finite_report_still_has_its_survivors_sigkilled_a
     asked = group_rules.group_actions(sim.view, sim.now, 30.0, at_once=True)
     assert [(a.slot, a.cause) for a in asked if isinstance(a, Kill)] == [(W1, Cause.GROUP_NOW)], asked
     assert not group_rules.rolling_back(sim.view, sim.member(TRAINER))
+
+
+def test_a_nan_in_one_workers_batch_at_a_group_snapshot_step_rolls_back_even_if_the_chiefs_weights_only_stop_ended_first():
+    # group_local_nan.py --in-batch --nan-at 100 (no --save-steps; reproduced: exit 4, nothing skipped): worker1's
+    # batch of step 100, a group snapshot step, holds a NaN. At the snapshot of 100 the chief's own losses are
+    # finite (its loss of 100 was computed before the update) but its weights are not: "only the weights were found
+    # non-finite, at a snapshot: the step that made them so is not known", it exits 4 (TrainingDiverged). worker1
+    # found its loss of step 100 non-finite: it knows the step and asks for the group's rollback (exit 5). The chief's
+    # end came in first; the group must still roll back skipping 100, not give up as diverging
+    sim = group(2)
+    sim.tick(1.0)
+    member = sim.member(TRAINER)
+    observe.heard(sim.view, NonfiniteDetected(member.pid, 100, 1.0, "non-finite values in dense/kernel"), sim.now)
+    reports(sim, W1, 100)
+    sim.reaps(TRAINER, EXIT_DIVERGING, "TrainingDiverged")
+    acts = sim.tick(0.01)
+    assert not of(acts, GiveUp) and not of(acts, Restart), acts  # worker1 has not ended: it may ask
+    sim.reaps(W1, EXIT_GROUP_ROLLBACK, "GroupRollback")
+    acts = sim.tick(0.01)
+    assert not of(acts, GiveUp), acts
+    restarts = of(acts, Restart)
+    assert [r.skip for r in restarts] == [100] and sim.view.skipped_steps == [100], sim.log
+    assert blame(sim.view, sim.trainer).slot == W1  # the member that asked for it, and knew the step
+    from procsv.watchdog.actionlines import restart_reports
+    said = [r.say for r in restart_reports(sim.view, restarts[0]) if r.say]
+    assert len(said) == 1 and f"worker1 (pid {sim.member(W1).pid}) found the loss of step 100" in said[0], said
+
+
+def test_a_member_that_stopped_on_divergence_alone_with_no_peer_asking_still_gives_the_group_up():
+    sim = group(2)
+    sim.tick(1.0)
+    member = sim.member(TRAINER)
+    observe.heard(sim.view, NonfiniteDetected(member.pid, 100, 1.0, "non-finite values in dense/kernel"), sim.now)
+    sim.reaps(TRAINER, EXIT_DIVERGING, "TrainingDiverged")
+    sim.tick(0.01)
+    sim.reaps(W1, 1, "UnavailableError")
+    gave_up = of(sim.tick(0.01), GiveUp)
+    assert len(gave_up) == 1 and gave_up[0].exit_code == EXIT_DIVERGING, sim.log
+    assert not of(sim.log, Restart)

@@ -74,8 +74,12 @@ def restart_reports(view: RunView, action: Restart) -> list[Report]:
                 Report(Event.RESTARTING, {**nxt, "error": "preempted"})]
     if action.skip is not None:  # a group's rollback (rules/policy): the skip recorded, the group restarted
         # the member that reported the step skipped (a NaN in one member's batch: the others' losses are
-        # non-finite one step later, and the chief's report of that one may have come in first)
-        who = next((m for m in members(view, child) if m.nonfinite_step == action.skip), blame(view, child))
+        # non-finite one step later, and the chief's report of that one may have come in first); the member the
+        # attempt is judged by first, if it reported that step (at a group snapshot step a peer reports the same
+        # step for its weights alone, while the member whose batch held the NaN found the loss and asked)
+        who = blame(view, child)
+        if who.nonfinite_step != action.skip:
+            who = next((m for m in members(view, child) if m.nonfinite_step == action.skip), who)
         return [Report(Event.STEP_SKIPPED, {"pid": who.pid, "step": action.skip, "epoch": None, "batch": None,
                                             "skipped": len(view.skipped_steps)}),
                 Report(say=f"procsv: the trainer group rolls back: {who.slot} (pid {who.pid}) found the loss of step "

@@ -115,7 +115,11 @@ def blame(view: RunView, chief: ChildView) -> ChildView:
     hung = [m for m in members(view, chief) if m.hang_cause]
     if hung:  # a member found hung is the cause, whoever ended first (its peers failed waiting for it)
         return min(hung, key=lambda m: m.signalled_at if m.signalled_at is not None else math.inf)
-    diverged = _first_ended([m for m in members(view, chief) if diverging(m)])
+    stopped = [m for m in members(view, chief) if diverging(m)]
+    # a member that asked for the group's rollback (exit 5) before one that stopped alone (exit 4): a NaN in one
+    # member's batch at a group snapshot step makes a peer's weights non-finite with its own losses finite there
+    # ("the step that made them so is not known": exit 4), while the member whose batch it was knows the step
+    diverged = _first_ended([m for m in stopped if not _diverged_alone(m)]) or _first_ended(stopped)
     if diverged is not None:  # a member that stopped on non-finite training is the cause, whoever's end came in
         # first: its peers failed in their next collective when it left, and their deaths can be noticed before its exit
         return diverged
