@@ -178,6 +178,9 @@ def test_a_workers_rollback_is_kept_when_the_chiefs_death_notice_comes_before_it
     sim.notices(TRAINER)
     restarts = of(sim.tick(0.01), Restart)
     assert [r.skip for r in restarts] == [70] and sim.view.skipped_steps == [70], sim.log
+    # the attempt is judged by the member whose step is skipped: the restart's record, the report's rollback line
+    # say worker1's "step 70", not the chief's "step 71 ... skips it"
+    assert blame(sim.view, sim.trainer).slot == W1, sim.log
 
 
 def test_a_chiefs_death_notice_waits_for_the_exit_status_of_a_member_that_reported_a_non_finite_step():
@@ -190,6 +193,9 @@ def test_a_chiefs_death_notice_waits_for_the_exit_status_of_a_member_that_report
     sim.reaps(W1, EXIT_GROUP_ROLLBACK, "GroupRollback")
     restarts = of(sim.tick(0.01), Restart)
     assert [r.skip for r in restarts] == [70] and sim.view.skipped_steps == [70], sim.log
+    # the attempt is judged by the member whose step is skipped: the restart's record, the report's rollback line
+    # say worker1's "step 70", not the chief's "step 71 ... skips it"
+    assert blame(sim.view, sim.trainer).slot == W1, sim.log
 
 
 def test_a_members_exit_5_without_its_report_that_ends_the_run_exits_1_as_any_failure_not_4():
@@ -450,6 +456,9 @@ def test_a_nan_in_one_workers_batch_found_by_the_chief_one_step_later_is_skipped
     sim.reaps(W1, EXIT_GROUP_ROLLBACK, "GroupRollback")
     restarts = of(sim.tick(0.01), Restart)
     assert [r.skip for r in restarts] == [70] and sim.view.skipped_steps == [70], sim.log
+    # the attempt is judged by the member whose step is skipped: the restart's record, the report's rollback line
+    # say worker1's "step 70", not the chief's "step 71 ... skips it"
+    assert blame(sim.view, sim.trainer).slot == W1, sim.log
 
 
 def test_a_group_without_a_non_finite_report_still_has_its_survivors_sigkilled_at_once_with_a_standby_ready():

@@ -119,7 +119,10 @@ def blame(view: RunView, chief: ChildView) -> ChildView:
     # a member that asked for the group's rollback (exit 5) before one that stopped alone (exit 4): a NaN in one
     # member's batch at a group snapshot step makes a peer's weights non-finite with its own losses finite there
     # ("the step that made them so is not known": exit 4), while the member whose batch it was knows the step
-    diverged = _first_ended([m for m in stopped if not _diverged_alone(m)]) or _first_ended(stopped)
+    asked = [m for m in stopped if not _diverged_alone(m)]
+    step = rollback_step(view, chief)  # of those, the one that reported the step skipped: its message says that step
+    diverged = _first_ended([m for m in asked if m.nonfinite_step == step]) or _first_ended(asked) \
+        or _first_ended(stopped)
     if diverged is not None:  # a member that stopped on non-finite training is the cause, whoever's end came in
         # first: its peers failed in their next collective when it left, and their deaths can be noticed before its exit
         return diverged
