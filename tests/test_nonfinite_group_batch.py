@@ -55,3 +55,30 @@ def test_a_nan_in_one_workers_batch_whose_gradient_reaches_every_member_rolls_th
     said = [line for line in err.splitlines() if "the trainer group rolls back" in line]
     assert len(said) == 1 and "worker1 (pid" in said[0] and "found the loss of step 70 non-finite" in said[0], said
     assert_bit_equal(logdir, local_nan_skipping_70)
+
+
+@pytest.fixture(scope="module")
+def local_nan_skipping_100(shared_result):  # type: ignore[no-untyped-def]
+    """The plain group_local_nan.py run of 120 steps that never applies step 100, a group snapshot step."""
+
+    def produce(folder: str) -> None:
+        code, out, err = finish(launch(folder, "--steps", "120", "--skip-at", "100", target=LOCAL_NAN,
+                                       opts=GROUP + ("--standby", "fork")))
+        assert code == 0, err
+
+    return final_weights(shared_result("local-nan-skip-100-of-120", produce))
+
+
+def test_a_nan_in_one_workers_batch_at_a_group_snapshot_step_rolls_the_group_back_though_the_chief_stops_on_its_weights(
+        logdir, local_nan_skipping_100):
+    # worker1's batch of step 100, a group snapshot step (every 50), holds a NaN: at the snapshot of 100 the chief's
+    # own losses are finite but its weights are not ("the step that made them so is not known": exit 4), and its end
+    # came in first; worker1 found its loss of step 100 and asked for the rollback (exit 5). Before: the group gave up
+    # as diverging (exit 4, nothing skipped, no checkpoint)
+    code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "100", "--in-batch",
+                                   target=LOCAL_NAN, opts=GROUP + ("--on-nonfinite", "rollback")))
+    assert code == 0, err
+    assert [r["step"] for r in events(logdir, "step_skipped")] == [100], err
+    said = [line for line in err.splitlines() if "the trainer group rolls back" in line]
+    assert len(said) == 1 and "worker1 (pid" in said[0] and "found the loss of step 100 non-finite" in said[0], said
+    assert_bit_equal(logdir, local_nan_skipping_100)
