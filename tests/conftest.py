@@ -226,6 +226,22 @@ def fresh_train_api():
     api.set_global_step(None)
 
 
+@pytest.fixture(autouse=True)
+def procsv_environment_unchanged() -> Iterator[None]:
+    """Every test leaves this process's ``PROCSV_*`` variables as it found them (set them with
+    ``monkeypatch``): a test that calls code writing the environment for a later Supervisor of the same
+    process (a standby's promotion) leaked its values into every launch this xdist worker started after
+    it (``quiet_env`` copies the worker's environment): a run skipped a step it never met."""
+    before = {k: v for k, v in os.environ.items() if k.startswith("PROCSV_")}
+    yield
+    after = {k: v for k, v in os.environ.items() if k.startswith("PROCSV_")}
+    if after != before:
+        for k in set(after) - set(before):
+            del os.environ[k]
+        os.environ.update(before)
+        pytest.fail(f"the test changed this process's PROCSV_ variables (use monkeypatch): before {before}, after {after}")
+
+
 @pytest.fixture
 def logdir(tmp_path):
     """A fresh logdir; at teardown every process of the run is killed (and the test fails if any was left)."""

@@ -30,6 +30,15 @@ TINY = os.path.join(PROGRAMS, "tiny_train.py")
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
+@pytest.fixture(autouse=True)
+def preempt_signal_taken_back(monkeypatch):  # type: ignore[no-untyped-def]
+    """The launch's configuration, built in this process by some tests here, sets PROCSV_PREEMPT_SIGNAL
+    for the children it would start: taken away after each test (conftest.procsv_environment_unchanged)."""
+    monkeypatch.setenv("PROCSV_PREEMPT_SIGNAL", "")
+    monkeypatch.delenv("PROCSV_PREEMPT_SIGNAL")
+
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

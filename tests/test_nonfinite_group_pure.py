@@ -141,8 +141,9 @@ def test_a_promoted_standby_takes_the_bound_and_the_skips_from_its_promotion_not
 
     log = tmp_path / "lifecycle.jsonl"
     log.write_text('{"event": "restarting", "attempt": 2, "rollback_step": 40}\n')  # attempt 3's: not yet
-    for name in ("PROCSV_SKIP_STEPS", "PROCSV_ROLLBACK_BEFORE"):  # take_promotion sets them for a later Supervisor
-        monkeypatch.delenv(name, raising=False)
+    for name in ("PROCSV_SKIP_STEPS", "PROCSV_ROLLBACK_BEFORE"):  # take_promotion sets them for a later Supervisor:
+        monkeypatch.setenv(name, "")  # recorded, so that they are taken away again after the test (a delenv of
+        monkeypatch.delenv(name)  # an absent name records nothing: they leaked into this xdist worker's later launches)
     forked = ChildConfig.parse({"PROCSV_ATTEMPT": "3", "PROCSV_SKIP_STEPS": "40", "PROCSV_STANDBY": "1"})  # the fork's
     ctx = ChildContext(Layout(str(tmp_path)), Endpoints(str(tmp_path)), "worker1", 3, True, rank=1, nproc=2,
                        config=forked)

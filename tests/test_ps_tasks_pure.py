@@ -43,6 +43,15 @@ def test_wrong_ps_arguments_are_usage_errors(ps: int, workers: int, nproc: int, 
         check_ps(ps, workers, nproc, nnodes, standby)
 
 
+@pytest.fixture(autouse=True)
+def preempt_signal_taken_back(monkeypatch):  # type: ignore[no-untyped-def]
+    """The launch's configuration, built in this process by some tests here, sets PROCSV_PREEMPT_SIGNAL
+    for the children it would start: taken away after each test (conftest.procsv_environment_unchanged)."""
+    monkeypatch.setenv("PROCSV_PREEMPT_SIGNAL", "")
+    monkeypatch.delenv("PROCSV_PREEMPT_SIGNAL")
+
+
+
 def test_on_worker_give_up_without_ps_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="--on-worker-give-up stop goes with --ps"):
         check_ps(0, 0, 1, 1, "auto", "stop")

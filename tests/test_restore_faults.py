@@ -24,6 +24,15 @@ from procsv.trainer.checkpoint.restore import ReadRetry
 from test_checkpoint_store import Harness, make_state
 
 
+@pytest.fixture(autouse=True)
+def preempt_signal_taken_back(monkeypatch):  # type: ignore[no-untyped-def]
+    """The launch's configuration, built in this process by some tests here, sets PROCSV_PREEMPT_SIGNAL
+    for the children it would start: taken away after each test (conftest.procsv_environment_unchanged)."""
+    monkeypatch.setenv("PROCSV_PREEMPT_SIGNAL", "")
+    monkeypatch.delenv("PROCSV_PREEMPT_SIGNAL")
+
+
+
 class FakeTime:
     """A monotonic clock that only ``sleep`` advances; records every pause."""
 
