@@ -266,10 +266,40 @@ def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str, str]
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        seen = run_forensics(proc.args)  # before the kill: what the run's logs say it was doing
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise AssertionError(f"launch did not finish in {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
+        raise AssertionError(f"launch did not finish in {timeout} s\nstdout:\n{out}\nstderr:\n{err}\n{seen}")
     return proc.returncode, out, err
+
+
+def run_forensics(argv: Any, records: int = 25, lines: int = 8) -> str:
+    """For a launch that did not finish: the last ``records`` records of its logdir's lifecycle and the
+    last ``lines`` lines of each log of its newest attempt per process, so that a hang seen once (in CI)
+    says where the run stood; empty if ``argv`` names no logdir."""
+    args = [str(a) for a in argv] if isinstance(argv, (list, tuple)) else []
+    if "--logdir" not in args or args.index("--logdir") + 1 >= len(args):
+        return ""
+    logs = os.path.join(args[args.index("--logdir") + 1], "logs")
+    parts: list[str] = []
+    try:
+        with open(os.path.join(logs, "lifecycle.jsonl")) as fh:
+            parts.append("lifecycle (last records):\n" + "".join(fh.readlines()[-records:]))
+    except OSError as e:
+        parts.append(f"lifecycle: {e}")
+    newest: dict[str, tuple[int, str]] = {}
+    for name in os.listdir(logs) if os.path.isdir(logs) else []:
+        bits = name.split(".")
+        if name.endswith(".log") and len(bits) == 3 and bits[1].isdigit():
+            if int(bits[1]) >= newest.get(bits[0], (-1, ""))[0]:
+                newest[bits[0]] = (int(bits[1]), name)
+    for _, name in sorted(newest.values(), key=lambda v: v[1]):
+        try:
+            with open(os.path.join(logs, name), errors="replace") as fh:
+                parts.append(f"{name} (last lines):\n" + "".join(fh.readlines()[-lines:]))
+        except OSError as e:
+            parts.append(f"{name}: {e}")
+    return "\n".join(parts)
 
 
 @pytest.fixture
