@@ -198,3 +198,30 @@ def test_every_procsv_name_is_in_env_all() -> None:
     # env.ALL is what the --on-failure command's environment is cleaned of (it missed PROCSV_GRAPH_FAST_RUN)
     names = {v for v in vars(env).values() if isinstance(v, str) and v.startswith("PROCSV_")}
     assert names == set(env.ALL)
+
+
+def test_a_child_refuses_a_configuration_written_in_another_schema_version(tmp_path: Any) -> None:
+    """The record is versioned across processes, not by a constant alone: the parent writes the version of
+    the schema it wrote (``spawn.child_env``), and a child of another procsv install (upgraded in place under a
+    running launch) stops at its start naming the mismatch, instead of reading the variables with another
+    meaning. No version (a plain ``python train.py``) and this install's are read as before. A real checkpoint
+    service given another version exits non-zero with that line."""
+    import subprocess
+    import sys
+
+    from procsv.common.bootstrap import CONFIG_VERSION
+    from procsv.common.spawn import child_env, service_argv
+
+    assert ChildConfig.parse({}).version == CONFIG_VERSION
+    assert ChildConfig.parse({env.CONFIG_VERSION: str(CONFIG_VERSION), env.ROLE: "checkpoint"}).role == "checkpoint"
+    with pytest.raises(ValueError, match=rf"{env.CONFIG_VERSION}='{CONFIG_VERSION + 1}'.*different procsv installs"):
+        ChildConfig.parse({env.CONFIG_VERSION: str(CONFIG_VERSION + 1)})
+    written = child_env(role="checkpoint", attempt=1, logdir=str(tmp_path / "run"), runtime_dir=str(tmp_path),
+                        supervised=False, base={})
+    assert written[env.CONFIG_VERSION] == str(CONFIG_VERSION)
+    (tmp_path / "run").mkdir()
+    proc = subprocess.run(service_argv("checkpoint"), env={**os.environ, **written, env.CONFIG_VERSION: "999"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert f"{env.CONFIG_VERSION}='999': this process reads procsv's configuration version {CONFIG_VERSION}" \
+        in proc.stderr, proc.stderr

@@ -209,7 +209,9 @@ class ChildConfig:
 
     @staticmethod
     def parse(environ: Mapping[str, str]) -> "ChildConfig":
-        """The record ``environ`` holds (pure: any mapping; a number that is not one raises ValueError)."""
+        """The record ``environ`` holds (pure: any mapping; a number that is not one raises ValueError, as
+        does a schema version other than this install's: :func:`check_version`)."""
+        check_version(environ.get(env.CONFIG_VERSION, ""))
         rollback = environ.get(env.ROLLBACK_BEFORE)
         preempt = environ.get(env.PREEMPT_SIGNAL, "")
         return ChildConfig(
@@ -239,6 +241,17 @@ class ChildConfig:
         its rollback bound (None: said "no rollback")."""
         return replace(self, standby=False, skip_steps=tuple(sorted(set(skip_steps))),
                        rollback_before=rollback_before, no_rollback_said=rollback_before is None)
+
+
+def check_version(written: str) -> None:
+    """Refuse a configuration its parent wrote in another schema (pure): ``written`` is the parent's
+    :data:`CONFIG_VERSION` (empty: no parent wrote one, as in a plain ``python train.py``). A child of
+    another procsv install (upgraded in place under a running launch, or a host's agent installed apart)
+    would read the variables with another meaning: it stops at its start with one line instead."""
+    if written and written != str(CONFIG_VERSION):
+        raise ValueError(f"{env.CONFIG_VERSION}={written!r}: this process reads procsv's configuration "
+                         f"version {CONFIG_VERSION}, and its parent wrote another: the launch and this process "
+                         f"run different procsv installs (install one procsv version for the whole run, then relaunch)")
 
 
 def read_place() -> Place:

@@ -14,6 +14,7 @@ LOGDIR = "PROCSV_LOGDIR"  # the run's logdir (absolute)
 RUNTIME_DIR = "PROCSV_RUNTIME_DIR"  # the run's private runtime directory (sockets, mutexes)
 ROLE = "PROCSV_ROLE"  # trainer | checkpoint | summary | zygote
 ATTEMPT = "PROCSV_ATTEMPT"  # 1, 2, ... per role
+CONFIG_VERSION = "PROCSV_CONFIG_VERSION"  # the schema of these variables the parent wrote (bootstrap.CONFIG_VERSION)
 PARENT_PID = "PROCSV_PARENT_PID"  # the process the child must die with
 SUPERVISOR_PID = "PROCSV_SUPERVISOR_PID"  # the process that started the child (the watchdog, a node agent): its stops
 WATCHDOG = "PROCSV_WATCHDOG"  # "1" when a watchdog supervises this child
@@ -56,7 +57,7 @@ EXIT_CODE = "PROCSV_EXIT_CODE"  # the launch's exit code
 RUN_STATE = "PROCSV_RUN_STATE"  # failed
 ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's last_error)
 
-ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, PARENT_PID, SUPERVISOR_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
+ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, CONFIG_VERSION, PARENT_PID, SUPERVISOR_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE,
        RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, SHADOW_RUN, SHADOW_MEMORY, RANK, NPROC, GROUP_HOSTS, GROUP_PIN, GROUP_SNAPSHOT_STEPS, GROUP_PEER_BIND, GROUP_PEER_MAX_BYTES, GROUP_REMOTE,
        ON_NONFINITE, MAX_SKIPS, SKIP_WINDOW,

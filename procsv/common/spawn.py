@@ -18,6 +18,7 @@ import sys
 from typing import Mapping, Optional, Sequence
 
 from procsv.common import env as envvars
+from procsv.common.bootstrap import CONFIG_VERSION
 
 SERVICE_MODULES = {"checkpoint": "procsv.services.checkpoint", "summary": "procsv.services.summary",
                    "ps": "procsv.ps_server",  # ps: a parameter-server task (procsv launch --ps N)
@@ -34,6 +35,7 @@ def child_env(
             envvars.RUNTIME_DIR: runtime_dir,
             envvars.ROLE: role,
             envvars.ATTEMPT: str(attempt),
+            envvars.CONFIG_VERSION: str(CONFIG_VERSION),  # the child refuses a schema it does not read
             envvars.PARENT_PID: str(os.getpid()),
             envvars.SUPERVISOR_PID: str(os.getpid()),  # kept when the zygote forks it (PARENT_PID is not)
             envvars.WATCHDOG: "1" if supervised else "0",
