@@ -11,6 +11,9 @@ environment into one typed, versioned record (:func:`read_config`, once per chil
 record on explicitly (constructor arguments, :attr:`ChildContext.config`). Where a setting is both a
 program's argument and a launch flag, :func:`resolve` is the one precedence rule
 (``docs/python-api.md``, "Settings: argument, launch flag, default").
+
+One concern: a child's start (its configuration read once, typed and versioned; its tie to its parent;
+its failure recorded as data).
 """
 
 from __future__ import annotations
