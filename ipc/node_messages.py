@@ -30,7 +30,10 @@ class NodeHello(Message):
     """Agent -> master, every heartbeat: who it is, the addresses its next members will listen on
     (free ports on its host, chosen by it), which members it still runs (``slot.attempt``), and whether
     a member it starts now starts at once (``ready``: its pre-warmed trainer is ready, or it has none
-    left to wait for; an elastic group takes a host back only then, rule 15)."""
+    left to wait for; an elastic group takes a host back only then, rule 15). ``link`` names the
+    agent's connection that sent it: the master routes to the agent's newest and drops a hello of an
+    older one (a connection the agent replaced during a partition delivers its queued hellos late, once
+    the link is back)."""
 
     KIND: ClassVar[str] = "node_hello"
     node: int
@@ -41,6 +44,7 @@ class NodeHello(Message):
     live: list[str] = field(default_factory=list)
     stop: int = 0  # a stop signal the agent got (0: none): node 0 stops the whole job in order
     ready: bool = True
+    link: int = 0  # which of the agent's connections to the master sent it, counted from 1 (a new one each reconnect)
 
 
 @dataclass(frozen=True)

@@ -193,3 +193,78 @@ def test_an_agent_relays_its_members_non_finite_reports_to_node_0_as_they_sent_t
     assert view.children["worker1"].ready_at == 2.0  # its restore, heard through the ready message read first
     record = status_record(view, LaunchConfig("t", [], layout.logdir, nnodes=2), layout, 3.0, 3.0, 0.0, None)
     assert (record["skipped_steps"], record["rollbacks"]) == ([25], 1)
+
+
+def test_a_late_hello_of_a_connection_the_agent_replaced_does_not_take_its_route(short_tmp) -> None:
+    """The hang CI met once in the three hosts' elastic run, reduced: node 1's agent reconnects after a
+    partition (a new socket, link 2); what its old socket had queued reaches node 0 late, once the link is
+    back, after the new connection's hello. Node 0 routed each node by the last message it heard, so the
+    late hello of link 1 took the route, and the StartMembers of the group that took node 1 back went down
+    the dead connection: the chief waited in its first collective for a worker1 never started (300 s, no
+    output, until the test gave up). Now a hello routes only if it comes on the holder's newest link: the
+    start reaches the new socket, and the old one hears nothing. Real sockets, real CURVE."""
+    from test_metrics import free_port
+
+    layout = Layout(os.path.join(short_tmp, "run"))
+    layout.create()
+    addr = f"127.0.0.1:{free_port()}"
+    view = RunView(launch_start=0.0)
+    master_ctx: zmq.Context[Any] = zmq.Context()
+    agent_ctx: zmq.Context[Any] = zmq.Context()
+    link = NodeLink(master_ctx, layout, addr, time.monotonic, view, Limits(hang=HangLimits(None, None), nnodes=2))
+    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
+                                   master_addr=addr))
+    old = new = None
+    try:
+        read = agent.disk.submit(agent._read_job)
+        wait_for(lambda: read.done, 30, what="the agent's key filed")
+        old = agent._reconnect(agent_ctx, None, read)  # link 1
+        assert old is not None and agent.link == 1
+
+        def hello(sock: Any, n: int) -> NodeHello:  # (sock: which socket sends it)
+            return NodeHello(1, 1, agent.host, os.getpid(), agent.addresses, [], link=n)
+
+        def heard_on(sock: Any, n: int) -> bool:  # sent again until the handshake is done
+            send(sock, hello(sock, n))
+            return any(isinstance(msg, NodeHello) and msg.link == n for _, msg, _ in link.receive())
+
+        wait_for(lambda: heard_on(old, 1), 30, what="node 1's hello on link 1")
+        # the reconnect: a second socket of the same agent (its key), the old one kept open to play its
+        # kernel's late delivery (the agent closes it; its queued bytes still arrive)
+        new = make_socket(agent_ctx, zmq.DEALER)
+        job = read.result.job if read.result is not None else None
+        assert job is not None
+        curve.connect_as_agent(new, agent.keys, job)
+        new.connect(f"tcp://{addr}")
+        wait_for(lambda: heard_on(new, 2), 30, what="node 1's hello on link 2")
+        assert send(old, hello(old, 1))  # the late delivery
+        got: list[Any] = []
+        until = time.monotonic() + 1.0
+        while time.monotonic() < until:  # node 0's loop reading meanwhile
+            got += [msg for _, msg, _ in link.receive() if not (isinstance(msg, NodeHello) and msg.link == 2)]
+            time.sleep(0.05)
+        assert got == []  # the late hello was read and dropped: not news, and not a route
+        assert link.start(1, 3, [1], [f"{agent.host}:1", f"{agent.host}:2"], {})
+        starts = wait_for(lambda: _drained(new), 10, interval=0.05, what="the start on the new link")
+        assert [type(m).__name__ for m in starts] == ["StartMembers"], starts
+        assert starts[0].attempt == 3
+        time.sleep(0.3)
+        assert _drained(old) == []  # the old connection carried nothing
+    finally:
+        for sock in (old, new):
+            if sock is not None:
+                sock.close(0)
+        link.close()
+        agent.disk.close()
+        curve.unfile_agent_key(agent.key_file)
+        agent_ctx.term()
+        master_ctx.term()
+
+
+def _drained(sock: Any) -> list[Any]:
+    """What the master sent on ``sock`` (an agent's DEALER) so far, beats left out."""
+    from procsv.ipc.messages import MasterBeat
+    from procsv.ipc.transport import drain
+
+    return [got.msg for got in drain(sock, limit=100)
+            if not isinstance(got, Exception) and not isinstance(got.msg, MasterBeat)]

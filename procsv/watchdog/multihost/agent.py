@@ -101,6 +101,7 @@ class NodeAgent(Prewarmed):
         self.job: Optional[str] = None
         self.keys = curve.AgentKeys.new()  # this agent's own key pair; the secret never leaves this process
         self.key_file: Optional[str] = None  # where its public key is filed for the current launch
+        self.link = 0  # its connections to the master so far (each hello names the one it is sent on)
         self.refused_at: Optional[float] = None  # the master refuses this agent's claim of its node since
         self.heard_at = clock()  # the master's last word (the start counts as one)
         self.node_timeout = cfg.node_timeout  # the master silent this long: its members are stopped (node 0's, once heard)
@@ -184,7 +185,7 @@ class NodeAgent(Prewarmed):
                     beat_at = now
                     warm = self.zygote is None or self.zygote.ready or not self.zygote.alive()  # (its NodeHello.ready)
                     send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(), self.addresses,
-                                           sorted(self.members), self.stop.signum or 0, warm))
+                                           sorted(self.members), self.stop.signum or 0, warm, self.link))
             if self.zygote is not None and not self.forks and not self.zygote.alive():
                 # found dead (its answers to pending starts read first, by _forked): given up, reaped by a sweep
                 self.drop_zygote("the pre-warmed trainer died")
@@ -247,7 +248,8 @@ class NodeAgent(Prewarmed):
             self.disk.submit(lambda: curve.unfile_agent_key(stale))
             self.key_file, self.job = got.key_file, got.job.job
         if old is not None:
-            old.close(0)
+            old.close(0)  # (its kernel may still deliver what it queued, late: the hellos say which link)
+        self.link += 1
         sock = make_socket(zctx, zmq.DEALER)  # no identity: the master knows this agent by its key
         sock.setsockopt(zmq.IMMEDIATE, 1)  # nothing is queued for a master that is not connected
         curve.connect_as_agent(sock, self.keys, got.job)

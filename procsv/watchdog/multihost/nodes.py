@@ -52,7 +52,8 @@ class NodeLink:
         self.view = view
         self.limits = limits
         self.holders: dict[int, str] = {}  # node -> the public key (Z85) that speaks for it in this launch
-        self.routes: dict[int, bytes] = {}  # node -> the routing id of its holder's latest connection (the nodes known)
+        self.routes: dict[int, bytes] = {}  # node -> the routing id of its holder's newest connection (the nodes known)
+        self.links: dict[int, int] = {}  # node -> the newest of its holder's connections (NodeHello.link) heard
         self.refusals: list[Report] = []  # refused claims not reported yet (the launcher takes them)
         self._refused: set[tuple[str, int]] = set()  # (key, node) already reported
         self._beat_at = float("-inf")
@@ -91,12 +92,18 @@ class NodeLink:
         return out
 
     def _speaker(self, route: bytes, key: str, msg: Message) -> Optional[int]:
-        """The node ``key`` speaks for (a ``NodeHello`` is its claim), or None: drop the message."""
+        """The node ``key`` speaks for (a ``NodeHello`` is its claim), or None: drop the message.
+
+        Only a hello routes: the node's route is the connection its holder's newest hello came on. A
+        hello of an older connection of the same holder is dropped: an agent that reconnected during a
+        partition closed its old socket, but its kernel still holds what that socket queued and delivers
+        it once the link is back, after the new connection's hello. Routed by it (as by any message,
+        before), the node's next StartMembers went down the dead connection, and the group it was for
+        waited in its first collective for a member never started (the chief silent until --hang-timeout)."""
         if not isinstance(msg, NodeHello):
-            node = next((n for n, k in self.holders.items() if k == key), None)
-            if node is not None:
-                self.routes[node] = route
-            return node
+            return next((n for n, k in self.holders.items() if k == key), None)
+        if self.holders.get(msg.node) == key and msg.link < self.links.get(msg.node, 0):
+            return None  # a late hello of a connection its agent replaced: its news is older than the route's
         verdict, reason = claim_node(self.view, self.limits, msg.node, self.holders, key)
         if verdict is Claim.REFUSED:
             if (key, msg.node) not in self._refused:
@@ -113,6 +120,7 @@ class NodeLink:
             return None
         self.holders[msg.node] = key
         self.routes[msg.node] = route
+        self.links[msg.node] = msg.link
         return msg.node
 
     def take_refusals(self) -> list[Report]:
