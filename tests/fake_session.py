@@ -21,18 +21,36 @@ class FakeManaged:
         return out
 
 
+class FakeRollback:
+    """The non-finite rollback's port of a Supervisor whose policy is not ``rollback``: hooks run."""
+
+    replaces_nan_hooks = False
+
+
+class FakeFrontEnd:
+    """What the sessions and hooks ask of a procsv.Supervisor's ``front_end``: its clock, its session,
+    its stop (nothing is saved: no listening to saves; no rollback)."""
+
+    def __init__(self, sv: "FakeSupervisor") -> None:
+        self.clock = lambda: sv.now[0]
+        self.session = FakeManaged(sv)
+        self.stop_quietly = sv.stop
+        self.rollback = FakeRollback()
+
+    def listen_to_saves(self, before: Any, after: Any) -> None:
+        return None
+
+
 class FakeSupervisor:
     def __init__(self, global_step: Any, secs_per_step: float = 1.0) -> None:
         from procsv.train import Coordinator
 
         self.global_step = global_step
         self.now = [1000.0]
-        self._clock = lambda: self.now[0]
         self.secs_per_step = secs_per_step
-        self.coord = Coordinator(clock=self._clock)
+        self.front_end = FakeFrontEnd(self)
+        self.coord = Coordinator(clock=self.front_end.clock)
         self.logdir = "/nonexistent/fake-logdir"
-        self._keeper = None  # (a procsv.Supervisor's CheckpointKeeper: none, nothing is saved)
-        self._session = FakeManaged(self)
         self.scalars: list[tuple[str, float, int]] = []
         self.stopped = False
 
@@ -73,4 +91,4 @@ class FakeCreator:
     def create_session(self):
         from procsv.trainer.monitored.scaffold import RawSession
 
-        return RawSession(self.supervisor, self.supervisor._session)
+        return RawSession(self.supervisor, self.supervisor.front_end.session)

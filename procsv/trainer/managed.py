@@ -114,8 +114,6 @@ class SessionOwner(Protocol):
 
     def settle_at_end(self) -> None: ...
 
-    def _release(self) -> None: ...
-
 
 class ManagedSession:
     """What ``managed_session()`` yields. ``run(step_fn, *args)`` runs one training step."""
@@ -225,11 +223,13 @@ class ManagedSessionContext:
     ``sys.exit(0)``/``sys.exit()`` from the block or from a thread is a clean stop: ``stop()``
     commits the final checkpoint of the last completed step, then the ``SystemExit`` leaves the
     block (the program exits 0, as it asked). ``sys.exit(N)``, N != 0, is an error like any other:
-    no final checkpoint, re-raised (:mod:`procsv.trainer.coordinator` keeps the two apart)."""
+    no final checkpoint, re-raised (:mod:`procsv.trainer.coordinator` keeps the two apart).
+    ``release``: the Supervisor's, for a prepare that failed (its channels, its own services)."""
 
     def __init__(self, sv: SessionOwner, start_standard_services: bool, close_summary_writer: bool,
-                 master: str = "", config: Any = None) -> None:
+                 master: str = "", config: Any = None, *, release: Callable[[], None]) -> None:
         self._sv = sv
+        self._release = release
         self._start = start_standard_services
         self._close = close_summary_writer
         self._master, self._config = master, config  # (graph mode: the tf.compat.v1.Session's)
@@ -240,7 +240,7 @@ class ManagedSessionContext:
             self._session = self._sv.prepare_or_wait_for_session(self._master, self._config,
                                                                  start_standard_services=self._start)
         except BaseException:
-            self._sv._release()
+            self._release()
             raise
         return self._session
 

@@ -12,7 +12,8 @@ release, a session again after a stop) and its collaborators, each with its own 
 what it needs (:func:`procsv.trainer.supervisor_setup.collaborators` builds them; who calls whom:
 ``docs/architecture.md``, "The trainer's collaborators"). Its public names that are a
 collaborator's, and the settings its collaborators read live, are the descriptors of
-:mod:`procsv.trainer.settings`, declared in :mod:`procsv.trainer.supervisor_names`.
+:mod:`procsv.trainer.settings`, declared in :mod:`procsv.trainer.supervisor_names`. The front-ends
+(Keras ``fit``, ``procsv.train``) drive it through its port, ``front_end`` (:mod:`procsv.trainer.frontend.port`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from procsv.common import bootstrap, env
-from procsv.common.errors import ProcsvError, TrainingDiverged
+from procsv.common.errors import ProcsvError
 from procsv.ipc.messages import Busy, SessionLogEvent, SessionStatus, TrainerReady
 from procsv.trainer import outcome
 from procsv.trainer import replica
@@ -30,6 +31,7 @@ from procsv.trainer.channels import RemoteMember, TrainerChannels
 from procsv.trainer.checkpoint.commits import CHECKPOINT_FAILURE_LIMIT
 from procsv.trainer.checkpoint.restore import ReadRetry
 from procsv.trainer.coordinator import Coordinator, LooperThread
+from procsv.trainer.frontend.port import FrontEnd
 from procsv.trainer.managed import ManagedSession, ManagedSessionContext
 from procsv.trainer.once import warn_once
 from procsv.trainer.standalone import OwnServices, connect
@@ -195,6 +197,13 @@ class Supervisor(SupervisorNames):
         Graph mode: the graph's global step variable."""
         return self._tf1.graph.global_step if self._tf1.graph is not None else self._counter.expose()
 
+    @property
+    def front_end(self) -> FrontEnd:
+        """The port the front-ends (Keras ``fit``, ``procsv.train``'s sessions and hooks) drive this
+        Supervisor through (:mod:`procsv.trainer.frontend.port`); a training program has no use for it."""
+        return FrontEnd(self._keeper, self._boundary, self._rollback, self._state, self._graph, self._clock,
+                        session=lambda: self._session, release=self._release, stop=self.stop)
+
     # ----------------------------------------------------------------- session lifecycle
     def managed_session(self, master: str = "", config: Any = None, start_standard_services: bool = True,
                         close_summary_writer: bool = True) -> ManagedSessionContext:
@@ -205,7 +214,8 @@ class Supervisor(SupervisorNames):
         else a thread's) is re-raised after the services stopped. The Supervisor can serve another block after.
         """
         warn_ignored_prepare_args(master, config, graph_mode=self._tf1.graph is not None)
-        return ManagedSessionContext(self, start_standard_services, close_summary_writer, master, config)
+        return ManagedSessionContext(self, start_standard_services, close_summary_writer, master, config,
+                                     release=self._release)
 
     def prepare_or_wait_for_session(self, master: str = "", config: Any = None, wait_for_checkpoint: bool = False,
                                     max_wait_secs: float = 7200, start_standard_services: bool = True) -> Any:
@@ -317,14 +327,6 @@ class Supervisor(SupervisorNames):
         return outcome.of(self._counter.completed, self._stopped_by_signal and self.coord.stop_signal, self._boundary.unsaved, ok)
 
     # ----------------------------------------------------------------- internals
-    def _stop_quietly(self) -> None:
-        """stop() re-raising only a diverging stop (exit 4): procsv.train's sessions raise the recorded exception."""
-        try:
-            self.stop(ignore_live_threads=True)
-        except BaseException as exc:
-            if isinstance(exc, TrainingDiverged):
-                raise
-
     def _stop_services(self, deadline: Optional[float] = None, close_summary_writer: bool = True) -> None:
         """The second half of stop(): final checkpoint, summaries, release (no join)."""
         deadline = self._clock() + self.stop_grace_secs if deadline is None else deadline

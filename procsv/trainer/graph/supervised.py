@@ -84,6 +84,13 @@ class GraphSupervision:
         self.graph_in_writer = False  # the graph events went to this writer: not again until a stop closes it
         self.max_wait_secs: Optional[float] = 7200  # a non-chief's wait for the chief (as TF's)
 
+    def monitored(self, graph_file: bool) -> None:
+        """A MonitoredSession drives this graph: its meta graph event written as TF's hooks write it,
+        ``graph.pbtxt`` only if ``graph_file`` (its CheckpointSaverHook's ``save_graph_def``), and no
+        checkpoint as the session starts (that hook saves at ``after_create_session``)."""
+        self.graph_file_written, self.meta_graph_event = graph_file, True
+        self.checkpoint_at_start = False
+
     def attach(self, channels: TrainerChannels) -> None:
         """A session is prepared: the graph's events go through ``channels``."""
         self._channels = channels

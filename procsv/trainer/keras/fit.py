@@ -33,15 +33,14 @@ import keras
 import numpy as np
 
 from procsv.common import bootstrap
-from procsv.common.errors import NonFiniteState, TrainingStopped, UsageError
-from procsv.ipc.messages import Busy, SaveReason
+from procsv.common.errors import TrainingStopped, UsageError
+from procsv.ipc.messages import Busy
 from procsv.trainer.keras import input_position
 from procsv.trainer.keras import step_warmup
-from procsv.trainer.keras.replay import LOGS, BatchReplay, default_cap, keras_tested, untested_keras_line
+from procsv.trainer.keras.replay import BatchReplay, default_cap, keras_tested, untested_keras_line
 from procsv.trainer.keras.rollback import PAST_CAP, UNTESTED, FitPosition, FitRollback, not_trained_again, stop_untrained
 from procsv.trainer.once import warn_once
 from procsv.trainer.managed import ManagedSession, follows_moves
-from procsv.trainer.nonfinite.policy import OnNonfinite
 from procsv.trainer.supervisor import Supervisor
 
 SaveFreq = Union[str, int, bool]
@@ -155,28 +154,28 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             save_checkpoint_steps=every, allow_reinit=self.allow_reinit, increment_global_step=True,
             clock=self.clock)
         sv = self.sv
-        if sv._keeper is not None:
-            sv._keeper.configure(lambda agent: agent.prepare_snapshot.append(self._write_position))
-        rollback = sv._rollback
-        rollback.watch.position = at.of  # non-finite events name (epoch, batch)
+        front = sv.front_end
+        front.before_each_snapshot(self._write_position)
+        rollback = front.rollback
+        rollback.locate_steps(at.of)  # non-finite events name (epoch, batch)
         train = model.train_function
         stale = getattr(train, "__self__", None)
         if isinstance(stale, BackupAndRestore):  # left wrapped by a fit that raised: unwrap it
             train = stale._original_train
         self._original_train = train
         dataset = getattr(inp.epoch_iterator, "_distributed_dataset", None)
-        rolling = rollback.watch.policy == OnNonfinite.ROLLBACK and rollback.detecting
+        rolling = rollback.rolls_back
         untested = not keras_tested(keras.__version__)
         self._fallback = untested and rolling  # Keras' own train function; a rollback continues with fit's next batch
         if self._fallback:
             print(untested_keras_line(keras.__version__), file=sys.stderr, flush=True)
-            rollback.watch.on_restored.append(self._fallback_restored)
+            rollback.on_restored(self._fallback_restored)
         self._rollback = None
         batches = BatchReplay(model, train, dataset.element_spec if isinstance(dataset, tf.data.Dataset)
                               else None, at.spe, replay_cap(self.replay_memory_bytes), untested)
         if not batches.off:
             self._rollback = FitRollback(model, batches, at, self.epoch_var, self.batch_var, lambda: sv.step, rollback)
-        rollback.watch.replay_unsupported = batches.unsupported
+        rollback.cannot_replay(batches.unsupported)
         batches.keeping = rolling
         # keras.callbacks.TerminateOnNaN reads each batch's logs["loss"]: checked (that one read) and
         # rolled back before it sees a NaN procsv rolls back
@@ -188,8 +187,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         if warm is not None:  # traced and instantiated now: in a hot standby, before it waits
             sv.warm_up(*warm)
         self._sess = sv.prepare_or_wait_for_session()
-        at.epoch, at.batch = int(self.epoch_var.numpy()), int(self.batch_var.numpy())
-        at.live_epoch, at.live_batch = at.epoch, at.batch
+        at.restored(int(self.epoch_var.numpy()), int(self.batch_var.numpy()))
         for reason in input_position.inexact_reasons(inp):
             print(f"procsv: warning: a resumed fit will not be bit-exact: {reason}", file=sys.stderr, flush=True)
         if sv.restored_from:
@@ -210,7 +208,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         model.train_function = self._train_function
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        self._at.epoch, self._at.batch = self._at.live_epoch, self._at.live_batch = epoch, 0
+        self._at.begin_epoch(epoch)
         if epoch == self._skip_epoch and self._saved_metrics:
             # fit reset the metrics for this epoch: put back the part of it trained before the stop
             for var, value in zip(self.model.metrics_variables, self._saved_metrics):
@@ -226,8 +224,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             values = dict(logs)
             values.setdefault("learning_rate", self._learning_rate())
             sv.log_scalars({f"epoch_{k}": v for k, v in _scalars(values).items()}, step=epoch)
-        if self.save_freq == "epoch" and sv._keeper is not None and not self._stopped_mid_epoch:
-            sv._keeper.agent.request(SaveReason.STEPS)  # taken at the next batch boundary, or by the final commit
+        if self.save_freq == "epoch" and not self._stopped_mid_epoch:
+            sv.front_end.request_checkpoint()  # taken at the next batch boundary, or by the final commit
 
     def on_train_end(self, logs: Any = None) -> None:
         sv, model = self.sv, self.model
@@ -237,7 +235,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         if not self._stopped_mid_epoch:
             self._settle()  # a non-finite loss since the last check: rolled back now, not refused at the end
             fit_rollback = self._rollback  # steps a rollback did not train again, and no batch left: exit 4
-            stop_untrained(sv._rollback, fit_rollback.gap if fit_rollback is not None else self._gap,
+            stop_untrained(sv.front_end.rollback, fit_rollback.gap if fit_rollback is not None else self._gap,
                            PAST_CAP if fit_rollback is not None else UNTESTED)
         self.sv = None
         if self.delete_checkpoint and not self._stopped_mid_epoch:
@@ -256,8 +254,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             for _ in range(n):
                 next(iterator)
             self._skip -= n
-            at.batch += n
-            at.live_batch = at.batch
+            at.drawn_untrained(n)
             return self._logs()
         if sv.should_stop():
             return self._stop_here()  # a stop was asked for: train no further batch
@@ -270,16 +267,13 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             if rollback is None or replay is None or replay.unsupported:
                 logs = sess.run(self._timed_train, iterator)
             else:  # the batches a rollback restored before are trained again first (see FitRollback.kept_step)
-                rollback.drew = False
-                while not rollback.drew:
-                    logs = sess.run(rollback.kept_step, iterator)[LOGS]
+                logs = rollback.train(sess, iterator)
                 self._train_secs = rollback.train_secs
         except TrainingStopped:
             return self._stop_here()
-        at.live_batch += spe
-        at.to_live()
+        at.trained()
         if replay is not None and not replay.unsupported:
-            replay.forget_through(_newest_restorable(sv))
+            replay.forget_through(sv.front_end.newest_restorable(sv.step))
             if (self._each_batch or at.live_batch == self.params.get("steps")) and self._settle():  # epoch's end
                 logs = self._epoch_logs()  # the epoch's logs without the poisoned batch
         elif self._fallback and at.live_batch == self.params.get("steps") and self._settle():  # epoch's end:
@@ -316,28 +310,30 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         """Tell the watchdog the resumed fit is still reading its earlier epochs (before its first
         step: the watchdog gives each report ``--startup-timeout``, not the whole replay)."""
         if self.sv is not None:
-            self.sv._boundary.report_busy(Busy.INPUT)
+            self.sv.front_end.report_busy(Busy.INPUT)
 
     def _fallback_restored(self, step: int) -> None:
         """The fallback restored ``step``: the steps fit trained after it are not trained again (said)."""
         if self.sv is not None and self._drawn > step:
-            bad = self.sv._rollback.watch.target
+            rollback = self.sv.front_end.rollback
+            bad = rollback.retrying
             self._gap = (step + 1, self._drawn, bad if bad is not None else self._drawn)
-            self.sv._rollback.abandon(step, not_trained_again(step + 1, self._drawn, UNTESTED))
+            rollback.abandon(step, not_trained_again(step + 1, self._drawn, UNTESTED))
 
     def _settle(self) -> bool:
         """A non-finite loss since the last check rolled back now (:meth:`FitRollback.settle`); True if so."""
         sv, sess, rollback = self.sv, self._sess, self._rollback
         if sv is None or sess is None:
             return False
+        front = sv.front_end
         if rollback is None:
-            if not self._fallback or sv._keeper is None:
+            if not self._fallback or not front.saves:
                 return False
-            bad = sv._rollback.watch.losses.check()  # no batch to train again: restored, fit goes on (or ends) from there
+            bad = front.rollback.first_nonfinite()  # no batch to train again: restored, fit goes on (or ends) from there
             if bad is not None:
-                sv._rollback.refused(NonFiniteState(sv.step, bad), False)
+                front.rollback.refuse(sv.step, bad)
             return bad is not None
-        return rollback.settle(sess, sv._keeper is not None)
+        return rollback.settle(sess, front.saves)
 
     def _write_position(self) -> None:
         self.epoch_var.assign(self._at.epoch)
@@ -364,16 +360,6 @@ def replay_cap(given: Optional[int]) -> int:
     return default_cap() if given is None else given
 
 
-def _newest_restorable(sv: Supervisor) -> int:
-    """The newest step a rollback can restore: the newest in-memory snapshot or committed checkpoint
-    (no keeper: the step itself, nothing to restore)."""
-    if sv._keeper is None:
-        return sv.step
-    agent = sv._keeper.agent
-    copies = agent.store.copies
-    return max([agent.last_committed] + [c.step for c in copies.values()])
-
-
 def _scalars(logs: dict[str, Any]) -> dict[str, float]:
     out: dict[str, float] = {}
     for key, value in logs.items():
@@ -391,8 +377,8 @@ def _delete_own_checkpoints(sv: Supervisor) -> None:
     service, the one writer of checkpoints (invariant 1), deletes procsv's checkpoints of this run
     (data, index, manifests, the state file) once no trainer restores; the user's own files and the
     event files stay. Waits for its answer up to ``stop_grace_secs``; a failure is said, not raised."""
-    if sv._keeper is None or not sv.is_chief:
+    if not sv.front_end.saves or not sv.is_chief:
         return
-    why = sv._keeper.delete_all(sv.stop_grace_secs)
+    why = sv.front_end.delete_checkpoints(sv.stop_grace_secs)
     if why:
         print(f"procsv: the checkpoints were not deleted: {why}", file=sys.stderr, flush=True)

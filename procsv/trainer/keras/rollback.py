@@ -25,11 +25,9 @@ import dataclasses
 import time
 from typing import Any, Callable, Optional
 
-from procsv.common.errors import NonFiniteState
-from procsv.trainer.keras.replay import BatchReplay
+from procsv.trainer.frontend.port import RollbackPort
+from procsv.trainer.keras.replay import LOGS, BatchReplay
 from procsv.trainer.managed import ManagedSession, follows_moves
-from procsv.trainer.nonfinite.policy import OnNonfinite
-from procsv.trainer.nonfinite.rollback import NonfiniteRollback
 
 
 def not_trained_again(first: int, last: int, why: str) -> str:
@@ -49,13 +47,13 @@ PAST_CAP = "their batches were not kept: past the replay cap, BackupAndRestore(r
 UNTESTED = "their batches were not kept: a Keras version the replay is not tested with"
 
 
-def stop_untrained(rollback: NonfiniteRollback, gap: Optional[tuple[int, int, int]], why: str) -> None:
+def stop_untrained(rollback: RollbackPort, gap: Optional[tuple[int, int, int]], why: str) -> None:
     """At the end of fit: a rollback's steps not trained again (``gap``: first, last, the bad step)
     that no later batch of fit took the place of stop it in order with exit code 4, named (raises
     :class:`~procsv.common.errors.TrainingDiverged`); nothing if none."""
     if gap is not None:
         first, last, bad = gap
-        rollback.stop_diverged(NonFiniteState(last, bad), not_trained(first, last, why), False)
+        rollback.stop_diverged(last, bad, not_trained(first, last, why))
 
 
 class _NoLiveInput(Exception):
@@ -89,6 +87,30 @@ class FitPosition:
         """The position a snapshot records is where fit's loop is."""
         self.epoch, self.batch = self.live_epoch, self.live_batch
 
+    def record(self, epoch: int, batch: int) -> None:
+        """The position a snapshot records is (``epoch``, ``batch``): a rollback's, behind fit's loop."""
+        self.epoch, self.batch = epoch, batch
+
+    def restored(self, epoch: int, batch: int) -> None:
+        """fit starts at the position a restore (or an initialization) put in the variables."""
+        self.epoch = self.live_epoch = epoch
+        self.batch = self.live_batch = batch
+
+    def begin_epoch(self, epoch: int) -> None:
+        """fit's loop begins ``epoch``: no batch done in it yet."""
+        self.epoch = self.live_epoch = epoch
+        self.batch = self.live_batch = 0
+
+    def drawn_untrained(self, n: int) -> None:
+        """``n`` batches trained before the interruption were drawn again, and not trained."""
+        self.batch += n
+        self.live_batch = self.batch
+
+    def trained(self) -> None:
+        """fit's loop trained one global step's batches (``spe``); a snapshot records that."""
+        self.live_batch += self.spe
+        self.to_live()
+
 
 class FitRollback:
     """The rollback's replay of one fit's batches, owned by its ``BackupAndRestore``.
@@ -96,11 +118,11 @@ class FitRollback:
     Owns the batches kept (``replay``: :class:`BatchReplay`), whether the last ``sess.run`` drew fit's
     own next batch (``drew``) and how long its train step took (``train_secs``). Given: the model,
     fit's position (it moves it on a restore, a replayed batch and a skip), the variables the position
-    is saved in, the Supervisor's step (``step``: read at each call) and its rollback (it registers its
-    ``restored`` and ``skipped`` there)."""
+    is saved in, the Supervisor's step (``step``: read at each call) and the port to its rollback (it
+    registers its ``restored`` and ``skipped`` there)."""
 
     def __init__(self, model: Any, replay: BatchReplay, position: FitPosition, epoch_var: Any, batch_var: Any,
-                 step: Callable[[], int], rollback: NonfiniteRollback) -> None:
+                 step: Callable[[], int], rollback: RollbackPort) -> None:
         self.model = model
         self._step = step
         self.replay = replay
@@ -111,8 +133,8 @@ class FitRollback:
         self.train_secs = 0.0
         self.drawn = -1  # the newest step trained on a batch drawn from fit's own iterator
         self.gap: Optional[tuple[int, int, int]] = None  # a rollback's steps not trained again (first, last, bad)
-        rollback.watch.on_restored.append(self.restored)
-        rollback.watch.on_skipped.append(self.skipped)
+        rollback.on_restored(self.restored)
+        rollback.on_skipped(self.skipped)
 
     @follows_moves
     def kept_step(self, iterator: Any) -> Any:
@@ -127,7 +149,7 @@ class FitRollback:
             if index == 0:  # the first batch of an epoch: Keras reset the metrics before it
                 self.model.reset_metrics()
             out = replay.again(step)
-            where.epoch, where.batch = epoch, index + 1
+            where.record(epoch, index + 1)
             return out
         if iterator is None:
             raise _NoLiveInput(f"step {step}")
@@ -140,6 +162,15 @@ class FitRollback:
         self.gap = None
         return out
 
+    def train(self, sess: ManagedSession, iterator: Any) -> Any:
+        """Train in ``sess`` the batches a rollback restored before fit's next one (each its own step),
+        then fit's next batch of ``iterator``: the logs of the last."""
+        self.drew = False
+        logs = None
+        while not self.drew:
+            logs = sess.run(self.kept_step, iterator)[LOGS]
+        return logs
+
     def settle(self, sess: ManagedSession, checkpointed: bool) -> bool:
         """Check the losses kept since the last check (one read) and, if one is non-finite, roll back,
         replay, retry and skip now, as a snapshot's check would have later; True if it rolled back.
@@ -148,8 +179,7 @@ class FitRollback:
         rollback, replay, step = self._rollback, self.replay, self._step
         if replay.unsupported or not checkpointed:
             return False
-        watch = rollback.watch
-        if watch.policy != OnNonfinite.ROLLBACK or not rollback.detecting:
+        if not rollback.rolls_back:
             return False
         last, moved = step(), False
         while True:
@@ -164,22 +194,22 @@ class FitRollback:
                         return True
                     # else a skip at that boundary reached the last step: nothing more to replay
                 continue
-            bad = watch.losses.check()
+            bad = rollback.first_nonfinite()
             if bad is None:
                 return moved
             moved = True
-            rollback.refused(NonFiniteState(step(), bad), False)  # rolls back, or stops (exit 4)
+            rollback.refuse(step(), bad)  # rolls back, or stops (exit 4)
 
     def restored(self, step: int) -> None:
         """A rollback restored ``step``: the position a snapshot records is the restored one. If
         not every batch between it and fit's newest is kept, the steps from the first one missing
         are not trained again: said, and the bad step's retry given up (its batch is not kept)."""
-        self.position.epoch, self.position.batch = int(self._epoch_var.numpy()), int(self._batch_var.numpy())
+        self.position.record(int(self._epoch_var.numpy()), int(self._batch_var.numpy()))
         kept = self.replay.kept
         first = next((s for s in range(step + 1, self.drawn + 1) if s not in kept), None)
         if first is None:
             return
-        bad = self._rollback.watch.target
+        bad = self._rollback.retrying
         self.gap = (first, self.drawn, bad if bad is not None else self.drawn)
         self._rollback.abandon(step, not_trained_again(first, self.drawn, PAST_CAP))
 
@@ -190,4 +220,4 @@ class FitRollback:
         where = self.position
         at = where.of(step)
         if at is not None:
-            where.epoch, where.batch = at[0], at[1] + where.spe
+            where.record(at[0], at[1] + where.spe)

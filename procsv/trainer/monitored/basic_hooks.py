@@ -16,17 +16,20 @@ re-exported here: this module names every standard hook.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from procsv.common.errors import UsageError
 from procsv.trainer.monitored import hooks as api
-from procsv.trainer.monitored.hook_support import (global_step_fetch, graph_mode, need_global_step, read_global_step, supervisor_of,
-                                                  warn_if_not_logdir)
+from procsv.trainer.monitored.hook_support import (front_end_of, global_step_fetch, graph_mode, need_global_step,
+                                                  read_global_step, supervisor_of, warn_if_not_logdir)
 from procsv.trainer.monitored.hooks import (SecondOrStepTimer, SessionRunArgs, SessionRunContext, SessionRunHook,
                                   SessionRunValues)
 from procsv.trainer.monitored.plain_saver import PlainSaving
 from procsv.trainer.monitored.observer_hooks import (LoggingTensorHook, NanLossDuringTrainingError, NanTensorHook, ProfilerHook,
                                            StepCounterHook, SummarySaverHook, write_summary)
+
+if TYPE_CHECKING:
+    from procsv.trainer.frontend.port import SaveListening
 
 
 # ---------------------------------------------------------------------------- stop at step
@@ -144,7 +147,7 @@ class CheckpointSaverHook(SessionRunHook):
         self._basename = checkpoint_basename
         self._listeners = list(listeners or [])
         self._session: Any = None
-        self._agent: Any = None
+        self._saves: Optional[SaveListening] = None  # its listeners on the session's checkpoints
         self._gs: Any = None
         self._stop = False
 
@@ -186,8 +189,6 @@ class CheckpointSaverHook(SessionRunHook):
         return self._plain if self._plain is not None and supervisor_of(session) is None else None
 
     def after_create_session(self, session: Any, coord: Any) -> None:
-        from procsv.ipc.messages import SaveReason
-
         plain = self._plain_for(session)
         if plain is not None:
             plain.after_create_session(session)
@@ -195,18 +196,16 @@ class CheckpointSaverHook(SessionRunHook):
         self._session = session
         warn_if_not_logdir("CheckpointSaverHook", self._checkpoint_dir, session)
         sv = supervisor_of(session)
-        keeper = getattr(sv, "_keeper", None)  # (a procsv.Supervisor's CheckpointKeeper)
-        self._agent = keeper.agent if keeper is not None else None
-        if self._agent is None:
+        front = front_end_of(sv)  # (a procsv.Supervisor's)
+        self._saves = front.listen_to_saves(self._before_save, self._after_save) if front is not None else None
+        if self._saves is None:
             api.warn_once("ckpt.none", "CheckpointSaverHook: the session has no state to save (no checkpoint=...)")
             return
-        self._agent.before_snapshot.append(self._before_save)
-        self._agent.on_commit.append(self._after_save)
-        if self._agent.last_committed < self._step(session, sv):  # as TF: a checkpoint right at session creation
+        if self._saves.last_committed < self._step(session, sv):  # as TF: a checkpoint right at session creation
             if self._gs is not None and sv.is_chief:  # graph mode, as TF: committed now, listeners called
                 sv.saver.save(session, sv.save_path)
             else:
-                self._agent.request(SaveReason.STEPS)
+                self._saves.request()
 
     def _step(self, session: Any, sv: Any) -> int:
         """The global step now (graph mode: run in the session)."""
@@ -233,7 +232,7 @@ class CheckpointSaverHook(SessionRunHook):
         if plain is not None:
             plain.after_run(run_context, run_values)
             return
-        if self._gs is not None and self._agent is not None and self._agent.in_flight is not None:
+        if self._gs is not None and self._saves is not None and self._saves.in_flight:
             self._await_commit(supervisor_of(run_context.session))
         if self._stop:
             run_context.request_stop()
@@ -244,7 +243,7 @@ class CheckpointSaverHook(SessionRunHook):
         committing), so that the run that saved returns with its checkpoint on disk (the next one
         is then never skipped for one in flight), and ``after_save``, and a stop it asks for, come
         right after that run."""
-        sv._boundary.await_in_flight()
+        sv.front_end.await_commit()
 
     def end(self, session: Any) -> None:
         plain = self._plain_for(session)
@@ -255,10 +254,9 @@ class CheckpointSaverHook(SessionRunHook):
             return
         sv = supervisor_of(session)
         step = self._step(session, sv) if sv is not None or self._gs is not None else 0
-        if self._agent is not None:
+        if self._saves is not None:
             sv.commit_checkpoint()
-            self._agent.before_snapshot.remove(self._before_save)
-            self._agent.on_commit.remove(self._after_save)
+            self._saves.close()
         for listener in self._listeners:
             listener.end(session, step)
 

@@ -105,7 +105,7 @@ def create(creator: Any) -> GraphRawSession:
         raw = session_type.make(GraphRawSession, "_inner", session, sv)
         _queue_runners_started(sv, session)
     except BaseException:
-        sv._release()
+        sv.front_end.release()
         raise
     return raw
 
@@ -146,9 +146,7 @@ def _build_supervisor(creator: Any) -> Any:
                     init_op=scaffold.init_op, init_feed_dict=scaffold.init_feed_dict, init_fn=init_fn,
                     ready_op=scaffold.ready_op, ready_for_local_init_op=scaffold.ready_for_local_init_op,
                     local_init_op=scaffold.local_init_op, summary_op=None, saver=saver, **extra, **opts)
-    assert sv._graph is not None  # (a graph program's Supervisor)
-    sv._graph.graph_file_written, sv._graph.meta_graph_event = bool(graph_file), True
-    sv._graph.checkpoint_at_start = False  # (its CheckpointSaverHook saves at after_create_session)
+    sv.front_end.monitored_graph(bool(graph_file))  # (its CheckpointSaverHook saves at after_create_session)
     scaffold.finalize()
     return sv
 

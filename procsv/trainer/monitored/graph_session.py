@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from procsv.common.errors import TrainingStopped
 from procsv.trainer.monitored import nan_watch
+from procsv.trainer.monitored.hook_support import stop_quietly
 from procsv.trainer.monitored.graph_hooked import GraphHookedSession
 from procsv.trainer.monitored.session_end import SessionEnd
 
@@ -94,7 +95,7 @@ class GraphMonitoredSession(SessionEnd):
         self._log_recovery(exc, "in a run")
         sv = self._creator.supervisor
         sv.request_stop(exc)  # recorded: the stop writes no checkpoint of a half-applied run
-        getattr(sv, "_stop_quietly", sv.stop)()
+        stop_quietly(sv)
         raw, self._sess, self._raw = self._raw, None, None
         _close(raw)
 
@@ -104,7 +105,7 @@ class GraphMonitoredSession(SessionEnd):
             return
         if exc is not None:
             sv.request_stop(exc)
-        getattr(sv, "_stop_quietly", sv.stop)()
+        stop_quietly(sv)
 
     # ------------------------------------------------------------------ TF API
     @property

@@ -1,7 +1,8 @@
 """What TensorFlow's standard hooks read from their session: its Supervisor, clock and global step.
 
 Runs in the trainer process, in its main thread (the hooks of :mod:`procsv.trainer.monitored.basic_hooks`
-and :mod:`procsv.trainer.monitored.observer_hooks` call these from ``begin`` and ``after_create_session``).
+and :mod:`procsv.trainer.monitored.observer_hooks` call these from ``begin`` and ``after_create_session``;
+the MonitoredSessions reach their Supervisor's port, :func:`front_end_of`, and stop it, :func:`stop_quietly`).
 A session may be a raw one with no :class:`procsv.Supervisor` behind it: then there is no logdir to
 compare and the clock is TF's, :func:`procsv.trainer.monitored.hooks.wall_clock`.
 
@@ -13,10 +14,13 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from procsv.trainer.monitored import hooks as api
 from procsv.trainer.monitored.hooks import graph_mode
+
+if TYPE_CHECKING:
+    from procsv.trainer.frontend.port import FrontEnd
 
 
 def supervisor_of(session: Any) -> Any:
@@ -24,10 +28,27 @@ def supervisor_of(session: Any) -> Any:
     return getattr(session, "supervisor", None)
 
 
+def front_end_of(sv: Any) -> Optional[FrontEnd]:
+    """The port of ``sv``, a :class:`procsv.Supervisor` (:mod:`procsv.trainer.frontend.port`); None for a
+    session without one, or a supervisor that has none (a test's stand-in)."""
+    return getattr(sv, "front_end", None)
+
+
+def stop_quietly(sv: Any) -> None:
+    """Stop ``sv``, re-raising only a diverging stop (:meth:`FrontEnd.stop_quietly`; another
+    supervisor's plain ``stop()``)."""
+    front = front_end_of(sv)
+    if front is not None:
+        front.stop_quietly()
+    else:
+        sv.stop()
+
+
 def clock_of(session: Any) -> Callable[[], float]:
     """The clock the hooks' timers read: a clock injected into the session's Supervisor (tests
     inject one), else TF's (``time.time``, :func:`procsv.trainer.monitored.hooks.wall_clock`)."""
-    clock: Callable[[], float] = getattr(supervisor_of(session), "_clock", time.monotonic)
+    front = front_end_of(supervisor_of(session))
+    clock = front.clock if front is not None else time.monotonic
     return api.wall_clock if clock is time.monotonic else clock
 
 
@@ -65,4 +86,4 @@ def warn_if_not_logdir(what: str, given: Optional[str], session: Any) -> None:
                                      "write there (pass checkpoint_dir to the session creator)")
 
 
-__all__ = ["supervisor_of", "clock_of", "graph_mode", "need_global_step", "global_step_fetch", "read_global_step", "warn_if_not_logdir"]
+__all__ = ["supervisor_of", "front_end_of", "stop_quietly", "clock_of", "graph_mode", "need_global_step", "global_step_fetch", "read_global_step", "warn_if_not_logdir"]

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from procsv.trainer.nonfinite.policy import OnNonfinite
+from procsv.trainer.monitored.hook_support import front_end_of
 
 
 def watched_hooks(sv: Any, hooks: Sequence[Any]) -> frozenset[int]:
     """The indices of ``hooks`` whose tensor procsv watches instead of the hook (rollback only)."""
     from procsv.trainer.monitored.observer_hooks import NanTensorHook
 
-    rollback = getattr(sv, "_rollback", None)  # (a procsv.Supervisor's NonfiniteRollback)
-    if rollback is None or rollback.watch.policy != OnNonfinite.ROLLBACK:
+    front = front_end_of(sv)  # (a procsv.Supervisor's)
+    if front is None or not front.rollback.replaces_nan_hooks:
         return frozenset()
     return frozenset(i for i, h in enumerate(hooks) if isinstance(h, NanTensorHook))
 
@@ -36,12 +36,11 @@ def keep(sv: Any, fetches: Sequence[Any]) -> None:
         return
     import tensorflow as tf
 
-    state = sv._state
+    rollback = sv.front_end.rollback
     for fetch in fetches:
         for value in tf.nest.flatten(fetch):
             if callable(value) and not isinstance(value, (tf.Tensor, tf.Variable)):
                 value = value()
             if isinstance(value, tf.Variable):
                 value = value.read_value()
-            if state.losses is not None:
-                state.losses.keep(state.step, value)
+            rollback.keep_loss(value)

@@ -299,7 +299,7 @@ class ChiefSessionCreator(SessionCreator):
         try:
             managed = sv.prepare_or_wait_for_session()
         except BaseException:
-            sv._release()
+            sv.front_end.release()
             raise
         raw = raw_of(managed)
         try:
@@ -312,7 +312,7 @@ class ChiefSessionCreator(SessionCreator):
                                        f"(init_fn: {scaffold.init_fn!r}, local_init_fn: {scaffold.local_init_fn!r})")
         except BaseException as exc:
             sv.request_stop(exc)
-            getattr(sv, "_stop_quietly", sv.stop)()
+            sv.front_end.stop_quietly()
             raise
         return raw
 

@@ -33,8 +33,8 @@ import inspect
 from typing import Any, Callable, Optional, Sequence
 
 from procsv.common.errors import TrainingStopped
-from procsv.trainer.monitored import hooks as api
-from procsv.trainer.monitored import nan_watch
+from procsv.trainer.monitored import hooks as api, nan_watch
+from procsv.trainer.monitored.hook_support import stop_quietly
 from procsv.trainer.monitored.foreign import ForeignMonitoredSession
 from procsv.trainer.monitored.graph_session import GraphMonitoredSession
 from procsv.trainer.coordinator import clean_stop_types
@@ -108,7 +108,7 @@ class _MonitoredSession:
         except BaseException as exc:
             self._closed = True
             self._sv.request_stop(exc)
-            getattr(self._sv, "_stop_quietly", self._sv.stop)()
+            stop_quietly(self._sv)
             raise
 
     # ------------------------------------------------------------------ TF API
@@ -186,8 +186,8 @@ class _MonitoredSession:
                 api.warn_once("ms.feed_dict", "feeds (feed_dict, FeedFnHook) reach a step function only through its "
                                               "feed_dict parameter; this one has none, so they are ignored: pass "
                                               "the batch as arguments, sess.run(step_fn, x, y)")
-        out = sv._session.run(fetches, *args, **kwargs)
-        if getattr(sv._session, "moved", False):  # a rollback or a skip moved the step: no step ran, no
+        out = (session := sv.front_end.session).run(fetches, *args, **kwargs)
+        if getattr(session, "moved", False):  # a rollback or a skip moved the step: no step ran, no
             return None  # hook sees one (procsv.trainer.managed); the loop's next run is the next step
         nan_watch.keep(sv, [req.fetches for i, req in requests.items() if i in self._nan_watched])
         results = {i: api.evaluate(req.fetches) for i, req in requests.items() if i not in self._nan_watched}
@@ -270,11 +270,11 @@ class _MonitoredSession:
                     h.end(self._raw)
             except BaseException as err:
                 sv.request_stop(err)
-                getattr(sv, "_stop_quietly", sv.stop)()
+                stop_quietly(sv)
                 raise
         elif exc is not None:
             sv.request_stop(exc)
-        getattr(sv, "_stop_quietly", sv.stop)()
+        stop_quietly(sv)
         if sv.coord.exception is not None and sv.coord.exception is not exc:
             raise sv.coord.exception
 
