@@ -219,7 +219,7 @@ def test_a_late_hello_of_a_connection_the_agent_replaced_does_not_take_its_route
         read = agent.disk.submit(agent._read_job)
         wait_for(lambda: read.done, 30, what="the agent's key filed")
         old = agent._reconnect(agent_ctx, None, read)  # link 1
-        assert old is not None and agent.link == 1
+        assert old is not None
 
         def hello(sock: Any, n: int) -> NodeHello:  # (sock: which socket sends it)
             return NodeHello(1, 1, agent.host, os.getpid(), agent.addresses, [], link=n)

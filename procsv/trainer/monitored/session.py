@@ -25,6 +25,8 @@ recovery too: everything is handed to :class:`procsv.trainer.monitored.graph_ses
 A session creator of the program's own (any object with ``create_session()``, not procsv's) is
 handed to :class:`procsv.trainer.monitored.foreign.ForeignMonitoredSession`: TensorFlow's
 coordinated, recoverable session around the session it makes, with no Supervisor.
+
+One concern: TensorFlow's MonitoredSession call order (hooks, step, stop) over procsv's Supervisor.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ import inspect
 from typing import Any, Callable, Optional, Sequence
 
 from procsv.common.errors import TrainingStopped
-from procsv.trainer.monitored import hooks as api, nan_watch
+from procsv.trainer.monitored import hooks as api
+from procsv.trainer.monitored import nan_watch
 from procsv.trainer.monitored.hook_support import stop_quietly
 from procsv.trainer.monitored.foreign import ForeignMonitoredSession
 from procsv.trainer.monitored.graph_session import GraphMonitoredSession
@@ -186,7 +189,8 @@ class _MonitoredSession:
                 api.warn_once("ms.feed_dict", "feeds (feed_dict, FeedFnHook) reach a step function only through its "
                                               "feed_dict parameter; this one has none, so they are ignored: pass "
                                               "the batch as arguments, sess.run(step_fn, x, y)")
-        out = (session := sv.front_end.session).run(fetches, *args, **kwargs)
+        session = sv.front_end.session
+        out = session.run(fetches, *args, **kwargs)
         if getattr(session, "moved", False):  # a rollback or a skip moved the step: no step ran, no
             return None  # hook sees one (procsv.trainer.managed); the loop's next run is the next step
         nan_watch.keep(sv, [req.fetches for i, req in requests.items() if i in self._nan_watched])

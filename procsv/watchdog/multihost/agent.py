@@ -101,7 +101,6 @@ class NodeAgent(Prewarmed):
         self.job: Optional[str] = None
         self.keys = curve.AgentKeys.new()  # this agent's own key pair; the secret never leaves this process
         self.key_file: Optional[str] = None  # where its public key is filed for the current launch
-        self.link = 0  # its connections to the master so far (each hello names the one it is sent on)
         self.refused_at: Optional[float] = None  # the master refuses this agent's claim of its node since
         self.heard_at = clock()  # the master's last word (the start counts as one)
         self.node_timeout = cfg.node_timeout  # the master silent this long: its members are stopped (node 0's, once heard)
@@ -158,6 +157,7 @@ class NodeAgent(Prewarmed):
               ) -> "Optional[zmq.Socket[Any]]":
         """Until the job ends, a stop signal, or the master stays away: returns the socket to close."""
         dealer: Optional[zmq.Socket[Any]] = None
+        link = 0  # its connections to the master so far: each hello names the one it is sent on (NodeHello.link)
         connected_at = beat_at = float("-inf")
         self.heard_at = self.clock()
         while self.stop_code is None:
@@ -171,7 +171,10 @@ class NodeAgent(Prewarmed):
                 self._rejoin = self.disk.submit(self._read_job)  # (again: a relaunched master has new keys)
                 connected_at = now
             if self._rejoin is not None and self._rejoin.done:
-                dealer = self._reconnect(zctx, dealer, self._rejoin)
+                fresh = self._reconnect(zctx, dealer, self._rejoin)
+                if fresh is not dealer:
+                    link += 1
+                dealer = fresh
                 self._rejoin = None
             if self.zygote is not None:
                 self.zygote.pump()
@@ -185,7 +188,7 @@ class NodeAgent(Prewarmed):
                     beat_at = now
                     warm = self.zygote is None or self.zygote.ready or not self.zygote.alive()  # (its NodeHello.ready)
                     send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(), self.addresses,
-                                           sorted(self.members), self.stop.signum or 0, warm, self.link))
+                                           sorted(self.members), self.stop.signum or 0, warm, link))
             if self.zygote is not None and not self.forks and not self.zygote.alive():
                 # found dead (its answers to pending starts read first, by _forked): given up, reaped by a sweep
                 self.drop_zygote("the pre-warmed trainer died")
@@ -249,7 +252,6 @@ class NodeAgent(Prewarmed):
             self.key_file, self.job = got.key_file, got.job.job
         if old is not None:
             old.close(0)  # (its kernel may still deliver what it queued, late: the hellos say which link)
-        self.link += 1
         sock = make_socket(zctx, zmq.DEALER)  # no identity: the master knows this agent by its key
         sock.setsockopt(zmq.IMMEDIATE, 1)  # nothing is queued for a master that is not connected
         curve.connect_as_agent(sock, self.keys, got.job)
