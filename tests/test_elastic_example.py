@@ -48,6 +48,8 @@ def _run_killing_chief_then_worker(logdir: str, args: tuple[str, ...]) -> tuple[
 
 @pytest.mark.slow
 def test_a_group_with_members_sigkilled_consumes_each_sample_once_and_ends_equal_to_the_plain_run(logdir, tmp_path):
+    """A group whose chief, then next worker, is SIGKILLed after a commit consumes each sample once per epoch and
+    ends bit-equal to the plain run of its schedule."""
     samples = str(tmp_path / "samples")
     args = (*MODEL, "--steps", str(STEPS), "--save-checkpoint-steps", "5", "--save-model-secs", "1000",
             "--step-delay", "0.05", "--print-every-steps", "100000", "--sample-log", samples)
@@ -73,6 +75,8 @@ def test_a_group_with_members_sigkilled_consumes_each_sample_once_and_ends_equal
 
 @pytest.mark.slow
 def test_the_reference_tells_a_change_of_world_from_a_constant_world(tmp_path):
+    """The plain reference itself: a change of world (2 then 1) ends unequal to a constant world, and its sample log
+    shows the schedule."""
     # steps 1..20 with W=2, then 21..40 with W=1 or W=2 (both from the same checkpoint, side by side)
     first, log = str(tmp_path / "w2-20"), str(tmp_path / "log")
     finish_segment(start_segment(2, 20, first, None, (*MODEL, "--sample-log", log)))
@@ -98,6 +102,8 @@ def _log(folder: str, records: list[dict[str, object]]) -> str:
 
 
 def test_assert_exactly_once_fails_on_a_duplicated_or_a_missing_step(tmp_path):
+    """The exactly-once check passes a good log and fails a missing step, a missing rank, a duplicated step, a
+    sample seen twice."""
     from procsv.examples.elastic_digits import sample_ids
 
     n, b = 10, 2
@@ -133,6 +139,7 @@ def test_assert_exactly_once_fails_on_a_duplicated_or_a_missing_step(tmp_path):
 
 
 def test_keep_global_batch_refuses_a_batch_the_group_cannot_split(tmp_path):
+    """--keep-global-batch that the group's size does not divide is refused in one line (exit 2)."""
     from procsv.cluster import make_tf_config
 
     proc = subprocess.run([sys.executable, "-m", TARGET, "--plain", "--plain-to", "1", "--plain-save",
@@ -144,6 +151,7 @@ def test_keep_global_batch_refuses_a_batch_the_group_cannot_split(tmp_path):
 
 
 def test_keep_global_batch_splits_the_global_batch_among_the_group():
+    """--keep-global-batch splits the global batch among the group's members; --batch-size is per member."""
     from procsv.examples.elastic_digits import parse_args, per_replica_batch
 
     kept = parse_args(["--keep-global-batch", "32"])

@@ -96,8 +96,11 @@ def sigkill_mid_interval(logdir: str, role: str, log: str, after: int) -> int:
 
 
 def test_a_sigstopped_worker_is_found_hung_and_the_group_restarts_without_it(logdir):
+    """worker1 SIGSTOPped at step 100: it (not the chief blocked waiting for it) is found hung and blamed,
+    the group restarts once and finishes."""
     opts = GROUP + ("--hang-timeout", "3", "--hang-grace-secs", "1")
-    proc = launch(logdir, *ARGS, "--steps", "400", opts=opts)
+    # 300 steps: the 200 after the stop's step leave the stop seconds to land before the group could end
+    proc = launch(logdir, *ARGS, "--steps", "300", opts=opts)
     try:
         group_started(logdir, 1)
         at_step(logdir, 100)
@@ -112,10 +115,12 @@ def test_a_sigstopped_worker_is_found_hung_and_the_group_restarts_without_it(log
     restarting = events(logdir, "restarting")
     assert [r["attempt"] for r in restarting] == [2] and restarting[0]["error"].startswith("worker1 attempt 1")
     assert "procsv: worker1 attempt 1" in err and "is hung" in err
-    assert restores_with_plain_tf(logdir) == 400
+    assert restores_with_plain_tf(logdir) == 300
 
 
 def test_a_worker_failing_at_import_fails_the_group_start_with_backoff_and_no_storm(logdir):
+    """A worker whose program fails at import makes the group's start fail: one retry, then the start-up rule gives
+    up (exit 1), no restart storm."""
     target = os.path.join(REPO, "tests", "programs", "group_import_fail.py")
     code, out, err = finish(launch(logdir, *ARGS, "--steps", "50", target=target, opts=GROUP))
     assert code == 1, err
@@ -130,6 +135,8 @@ def test_a_worker_failing_at_import_fails_the_group_start_with_backoff_and_no_st
 
 
 def test_bad_group_and_multi_host_options_are_one_line_usage_errors(tmp_path):
+    """Bad --nproc/--nnodes/--master-addr/--node-rank/--group-grace-secs/--rejoin-timeout values: exit 2, one line,
+    no logdir made."""
     cases = ((("--nproc", "0"), "--nproc must be >= 1"),
              (("--nnodes", "2", "--master-addr", "h:1", "--standby", "hot"), "--standby hot needs one host"),
              (("--nproc", "2", "--group-grace-secs", "-1"), "--group-grace-secs must be >= 0"),
@@ -156,6 +163,8 @@ def test_bad_group_and_multi_host_options_are_one_line_usage_errors(tmp_path):
 
 
 def test_a_worker_that_claims_to_be_the_chief_is_a_usage_error_that_gives_up_at_once(logdir):
+    """A group member other than the first that says is_chief=True is a usage error: the launch gives up at once
+    (exit 1), no restart."""
     target = os.path.join(REPO, "tests", "programs", "group_two_chiefs.py")
     code, out, err = finish(launch(logdir, target=target, opts=GROUP))
     assert code == 1, err
@@ -224,6 +233,8 @@ def test_nothing_of_a_dead_group_attempt_is_committed_from_memory_and_sigterm_st
 
 def test_a_group_sigkilled_at_random_ends_bit_equal_to_an_uninterrupted_group_and_says_where_each_start_went(
         logdir, clean_group):
+    """A member drawn at random SIGKILLed twice at a random step: the run ends bit-equal to an uninterrupted group,
+    and each start's restored record breaks it down in order."""
     # issue 54 points 3 and 6: a member (worker1 or the chief, drawn) SIGKILLed twice at a random step;
     # every restarted group's restored record breaks its start down (scripts/bench_group.py reads it)
     import random
@@ -378,6 +389,8 @@ def restore_from_disk_lines(logdir: str) -> list[str]:
                                         ("group_copy_missing", ("is held for all 2 members",))])
 def test_a_damaged_or_missing_in_memory_copy_makes_the_group_restore_from_disk_saying_why_in_one_line(
         logdir, fault, why):
+    """A damaged (or never held) in-memory copy of the group's snapshot: the restarted group restores its newest
+    disk checkpoint, every member the same, and the chief says why in one line."""
     # every copy the checkpoint service holds is damaged after its checksum was taken, or worker1's are
     # never held (fault points of its first process): the restarted chief finds no step whole for the
     # group and it restores its newest disk checkpoint (every 100 steps; the in-memory ones every 50,

@@ -56,6 +56,8 @@ def last_step(logdir: str, attempt: int) -> int:
 
 def test_a_sigkilled_worker_then_chief_are_replaced_by_the_standby_group_restoring_one_step_bit_equal(
         logdir, clean_group):
+    """worker1, then the promoted chief, SIGKILLed with a standby group ready: each time both standby members are
+    promoted, restore the same in-memory step, and the run ends bit-equal."""
     # issue 54 point 3: worker1, then the chief of the promoted group, SIGKILLed mid-interval with a standby
     # group ready: the survivor is SIGKILLed at once, both standby members are promoted together (the
     # spawned records say so; no member is forked), both restore the same step from the group's in-memory
