@@ -3,7 +3,9 @@
 Each test launches ``procsv.examples.digits --strategy multiworker`` as a group of two, waits until
 the watchdog's standby group (two members forked with the next attempt's ``TF_CONFIG``) says it is
 ready, SIGKILLs a member, and reads the outcome back from the lifecycle log, the members' logs and
-the final checkpoint (with plain TensorFlow), against an uninterrupted group run.
+the final checkpoint (with plain TensorFlow), against an uninterrupted group run. The run whose
+standby member, then worker1, is SIGKILLed is made once per session (``shared_result``):
+``tests/test_goodput_group.py`` reads its per-task breakdown.
 """
 
 from __future__ import annotations
