@@ -13,6 +13,7 @@ reads its own rollback from it; both compare the end with one plain run that nev
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -45,18 +46,26 @@ def local_nan_skipping_70_and_100(shared_result):  # type: ignore[no-untyped-def
 
 
 @pytest.fixture(scope="module")
-def poisoned(tmp_path_factory) -> tuple[str, int, str, list[int]]:  # type: ignore[no-untyped-def]
+def poisoned(shared_result) -> tuple[str, int, str, list[int]]:  # type: ignore[no-untyped-def]
     """The launch whose worker1 has a NaN in its batch of step 70, then of step 100: (logdir, code,
-    stderr, the pids of the first group's members, trainer and worker1). Once it ended, every process
+    stderr, the pids of the first group's members, trainer and worker1). Made once per session
+    (``shared_result``: both tests read it, on whichever worker each runs). Once it ended, every process
     of the run still alive is killed: each test fails if one was."""
-    logdir = str(tmp_path_factory.mktemp("poisoned") / "run")
-    code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "70", "--nan-at", "100", "--in-batch",
-                                   "--save-steps", "30", target=LOCAL_NAN,
-                                   opts=GROUP + ("--on-nonfinite", "rollback")), timeout=300)
-    leftovers = kill_leftovers(logdir)
+    def produce(folder: str) -> None:
+        logdir = os.path.join(folder, "run")
+        code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "70", "--nan-at", "100", "--in-batch",
+                                       "--save-steps", "30", target=LOCAL_NAN,
+                                       opts=GROUP + ("--on-nonfinite", "rollback")), timeout=300)
+        with open(os.path.join(folder, "result.json"), "w") as fh:
+            json.dump({"code": code, "err": err, "leftovers": kill_leftovers(logdir)}, fh)
+
+    folder = shared_result("local-nan-in-batch-70-100-of-120", produce)
+    logdir = os.path.join(folder, "run")
+    with open(os.path.join(folder, "result.json")) as fh:
+        result = json.load(fh)
+    assert not result["leftovers"], f"processes of the run were left behind: {result['leftovers']}"
     first = [r["pid"] for r in events(logdir, "spawned") if r["attempt"] == 1 and r["role"] in ("trainer", "worker1")]
-    assert not leftovers, f"processes of the run were left behind: {leftovers}"
-    return logdir, code, err, first
+    return logdir, result["code"], result["err"], first
 
 
 def rollback_lines(err: str) -> list[str]:
