@@ -7,6 +7,8 @@ latest run covers the global positions without a gap or an overlap, each epoch h
 once, and the final checkpoint equals, bit for bit, a plain ``MultiWorkerMirroredStrategy`` run
 (no procsv) with the same membership schedule. The reference itself is shown able to tell
 schedules apart (a change of world changes the result), and the exactly-once check able to fail.
+The plain runs are made once (``plain_segments``): a group of two to step 20, then from its checkpoint
+a group of two (the launch's reference) beside a group of one (the change of world).
 """
 
 from __future__ import annotations
@@ -16,13 +18,12 @@ import os
 import signal
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 from conftest import committed_steps, finish, launch, lifecycle, quiet_env, wait_for, wait_role_pid
 from elastic_helpers import (TARGET, assert_exactly_once, checkpoint_weights, effective_steps, finish_segment, procsv_weights,
-                             read_records, reference_weights, schedule, start_segment, weights_equal)
+                             read_records, schedule, start_segment, weights_equal)
 
 N_TRAIN = 1438  # load_data's training part: 1797 digits, a fifth held out
 B = 16
@@ -46,16 +47,35 @@ def _run_killing_chief_then_worker(logdir: str, args: tuple[str, ...]) -> tuple[
     return code, err
 
 
+@pytest.fixture(scope="module")
+def plain_segments(shared_result) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """The plain runs (no procsv), made once per session (``shared_result``): a group of two to step 20
+    (``first``, with a sample log ``log``), then from its checkpoint, side by side, a group of one
+    (``shrunk``, logging into ``log`` too) and a group of two (``kept``) to step STEPS: ``kept`` is the
+    plain run of a constant group of two, the reference of the launch below."""
+    def produce(folder: str) -> None:
+        first, log = os.path.join(folder, "w2-20"), os.path.join(folder, "log")
+        finish_segment(start_segment(2, 20, first, None, (*MODEL, "--sample-log", log)))
+        shrunk, kept = os.path.join(folder, f"w1-{STEPS}"), os.path.join(folder, f"w2-{STEPS}")
+        finish_segment(start_segment(1, STEPS, shrunk, first, (*MODEL, "--sample-log", log))
+                       + start_segment(2, STEPS, kept, first, MODEL))
+
+    folder = shared_result("elastic-plain-segments", produce)
+    return {"first": os.path.join(folder, "w2-20"), "log": os.path.join(folder, "log"),
+            "shrunk": os.path.join(folder, f"w1-{STEPS}"), "kept": os.path.join(folder, f"w2-{STEPS}")}
+
+
 @pytest.mark.slow
-def test_a_group_with_members_sigkilled_consumes_each_sample_once_and_ends_equal_to_the_plain_run(logdir, tmp_path):
+def test_a_group_with_members_sigkilled_consumes_each_sample_once_and_ends_equal_to_the_plain_run(
+        logdir, tmp_path, plain_segments):
+    """A group whose chief, then next worker, is SIGKILLed after a commit consumes each sample once per epoch and
+    ends bit-equal to the plain run of its schedule (a constant group of two: ``plain_segments``' ``kept``)."""
     samples = str(tmp_path / "samples")
     args = (*MODEL, "--steps", str(STEPS), "--save-checkpoint-steps", "5", "--save-model-secs", "1000",
             "--step-delay", "0.05", "--print-every-steps", "100000", "--sample-log", samples)
     expected = [(1, STEPS, 2)]  # the group restarts as the same two (one host): its schedule, checked below
-    with ThreadPoolExecutor(1) as pool:
-        reference = pool.submit(reference_weights, expected, str(tmp_path), MODEL)  # the plain run, meanwhile
-        code, err = _run_killing_chief_then_worker(logdir, args)
-        want = reference.result()
+    code, err = _run_killing_chief_then_worker(logdir, args)
+    want = checkpoint_weights(plain_segments["kept"])  # the plain run of ``expected``, in two segments (20, then 40)
     assert code == 0, err
     restarting = [r for r in lifecycle(logdir) if r.get("event") == "restarting"]
     assert [r["error"].split(" (")[0] for r in restarting] == ["trainer attempt 1", "worker1 attempt 2"], restarting
@@ -72,22 +92,19 @@ def test_a_group_with_members_sigkilled_consumes_each_sample_once_and_ends_equal
 
 
 @pytest.mark.slow
-def test_the_reference_tells_a_change_of_world_from_a_constant_world(tmp_path):
-    # steps 1..20 with W=2, then 21..40 with W=1 or W=2 (both from the same checkpoint, side by side)
-    first, log = str(tmp_path / "w2-20"), str(tmp_path / "log")
-    finish_segment(start_segment(2, 20, first, None, (*MODEL, "--sample-log", log)))
-    shrunk, kept = str(tmp_path / "w1-40"), str(tmp_path / "w2-40")
-    finish_segment(start_segment(1, 40, shrunk, first, (*MODEL, "--sample-log", log))
-                   + start_segment(2, 40, kept, first, MODEL))
-    a, b = checkpoint_weights(shrunk), checkpoint_weights(kept)
+def test_the_reference_tells_a_change_of_world_from_a_constant_world(plain_segments):
+    """The plain reference itself: a change of world (2 then 1) ends unequal to a constant world, and its sample log
+    shows the schedule."""
+    # steps 1..20 with W=2, then 21..STEPS with W=1 or W=2 (both from the same checkpoint, side by side)
+    a, b = checkpoint_weights(plain_segments["shrunk"]), checkpoint_weights(plain_segments["kept"])
     position = "position/.ATTRIBUTES/VARIABLE_VALUE"
-    assert int(a[position]) == 20 * 2 * B + 20 * B and int(b[position]) == 40 * 2 * B
+    assert int(a[position]) == 20 * 2 * B + (STEPS - 20) * B and int(b[position]) == STEPS * 2 * B
     assert not weights_equal(a, b)
     # the log of the group of two, then one: the one takes the positions where the two left them
-    steps = effective_steps(log)
-    assert schedule(steps) == [(1, 20, 2), (21, 40, 1)]
+    steps = effective_steps(plain_segments["log"])
+    assert schedule(steps) == [(1, 20, 2), (21, STEPS, 1)]
     assert steps[21][0]["position"] == 20 * 2 * B and {r["batch"] for s in steps.values() for r in s} == {B}
-    assert_exactly_once(steps, N_TRAIN, epochs_complete=0)
+    assert_exactly_once(steps, N_TRAIN, epochs_complete=0)  # (20 * 32 + 40 * 16 = 1280 positions: no epoch whole)
 
 
 def _log(folder: str, records: list[dict[str, object]]) -> str:
@@ -98,6 +115,8 @@ def _log(folder: str, records: list[dict[str, object]]) -> str:
 
 
 def test_assert_exactly_once_fails_on_a_duplicated_or_a_missing_step(tmp_path):
+    """The exactly-once check passes a good log and fails a missing step, a missing rank, a duplicated step, a
+    sample seen twice."""
     from procsv.examples.elastic_digits import sample_ids
 
     n, b = 10, 2
@@ -133,6 +152,7 @@ def test_assert_exactly_once_fails_on_a_duplicated_or_a_missing_step(tmp_path):
 
 
 def test_keep_global_batch_refuses_a_batch_the_group_cannot_split(tmp_path):
+    """--keep-global-batch that the group's size does not divide is refused in one line (exit 2)."""
     from procsv.cluster import make_tf_config
 
     proc = subprocess.run([sys.executable, "-m", TARGET, "--plain", "--plain-to", "1", "--plain-save",
@@ -144,6 +164,7 @@ def test_keep_global_batch_refuses_a_batch_the_group_cannot_split(tmp_path):
 
 
 def test_keep_global_batch_splits_the_global_batch_among_the_group():
+    """--keep-global-batch splits the global batch among the group's members; --batch-size is per member."""
     from procsv.examples.elastic_digits import parse_args, per_replica_batch
 
     kept = parse_args(["--keep-global-batch", "32"])

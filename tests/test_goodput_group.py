@@ -1,5 +1,7 @@
 """Where the time went per task (issue 53, point 4), on a real group: ``procsv launch --nproc 2``
-(two trainer processes in MultiWorkerMirroredStrategy) whose worker is SIGKILLed once. Each task
+(two trainer processes in MultiWorkerMirroredStrategy) whose worker is SIGKILLed once (the run of
+``tests/test_standby_group.py``'s ``standby_member_then_worker_killed``, made once per session: a
+standby member is SIGKILLed before, and the ready standby group replaces the group). Each task
 (the chief ``trainer``, the worker ``worker1``) has its own breakdown, from what the watchdog
 already hears of every member (its spawn, its restore, its Progress, its end): the kinds sum to
 each task's wall time within 1 %, and ``procsv report`` prints a row per task and names the one
@@ -9,34 +11,28 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, finish, launch, lifecycle, quiet_env, raw_status, wait_for, wait_role_pid
+from conftest import REPO, lifecycle, quiet_env
 from procsv import goodput as gp
+from test_standby_group import standby_member_then_worker_killed
 
 pytestmark = pytest.mark.slow
-GROUP = ("--nproc", "2")
-ARGS = ("--strategy", "multiworker", "--save-model-secs", "1", "--step-delay", "0.004", "--print-every-steps", "100000")
+
+__all__ = ["standby_member_then_worker_killed"]  # the fixture, used by name
 
 
-def _first_steps(logdir: str) -> int:
-    return sum(1 for e in lifecycle(logdir) if e["event"] == "first_step")
-
-
-def test_a_group_with_a_killed_worker_breaks_down_per_task_and_the_report_names_the_costliest(logdir):
-    proc = launch(logdir, *ARGS, "--steps", "500", opts=GROUP)
-    try:
-        wait_for(lambda: _first_steps(logdir) >= 1, 120, what="the group's first step")
-        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 150, 120, what="step 150")
-        os.kill(wait_role_pid(logdir, "worker1"), signal.SIGKILL)
-        wait_for(lambda: _first_steps(logdir) >= 2, 120, what="the restarted group's first step")
-    finally:
-        code, out, err = finish(proc)
-    assert code == 0, err
+def test_a_group_with_a_killed_worker_breaks_down_per_task_and_the_report_names_the_costliest(
+        standby_member_then_worker_killed):
+    """Each task of a group whose worker1 was SIGKILLed once has a breakdown of its own whose kinds sum to
+    its wall time (productive, startup and redone time in each); ``procsv report`` prints a row per task
+    and names the costliest; report.json's ``run`` holds each task's too."""
+    logdir, run = standby_member_then_worker_killed
+    assert not run["leftovers"], f"processes of the run were left behind: {run['leftovers']}"
+    assert run["code"] == 0, run["err"]
 
     events = lifecycle(logdir)
     trained = sorted((e["role"], e["attempt"]) for e in events if e["event"] == "trained")

@@ -3,7 +3,10 @@
 Each test launches ``procsv.examples.digits --strategy multiworker`` (MultiWorkerMirroredStrategy
 across two trainer processes on this host), kills or stops a member with a real signal, and
 reads the outcome back from the lifecycle log and the checkpoints (with plain TensorFlow). The
-``logdir`` fixture fails a test that leaves any process of the run behind.
+``logdir`` fixture fails a test that leaves any process of the run behind. A launch shows as much as
+its faults allow: the forked restarts after a killed worker then a killed chief are the in-memory
+restores' run, and the SIGTERM stop (and relaunch) ends the run that shows nothing of a dead attempt
+committed from memory.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import signal
 import subprocess
 import sys
 import re
+import time
 from typing import Any
 
 import pytest
@@ -91,71 +95,12 @@ def sigkill_mid_interval(logdir: str, role: str, log: str, after: int) -> int:
     return int(step)
 
 
-def test_a_killed_worker_then_a_killed_chief_each_restart_the_whole_group_which_finishes(logdir):
-    # the forked group's restart (the survivors asked to stop, SIGKILL after the grace): with a standby group
-    # ready (the default on one host, once it has prepared) the survivors are SIGKILLed at once and the
-    # standby group is promoted instead, which tests/test_standby_group.py shows
-    proc = launch(logdir, *ARGS, "--steps", "600", opts=GROUP + ("--standby", "fork"))
-    try:
-        group_started(logdir, 1)
-        at_step(logdir, 150)
-        st = wait_for(lambda: (lambda s: s if s and (s.get("group") or {}).get("state") == "running" else None)(
-            raw_status(logdir)), 30, what="the group to be running in status.json")
-        members = {p["role"]: p for p in st["processes"] if "rank" in p}
-        assert set(members) == {"trainer", "worker1"} and st["group"]["nproc"] == 2
-        assert members["worker1"]["rank"] == 1 and members["worker1"]["step"] > 0 and members["worker1"]["host"]
-        os.kill(wait_role_pid(logdir, "worker1"), signal.SIGKILL)
-        group_started(logdir, 2)
-        at_step(logdir, (raw_status(logdir) or {}).get("step", 0) + 50)
-        chief = wait_role_pid(logdir, "trainer")
-        os.kill(chief, signal.SIGKILL)
-    finally:
-        code, out, err = finish(proc)
-    assert code == 0, err
-    restarting = events(logdir, "restarting")
-    assert [r["attempt"] for r in restarting] == [2, 3], restarting
-    # each group restarted on its member's death notice, which may come before the exit status (then
-    # the restart's line says "died", and the exited event, once reaped, says how): both say SIGKILL
-    assert restarting[0]["error"].startswith("worker1 attempt 1")
-    assert restarting[1]["error"].startswith("trainer attempt 2")
-    for role, attempt in (("worker1", 1), ("trainer", 2)):
-        assert {"role": role, "attempt": attempt, "signal": "SIGKILL"}.items() <= \
-            [r for r in events(logdir, "exited") if r["role"] == role and r["attempt"] == attempt][0].items()
-    spawned = [(r["role"], r["attempt"]) for r in events(logdir, "spawned") if r["role"] in ("trainer", "worker1")]
-    assert sorted(spawned) == [("trainer", 1), ("trainer", 2), ("trainer", 3),
-                               ("worker1", 1), ("worker1", 2), ("worker1", 3)]
-    # every group restored the chief's checkpoint and trained on from it, to the end
-    restored = [r["step"] for r in events(logdir, "restored")]
-    assert len(restored) == 2 and all(s > 0 for s in restored)
-    assert "procsv: worker1 (pid" in err and "the whole group restarts together" in err
-    assert committed_steps(logdir)[-1] == 600
-    assert restores_with_plain_tf(logdir) == 600
-
-
-def test_sigterm_to_the_launch_stops_the_group_at_a_committed_step_and_a_relaunch_resumes_exactly_there(logdir):
-    # the default standby group stays: an orderly stop with one present is what users get (nothing else checks it)
-    proc = launch(logdir, *ARGS, "--steps", "5000", opts=GROUP)
-    try:
-        group_started(logdir, 1)
-        at_step(logdir, 100)
-        proc.send_signal(signal.SIGTERM)
-    finally:
-        code, out, err = finish(proc)
-    assert code == 128 + signal.SIGTERM, err
-    finished = events(logdir, "finished")[-1]
-    preempted = [r for r in events(logdir, "checkpoint_committed") if r["reason"] == "preempted"]
-    assert len(preempted) == 1 and preempted[0]["step"] == finished["step"] > 0  # steps lost: 0
-    stopped_at = finished["step"]
-    assert "while stopping, worker1" not in err  # the worker failing in its collective once the chief left is expected
-    code, out, err = finish(launch(logdir, *ARGS, "--steps", str(stopped_at + 30), opts=GROUP + NO_STANDBY))
-    assert code == 0, err
-    assert events(logdir, "restored")[-1]["step"] == stopped_at
-    assert restores_with_plain_tf(logdir) == stopped_at + 30
-
-
 def test_a_sigstopped_worker_is_found_hung_and_the_group_restarts_without_it(logdir):
+    """worker1 SIGSTOPped at step 100: it (not the chief blocked waiting for it) is found hung and blamed,
+    the group restarts once and finishes."""
     opts = GROUP + ("--hang-timeout", "3", "--hang-grace-secs", "1")
-    proc = launch(logdir, *ARGS, "--steps", "400", opts=opts)
+    # 300 steps: the 200 after the stop's step leave the stop seconds to land before the group could end
+    proc = launch(logdir, *ARGS, "--steps", "300", opts=opts)
     try:
         group_started(logdir, 1)
         at_step(logdir, 100)
@@ -170,10 +115,12 @@ def test_a_sigstopped_worker_is_found_hung_and_the_group_restarts_without_it(log
     restarting = events(logdir, "restarting")
     assert [r["attempt"] for r in restarting] == [2] and restarting[0]["error"].startswith("worker1 attempt 1")
     assert "procsv: worker1 attempt 1" in err and "is hung" in err
-    assert restores_with_plain_tf(logdir) == 400
+    assert restores_with_plain_tf(logdir) == 300
 
 
 def test_a_worker_failing_at_import_fails_the_group_start_with_backoff_and_no_storm(logdir):
+    """A worker whose program fails at import makes the group's start fail: one retry, then the start-up rule gives
+    up (exit 1), no restart storm."""
     target = os.path.join(REPO, "tests", "programs", "group_import_fail.py")
     code, out, err = finish(launch(logdir, *ARGS, "--steps", "50", target=target, opts=GROUP))
     assert code == 1, err
@@ -188,6 +135,8 @@ def test_a_worker_failing_at_import_fails_the_group_start_with_backoff_and_no_st
 
 
 def test_bad_group_and_multi_host_options_are_one_line_usage_errors(tmp_path):
+    """Bad --nproc/--nnodes/--master-addr/--node-rank/--group-grace-secs/--rejoin-timeout values: exit 2, one line,
+    no logdir made."""
     cases = ((("--nproc", "0"), "--nproc must be >= 1"),
              (("--nnodes", "2", "--master-addr", "h:1", "--standby", "hot"), "--standby hot needs one host"),
              (("--nproc", "2", "--group-grace-secs", "-1"), "--group-grace-secs must be >= 0"),
@@ -214,6 +163,8 @@ def test_bad_group_and_multi_host_options_are_one_line_usage_errors(tmp_path):
 
 
 def test_a_worker_that_claims_to_be_the_chief_is_a_usage_error_that_gives_up_at_once(logdir):
+    """A group member other than the first that says is_chief=True is a usage error: the launch gives up at once
+    (exit 1), no restart."""
     target = os.path.join(REPO, "tests", "programs", "group_two_chiefs.py")
     code, out, err = finish(launch(logdir, target=target, opts=GROUP))
     assert code == 1, err
@@ -223,13 +174,18 @@ def test_a_worker_that_claims_to_be_the_chief_is_a_usage_error_that_gives_up_at_
     assert "is_chief=True in trainer 1 of a group of 2" in err and "procsv.cluster.is_chief()" in err
 
 
-def test_nothing_of_a_dead_group_attempt_is_committed_from_memory_behind_the_next_attempts_pinned_restore(logdir):
+def test_nothing_of_a_dead_group_attempt_is_committed_from_memory_and_sigterm_stops_the_group_at_a_committed_step_where_a_relaunch_resumes(
+        logdir):
+    """A group whose worker was SIGKILLed: nothing of the dead attempt is committed from memory behind the
+    next attempt's pinned restore; SIGTERM to the launch then stops the restarted group in order (exit 143)
+    at a checkpoint committed for the stop (steps lost: 0), and a relaunch resumes exactly there."""
     # before c0cf535: the chief took in-memory snapshots like a lone trainer; killed with its group, its
     # snapshot was persisted by the checkpoint service on its own (no RecoverQuery, no GroupPin): a
     # commit of the dead attempt that could land after the next group pinned and restored an older one.
     # Now every member's snapshots are held apart and never persisted (issue 54): the next attempt
     # restores one of them from memory, and nothing is committed behind its pin
-    # steps of 20 ms: the seconds it needs, with fewer steps (each a collective that costs CPU in both)
+    # steps of 20 ms: the seconds it needs, with fewer steps (each a collective that costs CPU in both).
+    # The default standby group stays: an orderly stop with one present is what users get
     proc = launch(logdir, "--strategy", "multiworker", "--save-model-secs", "1000", "--step-delay", "0.02",
                   "--print-every-steps", "100000", "--steps", "100000", opts=GROUP)
     try:
@@ -239,9 +195,10 @@ def test_nothing_of_a_dead_group_attempt_is_committed_from_memory_behind_the_nex
         group_started(logdir, 2)
         at_step(logdir, (raw_status(logdir) or {}).get("step", 0) + 50)
     finally:
+        stop_sent = time.time()
         proc.send_signal(signal.SIGTERM)
         code, out, err = finish(proc)
-    assert code == 143, err
+    assert code == 128 + signal.SIGTERM, err
     with open(os.path.join(logdir, "logs", "checkpoint.1.log")) as fh:
         assert "persisting its in-memory snapshot" not in fh.read()
     # only emergency checkpoints of a SIGTERM: the stop's, and the chief's own when its group was
@@ -262,10 +219,22 @@ def test_nothing_of_a_dead_group_attempt_is_committed_from_memory_behind_the_nex
     first = events(logdir, "first_step")[-1]
     late = [r for r in events(logdir, "checkpoint_committed") if r["time"] > pinned_at]
     assert late and all(r["time"] >= first["time"] and r["step"] > restored["step"] for r in late), (late, restored)
+    # the stop: one checkpoint committed for it, at the step the run finished at (steps lost: 0)
+    finished = events(logdir, "finished")[-1]
+    preempted = [r for r in events(logdir, "checkpoint_committed") if r["reason"] == "preempted" and r["time"] >= stop_sent]
+    assert len(preempted) == 1 and preempted[0]["step"] == finished["step"] > 0, (preempted, finished)
+    stopped_at = finished["step"]
+    assert "while stopping, worker1" not in err  # the worker failing in its collective once the chief left is expected
+    code, out, err = finish(launch(logdir, *ARGS, "--steps", str(stopped_at + 30), opts=GROUP + NO_STANDBY))
+    assert code == 0, err
+    assert events(logdir, "restored")[-1]["step"] == stopped_at
+    assert restores_with_plain_tf(logdir) == stopped_at + 30
 
 
 def test_a_group_sigkilled_at_random_ends_bit_equal_to_an_uninterrupted_group_and_says_where_each_start_went(
         logdir, clean_group):
+    """A member drawn at random SIGKILLed twice at a random step: the run ends bit-equal to an uninterrupted group,
+    and each start's restored record breaks it down in order."""
     # issue 54 points 3 and 6: a member (worker1 or the chief, drawn) SIGKILLed twice at a random step;
     # every restarted group's restored record breaks its start down (scripts/bench_group.py reads it)
     import random
@@ -305,18 +274,28 @@ def member_restores(logdir: str, attempt: int) -> list[int]:
     return [printed_steps(logdir, f"{log}.{attempt}")[0] - 1 for log in ("trainer", "worker1")]
 
 
-def test_a_group_restores_every_member_from_its_in_memory_snapshot_after_a_worker_then_the_chief_is_sigkilled(
+def test_a_killed_worker_then_a_killed_chief_each_restart_the_whole_group_from_its_in_memory_snapshot_bit_equal(
         logdir, clean_group):
-    # issue 54 point 1: long after the last disk save (there is none before the end), worker1 then the
-    # chief SIGKILLed mid-interval: each restarted group restores the same step on both members from the
-    # members' in-memory copies (the restored record says memory), re-does at most one interval, and the
-    # run ends bit-equal to an uninterrupted group (before: each restart began again at step 0)
-    # (no group grace: the chief, SIGTERMed at its worker's death, is SIGKILLed at once, so it rarely commits
-    # its last step on the way out; when it does, that commit is newer and restored: nothing to re-do)
-    proc = launch(logdir, *SLOW, "--steps", "500", opts=GROUP + ("--group-grace-secs", "0"))
+    """worker1, then the chief of the restarted group, SIGKILLed mid-interval long after the last disk save
+    (there is none before the end): each time the whole group restarts together (forked: no standby group),
+    every member restores the same step from the members' in-memory copies, re-does at most one interval,
+    and the run finishes, bit-equal to an uninterrupted group (issue 54 point 1; before: each restart began
+    again at step 0)."""
+    # the forked group's restart: the survivors asked to stop, SIGKILL after the grace (none here: the chief,
+    # SIGTERMed at its worker's death, is SIGKILLed at once, so it rarely commits its last step on the way out;
+    # when it does, that commit is newer and restored: nothing to re-do). With a standby group ready (the
+    # default on one host, once it has prepared) the survivors are SIGKILLed at once and the standby group is
+    # promoted instead, which tests/test_standby_group.py shows
+    proc = launch(logdir, *SLOW, "--steps", "500", opts=GROUP + ("--standby", "fork", "--group-grace-secs", "0"))
     killed = []
     try:
         group_started(logdir, 1)
+        at_step(logdir, 150)
+        st = wait_for(lambda: (lambda s: s if s and (s.get("group") or {}).get("state") == "running" else None)(
+            raw_status(logdir)), 30, what="the group to be running in status.json")
+        members = {p["role"]: p for p in st["processes"] if "rank" in p}
+        assert set(members) == {"trainer", "worker1"} and st["group"]["nproc"] == 2
+        assert members["worker1"]["rank"] == 1 and members["worker1"]["step"] > 0 and members["worker1"]["host"]
         killed.append(("worker1", 1, sigkill_mid_interval(logdir, "worker1", "worker1.1", 150)))
         group_started(logdir, 2)
         again = wait_for(lambda: events(logdir, "restored") or events(logdir, "initialized")[1:], 60,
@@ -325,8 +304,23 @@ def test_a_group_restores_every_member_from_its_in_memory_snapshot_after_a_worke
     finally:
         code, out, err = finish(proc)
     assert code == 0, err
+    restarting = events(logdir, "restarting")
+    assert [r["attempt"] for r in restarting] == [2, 3], restarting
+    # each group restarted on its member's death notice, which may come before the exit status (then
+    # the restart's line says "died", and the exited event, once reaped, says how): both say SIGKILL
+    assert restarting[0]["error"].startswith("worker1 attempt 1")
+    assert restarting[1]["error"].startswith("trainer attempt 2")
+    for role, attempt in (("worker1", 1), ("trainer", 2)):
+        assert {"role": role, "attempt": attempt, "signal": "SIGKILL"}.items() <= \
+            [r for r in events(logdir, "exited") if r["role"] == role and r["attempt"] == attempt][0].items()
+    spawned = [(r["role"], r["attempt"]) for r in events(logdir, "spawned") if r["role"] in ("trainer", "worker1")]
+    assert sorted(spawned) == [("trainer", 1), ("trainer", 2), ("trainer", 3),
+                               ("worker1", 1), ("worker1", 2), ("worker1", 3)]
+    assert "procsv: worker1 (pid" in err and "the whole group restarts together" in err
+    # every group restored a state of the group and trained on from it, to the end
     restored = events(logdir, "restored")
-    assert len(restored) == 2 and restored[1]["source"] == "memory", restored
+    assert len(restored) == 2 and all(r["step"] > 0 for r in restored), restored
+    assert restored[1]["source"] == "memory", restored
     preempted = [r["step"] for r in events(logdir, "checkpoint_committed") if r["reason"] == "preempted"]
     for (role, attempt, seen), record in zip(killed, restored):
         # a member may die between a step and its line: the group's last step is at most one past the lines
@@ -341,6 +335,8 @@ def test_a_group_restores_every_member_from_its_in_memory_snapshot_after_a_worke
     with open(os.path.join(logdir, "logs", "trainer.3.log")) as fh:
         assert f"procsv: restored step {restored[1]['step']} from the group's in-memory snapshot" in fh.read()
     assert {r["reason"] for r in events(logdir, "checkpoint_committed")} <= {"final", "preempted"}  # none from memory
+    assert committed_steps(logdir)[-1] == 500
+    assert restores_with_plain_tf(logdir) == 500
     assert_bit_equal(logdir, clean_group)
 
 
@@ -393,6 +389,8 @@ def restore_from_disk_lines(logdir: str) -> list[str]:
                                         ("group_copy_missing", ("is held for all 2 members",))])
 def test_a_damaged_or_missing_in_memory_copy_makes_the_group_restore_from_disk_saying_why_in_one_line(
         logdir, fault, why):
+    """A damaged (or never held) in-memory copy of the group's snapshot: the restarted group restores its newest
+    disk checkpoint, every member the same, and the chief says why in one line."""
     # every copy the checkpoint service holds is damaged after its checksum was taken, or worker1's are
     # never held (fault points of its first process): the restarted chief finds no step whole for the
     # group and it restores its newest disk checkpoint (every 100 steps; the in-memory ones every 50,

@@ -69,6 +69,8 @@ def finite_floats(prefix: str) -> int:
 
 
 def test_a_nan_loss_in_a_group_with_stop_stops_the_whole_group_in_order_with_exit_4(logdir):
+    """--on-nonfinite stop: a NaN at step 40 stops the whole group in order (exit 4), no restart, no member past it;
+    every checkpoint finite."""
     # --max-restarts 1: a run that restarted the group instead ends (exit 1) after one restart
     proc = launch(logdir, *ARGS, "--steps", "80", "--nan-at-steps", "40",
                   opts=("--nproc", "2", "--max-restarts", "1", "--on-nonfinite", "stop"))
@@ -119,6 +121,8 @@ def plain_skipping_70(shared_result):
 
 def test_a_nan_loss_in_a_group_with_rollback_restarts_the_group_which_skips_the_step_and_ends_bit_equal(
         logdir, plain_skipping_70):
+    """--on-nonfinite rollback: a NaN at step 70 restarts the group as a rollback from its in-memory snapshot of 50,
+    skipping 70; counted as a rollback everywhere; bit-equal to the plain run without 70."""
     # issue 54 point 4 (before: exit 4, the group stopped)
     code, out, err = finish(launch(logdir, *MEMORY, "--steps", "120", "--nan-at-steps", "70",
                                    opts=GROUP + ("--on-nonfinite", "rollback")))
@@ -183,6 +187,8 @@ def plain_skipping_110(shared_result):
 
 def test_a_nan_loss_after_the_groups_last_snapshot_found_at_the_final_checkpoint_rolls_the_group_back_too(
         logdir, plain_skipping_110):
+    """A NaN at step 110, after the group's last snapshot, is found at the chief's final checkpoint and rolls the
+    group back too (from the snapshot of 100), bit-equal."""
     # step 110 is after the last group snapshot (100, every 50 steps) of a 120-step run: no snapshot checks
     # its loss before the loop ends, only the chief's final checkpoint does (before: exit 4, the group stopped
     # and the run lost every step since its newest checkpoint on disk)
@@ -232,6 +238,8 @@ def assert_worker1_rolled_the_group_back_once_at_70(logdir: str, code: int, err:
 
 def test_a_nan_loss_only_one_worker_sees_rolls_the_group_back_once_though_the_chief_fails_first(
         logdir, local_nan_skipping_70):
+    """A NaN only worker1 sees (step 70) rolls the group back once, though the finite chief fails first in its next
+    collective; bit-equal."""
     # the program watches each member's own loss: only worker1 finds step 70 and exits 5; the chief,
     # whose loss and weights are finite, fails in its next collective, and its death notice can come
     # in before its exit status. Before: the group restarted without the skip, again and again
@@ -243,6 +251,8 @@ def test_a_nan_loss_only_one_worker_sees_rolls_the_group_back_once_though_the_ch
 
 def test_a_nan_one_worker_sees_alone_is_found_though_its_next_group_snapshot_is_not_taken(
         logdir, local_nan_skipping_70):
+    """worker1's lone NaN at 70 is found although its next group snapshot is not taken (its copies never held);
+    rolled back once, bit-equal."""
     # worker1's in-memory copy of step 50 is never held (a fault point of the checkpoint service), so
     # it is not acknowledged: within the grace (5 s) worker1 takes no snapshot at step 100, the first
     # after its NaN at step 70, as on a busy machine where the acknowledgment or a free slot comes
@@ -256,6 +266,8 @@ def test_a_nan_one_worker_sees_alone_is_found_though_its_next_group_snapshot_is_
 
 def test_a_nan_one_worker_sees_alone_after_which_the_chief_committed_restores_the_checkpoint_before_it(
         logdir, local_nan_skipping_70):
+    """The chief committed step 90 after worker1's lone NaN at 70: the group rolled back restores a state before 70,
+    not 90; bit-equal."""
     # the chief checkpoints every 30 steps and checks only its own losses: it commits step 90 after
     # worker1's NaN at step 70, which worker1 finds at its next group snapshot step (100). Before: the
     # restarted group restored that newest checkpoint (step 90, past 70: the skip had nothing left to
@@ -275,6 +287,8 @@ def test_a_nan_one_worker_sees_alone_after_which_the_chief_committed_restores_th
 
 def test_a_checkpoint_the_chief_committed_after_a_rolled_back_step_is_rewritten_by_the_group_that_skipped_it(
         logdir, local_nan_skipping_70):
+    """The chief's step 90 committed with 70 applied is rewritten by the group that skipped 70; a later failure
+    restores 60 or the new 90, never the old; bit-equal."""
     # as above (the chief commits step 90 after worker1's NaN at 70, found at step 100); the group rolled
     # back from step 60 commits step 90 again, then the chief ends at step 95 (os._exit(5) in attempt 2
     # only: a failure, no checkpoint of its own) and the next group restores step 90. Before: the service kept the first
@@ -297,6 +311,8 @@ def test_a_checkpoint_the_chief_committed_after_a_rolled_back_step_is_rewritten_
 
 def test_a_group_that_fails_after_a_rollback_before_committing_again_restores_a_state_before_the_skipped_step(
         logdir, local_nan_skipping_70):
+    """A group that fails after its rollback of 70, before committing again, is restarted from a state before 70
+    (60), not the old 90; bit-equal."""
     # as above, but the group rolled back from step 60 fails at step 80 (the chief's os._exit(5), attempt 2
     # only), before it commits step 90 again. Before: the third group, an ordinary restart, restored the
     # newest checkpoint, the first step 90 (with step 70 applied), undoing the rollback; the run ended
@@ -312,6 +328,8 @@ def test_a_group_that_fails_after_a_rollback_before_committing_again_restores_a_
 
 
 def test_a_group_past_max_skips_stops_in_order_with_exit_4_as_a_single_trainer_does(logdir):
+    """Past --max-skips (1): step 40 skipped by a group rollback, step 70 stops the group in order with exit 4, as a
+    single trainer does."""
     # --max-skips 1: step 40 is skipped (a group rollback), step 70 would be the second skip
     code, out, err = finish(launch(logdir, *ARGS, "--steps", "100", "--nan-at-steps", "40,70",
                                    opts=GROUP + ("--max-skips", "1", "--max-restarts", "1")))
@@ -339,6 +357,8 @@ NAN_TRAIN = os.path.join(PROGRAMS, "nan_train.py")
 
 
 def test_a_single_trainers_own_exit_5_after_a_skipped_step_is_an_ordinary_failure_not_a_group_rollback(logdir):
+    """A lone trainer's own exit 5 after it skipped a step in place is an ordinary failure (a restart), not a group
+    rollback of that step."""
     # a lone trainer under --on-nonfinite rollback skips step 20 in place (found twice), then its program
     # exits 5 by itself at step 40 (once: the next attempt goes on). Before: judged as a group's rollback
     # of step 20, met "again": the launch gave up with exit 4 ("the trainer group is diverging")
@@ -357,6 +377,8 @@ def test_a_single_trainers_own_exit_5_after_a_skipped_step_is_an_ordinary_failur
 
 
 def test_a_group_rollback_whose_checkpoints_before_the_step_were_deleted_by_retention_refuses_with_exit_4(logdir):
+    """A group rollback of 70 whose checkpoints before 70 were deleted by retention refuses in one line and the
+    launch gives up with exit 4 (no silent restart from 0)."""
     # as above (the chief commits 30, 60, 90; worker1 finds its NaN of step 70 at step 100), but the
     # program keeps one checkpoint (max_to_keep=1), and worker1's in-memory copy of step 50 is never held
     # (a fault point of the checkpoint service: with it, the group restores step 50 from memory, a state

@@ -3,17 +3,23 @@ NaN reaches a data-parallel group (issue 68). The batch's gradient all-reduces i
 weights, so every other member's loss is non-finite from the next step on; the step to skip is the
 worker's, not the one the chief saw first. Real processes, real TensorFlow collectives, the result read
 back with plain TensorFlow and compared bit for bit with the plain group run that never applied the
-step. The watchdog's rules for it: ``tests/test_nonfinite_group_pure.py``.
+steps. The watchdog's rules for it: ``tests/test_nonfinite_group_pure.py``.
+
+One launch (``poisoned``) holds both cases, one after the other: worker1's batch of step 70 (between
+group snapshots; the chief reports 71 first at its checkpoint of step 90), then, in the group rolled back
+from it, worker1's batch of step 100 (a group snapshot step: the chief stops on its weights). Each test
+reads its own rollback from it; both compare the end with one plain run that never applied 70 nor 100.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 import pytest
 
-from conftest import PROGRAMS, final_weights, finish, launch, lifecycle
+from conftest import PROGRAMS, final_weights, finish, kill_leftovers, launch, lifecycle
 from test_group import assert_bit_equal
 
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
@@ -27,58 +33,72 @@ def events(logdir: str, name: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def local_nan_skipping_70(shared_result):  # type: ignore[no-untyped-def]
-    """The plain group_local_nan.py run of 120 steps that never applies step 70 (the session's one, shared
-    with tests/test_nonfinite_group.py by its name)."""
+def local_nan_skipping_70_and_100(shared_result):  # type: ignore[no-untyped-def]
+    """The final weights of a plain group_local_nan.py run of 120 steps that never applies steps 70 and 100
+    (made once, shared)."""
 
     def produce(folder: str) -> None:
-        code, out, err = finish(launch(folder, "--steps", "120", "--skip-at", "70", target=LOCAL_NAN,
-                                       opts=GROUP + ("--standby", "fork")))
+        code, out, err = finish(launch(folder, "--steps", "120", "--skip-at", "70", "--skip-at", "100",
+                                       target=LOCAL_NAN, opts=GROUP + ("--standby", "fork")))
         assert code == 0, err
 
-    return final_weights(shared_result("local-nan-skip-70-of-120", produce))
-
-
-def test_a_nan_in_one_workers_batch_whose_gradient_reaches_every_member_rolls_the_group_back_at_the_workers_step(
-        logdir, local_nan_skipping_70):
-    # each member watches its own loss; worker1's batch of step 70 holds a NaN, so the chief's own loss is
-    # first non-finite at 71, and the chief, checking at its checkpoint of step 90, reports 71 first; worker1
-    # reports 70 on its way out (its kept losses are checked at its end too). Before: the group skipped 71,
-    # then 72, then 73, and gave up as diverging (exit 4)
-    code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "70", "--in-batch", "--save-steps", "30",
-                                   target=LOCAL_NAN, opts=GROUP + ("--on-nonfinite", "rollback")))
-    assert code == 0, err
-    assert [r["step"] for r in events(logdir, "step_skipped")] == [70], err
-    assert [r.get("rollback_step") for r in events(logdir, "restarting")] == [70], err
-    detected = sorted(r["step"] for r in events(logdir, "nonfinite_detected"))
-    assert detected[0] == 70 and set(detected) <= {70, 71}, detected  # worker1's 70; the chief's 71, if it checked
-    said = [line for line in err.splitlines() if "the trainer group rolls back" in line]
-    assert len(said) == 1 and "worker1 (pid" in said[0] and "found the loss of step 70 non-finite" in said[0], said
-    assert_bit_equal(logdir, local_nan_skipping_70)
+    return final_weights(shared_result("local-nan-skip-70-100-of-120", produce))
 
 
 @pytest.fixture(scope="module")
-def local_nan_skipping_100(shared_result):  # type: ignore[no-untyped-def]
-    """The plain group_local_nan.py run of 120 steps that never applies step 100, a group snapshot step."""
-
+def poisoned(shared_result) -> tuple[str, int, str, list[int]]:  # type: ignore[no-untyped-def]
+    """The launch whose worker1 has a NaN in its batch of step 70, then of step 100: (logdir, code,
+    stderr, the pids of the first group's members, trainer and worker1). Made once per session
+    (``shared_result``: both tests read it, on whichever worker each runs). Once it ended, every process
+    of the run still alive is killed: each test fails if one was."""
     def produce(folder: str) -> None:
-        code, out, err = finish(launch(folder, "--steps", "120", "--skip-at", "100", target=LOCAL_NAN,
-                                       opts=GROUP + ("--standby", "fork")))
-        assert code == 0, err
+        logdir = os.path.join(folder, "run")
+        code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "70", "--nan-at", "100", "--in-batch",
+                                       "--save-steps", "30", target=LOCAL_NAN,
+                                       opts=GROUP + ("--on-nonfinite", "rollback")), timeout=300)
+        with open(os.path.join(folder, "result.json"), "w") as fh:
+            json.dump({"code": code, "err": err, "leftovers": kill_leftovers(logdir)}, fh)
 
-    return final_weights(shared_result("local-nan-skip-100-of-120", produce))
+    folder = shared_result("local-nan-in-batch-70-100-of-120", produce)
+    logdir = os.path.join(folder, "run")
+    with open(os.path.join(folder, "result.json")) as fh:
+        result = json.load(fh)
+    assert not result["leftovers"], f"processes of the run were left behind: {result['leftovers']}"
+    first = [r["pid"] for r in events(logdir, "spawned") if r["attempt"] == 1 and r["role"] in ("trainer", "worker1")]
+    return logdir, result["code"], result["err"], first
+
+
+def rollback_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if "the trainer group rolls back" in line]
+
+
+def test_a_nan_in_one_workers_batch_whose_gradient_reaches_every_member_rolls_the_group_back_at_the_workers_step(
+        poisoned, local_nan_skipping_70_and_100):
+    """Worker1's NaN batch of step 70 (the chief's own loss first non-finite at 71, reported first at its
+    checkpoint of step 90; worker1 reports 70 on its way out): the group skips 70, not 71, 72, 73 (before:
+    it did, and gave up as diverging, exit 4); the run ends bit-equal to the plain run."""
+    logdir, code, err, first = poisoned
+    assert code == 0, err
+    assert [r["step"] for r in events(logdir, "step_skipped")] == [70, 100], err  # (100: the next test's)
+    assert [r.get("rollback_step") for r in events(logdir, "restarting")] == [70, 100], err
+    detected = sorted(r["step"] for r in events(logdir, "nonfinite_detected") if r["pid"] in first)
+    assert detected and detected[0] == 70 and set(detected) <= {70, 71}, detected  # worker1's 70; the chief's 71, if it checked
+    said = rollback_lines(err)
+    assert len(said) == 2 and "worker1 (pid" in said[0] and "found the loss of step 70 non-finite" in said[0], said
+    assert_bit_equal(logdir, local_nan_skipping_70_and_100)
 
 
 def test_a_nan_in_one_workers_batch_at_a_group_snapshot_step_rolls_the_group_back_though_the_chief_stops_on_its_weights(
-        logdir, local_nan_skipping_100):
-    # worker1's batch of step 100, a group snapshot step (every 50), holds a NaN: at the snapshot of 100 the chief's
-    # own losses are finite but its weights are not ("the step that made them so is not known": exit 4), and its end
-    # came in first; worker1 found its loss of step 100 and asked for the rollback (exit 5). Before: the group gave up
-    # as diverging (exit 4, nothing skipped, no checkpoint)
-    code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "100", "--in-batch",
-                                   target=LOCAL_NAN, opts=GROUP + ("--on-nonfinite", "rollback")))
+        poisoned, local_nan_skipping_70_and_100):
+    """Worker1's NaN batch of step 100, a group snapshot step (every 50), in the group rolled back from 70:
+    at the snapshot the chief's own losses are finite but its weights are not (it exits 4, "the step that
+    made them so is not known"), and its end may come in first; worker1 found its loss of step 100 and asks
+    for the rollback (exit 5). The group skips 100 too (before: it gave up as diverging, exit 4, nothing
+    skipped, no checkpoint), and the run ends bit-equal to the plain run."""
+    logdir, code, err, first = poisoned
     assert code == 0, err
-    assert [r["step"] for r in events(logdir, "step_skipped")] == [100], err
-    said = [line for line in err.splitlines() if "the trainer group rolls back" in line]
-    assert len(said) == 1 and "worker1 (pid" in said[0] and "found the loss of step 100 non-finite" in said[0], said
-    assert_bit_equal(logdir, local_nan_skipping_100)
+    assert [r["step"] for r in events(logdir, "step_skipped")] == [70, 100], err
+    assert [r.get("rollback_step") for r in events(logdir, "restarting")] == [70, 100], err
+    said = rollback_lines(err)
+    assert len(said) == 2 and "worker1 (pid" in said[1] and "found the loss of step 100 non-finite" in said[1], said
+    assert_bit_equal(logdir, local_nan_skipping_70_and_100)

@@ -3,18 +3,21 @@
 Each test launches ``procsv.examples.digits --strategy multiworker`` as a group of two, waits until
 the watchdog's standby group (two members forked with the next attempt's ``TF_CONFIG``) says it is
 ready, SIGKILLs a member, and reads the outcome back from the lifecycle log, the members' logs and
-the final checkpoint (with plain TensorFlow), against an uninterrupted group run.
+the final checkpoint (with plain TensorFlow), against an uninterrupted group run. The run whose
+standby member, then worker1, is SIGKILLed is made once per session (``shared_result``):
+``tests/test_goodput_group.py`` reads its per-task breakdown.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from typing import Any
 
 import pytest
 
-from conftest import finish, launch, wait_for
+from conftest import finish, kill_leftovers, launch, wait_for
 from test_group import GROUP, K, assert_bit_equal, clean_group, events, group_started, member_restores, \
     printed_steps, sigkill_mid_interval
 
@@ -55,6 +58,8 @@ def last_step(logdir: str, attempt: int) -> int:
 
 def test_a_sigkilled_worker_then_chief_are_replaced_by_the_standby_group_restoring_one_step_bit_equal(
         logdir, clean_group):
+    """worker1, then the promoted chief, SIGKILLed with a standby group ready: each time both standby members are
+    promoted, restore the same in-memory step, and the run ends bit-equal."""
     # issue 54 point 3: worker1, then the chief of the promoted group, SIGKILLed mid-interval with a standby
     # group ready: the survivor is SIGKILLed at once, both standby members are promoted together (the
     # spawned records say so; no member is forked), both restore the same step from the group's in-memory
@@ -92,22 +97,43 @@ def test_a_sigkilled_worker_then_chief_are_replaced_by_the_standby_group_restori
     assert_bit_equal(logdir, clean_group)
 
 
+@pytest.fixture(scope="module")
+def standby_member_then_worker_killed(shared_result) -> tuple[str, dict[str, Any]]:  # type: ignore[no-untyped-def]
+    """A group run of 500 steps whose ready standby1 is SIGKILLed while it waits, then (the new standby
+    group ready) worker1 mid-interval, once: (its logdir, {code, out, err, first, second, leftovers}), the
+    pids of the first and second standby groups and those of the run's processes left behind (SIGKILLed).
+    Made once per session (``shared_result``): tests/test_goodput_group.py reads it too."""
+    def produce(folder: str) -> None:
+        logdir = os.path.join(folder, "run")
+        proc = launch(logdir, *SB, "--steps", "500", opts=GROUP)
+        try:
+            group_started(logdir, 1)
+            first = standby_group_ready(logdir, 2)
+            lost = next(e["pid"] for e in events(logdir, "spawned") if e["role"] == "standby1" and e["pid"] in first)
+            os.kill(lost, signal.SIGKILL)
+            second = standby_group_ready(logdir, 2, count=4)
+            sigkill_mid_interval(logdir, "worker1", "worker1.1", max([K] + printed_steps(logdir, "worker1.1")))
+            group_started(logdir, 2)
+        finally:
+            code, out, err = finish(proc)
+            leftovers = kill_leftovers(logdir)
+        with open(os.path.join(folder, "result.json"), "w") as fh:
+            json.dump({"code": code, "out": out, "err": err, "first": sorted(first), "second": sorted(second),
+                       "leftovers": leftovers}, fh)
+
+    folder = shared_result("standby-member-then-worker1-killed", produce)
+    with open(os.path.join(folder, "result.json")) as fh:
+        return os.path.join(folder, "run"), json.load(fh)
+
+
 def test_a_standby_member_sigkilled_before_its_promotion_is_replaced_with_its_group_and_nothing_is_lost(
-        logdir, clean_group):
-    # standby1 SIGKILLed while it waits: the watchdog kills the rest of that standby group and prepares
-    # another (after the 1 s backoff); worker1 SIGKILLed then: the new standby group is promoted, restores
-    # from memory, and the run ends bit-equal (on main a group has no standby group)
-    proc = launch(logdir, *SB, "--steps", "500", opts=GROUP)
-    try:
-        group_started(logdir, 1)
-        first = standby_group_ready(logdir, 2)
-        lost = next(e["pid"] for e in events(logdir, "spawned") if e["role"] == "standby1" and e["pid"] in first)
-        os.kill(lost, signal.SIGKILL)
-        second = standby_group_ready(logdir, 2, count=4)
-        sigkill_mid_interval(logdir, "worker1", "worker1.1", max([K] + printed_steps(logdir, "worker1.1")))
-        group_started(logdir, 2)
-    finally:
-        code, out, err = finish(proc)
+        standby_member_then_worker_killed, clean_group):
+    """standby1 SIGKILLed while it waits: the watchdog kills the rest of that standby group and prepares
+    another (after the 1 s backoff); worker1 SIGKILLed then: the new standby group is promoted, restores
+    from memory, and the run ends bit-equal (on main a group has no standby group)."""
+    logdir, run = standby_member_then_worker_killed
+    assert not run["leftovers"], f"processes of the run were left behind: {run['leftovers']}"
+    code, out, err, first, second = run["code"], run["out"], run["err"], set(run["first"]), set(run["second"])
     assert code == 0, err
     assert not first & second and set(promoted(logdir, 2).values()) == second and forked(logdir, 2) == []
     ends = {e["pid"]: e for e in events(logdir, "exited") if e["pid"] in first}

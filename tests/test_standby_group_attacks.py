@@ -39,6 +39,8 @@ def plain_skipping_late(shared_result):
 
 
 def test_a_nan_rollback_with_the_standby_group_ready_skips_the_step_and_ends_bit_equal(logdir, plain_skipping_late):
+    """A group rollback that promotes a standby group forked before the NaN still skips the step, and the run ends
+    bit-equal."""
     # the standby group was forked before the NaN, with the PROCSV_SKIP_STEPS of that time (none): a group
     # rollback that promotes it restarts a group that does not know the step it must skip
     proc = launch(logdir, *SB, "--steps", str(STEPS), "--nan-at-steps", str(NAN_AT),
@@ -57,14 +59,16 @@ def test_a_nan_rollback_with_the_standby_group_ready_skips_the_step_and_ends_bit
 
 
 def test_members_killed_in_a_row_each_after_a_newer_group_snapshot_are_replaced_at_once_every_time(logdir):
+    """Members SIGKILLed in a row (more than --max-restarts), each after a newer group snapshot: each is progress,
+    so every standby promotion is at once and the run never gives up."""
     # a month-long run loses a member now and then; each group here trains past a new in-memory snapshot of
     # the group (held by the checkpoint service, restored by the next group: the group's progress) before
     # its member is SIGKILLed. Before: only a checkpoint committed to disk counted as progress, so every
     # kill was one more failure without progress: the standby group waited out a backoff of 1, 2, 4, ...
     # 30 s before its promotion (MTTR 0.12, 1.2, 2.1, 4.0, 8.8, 16, 31 s seen) and the run gave up after
-    # --max-restarts kills
+    # --max-restarts kills. Three kills: one more than --max-restarts 2, as few as show it
     proc = launch(logdir, *SB, "--steps", "100000", opts=GROUP + ("--max-restarts", "2"))
-    kills = 4
+    kills = 3
     try:
         group_started(logdir, 1)
         base = 0
@@ -91,6 +95,8 @@ WARM_ONE_FAILS = os.path.join(PROGRAMS, "group_warm_one_fails.py")
 
 
 def test_a_standby_group_whose_one_member_fails_its_shadow_run_is_still_promoted_at_a_members_death(logdir):
+    """A standby group one of whose members failed its shadow run still says ready and is promoted whole at a
+    member's death."""
     # worker1's warm-up batch fails the step's own check (an Assert, no state of its own) before the step's
     # all-reduce; the standby chief, whose batch passes, waits in that all-reduce for a peer that never comes:
     # seen, the standby chief in futex_wait with no 'ready' line for 20 s, each kill forking the group (1.8 s,
