@@ -329,7 +329,6 @@ ATTRIBUTE_BASELINE = {
 # Baseline: the mixins (each the other half of one class, which gives what it reads).
 MIXIN_BASELINE = frozenset({
     "procsv.trainer.checkpoint.final_commit:FinalCommit",  # of CheckpointAgent
-    "procsv.trainer.monitored.session_end:SessionEnd",  # of GraphMonitoredSession and ForeignMonitoredSession
     "procsv.trainer.nonfinite.boundary_work:BoundaryWork",  # of NonfiniteRollback
 })
 
@@ -348,8 +347,6 @@ STUB_BASELINE = frozenset({
     "procsv.trainer.checkpoint.final_commit:FinalCommit.behind",
     "procsv.trainer.checkpoint.final_commit:FinalCommit.heartbeat",
     "procsv.trainer.checkpoint.final_commit:FinalCommit.in_flight",
-    "procsv.trainer.monitored.session_end:SessionEnd._end",
-    "procsv.trainer.monitored.session_end:SessionEnd._forget",
     "procsv.trainer.nonfinite.boundary_work:BoundaryWork._agent",
     "procsv.trainer.nonfinite.boundary_work:BoundaryWork._roll_back",
     "procsv.trainer.nonfinite.boundary_work:BoundaryWork.stop_diverged",
