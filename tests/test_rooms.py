@@ -328,7 +328,6 @@ ATTRIBUTE_BASELINE = {
 
 # Baseline: the mixins (each the other half of one class, which gives what it reads).
 MIXIN_BASELINE = frozenset({
-    "procsv.trainer.checkpoint.final_commit:FinalCommit",  # of CheckpointAgent
     "procsv.trainer.nonfinite.boundary_work:BoundaryWork",  # of NonfiniteRollback
 })
 
@@ -340,13 +339,6 @@ TF_INTERFACES = {
 
 # Baseline: NotImplementedError stubs outside those interfaces (the mixins' halves).
 STUB_BASELINE = frozenset({
-    "procsv.trainer.checkpoint.final_commit:FinalCommit._free_slot",
-    "procsv.trainer.checkpoint.final_commit:FinalCommit._on_result",
-    "procsv.trainer.checkpoint.final_commit:FinalCommit._overdue",
-    "procsv.trainer.checkpoint.final_commit:FinalCommit._send",
-    "procsv.trainer.checkpoint.final_commit:FinalCommit.behind",
-    "procsv.trainer.checkpoint.final_commit:FinalCommit.heartbeat",
-    "procsv.trainer.checkpoint.final_commit:FinalCommit.in_flight",
     "procsv.trainer.nonfinite.boundary_work:BoundaryWork._agent",
     "procsv.trainer.nonfinite.boundary_work:BoundaryWork._roll_back",
     "procsv.trainer.nonfinite.boundary_work:BoundaryWork.stop_diverged",
