@@ -326,10 +326,8 @@ ATTRIBUTE_BASELINE = {
     "procsv.watchdog.rules.state:RunView": 54,
 }
 
-# Baseline: the mixins (each the other half of one class, which gives what it reads).
-MIXIN_BASELINE = frozenset({
-    "procsv.trainer.nonfinite.boundary_work:BoundaryWork",  # of NonfiniteRollback
-})
+# Baseline: the mixins (each the other half of one class, which gives what it reads): none left.
+MIXIN_BASELINE: frozenset[str] = frozenset()
 
 # The interfaces TensorFlow itself defines, which procsv mirrors with its NotImplementedError
 # (procsv's class -> TF's): not a baseline.
@@ -337,12 +335,8 @@ TF_INTERFACES = {
     "procsv.trainer.monitored.scaffold:SessionCreator": "tf.compat.v1.train.SessionCreator",
 }
 
-# Baseline: NotImplementedError stubs outside those interfaces (the mixins' halves).
-STUB_BASELINE = frozenset({
-    "procsv.trainer.nonfinite.boundary_work:BoundaryWork._agent",
-    "procsv.trainer.nonfinite.boundary_work:BoundaryWork._roll_back",
-    "procsv.trainer.nonfinite.boundary_work:BoundaryWork.stop_diverged",
-})
+# Baseline: NotImplementedError stubs outside those interfaces (they were the mixins' halves): none left.
+STUB_BASELINE: frozenset[str] = frozenset()
 
 
 def _owner(stub: str) -> str:
