@@ -326,12 +326,8 @@ ATTRIBUTE_BASELINE = {
     "procsv.watchdog.rules.state:RunView": 54,
 }
 
-# Baseline: the mixins (each the other half of one class, which gives what it reads).
-MIXIN_BASELINE = frozenset({
-    "procsv.trainer.checkpoint.final_commit:FinalCommit",  # of CheckpointAgent
-    "procsv.trainer.monitored.session_end:SessionEnd",  # of GraphMonitoredSession and ForeignMonitoredSession
-    "procsv.trainer.nonfinite.boundary_work:BoundaryWork",  # of NonfiniteRollback
-})
+# Baseline: the mixins (each the other half of one class, which gives what it reads): none left.
+MIXIN_BASELINE: frozenset[str] = frozenset()
 
 # The interfaces TensorFlow itself defines, which procsv mirrors with its NotImplementedError
 # (procsv's class -> TF's): not a baseline.
@@ -339,21 +335,8 @@ TF_INTERFACES = {
     "procsv.trainer.monitored.scaffold:SessionCreator": "tf.compat.v1.train.SessionCreator",
 }
 
-# Baseline: NotImplementedError stubs outside those interfaces (the mixins' halves).
-STUB_BASELINE = frozenset({
-    "procsv.trainer.checkpoint.final_commit:FinalCommit._free_slot",
-    "procsv.trainer.checkpoint.final_commit:FinalCommit._on_result",
-    "procsv.trainer.checkpoint.final_commit:FinalCommit._overdue",
-    "procsv.trainer.checkpoint.final_commit:FinalCommit._send",
-    "procsv.trainer.checkpoint.final_commit:FinalCommit.behind",
-    "procsv.trainer.checkpoint.final_commit:FinalCommit.heartbeat",
-    "procsv.trainer.checkpoint.final_commit:FinalCommit.in_flight",
-    "procsv.trainer.monitored.session_end:SessionEnd._end",
-    "procsv.trainer.monitored.session_end:SessionEnd._forget",
-    "procsv.trainer.nonfinite.boundary_work:BoundaryWork._agent",
-    "procsv.trainer.nonfinite.boundary_work:BoundaryWork._roll_back",
-    "procsv.trainer.nonfinite.boundary_work:BoundaryWork.stop_diverged",
-})
+# Baseline: NotImplementedError stubs outside those interfaces (they were the mixins' halves): none left.
+STUB_BASELINE: frozenset[str] = frozenset()
 
 
 def _owner(stub: str) -> str:

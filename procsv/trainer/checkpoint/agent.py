@@ -19,8 +19,10 @@ trigger that comes while one is in flight (timer, every-N-steps, several of them
 once, not queued, and served at the first step boundary after the result, with the state of that
 step: a checkpoint is never older than needed and the memory never holds two. If the service dies
 with a snapshot in flight, the restarted service says so on the next heartbeat (a ``lost``
-result) and the snapshot is taken again. The final checkpoint first waits for the one in flight
-(:mod:`procsv.trainer.checkpoint.final_commit`: the end of a session).
+result) and the snapshot is taken again. The final checkpoint first waits, until a deadline, for
+the one in flight to be answered (heartbeating on, so that a replaced service answers ``lost`` for a
+snapshot it never received; past the snapshot's own deadline it is overdue), then commits the last
+completed step within ``stop_grace_secs``, saying so in one line either way (:meth:`CheckpointAgent.final`).
 
 **An explicit save (final, ``sv.saver.save``) is never refused for a full queue**: it blocks, up
 to ``stop_grace_secs``, for a snapshot slot and socket room (:meth:`CheckpointAgent._free_slot`).
@@ -42,12 +44,12 @@ from typing import Any, Callable, Optional
 
 from procsv.ipc.messages import (Busy, CheckpointSetup, CommitLoading, Progress, RestoreSource, SaveData, SaveReason,
                                  SaveRequest, SaveResult, SnapshotHeld, GroupCopyRefused)
+from procsv.ipc.transport import NoReply
 from procsv.common.errors import CheckpointError, NonFiniteState
 from procsv.common.layout import Layout, read_json
 from procsv.common.manifests import Manifest, manifest_path
 from procsv.trainer.checkpoint import memory_tier, restore_at_start
 from procsv.trainer.channels import TrainerChannels
-from procsv.trainer.checkpoint.final_commit import HEARTBEAT_EVERY, FinalCommit
 from procsv.trainer.checkpoint.commits import (CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE_FLOOR, CommitTracker,
                                                bytes_being_written)
 from procsv.trainer.checkpoint.memory import PLAN_MAX_AGE, READ_EVERY, MemoryTier
@@ -62,9 +64,10 @@ from procsv.trainer.checkpoint.snapshot_store import SnapshotStore, stuck_here
 # call, yet 20-70 us right after a TF step (2 us if repeated at once): the boundary's main cost
 READ_IDLE = 0.1
 READ_EVERY_STEPS = 256
+HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the checkpoint service
 
 
-class CheckpointAgent(FinalCommit):
+class CheckpointAgent:
     """The trainer's checkpointing for one session: restore, snapshot triggers, final commit.
 
     Owns the policy it heartbeats to the checkpoint service, the trigger pending for the next step
@@ -415,3 +418,78 @@ class CheckpointAgent(FinalCommit):
             self._answer_awaited(ch.clock() + READ_EVERY)
             self.pending = None
         return sent
+
+    # ------------------------------------------------------------------ the end of a session
+    def _await_in_flight(self, ch: TrainerChannels, step: int, deadline: float) -> tuple[bool, Optional[SaveResult]]:
+        """Wait until ``deadline`` for the snapshot in flight to be answered, as :meth:`poll` would at
+        steps: past its own deadline it is overdue (the watchdog replaces the service), and heartbeats
+        go on, so that a replaced service answers ``LOST`` for a snapshot it never received. Returns
+        whether it was answered, and the last answer."""
+        result: Optional[SaveResult] = None
+        while self.in_flight is not None:
+            now = ch.clock()
+            if now >= deadline:
+                break
+            if now >= self.commits.overdue_at:
+                self._overdue(ch, now)
+            if now - self.last_heartbeat >= HEARTBEAT_EVERY:
+                self.heartbeat(ch, step, now)
+            try:
+                result = ch.wait_save_result(self.in_flight, min(deadline, self.commits.overdue_at, now + HEARTBEAT_EVERY),
+                                             lambda msg: self.commits.load_moved(msg) if isinstance(msg, CommitLoading) else None)
+            except NoReply:
+                continue
+            self._on_result(result)
+        return self.in_flight is None, result
+
+    def wait_in_flight(self, ch: TrainerChannels, step: int, deadline: float) -> bool:
+        """Wait until ``deadline`` for the snapshot in flight to be answered (a stop that takes no
+        checkpoint of its own: the one in flight is the last); True if it was."""
+        return self._await_in_flight(ch, step, deadline)[0]
+
+    def final(self, ch: TrainerChannels, step: int, reason: SaveReason, grace_secs: float) -> Optional[SaveResult]:
+        """Commit ``step`` (unless it already is, with the state as it is now) within ``grace_secs``;
+        return the result. A committed step whose state changed since (:meth:`behind`) is rewritten."""
+        if step <= self.last_committed and not self.behind(step):
+            return None
+        deadline = ch.clock() + grace_secs
+        if self.in_flight is not None:
+            waited_for = self.in_flight
+            answered, result = self._await_in_flight(ch, step, deadline)
+            if not answered:  # the service may still read the snapshot memory: do not overwrite it
+                print(f"procsv: the checkpoint of step {waited_for} did not commit within "
+                      f"stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
+                return None
+            if step <= self.last_committed and not self.behind(step):  # the one in flight was of ``step`` as it is
+                if result is not None and result.ok and result.step == step:
+                    print(f"procsv: {reason} checkpoint committed at step {step}", flush=True)
+                return result
+        for _ in range(2):  # a second snapshot only when the first was a revision the service had already (below)
+            self.heartbeat(ch, step, ch.clock())  # a just-restarted service learns our settings before the snapshot
+            try:
+                sent = self._free_slot(ch, step, deadline) and self._send(ch, step, reason, Busy.FINAL_CHECKPOINT, deadline)
+            except NonFiniteState as bad:
+                self.refused_final = True
+                for refused in self.on_refused:
+                    refused(bad, True)  # the policy: --on-nonfinite stop raises
+                return None
+            if not sent:
+                print(f"procsv: the {reason} checkpoint at step {step} could not be handed to the checkpoint service "
+                      f"within stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
+                return None
+            step = self.in_flight if self.in_flight is not None else step  # the step stored in it names it
+            try:
+                result = ch.wait_save_result(step, deadline)
+            except NoReply:
+                print(f"procsv: the {reason} checkpoint at step {step} did not commit within "
+                      f"stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
+                return None
+            self._on_result(result)
+            # ``again`` for a newer revision of a committed step: the service has that revision already, an
+            # older state (a service that died after its commit point, before its answer, or a dead trainer's
+            # snapshot); the answer named it, so this state goes again as the revision above it
+            if not (result.ok and result.again and self.sent_revision and self.behind(step)):
+                break
+        if result is not None and result.ok:
+            print(f"procsv: {reason} checkpoint committed at step {step}", flush=True)
+        return result

@@ -107,23 +107,21 @@ class _Coordinated:
                 pass
 
 
-class ForeignMonitoredSession(SessionEnd):
-    """A MonitoredSession whose creator is the program's own (see the module docstring)."""
+class ForeignMonitoredSession:
+    """A MonitoredSession whose creator is the program's own (see the module docstring). Its
+    :class:`SessionEnd` (``_ending``) owns whether a stop was requested and whether it is closed."""
 
     def __init__(self, session_creator: Any, hooks: Sequence[Any], stop_grace_period_secs: float,
                  should_recover: bool, step_context: Callable[[Any, Callable[..., Any]], Any]) -> None:
         import tensorflow as tf
 
-        self._tf_graph = tf.compat.v1.get_default_graph()
-        self._graph_was_finalized = self._tf_graph.finalized
         self._creator = session_creator
         self._hooks = list(hooks)
+        self._ending = SessionEnd(tf.compat.v1.get_default_graph(), self._hooks, self._end, self._forget)
         self._grace = stop_grace_period_secs
         self._recover = should_recover
         self._step_context = step_context
-        self._stop_requested = False
         self._current: Optional[_Coordinated] = None
-        self._closed = False
         for h in self._hooks:
             h.begin()
         self._current = self._create_recovering() if should_recover else self._create()
@@ -165,9 +163,9 @@ class ForeignMonitoredSession(SessionEnd):
             return True  # should_stop() says True rather than raising
 
     def _recovering(self, call: Callable[[_Coordinated], Any]) -> Any:
-        if self._closed:
+        if self._ending.closed:
             raise RuntimeError("Session is already closed.")
-        if self._stop_requested:
+        if self._ending.stop_requested:
             raise RuntimeError("Run called even after should_stop requested.")
         while True:
             if self._current is None:
@@ -201,7 +199,7 @@ class ForeignMonitoredSession(SessionEnd):
         return self._current.tf_sess if self._current is not None else None
 
     def should_stop(self) -> bool:
-        if self._closed or self._stop_requested:
+        if self._ending.closed or self._ending.stop_requested:
             return True
         if self._check_stop():
             return True
@@ -221,6 +219,17 @@ class ForeignMonitoredSession(SessionEnd):
 
         return self._recovering(call)  # a StopIteration (request_stop) leaves should_stop() as it was, as TF
 
+    def request_stop(self) -> None:
+        self._ending.request_stop()
+
+    def close(self) -> None:
+        self._ending.close()
+
+    def exit(self, exc: Optional[BaseException]) -> bool:
+        """The ``with`` block's end: True (suppress) for a clean stop."""
+        return self._ending.exit(exc)
+
+    # ------------------------------------------------------------------ its end's two steps (SessionEnd's)
     def _end(self, exc: Optional[BaseException]) -> None:
         """``end()`` on every hook unless the block failed; then the session closes, as TF's."""
         try:

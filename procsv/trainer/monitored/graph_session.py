@@ -20,9 +20,10 @@ everything to :class:`GraphMonitoredSession`. The call order is TensorFlow's:
   trainer restart), as TF's ``_RecoverableSession``. ``SingularMonitoredSession`` does not recover;
 * a run after a hook's stop is a ``RuntimeError``; after SIGTERM/SIGINT or a checkpoint failure
   :class:`procsv.TrainingStopped`, a clean stop (as in eager mode);
-* exit: ``end(session)`` on every hook on a clean exit only (``OutOfRangeError``,
-  ``StopIteration``, ``TrainingStopped``), then the Supervisor stops (a final checkpoint unless
-  the block failed) and the graph is unfrozen if it was not frozen before, as TF.
+* exit (:mod:`procsv.trainer.monitored.session_end`, shared with a program's own session):
+  ``end(session)`` on every hook on a clean exit only (``OutOfRangeError``, ``StopIteration``,
+  ``TrainingStopped``), then the Supervisor stops (a final checkpoint unless the block failed) and
+  the graph is unfrozen if it was not frozen before, as TF.
 """
 
 from __future__ import annotations
@@ -42,21 +43,20 @@ def _preemption_errors() -> tuple[type[BaseException], ...]:
     return (tf.errors.AbortedError, tf.errors.UnavailableError)
 
 
-class GraphMonitoredSession(SessionEnd):
-    """A MonitoredSession of a graph program (see the module docstring)."""
+class GraphMonitoredSession:
+    """A MonitoredSession of a graph program (see the module docstring). Its :class:`SessionEnd`
+    (``_ending``) owns whether a stop was requested and whether it is closed."""
 
     def __init__(self, session_creator: Any, hooks: Sequence[Any], stop_grace_period_secs: float,
                  should_recover: bool, step_context: Callable[[Any, Callable[..., Any]], Any]) -> None:
         import tensorflow as tf
 
         self._tf_graph = tf.compat.v1.get_default_graph()
-        self._graph_was_finalized = self._tf_graph.finalized
         self._hooks = list(hooks)
+        self._ending = SessionEnd(self._tf_graph, self._hooks, self._end, self._forget)
         self._creator = session_creator
         self._recover = should_recover
         self._step_context = step_context
-        self._closed = False
-        self._stop_requested = False
         self._raw: Any = None
         self._sess: Optional[GraphHookedSession] = None
         for h in self._hooks:
@@ -82,7 +82,7 @@ class GraphMonitoredSession(SessionEnd):
                 return self._create()
             except _preemption_errors() as exc:
                 if not self._recover:
-                    self._closed = True
+                    self._ending.closed_at_creation()
                     raise
                 self._log_recovery(exc, "while the session was being created")
 
@@ -122,17 +122,17 @@ class GraphMonitoredSession(SessionEnd):
         return self._raw
 
     def should_stop(self) -> bool:
-        if self._closed or self._stop_requested:
+        if self._ending.closed or self._ending.stop_requested:
             return True
         if self._sess is not None and self._sess.should_stop():
             return True
         return bool(self._creator.supervisor.should_stop())
 
     def _check_run(self) -> None:
-        if self._closed:
+        if self._ending.closed:
             raise RuntimeError("Session is already closed.")
         sv = self._creator.supervisor
-        if self._stop_requested or (self._sess is not None and self._sess.should_stop() and not sv.should_stop()):
+        if self._ending.stop_requested or (self._sess is not None and self._sess.should_stop() and not sv.should_stop()):
             raise RuntimeError("Run called even after should_stop requested.")
         if sv.should_stop():
             if sv.coord.stop_signal is not None or sv.coord.exception is not None:
@@ -170,6 +170,17 @@ class GraphMonitoredSession(SessionEnd):
 
         return self._recovering(call)  # a StopIteration (request_stop) leaves should_stop() False, as TF
 
+    def request_stop(self) -> None:
+        self._ending.request_stop()
+
+    def close(self) -> None:
+        self._ending.close()
+
+    def exit(self, exc: Optional[BaseException]) -> bool:
+        """The ``with`` block's end: True (suppress) for a clean stop."""
+        return self._ending.exit(exc)
+
+    # ------------------------------------------------------------------ its end's two steps (SessionEnd's)
     def _end(self, exc: Optional[BaseException]) -> None:
         """``end()`` on every hook unless the block failed (``exc``) or a failure was recorded
         elsewhere; then stop the Supervisor; a recorded failure is raised after the stop."""

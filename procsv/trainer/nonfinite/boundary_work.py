@@ -1,22 +1,25 @@
 """The rollback's work at step boundaries: what :mod:`.plan` decides there, performed.
 
 Runs in the trainer's main thread, at step boundaries only (the step boundary,
-:mod:`procsv.trainer.boundary`, calls :meth:`BoundaryWork.work` and :meth:`BoundaryWork.bound`).
-:class:`BoundaryWork` is the half of :class:`~procsv.trainer.nonfinite.rollback.NonfiniteRollback`
-that walks the loop through a rollback after its restore: a step skipped before is skipped again,
-the state before the retry is kept (:mod:`.retry_state`), the replayed steps' losses are checked,
-the weights are checked after each replayed step while bisecting, the bad step is skipped. The
-decisions are :mod:`.plan`'s (pure); the restore itself is the subclass's (``_roll_back``).
+:mod:`procsv.trainer.boundary`, calls :meth:`BoundaryWork.work` and :meth:`BoundaryWork.bound`
+through :class:`~procsv.trainer.nonfinite.rollback.NonfiniteRollback`, which keeps one).
+:class:`BoundaryWork` walks the loop through a rollback after its restore: a step skipped before is
+skipped again, the state before the retry is kept (:mod:`.retry_state`), the replayed steps' losses
+are checked, the weights are checked after each replayed step while bisecting, the bad step is
+skipped. The decisions are :mod:`.plan`'s (pure); the restore itself is the rollback's, given to
+this walk as ``roll_back`` (and ``stop_diverged``, where a restore cannot be), which takes the kept
+state back from it (:meth:`BoundaryWork.take_kept`).
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from procsv.common.errors import NonFiniteState
-from procsv.trainer.channels import TrainerChannels
+from procsv.ipc.messages import Message
 from procsv.trainer.checkpoint.agent import CheckpointAgent
+from procsv.trainer.checkpoint.keeper import CheckpointKeeper
 from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
 from procsv.trainer.nonfinite import inputs, notices, retry_state, scan
 from procsv.trainer.nonfinite.plan import Action, Plan, after_finite_weights, at_boundary, judge, next_due
@@ -25,19 +28,28 @@ from procsv.trainer.step_boundary import StepCounter, StepState
 
 
 class BoundaryWork:
-    """The boundary half of a Supervisor's rollback. Owns the steps it said it skips again
-    (``_again``), the trainable variables a bisect checks (``_weights``, walked once), the state kept
-    before the retried step (``_kept``) and which retried step that was for (``_kept_for``). Given
-    by the subclass: the watch, the step state and counter, the saved state (``_checkpoint``), the
-    session's channels, the checkpoint agent, and the restore (``_roll_back``, ``stop_diverged``)."""
+    """A Supervisor's rollback at the step boundaries after its restore (see the module). Owns the
+    steps it said it skips again (``_again``), the trainable variables a bisect checks (``_weights``,
+    walked once), the state kept before the retried step (``_kept``), which retried step that was
+    for (``_kept_for``) and what the program does instead of a retry it gave up (``abandoned``).
+    Given: the watch (whose plan it moves on), the step state and counter (it moves the step on a
+    skip, and bounds the checkpoint half's next boundary), the saved state (``checkpoint``), the
+    keeper (its agent's snapshot preparations and saved state, for the kept state and the weights),
+    ``tell`` (a notice to the watchdog), and the rollback's ``roll_back`` (restore before a bad step:
+    "" if done, else why not) and ``stop_diverged`` (stop where it cannot)."""
 
-    watch: NonfiniteWatch
-    _state: StepState
-    _counter: StepCounter
-    _checkpoint: Any
-    _channels: Optional[TrainerChannels]
-
-    def __init__(self) -> None:
+    def __init__(self, watch: NonfiniteWatch, state: StepState, counter: StepCounter, checkpoint: Any,
+                 keeper: Optional[CheckpointKeeper], tell: Callable[[Message], None],
+                 roll_back: Callable[[Optional[int], str], str],
+                 stop_diverged: Callable[[NonFiniteState, str, bool], None]) -> None:
+        self.watch = watch
+        self._state = state
+        self._counter = counter
+        self._checkpoint = checkpoint
+        self._keeper = keeper
+        self._tell = tell
+        self._roll_back = roll_back
+        self._stop_diverged = stop_diverged
         self._again: set[int] = set()  # steps skipped before this session that it said it skips again
         self._weights: Optional[list[Any]] = None
         self._kept: Optional[retry_state.KeptState] = None
@@ -46,13 +58,20 @@ class BoundaryWork:
 
     @property
     def _agent(self) -> Optional[CheckpointAgent]:
-        raise NotImplementedError
+        return self._keeper.agent if self._keeper is not None else None
 
-    def _roll_back(self, bad_step: Optional[int], what: str) -> str:
-        raise NotImplementedError
+    def take_kept(self, retry: bool) -> Optional[retry_state.KeptState]:
+        """A restore begins: the state kept before the retry, handed over once (None from then on);
+        for a ``retry`` (not a skip) which step it was kept for is forgotten too: the state before
+        the retry is kept again when the replay reaches it."""
+        kept, self._kept = self._kept, None
+        if retry:
+            self._kept_for = None
+        return kept
 
-    def stop_diverged(self, bad: NonFiniteState, why: str, final: bool) -> None:
-        raise NotImplementedError
+    def restored(self) -> None:
+        """A restore was done: no retry is given up (yet; a restore's hook may give it up: :meth:`abandon`)."""
+        self.abandoned = ""
 
     def abandon(self, step: int, why: str) -> None:
         """The bad step cannot be retried from the state restored at ``step``: the program cannot
@@ -69,12 +88,13 @@ class BoundaryWork:
         w = self.watch
         return Plan(w.target, w.skipping, w.bisecting, self._kept_for, tuple(w.budget.skipped))
 
-    def _next_due(self, step: int) -> Optional[int]:
+    def next_due(self, step: int) -> Optional[int]:
+        """The first step at or after ``step`` at whose boundary there is work (None: none)."""
         return next_due(step, self.plan())
 
     def _plan_next(self, step: int) -> None:
         """The next work is due at or after ``step``; the checkpoint half's boundary no later."""
-        self.watch.due = self._next_due(step)
+        self.watch.due = self.next_due(step)
         self.bound()
 
     def bound(self) -> None:
@@ -127,12 +147,11 @@ class BoundaryWork:
         if verdict == Action.ROLL_BACK and bad is not None:
             if bad == target:
                 watch.retried.add(target)
-            notices.tell(self._channels, notices.detected(bad, f"the loss of step {bad} is NaN or infinite",
-                                                          watch.position))
+            self._tell(notices.detected(bad, f"the loss of step {bad} is NaN or infinite", watch.position))
             why = self._roll_back(bad, f"the loss of step {bad} is NaN or infinite"
                                   + (" again when retried" if bad == target else ""))
             if why:
-                self.stop_diverged(NonFiniteState(step, bad), why, False)
+                self._stop_diverged(NonFiniteState(step, bad), why, False)
             return True
         if verdict == Action.FINITE:
             self._kept = None
@@ -149,11 +168,11 @@ class BoundaryWork:
                   f"replayed step", file=sys.stderr, flush=True)
             why = self._roll_back(target, f"the weights before step {target} are non-finite")
             if why:
-                self.stop_diverged(NonFiniteState(step, target), why, False)
+                self._stop_diverged(NonFiniteState(step, target), why, False)
             return True
         watch.bisecting = False
         watch.budget.skip(target)
-        notices.tell(self._channels, notices.skipped(target, len(watch.budget.skipped), watch.position))
+        self._tell(notices.skipped(target, len(watch.budget.skipped), watch.position))
         self._skip(target, step)  # its input and the step count move past it; no other variable changes
         watch.target = None
         self._plan_next(target)  # a later step skipped before (a resumed session's)
@@ -203,8 +222,8 @@ class BoundaryWork:
         watch.bisecting = False
         print(f"procsv: the weights turned non-finite at step {step}, whose loss was finite (a non-finite gradient): "
               f"skipping step {step}, not step {target}", file=sys.stderr, flush=True)
-        notices.tell(self._channels, notices.detected(step, f"the weights turned non-finite at step {step} (its loss "
-                                                            "was finite)", watch.position))
+        self._tell(notices.detected(step, f"the weights turned non-finite at step {step} (its loss was finite)",
+                                    watch.position))
         watch.retried.add(step)
         watch.gradient_poisoned.add(step)
         if target is not None:
@@ -212,5 +231,5 @@ class BoundaryWork:
         watch.target = None
         why = self._roll_back(step, f"the weights turned non-finite at step {step}")
         if why:
-            self.stop_diverged(NonFiniteState(step, step), why, False)
+            self._stop_diverged(NonFiniteState(step, step), why, False)
         return True

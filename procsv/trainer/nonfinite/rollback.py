@@ -1,7 +1,7 @@
 """The Supervisor's non-finite collaborator: the watch's wiring, the policy's decision on a refused
 snapshot, and ``rollback``'s restore, replay, retry and skip (this module: the restore; the walk
-through the replay, the retry and the skip at each boundary: :mod:`.boundary_work`, which performs
-what the pure :mod:`.plan` decides).
+through the replay, the retry and the skip at each boundary: its collaborator :mod:`.boundary_work`,
+which performs what the pure :mod:`.plan` decides).
 
 Runs in the trainer's main thread, at step boundaries only (the step boundary,
 :mod:`procsv.trainer.boundary`, calls it). ``rollback`` when a watched loss of step B was found
@@ -49,7 +49,7 @@ from procsv import cluster
 from procsv.common import bootstrap
 from procsv.common.bootstrap import ChildConfig
 from procsv.common.errors import GroupRollback, NonFiniteState
-from procsv.ipc.messages import RestoreSource, SessionLogEvent, SessionStatus
+from procsv.ipc.messages import Message, RestoreSource, SessionLogEvent, SessionStatus
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint import memory_restore
 from procsv.trainer.checkpoint.agent import CheckpointAgent
@@ -71,7 +71,7 @@ def _group_refusal(config: ChildConfig) -> str:
     return policy.in_place_refusal(members, config.place.ps + len(spec.get("ps") or ()))
 
 
-class NonfiniteRollback(BoundaryWork):
+class NonfiniteRollback:
     """The non-finite watch of one Supervisor (``watch``) and what a refused snapshot makes it do.
 
     Owns the watch (its policy, the losses kept, the skips and retries so far). Given: the step
@@ -81,13 +81,14 @@ class NonfiniteRollback(BoundaryWork):
     ``flush_summaries`` (everything logged is handed off before a restore or a stop) and the
     Supervisor's settings (the ``stop_grace_secs`` a wait for the snapshot in flight takes at most);
     ``config``: the launch's (``--on-nonfinite`` under the program's ``on_nonfinite``, ``--max-skips``,
-    ``--skip-window``, ``PROCSV_NONFINITE_CHECK``) and this trainer's place in its group."""
+    ``--skip-window``, ``PROCSV_NONFINITE_CHECK``) and this trainer's place in its group. Its
+    :class:`~procsv.trainer.nonfinite.boundary_work.BoundaryWork` (``_walk``) walks the loop through
+    each rollback at the step boundaries after the restore, and owns the state kept before a retry."""
 
     def __init__(self, state: StepState, counter: StepCounter, keeper: Optional[CheckpointKeeper], checkpoint: Any,
                  flush_summaries: Callable[[], None], clock: Callable[[], float], settings: Settings,
                  on_nonfinite: Optional[str], tags: Sequence[str], ignore: Sequence[str], *,
                  config: ChildConfig = ChildConfig()) -> None:
-        super().__init__()
         self._state = state
         self._counter = counter
         self._keeper = keeper
@@ -99,6 +100,8 @@ class NonfiniteRollback(BoundaryWork):
         self.watch = NonfiniteWatch(bootstrap.resolve(on_nonfinite, config.launch.on_nonfinite, None), tags, ignore,
                                     config.launch.max_skips, config.launch.skip_window)
         self.watch.group_refusal = _group_refusal(config)
+        self._walk = BoundaryWork(self.watch, state, counter, checkpoint, keeper, self._tell, self._roll_back,
+                                  self.stop_diverged)
         # (off: no detection at all, no loss kept, no snapshot scanned; what it costs: scripts/bench_nonfinite.py)
         self.detecting = config.launch.nonfinite_check
         if not self.detecting:
@@ -126,6 +129,23 @@ class NonfiniteRollback(BoundaryWork):
     def detach(self) -> None:
         self._channels = None
 
+    def _tell(self, msg: Message) -> None:
+        notices.tell(self._channels, msg)
+
+    # ------------------------------------------------------------------ the walk's, at step boundaries
+    def work(self) -> bool:
+        """The rollback's work due at the current step, as often as it moves the step; True if it did."""
+        return self._walk.work()
+
+    def bound(self) -> None:
+        """The checkpoint half's boundary comes no later than the rollback's next work."""
+        self._walk.bound()
+
+    def abandon(self, step: int, why: str) -> None:
+        """The bad step cannot be retried from the state restored at ``step`` (see
+        :meth:`BoundaryWork.abandon`); ``why`` says what the program does instead."""
+        self._walk.abandon(step, why)
+
     def resume(self, step: int, lifecycle: Optional[str], told: Sequence[int] = ()) -> None:
         """A session begins at ``step`` (restored or initialized): under ``rollback``, every step this
         run skipped before (an earlier trainer's, a relaunch's: the ``step_skipped`` records of the
@@ -141,8 +161,8 @@ class NonfiniteRollback(BoundaryWork):
                 watch.budget.skip(s)
         watch.budget.skipped.sort()
         if watch.target is None:
-            watch.due = self._next_due(step)
-            self.bound()
+            watch.due = self._walk.next_due(step)
+            self._walk.bound()
 
     @property
     def _agent(self) -> Optional[CheckpointAgent]:
@@ -195,9 +215,7 @@ class NonfiniteRollback(BoundaryWork):
         if diverging:
             return diverging
         began = self._clock()
-        kept, self._kept = self._kept, None
-        if not skip:
-            self._kept_for = None  # a retry: its state before is kept when the replay reaches it
+        kept = self._walk.take_kept(retry=not skip)  # a retry: its state before is kept when the replay reaches it
         restored, source, path = self._put_back(kept, bad_step) if skip and not watch.bisecting else (-1, "", "")
         again = restored >= 0  # the state before the retry, kept: the snapshot restored last is still the one
         if restored < 0:
@@ -226,20 +244,21 @@ class NonfiniteRollback(BoundaryWork):
         watch.losses.forget()
         ch.to_summary(SessionLogEvent(SessionStatus.START, restored + 1))  # TensorBoard drops the undone steps
         watch.target, watch.skipping = bad_step, skip
-        watch.due = self._next_due(restored)
+        watch.due = self._walk.next_due(restored)
         watch.rollbacks += 1
         if not again:
             watch.restores.restored(restored)
-        self.abandoned = ""
+        self._walk.restored()
         for hook in watch.on_restored:
             hook(restored)
-        self.bound()
+        self._walk.bound()
         notices.tell(ch, notices.rolled_back(bad_step, restored, kind, path, skip, secs, watch.position))
         then = f"skipping step {bad_step} (non-finite again when retried)" if skip else f"retrying step {bad_step} once"
-        if self.abandoned:  # a hook gave the retry up (Keras fit: the batches to replay are not all kept)
-            then = f"{self.abandoned}; step {bad_step} is not retried"
+        abandoned = self._walk.abandoned
+        if abandoned:  # a hook gave the retry up (Keras fit: the batches to replay are not all kept)
+            then = f"{abandoned}; step {bad_step} is not retried"
         print(f"procsv: non-finite training at step {bad_step}: {what}; --on-nonfinite rollback: restored step "
-              f"{restored} from {source}, " + ("" if self.abandoned else f"replaying to step {bad_step - 1}, ")
+              f"{restored} from {source}, " + ("" if abandoned else f"replaying to step {bad_step - 1}, ")
               + f"then {then}", file=sys.stderr, flush=True)
         return ""
 
@@ -319,7 +338,7 @@ class NonfiniteRollback(BoundaryWork):
             return
         end = self._state.step
         while True:
-            if self.work():  # the retry's judgement or a skip, due at this step
+            if self._walk.work():  # the retry's judgement or a skip, due at this step
                 continue
             if self._state.step < end:
                 replay()
