@@ -102,6 +102,7 @@ class NodeAgent(Prewarmed):
         self.keys = curve.AgentKeys.new()  # this agent's own key pair; the secret never leaves this process
         self.key_file: Optional[str] = None  # where its public key is filed for the current launch
         self.link = 0  # its connections to the master so far (each hello names the one it is sent on)
+        self.asked: set[str] = set()  # the members node 0 asked for in this launch ("slot.attempt"): each starts once
         self.refused_at: Optional[float] = None  # the master refuses this agent's claim of its node since
         self.heard_at = clock()  # the master's last word (the start counts as one)
         self.node_timeout = cfg.node_timeout  # the master silent this long: its members are stopped (node 0's, once heard)
@@ -247,6 +248,7 @@ class NodeAgent(Prewarmed):
             stale = self.key_file
             self.disk.submit(lambda: curve.unfile_agent_key(stale))
             self.key_file, self.job = got.key_file, got.job.job
+            self.asked.clear()  # (a new launch counts its attempts anew)
         if old is not None:
             old.close(0)  # (its kernel may still deliver what it queued, late: the hellos say which link)
         self.link += 1
@@ -297,9 +299,15 @@ class NodeAgent(Prewarmed):
             self.stop_code = 2
 
     def _start(self, dealer: "zmq.Socket[Any]", msg: StartMembers) -> None:
-        """Start the members asked for: forked from the pre-warmed trainer when it is ready, else fresh."""
-        for rank in msg.ranks:
+        """Start the members asked for: forked from the pre-warmed trainer when it is ready, else fresh. A
+        member asked for again is not started again (node 0 asks again down a new connection while it has
+        not heard of the start: the first request may have reached this agent all the same)."""
+        ranks = [r for r in msg.ranks if f"{worker_slot(r)}.{msg.attempt}" not in self.asked]
+        if not ranks:
+            return
+        for rank in ranks:
             slot = worker_slot(rank)
+            self.asked.add(f"{slot}.{msg.attempt}")
             env = spawn.child_env(role=slot, attempt=msg.attempt, logdir=self.layout.logdir,
                                   runtime_dir=self.runtime, supervised=True)
             env.update(msg.env)  # a --ps worker's carries its whole TF_CONFIG; a group member's is built here
