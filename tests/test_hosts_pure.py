@@ -376,3 +376,49 @@ def test_an_agent_starts_a_member_of_an_attempt_once_however_often_node_0_asks(s
         assert asked[-1] == ("worker1", 4) and len(asked) == 3
     finally:
         agent.disk.close()
+
+
+def test_a_start_whose_send_failed_is_sent_again_until_it_goes_out_and_only_while_it_is_waited_for(short_tmp) -> None:
+    """``NodeLink.send`` says False when the node's route is not connected or its queue is full: the start
+    did not go out. Before, nobody looked (the members stayed pending, the view forking, for ever while the
+    host kept saying hello); now each read of the agents (``resend``) sends it again until it goes out, and
+    no more once its members are heard of."""
+    from procsv.watchdog.multihost.remote import RemoteMembers
+
+    class Link:
+        job = "j"
+
+        def __init__(self) -> None:
+            self.up, self.sent, self.tried = False, [], 0
+
+        def start(self, node: int, attempt: int, ranks: list[int], cluster: list[str], env: dict[str, str]) -> bool:
+            self.tried += 1
+            if self.up:
+                self.sent.append((node, attempt, ranks))
+            return self.up
+
+    class Reader:
+        def submit(self, work: Any) -> None:
+            return None
+
+    layout = Layout(os.path.join(short_tmp, "run"))
+    view = RunView(launch_start=0.0)
+    said: list[str] = []
+    link = Link()
+    remote = RemoteMembers(link, view, layout, 1, lambda reports: said.extend(r.say for r in reports),  # type: ignore
+                           lambda: 1.0, Reader())  # type: ignore[arg-type]
+    remote.start(2, ["a:1", "b:1", "c:1"], {}, (0, 1, 2))
+    assert link.tried == 2 and link.sent == [] and len(said) == 2, said
+    remote.resend(set())
+    assert link.tried == 4 and len(said) == 2  # (said once)
+    link.up = True
+    remote.resend(set())
+    assert link.sent == [(1, 2, [1]), (2, 2, [2])]
+    remote.resend(set())
+    assert len(link.sent) == 2  # out: not again unless its route moves
+    remote.resend({2})
+    assert link.sent[-1] == (2, 2, [2]) and len(link.sent) == 3
+    remote.ended("worker2", 2, 0, 1, 0.0)  # (its end heard: an agent started it)
+    remote.pending.pop("worker1")  # (its start heard)
+    remote.resend({1, 2})
+    assert len(link.sent) == 3 and remote.asked == {}
