@@ -268,3 +268,157 @@ def _drained(sock: Any) -> list[Any]:
 
     return [got.msg for got in drain(sock, limit=100)
             if not isinstance(got, Exception) and not isinstance(got.msg, MasterBeat)]
+
+
+def test_a_start_sent_down_a_connection_the_agent_replaced_before_its_new_one_said_hello_is_sent_again(
+        short_tmp) -> None:
+    """The other order of the same partition: what node 1's old socket queued reaches node 0 BEFORE any
+    hello of the connection that replaced it (the new one's connect is still held by the partition, or the
+    old kernel simply retransmits first). Node 0 has heard no newer link, so the late hello of link 1 is
+    the newest it knows: node 1 is back (its live members are gone), the group takes it back and the
+    StartMembers goes down link 1, which the agent closed long ago: it is lost. Before, node 0 waited for
+    the members of that start forever (``RemoteMembers.pending``: the view forking, no restart and no stop
+    could come) while node 1 kept saying hello on link 2. Now a start still waited for is sent again down
+    the node's new route once a hello of a newer connection moves it; the agent starts a member of a given
+    attempt once, however often it is asked."""
+    from test_metrics import free_port
+
+    from procsv.watchdog.diskjobs import DiskJobs
+    from procsv.watchdog.multihost.remote import RemoteMembers
+
+    layout = Layout(os.path.join(short_tmp, "run"))
+    layout.create()
+    addr = f"127.0.0.1:{free_port()}"
+    view = RunView(launch_start=0.0)
+    master_ctx: zmq.Context[Any] = zmq.Context()
+    agent_ctx: zmq.Context[Any] = zmq.Context()
+    link = NodeLink(master_ctx, layout, addr, time.monotonic, view, Limits(hang=HangLimits(None, None), nnodes=2))
+    reader = DiskJobs("test-reader")
+    remote = RemoteMembers(link, view, layout, 1, lambda reports: None, time.monotonic, reader)
+    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
+                                   master_addr=addr))
+    old = new = None
+    try:
+        read = agent.disk.submit(agent._read_job)
+        wait_for(lambda: read.done, 30, what="the agent's key filed")
+        old = agent._reconnect(agent_ctx, None, read)  # link 1
+        assert old is not None
+
+        def hello(n: int) -> NodeHello:
+            return NodeHello(1, 1, agent.host, os.getpid(), agent.addresses, [], link=n)
+
+        def heard_on(sock: Any, n: int) -> bool:  # sent again until the handshake is done
+            send(sock, hello(n))
+            return any(isinstance(msg, NodeHello) and msg.link == n for _, msg, _ in link.receive())
+
+        wait_for(lambda: heard_on(old, 1), 30, what="node 1's hello on link 1")
+        # the partition heals: link 1's late hello is read (the newest link node 0 knows) and the group takes
+        # node 1 back at once, down link 1; the agent had closed that socket: what reaches it is dropped
+        remote.start(3, [f"127.0.0.1:{free_port()}", f"{agent.host}:1"], {}, (0, 1))
+        assert remote.pending == {"worker1": (3, 1)}
+        time.sleep(0.3)
+        old.close(0)
+        old = None
+        # link 2 (made during the partition) connects at last and says hello
+        new = make_socket(agent_ctx, zmq.DEALER)
+        job = read.result.job if read.result is not None else None
+        assert job is not None
+        curve.connect_as_agent(new, agent.keys, job)
+        new.connect(f"tcp://{addr}")
+        got: list[Any] = []
+
+        def start_on_new() -> bool:
+            heard_on(new, 2)
+            remote.resend(link.take_rerouted())  # (the launcher's _on_nodes, after each read)
+            got.extend(_drained(new))
+            return bool(got)
+
+        wait_for(start_on_new, 10, interval=0.1, what="the start sent again on the new link")
+        assert [(type(m).__name__, m.attempt, m.ranks) for m in got] == [("StartMembers", 3, [1])], got
+        # a second move of the route sends nothing more once the agent said it started the member
+        send(new, MemberStarted("worker1", 3, 1234))
+        wait_for(lambda: [remote.started(n, m.slot, m.attempt, m.pid) for n, m, _ in link.receive()
+                          if isinstance(m, MemberStarted)] != [], 10, what="the member's start heard")
+        assert remote.pending == {}
+        remote.resend({1})
+        time.sleep(0.3)
+        assert _drained(new) == []
+    finally:
+        for sock in (old, new):
+            if sock is not None:
+                sock.close(0)
+        link.close()
+        reader.close()
+        agent.disk.close()
+        curve.unfile_agent_key(agent.key_file)
+        agent_ctx.term()
+        master_ctx.term()
+
+
+def test_an_agent_starts_a_member_of_an_attempt_once_however_often_node_0_asks(short_tmp) -> None:
+    """Node 0 sends a start again down a node's new route while it is still waited for (the first may have
+    gone down a connection the agent replaced): if the first did arrive, the second starts nothing."""
+    from procsv.ipc.messages import StartMembers
+
+    layout = Layout(os.path.join(short_tmp, "run"))
+    layout.create()
+    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
+                                   master_addr="127.0.0.1:1", prewarm=False))
+    asked: list[tuple[str, int]] = []
+    agent._started = lambda dealer, pending, proc: asked.append((pending.slot, pending.attempt))  # type: ignore
+    agent.runtime = short_tmp
+    try:
+        start = StartMembers(3, [1, 2], ["a:1", "b:1", "b:2"], {})
+        agent._start(None, start)  # type: ignore[arg-type]
+        agent._start(None, start)  # type: ignore[arg-type]
+        assert asked == [("worker1", 3), ("worker2", 3)]
+        agent._start(None, StartMembers(4, [1], ["a:1", "b:1"], {}))  # type: ignore[arg-type]
+        assert asked[-1] == ("worker1", 4) and len(asked) == 3
+    finally:
+        agent.disk.close()
+
+
+def test_a_start_whose_send_failed_is_sent_again_until_it_goes_out_and_only_while_it_is_waited_for(short_tmp) -> None:
+    """``NodeLink.send`` says False when the node's route is not connected or its queue is full: the start
+    did not go out. Before, nobody looked (the members stayed pending, the view forking, for ever while the
+    host kept saying hello); now each read of the agents (``resend``) sends it again until it goes out, and
+    no more once its members are heard of."""
+    from procsv.watchdog.multihost.remote import RemoteMembers
+
+    class Link:
+        job = "j"
+
+        def __init__(self) -> None:
+            self.up, self.sent, self.tried = False, [], 0
+
+        def start(self, node: int, attempt: int, ranks: list[int], cluster: list[str], env: dict[str, str]) -> bool:
+            self.tried += 1
+            if self.up:
+                self.sent.append((node, attempt, ranks))
+            return self.up
+
+    class Reader:
+        def submit(self, work: Any) -> None:
+            return None
+
+    layout = Layout(os.path.join(short_tmp, "run"))
+    view = RunView(launch_start=0.0)
+    said: list[str] = []
+    link = Link()
+    remote = RemoteMembers(link, view, layout, 1, lambda reports: said.extend(r.say for r in reports),  # type: ignore
+                           lambda: 1.0, Reader())  # type: ignore[arg-type]
+    remote.start(2, ["a:1", "b:1", "c:1"], {}, (0, 1, 2))
+    assert link.tried == 2 and link.sent == [] and len(said) == 2, said
+    remote.resend(set())
+    assert link.tried == 4 and len(said) == 2  # (said once)
+    link.up = True
+    remote.resend(set())
+    assert link.sent == [(1, 2, [1]), (2, 2, [2])]
+    remote.resend(set())
+    assert len(link.sent) == 2  # out: not again unless its route moves
+    remote.resend({2})
+    assert link.sent[-1] == (2, 2, [2]) and len(link.sent) == 3
+    remote.ended("worker2", 2, 0, 1, 0.0)  # (its end heard: an agent started it)
+    remote.pending.pop("worker1")  # (its start heard)
+    remote.resend({1, 2})
+    assert len(link.sent) == 3 and remote.asked == {}

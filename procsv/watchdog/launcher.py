@@ -238,6 +238,8 @@ class Watchdog:
             elif isinstance(msg, Relayed) and payload:
                 self.out.record(observe.heard(self.view, payload[0], self.clock(), slot=msg.slot))
             self.out.changed()
+        if self.ex.remote is not None:
+            self.ex.remote.resend(self.link.take_rerouted())  # a start that went down a replaced connection
         self.out.record(self.link.take_refusals())
 
     def _close(self) -> None:

@@ -96,11 +96,13 @@ class NodeAgent(Prewarmed):
         self.clock = clock
         self.host = host_ip(cfg.master_addr)
         self.members: dict[str, ChildProcess] = {}  # by "slot.attempt"; the pidfd of each signals it
-        self.signalled: set[str] = set()  # the members a SignalMember reached alive (MemberEnded says so)
         self.stop_code: Optional[int] = None
         self.job: Optional[str] = None
         self.keys = curve.AgentKeys.new()  # this agent's own key pair; the secret never leaves this process
         self.key_file: Optional[str] = None  # where its public key is filed for the current launch
+        # the members node 0 asked for in this launch ("slot.attempt"; each starts once), and whether a
+        # SignalMember reached it alive (its MemberEnded says so)
+        self.asked: dict[str, bool] = {}
         self.refused_at: Optional[float] = None  # the master refuses this agent's claim of its node since
         self.heard_at = clock()  # the master's last word (the start counts as one)
         self.node_timeout = cfg.node_timeout  # the master silent this long: its members are stopped (node 0's, once heard)
@@ -250,6 +252,7 @@ class NodeAgent(Prewarmed):
             stale = self.key_file
             self.disk.submit(lambda: curve.unfile_agent_key(stale))
             self.key_file, self.job = got.key_file, got.job.job
+            self.asked.clear()  # (a new launch counts its attempts anew)
         if old is not None:
             old.close(0)  # (its kernel may still deliver what it queued, late: the hellos say which link)
         sock = make_socket(zctx, zmq.DEALER)  # no identity: the master knows this agent by its key
@@ -275,7 +278,7 @@ class NodeAgent(Prewarmed):
             elif isinstance(msg, SignalMember):
                 m = self.members.get(f"{msg.slot}.{msg.attempt}")
                 if m is not None and m.proc.poll() is None:
-                    self.signalled.add(f"{msg.slot}.{msg.attempt}")
+                    self.asked[f"{msg.slot}.{msg.attempt}"] = True  # reached alive
                     if msg.kill:
                         m.kill_group()
                     else:
@@ -299,9 +302,15 @@ class NodeAgent(Prewarmed):
             self.stop_code = 2
 
     def _start(self, dealer: "zmq.Socket[Any]", msg: StartMembers) -> None:
-        """Start the members asked for: forked from the pre-warmed trainer when it is ready, else fresh."""
-        for rank in msg.ranks:
+        """Start the members asked for: forked from the pre-warmed trainer when it is ready, else fresh. A
+        member asked for again is not started again (node 0 asks again down a new connection while it has
+        not heard of the start: the first request may have reached this agent all the same)."""
+        ranks = [r for r in msg.ranks if f"{worker_slot(r)}.{msg.attempt}" not in self.asked]
+        if not ranks:
+            return
+        for rank in ranks:
             slot = worker_slot(rank)
+            self.asked[f"{slot}.{msg.attempt}"] = False
             env = spawn.child_env(role=slot, attempt=msg.attempt, logdir=self.layout.logdir,
                                   runtime_dir=self.runtime, supervised=True)
             env.update(msg.env)  # a --ps worker's carries its whole TF_CONFIG; a group member's is built here
@@ -356,8 +365,7 @@ class NodeAgent(Prewarmed):
             del self.members[key]
             m.reap()  # (reaped already: closes its pidfd)
             ended = True
-            signalled = key in self.signalled
-            self.signalled.discard(key)
+            signalled = self.asked.get(key, False)
             if dealer is not None and not faults.fires("agent", "member_ended_unsent"):  # tests: a report its host took along
                 send(dealer, MemberEnded(m.slot, m.attempt, m.pid, code, signalled))
         return ended

@@ -54,6 +54,7 @@ class NodeLink:
         self.holders: dict[int, str] = {}  # node -> the public key (Z85) that speaks for it in this launch
         self.routes: dict[int, bytes] = {}  # node -> the routing id of its holder's newest connection (the nodes known)
         self.links: dict[int, int] = {}  # node -> the newest of its holder's connections (NodeHello.link) heard
+        self.rerouted: set[int] = set()  # nodes whose route moved to another connection since take_rerouted
         self.refusals: list[Report] = []  # refused claims not reported yet (the launcher takes them)
         self._refused: set[tuple[str, int]] = set()  # (key, node) already reported
         self._beat_at = float("-inf")
@@ -119,9 +120,17 @@ class NodeLink:
                 pass
             return None
         self.holders[msg.node] = key
+        if self.routes.get(msg.node, route) != route:
+            self.rerouted.add(msg.node)  # what went down the old connection may be lost (RemoteMembers.resend)
         self.routes[msg.node] = route
         self.links[msg.node] = msg.link
         return msg.node
+
+    def take_rerouted(self) -> set[int]:
+        """The nodes whose route moved to another connection since the last call: a start sent down the
+        old one may never have reached the agent (its connection was one the agent had replaced, or closed)."""
+        out, self.rerouted = self.rerouted, set()
+        return out
 
     def take_refusals(self) -> list[Report]:
         """The refused claims not reported yet, as lifecycle records."""

@@ -49,6 +49,10 @@ class RemoteMembers:
         self.pending: dict[str, tuple[int, int]] = {}  # slot -> (attempt, host): members asked of an agent, not started yet
         # (the view is forking meanwhile: Executor.perform)
         self.reader = reader
+        # the starts asked of an agent: (node, attempt, slots) -> (ranks, cluster, env, sent: the last send went
+        # out), sent again while one of their members is still pending, down the node's new route or after a
+        # send that failed (resend)
+        self.asked: dict[tuple[int, int, tuple[str, ...]], tuple[list[int], list[str], dict[str, str], bool]] = {}
         # ends whose error file is being read: (slot, attempt, pid, code, wall, the read, due), in order
         self._ends: "deque[tuple[str, int, int, int, float, bool, Job[Optional[ChildError]], float]]" = deque()
 
@@ -59,15 +63,46 @@ class RemoteMembers:
         self.reader.submit(lambda: curve.unfile_members(layout, job, before=attempt))  # every earlier attempt is over
         for node in nodes[1:]:
             ranks = ranks_of(nodes, node, self.nproc)
-            self.link.start(node, attempt, ranks, cluster, env)
             for rank in ranks:
                 self.pending[worker_slot(rank)] = attempt, node
+            self._ask(node, attempt, tuple(worker_slot(r) for r in ranks), ranks, cluster, env)
+        self._forget_answered()
 
     def start_task(self, node: int, slot: str, attempt: int, rank: int, env: dict[str, str]) -> None:
         """Ask host ``node`` for one task restarted alone (``--ps``: a worker), ``env`` with its whole
         ``TF_CONFIG``."""
-        self.link.start(node, attempt, [rank], [], env)
         self.pending[slot] = attempt, node
+        self._ask(node, attempt, (slot,), [rank], [], env)
+        self._forget_answered()
+
+    def _ask(self, node: int, attempt: int, slots: tuple[str, ...], ranks: list[int], cluster: list[str],
+             env: dict[str, str]) -> None:
+        key = node, attempt, slots
+        sent = self.link.start(node, attempt, ranks, cluster, env)
+        if not sent and (key not in self.asked or self.asked[key][3]):  # (said once, not at each try)
+            self.report([Report(say=f"procsv: could not send node {node}'s agent its start of {', '.join(slots)} "
+                                    f"(attempt {attempt}): not connected; asking again as it says hello")])
+        self.asked[key] = ranks, cluster, env, sent
+
+    def resend(self, nodes: set[int]) -> None:
+        """The routes of ``nodes`` moved to another connection (:meth:`NodeLink.take_rerouted`): send their
+        starts still waited for again. The first may have gone down a connection the agent had replaced
+        (what its old socket queued during a partition reaches node 0 before any hello of the new one) and
+        be lost; nothing else would end the wait while the host keeps saying hello (the view forking: no
+        restart, no stop). A start whose send failed (not connected, or its queue full) is sent again at
+        each call. The agent starts a member of an attempt once however often it is asked."""
+        self._forget_answered()
+        for (node, attempt, slots), (ranks, cluster, env, sent) in list(self.asked.items()):
+            if node in nodes:
+                self.report([Report(say=f"procsv: node {node}'s agent is on another connection while its start of "
+                                        f"{', '.join(slots)} (attempt {attempt}) is not answered; asking again")])
+            if node in nodes or not sent:
+                self._ask(node, attempt, slots, ranks, cluster, env)
+
+    def _forget_answered(self) -> None:
+        """Forget the starts none of whose members is still pending (started, ended, or its host lost)."""
+        for key in [k for k in self.asked if not any(self.pending.get(s) == (k[1], k[0]) for s in k[2])]:
+            del self.asked[key]
 
     def lost(self, node: int) -> None:
         """Host ``node`` was found lost (before :class:`~procsv.watchdog.rules.actions.NodeLost` is noted): the
