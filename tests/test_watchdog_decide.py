@@ -978,3 +978,19 @@ def test_a_trainer_that_stopped_stepping_is_no_stall_of_the_checkpoint_service()
     for _ in range(60):
         assert not [a for a in sim.tick(1.0) if isinstance(a, Kill) and a.slot == CHECKPOINT]
     assert sim.trainer.hang_cause  # the hang rule judged it
+
+
+def test_a_stop_while_a_start_is_asked_and_never_answered_ends_when_its_grace_does():
+    """Rule 2 waits for a start asked and not answered (the view ``forking``: a fork of the zygote, a member
+    asked of another host) only until the stop's grace ends. Before, it waited for ever: a StartMembers lost
+    on its way to an agent that keeps saying hello is never answered, and SIGTERM could not end the launch."""
+    sim = Sim()
+    sim.start_trainer()
+    sim.dies(TRAINER, 1)
+    of(sim.tick(), Restart)
+    sim.view.forking = True  # the restart's start asked, its answer never coming
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 30.0)
+    assert not of(sim.tick(), Finish)
+    assert not of(sim.tick(29.0), Finish)  # within the grace: the answer may still come
+    (f,) = of(sim.tick(1.5), Finish)
+    assert f.run == RunState.STOPPED and f.exit_code == 128 + signal.SIGTERM

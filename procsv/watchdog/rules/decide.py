@@ -166,7 +166,11 @@ def _stop(view: RunView, now: float, limits: Limits) -> list[Action]:
     for t in live:
         if not (workers_first and t.state in (ProcState.STARTING, ProcState.RUNNING)):
             out += t.stopping(now, view.stop_deadline, limits.stop_resend_secs, Cause.STOP, Cause.STOP_GRACE)
-    if not live and not view.forking:  # stopped before a trainer started, or while a restart was pending
+    # stopped before a trainer started, or while a restart was pending; a start asked and not answered (a
+    # fork of the zygote, a member asked of another host: a lost StartMembers never is) is waited for only
+    # until the stop's grace ends (its deadline, or None once the grace's SIGKILL went out)
+    waited = view.forking and view.stop_deadline is not None and now < view.stop_deadline
+    if not live and not waited:
         out.append(_stopped_between(view, 128 + view.stop_signal))
     return out
 
