@@ -133,8 +133,10 @@ def test_a_partition_longer_than_the_rejoin_timeout_leaves_the_group_training_an
             "--group-grace-secs", "0")
     gate, fast = paced(tmp_path)
     args = (*ARGS, "--steps", str(STEPS), "--step-delay", "0.02", *fast)
-    master = launch(logdir, *args, target=PACED, opts=(*opts, "--master-addr", addr))
+    # the agent first, waiting for node 0's job, so that its own start does not count against the first
+    # group's --rejoin-timeout 5 (at load 15 it once did: the group started on node 0 alone)
     a1 = agent_on(NS, 1, logdir, addr, *args, opts=opts if same_flags else ("--nnodes", "2"), target=PACED)
+    master = launch(logdir, *args, target=PACED, opts=(*opts, "--master-addr", addr))
     try:
         wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of two")
         ip("link", "set", VETH, "down")
