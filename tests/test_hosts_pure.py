@@ -422,3 +422,74 @@ def test_a_start_whose_send_failed_is_sent_again_until_it_goes_out_and_only_whil
     remote.pending.pop("worker1")  # (its start heard)
     remote.resend({1, 2})
     assert len(link.sent) == 3 and remote.asked == {}
+
+
+def test_a_member_started_already_is_said_started_again_when_asked_again_and_node_0_takes_the_repeat_as_known(
+        short_tmp) -> None:
+    """The reply's half of a lost start: the agent started worker1 and said so, but its MemberStarted went down
+    the connection it was replacing, so node 0 asks again down the new one (``resend``). Before, the agent
+    ignored the repeat and node 0 waited for the member for ever (the view forking); now the agent says the
+    running member started again, and node 0 takes a MemberStarted of a member it already knows (same
+    attempt, pid and host) as known: it kills only a stale one, as before."""
+    import subprocess
+
+    from procsv.ipc.messages import SignalMember, StartMembers
+    from procsv.ipc.transport import drain
+    from procsv.watchdog.children import ChildProcess
+    from procsv.watchdog.multihost.remote import RemoteMembers
+
+    layout = Layout(os.path.join(short_tmp, "run"))
+    layout.create()
+    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
+                                   master_addr="127.0.0.1:1", prewarm=False))
+    ctx: zmq.Context[Any] = zmq.Context()
+    dealer, master = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    master.bind("inproc://node0")
+    dealer.connect("inproc://node0")
+    member = subprocess.Popen(["sleep", "30"])
+    try:
+        start = StartMembers(3, [1], ["a:1", "b:1"], {})
+        agent._started = lambda d, pending, proc: agent.members.__setitem__(  # type: ignore[method-assign]
+            f"{pending.slot}.{pending.attempt}", ChildProcess(pending.slot, pending.slot, pending.attempt, member, "/dev/null"))
+        agent.runtime = short_tmp
+        agent._start(dealer, start)  # the first: started (its MemberStarted, here, never sent: lost)
+        assert list(agent.members) == ["worker1.3"]
+        agent._start(dealer, start)  # asked again
+        said = [got.msg for got in drain(master, first_timeout_ms=1000, limit=10)]
+        assert said == [MemberStarted("worker1", 3, member.pid)], said
+        assert list(agent.members) == ["worker1.3"]  # started once
+    finally:
+        member.kill()
+        member.wait()
+        dealer.close(0)
+        master.close(0)
+        ctx.term()
+        agent.disk.close()
+
+    class Link:
+        job = "j"
+
+        def __init__(self) -> None:
+            self.signals: list[Any] = []
+
+        def start(self, node: int, attempt: int, ranks: list[int], cluster: list[str], env: dict[str, str]) -> bool:
+            return True
+
+        def signal(self, node: int, slot: str, attempt: int, sig: int, kill: bool = False) -> bool:
+            self.signals.append(SignalMember(slot, attempt, sig, kill))
+            return True
+
+    class Reader:
+        def submit(self, work: Any) -> None:
+            return None
+
+    view = RunView(launch_start=0.0)
+    link = Link()
+    remote = RemoteMembers(link, view, layout, 1, lambda reports: None, lambda: 1.0, Reader())  # type: ignore
+    remote.start(3, ["a:1", "b:1"], {}, (0, 1))
+    remote.started(1, "worker1", 3, 4242)
+    assert remote.pending == {} and (view.children["worker1"].attempt, view.children["worker1"].pid) == (3, 4242)
+    remote.started(1, "worker1", 3, 4242)  # the repeat: known, not killed
+    assert link.signals == [] and view.children["worker1"].pid == 4242
+    remote.started(1, "worker1", 2, 4100)  # a stale attempt's start: killed, as before
+    assert [(s.slot, s.attempt, s.kill) for s in link.signals] == [("worker1", 2, True)]

@@ -304,8 +304,13 @@ class NodeAgent(Prewarmed):
     def _start(self, dealer: "zmq.Socket[Any]", msg: StartMembers) -> None:
         """Start the members asked for: forked from the pre-warmed trainer when it is ready, else fresh. A
         member asked for again is not started again (node 0 asks again down a new connection while it has
-        not heard of the start: the first request may have reached this agent all the same)."""
+        not heard of the start: the first request may have reached this agent all the same); one running is
+        said started again, since its first MemberStarted may be what went down a dead connection."""
         ranks = [r for r in msg.ranks if f"{worker_slot(r)}.{msg.attempt}" not in self.asked]
+        for rank in [r for r in msg.ranks if r not in ranks]:  # asked again: its MemberStarted may be lost
+            m = self.members.get(f"{worker_slot(rank)}.{msg.attempt}")
+            if m is not None:
+                send(dealer, MemberStarted(m.slot, m.attempt, m.pid))  # (node 0 takes a repeat as known)
         if not ranks:
             return
         for rank in ranks:

@@ -117,8 +117,12 @@ class RemoteMembers:
                 self.view.children[slot].node = node
 
     def started(self, node: int, slot: str, attempt: int, pid: int) -> None:
-        """An agent started a member it was asked for (a stale one is killed at once)."""
+        """An agent started a member it was asked for (a stale one is killed at once; one heard of already,
+        said again by an agent asked again down a new connection, is known)."""
         if self.pending.get(slot, (0, 0))[0] != attempt:
+            known = self.view.children.get(slot)
+            if known is not None and (known.attempt, known.pid, known.node) == (attempt, pid, node):
+                return
             self.link.signal(node, slot, attempt, signal.SIGKILL, kill=True)
             return
         del self.pending[slot]
