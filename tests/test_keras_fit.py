@@ -218,7 +218,17 @@ def _relaunch_stopped_mid_epoch(seed: str, folder: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def stopped_mid_epoch_relaunched(shared_result) -> dict[str, Any]:
+def stopped_mid_epoch(shared_result) -> str:
+    """The logdir of one fit (tfdata, 4 epochs, save_freq "epoch", ``--delete-checkpoint``, a file
+    ``notes.txt`` of the user's beside it) that ``procsv launch`` stopped on SIGTERM in mid-epoch,
+    past the first epoch (exit 143, no final weights written: asserted when it is made), made once
+    per session: its newest checkpoint is the stop's commit, the one before it the end of epoch 1.
+    Tests copy it (or relaunch a copy): it is read-only."""
+    return os.path.join(shared_result("keras-fit-sigterm-mid-epoch", _sigterm_mid_epoch_with_delete_checkpoint), "run")
+
+
+@pytest.fixture(scope="module")
+def stopped_mid_epoch_relaunched(shared_result, stopped_mid_epoch) -> dict[str, Any]:
     """One fit (tfdata, 4 epochs, save_freq "epoch", ``--delete-checkpoint``, a file ``notes.txt`` of
     the user's beside it) that ``procsv launch`` stopped on SIGTERM in mid-epoch, past the first epoch
     (exit 143, no final weights written: asserted when it is made), then a copy of it relaunched to
@@ -228,8 +238,7 @@ def stopped_mid_epoch_relaunched(shared_result) -> dict[str, Any]:
     copy, after its end), ``out_path`` (its final weights), ``position``, ``status_step`` and
     ``committed`` (of the stopped fit, read before the relaunch), ``code``, ``out``, ``err`` (the
     relaunch's)."""
-    seed = os.path.join(shared_result("keras-fit-sigterm-mid-epoch", _sigterm_mid_epoch_with_delete_checkpoint),
-                        "run")
+    seed = stopped_mid_epoch
     folder = shared_result("keras-fit-sigterm-mid-epoch-relaunched", lambda f: _relaunch_stopped_mid_epoch(seed, f))
     with open(os.path.join(folder, "result.json")) as fh:
         result: dict[str, Any] = json.load(fh)
@@ -274,9 +283,14 @@ def test_sigterm_to_the_trainer_itself_commits_its_batch_exits_42_and_the_launch
     assert _bit_identical(_weights(out_path), reference("tfdata", 4))  # no batch trained twice or skipped
 
 
-def test_a_corrupt_newest_backup_falls_back_to_the_previous_one_and_still_ends_bit_identical(short_tmp, reference):
+def test_a_corrupt_newest_backup_falls_back_to_the_previous_one_and_still_ends_bit_identical(
+        stopped_mid_epoch, short_tmp, reference):
+    """A copy of the fit stopped in mid-epoch (its newest backup the stop's commit, the one before it
+    epoch 1's end: each test stopped a fit of its own before, this one with ``--save-freq 5``), its
+    newest backup's data corrupted by one flipped byte: the relaunch says so, resumes from the
+    previous backup and ends bit-identical to the plain fit."""
     logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
-    _launch_and_sigterm_mid_epoch(logdir, out_path, "--save-freq", "5")
+    shutil.copytree(stopped_mid_epoch, logdir, ignore=shutil.ignore_patterns("lock"))
     steps = committed_steps(logdir)
     assert len(steps) >= 2
     newest = f"model.ckpt-{steps[-1]}"
