@@ -108,40 +108,85 @@ class AnsweredZygote:
         return ThisProcess()
 
 
+class TwoNodes:
+    """Node 0's ROUTER (:class:`NodeLink`) and node 1's agent on real CURVE sockets over localhost, the
+    agent's key filed for the launch: what the tests of the master's channel share. ``connect()`` is
+    the agent's own (re)connect, ``connect_again()`` a second socket with its key (a connection it made
+    while the first was still open); every socket made here or handed to ``own`` is closed at
+    ``close``, before the contexts."""
+
+    def __init__(self, short_tmp: str) -> None:
+        from test_metrics import free_port
+
+        self.layout = Layout(os.path.join(short_tmp, "run"))
+        self.layout.create()
+        self.addr = f"127.0.0.1:{free_port()}"
+        self.view = RunView(launch_start=0.0)
+        self.master_ctx: zmq.Context[Any] = zmq.Context()
+        self.agent_ctx: zmq.Context[Any] = zmq.Context()
+        self.sockets: list[Any] = []
+        self.link = NodeLink(self.master_ctx, self.layout, self.addr, time.monotonic, self.view,
+                             Limits(hang=HangLimits(None, None), nnodes=2))
+        self.agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], self.layout.logdir, nnodes=2, node_rank=1,
+                                            master_addr=self.addr))
+        self.read = self.agent.disk.submit(self.agent._read_job)  # the agent files its key for the launch
+        wait_for(lambda: self.read.done, 30, what="the agent's key filed")
+
+    def own(self, sock: Any) -> Any:
+        self.sockets.append(sock)
+        return sock
+
+    def connect(self) -> Any:
+        """The agent's connection, as its loop makes it (link 1 of these tests)."""
+        sock = self.agent._reconnect(self.agent_ctx, None, self.read)
+        assert sock is not None
+        return self.own(sock)
+
+    def connect_again(self) -> Any:
+        """Another connection with the agent's key, the first left open."""
+        job = self.read.result.job if self.read.result is not None else None
+        assert job is not None
+        sock = self.own(make_socket(self.agent_ctx, zmq.DEALER))
+        curve.connect_as_agent(sock, self.agent.keys, job)
+        sock.connect(f"tcp://{self.addr}")
+        return sock
+
+    def hello(self, n: int) -> NodeHello:
+        """Node 1's hello on its link ``n``."""
+        return NodeHello(1, 1, self.agent.host, os.getpid(), self.agent.addresses, [], link=n)
+
+    def heard_on(self, sock: Any, n: int) -> bool:
+        """Say link ``n``'s hello on ``sock``: True once node 0 read one (sent again until the handshake is done)."""
+        send(sock, self.hello(n))
+        return any(isinstance(msg, NodeHello) and msg.link == n for _, msg, _ in self.link.receive())
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close(0)
+        self.link.close()
+        self.agent.disk.close()
+        curve.unfile_agent_key(self.agent.key_file)
+        self.agent_ctx.term()
+        self.master_ctx.term()
+
+
 def test_an_agent_relays_its_members_non_finite_reports_to_node_0_as_they_sent_them(short_tmp) -> None:
     """A member on host 1 tells its agent of a non-finite loss, a rollback and a skipped step
     (issue 41), then its progress. Before: the agent's PULL took only ``Progress`` and
     ``TrainerReady`` (the three were refused there as unexpected kinds) and node 0 decoded only
     those two from a ``Relayed``: node 0 heard only the progress, and its events, ``skipped_steps``
     and ``rollbacks`` missed the skip."""
-    from test_metrics import free_port
-
-    layout = Layout(os.path.join(short_tmp, "run"))
-    layout.create()
-    addr = f"127.0.0.1:{free_port()}"
-    view = RunView(launch_start=0.0)
-    master_ctx: zmq.Context[Any] = zmq.Context()
-    agent_ctx: zmq.Context[Any] = zmq.Context()
-    link = NodeLink(master_ctx, layout, addr, time.monotonic, view, Limits(hang=HangLimits(None, None), nnodes=2))
-    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
-                                   master_addr=addr))
-    endpoint = Endpoints(short_tmp).watchdog
-    pull = make_socket(agent_ctx, zmq.PULL)  # the agent's, as in NodeAgent.run
-    bind_private(pull, endpoint)
-    member = make_socket(agent_ctx, zmq.PUSH)  # the member's channel to its watchdog, here its agent
-    member.connect(endpoint)
-    dealer = None
+    nodes = TwoNodes(short_tmp)
+    layout, view, link, agent = nodes.layout, nodes.view, nodes.link, nodes.agent
     try:
-        read = agent.disk.submit(agent._read_job)  # the agent files its key for the launch, then connects
-        wait_for(lambda: read.done, 30, what="the agent's key filed")
-        dealer = agent._reconnect(agent_ctx, None, read)
-        assert dealer is not None
+        endpoint = Endpoints(short_tmp).watchdog
+        pull = nodes.own(make_socket(nodes.agent_ctx, zmq.PULL))  # the agent's, as in NodeAgent.run
+        bind_private(pull, endpoint)
+        member = nodes.own(make_socket(nodes.agent_ctx, zmq.PUSH))  # the member's, to its agent
+        member.connect(endpoint)
+        dealer = nodes.connect()
 
-        def joined() -> bool:  # its hello is its claim of node 1 (sent again until the handshake is done)
-            send(dealer, NodeHello(1, 1, agent.host, os.getpid(), agent.addresses, []))
-            return any(isinstance(msg, NodeHello) for _, msg, _ in link.receive())
-
-        wait_for(joined, 30, what="node 1 to join node 0")
+        wait_for(lambda: nodes.heard_on(dealer, 1), 30, what="node 1 to join node 0")  # its hello: its claim
         # the member's ready message, read before the agent read the zygote's answer naming its pid (its
         # fork still pending): the agent reads the zygote's pipe first, where that answer is (a fork runs
         # only once it is written: procsv.zygote), and relays the message (before: dropped, so node 0
@@ -179,14 +224,7 @@ def test_an_agent_relays_its_members_non_finite_reports_to_node_0_as_they_sent_t
         assert [payload[0] for _, _, payload in heard] == [ready] + sent  # each as the member sent it
         reports = [r for _, msg, payload in heard for r in observe.heard(view, payload[0], 2.0, slot=msg.slot)]
     finally:
-        for sock in (member, pull, dealer):
-            if sock is not None:
-                sock.close(0)
-        link.close()
-        agent.disk.close()
-        curve.unfile_agent_key(agent.key_file)
-        agent_ctx.term()
-        master_ctx.term()
+        nodes.close()
     # node 0 observes them as the launcher's _on_nodes does: the events, the counts status.json shows
     assert [r.event for r in reports if r.event] == [Event.NONFINITE_DETECTED, Event.ROLLED_BACK, Event.STEP_SKIPPED]
     assert (view.nonfinite_found, view.rollbacks, view.skipped_steps) == (1, 1, [25])
@@ -203,41 +241,16 @@ def test_a_late_hello_of_a_connection_the_agent_replaced_does_not_take_its_route
     the dead connection: the chief waited in its first collective for a worker1 never started (300 s, no
     output, until the test gave up). Now a hello routes only if it comes on the holder's newest link: the
     start reaches the new socket, and the old one hears nothing. Real sockets, real CURVE."""
-    from test_metrics import free_port
-
-    layout = Layout(os.path.join(short_tmp, "run"))
-    layout.create()
-    addr = f"127.0.0.1:{free_port()}"
-    view = RunView(launch_start=0.0)
-    master_ctx: zmq.Context[Any] = zmq.Context()
-    agent_ctx: zmq.Context[Any] = zmq.Context()
-    link = NodeLink(master_ctx, layout, addr, time.monotonic, view, Limits(hang=HangLimits(None, None), nnodes=2))
-    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
-                                   master_addr=addr))
-    old = new = None
+    nodes = TwoNodes(short_tmp)
+    link, agent, hello, heard_on = nodes.link, nodes.agent, nodes.hello, nodes.heard_on
     try:
-        read = agent.disk.submit(agent._read_job)
-        wait_for(lambda: read.done, 30, what="the agent's key filed")
-        old = agent._reconnect(agent_ctx, None, read)  # link 1
-        assert old is not None
-
-        def hello(sock: Any, n: int) -> NodeHello:  # (sock: which socket sends it)
-            return NodeHello(1, 1, agent.host, os.getpid(), agent.addresses, [], link=n)
-
-        def heard_on(sock: Any, n: int) -> bool:  # sent again until the handshake is done
-            send(sock, hello(sock, n))
-            return any(isinstance(msg, NodeHello) and msg.link == n for _, msg, _ in link.receive())
-
+        old = nodes.connect()  # link 1
         wait_for(lambda: heard_on(old, 1), 30, what="node 1's hello on link 1")
         # the reconnect: a second socket of the same agent (its key), the old one kept open to play its
         # kernel's late delivery (the agent closes it; its queued bytes still arrive)
-        new = make_socket(agent_ctx, zmq.DEALER)
-        job = read.result.job if read.result is not None else None
-        assert job is not None
-        curve.connect_as_agent(new, agent.keys, job)
-        new.connect(f"tcp://{addr}")
+        new = nodes.connect_again()
         wait_for(lambda: heard_on(new, 2), 30, what="node 1's hello on link 2")
-        assert send(old, hello(old, 1))  # the late delivery
+        assert send(old, hello(1))  # the late delivery
         got: list[Any] = []
         until = time.monotonic() + 1.0
         while time.monotonic() < until:  # node 0's loop reading meanwhile
@@ -251,14 +264,14 @@ def test_a_late_hello_of_a_connection_the_agent_replaced_does_not_take_its_route
         time.sleep(0.3)
         assert _drained(old) == []  # the old connection carried nothing
     finally:
-        for sock in (old, new):
-            if sock is not None:
-                sock.close(0)
-        link.close()
-        agent.disk.close()
-        curve.unfile_agent_key(agent.key_file)
-        agent_ctx.term()
-        master_ctx.term()
+        nodes.close()
+
+
+class NoReads:
+    """A RemoteMembers' logdir reader that reads nothing (its error files and key files are not these tests')."""
+
+    def submit(self, work: Any) -> None:
+        return None
 
 
 def _drained(sock: Any) -> list[Any]:
@@ -286,31 +299,12 @@ def test_a_start_sent_down_a_connection_the_agent_replaced_before_its_new_one_sa
     from procsv.watchdog.diskjobs import DiskJobs
     from procsv.watchdog.multihost.remote import RemoteMembers
 
-    layout = Layout(os.path.join(short_tmp, "run"))
-    layout.create()
-    addr = f"127.0.0.1:{free_port()}"
-    view = RunView(launch_start=0.0)
-    master_ctx: zmq.Context[Any] = zmq.Context()
-    agent_ctx: zmq.Context[Any] = zmq.Context()
-    link = NodeLink(master_ctx, layout, addr, time.monotonic, view, Limits(hang=HangLimits(None, None), nnodes=2))
+    nodes = TwoNodes(short_tmp)
+    link, view, agent, heard_on = nodes.link, nodes.view, nodes.agent, nodes.heard_on
     reader = DiskJobs("test-reader")
-    remote = RemoteMembers(link, view, layout, 1, lambda reports: None, time.monotonic, reader)
-    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
-                                   master_addr=addr))
-    old = new = None
+    remote = RemoteMembers(link, view, nodes.layout, 1, lambda reports: None, time.monotonic, reader)
     try:
-        read = agent.disk.submit(agent._read_job)
-        wait_for(lambda: read.done, 30, what="the agent's key filed")
-        old = agent._reconnect(agent_ctx, None, read)  # link 1
-        assert old is not None
-
-        def hello(n: int) -> NodeHello:
-            return NodeHello(1, 1, agent.host, os.getpid(), agent.addresses, [], link=n)
-
-        def heard_on(sock: Any, n: int) -> bool:  # sent again until the handshake is done
-            send(sock, hello(n))
-            return any(isinstance(msg, NodeHello) and msg.link == n for _, msg, _ in link.receive())
-
+        old = nodes.connect()  # link 1
         wait_for(lambda: heard_on(old, 1), 30, what="node 1's hello on link 1")
         # the partition heals: link 1's late hello is read (the newest link node 0 knows) and the group takes
         # node 1 back at once, down link 1; the agent had closed that socket: what reaches it is dropped
@@ -318,13 +312,8 @@ def test_a_start_sent_down_a_connection_the_agent_replaced_before_its_new_one_sa
         assert remote.pending == {"worker1": (3, 1)}
         time.sleep(0.3)
         old.close(0)
-        old = None
         # link 2 (made during the partition) connects at last and says hello
-        new = make_socket(agent_ctx, zmq.DEALER)
-        job = read.result.job if read.result is not None else None
-        assert job is not None
-        curve.connect_as_agent(new, agent.keys, job)
-        new.connect(f"tcp://{addr}")
+        new = nodes.connect_again()
         got: list[Any] = []
 
         def start_on_new() -> bool:
@@ -344,16 +333,8 @@ def test_a_start_sent_down_a_connection_the_agent_replaced_before_its_new_one_sa
         time.sleep(0.3)
         assert _drained(new) == []
     finally:
-        for sock in (old, new):
-            if sock is not None:
-                sock.close(0)
-        link.close()
         reader.close()
-        agent.disk.close()
-        curve.unfile_agent_key(agent.key_file)
-        agent_ctx.term()
-        master_ctx.term()
-
+        nodes.close()
 
 def test_an_agent_starts_a_member_of_an_attempt_once_however_often_node_0_asks(short_tmp) -> None:
     """Node 0 sends a start again down a node's new route while it is still waited for (the first may have
@@ -397,16 +378,12 @@ def test_a_start_whose_send_failed_is_sent_again_until_it_goes_out_and_only_whil
                 self.sent.append((node, attempt, ranks))
             return self.up
 
-    class Reader:
-        def submit(self, work: Any) -> None:
-            return None
-
     layout = Layout(os.path.join(short_tmp, "run"))
     view = RunView(launch_start=0.0)
     said: list[str] = []
     link = Link()
     remote = RemoteMembers(link, view, layout, 1, lambda reports: said.extend(r.say for r in reports),  # type: ignore
-                           lambda: 1.0, Reader())  # type: ignore[arg-type]
+                           lambda: 1.0, NoReads())  # type: ignore[arg-type]
     remote.start(2, ["a:1", "b:1", "c:1"], {}, (0, 1, 2))
     assert link.tried == 2 and link.sent == [] and len(said) == 2, said
     remote.resend(set())
@@ -449,8 +426,11 @@ def test_a_member_started_already_is_said_started_again_when_asked_again_and_nod
     member = subprocess.Popen(["sleep", "30"])
     try:
         start = StartMembers(3, [1], ["a:1", "b:1"], {})
-        agent._started = lambda d, pending, proc: agent.members.__setitem__(  # type: ignore[method-assign]
-            f"{pending.slot}.{pending.attempt}", ChildProcess(pending.slot, pending.slot, pending.attempt, member, "/dev/null"))
+        def started(d: Any, pending: Any, proc: Any) -> None:  # the member: this test's sleep
+            agent.members[f"{pending.slot}.{pending.attempt}"] = ChildProcess(pending.slot, pending.slot,
+                                                                              pending.attempt, member, "/dev/null")
+
+        agent._started = started  # type: ignore[method-assign]
         agent.runtime = short_tmp
         agent._start(dealer, start)  # the first: started (its MemberStarted, here, never sent: lost)
         assert list(agent.members) == ["worker1.3"]
@@ -479,13 +459,9 @@ def test_a_member_started_already_is_said_started_again_when_asked_again_and_nod
             self.signals.append(SignalMember(slot, attempt, sig, kill))
             return True
 
-    class Reader:
-        def submit(self, work: Any) -> None:
-            return None
-
     view = RunView(launch_start=0.0)
     link = Link()
-    remote = RemoteMembers(link, view, layout, 1, lambda reports: None, lambda: 1.0, Reader())  # type: ignore
+    remote = RemoteMembers(link, view, layout, 1, lambda reports: None, lambda: 1.0, NoReads())  # type: ignore
     remote.start(3, ["a:1", "b:1"], {}, (0, 1))
     remote.started(1, "worker1", 3, 4242)
     assert remote.pending == {} and (view.children["worker1"].attempt, view.children["worker1"].pid) == (3, 4242)
