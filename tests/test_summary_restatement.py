@@ -24,6 +24,7 @@ from procsv.services.summary.sessions import Sessions, Verdict
 from procsv.trainer.summaries import SummaryBuffer, SummarySender
 from procsv.trainer.summaries import sender as sender_mod
 from procsv.trainer.summaries.buffer import FLUSH_EVERY
+from procsv.trainer.summaries.log import restate_from
 
 
 class Clock:
@@ -197,3 +198,44 @@ def test_a_restatement_into_a_full_buffer_drops_only_unacknowledged_points(seed)
     (everything in flight, plus the acknowledged part of the step it starts at) goes back in front
     of a full buffer, which drops the oldest rows; none of them may be an acknowledged one."""
     run_model(200 + seed, steps=700, big_every=23, outage=(100, 400))
+
+
+def test_a_graph_summary_of_the_restored_step_logged_again_replaces_the_dead_trainers():
+    # the Supervisor page's manual summaries: at global step g, before the train op of step g + 1,
+    # every 100th g logs the loss. Trainer A logs 0 and 100, trains to 130 and dies; trainer B restores
+    # the checkpoint of step 100 and logs 100 again before it trains. Before: B restated from 101 (its
+    # first boundary), so TensorBoard showed two losses at step 100 (CI, test_seeds_tf1[manual_summaries])
+    svc = ModelService()
+
+    def trainer(session: str, begin: int, end: int) -> None:
+        clock = Clock()
+        buf = SummaryBuffer(clock)
+        sender = None
+        for g in range(begin, end):
+            if g % 100 == 0:
+                buf.scalars({"loss": float(g) + (0.5 if session == "B" else 0.0)}, g, 0.0)
+            if sender is None:  # the first hand-off, at the boundary of step g + 1
+                sender = SummarySender(buf, svc.send, svc.read_acks, session=session,
+                                       start_step=restate_from(g + 1, begin, buf.oldest_step(), False))
+            sender.at_boundary(g + 1, urgent=True)
+            clock.t += FLUSH_EVERY * 1.01
+            svc.handle(8)
+        assert sender is not None and not sender.unconfirmed()
+
+    trainer("A", 0, 130)
+    svc.events.append(("start", 101))  # B's session start (SummaryLog.start_session): after its restored step
+    trainer("B", 100, 300)
+    assert svc.read_back()["loss"] == [(0, 0.0), (100, 100.5), (200, 200.5)]
+
+
+@pytest.mark.parametrize("step, began, oldest, at_stop, start", [
+    (101, 100, 101, False, 101),  # eager: the first step after the restore logs at its own step
+    (101, 100, 100, False, 100),  # graph: a summary at the restored step, then the first train op
+    (101, 100, 5, False, 101),  # a point logged at an explicit earlier step restates nothing before the start
+    (100, 100, None, True, 101),  # stop() before any step, nothing logged: the earlier run's points stay
+    (100, 100, 100, True, 100),  # stop() before any step, after logging at the step it began at
+    (100, 100, 101, False, 101),
+])
+def test_the_first_restatement_starts_at_the_lowest_step_the_session_logged_since_it_began(
+        step, began, oldest, at_stop, start):
+    assert restate_from(step, began, oldest, at_stop) == start

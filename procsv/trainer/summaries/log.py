@@ -235,10 +235,7 @@ class SummaryLog:
         if sender is None:
             assert self._channels is not None
             # the first call comes from the first step's boundary, or from stop() if no step ran
-            start = self._state.step if not force else self._state.step + 1
-            oldest = self.buffer.oldest_step()
-            if self._state.step == self.session_step and (oldest is None or oldest > self._state.step):
-                start = self._state.step + 1  # no step ran: the points of the step it began at are an earlier run's
+            start = restate_from(self._state.step, self.session_step, self.buffer.oldest_step(), force)
             sender = self._sender = SummarySender(
                 self.buffer, self._channels.to_summary, self._channels.summary_acks, self._settings.save_summaries_secs,
                 start, deadline=self._deadline, purge_first=self.purge_first)
@@ -261,3 +258,22 @@ def session_start(restored: bool, restarted: bool, standard_services: bool, glob
     a global step, ``start_standard_services=False``), and :meth:`SummaryLog.start_session` writes one only
     when the logdir's event files hold steps the session will log again."""
     return restored or restarted or (standard_services and global_step)
+
+
+def restate_from(step: int, session_step: Optional[int], oldest: Optional[int], at_stop: bool) -> int:
+    """The step a session's first batch restates from: its ``SessionLog START`` (TensorBoard drops every
+    event at or after it). The first hand-off comes at ``step``'s boundary (``at_stop``: from ``stop()``),
+    the session began at ``session_step``, and the oldest row it holds is at ``oldest``.
+
+    * A step ran: from ``step``; but from ``oldest`` if the session logged at a step between the one it
+      began at and ``step`` -- a graph's summary computed at the restored global step before its first
+      train op (the dead trainer logged that step too: its value must be replaced, not doubled).
+    * No step ran: the points of the step it began at are an earlier run's, kept (``step + 1``),
+      unless the session logged there itself.
+    """
+    start = step + 1 if at_stop else step
+    if step == session_step and (oldest is None or oldest > step):
+        return step + 1
+    if oldest is not None and session_step is not None and session_step <= oldest < start:
+        return oldest
+    return start
