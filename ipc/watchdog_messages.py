@@ -178,12 +178,14 @@ class Promotion(Message):
     machine ends the standby too) to the run's runtime directory before the watchdog's SIGUSR1, which carries no
     data (:func:`procsv.common.layout.promotion_file`). ``skip_steps``: the steps the group skips again
     (``PROCSV_SKIP_STEPS``); ``rollback_before``: B of a group restarted for its rollback of step B, whose
-    chief restores a state before B (``PROCSV_ROLLBACK_BEFORE``), None if it is not one."""
+    chief restores a state before B (``PROCSV_ROLLBACK_BEFORE``), None if it is not one;
+    ``launch_start_step``: the step the launch's first trainer began at (``PROCSV_LAUNCH_START_STEP``)."""
 
     KIND: ClassVar[str] = "promotion"
     attempt: int
     skip_steps: list[int]
     rollback_before: Optional[int] = None
+    launch_start_step: Optional[int] = None
 
 
 __all__ = ["Hello", "TrainerReady", "Progress", "SaveOverdue", "ServiceLoading", "SummaryOverdue", "StandbyReady", "NonfiniteDetected",

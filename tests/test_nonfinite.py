@@ -268,6 +268,36 @@ def test_rollback_then_a_sigkill_of_the_trainer_still_ends_bit_equal_to_the_plai
 
 
 @pytest.mark.slow
+def test_a_step_skipped_before_the_whole_launch_was_killed_is_skipped_again_by_the_relaunch(logdir, plain_runs):
+    # the field's case: the job is preempted (every process killed at once) after the skip of step 25 and
+    # before a checkpoint past it; its relaunch restores step 20 and meets step 25 again. The watchdog
+    # reads the earlier launch's skipped steps once at its start and tells its trainer, which skips the
+    # step at once instead of finding it non-finite, rolling back and retrying it again
+    args = ("--nan-at", "25", "--save-steps", "20", "--step-delay", "0.15")
+    proc = launch(logdir, *args, target=NAN_TRAIN)
+    log = os.path.join(logdir, "logs", "trainer.1.log")
+    try:
+        wait_for(lambda: os.path.exists(log) and "skipped step 25" in open(log).read(), 180, what="step 25 skipped")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert max(committed_steps(logdir)) < 25, committed_steps(logdir)  # the premise: nothing past the skip
+    assert [e["step"] for e in _events(logdir, "step_skipped")] == [25]
+    code, out, err = finish(launch(logdir, *args, target=NAN_TRAIN), 240)
+    assert code == 0, err
+    said = out + err
+    assert "skipping step 25 again (this run skipped it before)" in said, said
+    records = lifecycle(logdir)
+    relaunch = max(i for i, e in enumerate(records) if e["event"] == "launch")
+    assert relaunch > 0 and not [e for e in records[relaunch:] if e["event"] in ("nonfinite_detected", "rolled_back")], said
+    _all_committed_are_finite(logdir)
+    plain = plain_runs["skip-25"]  # python nan_train.py --skip-at 25
+    rolled, baseline = _values(logdir), _values(plain)
+    for key in ("w/.ATTRIBUTES/VARIABLE_VALUE", "m/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE"):
+        assert rolled[key] == baseline[key], key
+
+
+@pytest.mark.slow
 def test_rollback_restores_the_in_memory_snapshot_in_place_when_no_checkpoint_is_on_disk(logdir, plain_runs):
     # before: the rollback read the newest committed checkpoint from disk only; with none on disk
     # before the poisoned step (--save-steps 1000) there was nothing to roll back to. Now the

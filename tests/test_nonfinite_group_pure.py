@@ -15,14 +15,13 @@ import signal
 
 import pytest
 
-from procsv.common.bootstrap import ChildConfig
+from procsv.common.bootstrap import ChildConfig, Resume
 from procsv.common.errors import TrainingDiverged
 from procsv.common.exitcodes import EXIT_DIVERGING, EXIT_GROUP_ROLLBACK
 from procsv.common.layout import Layout, write_json
 from procsv.common.manifests import Manifest, retiring
 from procsv.ipc.messages import NonfiniteDetected, SaveResult
 from procsv.trainer.checkpoint import group_restore, restore, restore_at_start
-from procsv.trainer.nonfinite import records
 from procsv.watchdog import observe
 from procsv.watchdog.publish import recovery
 from procsv.watchdog.publish.runmetrics import StepRate, restart_counts, take_snapshot
@@ -106,24 +105,26 @@ def test_a_group_that_meets_a_step_it_was_to_skip_gives_up_as_diverging_instead_
 
 
 def test_a_groups_members_read_the_skipped_steps_the_watchdog_hands_them():
-    assert ChildConfig.parse({"PROCSV_SKIP_STEPS": "70,40, 70,x,"}).skip_steps == (40, 70)
-    assert ChildConfig.parse({"PROCSV_SKIP_STEPS": ""}).skip_steps == ()
+    assert ChildConfig.parse({"PROCSV_SKIP_STEPS": "70,40, 70,x,"}).resume.skip_steps == (40, 70)
+    assert ChildConfig.parse({"PROCSV_SKIP_STEPS": ""}).resume.skip_steps == ()
 
 
-def test_a_group_started_for_its_rollback_knows_the_step_its_chief_restores_a_state_before(tmp_path):
-    # the watchdog's PROCSV_ROLLBACK_BEFORE; a standby group forked before the rollback has none and reads
-    # this attempt's restarting record (a torn line, another attempt's and a plain restart are passed over)
-    assert group_restore.rollback_before(None, ChildConfig.parse({"PROCSV_ROLLBACK_BEFORE": "70"})) == 70
-    log = tmp_path / "lifecycle.jsonl"
-    log.write_text('{"event": "restarting", "attempt": 2, "rollback_step": 40}\n'
-                   '{"event": "restarting", "attempt": 3, "rollback_step": 70}\n'
-                   '{"event": "restarting", "attempt": 4, "rollback_step": null}\n'
-                   '{"event": "restarting", "attempt": 3, "rollback_st')
-    assert group_restore.rollback_before(str(log), ChildConfig.parse({"PROCSV_ATTEMPT": "3"})) == 70
-    assert group_restore.rollback_before(str(log), ChildConfig.parse({"PROCSV_ATTEMPT": "4"})) is None
-    first = ChildConfig.parse({"PROCSV_ATTEMPT": "1"})
-    assert group_restore.rollback_before(str(log), first) is None
-    assert group_restore.rollback_before(str(tmp_path / "none"), first) is None
+def test_a_group_started_for_its_rollback_knows_the_step_its_chief_restores_a_state_before_from_the_watchdog_alone(
+        tmp_path):
+    # before: with no PROCSV_ROLLBACK_BEFORE, a member read "this attempt's" restarting record from
+    # logs/lifecycle.jsonl, a file that spans every launch of the logdir (attempts count from 1 in each):
+    # after a requeue, an earlier launch's bound. Now the watchdog says it or it is none
+    told = ChildConfig.parse({"PROCSV_ROLLBACK_BEFORE": "70", "PROCSV_ATTEMPT": "3"}).resume
+    assert told.rollback_before == 70
+    assert ChildConfig.parse({"PROCSV_ROLLBACK_BEFORE": "", "PROCSV_ATTEMPT": "3"}).resume.rollback_before is None
+    log = tmp_path / "logs" / "lifecycle.jsonl"
+    log.parent.mkdir()
+    log.write_text('{"event": "restarting", "attempt": 3, "rollback_step": 70}\n')
+    assert ChildConfig.parse({"PROCSV_ATTEMPT": "3", "PROCSV_LOGDIR": str(tmp_path)}).resume.rollback_before is None
+    # what the watchdog writes is what the child reads back
+    said = Resume((40, 70), 70, 12)
+    assert ChildConfig.parse(said.environ()).resume == said
+    assert ChildConfig.parse(Resume().environ()).resume == Resume()
 
 
 def test_a_promoted_standby_takes_the_bound_and_the_skips_from_its_promotion_not_from_the_lifecycle_log(
@@ -141,29 +142,29 @@ def test_a_promoted_standby_takes_the_bound_and_the_skips_from_its_promotion_not
 
     log = tmp_path / "lifecycle.jsonl"
     log.write_text('{"event": "restarting", "attempt": 2, "rollback_step": 40}\n')  # attempt 3's: not yet
-    for name in ("PROCSV_SKIP_STEPS", "PROCSV_ROLLBACK_BEFORE"):  # take_promotion sets them for a later Supervisor:
+    for name in ("PROCSV_SKIP_STEPS", "PROCSV_ROLLBACK_BEFORE", "PROCSV_LAUNCH_START_STEP"):  # take_promotion sets them for a later Supervisor:
         monkeypatch.setenv(name, "")  # recorded, so that they are taken away again after the test (a delenv of
         monkeypatch.delenv(name)  # an absent name records nothing: they leaked into this xdist worker's later launches)
     forked = ChildConfig.parse({"PROCSV_ATTEMPT": "3", "PROCSV_SKIP_STEPS": "40", "PROCSV_STANDBY": "1"})  # the fork's
     ctx = ChildContext(Layout(str(tmp_path)), Endpoints(str(tmp_path)), "worker1", 3, True, rank=1, nproc=2,
                        config=forked)
-    assert group_restore.rollback_before(str(log), forked) is None  # the race: nothing says 70 yet
+    assert forked.resume.rollback_before is None  # the race: nothing says 70 yet
     with open(promotion_file(str(tmp_path), 3, 1), "wb") as fh:
-        fh.write(encode(Promotion(3, [40, 70], 70))[0])
+        fh.write(encode(Promotion(3, [40, 70], 70, 12))[0])
     promoted = take_promotion(ctx)
-    assert group_restore.rollback_before(str(log), promoted) == 70 and promoted.skip_steps == (40, 70)
-    assert not promoted.standby and ChildConfig.parse(os.environ).skip_steps == (40, 70)  # ... a later Supervisor's too
+    assert promoted.resume == Resume((40, 70), 70, 12)
+    assert not promoted.standby and ChildConfig.parse(os.environ).resume == promoted.resume  # ... a later Supervisor's too
     # a promotion with no bound decides too: a restarting record that names one is not read
     log.write_text('{"event": "restarting", "attempt": 3, "rollback_step": 70}\n')
     with open(promotion_file(str(tmp_path), 3, 1), "wb") as fh:
         fh.write(encode(Promotion(3, [40], None))[0])
     promoted = take_promotion(ctx)
-    assert group_restore.rollback_before(str(log), promoted) is None and promoted.skip_steps == (40,)
-    assert group_restore.rollback_before(str(log), ChildConfig.parse(os.environ)) is None
-    # no record (promoted by another host's agent): the fork's configuration and the lifecycle log, as before
+    assert promoted.resume == Resume((40,), None, None)
+    assert ChildConfig.parse(os.environ).resume == promoted.resume
+    # no record: the fork's configuration, and nothing read from the lifecycle log
     promoted = take_promotion(ChildContext(Layout(str(tmp_path)), Endpoints(str(tmp_path)), "worker2", 3, True, rank=2,
                                            nproc=3, config=forked))
-    assert group_restore.rollback_before(str(log), promoted) == 70 and not promoted.standby
+    assert promoted.resume == forked.resume and promoted.resume.rollback_before is None and not promoted.standby
 
 
 def test_a_workers_rollback_is_kept_when_the_chiefs_death_notice_comes_before_its_exit_status():
@@ -347,19 +348,24 @@ def test_a_second_rollback_while_the_first_bound_holds_keeps_restoring_before_th
     assert sim2.view.rollback_before is not None and sim2.view.rollback_before[0] == 65
 
 
-def test_the_lifecycle_fallback_takes_this_launchs_restarting_record_not_an_earlier_launchs(monkeypatch, tmp_path):
-    # found by the review: attempts count from 1 again in every launch of a logdir; an earlier launch's
-    # attempt 3 named rollback_step 70, this launch's attempt 3 restarted plainly
+def test_the_watchdog_reads_the_steps_earlier_launches_skipped_once_at_its_start(tmp_path):
+    # issue 52's "a skipped step stays skipped" across a relaunch into the same logdir: the trainer read
+    # the step_skipped records of logs/lifecycle.jsonl itself; now the watchdog reads them once, before
+    # its own records, and tells every trainer (torn, foreign and other records passed over)
+    from procsv.watchdog.publish.events import skipped_steps
+
     log = tmp_path / "lifecycle.jsonl"
+    assert skipped_steps(str(log)) == ()  # no file yet: a first launch
     log.write_text('{"event": "launch", "launch": 1}\n'
+                   '{"event": "step_skipped", "step": 70}\n'
                    '{"event": "restarting", "attempt": 3, "rollback_step": 70}\n'
+                   '{"event": "step_skipped", "step": "x"}\n'
+                   'not json "step_skipped"\n'
                    '{"event": "launch", "launch": 2}\n'
-                   '{"event": "restarting", "attempt": 2, "rollback_step": null}\n')
-    third = ChildConfig.parse({"PROCSV_ATTEMPT": "3"})  # no PROCSV_ROLLBACK_BEFORE
-    assert group_restore.rollback_before(str(log), third) is None
-    with log.open("a") as fh:
-        fh.write('{"event": "restarting", "attempt": 3, "rollback_step": 40}\n')
-    assert group_restore.rollback_before(str(log), third) == 40
+                   '{"event": "step_skipped", "step": 40}\n'
+                   '{"event": "step_skipped", "step": 70}\n'
+                   '{"event": "step_skipped", "step": 90')
+    assert skipped_steps(str(log)) == (40, 70)
 
 
 # ----------------------------------------------------------------------------- a rollback with nothing below its bound

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import pytest
 
 from procsv.common import env
-from procsv.common.bootstrap import ChildConfig, ChildContext, GroupConfig, LaunchSettings, Place, resolve
+from procsv.common.bootstrap import ChildConfig, ChildContext, GroupConfig, LaunchSettings, Place, Resume, resolve
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,7 +35,7 @@ def test_the_record_holds_every_variable_a_child_is_given_typed() -> None:
         env.PRELOAD: "numpy,,pandas", env.PREEMPT_SIGNAL: "12", env.RANK: "1", env.NPROC: "4", env.GROUP_HOSTS: "2",
         env.PS: "0", env.GROUP_PIN: "/runs/x/pin", env.GROUP_SNAPSHOT_STEPS: "50", env.GROUP_REMOTE: "1",
         env.GROUP_PEER_BIND: "10.0.0.1", env.GROUP_PEER_MAX_BYTES: "4096", env.STANDBY: "1", env.SHADOW_RUN: "0",
-        env.SHADOW_MEMORY: "1000", env.SKIP_STEPS: "70,40", env.ROLLBACK_BEFORE: "70",
+        env.SHADOW_MEMORY: "1000", env.SKIP_STEPS: "70,40", env.ROLLBACK_BEFORE: "70", env.LAUNCH_START_STEP: "12",
         env.CHECKPOINT_FAILURE_LIMIT: "0", env.ALLOW_REINIT: "1", env.ON_NONFINITE: "stop", env.MAX_SKIPS: "2",
         env.SKIP_WINDOW: "100", env.SAVE_DEADLINE: "6", env.SUMMARY_DEADLINE: "2", env.SUMMARY_CONTINUE: "tag",
         env.CHECKPOINT_NICE: "5", env.MEMORY_SNAPSHOTS: "0", env.NONFINITE_CHECK: "off", env.GRAPH_FAST_RUN: "0"})
@@ -45,8 +45,8 @@ def test_the_record_holds_every_variable_a_child_is_given_typed() -> None:
     assert cfg.place == Place(rank=1, nproc=4, hosts=2, ps=0) and cfg.in_group
     assert cfg.group == GroupConfig(pin="/runs/x/pin", snapshot_steps="50", remote=True, peer_bind="10.0.0.1",
                                     peer_max_bytes="4096")
-    assert (cfg.standby, cfg.shadow_run, cfg.shadow_memory, cfg.skip_steps) == (True, False, "1000", (40, 70))
-    assert (cfg.rollback_before, cfg.no_rollback_said) == (70, False)
+    assert (cfg.standby, cfg.shadow_run, cfg.shadow_memory) == (True, False, "1000")
+    assert cfg.resume == Resume(skip_steps=(40, 70), rollback_before=70, launch_start_step=12)
     assert cfg.launch == LaunchSettings(checkpoint_failure_limit=0, allow_reinit=True, on_nonfinite="stop", max_skips=2,
                                         skip_window=100, save_deadline=6.0, summary_deadline=2.0,
                                         summary_continue="tag", checkpoint_nice="5", memory_snapshots="0",
@@ -61,8 +61,9 @@ def test_a_setting_the_launch_left_unset_is_none_so_the_program_or_the_default_d
     assert cfg.launch == LaunchSettings() and cfg.launch.checkpoint_failure_limit is None
     assert (cfg.launch.allow_reinit, cfg.launch.on_nonfinite, cfg.launch.save_deadline) == (None, None, None)
     assert ChildConfig.parse({env.ALLOW_REINIT: "0"}).launch.allow_reinit is False  # the launch said: no
-    assert ChildConfig.parse({env.ROLLBACK_BEFORE: ""}).no_rollback_said  # said: this attempt is no rollback
+    assert ChildConfig.parse({env.ROLLBACK_BEFORE: ""}) == ChildConfig()  # said: this attempt is no rollback
     assert ChildConfig.parse({env.ROLLBACK_BEFORE: "x"}) == ChildConfig()  # not a step: as if unset
+    assert ChildConfig.parse({env.LAUNCH_START_STEP: "-3"}) == ChildConfig()
 
 
 def test_a_number_that_is_none_names_its_variable() -> None:
@@ -74,8 +75,8 @@ def test_a_number_that_is_none_names_its_variable() -> None:
 
 def test_a_promoted_standby_is_no_standby_and_takes_its_promotions_steps_and_bound() -> None:
     forked = ChildConfig.parse({env.STANDBY: "1", env.SKIP_STEPS: "40", env.ROLLBACK_BEFORE: "30"})
-    assert forked.promoted((70, 40), None) == ChildConfig(skip_steps=(40, 70), no_rollback_said=True)
-    assert forked.promoted((), 90) == ChildConfig(rollback_before=90)
+    assert forked.promoted(Resume((40, 70), None, 5)) == ChildConfig(resume=Resume((40, 70), None, 5))
+    assert forked.promoted(Resume((), 90)) == ChildConfig(resume=Resume(rollback_before=90))
 
 
 def _plain_supervisor(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, launch: dict[str, str], **kw: Any) -> Any:

@@ -34,7 +34,7 @@ from procsv.ipc.transport import Endpoints
 
 _PR_SET_PDEATHSIG = 1
 
-CONFIG_VERSION = 1  # ChildConfig's schema: a field added, removed or given another meaning is a new version
+CONFIG_VERSION = 2  # ChildConfig's schema: a field added, removed or given another meaning is a new version (2: Resume)
 
 T = TypeVar("T")
 
@@ -78,6 +78,11 @@ def _pid(raw: Optional[str]) -> Optional[int]:
 def _steps(raw: str) -> tuple[int, ...]:
     """``"40,70"`` as steps (unset or empty: none; anything not a step is passed over)."""
     return tuple(sorted({int(p.strip()) for p in raw.split(",") if p.strip().isdigit()}))
+
+
+def _step(raw: Optional[str]) -> Optional[int]:
+    """A step, or None (unset, empty, or not a step)."""
+    return int(raw.strip()) if raw is not None and raw.strip().isdigit() else None
 
 
 def _off(raw: str) -> bool:
@@ -173,6 +178,34 @@ class ZygoteConfig:
 
 
 @dataclass(frozen=True)
+class Resume:
+    """What the watchdog tells a trainer that starts in the middle of a run, decided by the watchdog and
+    never read from its records (a spawn's environment, or a standby's :class:`Promotion
+    <procsv.ipc.messages.Promotion>`): the steps the run skipped so far (every launch of the logdir), the
+    step B whose rollback this group attempt is (its chief restores a state before B; None: it is none),
+    and the step this launch's first trainer began at (None: this is the launch's first, or unknown)."""
+
+    skip_steps: tuple[int, ...] = ()  # PROCSV_SKIP_STEPS
+    rollback_before: Optional[int] = None  # PROCSV_ROLLBACK_BEFORE
+    launch_start_step: Optional[int] = None  # PROCSV_LAUNCH_START_STEP
+
+    @staticmethod
+    def parse(environ: Mapping[str, str]) -> "Resume":
+        """The part of ``environ`` that says it (pure)."""
+        return Resume(_steps(environ.get(env.SKIP_STEPS, "")), _step(environ.get(env.ROLLBACK_BEFORE)),
+                      _step(environ.get(env.LAUNCH_START_STEP)))
+
+    def environ(self) -> dict[str, str]:
+        """As a child's environment says it (what :meth:`parse` reads back)."""
+        out = {env.SKIP_STEPS: ",".join(map(str, self.skip_steps))}
+        if self.rollback_before is not None:
+            out[env.ROLLBACK_BEFORE] = str(self.rollback_before)
+        if self.launch_start_step is not None:
+            out[env.LAUNCH_START_STEP] = str(self.launch_start_step)
+        return out
+
+
+@dataclass(frozen=True)
 class ChildConfig:
     """Everything the watchdog (or a Supervisor that starts its own services) tells a child, typed:
     the one record of a child's configuration (:data:`CONFIG_VERSION`). Built by :meth:`parse` from
@@ -199,9 +232,7 @@ class ChildConfig:
     standby: bool = False  # PROCSV_STANDBY=1
     shadow_run: bool = True  # PROCSV_SHADOW_RUN (0: a standby group's members skip the step's run on shadows)
     shadow_memory: str = ""  # PROCSV_SHADOW_MEMORY: bytes, a standby group's one figure
-    skip_steps: tuple[int, ...] = ()  # PROCSV_SKIP_STEPS: the steps the run skipped so far
-    rollback_before: Optional[int] = None  # PROCSV_ROLLBACK_BEFORE: the step B a group's attempt rolls back
-    no_rollback_said: bool = False  # ... set empty: this attempt is said to be no rollback
+    resume: Resume = Resume()  # PROCSV_SKIP_STEPS, PROCSV_ROLLBACK_BEFORE, PROCSV_LAUNCH_START_STEP
     launch: LaunchSettings = LaunchSettings()
     zygote: ZygoteConfig = ZygoteConfig()
 
@@ -215,7 +246,6 @@ class ChildConfig:
         """The record ``environ`` holds (pure: any mapping; a number that is not one raises ValueError, as
         does a schema version other than this install's: :func:`check_version`)."""
         check_version(environ.get(env.CONFIG_VERSION, ""))
-        rollback = environ.get(env.ROLLBACK_BEFORE)
         preempt = environ.get(env.PREEMPT_SIGNAL, "")
         return ChildConfig(
             logdir=environ.get(env.LOGDIR) or None,
@@ -232,18 +262,14 @@ class ChildConfig:
             standby=environ.get(env.STANDBY) == "1",
             shadow_run=environ.get(env.SHADOW_RUN) != "0",
             shadow_memory=environ.get(env.SHADOW_MEMORY, ""),
-            skip_steps=_steps(environ.get(env.SKIP_STEPS, "")),
-            rollback_before=int(rollback.strip()) if rollback is not None and rollback.strip().isdigit() else None,
-            no_rollback_said=rollback is not None and not rollback.strip(),
+            resume=Resume.parse(environ),
             launch=LaunchSettings.parse(environ),
             zygote=ZygoteConfig.parse(environ),
         )
 
-    def promoted(self, skip_steps: tuple[int, ...], rollback_before: Optional[int]) -> "ChildConfig":
-        """This standby's record once promoted (pure): no standby, the promotion's steps to skip and
-        its rollback bound (None: said "no rollback")."""
-        return replace(self, standby=False, skip_steps=tuple(sorted(set(skip_steps))),
-                       rollback_before=rollback_before, no_rollback_said=rollback_before is None)
+    def promoted(self, told: "Resume") -> "ChildConfig":
+        """This standby's record once promoted (pure): no standby, and what its promotion told it."""
+        return replace(self, standby=False, resume=told)
 
 
 def check_version(written: str) -> None:

@@ -46,8 +46,9 @@ GROUP_REMOTE = "PROCSV_GROUP_REMOTE"  # "1": a group member on host 1..M-1: its 
 ON_NONFINITE = "PROCSV_ON_NONFINITE"  # --on-nonfinite: rollback | stop | continue (procsv.trainer.nonfinite)
 MAX_SKIPS = "PROCSV_MAX_SKIPS"  # --max-skips: skipped steps allowed within --skip-window steps
 SKIP_WINDOW = "PROCSV_SKIP_WINDOW"  # --skip-window
-SKIP_STEPS = "PROCSV_SKIP_STEPS"  # a group's members: the steps the run skipped so far, "40,70" (the watchdog's)
+SKIP_STEPS = "PROCSV_SKIP_STEPS"  # a trainer: the steps the run skipped so far, every launch's, "40,70" (the watchdog's)
 ROLLBACK_BEFORE = "PROCSV_ROLLBACK_BEFORE"  # a group restarted for its rollback of step B: "B" (its chief restores a state before B)
+LAUNCH_START_STEP = "PROCSV_LAUNCH_START_STEP"  # a restarted trainer: the step the launch's first trainer began at
 NONFINITE_CHECK = "PROCSV_NONFINITE_CHECK"  # "0": no non-finite detection at all (to measure what it costs)
 GRAPH_FAST_RUN = "PROCSV_GRAPH_FAST_RUN"  # "0": a graph session's runs all through Session.run (no callables)
 MASTER_ADDR = "PROCSV_MASTER_ADDR"  # read by procsv launch: --master-addr when the flag is not given (Kubernetes)
@@ -61,7 +62,7 @@ ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, CONFIG_VERSION, PARENT_PID, SUPERVISO
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE,
        RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, SHADOW_RUN, SHADOW_MEMORY, RANK, NPROC, GROUP_HOSTS, GROUP_PIN, GROUP_SNAPSHOT_STEPS, GROUP_PEER_BIND, GROUP_PEER_MAX_BYTES, GROUP_REMOTE,
        ON_NONFINITE, MAX_SKIPS, SKIP_WINDOW,
-       SKIP_STEPS, ROLLBACK_BEFORE, FAULT_GATE, NONFINITE_CHECK, PS, MASTER_ADDR, PREEMPT_SIGNAL, SUMMARY_CONTINUE,
+       SKIP_STEPS, ROLLBACK_BEFORE, LAUNCH_START_STEP, FAULT_GATE, NONFINITE_CHECK, PS, MASTER_ADDR, PREEMPT_SIGNAL, SUMMARY_CONTINUE,
        GRAPH_FAST_RUN)
 
 

@@ -202,7 +202,8 @@ class Supervisor(SupervisorNames):
         """The port the front-ends (Keras ``fit``, ``procsv.train``'s sessions and hooks) drive this
         Supervisor through (:mod:`procsv.trainer.frontend.port`); a training program has no use for it."""
         return FrontEnd(self._keeper, self._boundary, self._rollback, self._state, self._graph, self._clock,
-                        session=lambda: self._session, release=self._release, stop=self.stop)
+                        session=lambda: self._session, release=self._release, stop=self.stop,
+                        launch_start_step=self._config.resume.launch_start_step)
 
     # ----------------------------------------------------------------- session lifecycle
     def managed_session(self, master: str = "", config: Any = None, start_standard_services: bool = True,
@@ -291,7 +292,7 @@ class Supervisor(SupervisorNames):
                                        and self.save_model_secs))  # TF's checkpoint thread saves as it starts
         if (self.is_chief or self._rollback.watch.group_refusal) and self.layout is not None:  # (a group: each member)
             # the steps this run skipped before stay skipped
-            self._rollback.resume(step, self.layout.lifecycle, child.skip_steps)
+            self._rollback.resume(step, child.resume.skip_steps)
         return self._session
 
     def stop(self, threads: Any = None, close_summary_writer: bool = True, ignore_live_threads: bool = False) -> None:

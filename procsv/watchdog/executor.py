@@ -21,7 +21,8 @@ import zmq
 from procsv.common import spawn
 from procsv.cluster import make_tf_config
 from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, GROUP_HOSTS, GROUP_PEER_BIND, GROUP_PIN, GROUP_REMOTE,
-                               GROUP_SNAPSHOT_STEPS, NPROC, RANK, ROLLBACK_BEFORE, SHADOW_MEMORY, SHADOW_RUN, SKIP_STEPS, STANDBY as STANDBY_ENV)
+                               GROUP_SNAPSHOT_STEPS, NPROC, RANK, SHADOW_MEMORY, SHADOW_RUN, STANDBY as STANDBY_ENV)
+from procsv.common.bootstrap import Resume
 from procsv.common.layout import Layout, RuntimeDir, atomic_write, promotion_file
 from procsv.ipc.codec import encode
 from procsv.ipc.messages import Promotion
@@ -47,7 +48,8 @@ from procsv.watchdog.pstasks import PsCluster
 from procsv.watchdog.prewarm import PendingFork, Prewarmed, Zygote, zygote_env
 from procsv.watchdog.rules import standby
 from procsv.watchdog.rules.group import blame, rank_of, worker_slot
-from procsv.watchdog.rules.state import CHECKPOINT, PS, SERVER, STANDBY, TRAINER, WORKER, RunView, ZygoteState
+from procsv.watchdog.rules.state import (CHECKPOINT, PS, SERVER, SERVICE_ROLES, STANDBY, TRAINER, WORKER, RunView,
+                                         ZygoteState)
 
 Sink = Callable[[list[Report]], None]
 
@@ -59,12 +61,15 @@ class Executor(Prewarmed):
     def __init__(self, cfg: LaunchConfig, layout: Layout, runtime_dir: str, view: RunView, limits: Limits,
                  report: Sink, clock: Callable[[], float], poller: zmq.Poller,
                  on_death_notice: Callable[[ChildProcess, bool, float], None],
-                 chaos_rng: Optional[random.Random] = None) -> None:
+                 chaos_rng: Optional[random.Random] = None, skipped_before: Sequence[int] = ()) -> None:
+        """``skipped_before``: the steps the logdir's earlier launches skipped (read at the launch's start:
+        :func:`procsv.watchdog.publish.events.skipped_steps`), skipped again by every trainer of this one."""
         super().__init__()
         self.cfg, self.layout, self.runtime, self.view = cfg, layout, RuntimeDir(runtime_dir), view
         self.limits, self.report, self.clock = limits, report, clock
         self.poller = poller  # the loop's: each child's pidfd and the zygote's pipe are registered there
         self._on_death_notice = on_death_notice
+        self.skipped_before = tuple(skipped_before)
         self.handles: dict[tuple[str, int], ChildProcess] = {}
         self.unreaped = Unreaped()  # children SIGKILL did not end, given up on (see give_up)
         self.remote: Optional[RemoteMembers] = None  # the other hosts' members (--nnodes), set by the launcher
@@ -211,8 +216,8 @@ class Executor(Prewarmed):
         self.handles[(slot, action.attempt)] = handle
         handle.unidle()  # woken at normal CPU priority
         # what it would find in its environment if spawned now, decided after its fork: read at its wake-up
-        bound = self.view.rollback_before
-        promotion = Promotion(action.attempt, list(self.view.skipped_steps), bound[0] if bound is not None else None)
+        told = self.resume()
+        promotion = Promotion(action.attempt, list(told.skip_steps), told.rollback_before, told.launch_start_step)
         # (not durable: read by a live process; the rename makes it whole, tmpfs or not)
         atomic_write(promotion_file(self.runtime.path, action.attempt, rank), encode(promotion)[0], durable=False)
         handle.send_signal(signal.SIGUSR1)
@@ -230,9 +235,22 @@ class Executor(Prewarmed):
         env[CHECKPOINT_FAILURE_LIMIT] = str(self.limits.checkpoint_failure_limit)
         env[ALLOW_REINIT] = "1" if self.cfg.allow_reinit else "0"
         env.update(self.cfg.trainer.nonfinite_env())
+        if role not in SERVICE_ROLES:
+            env.update(self.resume().environ())
         if role == CHECKPOINT and self.remote is not None and self.cfg.master_addr:  # other hosts' members' copies
             env[GROUP_PEER_BIND] = self.cfg.master_addr.rpartition(":")[0]
         return env
+
+    def resume(self) -> Resume:
+        """What a trainer started now is told (``ChildConfig.resume``): every step the run skipped (this
+        launch's and the earlier launches'), the step B of the group's rollback while one is in force
+        (a checkpoint the chief committed after B, before a worker found it, holds B's update; so do those
+        of the rolled-back attempt that commit late: :func:`procsv.watchdog.observe.rollback_bound`), and
+        the step this launch's first trainer began at."""
+        first = next((c for c in self.view.attempts if c.role == TRAINER and c.ready_at is not None), None)
+        bound = self.view.rollback_before
+        return Resume(tuple(sorted({*self.skipped_before, *self.view.skipped_steps})),
+                      bound[0] if bound is not None else None, first.restored_step if first is not None else None)
 
     def spawn(self, slot: str, role: str, nodes: tuple[int, ...] = ()) -> None:
         """Start the next attempt of ``slot`` and add it to the view (a trainer forked by the zygote:
@@ -267,12 +285,7 @@ class Executor(Prewarmed):
         job = self.remote.link.job if self.remote is not None else self.job
         common = {NPROC: str(len(cluster)), GROUP_HOSTS: str(len(nodes)), GROUP_PIN: self.layout.group_pin(job, attempt),
                   GROUP_SNAPSHOT_STEPS: str(self.cfg.trainer.group_snapshot_steps),  # K: every member's
-                  SKIP_STEPS: ",".join(map(str, self.view.skipped_steps))}  # skipped again (a group's rollback)
-        if self.view.rollback_before is not None:
-            # after a rollback of step B, until a commit past those taken meanwhile: the state before B, not a
-            # checkpoint the chief committed after B (it checks only its own losses: a NaN a worker alone saw
-            # is found later, at its K-th steps)
-            common[ROLLBACK_BEFORE] = str(self.view.rollback_before[0])
+                  **self.resume().environ()}  # (other hosts' members too: skipped again, the rollback's bound)
         return cluster, common, [{**common, "TF_CONFIG": make_tf_config(cluster, r), RANK: str(r)} for r in range(n)]
 
     def _spawn_member(self, slot: str, role: str, attempt: int, rank: int, extra: dict[str, str]) -> None:

@@ -51,7 +51,7 @@ from procsv.watchdog.bringup import Plumbing, standby_choice
 from procsv.watchdog.config import LaunchConfig, check_target
 from procsv.watchdog.rules.decide import decide
 from procsv.watchdog.publish import badput
-from procsv.watchdog.publish.events import Event
+from procsv.watchdog.publish.events import Event, skipped_steps
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.exits import ChildEnds
 from procsv.watchdog.housekeeping import LogdirGuard, Sweeper, clear_group_records, clear_stale_temps
@@ -154,7 +154,8 @@ class Watchdog:
                                      self.out.io.reads)
         pipes.poller.register(self.out.io.reads.fd, zmq.POLLIN)  # a read of the logdir is done
         ex = self.ex = Executor(self.cfg, self.layout, pipes.runtime_dir, self.view, self.limits, self.out.record,
-                                self.clock, pipes.poller, ends.post_notice)
+                                self.clock, pipes.poller, ends.post_notice,
+                                skipped_before=skipped_steps(self.layout.lifecycle))  # (before this launch's records)
         ex.disk, ex.reading = self.out.io.call, ends.reading  # log rotation: by the logdir writer thread
         clear_group_records(self.layout)  # an earlier launch's: nothing reads them any more
         clear_stale_temps(self.layout)  # an earlier launch's writes a kill cut short

@@ -15,12 +15,12 @@ group restores from disk as before.
 A copy is verified before anything is assigned: its frames against the CRC-32C the service took
 when it copied them, then its object graph against the program's (the same variables under the
 same keys and dtypes); the assignment is :func:`procsv.trainer.checkpoint.memory_restore.assign`'s.
-A group started to roll back step B restores only a state before B (:func:`rollback_before`).
+A group started to roll back step B restores only a state before B (``ChildConfig.resume.rollback_before``,
+the watchdog's).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any, Optional
@@ -28,7 +28,6 @@ from typing import Any, Optional
 import numpy as np
 
 from procsv.common import crc32c
-from procsv.common.bootstrap import ChildConfig
 from procsv.common.errors import CorruptCheckpoint
 from procsv.common.manifests import list_committed
 from procsv.ipc.messages import GroupCopy, GroupFetch, GroupHeld, GroupQuery, TensorSpec
@@ -117,39 +116,3 @@ def restore_copy(ch: TrainerChannels, agent: CheckpointAgent, rank: int, step: i
         agent.global_step.assign(step)
 
 
-RESTARTING = b'"restarting"'
-LAUNCH = b'"launch"'
-
-
-def rollback_before(path: Optional[str], config: ChildConfig) -> Optional[int]:
-    """The step B this group attempt was started to roll back (its chief restores the newest state before
-    B): ``config.rollback_before`` (``PROCSV_ROLLBACK_BEFORE``), the watchdog's at the group's start or at a
-    standby's promotion (:func:`procsv.trainer.standby.wait.take_promotion`; ``no_rollback_said``: none).
-    Without it (a trainer started by a watchdog that does not set it: every watchdog of this version
-    does, and a group has a standby only on one host), the ``restarting`` record of this attempt in this launch that names its
-    ``rollback_step`` in the lifecycle file ``path``, if written by then. None: not a group's rollback."""
-    if config.rollback_before is not None:
-        return config.rollback_before
-    if config.no_rollback_said:
-        return None  # said: no rollback
-    attempt = config.attempt
-    if path is None or attempt <= 1:
-        return None
-    found: Optional[int] = None
-    try:
-        with open(path, "rb") as fh:
-            for line in fh:
-                if (RESTARTING not in line and LAUNCH not in line) or not line.endswith(b"\n"):
-                    continue
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict) and rec.get("event") == "launch":
-                    found = None  # attempts count from 1 again: an earlier launch's record is not this one's
-                elif isinstance(rec, dict) and rec.get("event") == "restarting" and rec.get("attempt") == attempt:
-                    step = rec.get("rollback_step")
-                    found = int(step) if isinstance(step, int) else None
-    except OSError:
-        return None
-    return found

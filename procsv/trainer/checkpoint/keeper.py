@@ -109,7 +109,7 @@ class CheckpointKeeper:
             return []
         # restarted for the group's rollback of step B: the newest state before B (a checkpoint the chief
         # committed after B holds B's update; the chief checks only its own losses, a worker's NaN is found later)
-        before = group_restore.rollback_before(agent.layout.lifecycle, config) if restarted else None
+        before = config.resume.rollback_before if restarted else None
         newest = group_restore.newest_committed(agent, before)
         held = group_restore.whole_step(channels, config.place.nproc, newest) if restarted and group is not None \
             else None

@@ -138,7 +138,8 @@ class FrontEnd:
 
     def __init__(self, keeper: Optional[CheckpointKeeper], boundary: StepBoundary, rollback: NonfiniteRollback,
                  state: StepState, graph: Optional[GraphSupervision], clock: Callable[[], float], *,
-                 session: Callable[[], Any], release: Callable[[], None], stop: Callable[..., None]) -> None:
+                 session: Callable[[], Any], release: Callable[[], None], stop: Callable[..., None],
+                 launch_start_step: Optional[int] = None) -> None:
         self._keeper = keeper
         self._boundary = boundary
         self._graph = graph
@@ -147,6 +148,9 @@ class FrontEnd:
         self.rollback = RollbackPort(rollback, state)
         self._stop = stop  # Supervisor.stop
         self.release = release  # let a session that did not start go: its channels, its own services
+        # the step this launch's first trainer began at, as the watchdog told a restarted one (None: this is
+        # the launch's first trainer, or no watchdog): a StopAtStepHook's num_steps count from there
+        self.launch_start_step = launch_start_step
 
     # ---------------------------------------------------------------- checkpoints
     @property

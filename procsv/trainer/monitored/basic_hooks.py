@@ -63,13 +63,11 @@ class StopAtStepHook(SessionRunHook):
         self._gs = global_step_fetch("StopAtStepHook") if self._graph else need_global_step("StopAtStepHook")
 
     def after_create_session(self, session: Any, coord: Any) -> None:
-        from procsv.trainer.monitored.scaffold import launch_start_step
-
         step = read_global_step(session, self._gs)
         if self._last_step is None:
             assert self._num_steps is not None
             sv = supervisor_of(session)
-            start = launch_start_step(sv.logdir) if sv is not None and sv.logdir is not None else None
+            start = sv.front_end.launch_start_step if sv is not None else None
             self._last_step = (step if start is None else start) + self._num_steps
         if step >= self._last_step:
             coord.request_stop()

@@ -335,31 +335,4 @@ class WorkerSessionCreator(ChiefSessionCreator):
         self.supervisor_options["is_chief"] = False
 
 
-def launch_start_step(logdir: str, attempt: Optional[int] = None) -> Optional[int]:
-    """The global step the current launch's first trainer started at (restored or initialized),
-    read from ``logs/lifecycle.jsonl``; None outside a restarted launch (``attempt``, None: this
-    trainer's, :func:`procsv.common.bootstrap.read_config`) or if it cannot be read."""
-    import json
-
-    from procsv.common import bootstrap
-
-    if (attempt if attempt is not None else bootstrap.read_config().attempt) <= 1:
-        return None
-    start: Optional[int] = None
-    try:
-        with open(Layout(logdir).lifecycle) as fh:
-            for line in fh:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if rec.get("event") == "launch":
-                    start = None
-                elif rec.get("event") in ("restored", "initialized") and start is None:
-                    start = int(rec["step"])
-    except (OSError, KeyError, TypeError, ValueError):
-        return None
-    return start
-
-
-__all__ = ["Scaffold", "RawSession", "SessionCreator", "ChiefSessionCreator", "WorkerSessionCreator", "launch_start_step"]
+__all__ = ["Scaffold", "RawSession", "SessionCreator", "ChiefSessionCreator", "WorkerSessionCreator"]

@@ -55,7 +55,7 @@ from procsv.trainer.checkpoint import memory_restore
 from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.checkpoint.keeper import CheckpointKeeper
 from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
-from procsv.trainer.nonfinite import notices, policy, records, retry_state, scan
+from procsv.trainer.nonfinite import notices, policy, retry_state, scan
 from procsv.trainer.nonfinite.boundary_work import BoundaryWork
 from procsv.trainer.nonfinite.policy import OnNonfinite
 from procsv.trainer.nonfinite.watch import NonfiniteWatch
@@ -146,17 +146,16 @@ class NonfiniteRollback:
         :meth:`BoundaryWork.abandon`); ``why`` says what the program does instead."""
         self._walk.abandon(step, why)
 
-    def resume(self, step: int, lifecycle: Optional[str], told: Sequence[int] = ()) -> None:
+    def resume(self, step: int, told: Sequence[int] = ()) -> None:
         """A session begins at ``step`` (restored or initialized): under ``rollback``, every step this
-        run skipped before (an earlier trainer's, a relaunch's: the ``step_skipped`` records of the
-        run's ``lifecycle`` file, :mod:`.records`; a group's, also those the watchdog ``told`` it:
-        ``PROCSV_SKIP_STEPS``, or its promotion's) stays skipped:
+        run skipped before, as the watchdog ``told`` it (``ChildConfig.resume``: an earlier trainer's and
+        an earlier launch's in this logdir, from its spawn's environment or its promotion) stays skipped:
         one after ``step`` is skipped again when the loop reaches it, and each counts against
         ``--max-skips``. Not in Keras ``fit`` (``on_skipped`` hooks: its resume replays its own epochs)."""
         watch = self.watch
         if not self.detecting or watch.policy != OnNonfinite.ROLLBACK or watch.on_skipped:
             return
-        for s in sorted(set(records.skipped_steps(lifecycle)) | set(told)):
+        for s in sorted(set(told)):
             if s not in watch.budget.skipped:
                 watch.budget.skip(s)
         watch.budget.skipped.sort()

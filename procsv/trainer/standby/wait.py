@@ -37,7 +37,7 @@ import psutil
 import zmq
 
 from procsv.common import env, stopfrom
-from procsv.common.bootstrap import ChildConfig, ChildContext
+from procsv.common.bootstrap import ChildConfig, ChildContext, Resume
 from procsv.common.layout import promotion_file
 from procsv.ipc.codec import ProtocolError, decode
 from procsv.ipc.messages import Promotion, StandbyReady
@@ -102,10 +102,10 @@ def wait_for_promotion(ctx: ChildContext) -> ChildConfig:
 
 def take_promotion(ctx: ChildContext) -> ChildConfig:
     """Read the watchdog's :class:`Promotion` of this standby: ``ctx.config`` as a trainer spawned for
-    this attempt now would have it (:meth:`ChildConfig.promoted`): no standby, the group's steps to skip,
-    and the step whose rollback this attempt is (none said: no rollback, so that nothing older decides).
+    this attempt now would have it (:meth:`ChildConfig.promoted`): no standby, the run's steps to skip,
+    the step whose rollback this attempt is (none said: no rollback) and the launch's start step.
     The environment is set to match, for a Supervisor built later in this process. A standby that finds
-    no record (promoted by another host's agent) keeps the configuration of its fork."""
+    no record keeps the configuration of its fork (the watchdog writes one before every promotion)."""
     path = promotion_file(ctx.endpoints.runtime_dir, ctx.attempt, ctx.rank)
     try:
         with open(path, "rb") as fh:
@@ -113,9 +113,11 @@ def take_promotion(ctx: ChildContext) -> ChildConfig:
     except (OSError, ProtocolError):
         return replace(ctx.config, standby=False)
     assert isinstance(msg, Promotion)
-    os.environ[env.SKIP_STEPS] = ",".join(map(str, msg.skip_steps))
-    os.environ[env.ROLLBACK_BEFORE] = "" if msg.rollback_before is None else str(msg.rollback_before)
-    return ctx.config.promoted(tuple(msg.skip_steps), msg.rollback_before)
+    told = Resume(tuple(sorted(set(msg.skip_steps))), msg.rollback_before, msg.launch_start_step)
+    for name in (env.SKIP_STEPS, env.ROLLBACK_BEFORE, env.LAUNCH_START_STEP):
+        os.environ.pop(name, None)
+    os.environ.update(told.environ())
+    return ctx.config.promoted(told)
 
 
 class _Senders:

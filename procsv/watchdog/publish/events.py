@@ -242,3 +242,29 @@ def read_events(path: str) -> list[dict[str, Any]]:
     except FileNotFoundError:
         pass
     return out
+
+
+SKIPPED_MARK = b'"step_skipped"'
+
+
+def skipped_steps(path: str) -> tuple[int, ...]:
+    """The steps of every ``step_skipped`` record in the lifecycle file ``path``, sorted, each once (none:
+    no file; a torn or foreign line is passed over). Read by the watchdog once, at a launch's start, before
+    its own records: an earlier launch's skipped steps stay skipped in this one (issue 52), and the
+    watchdog tells its trainers (``ChildConfig.resume``). Only lines naming ``step_skipped`` are parsed:
+    the file spans every launch of the logdir and may be long."""
+    steps: set[int] = set()
+    try:
+        with open(path, "rb") as fh:
+            for line in fh:
+                if SKIPPED_MARK not in line or not line.endswith(b"\n"):
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and rec.get("event") == "step_skipped" and isinstance(rec.get("step"), int):
+                    steps.add(int(rec["step"]))
+    except OSError:
+        return ()
+    return tuple(sorted(steps))
