@@ -439,6 +439,32 @@ def test_no_room_of_the_trainer_or_the_watchdog_imports_back_up() -> None:
     assert room_cycles(edges, "procsv.watchdog") == []
 
 
+def lifecycle_readers(mods: Mapping[str, pathlib.Path], under: str = "procsv.trainer") -> list[str]:
+    """Where a module under ``under`` names a run's lifecycle file (``<Layout>.lifecycle``): the record
+    the watchdog writes for people, which no trainer reads a decision from (``ChildConfig.resume``)."""
+    found = []
+    for name, path in sorted(mods.items()):
+        if name == under or name.startswith(under + "."):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Attribute) and node.attr == "lifecycle":
+                    found.append(f"{name}:{node.lineno}")
+    return found
+
+
+def test_no_trainer_module_reads_the_lifecycle_file() -> None:
+    assert lifecycle_readers(modules()) == []
+
+
+def test_a_trainer_module_naming_the_lifecycle_file_is_found(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "procsv" / "trainer").mkdir(parents=True)
+    (tmp_path / "procsv" / "__init__.py").write_text("")
+    (tmp_path / "procsv" / "trainer" / "__init__.py").write_text("")
+    (tmp_path / "procsv" / "trainer" / "reads.py").write_text("def bound(layout):\n    return open(layout.lifecycle)\n")
+    (tmp_path / "procsv" / "trainer" / "clean.py").write_text('"""The lifecycle file is the watchdog\'s."""\n')
+    mods = modules(tmp_path, {"procsv": "procsv"})
+    assert lifecycle_readers(mods) == ["procsv.trainer.reads:2"]
+
+
 @pytest.mark.slow
 def test_the_decision_function_reaches_no_io_through_its_imports() -> None:
     edges = graph(modules())
