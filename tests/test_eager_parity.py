@@ -223,10 +223,13 @@ def test_sv_saver_saves_through_the_service_restores_and_lists_as_tf1s_saver(log
         back = tf.Variable(-1.0)
         tf.train.Checkpoint(w=back).restore(prefix).expect_partial()
         assert float(back.numpy()) == 3.0 and sv.saver.last_checkpoints == [prefix]
-        for bad, match in (((sess, os.path.join(str(tmp_path), "elsewhere")), "pass sv.save_path"),
-                           ((sess, sv.save_path, 7), r"global_step=7\) at step 3")):
-            with pytest.raises(procsv.UsageError, match=match):
-                sv.saver.save(*bad)
+        with pytest.raises(procsv.UsageError, match=r"global_step=7\) at step 3"):
+            sv.saver.save(sess, sv.save_path, 7)
+        # a path of the program's own: written there as TF's Saver would, with its folder's state file
+        elsewhere = sv.saver.save(sess, os.path.join(str(tmp_path), "elsewhere"), global_step=9)
+        assert elsewhere == os.path.join(str(tmp_path), "elsewhere-9") == tf.train.latest_checkpoint(str(tmp_path))
+        tf.train.Checkpoint(w=back).restore(elsewhere).expect_partial()
+        assert float(back.numpy()) == 3.0 and committed_steps(logdir) == [3]  # the run's: step 3, already committed
         refused: list[BaseException] = []
 
         def from_a_thread() -> None:

@@ -12,6 +12,10 @@ committed is read back with TensorFlow's own readers.
   ``ValueError`` (``testSetupFail``);
 * the Saver ``import_meta_graph`` returns (a SaverDef's, with no variable list) restores and saves
   the graph's variables (``testRestoreFromMetaGraph``).
+* TensorFlow's PTB tutorial ends with ``sv.saver.save(session, FLAGS.save_path, global_step=sv.global_step)``
+  where ``FLAGS.save_path`` is the Supervisor's logdir: TF writes ``<save_path>-<step>`` beside it, with
+  the state file of that folder; so does procsv (it refused any path but ``sv.save_path``), and commits
+  the run's checkpoint of the step too.
 """
 
 from __future__ import annotations
@@ -109,3 +113,52 @@ def test_the_saver_import_meta_graph_returns_restores_and_saves_the_graphs_varia
         sv.stop()
     assert again.endswith("model.ckpt-4")
     assert int(tf.train.load_checkpoint(again).get_tensor("v0")) == 13
+
+
+def _ptb_pattern(supervisor: type, save_path: str) -> str:
+    """The PTB tutorial's shape: the Supervisor's logdir is FLAGS.save_path, a few steps, then a save there."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default():
+        w = tf.compat.v1.Variable(1.0, name="w")
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        train = tf.group(w.assign(w * 0.5 + 0.25), gs.assign_add(1))
+        sv = supervisor(logdir=save_path, save_model_secs=0, save_summaries_secs=0)
+        with sv.managed_session() as session:
+            for _ in range(3):
+                session.run(train)
+            return str(sv.saver.save(session, save_path, global_step=sv.global_step))
+
+
+def test_the_ptb_tutorials_save_to_its_own_save_path_writes_what_tensorflows_writes(tmp_path):
+    import tensorflow as tf
+
+    import procsv
+    from conftest import committed_steps
+
+    theirs = _ptb_pattern(tf.compat.v1.train.Supervisor, str(tmp_path / "tf" / "ptb"))
+    ours = _ptb_pattern(procsv.Supervisor, str(tmp_path / "procsv" / "ptb"))  # raised UsageError "pass sv.save_path"
+    assert os.path.relpath(theirs, tmp_path / "tf") == os.path.relpath(ours, tmp_path / "procsv") == "ptb-3"
+    for prefix, folder in ((theirs, tmp_path / "tf"), (ours, tmp_path / "procsv")):
+        assert tf.train.latest_checkpoint(str(folder)) == prefix and os.path.exists(prefix + ".meta")
+        reader = tf.train.load_checkpoint(prefix)
+        assert (float(reader.get_tensor("w")), int(reader.get_tensor("global_step"))) == (0.5625, 3)
+    assert committed_steps(str(tmp_path / "procsv" / "ptb"))[-1] == 3  # the run keeps the step too
+
+
+def test_a_save_to_a_path_of_the_programs_own_in_the_logdir_leaves_the_logdirs_state_file_to_the_service(logdir):
+    import tensorflow as tf
+
+    import procsv
+
+    with tf.Graph().as_default():
+        w = tf.compat.v1.Variable(2.0, name="w")
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        train = tf.group(w.assign_add(1.0), gs.assign_add(1))
+        sv = procsv.Supervisor(logdir=logdir, save_model_secs=0, save_summaries_secs=0)
+        with sv.managed_session() as sess:
+            sess.run(train)
+            sess.run(train)
+            mine = sv.saver.save(sess, os.path.join(logdir, "mine"), global_step=7)  # TF names it as told
+    assert mine == os.path.join(logdir, "mine-7") and float(tf.train.load_checkpoint(mine).get_tensor("w")) == 4.0
+    assert tf.train.latest_checkpoint(logdir) == os.path.join(os.path.abspath(logdir), "model.ckpt-2")

@@ -8,7 +8,8 @@ writing stays with the checkpoint and summary services:
 
 * :class:`SaverShim`: ``save`` commits a checkpoint of the session's current step through the
   checkpoint service (atomic, manifest, retention) and returns its prefix as TF did
-  (``<logdir>/<basename>-<step>``); ``restore`` verifies and restores a committed checkpoint (or
+  (``<logdir>/<basename>-<step>``); to a path of the program's own, TF's Saver writes it there too;
+  ``restore`` verifies and restores a committed checkpoint (or
   restores a plain TF one); ``last_checkpoints`` lists the committed ones, oldest first. Any other
   attribute is the ``tf.train.Checkpoint``'s (what is saved). What procsv cannot do as TF did is a
   :class:`UsageError` of one line, never a quiet difference.
@@ -105,46 +106,82 @@ class SaverShim:
     def save(self, sess: Any, save_path: str, global_step: Any = None, latest_filename: Optional[str] = None,
              meta_graph_suffix: str = "meta", write_meta_graph: bool = True, write_state: bool = True,
              strip_default_attrs: bool = False, save_debug_info: bool = False) -> str:
-        """Commit a checkpoint of the session's current step through the checkpoint service and
-        return its prefix, ``<logdir>/<checkpoint_basename>-<step>`` (TF's return value; the step is
-        always in the name, as with ``global_step=``), or ``<logdir>/<checkpoint_basename>`` for a
-        graph without a global step (as TF names it). ``save_path`` must be ``sv.save_path``: the
-        service writes a run's checkpoints, manifests and retention in its logdir only. Raises
-        :class:`UsageError` for another path, a ``global_step`` other than the session's step (a
-        checkpoint is named by the step it holds), a worker (only the chief saves), or a call
-        outside the session's thread; :class:`CheckpointError` if the commit failed. The meta graph
-        options mean nothing in eager mode (TF ignores them there too); ``latest_filename`` and
-        ``write_state=False`` are warned about: the service keeps the logdir's ``checkpoint`` file."""
+        """``save_path`` is ``sv.save_path``: commit a checkpoint of the session's current step through the
+        checkpoint service and return its prefix, ``<logdir>/<checkpoint_basename>-<step>`` (TF's return
+        value; the step is always in the name, as with ``global_step=``), or ``<logdir>/<checkpoint_basename>``
+        for a graph without a global step (as TF names it). A ``global_step`` other than the session's step is
+        a :class:`UsageError` there (a committed checkpoint is named by the step it holds). ``latest_filename``
+        and ``write_state=False`` are warned about: the service keeps the logdir's ``checkpoint`` file.
+
+        Any other path (TensorFlow's PTB tutorial saves to its own ``FLAGS.save_path``): what TF's Saver
+        does, ``<save_path>-<global_step>`` written now by TF's own Saver (graph mode; eager: the
+        ``tf.train.Checkpoint``) with the state file of its folder, and its prefix returned; the run's
+        checkpoint of the step is committed through the service first, so that the run keeps it too. The
+        state file of the logdir stays the service's: a path in the logdir gets no state file (said once).
+
+        Either way a worker (only the chief saves) or a call outside the session's thread is a
+        :class:`UsageError`; :class:`CheckpointError` if the service's commit of the own path failed.
+        The meta graph options mean nothing in eager mode (TF ignores them there too)."""
         sv = self._parts
         _on_session_thread(sv, "sv.saver.save(sess, save_path)")
         if not sv.chief:
             raise UsageError("sv.saver.save() in a worker (is_chief=False): only the chief saves")
-        if sv.save_path is None or os.path.abspath(save_path) != os.path.abspath(sv.save_path):
-            raise UsageError(f"sv.saver.save(sess, {save_path!r}): the checkpoint service writes this run's "
-                             f"checkpoints as {sv.save_path}-<step> only (their manifests and retention live in the "
-                             "logdir); pass sv.save_path")
+        own = sv.save_path is not None and os.path.abspath(save_path) == os.path.abspath(sv.save_path)
         step = sv.state.step
         graph = sv.graph
         if graph is not None and hasattr(global_step, "graph"):  # graph mode: the global step tensor's value
             global_step = graph.session.raw.run(global_step)
         asked = _int_step(global_step)
-        if asked is not None and asked != step:
+        if own and asked is not None and asked != step:
             raise UsageError(f"sv.saver.save(global_step={asked}) at step {step}: a checkpoint is named by the step "
                              "it holds; pass global_step=sv.global_step (or leave it out)")
-        if latest_filename is not None or not write_state:
+        if own and (latest_filename is not None or not write_state):
             warn_once("saver.save.state", "sv.saver.save(latest_filename=..., write_state=False) is ignored: the "
                                           "checkpoint service keeps the logdir's `checkpoint` state file")
-        assert sv.keeper is not None  # (a logdir and something to save: sv.saver is None otherwise)
+        prefix = self._commit(step, raise_on_failure=own)
+        if own:
+            return prefix
+        return self._program_copy(save_path, asked, latest_filename, meta_graph_suffix, write_meta_graph, write_state,
+                                  strip_default_attrs, save_debug_info)
+
+    def _commit(self, step: int, raise_on_failure: bool) -> str:
+        """Commit ``step``'s checkpoint through the service unless it is committed as it is; its prefix."""
+        sv = self._parts
+        assert sv.keeper is not None and sv.save_path is not None  # (a logdir and something to save: else no sv.saver)
         ckpt = sv.keeper.agent
         # a graph without a global step: ``<basename>``, rewritten at each save (TF's name with global_step=None)
         prefix = f"{sv.save_path}-{step}" if getattr(ckpt.global_step, "numbered", True) else sv.save_path
         if step <= ckpt.last_committed and not ckpt.behind(step):
             return prefix  # already committed, as it is: TF would have written the same state again
         result = sv.boundary.save_now(SaveReason.STEPS)
-        if ckpt.last_committed < step:
+        if ckpt.last_committed < step and raise_on_failure:
             why = result.error if result is not None and result.error else "it did not commit in time"
             raise CheckpointError(f"sv.saver.save() at step {step}: {why}")
         return prefix
+
+    def _program_copy(self, save_path: str, asked: Optional[int], latest_filename: Optional[str],
+                      meta_graph_suffix: str, write_meta_graph: bool, write_state: bool, strip_default_attrs: bool,
+                      save_debug_info: bool) -> str:
+        """TF's ``Saver.save`` to the program's own ``save_path``: written now, in this thread, by TF."""
+        import tensorflow as tf
+
+        sv = self._parts
+        folder = os.path.dirname(os.path.abspath(save_path))
+        if write_state and sv.layout is not None and folder == os.path.abspath(sv.layout.logdir):
+            warn_once("saver.save.own_state", f"sv.saver.save(sess, {save_path!r}) writes no `checkpoint` state file: "
+                                              "the logdir's is the checkpoint service's (it names the run's checkpoints)")
+            write_state = False
+        graph = sv.graph
+        if graph is not None:  # the program's graph: its own tf.compat.v1.train.Saver, as under TensorFlow
+            return str(graph.saver.save(graph.session.raw, save_path, global_step=asked, latest_filename=latest_filename,
+                                        meta_graph_suffix=meta_graph_suffix, write_meta_graph=write_meta_graph,
+                                        write_state=write_state, strip_default_attrs=strip_default_attrs,
+                                        save_debug_info=save_debug_info))
+        prefix = save_path if asked is None else f"{save_path}-{asked}"
+        written = str(sv.checkpoint.write(prefix))
+        if write_state:
+            tf.compat.v1.train.update_checkpoint_state(folder, written, latest_filename=latest_filename)
+        return written
 
     def restore(self, sess: Any, save_path: str) -> None:
         """Restore ``save_path``: a committed checkpoint of the logdir is verified against its
