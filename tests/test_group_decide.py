@@ -95,7 +95,7 @@ def test_a_workers_death_noticed_with_its_error_file_names_the_error_in_the_earl
     carries the exception type, and the group's early restart names it (CI saw only "died")."""
     sim = group(2)
     sim.tick(1.0)
-    observe.death_noticed(sim.view, W1, sim.member(W1).attempt, sim.now, 0.0, "ModuleNotFoundError")
+    observe.death_noticed(sim.view, W1, sim.member(W1).attempt, sim.now, 0.0, ChildError("ModuleNotFoundError", "", "", "run"))
     sim.tick(0.01)
     sim.reaps(TRAINER, KILLED)
     sim.tick(0.01)
@@ -124,7 +124,7 @@ def test_a_chief_that_stopped_on_non_finite_training_is_the_cause_even_if_its_wo
     The chief's stop is the cause: give up with exit 4, no restart."""
     sim = group(2)
     sim.tick(1.0)
-    observe.death_noticed(sim.view, W1, sim.member(W1).attempt, sim.now, 0.0, "UnavailableError")
+    observe.death_noticed(sim.view, W1, sim.member(W1).attempt, sim.now, 0.0, ChildError("UnavailableError", "", "", "run"))
     acts = sim.tick(0.01)
     assert of(acts, Signal) and not of(acts, Restart)
     sim.reaps(TRAINER, 4, "TrainingDiverged")

@@ -23,6 +23,7 @@ from procsv.common.manifests import Manifest, retiring
 from procsv.ipc.messages import NonfiniteDetected, SaveResult
 from procsv.trainer.checkpoint import group_restore, restore, restore_at_start
 from procsv.watchdog import observe
+from procsv.watchdog.rules.failures import ChildError
 from procsv.watchdog.publish import recovery
 from procsv.watchdog.publish.runmetrics import StepRate, restart_counts, take_snapshot
 from procsv.watchdog.rules.actions import GiveUp, Restart, Signal, Spawn
@@ -80,7 +81,7 @@ def test_a_member_that_asks_for_the_rollback_is_the_cause_even_if_its_peers_deat
     sim = group(2)
     sim.tick(1.0)
     reports(sim, TRAINER, 40)
-    observe.death_noticed(sim.view, W1, sim.member(W1).attempt, sim.now, 0.0, "UnavailableError")
+    observe.death_noticed(sim.view, W1, sim.member(W1).attempt, sim.now, 0.0, ChildError("UnavailableError", "", "", "run"))
     assert not of(sim.tick(0.01), Restart)  # the worker failed in its next collective: not the cause
     sim.reaps(W1, 1, "UnavailableError")
     assert not of(sim.tick(0.01), Restart)

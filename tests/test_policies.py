@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from procsv.common.manifests import Manifest
@@ -191,6 +193,49 @@ def test_max_restarts_zero_gives_up_at_the_first_failure(ex):
     d = decide(RestartPolicy(max_restarts=0), History(), ex, 0.5)
     assert d.action is Action.GIVE_UP
     assert d.history.restarts == 0
+
+
+# the same failure again (issue 67: TensorFlow's PTB tutorial under a launch, its error after the last
+# epoch restarted ten times with back-off, 446 s): the exception's type, message and innermost frame
+RAISED = ("ValueError", "bad shape (3, 4)", "/p/train.py:57 in main", 20)  # ..., after 20 steps of the attempt
+SAME_NO_PROGRESS = replace(CRASH_NO_PROGRESS, fingerprint=RAISED)
+
+
+@pytest.mark.parametrize("progress", [False, True], ids=["no-progress", "progress"])
+def test_the_same_failure_three_times_in_a_row_gives_up_at_once_naming_it(progress):
+    # with progress too: each attempt's in-memory snapshot, persisted after its death, is a commit
+    decisions = simulate(NO_JITTER, [replace(SAME_NO_PROGRESS, made_progress=progress)] * 5)
+    assert [d.action for d in decisions] == [Action.RESTART, Action.RESTART, Action.GIVE_UP]
+    assert decisions[-1].delay == 0.0 and decisions[-1].history.same_failures_in_a_row == 3
+    assert "failed the same way 3 times in a row" in decisions[-1].reason
+    assert "ValueError: bad shape (3, 4) at /p/train.py:57 in main, 20 steps after each start" in decisions[-1].reason
+
+
+@pytest.mark.parametrize("between, gives_up", [
+    (replace(SAME_NO_PROGRESS, fingerprint=("ValueError", "bad shape (3, 5)", *RAISED[2:])), False),  # another message
+    (replace(SAME_NO_PROGRESS, fingerprint=(*RAISED[:2], "/p/train.py:58 in main", 20)), False),  # another place
+    (replace(SAME_NO_PROGRESS, fingerprint=(*RAISED[:3], 23)), False),  # after other steps: not deterministic
+    (CRASH_NO_PROGRESS, False),  # no error file (an exit code, a signal of its own): not known to be the same
+    (replace(KILLED_NO_PROGRESS, killed_from_outside=True), True),  # killed from outside in between: the count stays
+])
+def test_only_the_same_failure_in_a_row_counts(between, gives_up):
+    decisions = simulate(NO_JITTER, [SAME_NO_PROGRESS, SAME_NO_PROGRESS, between, SAME_NO_PROGRESS])
+    assert (decisions[-1].action is Action.GIVE_UP) == gives_up, decisions[-1]
+    assert len(decisions) == 4
+
+
+def test_the_limit_is_the_policys():
+    two = replace(NO_JITTER, same_failure_limit=2)
+    assert [d.action for d in simulate(two, [SAME_NO_PROGRESS] * 3)] == [Action.RESTART, Action.GIVE_UP]
+
+
+def test_the_place_is_the_innermost_frame_of_the_traceback():
+    from procsv.watchdog.rules.failures import ChildError
+
+    tb = ('Traceback (most recent call last):\n  File "/p/train.py", line 80, in <module>\n    main()\n'
+          '  File "/p/train.py", line 57, in main\n    raise ValueError("bad shape (3, 4)")\nValueError: bad shape (3, 4)\n')
+    assert ChildError("ValueError", "bad shape (3, 4)", tb, "run", 20).fingerprint == RAISED
+    assert ChildError("SystemExit", "1", "", "run").place == "" and ChildError("E", "", tb, "run").fingerprint is None
 
 
 def test_restart_counter_counts_every_restart_across_progress():

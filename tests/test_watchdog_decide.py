@@ -355,7 +355,7 @@ def test_a_hang_kill_before_the_first_step_is_still_a_start_up_failure():
 def test_a_death_notice_before_the_first_step_with_an_error_file_restarts_early_as_its_own_failure():
     sim = Sim()
     assert of(sim.tick(), Spawn)
-    observe.death_noticed(sim.view, TRAINER, 1, sim.now, 0.0, "RuntimeError")
+    observe.death_noticed(sim.view, TRAINER, 1, sim.now, 0.0, ChildError("RuntimeError", "", "", "run"))
     (r,) = of(sim.tick(), Restart)
     assert r.early and r.history.startup_failures_in_a_row == 1
 
@@ -954,7 +954,7 @@ def test_a_trainer_that_exits_4_diverging_is_final_no_restart_failed_exit_4():
 def test_a_death_notice_of_a_diverging_trainer_waits_for_its_exit_status():
     sim = Sim()
     sim.start_trainer(steps=3)
-    observe.death_noticed(sim.view, TRAINER, 1, sim.now, 0.0, "TrainingDiverged")
+    observe.death_noticed(sim.view, TRAINER, 1, sim.now, 0.0, ChildError("TrainingDiverged", "", "", "run"))
     assert not of(sim.tick(), Restart)
     sim.dies(TRAINER, 4)
     (g,) = of(sim.tick(), GiveUp)

@@ -364,15 +364,17 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         os._exit(70)  # the parent died before the death signal was armed
 
 
-def write_error_file(ctx: Optional[ChildContext], exc: BaseException, phase: str) -> None:
-    """Record ``exc`` with its traceback as this attempt's error file (best effort, atomic)."""
+def write_error_file(ctx: Optional[ChildContext], exc: BaseException, phase: str,
+                     steps_completed: Optional[int] = None) -> None:
+    """Record ``exc`` with its traceback as this attempt's error file (best effort, atomic); a trainer
+    also says how many steps it completed (the watchdog tells the same failure again by it)."""
     if ctx is None:
         return
-    write_error_record(ctx.layout, ctx.role, ctx.attempt, exc, phase, ctx.endpoints.runtime_dir)
+    write_error_record(ctx.layout, ctx.role, ctx.attempt, exc, phase, ctx.endpoints.runtime_dir, steps_completed)
 
 
 def write_error_record(layout: Layout, role: str, attempt: int, exc: BaseException, phase: str,
-                       runtime_dir: Optional[str] = None) -> None:
+                       runtime_dir: Optional[str] = None, steps_completed: Optional[int] = None) -> None:
     """Write ``logs/<role>.<attempt>.error.json`` for ``exc`` in this process (best effort, atomic).
 
     If the logdir cannot take it (a full filesystem, often the very reason the child fails), the
@@ -388,6 +390,8 @@ def write_error_record(layout: Layout, role: str, attempt: int, exc: BaseExcepti
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
     }
+    if steps_completed is not None:
+        record["steps_completed"] = steps_completed
     try:
         write_json(layout.error_file(role, attempt), record)
         return

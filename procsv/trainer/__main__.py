@@ -56,13 +56,15 @@ def main() -> int:
         if exc.code == EXIT_PREEMPTED and outcome.collect().preempted:
             return _clean_exit(ctx)  # the program's own 42 after procsv's preemption commit: one, truly
         if exc.code not in (0, None):
-            bootstrap.write_error_file(ctx, exc, outcome.collect().phase)
+            done = outcome.collect()
+            bootstrap.write_error_file(ctx, exc, done.phase, done.steps_completed)
             if exc.code in (EXIT_DIVERGING, EXIT_GROUP_ROLLBACK):
                 deathnotice.release()  # a deliberate stop (final, or a group's rollback): its exit status is judged
             raise
         return _clean_exit(ctx)
     except BaseException as exc:
-        bootstrap.write_error_file(ctx, exc, outcome.collect().phase)
+        done = outcome.collect()
+        bootstrap.write_error_file(ctx, exc, done.phase, done.steps_completed)
         raise
     return _clean_exit(ctx)
 

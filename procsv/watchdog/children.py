@@ -291,6 +291,8 @@ def read_child_error(paths: Sequence[str], pid: int) -> Optional[ChildError]:
     for path in paths:
         err = read_json(path)
         if isinstance(err, dict) and err.get("pid") == pid:
+            steps = err.get("steps_completed")
             return ChildError(str(err.get("type", "")), str(err.get("message", "")),
-                              str(err.get("traceback", "")), str(err.get("phase", "")))
+                              str(err.get("traceback", "")), str(err.get("phase", "")),
+                              steps if isinstance(steps, int) and not isinstance(steps, bool) else None)
     return None

@@ -164,8 +164,7 @@ class ChildEnds:
                 observe.committed_on_disk(self.view, handle.slot, handle.attempt, reads.committed)
             err = reads.error if reads is not None else None
             if end.code is None:
-                self.out.record(observe.death_noticed(self.view, handle.slot, handle.attempt, end.at, end.wall,
-                                                      err.type if err is not None else ""))
+                self.out.record(observe.death_noticed(self.view, handle.slot, handle.attempt, end.at, end.wall, err))
                 self.out.changed()
                 continue
             self._heard_all()  # what arrived while the reads were done: still before its exit

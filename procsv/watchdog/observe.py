@@ -19,7 +19,7 @@ from procsv.ipc.messages import (GroupCopyHeld, GroupCopyRefused, Hello, Message
                                  RolledBack, SaveOverdue, SaveResult, ServiceLoading, StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
 from procsv.watchdog.rules.bookkeeping import find, request_stop
 from procsv.watchdog.publish.events import Event, Report
-from procsv.watchdog.rules.failures import Failure
+from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.group import blame, copy_held, peer_found, workers
 from procsv.watchdog.rules.nonfinitelog import detected, ended
@@ -303,18 +303,18 @@ def end_came(view: RunView, slot: str, attempt: int, now: float) -> None:
 
 
 def death_noticed(view: RunView, slot: str, attempt: int, at: float, wall: float,
-                  error_type: str = "") -> list[Report]:
+                  error: Optional[ChildError] = None) -> list[Report]:
     """The trainer's death notice (its mutex's owner died): an unclean death, before the reap.
 
-    ``error_type``: the exception its error file names, if it wrote one (a restart cannot cure
-    some: the decision then waits for the exit status instead of restarting at once).
+    ``error``: its error file, if it wrote one (a restart cannot cure some exceptions: the decision
+    then waits for the exit status instead of restarting at once; the same failure again gives up).
     """
     child = find(view, slot, attempt)
     if child is None or child.reaped or child.noticed_dead_at is not None:
         return []
     child.noticed_dead_at = at
     child.noticed_wall = wall
-    child.noticed_error = error_type
+    child.noticed = error
     child.ended_at = at
     return [Report(Event.DEATH_NOTICED, {"role": _role(child), "attempt": attempt, "pid": child.pid, "noticed": wall})]
 

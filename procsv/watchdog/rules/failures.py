@@ -11,6 +11,7 @@ from this record instead of being assembled where the death is handled.
 
 from __future__ import annotations
 
+import re
 import signal
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -21,6 +22,7 @@ from procsv.common.exitcodes import EXIT_PREEMPTED
 # ``kill``, procsv's own chaos), never from a fault of the program itself; SIGSEGV, SIGABRT, SIGBUS,
 # SIGFPE, SIGILL, SIGPIPE, ... are the program's own. The start-up failure rule counts only the latter.
 OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+_FRAME = re.compile(r'\s*File "([^"]+)", line (\d+), in (.+)$')  # a frame of a Python traceback
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,22 @@ class ChildError:
     message: str
     traceback: str
     phase: str
+    steps: Optional[int] = None  # the steps a trainer completed before it (None: not said)
+
+    @property
+    def place(self) -> str:
+        """The innermost frame of its traceback, ``path:line in function`` ("" without one)."""
+        for line in reversed(self.traceback.splitlines()):
+            found = _FRAME.match(line)
+            if found:
+                return f"{found.group(1)}:{found.group(2)} in {found.group(3)}"
+        return ""
+
+    @property
+    def fingerprint(self) -> Optional[tuple[str, str, str, int]]:
+        """What makes two trainer failures the same one: the exception's type, its message, where it was
+        raised, after how many steps of the attempt (None: the steps were not said)."""
+        return None if self.steps is None else (self.type, self.message, self.place, self.steps)
 
 
 @dataclass(frozen=True)

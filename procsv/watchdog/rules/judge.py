@@ -103,9 +103,10 @@ def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> li
         code = 1  # it saved when terminated for a hang, but a hang is a failure: backoff applies
     preempted = who.failure is not None and who.failure.preempted and not who.hang_cause
     outside = killed_from_outside(who.exit_code) and not who.hang_cause  # a hang kill: its own
+    error = who.failure.error if who.failure is not None and who.failure.error is not None else who.noticed
     ex = TrainerExit(code, child.first_step_at is not None, child.made_progress, view.stop_signal is not None,
                      preempted=preempted, killed_from_outside=outside, rollback_step=group.rollback_step(view, child),
-                     skipped=tuple(view.skipped_steps))
+                     skipped=tuple(view.skipped_steps), fingerprint=error.fingerprint if error is not None else None)
     verdict = restart_verdict(limits.restart, view.history, ex, draw)
     if not child.reaped:
         if verdict.action != Verdict.RESTART or hopeless(child, who.noticed_error, limits) \

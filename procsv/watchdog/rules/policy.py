@@ -32,6 +32,15 @@ Rules:
   of every member held by the checkpoint service, which the next group restores) -- resets the
   failure count, so a run that crashes often but keeps checkpointing goes on for as long as it needs.
 * more than ``max_restarts`` failures without progress: give up.
+* the same failure again: a trainer that fails on its own with the exception, message and place of
+  the failure before it, after as many steps of its attempt (``TrainerExit.fingerprint``: a
+  deterministic error, such as one after training in a program that counts its epochs, not the global
+  step), ``same_failure_limit`` times in a row (a kill from outside in between leaves the count as it
+  was; any other end resets it): give up at once. Progress does not reset this count: such an attempt
+  "progresses" (its in-memory snapshot is persisted after its death) and restarted at once, dozens of
+  times a minute. A failure at another step of the attempt, or another one, starts the count again:
+  a run that crashes at varying steps goes on for as long as it commits. The checkpoints are kept;
+  the line names the failure.
 """
 
 from __future__ import annotations
@@ -62,6 +71,7 @@ class RestartPolicy:
     backoff_cap: float = 30.0
     jitter: float = 0.1
     startup_failure_limit: int = 2
+    same_failure_limit: int = 3
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,8 @@ class History:
     restarts: int = 0  # every restart of the run, for reporting (a group's rollback is none: a rollback)
     failures_without_progress: int = 0
     startup_failures_in_a_row: int = 0
+    same_failures_in_a_row: int = 0  # the same failure (fingerprint) in a row
+    last_fingerprint: Optional[tuple[str, str, str, int]] = None  # the failure those were
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,8 @@ class TrainerExit:
     killed_from_outside: bool = False  # killed by SIGKILL/SIGTERM/... from another process (not a hang kill)
     rollback_step: Optional[int] = None  # the first step a member of its group reported non-finite
     skipped: tuple[int, ...] = ()  # the steps the run skipped so far
+    # its exception's type, message, place and the steps of the attempt before it (None: no error file, or no steps said)
+    fingerprint: Optional[tuple[str, str, str, int]] = None
 
 
 @dataclass(frozen=True)
@@ -134,13 +148,33 @@ def decide(policy: RestartPolicy, history: History, ex: TrainerExit, draw: float
         startup = history.startup_failures_in_a_row  # not the program's failure: the count neither grows nor resets
     else:
         startup = history.startup_failures_in_a_row + 1
-    new = History(history.restarts, failures, startup)
+    same, fingerprint = same_failure(history, ex)
+    new = History(history.restarts, failures, startup, same, fingerprint)
     if not ex.killed_from_outside and startup >= policy.startup_failure_limit:
         return Decision(Action.GIVE_UP, 0.0,
                         f"the start-up failure rule: the trainer failed on its own before its first step {startup} "
                         "times in a row (start-up failure)", new)
+    if fingerprint is not None and same >= policy.same_failure_limit:
+        kind, message, place, steps = fingerprint
+        return Decision(Action.GIVE_UP, 0.0,
+                        f"the trainer failed the same way {same} times in a row ({kind}: {message}"
+                        f"{f' at {place}' if place else ''}, {steps} steps after each start): a restart would fail "
+                        "again; fix the program and relaunch (its checkpoints are kept)", new)
     if failures > policy.max_restarts:
         return Decision(Action.GIVE_UP, 0.0,
                         f"the restart limit: {failures - 1} restarts without a new checkpoint "
                         f"(--max-restarts {policy.max_restarts})", new)
     return Decision(Action.RESTART, backoff(policy, failures, draw), "trainer failed", replace(new, restarts=history.restarts + 1))
+
+
+def same_failure(history: History, ex: TrainerExit) -> tuple[int, Optional[tuple[str, str, str, int]]]:
+    """The same-failure count and fingerprint after ``ex`` (pure): one more if it failed on its own as the
+    failure before it did; as they were after a kill from outside; else a new count (1 with a fingerprint,
+    0 without)."""
+    if ex.killed_from_outside:
+        return history.same_failures_in_a_row, history.last_fingerprint
+    if ex.fingerprint is None:
+        return 0, None
+    if ex.fingerprint == history.last_fingerprint:
+        return history.same_failures_in_a_row + 1, ex.fingerprint
+    return 1, ex.fingerprint

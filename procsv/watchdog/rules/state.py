@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from procsv.watchdog.rules.actions import Action, Cause, Kill, Signal
-from procsv.watchdog.rules.failures import Failure, describe
+from procsv.watchdog.rules.failures import ChildError, Failure, describe
 from procsv.watchdog.rules.lifecycle import ProcState, RunState, transition
 from procsv.watchdog.rules.nonfinitelog import NonfiniteLog
 from procsv.watchdog.rules.policy import History
@@ -106,7 +106,7 @@ class ChildView:
     # its end
     noticed_dead_at: Optional[float] = None  # its death notice (robust mutex "owner died")
     noticed_wall: Optional[float] = None  # the same moment on the wall clock, for the lifecycle log
-    noticed_error: str = ""  # the exception type its error file named when its death was noticed
+    noticed: Optional[ChildError] = None  # what its error file said when its death was noticed
     ended_at: Optional[float] = None
     ending_at: Optional[float] = None  # its exit or death notice came in; observed once what is read at its end is back
     failure: Optional[Failure] = None  # set when reaped (its exit status: exit_code)
@@ -165,6 +165,11 @@ class ChildView:
             return self.headline()
         return self.failure.root_cause(before_first_step=self.role == TRAINER and self.first_step_at is None,
                                        note=self.hang_cause)
+
+    @property
+    def noticed_error(self) -> str:
+        """The exception type its error file named when its death was noticed ("" if none)."""
+        return self.noticed.type if self.noticed is not None else ""
 
     @property
     def made_progress(self) -> bool:
