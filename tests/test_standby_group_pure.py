@@ -223,3 +223,25 @@ def test_the_exit_code_of_no_shadow_run_counts_only_from_a_member_that_ended_on_
     assert standby.gone(sim.view, sb) == StandbyGone(S1, 2, failed=False, no_shadow=True)
     sb.failure = Failure(S1, 2, sb.pid, 1, 0.0, "")
     assert standby.gone(sim.view, sb) == StandbyGone(S1, 2, failed=True, no_shadow=False)
+
+
+def test_a_standby_that_cannot_hold_the_programs_own_server_ends_the_runs_standbys_without_backoff():
+    # issue 67 point 4: EXIT_NO_STANDBY (the program's own tf.train.Server on the trainer's port) is no
+    # failure of the standby: none is prepared for the rest of the run; a kill or a stop is as before
+    from procsv.common.exitcodes import EXIT_NO_STANDBY
+
+    sim = StandbyGroupSim().started()
+    sim.tick()
+    sb = sim.view.children[S1]
+    sb.failure = Failure(S1, 2, sb.pid, EXIT_NO_STANDBY, 0.0, "")
+    sb.killed = True
+    assert standby.gone(sim.view, sb) == StandbyGone(S1, 2, failed=False)
+    sb.killed = False
+    assert standby.gone(sim.view, sb) == StandbyGone(S1, 2, failed=False, unsuitable=True)
+    sim.dies(S1, EXIT_NO_STANDBY)
+    acts = sim.tick()
+    assert StandbyGone(S1, 2, failed=False, unsuitable=True) in acts
+    assert sim.view.standby_ok is False and sim.view.standby_failures == 0
+    sim.dies(STANDBY, KILLED)
+    sim.tick()
+    assert not of(sim.tick(60.0), Spawn)  # none again, however long the run trains on

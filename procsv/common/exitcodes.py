@@ -27,6 +27,12 @@ EXIT_GROUP_ROLLBACK = 5
 # The watchdog kills the rest of the group and marks the run's next standby groups "without shadow run".
 EXIT_NO_SHADOW_RUN = 6
 
+# A hot standby (before its promotion) that could not start what only one process may hold -- the
+# program's own ``tf.train.Server`` on a port the live trainer holds (TensorFlow's mnist_replica) --
+# exits with this code: "this program can have no hot standby". The watchdog prepares none for the rest
+# of the run, says why once, and restarts fork from the zygote (``--standby fork``).
+EXIT_NO_STANDBY = 7
+
 # The exception type name (in the trainer's error file) of that stop: a death noticed with it waits
 # for the exit status instead of restarting early.
 DIVERGING_ERROR = "TrainingDiverged"

@@ -24,7 +24,7 @@ from procsv.common import bootstrap, lossyio
 from procsv.common.layout import exit_report_file, write_json
 from procsv.common.exitcodes import EXIT_DIVERGING, EXIT_GROUP_ROLLBACK, EXIT_PREEMPTED
 from procsv.trainer import deathnotice, outcome
-from procsv.trainer.standby import priority
+from procsv.trainer.standby import priority, servers
 
 
 def main() -> int:
@@ -38,6 +38,7 @@ def main() -> int:
         print(f"procsv: standby preparing at {'idle (SCHED_IDLE)' if lowered else 'normal'} CPU priority"
               + ("" if lowered else " (SCHED_IDLE could not be undone at promotion without CAP_SYS_NICE)"),
               flush=True)
+        servers.guard()  # the program's own tf.train.Server on the trainer's port: no standby for this run
     if len(sys.argv) < 2:
         print("usage: python -m procsv.trainer TARGET [ARGS...]", file=sys.stderr)
         return 2

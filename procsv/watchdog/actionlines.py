@@ -177,6 +177,11 @@ def standby_gone_reports(view: RunView, action: StandbyGone, now: float) -> list
     child = find(view, action.slot, action.attempt)
     if child is None:
         return []
+    if action.unsuitable:
+        return [Report(say=f"procsv: no hot standby for this run: the standby trainer ({child.slot}, pid {child.pid}) "
+                           "could not start what only one process may hold (the program's own tf.train.Server, on a "
+                           "port the trainer holds; its log says which); restarts fork from the pre-warmed trainer",
+                       err=True)]
     if action.no_shadow:
         return [Report(say=f"procsv: standby group member {child.slot} could not run the step on shadows (its log says "
                            "why): replacing the group; the run's next standby groups skip the shadow run", err=True)]

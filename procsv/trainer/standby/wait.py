@@ -43,7 +43,7 @@ from procsv.ipc.codec import ProtocolError, decode
 from procsv.ipc.messages import Promotion, StandbyReady
 from procsv.ipc.transport import make_socket, send
 from procsv.trainer import outcome
-from procsv.trainer.standby import priority
+from procsv.trainer.standby import priority, servers
 
 
 def wait_for_promotion(ctx: ChildContext) -> ChildConfig:
@@ -94,6 +94,7 @@ def wait_for_promotion(ctx: ChildContext) -> ChildConfig:
         if senders is not None:  # now a trainer: a stop signal still pending goes to its handlers
             senders.close()
     os.environ[env.STANDBY] = "0"  # a Supervisor built later in this process reads no standby (its read_config)
+    servers.release()  # a server it starts from now on is the trainer's
     config = take_promotion(ctx)
     priority.restore()  # back to normal CPU priority, every thread (a no-op if it was never lowered)
     print(f"procsv: promoted from standby (waited {time.monotonic() - waited:.1f} s)", file=sys.stderr, flush=True)

@@ -184,12 +184,14 @@ class Promote:
 class StandbyGone:
     """The standby ended (killed by the watchdog, or on its own: ``failed``); prepare another later.
     ``no_shadow``: a standby group's member whose run of the step on shadows did not complete: the
-    next standby groups skip that run (not a failure: the next is prepared at once)."""
+    next standby groups skip that run (not a failure: the next is prepared at once). ``unsuitable``: the
+    program can have no standby (``EXIT_NO_STANDBY``): none for the rest of the run."""
 
     slot: str
     attempt: int
     failed: bool
     no_shadow: bool = False
+    unsuitable: bool = False
 
 
 @dataclass(frozen=True)

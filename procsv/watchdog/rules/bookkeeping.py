@@ -167,6 +167,8 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
     elif isinstance(action, StandbyGone):
         if action.no_shadow:
             view.shadow_runs = False
+        if action.unsuitable:
+            view.standby_ok = False
         if action.failed:
             view.standby_failures += 1
             view.standby_after = now + standby.backoff(view.standby_failures)

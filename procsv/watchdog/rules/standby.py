@@ -41,7 +41,7 @@ groups "without shadow run" (``PROCSV_SHADOW_RUN=0`` in every member's environme
 
 from __future__ import annotations
 
-from procsv.common.exitcodes import EXIT_NO_SHADOW_RUN
+from procsv.common.exitcodes import EXIT_NO_SHADOW_RUN, EXIT_NO_STANDBY
 from procsv.watchdog.rules import group
 from procsv.watchdog.rules.actions import Action, Cause, Kill, StandbyGone
 from procsv.watchdog.rules.state import STANDBY, TRAINER, ChildView, RunView, ZygoteState
@@ -117,10 +117,13 @@ def gone(view: RunView, child: ChildView) -> StandbyGone:
     A standby group's member that exited with ``EXIT_NO_SHADOW_RUN`` (its run of the step on shadows did
     not complete, so its peers may wait in the step's collective for good) is no failure of the standby:
     :func:`broken` kills the rest, and the run's next standby groups skip the shadow run
-    (``RunView.shadow_runs``), prepared without backoff."""
-    no_shadow = child.exit_code == EXIT_NO_SHADOW_RUN and not child.killed and view.stop_signal is None
-    failed = not child.killed and view.stop_signal is None and not no_shadow
-    return StandbyGone(child.slot, child.attempt, failed, no_shadow)
+    (``RunView.shadow_runs``), prepared without backoff. One that exited with ``EXIT_NO_STANDBY`` (the
+    program starts what only one process may hold: its own ``tf.train.Server`` on the trainer's port)
+    is no failure either: the run has no standby from then on (``RunView.standby_ok``)."""
+    own = not child.killed and view.stop_signal is None
+    no_shadow = own and child.exit_code == EXIT_NO_SHADOW_RUN
+    unsuitable = own and child.exit_code == EXIT_NO_STANDBY
+    return StandbyGone(child.slot, child.attempt, own and not no_shadow and not unsuitable, no_shadow, unsuitable)
 
 
 def unready(view: RunView) -> list[Action]:
