@@ -46,6 +46,11 @@ from procsv.trainer.supervisor import Supervisor
 SaveFreq = Union[str, int, bool]
 
 
+# the callback whose fit last began, by its backup directory ("": the launch's logdir): a later fit of the
+# same directory ends its session if that fit raised (BackupAndRestore.on_train_begin)
+_LIVE: dict[str, "BackupAndRestore"] = {}
+
+
 class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras ships no type information
     """Back up ``fit``'s state through procsv and resume it at the next batch after any interruption.
 
@@ -118,6 +123,16 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         import tensorflow as tf
 
         model = self.model
+        # a fit of this directory that raised (another callback, the program's own code) never reached
+        # on_train_end: its session still holds the logdir. End it, committing the position it reached
+        # (Keras' own callback had written its epoch-end backup), with this callback or another
+        where = os.path.abspath(self.backup_dir) if self.backup_dir is not None else ""
+        previous = _LIVE.get(where)
+        if previous is not None and previous is not self and previous.sv is not None:
+            previous._end_interrupted()
+        if self.sv is not None:
+            self._end_interrupted()
+        _LIVE[where] = self
         self.resumed_at, self.replayed_batches, self._skip, self._skip_epoch = None, 0, 0, -1
         self._saved_metrics, self._last_logs, self._next_batch_log, self._stopped_mid_epoch = [], None, 0.0, False
         self.loop_secs = 0.0
@@ -187,7 +202,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         if warm is not None:  # traced and instantiated now: in a hot standby, before it waits
             sv.warm_up(*warm)
         self._sess = sv.prepare_or_wait_for_session()
-        at.restored(int(self.epoch_var.numpy()), int(self.batch_var.numpy()))
+        at.restored(*whole_epochs(int(self.epoch_var.numpy()), int(self.batch_var.numpy()), self.params.get("steps")))
         for reason in input_position.inexact_reasons(inp):
             print(f"procsv: warning: a resumed fit will not be bit-exact: {reason}", file=sys.stderr, flush=True)
         if sv.restored_from:
@@ -226,6 +241,16 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             sv.log_scalars({f"epoch_{k}": v for k, v in _scalars(values).items()}, step=epoch)
         if self.save_freq == "epoch" and not self._stopped_mid_epoch:
             sv.front_end.request_checkpoint()  # taken at the next batch boundary, or by the final commit
+
+    def _end_interrupted(self) -> None:
+        """This callback's fit raised before its end: stop its session, committing the position reached."""
+        sv, self.sv = self.sv, None
+        assert sv is not None
+        if self.model is not None:
+            self.model.train_function = self._original_train
+        print("procsv: the previous fit() with this backup ended by an exception; committing the position it "
+              "reached before this fit() resumes from it", file=sys.stderr, flush=True)
+        sv.stop()
 
     def on_train_end(self, logs: Any = None) -> None:
         sv, model = self.sv, self.model
@@ -354,6 +379,16 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             return float(np.asarray(self.model.optimizer.learning_rate))
         except (TypeError, ValueError, AttributeError):
             return None
+
+
+def whole_epochs(epoch: int, batch: int, steps: Optional[int]) -> tuple[int, int]:
+    """Where a fit resumes from a position that recorded (``epoch``, ``batch`` done in it) with ``steps``
+    batches an epoch (None: not known): a position at an epoch's end (a snapshot taken after its last
+    batch: a fit that raised in an epoch-end callback, or a final commit) resumes at the next epoch's
+    first batch, as Keras' own BackupAndRestore does, not inside the epoch it finished (pure)."""
+    if steps is not None and steps > 0 and batch >= steps:
+        return epoch + 1, 0
+    return epoch, batch
 
 
 def replay_cap(given: Optional[int]) -> int:
