@@ -179,8 +179,9 @@ class SaverShim:
                                         save_debug_info=save_debug_info))
         prefix = save_path if asked is None else f"{save_path}-{asked}"
         written = str(sv.checkpoint.write(prefix))
-        if write_state:
-            tf.compat.v1.train.update_checkpoint_state(folder, written, latest_filename=latest_filename)
+        if write_state:  # its folder as the program named it, as TF's Saver: a relative prefix is named relative to it
+            tf.compat.v1.train.update_checkpoint_state(os.path.dirname(save_path), written,
+                                                       latest_filename=latest_filename)
         return written
 
     def restore(self, sess: Any, save_path: str) -> None:
