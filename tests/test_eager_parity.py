@@ -351,3 +351,29 @@ def test_keras_backup_and_restore_without_a_backup_dir_in_plain_python_is_still_
     with pytest.raises(procsv.UsageError, match="needs backup_dir=...: without one nothing would be backed up"):
         model.fit(x, y, epochs=1, verbose=0, callbacks=[procsv.keras.BackupAndRestore()])
     assert os.listdir(tmp_path) == []
+
+
+# found by an attack on 525fd70: the state file named the checkpoint relative to the working directory,
+# so tf.train.latest_checkpoint of its own folder found nothing
+def test_an_eager_save_to_a_relative_path_of_its_own_is_found_by_latest_checkpoint(logdir, tmp_path, monkeypatch):
+    import tensorflow as tf
+
+    import procsv
+
+    for side in ("tf", "procsv"):
+        os.makedirs(tmp_path / side / "ckpt")
+    monkeypatch.chdir(tmp_path / "tf")
+    v = tf.Variable(3.0)
+    theirs = tf.compat.v1.train.Saver([v]).save(None, "ckpt/model", global_step=3)  # TF's Saver, eager
+    assert theirs == "ckpt/model-3" and tf.train.latest_checkpoint("ckpt") == "ckpt/model-3"
+
+    monkeypatch.chdir(tmp_path / "procsv")
+    w = tf.Variable(0.0)
+    sv = procsv.Supervisor(logdir=logdir, checkpoint={"w": w}, save_model_secs=None)
+    with sv.managed_session() as sess:
+        for _ in range(3):
+            sess.run(lambda: w.assign_add(1.0))
+        ours = sv.saver.save(sess, "ckpt/model", global_step=sv.global_step)
+    assert ours == theirs
+    assert tf.train.latest_checkpoint("ckpt") == "ckpt/model-3"  # was None: the state file says "ckpt/model-3"
+    assert open("ckpt/checkpoint").read() == open(tmp_path / "tf" / "ckpt" / "checkpoint").read()
