@@ -110,7 +110,8 @@ def _three_fits(backup_cls: Any, a: str, b: str) -> tuple[list[int], float]:
 
 
 def test_fit_again_after_a_fit_of_another_backup_dir_in_between_resumes_where_keras_resumes(tmp_path):
-    # a3e9309 ends only a session of the same directory: the second fit's end killed the first fit's still-live services as "process(es) the run
+    # a3e9309 ends only a session of the same directory: the second fit's end killed the first fit's
+    # still-live services as "process(es) the run
     # left behind"; the third fit then waited stop_grace_secs (120 s) for the first session's commit, and
     # began the interrupted epoch again ([1, 2, 3])
     import keras
