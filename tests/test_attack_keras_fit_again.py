@@ -14,7 +14,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def _fit_twice(backup_cls: Any, backup_dir: str, where: str, unknown: bool, **backup_kw: Any) -> tuple[list[int], list[Any]]:
+def _fit_twice(backup_cls: Any, backup_dir: str, where: str, unknown: bool,
+               **backup_kw: Any) -> tuple[list[int], list[Any]]:
     import keras
     import numpy as np
     import tensorflow as tf
