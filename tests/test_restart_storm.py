@@ -5,12 +5,15 @@ launch``: the program counts its epochs, not the global step, so every attempt t
 from where it restored and fails the same way). Each attempt's in-memory snapshot is persisted after its
 death, which counts as progress: before, the watchdog restarted it at once, dozens of times a minute
 (75 restarts in 90 s here). Real processes: a launch, its zygote-forked trainers, SIGCHLD and the error
-files they wrote.
+files they wrote. The same failure is the exception's type, its message with numbers blanked, its place and
+the steps of the attempt; an attempt whose own checkpoint committed before it failed is never one (a run
+that crashes the same way after every checkpoint trains to its end).
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import tensorflow as tf
@@ -20,6 +23,8 @@ from conftest import PROGRAMS, committed_steps, finish, launch, lifecycle, statu
 pytestmark = pytest.mark.slow
 
 FAILS_AFTER_TRAINING = os.path.join(PROGRAMS, "fails_after_training.py")
+STREAM_DROPS = os.path.join(PROGRAMS, "stream_drops.py")
+FAILS_NAMING_STEP = os.path.join(PROGRAMS, "fails_naming_step.py")
 
 
 def test_a_deterministic_error_after_training_ends_the_run_after_three_attempts_keeping_its_checkpoints(logdir):
@@ -38,3 +43,32 @@ def test_a_deterministic_error_after_training_ends_the_run_after_three_attempts_
     w = tf.Variable(tf.zeros([4]))
     tf.train.Checkpoint(w=w).read(latest).assert_existing_objects_matched()
     assert float(w.numpy()[0]) == committed_steps(logdir)[-1]
+
+
+# found by the attack on the rule (helper-21): a false positive (a run that trains further each attempt,
+# saving its own checkpoints) and a false negative (the storm, with the step in the error message)
+def test_a_run_that_trains_further_each_attempt_and_fails_the_same_way_each_time_trains_to_its_end(logdir):
+    # 100 steps, 20 per attempt (the stream's quota), a checkpoint every 10: five attempts, each further
+    code, out, err = finish(launch(logdir, "--steps", "100", "--save-steps", "10", "--batches-per-connection", "20",
+                                   target=STREAM_DROPS), 300)
+    said = out + err
+    starts = [e for e in lifecycle(logdir) if e["event"] == "spawned" and e["role"] == "trainer"]
+    assert "the trainer failed the same way" not in said, (committed_steps(logdir), said)
+    assert code == 0 and "stream_drops: done at step 100" in out, said
+    assert len(starts) >= 5, starts
+
+
+def test_a_deterministic_error_whose_message_names_the_step_is_no_restart_storm(logdir):
+    proc = launch(logdir, target=FAILS_NAMING_STEP)
+    deadline = time.monotonic() + 150
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(1)
+    still = proc.poll() is None
+    if still:
+        os.killpg(proc.pid, 9)
+    out, err = proc.communicate()
+    starts = [e for e in lifecycle(logdir) if e["event"] == "spawned" and e["role"] == "trainer"]
+    # the same ValueError at the same line after 20 steps of every attempt; only its number grows
+    assert not still and proc.returncode == 1, (f"still restarting after 150 s: {len(starts)} attempts",
+                                                 (out + err)[-3000:])
+    assert len(starts) <= 4, starts

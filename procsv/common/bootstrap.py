@@ -365,16 +365,19 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
 
 
 def write_error_file(ctx: Optional[ChildContext], exc: BaseException, phase: str,
-                     steps_completed: Optional[int] = None) -> None:
+                     steps_completed: Optional[int] = None, committed: Optional[bool] = None) -> None:
     """Record ``exc`` with its traceback as this attempt's error file (best effort, atomic); a trainer
-    also says how many steps it completed (the watchdog tells the same failure again by it)."""
+    also says how many steps it completed and whether a checkpoint of its committed while it lived
+    (the watchdog tells the same failure again by them)."""
     if ctx is None:
         return
-    write_error_record(ctx.layout, ctx.role, ctx.attempt, exc, phase, ctx.endpoints.runtime_dir, steps_completed)
+    write_error_record(ctx.layout, ctx.role, ctx.attempt, exc, phase, ctx.endpoints.runtime_dir, steps_completed,
+                       committed)
 
 
 def write_error_record(layout: Layout, role: str, attempt: int, exc: BaseException, phase: str,
-                       runtime_dir: Optional[str] = None, steps_completed: Optional[int] = None) -> None:
+                       runtime_dir: Optional[str] = None, steps_completed: Optional[int] = None,
+                       committed: Optional[bool] = None) -> None:
     """Write ``logs/<role>.<attempt>.error.json`` for ``exc`` in this process (best effort, atomic).
 
     If the logdir cannot take it (a full filesystem, often the very reason the child fails), the
@@ -392,6 +395,8 @@ def write_error_record(layout: Layout, role: str, attempt: int, exc: BaseExcepti
     }
     if steps_completed is not None:
         record["steps_completed"] = steps_completed
+    if committed is not None:
+        record["committed"] = committed
     try:
         write_json(layout.error_file(role, attempt), record)
         return

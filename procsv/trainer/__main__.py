@@ -58,14 +58,14 @@ def main() -> int:
             return _clean_exit(ctx)  # the program's own 42 after procsv's preemption commit: one, truly
         if exc.code not in (0, None):
             done = outcome.collect()
-            bootstrap.write_error_file(ctx, exc, done.phase, done.steps_completed)
+            bootstrap.write_error_file(ctx, exc, done.phase, done.steps_completed, done.committed)
             if exc.code in (EXIT_DIVERGING, EXIT_GROUP_ROLLBACK):
                 deathnotice.release()  # a deliberate stop (final, or a group's rollback): its exit status is judged
             raise
         return _clean_exit(ctx)
     except BaseException as exc:
         done = outcome.collect()
-        bootstrap.write_error_file(ctx, exc, done.phase, done.steps_completed)
+        bootstrap.write_error_file(ctx, exc, done.phase, done.steps_completed, done.committed)
         raise
     return _clean_exit(ctx)
 

@@ -35,11 +35,13 @@ class Outcome:
     # the SIGTERM/SIGINT that stopped a Supervisor whose checkpoint of its last step then committed
     # (0: none did): what makes an exit with 42 a preemption, which the trainer's exit report claims
     saved_after: int = 0
+    committed: bool = False  # a checkpoint of a step past the one it began at committed while it lived
 
     def merge(self, other: "Outcome") -> "Outcome":
         return Outcome(self.steps_completed + other.steps_completed,
                        self.stopped_by_signal or other.stopped_by_signal, self.supervised + other.supervised,
-                       self.unsaved or other.unsaved, self.saved_after or other.saved_after)
+                       self.unsaved or other.unsaved, self.saved_after or other.saved_after,
+                       self.committed or other.committed)
 
     @property
     def preempted(self) -> bool:
@@ -63,11 +65,13 @@ class Outcome:
         return EXIT_PREEMPTED if self.stopped_by_signal else 0
 
 
-def of(steps_completed: int, stopped_by: Union[bool, int, None], unsaved: bool, saved: bool) -> Outcome:
+def of(steps_completed: int, stopped_by: Union[bool, int, None], unsaved: bool, saved: bool,
+       committed: bool = False) -> Outcome:
     """One Supervisor's outcome: ``stopped_by`` is the signal that stopped it (False or None: none),
-    ``saved`` whether the checkpoint of its last step is committed."""
+    ``saved`` whether the checkpoint of its last step is committed, ``committed`` whether any of a step
+    past the one it began at committed while it lived."""
     signum = int(stopped_by) if stopped_by else 0
-    return Outcome(steps_completed, bool(signum), 1, unsaved, signum if saved else 0)
+    return Outcome(steps_completed, bool(signum), 1, unsaved, signum if saved else 0, committed)
 
 
 class Slot:

@@ -325,7 +325,9 @@ class Supervisor(SupervisorNames):
         """What this Supervisor achieved so far (the trainer's bootstrap reads it at exit)."""
         agent = self._keeper.agent if self._keeper is not None else None
         ok = self.is_chief and agent is not None and agent.last_committed >= self._state.step  # its step saved
-        return outcome.of(self._counter.completed, self._stopped_by_signal and self.coord.stop_signal, self._boundary.unsaved, ok)
+        began = self._state.step - self._counter.completed  # the step its session began at
+        return outcome.of(self._counter.completed, self._stopped_by_signal and self.coord.stop_signal, self._boundary.unsaved, ok,
+                          agent is not None and agent.last_committed > max(0, began))
 
     # ----------------------------------------------------------------- internals
     def _stop_services(self, deadline: Optional[float] = None, close_summary_writer: bool = True) -> None:

@@ -294,5 +294,6 @@ def read_child_error(paths: Sequence[str], pid: int) -> Optional[ChildError]:
             steps = err.get("steps_completed")
             return ChildError(str(err.get("type", "")), str(err.get("message", "")),
                               str(err.get("traceback", "")), str(err.get("phase", "")),
-                              steps if isinstance(steps, int) and not isinstance(steps, bool) else None)
+                              steps if isinstance(steps, int) and not isinstance(steps, bool) else None,
+                              err.get("committed") is True)
     return None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import Any, Callable, Optional, Union
 
@@ -46,9 +47,9 @@ from procsv.trainer.supervisor import Supervisor
 SaveFreq = Union[str, int, bool]
 
 
-# the callback whose fit last began, by its backup directory ("": the launch's logdir): a later fit of the
-# same directory ends its session if that fit raised (BackupAndRestore.on_train_begin)
-_LIVE: dict[str, "BackupAndRestore"] = {}
+# the callback whose fit last began, by thread: the next fit of that thread ends its session if that fit
+# raised (BackupAndRestore.on_train_begin), whatever directory either backs up
+_LIVE: dict[int, "BackupAndRestore"] = {}
 
 
 class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras ships no type information
@@ -123,16 +124,16 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         import tensorflow as tf
 
         model = self.model
-        # a fit of this directory that raised (another callback, the program's own code) never reached
-        # on_train_end: its session still holds the logdir. End it, committing the position it reached
-        # (Keras' own callback had written its epoch-end backup), with this callback or another
-        where = os.path.abspath(self.backup_dir) if self.backup_dir is not None else ""
-        previous = _LIVE.get(where)
+        # a fit of this thread that raised (another callback, the program's own code) never reached
+        # on_train_end: its session still holds its logdir and services. End it, committing the position
+        # it reached (Keras' own callback had written its epoch-end backup), whichever directory it backs up
+        thread = threading.get_ident()  # (a thread runs one fit at a time: an open one of its raised)
+        previous = _LIVE.get(thread)
         if previous is not None and previous is not self and previous.sv is not None:
             previous._end_interrupted()
         if self.sv is not None:
             self._end_interrupted()
-        _LIVE[where] = self
+        _LIVE[thread] = self
         self.resumed_at, self.replayed_batches, self._skip, self._skip_epoch = None, 0, 0, -1
         self._saved_metrics, self._last_logs, self._next_batch_log, self._stopped_mid_epoch = [], None, 0.0, False
         self.loop_secs = 0.0
@@ -208,7 +209,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         if sv.restored_from:
             epoch, batch = at.epoch, at.batch
             self.resumed_at = (epoch, batch)
-            self._saved_metrics = [np.array(v.numpy()) for v in model.metrics_variables]
+            # the epoch's metrics so far, put back at its start (none at an epoch's first batch: they begin anew)
+            self._saved_metrics = [np.array(v.numpy()) for v in model.metrics_variables] if batch else []
             replay = input_position.replay_epochs(inp, epoch, report=self._report_replay)
             self.replayed_batches = replay.drawn + batch
             model._initial_epoch = epoch
@@ -241,6 +243,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             sv.log_scalars({f"epoch_{k}": v for k, v in _scalars(values).items()}, step=epoch)
         if self.save_freq == "epoch" and not self._stopped_mid_epoch:
             sv.front_end.request_checkpoint()  # taken at the next batch boundary, or by the final commit
+        if not self._stopped_mid_epoch:
+            self._at.end_epoch()
 
     def _end_interrupted(self) -> None:
         """This callback's fit raised before its end: stop its session, committing the position reached."""
@@ -248,8 +252,9 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         assert sv is not None
         if self.model is not None:
             self.model.train_function = self._original_train
-        print("procsv: the previous fit() with this backup ended by an exception; committing the position it "
-              "reached before this fit() resumes from it", file=sys.stderr, flush=True)
+        self._at.past_epoch_end()
+        print("procsv: the previous fit() ended by an exception; committing the position it reached before "
+              "this fit() begins", file=sys.stderr, flush=True)
         sv.stop()
 
     def on_train_end(self, logs: Any = None) -> None:

@@ -73,6 +73,7 @@ class FitPosition:
     live_epoch: int = 0
     live_batch: int = 0
     epoch_starts: dict[int, int] = dataclasses.field(default_factory=dict)
+    ended: bool = False  # fit's loop ended ``epoch`` (its epoch-end callbacks ran) and began no other since
 
     def of(self, step: int) -> Optional[tuple[int, int]]:
         """The (epoch, batch) of global step ``step``, Keras's indices from 0 (with ``steps_per_execution``
@@ -100,6 +101,17 @@ class FitPosition:
         """fit's loop begins ``epoch``: no batch done in it yet."""
         self.epoch = self.live_epoch = epoch
         self.batch = self.live_batch = 0
+        self.ended = False
+
+    def end_epoch(self) -> None:
+        """fit's loop ended its epoch (its epoch-end callbacks run now)."""
+        self.ended = True
+
+    def past_epoch_end(self) -> None:
+        """fit stopped after ``epoch`` ended, before the next began (a callback raised at its end): a
+        snapshot now records the next epoch's start, where Keras' own callback resumes."""
+        if self.ended:
+            self.record(self.epoch + 1, 0)
 
     def drawn_untrained(self, n: int) -> None:
         """``n`` batches trained before the interruption were drawn again, and not trained."""

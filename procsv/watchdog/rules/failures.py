@@ -23,6 +23,7 @@ from procsv.common.exitcodes import EXIT_PREEMPTED
 # SIGFPE, SIGILL, SIGPIPE, ... are the program's own. The start-up failure rule counts only the latter.
 OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 _FRAME = re.compile(r'\s*File "([^"]+)", line (\d+), in (.+)$')  # a frame of a Python traceback
+_NUMBER = re.compile(r"\d+(\.\d+)?")  # a number in an exception's message
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class ChildError:
     traceback: str
     phase: str
     steps: Optional[int] = None  # the steps a trainer completed before it (None: not said)
+    committed: bool = False  # a checkpoint of a step past the one it began at committed while it lived
 
     @property
     def place(self) -> str:
@@ -46,9 +48,14 @@ class ChildError:
 
     @property
     def fingerprint(self) -> Optional[tuple[str, str, str, int]]:
-        """What makes two trainer failures the same one: the exception's type, its message, where it was
-        raised, after how many steps of the attempt (None: the steps were not said)."""
-        return None if self.steps is None else (self.type, self.message, self.place, self.steps)
+        """What makes two trainer failures the same one: the exception's type, its message with every
+        number blanked (a message naming the step or a size is the same failure), where it was raised,
+        after how many steps of the attempt. None: the steps were not said, or a checkpoint committed
+        while it lived (an attempt that saved progress of its own before failing is never "the same
+        failure again": a run that crashes the same way after every checkpoint goes on)."""
+        if self.steps is None or self.committed:
+            return None
+        return self.type, _NUMBER.sub("#", self.message), self.place, self.steps
 
 
 @dataclass(frozen=True)

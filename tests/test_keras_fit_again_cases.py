@@ -1,4 +1,4 @@
-"""Attacks on ``fit`` again after a ``fit`` that raised (a3e9309), against Keras's own BackupAndRestore.
+"""``fit`` again after a ``fit`` that raised, against Keras's own BackupAndRestore: the cases an attack found.
 
 Variants of tests/test_keras_fit_again.py's program: the raise of TensorFlow's fault-tolerance migration
 guide itself (``on_epoch_begin`` of a later epoch), a dataset of unknown cardinality (Keras's ``steps``
