@@ -20,6 +20,10 @@ the next batch: nothing more is trained, ``fit`` ends, and the position reached 
 Each batch is trained by :class:`procsv.trainer.keras.replay.BatchReplay`'s step (Keras' own, which
 also returns the batch and its own loss), so that ``--on-nonfinite rollback`` can restore an
 earlier state in place and train the batches since then again (:mod:`procsv.trainer.keras.rollback`).
+A ``fit`` that raised never reaches ``on_train_end``: the next ``fit`` of its thread ends its session
+(:meth:`BackupAndRestore.end_interrupted`) before it begins, as Keras' own callback would find its backup.
+
+One concern: Keras' ``fit`` as a procsv session, from its restore to its last commit.
 """
 
 from __future__ import annotations
@@ -130,9 +134,9 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         thread = threading.get_ident()  # (a thread runs one fit at a time: an open one of its raised)
         previous = _LIVE.get(thread)
         if previous is not None and previous is not self and previous.sv is not None:
-            previous._end_interrupted()
+            previous.end_interrupted()
         if self.sv is not None:
-            self._end_interrupted()
+            self.end_interrupted()
         _LIVE[thread] = self
         self.resumed_at, self.replayed_batches, self._skip, self._skip_epoch = None, 0, 0, -1
         self._saved_metrics, self._last_logs, self._next_batch_log, self._stopped_mid_epoch = [], None, 0.0, False
@@ -246,8 +250,9 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         if not self._stopped_mid_epoch:
             self._at.end_epoch()
 
-    def _end_interrupted(self) -> None:
-        """This callback's fit raised before its end: stop its session, committing the position reached."""
+    def end_interrupted(self) -> None:
+        """This callback's fit raised before its end (a later fit of its thread found its session open):
+        stop that session, committing the position reached."""
         sv, self.sv = self.sv, None
         assert sv is not None
         if self.model is not None:
