@@ -43,7 +43,8 @@ SharedResult = Callable[[str, Callable[[str], None]], str]
 # The plain runs (no watchdog, no NaN) the launches are compared with, each a program run as ``python
 # PROGRAM ARGS``, all of them in one process (``plain_runs``: one TensorFlow import for the four; the
 # custom loop under mixed precision last): name -> (program, its arguments). A fit writes its weights
-# to ``<name>.npz`` in the folder; a custom loop's logdir is ``<name>``
+# to ``<name>.npz`` in the folder; a custom loop (no logdir, no procsv service) writes its final state
+# with TF's own Checkpoint to ``<name>/model.ckpt-80``
 PLAIN: dict[str, tuple[str, tuple[str, ...]]] = {
     "custom-step-drop-17": (KINDS, ("--kind", "custom_step", "--drop-at", "17")),
     "validation-adam-schedule-drop-17": (KINDS, ("--kind", "validation", "--adam-schedule", "--drop-at", "17")),
@@ -55,13 +56,14 @@ PLAIN: dict[str, tuple[str, tuple[str, ...]]] = {
 @pytest.fixture(scope="module")
 def plain_runs(shared_result: SharedResult) -> str:
     """The folder of every plain run of ``PLAIN``, made once per test session in one process (the
-    fits without the callback, as ``--no-callback``; the loops with no in-memory tier)."""
+    fits without the callback, as ``--no-callback``; the loops without a logdir, their final state written
+    with TF's own Checkpoint)."""
     def produce(folder: str) -> None:
         runs = []
         for name, (program, args) in PLAIN.items():
             where = os.path.join(folder, name)
             runs.append((program, [*args, "--no-callback", "--weights-out", where + ".npz"] if program == KINDS
-                         else ["--logdir", where, *args]))
+                         else [*args, "--final-checkpoint", os.path.join(where, "model.ckpt-80")]))
         run_plain_programs(runs, env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"), cwd=folder)
 
     return shared_result("kinds-plain-runs", produce)
@@ -82,13 +84,13 @@ def adam_schedule_fit_without_17(plain_runs: str) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def loss_scaled_loop_without_55(plain_runs: str) -> str:
-    """The logdir of the plain LOSS_SCALED custom loop that never applied step 55."""
+    """The folder of the final checkpoint of the plain LOSS_SCALED custom loop that never applied step 55."""
     return os.path.join(plain_runs, "loss-scaled-skip-55")
 
 
 @pytest.fixture(scope="module")
 def adam_loop_without_45_and_47(plain_runs: str) -> str:
-    """The logdir of the plain custom loop with Adam that never applied steps 45 and 47."""
+    """The folder of the final checkpoint of the plain custom loop with Adam that never applied steps 45 and 47."""
     return os.path.join(plain_runs, "adam-skip-45-47")
 
 

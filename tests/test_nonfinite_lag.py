@@ -29,8 +29,9 @@ NO_MEMORY_TIER = {"PROCSV_MEMORY_SNAPSHOTS": "0"}
 
 
 # The plain runs (no watchdog, no NaN) the launches are compared with: (optimizer, the steps it never
-# applied, extra arguments), each ``python nan_keras_loop.py --logdir <it> --optimizer O LAGGING EXTRA
-# --skip-at S ...``, all of them in one process (``plain_runs``: one TensorFlow import for the five)
+# applied, extra arguments), each ``python nan_keras_loop.py --optimizer O LAGGING EXTRA --skip-at S ...
+# --final-checkpoint <it>/model.ckpt-<its last step>``, all of them in one process (``plain_runs``: one
+# TensorFlow import for the five). No logdir, no procsv service: the final state is written with TF's own Checkpoint
 PLAIN: tuple[tuple[str, tuple[int, ...], tuple[str, ...]], ...] = (
     ("sgd", (55,), ()), ("adam", (55,), ()), ("sgd", (55, 58), ()), ("sgd", (55,), ("--steps", "60")),
     ("sgd", (45,), ()))
@@ -45,8 +46,9 @@ def plain(shared_result: Callable[[str, Callable[[str], None]], str]) -> Callabl
     """plain(optimizer, skip, *extra, steps=80): the final variables of the plain run of ``PLAIN``
     that never applied the steps ``skip``; every one made once per test session, in one process."""
     def produce(folder: str) -> None:
-        run_plain_programs([(NAN_LOOP, ["--logdir", os.path.join(folder, _plain_name(o, skip, extra)), "--optimizer", o,
-                                        *LAGGING, *extra, *[a for s in skip for a in ("--skip-at", str(s))]])
+        run_plain_programs([(NAN_LOOP, ["--optimizer", o, *LAGGING, *extra, *[a for s in skip for a in ("--skip-at", str(s))],
+                                        "--final-checkpoint", os.path.join(folder, _plain_name(o, skip, extra),
+                                                                           f"model.ckpt-{_last_step([*LAGGING, *extra])}")])
                             for o, skip, extra in PLAIN], env=quiet_env(**NO_MEMORY_TIER), cwd=folder)
 
     def get(optimizer: str, skip: tuple[int, ...], *extra: str, steps: int = 80) -> dict[str, bytes]:
@@ -54,6 +56,11 @@ def plain(shared_result: Callable[[str, Callable[[str], None]], str]) -> Callabl
         folder = shared_result("nan-loop-plain-runs", produce)
         return _final_variables(os.path.join(folder, _plain_name(optimizer, skip, extra)), steps)
     return get
+
+
+def _last_step(args: list[str]) -> int:
+    """The step a run of ``nan_keras_loop.py ARGS`` ends at (its last ``--steps``)."""
+    return int(args[max(i for i, a in enumerate(args) if a == "--steps") + 1])
 
 
 def _final_variables(where: str, step: int = 80) -> dict[str, bytes]:
