@@ -4,8 +4,8 @@ the replay, checked for what it reports): a custom loop with Adam on a learning 
 BatchNormalization layer and mixed precision's LossScaleOptimizer (which skips steps of its own);
 Keras ``fit`` with a subclassed model
 whose ``train_step`` is the Keras guide's, with Adam on a learning rate schedule, and an epoch
-rolled back whole under EarlyStopping. The file's six launches are made once per test session, three at
-a time beside one pair of CPU burners (``loaded``); the plain runs are made once per test session
+rolled back whole under EarlyStopping. The file's six launches are made once per test session, all at
+once beside one pair of CPU burners (``loaded``); the plain runs are made once per test session
 (``shared_result``), all four in one process (``plain_runs``), before the burners start: the load is
 for the runs under procsv."""
 
@@ -106,7 +106,7 @@ def _checkpoint(where: str, step: int) -> dict[str, bytes]:
 
 
 def _loaded_runs(folder: str) -> None:
-    """The file's six launches, three at a time beside one pair of CPU burners (each test made its own
+    """The file's six launches, all at once beside one pair of CPU burners (each test made its own
     beside burners of its own before; each test repeats its launch's arguments); each one's logdir is
     ``<folder>/<name>``, its weights (if it writes them) ``<folder>/<name>.npz``."""
     def run(name: str, *args: str, target: str, memory_tier: bool = True
@@ -122,7 +122,9 @@ def _loaded_runs(folder: str) -> None:
                       target=KINDS, env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"))
         return sigkill_where_it_says(proc, logdir, kill_file, "batch 20")
 
-    launch_together_loaded(folder, {  # the restarted one first: it takes longest
+    # all six at once (three at a time before): the burners run for one round, not two, and take a smaller
+    # share beside six launches than beside three (the file's CPU, medians of 2: 51.2 -> 45.6 s)
+    launch_together_loaded(folder, {
         "adam-schedule-killed": (os.path.join(folder, "adam-schedule-killed"), killed_after_20),
         "custom-step": run("custom-step", "--kind", "custom_step", "--nan-at", "17", "--weights-out",
                            os.path.join(folder, "custom-step.npz"), target=KINDS),
@@ -134,7 +136,7 @@ def _loaded_runs(folder: str) -> None:
         "loss-scaled": run("loss-scaled", *LOSS_SCALED, "--nan-at", "55", *LAGGING, target=NAN_LOOP,
                            memory_tier=False),
         "two-grads": run("two-grads", "--optimizer", "adam", "--grad-nan-at", "45", "--grad-nan-at", "47", *LAGGING,
-                         target=NAN_LOOP, memory_tier=False)}, at_once=3)
+                         target=NAN_LOOP, memory_tier=False)})
 
 
 @pytest.fixture
