@@ -10,10 +10,10 @@ process it reaped (the kernel's ``RUSAGE_CHILDREN``: a launch's watchdog, its zy
 services count once the watchdog reaped them and the test reaped the watchdog), and the growth of
 the CPU of its children not reaped yet, alive or dead (``/proc/<pid>/stat``: each one's own and its
 reaped descendants'). A child that outlives its test is charged to each test for what it burned
-during it, not all at once to the test that happens to reap it: a plain-python Supervisor's sweep
-kills and reaps every child of the worker in a session of its own (``procsv.common.orphans``), and
-``subprocess`` reaps a dropped ``Popen`` at the next one's start; both once charged a whole earlier
-launch to a test of one second (``test_summary_api``'s real Supervisor: 48.9 CPU-s in 1.0 s of wall).
+during it, not all at once to the test that happens to reap it: ``subprocess`` reaps a dropped
+``Popen`` at the next one's start, and a plain-python Supervisor's sweep reaped every child of the
+worker in a session of its own (``procsv.common.orphans``, since fixed): a test of one second was once
+charged an earlier test's processes (``test_summary_api``'s real Supervisor: 48.9 CPU-s in 1.0 s of wall).
 Such children are named in the test's line (``left``: pid and command of each child the test leaves
 that it did not find). An orphan re-parented away from the worker is not counted at all. One JSON
 line per test, appended (``O_APPEND``: the workers share the file).
