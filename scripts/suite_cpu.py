@@ -44,6 +44,11 @@ def main(argv: list[str]) -> int:
     print(f"{'test':100} {'cpu s':>8} {'wall s':>8}")
     for r in sorted(rows, key=lambda r: -r["cpu"])[:a.top]:
         print(f"{r['test'][:100]:100} {r['cpu']:8.1f} {r['wall']:8.1f}")
+    left = [r for r in rows if r.get("left")]
+    if left:  # children of a worker alive (or unreaped) after the test that started them
+        print(f"\n{len(left)} test(s) left children of their worker behind (each charged for what they burned during it):")
+        for r in left[:a.top]:
+            print(f"  {r['test'][:100]}: {'; '.join(r['left'])[:200]}")
     heavy = sum(r["cpu"] for r in rows if r["cpu"] >= 10)
     print(f"\ntests={len(rows)} cpu_s={total:.0f} floor_min={total / a.cores / 60:.1f} "
           f"heavy_tests={sum(1 for r in rows if r['cpu'] >= 10)} heavy_share={heavy / total:.3f}")

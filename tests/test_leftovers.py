@@ -84,6 +84,28 @@ def test_a_plain_python_run_kills_the_setsid_helpers_it_leaves_behind(logdir, tm
 
 
 @pytest.mark.slow
+def test_a_plain_python_run_spares_the_children_its_program_started_before_its_supervisor(logdir):
+    # children in sessions of their own that the program started before its Supervisor (a tool it runs;
+    # in this suite, a worker's earlier launch) are no helpers of the run. Before: the sweep at the end of
+    # the supervised block SIGKILLed the live one and reaped both, and each one's Popen said exit 0 (the
+    # reap charged an earlier test's launch to test_summary_api's one-second Supervisor: 48.9 CPU-s)
+    import procsv
+
+    exited = subprocess.Popen(["sh", "-c", "exit 3"], start_new_session=True)
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
+    try:
+        wait_for(lambda: psutil.Process(exited.pid).status() == psutil.STATUS_ZOMBIE, 30, what="the first child's exit")
+        sv = procsv.Supervisor(logdir=logdir, checkpoint=None, save_summaries_secs=None)
+        with sv.managed_session() as sess:
+            sess.run(lambda: None)
+        assert running.poll() is None  # alive
+        assert exited.wait(10) == 3  # its own exit status, for its own Popen
+    finally:
+        running.kill()
+        running.wait()
+
+
+@pytest.mark.slow
 def test_the_runtime_directory_of_a_killed_launch_is_removed_by_the_next_one(logdir, short_tmp):
     # a temp folder of their own: any other launch of this user (a test running in parallel)
     # would remove the dead launch's runtime directory just as well as the next one here

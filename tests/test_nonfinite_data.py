@@ -28,8 +28,10 @@ NO_MEMORY_TIER = {"PROCSV_MEMORY_SNAPSHOTS": "0"}
 
 
 # The plain runs (no watchdog, no NaN) the launches are compared with: (the steps that took their batch
-# and applied nothing, extra arguments), each ``python nan_data_loop.py --logdir <it> LAGGING EXTRA
-# --skip-at S ...``, all of them in one process (``plain_runs``: one TensorFlow import for the three)
+# and applied nothing, extra arguments), each ``python nan_data_loop.py LAGGING EXTRA --skip-at S ...
+# --final-checkpoint <it>/model.ckpt-60``, all of them in one process (``plain_runs``: one TensorFlow import
+# for the three). No logdir, no procsv service: the final state is written with TF's own Checkpoint (each
+# run's checkpoint service loaded TensorFlow for the iterator's state before: 3 s of CPU a run)
 PLAIN: tuple[tuple[tuple[int, ...], tuple[str, ...]], ...] = (
     ((35,), ("--bind", "args")), ((35,), ("--bind", "inside")), ((), ("--bind", "args")))
 
@@ -43,8 +45,8 @@ def plain(shared_result: Callable[[str, Callable[[str], None]], str]) -> Callabl
     """plain(skip, *extra): the final variables of the plain run of ``PLAIN`` whose steps ``skip``
     took their batch and applied nothing; every one made once per test session, in one process."""
     def produce(folder: str) -> None:
-        run_plain_programs([(NAN_DATA, ["--logdir", os.path.join(folder, _plain_name(skip, extra)), *LAGGING, *extra,
-                                        *[a for s in skip for a in ("--skip-at", str(s))]])
+        run_plain_programs([(NAN_DATA, [*LAGGING, *extra, *[a for s in skip for a in ("--skip-at", str(s))],
+                                        "--final-checkpoint", os.path.join(folder, _plain_name(skip, extra), "model.ckpt-60")])
                             for skip, extra in PLAIN], env=quiet_env(**NO_MEMORY_TIER), cwd=folder)
 
     def get(skip: tuple[int, ...], *extra: str) -> dict[str, bytes]:

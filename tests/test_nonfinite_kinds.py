@@ -4,8 +4,8 @@ the replay, checked for what it reports): a custom loop with Adam on a learning 
 BatchNormalization layer and mixed precision's LossScaleOptimizer (which skips steps of its own);
 Keras ``fit`` with a subclassed model
 whose ``train_step`` is the Keras guide's, with Adam on a learning rate schedule, and an epoch
-rolled back whole under EarlyStopping. The file's six launches are made once per test session, three at
-a time beside one pair of CPU burners (``loaded``); the plain runs are made once per test session
+rolled back whole under EarlyStopping. The file's six launches are made once per test session, all at
+once beside one pair of CPU burners (``loaded``); the plain runs are made once per test session
 (``shared_result``), all four in one process (``plain_runs``), before the burners start: the load is
 for the runs under procsv."""
 
@@ -43,7 +43,8 @@ SharedResult = Callable[[str, Callable[[str], None]], str]
 # The plain runs (no watchdog, no NaN) the launches are compared with, each a program run as ``python
 # PROGRAM ARGS``, all of them in one process (``plain_runs``: one TensorFlow import for the four; the
 # custom loop under mixed precision last): name -> (program, its arguments). A fit writes its weights
-# to ``<name>.npz`` in the folder; a custom loop's logdir is ``<name>``
+# to ``<name>.npz`` in the folder; a custom loop (no logdir, no procsv service) writes its final state
+# with TF's own Checkpoint to ``<name>/model.ckpt-80``
 PLAIN: dict[str, tuple[str, tuple[str, ...]]] = {
     "custom-step-drop-17": (KINDS, ("--kind", "custom_step", "--drop-at", "17")),
     "validation-adam-schedule-drop-17": (KINDS, ("--kind", "validation", "--adam-schedule", "--drop-at", "17")),
@@ -55,13 +56,14 @@ PLAIN: dict[str, tuple[str, tuple[str, ...]]] = {
 @pytest.fixture(scope="module")
 def plain_runs(shared_result: SharedResult) -> str:
     """The folder of every plain run of ``PLAIN``, made once per test session in one process (the
-    fits without the callback, as ``--no-callback``; the loops with no in-memory tier)."""
+    fits without the callback, as ``--no-callback``; the loops without a logdir, their final state written
+    with TF's own Checkpoint)."""
     def produce(folder: str) -> None:
         runs = []
         for name, (program, args) in PLAIN.items():
             where = os.path.join(folder, name)
             runs.append((program, [*args, "--no-callback", "--weights-out", where + ".npz"] if program == KINDS
-                         else ["--logdir", where, *args]))
+                         else [*args, "--final-checkpoint", os.path.join(where, "model.ckpt-80")]))
         run_plain_programs(runs, env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"), cwd=folder)
 
     return shared_result("kinds-plain-runs", produce)
@@ -82,13 +84,13 @@ def adam_schedule_fit_without_17(plain_runs: str) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def loss_scaled_loop_without_55(plain_runs: str) -> str:
-    """The logdir of the plain LOSS_SCALED custom loop that never applied step 55."""
+    """The folder of the final checkpoint of the plain LOSS_SCALED custom loop that never applied step 55."""
     return os.path.join(plain_runs, "loss-scaled-skip-55")
 
 
 @pytest.fixture(scope="module")
 def adam_loop_without_45_and_47(plain_runs: str) -> str:
-    """The logdir of the plain custom loop with Adam that never applied steps 45 and 47."""
+    """The folder of the final checkpoint of the plain custom loop with Adam that never applied steps 45 and 47."""
     return os.path.join(plain_runs, "adam-skip-45-47")
 
 
@@ -104,7 +106,7 @@ def _checkpoint(where: str, step: int) -> dict[str, bytes]:
 
 
 def _loaded_runs(folder: str) -> None:
-    """The file's six launches, three at a time beside one pair of CPU burners (each test made its own
+    """The file's six launches, all at once beside one pair of CPU burners (each test made its own
     beside burners of its own before; each test repeats its launch's arguments); each one's logdir is
     ``<folder>/<name>``, its weights (if it writes them) ``<folder>/<name>.npz``."""
     def run(name: str, *args: str, target: str, memory_tier: bool = True
@@ -120,7 +122,9 @@ def _loaded_runs(folder: str) -> None:
                       target=KINDS, env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"))
         return sigkill_where_it_says(proc, logdir, kill_file, "batch 20")
 
-    launch_together_loaded(folder, {  # the restarted one first: it takes longest
+    # all six at once (three at a time before): the burners run for one round, not two, and take a smaller
+    # share beside six launches than beside three (the file's CPU, medians of 2: 51.2 -> 45.6 s)
+    launch_together_loaded(folder, {
         "adam-schedule-killed": (os.path.join(folder, "adam-schedule-killed"), killed_after_20),
         "custom-step": run("custom-step", "--kind", "custom_step", "--nan-at", "17", "--weights-out",
                            os.path.join(folder, "custom-step.npz"), target=KINDS),
@@ -132,7 +136,7 @@ def _loaded_runs(folder: str) -> None:
         "loss-scaled": run("loss-scaled", *LOSS_SCALED, "--nan-at", "55", *LAGGING, target=NAN_LOOP,
                            memory_tier=False),
         "two-grads": run("two-grads", "--optimizer", "adam", "--grad-nan-at", "45", "--grad-nan-at", "47", *LAGGING,
-                         target=NAN_LOOP, memory_tier=False)}, at_once=3)
+                         target=NAN_LOOP, memory_tier=False)})
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """A skipped step stays skipped (issue 52) on real processes, on a busy machine: a custom Keras loop
 whose snapshots lag the poisoned step, its batch computed by the loop and passed to ``sess.run``.
-The file's five launches are made once per test session, three at a time beside one pair of CPU
+The file's five launches are made once per test session, all at once beside one pair of CPU
 burners (``loaded``; each test made its own beside burners of its own before); each plain run is made
 once per test session (``shared_result``), before the burners start: the load is for the runs under procsv."""
 
@@ -29,8 +29,9 @@ NO_MEMORY_TIER = {"PROCSV_MEMORY_SNAPSHOTS": "0"}
 
 
 # The plain runs (no watchdog, no NaN) the launches are compared with: (optimizer, the steps it never
-# applied, extra arguments), each ``python nan_keras_loop.py --logdir <it> --optimizer O LAGGING EXTRA
-# --skip-at S ...``, all of them in one process (``plain_runs``: one TensorFlow import for the five)
+# applied, extra arguments), each ``python nan_keras_loop.py --optimizer O LAGGING EXTRA --skip-at S ...
+# --final-checkpoint <it>/model.ckpt-<its last step>``, all of them in one process (``plain_runs``: one
+# TensorFlow import for the five). No logdir, no procsv service: the final state is written with TF's own Checkpoint
 PLAIN: tuple[tuple[str, tuple[int, ...], tuple[str, ...]], ...] = (
     ("sgd", (55,), ()), ("adam", (55,), ()), ("sgd", (55, 58), ()), ("sgd", (55,), ("--steps", "60")),
     ("sgd", (45,), ()))
@@ -45,8 +46,9 @@ def plain(shared_result: Callable[[str, Callable[[str], None]], str]) -> Callabl
     """plain(optimizer, skip, *extra, steps=80): the final variables of the plain run of ``PLAIN``
     that never applied the steps ``skip``; every one made once per test session, in one process."""
     def produce(folder: str) -> None:
-        run_plain_programs([(NAN_LOOP, ["--logdir", os.path.join(folder, _plain_name(o, skip, extra)), "--optimizer", o,
-                                        *LAGGING, *extra, *[a for s in skip for a in ("--skip-at", str(s))]])
+        run_plain_programs([(NAN_LOOP, ["--optimizer", o, *LAGGING, *extra, *[a for s in skip for a in ("--skip-at", str(s))],
+                                        "--final-checkpoint", os.path.join(folder, _plain_name(o, skip, extra),
+                                                                           f"model.ckpt-{_last_step([*LAGGING, *extra])}")])
                             for o, skip, extra in PLAIN], env=quiet_env(**NO_MEMORY_TIER), cwd=folder)
 
     def get(optimizer: str, skip: tuple[int, ...], *extra: str, steps: int = 80) -> dict[str, bytes]:
@@ -54,6 +56,11 @@ def plain(shared_result: Callable[[str, Callable[[str], None]], str]) -> Callabl
         folder = shared_result("nan-loop-plain-runs", produce)
         return _final_variables(os.path.join(folder, _plain_name(optimizer, skip, extra)), steps)
     return get
+
+
+def _last_step(args: list[str]) -> int:
+    """The step a run of ``nan_keras_loop.py ARGS`` ends at (its last ``--steps``)."""
+    return int(args[max(i for i, a in enumerate(args) if a == "--steps") + 1])
 
 
 def _final_variables(where: str, step: int = 80) -> dict[str, bytes]:
@@ -67,9 +74,10 @@ LOADED = "nan-loop-lagging-loaded"  # the shared_result folder of the file's lau
 
 
 def _loaded_runs(folder: str) -> None:
-    """The file's five launches, three at a time beside one pair of CPU burners (each test made its own
+    """The file's five launches, all at once beside one pair of CPU burners (each test made its own
     beside burners of its own before; each test repeats its launch's arguments); each one's logdir is
-    ``<folder>/<name>``. The restarted one first: it takes longest."""
+    ``<folder>/<name>``. All at once (three at a time before): the burners run for one round, not two,
+    and take a smaller share beside five launches than beside three."""
     env = quiet_env(**NO_MEMORY_TIER)
 
     def run(name: str, *args: str) -> tuple[str, Callable[[], tuple[int, str, str]]]:
@@ -87,7 +95,7 @@ def _loaded_runs(folder: str) -> None:
         "sgd-nan-55": run("sgd-nan-55", "--optimizer", "sgd", "--nan-at", "55", *LAGGING),
         "adam-nan-55": run("adam-nan-55", "--optimizer", "adam", "--nan-at", "55", *LAGGING),
         "nan-55-loop-ends": run("nan-55-loop-ends", "--nan-at", "55", *LAGGING, "--steps", "60", "--bind", "inside"),
-        "grad-nan-45": run("grad-nan-45", "--grad-nan-at", "45", *LAGGING)}, at_once=3)
+        "grad-nan-45": run("grad-nan-45", "--grad-nan-at", "45", *LAGGING)})
 
 
 @pytest.fixture

@@ -36,25 +36,36 @@ class Orphans:
     of the owner's own (with its descendants) and reaps them. ``outside_group_only`` narrows that to
     children outside the owner's process group: a plain ``python train.py`` run leaves the user's own
     children in its group alone (the terminal's Ctrl-C reaches them, and the program may still be
-    using them) and kills only the ones that escaped with ``setsid``/``setpgid``.
+    using them) and kills only the ones that escaped with ``setsid``/``setpgid``. ``spare_existing``
+    leaves alone the children the owner had at construction too: a plain run's program started them
+    before its Supervisor, they are no helpers of the run, and the program may still wait for them (a
+    sweep that killed and reaped one, or reaped one that had exited, made its ``Popen`` report exit 0).
     """
 
-    def __init__(self, outside_group_only: bool = False) -> None:
+    def __init__(self, outside_group_only: bool = False, spare_existing: bool = False) -> None:
         self.enabled = become_subreaper()
         self.outside_group_only = outside_group_only
         self._killed: set[int] = set()  # adopted processes killed but not reaped yet
+        self._spared: set[int] = set(self._children() or []) if spare_existing else set()
 
-    def _adopted(self, known: set[int]) -> list[psutil.Process]:
-        own_group = os.getpgrp()
-        found: list[psutil.Process] = []
+    @staticmethod
+    def _children() -> Optional[list[int]]:
         pids = child_pids()
         if pids is None:
             try:
                 pids = [proc.pid for proc in psutil.Process().children()]
             except psutil.Error:
-                return found
+                return None
+        return pids
+
+    def _adopted(self, known: set[int]) -> list[psutil.Process]:
+        own_group = os.getpgrp()
+        found: list[psutil.Process] = []
+        pids = self._children()
+        if pids is None:
+            return found
         for pid in pids:
-            if pid in known or pid in self._killed:
+            if pid in known or pid in self._killed or pid in self._spared:
                 continue
             if self.outside_group_only and _group_of(pid) in (own_group, None):
                 continue

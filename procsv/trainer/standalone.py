@@ -48,7 +48,7 @@ class OwnServices:
                   "without releasing it (SIGKILL?); taking it over", file=sys.stderr, flush=True)
         self._continued = continue_events
         self.runtime_dir = RuntimeDir.create().path
-        self.orphans = Orphans(outside_group_only=True)
+        self.orphans = Orphans(outside_group_only=True, spare_existing=True)  # (before the services start)
         for role in SERVICE_ROLES:
             env = spawn.child_env(role=role, attempt=1, logdir=self.layout.logdir, runtime_dir=self.runtime_dir,
                                   supervised=False)

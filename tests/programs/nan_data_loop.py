@@ -17,6 +17,11 @@ checkpoint tracks, whose batch at given steps is NaN (issue 52, attacked as a us
                           (seconds at load), and the snapshots that follow wait for it; this keeps the
                           next snapshot at its cadence (the lag forced, not left to chance)
     --logdir DIR          for a plain `python nan_data_loop.py` run
+    --final-checkpoint P  for a plain run without --logdir: at the end, write the checkpoint's state (model,
+                          optimizer, data) to the prefix P and the step (``global_step``, as procsv's)
+                          with TF's own ``tf.train.Checkpoint.write``; no procsv
+                          service is started (the checkpoint service of a run with --logdir loads TensorFlow for
+                          the iterator's state: about 3 s of CPU a run)
 
 The data set is element n (n = 1, 2, ...) for step n in a run that skips nothing, a function of n
 alone: a plain run with ``--skip-at`` is the twin of a run that skipped those steps.
@@ -45,6 +50,7 @@ p.add_argument("--save-steps", type=int, default=10)
 p.add_argument("--step-delay", type=float, default=0.0)
 p.add_argument("--wait-commit", type=int, default=None)
 p.add_argument("--logdir", default=None)
+p.add_argument("--final-checkpoint", default=None)
 args = p.parse_args()
 
 keras.utils.set_random_seed(0)
@@ -109,9 +115,11 @@ with sv.managed_session() as sess:
             sess.run(step_args, x, y, sv.step + 1)
         else:
             sess.run(step_inside)
-        if args.wait_commit is not None and sv.step == args.wait_commit + 1:  # (its snapshot: before step N + 1)
+        if args.wait_commit is not None and sv.logdir and sv.step == args.wait_commit + 1:  # (its snapshot: before step N + 1)
             index = os.path.join(sv.logdir, f"model.ckpt-{args.wait_commit}.index")
             deadline = time.monotonic() + 400
             while not os.path.exists(index) and time.monotonic() < deadline:
                 time.sleep(0.05)
+if args.final_checkpoint:  # what procsv's final checkpoint holds: the state and the step (its global_step)
+    tf.train.Checkpoint(model=model, optimizer=optimizer, data=it, global_step=tf.Variable(sv.step, dtype=tf.int64)).write(args.final_checkpoint)
 print(f"nan_data_loop: ended at step {sv.step}", flush=True)

@@ -13,6 +13,10 @@
     --kill-after N        (with --kill-file F) the --kill-visit'th time step N ran in this process (default the
                           first), unless F exists: write this process's pid to F and wait (at most 120 s) to be killed
     --logdir DIR          for a plain `python nan_keras_loop.py` run
+    --final-checkpoint P  for a plain run without --logdir: at the end, write the checkpoint's state (model,
+                          optimizer) to the prefix P and the step (``global_step``, as procsv's)
+                          with TF's own ``tf.train.Checkpoint.write``; no procsv
+                          service is started
     --schedule            the learning rate is an ExponentialDecay schedule of the optimizer's iterations
     --batchnorm           a BatchNormalization layer between the two Dense layers (moving statistics:
                           non-trainable variables the step updates)
@@ -50,6 +54,7 @@ p.add_argument("--kill-after", type=int, default=None)
 p.add_argument("--kill-file", default=None)
 p.add_argument("--kill-visit", type=int, default=1)
 p.add_argument("--logdir", default=None)
+p.add_argument("--final-checkpoint", default=None)
 p.add_argument("--schedule", action="store_true")
 p.add_argument("--batchnorm", action="store_true")
 p.add_argument("--loss-scale", action="store_true")
@@ -122,4 +127,6 @@ with sv.managed_session() as sess:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 time.sleep(0.05)
+if args.final_checkpoint:  # what procsv's final checkpoint holds: the state and the step (its global_step)
+    tf.train.Checkpoint(model=model, optimizer=optimizer, global_step=tf.Variable(sv.step, dtype=tf.int64)).write(args.final_checkpoint)
 print(f"nan_keras_loop: ended at step {sv.step}", flush=True)
