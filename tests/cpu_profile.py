@@ -9,7 +9,9 @@ records the CPU time of the worker itself and of every process the worker waited
 kernel's ``RUSAGE_CHILDREN``: a launch's watchdog, its zygote, trainers and services count once
 the watchdog reaped them and the test reaped the watchdog). A process a module- or session-scoped
 fixture keeps alive is counted in the test during which it is reaped; an orphan nobody waits for
-is not counted at all. One JSON line per test, appended (``O_APPEND``: the workers share the file).
+is not counted at all. A run forked by the tests' fork server (``tests/pyfork.py``) counts when it
+ends, as the server reports it (``pyfork.uncounted_cpu``); the server's own import in the test of
+its first run. One JSON line per test, appended (``O_APPEND``: the workers share the file).
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from typing import Iterator, Optional
 
 import pytest
 
+import pyfork
+
 
 def _cpu() -> float:
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime + pyfork.uncounted_cpu()
 
 
 @pytest.hookimpl(hookwrapper=True)
