@@ -106,7 +106,10 @@ class ForkServer:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(self.path)
-            body = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd}).encode()
+            umask = os.umask(0o022)
+            os.umask(umask)
+            body = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd, "umask": umask,
+                               "cpus": sorted(os.sched_getaffinity(0))}).encode()
             data = struct.pack(">I", len(body)) + body
             sent = socket.send_fds(conn, [data], std)
             conn.sendall(data[sent:])
@@ -124,7 +127,8 @@ class ForkServer:
               text: bool) -> ForkedRun:
         deadline = None if timeout is None else time.monotonic() + timeout
         chunks: dict[int, list[bytes]] = {fd: [] for fd in ends}
-        open_ends, said, replies = list(ends), b"", []
+        open_ends, said = list(ends), b""
+        replies: list[dict[str, Any]] = []
         killed = False
         while len(replies) < 2 or open_ends:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())

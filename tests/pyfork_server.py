@@ -10,7 +10,8 @@ runs it as ``python ARGV...`` would, with the caller's stdin, stdout and stderr 
 request, SCM_RIGHTS), environment and working directory.
 
 The protocol, on each connection: the request is a 4-byte big-endian length and that much JSON
-(``{"argv": [...], "env": {...}, "cwd": "..."}``), its first bytes carrying three file descriptors
+(``{"argv": [...], "env": {...}, "cwd": "...", "umask": N, "cpus": [...]}``: the caller's umask and CPU
+affinity, which a child of its own would inherit), its first bytes carrying three file descriptors
 (stdin, stdout, stderr). The server answers one JSON line ``{"pid": N}`` (or ``{"error": "..."}``),
 then, once it has reaped the child, ``{"status": WAITSTATUS, "cpu": S, "server_cpu": S}`` (the
 child's CPU seconds, its own reaped descendants' included, and the server's own so far: the
@@ -37,6 +38,7 @@ server imported (TensorFlow's and this file's, a handful of the standard library
 from __future__ import annotations
 
 import builtins
+import io
 import json
 import os
 import resource
@@ -172,12 +174,15 @@ def _become_program(request: dict[str, Any], fds: list[int], ours: list[int], sa
         if fd > 2:
             os.close(fd)
     os.chdir(request["cwd"])
+    os.umask(request["umask"])  # what a child of the caller inherits now (``on_one_core``: one core)
+    os.sched_setaffinity(0, request["cpus"])
     os.environ.clear()
     os.environ.update(request["env"])
     if said:  # what the import wrote to stderr, as a fresh process would have
         os.write(2, said)
-    if not sys.stdout.write_through:  # (PYTHONUNBUFFERED) a fresh process buffers its stdout by line only on a terminal
-        sys.stdout.reconfigure(line_buffering=os.isatty(1))  # type: ignore[union-attr]
+    out = sys.stdout  # a fresh process buffers it by line on a terminal only (by block, or none: PYTHONUNBUFFERED)
+    if isinstance(out, io.TextIOWrapper) and not out.write_through:
+        out.reconfigure(line_buffering=os.isatty(1))
     np = sys.modules.get("numpy")
     if np is not None:
         np.random.seed()  # numpy's global generator is seeded at its import: reseed, as a fresh process's is
@@ -191,7 +196,9 @@ def _become_program(request: dict[str, Any], fds: list[int], ours: list[int], sa
 
         sys.argv = ["-m", *argv[2:]]  # runpy sets argv[0] to the module's file, as `python -m` shows it
         sys.path.insert(0, os.getcwd())
-        run = lambda: runpy._run_module_as_main(argv[1], alter_argv=True)  # type: ignore[attr-defined]  # noqa: E731
+
+        def run() -> None:
+            runpy._run_module_as_main(argv[1], alter_argv=True)  # type: ignore[attr-defined]
     elif argv[0] == "-c":
         sys.argv = ["-c", *argv[2:]]
         sys.path.insert(0, "")
@@ -199,7 +206,9 @@ def _become_program(request: dict[str, Any], fds: list[int], ours: list[int], sa
 
         main.__dict__["__loader__"] = BuiltinImporter
         code = compile(argv[1], "<string>", "exec")
-        run = lambda: exec(code, main.__dict__)  # noqa: E731
+
+        def run() -> None:
+            exec(code, main.__dict__)
     else:
         from importlib.machinery import SourceFileLoader
 
@@ -209,7 +218,9 @@ def _become_program(request: dict[str, Any], fds: list[int], ours: list[int], sa
         main.__dict__.update(__file__=program, __cached__=None, __loader__=SourceFileLoader("__main__", program))
         with open(program, "rb") as fh:
             code = compile(fh.read(), program, "exec")
-        run = lambda: exec(code, main.__dict__)  # noqa: E731
+
+        def run() -> None:
+            exec(code, main.__dict__)
     try:
         run()
     except SystemExit:

@@ -184,3 +184,18 @@ def test_a_fork_of_the_tensorflow_server_trains_as_a_fresh_process_does(tmp_path
         assert done.stdout == again.stdout == fresh.stdout
     finally:
         pyfork.close()
+
+
+def test_the_run_has_the_callers_cpu_affinity_and_umask(server):
+    from conftest import on_one_core
+
+    code = "import os; print(sorted(os.sched_getaffinity(0)), oct(os.umask(0)))"
+    old = os.umask(0o027)
+    try:
+        with on_one_core():
+            done = _run(server, ["-c", code])
+            fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    finally:
+        os.umask(old)
+    assert done.stdout == fresh.stdout
+    assert done.stdout == f"[{max(os.sched_getaffinity(0))}] 0o27\n"
