@@ -38,7 +38,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Mapping, Optional, Sequence
+import threading
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyfork_server.py")
 PRELOAD = ("tensorflow",)
@@ -90,8 +91,11 @@ class ForkServer:
         return self.proc.poll() is None and import_time_env(env) == import_time_env(self.env)
 
     def run(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, timeout: Optional[float],
-            capture_output: bool, text: bool) -> ForkedRun:
-        """Run ``python *argv`` as a fork (see the module docstring); as ``subprocess.run`` would."""
+            capture_output: bool, text: bool,
+            connected: Optional[Callable[[socket.socket], None]] = None) -> ForkedRun:
+        """Run ``python *argv`` as a fork (see the module docstring); as ``subprocess.run`` would.
+        ``connected(conn)`` is called with the run's connection once the request is sent: ``kill``
+        written on it (from another thread) SIGKILLs the run."""
         args = [sys.executable, *argv]
         ends: list[int] = []  # ours: the read ends of the pipes
         theirs: list[int] = []
@@ -116,6 +120,8 @@ class ForkServer:
         finally:
             for fd in theirs:
                 os.close(fd)
+        if connected is not None:
+            connected(conn)
         try:
             return self._wait(conn, args, ends, timeout, text)
         finally:
@@ -247,3 +253,80 @@ def _forkable(argv: Sequence[str], cwd: str) -> bool:
     if argv[0] in ("-c", "-m"):
         return len(argv) >= 2
     return not argv[0].startswith("-") and os.path.isfile(os.path.join(cwd, argv[0]))
+
+
+class Running:
+    """A run started in the background (:func:`start_python`), as a ``subprocess.Popen`` with its output
+    read by a thread: :meth:`result` waits for it, :meth:`kill` SIGKILLs it."""
+
+    def __init__(self, argv: Sequence[str], env: Optional[Mapping[str, str]], cwd: Optional[str]) -> None:
+        self.args = [sys.executable, *argv]
+        self._lock = threading.Lock()
+        self._conn: Optional[socket.socket] = None
+        self._proc: Optional[subprocess.Popen[str]] = None
+        self._killed = False
+        self._outcome: list[Any] = []
+        self._thread = threading.Thread(target=self._run, args=(list(argv), env, cwd), daemon=True)
+        self._thread.start()
+
+    def _run(self, argv: list[str], env: Optional[Mapping[str, str]], cwd: Optional[str]) -> None:
+        try:
+            full = dict(os.environ if env is None else env)
+            where = os.getcwd() if cwd is None else cwd
+            server = _server_for(full) if _forkable(argv, where) else None
+            if server is not None:
+                self._outcome.append(server.run(argv, full, where, None, True, True, self._connected))
+                return
+            with self._lock:
+                self._proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                              env=full, cwd=where, start_new_session=True)
+                if self._killed:
+                    self._proc.kill()
+            out, err = self._proc.communicate()
+            self._outcome.append(ForkedRun(self.args, self._proc.returncode, out, err, self._proc.pid, forked=False))
+        except BaseException as exc:  # (given to the caller by result())
+            self._outcome.append(exc)
+
+    def _connected(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._conn = conn
+            if self._killed:
+                self._send_kill()
+
+    def _send_kill(self) -> None:
+        try:
+            if self._conn is not None:
+                self._conn.sendall(b"kill\n")
+            if self._proc is not None:
+                self._proc.kill()
+        except OSError:
+            pass  # it ended meanwhile
+
+    def kill(self) -> None:
+        """SIGKILL the run (if it has not ended)."""
+        with self._lock:
+            self._killed = True
+            self._send_kill()
+
+    def result(self, timeout: float) -> ForkedRun:
+        """The run's result, waiting at most ``timeout`` seconds (then it is killed: AssertionError with its output)."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self.kill()
+            self._thread.join()
+            got = self._outcome[0]
+            said = f"\nstdout:\n{got.stdout}\nstderr:\n{got.stderr}" if isinstance(got, ForkedRun) else ""
+            raise AssertionError(f"{self.args} did not finish in {timeout} s{said}")
+        got = self._outcome[0]
+        if isinstance(got, BaseException):
+            raise got
+        assert isinstance(got, ForkedRun)
+        return got
+
+
+def start_python(argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None,
+                 cwd: Optional[str] = None) -> Running:
+    """:func:`run_python` in the background (stdout and stderr captured as text): for a reference run
+    made beside the run it is compared with. Started afresh (in a session of its own), it is a
+    ``subprocess.Popen``'s."""
+    return Running(argv, env, cwd)

@@ -199,3 +199,15 @@ def test_the_run_has_the_callers_cpu_affinity_and_umask(server):
         os.umask(old)
     assert done.stdout == fresh.stdout
     assert done.stdout == f"[{max(os.sched_getaffinity(0))}] 0o27\n"
+
+
+def test_a_run_started_in_the_background_gives_its_result_or_is_killed(server, monkeypatch):
+    monkeypatch.setattr(pyfork, "_servers", [server])
+    monkeypatch.delenv("PROCSV_TEST_QUICK_TF_LOG", raising=False)
+    done = pyfork.start_python(["-c", "import sys; print('bg'); sys.exit(5)"]).result(60)
+    assert done.forked and (done.returncode, done.stdout) == (5, "bg\n")
+    slow = pyfork.start_python(["-c", "import time; print('up', flush=True); time.sleep(60)"])
+    slow.kill()
+    assert slow.result(60).returncode == -signal.SIGKILL
+    with pytest.raises(AssertionError, match="did not finish in 0.5 s"):
+        pyfork.start_python(["-c", "import time; time.sleep(60)"]).result(0.5)
