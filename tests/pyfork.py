@@ -88,7 +88,7 @@ class ForkServer:
         self._server_cpu = 0.0
 
     def can_run(self, env: Mapping[str, str]) -> bool:
-        return self.proc.poll() is None and import_time_env(env) == import_time_env(self.env)
+        return import_time_env(env) == import_time_env(self.env)
 
     def run(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, timeout: Optional[float],
             capture_output: bool, text: bool,
@@ -219,12 +219,15 @@ def close() -> None:
 def _server_for(env: Mapping[str, str]) -> Optional[ForkServer]:
     if os.environ.get("PROCSV_TEST_QUICK_TF_LOG"):  # the quick tier: no process imports TensorFlow
         return None
+    for server in [s for s in _servers if s.proc.poll() is not None]:  # (a signal to this process group)
+        _servers.remove(server)
+        server.close()
     for server in _servers:
         if server.can_run(env):
             return server
     if _servers:
         return None  # one server a process: a run whose import-time environment differs starts afresh
-    _servers.append(ForkServer(env))
+    _servers.append(ForkServer(env, PRELOAD))
     return _servers[0]
 
 

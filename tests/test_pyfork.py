@@ -211,3 +211,17 @@ def test_a_run_started_in_the_background_gives_its_result_or_is_killed(server, m
     assert slow.result(60).returncode == -signal.SIGKILL
     with pytest.raises(AssertionError, match="did not finish in 0.5 s"):
         pyfork.start_python(["-c", "import time; time.sleep(60)"]).result(0.5)
+
+
+def test_a_server_that_died_is_replaced(monkeypatch):
+    monkeypatch.delenv("PROCSV_TEST_QUICK_TF_LOG", raising=False)
+    dead = pyfork.ForkServer(dict(os.environ), preload=())
+    monkeypatch.setattr(pyfork, "_servers", [dead])
+    monkeypatch.setattr(pyfork, "PRELOAD", ())
+    dead.proc.kill()
+    dead.proc.wait()
+    try:
+        done = pyfork.run_python(["-c", "print('again')"], timeout=60)
+        assert done.forked and done.stdout == "again\n" and pyfork._servers and pyfork._servers[0] is not dead
+    finally:
+        pyfork.close()
