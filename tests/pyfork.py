@@ -116,7 +116,8 @@ class ForkServer:
                                "cpus": sorted(os.sched_getaffinity(0))}).encode()
             data = struct.pack(">I", len(body)) + body
             sent = socket.send_fds(conn, [data], std)
-            conn.sendall(data[sent:])
+            if sent < len(data):  # (never an empty send: a quick run's server may have closed the connection)
+                conn.sendall(data[sent:])
         finally:
             for fd in theirs:
                 os.close(fd)

@@ -138,7 +138,8 @@ def serve(control: int, listener: socket.socket, said: bytes) -> None:
                 _reply(conn, {"error": f"bad request: {exc}"})
                 conn.close()
                 continue
-            pid = _fork(request, fds, conn, [control, listener.fileno(), *runs, *by_pidfd], said)
+            ours = [conn, listener, *(run.conn for run in runs.values())]
+            pid = _fork(request, fds, ours, [control, *by_pidfd], said)
             for fd in fds:
                 os.close(fd)
             if pid is None:
@@ -150,23 +151,28 @@ def serve(control: int, listener: socket.socket, said: bytes) -> None:
             _reply(conn, {"pid": pid})
 
 
-def _fork(request: dict[str, Any], fds: list[int], conn: socket.socket, ours: list[int], said: bytes) -> Optional[int]:
-    """Fork the child of ``request`` (it never returns here); its pid, or None (said on ``conn``) if none."""
+def _fork(request: dict[str, Any], fds: list[int], ours: list[socket.socket], also: list[int],
+          said: bytes) -> Optional[int]:
+    """Fork the child of ``request`` (it never returns here); its pid, or None (said on its connection,
+    ``ours[0]``) if none. ``ours`` and ``also`` are the server's sockets and descriptors (the child closes them)."""
     sys.stdout.flush()
     sys.stderr.flush()
     try:
         pid = os.fork()
     except OSError as exc:
-        _reply(conn, {"error": f"fork failed: {exc}"})
+        _reply(ours[0], {"error": f"fork failed: {exc}"})
         return None
     if pid == 0:
-        _become_program(request, fds, [conn.fileno(), *ours], said)
+        _become_program(request, fds, ours, also, said)
     return pid
 
 
-def _become_program(request: dict[str, Any], fds: list[int], ours: list[int], said: bytes) -> NoReturn:
+def _become_program(request: dict[str, Any], fds: list[int], ours: list[socket.socket], also: list[int],
+                    said: bytes) -> NoReturn:
     """In the child: become ``python ARGV`` (see the module docstring) and run it; leaves by SystemExit."""
-    for fd in ours:
+    for sock in ours:  # closed as objects: a socket object closed by number alone would close that number again
+        sock.close()  # when it is collected (the program's own descriptor by then: ZeroMQ's signaler died so)
+    for fd in also:
         os.close(fd)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)

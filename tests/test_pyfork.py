@@ -225,3 +225,14 @@ def test_a_server_that_died_is_replaced(monkeypatch):
         assert done.forked and done.stdout == "again\n" and pyfork._servers and pyfork._servers[0] is not dead
     finally:
         pyfork.close()
+
+
+def test_the_servers_sockets_never_close_a_descriptor_the_program_opened_under_their_numbers(server):
+    """The server's socket objects, copied into the child, are closed as objects there: closed by number
+    only, each closed its number again once collected (after the program, before its atexit handlers),
+    by then one of the program's (a ZeroMQ signaler's: ``Assertion failed: pfd.revents & POLLIN``)."""
+    code = ("import atexit, os\n"
+            "fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(8)]\n"
+            "atexit.register(lambda: [os.fstat(fd) for fd in fds] and print('all open'))")
+    done = _run(server, ["-c", code])
+    assert (done.returncode, done.stdout, done.stderr) == (0, "all open\n", "")
