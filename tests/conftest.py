@@ -21,6 +21,9 @@ import psutil
 import pytest
 from packaging.requirements import Requirement
 
+import pyfork
+from pyfork import run_python  # noqa: F401  (the tests' direct runs of a program: see tests/pyfork.py)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROGRAMS = os.path.join(HERE, "programs")
 REPO = os.path.dirname(HERE)
@@ -225,6 +228,14 @@ def run_processes(logdir: str) -> list[psutil.Process]:
         if env_logdir == logdir or any(os.path.abspath(a) == logdir for a in cmdline if a.startswith(("/", "."))):
             found.append(proc)
     return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fork_servers() -> Iterator[None]:
+    """This process's fork server of direct runs (``run_python``), if a test started one, ends with the
+    session (in the teardown of its last test: ``--cpu-log`` counts the rest of its CPU there)."""
+    yield
+    pyfork.close()
 
 
 @pytest.fixture

@@ -16,7 +16,9 @@ worker in a session of its own (``procsv.common.orphans``, since fixed): a test 
 charged an earlier test's processes (``test_summary_api``'s real Supervisor: 48.9 CPU-s in 1.0 s of wall).
 Such children are named in the test's line (``left``: pid and command of each child the test leaves
 that it did not find). An orphan re-parented away from the worker is not counted at all. One JSON
-line per test, appended (``O_APPEND``: the workers share the file).
+line per test, appended (``O_APPEND``: the workers share the file). A run forked by the tests' fork
+server (``tests/pyfork.py``) is counted as the server's growth: the server is the worker's child, and it
+reaps what it forks.
 """
 
 from __future__ import annotations

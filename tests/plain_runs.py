@@ -12,9 +12,9 @@ runs equal their one-process-each twins."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from typing import Optional, Sequence
+
+from pyfork import run_python
 
 _DRIVER = """
 import json, runpy, sys
@@ -37,6 +37,6 @@ def run_plain_programs(runs: Sequence[tuple[str, Sequence[str]]], env: dict[str,
                        timeout: float = 900) -> None:
     """Run every ``(program, argv)`` of ``runs`` in order in one Python process (with ``env``), as
     ``python program *argv`` each; fails with the process's output unless all of them succeed."""
-    done = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps([(p, list(a)) for p, a in runs])],
-                          capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd)
+    done = run_python(["-c", _DRIVER, json.dumps([(p, list(a)) for p, a in runs])], env=env, timeout=timeout,
+                      cwd=cwd)  # (forked from the fork server: its TensorFlow import is shared too)
     assert done.returncode == 0, done.stdout + done.stderr

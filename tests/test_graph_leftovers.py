@@ -10,13 +10,11 @@ the same case, the test runs it too and compares (``--tf``).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import PROGRAMS, REPO, case_results, quiet_env
+from conftest import PROGRAMS, REPO, case_results, quiet_env, run_python
 
 CASES = os.path.join(PROGRAMS, "tf1_cases.py")
 TRAIN = os.path.join(PROGRAMS, "tf1_train.py")
@@ -33,8 +31,8 @@ def _run_cases(folder: str) -> None:
     for side, names, extra in (("ours", OURS, []), ("tf", THEIRS, ["--tf"])):
         cwd = os.path.join(folder, f"cwd-{side}")
         os.makedirs(cwd)
-        done = subprocess.run([sys.executable, CASES, ",".join(names), os.path.join(folder, side), *extra],
-                              capture_output=True, text=True, env=quiet_env(), cwd=cwd, timeout=300)
+        done = run_python([CASES, ",".join(names), os.path.join(folder, side), *extra], env=quiet_env(), cwd=cwd,
+                          timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         with open(os.path.join(folder, f"{side}.stdout"), "w") as fh:
             fh.write(done.stdout)
@@ -68,8 +66,8 @@ def test_the_chief_writes_graph_pbtxt_and_a_graph_event_when_the_session_starts_
     assert found["ours"]["graph_file"] == {"chief": True, "worker": False}
     assert not os.path.exists(os.path.join(folder, "ours", "graph_file", "worker", "graph.pbtxt"))
     for who, extra in (("ours", []), ("tf", ["--tf", "--no-summary-op"])):
-        done = subprocess.run([sys.executable, TRAIN, "--logdir", str(tmp_path / who), "--steps", "3", *extra],
-                              capture_output=True, text=True, env=quiet_env(), cwd=REPO, timeout=300)
+        done = run_python([TRAIN, "--logdir", str(tmp_path / who), "--steps", "3", *extra], env=quiet_env(), cwd=REPO,
+                          timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
     ours = _graph_def(str(tmp_path / "ours" / "graph.pbtxt"))
     theirs = _graph_def(str(tmp_path / "tf" / "graph.pbtxt"))

@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, wait_for
+from conftest import PROGRAMS, run_python, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, wait_for
 from conftest import restores, sigkill_attempts_after_their_commits
 
 pytestmark = pytest.mark.usefixtures("fresh_train_api")
@@ -101,8 +101,9 @@ PLAIN_STEPS = (120, 150, 300, 600)  # every step count a test below compares wit
 
 
 def _plain_references(folder: str) -> None:
-    _run_program("--mode", "plain", "--plain-at", ",".join(map(str, PLAIN_STEPS)),
-                 "--out", os.path.join(folder, "plain{steps}.npz"))
+    out = run_python([PROGRAM, "--mode", "plain", "--plain-at", ",".join(map(str, PLAIN_STEPS)),
+                      "--out", os.path.join(folder, "plain{steps}.npz")], env=quiet_env(), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from conftest import PROGRAMS, REPO, quiet_env
+from conftest import PROGRAMS, REPO, quiet_env, run_python
 from procsv.common.layout import Layout
 from procsv.common.manifests import list_committed, verify
 from procsv.services.checkpoint.store import CheckpointStore
@@ -27,8 +27,7 @@ REWRITE = os.path.join(PROGRAMS, "rewrite_commit.py")
 
 
 def _start(case: str, logdir: str, tf_own: bool) -> dict:
-    done = subprocess.run([sys.executable, START, case, logdir] + (["--tf"] if tf_own else []), capture_output=True,
-                          text=True, env=quiet_env(), cwd=REPO, timeout=300)
+    done = run_python([START, case, logdir] + (["--tf"] if tf_own else []), env=quiet_env(), cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith("result ")]
     assert len(lines) == 1, done.stdout + done.stderr[-3000:]

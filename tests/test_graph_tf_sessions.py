@@ -486,14 +486,11 @@ def test_a_with_block_on_a_graph_session_makes_it_the_default_session_as_tensorf
     inside run through it; the block's end closes it; as TF's classes (the
     program runs both, eager execution disabled). Was: ``No default session is registered``."""
     import json
-    import subprocess
-    import sys
 
-    from conftest import REPO, quiet_env
+    from conftest import REPO, quiet_env, run_python
 
     def program(where: str, *flag: str) -> list[object]:
-        done = subprocess.run([sys.executable, WITH_PROGRAM, where, *flag], capture_output=True, text=True,
-                              env=quiet_env(), cwd=REPO, timeout=300)
+        done = run_python([WITH_PROGRAM, where, *flag], env=quiet_env(), cwd=REPO, timeout=300)
         lines = [x for x in done.stdout.splitlines() if x.startswith("result ")]
         assert done.returncode == 0 and len(lines) == 1, done.stdout[-2000:] + done.stderr[-3000:]
         return json.loads(lines[0][len("result "):])

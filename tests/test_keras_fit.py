@@ -25,7 +25,7 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import (PROGRAMS, REPO, committed_steps, finish, launch, lifecycle, quiet_env, raw_status,
+from conftest import (PROGRAMS, REPO, run_python, committed_steps, finish, launch, lifecycle, quiet_env, raw_status,
                       sigkill_attempts_after_their_commits, status_json, trainer_of_attempt, wait_for)
 
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
@@ -51,8 +51,7 @@ for kind in sys.argv[3:]:
 def _plain_fits(epochs: int, folder: str) -> None:
     """The plain fit of the example (no callback) of every input kind, one after another in one process
     (one start of TensorFlow, not three): each seeds Keras and makes its model and input anew."""
-    done = subprocess.run([sys.executable, "-c", _PLAIN_FITS, folder, str(epochs), *KINDS], capture_output=True,
-                          text=True, env=quiet_env(), cwd=REPO, timeout=300)
+    done = run_python(["-c", _PLAIN_FITS, folder, str(epochs), *KINDS], env=quiet_env(), cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -22,6 +20,7 @@ import tensorflow as tf
 from keras.src.backend.tensorflow.trainer import TFEpochIterator
 
 from conftest import PROGRAMS, REPO, finish, launch, lifecycle, quiet_env, wait_for
+from pyfork import Running, start_python
 from procsv.trainer.keras import step_warmup
 
 PROGRAM = os.path.join(PROGRAMS, "keras_warm.py")
@@ -32,10 +31,10 @@ def _weights(path: str) -> list[np.ndarray]:
         return [data[f"arr_{i}"] for i in range(len(data.files))]
 
 
-def _plain_fit(out_path: str, *args: str) -> subprocess.Popen[str]:
-    """The same fit without procsv, started beside the launch (its result is read after the launch's)."""
-    return subprocess.Popen([sys.executable, PROGRAM, out_path, "--no-callback", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=quiet_env(), cwd=REPO, start_new_session=True)
+def _plain_fit(out_path: str, *args: str) -> Running:
+    """The same fit without procsv, started beside the launch (its result is read after the launch's;
+    forked from the fork server)."""
+    return start_python([PROGRAM, out_path, "--no-callback", *args], env=quiet_env(), cwd=REPO)
 
 
 class _PlainFit:
@@ -44,7 +43,7 @@ class _PlainFit:
 
     def __init__(self, folder: str) -> None:
         self.path = os.path.join(folder, "plain.npz")
-        self.proc: subprocess.Popen[str] | None = None
+        self.proc: Running | None = None
         self.done: tuple[int, str, str] | None = None
 
     def start(self) -> None:
@@ -55,7 +54,8 @@ class _PlainFit:
         """(exit code, stdout, stderr) of the plain fit, waiting for it."""
         assert self.proc is not None, "the plain fit was never started"
         if self.done is None:
-            self.done = finish(self.proc, 180)
+            got = self.proc.result(180)
+            self.done = (got.returncode, got.stdout, got.stderr)
         return self.done
 
 
@@ -69,11 +69,8 @@ def plain_fit():
         yield plain
     finally:
         if plain.proc is not None and plain.done is None:
-            try:
-                os.killpg(plain.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            plain.proc.communicate()
+            plain.proc.kill()
+            plain.proc.result(60)  # (ended by the kill)
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, status_json,
+from conftest import (PROGRAMS, run_python, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, status_json,
                       wait_for, wait_role_pid)
 
 EXIT_TRAIN = os.path.join(PROGRAMS, "exit_train.py")
@@ -50,8 +50,7 @@ def plain_runs(shared_result) -> dict[str, str]:  # type: ignore[no-untyped-def]
     """name -> the logdir of that plain run of PLAIN_RUNS, made once per test session."""
     def produce(folder: str) -> None:
         runs = [(os.path.join(folder, name), program, list(args)) for name, (program, args) in PLAIN_RUNS.items()]
-        done = subprocess.run([sys.executable, "-c", _PLAIN_DRIVER, json.dumps(runs)], capture_output=True,
-                              text=True, env=quiet_env(), timeout=800, cwd=folder)
+        done = run_python(["-c", _PLAIN_DRIVER, json.dumps(runs)], env=quiet_env(), timeout=800, cwd=folder)
         assert done.returncode == 0, done.stdout + done.stderr
 
     folder = shared_result("nonfinite-plain-runs", produce)

@@ -10,15 +10,13 @@ is computable, in its own process.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import tensorflow as tf
 
 import pytest
 
-from conftest import PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, status_json
+from conftest import PROGRAMS, run_python, committed_steps, finish, launch, lifecycle, quiet_env, status_json
 
 KERAS_NAN = os.path.join(PROGRAMS, "keras_nan.py")
 NONFINITE_EVENTS = ("nonfinite_detected", "rolled_back", "step_skipped")
@@ -69,8 +67,8 @@ def test_keras_fit_rolls_a_poisoned_batch_back_in_place_skips_it_and_ends_bit_eq
     assert status_json(logdir)["skipped_steps"] == [14]
 
     plain = os.path.join(short_tmp, "plain.npz")
-    done = subprocess.run([sys.executable, KERAS_NAN, "--no-callback", "--zero-weight-at", "13", "--weights-out", plain],
-                          capture_output=True, text=True, env=quiet_env(), timeout=180)
+    done = run_python([KERAS_NAN, "--no-callback", "--zero-weight-at", "13", "--weights-out", plain], env=quiet_env(),
+                      timeout=180)
     assert done.returncode == 0, done.stderr
     rolled, baseline = _npz(out), _npz(plain)
     assert len(rolled) == len(baseline) == 5  # 4 weights, then the optimizer's iteration count

@@ -25,14 +25,12 @@ import difflib
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import REPO, committed_steps, finish, launch, quiet_env, raw_status, status_json, wait_for, wait_role_pid
+from conftest import REPO, run_python, committed_steps, finish, launch, quiet_env, raw_status, status_json, wait_for, wait_role_pid
 
 pytestmark = pytest.mark.slow
 
@@ -157,9 +155,8 @@ def run_every_twin(folder: str) -> None:
         spec.append({"program": str(program), "argv": ["--logdir", str(here / "run"), *COMMON, *EXAMPLES[example]],
                      "cwd": str(here), "out": str(here)})
     (Path(folder) / "spec.json").write_text(json.dumps(spec))
-    done = subprocess.run([sys.executable, str(Path(REPO) / "tests" / "programs" / "tf1_twins.py"),
-                           str(Path(folder) / "spec.json")], capture_output=True, text=True, env=quiet_env(),
-                          cwd=folder, timeout=800)
+    done = run_python([str(Path(REPO) / "tests" / "programs" / "tf1_twins.py"), str(Path(folder) / "spec.json")],
+                      env=quiet_env(), cwd=folder, timeout=800)
     assert done.returncode == 0, done.stderr[-3000:]
 
 

@@ -1,0 +1,329 @@
+"""``run_python``: a test's direct run of a Python program (``python PROGRAM ARGS``, ``-c``, ``-m``), forked
+from a fork server that has already imported TensorFlow instead of started afresh.
+
+Runs in the pytest (xdist worker) process. ``import tensorflow`` costs about 2-2.5 s of CPU in every
+process that makes it, and the suite's plain reference runs and TF-twin runs (programs run under
+TensorFlow's own classes, compared with procsv's) each made it to do a second of work. The fork
+server (``tests/pyfork_server.py``, one per pytest process, started at the first run that can use
+it and ended with the session: ``close()``) imports it once; each run is a fork of it that runs the
+program as a fresh interpreter would (its own pid, ``sys.argv``, ``sys.path[0]``, ``__main__``,
+working directory, environment, stdin/stdout/stderr; its exit code, or ``-N`` if a signal killed
+it). Like procsv's own zygote, the server never runs a TensorFlow op, so its forks train normally.
+
+Correctness first: a run falls back to a plain ``subprocess.run`` (same result, no saving) when the
+server could not run it faithfully: an environment that differs from the server's in a variable read
+at interpreter start or TensorFlow's import (:func:`import_time_env`), a program file that does not
+exist, an interpreter option, or the quick tier (``--quick``: its guard refuses TensorFlow in every
+process a test starts, so no server imports it). A test whose subject is how the process itself
+behaves (its process tree, its ``/proc`` cmdline or environ, an import failure, a CLI's exit
+code) starts it with ``subprocess`` itself.
+
+The CPU of a forked run is the server's child's, not this process's: ``tests/cpu_profile.py`` charges
+each test the growth of the server's CPU meanwhile (its own, and that of the runs it reaped:
+``/proc/<pid>/stat``), so each test is charged its runs (the first run, the server's import too).
+``ForkServer.reported`` is what the server said each run used.
+"""
+
+from __future__ import annotations
+
+import json
+import locale
+import os
+import resource
+import select
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import threading
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyfork_server.py")
+PRELOAD = ("tensorflow",)
+
+# read when the interpreter starts or TensorFlow (Keras, NumPy, oneDNN, OpenMP, the C++ runtime) is
+# imported: a run whose value of one differs from the server's cannot be a fork of it
+_IMPORT_TIME_PREFIXES = ("TF_", "CUDA", "OMP_", "KMP_", "PYTHON", "KERAS", "XLA_", "LD_", "LC_", "MKL",
+                         "OPENBLAS", "NPY_", "NUMPY", "GRPC_", "ABSL", "MALLOC", "GLIBC")
+_IMPORT_TIME_NAMES = ("LANG", "LANGUAGE", "HOME", "TMPDIR", "TEMP", "TMP")
+
+
+def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that a process reads before its program runs (the interpreter's
+    start, TensorFlow's import): the part of a run's environment a fork cannot take on."""
+    return {k: v for k, v in env.items() if k.startswith(_IMPORT_TIME_PREFIXES) or k in _IMPORT_TIME_NAMES}
+
+
+class ForkedRun(subprocess.CompletedProcess):  # type: ignore[type-arg]
+    """``subprocess.run``'s result, with the run's ``pid`` and whether the fork server ran it (``forked``)."""
+
+    def __init__(self, args: Any, returncode: int, stdout: Any, stderr: Any, pid: int, forked: bool) -> None:
+        super().__init__(args, returncode, stdout, stderr)
+        self.pid, self.forked = pid, forked
+
+
+class ForkServer:
+    """One fork server (a child of this process) that imported ``preload`` with ``env``."""
+
+    def __init__(self, env: Mapping[str, str], preload: Sequence[str] = PRELOAD) -> None:
+        self.env, self.preload = dict(env), tuple(preload)
+        self.folder = tempfile.mkdtemp(prefix="pyfork-", dir="/tmp")
+        self.path = os.path.join(self.folder, "sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.path)
+        listener.listen(16)
+        theirs, self._control = os.pipe()  # (the server reads: EOF once this process closed its end or ended)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, SERVER, str(theirs), str(listener.fileno()), ",".join(self.preload)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=self.env, cwd=self.folder,
+                pass_fds=(theirs, listener.fileno()))
+        finally:
+            os.close(theirs)
+            listener.close()
+        self.reported = 0.0  # CPU seconds the server reported (its runs', its own): not in RUSAGE_CHILDREN yet
+        self._server_cpu = 0.0
+
+    def can_run(self, env: Mapping[str, str]) -> bool:
+        return import_time_env(env) == import_time_env(self.env)
+
+    def run(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, timeout: Optional[float],
+            capture_output: bool, text: bool,
+            connected: Optional[Callable[[socket.socket], None]] = None) -> ForkedRun:
+        """Run ``python *argv`` as a fork (see the module docstring); as ``subprocess.run`` would.
+        ``connected(conn)`` is called with the run's connection once the request is sent: ``kill``
+        written on it (from another thread) SIGKILLs the run."""
+        args = [sys.executable, *argv]
+        ends: list[int] = []  # ours: the read ends of the pipes
+        theirs: list[int] = []
+        if capture_output:
+            for _ in range(2):
+                r, w = os.pipe()
+                ends.append(r)
+                theirs.append(w)
+            std = [0, *theirs]
+        else:
+            std = [0, 1, 2]
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(self.path)
+            umask = os.umask(0o022)
+            os.umask(umask)
+            body = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd, "umask": umask,
+                               "cpus": sorted(os.sched_getaffinity(0))}).encode()
+            data = struct.pack(">I", len(body)) + body
+            sent = socket.send_fds(conn, [data], std)
+            if sent < len(data):  # (never an empty send: a quick run's server may have closed the connection)
+                conn.sendall(data[sent:])
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        if connected is not None:
+            connected(conn)
+        try:
+            return self._wait(conn, args, ends, timeout, text)
+        finally:
+            conn.close()
+            for fd in ends:
+                os.close(fd)
+
+    def _wait(self, conn: socket.socket, args: list[str], ends: list[int], timeout: Optional[float],
+              text: bool) -> ForkedRun:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        chunks: dict[int, list[bytes]] = {fd: [] for fd in ends}
+        open_ends, said = list(ends), b""
+        replies: list[dict[str, Any]] = []
+        killed = False
+        while len(replies) < 2 or open_ends:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            watched = open_ends + ([conn.fileno()] if len(replies) < 2 else [])
+            ready, _, _ = select.select(watched, [], [], left)
+            if not ready and deadline is not None and time.monotonic() >= deadline and not killed:
+                if replies:  # as subprocess.run: kill it, then wait for it and its output
+                    conn.sendall(b"kill\n")
+                killed = True
+                deadline = None
+                continue
+            for fd in ready:
+                if fd == conn.fileno():
+                    got = conn.recv(65536)
+                    if not got:
+                        raise RuntimeError(f"the fork server ended during a run: {said!r}")
+                    said += got
+                    while b"\n" in said:
+                        line, said = said.split(b"\n", 1)
+                        replies.append(json.loads(line))
+                        if "error" in replies[-1]:
+                            raise RuntimeError(f"the fork server could not run {args}: {replies[-1]['error']}")
+                        if killed and len(replies) == 1:
+                            conn.sendall(b"kill\n")
+                else:
+                    got = os.read(fd, 1 << 16)
+                    if got:
+                        chunks[fd].append(got)
+                    else:
+                        open_ends.remove(fd)
+        pid, done = replies[0]["pid"], replies[1]
+        self.reported += done["cpu"] + done["server_cpu"] - self._server_cpu
+        self._server_cpu = done["server_cpu"]
+        status = done["status"]
+        code = os.waitstatus_to_exitcode(status)
+        out, err = (self._decode(b"".join(chunks[fd]), text) for fd in ends) if ends else (None, None)
+        if killed:
+            raise subprocess.TimeoutExpired(args, timeout or 0.0, output=out, stderr=err)
+        return ForkedRun(args, code, out, err, pid, forked=True)
+
+    @staticmethod
+    def _decode(data: bytes, text: bool) -> Any:
+        if not text:
+            return data
+        return data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
+
+    def close(self) -> float:
+        """End the server (EOF on its control pipe) and reap it; returns the CPU seconds this process's
+        ``RUSAGE_CHILDREN`` gained by reaping it (its own and its runs')."""
+        before = _children_cpu()
+        os.close(self._control)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        return _children_cpu() - before
+
+
+def _children_cpu() -> float:
+    got = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return got.ru_utime + got.ru_stime
+
+
+_servers: list[ForkServer] = []
+
+
+def close() -> None:
+    """End every fork server of this process (at the end of the test session)."""
+    while _servers:
+        _servers.pop().close()
+
+
+def _server_for(env: Mapping[str, str]) -> Optional[ForkServer]:
+    if os.environ.get("PROCSV_TEST_QUICK_TF_LOG"):  # the quick tier: no process imports TensorFlow
+        return None
+    for server in [s for s in _servers if s.proc.poll() is not None]:  # (a signal to this process group)
+        _servers.remove(server)
+        server.close()
+    for server in _servers:
+        if server.can_run(env):
+            return server
+    if _servers:
+        return None  # one server a process: a run whose import-time environment differs starts afresh
+    _servers.append(ForkServer(env, PRELOAD))
+    return _servers[0]
+
+
+def run_python(argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+               timeout: Optional[float] = None, capture_output: bool = True, text: bool = True) -> ForkedRun:
+    """``subprocess.run([sys.executable, *argv], ...)``, forked from this process's fork server when it
+    can run it faithfully (see the module docstring), else started afresh: ``argv`` is a program and
+    its arguments, or ``-c CODE ARGS``, or ``-m MODULE ARGS``; ``env`` is the whole environment (this
+    process's if None), ``cwd`` the working directory (this process's if None). Raises
+    ``subprocess.TimeoutExpired`` as ``subprocess.run`` does, the run killed."""
+    env = dict(os.environ if env is None else env)
+    cwd = os.getcwd() if cwd is None else cwd
+    server = _server_for(env) if _forkable(argv, cwd) else None
+    if server is None:
+        done = subprocess.run([sys.executable, *argv], env=env, cwd=cwd, timeout=timeout,
+                              capture_output=capture_output, text=text)
+        return ForkedRun(done.args, done.returncode, done.stdout, done.stderr, 0, forked=False)
+    return server.run(argv, env, cwd, timeout, capture_output, text)
+
+
+def _forkable(argv: Sequence[str], cwd: str) -> bool:
+    """Whether a fork can be ``python *argv`` run in ``cwd``: ``-c CODE``, ``-m MODULE``, or a program
+    file that exists (the interpreter's own refusals, and its options, are a fresh interpreter's)."""
+    if not argv:
+        return False
+    if argv[0] in ("-c", "-m"):
+        return len(argv) >= 2
+    return not argv[0].startswith("-") and os.path.isfile(os.path.join(cwd, argv[0]))
+
+
+class Running:
+    """A run started in the background (:func:`start_python`), as a ``subprocess.Popen`` with its output
+    read by a thread: :meth:`result` waits for it, :meth:`kill` SIGKILLs it."""
+
+    def __init__(self, argv: Sequence[str], env: Optional[Mapping[str, str]], cwd: Optional[str]) -> None:
+        self.args = [sys.executable, *argv]
+        self._lock = threading.Lock()
+        self._conn: Optional[socket.socket] = None
+        self._proc: Optional[subprocess.Popen[str]] = None
+        self._killed = False
+        self._outcome: list[Any] = []
+        self._thread = threading.Thread(target=self._run, args=(list(argv), env, cwd), daemon=True)
+        self._thread.start()
+
+    def _run(self, argv: list[str], env: Optional[Mapping[str, str]], cwd: Optional[str]) -> None:
+        try:
+            full = dict(os.environ if env is None else env)
+            where = os.getcwd() if cwd is None else cwd
+            server = _server_for(full) if _forkable(argv, where) else None
+            if server is not None:
+                self._outcome.append(server.run(argv, full, where, None, True, True, self._connected))
+                return
+            with self._lock:
+                self._proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                              env=full, cwd=where, start_new_session=True)
+                if self._killed:
+                    self._proc.kill()
+            out, err = self._proc.communicate()
+            self._outcome.append(ForkedRun(self.args, self._proc.returncode, out, err, self._proc.pid, forked=False))
+        except BaseException as exc:  # (given to the caller by result())
+            self._outcome.append(exc)
+
+    def _connected(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._conn = conn
+            if self._killed:
+                self._send_kill()
+
+    def _send_kill(self) -> None:
+        try:
+            if self._conn is not None:
+                self._conn.sendall(b"kill\n")
+            if self._proc is not None:
+                self._proc.kill()
+        except OSError:
+            pass  # it ended meanwhile
+
+    def kill(self) -> None:
+        """SIGKILL the run (if it has not ended)."""
+        with self._lock:
+            self._killed = True
+            self._send_kill()
+
+    def result(self, timeout: float) -> ForkedRun:
+        """The run's result, waiting at most ``timeout`` seconds (then it is killed: AssertionError with its output)."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self.kill()
+            self._thread.join()
+            got = self._outcome[0]
+            said = f"\nstdout:\n{got.stdout}\nstderr:\n{got.stderr}" if isinstance(got, ForkedRun) else ""
+            raise AssertionError(f"{self.args} did not finish in {timeout} s{said}")
+        got = self._outcome[0]
+        if isinstance(got, BaseException):
+            raise got
+        assert isinstance(got, ForkedRun)
+        return got
+
+
+def start_python(argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None,
+                 cwd: Optional[str] = None) -> Running:
+    """:func:`run_python` in the background (stdout and stderr captured as text): for a reference run
+    made beside the run it is compared with. Started afresh (in a session of its own), it is a
+    ``subprocess.Popen``'s."""
+    return Running(argv, env, cwd)
