@@ -216,7 +216,7 @@ def test_a_graph_summary_of_the_restored_step_logged_again_replaces_the_dead_tra
                 buf.scalars({"loss": float(g) + (0.5 if session == "B" else 0.0)}, g, 0.0)
             if sender is None:  # the first hand-off, at the boundary of step g + 1
                 sender = SummarySender(buf, svc.send, svc.read_acks, session=session,
-                                       start_step=restate_from(g + 1, begin, buf.oldest_step(), False))
+                                       start_step=restate_from(g + 1, begin, buf.oldest_step(), False, graph=True))
             sender.at_boundary(g + 1, urgent=True)
             clock.t += FLUSH_EVERY * 1.01
             svc.handle(8)
@@ -228,14 +228,16 @@ def test_a_graph_summary_of_the_restored_step_logged_again_replaces_the_dead_tra
     assert svc.read_back()["loss"] == [(0, 0.0), (100, 100.5), (200, 200.5)]
 
 
-@pytest.mark.parametrize("step, began, oldest, at_stop, start", [
-    (101, 100, 101, False, 101),  # eager: the first step after the restore logs at its own step
-    (101, 100, 100, False, 100),  # graph: a summary at the restored step, then the first train op
-    (101, 100, 5, False, 101),  # a point logged at an explicit earlier step restates nothing before the start
-    (100, 100, None, True, 101),  # stop() before any step, nothing logged: the earlier run's points stay
-    (100, 100, 100, True, 100),  # stop() before any step, after logging at the step it began at
-    (100, 100, 101, False, 101),
+@pytest.mark.parametrize("step, began, oldest, at_stop, graph, start", [
+    (101, 100, 101, False, False, 101),  # eager: the first step after the restore logs at its own step
+    (101, 100, 100, False, True, 100),  # graph: a summary at the restored step, then the first train op
+    (101, 100, 100, False, False, 101),  # eager: logged between two sessions at the next one's step, kept beside
+    (101, 100, 5, False, True, 101),  # a point logged at an explicit earlier step restates nothing before the start
+    (100, 100, None, True, False, 101),  # stop() before any step, nothing logged: the earlier run's points stay
+    (100, 100, 100, True, True, 100),  # graph: stop() before any step, after logging at the step it began at
+    (100, 100, 100, True, False, 101),  # eager: the same, kept beside the earlier run's (as before)
+    (100, 100, 101, False, True, 101),
 ])
 def test_the_first_restatement_starts_at_the_lowest_step_the_session_logged_since_it_began(
-        step, began, oldest, at_stop, start):
-    assert restate_from(step, began, oldest, at_stop) == start
+        step, began, oldest, at_stop, graph, start):
+    assert restate_from(step, began, oldest, at_stop, graph) == start

@@ -235,7 +235,8 @@ class SummaryLog:
         if sender is None:
             assert self._channels is not None
             # the first call comes from the first step's boundary, or from stop() if no step ran
-            start = restate_from(self._state.step, self.session_step, self.buffer.oldest_step(), force)
+            start = restate_from(self._state.step, self.session_step, self.buffer.oldest_step(), force,
+                                 graph=self.graph_summary is not None)
             sender = self._sender = SummarySender(
                 self.buffer, self._channels.to_summary, self._channels.summary_acks, self._settings.save_summaries_secs,
                 start, deadline=self._deadline, purge_first=self.purge_first)
@@ -260,20 +261,24 @@ def session_start(restored: bool, restarted: bool, standard_services: bool, glob
     return restored or restarted or (standard_services and global_step)
 
 
-def restate_from(step: int, session_step: Optional[int], oldest: Optional[int], at_stop: bool) -> int:
+def restate_from(step: int, session_step: Optional[int], oldest: Optional[int], at_stop: bool,
+                 graph: bool = False) -> int:
     """The step a session's first batch restates from: its ``SessionLog START`` (TensorBoard drops every
     event at or after it). The first hand-off comes at ``step``'s boundary (``at_stop``: from ``stop()``),
     the session began at ``session_step``, and the oldest row it holds is at ``oldest``.
 
-    * A step ran: from ``step``; but from ``oldest`` if the session logged at a step between the one it
-      began at and ``step`` -- a graph's summary computed at the restored global step before its first
-      train op (the dead trainer logged that step too: its value must be replaced, not doubled).
+    * A step ran: from ``step``. In a ``graph`` program, from ``oldest`` if it is between the step the
+      session began at and ``step``: its summaries computed at the restored global step before the first
+      train op (``summary_op``, ``summary_computed``) replace the dead trainer's there instead of doubling
+      them, as TF's Supervisor's START at the restored step does (which drops that step's other points
+      too, as TF's does). An eager program's points logged between two sessions at the step the next
+      begins at keep the earlier ones beside them (``stop(close_summary_writer=False)``).
     * No step ran: the points of the step it began at are an earlier run's, kept (``step + 1``),
       unless the session logged there itself.
     """
     start = step + 1 if at_stop else step
     if step == session_step and (oldest is None or oldest > step):
         return step + 1
-    if oldest is not None and session_step is not None and session_step <= oldest < start:
+    if graph and oldest is not None and session_step is not None and session_step <= oldest < start:
         return oldest
     return start
