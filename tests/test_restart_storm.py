@@ -24,14 +24,15 @@ pytestmark = pytest.mark.slow
 
 FAILS_AFTER_TRAINING = os.path.join(PROGRAMS, "fails_after_training.py")
 STREAM_DROPS = os.path.join(PROGRAMS, "stream_drops.py")
-FAILS_NAMING_STEP = os.path.join(PROGRAMS, "fails_naming_step.py")
 
 
 def test_a_deterministic_error_after_training_ends_the_run_after_three_attempts_keeping_its_checkpoints(logdir):
     code, out, err = finish(launch(logdir, target=FAILS_AFTER_TRAINING), 240)
     said = out + err
     assert code == 1, said
-    place = f"{FAILS_AFTER_TRAINING}:27 in evaluate"
+    with open(FAILS_AFTER_TRAINING) as fh:
+        line = next(n for n, text in enumerate(fh, 1) if "raise ValueError" in text)
+    place = f"{FAILS_AFTER_TRAINING}:{line} in evaluate"
     assert ("procsv: giving up: the trainer failed the same way 3 times in a row (ValueError: the evaluation set is "
             f"empty at {place}, 20 steps after each start): a restart would fail again; fix the program and relaunch "
             "(its checkpoints are kept)") in said, said
@@ -59,7 +60,7 @@ def test_a_run_that_trains_further_each_attempt_and_fails_the_same_way_each_time
 
 
 def test_a_deterministic_error_whose_message_names_the_step_is_no_restart_storm(logdir):
-    proc = launch(logdir, target=FAILS_NAMING_STEP)
+    proc = launch(logdir, "--step-in-message", target=FAILS_AFTER_TRAINING)
     deadline = time.monotonic() + 150
     while proc.poll() is None and time.monotonic() < deadline:
         time.sleep(1)

@@ -2,7 +2,8 @@
 
 It counts its own epochs, not the global step: every attempt trains ``--epochs`` x ``--steps-per-epoch``
 steps from wherever it restored, then evaluates, and the evaluation raises the same ``ValueError`` at the
-same line every time (tests/test_restart_storm.py)."""
+same line every time (``--step-in-message``: its message names the global step, another each time;
+tests/test_restart_storm.py)."""
 
 import argparse
 import time
@@ -15,6 +16,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--steps-per-epoch", type=int, default=10)
 p.add_argument("--step-delay", type=float, default=0.01)
+p.add_argument("--step-in-message", action="store_true", help="the error names the global step (another each time)")
 args = p.parse_args()
 
 w = tf.Variable(tf.zeros([4]))
@@ -24,7 +26,8 @@ sv = procsv.Supervisor(checkpoint={"w": w})  # TF's default save_model_secs=600:
 def evaluate() -> float:
     batches: list[float] = []  # the evaluation set the program forgot to fill
     if not batches:
-        raise ValueError("the evaluation set is empty")
+        raise ValueError(f"the evaluation set is empty (evaluating the model of step {sv.step})" if args.step_in_message
+                         else "the evaluation set is empty")
     return sum(batches) / len(batches)
 
 
