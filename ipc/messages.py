@@ -23,7 +23,8 @@ Who sends what (see docs/architecture.md for the full table):
 * watchdog -> summary service (a DEALER the watchdog connects to ``summary.sock``):
   :class:`RunScalars`, procsv's own TensorBoard scalars (no reply).
 * watchdog <-> zygote (the pre-warmed trainer; length-prefixed frames on a pipe pair, see
-  :mod:`procsv.ipc.pipe`): :class:`ForkRequest` down; :class:`ZygoteReady`, :class:`ForkReply` up
+  :mod:`procsv.ipc.pipe`): :class:`ForkRequest` down (to a zygote seed, :class:`ZygoteStart` first); :class:`ZygoteReady`,
+  :class:`ForkReply` up
   (a forked trainer is the watchdog's own child: its exit status is the watchdog's ``waitpid``).
 * master watchdog <-> node agents (``--nnodes M``: a ROUTER on ``--master-addr``, a DEALER per
   agent; ZeroMQ TCP with CURVE): :class:`NodeHello`, :class:`MemberStarted`, :class:`MemberEnded`,
@@ -53,7 +54,7 @@ from procsv.ipc.summary_messages import (GraphEvent, ProtoRef, RunScalars, Sessi
                                          SummaryItem)
 from procsv.ipc.watchdog_messages import (Hello, NonfiniteDetected, Progress, Promotion, RolledBack, SaveOverdue,
                                          ServiceLoading, StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
-from procsv.ipc.zygote_messages import ForkReply, ForkRequest, ZygoteReady
+from procsv.ipc.zygote_messages import ForkReply, ForkRequest, ZygoteReady, ZygoteStart
 from procsv.ipc.node_messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStarted, NodeHello, NodeRefused,
                                       NodeStop, Relayed, SignalMember, StartMembers)
 from procsv.ipc.replica_messages import ReplicaCopy, ReplicaHello
@@ -96,6 +97,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     GraphEvent,
     RunScalars,
     ZygoteReady,
+    ZygoteStart,
     ForkRequest,
     ForkReply,
     NodeHello,
@@ -120,7 +122,7 @@ __all__ = [
     "GroupQuery", "GroupHeld", "GroupFetch", "GroupCopy", "GroupCopyHeld", "GroupCopyRefused",
     "ReplicaHello", "ReplicaCopy",
     "SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "GraphEvent", "RunScalars",
-    "ZygoteReady", "ForkRequest", "ForkReply",
+    "ZygoteReady", "ZygoteStart", "ForkRequest", "ForkReply",
     "NodeHello", "MasterBeat", "StartMembers", "SignalMember", "NodeStop", "NodeRefused", "MemberStarted", "MemberEnded",
     "Relayed", "RELAYABLE",
 ]

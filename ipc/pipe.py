@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import select
 import struct
+from typing import Optional
 
 from procsv.ipc.codec import decode, encode
 from procsv.ipc.messages import Message
@@ -31,6 +32,34 @@ def write_framed(fd: int, msg: Message) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
+
+
+def read_one_framed(fd: int) -> Optional[Message]:
+    """One message from ``fd``, waiting for it (None at EOF before it is whole); never reads a byte
+    past it, so what follows on the pipe is left for whoever reads next (a zygote seed's
+    :class:`~procsv.ipc.messages.ZygoteStart`, then its zygote's :class:`FramedReader`)."""
+    head = _read_exactly(fd, _LEN.size)
+    if head is None:
+        return None
+    (n,) = _LEN.unpack(head)
+    if n > MAX_PIPE_MESSAGE:
+        raise EOFError(f"message of {n} bytes on the pipe: stream is corrupt")
+    data = _read_exactly(fd, n)
+    return None if data is None else decode([data])[0]
+
+
+def _read_exactly(fd: int, n: int) -> Optional[bytes]:
+    got = b""
+    while len(got) < n:
+        select.select([fd], [], [])
+        try:
+            chunk = os.read(fd, n - len(got))
+        except BlockingIOError:
+            continue
+        if not chunk:
+            return None
+        got += chunk
+    return got
 
 
 class FramedReader:

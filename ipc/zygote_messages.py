@@ -1,7 +1,7 @@
 """The messages of the zygote's pipe, between the watchdog and the pre-warmed trainer (zygote).
 
 Length-prefixed frames on a pipe pair (:mod:`procsv.ipc.pipe`): the watchdog sends
-:class:`ForkRequest`; the zygote sends :class:`ZygoteReady` and :class:`ForkReply` (no exit
+:class:`ForkRequest` (and, to a zygote seed, first :class:`ZygoteStart`); the zygote sends :class:`ZygoteReady` and :class:`ForkReply` (no exit
 status: what the zygote forks is its parent's child, reaped there).
 """
 
@@ -20,6 +20,18 @@ class ZygoteReady(Message):
     KIND: ClassVar[str] = "zygote_ready"
     pid: int
     import_secs: float
+
+
+@dataclass(frozen=True)
+class ZygoteStart(Message):
+    """Watchdog -> a zygote seed (:mod:`procsv.zygote.seed`, forked from a watchdog that had imported
+    TensorFlow): become the zygote, with this environment, log and working directory, as
+    ``python -m procsv.zygote`` started with them would be."""
+
+    KIND: ClassVar[str] = "zygote_start"
+    env: dict[str, str]
+    log_path: str
+    cwd: str
 
 
 @dataclass(frozen=True)
@@ -46,4 +58,4 @@ class ForkReply(Message):
     rank: int = 0
 
 
-__all__ = ["ZygoteReady", "ForkRequest", "ForkReply"]
+__all__ = ["ZygoteReady", "ZygoteStart", "ForkRequest", "ForkReply"]

@@ -262,6 +262,14 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
     # blocked, and a blocked signal is queued even when ignored, so its promotion still arrives)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     warn_grace(cfg.stop_grace_secs, placed.job_id)
+    from procsv.common.spawn import import_defaults
+    from procsv.watchdog.prewarm import ZygoteSeed
+    from procsv.zygote.seed import plant
+
+    # forked first, before any thread: a launch from an interpreter that has imported TensorFlow
+    # grows its first zygote from this fork instead of importing TensorFlow again (None otherwise)
+    planted = plant(preempt_signal) if cfg.prewarm else None
+    seed = None if planted is None else ZygoteSeed(*planted, import_env=import_defaults(os.environ))
     if cfg.node_rank > 0:
         from procsv.watchdog.multihost.agent import NodeAgent
         from procsv.watchdog.publish.metrics import MetricsServer
@@ -272,13 +280,13 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         # bound before anything starts (a port in use: exit 2); the probes only: the metrics are node 0's
         probes = None if cfg.metrics_port is None else MetricsServer(cfg.metrics_host, cfg.metrics_port, None, pulse)
         try:
-            return NodeAgent(cfg, pulse=pulse).run()
+            return NodeAgent(cfg, pulse=pulse, seed=seed).run()
         finally:
             if probes is not None:
                 probes.close()
     from procsv.common.bootstrap import process_age
 
-    watchdog = Watchdog(cfg, born=time.time() - process_age())  # the launch began with this process
+    watchdog = Watchdog(cfg, born=time.time() - process_age(), seed=seed)  # the launch began with this process
     code = watchdog.run()
     return after_run(code, preempt_signal, args.requeue_on_preempt, placed.job_id, lambda: watchdog.view.stop_signal)
 

@@ -151,11 +151,16 @@ def wait_for(cond: Callable[[], Any], timeout: float, interval: float = 0.05, wh
 def launch(logdir: str, *target_args: str, target: str = "procsv.examples.digits", opts: tuple[str, ...] = (),
            env: Optional[dict[str, str]] = None, cwd: Optional[str] = None,
            preexec_fn: Optional[Callable[[], None]] = None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "procsv", "launch", target, "--logdir", logdir, *opts]
+    """``procsv launch TARGET --logdir LOGDIR OPTS -- TARGET_ARGS``, a real launch, forked from this
+    process's fork server (``pyfork.popen_python``: TensorFlow imported, so the launch grows its first
+    zygote from a fork of itself, ``"via": "fork"``, instead of importing TensorFlow again, about 2.3 s
+    of CPU) where that server can run it, else started afresh (``--quick``; an environment that differs
+    in a variable read at TensorFlow's import; ``preexec_fn``)."""
+    argv = ["-m", "procsv", "launch", target, "--logdir", logdir, *opts]
     if target_args:
-        cmd += ["--", *target_args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env or quiet_env(), cwd=cwd or REPO, start_new_session=True, preexec_fn=preexec_fn)
+        argv += ["--", *target_args]
+    return pyfork.popen_python(argv, imports_tf=False, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env or quiet_env(), cwd=cwd or REPO, start_new_session=True, preexec_fn=preexec_fn)
 
 
 def status_json(logdir: str) -> Optional[dict[str, Any]]:
@@ -214,7 +219,10 @@ def lifecycle(logdir: str) -> list[dict[str, Any]]:
 
 
 def run_processes(logdir: str) -> list[psutil.Process]:
-    """Every live process that belongs to the run in ``logdir`` (by environment or command line)."""
+    """Every live process that belongs to the run in ``logdir``: by its environment, its command line, or
+    its stdout or stderr (a log under ``logdir``: a process forked from another, such as a zygote grown
+    from a fork of a watchdog forked by the fork server, shows that one's ``/proc`` environment and
+    command line, but writes its own log)."""
     logdir = os.path.abspath(logdir)
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
@@ -225,9 +233,22 @@ def run_processes(logdir: str) -> list[psutil.Process]:
             env_logdir = proc.environ().get("PROCSV_LOGDIR")
         except (psutil.Error, OSError):
             continue
-        if env_logdir == logdir or any(os.path.abspath(a) == logdir for a in cmdline if a.startswith(("/", "."))):
+        if env_logdir == logdir or any(os.path.abspath(a) == logdir for a in cmdline if a.startswith(("/", "."))) \
+                or _writes_under(proc.pid, logdir):
             found.append(proc)
     return found
+
+
+def _writes_under(pid: int, folder: str) -> bool:
+    """Whether ``pid``'s stdout or stderr is a file under ``folder``."""
+    for fd in (1, 2):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(folder + os.sep):
+            return True
+    return False
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -107,17 +107,8 @@ class ForkServer:
             std = [0, *theirs]
         else:
             std = [0, 1, 2]
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            conn.connect(self.path)
-            umask = os.umask(0o022)
-            os.umask(umask)
-            body = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd, "umask": umask,
-                               "cpus": sorted(os.sched_getaffinity(0))}).encode()
-            data = struct.pack(">I", len(body)) + body
-            sent = socket.send_fds(conn, [data], std)
-            if sent < len(data):  # (never an empty send: a quick run's server may have closed the connection)
-                conn.sendall(data[sent:])
+            conn = self.request(argv, env, cwd, std)
         finally:
             for fd in theirs:
                 os.close(fd)
@@ -129,6 +120,32 @@ class ForkServer:
             conn.close()
             for fd in ends:
                 os.close(fd)
+
+    def request(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, std: Sequence[int],
+                setsid: bool = False, netns: Optional[str] = None, replay: bool = True) -> socket.socket:
+        """Ask for ``python *argv`` with ``std`` as its stdin, stdout and stderr; the run's connection
+        (its replies come on it: the pid, then the status)."""
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(self.path)
+            umask = os.umask(0o022)
+            os.umask(umask)
+            body = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd, "umask": umask,
+                               "cpus": sorted(os.sched_getaffinity(0)), "setsid": setsid,
+                               "netns": netns, "replay": replay}).encode()
+            data = struct.pack(">I", len(body)) + body
+            sent = socket.send_fds(conn, [data], list(std))
+            if sent < len(data):  # (never an empty send: a quick run's server may have closed the connection)
+                conn.sendall(data[sent:])
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def count(self, done: Mapping[str, Any]) -> None:
+        """Add a run's last reply to what the server reported (its CPU, the server's own since the last)."""
+        self.reported += done["cpu"] + done["server_cpu"] - self._server_cpu
+        self._server_cpu = done["server_cpu"]
 
     def _wait(self, conn: socket.socket, args: list[str], ends: list[int], timeout: Optional[float],
               text: bool) -> ForkedRun:
@@ -167,8 +184,7 @@ class ForkServer:
                     else:
                         open_ends.remove(fd)
         pid, done = replies[0]["pid"], replies[1]
-        self.reported += done["cpu"] + done["server_cpu"] - self._server_cpu
-        self._server_cpu = done["server_cpu"]
+        self.count(done)
         status = done["status"]
         code = os.waitstatus_to_exitcode(status)
         out, err = (self._decode(b"".join(chunks[fd]), text) for fd in ends) if ends else (None, None)
@@ -327,3 +343,100 @@ def start_python(argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None
     made beside the run it is compared with. Started afresh (in a session of its own), it is a
     ``subprocess.Popen``'s."""
     return Running(argv, env, cwd)
+
+
+class ForkedPopen(subprocess.Popen):  # type: ignore[type-arg]
+    """A ``subprocess.Popen`` of ``python ARGV`` whose process is a fork of a fork server (see the module
+    docstring), not this process's child: its status comes from the server on the run's connection
+    (``poll``, ``wait``, ``communicate`` read it there); everything else (its pipes, ``pid``,
+    ``send_signal``, ``kill``) is a Popen's own. Closing the connection (this object collected while
+    the run is alive) kills the run, as the server does with every run whose caller is gone."""
+
+    def __init__(self, server: ForkServer, argv: Sequence[str], netns: Optional[str] = None,
+                 imports_tf: bool = True, **kwargs: Any) -> None:
+        self._server, self._conn, self._said, self._netns = server, None, b"", netns
+        self._replay = imports_tf
+        self._replies: list[dict[str, Any]] = []
+        super().__init__([sys.executable, *argv], **kwargs)
+
+    def _execute_child(self, args: Any, executable: Any, preexec_fn: Any, close_fds: Any, pass_fds: Any, cwd: Any,
+                       env: Any, startupinfo: Any, creationflags: Any, shell: Any, p2cread: int, p2cwrite: int,
+                       c2pread: int, c2pwrite: int, errread: int, errwrite: int, *rest: Any) -> None:
+        start_new_session = bool(rest[-2]) if len(rest) >= 2 else False  # (..., start_new_session, process_group)
+        std = [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1, errwrite if errwrite != -1 else 2]
+        try:
+            self._conn = self._server.request(args[1:], env, cwd, std, setsid=start_new_session, netns=self._netns,
+                                              replay=self._replay)
+            self._read_replies(block=True, until=1)
+        finally:
+            self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)  # type: ignore[attr-defined]
+        if "error" in self._replies[0]:
+            raise OSError(f"the fork server could not run {args}: {self._replies[0]['error']}")
+        self.pid = int(self._replies[0]["pid"])
+        self._child_created = True
+
+    def _read_replies(self, block: bool, until: int) -> None:
+        """Read the server's reply lines until there are ``until`` (or, not ``block``ing, what is there)."""
+        conn = self._conn
+        assert conn is not None
+        while len(self._replies) < until:
+            conn.setblocking(block)
+            try:
+                got = conn.recv(65536)
+            except BlockingIOError:
+                return
+            if not got:  # the server ended: it killed every run first
+                self._replies += [{"status": signal_status(9), "cpu": 0.0, "server_cpu": self._server._server_cpu}]
+                return
+            self._said += got
+            while b"\n" in self._said:
+                line, self._said = self._said.split(b"\n", 1)
+                self._replies.append(json.loads(line))
+
+    def _try_wait(self, wait_flags: int) -> tuple[int, int]:
+        self._read_replies(block=not wait_flags & os.WNOHANG, until=2)
+        if len(self._replies) < 2:
+            return (0, 0)
+        if self._conn is not None:
+            self._server.count(self._replies[1])
+            self._conn.close()
+            self._conn = None
+        return (self.pid, int(self._replies[1]["status"]))
+
+    def _internal_poll(self, _deadstate: Optional[int] = None, **_: Any) -> Optional[int]:
+        if self.returncode is None:
+            if not self._waitpid_lock.acquire(False):  # type: ignore[attr-defined]
+                return None
+            try:
+                if self.returncode is None:
+                    pid, status = self._try_wait(os.WNOHANG)
+                    if pid == self.pid:
+                        self._handle_exitstatus(status)  # type: ignore[attr-defined]
+            except OSError:
+                if _deadstate is not None:
+                    self.returncode = _deadstate
+            finally:
+                self._waitpid_lock.release()  # type: ignore[attr-defined]
+        return self.returncode
+
+
+def signal_status(signum: int) -> int:
+    """The wait status of a process a signal ended."""
+    return signum & 0x7F
+
+
+def popen_python(argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+                 netns: Optional[str] = None, imports_tf: bool = True,
+                 **kwargs: Any) -> subprocess.Popen:  # type: ignore[type-arg]
+    """``subprocess.Popen([sys.executable, *argv], ...)`` (in the named network namespace ``netns``: ``ip
+    netns exec NETNS python ...``), forked from this process's fork server when it can run it faithfully
+    (:func:`run_python`'s conditions; no ``preexec_fn``), else started afresh. ``imports_tf`` false: the
+    program, started afresh, imports no TensorFlow (``procsv launch``), so its fork's stderr does not
+    begin with what the server's import of it wrote."""
+    full = dict(os.environ if env is None else env)
+    where = os.getcwd() if cwd is None else cwd
+    server = _server_for(full) if _forkable(argv, where) and kwargs.get("preexec_fn") is None else None
+    if server is None:
+        inside = ["ip", "netns", "exec", netns] if netns else []
+        return subprocess.Popen([*inside, sys.executable, *argv], env=full, cwd=where, **kwargs)
+    return ForkedPopen(server, argv, netns=netns, imports_tf=imports_tf, env=full, cwd=where, **kwargs)

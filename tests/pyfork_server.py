@@ -10,8 +10,10 @@ runs it as ``python ARGV...`` would, with the caller's stdin, stdout and stderr 
 request, SCM_RIGHTS), environment and working directory.
 
 The protocol, on each connection: the request is a 4-byte big-endian length and that much JSON
-(``{"argv": [...], "env": {...}, "cwd": "...", "umask": N, "cpus": [...]}``: the caller's umask and CPU
-affinity, which a child of its own would inherit), its first bytes carrying three file descriptors
+(``{"argv": [...], "env": {...}, "cwd": "...", "umask": N, "cpus": [...], "setsid": B}``: the caller's umask
+and CPU affinity, which a child of its own would inherit; ``setsid``: the child takes a session of its own;
+``netns``, if there: the child joins that named network namespace first; ``replay``, false: what the
+server's import wrote on stderr is not replayed in the child, whose program, run afresh, imports none of it), its first bytes carrying three file descriptors
 (stdin, stdout, stderr). The server answers one JSON line ``{"pid": N}`` (or ``{"error": "..."}``),
 then, once it has reaped the child, ``{"status": WAITSTATUS, "cpu": S, "server_cpu": S}`` (the
 child's CPU seconds, its own reaped descendants' included, and the server's own so far: the
@@ -170,6 +172,10 @@ def _fork(request: dict[str, Any], fds: list[int], ours: list[socket.socket], al
 def _become_program(request: dict[str, Any], fds: list[int], ours: list[socket.socket], also: list[int],
                     said: bytes) -> NoReturn:
     """In the child: become ``python ARGV`` (see the module docstring) and run it; leaves by SystemExit."""
+    if request.get("setsid"):  # a session of its own (``start_new_session``), first: as a Popen's child
+        os.setsid()
+    if request.get("netns"):  # another network namespace (``ip netns exec NAME``: the tests' second host)
+        _enter_netns(request["netns"])
     for sock in ours:  # closed as objects: a socket object closed by number alone would close that number again
         sock.close()  # when it is collected (the program's own descriptor by then: ZeroMQ's signaler died so)
     for fd in also:
@@ -184,7 +190,7 @@ def _become_program(request: dict[str, Any], fds: list[int], ours: list[socket.s
     os.sched_setaffinity(0, request["cpus"])
     os.environ.clear()
     os.environ.update(request["env"])
-    if said:  # what the import wrote to stderr, as a fresh process would have
+    if said and request.get("replay", True):  # what the import wrote to stderr, as a fresh process would have
         os.write(2, said)
     out = sys.stdout  # a fresh process buffers it by line on a terminal only (by block, or none: PYTHONUNBUFFERED)
     if isinstance(out, io.TextIOWrapper) and not out.write_through:
@@ -243,6 +249,19 @@ def _become_program(request: dict[str, Any], fds: list[int], ours: list[socket.s
             atexit.register(os.kill, os.getpid(), signal.SIGINT)
         raise SystemExit(1) from None
     raise SystemExit(0)
+
+
+def _enter_netns(name: str) -> None:
+    """Join the named network namespace, as ``ip netns exec NAME`` does for the program it runs (its
+    sysfs remount aside: nothing run this way reads /sys/class/net)."""
+    import ctypes
+
+    fd = os.open(os.path.join("/var/run/netns", name), os.O_RDONLY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            raise OSError(ctypes.get_errno(), f"setns {name}")
+    finally:
+        os.close(fd)
 
 
 def main() -> None:

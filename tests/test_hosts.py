@@ -25,6 +25,8 @@ from typing import Any, Iterator, Optional
 import psutil
 import pytest
 
+import pyfork
+
 from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, wait_for, wait_role_pid
 from proc_checks import gone
 from procsv.common.layout import Layout
@@ -98,10 +100,19 @@ def master_addr() -> str:
 def agent(logdir: str, addr: str, *target_args: str, opts: tuple[str, ...] = (),
           env: Optional[dict[str, str]] = None, target: str = "procsv.examples.digits") -> subprocess.Popen[str]:
     """Node 1's ``procsv launch``, in the second host's namespace."""
-    cmd = ["ip", "netns", "exec", NS, sys.executable, "-m", "procsv", "launch", target,
-           "--logdir", logdir, "--nnodes", "2", "--node-rank", "1", "--master-addr", addr, *opts, "--", *target_args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or quiet_env(),
-                            start_new_session=True)
+    argv = ["-m", "procsv", "launch", target, "--logdir", logdir, "--nnodes", "2", "--node-rank", "1",
+            "--master-addr", addr, *opts, "--", *target_args]
+    return pyfork.popen_python(argv, netns=NS, imports_tf=False, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env or quiet_env(), start_new_session=True)
+
+
+def _is_zygote(pid: int) -> bool:
+    """Whether ``pid`` is a pre-warmed trainer: its log is a zygote's (a zygote grown from a seed shows its
+    launch's command line, not ``procsv.zygote``)."""
+    try:
+        return "/logs/zygote" in os.readlink(f"/proc/{pid}/fd/1")
+    except OSError:
+        return False
 
 
 def end_job(master: "subprocess.Popen[bytes]", node1: "subprocess.Popen[bytes]",
@@ -475,7 +486,7 @@ def test_status_writes_stalled_on_node_0_lose_no_host_node_1s_zygote_killed_is_r
         assert node1.poll() is None
         # (the agent is node1.pid: ip netns exec execs the launch)
         zygote = wait_for(lambda: next((c.pid for c in psutil.Process(node1.pid).children()
-                                        if "procsv.zygote" in " ".join(c.cmdline())), None), 60,
+                                        if _is_zygote(c.pid)), None), 60,
                           what="node 1's pre-warmed trainer")
         os.kill(zygote, signal.SIGKILL)
         try:
@@ -560,7 +571,7 @@ def test_a_member_of_node_1_sigkilled_is_named_the_groups_breaker_and_its_agent_
             helpers[1] = [int(p) for p in fh.read().split()]
         member = next(p["pid"] for p in raw_status(logdir)["processes"] if p["role"] == "worker1")
         zygote = wait_for(lambda: next((c.pid for c in psutil.Process(node1.pid).children()
-                                        if "procsv.zygote" in " ".join(c.cmdline())), None), 60,
+                                        if _is_zygote(c.pid)), None), 60,
                           what="node 1's pre-warmed trainer")
         os.kill(zygote, signal.SIGSTOP)  # its answer to the next fork is overdue: the agent gives it up
         killed_at = time.time()

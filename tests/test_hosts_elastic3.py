@@ -15,6 +15,8 @@ from typing import Any, Iterator, Optional
 
 import pytest
 
+import pyfork
+
 from conftest import finish, launch, quiet_env, raw_status, wait_for
 from hosts_helpers import PACED, paced, unpace  # PACED: digits paced until a test's events (then at once)
 from test_hosts import (ARGS, NS, PREFIX, VETH, add_host, events, host_pids, hosts, ip,  # noqa: F401 (a fixture)
@@ -47,10 +49,10 @@ def pids3() -> list[int]:
 def agent_on(ns: str, node: int, logdir: str, addr: str, *target_args: str,
              env: Optional[dict[str, str]] = None, opts: tuple[str, ...] = ("--nnodes", "3"),
              target: str = "procsv.examples.digits") -> subprocess.Popen[str]:
-    cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "procsv", "launch", target,
-           "--logdir", logdir, "--node-rank", str(node), "--master-addr", addr, *opts, "--", *target_args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or quiet_env(),
-                            start_new_session=True)
+    argv = ["-m", "procsv", "launch", target, "--logdir", logdir, "--node-rank", str(node), "--master-addr", addr,
+            *opts, "--", *target_args]
+    return pyfork.popen_python(argv, netns=ns, imports_tf=False, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env or quiet_env(), start_new_session=True)
 
 
 def memberships(logdir: str) -> list[tuple[list[int], int]]:

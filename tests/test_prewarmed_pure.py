@@ -9,7 +9,7 @@ import subprocess
 import sys
 from typing import Optional, Union
 
-from procsv.watchdog.prewarm import Adopted, PendingFork, Prewarmed, ZygoteUnavailable
+from procsv.watchdog.prewarm import Adopted, PendingFork, Prewarmed, ZygoteSeed, ZygoteUnavailable
 from procsv.watchdog.rules.state import WORKER
 
 Answer = Union[Adopted, ZygoteUnavailable, None]
@@ -76,3 +76,17 @@ def test_a_start_still_waiting_stays_pending_and_a_failed_one_gives_the_zygote_u
     assert pre.zygote is None and pre.dead_zygotes == [zygote]  # and the zygote is given up
     assert [(p.rank, proc) for p, proc in pre.answered()] == [(1, None)]  # then the one waiting on it, fresh too
     assert pre.forks == {} and pre.dead_zygotes == [zygote]
+
+
+def test_a_zygote_seed_suits_only_a_zygote_environment_with_the_import_defaults_the_launch_had() -> None:
+    from procsv.common.spawn import IMPORT_DEFAULTS, child_env, import_defaults  # (the spawn side of the rule)
+
+    launch_env = {"PATH": "/bin", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
+    seed = ZygoteSeed(1, -1, -1, "3,4,5", import_defaults(launch_env))
+    zygote = child_env(role="zygote", attempt=1, logdir="/r", runtime_dir="/t", supervised=True, base=launch_env)
+    assert seed.suits(zygote)  # the launch's own values kept: TensorFlow was imported with them
+    bare = {"PATH": "/bin"}  # a spawn adds the defaults, which TensorFlow here was not imported with
+    assert not ZygoteSeed(1, -1, -1, "3,4,5", import_defaults(bare)).suits(
+        child_env(role="zygote", attempt=1, logdir="/r", runtime_dir="/t", supervised=True, base=bare))
+    assert not seed.suits({**zygote, "TF_CPP_MIN_LOG_LEVEL": "0"})
+    assert set(IMPORT_DEFAULTS) == {"TF_CPP_MIN_LOG_LEVEL", "PYTHONUNBUFFERED"}

@@ -386,7 +386,7 @@ def test_ps_launch_config_has_no_hot_standby_and_its_workers_as_nproc(workers: i
     seen = []
 
     class Captured:
-        def __init__(self, cfg, born=None):  # type: ignore[no-untyped-def]  # born: when the launch began
+        def __init__(self, cfg, born=None, seed=None):  # type: ignore[no-untyped-def]  # born: when the launch began
             seen.append(cfg)
 
         def run(self) -> int:

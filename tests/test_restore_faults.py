@@ -399,7 +399,7 @@ def test_launch_allow_reinit_reaches_the_launch_config(monkeypatch, tmp_path):
     seen = []
 
     class FakeWatchdog:
-        def __init__(self, cfg, born=None):  # born: when the launch began
+        def __init__(self, cfg, born=None, seed=None):  # born: when the launch began
             seen.append(cfg.allow_reinit)
 
         def run(self):

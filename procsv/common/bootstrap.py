@@ -347,14 +347,16 @@ class ChildContext:
         return ChildContext.from_config(read_config())
 
 
-def die_with_parent(sig: int = signal.SIGKILL) -> None:
+def die_with_parent(sig: int = signal.SIGKILL, parent_pid: Optional[int] = None,
+                    preempt_signal: Optional[int] = None) -> None:
     """Ask the kernel to send ``sig`` to this process when its parent dies; exit if it already has.
     Also ignore the run's ``--preempt-signal`` (:data:`env.PREEMPT_SIGNAL`; the spawn's shell ignores
-    it before exec already): the watchdog alone handles it."""
-    preempt = os.environ.get(env.PREEMPT_SIGNAL, "")
+    it before exec already): the watchdog alone handles it. ``parent_pid`` and ``preempt_signal``
+    given (a zygote seed, forked before its environment is set): those, not the environment's."""
+    preempt = os.environ.get(env.PREEMPT_SIGNAL, "") if preempt_signal is None else str(preempt_signal)
     if preempt.isdigit():
         signal.signal(int(preempt), signal.SIG_IGN)
-    parent = os.environ.get(env.PARENT_PID)
+    parent = os.environ.get(env.PARENT_PID) if parent_pid is None else str(parent_pid)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)

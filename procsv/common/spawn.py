@@ -41,9 +41,18 @@ def child_env(
             envvars.WATCHDOG: "1" if supervised else "0",
         }
     )
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env.setdefault("PYTHONUNBUFFERED", "1")
+    for name, value in IMPORT_DEFAULTS.items():
+        env.setdefault(name, value)
     return env
+
+
+# set in a child's environment when absent; TF_CPP_MIN_LOG_LEVEL is read at TensorFlow's import
+IMPORT_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+
+
+def import_defaults(env: Mapping[str, str]) -> dict[str, str]:
+    """What ``env`` has of :data:`IMPORT_DEFAULTS` (a zygote seed suits a zygote whose part is its own)."""
+    return {name: env[name] for name in IMPORT_DEFAULTS if name in env}
 
 
 def service_argv(role: str) -> list[str]:

@@ -45,7 +45,7 @@ from procsv.watchdog.rules.failures import describe
 from procsv.watchdog.multihost.remote import RemoteMembers
 from procsv.watchdog.rules.lifecycle import ProcState, RunState
 from procsv.watchdog.pstasks import PsCluster
-from procsv.watchdog.prewarm import PendingFork, Prewarmed, Zygote, zygote_env
+from procsv.watchdog.prewarm import PendingFork, Prewarmed, Zygote, ZygoteSeed, zygote_env
 from procsv.watchdog.rules import standby
 from procsv.watchdog.rules.group import blame, rank_of, worker_slot
 from procsv.watchdog.rules.state import (CHECKPOINT, PS, SERVER, SERVICE_ROLES, STANDBY, TRAINER, WORKER, RunView,
@@ -360,14 +360,14 @@ class Executor(Prewarmed):
         if mutex is not None:  # the death-notice watch on the mutex it was told to hold
             handle.watch = DeathWatch(mutex, lambda died, at: self._on_death_notice(handle, died, at), self.clock)
 
-    def start_zygote(self, attempt: int = 1) -> None:
-        """Start the pre-warmed trainer (at launch, and again after a loss: rule 13). It is noted as
-        warming first, so a start that raises is one more loss (:meth:`perform`)."""
+    def start_zygote(self, attempt: int = 1, seed: Optional[ZygoteSeed] = None) -> None:
+        """Start the pre-warmed trainer (at launch, from the launch's ``seed`` if any, and again after a
+        loss: rule 13). It is noted as warming first, so a start that raises is one more loss (:meth:`perform`)."""
         note(self.view, StartZygote(attempt), self.clock(), self.limits)
-        self.zygote = Zygote(zygote_env(self.layout.logdir, self.runtime.path),
-                             self.layout.attempt_log("zygote", attempt), self.cfg.cwd, self.cfg.preload, self.clock)
+        self.zygote = Zygote(zygote_env(self.layout.logdir, self.runtime.path), self.layout.attempt_log(
+            "zygote", attempt), self.cfg.cwd, self.cfg.preload, self.clock, seed)
         self.report([Report(Event.SPAWNED, {"role": "zygote", "attempt": attempt, "pid": self.zygote.pid,
-                                            "via": "fresh"})])
+                                            "via": self.zygote.via})])
         self.poller.register(self.zygote.fd, zmq.POLLIN)
 
     def handle_for(self, fd: int) -> Optional[ChildProcess]:

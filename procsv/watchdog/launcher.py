@@ -53,6 +53,7 @@ from procsv.watchdog.rules.decide import decide
 from procsv.watchdog.publish import badput
 from procsv.watchdog.publish.events import Event, skipped_steps
 from procsv.watchdog.executor import Executor
+from procsv.watchdog.prewarm import ZygoteSeed
 from procsv.watchdog.exits import ChildEnds
 from procsv.watchdog.housekeeping import LogdirGuard, Sweeper, clear_group_records, clear_stale_temps
 from procsv.watchdog.logrotate import archive_launch
@@ -97,10 +98,12 @@ class Watchdog:
 
     def __init__(self, cfg: LaunchConfig, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, rng: Optional[random.Random] = None,
-                 born: Optional[float] = None) -> None:
+                 born: Optional[float] = None, seed: Optional[ZygoteSeed] = None) -> None:
         """``born``: when the ``procsv launch`` process started (wall time): the launch's start, so
-        that its interpreter's start and imports count in the launch's wall time (start-up)."""
+        that its interpreter's start and imports count in the launch's wall time (start-up).
+        ``seed``: a zygote seed forked at the launch's start (:meth:`ZygoteSeed.fork`), its first zygote."""
         self.cfg = cfg
+        self.seed = seed
         self.clock = clock
         self.wall = wall
         self.rng = rng or random.Random()
@@ -120,6 +123,14 @@ class Watchdog:
 
     # ------------------------------------------------------------------ main
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            if self.seed is not None:  # a launch that ended before its executor took it
+                self.seed.discard()
+                self.seed = None
+
+    def _run(self) -> int:
         check_target(self.cfg.target, self.cfg.cwd)
         if self.cfg.metrics_port is not None:  # bound before anything else: a port in use starts nothing
             self.pulse = LoopPulse(self.clock)
@@ -175,7 +186,8 @@ class Watchdog:
             for role in SERVICE_ROLES:
                 ex.spawn(role, role)
             if self.cfg.prewarm:
-                ex.start_zygote()
+                seed, self.seed = self.seed, None  # (the zygote's now: grown, or discarded if unsuitable)
+                ex.start_zygote(seed=seed)
             self.view.restart_at = self.clock()  # the first trainer (it waits for the zygote, if any)
             remote = ex.remote
             while not (self.view.finishing and not ex.handles and not ends.pending

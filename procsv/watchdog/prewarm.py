@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import ForkReply, ForkRequest, ZygoteReady
-from procsv.ipc.pipe import FramedReader, framed
+from procsv.ipc.messages import ForkReply, ForkRequest, ZygoteReady, ZygoteStart
+from procsv.ipc.pipe import FramedReader, framed, write_framed
 from procsv.common import env as envvars
 from procsv.common import spawn
 from procsv.common.mutex import RobustMutex
@@ -51,18 +51,40 @@ class Zygote:
     """The pre-warmed trainer process and its control pipes (see the module docstring)."""
 
     def __init__(self, env: Mapping[str, str], log_path: str, cwd: str, preload: Sequence[str] = (),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, seed: Optional["ZygoteSeed"] = None) -> None:
+        """``seed``: a :class:`ZygoteSeed` to grow into this zygote (no TensorFlow import of its own),
+        if it suits ``env`` (:meth:`ZygoteSeed.suits`); else (and without one) ``python -m procsv.zygote``."""
         self.clock = clock
         become_subreaper()  # what it forks is re-parented to this process, not to init
+        env = dict(env)
+        env[envvars.PRELOAD] = ",".join(preload)
+        self.popen: "subprocess.Popen[bytes] | Adopted"
+        if seed is not None and seed.suits(env) and seed.start(ZygoteStart(
+                {**env, envvars.ZYGOTE_FDS: seed.fds}, log_path, cwd)):
+            self._req_w, self._rep_r = seed.req_w, seed.rep_r
+            self.popen, self.via = seed.process, "fork"
+        else:
+            if seed is not None:
+                seed.discard()
+            self._spawn(env, log_path, cwd)
+            self.via = "fresh"
+        os.set_blocking(self._req_w, False)  # a zygote that does not read never blocks the watchdog
+        self._unsent = bytearray()  # requests the pipe did not take yet
+        self.reader = FramedReader(self._rep_r)
+        self.ready = False
+        self.import_secs = 0.0
+        self.replies: dict[tuple[int, int], ForkReply] = {}  # by (attempt, rank), until taken by answer()
+        self.due: dict[tuple[int, int], float] = {}  # by (attempt, rank): each request's answer is overdue after
+
+    def _spawn(self, env: dict[str, str], log_path: str, cwd: str) -> None:
+        """Start ``python -m procsv.zygote`` with its two pipes and a copy of this process's stderr."""
         req_r, self._req_w = os.pipe()
         self._rep_r, rep_w = os.pipe()
         try:  # where a fork whose log cannot be opened says so: a copy of this process's stderr (-1: none)
             say = os.dup(2)
         except OSError:
             say = -1
-        env = dict(env)
         env[envvars.ZYGOTE_FDS] = f"{req_r},{rep_w},{say}"
-        env[envvars.PRELOAD] = ",".join(preload)
         # it opens its log itself (spawn.logged_argv): a start never waits on the logdir's filesystem
         self.popen = subprocess.Popen(
             spawn.logged_argv([sys.executable, "-m", "procsv.zygote"], log_path), env=env, cwd=cwd,
@@ -71,13 +93,6 @@ class Zygote:
         os.close(rep_w)
         if say >= 0:
             os.close(say)
-        os.set_blocking(self._req_w, False)  # a zygote that does not read never blocks the watchdog
-        self._unsent = bytearray()  # requests the pipe did not take yet
-        self.reader = FramedReader(self._rep_r)
-        self.ready = False
-        self.import_secs = 0.0
-        self.replies: dict[tuple[int, int], ForkReply] = {}  # by (attempt, rank), until taken by answer()
-        self.due: dict[tuple[int, int], float] = {}  # by (attempt, rank): each request's answer is overdue after
 
     @property
     def fd(self) -> int:
@@ -202,8 +217,9 @@ class Zygote:
 
 
 class Adopted:
-    """A trainer the zygote forked, re-parented to this process: its own child, reaped here with
-    ``waitpid``, seen through the ``subprocess.Popen`` method the watchdog uses (``poll``)."""
+    """A trainer the zygote forked, re-parented to this process (or a zygote seed it forked itself):
+    its own child, reaped here with ``waitpid``, seen through the ``subprocess.Popen`` methods the
+    watchdog uses (``poll``, ``wait``)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -215,6 +231,58 @@ class Adopted:
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """Its exit code, waiting at most ``timeout`` seconds (None: as long as it takes; then
+        ``subprocess.TimeoutExpired``)."""
+        if timeout is None:
+            while self.returncode is None:
+                pid, status = os.waitpid(self.pid, 0)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+        deadline = time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            time.sleep(0.01)
+        return code
+
+
+class ZygoteSeed:
+    """A child ``procsv launch`` forked at its start, when it had imported TensorFlow and had no other
+    thread (:func:`procsv.zygote.seed.plant`, which also runs in it), to become the launch's first
+    zygote without an import of its own: used once by :class:`Zygote` (:class:`ZygoteStart` on its
+    request pipe), or discarded (SIGKILLed and reaped). ``import_env``: what the launch's environment
+    had of :data:`spawn.IMPORT_DEFAULTS` (:func:`spawn.import_defaults`), TensorFlow's import's."""
+
+    def __init__(self, pid: int, req_w: int, rep_r: int, fds: str, import_env: dict[str, str]) -> None:
+        self.process, self.req_w, self.rep_r, self.fds = Adopted(pid), req_w, rep_r, fds
+        self.import_env = import_env
+
+    def suits(self, env: Mapping[str, str]) -> bool:
+        """Whether the zygote environment ``env`` is one TensorFlow was imported with here: the
+        variables a spawn sets by default when absent (:data:`spawn.IMPORT_DEFAULTS`, read at the
+        import) must be what this process had."""
+        return spawn.import_defaults(env) == self.import_env
+
+    def start(self, msg: ZygoteStart) -> bool:
+        """Tell the seed to become the zygote; False if it is gone (the pipe's reader closed)."""
+        try:
+            write_framed(self.req_w, msg)  # (a few kB: the empty pipe takes it at once)
+        except OSError:
+            return False
+        return True
+
+    def discard(self) -> None:
+        """SIGKILL the unused seed, reap it, close its pipes."""
+        try:
+            os.kill(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        for fd in (self.req_w, self.rep_r):
+            os.close(fd)
 
 
 @dataclass

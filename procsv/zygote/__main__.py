@@ -36,7 +36,7 @@ import socket
 import sys
 import time
 import traceback
-from typing import NoReturn, Optional
+from typing import Callable, NoReturn, Optional
 
 from procsv.ipc.messages import ForkReply, ForkRequest, ZygoteReady
 from procsv.ipc.pipe import FramedReader, write_framed
@@ -156,9 +156,15 @@ def _intermediate(req: ForkRequest, theirs: int, say: int, parent_pid: Optional[
             faults.wait_gate()
         os.write(theirs, f"{pid}\n".encode())
         os._exit(0)
+    exit_after(lambda: _become_trainer(req, theirs, say, parent_pid))
+
+
+def exit_after(body: Callable[[], int]) -> NoReturn:
+    """In a forked child: run ``body`` and end the process with its exit code (a ``SystemExit``'s; 1,
+    after its traceback, for an uncaught exception), never returning into the frames it was forked in."""
     code = 70
     try:
-        code = _become_trainer(req, theirs, say, parent_pid)
+        code = body()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
@@ -181,7 +187,7 @@ def _adopted_by(parent: int, theirs: int) -> bool:
     return os.getppid() == parent
 
 
-def _open_log(path: str, say: int) -> int:
+def open_log(path: str, say: int) -> int:
     """The attempt's log, opened for appending; if it cannot be (EIO, ESTALE, a quota, a removed
     ``logs/``), one line on ``say`` (the parent's stderr) and ``/dev/null``: as a fresh spawn, the
     trainer still starts, its output discarded (a log is never a reason to leave a process down)."""
@@ -219,7 +225,7 @@ def _become_trainer(req: ForkRequest, theirs: int, say: int, parent_pid: Optiona
         signal.signal(sig, signal.SIG_DFL)
     if req.env.get(env.STANDBY) != "1" and not _leaves_stops_to_supervisor(req.env, parent_pid):
         stopfrom.unblock()  # (a standby reads them in its wait, with their senders)
-    log = _open_log(req.log_path, say)
+    log = open_log(req.log_path, say)
     if say > 2:
         os.close(say)
     null = os.open(os.devnull, os.O_RDONLY)

@@ -65,7 +65,7 @@ from procsv.watchdog.logrotate import rotate
 from procsv.watchdog.multihost.holder import Holder, start_holder
 from procsv.watchdog.multihost.masterseen import MasterSeen
 from procsv.watchdog.multihost.nodes import BEAT_SECS, host_ip
-from procsv.watchdog.prewarm import PendingFork, Prewarmed, Zygote, zygote_env
+from procsv.watchdog.prewarm import PendingFork, Prewarmed, Zygote, ZygoteSeed, zygote_env
 
 TICK = 0.05
 CLAIM_PATIENCE = 2  # refused for this many node timeouts: another agent live holds the node rank (exit 2)
@@ -88,10 +88,12 @@ class NodeAgent(Prewarmed):
     the watchdog's executor does (:class:`~procsv.watchdog.prewarm.Prewarmed`)."""
 
     def __init__(self, cfg: LaunchConfig, clock: Callable[[], float] = time.monotonic,
-                 pulse: Optional[LoopPulse] = None) -> None:
+                 pulse: Optional[LoopPulse] = None, seed: Optional[ZygoteSeed] = None) -> None:
+        """``seed``: a zygote seed forked at the launch's start (``procsv.zygote.seed.plant``), its zygote."""
         assert cfg.master_addr is not None
         super().__init__()  # (its zygote: unless --no-prewarm)
         self.cfg = cfg
+        self.seed = seed
         self.layout = Layout(os.path.abspath(cfg.logdir))
         self.clock = clock
         self.host = host_ip(cfg.master_addr)
@@ -134,11 +136,15 @@ class NodeAgent(Prewarmed):
             if self._wait_for_job(stops):  # node 0 creates the logdir and the job's keys first
                 holder = start_holder(self.layout, self.cfg.node_rank)  # node 1: node 0's group copies, replicated
                 if self.cfg.prewarm:
+                    seed, self.seed = self.seed, None  # (the zygote's now: grown, or discarded if unsuitable)
                     self.zygote = Zygote(zygote_env(self.layout.logdir, runtime.path),
                                          self.layout.attempt_log(f"zygote-node{self.cfg.node_rank}", 1),
-                                         self.cfg.cwd, self.cfg.preload, self.clock)
+                                         self.cfg.cwd, self.cfg.preload, self.clock, seed)
                 dealer = self._loop(zctx, pull, stops)
         finally:  # SIGKILL and reap what is left, bounded: the watchdog's own end_all
+            if self.seed is not None:  # an agent that ended before its zygote
+                self.seed.discard()
+                self.seed = None
             for line in end_all(list(self.members.values()), self.zygotes(), Unreaped(), self.clock):
                 print(line, file=sys.stderr, flush=True)
             self._sweep(final=True)

@@ -1,0 +1,85 @@
+"""A launch from an interpreter that has imported TensorFlow grows its first zygote from a fork of itself.
+
+``procsv launch`` forks a zygote seed before its watchdog starts any thread (``procsv.zygote.seed``)
+when TensorFlow is imported in its interpreter: the seed becomes the first zygote without importing
+TensorFlow again. Every launch the suite makes with ``conftest.launch`` is such a launch (a fork of the
+worker's fork server); these tests show that its zygote is that fork, that what it forks trains and
+restarts as a fresh zygote's forks do, and that a launch without TensorFlow imported, or with a zygote
+environment TensorFlow was not imported with, or one that ends before its zygote, starts it fresh
+and leaves nothing behind. Real launches, a real SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from conftest import (PROGRAMS, REPO, finish, launch, lifecycle, quiet_env, raw_status, run_processes, run_python,
+                      wait_for, wait_role_pid)
+from pyfork import ForkedPopen
+
+pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
+
+TINY = os.path.join(PROGRAMS, "tiny_train.py")
+
+
+def _spawned(logdir: str) -> list[tuple[str, int, str]]:
+    return [(e["role"], e["attempt"], e["via"]) for e in lifecycle(logdir) if e["event"] == "spawned"]
+
+
+def test_a_warm_launch_grows_its_zygote_from_a_fork_whose_trainers_train_and_restart(logdir):
+    proc = launch(logdir, "--steps", "400", "--step-delay", "0.01", target=TINY)
+    assert isinstance(proc, ForkedPopen), "the premise: this launch is a fork of the fork server (TensorFlow imported)"
+    trainer = wait_role_pid(logdir, "trainer", 90)
+    zygote = next(e["pid"] for e in lifecycle(logdir) if e["event"] == "spawned" and e["role"] == "zygote")
+    seen = psutil.Process(zygote)
+    assert seen.ppid() == proc.pid  # the watchdog's own child, as a spawned zygote is
+    assert os.readlink(f"/proc/{zygote}/fd/1") == os.path.join(logdir, "logs", "zygote.1.log")
+    assert os.getsid(zygote) == zygote  # a session of its own, as a spawned child's
+    assert psutil.Process(trainer).ppid() == proc.pid  # its fork re-parented to the watchdog
+    wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 0, 90, what="the trainer's first steps")
+    os.kill(trainer, signal.SIGKILL)
+    code, out, err = finish(proc, 240)
+    assert code == 0, err
+    spawned = _spawned(logdir)
+    assert ("zygote", 1, "fork") in spawned, spawned
+    assert ("trainer", 1, "zygote") in spawned and any(r == "trainer" and a > 1 and v in ("zygote", "standby")
+                                                        for r, a, v in spawned), spawned
+    assert not [s for s in spawned if s[0] == "zygote" and s[2] == "fresh"], spawned  # no zygote lost
+    assert run_processes(logdir) == []
+
+
+_WARM = """
+import json, os, sys
+import psutil, tensorflow
+from procsv.cli import main
+
+logdir, tiny = sys.argv[1], sys.argv[2]
+codes = [main(["launch", os.path.join(logdir, "no_such_program.py"), "--logdir", os.path.join(logdir, "a")])]
+os.environ.pop("TF_CPP_MIN_LOG_LEVEL")  # a zygote is given "2", TensorFlow here was imported without it
+codes.append(main(["launch", tiny, "--logdir", os.path.join(logdir, "b"), "--", "--steps", "5"]))
+print(json.dumps({"codes": codes, "children": [p.pid for p in psutil.Process().children()]}))
+"""
+
+
+def test_a_launch_without_tensorflow_or_unsuited_or_ended_early_starts_its_zygote_fresh_and_leaves_no_seed(logdir):
+    fresh = subprocess.run([sys.executable, "-m", "procsv", "launch", TINY, "--logdir", os.path.join(logdir, "c"),
+                            "--", "--steps", "5"], capture_output=True, text=True, env=quiet_env(), cwd=REPO,
+                           timeout=240)
+    assert fresh.returncode == 0, fresh.stderr
+    assert ("zygote", 1, "fresh") in _spawned(os.path.join(logdir, "c"))
+    warm = run_python(["-c", _WARM, logdir, TINY], env=quiet_env(), cwd=REPO, timeout=240)
+    assert warm.returncode == 0, warm.stderr
+    said = json.loads(warm.stdout.strip().splitlines()[-1])
+    assert said["codes"][0] == 2 and "no_such_program.py" in warm.stderr  # refused: the seed planted, then discarded
+    assert said["codes"][1] == 0, warm.stderr
+    assert said["children"] == []  # both seeds reaped: none left running or a zombie
+    assert ("zygote", 1, "fresh") in _spawned(os.path.join(logdir, "b"))
+    for run in ("b", "c"):
+        assert run_processes(os.path.join(logdir, run)) == []
