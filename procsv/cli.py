@@ -280,7 +280,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         # bound before anything starts (a port in use: exit 2); the probes only: the metrics are node 0's
         probes = None if cfg.metrics_port is None else MetricsServer(cfg.metrics_host, cfg.metrics_port, None, pulse)
         try:
-            return NodeAgent(cfg, pulse=pulse, seed=seed).run()
+            return NodeAgent(cfg, pulse=pulse).run(seed)
         finally:
             if probes is not None:
                 probes.close()

@@ -42,7 +42,9 @@ import threading
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyfork_server.py")
-PRELOAD = ("tensorflow",)
+# TensorFlow, and the watchdog's code (``conftest.launch`` forks ``procsv launch`` from the server: its
+# import is about 0.3 s of CPU a launch; it imports no trainer code and patches nothing of TensorFlow's)
+PRELOAD = ("tensorflow", "procsv.watchdog.launcher")
 
 # read when the interpreter starts or TensorFlow (Keras, NumPy, oneDNN, OpenMP, the C++ runtime) is
 # imported: a run whose value of one differs from the server's cannot be a fork of it

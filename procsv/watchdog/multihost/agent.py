@@ -88,12 +88,10 @@ class NodeAgent(Prewarmed):
     the watchdog's executor does (:class:`~procsv.watchdog.prewarm.Prewarmed`)."""
 
     def __init__(self, cfg: LaunchConfig, clock: Callable[[], float] = time.monotonic,
-                 pulse: Optional[LoopPulse] = None, seed: Optional[ZygoteSeed] = None) -> None:
-        """``seed``: a zygote seed forked at the launch's start (``procsv.zygote.seed.plant``), its zygote."""
+                 pulse: Optional[LoopPulse] = None) -> None:
         assert cfg.master_addr is not None
         super().__init__()  # (its zygote: unless --no-prewarm)
         self.cfg = cfg
-        self.seed = seed
         self.layout = Layout(os.path.abspath(cfg.logdir))
         self.clock = clock
         self.host = host_ip(cfg.master_addr)
@@ -119,7 +117,9 @@ class NodeAgent(Prewarmed):
         print(f"procsv node {self.cfg.node_rank}: {text}", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ the loop
-    def run(self) -> int:
+    def run(self, seed: Optional[ZygoteSeed] = None) -> int:
+        """The agent's life; ``seed``: a zygote seed forked at the launch's start
+        (``procsv.zygote.seed.plant``), grown into its zygote (or discarded)."""
         runtime = RuntimeDir.create()
         self.runtime = runtime.path
         zctx: zmq.Context[Any] = zmq.Context()
@@ -136,15 +136,14 @@ class NodeAgent(Prewarmed):
             if self._wait_for_job(stops):  # node 0 creates the logdir and the job's keys first
                 holder = start_holder(self.layout, self.cfg.node_rank)  # node 1: node 0's group copies, replicated
                 if self.cfg.prewarm:
-                    seed, self.seed = self.seed, None  # (the zygote's now: grown, or discarded if unsuitable)
+                    grown, seed = seed, None  # (the zygote's now: grown, or discarded if unsuitable)
                     self.zygote = Zygote(zygote_env(self.layout.logdir, runtime.path),
                                          self.layout.attempt_log(f"zygote-node{self.cfg.node_rank}", 1),
-                                         self.cfg.cwd, self.cfg.preload, self.clock, seed)
+                                         self.cfg.cwd, self.cfg.preload, self.clock, grown)
                 dealer = self._loop(zctx, pull, stops)
         finally:  # SIGKILL and reap what is left, bounded: the watchdog's own end_all
-            if self.seed is not None:  # an agent that ended before its zygote
-                self.seed.discard()
-                self.seed = None
+            if seed is not None:  # an agent that ended before its zygote
+                seed.discard()
             for line in end_all(list(self.members.values()), self.zygotes(), Unreaped(), self.clock):
                 print(line, file=sys.stderr, flush=True)
             self._sweep(final=True)
