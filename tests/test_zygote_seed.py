@@ -4,9 +4,10 @@
 when TensorFlow is imported in its interpreter: the seed becomes the first zygote without importing
 TensorFlow again. Every launch the suite makes with ``conftest.launch`` is such a launch (a fork of the
 worker's fork server); these tests show that its zygote is that fork, that what it forks trains and
-restarts as a fresh zygote's forks do, and that a launch without TensorFlow imported, or with a zygote
-environment TensorFlow was not imported with, or one that ends before its zygote, starts it fresh
-and leaves nothing behind. Real launches, a real SIGKILL.
+restarts as a fresh zygote's forks do, and that a launch without TensorFlow imported, or from an
+interpreter that ran a TensorFlow op (its thread pools started: a fork would deadlock), or one that ends
+before its zygote, starts it fresh and leaves nothing behind (a zygote environment TensorFlow was not
+imported with: ``test_prewarmed_pure``). Real launches, a real SIGKILL.
 """
 
 from __future__ import annotations
@@ -62,13 +63,13 @@ from procsv.cli import main
 
 logdir, tiny = sys.argv[1], sys.argv[2]
 codes = [main(["launch", os.path.join(logdir, "no_such_program.py"), "--logdir", os.path.join(logdir, "a")])]
-os.environ.pop("TF_CPP_MIN_LOG_LEVEL")  # a zygote is given "2", TensorFlow here was imported without it
+tensorflow.constant(1.0) + 1.0  # an op ran: TensorFlow's thread pools run here, a fork would deadlock
 codes.append(main(["launch", tiny, "--logdir", os.path.join(logdir, "b"), "--", "--steps", "5"]))
 print(json.dumps({"codes": codes, "children": [p.pid for p in psutil.Process().children()]}))
 """
 
 
-def test_a_launch_without_tensorflow_or_unsuited_or_ended_early_starts_its_zygote_fresh_and_leaves_no_seed(logdir):
+def test_a_launch_without_tensorflow_or_after_an_op_or_ended_early_starts_its_zygote_fresh_and_leaves_no_seed(logdir):
     fresh = subprocess.run([sys.executable, "-m", "procsv", "launch", TINY, "--logdir", os.path.join(logdir, "c"),
                             "--", "--steps", "5"], capture_output=True, text=True, env=quiet_env(), cwd=REPO,
                            timeout=240)

@@ -43,13 +43,19 @@ class Planted(NamedTuple):
     fds: str
 
 
+IMPORT_THREADS = 1  # native threads a process that only imported TensorFlow (2.x) has beside its own
+
+
 def plant(preempt_signal: int) -> Optional[Planted]:
     """Fork the seed (in ``procsv launch``, before its watchdog starts any thread); None where a fork
     cannot stand for ``python -m procsv.zygote``: TensorFlow not imported here (a seed would import
-    it as a fresh zygote does), or a second Python thread (a fork copies only this one: a lock another
-    held stays held in the child). The native thread TensorFlow's import leaves is no obstacle: the
-    zygote forks every trainer with it."""
+    it as a fresh zygote does), a second Python thread (a fork copies only this one: a lock another
+    held stays held in the child), or more native threads than TensorFlow's import leaves
+    (:data:`IMPORT_THREADS`; the zygote forks every trainer with that one): a TensorFlow op or session
+    has started its thread pools here, and a process forked after that deadlocks in its first op."""
     if "tensorflow" not in sys.modules or threading.active_count() > 1:
+        return None
+    if len(os.listdir("/proc/self/task")) - threading.active_count() > IMPORT_THREADS:
         return None
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
