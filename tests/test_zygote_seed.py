@@ -83,3 +83,64 @@ def test_a_launch_without_tensorflow_or_unsuited_or_ended_early_starts_its_zygot
     assert ("zygote", 1, "fresh") in _spawned(os.path.join(logdir, "b"))
     for run in ("b", "c"):
         assert run_processes(os.path.join(logdir, run)) == []
+
+
+_RAN = """
+import json, os, sys
+import tensorflow as tf
+from procsv.cli import main
+from procsv.zygote.seed import tensorflow_ran
+
+logdir, program = sys.argv[1], sys.argv[2]
+ran = [tensorflow_ran()]
+graph = tf.Graph()
+with graph.as_default(), tf.compat.v1.Session() as session:  # a graph's session: its tf_ threads
+    session.run(tf.constant(2.0) * 3)
+ran.append(tensorflow_ran())
+tf.data.Dataset.range(4).map(lambda x: x + 1, num_parallel_calls=2).reduce(tf.constant(0, tf.int64), lambda a, b: a + b)  # eager ops
+ran.append(tensorflow_ran())
+code = main(["launch", program, "--logdir", logdir, "--startup-timeout", "30", "--max-restarts", "0", "--", "5"])
+print(json.dumps({"code": code, "ran": ran}))
+"""
+
+
+def test_a_launch_from_an_interpreter_that_ran_tensorflow_starts_its_zygote_fresh(logdir):
+    """Forked after an op, a zygote's trainers hang at their first op (the runtime's thread pools
+    without their threads): a launch from a program that ran one (built a model, iterated a dataset)
+    spawns its zygote."""
+    ran = run_python(["-c", _RAN, logdir, os.path.join(PROGRAMS, "parallel_ops.py")], env=quiet_env(), cwd=REPO,
+                     timeout=240)
+    assert ran.returncode == 0, ran.stderr
+    said = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert said["ran"] == [False, True, True], said
+    assert said["code"] == 0, ran.stderr
+    assert ("zygote", 1, "fresh") in _spawned(logdir)
+    assert run_processes(logdir) == []
+
+
+_LOGGING = """
+import logging, sys
+import tensorflow
+from procsv.cli import main
+
+logging.basicConfig(filename=sys.argv[3])  # this program's log: a FileHandler, its descriptor inherited
+sys.exit(main(["launch", sys.argv[2], "--logdir", sys.argv[1]]))
+"""
+
+
+def test_a_seeds_trainer_never_writes_its_launchers_descriptors_reused(logdir, tmp_path):
+    """The seed lets go of the descriptors its launching program held, but that program's Python
+    objects (a logging FileHandler) live on in the zygote and its trainers: a number closed and reused
+    (the trainer's ZeroMQ eventfd, a checkpoint file) was written into by the handler. Each is kept
+    by /dev/null."""
+    user_log = str(tmp_path / "user.log")
+    run = run_python(["-c", _LOGGING, logdir, os.path.join(PROGRAMS, "logs_to_root.py"), user_log],
+                     env=quiet_env(), cwd=REPO, timeout=240)
+    assert run.returncode == 0, run.stderr
+    assert ("zygote", 1, "fork") in _spawned(logdir)
+    with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:
+        said = fh.read()
+    targets = [line.split(" writes to ", 1)[1] for line in said.splitlines() if " writes to " in line]
+    assert targets and all(t in ("/dev/null", user_log) or t.startswith(logdir) for t in targets), said
+    assert "Logging error" not in said, said
+    assert run_processes(logdir) == []
