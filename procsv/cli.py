@@ -67,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="the window of steps --max-skips counts in (default 1000)")
     la.add_argument("--no-prewarm", action="store_true",
                     help="start every trainer as a fresh process instead of forking it from a pre-warmed one")
+    la.add_argument("--fork-prewarm", action="store_true", help="grow the pre-warmed trainer from a fork of this "
+                    "process (a Python harness that imported TensorFlow and ran nothing): no second import")
     la.add_argument("--standby", choices=["auto", "hot", "fork", "off"], default="auto",
                     help="how a crashed trainer is replaced: hot = promote a standby trainer that already ran "
                          "the program up to restoring; fork = fork one from the pre-warmed trainer; off = start a "
@@ -264,12 +266,13 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
     warn_grace(cfg.stop_grace_secs, placed.job_id)
     from procsv.common.spawn import import_defaults
     from procsv.watchdog.prewarm import ZygoteSeed
-    from procsv.zygote.seed import plant
+    from procsv.zygote.seed import plant, unfit
 
-    # forked first, before any thread: a launch from an interpreter that has imported TensorFlow
-    # grows its first zygote from this fork instead of importing TensorFlow again (None otherwise)
-    planted = plant(preempt_signal) if cfg.prewarm else None
-    seed = None if planted is None else ZygoteSeed(*planted, import_env=import_defaults(os.environ))
+    seed: Optional[ZygoteSeed] = None  # --fork-prewarm: forked before any thread, the first zygote's seed
+    if args.fork_prewarm and cfg.prewarm and (why := unfit()) is not None:
+        print(f"procsv: --fork-prewarm: {why}; the pre-warmed trainer starts as a fresh process", file=sys.stderr)
+    elif args.fork_prewarm and cfg.prewarm:
+        seed = ZygoteSeed(*plant(preempt_signal), import_env=import_defaults(os.environ))
     if cfg.node_rank > 0:
         from procsv.watchdog.multihost.agent import NodeAgent
         from procsv.watchdog.publish.metrics import MetricsServer

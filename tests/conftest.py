@@ -152,15 +152,18 @@ def launch(logdir: str, *target_args: str, target: str = "procsv.examples.digits
            env: Optional[dict[str, str]] = None, cwd: Optional[str] = None,
            preexec_fn: Optional[Callable[[], None]] = None) -> subprocess.Popen:
     """``procsv launch TARGET --logdir LOGDIR OPTS -- TARGET_ARGS``, a real launch, forked from this
-    process's fork server (``pyfork.popen_python``: TensorFlow imported, so the launch grows its first
-    zygote from a fork of itself, ``"via": "fork"``, instead of importing TensorFlow again, about 2.3 s
-    of CPU) where that server can run it, else started afresh (``--quick``; an environment that differs
-    in a variable read at TensorFlow's import; ``preexec_fn``)."""
-    argv = ["-m", "procsv", "launch", target, "--logdir", logdir, *opts]
+    process's fork server (``pyfork.popen_python``) with ``--fork-prewarm`` where that server can run it:
+    TensorFlow is imported there, so the launch grows its first zygote from a fork of itself (``"via":
+    "fork"``) instead of importing TensorFlow again, about 2.3 s of CPU. Else (``--quick``; an
+    environment that differs in a variable read at TensorFlow's import; ``preexec_fn``) it is the
+    command as a shell starts it."""
+    env = env or quiet_env()
+    forked = preexec_fn is None and pyfork.forks(["-m", "procsv"], env, cwd or REPO)
+    argv = ["-m", "procsv", "launch", target, "--logdir", logdir, *(("--fork-prewarm",) if forked else ()), *opts]
     if target_args:
         argv += ["--", *target_args]
     return pyfork.popen_python(argv, imports_tf=False, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=env or quiet_env(), cwd=cwd or REPO, start_new_session=True, preexec_fn=preexec_fn)
+                               env=env, cwd=cwd or REPO, start_new_session=True, preexec_fn=preexec_fn)
 
 
 def status_json(logdir: str) -> Optional[dict[str, Any]]:

@@ -427,6 +427,13 @@ def signal_status(signum: int) -> int:
     return signum & 0x7F
 
 
+def forks(argv: Sequence[str], env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> bool:
+    """Whether :func:`popen_python` (without ``preexec_fn``) would run ``python *argv`` as a fork of the
+    fork server (starting the server if none runs yet)."""
+    full = dict(os.environ if env is None else env)
+    return _forkable(argv, os.getcwd() if cwd is None else cwd) and _server_for(full) is not None
+
+
 def popen_python(argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
                  netns: Optional[str] = None, imports_tf: bool = True,
                  **kwargs: Any) -> subprocess.Popen:  # type: ignore[type-arg]

@@ -100,10 +100,12 @@ def master_addr() -> str:
 def agent(logdir: str, addr: str, *target_args: str, opts: tuple[str, ...] = (),
           env: Optional[dict[str, str]] = None, target: str = "procsv.examples.digits") -> subprocess.Popen[str]:
     """Node 1's ``procsv launch``, in the second host's namespace."""
+    env = env or quiet_env()
+    fork = ("--fork-prewarm",) if pyfork.forks(["-m", "procsv"], env) else ()
     argv = ["-m", "procsv", "launch", target, "--logdir", logdir, "--nnodes", "2", "--node-rank", "1",
-            "--master-addr", addr, *opts, "--", *target_args]
+            "--master-addr", addr, *fork, *opts, "--", *target_args]
     return pyfork.popen_python(argv, netns=NS, imports_tf=False, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=env or quiet_env(), start_new_session=True)
+                               env=env, start_new_session=True)
 
 
 def _is_zygote(pid: int) -> bool:

@@ -49,10 +49,12 @@ def pids3() -> list[int]:
 def agent_on(ns: str, node: int, logdir: str, addr: str, *target_args: str,
              env: Optional[dict[str, str]] = None, opts: tuple[str, ...] = ("--nnodes", "3"),
              target: str = "procsv.examples.digits") -> subprocess.Popen[str]:
+    env = env or quiet_env()
+    fork = ("--fork-prewarm",) if pyfork.forks(["-m", "procsv"], env) else ()
     argv = ["-m", "procsv", "launch", target, "--logdir", logdir, "--node-rank", str(node), "--master-addr", addr,
-            *opts, "--", *target_args]
+            *fork, *opts, "--", *target_args]
     return pyfork.popen_python(argv, netns=ns, imports_tf=False, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=env or quiet_env(), start_new_session=True)
+                               env=env, start_new_session=True)
 
 
 def memberships(logdir: str) -> list[tuple[list[int], int]]:

@@ -1,8 +1,9 @@
-"""A launch from an interpreter that has imported TensorFlow grows its first zygote from a fork of itself.
+"""``procsv launch --fork-prewarm`` from an interpreter that has imported TensorFlow grows its first
+zygote from a fork of itself.
 
-``procsv launch`` forks a zygote seed before its watchdog starts any thread (``procsv.zygote.seed``)
-when TensorFlow is imported in its interpreter: the seed becomes the first zygote without importing
-TensorFlow again. Every launch the suite makes with ``conftest.launch`` is such a launch (a fork of the
+The launch forks a zygote seed before its watchdog starts any thread (``procsv.zygote.seed``) when
+TensorFlow is imported in its interpreter and has run nothing: the seed becomes the first zygote
+without importing TensorFlow again. Every launch the suite makes with ``conftest.launch`` is such a launch (a fork of the
 worker's fork server); these tests show that its zygote is that fork, that what it forks trains and
 restarts as a fresh zygote's forks do, and that a launch without TensorFlow imported, or from an
 interpreter that ran a TensorFlow op (its thread pools started: a fork would deadlock), or one that ends
@@ -58,29 +59,78 @@ def test_a_warm_launch_grows_its_zygote_from_a_fork_whose_trainers_train_and_res
 
 _WARM = """
 import json, os, sys
-import psutil, tensorflow
+import psutil, tensorflow as tf
 from procsv.cli import main
+from procsv.zygote.seed import tensorflow_ran, unfit
 
-logdir, tiny = sys.argv[1], sys.argv[2]
-codes = [main(["launch", os.path.join(logdir, "no_such_program.py"), "--logdir", os.path.join(logdir, "a")])]
-tensorflow.constant(1.0) + 1.0  # an op ran: TensorFlow's thread pools run here, a fork would deadlock
-codes.append(main(["launch", tiny, "--logdir", os.path.join(logdir, "b"), "--", "--steps", "5"]))
-print(json.dumps({"codes": codes, "children": [p.pid for p in psutil.Process().children()]}))
+logdir, tiny, ops = sys.argv[1], sys.argv[2], sys.argv[3]
+unfit_at, ran = [unfit()], [tensorflow_ran()]
+codes = [main(["launch", os.path.join(logdir, "no_such_program.py"), "--logdir", os.path.join(logdir, "a"),
+               "--fork-prewarm"])]
+graph = tf.Graph()
+with graph.as_default(), tf.compat.v1.Session() as session:  # a graph's session: its tf_ threads
+    session.run(tf.constant(2.0) * 3)
+unfit_at.append(unfit())
+ran.append(tensorflow_ran())
+tf.data.Dataset.range(4).map(lambda x: x + 1, num_parallel_calls=2).reduce(tf.constant(0, tf.int64), lambda a, b: a + b)
+unfit_at.append(unfit())
+ran.append(tensorflow_ran())
+# forked from here, its trainers' first op would wait forever (a parallel map and a matmul each step)
+codes.append(main(["launch", ops, "--logdir", os.path.join(logdir, "b"), "--fork-prewarm", "--startup-timeout", "30",
+                   "--max-restarts", "0", "--", "5"]))
+print(json.dumps({"codes": codes, "unfit": unfit_at, "ran": ran, "children": [p.pid for p in psutil.Process().children()]}))
 """
 
 
-def test_a_launch_without_tensorflow_or_after_an_op_or_ended_early_starts_its_zygote_fresh_and_leaves_no_seed(logdir):
+def test_a_launch_without_tensorflow_or_after_its_runtime_ran_or_ended_early_starts_its_zygote_fresh(logdir):
+    """A fresh ``procsv launch`` spawns its zygote; from Python with ``--fork-prewarm``, a launch refused
+    after its seed was planted leaves none, and one from a program that ran TensorFlow (a Session, a
+    dataset: its thread pools) says why in one line and spawns it (forked, a trainer hangs at its
+    first op)."""
     fresh = subprocess.run([sys.executable, "-m", "procsv", "launch", TINY, "--logdir", os.path.join(logdir, "c"),
-                            "--", "--steps", "5"], capture_output=True, text=True, env=quiet_env(), cwd=REPO,
-                           timeout=240)
+                            "--fork-prewarm", "--", "--steps", "5"], capture_output=True, text=True, env=quiet_env(),
+                           cwd=REPO, timeout=240)
     assert fresh.returncode == 0, fresh.stderr
     assert ("zygote", 1, "fresh") in _spawned(os.path.join(logdir, "c"))
-    warm = run_python(["-c", _WARM, logdir, TINY], env=quiet_env(), cwd=REPO, timeout=240)
+    assert "--fork-prewarm: TensorFlow is not imported in this process" in fresh.stderr
+    warm = run_python(["-c", _WARM, logdir, TINY, os.path.join(PROGRAMS, "parallel_ops.py")], env=quiet_env(),
+                      cwd=REPO, timeout=240)
     assert warm.returncode == 0, warm.stderr
     said = json.loads(warm.stdout.strip().splitlines()[-1])
+    assert said["unfit"][0] is None and None not in said["unfit"][1:], said  # (the runtime's threads, or its pools)
+    assert said["ran"] == [False, True, True], said
     assert said["codes"][0] == 2 and "no_such_program.py" in warm.stderr  # refused: the seed planted, then discarded
     assert said["codes"][1] == 0, warm.stderr
+    assert "procsv: --fork-prewarm: " in warm.stderr and "starts as a fresh process" in warm.stderr
     assert said["children"] == []  # both seeds reaped: none left running or a zombie
     assert ("zygote", 1, "fresh") in _spawned(os.path.join(logdir, "b"))
     for run in ("b", "c"):
         assert run_processes(os.path.join(logdir, run)) == []
+
+
+_LOGGING = """
+import logging, sys
+import tensorflow
+from procsv.cli import main
+
+logging.basicConfig(filename=sys.argv[3])  # this program's log: a FileHandler, its descriptor inherited
+sys.exit(main(["launch", sys.argv[2], "--logdir", sys.argv[1], "--fork-prewarm"]))
+"""
+
+
+def test_a_seeds_trainer_never_writes_its_launchers_descriptors_reused(logdir, tmp_path):
+    """The seed lets go of the descriptors its launching program held, but that program's Python
+    objects (a logging FileHandler) live on in the zygote and its trainers: a number closed and reused
+    (the trainer's ZeroMQ eventfd, a checkpoint file) was written into by the handler. Each is kept
+    by /dev/null."""
+    user_log = str(tmp_path / "user.log")
+    run = run_python(["-c", _LOGGING, logdir, os.path.join(PROGRAMS, "logs_to_root.py"), user_log],
+                     env=quiet_env(), cwd=REPO, timeout=240)
+    assert run.returncode == 0, run.stderr
+    assert ("zygote", 1, "fork") in _spawned(logdir)
+    with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:
+        said = fh.read()
+    targets = [line.split(" writes to ", 1)[1] for line in said.splitlines() if " writes to " in line]
+    assert targets and all(t in ("/dev/null", user_log) or t.startswith(logdir) for t in targets), said
+    assert "Logging error" not in said, said
+    assert run_processes(logdir) == []

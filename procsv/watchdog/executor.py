@@ -368,6 +368,9 @@ class Executor(Prewarmed):
             "zygote", attempt), self.cfg.cwd, self.cfg.preload, self.clock, seed)
         self.report([Report(Event.SPAWNED, {"role": "zygote", "attempt": attempt, "pid": self.zygote.pid,
                                             "via": self.zygote.via})])
+        if seed is not None and self.zygote.via == "fresh":
+            self.report([Report(say="procsv: --fork-prewarm: the zygote's TF_CPP_MIN_LOG_LEVEL or PYTHONUNBUFFERED "
+                                    "would differ from this process's (read at TensorFlow's import): started fresh")])
         self.poller.register(self.zygote.fd, zmq.POLLIN)
 
     def handle_for(self, fd: int) -> Optional[ChildProcess]:

@@ -8,8 +8,9 @@ tensorflow``, a fork of such a process). The seed then needs no import of its ow
 procsv.zygote`` spends about 2.3 s of CPU importing TensorFlow, the seed a fork.
 
 The seed takes a session of its own at once (as a spawned child does), arms its parent-death signal,
-ignores SIGHUP and the run's ``--preempt-signal`` (as a spawn's shell does before its exec), closes
-every descriptor it inherited but its two pipes and the copy of the watchdog's stderr, and waits for
+ignores SIGHUP and the run's ``--preempt-signal`` (as a spawn's shell does before its exec), lets go
+of every descriptor it inherited but its two pipes and the copy of the watchdog's stderr (each number
+kept by ``/dev/null``: :func:`_close_inherited`), and waits for
 one :class:`ZygoteStart` on its request pipe. Then it becomes what ``python -m procsv.zygote`` started
 with that message's environment, log and working directory would be: stdin from ``/dev/null``, stdout
 and stderr appended to the log (or discarded, with one line on the watchdog's stderr, when the log
@@ -46,17 +47,25 @@ class Planted(NamedTuple):
 IMPORT_THREADS = 1  # native threads a process that only imported TensorFlow (2.x) has beside its own
 
 
-def plant(preempt_signal: int) -> Optional[Planted]:
-    """Fork the seed (in ``procsv launch``, before its watchdog starts any thread); None where a fork
-    cannot stand for ``python -m procsv.zygote``: TensorFlow not imported here (a seed would import
-    it as a fresh zygote does), a second Python thread (a fork copies only this one: a lock another
-    held stays held in the child), or more native threads than TensorFlow's import leaves
-    (:data:`IMPORT_THREADS`; the zygote forks every trainer with that one): a TensorFlow op or session
-    has started its thread pools here, and a process forked after that deadlocks in its first op."""
-    if "tensorflow" not in sys.modules or threading.active_count() > 1:
-        return None
-    if len(os.listdir("/proc/self/task")) - threading.active_count() > IMPORT_THREADS:
-        return None
+def unfit() -> Optional[str]:
+    """Why a fork of this process cannot stand for ``python -m procsv.zygote`` (None: it can).
+    TensorFlow not imported (a seed would import it as a fresh zygote does); a second Python thread
+    (a fork copies only this one: a lock another held stays held in the child); TensorFlow's runtime
+    started (:func:`tensorflow_ran`), or more native threads than its import leaves
+    (:data:`IMPORT_THREADS`; the zygote forks every trainer with that one): forked after an op,
+    every trainer's first op waits forever."""
+    if "tensorflow" not in sys.modules:
+        return "TensorFlow is not imported in this process"
+    if threading.active_count() > 1:
+        return f"this process runs {threading.active_count() - 1} thread(s) besides its own"
+    if tensorflow_ran() or len(os.listdir("/proc/self/task")) - threading.active_count() > IMPORT_THREADS:
+        return "TensorFlow has run here (an op, a dataset, a session): a fork of it would deadlock"
+    return None
+
+
+def plant(preempt_signal: int) -> Planted:
+    """Fork the seed (in ``procsv launch``, before its watchdog starts any thread; :func:`unfit` said
+    None)."""
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
     try:  # where a fork whose log cannot be opened says so: a copy of the launch's stderr (-1: none)
@@ -90,15 +99,40 @@ def _grown(req_fd: int, rep_fd: int, say_fd: int, parent_pid: int, preempt_signa
     return 0 if start is None else _become_zygote(start, say_fd)
 
 
+def tensorflow_ran() -> bool:
+    """Whether TensorFlow's runtime has started in this process (an eager op, a ``tf.function``, a
+    dataset, a Keras model built: its eager context initialized, which a fork keeps; a ``Session``:
+    its ``tf_`` threads): a fork of it has the runtime's thread pools without their threads."""
+    context = sys.modules.get("tensorflow.python.eager.context")
+    ctx = getattr(context, "_context", None)
+    if ctx is not None and getattr(ctx, "_initialized", False):
+        return True
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as fh:
+                if fh.read().startswith("tf_"):
+                    return True
+        except OSError:
+            pass  # (a thread that ended meanwhile)
+    return False
+
+
 def _close_inherited(keep: tuple[int, ...]) -> None:
-    """Close every descriptor above 2 but ``keep`` (what a spawn with ``close_fds`` has)."""
+    """Let go of every descriptor above 2 but ``keep`` (what a spawn with ``close_fds`` has), each
+    number kept by ``/dev/null``: the launch's interpreter may hold one in a Python object (a logging
+    FileHandler's stream, a socket) that the zygote and its trainers inherit; closed, the number would
+    be reused (the trainer's ZeroMQ eventfd, a checkpoint's file) and that object would write into it,
+    or close it."""
+    null = os.open(os.devnull, os.O_RDWR)
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd > 2 and fd not in keep:
+        if fd > 2 and fd not in keep and fd != null:
             try:
-                os.close(fd)
+                os.fstat(fd)
             except OSError:
-                pass  # (the listing's own descriptor, closed already)
+                continue  # (the listing's own descriptor, closed already)
+            os.dup2(null, fd)
+    os.close(null)
 
 
 def _read_start(req_fd: int) -> Optional[ZygoteStart]:
