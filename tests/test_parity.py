@@ -336,8 +336,8 @@ def _break(text: str, breakage: str) -> str:
         return _replace_row(text, "`Supervisor.loop()`", "`Supervisor.loop()`", "`Supervisor.loop_forever()`")
     if breakage == "unknown argument":
         return _replace_row(text, "`MonitoredSession.run(feed_dict=)`", "feed_dict=", "feed_dicts=")
-    if breakage == "implemented without test":
-        line = _row_line(text, "`Supervisor.loop()`")
+    if breakage == "implemented without test":  # (an IMPLEMENTED row's test cell emptied)
+        line = _row_line(text, "`Supervisor.stop()`")
         cells = _cells(line)
         return text.replace(line, "| " + " | ".join([*cells[:4], "", cells[5]]) + " |")
     if breakage == "no such test":
