@@ -1,6 +1,6 @@
 """A skipped step stays skipped (issue 52) on real processes, on a busy machine: a custom Keras loop
 whose snapshots lag the poisoned step, its batch computed by the loop and passed to ``sess.run``.
-The file's five launches are made once per test session, all at once beside one pair of CPU
+The file's six launches are made once per test session, all at once beside one pair of CPU
 burners (``loaded``; each test made its own beside burners of its own before); each plain run is made
 once per test session (``shared_result``), before the burners start: the load is for the runs under procsv."""
 
@@ -31,10 +31,10 @@ NO_MEMORY_TIER = {"PROCSV_MEMORY_SNAPSHOTS": "0"}
 # The plain runs (no watchdog, no NaN) the launches are compared with: (optimizer, the steps it never
 # applied, extra arguments), each ``python nan_keras_loop.py --optimizer O LAGGING EXTRA --skip-at S ...
 # --final-checkpoint <it>/model.ckpt-<its last step>``, all of them in one process (``plain_runs``: one
-# TensorFlow import for the five). No logdir, no procsv service: the final state is written with TF's own Checkpoint
+# TensorFlow import for the six). No logdir, no procsv service: the final state is written with TF's own Checkpoint
 PLAIN: tuple[tuple[str, tuple[int, ...], tuple[str, ...]], ...] = (
     ("sgd", (55,), ()), ("adam", (55,), ()), ("sgd", (55, 58), ()), ("sgd", (55,), ("--steps", "60")),
-    ("sgd", (45,), ()))
+    ("sgd", (45,), ()), ("sgd", (40,), ()))
 
 
 def _plain_name(optimizer: str, skip: tuple[int, ...], extra: tuple[str, ...]) -> str:
@@ -74,10 +74,10 @@ LOADED = "nan-loop-lagging-loaded"  # the shared_result folder of the file's lau
 
 
 def _loaded_runs(folder: str) -> None:
-    """The file's five launches, all at once beside one pair of CPU burners (each test made its own
+    """The file's six launches, all at once beside one pair of CPU burners (each test made its own
     beside burners of its own before; each test repeats its launch's arguments); each one's logdir is
     ``<folder>/<name>``. All at once (three at a time before): the burners run for one round, not two,
-    and take a smaller share beside five launches than beside three."""
+    and take a smaller share beside six launches than beside three."""
     env = quiet_env(**NO_MEMORY_TIER)
 
     def run(name: str, *args: str) -> tuple[str, Callable[[], tuple[int, str, str]]]:
@@ -95,7 +95,8 @@ def _loaded_runs(folder: str) -> None:
         "sgd-nan-55": run("sgd-nan-55", "--optimizer", "sgd", "--nan-at", "55", *LAGGING),
         "adam-nan-55": run("adam-nan-55", "--optimizer", "adam", "--nan-at", "55", *LAGGING),
         "nan-55-loop-ends": run("nan-55-loop-ends", "--nan-at", "55", *LAGGING, "--steps", "60", "--bind", "inside"),
-        "grad-nan-45": run("grad-nan-45", "--grad-nan-at", "45", *LAGGING)})
+        "grad-nan-45": run("grad-nan-45", "--grad-nan-at", "45", *LAGGING),
+        "grad-nan-40": run("grad-nan-40", "--grad-nan-at", "40", *LAGGING, "--wait-commit", "20")})
 
 
 @pytest.fixture
@@ -184,6 +185,23 @@ def test_a_step_whose_gradient_is_nan_and_loss_finite_is_found_and_skipped_not_t
     assert "skipped step 46" not in said, said
     assert skipped_steps(logdir) == [45], said
     assert _final_variables(logdir) == plain("sgd", (45,))  # bit-equal, every variable
+
+
+def test_a_nan_gradient_at_a_snapshot_step_is_found_by_the_snapshot_and_skipped_not_exit_4(loaded, plain):
+    # the ordinary case of a NaN gradient (a NaN in one batch whose loss term stays finite), one step in
+    # save_steps: its step is a snapshot's, and the snapshot of step 40 sees the non-finite weights before
+    # any loss does (step 41's has not run). Before: exit 4, "only the weights were found non-finite, at a
+    # snapshot: the step that made them so is not known". Now the weights are bisected as a bad step's:
+    # restore before step 41, check the weights after each replayed step, skip step 40
+    # (--grad-nan-at 40 LAGGING --wait-commit 20: the snapshot of 40 taken at step 40, no in-memory tier)
+    logdir, code, out, err = loaded("grad-nan-40")
+    said = out + err
+    assert code == 0, said
+    assert "the weights of the snapshot of step 40 are non-finite, every loss up to it finite" in said, said
+    assert "skipped step 40 (its gradient turned the weights non-finite, its loss finite)" in said, said
+    assert "skipped step 41" not in said, said
+    assert skipped_steps(logdir) == [40], said
+    assert _final_variables(logdir) == plain("sgd", (40,))  # bit-equal, every variable
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])

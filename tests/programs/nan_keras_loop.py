@@ -12,6 +12,8 @@
                           computes the batch of step ``sv.step + 1`` and passes it, ``sess.run(step, x, y)``
     --kill-after N        (with --kill-file F) the --kill-visit'th time step N ran in this process (default the
                           first), unless F exists: write this process's pid to F and wait (at most 120 s) to be killed
+    --wait-commit N       after step N + 1, wait (at most 400 s) until the checkpoint of step N is committed:
+                          the next snapshot is taken at its cadence (the lag ruled out, not left to chance)
     --logdir DIR          for a plain `python nan_keras_loop.py` run
     --final-checkpoint P  for a plain run without --logdir: at the end, write the checkpoint's state (model,
                           optimizer) to the prefix P and the step (``global_step``, as procsv's)
@@ -53,6 +55,7 @@ p.add_argument("--bind", choices=["inside", "args"], default="inside")
 p.add_argument("--kill-after", type=int, default=None)
 p.add_argument("--kill-file", default=None)
 p.add_argument("--kill-visit", type=int, default=1)
+p.add_argument("--wait-commit", type=int, default=None)
 p.add_argument("--logdir", default=None)
 p.add_argument("--final-checkpoint", default=None)
 p.add_argument("--schedule", action="store_true")
@@ -119,6 +122,11 @@ with sv.managed_session() as sess:
             sess.run(step, *batch(s), s)
         else:
             sess.run(step)
+        if args.wait_commit is not None and sv.logdir and sv.step == args.wait_commit + 1:  # (its snapshot: before step N + 1)
+            index = os.path.join(sv.logdir, f"model.ckpt-{args.wait_commit}.index")
+            deadline = time.monotonic() + 400
+            while not os.path.exists(index) and time.monotonic() < deadline:
+                time.sleep(0.05)
         visits += sv.step == args.kill_after
         if args.kill_file and visits == args.kill_visit and sv.step == args.kill_after and not os.path.exists(args.kill_file):
             with open(args.kill_file + ".tmp", "w") as fh:

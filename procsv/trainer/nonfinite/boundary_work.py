@@ -136,7 +136,7 @@ class BoundaryWork:
             self._plan_next(step)
             return False
         if action == Action.CHECK_WEIGHTS:
-            if self._poisoned_by(step):
+            if self.poisoned_by(step):
                 return True
             if after_finite_weights(step, self.plan()) == Action.BISECT_ON:
                 self._plan_next(step + 1)
@@ -211,9 +211,9 @@ class BoundaryWork:
             self._weights = scan.trainable(agent.store.checkpoint if agent is not None else None)
         return self._weights
 
-    def _poisoned_by(self, step: int) -> bool:
-        """At the boundary after replayed ``step``, while bisecting: if the weights are non-finite
-        now (one read), ``step`` poisoned them (its gradient, not its loss): restore again, replay to
+    def poisoned_by(self, step: int) -> bool:
+        """At the boundary after replayed ``step``, while bisecting (here, or at its snapshot, which
+        found them first): if the weights are non-finite now (one read), ``step`` poisoned them (its gradient, not its loss): restore again, replay to
         the step before it and skip it, instead of the bad step that showed it; True if so."""
         watch = self.watch
         target = watch.target

@@ -172,13 +172,19 @@ class NonfiniteRollback:
         """A snapshot of a poisoned state was refused (``final``: the final checkpoint): the policy (a
         group member's final checkpoint with a non-finite loss asks for the group's rollback too)."""
         watch = self.watch
+        snapshot_only = not final and bad.bad_step is None and not watch.group_refusal
+        rolling_back = watch.policy == OnNonfinite.ROLLBACK
+        if rolling_back and snapshot_only and watch.bisecting and self._walk.poisoned_by(bad.step):
+            return  # bisecting, every replayed step before it checked finite: this step poisoned the weights
         notices.tell(self._channels, notices.detected(bad.first_step, bad.describe(), watch.position))
         why = ""
-        if watch.policy == OnNonfinite.ROLLBACK:
+        if rolling_back:
             if final and watch.group_refusal and bad.bad_step is not None:
                 # a group's loss after its last snapshot, found at the chief's final checkpoint: the group
                 # rolls back as at a snapshot (its restart replays past the loop's end), within --max-skips
                 why = self._ask_group(bad.bad_step, bad.describe())
+            elif snapshot_only:
+                why = self._bisect_snapshot(bad)
             else:
                 why = "the final checkpoint's state" if final else self._roll_back(bad.bad_step, bad.describe())
             if not why:
@@ -194,6 +200,22 @@ class NonfiniteRollback:
         self.watch.refused(bad, agent.last_committed if agent is not None else -1, final, why)
 
     # ------------------------------------------------------------------ rollback
+    def _bisect_snapshot(self, bad: NonFiniteState) -> str:
+        """The snapshot of step ``bad.step`` has non-finite weights and every loss up to it was finite:
+        a step up to it poisoned them through its gradient (a NaN in its batch whose loss term was
+        finite), the snapshot saw it before the next step's loss could. Found the way a bad step's
+        non-finite weights are: restore the newest finite snapshot before step ``bad.step + 1``, check
+        the weights after each replayed step, and skip the step that poisons them. Returns "" if rolled
+        back, else why not (as :meth:`_roll_back`)."""
+        self.watch.bisecting = True
+        print(f"procsv: the weights of the snapshot of step {bad.step} are non-finite, every loss up to it finite: "
+              f"a step's gradient was not; restoring and checking the weights after each replayed step",
+              file=sys.stderr, flush=True)
+        why = self._roll_back(bad.step + 1, f"the weights of the snapshot of step {bad.step} are non-finite")
+        if why:
+            self.watch.bisecting = False
+        return why
+
     def _roll_back(self, bad_step: Optional[int], what: str) -> str:
         """Restore the newest finite snapshot before ``bad_step`` in place and arrange its retry (or,
         retried once already, its skip). Returns "" if rolled back, else why it cannot be (the
