@@ -303,7 +303,7 @@ FIELD_WRITE_BASELINE = {
     "procsv.trainer.monitored.graph_hooked": 8,
     "procsv.trainer.monitored.graph_scaffold": 7,
     "procsv.trainer.nonfinite.boundary_work": 13,
-    "procsv.trainer.nonfinite.rollback": 10,
+    "procsv.trainer.nonfinite.rollback": 8,
     "procsv.watchdog.launcher": 7,
     "procsv.watchdog.rules.nonfinitelog": 7,
 }

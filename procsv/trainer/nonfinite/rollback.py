@@ -207,18 +207,15 @@ class NonfiniteRollback:
         non-finite weights are: restore the newest finite snapshot before step ``bad.step + 1``, check
         the weights after each replayed step, and skip the step that poisons them. Returns "" if rolled
         back, else why not (as :meth:`_roll_back`)."""
-        self.watch.bisecting = True
         print(f"procsv: the weights of the snapshot of step {bad.step} are non-finite, every loss up to it finite: "
               f"a step's gradient was not; restoring and checking the weights after each replayed step",
               file=sys.stderr, flush=True)
-        why = self._roll_back(bad.step + 1, f"the weights of the snapshot of step {bad.step} are non-finite")
-        if why:
-            self.watch.bisecting = False
-        return why
+        return self._roll_back(bad.step + 1, f"the weights of the snapshot of step {bad.step} are non-finite",
+                               bisect=True)
 
-    def _roll_back(self, bad_step: Optional[int], what: str) -> str:
+    def _roll_back(self, bad_step: Optional[int], what: str, bisect: bool = False) -> str:
         """Restore the newest finite snapshot before ``bad_step`` in place and arrange its retry (or,
-        retried once already, its skip). Returns "" if rolled back, else why it cannot be (the
+        retried once already, its skip; ``bisect``: and check the weights after each replayed step). Returns "" if rolled back, else why it cannot be (the
         skip bound, or the snapshot bound of :class:`~procsv.trainer.nonfinite.policy.RestoreBound`)."""
         watch, agent, ch = self.watch, self._agent, self._channels
         if bad_step is None:
@@ -264,7 +261,7 @@ class NonfiniteRollback:
         self._state.step = restored
         watch.losses.forget()
         ch.to_summary(SessionLogEvent(SessionStatus.START, restored + 1))  # TensorBoard drops the undone steps
-        watch.target, watch.skipping = bad_step, skip
+        watch.aim(bad_step, skip, True if bisect else None)
         watch.due = self._walk.next_due(restored)
         watch.rollbacks += 1
         if not again:

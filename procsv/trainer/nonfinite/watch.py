@@ -63,6 +63,14 @@ class NonfiniteWatch:
         self.refusals = 0
         self.first: Optional[NonFiniteState] = None
 
+    def aim(self, target: int, skipping: bool, bisecting: Optional[bool] = None) -> None:
+        """A rollback restored the state before ``target``: the walk replays up to it, then retries it
+        (``skipping``: skips it); ``bisecting`` (None: as it was): the weights are checked after each
+        replayed step."""
+        self.target, self.skipping = target, skipping
+        if bisecting is not None:
+            self.bisecting = bisecting
+
     # ------------------------------------------------------------------ the checks of a snapshot
     def precheck(self, step: int) -> None:
         """Before the state of ``step`` is copied: the losses kept since the last check (one read)."""
