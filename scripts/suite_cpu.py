@@ -2,7 +2,10 @@
 """Summarize a ``--cpu-log`` of the test suite (tests/cpu_profile.py): CPU seconds per file and the
 costliest tests, against the wall time the suite needs on ``--cores`` cores (CPU / cores at best).
 
-    python scripts/suite_cpu.py suite-cpu.jsonl [--top 40] [--cores 2]
+    python scripts/suite_cpu.py suite-cpu.jsonl [--top 40] [--cores 2] [--durations tests/durations.json]
+
+``--durations FILE`` also writes the wall time of every test of at least 1 s (node id -> seconds), the
+order the suite's xdist workers take the long tests in (tests/longest_first.py).
 
 Ends with one ``key=value`` line. Runs anywhere (no procsv import)."""
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import sys
 
 
@@ -19,6 +23,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("log")
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--cores", type=int, default=2)
+    p.add_argument("--durations", default=None, help="write {node id: wall seconds} of the tests of 1 s or more")
     a = p.parse_args(argv)
     rows = []
     with open(a.log) as fh:
@@ -49,6 +54,12 @@ def main(argv: list[str]) -> int:
         print(f"\n{len(left)} test(s) left children of their worker behind (each charged for what they burned during it):")
         for r in left[:a.top]:
             print(f"  {r['test'][:100]}: {'; '.join(r['left'])[:200]}")
+    if a.durations:
+        walls = {r["test"]: round(r["wall"], 1) for r in sorted(rows, key=lambda r: r["test"]) if r["wall"] >= 1}
+        with open(a.durations + ".tmp", "w") as fh:
+            json.dump(walls, fh, indent=0, sort_keys=True)
+            fh.write("\n")
+        os.replace(a.durations + ".tmp", a.durations)
     heavy = sum(r["cpu"] for r in rows if r["cpu"] >= 10)
     print(f"\ntests={len(rows)} cpu_s={total:.0f} floor_min={total / a.cores / 60:.1f} "
           f"heavy_tests={sum(1 for r in rows if r['cpu'] >= 10)} heavy_share={heavy / total:.3f}")

@@ -21,6 +21,7 @@ import psutil
 import pytest
 from packaging.requirements import Requirement
 
+import longest_first
 import pyfork
 from pyfork import run_python  # noqa: F401  (the tests' direct runs of a program: see tests/pyfork.py)
 
@@ -93,6 +94,15 @@ def pytest_configure(config: pytest.Config) -> None:
     # import TensorFlow in its own process (that starts no TensorFlow process)
     sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "_NoTensorFlow"]
     sys.addaudithook(_quick_audit)  # (an audit hook cannot be removed: only under --quick)
+
+
+@pytest.hookimpl(trylast=True)  # after the deselections (-m, -k, --quick): the slices are of what runs
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist, each worker's share of the long tests first (:mod:`longest_first`); every worker
+    orders the same collection the same way."""
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    if workers > 1:
+        items[:] = longest_first.order([item.nodeid for item in items], items, workers, longest_first.load())
 
 
 @pytest.hookimpl(hookwrapper=True)
