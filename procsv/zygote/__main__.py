@@ -36,7 +36,7 @@ import socket
 import sys
 import time
 import traceback
-from typing import Callable, NoReturn, Optional
+from typing import Callable, Mapping, NoReturn, Optional
 
 from procsv.ipc.messages import ForkReply, ForkRequest, ZygoteReady
 from procsv.ipc.pipe import FramedReader, write_framed
@@ -213,6 +213,22 @@ def _leaves_stops_to_supervisor(child_env: dict[str, str], parent_pid: Optional[
     return stopfrom.forward_to_handlers(authority, f"procsv worker{child_env.get(env.RANK)}")
 
 
+def take_over(log: int, environ: Mapping[str, str], cwd: str) -> None:
+    """Become, in a fork, what a process started with ``environ`` in ``cwd`` would be: stdin from
+    ``/dev/null``, stdout (line-buffered) and stderr the descriptor ``log`` (closed here), ``os.environ``
+    replaced, the working directory changed. (A forked trainer here; a zygote seed its zygote.)"""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.close(null)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
+
+
 def _become_trainer(req: ForkRequest, theirs: int, say: int, parent_pid: Optional[int]) -> int:
     """In the forked trainer: become the zygote's parent's child (``parent_pid``, the zygote's own
     ``ChildConfig.parent_pid``), shed the zygote's state, then run procsv.trainer (which arms the
@@ -228,17 +244,7 @@ def _become_trainer(req: ForkRequest, theirs: int, say: int, parent_pid: Optiona
     log = open_log(req.log_path, say)
     if say > 2:
         os.close(say)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
-    os.close(null)
-    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-    os.environ.clear()
-    os.environ.update(req.env)
-    os.environ[env.PARENT_PID] = raw
-    os.chdir(req.cwd)
+    take_over(log, {**req.env, env.PARENT_PID: raw}, req.cwd)
     np = sys.modules.get("numpy")
     if np is not None:
         np.random.seed()  # as in a fresh process: numpy's global generator is not shared across forks

@@ -145,16 +145,6 @@ def _read_start(req_fd: int) -> Optional[ZygoteStart]:
 
 def _become_zygote(start: ZygoteStart, say_fd: int) -> int:
     """Take the zygote's log, environment and working directory, and run it (its exit code)."""
-    log = zygote.open_log(start.log_path, say_fd)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
-    os.close(null)
-    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-    os.environ.clear()
-    os.environ.update(start.env)
-    os.chdir(start.cwd)
+    zygote.take_over(zygote.open_log(start.log_path, say_fd), start.env, start.cwd)
     sys.argv = [zygote.__file__]
     return zygote.main()
