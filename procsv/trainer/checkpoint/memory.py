@@ -184,6 +184,10 @@ class MemoryTier:
         """An in-memory snapshot is copied and waits for its summaries (see :meth:`release`)."""
         return self._waiting is not None
 
+    def waiting_step(self) -> Optional[int]:
+        """The step of the in-memory snapshot copied and waiting for its summaries (None: none waits)."""
+        return self._waiting[0].step if self._waiting is not None else None
+
     def release(self, ch: TrainerChannels, unwritten_from: Optional[int]) -> bool:
         """Hand the waiting in-memory snapshot to the service once the summary service has written
         every summary of its step and before (``unwritten_from``: the lowest step with a summary
