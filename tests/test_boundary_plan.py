@@ -15,12 +15,12 @@ from typing import Optional, Union
 
 from procsv.common.errors import CheckpointError
 from procsv.ipc.messages import SaveOverdue, SaveReason, SaveRequest, SaveResult
-from procsv.trainer.checkpoint.boundary_plan import (HEARTBEAT_EVERY, NEVER, READ_EVERY_STEPS, READ_IDLE, Action,
-                                                     BoundaryPolicy, BoundaryView, CheckDeadline, CheckGroupLosses,
-                                                     HandOffSummaries, Heartbeat, MemorySnapshot, ReadService, Release,
-                                                     Snapshot, Trigger, next_bound, plan)
+from procsv.trainer.checkpoint.boundary_plan import (HEARTBEAT_EVERY, NEVER, READ_EVERY, READ_EVERY_STEPS, READ_IDLE,
+                                                     Action, BoundaryPolicy, BoundaryView, CheckDeadline,
+                                                     CheckGroupLosses, HandOffSummaries, Heartbeat, MemorySnapshot,
+                                                     ReadService, Release, Snapshot, Trigger, next_bound, plan)
 from procsv.trainer.checkpoint.commits import CommitTracker
-from procsv.trainer.checkpoint.memory import READ_EVERY
+from procsv.trainer.checkpoint.revisions import Revisions
 
 Reply = Union[SaveRequest, SaveResult]
 
@@ -259,3 +259,26 @@ def test_a_group_member_snapshots_in_memory_and_checks_its_losses_at_every_kth_s
     assert [s for s, acts in planned.items() if MemorySnapshot(s) in acts] == [5, 10]
     assert [s for s, acts in planned.items() if CheckGroupLosses(s) in acts] == [5, 10]
     assert next_bound(agent.observe(), 10, agent.now)[0] == 15
+
+
+# --------------------------------------------------------------------------- the revisions of a committed step
+def test_a_newer_state_of_a_committed_step_goes_as_its_next_revision_and_is_taken_again_if_not_written() -> None:
+    revisions = Revisions()
+    assert revisions.take(10, last_committed=5) == 0  # a step not committed yet: no rewrite
+    assert revisions.answered(10, ok=True, again=False, revision=0, last_committed=5) is False
+    assert revisions.take(10, last_committed=10) == 1  # runs changed the state of step 10: its revision 1
+    assert revisions.answered(10, ok=True, again=False, revision=1, last_committed=10) is False
+    assert revisions.committed == 1 and revisions.take(10, last_committed=10) == 2
+    # the service had that revision already (a dead trainer's snapshot, an answer lost): the state goes again
+    assert revisions.answered(10, ok=True, again=True, revision=2, last_committed=10) is True
+    assert revisions.take(10, last_committed=10) == 3
+    assert revisions.answered(10, ok=False, again=False, revision=0, last_committed=10) is True  # failed: again
+
+
+def test_a_step_a_rollback_passed_over_is_written_as_the_revision_above_the_one_passed_over() -> None:
+    revisions = Revisions()
+    revisions.passed_over({30: 0, 40: 2})  # committed after the bound B: never answered "committed already"
+    assert revisions.take(30, last_committed=20) == 1 and revisions.take(40, last_committed=20) == 3
+    assert revisions.take(35, last_committed=20) == 0
+    revisions.answered(40, ok=True, again=False, revision=3, last_committed=20)
+    assert revisions.superseded == {30: 0} and revisions.committed == 3

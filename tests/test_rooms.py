@@ -315,7 +315,6 @@ FIELD_WRITE_BASELINE = {
 ATTRIBUTE_BASELINE = {
     "procsv.services.checkpoint.service:CheckpointService": 24,
     "procsv.services.summary.service:SummaryService": 28,
-    "procsv.trainer.checkpoint.agent:CheckpointAgent": 33,
     "procsv.trainer.checkpoint.memory:MemoryTier": 29,
     "procsv.trainer.keras.fit:BackupAndRestore": 32,
     "procsv.trainer.nonfinite.watch:NonfiniteWatch": 21,

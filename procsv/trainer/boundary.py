@@ -71,7 +71,7 @@ class StepBoundary:
             keeper.configure(self._wake_on_request)
 
     def _wake_on_request(self, agent: Any) -> None:
-        agent.wake = self.save_requested
+        agent.hooks.wake = self.save_requested
         agent.changes = self.state  # (its ``changed``: runs trained without advancing the step)
 
     # ----------------------------------------------------------------- the session

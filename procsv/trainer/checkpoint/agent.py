@@ -7,7 +7,15 @@ checkpoints exist but none restores: :mod:`procsv.trainer.checkpoint.restore_at_
 checkpoint service's :class:`SaveRequest` (the ``save_model_secs`` timer lives in the service) and
 its own every-``save_checkpoint_steps`` trigger with a snapshot, and at the end commits the last
 completed step within ``stop_grace_secs`` (``final`` on a clean finish, ``preempted`` after
-SIGTERM/SIGINT). This module decides when a snapshot is taken and where it goes.
+SIGTERM/SIGINT).
+
+At a step boundary the agent observes, decides purely, and acts (:meth:`CheckpointAgent.work`):
+it refreshes the :class:`~procsv.trainer.checkpoint.boundary_plan.BoundaryView` from what it and its
+collaborators hold, asks :func:`~procsv.trainer.checkpoint.boundary_plan.plan` what to do (the
+decision: when a snapshot of either tier is taken, when the service is read and heartbeated, when a
+deadline is checked), performs each action (every TensorFlow, socket and shared-memory effect is
+here), and folds the service's replies in through one function (``_take``). The three promises
+below are the planner's, tested without TensorFlow in ``tests/test_boundary_plan.py``.
 
 The loop pays only for the snapshot (:mod:`procsv.trainer.checkpoint.snapshot_store`: a copy into shared
 memory set up once, right after the restore, and pre-faulted by a low-priority thread); the
@@ -40,6 +48,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from procsv.ipc.messages import (Busy, CheckpointSetup, CommitLoading, Progress, RestoreSource, SaveData, SaveReason,
@@ -52,13 +61,14 @@ from procsv.trainer.checkpoint import memory_tier, restore_at_start
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.commits import (CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE_FLOOR, CommitTracker,
                                                bytes_being_written)
-from procsv.trainer.checkpoint.boundary_plan import (HEARTBEAT_EVERY, NEVER, READ_EVERY_STEPS, READ_IDLE, Action,
-                                                     BoundaryPolicy, BoundaryView, CheckDeadline, CheckGroupLosses,
-                                                     HandOffSummaries, Heartbeat, MemorySnapshot, ReadService, Release,
-                                                     Snapshot, Trigger, next_bound, plan)
-from procsv.trainer.checkpoint.memory import PLAN_MAX_AGE, READ_EVERY, MemoryTier
+from procsv.trainer.checkpoint.boundary_plan import (HEARTBEAT_EVERY, NEVER, READ_EVERY, READ_EVERY_STEPS, READ_IDLE,
+                                                     Action, BoundaryPolicy, BoundaryView, CheckDeadline,
+                                                     CheckGroupLosses, HandOffSummaries, Heartbeat, MemorySnapshot,
+                                                     ReadService, Release, Snapshot, Trigger, next_bound, plan)
+from procsv.trainer.checkpoint.memory import PLAN_MAX_AGE, MemoryTier
 from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
 from procsv.trainer.checkpoint.restore import ReadRetry
+from procsv.trainer.checkpoint.revisions import Revisions
 from procsv.trainer.checkpoint.snapshot import arena_bytes_needed, self_test
 from procsv.trainer.checkpoint.snapshot_store import SnapshotStore, stuck_here
 
@@ -68,15 +78,50 @@ __all__ = ["CheckpointAgent", "HEARTBEAT_EVERY", "READ_EVERY_STEPS", "READ_IDLE"
 _TIER_WORK = (HandOffSummaries, Snapshot, Release, MemorySnapshot, CheckGroupLosses)
 
 
-class CheckpointAgent:
-    """The trainer's checkpointing for one session: restore, snapshot triggers, final commit.
+@dataclass(frozen=True)
+class ServicePolicy:
+    """What the agent heartbeats to the checkpoint service (``CheckpointSetup``), which decides on it:
+    the checkpoints' ``basename``, its ``save_model_secs`` timer and its retention."""
 
-    Owns the policy it heartbeats to the checkpoint service, the trigger pending for the next step
-    boundary, the newest step known committed, the preparations before every snapshot and the
-    listeners ``procsv.train`` registers. Its :class:`SnapshotStore` is the snapshot memory, its
-    :class:`CommitTracker` the snapshot in flight to disk and the failed commits, its :class:`MemoryTier`
-    (``memory``: schedule, costs, the snapshot waiting for its summaries) the in-memory tier, which shares
-    that memory; callers' uses of the tier's names on the agent forward to it (``memory_snapshot``).
+    basename: str
+    save_model_secs: Optional[float]
+    max_to_keep: int
+    keep_checkpoint_every_n_hours: Optional[float]
+
+
+def _nothing() -> None:
+    """The wake-up of an agent no step boundary has claimed yet."""
+
+
+@dataclass
+class SnapshotHooks:
+    """What others have the agent call around its snapshots, registered by them: ``prepare``, internal
+    preparations before every snapshot of either tier, in order (the step counter's sync, Keras's
+    position); ``procsv.train``'s CheckpointSaverListeners, called with (step, reason) right before a
+    disk snapshot (``before``) and with the step when the trainer learns it is committed
+    (``committed``); the non-finite policy, called with (the refusal, at the final checkpoint) when a
+    snapshot's state is not finite (``refused``); and ``wake``: a save was requested outside the
+    boundary (the step boundary opens its checkpoint half)."""
+
+    prepare: list[Callable[[], None]] = field(default_factory=list)
+    before: list[Callable[[int, SaveReason], None]] = field(default_factory=list)
+    committed: list[Callable[[int], None]] = field(default_factory=list)
+    refused: list[Callable[[NonFiniteState, bool], None]] = field(default_factory=list)
+    wake: Callable[[], None] = _nothing
+
+
+class CheckpointAgent:
+    """The trainer's checkpointing for one session: restore, the step boundary's executor, final commit.
+
+    Owns what the step boundary decides on (``view``: the save pending, the newest step known
+    committed, the service link's rhythm), the policy it heartbeats to the checkpoint service
+    (``policy``), the restore's rules and what it restored, the revisions of committed steps
+    (``revisions``), and what others registered (``hooks``: the preparations before every snapshot,
+    ``procsv.train``'s listeners, the non-finite policy, the boundary's wake-up). Its
+    :class:`SnapshotStore` is the snapshot memory, its :class:`CommitTracker` the snapshot in flight
+    to disk and the failed commits, its :class:`MemoryTier` (``memory``: schedule, costs, the
+    snapshot waiting for its summaries) the in-memory tier, which shares that memory; callers' uses
+    of the tier's names on the agent forward to it (``memory_snapshot``).
     """
 
     meta_graph: Optional[bytes] = None  # graph mode: a serialized MetaGraphDef written beside each checkpoint
@@ -92,46 +137,33 @@ class CheckpointAgent:
         self.checkpoint, self.global_step = checkpoint, global_step
         self.attempt = attempt  # this trainer's attempt (0: not said), named in every disk snapshot it sends
         self.commits = CommitTracker(failure_limit, save_deadline_floor)
-        self.layout, self.basename = layout, basename
-        self.save_model_secs = save_model_secs
-        self.max_to_keep, self.keep_checkpoint_every_n_hours = max_to_keep, keep_checkpoint_every_n_hours
-        self.allow_reinit = allow_reinit  # every committed checkpoint corrupt: start from step 0 instead of failing
-        self.read_retry, self.clock, self.sleep = read_retry, clock, sleep  # read_retry: of an unreadable file at restore
+        self.layout, self.clock = layout, clock
+        self.policy = ServicePolicy(basename, save_model_secs, max_to_keep, keep_checkpoint_every_n_hours)
+        self.restore_rules = restore_at_start.RestoreRules(allow_reinit, read_retry, sleep)
         self.restored_from: Optional[str] = None
         # a newer state of a committed step (runs that did not advance it): ``changes`` the Supervisor's step state
-        # (``changed``, set at the boundary), ``revision`` that of ``last_committed``'s checkpoint, ``sent_revision`` in flight
+        # (``changed``, set at the boundary); the revisions of committed steps, and of those a rollback passed over
         self.changes: Any = None
-        self.revision = self.sent_revision = 0
-        # step -> revision of each checkpoint a group's rollback of B passed over (committed after B): this
-        # attempt's snapshot of such a step is its next revision, written in place, never "committed already"
-        self.superseded: dict[int, int] = {}
+        self.revisions = Revisions()
         self._followed = 0  # the restarted checkpoint services the channels followed (TrainerChannels.followed)
         # the in-memory tier (procsv.trainer.checkpoint.memory_tier): off when the budget is 0; in a trainer
         # group (rank, attempt, K) every member's, every K steps (procsv.trainer.checkpoint.group_restore)
         self.group = group if group is not None and group[2] > 0 and not isinstance(checkpoint, NameBasedCheckpoint) \
             else None
-        self.memory_budget = memory_budget if saving or self.group is not None else 0.0
+        budget = memory_budget if saving or self.group is not None else 0.0
         # what the step boundary decides on (boundary_plan): the save pending, the newest step committed, the
         # service link's rhythm; the snapshot in flight and the in-memory tier observed into it before each plan
         self.view = BoundaryView(BoundaryPolicy(saving, save_checkpoint_steps,
                                                 self.group[2] if self.group is not None else 0))
         self.restored_source: Optional[RestoreSource] = None  # where the restore read the state (None: initialized)
-        self.store = SnapshotStore(checkpoint, memory_tier.SLOTS if self.memory_budget > 0 else 1, clock)
-        # internal preparations before every snapshot of either tier (Keras writes its position)
-        self.prepare_snapshot: list[Callable[[], None]] = []
-        self.memory = MemoryTier(self.store, self.memory_budget, basename, self.prepare_snapshot,
+        self.store = SnapshotStore(checkpoint, memory_tier.SLOTS if budget > 0 else 1, clock)
+        self.hooks = SnapshotHooks()
+        self.memory = MemoryTier(self.store, budget, basename, self.hooks.prepare,
                                  self.view.answer_awaited)  # the in-memory tier, which shares the snapshot memory
         self.memory.numbered = getattr(global_step, "numbered", True)
         if self.group is not None:
             self.memory.member, self.memory.attempt, self.memory.every_steps = self.group
             self.memory.remote = remote  # a member of host 1..M-1: its copies go to node 0's service
-        self.last_snapshot_secs = 0.0  # how long the loop was stopped by the last snapshot
-        # procsv.train's CheckpointSaverListeners: called with (step, reason) right before a snapshot is
-        # taken, and with the step when the trainer learns that its checkpoint is committed
-        self.before_snapshot: list[Callable[[int, SaveReason], None]] = []
-        self.on_commit: list[Callable[[int], None]] = []
-        self.on_refused: list[Callable[[NonFiniteState, bool], None]] = []  # (refused, at the final checkpoint)
-        self.wake: Callable[[], None] = lambda: None  # a save was requested outside the boundary (opens its gate)
         self.refused_final = False  # the final checkpoint was refused: its state is not finite (procsv.trainer.nonfinite)
         # restore() creates save_counter; create it now so every snapshot contains it, as save() does
         _ = checkpoint.save_counter
@@ -221,15 +253,16 @@ class CheckpointAgent:
         :class:`NoRestorableCheckpoint` (all corrupt, not ``allow_reinit``): :mod:`.restore`'s rules.
         """
         done = restore_at_start.restore_or_init(self.checkpoint, self.global_step, self.layout, init,
-                                                  allow_reinit=self.allow_reinit, read_retry=self.read_retry,
-                                                  clock=self.clock, sleep=self.sleep, pinned=pinned, before=before)
+                                                  allow_reinit=self.restore_rules.allow_reinit,
+                                                  read_retry=self.restore_rules.read_retry, clock=self.clock,
+                                                  sleep=self.restore_rules.sleep, pinned=pinned, before=before)
         if done.path is not None:
             self.restored_from, self.restored_source = done.path, RestoreSource.DISK
-        self.superseded = {m.step: m.revision for m in done.passed}
+        self.revisions.passed_over({m.step: m.revision for m in done.passed})
         if self.restored_from:
             self.view.restored(int(self.global_step.numpy()))
             done_manifest = Manifest.from_json(read_json(manifest_path(self.layout, os.path.basename(self.restored_from))))
-            self.revision = done_manifest.revision if done_manifest is not None else 0
+            self.revisions.restored(done_manifest.revision if done_manifest is not None else 0)
         # the restored (or initial) state is on disk or rebuilt by init: the first in-memory
         # snapshot is of a step trained after it
         self.memory.start(int(self.global_step.numpy()), self.clock())
@@ -251,8 +284,9 @@ class CheckpointAgent:
     def heartbeat(self, ch: TrainerChannels, step: int, now: float) -> None:
         """Tell the checkpoint service our policy (again); it is how a restarted service finds us."""
         self.view.heartbeat_sent(now)
-        ch.setup(CheckpointSetup(os.getpid(), self.basename, self.save_model_secs, self.max_to_keep,
-                                 self.keep_checkpoint_every_n_hours, step,
+        policy = self.policy
+        ch.setup(CheckpointSetup(os.getpid(), policy.basename, policy.save_model_secs, policy.max_to_keep,
+                                 policy.keep_checkpoint_every_n_hours, step,
                                  self.store.arena.ref() if self.store.arena is not None else None, self.in_flight))
 
     def poll(self, ch: TrainerChannels, step: int, now: float, ahead: float = 0.0) -> bool:
@@ -353,7 +387,7 @@ class CheckpointAgent:
     def request(self, reason: SaveReason) -> None:
         """Checkpoint at the next step boundary (coalesced with any trigger already pending)."""
         self.view.requested(reason)
-        self.wake()
+        self.hooks.wake()
 
     def next_work(self, step: int, now: float) -> tuple[float, float]:
         """After the checkpoint work at boundary ``step``: the first boundary and time (on the clock)
@@ -383,16 +417,13 @@ class CheckpointAgent:
         self.store.slots.disk_done()
         if msg.reason != SaveReason.LOST:
             self.store.slots.acknowledged(msg.step, slot)  # the service holds it (the newest it has)
-        if self.sent_revision and (not msg.ok or msg.again) and self.changes is not None:
+        retake = self.revisions.answered(msg.step, msg.ok, msg.again, msg.revision, self.last_committed)
+        if retake and self.changes is not None:
             self.changes.changed = True  # that newer state of the step is not on disk (or a newer one is): taken again
         if msg.ok:
-            if not msg.again:
-                self.superseded.pop(msg.step, None)
-            if msg.step >= self.last_committed:
-                self.revision = msg.revision if msg.step > self.last_committed else max(self.revision, msg.revision)
             self.view.committed(msg.step)
             self.commits.committed(msg.persist_secs)
-            for committed in self.on_commit:
+            for committed in self.hooks.committed:
                 committed(msg.step)
         elif msg.reason == SaveReason.LOST:
             print(f"procsv: the checkpoint service restarted with the snapshot of step {msg.step} in flight; "
@@ -432,9 +463,9 @@ class CheckpointAgent:
         slot = self.store.slots.free(ch.clock())
         if slot is None:  # cannot happen with no snapshot in flight to disk; wait for a slot all the same
             return False
-        for before in self.before_snapshot:
+        for before in self.hooks.before:
             before(step, reason)
-        for prepare in self.prepare_snapshot:
+        for prepare in self.hooks.prepare:
             prepare()
         t0 = ch.clock()
         # the snapshot is work on purpose, not a hang: the watchdog's hang clock pauses meanwhile
@@ -451,19 +482,16 @@ class CheckpointAgent:
             raise
         if snap.step is not None:  # named by the global step stored in it, not by the step counted here
             step = snap.step
-        self.sent_revision = self.revision + 1 if step == self.last_committed else 0  # a newer state of a committed step
-        self.sent_revision = max(self.sent_revision, self.superseded.get(step, -1) + 1)  # see superseded
+        revision = self.revisions.take(step, self.last_committed)  # a newer state of a committed step
         arena = self.store.ref_of(snap)
         meta = self.meta_graph  # graph mode: <prefix>.meta too (TF's Saver.save(write_meta_graph=True))
-        sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena, slot, True, meta is not None,
-                                         getattr(self.global_step, "numbered", True), self.sent_revision,
+        sent = ch.send_snapshot(SaveData(step, reason, self.policy.basename, snap.specs, arena, slot, True, meta is not None,
+                                         getattr(self.global_step, "numbered", True), revision,
                                          attempt=self.attempt),
                                 snap.frames if meta is None else [*snap.frames, meta], until)
         ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))
         self.memory.superseded()  # an in-memory snapshot still waiting is older than this one: never send it
-        end = ch.clock()
-        self.last_snapshot_secs = end - t0
-        self.memory.disk_taken(step, end)
+        self.memory.disk_taken(step, ch.clock())
         if sent:
             if self.changes is not None:
                 self.changes.changed = False  # (this snapshot holds what the runs changed)
@@ -525,7 +553,7 @@ class CheckpointAgent:
                 sent = self._free_slot(ch, step, deadline) and self._send(ch, step, reason, Busy.FINAL_CHECKPOINT, deadline)
             except NonFiniteState as bad:
                 self.refused_final = True
-                for refused in self.on_refused:
+                for refused in self.hooks.refused:
                     refused(bad, True)  # the policy: --on-nonfinite stop raises
                 return None
             if not sent:
@@ -543,7 +571,7 @@ class CheckpointAgent:
             # ``again`` for a newer revision of a committed step: the service has that revision already, an
             # older state (a service that died after its commit point, before its answer, or a dead trainer's
             # snapshot); the answer named it, so this state goes again as the revision above it
-            if not (result.ok and result.again and self.sent_revision and self.behind(step)):
+            if not (result.ok and result.again and self.revisions.sent and self.behind(step)):
                 break
         if result is not None and result.ok:
             print(f"procsv: {reason} checkpoint committed at step {step}", flush=True)

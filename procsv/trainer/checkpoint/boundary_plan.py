@@ -50,10 +50,11 @@ from typing import Optional, Union
 
 from procsv.ipc.message_base import SaveReason
 
-# the service's messages are read at a step boundary every READ_EVERY (memory.py) while an answer is
-# awaited (a snapshot in flight or unacknowledged), else every READ_IDLE (only a timer's SaveRequest
-# can come), or every READ_EVERY_STEPS steps whatever the clock says. A read that finds nothing is one
-# system call, yet 20-70 us right after a TF step (2 us if repeated at once): the boundary's main cost
+# the service's messages are read at a step boundary every READ_EVERY while an answer is awaited (a
+# snapshot in flight or unacknowledged), else every READ_IDLE (only a timer's SaveRequest can come), or
+# every READ_EVERY_STEPS steps whatever the clock says. A read that finds nothing is one system call,
+# yet 20-70 us right after a TF step (2 us if repeated at once): the boundary's main cost
+READ_EVERY = 0.01
 READ_IDLE = 0.1
 READ_EVERY_STEPS = 256
 HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the checkpoint service

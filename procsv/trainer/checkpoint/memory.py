@@ -17,10 +17,10 @@ from typing import Any, Callable, Optional
 from procsv.ipc.messages import GroupCopyRefused, SaveData, SaveReason, SnapshotHeld, TensorSpec
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint import memory_tier, peer_copy
+from procsv.trainer.checkpoint.boundary_plan import READ_EVERY  # (while an answer is awaited)
 from procsv.trainer.checkpoint.snapshot_store import SnapshotStore
 from procsv.common.errors import NonFiniteState
 
-READ_EVERY = 0.01  # seconds between reads of the service's messages while an answer is awaited (see agent.py)
 PLAN_MAX_AGE = 10.0  # seconds a snapshot may reuse the object-graph walk of an earlier one (if the graph's shape is the same)
 
 
