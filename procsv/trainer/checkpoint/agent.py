@@ -14,7 +14,7 @@ it refreshes the :class:`~procsv.trainer.checkpoint.boundary_plan.BoundaryView` 
 collaborators hold, asks :func:`~procsv.trainer.checkpoint.boundary_plan.plan` what to do (the
 decision: when a snapshot of either tier is taken, when the service is read and heartbeated, when a
 deadline is checked), performs each action (every TensorFlow, socket and shared-memory effect is
-here), and folds the service's replies in through one function (``_take``). The three promises
+here), and folds the service's replies in through one function (``_note``). The three promises
 below are the planner's, tested without TensorFlow in ``tests/test_boundary_plan.py``.
 
 The loop pays only for the snapshot (:mod:`procsv.trainer.checkpoint.snapshot_store`: a copy into shared
@@ -61,7 +61,7 @@ from procsv.trainer.checkpoint import memory_tier, restore_at_start
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.commits import (CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE_FLOOR, CommitTracker,
                                                bytes_being_written)
-from procsv.trainer.checkpoint.boundary_plan import (HEARTBEAT_EVERY, NEVER, READ_EVERY, READ_EVERY_STEPS, READ_IDLE,
+from procsv.trainer.checkpoint.boundary_plan import (HEARTBEAT_EVERY, NEVER, READ_EVERY, READ_IDLE,
                                                      Action, BoundaryPolicy, BoundaryView, CheckDeadline,
                                                      CheckGroupLosses, HandOffSummaries, Heartbeat, MemorySnapshot,
                                                      ReadService, Release, Snapshot, Trigger, next_bound, plan)
@@ -71,8 +71,6 @@ from procsv.trainer.checkpoint.restore import ReadRetry
 from procsv.trainer.checkpoint.revisions import Revisions
 from procsv.trainer.checkpoint.snapshot import arena_bytes_needed, self_test
 from procsv.trainer.checkpoint.snapshot_store import SnapshotStore, stuck_here
-
-__all__ = ["CheckpointAgent", "HEARTBEAT_EVERY", "READ_EVERY_STEPS", "READ_IDLE"]  # (the rhythm: boundary_plan's)
 
 # the boundary's work the agent performs only when asked for all of it (:meth:`CheckpointAgent.work`)
 _TIER_WORK = (HandOffSummaries, Snapshot, Release, MemorySnapshot, CheckGroupLosses)
@@ -325,16 +323,23 @@ class CheckpointAgent:
             if not actions or not isinstance(actions[-1], (ReadService, Release)):
                 return False
 
-    def _observe(self, now: float, unwritten_from: Optional[Callable[[], Optional[int]]] = None) -> BoundaryView:
+    def _observe(self, now: float, unwritten_from: Optional[Callable[[], Optional[int]]] = None,
+                 busy_enough: bool = False) -> BoundaryView:
         """The view, with what the collaborators hold now: the snapshot in flight and its deadline,
         whether runs changed the state, the in-memory tier (``unwritten_from`` asked only while an
-        in-memory snapshot waits for its summaries)."""
-        view, memory = self.view, self.memory
+        in-memory snapshot waits for its summaries). ``busy_enough`` (for :meth:`next_work`): the
+        tier's readiness is not looked at when a save is pending, a snapshot in flight, one waiting
+        or one being measured (every boundary has work then, whatever it says)."""
+        view, memory, commits = self.view, self.memory, self.commits
         changed = self.changes is not None and bool(self.changes.changed)
-        view.observe(self.commits.step, self.commits.overdue_at, changed)
-        ready = memory.ready(now)
+        view.observe(commits.step, commits.overdue_at, changed)
         waiting = memory.waiting_step()
-        view.observe_memory(memory.step, waiting, memory.measuring(), ready,
+        measuring = memory.measuring()
+        if busy_enough and (view.pending is not None or commits.step is not None or waiting is not None or measuring):
+            ready = False
+        else:
+            ready = memory.ready(now)
+        view.observe_memory(memory.step, waiting, measuring, ready,
                             memory.next_due() if ready and self.group is None else NEVER, memory.refused_by_peer,
                             unwritten_from() if waiting is not None and unwritten_from is not None else None)
         return view
@@ -370,7 +375,7 @@ class CheckpointAgent:
 
     def _read_service(self, ch: TrainerChannels, step: int, now: float) -> None:
         """Take every message the checkpoint service has sent (without waiting)."""
-        self._take(ch.poll_checkpoint() if self.in_flight is not None else self.memory.poll_for_ack(ch))
+        self._note(ch.poll_checkpoint() if self.in_flight is not None else self.memory.poll_for_ack(ch))
         followed = getattr(ch, "followed", 0)  # (a stand-in for the channels has none)
         if followed != self._followed:  # node 0's restarted service: the dead one acknowledges nothing
             self._followed = followed
@@ -392,7 +397,7 @@ class CheckpointAgent:
     def next_work(self, step: int, now: float) -> tuple[float, float]:
         """After the checkpoint work at boundary ``step``: the first boundary and time (on the clock)
         it may have work again (:func:`~procsv.trainer.checkpoint.boundary_plan.next_bound`)."""
-        return next_bound(self._observe(now), step, now)
+        return next_bound(self._observe(now, busy_enough=True), step, now)
 
     def _overdue(self, ch: TrainerChannels, now: float) -> None:
         """A deadline of the snapshot in flight passed: unless its commit is still writing (slow, not
@@ -441,11 +446,12 @@ class CheckpointAgent:
             left = deadline - ch.clock()
             if left <= 0:
                 return False
-            self._take(ch.poll_checkpoint(timeout=min(left, READ_EVERY)))
+            self._note(ch.poll_checkpoint(timeout=min(left, READ_EVERY)))
         return True
 
-    def _take(self, messages: list[Any]) -> None:
-        """The checkpoint service's messages: save requests, commit results, acknowledgments, loading."""
+    def _note(self, messages: list[Any]) -> None:
+        """Fold the checkpoint service's messages in (the one way its replies reach the agent's state):
+        save requests, commit results, acknowledgments of in-memory snapshots, refusals, loading."""
         for msg in messages:
             if isinstance(msg, SaveRequest):
                 self.view.requested(msg.reason)
@@ -522,7 +528,7 @@ class CheckpointAgent:
                                              lambda msg: self.commits.load_moved(msg) if isinstance(msg, CommitLoading) else None)
             except NoReply:
                 continue
-            self._on_result(result)
+            self._note([result])
         return self.in_flight is None, result
 
     def wait_in_flight(self, ch: TrainerChannels, step: int, deadline: float) -> bool:
@@ -567,7 +573,7 @@ class CheckpointAgent:
                 print(f"procsv: the {reason} checkpoint at step {step} did not commit within "
                       f"stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
                 return None
-            self._on_result(result)
+            self._note([result])
             # ``again`` for a newer revision of a committed step: the service has that revision already, an
             # older state (a service that died after its commit point, before its answer, or a dead trainer's
             # snapshot); the answer named it, so this state goes again as the revision above it

@@ -59,6 +59,7 @@ READ_IDLE = 0.1
 READ_EVERY_STEPS = 256
 HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the checkpoint service
 NEVER = float("inf")
+_NOTHING: frozenset[type] = frozenset()
 
 
 # --------------------------------------------------------------------------- the actions
@@ -165,7 +166,7 @@ class BoundaryView:
     next_read: float = 0.0
     read_step: int = -READ_EVERY_STEPS  # the step of the last read of the service
     boundary: tuple[int, float] = (-1, -NEVER)  # the boundary being worked: (step, now)
-    done: frozenset[type] = frozenset()  # the kinds of action done at it
+    done: frozenset[type] = _NOTHING  # the kinds of action done at it
     # observed: the disk tier
     in_flight: Optional[int] = None
     overdue_at: float = NEVER
@@ -184,7 +185,7 @@ class BoundaryView:
     # -- the boundary
     def begin(self, step: int, now: float) -> None:
         """The boundary after ``step`` at ``now`` is worked from here on: nothing done at it yet."""
-        self.boundary, self.done = (step, now), frozenset()
+        self.boundary, self.done = (step, now), _NOTHING
 
     def did(self, action: Action) -> None:
         """``action`` was performed at the boundary being worked."""
@@ -263,7 +264,7 @@ def plan(view: BoundaryView, step: int, now: float, ahead: float = 0.0) -> tuple
     what it did already (``view.done``: the caller's :meth:`BoundaryView.begin` names the boundary).
     A heartbeat or read due within ``ahead`` s is done now (the boundary runs anyway: one rhythm, not
     two). A plan ending in :class:`ReadService` or :class:`Release` is asked again once it is performed."""
-    done = view.done if view.boundary == (step, now) else frozenset()
+    done = view.done if view.boundary == (step, now) else _NOTHING
     out: list[Action] = []
     if Heartbeat not in done and view.policy.saving and now + ahead - view.last_heartbeat >= HEARTBEAT_EVERY:
         out.append(Heartbeat(step))

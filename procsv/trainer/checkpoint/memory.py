@@ -112,9 +112,11 @@ class MemoryTier:
     def ready(self, now: float) -> bool:
         """Nothing but time keeps an in-memory snapshot back: the tier is on, its memory is ready, the
         last one was acknowledged and a slot is free."""
+        if self.budget <= 0:  # (off: no copy was ever sent, none to reap)
+            return False
         store = self.store
         self.reap_sends()
-        return (self.budget > 0 and store.arena is not None and not store.arena.populating()
+        return (store.arena is not None and not store.arena.populating()
                 and not store.slots.unacked_pending(now) and store.slots.free(now) is not None)
 
     def next_due(self) -> float:
