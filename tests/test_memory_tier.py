@@ -202,7 +202,7 @@ def test_the_every_n_steps_trigger_does_not_fire_for_the_step_a_restart_restored
     ckpt = tf.train.Checkpoint(step=step_var)
     svc = _Service()
     agent = _agent(tmp_path, ckpt, step_var, svc, save_checkpoint_steps=50, memory_budget=0.0)
-    agent.last_committed = 50  # what restore() sets after restoring step 50
+    agent.view.restored(50)  # what restore() sets after restoring step 50
     ch = cast(TrainerChannels, svc)
     assert not agent.poll(ch, 50, svc.t) and not agent.pending
     assert not agent.poll(ch, 51, svc.t) and not agent.pending

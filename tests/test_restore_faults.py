@@ -432,5 +432,5 @@ def test_supervisor_allow_reinit_comes_from_the_argument_else_the_launch(monkeyp
         monkeypatch.setenv(env.ALLOW_REINIT, env_value)
     sv = procsv.Supervisor(logdir=str(tmp_path / "run"), checkpoint={"w": tf.Variable([1.0])}, allow_reinit=arg,
                            read_retry_secs=0.5)
-    assert sv.allow_reinit is expected and sv._keeper.agent.allow_reinit is expected
-    assert sv._keeper.agent.read_retry.total_secs == 0.5
+    assert sv.allow_reinit is expected and sv._keeper.agent.restore_rules.allow_reinit is expected
+    assert sv._keeper.agent.restore_rules.read_retry.total_secs == 0.5

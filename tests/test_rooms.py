@@ -20,7 +20,8 @@
   the importer's (the trainer's collaborators stand on the rooms they use, as the watchdog's do);
 * ``procsv/watchdog/rules/`` (the decision function) reaches, through every import it makes and
   theirs, only the standard library's pure modules, procsv's error, exit-code and message-base
-  types, and ``rules/`` itself: no clock of its own, no socket, no file;
+  types, and ``rules/`` itself: no clock of its own, no socket, no file; so does each of the
+  trainer's pure planners (``PURE_PLANNERS``: the checkpoint agent's step-boundary plan);
 * the folders' direction: ``services/`` never imports the trainer's code, ``ipc/`` nothing of
   procsv but ``procsv.common.errors`` and itself, ``procsv/common/`` nothing of the processes;
 * every package folder is listed in pyproject.toml (an editable install hides a missing one; a
@@ -56,6 +57,8 @@ RULES = "procsv.watchdog.rules"
 RULES_STDLIB = {"__future__", "typing", "dataclasses", "enum", "math", "random", "signal", "collections",
                 "functools", "itertools", "abc", "re"}
 RULES_PROCSV = {"procsv.common.errors", "procsv.common.exitcodes", "procsv.ipc.message_base"}
+# the trainer's pure planners, held to the same: the checkpoint agent's step-boundary plan (issue 66)
+PURE_PLANNERS = ("procsv.trainer.checkpoint.boundary_plan",)
 
 
 def modules(repo: pathlib.Path = REPO, roots: Optional[dict[str, str]] = None) -> dict[str, pathlib.Path]:
@@ -296,7 +299,7 @@ FIELD_WRITERS = frozenset({"procsv.watchdog.observe", "procsv.watchdog.executor"
 # Baseline: modules writing more than MAX_FIELD_WRITES fields of other objects -> how many.
 FIELD_WRITE_BASELINE = {
     "procsv.common.curve": 9,
-    "procsv.trainer.boundary": 8,
+    "procsv.trainer.boundary": 7,
     "procsv.trainer.checkpoint.agent": 7,
     "procsv.trainer.graph.session": 8,
     "procsv.trainer.graph.supervised": 8,
@@ -312,7 +315,6 @@ FIELD_WRITE_BASELINE = {
 ATTRIBUTE_BASELINE = {
     "procsv.services.checkpoint.service:CheckpointService": 24,
     "procsv.services.summary.service:SummaryService": 28,
-    "procsv.trainer.checkpoint.agent:CheckpointAgent": 39,
     "procsv.trainer.checkpoint.memory:MemoryTier": 29,
     "procsv.trainer.keras.fit:BackupAndRestore": 32,
     "procsv.trainer.nonfinite.watch:NonfiniteWatch": 21,
@@ -470,6 +472,14 @@ def test_the_decision_function_reaches_no_io_through_its_imports() -> None:
     edges = graph(modules())
     assert any(m.startswith(RULES + ".") for m in edges), "rules/ is where the decision function lives"
     assert impure(edges, RULES, RULES_STDLIB, RULES_PROCSV) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("planner", PURE_PLANNERS)
+def test_the_trainers_planning_functions_reach_no_io_through_their_imports(planner: str) -> None:
+    edges = graph(modules())
+    assert planner in edges, f"{planner} is where the decision lives"
+    assert impure(edges, planner, RULES_STDLIB, RULES_PROCSV) == []
 
 
 @pytest.mark.slow

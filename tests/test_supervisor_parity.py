@@ -266,7 +266,7 @@ def test_zero_or_none_save_model_secs_turns_periodic_checkpoints_off_and_the_wri
 
     for secs in (0, None):
         sv = _sv(logdir, checkpoint={"w": tf.Variable(1.0)}, save_model_secs=secs)
-        assert sv._keeper is not None and sv._keeper.agent.save_model_secs is None
+        assert sv._keeper is not None and sv._keeper.agent.policy.save_model_secs is None
     sv = _sv(logdir, checkpoint={"w": tf.Variable(1.0)})
     sv.summary_writer.add_summary({"a": 1.0}, 5)  # TF's writer.add_summary(summary, step) -> the service
     sv.summary_writer.flush()

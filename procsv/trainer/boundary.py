@@ -2,7 +2,7 @@
 the commit of a checkpoint on demand (:meth:`StepBoundary.commit_checkpoint`: at the stop, or when asked).
 
 Runs in the trainer's main thread, the one that prepared the session. The work: the checkpoint
-work of the completed step (:func:`~procsv.trainer.step_boundary.checkpoint_work`), before the next
+work of the completed step (:meth:`~procsv.trainer.checkpoint.agent.CheckpointAgent.work`), before the next
 step runs; the rollback's work when a non-finite loss was met (:mod:`procsv.trainer.nonfinite.rollback`);
 the progress report, the periodic summaries and the hand-off of logged summaries.
 
@@ -32,7 +32,7 @@ from procsv.trainer.checkpoint.keeper import CheckpointKeeper
 from procsv.trainer.coordinator import Coordinator
 from procsv.trainer.nonfinite.rollback import NonfiniteRollback
 from procsv.trainer.settings import Settings
-from procsv.trainer.step_boundary import NEVER, ProgressReporter, StepState, checkpoint_work
+from procsv.trainer.step_boundary import NEVER, ProgressReporter, StepState
 from procsv.trainer.summaries.log import SummaryLog
 from procsv.trainer.summaries.sender import COALESCE  # (time-driven work due this soon goes with a boundary that runs)
 
@@ -71,7 +71,7 @@ class StepBoundary:
             keeper.configure(self._wake_on_request)
 
     def _wake_on_request(self, agent: Any) -> None:
-        agent.wake = self.save_requested
+        agent.hooks.wake = self.save_requested
         agent.changes = self.state  # (its ``changed``: runs trained without advancing the step)
 
     # ----------------------------------------------------------------- the session
@@ -96,7 +96,7 @@ class StepBoundary:
         self.state.changed = False  # the state is the one restored or initialized
         if (save and agent is not None and self._channels is not None and self._chief
                 and agent.in_flight is None and self.state.step > agent.last_committed):
-            agent.pending = agent.pending or SaveReason.PERIODIC
+            agent.request(SaveReason.PERIODIC)  # (its wake-up opens the checkpoint half, as below)
             agent.snapshot(self._channels, self.state.step)
         self._summaries.restart_periodic()
         self.state.open_checkpoint()
@@ -152,8 +152,8 @@ class StepBoundary:
         start = self._clock()
         summaries = self._summaries
         try:
-            checkpoint_work(agent, self._channels, step, start, lambda: summaries.flush(force=False, urgent=True),
-                            summaries.unwritten_from, ahead)
+            agent.work(self._channels, step, start, lambda: summaries.flush(force=False, urgent=True),
+                       summaries.unwritten_from, ahead)
         except NonFiniteState as bad:  # the snapshot was refused: the policy decides (stop raises)
             self._rollback.refused(bad, False)
         agent.charge_memory(step, start, self._clock())  # what an in-memory snapshot cost the loop

@@ -1,8 +1,8 @@
 """What the Supervisor does at a step boundary, around each ``session.run(step_fn)``.
 
 Runs in the trainer's main thread, on the thread that prepared the session, never from another
-thread. Before a step, the checkpoint work of the step just completed (:func:`checkpoint_work`),
-while the state is still that step's; after it, the advance of ``global_step``
+thread. Before a step, the checkpoint work of the step just completed
+(:meth:`~procsv.trainer.checkpoint.agent.CheckpointAgent.work`), while the state is still that step's; after it, the advance of ``global_step``
 (:class:`StepCounter`) and the progress report to the watchdog (:class:`ProgressReporter`). The
 boundary's work itself is :class:`procsv.trainer.boundary.StepBoundary`'s.
 
@@ -22,7 +22,6 @@ from typing import Any, Callable, Optional
 
 from procsv.ipc.messages import Progress
 from procsv.trainer.channels import TrainerChannels
-from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.once import warn_once
 
 NEVER = float("inf")
@@ -95,27 +94,6 @@ class StepState:
         before time ``at``."""
         self.end_step, self.end_at = step, at
         self.at = min(self.ckpt_at, at)
-
-
-def checkpoint_work(agent: CheckpointAgent, ch: TrainerChannels, step: int, now: float,
-                    hand_off_summaries: Callable[[], None], unwritten_from: Callable[[], Optional[int]],
-                    ahead: float = 0.0) -> None:
-    """The checkpoint work of the completed ``step``, before the next one runs: a snapshot to disk
-    if one is due, else the hand-off of an in-memory snapshot waiting for its summaries, else a new
-    in-memory snapshot if one is due. The summaries the program logged for ``step`` are handed off
-    first (``hand_off_summaries``), so that a commit never gets ahead of them; ``unwritten_from``
-    gives the lowest step with a summary not confirmed written; ``ahead``: see :meth:`CheckpointAgent.poll`.
-    A group member's every-K-th step has its watched losses checked whether or not a snapshot was
-    taken there (:meth:`CheckpointAgent.check_group_step`)."""
-    if agent.poll(ch, step, now, ahead):
-        hand_off_summaries()
-        agent.snapshot(ch, step)
-    elif agent.waiting() and agent.release_memory(ch, unwritten_from()):
-        pass  # the waiting in-memory snapshot went to the service: the next is not due yet
-    elif agent.memory_due(step, now):
-        hand_off_summaries()
-        agent.memory_snapshot(ch, step, unwritten_from())
-    agent.check_group_step(step)  # (no read when a snapshot's check just ran)
 
 
 class StepCounter:

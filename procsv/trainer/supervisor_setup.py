@@ -203,7 +203,7 @@ def collaborators(state: StepState, coord: Coordinator, tf1: Tf1Choices, checkpo
     keeper = CheckpointKeeper(make_agent) if make_agent is not None else None
     if keeper is not None:
         counter = state.counter
-        keeper.configure(lambda agent: agent.prepare_snapshot.append(counter.sync))  # the step is in each snapshot
+        keeper.configure(lambda agent: agent.hooks.prepare.append(counter.sync))  # the step is in each snapshot
     summaries = SummaryLog(state, clock, settings, chief=chief, writes=chief and layout is not None, writer=tf1.writer,
                            deadline=bootstrap.resolve(None, config.launch.summary_deadline, SUMMARY_DEADLINE))
     rollback = NonfiniteRollback(state, state.counter, keeper, checkpoint, lambda: summaries.flush(force=True), clock,

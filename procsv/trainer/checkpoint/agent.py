@@ -7,7 +7,15 @@ checkpoints exist but none restores: :mod:`procsv.trainer.checkpoint.restore_at_
 checkpoint service's :class:`SaveRequest` (the ``save_model_secs`` timer lives in the service) and
 its own every-``save_checkpoint_steps`` trigger with a snapshot, and at the end commits the last
 completed step within ``stop_grace_secs`` (``final`` on a clean finish, ``preempted`` after
-SIGTERM/SIGINT). This module decides when a snapshot is taken and where it goes.
+SIGTERM/SIGINT).
+
+At a step boundary the agent observes, decides purely, and acts (:meth:`CheckpointAgent.work`):
+it refreshes the :class:`~procsv.trainer.checkpoint.boundary_plan.BoundaryView` from what it and its
+collaborators hold, asks :func:`~procsv.trainer.checkpoint.boundary_plan.plan` what to do (the
+decision: when a snapshot of either tier is taken, when the service is read and heartbeated, when a
+deadline is checked), performs each action (every TensorFlow, socket and shared-memory effect is
+here), and folds the service's replies in through one function (``_note``). The three promises
+below are the planner's, tested without TensorFlow in ``tests/test_boundary_plan.py``.
 
 The loop pays only for the snapshot (:mod:`procsv.trainer.checkpoint.snapshot_store`: a copy into shared
 memory set up once, right after the restore, and pre-faulted by a low-priority thread); the
@@ -40,6 +48,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from procsv.ipc.messages import (Busy, CheckpointSetup, CommitLoading, Progress, RestoreSource, SaveData, SaveReason,
@@ -52,30 +61,65 @@ from procsv.trainer.checkpoint import memory_tier, restore_at_start
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.commits import (CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE_FLOOR, CommitTracker,
                                                bytes_being_written)
-from procsv.trainer.checkpoint.memory import PLAN_MAX_AGE, READ_EVERY, MemoryTier
+from procsv.trainer.checkpoint.boundary_plan import (HEARTBEAT_EVERY, NEVER, READ_EVERY, READ_IDLE,
+                                                     Action, BoundaryPolicy, BoundaryView, CheckDeadline,
+                                                     CheckGroupLosses, HandOffSummaries, Heartbeat, MemorySnapshot,
+                                                     ReadService, Release, Snapshot, Trigger, next_bound, plan)
+from procsv.trainer.checkpoint.memory import PLAN_MAX_AGE, MemoryTier
 from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
 from procsv.trainer.checkpoint.restore import ReadRetry
+from procsv.trainer.checkpoint.revisions import Revisions
 from procsv.trainer.checkpoint.snapshot import arena_bytes_needed, self_test
 from procsv.trainer.checkpoint.snapshot_store import SnapshotStore, stuck_here
 
-# the service's messages are read at a step boundary every READ_EVERY while an answer is awaited (a
-# snapshot in flight or unacknowledged), else every READ_IDLE (only a timer's SaveRequest can come),
-# or every READ_EVERY_STEPS steps whatever the clock says (READ_EVERY: memory.py). A read that finds nothing is one system
-# call, yet 20-70 us right after a TF step (2 us if repeated at once): the boundary's main cost
-READ_IDLE = 0.1
-READ_EVERY_STEPS = 256
-HEARTBEAT_EVERY = 2.0  # seconds between CheckpointSetup heartbeats to the checkpoint service
+# the boundary's work the agent performs only when asked for all of it (:meth:`CheckpointAgent.work`)
+_TIER_WORK = (HandOffSummaries, Snapshot, Release, MemorySnapshot, CheckGroupLosses)
+
+
+@dataclass(frozen=True)
+class ServicePolicy:
+    """What the agent heartbeats to the checkpoint service (``CheckpointSetup``), which decides on it:
+    the checkpoints' ``basename``, its ``save_model_secs`` timer and its retention."""
+
+    basename: str
+    save_model_secs: Optional[float]
+    max_to_keep: int
+    keep_checkpoint_every_n_hours: Optional[float]
+
+
+def _nothing() -> None:
+    """The wake-up of an agent no step boundary has claimed yet."""
+
+
+@dataclass
+class SnapshotHooks:
+    """What others have the agent call around its snapshots, registered by them: ``prepare``, internal
+    preparations before every snapshot of either tier, in order (the step counter's sync, Keras's
+    position); ``procsv.train``'s CheckpointSaverListeners, called with (step, reason) right before a
+    disk snapshot (``before``) and with the step when the trainer learns it is committed
+    (``committed``); the non-finite policy, called with (the refusal, at the final checkpoint) when a
+    snapshot's state is not finite (``refused``); and ``wake``: a save was requested outside the
+    boundary (the step boundary opens its checkpoint half)."""
+
+    prepare: list[Callable[[], None]] = field(default_factory=list)
+    before: list[Callable[[int, SaveReason], None]] = field(default_factory=list)
+    committed: list[Callable[[int], None]] = field(default_factory=list)
+    refused: list[Callable[[NonFiniteState, bool], None]] = field(default_factory=list)
+    wake: Callable[[], None] = _nothing
 
 
 class CheckpointAgent:
-    """The trainer's checkpointing for one session: restore, snapshot triggers, final commit.
+    """The trainer's checkpointing for one session: restore, the step boundary's executor, final commit.
 
-    Owns the policy it heartbeats to the checkpoint service, the trigger pending for the next step
-    boundary, the newest step known committed, the preparations before every snapshot and the
-    listeners ``procsv.train`` registers. Its :class:`SnapshotStore` is the snapshot memory, its
-    :class:`CommitTracker` the snapshot in flight to disk and the failed commits, its :class:`MemoryTier`
-    (``memory``: schedule, costs, the snapshot waiting for its summaries) the in-memory tier, which shares
-    that memory; callers' uses of the tier's names on the agent forward to it (``memory_snapshot``).
+    Owns what the step boundary decides on (``view``: the save pending, the newest step known
+    committed, the service link's rhythm), the policy it heartbeats to the checkpoint service
+    (``policy``), the restore's rules and what it restored, the revisions of committed steps
+    (``revisions``), and what others registered (``hooks``: the preparations before every snapshot,
+    ``procsv.train``'s listeners, the non-finite policy, the boundary's wake-up). Its
+    :class:`SnapshotStore` is the snapshot memory, its :class:`CommitTracker` the snapshot in flight
+    to disk and the failed commits, its :class:`MemoryTier` (``memory``: schedule, costs, the
+    snapshot waiting for its summaries) the in-memory tier, which shares that memory; callers' uses
+    of the tier's names on the agent forward to it (``memory_snapshot``).
     """
 
     meta_graph: Optional[bytes] = None  # graph mode: a serialized MetaGraphDef written beside each checkpoint
@@ -90,48 +134,34 @@ class CheckpointAgent:
                  attempt: int = 0, remote: bool = False) -> None:
         self.checkpoint, self.global_step = checkpoint, global_step
         self.attempt = attempt  # this trainer's attempt (0: not said), named in every disk snapshot it sends
-        self.saving = saving  # False for a worker replica: it restores the chief's checkpoints, never saves
         self.commits = CommitTracker(failure_limit, save_deadline_floor)
-        self.layout, self.basename = layout, basename
-        self.save_model_secs, self.save_checkpoint_steps = save_model_secs, save_checkpoint_steps
-        self.max_to_keep, self.keep_checkpoint_every_n_hours = max_to_keep, keep_checkpoint_every_n_hours
-        self.allow_reinit = allow_reinit  # every committed checkpoint corrupt: start from step 0 instead of failing
-        self.read_retry, self.clock, self.sleep = read_retry, clock, sleep  # read_retry: of an unreadable file at restore
+        self.layout, self.clock = layout, clock
+        self.policy = ServicePolicy(basename, save_model_secs, max_to_keep, keep_checkpoint_every_n_hours)
+        self.restore_rules = restore_at_start.RestoreRules(allow_reinit, read_retry, sleep)
         self.restored_from: Optional[str] = None
-        self.last_committed, self.last_heartbeat = -1, 0.0
         # a newer state of a committed step (runs that did not advance it): ``changes`` the Supervisor's step state
-        # (``changed``, set at the boundary), ``revision`` that of ``last_committed``'s checkpoint, ``sent_revision`` in flight
+        # (``changed``, set at the boundary); the revisions of committed steps, and of those a rollback passed over
         self.changes: Any = None
-        self.revision = self.sent_revision = 0
-        # step -> revision of each checkpoint a group's rollback of B passed over (committed after B): this
-        # attempt's snapshot of such a step is its next revision, written in place, never "committed already"
-        self.superseded: dict[int, int] = {}
-        self.pending: Optional[SaveReason] = None
-        self._next_read = 0.0  # when (on the clock) the boundary next reads the service's messages
-        self._read_step = -READ_EVERY_STEPS  # the step of that last read
+        self.revisions = Revisions()
         self._followed = 0  # the restarted checkpoint services the channels followed (TrainerChannels.followed)
         # the in-memory tier (procsv.trainer.checkpoint.memory_tier): off when the budget is 0; in a trainer
         # group (rank, attempt, K) every member's, every K steps (procsv.trainer.checkpoint.group_restore)
         self.group = group if group is not None and group[2] > 0 and not isinstance(checkpoint, NameBasedCheckpoint) \
             else None
-        self.memory_budget = memory_budget if saving or self.group is not None else 0.0
+        budget = memory_budget if saving or self.group is not None else 0.0
+        # what the step boundary decides on (boundary_plan): the save pending, the newest step committed, the
+        # service link's rhythm; the snapshot in flight and the in-memory tier observed into it before each plan
+        self.view = BoundaryView(BoundaryPolicy(saving, save_checkpoint_steps,
+                                                self.group[2] if self.group is not None else 0))
         self.restored_source: Optional[RestoreSource] = None  # where the restore read the state (None: initialized)
-        self.store = SnapshotStore(checkpoint, memory_tier.SLOTS if self.memory_budget > 0 else 1, clock)
-        # internal preparations before every snapshot of either tier (Keras writes its position)
-        self.prepare_snapshot: list[Callable[[], None]] = []
-        self.memory = MemoryTier(self.store, self.memory_budget, basename, self.prepare_snapshot,
-                                 self._answer_awaited)  # the in-memory tier, which shares the snapshot memory
+        self.store = SnapshotStore(checkpoint, memory_tier.SLOTS if budget > 0 else 1, clock)
+        self.hooks = SnapshotHooks()
+        self.memory = MemoryTier(self.store, budget, basename, self.hooks.prepare,
+                                 self.view.answer_awaited)  # the in-memory tier, which shares the snapshot memory
         self.memory.numbered = getattr(global_step, "numbered", True)
         if self.group is not None:
             self.memory.member, self.memory.attempt, self.memory.every_steps = self.group
             self.memory.remote = remote  # a member of host 1..M-1: its copies go to node 0's service
-        self.last_snapshot_secs = 0.0  # how long the loop was stopped by the last snapshot
-        # procsv.train's CheckpointSaverListeners: called with (step, reason) right before a snapshot is
-        # taken, and with the step when the trainer learns that its checkpoint is committed
-        self.before_snapshot: list[Callable[[int, SaveReason], None]] = []
-        self.on_commit: list[Callable[[int], None]] = []
-        self.on_refused: list[Callable[[NonFiniteState, bool], None]] = []  # (refused, at the final checkpoint)
-        self.wake: Callable[[], None] = lambda: None  # a save was requested outside the boundary (opens its gate)
         self.refused_final = False  # the final checkpoint was refused: its state is not finite (procsv.trainer.nonfinite)
         # restore() creates save_counter; create it now so every snapshot contains it, as save() does
         _ = checkpoint.save_counter
@@ -141,6 +171,21 @@ class CheckpointAgent:
     def in_flight(self) -> Optional[int]:
         """The step of the snapshot in flight to disk (None: none is)."""
         return self.commits.step
+
+    @property
+    def pending(self) -> Optional[SaveReason]:
+        """The save pending for the next step boundary (None: none)."""
+        return self.view.pending
+
+    @property
+    def last_committed(self) -> int:
+        """The newest step known committed (-1: none)."""
+        return self.view.last_committed
+
+    @property
+    def saving(self) -> bool:
+        """False for a worker replica: it restores the chief's checkpoints, never saves."""
+        return self.view.policy.saving
 
     @property
     def failure(self) -> Optional[CheckpointError]:
@@ -206,15 +251,16 @@ class CheckpointAgent:
         :class:`NoRestorableCheckpoint` (all corrupt, not ``allow_reinit``): :mod:`.restore`'s rules.
         """
         done = restore_at_start.restore_or_init(self.checkpoint, self.global_step, self.layout, init,
-                                                  allow_reinit=self.allow_reinit, read_retry=self.read_retry,
-                                                  clock=self.clock, sleep=self.sleep, pinned=pinned, before=before)
+                                                  allow_reinit=self.restore_rules.allow_reinit,
+                                                  read_retry=self.restore_rules.read_retry, clock=self.clock,
+                                                  sleep=self.restore_rules.sleep, pinned=pinned, before=before)
         if done.path is not None:
             self.restored_from, self.restored_source = done.path, RestoreSource.DISK
-        self.superseded = {m.step: m.revision for m in done.passed}
+        self.revisions.passed_over({m.step: m.revision for m in done.passed})
         if self.restored_from:
-            self.last_committed = int(self.global_step.numpy())
+            self.view.restored(int(self.global_step.numpy()))
             done_manifest = Manifest.from_json(read_json(manifest_path(self.layout, os.path.basename(self.restored_from))))
-            self.revision = done_manifest.revision if done_manifest is not None else 0
+            self.revisions.restored(done_manifest.revision if done_manifest is not None else 0)
         # the restored (or initial) state is on disk or rebuilt by init: the first in-memory
         # snapshot is of a step trained after it
         self.memory.start(int(self.global_step.numpy()), self.clock())
@@ -228,35 +274,99 @@ class CheckpointAgent:
         than its own); the next in-memory snapshot is of a step trained after it."""
         self.restored_from = f"the group's in-memory snapshot of step {step}"
         self.restored_source = RestoreSource.PEER if peer else RestoreSource.MEMORY
-        self.last_committed = newest_committed
+        self.view.restored(newest_committed)
         self.memory.start(step, self.clock())
         self.store.arena_for(arena_bytes_needed(self.checkpoint), background=True)
 
     # ------------------------------------------------------------------ during training
     def heartbeat(self, ch: TrainerChannels, step: int, now: float) -> None:
         """Tell the checkpoint service our policy (again); it is how a restarted service finds us."""
-        self.last_heartbeat = now
-        ch.setup(CheckpointSetup(os.getpid(), self.basename, self.save_model_secs, self.max_to_keep,
-                                 self.keep_checkpoint_every_n_hours, step,
+        self.view.heartbeat_sent(now)
+        policy = self.policy
+        ch.setup(CheckpointSetup(os.getpid(), policy.basename, policy.save_model_secs, policy.max_to_keep,
+                                 policy.keep_checkpoint_every_n_hours, step,
                                  self.store.arena.ref() if self.store.arena is not None else None, self.in_flight))
 
     def poll(self, ch: TrainerChannels, step: int, now: float, ahead: float = 0.0) -> bool:
         """At a step boundary (``step`` steps completed): heartbeat, read the service's messages,
-        apply the every-N-steps trigger; True if a snapshot of ``step`` is due now. A heartbeat or
-        read due within ``ahead`` s is done now (the boundary runs anyway: one rhythm, not two)."""
-        if self.saving and now + ahead - self.last_heartbeat >= HEARTBEAT_EVERY:  # (a group's worker: none)
-            self.heartbeat(ch, step, now)
-        if now + ahead >= self._next_read or step - self._read_step >= READ_EVERY_STEPS:
-            self._read_service(ch, step, now)
-        if self.in_flight is not None and now >= self.commits.overdue_at:
+        check the deadline of the snapshot in flight, apply the every-N-steps trigger; True if a
+        snapshot of ``step`` is due now (then :meth:`snapshot`). A heartbeat or read due within
+        ``ahead`` s is done now (the boundary runs anyway: one rhythm, not two). :meth:`work` does the
+        whole boundary."""
+        self.view.begin(step, now)
+        return self._run(ch, step, now, ahead)
+
+    def work(self, ch: TrainerChannels, step: int, now: float, hand_off_summaries: Callable[[], None],
+             unwritten_from: Callable[[], Optional[int]], ahead: float = 0.0) -> None:
+        """The checkpoint work of the completed ``step``, before the next one runs, as
+        :func:`~procsv.trainer.checkpoint.boundary_plan.plan` decides it: the service's messages and
+        heartbeat when due, then a snapshot to disk if one is due, else the hand-off of an in-memory
+        snapshot waiting for its summaries, else a new in-memory snapshot if one is due; a group
+        member's every-K-th step has its watched losses checked. The summaries the program logged
+        for ``step`` are handed off before a snapshot of it (``hand_off_summaries``), so that a commit
+        never gets ahead of them; ``unwritten_from`` gives the lowest step with a summary not
+        confirmed written. Raises :class:`NonFiniteState` when a snapshot or a check was refused."""
+        self.view.begin(step, now)
+        self._run(ch, step, now, ahead, (hand_off_summaries, unwritten_from))
+
+    def _run(self, ch: TrainerChannels, step: int, now: float, ahead: float,
+             tier: Optional[tuple[Callable[[], None], Callable[[], Optional[int]]]] = None) -> bool:
+        """Observe, plan, act, until the plan asks for nothing more at this boundary. Without ``tier``
+        (:meth:`poll`) the snapshots are left to the caller: returns whether a disk one is due."""
+        while True:
+            actions = plan(self._observe(now, tier[1] if tier is not None else None), step, now, ahead)
+            for action in actions:
+                if tier is None and isinstance(action, _TIER_WORK):
+                    return any(isinstance(a, Snapshot) for a in actions)
+                self._perform(ch, action, now, tier)
+                self.view.did(action)
+            if not actions or not isinstance(actions[-1], (ReadService, Release)):
+                return False
+
+    def _observe(self, now: float, unwritten_from: Optional[Callable[[], Optional[int]]] = None,
+                 busy_enough: bool = False) -> BoundaryView:
+        """The view, with what the collaborators hold now: the snapshot in flight and its deadline,
+        whether runs changed the state, the in-memory tier (``unwritten_from`` asked only while an
+        in-memory snapshot waits for its summaries). ``busy_enough`` (for :meth:`next_work`): the
+        tier's readiness is not looked at when a save is pending, a snapshot in flight, one waiting
+        or one being measured (every boundary has work then, whatever it says)."""
+        view, memory, commits = self.view, self.memory, self.commits
+        changed = self.changes is not None and bool(self.changes.changed)
+        view.observe(commits.step, commits.overdue_at, changed)
+        waiting = memory.waiting_step()
+        measuring = memory.measuring()
+        if busy_enough and (view.pending is not None or commits.step is not None or waiting is not None or measuring):
+            ready = False
+        else:
+            ready = memory.ready(now)
+        view.observe_memory(memory.step, waiting, measuring, ready,
+                            memory.next_due() if ready and self.group is None else NEVER, memory.refused_by_peer,
+                            unwritten_from() if waiting is not None and unwritten_from is not None else None)
+        return view
+
+    def _perform(self, ch: TrainerChannels, action: Action, now: float,
+                 tier: Optional[tuple[Callable[[], None], Callable[[], Optional[int]]]]) -> None:
+        """Do what the plan asked for (every socket, TensorFlow and shared-memory effect of the boundary)."""
+        if isinstance(action, Heartbeat):
+            self.heartbeat(ch, action.step, now)
+        elif isinstance(action, ReadService):
+            self._read_service(ch, action.step, now)
+        elif isinstance(action, CheckDeadline):
             self._overdue(ch, now)
-        # (not a step already committed: the one a restart restored from, which would save again at its next step)
-        if self.saving and self.save_checkpoint_steps and step > max(0, self.last_committed) \
-                and step % self.save_checkpoint_steps == 0:
-            self.pending = self.pending or SaveReason.STEPS
-            if self.in_flight is not None and self._read_step != step:
-                self._read_service(ch, step, now)  # the snapshot in flight may have committed: save at this step then
-        return bool(self.pending) and self.in_flight is None and (step > self.last_committed or self.behind(step))
+        elif isinstance(action, Trigger):
+            self.view.requested(action.reason)
+        elif tier is None:
+            raise ValueError(f"{action}: the snapshots are the caller's after poll()")
+        elif isinstance(action, HandOffSummaries):
+            tier[0]()
+        elif isinstance(action, Snapshot):
+            self._send(ch, action.step, action.reason)
+        elif isinstance(action, Release):
+            self.memory.release(ch, self.view.unwritten_from)
+        elif isinstance(action, MemorySnapshot):
+            self.memory.snapshot(ch, action.step, self.meta_graph, tier[1]())
+        elif isinstance(action, CheckGroupLosses):
+            self.check_group_step(action.step)
 
     def behind(self, step: int) -> bool:
         """Whether ``step`` is committed but runs changed the state since its snapshot without advancing
@@ -265,45 +375,29 @@ class CheckpointAgent:
 
     def _read_service(self, ch: TrainerChannels, step: int, now: float) -> None:
         """Take every message the checkpoint service has sent (without waiting)."""
-        self._read_step = step
-        self._take(ch.poll_checkpoint() if self.in_flight is not None else self.memory.poll_for_ack(ch))
+        self._note(ch.poll_checkpoint() if self.in_flight is not None else self.memory.poll_for_ack(ch))
         followed = getattr(ch, "followed", 0)  # (a stand-in for the channels has none)
         if followed != self._followed:  # node 0's restarted service: the dead one acknowledges nothing
             self._followed = followed
             self.memory.followed(ch, now)  # (the copy it lost handed to the new one)
-        self._next_read = now + (READ_EVERY if self.in_flight is not None else self.memory.read_wait(now, READ_IDLE))
-
-    def _answer_awaited(self, at: float) -> None:  # a snapshot was just sent: read its answer by ``at``
-        self._next_read = min(self._next_read, at)
+        self.view.read(step, now + (READ_EVERY if self.in_flight is not None
+                                         else self.memory.read_wait(now, READ_IDLE)))
 
     def snapshot(self, ch: TrainerChannels, step: int) -> bool:
         """Take and send the due snapshot of ``step`` (call only after :meth:`poll` said so)."""
-        assert self.pending is not None
-        return self._send(ch, step, self.pending)
+        pending = self.view.pending
+        assert pending is not None
+        return self._send(ch, step, pending)
 
     def request(self, reason: SaveReason) -> None:
         """Checkpoint at the next step boundary (coalesced with any trigger already pending)."""
-        self.pending = self.pending or reason
-        self.wake()
+        self.view.requested(reason)
+        self.hooks.wake()
 
     def next_work(self, step: int, now: float) -> tuple[float, float]:
         """After the checkpoint work at boundary ``step``: the first boundary and time (on the clock)
-        it may have work again; exact for step triggers, and never after the next read of the
-        service (a freed slot or a ready arena is seen then). Every boundary while a save is
-        pending, a snapshot in flight or one waiting for its summaries, and the one after an in-memory
-        snapshot (its cost is measured there: :meth:`charge_memory`)."""
-        if (self.pending is not None or self.in_flight is not None or self.memory.waiting()
-                or self.memory.measuring()):
-            return step + 1, now
-        at_step = self._read_step + READ_EVERY_STEPS
-        if self.save_checkpoint_steps:
-            at_step = min(at_step, (step // self.save_checkpoint_steps + 1) * self.save_checkpoint_steps)
-        at = min(self._next_read, self.last_heartbeat + HEARTBEAT_EVERY if self.saving else float("inf"))
-        if self.group is not None:  # a group's in-memory snapshots: by the step alone
-            at_step = min(at_step, self.memory.next_step(step))
-        elif self.memory.ready(now):
-            at = min(at, self.memory.next_due())
-        return at_step, at  # (an in-memory snapshot blocked by a slot or an ack: looked at again at the read)
+        it may have work again (:func:`~procsv.trainer.checkpoint.boundary_plan.next_bound`)."""
+        return next_bound(self._observe(now, busy_enough=True), step, now)
 
     def _overdue(self, ch: TrainerChannels, now: float) -> None:
         """A deadline of the snapshot in flight passed: unless its commit is still writing (slow, not
@@ -328,21 +422,18 @@ class CheckpointAgent:
         self.store.slots.disk_done()
         if msg.reason != SaveReason.LOST:
             self.store.slots.acknowledged(msg.step, slot)  # the service holds it (the newest it has)
-        if self.sent_revision and (not msg.ok or msg.again) and self.changes is not None:
+        retake = self.revisions.answered(msg.step, msg.ok, msg.again, msg.revision, self.last_committed)
+        if retake and self.changes is not None:
             self.changes.changed = True  # that newer state of the step is not on disk (or a newer one is): taken again
         if msg.ok:
-            if not msg.again:
-                self.superseded.pop(msg.step, None)
-            if msg.step >= self.last_committed:
-                self.revision = msg.revision if msg.step > self.last_committed else max(self.revision, msg.revision)
-            self.last_committed = max(self.last_committed, msg.step)
+            self.view.committed(msg.step)
             self.commits.committed(msg.persist_secs)
-            for committed in self.on_commit:
+            for committed in self.hooks.committed:
                 committed(msg.step)
         elif msg.reason == SaveReason.LOST:
             print(f"procsv: the checkpoint service restarted with the snapshot of step {msg.step} in flight; "
                   "taking it again", file=sys.stderr, flush=True)
-            self.pending = self.pending or self.commits.reason
+            self.view.requested(self.commits.reason)
         else:
             self.commits.failed(msg.step, msg.error)
 
@@ -355,14 +446,15 @@ class CheckpointAgent:
             left = deadline - ch.clock()
             if left <= 0:
                 return False
-            self._take(ch.poll_checkpoint(timeout=min(left, READ_EVERY)))
+            self._note(ch.poll_checkpoint(timeout=min(left, READ_EVERY)))
         return True
 
-    def _take(self, messages: list[Any]) -> None:
-        """The checkpoint service's messages: save requests, commit results, acknowledgments, loading."""
+    def _note(self, messages: list[Any]) -> None:
+        """Fold the checkpoint service's messages in (the one way its replies reach the agent's state):
+        save requests, commit results, acknowledgments of in-memory snapshots, refusals, loading."""
         for msg in messages:
             if isinstance(msg, SaveRequest):
-                self.pending = self.pending or msg.reason
+                self.view.requested(msg.reason)
             elif isinstance(msg, SaveResult):
                 self._on_result(msg)
             elif isinstance(msg, SnapshotHeld):
@@ -377,9 +469,9 @@ class CheckpointAgent:
         slot = self.store.slots.free(ch.clock())
         if slot is None:  # cannot happen with no snapshot in flight to disk; wait for a slot all the same
             return False
-        for before in self.before_snapshot:
+        for before in self.hooks.before:
             before(step, reason)
-        for prepare in self.prepare_snapshot:
+        for prepare in self.hooks.prepare:
             prepare()
         t0 = ch.clock()
         # the snapshot is work on purpose, not a hang: the watchdog's hang clock pauses meanwhile
@@ -391,32 +483,29 @@ class CheckpointAgent:
             snap = self.store.take(step, slot, fresh=not reuse)
         except NonFiniteState:  # refused: nothing is sent, nor retried before the next trigger
             ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))
-            self.pending = None
+            self.view.served()
             self.memory.skipped(step, ch.clock())
             raise
         if snap.step is not None:  # named by the global step stored in it, not by the step counted here
             step = snap.step
-        self.sent_revision = self.revision + 1 if step == self.last_committed else 0  # a newer state of a committed step
-        self.sent_revision = max(self.sent_revision, self.superseded.get(step, -1) + 1)  # see superseded
+        revision = self.revisions.take(step, self.last_committed)  # a newer state of a committed step
         arena = self.store.ref_of(snap)
         meta = self.meta_graph  # graph mode: <prefix>.meta too (TF's Saver.save(write_meta_graph=True))
-        sent = ch.send_snapshot(SaveData(step, reason, self.basename, snap.specs, arena, slot, True, meta is not None,
-                                         getattr(self.global_step, "numbered", True), self.sent_revision,
+        sent = ch.send_snapshot(SaveData(step, reason, self.policy.basename, snap.specs, arena, slot, True, meta is not None,
+                                         getattr(self.global_step, "numbered", True), revision,
                                          attempt=self.attempt),
                                 snap.frames if meta is None else [*snap.frames, meta], until)
         ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))
         self.memory.superseded()  # an in-memory snapshot still waiting is older than this one: never send it
-        end = ch.clock()
-        self.last_snapshot_secs = end - t0
-        self.memory.disk_taken(step, end)
+        self.memory.disk_taken(step, ch.clock())
         if sent:
             if self.changes is not None:
                 self.changes.changed = False  # (this snapshot holds what the runs changed)
             self.store.slots.sent_disk(slot)
             nbytes = snap.arena_bytes + sum(int(getattr(f, "nbytes", 0) or len(f)) for f in snap.frames)
             self.commits.sent(step, reason, nbytes, ch.clock())
-            self._answer_awaited(ch.clock() + READ_EVERY)
-            self.pending = None
+            self.view.answer_awaited(ch.clock() + READ_EVERY)
+            self.view.served()
         return sent
 
     # ------------------------------------------------------------------ the end of a session
@@ -432,14 +521,14 @@ class CheckpointAgent:
                 break
             if now >= self.commits.overdue_at:
                 self._overdue(ch, now)
-            if now - self.last_heartbeat >= HEARTBEAT_EVERY:
+            if now - self.view.last_heartbeat >= HEARTBEAT_EVERY:
                 self.heartbeat(ch, step, now)
             try:
                 result = ch.wait_save_result(self.in_flight, min(deadline, self.commits.overdue_at, now + HEARTBEAT_EVERY),
                                              lambda msg: self.commits.load_moved(msg) if isinstance(msg, CommitLoading) else None)
             except NoReply:
                 continue
-            self._on_result(result)
+            self._note([result])
         return self.in_flight is None, result
 
     def wait_in_flight(self, ch: TrainerChannels, step: int, deadline: float) -> bool:
@@ -470,7 +559,7 @@ class CheckpointAgent:
                 sent = self._free_slot(ch, step, deadline) and self._send(ch, step, reason, Busy.FINAL_CHECKPOINT, deadline)
             except NonFiniteState as bad:
                 self.refused_final = True
-                for refused in self.on_refused:
+                for refused in self.hooks.refused:
                     refused(bad, True)  # the policy: --on-nonfinite stop raises
                 return None
             if not sent:
@@ -484,11 +573,11 @@ class CheckpointAgent:
                 print(f"procsv: the {reason} checkpoint at step {step} did not commit within "
                       f"stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
                 return None
-            self._on_result(result)
+            self._note([result])
             # ``again`` for a newer revision of a committed step: the service has that revision already, an
             # older state (a service that died after its commit point, before its answer, or a dead trainer's
             # snapshot); the answer named it, so this state goes again as the revision above it
-            if not (result.ok and result.again and self.sent_revision and self.behind(step)):
+            if not (result.ok and result.again and self.revisions.sent and self.behind(step)):
                 break
         if result is not None and result.ok:
             print(f"procsv: {reason} checkpoint committed at step {step}", flush=True)

@@ -81,7 +81,7 @@ class CheckpointKeeper:
         assert channels is not None
         if pin_path:
             return self._restore_group(GroupPin(pin_path), init, chief, restarted and not reused, config)
-        if restarted and chief and not reused and agent.memory_budget > 0:
+        if restarted and chief and not reused and agent.memory.budget > 0:
             restore_at_start.recover_memory(channels)  # a dead trainer's in-memory snapshot, if the service held one
         return agent.restore_or_init(init)
 

@@ -17,10 +17,10 @@ from typing import Any, Callable, Optional
 from procsv.ipc.messages import GroupCopyRefused, SaveData, SaveReason, SnapshotHeld, TensorSpec
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint import memory_tier, peer_copy
+from procsv.trainer.checkpoint.boundary_plan import READ_EVERY  # (while an answer is awaited)
 from procsv.trainer.checkpoint.snapshot_store import SnapshotStore
 from procsv.common.errors import NonFiniteState
 
-READ_EVERY = 0.01  # seconds between reads of the service's messages while an answer is awaited (see agent.py)
 PLAN_MAX_AGE = 10.0  # seconds a snapshot may reuse the object-graph walk of an earlier one (if the graph's shape is the same)
 
 
@@ -112,9 +112,11 @@ class MemoryTier:
     def ready(self, now: float) -> bool:
         """Nothing but time keeps an in-memory snapshot back: the tier is on, its memory is ready, the
         last one was acknowledged and a slot is free."""
+        if self.budget <= 0:  # (off: no copy was ever sent, none to reap)
+            return False
         store = self.store
         self.reap_sends()
-        return (self.budget > 0 and store.arena is not None and not store.arena.populating()
+        return (store.arena is not None and not store.arena.populating()
                 and not store.slots.unacked_pending(now) and store.slots.free(now) is not None)
 
     def next_due(self) -> float:
@@ -183,6 +185,10 @@ class MemoryTier:
     def waiting(self) -> bool:
         """An in-memory snapshot is copied and waits for its summaries (see :meth:`release`)."""
         return self._waiting is not None
+
+    def waiting_step(self) -> Optional[int]:
+        """The step of the in-memory snapshot copied and waiting for its summaries (None: none waits)."""
+        return self._waiting[0].step if self._waiting is not None else None
 
     def release(self, ch: TrainerChannels, unwritten_from: Optional[int]) -> bool:
         """Hand the waiting in-memory snapshot to the service once the summary service has written

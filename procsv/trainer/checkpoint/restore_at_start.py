@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -160,6 +161,17 @@ def _walk(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], 
         print(f"procsv: the checkpoint service moves the corrupt {names} to {layout.quarantine}/ "
               "(not deleted: look at them there)", file=sys.stderr, flush=True)
     return Restored(path, [m.prefix for m, _ in choice.corrupt], later)
+
+
+@dataclass(frozen=True)
+class RestoreRules:
+    """How a restore at start treats what it finds: ``allow_reinit`` (every committed checkpoint corrupt:
+    start from step 0 instead of failing), how long an unreadable file is retried (``read_retry``) and
+    how it waits between tries (``sleep``)."""
+
+    allow_reinit: bool = False
+    read_retry: ReadRetry = field(default_factory=ReadRetry)
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
 
 
 @dataclass(frozen=True)

@@ -108,8 +108,8 @@ class SaveListening:
                  after: Callable[[int], None]) -> None:
         self._agent = agent
         self._before, self._after = before, after
-        agent.before_snapshot.append(before)
-        agent.on_commit.append(after)
+        agent.hooks.before.append(before)
+        agent.hooks.committed.append(after)
 
     @property
     def last_committed(self) -> int:
@@ -127,8 +127,8 @@ class SaveListening:
 
     def close(self) -> None:
         """No more calls of the listeners."""
-        self._agent.before_snapshot.remove(self._before)
-        self._agent.on_commit.remove(self._after)
+        self._agent.hooks.before.remove(self._before)
+        self._agent.hooks.committed.remove(self._after)
 
 
 class FrontEnd:
@@ -162,7 +162,7 @@ class FrontEnd:
         """Call ``prepare()`` right before each snapshot, of this session and of every later one (a
         front-end writes the state it keeps in Python into its variables). Nothing if nothing is saved."""
         if self._keeper is not None:
-            self._keeper.configure(lambda agent: agent.prepare_snapshot.append(prepare))
+            self._keeper.configure(lambda agent: agent.hooks.prepare.append(prepare))
 
     def listen_to_saves(self, before: Callable[[int, SaveReason], None],
                         after: Callable[[int], None]) -> Optional[SaveListening]:

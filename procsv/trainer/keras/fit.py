@@ -154,7 +154,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
                              "one nothing would be backed up")
         input_position.build_state(model, inp)  # every variable must exist to be restored into
         # the position lives in Python while fit runs (no TF op per batch) and is written into
-        # these variables right before each snapshot (CheckpointAgent.prepare_snapshot)
+        # these variables right before each snapshot (CheckpointAgent.hooks.prepare)
         self.epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="fit_epoch")
         self.batch_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="fit_batch")
         metrics = {f"v{i}": v.value for i, v in enumerate(model.metrics_variables)}

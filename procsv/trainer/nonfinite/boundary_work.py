@@ -200,7 +200,7 @@ class BoundaryWork:
         agent = self._agent
         if agent is None or isinstance(agent.store.checkpoint, NameBasedCheckpoint):  # restored from disk only
             return
-        for prepare in agent.prepare_snapshot:
+        for prepare in agent.hooks.prepare:
             prepare()
         self._kept = retry_state.keep(self._checkpoint, step)
 

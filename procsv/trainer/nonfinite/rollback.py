@@ -114,7 +114,7 @@ class NonfiniteRollback:
         if not agent.saving and not self.watch.group_refusal:  # a replica's worker: the chief looks
             return  # (a group's members all look: whichever finds it first asks for the group's rollback)
         agent.store.watch = self.watch
-        agent.on_refused.append(self.refused)
+        agent.hooks.refused.append(self.refused)
 
     @property
     def group_rolls_back(self) -> bool:
@@ -246,7 +246,7 @@ class NonfiniteRollback:
             if restored < 0 or restored >= bad_step:
                 return f"no committed checkpoint or in-memory snapshot before step {bad_step} to roll back to"
             self._flush_summaries()
-            source, kind = f"{agent.basename}-{restored}", RestoreSource.DISK
+            source, kind = f"{agent.policy.basename}-{restored}", RestoreSource.DISK
             path = os.path.join(agent.layout.logdir, source)
             began = self._clock()
             if isinstance(agent.store.checkpoint, NameBasedCheckpoint):  # a TF1 graph program's variables
