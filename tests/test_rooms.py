@@ -21,7 +21,8 @@
 * ``procsv/watchdog/rules/`` (the decision function) reaches, through every import it makes and
   theirs, only the standard library's pure modules, procsv's error, exit-code and message-base
   types, and ``rules/`` itself: no clock of its own, no socket, no file; so does each of the
-  trainer's pure planners (``PURE_PLANNERS``: the checkpoint agent's step-boundary plan);
+  trainer's pure planners (``PURE_PLANNERS``: the checkpoint agent's step-boundary plan, the
+  non-finite rollback's plan, the in-memory tier's schedule);
 * the folders' direction: ``services/`` never imports the trainer's code, ``ipc/`` nothing of
   procsv but ``procsv.common.errors`` and itself, ``procsv/common/`` nothing of the processes;
 * every package folder is listed in pyproject.toml (an editable install hides a missing one; a
@@ -55,10 +56,12 @@ RULES = "procsv.watchdog.rules"
 # what rules/ may import: standard-library modules that do no I/O of their own (signal: its names
 # and numbers only; random: the seeded generator the chaos plan is given), and procsv's vocabulary
 RULES_STDLIB = {"__future__", "typing", "dataclasses", "enum", "math", "random", "signal", "collections",
-                "functools", "itertools", "abc", "re"}
+                "functools", "itertools", "abc", "re", "statistics"}
 RULES_PROCSV = {"procsv.common.errors", "procsv.common.exitcodes", "procsv.ipc.message_base"}
-# the trainer's pure planners, held to the same: the checkpoint agent's step-boundary plan (issue 66)
-PURE_PLANNERS = ("procsv.trainer.checkpoint.boundary_plan",)
+# the trainer's pure planners, held to the same: the checkpoint agent's step-boundary plan (issue 66), the
+# non-finite rollback's plan, the in-memory tier's schedule
+PURE_PLANNERS = ("procsv.trainer.checkpoint.boundary_plan", "procsv.trainer.nonfinite.plan",
+                 "procsv.trainer.checkpoint.memory_tier")
 
 
 def modules(repo: pathlib.Path = REPO, roots: Optional[dict[str, str]] = None) -> dict[str, pathlib.Path]:
