@@ -169,39 +169,31 @@ def test_a_nan_first_seen_when_the_loop_ends_is_rolled_back_and_replayed_not_exi
     assert _final_variables(logdir, 60) == plain("sgd", (55,), "--steps", "60", steps=60)
 
 
-def test_a_step_whose_gradient_is_nan_and_loss_finite_is_found_and_skipped_not_the_next_one(loaded, plain):
-    # step 45 adds a loss term whose value is 0 and whose gradient is NaN: its loss is finite, the
-    # weights after it are not, and the first non-finite loss is step 46's. Before: 46 was retried
-    # and skipped (the replay applied 45 again each time), then 47, 48, until exit 4. Now the skip
-    # of 46 finds the weights before it non-finite after the replay, restores again, checks the
-    # weights after each replayed step, and skips 45, the step that poisoned them
-    # (--grad-nan-at 45 LAGGING, no in-memory tier)
-    logdir, code, out, err = loaded("grad-nan-45")
+# A step whose gradient is NaN and whose loss is finite (a loss term of value 0 and NaN gradient: a NaN in
+# one batch whose loss term stays finite), found by what sees it first, skipped, the run bit-equal:
+# * grad-nan-45: the first non-finite loss is step 46's. Before: 46 was retried and skipped (the replay
+#   applied 45 again each time), then 47, 48, until exit 4. Now the skip of 46 finds the weights before it
+#   non-finite after the replay, restores again, checks the weights after each replayed step, and skips 45
+#   (--grad-nan-at 45 LAGGING, no in-memory tier);
+# * grad-nan-40: the ordinary case, one step in save_steps: its step is a snapshot's, and the snapshot of
+#   step 40 sees the non-finite weights before any loss does (step 41's has not run). Before: exit 4, "only
+#   the weights were found non-finite, at a snapshot: the step that made them so is not known". Now they are
+#   bisected as a bad step's: restore before step 41, check the weights after each replayed step, skip 40
+#   (--grad-nan-at 40 LAGGING --wait-commit 20: the snapshot of 40 taken at step 40, no in-memory tier)
+@pytest.mark.parametrize("name, step, found", [
+    ("grad-nan-45", 45, "the weights turned non-finite at step 45"),
+    ("grad-nan-40", 40, "the weights of the snapshot of step 40 are non-finite, every loss up to it finite")])
+def test_a_step_whose_gradient_is_nan_and_loss_finite_is_found_and_skipped_not_the_next_one(
+        loaded, plain, name: str, step: int, found: str) -> None:
+    logdir, code, out, err = loaded(name)
     said = out + err
     assert code == 0, said
-    assert "the weights turned non-finite at step 45" in said, said
+    assert found in said, said
     # the skip line says why: its gradient, not its loss (which was finite)
-    assert "skipped step 45 (its gradient turned the weights non-finite, its loss finite)" in said, said
-    assert "skipped step 46" not in said, said
-    assert skipped_steps(logdir) == [45], said
-    assert _final_variables(logdir) == plain("sgd", (45,))  # bit-equal, every variable
-
-
-def test_a_nan_gradient_at_a_snapshot_step_is_found_by_the_snapshot_and_skipped_not_exit_4(loaded, plain):
-    # the ordinary case of a NaN gradient (a NaN in one batch whose loss term stays finite), one step in
-    # save_steps: its step is a snapshot's, and the snapshot of step 40 sees the non-finite weights before
-    # any loss does (step 41's has not run). Before: exit 4, "only the weights were found non-finite, at a
-    # snapshot: the step that made them so is not known". Now the weights are bisected as a bad step's:
-    # restore before step 41, check the weights after each replayed step, skip step 40
-    # (--grad-nan-at 40 LAGGING --wait-commit 20: the snapshot of 40 taken at step 40, no in-memory tier)
-    logdir, code, out, err = loaded("grad-nan-40")
-    said = out + err
-    assert code == 0, said
-    assert "the weights of the snapshot of step 40 are non-finite, every loss up to it finite" in said, said
-    assert "skipped step 40 (its gradient turned the weights non-finite, its loss finite)" in said, said
-    assert "skipped step 41" not in said, said
-    assert skipped_steps(logdir) == [40], said
-    assert _final_variables(logdir) == plain("sgd", (40,))  # bit-equal, every variable
+    assert f"skipped step {step} (its gradient turned the weights non-finite, its loss finite)" in said, said
+    assert f"skipped step {step + 1}" not in said, said
+    assert skipped_steps(logdir) == [step], said
+    assert _final_variables(logdir) == plain("sgd", (step,))  # bit-equal, every variable
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
