@@ -583,3 +583,22 @@ def test_a_workers_own_exit_4_or_5_after_the_chief_exited_0_with_no_step_reporte
         acts = sim.tick(0.01)
         assert [type(a) for a in acts] == [Finish] and sim.view.exit_code == 0, acts
         assert blame(sim.view, sim.trainer).slot == TRAINER
+
+
+def test_a_group_restored_from_its_in_memory_snapshot_for_a_rollback_passes_over_the_checkpoints_of_the_step_or_later(
+        tmp_path):
+    """What a rollback of step B restored from the group's in-memory snapshot passes over: the committed checkpoints
+    of B or later, with their revisions (the group's commit of such a step is their next revision, rewritten in
+    place). Before: only a restore from disk passed them over; the group rolled back from its snapshot of step 100
+    for worker1's NaN at the last step, 120, committed its final checkpoint of 120 as revision 0, which the service
+    answered "step 120 is committed already; not written again": the newest checkpoint kept step 120 applied."""
+    layout = Layout(str(tmp_path))
+    os.makedirs(layout.manifests, exist_ok=True)
+    for step, revision in ((90, 0), (120, 2)):
+        m = Manifest(step, f"model.ckpt-{step}", {f"model.ckpt-{step}.index": {"size": 1, "crc32c": 0}}, 1.0, "steps",
+                     revision)
+        write_json(os.path.join(layout.manifests, f"model.ckpt-{step}.json"), m.to_json())
+    assert [(m.step, m.revision) for m in group_restore.passed_over(layout, 120)] == [(120, 2)]
+    assert [m.step for m in group_restore.passed_over(layout, 100)] == [120]
+    assert [m.step for m in group_restore.passed_over(layout, 90)] == [90, 120]
+    assert group_restore.passed_over(layout, 121) == [] and group_restore.passed_over(layout, None) == []
