@@ -215,7 +215,8 @@ class StepBoundary:
         (:func:`~procsv.trainer.nonfinite.policy.member_checks_at_end`)."""
         agent = self._keeper.agent if self._keeper is not None else None
         on_its_own = self._coord.exception is None and self._coord.stop_signal is None
-        if agent is None or self._channels is None or self._chief or not self._rollback.member_checks_at_end(on_its_own):
+        if agent is None or self._channels is None or self._chief \
+                or not self._rollback.member_checks_at_end(on_its_own):
             return
         try:
             agent.check_group_end(self.state.step)
