@@ -57,8 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--on-nonfinite", choices=["rollback", "stop", "continue"], default=None,
                     help="when a step's loss (or a snapshot's weights) is NaN or infinite: restore the newest "
                          "finite checkpoint in place, replay, retry the bad step and skip it if it is non-finite "
-                         "again (rollback; in a --nproc group it stops as stop does), stop in order and exit 4 "
-                         "(stop), or train on (continue); never is a "
+                         "again (rollback; a --nproc group is restarted, every member skipping it), stop in order "
+                         "and exit 4 (stop), or train on (continue); never is a "
                          "poisoned checkpoint committed (default: the Supervisor's on_nonfinite, else rollback)")
     la.add_argument("--max-skips", type=int, default=3, metavar="K",
                     help="with --on-nonfinite rollback: more than K skipped steps within --skip-window steps stop "

@@ -34,6 +34,8 @@ GROUP = ("--nproc", "2")
 MEMORY = ("--strategy", "multiworker", "--save-model-secs", "600", "--step-delay", "0.004", "--print-every-steps", "10")
 # the plain (reference) group runs, never restarted: no standby group is prepared to wait unused
 NO_STANDBY = ("--standby", "fork")
+# each member's own loss watched: a NaN in worker1's alone (or, --in-batch, in its batch)
+LOCAL_NAN = os.path.join(PROGRAMS, "group_local_nan.py")
 
 
 def events(logdir: str, name: str) -> list[dict[str, Any]]:
@@ -99,6 +101,36 @@ def test_a_nan_loss_in_a_group_with_stop_stops_the_whole_group_in_order_with_exi
     assert (raw_status(logdir) or {}).get("exit_code") == 4
     # every committed checkpoint is finite; the newest is from before the poisoned step (above)
     assert committed_steps(logdir) == steps
+    for step in steps:
+        assert finite_floats(os.path.join(logdir, f"model.ckpt-{step}")) > 0
+
+
+def test_a_nan_only_a_workers_own_loss_shows_at_the_last_step_with_stop_ends_the_run_with_exit_4_naming_it(logdir):
+    """--on-nonfinite stop, worker1's own loss of the last step (120) alone NaN (no gradient): the chief commits its
+    final checkpoint and exits 0, worker1 finds it at its end and stops (exit 4): the run ends 4, its one line
+    naming the step and worker1; no restart; every checkpoint finite."""
+    # before: nothing checked a worker's kept losses at its end under stop (the chief's final checkpoint checks
+    # the chief's alone), and the run ended 0 with no line at all
+    code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "120", target=LOCAL_NAN,
+                                   opts=GROUP + ("--on-nonfinite", "stop")))
+    assert code == 4, err
+    line = [s for s in out.splitlines() if "procsv: non-finite training at step" in s]
+    assert len(line) == 1 and line[0].startswith("[worker1.1] procsv: non-finite training at step 120: the loss of "
+                                                 "step 120 is NaN or infinite; --on-nonfinite stop: stopping in order "
+                                                 "with exit code 4 (diverging)"), out
+    # it claims nothing of the chief's checkpoints, which it does not know (the chief committed step 120)
+    assert "this member saves no checkpoint; the chief's of step 120 or later, if any, hold that step's update" \
+        in line[0], line[0]
+    # the launch's giving-up line names the member and repeats its line
+    assert "procsv: giving up: the trainer is diverging" in err, err
+    assert "worker1 attempt 1 (pid" in err and line[0].split("procsv: ", 1)[1] in err, err
+    worker1 = [r["pid"] for r in events(logdir, "spawned") if r["role"] == "worker1"]
+    assert [(r["pid"], r["step"]) for r in events(logdir, "nonfinite_detected")] == [(worker1[0], 120)]
+    assert not events(logdir, "restarting") and not events(logdir, "step_skipped") and not events(logdir, "rolled_back")
+    ends = {r["role"]: r.get("code") for r in events(logdir, "exited") if r["role"] in ("trainer", "worker1")}
+    assert ends["worker1"] == 4 and ends["trainer"] in (0, 42), ends  # (42: the group's SIGTERM before its stop began)
+    assert (raw_status(logdir) or {}).get("exit_code") == 4
+    steps = committed_steps(logdir)
     for step in steps:
         assert finite_floats(os.path.join(logdir, f"model.ckpt-{step}")) > 0
 
@@ -207,8 +239,6 @@ def test_a_nan_loss_after_the_groups_last_snapshot_found_at_the_final_checkpoint
     assert (raw_status(logdir) or {}).get("skipped_steps") == [110]
     assert_bit_equal(logdir, plain_skipping_110)
 
-
-LOCAL_NAN = os.path.join(PROGRAMS, "group_local_nan.py")
 
 
 @pytest.fixture(scope="module")

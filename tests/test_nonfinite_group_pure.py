@@ -518,3 +518,87 @@ def test_a_member_that_stopped_on_divergence_alone_with_no_peer_asking_still_giv
     gave_up = of(sim.tick(0.01), GiveUp)
     assert len(gave_up) == 1 and gave_up[0].exit_code == EXIT_DIVERGING, sim.log
     assert not of(sim.log, Restart)
+
+
+# ----------------------------------------------------------------------------- a worker's NaN at the group's last step
+
+@pytest.mark.parametrize("chief_first", [False, True])
+def test_a_workers_rollback_of_the_last_step_is_judged_though_the_chief_committed_and_exited_0(chief_first):
+    # group_local_nan.py --nan-at 120 --steps 120 (reproduced: exit 0, step 120 never skipped): only worker1's loss
+    # of the last step is NaN, with no gradient; worker1 finds it at its end and asks for the group's rollback
+    # (exit 5), while the chief, whose losses are finite, commits its final checkpoint of step 120 and exits 0.
+    # Before: a chief that exited 0 was judged by itself ("a worker failing after the last step lost nothing"),
+    # whichever end came in first: the run finished
+    from procsv.watchdog.rules.actions import Finish
+
+    sim = group(2)
+    sim.tick(1.0)
+    reports(sim, W1, 120)
+    if chief_first:
+        sim.reaps(TRAINER, 0)
+        acts = sim.tick(0.01)
+        assert not of(acts, Finish) and not of(acts, Restart), acts  # worker1 reported: its exit status says
+    sim.reaps(W1, EXIT_GROUP_ROLLBACK, "GroupRollback")
+    if not chief_first:
+        sim.tick(0.01)
+        sim.reaps(TRAINER, 0)
+    acts = sim.tick(0.01)
+    assert not of(acts, Finish) and not of(acts, GiveUp), acts
+    assert [r.skip for r in of(acts, Restart)] == [120] and sim.view.skipped_steps == [120], sim.log
+    assert blame(sim.view, sim.trainer).slot == W1
+    assert sim.view.history.restarts == 0 and sim.view.rollbacks == 1
+    assert of(sim.tick(0.01), Spawn) == [Spawn(TRAINER, TRAINER)]
+
+
+def test_a_worker_that_stops_on_its_nan_at_the_last_step_ends_the_run_with_4_though_the_chief_exited_0():
+    # the same under --on-nonfinite stop: worker1 finds its loss of step 120 at its end and stops (exit 4).
+    # Before: nothing checked a worker's kept losses at its end under stop, and the chief's 0 ended the run 0
+    from procsv.watchdog.rules.actions import Finish
+
+    sim = group(2)
+    sim.tick(1.0)
+    reports(sim, W1, 120)
+    sim.reaps(TRAINER, 0)
+    assert not of(sim.tick(0.01), Finish)
+    sim.reaps(W1, EXIT_DIVERGING, "TrainingDiverged")
+    acts = sim.tick(0.01)
+    gave_up = of(acts, GiveUp)
+    assert len(gave_up) == 1 and gave_up[0].exit_code == EXIT_DIVERGING and "diverging" in gave_up[0].reason, acts
+    assert not of(acts, Restart) and not of(acts, Finish), acts
+    assert blame(sim.view, sim.trainer).slot == W1 and sim.view.exit_code == EXIT_DIVERGING
+    assert "worker1" in (sim.view.last_error or ""), sim.view.last_error
+
+
+def test_a_workers_own_exit_4_or_5_after_the_chief_exited_0_with_no_step_reported_still_ends_the_run_0():
+    # a chief that exited 0 is still judged by itself when no member reported a non-finite step: a worker's exit
+    # 4 or 5 after the last step with no report is its program's own, and lost nothing
+    from procsv.watchdog.rules.actions import Finish
+
+    for code in (EXIT_GROUP_ROLLBACK, EXIT_DIVERGING):
+        sim = group(2)
+        sim.tick(1.0)
+        sim.reaps(W1, code, "SystemExit")
+        sim.tick(0.01)
+        sim.reaps(TRAINER, 0)
+        acts = sim.tick(0.01)
+        assert [type(a) for a in acts] == [Finish] and sim.view.exit_code == 0, acts
+        assert blame(sim.view, sim.trainer).slot == TRAINER
+
+
+def test_a_group_restored_from_its_in_memory_snapshot_for_a_rollback_passes_over_the_checkpoints_of_the_step_or_later(
+        tmp_path):
+    """What a rollback of step B restored from the group's in-memory snapshot passes over: the committed checkpoints
+    of B or later, with their revisions (the group's commit of such a step is their next revision, rewritten in
+    place). Before: only a restore from disk passed them over; the group rolled back from its snapshot of step 100
+    for worker1's NaN at the last step, 120, committed its final checkpoint of 120 as revision 0, which the service
+    answered "step 120 is committed already; not written again": the newest checkpoint kept step 120 applied."""
+    layout = Layout(str(tmp_path))
+    os.makedirs(layout.manifests, exist_ok=True)
+    for step, revision in ((90, 0), (120, 2)):
+        m = Manifest(step, f"model.ckpt-{step}", {f"model.ckpt-{step}.index": {"size": 1, "crc32c": 0}}, 1.0, "steps",
+                     revision)
+        write_json(os.path.join(layout.manifests, f"model.ckpt-{step}.json"), m.to_json())
+    assert [(m.step, m.revision) for m in group_restore.passed_over(layout, 120)] == [(120, 2)]
+    assert [m.step for m in group_restore.passed_over(layout, 100)] == [120]
+    assert [m.step for m in group_restore.passed_over(layout, 90)] == [90, 120]
+    assert group_restore.passed_over(layout, 121) == [] and group_restore.passed_over(layout, None) == []

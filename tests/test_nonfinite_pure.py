@@ -14,7 +14,10 @@ import tensorflow as tf
 from conftest import quiet_env
 from procsv.ipc.messages import TensorSpec
 from procsv.trainer.nonfinite.losses import LossWatch
-from procsv.trainer.nonfinite.policy import OnNonfinite, RestoreBound, SkipBudget, in_place_refusal, parse
+from procsv.common.errors import NonFiniteState, TrainingDiverged
+from procsv.trainer.nonfinite.policy import (OnNonfinite, RestoreBound, SkipBudget, in_place_refusal,
+                                             member_checks_at_end, parse)
+from procsv.trainer.nonfinite.watch import NonfiniteWatch
 from procsv.trainer.nonfinite.scan import Rules, nonfinite_keys
 
 
@@ -41,6 +44,33 @@ def test_a_member_of_a_mirrored_trainer_group_cannot_roll_back_in_place_a_single
                           "MultiWorkerMirroredStrategy")
     assert "--on-nonfinite continue" in why and "fix the input and relaunch" in why
     assert "(8 members" in in_place_refusal(8, 0)
+
+
+def test_a_group_member_checks_its_kept_losses_at_its_end_under_rollback_always_under_stop_at_an_end_of_its_own():
+    # group_local_nan.py --nan-at 120 --steps 120 --on-nonfinite stop (reproduced: exit 0, no line): worker1's own
+    # loss of the last step is NaN; the chief's final checkpoint checks the chief's losses only, and nothing
+    # checked a member's at its end under stop. A member whose collective broke or that was signalled does not
+    # check under stop: a peer that found one stopped the group already (its report would say nothing new)
+    assert member_checks_at_end(OnNonfinite.ROLLBACK, True) and member_checks_at_end(OnNonfinite.ROLLBACK, False)
+    assert member_checks_at_end(OnNonfinite.STOP, True) and not member_checks_at_end(OnNonfinite.STOP, False)
+    assert not member_checks_at_end(OnNonfinite.CONTINUE, True) and not member_checks_at_end(OnNonfinite.CONTINUE, False)
+
+
+def test_a_group_members_stop_line_names_the_step_and_claims_nothing_of_the_chiefs_checkpoints(capsys):
+    # a group's member other than the chief saves no checkpoint and does not know what the chief committed:
+    # before, its line said "no checkpoint was committed before it" while the chief had committed step 120
+    watch = NonfiniteWatch("stop", (), ())
+    with pytest.raises(TrainingDiverged) as raised:
+        watch.refused(NonFiniteState(120, 120), None, final=True)
+    line = capsys.readouterr().err.strip()
+    assert line == f"procsv: {raised.value}" and "\n" not in line
+    assert line.startswith("procsv: non-finite training at step 120: the loss of step 120 is NaN or infinite; "
+                           "--on-nonfinite stop: stopping in order with exit code 4 (diverging)"), line
+    assert "this member saves no checkpoint; the chief's of step 120 or later, if any, hold that step's update" in line
+    assert "no checkpoint was committed" not in line and "newest finite one" not in line
+    with pytest.raises(TrainingDiverged):  # the chief, or a single trainer, as before
+        NonfiniteWatch("stop", (), ()).refused(NonFiniteState(40, 40), 30)
+    assert "the newest committed checkpoint (step 30) is the newest finite one" in capsys.readouterr().err
 
 
 def test_a_snapshot_that_turns_non_finite_within_10_steps_of_each_of_3_restores_is_diverging():

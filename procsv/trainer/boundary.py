@@ -210,10 +210,14 @@ class StepBoundary:
         """A trainer group's member other than the chief, at its session's end: its kept losses are
         checked (:meth:`~procsv.trainer.checkpoint.agent.CheckpointAgent.check_group_end`); a
         non-finite one goes to the policy as at the chief's final checkpoint: it reports the step and
-        asks for the group's rollback (exit 5). Under ``rollback`` only."""
+        asks for the group's rollback (exit 5), or, under ``stop``, stops as diverging (exit 4). Under
+        ``rollback`` at any end, under ``stop`` at an end of its own only
+        (:func:`~procsv.trainer.nonfinite.policy.member_checks_at_end`)."""
         agent = self._keeper.agent if self._keeper is not None else None
-        if agent is None or self._channels is None or self._chief or not self._rollback.group_rolls_back:
-            return  # (under stop, the member that found it stops the group; a worker's second report says nothing new)
+        on_its_own = self._coord.exception is None and self._coord.stop_signal is None
+        if agent is None or self._channels is None or self._chief \
+                or not self._rollback.member_checks_at_end(on_its_own):
+            return
         try:
             agent.check_group_end(self.state.step)
         except NonFiniteState as bad:

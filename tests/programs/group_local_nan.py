@@ -7,6 +7,8 @@ gradient, as a masked input's would be), the weights stay finite and the other m
     --in-batch      --nan-at puts the NaN in worker 1's batch instead: its gradient all-reduces into
                     every member's weights, and the other members' losses are NaN from the next step on
                     (the ordinary way a NaN reaches a data-parallel group)
+    --loss-nan-at N at step N, worker 1's watched loss alone is NaN, as --nan-at without --in-batch, whatever
+                    --in-batch says (repeatable): one run holds both kinds
     --skip-at N     step N applies nothing on every member (repeatable): the plain run that never applied it
     --steps N       train to step N
     --exit-at N     worker 1 exits with code 5 at step N, once in the logdir (no NaN, no report: a
@@ -39,6 +41,7 @@ import procsv  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--nan-at", type=int, action="append", default=[])
+p.add_argument("--loss-nan-at", type=int, action="append", default=[])
 p.add_argument("--skip-at", type=int, action="append", default=[])
 p.add_argument("--steps", type=int, default=120)
 p.add_argument("--exit-at", type=int, default=None)
@@ -102,7 +105,8 @@ def one_step():  # type: ignore[no-untyped-def]
     if poisoned and args.in_batch:
         xs = xs.copy()
         xs[0, 0] = np.nan  # the loss, its gradient and (all-reduced) every member's update turn NaN
-    term = np.float32(np.nan) if poisoned and not args.in_batch else np.float32(0.0)
+    in_loss = (poisoned and not args.in_batch) or (rank == 1 and s in args.loss_nan_at)
+    term = np.float32(np.nan) if in_loss else np.float32(0.0)
     return train(xs, ys, tf.constant(term))
 
 

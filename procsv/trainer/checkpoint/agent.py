@@ -49,7 +49,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from procsv.ipc.messages import (Busy, CheckpointSetup, CommitLoading, Progress, RestoreSource, SaveData, SaveReason,
                                  SaveRequest, SaveResult, SnapshotHeld, GroupCopyRefused)
@@ -268,12 +268,16 @@ class CheckpointAgent:
             self.store.arena_for(arena_bytes_needed(self.checkpoint), background=True)
         return done.corrupt
 
-    def restored_memory(self, step: int, newest_committed: int, peer: bool = False) -> None:
+    def restored_memory(self, step: int, newest_committed: int, peer: bool = False,
+                        passed: Optional[Mapping[int, int]] = None) -> None:
         """The group's in-memory snapshot of ``step`` was restored (not on disk: the newest committed
         checkpoint is ``newest_committed``'s; ``peer``: some member's copy was held by another host
-        than its own); the next in-memory snapshot is of a step trained after it."""
+        than its own); the next in-memory snapshot is of a step trained after it. ``passed``: the
+        checkpoints a group's rollback passed over (step -> revision), rewritten when the group
+        commits their step again, as after a restore from disk."""
         self.restored_from = f"the group's in-memory snapshot of step {step}"
         self.restored_source = RestoreSource.PEER if peer else RestoreSource.MEMORY
+        self.revisions.passed_over(passed or {})
         self.view.restored(newest_committed)
         self.memory.start(step, self.clock())
         self.store.arena_for(arena_bytes_needed(self.checkpoint), background=True)

@@ -29,7 +29,8 @@ import numpy as np
 
 from procsv.common import crc32c
 from procsv.common.errors import CorruptCheckpoint
-from procsv.common.manifests import list_committed
+from procsv.common.layout import Layout
+from procsv.common.manifests import Manifest, list_committed
 from procsv.ipc.messages import GroupCopy, GroupFetch, GroupHeld, GroupQuery, TensorSpec
 from procsv.ipc.transport import NoReply
 from procsv.trainer.channels import TrainerChannels
@@ -45,6 +46,14 @@ def newest_committed(agent: CheckpointAgent, before: Optional[int] = None) -> in
     rollback of step ``before`` restores a state before it)."""
     committed = [m for m in list_committed(agent.layout) if before is None or m.step < before]
     return committed[-1].step if committed else -1
+
+
+def passed_over(layout: Layout, before: Optional[int]) -> list[Manifest]:
+    """The committed checkpoints a group's rollback of step ``before`` passes over: those of ``before``
+    or later hold its update (the chief checks only its own losses: a worker's NaN may be found after
+    the chief committed past it, or at the group's end, after the chief's final checkpoint). The
+    group's commit of such a step is their next revision, rewritten in place (empty: no rollback)."""
+    return [m for m in list_committed(layout) if before is not None and m.step >= before]
 
 
 def whole_step(ch: TrainerChannels, nproc: int, after: int) -> Optional[tuple[int, int, bool]]:

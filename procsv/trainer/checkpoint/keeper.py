@@ -124,7 +124,11 @@ class CheckpointKeeper:
                 print(f"procsv: the group restores from disk: {exc}", file=sys.stderr, flush=True)
                 held = None
         if held is not None:
-            agent.restored_memory(held[0], newest, peer=held[2])
+            passed = group_restore.passed_over(agent.layout, before)
+            if passed:  # (restored from disk, the walk over the committed checkpoints says the same)
+                print(f"procsv: the group rolls back step {before}: passing over the checkpoint(s) committed after it "
+                      f"({', '.join(m.prefix for m in passed)})", file=sys.stderr, flush=True)
+            agent.restored_memory(held[0], newest, peer=held[2], passed={m.step: m.revision for m in passed})
             pin.publish(PinRecord(None, held[0], held[1]))
             return []
         skipped = agent.restore_or_init(init, before=before)

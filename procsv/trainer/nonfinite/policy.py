@@ -6,7 +6,8 @@ on (procsv only never commits a poisoned state). :class:`SkipBudget` is the boun
 more than ``max_skips`` within ``skip_window`` steps stops the run with exit code 4.
 :class:`RestoreBound` is the other bound: a snapshot that turns non-finite within
 :data:`RESTORE_WINDOW` steps of each of :data:`RESTORE_LIMIT` restores stops it too.
-:func:`in_place_refusal` says why a member of a trainer group cannot roll back in place.
+:func:`in_place_refusal` says why a member of a trainer group cannot roll back in place;
+:func:`member_checks_at_end` whether a member other than the chief checks its kept losses at its end.
 """
 
 from __future__ import annotations
@@ -53,6 +54,19 @@ def in_place_refusal(members: int, ps: int) -> str:
             "MultiWorkerMirroredStrategy: one member restoring and replaying alone would train out of lock with "
             "the others); relaunch with --on-nonfinite continue to train on, or fix the input and relaunch: the "
             "group resumes from the newest committed checkpoint")
+
+
+def member_checks_at_end(policy: OnNonfinite, on_its_own: bool) -> bool:
+    """Whether a trainer group's member other than the chief checks the losses it kept since its last
+    check at its session's end (``on_its_own``: the session ended with no signal and no error: the loop
+    finished, or the program stopped it). The chief's final checkpoint checks the chief's losses only,
+    so a member's own non-finite loss of a step after its last group snapshot step (the last step, say)
+    is found there or nowhere. ``rollback``: at any end (a NaN in its batch, whose gradient reached every
+    member, makes its own step the one the group skips, though a peer's report of the next came first).
+    ``stop``: at an end of its own only; otherwise a member that found one has stopped the group already
+    (this member's collective broke, or the watchdog's SIGTERM came), and a second report says nothing
+    new. ``continue``: never (it would train on; the member has nothing to commit)."""
+    return policy == OnNonfinite.ROLLBACK or (policy == OnNonfinite.STOP and on_its_own)
 
 
 @dataclass

@@ -116,11 +116,12 @@ class NonfiniteRollback:
         agent.store.watch = self.watch
         agent.hooks.refused.append(self.refused)
 
-    @property
-    def group_rolls_back(self) -> bool:
-        """A trainer group's member under ``rollback``: the first non-finite step any member finds is
-        the one the group skips, so a member's kept losses are checked at its end too."""
-        return self.detecting and self.watch.policy == OnNonfinite.ROLLBACK and bool(self.watch.group_refusal)
+    def member_checks_at_end(self, on_its_own: bool) -> bool:
+        """Whether this trainer, a group's member other than the chief, checks the losses it kept
+        since its last check at its session's end (``on_its_own``: no signal, no error ended it):
+        :func:`~procsv.trainer.nonfinite.policy.member_checks_at_end`."""
+        return self.detecting and bool(self.watch.group_refusal) and policy.member_checks_at_end(self.watch.policy,
+                                                                                                 on_its_own)
 
     def attach(self, channels: TrainerChannels) -> None:
         """A session is prepared: its notices go through ``channels``."""
@@ -197,7 +198,8 @@ class NonfiniteRollback:
             self._flush_summaries()  # snapshot in flight, are kept (it passed these checks)
             if agent is not None and agent.in_flight is not None:
                 agent.wait_in_flight(ch, bad.step, self._clock() + self._settings.stop_grace_secs)
-        self.watch.refused(bad, agent.last_committed if agent is not None else -1, final, why)
+        member = agent is not None and not agent.saving and bool(self.watch.group_refusal)  # (a group's, not the chief)
+        self.watch.refused(bad, None if member else agent.last_committed if agent is not None else -1, final, why)
 
     # ------------------------------------------------------------------ rollback
     def _bisect_snapshot(self, bad: NonFiniteState) -> str:

@@ -97,14 +97,21 @@ class NonfiniteWatch:
         """A refusal that is not rolled back stops training (every policy but ``continue``)."""
         return self.policy != OnNonfinite.CONTINUE
 
-    def refused(self, bad: NonFiniteState, last_committed: int, final: bool = False, why: str = "") -> None:
+    def refused(self, bad: NonFiniteState, last_committed: Optional[int], final: bool = False, why: str = "") -> None:
         """A snapshot of ``bad.step`` was refused; ``last_committed``: the newest committed step (-1:
-        none). ``stop`` raises :class:`TrainingDiverged`; ``continue`` says so and trains on, and says
-        again, at the 2nd, 4th, 8th ... refusal, why no checkpoint commits (a month-long run that went
-        non-finite is not silent about it; the watchdog's stall rule knows it from the same refusal)."""
+        none; None: this trainer saves none, a group's member other than the chief, which does not know
+        what the chief committed). ``stop`` raises :class:`TrainingDiverged`; ``continue`` says so and
+        trains on, and says again, at the 2nd, 4th, 8th ... refusal, why no checkpoint commits (a
+        month-long run that went non-finite is not silent about it; the watchdog's stall rule knows it
+        from the same refusal)."""
         self.refusals += 1
-        newest = (f"the newest committed checkpoint (step {last_committed}) is the newest finite one"
-                  if last_committed >= 0 else "no checkpoint was committed before it")
+        if last_committed is None:  # the chief checks its own losses only: it may have committed past this step
+            newest = (f"this member saves no checkpoint; the chief's of step {bad.first_step} or later, if any, hold "
+                      "that step's update (the chief checks only its own losses)")
+        elif last_committed >= 0:
+            newest = f"the newest committed checkpoint (step {last_committed}) is the newest finite one"
+        else:
+            newest = "no checkpoint was committed before it"
         if self.policy == OnNonfinite.CONTINUE:
             if self.first is None or final:
                 kept = "the final checkpoint is not" if final else "no checkpoint of this state is"

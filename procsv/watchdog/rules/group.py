@@ -17,7 +17,10 @@ policy judges; the other tasks hold ``worker<R>`` slots with the chief's attempt
   the group's rollback, and :func:`rollback_step` is the first step a member reported), is blamed before
   the breaker: its peers' failures in their next collective are its consequence, and their ends
   may come in first (the chief's attempt waits for the exit status of a member that reported a
-  non-finite step: :func:`reporter_unreaped`).
+  non-finite step: :func:`reporter_unreaped`). A chief that exited 0 is judged by itself, unless a
+  member reported a non-finite step and stopped on it: a worker whose own loss of the last step is
+  non-finite finds it at its end, after the chief committed its final checkpoint (which checks the
+  chief's losses only), and asks for the group's rollback or stops it as diverging.
 - Likewise a member *cut off* (:func:`cut_off`: killed by a signal the watchdog did not send, the
   OOM killer's or a user's SIGKILL, or its host lost) is blamed before a breaker that failed in a
   collective (:data:`PEER_ERRORS`: ``UnavailableError`` and the like), as soon as its end is known.
@@ -105,24 +108,24 @@ def breaker(view: RunView, chief: ChildView) -> Optional[ChildView]:
 
 def blame(view: RunView, chief: ChildView) -> ChildView:
     """The member whose end the chief's attempt is judged and reported by: the member found hung
-    first, else the breaker, else the chief.
+    first, else a member that stopped on non-finite training (:func:`diverged_member`), else the
+    breaker, else the chief.
 
-    A chief that exited 0 is judged by itself (a worker failing after the last step lost nothing)."""
-    if chief.role != TRAINER or (chief.reaped and chief.exit_code == 0):
+    A chief that exited 0 is judged by itself (a worker failing after the last step lost nothing),
+    unless a member stopped on non-finite training: a worker that found its own loss of the last step
+    non-finite at its end (the chief's final checkpoint checks the chief's losses only, and may have
+    committed that step) asks for the group's rollback (exit 5) or stops it as diverging (exit 4); the
+    chief's 0 says nothing of that step."""
+    if chief.role != TRAINER:
         return chief
     if chief.broken_by is not None:  # recorded when it was judged: the next group may hold the slots now
         return chief.broken_by
+    if chief.reaped and chief.exit_code == 0:  # (a member's own exit 4 or 5 with no step reported: after the end)
+        return diverged_member(view, chief, reported=True) or chief
     hung = [m for m in members(view, chief) if m.hang_cause]
     if hung:  # a member found hung is the cause, whoever ended first (its peers failed waiting for it)
         return min(hung, key=lambda m: m.signalled_at if m.signalled_at is not None else math.inf)
-    stopped = [m for m in members(view, chief) if diverging(m)]
-    # a member that asked for the group's rollback (exit 5) before one that stopped alone (exit 4): a NaN in one
-    # member's batch at a group snapshot step makes a peer's weights non-finite with its own losses finite there
-    # ("the step that made them so is not known": exit 4), while the member whose batch it was knows the step
-    asked = [m for m in stopped if not _diverged_alone(m)]
-    step = rollback_step(view, chief)  # of those, the one that reported the step skipped: its message says that step
-    diverged = _first_ended([m for m in asked if m.nonfinite_step == step]) or _first_ended(asked) \
-        or _first_ended(stopped)
+    diverged = diverged_member(view, chief)
     if diverged is not None:  # a member that stopped on non-finite training is the cause, whoever's end came in
         # first: its peers failed in their next collective when it left, and their deaths can be noticed before its exit
         return diverged
@@ -130,6 +133,21 @@ def blame(view: RunView, chief: ChildView) -> ChildView:
     if first is not None and error_type(first) in PEER_ERRORS:
         return first_cut_off(view, chief) or first
     return first or chief
+
+
+def diverged_member(view: RunView, chief: ChildView, reported: bool = False) -> Optional[ChildView]:
+    """The member of the chief's attempt that stopped on non-finite training (:func:`diverging`) the
+    chief's attempt is judged by (None: none did; ``reported``: only one that reported a non-finite
+    step counts). A member that asked for the group's rollback (exit 5) before one that stopped alone
+    (exit 4): a NaN in one member's batch at a group snapshot step makes a peer's weights non-finite
+    with its own losses finite there ("the step that made them so is not known": exit 4), while the
+    member whose batch it was knows the step; of those that asked, the one that reported the step
+    skipped (:func:`rollback_step`: its message says that step); else the first whose end came in."""
+    stopped = [m for m in members(view, chief) if diverging(m) and (not reported or m.nonfinite_step is not None)]
+    asked = [m for m in stopped if not _diverged_alone(m)]
+    step = rollback_step(view, chief)
+    return _first_ended([m for m in asked if m.nonfinite_step == step]) or _first_ended(asked) \
+        or _first_ended(stopped)
 
 
 def error_type(member: ChildView) -> str:
