@@ -592,3 +592,40 @@ def test_a_member_whose_peer_copy_node_0_refused_takes_no_more_copies_it_would_r
     assert [m.step for m in svc.sent] == [50]
     err = capfd.readouterr().err
     assert err.count("refused member 1's copy") == 1 and "takes no more in-memory snapshots" in err, err
+
+
+class _AckDuringWait(_Committing):
+    """A service whose acknowledgment of an in-memory snapshot comes while the trainer waits for the
+    result of the disk snapshot in flight (at a stop): the wait hands it on as another message first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.acked: set[int] = set()
+
+    def poll_checkpoint(self, timeout: float = 0.0) -> list[object]:
+        return []  # nothing is read at the steps: every answer comes during the wait
+
+    def wait_save_result(self, step: int, deadline: float, other: Any = lambda msg: None) -> SaveResult:
+        for m in self.sent:
+            if not m.persist and m.step not in self.acked:
+                self.acked.add(m.step)
+                other(SnapshotHeld(m.step))
+        return SaveResult(step, SaveReason.PERIODIC, True, f"model.ckpt-{step}", None, 0.01)
+
+
+def test_an_acknowledgment_that_comes_while_a_stop_waits_for_the_snapshot_in_flight_is_folded_in(tmp_path):
+    """Every reply of the service reaches the agent's state through one function, also while a stop
+    waits for the disk snapshot in flight: the in-memory snapshot acknowledged meanwhile (newer than
+    the one in flight, so that one's result does not stand for it) is the service's, and its slot no
+    longer awaits an acknowledgment (dropped, it stayed spoken for until the grace ran out)."""
+    svc = _AckDuringWait()
+    agent, ch = _tiered_agent(tmp_path, svc)
+    agent.request(SaveReason.PERIODIC)
+    assert agent.poll(ch, 5, svc.t) and agent.snapshot(ch, 5)
+    assert agent.in_flight == 5
+    assert agent.memory_snapshot(ch, 7)
+    assert agent.store.slots.unacked is not None and agent.store.slots.unacked[1] == 7
+    assert agent.wait_in_flight(ch, 7, svc.t + 5.0)
+    assert [(m.step, m.persist) for m in svc.sent] == [(5, True), (7, False)] and svc.acked == {7}
+    assert agent.in_flight is None and agent.last_committed == 5
+    assert agent.store.slots.unacked is None, agent.store.slots.unacked  # the acknowledgment of 7 was folded in

@@ -453,6 +453,11 @@ class CheckpointAgent:
             self._note(ch.poll_checkpoint(timeout=min(left, READ_EVERY)))
         return True
 
+    def _note_one(self, msg: Any) -> None:
+        """One message that came while a wait read for another (an in-memory snapshot's acknowledgment
+        during a final commit's wait: dropped, its slot stayed spoken for until the grace ran out)."""
+        self._note([msg])
+
     def _note(self, messages: list[Any]) -> None:
         """Fold the checkpoint service's messages in (the one way its replies reach the agent's state):
         save requests, commit results, acknowledgments of in-memory snapshots, refusals, loading."""
@@ -529,7 +534,7 @@ class CheckpointAgent:
                 self.heartbeat(ch, step, now)
             try:
                 result = ch.wait_save_result(self.in_flight, min(deadline, self.commits.overdue_at, now + HEARTBEAT_EVERY),
-                                             lambda msg: self.commits.load_moved(msg) if isinstance(msg, CommitLoading) else None)
+                                             self._note_one)
             except NoReply:
                 continue
             self._note([result])
@@ -572,7 +577,7 @@ class CheckpointAgent:
                 return None
             step = self.in_flight if self.in_flight is not None else step  # the step stored in it names it
             try:
-                result = ch.wait_save_result(step, deadline)
+                result = ch.wait_save_result(step, deadline, self._note_one)
             except NoReply:
                 print(f"procsv: the {reason} checkpoint at step {step} did not commit within "
                       f"stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
