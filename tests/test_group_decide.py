@@ -339,3 +339,22 @@ def test_a_stop_while_the_groups_restart_is_pending_with_nothing_held_past_the_n
     sim = group(2)
     finish = of(_stopped_while_the_restart_is_pending(sim), Finish)
     assert [(f.run, f.exit_code, f.unsaved) for f in finish] == [(RunState.STOPPED, 128 + signal.SIGTERM, False)]
+
+
+def test_a_standby_group_member_failing_its_shadow_run_while_the_run_finishes_is_not_a_stopping_failure():
+    # a successful group run ends while its standby group runs the step on shadows: the standby chief,
+    # its peers stopped, fails that run and exits EXIT_NO_SHADOW_RUN; the run's outcome is decided, and a
+    # standby is no trainer of it: no "while stopping" line (the chief failing on its own then still has one)
+    from procsv.common.exitcodes import EXIT_NO_SHADOW_RUN
+    from procsv.watchdog.rules.state import STANDBY
+
+    sim = group(2)
+    observe.spawned(sim.view, STANDBY, STANDBY, 2, 9001, sim.now, "fork")
+    sim.view.run = RunState.SUCCEEDED
+    err = ChildError("UnavailableError", "collective failed", "Traceback ...", "shadow run")
+    said = observe.reaped(sim.view, STANDBY, 2, Failure(STANDBY, 2, 9001, EXIT_NO_SHADOW_RUN, 0.0, "log", err), sim.now)
+    assert not [r for r in said if r.say and "while stopping" in r.say], said
+    chief = sim.member(TRAINER)
+    said = observe.reaped(sim.view, TRAINER, chief.attempt,
+                          Failure(TRAINER, chief.attempt, chief.pid, 1, 0.0, "log", err), sim.now)
+    assert [r.say for r in said if r.say and "while stopping" in r.say], said

@@ -340,7 +340,8 @@ def reaped(view: RunView, slot: str, attempt: int, failure: Failure, now: float)
         view.last_error = blame(view, child).headline()  # in a group: the member whose end broke it
         out.append(Report(say=f"procsv: {view.last_error}; restarted (restart {view.history.restarts})", err=True))
     elif (view.stop_signal is not None or view.finishing) and failure.code != 0 and failure.error is not None \
-            and child.role != WORKER:  # a group's worker fails in a collective once its chief stopped: expected
+            and child.role not in (WORKER, STANDBY):  # a group's worker fails in a collective once its chief
+        # stopped, and a standby group's member in its run of the step on shadows once its peers were: expected
         # stopped in order, yet it ended on an exception of its own: the program's side of the story
         out.append(Report(say=f"procsv: while stopping, {failure.headline()}", err=True))
     return out
