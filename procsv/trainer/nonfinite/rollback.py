@@ -98,8 +98,8 @@ class NonfiniteRollback:
         self._settings = settings  # stop_grace_secs: read live
         self._channels: Optional[TrainerChannels] = None
         self.watch = NonfiniteWatch(bootstrap.resolve(on_nonfinite, config.launch.on_nonfinite, None), tags, ignore,
-                                    config.launch.max_skips, config.launch.skip_window)
-        self.watch.group_refusal = _group_refusal(config)
+                                    config.launch.max_skips, config.launch.skip_window,
+                                    group_refusal=_group_refusal(config))
         self._walk = BoundaryWork(self.watch, state, counter, checkpoint, keeper, self._tell, self._roll_back,
                                   self.stop_diverged)
         # (off: no detection at all, no loss kept, no snapshot scanned; what it costs: scripts/bench_nonfinite.py)

@@ -2,7 +2,8 @@
 
 Runs in the trainer's main thread. :class:`NonfiniteWatch` holds the policy (``Supervisor(
 on_nonfinite=...)``, else ``procsv launch --on-nonfinite``: resolved by its owner, which hands it
-the launch's ``--max-skips`` and ``--skip-window`` too), the
+the launch's ``--max-skips`` and ``--skip-window`` too, and why a group's member cannot roll back in
+place: ``group_refusal``), the
 watched losses (:class:`~procsv.trainer.nonfinite.losses.LossWatch`), the rollback's course
 (:class:`~procsv.trainer.nonfinite.retry.Retry`, which changes it only through its own transitions;
 the watch holds it, its rollback and walk move it), and the checks a snapshot
@@ -34,7 +35,8 @@ class NonfiniteWatch:
     the object graph (per plan), the refusals so far (``refusals``), and the first one (``first``)."""
 
     def __init__(self, on_nonfinite: Optional[str], tags: Sequence[str], ignore: Sequence[str],
-                 max_skips: Optional[int] = None, skip_window: Optional[int] = None) -> None:
+                 max_skips: Optional[int] = None, skip_window: Optional[int] = None, *,
+                 group_refusal: str = "") -> None:
         if isinstance(tags, str) or isinstance(ignore, str):
             raise TypeError("nonfinite_tags and nonfinite_ignore take a tuple of strings, not one string")
         self.policy = policy.parse(on_nonfinite, DEFAULT)
@@ -52,7 +54,7 @@ class NonfiniteWatch:
         # a program whose loop cannot go back (Keras fit) replays the restored steps itself: why it
         # cannot ("" if it can), and what it does when a step is restored or skipped
         self.replay_unsupported = ""
-        self.group_refusal = ""  # why a member of a trainer group cannot roll back in place ("" if it can)
+        self.group_refusal = group_refusal  # why a member of a trainer group cannot roll back in place ("" if it can)
         self.on_restored: list[Callable[[int], None]] = []
         self.on_skipped: list[Callable[[int], None]] = []
         self.refusals = 0
