@@ -48,3 +48,37 @@ def test_bisecting_checks_the_weights_after_every_replayed_step_then_judges_befo
     assert at_boundary(20, plan) == Action.CHECK_WEIGHTS
     assert after_finite_weights(20, plan) == Action.BISECT_ON
     assert after_finite_weights(39, plan) == Action.JUDGE
+
+
+def test_the_retry_moves_through_its_own_transitions_and_gives_the_plan_its_course():
+    # issue 66: the rollback's course (procsv.trainer.nonfinite.retry) changes only through its methods;
+    # the walk and the restore call them, and the decisions read it as a Plan
+    from procsv.trainer.nonfinite.retry import Retry
+
+    retry = Retry()
+    assert retry.plan(None, ()) == Plan() and retry.rollbacks == 0 and retry.due is None
+    retry.aim(40, False)  # a restore before step 40: retry it once
+    retry.schedule(next_due(20, retry.plan(None, [25])))  # step 25, skipped before, comes first
+    assert retry.plan(None, [25]) == Plan(target=40, skipped=(25,)) and retry.due == 24 and retry.rollbacks == 1
+    retry.reached()
+    assert retry.due is None
+    retry.retried_again(40)  # non-finite again when retried: the next rollback skips it
+    assert retry.was_retried(40) and not retry.was_retried(39)
+    retry.aim(40, True)
+    assert (retry.target, retry.skipping, retry.bisecting, retry.rollbacks) == (40, True, False, 2)
+    retry.start_bisecting()  # the weights before it are non-finite: checked after each replayed step
+    retry.aim(40, True)  # bisecting stays as it was
+    assert retry.bisecting and retry.plan(40, ()) == Plan(40, True, True, 40)
+    retry.found_poisoner(33)  # step 33's gradient poisoned them: it is rolled back for and skipped instead
+    assert retry.target is None and not retry.bisecting and retry.was_retried(33)
+    assert retry.poisoned_by_gradient(33) and not retry.poisoned_by_gradient(40)
+    retry.aim(33, True, True)
+    retry.stop_bisecting()
+    retry.skipped()
+    assert (retry.target, retry.bisecting, retry.rollbacks) == (None, False, 4)
+    retry.aim(50, False)
+    retry.finite()  # the retry was finite
+    assert retry.target is None and not retry.skipping
+    retry.aim(60, True, True)
+    retry.give_up()  # fit cannot replay to it
+    assert retry.plan(None, ()) == Plan()

@@ -308,8 +308,6 @@ FIELD_WRITE_BASELINE = {
     "procsv.trainer.graph.supervised": 8,
     "procsv.trainer.monitored.graph_hooked": 8,
     "procsv.trainer.monitored.graph_scaffold": 7,
-    "procsv.trainer.nonfinite.boundary_work": 13,
-    "procsv.trainer.nonfinite.rollback": 8,
     "procsv.watchdog.launcher": 7,
     "procsv.watchdog.rules.nonfinitelog": 7,
 }
@@ -320,7 +318,6 @@ ATTRIBUTE_BASELINE = {
     "procsv.services.summary.service:SummaryService": 28,
     "procsv.trainer.checkpoint.memory:MemoryTier": 29,
     "procsv.trainer.keras.fit:BackupAndRestore": 32,
-    "procsv.trainer.nonfinite.watch:NonfiniteWatch": 21,
     "procsv.trainer.summaries.sender:SummarySender": 25,
     "procsv.trainer.supervisor:Supervisor": 33,
     "procsv.watchdog.config:LaunchConfig": 35,

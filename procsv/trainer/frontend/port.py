@@ -51,7 +51,7 @@ class RollbackPort:
     @property
     def retrying(self) -> Optional[int]:
         """The non-finite step a rollback is retrying (None: none)."""
-        return self._rollback.watch.target
+        return self._rollback.watch.retry.target
 
     def locate_steps(self, position: Position) -> None:
         """The non-finite events name a step's input position as ``position(step)`` says (Keras fit's

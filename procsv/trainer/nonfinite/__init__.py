@@ -5,5 +5,5 @@ Runs in the trainer's main thread. :mod:`.policy` is pure (the policy's name and
 :mod:`.losses` keeps each step's loss and checks them in bulk, :mod:`.scan` checks a snapshot's
 copy in the snapshot memory, :mod:`.watch` ties them to a Supervisor, :mod:`.rollback` restores in place and
 :mod:`.boundary_work` walks the replay, retry and skip through the step boundaries as the pure
-:mod:`.plan` decides.
+:mod:`.plan` decides; :mod:`.retry` is where the rollback stands, changed through its own transitions.
 """

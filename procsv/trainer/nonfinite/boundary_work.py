@@ -32,7 +32,8 @@ class BoundaryWork:
     steps it said it skips again (``_again``), the trainable variables a bisect checks (``_weights``,
     walked once), the state kept before the retried step (``_kept``), which retried step that was
     for (``_kept_for``) and what the program does instead of a retry it gave up (``abandoned``).
-    Given: the watch (whose plan it moves on), the step state and counter (it moves the step on a
+    Given: the watch (whose rollback course, ``watch.retry``, it moves on through that object's
+    transitions), the step state and counter (it moves the step on a
     skip, and bounds the checkpoint half's next boundary), the saved state (``checkpoint``), the
     keeper (its agent's snapshot preparations and saved state, for the kept state and the weights),
     ``tell`` (a notice to the watchdog), and the rollback's ``roll_back`` (restore before a bad step:
@@ -43,6 +44,7 @@ class BoundaryWork:
                  roll_back: Callable[[Optional[int], str], str],
                  stop_diverged: Callable[[NonFiniteState, str, bool], None]) -> None:
         self.watch = watch
+        self._retry = watch.retry
         self._state = state
         self._counter = counter
         self._checkpoint = checkpoint
@@ -77,29 +79,28 @@ class BoundaryWork:
         """The bad step cannot be retried from the state restored at ``step``: the program cannot
         replay the steps up to it (Keras fit: their batches were not kept); ``why`` says what it
         does instead. No retry or skip is due; the steps skipped before still are."""
-        watch = self.watch
-        watch.target, watch.skipping, watch.bisecting = None, False, False
+        self._retry.give_up()
         self._kept, self._kept_for = None, None
         self.abandoned = why
-        self._plan_next(step)
+        self.plan_next(step)
 
     def plan(self) -> Plan:
-        """The watch's data the decisions read (:class:`~procsv.trainer.nonfinite.plan.Plan`)."""
-        w = self.watch
-        return Plan(w.target, w.skipping, w.bisecting, self._kept_for, tuple(w.budget.skipped))
+        """The data the decisions read (:class:`~procsv.trainer.nonfinite.plan.Plan`): the rollback's
+        course, the retried step whose state before it was kept, the steps skipped so far."""
+        return self._retry.plan(self._kept_for, self.watch.budget.skipped)
 
     def next_due(self, step: int) -> Optional[int]:
         """The first step at or after ``step`` at whose boundary there is work (None: none)."""
         return next_due(step, self.plan())
 
-    def _plan_next(self, step: int) -> None:
+    def plan_next(self, step: int) -> None:
         """The next work is due at or after ``step``; the checkpoint half's boundary no later."""
-        self.watch.due = self.next_due(step)
+        self._retry.schedule(self.next_due(step))
         self.bound()
 
     def bound(self) -> None:
         """The checkpoint half's boundary comes no later than the rollback's next work."""
-        due = self.watch.due
+        due = self._retry.due
         if due is not None and due < self._state.ckpt_step:
             self._state.set_checkpoint(due, self._state.ckpt_at)
 
@@ -107,7 +108,7 @@ class BoundaryWork:
         """The rollback's work due at the current step, as often as it moves the step; True if it did."""
         moved = False
         while True:
-            due, step = self.watch.due, self._state.step
+            due, step = self._retry.due, self._state.step
             if due is None or step < due or not self._due(step):
                 return moved
             moved = True
@@ -116,9 +117,9 @@ class BoundaryWork:
         """At the boundary after ``step`` (the rollback's ``due``): skip a step skipped before, keep
         the state before the retry, check the weights or the replayed steps' losses (one read each),
         then skip the bad step or judge its retry. True if the step count moved."""
-        watch = self.watch
-        target = watch.target
-        watch.due = None
+        watch, retry = self.watch, self._retry
+        target = retry.target
+        retry.reached()
         action = at_boundary(step, self.plan())
         if action == Action.SKIP_AGAIN:
             self._skip(step + 1, step)
@@ -126,27 +127,27 @@ class BoundaryWork:
                 self._again.add(step + 1)
                 print(f"procsv: skipping step {step + 1} again (this run skipped it before); training on from "
                       f"step {step + 2}", file=sys.stderr, flush=True)
-            self._plan_next(step + 1)
+            self.plan_next(step + 1)
             return True
         if action == Action.NOTHING or target is None:
             return False
         if action == Action.KEEP:  # the retry runs next
             self._kept_for = target
             self._keep(step)
-            self._plan_next(step)
+            self.plan_next(step)
             return False
         if action == Action.CHECK_WEIGHTS:
             if self.poisoned_by(step):
                 return True
             if after_finite_weights(step, self.plan()) == Action.BISECT_ON:
-                self._plan_next(step + 1)
+                self.plan_next(step + 1)
                 return False
-            watch.bisecting = False  # no replayed step poisoned them this time: the bad step is skipped as planned
+            retry.stop_bisecting()  # no replayed step poisoned them this time: the bad step is skipped as planned
         bad = watch.losses.check()
         verdict = judge(bad, self.plan())
         if verdict == Action.ROLL_BACK and bad is not None:
             if bad == target:
-                watch.retried.add(target)
+                retry.retried_again(target)
             self._tell(notices.detected(bad, f"the loss of step {bad} is NaN or infinite", watch.position))
             why = self._roll_back(bad, f"the loss of step {bad} is NaN or infinite"
                                   + (" again when retried" if bad == target else ""))
@@ -156,13 +157,13 @@ class BoundaryWork:
         if verdict == Action.FINITE:
             self._kept = None
             print(f"procsv: step {target} was finite when retried; training on", file=sys.stderr, flush=True)
-            watch.target = None
-            self._plan_next(step)
+            retry.finite()
+            self.plan_next(step)
             return False
-        if not watch.bisecting and not scan.all_finite(self._trainable()):
+        if not retry.bisecting and not scan.all_finite(self._trainable()):
             # the state before the bad step is non-finite already, its losses finite: a replayed
             # step's gradient was non-finite (its loss not), and the bad step only showed it
-            watch.bisecting = True
+            retry.start_bisecting()
             print(f"procsv: the weights before step {target} are non-finite after the replay, every loss before it "
                   f"finite: a replayed step's gradient was not; restoring again and checking the weights after each "
                   f"replayed step", file=sys.stderr, flush=True)
@@ -170,13 +171,12 @@ class BoundaryWork:
             if why:
                 self._stop_diverged(NonFiniteState(step, target), why, False)
             return True
-        watch.bisecting = False
         watch.budget.skip(target)
         self._tell(notices.skipped(target, len(watch.budget.skipped), watch.position))
         self._skip(target, step)  # its input and the step count move past it; no other variable changes
-        watch.target = None
-        self._plan_next(target)  # a later step skipped before (a resumed session's)
-        why = ("its gradient turned the weights non-finite, its loss finite" if target in watch.gradient_poisoned
+        retry.skipped()
+        self.plan_next(target)  # a later step skipped before (a resumed session's)
+        why = ("its gradient turned the weights non-finite, its loss finite" if retry.poisoned_by_gradient(target)
                else "its loss was NaN or infinite twice")
         print(f"procsv: skipped step {target} ({why}); training on from step {target + 1}", file=sys.stderr, flush=True)
         return True
@@ -216,19 +216,16 @@ class BoundaryWork:
         found them first): if the weights are non-finite now (one read), ``step`` poisoned them (its gradient, not its loss): restore again, replay to
         the step before it and skip it, instead of the bad step that showed it; True if so."""
         watch = self.watch
-        target = watch.target
+        target = self._retry.target
         if scan.all_finite(self._trainable()):
             return False
-        watch.bisecting = False
         print(f"procsv: the weights turned non-finite at step {step}, whose loss was finite (a non-finite gradient): "
               f"skipping step {step}, not step {target}", file=sys.stderr, flush=True)
         self._tell(notices.detected(step, f"the weights turned non-finite at step {step} (its loss was finite)",
                                     watch.position))
-        watch.retried.add(step)
-        watch.gradient_poisoned.add(step)
+        self._retry.found_poisoner(step)
         if target is not None:
             watch.restores.shown_by(target, step)  # one poisoning, not two findings of the restored snapshot
-        watch.target = None
         why = self._roll_back(step, f"the weights turned non-finite at step {step}")
         if why:
             self._stop_diverged(NonFiniteState(step, step), why, False)

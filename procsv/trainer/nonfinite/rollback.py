@@ -98,8 +98,8 @@ class NonfiniteRollback:
         self._settings = settings  # stop_grace_secs: read live
         self._channels: Optional[TrainerChannels] = None
         self.watch = NonfiniteWatch(bootstrap.resolve(on_nonfinite, config.launch.on_nonfinite, None), tags, ignore,
-                                    config.launch.max_skips, config.launch.skip_window)
-        self.watch.group_refusal = _group_refusal(config)
+                                    config.launch.max_skips, config.launch.skip_window,
+                                    group_refusal=_group_refusal(config))
         self._walk = BoundaryWork(self.watch, state, counter, checkpoint, keeper, self._tell, self._roll_back,
                                   self.stop_diverged)
         # (off: no detection at all, no loss kept, no snapshot scanned; what it costs: scripts/bench_nonfinite.py)
@@ -160,9 +160,8 @@ class NonfiniteRollback:
             if s not in watch.budget.skipped:
                 watch.budget.skip(s)
         watch.budget.skipped.sort()
-        if watch.target is None:
-            watch.due = self._walk.next_due(step)
-            self._walk.bound()
+        if watch.retry.target is None:
+            self._walk.plan_next(step)
 
     @property
     def _agent(self) -> Optional[CheckpointAgent]:
@@ -175,7 +174,7 @@ class NonfiniteRollback:
         watch = self.watch
         snapshot_only = not final and bad.bad_step is None and not watch.group_refusal
         rolling_back = watch.policy == OnNonfinite.ROLLBACK
-        if rolling_back and snapshot_only and watch.bisecting and self._walk.poisoned_by(bad.step):
+        if rolling_back and snapshot_only and watch.retry.bisecting and self._walk.poisoned_by(bad.step):
             return  # bisecting, every replayed step before it checked finite: this step poisoned the weights
         notices.tell(self._channels, notices.detected(bad.first_step, bad.describe(), watch.position))
         why = ""
@@ -228,7 +227,7 @@ class NonfiniteRollback:
             return "no checkpoint to roll back to (checkpoint=None)"
         if watch.replay_unsupported:
             return watch.replay_unsupported
-        skip = bad_step in watch.retried
+        skip = watch.retry.was_retried(bad_step)
         if skip and not watch.budget.allows(bad_step):
             return self._over_budget(bad_step)
         diverging = watch.restores.exceeded(bad_step)
@@ -236,7 +235,7 @@ class NonfiniteRollback:
             return diverging
         began = self._clock()
         kept = self._walk.take_kept(retry=not skip)  # a retry: its state before is kept when the replay reaches it
-        restored, source, path = self._put_back(kept, bad_step) if skip and not watch.bisecting else (-1, "", "")
+        restored, source, path = self._put_back(kept, bad_step) if skip and not watch.retry.bisecting else (-1, "", "")
         again = restored >= 0  # the state before the retry, kept: the snapshot restored last is still the one
         if restored < 0:
             restored, source, path = self._restore_memory(agent, bad_step)
@@ -263,9 +262,8 @@ class NonfiniteRollback:
         self._state.step = restored
         watch.losses.forget()
         ch.to_summary(SessionLogEvent(SessionStatus.START, restored + 1))  # TensorBoard drops the undone steps
-        watch.aim(bad_step, skip, True if bisect else None)
-        watch.due = self._walk.next_due(restored)
-        watch.rollbacks += 1
+        watch.retry.aim(bad_step, skip, True if bisect else None)  # one more rollback
+        watch.retry.schedule(self._walk.next_due(restored))
         if not again:
             watch.restores.restored(restored)
         self._walk.restored()

@@ -2,8 +2,11 @@
 
 Runs in the trainer's main thread. :class:`NonfiniteWatch` holds the policy (``Supervisor(
 on_nonfinite=...)``, else ``procsv launch --on-nonfinite``: resolved by its owner, which hands it
-the launch's ``--max-skips`` and ``--skip-window`` too), the
-watched losses (:class:`~procsv.trainer.nonfinite.losses.LossWatch`), and the checks a snapshot
+the launch's ``--max-skips`` and ``--skip-window`` too, and why a group's member cannot roll back in
+place: ``group_refusal``), the
+watched losses (:class:`~procsv.trainer.nonfinite.losses.LossWatch`), the rollback's course
+(:class:`~procsv.trainer.nonfinite.retry.Retry`, which changes it only through its own transitions;
+the watch holds it, its rollback and walk move it), and the checks a snapshot
 passes through (:meth:`precheck` before its copy, :meth:`verify` on the copy); a refused snapshot
 raises :class:`~procsv.common.errors.NonFiniteState`, which the checkpoint agent cleans
 up after and the step boundary hands to :meth:`refused`: the policy's decision.
@@ -22,16 +25,18 @@ from procsv.common.errors import NonFiniteState, TrainingDiverged
 from procsv.trainer.nonfinite.losses import LossWatch
 from procsv.trainer.nonfinite.notices import Position
 from procsv.trainer.nonfinite.policy import OnNonfinite, RestoreBound, SkipBudget
+from procsv.trainer.nonfinite.retry import Retry
 
 DEFAULT = OnNonfinite.ROLLBACK  # issue 41: under procsv launch and in plain python
 
 
 class NonfiniteWatch:
-    """The policy, the kept losses, the rules of the last walk of the object graph (per plan),
-    the refusals so far (``refusals``), and the first one (``first``)."""
+    """The policy, the kept losses, the rollback's course (``retry``), the rules of the last walk of
+    the object graph (per plan), the refusals so far (``refusals``), and the first one (``first``)."""
 
     def __init__(self, on_nonfinite: Optional[str], tags: Sequence[str], ignore: Sequence[str],
-                 max_skips: Optional[int] = None, skip_window: Optional[int] = None) -> None:
+                 max_skips: Optional[int] = None, skip_window: Optional[int] = None, *,
+                 group_refusal: str = "") -> None:
         if isinstance(tags, str) or isinstance(ignore, str):
             raise TypeError("nonfinite_tags and nonfinite_ignore take a tuple of strings, not one string")
         self.policy = policy.parse(on_nonfinite, DEFAULT)
@@ -42,34 +47,18 @@ class NonfiniteWatch:
         self.restores = RestoreBound()
         self._rules: Optional[tuple[Any, scan.Rules]] = None
         self._rules_shape: Optional[graph_shape.Shape] = None  # the object graph's edges the rules were read from
-        # rollback (procsv.trainer.nonfinite.rollback): the bad step being retried or skipped, whether
-        # it is skipped, the boundary at which that is due, the steps retried once already
-        self.target: Optional[int] = None
-        self.skipping = False
-        self.due: Optional[int] = None
-        self.retried: set[int] = set()
-        # the bad step's skip found the state before it non-finite already (a replayed step's gradient
-        # was non-finite, its loss finite): the weights are checked after each replayed step
-        self.bisecting = False
-        self.gradient_poisoned: set[int] = set()  # steps the bisect found poisoning the weights (their loss finite)
-        self.rollbacks = 0
+        # rollback (procsv.trainer.nonfinite.rollback): the bad step being retried or skipped, the boundary
+        # at which that is due, the steps retried once already, the bisect; changed by its own transitions
+        self.retry = Retry()
         self.position: Optional[Position] = None  # a step's input position, where known (Keras fit's (epoch, batch))
         # a program whose loop cannot go back (Keras fit) replays the restored steps itself: why it
         # cannot ("" if it can), and what it does when a step is restored or skipped
         self.replay_unsupported = ""
-        self.group_refusal = ""  # why a member of a trainer group cannot roll back in place ("" if it can)
+        self.group_refusal = group_refusal  # why a member of a trainer group cannot roll back in place ("" if it can)
         self.on_restored: list[Callable[[int], None]] = []
         self.on_skipped: list[Callable[[int], None]] = []
         self.refusals = 0
         self.first: Optional[NonFiniteState] = None
-
-    def aim(self, target: int, skipping: bool, bisecting: Optional[bool] = None) -> None:
-        """A rollback restored the state before ``target``: the walk replays up to it, then retries it
-        (``skipping``: skips it); ``bisecting`` (None: as it was): the weights are checked after each
-        replayed step."""
-        self.target, self.skipping = target, skipping
-        if bisecting is not None:
-            self.bisecting = bisecting
 
     # ------------------------------------------------------------------ the checks of a snapshot
     def precheck(self, step: int) -> None:
