@@ -455,7 +455,7 @@ def test_a_nan_in_one_workers_batch_found_by_the_chief_one_step_later_is_skipped
     sim.reaps(TRAINER, EXIT_GROUP_ROLLBACK, "GroupRollback")
     # a standby group ready would have the survivors SIGKILLed at once; in a rollback they are asked to stop
     assert group_rules.rolling_back(sim.view, sim.member(TRAINER))
-    asked = group_rules.group_actions(sim.view, sim.now, 30.0, at_once=True)
+    asked = group_rules.group_actions(sim.view, sim.now, 30.0, at_once=True, wait=120.0)
     assert [(a.slot, a.sig) for a in asked if isinstance(a, Signal)] == [(W1, signal.SIGTERM)], asked
     assert not [a for a in asked if isinstance(a, Kill)], asked
     acts = sim.tick(0.01)
@@ -476,7 +476,7 @@ def test_a_group_without_a_non_finite_report_still_has_its_survivors_sigkilled_a
     sim = group(2)
     sim.tick(1.0)
     sim.reaps(TRAINER, 1, "RuntimeError")
-    asked = group_rules.group_actions(sim.view, sim.now, 30.0, at_once=True)
+    asked = group_rules.group_actions(sim.view, sim.now, 30.0, at_once=True, wait=120.0)
     assert [(a.slot, a.cause) for a in asked if isinstance(a, Kill)] == [(W1, Cause.GROUP_NOW)], asked
     assert not group_rules.rolling_back(sim.view, sim.member(TRAINER))
 

@@ -140,7 +140,8 @@ def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Actio
         return actions + _shutdown(view, now, limits)
     actions += _stop(view, now, limits)
     actions += membership.take_back(view, now, limits)
-    actions += group_actions(view, now, limits.group_grace_secs, at_once=standby.promotable(view, limits.nproc))
+    actions += group_actions(view, now, limits.group_grace_secs, at_once=standby.promotable(view, limits.nproc),
+                             wait=limits.stop_grace_secs)
     actions += standby.broken(view)
     actions += _restart_due(view, now, limits)
     actions += tasks.due_starts(view, now, limits)

@@ -250,6 +250,33 @@ def reporter_unreaped(view: RunView, chief: ChildView) -> bool:
                or (not m.reaped and m.noticed_dead_at is None) for m in group)  # (a death notice: it says no more)
 
 
+def awaits_own_ends(view: RunView, chief: ChildView, now: float, bound: float) -> bool:
+    """Whether the chief's attempt, its chief having exited 0, waits before it is judged for the rest of
+    its group (of two or more) to end on their own: a member has neither been reaped nor noticed dead, and
+    less than ``bound`` seconds passed since the chief's end. Meanwhile the watchdog sends the members
+    nothing (:func:`group_actions`). Not during a stop (rule 2 stops the workers once the chief ended).
+
+    A worker checks the losses it kept since its last check at its session's end
+    (:func:`procsv.trainer.nonfinite.policy.member_checks_at_end`), after whatever wind-down its program
+    does after the loop, inside the session: its own non-finite loss of the group's last step is found
+    there or nowhere, and the chief's 0 says nothing of it (its final checkpoint checks the chief's
+    losses only). Judged at once, the chief's 0 ended the run before that report came in: ``rollback``'s
+    exit 5 was only settled (the step stayed applied), and under ``stop`` the run's finishing SIGTERM
+    reached the worker before its end, which then checked nothing (an end not of its own). Once its
+    report came in, :func:`reporter_unreaped` waits for its exit status, and :func:`blame` picks it.
+
+    The watchdog cannot tell the program's own ``on_nonfinite`` (the Supervisor's, when ``--on-nonfinite``
+    is not given), so every group waits; an ordinary group's workers end within milliseconds of the
+    chief, so the wait costs nothing then; one that never ends on its own (blocked in a collective the
+    chief left) costs at most ``bound``, and is then stopped by the run's end (rule 6) as before."""
+    if chief.role != TRAINER or not chief.reaped or chief.exit_code != 0 or view.stop_signal is not None:
+        return False
+    group = members(view, chief)
+    if len(group) < 2 or (chief.ended_at is not None and now >= chief.ended_at + bound):
+        return False
+    return any(not m.reaped and m.noticed_dead_at is None for m in group)
+
+
 def copy_held(view: RunView, rank: int, attempt: int, step: int) -> list[Any]:
     """The checkpoint service holds member ``rank``'s in-memory copy of ``step`` of ``attempt``
     (``GroupCopyHeld``): once every member of the chief's attempt has a copy of its held past the
@@ -264,11 +291,12 @@ def copy_held(view: RunView, rank: int, attempt: int, step: int) -> list[Any]:
     return []
 
 
-def group_actions(view: RunView, now: float, grace: float, at_once: bool) -> list[Action]:
+def group_actions(view: RunView, now: float, grace: float, at_once: bool, wait: float) -> list[Action]:
     """Rule 11: once a member broke the group, stop the rest (SIGTERM, SIGKILL after ``grace``;
-    ``at_once``, a standby group being ready: SIGKILL now)."""
+    ``at_once``, a standby group being ready: SIGKILL now); but nothing while a chief that exited 0
+    waits up to ``wait`` seconds for the others' own ends (:func:`awaits_own_ends`)."""
     chief = view.children.get(TRAINER)
-    if chief is None:
+    if chief is None or awaits_own_ends(view, chief, now, wait):
         return []
     first = breaker(view, chief)  # (a lone trainer, or a --ps chief, is a group of one: nobody else to stop)
     if first is None:
