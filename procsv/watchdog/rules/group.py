@@ -20,7 +20,10 @@ policy judges; the other tasks hold ``worker<R>`` slots with the chief's attempt
   non-finite step: :func:`reporter_unreaped`). A chief that exited 0 is judged by itself, unless a
   member reported a non-finite step and stopped on it: a worker whose own loss of the last step is
   non-finite finds it at its end, after the chief committed its final checkpoint (which checks the
-  chief's losses only), and asks for the group's rollback or stops it as diverging.
+  chief's losses only), and asks for the group's rollback or stops it as diverging. So a chief's 0 is
+  judged only once the other members ended on their own, up to the stop grace after the chief's end,
+  with nothing sent to them meanwhile (:func:`awaits_own_ends`): that end may come after the program's
+  own wind-down, and a SIGTERM before it would cut its check.
 - Likewise a member *cut off* (:func:`cut_off`: killed by a signal the watchdog did not send, the
   OOM killer's or a user's SIGKILL, or its host lost) is blamed before a breaker that failed in a
   collective (:data:`PEER_ERRORS`: ``UnavailableError`` and the like), as soon as its end is known.
