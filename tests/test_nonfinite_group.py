@@ -108,10 +108,12 @@ def test_a_nan_loss_in_a_group_with_stop_stops_the_whole_group_in_order_with_exi
 def test_a_nan_only_a_workers_own_loss_shows_at_the_last_step_with_stop_ends_the_run_with_exit_4_naming_it(logdir):
     """--on-nonfinite stop, worker1's own loss of the last step (120) alone NaN (no gradient): the chief commits its
     final checkpoint and exits 0, worker1 finds it at its end and stops (exit 4): the run ends 4, its one line
-    naming the step and worker1; no restart; every checkpoint finite."""
+    naming the step and worker1; no restart; every checkpoint finite. Worker1's session ends a second after its
+    loop (``--tail-secs 1``): the chief's 0 waits for that end, sending worker1 nothing, so its end is its own."""
     # before: nothing checked a worker's kept losses at its end under stop (the chief's final checkpoint checks
-    # the chief's alone), and the run ended 0 with no line at all
-    code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "120", target=LOCAL_NAN,
+    # the chief's alone), and the run ended 0 with no line at all; and then (issue 68) with the tail, the chief's 0
+    # was judged at once and the run's finishing SIGTERM reached worker1 first: no check (an end not its own), exit 0
+    code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "120", "--tail-secs", "1", target=LOCAL_NAN,
                                    opts=GROUP + ("--on-nonfinite", "stop")))
     assert code == 4, err
     line = [s for s in out.splitlines() if "procsv: non-finite training at step" in s]

@@ -9,7 +9,8 @@ One launch (``poisoned``) holds three cases, one after the other: worker1's batc
 group snapshots; the chief reports 71 first at its checkpoint of step 90), then, in the group rolled back
 from it, worker1's batch of step 100 (a group snapshot step: the chief stops on its weights), then, in
 the group rolled back from that, worker1's own loss of the last step, 120, alone (no gradient: every
-weight finite; the chief commits its final checkpoint of step 120 and ends, worker1 finds it at its end).
+weight finite; the chief commits its final checkpoint of step 120 and ends, worker1 finds it at its end, which
+comes a second after its loop: ``--tail-secs 1``, its program's own wind-down inside the session).
 Each test reads its own rollback from it; all compare the end with one plain run that never applied 70,
 100 nor 120.
 """
@@ -58,7 +59,8 @@ def poisoned(shared_result) -> tuple[str, int, str, list[int]]:  # type: ignore[
     def produce(folder: str) -> None:
         logdir = os.path.join(folder, "run")
         code, out, err = finish(launch(logdir, "--steps", "120", "--nan-at", "70", "--nan-at", "100", "--in-batch",
-                                       "--loss-nan-at", "120", "--save-steps", "30", target=LOCAL_NAN,
+                                       "--loss-nan-at", "120", "--save-steps", "30", "--tail-secs", "1",
+                                       target=LOCAL_NAN,
                                        opts=GROUP + ("--on-nonfinite", "rollback")), timeout=300)
         with open(os.path.join(folder, "result.json"), "w") as fh:
             json.dump({"code": code, "err": err, "leftovers": kill_leftovers(logdir)}, fh)
@@ -115,7 +117,10 @@ def test_a_nan_in_worker1s_own_loss_of_the_last_step_rolls_the_group_back_though
     ends; worker1 finds the NaN at its end and asks for the rollback (exit 5). The group skips 120 on every
     member and commits step 120 again in place of the chief's (before: the chief's exit 0 ended the run 0,
     step 120 applied; and a group restored from its in-memory snapshot had its final checkpoint of 120
-    answered "committed already; not written again"); the run ends bit-equal to the plain run."""
+    answered "committed already; not written again"); the run ends bit-equal to the plain run. Worker1's session
+    ends a second after its loop (``--tail-secs 1``): the chief's 0 waits for its end, and the watchdog sends it
+    nothing meanwhile (before, issue 68: the chief's 0 was judged at once, no report having come in; the run ended
+    0 with step 120 applied, worker1's exit 5 only settled after ``finished``)."""
     logdir, code, err, first = poisoned
     assert code == 0, err
     records = lifecycle(logdir)

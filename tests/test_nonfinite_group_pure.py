@@ -455,7 +455,7 @@ def test_a_nan_in_one_workers_batch_found_by_the_chief_one_step_later_is_skipped
     sim.reaps(TRAINER, EXIT_GROUP_ROLLBACK, "GroupRollback")
     # a standby group ready would have the survivors SIGKILLed at once; in a rollback they are asked to stop
     assert group_rules.rolling_back(sim.view, sim.member(TRAINER))
-    asked = group_rules.group_actions(sim.view, sim.now, 30.0, at_once=True)
+    asked = group_rules.group_actions(sim.view, sim.now, 30.0, at_once=True, wait=120.0)
     assert [(a.slot, a.sig) for a in asked if isinstance(a, Signal)] == [(W1, signal.SIGTERM)], asked
     assert not [a for a in asked if isinstance(a, Kill)], asked
     acts = sim.tick(0.01)
@@ -476,7 +476,7 @@ def test_a_group_without_a_non_finite_report_still_has_its_survivors_sigkilled_a
     sim = group(2)
     sim.tick(1.0)
     sim.reaps(TRAINER, 1, "RuntimeError")
-    asked = group_rules.group_actions(sim.view, sim.now, 30.0, at_once=True)
+    asked = group_rules.group_actions(sim.view, sim.now, 30.0, at_once=True, wait=120.0)
     assert [(a.slot, a.cause) for a in asked if isinstance(a, Kill)] == [(W1, Cause.GROUP_NOW)], asked
     assert not group_rules.rolling_back(sim.view, sim.member(TRAINER))
 
@@ -583,6 +583,93 @@ def test_a_workers_own_exit_4_or_5_after_the_chief_exited_0_with_no_step_reporte
         acts = sim.tick(0.01)
         assert [type(a) for a in acts] == [Finish] and sim.view.exit_code == 0, acts
         assert blame(sim.view, sim.trainer).slot == TRAINER
+
+
+@pytest.mark.parametrize("code", [EXIT_GROUP_ROLLBACK, EXIT_DIVERGING])
+def test_a_chief_that_exited_0_waits_for_a_workers_late_report_of_the_last_step_and_sends_it_nothing(code):
+    # issue 68 (att68's tail_nan.py --loss-nan-at 120 --tail-secs 1): worker1 ends a second after its loop (its
+    # program's wind-down inside the session) and only then finds its own loss of step 120 non-finite. Before: the
+    # chief's 0 was judged at once, no report having come in: the run finished (rollback: worker1's exit 5 only
+    # settled, step 120 kept; stop: the finishing SIGTERM made worker1 skip its check, exit 0 in place of 4)
+    from procsv.watchdog.rules.actions import Finish, Kill
+    from procsv.watchdog.rules.group import awaits_own_ends
+
+    sim = group(2, stop_grace_secs=10.0)
+    sim.tick(1.0)
+    sim.reaps(TRAINER, 0)
+    for dt in (0.01, 0.2, 1.0):  # nothing judged, and worker1 gets no signal: its end must be its own
+        acts = sim.tick(dt)
+        assert not of(acts, Finish) and not of(acts, GiveUp) and not of(acts, Restart), acts
+        assert not of(acts, Signal) and not of(acts, Kill), acts
+        assert awaits_own_ends(sim.view, sim.trainer, sim.now, 10.0)
+    assert sim.member(W1).signalled_at is None and sim.member(W1).stop_sent_at is None and not sim.view.finishing
+    reports(sim, W1, 120)
+    assert not of(sim.tick(0.01), Finish)
+    sim.reaps(W1, code, "GroupRollback" if code == EXIT_GROUP_ROLLBACK else "TrainingDiverged")
+    acts = sim.tick(0.01)
+    assert blame(sim.view, sim.trainer).slot == W1
+    if code == EXIT_GROUP_ROLLBACK:
+        assert [r.skip for r in of(acts, Restart)] == [120] and sim.view.skipped_steps == [120], acts
+        assert not of(acts, Finish) and sim.view.rollbacks == 1
+    else:
+        gave_up = of(acts, GiveUp)
+        assert len(gave_up) == 1 and gave_up[0].exit_code == EXIT_DIVERGING and not of(acts, Restart), acts
+        assert sim.view.exit_code == EXIT_DIVERGING
+
+
+def test_an_ordinary_groups_success_is_judged_as_soon_as_its_workers_end_and_not_later():
+    # the wait for the workers' own ends costs an ordinary run nothing: its workers end within milliseconds of the
+    # chief, and the chief's 0 is judged in the round the last one's end comes in (a clean 0, or any other end)
+    from procsv.watchdog.rules.actions import Finish
+
+    for code, error in ((0, ""), (1, "UnavailableError")):
+        sim = group(3)
+        sim.tick(1.0)
+        sim.reaps(TRAINER, 0)
+        sim.reaps(W1, 0)
+        assert not of(sim.tick(0.01), Finish)  # worker2 has not ended yet
+        sim.reaps("worker2", code, error)
+        acts = sim.tick(0.01)
+        assert [type(a) for a in acts if isinstance(a, (Finish, GiveUp, Restart))] == [Finish], acts
+        assert sim.view.exit_code == 0 and blame(sim.view, sim.trainer).slot == TRAINER
+    # a worker's death notice ends its wait too (its exit status tells nothing of a step no report named)
+    sim = group(2)
+    sim.tick(1.0)
+    sim.reaps(TRAINER, 0)
+    sim.tick(0.01)
+    sim.notices(W1)
+    assert of(sim.tick(0.01), Finish) and sim.view.exit_code == 0
+
+
+def test_a_worker_that_never_ends_after_the_chiefs_0_costs_at_most_the_stop_grace_then_is_stopped_as_before():
+    # a worker blocked (in a collective the chief left, say) never ends on its own: the chief's 0 is judged once
+    # stop_grace_secs passed since the chief's end, and the run's end stops the worker (SIGTERM, then SIGKILL)
+    from procsv.watchdog.rules.actions import Cause, Finish, Kill
+
+    sim = group(2, stop_grace_secs=10.0, services_grace_secs=3.0)
+    sim.tick(1.0)
+    sim.reaps(TRAINER, 0)
+    ended = sim.now
+    assert sim.tick(0.01) == []
+    assert sim.tick(9.9) == []  # 9.91 s after the chief's end: still waiting, nothing sent
+    acts = sim.tick(0.1)  # 10.01 s: judged as before the wait, by the chief alone
+    assert [type(a) for a in acts if isinstance(a, (Finish, GiveUp, Restart))] == [Finish], acts
+    assert sim.view.exit_code == 0 and sim.now - ended < 10.0 + 0.2
+    acts = sim.tick(0.01)
+    assert [(a.sig, a.cause) for a in of(acts, Signal) if a.slot == W1] == [(signal.SIGTERM, Cause.SHUTDOWN)], acts
+    assert [a.slot for a in of(sim.tick(3.0), Kill) if a.slot == W1] == [W1]
+
+
+def test_a_chief_that_exited_0_during_a_stop_waits_for_no_worker():
+    # a stop (rule 2) stops the workers once the chief ended: no wait for their own ends
+    from procsv.watchdog.rules.actions import Cause
+
+    sim = group(2)
+    sim.tick(1.0)
+    sim.view.stop_signal = signal.SIGTERM
+    sim.reaps(TRAINER, 0)
+    acts = sim.tick(0.01)
+    assert sim.view.finishing and sim.view.exit_code == 128 + signal.SIGTERM, acts
 
 
 def test_a_group_restored_from_its_in_memory_snapshot_for_a_rollback_passes_over_the_checkpoints_of_the_step_or_later(

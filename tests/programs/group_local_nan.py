@@ -22,6 +22,9 @@ gradient, as a masked input's would be), the weights stay finite and the other m
     --exit-attempt A  --exit-at and --chief-dies-at apply only in the group's attempt A (PROCSV_ATTEMPT; default: any)
     --chief-dies-at N the chief ends at step N at once (os._exit(5): no checkpoint of its own on the way out), once
     --max-to-keep N   the Supervisor's retention (default 5, the Supervisor's own)
+    --tail-secs T   worker 1 spends T s more inside the session once its loop ran to --steps (its program's own
+                    wind-down: an input pipeline's teardown, a local eval): its session ends, and it checks the
+                    losses it kept since its last check, T s after the chief's
 
 The batch of step n is a function of n and the member's rank alone.
 """
@@ -50,6 +53,7 @@ p.add_argument("--exit-attempt", type=int, default=None)
 p.add_argument("--chief-dies-at", type=int, default=None)
 p.add_argument("--max-to-keep", type=int, default=5)
 p.add_argument("--in-batch", action="store_true")
+p.add_argument("--tail-secs", type=float, default=0.0)
 args = p.parse_args()
 PACE = 0.25  # seconds more per step of the chief while its newest checkpoint is not committed
 
@@ -113,4 +117,6 @@ def one_step():  # type: ignore[no-untyped-def]
 with sv.managed_session() as sess:
     while not sv.should_stop() and sv.step < args.steps:
         sess.run(one_step)
+    if rank == 1 and args.tail_secs and sv.step >= args.steps:
+        time.sleep(args.tail_secs)  # a worker's own end-of-loop work, inside the session
 print(f"group_local_nan: ended at step {sv.step}", flush=True)

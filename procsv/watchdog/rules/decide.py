@@ -69,7 +69,9 @@ Rules, in the order they are considered:
 11. **Groups** (:mod:`procsv.watchdog.rules.group`, ``--nproc N``): the first member of a trainer
    group whose end breaks it (the chief's end; a worker's death or non-zero exit) is what the
    chief's attempt is judged by (rule 1); the other members get SIGTERM, SIGKILL after
-   ``group_grace_secs``; rule 3 starts the next group only once every worker is reaped. Rules 2
+   ``group_grace_secs``; a chief that exited 0 is judged only once the other members ended on their own,
+   or ``stop_grace_secs`` after its end, with nothing sent to them meanwhile (``group.awaits_own_ends``);
+   rule 3 starts the next group only once every worker is reaped. Rules 2
    (stop: the chief is asked to checkpoint; its workers are stopped once it ended) and 4 (hangs:
    of every member) apply to the group's members.
 12. **Hosts** (:mod:`procsv.watchdog.rules.hosts`, ``--nnodes M``): a host whose agent is silent for
@@ -140,7 +142,8 @@ def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Actio
         return actions + _shutdown(view, now, limits)
     actions += _stop(view, now, limits)
     actions += membership.take_back(view, now, limits)
-    actions += group_actions(view, now, limits.group_grace_secs, at_once=standby.promotable(view, limits.nproc))
+    actions += group_actions(view, now, limits.group_grace_secs, at_once=standby.promotable(view, limits.nproc),
+                             wait=limits.stop_grace_secs)
     actions += standby.broken(view)
     actions += _restart_due(view, now, limits)
     actions += tasks.due_starts(view, now, limits)

@@ -20,7 +20,10 @@ policy judges; the other tasks hold ``worker<R>`` slots with the chief's attempt
   non-finite step: :func:`reporter_unreaped`). A chief that exited 0 is judged by itself, unless a
   member reported a non-finite step and stopped on it: a worker whose own loss of the last step is
   non-finite finds it at its end, after the chief committed its final checkpoint (which checks the
-  chief's losses only), and asks for the group's rollback or stops it as diverging.
+  chief's losses only), and asks for the group's rollback or stops it as diverging. So a chief's 0 is
+  judged only once the other members ended on their own, up to the stop grace after the chief's end,
+  with nothing sent to them meanwhile (:func:`awaits_own_ends`): that end may come after the program's
+  own wind-down, and a SIGTERM before it would cut its check.
 - Likewise a member *cut off* (:func:`cut_off`: killed by a signal the watchdog did not send, the
   OOM killer's or a user's SIGKILL, or its host lost) is blamed before a breaker that failed in a
   collective (:data:`PEER_ERRORS`: ``UnavailableError`` and the like), as soon as its end is known.
@@ -250,6 +253,33 @@ def reporter_unreaped(view: RunView, chief: ChildView) -> bool:
                or (not m.reaped and m.noticed_dead_at is None) for m in group)  # (a death notice: it says no more)
 
 
+def awaits_own_ends(view: RunView, chief: ChildView, now: float, bound: float) -> bool:
+    """Whether the chief's attempt, its chief having exited 0, waits before it is judged for the rest of
+    its group (of two or more) to end on their own: a member has neither been reaped nor noticed dead, and
+    less than ``bound`` seconds passed since the chief's end. Meanwhile the watchdog sends the members
+    nothing (:func:`group_actions`). Not during a stop (rule 2 stops the workers once the chief ended).
+
+    A worker checks the losses it kept since its last check at its session's end
+    (:func:`procsv.trainer.nonfinite.policy.member_checks_at_end`), after whatever wind-down its program
+    does after the loop, inside the session: its own non-finite loss of the group's last step is found
+    there or nowhere, and the chief's 0 says nothing of it (its final checkpoint checks the chief's
+    losses only). Judged at once, the chief's 0 ended the run before that report came in: ``rollback``'s
+    exit 5 was only settled (the step stayed applied), and under ``stop`` the run's finishing SIGTERM
+    reached the worker before its end, which then checked nothing (an end not of its own). Once its
+    report came in, :func:`reporter_unreaped` waits for its exit status, and :func:`blame` picks it.
+
+    The watchdog cannot tell the program's own ``on_nonfinite`` (the Supervisor's, when ``--on-nonfinite``
+    is not given), so every group waits; an ordinary group's workers end within milliseconds of the
+    chief, so the wait costs nothing then; one that never ends on its own (blocked in a collective the
+    chief left) costs at most ``bound``, and is then stopped by the run's end (rule 6) as before."""
+    if chief.role != TRAINER or not chief.reaped or chief.exit_code != 0 or view.stop_signal is not None:
+        return False
+    group = members(view, chief)
+    if len(group) < 2 or (chief.ended_at is not None and now >= chief.ended_at + bound):
+        return False
+    return any(not m.reaped and m.noticed_dead_at is None for m in group)
+
+
 def copy_held(view: RunView, rank: int, attempt: int, step: int) -> list[Any]:
     """The checkpoint service holds member ``rank``'s in-memory copy of ``step`` of ``attempt``
     (``GroupCopyHeld``): once every member of the chief's attempt has a copy of its held past the
@@ -264,11 +294,12 @@ def copy_held(view: RunView, rank: int, attempt: int, step: int) -> list[Any]:
     return []
 
 
-def group_actions(view: RunView, now: float, grace: float, at_once: bool) -> list[Action]:
+def group_actions(view: RunView, now: float, grace: float, at_once: bool, wait: float) -> list[Action]:
     """Rule 11: once a member broke the group, stop the rest (SIGTERM, SIGKILL after ``grace``;
-    ``at_once``, a standby group being ready: SIGKILL now)."""
+    ``at_once``, a standby group being ready: SIGKILL now); but nothing while a chief that exited 0
+    waits up to ``wait`` seconds for the others' own ends (:func:`awaits_own_ends`)."""
     chief = view.children.get(TRAINER)
-    if chief is None:
+    if chief is None or awaits_own_ends(view, chief, now, wait):
         return []
     first = breaker(view, chief)  # (a lone trainer, or a --ps chief, is a group of one: nobody else to stop)
     if first is None:

@@ -45,7 +45,7 @@ def judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: flo
         return [standby.gone(view, child)]
     if child.role != TRAINER:
         return _service(view, child, now, limits)
-    return _trainer(view, child, limits, draw)
+    return _trainer(view, child, now, limits, draw)
 
 
 def stop_saved(child: ChildView) -> bool:
@@ -81,7 +81,7 @@ def _service(view: RunView, child: ChildView, now: float, limits: Limits) -> lis
     return [RespawnService(child.slot, child.attempt, window)]
 
 
-def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> list[Action]:
+def _trainer(view: RunView, child: ChildView, now: float, limits: Limits, draw: float) -> list[Action]:
     """A trainer attempt that was reaped, or whose death notice arrived (that only ever restarts)."""
     if view.stop_signal is None and any(m.regroup for m in group.members(view, child)):
         # rule 15: the watchdog ended the group to take a host back, right after a commit: not a failure; and
@@ -89,6 +89,8 @@ def _trainer(view: RunView, child: ChildView, limits: Limits, draw: float) -> li
         history = replace(view.history, failures_without_progress=0, startup_failures_in_a_row=0) \
             if child.made_progress else view.history
         return [Restart(child.slot, child.attempt, 0.0, history, early=not child.reaped, regroup=True)]
+    if group.awaits_own_ends(view, child, now, limits.stop_grace_secs):
+        return []  # a chief's 0: its workers' own ends first (a worker's own last step is checked at its end)
     who = group.blame(view, child)  # in a group, the member whose end broke it
     if not child.reaped and not who.reaped and child.first_step_at is None and not who.noticed_error \
             and not who.hang_cause:
