@@ -1,6 +1,6 @@
 """Where the suite's CPU goes, per test: a pytest plugin, registered by conftest for ``--cpu-log``.
 
-    .venv/bin/python -m pytest -q -n 4 --dist worksteal --cpu-log suite-cpu.jsonl
+    .venv/bin/python -m pytest -q -n 5 --dist worksteal --cpu-log suite-cpu.jsonl
     .venv/bin/python scripts/suite_cpu.py suite-cpu.jsonl
 
 Runs in each pytest (xdist worker) process. The suite is CPU-bound on 2 cores, so a test's cost is
