@@ -31,6 +31,7 @@ from procsv.common import crc32c
 from procsv.common.errors import CorruptCheckpoint
 from procsv.common.layout import Layout
 from procsv.common.manifests import Manifest, list_committed
+from procsv.trainer.checkpoint import restore_at_start
 from procsv.ipc.messages import GroupCopy, GroupFetch, GroupHeld, GroupQuery, TensorSpec
 from procsv.ipc.transport import NoReply
 from procsv.trainer.channels import TrainerChannels
@@ -53,7 +54,7 @@ def passed_over(layout: Layout, before: Optional[int]) -> list[Manifest]:
     or later hold its update (the chief checks only its own losses: a worker's NaN may be found after
     the chief committed past it, or at the group's end, after the chief's final checkpoint). The
     group's commit of such a step is their next revision, rewritten in place (empty: no rollback)."""
-    return [m for m in list_committed(layout) if before is not None and m.step >= before]
+    return restore_at_start.rolled_back_over(list_committed(layout), before)
 
 
 def whole_step(ch: TrainerChannels, nproc: int, after: int) -> Optional[tuple[int, int, bool]]:

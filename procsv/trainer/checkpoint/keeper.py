@@ -126,8 +126,7 @@ class CheckpointKeeper:
         if held is not None:
             passed = group_restore.passed_over(agent.layout, before)
             if passed:  # (restored from disk, the walk over the committed checkpoints says the same)
-                print(f"procsv: the group rolls back step {before}: passing over the checkpoint(s) committed after it "
-                      f"({', '.join(m.prefix for m in passed)})", file=sys.stderr, flush=True)
+                restore_at_start.say_passed_over(before, passed)
             agent.restored_memory(held[0], newest, peer=held[2], passed={m.step: m.revision for m in passed})
             pin.publish(PinRecord(None, held[0], held[1]))
             return []

@@ -46,6 +46,17 @@ class Restored:
     passed: list[Manifest] = field(default_factory=list)  # committed after the step a group rolls back (``before``)
 
 
+def rolled_back_over(committed: list[Manifest], before: Optional[int]) -> list[Manifest]:
+    """The committed checkpoints a group's rollback of step ``before`` passes over: those of ``before``
+    or later hold its update (empty: no rollback)."""
+    return [m for m in committed if before is not None and m.step >= before]
+
+
+def say_passed_over(before: Optional[int], later: list[Manifest]) -> None:
+    print(f"procsv: the group rolls back step {before}: passing over the checkpoint(s) committed after it "
+          f"({', '.join(m.prefix for m in later)})", file=sys.stderr, flush=True)
+
+
 def restore_or_init(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], None], *,
                     allow_reinit: bool, read_retry: ReadRetry, clock: Callable[[], float],
                     sleep: Callable[[float], None], pinned: Optional[Pinned] = None,
@@ -115,11 +126,10 @@ def _walk(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], 
         raise TrainingDiverged(refused)
     import tensorflow as tf
 
-    later = [m for m in committed if before is not None and m.step >= before]
+    later = rolled_back_over(committed, before)
     if later:  # a group's rollback of step ``before``: these hold its update
         committed = [m for m in committed if m.step < before]  # type: ignore[operator]
-        print(f"procsv: the group rolls back step {before}: passing over the checkpoint(s) committed after it "
-              f"({', '.join(m.prefix for m in later)})", file=sys.stderr, flush=True)
+        say_passed_over(before, later)
     damaged = damaged_manifests(layout)
     for name in damaged:
         print(f"procsv: ignoring damaged manifest {os.path.join(layout.manifests, name)} (not a valid "
