@@ -117,9 +117,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]) 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """Under ``--quick``: a test whose setup, call or teardown (any fixture's) started a TensorFlow
+    """A failed test that ran a launch in its ``logdir`` reports what the run left (:func:`run_at_failure`).
+    Under ``--quick``: a test whose setup, call or teardown (any fixture's) started a TensorFlow
     process, or one the guard cannot see, fails at its teardown, naming it."""
     outcome = yield
+    if call.when == "call" and call.excinfo is not None and isinstance(item, pytest.Function) \
+            and isinstance(item.funcargs.get("logdir"), str):
+        outcome.get_result().sections.append(("procsv run at the failure", run_at_failure(item.funcargs["logdir"])))
     if call.when != "teardown" or _QUICK_LOG_POS not in item.stash:
         return
     log, before = os.environ["PROCSV_TEST_QUICK_TF_LOG"], item.stash[_QUICK_LOG_POS]
@@ -129,6 +133,24 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             rep = outcome.get_result()
             rep.outcome = "failed"
             rep.longrepr = f"this test of the quick tier started a TensorFlow process (or one the guard cannot see); mark it slow:\n{fh.read()}"
+
+
+def run_at_failure(path: str, lines: int = 4) -> str:
+    """What a failed test's run left, for CI's report (a flake seen once is diagnosed from it): the last
+    lifecycle records and each log's last lines, each cut at 200 characters."""
+    def tail(file: str, n: int) -> str:
+        try:
+            with open(file, errors="backslashreplace") as fh:
+                return "".join(line[:200].rstrip("\n") + "\n" for line in fh.readlines()[-n:])
+        except OSError as exc:
+            return f"({exc})\n"
+
+    logs = os.path.join(path, "logs")
+    parts = [f"== lifecycle.jsonl (last {5 * lines})\n" + tail(os.path.join(logs, "lifecycle.jsonl"), 5 * lines)]
+    for name in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
+        if name.endswith(".log"):
+            parts.append(f"== {name} (last {lines})\n" + tail(os.path.join(logs, name), lines))
+    return "".join(parts)
 
 
 def quick_guard_env() -> dict[str, str]:
