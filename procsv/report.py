@@ -181,13 +181,15 @@ def event_series(events: list[dict[str, Any]]) -> list[tuple[float, int]]:
     return [(float(e["time"]), int(e["step"])) for e in events if e.get("event") in named and "step" in e]
 
 
-def nonfinite(events: list[dict[str, Any]], summary: Optional[dict[str, Any]]) -> tuple[list[tuple[float, int]], int]:
-    """(wall time, step) of each step skipped as non-finite (once each: a step met again after a
-    restart is skipped again), and the rollbacks (in place, and a trainer group's:
-    :func:`group_rollbacks`): from ``report.json`` when it has them, the times (and a live launch's
-    steps) from the ``step_skipped`` events."""
+def nonfinite(events: list[dict[str, Any]], summary: Optional[dict[str, Any]],
+              every: Optional[list[dict[str, Any]]] = None) -> tuple[list[tuple[float, int]], int]:
+    """(wall time, step) of each step the run skipped as non-finite (once each: a step met again after a
+    restart, or in a later launch of the logdir, is skipped again), and the launch's rollbacks (in place,
+    and a trainer group's: :func:`group_rollbacks`): from ``report.json`` when it has them, the times
+    (and a live launch's steps) from the ``step_skipped`` events of ``every`` launch of the logdir (the
+    launch's ``events`` without it); an earlier launch's skip keeps the time it was first skipped at."""
     when: dict[int, float] = {}
-    for e in events:
+    for e in events if every is None else every:
         if e.get("event") == "step_skipped" and isinstance(e.get("step"), int):
             when.setdefault(int(e["step"]), float(e["time"]))
     rollbacks = sum(1 for e in events if e.get("event") == "rolled_back") + group_rollbacks(events, None)
@@ -233,7 +235,7 @@ def gather(layout: Layout) -> Optional[RunReport]:
         restarts=restarts(events), checkpoints=commits(events, layout, started))
     series = (summary or {}).get("series")
     rep.series = [(float(t), int(s)) for t, s in series] if isinstance(series, list) and series else event_series(events)
-    rep.skipped, rep.rollbacks = nonfinite(events, summary)
+    rep.skipped, rep.rollbacks = nonfinite(events, summary, every)
     rep.group_rollbacks = group_rollbacks(events, summary)
     rep.memberships = [e for e in events if e.get("event") == "membership"]
     launches = gp.launches_from_events(every, now=time.time() if live is not None else None)

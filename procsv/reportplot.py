@@ -59,9 +59,10 @@ def segments(series: list[tuple[float, int]]) -> list[list[tuple[float, int]]]:
 def draw(rep: RunReport, path: str) -> None:
     """Write the timeline of ``rep`` to the PNG file ``path`` (replaced atomically)."""
     plt = _pyplot()
-    times = [t for t, _ in rep.series] + [t for t, _ in rep.checkpoints] + [r.at for r in rep.restarts] + \
-        [t for t, _ in rep.skipped]
+    times = [t for t, _ in rep.series] + [t for t, _ in rep.checkpoints] + [r.at for r in rep.restarts]
     t0 = rep.started_at if rep.started_at is not None else min(times, default=0.0)
+    skipped = [(t, s) for t, s in rep.skipped if t >= t0]  # an earlier launch's skips: before this timeline
+    times += [t for t, _ in skipped]
     t_end = max([*times, rep.ended_at or t0, t0])
     div, unit = time_unit(t_end - t0)
 
@@ -80,10 +81,10 @@ def draw(rep: RunReport, path: str) -> None:
             ax.plot([(t - t0) / div for t, _ in rep.checkpoints], [s for _, s in rep.checkpoints], linestyle="none",
                     marker="|", markersize=12, markeredgewidth=1.5, color="#2ca02c",
                     label=f"checkpoint committed ({len(rep.checkpoints)})")
-        if rep.skipped:
-            ax.plot([(t - t0) / div for t, _ in rep.skipped], [s for _, s in rep.skipped], linestyle="none",
+        if skipped:
+            ax.plot([(t - t0) / div for t, _ in skipped], [s for _, s in skipped], linestyle="none",
                     marker="x", markersize=9, markeredgewidth=2, color="#ff7f0e",
-                    label=f"step skipped, non-finite ({len(rep.skipped)})")
+                    label=f"step skipped, non-finite ({len(skipped)})")
         top = max([s for _, s in rep.series] + [s for _, s in rep.checkpoints] + [rep.step, 1])
         for i, r in enumerate(rep.restarts):
             x = (r.at - t0) / div

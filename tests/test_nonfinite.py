@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (PROGRAMS, run_python, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, status_json,
-                      wait_for, wait_role_pid)
+from conftest import (PROGRAMS, run_python, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, skipped_steps,
+                      status_json, wait_for, wait_role_pid)
 
 EXIT_TRAIN = os.path.join(PROGRAMS, "exit_train.py")
 NAN_TRAIN = os.path.join(PROGRAMS, "nan_train.py")
@@ -289,6 +289,9 @@ def test_a_step_skipped_before_the_whole_launch_was_killed_is_skipped_again_by_t
     records = lifecycle(logdir)
     relaunch = max(i for i, e in enumerate(records) if e["event"] == "launch")
     assert relaunch > 0 and not [e for e in records[relaunch:] if e["event"] in ("nonfinite_detected", "rolled_back")], said
+    # the relaunch's status and report name the step the run skipped, though this launch found nothing
+    # (before: report.json's skipped_steps listed this launch's own skips only: none)
+    assert skipped_steps(logdir) == [25] and (raw_status(logdir) or {}).get("skipped_steps") == [25]
     _all_committed_are_finite(logdir)
     plain = plain_runs["skip-25"]  # python nan_train.py --skip-at 25
     rolled, baseline = _values(logdir), _values(plain)

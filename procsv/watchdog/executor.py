@@ -61,15 +61,12 @@ class Executor(Prewarmed):
     def __init__(self, cfg: LaunchConfig, layout: Layout, runtime_dir: str, view: RunView, limits: Limits,
                  report: Sink, clock: Callable[[], float], poller: zmq.Poller,
                  on_death_notice: Callable[[ChildProcess, bool, float], None],
-                 chaos_rng: Optional[random.Random] = None, skipped_before: Sequence[int] = ()) -> None:
-        """``skipped_before``: the steps the logdir's earlier launches skipped (read at the launch's start:
-        :func:`procsv.watchdog.publish.events.skipped_steps`), skipped again by every trainer of this one."""
+                 chaos_rng: Optional[random.Random] = None) -> None:
         super().__init__()
         self.cfg, self.layout, self.runtime, self.view = cfg, layout, RuntimeDir(runtime_dir), view
         self.limits, self.report, self.clock = limits, report, clock
         self.poller = poller  # the loop's: each child's pidfd and the zygote's pipe are registered there
         self._on_death_notice = on_death_notice
-        self.skipped_before = tuple(skipped_before)
         self.handles: dict[tuple[str, int], ChildProcess] = {}
         self.unreaped = Unreaped()  # children SIGKILL did not end, given up on (see give_up)
         self.remote: Optional[RemoteMembers] = None  # the other hosts' members (--nnodes), set by the launcher
@@ -249,7 +246,7 @@ class Executor(Prewarmed):
         the step this launch's first trainer began at."""
         first = next((c for c in self.view.attempts if c.role == TRAINER and c.ready_at is not None), None)
         bound = self.view.rollback_before
-        return Resume(tuple(sorted({*self.skipped_before, *self.view.skipped_steps})),
+        return Resume(tuple(self.view.skipped_steps),
                       bound[0] if bound is not None else None, first.restored_step if first is not None else None)
 
     def spawn(self, slot: str, role: str, nodes: tuple[int, ...] = ()) -> None:

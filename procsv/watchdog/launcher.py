@@ -164,9 +164,11 @@ class Watchdog:
                                      lambda: self._drain_messages(limit=None), self._sweep,
                                      self.out.io.reads)
         pipes.poller.register(self.out.io.reads.fd, zmq.POLLIN)  # a read of the logdir is done
+        # the steps the logdir's earlier launches skipped stay skipped: this launch's trainers skip them
+        # again (Executor.resume), and its status and report name them (read before this launch's records)
+        self.view.skipped_steps = list(skipped_steps(self.layout.lifecycle))
         ex = self.ex = Executor(self.cfg, self.layout, pipes.runtime_dir, self.view, self.limits, self.out.record,
-                                self.clock, pipes.poller, ends.post_notice,
-                                skipped_before=skipped_steps(self.layout.lifecycle))  # (before this launch's records)
+                                self.clock, pipes.poller, ends.post_notice)
         ex.disk, ex.reading = self.out.io.call, ends.reading  # log rotation: by the logdir writer thread
         clear_group_records(self.layout)  # an earlier launch's: nothing reads them any more
         clear_stale_temps(self.layout)  # an earlier launch's writes a kill cut short

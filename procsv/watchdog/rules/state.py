@@ -282,7 +282,8 @@ class RunView:
     shadow_runs: bool = True
     # non-finite training (issue 41), as the trainer told it: losses or states found non-finite (a
     # group's members reporting the same step: once), rollbacks (in place, and a group's: its restart
-    # to skip a step), and the global steps skipped (each would have completed that step), sorted
+    # to skip a step), and the global steps skipped (each would have completed that step), sorted: the
+    # run's, the logdir's earlier launches' first (read at the launch's start: they stay skipped)
     nonfinite_found: int = 0
     nonfinite_log: NonfiniteLog = field(default_factory=NonfiniteLog)  # the records not written yet (coalesced)
     rollbacks: int = 0
