@@ -77,11 +77,11 @@ def test_a_snapshot_that_turns_non_finite_within_10_steps_of_each_of_3_restores_
     bound = RestoreBound()
     assert bound.exceeded(21) is None and bound.found == {}  # nothing restored yet: the first finding
     bound.restored(20)
-    assert bound.exceeded(21) is None  # the retry of 21 turned non-finite again: 1
-    bound.restored(20)  # the skip's restore: the same finding, counted once
-    assert bound.exceeded(21) is None and bound.found == {20: [21]}
+    assert bound.exceeded(21) is None  # 21 was finite when retried: 1
     assert bound.exceeded(23) is None  # 2
     bound.restored(20)
+    assert bound.exceeded(23) is None and bound.found == {20: [21, 23]}  # 23's retry, non-finite again: once
+    bound.restored(20)  # the skip's restore
     why = bound.exceeded(30)  # 3, the 10th step after the restore
     assert why == ("the snapshot of step 20 turned non-finite within 10 steps of each of 3 restores "
                    "(at steps 21, 23, 30)")
@@ -94,21 +94,44 @@ def test_a_snapshot_that_turns_non_finite_within_10_steps_of_each_of_3_restores_
     assert other.found == {20: [21], 22: [23], 24: [25]}
 
 
+def test_steps_skipped_are_the_skip_budgets_and_never_make_a_snapshot_diverging():
+    # issue 68: three NaN inputs within 10 steps of the snapshot of step 20 (21, 23, 25) were each retried
+    # and skipped, and the third finding stopped the run on this bound while --max-skips 3 allowed it:
+    # a skipped step now leaves the bound (SkipBudget counts it), so the two never judge one finding
+    bound = RestoreBound()
+    for bad in (21, 23, 25):
+        bound.restored(20)
+        assert bound.exceeded(bad) is None  # found
+        bound.restored(20)
+        assert bound.exceeded(bad) is None  # non-finite again when retried
+        bound.skipped(bad)
+    assert bound.found == {20: []}
+    for bad in (26, 28):  # finite when retried: findings of the snapshot
+        bound.restored(20)
+        assert bound.exceeded(bad) is None
+    bound.restored(20)
+    assert bound.exceeded(29) == ("the snapshot of step 20 turned non-finite within 10 steps of each of 3 "
+                                  "restores (at steps 26, 28, 29)")
+
+
 def test_the_restore_bound_counts_a_poisoned_gradient_once_not_as_the_step_that_showed_it_too():
     # step 45's gradient was NaN, its loss finite: step 46's loss was the first to show it. The
-    # bisect skips 45; 46 was not a bad step of its own: one finding of the snapshot, not two
+    # bisect skips 45; 46 was not a bad step of its own: one finding of the snapshot, not two, and a
+    # finding of the skip budget once 45 is skipped
     bound = RestoreBound()
     bound.restored(40)
     assert bound.exceeded(46) is None
     bound.shown_by(46, 45)
     bound.restored(40)
     assert bound.exceeded(45) is None and bound.found == {40: [45]}
+    bound.skipped(45)
     bound.restored(40)
-    assert bound.exceeded(48) is None  # 47's gradient, shown by 48: the second finding
+    assert bound.exceeded(48) is None  # 47's gradient, shown by 48
     bound.shown_by(48, 47)
     bound.restored(40)
-    assert bound.exceeded(47) is None and bound.found == {40: [45, 47]}
-    assert bound.exceeded(49) is not None  # a third finding within 10 steps of the restore of 40
+    assert bound.exceeded(47) is None and bound.found == {40: [47]}  # 46 and 48 never counted
+    bound.skipped(47)
+    assert bound.exceeded(49) is None and bound.found == {40: [49]}  # the skips are not findings
 
 
 def test_the_policy_parses_its_three_names_and_refuses_others_in_one_line():

@@ -2,6 +2,10 @@
 
     --nan-at N            the input of step N is NaN (repeatable): its loss, gradient, weights and
                           momentum turn NaN (with --how weights only the weights, the loss stays finite)
+    --transient-nan-at N  transient faults, finite when retried (repeatable, in order): the input of the
+                          first N is NaN the first time this process computes it; each next one's, the
+                          first time it is computed after a rollback (a step not past the one before)
+                          that followed the fault before it
     --skip-at N           step N does nothing (repeatable): the plain run that never applied step N
     --how H               return: the step returns its loss tensor; dict: returns {"loss": ..., "n": 1};
                           log: logs it with sv.log_scalar("loss", ...) and returns nothing;
@@ -14,7 +18,8 @@
                           of a tf.data iterator the checkpoint tracks (element k, taken at step k + 1, is
                           NaN for k + 1 in --nan-at; --skip-at takes and discards the element)
     --wait-checkpoint K   the first step past K waits (at most 120 s) until the checkpoint of step K is
-                          committed (so that a slow first commit cannot hold every later one back)
+                          committed (so that a slow first commit cannot hold every later one back;
+                          repeatable, for each K in turn)
     --exit-at K           at step K, exit with --exit-code (default 5), once in the logdir: the
                           program's own exit code (a marker file keeps a restarted attempt going)
     --logdir DIR          for a plain `python nan_train.py` run
@@ -25,6 +30,7 @@ The input of step s is a function of s alone (1 + (s % 7) / 10), so a run is rep
 import argparse
 import os
 import time
+import types
 
 import tensorflow as tf
 
@@ -32,6 +38,7 @@ import procsv
 
 p = argparse.ArgumentParser()
 p.add_argument("--nan-at", type=int, action="append", default=[])
+p.add_argument("--transient-nan-at", type=int, action="append", default=[])
 p.add_argument("--skip-at", type=int, action="append", default=[])
 p.add_argument("--how", choices=["return", "dict", "log", "weights"], default="return")
 p.add_argument("--steps", type=int, default=60)
@@ -39,7 +46,7 @@ p.add_argument("--save-steps", type=int, default=10)
 p.add_argument("--policy", default=None)
 p.add_argument("--step-delay", type=float, default=0.02)
 p.add_argument("--input", choices=["step", "iterator"], default="step")
-p.add_argument("--wait-checkpoint", type=int, default=None)
+p.add_argument("--wait-checkpoint", type=int, action="append", default=[])
 p.add_argument("--exit-at", type=int, default=None)
 p.add_argument("--exit-code", type=int, default=5)
 p.add_argument("--logdir", default=None)
@@ -71,23 +78,32 @@ def train(x):
     return tf.reduce_sum(err * err)
 
 
+transient = types.SimpleNamespace(armed=True, last=None)  # --transient-nan-at: the first is due at once
+
+
 def step():
     s = sv.step
     marker = os.path.join(sv.layout.logdir, "exited-at")
     if s == args.exit_at and not os.path.exists(marker):
         open(marker, "w").close()
         raise SystemExit(args.exit_code)
-    if args.wait_checkpoint is not None and s > args.wait_checkpoint:
-        want = os.path.join(sv.layout.logdir, f"model.ckpt-{args.wait_checkpoint}.index")
+    if args.wait_checkpoint and s > args.wait_checkpoint[0]:
+        want = os.path.join(sv.layout.logdir, f"model.ckpt-{args.wait_checkpoint.pop(0)}.index")
         deadline = time.monotonic() + 120
         while not os.path.exists(want) and time.monotonic() < deadline:
             time.sleep(0.05)
-        args.wait_checkpoint = None
     if s in args.skip_at:
         if args.input == "iterator":
             next(it)  # the plain run that never applied step s: its element is taken all the same
         return None
-    poisoned = s in args.nan_at
+    if transient.last is not None and s <= transient.last:
+        transient.armed = True  # a rollback: the next fault is due
+    transient.last = s
+    fault = transient.armed and args.transient_nan_at and s == args.transient_nan_at[0]
+    if fault:
+        args.transient_nan_at.pop(0)  # a retry of step s computes it finite
+        transient.armed = False
+    poisoned = s in args.nan_at or fault
     if args.input == "iterator":
         x = next(it)
     else:

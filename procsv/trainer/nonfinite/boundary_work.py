@@ -172,6 +172,7 @@ class BoundaryWork:
                 self._stop_diverged(NonFiniteState(step, target), why, False)
             return True
         watch.budget.skip(target)
+        watch.restores.skipped(target)  # the skip budget's now, not a finding of the snapshot restored
         self._tell(notices.skipped(target, len(watch.budget.skipped), watch.position))
         self._skip(target, step)  # its input and the step count move past it; no other variable changes
         retry.skipped()

@@ -5,7 +5,8 @@ snapshot and skips the poisoned step; ``stop`` stops in order with exit code 4; 
 on (procsv only never commits a poisoned state). :class:`SkipBudget` is the bound on skipped steps:
 more than ``max_skips`` within ``skip_window`` steps stops the run with exit code 4.
 :class:`RestoreBound` is the other bound: a snapshot that turns non-finite within
-:data:`RESTORE_WINDOW` steps of each of :data:`RESTORE_LIMIT` restores stops it too.
+:data:`RESTORE_WINDOW` steps of each of :data:`RESTORE_LIMIT` restores, at steps that were not skipped,
+stops it too.
 :func:`in_place_refusal` says why a member of a trainer group cannot roll back in place;
 :func:`member_checks_at_end` whether a member other than the chief checks its kept losses at its end.
 """
@@ -100,8 +101,12 @@ class SkipBudget:
 class RestoreBound:
     """Whether the snapshots rolled back to keep turning non-finite: ``last`` is the step of the
     snapshot restored last (None: none yet), ``found`` the bad steps each snapshot led to within
-    ``window`` steps of a restore of it. The retry and the skip of one bad step restore the same
-    snapshot twice for one finding: a bad step counts once per snapshot."""
+    ``window`` steps of a restore of it, and not skipped. The retry and the skip of one bad step
+    restore the same snapshot twice for one finding: a bad step counts once per snapshot. A step
+    skipped (non-finite again when retried: its input's, or its gradient's) leaves this bound for
+    :class:`SkipBudget` (:meth:`skipped`): the two never judge one finding, so three bad inputs within
+    the window are three skips, which ``--max-skips 3`` allows; what this bound stops is a snapshot
+    whose restores keep turning non-finite at steps that are finite when retried."""
 
     window: int = RESTORE_WINDOW
     limit: int = RESTORE_LIMIT
@@ -129,6 +134,12 @@ class RestoreBound:
         for steps in self.found.values():
             if shown in steps:
                 steps.remove(shown)
+
+    def skipped(self, step: int) -> None:
+        """Step ``step`` was skipped: :class:`SkipBudget` counts it; no snapshot's finding any more."""
+        for steps in self.found.values():
+            if step in steps:
+                steps.remove(step)
 
     def exceeded(self, bad: int) -> Optional[str]:
         """:meth:`turned`, and why the run is diverging if the snapshot reached the limit (None: not)."""
