@@ -117,6 +117,16 @@ def test_keras_fit_a_poisoned_region_beyond_max_skips_stops_with_exit_4_and_comm
     assert latest is not None and latest.endswith(f"model.ckpt-{max(steps)}"), latest
 
 
+def test_the_default_replay_cap_is_a_tenth_of_host_memory_and_never_gigabytes(monkeypatch):
+    # issue 68: the default was a tenth of host memory alone: 2.4 GiB of kept batches on this 24 GiB
+    # machine, more on a large host, for a large-batch image model's seconds of batches
+    from procsv.trainer.keras import replay
+
+    for pages, want in ((1 << 20, (1 << 32) // 10), (64 << 20, 512 << 20)):  # 4 GiB, 256 GiB of 4 KiB pages
+        monkeypatch.setattr(replay.os, "sysconf", lambda name, pages=pages: pages if name == "SC_PHYS_PAGES" else 4096)
+        assert replay.default_cap() == want
+
+
 def test_the_watched_loss_of_a_keras_batch_is_its_own_not_the_epochs_running_mean():
     # logs["loss"] is the epoch's running mean in Keras 3: once a batch of the epoch was NaN it stays
     # NaN for the rest of the epoch. What procsv watches is the loss the batch itself handed Keras'
@@ -219,7 +229,7 @@ def test_keras_fit_under_rollback_frees_its_kept_batches_at_every_in_memory_snap
     # before: the kept batches were freed only at a disk commit (none here before fit's end: save_freq=False),
     # +262 MiB over these 160 batches of 1.5 MiB. Now each in-memory snapshot frees the batches it
     # covers (a rollback restores nothing older); the snapshots' share of loop time raised so that
-    # several come within this short fit, no cap set (the default is a tenth of host memory)
+    # several come within this short fit, no cap set (the default: a tenth of host memory, at most 512 MiB)
     logdir = os.path.join(short_tmp, "run")
     env = dict(quiet_env(), PROCSV_MEMORY_SNAPSHOTS="0.5")
     code, stdout, stderr = finish(launch(logdir, "--rows", "65536", "--epochs", "1", "--batches", "160",

@@ -45,7 +45,8 @@ _OWN = "procsv_batch_loss"  # the batch's own loss among the logs of procsv's tr
 # the Keras versions the replay (model._make_function, the one_step_on_data closure, the loss
 # tracker's update_state listened to) is tested with; another one gets the fallback, said at fit start
 TESTED_KERAS = ("3.15.",)  # prefixes of keras.__version__
-CAP_SHARE = 0.1  # the default cap on the batches kept: this share of the host's memory
+CAP_SHARE = 0.1  # the default cap on the batches kept: this share of the host's memory,
+CAP_MAX = 512 << 20  # and at most this: a large-batch image model's 10 s of batches is not gigabytes
 
 
 def keras_tested(version: str) -> bool:
@@ -69,11 +70,11 @@ def over_cap_line(cap: int) -> str:
 
 
 def default_cap() -> int:
-    """:data:`CAP_SHARE` of the host's physical memory, in bytes."""
+    """:data:`CAP_SHARE` of the host's physical memory, at most :data:`CAP_MAX`, in bytes."""
     try:
-        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * CAP_SHARE)
+        return min(CAP_MAX, int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * CAP_SHARE))
     except (ValueError, OSError):
-        return 1 << 30
+        return CAP_MAX
 
 
 def nbytes(data: Any) -> int:
