@@ -125,7 +125,9 @@ class Supervisor(SupervisorNames):
                                  read_retry_secs=read_retry_secs)
         self.allow_reinit = bootstrap.resolve(allow_reinit, config.launch.allow_reinit, False)
         self.is_chief = is_chief
-        self.save_model_secs, self.save_checkpoint_steps = save_model_secs, save_checkpoint_steps
+        # as TF's: only the chief keeps save_model_secs, save_summaries_secs, save_path and a summary writer
+        self.save_model_secs = save_model_secs if is_chief else None
+        self.save_checkpoint_steps = save_checkpoint_steps
         # graph mode (a TF1 graph program) or eager: the TF1 arguments, the state to save, the global step
         self._tf1, checkpoint, self._global_step, created = state_to_save(
             checkpoint, summary_fn, saver, summary_op, summary_writer, global_step, self.layout.logdir if self.layout else None, {
@@ -136,7 +138,7 @@ class Supervisor(SupervisorNames):
             recovery_wait_secs=recovery_wait_secs, increment_global_step=increment_global_step)
         self.max_to_keep, self.keep_checkpoint_every_n_hours = retention(self._tf1, max_to_keep, keep_checkpoint_every_n_hours)
         check_placement(self._tf1, self._ctx, is_chief)  # --ps: a graph program; TF's replica devices
-        self._settings = Settings(save_summaries_secs, self._tf1.summary_fn, stop_grace_secs, recovery_wait_secs,
+        self._settings = Settings(save_summaries_secs if is_chief else None, self._tf1.summary_fn, stop_grace_secs, recovery_wait_secs,
                                   init_fn, checkpoint_basename)
         self.increment_global_step, self.checkpoint = increment_global_step, checkpoint
         self.coord = Coordinator(clock=clock)
