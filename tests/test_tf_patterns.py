@@ -20,6 +20,8 @@ committed is read back with TensorFlow's own readers.
   Supervisor's ``save_path``, ``save_model_secs``, ``save_summaries_secs`` and ``summary_writer``: the
   chief's are TF's, a worker's are None as TF's non-chief's, and its ``summary_computed`` raises TF's
   "requires a summary writer" (compared with TF's own Supervisor in graph mode; an eager worker too).
+* ``Supervisor(global_step=None)`` in a graph that has a global step: ``sv.global_step`` is None, as
+  TF's (left out, it is the graph's), and the program trains as under TF's.
 """
 
 from __future__ import annotations
@@ -220,3 +222,33 @@ def test_an_eager_workers_supervisor_has_no_save_path_intervals_or_writer_as_ten
     assert _what_a_replica_program_sees(sv, None) == {
         "save_path": None, "save_model_secs": None, "save_summaries_secs": None, "writer": False,
         "summary_computed": "Writing a summary requires a summary writer."}
+
+
+def test_global_step_none_in_a_graph_that_has_one_gives_none_as_tensorflows_and_training_goes_on():
+    # before: procsv's Supervisor took global_step=None for "not given" and handed out the graph's
+    # global step; TF's None means "no global step" (USE_DEFAULT is the graph's)
+    import tensorflow as tf
+
+    import procsv
+
+    seen = {}
+    for name, supervisor in (("tf", tf.compat.v1.train.Supervisor), ("procsv", procsv.Supervisor)):
+        with tf.Graph().as_default():
+            step = tf.compat.v1.train.get_or_create_global_step()
+            v = tf.compat.v1.Variable(0.0, name="v")
+            train = tf.group(v.assign_add(1.0), step.assign_add(1))
+            sv = supervisor(logdir=None, global_step=None, summary_op=None)
+            default = supervisor(logdir=None, graph=tf.compat.v1.get_default_graph(), summary_op=None) \
+                if name == "procsv" else None  # (TF's would finalize the graph twice: fine, but not needed)
+            sess = sv.prepare_or_wait_for_session("")
+            for _ in range(3):
+                sess.run(train)
+            seen[name] = {"global_step": getattr(sv.global_step, "name", sv.global_step), "v": float(sess.run(v)),
+                          "step": int(sess.run(step))}
+            if default is not None:
+                seen["default"] = default.global_step is step
+            sess.close()
+            sv.stop()
+    assert seen["tf"] == {"global_step": None, "v": 3.0, "step": 3}
+    assert seen["procsv"] == seen["tf"]
+    assert seen["default"] is True  # left out (USE_DEFAULT): the graph's, as TF's

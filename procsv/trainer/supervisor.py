@@ -55,10 +55,11 @@ class Supervisor(SupervisorNames):
 
     * ``checkpoint``: what to save -- a ``tf.train.Checkpoint`` or a mapping of names to trackables
       (model, optimizer, ...). ``None`` disables checkpoints; nothing passed: ``tf1_args.state_given``.
-    * ``global_step``: an int64 ``tf.Variable``; created if not given. It is saved in the
-      checkpoint as ``global_step`` and advanced by one by every ``session.run(step_fn)``, unless
-      the program advances it itself (detected at its first steps and re-checked every 100;
-      ``increment_global_step=True/False`` forces it).
+    * ``global_step``: an int64 ``tf.Variable``; created if not given (``USE_DEFAULT``; eager: None too). It
+      is saved in the checkpoint as ``global_step`` and advanced by one by every ``session.run(step_fn)``,
+      unless the program advances it itself (detected at its first steps and re-checked every 100;
+      ``increment_global_step=True/False`` forces it). Graph mode: ``USE_DEFAULT`` is the graph's, None
+      none (``sv.global_step`` is None, as TF's; procsv counts the session's runs).
     * TF1's ``graph``, ``saver``, ``summary_op``, ``summary_writer``... (keywords): see ``tf1_args``.
     * ``summary_fn``: called every ``save_summaries_secs`` at a step boundary; returns a mapping of
       scalar tags to values (the TF2 stand-in for ``summary_op``).
@@ -88,7 +89,7 @@ class Supervisor(SupervisorNames):
         logdir: Optional[str] = None,
         is_chief: Optional[bool] = None,
         checkpoint: Any = NOT_PASSED,
-        global_step: Any = None,
+        global_step: Any = USE_DEFAULT,
         init_fn: Optional[Callable[[Any], None]] = None,
         save_model_secs: Optional[float] = 600,
         save_summaries_secs: Optional[float] = 120,
