@@ -261,6 +261,53 @@ def test_monitored_training_session_with_save_checkpoint_secs_0_saves_no_checkpo
         assert committed_steps(logdir)[-1] == 1  # the default hook's final save still happens
 
 
+def _a_program_that_asks_for_no_checkpoints(tf, monitored_training_session, logdir: str, eager: bool) -> list[int]:
+    """A training program that logs summaries but asks for no checkpoints
+    (``MonitoredTrainingSession(checkpoint_dir=..., save_checkpoint_secs=None)``, no steps), run twice:
+    the global step each run starts at."""
+    starts = []
+    for _ in range(2):
+        if eager:
+            gs = tf.Variable(0, dtype=tf.int64, name="global_step")
+            w = tf.Variable(1.0)
+            with monitored_training_session(checkpoint_dir=logdir, save_checkpoint_secs=None,
+                                            checkpoint={"w": w, "global_step": gs}) as sess:
+                starts.append(int(gs.numpy()))
+                for _ in range(3):
+                    sess.run(lambda: w.assign_add(1.0))
+            continue
+        with tf.Graph().as_default():
+            gs = tf.compat.v1.train.get_or_create_global_step()
+            step = tf.compat.v1.assign_add(gs, 1)
+            with monitored_training_session(checkpoint_dir=logdir, save_checkpoint_secs=None) as sess:
+                starts.append(int(sess.run(gs)))
+                for _ in range(3):
+                    sess.run(step)
+    return starts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_monitored_training_session_with_save_checkpoint_secs_none_writes_no_checkpoint_and_a_rerun_starts_at_0(
+        tmp_path, mode):
+    # before: procsv committed a final checkpoint at the end (model.ckpt-3) and the rerun restored step 3;
+    # TF's MonitoredTrainingSession adds no CheckpointSaverHook for None (without steps) and saves nothing
+    import tensorflow as tf
+
+    from procsv import train
+    from conftest import committed_steps
+
+    if mode == "graph":
+        theirs = str(tmp_path / "tf")
+        assert _a_program_that_asks_for_no_checkpoints(
+            tf, tf.compat.v1.train.MonitoredTrainingSession, theirs, eager=False) == [0, 0]
+        assert tf.train.latest_checkpoint(theirs) is None
+    ours = str(tmp_path / "procsv")
+    assert _a_program_that_asks_for_no_checkpoints(tf, train.MonitoredTrainingSession, ours, eager=mode == "eager") \
+        == [0, 0]
+    assert committed_steps(ours) == [] and tf.train.latest_checkpoint(ours) is None
+
+
 @pytest.mark.parametrize("creator", ["procsv", "own"])
 def test_request_stop_outside_a_with_block_raises_stop_iteration_and_leaves_should_stop_false(logdir, creator):
     """Both graph sessions (procsv's creator, and a program's own: one end, session_end.py)."""

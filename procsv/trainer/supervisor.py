@@ -164,8 +164,8 @@ class Supervisor(SupervisorNames):
             connected=lambda: self._channels is not None, started=lambda: self._started)
         self._keeper, self._summaries, self._rollback = parts.keeper, parts.summaries, parts.rollback
         self._boundary, self._graph, self._surface = parts.boundary, parts.graph, parts.surface
-        if self._graph is not None:  # save_model_secs=0 without save_checkpoint_steps: no final one, as TF's
-            self._graph.final_wanted = lambda: not (self.save_model_secs == 0 and not self.save_checkpoint_steps)
+        if self._graph is not None:  # (the graph's session takes it too when the program closes it first)
+            self._graph.final_wanted = self._final_wanted
 
         # the session's lifecycle
         self._channels: Optional[TrainerChannels] = None
@@ -346,8 +346,7 @@ class Supervisor(SupervisorNames):
             self._stopped_by_signal = self.coord.stop_signal is not None
             if not self.is_chief and self._keeper is not None and self._graph is None:
                 self._boundary.check_member_end()  # a group member's losses since its last check
-            if self.coord.exception is None and self._keeper is not None and self.is_chief and \
-                    (self._graph is None or self._graph.final_wanted()):
+            if self.coord.exception is None and self._keeper is not None and self.is_chief and self._final_wanted():
                 self.commit_checkpoint(deadline)  # (a subclass may override it)
             else:
                 self._boundary.report_busy(Busy.NONE)
@@ -359,6 +358,12 @@ class Supervisor(SupervisorNames):
             self._kept_events = None if close_summary_writer or self._own is None else self._own.events_tag
         finally:
             self._release(deadline)
+
+    def _final_wanted(self) -> bool:
+        """The stop commits a final checkpoint, unless ``save_model_secs=0`` without ``save_checkpoint_steps``
+        asked for no checkpoint at all (TF's Supervisor saves nothing then; a MonitoredTrainingSession with
+        neither ``save_checkpoint_secs`` nor ``save_checkpoint_steps`` passes it): in both modes."""
+        return not (self.save_model_secs == 0 and not self.save_checkpoint_steps)
 
     def _reset_for_reuse(self) -> None:
         """A prepare after a stop (TF's "retry on preemption" loop): clear the stop, fresh services."""
