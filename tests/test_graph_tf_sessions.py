@@ -548,3 +548,78 @@ def test_a_with_block_on_a_graph_session_makes_it_the_default_session_as_tensorf
 
 
 WITH_PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "tf1_with_session.py")
+
+
+def _a_thread_reports_an_error_between_runs(tf, session, step_run, coord_of) -> dict:  # type: ignore[no-untyped-def]
+    """A program's input or logging thread fails and reports it to the coordinator (``coord.stop_on_exception()``,
+    as a queue runner does); the loop runs twice more before it leaves the block. What each run returned and
+    what the block raised."""
+    import threading
+
+    def failing() -> None:
+        with coord_of().stop_on_exception():
+            raise RuntimeError("a thread wants to stop")
+
+    seen: dict = {"runs": []}
+    try:
+        with session as sess:
+            seen["runs"].append(step_run(sess))
+            thread = threading.Thread(target=failing)
+            thread.start()
+            thread.join()
+            seen["coord_should_stop"] = coord_of().should_stop()
+            seen["runs"].append(step_run(sess))
+            seen["runs"].append(step_run(sess))
+    except RuntimeError as e:
+        seen["raised"] = str(e)
+    return seen
+
+
+class _Coord:
+    """A hook that keeps the coordinator the session hands its hooks (TF's public way to reach it)."""
+
+    def __init__(self, hook_base) -> None:  # type: ignore[no-untyped-def]
+        outer = self
+        self.coord = None
+
+        class Keep(hook_base):  # type: ignore[misc, valid-type]
+            def after_create_session(self, session, coord):  # type: ignore[no-untyped-def]
+                outer.coord = coord
+
+        self.hook = Keep()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["MonitoredSession", "SingularMonitoredSession"])
+def test_a_threads_error_reported_to_the_coordinator_lets_the_next_runs_go_ahead_and_raises_at_the_blocks_end(kind):
+    # before: procsv's run after the report raised a clean stop (no run went ahead) where TF's sessions run
+    # it (TF's test_regular_exception_reported_to_coord_pass_through_run); the error leaves the block either way
+    import tensorflow as tf
+
+    from procsv import train
+
+    seen = {}
+    for name, module in (("tf", tf.compat.v1.train), ("procsv", train)):
+        with tf.Graph().as_default():
+            gs = tf.compat.v1.train.get_or_create_global_step()
+            step = tf.compat.v1.assign_add(gs, 1)
+            keep = _Coord(tf.compat.v1.train.SessionRunHook)
+            seen[name] = _a_thread_reports_an_error_between_runs(
+                tf, getattr(module, kind)(hooks=[keep.hook]), lambda sess: int(sess.run(step)), lambda: keep.coord)
+    assert seen["tf"] == {"runs": [1, 2, 3], "coord_should_stop": True, "raised": "a thread wants to stop"}
+    assert seen["procsv"] == seen["tf"]
+
+
+@pytest.mark.slow
+def test_an_eager_monitored_session_lets_the_next_runs_go_ahead_after_a_threads_error_and_raises_at_the_end():
+    import tensorflow as tf
+
+    from procsv import train
+
+    w = tf.Variable(0.0)
+    keep = _Coord(train.SessionRunHook)
+    session = train.MonitoredSession(train.ChiefSessionCreator(scaffold=train.Scaffold(checkpoint={"w": w})),
+                                     hooks=[keep.hook])
+    seen = _a_thread_reports_an_error_between_runs(
+        tf, session, lambda sess: (sess.run(lambda: w.assign_add(1.0)), float(w.numpy()))[1], lambda: keep.coord)
+    assert seen == {"runs": [1.0, 2.0, 3.0], "coord_should_stop": True, "raised": "a thread wants to stop"}

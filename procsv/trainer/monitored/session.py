@@ -155,7 +155,7 @@ class _MonitoredSession:
         sv = self._sv
         if self._stop_requested:
             raise RuntimeError("Run called even after should_stop requested.")
-        if sv.should_stop():
+        if sv.should_stop() and sv.coord.ends_steps:  # (a thread's error lets the run go ahead, as TF's)
             if sv.coord.stop_signal is not None or sv.coord.exception is not None:
                 raise TrainingStopped("a stop was requested (preemption or a failure); the training loop should end")
             raise RuntimeError("Run called even after should_stop requested.")
