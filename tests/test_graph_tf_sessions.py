@@ -623,3 +623,57 @@ def test_an_eager_monitored_session_lets_the_next_runs_go_ahead_after_a_threads_
     seen = _a_thread_reports_an_error_between_runs(
         tf, session, lambda sess: (sess.run(lambda: w.assign_add(1.0)), float(w.numpy()))[1], lambda: keep.coord)
     assert seen == {"runs": [1.0, 2.0, 3.0], "coord_should_stop": True, "raised": "a thread wants to stop"}
+
+
+def _a_loop_whose_loss_turns_nan(tf, module, hook_class, fail: bool, eager: bool) -> dict:  # type: ignore[no-untyped-def]
+    """TF's CIFAR-10 tutorial's pattern without a checkpoint_dir: a MonitoredTrainingSession with a
+    NanTensorHook on the loss, ``while not sess.should_stop(): sess.run(train_op)``; the loss is NaN at the
+    4th run. How many runs the loop made and what left it (the exception's class name and text)."""
+    seen: dict = {"runs": 0}
+    try:
+        if eager:
+            w = tf.Variable(1.0)
+            x = {"value": 1.0}
+
+            def step():  # type: ignore[no-untyped-def]
+                w.assign_add(0.1 * x["value"])
+                return w * x["value"]
+
+            with module.MonitoredTrainingSession(hooks=[hook_class(None, fail_on_nan_loss=fail)],
+                                                 checkpoint=None) as sess:
+                while not sess.should_stop() and seen["runs"] < 6:
+                    x["value"] = float("nan") if seen["runs"] == 3 else 1.0
+                    sess.run(step)
+                    seen["runs"] += 1
+            return seen
+        with tf.Graph().as_default():
+            gs = tf.compat.v1.train.get_or_create_global_step()
+            x = tf.compat.v1.placeholder(tf.float32, [])
+            w = tf.compat.v1.get_variable("w", initializer=1.0)
+            loss = w * x
+            train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=gs)
+            with module.MonitoredTrainingSession(hooks=[hook_class(loss, fail_on_nan_loss=fail)]) as sess:
+                while not sess.should_stop() and seen["runs"] < 6:
+                    sess.run(train_op, feed_dict={x: float("nan") if seen["runs"] == 3 else 1.0})
+                    seen["runs"] += 1
+    except Exception as e:  # (a SystemExit such as procsv's exit 4 is no program's to catch: it fails the test)
+        seen["raised"] = (type(e).__name__, str(e), isinstance(e, RuntimeError))
+    return seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fail", [True, False], ids=["fail_on_nan_loss", "stop_on_nan_loss"])
+def test_a_nan_tensor_hook_without_a_checkpoint_dir_raises_or_stops_at_the_nan_run_as_tensorflows(fail):
+    # before: with nothing to roll back to (no checkpoint_dir) procsv still took the hook's tensor for its
+    # --on-nonfinite rollback, never checked it, and the loop trained on through the NaN (6 runs, no error)
+    import tensorflow as tf
+
+    from procsv import train
+
+    theirs = _a_loop_whose_loss_turns_nan(tf, tf.compat.v1.train, tf.compat.v1.train.NanTensorHook, fail, eager=False)
+    ours = _a_loop_whose_loss_turns_nan(tf, train, train.NanTensorHook, fail, eager=False)
+    eager = _a_loop_whose_loss_turns_nan(tf, train, train.NanTensorHook, fail, eager=True)
+    expected = {"runs": 3, "raised": ("NanLossDuringTrainingError", "NaN loss during training.", True)} if fail \
+        else {"runs": 4}  # False: the hook asks for a stop after the NaN run, and the loop ends cleanly
+    assert theirs == expected
+    assert ours == expected and eager == expected

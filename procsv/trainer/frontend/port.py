@@ -49,6 +49,12 @@ class RollbackPort:
         return self._rollback.watch.policy == OnNonfinite.ROLLBACK
 
     @property
+    def checks_losses(self) -> bool:
+        """The losses kept are checked here (:attr:`NonfiniteRollback.checks_losses`): else a
+        ``NanTensorHook`` is the program's to call, as TF's."""
+        return self._rollback.checks_losses
+
+    @property
     def retrying(self) -> Optional[int]:
         """The non-finite step a rollback is retrying (None: none)."""
         return self._rollback.watch.retry.target

@@ -110,6 +110,14 @@ class NonfiniteRollback:
         if keeper is not None:  # every checkpoint agent, this session's and later ones', checks its snapshots
             keeper.configure(self._watch_agent)
 
+    @property
+    def checks_losses(self) -> bool:
+        """Whether the losses kept are ever checked here: detection is on and this trainer checks its
+        snapshots (a chief with a logdir and something to save, or a group's member). Without (no logdir,
+        ``checkpoint=None``, a replica's worker) a loss kept is never looked at."""
+        agent = self._keeper.agent if self._keeper is not None else None
+        return self.detecting and agent is not None and (agent.saving or bool(self.watch.group_refusal))
+
     def _watch_agent(self, agent: CheckpointAgent) -> None:
         if not agent.saving and not self.watch.group_refusal:  # a replica's worker: the chief looks
             return  # (a group's members all look: whichever finds it first asks for the group's rollback)
