@@ -18,6 +18,7 @@ the run when a timer triggers, as TF; summaries go through the session's Supervi
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
@@ -33,10 +34,22 @@ from procsv.trainer.monitored.hooks import (NeverTriggerTimer, SecondOrStepTimer
 
 # ---------------------------------------------------------------------------- NaN
 class NanLossDuringTrainingError(RuntimeError):
-    """The loss became NaN (:class:`NanTensorHook`). The watchdog knows it by this name (``program_errors``)."""
+    """The loss became NaN (:class:`NanTensorHook`). The watchdog knows it by this name (``program_errors``).
+    What the hook raises is also TF's ``tf.compat.v1.train.NanLossDuringTrainingError`` (:func:`nan_loss_error`)."""
 
     def __str__(self) -> str:
         return "NaN loss during training."
+
+
+@functools.lru_cache(maxsize=1)
+def nan_loss_error() -> type[NanLossDuringTrainingError]:
+    """The class a NaN loss raises: procsv's and TF's at once (both ``RuntimeError`` s of that name), so that a
+    program swapped to ``procsv.train`` catches it with either ``except`` (made when first raised: TensorFlow
+    is loaded by then, and importing ``procsv.train`` does not load it)."""
+    import tensorflow as tf
+
+    return type("NanLossDuringTrainingError", (NanLossDuringTrainingError, tf.compat.v1.train.NanLossDuringTrainingError),
+                {"__module__": __name__, "__doc__": NanLossDuringTrainingError.__doc__})
 
 
 class NanTensorHook(SessionRunHook):
@@ -63,7 +76,7 @@ class NanTensorHook(SessionRunHook):
             message = "Model diverged with loss = NaN."
             if self._fail:
                 api.tf_logging().error(message)
-                raise NanLossDuringTrainingError
+                raise nan_loss_error()
             api.tf_logging().warning(message)
             run_context.request_stop()
 
