@@ -625,7 +625,8 @@ def test_an_eager_monitored_session_lets_the_next_runs_go_ahead_after_a_threads_
     assert seen == {"runs": [1.0, 2.0, 3.0], "coord_should_stop": True, "raised": "a thread wants to stop"}
 
 
-def _a_loop_whose_loss_turns_nan(tf, module, hook_class, fail: bool, eager: bool) -> dict:  # type: ignore[no-untyped-def]
+def _a_loop_whose_loss_turns_nan(tf, module, hook_class, fail: bool, eager: bool,  # type: ignore[no-untyped-def]
+                                 checkpoint_dir=None) -> dict:
     """TF's CIFAR-10 tutorial's pattern without a checkpoint_dir: a MonitoredTrainingSession with a
     NanTensorHook on the loss, ``while not sess.should_stop(): sess.run(train_op)``; the loss is NaN at the
     4th run. How many runs the loop made and what left it (the exception's class name and text)."""
@@ -640,7 +641,8 @@ def _a_loop_whose_loss_turns_nan(tf, module, hook_class, fail: bool, eager: bool
                 return w * x["value"]
 
             with module.MonitoredTrainingSession(hooks=[hook_class(None, fail_on_nan_loss=fail)],
-                                                 checkpoint=None) as sess:
+                                                 checkpoint_dir=checkpoint_dir,
+                                                 checkpoint={"w": w} if checkpoint_dir else None) as sess:
                 while not sess.should_stop() and seen["runs"] < 6:
                     x["value"] = float("nan") if seen["runs"] == 3 else 1.0
                     sess.run(step)
@@ -652,7 +654,8 @@ def _a_loop_whose_loss_turns_nan(tf, module, hook_class, fail: bool, eager: bool
             w = tf.compat.v1.get_variable("w", initializer=1.0)
             loss = w * x
             train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=gs)
-            with module.MonitoredTrainingSession(hooks=[hook_class(loss, fail_on_nan_loss=fail)]) as sess:
+            with module.MonitoredTrainingSession(hooks=[hook_class(loss, fail_on_nan_loss=fail)],
+                                                 checkpoint_dir=checkpoint_dir) as sess:
                 while not sess.should_stop() and seen["runs"] < 6:
                     sess.run(train_op, feed_dict={x: float("nan") if seen["runs"] == 3 else 1.0})
                     seen["runs"] += 1
@@ -679,3 +682,27 @@ def test_a_nan_tensor_hook_without_a_checkpoint_dir_raises_or_stops_at_the_nan_r
         else {"runs": 4}  # False: the hook asks for a stop after the NaN run, and the loop ends cleanly
     assert theirs == expected
     assert ours == expected and eager == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_a_nan_tensor_hook_that_stops_on_nan_stops_the_loop_cleanly_with_a_checkpoint_dir_and_commits_no_nan_state(
+        tmp_path, mode):
+    # before: under --on-nonfinite rollback (the default) procsv took the hook's tensor, the loop trained on
+    # past the NaN, and the final checkpoint's refusal ended the process with exit code 4 (a SystemExit).
+    # The program asked to stop cleanly on a NaN loss: the loop stops after the NaN run, as TF's; procsv
+    # commits no checkpoint of that state (TF's final save would hold it)
+    import tensorflow as tf
+
+    from procsv import train
+    from conftest import committed_steps
+
+    expected = {"runs": 4}
+    if mode == "graph":
+        theirs = _a_loop_whose_loss_turns_nan(tf, tf.compat.v1.train, tf.compat.v1.train.NanTensorHook, False,
+                                              eager=False, checkpoint_dir=str(tmp_path / "tf"))
+        assert theirs == expected
+    ours = str(tmp_path / "procsv")
+    assert _a_loop_whose_loss_turns_nan(tf, train, train.NanTensorHook, False, eager=mode == "eager",
+                                        checkpoint_dir=ours) == expected
+    assert committed_steps(ours) == [0]  # the CheckpointSaverHook's save at the creation; none of step 4

@@ -27,7 +27,8 @@ def watched_hooks(sv: Any, hooks: Sequence[Any]) -> frozenset[int]:
     front = front_end_of(sv)  # (a procsv.Supervisor's)
     if front is None or not front.rollback.replaces_nan_hooks or not front.rollback.checks_losses:
         return frozenset()  # (nothing here checks what it would keep: the hook raises or stops, as TF's)
-    return frozenset(i for i, h in enumerate(hooks) if isinstance(h, NanTensorHook))
+    # (fail_on_nan_loss=False: the program asked to stop on a NaN, not to train past it: the hook's to call)
+    return frozenset(i for i, h in enumerate(hooks) if isinstance(h, NanTensorHook) and h.fail_on_nan_loss)
 
 
 def keep(sv: Any, fetches: Sequence[Any]) -> None:

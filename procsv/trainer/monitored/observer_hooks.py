@@ -24,8 +24,8 @@ from typing import Any, Callable, Mapping, Optional
 import numpy as np
 
 from procsv.trainer.monitored import hooks as api
-from procsv.trainer.monitored.hook_support import (clock_of, global_step_fetch, graph_mode, need_global_step, read_global_step,
-                                                  supervisor_of, warn_if_not_logdir)
+from procsv.trainer.monitored.hook_support import (clock_of, front_end_of, global_step_fetch, graph_mode, need_global_step,
+                                                  read_global_step, supervisor_of, warn_if_not_logdir)
 from procsv.trainer.monitored.profiler_hook import ProfilerHook
 from procsv.trainer.tf1_objects import SummaryWriterShim
 from procsv.trainer.monitored.hooks import (NeverTriggerTimer, SecondOrStepTimer, SessionRunArgs, SessionRunContext,
@@ -63,6 +63,11 @@ class NanTensorHook(SessionRunHook):
         self._loss = loss_tensor
         self._fail = fail_on_nan_loss
 
+    @property
+    def fail_on_nan_loss(self) -> bool:
+        """True: a NaN loss raises; False: it stops the training cleanly (procsv commits no checkpoint of it)."""
+        return self._fail
+
     def before_run(self, run_context: SessionRunContext) -> Optional[SessionRunArgs]:
         return SessionRunArgs(self._loss) if self._loss is not None else None
 
@@ -79,6 +84,9 @@ class NanTensorHook(SessionRunHook):
                 raise nan_loss_error()
             api.tf_logging().warning(message)
             run_context.request_stop()
+            front = front_end_of(supervisor_of(run_context.session))
+            if front is not None:  # the program's stop: its state is not committed, and no exit 4 for it
+                front.rollback.program_stopped_on_nonfinite()
 
 
 # ---------------------------------------------------------------------------- summaries, step rate
