@@ -375,17 +375,18 @@ def test_a_worker_session_in_graph_mode_restores_the_chiefs_checkpoint_and_saves
 
     with tf.Graph().as_default():
         m = _model(tf)
-        with train.MonitoredTrainingSession(checkpoint_dir=logdir, save_checkpoint_secs=None) as sess:
+        # (a CheckpointSaverHook saves at the session's creation and at its end, as TF's; None would save nothing)
+        with train.MonitoredTrainingSession(checkpoint_dir=logdir, save_checkpoint_secs=3600) as sess:
             for _ in range(5):
                 sess.run(m["train_op"])
-    assert committed_steps(logdir) == [5]
+    assert committed_steps(logdir) == [0, 5]
     with tf.Graph().as_default():
         m = _model(tf)
         with train.MonitoredTrainingSession(is_chief=False, checkpoint_dir=logdir) as sess:
             assert sess.run(m["gs"]) == 5  # the chief's checkpoint, restored with TF1's names
             sess.run(m["train_op"])
             assert sess.run(m["gs"]) == 6
-    assert committed_steps(logdir) == [5]  # a worker saves nothing
+    assert committed_steps(logdir) == [0, 5]  # a worker saves nothing
 
 
 @pytest.mark.slow
@@ -442,13 +443,13 @@ def test_procsv_train_saver_is_tensorflows_saver_and_names_what_the_checkpoint_s
     with tf.Graph().as_default():
         m = _model(tf)
         scaffold = train.Scaffold(saver=train.Saver(var_list=[m["w"], m["gs"]]))
-        with train.MonitoredTrainingSession(checkpoint_dir=logdir, scaffold=scaffold, save_checkpoint_secs=None) as sess:
+        with train.MonitoredTrainingSession(checkpoint_dir=logdir, scaffold=scaffold, save_checkpoint_secs=3600) as sess:
             for _ in range(3):
                 sess.run(m["train_op"])
             w = sess.run(m["w"])
             with pytest.raises(TypeError, match="'sess' must be a Session"):
                 scaffold.saver.save(sess, os.path.join(logdir, "elsewhere"))
-    assert committed_steps(logdir) == [3]
+    assert committed_steps(logdir) == [0, 3]  # the hook's saves at the creation and at the end, as TF's
     path = tf.train.latest_checkpoint(logdir)
     assert path is not None and path.endswith("model.ckpt-3")
     assert {name for name, _ in tf.train.list_variables(path)} == {"w", "global_step"}
@@ -514,7 +515,7 @@ def test_master_and_config_reach_the_graph_session_of_every_monitored_session_an
     with tf.Graph().as_default():
         m = _model(tf)
         with train.MonitoredTrainingSession(master=server.target, config=config, checkpoint_dir=logdir,
-                                            save_checkpoint_secs=None) as sess:
+                                            save_checkpoint_secs=3600) as sess:
             sess.run(m["train_op"])
             assert _on_server(sess, server, m).run(m["gs"]) == 1
     with tf.Graph().as_default():
@@ -557,12 +558,12 @@ def test_scalars_an_eager_function_logged_earlier_in_the_process_do_not_break_a_
     eager_step()
     with tf.Graph().as_default():
         m = _model(tf)
-        with train.MonitoredTrainingSession(checkpoint_dir=logdir, save_checkpoint_secs=None,
+        with train.MonitoredTrainingSession(checkpoint_dir=logdir, save_checkpoint_secs=3600,
                                             save_summaries_steps=1) as sess:
             for _ in range(3):
                 sess.run(m["train_op"])
             assert sess.run(m["gs"]) == 3
-    assert committed_steps(logdir) == [3]
+    assert committed_steps(logdir) == [0, 3]  # the hook's saves at the creation and at the end, as TF's
 
 
 def _writer_events(tf, folder):

@@ -261,6 +261,53 @@ def test_monitored_training_session_with_save_checkpoint_secs_0_saves_no_checkpo
         assert committed_steps(logdir)[-1] == 1  # the default hook's final save still happens
 
 
+def _a_program_that_asks_for_no_checkpoints(tf, monitored_training_session, logdir: str, eager: bool) -> list[int]:
+    """A training program that logs summaries but asks for no checkpoints
+    (``MonitoredTrainingSession(checkpoint_dir=..., save_checkpoint_secs=None)``, no steps), run twice:
+    the global step each run starts at."""
+    starts = []
+    for _ in range(2):
+        if eager:
+            gs = tf.Variable(0, dtype=tf.int64, name="global_step")
+            w = tf.Variable(1.0)
+            with monitored_training_session(checkpoint_dir=logdir, save_checkpoint_secs=None,
+                                            checkpoint={"w": w, "global_step": gs}) as sess:
+                starts.append(int(gs.numpy()))
+                for _ in range(3):
+                    sess.run(lambda: w.assign_add(1.0))
+            continue
+        with tf.Graph().as_default():
+            gs = tf.compat.v1.train.get_or_create_global_step()
+            step = tf.compat.v1.assign_add(gs, 1)
+            with monitored_training_session(checkpoint_dir=logdir, save_checkpoint_secs=None) as sess:
+                starts.append(int(sess.run(gs)))
+                for _ in range(3):
+                    sess.run(step)
+    return starts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_monitored_training_session_with_save_checkpoint_secs_none_writes_no_checkpoint_and_a_rerun_starts_at_0(
+        tmp_path, mode):
+    # before: procsv committed a final checkpoint at the end (model.ckpt-3) and the rerun restored step 3;
+    # TF's MonitoredTrainingSession adds no CheckpointSaverHook for None (without steps) and saves nothing
+    import tensorflow as tf
+
+    from procsv import train
+    from conftest import committed_steps
+
+    if mode == "graph":
+        theirs = str(tmp_path / "tf")
+        assert _a_program_that_asks_for_no_checkpoints(
+            tf, tf.compat.v1.train.MonitoredTrainingSession, theirs, eager=False) == [0, 0]
+        assert tf.train.latest_checkpoint(theirs) is None
+    ours = str(tmp_path / "procsv")
+    assert _a_program_that_asks_for_no_checkpoints(tf, train.MonitoredTrainingSession, ours, eager=mode == "eager") \
+        == [0, 0]
+    assert committed_steps(ours) == [] and tf.train.latest_checkpoint(ours) is None
+
+
 @pytest.mark.parametrize("creator", ["procsv", "own"])
 def test_request_stop_outside_a_with_block_raises_stop_iteration_and_leaves_should_stop_false(logdir, creator):
     """Both graph sessions (procsv's creator, and a program's own: one end, session_end.py)."""
@@ -501,3 +548,161 @@ def test_a_with_block_on_a_graph_session_makes_it_the_default_session_as_tensorf
 
 
 WITH_PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "tf1_with_session.py")
+
+
+def _a_thread_reports_an_error_between_runs(tf, session, step_run, coord_of) -> dict:  # type: ignore[no-untyped-def]
+    """A program's input or logging thread fails and reports it to the coordinator (``coord.stop_on_exception()``,
+    as a queue runner does); the loop runs twice more before it leaves the block. What each run returned and
+    what the block raised."""
+    import threading
+
+    def failing() -> None:
+        with coord_of().stop_on_exception():
+            raise RuntimeError("a thread wants to stop")
+
+    seen: dict = {"runs": []}
+    try:
+        with session as sess:
+            seen["runs"].append(step_run(sess))
+            thread = threading.Thread(target=failing)
+            thread.start()
+            thread.join()
+            seen["coord_should_stop"] = coord_of().should_stop()
+            seen["runs"].append(step_run(sess))
+            seen["runs"].append(step_run(sess))
+    except RuntimeError as e:
+        seen["raised"] = str(e)
+    return seen
+
+
+class _Coord:
+    """A hook that keeps the coordinator the session hands its hooks (TF's public way to reach it)."""
+
+    def __init__(self, hook_base) -> None:  # type: ignore[no-untyped-def]
+        outer = self
+        self.coord = None
+
+        class Keep(hook_base):  # type: ignore[misc, valid-type]
+            def after_create_session(self, session, coord):  # type: ignore[no-untyped-def]
+                outer.coord = coord
+
+        self.hook = Keep()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["MonitoredSession", "SingularMonitoredSession"])
+def test_a_threads_error_reported_to_the_coordinator_lets_the_next_runs_go_ahead_and_raises_at_the_blocks_end(kind):
+    # before: procsv's run after the report raised a clean stop (no run went ahead) where TF's sessions run
+    # it (TF's test_regular_exception_reported_to_coord_pass_through_run); the error leaves the block either way
+    import tensorflow as tf
+
+    from procsv import train
+
+    seen = {}
+    for name, module in (("tf", tf.compat.v1.train), ("procsv", train)):
+        with tf.Graph().as_default():
+            gs = tf.compat.v1.train.get_or_create_global_step()
+            step = tf.compat.v1.assign_add(gs, 1)
+            keep = _Coord(tf.compat.v1.train.SessionRunHook)
+            seen[name] = _a_thread_reports_an_error_between_runs(
+                tf, getattr(module, kind)(hooks=[keep.hook]), lambda sess: int(sess.run(step)), lambda: keep.coord)
+    assert seen["tf"] == {"runs": [1, 2, 3], "coord_should_stop": True, "raised": "a thread wants to stop"}
+    assert seen["procsv"] == seen["tf"]
+
+
+@pytest.mark.slow
+def test_an_eager_monitored_session_lets_the_next_runs_go_ahead_after_a_threads_error_and_raises_at_the_end():
+    import tensorflow as tf
+
+    from procsv import train
+
+    w = tf.Variable(0.0)
+    keep = _Coord(train.SessionRunHook)
+    session = train.MonitoredSession(train.ChiefSessionCreator(scaffold=train.Scaffold(checkpoint={"w": w})),
+                                     hooks=[keep.hook])
+    seen = _a_thread_reports_an_error_between_runs(
+        tf, session, lambda sess: (sess.run(lambda: w.assign_add(1.0)), float(w.numpy()))[1], lambda: keep.coord)
+    assert seen == {"runs": [1.0, 2.0, 3.0], "coord_should_stop": True, "raised": "a thread wants to stop"}
+
+
+def _a_loop_whose_loss_turns_nan(tf, module, hook_class, fail: bool, eager: bool,  # type: ignore[no-untyped-def]
+                                 checkpoint_dir=None) -> dict:
+    """TF's CIFAR-10 tutorial's pattern without a checkpoint_dir: a MonitoredTrainingSession with a
+    NanTensorHook on the loss, ``while not sess.should_stop(): sess.run(train_op)``; the loss is NaN at the
+    4th run. How many runs the loop made and what left it (the exception's class name and text)."""
+    seen: dict = {"runs": 0}
+    try:
+        if eager:
+            w = tf.Variable(1.0)
+            x = {"value": 1.0}
+
+            def step():  # type: ignore[no-untyped-def]
+                w.assign_add(0.1 * x["value"])
+                return w * x["value"]
+
+            with module.MonitoredTrainingSession(hooks=[hook_class(None, fail_on_nan_loss=fail)],
+                                                 checkpoint_dir=checkpoint_dir,
+                                                 checkpoint={"w": w} if checkpoint_dir else None) as sess:
+                while not sess.should_stop() and seen["runs"] < 6:
+                    x["value"] = float("nan") if seen["runs"] == 3 else 1.0
+                    sess.run(step)
+                    seen["runs"] += 1
+            return seen
+        with tf.Graph().as_default():
+            gs = tf.compat.v1.train.get_or_create_global_step()
+            x = tf.compat.v1.placeholder(tf.float32, [])
+            w = tf.compat.v1.get_variable("w", initializer=1.0)
+            loss = w * x
+            train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=gs)
+            with module.MonitoredTrainingSession(hooks=[hook_class(loss, fail_on_nan_loss=fail)],
+                                                 checkpoint_dir=checkpoint_dir) as sess:
+                while not sess.should_stop() and seen["runs"] < 6:
+                    sess.run(train_op, feed_dict={x: float("nan") if seen["runs"] == 3 else 1.0})
+                    seen["runs"] += 1
+    except Exception as e:  # (a SystemExit such as procsv's exit 4 is no program's to catch: it fails the test)
+        # (TF's class: a program swapped to procsv.train still catches tf.compat.v1.train.NanLossDuringTrainingError)
+        seen["raised"] = (type(e).__name__, str(e), isinstance(e, tf.compat.v1.train.NanLossDuringTrainingError),
+                          isinstance(e, module.NanLossDuringTrainingError))
+    return seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fail", [True, False], ids=["fail_on_nan_loss", "stop_on_nan_loss"])
+def test_a_nan_tensor_hook_without_a_checkpoint_dir_raises_or_stops_at_the_nan_run_as_tensorflows(fail):
+    # before: with nothing to roll back to (no checkpoint_dir) procsv still took the hook's tensor for its
+    # --on-nonfinite rollback, never checked it, and the loop trained on through the NaN (6 runs, no error)
+    import tensorflow as tf
+
+    from procsv import train
+
+    theirs = _a_loop_whose_loss_turns_nan(tf, tf.compat.v1.train, tf.compat.v1.train.NanTensorHook, fail, eager=False)
+    ours = _a_loop_whose_loss_turns_nan(tf, train, train.NanTensorHook, fail, eager=False)
+    eager = _a_loop_whose_loss_turns_nan(tf, train, train.NanTensorHook, fail, eager=True)
+    expected = {"runs": 3, "raised": ("NanLossDuringTrainingError", "NaN loss during training.", True, True)} if fail \
+        else {"runs": 4}  # False: the hook asks for a stop after the NaN run, and the loop ends cleanly
+    assert theirs == expected
+    assert ours == expected and eager == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_a_nan_tensor_hook_that_stops_on_nan_stops_the_loop_cleanly_with_a_checkpoint_dir_and_commits_no_nan_state(
+        tmp_path, mode):
+    # before: under --on-nonfinite rollback (the default) procsv took the hook's tensor, the loop trained on
+    # past the NaN, and the final checkpoint's refusal ended the process with exit code 4 (a SystemExit).
+    # The program asked to stop cleanly on a NaN loss: the loop stops after the NaN run, as TF's; procsv
+    # commits no checkpoint of that state (TF's final save would hold it)
+    import tensorflow as tf
+
+    from procsv import train
+    from conftest import committed_steps
+
+    expected = {"runs": 4}
+    if mode == "graph":
+        theirs = _a_loop_whose_loss_turns_nan(tf, tf.compat.v1.train, tf.compat.v1.train.NanTensorHook, False,
+                                              eager=False, checkpoint_dir=str(tmp_path / "tf"))
+        assert theirs == expected
+    ours = str(tmp_path / "procsv")
+    assert _a_loop_whose_loss_turns_nan(tf, train, train.NanTensorHook, False, eager=mode == "eager",
+                                        checkpoint_dir=ours) == expected
+    assert committed_steps(ours) == [0]  # the CheckpointSaverHook's save at the creation; none of step 4

@@ -139,7 +139,7 @@ def test_an_error_recorded_by_another_thread_skips_end_and_the_checkpoint_and_is
 
     import tensorflow as tf
 
-    from procsv import TrainingStopped, train
+    from procsv import train
 
     w = _state["w"] = tf.Variable(0.0)
     calls = []
@@ -151,10 +151,11 @@ def test_an_error_recorded_by_another_thread_skips_end_and_the_checkpoint_and_is
             t.start()
             t.join()
             assert sess.should_stop()
-            with pytest.raises(TrainingStopped):
-                sess.run(lambda: w.assign_add(1.0))
-            sess.run(lambda: w.assign_add(1.0))  # TrainingStopped again: a clean end of the block, as a loop would
-    assert "end" not in calls and committed_steps(logdir) == [] and w.numpy() == 1.0
+            # the next runs go ahead, as TF's (its test_regular_exception_reported_to_coord_pass_through_run);
+            # the error leaves the block at its end
+            sess.run(lambda: w.assign_add(1.0))
+            sess.run(lambda: w.assign_add(1.0))
+    assert "end" not in calls and committed_steps(logdir) == [] and w.numpy() == 3.0  # no checkpoint after it
 
 
 def test_run_step_fn_request_stop_raises_stop_iteration_and_the_block_ends_cleanly(logdir):

@@ -273,6 +273,22 @@ def test_zero_or_none_save_model_secs_turns_periodic_checkpoints_off_and_the_wri
     assert len(sv._summaries.buffer) == 1
 
 
+def test_save_model_secs_zero_without_steps_keeps_no_in_memory_snapshot_for_a_restart_either(logdir):
+    # the program asked for no checkpoint at all (TF's Supervisor(save_model_secs=0), a MonitoredTrainingSession
+    # with neither save_checkpoint_secs nor save_checkpoint_steps): before, the in-memory tier still kept
+    # snapshots that procsv launch persists when the trainer dies, so a restart resumed where TF's starts at 0
+    import tensorflow as tf
+
+    budgets = {}
+    for name, kwargs in (("zero", {"save_model_secs": 0}), ("none", {"save_model_secs": None}),
+                         ("zero_with_steps", {"save_model_secs": 0, "save_checkpoint_steps": 10})):
+        sv = _sv(logdir, checkpoint={"w": tf.Variable(1.0)}, **kwargs)
+        assert sv._keeper is not None
+        budgets[name] = sv._keeper.agent.memory.budget
+    assert budgets["zero"] == 0.0
+    assert budgets["none"] > 0 and budgets["zero_with_steps"] > 0  # periodic saves off, the tier kept
+
+
 @pytest.mark.slow
 def test_a_reused_supervisor_keeps_a_signal_stop_in_force(logdir):
     import signal

@@ -16,6 +16,12 @@ committed is read back with TensorFlow's own readers.
   where ``FLAGS.save_path`` is the Supervisor's logdir: TF writes ``<save_path>-<step>`` beside it, with
   the state file of that folder; so does procsv (it refused any path but ``sv.save_path``), and commits
   the run's checkpoint of the step too.
+* a replica program (``mnist_replica``'s ``Supervisor(is_chief=task_index == 0, ...)``) reads its
+  Supervisor's ``save_path``, ``save_model_secs``, ``save_summaries_secs`` and ``summary_writer``: the
+  chief's are TF's, a worker's are None as TF's non-chief's, and its ``summary_computed`` raises TF's
+  "requires a summary writer" (compared with TF's own Supervisor in graph mode; an eager worker too).
+* ``Supervisor(global_step=None)`` in a graph that has a global step: ``sv.global_step`` is None, as
+  TF's (left out, it is the graph's), and the program trains as under TF's.
 """
 
 from __future__ import annotations
@@ -162,3 +168,87 @@ def test_a_save_to_a_path_of_the_programs_own_in_the_logdir_leaves_the_logdirs_s
             mine = sv.saver.save(sess, os.path.join(logdir, "mine"), global_step=7)  # TF names it as told
     assert mine == os.path.join(logdir, "mine-7") and float(tf.train.load_checkpoint(mine).get_tensor("w")) == 4.0
     assert tf.train.latest_checkpoint(logdir) == os.path.join(os.path.abspath(logdir), "model.ckpt-2")
+
+
+def _what_a_replica_program_sees(sv, sess) -> dict:  # type: ignore[no-untyped-def]
+    """What TF's between-graph replica programs (``mnist_replica``'s pattern) read of their Supervisor:
+    where the chief saves, its intervals, whether there is a writer (workers skip their summaries by
+    it), and what ``summary_computed`` does on this task."""
+    seen = {"save_path": sv.save_path, "save_model_secs": sv.save_model_secs,
+            "save_summaries_secs": sv.save_summaries_secs, "writer": sv.summary_writer is not None}
+    try:
+        sv.summary_computed(sess, b"", global_step=0)
+        seen["summary_computed"] = "written"
+    except RuntimeError as e:
+        seen["summary_computed"] = str(e).split(" (")[0]  # TF's sentence (procsv may say why after it)
+    return seen
+
+
+@pytest.mark.parametrize("is_chief", [True, False], ids=["chief", "worker"])
+def test_a_replicas_supervisor_has_tensorflows_save_path_intervals_and_writer_on_the_chief_and_none_on_a_worker(
+        tmp_path, is_chief):
+    # before: a worker's procsv.Supervisor said <logdir>/model.ckpt, 600, 120 and had a writer that took
+    # summary_computed silently, where TF's non-chief has None for all four and raises
+    import tensorflow as tf
+
+    import procsv
+
+    seen = {}
+    for name, supervisor in (("tf", tf.compat.v1.train.Supervisor), ("procsv", procsv.Supervisor)):
+        logdir = str(tmp_path / name)
+        with tf.Graph().as_default(), tf.compat.v1.device("/job:ps"):  # a replica's variables are placed
+            tf.compat.v1.train.get_or_create_global_step()
+            sv = supervisor(logdir=logdir, is_chief=is_chief, save_model_secs=30, save_summaries_secs=7)
+            seen[name] = _what_a_replica_program_sees(sv, None)
+            seen[name]["save_path"] = seen[name]["save_path"] and os.path.relpath(seen[name]["save_path"], logdir)
+            if sv.summary_writer is not None:
+                sv.summary_writer.close()
+    assert seen["procsv"] == seen["tf"]
+    if is_chief:
+        assert seen["tf"] == {"save_path": "model.ckpt", "save_model_secs": 30, "save_summaries_secs": 7,
+                              "writer": True, "summary_computed": "written"}
+    else:
+        assert seen["tf"] == {"save_path": None, "save_model_secs": None, "save_summaries_secs": None,
+                              "writer": False, "summary_computed": "Writing a summary requires a summary writer."}
+
+
+def test_an_eager_workers_supervisor_has_no_save_path_intervals_or_writer_as_tensorflows_non_chief(tmp_path):
+    import tensorflow as tf
+
+    import procsv
+
+    sv = procsv.Supervisor(logdir=str(tmp_path), is_chief=False, checkpoint={"w": tf.Variable(1.0)},
+                           save_model_secs=30, save_summaries_secs=7)
+    assert _what_a_replica_program_sees(sv, None) == {
+        "save_path": None, "save_model_secs": None, "save_summaries_secs": None, "writer": False,
+        "summary_computed": "Writing a summary requires a summary writer."}
+
+
+def test_global_step_none_in_a_graph_that_has_one_gives_none_as_tensorflows_and_training_goes_on():
+    # before: procsv's Supervisor took global_step=None for "not given" and handed out the graph's
+    # global step; TF's None means "no global step" (USE_DEFAULT is the graph's)
+    import tensorflow as tf
+
+    import procsv
+
+    seen = {}
+    for name, supervisor in (("tf", tf.compat.v1.train.Supervisor), ("procsv", procsv.Supervisor)):
+        with tf.Graph().as_default():
+            step = tf.compat.v1.train.get_or_create_global_step()
+            v = tf.compat.v1.Variable(0.0, name="v")
+            train = tf.group(v.assign_add(1.0), step.assign_add(1))
+            sv = supervisor(logdir=None, global_step=None, summary_op=None)
+            default = supervisor(logdir=None, graph=tf.compat.v1.get_default_graph(), summary_op=None) \
+                if name == "procsv" else None  # (TF's would finalize the graph twice: fine, but not needed)
+            sess = sv.prepare_or_wait_for_session("")
+            for _ in range(3):
+                sess.run(train)
+            seen[name] = {"global_step": getattr(sv.global_step, "name", sv.global_step), "v": float(sess.run(v)),
+                          "step": int(sess.run(step))}
+            if default is not None:
+                seen["default"] = default.global_step is step
+            sess.close()
+            sv.stop()
+    assert seen["tf"] == {"global_step": None, "v": 3.0, "step": 3}
+    assert seen["procsv"] == seen["tf"]
+    assert seen["default"] is True  # left out (USE_DEFAULT): the graph's, as TF's

@@ -145,7 +145,9 @@ class StepBoundary:
     def _checkpoint_boundary(self, step: int, ahead: float = 0.0) -> None:
         agent = self._keeper.agent if self._keeper is not None else None
         if agent is None or self._channels is None or not (self._chief or agent.group is not None) \
-                or not self.standard_started:  # (a group's worker: its in-memory snapshots)
+                or not self.standard_started or self._coord.exception is not None:  # (a group's worker: its
+            # in-memory snapshots; a failure recorded (the runs a thread's error lets go ahead): no checkpoint
+            # of this state, as the stop commits none)
             self.state.set_checkpoint(NEVER, NEVER)  # no checkpoint work in this session
             return
         # the state is still that of ``step``; its summaries are handed off first

@@ -1,6 +1,8 @@
 """A TF2 re-creation of ``tf.train.Coordinator``: stop requests, the first error, joining threads.
 
-Runs in the trainer. ``request_stop`` may be called from any thread; a signal handler calls
+Runs in the trainer. A stop a thread of the program asked with its error lets the training loop's next steps
+run, as TF's sessions do (:attr:`Coordinator.ends_steps`); the error is raised at :meth:`Coordinator.join`.
+``request_stop`` may be called from any thread; a signal handler calls
 :meth:`Coordinator.request_stop_from_signal`, which only sets a flag (no lock is taken inside a
 signal handler, so it cannot deadlock the thread it interrupts).
 
@@ -18,7 +20,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, TypeGuard
 
-from procsv.common.errors import TrainingStopped
+from procsv.common.errors import ProcsvError, TrainingStopped
 
 
 def clean_stop_types() -> tuple[type[BaseException], ...]:
@@ -130,6 +132,16 @@ class Coordinator:
     def exception(self) -> Optional[BaseException]:
         """The first error recorded (never a clean stop, never a ``sys.exit(0)``)."""
         return self._exc
+
+    @property
+    def ends_steps(self) -> bool:
+        """Whether the stop asked so far refuses the training loop's next step (the sessions raise
+        :class:`TrainingStopped`, a clean stop): a signal, a stop with no error, or procsv's own error (a
+        checkpoint failure). An error a thread of the program recorded (``request_stop(ex)``,
+        ``stop_on_exception``) does not: TF's sessions run the next steps and raise it when the block exits,
+        and so do procsv's (no checkpoint is committed after it: see the step boundary)."""
+        exc = self._exc
+        return self._signalled is not None or exc is None or isinstance(exc, ProcsvError)
 
     @property
     def exit_request(self) -> Optional[SystemExit]:

@@ -157,7 +157,7 @@ class ManagedSession:
                 "managed_session(); from other threads (sv.loop) read values: sess.run(variable_or_tensor) "
                 "or sess.evaluate(fn)")
         state = self._state
-        if state.coord.asked and state.coord.should_stop():
+        if state.coord.asked and state.coord.should_stop() and state.coord.ends_steps:
             raise TrainingStopped("a stop was requested; the training loop should end")
         before = state.step
         fed = bool(args or kwargs) and not getattr(step_fn, _FOLLOWS, False)

@@ -53,15 +53,13 @@ class Supervisor(SupervisorNames):
 
     Args mirror ``tf.compat.v1.train.Supervisor``; the TF2-specific ones:
 
-    * ``checkpoint``: what to save -- a ``tf.train.Checkpoint`` or a mapping of names to trackables
-      (model, optimizer, ...). ``None`` disables checkpoints; nothing passed: ``tf1_args.state_given``.
-    * ``global_step``: an int64 ``tf.Variable``; created if not given. It is saved in the
-      checkpoint as ``global_step`` and advanced by one by every ``session.run(step_fn)``, unless
-      the program advances it itself (detected at its first steps and re-checked every 100;
-      ``increment_global_step=True/False`` forces it).
+    * ``checkpoint``: what to save -- a ``tf.train.Checkpoint`` or a mapping of names to trackables; ``None``
+      disables checkpoints; nothing passed: ``tf1_args.state_given``.
+    * ``global_step``: an int64 ``tf.Variable``, created if not given (eager), saved as ``global_step``, advanced
+      by every ``session.run(step_fn)`` unless the program advances it (``increment_global_step`` forces
+      it). Graph mode: ``USE_DEFAULT`` is the graph's, None none (as TF's; procsv counts the runs).
     * TF1's ``graph``, ``saver``, ``summary_op``, ``summary_writer``... (keywords): see ``tf1_args``.
-    * ``summary_fn``: called every ``save_summaries_secs`` at a step boundary; returns a mapping of
-      scalar tags to values (the TF2 stand-in for ``summary_op``).
+    * ``summary_fn``: every ``save_summaries_secs`` at a step boundary, ``{tag: scalar}`` (TF2's ``summary_op``).
     * ``save_checkpoint_steps``: also checkpoint every N steps (off by default).
     * ``max_to_keep`` / ``keep_checkpoint_every_n_hours``: retention, as ``tf.train.Saver``.
     * ``clock``: the monotonic clock every timer of the step boundary reads (tests pass a fake one).
@@ -88,7 +86,7 @@ class Supervisor(SupervisorNames):
         logdir: Optional[str] = None,
         is_chief: Optional[bool] = None,
         checkpoint: Any = NOT_PASSED,
-        global_step: Any = None,
+        global_step: Any = USE_DEFAULT,
         init_fn: Optional[Callable[[Any], None]] = None,
         save_model_secs: Optional[float] = 600,
         save_summaries_secs: Optional[float] = 120,
@@ -125,7 +123,8 @@ class Supervisor(SupervisorNames):
                                  read_retry_secs=read_retry_secs)
         self.allow_reinit = bootstrap.resolve(allow_reinit, config.launch.allow_reinit, False)
         self.is_chief = is_chief
-        self.save_model_secs, self.save_checkpoint_steps = save_model_secs, save_checkpoint_steps
+        # as TF's: only the chief keeps save_model_secs, save_summaries_secs, save_path and a summary writer
+        self.save_model_secs, self.save_checkpoint_steps = save_model_secs if is_chief else None, save_checkpoint_steps
         # graph mode (a TF1 graph program) or eager: the TF1 arguments, the state to save, the global step
         self._tf1, checkpoint, self._global_step, created = state_to_save(
             checkpoint, summary_fn, saver, summary_op, summary_writer, global_step, self.layout.logdir if self.layout else None, {
@@ -136,7 +135,7 @@ class Supervisor(SupervisorNames):
             recovery_wait_secs=recovery_wait_secs, increment_global_step=increment_global_step)
         self.max_to_keep, self.keep_checkpoint_every_n_hours = retention(self._tf1, max_to_keep, keep_checkpoint_every_n_hours)
         check_placement(self._tf1, self._ctx, is_chief)  # --ps: a graph program; TF's replica devices
-        self._settings = Settings(save_summaries_secs, self._tf1.summary_fn, stop_grace_secs, recovery_wait_secs,
+        self._settings = Settings(save_summaries_secs if is_chief else None, self._tf1.summary_fn, stop_grace_secs, recovery_wait_secs,
                                   init_fn, checkpoint_basename)
         self.increment_global_step, self.checkpoint = increment_global_step, checkpoint
         self.coord = Coordinator(clock=clock)
@@ -161,8 +160,8 @@ class Supervisor(SupervisorNames):
             connected=lambda: self._channels is not None, started=lambda: self._started)
         self._keeper, self._summaries, self._rollback = parts.keeper, parts.summaries, parts.rollback
         self._boundary, self._graph, self._surface = parts.boundary, parts.graph, parts.surface
-        if self._graph is not None:  # save_model_secs=0 without save_checkpoint_steps: no final one, as TF's
-            self._graph.final_wanted = lambda: not (self.save_model_secs == 0 and not self.save_checkpoint_steps)
+        if self._graph is not None:  # (also when the program closes the graph's session first)
+            self._graph.final_wanted = self._final_wanted
 
         # the session's lifecycle
         self._channels: Optional[TrainerChannels] = None
@@ -343,8 +342,7 @@ class Supervisor(SupervisorNames):
             self._stopped_by_signal = self.coord.stop_signal is not None
             if not self.is_chief and self._keeper is not None and self._graph is None:
                 self._boundary.check_member_end()  # a group member's losses since its last check
-            if self.coord.exception is None and self._keeper is not None and self.is_chief and \
-                    (self._graph is None or self._graph.final_wanted()):
+            if self.coord.exception is None and self._keeper is not None and self.is_chief and self._final_wanted():
                 self.commit_checkpoint(deadline)  # (a subclass may override it)
             else:
                 self._boundary.report_busy(Busy.NONE)
@@ -356,6 +354,9 @@ class Supervisor(SupervisorNames):
             self._kept_events = None if close_summary_writer or self._own is None else self._own.events_tag
         finally:
             self._release(deadline)
+
+    def _final_wanted(self) -> bool:  # not when save_model_secs=0 without steps asked for none (TF's, both modes)
+        return not (self.save_model_secs == 0 and not self.save_checkpoint_steps)
 
     def _reset_for_reuse(self) -> None:
         """A prepare after a stop (TF's "retry on preemption" loop): clear the stop, fresh services."""

@@ -157,12 +157,16 @@ def agent_factory(checkpoint: Any, global_step: Any, layout: Optional[Layout], *
     (``config.launch.save_deadline``), else the default. In a trainer group (``config.place.nproc`` > 1) every
     member, workers too, takes an in-memory snapshot every K steps (``config.group.snapshot_steps``,
     the watchdog's; 0: none), which the checkpoint service holds apart and never persists
-    (:mod:`procsv.services.checkpoint.group`)."""
+    (:mod:`procsv.services.checkpoint.group`). ``save_model_secs=0`` without ``save_checkpoint_steps`` (the
+    program asked for no checkpoint, as TF's Supervisor and MonitoredTrainingSession mean it) turns a single
+    trainer's in-memory tier off too: a restarted trainer starts afresh, as the program chose."""
     in_group = config.place.nproc > 1
     every = env.group_snapshot_steps(config.group.snapshot_steps) if in_group else 0
     attempt = config.attempt
     group = (config.place.rank, attempt, every) if every else None
     memory_budget = env.memory_budget(config.launch.memory_snapshots) if not in_group or group is not None else 0.0
+    if save_model_secs == 0 and not save_checkpoint_steps and group is None:
+        memory_budget = 0.0  # the program asked for no checkpoint at all: none kept in memory for a restart either
     deadline_floor = bootstrap.resolve(None, config.launch.save_deadline, SAVE_DEADLINE_FLOOR)  # (no argument)
 
     def agent() -> CheckpointAgent:

@@ -109,9 +109,9 @@ class Tf1Surface:
 
     @property
     def summary_writer(self) -> Optional[SummaryWriterShim]:
-        """None with ``summary_writer=None`` or without a logdir; else TF's ``FileWriter`` methods
-        over the summary service (one object per Supervisor: ``close`` holds until ``reopen``)."""
-        if not self._tf1.writer:
+        """None with ``summary_writer=None``, without a logdir or on a non-chief (as TF's); else TF's
+        ``FileWriter`` methods over the summary service (one object per Supervisor: ``close`` holds until ``reopen``)."""
+        if not self._tf1.writer or not self._parts.chief:
             return None
         if self._writer is None:
             self._writer = SummaryWriterShim(self._parts)
@@ -119,8 +119,9 @@ class Tf1Surface:
 
     @property
     def save_path(self) -> Optional[str]:
-        """Where checkpoints go (``<logdir>/<checkpoint_basename>``), None without a logdir, as TF."""
-        return self._parts.save_path
+        """Where checkpoints go (``<logdir>/<checkpoint_basename>``), None without a logdir or on a
+        non-chief (only the chief saves), as TF."""
+        return self._parts.save_path if self._parts.chief else None
 
     @property
     def logdir(self) -> Optional[str]:

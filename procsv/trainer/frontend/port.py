@@ -48,6 +48,17 @@ class RollbackPort:
         """The policy is ``rollback``: procsv watches a ``NanTensorHook``'s tensor instead of the hook."""
         return self._rollback.watch.policy == OnNonfinite.ROLLBACK
 
+    def program_stopped_on_nonfinite(self) -> None:
+        """The program's own ``NanTensorHook(fail_on_nan_loss=False)`` stopped the training on a NaN loss
+        (:meth:`NonfiniteRollback.program_stopped_on_nonfinite`)."""
+        self._rollback.program_stopped_on_nonfinite()
+
+    @property
+    def checks_losses(self) -> bool:
+        """The losses kept are checked here (:attr:`NonfiniteRollback.checks_losses`): else a
+        ``NanTensorHook`` is the program's to call, as TF's."""
+        return self._rollback.checks_losses
+
     @property
     def retrying(self) -> Optional[int]:
         """The non-finite step a rollback is retrying (None: none)."""

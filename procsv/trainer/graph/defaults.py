@@ -88,7 +88,9 @@ def resolve_graph(checkpoint: Any, summary_fn: Any, saver: Any, summary_op: Any,
     if graph.finalized:  # the program finalized it (a Scaffold's finalize): procsv's own reads are built, then
         graph._unsafe_unfinalize()  # it is finalized again below; the program's part is left as it was
     with graph.as_default():
-        variable = global_step_of(graph, None if global_step is USE_DEFAULT or global_step is None else global_step)
+        # TF's rule: USE_DEFAULT is the graph's global step (if it has one), None is none
+        variable = None if global_step is None else global_step_of(
+            graph, None if global_step is USE_DEFAULT else global_step)
         if variable is not None and increment_global_step:
             warn_once("Supervisor.graph_global_step", "increment_global_step=True: procsv advances the graph's "
                       "global step at every sess.run of the session, each run is a step")

@@ -86,7 +86,7 @@ class GraphSession:
             return out
         state = self._state
         if self._probe.variable is None:  # the graph has no global step: every run is a step, counted here
-            if state.coord.asked and state.coord.should_stop():
+            if state.coord.asked and state.coord.should_stop() and state.coord.ends_steps:
                 raise TrainingStopped("a stop was requested; the training loop should end")
             out = self._sess.run(fetches, feed_dict, options, run_metadata)
             self._stepped(state, state.step + 1, feed_dict, fetches, out)
@@ -104,7 +104,7 @@ class GraphSession:
             if plan.writes:  # but it trained: the step's checkpoint is older than the state now
                 self._changed(state)
             return out
-        if state.coord.asked and state.coord.should_stop():
+        if state.coord.asked and state.coord.should_stop() and state.coord.ends_steps:
             raise TrainingStopped("a stop was requested; the training loop should end")
         add = plan.add
         if add is not None and self._unread < VERIFY_EVERY:

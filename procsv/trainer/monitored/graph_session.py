@@ -134,7 +134,7 @@ class GraphMonitoredSession:
         sv = self._creator.supervisor
         if self._ending.stop_requested or (self._sess is not None and self._sess.should_stop() and not sv.should_stop()):
             raise RuntimeError("Run called even after should_stop requested.")
-        if sv.should_stop():
+        if sv.should_stop() and sv.coord.ends_steps:  # (a thread's error lets the run go ahead, as TF's)
             if sv.coord.stop_signal is not None or sv.coord.exception is not None:
                 raise TrainingStopped("a stop was requested (preemption or a failure); the training loop should end")
             raise RuntimeError("Run called even after should_stop requested.")

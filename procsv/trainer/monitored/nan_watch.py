@@ -8,8 +8,9 @@ made a step, and the Supervisor's graph session keeps their values as that step'
 :class:`~procsv.trainer.monitored.observer_hooks.NanTensorHook` watches: its tensor (or, with none, what the step function returned, which procsv keeps anyway)
 is kept with the step's losses (:class:`~procsv.trainer.nonfinite.losses.LossWatch`, checked in
 bulk where procsv reads the state: no host read at each step), and the hook itself is not called,
-so that a NaN procsv rolls back never reaches it. Under ``stop`` and ``continue`` the hook keeps
-TensorFlow's behaviour (it reads its tensor after every run, and raises or requests a stop).
+so that a NaN procsv rolls back never reaches it. Under ``stop`` and ``continue``, and wherever this
+trainer checks no loss it keeps (no logdir, ``checkpoint=None``, a replica's worker: nothing to roll back
+with), the hook keeps TensorFlow's behaviour (it reads its tensor after every run, and raises or requests a stop).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ def watched_hooks(sv: Any, hooks: Sequence[Any]) -> frozenset[int]:
     from procsv.trainer.monitored.observer_hooks import NanTensorHook
 
     front = front_end_of(sv)  # (a procsv.Supervisor's)
-    if front is None or not front.rollback.replaces_nan_hooks:
-        return frozenset()
-    return frozenset(i for i, h in enumerate(hooks) if isinstance(h, NanTensorHook))
+    if front is None or not front.rollback.replaces_nan_hooks or not front.rollback.checks_losses:
+        return frozenset()  # (nothing here checks what it would keep: the hook raises or stops, as TF's)
+    # (fail_on_nan_loss=False: the program asked to stop on a NaN, not to train past it: the hook's to call)
+    return frozenset(i for i, h in enumerate(hooks) if isinstance(h, NanTensorHook) and h.fail_on_nan_loss)
 
 
 def keep(sv: Any, fetches: Sequence[Any]) -> None:

@@ -18,13 +18,14 @@ the run when a timer triggers, as TF; summaries go through the session's Supervi
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
 from procsv.trainer.monitored import hooks as api
-from procsv.trainer.monitored.hook_support import (clock_of, global_step_fetch, graph_mode, need_global_step, read_global_step,
-                                                  supervisor_of, warn_if_not_logdir)
+from procsv.trainer.monitored.hook_support import (clock_of, front_end_of, global_step_fetch, graph_mode, need_global_step,
+                                                  read_global_step, supervisor_of, warn_if_not_logdir)
 from procsv.trainer.monitored.profiler_hook import ProfilerHook
 from procsv.trainer.tf1_objects import SummaryWriterShim
 from procsv.trainer.monitored.hooks import (NeverTriggerTimer, SecondOrStepTimer, SessionRunArgs, SessionRunContext,
@@ -33,10 +34,22 @@ from procsv.trainer.monitored.hooks import (NeverTriggerTimer, SecondOrStepTimer
 
 # ---------------------------------------------------------------------------- NaN
 class NanLossDuringTrainingError(RuntimeError):
-    """The loss became NaN (:class:`NanTensorHook`). The watchdog knows it by this name (``program_errors``)."""
+    """The loss became NaN (:class:`NanTensorHook`). The watchdog knows it by this name (``program_errors``).
+    What the hook raises is also TF's ``tf.compat.v1.train.NanLossDuringTrainingError`` (:func:`nan_loss_error`)."""
 
     def __str__(self) -> str:
         return "NaN loss during training."
+
+
+@functools.lru_cache(maxsize=1)
+def nan_loss_error() -> type[NanLossDuringTrainingError]:
+    """The class a NaN loss raises: procsv's and TF's at once (both ``RuntimeError`` s of that name), so that a
+    program swapped to ``procsv.train`` catches it with either ``except`` (made when first raised: TensorFlow
+    is loaded by then, and importing ``procsv.train`` does not load it)."""
+    import tensorflow as tf
+
+    return type("NanLossDuringTrainingError", (NanLossDuringTrainingError, tf.compat.v1.train.NanLossDuringTrainingError),
+                {"__module__": __name__, "__doc__": NanLossDuringTrainingError.__doc__})
 
 
 class NanTensorHook(SessionRunHook):
@@ -49,6 +62,11 @@ class NanTensorHook(SessionRunHook):
     def __init__(self, loss_tensor: Any, fail_on_nan_loss: bool = True) -> None:
         self._loss = loss_tensor
         self._fail = fail_on_nan_loss
+
+    @property
+    def fail_on_nan_loss(self) -> bool:
+        """True: a NaN loss raises; False: it stops the training cleanly (procsv commits no checkpoint of it)."""
+        return self._fail
 
     def before_run(self, run_context: SessionRunContext) -> Optional[SessionRunArgs]:
         return SessionRunArgs(self._loss) if self._loss is not None else None
@@ -63,9 +81,12 @@ class NanTensorHook(SessionRunHook):
             message = "Model diverged with loss = NaN."
             if self._fail:
                 api.tf_logging().error(message)
-                raise NanLossDuringTrainingError
+                raise nan_loss_error()
             api.tf_logging().warning(message)
             run_context.request_stop()
+            front = front_end_of(supervisor_of(run_context.session))
+            if front is not None:  # the program's stop: its state is not committed, and no exit 4 for it
+                front.rollback.program_stopped_on_nonfinite()
 
 
 # ---------------------------------------------------------------------------- summaries, step rate

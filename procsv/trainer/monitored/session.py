@@ -155,7 +155,7 @@ class _MonitoredSession:
         sv = self._sv
         if self._stop_requested:
             raise RuntimeError("Run called even after should_stop requested.")
-        if sv.should_stop():
+        if sv.should_stop() and sv.coord.ends_steps:  # (a thread's error lets the run go ahead, as TF's)
             if sv.coord.stop_signal is not None or sv.coord.exception is not None:
                 raise TrainingStopped("a stop was requested (preemption or a failure); the training loop should end")
             raise RuntimeError("Run called even after should_stop requested.")
@@ -352,7 +352,9 @@ def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None, 
                              checkpoint: Any = NOT_PASSED) -> MonitoredSession:
     """A MonitoredSession with TensorFlow's standard hooks, saving through procsv's services.
 
-    As TF: checkpoints every 600 s unless ``save_checkpoint_steps`` is given, summaries every 100
+    As TF: checkpoints every 600 s unless ``save_checkpoint_steps`` is given (``save_checkpoint_secs`` None
+    or 0 without steps: the program asked for none, so nothing is saved, not even at the end, and no
+    in-memory snapshot is kept: a rerun, or a restart under ``procsv launch``, starts at step 0), summaries every 100
     steps unless ``save_summaries_secs`` is given, a ``global_step/sec`` line and summary every
     ``log_step_count_steps``. The chief's hooks, in order: ``chief_only_hooks``, StepCounterHook,
     SummarySaverHook, CheckpointSaverHook, then ``hooks``. ``checkpoint_dir`` defaults to the
@@ -395,8 +397,8 @@ def MonitoredTrainingSession(master: str = "", is_chief: Optional[bool] = None, 
         all_hooks.append(bh.CheckpointSaverHook(checkpoint_dir, save_secs=save_checkpoint_secs,
                                                 save_steps=save_checkpoint_steps, scaffold=scaffold,
                                                 save_graph_def=save_graph_def))
-    elif scaffold.graph_mode and save_checkpoint_secs == 0 and not save_checkpoint_steps:  # the Supervisor's
-        creator.supervisor_options["save_model_secs"] = 0  # rule, as TF: 0 saves nothing, no final checkpoint
+    elif not save_checkpoint_secs and not save_checkpoint_steps:  # None or 0, as TF: no CheckpointSaverHook, so
+        creator.supervisor_options["save_model_secs"] = 0  # the program asked for none: no final checkpoint either
     all_hooks.extend(hooks or [])
     return MonitoredSession(creator, all_hooks, stop_grace_period_secs)
 

@@ -102,6 +102,7 @@ class NonfiniteRollback:
                                     group_refusal=_group_refusal(config))
         self._walk = BoundaryWork(self.watch, state, counter, checkpoint, keeper, self._tell, self._roll_back,
                                   self.stop_diverged)
+        self._program_stopped = False  # the program's NanTensorHook(fail_on_nan_loss=False) stopped on a NaN
         # (off: no detection at all, no loss kept, no snapshot scanned; what it costs: scripts/bench_nonfinite.py)
         self.detecting = config.launch.nonfinite_check
         if not self.detecting:
@@ -109,6 +110,19 @@ class NonfiniteRollback:
         state.losses = self.watch.losses
         if keeper is not None:  # every checkpoint agent, this session's and later ones', checks its snapshots
             keeper.configure(self._watch_agent)
+
+    def program_stopped_on_nonfinite(self) -> None:
+        """The program's ``NanTensorHook(fail_on_nan_loss=False)`` stopped the training on a NaN loss, as it
+        asked: the final checkpoint of that state is not committed, and that is no failure (:meth:`refused`)."""
+        self._program_stopped = True
+
+    @property
+    def checks_losses(self) -> bool:
+        """Whether the losses kept are ever checked here: detection is on and this trainer checks its
+        snapshots (a chief with a logdir and something to save, or a group's member). Without (no logdir,
+        ``checkpoint=None``, a replica's worker) a loss kept is never looked at."""
+        agent = self._keeper.agent if self._keeper is not None else None
+        return self.detecting and agent is not None and (agent.saving or bool(self.watch.group_refusal))
 
     def _watch_agent(self, agent: CheckpointAgent) -> None:
         if not agent.saving and not self.watch.group_refusal:  # a replica's worker: the chief looks
@@ -126,6 +140,7 @@ class NonfiniteRollback:
     def attach(self, channels: TrainerChannels) -> None:
         """A session is prepared: its notices go through ``channels``."""
         self._channels = channels
+        self._program_stopped = False
 
     def detach(self) -> None:
         self._channels = None
@@ -172,6 +187,11 @@ class NonfiniteRollback:
         """A snapshot of a poisoned state was refused (``final``: the final checkpoint): the policy (a
         group member's final checkpoint with a non-finite loss asks for the group's rollback too)."""
         watch = self.watch
+        if final and self._program_stopped and not watch.group_refusal:  # the program's own clean stop on it
+            print(f"procsv: non-finite training at step {bad.first_step}: {bad.describe()}; the program's "
+                  "NanTensorHook(fail_on_nan_loss=False) stopped the training: the final checkpoint is not committed "
+                  "(the newest committed one is finite)", file=sys.stderr, flush=True)
+            return
         snapshot_only = not final and bad.bad_step is None and not watch.group_refusal
         rolling_back = watch.policy == OnNonfinite.ROLLBACK
         if rolling_back and snapshot_only and watch.retry.bisecting and self._walk.poisoned_by(bad.step):

@@ -151,9 +151,10 @@ class SummaryLog:
 
     def summary_computed(self, sess: Any, summary: Any, global_step: Optional[int] = None) -> None:
         """Log a ``Summary`` proto (or its bytes, or a mapping of scalar tags to values).
-        ``RuntimeError`` with ``summary_writer=None``, as TF."""
-        if not self.writer:
-            raise RuntimeError("Writing a summary requires a summary writer (Supervisor(summary_writer=None)).")
+        ``RuntimeError`` with ``summary_writer=None`` and on a non-chief (which has no writer), as TF."""
+        if not self.writer or not self.chief:
+            why = "Supervisor(summary_writer=None)" if self.chief else "a non-chief Supervisor: only the chief writes"
+            raise RuntimeError(f"Writing a summary requires a summary writer. ({why})")
         if isinstance(summary, Mapping):  # (inside a tf.function: global_step is required, never the traced step)
             self.log_scalars(summary, global_step if global_step is not None or _tracing() else self._state.step)
             return
