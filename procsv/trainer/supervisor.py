@@ -53,13 +53,16 @@ class Supervisor(SupervisorNames):
 
     Args mirror ``tf.compat.v1.train.Supervisor``; the TF2-specific ones:
 
-    * ``checkpoint``: what to save -- a ``tf.train.Checkpoint`` or a mapping of names to trackables; ``None``
-      disables checkpoints; nothing passed: ``tf1_args.state_given``.
-    * ``global_step``: an int64 ``tf.Variable``, created if not given (eager), saved as ``global_step``, advanced
-      by every ``session.run(step_fn)`` unless the program advances it (``increment_global_step`` forces
-      it). Graph mode: ``USE_DEFAULT`` is the graph's, None none (as TF's; procsv counts the runs).
+    * ``checkpoint``: what to save -- a ``tf.train.Checkpoint`` or a mapping of names to trackables
+      (model, optimizer, ...). ``None`` disables checkpoints; nothing passed: ``tf1_args.state_given``.
+    * ``global_step``: an int64 ``tf.Variable``; created if not given (``USE_DEFAULT``; eager: None too). It
+      is saved in the checkpoint as ``global_step`` and advanced by one by every ``session.run(step_fn)``,
+      unless the program advances it itself (detected at its first steps and re-checked every 100;
+      ``increment_global_step=True/False`` forces it). Graph mode: ``USE_DEFAULT`` is the graph's, None
+      none (``sv.global_step`` is None, as TF's; procsv counts the session's runs).
     * TF1's ``graph``, ``saver``, ``summary_op``, ``summary_writer``... (keywords): see ``tf1_args``.
-    * ``summary_fn``: every ``save_summaries_secs`` at a step boundary, ``{tag: scalar}`` (TF2's ``summary_op``).
+    * ``summary_fn``: called every ``save_summaries_secs`` at a step boundary; returns a mapping of
+      scalar tags to values (the TF2 stand-in for ``summary_op``).
     * ``save_checkpoint_steps``: also checkpoint every N steps (off by default).
     * ``max_to_keep`` / ``keep_checkpoint_every_n_hours``: retention, as ``tf.train.Saver``.
     * ``clock``: the monotonic clock every timer of the step boundary reads (tests pass a fake one).
@@ -124,7 +127,8 @@ class Supervisor(SupervisorNames):
         self.allow_reinit = bootstrap.resolve(allow_reinit, config.launch.allow_reinit, False)
         self.is_chief = is_chief
         # as TF's: only the chief keeps save_model_secs, save_summaries_secs, save_path and a summary writer
-        self.save_model_secs, self.save_checkpoint_steps = save_model_secs if is_chief else None, save_checkpoint_steps
+        self.save_model_secs = save_model_secs if is_chief else None
+        self.save_checkpoint_steps = save_checkpoint_steps
         # graph mode (a TF1 graph program) or eager: the TF1 arguments, the state to save, the global step
         self._tf1, checkpoint, self._global_step, created = state_to_save(
             checkpoint, summary_fn, saver, summary_op, summary_writer, global_step, self.layout.logdir if self.layout else None, {
@@ -160,7 +164,7 @@ class Supervisor(SupervisorNames):
             connected=lambda: self._channels is not None, started=lambda: self._started)
         self._keeper, self._summaries, self._rollback = parts.keeper, parts.summaries, parts.rollback
         self._boundary, self._graph, self._surface = parts.boundary, parts.graph, parts.surface
-        if self._graph is not None:  # (also when the program closes the graph's session first)
+        if self._graph is not None:  # (the graph's session takes it too when the program closes it first)
             self._graph.final_wanted = self._final_wanted
 
         # the session's lifecycle
@@ -355,7 +359,10 @@ class Supervisor(SupervisorNames):
         finally:
             self._release(deadline)
 
-    def _final_wanted(self) -> bool:  # not when save_model_secs=0 without steps asked for none (TF's, both modes)
+    def _final_wanted(self) -> bool:
+        """The stop commits a final checkpoint, unless ``save_model_secs=0`` without ``save_checkpoint_steps``
+        asked for no checkpoint at all (TF's Supervisor saves nothing then; a MonitoredTrainingSession with
+        neither ``save_checkpoint_secs`` nor ``save_checkpoint_steps`` passes it): in both modes."""
         return not (self.save_model_secs == 0 and not self.save_checkpoint_steps)
 
     def _reset_for_reuse(self) -> None:
