@@ -14,6 +14,8 @@ what it needs (:func:`procsv.trainer.supervisor_setup.collaborators` builds them
 collaborator's, and the settings its collaborators read live, are the descriptors of
 :mod:`procsv.trainer.settings`, declared in :mod:`procsv.trainer.supervisor_names`. The front-ends
 (Keras ``fit``, ``procsv.train``) drive it through its port, ``front_end`` (:mod:`procsv.trainer.frontend.port`).
+
+One concern: a Supervisor's session, from its arguments (TensorFlow's, each documented here) to its release.
 """
 
 from __future__ import annotations
