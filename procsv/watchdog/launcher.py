@@ -111,7 +111,10 @@ class Watchdog:
         self.layout = Layout(os.path.abspath(cfg.logdir))
         self.lock = LogdirLock(self.layout)
         since = 0.0 if born is None else max(0.0, wall() - born)
-        self.view = RunView(launch_start=clock(), tasks_alone=cfg.ps > 0)
+        # the steps the logdir's earlier launches skipped stay skipped: this launch's trainers skip them
+        # again (Executor.resume), and its status and report name them (read before this launch's records)
+        self.view = RunView(launch_start=clock(), tasks_alone=cfg.ps > 0,
+                            skipped_steps=list(skipped_steps(self.layout.lifecycle)))
         self.view.process_start = self.view.launch_start - since
         self.out = Reporter(cfg, self.layout, clock, wall)
         self.out.started_wall -= since
@@ -164,9 +167,6 @@ class Watchdog:
                                      lambda: self._drain_messages(limit=None), self._sweep,
                                      self.out.io.reads)
         pipes.poller.register(self.out.io.reads.fd, zmq.POLLIN)  # a read of the logdir is done
-        # the steps the logdir's earlier launches skipped stay skipped: this launch's trainers skip them
-        # again (Executor.resume), and its status and report name them (read before this launch's records)
-        self.view.skipped_steps = list(skipped_steps(self.layout.lifecycle))
         ex = self.ex = Executor(self.cfg, self.layout, pipes.runtime_dir, self.view, self.limits, self.out.record,
                                 self.clock, pipes.poller, ends.post_notice)
         ex.disk, ex.reading = self.out.io.call, ends.reading  # log rotation: by the logdir writer thread
