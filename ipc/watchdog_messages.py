@@ -171,6 +171,28 @@ class StepSkipped(Message):
 
 
 @dataclass(frozen=True)
+class SpikeDetected(Message):
+    """Trainer -> watchdog: the loss spiked (issue 68): a finite loss far above its recent distribution
+    (:mod:`procsv.trainer.nonfinite.spike`), found by the check before a snapshot. ``step``: the
+    detection, the first step above the ``threshold`` (its ``loss``; ``median`` of the window
+    before it); ``onset``: the first step of the rise to it; ``action``: what ``--on-spike`` does
+    (``rollback``: restored and skips ``onset`` .. ``step``; ``stop``; ``warn``: trains on);
+    ``epoch``/``batch``: as in :class:`NonfiniteDetected`."""
+
+    KIND: ClassVar[str] = "spike_detected"
+    pid: int
+    step: int
+    onset: int
+    loss: float
+    threshold: float
+    median: float
+    action: str
+    wall_time: float
+    epoch: Optional[int] = None
+    batch: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class Promotion(Message):
     """Watchdog -> a standby it promotes: what a trainer spawned for ``attempt`` now would find in its
     environment and a standby forked earlier cannot (it was decided after the fork). Written whole
@@ -189,4 +211,4 @@ class Promotion(Message):
 
 
 __all__ = ["Hello", "TrainerReady", "Progress", "SaveOverdue", "ServiceLoading", "SummaryOverdue", "StandbyReady", "NonfiniteDetected",
-           "RolledBack", "StepSkipped", "Promotion"]
+           "RolledBack", "StepSkipped", "SpikeDetected", "Promotion"]

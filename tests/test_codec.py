@@ -109,6 +109,8 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
                                        path="/proc/1/fd/9#slot1", skip=False, restore_secs=0.01, wall_time=1.5,
                                        epoch=2, batch=7), []),
     ("step-skipped", m.StepSkipped(pid=4242, step=25, wall_time=1.5, skipped=1, epoch=None, batch=None), []),
+    ("spike-detected", m.SpikeDetected(pid=4242, step=150, onset=149, loss=51.25, threshold=3.5, median=1.0,
+                                       action="rollback", wall_time=1.5), []),
     ("recover-query", m.RecoverQuery(pid=4243), []),
     ("group-query", m.GroupQuery(pid=4243, nproc=2, after=1500), []),
     ("group-held", m.GroupHeld(step=1550, attempt=2, note=""), []),

@@ -1,5 +1,7 @@
 """Loss spikes (issue 68), the pure parts: the rule of :mod:`procsv.trainer.nonfinite.spike` on plain
-losses and its history between checks, with no process started.
+losses, its history between checks, the kept losses' values handed to it in one read, and what
+``--on-spike`` does with a spike (the record, ``warn``, ``stop``, a rollback it cannot do), with no
+process started.
 
 ``tests/spike_clean_losses.npz`` holds two long clean runs of real per-step losses: the digits MLP of
 ``procsv.examples.digits`` trained for 5000 steps without procsv, at batch 64 (seed 0) and batch 16
@@ -18,8 +20,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from procsv.common.errors import LossSpiked, TrainingDiverged, UsageError
 from procsv.trainer.nonfinite import spike
-from procsv.trainer.nonfinite.spike import OnSpike, SpikeHistory, SpikeThresholds, judge
+from procsv.trainer.nonfinite.policy import SkipBudget
+from procsv.trainer.nonfinite.spike import OnSpike, Spike, SpikeHistory, SpikeThresholds, judge
+from procsv.trainer.nonfinite.spike_response import SpikeResponse
+from procsv.trainer.nonfinite.watch import NonfiniteWatch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RULE = SpikeThresholds()  # the defaults: window 200, min_history 100, z 8, min_ratio 1.5
@@ -206,3 +212,147 @@ def test_the_policy_parses_and_refuses_rollback_where_it_is_not_built() -> None:
     assert group.startswith("--on-spike rollback is not supported in a trainer group") and "\n" not in group
     assert "TF1 graph program" in spike.refusal(OnSpike.ROLLBACK, group=False, graph=True)
     assert spike.unsupported("Keras fit").startswith("--on-spike rollback is not supported in Keras fit yet")
+
+
+def test_a_spikes_steps_count_against_max_skips_together() -> None:
+    budget = SkipBudget(max_skips=3, skip_window=1000, skipped=[100])
+    assert budget.first_refused(range(500, 502)) is None  # 3 in all
+    assert budget.first_refused(range(500, 503)) == 502  # a 4th
+    assert budget.first_refused([100, 500, 501]) is None  # skipped already: no more
+    assert budget.skipped == [100]  # (asking changes nothing)
+
+
+class _Walk:
+    """What the response asks of the rollback's walk, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def restored(self) -> None:
+        self.calls.append(("restored", None))
+
+    def skip_quietly(self, steps: Any) -> None:
+        self.calls.append(("quietly", list(steps)))
+
+    def plan_next(self, step: int) -> None:
+        self.calls.append(("plan_next", step))
+
+
+def _response(policy: OnSpike, restore: Any = None, committed: int = 60) -> tuple[SpikeResponse, NonfiniteWatch,
+                                                                                   list[Any], _Walk]:
+    told: list[Any] = []
+    walk = _Walk()
+    watch = NonfiniteWatch(None, ("loss",), (), 3, 1000, spike_policy=policy, spiked=lambda found, step: None)
+    response = SpikeResponse(watch, walk, told.append,  # type: ignore[arg-type]
+                             restore or (lambda step: (60, "the in-memory snapshot", "memory", "/m#slot1", 0.01)),
+                             lambda step: told.append(("undone", step)), lambda step: committed,
+                             lambda step: f"step {step} would be skip 4 (--max-skips 3)")
+    return response, watch, told, walk
+
+
+FOUND = Spike(onset=65, step=66, loss=15.0, threshold=2.6, median=0.3, history=40)
+
+
+def test_warn_records_the_spike_says_one_line_and_trains_on(capsys: pytest.CaptureFixture[str]) -> None:
+    response, watch, told, walk = _response(OnSpike.WARN)
+    response.found(FOUND, 70)
+    (record,) = told
+    assert (record.KIND, record.step, record.onset, record.loss, record.threshold, record.median, record.action) == \
+        ("spike_detected", 66, 65, 15.0, 2.6, 0.3, "warn")
+    err = capsys.readouterr().err
+    assert err == f"procsv: {FOUND.describe()}; --on-spike warn: training on\n"
+    assert walk.calls == [] and watch.budget.skipped == []
+
+
+def test_stop_refuses_the_snapshot_and_stops_in_order_with_exit_code_4(capsys: pytest.CaptureFixture[str]) -> None:
+    response, watch, told, _ = _response(OnSpike.STOP)
+    with pytest.raises(LossSpiked) as refused:
+        response.found(FOUND, 70)
+    assert told[0].action == "stop" and (refused.value.onset, refused.value.detected, refused.value.step) == (65, 66, 70)
+    with pytest.raises(TrainingDiverged) as stopped:
+        response.refused(refused.value, final=False)
+    assert stopped.value.code == 4
+    line = capsys.readouterr().err.strip()
+    assert line == (f"procsv: {FOUND.describe()}; --on-spike stop: stopping in order with exit code 4 (diverging), "
+                    "without a checkpoint of this state (the newest committed checkpoint is of step 60)")
+
+
+def test_rollback_restores_before_the_onset_and_skips_the_onset_to_the_detection(capsys: pytest.CaptureFixture[str]
+                                                                                  ) -> None:
+    response, watch, told, walk = _response(OnSpike.ROLLBACK)
+    with pytest.raises(LossSpiked) as refused:
+        response.found(FOUND, 70)
+    response.refused(refused.value, final=False)  # rolled back: no stop
+    kinds = [getattr(m, "KIND", m) for m in told]
+    assert kinds == ["spike_detected", ("undone", 60), "rolled_back", "step_skipped", "step_skipped"]
+    rolled = told[2]
+    assert (rolled.step, rolled.restored_step, rolled.skip) == (65, 60, True)
+    assert [m.step for m in told[3:]] == [65, 66] and [m.skipped for m in told[3:]] == [1, 2]
+    assert watch.budget.skipped == [65, 66]
+    assert walk.calls == [("restored", None), ("quietly", [65, 66]), ("plan_next", 60)]
+    assert capsys.readouterr().err.strip().endswith("--on-spike rollback: restored step 60 from the in-memory "
+                                                    "snapshot, replaying to step 64, then skipping steps 65-66; "
+                                                    "training on")
+
+
+def test_a_rollback_it_cannot_do_stops_saying_why(capsys: pytest.CaptureFixture[str]) -> None:
+    response, watch, _, _ = _response(OnSpike.ROLLBACK, restore=lambda step: f"nothing before step {step}")
+    for final, why in ((False, "nothing before step 65"),
+                       (True, "it was found by the final checkpoint's check, with no step left to replay")):
+        with pytest.raises(TrainingDiverged):
+            response.refused(LossSpiked(70, 65, 66, FOUND.describe()), final=final)
+        assert capsys.readouterr().err.strip().endswith(f"(no rollback: {why})")
+    watch.budget.skip(10)
+    watch.budget.skip(20)
+    with pytest.raises(TrainingDiverged):  # 65 and 66 would be skips 3 and 4
+        response.refused(LossSpiked(70, 65, 66, FOUND.describe()), final=False)
+    assert "(no rollback: skipping steps 65-66: step 66 would be skip 4 (--max-skips 3))" in capsys.readouterr().err
+    assert watch.budget.skipped == [10, 20]
+
+
+def test_a_spike_during_a_non_finite_steps_rollback_is_only_said(capsys: pytest.CaptureFixture[str]) -> None:
+    response, watch, told, _ = _response(OnSpike.ROLLBACK)
+    watch.retry.aim(80, skipping=False)  # step 80's retry is due
+    response.found(FOUND, 70)  # no raise
+    assert told[0].action == "warn"
+    assert "(not rolled back: the rollback of non-finite step 80 is under way)" in capsys.readouterr().err
+
+
+def test_off_keeps_no_history_and_judges_nothing() -> None:
+    watch = NonfiniteWatch(None, ("loss",), (), spike_policy=OnSpike.OFF, spiked=lambda found, step: None)
+    assert watch.spikes is None
+    watch.judge_spikes(10)  # nothing to judge
+
+
+# ---------------------------------------------------------------------------------- the kept losses
+def test_a_check_reads_the_kept_losses_once_and_hands_the_finite_ones_with_their_steps_to_the_rule() -> None:
+    import tensorflow as tf
+
+    judged: list[tuple[list[int], list[float]]] = []
+    watch = NonfiniteWatch(None, ("loss",), (), spike_policy=OnSpike.WARN,
+                           spiked=lambda found, step: judged.append(([found.step], [found.loss])))
+    losses = watch.losses
+    assert watch.spikes is not None
+    values = _noisy(150, 14).astype(np.float32)
+    values[139] = 40.0  # step 140
+    for s in range(1, 151):
+        losses.keep(s, tf.constant(values[s - 1]) if s != 20 else float(values[s - 1]))  # one host value
+    reads = losses.reads
+    watch.precheck(150)
+    assert losses.reads == reads + 1  # one read for the 149 device scalars (3 chunks: 64, 64, 21)
+    assert judged == [([140], [40.0])]
+    assert watch.spikes.kept == 150  # every step's (padding none of them)
+    losses.keep(151, tf.constant(float("nan")))
+    losses.keep(152, tf.constant(1.0))
+    assert losses.check() == 151  # still found, in the same one read
+    assert watch.spikes.kept == 150  # 152 fed, not judged yet
+
+
+def test_without_a_sink_the_check_still_reads_only_the_sum() -> None:
+    import tensorflow as tf
+
+    watch = NonfiniteWatch(None, ("loss",), (), spike_policy=OnSpike.OFF)
+    for s in range(1, 101):
+        watch.losses.keep(s, tf.constant(1.0))
+    watch.precheck(100)
+    assert watch.losses.reads == 1

@@ -4,7 +4,8 @@ Runs in the trainer's main thread, at step boundaries (:mod:`procsv.trainer.nonf
 calls it). Each function builds one message of the schema (:mod:`procsv.ipc.watchdog_messages`):
 :class:`~procsv.ipc.messages.NonfiniteDetected` when a poisoned loss or state is found,
 :class:`~procsv.ipc.messages.RolledBack` when ``--on-nonfinite rollback`` restored a finite state
-in place, :class:`~procsv.ipc.messages.StepSkipped` when a step is skipped; :func:`tell` pushes it
+in place, :class:`~procsv.ipc.messages.StepSkipped` when a step is skipped,
+:class:`~procsv.ipc.messages.SpikeDetected` when the loss spiked (issue 68); :func:`tell` pushes it
 to the watchdog (non-blocking; nothing is sent in plain python, where no watchdog listens). The
 watchdog writes each as a lifecycle event and counts them (``procsv status``, the report, metrics).
 """
@@ -15,7 +16,8 @@ import os
 import time
 from typing import Any, Callable, Optional
 
-from procsv.ipc.messages import Message, NonfiniteDetected, RestoreSource, RolledBack, StepSkipped
+from procsv.ipc.messages import Message, NonfiniteDetected, RestoreSource, RolledBack, SpikeDetected, StepSkipped
+from procsv.trainer.nonfinite.spike import Spike
 
 # the input position of a step, where procsv knows it (Keras fit: (epoch, batch)); None: the step is the position
 Position = Callable[[int], Optional[tuple[int, int]]]
@@ -46,3 +48,9 @@ def rolled_back(step: int, restored: int, source: RestoreSource, path: str, skip
 def skipped(step: int, count: int, position: Optional[Position] = None) -> StepSkipped:
     epoch, batch = _at(position, step)
     return StepSkipped(os.getpid(), step, time.time(), count, epoch, batch)
+
+
+def spiked(spike: Spike, action: str, position: Optional[Position] = None) -> SpikeDetected:
+    epoch, batch = _at(position, spike.step)
+    return SpikeDetected(os.getpid(), spike.step, spike.onset, spike.loss, spike.threshold, spike.median, action,
+                         time.time(), epoch, batch)

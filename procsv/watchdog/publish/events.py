@@ -67,6 +67,10 @@ rolled_back            pid, step, epoch, batch, restored_step, source (``memory`
                        (step: the poisoned one; epoch, batch: its input position, Keras, else null; skip
                        true: the step is skipped; false: it is retried once; secs: the restore's)
 step_skipped           pid, step (the global step it would have completed), epoch, batch, skipped (the run's so far)
+spike_detected         pid, step, onset, loss, threshold, median, action, epoch, batch
+                       (a finite loss far above its recent distribution, procsv/trainer/nonfinite/spike.py: step,
+                       the first above the threshold; onset, the first step of the rise to it; median, of the
+                       losses before it; action: what --on-spike does, rollback | stop | warn)
 group_copy_refused     rank, attempt, step, size, limit (node 0's checkpoint service refused a peer copy beyond its limit)
 =====================  ==========================================================================
 """
@@ -116,6 +120,7 @@ class Event(str, enum.Enum):
     NONFINITE_DETECTED = "nonfinite_detected"
     ROLLED_BACK = "rolled_back"
     STEP_SKIPPED = "step_skipped"
+    SPIKE_DETECTED = "spike_detected"
     GROUP_COPY_REFUSED = "group_copy_refused"
 
 
@@ -158,6 +163,8 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.ROLLED_BACK: frozenset({"pid", "step", "restored_step", "source", "path", "skip", "secs", "epoch",
                                   "batch"}),
     Event.STEP_SKIPPED: frozenset({"pid", "step", "epoch", "batch", "skipped"}),
+    Event.SPIKE_DETECTED: frozenset({"pid", "step", "onset", "loss", "threshold", "median", "action", "epoch",
+                                     "batch"}),
     Event.GROUP_COPY_REFUSED: frozenset({"rank", "attempt", "step", "size", "limit"}),
 }
 
