@@ -28,7 +28,7 @@ with their steps, to the sink; host values (a graph program's) are kept for it t
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -39,7 +39,7 @@ CHUNK = 64  # kept scalars stacked into one tensor and judged on the device (ops
 # overflows its own sum only for losses above ~1000 (then the values are read, as for any overflow)
 
 
-Sink = Callable[[Sequence[int], Sequence[float]], None]  # the finite losses a check read, and their steps
+Sink = Callable[[np.ndarray, np.ndarray], None]  # the steps, and the finite losses a check read of them
 
 
 class LossWatch:
@@ -228,10 +228,9 @@ class LossWatch:
                 return first
         steps, values = self._values(chunks, joined)
         finite = np.isfinite(values)
-        if self._sink is not None:
-            kept = [(s, v) for s, v in host] + [(s, float(v)) for s, v in zip(steps[finite], values[finite])]
-            if kept:
-                self._sink([s for s, _ in kept], [v for _, v in kept])
+        if self._sink is not None and (host or finite.any()):
+            self._sink(np.concatenate([np.asarray([s for s, _ in host], dtype=np.int64), steps[finite]]),
+                       np.concatenate([np.asarray([v for _, v in host], dtype=np.float64), values[finite]]))
         if finite.all():  # (without a sink: finite, their sum overflowed)
             return first
         found = int(steps[~finite].min())
@@ -250,9 +249,12 @@ class LossWatch:
             stacked = stacks[0] if len(stacks) == 1 else tf.concat([tf.cast(c, tf.float64) for c in stacks], 0)
         self.reads += 1
         read = np.asarray(stacked.numpy(), dtype=np.float64)
-        own = np.concatenate([np.arange(len(s)) + CHUNK * i for i, (s, _) in enumerate(chunks)])  # (not the padding)
-        steps = np.asarray([s for chunk_steps, _ in chunks for s in chunk_steps], dtype=np.int64)
-        return steps, read[own]
+        if all(len(s) == CHUNK for s, _ in chunks[:-1]):  # (every chunk whole but the last: the padding is at the end)
+            values = read[:len(chunks) * CHUNK - (CHUNK - len(chunks[-1][0]))]
+        else:
+            values = read[np.concatenate([np.arange(len(s)) + CHUNK * i for i, (s, _) in enumerate(chunks)])]
+        steps = np.fromiter((s for chunk_steps, _ in chunks for s in chunk_steps), dtype=np.int64, count=len(values))
+        return steps, values
 
     def forget(self) -> None:
         """Drop everything kept (after a restore: those steps are undone)."""
