@@ -83,3 +83,16 @@ def test_in_plain_python_warn_says_it_and_trains_on_and_stop_exits_4_without_a_c
     assert "spike_train: ended" not in stopped.stdout
     latest = tf.train.latest_checkpoint(stopped_dir)
     assert latest is not None and int(latest.rsplit("-", 1)[1]) < 45, latest
+
+
+@pytest.mark.slow
+def test_in_plain_python_an_eager_monitored_training_session_rolls_a_spike_back_bit_equal(tmp_path: pathlib.Path
+                                                                                       ) -> None:
+    # procsv.train's eager MonitoredTrainingSession takes the custom loop's path (it takes no on_spike: the
+    # launch's variable says rollback here, as procsv launch --on-spike rollback would); the rule's defaults
+    rolled, plain = os.path.join(tmp_path, "rolled"), os.path.join(tmp_path, "plain")
+    common = ("--monitored", "--steps", "190", "--step-delay", "0.002")
+    run_plain_programs([(SPIKE_TRAIN, ("--logdir", rolled, "--spike-at", "165", *common)),
+                        (SPIKE_TRAIN, ("--logdir", plain, "--skip-at", "165", *common))],
+                       env=quiet_env(PROCSV_ON_SPIKE="rollback"))  # (the plain run has no spike to roll back)
+    assert _final(rolled, 190) == _final(plain, 190)

@@ -211,6 +211,7 @@ def test_the_policy_parses_and_refuses_rollback_where_it_is_not_built() -> None:
     group = spike.refusal(OnSpike.ROLLBACK, group=True, graph=False)
     assert group.startswith("--on-spike rollback is not supported in a trainer group") and "\n" not in group
     assert "TF1 graph program" in spike.refusal(OnSpike.ROLLBACK, group=False, graph=True)
+    assert "parameter-server job (--ps)" in spike.refusal(OnSpike.ROLLBACK, group=False, graph=False, ps=True)
     assert spike.unsupported("Keras fit").startswith("--on-spike rollback is not supported in Keras fit yet")
 
 

@@ -10,6 +10,9 @@
     --window W, --min-history H
                           the spike rule's window and minimum history (procsv.SpikeThresholds)
     --step-delay S        seconds each step sleeps (default 0.01)
+    --monitored           run the loop as a procsv.train MonitoredTrainingSession (eager; StopAtStepHook at
+                          --steps, its step function's returned loss watched): --on-spike through
+                          PROCSV_ON_SPIKE then (it takes no on_spike argument), the rule's defaults
     --logdir DIR          for a plain `python spike_train.py` run
 
 The batch of step s is a function of s alone (32 examples of 4 features and a noisy linear target,
@@ -36,15 +39,17 @@ p.add_argument("--on-spike", default=None)
 p.add_argument("--window", type=int, default=40)
 p.add_argument("--min-history", type=int, default=30)
 p.add_argument("--step-delay", type=float, default=0.01)
+p.add_argument("--monitored", action="store_true")
 p.add_argument("--logdir", default=None)
 args = p.parse_args()
 
 TRUE_W = np.array([0.5, -1.0, 2.0, 0.25], dtype=np.float32)
 w = tf.Variable(tf.zeros([4]), name="w")
 m = tf.Variable(tf.zeros([4]), trainable=False, name="momentum")
-sv = procsv.Supervisor(logdir=args.logdir, checkpoint={"w": w, "m": m}, save_model_secs=600,
-                       save_checkpoint_steps=args.save_steps, on_spike=args.on_spike,
-                       spike_thresholds=procsv.SpikeThresholds(window=args.window, min_history=args.min_history))
+if not args.monitored:
+    sv = procsv.Supervisor(logdir=args.logdir, checkpoint={"w": w, "m": m}, save_model_secs=600,
+                           save_checkpoint_steps=args.save_steps, on_spike=args.on_spike,
+                           spike_thresholds=procsv.SpikeThresholds(window=args.window, min_history=args.min_history))
 
 
 def batch(s: int) -> tuple[np.ndarray, np.ndarray]:
@@ -67,7 +72,7 @@ def train(x, y):
 
 
 def step():
-    s = sv.step
+    s = int(procsv.train.get_global_step().numpy()) + 1 if args.monitored else sv.step
     if s in args.skip_at:
         return None
     loss = train(*batch(s))
@@ -75,7 +80,15 @@ def step():
     return loss
 
 
-with sv.managed_session() as sess:
-    while not sv.should_stop() and sv.step < args.steps:
-        sess.run(step)
-print(f"spike_train: ended at step {sv.step}", flush=True)
+if args.monitored:
+    with procsv.train.MonitoredTrainingSession(
+            checkpoint_dir=args.logdir, checkpoint={"w": w, "m": m}, save_checkpoint_steps=args.save_steps,
+            hooks=[procsv.train.StopAtStepHook(last_step=args.steps)], log_step_count_steps=None) as mon:
+        while not mon.should_stop():
+            mon.run(step)
+    print(f"spike_train: ended at step {int(procsv.train.get_global_step().numpy())}", flush=True)
+else:
+    with sv.managed_session() as sess:
+        while not sv.should_stop() and sv.step < args.steps:
+            sess.run(step)
+    print(f"spike_train: ended at step {sv.step}", flush=True)

@@ -76,7 +76,13 @@ def _group_refusal(config: ChildConfig) -> str:
     spec = cluster.tf_config().get("cluster")
     spec = spec if isinstance(spec, dict) else {}
     members = max(config.place.nproc, len(spec.get("worker") or ()) + len(spec.get("chief") or ()))
-    return policy.in_place_refusal(members, config.place.ps + len(spec.get("ps") or ()))
+    return policy.in_place_refusal(members, _ps_tasks(config))
+
+
+def _ps_tasks(config: ChildConfig) -> int:
+    """The parameter-server tasks of this trainer's job (0: none)."""
+    spec = cluster.tf_config().get("cluster")
+    return config.place.ps + len((spec if isinstance(spec, dict) else {}).get("ps") or ())
 
 
 class NonfiniteRollback:
@@ -110,7 +116,7 @@ class NonfiniteRollback:
         self._channels: Optional[TrainerChannels] = None
         group_refusal = _group_refusal(config)
         on_spike_now = spike.parse(bootstrap.resolve(on_spike, config.launch.on_spike, None))
-        refusal = spike.refusal(on_spike_now, bool(group_refusal), graph)
+        refusal = spike.refusal(on_spike_now, bool(group_refusal), graph, _ps_tasks(config) > 0)
         if refusal:
             raise UsageError(refusal)
         # a group's spikes are judged by its chief alone (its loss is the group's; one finding, one record)

@@ -59,17 +59,20 @@ class OnSpike(str, enum.Enum):
 DEFAULT = OnSpike.WARN  # a false flag under rollback would drop the user's batches: rollback is asked for
 
 
-def refusal(policy: OnSpike, group: bool, graph: bool) -> str:
+def refusal(policy: OnSpike, group: bool, graph: bool, ps: bool = False) -> str:
     """Why ``policy`` cannot be followed by this trainer ("" if it can): ``rollback`` is built for a
     single trainer's eager loop (a custom loop under ``procsv.Supervisor``, an eager
-    ``MonitoredTrainingSession``) only, not yet for a trainer group's member (``group``) nor a TF1 graph
-    program (``graph``); Keras ``fit`` refuses it as it starts (:func:`unsupported`)."""
+    ``MonitoredTrainingSession``) only, not yet for a trainer group's member (``group``), a TF1 graph
+    program (``graph``) nor a task of a parameter-server job (``ps``); Keras ``fit`` refuses it as it
+    starts (:func:`unsupported`)."""
     if policy != OnSpike.ROLLBACK:
         return ""
     if group:
         return unsupported("a trainer group (--nproc, MultiWorkerMirroredStrategy)")
     if graph:
         return unsupported("a TF1 graph program")
+    if ps:
+        return unsupported("a parameter-server job (--ps)")
     return ""
 
 
