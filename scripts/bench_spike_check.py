@@ -9,8 +9,8 @@ one a watch that judged ``--history`` steps already (a trainer past its first wi
 checks ``--checks`` windows of ``--steps`` losses in turn, its last check's time measured (a trainer
 in its stride, not its first snapshots): ``off`` (``--on-spike off``: the bulk check alone, one read of
 the losses' running sum), ``warn`` (the default: one read of the values, the rule over them). Also
-the keeping itself, per step: ``keep_us`` (what the loop pays at each step, off and warn). Correctness: no spike in the clean losses; one injected 50x spike is found
-at its step; exit 1 if not. The last line: ``key=value`` (medians, and the load).
+the keeping itself, per step: ``keep_us`` (what the loop pays at each step, off and warn).
+Correctness: no spike in the clean losses; one injected 50x spike is found at its step; exit 1 if not. The last line: ``key=value`` (medians, and the load).
 """
 
 from __future__ import annotations
