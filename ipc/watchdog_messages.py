@@ -193,6 +193,26 @@ class SpikeDetected(Message):
 
 
 @dataclass(frozen=True)
+class SpikeReplayed(Message):
+    """Trainer -> watchdog: under ``--on-spike rollback`` the loss spike of :class:`SpikeDetected`
+    (``step``, ``onset``) was replayed from a snapshot before its onset, to tell the data's (or the
+    model's) spike from a transient fault of the machine. ``reproduced``: the replay's losses of
+    ``onset`` .. ``step`` equal the first ones bit for bit (its steps are then skipped); else the
+    spike was this machine's (``host``), nothing is skipped. ``loss``: the first loss of ``step``;
+    ``replay_loss``: the replay's (None: the replay did not reach it)."""
+
+    KIND: ClassVar[str] = "spike_replayed"
+    pid: int
+    step: int
+    onset: int
+    reproduced: bool
+    loss: float
+    replay_loss: Optional[float]
+    host: str
+    wall_time: float
+
+
+@dataclass(frozen=True)
 class Promotion(Message):
     """Watchdog -> a standby it promotes: what a trainer spawned for ``attempt`` now would find in its
     environment and a standby forked earlier cannot (it was decided after the fork). Written whole
@@ -211,4 +231,4 @@ class Promotion(Message):
 
 
 __all__ = ["Hello", "TrainerReady", "Progress", "SaveOverdue", "ServiceLoading", "SummaryOverdue", "StandbyReady", "NonfiniteDetected",
-           "RolledBack", "StepSkipped", "SpikeDetected", "Promotion"]
+           "RolledBack", "StepSkipped", "SpikeDetected", "SpikeReplayed", "Promotion"]

@@ -244,19 +244,25 @@ def _response(policy: OnSpike, restore: Any = None, committed: int = 60) -> tupl
     told: list[Any] = []
     walk = _Walk()
     watch = NonfiniteWatch(None, ("loss",), (), 3, 1000, spike_policy=policy, spiked=lambda found, step: None)
+    history = watch.spikes
+    assert history is not None
+
+    def undone(step: int) -> None:  # (as the rollback's: the history forgets what the restore undid)
+        told.append(("undone", step))
+        history.rewind(step)
+
     response = SpikeResponse(watch, walk, told.append,  # type: ignore[arg-type]
                              restore or (lambda step: (60, "the in-memory snapshot", "memory", "/m#slot1", 0.01)),
-                             lambda step: told.append(("undone", step)), lambda step: committed,
-                             lambda step: f"step {step} would be skip 4 (--max-skips 3)")
+                             undone, lambda step: committed, lambda step: f"step {step} would be skip 4 (--max-skips 3)")
     return response, watch, told, walk
 
 
-FOUND = Spike(onset=65, step=66, loss=15.0, threshold=2.6, median=0.3, history=40)
+FOUND = Spike(onset=65, step=66, loss=15.0, threshold=2.6, median=0.3, history=40, losses=(8.0, 15.0))
 
 
 def test_warn_records_the_spike_says_one_line_and_trains_on(capsys: pytest.CaptureFixture[str]) -> None:
     response, watch, told, walk = _response(OnSpike.WARN)
-    response.found(FOUND, 70)
+    response.judged((FOUND,), 70)
     (record,) = told
     assert (record.KIND, record.step, record.onset, record.loss, record.threshold, record.median, record.action) == \
         ("spike_detected", 66, 65, 15.0, 2.6, 0.3, "warn")
@@ -268,7 +274,7 @@ def test_warn_records_the_spike_says_one_line_and_trains_on(capsys: pytest.Captu
 def test_stop_refuses_the_snapshot_and_stops_in_order_with_exit_code_4(capsys: pytest.CaptureFixture[str]) -> None:
     response, watch, told, _ = _response(OnSpike.STOP)
     with pytest.raises(LossSpiked) as refused:
-        response.found(FOUND, 70)
+        response.judged((FOUND,), 70)
     assert told[0].action == "stop" and (refused.value.onset, refused.value.detected, refused.value.step) == (65, 66, 70)
     with pytest.raises(TrainingDiverged) as stopped:
         response.refused(refused.value, final=False)
@@ -278,22 +284,69 @@ def test_stop_refuses_the_snapshot_and_stops_in_order_with_exit_code_4(capsys: p
                     "without a checkpoint of this state (the newest committed checkpoint is of step 60)")
 
 
-def test_rollback_restores_before_the_onset_and_skips_the_onset_to_the_detection(capsys: pytest.CaptureFixture[str]
-                                                                                  ) -> None:
+def test_rollback_replays_the_spike_first_and_skips_its_steps_when_the_replay_gives_its_losses_again(
+        capsys: pytest.CaptureFixture[str]) -> None:
     response, watch, told, walk = _response(OnSpike.ROLLBACK)
     with pytest.raises(LossSpiked) as refused:
-        response.found(FOUND, 70)
-    response.refused(refused.value, final=False)  # rolled back: no stop
+        response.judged((FOUND,), 70)
+    response.refused(refused.value, final=False)  # restored before the onset, to replay it: no stop, no skip
+    assert [getattr(m, "KIND", m) for m in told] == ["spike_detected", ("undone", 60), "rolled_back"]
+    assert (told[2].step, told[2].restored_step, told[2].skip) == (65, 60, False)
+    assert walk.calls == [("restored", None), ("plan_next", 60)] and watch.budget.skipped == []
+    assert capsys.readouterr().err.strip().endswith("--on-spike rollback: restored step 60 from the in-memory "
+                                                    "snapshot, replaying steps 65-66 to tell a transient fault of "
+                                                    "the machine from the data's; training on")
+    told.clear()
+    walk.calls.clear()
+    assert watch.spikes is not None
+    watch.spikes.feed(range(61, 71), [0.3, 0.3, 0.3, 0.3, 8.0, 15.0, 0.3, 0.3, 0.3, 0.3])  # the replay: the same
+    found = watch.spikes.judge()  # (too few losses for the rule: the comparison decides, not a new flag)
+    with pytest.raises(LossSpiked) as again:  # the first check past step 66: its losses again, bit for bit
+        response.judged(found, 70)
+    response.refused(again.value, final=False)
     kinds = [getattr(m, "KIND", m) for m in told]
-    assert kinds == ["spike_detected", ("undone", 60), "rolled_back", "step_skipped", "step_skipped"]
-    rolled = told[2]
-    assert (rolled.step, rolled.restored_step, rolled.skip) == (65, 60, True)
-    assert [m.step for m in told[3:]] == [65, 66] and [m.skipped for m in told[3:]] == [1, 2]
+    assert kinds == ["spike_replayed", ("undone", 60), "rolled_back", "step_skipped", "step_skipped"]
+    assert (told[0].reproduced, told[0].loss, told[0].replay_loss) == (True, 15.0, 15.0)
+    assert told[2].skip and [m.step for m in told[3:]] == [65, 66] and [m.skipped for m in told[3:]] == [1, 2]
     assert watch.budget.skipped == [65, 66]
     assert walk.calls == [("restored", None), ("quietly", [65, 66]), ("plan_next", 60)]
-    assert capsys.readouterr().err.strip().endswith("--on-spike rollback: restored step 60 from the in-memory "
-                                                    "snapshot, replaying to step 64, then skipping steps 65-66; "
-                                                    "training on")
+    assert capsys.readouterr().err.strip().endswith("and so again when replayed, bit for bit; --on-spike rollback: "
+                                                    "restored step 60 from the in-memory snapshot, replaying to step 64, "
+                                                    "then skipping steps 65-66; training on")
+
+
+def test_a_spike_the_replay_does_not_give_again_was_the_machines_and_nothing_is_skipped(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    response, watch, told, walk = _response(OnSpike.ROLLBACK)
+    with pytest.raises(LossSpiked) as refused:
+        response.judged((FOUND,), 70)
+    response.refused(refused.value, final=False)
+    told.clear()
+    capsys.readouterr()
+    assert watch.spikes is not None
+    watch.spikes.feed(range(61, 71), [0.3] * 10)  # the replay: no spike at 65-66 this time
+    assert watch.spikes.judge() == ()
+    response.judged((), 70)  # no exception: the snapshot is taken
+    (verdict,) = told
+    assert (verdict.KIND, verdict.step, verdict.onset, verdict.reproduced, verdict.loss, verdict.replay_loss,
+            verdict.host) == ("spike_replayed", 66, 65, False, 15.0, 0.3, socket.gethostname())
+    assert watch.budget.skipped == [] and ("quietly", [65, 66]) not in walk.calls
+    assert capsys.readouterr().err.strip() == (
+        f"procsv: the loss spike at step 66 did not come again when replayed (loss 15, then 0.3): a transient fault "
+        f"of this machine ({socket.gethostname()}), not the data's; its batches are kept; training on")
+    response.judged((), 80)  # said once
+    assert len(told) == 1
+    with pytest.raises(LossSpiked) as refused:  # another spike of those steps, later: replayed again
+        response.judged((FOUND,), 90)
+    response.refused(refused.value, final=False)
+    told.clear()
+    watch.spikes.feed(range(61, 71), [0.3, 0.3, 0.3, 0.3, 9.0, 14.0, 0.3, 0.3, 0.3, 0.3])
+    watch.spikes.judge()
+    flagged = Spike(65, 66, 14.0, 2.6, 0.3, 40, (9.0, 14.0))  # flagged again, with other losses: the machine's
+    response.judged((flagged,), 70)  # no exception: nothing refused, and no new replay of it
+    assert [(m.KIND, m.reproduced, m.replay_loss) for m in told] == [("spike_replayed", False, 14.0)]
 
 
 def test_a_rollback_it_cannot_do_stops_saying_why(capsys: pytest.CaptureFixture[str]) -> None:
@@ -303,10 +356,19 @@ def test_a_rollback_it_cannot_do_stops_saying_why(capsys: pytest.CaptureFixture[
         with pytest.raises(TrainingDiverged):
             response.refused(LossSpiked(70, 65, 66, FOUND.describe()), final=final)
         assert capsys.readouterr().err.strip().endswith(f"(no rollback: {why})")
+    response, watch, _, _ = _response(OnSpike.ROLLBACK)
+    with pytest.raises(LossSpiked) as first:
+        response.judged((FOUND,), 70)
+    response.refused(first.value, final=False)  # replayed
     watch.budget.skip(10)
     watch.budget.skip(20)
+    assert watch.spikes is not None
+    watch.spikes.feed(range(61, 71), [0.3, 0.3, 0.3, 0.3, 8.0, 15.0, 0.3, 0.3, 0.3, 0.3])
+    watch.spikes.judge()
+    with pytest.raises(LossSpiked) as again:  # given again by the replay: its steps are to be skipped
+        response.judged((), 70)
     with pytest.raises(TrainingDiverged):  # 65 and 66 would be skips 3 and 4
-        response.refused(LossSpiked(70, 65, 66, FOUND.describe()), final=False)
+        response.refused(again.value, final=False)
     assert "(no rollback: skipping steps 65-66: step 66 would be skip 4 (--max-skips 3))" in capsys.readouterr().err
     assert watch.budget.skipped == [10, 20]
 
@@ -314,14 +376,14 @@ def test_a_rollback_it_cannot_do_stops_saying_why(capsys: pytest.CaptureFixture[
 def test_a_spike_during_a_non_finite_steps_rollback_is_only_said(capsys: pytest.CaptureFixture[str]) -> None:
     response, watch, told, _ = _response(OnSpike.ROLLBACK)
     watch.retry.aim(80, skipping=False)  # step 80's retry is due
-    response.found(FOUND, 70)  # no raise
+    response.judged((FOUND,), 70)  # no raise
     assert told[0].action == "warn"
     assert "(not rolled back: the rollback of non-finite step 80 is under way)" in capsys.readouterr().err
 
 
 def test_off_keeps_no_history_and_judges_nothing() -> None:
     watch = NonfiniteWatch(None, ("loss",), (), spike_policy=OnSpike.OFF, spiked=lambda found, step: None)
-    assert watch.spikes is None
+    assert watch.spikes is None  # (no history)
     watch.judge_spikes(10)  # nothing to judge
 
 
@@ -331,7 +393,7 @@ def test_a_check_reads_the_kept_losses_once_and_hands_the_finite_ones_with_their
 
     judged: list[tuple[list[int], list[float]]] = []
     watch = NonfiniteWatch(None, ("loss",), (), spike_policy=OnSpike.WARN,
-                           spiked=lambda found, step: judged.append(([found.step], [found.loss])))
+                           spiked=lambda found, step: judged.extend(([s.step], [s.loss]) for s in found))
     losses = watch.losses
     assert watch.spikes is not None
     values = _noisy(150, 14).astype(np.float32)

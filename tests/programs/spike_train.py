@@ -3,6 +3,8 @@
     --spike-at N          the batch of step N is scaled by --scale (inputs and targets): its loss jumps
                           about scale**2 times (repeatable)
     --scale S             the spike's scale (default 7: the loss jumps ~50x)
+    --transient-at N      as --spike-at, the first time this process runs step N only (a fault of the
+                          machine: a replay of step N computes it right)
     --skip-at N           step N does nothing (repeatable): the plain run that never applied step N
     --steps N             train to step N
     --save-steps K        a checkpoint every K steps
@@ -32,6 +34,7 @@ import procsv
 p = argparse.ArgumentParser()
 p.add_argument("--spike-at", type=int, action="append", default=[])
 p.add_argument("--scale", type=float, default=7.0)
+p.add_argument("--transient-at", type=int, action="append", default=[])
 p.add_argument("--skip-at", type=int, action="append", default=[])
 p.add_argument("--steps", type=int, default=90)
 p.add_argument("--save-steps", type=int, default=10)
@@ -52,12 +55,16 @@ if not args.monitored:
                            spike_thresholds=procsv.SpikeThresholds(window=args.window, min_history=args.min_history))
 
 
+ran: set[int] = set()  # the steps this process ran (--transient-at)
+
+
 def batch(s: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(s)
     x = rng.normal(size=(32, 4)).astype(np.float32)
     y = (x @ TRUE_W + rng.normal(scale=0.5, size=32)).astype(np.float32)
-    if s in args.spike_at:
+    if s in args.spike_at or (s in args.transient_at and s not in ran):
         x, y = x * args.scale, y * args.scale
+    ran.add(s)
     return x, y
 
 

@@ -5,7 +5,8 @@ calls it). Each function builds one message of the schema (:mod:`procsv.ipc.watc
 :class:`~procsv.ipc.messages.NonfiniteDetected` when a poisoned loss or state is found,
 :class:`~procsv.ipc.messages.RolledBack` when ``--on-nonfinite rollback`` restored a finite state
 in place, :class:`~procsv.ipc.messages.StepSkipped` when a step is skipped,
-:class:`~procsv.ipc.messages.SpikeDetected` when the loss spiked (issue 68); :func:`tell` pushes it
+:class:`~procsv.ipc.messages.SpikeDetected` when the loss spiked (issue 68) and
+:class:`~procsv.ipc.messages.SpikeReplayed` when its replay told whose it was; :func:`tell` pushes it
 to the watchdog (non-blocking; nothing is sent in plain python, where no watchdog listens). The
 watchdog writes each as a lifecycle event and counts them (``procsv status``, the report, metrics).
 """
@@ -13,10 +14,12 @@ watchdog writes each as a lifecycle event and counts them (``procsv status``, th
 from __future__ import annotations
 
 import os
+import socket
 import time
 from typing import Any, Callable, Optional
 
-from procsv.ipc.messages import Message, NonfiniteDetected, RestoreSource, RolledBack, SpikeDetected, StepSkipped
+from procsv.ipc.messages import (Message, NonfiniteDetected, RestoreSource, RolledBack, SpikeDetected, SpikeReplayed,
+                                 StepSkipped)
 from procsv.trainer.nonfinite.spike import Spike
 
 # the input position of a step, where procsv knows it (Keras fit: (epoch, batch)); None: the step is the position
@@ -54,3 +57,8 @@ def spiked(spike: Spike, action: str, position: Optional[Position] = None) -> Sp
     epoch, batch = _at(position, spike.step)
     return SpikeDetected(os.getpid(), spike.step, spike.onset, spike.loss, spike.threshold, spike.median, action,
                          time.time(), epoch, batch)
+
+
+def replayed(spike: Spike, reproduced: bool, replay_loss: Optional[float]) -> SpikeReplayed:
+    return SpikeReplayed(os.getpid(), spike.step, spike.onset, reproduced, spike.loss, replay_loss, socket.gethostname(),
+                         time.time())

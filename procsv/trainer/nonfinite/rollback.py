@@ -231,9 +231,9 @@ class NonfiniteRollback:
         member = agent is not None and not agent.saving and bool(self.watch.group_refusal)  # (a group's, not the chief)
         self.watch.refused(bad, None if member else agent.last_committed if agent is not None else -1, final, why)
 
-    def _spiked(self, found: Spike, step: int) -> None:
-        """The watch's hand-off of a loss spike it judged (see :meth:`SpikeResponse.found`)."""
-        self._spikes.found(found, step)
+    def _spiked(self, found: tuple[Spike, ...], step: int) -> None:
+        """The watch's hand-off of the losses it judged for spikes (see :meth:`SpikeResponse.judged`)."""
+        self._spikes.judged(found, step)
 
     def _wind_down(self, step: int) -> int:
         """Before a stop in order at the state of ``step``: what was logged, and the snapshot in flight

@@ -130,7 +130,8 @@ class SpikeThresholds:
 class Spike:
     """A loss spike: its ``onset`` (the first step of the rise), its detection ``step`` (the first
     flagged one), that step's ``loss``, the ``threshold`` it passed and the ``median`` of its window
-    (in the loss's own units), and how many losses the window held (``history``)."""
+    (in the loss's own units), how many losses the window held (``history``), and the losses of the
+    onset .. the detection (``losses``: what a replay of those steps must give again, bit for bit)."""
 
     onset: int
     step: int
@@ -138,6 +139,7 @@ class Spike:
     threshold: float
     median: float
     history: int
+    losses: tuple[float, ...] = ()
 
     @property
     def steps(self) -> range:
@@ -194,9 +196,12 @@ def judge(history_steps: Sequence[int], history: Sequence[float], steps: Sequenc
     if not flagged.size:
         return Verdict((), flagged_last)
     starts = flagged & ~np.concatenate([[flagged_last], flagged[:-1]])  # a flagged step after one continues it
-    spikes = tuple(Spike(_onset(values, at, j, rule, stats), int(at[j]), float(values[j]), float(stats.threshold[j]),
-                         float(stats.median[j]), min(j, rule.window)) for j in (np.flatnonzero(starts) + keep).tolist())
-    return Verdict(spikes, bool(flagged[-1]))
+    spikes = []
+    for j in (np.flatnonzero(starts) + keep).tolist():
+        onset = _onset(values, at, j, rule, stats)
+        spikes.append(Spike(int(at[onset]), int(at[j]), float(values[j]), float(stats.threshold[j]),
+                            float(stats.median[j]), min(j, rule.window), tuple(values[onset:j + 1].tolist())))
+    return Verdict(tuple(spikes), bool(flagged[-1]))
 
 
 def _candidates(values: np.ndarray, idx: np.ndarray, rule: SpikeThresholds, block: int = 64) -> np.ndarray:
@@ -254,18 +259,19 @@ class _Stats:
 
 
 def _onset(values: np.ndarray, steps: np.ndarray, j: int, rule: SpikeThresholds, stats: _Stats) -> int:
-    """The first step of the rise to the flagged index ``j``: back over the consecutive losses above
-    the midpoint of its median and threshold (in the space of its statistics), at most ``window``."""
+    """The index of the first step of the rise to the flagged index ``j``: back over the consecutive
+    losses above the midpoint of its median and threshold (in the space of its statistics), at most
+    ``window``, and over consecutive steps only (a step skipped before ends the rise)."""
     median, threshold, logs = stats.level(j)
     level = (median + threshold) / 2
     first = j
     for i in range(j - 1, max(-1, j - 1 - rule.window), -1):
         v = float(values[i])
         x = (math.log(v) if v > 0 else -math.inf) if logs else v
-        if not x > level:
+        if not x > level or steps[i] != steps[i + 1] - 1:
             break
         first = i
-    return int(steps[first])
+    return first
 
 
 class SpikeHistory:
@@ -279,6 +285,7 @@ class SpikeHistory:
         self._steps: list[int] = []
         self._losses: list[float] = []
         self._fed: dict[int, float] = {}
+        self._batch: dict[int, float] = {}  # the losses the last judgement judged (the window may not hold them all)
         self._flagged_last = False
 
     def feed(self, steps: Sequence[int] | np.ndarray, losses: Sequence[float] | np.ndarray) -> None:
@@ -297,6 +304,7 @@ class SpikeHistory:
             return ()
         steps = [s for s, _ in fed]
         losses = [v for _, v in fed]
+        self._batch = dict(fed)
         verdict = judge(self._steps, self._losses, steps, losses, self.rule, self._flagged_last)
         keep = self.rule.window
         self._steps = (self._steps + steps)[-keep:]
@@ -311,9 +319,21 @@ class SpikeHistory:
             self._steps.pop()
             self._losses.pop()
         self._fed = {s: v for s, v in self._fed.items() if s <= step}
+        self._batch = {s: v for s, v in self._batch.items() if s <= step}
         self._flagged_last = False
 
     @property
     def kept(self) -> int:
         """How many judged losses the history holds."""
         return len(self._losses)
+
+    @property
+    def last(self) -> Optional[int]:
+        """The last step judged (None: none since the start or the last restore before every one)."""
+        return self._steps[-1] if self._steps else None
+
+    def losses_of(self, steps: range) -> Optional[tuple[float, ...]]:
+        """The judged losses of ``steps`` (None unless every one is in the window or the last judgement's)."""
+        at = {**dict(zip(self._steps, self._losses)), **self._batch}
+        found = tuple(at[s] for s in steps if s in at)
+        return found if len(found) == len(steps) else None

@@ -12,8 +12,9 @@ raises :class:`~procsv.common.errors.NonFiniteState`, which the checkpoint agent
 up after and the step boundary hands to :meth:`refused`: the policy's decision. With loss-spike
 detection on (``--on-spike`` other than ``off``, resolved by its owner too: ``spike_policy``), the
 precheck also judges the finite losses it read (:mod:`~procsv.trainer.nonfinite.spike`'s rule, the
-history in ``spikes``) and hands each spike to ``spiked``, its owner's (which records it, and under
-``rollback`` or ``stop`` refuses the snapshot with :class:`~procsv.common.errors.LossSpiked`).
+history in ``spikes``) and hands the spikes found (none, mostly) to ``spiked``, its owner's (which
+records them, and under ``rollback`` or ``stop`` refuses the snapshot with
+:class:`~procsv.common.errors.LossSpiked`).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class NonfiniteWatch:
                  max_skips: Optional[int] = None, skip_window: Optional[int] = None, *,
                  group_refusal: str = "", spike_policy: OnSpike = OnSpike.OFF,
                  spike_thresholds: SpikeThresholds = SpikeThresholds(),
-                 spiked: Optional[Callable[[Spike, int], None]] = None) -> None:
+                 spiked: Optional[Callable[[tuple[Spike, ...], int], None]] = None) -> None:
         if isinstance(tags, str) or isinstance(ignore, str):
             raise TypeError("nonfinite_tags and nonfinite_ignore take a tuple of strings, not one string")
         self.policy = policy.parse(on_nonfinite, DEFAULT)
@@ -82,11 +83,11 @@ class NonfiniteWatch:
 
     def judge_spikes(self, step: int) -> None:
         """The finite losses read since the last judgement, judged for spikes (at the state of
-        ``step``): each spike goes to the owner's ``spiked`` (which may raise, refusing the snapshot)."""
+        ``step``): the spikes found (none, mostly) go to the owner's ``spiked`` (which may raise,
+        refusing the snapshot)."""
         if self.spikes is None or self._spiked is None:
             return
-        for found in self.spikes.judge():
-            self._spiked(found, step)
+        self._spiked(self.spikes.judge(), step)
 
     def verify(self, step: int, ckpt: Any, plan: Any, specs: Any, frames: Any, memory: Optional[np.ndarray]) -> None:
         """The copy of the state of ``step`` (in ``memory``, or ``frames``): poison refuses it."""

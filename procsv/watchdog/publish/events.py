@@ -71,6 +71,10 @@ spike_detected         pid, step, onset, loss, threshold, median, action, epoch,
                        (a finite loss far above its recent distribution, procsv/trainer/nonfinite/spike.py: step,
                        the first above the threshold; onset, the first step of the rise to it; median, of the
                        losses before it; action: what --on-spike does, rollback | stop | warn)
+spike_replayed         pid, step, onset, reproduced, loss, replay_loss, host
+                       (--on-spike rollback replayed the spike from a snapshot before its onset: reproduced,
+                       bit for bit, its steps are skipped; else a transient fault of the machine ``host``,
+                       nothing is skipped; loss: the first loss of step, replay_loss: the replay's, or null)
 group_copy_refused     rank, attempt, step, size, limit (node 0's checkpoint service refused a peer copy beyond its limit)
 =====================  ==========================================================================
 """
@@ -121,6 +125,7 @@ class Event(str, enum.Enum):
     ROLLED_BACK = "rolled_back"
     STEP_SKIPPED = "step_skipped"
     SPIKE_DETECTED = "spike_detected"
+    SPIKE_REPLAYED = "spike_replayed"
     GROUP_COPY_REFUSED = "group_copy_refused"
 
 
@@ -165,6 +170,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.STEP_SKIPPED: frozenset({"pid", "step", "epoch", "batch", "skipped"}),
     Event.SPIKE_DETECTED: frozenset({"pid", "step", "onset", "loss", "threshold", "median", "action", "epoch",
                                      "batch"}),
+    Event.SPIKE_REPLAYED: frozenset({"pid", "step", "onset", "reproduced", "loss", "replay_loss", "host"}),
     Event.GROUP_COPY_REFUSED: frozenset({"rank", "attempt", "step", "size", "limit"}),
 }
 
