@@ -11,7 +11,7 @@ Who sends what (see docs/architecture.md for the full table):
 
 * any child -> watchdog (PUSH to ``watchdog.sock``): :class:`Hello`, :class:`TrainerReady`,
   :class:`Progress`, :class:`SaveOverdue`, :class:`ServiceLoading`, :class:`SummaryOverdue`, :class:`StandbyReady`, :class:`Promotion`, :class:`SaveResult`,
-  :class:`GroupCopyHeld` (checkpoint service), and non-finite training's :class:`NonfiniteDetected`, :class:`RolledBack`, :class:`StepSkipped` (trainer).
+  :class:`GroupCopyHeld` (checkpoint service), and non-finite training's :class:`NonfiniteDetected`, :class:`RolledBack`, :class:`StepSkipped`, a loss spike's :class:`SpikeDetected` and :class:`SpikeReplayed` (trainer).
 * trainer <-> checkpoint service (DEALER/ROUTER on ``checkpoint.sock``): :class:`CheckpointSetup`,
   :class:`SaveData` (+ one frame per tensor), :class:`RecoverQuery`, :class:`DeleteCheckpoints`,
   :class:`GroupQuery`, :class:`GroupFetch` up; :class:`SaveRequest`, :class:`SaveResult`, :class:`CommitLoading`,
@@ -53,7 +53,8 @@ from procsv.ipc.message_base import Busy, ItemKind, Message, RestoreSource, Role
 from procsv.ipc.summary_messages import (GraphEvent, ProtoRef, RunScalars, SessionLogEvent, SummaryAck, SummaryBatch,
                                          SummaryItem)
 from procsv.ipc.watchdog_messages import (Hello, NonfiniteDetected, Progress, Promotion, RolledBack, SaveOverdue,
-                                         ServiceLoading, StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
+                                         ServiceLoading, SpikeDetected, SpikeReplayed, StandbyReady, StepSkipped,
+                                         SummaryOverdue, TrainerReady)
 from procsv.ipc.zygote_messages import ForkReply, ForkRequest, ZygoteReady, ZygoteStart
 from procsv.ipc.node_messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStarted, NodeHello, NodeRefused,
                                       NodeStop, Relayed, SignalMember, StartMembers)
@@ -77,6 +78,8 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     NonfiniteDetected,
     RolledBack,
     StepSkipped,
+    SpikeDetected,
+    SpikeReplayed,
     CommitLoading,
     SnapshotHeld,
     RecoverQuery,
@@ -116,7 +119,7 @@ __all__ = [
     "SCHEMA_VERSION", "ALL_MESSAGES", "Message",
     "Role", "SaveReason", "Busy", "SessionStatus", "ItemKind", "RestoreSource",
     "Hello", "TrainerReady", "Progress", "SaveOverdue", "ServiceLoading", "SummaryOverdue", "StandbyReady",
-    "NonfiniteDetected", "RolledBack", "StepSkipped", "Promotion",
+    "NonfiniteDetected", "RolledBack", "StepSkipped", "SpikeDetected", "SpikeReplayed", "Promotion",
     "CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "CommitLoading", "SnapshotHeld",
     "RecoverQuery", "RecoverReply", "DeleteCheckpoints", "CheckpointsDeleted",
     "GroupQuery", "GroupHeld", "GroupFetch", "GroupCopy", "GroupCopyHeld", "GroupCopyRefused",

@@ -171,6 +171,48 @@ class StepSkipped(Message):
 
 
 @dataclass(frozen=True)
+class SpikeDetected(Message):
+    """Trainer -> watchdog: the loss spiked (issue 68): a finite loss far above its recent distribution
+    (:mod:`procsv.trainer.nonfinite.spike`), found by the check before a snapshot. ``step``: the
+    detection, the first step above the ``threshold`` (its ``loss``; ``median`` of the window
+    before it); ``onset``: the first step of the rise to it; ``action``: what ``--on-spike`` does
+    (``rollback``: restored and skips ``onset`` .. ``step``; ``stop``; ``warn``: trains on);
+    ``epoch``/``batch``: as in :class:`NonfiniteDetected`."""
+
+    KIND: ClassVar[str] = "spike_detected"
+    pid: int
+    step: int
+    onset: int
+    loss: float
+    threshold: float
+    median: float
+    action: str
+    wall_time: float
+    epoch: Optional[int] = None
+    batch: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class SpikeReplayed(Message):
+    """Trainer -> watchdog: under ``--on-spike rollback`` the loss spike of :class:`SpikeDetected`
+    (``step``, ``onset``) was replayed from a snapshot before its onset, to tell the data's (or the
+    model's) spike from a transient fault of the machine. ``reproduced``: the replay's losses of
+    ``onset`` .. ``step`` equal the first ones bit for bit (its steps are then skipped); else the
+    spike was this machine's (``host``), nothing is skipped. ``loss``: the first loss of ``step``;
+    ``replay_loss``: the replay's (None: the replay did not reach it)."""
+
+    KIND: ClassVar[str] = "spike_replayed"
+    pid: int
+    step: int
+    onset: int
+    reproduced: bool
+    loss: float
+    replay_loss: Optional[float]
+    host: str
+    wall_time: float
+
+
+@dataclass(frozen=True)
 class Promotion(Message):
     """Watchdog -> a standby it promotes: what a trainer spawned for ``attempt`` now would find in its
     environment and a standby forked earlier cannot (it was decided after the fork). Written whole
@@ -189,4 +231,4 @@ class Promotion(Message):
 
 
 __all__ = ["Hello", "TrainerReady", "Progress", "SaveOverdue", "ServiceLoading", "SummaryOverdue", "StandbyReady", "NonfiniteDetected",
-           "RolledBack", "StepSkipped", "Promotion"]
+           "RolledBack", "StepSkipped", "SpikeDetected", "SpikeReplayed", "Promotion"]

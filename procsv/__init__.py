@@ -34,6 +34,10 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module(f"procsv.{name}")
+    if name == "SpikeThresholds":
+        from procsv.trainer.nonfinite.spike import SpikeThresholds
+
+        return SpikeThresholds
     if name == "Coordinator":
         from procsv.trainer.coordinator import Coordinator
 
@@ -45,6 +49,7 @@ __all__ = [
     "Supervisor",
     "ManagedSession",
     "Coordinator",
+    "SpikeThresholds",
     "cluster",
     "ProcsvError",
     "UsageError",

@@ -5,6 +5,8 @@ Runs in the user's shell; ``procsv launch`` becomes the watchdog process. Exit c
 lost while live); 2 bad input (usage, a missing or uncompilable target, an unwritable, full or
 locked logdir, a damaged status file for ``status``); 128+N it was stopped by signal N after an
 orderly stop (130 for Ctrl-C, 143 for SIGTERM) -- resumable with the same command.
+
+One concern: the ``procsv`` command line, its parser and each command's entry.
 """
 
 from __future__ import annotations
@@ -60,9 +62,14 @@ def _parser() -> argparse.ArgumentParser:
                          "again (rollback; a --nproc group is restarted, every member skipping it), stop in order "
                          "and exit 4 (stop), or train on (continue); never is a "
                          "poisoned checkpoint committed (default: the Supervisor's on_nonfinite, else rollback)")
+    la.add_argument("--on-spike", choices=["rollback", "stop", "warn", "off"], default=None,
+                    help="when a step's loss spikes (finite, far above the losses before it): say so (warn), also "
+                         "restore the newest snapshot before its onset and skip the steps from its onset to its "
+                         "detection (rollback: a single trainer's eager loop), stop in order and exit 4 (stop), or "
+                         "do not look (off) (default: the Supervisor's on_spike, else warn)")
     la.add_argument("--max-skips", type=int, default=3, metavar="K",
-                    help="with --on-nonfinite rollback: more than K skipped steps within --skip-window steps stop "
-                         "the run with exit code 4 (default 3)")
+                    help="with --on-nonfinite or --on-spike rollback: more than K skipped steps within --skip-window "
+                         "steps stop the run with exit code 4 (default 3)")
     la.add_argument("--skip-window", type=int, default=1000, metavar="W",
                     help="the window of steps --max-skips counts in (default 1000)")
     la.add_argument("--no-prewarm", action="store_true",
@@ -250,7 +257,8 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        min_nodes=args.min_nodes or 0,
                        logdir_timeout=args.logdir_timeout, node_timeout=args.node_timeout,
                        on_checkpoint_failure=args.on_checkpoint_failure,
-                       trainer=TrainerSettings(args.on_nonfinite, args.max_skips, args.skip_window, snapshot_steps),
+                       trainer=TrainerSettings(args.on_nonfinite, args.max_skips, args.skip_window, snapshot_steps,
+                                               args.on_spike),
                        allow_reinit=args.allow_reinit, keep_logs=args.keep_logs, on_failure=args.on_failure,
                        metrics_port=args.metrics_port, metrics_host=args.metrics_host or "127.0.0.1",
                        preload=[m.strip() for m in args.preload.split(",") if m.strip()], job_id=placed.job_id,

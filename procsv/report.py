@@ -73,6 +73,7 @@ class RunReport:
     lifetime: Optional[gp.Breakdown] = None  # every launch of the logdir, and the gaps between them
     tasks: list[tuple[str, gp.Breakdown]] = field(default_factory=list)  # a group's: each task's whole run
     memberships: list[dict[str, Any]] = field(default_factory=list)  # an elastic group's ``membership`` records
+    spikes: list[dict[str, Any]] = field(default_factory=list)  # its ``spike_detected``, ``spike_replayed`` records
 
 
 def last_launch(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -238,6 +239,7 @@ def gather(layout: Layout) -> Optional[RunReport]:
     rep.skipped, rep.rollbacks = nonfinite(events, summary, every)
     rep.group_rollbacks = group_rollbacks(events, summary)
     rep.memberships = [e for e in events if e.get("event") == "membership"]
+    rep.spikes = [e for e in events if e.get("event") in ("spike_detected", "spike_replayed")]
     launches = gp.launches_from_events(every, now=time.time() if live is not None else None)
     per, rep.lifetime = gp.run_breakdown(launches)
     rep.launches = [(la.number, b) for la, b in zip(launches, per)]
@@ -303,9 +305,16 @@ def render(rep: RunReport) -> str:
         nodes = m.get("nodes") or []
         lines.append(f"  membership at {_clock(float(m['time']))}: attempt {m.get('attempt')} on {len(nodes)} host(s) "
                      f"(nodes {', '.join(map(str, nodes))}; {m.get('world')} trainers): {m.get('reason')}")
+    found = [e for e in rep.spikes if e.get("event") == "spike_detected"]
+    verdicts = {e.get("step"): e for e in rep.spikes if e.get("event") == "spike_replayed"}
+    rolled_spikes = sum(1 for e in found if e.get("action") == "rollback")
     if rep.skipped or rep.rollbacks or rep.detected:
-        lines.append(f"  non-finite: {nonfinite_counts(rep.rollbacks, rep.group_rollbacks, len(rep.skipped))}: "
-                     f"{', '.join(str(s) for _, s in rep.skipped) or 'none'}; {rep.detected} time(s) found non-finite")
+        counts = nonfinite_counts(rep.rollbacks, rep.group_rollbacks, len(rep.skipped), rolled_spikes)
+        lines.append(f"  non-finite: {counts}: {', '.join(str(s) for _, s in rep.skipped) or 'none'}; "
+                     f"{rep.detected} time(s) found non-finite")
+    if found:
+        words = "; ".join(spike_words(e, verdicts.get(e.get("step"))) for e in found)
+        lines.append(f"  loss spikes: {len(found)}: {words}")
     if rep.lifetime is not None and rep.launches:
         lines.append(gp.render(rep.launches, rep.lifetime))
     if rep.tasks:
@@ -320,9 +329,32 @@ def render(rep: RunReport) -> str:
 
 
 
-def nonfinite_counts(rollbacks: int, group_rollbacks: int, skipped: int) -> str:
+def nonfinite_counts(rollbacks: int, group_rollbacks: int, skipped: int, spikes: int = 0) -> str:
     """``N rollback(s)..., M step(s) skipped (why)``: a single trainer skips a step whose loss was
     non-finite twice (found, rolled back in place, retried); a trainer group skips it once found (its
-    rollback restarts the group, every member skipping it)."""
+    rollback restarts the group, every member skipping it); ``spikes``: loss spikes rolled back
+    (``--on-spike rollback``), whose restores and steps are counted here too."""
     why = "NaN or infinite loss" if group_rollbacks else "NaN or infinite loss twice"
+    if spikes:
+        why += ", or a loss spike's steps"
     return f"{rollback_words(rollbacks, group_rollbacks)}, {skipped} step(s) skipped ({why})"
+
+
+def spike_words(record: dict[str, Any], replayed: Optional[dict[str, Any]] = None) -> str:
+    """A ``spike_detected`` record in words: ``step 65 (loss 14.9 against a threshold of 2.6, median 0.29):
+    rollback`` (``steps 63-65`` when its onset is earlier), and what its replay (its ``spike_replayed``
+    record, if any) said: ``, the data's (again when replayed): skipped`` or ``, a transient fault of
+    host H (not again when replayed): kept``."""
+    step, onset = record.get("step"), record.get("onset")
+    steps = f"steps {onset}-{step}" if onset is not None and onset != step else f"step {step}"
+
+    def num(key: str) -> str:
+        value = record.get(key)
+        return f"{value:.3g}" if isinstance(value, (int, float)) else "?"
+
+    verdict = ""
+    if replayed is not None:
+        verdict = (", the data's (again when replayed): skipped" if replayed.get("reproduced") else
+                   f", a transient fault of host {replayed.get('host')} (not again when replayed): kept")
+    return (f"{steps} (loss {num('loss')} against a threshold of {num('threshold')}, median {num('median')}): "
+            f"{record.get('action')}{verdict}")

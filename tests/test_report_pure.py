@@ -110,3 +110,34 @@ def test_a_live_group_rollback_is_read_as_a_rollback_not_a_restart():
     assert "  group rollback at " in text and "[rollback 70]: the trainer group rolled back to skip step 70" in text
     assert "non-finite: 1 rollback(s) of the trainer group (restarted, every member skipping the step), 1 step(s) " \
            "skipped (NaN or infinite loss): 70; 1 time(s) found non-finite" in text, text
+
+
+def test_a_loss_spike_is_named_and_its_rollback_counted_with_the_non_finite_ones() -> None:
+    from procsv.report import RunReport, nonfinite, render, spike_words
+
+    events = [
+        _ev(0.0, "launch", target="t", args=[], pid=1),
+        _ev(1.0, "spike_detected", pid=10, step=65, onset=64, loss=14.8876, threshold=2.602, median=0.2925,
+            action="rollback", epoch=None, batch=None),
+        _ev(1.0, "rolled_back", pid=10, step=64, restored_step=60, source="memory", path="m", skip=False, secs=0.01,
+            epoch=None, batch=None),
+        _ev(1.0, "spike_replayed", pid=10, step=65, onset=64, reproduced=True, loss=14.8876, replay_loss=14.8876,
+            host="h"),
+        _ev(1.0, "rolled_back", pid=10, step=64, restored_step=60, source="memory", path="m", skip=True, secs=0.01,
+            epoch=None, batch=None),
+        _ev(1.0, "step_skipped", pid=10, step=64, epoch=None, batch=None, skipped=1),
+        _ev(1.0, "step_skipped", pid=10, step=65, epoch=None, batch=None, skipped=2),
+        _ev(2.0, "spike_detected", pid=10, step=80, onset=80, loss=3.0, threshold=2.0, median=1.0, action="warn",
+            epoch=None, batch=None),
+    ]
+    skipped, rollbacks = nonfinite(events, None)
+    rep = RunReport(logdir="/x", state="succeeded", step=90, live_pid=None, started_at=0.0, ended_at=3.0, goodput=None,
+                    summary=None, skipped=skipped, rollbacks=rollbacks, spikes=[e for e in events if "spike" in e["event"]])
+    text = render(rep)
+    assert "non-finite: 2 rollback(s), 2 step(s) skipped (NaN or infinite loss twice, or a loss spike's steps): " \
+           "64, 65; 0 time(s) found non-finite" in text, text
+    assert "  loss spikes: 2: steps 64-65 (loss 14.9 against a threshold of 2.6, median 0.292): rollback, the data's " \
+           "(again when replayed): skipped; step 80 (loss 3 against a threshold of 2, median 1): warn" in text, text
+    transient = {"event": "spike_replayed", "step": 80, "reproduced": False, "host": "node-3"}
+    assert spike_words(events[-1], transient).endswith(": warn, a transient fault of host node-3 (not again when "
+                                                      "replayed): kept")

@@ -36,7 +36,8 @@ def test_the_record_holds_every_variable_a_child_is_given_typed() -> None:
         env.PS: "0", env.GROUP_PIN: "/runs/x/pin", env.GROUP_SNAPSHOT_STEPS: "50", env.GROUP_REMOTE: "1",
         env.GROUP_PEER_BIND: "10.0.0.1", env.GROUP_PEER_MAX_BYTES: "4096", env.STANDBY: "1", env.SHADOW_RUN: "0",
         env.SHADOW_MEMORY: "1000", env.SKIP_STEPS: "70,40", env.ROLLBACK_BEFORE: "70", env.LAUNCH_START_STEP: "12",
-        env.CHECKPOINT_FAILURE_LIMIT: "0", env.ALLOW_REINIT: "1", env.ON_NONFINITE: "stop", env.MAX_SKIPS: "2",
+        env.CHECKPOINT_FAILURE_LIMIT: "0", env.ALLOW_REINIT: "1", env.ON_NONFINITE: "stop", env.ON_SPIKE: "off",
+        env.MAX_SKIPS: "2",
         env.SKIP_WINDOW: "100", env.SAVE_DEADLINE: "6", env.SUMMARY_DEADLINE: "2", env.SUMMARY_CONTINUE: "tag",
         env.CHECKPOINT_NICE: "5", env.MEMORY_SNAPSHOTS: "0", env.NONFINITE_CHECK: "off", env.GRAPH_FAST_RUN: "0"})
     assert (cfg.logdir, cfg.runtime_dir, cfg.role, cfg.attempt, cfg.supervised) == ("/runs/x", "/run/p", "worker1", 3, True)
@@ -47,7 +48,8 @@ def test_the_record_holds_every_variable_a_child_is_given_typed() -> None:
                                     peer_max_bytes="4096")
     assert (cfg.standby, cfg.shadow_run, cfg.shadow_memory) == (True, False, "1000")
     assert cfg.resume == Resume(skip_steps=(40, 70), rollback_before=70, launch_start_step=12)
-    assert cfg.launch == LaunchSettings(checkpoint_failure_limit=0, allow_reinit=True, on_nonfinite="stop", max_skips=2,
+    assert cfg.launch == LaunchSettings(checkpoint_failure_limit=0, allow_reinit=True, on_nonfinite="stop",
+                                        on_spike="off", max_skips=2,
                                         skip_window=100, save_deadline=6.0, summary_deadline=2.0,
                                         summary_continue="tag", checkpoint_nice="5", memory_snapshots="0",
                                         nonfinite_check=False, graph_fast_run=False)
@@ -113,6 +115,16 @@ def test_on_nonfinite_is_the_programs_else_the_launchs(monkeypatch: pytest.Monke
     sv = _plain_supervisor(monkeypatch, tmp_path, {} if launch is None else {env.ON_NONFINITE: launch},
                            on_nonfinite=arg)
     assert sv._rollback.watch.policy.value == expected
+
+
+@pytest.mark.parametrize("arg,launch,expected", [(None, None, "warn"), (None, "rollback", "rollback"),
+                                                 ("off", None, "off"), ("stop", "rollback", "stop"),
+                                                 ("warn", "off", "warn")])
+def test_on_spike_is_the_programs_else_the_launchs(monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
+                                                   arg: Optional[str], launch: Optional[str], expected: str) -> None:
+    sv = _plain_supervisor(monkeypatch, tmp_path, {} if launch is None else {env.ON_SPIKE: launch}, on_spike=arg)
+    assert sv._rollback.watch.spike_policy.value == expected
+    assert (sv._rollback.watch.spikes is None) == (expected == "off")  # off: no history, no value read for it
 
 
 def test_the_launchs_other_settings_reach_the_supervisors_collaborators(monkeypatch: pytest.MonkeyPatch,

@@ -136,6 +136,7 @@ class LaunchSettings:
     checkpoint_failure_limit: Optional[int] = None  # PROCSV_CHECKPOINT_FAILURE_LIMIT (--on-checkpoint-failure)
     allow_reinit: Optional[bool] = None  # PROCSV_ALLOW_REINIT (--allow-reinit)
     on_nonfinite: Optional[str] = None  # PROCSV_ON_NONFINITE (--on-nonfinite)
+    on_spike: Optional[str] = None  # PROCSV_ON_SPIKE (--on-spike)
     max_skips: Optional[int] = None  # PROCSV_MAX_SKIPS (--max-skips)
     skip_window: Optional[int] = None  # PROCSV_SKIP_WINDOW (--skip-window)
     save_deadline: Optional[float] = None  # PROCSV_SAVE_DEADLINE
@@ -153,6 +154,7 @@ class LaunchSettings:
             checkpoint_failure_limit=_optional_int(environ, env.CHECKPOINT_FAILURE_LIMIT),
             allow_reinit=None if reinit is None else reinit == "1",
             on_nonfinite=environ.get(env.ON_NONFINITE),
+            on_spike=environ.get(env.ON_SPIKE),
             max_skips=_optional_int(environ, env.MAX_SKIPS),
             skip_window=_optional_int(environ, env.SKIP_WINDOW),
             save_deadline=_optional_float(environ, env.SAVE_DEADLINE),

@@ -44,6 +44,7 @@ GROUP_PEER_BIND = "PROCSV_GROUP_PEER_BIND"  # node 0's checkpoint service (--nno
 GROUP_PEER_MAX_BYTES = "PROCSV_GROUP_PEER_MAX_BYTES"  # node 0's checkpoint service: the most it holds of one peer copy (default: its own members' snapshot memory)
 GROUP_REMOTE = "PROCSV_GROUP_REMOTE"  # "1": a group member on host 1..M-1: its copies go to node 0's service over CURVE
 ON_NONFINITE = "PROCSV_ON_NONFINITE"  # --on-nonfinite: rollback | stop | continue (procsv.trainer.nonfinite)
+ON_SPIKE = "PROCSV_ON_SPIKE"  # --on-spike: rollback | stop | warn | off (procsv.trainer.nonfinite.spike)
 MAX_SKIPS = "PROCSV_MAX_SKIPS"  # --max-skips: skipped steps allowed within --skip-window steps
 SKIP_WINDOW = "PROCSV_SKIP_WINDOW"  # --skip-window
 SKIP_STEPS = "PROCSV_SKIP_STEPS"  # a trainer: the steps the run skipped so far, every launch's, "40,70" (the watchdog's)
@@ -61,7 +62,7 @@ ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, CONFIG_VERSION, PARENT_PID, SUPERVISOR_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE,
        RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, SHADOW_RUN, SHADOW_MEMORY, RANK, NPROC, GROUP_HOSTS, GROUP_PIN, GROUP_SNAPSHOT_STEPS, GROUP_PEER_BIND, GROUP_PEER_MAX_BYTES, GROUP_REMOTE,
-       ON_NONFINITE, MAX_SKIPS, SKIP_WINDOW,
+       ON_NONFINITE, ON_SPIKE, MAX_SKIPS, SKIP_WINDOW,
        SKIP_STEPS, ROLLBACK_BEFORE, LAUNCH_START_STEP, FAULT_GATE, NONFINITE_CHECK, PS, MASTER_ADDR, PREEMPT_SIGNAL, SUMMARY_CONTINUE,
        GRAPH_FAST_RUN)
 

@@ -90,6 +90,27 @@ class NonFiniteState(Exception):
         return self.bad_step if self.bad_step is not None else self.step
 
 
+class LossSpiked(NonFiniteState):
+    """The loss spiked before the snapshot of ``step`` (finite, far above its recent distribution:
+    ``procsv.trainer.nonfinite.spike``, issue 68), from step ``onset`` to its detection at step
+    ``detected``; ``what``: one line on it. Raised under ``--on-spike rollback`` or ``stop``: the
+    snapshot is refused as a poisoned one is, and the policy decides (``procsv.trainer.nonfinite.rollback``)."""
+
+    def __init__(self, step: int, onset: int, detected: int, what: str) -> None:
+        self.onset = onset
+        self.detected = detected
+        self.what = what
+        super().__init__(step, None)
+
+    def describe(self) -> str:
+        return self.what
+
+    @property
+    def first_step(self) -> int:
+        """The spike's onset."""
+        return self.onset
+
+
 class TrainingDiverged(SystemExit):
     """Training stopped on non-finite values: exit code 4 ("diverging"), the message names the step."""
 

@@ -35,6 +35,7 @@ from procsv.trainer.checkpoint.restore import ReadRetry
 from procsv.trainer.coordinator import Coordinator, LooperThread
 from procsv.trainer.frontend.port import FrontEnd
 from procsv.trainer.managed import ManagedSession, ManagedSessionContext
+from procsv.trainer.nonfinite.spike import SpikeThresholds
 from procsv.trainer.once import warn_once
 from procsv.trainer.standalone import OwnServices, connect
 from procsv.trainer.standby import wait as standby
@@ -77,10 +78,14 @@ class Supervisor(SupervisorNames):
       its checkpoint thread (0: train on). Not given (None): what ``procsv launch
       --on-checkpoint-failure`` says, else 3.
     * ``on_nonfinite``: not given (None): what ``procsv launch --on-nonfinite`` says, else ``"rollback"``.
+    * ``on_spike``: what a loss spike (a finite loss far above the recent ones, issue 68) makes procsv do:
+      ``"warn"``, ``"rollback"``, ``"stop"`` or ``"off"``; not given (None): what ``procsv launch
+      --on-spike`` says, else ``"warn"``. ``spike_thresholds``: the rule's settings
+      (:class:`procsv.SpikeThresholds`; None: its defaults).
     * ``read_retry_secs``: how long a checkpoint file that cannot be read (EIO, EACCES, ESTALE...)
       is retried at restore before :class:`UnreadableCheckpoint` is raised (default 5 s).
 
-    The one precedence rule of ``allow_reinit``, ``checkpoint_failure_limit`` and ``on_nonfinite``
+    The one precedence rule of ``allow_reinit``, ``checkpoint_failure_limit``, ``on_nonfinite`` and ``on_spike``
     (:func:`procsv.common.bootstrap.resolve`): the program's explicit argument, else the launch's flag,
     else the default. The launch's settings and this trainer's coordinates are read once, when the
     Supervisor is built (:func:`bootstrap.read_config`), and handed to its collaborators.
@@ -119,7 +124,8 @@ class Supervisor(SupervisorNames):
         summary_writer: Any = USE_DEFAULT,
         local_init_run_options: Any = None,
         increment_global_step: Optional[bool] = None,
-        on_nonfinite: Optional[str] = None, nonfinite_tags: Sequence[str] = ("loss",), nonfinite_ignore: Sequence[str] = ()
+        on_nonfinite: Optional[str] = None, nonfinite_tags: Sequence[str] = ("loss",), nonfinite_ignore: Sequence[str] = (),
+        on_spike: Optional[str] = None, spike_thresholds: Optional[SpikeThresholds] = None,
     ) -> None:
         self._clock = clock  # every timer of the step boundary (progress, summaries, saves) reads it
         self._config = config = bootstrap.read_config()  # the launch's settings, this trainer's coordinates: once
@@ -162,6 +168,7 @@ class Supervisor(SupervisorNames):
                                                           config.launch.checkpoint_failure_limit, CHECKPOINT_FAILURE_LIMIT),
                           saving=is_chief, config=config) if checkpoint is not None else None,
             chief=is_chief, config=config, nonfinite=(on_nonfinite, nonfinite_tags, nonfinite_ignore),
+            spike=(on_spike, spike_thresholds),
             session_thread=self._session_thread,
             connected=lambda: self._channels is not None, started=lambda: self._started)
         self._keeper, self._summaries, self._rollback = parts.keeper, parts.summaries, parts.rollback

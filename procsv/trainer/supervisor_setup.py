@@ -27,6 +27,7 @@ from procsv.trainer.checkpoint.restore import ReadRetry
 from procsv.trainer.coordinator import Coordinator
 from procsv.trainer.graph.supervised import GraphSupervision
 from procsv.trainer.nonfinite.rollback import NonfiniteRollback
+from procsv.trainer.nonfinite.spike import SpikeThresholds
 from procsv.trainer.settings import Settings
 from procsv.trainer.step_boundary import StepState
 from procsv.trainer.summaries.log import SummaryLog
@@ -198,6 +199,7 @@ def collaborators(state: StepState, coord: Coordinator, tf1: Tf1Choices, checkpo
                   layout: Optional[Layout], clock: Callable[[], float], settings: Settings,
                   make_agent: Optional[Callable[[], CheckpointAgent]], *, chief: bool, config: bootstrap.ChildConfig,
                   nonfinite: tuple[Optional[str], Sequence[str], Sequence[str]],
+                  spike: tuple[Optional[str], Optional[SpikeThresholds]] = (None, None),
                   session_thread: Callable[[], Optional[int]], connected: Callable[[], bool],
                   started: Callable[[], bool]) -> Collaborators:
     """Build a Supervisor's collaborators around its step ``state``, ``coord`` and ``settings`` (shared:
@@ -211,7 +213,8 @@ def collaborators(state: StepState, coord: Coordinator, tf1: Tf1Choices, checkpo
     summaries = SummaryLog(state, clock, settings, chief=chief, writes=chief and layout is not None, writer=tf1.writer,
                            deadline=bootstrap.resolve(None, config.launch.summary_deadline, SUMMARY_DEADLINE))
     rollback = NonfiniteRollback(state, state.counter, keeper, checkpoint, lambda: summaries.flush(force=True), clock,
-                                 settings, *nonfinite, config=config)
+                                 settings, *nonfinite, config=config, on_spike=spike[0], spike_thresholds=spike[1],
+                                 graph=tf1.graph is not None)
     boundary = StepBoundary(state, clock, coord, keeper, summaries, rollback, settings, chief=chief)
     graph = None
     if tf1.graph is not None:

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
-from procsv.common.env import GROUP_SNAPSHOT_DEFAULT, MAX_SKIPS, ON_NONFINITE, SKIP_WINDOW
+from procsv.common.env import GROUP_SNAPSHOT_DEFAULT, MAX_SKIPS, ON_NONFINITE, ON_SPIKE, SKIP_WINDOW
 from procsv.common.errors import UsageError
 from procsv.watchdog.rules.chaos import parse_chaos
 from procsv.watchdog.rules.limits import Limits
@@ -33,12 +33,16 @@ class TrainerSettings:
     # K: a group's members' in-memory snapshots every K steps (0: none), from the launch's environment
     # (PROCSV_MEMORY_SNAPSHOTS, PROCSV_GROUP_SNAPSHOT_STEPS: procsv.launch_args.group_snapshot_steps)
     group_snapshot_steps: int = GROUP_SNAPSHOT_DEFAULT
+    on_spike: Optional[str] = None  # --on-spike: rollback | stop | warn | off (None: the Supervisor's)
 
     def nonfinite_env(self) -> dict[str, str]:
-        """What the trainer is told of --on-nonfinite, --max-skips and --skip-window (procsv.trainer.nonfinite)."""
+        """What the trainer is told of --on-nonfinite, --on-spike, --max-skips and --skip-window
+        (procsv.trainer.nonfinite)."""
         out = {MAX_SKIPS: str(self.max_skips), SKIP_WINDOW: str(self.skip_window)}
         if self.on_nonfinite is not None:
             out[ON_NONFINITE] = self.on_nonfinite
+        if self.on_spike is not None:
+            out[ON_SPIKE] = self.on_spike
         return out
 
 

@@ -43,7 +43,9 @@ from procsv.common.layout import Layout, LogdirLock
 from procsv.ipc.codec import ProtocolError
 from procsv.ipc.messages import (GroupCopyHeld, GroupCopyRefused, Hello, MemberEnded, MemberStarted, NodeHello, NonfiniteDetected, Progress, Relayed,
                                  ServiceLoading,
-                                 RolledBack, SaveOverdue, SaveResult, StandbyReady, StepSkipped, SummaryOverdue,
+                                 RolledBack, SaveOverdue, SaveResult, SpikeDetected, SpikeReplayed, StandbyReady,
+                                 StepSkipped,
+                                 SummaryOverdue,
                                  TrainerReady)
 from procsv.ipc.transport import drain
 from procsv.watchdog import observe
@@ -73,7 +75,8 @@ EXIT_INTERNAL = 70  # the watchdog itself failed (EX_SOFTWARE); the run was stop
 MAX_INTERNAL_ERRORS = 3  # beyond this many, stop trying to stop in order
 DRAIN_MAX = 1000  # messages read from the PULL socket per wakeup (the poller fires again for the rest)
 ACCEPT = frozenset({Hello, TrainerReady, Progress, SaveResult, SaveOverdue, SummaryOverdue, StandbyReady,
-                    NonfiniteDetected, RolledBack, StepSkipped, ServiceLoading, GroupCopyHeld,
+                    NonfiniteDetected, RolledBack, StepSkipped, SpikeDetected, SpikeReplayed, ServiceLoading,
+                    GroupCopyHeld,
                     GroupCopyRefused})  # what children send
 
 __all__ = ["LaunchConfig", "Watchdog", "check_target"]

@@ -16,7 +16,8 @@ import signal
 from typing import Any, Optional
 
 from procsv.ipc.messages import (GroupCopyHeld, GroupCopyRefused, Hello, Message, NodeHello, NonfiniteDetected, Progress,
-                                 RolledBack, SaveOverdue, SaveResult, ServiceLoading, StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
+                                 RolledBack, SaveOverdue, SaveResult, ServiceLoading, SpikeDetected, SpikeReplayed,
+                                 StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
 from procsv.watchdog.rules.bookkeeping import find, request_stop
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.failures import ChildError, Failure
@@ -64,6 +65,8 @@ def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -
         return _summary_overdue(view, msg, now)
     if isinstance(msg, (NonfiniteDetected, RolledBack, StepSkipped)):
         return _nonfinite(view, msg, slot, now)
+    if isinstance(msg, (SpikeDetected, SpikeReplayed)):
+        return _spike(view, msg, slot)
     if isinstance(msg, StandbyReady):
         sb = next((c for c in view.children.values() if c.role == STANDBY and c.pid == msg.pid), None)
         if sb is None or sb.standby_ready_at is not None:
@@ -218,6 +221,21 @@ def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped,
         view.skipped_steps = sorted([*view.skipped_steps, msg.step])
     return out + [Report(Event.STEP_SKIPPED, {"pid": msg.pid, "step": msg.step, "epoch": msg.epoch, "batch": msg.batch,
                                               "skipped": len(view.skipped_steps)})]
+
+
+def _spike(view: RunView, msg: SpikeDetected | SpikeReplayed, slot: Optional[str]) -> list[Report]:
+    """A loss spike (issue 68), as the trainer tells it: a lifecycle record each (a spike is one
+    finding, said once by the trainer that judged it; its replay's verdict, its rollbacks and skips
+    come as their own)."""
+    if _trainer(view, msg.pid, slot) is None:
+        return []
+    if isinstance(msg, SpikeReplayed):
+        return [Report(Event.SPIKE_REPLAYED, {"pid": msg.pid, "step": msg.step, "onset": msg.onset,
+                                              "reproduced": msg.reproduced, "loss": msg.loss,
+                                              "replay_loss": msg.replay_loss, "host": msg.host})]
+    return [Report(Event.SPIKE_DETECTED, {"pid": msg.pid, "step": msg.step, "onset": msg.onset, "loss": msg.loss,
+                                          "threshold": msg.threshold, "median": msg.median, "action": msg.action,
+                                          "epoch": msg.epoch, "batch": msg.batch})]
 
 
 def _loading(view: RunView, msg: ServiceLoading, now: float) -> list[Report]:

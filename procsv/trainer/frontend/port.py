@@ -17,14 +17,16 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from procsv.common.errors import NonFiniteState, TrainingDiverged
+from procsv.common.errors import NonFiniteState, TrainingDiverged, UsageError
 from procsv.ipc.messages import Busy, SaveReason
 from procsv.trainer.boundary import StepBoundary
 from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.checkpoint.keeper import CheckpointKeeper
 from procsv.trainer.graph.supervised import GraphSupervision
 from procsv.trainer.nonfinite.policy import OnNonfinite
+from procsv.trainer.nonfinite import spike
 from procsv.trainer.nonfinite.rollback import NonfiniteRollback
+from procsv.trainer.nonfinite.spike import OnSpike
 from procsv.trainer.step_boundary import StepState
 
 Position = Callable[[int], Optional[tuple[int, int]]]
@@ -63,6 +65,12 @@ class RollbackPort:
     def retrying(self) -> Optional[int]:
         """The non-finite step a rollback is retrying (None: none)."""
         return self._rollback.watch.retry.target
+
+    def refuse_spike_rollback(self, where: str) -> None:
+        """The front-end cannot follow ``--on-spike rollback`` (``where``: what it is): raises
+        :class:`~procsv.common.errors.UsageError` with one line if that is the policy."""
+        if self._rollback.watch.spike_policy == OnSpike.ROLLBACK:
+            raise UsageError(spike.unsupported(where))
 
     def locate_steps(self, position: Position) -> None:
         """The non-finite events name a step's input position as ``position(step)`` says (Keras fit's

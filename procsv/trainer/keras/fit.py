@@ -177,6 +177,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         front = sv.front_end
         front.before_each_snapshot(self._write_position)
         rollback = front.rollback
+        rollback.refuse_spike_rollback("Keras fit")  # (its replay of kept batches skips none by number yet)
         rollback.locate_steps(at.of)  # non-finite events name (epoch, batch)
         train = model.train_function
         stale = getattr(train, "__self__", None)

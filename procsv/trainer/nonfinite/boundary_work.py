@@ -14,7 +14,7 @@ state back from it (:meth:`BoundaryWork.take_kept`).
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from procsv.common.errors import NonFiniteState
 from procsv.ipc.messages import Message
@@ -70,6 +70,11 @@ class BoundaryWork:
         if retry:
             self._kept_for = None
         return kept
+
+    def skip_quietly(self, steps: Sequence[int]) -> None:
+        """``steps`` are skipped when the loop meets them (a loss spike's rollback put them among the
+        steps skipped so far) without a line each: the rollback said so once."""
+        self._again.update(steps)
 
     def restored(self) -> None:
         """A restore was done: no retry is given up (yet; a restore's hook may give it up: :meth:`abandon`)."""

@@ -17,12 +17,18 @@ fewer than :data:`CHUNK` kept since the last chunk and judged them with three mo
 is-finite, all, and-ed with the chunks' verdict: 0.22 ms of the charge, quiet); now it runs one op,
 the sum, before its read (a sum is no NaN/Inf test by itself only where it overflows, and that
 case is told apart by the read of the values, which a NaN needs anyway).
+
+With a ``sink`` (loss-spike detection, :mod:`procsv.trainer.nonfinite.spike`, which needs every value)
+the chunks are joined on the device instead of summed (each chunk's stack added to the values kept
+since the last check, one op of two inputs: one kernel, built by :meth:`LossWatch.warm`) and a check
+reads those values, still one host read, judges them for NaN on the host, and hands the finite ones,
+with their steps, to the sink; host values (a graph program's) are kept for it too.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -33,15 +39,22 @@ CHUNK = 64  # kept scalars stacked into one tensor and judged on the device (ops
 # overflows its own sum only for losses above ~1000 (then the values are read, as for any overflow)
 
 
+Sink = Callable[[np.ndarray, np.ndarray], None]  # the steps, and the finite losses a check read of them
+
+
 class LossWatch:
     """The losses kept since the last :meth:`check`: host values already judged (``host_bad``: the
     first non-finite one's step), device scalars with their steps (``pending``), the ``chunks`` of
-    earlier ones (their steps and scalars, read only to find a bad one), and the sum of every
-    chunked one (``total``: a scalar tensor on the device, None before the first chunk). ``reads``
-    counts the host reads :meth:`check` made."""
+    earlier ones (their steps and scalars, padded to :data:`CHUNK`, read only to find a bad one), and
+    the sum of every chunked one (``total``: a scalar tensor on the device, None before the first
+    chunk, and with a ``sink``). ``reads`` counts the host reads :meth:`check` made. Given a ``sink``:
+    every check hands it the finite values it read (and the finite host values kept since the last)."""
 
-    def __init__(self, tags: tuple[str, ...]) -> None:
+    def __init__(self, tags: tuple[str, ...], sink: Optional[Sink] = None) -> None:
         self.tags = frozenset(tags)
+        self._sink = sink
+        self._host: list[tuple[int, float]] = []  # finite host values, for the sink
+        self._joined: Any = None  # with a sink: the chunks' stacks joined, on the device
         self.host_bad: Optional[int] = None
         self.pending: list[Any] = []
         self.steps: list[int] = []
@@ -62,8 +75,10 @@ class LossWatch:
         if not tf.executing_eagerly():  # a graph program: its losses are host values (session.run's)
             return
         zeros = [self._zero(tf.float32)] * CHUNK
-        tf.raw_ops.Pack(values=zeros, axis=0)
+        stack = tf.raw_ops.Pack(values=zeros, axis=0)
         tf.raw_ops.AddN(inputs=zeros + zeros[:1]).numpy()
+        if self._sink is not None:
+            self._join(stack, stack).numpy()
 
     def keep_step(self, step: int, out: Any) -> None:
         """The value step ``step`` returned: its loss is kept (anything else is ignored)."""
@@ -83,8 +98,7 @@ class LossWatch:
 
     def keep(self, step: int, value: Any) -> None:
         if isinstance(value, (float, int)):
-            if not math.isfinite(value) and (self.host_bad is None or step < self.host_bad):
-                self.host_bad = step
+            self._host_value(step, float(value))
             return
         dtype = getattr(value, "dtype", None)
         if dtype is None or getattr(value, "ndim", getattr(getattr(value, "shape", None), "rank", None)) != 0:
@@ -96,11 +110,10 @@ class LossWatch:
         if isinstance(value, (np.generic, np.ndarray)) or not hasattr(value, "device"):  # on the host already
             # (NumPy 2's scalars and arrays have a .device too: "cpu", not a TensorFlow device)
             try:
-                finite = bool(math.isfinite(float(value)))
+                host = float(value)
             except (TypeError, ValueError):
                 return
-            if not finite and (self.host_bad is None or step < self.host_bad):
-                self.host_bad = step
+            self._host_value(step, host)
             return
         if not getattr(dtype, "is_floating", False):
             return
@@ -109,10 +122,19 @@ class LossWatch:
         if len(self.pending) >= CHUNK:
             self._compact()
 
+    def _host_value(self, step: int, value: float) -> None:
+        """A value on the host already: judged at once (and kept for the sink, if finite)."""
+        if not math.isfinite(value):
+            if self.host_bad is None or step < self.host_bad:
+                self.host_bad = step
+        elif self._sink is not None:
+            self._host.append((step, value))
+
     def _compact(self, stack: bool = True) -> None:
         """Add the pending scalars to the running sum; keep them for finding a bad one, stacked into
         one tensor (a step's, so that the loop frees them as it goes: ~400 scalars held to the
-        check and freed there cost that check 0.25 ms) or, at a check (``stack`` False), as they are."""
+        check and freed there cost that check 0.25 ms) or, at a check (``stack`` False), as they are.
+        With a sink: their stack joined to the values kept (no sum), at a check too."""
         if not self.pending:
             return
         import tensorflow as tf
@@ -122,7 +144,13 @@ class LossWatch:
         # more than the copy; issue 54). One count, one kernel, built by warm()
         pad = CHUNK - len(self.pending)
         pending = self.pending + [self._zero(self.pending[-1].dtype)] * pad
-        steps = self.steps + [self.steps[-1]] * pad  # (a zero is never found non-finite)
+        steps = self.steps  # (the padding's zeros are no step's: a chunk's first len(steps) values are its own)
+        if self._sink is not None:  # every value is read at the check: joined, not summed
+            chunk = self._stack(pending)
+            self._joined = chunk if self._joined is None else self._join(self._joined, chunk)
+            self.chunks.append((steps, None))
+            self.pending, self.steps = [], []
+            return
         try:  # one op: the kept scalars share a dtype, as a loop's losses do
             if pending[0].dtype == tf.float16:  # its sum is added in float32 (two ops more: see the note at CHUNK)
                 total = self.total if self.total is not None else self._zero(tf.float32)
@@ -151,6 +179,16 @@ class LossWatch:
             return None
 
     @staticmethod
+    def _join(kept: Any, chunk: Any) -> Any:
+        """``chunk``'s values after ``kept``'s, on the device (one op; float64 if their dtypes differ)."""
+        import tensorflow as tf
+
+        try:
+            return tf.raw_ops.ConcatV2(values=[kept, chunk], axis=0)
+        except (TypeError, ValueError, tf.errors.InvalidArgumentError):
+            return tf.raw_ops.ConcatV2(values=[tf.cast(kept, tf.float64), tf.cast(chunk, tf.float64)], axis=0)
+
+    @staticmethod
     def _stack(values: list[Any]) -> Any:
         import tensorflow as tf
 
@@ -172,32 +210,55 @@ class LossWatch:
         """The first step kept since the last check whose loss is NaN or infinite (None: none);
         forgets what it checked. One host read for all the kept device scalars (their running sum),
         one more if that is not finite (a NaN or an infinity among them, or finite ones whose sum
-        overflowed: their values, read, tell which)."""
+        overflowed: their values, read, tell which). With a sink, one read of the values themselves,
+        whose finite ones (and the finite host values kept) go to the sink."""
         first = self.host_bad
         self.host_bad = None
+        host, self._host = self._host, []
         if self.pending:
             self._compact(stack=False)
-        if not self.chunks:
-            return first
-        import tensorflow as tf
-
         chunks, self.chunks = self.chunks, []
         total, self.total = self.total, None
-        self.reads += 1
-        if math.isfinite(float(total.numpy())):  # the one read: the sum of every kept loss
+        joined, self._joined = self._joined, None
+        if self._sink is None:
+            if not chunks:
+                return first
+            self.reads += 1
+            if math.isfinite(float(total.numpy())):  # the one read: the sum of every kept loss
+                return first
+        steps, values = self._values(chunks, joined)
+        finite = np.isfinite(values)
+        if self._sink is not None and (host or finite.any()):
+            self._sink(np.concatenate([np.asarray([s for s, _ in host], dtype=np.int64), steps[finite]]),
+                       np.concatenate([np.asarray([v for _, v in host], dtype=np.float64), values[finite]]))
+        if finite.all():  # (without a sink: finite, their sum overflowed)
             return first
-        steps = [s for chunk_steps, _ in chunks for s in chunk_steps]
-        stacks = [self._stack(kept) if isinstance(kept, list) else kept for _, kept in chunks]
-        stacked = stacks[0] if len(stacks) == 1 else tf.concat([tf.cast(c, tf.float64) for c in stacks], 0)
-        self.reads += 1
-        bad = np.flatnonzero(~np.isfinite(np.asarray(stacked.numpy(), dtype=np.float64)))
-        if not bad.size:  # finite, their sum overflowed
-            return first
-        found = min(steps[int(i)] for i in bad)
+        found = int(steps[~finite].min())
         return found if first is None else min(first, found)
+
+    def _values(self, chunks: list[tuple[list[int], Any]], joined: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The kept values of ``chunks`` (``joined``: all of them, joined on the device already) and
+        their steps, in one host read (none without a chunk)."""
+        if not chunks:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        import tensorflow as tf
+
+        stacked = joined
+        if stacked is None:
+            stacks = [self._stack(kept) if isinstance(kept, list) else kept for _, kept in chunks]
+            stacked = stacks[0] if len(stacks) == 1 else tf.concat([tf.cast(c, tf.float64) for c in stacks], 0)
+        self.reads += 1
+        read = np.asarray(stacked.numpy(), dtype=np.float64)
+        if all(len(s) == CHUNK for s, _ in chunks[:-1]):  # (every chunk whole but the last: the padding is at the end)
+            values = read[:len(chunks) * CHUNK - (CHUNK - len(chunks[-1][0]))]
+        else:
+            values = read[np.concatenate([np.arange(len(s)) + CHUNK * i for i, (s, _) in enumerate(chunks)])]
+        steps = np.fromiter((s for chunk_steps, _ in chunks for s in chunk_steps), dtype=np.int64, count=len(values))
+        return steps, values
 
     def forget(self) -> None:
         """Drop everything kept (after a restore: those steps are undone)."""
         self.host_bad = None
         self.pending, self.steps, self.chunks = [], [], []
-        self.total = None
+        self._host = []
+        self.total = self._joined = None

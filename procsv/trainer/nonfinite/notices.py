@@ -4,7 +4,9 @@ Runs in the trainer's main thread, at step boundaries (:mod:`procsv.trainer.nonf
 calls it). Each function builds one message of the schema (:mod:`procsv.ipc.watchdog_messages`):
 :class:`~procsv.ipc.messages.NonfiniteDetected` when a poisoned loss or state is found,
 :class:`~procsv.ipc.messages.RolledBack` when ``--on-nonfinite rollback`` restored a finite state
-in place, :class:`~procsv.ipc.messages.StepSkipped` when a step is skipped; :func:`tell` pushes it
+in place, :class:`~procsv.ipc.messages.StepSkipped` when a step is skipped,
+:class:`~procsv.ipc.messages.SpikeDetected` when the loss spiked (issue 68) and
+:class:`~procsv.ipc.messages.SpikeReplayed` when its replay told whose it was; :func:`tell` pushes it
 to the watchdog (non-blocking; nothing is sent in plain python, where no watchdog listens). The
 watchdog writes each as a lifecycle event and counts them (``procsv status``, the report, metrics).
 """
@@ -12,10 +14,13 @@ watchdog writes each as a lifecycle event and counts them (``procsv status``, th
 from __future__ import annotations
 
 import os
+import socket
 import time
 from typing import Any, Callable, Optional
 
-from procsv.ipc.messages import Message, NonfiniteDetected, RestoreSource, RolledBack, StepSkipped
+from procsv.ipc.messages import (Message, NonfiniteDetected, RestoreSource, RolledBack, SpikeDetected, SpikeReplayed,
+                                 StepSkipped)
+from procsv.trainer.nonfinite.spike import Spike
 
 # the input position of a step, where procsv knows it (Keras fit: (epoch, batch)); None: the step is the position
 Position = Callable[[int], Optional[tuple[int, int]]]
@@ -46,3 +51,14 @@ def rolled_back(step: int, restored: int, source: RestoreSource, path: str, skip
 def skipped(step: int, count: int, position: Optional[Position] = None) -> StepSkipped:
     epoch, batch = _at(position, step)
     return StepSkipped(os.getpid(), step, time.time(), count, epoch, batch)
+
+
+def spiked(spike: Spike, action: str, position: Optional[Position] = None) -> SpikeDetected:
+    epoch, batch = _at(position, spike.step)
+    return SpikeDetected(os.getpid(), spike.step, spike.onset, spike.loss, spike.threshold, spike.median, action,
+                         time.time(), epoch, batch)
+
+
+def replayed(spike: Spike, reproduced: bool, replay_loss: Optional[float]) -> SpikeReplayed:
+    return SpikeReplayed(os.getpid(), spike.step, spike.onset, reproduced, spike.loss, replay_loss, socket.gethostname(),
+                         time.time())

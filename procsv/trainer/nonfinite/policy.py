@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 DEFAULT_MAX_SKIPS = 3
 DEFAULT_SKIP_WINDOW = 1000
@@ -95,6 +95,18 @@ class SkipBudget:
 
     def skip(self, step: int) -> None:
         self.skipped.append(step)
+
+    def first_refused(self, steps: Sequence[int]) -> Optional[int]:
+        """The first of ``steps`` (ascending) whose skip, after those before it, would break the bound
+        (None: every one is within it; a step skipped already costs nothing more)."""
+        trial = SkipBudget(self.max_skips, self.skip_window, list(self.skipped))
+        for step in steps:
+            if step in trial.skipped:
+                continue
+            if not trial.allows(step):
+                return step
+            trial.skip(step)
+        return None
 
 
 @dataclass

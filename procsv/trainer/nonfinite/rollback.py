@@ -37,6 +37,12 @@ records B as skipped and restarts the group, whose members all restore the same 
 (the group's in-memory snapshot or the newest checkpoint) and skip B when their replay reaches it
 (:meth:`NonfiniteRollback.resume`, from ``PROCSV_SKIP_STEPS``). Past ``--max-skips`` it stops in
 order with exit code 4, as a single trainer does.
+
+A loss spike (``--on-spike``, issue 68) refuses a snapshot the same way; its response
+(:mod:`.spike_response`) uses this module's restore in place.
+
+One concern: the Supervisor's non-finite collaborator: its wiring, its policy on a refused snapshot,
+and the restore in place that its rollbacks (a non-finite step's, a loss spike's) share.
 """
 
 from __future__ import annotations
@@ -48,16 +54,18 @@ from typing import Any, Callable, Optional, Sequence
 from procsv import cluster
 from procsv.common import bootstrap
 from procsv.common.bootstrap import ChildConfig
-from procsv.common.errors import GroupRollback, NonFiniteState
+from procsv.common.errors import GroupRollback, LossSpiked, NonFiniteState, UsageError
 from procsv.ipc.messages import Message, RestoreSource, SessionLogEvent, SessionStatus
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint import memory_restore
 from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.checkpoint.keeper import CheckpointKeeper
 from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
-from procsv.trainer.nonfinite import notices, policy, retry_state, scan
+from procsv.trainer.nonfinite import notices, policy, retry_state, scan, spike
 from procsv.trainer.nonfinite.boundary_work import BoundaryWork
 from procsv.trainer.nonfinite.policy import OnNonfinite
+from procsv.trainer.nonfinite.spike import OnSpike, Spike, SpikeThresholds
+from procsv.trainer.nonfinite.spike_response import SpikeResponse
 from procsv.trainer.nonfinite.watch import NonfiniteWatch
 from procsv.trainer.settings import Settings
 from procsv.trainer.step_boundary import StepCounter, StepState
@@ -68,7 +76,13 @@ def _group_refusal(config: ChildConfig) -> str:
     spec = cluster.tf_config().get("cluster")
     spec = spec if isinstance(spec, dict) else {}
     members = max(config.place.nproc, len(spec.get("worker") or ()) + len(spec.get("chief") or ()))
-    return policy.in_place_refusal(members, config.place.ps + len(spec.get("ps") or ()))
+    return policy.in_place_refusal(members, _ps_tasks(config))
+
+
+def _ps_tasks(config: ChildConfig) -> int:
+    """The parameter-server tasks of this trainer's job (0: none)."""
+    spec = cluster.tf_config().get("cluster")
+    return config.place.ps + len((spec if isinstance(spec, dict) else {}).get("ps") or ())
 
 
 class NonfiniteRollback:
@@ -80,15 +94,18 @@ class NonfiniteRollback:
     memory and the newest committed step), the saved state (``checkpoint``, restored in place) and
     ``flush_summaries`` (everything logged is handed off before a restore or a stop) and the
     Supervisor's settings (the ``stop_grace_secs`` a wait for the snapshot in flight takes at most);
-    ``config``: the launch's (``--on-nonfinite`` under the program's ``on_nonfinite``, ``--max-skips``,
-    ``--skip-window``, ``PROCSV_NONFINITE_CHECK``) and this trainer's place in its group. Its
+    ``config``: the launch's (``--on-nonfinite`` under the program's ``on_nonfinite``, ``--on-spike``
+    under its ``on_spike``, ``--max-skips``, ``--skip-window``, ``PROCSV_NONFINITE_CHECK``) and this
+    trainer's place in its group; ``graph``: a TF1 graph program's (no ``--on-spike rollback``). Its
     :class:`~procsv.trainer.nonfinite.boundary_work.BoundaryWork` (``_walk``) walks the loop through
-    each rollback at the step boundaries after the restore, and owns the state kept before a retry."""
+    each rollback at the step boundaries after the restore, and owns the state kept before a retry.
+    Raises :class:`~procsv.common.errors.UsageError` for an ``--on-spike rollback`` it cannot follow."""
 
     def __init__(self, state: StepState, counter: StepCounter, keeper: Optional[CheckpointKeeper], checkpoint: Any,
                  flush_summaries: Callable[[], None], clock: Callable[[], float], settings: Settings,
                  on_nonfinite: Optional[str], tags: Sequence[str], ignore: Sequence[str], *,
-                 config: ChildConfig = ChildConfig()) -> None:
+                 config: ChildConfig = ChildConfig(), on_spike: Optional[str] = None,
+                 spike_thresholds: Optional[SpikeThresholds] = None, graph: bool = False) -> None:
         self._state = state
         self._counter = counter
         self._keeper = keeper
@@ -97,12 +114,23 @@ class NonfiniteRollback:
         self._clock = clock
         self._settings = settings  # stop_grace_secs: read live
         self._channels: Optional[TrainerChannels] = None
+        group_refusal = _group_refusal(config)
+        on_spike_now = spike.parse(bootstrap.resolve(on_spike, config.launch.on_spike, None))
+        refusal = spike.refusal(on_spike_now, bool(group_refusal), graph, _ps_tasks(config) > 0)
+        if refusal:
+            raise UsageError(refusal)
+        # a group's spikes are judged by its chief alone (its loss is the group's; one finding, one record)
+        judges = config.launch.nonfinite_check and (not group_refusal or config.place.rank == 0)
         self.watch = NonfiniteWatch(bootstrap.resolve(on_nonfinite, config.launch.on_nonfinite, None), tags, ignore,
                                     config.launch.max_skips, config.launch.skip_window,
-                                    group_refusal=_group_refusal(config))
+                                    group_refusal=group_refusal, spike_policy=on_spike_now,
+                                    spike_thresholds=spike_thresholds or SpikeThresholds(),
+                                    spiked=self._spiked if judges else None)
         self._walk = BoundaryWork(self.watch, state, counter, checkpoint, keeper, self._tell, self._roll_back,
                                   self.stop_diverged)
         self._program_stopped = False  # the program's NanTensorHook(fail_on_nan_loss=False) stopped on a NaN
+        self._spikes = SpikeResponse(self.watch, self._walk, self._tell, self._restore_for, self._undone_at,
+                                     self._wind_down, self._over_budget)
         # (off: no detection at all, no loss kept, no snapshot scanned; what it costs: scripts/bench_nonfinite.py)
         self.detecting = config.launch.nonfinite_check
         if not self.detecting:
@@ -169,7 +197,8 @@ class NonfiniteRollback:
         one after ``step`` is skipped again when the loop reaches it, and each counts against
         ``--max-skips``. Not in Keras ``fit`` (``on_skipped`` hooks: its resume replays its own epochs)."""
         watch = self.watch
-        if not self.detecting or watch.policy != OnNonfinite.ROLLBACK or watch.on_skipped:
+        rolls_back = watch.policy == OnNonfinite.ROLLBACK or watch.spike_policy == OnSpike.ROLLBACK
+        if not self.detecting or not rolls_back or watch.on_skipped:
             return
         for s in sorted(set(told)):
             if s not in watch.budget.skipped:
@@ -185,7 +214,11 @@ class NonfiniteRollback:
     # ------------------------------------------------------------------ the policy
     def refused(self, bad: NonFiniteState, final: bool) -> None:
         """A snapshot of a poisoned state was refused (``final``: the final checkpoint): the policy (a
-        group member's final checkpoint with a non-finite loss asks for the group's rollback too)."""
+        group member's final checkpoint with a non-finite loss asks for the group's rollback too; a
+        loss spike's refusal goes to its response, :mod:`.spike_response`)."""
+        if isinstance(bad, LossSpiked):
+            self._spikes.refused(bad, final)
+            return
         watch = self.watch
         if final and self._program_stopped and not watch.group_refusal:  # the program's own clean stop on it
             print(f"procsv: non-finite training at step {bad.first_step}: {bad.describe()}; the program's "
@@ -212,13 +245,38 @@ class NonfiniteRollback:
         self.stop_diverged(bad, why, final)
 
     def stop_diverged(self, bad: NonFiniteState, why: str, final: bool) -> None:
-        agent, ch = self._agent, self._channels
-        if self.watch.stops and ch is not None:  # stopping in order: what was logged, and the finite
-            self._flush_summaries()  # snapshot in flight, are kept (it passed these checks)
-            if agent is not None and agent.in_flight is not None:
-                agent.wait_in_flight(ch, bad.step, self._clock() + self._settings.stop_grace_secs)
+        agent = self._agent
+        if self.watch.stops:
+            self._wind_down(bad.step)
         member = agent is not None and not agent.saving and bool(self.watch.group_refusal)  # (a group's, not the chief)
         self.watch.refused(bad, None if member else agent.last_committed if agent is not None else -1, final, why)
+
+    def _spiked(self, found: tuple[Spike, ...], step: int) -> None:
+        """The watch's hand-off of the losses it judged for spikes (see :meth:`SpikeResponse.judged`)."""
+        self._spikes.judged(found, step)
+
+    def _wind_down(self, step: int) -> int:
+        """Before a stop in order at the state of ``step``: what was logged, and the snapshot in flight
+        (it passed the checks), are kept. Returns the newest committed step (-1: none, or no checkpoints)."""
+        agent, ch = self._agent, self._channels
+        if ch is not None:
+            self._flush_summaries()
+            if agent is not None and agent.in_flight is not None:
+                agent.wait_in_flight(ch, step, self._clock() + self._settings.stop_grace_secs)
+        return agent.last_committed if agent is not None else -1
+
+    def _restore_for(self, step: int) -> tuple[int, str, RestoreSource, str, float] | str:
+        """:meth:`_restore_before` ``step``, where this trainer has checkpoints and a session (else why not)."""
+        agent, ch = self._agent, self._channels
+        if agent is None or ch is None:
+            return "no checkpoint to roll back to (checkpoint=None)"
+        if self.watch.replay_unsupported:
+            return self.watch.replay_unsupported
+        return self._restore_before(agent, ch, step)
+
+    def _undone_at(self, restored: int) -> None:
+        if self._channels is not None:
+            self._undone(self._channels, restored)
 
     # ------------------------------------------------------------------ rollback
     def _bisect_snapshot(self, bad: NonFiniteState) -> str:
@@ -257,31 +315,13 @@ class NonfiniteRollback:
         kept = self._walk.take_kept(retry=not skip)  # a retry: its state before is kept when the replay reaches it
         restored, source, path = self._put_back(kept, bad_step) if skip and not watch.retry.bisecting else (-1, "", "")
         again = restored >= 0  # the state before the retry, kept: the snapshot restored last is still the one
-        if restored < 0:
-            restored, source, path = self._restore_memory(agent, bad_step)
-        kind = RestoreSource.MEMORY
-        if restored < 0:
-            if agent.in_flight is not None:
-                agent.wait_in_flight(ch, bad_step, self._clock() + self._settings.stop_grace_secs)
-            restored = agent.last_committed
-            if restored < 0 or restored >= bad_step:
-                return f"no committed checkpoint or in-memory snapshot before step {bad_step} to roll back to"
-            self._flush_summaries()
-            source, kind = f"{agent.policy.basename}-{restored}", RestoreSource.DISK
-            path = os.path.join(agent.layout.logdir, source)
-            began = self._clock()
-            if isinstance(agent.store.checkpoint, NameBasedCheckpoint):  # a TF1 graph program's variables
-                agent.store.checkpoint.restore(path)
-            else:
-                self._checkpoint.read(path).expect_partial()
-        secs = self._clock() - began
-        forget = getattr(self._counter.global_step, "forget", None)
-        if forget is not None:  # a graph program's global step: its last observed value is undone
-            forget()
-        self._counter.pending = 0  # the variable holds the restored step
-        self._state.step = restored
-        watch.losses.forget()
-        ch.to_summary(SessionLogEvent(SessionStatus.START, restored + 1))  # TensorBoard drops the undone steps
+        kind, secs = RestoreSource.MEMORY, self._clock() - began
+        if not again:
+            done = self._restore_before(agent, ch, bad_step)
+            if isinstance(done, str):
+                return done
+            restored, source, kind, path, secs = done
+        self._undone(ch, restored)
         watch.retry.aim(bad_step, skip, True if bisect else None)  # one more rollback
         watch.retry.schedule(self._walk.next_due(restored))
         if not again:
@@ -299,6 +339,44 @@ class NonfiniteRollback:
               f"{restored} from {source}, " + ("" if abandoned else f"replaying to step {bad_step - 1}, ")
               + f"then {then}", file=sys.stderr, flush=True)
         return ""
+
+    def _restore_before(self, agent: CheckpointAgent, ch: TrainerChannels,
+                        bad_step: int) -> tuple[int, str, RestoreSource, str, float] | str:
+        """Restore the newest finite state before ``bad_step`` in place: the newest in-memory snapshot
+        (:meth:`_restore_memory`), else the newest committed checkpoint, once the snapshot in flight is
+        answered. Returns its step, where it came from in words, as a kind and as a path, and the
+        restore's seconds; or why there is none."""
+        began = self._clock()
+        restored, source, path = self._restore_memory(agent, bad_step)
+        kind = RestoreSource.MEMORY
+        if restored < 0:
+            if agent.in_flight is not None:
+                agent.wait_in_flight(ch, bad_step, self._clock() + self._settings.stop_grace_secs)
+            restored = agent.last_committed
+            if restored < 0 or restored >= bad_step:
+                return f"no committed checkpoint or in-memory snapshot before step {bad_step} to roll back to"
+            self._flush_summaries()
+            source, kind = f"{agent.policy.basename}-{restored}", RestoreSource.DISK
+            path = os.path.join(agent.layout.logdir, source)
+            began = self._clock()
+            if isinstance(agent.store.checkpoint, NameBasedCheckpoint):  # a TF1 graph program's variables
+                agent.store.checkpoint.restore(path)
+            else:
+                self._checkpoint.read(path).expect_partial()
+        return restored, source, kind, path, self._clock() - began
+
+    def _undone(self, ch: TrainerChannels, restored: int) -> None:
+        """The state of ``restored`` was put back in place: the steps after it are undone (the step
+        count, the losses kept and judged for spikes, TensorBoard's points after it)."""
+        forget = getattr(self._counter.global_step, "forget", None)
+        if forget is not None:  # a graph program's global step: its last observed value is undone
+            forget()
+        self._counter.pending = 0  # the variable holds the restored step
+        self._state.step = restored
+        self.watch.losses.forget()
+        if self.watch.spikes is not None:
+            self.watch.spikes.rewind(restored)
+        ch.to_summary(SessionLogEvent(SessionStatus.START, restored + 1))  # TensorBoard drops the undone steps
 
     def _over_budget(self, bad_step: int) -> str:
         budget = self.watch.budget
@@ -383,6 +461,11 @@ class NonfiniteRollback:
                 continue
             bad = watch.losses.check()
             if bad is None:
+                try:  # the spikes among them (--on-spike): rolled back like any other, or a stop
+                    watch.judge_spikes(end)
+                except LossSpiked as spiked:
+                    self._spikes.refused(spiked, False)
+                    continue
                 return
             what = f"the loss of step {bad} is NaN or infinite (found when the loop ended)"
             notices.tell(self._channels, notices.detected(bad, what, watch.position))

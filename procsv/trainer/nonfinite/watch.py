@@ -9,7 +9,12 @@ watched losses (:class:`~procsv.trainer.nonfinite.losses.LossWatch`), the rollba
 the watch holds it, its rollback and walk move it), and the checks a snapshot
 passes through (:meth:`precheck` before its copy, :meth:`verify` on the copy); a refused snapshot
 raises :class:`~procsv.common.errors.NonFiniteState`, which the checkpoint agent cleans
-up after and the step boundary hands to :meth:`refused`: the policy's decision.
+up after and the step boundary hands to :meth:`refused`: the policy's decision. With loss-spike
+detection on (``--on-spike`` other than ``off``, resolved by its owner too: ``spike_policy``), the
+precheck also judges the finite losses it read (:mod:`~procsv.trainer.nonfinite.spike`'s rule, the
+history in ``spikes``) and hands the spikes found (none, mostly) to ``spiked``, its owner's (which
+records them, and under ``rollback`` or ``stop`` refuses the snapshot with
+:class:`~procsv.common.errors.LossSpiked`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from procsv.trainer.nonfinite.losses import LossWatch
 from procsv.trainer.nonfinite.notices import Position
 from procsv.trainer.nonfinite.policy import OnNonfinite, RestoreBound, SkipBudget
 from procsv.trainer.nonfinite.retry import Retry
+from procsv.trainer.nonfinite.spike import OnSpike, Spike, SpikeHistory, SpikeThresholds
 
 DEFAULT = OnNonfinite.ROLLBACK  # issue 41: under procsv launch and in plain python
 
@@ -36,11 +42,17 @@ class NonfiniteWatch:
 
     def __init__(self, on_nonfinite: Optional[str], tags: Sequence[str], ignore: Sequence[str],
                  max_skips: Optional[int] = None, skip_window: Optional[int] = None, *,
-                 group_refusal: str = "") -> None:
+                 group_refusal: str = "", spike_policy: OnSpike = OnSpike.OFF,
+                 spike_thresholds: SpikeThresholds = SpikeThresholds(),
+                 spiked: Optional[Callable[[tuple[Spike, ...], int], None]] = None) -> None:
         if isinstance(tags, str) or isinstance(ignore, str):
             raise TypeError("nonfinite_tags and nonfinite_ignore take a tuple of strings, not one string")
         self.policy = policy.parse(on_nonfinite, DEFAULT)
-        self.losses = LossWatch(tuple(tags))
+        self.spike_policy = spike_policy
+        # the losses judged for spikes, and the owner's action on one (None: no spike detection)
+        self.spikes = SpikeHistory(spike_thresholds) if spike_policy != OnSpike.OFF and spiked is not None else None
+        self._spiked = spiked
+        self.losses = LossWatch(tuple(tags), sink=self.spikes.feed if self.spikes is not None else None)
         self.ignore = tuple(ignore)
         self.budget = SkipBudget(max_skips if max_skips is not None else policy.DEFAULT_MAX_SKIPS,
                                  skip_window if skip_window is not None else policy.DEFAULT_SKIP_WINDOW)
@@ -62,10 +74,20 @@ class NonfiniteWatch:
 
     # ------------------------------------------------------------------ the checks of a snapshot
     def precheck(self, step: int) -> None:
-        """Before the state of ``step`` is copied: the losses kept since the last check (one read)."""
+        """Before the state of ``step`` is copied: the losses kept since the last check (one read);
+        then, with spike detection on, the spikes among them (:meth:`judge_spikes`)."""
         bad = self.losses.check()
         if bad is not None:
             raise NonFiniteState(step, bad)
+        self.judge_spikes(step)
+
+    def judge_spikes(self, step: int) -> None:
+        """The finite losses read since the last judgement, judged for spikes (at the state of
+        ``step``): the spikes found (none, mostly) go to the owner's ``spiked`` (which may raise,
+        refusing the snapshot)."""
+        if self.spikes is None or self._spiked is None:
+            return
+        self._spiked(self.spikes.judge(), step)
 
     def verify(self, step: int, ckpt: Any, plan: Any, specs: Any, frames: Any, memory: Optional[np.ndarray]) -> None:
         """The copy of the state of ``step`` (in ``memory``, or ``frames``): poison refuses it."""

@@ -67,6 +67,14 @@ rolled_back            pid, step, epoch, batch, restored_step, source (``memory`
                        (step: the poisoned one; epoch, batch: its input position, Keras, else null; skip
                        true: the step is skipped; false: it is retried once; secs: the restore's)
 step_skipped           pid, step (the global step it would have completed), epoch, batch, skipped (the run's so far)
+spike_detected         pid, step, onset, loss, threshold, median, action, epoch, batch
+                       (a finite loss far above its recent distribution, procsv/trainer/nonfinite/spike.py: step,
+                       the first above the threshold; onset, the first step of the rise to it; median, of the
+                       losses before it; action: what --on-spike does, rollback | stop | warn)
+spike_replayed         pid, step, onset, reproduced, loss, replay_loss, host
+                       (--on-spike rollback replayed the spike from a snapshot before its onset: reproduced,
+                       bit for bit, its steps are skipped; else a transient fault of the machine ``host``,
+                       nothing is skipped; loss: the first loss of step, replay_loss: the replay's, or null)
 group_copy_refused     rank, attempt, step, size, limit (node 0's checkpoint service refused a peer copy beyond its limit)
 =====================  ==========================================================================
 """
@@ -116,6 +124,8 @@ class Event(str, enum.Enum):
     NONFINITE_DETECTED = "nonfinite_detected"
     ROLLED_BACK = "rolled_back"
     STEP_SKIPPED = "step_skipped"
+    SPIKE_DETECTED = "spike_detected"
+    SPIKE_REPLAYED = "spike_replayed"
     GROUP_COPY_REFUSED = "group_copy_refused"
 
 
@@ -158,6 +168,9 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.ROLLED_BACK: frozenset({"pid", "step", "restored_step", "source", "path", "skip", "secs", "epoch",
                                   "batch"}),
     Event.STEP_SKIPPED: frozenset({"pid", "step", "epoch", "batch", "skipped"}),
+    Event.SPIKE_DETECTED: frozenset({"pid", "step", "onset", "loss", "threshold", "median", "action", "epoch",
+                                     "batch"}),
+    Event.SPIKE_REPLAYED: frozenset({"pid", "step", "onset", "reproduced", "loss", "replay_loss", "host"}),
     Event.GROUP_COPY_REFUSED: frozenset({"rank", "attempt", "step", "size", "limit"}),
 }
 

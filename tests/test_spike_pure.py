@@ -1,0 +1,421 @@
+"""Loss spikes (issue 68), the pure parts: the rule of :mod:`procsv.trainer.nonfinite.spike` on plain
+losses, its history between checks, the kept losses' values handed to it in one read, and what
+``--on-spike`` does with a spike (the record, ``warn``, ``stop``, a rollback it cannot do), with no
+process started.
+
+``tests/spike_clean_losses.npz`` holds two long clean runs of real per-step losses: the digits MLP of
+``procsv.examples.digits`` trained for 5000 steps without procsv, at batch 64 (seed 0) and batch 16
+(seed 1: its late losses are small and spread over a factor of ten from batch to batch), made by
+``scripts/spike_losses.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from procsv.common.errors import LossSpiked, TrainingDiverged, UsageError
+from procsv.trainer.nonfinite import spike
+from procsv.trainer.nonfinite.policy import SkipBudget
+from procsv.trainer.nonfinite.spike import OnSpike, Spike, SpikeHistory, SpikeThresholds, judge
+from procsv.trainer.nonfinite.spike_response import SpikeResponse
+from procsv.trainer.nonfinite.watch import NonfiniteWatch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RULE = SpikeThresholds()  # the defaults: window 200, min_history 100, z 8, min_ratio 1.5
+
+
+def _spikes(losses: Any, rule: SpikeThresholds = RULE, first: int = 1) -> list[tuple[int, int]]:
+    """(onset, step) of each spike in ``losses``, the loss of steps ``first``, ``first`` + 1, ..."""
+    losses = list(map(float, losses))
+    return [(s.onset, s.step) for s in judge([], [], range(first, first + len(losses)), losses, rule).spikes]
+
+
+def _noisy(n: int, seed: int = 0, level: float = 2.0, noise: float = 0.05) -> np.ndarray:
+    """A run's losses: a slow decay to ``level``, each batch's loss off by a lognormal factor."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(1, n + 1)
+    return (level + 6.0 / np.sqrt(t)) * np.exp(rng.normal(0.0, noise, n))
+
+
+# ---------------------------------------------------------------------------------- never a spike
+def test_an_ordinary_noisy_run_is_never_flagged() -> None:
+    for seed in range(5):
+        assert _spikes(_noisy(3000, seed)) == []
+        assert _spikes(_noisy(3000, seed, noise=0.3)) == []  # a small batch's noisier losses
+
+
+def test_long_clean_runs_of_real_losses_are_never_flagged() -> None:
+    with np.load(os.path.join(HERE, "spike_clean_losses.npz")) as runs:
+        for name in runs.files:
+            losses = runs[name]
+            assert len(losses) == 5000 and np.isfinite(losses).all()
+            assert _spikes(losses) == [], name
+            # (as a trainer meets them: a check every 37 steps, the history carried between checks)
+            history = SpikeHistory(RULE)
+            for at in range(0, len(losses), 37):
+                history.feed(range(at + 1, at + 38), losses[at:at + 37])
+                assert history.judge() == (), (name, at)
+
+
+def test_the_start_of_training_is_never_flagged() -> None:
+    # its first losses jump about (a fresh model's), its fall is fast, and no step is judged before
+    # min_history losses came before it: even a 100x step among the first 99 is not
+    rng = np.random.default_rng(1)
+    start = np.concatenate([rng.uniform(1.0, 50.0, 20), np.geomspace(20.0, 1.0, 200), _noisy(500, 2, level=1.0)])
+    assert _spikes(start) == []
+    early = _noisy(300, 3)
+    early[98] *= 100  # step 99: 98 losses before it
+    assert _spikes(early) == []
+    early[98] /= 100
+    early[100] *= 100  # step 101: 100 before it
+    assert _spikes(early) == [(101, 101)]
+
+
+def test_a_warm_up_whose_loss_rises_is_never_flagged() -> None:
+    # a learning-rate warm-up that raises the loss from 2 to 6 over 500 steps, then its decay
+    rng = np.random.default_rng(4)
+    rise = np.linspace(2.0, 6.0, 500) * np.exp(rng.normal(0, 0.03, 500))
+    decay = (1.0 + 5.0 * np.exp(-np.arange(3000) / 800)) * np.exp(rng.normal(0, 0.03, 3000))
+    assert _spikes(np.concatenate([_noisy(300, 5), rise, decay])) == []
+    # a steeper one: doubling over 50 steps, from a quiet plateau
+    steep = np.concatenate([np.full(300, 1.0), np.linspace(1.0, 2.0, 50), np.full(300, 2.0)])
+    assert _spikes(steep * np.exp(rng.normal(0, 0.02, steep.size))) == []
+
+
+def test_a_learning_rate_schedules_drop_is_never_a_spike_nor_what_comes_after_it() -> None:
+    rng = np.random.default_rng(6)
+    drops = np.concatenate([np.full(1000, 1.0), np.full(1000, 0.3), np.full(1000, 0.05)])
+    assert _spikes(drops * np.exp(rng.normal(0, 0.05, drops.size))) == []
+
+
+def test_losses_that_can_be_zero_or_negative_are_judged_on_a_linear_scale_and_only_upward() -> None:
+    rng = np.random.default_rng(7)
+    elbo = -100.0 + rng.normal(0, 1.0, 1000)  # a negative loss, noisy
+    assert _spikes(elbo) == []
+    elbo[600] = -150.0  # a drop: never
+    assert _spikes(elbo) == []
+    elbo[700] = -60.0  # 40 above a median of -100 whose spread is 1: less than half its size (min_ratio 1.5)
+    assert _spikes(elbo) == []
+    elbo[700] = -30.0  # 70 above
+    assert _spikes(elbo) == [(701, 701)]
+    assert _spikes(np.zeros(300)) == [] and _spikes(np.concatenate([np.zeros(300), [5.0]])) == []  # nothing to compare
+
+
+# ---------------------------------------------------------------------------------- spikes
+def test_an_injected_50x_spike_is_flagged_at_its_step_with_its_statistics() -> None:
+    losses = _noisy(1000, 8)
+    losses[499] *= 50  # step 500
+    found = judge([], [], range(1, 1001), losses, RULE).spikes
+    assert [(s.onset, s.step) for s in found] == [(500, 500)]
+    one = found[0]
+    assert one.loss == pytest.approx(losses[499]) and one.history == 200
+    assert one.median == pytest.approx(np.median(losses[299:499]), rel=0.01)
+    assert one.median * 1.5 <= one.threshold < one.loss
+    assert one.steps == range(500, 501)
+    assert one.describe().startswith(f"the loss of step 500 spiked: {one.loss:.6g} against a threshold of ")
+
+
+def test_a_spike_that_rises_over_a_few_steps_has_its_onset_where_the_rise_began() -> None:
+    losses = _noisy(600, 9)
+    base = float(np.median(losses[300:400]))
+    losses[400:404] = base * np.array([3.0, 8.0, 30.0, 50.0])  # steps 401..404; the threshold is ~1.5-2x
+    found = judge([], [], range(1, 601), losses, RULE).spikes
+    assert len(found) == 1 and found[0].onset == 401 and found[0].step in (401, 402)
+    losses[400] = base * 1.1  # a step barely above: not part of the rise
+    found = judge([], [], range(1, 601), losses, RULE).spikes
+    assert (found[0].onset, found[0].step) == (402, 402)
+
+
+def test_a_run_of_flagged_steps_is_one_spike_and_a_later_one_is_another() -> None:
+    losses = _noisy(1000, 10)
+    losses[399:405] *= 40  # steps 400..405: one spike
+    losses[699] *= 40  # step 700: another
+    assert _spikes(losses) == [(400, 400), (700, 700)]
+
+
+def test_the_thresholds_are_honoured() -> None:
+    losses = _noisy(400, 11, noise=0.05)
+    losses[300] *= 2.0  # step 301: twice the median, ~14 MADs of this run's spread above it
+    assert _spikes(losses) == [(301, 301)]
+    assert _spikes(losses, SpikeThresholds(z=20)) == []  # more MADs asked for
+    assert _spikes(losses, SpikeThresholds(min_ratio=2.5)) == []  # more than twice the median asked for
+    flat = np.ones(300)  # no spread at all (MAD 0): min_ratio alone decides
+    assert _spikes(np.append(flat, 1.4)) == [] and _spikes(np.append(flat, 1.6)) == [(301, 301)]
+    assert _spikes(np.append(flat, 1.6), SpikeThresholds(min_ratio=2.0)) == []
+    short = SpikeThresholds(window=20, min_history=10)
+    spiky = np.append(np.ones(10), 3.0)
+    assert _spikes(spiky, short) == [(11, 11)] and _spikes(spiky[1:], short) == []  # 10 before it, then 9
+    for bad in ({"window": 1}, {"min_history": 1}, {"min_history": 300}, {"z": 0.0}, {"z": math.inf},
+                {"min_ratio": 0.5}):
+        with pytest.raises(ValueError, match="spike"):
+            SpikeThresholds(**bad)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.floats(min_value=-50, max_value=50), min_size=0, max_size=400),
+       st.lists(st.integers(min_value=1, max_value=90), min_size=1, max_size=12),
+       st.floats(min_value=1e-3, max_value=1e3))
+def test_judging_in_any_chunks_finds_what_judging_at_once_finds_at_any_scale(noise: list[float], cuts: list[int],
+                                                                               scale: float) -> None:
+    base = _noisy(400, 12)
+    losses = base * np.exp(np.resize(np.asarray(noise or [0.0]), 400) / 25)  # up to e**2 either way
+    at_once = _spikes(losses)
+    history = SpikeHistory(SpikeThresholds())
+    found: list[tuple[int, int]] = []
+    at = 0
+    for cut in cuts * 40:
+        if at >= len(losses):
+            break
+        history.feed(range(at + 1, at + cut + 1), losses[at:at + cut])
+        found += [(s.onset, s.step) for s in history.judge()]
+        at += cut
+    history.feed(range(at + 1, len(losses) + 1), losses[at:])
+    found += [(s.onset, s.step) for s in history.judge()]
+    assert found == at_once
+    assert _spikes(losses * scale) == at_once  # positive losses: a multiplicative rule
+    for onset, step in at_once:  # only upward: a flagged loss is above its window's median
+        assert losses[step - 1] > np.median(losses[max(0, step - 1 - 200):step - 1])
+
+
+def test_the_history_forgets_what_a_restore_undid_and_judges_the_replay_again() -> None:
+    losses = _noisy(300, 13)
+    losses[249] *= 50  # step 250
+    history = SpikeHistory(RULE)
+    history.feed(range(1, 261), losses[:260])
+    assert [(s.onset, s.step) for s in history.judge()] == [(250, 250)]
+    history.rewind(240)  # the state of step 240 restored
+    assert history.kept == 180  # (the window's 200, of steps 61..260: 241..260 are undone)
+    history.feed(range(241, 261), losses[240:260])  # the same steps again: the same spike
+    assert [s.step for s in history.judge()] == [250]
+    history.rewind(240)
+    history.feed([241, 242], [1.0, 1.0])
+    history.rewind(241)  # fed, not judged yet: what came after the restore is dropped
+    history.feed(range(242, 261), np.delete(losses[241:260], 249 - 241))  # step 250's batch skipped
+    assert history.judge() == ()
+
+
+# ---------------------------------------------------------------------------------- the policy
+def test_the_policy_parses_and_refuses_rollback_where_it_is_not_built() -> None:
+    assert spike.parse(None) == OnSpike.WARN == spike.DEFAULT and spike.parse("rollback") == OnSpike.ROLLBACK
+    with pytest.raises(ValueError, match="on_spike must be one of rollback, stop, warn, off, not 'skip'"):
+        spike.parse("skip")
+    assert spike.refusal(OnSpike.ROLLBACK, group=False, graph=False) == ""
+    assert spike.refusal(OnSpike.WARN, group=True, graph=True) == "" and spike.refusal(OnSpike.STOP, True, True) == ""
+    group = spike.refusal(OnSpike.ROLLBACK, group=True, graph=False)
+    assert group.startswith("--on-spike rollback is not supported in a trainer group") and "\n" not in group
+    assert "TF1 graph program" in spike.refusal(OnSpike.ROLLBACK, group=False, graph=True)
+    assert "parameter-server job (--ps)" in spike.refusal(OnSpike.ROLLBACK, group=False, graph=False, ps=True)
+    assert spike.unsupported("Keras fit").startswith("--on-spike rollback is not supported in Keras fit yet")
+
+
+def test_a_spikes_steps_count_against_max_skips_together() -> None:
+    budget = SkipBudget(max_skips=3, skip_window=1000, skipped=[100])
+    assert budget.first_refused(range(500, 502)) is None  # 3 in all
+    assert budget.first_refused(range(500, 503)) == 502  # a 4th
+    assert budget.first_refused([100, 500, 501]) is None  # skipped already: no more
+    assert budget.skipped == [100]  # (asking changes nothing)
+
+
+class _Walk:
+    """What the response asks of the rollback's walk, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def restored(self) -> None:
+        self.calls.append(("restored", None))
+
+    def skip_quietly(self, steps: Any) -> None:
+        self.calls.append(("quietly", list(steps)))
+
+    def plan_next(self, step: int) -> None:
+        self.calls.append(("plan_next", step))
+
+
+def _response(policy: OnSpike, restore: Any = None, committed: int = 60) -> tuple[SpikeResponse, NonfiniteWatch,
+                                                                                   list[Any], _Walk]:
+    told: list[Any] = []
+    walk = _Walk()
+    watch = NonfiniteWatch(None, ("loss",), (), 3, 1000, spike_policy=policy, spiked=lambda found, step: None)
+    history = watch.spikes
+    assert history is not None
+
+    def undone(step: int) -> None:  # (as the rollback's: the history forgets what the restore undid)
+        told.append(("undone", step))
+        history.rewind(step)
+
+    response = SpikeResponse(watch, walk, told.append,  # type: ignore[arg-type]
+                             restore or (lambda step: (60, "the in-memory snapshot", "memory", "/m#slot1", 0.01)),
+                             undone, lambda step: committed, lambda step: f"step {step} would be skip 4 (--max-skips 3)")
+    return response, watch, told, walk
+
+
+FOUND = Spike(onset=65, step=66, loss=15.0, threshold=2.6, median=0.3, history=40, losses=(8.0, 15.0))
+
+
+def test_warn_records_the_spike_says_one_line_and_trains_on(capsys: pytest.CaptureFixture[str]) -> None:
+    response, watch, told, walk = _response(OnSpike.WARN)
+    response.judged((FOUND,), 70)
+    (record,) = told
+    assert (record.KIND, record.step, record.onset, record.loss, record.threshold, record.median, record.action) == \
+        ("spike_detected", 66, 65, 15.0, 2.6, 0.3, "warn")
+    err = capsys.readouterr().err
+    assert err == f"procsv: {FOUND.describe()}; --on-spike warn: training on\n"
+    assert walk.calls == [] and watch.budget.skipped == []
+
+
+def test_stop_refuses_the_snapshot_and_stops_in_order_with_exit_code_4(capsys: pytest.CaptureFixture[str]) -> None:
+    response, watch, told, _ = _response(OnSpike.STOP)
+    with pytest.raises(LossSpiked) as refused:
+        response.judged((FOUND,), 70)
+    assert told[0].action == "stop" and (refused.value.onset, refused.value.detected, refused.value.step) == (65, 66, 70)
+    with pytest.raises(TrainingDiverged) as stopped:
+        response.refused(refused.value, final=False)
+    assert stopped.value.code == 4
+    line = capsys.readouterr().err.strip()
+    assert line == (f"procsv: {FOUND.describe()}; --on-spike stop: stopping in order with exit code 4 (diverging), "
+                    "without a checkpoint of this state (the newest committed checkpoint is of step 60)")
+
+
+def test_rollback_replays_the_spike_first_and_skips_its_steps_when_the_replay_gives_its_losses_again(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    response, watch, told, walk = _response(OnSpike.ROLLBACK)
+    with pytest.raises(LossSpiked) as refused:
+        response.judged((FOUND,), 70)
+    response.refused(refused.value, final=False)  # restored before the onset, to replay it: no stop, no skip
+    assert [getattr(m, "KIND", m) for m in told] == ["spike_detected", ("undone", 60), "rolled_back"]
+    assert (told[2].step, told[2].restored_step, told[2].skip) == (65, 60, False)
+    assert walk.calls == [("restored", None), ("plan_next", 60)] and watch.budget.skipped == []
+    assert capsys.readouterr().err.strip().endswith("--on-spike rollback: restored step 60 from the in-memory "
+                                                    "snapshot, replaying steps 65-66 to tell a transient fault of "
+                                                    "the machine from the data's; training on")
+    told.clear()
+    walk.calls.clear()
+    assert watch.spikes is not None
+    watch.spikes.feed(range(61, 71), [0.3, 0.3, 0.3, 0.3, 8.0, 15.0, 0.3, 0.3, 0.3, 0.3])  # the replay: the same
+    found = watch.spikes.judge()  # (too few losses for the rule: the comparison decides, not a new flag)
+    with pytest.raises(LossSpiked) as again:  # the first check past step 66: its losses again, bit for bit
+        response.judged(found, 70)
+    response.refused(again.value, final=False)
+    kinds = [getattr(m, "KIND", m) for m in told]
+    assert kinds == ["spike_replayed", ("undone", 60), "rolled_back", "step_skipped", "step_skipped"]
+    assert (told[0].reproduced, told[0].loss, told[0].replay_loss) == (True, 15.0, 15.0)
+    assert told[2].skip and [m.step for m in told[3:]] == [65, 66] and [m.skipped for m in told[3:]] == [1, 2]
+    assert watch.budget.skipped == [65, 66]
+    assert walk.calls == [("restored", None), ("quietly", [65, 66]), ("plan_next", 60)]
+    assert capsys.readouterr().err.strip().endswith("and so again when replayed, bit for bit; --on-spike rollback: "
+                                                    "restored step 60 from the in-memory snapshot, replaying to step 64, "
+                                                    "then skipping steps 65-66; training on")
+
+
+def test_a_spike_the_replay_does_not_give_again_was_the_machines_and_nothing_is_skipped(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    response, watch, told, walk = _response(OnSpike.ROLLBACK)
+    with pytest.raises(LossSpiked) as refused:
+        response.judged((FOUND,), 70)
+    response.refused(refused.value, final=False)
+    told.clear()
+    capsys.readouterr()
+    assert watch.spikes is not None
+    watch.spikes.feed(range(61, 71), [0.3] * 10)  # the replay: no spike at 65-66 this time
+    assert watch.spikes.judge() == ()
+    response.judged((), 70)  # no exception: the snapshot is taken
+    (verdict,) = told
+    assert (verdict.KIND, verdict.step, verdict.onset, verdict.reproduced, verdict.loss, verdict.replay_loss,
+            verdict.host) == ("spike_replayed", 66, 65, False, 15.0, 0.3, socket.gethostname())
+    assert watch.budget.skipped == [] and ("quietly", [65, 66]) not in walk.calls
+    assert capsys.readouterr().err.strip() == (
+        f"procsv: the loss spike at step 66 did not come again when replayed (loss 15, then 0.3): a transient fault "
+        f"of this machine ({socket.gethostname()}), not the data's; its batches are kept; training on")
+    response.judged((), 80)  # said once
+    assert len(told) == 1
+    with pytest.raises(LossSpiked) as refused:  # another spike of those steps, later: replayed again
+        response.judged((FOUND,), 90)
+    response.refused(refused.value, final=False)
+    told.clear()
+    watch.spikes.feed(range(61, 71), [0.3, 0.3, 0.3, 0.3, 9.0, 14.0, 0.3, 0.3, 0.3, 0.3])
+    watch.spikes.judge()
+    flagged = Spike(65, 66, 14.0, 2.6, 0.3, 40, (9.0, 14.0))  # flagged again, with other losses: the machine's
+    response.judged((flagged,), 70)  # no exception: nothing refused, and no new replay of it
+    assert [(m.KIND, m.reproduced, m.replay_loss) for m in told] == [("spike_replayed", False, 14.0)]
+
+
+def test_a_rollback_it_cannot_do_stops_saying_why(capsys: pytest.CaptureFixture[str]) -> None:
+    response, watch, _, _ = _response(OnSpike.ROLLBACK, restore=lambda step: f"nothing before step {step}")
+    for final, why in ((False, "nothing before step 65"),
+                       (True, "it was found by the final checkpoint's check, with no step left to replay")):
+        with pytest.raises(TrainingDiverged):
+            response.refused(LossSpiked(70, 65, 66, FOUND.describe()), final=final)
+        assert capsys.readouterr().err.strip().endswith(f"(no rollback: {why})")
+    response, watch, _, _ = _response(OnSpike.ROLLBACK)
+    with pytest.raises(LossSpiked) as first:
+        response.judged((FOUND,), 70)
+    response.refused(first.value, final=False)  # replayed
+    watch.budget.skip(10)
+    watch.budget.skip(20)
+    assert watch.spikes is not None
+    watch.spikes.feed(range(61, 71), [0.3, 0.3, 0.3, 0.3, 8.0, 15.0, 0.3, 0.3, 0.3, 0.3])
+    watch.spikes.judge()
+    with pytest.raises(LossSpiked) as again:  # given again by the replay: its steps are to be skipped
+        response.judged((), 70)
+    with pytest.raises(TrainingDiverged):  # 65 and 66 would be skips 3 and 4
+        response.refused(again.value, final=False)
+    assert "(no rollback: skipping steps 65-66: step 66 would be skip 4 (--max-skips 3))" in capsys.readouterr().err
+    assert watch.budget.skipped == [10, 20]
+
+
+def test_a_spike_during_a_non_finite_steps_rollback_is_only_said(capsys: pytest.CaptureFixture[str]) -> None:
+    response, watch, told, _ = _response(OnSpike.ROLLBACK)
+    watch.retry.aim(80, skipping=False)  # step 80's retry is due
+    response.judged((FOUND,), 70)  # no raise
+    assert told[0].action == "warn"
+    assert "(not rolled back: the rollback of non-finite step 80 is under way)" in capsys.readouterr().err
+
+
+def test_off_keeps_no_history_and_judges_nothing() -> None:
+    watch = NonfiniteWatch(None, ("loss",), (), spike_policy=OnSpike.OFF, spiked=lambda found, step: None)
+    assert watch.spikes is None  # (no history)
+    watch.judge_spikes(10)  # nothing to judge
+
+
+# ---------------------------------------------------------------------------------- the kept losses
+def test_a_check_reads_the_kept_losses_once_and_hands_the_finite_ones_with_their_steps_to_the_rule() -> None:
+    import tensorflow as tf
+
+    judged: list[tuple[list[int], list[float]]] = []
+    watch = NonfiniteWatch(None, ("loss",), (), spike_policy=OnSpike.WARN,
+                           spiked=lambda found, step: judged.extend(([s.step], [s.loss]) for s in found))
+    losses = watch.losses
+    assert watch.spikes is not None
+    values = _noisy(150, 14).astype(np.float32)
+    values[139] = 40.0  # step 140
+    for s in range(1, 151):
+        losses.keep(s, tf.constant(values[s - 1]) if s != 20 else float(values[s - 1]))  # one host value
+    reads = losses.reads
+    watch.precheck(150)
+    assert losses.reads == reads + 1  # one read for the 149 device scalars (3 chunks: 64, 64, 21)
+    assert judged == [([140], [40.0])]
+    assert watch.spikes.kept == 150  # every step's (padding none of them)
+    losses.keep(151, tf.constant(float("nan")))
+    losses.keep(152, tf.constant(1.0))
+    assert losses.check() == 151  # still found, in the same one read
+    assert watch.spikes.kept == 150  # 152 fed, not judged yet
+
+
+def test_without_a_sink_the_check_still_reads_only_the_sum() -> None:
+    import tensorflow as tf
+
+    watch = NonfiniteWatch(None, ("loss",), (), spike_policy=OnSpike.OFF)
+    for s in range(1, 101):
+        watch.losses.keep(s, tf.constant(1.0))
+    watch.precheck(100)
+    assert watch.losses.reads == 1
