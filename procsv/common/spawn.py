@@ -7,7 +7,11 @@ with one ``killpg``, and a terminal's Ctrl-C reaches only the watchdog, which tu
 orderly stop. Children arm a parent-death signal themselves (:func:`procsv.common.bootstrap.die_with_parent`).
 
 Shared by two starters: the watchdog (:mod:`procsv.watchdog.children`) and a standalone Supervisor
-(:mod:`procsv.trainer.standalone`), which runs in the trainer process.
+(:mod:`procsv.trainer.standalone`), which runs in the trainer process. And a child forked rather
+than spawned (a zygote's trainer, a launch's zygote or service seed) becomes in its own process what
+a spawn would have started: its log (:func:`open_log`), stdio, environment and working directory
+(:func:`take_over`), none of its forker's descriptors (:func:`close_inherited`), an exit that never
+returns into its forker's frames (:func:`exit_after`).
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Mapping, Optional, Sequence
+import traceback
+from typing import Callable, Mapping, NoReturn, Optional, Sequence
 
 from procsv.common import env as envvars
 from procsv.common.bootstrap import CONFIG_VERSION
@@ -108,6 +113,79 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: str, cwd: Optio
         start_new_session=True,
         close_fds=True,
     )
+
+
+# ------------------------------------------------------------------ in a child forked, not spawned
+# A zygote's trainer and a launch's seeds (procsv.zygote.seed, procsv.services.seed) are forks that must end up
+# as a spawn through logged_argv would: these give them what the shell and the interpreter's start give it.
+
+
+def exit_after(body: Callable[[], int]) -> NoReturn:
+    """In a forked child: run ``body`` and end the process with its exit code (a ``SystemExit``'s; 1,
+    after its traceback, for an uncaught exception), never returning into the frames it was forked in."""
+    code = 70
+    try:
+        code = body()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def open_log(path: str, say: int) -> int:
+    """The attempt's log, opened for appending; if it cannot be (EIO, ESTALE, a quota, a removed
+    ``logs/``), one line on ``say`` (the parent's stderr) and ``/dev/null``: as a fresh spawn, the
+    process still starts, its output discarded (a log is never a reason to leave a process down)."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        line = f"procsv: cannot open {path} ({exc.strerror or exc}); this process's output is discarded\n"
+        try:
+            os.write(say, line.encode(errors="replace"))
+        except OSError:
+            pass
+        return os.open(os.devnull, os.O_WRONLY)
+
+
+def take_over(log: int, environ: Mapping[str, str], cwd: str) -> None:
+    """Become, in a fork, what a process started with ``environ`` in ``cwd`` would be: stdin from
+    ``/dev/null``, stdout (line-buffered) and stderr the descriptor ``log`` (closed here), ``os.environ``
+    replaced, the working directory changed. (A zygote's forked trainer; a seed its zygote or service.)"""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.close(null)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
+
+
+def close_inherited(keep: tuple[int, ...]) -> None:
+    """Let go of every descriptor above 2 but ``keep`` (what a spawn with ``close_fds`` has), each
+    number kept by ``/dev/null``: the launch's interpreter may hold one in a Python object (a logging
+    FileHandler's stream, a socket) that the zygote and its trainers inherit; closed, the number would
+    be reused (the trainer's ZeroMQ eventfd, a checkpoint's file) and that object would write into it,
+    or close it."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd not in keep and fd != null:
+            try:
+                os.fstat(fd)
+            except OSError:
+                continue  # (the listing's own descriptor, closed already)
+            os.dup2(null, fd)
+    os.close(null)
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:

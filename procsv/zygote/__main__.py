@@ -36,12 +36,11 @@ import signal
 import socket
 import sys
 import time
-import traceback
-from typing import Callable, Mapping, NoReturn, Optional
+from typing import NoReturn, Optional
 
 from procsv.ipc.messages import ForkReply, ForkRequest, ZygoteReady
 from procsv.ipc.pipe import FramedReader, write_framed
-from procsv.common import bootstrap, env, faults, stopfrom
+from procsv.common import bootstrap, env, faults, spawn, stopfrom
 
 ADOPTION_WAIT = 30.0  # seconds a trainer waits for the intermediate child's exit to re-parent it
 
@@ -161,26 +160,7 @@ def _intermediate(req: ForkRequest, theirs: int, say: int, parent_pid: Optional[
             faults.wait_gate()
         os.write(theirs, f"{pid}\n".encode())
         os._exit(0)
-    exit_after(lambda: _become_trainer(req, theirs, say, parent_pid))
-
-
-def exit_after(body: Callable[[], int]) -> NoReturn:
-    """In a forked child: run ``body`` and end the process with its exit code (a ``SystemExit``'s; 1,
-    after its traceback, for an uncaught exception), never returning into the frames it was forked in."""
-    code = 70
-    try:
-        code = body()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+    spawn.exit_after(lambda: _become_trainer(req, theirs, say, parent_pid))
 
 
 def _adopted_by(parent: int, theirs: int) -> bool:
@@ -192,21 +172,6 @@ def _adopted_by(parent: int, theirs: int) -> bool:
     return os.getppid() == parent
 
 
-def open_log(path: str, say: int) -> int:
-    """The attempt's log, opened for appending; if it cannot be (EIO, ESTALE, a quota, a removed
-    ``logs/``), one line on ``say`` (the parent's stderr) and ``/dev/null``: as a fresh spawn, the
-    trainer still starts, its output discarded (a log is never a reason to leave a process down)."""
-    try:
-        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    except OSError as exc:
-        line = f"procsv: cannot open {path} ({exc.strerror or exc}); this process's output is discarded\n"
-        try:
-            os.write(say, line.encode(errors="replace"))
-        except OSError:
-            pass
-        return os.open(os.devnull, os.O_WRONLY)
-
-
 def _leaves_stops_to_supervisor(child_env: dict[str, str], parent_pid: Optional[int]) -> bool:
     """A supervised group's worker (task > 0): a stop signal sent to every process of the job would end
     it at its own step boundary, one step apart from the chief, whose next collective then fails
@@ -216,22 +181,6 @@ def _leaves_stops_to_supervisor(child_env: dict[str, str], parent_pid: Optional[
         return False
     authority = stopfrom.Authority.parent("the watchdog", parent_pid)
     return stopfrom.forward_to_handlers(authority, f"procsv worker{child_env.get(env.RANK)}")
-
-
-def take_over(log: int, environ: Mapping[str, str], cwd: str) -> None:
-    """Become, in a fork, what a process started with ``environ`` in ``cwd`` would be: stdin from
-    ``/dev/null``, stdout (line-buffered) and stderr the descriptor ``log`` (closed here), ``os.environ``
-    replaced, the working directory changed. (A forked trainer here; a zygote seed its zygote.)"""
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
-    os.close(null)
-    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-    os.environ.clear()
-    os.environ.update(environ)
-    os.chdir(cwd)
 
 
 def _become_trainer(req: ForkRequest, theirs: int, say: int, parent_pid: Optional[int]) -> int:
@@ -246,10 +195,10 @@ def _become_trainer(req: ForkRequest, theirs: int, say: int, parent_pid: Optiona
         signal.signal(sig, signal.SIG_DFL)
     if req.env.get(env.STANDBY) != "1" and not _leaves_stops_to_supervisor(req.env, parent_pid):
         stopfrom.unblock()  # (a standby reads them in its wait, with their senders)
-    log = open_log(req.log_path, say)
+    log = spawn.open_log(req.log_path, say)
     if say > 2:
         os.close(say)
-    take_over(log, {**req.env, env.PARENT_PID: raw}, req.cwd)
+    spawn.take_over(log, {**req.env, env.PARENT_PID: raw}, req.cwd)
     np = sys.modules.get("numpy")
     if np is not None:
         np.random.seed()  # as in a fresh process: numpy's global generator is not shared across forks

@@ -10,7 +10,7 @@ procsv.zygote`` spends about 2.3 s of CPU importing TensorFlow, the seed a fork.
 The seed takes a session of its own at once (as a spawned child does), arms its parent-death signal,
 ignores SIGHUP and the run's ``--preempt-signal`` (as a spawn's shell does before its exec), lets go
 of every descriptor it inherited but its two pipes and the copy of the watchdog's stderr (each number
-kept by ``/dev/null``: :func:`_close_inherited`), and waits for
+kept by ``/dev/null``: :func:`procsv.common.spawn.close_inherited`), and waits for
 one :class:`ZygoteStart` on its request pipe. Then it becomes what ``python -m procsv.zygote`` started
 with that message's environment, log and working directory would be: stdin from ``/dev/null``, stdout
 and stderr appended to the log (or discarded, with one line on the watchdog's stderr, when the log
@@ -30,7 +30,7 @@ from typing import NamedTuple, NoReturn, Optional
 
 from procsv.ipc.messages import ZygoteStart
 from procsv.ipc.pipe import read_one_framed
-from procsv.common import bootstrap
+from procsv.common import bootstrap, spawn
 from procsv.zygote import __main__ as zygote
 
 
@@ -49,13 +49,19 @@ IMPORT_THREADS = 1  # native threads a process that only imported TensorFlow (2.
 
 def unfit() -> Optional[str]:
     """Why a fork of this process cannot stand for ``python -m procsv.zygote`` (None: it can).
-    TensorFlow not imported (a seed would import it as a fresh zygote does); a second Python thread
-    (a fork copies only this one: a lock another held stays held in the child); TensorFlow's runtime
-    started (:func:`tensorflow_ran`), or more native threads than its import leaves
-    (:data:`IMPORT_THREADS`; the zygote forks every trainer with that one): forked after an op,
-    every trainer's first op waits forever."""
+    TensorFlow not imported (a seed would import it as a fresh zygote does), or any
+    :func:`fork_hazard`: the zygote forks every trainer with TensorFlow's import-time thread alone."""
     if "tensorflow" not in sys.modules:
         return "TensorFlow is not imported in this process"
+    return fork_hazard()
+
+
+def fork_hazard() -> Optional[str]:
+    """Why a fork of this process would not be a sound start for a child (None: it would; the launch's
+    service seeds, :mod:`procsv.services.seed`, ask this alone). A second Python thread (a fork copies
+    only this one: a lock another held stays held in the child); TensorFlow's runtime started
+    (:func:`tensorflow_ran`), or more native threads than its import leaves (:data:`IMPORT_THREADS`):
+    forked after an op, the child's first op waits forever."""
     if threading.active_count() > 1:
         return f"this process runs {threading.active_count() - 1} thread(s) besides its own"
     if tensorflow_ran() or len(os.listdir("/proc/self/task")) - threading.active_count() > IMPORT_THREADS:
@@ -87,14 +93,14 @@ def plant(preempt_signal: int) -> Planted:
 def grow(req_fd: int, rep_fd: int, say_fd: int, parent_pid: int, preempt_signal: int) -> NoReturn:
     """In the seed, right after the fork: wait for its :class:`ZygoteStart`, then run the zygote
     (see the module docstring); ends the process."""
-    zygote.exit_after(lambda: _grown(req_fd, rep_fd, say_fd, parent_pid, preempt_signal))
+    spawn.exit_after(lambda: _grown(req_fd, rep_fd, say_fd, parent_pid, preempt_signal))
 
 
 def _grown(req_fd: int, rep_fd: int, say_fd: int, parent_pid: int, preempt_signal: int) -> int:
     os.setsid()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     bootstrap.die_with_parent(parent_pid=parent_pid, preempt_signal=preempt_signal)
-    _close_inherited((req_fd, rep_fd, say_fd))
+    spawn.close_inherited((req_fd, rep_fd, say_fd))
     start = _read_start(req_fd)
     return 0 if start is None else _become_zygote(start, say_fd)
 
@@ -117,24 +123,6 @@ def tensorflow_ran() -> bool:
     return False
 
 
-def _close_inherited(keep: tuple[int, ...]) -> None:
-    """Let go of every descriptor above 2 but ``keep`` (what a spawn with ``close_fds`` has), each
-    number kept by ``/dev/null``: the launch's interpreter may hold one in a Python object (a logging
-    FileHandler's stream, a socket) that the zygote and its trainers inherit; closed, the number would
-    be reused (the trainer's ZeroMQ eventfd, a checkpoint's file) and that object would write into it,
-    or close it."""
-    null = os.open(os.devnull, os.O_RDWR)
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd > 2 and fd not in keep and fd != null:
-            try:
-                os.fstat(fd)
-            except OSError:
-                continue  # (the listing's own descriptor, closed already)
-            os.dup2(null, fd)
-    os.close(null)
-
-
 def _read_start(req_fd: int) -> Optional[ZygoteStart]:
     """The seed's one message, or None at EOF (a message of another kind is a bug: it raises)."""
     msg = read_one_framed(req_fd)
@@ -145,6 +133,6 @@ def _read_start(req_fd: int) -> Optional[ZygoteStart]:
 
 def _become_zygote(start: ZygoteStart, say_fd: int) -> int:
     """Take the zygote's log, environment and working directory, and run it (its exit code)."""
-    zygote.take_over(zygote.open_log(start.log_path, say_fd), start.env, start.cwd)
+    spawn.take_over(spawn.open_log(start.log_path, say_fd), start.env, start.cwd)
     sys.argv = [zygote.__file__]
     return zygote.main()
