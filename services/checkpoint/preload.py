@@ -58,8 +58,15 @@ def needed(layout: Layout) -> str:
     return why if isinstance(why, str) else ""
 
 
+_LOADED = threading.Event()  # set once this process's loader imported TensorFlow
+
+
 def loaded() -> bool:
-    return "tensorflow" in sys.modules
+    """Whether this service loaded TensorFlow (its loader's import is done): not whether it is in
+    ``sys.modules``, where a service grown from a warm launch's fork (:mod:`procsv.services.seed`) has
+    it from its start; that one goes through its load as a fresh service does (told to the watchdog
+    and the trainer, remembered in the logdir), its import a look-up."""
+    return _LOADED.is_set()
 
 
 class Loader:
@@ -92,6 +99,8 @@ class Loader:
             import tensorflow  # noqa: F401
         except BaseException as exc:  # re-raised in the commit that waits for it
             self._error = exc
+        else:
+            _LOADED.set()
         self._done.set()
 
     def at_start(self) -> None:
