@@ -26,6 +26,7 @@ Who sends what (see docs/architecture.md for the full table):
   :mod:`procsv.ipc.pipe`): :class:`ForkRequest` down (to a zygote seed, :class:`ZygoteStart` first); :class:`ZygoteReady`,
   :class:`ForkReply` up
   (a forked trainer is the watchdog's own child: its exit status is the watchdog's ``waitpid``).
+* watchdog -> a service seed (the same framing, one pipe): one :class:`ServiceStart`.
 * master watchdog <-> node agents (``--nnodes M``: a ROUTER on ``--master-addr``, a DEALER per
   agent; ZeroMQ TCP with CURVE): :class:`NodeHello`, :class:`MemberStarted`, :class:`MemberEnded`,
   :class:`Relayed` (a member's own report, one of :data:`RELAYABLE`) up; :class:`MasterBeat`,
@@ -55,7 +56,7 @@ from procsv.ipc.summary_messages import (GraphEvent, ProtoRef, RunScalars, Sessi
 from procsv.ipc.watchdog_messages import (Hello, NonfiniteDetected, Progress, Promotion, RolledBack, SaveOverdue,
                                          ServiceLoading, SpikeDetected, SpikeReplayed, StandbyReady, StepSkipped,
                                          SummaryOverdue, TrainerReady)
-from procsv.ipc.zygote_messages import ForkReply, ForkRequest, ZygoteReady, ZygoteStart
+from procsv.ipc.zygote_messages import ForkReply, ForkRequest, ServiceStart, ZygoteReady, ZygoteStart
 from procsv.ipc.node_messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStarted, NodeHello, NodeRefused,
                                       NodeStop, Relayed, SignalMember, StartMembers)
 from procsv.ipc.replica_messages import ReplicaCopy, ReplicaHello
@@ -101,6 +102,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     RunScalars,
     ZygoteReady,
     ZygoteStart,
+    ServiceStart,
     ForkRequest,
     ForkReply,
     NodeHello,
@@ -125,7 +127,7 @@ __all__ = [
     "GroupQuery", "GroupHeld", "GroupFetch", "GroupCopy", "GroupCopyHeld", "GroupCopyRefused",
     "ReplicaHello", "ReplicaCopy",
     "SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "GraphEvent", "RunScalars",
-    "ZygoteReady", "ZygoteStart", "ForkRequest", "ForkReply",
+    "ZygoteReady", "ZygoteStart", "ServiceStart", "ForkRequest", "ForkReply",
     "NodeHello", "MasterBeat", "StartMembers", "SignalMember", "NodeStop", "NodeRefused", "MemberStarted", "MemberEnded",
     "Relayed", "RELAYABLE",
 ]

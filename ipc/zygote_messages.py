@@ -1,8 +1,10 @@
-"""The messages of the zygote's pipe, between the watchdog and the pre-warmed trainer (zygote).
+"""The messages of the zygote's pipe, between the watchdog and the pre-warmed trainer (zygote), and
+of a service seed's.
 
 Length-prefixed frames on a pipe pair (:mod:`procsv.ipc.pipe`): the watchdog sends
 :class:`ForkRequest` (and, to a zygote seed, first :class:`ZygoteStart`); the zygote sends :class:`ZygoteReady` and :class:`ForkReply` (no exit
-status: what the zygote forks is its parent's child, reaped there).
+status: what the zygote forks is its parent's child, reaped there). A service seed's pipe (one way)
+carries a single :class:`ServiceStart`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,18 @@ class ZygoteStart(Message):
 
 
 @dataclass(frozen=True)
+class ServiceStart(Message):
+    """Watchdog -> a service seed (:mod:`procsv.services.seed`, forked at the launch's start with its
+    service's modules imported): become the service, with this environment, log and working directory,
+    as ``python -m procsv.services.<role>`` started with them would be."""
+
+    KIND: ClassVar[str] = "service_start"
+    env: dict[str, str]
+    log_path: str
+    cwd: str
+
+
+@dataclass(frozen=True)
 class ForkRequest(Message):
     """Watchdog -> zygote: fork a trainer running ``argv`` (procsv.trainer's) with this environment."""
 
@@ -58,4 +72,4 @@ class ForkReply(Message):
     rank: int = 0
 
 
-__all__ = ["ZygoteReady", "ZygoteStart", "ForkRequest", "ForkReply"]
+__all__ = ["ZygoteReady", "ZygoteStart", "ServiceStart", "ForkRequest", "ForkReply"]

@@ -232,6 +232,16 @@ def wait_role_pid(logdir: str, role: str, timeout: float = 30) -> int:
     return pid
 
 
+def runtime_dir(pid: int) -> str:
+    """The run's runtime directory, from its checkpoint or summary service ``pid``: where the socket it
+    bound is. (Not its ``/proc`` environment: a service grown from a seed, the launch's first, shows
+    the launch's there: ``services/seed.py``.)"""
+    for conn in psutil.Process(pid).net_connections(kind="unix"):
+        if isinstance(conn.laddr, str) and os.path.basename(conn.laddr) in ("checkpoint.sock", "summary.sock"):
+            return os.path.dirname(conn.laddr)
+    raise AssertionError(f"pid {pid} has bound no service socket: {psutil.Process(pid).net_connections(kind='unix')}")
+
+
 def committed_steps(logdir: str) -> list[int]:
     folder = os.path.join(logdir, ".procsv", "checkpoints")
     try:

@@ -163,6 +163,8 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
     ("run-scalars-empty", m.RunScalars(step=0, wall_time=0.0, tags=[], values=[]), []),
     ("zygote-ready", m.ZygoteReady(pid=7, import_secs=4.2), []),
     ("zygote-start", m.ZygoteStart(env={"PROCSV_ZYGOTE_FDS": "3,4,5"}, log_path="/r/logs/zygote.1.log", cwd="/r"), []),
+    ("service-start", m.ServiceStart(env={"PROCSV_ROLE": "checkpoint"}, log_path="/r/logs/checkpoint.1.log",
+                                     cwd="/r"), []),
     ("fork-request", m.ForkRequest(attempt=2, argv=["python", "-m", "procsv.trainer", "x"],
                                    env={"PROCSV_ATTEMPT": "2", "PATH": "/usr/bin"}, log_path="/r/logs/trainer.2.log",
                                    cwd="/r"), []),

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from conftest import (PROGRAMS, burners, finish, launch, lifecycle, on_one_core, proc_children, quiet_env, raw_status,
-                      role_pid, run_processes, wait_for)
+                      role_pid, run_processes, runtime_dir, wait_for)
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
 KILLS = 24
@@ -65,7 +65,7 @@ def test_two_dozen_kills_at_load_each_restart_forks_and_leaves_nothing(logdir):
             os.kill(spawned["pid"], signal.SIGKILL)
         live = wait_for(lambda: [e for e in _trainers(logdir) if e["attempt"] == KILLS + 1], 120,
                         what="the last restart")[0]["pid"]
-        runtime = psutil.Process(role_pid(logdir, "checkpoint")).environ()["PROCSV_RUNTIME_DIR"]
+        runtime = runtime_dir(role_pid(logdir, "checkpoint"))
         wait_for(lambda: not _zombies(proc.pid), 30, what="no zombie child of the watchdog")
         wait_for(lambda: len([n for n in os.listdir(runtime) if n.endswith(".mutex")]) <= 1, 30,
                  what="only the live attempt's mutex")

@@ -29,7 +29,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import committed_steps, finish, launch, quiet_env, raw_status, status_json, wait_for
+from conftest import committed_steps, finish, launch, quiet_env, raw_status, runtime_dir, status_json, wait_for
 from procsv.ipc import messages as m
 from procsv.ipc.codec import ProtocolError, RejectReason, decode, encode
 from procsv.ipc.transport import CHECKPOINT_FRAME_MAX, CONTROL_FRAME_MAX, SUMMARY_FRAME_MAX, Endpoints
@@ -291,9 +291,7 @@ def _pids(logdir: str) -> dict[str, int]:
 
 
 def _runtime_dir(pid: int) -> str:
-    import psutil
-
-    return psutil.Process(pid).environ()["PROCSV_RUNTIME_DIR"]
+    return runtime_dir(pid)
 
 
 def _restore(path: str) -> int:

@@ -11,7 +11,7 @@ import tempfile
 import psutil
 import pytest
 
-from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, wait_for, wait_role_pid
+from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, runtime_dir, wait_for, wait_role_pid
 from proc_checks import gone
 from procsv.common.layout import RUNTIME_LOCK, RUNTIME_OWNER, RuntimeDir, release_runtime_dir, remove_stale_runtime_dirs
 
@@ -114,7 +114,7 @@ def test_the_runtime_directory_of_a_killed_launch_is_removed_by_the_next_one(log
     first = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, env=env)
     wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 0, 90, what="the first launch's trainer")
     trainer = next(p["pid"] for p in raw_status(logdir)["processes"] if p["role"] == "trainer")
-    runtime = psutil.Process(wait_role_pid(logdir, "checkpoint")).environ()["PROCSV_RUNTIME_DIR"]  # (spawned: its own)
+    runtime = runtime_dir(wait_role_pid(logdir, "checkpoint"))
     os.kill(first.pid, signal.SIGKILL)  # the watchdog cannot clean up after itself
     first.wait(30)
     wait_for(lambda: _dead(trainer), 30, what="the run to die with its watchdog")

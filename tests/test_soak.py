@@ -17,10 +17,9 @@ import subprocess
 import sys
 from typing import Any
 
-import psutil
 import pytest
 
-from conftest import PROGRAMS, REPO, finish, launch, lifecycle, quiet_env, role_pid, wait_for
+from conftest import PROGRAMS, REPO, finish, launch, lifecycle, quiet_env, role_pid, runtime_dir, wait_for
 from procsv.watchdog.logrotate import retired, rotate
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
@@ -129,7 +128,7 @@ def test_restarts_keep_the_first_and_last_logs_and_no_reaped_trainers_mutex(logd
     try:
         wait_for(lambda: sum(e["event"] == "restarted" for e in lifecycle(logdir)) >= 5, 120, 0.1,
                  what="5 trainer restarts")
-        runtime = psutil.Process(role_pid(logdir, "checkpoint")).environ()["PROCSV_RUNTIME_DIR"]
+        runtime = runtime_dir(role_pid(logdir, "checkpoint"))
         # the live attempt's, the one before it if it is not reaped yet, and the standby's: a live one, or
         # one killed as not ready at the restart and still dying at idle CPU priority (a promoted standby
         # keeps its standby.<attempt> file as the trainer); never one per restart: seen at every 0.1 s

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import zmq
 
-from conftest import finish, launch, quiet_env, raw_status, wait_for
+from conftest import finish, launch, quiet_env, raw_status, runtime_dir, wait_for
 from procsv.ipc.codec import ProtocolError, RejectReason, SchemaMismatch
 from procsv.ipc.rejections import Rejections
 from procsv.ipc.transport import (CHECKPOINT_FRAME_MAX, CONTROL_FRAME_MAX, SUMMARY_FRAME_MAX, Endpoints, bind_private,
@@ -192,7 +192,7 @@ def test_another_user_cannot_reach_any_socket_of_a_live_run(logdir):
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 0, 90, what="the first step")
         wait_for(lambda: min(_rejected(logdir).values()) >= 0, 30, what="every stats file")
         pids = _pids(logdir)
-        runtime = psutil.Process(pids["checkpoint"]).environ()["PROCSV_RUNTIME_DIR"]
+        runtime = runtime_dir(pids["checkpoint"])
         st = os.stat(runtime)
         assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
         assert os.path.dirname(runtime) == "/tmp"

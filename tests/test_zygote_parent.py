@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from conftest import (PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, ready_zygote, wait_for,
-                      wait_role_pid)
+from conftest import (PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, ready_zygote, runtime_dir,
+                      wait_for, wait_role_pid)
 
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
@@ -197,8 +197,6 @@ def test_a_standby_fork_that_is_never_answered_leaves_no_mutex(logdir):
     """Issue 51, point 9 (found on the way). Before: the death-notice mutex made for a standby whose
     fork was never answered (the zygote given up) stayed in the runtime directory and mapped in the
     watchdog for the rest of the run."""
-    import psutil
-
     proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "hot"))
     zygote = 0
     try:
@@ -208,7 +206,7 @@ def test_a_standby_fork_that_is_never_answered_leaves_no_mutex(logdir):
         assert not _events(logdir, "first_step"), "the trainer stepped before the zygote was stopped"
         wait_for(lambda: _events(logdir, "zygote_gone"), 90, what="the zygote given up")
         zygote = 0
-        runtime = psutil.Process(wait_role_pid(logdir, "checkpoint")).environ()["PROCSV_RUNTIME_DIR"]
+        runtime = runtime_dir(wait_role_pid(logdir, "checkpoint"))
         step = (raw_status(logdir) or {}).get("step", 0)
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > step + 20, 60, what="20 more steps")
         assert sorted(n for n in os.listdir(runtime) if n.endswith(".mutex")) == ["trainer.1.mutex"]

@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+from typing import Optional
 
 import psutil
 import pytest
@@ -35,9 +36,46 @@ def _spawned(logdir: str) -> list[tuple[str, int, str]]:
     return [(e["role"], e["attempt"], e["via"]) for e in lifecycle(logdir) if e["event"] == "spawned"]
 
 
+def _service(logdir: str, attempt: int) -> int:
+    """The pid of the checkpoint service's ``attempt``, once it is up (its stats file names it: written after
+    it lowered its priority, just before its Hello)."""
+    def up() -> Optional[int]:
+        pid = next((e["pid"] for e in lifecycle(logdir) if e["event"] == "spawned" and e["role"] == "checkpoint"
+                    and e["attempt"] == attempt), None)
+        try:
+            with open(os.path.join(logdir, ".procsv", "checkpoint_stats.json")) as fh:
+                return pid if pid is not None and json.load(fh).get("pid") == pid else None
+        except (OSError, ValueError):
+            return None
+
+    pid: int = wait_for(up, 90, what=f"the checkpoint service's attempt {attempt} to be up")
+    return pid
+
+
+def _as_started(pid: int, launch_pid: int) -> dict[str, object]:
+    """What a service's start gave it: its parent, session, stdio, signal dispositions and mask, nice level,
+    working directory, and whether it holds the launch's own stdout or stderr (the harness's pipes)."""
+    with open(f"/proc/{pid}/status") as fh:
+        status = dict(line.split(":", 1) for line in fh.read().splitlines() if ":" in line)
+    fds = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    process = psutil.Process(pid)
+    return {"ppid": process.ppid() == launch_pid, "session": os.getsid(pid) == pid,
+            "stdin": os.readlink(f"/proc/{pid}/fd/0"), "log": os.readlink(f"/proc/{pid}/fd/1").rsplit(".", 2)[0],
+            "stderr=stdout": os.readlink(f"/proc/{pid}/fd/2") == os.readlink(f"/proc/{pid}/fd/1"),
+            **{name: status[name].strip() for name in ("SigIgn", "SigBlk", "SigCgt")}, "nice": process.nice(),
+            "cwd": process.cwd(), "launch's stdio": bool(fds & {os.readlink(f"/proc/{launch_pid}/fd/{fd}")
+                                                             for fd in (1, 2)})}
+
+
 def test_a_warm_launch_grows_its_zygote_from_a_fork_whose_trainers_train_and_restart(logdir):
+    """... and its first services from forks too (``services/seed.py``), each started as a fresh one is:
+    the checkpoint service's seeded attempt, SIGKILLed, is replaced by a fresh one that matches it."""
     proc = launch(logdir, "--steps", "400", "--step-delay", "0.01", target=TINY)
     assert isinstance(proc, ForkedPopen), "the premise: this launch is a fork of the fork server (TensorFlow imported)"
+    seeded = _as_started(_service(logdir, 1), proc.pid)
+    assert seeded["log"] == os.path.join(logdir, "logs", "checkpoint") and not seeded["launch's stdio"], seeded
+    os.kill(_service(logdir, 1), signal.SIGKILL)
+    assert _as_started(_service(logdir, 2), proc.pid) == seeded  # the fresh replacement, started alike
     trainer = wait_role_pid(logdir, "trainer", 90)
     zygote = next(e["pid"] for e in lifecycle(logdir) if e["event"] == "spawned" and e["role"] == "zygote")
     seen = psutil.Process(zygote)
@@ -51,6 +89,8 @@ def test_a_warm_launch_grows_its_zygote_from_a_fork_whose_trainers_train_and_res
     assert code == 0, err
     spawned = _spawned(logdir)
     assert ("zygote", 1, "fork") in spawned, spawned
+    assert {s for s in spawned if s[0] in ("checkpoint", "summary")} == \
+        {("checkpoint", 1, "fork"), ("summary", 1, "fork"), ("checkpoint", 2, "fresh")}, spawned
     assert ("trainer", 1, "zygote") in spawned and any(r == "trainer" and a > 1 and v in ("zygote", "standby")
                                                         for r, a, v in spawned), spawned
     assert not [s for s in spawned if s[0] == "zygote" and s[2] == "fresh"], spawned  # no zygote lost
@@ -83,15 +123,17 @@ print(json.dumps({"codes": codes, "unfit": unfit_at, "ran": ran, "children": [p.
 
 
 def test_a_launch_without_tensorflow_or_after_its_runtime_ran_or_ended_early_starts_its_zygote_fresh(logdir):
-    """A fresh ``procsv launch`` spawns its zygote; from Python with ``--fork-prewarm``, a launch refused
-    after its seed was planted leaves none, and one from a program that ran TensorFlow (a Session, a
-    dataset: its thread pools) says why in one line and spawns it (forked, a trainer hangs at its
-    first op)."""
+    """A fresh ``procsv launch`` spawns its zygote (its services grow from seeds: no TensorFlow needed); from
+    Python with ``--fork-prewarm``, a launch refused after its seeds were planted leaves none, and one from a
+    program that ran TensorFlow (a Session, a dataset: its thread pools) says why in one line and spawns
+    it and its services (forked, a trainer hangs at its first op)."""
     fresh = subprocess.run([sys.executable, "-m", "procsv", "launch", TINY, "--logdir", os.path.join(logdir, "c"),
                             "--fork-prewarm", "--", "--steps", "5"], capture_output=True, text=True, env=quiet_env(),
                            cwd=REPO, timeout=240)
     assert fresh.returncode == 0, fresh.stderr
     assert ("zygote", 1, "fresh") in _spawned(os.path.join(logdir, "c"))
+    # its services grow from seeds all the same (a fork of the CLI's interpreter is sound)
+    assert {("checkpoint", 1, "fork"), ("summary", 1, "fork")} <= set(_spawned(os.path.join(logdir, "c")))
     assert "--fork-prewarm: TensorFlow is not imported in this process" in fresh.stderr
     warm = run_python(["-c", _WARM, logdir, TINY, os.path.join(PROGRAMS, "parallel_ops.py")], env=quiet_env(),
                       cwd=REPO, timeout=240)
@@ -102,8 +144,9 @@ def test_a_launch_without_tensorflow_or_after_its_runtime_ran_or_ended_early_sta
     assert said["codes"][0] == 2 and "no_such_program.py" in warm.stderr  # refused: the seed planted, then discarded
     assert said["codes"][1] == 0, warm.stderr
     assert "procsv: --fork-prewarm: " in warm.stderr and "starts as a fresh process" in warm.stderr
-    assert said["children"] == []  # both seeds reaped: none left running or a zombie
+    assert said["children"] == []  # every seed reaped (the zygote's, the services'): none left running or a zombie
     assert ("zygote", 1, "fresh") in _spawned(os.path.join(logdir, "b"))
+    assert {("checkpoint", 1, "fresh"), ("summary", 1, "fresh")} <= set(_spawned(os.path.join(logdir, "b")))
     for run in ("b", "c"):
         assert run_processes(os.path.join(logdir, run)) == []
 

@@ -51,6 +51,12 @@ def child_env(
     return env
 
 
+def inherited_env() -> dict[str, str]:
+    """What a child started now inherits of this process's environment (before its own variables are set):
+    a launch's service seed is forked with it (:func:`procsv.watchdog.seeds.suits`)."""
+    return dict(os.environ)
+
+
 # set in a child's environment when absent; TF_CPP_MIN_LOG_LEVEL is read at TensorFlow's import
 IMPORT_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
 

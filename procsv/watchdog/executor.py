@@ -47,6 +47,7 @@ from procsv.watchdog.rules.lifecycle import ProcState, RunState
 from procsv.watchdog.pstasks import PsCluster
 from procsv.watchdog.prewarm import PendingFork, Prewarmed, Zygote, ZygoteSeed, zygote_env
 from procsv.watchdog.rules import standby
+from procsv.watchdog.seeds import ServiceSeed
 from procsv.watchdog.rules.group import blame, rank_of, worker_slot
 from procsv.watchdog.rules.state import (CHECKPOINT, PS, SERVER, SERVICE_ROLES, STANDBY, TRAINER, WORKER, RunView,
                                          ZygoteState)
@@ -249,17 +250,19 @@ class Executor(Prewarmed):
         return Resume(tuple(self.view.skipped_steps),
                       bound[0] if bound is not None else None, first.restored_step if first is not None else None)
 
-    def spawn(self, slot: str, role: str, nodes: tuple[int, ...] = ()) -> None:
-        """Start the next attempt of ``slot`` and add it to the view (a trainer forked by the zygote:
-        :meth:`poll_fork` adds it). With ``--nproc N`` a trainer start is the whole
-        group's, each with its own ``TF_CONFIG`` on ports chosen now, over the hosts ``nodes`` (rule 15)."""
+    def spawn(self, slot: str, role: str, nodes: tuple[int, ...] = (), seed: Optional[ServiceSeed] = None) -> None:
+        """Start the next attempt of ``slot`` and add it to the view (a trainer forked by the zygote: :meth:`poll_fork`
+        adds it; a service grown from the launch's ``seed`` where it suits: :mod:`procsv.watchdog.seeds`). With ``--nproc
+        N`` a trainer start is the whole group's, each with its own ``TF_CONFIG`` on ports chosen now, over ``nodes``."""
         if self.ps_cluster is not None and role in (TRAINER, WORKER, PS, SERVER):  # --ps: each task alone (pstasks)
             return self.ps_cluster.start(self, slot, role)
         prev = self.view.children.get(slot)
         attempt = prev.attempt + 1 if prev else 1
         if role != TRAINER:
-            return self._fresh(slot, role, attempt, self._env(role, attempt), self.layout.attempt_log(role, attempt),
-                               None)
+            env, log_path = self._env(role, attempt), self.layout.attempt_log(role, attempt)
+            if seed is not None and (grown := seed.start(env, log_path, self.cfg.cwd)) is not None:
+                return self._started(slot, role, attempt, grown, log_path, None, "fork")
+            return self._fresh(slot, role, attempt, env, log_path, None)
         if self.limits.world == 1:
             return self._spawn_member(TRAINER, TRAINER, attempt, 0, {})
         hosts = nodes or tuple(range(self.limits.nnodes))

@@ -56,6 +56,7 @@ from procsv.watchdog.publish import badput
 from procsv.watchdog.publish.events import Event, skipped_steps
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.prewarm import ZygoteSeed
+from procsv.watchdog.seeds import ServiceSeeds
 from procsv.watchdog.exits import ChildEnds
 from procsv.watchdog.housekeeping import LogdirGuard, Sweeper, clear_group_records, clear_stale_temps
 from procsv.watchdog.logrotate import archive_launch
@@ -119,6 +120,8 @@ class Watchdog:
         self.view = RunView(launch_start=clock(), tasks_alone=cfg.ps > 0,
                             skipped_steps=list(skipped_steps(self.layout.lifecycle)))
         self.view.process_start = self.view.launch_start - since
+        # its first services' seeds, forked before its first thread (the Reporter's); run() uses or discards them
+        self.services = ServiceSeeds.plant(cfg.preempt_signal)  # (procsv.watchdog.seeds)
         self.out = Reporter(cfg, self.layout, clock, wall)
         self.out.started_wall -= since
         self.internal_errors = 0
@@ -135,6 +138,7 @@ class Watchdog:
             if self.seed is not None:  # a launch that ended before its executor took it
                 self.seed.discard()
                 self.seed = None
+            self.services.discard()  # (the same: those its first services did not grow from)
 
     def _run(self) -> int:
         check_target(self.cfg.target, self.cfg.cwd)
@@ -189,7 +193,7 @@ class Watchdog:
                                     f"{self.layout.logdir}")])
         try:
             for role in SERVICE_ROLES:
-                ex.spawn(role, role)
+                ex.spawn(role, role, seed=self.services.get(role))
             if self.cfg.prewarm:
                 seed, self.seed = self.seed, None  # (the zygote's now: grown, or discarded if unsuitable)
                 ex.start_zygote(seed=seed)

@@ -1,4 +1,10 @@
-"""Entry point of the checkpoint service process: ``python -m procsv.services.checkpoint``."""
+"""Entry point of the checkpoint service process: ``python -m procsv.services.checkpoint``.
+
+Runs in the checkpoint service: started fresh (this module as ``__main__``), or grown from a seed the launch
+forked (:mod:`procsv.services.seed`), which calls :func:`preload` while it waits and :func:`main` once
+it is the service. The imports wait for :func:`procsv.common.bootstrap.run_service`'s first step (the
+stop signals blocked before any thread, an import's native ones too).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,14 @@ import sys
 from procsv.common.bootstrap import ChildContext, run_service
 
 
-def _main(ctx: ChildContext) -> int:
+def preload() -> None:
+    """Import what :func:`main` runs (a seed, before its start: the service then imports nothing)."""
+    import procsv.common.lossyio  # noqa: F401
+    import procsv.services.checkpoint.service  # noqa: F401
+
+
+def main(ctx: ChildContext) -> int:
+    """The service's life, once :func:`~procsv.common.bootstrap.run_service` has set it up."""
     from procsv.common import lossyio
     from procsv.services.checkpoint.service import CheckpointService
 
@@ -16,4 +29,4 @@ def _main(ctx: ChildContext) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_service("checkpoint", _main))
+    sys.exit(run_service("checkpoint", main))
