@@ -105,8 +105,8 @@ def _grown(role: str, req_fd: int, say_fd: int, parent_pid: int, preempt_signal:
 
 def _fresh_handlers() -> None:
     """The signal handlers a fresh interpreter has: the launching program's Python handlers (a harness's,
-    a program's) back to the default, its wakeup descriptor let go; what it ignores stays ignored, as
-    it would across an ``exec``."""
+    a program's) back to the default (SIGINT's: ``KeyboardInterrupt``), its wakeup descriptor let go;
+    what it ignores stays ignored, as it would across an ``exec``."""
     signal.set_wakeup_fd(-1)
     for sig in signal.valid_signals():
         try:
@@ -114,7 +114,7 @@ def _fresh_handlers() -> None:
         except (OSError, ValueError):
             continue
         if callable(handler) and handler is not signal.default_int_handler:
-            signal.signal(sig, signal.SIG_DFL)
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
 
 def _read_start(req_fd: int) -> Optional[ServiceStart]:

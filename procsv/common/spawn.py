@@ -179,9 +179,9 @@ def take_over(log: int, environ: Mapping[str, str], cwd: str) -> None:
 def close_inherited(keep: tuple[int, ...]) -> None:
     """Let go of every descriptor above 2 but ``keep`` (what a spawn with ``close_fds`` has), each
     number kept by ``/dev/null``: the launch's interpreter may hold one in a Python object (a logging
-    FileHandler's stream, a socket) that the zygote and its trainers inherit; closed, the number would
-    be reused (the trainer's ZeroMQ eventfd, a checkpoint's file) and that object would write into it,
-    or close it."""
+    FileHandler's stream, a socket) that the fork inherits (a zygote and its trainers, a service);
+    closed, the number would be reused (a ZeroMQ eventfd, a checkpoint's file) and that object would
+    write into it, or close it."""
     null = os.open(os.devnull, os.O_RDWR)
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)

@@ -47,10 +47,10 @@ from procsv.watchdog.rules.lifecycle import ProcState, RunState
 from procsv.watchdog.pstasks import PsCluster
 from procsv.watchdog.prewarm import PendingFork, Prewarmed, Zygote, ZygoteSeed, zygote_env
 from procsv.watchdog.rules import standby
-from procsv.watchdog.seeds import ServiceSeed
 from procsv.watchdog.rules.group import blame, rank_of, worker_slot
 from procsv.watchdog.rules.state import (CHECKPOINT, PS, SERVER, SERVICE_ROLES, STANDBY, TRAINER, WORKER, RunView,
                                          ZygoteState)
+from procsv.watchdog.seeds import ServiceSeed
 
 Sink = Callable[[list[Report]], None]
 
