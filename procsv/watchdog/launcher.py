@@ -23,6 +23,8 @@ and the non-finite reports; ``docs/architecture.md`` lists them with their sende
 by the codec, counted by reason (``rejected`` in ``status.json``) and said once per reason
 (:class:`~procsv.ipc.rejections.Rejections`). At most :data:`DRAIN_MAX` messages are read per
 wakeup, so a flood of them cannot keep the loop from deciding.
+
+One concern: the watchdog's loop and its life, from its first services' seeds to its last words.
 """
 
 from __future__ import annotations
