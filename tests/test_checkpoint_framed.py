@@ -133,11 +133,17 @@ def test_a_frame_that_does_not_match_its_spec_is_refused_before_any_file(tmp_pat
     assert os.listdir(tmp_path) == []
 
 
+def _nothing() -> None:
+    """A ``preexec_fn`` that does nothing: ``conftest.launch`` then starts the command as a shell does."""
+
+
 @pytest.mark.slow
 def test_a_launched_checkpoint_service_commits_restorable_checkpoints_without_loading_tensorflow(logdir):
     import tensorflow as tf
 
-    proc = launch(logdir, "--steps", "300", "--save-model-secs", "0.2", "--step-delay", "0.01")
+    # launched as from a shell (a fork of the tests' TensorFlow-importing server would seed the service
+    # with TensorFlow mapped already: services/seed.py); the service never loads it itself
+    proc = launch(logdir, "--steps", "300", "--save-model-secs", "0.2", "--step-delay", "0.01", preexec_fn=_nothing)
     try:
         wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two committed checkpoints")
         service = wait_role_pid(logdir, "checkpoint")

@@ -7,9 +7,11 @@ itself never becomes a subreaper (orphans of other tests would be re-parented to
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
+import time
 
 from procsv.common.orphans import child_pids
 
@@ -21,6 +23,11 @@ def test_child_pids_lists_exactly_the_children_of_every_thread():
     t.start()
     t.join()
     procs += from_thread
+    # join returns before the thread's task has left the kernel: until then its child moves to a live thread
+    # between child_pids()'s reads (listed by neither: seen once at load); a sweep's next read finds it
+    gone = time.monotonic() + 10
+    while os.path.exists(f"/proc/self/task/{t.native_id}") and time.monotonic() < gone:
+        time.sleep(0.01)
     try:
         pids = child_pids()
         assert pids is not None  # this kernel offers /proc/self/task/*/children
