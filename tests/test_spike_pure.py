@@ -108,6 +108,14 @@ def test_losses_that_can_be_zero_or_negative_are_judged_on_a_linear_scale_and_on
     assert _spikes(np.zeros(300)) == [] and _spikes(np.concatenate([np.zeros(300), [5.0]])) == []  # nothing to compare
 
 
+def test_a_loss_that_is_zero_on_most_batches_is_never_flagged() -> None:
+    # a hinge or margin loss, 0 on most batches: the window's median and MAD are 0, so the rule had no
+    # margin and flagged any loss above its last few (460 flags in 20,000 steps of such a real run)
+    rng = np.random.default_rng(3)
+    hinge = np.where(rng.random(20_000) < 0.6, 0.0, rng.exponential(0.05, 20_000))
+    assert _spikes(hinge) == []
+
+
 # ---------------------------------------------------------------------------------- spikes
 def test_an_injected_50x_spike_is_flagged_at_its_step_with_its_statistics() -> None:
     losses = _noisy(1000, 8)
