@@ -83,8 +83,12 @@ def _loaded_runs(folder: str) -> None:
     restart = os.path.join(folder, "restart-args")
     launch_together_loaded(folder, {
         "nan-35-args": nan_at_35("args"), "nan-35-inside": nan_at_35("inside"),
+        # its steps 0.1 s apart (their values are LAGGING's: the delay is a sleep), so that the SIGKILL past
+        # step 25 lands before its end: at 0.01 s the 35 steps left took less than status.json's 0.5 s
+        # between writes, and a quiet machine's trainer had ended when it came (ProcessLookupError)
         "restart-args": (restart, lambda: launch_and_kill_trainer_once(
-            restart, "--bind", "args", *LAGGING, target=NAN_DATA, env=quiet_env(**NO_MEMORY_TIER), past=5))})
+            restart, "--bind", "args", *LAGGING, "--step-delay", "0.1", target=NAN_DATA,
+            env=quiet_env(**NO_MEMORY_TIER), past=5))})
 
 
 @pytest.fixture
