@@ -9,6 +9,7 @@ import glob
 import importlib.metadata
 import json
 import os
+import pathlib
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from packaging.requirements import Requirement
 
 import longest_first
 import pyfork
+import rewrite_cache
 from pyfork import run_python  # noqa: F401  (the tests' direct runs of a program: see tests/pyfork.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -79,6 +81,8 @@ def _compile_packages() -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist): once per run
         _compile_packages()
+        tests = [pathlib.Path(p) for p in sorted(glob.glob(os.path.join(HERE, "test_*.py")))]
+        rewrite_cache.prewrite(config, [pathlib.Path(HERE, "conftest.py"), *tests], min(os.cpu_count() or 1, 4))
     if config.getoption("--cpu-log"):
         import cpu_profile
 

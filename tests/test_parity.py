@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -132,17 +133,17 @@ def check_rows(rows: list[Row]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ (a) names exist
-def _instances() -> dict[str, Callable[[], Any]]:
-    """How to make an object of the classes whose properties are set in ``__init__``."""
-    import tempfile
-
+def _instances(folder: str) -> dict[str, Callable[[], Any]]:
+    """How to make an object of the classes whose properties are set in ``__init__`` (a Supervisor's
+    logdir inside ``folder``, which the caller removes: one per name looked up, it left a thousand
+    folders in the temp folder a run)."""
     import tensorflow as tf
 
     from procsv import train
 
     def supervisor() -> Any:
-        return train.Supervisor(logdir=tempfile.mkdtemp(prefix="parity-"), checkpoint={"w": tf.Variable(1.0)},
-                                save_model_secs=None)
+        return train.Supervisor(logdir=tempfile.mkdtemp(prefix="parity-", dir=folder),
+                                checkpoint={"w": tf.Variable(1.0)}, save_model_secs=None)
 
     return {"Supervisor": supervisor, "Scaffold": train.Scaffold}
 
@@ -268,8 +269,8 @@ def all_problems(text: str, instances: dict[str, Callable[[], Any]], items: set[
 
 # ------------------------------------------------------------------------------ the tests
 @pytest.fixture(scope="module")
-def instances():
-    return _instances()
+def instances(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Callable[[], Any]]:
+    return _instances(str(tmp_path_factory.mktemp("parity")))
 
 
 @pytest.fixture(scope="module")

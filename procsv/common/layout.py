@@ -244,9 +244,11 @@ def remove_stale_runtime_dirs(folder: Optional[str] = None) -> list[str]:
         names = os.listdir(folder)
     except OSError:
         return removed
-    for name in names:
+    for name in names:  # the temp folder may hold tens of thousands of others' files: the prefix first
+        if not name.startswith(RUNTIME_PREFIX):
+            continue
         path = os.path.join(folder, name)
-        if not name.startswith(RUNTIME_PREFIX) or path in _held:
+        if path in _held:
             continue
         try:
             if os.lstat(path).st_uid != os.getuid() or not os.path.isdir(path):
