@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PYTEST = ["-m", "pytest", "-q", "-n", "3", "--dist", "worksteal", "-p", "no:cacheprovider"]
+PYTEST = ["-m", "pytest", "-q", "-n", "5", "--dist", "worksteal", "-p", "no:cacheprovider"]  # the README's options
 SOURCES = ("procsv", "services", "ipc")
 
 
