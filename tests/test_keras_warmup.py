@@ -159,7 +159,7 @@ def test_the_warm_up_is_keras_train_step_traced_with_an_iterator_not_over_the_in
     warm = step_warmup.train_step_warm_up(model.train_function, it)
     assert warm is not None
     step, iterator = warm
-    assert step is step_warmup._closure(model.train_function)["multi_step_on_iterator"]
+    assert step is step_warmup.free_variables(model.train_function)["multi_step_on_iterator"]
     assert iterator.element_spec == dataset.element_spec
     assert float(tf.reduce_sum(next(iterator)[0])) == 0.0  # zeros of a stand-in, not the input's batch
 

@@ -282,8 +282,8 @@ def test_a_snapshot_check_reads_its_rules_from_the_snapshots_own_walk_and_reuses
     model.train_on_batch(np.ones((2, 4), np.float32), np.ones((2, 3), np.float32))
     ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
     walks = []
-    serialize = snapshot._serialize
-    monkeypatch.setattr(snapshot, "_serialize", lambda c: walks.append(c) or serialize(c))
+    serialize = snapshot.serialize_object_graph
+    monkeypatch.setattr(snapshot, "serialize_object_graph", lambda c: walks.append(c) or serialize(c))
     watch = NonfiniteWatch("rollback", (), ())
 
     def check(plan: snapshot.Plan) -> None:

@@ -278,7 +278,6 @@ FOREIGN_PRIVATE = frozenset({
 # Baseline: reaches into procsv's own private names under procsv/trainer/ (a SessionManager's
 # may be TF's or procsv's: counted as procsv's). Module:receiver._name -> times.
 PRIVATE_REACH_BASELINE = {
-    "procsv.trainer.checkpoint.memory_restore:procsv.trainer.checkpoint.snapshot._serialize": 1,
     "procsv.trainer.graph.session_manager:manager._local_init_op": 1,
     "procsv.trainer.graph.session_manager:manager._model_ready": 1,
     "procsv.trainer.graph.session_manager:manager._try_run_local_init_op": 1,
@@ -286,12 +285,8 @@ PRIVATE_REACH_BASELINE = {
     "procsv.trainer.graph.supervised:manager._try_run_local_init_op": 1,
     "procsv.trainer.graph.supervised:setup.session_manager._local_init_op": 1,
     "procsv.trainer.keras.fit:stale._original_train": 1,
-    "procsv.trainer.keras.replay:procsv.trainer.keras.step_warmup._closure": 1,
     "procsv.trainer.monitored.scaffold:src._user_init_fn": 1,
-    "procsv.trainer.nonfinite.retry_state:procsv.trainer.checkpoint.snapshot._serialize": 1,
-    "procsv.trainer.nonfinite.scan:procsv.trainer.checkpoint.snapshot._serialize": 2,
     "procsv.trainer.session_type:sess._entered": 1,
-    "procsv.trainer.supervisor:self._session._owner": 1,
 }
 
 # Where the watchdog's view is written, by design: the observation function and the executor, and

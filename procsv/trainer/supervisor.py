@@ -387,7 +387,7 @@ class Supervisor(SupervisorNames):
             self._keeper.renew()
 
     def _session_thread(self) -> Optional[int]:  # the thread that prepared today's session (None: none yet)
-        return None if self._session is None else int(self._session._owner)
+        return None if self._session is None else int(self._session.owner_thread)
 
     def _init(self) -> None:
         if self._graph is not None:

@@ -18,7 +18,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from procsv.trainer.keras.step_warmup import _closure  # noqa: E402
+from procsv.trainer.keras.step_warmup import free_variables  # noqa: E402
 
 keras.utils.set_random_seed(0)
 tf.config.experimental.enable_op_determinism()
@@ -39,7 +39,7 @@ def traces() -> int:
         return int(replay.traced.experimental_get_tracing_count())
     fn = model.train_function  # inside fit, procsv's wrapper of Keras' own
     fn = getattr(getattr(fn, "__self__", None), "_original_train", fn)
-    return int(_closure(fn)["multi_step_on_iterator"].experimental_get_tracing_count())
+    return int(free_variables(fn)["multi_step_on_iterator"].experimental_get_tracing_count())
 
 
 class Report(keras.callbacks.Callback):

@@ -36,7 +36,7 @@ import numpy as np
 from procsv.common.snapshot_memory import slot_problem
 from procsv.ipc.messages import TensorSpec
 from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
-from procsv.trainer.checkpoint.snapshot import GRAPH_KEY, SnapshotArena, _serialize
+from procsv.trainer.checkpoint.snapshot import GRAPH_KEY, SnapshotArena, serialize_object_graph
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def mismatch(ckpt: Any, specs: Sequence[TensorSpec], stored_graph: Optional[byte
     """Why a snapshot of ``specs``, taken of the object graph ``stored_graph`` (serialized), does not
     fit the program's state ``ckpt`` now; empty if it does (the same object graph, the same tensors
     under the same keys and dtypes)."""
-    named, graph = _serialize(ckpt)
+    named, graph = serialize_object_graph(ckpt)
     if stored_graph is None or stored_graph != graph.SerializeToString():
         return "the program's object graph changed since it was taken"
     wanted = {s.name: s for saveable in named for s in saveable.specs}
@@ -146,7 +146,7 @@ def assign(ckpt: Any, values: dict[str, Any]) -> None:
     objects of ``ckpt`` they were read from (checked by :func:`mismatch` first)."""
     import tensorflow as tf
 
-    named, _ = _serialize(ckpt)
+    named, _ = serialize_object_graph(ckpt)
     for saveable in named:
         tensors = []
         for spec in saveable.specs:

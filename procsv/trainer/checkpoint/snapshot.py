@@ -47,7 +47,9 @@ GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 MADV_POPULATE_WRITE = 23  # Linux 5.14+: allocate and map every page in one call
 
 
-def _serialize(ckpt: Any) -> tuple[list[Any], Any]:
+def serialize_object_graph(ckpt: Any) -> tuple[list[Any], Any]:
+    """``ckpt``'s object graph as TensorFlow's checkpoint writer walks it: its named tensors and the
+    graph's proto (what a snapshot, a memory restore and the non-finite scan read)."""
     import tensorflow as tf
 
     view = tf.__internal__.tracking.ObjectGraphView(ckpt)
@@ -60,7 +62,7 @@ def self_test(ckpt: Any) -> None:
     if isinstance(ckpt, NameBasedCheckpoint):  # read by its own session.run: no private route
         return
     try:
-        _serialize(ckpt)
+        serialize_object_graph(ckpt)
     except (AttributeError, TypeError, ValueError) as exc:
         raise UnsupportedState(
             f"this TensorFlow release does not offer the checkpoint snapshot API procsv needs ({exc})"
@@ -194,7 +196,7 @@ def plan(ckpt: Any) -> Plan:
     if isinstance(ckpt, NameBasedCheckpoint):
         return Plan([], None, True, shape=graph_shape.shape(ckpt))
     edges, marks = graph_shape.walk(ckpt)
-    named, graph_proto = _serialize(ckpt)
+    named, graph_proto = serialize_object_graph(ckpt)
     readers: list[tuple[str, Callable[[], Any]]] = []
     reusable = True
     for saveable in named:

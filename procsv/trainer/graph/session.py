@@ -53,7 +53,7 @@ class GraphSession:
         self._sess = session
         self._probe = probe
         self._observe = observe
-        self._owner = get_ident()
+        self.owner_thread = get_ident()  # the thread that prepared it (read by the Supervisor)
         self._lock = RLock()  # one step boundary at a time, from whichever thread made the step
         self.live = False  # the Supervisor sets it once the session is prepared: boundaries from then on
         self.step_feed: Any = None  # the feed_dict of the run that made the last step (summary_op runs with it)
@@ -76,7 +76,7 @@ class GraphSession:
         """``tf.compat.v1.Session.run``; a run that advanced the global step is a step, and its
         boundary runs before this returns. Raises :class:`TrainingStopped` (a clean stop) for a run
         that would write the global step after a stop was requested, as an eager step does."""
-        if not self.live or get_ident() != self._owner:
+        if not self.live or get_ident() != self.owner_thread:
             found = self._probe.plan(fetches, feed_dict) if self.live and not self._probe.counts_every_run else None
             if found is None:
                 return self._sess.run(fetches, feed_dict, options, run_metadata)

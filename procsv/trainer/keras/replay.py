@@ -37,7 +37,7 @@ import os
 import sys
 from typing import Any, Optional
 
-from procsv.trainer.keras.step_warmup import _closure
+from procsv.trainer.keras.step_warmup import free_variables
 
 LOSS = "loss"  # the key of the batch's own loss in what the step function returns (what LossWatch keeps)
 LOGS = "logs"
@@ -114,7 +114,7 @@ class BatchReplay:
         make = getattr(model, "_make_function", None)
         if steps_per_execution != 1:
             self.unsupported = "a Keras fit with steps_per_execution > 1 cannot be replayed batch by batch"
-        elif make is None or "one_step_on_data" not in _closure(train_function):
+        elif make is None or "one_step_on_data" not in free_variables(train_function):
             self.unsupported = "this Keras' train function is made otherwise (no one_step_on_data)"
         elif element_spec is None:
             self.unsupported = "the input is not a plain tf.data pipeline (a distribution strategy's)"
@@ -124,7 +124,7 @@ class BatchReplay:
         # Keras' own per-batch function, made by Keras around a train step that also returns the loss
         # the batch handed its loss tracker (the model's own train_step, whatever it is, does the work)
         made: Any = model._make_function(lambda data: _with_own_loss(model, data))
-        keras_step: Any = _closure(made).get("one_step_on_data")
+        keras_step: Any = free_variables(made).get("one_step_on_data")
 
         def one_step_keeping_its_batch(iterator: Any) -> Any:
             data = iterator.get_next()

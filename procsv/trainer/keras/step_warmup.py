@@ -30,7 +30,7 @@ def train_step_warm_up(train_function: Any, epoch_iterator: Any) -> Optional[tup
     """(the ``tf.function`` to warm up, an iterator to trace it with), or None if there is none."""
     import tensorflow as tf
 
-    step = _closure(train_function).get("multi_step_on_iterator")
+    step = free_variables(train_function).get("multi_step_on_iterator")
     if step is None or not callable(getattr(step, "get_concrete_function", None)):
         return None  # run_eagerly, or a Keras whose train function is made otherwise
     dataset = getattr(epoch_iterator, "_distributed_dataset", None)
@@ -42,7 +42,7 @@ def train_step_warm_up(train_function: Any, epoch_iterator: Any) -> Optional[tup
     return step, warmup.disposable(iter(stand_in))  # a hot standby's shadow run may read its one batch
 
 
-def _closure(fn: Any) -> dict[str, Any]:
+def free_variables(fn: Any) -> dict[str, Any]:
     """The free variables of a Python function, by name (empty for anything else)."""
     code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
     if code is None or not cells:

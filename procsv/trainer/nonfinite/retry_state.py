@@ -25,7 +25,7 @@ import numpy as np
 
 from procsv.trainer.checkpoint import graph_shape
 from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
-from procsv.trainer.checkpoint.snapshot import _serialize
+from procsv.trainer.checkpoint.snapshot import serialize_object_graph
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def keep(ckpt: Any, step: int) -> Optional[KeptState]:
 
     if ckpt is None or isinstance(ckpt, NameBasedCheckpoint) or not tf.executing_eagerly():
         return None
-    named, _ = _serialize(ckpt)
+    named, _ = serialize_object_graph(ckpt)
     values = []
     for saveable in named:
         held = []

@@ -72,12 +72,12 @@ def rules(ckpt: Any, ignore: Sequence[str], named: Optional[list[Any]] = None) -
     """Which keys are strict, which are ignored: from ``named`` (the saveables of a walk of ``ckpt``
     just made), else from a walk of ``ckpt`` now."""
     from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
-    from procsv.trainer.checkpoint.snapshot import _serialize
+    from procsv.trainer.checkpoint.snapshot import serialize_object_graph
 
     if isinstance(ckpt, NameBasedCheckpoint):
         return _name_based_rules(ckpt, ignore)
     if named is None:
-        named, _ = _serialize(ckpt)
+        named, _ = serialize_object_graph(ckpt)
     slots = _optimizer_variables(ckpt)
     strict: set[str] = set()
     skip: set[str] = set()
@@ -113,11 +113,11 @@ def trainable(ckpt: Any) -> list[Any]:
     """The trainable floating variables in ``ckpt``'s object graph, each once (none for a TF1 graph
     program's state): what a non-finite gradient poisons first."""
     from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
-    from procsv.trainer.checkpoint.snapshot import _serialize
+    from procsv.trainer.checkpoint.snapshot import serialize_object_graph
 
     if ckpt is None or isinstance(ckpt, NameBasedCheckpoint):
         return []
-    named, _ = _serialize(ckpt)
+    named, _ = serialize_object_graph(ckpt)
     out: dict[int, Any] = {}
     for saveable in named:
         for spec in saveable.specs:
