@@ -201,13 +201,21 @@ def read_only_dir(tmp_path):
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-@pytest.mark.parametrize("where", ["itself", "inside"])
-def test_8_an_unwritable_logdir_is_one_line_and_exit_2(read_only_dir, where):
+@pytest.mark.parametrize("where", ["itself", "inside", "logs"])
+def test_8_an_unwritable_logdir_is_one_line_and_exit_2(read_only_dir, tmp_path, where):
+    # "logs": the logdir is writable, its logs/ is not (a read-only mount there; another user's, or an
+    # immutable one, alike). Before: a traceback at the lifecycle file's open and exit 1
     logdir = str(read_only_dir if where == "itself" else read_only_dir / "run")
+    what = f"logdir {logdir!r}"
+    if where == "logs":
+        logdir = str(tmp_path / "run")
+        os.makedirs(logdir)
+        os.symlink(read_only_dir, os.path.join(logdir, "logs"))
+        what = f"{os.path.join(logdir, 'logs')!r} in logdir {logdir!r}"
     code, out, err = finish(launch(logdir, opts=FAST), timeout=60)
-    assert code == 2
+    assert code == 2, out + err
     line = _one_error_line(err)
-    assert f"logdir {logdir!r} is not writable (Read-only file system)" in line
+    assert f"{what} is not writable (Read-only file system)" in line
     assert "pass a --logdir on a writable filesystem" in line
     assert not run_processes(logdir)
 

@@ -137,28 +137,32 @@ class Layout:
 
     def create(self) -> None:
         """Create the logdir and procsv's folders; raise UsageError naming the problem if it cannot."""
+        path = self.logdir
         try:
+            # the logdir, then every folder procsv writes in, probed: a logs/ left unwritable (another
+            # user's, immutable, a read-only mount) failed later, at the lifecycle file's open, with a
+            # traceback and exit 1
             for path in (self.logdir, self.meta, self.logs, self.manifests, self.tmp):
                 os.makedirs(path, exist_ok=True)
-            probe = os.path.join(self.meta, f".write-probe-{os.getpid()}")
-            with open(probe, "wb") as fh:
-                fh.write(b"ok")
-            os.unlink(probe)
+                probe = os.path.join(path, f".write-probe-{os.getpid()}")
+                with open(probe, "wb") as fh:
+                    fh.write(b"ok")
+                os.unlink(probe)
         except OSError as exc:
-            raise UsageError(_create_problem(self.logdir, exc)) from None
+            raise UsageError(_create_problem(self.logdir, exc, path)) from None
 
 
-def _create_problem(logdir: str, exc: OSError) -> str:
-    """One line: why ``logdir`` cannot be used, and what to do."""
+def _create_problem(logdir: str, exc: OSError, path: Optional[str] = None) -> str:
+    """One line: why ``logdir`` cannot be used (``path``: the folder inside it that failed), and what to do."""
     why = exc.strerror or str(exc)
     if os.path.lexists(logdir) and not os.path.isdir(logdir):
         return f"logdir {logdir!r} is a file, not a directory: pass a directory for --logdir"
+    what = f"logdir {logdir!r}" if path in (None, logdir) else f"{path!r} in logdir {logdir!r}"  # (the logdir passed)
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"logdir {logdir!r} is not writable ({why}): its filesystem is full; free some space or pass " \
-               "another --logdir"
+        return f"{what} is not writable ({why}): its filesystem is full; free some space or pass another --logdir"
     if exc.errno == errno.EROFS:
-        return f"logdir {logdir!r} is not writable ({why}): pass a --logdir on a writable filesystem"
-    return f"logdir {logdir!r} is not writable ({why}): pass a --logdir you can create and write"
+        return f"{what} is not writable ({why}): pass a --logdir on a writable filesystem"
+    return f"{what} is not writable ({why}): pass a --logdir you can create and write"
 
 
 RUNTIME_PREFIX = "procsv-"
