@@ -413,3 +413,17 @@ def test_a_loss_returned_as_a_variable_is_judged_by_its_value_at_its_step():
             var.assign(1.0)
             watch.keep_step(step, var)
         assert watch.check() is None and watch.reads == reads + 1, type(var)  # one read: none at a step
+
+
+@pytest.mark.parametrize("flags, where", [(("--nproc", "2"), "a trainer group"),
+                                          (("--ps", "1"), "a parameter-server job (--ps)")])
+def test_on_spike_rollback_in_a_group_or_a_ps_job_is_refused_before_anything_starts(tmp_path, flags, where):
+    # before: the launch started, each trainer refused it with a 47-line traceback, then the run failed
+    logdir = tmp_path / "r"
+    done = subprocess.run([sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", "--logdir", str(logdir),
+                           "--on-spike", "rollback", *flags], capture_output=True, text=True, env=quiet_env(), timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"procsv: error: --on-spike rollback is not supported in {where}")
+    assert "use --on-spike warn or stop" in done.stderr
+    assert not logdir.exists()  # nothing started, nothing written
