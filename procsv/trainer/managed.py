@@ -121,7 +121,7 @@ class ManagedSession:
     def __init__(self, state: StepState, should_stop: Callable[[], bool]) -> None:
         self._should_stop = should_stop  # the Supervisor's coordinator's
         self._state = state  # what each step reads and advances (the Supervisor's step state)
-        self._owner = threading.get_ident()
+        self.owner_thread = threading.get_ident()  # the thread that prepared it (read by the Supervisor)
         self._step_types: set[type] = set()  # types of step functions seen: callable, not a tensor or variable
         # the last step function run, if it took no arguments (it reads its step itself): what a rollback
         # at the loop's end replays with (see replay_last); None: there is none, or it was handed its input
@@ -150,7 +150,7 @@ class ManagedSession:
                 readable_fetches(step_fn)
                 return evaluate(step_fn)
             self._step_types.add(type(step_fn))
-        if threading.get_ident() != self._owner:
+        if threading.get_ident() != self.owner_thread:
             raise UsageError(
                 f"sess.run({getattr(step_fn, '__name__', 'step_fn')}) from thread "
                 f"{threading.current_thread().name!r}: training steps run only on the thread that entered "
