@@ -69,7 +69,7 @@ def _state(pid: int) -> str:
 def test_an_unkillable_service_does_not_keep_a_failed_launch_alive(logdir, tmp_path, frozen_cgroup):
     calls = tmp_path / "calls.txt"
     proc = launch(logdir, "--steps", "1000000", "--step-delay", "0.01", target=os.path.join(PROGRAMS, "tiny_train.py"),
-                  opts=("--max-restarts", "0", "--stop-grace-secs", "2", "--no-prewarm", "--standby", "off",
+                  opts=("--max-restarts", "0", "--stop-grace-secs", "2", "--standby", "fork",
                         "--on-failure", f"echo called >> {calls}"))
     try:
         summary = wait_role_pid(logdir, "summary", 60)
@@ -90,7 +90,7 @@ def test_an_unkillable_service_does_not_keep_a_failed_launch_alive(logdir, tmp_p
 
 def test_an_unkillable_trainer_does_not_keep_a_stopped_launch_alive(logdir, frozen_cgroup):
     proc = launch(logdir, "--steps", "1000000", "--step-delay", "0.01", target=os.path.join(PROGRAMS, "tiny_train.py"),
-                  opts=("--stop-grace-secs", "2", "--no-prewarm", "--standby", "off"))
+                  opts=("--stop-grace-secs", "2", "--standby", "fork"))
     try:
         trainer = wait_role_pid(logdir, "trainer", 60)
         _freeze(frozen_cgroup, trainer)

@@ -149,14 +149,14 @@ def test_under_procsv_launch_nothing_to_save_fails_once_with_that_line_and_is_no
     from conftest import PROGRAMS, committed_steps, finish, launch, lifecycle
 
     program = os.path.join(PROGRAMS, "nothing_to_save.py")
-    code, out, err = finish(launch(logdir, target=program, opts=("--no-prewarm",)), 120)
+    code, out, err = finish(launch(logdir, target=program, opts=("--standby", "fork")), 120)
     assert code == 1, err
     assert "procsv: giving up: the trainer cannot start: UsageError (a restart would fail the same way)." in err
     assert "UsageError: nothing to save was passed: pass checkpoint=tf.train.Checkpoint(" in err
     assert "ran " not in out
     spawns = [e for e in lifecycle(logdir) if e["event"] == "spawned" and e["role"] == "trainer"]
     assert len(spawns) == 1 and committed_steps(logdir) == []
-    code, out, err = finish(launch(logdir, "--opt-out", target=program, opts=("--no-prewarm",)), 120)
+    code, out, err = finish(launch(logdir, "--opt-out", target=program, opts=("--standby", "fork")), 120)
     assert code == 0 and "ran 5 steps" in out and "Supervisor(checkpoint=None): nothing will be saved" in out
     assert committed_steps(logdir) == []
 

@@ -58,7 +58,7 @@ def test_a_fault_point_fires_on_a_range_of_hits(monkeypatch):
 @pytest.mark.slow
 def test_a_launch_whose_logdir_fails_eleven_looks_finishes_and_counts_them(logdir):
     """Before: the first EIO was 'the logdir was lost', and a healthy run ended with exit 1."""
-    proc = launch(logdir, "--steps", "400", "--step-delay", "0.01", target=TINY, opts=("--no-prewarm",),
+    proc = launch(logdir, "--steps", "400", "--step-delay", "0.01", target=TINY, opts=("--standby", "fork"),
                   env=quiet_env(PROCSV_FAULT="watchdog:logdir_eio:5-15"))
     code, out, err = finish(proc)
     assert code == 0, err
@@ -71,7 +71,7 @@ def test_a_launch_whose_logdir_fails_eleven_looks_finishes_and_counts_them(logdi
 @pytest.mark.slow
 def test_a_logdir_that_fails_every_look_for_the_timeout_stops_the_run_as_lost(logdir):
     proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY,
-                  opts=("--no-prewarm", "--logdir-timeout", "2"),
+                  opts=("--standby", "fork", "--logdir-timeout", "2"),
                   env=quiet_env(PROCSV_FAULT="watchdog:logdir_eio:5-1000000"))
     code, out, err = finish(proc)
     assert code == 1, err

@@ -280,14 +280,14 @@ def test_a_relaunch_that_never_commits_still_reports_the_age_of_the_last_checkpo
     import json
 
     code, _, err = finish(launch(logdir, "--steps", "30", "--step-delay", "0.01", target=TINY,
-                                 opts=("--no-prewarm", "--standby", "off", "--quiet")), 120)
+                                 opts=("--standby", "fork", "--quiet")), 120)
     assert code == 0, err
     newest = max(committed_steps(logdir))
     with open(os.path.join(logdir, ".procsv", "checkpoints", f"model.ckpt-{newest}.json")) as fh:
         committed_at = json.load(fh)["committed_at"]
     port = free_port()
     proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--save-model-secs", "100000", target=TINY,
-                  opts=("--metrics-port", str(port), "--no-prewarm", "--standby", "off", "--quiet"))
+                  opts=("--metrics-port", str(port), "--standby", "fork", "--quiet"))
     try:
         got = wait_for(lambda: (s := try_scrape(port)) and (value(s, "procsv_step") or 0) > newest and s, 120,
                        what="the relaunch stepping past the restored checkpoint")

@@ -146,7 +146,7 @@ def test_a_preemption_whose_last_checkpoint_did_not_commit_is_still_requeued(log
     fake.chmod(0o755)
     env = quiet_env(SLURM_JOB_ID="4242", PATH=f"{fake.parent}:{os.environ['PATH']}")
     proc = launch(logdir, "--steps", "100000", "--step-delay", "0.005", "--save-checkpoint-steps", "200",
-                  target=TARGET, opts=("--standby", "off", "--stop-grace-secs", "3", "--requeue-on-preempt"), env=env)
+                  target=TARGET, opts=("--standby", "fork", "--stop-grace-secs", "3", "--requeue-on-preempt"), env=env)
     stopped = None
     try:
         wait_for(lambda: proc.poll() is not None or committed_steps(logdir), 120, what="a periodic checkpoint")

@@ -140,7 +140,7 @@ def test_a_launch_is_ready_after_its_first_step_and_unhealthy_while_its_loop_sta
     and 200 through the orderly stop that SIGTERM starts."""
     gate, port = str(tmp_path / "gate"), free_port()
     proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY,
-                  opts=("--metrics-port", str(port), "--no-prewarm", "--standby", "off", "--quiet"),
+                  opts=("--metrics-port", str(port), "--standby", "fork", "--quiet"),
                   env=quiet_env(PROCSV_FAULT="watchdog:loop_stall", PROCSV_FAULT_GATE=gate))
     stopped = False
     try:

@@ -133,7 +133,7 @@ def test_a_stop_whose_last_step_committed_exits_128_plus_n_though_the_program_ou
     saying the checkpoint of the last step did not commit, naming that very step as the newest."""
     logdir = os.path.join(short_tmp, "run")
     proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--linger", "120",
-                  target=os.path.join(PROGRAMS, "tiny_train.py"), opts=("--standby", "off", "--stop-grace-secs", "3"))
+                  target=os.path.join(PROGRAMS, "tiny_train.py"), opts=("--standby", "fork", "--stop-grace-secs", "3"))
     try:
         wait_for(lambda: proc.poll() is not None or (raw_status(logdir) or {}).get("step", 0) > 30, 120,
                  what="training")

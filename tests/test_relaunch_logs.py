@@ -27,12 +27,12 @@ def _logs(logdir: str, *flags: str) -> subprocess.CompletedProcess:
 def test_a_relaunch_echoes_and_logs_only_its_own_output(logdir):
     code, out1, err1 = finish(launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--raise-at-step", "5",
                                      "--bad-attempts", "all", target=TINY,
-                                     opts=("--max-restarts", "0", "--no-prewarm", "--standby", "off")), 120)
+                                     opts=("--max-restarts", "0", "--standby", "fork")), 120)
     assert code == 1, err1
     assert "bad batch at step 5" in out1 + err1  # the first launch's trainer failed with its traceback
 
     code, out2, err2 = finish(launch(logdir, "--steps", "20", "--step-delay", "0.01", target=TINY,
-                                     opts=("--no-prewarm", "--standby", "off")), 120)
+                                     opts=("--standby", "fork")), 120)
     assert code == 0, err2
     second = out2 + err2
     assert "tiny: done at step 20" in second

@@ -144,7 +144,7 @@ def test_a_process_forked_in_init_fn_does_not_hold_the_restore_lock_so_retention
 
     logdir, forked = str(tmp_path / "run"), str(tmp_path / "forked")
     proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--save-steps", "5", "--fork-in-init", forked,
-                  target=os.path.join(PROGRAMS, "tiny_train.py"), opts=("--standby", "off"))
+                  target=os.path.join(PROGRAMS, "tiny_train.py"), opts=("--standby", "fork"))
     try:
         wait_for(lambda: proc.poll() is not None or (committed_steps(logdir) or [0])[-1] >= 60, 180,
                  what="twelve commits")
