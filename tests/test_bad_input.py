@@ -45,7 +45,10 @@ from test_checkpoint_faults import _fill, small_fs  # noqa: F401  (the small-tmp
 pytestmark = pytest.mark.slow
 
 BAD = os.path.join(PROGRAMS, "bad_train.py")
-FAST = ("--no-prewarm",)  # one TensorFlow import less per launch; none of these cases is about the zygote
+# the pre-warmed trainer, grown from the launch's own fork (conftest.launch: TensorFlow imported once, there), and
+# no hot standby made to wait (none of these cases is about either). Before: --no-prewarm, when a pre-warmed trainer
+# cost an import of its own; now it made every trainer a fresh process that imports TensorFlow (~2-3 s of CPU each)
+FAST = ("--standby", "fork")
 
 
 def _procsv(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -10,13 +10,15 @@ import sys
 
 import pytest
 
-from conftest import PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, role_pid, wait_for
+from conftest import (PROGRAMS, burners, committed_steps, finish, launch, lifecycle, on_one_core, quiet_env, raw_status,
+                      role_pid, wait_for)
 from procsv.common import env
 
 pytestmark = pytest.mark.slow
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
-# No tiny_train test here restarts a trainer: its hot standby would never be promoted, so none is
-# prepared (the first trainer is still forked from the pre-warmed one, as by default)
+# No test here restarts a trainer: its hot standby would never be promoted, so none is prepared (the
+# first trainer is still forked from the pre-warmed one, as by default; --standby off made it a fresh
+# process, which imports TensorFlow: ~2-3 s of CPU more a launch)
 NO_STANDBY = ("--standby", "fork")
 
 
@@ -111,7 +113,7 @@ def test_snapshots_refused_under_on_nonfinite_continue_never_get_the_checkpoint_
     # 1500 steps of 15 ms: more than two stall windows (the 10 s floor) of refusals
     proc = launch(logdir, "--how", "return", "--nan-at", "25", "--steps", "1500", "--save-steps", "10",
                   "--step-delay", "0.015", target=os.path.join(PROGRAMS, "nan_train.py"),
-                  opts=("--on-nonfinite", "continue", "--standby", "off"))
+                  opts=("--on-nonfinite", "continue", *NO_STANDBY))
     code, out, err = finish(proc, 300)
     assert code == 0, err[-3000:]
     events = lifecycle(logdir)
@@ -143,7 +145,7 @@ def test_a_watchdog_killed_under_on_nonfinite_continue_leaves_procsv_report_coun
     that is more; the lifecycle records lose at most the minute's tail (docs/observability.md)."""
     proc = launch(logdir, "--how", "return", "--nan-at", "25", "--steps", "100000", "--save-steps", "10",
                   "--step-delay", "0.02", target=os.path.join(PROGRAMS, "nan_train.py"),
-                  opts=("--on-nonfinite", "continue", "--standby", "off"))
+                  opts=("--on-nonfinite", "continue", *NO_STANDBY))
     try:  # a refusal every 10 steps from step 30: dozens well within the minute after the first record
         wait_for(lambda: (raw_status(logdir) or {}).get("nonfinite_detected", 0) >= 20, 120, what="20 refusals")
     finally:
@@ -157,11 +159,6 @@ def test_a_watchdog_killed_under_on_nonfinite_continue_leaves_procsv_report_coun
         shown = subprocess.run([sys.executable, "-m", "procsv", command, logdir], capture_output=True, text=True,
                                env=quiet_env(), timeout=120)
         assert shown.returncode == 0 and f"{counted} time(s) found non-finite" in shown.stdout, shown
-
-
-def _burn(n: int = 2) -> list[subprocess.Popen]:
-    """``n`` CPU-bound processes beside the run (load): the caller kills them."""
-    return [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]
 
 
 def _unburn(burners: list[subprocess.Popen]) -> None:
@@ -180,27 +177,29 @@ def _text(logdir: str, name: str) -> str:
 
 
 def test_a_checkpoint_service_loading_tensorflow_for_a_tf_data_iterator_is_not_a_stall_at_load(logdir):
-    """Issue 51, point 7, with two CPU-bound processes beside the run: a checkpoint that holds a
+    """Issue 51, point 7, with a CPU-bound process beside the run on its one core (``on_one_core``: less
+    CPU for the run than two burners over two cores gave it, half the CPU burnt): a checkpoint that holds a
     tf.data iterator (a variant tensor) makes the checkpoint service import TensorFlow at its first
     commit, which the stall rule (10 s floor) took for a stall: it killed the service before its
     first commit, and its successor began the same import. The service now tells the watchdog it is
     loading, and remembers the need: the next launch's service loads TensorFlow before its Hello."""
     args = ("--input", "iterator", "--steps", "1000000", "--save-steps", "10", "--step-delay", "0.02")
-    burners: list[subprocess.Popen] = []
+    load: list[subprocess.Popen] = []
     try:
         for launch_no in (1, 2):
             # launch 1: a snapshot deadline of 3 s (the floor is 30 s), which the load outlasts
             extra = quiet_env(**{env.SAVE_DEADLINE: "3"}) if launch_no == 1 else None
-            burners = _burn()  # the load lasts from the launch to its first checkpoints (the TensorFlow load)
-            proc = launch(logdir, *args, target=os.path.join(PROGRAMS, "nan_train.py"), opts=("--standby", "off"),
-                          env=extra)
+            with on_one_core():  # the run and the burner share one core (the run keeps it to its end)
+                load = burners()  # the load lasts from the launch to its first checkpoints (the TensorFlow load)
+                proc = launch(logdir, *args, target=os.path.join(PROGRAMS, "nan_train.py"), opts=NO_STANDBY,
+                              env=extra)
             try:
                 before = max(committed_steps(logdir), default=-1)
                 wait_for(lambda: proc.poll() is not None or max(committed_steps(logdir), default=-1) > before + 20, 600,
                          what=f"launch {launch_no}'s first checkpoints")
                 assert proc.poll() is None, proc.communicate()[1][-3000:]
             finally:
-                _unburn(burners)  # the orderly stop needs no load
+                _unburn(load)  # the orderly stop needs no load
                 proc.send_signal(signal.SIGTERM)
                 code, out, err = finish(proc, 300)
             assert code == 128 + signal.SIGTERM, err[-3000:]
@@ -224,7 +223,7 @@ def test_a_checkpoint_service_loading_tensorflow_for_a_tf_data_iterator_is_not_a
                 assert "before saying ready (this run's checkpoints need it: a variant tensor" in service, service
                 assert "loading TensorFlow for this commit" not in service
     finally:
-        _unburn(burners)
+        _unburn(load)
 
 
 def _launch_loading_forever(logdir: str, gate: str) -> tuple[subprocess.Popen, int]:
@@ -234,7 +233,7 @@ def _launch_loading_forever(logdir: str, gate: str) -> tuple[subprocess.Popen, i
     of 8 s (the floor is 30 s): past the loader's first sign of life, well within the test's wait.
     Returns the launch and the service's pid, once it said it is loading."""
     proc = launch(logdir, "--input", "iterator", "--steps", "1000000", "--save-steps", "10", "--step-delay", "0.02",
-                  target=os.path.join(PROGRAMS, "nan_train.py"), opts=("--standby", "off"),
+                  target=os.path.join(PROGRAMS, "nan_train.py"), opts=NO_STANDBY,
                   env=quiet_env(**{env.SAVE_DEADLINE: "8", env.FAULT: "checkpoint:loading", env.FAULT_GATE: gate}))
     wait_for(lambda: proc.poll() is not None or "loading TensorFlow for this commit" in _text(logdir, "checkpoint.1.log"),
              300, what="the checkpoint service to begin loading TensorFlow at its first commit")
