@@ -61,9 +61,9 @@ def _service_deaths(logdir: str) -> list[dict]:
 @pytest.mark.parametrize("point", FAULT_POINTS)
 def test_service_killed_at_each_commit_step_leaves_a_loadable_latest_and_the_run_finishes(logdir, point):
     env = quiet_env(PROCSV_FAULT=f"checkpoint:{point}:2")  # the second commit: there is a previous one
-    # 600 steps of 10 ms: at least as long a run as before (1200 of 4 ms, a step computes ~2 ms more), half
-    # the steps to compute
-    proc = launch(logdir, "--steps", "600", "--save-model-secs", "0.3", "--step-delay", "0.01", env=env,
+    # 300 steps of 20 ms: at least as long a run as before (600 of 10 ms, 1200 of 4 ms before that: a step
+    # computes ~2 ms more), half the steps to compute (the delay is a sleep; a step's CPU is its computation)
+    proc = launch(logdir, "--steps", "300", "--save-model-secs", "0.3", "--step-delay", "0.02", env=env,
                   opts=NO_STANDBY)
     try:
         wait_for(lambda: _service_deaths(logdir), 120, what=f"the service to die at {point}")
@@ -75,11 +75,11 @@ def test_service_killed_at_each_commit_step_leaves_a_loadable_latest_and_the_run
     death = _service_deaths(logdir)[0]
     assert death["signal"] == "SIGKILL" and death["attempt"] == 1
     st = status_json(logdir)
-    assert st["state"] == "succeeded" and st["step"] == 600
+    assert st["state"] == "succeeded" and st["step"] == 300
     roles = {p["role"]: p for p in st["processes"]}
     assert roles["trainer"]["pid"] == trainer and roles["trainer"]["restarts"] == 0
     assert roles["checkpoint"]["restarts"] == 1
-    assert _latest_loads(logdir) == 600 == committed_steps(logdir)[-1]
+    assert _latest_loads(logdir) == 300 == committed_steps(logdir)[-1]
     _all_committed_verify(logdir)
     assert os.listdir(os.path.join(logdir, ".procsv", "tmp")) == []
     leftovers = [n for n in os.listdir(logdir) if n.startswith("model.ckpt-")
@@ -88,9 +88,9 @@ def test_service_killed_at_each_commit_step_leaves_a_loadable_latest_and_the_run
 
 
 def test_sigkill_of_the_checkpoint_service_restarts_it_and_the_next_checkpoint_commits(logdir):
-    # 1250 steps of 12 ms: at least as long a run as before (2500 of 5 ms, a step computes ~2 ms more), half
-    # the steps to compute
-    proc = launch(logdir, "--steps", "1250", "--save-model-secs", "0.3", "--step-delay", "0.012", opts=NO_STANDBY)
+    # 625 steps of 24 ms: at least as long a run as before (1250 of 12 ms, 2500 of 5 ms before that: a step
+    # computes ~2 ms more), half the steps to compute
+    proc = launch(logdir, "--steps", "625", "--save-model-secs", "0.3", "--step-delay", "0.024", opts=NO_STANDBY)
     try:
         wait_for(lambda: committed_steps(logdir), 90, what="the first committed checkpoint")
         trainer, victim = wait_role_pid(logdir, "trainer"), wait_role_pid(logdir, "checkpoint")
@@ -105,9 +105,9 @@ def test_sigkill_of_the_checkpoint_service_restarts_it_and_the_next_checkpoint_c
     assert code == 0, err
     st = status_json(logdir)
     trainer_rec = next(p for p in st["processes"] if p["role"] == "trainer")
-    assert trainer_rec["pid"] == trainer and trainer_rec["restarts"] == 0 and st["step"] == 1250
+    assert trainer_rec["pid"] == trainer and trainer_rec["restarts"] == 0 and st["step"] == 625
     assert _service_deaths(logdir)[0]["signal"] == "SIGKILL"
-    assert _latest_loads(logdir) == 1250
+    assert _latest_loads(logdir) == 625
     _all_committed_verify(logdir)
 
 
