@@ -62,16 +62,21 @@ def restores_with_plain_tf(logdir: str) -> int:
     return int(step.numpy())
 
 
+# the runs the killed groups are compared with end here: a group step costs ~11 ms of CPU (both members), and
+# 400 steps leave each test's kills (the last by step ~280) a margin to land before the run's end
+CLEAN_STEPS = "400"
+
+
 @pytest.fixture(scope="module")
 def clean_group(shared_result):
-    """The final weights of an uninterrupted group run of 500 steps (made once, shared)."""
+    """The final weights of an uninterrupted group run of CLEAN_STEPS steps (made once, shared)."""
     from conftest import final_weights
 
     def produce(folder: str) -> None:
-        code, out, err = finish(launch(folder, *ARGS, "--steps", "500", opts=GROUP + NO_STANDBY))
+        code, out, err = finish(launch(folder, *ARGS, "--steps", CLEAN_STEPS, opts=GROUP + NO_STANDBY))
         assert code == 0, err
 
-    return final_weights(shared_result("group-clean-500", produce))
+    return final_weights(shared_result(f"group-clean-{CLEAN_STEPS}", produce))
 
 
 def printed_steps(logdir: str, log: str) -> list[int]:
@@ -96,14 +101,15 @@ def sigkill_mid_interval(logdir: str, role: str, log: str, after: int) -> int:
 
 
 def test_a_sigstopped_worker_is_found_hung_and_the_group_restarts_without_it(logdir):
-    """worker1 SIGSTOPped at step 100: it (not the chief blocked waiting for it) is found hung and blamed,
+    """worker1 SIGSTOPped at step 60: it (not the chief blocked waiting for it) is found hung and blamed,
     the group restarts once and finishes."""
     opts = GROUP + ("--hang-timeout", "3", "--hang-grace-secs", "1")
-    # 300 steps: the 200 after the stop's step leave the stop seconds to land before the group could end
-    proc = launch(logdir, *ARGS, "--steps", "300", opts=opts)
+    # 160 steps of 20 ms (a sleep: ARGS' 4 ms took 300 steps, stopped at 100): the 100 after the stop's step
+    # leave the stop seconds to land before the group could end, with fewer steps to compute (~11 ms of CPU each)
+    proc = launch(logdir, *ARGS, "--step-delay", "0.02", "--steps", "160", opts=opts)
     try:
         group_started(logdir, 1)
-        at_step(logdir, 100)
+        at_step(logdir, 60)
         frozen = wait_role_pid(logdir, "worker1")
         os.kill(frozen, signal.SIGSTOP)  # frozen: TF's own heartbeat is 6.5 s
         wait_for(lambda: events(logdir, "hang_detected"), 30, what="the hang to be detected")
@@ -115,7 +121,7 @@ def test_a_sigstopped_worker_is_found_hung_and_the_group_restarts_without_it(log
     restarting = events(logdir, "restarting")
     assert [r["attempt"] for r in restarting] == [2] and restarting[0]["error"].startswith("worker1 attempt 1")
     assert "procsv: worker1 attempt 1" in err and "is hung" in err
-    assert restores_with_plain_tf(logdir) == 300
+    assert restores_with_plain_tf(logdir) == 160
 
 
 def test_a_worker_failing_at_import_fails_the_group_start_with_backoff_and_no_storm(logdir):
@@ -184,13 +190,13 @@ def test_nothing_of_a_dead_group_attempt_is_committed_from_memory_and_sigterm_st
     # commit of the dead attempt that could land after the next group pinned and restored an older one.
     # Now every member's snapshots are held apart and never persisted (issue 54): the next attempt
     # restores one of them from memory, and nothing is committed behind its pin
-    # steps of 20 ms: the seconds it needs, with fewer steps (each a collective that costs CPU in both).
-    # The default standby group stays: an orderly stop with one present is what users get
-    proc = launch(logdir, "--strategy", "multiworker", "--save-model-secs", "1000", "--step-delay", "0.02",
+    # steps of 40 ms (20 before): the seconds it needs, with fewer steps (each a collective that costs CPU in
+    # both). The default standby group stays: an orderly stop with one present is what users get
+    proc = launch(logdir, "--strategy", "multiworker", "--save-model-secs", "1000", "--step-delay", "0.04",
                   "--print-every-steps", "100000", "--steps", "100000", opts=GROUP)
     try:
         group_started(logdir, 1)
-        at_step(logdir, 200, timeout=180)  # 4 s of steps at least: a lone trainer holds snapshots by now
+        at_step(logdir, 100, timeout=180)  # 4 s of steps at least: a lone trainer holds snapshots by now
         os.kill(wait_role_pid(logdir, "worker1"), signal.SIGKILL)
         group_started(logdir, 2)
         at_step(logdir, (raw_status(logdir) or {}).get("step", 0) + 50)
@@ -240,8 +246,9 @@ def test_a_group_sigkilled_at_random_ends_bit_equal_to_an_uninterrupted_group_an
     import random
 
     rng = random.Random()
-    steps = ("--steps", "500")
-    proc = launch(logdir, *ARGS, *steps, opts=GROUP)
+    # steps of 10 ms, not ARGS' 4 (a sleep: the weights are the same): the second kill, at most ~120 steps past
+    # the second group's start, lands a second or more before the run's end
+    proc = launch(logdir, *ARGS, "--step-delay", "0.01", "--steps", CLEAN_STEPS, opts=GROUP)
     try:
         for attempt in (1, 2):
             group_started(logdir, attempt)
@@ -286,7 +293,7 @@ def test_a_killed_worker_then_a_killed_chief_each_restart_the_whole_group_from_i
     # when it does, that commit is newer and restored: nothing to re-do). With a standby group ready (the
     # default on one host, once it has prepared) the survivors are SIGKILLed at once and the standby group is
     # promoted instead, which tests/test_standby_group.py shows
-    proc = launch(logdir, *SLOW, "--steps", "500", opts=GROUP + ("--standby", "fork", "--group-grace-secs", "0"))
+    proc = launch(logdir, *SLOW, "--steps", CLEAN_STEPS, opts=GROUP + ("--standby", "fork", "--group-grace-secs", "0"))
     killed = []
     try:
         group_started(logdir, 1)
@@ -335,8 +342,8 @@ def test_a_killed_worker_then_a_killed_chief_each_restart_the_whole_group_from_i
     with open(os.path.join(logdir, "logs", "trainer.3.log")) as fh:
         assert f"procsv: restored step {restored[1]['step']} from the group's in-memory snapshot" in fh.read()
     assert {r["reason"] for r in events(logdir, "checkpoint_committed")} <= {"final", "preempted"}  # none from memory
-    assert committed_steps(logdir)[-1] == 500
-    assert restores_with_plain_tf(logdir) == 500
+    assert committed_steps(logdir)[-1] == int(CLEAN_STEPS)
+    assert restores_with_plain_tf(logdir) == int(CLEAN_STEPS)
     assert_bit_equal(logdir, clean_group)
 
 
@@ -396,7 +403,8 @@ def test_a_damaged_or_missing_in_memory_copy_makes_the_group_restore_from_disk_s
     # group and it restores its newest disk checkpoint (every 100 steps; the in-memory ones every 50,
     # so the newest in-memory one is newer). The chief is the one killed: it commits nothing on its way out
     env = quiet_env(PROCSV_FAULT=f"checkpoint:{fault}:1-100000")
-    proc = launch(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "330", opts=GROUP, env=env)
+    # 290 steps: both of the kill's windows (steps 160-175 and 260-275) and the restored group's steps after either
+    proc = launch(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "290", opts=GROUP, env=env)
     try:
         sigkill_the_chief_past_a_disk_save(logdir)
     finally:
@@ -404,4 +412,4 @@ def test_a_damaged_or_missing_in_memory_copy_makes_the_group_restore_from_disk_s
     assert code == 0, err
     lines = restored_from_disk_once(logdir)
     assert len(lines) == 1 and all(words in lines[0] for words in why), lines
-    assert restores_with_plain_tf(logdir) == 330
+    assert restores_with_plain_tf(logdir) == 290
