@@ -17,12 +17,17 @@ import pytest
 
 from conftest import PROGRAMS, final_weights, finish, launch, raw_status, wait_for, wait_role_pid
 from test_group import GROUP, K, assert_bit_equal, events, group_started, sigkill_mid_interval
-from test_standby_group import SB, standby_group_ready
+from test_standby_group import standby_group_ready
 
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
-NAN_AT = 360  # late enough for the standby group to be ready before it (asserted), early enough to end soon
-STEPS = 420
+# SB's group at 100 ms a step, not 40: these runs wait for standby groups to be ready (seconds, more under load)
+# while the group steps on, and a group step costs ~11 ms of CPU (both members), a sleep none
+SB_SLOW = ("--strategy", "multiworker", "--save-model-secs", "1000", "--step-delay", "0.1", "--print-every-steps", "1")
+# late enough for the standby group to be ready before it (asserted), early enough to end soon: 180 steps of
+# SB_SLOW, later than the 360 of SB it was before
+NAN_AT = 180
+STEPS = 220  # found at the group's snapshot of step 200 (every K = 50), rolled back to that of 150, on to the end
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +48,7 @@ def test_a_nan_rollback_with_the_standby_group_ready_skips_the_step_and_ends_bit
     bit-equal."""
     # the standby group was forked before the NaN, with the PROCSV_SKIP_STEPS of that time (none): a group
     # rollback that promotes it restarts a group that does not know the step it must skip
-    proc = launch(logdir, *SB, "--steps", str(STEPS), "--nan-at-steps", str(NAN_AT),
+    proc = launch(logdir, *SB_SLOW, "--steps", str(STEPS), "--nan-at-steps", str(NAN_AT),
                   opts=GROUP + ("--on-nonfinite", "rollback"))
     try:
         group_started(logdir, 1)
@@ -67,7 +72,7 @@ def test_members_killed_in_a_row_each_after_a_newer_group_snapshot_are_replaced_
     # kill was one more failure without progress: the standby group waited out a backoff of 1, 2, 4, ...
     # 30 s before its promotion (MTTR 0.12, 1.2, 2.1, 4.0, 8.8, 16, 31 s seen) and the run gave up after
     # --max-restarts kills. Three kills: one more than --max-restarts 2, as few as show it
-    proc = launch(logdir, *SB, "--steps", "100000", opts=GROUP + ("--max-restarts", "2"))
+    proc = launch(logdir, *SB_SLOW, "--steps", "100000", opts=GROUP + ("--max-restarts", "2"))
     kills = 3
     try:
         group_started(logdir, 1)
