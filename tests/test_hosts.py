@@ -34,8 +34,31 @@ from procsv.status import read_status, render
 from test_metrics import free_port
 from test_probes import probe
 
-# one bridge, namespace and subnet per pytest-xdist worker: two workers may run these tests at once
-_W = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+
+def _slot() -> int:
+    """A number no other process on this machine holds: the first of 8-99 whose lock file
+    (``/tmp/procsv-test-hosts.N.lock``) this process could lock, held for its life (the fd is kept open;
+    the kernel drops the lock when the process is gone). Network namespaces, links and addresses are the
+    machine's, not a run's: named by the xdist worker alone, two pytest runs on one machine (two
+    checkouts, or a suite beside a run of one file) took the same ``pvt0``, and each one's ``hosts``
+    fixture deleted the other's namespace and bridge under its running agents. (From 8: a checkout
+    before this named its hosts by the worker, 0-7.)"""
+    import fcntl
+
+    for n in range(8, 100):
+        fd = os.open(f"/tmp/procsv-test-hosts.{n}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        return n
+    raise RuntimeError("no free slot for the hosts tests' network namespaces (8-99 held)")
+
+
+# one bridge, namespace and subnet per process (each pytest-xdist worker: two workers, or two runs, may
+# run these tests at once)
+_W = _slot()
 BRIDGE, NS, VETH, PREFIX = f"pvtbr{_W}", f"pvt{_W}", f"pvtv{_W}", f"10.78.{_W}"
 MASTER_IP, HOST1_IP = f"{PREFIX}.1", f"{PREFIX}.11"
 ARGS = ("--strategy", "multiworker", "--save-model-secs", "1", "--step-delay", "0.004", "--print-every-steps", "100000")
