@@ -61,11 +61,12 @@ def memberships(logdir: str) -> list[tuple[list[int], int]]:
     return [(r["nodes"], r["world"]) for r in events(logdir, "membership")]
 
 
-# the paced runs' steps (paced by --step-delay PACE until the test's events, the steps left run at once:
-# tests/programs/paced.py): what sets the margin for a loaded machine is the seconds paced (600 x 0.06
-# here, 40 s at most; 1500 x 0.02 before, 30 s), and each step paced or after is CPU in every member. At
-# load 27 the three hosts' run reached step 193 (of 1,200) before its gate, the partition's 147 (of 600)
-STEPS, PACE = 600, "0.06"
+STEPS = 1500
+# the three hosts' run: 2 x 600 steps paced at 0.06 s (paced by --step-delay until the test's events, the steps
+# left run at once: tests/programs/paced.py): what sets the margin for a loaded machine is the seconds paced (72 s
+# of sleep at most; 60 s before, 2 x 1500 x 0.02), and each step paced or after is CPU in every member. At load 27
+# it reached step 193 (of 1,200) before its gate; before, it ran 1,665 steps of a group of two after its gate
+THREE_STEPS, PACE = 600, "0.06"
 PARTITION_SECS = 8.0  # node 1's link down this long once node 0 regrouped without it
 
 
@@ -84,7 +85,7 @@ def test_three_hosts_lose_one_then_another_and_the_first_is_taken_back_then_a_pa
     is up again node 1's agent comes back and is taken back; the run finishes, every launch exit 0."""
     addr = master_addr()
     gate, fast = paced(tmp_path)
-    steps = 2 * STEPS  # (the partition's regroups after the three hosts' changes, all paced)
+    steps = 2 * THREE_STEPS  # (the partition's regroups after the three hosts' changes, all paced)
     args = (*ARGS, "--steps", str(steps), "--step-delay", PACE, *fast)
     env = {**quiet_env(), "PROCSV_GROUP_SNAPSHOT_STEPS": "10"}
     # (waiting for node 0's job: the first group is on all three)
@@ -140,7 +141,7 @@ def test_a_partition_longer_than_the_rejoin_timeout_leaves_the_group_training_an
     opts = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "5",
             "--group-grace-secs", "0")
     gate, fast = paced(tmp_path)
-    args = (*ARGS, "--steps", str(STEPS), "--step-delay", PACE, *fast)
+    args = (*ARGS, "--steps", str(STEPS), "--step-delay", "0.02", *fast)
     # the agent first, waiting for node 0's job, so that its own start does not count against the first
     # group's --rejoin-timeout 5 (at load 15 it once did: the group started on node 0 alone)
     a1 = agent_on(NS, 1, logdir, addr, *args, opts=opts if same_flags else ("--nnodes", "2"), target=PACED)
