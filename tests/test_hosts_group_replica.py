@@ -16,7 +16,7 @@ import pytest
 
 from conftest import quiet_env, role_pid, wait_for, wait_role_pid
 from hosts_helpers import PACED, paced, two_hosts_ending_well
-from test_group import (K, SLOW, assert_bit_equal, clean_group, group_started, member_restores, printed_steps,
+from test_group import (CLEAN_STEPS, K, SLOW, assert_bit_equal, clean_group, group_started, member_restores, printed_steps,
                         restores_with_plain_tf, sigkill_mid_interval)
 from test_hosts import events, hosts
 from test_hosts_group_tier import restored_from_memory
@@ -68,12 +68,15 @@ def test_node_0s_checkpoint_service_sigkilled_twice_a_member_of_host_1_follows_i
     # service: worker1 SIGKILLed after it restores both members' copies of the newest step whole before
     # the service's death, from memory. The run ends bit-equal to an uninterrupted group
     gate, fast = paced(tmp_path)  # (paced until the third group's first step, then at once)
-    with two_hosts_ending_well(logdir, *SLOW, "--steps", "500", *fast, target=PACED, gate=gate):
+    # (clean_group's steps, 400: the first service's kill past step K + 10, the second's K + 10 past the second
+    # group's restore, by step 325, 75 before the end as before: 500 steps, and 2K + 10 each, until clean_group's
+    # run was cut to 400)
+    with two_hosts_ending_well(logdir, *SLOW, "--steps", CLEAN_STEPS, *fast, target=PACED, gate=gate):
         group_started(logdir, 1)
-        followed_service, followed_member = service_killed_then_worker1(logdir, 2 * K + 10, later=3 * K + 10)
+        followed_service, followed_member = service_killed_then_worker1(logdir, K + 10, later=3 * K + 10)
         group_started(logdir, 2)
         again = wait_for(lambda: events(logdir, "restored"), 60, what="the second group's restore")[0]["step"]
-        at_service, at_member = service_killed_then_worker1(logdir, again + 2 * K + 10, attempt=2, service=3)
+        at_service, at_member = service_killed_then_worker1(logdir, again + K + 10, attempt=2, service=3)
         group_started(logdir, 3)
     restored = events(logdir, "restored")
     assert len(restored) == 2, restored

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import finish, lifecycle, quiet_env, wait_for, wait_role_pid
 from hosts_helpers import PACED, paced, two_hosts, two_hosts_ending_well, unpace
-from test_group import (K, SLOW, assert_bit_equal, clean_group, final_weights_of, group_started, member_restores,
+from test_group import (CLEAN_STEPS, K, SLOW, assert_bit_equal, clean_group, final_weights_of, group_started, member_restores,
                         printed_steps, restored_from_disk_once, restores_with_plain_tf,
                         sigkill_mid_interval, sigkill_the_chief_past_a_disk_save)
 from test_hosts import HOST1_IP, agent, events, host_pids, hosts
@@ -93,14 +93,16 @@ def test_a_member_of_host_1_sigkilled_three_times_then_the_whole_host_restore_th
     # restart). Now node 0 removes the files of the attempts that are over: after each of the three kills
     # of worker1, once the next group runs, the folder holds only the live member's file, of its attempt
     gate, fast = paced(tmp_path)  # digits paced until the host's restarted group, then its steps left at once
-    master, first, addr = two_hosts(logdir, *SLOW, "--steps", "500", *fast, target=PACED)
+    master, first, addr = two_hosts(logdir, *SLOW, "--steps", CLEAN_STEPS, *fast, target=PACED)
     second = None
     kills: list[int] = []
     counts = []
     try:
         group_started(logdir, 1)
         wait_for(lambda: len(member_keys(logdir)) == 1, 60, what="worker1.1's key filed")
-        after, killed = 150, set()
+        # (clean_group's steps, 400: the first kill past step 50, the host's by step 325, 75 before the end as
+        # before: 500 steps and the first kill past 150 until clean_group's run was cut to 400)
+        after, killed = 50, set()
         for attempt in range(1, 4):
             killed.add(wait_role_pid(logdir, "worker1"))
             kills.append(sigkill_mid_interval(logdir, "worker1", f"worker1.{attempt}", after))
@@ -126,7 +128,7 @@ def test_a_member_of_host_1_sigkilled_three_times_then_the_whole_host_restore_th
             os.kill(pid, signal.SIGKILL)
         first.wait(10)
         wait_for(lambda: events(logdir, "node_lost"), 30, what="the host to be found lost")
-        second = agent(logdir, addr, *SLOW, "--steps", "500", *fast, target=PACED)
+        second = agent(logdir, addr, *SLOW, "--steps", CLEAN_STEPS, *fast, target=PACED)
         group_started(logdir, 5)
     finally:
         unpace(gate)
