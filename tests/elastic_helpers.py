@@ -10,12 +10,11 @@ from __future__ import annotations
 import glob
 import json
 import os
-import subprocess
-import sys
 from typing import Any, Optional, Sequence
 
 import numpy as np
 from conftest import REPO, quiet_env
+from pyfork import Running, start_python
 
 Record = dict[str, Any]
 TARGET = "procsv.examples.elastic_digits"
@@ -94,30 +93,27 @@ def free_ports(n: int) -> list[int]:
 
 
 def start_segment(world: int, last_step: int, out_prefix: str, from_prefix: Optional[str],
-                  extra_args: Sequence[str] = ()) -> list[subprocess.Popen[str]]:
+                  extra_args: Sequence[str] = ()) -> list[Running]:
     """Start the ``world`` tasks of one plain segment (a hand-made ``TF_CONFIG`` on free ports of
-    127.0.0.1) training from ``from_prefix`` (or step 0) to ``last_step``; the chief writes ``out_prefix``."""
+    127.0.0.1) training from ``from_prefix`` (or step 0) to ``last_step``; the chief writes ``out_prefix``.
+    Each is a fork of the fork server (``pyfork.start_python``: TensorFlow imported once, not in each task)."""
     from procsv.cluster import make_tf_config
 
     addresses = [f"127.0.0.1:{p}" for p in free_ports(world)]
-    cmd = [sys.executable, "-m", TARGET, "--plain", "--plain-to", str(last_step), "--plain-save", out_prefix,
-           *(["--plain-from", from_prefix] if from_prefix else []), *extra_args]
-    return [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                             env=quiet_env(TF_CONFIG=make_tf_config(addresses, r)), start_new_session=True)
-            for r in range(world)]
+    argv = ["-m", TARGET, "--plain", "--plain-to", str(last_step), "--plain-save", out_prefix,
+            *(["--plain-from", from_prefix] if from_prefix else []), *extra_args]
+    return [start_python(argv, cwd=REPO, env=quiet_env(TF_CONFIG=make_tf_config(addresses, r))) for r in range(world)]
 
 
-def finish_segment(procs: list[subprocess.Popen[str]], timeout: float = 120) -> None:
+def finish_segment(runs: list[Running], timeout: float = 120) -> None:
     """Wait for a segment's tasks; fail (killing any left) unless each exits 0."""
     try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            assert p.returncode == 0, f"plain task exited {p.returncode}\n{out}\n{err}"
+        for run in runs:
+            done = run.result(timeout)
+            assert done.returncode == 0, f"plain task exited {done.returncode}\n{done.stdout}\n{done.stderr}"
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+        for run in runs:
+            run.kill()
 
 
 def reference_weights(plan: list[tuple[int, int, int]], tmpdir: str, extra_args: Sequence[str] = ()

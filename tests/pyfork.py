@@ -51,12 +51,17 @@ PRELOAD = ("tensorflow", "procsv.watchdog.launcher")
 _IMPORT_TIME_PREFIXES = ("TF_", "CUDA", "OMP_", "KMP_", "PYTHON", "KERAS", "XLA_", "LD_", "LC_", "MKL",
                          "OPENBLAS", "NPY_", "NUMPY", "GRPC_", "ABSL", "MALLOC", "GLIBC")
 _IMPORT_TIME_NAMES = ("LANG", "LANGUAGE", "HOME", "TMPDIR", "TEMP", "TMP")
+# ... but these, of those prefixes, are read only when the program makes something: ``TF_CONFIG`` (TensorFlow's
+# cluster spec) when a strategy or cluster resolver is made (``TFConfigClusterResolver`` reads it then; procsv's
+# zygote forks each trainer, TensorFlow imported, with its own ``TF_CONFIG``)
+_RUN_TIME_NAMES = ("TF_CONFIG",)
 
 
 def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
     """The variables of ``env`` that a process reads before its program runs (the interpreter's
     start, TensorFlow's import): the part of a run's environment a fork cannot take on."""
-    return {k: v for k, v in env.items() if k.startswith(_IMPORT_TIME_PREFIXES) or k in _IMPORT_TIME_NAMES}
+    return {k: v for k, v in env.items()
+            if (k.startswith(_IMPORT_TIME_PREFIXES) or k in _IMPORT_TIME_NAMES) and k not in _RUN_TIME_NAMES}
 
 
 class ForkedRun(subprocess.CompletedProcess):  # type: ignore[type-arg]

@@ -34,14 +34,37 @@ from procsv.status import read_status, render
 from test_metrics import free_port
 from test_probes import probe
 
-# one bridge, namespace and subnet per pytest-xdist worker: two workers may run these tests at once
-_W = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+
+def _slot() -> int:
+    """A number no other process on this machine holds: the first of 8-99 whose lock file
+    (``/tmp/procsv-test-hosts.N.lock``) this process could lock, held for its life (the fd is kept open;
+    the kernel drops the lock when the process is gone). Network namespaces, links and addresses are the
+    machine's, not a run's: named by the xdist worker alone, two pytest runs on one machine (two
+    checkouts, or a suite beside a run of one file) took the same ``pvt0``, and each one's ``hosts``
+    fixture deleted the other's namespace and bridge under its running agents. (From 8: a checkout
+    before this named its hosts by the worker, 0-7.)"""
+    import fcntl
+
+    for n in range(8, 100):
+        fd = os.open(f"/tmp/procsv-test-hosts.{n}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        return n
+    raise RuntimeError("no free slot for the hosts tests' network namespaces (8-99 held)")
+
+
+# one bridge, namespace and subnet per process (each pytest-xdist worker: two workers, or two runs, may
+# run these tests at once)
+_W = _slot()
 BRIDGE, NS, VETH, PREFIX = f"pvtbr{_W}", f"pvt{_W}", f"pvtv{_W}", f"10.78.{_W}"
 MASTER_IP, HOST1_IP = f"{PREFIX}.1", f"{PREFIX}.11"
 ARGS = ("--strategy", "multiworker", "--save-model-secs", "1", "--step-delay", "0.004", "--print-every-steps", "100000")
 # for a run that waits on time (a timeout, a stall, checkpoints), not on steps: fewer steps in that
-# time, each of which costs CPU in both members (a collective)
-PACED = (*ARGS, "--step-delay", "0.02")
+# time, each of which costs CPU in both members (a collective); 20 a second (50 at 0.02 before)
+PACED = (*ARGS, "--step-delay", "0.05")
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -147,7 +170,9 @@ def test_a_group_over_two_hosts_keeps_node_0s_secret_waits_for_a_killed_host_to_
 
     addr = master_addr()
     gate, fast = paced(tmp_path)  # (paced until the second agent is launched, then at once)
-    args = (*ARGS, "--steps", "800", *fast)
+    # 400 steps at 0.02 s (800 at 0.004 before): the host's kill at step 150 left up to 650 steps, each one of
+    # both members, to run after the second agent's restore
+    args = (*ARGS, "--steps", "400", "--step-delay", "0.02", *fast)
     opts = ("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4")  # the host found lost 4 s after
     master = launch(logdir, *args, opts=opts, target=PACED)
     port = free_port()  # node 1's probes, on its own address: as a kubelet probes a pod's IP
@@ -199,10 +224,10 @@ def test_a_group_over_two_hosts_keeps_node_0s_secret_waits_for_a_killed_host_to_
     assert len(events(logdir, "restarting")) == 1
     spawned = {(r["role"], r["attempt"], r["via"]) for r in events(logdir, "spawned") if r["role"] == "worker1"}
     assert spawned == {("worker1", 1, "node1"), ("worker1", 2, "node1")}
-    assert events(logdir, "finished")[-1]["step"] == 800
+    assert events(logdir, "finished")[-1]["step"] == 400
     from test_group import restores_with_plain_tf
 
-    assert restores_with_plain_tf(logdir) == 800
+    assert restores_with_plain_tf(logdir) == 400
     assert not host_pids()  # nothing of the job is left on the second host either
     assert not os.path.exists(os.path.join(logdir, ".procsv", "curve"))  # the launch's keys went with it
 
@@ -634,7 +659,9 @@ def test_an_agent_refused_until_its_predecessor_is_found_lost_waits_past_a_rejoi
 
     addr = master_addr()
     gate, fast = paced(tmp_path)  # (paced until the second agent's group steps, then at once)
-    args = (*ARGS, "--steps", "500", "--step-delay", "0.02", *fast)
+    # 250 steps at 0.06 s (500 at 0.02 before: 15 s paced at most, not 10, the margin for a loaded machine; the
+    # second agent's group restores an early commit, step 20-40 quietly, and runs the steps left at once)
+    args = (*ARGS, "--steps", "250", "--step-delay", "0.06", *fast)
     opts = ("--nnodes", "2", "--master-addr", addr, "--node-timeout", "3", "--rejoin-timeout", "2",
             "--group-grace-secs", "0")
     master = launch(logdir, *args, opts=opts, target=PACED)
@@ -659,4 +686,4 @@ def test_an_agent_refused_until_its_predecessor_is_found_lost_waits_past_a_rejoi
     assert code == 0, err
     assert acode == 0 and "the master refuses this agent as node 1" in aerr, aerr
     assert [r["node"] for r in events(logdir, "node_lost")] == [1]
-    assert events(logdir, "finished")[-1]["step"] == 500
+    assert events(logdir, "finished")[-1]["step"] == 250

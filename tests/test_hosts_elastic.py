@@ -34,8 +34,11 @@ pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick t
 
 ELASTIC = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "5",
            "--group-grace-secs", "0")
-STEPS = 1000  # the group takes node 1 back around step 130 here, quietly: a margin for a loaded machine
-# (paced by --step-delay until then, the steps left run at once: tests/programs/paced.py)
+STEPS = 500  # the group takes node 1 back around step 60 here, quietly: a margin for a loaded machine
+# (paced by --step-delay 0.06 until then, the steps left run at once: tests/programs/paced.py; each step is
+# CPU in both members and in the reference run, and what sets the margin is the seconds paced, 500 x 0.06
+# here, 1000 x 0.02 before)
+PACE = "0.06"
 N_TRAIN, B = 1438, 16  # the example's training samples; its per-replica batch
 MODEL = ("--batch-size", str(B), "--seed", "3")
 
@@ -49,7 +52,7 @@ def test_a_host_lost_for_good_leaves_the_group_training_on_one_host_and_a_new_ag
     addr = master_addr()
     samples = str(tmp_path / "samples")  # (on the shared filesystem: node 1's members write theirs there too)
     gate, fast = paced(tmp_path)
-    args = (*MODEL, "--steps", str(STEPS), "--step-delay", "0.02", "--save-model-secs", "1",
+    args = (*MODEL, "--steps", str(STEPS), "--step-delay", PACE, "--save-model-secs", "1",
             "--print-every-steps", "100000", "--sample-log", samples, "--example", TARGET, *fast)
     port = free_port()
     first = agent(logdir, addr, *args, target=PACED)  # (waiting for node 0's job: the first group is on both)

@@ -62,6 +62,11 @@ def memberships(logdir: str) -> list[tuple[list[int], int]]:
 
 
 STEPS = 1500
+# the three hosts' run: 2 x 600 steps paced at 0.06 s (paced by --step-delay until the test's events, the steps
+# left run at once: tests/programs/paced.py): what sets the margin for a loaded machine is the seconds paced (72 s
+# of sleep at most; 60 s before, 2 x 1500 x 0.02), and each step paced or after is CPU in every member. At load 27
+# it reached step 193 (of 1,200) before its gate; before, it ran 1,665 steps of a group of two after its gate
+THREE_STEPS, PACE = 600, "0.06"
 PARTITION_SECS = 8.0  # node 1's link down this long once node 0 regrouped without it
 
 
@@ -80,8 +85,8 @@ def test_three_hosts_lose_one_then_another_and_the_first_is_taken_back_then_a_pa
     is up again node 1's agent comes back and is taken back; the run finishes, every launch exit 0."""
     addr = master_addr()
     gate, fast = paced(tmp_path)
-    steps = 2 * STEPS  # (the partition's regroups after the three hosts' changes, all paced)
-    args = (*ARGS, "--steps", str(steps), "--step-delay", "0.02", *fast)
+    steps = 2 * THREE_STEPS  # (the partition's regroups after the three hosts' changes, all paced)
+    args = (*ARGS, "--steps", str(steps), "--step-delay", PACE, *fast)
     env = {**quiet_env(), "PROCSV_GROUP_SNAPSHOT_STEPS": "10"}
     # (waiting for node 0's job: the first group is on all three)
     a1 = agent_on(NS, 1, logdir, addr, *args, env=env, target=PACED)

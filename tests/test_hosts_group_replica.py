@@ -16,7 +16,7 @@ import pytest
 
 from conftest import quiet_env, role_pid, wait_for, wait_role_pid
 from hosts_helpers import PACED, paced, two_hosts_ending_well
-from test_group import (K, SLOW, assert_bit_equal, clean_group, group_started, member_restores, printed_steps,
+from test_group import (CLEAN_STEPS, K, SLOW, assert_bit_equal, clean_group, group_started, member_restores, printed_steps,
                         restores_with_plain_tf, sigkill_mid_interval)
 from test_hosts import events, hosts
 from test_hosts_group_tier import restored_from_memory
@@ -68,12 +68,15 @@ def test_node_0s_checkpoint_service_sigkilled_twice_a_member_of_host_1_follows_i
     # service: worker1 SIGKILLed after it restores both members' copies of the newest step whole before
     # the service's death, from memory. The run ends bit-equal to an uninterrupted group
     gate, fast = paced(tmp_path)  # (paced until the third group's first step, then at once)
-    with two_hosts_ending_well(logdir, *SLOW, "--steps", "500", *fast, target=PACED, gate=gate):
+    # (clean_group's steps, 400: the first service's kill past step K + 10, the second's K + 10 past the second
+    # group's restore, by step 325, 75 before the end as before: 500 steps, and 2K + 10 each, until clean_group's
+    # run was cut to 400)
+    with two_hosts_ending_well(logdir, *SLOW, "--steps", CLEAN_STEPS, *fast, target=PACED, gate=gate):
         group_started(logdir, 1)
-        followed_service, followed_member = service_killed_then_worker1(logdir, 2 * K + 10, later=3 * K + 10)
+        followed_service, followed_member = service_killed_then_worker1(logdir, K + 10, later=3 * K + 10)
         group_started(logdir, 2)
         again = wait_for(lambda: events(logdir, "restored"), 60, what="the second group's restore")[0]["step"]
-        at_service, at_member = service_killed_then_worker1(logdir, again + 2 * K + 10, attempt=2, service=3)
+        at_service, at_member = service_killed_then_worker1(logdir, again + K + 10, attempt=2, service=3)
         group_started(logdir, 3)
     restored = events(logdir, "restored")
     assert len(restored) == 2, restored
@@ -99,10 +102,11 @@ def test_a_copy_damaged_on_node_1_makes_the_group_restore_from_disk_saying_so_in
     # every copy node 1's holder keeps is damaged after node 0's service took its checksum: node 0's
     # checkpoint service SIGKILLed past a disk save (every 300 steps), the new service takes the
     # damaged copies back, worker1 SIGKILLed: the newest whole step (newer than the disk save) is
-    # found damaged, and the group restores the disk checkpoint, saying why in one line
+    # found damaged, and the group restores the disk checkpoint, saying why in one line (450 steps: the
+    # service's kill comes at step 360-375, worker1 stopped there; the restarted group runs from 300 to the end)
     env = quiet_env(PROCSV_FAULT="holder:replica_corrupt:1-100000")
     gate, fast = paced(tmp_path)  # (paced until the restarted group's first step, then at once)
-    with two_hosts_ending_well(logdir, *SLOW, "--save-checkpoint-steps", "300", "--steps", "600", *fast,
+    with two_hosts_ending_well(logdir, *SLOW, "--save-checkpoint-steps", "300", "--steps", "450", *fast,
                                agent_env=env, target=PACED, gate=gate):
         group_started(logdir, 1)
         service_killed_then_worker1(logdir, 300 + K + 10)
@@ -113,4 +117,4 @@ def test_a_copy_damaged_on_node_1_makes_the_group_restore_from_disk_saying_so_in
     with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
         lines = [line for line in fh.read().splitlines() if "restores from disk" in line]
     assert len(lines) == 1 and "held on node 1 is damaged" in lines[0], lines
-    assert restores_with_plain_tf(logdir) == 600
+    assert restores_with_plain_tf(logdir) == 450

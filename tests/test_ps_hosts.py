@@ -16,9 +16,10 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 
 import pytest
+
+import pyfork
 
 from conftest import committed_steps, finish, launch, lifecycle, quiet_env, wait_for
 from test_hosts import HOST1_IP, MASTER_IP, NS, host_pids, hosts, master_addr  # noqa: F401 (hosts: the fixture)
@@ -59,10 +60,13 @@ def test_a_worker_on_node_1_is_restarted_alone_there_then_after_its_host_is_lost
     master = launch(logdir, *ARGS, target=TARGET, opts=ps)
 
     def agent() -> subprocess.Popen[str]:
-        return subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, "-m", "procsv", "launch", TARGET,
-                                 "--logdir", logdir, *ps, "--node-rank", "1", "--", *ARGS],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=quiet_env(),
-                                start_new_session=True)
+        # node 1's launch, in its namespace, forked as node 0's is (conftest.launch): its zygote grown from a seed
+        # it forks, not a second import of TensorFlow
+        env = quiet_env()
+        fork = ("--fork-prewarm",) if pyfork.forks(["-m", "procsv"], env) else ()
+        argv = ["-m", "procsv", "launch", TARGET, "--logdir", logdir, *ps, "--node-rank", "1", *fork, "--", *ARGS]
+        return pyfork.popen_python(argv, netns=NS, imports_tf=False, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, env=env, start_new_session=True)
 
     node1 = agent()
     try:

@@ -146,6 +146,10 @@ def test_an_environment_that_differs_in_an_import_time_variable_starts_afresh(se
         assert not done.forked and done.returncode == 0, name
     assert not pyfork.run_python(["-X", "dev", "-c", "pass"], timeout=60).forked  # an interpreter option
     assert not pyfork.run_python(["/no/such/program.py"], timeout=60).forked  # the interpreter's own refusal
+    # TF_CONFIG is read when a strategy or cluster resolver is made, not at the import: a fork takes it on
+    tf_config = pyfork.run_python(["-c", "import os; print(os.environ['TF_CONFIG'])"],
+                                  env=dict(base, TF_CONFIG='{"task": {"type": "worker", "index": 1}}'), timeout=60)
+    assert tf_config.forked and tf_config.stdout == '{"task": {"type": "worker", "index": 1}}\n'
 
 
 def test_a_forked_runs_cpu_is_reported(server):
