@@ -20,7 +20,6 @@ import runpy
 import signal
 import sys
 import threading
-import time
 from typing import Optional
 
 from procsv.common import bootstrap, lossyio
@@ -103,37 +102,16 @@ def _clean_exit(ctx: Optional[bootstrap.ChildContext]) -> int:
     return code
 
 
-THREADS_GRACE_SECS = 30.0  # how long a forked trainer's exit waits for the program's non-daemon threads
-
-
 def exit_like_an_interpreter() -> None:
     """In a trainer forked from the zygote, which then leaves by ``os._exit`` (no teardown): what a
     fresh interpreter's exit runs before its teardown, in its order: the program's non-daemon threads
-    joined (for :data:`THREADS_GRACE_SECS` at most, then one line names those still running: an
-    interpreter would wait forever, and a finished run would sit there until found hung), then the
-    ``atexit`` handlers (the program's own, and its libraries': TensorFlow's wait for an async
-    checkpoint's write, its removal of autograph's temporary files), SIGTERM ignored meanwhile
-    (:func:`_deaf_at_exit`). Before, a program's atexit handlers ran under ``python`` and under a
-    trainer spawned fresh, never under one forked from the zygote (every launch's first)."""
+    joined, then the ``atexit`` handlers (the program's own, and its libraries': TensorFlow's wait for
+    an async checkpoint's write, its removal of autograph's temporary files), SIGTERM ignored
+    meanwhile (:func:`_deaf_at_exit`). Before, a program's atexit handlers ran under ``python`` and
+    under a trainer spawned fresh, never under one forked from the zygote (every launch's first)."""
     _deaf_at_exit()
-    left = join_threads(THREADS_GRACE_SECS)
-    if left:
-        print(f"procsv: the program ended, but its non-daemon thread(s) {', '.join(left)} still ran "
-              f"{THREADS_GRACE_SECS:g} s later: leaving without them (join them before the program's end, "
-              "or make them daemon threads)", file=sys.stderr, flush=True)
+    threading._shutdown()  # type: ignore[attr-defined]  # the join an interpreter's exit makes (3.11-3.14)
     atexit._run_exitfuncs()
-
-
-def join_threads(grace: float, threads: Optional[list[threading.Thread]] = None) -> list[str]:
-    """Join the non-daemon ones of ``threads`` (default: this process's, but the calling one) within
-    ``grace`` seconds in all, as an interpreter's exit joins them; return the names of those still
-    running after it."""
-    deadline = time.monotonic() + grace
-    me = threading.current_thread()
-    waited = [t for t in (threading.enumerate() if threads is None else threads) if t is not me and not t.daemon]
-    for t in waited:
-        t.join(max(0.0, deadline - time.monotonic()))
-    return [t.name for t in waited if t.is_alive()]
 
 
 def _deaf_at_exit() -> None:
