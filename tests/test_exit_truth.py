@@ -120,15 +120,3 @@ def test_sigkills_of_a_keras_trainer_before_its_first_step_are_not_a_start_up_fa
     assert len(delays) == 3 and delays[-1] > 0  # the normal policy's backoff: failures without a checkpoint
     st = status_json(logdir)
     assert st["state"] == "succeeded" and st["restarts"] == 3
-
-
-def test_a_programs_atexit_handlers_and_non_daemon_threads_run_at_its_end_as_under_python(logdir, tmp_path):
-    # before: a trainer forked from the zygote (every launch's first) left by os._exit when the program
-    # ended: its atexit handlers never ran (TensorFlow's wait for an async checkpoint's write among
-    # them) and its non-daemon threads were cut off, where a plain `python` runs and joins them
-    marker = str(tmp_path / "at-exit")
-    code, out, err = finish(launch(logdir, "--steps", "5", "--step-delay", "0", "--at-exit", marker, target=TINY), 180)
-    assert code == 0, out + err
-    assert [e.get("via") for e in _events(logdir, "spawned", "trainer")] == ["zygote"]
-    with open(marker) as fh:
-        assert fh.read().split() == ["thread", "atexit"]  # the thread joined first, then the handlers, as Python

@@ -271,8 +271,6 @@ FOREIGN_PRIVATE = frozenset({
     "procsv.trainer.keras.replay:model._make_function",
     "procsv.trainer.keras.step_warmup:epoch_iterator._distributed_dataset",
     # the standard library
-    "procsv.trainer.__main__:atexit._run_exitfuncs",
-    "procsv.trainer.__main__:threading._shutdown",
     "procsv.trainer.keras.input_position:sys._getframe",
     "procsv.trainer.standby.wait:os._exit",
 })

@@ -14,12 +14,10 @@ value (:mod:`procsv.trainer.outcome`).
 
 from __future__ import annotations
 
-import atexit
 import os
 import runpy
 import signal
 import sys
-import threading
 from typing import Optional
 
 from procsv.common import bootstrap, lossyio
@@ -100,18 +98,6 @@ def _clean_exit(ctx: Optional[bootstrap.ChildContext]) -> int:
         _report_exit(ctx, result)  # before the release: the watchdog may reap us right after it
     deathnotice.release()
     return code
-
-
-def exit_like_an_interpreter() -> None:
-    """In a trainer forked from the zygote, which then leaves by ``os._exit`` (no teardown): what a
-    fresh interpreter's exit runs before its teardown, in its order: the program's non-daemon threads
-    joined, then the ``atexit`` handlers (the program's own, and its libraries': TensorFlow's wait for
-    an async checkpoint's write, its removal of autograph's temporary files), SIGTERM ignored
-    meanwhile (:func:`_deaf_at_exit`). Before, a program's atexit handlers ran under ``python`` and
-    under a trainer spawned fresh, never under one forked from the zygote (every launch's first)."""
-    _deaf_at_exit()
-    threading._shutdown()  # type: ignore[attr-defined]  # the join an interpreter's exit makes (3.11-3.14)
-    atexit._run_exitfuncs()
 
 
 def _deaf_at_exit() -> None:

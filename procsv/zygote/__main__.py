@@ -209,13 +209,10 @@ def _become_trainer(req: ForkRequest, theirs: int, say: int, parent_pid: Optiona
 
         bootstrap.die_with_parent()
         return ps_main()
-    from procsv.trainer.__main__ import exit_like_an_interpreter, main as trainer_main
+    from procsv.trainer.__main__ import main as trainer_main
 
     sys.argv = list(req.argv)
-    try:
-        return trainer_main()
-    finally:  # (then spawn.exit_after's os._exit: the program's atexit handlers run first, as under python)
-        exit_like_an_interpreter()
+    return trainer_main()
 
 
 if __name__ == "__main__":

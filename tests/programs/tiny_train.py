@@ -12,8 +12,6 @@
     --ballast-mb N         checkpoint N MB more (a variable of zeros): a commit that takes time to write
     --fork-in-init FILE    init_fn forks a child that lives as long as the trainer (a data loader's
                            worker); its pid goes to FILE
-    --at-exit FILE         at its end, a non-daemon thread appends "thread" to FILE after 0.3 s, and an
-                           atexit handler appends "atexit" (a plain interpreter's exit: the thread first)
     --spawn-orphan FILE    start a helper in its own session (setsid: it escapes the process group and
                            the parent-death signal) on bad attempts; write "<pid> <runtime dir>" to FILE
 """
@@ -47,7 +45,6 @@ p.add_argument("--chatty", type=int, default=0, metavar="BYTES")
 p.add_argument("--ballast-mb", type=int, default=0)
 p.add_argument("--fork-in-init", default=None, metavar="FILE",
                help="init_fn forks a child that lives as long as this process; its pid is written to FILE")
-p.add_argument("--at-exit", default=None, metavar="FILE")
 p.add_argument("--linger", type=float, default=0.0, metavar="SECS",
                help="after the supervised block ends (its last checkpoint committed), sleep SECS (a slow teardown)")
 args = p.parse_args()
@@ -139,13 +136,3 @@ if args.linger:
     deadline = time.monotonic() + args.linger
     while time.monotonic() < deadline:  # (a SIGTERM here is the bootstrap's: remembered, not an exit)
         time.sleep(0.05)
-if args.at_exit:
-    import atexit
-    import threading
-
-    def append(word: str) -> None:
-        with open(args.at_exit, "a") as fh:
-            fh.write(word + "\n")
-
-    atexit.register(append, "atexit")
-    threading.Thread(target=lambda: (time.sleep(0.3), append("thread")), daemon=False).start()
