@@ -126,7 +126,7 @@ def first_batch(make: Callable[[], Any], warm: bool) -> tuple[float, int]:
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     it = epoch_iterator(make)
     model.make_train_function()
-    step = step_warmup._closure(model.train_function)["multi_step_on_iterator"]
+    step = step_warmup.free_variables(model.train_function)["multi_step_on_iterator"]
     if warm:
         found = step_warmup.train_step_warm_up(model.train_function, it)
         assert found is not None

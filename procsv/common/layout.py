@@ -144,10 +144,12 @@ class Layout:
             # traceback and exit 1
             for path in (self.logdir, self.meta, self.logs, self.manifests, self.tmp):
                 os.makedirs(path, exist_ok=True)
-                probe = os.path.join(path, f".write-probe-{os.getpid()}")
-                with open(probe, "wb") as fh:
-                    fh.write(b"ok")
-                os.unlink(probe)
+                fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=path)  # (unique across hosts sharing it)
+                try:
+                    os.write(fd, b"ok")
+                finally:
+                    os.close(fd)
+                    os.unlink(probe)
         except OSError as exc:
             raise UsageError(_create_problem(self.logdir, exc, path)) from None
 
