@@ -89,8 +89,11 @@ def test_an_unkillable_service_does_not_keep_a_failed_launch_alive(logdir, tmp_p
 
 
 def test_an_unkillable_trainer_does_not_keep_a_stopped_launch_alive(logdir, frozen_cgroup):
+    # a fresh trainer (--no-prewarm): frozen while it starts, before its first step, so that the stop loses no
+    # step and its outcome is a stop's (128+15); a forked one is past step 30 by then, and the stop (its last
+    # step not committed) rightly exits 1
     proc = launch(logdir, "--steps", "1000000", "--step-delay", "0.01", target=os.path.join(PROGRAMS, "tiny_train.py"),
-                  opts=("--stop-grace-secs", "2", "--standby", "fork"))
+                  opts=("--stop-grace-secs", "2", "--no-prewarm", "--standby", "off"))
     try:
         trainer = wait_role_pid(logdir, "trainer", 60)
         _freeze(frozen_cgroup, trainer)

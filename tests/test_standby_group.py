@@ -18,16 +18,20 @@ from typing import Any
 import pytest
 
 from conftest import finish, kill_leftovers, launch, wait_for
-from test_group import GROUP, K, assert_bit_equal, clean_group, events, group_started, member_restores, \
+from test_group import CLEAN_STEPS, GROUP, K, assert_bit_equal, clean_group, events, group_started, member_restores, \
     printed_steps, sigkill_mid_interval
 
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
-__all__ = ["clean_group"]  # the fixture: an uninterrupted group run of 500 steps
+__all__ = ["clean_group"]  # the fixture: an uninterrupted group run of CLEAN_STEPS steps
 
 # no disk checkpoint but the final one; each member prints every step; slow enough for a standby group
 # (prepared at idle CPU priority) to be ready before the end at load
 SB = ("--strategy", "multiworker", "--save-model-secs", "1000", "--step-delay", "0.04", "--print-every-steps", "1")
+# the runs compared with clean_group end at its CLEAN_STEPS (400), paced at 50 ms: the seconds of 500 steps of
+# SB's 40 ms that they had for their standby groups to get ready and their kills to land (a delay is a sleep:
+# the weights are the same)
+SB_RUN = (*SB, "--step-delay", "0.05", "--steps", CLEAN_STEPS)
 
 
 def ready(logdir: str, attempt: int) -> list[dict[str, Any]]:
@@ -65,7 +69,7 @@ def test_a_sigkilled_worker_then_chief_are_replaced_by_the_standby_group_restori
     # spawned records say so; no member is forked), both restore the same step from the group's in-memory
     # copies, and the run ends bit-equal to an uninterrupted group (on main a group has no standby: forked),
     # although every standby member ran the step once (on shadow copies of its variables, collectives among them)
-    proc = launch(logdir, *SB, "--steps", "500", opts=GROUP)
+    proc = launch(logdir, *SB_RUN, opts=GROUP)
     standbys = []
     try:
         group_started(logdir, 1)
@@ -99,13 +103,13 @@ def test_a_sigkilled_worker_then_chief_are_replaced_by_the_standby_group_restori
 
 @pytest.fixture(scope="module")
 def standby_member_then_worker_killed(shared_result) -> tuple[str, dict[str, Any]]:  # type: ignore[no-untyped-def]
-    """A group run of 500 steps whose ready standby1 is SIGKILLed while it waits, then (the new standby
+    """A group run of CLEAN_STEPS steps whose ready standby1 is SIGKILLed while it waits, then (the new standby
     group ready) worker1 mid-interval, once: (its logdir, {code, out, err, first, second, leftovers}), the
     pids of the first and second standby groups and those of the run's processes left behind (SIGKILLed).
     Made once per session (``shared_result``): tests/test_goodput_group.py reads it too."""
     def produce(folder: str) -> None:
         logdir = os.path.join(folder, "run")
-        proc = launch(logdir, *SB, "--steps", "500", opts=GROUP)
+        proc = launch(logdir, *SB_RUN, opts=GROUP)
         try:
             group_started(logdir, 1)
             first = standby_group_ready(logdir, 2)
