@@ -23,6 +23,8 @@ from typing import Any
 def prewrite(config: Any, files: list[Path], procs: int) -> int:
     """Write pytest's rewritten bytecode of ``files`` whose cache is missing or stale, in ``procs``
     processes (forks of this one); return how many were written."""
+    if config.getoption("assertmode", "rewrite") != "rewrite":  # --assert=plain: nothing is rewritten
+        return 0
     try:
         from _pytest.assertion import rewrite
 

@@ -1,5 +1,6 @@
 """The pure parts of non-finite training (issue 41): the skip bound, the policy's parsing, the bulk
-loss check and the scan of a snapshot's copy, with plain values (no process runs)."""
+loss check and the scan of a snapshot's copy, with plain values (no TensorFlow process runs: the
+launch's refusals of bad flags are `procsv launch` processes that end before anything starts)."""
 
 from __future__ import annotations
 
