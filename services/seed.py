@@ -104,16 +104,20 @@ def _grown(role: str, req_fd: int, say_fd: int, parent_pid: int, preempt_signal:
 
 
 def _fresh_handlers() -> None:
-    """The signal handlers a fresh interpreter has: the launching program's Python handlers (a harness's,
+    """The signal handlers a fresh service has: the launching program's Python handlers (a harness's,
     a program's) back to the default (SIGINT's: ``KeyboardInterrupt``), its wakeup descriptor let go;
-    what it ignores stays ignored, as it would across an ``exec``."""
+    what it ignores stays ignored, as it would across an ``exec``, but for the stop signals. The seed is
+    forked before the watchdog takes SIGTERM and SIGINT (``procsv.watchdog.bringup.Plumbing``), and a
+    fresh service is spawned after, by a process that catches them: its ``exec`` gives it both at their
+    default, even where the launch inherited them ignored (``procsv launch ... &`` in a script ignores
+    SIGINT). Ignored, they would be discarded, not read by the service's signalfd."""
     signal.set_wakeup_fd(-1)
     for sig in signal.valid_signals():
         try:
             handler = signal.getsignal(sig)
         except (OSError, ValueError):
             continue
-        if callable(handler) and handler is not signal.default_int_handler:
+        if sig in stopfrom.STOP_SIGNALS or (callable(handler) and handler is not signal.default_int_handler):
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
 

@@ -70,3 +70,41 @@ def test_seeds_grow_into_a_service_whose_log_cannot_be_opened_or_end_with_nothin
     assert run.stderr.count("procsv: cannot open") == 1, run.stderr  # said on the planter's stderr, as a spawn's
     assert f"{missing} (No such file or directory); this process's output is discarded" in run.stderr
     assert "must be set" not in run.stderr  # the service's own line: discarded with its output
+
+
+_IGNORING = """
+import json, signal, time
+from procsv.watchdog.seeds import ServiceSeeds
+
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):  # as a script's `procsv launch ... &` inherits SIGINT
+    signal.signal(sig, signal.SIG_IGN)
+seeds = ServiceSeeds.plant(signal.SIGUSR1)
+def status(pid):
+    with open(f"/proc/{pid}/status") as fh:
+        return {k: int(v, 16) for k, v in (l.split(":", 1) for l in fh.read().splitlines()) if k in ("SigIgn", "SigBlk")}
+said = {}
+for role in ("checkpoint", "summary"):
+    pid = seeds.get(role).pid
+    deadline = time.monotonic() + 60
+    while not status(pid)["SigBlk"] & (1 << (signal.SIGTERM - 1)):  # its stop signals blocked: set up, waiting
+        assert time.monotonic() < deadline, "the seed never blocked its stop signals"
+        time.sleep(0.01)
+    ignored = status(pid)["SigIgn"]
+    said[role] = sorted(signal.Signals(s).name for s in range(1, 32) if ignored & (1 << (s - 1)))
+seeds.discard()
+print(json.dumps(said))
+"""
+
+
+def test_a_seed_takes_the_stop_signals_at_their_default_where_the_launch_ignored_them():
+    """A fresh service is spawned by the watchdog, which catches SIGTERM and SIGINT, so its ``exec`` leaves
+    both at their default whatever the launch inherited; a seed, forked before the watchdog took them,
+    resets them likewise (ignored, they would be discarded, never read by its signalfd). What else the
+    launch ignored stays ignored, as across an ``exec``; SIGHUP and the preempt signal as a spawn's."""
+    run = subprocess.run([sys.executable, "-c", _IGNORING], capture_output=True, text=True, timeout=120,
+                         cwd=REPO, env={**os.environ, **quick_guard_env()})
+    assert run.returncode == 0, run.stderr
+    said = json.loads(run.stdout.strip().splitlines()[-1])
+    # SIGPIPE and SIGXFSZ: ignored by every Python interpreter's start
+    fresh = ["SIGHUP", "SIGPIPE", "SIGQUIT", "SIGUSR1", "SIGXFSZ"]
+    assert said == {"checkpoint": fresh, "summary": fresh}, said
