@@ -99,7 +99,7 @@ class ForkServer:
 
     def run(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, timeout: Optional[float],
             capture_output: bool, text: bool,
-            connected: Optional[Callable[[socket.socket], None]] = None) -> ForkedRun:
+            connected: Optional[Callable[[socket.socket], None]] = None, teardown: Optional[bool] = None) -> ForkedRun:
         """Run ``python *argv`` as a fork (see the module docstring); as ``subprocess.run`` would.
         ``connected(conn)`` is called with the run's connection once the request is sent: ``kill``
         written on it (from another thread) SIGKILLs the run."""
@@ -115,7 +115,7 @@ class ForkServer:
         else:
             std = [0, 1, 2]
         try:
-            conn = self.request(argv, env, cwd, std)
+            conn = self.request(argv, env, cwd, std, teardown=teardown)
         finally:
             for fd in theirs:
                 os.close(fd)
@@ -129,9 +129,14 @@ class ForkServer:
                 os.close(fd)
 
     def request(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, std: Sequence[int],
-                setsid: bool = False, netns: Optional[str] = None, replay: bool = True) -> socket.socket:
+                setsid: bool = False, netns: Optional[str] = None, replay: bool = True,
+                teardown: Optional[bool] = None) -> socket.socket:
         """Ask for ``python *argv`` with ``std`` as its stdin, stdout and stderr; the run's connection
-        (its replies come on it: the pid, then the status)."""
+        (its replies come on it: the pid, then the status). ``teardown``: whether the run ends with the
+        interpreter's teardown of its modules (by default all but a ``python -m procsv ...``: the
+        server's docstring says why)."""
+        if teardown is None:
+            teardown = list(argv[:2]) != ["-m", "procsv"]
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(self.path)
@@ -139,7 +144,7 @@ class ForkServer:
             os.umask(umask)
             body = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd, "umask": umask,
                                "cpus": sorted(os.sched_getaffinity(0)), "setsid": setsid,
-                               "netns": netns, "replay": replay}).encode()
+                               "netns": netns, "replay": replay, "teardown": teardown}).encode()
             data = struct.pack(">I", len(body)) + body
             sent = socket.send_fds(conn, [data], list(std))
             if sent < len(data):  # (never an empty send: a quick run's server may have closed the connection)

@@ -120,6 +120,28 @@ def test_atexit_handlers_run_and_threads_are_joined_before_the_run_ends(server):
     assert (done.returncode, done.stdout) == (0, "main\nthread\natexit\n")
 
 
+def test_a_run_without_teardown_ends_as_the_interpreter_does_up_to_the_flush_of_its_streams(server):
+    """``teardown=False`` (a ``python -m procsv ...`` run's default): the exit status and a ``SystemExit``'s
+    message, the threads joined, the ``atexit`` handlers and the streams' flush as in a fresh process,
+    then nothing of the modules' teardown (a finalizer there never runs)."""
+    code = ("import atexit, sys, threading, time\n"
+            "class Late:\n"
+            "    def __del__(self):\n"
+            "        print('teardown')\n"
+            "late = Late()\n"
+            "atexit.register(lambda: print('atexit'))\n"
+            "threading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()\n"
+            "sys.stdout.write('main ')\n"  # no newline: still in the pipe's buffer at the end
+            "sys.exit('bye')")
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (fresh.returncode, fresh.stdout, fresh.stderr) == (1, "main thread\natexit\nteardown\n", "bye\n")
+    done = _run(server, ["-c", code])
+    assert (done.returncode, done.stdout, done.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    cut = server.run(["-c", code], dict(os.environ), "/", 60, True, True, teardown=False)
+    assert (cut.returncode, cut.stdout, cut.stderr) == (1, "main thread\natexit\n", "bye\n")
+    assert server.run(["-c", "raise SystemExit(3)"], dict(os.environ), "/", 60, True, True, teardown=False).returncode == 3
+
+
 def test_the_run_is_a_process_of_its_own_and_a_timeout_kills_it(server, tmp_path):
     pid_file = tmp_path / "pid"
     code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); print('hi', flush=True); time.sleep(60)"
