@@ -46,7 +46,10 @@ def _slot() -> int:
     import fcntl
 
     for n in range(8, 100):
-        fd = os.open(f"/tmp/procsv-test-hosts.{n}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+        try:  # (another user's lock file, which this one cannot open: not a slot for us)
+            fd = os.open(f"/tmp/procsv-test-hosts.{n}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+        except OSError:
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
