@@ -110,7 +110,8 @@ def _fresh_handlers() -> None:
     forked before the watchdog takes SIGTERM and SIGINT (``procsv.watchdog.bringup.Plumbing``), and a
     fresh service is spawned after, by a process that catches them: its ``exec`` gives it both at their
     default, even where the launch inherited them ignored (``procsv launch ... &`` in a script ignores
-    SIGINT). Ignored, they would be discarded, not read by the service's signalfd."""
+    SIGINT). Ignored, they would be discarded, not read by the service's signalfd. SIGPIPE and SIGXFSZ
+    ignored, as every interpreter's start leaves them, whatever the launching program made of them."""
     signal.set_wakeup_fd(-1)
     for sig in signal.valid_signals():
         try:
@@ -119,6 +120,8 @@ def _fresh_handlers() -> None:
             continue
         if sig in stopfrom.STOP_SIGNALS or (callable(handler) and handler is not signal.default_int_handler):
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # as every interpreter's start sets them (an EPIPE raises)
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _read_start(req_fd: int) -> Optional[ServiceStart]:

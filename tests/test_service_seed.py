@@ -86,7 +86,8 @@ said = {}
 for role in ("checkpoint", "summary"):
     pid = seeds.get(role).pid
     deadline = time.monotonic() + 60
-    while not status(pid)["SigBlk"] & (1 << (signal.SIGTERM - 1)):  # its stop signals blocked: set up, waiting
+    # set up, waiting: its stop signals blocked, then its preempt signal ignored (its last step before the pipe)
+    while not (status(pid)["SigBlk"] & (1 << (signal.SIGTERM - 1)) and status(pid)["SigIgn"] & (1 << (signal.SIGUSR1 - 1))):
         assert time.monotonic() < deadline, "the seed never blocked its stop signals"
         time.sleep(0.01)
     ignored = status(pid)["SigIgn"]
