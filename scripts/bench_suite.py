@@ -51,6 +51,7 @@ class Run:
     load: float = 0.0
     ok: bool = False
     summary: str = ""
+    failures: list[str] = field(default_factory=list)
     coverage: Optional[float] = None
     slowest: list[str] = field(default_factory=list)
 
@@ -177,6 +178,7 @@ def one(rev: str, with_coverage: bool, keep: bool) -> Run:
         run.summary = lines[-1] if lines else done.stderr.strip()[-200:]
         run.ok = done.returncode == 0
         run.slowest = [ln for ln in lines if re.match(r"^\d+\.\d+s (call|setup|teardown) ", ln)][:10]
+        run.failures = [ln for ln in lines if ln.startswith(("FAILED ", "ERROR "))]  # (pytest's short summary)
         if with_coverage:
             subprocess.run([py, "-m", "coverage", "combine", "-q", "--rcfile", rc], cwd=clone, env=env)
             rep = subprocess.run([py, "-m", "coverage", "report", "--rcfile", rc, "--format=total", "--precision=2"],
@@ -211,7 +213,7 @@ def main() -> int:
                   f"(load {run.load:.2f}){'' if run.coverage is None else f', coverage {run.coverage:.2f} %'}: "
                   f"{run.summary}", flush=True)
             if not run.ok:
-                print("\n".join(run.slowest), flush=True)
+                print("\n".join([*run.failures, *run.slowest]), flush=True)
     print(f"\n{'revision':>10} {'runs':>4} {'pytest s':>9} {'(min-max)':>13} {'CPU s':>7} {'command s':>10} {'load':>5} "
           f"{'coverage %':>10}")
     for rev, rs in runs.items():
