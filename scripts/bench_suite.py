@@ -179,6 +179,11 @@ def one(rev: str, with_coverage: bool, keep: bool) -> Run:
         run.ok = done.returncode == 0
         run.slowest = [ln for ln in lines if re.match(r"^\d+\.\d+s (call|setup|teardown) ", ln)][:10]
         run.failures = [ln for ln in lines if ln.startswith(("FAILED ", "ERROR "))]  # (pytest's short summary)
+        if not run.ok:  # the failures' own reports, kept: a shared machine's flake is seen once
+            fd, kept = tempfile.mkstemp(prefix=f"procsv-suite-{rev}-", suffix=".out")
+            with os.fdopen(fd, "w") as fh:
+                fh.write(done.stdout + done.stderr)
+            run.failures.append(f"(pytest's whole output: {kept})")
         if with_coverage:
             subprocess.run([py, "-m", "coverage", "combine", "-q", "--rcfile", rc], cwd=clone, env=env)
             rep = subprocess.run([py, "-m", "coverage", "report", "--rcfile", rc, "--format=total", "--precision=2"],
