@@ -82,3 +82,16 @@ def test_the_retry_moves_through_its_own_transitions_and_gives_the_plan_its_cour
     retry.aim(60, True, True)
     retry.give_up()  # fit cannot replay to it
     assert retry.plan(None, ()) == Plan()
+
+
+def test_a_replayed_spike_is_judged_at_the_boundary_after_its_detection_step_or_at_once_past_it():
+    # (a spike rolled back at a snapshot is replayed; its judgement cannot wait for the next snapshot, which
+    # may come only after the loop's end, where no step is left to replay for its skip)
+    replay = Plan(spike_checks=(165,))
+    assert next_due(163, replay) == 165
+    assert at_boundary(164, replay) == Action.NOTHING and at_boundary(165, replay) == Action.JUDGE_SPIKES
+    assert next_due(167, replay) == 167 and at_boundary(167, replay) == Action.JUDGE_SPIKES  # past it: now
+    skipped = Plan(spike_checks=(165,), skipped=(166,))  # a step skipped before comes first at the same boundary
+    assert next_due(163, skipped) == 165 and at_boundary(165, skipped) == Action.SKIP_AGAIN
+    busy = Plan(target=170, spike_checks=(165,))  # a non-finite step's rollback under way: its own course only
+    assert next_due(163, busy) == 169 and at_boundary(165, busy) == Action.JUDGE

@@ -243,6 +243,9 @@ class _Walk:
     def skip_quietly(self, steps: Any) -> None:
         self.calls.append(("quietly", list(steps)))
 
+    def check_spike_at(self, detected: int) -> None:
+        self.calls.append(("check_at", detected))
+
     def plan_next(self, step: int) -> None:
         self.calls.append(("plan_next", step))
 
@@ -300,7 +303,8 @@ def test_rollback_replays_the_spike_first_and_skips_its_steps_when_the_replay_gi
     response.refused(refused.value, final=False)  # restored before the onset, to replay it: no stop, no skip
     assert [getattr(m, "KIND", m) for m in told] == ["spike_detected", ("undone", 60), "rolled_back"]
     assert (told[2].step, told[2].restored_step, told[2].skip) == (65, 60, False)
-    assert walk.calls == [("restored", None), ("plan_next", 60)] and watch.budget.skipped == []
+    # (the walk judges the replay at the boundary after step 66, the detection: not at the next snapshot)
+    assert walk.calls == [("restored", None), ("check_at", 66), ("plan_next", 60)] and watch.budget.skipped == []
     assert capsys.readouterr().err.strip().endswith("--on-spike rollback: restored step 60 from the in-memory "
                                                     "snapshot, replaying steps 65-66 to tell a transient fault of "
                                                     "the machine from the data's; training on")
@@ -309,7 +313,7 @@ def test_rollback_replays_the_spike_first_and_skips_its_steps_when_the_replay_gi
     assert watch.spikes is not None
     watch.spikes.feed(range(61, 71), [0.3, 0.3, 0.3, 0.3, 8.0, 15.0, 0.3, 0.3, 0.3, 0.3])  # the replay: the same
     found = watch.spikes.judge()  # (too few losses for the rule: the comparison decides, not a new flag)
-    with pytest.raises(LossSpiked) as again:  # the first check past step 66: its losses again, bit for bit
+    with pytest.raises(LossSpiked) as again:  # the check after step 66: its losses again, bit for bit
         response.judged(found, 70)
     response.refused(again.value, final=False)
     kinds = [getattr(m, "KIND", m) for m in told]

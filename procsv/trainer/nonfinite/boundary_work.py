@@ -6,9 +6,11 @@ through :class:`~procsv.trainer.nonfinite.rollback.NonfiniteRollback`, which kee
 :class:`BoundaryWork` walks the loop through a rollback after its restore: a step skipped before is
 skipped again, the state before the retry is kept (:mod:`.retry_state`), the replayed steps' losses
 are checked, the weights are checked after each replayed step while bisecting, the bad step is
-skipped. The decisions are :mod:`.plan`'s (pure); the restore itself is the rollback's, given to
-this walk as ``roll_back`` (and ``stop_diverged``, where a restore cannot be), which takes the kept
-state back from it (:meth:`BoundaryWork.take_kept`).
+skipped; the replay after a loss spike's rollback is judged as soon as it passes the spike's
+detection step (not at the next snapshot, which may come only after the loop's end). The decisions are :mod:`.plan`'s (pure); the restore itself is the rollback's, given to
+this walk as ``roll_back`` (and ``stop_diverged``, where a restore cannot be; ``refused``, what a
+refused snapshot gets, for the losses a replayed spike's check reads), which takes the kept state
+back from it (:meth:`BoundaryWork.take_kept`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from procsv.trainer.step_boundary import StepCounter, StepState
 
 class BoundaryWork:
     """A Supervisor's rollback at the step boundaries after its restore (see the module). Owns the
-    steps it said it skips again (``_again``), the trainable variables a bisect checks (``_weights``,
+    steps it said it skips again (``_again``), the detection steps of the loss spikes being replayed
+    (``_spike_checks``), the trainable variables a bisect checks (``_weights``,
     walked once), the state kept before the retried step (``_kept``), which retried step that was
     for (``_kept_for``) and what the program does instead of a retry it gave up (``abandoned``).
     Given: the watch (whose rollback course, ``watch.retry``, it moves on through that object's
@@ -37,12 +40,14 @@ class BoundaryWork:
     skip, and bounds the checkpoint half's next boundary), the saved state (``checkpoint``), the
     keeper (its agent's snapshot preparations and saved state, for the kept state and the weights),
     ``tell`` (a notice to the watchdog), and the rollback's ``roll_back`` (restore before a bad step:
-    "" if done, else why not) and ``stop_diverged`` (stop where it cannot)."""
+    "" if done, else why not), ``stop_diverged`` (stop where it cannot) and ``refused`` (the policy
+    on a refused snapshot's finding, :class:`~procsv.common.errors.LossSpiked` included)."""
 
     def __init__(self, watch: NonfiniteWatch, state: StepState, counter: StepCounter, checkpoint: Any,
                  keeper: Optional[CheckpointKeeper], tell: Callable[[Message], None],
                  roll_back: Callable[[Optional[int], str], str],
-                 stop_diverged: Callable[[NonFiniteState, str, bool], None]) -> None:
+                 stop_diverged: Callable[[NonFiniteState, str, bool], None],
+                 refused: Callable[[NonFiniteState, bool], None]) -> None:
         self.watch = watch
         self._retry = watch.retry
         self._state = state
@@ -52,6 +57,8 @@ class BoundaryWork:
         self._tell = tell
         self._roll_back = roll_back
         self._stop_diverged = stop_diverged
+        self._refused = refused
+        self._spike_checks: set[int] = set()  # detection steps of the spikes being replayed
         self._again: set[int] = set()  # steps skipped before this session that it said it skips again
         self._weights: Optional[list[Any]] = None
         self._kept: Optional[retry_state.KeptState] = None
@@ -76,6 +83,11 @@ class BoundaryWork:
         steps skipped so far) without a line each: the rollback said so once."""
         self._again.update(steps)
 
+    def check_spike_at(self, detected: int) -> None:
+        """A loss spike detected at step ``detected`` was rolled back to be replayed: the replay is
+        judged at the first boundary at or after ``detected`` (:meth:`_judge_spikes`)."""
+        self._spike_checks.add(detected)
+
     def restored(self) -> None:
         """A restore was done: no retry is given up (yet; a restore's hook may give it up: :meth:`abandon`)."""
         self.abandoned = ""
@@ -92,7 +104,7 @@ class BoundaryWork:
     def plan(self) -> Plan:
         """The data the decisions read (:class:`~procsv.trainer.nonfinite.plan.Plan`): the rollback's
         course, the retried step whose state before it was kept, the steps skipped so far."""
-        return self._retry.plan(self._kept_for, self.watch.budget.skipped)
+        return self._retry.plan(self._kept_for, self.watch.budget.skipped, self._spike_checks)
 
     def next_due(self, step: int) -> Optional[int]:
         """The first step at or after ``step`` at whose boundary there is work (None: none)."""
@@ -134,6 +146,8 @@ class BoundaryWork:
                       f"step {step + 2}", file=sys.stderr, flush=True)
             self.plan_next(step + 1)
             return True
+        if action == Action.JUDGE_SPIKES:
+            return self._judge_spikes(step)
         if action == Action.NOTHING or target is None:
             return False
         if action == Action.KEEP:  # the retry runs next
@@ -186,6 +200,22 @@ class BoundaryWork:
                else "its loss was NaN or infinite twice")
         print(f"procsv: skipped step {target} ({why}); training on from step {target + 1}", file=sys.stderr, flush=True)
         return True
+
+    def _judge_spikes(self, step: int) -> bool:
+        """At the boundary after ``step``, the replay after a spike's rollback past its detection: the
+        losses kept since the last check (one read) and their spikes judged, as before a snapshot
+        (:meth:`~procsv.trainer.nonfinite.watch.NonfiniteWatch.precheck`: the spike's replayed losses
+        against the first ones); a finding goes to the policy as a refused snapshot's does. True if the
+        step count moved (a rollback)."""
+        self._spike_checks.difference_update([s for s in self._spike_checks if s <= step])
+        try:
+            self.watch.precheck(step)
+        except NonFiniteState as bad:
+            self._refused(bad, False)
+            if self._state.step != step:
+                return True
+        self.plan_next(step)
+        return self._retry.due == step  # (a step skipped again, due at this same boundary: the walk goes on)
 
     def _skip(self, step: int, at: int) -> None:
         """Skip ``step`` at the boundary after ``at``: its input is consumed (a program's own hooks,

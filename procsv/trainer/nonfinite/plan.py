@@ -6,8 +6,8 @@ Pure: no process runs it, no TensorFlow, no clock, no read of a tensor. The trai
 kept since the last check, :func:`judge`), and performs the answer: a skip, a kept state, a check
 of the weights, a rollback. :class:`Plan` is the data the decisions read: the bad step being
 retried or skipped (``target``), whether it is skipped, whether the weights are checked after each
-replayed step (``bisecting``), the retried step whose state before it was kept (``kept_for``) and
-the steps skipped so far.
+replayed step (``bisecting``), the retried step whose state before it was kept (``kept_for``),
+the steps skipped so far, and the detection steps of the loss spikes being replayed (``spike_checks``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ class Plan:
     bisecting: bool = False
     kept_for: Optional[int] = None
     skipped: tuple[int, ...] = ()
+    spike_checks: tuple[int, ...] = ()
 
 
 class Action(str, enum.Enum):
@@ -38,7 +39,9 @@ class Action(str, enum.Enum):
     losses kept since the last check and ask :func:`judge`. ``ROLL_BACK``: a kept loss is non-finite;
     roll back for it. ``FINITE``: the retried step was finite; train on. ``SKIP_OR_BISECT``: the bad
     step is skipped if the weights before it are finite, else the weights are checked after each
-    replayed step of one more replay."""
+    replayed step of one more replay. ``JUDGE_SPIKES``: no bad step is being retried and the replay
+after a loss spike's rollback has passed its detection step: read the losses kept since the last
+check and judge them for spikes (the replay's losses of the spike's steps against the first ones)."""
 
     NOTHING = "nothing"
     SKIP_AGAIN = "skip_again"
@@ -49,6 +52,7 @@ class Action(str, enum.Enum):
     ROLL_BACK = "roll_back"
     FINITE = "finite"
     SKIP_OR_BISECT = "skip_or_bisect"
+    JUDGE_SPIKES = "judge_spikes"
 
 
 def skipped_before(step: int, skipped: Sequence[int], target: Optional[int]) -> bool:
@@ -59,10 +63,13 @@ def skipped_before(step: int, skipped: Sequence[int], target: Optional[int]) -> 
 def next_due(step: int, plan: Plan) -> Optional[int]:
     """The next boundary at or after ``step`` with rollback work: a step skipped before, which the
     replay (or a resumed session) skips again, or the bad step's skip or retry, the boundary before
-    the retry (whose state is kept there), and, while bisecting, every boundary."""
+    the retry (whose state is kept there), and, while bisecting, every boundary; with no bad step
+    being retried, the boundary after a replayed spike's detection step (now, if the loop is past it)."""
     target = plan.target
     due = [s - 1 for s in plan.skipped if s - 1 >= step and skipped_before(s, plan.skipped, target)]
-    if target is not None:
+    if target is None:
+        due.extend(max(s, step) for s in plan.spike_checks)
+    else:
         due.append(target - 1 if plan.skipping else target)
         if not plan.skipping and plan.kept_for != target and target - 1 >= step:
             due.append(target - 1)
@@ -77,7 +84,7 @@ def at_boundary(step: int, plan: Plan) -> Action:
     if skipped_before(step + 1, plan.skipped, target):
         return Action.SKIP_AGAIN
     if target is None:
-        return Action.NOTHING
+        return Action.JUDGE_SPIKES if any(s <= step for s in plan.spike_checks) else Action.NOTHING
     if not plan.skipping and step == target - 1 and plan.kept_for != target:
         return Action.KEEP
     if plan.bisecting and step < target:

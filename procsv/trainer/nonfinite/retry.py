@@ -15,7 +15,7 @@ step, to put back for its skip, is :mod:`.retry_state`'s, held by the walk.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 from procsv.trainer.nonfinite.plan import Plan
 
@@ -68,10 +68,11 @@ class Retry:
         """The bisect found ``step`` turning the weights non-finite, its loss finite."""
         return step in self._gradient_poisoned
 
-    def plan(self, kept_for: Optional[int], skipped: Sequence[int]) -> Plan:
+    def plan(self, kept_for: Optional[int], skipped: Sequence[int], spike_checks: Iterable[int] = ()) -> Plan:
         """What the decisions read (:mod:`.plan`), with the walk's ``kept_for`` (the retried step
-        whose state before it was kept) and the steps skipped so far."""
-        return Plan(self._target, self._skipping, self._bisecting, kept_for, tuple(skipped))
+        whose state before it was kept), the steps skipped so far and the walk's ``spike_checks``
+        (the detection steps of the loss spikes being replayed)."""
+        return Plan(self._target, self._skipping, self._bisecting, kept_for, tuple(skipped), tuple(sorted(spike_checks)))
 
     # ------------------------------------------------------------------ the transitions
     def aim(self, target: int, skipping: bool, bisecting: Optional[bool] = None) -> None:

@@ -127,7 +127,7 @@ class NonfiniteRollback:
                                     spike_thresholds=spike_thresholds or SpikeThresholds(),
                                     spiked=self._spiked if judges else None)
         self._walk = BoundaryWork(self.watch, state, counter, checkpoint, keeper, self._tell, self._roll_back,
-                                  self.stop_diverged)
+                                  self.stop_diverged, self.refused)
         self._program_stopped = False  # the program's NanTensorHook(fail_on_nan_loss=False) stopped on a NaN
         self._spikes = SpikeResponse(self.watch, self._walk, self._tell, self._restore_for, self._undone_at,
                                      self._wind_down, self._over_budget)

@@ -17,10 +17,11 @@ judges the finite losses it read (:mod:`.spike`, through the watch) and hands th
   place (the rollback's restore: the newest in-memory snapshot, else the newest committed
   checkpoint); the loop then *replays* the steps from there, the onset to the detection included,
   to tell the data's (or the model's) spike from a transient fault of the machine (a bit flipped, a
-  miscomputed kernel). The first check past the detection compares the losses the replay gave the
-  onset .. the detection with the first ones, bit for bit (:class:`~procsv.ipc.messages.SpikeReplayed`,
+  miscomputed kernel). The boundary right after the replay's detection step (the rollback's walk
+  checks it there, :mod:`.boundary_work`, not at a snapshot that may come only after the loop's
+  end) compares the losses the replay gave the onset .. the detection with the first ones, bit for bit (:class:`~procsv.ipc.messages.SpikeReplayed`,
   the record ``spike_replayed``), whether or not the rule flags them again (its window may differ
-  after the restore). Equal, the spike is the data's: that check's snapshot is refused, the state
+  after the restore). Equal, the spike is the data's: the state is refused, the state
   before the onset is restored once more, and the steps from the onset to the detection join the
   steps skipped so far: the replay skips them as a non-finite step skipped before is skipped (its
   input consumed, no variable changed, the step count past it), and each is told to the watchdog
@@ -174,6 +175,8 @@ class SpikeResponse:
         walk.restored()
         if skip:
             walk.skip_quietly(steps)  # (the line below says so, not one line a step)
+        else:  # judged when the replay passes the detection, not at a snapshot that may come after the loop's end
+            walk.check_spike_at(bad.detected)
         for hook in watch.on_restored:
             hook(restored)
         walk.plan_next(restored)
