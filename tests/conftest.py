@@ -203,8 +203,7 @@ def launch(logdir: str, *target_args: str, target: str = "procsv.examples.digits
 
 
 def status_json(logdir: str) -> Optional[dict[str, Any]]:
-    out = subprocess.run([sys.executable, "-m", "procsv", "status", logdir, "--json"], capture_output=True,
-                         text=True, env=quiet_env(), timeout=30)
+    out = run_python(["-m", "procsv", "status", logdir, "--json"], env=quiet_env(), timeout=30)
     if out.returncode != 0:
         return None
     return json.loads(out.stdout)

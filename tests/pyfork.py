@@ -129,14 +129,19 @@ class ForkServer:
                 os.close(fd)
 
     def request(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, std: Sequence[int],
-                setsid: bool = False, netns: Optional[str] = None, replay: bool = True,
+                setsid: bool = False, netns: Optional[str] = None, replay: Optional[bool] = None,
                 teardown: Optional[bool] = None) -> socket.socket:
         """Ask for ``python *argv`` with ``std`` as its stdin, stdout and stderr; the run's connection
-        (its replies come on it: the pid, then the status). ``teardown``: whether the run ends with the
-        interpreter's teardown of its modules (by default all but a ``python -m procsv ...``: the
-        server's docstring says why)."""
+        (its replies come on it: the pid, then the status). ``replay``: whether the run's stderr begins
+        with what the server's import of TensorFlow wrote there, as a fresh process's that imports it
+        does; ``teardown``: whether the run ends with the interpreter's teardown of its modules (by
+        default both, but for a ``python -m procsv ...``: the procsv command imports no TensorFlow
+        when started afresh; the server's docstring says why the teardown is skipped)."""
+        command = list(argv[:2]) == ["-m", "procsv"]
+        if replay is None:
+            replay = not command
         if teardown is None:
-            teardown = list(argv[:2]) != ["-m", "procsv"]
+            teardown = not command
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(self.path)
@@ -253,15 +258,16 @@ def _server_for(env: Mapping[str, str]) -> Optional[ForkServer]:
     return _servers[0]
 
 
-def run_python(argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
-               timeout: Optional[float] = None, capture_output: bool = True, text: bool = True) -> ForkedRun:
+def run_python(argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None,
+               cwd: Optional[str | os.PathLike[str]] = None, timeout: Optional[float] = None,
+               capture_output: bool = True, text: bool = True) -> ForkedRun:
     """``subprocess.run([sys.executable, *argv], ...)``, forked from this process's fork server when it
     can run it faithfully (see the module docstring), else started afresh: ``argv`` is a program and
     its arguments, or ``-c CODE ARGS``, or ``-m MODULE ARGS``; ``env`` is the whole environment (this
     process's if None), ``cwd`` the working directory (this process's if None). Raises
     ``subprocess.TimeoutExpired`` as ``subprocess.run`` does, the run killed."""
     env = dict(os.environ if env is None else env)
-    cwd = os.getcwd() if cwd is None else cwd
+    cwd = os.getcwd() if cwd is None else os.fspath(cwd)  # (a path object, as subprocess.run takes)
     server = _server_for(env) if _forkable(argv, cwd) else None
     if server is None:
         done = subprocess.run([sys.executable, *argv], env=env, cwd=cwd, timeout=timeout,
@@ -365,7 +371,7 @@ class ForkedPopen(subprocess.Popen):  # type: ignore[type-arg]
     the run is alive) kills the run, as the server does with every run whose caller is gone."""
 
     def __init__(self, server: ForkServer, argv: Sequence[str], netns: Optional[str] = None,
-                 imports_tf: bool = True, **kwargs: Any) -> None:
+                 imports_tf: Optional[bool] = None, **kwargs: Any) -> None:
         self._server, self._conn, self._said, self._netns = server, None, b"", netns
         self._replay = imports_tf
         self._replies: list[dict[str, Any]] = []
@@ -445,13 +451,13 @@ def forks(argv: Sequence[str], env: Optional[Mapping[str, str]] = None, cwd: Opt
 
 
 def popen_python(argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
-                 netns: Optional[str] = None, imports_tf: bool = True,
+                 netns: Optional[str] = None, imports_tf: Optional[bool] = None,
                  **kwargs: Any) -> subprocess.Popen:  # type: ignore[type-arg]
     """``subprocess.Popen([sys.executable, *argv], ...)`` (in the named network namespace ``netns``: ``ip
     netns exec NETNS python ...``), forked from this process's fork server when it can run it faithfully
     (:func:`run_python`'s conditions; no ``preexec_fn``), else started afresh. ``imports_tf`` false: the
-    program, started afresh, imports no TensorFlow (``procsv launch``), so its fork's stderr does not
-    begin with what the server's import of it wrote."""
+    program, started afresh, imports no TensorFlow, so its fork's stderr does not begin with what the
+    server's import of it wrote (None: true but for a ``python -m procsv ...`` command)."""
     full = dict(os.environ if env is None else env)
     where = os.getcwd() if cwd is None else cwd
     server = _server_for(full) if _forkable(argv, where) and kwargs.get("preexec_fn") is None else None

@@ -38,8 +38,9 @@ from typing import Callable, NamedTuple
 import psutil
 import pytest
 
-from conftest import (PROGRAMS, REPO, committed_steps, finish, launch, lifecycle, quiet_env, role_pid, wait_role_pid,
-                      run_processes, status_json, wait_for)
+from conftest import (PROGRAMS, REPO, committed_steps, finish, launch, lifecycle, quiet_env, role_pid, run_python,
+                      wait_role_pid, run_processes, status_json, wait_for)
+from pyfork import ForkedRun
 from test_checkpoint_faults import _fill, small_fs  # noqa: F401  (the small-tmpfs fixture)
 
 pytestmark = pytest.mark.slow
@@ -51,9 +52,8 @@ BAD = os.path.join(PROGRAMS, "bad_train.py")
 FAST = ("--standby", "fork")
 
 
-def _procsv(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "procsv", *args], capture_output=True, text=True, env=quiet_env(),
-                          cwd=REPO, timeout=timeout)
+def _procsv(*args: str, timeout: float = 60) -> ForkedRun:
+    return run_python(["-m", "procsv", *args], env=quiet_env(), cwd=REPO, timeout=timeout)
 
 
 def _one_error_line(err: str) -> str:
@@ -179,8 +179,7 @@ def test_5_a_supervisor_without_checkpoint_warns_at_start_that_nothing_will_be_s
      "--startup-timeout must be >= 0 (0 turns it off), not nan"),
 ])
 def test_6_missing_and_out_of_range_flags_are_one_usage_line_and_exit_2(tmp_path, argv, expected):
-    out = subprocess.run([sys.executable, "-m", "procsv", *argv], capture_output=True, text=True, env=quiet_env(),
-                         cwd=tmp_path, timeout=60)
+    out = run_python(["-m", "procsv", *argv], env=quiet_env(), cwd=tmp_path, timeout=60)
     assert out.returncode == 2
     assert expected in out.stderr
     assert [line for line in out.stderr.splitlines() if "error" in line] == \

@@ -6,12 +6,11 @@ import os
 import re
 import signal
 import subprocess
-import sys
 
 import pytest
 
 from conftest import (PROGRAMS, burners, committed_steps, finish, launch, lifecycle, on_one_core, quiet_env, raw_status,
-                      role_pid, wait_for)
+                      role_pid, run_python, wait_for)
 from procsv.common import env
 
 pytestmark = pytest.mark.slow
@@ -132,8 +131,7 @@ def test_snapshots_refused_under_on_nonfinite_continue_never_get_the_checkpoint_
     status = raw_status(logdir)
     assert status is not None and status["nonfinite_detected"] == told, status
     for command in ("status", "report"):
-        shown = subprocess.run([sys.executable, "-m", "procsv", command, logdir], capture_output=True, text=True,
-                               env=quiet_env(), timeout=120)
+        shown = run_python(["-m", "procsv", command, logdir], env=quiet_env(), timeout=120)
         assert shown.returncode == 0 and f"{told} time(s) found non-finite" in shown.stdout, shown
 
 
@@ -156,8 +154,7 @@ def test_a_watchdog_killed_under_on_nonfinite_continue_leaves_procsv_report_coun
     counted = raw_status(logdir)["nonfinite_detected"]  # type: ignore[index]
     assert counted >= 20
     for command in ("status", "report"):
-        shown = subprocess.run([sys.executable, "-m", "procsv", command, logdir], capture_output=True, text=True,
-                               env=quiet_env(), timeout=120)
+        shown = run_python(["-m", "procsv", command, logdir], env=quiet_env(), timeout=120)
         assert shown.returncode == 0 and f"{counted} time(s) found non-finite" in shown.stdout, shown
 
 

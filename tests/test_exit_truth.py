@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import tensorflow as tf
 
-from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, status_json, wait_for
+from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, run_python, status_json, wait_for
 
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
@@ -54,8 +52,7 @@ def test_procsv_preempt_of_the_trainer_is_still_a_preemption_with_max_restarts_0
     proc = launch(logdir, "--steps", "400", "--step-delay", "0.02", target=TINY, opts=("--max-restarts", "0"))
     try:
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 20, 120, what="training to start")
-        done = subprocess.run([sys.executable, "-m", "procsv", "preempt", logdir, "--target", "trainer"],
-                              capture_output=True, text=True, env=quiet_env(), timeout=30)
+        done = run_python(["-m", "procsv", "preempt", logdir, "--target", "trainer"], env=quiet_env(), timeout=30)
         assert done.returncode == 0, done.stderr
     finally:
         code, out, err = finish(proc, 240)

@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
-from conftest import (PROGRAMS, REPO, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, wait_for,
-                      wait_role_pid)
+from conftest import (PROGRAMS, REPO, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, run_python,
+                      wait_for, wait_role_pid)
 from procsv import goodput as gp
 
 pytestmark = pytest.mark.slow
@@ -79,8 +77,7 @@ def test_kinds_sum_to_the_wall_time_across_kills_a_preemption_and_a_relaunch(log
     # each kill was 30+ steps (10 ms each) past the checkpoint the next attempt restored
     assert s["redone"] >= 2 * 30 * 0.01, s
 
-    done = subprocess.run([sys.executable, "-m", "procsv", "report", logdir], capture_output=True, text=True,
-                          env=quiet_env(), cwd=REPO, timeout=120)
+    done = run_python(["-m", "procsv", "report", logdir], env=quiet_env(), cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert any(line.split()[:2] == ["launch", "1"] for line in lines), done.stdout

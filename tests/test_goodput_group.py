@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO, lifecycle, quiet_env
+from conftest import REPO, lifecycle, quiet_env, run_python
 from procsv import goodput as gp
 from test_standby_group import standby_member_then_worker_killed
 
@@ -53,8 +51,7 @@ def test_a_group_with_a_killed_worker_breaks_down_per_task_and_the_report_names_
     worst = gp.costliest(rows)
     assert worst is not None
 
-    done = subprocess.run([sys.executable, "-m", "procsv", "report", logdir], capture_output=True, text=True,
-                          env=quiet_env(), cwd=REPO, timeout=120)
+    done = run_python(["-m", "procsv", "report", logdir], env=quiet_env(), cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = [line.strip() for line in done.stdout.splitlines()]
     assert any(line.split()[:1] == ["trainer"] for line in lines), done.stdout

@@ -13,8 +13,6 @@ import os
 import signal
 from typing import Any
 
-import subprocess
-import sys
 
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,7 +20,7 @@ import numpy as np
 
 import pytest
 
-from conftest import finish, launch, quiet_env, raw_status, wait_for
+from conftest import finish, launch, quiet_env, raw_status, run_python, wait_for
 from hosts_helpers import PACED, paced, unpace
 from elastic_helpers import TARGET, assert_exactly_once, effective_steps, procsv_weights, reference_weights, schedule
 from procsv.common.layout import Layout
@@ -100,8 +98,7 @@ def test_a_host_lost_for_good_leaves_the_group_training_on_one_host_and_a_new_ag
     regroup = [r for r in events(logdir, "restarting") if r["error"] == "regroup"]
     assert len(regroup) == 1 and len(events(logdir, "restarting")) == 2
     assert raw_status(logdir)["restarts"] == 1
-    report = subprocess.run([sys.executable, "-m", "procsv", "report", logdir], capture_output=True, text=True,
-                            env=quiet_env(), timeout=60).stdout
+    report = run_python(["-m", "procsv", "report", logdir], env=quiet_env(), timeout=60).stdout
     assert "procsv report: 1 restart(s), 1 regroup(s) taking a host back" in report, report
     assert "regroup: a host taken back" in report
     assert "attempt 2 on 1 host(s) (nodes 0; 1 trainers): node 1 (" in report, report

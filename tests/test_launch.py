@@ -12,7 +12,7 @@ from typing import NamedTuple
 import pytest
 
 from conftest import (CLEAN_ARGS, PROGRAMS, REPO, committed_steps, final_weights, finish, launch, lifecycle, quiet_env,
-                      raw_status, role_pid, wait_role_pid, run_processes, status_json, wait_for)
+                      raw_status, role_pid, run_python, wait_role_pid, run_processes, status_json, wait_for)
 
 pytestmark = pytest.mark.slow
 
@@ -197,12 +197,10 @@ def test_a_second_launch_on_a_live_logdir_is_refused_status_lists_four_processes
         assert len({p["pid"] for p in st["processes"]}) == 4
         assert roles["watchdog"]["pid"] == proc.pid
         assert all(p["restarts"] == 0 for p in st["processes"])
-        human = subprocess.run([sys.executable, "-m", "procsv", "status", logdir], capture_output=True, text=True,
-                               env=quiet_env(), timeout=30)
+        human = run_python(["-m", "procsv", "status", logdir], env=quiet_env(), timeout=30)
         assert human.returncode == 0 and "running" in human.stdout and "trainer" in human.stdout
         assert len(run_processes(logdir)) >= 4
-        out = subprocess.run([sys.executable, "-m", "procsv", "stop", logdir], capture_output=True, text=True,
-                             env=quiet_env(), timeout=200)
+        out = run_python(["-m", "procsv", "stop", logdir], env=quiet_env(), timeout=200)
         stop_asked = True
         assert out.returncode == 0, out.stderr
         assert "run stopped" in out.stdout
@@ -217,8 +215,7 @@ def test_a_second_launch_on_a_live_logdir_is_refused_status_lists_four_processes
     assert st["state"] == "stopped"
     assert committed_steps(logdir)[-1] == st["step"] > 20  # the emergency checkpoint holds the last step
     assert any(e["event"] == "preempted" for e in lifecycle(logdir))
-    again = subprocess.run([sys.executable, "-m", "procsv", "stop", logdir], capture_output=True, text=True,
-                           env=quiet_env(), timeout=60)
+    again = run_python(["-m", "procsv", "stop", logdir], env=quiet_env(), timeout=60)
     assert again.returncode == 2 and "no live procsv run" in again.stderr
     saved = st["step"]  # a later launch resumes from exactly that step
     code, out, err = finish(launch(logdir, "--steps", str(saved + 30), opts=("--standby", "fork")))  # restarts nothing
@@ -264,8 +261,8 @@ def test_an_unwritable_logdir_is_a_clear_error_before_anything_starts(tmp_path):
 
 
 def test_unknown_flags_print_usage():
-    out = subprocess.run([sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", "--logdir", "x",
-                          "--bogus-flag"], capture_output=True, text=True, env=quiet_env(), cwd=REPO, timeout=60)
+    out = run_python(["-m", "procsv", "launch", "procsv.examples.digits", "--logdir", "x", "--bogus-flag"],
+                     env=quiet_env(), cwd=REPO, timeout=60)
     assert out.returncode == 2
     assert "usage:" in out.stderr and "--bogus-flag" in out.stderr
 

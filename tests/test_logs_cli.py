@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from conftest import REPO, finish, launch, launch_and_kill_trainer_once, quiet_env, wait_for
+from conftest import REPO, finish, launch, launch_and_kill_trainer_once, quiet_env, run_python, wait_for
+from pyfork import ForkedRun
 
 
-def _logs(logdir: str, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "procsv", "logs", logdir, *flags], capture_output=True, text=True,
-                          env=quiet_env(), cwd=REPO, timeout=60)
+def _logs(logdir: str, *flags: str) -> ForkedRun:
+    return run_python(["-m", "procsv", "logs", logdir, *flags], env=quiet_env(), cwd=REPO, timeout=60)
 
 
 @pytest.mark.slow

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from typing import Any
 
 import numpy as np
 import pytest
 
-from conftest import PROGRAMS, REPO, committed_steps, final_weights, finish, launch, lifecycle, quiet_env, raw_status
+from conftest import (PROGRAMS, REPO, committed_steps, final_weights, finish, launch, lifecycle, quiet_env, raw_status,
+                      run_python)
 from test_group import assert_bit_equal
 
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
@@ -44,8 +43,7 @@ def events(logdir: str, name: str) -> list[dict[str, Any]]:
 
 def procsv_says(*args: str) -> str:
     """What ``procsv ARGS`` prints (it must succeed)."""
-    done = subprocess.run([sys.executable, "-m", "procsv", *args], capture_output=True, text=True, env=quiet_env(),
-                          cwd=REPO, timeout=120)
+    done = run_python(["-m", "procsv", *args], env=quiet_env(), cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

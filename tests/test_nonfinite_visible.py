@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from typing import Optional
@@ -19,7 +17,8 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import PROGRAMS, REPO, finish, launch, lifecycle, quiet_env, wait_for
+from conftest import PROGRAMS, REPO, finish, launch, lifecycle, quiet_env, run_python, wait_for
+from pyfork import ForkedRun
 from procsv.ipc.messages import NonfiniteDetected, RestoreSource, RolledBack, StepSkipped
 from procsv.watchdog import observe
 from procsv.watchdog.publish import liveline
@@ -49,10 +48,9 @@ def _scrape(port: int) -> Optional[dict[str, float]]:
     return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples if not s.labels}
 
 
-def _procsv(*args: str, path: str = "") -> subprocess.CompletedProcess:
+def _procsv(*args: str, path: str = "") -> ForkedRun:
     env = quiet_env(PYTHONPATH=os.pathsep.join(p for p in (path, os.environ.get("PYTHONPATH", "")) if p))
-    return subprocess.run([sys.executable, "-m", "procsv", *args], capture_output=True, text=True, env=env,
-                          cwd=REPO, timeout=120)
+    return run_python(["-m", "procsv", *args], env=env, cwd=REPO, timeout=120)
 
 
 @pytest.mark.slow

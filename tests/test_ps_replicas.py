@@ -23,13 +23,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-from conftest import committed_steps, finish, launch, raw_status, wait_for
+from conftest import committed_steps, finish, launch, raw_status, run_python, wait_for
 from ps_helpers import entry, log_of
 
 pytestmark = pytest.mark.slow
@@ -119,8 +117,7 @@ def test_each_task_is_restarted_alone_and_the_replicas_example_trains_to_the_end
     assert tasks == {"chief": {"role": "chief", "restarts": 2, "given_up": False},
                      "worker1": {"role": "worker", "restarts": 2, "given_up": False},
                      "ps0": {"role": "ps", "restarts": 1, "given_up": False}}
-    report = subprocess.run([sys.executable, "-m", "procsv", "report", logdir], capture_output=True, text=True,
-                            timeout=60)
+    report = run_python(["-m", "procsv", "report", logdir], timeout=60)
     assert "tasks: chief 2 restart(s), ps0 1 restart(s), worker1 2 restart(s)" in report.stdout, report.stdout
     # where each task's time went (issue 53): the tasks that step (the chief, the worker; a parameter
     # server takes no step) each have a breakdown that sums to its wall time, and the costliest is named

@@ -208,6 +208,13 @@ def test_a_fork_of_the_tensorflow_server_trains_as_a_fresh_process_does(tmp_path
                                timeout=300)
         assert done.returncode == again.returncode == fresh.returncode == 0, done.stderr + fresh.stderr
         assert done.stdout == again.stdout == fresh.stdout
+        # a procsv command imports no TensorFlow: its fork's stderr is a fresh command's, without what the
+        # server's import wrote (which a forked TensorFlow program's begins with, as a fresh one's does)
+        command = ["-m", "procsv", "status", str(tmp_path / "no-run")]
+        forked = pyfork.run_python(command, env=quiet_env(), timeout=60)
+        alone = subprocess.run([sys.executable, *command], env=quiet_env(), capture_output=True, text=True, timeout=60)
+        assert forked.forked and alone.returncode == 2 and alone.stderr.startswith("procsv: ")
+        assert (forked.returncode, forked.stdout, forked.stderr) == (alone.returncode, alone.stdout, alone.stderr)
     finally:
         pyfork.close()
 

@@ -8,19 +8,17 @@ the watchdog moves an earlier launch's into ``logs/launch-<k>/`` when the next o
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import PROGRAMS, REPO, finish, launch, lifecycle, quiet_env
+from conftest import PROGRAMS, REPO, finish, launch, lifecycle, quiet_env, run_python
+from pyfork import ForkedRun
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
 
 
-def _logs(logdir: str, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "procsv", "logs", logdir, *flags], capture_output=True, text=True,
-                          env=quiet_env(), cwd=REPO, timeout=60)
+def _logs(logdir: str, *flags: str) -> ForkedRun:
+    return run_python(["-m", "procsv", "logs", logdir, *flags], env=quiet_env(), cwd=REPO, timeout=60)
 
 
 @pytest.mark.slow

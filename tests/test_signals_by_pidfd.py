@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
-from conftest import PROGRAMS, REPO, finish, launch, quiet_env, raw_status, ready_zygote, wait_for
+from conftest import PROGRAMS, REPO, finish, launch, quiet_env, raw_status, ready_zygote, run_python, wait_for
 
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
@@ -73,8 +73,7 @@ def test_status_stop_and_preempt_from_another_pid_namespace_see_the_live_run_and
         assert proc.poll() is None
         assert psutil.Process(pids["trainer"]).create_time() == trainer_start
         # and from its own namespace, procsv stop stops it in order
-        out = subprocess.run([sys.executable, "-m", "procsv", "stop", logdir], capture_output=True, text=True,
-                             env=quiet_env(), timeout=200)
+        out = run_python(["-m", "procsv", "stop", logdir], env=quiet_env(), timeout=200)
         assert out.returncode == 0 and "run stopped" in out.stdout, out.stderr
     finally:
         if proc.poll() is None and (raw_status(logdir) or {}).get("state") == "running":

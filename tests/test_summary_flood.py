@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -23,7 +22,7 @@ import psutil
 import pytest
 from tensorboard.compat.proto import event_pb2
 
-from conftest import finish, launch, quiet_env, raw_status, status_json
+from conftest import finish, launch, quiet_env, raw_status, run_python, status_json
 
 pytestmark = pytest.mark.slow
 
@@ -132,8 +131,7 @@ def test_a_flood_is_bounded_in_memory_and_fully_accounted(logdir, tmp_path):
 
     st = status_json(logdir)
     assert st["summaries"] == {"written": logged - dropped, "dropped": dropped, "nonfinite": 0}
-    human = subprocess.run([sys.executable, "-m", "procsv", "status", logdir], capture_output=True, text=True,
-                           env=quiet_env(), timeout=30)
+    human = run_python(["-m", "procsv", "status", logdir], env=quiet_env(), timeout=30)
     assert f"summaries: {logged - dropped} written, {dropped} dropped" in human.stdout, human.stdout
     per_tag, drop_points = read_values(logdir)
     flood_values = sum(n for tag, n in per_tag.items() if tag.startswith("flood/"))

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
-from conftest import (PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, role_pid, wait_role_pid,
-                      status_json, wait_for)
+from conftest import (PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, role_pid, run_python,
+                      wait_role_pid, status_json, wait_for)
 
 pytestmark = pytest.mark.slow
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
@@ -75,8 +73,7 @@ def test_procsv_preempt_of_the_trainer_saves_and_restarts_it(logdir):
     proc = launch(logdir, "--steps", "600", "--step-delay", "0.01", "--save-model-secs", "1000")
     try:
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 50, 90, what="training to start")
-        out = subprocess.run([sys.executable, "-m", "procsv", "preempt", logdir, "--target", "trainer"],
-                             capture_output=True, text=True, env=quiet_env(), timeout=30)
+        out = run_python(["-m", "procsv", "preempt", logdir, "--target", "trainer"], env=quiet_env(), timeout=30)
         assert out.returncode == 0, out.stderr
     finally:
         code, stdout, err = finish(proc)

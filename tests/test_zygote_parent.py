@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
-from conftest import (PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, ready_zygote, runtime_dir,
+from conftest import (PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, ready_zygote, run_python, runtime_dir,
                       wait_for, wait_role_pid)
 
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
@@ -186,8 +184,7 @@ def test_status_after_the_run_names_no_pre_warmed_trainer(logdir):
     assert code == 0, err
     assert any(e["role"] == "zygote" for e in _events(logdir, "spawned"))  # there was one during the run
     assert raw_status(logdir)["prewarm"] is None
-    shown = subprocess.run([sys.executable, "-m", "procsv", "status", logdir], capture_output=True, text=True,
-                           env=quiet_env(), timeout=60)
+    shown = run_python(["-m", "procsv", "status", logdir], env=quiet_env(), timeout=60)
     assert shown.returncode == 0 and "succeeded" in shown.stdout, shown.stdout + shown.stderr
     assert "pre-warmed" not in shown.stdout, shown.stdout
 
