@@ -15,8 +15,11 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 
 import pytest
+
+from conftest import run_python
 
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
@@ -40,3 +43,38 @@ def test_a_sigterm_during_the_interpreters_teardown_keeps_the_exit_code(tmp_path
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+_ENDS = """
+import atexit, sys, threading
+atexit.register(lambda: print("atexit", file=sys.stderr))
+main = threading.main_thread()
+threading.Thread(target=lambda: (main.join(), print("thread", file=sys.stderr))).start()
+sys.exit("a message")
+"""
+
+
+def test_a_forked_child_that_ends_as_the_interpreter_prints_its_exit_message_waits_for_its_threads_then_runs_atexit(
+        tmp_path) -> None:
+    # what a trainer forked by the zygote does at its program's end (procsv.common.spawn.exit_after), against a
+    # fresh interpreter running the same lines: sys.exit's message, the non-daemon thread outliving the main one
+    # joined, then the atexit handler; exit code 1
+    fork = textwrap.dedent(f"""
+        import os, sys
+        from procsv.common import spawn
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            os.dup2(w, 2)
+            spawn.exit_after(lambda: exec({_ENDS!r}, {{}}), ends_as_interpreter=True)
+        os.close(w)
+        said = b""
+        while chunk := os.read(r, 4096):
+            said += chunk
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), said.decode(), sep="|", end="")
+    """)
+    forked = run_python(["-c", fork], timeout=60)
+    fresh = subprocess.run([sys.executable, "-c", _ENDS], capture_output=True, text=True, timeout=60)
+    assert (fresh.returncode, fresh.stderr) == (1, "a message\nthread\natexit\n")
+    assert forked.returncode == 0 and forked.stdout == f"{fresh.returncode}|{fresh.stderr}", forked.stderr

@@ -40,10 +40,13 @@ def _checkpoint_holds(logdir: str) -> tuple[str, int, float]:
     ("step", "0", 6),      # sys.exit(0) at the start of step 7: step 6 is the last completed one
 ])
 def test_sys_exit_zero_in_the_block_commits_the_final_checkpoint_and_succeeds(logdir, where, code, final):
+    ended = os.path.join(logdir, "ended.txt")  # (a trainer forked by the zygote: ends as a fresh interpreter)
     code_, out, err = finish(launch(logdir, "--exit-at-step", "7", "--exit-code", code, "--exit-from", where,
-                                    target=EXIT_TRAIN, opts=NO_STANDBY))
+                                    "--at-exit", ended, target=EXIT_TRAIN, opts=NO_STANDBY))
     assert code_ == 0, err
     assert "went on after the block" not in out
+    with open(ended) as fh:  # its non-daemon thread waited for, then its atexit handler run
+        assert fh.read() == "thread\natexit\n"
     assert _checkpoint_holds(logdir) == (f"model.ckpt-{final}", final, float(final))
     st = status_json(logdir)
     assert st is not None and st["state"] == "succeeded" and st["restarts"] == 0
@@ -68,9 +71,12 @@ def _plain(logdir: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_plain_run_sys_exit_zero_commits_the_final_checkpoint(logdir):
-    done = _plain(logdir, "--exit-at-step", "5")
+    ended = os.path.join(logdir, "ended.txt")
+    done = _plain(logdir, "--exit-at-step", "5", "--at-exit", ended)
     assert done.returncode == 0, done.stderr
     assert "went on after the block" not in done.stdout
+    with open(ended) as fh:  # the interpreter's end, which a launch's forked trainer's matches (above)
+        assert fh.read() == "thread\natexit\n"
     assert _checkpoint_holds(logdir) == ("model.ckpt-5", 5, 5.0)
 
 

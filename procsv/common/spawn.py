@@ -126,23 +126,53 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: str, cwd: Optio
 # as a spawn through logged_argv would: these give them what the shell and the interpreter's start give it.
 
 
-def exit_after(body: Callable[[], int]) -> NoReturn:
-    """In a forked child: run ``body`` and end the process with its exit code (a ``SystemExit``'s; 1,
-    after its traceback, for an uncaught exception), never returning into the frames it was forked in."""
+def exit_after(body: Callable[[], int], ends_as_interpreter: bool = False) -> NoReturn:
+    """In a forked child: run ``body`` and end the process with its exit code (a ``SystemExit``'s, its
+    message printed on stderr as the interpreter prints it; 1, after its traceback, for an uncaught
+    exception), never returning into the frames it was forked in. ``ends_as_interpreter`` (a trainer
+    forked by the zygote, which runs a user's program): then, as a fresh interpreter ends before it
+    tears its modules down (:func:`interpreter_end`), the program's non-daemon threads are waited for
+    and its ``atexit`` handlers run."""
     code = 70
     try:
-        code = body()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
+        try:
+            code = body()
+        except SystemExit as exc:
+            if isinstance(exc.code, int):
+                code = exc.code
+            else:
+                code = 0 if exc.code is None else 1
+                if exc.code is not None:
+                    print(exc.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        if ends_as_interpreter:
+            interpreter_end()
     finally:
         try:
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def interpreter_end() -> None:
+    """What CPython's ``Py_FinalizeEx`` does first, at the end of a process whose main module has
+    finished: wait for every non-daemon thread (``threading._shutdown``: the functions registered
+    with ``threading._register_atexit`` first, as ``concurrent.futures`` does), then run the
+    ``atexit`` handlers, last registered first (an exception in one is printed and the next runs).
+    What follows there, the modules' teardown, is skipped: a fork leaves by ``os._exit``. Every
+    handler this process inherited was registered by an import its forker made (the zygote imports
+    TensorFlow and procsv, and runs nothing), as a fresh process's importing them would register."""
+    import atexit
+    import threading
+
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # (CPython's own, private: no public equivalent)
+    except BaseException:  # (^C while waiting: the handlers still run, as in CPython)
+        traceback.print_exc()
+    atexit._run_exitfuncs()
 
 
 def open_log(path: str, say: int) -> int:

@@ -100,13 +100,14 @@ def _clean_exit(ctx: Optional[bootstrap.ChildContext]) -> int:
     return code
 
 
-def _deaf_at_exit() -> None:
+def deaf_at_exit() -> None:
     """The program has ended: a SIGTERM now (the watchdog's stop resent every ``stop_resend_secs`` to a
     group's worker, a second job-wide one) has nothing left to stop. Python puts a signal's default
     action back where a Python handler was at its finalization, before the modules are torn down
     (1.7 s with TensorFlow here): such a SIGTERM then killed the process, and its exit 0 (or 42 with its
     report) became a death by SIGTERM. Ignored, it changes nothing. (A trainer forked from the zygote
-    ends with ``os._exit``: no teardown.)"""
+    ends with ``os._exit``, after its non-daemon threads and ``atexit`` handlers: no teardown, and it
+    calls this first too, as the program's end.)"""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
@@ -114,5 +115,5 @@ if __name__ == "__main__":
     try:
         code = main()
     finally:
-        _deaf_at_exit()
+        deaf_at_exit()
     sys.exit(code)

@@ -160,7 +160,7 @@ def _intermediate(req: ForkRequest, theirs: int, say: int, parent_pid: Optional[
             faults.wait_gate()
         os.write(theirs, f"{pid}\n".encode())
         os._exit(0)
-    spawn.exit_after(lambda: _become_trainer(req, theirs, say, parent_pid))
+    spawn.exit_after(lambda: _become_trainer(req, theirs, say, parent_pid), ends_as_interpreter=True)
 
 
 def _adopted_by(parent: int, theirs: int) -> bool:
@@ -209,10 +209,13 @@ def _become_trainer(req: ForkRequest, theirs: int, say: int, parent_pid: Optiona
 
         bootstrap.die_with_parent()
         return ps_main()
-    from procsv.trainer.__main__ import main as trainer_main
+    from procsv.trainer.__main__ import deaf_at_exit, main as trainer_main
 
     sys.argv = list(req.argv)
-    return trainer_main()
+    try:
+        return trainer_main()
+    finally:
+        deaf_at_exit()  # as a fresh trainer, before the interpreter's end (spawn.exit_after)
 
 
 if __name__ == "__main__":

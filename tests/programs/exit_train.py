@@ -6,6 +6,9 @@
                            step function of step K (before it changes anything); loop: in an sv.loop
                            thread that sees step K
     --steps N              the loop's own end (never reached by the tests: it must not be the reason the run ends)
+    --at-exit FILE         what a program's end runs, as the interpreter's end: at its sys.exit, a non-daemon
+                           thread that waits for the main thread's end, then appends "thread" to FILE; an
+                           atexit handler appends "atexit" (after it, if non-daemon threads are joined first)
     --logdir DIR           for a plain `python exit_train.py` run
 
 Every step adds one to each weight, so a checkpoint's weights equal the steps it holds. The line
@@ -26,9 +29,27 @@ p.add_argument("--exit-code", default="0")
 p.add_argument("--exit-from", choices=["block", "step", "loop"], default="block")
 p.add_argument("--steps", type=int, default=100000)
 p.add_argument("--step-delay", type=float, default=0.005)
+p.add_argument("--at-exit", default=None)
 p.add_argument("--logdir", default=None)
 args = p.parse_args()
 code = None if args.exit_code == "none" else int(args.exit_code)
+
+
+def note(what: str) -> None:
+    with open(args.at_exit, "a") as fh:
+        fh.write(what + "\n")
+
+
+def leave() -> None:
+    """sys.exit(code), with --at-exit's thread outliving the main thread and its atexit handler."""
+    if args.at_exit:
+        import atexit
+        import threading
+
+        atexit.register(note, "atexit")
+        main = threading.main_thread()
+        threading.Thread(target=lambda: (main.join(), time.sleep(0.2), note("thread"))).start()
+    sys.exit(code)
 
 weights = tf.Variable(tf.zeros([4]))
 sv = procsv.Supervisor(logdir=args.logdir, checkpoint={"weights": weights}, save_model_secs=600)
@@ -37,7 +58,7 @@ sv = procsv.Supervisor(logdir=args.logdir, checkpoint={"weights": weights}, save
 def step() -> None:
     if args.exit_from == "step" and sv.step == args.exit_at_step:
         print(f"exit_train: sys.exit({code}) inside step {sv.step}", flush=True)
-        sys.exit(code)
+        leave()
     weights.assign_add(tf.ones([4]))
     time.sleep(args.step_delay)
 
@@ -55,5 +76,5 @@ with sv.managed_session() as sess:
         sess.run(step)
         if args.exit_from == "block" and sv.step == args.exit_at_step:
             print(f"exit_train: sys.exit({code}) after step {sv.step}", flush=True)
-            sys.exit(code)
+            leave()
 print(f"exit_train: went on after the block at step {sv.step}", flush=True)
