@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import PROGRAMS, committed_steps, quiet_env
+from conftest import PROGRAMS, committed_steps, quiet_env, run_python
 
 pytestmark = pytest.mark.slow
 
@@ -16,8 +14,7 @@ PROGRAM = os.path.join(PROGRAMS, "iterator_train.py")
 
 
 def _run(logdir: str, steps: int) -> list[str]:
-    out = subprocess.run([sys.executable, PROGRAM, "--logdir", logdir, "--steps", str(steps)], capture_output=True,
-                         text=True, env=quiet_env(), timeout=180)
+    out = run_python([PROGRAM, "--logdir", logdir, "--steps", str(steps)], env=quiet_env(), timeout=180)
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
 
