@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -25,14 +24,9 @@ CASES = os.path.join(PROGRAMS, "tf1_cases.py")
 
 
 def _run(argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """A twin or reference run (``python *argv``), forked from the fork server."""
+    """A twin or reference run, or a plain run that is a test's subject (``python *argv``), forked from
+    the fork server: the same run as a fresh process's (tests/pyfork.py)."""
     return run_python(argv, env=quiet_env(), cwd=REPO, timeout=timeout)
-
-
-def _run_afresh(argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """A plain run that is a test's subject: a process of its own, started afresh."""
-    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=quiet_env(), cwd=REPO,
-                          timeout=timeout)
 
 
 def _case(name: str, logdir: str, tf_own: bool = False) -> dict:
@@ -170,7 +164,7 @@ def test_its_checkpoints_are_tf1_checkpoints_and_a_second_run_resumes_without_in
     has its <prefix>.meta, which imports and restores them, as TF's Saver writes it; run again,
     the program resumes at the saved step, and init_fn ran on the fresh start only."""
     logdir, init_log = str(tmp_path / "run"), str(tmp_path / "init.log")
-    first = _run_afresh([TRAIN, "--logdir", logdir, "--steps", "30", "--save-model-secs", "0.2", "--step-delay", "0.02",
+    first = _run([TRAIN, "--logdir", logdir, "--steps", "30", "--save-model-secs", "0.2", "--step-delay", "0.02",
                   "--init-fn-log", init_log, "--out", str(tmp_path / "first.npz")])
     assert first.returncode == 0, first.stderr[-3000:]
     import tensorflow as tf
@@ -182,7 +176,7 @@ def test_its_checkpoints_are_tf1_checkpoints_and_a_second_run_resumes_without_in
                                 "w2", "w2/Momentum"]
     assert _bit_equal(restored, _npz(str(tmp_path / "first.npz")))
     _meta_files_are_the_kept_checkpoints(tf, logdir, restored)
-    second = _run_afresh([TRAIN, "--logdir", logdir, "--steps", "40", "--init-fn-log", init_log])
+    second = _run([TRAIN, "--logdir", logdir, "--steps", "40", "--init-fn-log", init_log])
     assert second.returncode == 0, second.stderr[-3000:]
     assert "start 30" in second.stdout and "done 40" in second.stdout
     with open(init_log) as fh:
