@@ -268,11 +268,11 @@ def test_unknown_flags_print_usage():
 
 
 def test_plain_python_run_without_launch_checkpoints_and_resumes(logdir):
-    cmd = [sys.executable, "-m", "procsv.examples.digits", "--logdir", logdir, "--save-model-secs", "1"]
-    first = subprocess.run(cmd + ["--steps", "300"], capture_output=True, text=True, env=quiet_env(), timeout=180)
+    cmd = ["-m", "procsv.examples.digits", "--logdir", logdir, "--save-model-secs", "1"]
+    first = run_python(cmd + ["--steps", "300"], env=quiet_env(), timeout=180)
     assert first.returncode == 0, first.stderr
     assert committed_steps(logdir)[-1] == 300
-    second = subprocess.run(cmd + ["--steps", "350"], capture_output=True, text=True, env=quiet_env(), timeout=180)
+    second = run_python(cmd + ["--steps", "350"], env=quiet_env(), timeout=180)
     assert second.returncode == 0, second.stderr
     assert "restored step 300 " in second.stdout
     assert committed_steps(logdir)[-1] == 350
