@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 
 import pytest
 
-from conftest import PROGRAMS, committed_steps, quiet_env, wait_for
+from conftest import PROGRAMS, committed_steps, quiet_env, run_python, wait_for
+from pyfork import popen_python
 
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
@@ -36,14 +36,13 @@ def test_a_worker_on_the_chiefs_server_joins_at_the_chiefs_step_and_never_reinit
     the chief, still in its session, sees 5 (before: the worker re-ran ``init_op``, the chief's step
     went from 4 back to 0)."""
     folder = str(tmp_path)
-    chief = subprocess.Popen([sys.executable, PROGRAM, "chief", folder], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=quiet_env())
+    chief = popen_python([PROGRAM, "chief", folder], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=quiet_env())
     try:
         wait_for(lambda: os.path.exists(os.path.join(folder, "chief-at-4")) or chief.poll() is not None, 180,
                  what="the chief's fourth step")
         assert chief.poll() is None, chief.communicate()[1][-3000:]
-        worker = subprocess.run([sys.executable, PROGRAM, "worker", folder, "60"], capture_output=True, text=True,
-                                env=quiet_env(), timeout=240)
+        worker = run_python([PROGRAM, "worker", folder, "60"], env=quiet_env(), timeout=240)
         assert worker.returncode == 0, worker.stderr[-3000:]
         assert "worker starts at step 4" in worker.stdout, worker.stdout
         assert "worker ends at step 5" in worker.stdout, worker.stdout
