@@ -13,8 +13,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -81,8 +79,7 @@ def test_scaffold_in_graph_mode_keeps_tensorflows_pieces_and_finalize_makes_the_
 
 # ------------------------------------------------------------------ programs: plain python, procsv launch
 def _run_program(*args: str, timeout: float = 300) -> str:
-    out = subprocess.run([sys.executable, PROGRAM, *args], capture_output=True, text=True, env=quiet_env(),
-                         timeout=timeout)
+    out = run_python([PROGRAM, *args], env=quiet_env(), timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
@@ -466,8 +463,7 @@ def test_sv_log_scalar_in_a_tf1_program_after_the_graph_is_frozen(short_tmp):
     from tensorboard.backend.event_processing import event_accumulator as ea
 
     logdir = os.path.join(short_tmp, "run")
-    out = subprocess.run([sys.executable, os.path.join(PROGRAMS, "graph_log_scalar.py"), logdir],
-                         capture_output=True, text=True, env=quiet_env(), timeout=300)
+    out = run_python([os.path.join(PROGRAMS, "graph_log_scalar.py"), logdir], env=quiet_env(), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "finalized=True" in out.stdout
     acc = ea.EventAccumulator(logdir, size_guidance={ea.SCALARS: 0})
