@@ -7,8 +7,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -140,9 +138,8 @@ def test_a_nan_loss_with_on_nonfinite_stop_stops_in_order_exit_4_and_the_newest_
 @pytest.mark.slow
 def test_plain_python_with_on_nonfinite_stop_exits_4_on_a_nan_loss(tmp_path, how):
     logdir = str(tmp_path / "run")
-    done = subprocess.run([sys.executable, NAN_TRAIN, "--logdir", logdir, "--how", how, "--nan-at", "25",
-                           "--policy", "stop"],
-                          capture_output=True, text=True, env=quiet_env(), timeout=180)
+    done = run_python([NAN_TRAIN, "--logdir", logdir, "--how", how, "--nan-at", "25", "--policy", "stop"],
+                      env=quiet_env(), timeout=180)
     assert done.returncode == 4, done.stderr
     assert "non-finite training at step 25" in done.stderr, done.stderr
     assert "nan_train: ended" not in done.stdout  # the program did not go on after the block
@@ -441,8 +438,8 @@ def test_procsv_train_a_poisoned_region_that_trips_the_bound_stops_with_exit_4(l
     _all_committed_are_finite(logdir)
     # the final checkpoint finds step 40's NaN (no snapshot after it before the end): before, the
     # session's quiet stop swallowed that exit 4 and the run ended 0 with its last step poisoned
-    done = subprocess.run([sys.executable, NAN_MONITORED, "--logdir", str(tmp_path / "plain"), "--nan-at", "40"],
-                          capture_output=True, text=True, env=quiet_env(), timeout=180)
+    done = run_python([NAN_MONITORED, "--logdir", str(tmp_path / "plain"), "--nan-at", "40"], env=quiet_env(),
+                      timeout=180)
     assert done.returncode == 4, done.stdout + done.stderr
     assert "non-finite training at step 40" in done.stderr and "the final checkpoint's state" in done.stderr
 
