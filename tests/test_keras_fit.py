@@ -15,7 +15,6 @@ import random
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from typing import Any
@@ -313,9 +312,8 @@ def test_delete_checkpoint_removes_only_procsvs_checkpoint_files_when_fit_comple
     os.makedirs(logdir)
     with open(os.path.join(logdir, "notes.txt"), "w") as fh:
         fh.write("mine")
-    done = subprocess.run([sys.executable, "-m", EXAMPLE, "--logdir", logdir, "--epochs", "1", "--save-freq", "10",
-                           "--delete-checkpoint"], capture_output=True, text=True, env=quiet_env(), cwd=REPO,
-                          timeout=300)
+    done = run_python(["-m", EXAMPLE, "--logdir", logdir, "--epochs", "1", "--save-freq", "10", "--delete-checkpoint"],
+                      env=quiet_env(), cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr
     left = sorted(os.listdir(logdir))
     assert "notes.txt" in left and any(f.startswith("events.out.tfevents") for f in left)
