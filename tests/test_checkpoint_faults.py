@@ -11,12 +11,12 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 
 import pytest
 
 from conftest import (committed_steps, finish, launch, lifecycle, quiet_env, raw_status, role_pid, run_processes,
                       status_json, wait_for, wait_role_pid)
+from pyfork import popen_python
 from procsv.common.layout import Layout
 from procsv.common.manifests import list_committed, verify
 from procsv.services.checkpoint.store import FAULT_POINTS
@@ -336,9 +336,9 @@ def test_without_a_watchdog_the_program_sees_failing_checkpoints_the_tf_way_and_
     turns true and the managed_session block re-raises a CheckpointError naming the cause."""
     mnt = small_fs
     logdir = str(mnt / "run")
-    proc = subprocess.Popen([sys.executable, "-m", "procsv.examples.digits", "--logdir", logdir, "--steps", "100000",
-                             "--save-model-secs", "0.3", "--step-delay", "0.01"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=quiet_env(), start_new_session=True)
+    proc = popen_python(["-m", "procsv.examples.digits", "--logdir", logdir, "--steps", "100000", "--save-model-secs",
+                         "0.3", "--step-delay", "0.01"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                        env=quiet_env(), start_new_session=True)
     try:
         wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two committed checkpoints")
         _fill(str(mnt / "filler"), leave=48 << 10)  # every further checkpoint fails
