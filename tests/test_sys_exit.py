@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 
-from conftest import PROGRAMS, committed_steps, finish, launch, quiet_env, status_json
+from conftest import PROGRAMS, committed_steps, finish, launch, quiet_env, run_python, status_json
 
 pytestmark = pytest.mark.slow
 
@@ -66,8 +65,7 @@ def test_sys_exit_zero_in_an_sv_loop_thread_is_a_clean_stop_with_a_final_checkpo
 
 def _plain(logdir: str, *args: str) -> subprocess.CompletedProcess[str]:
     """``python exit_train.py --logdir DIR ARGS``: no watchdog, so no restart after a failure."""
-    return subprocess.run([sys.executable, EXIT_TRAIN, "--logdir", logdir, *args], capture_output=True, text=True,
-                          env=quiet_env(), timeout=180)
+    return run_python([EXIT_TRAIN, "--logdir", logdir, *args], env=quiet_env(), timeout=180)
 
 
 def test_plain_run_sys_exit_zero_commits_the_final_checkpoint(logdir):
