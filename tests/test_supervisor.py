@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 
-from conftest import PROGRAMS, committed_steps, quiet_env, run_processes
+from conftest import PROGRAMS, committed_steps, quiet_env, run_processes, run_python
 
 pytestmark = pytest.mark.slow
 TINY = f"{PROGRAMS}/tiny_train.py"
@@ -15,9 +13,8 @@ TINY = f"{PROGRAMS}/tiny_train.py"
 
 @pytest.mark.parametrize("kind", ["outofrange", "stopiteration"])
 def test_exhausted_input_is_a_clean_stop_with_a_final_checkpoint(logdir, kind):
-    out = subprocess.run([sys.executable, TINY, "--logdir", logdir, "--steps", "50", "--step-delay", "0",
-                          "--raise-at-step", "7", "--raise-kind", kind], capture_output=True, text=True,
-                         env=quiet_env(), timeout=180)
+    out = run_python([TINY, "--logdir", logdir, "--steps", "50", "--step-delay", "0", "--raise-at-step", "7",
+                      "--raise-kind", kind], env=quiet_env(), timeout=180)
     assert out.returncode == 0, out.stderr
     assert "tiny: done at step 6, weights 6" in out.stdout  # step 7 raised, so 6 steps completed
     assert committed_steps(logdir) == [6]
@@ -25,9 +22,8 @@ def test_exhausted_input_is_a_clean_stop_with_a_final_checkpoint(logdir, kind):
 
 
 def test_any_other_exception_is_re_raised_after_the_services_stopped_and_saves_nothing(logdir):
-    out = subprocess.run([sys.executable, TINY, "--logdir", logdir, "--steps", "50", "--step-delay", "0",
-                          "--raise-at-step", "7", "--raise-kind", "value"], capture_output=True, text=True,
-                         env=quiet_env(), timeout=180)
+    out = run_python([TINY, "--logdir", logdir, "--steps", "50", "--step-delay", "0", "--raise-at-step", "7",
+                      "--raise-kind", "value"], env=quiet_env(), timeout=180)
     assert out.returncode == 1
     assert "ValueError: bad batch at step 7" in out.stderr
     assert committed_steps(logdir) == []  # the state after a failed step is not trusted
