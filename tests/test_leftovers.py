@@ -11,7 +11,8 @@ import tempfile
 import psutil
 import pytest
 
-from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, runtime_dir, wait_for, wait_role_pid
+from conftest import (PROGRAMS, finish, launch, lifecycle, quiet_env, raw_status, run_python, runtime_dir, wait_for,
+                      wait_role_pid)
 from proc_checks import gone
 from procsv.common.layout import RUNTIME_LOCK, RUNTIME_OWNER, RuntimeDir, release_runtime_dir, remove_stale_runtime_dirs
 
@@ -65,11 +66,11 @@ def test_a_plain_python_run_kills_the_setsid_helpers_it_leaves_behind(logdir, tm
     # no watchdog: the trainer that started its own services is the helpers' subreaper and sweeps
     # them when its supervised block ends; helpers in its own process group are the program's business
     marker = str(tmp_path / "orphan")
-    cmd = [sys.executable, TINY, "--logdir", logdir, "--steps", "30", "--step-delay", "0.01",
+    cmd = [TINY, "--logdir", logdir, "--steps", "30", "--step-delay", "0.01",
            "--spawn-orphan", marker] + (["--orphan-via-shell"] if via_shell else [])
     orphan = 0
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, env=quiet_env(), timeout=180)
+        done = run_python(cmd, env=quiet_env(), timeout=180)
         with open(marker) as fh:
             written = fh.read().split()
         orphan = int(written[0])
