@@ -13,12 +13,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
-from conftest import HERE, PROGRAMS, committed_steps, finish, launch, quiet_env, wait_for
+from conftest import HERE, PROGRAMS, committed_steps, finish, launch, quiet_env, run_python, wait_for
 from procsv.common.manifests import list_committed, restore_lock_path
 from procsv.trainer.checkpoint import restore_at_start
 from test_checkpoint_store import Harness, make_state
@@ -59,8 +57,7 @@ def _commit_20_meanwhile(monkeypatch, h: Harness) -> list[list[str]]:
 
     def verify(layout, manifest, **kw):
         if not told:
-            out = subprocess.run([sys.executable, "-c", COMMIT_20.format(tests=HERE, logdir=h.layout.logdir)],
-                                 capture_output=True, text=True, env=quiet_env(), timeout=120)
+            out = run_python(["-c", COMMIT_20.format(tests=HERE, logdir=h.layout.logdir)], env=quiet_env(), timeout=120)
             assert out.returncode == 0, out.stderr
             told.append(json.loads(out.stdout.strip().splitlines()[-1]))
         return real_verify(layout, manifest, **kw)
