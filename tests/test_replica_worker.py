@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 
@@ -20,14 +19,14 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, committed_steps, quiet_env
+from pyfork import popen_python
 
 from procsv.common.layout import Layout
 
 
 def _chief(logdir: str, steps: int, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "procsv.examples.digits", "--logdir", logdir, "--steps", str(steps),
-                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=quiet_env(),
-                            cwd=REPO)
+    return popen_python(["-m", "procsv.examples.digits", "--logdir", logdir, "--steps", str(steps), *extra],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=quiet_env(), cwd=REPO)
 
 
 def _train_chief(logdir: str) -> None:
