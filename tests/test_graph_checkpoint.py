@@ -24,7 +24,8 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from conftest import committed_steps, wait_for
+from conftest import committed_steps, quiet_env, run_python, wait_for
+from pyfork import popen_python
 from procsv.common import spawn
 from procsv.common.errors import MismatchedCheckpoint
 from procsv.common.layout import Layout
@@ -371,8 +372,8 @@ def test_a_graph_programs_in_memory_snapshot_is_persisted_when_it_dies_and_resto
     runtime = tempfile_short()
     out = str(tmp_path / "at7.npz")
     svc = Service(logdir, runtime)
-    proc = subprocess.Popen([sys.executable, PROGRAM, logdir, runtime, out, kind], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = popen_python([PROGRAM, logdir, runtime, out, kind], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                        env=quiet_env(), start_new_session=True)
     try:
         assert proc.stdout is not None
         lines = []  # until it says the service holds step 7, or it ends (it gives up within its own deadlines)
@@ -395,8 +396,7 @@ def test_a_graph_programs_in_memory_snapshot_is_persisted_when_it_dies_and_resto
     assert step == 7
     _same(got, want)
     again = str(tmp_path / "restored.npz")
-    proc = subprocess.run([sys.executable, PROGRAM, logdir, "-", again, kind, "restore"], capture_output=True,
-                          text=True, timeout=300)
+    proc = run_python([PROGRAM, logdir, "-", again, kind, "restore"], env=quiet_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert f"RESTORED 7 {done.path}" in proc.stdout
     _same(_load(again), want)
