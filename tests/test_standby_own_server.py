@@ -27,7 +27,8 @@ def test_a_program_with_its_own_server_gets_no_hot_standby_and_a_killed_trainer_
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
-    proc = launch(logdir, "--port", str(port), "--steps", "300", target=OWN_SERVER)
+    ended_file = os.path.join(logdir, "at-exit.txt")
+    proc = launch(logdir, "--port", str(port), "--steps", "300", "--at-exit", ended_file, target=OWN_SERVER)
     try:
         wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "exited" and e["role"] == "standby"], 120,
                  what="the standby's end")
@@ -45,3 +46,5 @@ def test_a_program_with_its_own_server_gets_no_hot_standby_and_a_killed_trainer_
     assert [e.get("code") for e in ended] == [7], ended  # EXIT_NO_STANDBY, not a crash
     trainers = [e for e in records if e["event"] == "spawned" and e["role"] == "trainer"]
     assert [e["via"] for e in trainers] == ["zygote", "zygote"], trainers  # the restart forked
+    with open(ended_file) as fh:  # the program's atexit ran in the trainer that ended it only: not in the standby
+        assert fh.read() == f"atexit {trainers[1]['pid']}\n"  # (whose exit 7 is procsv's), nor the SIGKILLed one

@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 import traceback
-from typing import Callable, Mapping, NoReturn, Optional, Sequence
+from typing import Any, Callable, Mapping, NoReturn, Optional, Sequence
 
 from procsv.common import env as envvars
 from procsv.common.bootstrap import CONFIG_VERSION
@@ -126,13 +126,18 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: str, cwd: Optio
 # as a spawn through logged_argv would: these give them what the shell and the interpreter's start give it.
 
 
-def exit_after(body: Callable[[], int], ends_as_interpreter: bool = False) -> NoReturn:
+THREADS_WAIT_SECS = 60.0  # how long a forked trainer's end waits for the program's non-daemon threads
+
+
+def exit_after(body: Callable[[], int], ends_as_interpreter: Optional[Callable[[], bool]] = None,
+               threads_wait: float = THREADS_WAIT_SECS) -> NoReturn:
     """In a forked child: run ``body`` and end the process with its exit code (a ``SystemExit``'s, its
     message printed on stderr as the interpreter prints it; 1, after its traceback, for an uncaught
     exception), never returning into the frames it was forked in. ``ends_as_interpreter`` (a trainer
-    forked by the zygote, which runs a user's program): then, as a fresh interpreter ends before it
-    tears its modules down (:func:`interpreter_end`), the program's non-daemon threads are waited for
-    and its ``atexit`` handlers run."""
+    forked by the zygote, which runs a user's program), asked once ``body`` is done: whether the
+    process then ends as a fresh interpreter does before it tears its modules down
+    (:func:`interpreter_end`): the program's non-daemon threads waited for (``threads_wait`` seconds
+    at most), then its ``atexit`` handlers run."""
     code = 70
     try:
         try:
@@ -147,8 +152,8 @@ def exit_after(body: Callable[[], int], ends_as_interpreter: bool = False) -> No
         except BaseException:
             traceback.print_exc()
             code = 1
-        if ends_as_interpreter:
-            interpreter_end()
+        if ends_as_interpreter is not None and ends_as_interpreter():
+            interpreter_end(threads_wait)
     finally:
         try:
             sys.stdout.flush()
@@ -157,22 +162,46 @@ def exit_after(body: Callable[[], int], ends_as_interpreter: bool = False) -> No
             os._exit(code)
 
 
-def interpreter_end() -> None:
+def interpreter_end(threads_wait: float) -> None:
     """What CPython's ``Py_FinalizeEx`` does first, at the end of a process whose main module has
     finished: wait for every non-daemon thread (``threading._shutdown``: the functions registered
     with ``threading._register_atexit`` first, as ``concurrent.futures`` does), then run the
     ``atexit`` handlers, last registered first (an exception in one is printed and the next runs).
-    What follows there, the modules' teardown, is skipped: a fork leaves by ``os._exit``. Every
-    handler this process inherited was registered by an import its forker made (the zygote imports
-    TensorFlow and procsv, and runs nothing), as a fresh process's importing them would register."""
+    What follows there, the modules' teardown, is skipped: a fork leaves by ``os._exit`` (a file the
+    program never closed keeps what its buffer held). Every handler this process inherited was
+    registered by an import its forker made (the zygote imports TensorFlow and procsv, and runs
+    nothing), as a fresh process's importing them would register.
+
+    One difference, on purpose: the threads are waited for ``threads_wait`` seconds at most (CPython
+    waits for good). A thread that never ends (a loader's loop never told to stop, a server thread
+    not made a daemon) then costs one line, not a trainer that never exits after its final
+    checkpoint, which the watchdog would take for a hang and restart."""
     import atexit
+    import signal
     import threading
 
+    def late(signum: int, frame: Any) -> None:
+        raise _ThreadsStillRun()
+
+    before = signal.signal(signal.SIGALRM, late)  # (a lock's wait in _shutdown is cut short by the handler)
+    signal.setitimer(signal.ITIMER_REAL, threads_wait)
     try:
         threading._shutdown()  # type: ignore[attr-defined]  # (CPython's own, private: no public equivalent)
+    except _ThreadsStillRun:
+        names = ", ".join(sorted(t.name for t in threading.enumerate() if not t.daemon and t.is_alive()
+                                 and t is not threading.current_thread()))
+        print(f"procsv: the program's non-daemon threads ({names}) still ran {threads_wait:g} s after its end: "
+              "leaving without them (its atexit handlers run now)", file=sys.stderr, flush=True)
     except BaseException:  # (^C while waiting: the handlers still run, as in CPython)
         traceback.print_exc()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
     atexit._run_exitfuncs()
+
+
+class _ThreadsStillRun(Exception):
+    """The program's non-daemon threads outlived the wait for them (:func:`interpreter_end`)."""
 
 
 def open_log(path: str, say: int) -> int:

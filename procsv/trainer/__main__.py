@@ -25,6 +25,7 @@ from procsv.common.layout import exit_report_file, write_json
 from procsv.common.exitcodes import EXIT_DIVERGING, EXIT_GROUP_ROLLBACK, EXIT_PREEMPTED
 from procsv.trainer import deathnotice, outcome
 from procsv.trainer.standby import priority, servers
+from procsv.trainer.standby import wait as standby_wait
 
 
 def main() -> int:
@@ -34,6 +35,7 @@ def main() -> int:
     deathnotice.hold(config.death_mutex)  # released only on a clean exit: any other death is noticed at once
     outcome.catch_early_stop()
     if config.standby:  # prepared while the trainer trains: only on CPU the trainer leaves idle
+        standby_wait.stand_by()
         lowered = priority.lower()
         print(f"procsv: standby preparing at {'idle (SCHED_IDLE)' if lowered else 'normal'} CPU priority"
               + ("" if lowered else " (SCHED_IDLE could not be undone at promotion without CAP_SYS_NICE)"),

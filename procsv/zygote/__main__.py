@@ -160,7 +160,16 @@ def _intermediate(req: ForkRequest, theirs: int, say: int, parent_pid: Optional[
             faults.wait_gate()
         os.write(theirs, f"{pid}\n".encode())
         os._exit(0)
-    spawn.exit_after(lambda: _become_trainer(req, theirs, say, parent_pid), ends_as_interpreter=True)
+    spawn.exit_after(lambda: _become_trainer(req, theirs, say, parent_pid), ends_as_interpreter=_ran_the_program)
+
+
+def _ran_the_program() -> bool:
+    """Whether the forked trainer ran the program, so that its end is the program's (the interpreter's
+    end: its non-daemon threads, its ``atexit`` handlers): not a hot standby never promoted, which ran
+    the program's preamble only (its ``EXIT_NO_STANDBY`` or ``EXIT_NO_SHADOW_RUN`` is procsv's end)."""
+    from procsv.trainer.standby.wait import standing_by
+
+    return not standing_by()
 
 
 def _adopted_by(parent: int, theirs: int) -> bool:

@@ -3,6 +3,7 @@ mnist_replica does (between-graph replication: each task serves on the port its 
 runs its session on that server's target (tests/test_standby_own_server.py).
 
     --port P --steps N --step-delay S --logdir DIR
+    --at-exit FILE   an atexit handler, registered before the server, appends "atexit <pid>" to FILE
 """
 
 import argparse
@@ -17,7 +18,18 @@ p.add_argument("--port", type=int, required=True)
 p.add_argument("--steps", type=int, default=200)
 p.add_argument("--step-delay", type=float, default=0.02)
 p.add_argument("--logdir", default=None)
+p.add_argument("--at-exit", default=None)
 args = p.parse_args()
+
+if args.at_exit:  # the program's end: a hot standby that ends before its promotion never runs it
+    import atexit
+    import os
+
+    def note() -> None:
+        with open(args.at_exit, "a") as fh:
+            fh.write(f"atexit {os.getpid()}\n")
+
+    atexit.register(note)
 
 tf.compat.v1.disable_eager_execution()
 cluster = tf.train.ClusterSpec({"worker": [f"localhost:{args.port}"]})

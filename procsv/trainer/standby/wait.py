@@ -46,6 +46,22 @@ from procsv.trainer import outcome
 from procsv.trainer.standby import priority, servers
 
 
+_standing_by = False  # this process is a hot standby not promoted (yet): :func:`stand_by`, :func:`wait_for_promotion`
+
+
+def stand_by() -> None:
+    """This process starts as a hot standby (the trainer's bootstrap, before the program runs): until
+    its promotion it runs the program's preamble only, and its end is procsv's, not the program's."""
+    global _standing_by
+    _standing_by = True
+
+
+def standing_by() -> bool:
+    """Whether this process is a hot standby never promoted: its end (``EXIT_NO_STANDBY``,
+    ``EXIT_NO_SHADOW_RUN``) runs none of the program's end (its threads, its ``atexit`` handlers)."""
+    return _standing_by
+
+
 def wait_for_promotion(ctx: ChildContext) -> ChildConfig:
     """Block until the watchdog's SIGUSR1 (promotion); exit 0 on its SIGTERM. Afterwards this process is
     no standby: returns its configuration (``ctx.config``) as promoted (:func:`take_promotion`)."""
@@ -93,6 +109,8 @@ def wait_for_promotion(ctx: ChildContext) -> ChildConfig:
         os.close(w)
         if senders is not None:  # now a trainer: a stop signal still pending goes to its handlers
             senders.close()
+    global _standing_by
+    _standing_by = False  # a trainer from here on: its end is the program's
     os.environ[env.STANDBY] = "0"  # a Supervisor built later in this process reads no standby (its read_config)
     servers.release()  # a server it starts from now on is the trainer's
     config = take_promotion(ctx)
