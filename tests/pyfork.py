@@ -15,8 +15,9 @@ server could not run it faithfully: an environment that differs from the server'
 at interpreter start or TensorFlow's import (:func:`import_time_env`), a program file that does not
 exist, an interpreter option, or the quick tier (``--quick``: its guard refuses TensorFlow in every
 process a test starts, so no server imports it). A test whose subject is how the process itself
-behaves (its process tree, its ``/proc`` cmdline or environ, an import failure, a CLI's exit
-code) starts it with ``subprocess`` itself.
+behaves (its process tree, its ``/proc`` cmdline or environ, an import failure) starts it with
+``subprocess`` itself; a ``python -m procsv`` command's exit code and output are a fresh one's here
+(``docs/testing.md``).
 
 The CPU of a forked run is the server's child's, not this process's: ``tests/cpu_profile.py`` charges
 each test the growth of the server's CPU meanwhile (its own, and that of the runs it reaped:

@@ -431,3 +431,58 @@ def test_without_a_sink_the_check_still_reads_only_the_sum() -> None:
         watch.losses.keep(s, tf.constant(1.0))
     watch.precheck(100)
     assert watch.losses.reads == 1
+
+
+def test_the_walk_judges_a_replayed_spike_at_the_boundary_after_its_detection_step_with_no_snapshot_between(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # the rollback's real walk (BoundaryWork) and response over a real watch, its losses kept as a loop keeps
+    # them; only the restore is a stand-in. A spike is found at the snapshot of step 70 and rolled back to 60;
+    # the replay gives the same losses, and the walk judges them at the boundary after step 65 (its detection)
+    # on its own: no snapshot comes before the loop's end (a monitored session's spike near its end, under
+    # load, was left to the final checkpoint's check: exit 4 instead of the skip)
+    from procsv.trainer.nonfinite.boundary_work import BoundaryWork
+    from procsv.trainer.step_boundary import StepState
+
+    told: list[Any] = []
+    judged: list[Any] = []
+    watch = NonfiniteWatch(None, ("loss",), (), 3, 1000, spike_policy=OnSpike.ROLLBACK,
+                           spike_thresholds=SpikeThresholds(window=40, min_history=30),
+                           spiked=lambda found, step: judged[0](found, step))
+    state = StepState(clock=lambda: 0.0, coord=None, counter=None)  # type: ignore[arg-type]
+    history = watch.spikes
+    assert history is not None
+
+    def undone(step: int) -> None:
+        told.append(("undone", step))
+        history.rewind(step)
+
+    walk = BoundaryWork(watch, state, None, None, None, told.append, lambda bad, what: "",  # type: ignore[arg-type]
+                        lambda bad, why, final: None, lambda bad, final: response.refused(bad, final))
+    def restore(step: int) -> tuple[int, str, Any, str, float]:  # (as the rollback's: the step count moves back)
+        state.step = 60
+        return 60, "the in-memory snapshot", "memory", "/m#1", 0.01
+
+    response = SpikeResponse(watch, walk, told.append, restore, undone, lambda step: 60, lambda step: "over")
+    judged.append(response.judged)
+    losses = {s: 0.3 + 0.001 * (s % 7) for s in range(1, 71)}
+    losses[65] = 15.0
+    for s in range(1, 71):
+        watch.losses.keep(s, losses[s])
+    with pytest.raises(LossSpiked) as found:
+        watch.precheck(70)  # the snapshot of step 70: refused
+    assert (found.value.onset, found.value.detected) == (65, 65)
+    response.refused(found.value, final=False)  # restored step 60, the replay planned
+    assert [getattr(m, "KIND", m) for m in told] == ["spike_detected", ("undone", 60), "rolled_back"]
+    assert state.step == 60
+    told.clear()
+    for s in range(61, 66):  # the replay, a step at a time, the walk asked at each boundary
+        assert not walk.work(), s  # nothing due before the detection's boundary
+        watch.losses.keep(s, losses[s])
+        state.step = s
+    assert walk.work() and state.step == 60  # the boundary after step 65: judged there, found again bit for bit:
+    # restored once more, to skip it
+    kinds = [getattr(m, "KIND", m) for m in told]
+    assert kinds == ["spike_replayed", ("undone", 60), "rolled_back", "step_skipped"], kinds
+    assert told[0].reproduced and told[2].skip and watch.budget.skipped == [65]
+    assert walk.next_due(60) == 64  # the replay skips step 65 where it meets it
+    assert "replaying to step 64, then skipping step 65" in capsys.readouterr().err
