@@ -80,6 +80,9 @@ def hosts() -> Iterator[None]:
         pytest.skip("needs root and iproute2 (ip netns) for the second host's network namespace")
     ip("netns", "del", NS, check=False)
     ip("link", "del", BRIDGE, check=False)
+    # this slot's lock is ours: what an earlier run of it left is a dead run's (a run killed between the
+    # veth's creation and its move into the namespace left it in this one, where no namespace's end takes it)
+    ip("link", "del", VETH, check=False)
     # the kernel tears a deleted namespace down later (its veth with it): an earlier run's may linger
     wait_for(lambda: ip("link", "show", VETH, check=False).returncode != 0, 120, interval=0.5,
              what=f"an earlier run's {VETH} to be gone")

@@ -248,6 +248,9 @@ def test_rollback_then_a_sigkill_of_the_trainer_still_ends_bit_equal_to_the_plai
     log = os.path.join(logdir, "logs", "trainer.1.log")
     try:
         wait_for(lambda: os.path.exists(log) and "skipped step 25" in open(log).read(), 180, what="step 25 skipped")
+        # the preemption comes after the watchdog wrote the skip down (its record is written off its loop: a
+        # kill right after the trainer's line could come first, under load)
+        wait_for(lambda: _events(logdir, "step_skipped"), 30, what="the step_skipped record")
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 32, 120, what="training past the skip")
         os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
         code, out, err = finish(proc, 240)
@@ -275,6 +278,9 @@ def test_a_step_skipped_before_the_whole_launch_was_killed_is_skipped_again_by_t
     log = os.path.join(logdir, "logs", "trainer.1.log")
     try:
         wait_for(lambda: os.path.exists(log) and "skipped step 25" in open(log).read(), 180, what="step 25 skipped")
+        # the preemption comes after the watchdog wrote the skip down (its record is written off its loop: a
+        # kill right after the trainer's line could come first, under load)
+        wait_for(lambda: _events(logdir, "step_skipped"), 30, what="the step_skipped record")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
