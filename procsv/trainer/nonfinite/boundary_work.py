@@ -7,9 +7,9 @@ through :class:`~procsv.trainer.nonfinite.rollback.NonfiniteRollback`, which kee
 skipped again, the state before the retry is kept (:mod:`.retry_state`), the replayed steps' losses
 are checked, the weights are checked after each replayed step while bisecting, the bad step is
 skipped; the replay after a loss spike's rollback is judged as soon as it passes the spike's
-detection step (not at the next snapshot, which may come only after the loop's end). The decisions are :mod:`.plan`'s (pure); the restore itself is the rollback's, given to
-this walk as ``roll_back`` (and ``stop_diverged``, where a restore cannot be; ``refused``, what a
-refused snapshot gets, for the losses a replayed spike's check reads), which takes the kept state
+detection step (not at the next snapshot, which may come only after the loop's end). The
+decisions are :mod:`.plan`'s (pure); the restore itself is the rollback's, given to this walk as
+``roll_back`` (and ``stop_diverged``, where a restore cannot be; ``refused``, what a refused snapshot gets, for the losses a replayed spike's check reads), which takes the kept state
 back from it (:meth:`BoundaryWork.take_kept`).
 """
 

@@ -21,7 +21,7 @@ judges the finite losses it read (:mod:`.spike`, through the watch) and hands th
   checks it there, :mod:`.boundary_work`, not at a snapshot that may come only after the loop's
   end) compares the losses the replay gave the onset .. the detection with the first ones, bit for bit (:class:`~procsv.ipc.messages.SpikeReplayed`,
   the record ``spike_replayed``), whether or not the rule flags them again (its window may differ
-  after the restore). Equal, the spike is the data's: the state is refused, the state
+  after the restore). Equal, the spike is the data's: the state is refused (no snapshot of it), the state
   before the onset is restored once more, and the steps from the onset to the detection join the
   steps skipped so far: the replay skips them as a non-finite step skipped before is skipped (its
   input consumed, no variable changed, the step count past it), and each is told to the watchdog
