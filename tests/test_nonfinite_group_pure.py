@@ -520,6 +520,46 @@ def test_a_member_that_stopped_on_divergence_alone_with_no_peer_asking_still_giv
     assert not of(sim.log, Restart)
 
 
+@pytest.mark.parametrize("worker_first", [True, False])
+def test_members_that_both_stop_on_the_same_steps_nan_give_the_run_up_by_the_chiefs_line_whichever_ended_first(
+        worker_first):
+    # --on-nonfinite stop, a NaN in the data of step 40 for both members (test_nonfinite_group's stop test): each finds
+    # it and exits 4. Seen in a fresh clone's run: worker1's end came in 0.1 s before the chief's, the launch said
+    # "worker1 ... ended: stopping the group's chief ...; the whole group restarts together" (it never does: exit 4
+    # gives the run up) and its giving-up line repeated worker1's line (which names no checkpoint), not the chief's
+    from procsv.watchdog.actionlines import signal_reports
+    from procsv.watchdog.rules.limits import Limits
+
+    sim = group(2)
+    sim.tick(1.0)
+    reports(sim, TRAINER, 40)
+    reports(sim, W1, 40)
+    first, second = (W1, TRAINER) if worker_first else (TRAINER, W1)
+    sim.reaps(first, EXIT_DIVERGING, "TrainingDiverged")
+    acts = sim.tick(0.01)
+    assert not of(acts, GiveUp), acts
+    if worker_first:  # the chief is stopped (SIGTERM): said without a restart that never comes
+        signals = [a for a in of(acts, Signal) if a.slot == TRAINER]
+        assert len(signals) == 1, acts
+        said = [r.say for r in signal_reports(sim.view, signals[0], Limits()) if r.say]
+        assert said == [f"procsv: worker1 (pid {sim.member(W1).pid}) stopped on non-finite training (exit code 4): "
+                        f"stopping the group's chief (pid {sim.member(TRAINER).pid})"], said
+    sim.reaps(second, EXIT_DIVERGING, "TrainingDiverged")
+    gave_up = of(sim.tick(0.01), GiveUp)
+    assert len(gave_up) == 1 and gave_up[0].exit_code == EXIT_DIVERGING, sim.log
+    assert not of(sim.log, Restart)
+    assert blame(sim.view, sim.trainer).role == TRAINER  # the same step found by both: the chief's line
+    # a worker that found an earlier step than the chief is the cause, whichever ended first
+    sim = group(2)
+    sim.tick(1.0)
+    reports(sim, W1, 39)
+    reports(sim, TRAINER, 40)
+    sim.reaps(TRAINER, EXIT_DIVERGING, "TrainingDiverged")
+    sim.tick(0.01)
+    sim.reaps(W1, EXIT_DIVERGING, "TrainingDiverged")
+    assert len(of(sim.tick(0.01), GiveUp)) == 1 and blame(sim.view, sim.trainer).slot == W1
+
+
 # ----------------------------------------------------------------------------- a worker's NaN at the group's last step
 
 @pytest.mark.parametrize("chief_first", [False, True])

@@ -145,12 +145,13 @@ def diverged_member(view: RunView, chief: ChildView, reported: bool = False) -> 
     (exit 4): a NaN in one member's batch at a group snapshot step makes a peer's weights non-finite
     with its own losses finite there ("the step that made them so is not known": exit 4), while the
     member whose batch it was knows the step; of those that asked, the one that reported the step
-    skipped (:func:`rollback_step`: its message says that step); else the first whose end came in."""
+    skipped (:func:`rollback_step`: its message says that step), else the first whose end came in;
+    with none that asked, the one that found the earliest step, the chief on a tie (:func:`_first_found`)."""
     stopped = [m for m in members(view, chief) if diverging(m) and (not reported or m.nonfinite_step is not None)]
     asked = [m for m in stopped if not _diverged_alone(m)]
     step = rollback_step(view, chief)
     return _first_ended([m for m in asked if m.nonfinite_step == step]) or _first_ended(asked) \
-        or _first_ended(stopped)
+        or _first_found(stopped)
 
 
 def error_type(member: ChildView) -> str:
@@ -185,6 +186,19 @@ def cut_off(member: ChildView) -> bool:
 def first_cut_off(view: RunView, chief: ChildView) -> Optional[ChildView]:
     """The member of the chief's attempt cut off first (:func:`cut_off`; None: none was)."""
     return _first_ended([m for m in members(view, chief) if cut_off(m)])
+
+
+def _first_found(ms: list[ChildView]) -> Optional[ChildView]:
+    """Of members that stopped alone (exit 4), the one that reported the earliest non-finite step (the
+    step a member found is the cause; a peer's later step is its consequence), the chief on a tie (both
+    found the same step in the same batch: the chief's line names the newest finite checkpoint, a
+    worker's none), else the first whose end came in (None: ``ms`` is empty). Which end came in first
+    is a race between the members' own wind-downs and says nothing of the cause."""
+    def key(m: ChildView) -> tuple[float, int, float]:
+        found = m.nonfinite_step if m.nonfinite_step is not None else math.inf
+        return found, 0 if m.role == TRAINER else 1, m.ended_at if m.ended_at is not None else math.inf
+
+    return min(ms, key=key, default=None)
 
 
 def _first_ended(ms: list[ChildView]) -> Optional[ChildView]:
@@ -327,7 +341,16 @@ def draining(view: RunView) -> bool:
 
 def _why(first: ChildView) -> str:
     name = "the chief" if first.role == TRAINER else first.slot
+    if _diverged_alone(first):  # (the policy gives the run up: no restart follows)
+        return f"{name} (pid {first.pid}) stopped on non-finite training (exit code {EXIT_DIVERGING})"
     return f"{name} (pid {first.pid}) ended"
+
+
+def restarts_after(first: ChildView) -> bool:
+    """Whether the group's stop after ``first`` broke it is said to be followed by the whole group's
+    restart: not when ``first`` stopped on non-finite training alone (exit 4), which the restart policy
+    gives the run up on (the judgement's own line says what follows)."""
+    return not _diverged_alone(first)
 
 
 def hung_first(view: RunView, actions: list[Action]) -> list[Action]:
