@@ -40,7 +40,7 @@ from typing import NoReturn, Optional
 
 from procsv.ipc.messages import ForkReply, ForkRequest, ZygoteReady
 from procsv.ipc.pipe import FramedReader, write_framed
-from procsv.common import bootstrap, env, faults, spawn, stopfrom
+from procsv.common import bootstrap, env, faults, heavy_import, spawn, stopfrom
 
 ADOPTION_WAIT = 30.0  # seconds a trainer waits for the intermediate child's exit to re-parent it
 
@@ -57,16 +57,17 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the watchdog decides; a terminal ^C is not for us
     term = stopfrom.SignalFd.open((signal.SIGTERM,)) if stopfrom.blocked() else None
     t0 = time.monotonic()
-    import tensorflow  # noqa: F401  (import only: no op may run in this process)
+    with heavy_import.collector_off():  # (about a fifth of the import's CPU: procsv.common.heavy_import)
+        import tensorflow  # noqa: F401  (import only: no op may run in this process)
 
-    import procsv.trainer.supervisor  # noqa: F401
-    import procsv.trainer.__main__  # noqa: F401
+        import procsv.trainer.supervisor  # noqa: F401
+        import procsv.trainer.__main__  # noqa: F401
 
-    for name in config.zygote.preload:
-        try:
-            importlib.import_module(name.strip())
-        except Exception as exc:  # a bad preload only costs speed; the trainer imports it itself
-            print(f"procsv zygote: could not preload {name!r}: {exc}", file=sys.stderr, flush=True)
+        for name in config.zygote.preload:
+            try:
+                importlib.import_module(name.strip())
+            except Exception as exc:  # a bad preload only costs speed; the trainer imports it itself
+                print(f"procsv zygote: could not preload {name!r}: {exc}", file=sys.stderr, flush=True)
     # every object the imports made moves to a generation no collection visits: a collection in a forked
     # trainer or standby would otherwise write every one's header, copying each page of the import into it
     # (about 0.4 s of CPU and the memory of those pages per fork; CPython's gc.freeze, for pre-fork servers)
