@@ -154,7 +154,19 @@ def one(rev: str, with_coverage: bool, keep: bool) -> Run:
         if venv.returncode:
             run.summary = f"venv failed: {venv.stderr.strip().splitlines()[-1:]}"
             return run
-        t2, inst = timed([py, "-m", "pip", "install", "-q", "-e", ".[test]", *extra], clone)
+        with open(os.path.join(clone, ".ci", "run")) as fh:
+            with_uv = "uv pip install" in fh.read()  # the revision's own install: uv's from 45fb49b on, pip's before
+        if with_uv:
+            t_uv, got_uv = timed([py, "-m", "pip", "install", "-q", "uv"], clone)
+            t1 += t_uv
+            if got_uv.returncode:
+                run.summary = f"installing uv failed: {got_uv.stderr.strip().splitlines()[-1:]}"
+                return run
+            install = [os.path.join(clone, ".venv", "bin", "uv"), "pip", "install", "-q", "--python", py,
+                       "--compile-bytecode", "-e", ".[test]", *extra]
+        else:
+            install = [py, "-m", "pip", "install", "-q", "-e", ".[test]", *extra]
+        t2, inst = timed(install, clone)
         run.install = t1 + t2
         if inst.returncode:
             run.summary = f"install failed: {inst.stderr.strip().splitlines()[-1:]}"
