@@ -560,6 +560,50 @@ def test_members_that_both_stop_on_the_same_steps_nan_give_the_run_up_by_the_chi
     assert len(of(sim.tick(0.01), GiveUp)) == 1 and blame(sim.view, sim.trainer).slot == W1
 
 
+def _group_stop_line(sim, acts, slot: str) -> str:  # type: ignore[no-untyped-def]
+    from procsv.watchdog.actionlines import signal_reports
+    from procsv.watchdog.rules.actions import Cause
+    from procsv.watchdog.rules.limits import Limits
+
+    signals = [a for a in of(acts, Signal) if a.slot == slot and a.cause == Cause.GROUP]
+    assert len(signals) == 1, acts
+    said = [r.say for r in signal_reports(sim.view, signals[0], Limits()) if r.say]
+    assert len(said) == 1, said
+    return said[0]
+
+
+def test_the_group_stop_line_claims_no_restart_once_anything_non_finite_is_in_the_group_whichever_ends_first():
+    # (helper-44's attack on the line above) the group's stop is said to be followed by the group's restart only
+    # when nothing non-finite is in it: what follows is judged once every member ended, and says so itself.
+    # --on-nonfinite stop, worker1 found step 40 and leaves; the chief fails in its next collective, its end first:
+    sim = group(2)
+    sim.tick(1.0)
+    reports(sim, W1, 40)
+    sim.reaps(TRAINER, 1, "UnavailableError")
+    line = _group_stop_line(sim, sim.tick(0.01), W1)
+    assert "restarts together" not in line and "the chief (pid" in line, line
+    sim.reaps(W1, EXIT_DIVERGING, "TrainingDiverged")
+    sim.tick(0.01)
+    assert of(sim.log, GiveUp) and not of(sim.log, Restart), sim.log
+    # --on-nonfinite rollback, the chief's weights alone at the snapshot of 100 (exit 4), worker1 asks (exit 5): the
+    # group does restart, for its rollback; the stop's line claims nothing, the restart's line says it
+    sim = group(2)
+    sim.tick(1.0)
+    observe.heard(sim.view, NonfiniteDetected(sim.member(TRAINER).pid, 100, 1.0, "non-finite values in dense/kernel"),
+                  sim.now)
+    reports(sim, W1, 100)
+    sim.reaps(TRAINER, EXIT_DIVERGING, "TrainingDiverged")
+    line = _group_stop_line(sim, sim.tick(0.01), W1)
+    assert "restarts together" not in line and "stopped on non-finite training (exit code 4)" in line, line
+    sim.reaps(W1, EXIT_GROUP_ROLLBACK, "GroupRollback")
+    assert [r.skip for r in of(sim.tick(0.01), Restart)] == [100], sim.log
+    # nothing non-finite: a worker's failure still says the group restarts together
+    sim = group(2)
+    sim.tick(1.0)
+    sim.reaps(W1, 1, "RuntimeError")
+    assert _group_stop_line(sim, sim.tick(0.01), TRAINER).endswith("; the whole group restarts together")
+
+
 # ----------------------------------------------------------------------------- a worker's NaN at the group's last step
 
 @pytest.mark.parametrize("chief_first", [False, True])

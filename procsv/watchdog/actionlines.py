@@ -11,7 +11,7 @@ import signal
 
 from procsv.watchdog.rules.actions import Cause, GiveUpTask, Kill, NodeLost, Restart, Signal, StandbyGone, StopFailing
 from procsv.watchdog.rules.bookkeeping import find
-from procsv.watchdog.rules.group import blame, breaker, members, restarts_after
+from procsv.watchdog.rules.group import blame, members, restarts_after
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.state import SERVER, SUMMARY, TRAINER, WORKER, RunView
@@ -30,8 +30,7 @@ def signal_reports(view: RunView, action: Signal, limits: Limits) -> list[Report
     if action.cause == Cause.GROUP:
         who = child.slot if child.role == WORKER else "chief"
         chief = view.children.get(TRAINER)
-        first = breaker(view, chief) if chief is not None else None
-        then = "; the whole group restarts together" if first is None or restarts_after(first) else ""
+        then = "; the whole group restarts together" if chief is None or restarts_after(view, chief) else ""
         return [Report(say=f"procsv: {action.reason}: stopping the group's {who} (pid {child.pid}){then}", err=True)]
     if action.cause == Cause.CHAOS:
         name = signal.Signals(action.sig).name

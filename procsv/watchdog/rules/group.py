@@ -346,11 +346,12 @@ def _why(first: ChildView) -> str:
     return f"{name} (pid {first.pid}) ended"
 
 
-def restarts_after(first: ChildView) -> bool:
-    """Whether the group's stop after ``first`` broke it is said to be followed by the whole group's
-    restart: not when ``first`` stopped on non-finite training alone (exit 4), which the restart policy
-    gives the run up on (the judgement's own line says what follows)."""
-    return not _diverged_alone(first)
+def restarts_after(view: RunView, chief: ChildView) -> bool:
+    """Whether the group's stop is said to be followed by the whole group's restart: not once anything
+    non-finite is in the group (a member reported a step, or ended diverging or asking for a rollback).
+    What follows then is judged only once every member ended (a rollback's restart, or the run given up
+    as diverging: :func:`blame`), and that judgement's own line says which."""
+    return not any(m.nonfinite_step is not None or diverging(m) for m in members(view, chief))
 
 
 def hung_first(view: RunView, actions: list[Action]) -> list[Action]:
