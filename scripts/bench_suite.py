@@ -157,7 +157,7 @@ def one(rev: str, with_coverage: bool, keep: bool) -> Run:
         with open(os.path.join(clone, ".ci", "run")) as fh:
             with_uv = "uv pip install" in fh.read()  # the revision's own install: uv's from 45fb49b on, pip's before
         if with_uv:
-            t_uv, got_uv = timed([py, "-m", "pip", "install", "-q", "uv"], clone)
+            t_uv, got_uv = timed([py, "-m", "pip", "install", "-q", "uv>=0.13,<1"], clone)
             t1 += t_uv
             if got_uv.returncode:
                 run.summary = f"installing uv failed: {got_uv.stderr.strip().splitlines()[-1:]}"
