@@ -63,11 +63,11 @@ def main() -> int:
         import procsv.trainer.supervisor  # noqa: F401
         import procsv.trainer.__main__  # noqa: F401
 
-        for name in config.zygote.preload:
-            try:
-                importlib.import_module(name.strip())
-            except Exception as exc:  # a bad preload only costs speed; the trainer imports it itself
-                print(f"procsv zygote: could not preload {name!r}: {exc}", file=sys.stderr, flush=True)
+    for name in config.zygote.preload:  # (the user's modules: with the collector as they leave it)
+        try:
+            importlib.import_module(name.strip())
+        except Exception as exc:  # a bad preload only costs speed; the trainer imports it itself
+            print(f"procsv zygote: could not preload {name!r}: {exc}", file=sys.stderr, flush=True)
     # every object the imports made moves to a generation no collection visits: a collection in a forked
     # trainer or standby would otherwise write every one's header, copying each page of the import into it
     # (about 0.4 s of CPU and the memory of those pages per fork; CPython's gc.freeze, for pre-fork servers)
