@@ -313,12 +313,14 @@ def main() -> None:
     log = os.open(os.path.join(os.path.dirname(listener.getsockname()), "import.err"),
                   os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(log, 2)
-    from procsv.common.heavy_import import collector_off
+    import gc
 
-    with collector_off():  # (about a fifth of TensorFlow's import: procsv.common.heavy_import)
+    gc.disable()  # (about a fifth of TensorFlow's import's CPU: as the zygote's, procsv.zygote.__main__)
+    try:
         for name in filter(None, sys.argv[3].split(",")):
             __import__(name)
-    import gc
+    finally:
+        gc.enable()
 
     gc.freeze()  # what the import made is never collected in a child: a collection would copy every page of it
     sys.stderr.flush()

@@ -29,6 +29,7 @@ while its predecessor's commit loads is told too.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -37,7 +38,7 @@ from typing import AbstractSet, Any, Callable, Optional
 
 import zmq
 
-from procsv.common import faults, heavy_import
+from procsv.common import faults
 from procsv.common.layout import Layout, read_json, write_json
 from procsv.ipc.codec import ProtocolError
 from procsv.ipc.messages import CheckpointSetup, CommitLoading, Message, Role, SaveData, ServiceLoading
@@ -96,8 +97,11 @@ class Loader:
         self._asked.wait()
         try:
             faults.stall("checkpoint", "loading")  # tests: a load that takes as long as the test says
-            with heavy_import.collector_off():  # (about a fifth of the import's CPU)
+            gc.disable()  # (the import's objects outlive it: a fifth of its CPU was the collector visiting them,
+            try:  # as in the zygote's, procsv.zygote.__main__; process-wide, only while the import runs)
                 import tensorflow  # noqa: F401
+            finally:
+                gc.enable()
         except BaseException as exc:  # re-raised in the commit that waits for it
             self._error = exc
         else:
