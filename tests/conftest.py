@@ -81,8 +81,8 @@ def _compile_packages() -> None:
 
 # The pytest process's own cyclic collector runs on every 20,000 new objects, not 700: a worker's heap holds
 # TensorFlow once a test imported it there (about 270,000 objects), and each full collection visited it all
-# again, about 0.1 s each; 3.5 s of a worker's 16.5 s of CPU went to collections over four test files, 2.0
-# of 14.4 this way. A test that needs a collection calls gc.collect() (as ever); the processes the tests start
+# again, about 0.1 s each; 3.8 s of a worker's 16.5 s of CPU went to collections over four test files, 2.2
+# of 14.8 this way. A test that needs a collection calls gc.collect() (as ever); the processes the tests start
 # keep Python's default (a fork server's children: it starts fresh).
 GC_THRESHOLD = (20_000, 10, 10)
 

@@ -9,8 +9,9 @@ are checked, the weights are checked after each replayed step while bisecting, t
 skipped; the replay after a loss spike's rollback is judged as soon as it passes the spike's
 detection step (not at the next snapshot, which may come only after the loop's end). The
 decisions are :mod:`.plan`'s (pure); the restore itself is the rollback's, given to this walk as
-``roll_back`` (and ``stop_diverged``, where a restore cannot be; ``refused``, what a refused snapshot gets, for the losses a replayed spike's check reads), which takes the kept state
-back from it (:meth:`BoundaryWork.take_kept`).
+``roll_back`` (and ``stop_diverged``, where a restore cannot be; ``refused``, what a refused
+snapshot gets, for the losses a replayed spike's check reads), which takes the kept state back
+from it (:meth:`BoundaryWork.take_kept`).
 """
 
 from __future__ import annotations

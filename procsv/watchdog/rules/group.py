@@ -341,7 +341,7 @@ def draining(view: RunView) -> bool:
 
 def _why(first: ChildView) -> str:
     name = "the chief" if first.role == TRAINER else first.slot
-    if _diverged_alone(first):  # (the policy gives the run up: no restart follows)
+    if _diverged_alone(first):  # (what follows is judged once every member ended: restarts_after)
         return f"{name} (pid {first.pid}) stopped on non-finite training (exit code {EXIT_DIVERGING})"
     return f"{name} (pid {first.pid}) ended"
 
