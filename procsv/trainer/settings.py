@@ -1,15 +1,16 @@
-"""How the Supervisor shows its collaborators' names and the settings a program may change.
+"""The Supervisor's settings its collaborators read live, and how it shows a collaborator's method.
 
-Runs in the trainer process. Three descriptors, each declared in the Supervisor's class body:
+Runs in the trainer process.
 
-* :class:`Forward` (a method): ``sv.should_stop`` is ``sv.coord.should_stop``. On an instance it
-  is the collaborator's bound method (so a subclass's override, and its ``super()``, work as with a
-  method of the Supervisor's own); on the class it is a function taking the Supervisor first, with
-  the collaborator's docstring and signature (``Supervisor.log_scalar(sv, ...)``, ``help()``).
-* :class:`ForwardValue` (a property): ``sv.graph`` is ``sv._surface.graph``, read each time.
-* :class:`Setting`: ``sv.save_summaries_secs`` is ``sv._settings.save_summaries_secs``, read and
-  written; the collaborators hold the same :class:`Settings` and read it live, so a value a
-  program sets after construction is the one used (TF's Supervisor kept them as attributes).
+* :class:`Settings`: the settings a program may change after construction. The collaborators
+  hold the same object and read it live; the Supervisor's properties of those names read and
+  write it, so a value a program sets after building the Supervisor is the one used (TF's
+  Supervisor kept them as attributes).
+* :class:`Forward` (a method), declared in the Supervisor's class body: ``sv.should_stop`` is
+  ``sv.coord.should_stop``. On an instance it is the collaborator's bound method (so a subclass's
+  override, and its ``super()``, work as with a method of the Supervisor's own); on the class it
+  is a function taking the Supervisor first, with the collaborator's docstring and signature
+  (``Supervisor.log_scalar(sv, ...)``, ``help()``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from typing import Any, Callable, Concatenate, Generic, Mapping, Optional, Param
 
 P = ParamSpec("P")
 R = TypeVar("R")
-T = TypeVar("T")
 
 
 @dataclasses.dataclass
@@ -61,50 +61,3 @@ class Forward(Generic[P, R]):
         if obj is None:
             return self._through
         return getattr(getattr(obj, self.collaborator), self.name)
-
-
-class ForwardValue(Generic[T]):
-    """A read-only attribute of the Supervisor that is a collaborator's (a property there), read each time."""
-
-    def __init__(self, collaborator: str, doc: str = "") -> None:
-        self.collaborator = collaborator
-        self.name = ""
-        self.__doc__ = doc
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, obj: None, objtype: Optional[type] = None) -> "ForwardValue[T]": ...
-
-    @overload
-    def __get__(self, obj: object, objtype: Optional[type] = None) -> T: ...
-
-    def __get__(self, obj: Optional[object], objtype: Optional[type] = None) -> Any:
-        if obj is None:
-            return self
-        return getattr(getattr(obj, self.collaborator), self.name)
-
-
-class Setting(Generic[T]):
-    """An attribute of the Supervisor that is its :class:`Settings`' (``_settings``): read and written there."""
-
-    def __init__(self) -> None:
-        self.name = ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, obj: None, objtype: Optional[type] = None) -> "Setting[T]": ...
-
-    @overload
-    def __get__(self, obj: object, objtype: Optional[type] = None) -> T: ...
-
-    def __get__(self, obj: Optional[object], objtype: Optional[type] = None) -> Any:
-        if obj is None:
-            return self
-        return getattr(obj.__dict__["_settings"], self.name)
-
-    def __set__(self, obj: object, value: T) -> None:
-        setattr(obj.__dict__["_settings"], self.name, value)

@@ -11,8 +11,9 @@ The Supervisor is thin: it owns the session's lifecycle (prepare, stop, the fina
 release, a session again after a stop) and its collaborators, each with its own state and given
 what it needs (:func:`procsv.trainer.supervisor_setup.collaborators` builds them; who calls whom:
 ``docs/architecture.md``, "The trainer's collaborators"). Its public names that are a
-collaborator's, and the settings its collaborators read live, are the descriptors of
-:mod:`procsv.trainer.settings`, declared in :mod:`procsv.trainer.supervisor_names`. The front-ends
+collaborator's methods are declared in :mod:`procsv.trainer.supervisor_names`; its values that are
+a collaborator's, and the settings its collaborators read live (:class:`Settings`), are plain
+properties here. The front-ends
 (Keras ``fit``, ``procsv.train``) drive it through its port, ``front_end`` (:mod:`procsv.trainer.frontend.port`).
 
 One concern: a Supervisor's session, from its arguments (TensorFlow's, each documented here) to its release.
@@ -47,6 +48,7 @@ from procsv.trainer.supervisor_names import SupervisorNames
 from procsv.trainer.supervisor_setup import (agent_factory, check_placement, collaborators, layout_for,
                                              resolve_is_chief, retention, state_to_save)
 from procsv.trainer.tf1_args import NOT_PASSED, USE_DEFAULT, add_camel_case_aliases
+from procsv.trainer.tf1_objects import SaverShim, SummaryWriterShim
 from procsv.trainer.settings import Settings
 from procsv.trainer.tf1_surface import warn_ignored_prepare_args
 
@@ -216,6 +218,122 @@ class Supervisor(SupervisorNames):
         return FrontEnd(self._keeper, self._boundary, self._rollback, self._state, self._graph, self._clock,
                         session=lambda: self._session, release=self._release, stop=self.stop,
                         launch_start_step=self._config.resume.launch_start_step)
+
+    # ----------------------------------------------------------------- TF's values: the collaborators'
+    @property
+    def graph(self) -> Any:
+        """The program's ``tf.Graph`` in graph mode; None in eager mode."""
+        return self._surface.graph
+
+    @property
+    def init_op(self) -> Any:
+        """TF's ``init_op`` (graph mode: the one given or the default built)."""
+        return self._surface.init_op
+
+    @property
+    def init_feed_dict(self) -> Any:
+        """TF's ``init_feed_dict``."""
+        return self._surface.init_feed_dict
+
+    @property
+    def ready_op(self) -> Any:
+        """TF's ``ready_op`` (graph mode: the one given or the default built)."""
+        return self._surface.ready_op
+
+    @property
+    def ready_for_local_init_op(self) -> Any:
+        """TF's ``ready_for_local_init_op`` (graph mode: the one given or the default built)."""
+        return self._surface.ready_for_local_init_op
+
+    @property
+    def local_init_op(self) -> Any:
+        """TF's ``local_init_op`` (graph mode: the one given or the default built)."""
+        return self._surface.local_init_op
+
+    @property
+    def session_manager(self) -> Any:
+        """What was passed as ``session_manager``, or None."""
+        return self._surface.session_manager
+
+    @property
+    def summary_op(self) -> Any:
+        """Graph mode: the summary op; eager: the TF2 summary callable (``summary_fn``), or None."""
+        return self._surface.summary_op
+
+    @property
+    def saver(self) -> Optional[SaverShim]:
+        """TF1's ``Saver`` over the checkpoint service, or None when checkpoints are off."""
+        return self._surface.saver
+
+    @property
+    def summary_writer(self) -> Optional[SummaryWriterShim]:
+        """TF's ``FileWriter`` methods over the summary service, or None (as TF's)."""
+        return self._surface.summary_writer
+
+    @property
+    def save_path(self) -> Optional[str]:
+        """``<logdir>/<checkpoint_basename>``, or None (no logdir, or a non-chief), as TF's."""
+        return self._surface.save_path
+
+    @property
+    def logdir(self) -> Optional[str]:
+        """The logdir, or None without one."""
+        return self._surface.logdir
+
+    @property
+    def summaries_dropped(self) -> int:
+        """Summaries this process had to drop so far."""
+        return self._summaries.summaries_dropped
+
+    # ----------------------------------------------------------------- settings a program may change
+    # (one Settings object the collaborators hold and read live: a value set after construction is used)
+    @property
+    def save_summaries_secs(self) -> Optional[float]:
+        return self._settings.save_summaries_secs
+
+    @save_summaries_secs.setter
+    def save_summaries_secs(self, value: Optional[float]) -> None:
+        self._settings.save_summaries_secs = value
+
+    @property
+    def summary_fn(self) -> Optional[Callable[[], Mapping[str, Any]]]:
+        return self._settings.summary_fn
+
+    @summary_fn.setter
+    def summary_fn(self, value: Optional[Callable[[], Mapping[str, Any]]]) -> None:
+        self._settings.summary_fn = value
+
+    @property
+    def stop_grace_secs(self) -> float:
+        return self._settings.stop_grace_secs
+
+    @stop_grace_secs.setter
+    def stop_grace_secs(self, value: float) -> None:
+        self._settings.stop_grace_secs = value
+
+    @property
+    def recovery_wait_secs(self) -> float:
+        return self._settings.recovery_wait_secs
+
+    @recovery_wait_secs.setter
+    def recovery_wait_secs(self, value: float) -> None:
+        self._settings.recovery_wait_secs = value
+
+    @property
+    def init_fn(self) -> Optional[Callable[[Any], None]]:
+        return self._settings.init_fn
+
+    @init_fn.setter
+    def init_fn(self, value: Optional[Callable[[Any], None]]) -> None:
+        self._settings.init_fn = value
+
+    @property
+    def checkpoint_basename(self) -> str:
+        return self._settings.checkpoint_basename
+
+    @checkpoint_basename.setter
+    def checkpoint_basename(self, value: str) -> None:
+        self._settings.checkpoint_basename = value
 
     # ----------------------------------------------------------------- session lifecycle
     def managed_session(self, master: str = "", config: Any = None, start_standard_services: bool = True,
