@@ -162,6 +162,8 @@ CASES = {  # (kind, the block's end, the thread's error, end() raises): TF's end
     "clean-exit": ("MonitoredSession", "leave", "ValueError", False),
     "block-OutOfRangeError": ("SingularMonitoredSession", "OutOfRangeError", "ValueError", False),
     "block-StopIteration": ("MonitoredSession", "StopIteration", "ValueError", False),
+    "thread-OutOfRangeError-should_stop": ("SingularMonitoredSession", "loop", "OutOfRangeError", False),
+    "thread-OutOfRangeError-clean-exit": ("MonitoredSession", "leave", "OutOfRangeError", False),
     "end-raises": ("MonitoredSession", "leave", "ValueError", True),
 }
 
@@ -186,6 +188,7 @@ def test_after_a_threads_error_end_and_the_error_at_the_close_are_tensorflows(tm
     ("MonitoredTrainingSession", "loop", "ValueError"),
     ("SingularMonitoredSession", "loop", "ValueError"),
     ("SingularMonitoredSession", "OutOfRangeError", "ValueError"),
+    ("SingularMonitoredSession", "loop", "OutOfRangeError"),
 ])
 def test_procsvs_eager_sessions_end_after_a_threads_error_as_tensorflows_graph_sessions(tmp_path, logdir, kind,
                                                                                          ending, thread_error):

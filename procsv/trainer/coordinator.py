@@ -71,6 +71,14 @@ class Coordinator:
             self.asked = True
             self._event.set()
 
+    def suppress_no_exception(self) -> None:
+        """From now on, every exception reported is an error, ``OutOfRangeError`` and ``StopIteration``
+        too, as the coordinator TF's MonitoredSession makes (``Coordinator(clean_stop_exception_types=[])``:
+        a thread's exhausted input is raised when the block exits); procsv's own clean stop
+        (:class:`TrainingStopped`) stays one."""
+        with self._lock:
+            self._clean = (TrainingStopped,)
+
     def clear_stop(self) -> None:
         """Forget the stop request, the recorded exception and the join, as TF's ``clear_stop()``
         (a Supervisor reused after a stop calls it before running steps again)."""

@@ -71,6 +71,7 @@ class GraphMonitoredSession:
     def _create(self) -> GraphHookedSession:
         raw = self._creator.create_session()
         sv = self._creator.supervisor
+        sv.coord.suppress_no_exception()  # as TF's MonitoredSession's coordinator
         try:
             for h in self._hooks:
                 h.after_create_session(raw, sv.coord)

@@ -109,6 +109,7 @@ class _MonitoredSession:
         session_creator.scaffold.finalize()
         self._raw: RawSession = session_creator.create_session()
         self._sv = session_creator.supervisor
+        self._sv.coord.suppress_no_exception()  # as TF's MonitoredSession's coordinator
         self._nan_watched = nan_watch.watched_hooks(self._sv, self._hooks)
         try:
             for h in self._hooks:
