@@ -184,12 +184,15 @@ def test_after_a_threads_error_end_and_the_error_at_the_close_are_tensorflows(tm
     assert ours == theirs
 
 
-@pytest.mark.parametrize("kind,ending,thread_error", [
+EAGER_CASES = [  # (kind, the block's end, the thread's error)
     ("MonitoredTrainingSession", "loop", "ValueError"),
     ("SingularMonitoredSession", "loop", "ValueError"),
     ("SingularMonitoredSession", "OutOfRangeError", "ValueError"),
     ("SingularMonitoredSession", "loop", "OutOfRangeError"),
-])
+]
+
+
+@pytest.mark.parametrize("kind,ending,thread_error", EAGER_CASES)
 def test_procsvs_eager_sessions_end_after_a_threads_error_as_tensorflows_graph_sessions(tmp_path, logdir, kind,
                                                                                          ending, thread_error):
     # eager (TF's classes have no eager mode): the same program with a step function, against TF's graph outcome;
