@@ -71,6 +71,14 @@ class Coordinator:
             self.asked = True
             self._event.set()
 
+    def suppress_no_exception(self) -> None:
+        """From now on, every exception reported is an error, ``OutOfRangeError`` and ``StopIteration``
+        too, as the coordinator TF's MonitoredSession makes (``Coordinator(clean_stop_exception_types=[])``:
+        a thread's exhausted input is raised when the block exits); procsv's own clean stop
+        (:class:`TrainingStopped`) stays one."""
+        with self._lock:
+            self._clean = (TrainingStopped,)
+
     def clear_stop(self) -> None:
         """Forget the stop request, the recorded exception and the join, as TF's ``clear_stop()``
         (a Supervisor reused after a stop calls it before running steps again)."""
@@ -134,14 +142,38 @@ class Coordinator:
         return self._exc
 
     @property
+    def program_error(self) -> Optional[BaseException]:
+        """The first error recorded when it is the program's (a thread's ``request_stop(ex)``,
+        ``stop_on_exception``), not procsv's own (:attr:`procsv_failure`). TF's sessions treat it as
+        theirs: the next runs go ahead (:attr:`ends_steps`), a ``SingularMonitoredSession``'s
+        ``should_stop()`` raises it (:meth:`raise_program_error`), and a block left without an error still
+        calls the hooks' ``end()`` before the close raises it."""
+        exc = self._exc
+        return None if exc is None or isinstance(exc, ProcsvError) else exc
+
+    @property
+    def procsv_failure(self) -> Optional[BaseException]:
+        """The first error recorded when it is procsv's own (a :class:`~procsv.common.errors.ProcsvError`,
+        such as a checkpoint failure): the loop ends at its next step, and no hook's ``end()`` is called."""
+        exc = self._exc
+        return exc if isinstance(exc, ProcsvError) else None
+
+    def raise_program_error(self) -> None:
+        """Raise :attr:`program_error`, if one was recorded: TF's coordinated session's ``should_stop()``
+        (``_CoordinatedSession._check_stop``: ``raise_requested_exception()``), which a
+        ``SingularMonitoredSession`` (no recoverable session around it) lets through."""
+        exc = self.program_error
+        if exc is not None:
+            raise exc
+
+    @property
     def ends_steps(self) -> bool:
         """Whether the stop asked so far refuses the training loop's next step (the sessions raise
         :class:`TrainingStopped`, a clean stop): a signal, a stop with no error, or procsv's own error (a
-        checkpoint failure). An error a thread of the program recorded (``request_stop(ex)``,
-        ``stop_on_exception``) does not: TF's sessions run the next steps and raise it when the block exits,
-        and so do procsv's (no checkpoint is committed after it: see the step boundary)."""
-        exc = self._exc
-        return self._signalled is not None or exc is None or isinstance(exc, ProcsvError)
+        checkpoint failure). An error a thread of the program recorded (:attr:`program_error`) does not:
+        TF's sessions run the next steps and raise it when the block exits, and so do procsv's (the step
+        boundary commits no checkpoint after it)."""
+        return self._signalled is not None or self.program_error is None
 
     @property
     def exit_request(self) -> Optional[SystemExit]:

@@ -20,10 +20,14 @@ everything to :class:`GraphMonitoredSession`. The call order is TensorFlow's:
   trainer restart), as TF's ``_RecoverableSession``. ``SingularMonitoredSession`` does not recover;
 * a run after a hook's stop is a ``RuntimeError``; after SIGTERM/SIGINT or a checkpoint failure
   :class:`procsv.TrainingStopped`, a clean stop (as in eager mode);
+* a thread's error reported to the coordinator (``coord.request_stop(ex)``) lets the next runs go
+  ahead; ``SingularMonitoredSession.should_stop()`` raises it, a ``MonitoredSession``'s says True (TF's
+  recoverable session turns it into a stop), as TF's;
 * exit (:mod:`procsv.trainer.monitored.session_end`, shared with a program's own session):
   ``end(session)`` on every hook on a clean exit only (``OutOfRangeError``, ``StopIteration``,
-  ``TrainingStopped``), then the Supervisor stops (a final checkpoint unless the block failed) and
-  the graph is unfrozen if it was not frozen before, as TF.
+  ``TrainingStopped``), a thread's error recorded or not, then the Supervisor stops (a final checkpoint
+  unless the block failed or an error was recorded) and the graph is unfrozen if it was not frozen
+  before, as TF; a thread's error is raised then, over the block's own.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ class GraphMonitoredSession:
     def _create(self) -> GraphHookedSession:
         raw = self._creator.create_session()
         sv = self._creator.supervisor
+        sv.coord.suppress_no_exception()  # as TF's MonitoredSession's coordinator
         try:
             for h in self._hooks:
                 h.after_create_session(raw, sv.coord)
@@ -122,8 +127,12 @@ class GraphMonitoredSession:
         return self._raw
 
     def should_stop(self) -> bool:
+        """True once a stop was asked; a ``SingularMonitoredSession`` (no recovery) raises the error a
+        thread reported to the coordinator, as TF's coordinated session (a recovering one says True)."""
         if self._ending.closed or self._ending.stop_requested:
             return True
+        if not self._recover and self._sess is not None:
+            self._creator.supervisor.coord.raise_program_error()
         if self._sess is not None and self._sess.should_stop():
             return True
         return bool(self._creator.supervisor.should_stop())
@@ -182,15 +191,19 @@ class GraphMonitoredSession:
 
     # ------------------------------------------------------------------ its end's two steps (SessionEnd's)
     def _end(self, exc: Optional[BaseException]) -> None:
-        """``end()`` on every hook unless the block failed (``exc``) or a failure was recorded
-        elsewhere; then stop the Supervisor; a recorded failure is raised after the stop."""
+        """``end()`` on every hook unless the block failed (``exc``) or procsv's own failure (a checkpoint
+        failure) was recorded; a thread's error recorded in the coordinator does not skip it, as TF's close
+        (the hooks' ``end()``, then its coordinator's join raises the error). Then stop the Supervisor; a
+        recorded failure is raised after the stop, over what the block or ``end()`` raised."""
         sv = self._creator.supervisor
-        if exc is None and sv.coord.exception is None and self._raw is not None:
+        if exc is None and sv.coord.procsv_failure is None and self._raw is not None:
             try:
                 for h in self._hooks:
                     h.end(self._raw)
             except BaseException as err:
                 self._stop_supervisor(err)
+                if sv.coord.exception is not None and sv.coord.exception is not err:
+                    raise sv.coord.exception  # as TF's: its coordinator's join raises the error over end()'s
                 raise
         self._stop_supervisor(exc)
         if sv.coord.exception is not None and sv.coord.exception is not exc:

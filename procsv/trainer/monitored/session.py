@@ -13,8 +13,12 @@ Runs in the trainer process, in its main thread. The call order is TensorFlow's
 * a run after a stop was requested (by a hook or ``request_stop()``; ``StepContext.request_stop``
   only raises StopIteration, as TF) is a ``RuntimeError``; after SIGTERM/SIGINT (preemption) or a checkpoint
   failure it is :class:`procsv.TrainingStopped`, a clean stop, so the block still saves;
+* a thread's error reported to the coordinator (``coord.request_stop(ex)``, ``stop_on_exception``)
+  lets the next runs go ahead; ``SingularMonitoredSession.should_stop()`` raises it, a
+  ``MonitoredSession``'s says True, as TF's (its recoverable session turns the error into a stop);
 * exit: ``end(session)`` on every hook on a clean exit only (``OutOfRangeError``,
-  ``StopIteration`` and ``TrainingStopped`` are clean and suppressed by the ``with`` block), then
+  ``StopIteration`` and ``TrainingStopped`` are clean and suppressed by the ``with`` block; a thread's
+  error recorded does not skip it, as TF's, and is raised after the stop, over the block's own), then
   the Supervisor stops: a final checkpoint of the last completed step unless the block failed; a
   second close is ``end(None)`` on every hook, then ``RuntimeError``, as TF's. TF's in-process
   recovery (``AbortedError``/``UnavailableError``) is the watchdog restarting the trainer.
@@ -79,6 +83,7 @@ class _MonitoredSession:
         self._graph: Optional[GraphMonitoredSession | ForeignMonitoredSession] = None
         self._hooks = list(hooks)
         self._creator = session_creator
+        self._recover = should_recover
         self._stop_requested = False
         self._closed = False
         if not hasattr(session_creator, "supervisor_options"):  # not procsv's kind: TF's session around it
@@ -104,6 +109,7 @@ class _MonitoredSession:
         session_creator.scaffold.finalize()
         self._raw: RawSession = session_creator.create_session()
         self._sv = session_creator.supervisor
+        self._sv.coord.suppress_no_exception()  # as TF's MonitoredSession's coordinator
         self._nan_watched = nan_watch.watched_hooks(self._sv, self._hooks)
         try:
             for h in self._hooks:
@@ -126,8 +132,13 @@ class _MonitoredSession:
         return self._graph.supervisor if self._graph is not None else self._sv
 
     def should_stop(self) -> bool:
+        """True once a stop was asked; a ``SingularMonitoredSession`` raises the error a thread of the
+        program reported to the coordinator, as TF's (a ``MonitoredSession`` says True: TF's recoverable
+        session turns the error into a stop, and the close raises it)."""
         if self._graph is not None:
             return self._graph.should_stop()
+        if not self._recover and not self._closed:
+            self._sv.coord.raise_program_error()
         return self._stop_requested or bool(self._sv.should_stop())
 
     def run(self, fetches: Any, *args: Any, **kwargs: Any) -> Any:
@@ -258,8 +269,10 @@ class _MonitoredSession:
         return clean
 
     def _close_internal(self, exc: Optional[BaseException]) -> None:
-        """``exc``: what the block raised (None: a clean exit). A failure recorded elsewhere (a
-        checkpoint failure, a thread's error) also skips ``end()`` and is raised after the stop."""
+        """``exc``: what the block raised (None: a clean exit). As TF's, a thread's error recorded in the
+        coordinator does not skip ``end()`` (TF's close runs the hooks' ``end()``, then its coordinator's
+        join raises the error): it is raised after the stop, over what the block or ``end()`` raised.
+        procsv's own failure recorded there (a checkpoint failure) skips ``end()``."""
         if self._closed:  # as TF: a second close (close() inside a ``with`` block) is an error,
             try:  # after the hooks' end() once more, with the session gone
                 for h in self._hooks if exc is None else ():
@@ -268,13 +281,15 @@ class _MonitoredSession:
                 raise RuntimeError("Session is already closed.")  # noqa: B012 (TF's: it replaces what end() raised)
         self._closed = True
         sv = self._sv
-        if exc is None and sv.coord.exception is None:
+        if exc is None and sv.coord.procsv_failure is None:
             try:
                 for h in self._hooks:
                     h.end(self._raw)
             except BaseException as err:
                 sv.request_stop(err)
                 stop_quietly(sv)
+                if sv.coord.exception is not None and sv.coord.exception is not err:
+                    raise sv.coord.exception  # as TF's: its coordinator's join raises the error over end()'s
                 raise
         elif exc is not None:
             sv.request_stop(exc)
