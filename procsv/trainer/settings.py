@@ -35,6 +35,12 @@ class Settings:
     init_fn: Optional[Callable[[Any], None]]
     checkpoint_basename: str
 
+    def change(self, name: str, value: Any) -> None:
+        """Set the setting ``name`` (the Supervisor's property of that name, typed there, is the one caller)."""
+        if name not in {f.name for f in dataclasses.fields(self)}:
+            raise AttributeError(f"no setting {name!r}")
+        setattr(self, name, value)
+
 
 class Forward(Generic[P, R]):
     """A method of the Supervisor that is a collaborator's: ``log_scalar = Forward(SummaryLog.log_scalar,

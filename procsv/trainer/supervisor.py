@@ -293,7 +293,7 @@ class Supervisor(SupervisorNames):
 
     @save_summaries_secs.setter
     def save_summaries_secs(self, value: Optional[float]) -> None:
-        self._settings.save_summaries_secs = value
+        self._settings.change("save_summaries_secs", value)
 
     @property
     def summary_fn(self) -> Optional[Callable[[], Mapping[str, Any]]]:
@@ -301,7 +301,7 @@ class Supervisor(SupervisorNames):
 
     @summary_fn.setter
     def summary_fn(self, value: Optional[Callable[[], Mapping[str, Any]]]) -> None:
-        self._settings.summary_fn = value
+        self._settings.change("summary_fn", value)
 
     @property
     def stop_grace_secs(self) -> float:
@@ -309,7 +309,7 @@ class Supervisor(SupervisorNames):
 
     @stop_grace_secs.setter
     def stop_grace_secs(self, value: float) -> None:
-        self._settings.stop_grace_secs = value
+        self._settings.change("stop_grace_secs", value)
 
     @property
     def recovery_wait_secs(self) -> float:
@@ -317,7 +317,7 @@ class Supervisor(SupervisorNames):
 
     @recovery_wait_secs.setter
     def recovery_wait_secs(self, value: float) -> None:
-        self._settings.recovery_wait_secs = value
+        self._settings.change("recovery_wait_secs", value)
 
     @property
     def init_fn(self) -> Optional[Callable[[Any], None]]:
@@ -325,7 +325,7 @@ class Supervisor(SupervisorNames):
 
     @init_fn.setter
     def init_fn(self, value: Optional[Callable[[Any], None]]) -> None:
-        self._settings.init_fn = value
+        self._settings.change("init_fn", value)
 
     @property
     def checkpoint_basename(self) -> str:
@@ -333,7 +333,7 @@ class Supervisor(SupervisorNames):
 
     @checkpoint_basename.setter
     def checkpoint_basename(self, value: str) -> None:
-        self._settings.checkpoint_basename = value
+        self._settings.change("checkpoint_basename", value)
 
     # ----------------------------------------------------------------- session lifecycle
     def managed_session(self, master: str = "", config: Any = None, start_standard_services: bool = True,
