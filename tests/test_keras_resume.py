@@ -26,9 +26,15 @@ def test_nothing_restored_begins_at_the_fits_own_first_epoch():
 
 
 def test_a_fit_after_a_completed_fit_begins_at_its_own_first_epoch_not_where_the_completed_one_ended():
-    # the first fit's final commit recorded the second's beginning: (fits 1, epoch 0, batch 0)
-    where = begin(1, (1, 0, 0), 8)
+    # the first fit's final commit recorded the position past its last epoch: (fits 0, epoch 4, batch 0)
+    where = begin(1, (0, 4, 0), 8)
     assert where == Begin(None, 0, 1) and not where.resumes
+    assert begin(1, (0, 3, 6), 8) == Begin(None, 0, 1)  # (an older procsv's final commit: the last epoch's end)
+    assert begin(1, (1, 0, 0), 8) == Begin(None, 0, 1)  # its own beginning
+
+
+def test_a_completed_fit_rerun_resumes_past_its_last_epoch_so_more_epochs_train_only_the_added_ones():
+    assert begin(0, (0, 4, 0), 6) == Begin(4, 0, 0)
 
 
 def test_a_restarted_programs_fit_that_completed_before_the_kill_trains_nothing():
@@ -51,6 +57,6 @@ def test_a_resume_position_never_lies_at_or_past_the_end_of_the_epochs_batches(b
     assert whole_epochs(3, batch, None) == (3, batch)  # the epoch's batches not known: as recorded
 
 
-def test_a_state_of_an_earlier_fit_begins_the_fit_at_its_first_epoch_and_is_said():
-    where = begin(2, (1, 3, 4), 8)
-    assert where.earlier and where.epoch is None and where.fits == 2 and not where.passed
+def test_a_state_of_an_earlier_fit_begins_the_fit_at_its_first_epoch():
+    assert begin(2, (1, 3, 4), 8) == Begin(None, 0, 2)
+    assert begin(2, (0, 4, 0), None) == Begin(None, 0, 2)

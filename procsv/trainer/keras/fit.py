@@ -22,6 +22,8 @@ also returns the batch and its own loss), so that ``--on-nonfinite rollback`` ca
 earlier state in place and train the batches since then again (:mod:`procsv.trainer.keras.rollback`).
 A ``fit`` that raised never reaches ``on_train_end``: the next ``fit`` of its thread ends its session
 (:meth:`BackupAndRestore.end_interrupted`) before it begins, as Keras' own callback would find its backup.
+A program's several fits of one directory: each position names the fit it is in, and where each fit
+begins after a restore is :func:`procsv.trainer.keras.resume.begin`'s decision.
 
 One concern: Keras' ``fit`` as a procsv session, from its restore to its last commit.
 """
@@ -228,9 +230,6 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
                     else "at its beginning")
             print(f"procsv: fit {done + 1} of this program completed before the restart: it trains nothing (the "
                   f"state restored is fit {where.fits + 1}'s, {held})", flush=True)
-        elif where.earlier:
-            print(f"procsv: warning: the state restored is of fit {fits + 1} of this program, not of its fit "
-                  f"{done + 1}, which begins at its first epoch from it", file=sys.stderr, flush=True)
         for reason in input_position.inexact_reasons(inp):
             print(f"procsv: warning: a resumed fit will not be bit-exact: {reason}", file=sys.stderr, flush=True)
         if where.resumes:
@@ -294,11 +293,11 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             fit_rollback = self._rollback  # steps a rollback did not train again, and no batch left: exit 4
             stop_untrained(sv.front_end.rollback, fit_rollback.gap if fit_rollback is not None else self._gap,
                            PAST_CAP if fit_rollback is not None else UNTESTED)
-            # completed: the position committed now is the next fit's beginning (a restarted program's run of
-            # this fit trains nothing; the next fit begins at its own first epoch), as Keras' next fit finds no backup
+            # completed: the position committed now is past its last epoch (a restarted program's run of it
+            # trains nothing), and the next fit, counted after it, begins at its own first epoch
             where = _directory(sv)
             _COMPLETED[where] = _COMPLETED.get(where, 0) + 1
-            self._at.completed(_COMPLETED[where])
+            self._at.past_epoch_end()
         self.sv = None
         if self.delete_checkpoint and not self._stopped_mid_epoch and not self._at.passed:  # (a later fit's: kept)
             sv.commit_checkpoint()  # the position reached, as stop() would (stop() then has nothing left to commit)

@@ -5,10 +5,11 @@ begins (after the Supervisor's restore) and before each snapshot. A program may 
 once with one backup directory (TensorFlow's multi-worker Keras tutorial and fault-tolerance migration
 guide: fit, then fit more, or on another dataset). Under ``procsv launch`` a restart runs the program
 from its top again, so the position a snapshot records names which of the program's fits it is in:
-``fits``, the number of fits of that directory the program had completed before it. Then, after a
-restart, a fit that had completed before the kill trains nothing (the state restored is a later
-fit's), the fit that was killed resumes where it was, and a fit that follows a completed one begins
-at its own first epoch, never at the position where the one before it ended.
+``fits``, the number of fits of that directory the program had completed before it (a completed
+fit's final commit records the position past its last epoch, its own). Then, after a restart, a fit
+that had completed before the kill trains nothing (the state restored is a later fit's), the fit that
+was killed resumes where it was, and a fit that follows a completed one begins at its own first
+epoch, never at the position where the one before it ended.
 
 ``fits`` is packed with the epoch in the one ``fit/epoch`` variable of procsv's checkpoints
 (:func:`pack`, :func:`unpack`): a checkpoint of an older procsv, which has no other variable for it,
@@ -47,14 +48,12 @@ def whole_epochs(epoch: int, batch: int, steps: Optional[int]) -> tuple[int, int
 class Begin:
     """How one fit begins. ``epoch``: the epoch its loop begins at (None: its own ``initial_epoch``);
     ``batch``: the batches of that epoch done before (drawn again, not trained); ``fits``: the fits the
-    position it records counts before it; ``passed``: it completed before a restart, it trains nothing;
-    ``earlier``: the state restored is of a fit before it (its own completed fits' commits are missing)."""
+    position it records counts before it; ``passed``: it completed before a restart, it trains nothing."""
 
     epoch: Optional[int]
     batch: int
     fits: int
     passed: bool = False
-    earlier: bool = False
 
     @property
     def resumes(self) -> bool:
@@ -71,9 +70,7 @@ def begin(done: int, restored: Optional[tuple[int, int, int]], steps: Optional[i
     fits, epoch, batch = restored
     if fits > done:  # the state is of a later fit of the program: this one completed before the restart
         return Begin(epoch, batch, fits, passed=True)
-    if fits < done:
-        return Begin(None, 0, done, earlier=True)
-    if (epoch, batch) == (0, 0):  # its beginning (the fit before it completed there): its own first epoch
+    if fits < done or (epoch, batch) == (0, 0):  # the end of a fit before it (completed here), or its beginning
         return Begin(None, 0, done)
     epoch, batch = whole_epochs(epoch, batch, steps)
     return Begin(epoch, batch, done)

@@ -103,12 +103,6 @@ class FitPosition:
         self.batch = self.live_batch = batch
         self.fits, self.passed = fits, passed
 
-    def completed(self, fits: int) -> None:
-        """fit completed, the program's ``fits``-th of its directory: a snapshot now records the next fit's
-        beginning (unless this fit had passed: the position is a later fit's)."""
-        if not self.passed:
-            self.restored(0, 0, fits)
-
     def begin_epoch(self, epoch: int) -> None:
         """fit's loop begins ``epoch``: no batch done in it yet."""
         self.epoch = self.live_epoch = epoch
