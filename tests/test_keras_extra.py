@@ -78,7 +78,7 @@ def test_a_sigkill_in_a_programs_second_fit_passes_the_completed_first_and_resum
                                    os.path.join(short_tmp, "procsv.killed"), "--logdir", logdir,
                                    target=TWO_FITS, opts=("--standby", "fork")), 240)
     assert code == 0, err
-    assert any(e["event"] == "exited" and e.get("signal") == "SIGKILL" for e in lifecycle(logdir)), err
+    assert any(e["event"] == "exited" and e.get("signal") == "SIGKILL" for e in lifecycle(logdir)), (out, err)
     first, second = _fit_lines(out, "[trainer.1]"), _fit_lines(out, "[trainer.2]")
     assert first == plain_lines[:2], (first, plain_lines)  # the first fit completed, then the kill
     # the restart: the completed first fit trains nothing, the second resumes at its third epoch's first batch

@@ -8,7 +8,8 @@ committing the position it reached, and resumes where Keras's own callback resum
 process (plain python: procsv's two services start as child processes), against Keras's own
 ``keras.callbacks.BackupAndRestore`` in the same program: the guide's raise at an epoch's start, one at
 an epoch's end, a dataset of unknown cardinality, and a fit of another directory in between (the last
-three found by an attack).
+three found by an attack). Also a fit after a completed fit (fit, then fit more on another dataset:
+``tests/programs/keras_two_fits.py``), which before "resumed" the first.
 """
 
 from __future__ import annotations
