@@ -1,13 +1,15 @@
-"""procsv.keras.BackupAndRestore given Keras' own arguments, in real processes under ``procsv launch``."""
+"""procsv.keras.BackupAndRestore given Keras' own arguments and programs, in real processes under ``procsv launch``."""
 
 from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
+import numpy as np
 import pytest
 
-from conftest import PROGRAMS, committed_steps, finish, launch
+from conftest import PROGRAMS, committed_steps, finish, launch, lifecycle, quiet_env, run_python
 
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
@@ -25,3 +27,64 @@ def test_save_before_preemption_false_is_accepted_with_one_warning_and_fit_runs(
     by_process = [re.match(r"\[(\S+)\]", line).group(1) for line in said]  # a hot standby runs the program too
     assert "trainer.1" in by_process and len(by_process) == len(set(by_process)), said  # once per process
     assert committed_steps(logdir)[-1] == 16  # 2 epochs of 8 batches, committed
+
+
+TWO_FITS = os.path.join(PROGRAMS, "keras_two_fits.py")
+
+
+def _fit_lines(out: str, prefix: str = "") -> list[str]:
+    """The ``fit N ...`` lines ``keras_two_fits.py`` printed (``prefix``: of one process of a launch)."""
+    return [line[len(prefix):].strip() for line in out.splitlines()
+            if line.startswith(prefix) and line[len(prefix):].strip().startswith("fit ")]
+
+
+def _npz(path: str) -> list[Any]:
+    with np.load(path) as data:
+        return [data[f"arr_{i}"] for i in range(len(data.files))]
+
+
+def _same(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(x.tobytes() == y.tobytes() for x, y in zip(a, b))
+
+
+def _losses(lines: list[str], fit: int) -> list[float]:
+    return [float(v) for v in next(line for line in lines if line.startswith(f"fit {fit} losses"))
+            .split(" ", 3)[3].strip("[]").split(",") if v.strip()]
+
+
+def test_a_sigkill_in_a_programs_second_fit_passes_the_completed_first_and_resumes_the_second_exactly(short_tmp):
+    # the multi-worker tutorial's and the migration guide's pattern: fit, then fit more (another dataset), one
+    # BackupAndRestore; the program SIGKILLs itself in the second fit's third epoch (its beginning committed)
+    def keras_run(name: str, *extra: str) -> Any:
+        return run_python([TWO_FITS, "keras", os.path.join(short_tmp, f"{name}.npz"), "--backup",
+                           os.path.join(short_tmp, name), *extra], env=quiet_env(), timeout=120)
+
+    plain = keras_run("plain")
+    assert plain.returncode == 0, plain.stderr
+    plain_lines, plain_weights = _fit_lines(plain.stdout), _npz(os.path.join(short_tmp, "plain.npz"))
+    kill = ("--kill-at", "2", "--marker", os.path.join(short_tmp, "keras.killed"))
+    assert keras_run("keras", *kill).returncode == -9
+    again = keras_run("keras", *kill)
+    assert again.returncode == 0, again.stderr
+    # Keras' own, rerun: its first fit restores the second's backup and trains that fit's last 2 epochs on the
+    # second's weights, deletes the backup, and its second fit begins at epoch 2 again (Keras leaves the
+    # model's _initial_epoch as it restored it): trained twice over, not the uninterrupted weights
+    theirs = _fit_lines(again.stdout)
+    assert [line for line in theirs if "began" in line] == ["fit 1 began at epoch 2", "fit 2 began at epoch 2"]
+    assert not _same(_npz(os.path.join(short_tmp, "keras.npz")), plain_weights)
+
+    logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "procsv.npz")
+    code, out, err = finish(launch(logdir, "procsv", out_path, "--kill-at", "2", "--marker",
+                                   os.path.join(short_tmp, "procsv.killed"), "--logdir", logdir,
+                                   target=TWO_FITS, opts=("--standby", "fork")), 240)
+    assert code == 0, err
+    assert any(e["event"] == "exited" and e.get("signal") == "SIGKILL" for e in lifecycle(logdir)), (out, err)
+    first, second = _fit_lines(out, "[trainer.1]"), _fit_lines(out, "[trainer.2]")
+    assert first == plain_lines[:2], (first, plain_lines)  # the first fit completed, then the kill
+    # the restart: the completed first fit trains nothing, the second resumes at its third epoch's first batch
+    # (before: the first fit resumed the second's position, and the second "resumed" the first's end)
+    assert second[:3] == ["fit 1 began at epoch none", "fit 1 losses []", "fit 2 began at epoch 2"], (second, err)
+    assert "procsv: fit 1 of this program completed before the restart: it trains nothing" in out, out
+    assert "procsv: fit resumes at epoch 3, batch 1" in out, out
+    assert _losses(second, 2) == _losses(plain_lines, 2)[2:]  # its logged loss: the training loss, of each epoch
+    assert _same(_npz(out_path), plain_weights)  # each epoch of each fit trained once: the uninterrupted weights

@@ -81,7 +81,8 @@ def _bit_identical(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
 
 
 def _position(prefix: str) -> tuple[int, int, int]:
-    """(epoch, batch done in it, batches trained in all) of a committed checkpoint, read by TF."""
+    """(epoch, batch done in it, batches trained in all) of a committed checkpoint, read by TF (the program's
+    first fit: ``fit/epoch`` is the epoch alone, :mod:`procsv.trainer.keras.resume`)."""
     reader = tf.train.load_checkpoint(prefix)
     get = reader.get_tensor
     return (int(get("fit/epoch/.ATTRIBUTES/VARIABLE_VALUE")), int(get("fit/batch/.ATTRIBUTES/VARIABLE_VALUE")),
@@ -137,8 +138,8 @@ def test_a_full_fit_under_procsv_equals_plain_fit_and_logs_its_scalars_through_t
         full_fit, reference):
     logdir, out_path = os.path.join(full_fit, "run"), os.path.join(full_fit, "w.npz")
     assert _bit_identical(_weights(out_path), reference("tfdata", FULL_EPOCHS))  # the callback changes nothing
-    assert _position(tf.train.latest_checkpoint(logdir)) == (FULL_EPOCHS - 1, BATCHES_PER_EPOCH,
-                                                             FULL_EPOCHS * BATCHES_PER_EPOCH)
+    # the completed fit's final commit: past its last epoch (a rerun of the program's fit trains nothing of it)
+    assert _position(tf.train.latest_checkpoint(logdir)) == (FULL_EPOCHS, 0, FULL_EPOCHS * BATCHES_PER_EPOCH)
     acc = EventAccumulator(logdir, size_guidance={"tensors": 0, "scalars": 0})
     acc.Reload()
     tags = set(acc.Tags()["tensors"]) | set(acc.Tags()["scalars"])

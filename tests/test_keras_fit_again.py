@@ -8,7 +8,8 @@ committing the position it reached, and resumes where Keras's own callback resum
 process (plain python: procsv's two services start as child processes), against Keras's own
 ``keras.callbacks.BackupAndRestore`` in the same program: the guide's raise at an epoch's start, one at
 an epoch's end, a dataset of unknown cardinality, and a fit of another directory in between (the last
-three found by an attack).
+three found by an attack). Also a fit after a completed fit (fit, then fit more on another dataset:
+``tests/programs/keras_two_fits.py``), which before "resumed" the first.
 """
 
 from __future__ import annotations
@@ -134,3 +135,38 @@ def test_fit_again_after_a_fit_of_another_backup_dir_in_between_resumes_where_ke
     theirs, _ = _three_fits(keras.callbacks.BackupAndRestore, str(tmp_path / "ka"), str(tmp_path / "kb"))
     ours, secs = _three_fits(procsv.keras.BackupAndRestore, str(tmp_path / "pa"), str(tmp_path / "pb"))
     assert theirs == [2, 3] and ours == theirs and secs < 60, (theirs, ours, secs)
+
+
+def _two_fits(side: str, folder: str, capsys: Any) -> tuple[list[str], list[Any]]:
+    """``tests/programs/keras_two_fits.py`` run in this process with ``side``'s callback (no kill): the lines
+    it printed of each fit (the epoch it began, its training losses) and its final weights."""
+    import importlib.util
+    import os
+
+    import numpy as np
+
+    from conftest import PROGRAMS
+
+    spec = importlib.util.spec_from_file_location("keras_two_fits", os.path.join(PROGRAMS, "keras_two_fits.py"))
+    assert spec is not None and spec.loader is not None
+    program = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(program)
+    capsys.readouterr()
+    out = os.path.join(folder, f"{side}.npz")
+    assert program.main([side, out, "--backup", os.path.join(folder, side)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fit ")]
+    with np.load(out) as data:
+        return lines, [data[f"arr_{i}"] for i in range(len(data.files))]
+
+
+def test_a_fit_after_a_completed_fit_begins_at_its_first_epoch_and_logs_its_training_loss_as_kerass(
+        short_tmp, capsys):
+    # the multi-worker tutorial's pattern: fit, then fit more on another dataset, one callback. Before, the
+    # second fit "resumed" the completed first ("fit resumes at epoch 4, batch 7" of its 8-batch epochs: the
+    # first's 6 batches of its last epoch), trained 2 batches, and logged as its loss the first fit's
+    # validation metrics mixed with them
+    theirs, keras_weights = _two_fits("keras", short_tmp, capsys)
+    ours, weights = _two_fits("procsv", short_tmp, capsys)
+    assert [line for line in theirs if "began" in line] == ["fit 1 began at epoch 0", "fit 2 began at epoch 0"]
+    assert ours == theirs  # the epoch each began, and the training loss of each epoch, equal
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(weights, keras_weights))

@@ -22,6 +22,8 @@ also returns the batch and its own loss), so that ``--on-nonfinite rollback`` ca
 earlier state in place and train the batches since then again (:mod:`procsv.trainer.keras.rollback`).
 A ``fit`` that raised never reaches ``on_train_end``: the next ``fit`` of its thread ends its session
 (:meth:`BackupAndRestore.end_interrupted`) before it begins, as Keras' own callback would find its backup.
+A program's several fits of one directory: each position names the fit it is in, and where each fit
+begins after a restore is :func:`procsv.trainer.keras.resume.begin`'s decision.
 
 One concern: Keras' ``fit`` as a procsv session, from its restore to its last commit.
 """
@@ -41,6 +43,7 @@ from procsv.common import bootstrap
 from procsv.common.errors import TrainingStopped, UsageError
 from procsv.ipc.messages import Busy
 from procsv.trainer.keras import input_position
+from procsv.trainer.keras import resume
 from procsv.trainer.keras import step_warmup
 from procsv.trainer.keras.replay import BatchReplay, default_cap, keras_tested, untested_keras_line
 from procsv.trainer.keras.rollback import PAST_CAP, UNTESTED, FitPosition, FitRollback, not_trained_again, stop_untrained
@@ -54,6 +57,9 @@ SaveFreq = Union[str, int, bool]
 # the callback whose fit last began, by thread: the next fit of that thread ends its session if that fit
 # raised (BackupAndRestore.on_train_begin), whatever directory either backs up
 _LIVE: dict[int, "BackupAndRestore"] = {}
+# the fits this process completed, by backup directory (its real path): the number the positions of its next
+# fit record, and where a restarted program's fits begin (procsv.trainer.keras.resume)
+_COMPLETED: dict[str, int] = {}
 
 
 class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras ships no type information
@@ -63,8 +69,11 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
     (``"epoch"``, every N batches, or ``False``: only at the end and on preemption),
     ``double_checkpoint`` (accepted: procsv keeps ``max_to_keep`` verified checkpoints and falls
     back to an older one on its own), ``delete_checkpoint`` (remove procsv's checkpoints of this
-    directory when ``fit`` completes; default False, unlike Keras, because the directory is also
-    the run's logdir), ``save_before_preemption`` (commit the position on SIGTERM; always on:
+    directory when ``fit`` completes; default False, unlike Keras: the directory is also the run's
+    logdir, and a program killed after one fit completed, before the next fit's first checkpoint,
+    would begin that fit again from its first batch. Kept or not, a fit after a completed one begins
+    at its own first epoch, and a restarted program's fits that completed train nothing:
+    :mod:`procsv.trainer.keras.resume`), ``save_before_preemption`` (commit the position on SIGTERM; always on:
     ``False`` is accepted, so that switching from Keras' callback is a one-word change, and
     warned about once, since procsv always commits the position reached when asked to stop).
 
@@ -208,17 +217,28 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         if warm is not None:  # traced and instantiated now: in a hot standby, before it waits
             sv.warm_up(*warm)
         self._sess = sv.prepare_or_wait_for_session()
-        at.restored(*whole_epochs(int(self.epoch_var.numpy()), int(self.batch_var.numpy()), self.params.get("steps")))
+        done = _COMPLETED.get(_directory(sv), 0)
+        fits, epoch = resume.unpack(int(self.epoch_var.numpy()))
+        where = resume.begin(done, (fits, epoch, int(self.batch_var.numpy())) if sv.restored_from else None,
+                             self.params.get("steps"))
+        at.restored(where.epoch or 0, where.batch, where.fits, where.passed)
+        # the epoch fit's loop begins at (None: its own initial_epoch; Keras' own leaves the last one it restored,
+        # so that a later fit began there too); a fit that completed before the restart: none of its epochs
+        model._initial_epoch = max(int(self.params.get("epochs") or 0), at.epoch) if where.passed else where.epoch
+        if where.passed:
+            held = (f"at epoch {at.epoch + 1}, batch {at.batch + 1}" if (at.epoch, at.batch) != (0, 0)
+                    else "at its beginning")
+            print(f"procsv: fit {done + 1} of this program completed before the restart: it trains nothing (the "
+                  f"state restored is fit {where.fits + 1}'s, {held})", flush=True)
         for reason in input_position.inexact_reasons(inp):
             print(f"procsv: warning: a resumed fit will not be bit-exact: {reason}", file=sys.stderr, flush=True)
-        if sv.restored_from:
+        if where.resumes:
             epoch, batch = at.epoch, at.batch
             self.resumed_at = (epoch, batch)
             # the epoch's metrics so far, put back at its start (none at an epoch's first batch: they begin anew)
             self._saved_metrics = [np.array(v.numpy()) for v in model.metrics_variables] if batch else []
             replay = input_position.replay_epochs(inp, epoch, report=self._report_replay)
             self.replayed_batches = replay.drawn + batch
-            model._initial_epoch = epoch
             self._skip, self._skip_epoch = batch, epoch
             replayed = ""
             if epoch:
@@ -273,8 +293,13 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             fit_rollback = self._rollback  # steps a rollback did not train again, and no batch left: exit 4
             stop_untrained(sv.front_end.rollback, fit_rollback.gap if fit_rollback is not None else self._gap,
                            PAST_CAP if fit_rollback is not None else UNTESTED)
+            # completed: the position committed now is past its last epoch (a restarted program's run of it
+            # trains nothing), and the next fit, counted after it, begins at its own first epoch
+            where = _directory(sv)
+            _COMPLETED[where] = _COMPLETED.get(where, 0) + 1
+            self._at.past_epoch_end()
         self.sv = None
-        if self.delete_checkpoint and not self._stopped_mid_epoch:
+        if self.delete_checkpoint and not self._stopped_mid_epoch and not self._at.passed:  # (a later fit's: kept)
             sv.commit_checkpoint()  # the position reached, as stop() would (stop() then has nothing left to commit)
             _delete_own_checkpoints(sv)  # while the checkpoint service is still connected
         sv.stop()  # commits the position reached (re-raises a recorded failure, as the Supervisor does)
@@ -372,7 +397,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         return rollback.settle(sess, front.saves)
 
     def _write_position(self) -> None:
-        self.epoch_var.assign(self._at.epoch)
+        self.epoch_var.assign(resume.pack(self._at.fits, self._at.epoch))
         self.batch_var.assign(self._at.batch)
 
     def _stop_here(self) -> Any:
@@ -392,14 +417,9 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             return None
 
 
-def whole_epochs(epoch: int, batch: int, steps: Optional[int]) -> tuple[int, int]:
-    """Where a fit resumes from a position that recorded (``epoch``, ``batch`` done in it) with ``steps``
-    batches an epoch (None: not known): a position at an epoch's end (a snapshot taken after its last
-    batch: a fit that raised in an epoch-end callback, or a final commit) resumes at the next epoch's
-    first batch, as Keras' own BackupAndRestore does, not inside the epoch it finished (pure)."""
-    if steps is not None and steps > 0 and batch >= steps:
-        return epoch + 1, 0
-    return epoch, batch
+def _directory(sv: Supervisor) -> str:
+    """The directory a fit backs up, as ``_COMPLETED`` names it (its real path; "": none)."""
+    return os.path.realpath(sv.layout.logdir) if sv.layout is not None else ""
 
 
 def replay_cap(given: Optional[int]) -> int:

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 
 from procsv.trainer.frontend.port import RollbackPort
 from procsv.trainer.keras.replay import LOGS, BatchReplay
+from procsv.trainer.keras.resume import unpack
 from procsv.trainer.managed import ManagedSession, follows_moves
 
 
@@ -65,7 +66,9 @@ class FitPosition:
     """Where one ``fit`` is. ``epoch``/``batch``: the position a snapshot records (the epoch, and the
     batches done in it); ``live_epoch``/``live_batch``: where fit's own loop is (a rollback's replay is
     behind it); ``epoch_starts``: the global step of each epoch's first batch (this fit's); ``spe``:
-    Keras' ``steps_per_execution`` (batches per global step)."""
+    Keras' ``steps_per_execution`` (batches per global step); ``fits``: the program's fits of this
+    directory completed before the position (:mod:`procsv.trainer.keras.resume`); ``passed``: this fit
+    completed before a restart (the position is a later fit's, which it keeps)."""
 
     spe: int = 1
     epoch: int = 0
@@ -74,6 +77,8 @@ class FitPosition:
     live_batch: int = 0
     epoch_starts: dict[int, int] = dataclasses.field(default_factory=dict)
     ended: bool = False  # fit's loop ended ``epoch`` (its epoch-end callbacks ran) and began no other since
+    fits: int = 0
+    passed: bool = False
 
     def of(self, step: int) -> Optional[tuple[int, int]]:
         """The (epoch, batch) of global step ``step``, Keras's indices from 0 (with ``steps_per_execution``
@@ -92,10 +97,11 @@ class FitPosition:
         """The position a snapshot records is (``epoch``, ``batch``): a rollback's, behind fit's loop."""
         self.epoch, self.batch = epoch, batch
 
-    def restored(self, epoch: int, batch: int) -> None:
+    def restored(self, epoch: int, batch: int, fits: int = 0, passed: bool = False) -> None:
         """fit starts at the position a restore (or an initialization) put in the variables."""
         self.epoch = self.live_epoch = epoch
         self.batch = self.live_batch = batch
+        self.fits, self.passed = fits, passed
 
     def begin_epoch(self, epoch: int) -> None:
         """fit's loop begins ``epoch``: no batch done in it yet."""
@@ -216,7 +222,7 @@ class FitRollback:
         """A rollback restored ``step``: the position a snapshot records is the restored one. If
         not every batch between it and fit's newest is kept, the steps from the first one missing
         are not trained again: said, and the bad step's retry given up (its batch is not kept)."""
-        self.position.record(int(self._epoch_var.numpy()), int(self._batch_var.numpy()))
+        self.position.record(unpack(int(self._epoch_var.numpy()))[1], int(self._batch_var.numpy()))
         kept = self.replay.kept
         first = next((s for s in range(step + 1, self.drawn + 1) if s not in kept), None)
         if first is None:

@@ -1,0 +1,100 @@
+"""Two ``fit`` calls in a row with one BackupAndRestore, the pattern of TensorFlow's multi-worker Keras
+tutorial and fault-tolerance migration guide (fit, then fit more on another dataset), killed once in
+the second: ``python keras_two_fits.py keras|procsv OUT [--kill-at EPOCH --marker FILE] [--backup DIR] [--logdir DIR]``.
+
+``keras``: Keras' own ``keras.callbacks.BackupAndRestore(DIR)``; ``procsv``: ``procsv.keras.BackupAndRestore``
+(``backup_dir=None`` under ``procsv launch``: the launch's logdir). Fit 1: 4 epochs of a 6-batch
+dataset; fit 2: 4 epochs of an 8-batch one; both with validation data, so that a model's metrics hold
+the validation values after each epoch. ``--kill-at EPOCH``: the program SIGKILLs itself at the end
+of fit 2's batch 2 of ``EPOCH`` (from 0), once (``FILE`` is made first; a run that finds it kills
+nothing), after the backup of ``EPOCH``'s beginning is on disk (``--logdir``, the launch's: once its
+checkpoint is committed there).
+
+Prints one line ``fit N began at epoch E`` (E: the first epoch its loop began, ``none`` if it trained
+no epoch) and ``fit N losses [...]`` (its History's training loss per epoch) for each fit, and writes
+the final weights to ``OUT`` (.npz).
+"""
+
+import os
+import signal
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+FIT1_BATCHES, FIT2_BATCHES, EPOCHS, BATCH = 6, 8, 4, 8
+
+
+def _data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    x = np.random.default_rng(seed).normal(size=(n, 8)).astype(np.float32)
+    return x, x[:, :4].argmax(axis=1).astype(np.int64)
+
+
+def _committed(logdir: str, step: int) -> bool:
+    """procsv's checkpoint of ``step`` is committed in ``logdir`` (its manifest is there)."""
+    return os.path.exists(os.path.join(logdir, ".procsv", "checkpoints", f"model.ckpt-{step}.json"))
+
+
+class Report(keras.callbacks.Callback):
+    """Which epoch each fit began, and the SIGKILL of ``--kill-at``."""
+
+    def __init__(self, fit: int, kill_at: int, marker: str, logdir: str) -> None:
+        super().__init__()
+        self.fit, self.kill_at, self.marker, self.logdir = fit, kill_at, marker, logdir
+        self.began: object = "none"
+        self.epoch = -1
+
+    def on_epoch_begin(self, epoch: int, logs: object = None) -> None:
+        self.epoch = epoch
+        if self.began == "none":
+            self.began = epoch
+
+    def on_train_batch_end(self, batch: int, logs: object = None) -> None:
+        if self.fit != 2 or batch != 2 or self.kill_at < 0 or os.path.exists(self.marker):
+            return
+        if self.epoch != self.kill_at:
+            return
+        if self.logdir:  # procsv: the epoch's beginning committed: the snapshot the kill must not lose
+            step = (FIT1_BATCHES + FIT2_BATCHES) * EPOCHS - FIT2_BATCHES * (EPOCHS - self.kill_at)
+            deadline = time.monotonic() + 60
+            while not _committed(self.logdir, step) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        open(self.marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main(argv: list[str]) -> int:
+    side, out = argv[0], argv[1]
+    kill_at = int(argv[argv.index("--kill-at") + 1]) if "--kill-at" in argv else -1
+    marker = argv[argv.index("--marker") + 1] if "--marker" in argv else ""
+    backup_dir = argv[argv.index("--backup") + 1] if "--backup" in argv else None
+    logdir = argv[argv.index("--logdir") + 1] if "--logdir" in argv else ""
+    save_freq = int(argv[argv.index("--save-freq") + 1]) if "--save-freq" in argv else "epoch"
+    keras.utils.set_random_seed(0)
+    tf.config.experimental.enable_op_determinism()
+    if side == "keras":
+        callback = keras.callbacks.BackupAndRestore(backup_dir=backup_dir, save_freq=save_freq)
+    else:
+        import procsv.keras
+
+        callback = procsv.keras.BackupAndRestore(backup_dir=backup_dir, save_freq=save_freq)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(4)])
+    model.compile(keras.optimizers.Adam(1e-2), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    for fit, batches, seed in ((1, FIT1_BATCHES, 1), (2, FIT2_BATCHES, 2)):
+        x, y = _data(batches * BATCH, seed)
+        val = _data(2 * BATCH, seed + 10)
+        report = Report(fit, kill_at, marker, logdir)
+        history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, validation_data=val,
+                            callbacks=[callback, report], verbose=0)
+        print(f"fit {fit} began at epoch {report.began}", flush=True)
+        print(f"fit {fit} losses {[float(v) for v in history.history.get('loss', [])]}", flush=True)
+    np.savez(out, *[w.numpy() for w in model.weights])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
