@@ -170,3 +170,29 @@ def test_a_fit_after_a_completed_fit_begins_at_its_first_epoch_and_logs_its_trai
     assert [line for line in theirs if "began" in line] == ["fit 1 began at epoch 0", "fit 2 began at epoch 0"]
     assert ours == theirs  # the epoch each began, and the training loss of each epoch, equal
     assert all(a.tobytes() == b.tobytes() for a, b in zip(weights, keras_weights))
+
+
+def test_a_fit_a_callback_ended_early_trains_nothing_when_the_restarted_program_runs_it_again(short_tmp, monkeypatch):
+    # found by an attack: fit 1 ended by EarlyStopping at epoch 2 of 20, then fit 2, killed in its first epoch
+    # (before its first checkpoint). Before, the final commit recorded epoch 2 (past the last epoch run), so the
+    # restarted program's fit 1 resumed at epoch 3 of 20 and trained 2 more epochs (a fresh EarlyStopping's
+    # patience), where the run without a kill (and Keras' own callback, which deleted its backup) trained none
+    import keras
+    import numpy as np
+
+    import procsv.keras
+    from procsv.trainer.keras import fit as keras_fit
+
+    def program() -> list[int]:
+        keras.utils.set_random_seed(0)
+        x = np.random.default_rng(0).normal(size=(32, 8)).astype(np.float32)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+        model.compile(keras.optimizers.SGD(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        stop = keras.callbacks.EarlyStopping(monitor="loss", min_delta=100.0, patience=1)  # stops after epoch 2
+        history = model.fit(x, x[:, :4].argmax(axis=1), batch_size=8, epochs=20, shuffle=False, verbose=0,
+                            callbacks=[procsv.keras.BackupAndRestore(backup_dir=short_tmp), stop])
+        return list(history.epoch)
+
+    assert program() == [0, 1]
+    monkeypatch.setattr(keras_fit, "_COMPLETED", {})  # a restarted program: no fit of this process completed
+    assert program() == []

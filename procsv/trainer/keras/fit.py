@@ -293,11 +293,12 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             fit_rollback = self._rollback  # steps a rollback did not train again, and no batch left: exit 4
             stop_untrained(sv.front_end.rollback, fit_rollback.gap if fit_rollback is not None else self._gap,
                            PAST_CAP if fit_rollback is not None else UNTESTED)
-            # completed: the position committed now is past its last epoch (a restarted program's run of it
-            # trains nothing), and the next fit, counted after it, begins at its own first epoch
+            # completed: the position committed now is past its last epoch, its epochs' even when a callback
+            # ended it early (a restarted program's run of it trains nothing), and the next fit, counted after
+            # it, begins at its own first epoch
             where = _directory(sv)
             _COMPLETED[where] = _COMPLETED.get(where, 0) + 1
-            self._at.past_epoch_end()
+            self._at.completed(int(self.params.get("epochs") or 0))
         self.sv = None
         if self.delete_checkpoint and not self._stopped_mid_epoch and not self._at.passed:  # (a later fit's: kept)
             sv.commit_checkpoint()  # the position reached, as stop() would (stop() then has nothing left to commit)

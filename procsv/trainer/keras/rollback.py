@@ -119,6 +119,13 @@ class FitPosition:
         if self.ended:
             self.record(self.epoch + 1, 0)
 
+    def completed(self, epochs: int) -> None:
+        """fit completed after ``epoch`` ended: a snapshot now records the position past its last epoch,
+        ``epochs`` (fit's own, or the next epoch if later), also when a callback ended it early (EarlyStopping's
+        ``stop_training``): a restarted program's run of it trains nothing, as the run that completed it."""
+        if self.ended:
+            self.record(max(self.epoch + 1, epochs), 0)
+
     def drawn_untrained(self, n: int) -> None:
         """``n`` batches trained before the interruption were drawn again, and not trained."""
         self.batch += n
