@@ -138,3 +138,36 @@ def test_the_stop_commits_through_sv_commit_checkpoint_a_subclass_override_too(l
             sess.run(lambda: v.assign_add(1.0))
     assert commits == [True]  # the final checkpoint, through the override
     assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-3")
+
+
+def test_a_subclass_keeps_its_own_logdir_and_graph_attributes_as_under_tf_and_tfs_properties_stay_read_only(logdir):
+    """A subclass written for TF's Supervisor may keep attributes named ``logdir`` or ``graph`` (TF's has
+    no public one of either name) before and after ``super().__init__``; TF's own properties
+    (``save_path``, ``init_op``, ...) are read-only, as TF's; every live setting says what it is."""
+    import tensorflow as tf
+
+    import procsv
+
+    for cls in (tf.compat.v1.train.Supervisor, procsv.Supervisor):
+        class Mine(cls):  # type: ignore[misc, valid-type]
+            def __init__(self, logdir: str, **kwargs: object) -> None:
+                self.logdir = logdir + "/mine"  # the program's own attribute, set before the base's __init__
+                self.graph = "its own"
+                super().__init__(logdir=logdir, **kwargs)
+
+        kwargs = {"checkpoint": {"v": tf.Variable(1.0)}} if cls is procsv.Supervisor else {}
+        if cls is tf.compat.v1.train.Supervisor:
+            with tf.Graph().as_default():
+                tf.compat.v1.train.get_or_create_global_step()
+                sv = Mine(logdir, save_model_secs=0, save_summaries_secs=0)
+        else:
+            sv = Mine(logdir, save_model_secs=0, save_summaries_secs=0, **kwargs)
+        assert (sv.logdir, sv.graph) == (logdir + "/mine", "its own"), cls
+        for name in ("save_path", "init_op", "saver", "summary_writer", "ready_op"):
+            with pytest.raises(AttributeError):
+                setattr(sv, name, None)
+        if cls is procsv.Supervisor:
+            sv.stop()
+    for name in ("save_summaries_secs", "summary_fn", "stop_grace_secs", "recovery_wait_secs", "init_fn",
+                 "checkpoint_basename", "save_path", "graph", "logdir"):
+        assert getattr(procsv.Supervisor, name).__doc__, name

@@ -11,6 +11,9 @@ Runs in the trainer process.
   override, and its ``super()``, work as with a method of the Supervisor's own); on the class it
   is a function taking the Supervisor first, with the collaborator's docstring and signature
   (``Supervisor.log_scalar(sv, ...)``, ``help()``).
+* :class:`ForwardValue`, declared there too, for the few values that are a collaborator's and that
+  TF's Supervisor does not have: read each time, and a subclass may shadow them (TF's own values
+  are the Supervisor's plain properties).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any, Callable, Concatenate, Generic, Mapping, Optional, Param
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 @dataclasses.dataclass
@@ -66,4 +70,31 @@ class Forward(Generic[P, R]):
     def __get__(self, obj: Optional[object], objtype: Optional[type] = None) -> Any:
         if obj is None:
             return self._through
+        return getattr(getattr(obj, self.collaborator), self.name)
+
+
+class ForwardValue(Generic[T]):
+    """A read-only value of the Supervisor that is a collaborator's and that TF's Supervisor does not
+    have (``graph``, ``logdir``, ``local_init_op``, ``summaries_dropped``), read each time. Not a data
+    descriptor, unlike a property: a subclass written for TF's Supervisor may keep an attribute of its
+    own under such a name (``self.logdir = ...`` before ``super().__init__``), as it could on TF's,
+    and then reads its own."""
+
+    def __init__(self, collaborator: str, doc: str = "") -> None:
+        self.collaborator = collaborator
+        self.name = ""
+        self.__doc__ = doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, objtype: Optional[type] = None) -> "ForwardValue[T]": ...
+
+    @overload
+    def __get__(self, obj: object, objtype: Optional[type] = None) -> T: ...
+
+    def __get__(self, obj: Optional[object], objtype: Optional[type] = None) -> Any:
+        if obj is None:
+            return self
         return getattr(getattr(obj, self.collaborator), self.name)

@@ -220,11 +220,7 @@ class Supervisor(SupervisorNames):
                         launch_start_step=self._config.resume.launch_start_step)
 
     # ----------------------------------------------------------------- TF's values: the collaborators'
-    @property
-    def graph(self) -> Any:
-        """The program's ``tf.Graph`` in graph mode; None in eager mode."""
-        return self._surface.graph
-
+    # (procsv's own values of that kind, which a subclass may shadow: SupervisorNames' ForwardValue)
     @property
     def init_op(self) -> Any:
         """TF's ``init_op`` (graph mode: the one given or the default built)."""
@@ -244,11 +240,6 @@ class Supervisor(SupervisorNames):
     def ready_for_local_init_op(self) -> Any:
         """TF's ``ready_for_local_init_op`` (graph mode: the one given or the default built)."""
         return self._surface.ready_for_local_init_op
-
-    @property
-    def local_init_op(self) -> Any:
-        """TF's ``local_init_op`` (graph mode: the one given or the default built)."""
-        return self._surface.local_init_op
 
     @property
     def session_manager(self) -> Any:
@@ -275,20 +266,11 @@ class Supervisor(SupervisorNames):
         """``<logdir>/<checkpoint_basename>``, or None (no logdir, or a non-chief), as TF's."""
         return self._surface.save_path
 
-    @property
-    def logdir(self) -> Optional[str]:
-        """The logdir, or None without one."""
-        return self._surface.logdir
-
-    @property
-    def summaries_dropped(self) -> int:
-        """Summaries this process had to drop so far."""
-        return self._summaries.summaries_dropped
-
     # ----------------------------------------------------------------- settings a program may change
     # (one Settings object the collaborators hold and read live: a value set after construction is used)
     @property
     def save_summaries_secs(self) -> Optional[float]:
+        """Seconds between the summaries written (``summary_op``/``summary_fn``); None or 0: none (a non-chief: None)."""
         return self._settings.save_summaries_secs
 
     @save_summaries_secs.setter
@@ -297,6 +279,7 @@ class Supervisor(SupervisorNames):
 
     @property
     def summary_fn(self) -> Optional[Callable[[], Mapping[str, Any]]]:
+        """The TF2 summary callable, called every ``save_summaries_secs`` at a step boundary (eager)."""
         return self._settings.summary_fn
 
     @summary_fn.setter
@@ -305,6 +288,7 @@ class Supervisor(SupervisorNames):
 
     @property
     def stop_grace_secs(self) -> float:
+        """How long ``stop()`` waits for the threads and the final checkpoint."""
         return self._settings.stop_grace_secs
 
     @stop_grace_secs.setter
@@ -313,6 +297,7 @@ class Supervisor(SupervisorNames):
 
     @property
     def recovery_wait_secs(self) -> float:
+        """How long a worker waits between looks for the chief's model (TF's)."""
         return self._settings.recovery_wait_secs
 
     @recovery_wait_secs.setter
@@ -321,6 +306,7 @@ class Supervisor(SupervisorNames):
 
     @property
     def init_fn(self) -> Optional[Callable[[Any], None]]:
+        """Called with the session to initialize the model when no checkpoint is restored."""
         return self._settings.init_fn
 
     @init_fn.setter
@@ -329,6 +315,7 @@ class Supervisor(SupervisorNames):
 
     @property
     def checkpoint_basename(self) -> str:
+        """The checkpoints' prefix in the logdir (``model.ckpt``)."""
         return self._settings.checkpoint_basename
 
     @checkpoint_basename.setter

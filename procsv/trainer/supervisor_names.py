@@ -4,17 +4,19 @@ Runs in the trainer process: :class:`SupervisorNames` is the base of
 :class:`procsv.trainer.supervisor.Supervisor` and holds only :class:`procsv.trainer.settings.Forward`
 declarations: each public method that belongs to a collaborator (the summary log, the coordinator,
 the TF1 surface, the step boundary, the warm-ups) is that collaborator's, with its signature and
-docstring. The Supervisor owns the collaborators and the session's lifecycle, and its public values
-and live settings are plain properties of its own; this table owns which public method is whose.
+docstring; and the few values that are a collaborator's and that TF's Supervisor does not have
+(:class:`procsv.trainer.settings.ForwardValue`: a subclass may shadow them, as on TF's). The
+Supervisor owns the collaborators and the session's lifecycle; its values in TF's surface and its
+live settings are plain properties of its own. This table owns which public name is whose.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from procsv.trainer.boundary import StepBoundary
 from procsv.trainer.coordinator import Coordinator
-from procsv.trainer.settings import Forward
+from procsv.trainer.settings import Forward, ForwardValue
 from procsv.trainer.standby.warmup import WarmUps
 from procsv.trainer.summaries.log import SummaryLog
 from procsv.trainer.tf1_args import USE_DEFAULT
@@ -22,7 +24,7 @@ from procsv.trainer.tf1_surface import Tf1Surface
 
 
 class SupervisorNames:
-    """The Supervisor's forwarded methods (see the module)."""
+    """The Supervisor's forwarded methods and procsv's own forwarded values (see the module)."""
 
     USE_DEFAULT: Any = USE_DEFAULT  # TF's: build the default piece (None turns that service off)
 
@@ -42,3 +44,8 @@ class SupervisorNames:
     loop = Forward(Tf1Surface.loop, "_surface")
     commit_checkpoint = Forward(StepBoundary.commit_checkpoint, "_boundary")
     warm_up = Forward(WarmUps.warm_up, "_warm_ups")
+    # the collaborators' values that TF's Supervisor does not have (a subclass may shadow them)
+    graph: ForwardValue[Any] = ForwardValue("_surface", "The program's tf.Graph in graph mode; None in eager mode.")
+    local_init_op: ForwardValue[Any] = ForwardValue("_surface", "The local init op (graph mode: the one given or the default built).")
+    logdir: ForwardValue[Optional[str]] = ForwardValue("_surface", "The logdir (the launch's under procsv launch), or None without one.")
+    summaries_dropped: ForwardValue[int] = ForwardValue("_summaries", "Summaries this process had to drop so far.")
