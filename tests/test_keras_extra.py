@@ -88,3 +88,27 @@ def test_a_sigkill_in_a_programs_second_fit_passes_the_completed_first_and_resum
     assert "procsv: fit resumes at epoch 3, batch 1" in out, out
     assert _losses(second, 2) == _losses(plain_lines, 2)[2:]  # its logged loss: the training loss, of each epoch
     assert _same(_npz(out_path), plain_weights)  # each epoch of each fit trained once: the uninterrupted weights
+
+
+FINETUNE = os.path.join(PROGRAMS, "keras_finetune.py")
+
+
+def test_a_sigkill_in_the_fine_tuning_tutorials_second_fit_resumes_it_and_the_first_reports_its_epochs(short_tmp):
+    # freeze, fit, unfreeze, a new optimizer, fit more from history.epoch[-1]; SIGKILL at fit 2's epoch 3's end.
+    # The restarted program's fit 1 (completed) trains nothing and must not restore fit 2's checkpoint into its
+    # frozen model and old optimizer (before: MismatchedCheckpoint), and its History names its epochs (before:
+    # empty, and history.epoch[-1] raised IndexError: a start-up crash loop)
+    plain = run_python([FINETUNE, "keras", os.path.join(short_tmp, "plain.npz"), "--backup", os.path.join(short_tmp, "k")],
+                       env=quiet_env(), timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "procsv.npz")
+    code, out, err = finish(launch(logdir, "procsv", out_path, "--kill-at", "3", "--marker",
+                                   os.path.join(short_tmp, "killed"), target=FINETUNE), 240)
+    assert code == 0, (out, err)
+    assert any(e["event"] == "exited" and e.get("signal") == "SIGKILL" for e in lifecycle(logdir)), (out, err)
+    second = _fit_lines(out, "[trainer.2]")
+    assert second == ["fit 1 epochs [0, 1, 2]", "fit 2 epochs [3, 4, 5]"], (out, err)  # epoch 3 again: its end
+    # was not yet committed (it is taken at the next batch boundary)
+    assert "procsv: fit 1 of this program completed before the restart: it trains nothing" in out, out
+    assert "procsv: fit resumes at epoch 4, batch 1" in out, out
+    assert _same(_npz(out_path), _npz(os.path.join(short_tmp, "plain.npz")))  # the uninterrupted weights

@@ -14,9 +14,13 @@ three found by an attack). Also a fit after a completed fit (fit, then fit more 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+import numpy as np
 import pytest
+
+from conftest import PROGRAMS, quiet_env, run_python
 
 pytestmark = pytest.mark.slow
 
@@ -196,3 +200,22 @@ def test_a_fit_a_callback_ended_early_trains_nothing_when_the_restarted_program_
     assert program() == [0, 1]
     monkeypatch.setattr(keras_fit, "_COMPLETED", {})  # a restarted program: no fit of this process completed
     assert program() == []
+
+
+FINETUNE = os.path.join(PROGRAMS, "keras_finetune.py")
+
+
+def test_the_fine_tuning_tutorial_runs_its_second_fit_on_the_model_in_memory(short_tmp):
+    # freeze, fit, unfreeze, a new optimizer, fit more from history.epoch[-1]: before, the second fit restored
+    # the first's checkpoint into the changed structure and raised MismatchedCheckpoint ("base/kernel")
+    runs = {}
+    for side in ("keras", "procsv"):
+        out = os.path.join(short_tmp, f"{side}.npz")
+        done = run_python([FINETUNE, side, out, "--backup", os.path.join(short_tmp, side)], env=quiet_env(),
+                          timeout=120)
+        assert done.returncode == 0, done.stderr
+        lines = [line for line in done.stdout.splitlines() if line.startswith("fit ")]
+        assert lines == ["fit 1 epochs [0, 1, 2]", "fit 2 epochs [2, 3, 4, 5]"], (side, done.stdout)
+        with np.load(out) as data:
+            runs[side] = [data[f"arr_{i}"] for i in range(len(data.files))]
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(runs["keras"], runs["procsv"]))  # as Keras' own

@@ -242,15 +242,17 @@ class CheckpointAgent:
 
     # ------------------------------------------------------------------ start
     def restore_or_init(self, init: Callable[[], None], pinned: Optional[restore_at_start.Pinned] = None,
-                        before: Optional[int] = None) -> list[str]:
+                        before: Optional[int] = None, target: Optional[Any] = None) -> list[str]:
         """Restore the newest committed checkpoint that verifies and restores; return the corrupt
         prefixes passed over. With none committed: a plain-TF checkpoint of the logdir, else ``init``.
 
         ``before``: only a checkpoint of a step below it (a group's rollback of step ``before``). Raises
         :class:`UnreadableCheckpoint` (a file stayed unreadable for ``read_retry.total_secs``) and
         :class:`NoRestorableCheckpoint` (all corrupt, not ``allow_reinit``): :mod:`.restore`'s rules.
+        ``target``: what is restored instead of the checkpoint object (a front-end's choice:
+        :meth:`procsv.trainer.frontend.port.FrontEnd.restore_into`); the global step is set either way.
         """
-        done = restore_at_start.restore_or_init(self.checkpoint, self.global_step, self.layout, init,
+        done = restore_at_start.restore_or_init(self.checkpoint if target is None else target, self.global_step, self.layout, init,
                                                   allow_reinit=self.restore_rules.allow_reinit,
                                                   read_retry=self.restore_rules.read_retry, clock=self.clock,
                                                   sleep=self.restore_rules.sleep, pinned=pinned, before=before)

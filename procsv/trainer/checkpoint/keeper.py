@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from procsv.common.bootstrap import ChildConfig
 from procsv.common.errors import CorruptCheckpoint
@@ -40,6 +40,9 @@ class CheckpointKeeper:
         self._setup: list[Callable[[CheckpointAgent], None]] = []
         self._channels: Optional[TrainerChannels] = None
         self.agent = make()
+        # what the next session's restore restores into instead of the agent's checkpoint object (None: that):
+        # an object with ``restore(path)`` as ``tf.train.Checkpoint``'s (FrontEnd.restore_into); used once
+        self.restore_target: Optional[Any] = None
 
     def attach(self, channels: TrainerChannels) -> None:
         """A session is prepared: the checkpoint service is reached through ``channels``."""
@@ -79,14 +82,15 @@ class CheckpointKeeper:
         ``config``: this trainer's (its group, and the rollback its attempt was started for)."""
         agent, channels = self.agent, self._channels
         assert channels is not None
+        target, self.restore_target = self.restore_target, None
         if pin_path:
-            return self._restore_group(GroupPin(pin_path), init, chief, restarted and not reused, config)
+            return self._restore_group(GroupPin(pin_path), init, chief, restarted and not reused, config, target)
         if restarted and chief and not reused and agent.memory.budget > 0:
             restore_at_start.recover_memory(channels)  # a dead trainer's in-memory snapshot, if the service held one
-        return agent.restore_or_init(init)
+        return agent.restore_or_init(init, target=target)
 
     def _restore_group(self, pin: GroupPin, init: Callable[[], None], chief: bool, restarted: bool,
-                       config: ChildConfig) -> list[str]:
+                       config: ChildConfig, target: Optional[Any] = None) -> list[str]:
         """A group member's restore: every member restores exactly what the chief pinned (a newer
         commit in between would diverge them): the group's in-memory snapshot of one step, each
         member its own copy (:mod:`~procsv.trainer.checkpoint.group_restore`), or one checkpoint."""
@@ -96,7 +100,7 @@ class CheckpointKeeper:
         if not chief:
             record = pin.wait()
             if record.memory_step is None:
-                return agent.restore_or_init(init, pinned=restore_at_start.Pinned(record.path))
+                return agent.restore_or_init(init, pinned=restore_at_start.Pinned(record.path), target=target)
             if group is None:
                 raise CorruptCheckpoint(f"the group's chief pinned its in-memory snapshot of step {record.memory_step}, "
                                         "and this member keeps none (PROCSV_GROUP_SNAPSHOT_STEPS differs)")
@@ -130,7 +134,7 @@ class CheckpointKeeper:
             agent.restored_memory(held[0], newest, peer=held[2], passed={m.step: m.revision for m in passed})
             pin.publish(PinRecord(None, held[0], held[1]))
             return []
-        skipped = agent.restore_or_init(init, before=before)
+        skipped = agent.restore_or_init(init, before=before, target=target)
         pin.publish(PinRecord(agent.restored_from or None))
         return skipped
 

@@ -189,6 +189,14 @@ class FrontEnd:
         each commits, until the listening is closed; None if nothing is saved."""
         return SaveListening(self._keeper.agent, before, after) if self._keeper is not None else None
 
+    def restore_into(self, target: Any) -> None:
+        """The next session's restore restores ``target`` (an object with ``restore(path)`` returning a
+        status, as ``tf.train.Checkpoint``: a part of the state, or an empty one when the state in memory is
+        already the newest) from the checkpoint it chooses, instead of the whole checkpoint object; the
+        global step is set from that checkpoint either way. Nothing if nothing is saved."""
+        if self._keeper is not None:
+            self._keeper.restore_target = target
+
     def request_checkpoint(self) -> None:
         """Checkpoint at the next step boundary (or in the final commit). Nothing if nothing is saved."""
         if self._keeper is not None:

@@ -40,9 +40,10 @@ import keras
 import numpy as np
 
 from procsv.common import bootstrap
-from procsv.common.errors import TrainingStopped, UsageError
+from procsv.common.errors import MismatchedCheckpoint, TrainingStopped, UsageError
 from procsv.ipc.messages import Busy
 from procsv.trainer.keras import input_position
+from procsv.trainer.keras import restore_target
 from procsv.trainer.keras import resume
 from procsv.trainer.keras import step_warmup
 from procsv.trainer.keras.replay import BatchReplay, default_cap, keras_tested, untested_keras_line
@@ -60,6 +61,9 @@ _LIVE: dict[int, "BackupAndRestore"] = {}
 # the fits this process completed, by backup directory (its real path): the number the positions of its next
 # fit record, and where a restarted program's fits begin (procsv.trainer.keras.resume)
 _COMPLETED: dict[str, int] = {}
+# the directories whose state is a model in this process's memory (its id): the last fit of it completed here
+# and trained (or resumed) it. The next fit of that model restores nothing (procsv.trainer.keras.restore_target)
+_HELD: dict[str, int] = {}
 
 
 class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras ships no type information
@@ -216,20 +220,38 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             warm = (batches.traced, warm[1])  # the step fit runs here: Keras' own, its batch kept
         if warm is not None:  # traced and instantiated now: in a hot standby, before it waits
             sv.warm_up(*warm)
+        directory = _directory(sv)
+        # a fit after one this process completed on this model: the model in memory is the state (the program may
+        # have changed its structure since: unfrozen layers, a new optimizer), nothing is restored; its checkpoints
+        # continue the step count. Any other: the whole state, or only the position when it does not match
+        in_memory = _HELD.get(directory) == id(model)
+        target = restore_target.WholeOrPosition(checkpoint, tf.train.Checkpoint(fit=checkpoint.fit))
+        front.restore_into(restore_target.Nothing() if in_memory else target)
         self._sess = sv.prepare_or_wait_for_session()
-        done = _COMPLETED.get(_directory(sv), 0)
+        done = _COMPLETED.get(directory, 0)
         fits, epoch = resume.unpack(int(self.epoch_var.numpy()))
-        where = resume.begin(done, (fits, epoch, int(self.batch_var.numpy())) if sv.restored_from else None,
+        restored = sv.restored_from is not None and not in_memory
+        where = resume.begin(done, (fits, epoch, int(self.batch_var.numpy())) if restored else None,
                              self.params.get("steps"))
-        at.restored(where.epoch or 0, where.batch, where.fits, where.passed)
+        if target.mismatch is not None and not where.passed:  # (a completed fit's: its later fit restores it)
+            self.sv = None
+            front.release()
+            raise MismatchedCheckpoint(f"checkpoint {sv.restored_from} does not match this program's state "
+                                       f"({target.mismatch}); restore it with the program that wrote it, or use a "
+                                       "new --logdir")
+        at.restored(where.epoch or 0, where.batch, where.fits, where.passed, inp.initial_epoch)
         # the epoch fit's loop begins at (None: its own initial_epoch; Keras' own leaves the last one it restored,
         # so that a later fit began there too); a fit that completed before the restart: none of its epochs
         model._initial_epoch = max(int(self.params.get("epochs") or 0), at.epoch) if where.passed else where.epoch
         if where.passed:
             held = (f"at epoch {at.epoch + 1}, batch {at.batch + 1}" if (at.epoch, at.batch) != (0, 0)
                     else "at its beginning")
-            print(f"procsv: fit {done + 1} of this program completed before the restart: it trains nothing (the "
-                  f"state restored is fit {where.fits + 1}'s, {held})", flush=True)
+            state = (f"the state restored is fit {where.fits + 1}'s, {held}" if target.mismatch is None else
+                     f"fit {where.fits + 1}'s state, {held}, does not match this fit's model and optimizer: not "
+                     f"restored here, fit {where.fits + 1} restores it")
+            print(f"procsv: fit {done + 1} of this program completed before the restart: it trains nothing ({state}); "
+                  f"its History lists its epochs {at.first + 1}-{self.params.get('epochs')}, without their logs",
+                  flush=True)
         for reason in input_position.inexact_reasons(inp):
             print(f"procsv: warning: a resumed fit will not be bit-exact: {reason}", file=sys.stderr, flush=True)
         if where.resumes:
@@ -298,6 +320,11 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             # it, begins at its own first epoch
             where = _directory(sv)
             _COMPLETED[where] = _COMPLETED.get(where, 0) + 1
+            if self._at.passed:  # the state is a later fit's, which that fit restores
+                _HELD.pop(where, None)
+                _passed_history(self._at.first, int(self.params.get("epochs") or 0))
+            else:
+                _HELD[where] = id(model)
             self._at.completed(int(self.params.get("epochs") or 0))
         self.sv = None
         if self.delete_checkpoint and not self._stopped_mid_epoch and not self._at.passed:  # (a later fit's: kept)
@@ -421,6 +448,16 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
 def _directory(sv: Supervisor) -> str:
     """The directory a fit backs up, as ``_COMPLETED`` names it (its real path; "": none)."""
     return os.path.realpath(sv.layout.logdir) if sv.layout is not None else ""
+
+
+def _passed_history(first: int, epochs: int) -> None:
+    """A fit that completed before the restart trained nothing: its History (what ``fit`` returns) lists the
+    epochs it ran then, ``first`` to ``epochs`` - 1 (``history.epoch[-1]`` names its last, as in the run
+    before the restart), with no logs: they are not known in this process (TensorBoard's have them)."""
+    callbacks = input_position.fit_frame().callbacks
+    for callback in getattr(callbacks, "callbacks", None) or ():
+        if isinstance(callback, keras.callbacks.History) and not callback.epoch:
+            callback.epoch = list(range(first, epochs))
 
 
 def replay_cap(given: Optional[int]) -> int:

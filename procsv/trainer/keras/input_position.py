@@ -47,6 +47,7 @@ class FitInput:
     steps_per_epoch: Optional[int]
     epochs: int
     callbacks: Any = None  # fit's CallbackList
+    initial_epoch: int = 0  # fit's own argument
 
 
 def fit_frame() -> FitInput:
@@ -56,7 +57,8 @@ def fit_frame() -> FitInput:
         names = frame.f_locals
         if frame.f_code.co_name == "fit" and "epoch_iterator" in names:
             return FitInput(names["epoch_iterator"], names.get("x"), names.get("shuffle", True),
-                            names.get("steps_per_epoch"), int(names.get("epochs", 1)), names.get("callbacks"))
+                            names.get("steps_per_epoch"), int(names.get("epochs", 1)), names.get("callbacks"),
+                            int(names.get("initial_epoch") or 0))
         frame = frame.f_back  # type: ignore[assignment]  # None ends the loop
     raise UsageError("procsv.keras.BackupAndRestore works inside Keras 3's model.fit (TensorFlow backend); "
                      "no fit() call was found around the callback")

@@ -79,6 +79,7 @@ class FitPosition:
     ended: bool = False  # fit's loop ended ``epoch`` (its epoch-end callbacks ran) and began no other since
     fits: int = 0
     passed: bool = False
+    first: int = 0  # fit's own initial_epoch
 
     def of(self, step: int) -> Optional[tuple[int, int]]:
         """The (epoch, batch) of global step ``step``, Keras's indices from 0 (with ``steps_per_execution``
@@ -97,11 +98,12 @@ class FitPosition:
         """The position a snapshot records is (``epoch``, ``batch``): a rollback's, behind fit's loop."""
         self.epoch, self.batch = epoch, batch
 
-    def restored(self, epoch: int, batch: int, fits: int = 0, passed: bool = False) -> None:
-        """fit starts at the position a restore (or an initialization) put in the variables."""
+    def restored(self, epoch: int, batch: int, fits: int = 0, passed: bool = False, first: int = 0) -> None:
+        """fit starts at the position a restore (or an initialization) put in the variables (``first``: its
+        own ``initial_epoch``)."""
         self.epoch = self.live_epoch = epoch
         self.batch = self.live_batch = batch
-        self.fits, self.passed = fits, passed
+        self.fits, self.passed, self.first = fits, passed, first
 
     def begin_epoch(self, epoch: int) -> None:
         """fit's loop begins ``epoch``: no batch done in it yet."""

@@ -1,0 +1,65 @@
+"""TensorFlow's transfer-learning tutorial, tiny: freeze the base, fit, unfreeze it, compile a new optimizer,
+fit more from ``initial_epoch=history.epoch[-1]``, one BackupAndRestore for both fits:
+``python keras_finetune.py keras|procsv OUT [--backup DIR] [--kill-at EPOCH --marker FILE]``.
+
+``--kill-at EPOCH``: the program SIGKILLs itself at the end of fit 2's epoch ``EPOCH`` once (``FILE`` is
+made first; a run that finds it kills nothing), a second after (the epoch's checkpoint committed by then).
+Prints ``fit N epochs [...]`` (its History's epochs) for each fit; writes the final weights to ``OUT`` (.npz).
+"""
+
+import os
+import signal
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+
+class Kill(keras.callbacks.Callback):
+    def __init__(self, at: int, marker: str) -> None:
+        super().__init__()
+        self.at, self.marker = at, marker
+
+    def on_epoch_end(self, epoch: int, logs: object = None) -> None:
+        if epoch == self.at and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            time.sleep(1.0)  # the epoch's checkpoint commits meanwhile
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main(argv: list[str]) -> int:
+    side, out = argv[0], argv[1]
+    backup = argv[argv.index("--backup") + 1] if "--backup" in argv else None
+    kill_at = int(argv[argv.index("--kill-at") + 1]) if "--kill-at" in argv else -1
+    marker = argv[argv.index("--marker") + 1] if "--marker" in argv else ""
+    keras.utils.set_random_seed(0)
+    tf.config.experimental.enable_op_determinism()
+    x = np.random.default_rng(0).normal(size=(32, 8)).astype(np.float32)
+    y = x[:, :4].argmax(axis=1)
+    if side == "keras":
+        callback = keras.callbacks.BackupAndRestore(backup_dir=backup)
+    else:
+        import procsv.keras
+
+        callback = procsv.keras.BackupAndRestore(backup_dir=backup)
+    base = keras.layers.Dense(16, activation="relu", name="base")
+    model = keras.Sequential([keras.Input((8,)), base, keras.layers.Dense(4, name="head")])
+    base.trainable = False
+    model.compile(keras.optimizers.Adam(1e-2), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(x, y, batch_size=8, epochs=3, shuffle=False, callbacks=[callback], verbose=0)
+    print(f"fit 1 epochs {history.epoch}", flush=True)
+    base.trainable = True
+    model.compile(keras.optimizers.RMSprop(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    fine = model.fit(x, y, batch_size=8, epochs=6, initial_epoch=history.epoch[-1], shuffle=False,
+                     callbacks=[callback, Kill(kill_at, marker)], verbose=0)
+    print(f"fit 2 epochs {fine.epoch}", flush=True)
+    np.savez(out, *[w.numpy() for w in model.weights])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
