@@ -456,8 +456,8 @@ def _passed_history(first: int, epochs: int) -> None:
     before the restart), with no logs: they are not known in this process (TensorBoard's have them)."""
     callbacks = input_position.fit_frame().callbacks
     for callback in getattr(callbacks, "callbacks", None) or ():
-        if isinstance(callback, keras.callbacks.History) and not callback.epoch:
-            callback.epoch = list(range(first, epochs))
+        if isinstance(callback, keras.callbacks.History) and getattr(callback, "epoch", None) == []:
+            callback.epoch.extend(range(first, epochs))  # (History.on_train_begin made the list)
 
 
 def replay_cap(given: Optional[int]) -> int:
