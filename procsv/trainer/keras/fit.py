@@ -76,7 +76,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
     directory when ``fit`` completes; default False, unlike Keras: the directory is also the run's
     logdir, and a program killed after one fit completed, before the next fit's first checkpoint,
     would begin that fit again from its first batch. Kept or not, a fit after a completed one begins
-    at its own first epoch, and a restarted program's fits that completed train nothing:
+    at its own first epoch (from the model in memory, nothing restored), and a restarted program's fits that completed train nothing:
     :mod:`procsv.trainer.keras.resume`), ``save_before_preemption`` (commit the position on SIGTERM; always on:
     ``False`` is accepted, so that switching from Keras' callback is a one-word change, and
     warned about once, since procsv always commits the position reached when asked to stop).
@@ -240,6 +240,9 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
                                        f"({target.mismatch}); restore it with the program that wrote it, or use a "
                                        "new --logdir")
         at.restored(where.epoch or 0, where.batch, where.fits, where.passed, inp.initial_epoch)
+        if in_memory:
+            print(f"procsv: fit {done + 1} continues from the model in memory, fit {done}'s end (step {sv.step}): "
+                  "nothing is restored", flush=True)
         # the epoch fit's loop begins at (None: its own initial_epoch; Keras' own leaves the last one it restored,
         # so that a later fit began there too); a fit that completed before the restart: none of its epochs
         model._initial_epoch = max(int(self.params.get("epochs") or 0), at.epoch) if where.passed else where.epoch
