@@ -220,7 +220,7 @@ def _brute(history_steps: Sequence[int], history: Sequence[float], steps: Sequen
 
 def _stream(kind: str, n: int, seed: int, noise: float) -> np.ndarray:
     """``n`` losses of a kind: noisy or clean positive ones, with spikes, rounded (ties, a MAD of 0),
-    zero on many batches, shifted below zero, or of either sign."""
+    zero on many batches, shifted below zero, of either sign at any scale, or tiny."""
     rng = np.random.default_rng(seed)
     losses = np.linspace(3.0, 0.5, n) * np.exp(rng.normal(0.0, noise, n))
     if kind == "clean":
@@ -232,7 +232,9 @@ def _stream(kind: str, n: int, seed: int, noise: float) -> np.ndarray:
     elif kind == "shifted":
         losses = losses - rng.uniform(0.0, 3.0)
     elif kind == "signed":
-        losses = rng.normal(0.0, 1.0, n) * 10.0 ** rng.integers(-3, 4)
+        losses = rng.normal(0.0, 1.0, n) * 10.0 ** rng.integers(-12, 13)
+    elif kind == "tiny":  # down among the subnormal floats, in logarithms and not
+        losses = losses * 10.0 ** rng.integers(-320, -300) * rng.choice([1.0, -1.0])
     jumps = rng.random(n) < 0.03
     losses[jumps] = np.where(losses[jumps] > 0, losses[jumps] * rng.uniform(1.0, 100.0, jumps.sum()),
                              losses[jumps] + rng.uniform(0.0, 50.0, jumps.sum()))
@@ -275,7 +277,7 @@ def _rules(draw: Any) -> SpikeThresholds:
 
 
 @settings(max_examples=150, deadline=None)
-@given(_rules(), st.sampled_from(["noisy", "clean", "rounded", "zeros", "shifted", "signed"]),
+@given(_rules(), st.sampled_from(["noisy", "clean", "rounded", "zeros", "shifted", "signed", "tiny"]),
        st.integers(min_value=0, max_value=300), st.integers(min_value=0, max_value=2**32 - 1),
        st.sampled_from([0.05, 0.3, 0.7, 1.5]), st.floats(min_value=0.0, max_value=1.0),
        st.lists(st.integers(min_value=1, max_value=90), min_size=1, max_size=8), st.booleans())

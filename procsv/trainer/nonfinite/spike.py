@@ -49,6 +49,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 MAD_TO_SIGMA = 1.4826  # the MAD of a normal distribution times this is its standard deviation
+_LOG_TINY = math.log(np.finfo(np.float64).tiny) + 1.0  # below it, exp() loses precision (subnormal floats)
 
 
 class OnSpike(str, enum.Enum):
@@ -180,8 +181,8 @@ def _stats(windows: np.ndarray, logs: bool, rule: SpikeThresholds) -> tuple[np.n
     return median, np.where(margin > 0, np.maximum(median, recent) + margin, np.inf)
 
 
-def judge(history_steps: Sequence[int], history: Sequence[float], steps: Sequence[int] | np.ndarray,
-          losses: Sequence[float] | np.ndarray, rule: SpikeThresholds, flagged_last: bool = False) -> Verdict:
+def judge(history_steps: Sequence[int], history: Sequence[float], steps: Sequence[int], losses: Sequence[float],
+          rule: SpikeThresholds, flagged_last: bool = False) -> Verdict:
     """The spikes among the new ``losses`` of ``steps`` (ascending, finite, after every step of the
     history), each judged against the ``window`` losses kept before it: those of the trailing
     ``history`` (of ``history_steps``) and the new ones before it. ``flagged_last``: the step before
@@ -300,7 +301,11 @@ def _least_thresholds(unions: np.ndarray, shortest: int, rule: SpikeThresholds,
         least = np.where((lower <= 0) & (upper >= 0), 0.0, np.minimum(np.abs(lower), np.abs(upper)))
         floor = (rule.min_ratio - 1.0) * least
     margin = np.maximum(rule.z * mad, floor)
-    return lower + margin, 1e-9 * (1.0 + np.abs(unions).max(axis=1) + margin)
+    bound = lower + margin
+    slack = 1e-9 * (np.abs(unions).max(axis=1) + margin) + 1e-300  # rounding: relative, and a subnormal's
+    if logs:  # a threshold whose exponential is not a normal float is kept to be computed
+        slack[bound < _LOG_TINY] = np.inf
+    return bound, slack
 
 
 class _Stats:
