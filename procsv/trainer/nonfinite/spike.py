@@ -231,20 +231,33 @@ def _candidates(values: np.ndarray, idx: np.ndarray, rule: SpikeThresholds, bloc
         return idx
     positive = values > 0
     logs = np.log(np.where(positive, values, 1.0))
-    blocks = [idx[b:b + block] for b in range(0, idx.size, block)]
-    sifted: list[Optional[np.ndarray]] = [None] * len(blocks)
-    nonpositive = np.concatenate([[0], np.cumsum(~positive)])  # before each index
-    whole = [k for k, rows in enumerate(blocks) if rows.size == block and rows[0] >= rule.window
-             and nonpositive[rows[-1]] == nonpositive[rows[0] - rule.window]]  # their unions positive
+    start, end = int(idx[0]), int(idx[-1]) + 1
+    starts = list(range(start, end, block))
+    if end - start >= block:
+        starts[-1] = min(starts[-1], end - block)  # a last block as long as the others, over the one before
+    nonpositive = None if positive.all() else np.concatenate([[0], np.cumsum(~positive)]).tolist()
+    pending: list[tuple[np.ndarray, Optional[np.ndarray]]] = []
+    whole: list[int] = []  # the blocks of whole windows whose union is positive
+    own = start  # the first index of a block not in the one before
+    for first in starts:
+        last = min(first + block, end)
+        if (last - first == block and first >= rule.window
+                and (nonpositive is None or nonpositive[last - 1] == nonpositive[first - rule.window])):
+            whole.append(first)
+        else:
+            pending.append((np.arange(own, last), None))
+        over, own = own - first, last
     if whole:
-        rows = np.stack([blocks[k] for k in whole])
-        unions = sliding_window_view(logs, rule.window + block - 1)[rows[:, 0] - rule.window]
+        firsts = np.array(whole)
+        rows = firsts[:, None] + np.arange(block)
+        unions = sliding_window_view(logs, rule.window + block - 1)[firsts - rule.window]
         bound, slack = _least_thresholds(unions, rule.window, rule, True)
         above = positive[rows] & (logs[rows] > (bound - slack)[:, None])
-        for k, maybe in zip(whole, above):
-            sifted[k] = maybe
+        if whole[-1] == starts[-1]:
+            above[-1, :over] = False  # judged with the block before
+        hit = above.any(axis=1)  # (on noisy losses, hardly a block)
+        pending += zip(rows[hit], above[hit])
     kept = []
-    pending = list(zip(blocks, sifted))
     while pending:
         rows, maybe = pending.pop()
         survivors = rows[maybe if maybe is not None else _may_flag(values, logs, positive, rows, rule)]
