@@ -222,11 +222,13 @@ def _candidates(values: np.ndarray, idx: np.ndarray, rule: SpikeThresholds, bloc
     few MADs of its threshold) gets its window's statistics. The blocks of whole windows over
     positive losses (the common case) are bounded all at once. The digits losses of
     tests/spike_clean_losses.npz, 600 at a check (the digits benchmark's tier takes a snapshot every
-    ~600 steps): 1.5 ms (batch 64) and 2.8 ms (batch 16) per judgement with the former prefilter (a
-    median's bound times ``min_ratio``: on noisy losses most passed it, 922 and 1603 of the 5000 at 64
-    a check, each then given its window's median and MAD), 0.36 ms like this, with none left for
-    them; 64 at a check: 0.25-0.30 ms, 0.12 ms (scripts/bench_spike_judge.py, medians of 9, load 4).
-    A trainer's first window, whose blocks are bounded one by one (200 losses): 0.04 ms, 0.13 ms."""
+    ~500 steps): 1.4 ms (batch 64) and 2.2 ms (batch 16) per judgement with the former prefilter (a
+    median's bound times ``min_ratio``: on noisy losses most passed it, 922 and 1603 of the 5000 at
+    64 a check, each then given its window's median and MAD), 0.31-0.32 ms like this, with none left
+    for them; 64 at a check: 0.23-0.29 ms, 0.11 ms (scripts/bench_spike_judge.py, the same process,
+    alternated, medians of 9, load 3). In the digits trainer (scripts/bench_snapshot_charge.py, 30 s,
+    3 runs each, load 1-4): 1.6 ms (1.5-4.0) per snapshot, 0.51 ms (0.48-0.54). A trainer's first
+    window, whose blocks are bounded one by one (200 losses): 0.04 ms, 0.13 ms."""
     if not idx.size:
         return idx
     positive = values > 0
