@@ -5,12 +5,16 @@ train.py`` Supervisor starts: ``.venv/bin/python scripts/bench_snapshot_charge.p
 
 The digits example's model and ``tf.function`` step (``procsv.examples.digits``), its loss
 returned (and so watched for non-finite values) as under ``procsv launch``, with the in-memory
-tier at its default budget (``PROCSV_MEMORY_SNAPSHOTS``, 0.01) and no disk checkpoints. The parts
+tier at its default budget (``PROCSV_MEMORY_SNAPSHOTS``, 0.01) and no disk checkpoint in the timed
+loop (``save_model_secs=10**6``: ``0`` asks for no checkpoint at all, which turns the tier off too;
+the stop's final checkpoint comes after it). ``PROCSV_ON_SPIKE=off`` gives the floor without the
+spike judgement. The parts
 of each in-memory snapshot are timed by wrapping, from this script, the functions that do them:
 
 * ``sync``: the step counter's advances applied to the variable (``StepCounter.sync``);
 * ``reuse_check``: whether the last walk of the object graph may be reused (``SnapshotStore.plan_reusable``);
 * ``precheck``: the watched losses since the last snapshot, read once (``NonfiniteWatch.precheck``);
+* ``spike``: of which the loss-spike judgement of the losses read (``SpikeHistory.judge``);
 * ``copy``: the tensors into the slot (``snapshot.take``, with a fresh walk when one is made);
 * ``verify``: the copy looked at for NaN/Inf (``NonfiniteWatch.verify``);
 * ``hand_off``: the snapshot's message to the service (``TrainerChannels.send_snapshot``);
@@ -20,12 +24,14 @@ of each in-memory snapshot are timed by wrapping, from this script, the function
 * ``charged``: what the tier charged itself for it (``memory_tier.snapshot_cost``: the two above).
 
 Prints each part's median and 90th percentile in ms over the snapshots taken, then one line
-``charged_ms=<x> snapshot_ms=<x> snapshots=<n> step_ms=<x>``.
+``charged_ms=<x> snapshot_ms=<x> spike_ms=<x> snapshots=<n> step_ms=<x> load=<x>``; exits 1 when no
+snapshot was taken (nothing was measured).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import statistics
@@ -80,11 +86,12 @@ def main() -> int:
     from procsv.examples.digits import batch_indices, build_model, load_data
     from procsv.trainer import channels, step_boundary
     from procsv.trainer.checkpoint import memory, memory_tier, snapshot_store
-    from procsv.trainer.nonfinite import watch
+    from procsv.trainer.nonfinite import spike, watch
 
     timed(step_boundary.StepCounter, "sync", "sync")
     timed(snapshot_store.SnapshotStore, "plan_reusable", "reuse_check")
     timed(watch.NonfiniteWatch, "precheck", "precheck")
+    timed(spike.SpikeHistory, "judge", "spike")
     timed(snapshot_store, "take", "copy")
     timed(watch.NonfiniteWatch, "verify", "verify")
     timed(channels.TrainerChannels, "send_snapshot", "hand_off")
@@ -107,7 +114,7 @@ def main() -> int:
     steps = 0
     try:
         sv = procsv.Supervisor(logdir=tmp, checkpoint=tf.train.Checkpoint(model=model, optimizer=optimizer),
-                               save_model_secs=0, save_summaries_secs=0)
+                               save_model_secs=10**6, save_summaries_secs=0)
         sv.warm_up(train_step, x_train[:64], y_train[:64])
         with sv.managed_session() as sess:
             t0 = time.perf_counter()
@@ -124,16 +131,21 @@ def main() -> int:
         ordered = sorted(values)
         return ordered[min(len(ordered) - 1, int(at * len(ordered)))]
 
-    for part in ("sync", "reuse_check", "precheck", "copy", "verify", "hand_off", "snapshot", "boundary", "after", "charged"):
+    for part in ("sync", "reuse_check", "precheck", "spike", "copy", "verify", "hand_off", "snapshot", "boundary", "after", "charged"):
         values = TIMES.get(part, [])
         if values:
             print(f"{part:<12}{statistics.median(values) * 1e3:>9.3f} ms median{q(values, 0.9) * 1e3:>9.3f} ms p90"
                   f"{len(values):>7} calls")
     snaps = TIMES.get("snapshot", [])
-    costs = TIMES.get("charged", [])
-    print(f"charged_ms={statistics.median(costs) * 1e3 if costs else float('nan'):.3f} "
-          f"snapshot_ms={statistics.median(snaps) * 1e3 if snaps else float('nan'):.3f} snapshots={len(snaps)} "
-          f"step_ms={secs / max(1, steps) * 1e3:.3f}")
+    if not snaps:
+        print("FAILED: the in-memory tier took no snapshot: nothing was measured", file=sys.stderr)
+        return 1
+    judged = TIMES.get("spike", [])
+    costs = TIMES.get("charged") or [math.nan]
+    print(f"charged_ms={statistics.median(costs) * 1e3:.3f} "
+          f"snapshot_ms={statistics.median(snaps) * 1e3:.3f} "
+          f"spike_ms={statistics.median(judged) * 1e3 if judged else 0.0:.3f} snapshots={len(snaps)} "
+          f"step_ms={secs / max(1, steps) * 1e3:.3f} load={os.getloadavg()[0]:.1f}")
     return 0
 
 

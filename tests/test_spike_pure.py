@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, Sequence
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 from procsv.common.errors import LossSpiked, TrainingDiverged, UsageError
 from procsv.trainer.nonfinite import spike
 from procsv.trainer.nonfinite.policy import SkipBudget
-from procsv.trainer.nonfinite.spike import OnSpike, Spike, SpikeHistory, SpikeThresholds, judge
+from procsv.trainer.nonfinite.spike import OnSpike, Spike, SpikeHistory, SpikeThresholds, Verdict, judge
 from procsv.trainer.nonfinite.spike_response import SpikeResponse
 from procsv.trainer.nonfinite.watch import NonfiniteWatch
 
@@ -207,6 +208,151 @@ def test_the_history_forgets_what_a_restore_undid_and_judges_the_replay_again() 
     history.rewind(241)  # fed, not judged yet: what came after the restore is dropped
     history.feed(range(242, 261), np.delete(losses[241:260], 249 - 241))  # step 250's batch skipped
     assert history.judge() == ()
+
+
+# ---------------------------------------------------------------------------------- the prefilter is exact
+def _brute(history_steps: Sequence[int], history: Sequence[float], steps: Sequence[int], losses: Sequence[float],
+           rule: SpikeThresholds, flagged_last: bool = False) -> Verdict:
+    """:func:`judge` with every judged step's full window statistics: no step left out beforehand."""
+    with mock.patch.object(spike, "_candidates", lambda values, idx, rule: idx):
+        return judge(history_steps, history, steps, losses, rule, flagged_last)
+
+
+def _stream(kind: str, n: int, seed: int, noise: float) -> np.ndarray:
+    """``n`` losses of a kind: noisy or clean positive ones, with spikes, rounded (ties, a MAD of 0),
+    zero on many batches, shifted below zero, of either sign at any scale, or tiny."""
+    rng = np.random.default_rng(seed)
+    losses = np.linspace(3.0, 0.5, n) * np.exp(rng.normal(0.0, noise, n))
+    if kind == "clean":
+        losses = np.linspace(3.0, 0.5, n) * np.exp(rng.normal(0.0, 0.01, n))
+    elif kind == "rounded":
+        losses = np.round(losses, 1)
+    elif kind == "zeros":
+        losses = np.where(rng.random(n) < rng.uniform(0.2, 0.9), 0.0, losses)
+    elif kind == "shifted":
+        losses = losses - rng.uniform(0.0, 3.0)
+    elif kind == "signed":
+        losses = rng.normal(0.0, 1.0, n) * 10.0 ** rng.integers(-12, 13)
+    elif kind == "tiny":  # down among the subnormal floats, in logarithms and not
+        losses = losses * 10.0 ** rng.integers(-320, -300) * rng.choice([1.0, -1.0])
+    jumps = rng.random(n) < 0.03
+    losses[jumps] = np.where(losses[jumps] > 0, losses[jumps] * rng.uniform(1.0, 100.0, jumps.sum()),
+                             losses[jumps] + rng.uniform(0.0, 50.0, jumps.sum()))
+    return losses
+
+
+def _threshold(losses: np.ndarray, j: int, rule: SpikeThresholds) -> float:
+    """The threshold a positive loss at index ``j`` of ``losses`` is judged against (its window's own
+    statistics: logarithms when the window is positive, else linear; inf: nothing is flagged)."""
+    window = losses[max(0, j - rule.window):j]
+    if (window > 0).all():
+        _, threshold = spike._stats(np.log(window)[None, :], True, rule)
+        return float(np.exp(threshold[0]))
+    median, threshold = spike._stats(window[None, :], False, rule)
+    return float(threshold[0]) if threshold[0] > median[0] else math.inf
+
+
+def _on_the_edge(losses: np.ndarray, rule: SpikeThresholds, seed: int) -> list[int]:
+    """Put a few losses (at least a window apart) just above their threshold, the next float up:
+    flagged by a hair. Returns their indices."""
+    rng = np.random.default_rng(seed)
+    edges = []
+    j = rule.min_history + int(rng.integers(0, rule.window))
+    while j < losses.size:
+        threshold = _threshold(losses, j, rule)
+        if math.isfinite(threshold) and threshold > 0:
+            losses[j] = np.nextafter(threshold, math.inf)
+            edges.append(j)
+        j += rule.window + 1 + int(rng.integers(0, rule.window))
+    return edges
+
+
+@st.composite
+def _rules(draw: Any) -> SpikeThresholds:
+    window = draw(st.integers(min_value=2, max_value=60))
+    min_history = draw(st.integers(min_value=2, max_value=window))
+    return SpikeThresholds(window, min_history, draw(st.sampled_from([0.3, 1.0, 3.0, 8.0, 20.0])),
+                           draw(st.sampled_from([1.0, 1.1, 1.5, 4.0])),
+                           draw(st.integers(min_value=1, max_value=min_history)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(_rules(), st.sampled_from(["noisy", "clean", "rounded", "zeros", "shifted", "signed", "tiny"]),
+       st.integers(min_value=0, max_value=300), st.integers(min_value=0, max_value=2**32 - 1),
+       st.sampled_from([0.05, 0.3, 0.7, 1.5]), st.floats(min_value=0.0, max_value=1.0),
+       st.lists(st.integers(min_value=1, max_value=90), min_size=1, max_size=8), st.booleans())
+def test_the_prefilter_leaves_out_only_steps_the_full_statistics_do_not_flag(
+        rule: SpikeThresholds, kind: str, n: int, seed: int, noise: float, cut: float, chunks: list[int],
+        flagged_last: bool) -> None:
+    # each verdict (its spikes with their statistics, its flagged_last) is the one of every step's own
+    # window statistics, judged at once, from a history, or in chunks as a trainer feeds them
+    with np.errstate(over="ignore"):  # (a wild window's threshold: exp(> 709) is inf, with or without the prefilter)
+        losses = _stream(kind, n, seed, noise)
+        steps = list(range(1, n + 1))
+        for j in _on_the_edge(losses, rule, seed):  # flagged by a hair: the prefilter must keep them
+            assert _brute([], [], steps[:j + 1], losses[:j + 1], rule).flagged_last
+        brute = _brute([], [], steps, losses, rule)
+        assert judge([], [], steps, losses, rule) == brute
+        h = int(cut * n)
+        assert (judge(steps[:h], losses[:h], steps[h:], losses[h:], rule, flagged_last)
+                == _brute(steps[:h], losses[:h], steps[h:], losses[h:], rule, flagged_last))
+        history = SpikeHistory(rule)
+        found: list[Spike] = []
+        at = 0
+        for size in chunks * (n // max(1, sum(chunks)) + 1):
+            history.feed(steps[at:at + size], losses[at:at + size])
+            found += history.judge()
+            at += size
+        assert tuple(found) == brute.spikes
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(min_value=-1e3, max_value=1e3), min_size=2, max_size=80), st.data())
+def test_no_window_within_a_union_has_a_threshold_below_its_bound(union: list[float], data: Any) -> None:
+    # the bound of spike._least_thresholds, against each window of the union (any run of it as long as
+    # the shortest or longer), in the space of each: linear, and in logarithms for positive values
+    values = np.asarray(union)
+    rule = data.draw(_rules())
+    shortest = data.draw(st.integers(min_value=2, max_value=values.size))
+    for space, logs in ((values, False), (np.log(np.abs(values) + 1e-3), True)):
+        bound, slack = spike._least_thresholds(space[None, :], shortest, rule, logs)
+        for n in range(shortest, space.size + 1):
+            windows = np.lib.stride_tricks.sliding_window_view(space, n)
+            _, threshold = spike._stats(windows, logs, rule)
+            assert (threshold >= bound[0] - slack[0]).all(), (n, threshold.min(), bound[0])
+
+
+def test_on_real_losses_the_fast_path_judges_as_every_windows_statistics_do_and_few_steps_need_them() -> None:
+    # the digits losses a trainer judges before each snapshot (every 37, 64 or 600 steps): the same
+    # verdicts as every step's own statistics, with and without spikes, and with nearly no step left
+    # for them (the former prefilter, a median's bound times min_ratio, let 922 and 1603 of the
+    # 5000 through: each then took a window's median and MAD)
+    filled: list[int] = []
+    fill = spike._Stats.fill
+
+    def counted(self: Any, values: np.ndarray, idx: np.ndarray, windows: np.ndarray, rule: SpikeThresholds) -> None:
+        filled.append(idx.size)
+        fill(self, values, idx, windows, rule)
+
+    with np.load(os.path.join(HERE, "spike_clean_losses.npz")) as runs:
+        for name in runs.files:
+            clean = runs[name].astype(np.float64)
+            spiked = clean.copy()
+            spiked[1499::500] *= 1e5  # steps 1500, 2000, ..: far above any batch's noise (batch 16's: 8 MADs ~ 3000x)
+            for losses in (clean, spiked):
+                steps = range(1, losses.size + 1)
+                brute = _brute([], [], steps, losses, RULE)
+                assert [s.step for s in brute.spikes] == ([] if losses is clean else list(range(1500, 5001, 500)))
+                for chunk in (37, 64, 600):
+                    history = SpikeHistory(RULE)
+                    found: list[Spike] = []
+                    filled.clear()
+                    with mock.patch.object(spike._Stats, "fill", counted):
+                        for at in range(0, losses.size, chunk):
+                            history.feed(steps[at:at + chunk], losses[at:at + chunk])
+                            found += history.judge()
+                    assert tuple(found) == brute.spikes, (name, chunk)
+                    assert sum(filled) <= len(brute.spikes) + 10, (name, chunk, sum(filled))
 
 
 # ---------------------------------------------------------------------------------- the policy
