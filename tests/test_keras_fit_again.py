@@ -187,19 +187,76 @@ def test_a_fit_a_callback_ended_early_trains_nothing_when_the_restarted_program_
     import procsv.keras
     from procsv.trainer.keras import fit as keras_fit
 
+    began: list[int] = []
+
+    class Began(keras.callbacks.Callback):  # type: ignore[misc]
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            began.append(epoch)
+
     def program() -> list[int]:
+        began.clear()
         keras.utils.set_random_seed(0)
         x = np.random.default_rng(0).normal(size=(32, 8)).astype(np.float32)
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
         model.compile(keras.optimizers.SGD(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         stop = keras.callbacks.EarlyStopping(monitor="loss", min_delta=100.0, patience=1)  # stops after epoch 2
         history = model.fit(x, x[:, :4].argmax(axis=1), batch_size=8, epochs=20, shuffle=False, verbose=0,
-                            callbacks=[procsv.keras.BackupAndRestore(backup_dir=short_tmp), stop])
+                            callbacks=[procsv.keras.BackupAndRestore(backup_dir=short_tmp), stop, Began()])
         return list(history.epoch)
 
-    assert program() == [0, 1]
+    assert program() == [0, 1] and began == [0, 1]
     monkeypatch.setattr(keras_fit, "_COMPLETED", {})  # a restarted program: no fit of this process completed
-    assert program() == []
+    monkeypatch.setattr(keras_fit, "_HELD", {})
+    program()
+    assert began == []  # (its History lists its epochs, as a completed fit's after a restart: 0-19, not known to have
+    # ended early)
+
+
+def _completed_then_raised(backup_cls: Any, backup_dir: str) -> tuple[list[int], list[Any]]:
+    """fit 2 epochs to the end; fit 4 more, which raises at the start of its epoch 3 (the migration guide's
+    InterruptingCallback); catch, fit again. The epochs the fits began, and the weights."""
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(0)
+    x = np.random.default_rng(0).normal(size=(32, 8)).astype(np.float32)
+    y = x[:, :4].argmax(axis=1)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    began: list[int] = []
+
+    class Interrupt(keras.callbacks.Callback):  # type: ignore[misc]
+        armed = False
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            began.append(epoch)
+            if epoch == 2 and self.armed:
+                self.armed = False
+                raise RuntimeError("interrupted at the beginning of epoch 3")
+
+    interrupt = Interrupt()
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, callbacks=[backup_cls(backup_dir=backup_dir), interrupt],
+              verbose=0)
+    interrupt.armed = True
+    with pytest.raises(RuntimeError, match="interrupted"):
+        model.fit(x, y, batch_size=8, epochs=4, shuffle=False, callbacks=[backup_cls(backup_dir=backup_dir), interrupt],
+                  verbose=0)
+    model.fit(x, y, batch_size=8, epochs=4, shuffle=False, callbacks=[backup_cls(backup_dir=backup_dir), interrupt],
+              verbose=0)
+    return began, [w.numpy() for w in model.weights]
+
+
+def test_a_fit_that_raised_after_a_completed_fit_of_the_same_model_resumes_where_keras_resumes(tmp_path):
+    # found by an attack: the fit again after the raise "continued from the model in memory, fit 1's end",
+    # restored no position and began at epoch 0 ([0, 1, 0, 1, 0, 1, 2, 3]: fit 2's epochs 0 and 1 trained twice)
+    import keras
+
+    import procsv.keras
+
+    theirs, keras_weights = _completed_then_raised(keras.callbacks.BackupAndRestore, str(tmp_path / "keras"))
+    ours, weights = _completed_then_raised(procsv.keras.BackupAndRestore, str(tmp_path / "procsv"))
+    assert theirs == [0, 1, 0, 1, 2, 2, 3] and ours == theirs, (theirs, ours)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(weights, keras_weights))
 
 
 FINETUNE = os.path.join(PROGRAMS, "keras_finetune.py")
@@ -219,3 +276,23 @@ def test_the_fine_tuning_tutorial_runs_its_second_fit_on_the_model_in_memory(sho
         with np.load(out) as data:
             runs[side] = [data[f"arr_{i}"] for i in range(len(data.files))]
     assert all(a.tobytes() == b.tobytes() for a, b in zip(runs["keras"], runs["procsv"]))  # as Keras' own
+
+
+def test_the_fine_tuning_tutorial_killed_between_its_fits_runs_its_second_fit_after_the_restart(short_tmp):
+    # found by an attack: SIGKILL after fit 1 returned (its final checkpoint committed), before fit 2's first
+    # checkpoint. The rerun's fit 1 restored its own end and trained nothing, and its History was empty:
+    # history.epoch[-1] raised IndexError at every restart (under procsv launch: a start-up crash loop)
+    def run(side: str, *extra: str) -> Any:
+        return run_python([FINETUNE, side, os.path.join(short_tmp, f"{side}.npz"), "--backup",
+                           os.path.join(short_tmp, side), *extra], env=quiet_env(), timeout=120)
+
+    plain = run("keras")
+    assert plain.returncode == 0, plain.stderr
+    kill = ("--kill-between", "--marker", os.path.join(short_tmp, "killed"))
+    assert run("procsv", *kill).returncode == -9
+    again = run("procsv", *kill)
+    assert again.returncode == 0, again.stderr
+    lines = [line for line in again.stdout.splitlines() if line.startswith("fit ")]
+    assert lines == ["fit 1 epochs [0, 1, 2]", "fit 2 epochs [2, 3, 4, 5]"], again.stdout
+    with np.load(os.path.join(short_tmp, "keras.npz")) as theirs, np.load(os.path.join(short_tmp, "procsv.npz")) as ours:
+        assert all(theirs[k].tobytes() == ours[k].tobytes() for k in theirs.files)  # the uninterrupted weights

@@ -1,9 +1,10 @@
 """TensorFlow's transfer-learning tutorial, tiny: freeze the base, fit, unfreeze it, compile a new optimizer,
 fit more from ``initial_epoch=history.epoch[-1]``, one BackupAndRestore for both fits:
-``python keras_finetune.py keras|procsv OUT [--backup DIR] [--kill-at EPOCH --marker FILE]``.
+``python keras_finetune.py keras|procsv OUT [--backup DIR] [--kill-at EPOCH --marker FILE] [--kill-between]``.
 
 ``--kill-at EPOCH``: the program SIGKILLs itself at the end of fit 2's epoch ``EPOCH`` once (``FILE`` is
 made first; a run that finds it kills nothing), a second after (the epoch's checkpoint committed by then).
+``--kill-between``: the program SIGKILLs itself once (the same ``FILE``) after fit 1 returned, before fit 2.
 Prints ``fit N epochs [...]`` (its History's epochs) for each fit; writes the final weights to ``OUT`` (.npz).
 """
 
@@ -52,6 +53,9 @@ def main(argv: list[str]) -> int:
     model.compile(keras.optimizers.Adam(1e-2), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     history = model.fit(x, y, batch_size=8, epochs=3, shuffle=False, callbacks=[callback], verbose=0)
     print(f"fit 1 epochs {history.epoch}", flush=True)
+    if "--kill-between" in argv and not os.path.exists(marker):  # fit 1's final checkpoint committed as it returned
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
     base.trainable = True
     model.compile(keras.optimizers.RMSprop(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     fine = model.fit(x, y, batch_size=8, epochs=6, initial_epoch=history.epoch[-1], shuffle=False,

@@ -224,7 +224,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         # a fit after one this process completed on this model: the model in memory is the state (the program may
         # have changed its structure since: unfrozen layers, a new optimizer), nothing is restored; its checkpoints
         # continue the step count. Any other: the whole state, or only the position when it does not match
-        in_memory = _HELD.get(directory) == id(model)
+        in_memory = _HELD.pop(directory, None) == id(model)  # (a fit that raises holds nothing: the next one
+        # restores the position it committed, as after any fit that raised)
         target = restore_target.WholeOrPosition(checkpoint, tf.train.Checkpoint(fit=checkpoint.fit))
         front.restore_into(restore_target.Nothing() if in_memory else target)
         self._sess = sv.prepare_or_wait_for_session()
@@ -323,12 +324,15 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             # it, begins at its own first epoch
             where = _directory(sv)
             _COMPLETED[where] = _COMPLETED.get(where, 0) + 1
+            epochs = int(self.params.get("epochs") or 0)
             if self._at.passed:  # the state is a later fit's, which that fit restores
                 _HELD.pop(where, None)
-                _passed_history(self._at.first, int(self.params.get("epochs") or 0))
             else:
                 _HELD[where] = id(model)
-            self._at.completed(int(self.params.get("epochs") or 0))
+            if self._at.passed or self._at.epoch >= epochs and self.resumed_at is not None:
+                # (or its own final commit restored: killed after it completed, before a later fit's first checkpoint)
+                _passed_history(self._at.first, epochs)
+            self._at.completed(epochs)
         self.sv = None
         if self.delete_checkpoint and not self._stopped_mid_epoch and not self._at.passed:  # (a later fit's: kept)
             sv.commit_checkpoint()  # the position reached, as stop() would (stop() then has nothing left to commit)
