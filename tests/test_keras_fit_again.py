@@ -206,7 +206,7 @@ def test_a_fit_a_callback_ended_early_trains_nothing_when_the_restarted_program_
 
     assert program() == [0, 1] and began == [0, 1]
     monkeypatch.setattr(keras_fit, "_COMPLETED", {})  # a restarted program: no fit of this process completed
-    monkeypatch.setattr(keras_fit, "_HELD", {})
+    monkeypatch.setattr(keras_fit, "_HELD", set())
     program()
     assert began == []  # (its History lists its epochs, as a completed fit's after a restart: 0-19, not known to have
     # ended early)
@@ -296,3 +296,48 @@ def test_the_fine_tuning_tutorial_killed_between_its_fits_runs_its_second_fit_af
     assert lines == ["fit 1 epochs [0, 1, 2]", "fit 2 epochs [2, 3, 4, 5]"], again.stdout
     with np.load(os.path.join(short_tmp, "keras.npz")) as theirs, np.load(os.path.join(short_tmp, "procsv.npz")) as ours:
         assert all(theirs[k].tobytes() == ours[k].tobytes() for k in theirs.files)  # the uninterrupted weights
+
+
+def _other_models_after_a_completed_fit(backup_cls: Any, backup_dir: str) -> list[list[Any]]:
+    """Model A fits to the end; a new model B fits with the same directory; then a model loaded from A's saved
+    file fits too (programs that build a fresh model in a loop, or load one). Each model's weights after its fit."""
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(0)
+    x = np.random.default_rng(0).normal(size=(32, 8)).astype(np.float32)
+    y = x[:, :4].argmax(axis=1)
+
+    def build() -> Any:
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+        model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    out = []
+    a = build()
+    a.fit(x, y, batch_size=8, epochs=2, shuffle=False, callbacks=[backup_cls(backup_dir=backup_dir)], verbose=0)
+    out.append([w.numpy() for w in a.weights])
+    saved = os.path.join(os.path.dirname(backup_dir), os.path.basename(backup_dir) + "-a.keras")
+    a.save(saved)
+    b = build()  # a fresh model: its own initial weights
+    b.fit(x, y, batch_size=8, epochs=2, shuffle=False, callbacks=[backup_cls(backup_dir=backup_dir)], verbose=0)
+    out.append([w.numpy() for w in b.weights])
+    c = keras.models.load_model(saved)
+    c.layers[0].kernel.assign(c.layers[0].kernel * 0.5)  # the program changes the loaded model before it fits it
+    c.fit(x, y, batch_size=8, epochs=2, shuffle=False, callbacks=[backup_cls(backup_dir=backup_dir)], verbose=0)
+    out.append([w.numpy() for w in c.weights])
+    return out
+
+
+def test_a_fit_of_another_model_after_a_completed_fit_begins_from_that_models_own_weights_as_under_keras(tmp_path):
+    # found by an attack: the model in memory was keyed on the object, so a fresh model's fit (or a loaded one's)
+    # restored the last fit's final state over its own weights; Keras's own callback deleted its backup at the
+    # completed fit's end, and the next fit began from the model it was given
+    import keras
+
+    import procsv.keras
+
+    theirs = _other_models_after_a_completed_fit(keras.callbacks.BackupAndRestore, str(tmp_path / "keras"))
+    ours = _other_models_after_a_completed_fit(procsv.keras.BackupAndRestore, str(tmp_path / "procsv"))
+    for model, (k, p) in enumerate(zip(theirs, ours)):
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(k, p)), f"model {'abc'[model]}"

@@ -61,9 +61,10 @@ _LIVE: dict[int, "BackupAndRestore"] = {}
 # the fits this process completed, by backup directory (its real path): the number the positions of its next
 # fit record, and where a restarted program's fits begin (procsv.trainer.keras.resume)
 _COMPLETED: dict[str, int] = {}
-# the directories whose state is a model in this process's memory (its id): the last fit of it completed here
-# and trained (or resumed) it. The next fit of that model restores nothing (procsv.trainer.keras.restore_target)
-_HELD: dict[str, int] = {}
+# the directories whose last fit completed in this process and trained (or resumed) its state here: the next
+# fit of that directory, of whatever model, restores nothing (procsv.trainer.keras.restore_target), as after
+# Keras' own callback, which deletes its backup when fit completes (the next fit begins from the model it is given)
+_HELD: set[str] = set()
 
 
 class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras ships no type information
@@ -76,7 +77,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
     directory when ``fit`` completes; default False, unlike Keras: the directory is also the run's
     logdir, and a program killed after one fit completed, before the next fit's first checkpoint,
     would begin that fit again from its first batch. Kept or not, a fit after a completed one begins
-    at its own first epoch (from the model in memory, nothing restored), and a restarted program's fits that completed train nothing:
+    at its own first epoch (from the model it is given, nothing restored, as after Keras' own), and a restarted
+    program's fits that completed train nothing:
     :mod:`procsv.trainer.keras.resume`), ``save_before_preemption`` (commit the position on SIGTERM; always on:
     ``False`` is accepted, so that switching from Keras' callback is a one-word change, and
     warned about once, since procsv always commits the position reached when asked to stop).
@@ -221,11 +223,12 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         if warm is not None:  # traced and instantiated now: in a hot standby, before it waits
             sv.warm_up(*warm)
         directory = _directory(sv)
-        # a fit after one this process completed on this model: the model in memory is the state (the program may
-        # have changed its structure since: unfrozen layers, a new optimizer), nothing is restored; its checkpoints
-        # continue the step count. Any other: the whole state, or only the position when it does not match
-        in_memory = _HELD.pop(directory, None) == id(model)  # (a fit that raises holds nothing: the next one
-        # restores the position it committed, as after any fit that raised)
+        # a fit after one of this directory this process completed: the model it is given is the state (the same
+        # model, changed or not since: unfrozen layers, a new optimizer; or another: a new one, one loaded from a
+        # file), nothing is restored; its checkpoints continue the step count. Any other: the whole state, or only
+        # the position when it does not match
+        in_memory = directory in _HELD
+        _HELD.discard(directory)  # (a fit that raises holds nothing: the next one restores the position it committed)
         target = restore_target.WholeOrPosition(checkpoint, tf.train.Checkpoint(fit=checkpoint.fit))
         front.restore_into(restore_target.Nothing() if in_memory else target)
         self._sess = sv.prepare_or_wait_for_session()
@@ -242,7 +245,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
                                        "new --logdir")
         at.restored(where.epoch or 0, where.batch, where.fits, where.passed, inp.initial_epoch)
         if in_memory:
-            print(f"procsv: fit {done + 1} continues from the model in memory, fit {done}'s end (step {sv.step}): "
+            print(f"procsv: fit {done + 1} begins from the model it is given, after fit {done}'s end (step {sv.step}): "
                   "nothing is restored", flush=True)
         # the epoch fit's loop begins at (None: its own initial_epoch; Keras' own leaves the last one it restored,
         # so that a later fit began there too); a fit that completed before the restart: none of its epochs
@@ -326,9 +329,9 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             _COMPLETED[where] = _COMPLETED.get(where, 0) + 1
             epochs = int(self.params.get("epochs") or 0)
             if self._at.passed:  # the state is a later fit's, which that fit restores
-                _HELD.pop(where, None)
+                _HELD.discard(where)
             else:
-                _HELD[where] = id(model)
+                _HELD.add(where)
             if self._at.passed or self._at.epoch >= epochs and self.resumed_at is not None:
                 # (or its own final commit restored: killed after it completed, before a later fit's first checkpoint)
                 _passed_history(self._at.first, epochs)
