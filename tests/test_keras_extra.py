@@ -103,7 +103,7 @@ def test_a_sigkill_in_the_fine_tuning_tutorials_second_fit_resumes_it_and_the_fi
     assert plain.returncode == 0, plain.stderr
     logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "procsv.npz")
     code, out, err = finish(launch(logdir, "procsv", out_path, "--kill-at", "3", "--marker",
-                                   os.path.join(short_tmp, "killed"), target=FINETUNE), 240)
+                                   os.path.join(short_tmp, "killed"), "--logdir", logdir, target=FINETUNE), 240)
     assert code == 0, (out, err)
     assert any(e["event"] == "exited" and e.get("signal") == "SIGKILL" for e in lifecycle(logdir)), (out, err)
     second = _fit_lines(out, "[trainer.2]")
