@@ -85,7 +85,10 @@ def test_a_sigkill_in_a_programs_second_fit_passes_the_completed_first_and_resum
     # (before: the first fit resumed the second's position, and the second "resumed" the first's end)
     assert second[:3] == ["fit 1 began at epoch none", "fit 1 losses []", "fit 2 began at epoch 2"], (second, err)
     assert "procsv: fit 1 of this program completed before the restart: it trains nothing" in out, out
-    assert "procsv: fit resumes at epoch 3, batch 1" in out, out
+    # resumed inside its third epoch, at no batch past the kill's (after the epoch's third): from the checkpoint of
+    # the epoch's beginning, or from a later in-memory snapshot the service held and persisted at the death
+    # (the tier's timing: seen at load 7 in a fresh-clone run, "epoch 3, batch 3")
+    assert re.search(r"procsv: fit resumes at epoch 3, batch [1-4] ", out), out
     assert _losses(second, 2) == _losses(plain_lines, 2)[2:]  # its logged loss: the training loss, of each epoch
     assert _same(_npz(out_path), plain_weights)  # each epoch of each fit trained once: the uninterrupted weights
 
@@ -110,5 +113,6 @@ def test_a_sigkill_in_the_fine_tuning_tutorials_second_fit_resumes_it_and_the_fi
     assert second == ["fit 1 epochs [0, 1, 2]", "fit 2 epochs [3, 4, 5]"], (out, err)  # epoch 3 again: its end
     # was not yet committed (it is taken at the next batch boundary)
     assert "procsv: fit 1 of this program completed before the restart: it trains nothing" in out, out
-    assert "procsv: fit resumes at epoch 4, batch 1" in out, out
+    # inside its fourth epoch, from its beginning's checkpoint or a later in-memory snapshot persisted at the death
+    assert re.search(r"procsv: fit resumes at epoch 4, batch [1-4] ", out), out
     assert _same(_npz(out_path), _npz(os.path.join(short_tmp, "plain.npz")))  # the uninterrupted weights
