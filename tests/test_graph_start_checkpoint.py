@@ -1,5 +1,6 @@
-"""Graph mode: the checkpoint and the summary TF's Supervisor takes as its standard services start, and
-the one checkpoint ``model.ckpt`` of a graph without a global step, rewritten atomically.
+"""Graph mode: the checkpoint and the summary TF's Supervisor takes as its standard services start, its
+periodic summaries while the global step stands still, and the one checkpoint ``model.ckpt`` of a graph
+without a global step, rewritten atomically.
 
 The programs run in their own processes (``tests/programs/tf1_start.py``, with ``--tf`` for
 TensorFlow's own Supervisor, which each comparison runs too); the rewrite's crash safety is shown by
@@ -42,6 +43,17 @@ def test_a_checkpoint_and_a_summary_as_the_standard_services_start_as_tensorflow
     theirs["summaries"] = [s for s in theirs["summaries"] if s[1] != "global_step/sec"]
     assert ours == theirs
     assert ours["checkpoint"] == "model.ckpt-0" and ours["summaries"] == [[0, "v_1", 3.0]]
+
+
+@pytest.mark.slow
+def test_while_a_validation_runs_the_periodic_summaries_go_on_at_the_step_that_stands_still_as_tensorflows(tmp_path):
+    # TensorFlow's PTB tutorial validates after each epoch's training: runs that advance no step. TF's
+    # summary and step counter threads write summary_op and global_step/sec (0.0) every save_summaries_secs
+    # all the same; procsv wrote one summary and no global_step/sec there (its periodic work came with steps)
+    for tf_own in (True, False):
+        seen = _start("validation", str(tmp_path / ("tf" if tf_own else "ours")), tf_own)
+        assert len(seen["cost"]) >= 3 and set(seen["cost"]) == {0.3125 ** 2}, (tf_own, seen)
+        assert seen["global_step/sec"].count(0.0) >= 2, (tf_own, seen)
 
 
 @pytest.mark.slow

@@ -297,7 +297,6 @@ FIELD_WRITERS = frozenset({"procsv.watchdog.observe", "procsv.watchdog.executor"
 # Baseline: modules writing more than MAX_FIELD_WRITES fields of other objects -> how many.
 FIELD_WRITE_BASELINE = {
     "procsv.common.curve": 9,
-    "procsv.trainer.boundary": 7,
     "procsv.trainer.checkpoint.agent": 7,
     "procsv.trainer.graph.session": 8,
     "procsv.trainer.graph.supervised": 8,

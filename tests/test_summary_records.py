@@ -314,8 +314,10 @@ def test_step_rate_is_written_every_period_from_marks_of_the_current_session():
     assert s.step_rate("A", 100.0, 10, every=2.0) is None  # first mark
     assert s.step_rate("A", 101.0, 20, every=2.0) is None  # not due
     assert s.step_rate("A", 102.5, 60, every=2.0) == pytest.approx(50 / 2.5)
-    assert s.step_rate("A", 105.0, 60, every=2.0) is None  # no new step: never two values at one step
-    assert s.step_rate("A", 106.0, 100, every=2.0) == pytest.approx(40 / 3.5)
+    assert s.step_rate("A", 103.5, 60, every=2.0) is None  # the step stands still, not yet a whole period
+    assert s.step_rate("A", 105.0, 60, every=2.0) == 0.0  # a whole period: 0.0 at it, as TF's step counter thread
+    assert s.step_rate("A", 106.0, 100, every=2.0) is None  # not due (a period from the last rate written)
+    assert s.step_rate("A", 107.5, 100, every=2.0) == pytest.approx(40 / 2.5)
     assert s.step_rate("A", 200.0, 500, every=None) is None
     s.admit("B", 1, resync_from=51)  # a restart: the next rate never spans it
     assert s.step_rate("A", 300.0, 900, every=2.0) is None

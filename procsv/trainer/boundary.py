@@ -64,8 +64,7 @@ class StepBoundary:
         self.progress = ProgressReporter()
         self.standard_started = True  # a session's periodic checkpoints and summaries run
         self.unsaved = False  # the final checkpoint did not commit
-        state.boundary = self.before_step
-        state.after_step = self.after_step
+        state.claim(self.before_step, self.after_step, self.between_steps)
         summaries.buffer.on_batch = self.batch_waiting
         if keeper is not None:
             keeper.configure(self._wake_on_request)
@@ -101,6 +100,7 @@ class StepBoundary:
         self._summaries.restart_periodic()
         self.state.open_checkpoint()
         self.state.set_end(0, NEVER)
+        self._between_bound()
 
     def start_standard_services(self) -> None:
         """``start_standard_services()`` in a live session: both halves at the next boundary, the
@@ -112,6 +112,7 @@ class StepBoundary:
             self._summaries.restart_periodic()
             self.state.open_checkpoint()
             self.state.open_end()
+            self._between_bound()
 
     def save_requested(self) -> None:
         """A save was requested outside the boundary (the checkpoint agent calls it)."""
@@ -141,6 +142,33 @@ class StepBoundary:
     def after_step(self) -> None:
         """After a step that must not wait for the next boundary: the progress-and-summaries half."""
         self._after_boundary(self._clock())
+
+    def between_steps(self) -> None:
+        """After a run that is no step (a graph program's evaluation, a train op that leaves the global step
+        where it is), from the step state's ``between_at``: the periodic summaries and the hand-off, as TF's
+        summary thread writes them whether the step moves or not. No progress report, and nothing of the
+        end half before the session's first step: no step was completed (the watchdog's first step and hang
+        clock are the steps')."""
+        now = self._clock()
+        summaries = self._summaries
+        if self._settings.save_summaries_secs and self.standard_started and now >= summaries.next_periodic:
+            summaries.periodic(now)
+        agent = self._keeper.agent if self._keeper is not None else None
+        summaries.flush(force=False, in_flight=agent is not None and agent.in_flight is not None)
+        self._between_bound()
+        if self.progress.first_done:  # the next step's end half no later than the hand-off's next work
+            self.state.set_end(self.state.end_step, min(self.state.end_at, summaries.wake_at()))
+
+    def _between_bound(self) -> None:
+        """When a run that is no step next has work: the hand-off's next, the periodic summaries' (never
+        where nothing is written: a worker, no logdir)."""
+        if not self._summaries.writes:
+            self.state.set_between(NEVER)
+            return
+        at = self._summaries.wake_at()
+        if self._settings.save_summaries_secs and self.standard_started:
+            at = min(at, self._summaries.next_periodic)
+        self.state.set_between(at)
 
     def _checkpoint_boundary(self, step: int, ahead: float = 0.0) -> None:
         agent = self._keeper.agent if self._keeper is not None else None
@@ -184,6 +212,7 @@ class StepBoundary:
         if periodic:
             at = min(at, summaries.next_periodic)
         self.state.set_end(self.state.step + 1 if in_flight else NEVER, at)
+        self._between_bound()
 
     # ----------------------------------------------------------------- on demand
     def report_busy(self, busy: Busy) -> None:

@@ -34,7 +34,7 @@ def _nothing_before(step: int) -> None:
 
 
 def _nothing_after() -> None:
-    """The after-step work of a step state no step boundary has claimed yet."""
+    """The after-step (or between-steps) work of a step state no step boundary has claimed yet."""
 
 
 class StepState:
@@ -45,7 +45,8 @@ class StepState:
     progress-and-summaries half's ``end_step`` / ``end_at`` (:class:`procsv.trainer.boundary.StepBoundary`
     computes them), and their earliest time ``at``. Holds what a step calls: the Supervisor's
     ``clock``, ``coord``, :class:`StepCounter`, the watched losses (``losses``), and its boundary work (``boundary(step)`` before a
-    step whose bound has passed, ``after_step()`` after one that must not wait). ``changed``: a run
+    step whose bound has passed, ``after_step()`` after one that must not wait, ``between_steps()`` after a
+    graph program's run that is no step, from time ``between_at``: the periodic summaries and their hand-off). ``changed``: a run
     changed the program's variables without advancing the step since the last snapshot was taken (a
     graph program's ``minimize(loss)`` without ``global_step=``; the graph session sets it, the
     checkpoint agent clears it): the committed checkpoint of ``step`` is then older than the state.
@@ -58,7 +59,7 @@ class StepState:
     """
 
     __slots__ = ("step", "ckpt_step", "ckpt_at", "end_step", "end_at", "at", "clock", "coord", "counter",
-                 "boundary", "after_step", "losses", "changed")
+                 "boundary", "after_step", "between_at", "between_steps", "losses", "changed")
 
     def __init__(self, clock: Callable[[], float], coord: Any, counter: "StepCounter",
                  boundary: Callable[[int], None] = _nothing_before,
@@ -70,11 +71,23 @@ class StepState:
         # the boundary work (procsv.trainer.boundary.StepBoundary installs its own when it is made)
         self.boundary = boundary
         self.after_step = after_step
+        self.between_steps: Callable[[], None] = _nothing_after  # after a graph run that is no step, from between_at
+        self.between_at = NEVER  # when a run that is no step next has summaries work (graph mode)
         self.losses: Optional[Any] = None  # the LossWatch each step's returned loss goes to (procsv.trainer.nonfinite)
         self.ckpt_step: float = 0  # NEVER (inf) when no step-count trigger is pending
         self.ckpt_at = self.end_at = self.at = float("-inf")
         self.end_step: float = 0
         self.changed = False
+
+    def claim(self, boundary: Callable[[int], None], after_step: Callable[[], None],
+              between_steps: Callable[[], None]) -> None:
+        """A step boundary's work: before a step whose bound has passed, after one that must not wait, after a
+        graph run that is no step (:class:`procsv.trainer.boundary.StepBoundary` claims the state when made)."""
+        self.boundary, self.after_step, self.between_steps = boundary, after_step, between_steps
+
+    def set_between(self, at: float) -> None:
+        """A run that is no step has nothing to do before time ``at`` (the periodic summaries, the hand-off)."""
+        self.between_at = at
 
     def open_checkpoint(self) -> None:
         """The checkpoint half does its work at the next boundary (a save was requested)."""

@@ -17,8 +17,10 @@ restatements too: a superseded session never writes a START (which would purge t
 acknowledged points) nor becomes the current one again.
 
 Step rate. Each batch carries the trainer's last completed step and its monotonic clock;
-``global_step/sec`` is written at most every ``step_rate_secs``, at a step later than the last
-one, from two marks of the same session -- never across a restart.
+``global_step/sec`` is written at most every ``step_rate_secs``, from two marks of the same session --
+never across a restart. A step that stood still for the period gets 0.0 at that step (a graph
+program's runs that advance no step still hand off batches), as TF's step counter thread writes
+whether the step moves or not; a session's stop asks for no rate (``step_rate_secs`` None).
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ class Sessions:
         if mark is None or step < mark[1] or mono < mark[0]:
             state.rate_mark = (mono, step)
             return None
-        if mono - mark[0] < every or step <= mark[1]:
-            return None
+        if mono - mark[0] < every:
+            return None  # (a step that stood still a whole period: 0.0 at it, as TF's step counter thread writes)
         state.rate_mark = (mono, step)
         return (step - mark[1]) / (mono - mark[0])

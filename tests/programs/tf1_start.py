@@ -6,6 +6,9 @@ checkpoint the logdir gets (waited for, bounded) and the summary logged before t
 ``no_step``: a graph without a global step, the same, then ``v`` set to 5 and runs until the
 checkpoint holds it (bounded), the stop, and a second Supervisor on the logdir: what it restored,
 and the checkpoint prefixes the logdir holds.
+``validation``: TensorFlow's PTB tutorial's shape: the merged scalars as the summary op, an epoch's three
+training steps, then its validation (runs of the cost, which advance no step) for 0.8 s, with summaries
+every 0.1 s: the values of ``cost`` and ``global_step/sec`` logged at step 3, where the step stood.
 """
 
 from __future__ import annotations
@@ -97,6 +100,25 @@ def case_no_step() -> dict[str, object]:
     out["latest"] = os.path.basename(tf.train.latest_checkpoint(LOGDIR) or "")
     out["summaries_at_0"] = [s for s in summaries(LOGDIR) if s[0] == 0][:1]
     return out
+
+
+def case_validation() -> dict[str, object]:
+    with tf.Graph().as_default():
+        w = tf.compat.v1.Variable(1.0, name="w")
+        step = tf.compat.v1.train.get_or_create_global_step()
+        cost = tf.square(w - 0.25)
+        tf.compat.v1.summary.scalar("cost", cost)
+        train = tf.group(w.assign(w * 0.5 + 0.25), step.assign_add(1))
+        sv = Supervisor(logdir=LOGDIR, save_model_secs=0, save_summaries_secs=0.1)
+        with sv.managed_session() as sess:
+            for _ in range(3):
+                sess.run(train)
+            until = time.monotonic() + 0.8
+            while time.monotonic() < until:  # the validation epoch: the global step stands at 3
+                sess.run({"cost": cost})
+                time.sleep(0.005)
+    at3 = [s for s in summaries(LOGDIR) if s[0] == 3]
+    return {tag: [s[2] for s in at3 if s[1] == tag] for tag in ("cost", "global_step/sec")}
 
 
 if __name__ == "__main__":

@@ -103,6 +103,9 @@ class GraphSession:
                 out = self._sess.run(fetches, feed_dict, options, run_metadata)
             if plan.writes:  # but it trained: the step's checkpoint is older than the state now
                 self._changed(state)
+            if state.clock() >= state.between_at:  # the periodic summaries come whether the step moves or not
+                with self._lock:
+                    state.between_steps()
             return out
         if state.coord.asked and state.coord.should_stop() and state.coord.ends_steps:
             raise TrainingStopped("a stop was requested; the training loop should end")

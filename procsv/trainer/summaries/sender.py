@@ -302,8 +302,11 @@ class SummarySender:
 
     # ---- end
     def close(self, step: int, timeout: float) -> int:
-        """Send everything and wait up to ``timeout`` s until it is written; return what was not confirmed."""
+        """Send everything and wait up to ``timeout`` s until it is written; return what was not confirmed.
+        The stop's batches ask for no ``global_step/sec``: TF's step counter thread writes none at the stop
+        (its loop ends at the stop's request), and a rate of the stop's own wait would say the training stalled."""
         deadline = self.clock() + timeout
+        self.step_rate_secs = None
         while True:
             now = self.clock()
             while len(self.buffer) or self._resync_pending:
