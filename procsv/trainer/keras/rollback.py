@@ -206,7 +206,7 @@ class FitRollback:
         rollback, replay, step = self._rollback, self.replay, self._step
         if replay.unsupported or not checkpointed:
             return False
-        if not rollback.rolls_back:
+        if not rollback.replays:
             return False
         last, moved = step(), False
         while True:
@@ -223,6 +223,9 @@ class FitRollback:
                 continue
             bad = rollback.first_nonfinite()
             if bad is None:
+                if rollback.rolls_back_spikes and rollback.spikes_refused(step()):  # a spike: as a snapshot's check
+                    moved = True
+                    continue
                 return moved
             moved = True
             rollback.refuse(step(), bad)  # rolls back, or stops (exit 4)
