@@ -18,8 +18,9 @@ for it at its first batch. A stop (SIGTERM, ``procsv stop``) is honoured at
 the next batch: nothing more is trained, ``fit`` ends, and the position reached is committed.
 
 Each batch is trained by :class:`procsv.trainer.keras.replay.BatchReplay`'s step (Keras' own, which
-also returns the batch and its own loss), so that ``--on-nonfinite rollback`` can restore an
-earlier state in place and train the batches since then again (:mod:`procsv.trainer.keras.rollback`).
+also returns the batch and its own loss), so that ``--on-nonfinite rollback`` and ``--on-spike rollback``
+can restore an earlier state in place and train the batches since then again (:mod:`procsv.trainer.keras.rollback`;
+a spike's replay, verdict and skips are the custom loop's, :mod:`procsv.trainer.nonfinite.spike_response`).
 A ``fit`` that raised never reaches ``on_train_end``: the next ``fit`` of its thread ends its session
 (:meth:`BackupAndRestore.end_interrupted`) before it begins, as Keras' own callback would find its backup.
 A program's several fits of one directory: each position names the fit it is in, and where each fit
