@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Optional, Sequence
 
-from pyfork import run_python
+from pyfork import ForkedRun, run_python
 
 _DRIVER = """
 import json, runpy, sys
@@ -34,9 +34,11 @@ for program, argv in json.loads(sys.argv[1]):
 
 
 def run_plain_programs(runs: Sequence[tuple[str, Sequence[str]]], env: dict[str, str], cwd: Optional[str] = None,
-                       timeout: float = 900) -> None:
+                       timeout: float = 900) -> ForkedRun:
     """Run every ``(program, argv)`` of ``runs`` in order in one Python process (with ``env``), as
-    ``python program *argv`` each; fails with the process's output unless all of them succeed."""
+    ``python program *argv`` each; fails with the process's output unless all of them succeed (returned:
+    what they said)."""
     done = run_python(["-c", _DRIVER, json.dumps([(p, list(a)) for p, a in runs])], env=env, timeout=timeout,
                       cwd=cwd)  # (forked from the fork server: its TensorFlow import is shared too)
     assert done.returncode == 0, done.stdout + done.stderr
+    return done

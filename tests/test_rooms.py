@@ -311,7 +311,7 @@ ATTRIBUTE_BASELINE = {
     "procsv.services.checkpoint.service:CheckpointService": 24,
     "procsv.services.summary.service:SummaryService": 28,
     "procsv.trainer.checkpoint.memory:MemoryTier": 29,
-    "procsv.trainer.keras.fit:BackupAndRestore": 32,
+    "procsv.trainer.keras.fit:BackupAndRestore": 30,
     "procsv.trainer.summaries.sender:SummarySender": 25,
     "procsv.trainer.supervisor:Supervisor": 33,
     "procsv.watchdog.config:LaunchConfig": 35,

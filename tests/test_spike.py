@@ -21,6 +21,7 @@ from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, run_python
 from plain_runs import run_plain_programs
 
 SPIKE_TRAIN = os.path.join(PROGRAMS, "spike_train.py")
+KERAS_NAN = os.path.join(PROGRAMS, "keras_nan.py")
 KEYS = ("w/.ATTRIBUTES/VARIABLE_VALUE", "m/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE")
 
 
@@ -107,3 +108,32 @@ def test_in_plain_python_a_monitored_sessions_spike_is_skipped_and_a_transient_o
                        env=quiet_env(PROCSV_ON_SPIKE="rollback"))  # (the plain runs have no spike to roll back)
     assert _final(folder["rolled"], 190) == _final(folder["plain"], 190)
     assert _final(folder["transient"]) == _final(folder["clean"])
+
+
+@pytest.mark.slow
+def test_in_plain_python_a_keras_fits_spike_is_skipped_and_a_transient_one_kept_bit_equal_to_a_fit_without_the_batch(
+        tmp_path: pathlib.Path) -> None:
+    # before: BackupAndRestore refused --on-spike rollback at fit's start (UsageError). Now fit's batches are kept
+    # for a spike's replay as for a NaN's: keras_nan.py, 6 epochs of 10 batches, a target with noise (a flat
+    # noisy loss), BackupAndRestore(on_spike="rollback") with the rule's window 20, min_history 15. Batch 37's
+    # loss is 50x the first time it is computed only (step 38, a miscomputed step): restored, replayed, not
+    # again: kept. Batch 49 is scaled 7-fold (step 50, loss ~50x): replayed, again bit for bit: skipped. The fit
+    # ends bit-equal to a plain fit whose batch 49 has sample weight 0 (SGD: no update) and batch 37 is plain
+    common = ("--epochs", "6", "--noise", "0.5", "--op-determinism")
+    rolled, plain = os.path.join(tmp_path, "rolled.npz"), os.path.join(tmp_path, "plain.npz")
+    done = run_plain_programs([(KERAS_NAN, ("--backup-dir", os.path.join(tmp_path, "run"), "--on-spike", "rollback",
+                                            "--spike-at", "49", "--transient-at", "37", "--weights-out", rolled,
+                                            *common)),
+                               (KERAS_NAN, ("--no-callback", "--zero-weight-at", "49", "--weights-out", plain,
+                                            *common))], env=quiet_env())
+    said = done.stdout + done.stderr
+    assert "procsv: the loss of step 38 spiked: " in said and "replaying step 38 to tell a transient fault" in said, said
+    assert "procsv: the loss spike at step 38 did not come again when replayed" in said, said
+    assert said.count("procsv: the loss of step 50 spiked: ") == 2, said
+    assert "and so again when replayed, bit for bit; --on-spike rollback: restored step " in said, said
+    assert "then skipping step 50; training on" in said and "fit done: 59 iterations" in said, said
+    with np.load(rolled) as a, np.load(plain) as b:
+        assert len(a.files) == len(b.files) == 5  # 4 weights, then the optimizer's iteration count
+        for key in a.files[:4]:
+            assert a[key].dtype == b[key].dtype and a[key].tobytes() == b[key].tobytes(), key  # bit-equal
+        assert int(a[a.files[4]]) == 59 and int(b[b.files[4]]) == 60  # the skipped batch counts no iteration

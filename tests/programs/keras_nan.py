@@ -2,6 +2,15 @@
 
     --nan-at I          the input of batch I (counted over the whole fit from 0: epoch * --batches +
                         batch) is NaN (repeatable): its loss, gradients and, applied, the weights turn NaN
+    --spike-at I        the input and target of batch I are scaled by 7 (repeatable): its loss jumps ~50x,
+                        finite (a loss spike, issue 68)
+    --transient-at I    the loss of batch I is scaled by 50 (its gradient too) the first time this process
+                        computes a loss of that batch, not again (repeatable; a fault of the machine: a
+                        replay computes it right)
+    --noise N           the target's noise (a function of the batch too): its loss stays about N**2 / 2 from
+                        batch to batch, as a real fit's does (default 0: it falls towards 0)
+    --op-determinism    tf.config.experimental.enable_op_determinism() (a replay computes what the first run did)
+    --on-spike P        BackupAndRestore(on_spike=P), with the spike rule's window 20 and min_history 15
     --zero-weight-at I  batch I has sample weight 0 (repeatable): with SGD (no momentum) a zero
                         gradient, so the plain run that never applied batch I (its iteration counted)
     --epochs E          epochs of --batches N batches each (steps_per_epoch=N over one stream of
@@ -14,6 +23,7 @@
     --batch-delay S     seconds each batch sleeps (a callback's on_train_batch_end)
     --terminate-on-nan  also keras.callbacks.TerminateOnNaN (it stops fit at a batch whose logs["loss"] is NaN)
     --no-callback       a plain fit, without procsv
+    --backup-dir D      BackupAndRestore(backup_dir=D) (for a plain `python keras_nan.py` run)
     --weights-out F     write the final weights and the optimizer's iteration count here (.npz)
 
 The input of batch I is a function of I alone, so a run is reproducible and its plain twin computable.
@@ -31,6 +41,11 @@ import tensorflow as tf  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--nan-at", type=int, action="append", default=[])
+p.add_argument("--spike-at", type=int, action="append", default=[])
+p.add_argument("--transient-at", type=int, action="append", default=[])
+p.add_argument("--on-spike", default=None)
+p.add_argument("--noise", type=float, default=0.0)
+p.add_argument("--op-determinism", action="store_true")
 p.add_argument("--zero-weight-at", type=int, action="append", default=[])
 p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--batches", type=int, default=10)
@@ -43,17 +58,25 @@ p.add_argument("--rss", action="store_true")
 p.add_argument("--terminate-on-nan", action="store_true")
 p.add_argument("--no-callback", action="store_true")
 p.add_argument("--weights-out", default=None)
+p.add_argument("--backup-dir", default=None)
 args = p.parse_args()
 
 keras.utils.set_random_seed(0)
+if args.op_determinism:
+    tf.config.experimental.enable_op_determinism()
 poisoned = tf.constant(args.nan_at + [-1], dtype=tf.int64)
 zeroed = tf.constant(args.zero_weight_at + [-1], dtype=tf.int64)
+spiked = tf.constant(args.spike_at + [-1], dtype=tf.int64)
 
 
 def batch(i):  # type: ignore[no-untyped-def]
     rows = args.rows
     x = tf.reshape(tf.sin(tf.cast(i * rows * 4 + tf.range(rows * 4, dtype=tf.int64), tf.float32) * 0.37), [rows, 4])
     y = tf.reduce_sum(x, axis=1, keepdims=True) * 0.5 + 0.1
+    if args.noise:
+        y += args.noise * tf.reshape(tf.sin(tf.cast(i * rows + tf.range(rows, dtype=tf.int64), tf.float32) * 7.1), [rows, 1])
+    scale = tf.where(tf.reduce_any(tf.equal(spiked, i)), 7.0, 1.0)
+    x, y = x * scale, y * scale
     x = tf.where(tf.reduce_any(tf.equal(poisoned, i)), tf.fill([rows, 4], float("nan")), x)
     weight = tf.where(tf.reduce_any(tf.equal(zeroed, i)), tf.zeros([rows]), tf.ones([rows]))
     return x, y, weight
@@ -61,7 +84,16 @@ def batch(i):  # type: ignore[no-untyped-def]
 
 data = tf.data.Dataset.range(args.epochs * args.batches).map(batch)
 model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(1)])
-model.compile(keras.optimizers.SGD(0.05), "mse")
+computed = tf.Variable(0, dtype=tf.int64, trainable=False)  # the losses this process computed (not saved)
+transient = tf.constant(args.transient_at + [-1], dtype=tf.int64)
+
+
+def loss(y_true, y_pred):  # type: ignore[no-untyped-def]  # mse; a --transient-at batch's first computation 50x
+    n = computed.assign_add(1) - 1  # (batch n, when nothing was computed twice before it)
+    return keras.losses.mean_squared_error(y_true, y_pred) * tf.where(tf.reduce_any(tf.equal(transient, n)), 50.0, 1.0)
+
+
+model.compile(keras.optimizers.SGD(0.05), loss if args.transient_at else "mse")
 
 
 class Delay(keras.callbacks.Callback):  # type: ignore[misc]
@@ -93,8 +125,13 @@ if args.terminate_on_nan:
 if not args.no_callback:
     import procsv.keras
 
+    import procsv
+
     capped = {} if args.replay_memory_mib is None else {"replay_memory_bytes": int(args.replay_memory_mib * 2**20)}
-    callbacks.append(procsv.keras.BackupAndRestore(save_freq=args.save_freq or False, **capped))
+    spikes = {} if args.on_spike is None else {"on_spike": args.on_spike,
+                                              "spike_thresholds": procsv.SpikeThresholds(window=20, min_history=15)}
+    callbacks.append(procsv.keras.BackupAndRestore(args.backup_dir, save_freq=args.save_freq or False, **capped,
+                                                   **spikes))
 model.fit(data, epochs=args.epochs, steps_per_epoch=args.batches, callbacks=callbacks, verbose=0)
 if args.weights_out:
     np.savez(args.weights_out, *model.get_weights(), np.asarray(model.optimizer.iterations.numpy()))

@@ -46,6 +46,17 @@ class RollbackPort:
         return self._rollback.detecting and self.replaces_nan_hooks
 
     @property
+    def rolls_back_spikes(self) -> bool:
+        """Loss spikes are detected and rolled back (``--on-spike rollback``, with detection on)."""
+        return self._rollback.detecting and self._rollback.watch.spike_policy == OnSpike.ROLLBACK
+
+    @property
+    def replays(self) -> bool:
+        """A rollback can come (:attr:`rolls_back` or :attr:`rolls_back_spikes`): what a front-end
+        trains again after a restore is kept."""
+        return self.rolls_back or self.rolls_back_spikes
+
+    @property
     def replaces_nan_hooks(self) -> bool:
         """The policy is ``rollback``: procsv watches a ``NanTensorHook``'s tensor instead of the hook."""
         return self._rollback.watch.policy == OnNonfinite.ROLLBACK
@@ -97,6 +108,12 @@ class RollbackPort:
         """Check the losses kept since the last check (one host read, forgetting them): the first step
         whose loss is NaN or infinite, None if none."""
         return self._rollback.watch.losses.check()
+
+    def spikes_refused(self, step: int) -> bool:
+        """Judge the finite losses read since the last judgement for spikes now (at the state of ``step``)
+        and follow ``--on-spike`` on one found, as a snapshot's check would; True if one was refused
+        (rolled back; a stop raises :class:`~procsv.common.errors.TrainingDiverged`)."""
+        return self._rollback.spikes_refused(step)
 
     def refuse(self, step: int, bad: int) -> None:
         """The state at ``step`` holds step ``bad``'s non-finite update: roll back (or stop with exit 4)."""

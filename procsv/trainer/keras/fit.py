@@ -18,8 +18,9 @@ for it at its first batch. A stop (SIGTERM, ``procsv stop``) is honoured at
 the next batch: nothing more is trained, ``fit`` ends, and the position reached is committed.
 
 Each batch is trained by :class:`procsv.trainer.keras.replay.BatchReplay`'s step (Keras' own, which
-also returns the batch and its own loss), so that ``--on-nonfinite rollback`` can restore an
-earlier state in place and train the batches since then again (:mod:`procsv.trainer.keras.rollback`).
+also returns the batch and its own loss), so that ``--on-nonfinite rollback`` and ``--on-spike rollback``
+can restore an earlier state in place and train the batches since then again (:mod:`procsv.trainer.keras.rollback`;
+a spike's replay, verdict and skips are the custom loop's, :mod:`procsv.trainer.nonfinite.spike_response`).
 A ``fit`` that raised never reaches ``on_train_end``: the next ``fit`` of its thread ends its session
 (:meth:`BackupAndRestore.end_interrupted`) before it begins, as Keras' own callback would find its backup.
 A program's several fits of one directory: each position names the fit it is in, and where each fit
@@ -50,6 +51,7 @@ from procsv.trainer.keras.replay import BatchReplay, default_cap, keras_tested, 
 from procsv.trainer.keras.rollback import PAST_CAP, UNTESTED, FitPosition, FitRollback, not_trained_again, stop_untrained
 from procsv.trainer.once import warn_once
 from procsv.trainer.managed import ManagedSession, follows_moves
+from procsv.trainer.nonfinite.spike import SpikeThresholds
 from procsv.trainer.supervisor import Supervisor
 
 SaveFreq = Union[str, int, bool]
@@ -85,7 +87,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
 
     procsv's: ``save_secs`` (also checkpoint every N seconds), ``save_summaries_secs`` (batch-level
     scalars at most this often; epoch scalars at every epoch end; ``None``: epoch scalars only),
-    ``max_to_keep``, ``allow_reinit``, ``clock`` (the monotonic clock of its timers; see
+    ``max_to_keep``, ``allow_reinit``, ``on_spike`` and ``spike_thresholds`` (loss spikes: ``--on-spike``'s
+    policy, the program's own winning, and the rule's settings), ``clock`` (the monotonic clock of its timers; see
     :class:`~procsv.trainer.supervisor.Supervisor`).
     """
 
@@ -94,6 +97,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
                  save_before_preemption: bool = True, *, save_secs: Optional[float] = None,
                  save_summaries_secs: Optional[float] = 10.0, max_to_keep: int = 5,
                  allow_reinit: bool = False, replay_memory_bytes: Optional[int] = None,
+                 on_spike: Optional[str] = None, spike_thresholds: Optional[SpikeThresholds] = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         if save_freq is not False and save_freq != "epoch" and (
@@ -113,10 +117,11 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         self.double_checkpoint = double_checkpoint
         self.delete_checkpoint = delete_checkpoint
         self.save_before_preemption = save_before_preemption
-        self.save_secs = save_secs
         self.save_summaries_secs = save_summaries_secs
-        self.max_to_keep = max_to_keep
-        self.allow_reinit = allow_reinit
+        # procsv's settings its Supervisor is made with at each fit's start (save_secs, max_to_keep, ...)
+        self._settings: dict[str, Any] = dict(
+            save_model_secs=save_secs, max_to_keep=max_to_keep, allow_reinit=allow_reinit, on_spike=on_spike,
+            spike_thresholds=spike_thresholds)
         self.clock = clock
         self.sv: Optional[Supervisor] = None
         self.resumed_at: Optional[tuple[int, int]] = None  # (epoch, batch) restored, None if fresh
@@ -185,14 +190,12 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             every = max(1, -(-self.save_freq // at.spe))  # global steps are train-function calls
         self.sv = Supervisor(
             logdir=self.backup_dir, checkpoint=checkpoint,
-            save_model_secs=self.save_secs, save_summaries_secs=None, max_to_keep=self.max_to_keep,
-            save_checkpoint_steps=every, allow_reinit=self.allow_reinit, increment_global_step=True,
-            clock=self.clock)
+            save_summaries_secs=None, save_checkpoint_steps=every, increment_global_step=True, clock=self.clock,
+            **self._settings)
         sv = self.sv
         front = sv.front_end
         front.before_each_snapshot(self._write_position)
         rollback = front.rollback
-        rollback.refuse_spike_rollback("Keras fit")  # (its replay of kept batches skips none by number yet)
         rollback.locate_steps(at.of)  # non-finite events name (epoch, batch)
         train = model.train_function
         stale = getattr(train, "__self__", None)
@@ -200,8 +203,11 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             train = stale._original_train
         self._original_train = train
         dataset = getattr(inp.epoch_iterator, "_distributed_dataset", None)
-        rolling = rollback.rolls_back
+        rolling = rollback.replays  # a non-finite step's or a loss spike's rollback can come: fit's batches are kept
         untested = not keras_tested(keras.__version__)
+        if untested:  # (a spike's replay must train the same batches again to tell whose it is)
+            rollback.refuse_spike_rollback(f"Keras fit with Keras {keras.__version__} (a version procsv's replay of "
+                                           "fit's batches is not tested with: no batch is kept)")
         self._fallback = untested and rolling  # Keras' own train function; a rollback continues with fit's next batch
         if self._fallback:
             print(untested_keras_line(keras.__version__), file=sys.stderr, flush=True)

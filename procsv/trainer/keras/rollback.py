@@ -9,7 +9,9 @@ called by ``sess.run`` until it has drawn fit's own next batch). A non-finite lo
 procsv reads the state anyway (before a snapshot), and also at the end of each epoch (so that its
 logs are of the epoch without the poisoned batch) and of ``fit`` (:meth:`FitRollback.settle`); after
 every batch when ``keras.callbacks.TerminateOnNaN`` reads each batch's ``logs["loss"]`` anyway (so
-that a NaN rolled back never reaches it). A
+that a NaN rolled back never reaches it). Under ``--on-spike rollback`` the same replay trains a loss
+spike's batches again (to tell the data's spike from the machine's) and its skips skip them; a spike
+since the last check is judged at those epoch and ``fit`` ends too (:meth:`FitRollback.settle`). A
 skipped step changes no variable (Keras' iteration counter does not count it); the (epoch, batch)
 position a snapshot records follows the restored and the replayed steps. A step whose batch is not kept (past
 the cap, or none kept: :mod:`procsv.trainer.keras.replay`) is trained on fit's next batch instead:
@@ -206,7 +208,7 @@ class FitRollback:
         rollback, replay, step = self._rollback, self.replay, self._step
         if replay.unsupported or not checkpointed:
             return False
-        if not rollback.rolls_back:
+        if not rollback.replays:
             return False
         last, moved = step(), False
         while True:
@@ -223,6 +225,9 @@ class FitRollback:
                 continue
             bad = rollback.first_nonfinite()
             if bad is None:
+                if rollback.rolls_back_spikes and rollback.spikes_refused(step()):  # a spike: as a snapshot's check
+                    moved = True
+                    continue
                 return moved
             moved = True
             rollback.refuse(step(), bad)  # rolls back, or stops (exit 4)

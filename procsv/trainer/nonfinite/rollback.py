@@ -440,6 +440,18 @@ class NonfiniteRollback:
         memory_restore.restore(checkpoint, copy, store.arena)
         return copy.step, "the in-memory snapshot", f"{store.arena.ref().path}#slot{copy.slot}"
 
+    def spikes_refused(self, step: int) -> bool:
+        """The finite losses read since the last judgement judged for spikes now (at the state of ``step``,
+        not at a snapshot: the loop's end, Keras fit's epoch end), one found followed as a refused
+        snapshot's would be (:meth:`SpikeResponse.refused`: rolled back, or a stop in order that raises
+        :class:`~procsv.common.errors.TrainingDiverged`); True if one was refused."""
+        try:
+            self.watch.judge_spikes(step)
+        except LossSpiked as spiked:
+            self._spikes.refused(spiked, False)
+            return True
+        return False
+
     def settle_at_end(self, replay: Optional[Callable[[], None]]) -> None:
         """The loop ended on its own at the current step E, before the final checkpoint: under
         ``rollback``, the losses kept since the last check are checked (one read) and a non-finite
@@ -461,10 +473,7 @@ class NonfiniteRollback:
                 continue
             bad = watch.losses.check()
             if bad is None:
-                try:  # the spikes among them (--on-spike): rolled back like any other, or a stop
-                    watch.judge_spikes(end)
-                except LossSpiked as spiked:
-                    self._spikes.refused(spiked, False)
+                if self.spikes_refused(end):  # the spikes among them (--on-spike): rolled back like any other, or a stop
                     continue
                 return
             what = f"the loss of step {bad} is NaN or infinite (found when the loop ended)"

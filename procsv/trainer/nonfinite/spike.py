@@ -67,9 +67,9 @@ DEFAULT = OnSpike.WARN  # a false flag under rollback would drop the user's batc
 def refusal(policy: OnSpike, group: bool, graph: bool, ps: bool = False) -> str:
     """Why ``policy`` cannot be followed by this trainer ("" if it can): ``rollback`` is built for a
     single trainer's eager loop (a custom loop under ``procsv.Supervisor``, an eager
-    ``MonitoredTrainingSession``) only, not yet for a trainer group's member (``group``), a TF1 graph
-    program (``graph``) nor a task of a parameter-server job (``ps``); Keras ``fit`` refuses it as it
-    starts (:func:`unsupported`)."""
+    ``MonitoredTrainingSession``, Keras ``fit``) only, not yet for a trainer group's member (``group``), a TF1 graph
+    program (``graph``) nor a task of a parameter-server job (``ps``); Keras ``fit`` with a Keras version
+    its replay is not tested with refuses it as it starts (:func:`unsupported`)."""
     if policy != OnSpike.ROLLBACK:
         return ""
     if group:
@@ -83,8 +83,8 @@ def refusal(policy: OnSpike, group: bool, graph: bool, ps: bool = False) -> str:
 
 def unsupported(where: str) -> str:
     """The one line that refuses ``--on-spike rollback`` in ``where``."""
-    return (f"--on-spike rollback is not supported in {where} yet (only in a single trainer's eager custom loop "
-            "or MonitoredTrainingSession): use --on-spike warn or stop (or on_spike=...)")
+    return (f"--on-spike rollback is not supported in {where} yet (only in a single trainer's eager custom loop, "
+            "MonitoredTrainingSession or Keras fit): use --on-spike warn or stop (or on_spike=...)")
 
 
 def parse(value: Optional[str], default: OnSpike = DEFAULT) -> OnSpike:
