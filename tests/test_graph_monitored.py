@@ -101,6 +101,15 @@ def _plain_references(folder: str) -> None:
     out = run_python([PROGRAM, "--mode", "plain", "--plain-at", ",".join(map(str, PLAIN_STEPS)),
                       "--out", os.path.join(folder, "plain{steps}.npz")], env=quiet_env(), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
+    # the program under TensorFlow's own MonitoredTrainingSession and hooks, uninterrupted, to the last step
+    out = run_python([PROGRAM, "--mode", "tf", "--steps", str(PLAIN_STEPS[-1]), "--logdir", os.path.join(folder, "tf"),
+                      "--out", os.path.join(folder, "tf.npz")], env=quiet_env(), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def _tf_run(folder: str) -> tuple[dict[str, np.ndarray], str]:
+    """TensorFlow's own run of the program to ``PLAIN_STEPS[-1]``: its final variables and its checkpoint_dir."""
+    return _load(os.path.join(folder, "tf.npz")), os.path.join(folder, "tf")
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +123,7 @@ def plain(shared_result):
         assert steps in PLAIN_STEPS, steps
         return _load(os.path.join(folder, f"plain{steps}.npz"))
 
+    get.folder = folder  # type: ignore[attr-defined]  # (TensorFlow's own run's, beside: _tf_run)
     return get
 
 
@@ -176,6 +186,8 @@ def test_an_aborted_run_recovers_in_process_from_the_newest_checkpoint_and_is_no
 @pytest.mark.slow
 def test_three_sigkills_at_random_moments_and_monitored_training_session_ends_bit_equal_to_the_plain_loop(
         short_tmp, plain):
+    # graph_monitored_train.py is TensorFlow's CIFAR-10 tutorial's program (its hooks, its loop, its
+    # optimizer's moving averages), but for its input queues; also compared with TF's own run of it
     logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "final.npz")
     steps = 600  # ~10 ms a run: each attempt is killed within 0.5 s of its first commit past the last one
     proc = launch(logdir, "--steps", str(steps), "--step-delay", "0.01", "--out", out, target=PROGRAM)
@@ -193,6 +205,14 @@ def test_three_sigkills_at_random_moments_and_monitored_training_session_ends_bi
     assert _bit_equal(_load(out), plain(steps))
     saved = _saver_values(logdir)  # the final checkpoint too, read by TF
     assert _bit_equal({k: saved[k] for k in plain(steps)}, plain(steps))
+    # the CIFAR-10 tutorial's program under TensorFlow's own MonitoredTrainingSession and hooks, never killed:
+    # the same final variables, and a final checkpoint of the same name and values
+    theirs, their_dir = _tf_run(plain.folder)
+    assert _bit_equal(_load(out), theirs)
+    import tensorflow as tf
+
+    assert os.path.basename(tf.train.latest_checkpoint(their_dir)) == os.path.basename(tf.train.latest_checkpoint(logdir))
+    assert _bit_equal(_saver_values(their_dir), saved)
 
 
 # ------------------------------------------------------------------ in-process sessions
