@@ -63,19 +63,21 @@ SPIKE_TRAIN = os.path.join(ROOT, "tests", "programs", "spike_train.py")
 KERAS_BATCHES_PER_EPOCH = 45  # procsv.examples.keras_fit: 1437 training rows of the digits at batch 32
 
 # (c): every example program, with the launch options it needs and how it is told its length
-EXAMPLES: dict[str, tuple[tuple[str, ...], Callable[[int], list[str]]]] = {
-    "digits": ((), lambda n: ["--steps", str(n)]),
-    "elastic_digits": (("--nproc", "2", "--standby", "fork"), lambda n: ["--steps", str(n)]),
-    "keras_fit": ((), lambda n: ["--epochs", str(max(1, n // KERAS_BATCHES_PER_EPOCH))]),
-    "ps_strategy": (("--ps", "1", "--workers", "2", "--coordinator"), lambda n: ["--steps", str(n)]),
-    "supervised": ((), lambda n: ["--steps", str(n)]),
-    **{f"seeds.{name}": ((), lambda n: ["--steps", str(n)])
+EXAMPLES: dict[str, tuple[tuple[str, ...], Callable[[int, str], list[str]]]] = {
+    "digits": ((), lambda n, d: ["--steps", str(n)]),
+    "elastic_digits": (("--nproc", "2", "--standby", "fork"), lambda n, d: ["--steps", str(n)]),
+    "keras_fit": ((), lambda n, d: ["--epochs", str(max(1, n // KERAS_BATCHES_PER_EPOCH))]),
+    "ps_strategy": (("--ps", "1", "--workers", "2", "--coordinator"), lambda n, d: ["--steps", str(n)]),
+    "supervised": ((), lambda n, d: ["--steps", str(n)]),
+    **{f"seeds.{name}": ((), lambda n, d: ["--steps", str(n)])
        for name in ("basic", "loop", "manual_summaries", "monitored_session", "monitored_training", "retry",
                     "run_step_fn")},
-    **{f"seeds_tf1.{name}": ((), lambda n: ["--steps", str(n)])
-       for name in ("basic", "loop", "manual_summaries", "monitored_session", "monitored_training", "retry",
-                    "run_step_fn", "singular_monitored")},
-    "seeds_tf1.replicas": (("--ps", "1", "--workers", "2"), lambda n: ["--steps", str(n)]),
+    **{f"seeds_tf1.{name}": ((), lambda n, d: ["--steps", str(n)])
+       for name in ("basic", "loop", "manual_summaries", "retry")},
+    # (TF1's MonitoredSession family reads its checkpoint_dir from the program's own --logdir)
+    **{f"seeds_tf1.{name}": ((), lambda n, d: ["--steps", str(n), "--logdir", d])
+       for name in ("monitored_session", "monitored_training", "run_step_fn", "singular_monitored")},
+    "seeds_tf1.replicas": (("--ps", "1", "--workers", "2"), lambda n, d: ["--steps", str(n)]),
 }
 
 
@@ -174,7 +176,7 @@ def clean_run(example: str, steps: int, folder: str) -> dict[str, Any]:
     opts, length = EXAMPLES[example]
     logdir = os.path.join(folder, "run")
     cmd = [sys.executable, "-m", "procsv", "launch", f"procsv.examples.{example}", "--logdir", logdir, "--quiet",
-           *opts, "--", *length(steps)]
+           *opts, "--", *length(steps, logdir)]
     began = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=1800)
     if done.returncode != 0:
@@ -318,7 +320,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             loops[loop] = rows
         for example in examples if not args.dry_run else ():
             for r in range(args.clean_repeats):
-                one = clean_run(example, args.clean_steps, os.path.join(tmp, f"clean-{example}-{r}"))
+                try:
+                    one = clean_run(example, args.clean_steps, os.path.join(tmp, f"clean-{example}-{r}"))
+                except BenchError as exc:  # (the others still run)
+                    wrong.append(str(exc))
+                    continue
                 clean.setdefault(example, []).append(one)
     if args.dry_run:  # the table code on made-up runs (no launch)
         made = {"found": [(args.spike_at, args.spike_at)], "reproduced": [True], "skipped": [args.spike_at],
