@@ -40,7 +40,7 @@ def losses(n: int, seed: int) -> np.ndarray:
 def one(policy: OnSpike, history: int, steps: int, checks: int, values: np.ndarray) -> tuple[float, float, list[int]]:
     """(the last precheck's ms, the last window's keeping in us per step, the steps of the spikes found)."""
     found: list[Spike] = []
-    watch = NonfiniteWatch(None, ("loss",), (), spike_policy=policy, spiked=lambda s, step: found.append(s))
+    watch = NonfiniteWatch(None, ("loss",), (), spike_policy=policy, spiked=lambda s, step: found.extend(s))
     watch.losses.warm()
     tensors = [tf.constant(v) for v in values]
     for s in range(history):  # the window judged already

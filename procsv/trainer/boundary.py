@@ -187,6 +187,7 @@ class StepBoundary:
         except NonFiniteState as bad:  # the snapshot was refused: the policy decides (stop raises)
             self._rollback.refused(bad, False)
         agent.charge_memory(step, start, self._clock())  # what an in-memory snapshot cost the loop
+        self._rollback.judge_deferred(step)  # (after the charge: an earlier snapshot's spike judgement, under warn)
         if agent.failure is not None:  # checkpoints keep failing: stop, the TF way
             self._coord.request_stop(agent.failure)
             raise TrainingStopped(str(agent.failure))

@@ -16,6 +16,8 @@
                           --steps, its step function's returned loss watched): --on-spike through
                           PROCSV_ON_SPIKE then (it takes no on_spike argument), the rule's defaults
     --logdir DIR          for a plain `python spike_train.py` run
+    --times FILE          append "<step> <wall time>" to FILE after each step's run (replays too; a
+                          skipped step writes nothing): scripts/bench_spike.py reads the course back
 
 The batch of step s is a function of s alone (32 examples of 4 features and a noisy linear target,
 drawn from a NumPy generator seeded with s), so a run is reproducible; its loss is noisy from batch
@@ -44,7 +46,9 @@ p.add_argument("--min-history", type=int, default=30)
 p.add_argument("--step-delay", type=float, default=0.01)
 p.add_argument("--monitored", action="store_true")
 p.add_argument("--logdir", default=None)
+p.add_argument("--times", default=None)
 args = p.parse_args()
+times = open(args.times, "a", buffering=1) if args.times else None  # (line-buffered: a kill loses no whole line)
 
 TRUE_W = np.array([0.5, -1.0, 2.0, 0.25], dtype=np.float32)
 w = tf.Variable(tf.zeros([4]), name="w")
@@ -83,6 +87,8 @@ def step():
     if s in args.skip_at:
         return None
     loss = train(*batch(s))
+    if times is not None:
+        times.write(f"{s} {time.time():.6f}\n")
     time.sleep(args.step_delay)
     return loss
 

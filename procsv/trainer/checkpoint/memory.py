@@ -150,7 +150,7 @@ class MemoryTier:
             prepare()
         reuse = self.store.plan_reusable(t0, PLAN_MAX_AGE)
         try:
-            snap = self.store.take(step, slot, fresh=not reuse)
+            snap = self.store.take(step, slot, fresh=not reuse, in_memory=True)
         except NonFiniteState:  # refused: the slot stays free; the next is due an interval later
             self.skipped(step, ch.clock())
             self.memory_at = self.at

@@ -57,7 +57,13 @@ reading all 14 variables cost more than a raw read each, 78-88 us against 72, an
 path 60: the variable reads stay as they are). Then the shape check compares each object's own
 list of children by identity instead of listing them (:func:`~procsv.trainer.checkpoint.graph_shape.unchanged`,
 0.38 -> 0.10 ms), and the losses' check sums them, one op before its read where it ran four (0.24
--> 0.13 ms): charged 2.4 -> 1.45 ms, medians of 3 runs side by side at load 3-6. It is measured on snapshots that reuse an earlier walk of the
+-> 0.13 ms): charged 2.4 -> 1.45 ms, medians of 3 runs side by side at load 3-6. Loss-spike
+detection (issue 68) then read every kept loss and judged them inside that check under the default
+``--on-spike warn``: the check 0.94 ms, charged 5.5 ms at load 3-7, 44.5 steps re-done per kill in
+``bench_recovery``'s hot series against 29 with ``off``; ``warn`` never refuses a snapshot, so its
+check there reads the sum only and the judgement runs at the boundary after the snapshot's, outside
+its charge (:meth:`~procsv.trainer.nonfinite.watch.NonfiniteWatch.precheck`): 0.29 ms, charged 2.7,
+29.5 re-done per kill. It is measured on snapshots that reuse an earlier walk of the
 object graph; a walk (ten times a small model's copy, redone every 10 s) is charged at its own
 rate, so one slow walk never stretches the interval after it.
 

@@ -27,8 +27,9 @@ class SnapshotCheck(Protocol):
     """What checks each snapshot before it may be kept (procsv.trainer.nonfinite's watch): raises
     :class:`~procsv.common.errors.NonFiniteState` for a poisoned state."""
 
-    def precheck(self, step: int) -> None:
-        """Before the copy: the watched losses up to ``step``."""
+    def precheck(self, step: int, defer: bool = False) -> None:
+        """Before the copy: the watched losses up to ``step`` (``defer``: an in-memory snapshot's
+        check, whose judgements that cannot refuse it may wait until after its boundary)."""
 
     def verify(self, step: int, ckpt: Any, plan: Optional[Plan], specs: Sequence[Any], frames: Sequence[Any],
                memory: Any) -> None:
@@ -97,15 +98,16 @@ class SnapshotStore:
             return graph_shape.unchanged(self.plan.marks)
         return graph_shape.same(self.plan.shape, graph_shape.shape(self.checkpoint))
 
-    def take(self, step: int, slot: int, fresh: bool = True) -> Snapshot:
+    def take(self, step: int, slot: int, fresh: bool = True, in_memory: bool = False) -> Snapshot:
         """Copy the state into ``slot`` (its header says writing, then complete) and gather the rest
         (the snapshot's ``step`` is the global step stored in it when the checkpoint knows it, and
         then replaces ``step`` from the copy on: a checkpoint is named by the step it holds);
         walk the object graph again unless not ``fresh`` (then :attr:`plan` is reused). With a
         :attr:`watch`, a poisoned state raises :class:`NonFiniteState` (before the copy if a watched
-        loss was non-finite, else after it, before the slot is marked complete)."""
+        loss was non-finite, else after it, before the slot is marked complete); an in-memory
+        snapshot's (``in_memory``) check may defer what cannot refuse it (:meth:`SnapshotCheck.precheck`)."""
         if self.watch is not None:
-            self.watch.precheck(step)
+            self.watch.precheck(step, defer=in_memory)
         if fresh or self.plan is None:
             self.plan, self.plan_at = plan(self.checkpoint), self.clock()
         def place(nbytes: int) -> Optional[tuple[SnapshotArena, int]]:

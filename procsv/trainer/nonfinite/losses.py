@@ -62,6 +62,9 @@ class LossWatch:
         self.total: Any = None
         self.reads = 0
         self._zeros: dict[Any, Any] = {}  # a scalar zero per dtype (padding, the first sum's start)
+        # with a sink: the checks that found every value finite by their sum and left the values for
+        # later (each one's chunks, their values joined on the device, its finite host values): drain()
+        self._unread: list[tuple[list[tuple[list[int], Any]], Any, list[tuple[int, float]]]] = []
 
     def warm(self) -> None:
         """Build the kernels a check of float32 losses runs, once, before the first step (a hot
@@ -78,7 +81,7 @@ class LossWatch:
         stack = tf.raw_ops.Pack(values=zeros, axis=0)
         tf.raw_ops.AddN(inputs=zeros + zeros[:1]).numpy()
         if self._sink is not None:
-            self._join(stack, stack).numpy()
+            self._finite_sum(self._join(stack, stack)).numpy()
 
     def keep_step(self, step: int, out: Any) -> None:
         """The value step ``step`` returned: its loss is kept (anything else is ignored)."""
@@ -206,12 +209,16 @@ class LossWatch:
             zero = self._zeros[dtype] = tf.zeros((), dtype)
         return zero
 
-    def check(self) -> Optional[int]:
+    def check(self, defer: bool = False) -> Optional[int]:
         """The first step kept since the last check whose loss is NaN or infinite (None: none);
         forgets what it checked. One host read for all the kept device scalars (their running sum),
         one more if that is not finite (a NaN or an infinity among them, or finite ones whose sum
         overflowed: their values, read, tell which). With a sink, one read of the values themselves,
-        whose finite ones (and the finite host values kept) go to the sink."""
+        whose finite ones (and the finite host values kept) go to the sink; or, ``defer``, one read of
+        their sum (one op on the device), as without a sink, and the values are left on the device for
+        :meth:`drain` to read and hand to the sink later (the check before an in-memory snapshot under
+        ``--on-spike warn``, whose judgement need not stop the loop there: issue 68). Whatever a check
+        hands the sink, the deferred values of the checks before it are handed first."""
         first = self.host_bad
         self.host_bad = None
         host, self._host = self._host, []
@@ -226,15 +233,53 @@ class LossWatch:
             self.reads += 1
             if math.isfinite(float(total.numpy())):  # the one read: the sum of every kept loss
                 return first
+        elif defer:
+            if chunks:
+                self.reads += 1
+            if not chunks or math.isfinite(float(self._finite_sum(joined).numpy())):  # the one read
+                if chunks or host:
+                    self._unread.append((chunks, joined, host))
+                return first
+            self.drain()  # (not finite: the values are read now, the earlier ones handed over first)
+        else:
+            self.drain()
         steps, values = self._values(chunks, joined)
-        finite = np.isfinite(values)
-        if self._sink is not None and (host or finite.any()):
-            self._sink(np.concatenate([np.asarray([s for s, _ in host], dtype=np.int64), steps[finite]]),
-                       np.concatenate([np.asarray([v for _, v in host], dtype=np.float64), values[finite]]))
+        finite = self._feed(host, steps, values)
         if finite.all():  # (without a sink: finite, their sum overflowed)
             return first
         found = int(steps[~finite].min())
         return found if first is None else min(first, found)
+
+    @property
+    def unread(self) -> bool:
+        """Values checked are left on the device for :meth:`drain` (a deferred check's)."""
+        return bool(self._unread)
+
+    def drain(self) -> None:
+        """Read the values the deferred checks left on the device (one read each) and hand them to
+        the sink, oldest first (a later value of a step replaces an earlier one there)."""
+        unread, self._unread = self._unread, []
+        for chunks, joined, host in unread:
+            self._feed(host, *self._values(chunks, joined))
+
+    def _feed(self, host: list[tuple[int, float]], steps: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Hand the finite ``host`` values and the finite ``values`` (of ``steps``) to the sink, if
+        any; returns which of ``values`` are finite."""
+        finite: np.ndarray = np.isfinite(values)
+        if self._sink is not None and (host or finite.any()):
+            self._sink(np.concatenate([np.asarray([s for s, _ in host], dtype=np.int64), steps[finite]]),
+                       np.concatenate([np.asarray([v for _, v in host], dtype=np.float64), values[finite]]))
+        return finite
+
+    @staticmethod
+    def _finite_sum(joined: Any) -> Any:
+        """The sum of the joined values, on the device (one op; float16 ones added in float32, see
+        :data:`CHUNK`): finite exactly when every value is, or else finite ones overflowed it."""
+        import tensorflow as tf
+
+        if joined.dtype == tf.float16:
+            joined = tf.raw_ops.Cast(x=joined, DstT=tf.float32)
+        return tf.raw_ops.Sum(input=joined, axis=0)
 
     def _values(self, chunks: list[tuple[list[int], Any]], joined: Any) -> tuple[np.ndarray, np.ndarray]:
         """The kept values of ``chunks`` (``joined``: all of them, joined on the device already) and
@@ -257,7 +302,9 @@ class LossWatch:
         return steps, values
 
     def forget(self) -> None:
-        """Drop everything kept (after a restore: those steps are undone)."""
+        """Drop everything kept (after a restore: those steps are undone); what deferred checks
+        checked goes to the sink first (the restore's rewind of the sink drops what it undid)."""
+        self.drain()
         self.host_bad = None
         self.pending, self.steps, self.chunks = [], [], []
         self._host = []

@@ -185,6 +185,13 @@ class NonfiniteRollback:
         """The checkpoint half's boundary comes no later than the rollback's next work."""
         self._walk.bound()
 
+    def judge_deferred(self, step: int) -> None:
+        """At the checkpoint boundary after ``step``, once an in-memory snapshot's cost is charged: the
+        spike judgement its check deferred under ``--on-spike warn``
+        (:meth:`~procsv.trainer.nonfinite.watch.NonfiniteWatch.precheck`), if an earlier boundary's."""
+        if self.detecting:
+            self.watch.judge_deferred(step)
+
     def abandon(self, step: int, why: str) -> None:
         """The bad step cannot be retried from the state restored at ``step`` (see
         :meth:`BoundaryWork.abandon`); ``why`` says what the program does instead."""

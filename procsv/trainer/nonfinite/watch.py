@@ -53,6 +53,7 @@ class NonfiniteWatch:
         self.spikes = SpikeHistory(spike_thresholds) if spike_policy != OnSpike.OFF and spiked is not None else None
         self._spiked = spiked
         self.losses = LossWatch(tuple(tags), sink=self.spikes.feed if self.spikes is not None else None)
+        self.deferred_at: Optional[int] = None  # the step of the first check whose judgement waits (precheck)
         self.ignore = tuple(ignore)
         self.budget = SkipBudget(max_skips if max_skips is not None else policy.DEFAULT_MAX_SKIPS,
                                  skip_window if skip_window is not None else policy.DEFAULT_SKIP_WINDOW)
@@ -73,20 +74,37 @@ class NonfiniteWatch:
         self.first: Optional[NonFiniteState] = None
 
     # ------------------------------------------------------------------ the checks of a snapshot
-    def precheck(self, step: int) -> None:
+    def precheck(self, step: int, defer: bool = False) -> None:
         """Before the state of ``step`` is copied: the losses kept since the last check (one read);
-        then, with spike detection on, the spikes among them (:meth:`judge_spikes`)."""
-        bad = self.losses.check()
+        then, with spike detection on, the spikes among them (:meth:`judge_spikes`). ``defer`` (an
+        in-memory snapshot's check): under ``--on-spike warn``, which never refuses a snapshot, only
+        the NaN check runs here (one read of the losses' sum, as under ``off``) and the judgement is
+        left to :meth:`judge_deferred` after the snapshot's boundary, so that it is no part of what
+        the snapshot costs the loop (the in-memory tier's charge, which sets how often it snapshots:
+        issue 68). ``rollback`` and ``stop`` judge here: a spiked state is never snapshotted."""
+        deferring = defer and self.spike_policy == OnSpike.WARN and self.spikes is not None
+        bad = self.losses.check(defer=deferring)
         if bad is not None:
             raise NonFiniteState(step, bad)
+        if deferring:
+            self.deferred_at = step if self.deferred_at is None else self.deferred_at
+            return
         self.judge_spikes(step)
 
+    def judge_deferred(self, step: int) -> None:
+        """At a step boundary after ``step``'s checkpoint work: the judgement a check before an
+        earlier boundary's snapshot deferred (:meth:`precheck`), if any."""
+        if self.deferred_at is not None and self.deferred_at < step:
+            self.judge_spikes(step)
+
     def judge_spikes(self, step: int) -> None:
-        """The finite losses read since the last judgement, judged for spikes (at the state of
-        ``step``): the spikes found (none, mostly) go to the owner's ``spiked`` (which may raise,
-        refusing the snapshot)."""
+        """The finite losses read since the last judgement (and those deferred checks left on the
+        device, read now), judged for spikes (at the state of ``step``): the spikes found (none,
+        mostly) go to the owner's ``spiked`` (which may raise, refusing the snapshot)."""
         if self.spikes is None or self._spiked is None:
             return
+        self.deferred_at = None
+        self.losses.drain()
         self._spiked(self.spikes.judge(), step)
 
     def verify(self, step: int, ckpt: Any, plan: Any, specs: Any, frames: Any, memory: Optional[np.ndarray]) -> None:
